@@ -1,0 +1,27 @@
+//! `/v1/*` handlers (thin: extract, call the pipeline, answer) and the health probes.
+
+mod chat;
+mod embeddings;
+mod health;
+mod models;
+mod usage;
+
+use actix_web::web;
+
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.route("/v1/chat/completions", web::post().to(chat::chat_completions))
+        .route("/v1/completions", web::post().to(chat::completions))
+        .route("/v1/embeddings", web::post().to(embeddings::embeddings))
+        .route("/v1/models", web::get().to(models::list))
+        .route("/v1/usage", web::get().to(usage::usage))
+        .route("/healthz", web::get().to(health::healthz))
+        .route("/readyz", web::get().to(health::readyz));
+}
+
+/// Anything else: an OpenAI-shaped 404.
+pub async fn not_found() -> actix_web::HttpResponse {
+    actix_web::HttpResponse::NotFound().json(serde_json::json!({"error": {
+        "message": "Unknown route.", "type": "invalid_request_error", "param": null, "code": "not_found"
+    }}))
+}

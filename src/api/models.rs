@@ -1,0 +1,29 @@
+//! `GET /v1/models`: only the models this token may use, in OpenAI's list shape (or
+//! Anthropic's when the request carries `anthropic-version`).
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde_json::json;
+
+use crate::error::{ApiError, WireFormat};
+use crate::state::AppState;
+
+pub async fn list(state: web::Data<AppState>, req: HttpRequest) -> HttpResponse {
+    let anthropic = req.headers().contains_key("anthropic-version");
+    let format = if anthropic { WireFormat::Anthropic } else { WireFormat::OpenAi };
+    let auth = match state.auth.authenticate(req.headers(), state.clock.now()).await {
+        Ok(Some(a)) => a,
+        Ok(None) => return ApiError::InvalidApiKey.render(format),
+        Err(_) => return ApiError::Internal.render(format),
+    };
+    let names = state.catalog.names.iter().filter(|n| auth.allows(n, n));
+    let body = if anthropic {
+        let data: Vec<_> = names
+            .map(|n| json!({"type": "model", "id": n, "display_name": n, "created_at": "2024-01-01T00:00:00Z"}))
+            .collect();
+        json!({"data": data, "has_more": false, "first_id": data.first().map(|d| d["id"].clone()), "last_id": data.last().map(|d| d["id"].clone())})
+    } else {
+        let data: Vec<_> = names.map(|n| json!({"id": n, "object": "model", "created": 0, "owned_by": "sluice"})).collect();
+        json!({"object": "list", "data": data})
+    };
+    HttpResponse::Ok().json(body)
+}

@@ -1,0 +1,133 @@
+//! Authentication of `/v1/*` requests (`token`: the sub-token format) and of admins
+//! (`password`: argon2id).
+//!
+//! Sub-tokens are looked up by SHA-256 in an in-memory LRU in front of SQLite. The cache is
+//! dropped whenever the database's `token_epoch` counter moves (polled every 250 ms, so a
+//! revocation from any replica or the CLI takes effect within 1 s); expiry is checked
+//! against the clock on every request.
+
+pub mod password;
+pub mod token;
+
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
+use actix_web::http::header::HeaderMap;
+use chrono::{DateTime, Utc};
+use lru::LruCache;
+use parking_lot::Mutex;
+use sqlx::SqlitePool;
+
+use crate::quota::period::Reset;
+use crate::store::ledger::Owner;
+use crate::store::tokens::{self, TokenAuthRow};
+use crate::store::StoreError;
+
+/// What the request path knows about an authenticated token.
+#[derive(Debug)]
+pub struct TokenAuth {
+    pub owner: Owner,
+    pub prefix: String,
+    pub hash_prefix: String,
+    pub models: Option<Vec<String>>,
+    pub rpm: Option<i64>,
+    pub tpm: Option<i64>,
+    pub user_rpm: Option<i64>,
+    pub user_tpm: Option<i64>,
+    pub max_priority: i64,
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+impl TokenAuth {
+    fn from_row(row: TokenAuthRow, hash: &token::TokenHash) -> Self {
+        let reset = |s: &str| Reset::parse(s).unwrap_or(Reset::Never);
+        TokenAuth {
+            owner: Owner {
+                token_id: row.id,
+                user_id: row.user_id,
+                team_id: row.team_id,
+                resets: [reset(&row.reset), reset(&row.user_reset), reset(&row.team_reset)],
+            },
+            prefix: row.prefix,
+            hash_prefix: token::hash_prefix(hash),
+            models: row.models.as_deref().and_then(|m| serde_json::from_str(m).ok()),
+            rpm: row.rpm,
+            tpm: row.tpm,
+            user_rpm: row.user_rpm,
+            user_tpm: row.user_tpm,
+            max_priority: row.max_priority,
+            expires_at: row
+                .expires_at
+                .as_deref()
+                .and_then(|e| DateTime::parse_from_rfc3339(e).ok())
+                .map(|e| e.with_timezone(&Utc)),
+        }
+    }
+
+    /// Whether this token may use a model (asked by `name`, canonically `canonical`).
+    pub fn allows(&self, name: &str, canonical: &str) -> bool {
+        self.models.as_ref().is_none_or(|m| m.iter().any(|x| x == name || x == canonical))
+    }
+}
+
+/// The credential a request presents: `Authorization: Bearer …` or `x-api-key: …`.
+pub fn presented(headers: &HeaderMap) -> Option<&str> {
+    if let Some(v) = headers.get("authorization").and_then(|v| v.to_str().ok()) {
+        let v = v.trim();
+        if v.len() > 7 && v[..7].eq_ignore_ascii_case("bearer ") {
+            return Some(v[7..].trim());
+        }
+    }
+    headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim)
+}
+
+const CACHE_ENTRIES: usize = 50_000;
+
+pub struct Authenticator {
+    read: SqlitePool,
+    cache: Mutex<LruCache<token::TokenHash, Arc<TokenAuth>>>,
+    epoch: AtomicI64,
+}
+
+impl Authenticator {
+    pub fn new(read: SqlitePool) -> Arc<Self> {
+        let cap = NonZeroUsize::new(CACHE_ENTRIES).unwrap_or(NonZeroUsize::MIN);
+        Arc::new(Self { read, cache: Mutex::new(LruCache::new(cap)), epoch: AtomicI64::new(i64::MIN) })
+    }
+
+    /// `Ok(None)` for a missing, malformed, unknown, revoked or expired token — the caller
+    /// answers all of them with the same 401.
+    pub async fn authenticate(&self, headers: &HeaderMap, now: DateTime<Utc>) -> Result<Option<Arc<TokenAuth>>, StoreError> {
+        let Some(hash) = presented(headers).and_then(token::parse) else { return Ok(None) };
+        let cached = self.cache.lock().get(&hash).cloned();
+        let auth = match cached {
+            Some(a) => a,
+            None => {
+                let Some(row) = tokens::find_auth(&self.read, &hash).await? else { return Ok(None) };
+                let a = Arc::new(TokenAuth::from_row(row, &hash));
+                self.cache.lock().put(hash, a.clone());
+                a
+            }
+        };
+        if auth.expires_at.is_some_and(|e| e <= now) {
+            return Ok(None);
+        }
+        Ok(Some(auth))
+    }
+
+    /// Drops every cached token (after a revocation or an edit in this process).
+    pub fn invalidate(&self) {
+        self.cache.lock().clear();
+    }
+
+    /// Polls the change counter; clears the cache when it moved. Returns whether it did.
+    pub async fn refresh(&self) -> Result<bool, StoreError> {
+        let now = tokens::epoch(&self.read).await?;
+        let before = self.epoch.swap(now, Ordering::Relaxed);
+        if before != now {
+            self.invalidate();
+        }
+        Ok(before != now)
+    }
+}

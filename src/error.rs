@@ -1,0 +1,165 @@
+//! Which error type belongs to which layer:
+//! - `store::StoreError` — SQL and I/O failures in `store/`.
+//! - `quota::QuotaError` — a budget that cannot cover a reservation, or a store failure.
+//! - `upstream::UpstreamError` — one failed upstream attempt, classified by `upstream::retry`.
+//! - `ApiError` (here) — what a `/v1/*` client is told. Inner errors become an `ApiError`
+//!   once, in `pipeline.rs`, and an `ApiError` becomes JSON once, in `render`, in the wire
+//!   format of the route the client called (OpenAI or Anthropic).
+
+use actix_web::http::{header, StatusCode};
+use actix_web::HttpResponse;
+use serde_json::json;
+
+/// The client's wire format, which decides the error shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WireFormat {
+    OpenAi,
+    Anthropic,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{message}")]
+    InvalidRequest { message: String, param: Option<&'static str> },
+    #[error("Invalid API key. Check the Sluice token you are sending (Authorization: Bearer sk-sl-… or x-api-key).")]
+    InvalidApiKey,
+    #[error("This token is not allowed to use the model `{0}`.")]
+    ModelNotAllowed(String),
+    #[error("The model `{0}` does not exist.")]
+    ModelNotFound(String),
+    #[error("Request body is larger than the gateway accepts ({0} bytes).")]
+    RequestTooLarge(usize),
+    #[error("Budget exhausted: this token's remaining budget cannot cover the request's worst-case cost.")]
+    InsufficientQuota { retry_after: Option<u64> },
+    #[error("Every upstream key for this model is rate limited. Retry after {retry_after} seconds.")]
+    UpstreamRateLimited { retry_after: u64 },
+    #[error("Every upstream route failed for this request. Try again later.")]
+    UpstreamError,
+    /// The upstream refused the request as the client's fault; its own answer is passed on.
+    #[error("The upstream rejected the request.")]
+    UpstreamClientError,
+    #[error("No upstream can serve this model right now (all routes are cooling down or failing). Try again in {retry_after} seconds.")]
+    ServiceDegraded { retry_after: u64 },
+    #[error("The gateway hit an internal error. The request was not charged.")]
+    Internal,
+}
+
+impl ApiError {
+    pub fn invalid(param: &'static str, message: impl Into<String>) -> Self {
+        ApiError::InvalidRequest { message: message.into(), param: Some(param) }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::InvalidApiKey => StatusCode::UNAUTHORIZED,
+            ApiError::ModelNotAllowed(_) => StatusCode::FORBIDDEN,
+            ApiError::ModelNotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::RequestTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::InsufficientQuota { .. } | ApiError::UpstreamRateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::UpstreamError => StatusCode::BAD_GATEWAY,
+            ApiError::UpstreamClientError => StatusCode::BAD_REQUEST,
+            ApiError::ServiceDegraded { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The Sluice code of DESIGN.md's status table.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::InvalidRequest { .. } => "invalid_request_error",
+            ApiError::InvalidApiKey => "invalid_api_key",
+            ApiError::ModelNotAllowed(_) => "model_not_allowed",
+            ApiError::ModelNotFound(_) => "model_not_found",
+            ApiError::RequestTooLarge(_) => "request_too_large",
+            ApiError::InsufficientQuota { .. } => "insufficient_quota",
+            ApiError::UpstreamRateLimited { .. } => "rate_limit_exceeded",
+            ApiError::UpstreamError => "upstream_error",
+            ApiError::UpstreamClientError => "upstream_client_error",
+            ApiError::ServiceDegraded { .. } => "service_degraded",
+            ApiError::Internal => "internal_error",
+        }
+    }
+
+    fn openai_type(&self) -> &'static str {
+        match self {
+            ApiError::InsufficientQuota { .. } => "insufficient_quota",
+            ApiError::UpstreamRateLimited { .. } => "requests",
+            ApiError::UpstreamError | ApiError::ServiceDegraded { .. } | ApiError::Internal => "server_error",
+            _ => "invalid_request_error",
+        }
+    }
+
+    fn anthropic_type(&self) -> &'static str {
+        match self {
+            ApiError::InvalidRequest { .. } | ApiError::UpstreamClientError => "invalid_request_error",
+            ApiError::InvalidApiKey => "authentication_error",
+            ApiError::ModelNotAllowed(_) => "permission_error",
+            ApiError::ModelNotFound(_) => "not_found_error",
+            ApiError::RequestTooLarge(_) => "request_too_large",
+            ApiError::InsufficientQuota { .. } | ApiError::UpstreamRateLimited { .. } => "rate_limit_error",
+            ApiError::UpstreamError | ApiError::Internal => "api_error",
+            ApiError::ServiceDegraded { .. } => "overloaded_error",
+        }
+    }
+
+    fn retry_after(&self) -> Option<u64> {
+        match self {
+            ApiError::InsufficientQuota { retry_after } => *retry_after,
+            ApiError::ServiceDegraded { retry_after } | ApiError::UpstreamRateLimited { retry_after } => Some(*retry_after),
+            _ => None,
+        }
+    }
+
+    /// Whether the official SDKs should retry (`x-should-retry`): never a 4xx or a 502 (the
+    /// gateway already tried every route), always a 503.
+    fn should_retry(&self) -> bool {
+        matches!(self, ApiError::ServiceDegraded { .. } | ApiError::UpstreamRateLimited { .. })
+    }
+
+    pub fn render(&self, format: WireFormat) -> HttpResponse {
+        let message = self.to_string();
+        let mut body = match format {
+            WireFormat::OpenAi => json!({"error": {
+                "message": message,
+                "type": self.openai_type(),
+                "param": match self { ApiError::InvalidRequest { param, .. } => *param, _ => None },
+                "code": self.code(),
+            }}),
+            WireFormat::Anthropic => json!({"type": "error", "error": {
+                "type": self.anthropic_type(),
+                "message": message,
+                "code": self.code(),
+            }}),
+        };
+        if self.status() == StatusCode::SERVICE_UNAVAILABLE {
+            if let (Some(err), Some(after)) = (body.get_mut("error"), self.retry_after()) {
+                err["retry_after_seconds"] = json!(after);
+            }
+        }
+        let mut resp = HttpResponse::build(self.status());
+        resp.insert_header((header::CONTENT_TYPE, "application/json"));
+        resp.insert_header(("x-should-retry", if self.should_retry() { "true" } else { "false" }));
+        if let Some(after) = self.retry_after() {
+            resp.insert_header((header::RETRY_AFTER, after.to_string()));
+        }
+        resp.body(body.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_follow_the_wire_format() {
+        let e = ApiError::invalid("max_tokens", "max_tokens must be positive");
+        let r = e.render(WireFormat::OpenAi);
+        assert_eq!(r.status(), 400);
+        assert_eq!(r.headers().get("x-should-retry").unwrap(), "false");
+        let d = ApiError::ServiceDegraded { retry_after: 7 }.render(WireFormat::Anthropic);
+        assert_eq!(d.status(), 503);
+        assert_eq!(d.headers().get("retry-after").unwrap(), "7");
+        assert_eq!(d.headers().get("x-should-retry").unwrap(), "true");
+    }
+}

@@ -1,0 +1,17 @@
+//! Sluice: a self-hosted LLM API gateway for teams. See `docs/DESIGN.md` for the design as
+//! built; `pipeline` is the request path stage by stage.
+
+pub mod api;
+pub mod auth;
+pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod error;
+pub mod mock;
+pub mod ops;
+pub mod pipeline;
+pub mod quota;
+pub mod startup;
+pub mod state;
+pub mod store;
+pub mod upstream;

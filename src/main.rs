@@ -1,0 +1,382 @@
+//! The `sluice` command line. Parsing only; the work is in the library.
+
+use std::io::Read;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use secrecy::SecretString;
+
+use sluice::cli::{self, BudgetChange, IssueArgs, UserArgs};
+use sluice::config::{self, ModelSettings, Provider, RouteSettings, Secret, Settings, UpstreamSettings};
+use sluice::mock::{MockConfig, MockServer};
+use sluice::quota::pricing;
+use sluice::startup::Application;
+use sluice::store::{audit, tokens, Db};
+
+#[derive(Parser)]
+#[command(name = "sluice", version, about = "A self-hosted LLM API gateway for teams")]
+struct Cli {
+    /// Config file (default: sluice.toml if present, else built-in defaults).
+    #[arg(long, global = true, env = "SLUICE_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway (migrates the database first).
+    Serve {
+        /// Offline demo: an in-process mock upstream, an admin and a demo token printed once.
+        #[arg(long)]
+        demo: bool,
+    },
+    /// Apply database migrations and exit.
+    Migrate,
+    /// Validate the config and print the effective settings (secrets masked).
+    CheckConfig,
+    /// Admin accounts for the web UI and admin API.
+    Admin {
+        #[command(subcommand)]
+        command: AdminCommand,
+    },
+    /// Teams.
+    Team {
+        #[command(subcommand)]
+        command: TeamCommand,
+    },
+    /// Users (members who hold sub-tokens).
+    User {
+        #[command(subcommand)]
+        command: UserCommand,
+    },
+    /// Sub-tokens.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+    /// The audit log.
+    Audit {
+        #[command(subcommand)]
+        command: AuditCommand,
+    },
+    /// A scriptable fake OpenAI + Anthropic upstream for tests and demos.
+    Mock {
+        #[arg(long, default_value = "127.0.0.1:9090")]
+        listen: String,
+        /// Worker threads.
+        #[arg(long, default_value_t = 1)]
+        workers: usize,
+        /// Answer text (default: a fixed sentence).
+        #[arg(long)]
+        text: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum AdminCommand {
+    Create {
+        #[arg(long)]
+        username: String,
+        #[arg(long)]
+        role: String,
+        #[arg(long)]
+        team: Option<String>,
+        /// Read the password from standard input (else SLUICE_ADMIN_PASSWORD, else one is generated and printed).
+        #[arg(long)]
+        password_stdin: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum TeamCommand {
+    Create {
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        budget_usd: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum UserCommand {
+    Create {
+        #[arg(long)]
+        username: String,
+        #[arg(long)]
+        team: Option<String>,
+        #[arg(long)]
+        rpm: Option<i64>,
+        #[arg(long)]
+        tpm: Option<i64>,
+        #[arg(long)]
+        budget_usd: Option<String>,
+        #[arg(long)]
+        reset: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Issue a token; its text is printed once and never stored.
+    Issue {
+        #[arg(long)]
+        user: String,
+        #[arg(long)]
+        budget_usd: Option<String>,
+        #[arg(long)]
+        reset: Option<String>,
+        #[arg(long)]
+        expires: Option<String>,
+        #[arg(long)]
+        rpm: Option<i64>,
+        #[arg(long)]
+        tpm: Option<i64>,
+        /// Allowed models, comma-separated (default: all).
+        #[arg(long)]
+        models: Option<String>,
+        #[arg(long, default_value_t = 2)]
+        max_priority: i64,
+        #[arg(long)]
+        downgrade_model: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    Revoke {
+        id: i64,
+    },
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Change a token's budget without losing its spend.
+    Budget {
+        id: i64,
+        /// New limit in USD (`none` removes the limit).
+        #[arg(long)]
+        limit_usd: Option<String>,
+        /// Raise the limit (and remaining) by this many USD.
+        #[arg(long)]
+        top_up_usd: Option<String>,
+        /// Adjust spend by this many USD (negative returns money), with --reason.
+        #[arg(long, allow_hyphen_values = true)]
+        adjust_usd: Option<String>,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum AuditCommand {
+    /// Check the hash chain; names the first row that was changed.
+    Verify,
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
+        .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().json().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+fn usd_arg(s: &str) -> anyhow::Result<i64> {
+    let (neg, digits) = s.strip_prefix('-').map_or((false, s), |d| (true, d));
+    let m = pricing::parse_usd(digits).with_context(|| format!("`{s}` is not a USD amount"))?;
+    Ok(if neg { -m } else { m })
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    init_tracing();
+    let cli = Cli::parse();
+    let now = chrono::Utc::now();
+    if let Command::Mock { listen, workers, text } = &cli.command {
+        let mut cfg = MockConfig { workers: *workers, ..MockConfig::default() };
+        if let Some(t) = text {
+            cfg.text = t.clone();
+        }
+        let mock = MockServer::start(listen, cfg)?;
+        println!("sluice mock listening on {}", mock.base_url());
+        tokio::signal::ctrl_c().await?;
+        return Ok(());
+    }
+    let settings = config::load(cli.config.as_deref())?;
+    if let Command::Serve { demo: true } = cli.command {
+        return serve_demo(settings).await;
+    }
+    if let Command::CheckConfig = cli.command {
+        settings.validate()?;
+        print!("{}", settings.to_masked_toml());
+        eprintln!("config ok: {} upstreams, {} models", settings.upstreams.len(), settings.models.len());
+        return Ok(());
+    }
+    if let Command::Serve { demo: false } = cli.command {
+        return serve(settings).await;
+    }
+    settings.validate()?;
+    let db = Db::open(&settings.database_path(), false).await?;
+    match cli.command {
+        Command::Migrate => println!("database at {} is up to date", settings.database_path().display()),
+        Command::Team { command: TeamCommand::Create { name, budget_usd } } => {
+            let id = cli::team_create(&db, &name, budget_usd.as_deref(), now).await?;
+            println!("team {name} created (id {id})");
+        }
+        Command::User { command: UserCommand::Create { username, team, rpm, tpm, budget_usd, reset } } => {
+            let args = UserArgs { username: &username, team: team.as_deref(), rpm, tpm, budget_usd: budget_usd.as_deref(), reset: reset.as_deref() };
+            let id = cli::user_create(&db, &args, now).await?;
+            println!("user {username} created (id {id})");
+        }
+        Command::Token { command } => token_command(&db, command, now).await?,
+        Command::Admin { command: AdminCommand::Create { username, role, team, password_stdin } } => {
+            let (pw, generated) = if password_stdin {
+                let mut s = String::new();
+                std::io::stdin().read_to_string(&mut s)?;
+                (s.trim_end_matches(['\n', '\r']).to_string(), false)
+            } else if let Ok(p) = std::env::var("SLUICE_ADMIN_PASSWORD") {
+                (p, false)
+            } else {
+                (sluice::auth::token::generate().text[6..30].to_string(), true)
+            };
+            let id = cli::admin_create(&db, &username, &role, team.as_deref(), pw.clone(), now).await?;
+            println!("admin {username} ({role}) created (id {id})");
+            if generated {
+                println!("password (shown once): {pw}");
+            }
+        }
+        Command::Audit { command: AuditCommand::Verify } => {
+            let (checked, broken) = audit::verify(&db.read).await?;
+            match broken {
+                None => println!("audit log intact: {checked} rows verified"),
+                Some(id) => bail!("audit log chain broken at row {id} ({checked} rows before it verified)"),
+            }
+        }
+        Command::Serve { .. } | Command::CheckConfig | Command::Mock { .. } => {}
+    }
+    db.close().await;
+    Ok(())
+}
+
+async fn token_command(db: &Db, command: TokenCommand, now: chrono::DateTime<chrono::Utc>) -> anyhow::Result<()> {
+    match command {
+        TokenCommand::Issue { user, budget_usd, reset, expires, rpm, tpm, models, max_priority, downgrade_model, json } => {
+            let args = IssueArgs {
+                user: &user,
+                budget_usd: budget_usd.as_deref(),
+                reset: reset.as_deref(),
+                expires: expires.as_deref(),
+                rpm,
+                tpm,
+                models: models.as_deref(),
+                max_priority,
+                downgrade_model: downgrade_model.as_deref(),
+            };
+            let t = cli::token_issue(db, &args, now).await?;
+            let budget = t.limit_micros.map(pricing::usd);
+            if json {
+                println!("{}", serde_json::json!({"id": t.id, "token": t.text, "user": user, "budget_usd": budget}));
+            } else {
+                println!("token {} issued for {user} (budget: {})", t.id, budget.as_deref().unwrap_or("unlimited"));
+                println!("{}", t.text);
+                eprintln!("This is the only time the token is shown.");
+            }
+        }
+        TokenCommand::Revoke { id } => {
+            cli::token_revoke(db, id, now).await?;
+            println!("token {id} revoked");
+        }
+        TokenCommand::List { json } => {
+            let rows = tokens::list(&db.read).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                println!("{:>5}  {:<10} {:<16} {:<12} {:>14} {:>14}  {}", "id", "prefix", "user", "team", "limit", "spent", "state");
+                for r in rows {
+                    let limit = r.limit_micros.map(pricing::usd).unwrap_or_else(|| "unlimited".into());
+                    let state = if r.revoked { "revoked" } else { "active" };
+                    println!("{:>5}  {:<10} {:<16} {:<12} {:>14} {:>14}  {state}", r.id, r.prefix, r.user, r.team, limit, pricing::usd(r.spent_micros));
+                }
+            }
+        }
+        TokenCommand::Budget { id, limit_usd, top_up_usd, adjust_usd, reason } => {
+            let change = match (limit_usd, top_up_usd, adjust_usd) {
+                (Some(l), None, None) => BudgetChange::Limit(if l == "none" { None } else { Some(usd_arg(&l)?) }),
+                (None, Some(t), None) => BudgetChange::TopUp(usd_arg(&t)?),
+                (None, None, Some(a)) => {
+                    let reason = reason.context("--adjust-usd needs --reason")?;
+                    BudgetChange::Adjust { micros: usd_arg(&a)?, reason }
+                }
+                _ => bail!("give exactly one of --limit-usd, --top-up-usd, --adjust-usd"),
+            };
+            cli::token_budget(db, id, change, now).await?;
+            println!("token {id} budget updated");
+        }
+    }
+    Ok(())
+}
+
+async fn serve(settings: Settings) -> anyhow::Result<()> {
+    let app = Application::build(settings).await?;
+    tracing::info!(port = app.port(), "sluice listening");
+    app.run_until_stopped().await?;
+    Ok(())
+}
+
+/// `serve --demo`: the gateway with an in-process mock upstream, an admin and a token.
+async fn serve_demo(mut settings: Settings) -> anyhow::Result<()> {
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default())?;
+    settings.upstreams = vec![UpstreamSettings {
+        id: "mock".into(),
+        provider: Provider::Openai,
+        base_url: format!("{}/v1", mock.base_url()),
+        api_key: Secret(SecretString::from("sk-mock-demo-key")),
+        rpm_limit: 0,
+        tpm_limit: 0,
+        max_concurrent: 0,
+        max_queue: 0,
+        allow_private_network: true,
+    }];
+    settings.models = ["gpt-4o-mini", "gpt-4o", "text-embedding-3-small"]
+        .iter()
+        .map(|name| ModelSettings {
+            name: (*name).into(),
+            aliases: vec![],
+            routes: vec![RouteSettings { upstream: "mock".into(), model: (*name).into() }],
+            fallbacks: vec![],
+            input_usd_per_mtok: 0.15,
+            output_usd_per_mtok: 0.60,
+            cached_input_usd_per_mtok: None,
+            max_output_tokens: 4096,
+            max_input_tokens: 128_000,
+        })
+        .collect();
+    settings.validate()?;
+    let db = Db::open(&settings.database_path(), false).await?;
+    let now = chrono::Utc::now();
+    let pw = sluice::auth::token::generate().text[6..30].to_string();
+    let admin = cli::admin_create(&db, "admin", "admin", None, pw.clone(), now).await;
+    let args = IssueArgs {
+        user: "demo",
+        budget_usd: Some("5"),
+        reset: Some("monthly"),
+        expires: None,
+        rpm: None,
+        tpm: None,
+        models: None,
+        max_priority: 2,
+        downgrade_model: None,
+    };
+    let token = cli::token_issue(&db, &args, now).await?;
+    db.close().await;
+    let app = Application::build(settings).await?;
+    let url = format!("http://127.0.0.1:{}", app.port());
+    println!("Sluice demo at {url} (mock upstream at {})", mock.base_url());
+    if admin.is_ok() {
+        println!("  admin login: admin / {pw}   (shown once)");
+    }
+    println!("  demo token (5 USD/month, shown once): {}", token.text);
+    println!("  try: curl {url}/v1/chat/completions -H 'Authorization: Bearer {}' \\", token.text);
+    println!("         -H 'content-type: application/json' -d '{{\"model\":\"gpt-4o-mini\",\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'");
+    app.run_until_stopped().await?;
+    Ok(())
+}

@@ -1,0 +1,279 @@
+//! The mock's answers in both wire formats, shaped like the providers' own.
+
+use std::time::Duration;
+
+use actix_web::{HttpRequest, HttpResponse};
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::{InFlightGuard, MockConfig};
+
+/// One scripted answer. Every field is optional; an empty script is the default answer.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Script {
+    /// HTTP status (default 200). A non-2xx status answers `body` / `raw_body` or a
+    /// provider-shaped error.
+    pub status: Option<u16>,
+    /// Replaces the whole JSON body.
+    pub body: Option<Value>,
+    /// Sent verbatim instead of JSON (for garbage: truncated JSON, bad UTF-8 as `\u{fffd}`).
+    pub raw_body: Option<String>,
+    /// Extra response headers, e.g. `Retry-After`.
+    pub headers: Vec<(String, String)>,
+    /// Wait before the response headers.
+    pub delay_ms: u64,
+    /// Wait between stream chunks.
+    pub chunk_delay_ms: u64,
+    /// Break the connection after this many content chunks (no usage, no `[DONE]`).
+    pub cut_after: Option<usize>,
+    /// Stop sending (but keep the connection open) after this many content chunks.
+    pub stall_after: Option<usize>,
+    /// The answer text (default: the mock's configured text).
+    pub text: Option<String>,
+    /// Override the reported usage (0 is a valid value).
+    pub prompt_tokens: Option<i64>,
+    pub completion_tokens: Option<i64>,
+    /// Stream without the usage chunk even when asked for it.
+    pub omit_usage: bool,
+}
+
+struct Plan {
+    text: String,
+    prompt: i64,
+    completion: i64,
+    model: String,
+    id: String,
+}
+
+fn plan(cfg: &MockConfig, body: &Value, s: &Script) -> Plan {
+    let n = body.get("n").and_then(Value::as_i64).unwrap_or(1).max(1);
+    Plan {
+        text: s.text.clone().unwrap_or_else(|| cfg.text.clone()),
+        prompt: s.prompt_tokens.unwrap_or(cfg.prompt_tokens),
+        completion: s.completion_tokens.unwrap_or(cfg.completion_tokens) * n,
+        model: body.get("model").and_then(Value::as_str).unwrap_or("mock-model").to_string(),
+        id: format!("{:016x}", rand::random::<u64>()),
+    }
+}
+
+/// Splits text into word-sized pieces that concatenate back to exactly the text.
+pub fn pieces(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    for ch in text.chars() {
+        cur.push(ch);
+        if ch == ' ' {
+            out.push(std::mem::take(&mut cur));
+        }
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+pub(crate) async fn answer(cfg: &MockConfig, path: &str, req: &HttpRequest, body: &Value, s: Script, guard: InFlightGuard) -> HttpResponse {
+    if s.delay_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(s.delay_ms)).await;
+    }
+    let anthropic = path == "/v1/messages";
+    let status = s.status.unwrap_or(200);
+    let mut resp = HttpResponse::build(actix_web::http::StatusCode::from_u16(status).unwrap_or(actix_web::http::StatusCode::OK));
+    for (k, v) in &s.headers {
+        resp.insert_header((k.as_str(), v.as_str()));
+    }
+    if let Some(raw) = &s.raw_body {
+        return resp.content_type("application/json").body(raw.clone());
+    }
+    if let Some(b) = &s.body {
+        return resp.json(b);
+    }
+    if !(200..300).contains(&status) {
+        let err = if anthropic {
+            json!({"type": "error", "error": {"type": "api_error", "message": format!("mock error {status}")}})
+        } else {
+            json!({"error": {"message": format!("mock error {status}"), "type": "server_error", "param": null, "code": null}})
+        };
+        return resp.json(err);
+    }
+    if anthropic {
+        if req.headers().get("anthropic-version").is_none() {
+            return HttpResponse::BadRequest().json(json!({"type": "error", "error": {"type": "invalid_request_error", "message": "anthropic-version header is required"}}));
+        }
+        if body.get("max_tokens").and_then(Value::as_i64).is_none() {
+            return HttpResponse::BadRequest().json(json!({"type": "error", "error": {"type": "invalid_request_error", "message": "max_tokens: Field required"}}));
+        }
+    }
+    let p = plan(cfg, body, &s);
+    let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    match (path, stream) {
+        ("/v1/embeddings", _) => resp.json(embeddings(body, &p)),
+        ("/v1/messages", false) => resp.json(anthropic_message(&p)),
+        ("/v1/messages", true) => sse(resp, anthropic_events(&p, &s), &s, guard),
+        ("/v1/completions", false) => resp.json(openai_completion(&p, body)),
+        (_, false) => resp.json(openai_chat(&p, body)),
+        (_, true) => {
+            let usage = body.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false) && !s.omit_usage;
+            sse(resp, openai_chunks(&p, path == "/v1/completions", usage), &s, guard)
+        }
+    }
+}
+
+fn now() -> i64 {
+    chrono::Utc::now().timestamp()
+}
+
+fn openai_chat(p: &Plan, body: &Value) -> Value {
+    let n = body.get("n").and_then(Value::as_i64).unwrap_or(1).max(1);
+    let choices: Vec<Value> = (0..n)
+        .map(|i| json!({"index": i, "message": {"role": "assistant", "content": p.text, "refusal": null}, "logprobs": null, "finish_reason": "stop"}))
+        .collect();
+    json!({
+        "id": format!("chatcmpl-{}", p.id), "object": "chat.completion", "created": now(), "model": p.model,
+        "choices": choices,
+        "usage": {"prompt_tokens": p.prompt, "completion_tokens": p.completion, "total_tokens": p.prompt + p.completion},
+        "system_fingerprint": "fp_mock"
+    })
+}
+
+fn openai_completion(p: &Plan, body: &Value) -> Value {
+    let n = body.get("n").and_then(Value::as_i64).unwrap_or(1).max(1);
+    let choices: Vec<Value> = (0..n).map(|i| json!({"index": i, "text": p.text, "logprobs": null, "finish_reason": "stop"})).collect();
+    json!({
+        "id": format!("cmpl-{}", p.id), "object": "text_completion", "created": now(), "model": p.model, "choices": choices,
+        "usage": {"prompt_tokens": p.prompt, "completion_tokens": p.completion, "total_tokens": p.prompt + p.completion}
+    })
+}
+
+fn embeddings(body: &Value, p: &Plan) -> Value {
+    let inputs: Vec<String> = match body.get("input") {
+        Some(Value::Array(a)) => a.iter().map(|x| x.to_string()).collect(),
+        Some(x) => vec![x.to_string()],
+        None => vec![],
+    };
+    let data: Vec<Value> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let seed = s.bytes().fold(7u32, |a, b| a.wrapping_mul(31).wrapping_add(u32::from(b)));
+            let v: Vec<f64> = (0..8).map(|k| f64::from((seed.rotate_left(k * 4) % 1000) as u16) / 1000.0 - 0.5).collect();
+            json!({"object": "embedding", "index": i, "embedding": v})
+        })
+        .collect();
+    json!({"object": "list", "data": data, "model": p.model, "usage": {"prompt_tokens": p.prompt, "total_tokens": p.prompt}})
+}
+
+/// OpenAI stream events (the `data:` payloads) with the index of the last content chunk.
+fn openai_chunks(p: &Plan, legacy: bool, usage: bool) -> Vec<Event> {
+    let created = now();
+    let id = if legacy { format!("cmpl-{}", p.id) } else { format!("chatcmpl-{}", p.id) };
+    let object = if legacy { "text_completion" } else { "chat.completion.chunk" };
+    let choice = |content: Option<&str>, finish: Option<&str>| {
+        if legacy {
+            json!({"index": 0, "text": content.unwrap_or(""), "logprobs": null, "finish_reason": finish})
+        } else {
+            let delta = match content {
+                Some(c) => json!({"content": c}),
+                None if finish.is_none() => json!({"role": "assistant", "content": ""}),
+                None => json!({}),
+            };
+            json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+        }
+    };
+    let chunk = |c: Value| Event::data(json!({"id": id, "object": object, "created": created, "model": p.model, "choices": [c]}));
+    let mut out = Vec::new();
+    if !legacy {
+        out.push(chunk(choice(None, None)));
+    }
+    for piece in pieces(&p.text) {
+        out.push(chunk(choice(Some(&piece), None)).content());
+    }
+    out.push(chunk(choice(None, Some("stop"))));
+    if usage {
+        out.push(Event::data(json!({"id": id, "object": object, "created": created, "model": p.model, "choices": [],
+            "usage": {"prompt_tokens": p.prompt, "completion_tokens": p.completion, "total_tokens": p.prompt + p.completion}})));
+    }
+    out.push(Event { name: None, data: "[DONE]".into(), content: false });
+    out
+}
+
+fn anthropic_message(p: &Plan) -> Value {
+    json!({
+        "id": format!("msg_{}", p.id), "type": "message", "role": "assistant", "model": p.model,
+        "content": [{"type": "text", "text": p.text}],
+        "stop_reason": "end_turn", "stop_sequence": null,
+        "usage": {"input_tokens": p.prompt, "output_tokens": p.completion}
+    })
+}
+
+fn anthropic_events(p: &Plan, s: &Script) -> Vec<Event> {
+    let ev = |name: &str, v: Value| Event { name: Some(name.into()), data: v.to_string(), content: false };
+    let mut out = vec![
+        ev("message_start", json!({"type": "message_start", "message": {"id": format!("msg_{}", p.id), "type": "message", "role": "assistant",
+            "model": p.model, "content": [], "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": p.prompt, "output_tokens": 1}}})),
+        ev("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})),
+        ev("ping", json!({"type": "ping"})),
+    ];
+    for piece in pieces(&p.text) {
+        let mut e = ev("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}}));
+        e.content = true;
+        out.push(e);
+    }
+    out.push(ev("content_block_stop", json!({"type": "content_block_stop", "index": 0})));
+    let usage = if s.omit_usage { json!({}) } else { json!({"output_tokens": p.completion}) };
+    out.push(ev("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": usage})));
+    out.push(ev("message_stop", json!({"type": "message_stop"})));
+    out
+}
+
+struct Event {
+    name: Option<String>,
+    data: String,
+    /// A content chunk (counted by `cut_after` / `stall_after`).
+    content: bool,
+}
+
+impl Event {
+    fn data(v: Value) -> Event {
+        Event { name: None, data: v.to_string(), content: false }
+    }
+    fn content(mut self) -> Event {
+        self.content = true;
+        self
+    }
+    fn bytes(&self) -> Bytes {
+        match &self.name {
+            Some(n) => Bytes::from(format!("event: {n}\ndata: {}\n\n", self.data)),
+            None => Bytes::from(format!("data: {}\n\n", self.data)),
+        }
+    }
+}
+
+fn sse(mut resp: actix_web::HttpResponseBuilder, events: Vec<Event>, s: &Script, guard: InFlightGuard) -> HttpResponse {
+    let delay = Duration::from_millis(s.chunk_delay_ms);
+    let (cut, stall) = (s.cut_after, s.stall_after);
+    let body = async_stream::stream! {
+        let _guard = guard;
+        let mut sent_content = 0usize;
+        for (i, e) in events.iter().enumerate() {
+            if i > 0 && !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            if e.content {
+                if cut == Some(sent_content) {
+                    yield Err(std::io::Error::other("mock: stream cut"));
+                    return;
+                }
+                if stall == Some(sent_content) {
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                }
+                sent_content += 1;
+            }
+            yield Ok::<Bytes, std::io::Error>(e.bytes());
+        }
+    };
+    resp.content_type("text/event-stream").insert_header(("cache-control", "no-cache")).streaming(body)
+}

@@ -1,0 +1,52 @@
+//! Background tasks of a running gateway: the token-cache refresh (revocations within 1 s),
+//! the process heartbeat, and settling reservations of processes that died.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::state::AppState;
+use crate::store::{ledger, processes};
+
+const AUTH_POLL: Duration = Duration::from_millis(250);
+const HEARTBEAT: Duration = Duration::from_secs(5);
+
+pub fn spawn(state: Arc<AppState>, host: String) {
+    let s = state.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(AUTH_POLL);
+        loop {
+            tick.tick().await;
+            if let Err(e) = s.auth.refresh().await {
+                tracing::warn!(error = %e, "token cache refresh failed");
+            }
+        }
+    });
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(HEARTBEAT);
+        loop {
+            tick.tick().await;
+            let now = state.clock.now();
+            if let Err(e) = processes::heartbeat(&state.db.write, state.quota.process_id(), now).await {
+                tracing::warn!(error = %e, "heartbeat failed");
+            }
+            if let Err(e) = recover_orphans(&state, &host).await {
+                tracing::warn!(error = %e, "orphan recovery failed");
+            }
+        }
+    });
+}
+
+/// Settles the reservations of every process that is gone; returns how many.
+pub async fn recover_orphans(state: &AppState, host: &str) -> Result<u64, crate::store::StoreError> {
+    let now = state.clock.now();
+    let mut settled = 0;
+    for owner in processes::dead_owners(&state.db.read, state.quota.process_id(), host, now).await? {
+        let n = ledger::settle_orphans(&state.db.write, &owner, now).await?;
+        if n > 0 {
+            tracing::warn!(owner = %owner, reservations = n, "settled orphaned reservations at their reserved amount");
+        }
+        settled += n;
+    }
+    processes::prune(&state.db.write, now).await?;
+    Ok(settled)
+}

@@ -1,0 +1,105 @@
+//! The request log, off the request path: handlers hand a row to a channel; one task
+//! writes rows in batches (one transaction per batch) and emits the JSON log line.
+//! Never a prompt, a completion or a credential — the row has no field for them.
+
+use std::time::Duration;
+
+use sqlx::SqlitePool;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::store::requests::{self, RequestRow};
+
+enum Msg {
+    Row(Box<RequestRow>),
+    Flush(oneshot::Sender<()>),
+}
+
+#[derive(Clone)]
+pub struct RequestLog {
+    tx: mpsc::Sender<Msg>,
+}
+
+const QUEUE: usize = 10_000;
+const BATCH: usize = 512;
+
+impl RequestLog {
+    pub fn start(write: SqlitePool) -> (RequestLog, JoinHandle<()>) {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        (RequestLog { tx }, tokio::spawn(writer(write, rx)))
+    }
+
+    /// Queues a row (waits only if the writer is `QUEUE` rows behind).
+    pub async fn record(&self, row: RequestRow) {
+        tracing::info!(
+            target: "sluice::request",
+            request_id = %row.id,
+            token_id = row.token_id,
+            user_id = row.user_id,
+            team_id = row.team_id,
+            endpoint = row.endpoint,
+            model = %row.model,
+            served_model = %row.served_model,
+            upstream = %row.upstream,
+            status = row.status,
+            error = row.error_code,
+            attempts = row.attempts,
+            stream = row.stream,
+            cache = row.cache,
+            latency_ms = row.latency_ms,
+            ttfb_ms = row.ttfb_ms,
+            input_tokens = row.input_tokens,
+            output_tokens = row.output_tokens,
+            cost_micros = row.cost_micros,
+            "request"
+        );
+        if self.tx.send(Msg::Row(Box::new(row))).await.is_err() {
+            tracing::error!("request log writer is gone; row lost");
+        }
+    }
+
+    /// Waits until every row queued before this call is in the database.
+    pub async fn flush(&self) {
+        let (done, wait) = oneshot::channel();
+        if self.tx.send(Msg::Flush(done)).await.is_ok() {
+            let _ = wait.await;
+        }
+    }
+}
+
+async fn writer(pool: SqlitePool, mut rx: mpsc::Receiver<Msg>) {
+    let mut batch: Vec<RequestRow> = Vec::with_capacity(BATCH);
+    let mut waiting: Vec<oneshot::Sender<()>> = Vec::new();
+    while let Some(first) = rx.recv().await {
+        let mut next = Some(first);
+        while let Some(msg) = next.take() {
+            match msg {
+                Msg::Row(r) => batch.push(*r),
+                Msg::Flush(done) => waiting.push(done),
+            }
+            if batch.len() < BATCH {
+                next = rx.try_recv().ok();
+            }
+        }
+        if !batch.is_empty() {
+            write(&pool, &batch).await;
+            batch.clear();
+        }
+        for done in waiting.drain(..) {
+            let _ = done.send(());
+        }
+    }
+}
+
+async fn write(pool: &SqlitePool, batch: &[RequestRow]) {
+    for attempt in 0..5u64 {
+        match requests::insert_batch(pool, batch).await {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::error!(error = %e, rows = batch.len(), attempt, "writing the request log failed; retrying");
+                tokio::time::sleep(Duration::from_millis(100 * (attempt + 1))).await;
+            }
+        }
+    }
+    tracing::error!(rows = batch.len(), "request log rows dropped after 5 failed writes");
+}

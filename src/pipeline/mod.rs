@@ -1,0 +1,209 @@
+//! The request path of DESIGN.md, stage by stage: authenticate → validate → reserve budget
+//! → route, call and retry by tier → settle and log. Each stage is one call here; this file
+//! only orders them and turns their errors into `ApiError` once.
+
+pub mod attempts;
+pub mod request;
+pub mod respond;
+pub mod stream;
+
+use std::time::Instant;
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use futures_util::StreamExt;
+
+use crate::clock::db_time;
+use crate::error::{ApiError, WireFormat};
+use crate::quota::pricing::{self, Usage};
+use crate::quota::QuotaError;
+use crate::state::AppState;
+use crate::store::requests::RequestRow;
+use attempts::{Outcome, Success};
+use request::{Endpoint, Prepared};
+
+/// Request ids are UUIDv7: unique across replicas and sortable by time.
+pub fn new_request_id() -> String {
+    let mut buf = [0u8; uuid::fmt::Simple::LENGTH];
+    format!("req_{}", uuid::Uuid::now_v7().simple().encode_lower(&mut buf))
+}
+
+/// Runs one `/v1/*` request to completion (or hands a stream to its pump).
+pub async fn handle(state: web::Data<AppState>, req: HttpRequest, payload: web::Payload, endpoint: Endpoint) -> HttpResponse {
+    let started = Instant::now();
+    let mut log = RequestRow {
+        id: new_request_id(),
+        endpoint: endpoint.name(),
+        created_at: db_time(state.clock.now()),
+        cache: "off",
+        ..RequestRow::default()
+    };
+    match run(&state, &req, payload, endpoint, &mut log, started).await {
+        Ok(Reply::Done(resp)) => {
+            log.status = resp.status().as_u16();
+            log.latency_ms = started.elapsed().as_millis() as i64;
+            state.request_log.record(log).await;
+            resp
+        }
+        Ok(Reply::Streaming(resp)) => resp,
+        Err(Failure { error, response }) => {
+            let mut resp = response.unwrap_or_else(|| error.render(WireFormat::OpenAi));
+            respond::request_id(&mut resp, &log.id);
+            log.status = resp.status().as_u16();
+            log.error_code = Some(error.code());
+            log.latency_ms = started.elapsed().as_millis() as i64;
+            state.request_log.record(log).await;
+            resp
+        }
+    }
+}
+
+/// How a request that reached an upstream was answered.
+enum Reply {
+    /// Complete; `handle` writes the log row.
+    Done(HttpResponse),
+    /// A stream; its pump writes the log row when the stream ends.
+    Streaming(HttpResponse),
+}
+
+/// A failed request: the error (for the log) and, for upstream client errors passed
+/// through, the upstream's own answer.
+pub struct Failure {
+    pub error: ApiError,
+    pub response: Option<HttpResponse>,
+}
+
+impl From<ApiError> for Failure {
+    fn from(error: ApiError) -> Self {
+        Failure { error, response: None }
+    }
+}
+
+impl From<QuotaError> for ApiError {
+    fn from(e: QuotaError) -> Self {
+        match e {
+            QuotaError::Insufficient { retry_after, .. } => ApiError::InsufficientQuota { retry_after },
+            QuotaError::TokenGone => ApiError::InvalidApiKey,
+            QuotaError::Store(e) => {
+                tracing::error!(error = %e, "quota store failed");
+                ApiError::Internal
+            }
+        }
+    }
+}
+
+async fn read_body(payload: web::Payload, req: &HttpRequest, limit: usize) -> Result<web::Bytes, ApiError> {
+    let declared = req
+        .headers()
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|l| l > limit) {
+        return Err(ApiError::RequestTooLarge(limit));
+    }
+    let mut body = web::BytesMut::with_capacity(declared.unwrap_or(1024).min(limit));
+    let mut payload = payload;
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|_| ApiError::InvalidRequest { message: "The request body could not be read.".into(), param: None })?;
+        if body.len() + chunk.len() > limit {
+            return Err(ApiError::RequestTooLarge(limit));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
+}
+
+async fn run(
+    state: &web::Data<AppState>,
+    req: &HttpRequest,
+    payload: web::Payload,
+    endpoint: Endpoint,
+    log: &mut RequestRow,
+    started: Instant,
+) -> Result<Reply, Failure> {
+    // 1. Authenticate.
+    let auth = state
+        .auth
+        .authenticate(req.headers(), state.clock.now())
+        .await
+        .map_err(|e| {
+            tracing::error!(error = %e, "token lookup failed");
+            ApiError::Internal
+        })?
+        .ok_or(ApiError::InvalidApiKey)?;
+    log.token_id = Some(auth.owner.token_id);
+    log.user_id = Some(auth.owner.user_id);
+    log.team_id = Some(auth.owner.team_id);
+
+    // 2. Validate.
+    let raw = read_body(payload, req, state.settings.server.max_body_bytes).await?;
+    let prepared = request::prepare(endpoint, &raw, &auth, &state.catalog)?;
+    log.model = prepared.requested_model.clone();
+    log.stream = prepared.stream;
+
+    // 5. Reserve the worst case over every model that may serve (fallbacks included).
+    let candidates = attempts::candidates(state, &prepared);
+    let worst = reservation_amount(state, &prepared, &candidates);
+    let mut held = state.quota.reserve(&log.id, &auth.owner, worst).await.map_err(ApiError::from)?;
+    held.set_cost_if_dropped(pricing::cost(
+        Usage { input: prepared.input_tokens, ..Usage::default() },
+        prepared.model.prices,
+    ));
+
+    // 7–9. Route, call, retry by tier.
+    let deadline = respond::deadline(req, &state.settings.retry, started);
+    let outcome = attempts::call(state, &prepared, &candidates, deadline).await;
+    log.attempts = outcome.attempts;
+    let success = match outcome.result {
+        Outcome::Served(s) => s,
+        Outcome::Failed(failure) => {
+            held.settle(0).await.map_err(ApiError::from)?;
+            return Err(failure);
+        }
+    };
+    log.upstream = state.catalog.deployments[success.route.deployment].id.clone();
+    log.served_model = success.model.name.clone();
+    if prepared.stream {
+        Ok(Reply::Streaming(stream::start(state, &prepared, success, held, std::mem::take(log), started)))
+    } else {
+        finish(&prepared, success, held, log).await.map(Reply::Done)
+    }
+}
+
+/// The worst-case cost: the margin-padded input and the full output cap (× n), priced at
+/// the dearest model that may serve.
+fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Candidate]) -> i64 {
+    let q = &state.settings.quota;
+    let usage = Usage {
+        input: pricing::input_with_margin(p.input_tokens, q.input_margin_ratio, q.input_margin_tokens),
+        cached_input: 0,
+        output: p.cap.map(|(_, c)| c).unwrap_or(0).saturating_mul(p.n),
+    };
+    let mut worst = pricing::cost(usage, p.model.prices);
+    for c in candidates {
+        worst = worst.max(pricing::cost(usage, c.model.prices));
+    }
+    worst
+}
+
+/// A non-streamed answer: price it from its usage, settle, answer with the upstream's bytes.
+async fn finish(
+    p: &Prepared,
+    s: Success,
+    held: crate::quota::reservation::Held,
+    log: &mut RequestRow,
+) -> Result<HttpResponse, Failure> {
+    let body = s.body.unwrap_or_default();
+    let usage = crate::upstream::providers::openai::answer_usage(&body)
+        .and_then(|(u, _)| u)
+        .unwrap_or_else(|| Usage { input: p.input_tokens, cached_input: 0, output: 0 });
+    let cost = pricing::cost(usage, s.model.prices);
+    let settled = held.settle(cost).await.map_err(ApiError::from)?;
+    log.input_tokens = usage.input;
+    log.output_tokens = usage.output;
+    log.cost_micros = settled.charged + settled.absorbed;
+    log.ttfb_ms = Some(s.ttfb_ms);
+    let mut resp = HttpResponse::Ok();
+    resp.content_type("application/json");
+    respond::gateway_headers(&mut resp, &log.id, &log.upstream, settled.remaining, log.cache);
+    Ok(resp.body(body))
+}

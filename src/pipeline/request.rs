@@ -1,0 +1,191 @@
+//! Stage 2, validate: the body is parsed once into a JSON map, every field Sluice relies on
+//! is type-checked with an error naming it, the model is resolved and checked against the
+//! token, and the input is counted with the tokenizer. Nothing here talks to an upstream.
+
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+use crate::auth::TokenAuth;
+use crate::error::ApiError;
+use crate::quota::estimate;
+use crate::upstream::catalog::{Catalog, Model};
+use crate::upstream::providers::openai::ROUTING_FIELDS;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completions,
+    Embeddings,
+}
+
+impl Endpoint {
+    pub fn name(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "chat.completions",
+            Endpoint::Completions => "completions",
+            Endpoint::Embeddings => "embeddings",
+        }
+    }
+    /// Path under an OpenAI-format base URL (which already ends in `/v1`).
+    pub fn upstream_path(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "/chat/completions",
+            Endpoint::Completions => "/completions",
+            Endpoint::Embeddings => "/embeddings",
+        }
+    }
+}
+
+/// Most completions one request may ask for (`n`); each is priced as a completion.
+pub const MAX_N: i64 = 16;
+
+#[derive(Debug)]
+pub struct Prepared {
+    pub endpoint: Endpoint,
+    pub requested_model: String,
+    pub model: Arc<Model>,
+    pub body: Map<String, Value>,
+    pub stream: bool,
+    /// The client asked for the usage chunk itself (else it is removed again).
+    pub include_usage: bool,
+    /// The output cap sent upstream and the field that carries it; `None` for embeddings.
+    pub cap: Option<(&'static str, i64)>,
+    pub n: i64,
+    /// Input tokens counted by the tokenizer (no margin).
+    pub input_tokens: i64,
+}
+
+fn int_field(body: &Map<String, Value>, field: &'static str) -> Result<Option<i64>, ApiError> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v.as_i64().map(Some).ok_or_else(|| ApiError::invalid(field, format!("`{field}` must be an integer"))),
+    }
+}
+
+fn bool_field(body: &Map<String, Value>, field: &'static str) -> Result<bool, ApiError> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ApiError::invalid(field, format!("`{field}` must be a boolean"))),
+    }
+}
+
+fn number_in(body: &Map<String, Value>, field: &'static str, lo: f64, hi: f64) -> Result<(), ApiError> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(()),
+        Some(v) => match v.as_f64() {
+            Some(x) if (lo..=hi).contains(&x) => Ok(()),
+            _ => Err(ApiError::invalid(field, format!("`{field}` must be a number between {lo} and {hi}"))),
+        },
+    }
+}
+
+/// Parses and validates a request body for `endpoint` on behalf of `auth`.
+pub fn prepare(endpoint: Endpoint, raw: &[u8], auth: &TokenAuth, catalog: &Catalog) -> Result<Prepared, ApiError> {
+    let value: Value = serde_json::from_slice(raw).map_err(|e| {
+        ApiError::InvalidRequest { message: format!("The request body is not valid JSON: {e}"), param: None }
+    })?;
+    let Value::Object(mut body) = value else {
+        return Err(ApiError::InvalidRequest { message: "The request body must be a JSON object.".into(), param: None });
+    };
+    for f in ROUTING_FIELDS {
+        body.remove(*f);
+    }
+    let requested_model = match body.get("model") {
+        Some(Value::String(m)) if !m.is_empty() => m.clone(),
+        Some(_) => return Err(ApiError::invalid("model", "`model` must be a non-empty string")),
+        None => return Err(ApiError::invalid("model", "`model` is required")),
+    };
+    let model = catalog.model(&requested_model).ok_or_else(|| ApiError::ModelNotFound(requested_model.clone()))?.clone();
+    if !auth.allows(&requested_model, &model.name) {
+        return Err(ApiError::ModelNotAllowed(requested_model));
+    }
+    number_in(&body, "temperature", 0.0, 2.0)?;
+    number_in(&body, "top_p", 0.0, 1.0)?;
+
+    let input_tokens = match endpoint {
+        Endpoint::Chat => {
+            let msgs = match body.get("messages") {
+                Some(Value::Array(m)) if !m.is_empty() => m,
+                Some(Value::Array(_)) => return Err(ApiError::invalid("messages", "`messages` must not be empty")),
+                Some(_) => return Err(ApiError::invalid("messages", "`messages` must be an array of message objects")),
+                None => return Err(ApiError::invalid("messages", "`messages` is required")),
+            };
+            for m in msgs {
+                if !m.get("role").is_some_and(Value::is_string) {
+                    return Err(ApiError::invalid("messages", "every message must be an object with a string `role`"));
+                }
+            }
+            estimate::chat_input(msgs, body.get("tools"))
+        }
+        Endpoint::Completions => match body.get("prompt") {
+            Some(p @ (Value::String(_) | Value::Array(_))) => estimate::count_value(p) + 3,
+            _ => return Err(ApiError::invalid("prompt", "`prompt` must be a string or an array of strings")),
+        },
+        Endpoint::Embeddings => match body.get("input") {
+            Some(Value::String(s)) if !s.is_empty() => estimate::count_text(s),
+            Some(Value::Array(a)) if !a.is_empty() => a
+                .iter()
+                .map(|x| match x {
+                    Value::String(s) => Ok(estimate::count_text(s)),
+                    Value::Number(_) => Ok(1),
+                    Value::Array(ids) if ids.iter().all(Value::is_number) => Ok(ids.len() as i64),
+                    _ => Err(ApiError::invalid("input", "`input` items must be strings or arrays of token ids")),
+                })
+                .sum::<Result<i64, ApiError>>()?,
+            _ => return Err(ApiError::invalid("input", "`input` must be a non-empty string or array")),
+        },
+    };
+    if input_tokens > model.max_input_tokens {
+        let field = match endpoint {
+            Endpoint::Chat => "messages",
+            Endpoint::Completions => "prompt",
+            Endpoint::Embeddings => "input",
+        };
+        return Err(ApiError::invalid(
+            field,
+            format!("The input is about {input_tokens} tokens; `{}` accepts at most {}.", model.name, model.max_input_tokens),
+        ));
+    }
+
+    let stream = endpoint != Endpoint::Embeddings && bool_field(&body, "stream")?;
+    let include_usage = match body.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) => match o.get("include_usage") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => return Err(ApiError::invalid("stream_options", "`stream_options.include_usage` must be a boolean")),
+        },
+        Some(_) => return Err(ApiError::invalid("stream_options", "`stream_options` must be an object")),
+    };
+    if body.contains_key("stream_options") && !stream {
+        body.remove("stream_options");
+    }
+
+    let (cap, n) = if endpoint == Endpoint::Embeddings {
+        (None, 1)
+    } else {
+        let n = int_field(&body, "n")?.unwrap_or(1);
+        if !(1..=MAX_N).contains(&n) {
+            return Err(ApiError::invalid("n", format!("`n` must be between 1 and {MAX_N}")));
+        }
+        let asked = match int_field(&body, "max_completion_tokens")? {
+            Some(v) => Some(("max_completion_tokens", v)),
+            None => int_field(&body, "max_tokens")?.map(|v| ("max_tokens", v)),
+        };
+        let cap = match asked {
+            Some((field, v)) if v < 1 => return Err(ApiError::invalid(field, format!("`{field}` must be at least 1"))),
+            Some((field, v)) if v > model.max_output_tokens => {
+                return Err(ApiError::invalid(
+                    field,
+                    format!("`{field}` is {v}; `{}` allows at most {}.", model.name, model.max_output_tokens),
+                ))
+            }
+            Some(c) => c,
+            None => ("max_tokens", model.max_output_tokens),
+        };
+        (Some(cap), n)
+    };
+    Ok(Prepared { endpoint, requested_model, model, body, stream, include_usage, cap, n, input_tokens })
+}

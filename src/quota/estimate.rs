@@ -1,0 +1,73 @@
+//! Counting tokens with a real BPE tokenizer (`tiktoken-rs`, o200k_base): the input side of
+//! a reservation, and the output of a stream the client left before the upstream's usage
+//! arrived. One tokenizer is built at start and shared read-only (no lock per request).
+
+use std::sync::OnceLock;
+
+use serde_json::Value;
+use tiktoken_rs::CoreBPE;
+
+static BPE: OnceLock<Option<CoreBPE>> = OnceLock::new();
+
+/// Builds the tokenizer; called once at start so the first request does not pay for it.
+pub fn init() {
+    let _ = bpe();
+}
+
+fn bpe() -> Option<&'static CoreBPE> {
+    BPE.get_or_init(|| tiktoken_rs::o200k_base().ok()).as_ref()
+}
+
+/// Tokens in a piece of text. Falls back to a conservative bytes/3 if the tokenizer could
+/// not be built (it is compiled in, so this does not happen in practice).
+pub fn count_text(text: &str) -> i64 {
+    match bpe() {
+        Some(b) => b.encode_ordinary(text).len() as i64,
+        None => (text.len() as i64 + 2) / 3,
+    }
+}
+
+/// Per-message framing tokens, as OpenAI documents for its chat format.
+const PER_MESSAGE: i64 = 4;
+const PER_REPLY: i64 = 3;
+/// What an image may cost at most in the input (a high-detail 2048×768 tile set).
+const PER_IMAGE: i64 = 1105;
+
+/// Counts every string in a JSON value (message content, tool arguments, tool schemas).
+pub fn count_value(v: &Value) -> i64 {
+    match v {
+        Value::String(s) => count_text(s),
+        Value::Array(items) => items.iter().map(count_value).sum(),
+        Value::Object(map) => {
+            let is_image = matches!(map.get("type").and_then(Value::as_str), Some("image_url" | "image" | "input_image"));
+            if is_image {
+                return PER_IMAGE;
+            }
+            map.iter().map(|(k, v)| count_text(k).min(2) + count_value(v)).sum()
+        }
+        Value::Number(_) | Value::Bool(_) => 1,
+        Value::Null => 0,
+    }
+}
+
+/// Input tokens of an OpenAI chat request: messages plus tool definitions.
+pub fn chat_input(messages: &[Value], tools: Option<&Value>) -> i64 {
+    let msgs: i64 = messages.iter().map(|m| PER_MESSAGE + count_value(m)).sum();
+    msgs + PER_REPLY + tools.map(count_value).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn counts_with_the_real_tokenizer() {
+        assert_eq!(count_text("hello world"), 2);
+        let msgs = vec![json!({"role": "user", "content": "hello world"})];
+        let n = chat_input(&msgs, None);
+        assert!((8..=12).contains(&n), "{n}");
+        let img = vec![json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:…"}}]})];
+        assert!(chat_input(&img, None) > PER_IMAGE);
+    }
+}

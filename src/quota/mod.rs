@@ -1,0 +1,18 @@
+//! Budgets: what a request may cost at worst (`pricing`, `estimate`), which period a
+//! balance belongs to (`period`), and the reservation that holds the money between the
+//! CAS and the settlement (`reservation`). The CAS itself is `store::ledger`.
+
+pub mod estimate;
+pub mod period;
+pub mod pricing;
+pub mod reservation;
+
+#[derive(Debug, thiserror::Error)]
+pub enum QuotaError {
+    #[error("budget exhausted at the {level} level")]
+    Insufficient { level: &'static str, retry_after: Option<u64> },
+    #[error("token revoked or expired")]
+    TokenGone,
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+}

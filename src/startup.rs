@@ -1,0 +1,128 @@
+//! `Application::build(settings)` → a bound server and its port; used by `serve` and by the
+//! tests (which bind port 0).
+
+use std::net::TcpListener;
+use std::sync::Arc;
+
+use actix_web::dev::{Server, Service};
+use actix_web::http::header::{HeaderName, HeaderValue};
+use actix_web::{web, App, HttpServer};
+
+use crate::auth::Authenticator;
+use crate::clock::{Clock, SystemClock};
+use crate::config::{ConfigError, Settings};
+use crate::ops::{housekeeping, request_log::RequestLog};
+use crate::quota::{estimate, reservation::Quota};
+use crate::state::AppState;
+use crate::store::{processes, Db, StoreError};
+use crate::upstream::catalog::Catalog;
+use crate::upstream::client::UpstreamClient;
+use crate::upstream::pool::Pool;
+use crate::{api, pipeline};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cannot listen on {0}: {1}")]
+    Bind(String, std::io::Error),
+    #[error("cannot build the upstream client: {0}")]
+    Client(#[from] reqwest::Error),
+}
+
+pub struct Application {
+    port: u16,
+    server: Server,
+    state: Arc<AppState>,
+}
+
+impl Application {
+    pub async fn build(settings: Settings) -> Result<Application, StartupError> {
+        Self::build_with_clock(settings, Arc::new(SystemClock)).await
+    }
+
+    pub async fn build_with_clock(settings: Settings, clock: Arc<dyn Clock>) -> Result<Application, StartupError> {
+        settings.validate()?;
+        estimate::init();
+        let db = Db::open(&settings.database_path(), settings.quota.synchronous == "full").await?;
+        let host = hostname();
+        let process_id = uuid::Uuid::new_v4().simple().to_string();
+        processes::register(&db.write, &process_id, &host, std::process::id(), clock.now()).await?;
+
+        let catalog = Catalog::from_settings(&settings);
+        let pool = Arc::new(Pool::new(catalog.deployments.len()));
+        let (request_log, _writer) = RequestLog::start(db.write.clone());
+        let state = Arc::new(AppState {
+            auth: Authenticator::new(db.read.clone()),
+            quota: Quota::new(db.write.clone(), clock.clone(), process_id),
+            upstream: Arc::new(UpstreamClient::new(&settings.upstream)?),
+            catalog: Arc::new(catalog),
+            pool,
+            request_log,
+            clock,
+            db,
+            settings: Arc::new(settings),
+        });
+        state.auth.refresh().await?;
+        housekeeping::recover_orphans(&state, &host).await?;
+        housekeeping::spawn(state.clone(), host);
+
+        let listen = state.settings.server.listen.clone();
+        let listener = TcpListener::bind(&listen).map_err(|e| StartupError::Bind(listen.clone(), e))?;
+        let port = listener.local_addr().map_err(|e| StartupError::Bind(listen.clone(), e))?.port();
+        let data = web::Data::from(state.clone());
+        let workers = match state.settings.server.workers {
+            0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2),
+            n => n,
+        };
+        let server = HttpServer::new(move || {
+            App::new()
+                .wrap_fn(|req, srv| {
+                    // Every answer carries a request id; the pipeline sets its own first.
+                    let fut = srv.call(req);
+                    async move {
+                        let mut res = fut.await?;
+                        if !res.headers().contains_key("x-request-id") {
+                            if let Ok(v) = HeaderValue::from_str(&pipeline::new_request_id()) {
+                                res.headers_mut().insert(HeaderName::from_static("x-request-id"), v);
+                            }
+                        }
+                        Ok(res)
+                    }
+                })
+                .app_data(data.clone())
+                .configure(api::configure)
+                .default_service(web::to(api::not_found))
+        })
+        .workers(workers)
+        .backlog(4096)
+        .max_connections(100_000)
+        .listen(listener)
+        .map_err(|e| StartupError::Bind(listen, e))?
+        .run();
+        Ok(Application { port, server, state })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn state(&self) -> Arc<AppState> {
+        self.state.clone()
+    }
+
+    /// Serves until stopped (SIGINT / SIGTERM: stop accepting, let in-flight requests finish),
+    /// then flushes the request log and leaves the process table.
+    pub async fn run_until_stopped(self) -> std::io::Result<()> {
+        let result = self.server.await;
+        self.state.request_log.flush().await;
+        let _ = processes::unregister(&self.state.db.write, self.state.quota.process_id()).await;
+        result
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "localhost".into())
+}

@@ -1,0 +1,25 @@
+//! What every handler shares: settings, database pools, the clock, and the stage objects.
+
+use std::sync::Arc;
+
+use crate::auth::Authenticator;
+use crate::clock::Clock;
+use crate::config::Settings;
+use crate::ops::request_log::RequestLog;
+use crate::quota::reservation::Quota;
+use crate::store::Db;
+use crate::upstream::catalog::Catalog;
+use crate::upstream::client::UpstreamClient;
+use crate::upstream::pool::Pool;
+
+pub struct AppState {
+    pub settings: Arc<Settings>,
+    pub db: Db,
+    pub clock: Arc<dyn Clock>,
+    pub auth: Arc<Authenticator>,
+    pub quota: Arc<Quota>,
+    pub catalog: Arc<Catalog>,
+    pub pool: Arc<Pool>,
+    pub upstream: Arc<UpstreamClient>,
+    pub request_log: RequestLog,
+}

@@ -1,0 +1,89 @@
+//! All SQL lives below this module. SQLite in WAL mode: one writer connection per process
+//! (writers queue in-process instead of fighting over the file lock; other processes wait
+//! on `busy_timeout`), and a small pool of readers that never block it.
+
+pub mod admins;
+pub mod audit;
+pub mod ledger;
+pub mod processes;
+pub mod requests;
+pub mod tenants;
+pub mod tokens;
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Sql(#[from] sqlx::Error),
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("cannot create database folder: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0} not found")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+#[derive(Clone, Debug)]
+pub struct Db {
+    /// Exactly one connection: every write transaction in this process goes through it.
+    pub write: SqlitePool,
+    pub read: SqlitePool,
+}
+
+/// How long a writer waits for another process's lock before giving up.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Db {
+    /// Opens (creating the file and its folder when missing) and migrates.
+    pub async fn open(path: &Path, synchronous_full: bool) -> Result<Db> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        let opts = SqliteConnectOptions::from_str("sqlite://")?
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(if synchronous_full { SqliteSynchronous::Full } else { SqliteSynchronous::Normal })
+            .busy_timeout(BUSY_TIMEOUT)
+            .foreign_keys(true)
+            .pragma("temp_store", "memory")
+            .pragma("cache_size", "-16000");
+        let write = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .acquire_timeout(Duration::from_secs(30))
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_with(opts.clone())
+            .await?;
+        sqlx::migrate!("./migrations").run(&write).await?;
+        let read = SqlitePoolOptions::new()
+            .max_connections(4)
+            .min_connections(1)
+            .acquire_timeout(Duration::from_secs(30))
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_with(opts.read_only(true))
+            .await?;
+        Ok(Db { write, read })
+    }
+
+    /// `PRAGMA integrity_check`: "ok" or the first problem found.
+    pub async fn integrity_check(&self) -> Result<String> {
+        Ok(sqlx::query_scalar("PRAGMA integrity_check").fetch_one(&self.read).await?)
+    }
+
+    pub async fn close(&self) {
+        self.read.close().await;
+        self.write.close().await;
+    }
+}

@@ -1,0 +1,70 @@
+//! The request log: one row per logical request, written in batches by
+//! `ops::request_log` off the request path.
+
+use sqlx::SqlitePool;
+
+use super::Result;
+
+#[derive(Debug, Clone, Default)]
+pub struct RequestRow {
+    pub id: String,
+    pub token_id: Option<i64>,
+    pub user_id: Option<i64>,
+    pub team_id: Option<i64>,
+    pub endpoint: &'static str,
+    pub model: String,
+    pub served_model: String,
+    pub upstream: String,
+    pub status: u16,
+    pub error_code: Option<&'static str>,
+    pub stream: bool,
+    pub attempts: u32,
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    pub cost_micros: i64,
+    pub latency_ms: i64,
+    pub ttfb_ms: Option<i64>,
+    pub cache: &'static str,
+    pub created_at: String,
+}
+
+/// Inserts a batch in one transaction; tokens' `last_used_at` is refreshed alongside.
+pub async fn insert_batch(pool: &SqlitePool, rows: &[RequestRow]) -> Result<()> {
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    for r in rows {
+        sqlx::query(
+            "INSERT OR IGNORE INTO requests (id, token_id, user_id, team_id, endpoint, model, served_model, upstream, status,
+                 error_code, stream, attempts, input_tokens, output_tokens, cost_micros, latency_ms, ttfb_ms, cache, created_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&r.id)
+        .bind(r.token_id)
+        .bind(r.user_id)
+        .bind(r.team_id)
+        .bind(r.endpoint)
+        .bind(&r.model)
+        .bind(&r.served_model)
+        .bind(&r.upstream)
+        .bind(r.status)
+        .bind(r.error_code)
+        .bind(r.stream)
+        .bind(r.attempts)
+        .bind(r.input_tokens)
+        .bind(r.output_tokens)
+        .bind(r.cost_micros)
+        .bind(r.latency_ms)
+        .bind(r.ttfb_ms)
+        .bind(r.cache)
+        .bind(&r.created_at)
+        .execute(&mut *tx)
+        .await?;
+    }
+    let mut used: Vec<(i64, &str)> = rows.iter().filter_map(|r| r.token_id.map(|t| (t, r.created_at.as_str()))).collect();
+    used.sort_unstable();
+    used.dedup_by_key(|(t, _)| *t);
+    for (token, at) in used {
+        sqlx::query("UPDATE tokens SET last_used_at = ? WHERE id = ?").bind(at).bind(token).execute(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}

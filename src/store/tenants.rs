@@ -1,0 +1,82 @@
+//! Teams and users (members who hold sub-tokens).
+
+use chrono::{DateTime, Utc};
+use sqlx::SqliteConnection;
+
+use super::{Result, StoreError};
+use crate::clock::db_time;
+use crate::quota::period::Reset;
+
+/// The team that users land in when none is named.
+pub const DEFAULT_TEAM: &str = "default";
+
+pub struct NewBudget {
+    pub limit_micros: Option<i64>,
+    pub reset: Reset,
+}
+
+pub async fn team_id(conn: &mut SqliteConnection, name: &str) -> Result<Option<i64>> {
+    Ok(sqlx::query_scalar("SELECT id FROM teams WHERE name = ?").bind(name).fetch_optional(conn).await?)
+}
+
+pub async fn create_team(conn: &mut SqliteConnection, name: &str, budget: &NewBudget, now: DateTime<Utc>) -> Result<i64> {
+    if team_id(conn, name).await?.is_some() {
+        return Err(StoreError::Conflict(format!("team `{name}` already exists")));
+    }
+    let id = sqlx::query_scalar(
+        "INSERT INTO teams (name, limit_micros, remaining_micros, reset, period, created_at)
+         VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
+    )
+    .bind(name)
+    .bind(budget.limit_micros)
+    .bind(budget.limit_micros)
+    .bind(budget.reset.as_str())
+    .bind(budget.reset.period_key(now))
+    .bind(db_time(now))
+    .fetch_one(conn)
+    .await?;
+    Ok(id)
+}
+
+/// The team's id, creating it (without a budget) when missing.
+pub async fn ensure_team(conn: &mut SqliteConnection, name: &str, now: DateTime<Utc>) -> Result<i64> {
+    match team_id(conn, name).await? {
+        Some(id) => Ok(id),
+        None => create_team(conn, name, &NewBudget { limit_micros: None, reset: Reset::Monthly }, now).await,
+    }
+}
+
+pub struct NewUser<'a> {
+    pub username: &'a str,
+    pub team_id: i64,
+    pub rpm: Option<i64>,
+    pub tpm: Option<i64>,
+    pub budget: NewBudget,
+}
+
+/// (user id, team id) of a username.
+pub async fn user_ids(conn: &mut SqliteConnection, username: &str) -> Result<Option<(i64, i64)>> {
+    Ok(sqlx::query_as("SELECT id, team_id FROM users WHERE username = ?").bind(username).fetch_optional(conn).await?)
+}
+
+pub async fn create_user(conn: &mut SqliteConnection, u: &NewUser<'_>, now: DateTime<Utc>) -> Result<i64> {
+    if user_ids(conn, u.username).await?.is_some() {
+        return Err(StoreError::Conflict(format!("user `{}` already exists", u.username)));
+    }
+    let id = sqlx::query_scalar(
+        "INSERT INTO users (username, team_id, rpm, tpm, limit_micros, remaining_micros, reset, period, created_at)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+    )
+    .bind(u.username)
+    .bind(u.team_id)
+    .bind(u.rpm)
+    .bind(u.tpm)
+    .bind(u.budget.limit_micros)
+    .bind(u.budget.limit_micros)
+    .bind(u.budget.reset.as_str())
+    .bind(u.budget.reset.period_key(now))
+    .bind(db_time(now))
+    .fetch_one(conn)
+    .await?;
+    Ok(id)
+}

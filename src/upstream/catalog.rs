@@ -1,0 +1,90 @@
+//! The configured deployments (one key at one base URL) and models (a name, its aliases, its
+//! routes to deployments, its fallbacks, prices and caps), resolved once at start into
+//! indexes so the request path does no string matching beyond one hash lookup.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::config::{Provider, Secret, Settings};
+use crate::quota::pricing::Prices;
+
+#[derive(Debug)]
+pub struct Deployment {
+    pub id: String,
+    pub provider: Provider,
+    /// Without a trailing slash; paths are appended as the provider's SDK would.
+    pub base_url: String,
+    pub api_key: Secret,
+    pub allow_private: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// Index into `Catalog::deployments`.
+    pub deployment: usize,
+    /// The model name the upstream knows.
+    pub upstream_model: String,
+}
+
+#[derive(Debug)]
+pub struct Model {
+    pub name: String,
+    pub routes: Vec<Route>,
+    pub fallbacks: Vec<String>,
+    pub prices: Prices,
+    pub max_output_tokens: i64,
+    pub max_input_tokens: i64,
+}
+
+#[derive(Debug, Default)]
+pub struct Catalog {
+    pub deployments: Vec<Deployment>,
+    models: HashMap<String, Arc<Model>>,
+    /// Canonical names in config order, for `/v1/models`.
+    pub names: Vec<String>,
+}
+
+impl Catalog {
+    /// Built from validated settings.
+    pub fn from_settings(s: &Settings) -> Catalog {
+        let deployments: Vec<Deployment> = s
+            .upstreams
+            .iter()
+            .map(|u| Deployment {
+                id: u.id.clone(),
+                provider: u.provider,
+                base_url: u.base_url.trim_end_matches('/').to_string(),
+                api_key: u.api_key.clone(),
+                allow_private: u.allow_private_network,
+            })
+            .collect();
+        let index: HashMap<&str, usize> = deployments.iter().enumerate().map(|(i, d)| (d.id.as_str(), i)).collect();
+        let mut models = HashMap::new();
+        let mut names = Vec::new();
+        for m in &s.models {
+            let (input, output, cached_input) = Settings::prices(m);
+            let model = Arc::new(Model {
+                name: m.name.clone(),
+                routes: m
+                    .routes
+                    .iter()
+                    .filter_map(|r| index.get(r.upstream.as_str()).map(|&d| Route { deployment: d, upstream_model: r.model.clone() }))
+                    .collect(),
+                fallbacks: m.fallbacks.clone(),
+                prices: Prices { input, output, cached_input },
+                max_output_tokens: i64::from(m.max_output_tokens),
+                max_input_tokens: i64::from(m.max_input_tokens),
+            });
+            for n in std::iter::once(&m.name).chain(&m.aliases) {
+                models.insert(n.clone(), model.clone());
+            }
+            names.push(m.name.clone());
+        }
+        Catalog { deployments, models, names }
+    }
+
+    /// A model by its name or one of its aliases.
+    pub fn model(&self, name: &str) -> Option<&Arc<Model>> {
+        self.models.get(name)
+    }
+}

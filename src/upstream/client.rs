@@ -1,0 +1,100 @@
+//! The upstream HTTP client: pooled keep-alive connections, no redirects, connect and
+//! first-byte timeouts, `TCP_NODELAY`. Two clients share the settings: `public` resolves
+//! names through `GuardedResolver` (no private addresses), `private` serves upstreams that
+//! opted in with `allow_private_network` (local model servers).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use reqwest::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+
+use super::catalog::Deployment;
+use super::url_guard::GuardedResolver;
+use super::UpstreamError;
+use crate::config::{Provider, UpstreamTimeouts};
+
+pub struct UpstreamClient {
+    public: reqwest::Client,
+    private: reqwest::Client,
+    pub timeouts: UpstreamTimeouts,
+}
+
+/// The Anthropic API version Sluice speaks.
+pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+
+impl UpstreamClient {
+    pub fn new(timeouts: &UpstreamTimeouts) -> Result<Self, reqwest::Error> {
+        let build = |guarded: bool| {
+            let b = reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .connect_timeout(Duration::from_millis(timeouts.connect_timeout_ms))
+                .tcp_nodelay(true)
+                .pool_idle_timeout(Duration::from_secs(90))
+                .pool_max_idle_per_host(256)
+                .user_agent(concat!("sluice/", env!("CARGO_PKG_VERSION")));
+            if guarded {
+                b.dns_resolver(Arc::new(GuardedResolver))
+            } else {
+                b
+            }
+            .build()
+        };
+        Ok(Self { public: build(true)?, private: build(false)?, timeouts: timeouts.clone() })
+    }
+
+    /// Sends one attempt and waits for the response headers (the first-byte timeout).
+    /// Only the deployment's own key is sent: nothing of the client's credentials.
+    pub async fn post(&self, dep: &Deployment, path: &str, body: Bytes) -> Result<reqwest::Response, UpstreamError> {
+        let client = if dep.allow_private { &self.private } else { &self.public };
+        let mut url = String::with_capacity(dep.base_url.len() + path.len());
+        url.push_str(&dep.base_url);
+        url.push_str(path);
+        let req = client.post(url).header(CONTENT_TYPE, HeaderValue::from_static("application/json")).body(body);
+        let req = match dep.provider {
+            Provider::Openai => req.bearer_auth(dep.api_key.expose()),
+            Provider::Anthropic => req.header("x-api-key", dep.api_key.expose()).header("anthropic-version", ANTHROPIC_VERSION),
+        };
+        let first_byte = Duration::from_millis(self.timeouts.first_byte_timeout_ms);
+        let resp = match tokio::time::timeout(first_byte, req.send()).await {
+            Err(_) => return Err(UpstreamError::Timeout),
+            Ok(Err(e)) if e.is_timeout() => return Err(UpstreamError::Timeout),
+            // The error's text can carry the URL; the caller logs only the deployment id.
+            Ok(Err(e)) => return Err(UpstreamError::Connect(if e.is_connect() { "connect".into() } else { "request".into() })),
+            Ok(Ok(r)) => r,
+        };
+        let status = resp.status().as_u16();
+        if (200..300).contains(&status) {
+            return Ok(resp);
+        }
+        let retry_after = resp
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map(Duration::from_secs_f64);
+        // Error bodies are small; 64 KiB is plenty to classify them.
+        let body = self.read_body(resp, 64 * 1024).await.unwrap_or_default();
+        Err(UpstreamError::Status { status, body, retry_after })
+    }
+
+    /// Reads a whole body, refusing one over `limit` bytes or one that stalls.
+    pub async fn read_body(&self, mut resp: reqwest::Response, limit: usize) -> Result<Bytes, UpstreamError> {
+        let idle = Duration::from_millis(self.timeouts.stream_idle_timeout_ms);
+        let mut buf = BytesMut::with_capacity(resp.content_length().map(|l| l as usize).unwrap_or(4096).min(limit));
+        loop {
+            match tokio::time::timeout(idle, resp.chunk()).await {
+                Err(_) => return Err(UpstreamError::Timeout),
+                Ok(Err(_)) => return Err(UpstreamError::Garbage("body cut short")),
+                Ok(Ok(None)) => return Ok(buf.freeze()),
+                Ok(Ok(Some(chunk))) => {
+                    if buf.len() + chunk.len() > limit {
+                        return Err(UpstreamError::Garbage("body too large"));
+                    }
+                    buf.extend_from_slice(&chunk);
+                }
+            }
+        }
+    }
+}

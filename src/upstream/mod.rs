@@ -1,0 +1,27 @@
+//! Everything on the far side of the gateway: the configured deployments and models
+//! (`catalog`), the HTTP client (`client`), per-deployment state (`pool`), the retry
+//! table (`retry`), and the providers' wire formats (`providers`).
+
+pub mod catalog;
+pub mod client;
+pub mod pool;
+pub mod providers;
+pub mod retry;
+pub mod url_guard;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+/// One failed upstream attempt.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("upstream did not answer within the first-byte timeout")]
+    Timeout,
+    #[error("cannot connect to upstream: {0}")]
+    Connect(String),
+    #[error("upstream answered {status}")]
+    Status { status: u16, body: Bytes, retry_after: Option<Duration> },
+    #[error("upstream sent an unusable answer: {0}")]
+    Garbage(&'static str),
+}

@@ -1,0 +1,102 @@
+//! The retry table: every failed upstream attempt is classified here, and the request path
+//! (`pipeline::attempts`) acts on the tier — nowhere else decides whether to retry.
+//!
+//! | upstream answer                               | tier            | what happens                                      |
+//! |-----------------------------------------------|-----------------|---------------------------------------------------|
+//! | 429 rate limit                                | `RateLimited`   | key cools down (Retry-After, else 2^n s, capped); next key at once; all keys limited → 429 to the client |
+//! | 503, 529 overloaded                           | `Overloaded`    | key cools down; next key; none left → jittered backoff within the deadline and attempt cap |
+//! | 429/403 with `insufficient_quota` / billing   | `QuotaExhausted`| key disabled until re-enabled; next key; never retried |
+//! | 500, 502, 504, timeout, connection, garbage   | `ServerError`   | no retry on the same key; next key / fallback     |
+//! | 401, 403                                      | `AuthFailed`    | key disabled (possible leak or revocation); next key |
+//! | 400, 404, 413, 422 (any other 4xx)            | `ClientError`   | returned to the client as it is; no retry         |
+
+use std::time::Duration;
+
+use rand::Rng;
+
+use super::UpstreamError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    RateLimited,
+    Overloaded,
+    QuotaExhausted,
+    ServerError,
+    AuthFailed,
+    ClientError,
+}
+
+pub fn classify(err: &UpstreamError) -> Tier {
+    match err {
+        UpstreamError::Timeout | UpstreamError::Connect(_) | UpstreamError::Garbage(_) => Tier::ServerError,
+        UpstreamError::Status { status, body, .. } => {
+            let quota = || {
+                let b = String::from_utf8_lossy(&body[..body.len().min(4096)]).to_ascii_lowercase();
+                b.contains("insufficient_quota") || b.contains("billing") || b.contains("credit balance")
+            };
+            match *status {
+                429 | 403 if quota() => Tier::QuotaExhausted,
+                429 => Tier::RateLimited,
+                503 | 529 => Tier::Overloaded,
+                401 | 403 => Tier::AuthFailed,
+                400..=499 => Tier::ClientError,
+                _ => Tier::ServerError,
+            }
+        }
+    }
+}
+
+/// A key's cooldown after its `streak`-th consecutive rate limit: the upstream's
+/// `Retry-After` when given, else 2^(streak−1) seconds; never above `cap`.
+pub fn cooldown(retry_after: Option<Duration>, streak: u32, cap: Duration) -> Duration {
+    let d = retry_after.unwrap_or_else(|| Duration::from_secs(1u64 << streak.saturating_sub(1).min(16)));
+    d.min(cap)
+}
+
+/// Full-jitter backoff before retry round `round` (1-based): uniform in [0, base × 2^(round−1)].
+pub fn backoff(base: Duration, round: u32) -> Duration {
+    let ceiling = base.saturating_mul(1u32 << round.saturating_sub(1).min(10));
+    let ms = ceiling.as_millis().min(u128::from(u64::MAX)) as u64;
+    Duration::from_millis(rand::thread_rng().gen_range(0..=ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn status(s: u16, body: &str) -> UpstreamError {
+        UpstreamError::Status { status: s, body: Bytes::from(body.to_string()), retry_after: None }
+    }
+
+    #[test]
+    fn the_table() {
+        assert_eq!(classify(&status(429, r#"{"error":{"type":"requests"}}"#)), Tier::RateLimited);
+        assert_eq!(classify(&status(429, r#"{"error":{"code":"insufficient_quota"}}"#)), Tier::QuotaExhausted);
+        assert_eq!(classify(&status(403, "billing hard limit reached")), Tier::QuotaExhausted);
+        assert_eq!(classify(&status(503, "")), Tier::Overloaded);
+        assert_eq!(classify(&status(529, "")), Tier::Overloaded);
+        for s in [500, 502, 504] {
+            assert_eq!(classify(&status(s, "")), Tier::ServerError);
+        }
+        assert_eq!(classify(&UpstreamError::Timeout), Tier::ServerError);
+        assert_eq!(classify(&status(401, "")), Tier::AuthFailed);
+        assert_eq!(classify(&status(403, "forbidden")), Tier::AuthFailed);
+        for s in [400, 404, 413, 422] {
+            assert_eq!(classify(&status(s, "")), Tier::ClientError);
+        }
+    }
+
+    #[test]
+    fn cooldowns_and_backoff() {
+        let cap = Duration::from_secs(120);
+        assert_eq!(cooldown(Some(Duration::from_secs(2)), 1, cap), Duration::from_secs(2));
+        assert_eq!(cooldown(None, 1, cap), Duration::from_secs(1));
+        assert_eq!(cooldown(None, 3, cap), Duration::from_secs(4));
+        assert_eq!(cooldown(None, 30, cap), cap);
+        assert_eq!(cooldown(Some(Duration::from_secs(999)), 1, cap), cap);
+        for round in 1..5 {
+            assert!(backoff(Duration::from_millis(100), round) <= Duration::from_millis(100 << (round - 1)));
+        }
+    }
+}
