@@ -30,26 +30,55 @@ impl From<sqlx::Error> for CliError {
 const ACTOR: &str = "cli";
 
 fn budget(usd: Option<&str>) -> Result<Option<i64>, CliError> {
-    usd.map(|u| pricing::parse_usd(u).ok_or_else(|| CliError::Invalid(format!("`{u}` is not a USD amount like 12.50"))))
-        .transpose()
+    usd.map(|u| {
+        pricing::parse_usd(u)
+            .ok_or_else(|| CliError::Invalid(format!("`{u}` is not a USD amount like 12.50")))
+    })
+    .transpose()
 }
 
 fn reset(r: Option<&str>, default: Reset) -> Result<Reset, CliError> {
-    r.map(|r| Reset::parse(r).ok_or_else(|| CliError::Invalid(format!("--reset must be daily, weekly, monthly or never, not `{r}`"))))
-        .transpose()
-        .map(|r| r.unwrap_or(default))
+    r.map(|r| {
+        Reset::parse(r).ok_or_else(|| {
+            CliError::Invalid(format!(
+                "--reset must be daily, weekly, monthly or never, not `{r}`"
+            ))
+        })
+    })
+    .transpose()
+    .map(|r| r.unwrap_or(default))
 }
 
 fn audit_entry<'a>(action: &'a str, target: &'a str, after: Option<&'a str>) -> AuditEntry<'a> {
-    AuditEntry { actor: ACTOR, address: "", action, target, before: None, after }
+    AuditEntry {
+        actor: ACTOR,
+        address: "",
+        action,
+        target,
+        before: None,
+        after,
+    }
 }
 
-pub async fn team_create(db: &Db, name: &str, budget_usd: Option<&str>, now: DateTime<Utc>) -> Result<i64, CliError> {
-    let b = NewBudget { limit_micros: budget(budget_usd)?, reset: Reset::Monthly };
+pub async fn team_create(
+    db: &Db,
+    name: &str,
+    budget_usd: Option<&str>,
+    now: DateTime<Utc>,
+) -> Result<i64, CliError> {
+    let b = NewBudget {
+        limit_micros: budget(budget_usd)?,
+        reset: Reset::Monthly,
+    };
     let mut tx = db.write.begin_with("BEGIN IMMEDIATE").await?;
     let id = tenants::create_team(&mut tx, name, &b, now).await?;
     let after = json!({"name": name, "limit_micros": b.limit_micros}).to_string();
-    audit::append(&mut tx, &audit_entry("team.create", &format!("team:{id}"), Some(&after)), now).await?;
+    audit::append(
+        &mut tx,
+        &audit_entry("team.create", &format!("team:{id}"), Some(&after)),
+        now,
+    )
+    .await?;
     tx.commit().await?;
     Ok(id)
 }
@@ -64,13 +93,27 @@ pub struct UserArgs<'a> {
 }
 
 pub async fn user_create(db: &Db, a: &UserArgs<'_>, now: DateTime<Utc>) -> Result<i64, CliError> {
-    let b = NewBudget { limit_micros: budget(a.budget_usd)?, reset: reset(a.reset, Reset::Monthly)? };
+    let b = NewBudget {
+        limit_micros: budget(a.budget_usd)?,
+        reset: reset(a.reset, Reset::Monthly)?,
+    };
     let mut tx = db.write.begin_with("BEGIN IMMEDIATE").await?;
     let team_id = tenants::ensure_team(&mut tx, a.team.unwrap_or(DEFAULT_TEAM), now).await?;
-    let u = NewUser { username: a.username, team_id, rpm: a.rpm, tpm: a.tpm, budget: b };
+    let u = NewUser {
+        username: a.username,
+        team_id,
+        rpm: a.rpm,
+        tpm: a.tpm,
+        budget: b,
+    };
     let id = tenants::create_user(&mut tx, &u, now).await?;
     let after = json!({"username": a.username, "team_id": team_id, "rpm": a.rpm, "tpm": a.tpm, "limit_micros": u.budget.limit_micros}).to_string();
-    audit::append(&mut tx, &audit_entry("user.create", &format!("user:{id}"), Some(&after)), now).await?;
+    audit::append(
+        &mut tx,
+        &audit_entry("user.create", &format!("user:{id}"), Some(&after)),
+        now,
+    )
+    .await?;
     tx.commit().await?;
     Ok(id)
 }
@@ -93,7 +136,11 @@ pub struct Issued {
     pub limit_micros: Option<i64>,
 }
 
-pub async fn token_issue(db: &Db, a: &IssueArgs<'_>, now: DateTime<Utc>) -> Result<Issued, CliError> {
+pub async fn token_issue(
+    db: &Db,
+    a: &IssueArgs<'_>,
+    now: DateTime<Utc>,
+) -> Result<Issued, CliError> {
     let limit = budget(a.budget_usd)?;
     let reset = reset(a.reset, Reset::Never)?;
     let expires = a
@@ -105,22 +152,38 @@ pub async fn token_issue(db: &Db, a: &IssueArgs<'_>, now: DateTime<Utc>) -> Resu
         })
         .transpose()?;
     if !(1..=4).contains(&a.max_priority) {
-        return Err(CliError::Invalid("--max-priority must be 1 (CRITICAL) to 4 (LOW)".into()));
+        return Err(CliError::Invalid(
+            "--max-priority must be 1 (CRITICAL) to 4 (LOW)".into(),
+        ));
     }
     for (name, v) in [("--rpm", a.rpm), ("--tpm", a.tpm)] {
         if v.is_some_and(|v| v < 1) {
             return Err(CliError::Invalid(format!("{name} must be at least 1")));
         }
     }
-    let models: Option<Vec<String>> =
-        a.models.map(|m| m.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect());
+    let models: Option<Vec<String>> = a.models.map(|m| {
+        m.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect()
+    });
     let new = token::generate();
     let mut tx = db.write.begin_with("BEGIN IMMEDIATE").await?;
     let user_id = match tenants::user_ids(&mut tx, a.user).await? {
         Some((id, _)) => id,
         None => {
             let team_id = tenants::ensure_team(&mut tx, DEFAULT_TEAM, now).await?;
-            let u = NewUser { username: a.user, team_id, rpm: None, tpm: None, budget: NewBudget { limit_micros: None, reset: Reset::Monthly } };
+            let u = NewUser {
+                username: a.user,
+                team_id,
+                rpm: None,
+                tpm: None,
+                budget: NewBudget {
+                    limit_micros: None,
+                    reset: Reset::Monthly,
+                },
+            };
             tenants::create_user(&mut tx, &u, now).await?
         }
     };
@@ -140,9 +203,18 @@ pub async fn token_issue(db: &Db, a: &IssueArgs<'_>, now: DateTime<Utc>) -> Resu
     let id = tokens::insert(&mut tx, &row, now).await?;
     let after = json!({"user_id": user_id, "prefix": new.display_prefix, "limit_micros": limit, "reset": reset.as_str(),
         "rpm": a.rpm, "tpm": a.tpm, "models": models, "expires_at": expires}).to_string();
-    audit::append(&mut tx, &audit_entry("token.issue", &format!("token:{id}"), Some(&after)), now).await?;
+    audit::append(
+        &mut tx,
+        &audit_entry("token.issue", &format!("token:{id}"), Some(&after)),
+        now,
+    )
+    .await?;
     tx.commit().await?;
-    Ok(Issued { id, text: new.text, limit_micros: limit })
+    Ok(Issued {
+        id,
+        text: new.text,
+        limit_micros: limit,
+    })
 }
 
 pub async fn token_revoke(db: &Db, id: i64, now: DateTime<Utc>) -> Result<(), CliError> {
@@ -150,7 +222,12 @@ pub async fn token_revoke(db: &Db, id: i64, now: DateTime<Utc>) -> Result<(), Cl
     if !tokens::revoke(&mut tx, id, now).await? {
         return Err(CliError::Invalid(format!("no live token with id {id}")));
     }
-    audit::append(&mut tx, &audit_entry("token.revoke", &format!("token:{id}"), None), now).await?;
+    audit::append(
+        &mut tx,
+        &audit_entry("token.revoke", &format!("token:{id}"), None),
+        now,
+    )
+    .await?;
     tx.commit().await?;
     Ok(())
 }
@@ -162,7 +239,12 @@ pub enum BudgetChange {
     Adjust { micros: i64, reason: String },
 }
 
-pub async fn token_budget(db: &Db, id: i64, change: BudgetChange, now: DateTime<Utc>) -> Result<(), CliError> {
+pub async fn token_budget(
+    db: &Db,
+    id: i64,
+    change: BudgetChange,
+    now: DateTime<Utc>,
+) -> Result<(), CliError> {
     if let BudgetChange::Adjust { micros, reason } = &change {
         return Ok(ledger::adjust(&db.write, id, *micros, reason, ACTOR, now).await?);
     }
@@ -171,16 +253,36 @@ pub async fn token_budget(db: &Db, id: i64, change: BudgetChange, now: DateTime<
     let target = format!("token:{id}");
     match change {
         BudgetChange::Limit(limit) => {
-            ledger::set_limit(&mut tx, ledger::Level::Token, id, owner.resets[0], limit, now).await?;
+            ledger::set_limit(
+                &mut tx,
+                ledger::Level::Token,
+                id,
+                owner.resets[0],
+                limit,
+                now,
+            )
+            .await?;
             let after = json!({"limit_micros": limit}).to_string();
-            audit::append(&mut tx, &audit_entry("budget.set_limit", &target, Some(&after)), now).await?;
+            audit::append(
+                &mut tx,
+                &audit_entry("budget.set_limit", &target, Some(&after)),
+                now,
+            )
+            .await?;
         }
         BudgetChange::TopUp(micros) => {
             if !ledger::top_up(&mut tx, ledger::Level::Token, id, micros).await? {
-                return Err(CliError::Invalid(format!("token {id} has no budget to top up; set one with --budget-usd")));
+                return Err(CliError::Invalid(format!(
+                    "token {id} has no budget to top up; set one with --budget-usd"
+                )));
             }
             let after = json!({"top_up_micros": micros}).to_string();
-            audit::append(&mut tx, &audit_entry("budget.top_up", &target, Some(&after)), now).await?;
+            audit::append(
+                &mut tx,
+                &audit_entry("budget.top_up", &target, Some(&after)),
+                now,
+            )
+            .await?;
         }
         BudgetChange::Adjust { .. } => {}
     }
@@ -189,9 +291,18 @@ pub async fn token_budget(db: &Db, id: i64, change: BudgetChange, now: DateTime<
     Ok(())
 }
 
-pub async fn admin_create(db: &Db, username: &str, role: &str, team: Option<&str>, pw: String, now: DateTime<Utc>) -> Result<i64, CliError> {
+pub async fn admin_create(
+    db: &Db,
+    username: &str,
+    role: &str,
+    team: Option<&str>,
+    pw: String,
+    now: DateTime<Utc>,
+) -> Result<i64, CliError> {
     if !matches!(role, "admin" | "lead" | "finance") {
-        return Err(CliError::Invalid("--role must be admin, lead or finance".into()));
+        return Err(CliError::Invalid(
+            "--role must be admin, lead or finance".into(),
+        ));
     }
     if role == "lead" && team.is_none() {
         return Err(CliError::Invalid("a lead needs --team".into()));
@@ -204,7 +315,12 @@ pub async fn admin_create(db: &Db, username: &str, role: &str, team: Option<&str
     };
     let id = admins::create(&mut tx, username, &hash, role, team_id, now).await?;
     let after = json!({"username": username, "role": role, "team_id": team_id}).to_string();
-    audit::append(&mut tx, &audit_entry("admin.create", &format!("admin:{id}"), Some(&after)), now).await?;
+    audit::append(
+        &mut tx,
+        &audit_entry("admin.create", &format!("admin:{id}"), Some(&after)),
+        now,
+    )
+    .await?;
     tx.commit().await?;
     Ok(id)
 }

@@ -33,7 +33,9 @@ impl ManualClock {
 
 impl Clock for ManualClock {
     fn now(&self) -> DateTime<Utc> {
-        Utc.timestamp_millis_opt(self.0.load(Ordering::SeqCst)).single().unwrap_or_default()
+        Utc.timestamp_millis_opt(self.0.load(Ordering::SeqCst))
+            .single()
+            .unwrap_or_default()
     }
 }
 

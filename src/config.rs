@@ -40,7 +40,14 @@ impl Secret {
 }
 
 pub fn mask_secret(s: &str) -> String {
-    let tail: String = s.chars().rev().take(4).collect::<Vec<_>>().into_iter().rev().collect();
+    let tail: String = s
+        .chars()
+        .rev()
+        .take(4)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
     if s.chars().count() <= 8 {
         "****".to_string()
     } else {
@@ -109,7 +116,9 @@ pub struct DatabaseSettings {
 
 impl Default for DatabaseSettings {
     fn default() -> Self {
-        Self { url: "sqlite://data/sluice.db".into() }
+        Self {
+            url: "sqlite://data/sluice.db".into(),
+        }
     }
 }
 
@@ -220,7 +229,10 @@ pub struct RateLimitSettings {
 
 impl Default for RateLimitSettings {
     fn default() -> Self {
-        Self { redis_timeout_ms: 50, expected_replicas: 1 }
+        Self {
+            redis_timeout_ms: 50,
+            expected_replicas: 1,
+        }
     }
 }
 
@@ -237,7 +249,12 @@ impl Default for QueueSettings {
     fn default() -> Self {
         Self {
             max_in_flight: 64,
-            reserved: ReservedSlots { critical: 8, high: 8, normal: 0, low: 0 },
+            reserved: ReservedSlots {
+                critical: 8,
+                high: 8,
+                normal: 0,
+                low: 0,
+            },
             max_depth: 200,
             max_wait_seconds: 300,
         }
@@ -372,7 +389,11 @@ pub struct BackupSettings {
 
 impl Default for BackupSettings {
     fn default() -> Self {
-        Self { interval_hours: 24, keep: 7, dir: "backup".into() }
+        Self {
+            interval_hours: 24,
+            keep: 7,
+            dir: "backup".into(),
+        }
     }
 }
 
@@ -391,15 +412,21 @@ pub fn load(explicit: Option<&Path>) -> Result<Settings, ConfigError> {
 }
 
 /// The pure part of `load`, for tests: text of the file (if any) and the environment.
-pub fn load_from(text: Option<&str>, env: &BTreeMap<String, String>) -> Result<Settings, ConfigError> {
+pub fn load_from(
+    text: Option<&str>,
+    env: &BTreeMap<String, String>,
+) -> Result<Settings, ConfigError> {
     let mut root = match text {
-        Some(t) => t.parse::<toml::Table>().map_err(|e| ConfigError::Parse(e.to_string()))?,
+        Some(t) => t
+            .parse::<toml::Table>()
+            .map_err(|e| ConfigError::Parse(e.to_string()))?,
         None => toml::Table::new(),
     };
     expand_vars(&mut root, env)?;
     apply_env_overrides(&mut root, env)?;
-    let mut settings: Settings =
-        toml::Value::Table(root).try_into().map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
+    let mut settings: Settings = toml::Value::Table(root)
+        .try_into()
+        .map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
     if text.is_none() && settings.upstreams.is_empty() {
         add_env_upstreams(&mut settings, env);
     }
@@ -413,7 +440,10 @@ fn expand_vars(table: &mut toml::Table, env: &BTreeMap<String, String>) -> Resul
     Ok(())
 }
 
-fn expand_value(value: &mut toml::Value, env: &BTreeMap<String, String>) -> Result<(), ConfigError> {
+fn expand_value(
+    value: &mut toml::Value,
+    env: &BTreeMap<String, String>,
+) -> Result<(), ConfigError> {
     match value {
         toml::Value::String(s) if s.contains("${") => *s = expand_str(s, env)?,
         toml::Value::Array(items) => {
@@ -433,9 +463,13 @@ fn expand_str(s: &str, env: &BTreeMap<String, String>) -> Result<String, ConfigE
     while let Some(start) = rest.find("${") {
         out.push_str(&rest[..start]);
         let after = &rest[start + 2..];
-        let end = after.find('}').ok_or_else(|| ConfigError::Parse(format!("unclosed ${{ in `{s}`")))?;
+        let end = after
+            .find('}')
+            .ok_or_else(|| ConfigError::Parse(format!("unclosed ${{ in `{s}`")))?;
         let name = &after[..end];
-        let val = env.get(name).ok_or_else(|| ConfigError::MissingVar(name.to_string()))?;
+        let val = env
+            .get(name)
+            .ok_or_else(|| ConfigError::MissingVar(name.to_string()))?;
         out.push_str(val);
         rest = &after[end + 1..];
     }
@@ -444,24 +478,49 @@ fn expand_str(s: &str, env: &BTreeMap<String, String>) -> Result<String, ConfigE
 }
 
 /// Sections whose scalar keys may be overridden from the environment.
-const SECTIONS: &[&str] =
-    &["server", "database", "redis", "quota", "ratelimit", "queue", "retry", "breaker", "cache", "upstream", "backup"];
+const SECTIONS: &[&str] = &[
+    "server",
+    "database",
+    "redis",
+    "quota",
+    "ratelimit",
+    "queue",
+    "retry",
+    "breaker",
+    "cache",
+    "upstream",
+    "backup",
+];
 /// `SLUICE_*` variables that are not section overrides.
-const NON_OVERRIDES: &[&str] = &["SLUICE_CONFIG", "SLUICE_SECRET_KEY", "SLUICE_LOG", "SLUICE_ADMIN_PASSWORD"];
+const NON_OVERRIDES: &[&str] = &[
+    "SLUICE_CONFIG",
+    "SLUICE_SECRET_KEY",
+    "SLUICE_LOG",
+    "SLUICE_ADMIN_PASSWORD",
+];
 
-fn apply_env_overrides(root: &mut toml::Table, env: &BTreeMap<String, String>) -> Result<(), ConfigError> {
+fn apply_env_overrides(
+    root: &mut toml::Table,
+    env: &BTreeMap<String, String>,
+) -> Result<(), ConfigError> {
     for (name, raw) in env {
-        let Some(rest) = name.strip_prefix("SLUICE_") else { continue };
+        let Some(rest) = name.strip_prefix("SLUICE_") else {
+            continue;
+        };
         if NON_OVERRIDES.contains(&name.as_str()) {
             continue;
         }
-        let Some((section, key)) = rest.split_once('_') else { continue };
+        let Some((section, key)) = rest.split_once('_') else {
+            continue;
+        };
         let (section, key) = (section.to_ascii_lowercase(), key.to_ascii_lowercase());
         if !SECTIONS.contains(&section.as_str()) {
             tracing::warn!(variable = %name, "ignoring environment variable: no such config section");
             continue;
         }
-        let entry = root.entry(section.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let entry = root
+            .entry(section.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
         let toml::Value::Table(t) = entry else {
             return Err(ConfigError::Invalid(format!("`{section}` must be a table")));
         };
@@ -476,7 +535,12 @@ fn parse_scalar(raw: &str) -> toml::Value {
         .parse::<toml::Table>()
         .ok()
         .and_then(|mut t| t.remove("v"))
-        .filter(|v| !matches!(v, toml::Value::Table(_) | toml::Value::Array(_) | toml::Value::Datetime(_)))
+        .filter(|v| {
+            !matches!(
+                v,
+                toml::Value::Table(_) | toml::Value::Array(_) | toml::Value::Datetime(_)
+            )
+        })
         .unwrap_or_else(|| toml::Value::String(raw.to_string()))
 }
 
@@ -485,7 +549,10 @@ fn add_env_upstreams(settings: &mut Settings, env: &BTreeMap<String, String>) {
     let model = |name: &str, upstream: &str, input: f64, output: f64| ModelSettings {
         name: name.into(),
         aliases: vec![],
-        routes: vec![RouteSettings { upstream: upstream.into(), model: name.into() }],
+        routes: vec![RouteSettings {
+            upstream: upstream.into(),
+            model: name.into(),
+        }],
         fallbacks: vec![],
         input_usd_per_mtok: input,
         output_usd_per_mtok: output,
@@ -505,7 +572,9 @@ fn add_env_upstreams(settings: &mut Settings, env: &BTreeMap<String, String>) {
             max_queue: 0,
             allow_private_network: false,
         });
-        settings.models.push(model("gpt-4o-mini", "openai", 0.15, 0.60));
+        settings
+            .models
+            .push(model("gpt-4o-mini", "openai", 0.15, 0.60));
         settings.models.push(model("gpt-4o", "openai", 2.50, 10.0));
         let mut embed = model("text-embedding-3-small", "openai", 0.02, 0.0);
         embed.max_input_tokens = 8191;
@@ -523,15 +592,21 @@ fn add_env_upstreams(settings: &mut Settings, env: &BTreeMap<String, String>) {
             max_queue: 0,
             allow_private_network: false,
         });
-        settings.models.push(model("claude-3-5-haiku-latest", "anthropic", 0.80, 4.0));
-        settings.models.push(model("claude-sonnet-4-0", "anthropic", 3.0, 15.0));
+        settings
+            .models
+            .push(model("claude-3-5-haiku-latest", "anthropic", 0.80, 4.0));
+        settings
+            .models
+            .push(model("claude-sonnet-4-0", "anthropic", 3.0, 15.0));
     }
 }
 
 /// Integer micro-dollars per million tokens from a config price in USD per million tokens.
 fn price_micros(field: &str, model: &str, usd: f64) -> Result<i64, ConfigError> {
     if !usd.is_finite() || usd < 0.0 || usd > 1_000_000.0 {
-        return Err(ConfigError::Invalid(format!("model `{model}`: `{field}` must be between 0 and 1000000")));
+        return Err(ConfigError::Invalid(format!(
+            "model `{model}`: `{field}` must be between 0 and 1000000"
+        )));
     }
     // Prices are written with at most 6 decimals; rounding removes the binary-float noise.
     Ok((usd * 1_000_000.0).round() as i64)
@@ -542,13 +617,19 @@ impl Settings {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |m: String| Err(ConfigError::Invalid(m));
         if self.server.listen.parse::<std::net::SocketAddr>().is_err() {
-            return invalid(format!("server.listen `{}` is not an address:port", self.server.listen));
+            return invalid(format!(
+                "server.listen `{}` is not an address:port",
+                self.server.listen
+            ));
         }
         if self.server.max_body_bytes < 1024 {
             return invalid("server.max_body_bytes must be at least 1024".into());
         }
         if !self.database.url.starts_with("sqlite://") {
-            return invalid(format!("database.url `{}` must start with sqlite://", self.database.url));
+            return invalid(format!(
+                "database.url `{}` must start with sqlite://",
+                self.database.url
+            ));
         }
         if self.quota.input_margin_ratio < 1.0 || !self.quota.input_margin_ratio.is_finite() {
             return invalid("quota.input_margin_ratio must be at least 1.0".into());
@@ -582,7 +663,10 @@ impl Settings {
             }
             for r in &m.routes {
                 if !ids.contains(r.upstream.as_str()) {
-                    return invalid(format!("model `{}` routes to unknown upstream `{}`", m.name, r.upstream));
+                    return invalid(format!(
+                        "model `{}` routes to unknown upstream `{}`",
+                        m.name, r.upstream
+                    ));
                 }
             }
             price_micros("input_usd_per_mtok", &m.name, m.input_usd_per_mtok)?;
@@ -597,7 +681,10 @@ impl Settings {
         for m in &self.models {
             for f in &m.fallbacks {
                 if !names.contains(f.as_str()) || f == &m.name {
-                    return invalid(format!("model `{}` falls back to unknown model `{f}`", m.name));
+                    return invalid(format!(
+                        "model `{}` falls back to unknown model `{f}`",
+                        m.name
+                    ));
                 }
             }
         }
@@ -608,7 +695,11 @@ impl Settings {
     pub fn prices(m: &ModelSettings) -> (i64, i64, i64) {
         let p = |v: f64| (v * 1_000_000.0).round() as i64;
         let input = p(m.input_usd_per_mtok);
-        (input, p(m.output_usd_per_mtok), m.cached_input_usd_per_mtok.map(p).unwrap_or(input))
+        (
+            input,
+            p(m.output_usd_per_mtok),
+            m.cached_input_usd_per_mtok.map(p).unwrap_or(input),
+        )
     }
 
     /// The SQLite file this config points at (`sqlite://rel` or `sqlite:///abs`).
@@ -628,7 +719,10 @@ mod tests {
     use super::*;
 
     fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -651,7 +745,11 @@ api_key = "${KEY_A}"
 "#;
         let s = load_from(
             Some(text),
-            &env(&[("KEY_A", "sk-secret-abcdefgh1234"), ("SLUICE_SERVER_LISTEN", "0.0.0.0:9000"), ("SLUICE_QUOTA_INPUT_MARGIN_RATIO", "1.5")]),
+            &env(&[
+                ("KEY_A", "sk-secret-abcdefgh1234"),
+                ("SLUICE_SERVER_LISTEN", "0.0.0.0:9000"),
+                ("SLUICE_QUOTA_INPUT_MARGIN_RATIO", "1.5"),
+            ]),
         )
         .unwrap();
         assert_eq!(s.server.listen, "0.0.0.0:9000");

@@ -20,7 +20,10 @@ pub enum WireFormat {
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     #[error("{message}")]
-    InvalidRequest { message: String, param: Option<&'static str> },
+    InvalidRequest {
+        message: String,
+        param: Option<&'static str>,
+    },
     #[error("Invalid API key. Check the Sluice token you are sending (Authorization: Bearer sk-sl-… or x-api-key).")]
     InvalidApiKey,
     #[error("This token is not allowed to use the model `{0}`.")]
@@ -31,7 +34,9 @@ pub enum ApiError {
     RequestTooLarge(usize),
     #[error("Budget exhausted: this token's remaining budget cannot cover the request's worst-case cost.")]
     InsufficientQuota { retry_after: Option<u64> },
-    #[error("Every upstream key for this model is rate limited. Retry after {retry_after} seconds.")]
+    #[error(
+        "Every upstream key for this model is rate limited. Retry after {retry_after} seconds."
+    )]
     UpstreamRateLimited { retry_after: u64 },
     #[error("Every upstream route failed for this request. Try again later.")]
     UpstreamError,
@@ -46,7 +51,10 @@ pub enum ApiError {
 
 impl ApiError {
     pub fn invalid(param: &'static str, message: impl Into<String>) -> Self {
-        ApiError::InvalidRequest { message: message.into(), param: Some(param) }
+        ApiError::InvalidRequest {
+            message: message.into(),
+            param: Some(param),
+        }
     }
 
     pub fn status(&self) -> StatusCode {
@@ -56,7 +64,9 @@ impl ApiError {
             ApiError::ModelNotAllowed(_) => StatusCode::FORBIDDEN,
             ApiError::ModelNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::RequestTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::InsufficientQuota { .. } | ApiError::UpstreamRateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::InsufficientQuota { .. } | ApiError::UpstreamRateLimited { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             ApiError::UpstreamError => StatusCode::BAD_GATEWAY,
             ApiError::UpstreamClientError => StatusCode::BAD_REQUEST,
             ApiError::ServiceDegraded { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -85,19 +95,25 @@ impl ApiError {
         match self {
             ApiError::InsufficientQuota { .. } => "insufficient_quota",
             ApiError::UpstreamRateLimited { .. } => "requests",
-            ApiError::UpstreamError | ApiError::ServiceDegraded { .. } | ApiError::Internal => "server_error",
+            ApiError::UpstreamError | ApiError::ServiceDegraded { .. } | ApiError::Internal => {
+                "server_error"
+            }
             _ => "invalid_request_error",
         }
     }
 
     fn anthropic_type(&self) -> &'static str {
         match self {
-            ApiError::InvalidRequest { .. } | ApiError::UpstreamClientError => "invalid_request_error",
+            ApiError::InvalidRequest { .. } | ApiError::UpstreamClientError => {
+                "invalid_request_error"
+            }
             ApiError::InvalidApiKey => "authentication_error",
             ApiError::ModelNotAllowed(_) => "permission_error",
             ApiError::ModelNotFound(_) => "not_found_error",
             ApiError::RequestTooLarge(_) => "request_too_large",
-            ApiError::InsufficientQuota { .. } | ApiError::UpstreamRateLimited { .. } => "rate_limit_error",
+            ApiError::InsufficientQuota { .. } | ApiError::UpstreamRateLimited { .. } => {
+                "rate_limit_error"
+            }
             ApiError::UpstreamError | ApiError::Internal => "api_error",
             ApiError::ServiceDegraded { .. } => "overloaded_error",
         }
@@ -106,7 +122,8 @@ impl ApiError {
     fn retry_after(&self) -> Option<u64> {
         match self {
             ApiError::InsufficientQuota { retry_after } => *retry_after,
-            ApiError::ServiceDegraded { retry_after } | ApiError::UpstreamRateLimited { retry_after } => Some(*retry_after),
+            ApiError::ServiceDegraded { retry_after }
+            | ApiError::UpstreamRateLimited { retry_after } => Some(*retry_after),
             _ => None,
         }
     }
@@ -114,7 +131,10 @@ impl ApiError {
     /// Whether the official SDKs should retry (`x-should-retry`): never a 4xx or a 502 (the
     /// gateway already tried every route), always a 503.
     fn should_retry(&self) -> bool {
-        matches!(self, ApiError::ServiceDegraded { .. } | ApiError::UpstreamRateLimited { .. })
+        matches!(
+            self,
+            ApiError::ServiceDegraded { .. } | ApiError::UpstreamRateLimited { .. }
+        )
     }
 
     pub fn render(&self, format: WireFormat) -> HttpResponse {
@@ -139,7 +159,10 @@ impl ApiError {
         }
         let mut resp = HttpResponse::build(self.status());
         resp.insert_header((header::CONTENT_TYPE, "application/json"));
-        resp.insert_header(("x-should-retry", if self.should_retry() { "true" } else { "false" }));
+        resp.insert_header((
+            "x-should-retry",
+            if self.should_retry() { "true" } else { "false" },
+        ));
         if let Some(after) = self.retry_after() {
             resp.insert_header((header::RETRY_AFTER, after.to_string()));
         }

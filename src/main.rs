@@ -8,14 +8,20 @@ use clap::{Parser, Subcommand};
 use secrecy::SecretString;
 
 use sluice::cli::{self, BudgetChange, IssueArgs, UserArgs};
-use sluice::config::{self, ModelSettings, Provider, RouteSettings, Secret, Settings, UpstreamSettings};
+use sluice::config::{
+    self, ModelSettings, Provider, RouteSettings, Secret, Settings, UpstreamSettings,
+};
 use sluice::mock::{MockConfig, MockServer};
 use sluice::quota::pricing;
 use sluice::startup::Application;
 use sluice::store::{audit, tokens, Db};
 
 #[derive(Parser)]
-#[command(name = "sluice", version, about = "A self-hosted LLM API gateway for teams")]
+#[command(
+    name = "sluice",
+    version,
+    about = "A self-hosted LLM API gateway for teams"
+)]
 struct Cli {
     /// Config file (default: sluice.toml if present, else built-in defaults).
     #[arg(long, global = true, env = "SLUICE_CONFIG")]
@@ -177,7 +183,11 @@ fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
         .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().json().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .json()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 fn usd_arg(s: &str) -> anyhow::Result<i64> {
@@ -191,8 +201,16 @@ async fn main() -> anyhow::Result<()> {
     init_tracing();
     let cli = Cli::parse();
     let now = chrono::Utc::now();
-    if let Command::Mock { listen, workers, text } = &cli.command {
-        let mut cfg = MockConfig { workers: *workers, ..MockConfig::default() };
+    if let Command::Mock {
+        listen,
+        workers,
+        text,
+    } = &cli.command
+    {
+        let mut cfg = MockConfig {
+            workers: *workers,
+            ..MockConfig::default()
+        };
         if let Some(t) = text {
             cfg.text = t.clone();
         }
@@ -208,7 +226,11 @@ async fn main() -> anyhow::Result<()> {
     if let Command::CheckConfig = cli.command {
         settings.validate()?;
         print!("{}", settings.to_masked_toml());
-        eprintln!("config ok: {} upstreams, {} models", settings.upstreams.len(), settings.models.len());
+        eprintln!(
+            "config ok: {} upstreams, {} models",
+            settings.upstreams.len(),
+            settings.models.len()
+        );
         return Ok(());
     }
     if let Command::Serve { demo: false } = cli.command {
@@ -217,18 +239,48 @@ async fn main() -> anyhow::Result<()> {
     settings.validate()?;
     let db = Db::open(&settings.database_path(), false).await?;
     match cli.command {
-        Command::Migrate => println!("database at {} is up to date", settings.database_path().display()),
-        Command::Team { command: TeamCommand::Create { name, budget_usd } } => {
+        Command::Migrate => println!(
+            "database at {} is up to date",
+            settings.database_path().display()
+        ),
+        Command::Team {
+            command: TeamCommand::Create { name, budget_usd },
+        } => {
             let id = cli::team_create(&db, &name, budget_usd.as_deref(), now).await?;
             println!("team {name} created (id {id})");
         }
-        Command::User { command: UserCommand::Create { username, team, rpm, tpm, budget_usd, reset } } => {
-            let args = UserArgs { username: &username, team: team.as_deref(), rpm, tpm, budget_usd: budget_usd.as_deref(), reset: reset.as_deref() };
+        Command::User {
+            command:
+                UserCommand::Create {
+                    username,
+                    team,
+                    rpm,
+                    tpm,
+                    budget_usd,
+                    reset,
+                },
+        } => {
+            let args = UserArgs {
+                username: &username,
+                team: team.as_deref(),
+                rpm,
+                tpm,
+                budget_usd: budget_usd.as_deref(),
+                reset: reset.as_deref(),
+            };
             let id = cli::user_create(&db, &args, now).await?;
             println!("user {username} created (id {id})");
         }
         Command::Token { command } => token_command(&db, command, now).await?,
-        Command::Admin { command: AdminCommand::Create { username, role, team, password_stdin } } => {
+        Command::Admin {
+            command:
+                AdminCommand::Create {
+                    username,
+                    role,
+                    team,
+                    password_stdin,
+                },
+        } => {
             let (pw, generated) = if password_stdin {
                 let mut s = String::new();
                 std::io::stdin().read_to_string(&mut s)?;
@@ -236,19 +288,27 @@ async fn main() -> anyhow::Result<()> {
             } else if let Ok(p) = std::env::var("SLUICE_ADMIN_PASSWORD") {
                 (p, false)
             } else {
-                (sluice::auth::token::generate().text[6..30].to_string(), true)
+                (
+                    sluice::auth::token::generate().text[6..30].to_string(),
+                    true,
+                )
             };
-            let id = cli::admin_create(&db, &username, &role, team.as_deref(), pw.clone(), now).await?;
+            let id =
+                cli::admin_create(&db, &username, &role, team.as_deref(), pw.clone(), now).await?;
             println!("admin {username} ({role}) created (id {id})");
             if generated {
                 println!("password (shown once): {pw}");
             }
         }
-        Command::Audit { command: AuditCommand::Verify } => {
+        Command::Audit {
+            command: AuditCommand::Verify,
+        } => {
             let (checked, broken) = audit::verify(&db.read).await?;
             match broken {
                 None => println!("audit log intact: {checked} rows verified"),
-                Some(id) => bail!("audit log chain broken at row {id} ({checked} rows before it verified)"),
+                Some(id) => {
+                    bail!("audit log chain broken at row {id} ({checked} rows before it verified)")
+                }
             }
         }
         Command::Serve { .. } | Command::CheckConfig | Command::Mock { .. } => {}
@@ -257,9 +317,24 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn token_command(db: &Db, command: TokenCommand, now: chrono::DateTime<chrono::Utc>) -> anyhow::Result<()> {
+async fn token_command(
+    db: &Db,
+    command: TokenCommand,
+    now: chrono::DateTime<chrono::Utc>,
+) -> anyhow::Result<()> {
     match command {
-        TokenCommand::Issue { user, budget_usd, reset, expires, rpm, tpm, models, max_priority, downgrade_model, json } => {
+        TokenCommand::Issue {
+            user,
+            budget_usd,
+            reset,
+            expires,
+            rpm,
+            tpm,
+            models,
+            max_priority,
+            downgrade_model,
+            json,
+        } => {
             let args = IssueArgs {
                 user: &user,
                 budget_usd: budget_usd.as_deref(),
@@ -274,9 +349,16 @@ async fn token_command(db: &Db, command: TokenCommand, now: chrono::DateTime<chr
             let t = cli::token_issue(db, &args, now).await?;
             let budget = t.limit_micros.map(pricing::usd);
             if json {
-                println!("{}", serde_json::json!({"id": t.id, "token": t.text, "user": user, "budget_usd": budget}));
+                println!(
+                    "{}",
+                    serde_json::json!({"id": t.id, "token": t.text, "user": user, "budget_usd": budget})
+                );
             } else {
-                println!("token {} issued for {user} (budget: {})", t.id, budget.as_deref().unwrap_or("unlimited"));
+                println!(
+                    "token {} issued for {user} (budget: {})",
+                    t.id,
+                    budget.as_deref().unwrap_or("unlimited")
+                );
                 println!("{}", t.text);
                 eprintln!("This is the only time the token is shown.");
             }
@@ -290,21 +372,48 @@ async fn token_command(db: &Db, command: TokenCommand, now: chrono::DateTime<chr
             if json {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
             } else {
-                println!("{:>5}  {:<10} {:<16} {:<12} {:>14} {:>14}  {}", "id", "prefix", "user", "team", "limit", "spent", "state");
+                println!(
+                    "{:>5}  {:<10} {:<16} {:<12} {:>14} {:>14}  {}",
+                    "id", "prefix", "user", "team", "limit", "spent", "state"
+                );
                 for r in rows {
-                    let limit = r.limit_micros.map(pricing::usd).unwrap_or_else(|| "unlimited".into());
+                    let limit = r
+                        .limit_micros
+                        .map(pricing::usd)
+                        .unwrap_or_else(|| "unlimited".into());
                     let state = if r.revoked { "revoked" } else { "active" };
-                    println!("{:>5}  {:<10} {:<16} {:<12} {:>14} {:>14}  {state}", r.id, r.prefix, r.user, r.team, limit, pricing::usd(r.spent_micros));
+                    println!(
+                        "{:>5}  {:<10} {:<16} {:<12} {:>14} {:>14}  {state}",
+                        r.id,
+                        r.prefix,
+                        r.user,
+                        r.team,
+                        limit,
+                        pricing::usd(r.spent_micros)
+                    );
                 }
             }
         }
-        TokenCommand::Budget { id, limit_usd, top_up_usd, adjust_usd, reason } => {
+        TokenCommand::Budget {
+            id,
+            limit_usd,
+            top_up_usd,
+            adjust_usd,
+            reason,
+        } => {
             let change = match (limit_usd, top_up_usd, adjust_usd) {
-                (Some(l), None, None) => BudgetChange::Limit(if l == "none" { None } else { Some(usd_arg(&l)?) }),
+                (Some(l), None, None) => BudgetChange::Limit(if l == "none" {
+                    None
+                } else {
+                    Some(usd_arg(&l)?)
+                }),
                 (None, Some(t), None) => BudgetChange::TopUp(usd_arg(&t)?),
                 (None, None, Some(a)) => {
                     let reason = reason.context("--adjust-usd needs --reason")?;
-                    BudgetChange::Adjust { micros: usd_arg(&a)?, reason }
+                    BudgetChange::Adjust {
+                        micros: usd_arg(&a)?,
+                        reason,
+                    }
                 }
                 _ => bail!("give exactly one of --limit-usd, --top-up-usd, --adjust-usd"),
             };
@@ -341,7 +450,10 @@ async fn serve_demo(mut settings: Settings) -> anyhow::Result<()> {
         .map(|name| ModelSettings {
             name: (*name).into(),
             aliases: vec![],
-            routes: vec![RouteSettings { upstream: "mock".into(), model: (*name).into() }],
+            routes: vec![RouteSettings {
+                upstream: "mock".into(),
+                model: (*name).into(),
+            }],
             fallbacks: vec![],
             input_usd_per_mtok: 0.15,
             output_usd_per_mtok: 0.60,
@@ -370,12 +482,18 @@ async fn serve_demo(mut settings: Settings) -> anyhow::Result<()> {
     db.close().await;
     let app = Application::build(settings).await?;
     let url = format!("http://127.0.0.1:{}", app.port());
-    println!("Sluice demo at {url} (mock upstream at {})", mock.base_url());
+    println!(
+        "Sluice demo at {url} (mock upstream at {})",
+        mock.base_url()
+    );
     if admin.is_ok() {
         println!("  admin login: admin / {pw}   (shown once)");
     }
     println!("  demo token (5 USD/month, shown once): {}", token.text);
-    println!("  try: curl {url}/v1/chat/completions -H 'Authorization: Bearer {}' \\", token.text);
+    println!(
+        "  try: curl {url}/v1/chat/completions -H 'Authorization: Bearer {}' \\",
+        token.text
+    );
     println!("         -H 'content-type: application/json' -d '{{\"model\":\"gpt-4o-mini\",\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'");
     app.run_until_stopped().await?;
     Ok(())

@@ -43,13 +43,27 @@ impl Application {
         Self::build_with_clock(settings, Arc::new(SystemClock)).await
     }
 
-    pub async fn build_with_clock(settings: Settings, clock: Arc<dyn Clock>) -> Result<Application, StartupError> {
+    pub async fn build_with_clock(
+        settings: Settings,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Application, StartupError> {
         settings.validate()?;
         estimate::init();
-        let db = Db::open(&settings.database_path(), settings.quota.synchronous == "full").await?;
+        let db = Db::open(
+            &settings.database_path(),
+            settings.quota.synchronous == "full",
+        )
+        .await?;
         let host = hostname();
         let process_id = uuid::Uuid::new_v4().simple().to_string();
-        processes::register(&db.write, &process_id, &host, std::process::id(), clock.now()).await?;
+        processes::register(
+            &db.write,
+            &process_id,
+            &host,
+            std::process::id(),
+            clock.now(),
+        )
+        .await?;
 
         let catalog = Catalog::from_settings(&settings);
         let pool = Arc::new(Pool::new(catalog.deployments.len()));
@@ -70,11 +84,17 @@ impl Application {
         housekeeping::spawn(state.clone(), host);
 
         let listen = state.settings.server.listen.clone();
-        let listener = TcpListener::bind(&listen).map_err(|e| StartupError::Bind(listen.clone(), e))?;
-        let port = listener.local_addr().map_err(|e| StartupError::Bind(listen.clone(), e))?.port();
+        let listener =
+            TcpListener::bind(&listen).map_err(|e| StartupError::Bind(listen.clone(), e))?;
+        let port = listener
+            .local_addr()
+            .map_err(|e| StartupError::Bind(listen.clone(), e))?
+            .port();
         let data = web::Data::from(state.clone());
         let workers = match state.settings.server.workers {
-            0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2),
+            0 => std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2),
             n => n,
         };
         let server = HttpServer::new(move || {
@@ -86,7 +106,8 @@ impl Application {
                         let mut res = fut.await?;
                         if !res.headers().contains_key("x-request-id") {
                             if let Ok(v) = HeaderValue::from_str(&pipeline::new_request_id()) {
-                                res.headers_mut().insert(HeaderName::from_static("x-request-id"), v);
+                                res.headers_mut()
+                                    .insert(HeaderName::from_static("x-request-id"), v);
                             }
                         }
                         Ok(res)
@@ -102,7 +123,11 @@ impl Application {
         .listen(listener)
         .map_err(|e| StartupError::Bind(listen, e))?
         .run();
-        Ok(Application { port, server, state })
+        Ok(Application {
+            port,
+            server,
+            state,
+        })
     }
 
     pub fn port(&self) -> u16 {
@@ -124,5 +149,7 @@ impl Application {
 }
 
 fn hostname() -> String {
-    std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "localhost".into())
+    std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
 }

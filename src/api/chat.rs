@@ -5,10 +5,18 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use crate::pipeline::{self, request::Endpoint};
 use crate::state::AppState;
 
-pub async fn chat_completions(state: web::Data<AppState>, req: HttpRequest, body: web::Payload) -> HttpResponse {
+pub async fn chat_completions(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    body: web::Payload,
+) -> HttpResponse {
     pipeline::handle(state, req, body, Endpoint::Chat).await
 }
 
-pub async fn completions(state: web::Data<AppState>, req: HttpRequest, body: web::Payload) -> HttpResponse {
+pub async fn completions(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    body: web::Payload,
+) -> HttpResponse {
     pipeline::handle(state, req, body, Endpoint::Completions).await
 }

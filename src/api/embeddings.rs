@@ -5,6 +5,10 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use crate::pipeline::{self, request::Endpoint};
 use crate::state::AppState;
 
-pub async fn embeddings(state: web::Data<AppState>, req: HttpRequest, body: web::Payload) -> HttpResponse {
+pub async fn embeddings(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    body: web::Payload,
+) -> HttpResponse {
     pipeline::handle(state, req, body, Endpoint::Embeddings).await
 }

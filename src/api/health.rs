@@ -11,10 +11,14 @@ pub async fn healthz() -> HttpResponse {
 }
 
 pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
-    let db = sqlx::query_scalar::<_, i64>("SELECT value FROM meta WHERE key = 'token_epoch'").fetch_one(&state.db.read).await.is_ok();
+    let db = sqlx::query_scalar::<_, i64>("SELECT value FROM meta WHERE key = 'token_epoch'")
+        .fetch_one(&state.db.read)
+        .await
+        .is_ok();
     if db {
         HttpResponse::Ok().json(json!({"status": "ready", "database": "ok"}))
     } else {
-        HttpResponse::ServiceUnavailable().json(json!({"status": "not ready", "database": "unreachable"}))
+        HttpResponse::ServiceUnavailable()
+            .json(json!({"status": "not ready", "database": "unreachable"}))
     }
 }

@@ -8,15 +8,17 @@ mod usage;
 
 use actix_web::web;
 
-
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/v1/chat/completions", web::post().to(chat::chat_completions))
-        .route("/v1/completions", web::post().to(chat::completions))
-        .route("/v1/embeddings", web::post().to(embeddings::embeddings))
-        .route("/v1/models", web::get().to(models::list))
-        .route("/v1/usage", web::get().to(usage::usage))
-        .route("/healthz", web::get().to(health::healthz))
-        .route("/readyz", web::get().to(health::readyz));
+    cfg.route(
+        "/v1/chat/completions",
+        web::post().to(chat::chat_completions),
+    )
+    .route("/v1/completions", web::post().to(chat::completions))
+    .route("/v1/embeddings", web::post().to(embeddings::embeddings))
+    .route("/v1/models", web::get().to(models::list))
+    .route("/v1/usage", web::get().to(usage::usage))
+    .route("/healthz", web::get().to(health::healthz))
+    .route("/readyz", web::get().to(health::readyz));
 }
 
 /// Anything else: an OpenAI-shaped 404.

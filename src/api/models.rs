@@ -9,8 +9,16 @@ use crate::state::AppState;
 
 pub async fn list(state: web::Data<AppState>, req: HttpRequest) -> HttpResponse {
     let anthropic = req.headers().contains_key("anthropic-version");
-    let format = if anthropic { WireFormat::Anthropic } else { WireFormat::OpenAi };
-    let auth = match state.auth.authenticate(req.headers(), state.clock.now()).await {
+    let format = if anthropic {
+        WireFormat::Anthropic
+    } else {
+        WireFormat::OpenAi
+    };
+    let auth = match state
+        .auth
+        .authenticate(req.headers(), state.clock.now())
+        .await
+    {
         Ok(Some(a)) => a,
         Ok(None) => return ApiError::InvalidApiKey.render(format),
         Err(_) => return ApiError::Internal.render(format),
@@ -22,7 +30,9 @@ pub async fn list(state: web::Data<AppState>, req: HttpRequest) -> HttpResponse 
             .collect();
         json!({"data": data, "has_more": false, "first_id": data.first().map(|d| d["id"].clone()), "last_id": data.last().map(|d| d["id"].clone())})
     } else {
-        let data: Vec<_> = names.map(|n| json!({"id": n, "object": "model", "created": 0, "owned_by": "sluice"})).collect();
+        let data: Vec<_> = names
+            .map(|n| json!({"id": n, "object": "model", "created": 0, "owned_by": "sluice"}))
+            .collect();
         json!({"object": "list", "data": data})
     };
     HttpResponse::Ok().json(body)

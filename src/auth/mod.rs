@@ -47,11 +47,18 @@ impl TokenAuth {
                 token_id: row.id,
                 user_id: row.user_id,
                 team_id: row.team_id,
-                resets: [reset(&row.reset), reset(&row.user_reset), reset(&row.team_reset)],
+                resets: [
+                    reset(&row.reset),
+                    reset(&row.user_reset),
+                    reset(&row.team_reset),
+                ],
             },
             prefix: row.prefix,
             hash_prefix: token::hash_prefix(hash),
-            models: row.models.as_deref().and_then(|m| serde_json::from_str(m).ok()),
+            models: row
+                .models
+                .as_deref()
+                .and_then(|m| serde_json::from_str(m).ok()),
             rpm: row.rpm,
             tpm: row.tpm,
             user_rpm: row.user_rpm,
@@ -67,7 +74,9 @@ impl TokenAuth {
 
     /// Whether this token may use a model (asked by `name`, canonically `canonical`).
     pub fn allows(&self, name: &str, canonical: &str) -> bool {
-        self.models.as_ref().is_none_or(|m| m.iter().any(|x| x == name || x == canonical))
+        self.models
+            .as_ref()
+            .is_none_or(|m| m.iter().any(|x| x == name || x == canonical))
     }
 }
 
@@ -79,7 +88,10 @@ pub fn presented(headers: &HeaderMap) -> Option<&str> {
             return Some(v[7..].trim());
         }
     }
-    headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim)
+    headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
 }
 
 const CACHE_ENTRIES: usize = 50_000;
@@ -93,18 +105,30 @@ pub struct Authenticator {
 impl Authenticator {
     pub fn new(read: SqlitePool) -> Arc<Self> {
         let cap = NonZeroUsize::new(CACHE_ENTRIES).unwrap_or(NonZeroUsize::MIN);
-        Arc::new(Self { read, cache: Mutex::new(LruCache::new(cap)), epoch: AtomicI64::new(i64::MIN) })
+        Arc::new(Self {
+            read,
+            cache: Mutex::new(LruCache::new(cap)),
+            epoch: AtomicI64::new(i64::MIN),
+        })
     }
 
     /// `Ok(None)` for a missing, malformed, unknown, revoked or expired token — the caller
     /// answers all of them with the same 401.
-    pub async fn authenticate(&self, headers: &HeaderMap, now: DateTime<Utc>) -> Result<Option<Arc<TokenAuth>>, StoreError> {
-        let Some(hash) = presented(headers).and_then(token::parse) else { return Ok(None) };
+    pub async fn authenticate(
+        &self,
+        headers: &HeaderMap,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Arc<TokenAuth>>, StoreError> {
+        let Some(hash) = presented(headers).and_then(token::parse) else {
+            return Ok(None);
+        };
         let cached = self.cache.lock().get(&hash).cloned();
         let auth = match cached {
             Some(a) => a,
             None => {
-                let Some(row) = tokens::find_auth(&self.read, &hash).await? else { return Ok(None) };
+                let Some(row) = tokens::find_auth(&self.read, &hash).await? else {
+                    return Ok(None);
+                };
                 let a = Arc::new(TokenAuth::from_row(row, &hash));
                 self.cache.lock().put(hash, a.clone());
                 a

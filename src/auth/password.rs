@@ -1,7 +1,9 @@
 //! Admin passwords: argon2id with OWASP's parameters (19 MiB, 2 passes, 1 lane), hashed
 //! on a blocking thread so logins never stall the async workers.
 
-use argon2::password_hash::{rand_core::OsRng, PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use argon2::password_hash::{
+    rand_core::OsRng, PasswordHash, PasswordHasher, PasswordVerifier, SaltString,
+};
 use argon2::{Algorithm, Argon2, Params, Version};
 
 /// Longest password accepted; longer ones are refused before any hashing.
@@ -26,7 +28,10 @@ pub fn hash(password: &str) -> Result<String, PasswordError> {
         return Err(PasswordError::Length);
     }
     let salt = SaltString::generate(&mut OsRng);
-    argon2().hash_password(password.as_bytes(), &salt).map(|h| h.to_string()).map_err(|_| PasswordError::Hash)
+    argon2()
+        .hash_password(password.as_bytes(), &salt)
+        .map(|h| h.to_string())
+        .map_err(|_| PasswordError::Hash)
 }
 
 pub fn verify(password: &str, phc: &str) -> bool {
@@ -37,7 +42,9 @@ pub fn verify(password: &str, phc: &str) -> bool {
 }
 
 pub async fn hash_blocking(password: String) -> Result<String, PasswordError> {
-    tokio::task::spawn_blocking(move || hash(&password)).await.map_err(|_| PasswordError::Hash)?
+    tokio::task::spawn_blocking(move || hash(&password))
+        .await
+        .map_err(|_| PasswordError::Hash)?
 }
 
 #[cfg(test)]
@@ -51,6 +58,9 @@ mod tests {
         assert!(verify("correct horse battery", &h));
         assert!(!verify("wrong horse battery", &h));
         assert!(matches!(hash("short"), Err(PasswordError::Length)));
-        assert!(matches!(hash(&"x".repeat(2000)), Err(PasswordError::Length)));
+        assert!(matches!(
+            hash(&"x".repeat(2000)),
+            Err(PasswordError::Length)
+        ));
     }
 }

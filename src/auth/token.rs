@@ -34,7 +34,11 @@ fn generate_with(prefix: &str) -> NewToken {
     let body = base62_fixed(&raw, BODY_LEN);
     let check = checksum(&body);
     let text = format!("{prefix}{body}{check}");
-    NewToken { hash: hash(&text), display_prefix: body[..8].to_string(), text }
+    NewToken {
+        hash: hash(&text),
+        display_prefix: body[..8].to_string(),
+        text,
+    }
 }
 
 /// Checks the shape and checksum only; `None` means "refuse without a database query".

@@ -78,7 +78,12 @@ impl MockState {
         if let Some(s) = inner.queued.get_mut(key).and_then(VecDeque::pop_front) {
             return s;
         }
-        inner.sticky.get(key).or_else(|| inner.sticky.get("*")).cloned().unwrap_or_default()
+        inner
+            .sticky
+            .get(key)
+            .or_else(|| inner.sticky.get("*"))
+            .cloned()
+            .unwrap_or_default()
     }
 
     fn end(&self, key: &str) {
@@ -89,7 +94,12 @@ impl MockState {
 
     /// Queues answers for requests made with `key` (`*` for any key without its own).
     pub fn script(&self, key: &str, scripts: impl IntoIterator<Item = Script>) {
-        self.inner.lock().queued.entry(key.to_string()).or_default().extend(scripts);
+        self.inner
+            .lock()
+            .queued
+            .entry(key.to_string())
+            .or_default()
+            .extend(scripts);
     }
 
     /// Answers every request with `key` this way until cleared (`None`).
@@ -146,7 +156,10 @@ impl MockServer {
         let listener = TcpListener::bind(listen)?;
         let port = listener.local_addr()?.port();
         let workers = cfg.workers.max(1);
-        let state = Arc::new(MockState { cfg, inner: Mutex::new(Inner::default()) });
+        let state = Arc::new(MockState {
+            cfg,
+            inner: Mutex::new(Inner::default()),
+        });
         let data = web::Data::from(state.clone());
         let server = HttpServer::new(move || {
             App::new()
@@ -170,7 +183,11 @@ impl MockServer {
         .run();
         let handle = server.handle();
         tokio::spawn(server);
-        Ok(MockServer { port, state, handle })
+        Ok(MockServer {
+            port,
+            state,
+            handle,
+        })
     }
 
     pub fn base_url(&self) -> String {
@@ -190,7 +207,11 @@ fn key_of(req: &HttpRequest) -> String {
     }
     h.get("authorization")
         .and_then(|v| v.to_str().ok())
-        .map(|v| v.trim_start_matches("Bearer ").trim_start_matches("bearer ").to_string())
+        .map(|v| {
+            v.trim_start_matches("Bearer ")
+                .trim_start_matches("bearer ")
+                .to_string()
+        })
         .unwrap_or_default()
 }
 
@@ -200,10 +221,18 @@ async fn upstream(state: web::Data<MockState>, req: HttpRequest, body: web::Byte
     let headers: Map<String, Value> = req
         .headers()
         .iter()
-        .map(|(k, v)| (k.as_str().to_string(), Value::String(v.to_str().unwrap_or("").to_string())))
+        .map(|(k, v)| {
+            (
+                k.as_str().to_string(),
+                Value::String(v.to_str().unwrap_or("").to_string()),
+            )
+        })
         .collect();
     let script = state.begin(&key, req.path(), headers, &parsed);
-    let guard = InFlightGuard { state: state.clone().into_inner(), key };
+    let guard = InFlightGuard {
+        state: state.clone().into_inner(),
+        key,
+    };
     responses::answer(&state.cfg, req.path(), &req, &parsed, script, guard).await
 }
 

@@ -53,7 +53,11 @@ fn plan(cfg: &MockConfig, body: &Value, s: &Script) -> Plan {
         text: s.text.clone().unwrap_or_else(|| cfg.text.clone()),
         prompt: s.prompt_tokens.unwrap_or(cfg.prompt_tokens),
         completion: s.completion_tokens.unwrap_or(cfg.completion_tokens) * n,
-        model: body.get("model").and_then(Value::as_str).unwrap_or("mock-model").to_string(),
+        model: body
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or("mock-model")
+            .to_string(),
         id: format!("{:016x}", rand::random::<u64>()),
     }
 }
@@ -74,13 +78,22 @@ pub fn pieces(text: &str) -> Vec<String> {
     out
 }
 
-pub(crate) async fn answer(cfg: &MockConfig, path: &str, req: &HttpRequest, body: &Value, s: Script, guard: InFlightGuard) -> HttpResponse {
+pub(crate) async fn answer(
+    cfg: &MockConfig,
+    path: &str,
+    req: &HttpRequest,
+    body: &Value,
+    s: Script,
+    guard: InFlightGuard,
+) -> HttpResponse {
     if s.delay_ms > 0 {
         tokio::time::sleep(Duration::from_millis(s.delay_ms)).await;
     }
     let anthropic = path == "/v1/messages";
     let status = s.status.unwrap_or(200);
-    let mut resp = HttpResponse::build(actix_web::http::StatusCode::from_u16(status).unwrap_or(actix_web::http::StatusCode::OK));
+    let mut resp = HttpResponse::build(
+        actix_web::http::StatusCode::from_u16(status).unwrap_or(actix_web::http::StatusCode::OK),
+    );
     for (k, v) in &s.headers {
         resp.insert_header((k.as_str(), v.as_str()));
     }
@@ -115,8 +128,17 @@ pub(crate) async fn answer(cfg: &MockConfig, path: &str, req: &HttpRequest, body
         ("/v1/completions", false) => resp.json(openai_completion(&p, body)),
         (_, false) => resp.json(openai_chat(&p, body)),
         (_, true) => {
-            let usage = body.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false) && !s.omit_usage;
-            sse(resp, openai_chunks(&p, path == "/v1/completions", usage), &s, guard)
+            let usage = body
+                .pointer("/stream_options/include_usage")
+                .and_then(Value::as_bool)
+                .unwrap_or(false)
+                && !s.omit_usage;
+            sse(
+                resp,
+                openai_chunks(&p, path == "/v1/completions", usage),
+                &s,
+                guard,
+            )
         }
     }
 }
@@ -140,7 +162,9 @@ fn openai_chat(p: &Plan, body: &Value) -> Value {
 
 fn openai_completion(p: &Plan, body: &Value) -> Value {
     let n = body.get("n").and_then(Value::as_i64).unwrap_or(1).max(1);
-    let choices: Vec<Value> = (0..n).map(|i| json!({"index": i, "text": p.text, "logprobs": null, "finish_reason": "stop"})).collect();
+    let choices: Vec<Value> = (0..n)
+        .map(|i| json!({"index": i, "text": p.text, "logprobs": null, "finish_reason": "stop"}))
+        .collect();
     json!({
         "id": format!("cmpl-{}", p.id), "object": "text_completion", "created": now(), "model": p.model, "choices": choices,
         "usage": {"prompt_tokens": p.prompt, "completion_tokens": p.completion, "total_tokens": p.prompt + p.completion}
@@ -157,8 +181,12 @@ fn embeddings(body: &Value, p: &Plan) -> Value {
         .iter()
         .enumerate()
         .map(|(i, s)| {
-            let seed = s.bytes().fold(7u32, |a, b| a.wrapping_mul(31).wrapping_add(u32::from(b)));
-            let v: Vec<f64> = (0..8).map(|k| f64::from((seed.rotate_left(k * 4) % 1000) as u16) / 1000.0 - 0.5).collect();
+            let seed = s
+                .bytes()
+                .fold(7u32, |a, b| a.wrapping_mul(31).wrapping_add(u32::from(b)));
+            let v: Vec<f64> = (0..8)
+                .map(|k| f64::from((seed.rotate_left(k * 4) % 1000) as u16) / 1000.0 - 0.5)
+                .collect();
             json!({"object": "embedding", "index": i, "embedding": v})
         })
         .collect();
@@ -168,8 +196,16 @@ fn embeddings(body: &Value, p: &Plan) -> Value {
 /// OpenAI stream events (the `data:` payloads) with the index of the last content chunk.
 fn openai_chunks(p: &Plan, legacy: bool, usage: bool) -> Vec<Event> {
     let created = now();
-    let id = if legacy { format!("cmpl-{}", p.id) } else { format!("chatcmpl-{}", p.id) };
-    let object = if legacy { "text_completion" } else { "chat.completion.chunk" };
+    let id = if legacy {
+        format!("cmpl-{}", p.id)
+    } else {
+        format!("chatcmpl-{}", p.id)
+    };
+    let object = if legacy {
+        "text_completion"
+    } else {
+        "chat.completion.chunk"
+    };
     let choice = |content: Option<&str>, finish: Option<&str>| {
         if legacy {
             json!({"index": 0, "text": content.unwrap_or(""), "logprobs": null, "finish_reason": finish})
@@ -182,7 +218,11 @@ fn openai_chunks(p: &Plan, legacy: bool, usage: bool) -> Vec<Event> {
             json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
         }
     };
-    let chunk = |c: Value| Event::data(json!({"id": id, "object": object, "created": created, "model": p.model, "choices": [c]}));
+    let chunk = |c: Value| {
+        Event::data(
+            json!({"id": id, "object": object, "created": created, "model": p.model, "choices": [c]}),
+        )
+    };
     let mut out = Vec::new();
     if !legacy {
         out.push(chunk(choice(None, None)));
@@ -195,7 +235,11 @@ fn openai_chunks(p: &Plan, legacy: bool, usage: bool) -> Vec<Event> {
         out.push(Event::data(json!({"id": id, "object": object, "created": created, "model": p.model, "choices": [],
             "usage": {"prompt_tokens": p.prompt, "completion_tokens": p.completion, "total_tokens": p.prompt + p.completion}})));
     }
-    out.push(Event { name: None, data: "[DONE]".into(), content: false });
+    out.push(Event {
+        name: None,
+        data: "[DONE]".into(),
+        content: false,
+    });
     out
 }
 
@@ -209,21 +253,41 @@ fn anthropic_message(p: &Plan) -> Value {
 }
 
 fn anthropic_events(p: &Plan, s: &Script) -> Vec<Event> {
-    let ev = |name: &str, v: Value| Event { name: Some(name.into()), data: v.to_string(), content: false };
+    let ev = |name: &str, v: Value| Event {
+        name: Some(name.into()),
+        data: v.to_string(),
+        content: false,
+    };
     let mut out = vec![
-        ev("message_start", json!({"type": "message_start", "message": {"id": format!("msg_{}", p.id), "type": "message", "role": "assistant",
+        ev(
+            "message_start",
+            json!({"type": "message_start", "message": {"id": format!("msg_{}", p.id), "type": "message", "role": "assistant",
             "model": p.model, "content": [], "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": p.prompt, "output_tokens": 1}}})),
-        ev("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})),
+            "usage": {"input_tokens": p.prompt, "output_tokens": 1}}}),
+        ),
+        ev(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        ),
         ev("ping", json!({"type": "ping"})),
     ];
     for piece in pieces(&p.text) {
-        let mut e = ev("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}}));
+        let mut e = ev(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}}),
+        );
         e.content = true;
         out.push(e);
     }
-    out.push(ev("content_block_stop", json!({"type": "content_block_stop", "index": 0})));
-    let usage = if s.omit_usage { json!({}) } else { json!({"output_tokens": p.completion}) };
+    out.push(ev(
+        "content_block_stop",
+        json!({"type": "content_block_stop", "index": 0}),
+    ));
+    let usage = if s.omit_usage {
+        json!({})
+    } else {
+        json!({"output_tokens": p.completion})
+    };
     out.push(ev("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": usage})));
     out.push(ev("message_stop", json!({"type": "message_stop"})));
     out
@@ -238,7 +302,11 @@ struct Event {
 
 impl Event {
     fn data(v: Value) -> Event {
-        Event { name: None, data: v.to_string(), content: false }
+        Event {
+            name: None,
+            data: v.to_string(),
+            content: false,
+        }
     }
     fn content(mut self) -> Event {
         self.content = true;
@@ -252,7 +320,12 @@ impl Event {
     }
 }
 
-fn sse(mut resp: actix_web::HttpResponseBuilder, events: Vec<Event>, s: &Script, guard: InFlightGuard) -> HttpResponse {
+fn sse(
+    mut resp: actix_web::HttpResponseBuilder,
+    events: Vec<Event>,
+    s: &Script,
+    guard: InFlightGuard,
+) -> HttpResponse {
     let delay = Duration::from_millis(s.chunk_delay_ms);
     let (cut, stall) = (s.cut_after, s.stall_after);
     let body = async_stream::stream! {
@@ -264,6 +337,8 @@ fn sse(mut resp: actix_web::HttpResponseBuilder, events: Vec<Event>, s: &Script,
             }
             if e.content {
                 if cut == Some(sent_content) {
+                    // Let what was sent reach the wire first, as a real broken connection would.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                     yield Err(std::io::Error::other("mock: stream cut"));
                     return;
                 }
@@ -275,5 +350,7 @@ fn sse(mut resp: actix_web::HttpResponseBuilder, events: Vec<Event>, s: &Script,
             yield Ok::<Bytes, std::io::Error>(e.bytes());
         }
     };
-    resp.content_type("text/event-stream").insert_header(("cache-control", "no-cache")).streaming(body)
+    resp.content_type("text/event-stream")
+        .insert_header(("cache-control", "no-cache"))
+        .streaming(body)
 }

@@ -26,7 +26,9 @@ pub fn spawn(state: Arc<AppState>, host: String) {
         loop {
             tick.tick().await;
             let now = state.clock.now();
-            if let Err(e) = processes::heartbeat(&state.db.write, state.quota.process_id(), now).await {
+            if let Err(e) =
+                processes::heartbeat(&state.db.write, state.quota.process_id(), now).await
+            {
                 tracing::warn!(error = %e, "heartbeat failed");
             }
             if let Err(e) = recover_orphans(&state, &host).await {
@@ -37,10 +39,14 @@ pub fn spawn(state: Arc<AppState>, host: String) {
 }
 
 /// Settles the reservations of every process that is gone; returns how many.
-pub async fn recover_orphans(state: &AppState, host: &str) -> Result<u64, crate::store::StoreError> {
+pub async fn recover_orphans(
+    state: &AppState,
+    host: &str,
+) -> Result<u64, crate::store::StoreError> {
     let now = state.clock.now();
     let mut settled = 0;
-    for owner in processes::dead_owners(&state.db.read, state.quota.process_id(), host, now).await? {
+    for owner in processes::dead_owners(&state.db.read, state.quota.process_id(), host, now).await?
+    {
         let n = ledger::settle_orphans(&state.db.write, &owner, now).await?;
         if n > 0 {
             tracing::warn!(owner = %owner, reservations = n, "settled orphaned reservations at their reserved amount");

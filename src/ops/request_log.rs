@@ -101,5 +101,8 @@ async fn write(pool: &SqlitePool, batch: &[RequestRow]) {
             }
         }
     }
-    tracing::error!(rows = batch.len(), "request log rows dropped after 5 failed writes");
+    tracing::error!(
+        rows = batch.len(),
+        "request log rows dropped after 5 failed writes"
+    );
 }

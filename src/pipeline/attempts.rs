@@ -33,7 +33,10 @@ pub fn candidates(state: &AppState, p: &Prepared) -> Vec<Candidate> {
         for r in &m.routes {
             // Until the translation layer exists, a route must speak the client's format.
             if state.catalog.deployments[r.deployment].provider == Provider::Openai {
-                out.push(Candidate { model: m.clone(), route: r.clone() });
+                out.push(Candidate {
+                    model: m.clone(),
+                    route: r.clone(),
+                });
             }
         }
         out[start..].sort_by_key(|c| state.pool.in_flight(c.route.deployment));
@@ -68,24 +71,54 @@ pub struct Called {
     pub attempts: u32,
 }
 
-async fn attempt(state: &AppState, p: &Prepared, c: &Candidate, started: Instant) -> Result<Success, UpstreamError> {
+async fn attempt(
+    state: &AppState,
+    p: &Prepared,
+    c: &Candidate,
+    started: Instant,
+) -> Result<Success, UpstreamError> {
     let dep = &state.catalog.deployments[c.route.deployment];
     let body = openai::shape_request(&p.body, &c.route.upstream_model, p.cap, p.stream);
     let in_flight = state.pool.enter(c.route.deployment);
-    let resp = state.upstream.post(dep, p.endpoint.upstream_path(), Bytes::from(body)).await?;
+    let resp = state
+        .upstream
+        .post(dep, p.endpoint.upstream_path(), Bytes::from(body))
+        .await?;
     let ttfb_ms = started.elapsed().as_millis() as i64;
     if p.stream {
-        return Ok(Success { model: c.model.clone(), route: c.route.clone(), body: None, response: Some(resp), ttfb_ms, in_flight });
+        return Ok(Success {
+            model: c.model.clone(),
+            route: c.route.clone(),
+            body: None,
+            response: Some(resp),
+            ttfb_ms,
+            in_flight,
+        });
     }
-    let body = state.upstream.read_body(resp, state.settings.upstream.max_response_bytes).await?;
+    let body = state
+        .upstream
+        .read_body(resp, state.settings.upstream.max_response_bytes)
+        .await?;
     if serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_err() {
         return Err(UpstreamError::Garbage("answer is not JSON"));
     }
-    Ok(Success { model: c.model.clone(), route: c.route.clone(), body: Some(body), response: None, ttfb_ms, in_flight })
+    Ok(Success {
+        model: c.model.clone(),
+        route: c.route.clone(),
+        body: Some(body),
+        response: None,
+        ttfb_ms,
+        in_flight,
+    })
 }
 
 /// Tries candidates until one answers, following the retry table.
-pub async fn call(state: &AppState, p: &Prepared, candidates: &[Candidate], deadline: Instant) -> Called {
+pub async fn call(
+    state: &AppState,
+    p: &Prepared,
+    candidates: &[Candidate],
+    deadline: Instant,
+) -> Called {
     let cfg = &state.settings.retry;
     let cap = Duration::from_secs(cfg.max_cooldown_seconds);
     let started = Instant::now();
@@ -101,7 +134,12 @@ pub async fn call(state: &AppState, p: &Prepared, candidates: &[Candidate], dead
         let eligible: Vec<usize> = (0..candidates.len())
             .filter(|&i| {
                 let d = candidates[i].route.deployment;
-                !state.pool.is_disabled(d) && (if round == 1 { state.pool.cooling_ms(d, now_ms) == 0 } else { overloaded.contains(&i) })
+                !state.pool.is_disabled(d)
+                    && (if round == 1 {
+                        state.pool.cooling_ms(d, now_ms) == 0
+                    } else {
+                        overloaded.contains(&i)
+                    })
             })
             .collect();
         if round == 1 && eligible.is_empty() {
@@ -112,7 +150,10 @@ pub async fn call(state: &AppState, p: &Prepared, candidates: &[Candidate], dead
                 .min()
                 .map(|ms| ms.div_ceil(1000).max(1))
                 .unwrap_or(cfg.max_cooldown_seconds.max(1));
-            return Called { result: Outcome::Failed(ApiError::ServiceDegraded { retry_after: wait }.into()), attempts };
+            return Called {
+                result: Outcome::Failed(ApiError::ServiceDegraded { retry_after: wait }.into()),
+                attempts,
+            };
         }
         overloaded.clear();
         for i in eligible {
@@ -125,7 +166,10 @@ pub async fn call(state: &AppState, p: &Prepared, candidates: &[Candidate], dead
             let err = match attempt(state, p, c, started).await {
                 Ok(s) => {
                     state.pool.succeeded(d);
-                    return Called { result: Outcome::Served(s), attempts };
+                    return Called {
+                        result: Outcome::Served(s),
+                        attempts,
+                    };
                 }
                 Err(e) => e,
             };
@@ -136,9 +180,15 @@ pub async fn call(state: &AppState, p: &Prepared, candidates: &[Candidate], dead
             match tier {
                 Tier::RateLimited | Tier::Overloaded => {
                     let streak = state.pool.rate_limited(d);
-                    let retry_after = if let UpstreamError::Status { retry_after, .. } = &err { *retry_after } else { None };
+                    let retry_after = if let UpstreamError::Status { retry_after, .. } = &err {
+                        *retry_after
+                    } else {
+                        None
+                    };
                     let cool = retry::cooldown(retry_after, streak, cap);
-                    state.pool.cool_down(d, state.clock.now().timestamp_millis(), cool);
+                    state
+                        .pool
+                        .cool_down(d, state.clock.now().timestamp_millis(), cool);
                     let secs = cool.as_millis().div_ceil(1000).max(1) as u64;
                     shortest_cooldown = Some(shortest_cooldown.map_or(secs, |s| s.min(secs)));
                     if tier == Tier::Overloaded {
@@ -156,35 +206,49 @@ pub async fn call(state: &AppState, p: &Prepared, candidates: &[Candidate], dead
                 Tier::ServerError => {}
                 Tier::ClientError => {
                     let failure = passthrough(err);
-                    return Called { result: Outcome::Failed(failure), attempts };
+                    return Called {
+                        result: Outcome::Failed(failure),
+                        attempts,
+                    };
                 }
             }
         }
         let backoff = retry::backoff(Duration::from_millis(cfg.base_delay_ms), round);
-        let more = !overloaded.is_empty() && attempts < cfg.max_attempts && Instant::now() + backoff < deadline;
+        let more = !overloaded.is_empty()
+            && attempts < cfg.max_attempts
+            && Instant::now() + backoff < deadline;
         if !more {
             break;
         }
         tokio::time::sleep(backoff).await;
     }
     let error = if only_rate_limited && attempts > 0 {
-        ApiError::UpstreamRateLimited { retry_after: shortest_cooldown.unwrap_or(1) }
+        ApiError::UpstreamRateLimited {
+            retry_after: shortest_cooldown.unwrap_or(1),
+        }
     } else {
         ApiError::UpstreamError
     };
-    Called { result: Outcome::Failed(error.into()), attempts }
+    Called {
+        result: Outcome::Failed(error.into()),
+        attempts,
+    }
 }
 
 /// An upstream client error (400/404/413/422) goes back to the client as it is.
 fn passthrough(err: UpstreamError) -> Failure {
     match err {
         UpstreamError::Status { status, body, .. } => {
-            let code = actix_web::http::StatusCode::from_u16(status).unwrap_or(actix_web::http::StatusCode::BAD_REQUEST);
+            let code = actix_web::http::StatusCode::from_u16(status)
+                .unwrap_or(actix_web::http::StatusCode::BAD_REQUEST);
             let response = HttpResponse::build(code)
                 .content_type("application/json")
                 .insert_header(("x-should-retry", "false"))
                 .body(body);
-            Failure { error: ApiError::UpstreamClientError, response: Some(response) }
+            Failure {
+                error: ApiError::UpstreamClientError,
+                response: Some(response),
+            }
         }
         _ => ApiError::UpstreamError.into(),
     }

@@ -24,11 +24,19 @@ use request::{Endpoint, Prepared};
 /// Request ids are UUIDv7: unique across replicas and sortable by time.
 pub fn new_request_id() -> String {
     let mut buf = [0u8; uuid::fmt::Simple::LENGTH];
-    format!("req_{}", uuid::Uuid::now_v7().simple().encode_lower(&mut buf))
+    format!(
+        "req_{}",
+        uuid::Uuid::now_v7().simple().encode_lower(&mut buf)
+    )
 }
 
 /// Runs one `/v1/*` request to completion (or hands a stream to its pump).
-pub async fn handle(state: web::Data<AppState>, req: HttpRequest, payload: web::Payload, endpoint: Endpoint) -> HttpResponse {
+pub async fn handle(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    payload: web::Payload,
+    endpoint: Endpoint,
+) -> HttpResponse {
     let started = Instant::now();
     let mut log = RequestRow {
         id: new_request_id(),
@@ -74,14 +82,19 @@ pub struct Failure {
 
 impl From<ApiError> for Failure {
     fn from(error: ApiError) -> Self {
-        Failure { error, response: None }
+        Failure {
+            error,
+            response: None,
+        }
     }
 }
 
 impl From<QuotaError> for ApiError {
     fn from(e: QuotaError) -> Self {
         match e {
-            QuotaError::Insufficient { retry_after, .. } => ApiError::InsufficientQuota { retry_after },
+            QuotaError::Insufficient { retry_after, .. } => {
+                ApiError::InsufficientQuota { retry_after }
+            }
             QuotaError::TokenGone => ApiError::InvalidApiKey,
             QuotaError::Store(e) => {
                 tracing::error!(error = %e, "quota store failed");
@@ -91,7 +104,11 @@ impl From<QuotaError> for ApiError {
     }
 }
 
-async fn read_body(payload: web::Payload, req: &HttpRequest, limit: usize) -> Result<web::Bytes, ApiError> {
+async fn read_body(
+    payload: web::Payload,
+    req: &HttpRequest,
+    limit: usize,
+) -> Result<web::Bytes, ApiError> {
     let declared = req
         .headers()
         .get("content-length")
@@ -103,7 +120,10 @@ async fn read_body(payload: web::Payload, req: &HttpRequest, limit: usize) -> Re
     let mut body = web::BytesMut::with_capacity(declared.unwrap_or(1024).min(limit));
     let mut payload = payload;
     while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|_| ApiError::InvalidRequest { message: "The request body could not be read.".into(), param: None })?;
+        let chunk = chunk.map_err(|_| ApiError::InvalidRequest {
+            message: "The request body could not be read.".into(),
+            param: None,
+        })?;
         if body.len() + chunk.len() > limit {
             return Err(ApiError::RequestTooLarge(limit));
         }
@@ -143,9 +163,16 @@ async fn run(
     // 5. Reserve the worst case over every model that may serve (fallbacks included).
     let candidates = attempts::candidates(state, &prepared);
     let worst = reservation_amount(state, &prepared, &candidates);
-    let mut held = state.quota.reserve(&log.id, &auth.owner, worst).await.map_err(ApiError::from)?;
+    let mut held = state
+        .quota
+        .reserve(&log.id, &auth.owner, worst)
+        .await
+        .map_err(ApiError::from)?;
     held.set_cost_if_dropped(pricing::cost(
-        Usage { input: prepared.input_tokens, ..Usage::default() },
+        Usage {
+            input: prepared.input_tokens,
+            ..Usage::default()
+        },
         prepared.model.prices,
     ));
 
@@ -160,10 +187,19 @@ async fn run(
             return Err(failure);
         }
     };
-    log.upstream = state.catalog.deployments[success.route.deployment].id.clone();
+    log.upstream = state.catalog.deployments[success.route.deployment]
+        .id
+        .clone();
     log.served_model = success.model.name.clone();
     if prepared.stream {
-        Ok(Reply::Streaming(stream::start(state, &prepared, success, held, std::mem::take(log), started)))
+        Ok(Reply::Streaming(stream::start(
+            state,
+            &prepared,
+            success,
+            held,
+            std::mem::take(log),
+            started,
+        )))
     } else {
         finish(&prepared, success, held, log).await.map(Reply::Done)
     }
@@ -174,7 +210,11 @@ async fn run(
 fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Candidate]) -> i64 {
     let q = &state.settings.quota;
     let usage = Usage {
-        input: pricing::input_with_margin(p.input_tokens, q.input_margin_ratio, q.input_margin_tokens),
+        input: pricing::input_with_margin(
+            p.input_tokens,
+            q.input_margin_ratio,
+            q.input_margin_tokens,
+        ),
         cached_input: 0,
         output: p.cap.map(|(_, c)| c).unwrap_or(0).saturating_mul(p.n),
     };
@@ -195,7 +235,11 @@ async fn finish(
     let body = s.body.unwrap_or_default();
     let usage = crate::upstream::providers::openai::answer_usage(&body)
         .and_then(|(u, _)| u)
-        .unwrap_or_else(|| Usage { input: p.input_tokens, cached_input: 0, output: 0 });
+        .unwrap_or_else(|| Usage {
+            input: p.input_tokens,
+            cached_input: 0,
+            output: 0,
+        });
     let cost = pricing::cost(usage, s.model.prices);
     let settled = held.settle(cost).await.map_err(ApiError::from)?;
     log.input_tokens = usage.input;
@@ -204,6 +248,12 @@ async fn finish(
     log.ttfb_ms = Some(s.ttfb_ms);
     let mut resp = HttpResponse::Ok();
     resp.content_type("application/json");
-    respond::gateway_headers(&mut resp, &log.id, &log.upstream, settled.remaining, log.cache);
+    respond::gateway_headers(
+        &mut resp,
+        &log.id,
+        &log.upstream,
+        settled.remaining,
+        log.cache,
+    );
     Ok(resp.body(body))
 }

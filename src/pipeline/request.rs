@@ -59,7 +59,10 @@ pub struct Prepared {
 fn int_field(body: &Map<String, Value>, field: &'static str) -> Result<Option<i64>, ApiError> {
     match body.get(field) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => v.as_i64().map(Some).ok_or_else(|| ApiError::invalid(field, format!("`{field}` must be an integer"))),
+        Some(v) => v
+            .as_i64()
+            .map(Some)
+            .ok_or_else(|| ApiError::invalid(field, format!("`{field}` must be an integer"))),
     }
 }
 
@@ -67,37 +70,65 @@ fn bool_field(body: &Map<String, Value>, field: &'static str) -> Result<bool, Ap
     match body.get(field) {
         None | Some(Value::Null) => Ok(false),
         Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(ApiError::invalid(field, format!("`{field}` must be a boolean"))),
+        Some(_) => Err(ApiError::invalid(
+            field,
+            format!("`{field}` must be a boolean"),
+        )),
     }
 }
 
-fn number_in(body: &Map<String, Value>, field: &'static str, lo: f64, hi: f64) -> Result<(), ApiError> {
+fn number_in(
+    body: &Map<String, Value>,
+    field: &'static str,
+    lo: f64,
+    hi: f64,
+) -> Result<(), ApiError> {
     match body.get(field) {
         None | Some(Value::Null) => Ok(()),
         Some(v) => match v.as_f64() {
             Some(x) if (lo..=hi).contains(&x) => Ok(()),
-            _ => Err(ApiError::invalid(field, format!("`{field}` must be a number between {lo} and {hi}"))),
+            _ => Err(ApiError::invalid(
+                field,
+                format!("`{field}` must be a number between {lo} and {hi}"),
+            )),
         },
     }
 }
 
 /// Parses and validates a request body for `endpoint` on behalf of `auth`.
-pub fn prepare(endpoint: Endpoint, raw: &[u8], auth: &TokenAuth, catalog: &Catalog) -> Result<Prepared, ApiError> {
-    let value: Value = serde_json::from_slice(raw).map_err(|e| {
-        ApiError::InvalidRequest { message: format!("The request body is not valid JSON: {e}"), param: None }
+pub fn prepare(
+    endpoint: Endpoint,
+    raw: &[u8],
+    auth: &TokenAuth,
+    catalog: &Catalog,
+) -> Result<Prepared, ApiError> {
+    let value: Value = serde_json::from_slice(raw).map_err(|e| ApiError::InvalidRequest {
+        message: format!("The request body is not valid JSON: {e}"),
+        param: None,
     })?;
     let Value::Object(mut body) = value else {
-        return Err(ApiError::InvalidRequest { message: "The request body must be a JSON object.".into(), param: None });
+        return Err(ApiError::InvalidRequest {
+            message: "The request body must be a JSON object.".into(),
+            param: None,
+        });
     };
     for f in ROUTING_FIELDS {
         body.remove(*f);
     }
     let requested_model = match body.get("model") {
         Some(Value::String(m)) if !m.is_empty() => m.clone(),
-        Some(_) => return Err(ApiError::invalid("model", "`model` must be a non-empty string")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "model",
+                "`model` must be a non-empty string",
+            ))
+        }
         None => return Err(ApiError::invalid("model", "`model` is required")),
     };
-    let model = catalog.model(&requested_model).ok_or_else(|| ApiError::ModelNotFound(requested_model.clone()))?.clone();
+    let model = catalog
+        .model(&requested_model)
+        .ok_or_else(|| ApiError::ModelNotFound(requested_model.clone()))?
+        .clone();
     if !auth.allows(&requested_model, &model.name) {
         return Err(ApiError::ModelNotAllowed(requested_model));
     }
@@ -108,20 +139,38 @@ pub fn prepare(endpoint: Endpoint, raw: &[u8], auth: &TokenAuth, catalog: &Catal
         Endpoint::Chat => {
             let msgs = match body.get("messages") {
                 Some(Value::Array(m)) if !m.is_empty() => m,
-                Some(Value::Array(_)) => return Err(ApiError::invalid("messages", "`messages` must not be empty")),
-                Some(_) => return Err(ApiError::invalid("messages", "`messages` must be an array of message objects")),
+                Some(Value::Array(_)) => {
+                    return Err(ApiError::invalid(
+                        "messages",
+                        "`messages` must not be empty",
+                    ))
+                }
+                Some(_) => {
+                    return Err(ApiError::invalid(
+                        "messages",
+                        "`messages` must be an array of message objects",
+                    ))
+                }
                 None => return Err(ApiError::invalid("messages", "`messages` is required")),
             };
             for m in msgs {
                 if !m.get("role").is_some_and(Value::is_string) {
-                    return Err(ApiError::invalid("messages", "every message must be an object with a string `role`"));
+                    return Err(ApiError::invalid(
+                        "messages",
+                        "every message must be an object with a string `role`",
+                    ));
                 }
             }
             estimate::chat_input(msgs, body.get("tools"))
         }
         Endpoint::Completions => match body.get("prompt") {
             Some(p @ (Value::String(_) | Value::Array(_))) => estimate::count_value(p) + 3,
-            _ => return Err(ApiError::invalid("prompt", "`prompt` must be a string or an array of strings")),
+            _ => {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    "`prompt` must be a string or an array of strings",
+                ))
+            }
         },
         Endpoint::Embeddings => match body.get("input") {
             Some(Value::String(s)) if !s.is_empty() => estimate::count_text(s),
@@ -131,10 +180,18 @@ pub fn prepare(endpoint: Endpoint, raw: &[u8], auth: &TokenAuth, catalog: &Catal
                     Value::String(s) => Ok(estimate::count_text(s)),
                     Value::Number(_) => Ok(1),
                     Value::Array(ids) if ids.iter().all(Value::is_number) => Ok(ids.len() as i64),
-                    _ => Err(ApiError::invalid("input", "`input` items must be strings or arrays of token ids")),
+                    _ => Err(ApiError::invalid(
+                        "input",
+                        "`input` items must be strings or arrays of token ids",
+                    )),
                 })
                 .sum::<Result<i64, ApiError>>()?,
-            _ => return Err(ApiError::invalid("input", "`input` must be a non-empty string or array")),
+            _ => {
+                return Err(ApiError::invalid(
+                    "input",
+                    "`input` must be a non-empty string or array",
+                ))
+            }
         },
     };
     if input_tokens > model.max_input_tokens {
@@ -145,7 +202,10 @@ pub fn prepare(endpoint: Endpoint, raw: &[u8], auth: &TokenAuth, catalog: &Catal
         };
         return Err(ApiError::invalid(
             field,
-            format!("The input is about {input_tokens} tokens; `{}` accepts at most {}.", model.name, model.max_input_tokens),
+            format!(
+                "The input is about {input_tokens} tokens; `{}` accepts at most {}.",
+                model.name, model.max_input_tokens
+            ),
         ));
     }
 
@@ -155,9 +215,19 @@ pub fn prepare(endpoint: Endpoint, raw: &[u8], auth: &TokenAuth, catalog: &Catal
         Some(Value::Object(o)) => match o.get("include_usage") {
             None | Some(Value::Null) => false,
             Some(Value::Bool(b)) => *b,
-            Some(_) => return Err(ApiError::invalid("stream_options", "`stream_options.include_usage` must be a boolean")),
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "stream_options",
+                    "`stream_options.include_usage` must be a boolean",
+                ))
+            }
         },
-        Some(_) => return Err(ApiError::invalid("stream_options", "`stream_options` must be an object")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "`stream_options` must be an object",
+            ))
+        }
     };
     if body.contains_key("stream_options") && !stream {
         body.remove("stream_options");
@@ -168,18 +238,29 @@ pub fn prepare(endpoint: Endpoint, raw: &[u8], auth: &TokenAuth, catalog: &Catal
     } else {
         let n = int_field(&body, "n")?.unwrap_or(1);
         if !(1..=MAX_N).contains(&n) {
-            return Err(ApiError::invalid("n", format!("`n` must be between 1 and {MAX_N}")));
+            return Err(ApiError::invalid(
+                "n",
+                format!("`n` must be between 1 and {MAX_N}"),
+            ));
         }
         let asked = match int_field(&body, "max_completion_tokens")? {
             Some(v) => Some(("max_completion_tokens", v)),
             None => int_field(&body, "max_tokens")?.map(|v| ("max_tokens", v)),
         };
         let cap = match asked {
-            Some((field, v)) if v < 1 => return Err(ApiError::invalid(field, format!("`{field}` must be at least 1"))),
+            Some((field, v)) if v < 1 => {
+                return Err(ApiError::invalid(
+                    field,
+                    format!("`{field}` must be at least 1"),
+                ))
+            }
             Some((field, v)) if v > model.max_output_tokens => {
                 return Err(ApiError::invalid(
                     field,
-                    format!("`{field}` is {v}; `{}` allows at most {}.", model.name, model.max_output_tokens),
+                    format!(
+                        "`{field}` is {v}; `{}` allows at most {}.",
+                        model.name, model.max_output_tokens
+                    ),
                 ))
             }
             Some(c) => c,
@@ -187,5 +268,15 @@ pub fn prepare(endpoint: Endpoint, raw: &[u8], auth: &TokenAuth, catalog: &Catal
         };
         (Some(cap), n)
     };
-    Ok(Prepared { endpoint, requested_model, model, body, stream, include_usage, cap, n, input_tokens })
+    Ok(Prepared {
+        endpoint,
+        requested_model,
+        model,
+        body,
+        stream,
+        include_usage,
+        cap,
+        n,
+        input_tokens,
+    })
 }

@@ -9,11 +9,20 @@ use crate::quota::pricing;
 
 pub fn request_id(resp: &mut HttpResponse, id: &str) {
     if let Ok(v) = actix_web::http::header::HeaderValue::from_str(id) {
-        resp.headers_mut().insert(actix_web::http::header::HeaderName::from_static("x-request-id"), v);
+        resp.headers_mut().insert(
+            actix_web::http::header::HeaderName::from_static("x-request-id"),
+            v,
+        );
     }
 }
 
-pub fn gateway_headers(resp: &mut HttpResponseBuilder, id: &str, upstream: &str, remaining: Option<i64>, cache: &str) {
+pub fn gateway_headers(
+    resp: &mut HttpResponseBuilder,
+    id: &str,
+    upstream: &str,
+    remaining: Option<i64>,
+    cache: &str,
+) {
     resp.insert_header(("x-request-id", id));
     resp.insert_header(("x-sluice-upstream", upstream));
     resp.insert_header(("x-sluice-cache", cache));

@@ -38,11 +38,25 @@ struct Pump {
     prices: Prices,
 }
 
-pub fn start(state: &web::Data<AppState>, p: &Prepared, s: Success, held: Held, log: RequestRow, started: Instant) -> HttpResponse {
+pub fn start(
+    state: &web::Data<AppState>,
+    p: &Prepared,
+    s: Success,
+    held: Held,
+    log: RequestRow,
+    started: Instant,
+) -> HttpResponse {
     let (tx, mut rx) = mpsc::channel::<Bytes>(CHANNEL_DEPTH);
     let mut resp = HttpResponse::Ok();
-    resp.content_type("text/event-stream").insert_header(("cache-control", "no-cache"));
-    respond::gateway_headers(&mut resp, &log.id, &log.upstream, held.remaining(), log.cache);
+    resp.content_type("text/event-stream")
+        .insert_header(("cache-control", "no-cache"));
+    respond::gateway_headers(
+        &mut resp,
+        &log.id,
+        &log.upstream,
+        held.remaining(),
+        log.cache,
+    );
     let pump = Pump {
         state: state.clone(),
         held,
@@ -97,7 +111,8 @@ impl Pump {
             };
             let event = match next {
                 Err(_) => {
-                    failure = Some("The upstream stopped sending; the stream was ended by the gateway.");
+                    failure =
+                        Some("The upstream stopped sending; the stream was ended by the gateway.");
                     break;
                 }
                 Ok(None) => {
@@ -140,12 +155,24 @@ impl Pump {
         self.settle(usage, &text, failure, client_gone).await;
     }
 
-    async fn settle(mut self, usage: Option<Usage>, text: &str, failure: Option<&'static str>, client_gone: bool) {
-        let usage = usage.unwrap_or_else(|| Usage { input: self.input_tokens, cached_input: 0, output: estimate::count_text(text) });
+    async fn settle(
+        mut self,
+        usage: Option<Usage>,
+        text: &str,
+        failure: Option<&'static str>,
+        client_gone: bool,
+    ) {
+        let usage = usage.unwrap_or_else(|| Usage {
+            input: self.input_tokens,
+            cached_input: 0,
+            output: estimate::count_text(text),
+        });
         let cost = pricing::cost(usage, self.prices);
         match self.held.settle(cost).await {
             Ok(s) => self.log.cost_micros = s.charged + s.absorbed,
-            Err(e) => tracing::error!(request_id = %self.log.id, error = %e, "stream settlement failed"),
+            Err(e) => {
+                tracing::error!(request_id = %self.log.id, error = %e, "stream settlement failed")
+            }
         }
         self.log.input_tokens = usage.input;
         self.log.output_tokens = usage.output;

@@ -39,11 +39,16 @@ pub fn count_value(v: &Value) -> i64 {
         Value::String(s) => count_text(s),
         Value::Array(items) => items.iter().map(count_value).sum(),
         Value::Object(map) => {
-            let is_image = matches!(map.get("type").and_then(Value::as_str), Some("image_url" | "image" | "input_image"));
+            let is_image = matches!(
+                map.get("type").and_then(Value::as_str),
+                Some("image_url" | "image" | "input_image")
+            );
             if is_image {
                 return PER_IMAGE;
             }
-            map.iter().map(|(k, v)| count_text(k).min(2) + count_value(v)).sum()
+            map.iter()
+                .map(|(k, v)| count_text(k).min(2) + count_value(v))
+                .sum()
         }
         Value::Number(_) | Value::Bool(_) => 1,
         Value::Null => 0,
@@ -67,7 +72,9 @@ mod tests {
         let msgs = vec![json!({"role": "user", "content": "hello world"})];
         let n = chat_input(&msgs, None);
         assert!((8..=12).contains(&n), "{n}");
-        let img = vec![json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:…"}}]})];
+        let img = vec![
+            json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:…"}}]}),
+        ];
         assert!(chat_input(&img, None) > PER_IMAGE);
     }
 }

@@ -10,7 +10,10 @@ pub mod reservation;
 #[derive(Debug, thiserror::Error)]
 pub enum QuotaError {
     #[error("budget exhausted at the {level} level")]
-    Insufficient { level: &'static str, retry_after: Option<u64> },
+    Insufficient {
+        level: &'static str,
+        retry_after: Option<u64>,
+    },
     #[error("token revoked or expired")]
     TokenGone,
     #[error(transparent)]

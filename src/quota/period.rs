@@ -64,8 +64,14 @@ impl Reset {
             Reset::Daily => Some(start + Duration::days(1)),
             Reset::Weekly => Some(start + Duration::days(7)),
             Reset::Monthly => {
-                let (y, m) = if start.month() == 12 { (start.year() + 1, 1) } else { (start.year(), start.month() + 1) };
-                Some(Utc.from_utc_datetime(&NaiveDate::from_ymd_opt(y, m, 1)?.and_hms_opt(0, 0, 0)?))
+                let (y, m) = if start.month() == 12 {
+                    (start.year() + 1, 1)
+                } else {
+                    (start.year(), start.month() + 1)
+                };
+                Some(
+                    Utc.from_utc_datetime(&NaiveDate::from_ymd_opt(y, m, 1)?.and_hms_opt(0, 0, 0)?),
+                )
             }
             Reset::Never => None,
         }
@@ -94,9 +100,15 @@ mod tests {
         assert_eq!(Reset::Monthly.period_key(t), "2026-12");
         assert_eq!(Reset::Weekly.period_key(t), "2026-W53");
         assert_eq!(Reset::Never.period_key(t), "never");
-        assert_eq!(Reset::Monthly.period_end(t), Some(at("2027-01-01T00:00:00Z")));
+        assert_eq!(
+            Reset::Monthly.period_end(t),
+            Some(at("2027-01-01T00:00:00Z"))
+        );
         assert_eq!(Reset::Daily.seconds_to_reset(t), Some(1));
-        assert_eq!(Reset::Weekly.period_start(at("2026-11-29T10:00:00Z")), Some(at("2026-11-23T00:00:00Z")));
+        assert_eq!(
+            Reset::Weekly.period_start(at("2026-11-29T10:00:00Z")),
+            Some(at("2026-11-23T00:00:00Z"))
+        );
         assert_eq!(Reset::Never.seconds_to_reset(t), None);
     }
 }

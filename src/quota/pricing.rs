@@ -51,13 +51,20 @@ pub fn usd(micros: i64) -> String {
 pub fn parse_usd(s: &str) -> Option<i64> {
     let s = s.trim();
     let (whole, frac) = s.split_once('.').unwrap_or((s, ""));
-    if whole.is_empty() && frac.is_empty() || frac.len() > 6 || !frac.bytes().all(|b| b.is_ascii_digit()) {
+    if whole.is_empty() && frac.is_empty()
+        || frac.len() > 6
+        || !frac.bytes().all(|b| b.is_ascii_digit())
+    {
         return None;
     }
     if !whole.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    let w: i64 = if whole.is_empty() { 0 } else { whole.parse().ok()? };
+    let w: i64 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().ok()?
+    };
     let f: i64 = format!("{frac:0<6}").parse().ok()?;
     w.checked_mul(1_000_000)?.checked_add(f)
 }
@@ -68,14 +75,64 @@ mod tests {
 
     #[test]
     fn rounds_up_once_per_request() {
-        let p = Prices { input: 150_000, output: 600_000, cached_input: 75_000 };
+        let p = Prices {
+            input: 150_000,
+            output: 600_000,
+            cached_input: 75_000,
+        };
         // 1000 × 0.15 + 500 × 0.60 = 150 000 000 + 300 000 000 → 450 micros exactly.
-        assert_eq!(cost(Usage { input: 1000, cached_input: 0, output: 500 }, p), 450);
+        assert_eq!(
+            cost(
+                Usage {
+                    input: 1000,
+                    cached_input: 0,
+                    output: 500
+                },
+                p
+            ),
+            450
+        );
         // 1 token in: 0.15 micros → 1.
-        assert_eq!(cost(Usage { input: 1, cached_input: 0, output: 0 }, p), 1);
+        assert_eq!(
+            cost(
+                Usage {
+                    input: 1,
+                    cached_input: 0,
+                    output: 0
+                },
+                p
+            ),
+            1
+        );
         assert_eq!(cost(Usage::default(), p), 0);
-        assert_eq!(cost(Usage { input: 1000, cached_input: 1000, output: 0 }, p), 75);
-        assert_eq!(cost(Usage { input: i64::MAX, cached_input: 0, output: i64::MAX }, p), i64::MAX);
+        assert_eq!(
+            cost(
+                Usage {
+                    input: 1000,
+                    cached_input: 1000,
+                    output: 0
+                },
+                p
+            ),
+            75
+        );
+        let dear = Prices {
+            input: 150_000,
+            output: 2_000_000,
+            cached_input: 0,
+        };
+        assert_eq!(
+            cost(
+                Usage {
+                    input: i64::MAX,
+                    cached_input: 0,
+                    output: i64::MAX
+                },
+                dear
+            ),
+            i64::MAX,
+            "saturates"
+        );
     }
 
     #[test]

@@ -24,14 +24,23 @@ const RESERVATION_DEADLINE: Duration = Duration::minutes(30);
 
 impl Quota {
     pub fn new(write: SqlitePool, clock: Arc<dyn Clock>, process_id: String) -> Arc<Self> {
-        Arc::new(Self { write, clock, process_id })
+        Arc::new(Self {
+            write,
+            clock,
+            process_id,
+        })
     }
 
     pub fn process_id(&self) -> &str {
         &self.process_id
     }
 
-    pub async fn reserve(self: &Arc<Self>, request_id: &str, owner: &Owner, amount: i64) -> Result<Held, QuotaError> {
+    pub async fn reserve(
+        self: &Arc<Self>,
+        request_id: &str,
+        owner: &Owner,
+        amount: i64,
+    ) -> Result<Held, QuotaError> {
         let now = self.clock.now();
         let req = ReserveRequest {
             request_id,
@@ -42,11 +51,18 @@ impl Quota {
             now,
         };
         match ledger::reserve(&self.write, &req).await? {
-            Ok(resv) => Ok(Held { resv: Some(resv), quota: self.clone(), cost_if_dropped: 0 }),
+            Ok(resv) => Ok(Held {
+                resv: Some(resv),
+                quota: self.clone(),
+                cost_if_dropped: 0,
+            }),
             Err(Refusal::TokenGone) => Err(QuotaError::TokenGone),
             Err(Refusal::Insufficient(level)) => {
                 let reset = owner.resets[level as usize];
-                Err(QuotaError::Insufficient { level: level.as_str(), retry_after: reset.seconds_to_reset(now) })
+                Err(QuotaError::Insufficient {
+                    level: level.as_str(),
+                    retry_after: reset.seconds_to_reset(now),
+                })
             }
         }
     }
@@ -79,10 +95,18 @@ impl Held {
     /// Settles at the actual cost (capped at the reservation by the ledger).
     pub async fn settle(mut self, actual: i64) -> Result<Settled, QuotaError> {
         let Some(resv) = self.resv.take() else {
-            return Ok(Settled { charged: 0, absorbed: 0, remaining: None });
+            return Ok(Settled {
+                charged: 0,
+                absorbed: 0,
+                remaining: None,
+            });
         };
         let settled = self.quota.settle(&resv, actual).await?;
-        Ok(settled.unwrap_or(Settled { charged: 0, absorbed: 0, remaining: resv.remaining }))
+        Ok(settled.unwrap_or(Settled {
+            charged: 0,
+            absorbed: 0,
+            remaining: resv.remaining,
+        }))
     }
 }
 
@@ -99,7 +123,9 @@ impl Drop for Held {
                     }
                 });
             }
-            Err(_) => tracing::error!(request_id = %resv.request_id, "reservation dropped outside a runtime; left for orphan recovery"),
+            Err(_) => {
+                tracing::error!(request_id = %resv.request_id, "reservation dropped outside a runtime; left for orphan recovery")
+            }
         }
     }
 }

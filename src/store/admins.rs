@@ -14,10 +14,14 @@ pub async fn create(
     team_id: Option<i64>,
     now: DateTime<Utc>,
 ) -> Result<i64> {
-    let exists: Option<i64> =
-        sqlx::query_scalar("SELECT id FROM admins WHERE username = ?").bind(username).fetch_optional(&mut *conn).await?;
+    let exists: Option<i64> = sqlx::query_scalar("SELECT id FROM admins WHERE username = ?")
+        .bind(username)
+        .fetch_optional(&mut *conn)
+        .await?;
     if exists.is_some() {
-        return Err(StoreError::Conflict(format!("admin `{username}` already exists")));
+        return Err(StoreError::Conflict(format!(
+            "admin `{username}` already exists"
+        )));
     }
     Ok(sqlx::query_scalar(
         "INSERT INTO admins (username, password_hash, role, team_id, created_at) VALUES (?, ?, ?, ?, ?) RETURNING id",

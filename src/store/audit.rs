@@ -21,7 +21,16 @@ const GENESIS: &str = "000000000000000000000000000000000000000000000000000000000
 
 fn row_hash(prev: &str, e: &AuditEntry<'_>, created_at: &str) -> String {
     let mut h = Sha256::new();
-    for part in [prev, e.actor, e.address, e.action, e.target, e.before.unwrap_or("\u{0}"), e.after.unwrap_or("\u{0}"), created_at] {
+    for part in [
+        prev,
+        e.actor,
+        e.address,
+        e.action,
+        e.target,
+        e.before.unwrap_or("\u{0}"),
+        e.after.unwrap_or("\u{0}"),
+        created_at,
+    ] {
         h.update((part.len() as u64).to_be_bytes());
         h.update(part.as_bytes());
     }
@@ -30,9 +39,15 @@ fn row_hash(prev: &str, e: &AuditEntry<'_>, created_at: &str) -> String {
 
 /// Appends one row inside the caller's transaction, so the action and its audit row commit
 /// together or not at all.
-pub async fn append(conn: &mut SqliteConnection, e: &AuditEntry<'_>, now: chrono::DateTime<chrono::Utc>) -> Result<()> {
+pub async fn append(
+    conn: &mut SqliteConnection,
+    e: &AuditEntry<'_>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<()> {
     let prev: Option<String> =
-        sqlx::query_scalar("SELECT hash FROM audit_log ORDER BY id DESC LIMIT 1").fetch_optional(&mut *conn).await?;
+        sqlx::query_scalar("SELECT hash FROM audit_log ORDER BY id DESC LIMIT 1")
+            .fetch_optional(&mut *conn)
+            .await?;
     let prev = prev.unwrap_or_else(|| GENESIS.to_string());
     let created_at = db_time(now);
     let hash = row_hash(&prev, e, &created_at);

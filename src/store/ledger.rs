@@ -150,9 +150,18 @@ fn tighter(a: Option<i64>, b: Option<i64>) -> Option<i64> {
 }
 
 /// Rolls a level over to `period` if it is still in an older one, with an audit row.
-async fn rollover(conn: &mut SqliteConnection, level: Level, id: i64, period: &str, now: DateTime<Utc>) -> Result<()> {
-    let rolled: Option<i64> =
-        sqlx::query_scalar(&SQL[level.idx()].rollover).bind(period).bind(id).fetch_optional(&mut *conn).await?;
+async fn rollover(
+    conn: &mut SqliteConnection,
+    level: Level,
+    id: i64,
+    period: &str,
+    now: DateTime<Utc>,
+) -> Result<()> {
+    let rolled: Option<i64> = sqlx::query_scalar(&SQL[level.idx()].rollover)
+        .bind(period)
+        .bind(id)
+        .fetch_optional(&mut *conn)
+        .await?;
     if rolled.is_some() {
         let target = format!("{}:{id}", level.as_str());
         let entry = AuditEntry {
@@ -200,7 +209,10 @@ async fn ledger_row(
 }
 
 /// The CAS. `Ok(Err(refusal))` when a level cannot cover the amount; nothing is written then.
-pub async fn reserve(pool: &SqlitePool, r: &ReserveRequest<'_>) -> Result<std::result::Result<Reservation, Refusal>> {
+pub async fn reserve(
+    pool: &SqlitePool,
+    r: &ReserveRequest<'_>,
+) -> Result<std::result::Result<Reservation, Refusal>> {
     let periods = r.owner.periods(r.now);
     let now_s = db_time(r.now);
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
@@ -244,7 +256,17 @@ pub async fn reserve(pool: &SqlitePool, r: &ReserveRequest<'_>) -> Result<std::r
     .bind(&now_s)
     .execute(&mut *tx)
     .await?;
-    ledger_row(&mut tx, r.owner, &periods, "reserve", r.amount, Some(r.request_id), None, r.now).await?;
+    ledger_row(
+        &mut tx,
+        r.owner,
+        &periods,
+        "reserve",
+        r.amount,
+        Some(r.request_id),
+        None,
+        r.now,
+    )
+    .await?;
     tx.commit().await?;
     Ok(Ok(Reservation {
         request_id: r.request_id.to_string(),
@@ -278,7 +300,12 @@ pub struct Settled {
 
 /// Settles a reservation at `actual` micro-dollars. Idempotent: a reservation already
 /// settled (or settled as an orphan) is left alone and `None` is returned.
-pub async fn settle(pool: &SqlitePool, resv: &Reservation, actual: i64, now: DateTime<Utc>) -> Result<Option<Settled>> {
+pub async fn settle(
+    pool: &SqlitePool,
+    resv: &Reservation,
+    actual: i64,
+    now: DateTime<Utc>,
+) -> Result<Option<Settled>> {
     let actual = actual.max(0);
     let charged = actual.min(resv.amount);
     let refund = resv.amount - charged;
@@ -304,18 +331,46 @@ pub async fn settle(pool: &SqlitePool, resv: &Reservation, actual: i64, now: Dat
             .flatten();
         remaining = tighter(remaining, left);
     }
-    ledger_row(&mut tx, &resv.owner, &resv.periods, "settle", -refund, Some(&resv.request_id), None, now).await?;
+    ledger_row(
+        &mut tx,
+        &resv.owner,
+        &resv.periods,
+        "settle",
+        -refund,
+        Some(&resv.request_id),
+        None,
+        now,
+    )
+    .await?;
     let absorbed = actual - charged;
     if absorbed > 0 {
-        ledger_row(&mut tx, &resv.owner, &resv.periods, "absorbed", absorbed, Some(&resv.request_id), None, now).await?;
+        ledger_row(
+            &mut tx,
+            &resv.owner,
+            &resv.periods,
+            "absorbed",
+            absorbed,
+            Some(&resv.request_id),
+            None,
+            now,
+        )
+        .await?;
     }
     tx.commit().await?;
-    Ok(Some(Settled { charged, absorbed, remaining }))
+    Ok(Some(Settled {
+        charged,
+        absorbed,
+        remaining,
+    }))
 }
 
 /// Settles every reservation of a dead process at its full amount (nothing refunded, a
 /// 0-amount `orphan` row for the record). Returns how many were settled.
-pub async fn settle_orphans(pool: &SqlitePool, dead_owner: &str, now: DateTime<Utc>) -> Result<u64> {
+pub async fn settle_orphans(
+    pool: &SqlitePool,
+    dead_owner: &str,
+    now: DateTime<Utc>,
+) -> Result<u64> {
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
     let rows = sqlx::query(
         "DELETE FROM reservations WHERE owner = ?
@@ -334,11 +389,27 @@ pub async fn settle_orphans(pool: &SqlitePool, dead_owner: &str, now: DateTime<U
         let periods: [String; 3] = [r.get("period"), r.get("user_period"), r.get("team_period")];
         let amount: i64 = r.get("amount_micros");
         for level in LEVELS {
-            sqlx::query(&SQL[level.idx()].release).bind(amount).bind(owner.id(level)).execute(&mut *tx).await?;
+            sqlx::query(&SQL[level.idx()].release)
+                .bind(amount)
+                .bind(owner.id(level))
+                .execute(&mut *tx)
+                .await?;
         }
         let request_id: String = r.get("request_id");
-        let reason = format!("owner process {dead_owner} gone; settled at the reserved {amount} micro-dollars");
-        ledger_row(&mut tx, &owner, &periods, "orphan", 0, Some(&request_id), Some(&reason), now).await?;
+        let reason = format!(
+            "owner process {dead_owner} gone; settled at the reserved {amount} micro-dollars"
+        );
+        ledger_row(
+            &mut tx,
+            &owner,
+            &periods,
+            "orphan",
+            0,
+            Some(&request_id),
+            Some(&reason),
+            now,
+        )
+        .await?;
     }
     tx.commit().await?;
     Ok(rows.len() as u64)
@@ -365,19 +436,48 @@ pub async fn owner_of(conn: &mut SqliteConnection, token_id: i64) -> Result<Owne
 
 /// An admin's adjustment of a token's spend (positive consumes, negative returns), applied
 /// to the token, its user and its team alike, with a reason and an audit row.
-pub async fn adjust(pool: &SqlitePool, token_id: i64, amount: i64, reason: &str, actor: &str, now: DateTime<Utc>) -> Result<()> {
+pub async fn adjust(
+    pool: &SqlitePool,
+    token_id: i64,
+    amount: i64,
+    reason: &str,
+    actor: &str,
+    now: DateTime<Utc>,
+) -> Result<()> {
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
     let owner = owner_of(&mut tx, token_id).await?;
     let periods = owner.periods(now);
     for level in LEVELS {
         let id = owner.id(level);
         rollover(&mut tx, level, id, &periods[level.idx()], now).await?;
-        sqlx::query(&SQL[level.idx()].debit).bind(amount).bind(id).bind(&periods[level.idx()]).execute(&mut *tx).await?;
+        sqlx::query(&SQL[level.idx()].debit)
+            .bind(amount)
+            .bind(id)
+            .bind(&periods[level.idx()])
+            .execute(&mut *tx)
+            .await?;
     }
-    ledger_row(&mut tx, &owner, &periods, "adjust", amount, None, Some(reason), now).await?;
+    ledger_row(
+        &mut tx,
+        &owner,
+        &periods,
+        "adjust",
+        amount,
+        None,
+        Some(reason),
+        now,
+    )
+    .await?;
     let target = format!("token:{token_id}");
     let after = format!("{amount} micro-dollars: {reason}");
-    let entry = AuditEntry { actor, address: "", action: "budget.adjust", target: &target, before: None, after: Some(&after) };
+    let entry = AuditEntry {
+        actor,
+        address: "",
+        action: "budget.adjust",
+        target: &target,
+        before: None,
+        after: Some(&after),
+    };
     audit::append(&mut tx, &entry, now).await?;
     tx.commit().await?;
     Ok(())
@@ -385,16 +485,39 @@ pub async fn adjust(pool: &SqlitePool, token_id: i64, amount: i64, reason: &str,
 
 /// Sets a level's limit (`None` = unlimited). Spend is never erased: the new remaining is
 /// the new limit minus this period's ledger sum, computed in the same statement.
-pub async fn set_limit(conn: &mut SqliteConnection, level: Level, id: i64, reset: Reset, limit: Option<i64>, now: DateTime<Utc>) -> Result<()> {
+pub async fn set_limit(
+    conn: &mut SqliteConnection,
+    level: Level,
+    id: i64,
+    reset: Reset,
+    limit: Option<i64>,
+    now: DateTime<Utc>,
+) -> Result<()> {
     let period = reset.period_key(now);
     rollover(conn, level, id, &period, now).await?;
-    sqlx::query(&SQL[level.idx()].set_limit).bind(limit).bind(id).bind(&period).execute(&mut *conn).await?;
+    sqlx::query(&SQL[level.idx()].set_limit)
+        .bind(limit)
+        .bind(id)
+        .bind(&period)
+        .execute(&mut *conn)
+        .await?;
     Ok(())
 }
 
 /// Raises a limited level's limit and remaining by `amount`; `false` if it has no limit.
-pub async fn top_up(conn: &mut SqliteConnection, level: Level, id: i64, amount: i64) -> Result<bool> {
-    Ok(sqlx::query(&SQL[level.idx()].top_up).bind(amount).bind(id).execute(conn).await?.rows_affected() == 1)
+pub async fn top_up(
+    conn: &mut SqliteConnection,
+    level: Level,
+    id: i64,
+    amount: i64,
+) -> Result<bool> {
+    Ok(sqlx::query(&SQL[level.idx()].top_up)
+        .bind(amount)
+        .bind(id)
+        .execute(conn)
+        .await?
+        .rows_affected()
+        == 1)
 }
 
 /// A token's balance in its current period, as its holder sees it.
@@ -418,7 +541,11 @@ pub async fn balance(pool: &SqlitePool, token_id: i64, now: DateTime<Utc>) -> Re
     let stale = row.get::<&str, _>("period") != current;
     let reserved: i64 = row.get("reserved_micros");
     // A period that has not been rolled over yet is, to its holder, already fresh.
-    let remaining = if stale { limit } else { row.get("remaining_micros") };
+    let remaining = if stale {
+        limit
+    } else {
+        row.get("remaining_micros")
+    };
     let spent: i64 = sqlx::query_scalar(
         "SELECT COALESCE(SUM(amount_micros), 0) FROM ledger WHERE token_id = ? AND period = ? AND kind IN ('reserve', 'settle', 'adjust')",
     )
@@ -426,5 +553,10 @@ pub async fn balance(pool: &SqlitePool, token_id: i64, now: DateTime<Utc>) -> Re
     .bind(&current)
     .fetch_one(pool)
     .await?;
-    Ok(Balance { limit, remaining, reserved, spent: spent - if stale { 0 } else { reserved } })
+    Ok(Balance {
+        limit,
+        remaining,
+        reserved,
+        spent: spent - if stale { 0 } else { reserved },
+    })
 }

@@ -14,7 +14,9 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -52,7 +54,11 @@ impl Db {
             .filename(path)
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(if synchronous_full { SqliteSynchronous::Full } else { SqliteSynchronous::Normal })
+            .synchronous(if synchronous_full {
+                SqliteSynchronous::Full
+            } else {
+                SqliteSynchronous::Normal
+            })
             .busy_timeout(BUSY_TIMEOUT)
             .foreign_keys(true)
             .pragma("temp_store", "memory")
@@ -79,7 +85,9 @@ impl Db {
 
     /// `PRAGMA integrity_check`: "ok" or the first problem found.
     pub async fn integrity_check(&self) -> Result<String> {
-        Ok(sqlx::query_scalar("PRAGMA integrity_check").fetch_one(&self.read).await?)
+        Ok(sqlx::query_scalar("PRAGMA integrity_check")
+            .fetch_one(&self.read)
+            .await?)
     }
 
     pub async fn close(&self) {

@@ -11,31 +11,51 @@ use crate::clock::db_time;
 /// A heartbeat older than this means the process is gone.
 pub const STALE_AFTER: Duration = Duration::seconds(15);
 
-pub async fn register(pool: &SqlitePool, id: &str, host: &str, pid: u32, now: DateTime<Utc>) -> Result<()> {
-    sqlx::query("INSERT INTO processes (id, host, pid, started_at, heartbeat_at) VALUES (?, ?, ?, ?, ?)")
+pub async fn register(
+    pool: &SqlitePool,
+    id: &str,
+    host: &str,
+    pid: u32,
+    now: DateTime<Utc>,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO processes (id, host, pid, started_at, heartbeat_at) VALUES (?, ?, ?, ?, ?)",
+    )
+    .bind(id)
+    .bind(host)
+    .bind(pid)
+    .bind(db_time(now))
+    .bind(db_time(now))
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+pub async fn heartbeat(pool: &SqlitePool, id: &str, now: DateTime<Utc>) -> Result<()> {
+    sqlx::query("UPDATE processes SET heartbeat_at = ? WHERE id = ?")
+        .bind(db_time(now))
         .bind(id)
-        .bind(host)
-        .bind(pid)
-        .bind(db_time(now))
-        .bind(db_time(now))
         .execute(pool)
         .await?;
     Ok(())
 }
 
-pub async fn heartbeat(pool: &SqlitePool, id: &str, now: DateTime<Utc>) -> Result<()> {
-    sqlx::query("UPDATE processes SET heartbeat_at = ? WHERE id = ?").bind(db_time(now)).bind(id).execute(pool).await?;
-    Ok(())
-}
-
 pub async fn unregister(pool: &SqlitePool, id: &str) -> Result<()> {
-    sqlx::query("DELETE FROM processes WHERE id = ?").bind(id).execute(pool).await?;
+    sqlx::query("DELETE FROM processes WHERE id = ?")
+        .bind(id)
+        .execute(pool)
+        .await?;
     Ok(())
 }
 
 /// Owners of reservations that are no longer running: a stale heartbeat, a dead pid on this
 /// host, or no process row at all.
-pub async fn dead_owners(pool: &SqlitePool, me: &str, host: &str, now: DateTime<Utc>) -> Result<Vec<String>> {
+pub async fn dead_owners(
+    pool: &SqlitePool,
+    me: &str,
+    host: &str,
+    now: DateTime<Utc>,
+) -> Result<Vec<String>> {
     let rows: Vec<(String, Option<String>, Option<i64>, Option<String>)> = sqlx::query_as(
         "SELECT DISTINCT r.owner, p.host, p.pid, p.heartbeat_at FROM reservations r LEFT JOIN processes p ON p.id = r.owner
          WHERE r.owner <> ?",
@@ -47,7 +67,9 @@ pub async fn dead_owners(pool: &SqlitePool, me: &str, host: &str, now: DateTime<
     Ok(rows
         .into_iter()
         .filter(|(_, p_host, pid, beat)| match (p_host, pid, beat) {
-            (Some(h), Some(pid), Some(beat)) => beat.as_str() < stale.as_str() || (h == host && !pid_alive(*pid)),
+            (Some(h), Some(pid), Some(beat)) => {
+                beat.as_str() < stale.as_str() || (h == host && !pid_alive(*pid))
+            }
             _ => true,
         })
         .map(|(owner, ..)| owner)

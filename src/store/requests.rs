@@ -59,11 +59,18 @@ pub async fn insert_batch(pool: &SqlitePool, rows: &[RequestRow]) -> Result<()> 
         .execute(&mut *tx)
         .await?;
     }
-    let mut used: Vec<(i64, &str)> = rows.iter().filter_map(|r| r.token_id.map(|t| (t, r.created_at.as_str()))).collect();
+    let mut used: Vec<(i64, &str)> = rows
+        .iter()
+        .filter_map(|r| r.token_id.map(|t| (t, r.created_at.as_str())))
+        .collect();
     used.sort_unstable();
     used.dedup_by_key(|(t, _)| *t);
     for (token, at) in used {
-        sqlx::query("UPDATE tokens SET last_used_at = ? WHERE id = ?").bind(at).bind(token).execute(&mut *tx).await?;
+        sqlx::query("UPDATE tokens SET last_used_at = ? WHERE id = ?")
+            .bind(at)
+            .bind(token)
+            .execute(&mut *tx)
+            .await?;
     }
     tx.commit().await?;
     Ok(())

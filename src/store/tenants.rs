@@ -16,12 +16,22 @@ pub struct NewBudget {
 }
 
 pub async fn team_id(conn: &mut SqliteConnection, name: &str) -> Result<Option<i64>> {
-    Ok(sqlx::query_scalar("SELECT id FROM teams WHERE name = ?").bind(name).fetch_optional(conn).await?)
+    Ok(sqlx::query_scalar("SELECT id FROM teams WHERE name = ?")
+        .bind(name)
+        .fetch_optional(conn)
+        .await?)
 }
 
-pub async fn create_team(conn: &mut SqliteConnection, name: &str, budget: &NewBudget, now: DateTime<Utc>) -> Result<i64> {
+pub async fn create_team(
+    conn: &mut SqliteConnection,
+    name: &str,
+    budget: &NewBudget,
+    now: DateTime<Utc>,
+) -> Result<i64> {
     if team_id(conn, name).await?.is_some() {
-        return Err(StoreError::Conflict(format!("team `{name}` already exists")));
+        return Err(StoreError::Conflict(format!(
+            "team `{name}` already exists"
+        )));
     }
     let id = sqlx::query_scalar(
         "INSERT INTO teams (name, limit_micros, remaining_micros, reset, period, created_at)
@@ -39,10 +49,25 @@ pub async fn create_team(conn: &mut SqliteConnection, name: &str, budget: &NewBu
 }
 
 /// The team's id, creating it (without a budget) when missing.
-pub async fn ensure_team(conn: &mut SqliteConnection, name: &str, now: DateTime<Utc>) -> Result<i64> {
+pub async fn ensure_team(
+    conn: &mut SqliteConnection,
+    name: &str,
+    now: DateTime<Utc>,
+) -> Result<i64> {
     match team_id(conn, name).await? {
         Some(id) => Ok(id),
-        None => create_team(conn, name, &NewBudget { limit_micros: None, reset: Reset::Monthly }, now).await,
+        None => {
+            create_team(
+                conn,
+                name,
+                &NewBudget {
+                    limit_micros: None,
+                    reset: Reset::Monthly,
+                },
+                now,
+            )
+            .await
+        }
     }
 }
 
@@ -56,12 +81,24 @@ pub struct NewUser<'a> {
 
 /// (user id, team id) of a username.
 pub async fn user_ids(conn: &mut SqliteConnection, username: &str) -> Result<Option<(i64, i64)>> {
-    Ok(sqlx::query_as("SELECT id, team_id FROM users WHERE username = ?").bind(username).fetch_optional(conn).await?)
+    Ok(
+        sqlx::query_as("SELECT id, team_id FROM users WHERE username = ?")
+            .bind(username)
+            .fetch_optional(conn)
+            .await?,
+    )
 }
 
-pub async fn create_user(conn: &mut SqliteConnection, u: &NewUser<'_>, now: DateTime<Utc>) -> Result<i64> {
+pub async fn create_user(
+    conn: &mut SqliteConnection,
+    u: &NewUser<'_>,
+    now: DateTime<Utc>,
+) -> Result<i64> {
     if user_ids(conn, u.username).await?.is_some() {
-        return Err(StoreError::Conflict(format!("user `{}` already exists", u.username)));
+        return Err(StoreError::Conflict(format!(
+            "user `{}` already exists",
+            u.username
+        )));
     }
     let id = sqlx::query_scalar(
         "INSERT INTO users (username, team_id, rpm, tpm, limit_micros, remaining_micros, reset, period, created_at)

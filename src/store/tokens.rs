@@ -23,8 +23,14 @@ pub struct NewTokenRow<'a> {
     pub expires_at: Option<DateTime<Utc>>,
 }
 
-pub async fn insert(conn: &mut SqliteConnection, t: &NewTokenRow<'_>, now: DateTime<Utc>) -> Result<i64> {
-    let models = t.models.map(|m| serde_json::to_string(m).unwrap_or_else(|_| "[]".into()));
+pub async fn insert(
+    conn: &mut SqliteConnection,
+    t: &NewTokenRow<'_>,
+    now: DateTime<Utc>,
+) -> Result<i64> {
+    let models = t
+        .models
+        .map(|m| serde_json::to_string(m).unwrap_or_else(|_| "[]".into()));
     let id = sqlx::query_scalar(
         "INSERT INTO tokens (user_id, token_hash, prefix, models, rpm, tpm, max_priority, downgrade_model,
                              limit_micros, remaining_micros, reset, period, expires_at, created_at)
@@ -125,7 +131,10 @@ pub async fn list(pool: &SqlitePool) -> Result<Vec<TokenSummary>> {
     .fetch_all(pool)
     .await?;
     for r in &mut rows {
-        r.models = r.models_json.as_deref().and_then(|m| serde_json::from_str(m).ok());
+        r.models = r
+            .models_json
+            .as_deref()
+            .and_then(|m| serde_json::from_str(m).ok());
     }
     Ok(rows)
 }
@@ -148,10 +157,16 @@ pub async fn revoke(conn: &mut SqliteConnection, id: i64, now: DateTime<Utc>) ->
 
 /// Every change that could make a cached credential stale bumps this counter.
 pub async fn bump_epoch(conn: &mut SqliteConnection) -> Result<()> {
-    sqlx::query("UPDATE meta SET value = value + 1 WHERE key = 'token_epoch'").execute(conn).await?;
+    sqlx::query("UPDATE meta SET value = value + 1 WHERE key = 'token_epoch'")
+        .execute(conn)
+        .await?;
     Ok(())
 }
 
 pub async fn epoch(pool: &SqlitePool) -> Result<i64> {
-    Ok(sqlx::query_scalar("SELECT value FROM meta WHERE key = 'token_epoch'").fetch_one(pool).await?)
+    Ok(
+        sqlx::query_scalar("SELECT value FROM meta WHERE key = 'token_epoch'")
+            .fetch_one(pool)
+            .await?,
+    )
 }

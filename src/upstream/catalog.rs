@@ -58,7 +58,11 @@ impl Catalog {
                 allow_private: u.allow_private_network,
             })
             .collect();
-        let index: HashMap<&str, usize> = deployments.iter().enumerate().map(|(i, d)| (d.id.as_str(), i)).collect();
+        let index: HashMap<&str, usize> = deployments
+            .iter()
+            .enumerate()
+            .map(|(i, d)| (d.id.as_str(), i))
+            .collect();
         let mut models = HashMap::new();
         let mut names = Vec::new();
         for m in &s.models {
@@ -68,10 +72,19 @@ impl Catalog {
                 routes: m
                     .routes
                     .iter()
-                    .filter_map(|r| index.get(r.upstream.as_str()).map(|&d| Route { deployment: d, upstream_model: r.model.clone() }))
+                    .filter_map(|r| {
+                        index.get(r.upstream.as_str()).map(|&d| Route {
+                            deployment: d,
+                            upstream_model: r.model.clone(),
+                        })
+                    })
                     .collect(),
                 fallbacks: m.fallbacks.clone(),
-                prices: Prices { input, output, cached_input },
+                prices: Prices {
+                    input,
+                    output,
+                    cached_input,
+                },
                 max_output_tokens: i64::from(m.max_output_tokens),
                 max_input_tokens: i64::from(m.max_input_tokens),
             });
@@ -80,7 +93,11 @@ impl Catalog {
             }
             names.push(m.name.clone());
         }
-        Catalog { deployments, models, names }
+        Catalog {
+            deployments,
+            models,
+            names,
+        }
     }
 
     /// A model by its name or one of its aliases.

@@ -40,27 +40,51 @@ impl UpstreamClient {
             }
             .build()
         };
-        Ok(Self { public: build(true)?, private: build(false)?, timeouts: timeouts.clone() })
+        Ok(Self {
+            public: build(true)?,
+            private: build(false)?,
+            timeouts: timeouts.clone(),
+        })
     }
 
     /// Sends one attempt and waits for the response headers (the first-byte timeout).
     /// Only the deployment's own key is sent: nothing of the client's credentials.
-    pub async fn post(&self, dep: &Deployment, path: &str, body: Bytes) -> Result<reqwest::Response, UpstreamError> {
-        let client = if dep.allow_private { &self.private } else { &self.public };
+    pub async fn post(
+        &self,
+        dep: &Deployment,
+        path: &str,
+        body: Bytes,
+    ) -> Result<reqwest::Response, UpstreamError> {
+        let client = if dep.allow_private {
+            &self.private
+        } else {
+            &self.public
+        };
         let mut url = String::with_capacity(dep.base_url.len() + path.len());
         url.push_str(&dep.base_url);
         url.push_str(path);
-        let req = client.post(url).header(CONTENT_TYPE, HeaderValue::from_static("application/json")).body(body);
+        let req = client
+            .post(url)
+            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+            .body(body);
         let req = match dep.provider {
             Provider::Openai => req.bearer_auth(dep.api_key.expose()),
-            Provider::Anthropic => req.header("x-api-key", dep.api_key.expose()).header("anthropic-version", ANTHROPIC_VERSION),
+            Provider::Anthropic => req
+                .header("x-api-key", dep.api_key.expose())
+                .header("anthropic-version", ANTHROPIC_VERSION),
         };
         let first_byte = Duration::from_millis(self.timeouts.first_byte_timeout_ms);
         let resp = match tokio::time::timeout(first_byte, req.send()).await {
             Err(_) => return Err(UpstreamError::Timeout),
             Ok(Err(e)) if e.is_timeout() => return Err(UpstreamError::Timeout),
             // The error's text can carry the URL; the caller logs only the deployment id.
-            Ok(Err(e)) => return Err(UpstreamError::Connect(if e.is_connect() { "connect".into() } else { "request".into() })),
+            Ok(Err(e)) => {
+                return Err(UpstreamError::Connect(if e.is_connect() {
+                    "connect".into()
+                } else {
+                    "request".into()
+                }))
+            }
             Ok(Ok(r)) => r,
         };
         let status = resp.status().as_u16();
@@ -76,13 +100,26 @@ impl UpstreamClient {
             .map(Duration::from_secs_f64);
         // Error bodies are small; 64 KiB is plenty to classify them.
         let body = self.read_body(resp, 64 * 1024).await.unwrap_or_default();
-        Err(UpstreamError::Status { status, body, retry_after })
+        Err(UpstreamError::Status {
+            status,
+            body,
+            retry_after,
+        })
     }
 
     /// Reads a whole body, refusing one over `limit` bytes or one that stalls.
-    pub async fn read_body(&self, mut resp: reqwest::Response, limit: usize) -> Result<Bytes, UpstreamError> {
+    pub async fn read_body(
+        &self,
+        mut resp: reqwest::Response,
+        limit: usize,
+    ) -> Result<Bytes, UpstreamError> {
         let idle = Duration::from_millis(self.timeouts.stream_idle_timeout_ms);
-        let mut buf = BytesMut::with_capacity(resp.content_length().map(|l| l as usize).unwrap_or(4096).min(limit));
+        let mut buf = BytesMut::with_capacity(
+            resp.content_length()
+                .map(|l| l as usize)
+                .unwrap_or(4096)
+                .min(limit),
+        );
         loop {
             match tokio::time::timeout(idle, resp.chunk()).await {
                 Err(_) => return Err(UpstreamError::Timeout),

@@ -21,7 +21,11 @@ pub enum UpstreamError {
     #[error("cannot connect to upstream: {0}")]
     Connect(String),
     #[error("upstream answered {status}")]
-    Status { status: u16, body: Bytes, retry_after: Option<Duration> },
+    Status {
+        status: u16,
+        body: Bytes,
+        retry_after: Option<Duration>,
+    },
     #[error("upstream sent an unusable answer: {0}")]
     Garbage(&'static str),
 }

@@ -26,7 +26,9 @@ pub struct Pool {
 
 impl Pool {
     pub fn new(deployments: usize) -> Self {
-        Self { members: (0..deployments).map(|_| Member::default()).collect() }
+        Self {
+            members: (0..deployments).map(|_| Member::default()).collect(),
+        }
     }
 
     pub fn is_disabled(&self, d: usize) -> bool {
@@ -49,7 +51,9 @@ impl Pool {
 
     pub fn cool_down(&self, d: usize, now_ms: i64, for_: Duration) {
         let until = now_ms + for_.as_millis() as i64;
-        self.members[d].cooling_until_ms.fetch_max(until, Ordering::Relaxed);
+        self.members[d]
+            .cooling_until_ms
+            .fetch_max(until, Ordering::Relaxed);
     }
 
     pub fn disable(&self, d: usize, why: Disabled) {
@@ -64,7 +68,10 @@ impl Pool {
     /// it until the stream ends).
     pub fn enter(self: &Arc<Self>, d: usize) -> InFlight {
         self.members[d].in_flight.fetch_add(1, Ordering::Relaxed);
-        InFlight { pool: self.clone(), d }
+        InFlight {
+            pool: self.clone(),
+            d,
+        }
     }
 }
 
@@ -75,6 +82,8 @@ pub struct InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.pool.members[self.d].in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.pool.members[self.d]
+            .in_flight
+            .fetch_sub(1, Ordering::Relaxed);
     }
 }

@@ -28,11 +28,15 @@ pub enum Tier {
 
 pub fn classify(err: &UpstreamError) -> Tier {
     match err {
-        UpstreamError::Timeout | UpstreamError::Connect(_) | UpstreamError::Garbage(_) => Tier::ServerError,
+        UpstreamError::Timeout | UpstreamError::Connect(_) | UpstreamError::Garbage(_) => {
+            Tier::ServerError
+        }
         UpstreamError::Status { status, body, .. } => {
             let quota = || {
                 let b = String::from_utf8_lossy(&body[..body.len().min(4096)]).to_ascii_lowercase();
-                b.contains("insufficient_quota") || b.contains("billing") || b.contains("credit balance")
+                b.contains("insufficient_quota")
+                    || b.contains("billing")
+                    || b.contains("credit balance")
             };
             match *status {
                 429 | 403 if quota() => Tier::QuotaExhausted,
@@ -49,7 +53,8 @@ pub fn classify(err: &UpstreamError) -> Tier {
 /// A key's cooldown after its `streak`-th consecutive rate limit: the upstream's
 /// `Retry-After` when given, else 2^(streak−1) seconds; never above `cap`.
 pub fn cooldown(retry_after: Option<Duration>, streak: u32, cap: Duration) -> Duration {
-    let d = retry_after.unwrap_or_else(|| Duration::from_secs(1u64 << streak.saturating_sub(1).min(16)));
+    let d = retry_after
+        .unwrap_or_else(|| Duration::from_secs(1u64 << streak.saturating_sub(1).min(16)));
     d.min(cap)
 }
 
@@ -66,14 +71,27 @@ mod tests {
     use bytes::Bytes;
 
     fn status(s: u16, body: &str) -> UpstreamError {
-        UpstreamError::Status { status: s, body: Bytes::from(body.to_string()), retry_after: None }
+        UpstreamError::Status {
+            status: s,
+            body: Bytes::from(body.to_string()),
+            retry_after: None,
+        }
     }
 
     #[test]
     fn the_table() {
-        assert_eq!(classify(&status(429, r#"{"error":{"type":"requests"}}"#)), Tier::RateLimited);
-        assert_eq!(classify(&status(429, r#"{"error":{"code":"insufficient_quota"}}"#)), Tier::QuotaExhausted);
-        assert_eq!(classify(&status(403, "billing hard limit reached")), Tier::QuotaExhausted);
+        assert_eq!(
+            classify(&status(429, r#"{"error":{"type":"requests"}}"#)),
+            Tier::RateLimited
+        );
+        assert_eq!(
+            classify(&status(429, r#"{"error":{"code":"insufficient_quota"}}"#)),
+            Tier::QuotaExhausted
+        );
+        assert_eq!(
+            classify(&status(403, "billing hard limit reached")),
+            Tier::QuotaExhausted
+        );
         assert_eq!(classify(&status(503, "")), Tier::Overloaded);
         assert_eq!(classify(&status(529, "")), Tier::Overloaded);
         for s in [500, 502, 504] {
@@ -90,13 +108,19 @@ mod tests {
     #[test]
     fn cooldowns_and_backoff() {
         let cap = Duration::from_secs(120);
-        assert_eq!(cooldown(Some(Duration::from_secs(2)), 1, cap), Duration::from_secs(2));
+        assert_eq!(
+            cooldown(Some(Duration::from_secs(2)), 1, cap),
+            Duration::from_secs(2)
+        );
         assert_eq!(cooldown(None, 1, cap), Duration::from_secs(1));
         assert_eq!(cooldown(None, 3, cap), Duration::from_secs(4));
         assert_eq!(cooldown(None, 30, cap), cap);
         assert_eq!(cooldown(Some(Duration::from_secs(999)), 1, cap), cap);
         for round in 1..5 {
-            assert!(backoff(Duration::from_millis(100), round) <= Duration::from_millis(100 << (round - 1)));
+            assert!(
+                backoff(Duration::from_millis(100), round)
+                    <= Duration::from_millis(100 << (round - 1))
+            );
         }
     }
 }

@@ -42,7 +42,10 @@ pub fn check_base_url(raw: &str, allow_private: bool) -> Result<(), UrlGuardErro
 
 fn check_name(name: &str, allow_private: bool) -> Result<(), UrlGuardError> {
     let name = name.trim_end_matches('.').to_ascii_lowercase();
-    if name == "metadata.google.internal" || name == "metadata" || name.ends_with(".internal") && name.starts_with("metadata") {
+    if name == "metadata.google.internal"
+        || name == "metadata"
+        || name.ends_with(".internal") && name.starts_with("metadata")
+    {
         return Err(UrlGuardError::Forbidden);
     }
     if (name == "localhost" || name.ends_with(".localhost")) && !allow_private {
@@ -54,7 +57,10 @@ fn check_name(name: &str, allow_private: bool) -> Result<(), UrlGuardError> {
 /// The address classes an upstream may never reach, and those it may reach only by opt-in.
 pub fn check_ip(ip: IpAddr, allow_private: bool) -> Result<(), UrlGuardError> {
     let ip = match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(v6)),
+        IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .map(IpAddr::V4)
+            .unwrap_or(IpAddr::V6(v6)),
         v4 => v4,
     };
     let (forbidden, private) = match ip {
@@ -71,12 +77,19 @@ pub fn check_ip(ip: IpAddr, allow_private: bool) -> Result<(), UrlGuardError> {
 }
 
 fn forbidden_v4(ip: Ipv4Addr) -> bool {
-    ip.is_unspecified() || ip.is_link_local() || ip.is_broadcast() || ip.is_multicast() || ip.octets()[0] == 0
+    ip.is_unspecified()
+        || ip.is_link_local()
+        || ip.is_broadcast()
+        || ip.is_multicast()
+        || ip.octets()[0] == 0
 }
 
 fn private_v4(ip: Ipv4Addr) -> bool {
     let o = ip.octets();
-    ip.is_loopback() || ip.is_private() || (o[0] == 100 && (64..128).contains(&o[1])) || (o[0] == 198 && (18..20).contains(&o[1]))
+    ip.is_loopback()
+        || ip.is_private()
+        || (o[0] == 100 && (64..128).contains(&o[1]))
+        || (o[0] == 198 && (18..20).contains(&o[1]))
 }
 
 fn forbidden_v6(ip: Ipv6Addr) -> bool {
@@ -100,8 +113,12 @@ impl Resolve for GuardedResolver {
     fn resolve(&self, name: Name) -> Resolving {
         Box::pin(async move {
             let host = name.as_str().to_string();
-            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            let allowed: Vec<SocketAddr> = addrs.into_iter().filter(|a| check_ip(a.ip(), false).is_ok()).collect();
+            let addrs: Vec<SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            let allowed: Vec<SocketAddr> = addrs
+                .into_iter()
+                .filter(|a| check_ip(a.ip(), false).is_ok())
+                .collect();
             if allowed.is_empty() {
                 let err: Box<dyn std::error::Error + Send + Sync> =
                     format!("{host} resolves only to addresses upstreams may not reach").into();
@@ -147,7 +164,10 @@ mod tests {
     fn opt_in_allows_private_but_never_metadata() {
         assert_eq!(check_base_url("http://127.0.0.1:8000/v1", true), Ok(()));
         assert_eq!(check_base_url("http://localhost:11434/v1", true), Ok(()));
-        assert_eq!(check_base_url("http://169.254.169.254/", true), Err(UrlGuardError::Forbidden));
+        assert_eq!(
+            check_base_url("http://169.254.169.254/", true),
+            Err(UrlGuardError::Forbidden)
+        );
         assert_eq!(check_base_url("https://api.openai.com/v1", false), Ok(()));
     }
 }

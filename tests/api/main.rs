@@ -1,1 +1,10 @@
+//! Integration tests: the real application over HTTP, real SQLite, the in-process mock.
 
+mod helpers;
+
+mod auth;
+mod bad_input;
+mod processes;
+mod proxy;
+mod quota;
+mod streams;

@@ -10,11 +10,24 @@ use crate::quota::pricing::Usage;
 
 /// Top-level body fields some SDKs and proxies use to pick an upstream or a key. Sluice
 /// routes only by its config, so they are dropped rather than forwarded.
-pub const ROUTING_FIELDS: &[&str] = &["api_base", "base_url", "api_key", "api_version", "extra_headers", "user_config", "organization"];
+pub const ROUTING_FIELDS: &[&str] = &[
+    "api_base",
+    "base_url",
+    "api_key",
+    "api_version",
+    "extra_headers",
+    "user_config",
+    "organization",
+];
 
 /// The body sent upstream: the client's fields, the upstream's model name, the reserved
 /// output cap, and (for streams) a request for the usage chunk.
-pub fn shape_request(body: &Map<String, Value>, upstream_model: &str, cap: Option<(&'static str, i64)>, stream: bool) -> Vec<u8> {
+pub fn shape_request(
+    body: &Map<String, Value>,
+    upstream_model: &str,
+    cap: Option<(&'static str, i64)>,
+    stream: bool,
+) -> Vec<u8> {
     let mut out = body.clone();
     out.insert("model".into(), Value::String(upstream_model.to_string()));
     if let Some((field, cap)) = cap {
@@ -23,7 +36,9 @@ pub fn shape_request(body: &Map<String, Value>, upstream_model: &str, cap: Optio
         out.insert(field.into(), Value::from(cap));
     }
     if stream {
-        let opts = out.entry("stream_options").or_insert_with(|| Value::Object(Map::new()));
+        let opts = out
+            .entry("stream_options")
+            .or_insert_with(|| Value::Object(Map::new()));
         if let Value::Object(o) = opts {
             o.insert("include_usage".into(), Value::Bool(true));
         }
@@ -51,7 +66,11 @@ impl WireUsage {
     fn usage(&self) -> Usage {
         Usage {
             input: self.prompt_tokens.unwrap_or(0),
-            cached_input: self.prompt_tokens_details.as_ref().and_then(|d| d.cached_tokens).unwrap_or(0),
+            cached_input: self
+                .prompt_tokens_details
+                .as_ref()
+                .and_then(|d| d.cached_tokens)
+                .unwrap_or(0),
             output: self.completion_tokens.unwrap_or(0),
         }
     }
@@ -121,7 +140,10 @@ pub fn inspect_chunk(data: &str, text: &mut String) -> Option<ChunkInfo> {
         }
     }
     let usage = c.usage.map(|u| u.usage());
-    Some(ChunkInfo { usage_only: c.choices.is_empty() && usage.is_some(), usage })
+    Some(ChunkInfo {
+        usage_only: c.choices.is_empty() && usage.is_some(),
+        usage,
+    })
 }
 
 #[cfg(test)]
@@ -131,21 +153,31 @@ mod tests {
 
     #[test]
     fn shapes_and_reads() {
-        let body = json!({"model": "alias", "messages": [], "max_tokens": 10, "api_base": "http://evil"});
-        let Value::Object(mut m) = body else { unreachable!() };
+        let body =
+            json!({"model": "alias", "messages": [], "max_tokens": 10, "api_base": "http://evil"});
+        let Value::Object(mut m) = body else {
+            unreachable!()
+        };
         for f in ROUTING_FIELDS {
             m.remove(*f);
         }
-        let out: Value = serde_json::from_slice(&shape_request(&m, "gpt-x", Some(("max_tokens", 10)), true)).unwrap();
+        let out: Value =
+            serde_json::from_slice(&shape_request(&m, "gpt-x", Some(("max_tokens", 10)), true))
+                .unwrap();
         assert_eq!(out["model"], "gpt-x");
         assert_eq!(out["stream_options"]["include_usage"], true);
         assert!(out.get("api_base").is_none());
 
         let mut text = String::new();
-        let info = inspect_chunk(r#"{"choices":[{"delta":{"content":"Hel"}}]}"#, &mut text).unwrap();
+        let info =
+            inspect_chunk(r#"{"choices":[{"delta":{"content":"Hel"}}]}"#, &mut text).unwrap();
         assert!(info.usage.is_none());
         assert_eq!(text, "Hel");
-        let info = inspect_chunk(r#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":0}}"#, &mut text).unwrap();
+        let info = inspect_chunk(
+            r#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":0}}"#,
+            &mut text,
+        )
+        .unwrap();
         assert!(info.usage_only);
         assert_eq!(info.usage.unwrap().output, 0);
     }

@@ -1,0 +1,123 @@
+//! Sub-token authentication: formats, revocation within a second, expiry, no echo.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::helpers::*;
+use sluice::cli::IssueArgs;
+
+async fn status_and_body(app: &TestApp, req: reqwest::RequestBuilder) -> (u16, String) {
+    let _ = app;
+    let resp = req.json(&chat_body(5)).send().await.unwrap();
+    (resp.status().as_u16(), resp.text().await.unwrap())
+}
+
+#[tokio::test]
+async fn bad_credentials_are_one_indistinguishable_401() {
+    let app = spawn_app().await;
+    let (_, token) = app.token("alice", None).await;
+    let url = format!("{}/v1/chat/completions", app.address);
+    let mut typo = token.clone().into_bytes();
+    typo[10] = if typo[10] == b'a' { b'b' } else { b'a' };
+    let typo = String::from_utf8(typo).unwrap();
+    let unknown = sluice::auth::token::generate().text;
+    let cases = vec![
+        app.http.post(&url),
+        app.http.post(&url).bearer_auth("sk-sl-short"),
+        app.http.post(&url).bearer_auth(&typo),
+        app.http.post(&url).bearer_auth(&unknown),
+        app.http.post(&url).bearer_auth("' OR 1=1 --"),
+        app.http
+            .post(&url)
+            .header("authorization", "Basic Zm9vOmJhcg=="),
+    ];
+    let mut bodies = Vec::new();
+    for req in cases {
+        let (status, body) = status_and_body(&app, req).await;
+        assert_eq!(status, 401);
+        assert!(
+            !body.contains(&typo) && !body.contains(&unknown) && !body.contains("OR 1=1"),
+            "401 echoes nothing"
+        );
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["error"]["code"], "invalid_api_key");
+        bodies.push(body);
+    }
+    assert!(
+        bodies.windows(2).all(|w| w[0] == w[1]),
+        "every bad credential gets the same body"
+    );
+    assert_eq!(app.mock.state.total_count(), 0);
+
+    let (status, _) = status_and_body(&app, app.http.post(&url).header("x-api-key", &token)).await;
+    assert_eq!(status, 200, "x-api-key is accepted too");
+}
+
+#[tokio::test]
+async fn a_revoked_token_is_refused_within_a_second() {
+    let app = spawn_app().await;
+    let (id, token) = app.token("bob", None).await;
+    assert_eq!(app.chat(&token, &chat_body(5)).await.status(), 200);
+    // Revoke through a second connection to the file, as the CLI or another replica would.
+    let other = sluice::store::Db::open(&app.settings.database_path(), false)
+        .await
+        .unwrap();
+    sluice::cli::token_revoke(&other, id, chrono::Utc::now())
+        .await
+        .unwrap();
+    let revoked_at = Instant::now();
+    loop {
+        let status = app.chat(&token, &chat_body(5)).await.status();
+        if status == 401 {
+            break;
+        }
+        assert!(
+            revoked_at.elapsed() < Duration::from_secs(1),
+            "still accepted after 1 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn an_expired_token_is_refused() {
+    let app = spawn_app().await;
+    let expires = (chrono::Utc::now() + chrono::Duration::milliseconds(1500)).to_rfc3339();
+    let (_, token) = app
+        .issue(IssueArgs {
+            expires: Some(&expires),
+            ..issue_args("carol")
+        })
+        .await;
+    assert_eq!(app.chat(&token, &chat_body(5)).await.status(), 200);
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    assert_eq!(app.chat(&token, &chat_body(5)).await.status(), 401);
+}
+
+#[tokio::test]
+async fn secrets_never_reach_the_database_in_clear() {
+    let app = spawn_app().await;
+    let (_, token) = app.token("dora", Some("2")).await;
+    for _ in 0..3 {
+        assert_eq!(app.chat(&token, &chat_body(5)).await.status(), 200);
+    }
+    let resp = app.chat(&token, &serde_json::json!({"model": "gpt-4o-mini", "stream": true, "messages": [{"role": "user", "content": "x"}]})).await;
+    let _ = resp.text().await;
+    app.wait_for_log_rows(4).await;
+    app.wait_settled().await;
+    let hash_hex = hex::encode(sluice::auth::token::hash(&token));
+    for file in ["sluice.db", "sluice.db-wal"] {
+        let bytes = std::fs::read(app.dir.path().join(file)).unwrap_or_default();
+        let text = String::from_utf8_lossy(&bytes);
+        for secret in [
+            &token[..],
+            &token[token.len() - 12..],
+            KEY_A,
+            &KEY_A[KEY_A.len() - 12..],
+            &hash_hex,
+        ] {
+            assert!(!text.contains(secret), "{file} holds a secret in clear");
+        }
+    }
+}

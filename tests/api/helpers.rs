@@ -1,0 +1,257 @@
+//! `spawn_app()`: the real application on a free port, a fresh SQLite file in a temp dir,
+//! and an in-process `sluice mock` upstream — one of each per test, so tests run in parallel.
+
+use std::sync::Arc;
+
+use secrecy::SecretString;
+use serde_json::{json, Value};
+use sluice::cli::{self, IssueArgs};
+use sluice::clock::Clock;
+use sluice::config::{ModelSettings, Provider, RouteSettings, Secret, Settings, UpstreamSettings};
+use sluice::mock::{MockConfig, MockServer};
+use sluice::startup::Application;
+use sluice::state::AppState;
+use sluice::store::Db;
+
+/// The upstream keys of the test config: a canary that must never leak.
+pub const KEY_A: &str = "sk-upstream-canary-key-A-7f3a9c";
+pub const KEY_B: &str = "sk-upstream-canary-key-B-1d2e3f";
+
+pub struct TestApp {
+    pub address: String,
+    pub mock: MockServer,
+    pub state: Arc<AppState>,
+    pub settings: Settings,
+    pub dir: tempfile::TempDir,
+    pub http: reqwest::Client,
+}
+
+pub fn upstream(id: &str, key: &str, mock: &MockServer) -> UpstreamSettings {
+    UpstreamSettings {
+        id: id.into(),
+        provider: Provider::Openai,
+        base_url: format!("{}/v1", mock.base_url()),
+        api_key: Secret(SecretString::from(key.to_string())),
+        rpm_limit: 0,
+        tpm_limit: 0,
+        max_concurrent: 0,
+        max_queue: 0,
+        allow_private_network: true,
+    }
+}
+
+pub fn model(name: &str, upstreams: &[&str]) -> ModelSettings {
+    ModelSettings {
+        name: name.into(),
+        aliases: vec![],
+        routes: upstreams
+            .iter()
+            .map(|u| RouteSettings {
+                upstream: (*u).into(),
+                model: format!("{name}-upstream"),
+            })
+            .collect(),
+        fallbacks: vec![],
+        input_usd_per_mtok: 0.15,
+        output_usd_per_mtok: 0.60,
+        cached_input_usd_per_mtok: None,
+        max_output_tokens: 4096,
+        max_input_tokens: 128_000,
+    }
+}
+
+/// The default test config: one upstream key (`a`), `gpt-4o-mini` (alias `mini`) and an
+/// embedding model routed to it.
+pub fn test_settings(dir: &std::path::Path, mock: &MockServer) -> Settings {
+    let mut s = Settings::default();
+    s.server.listen = "127.0.0.1:0".into();
+    s.server.workers = 2;
+    s.database.url = format!("sqlite://{}", dir.join("sluice.db").display());
+    s.upstreams = vec![upstream("a", KEY_A, mock)];
+    let mut mini = model("gpt-4o-mini", &["a"]);
+    mini.aliases = vec!["mini".into()];
+    s.models = vec![mini, model("text-embedding-3-small", &["a"])];
+    s.retry.base_delay_ms = 20;
+    s
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(|_, _| {}).await
+}
+
+pub async fn spawn_app_with(tweak: impl FnOnce(&mut Settings, &MockServer)) -> TestApp {
+    spawn_app_full(tweak, None).await
+}
+
+pub async fn spawn_app_full(
+    tweak: impl FnOnce(&mut Settings, &MockServer),
+    clock: Option<Arc<dyn Clock>>,
+) -> TestApp {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).expect("mock");
+    let mut settings = test_settings(dir.path(), &mock);
+    tweak(&mut settings, &mock);
+    let app = match clock {
+        Some(c) => Application::build_with_clock(settings.clone(), c).await,
+        None => Application::build(settings.clone()).await,
+    }
+    .expect("app builds");
+    let address = format!("http://127.0.0.1:{}", app.port());
+    let state = app.state();
+    tokio::spawn(app.run_until_stopped());
+    TestApp {
+        address,
+        mock,
+        state,
+        settings,
+        dir,
+        http: reqwest::Client::new(),
+    }
+}
+
+pub fn issue_args(user: &str) -> IssueArgs<'_> {
+    IssueArgs {
+        user,
+        budget_usd: None,
+        reset: None,
+        expires: None,
+        rpm: None,
+        tpm: None,
+        models: None,
+        max_priority: 2,
+        downgrade_model: None,
+    }
+}
+
+impl TestApp {
+    pub fn db(&self) -> &Db {
+        &self.state.db
+    }
+
+    /// Issues a token; returns (id, text).
+    pub async fn issue(&self, args: IssueArgs<'_>) -> (i64, String) {
+        let t = cli::token_issue(self.db(), &args, chrono::Utc::now())
+            .await
+            .expect("token issued");
+        (t.id, t.text)
+    }
+
+    pub async fn token(&self, user: &str, budget_usd: Option<&str>) -> (i64, String) {
+        self.issue(IssueArgs {
+            budget_usd,
+            ..issue_args(user)
+        })
+        .await
+    }
+
+    pub async fn post(&self, path: &str, token: &str, body: &Value) -> reqwest::Response {
+        self.http
+            .post(format!("{}{path}", self.address))
+            .bearer_auth(token)
+            .json(body)
+            .send()
+            .await
+            .expect("request sent")
+    }
+
+    pub async fn chat(&self, token: &str, body: &Value) -> reqwest::Response {
+        self.post("/v1/chat/completions", token, body).await
+    }
+
+    /// Waits until the request log holds `n` rows (it is written off the request path).
+    pub async fn wait_for_log_rows(&self, n: i64) {
+        self.state.request_log.flush().await;
+        for _ in 0..100 {
+            if self.scalar("SELECT COUNT(*) FROM requests").await >= n {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        panic!("request log never reached {n} rows");
+    }
+
+    pub async fn scalar(&self, sql: &str) -> i64 {
+        sqlx::query_scalar::<_, i64>(sql)
+            .fetch_one(&self.db().read)
+            .await
+            .expect(sql)
+    }
+
+    /// Waits until nothing is reserved any more (streams settle after the response).
+    pub async fn wait_settled(&self) {
+        for _ in 0..250 {
+            if self.scalar("SELECT COUNT(*) FROM reservations").await == 0 {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        panic!("reservations still open after 5 s");
+    }
+
+    /// DESIGN.md's money invariant, for every level with a limit, plus no open reservation
+    /// and a sound database file.
+    pub async fn assert_invariant(&self) {
+        self.wait_settled().await;
+        assert_invariant_on(&self.db().read).await;
+    }
+}
+
+pub async fn assert_invariant_on(pool: &sqlx::SqlitePool) {
+    for (table, id_col, period_col) in [
+        ("tokens", "token_id", "period"),
+        ("users", "user_id", "user_period"),
+        ("teams", "team_id", "team_period"),
+    ] {
+        let sql = format!(
+            "SELECT t.id, t.limit_micros - t.remaining_micros, t.reserved_micros,
+                    COALESCE((SELECT SUM(l.amount_micros) FROM ledger l WHERE l.{id_col} = t.id AND l.{period_col} = t.period
+                              AND l.kind IN ('reserve', 'settle', 'adjust')), 0)
+             FROM {table} t WHERE t.limit_micros IS NOT NULL"
+        );
+        let rows: Vec<(i64, i64, i64, i64)> = sqlx::query_as(&sql).fetch_all(pool).await.unwrap();
+        for (id, used, reserved, ledger) in rows {
+            assert_eq!(
+                used, ledger,
+                "{table} {id}: limit − remaining must equal the ledger sum"
+            );
+            assert_eq!(reserved, 0, "{table} {id}: nothing may stay reserved");
+        }
+    }
+    let ok: String = sqlx::query_scalar("PRAGMA integrity_check")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(ok, "ok");
+}
+
+pub fn chat_body(max_tokens: i64) -> Value {
+    json!({"model": "gpt-4o-mini", "max_tokens": max_tokens, "messages": [{"role": "user", "content": "Why does the engine light blink?"}]})
+}
+
+/// Reads an SSE body into its `data:` payloads.
+pub async fn sse_data(resp: reqwest::Response) -> (Vec<String>, bool) {
+    let text = match resp.text().await {
+        Ok(t) => (t, true),
+        Err(_) => (String::new(), false),
+    };
+    let data = text
+        .0
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .map(str::to_string)
+        .collect();
+    (data, text.1)
+}
+
+/// The concatenated content deltas of OpenAI stream payloads.
+pub fn reassemble(data: &[String]) -> String {
+    data.iter()
+        .filter(|d| *d != "[DONE]")
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| {
+            v.pointer("/choices/0/delta/content")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
+        .collect()
+}

@@ -1,0 +1,238 @@
+//! The real binary as separate processes: two gateways on one SQLite file, and a
+//! `kill -9` in the middle of traffic.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice::mock::{MockConfig, MockServer, Script};
+use sluice::quota::pricing;
+
+use crate::helpers::*;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Gateway {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn write_config(dir: &std::path::Path, mock: &MockServer, port: u16) -> std::path::PathBuf {
+    let path = dir.join(format!("sluice-{port}.toml"));
+    let text = format!(
+        r#"
+[server]
+listen = "127.0.0.1:{port}"
+workers = 1
+[database]
+url = "sqlite://{db}"
+[[upstreams]]
+id = "a"
+provider = "openai"
+base_url = "{mock}/v1"
+api_key = "{KEY_A}"
+allow_private_network = true
+[[models]]
+name = "gpt-4o-mini"
+routes = [{{ upstream = "a", model = "gpt-4o-mini" }}]
+input_usd_per_mtok = 0.15
+output_usd_per_mtok = 0.60
+"#,
+        db = dir.join("sluice.db").display(),
+        mock = mock.base_url()
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+async fn start_gateway(dir: &std::path::Path, mock: &MockServer) -> Gateway {
+    let port = free_port();
+    let config = write_config(dir, mock, port);
+    let log = std::fs::File::create(dir.join(format!("gateway-{port}.log"))).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["--config", config.to_str().unwrap(), "serve"])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{port}");
+    for _ in 0..200 {
+        if reqwest::get(format!("{url}/healthz"))
+            .await
+            .is_ok_and(|r| r.status() == 200)
+        {
+            return Gateway { child, url };
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("gateway did not start");
+}
+
+async fn post(http: &reqwest::Client, url: &str, token: &str) -> (u16, Option<String>) {
+    match http
+        .post(format!("{url}/v1/chat/completions"))
+        .bearer_auth(token)
+        .json(&chat_body(100))
+        .send()
+        .await
+    {
+        Ok(r) => (
+            r.status().as_u16(),
+            r.headers()
+                .get("x-request-id")
+                .map(|v| v.to_str().unwrap().to_string()),
+        ),
+        Err(_) => (0, None),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_on_one_database_never_overdraw() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let g1 = start_gateway(dir.path(), &mock).await;
+    let g2 = start_gateway(dir.path(), &mock).await;
+    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
+        .await
+        .unwrap();
+    let counted = sluice::quota::estimate::chat_input(
+        &[serde_json::json!({"role": "user", "content": "Why does the engine light blink?"})],
+        None,
+    );
+    let input = pricing::input_with_margin(counted, 1.10, 16);
+    let prices = pricing::Prices {
+        input: 150_000,
+        output: 600_000,
+        cached_input: 150_000,
+    };
+    let per = pricing::cost(
+        pricing::Usage {
+            input,
+            cached_input: 0,
+            output: 100,
+        },
+        prices,
+    );
+    mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            prompt_tokens: Some(input),
+            completion_tokens: Some(100),
+            ..Default::default()
+        }),
+    );
+    let budget = pricing::usd(100 * per);
+    let args = sluice::cli::IssueArgs {
+        budget_usd: Some(&budget),
+        ..issue_args("alice")
+    };
+    let token = sluice::cli::token_issue(&db, &args, chrono::Utc::now())
+        .await
+        .unwrap()
+        .text;
+    let http = reqwest::Client::new();
+    let urls = Arc::new([g1.url.clone(), g2.url.clone()]);
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let (http, urls, token) = (http.clone(), urls.clone(), token.clone());
+            tokio::spawn(async move { post(&http, &urls[i % 2], &token).await.0 })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap());
+    }
+    assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 100);
+    assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 100);
+    assert_eq!(mock.state.stats(KEY_A).count, 100);
+    assert_invariant_on(&db.read).await;
+    let remaining: i64 = sqlx::query_scalar("SELECT remaining_micros FROM tokens")
+        .fetch_one(&db.read)
+        .await
+        .unwrap();
+    assert_eq!(remaining, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_mid_load_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let mut g = start_gateway(dir.path(), &mock).await;
+    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
+        .await
+        .unwrap();
+    let args = sluice::cli::IssueArgs {
+        budget_usd: Some("10"),
+        ..issue_args("bob")
+    };
+    let token = sluice::cli::token_issue(&db, &args, chrono::Utc::now())
+        .await
+        .unwrap()
+        .text;
+    let http = reqwest::Client::new();
+    // Fast answers first, then slow ones that will be in flight at the kill.
+    mock.state.script(KEY_A, (0..40).map(|_| Script::default()));
+    mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            delay_ms: 2_000,
+            ..Default::default()
+        }),
+    );
+    let tasks: Vec<_> = (0..60)
+        .map(|_| {
+            let (http, url, token) = (http.clone(), g.url.clone(), token.clone());
+            tokio::spawn(async move { post(&http, &url, &token).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    g.child.kill().unwrap();
+    let _ = g.child.wait();
+    let mut answered = Vec::new();
+    for t in tasks {
+        if let (200, Some(id)) = t.await.unwrap() {
+            answered.push(id);
+        }
+    }
+    assert!(!answered.is_empty());
+    let open: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM reservations")
+        .fetch_one(&db.read)
+        .await
+        .unwrap();
+    assert!(open > 0, "some reservations were in flight at the kill");
+
+    mock.state.sticky(KEY_A, None);
+    let _restarted = start_gateway(dir.path(), &mock).await;
+    assert_invariant_on(&db.read).await;
+    let orphans: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM ledger WHERE kind = 'orphan'")
+        .fetch_one(&db.read)
+        .await
+        .unwrap();
+    assert_eq!(
+        orphans, open,
+        "every open reservation was settled and flagged"
+    );
+    for id in answered {
+        let rows: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM ledger WHERE request_id = ? AND kind = 'settle'",
+        )
+        .bind(&id)
+        .fetch_one(&db.read)
+        .await
+        .unwrap();
+        assert_eq!(rows, 1, "request {id} answered 200 without a settlement");
+    }
+}

@@ -1,0 +1,377 @@
+//! Budgets that cannot be overdrawn: the CAS under concurrency, exact integer money,
+//! edits during traffic, and period resets.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use sluice::clock::{Clock, ManualClock};
+use sluice::mock::Script;
+use sluice::quota::{estimate, pricing};
+
+use crate::helpers::*;
+
+const PRICES: pricing::Prices = pricing::Prices {
+    input: 150_000,
+    output: 600_000,
+    cached_input: 150_000,
+};
+
+/// The reserved input tokens of `chat_body`.
+fn reserved_input() -> i64 {
+    let counted = estimate::chat_input(
+        &[json!({"role": "user", "content": "Why does the engine light blink?"})],
+        None,
+    );
+    pricing::input_with_margin(counted, 1.10, 16)
+}
+
+async fn fire(app: &Arc<TestApp>, token: &str, n: usize, body: Value) -> Vec<(u16, Value)> {
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let (app, token, body) = (app.clone(), token.to_string(), body.clone());
+            tokio::spawn(async move {
+                let resp = app.chat(&token, &body).await;
+                let status = resp.status().as_u16();
+                (status, resp.json::<Value>().await.unwrap_or(Value::Null))
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_for_exactly_100_admits_exactly_100_of_200_concurrent() {
+    let app = Arc::new(spawn_app().await);
+    let input = reserved_input();
+    let per_request = pricing::cost(
+        pricing::Usage {
+            input,
+            cached_input: 0,
+            output: 100,
+        },
+        PRICES,
+    );
+    // The mock reports exactly the worst case, so spend must equal the budget exactly.
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            prompt_tokens: Some(input),
+            completion_tokens: Some(100),
+            ..Default::default()
+        }),
+    );
+    let budget = pricing::usd(100 * per_request);
+    let (id, token) = app.token("alice", Some(&budget)).await;
+    let results = fire(&app, &token, 200, chat_body(100)).await;
+    let ok = results.iter().filter(|(s, _)| *s == 200).count();
+    let refused: Vec<_> = results.iter().filter(|(s, _)| *s == 429).collect();
+    assert_eq!(ok, 100);
+    assert_eq!(refused.len(), 100);
+    assert!(refused
+        .iter()
+        .all(|(_, v)| v["error"]["code"] == "insufficient_quota"));
+    assert_eq!(
+        app.mock.state.stats(KEY_A).count,
+        100,
+        "exactly 100 reached the upstream"
+    );
+    app.assert_invariant().await;
+    assert_eq!(
+        app.scalar(&format!(
+            "SELECT remaining_micros FROM tokens WHERE id = {id}"
+        ))
+        .await,
+        0
+    );
+    let spent = app
+        .scalar("SELECT SUM(amount_micros) FROM ledger WHERE kind IN ('reserve', 'settle')")
+        .await;
+    assert_eq!(spent, 100 * per_request);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reservation_is_the_worst_case_and_refunds_are_exact() {
+    let app = Arc::new(spawn_app().await);
+    let worst = pricing::cost(
+        pricing::Usage {
+            input: reserved_input(),
+            cached_input: 0,
+            output: 100,
+        },
+        PRICES,
+    );
+    let (id, token) = app.token("bob", Some(&pricing::usd(2 * worst))).await;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            delay_ms: 300,
+            ..Default::default()
+        }),
+    );
+    let results = fire(&app, &token, 6, chat_body(100)).await;
+    assert_eq!(results.iter().filter(|(s, _)| *s == 200).count(), 2);
+    let refused = results.iter().find(|(s, _)| *s == 429).unwrap();
+    assert_eq!(refused.1["error"]["type"], "insufficient_quota");
+    assert_eq!(app.mock.state.stats(KEY_A).max_concurrency, 2);
+    app.assert_invariant().await;
+    // Each answer really cost 12 in + 24 out = 17 micro-dollars: the rest came back.
+    assert_eq!(
+        app.scalar(&format!(
+            "SELECT remaining_micros FROM tokens WHERE id = {id}"
+        ))
+        .await,
+        2 * worst - 2 * 17
+    );
+}
+
+#[tokio::test]
+async fn insufficient_quota_tells_sdks_not_to_retry_and_when_the_budget_resets() {
+    let app = spawn_app().await;
+    let (_, token) = app
+        .issue(sluice::cli::IssueArgs {
+            budget_usd: Some("0.000010"),
+            reset: Some("daily"),
+            ..issue_args("carl")
+        })
+        .await;
+    let resp = app.chat(&token, &chat_body(100)).await;
+    assert_eq!(resp.status(), 429);
+    assert_eq!(resp.headers().get("x-should-retry").unwrap(), "false");
+    let after: u64 = resp
+        .headers()
+        .get("retry-after")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=86_400).contains(&after));
+    let (_, never) = app.token("carla", Some("0.000010")).await;
+    let resp = app.chat(&never, &chat_body(100)).await;
+    assert_eq!(resp.status(), 429);
+    assert!(
+        resp.headers().get("retry-after").is_none(),
+        "a budget that never resets has no Retry-After"
+    );
+    assert_eq!(app.mock.state.total_count(), 0);
+}
+
+#[tokio::test]
+async fn uneven_prices_stay_exact_over_hundreds_of_requests() {
+    let app = spawn_app_with(|s, _| {
+        s.models[0].input_usd_per_mtok = 0.13;
+        s.models[0].output_usd_per_mtok = 0.37;
+    })
+    .await;
+    let prices = pricing::Prices {
+        input: 130_000,
+        output: 370_000,
+        cached_input: 130_000,
+    };
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            prompt_tokens: Some(7),
+            completion_tokens: Some(11),
+            ..Default::default()
+        }),
+    );
+    let cost = pricing::cost(
+        pricing::Usage {
+            input: 7,
+            cached_input: 0,
+            output: 11,
+        },
+        prices,
+    );
+    assert_eq!(cost, 5, "7 × 0.13 + 11 × 0.37 = 4.98 → 5");
+    let worst = pricing::cost(
+        pricing::Usage {
+            input: reserved_input(),
+            cached_input: 0,
+            output: 11,
+        },
+        prices,
+    );
+    let n = 300;
+    let (id, token) = app
+        .token("dora", Some(&pricing::usd(worst + cost * (n - 1))))
+        .await;
+    let mut ok = 0;
+    loop {
+        let status = app.chat(&token, &chat_body(11)).await.status().as_u16();
+        if status != 200 {
+            assert_eq!(status, 429);
+            break;
+        }
+        ok += 1;
+        assert!(ok <= n, "admitted past the budget");
+    }
+    assert_eq!(
+        ok, n,
+        "refused exactly when the remainder no longer covers the worst case"
+    );
+    app.assert_invariant().await;
+    let remaining = app
+        .scalar(&format!(
+            "SELECT remaining_micros FROM tokens WHERE id = {id}"
+        ))
+        .await;
+    assert_eq!(remaining, worst - cost);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_edits_during_traffic_never_lose_spend() {
+    let app = Arc::new(spawn_app().await);
+    let (id, token) = app.token("erin", Some("10")).await;
+    let traffic = {
+        let (app, token) = (app.clone(), token.clone());
+        tokio::spawn(async move { fire(&app, &token, 200, chat_body(50)).await })
+    };
+    for i in 0..50 {
+        let change = match i % 3 {
+            0 => sluice::cli::BudgetChange::Limit(Some(10_000_000 + i * 1000)),
+            1 => sluice::cli::BudgetChange::TopUp(1_000),
+            _ => sluice::cli::BudgetChange::Adjust {
+                micros: 3,
+                reason: format!("test adjustment {i}"),
+            },
+        };
+        sluice::cli::token_budget(app.db(), id, change, chrono::Utc::now())
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let results = traffic.await.unwrap();
+    let ok = results.iter().filter(|(s, _)| *s == 200).count() as i64;
+    assert_eq!(ok, 200);
+    app.assert_invariant().await;
+    let charged = app.scalar(&format!("SELECT SUM(amount_micros) FROM ledger WHERE token_id = {id} AND kind IN ('reserve', 'settle')")).await;
+    assert_eq!(charged, ok * 17, "every request's charge is in the ledger");
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM audit_log WHERE action LIKE 'budget.%'")
+            .await,
+        50
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_period_reset_under_load_splits_spend_between_the_periods() {
+    let clock = Arc::new(ManualClock::new(chrono::Utc::now()));
+    let app = Arc::new(spawn_app_full(|_, _| {}, Some(clock.clone() as Arc<dyn Clock>)).await);
+    let (id, token) = app
+        .issue(sluice::cli::IssueArgs {
+            budget_usd: Some("1"),
+            reset: Some("daily"),
+            ..issue_args("fred")
+        })
+        .await;
+    let old_period: String =
+        sqlx::query_scalar(&format!("SELECT period FROM tokens WHERE id = {id}"))
+            .fetch_one(&app.db().read)
+            .await
+            .unwrap();
+    // 20 requests in flight across the boundary: they settle into the old period.
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            delay_ms: 300,
+            ..Default::default()
+        }),
+    );
+    let in_flight = {
+        let (app, token) = (app.clone(), token.clone());
+        tokio::spawn(async move { fire(&app, &token, 20, chat_body(50)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    clock.advance(chrono::Duration::days(1));
+    app.mock.state.sticky(KEY_A, None);
+    let after = fire(&app, &token, 20, chat_body(50)).await;
+    assert!(after.iter().all(|(s, _)| *s == 200));
+    assert!(in_flight.await.unwrap().iter().all(|(s, _)| *s == 200));
+    app.assert_invariant().await;
+    let period_sum = |p: String| {
+        let app = app.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(&format!(
+                "SELECT COALESCE(SUM(amount_micros), 0) FROM ledger WHERE token_id = {id} AND period = ? AND kind IN ('reserve', 'settle')"
+            ))
+            .bind(p)
+            .fetch_one(&app.db().read)
+            .await
+            .unwrap()
+        }
+    };
+    let new_period: String =
+        sqlx::query_scalar(&format!("SELECT period FROM tokens WHERE id = {id}"))
+            .fetch_one(&app.db().read)
+            .await
+            .unwrap();
+    assert_ne!(old_period, new_period);
+    assert_eq!(period_sum(old_period).await, 20 * 17);
+    assert_eq!(period_sum(new_period).await, 20 * 17);
+    assert_eq!(
+        app.scalar(&format!(
+            "SELECT remaining_micros FROM tokens WHERE id = {id}"
+        ))
+        .await,
+        1_000_000 - 20 * 17
+    );
+    let rolled = app.scalar(&format!("SELECT COUNT(*) FROM audit_log WHERE action = 'budget.period_reset' AND target = 'token:{id}'")).await;
+    assert_eq!(
+        rolled, 1,
+        "the daily token rolled over once, with an audit row"
+    );
+}
+
+#[tokio::test]
+async fn the_user_and_team_budgets_cap_their_tokens() {
+    let app = spawn_app().await;
+    let now = chrono::Utc::now();
+    sluice::cli::team_create(app.db(), "ops", Some("0.000100"), now)
+        .await
+        .unwrap();
+    let args = sluice::cli::UserArgs {
+        username: "gina",
+        team: Some("ops"),
+        rpm: None,
+        tpm: None,
+        budget_usd: Some("1"),
+        reset: None,
+    };
+    sluice::cli::user_create(app.db(), &args, now)
+        .await
+        .unwrap();
+    let (_, t1) = app.token("gina", Some("5")).await;
+    let (_, t2) = app.token("gina", None).await;
+    let mut ok = 0;
+    for t in [&t1, &t2, &t1, &t2, &t1, &t2, &t1, &t2] {
+        if app.chat(t, &chat_body(20)).await.status() == 200 {
+            ok += 1;
+        }
+    }
+    // The team's 100 micro-dollars decide: each request reserves ~24 and costs 17.
+    assert!((4..=5).contains(&ok), "{ok}");
+    app.assert_invariant().await;
+    let team_spent = app
+        .scalar("SELECT limit_micros - remaining_micros FROM teams WHERE name = 'ops'")
+        .await;
+    assert_eq!(team_spent, ok * 17);
+    let resp: Value = app
+        .http
+        .get(format!("{}/v1/usage", app.address))
+        .bearer_auth(&t1)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(resp["limit_usd"], "5.000000");
+    assert_eq!(resp["reset"], "never");
+}

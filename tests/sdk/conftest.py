@@ -1,0 +1,242 @@
+"""Fixtures for the SDK compatibility suite.
+
+Per test session: pick free ports, write a config into a temp dir, start
+`sluice mock` and `sluice serve` as subprocesses, wait for /healthz, issue a
+sub-token through the CLI. Everything is torn down at the end of the session.
+
+The binary is taken from $SLUICE_BIN, default <repo>/target/debug/sluice.
+This suite builds nothing: run `cargo build` first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_BIN = REPO_ROOT / "target" / "debug" / "sluice"
+
+UPSTREAM_KEY = "sk-upstream-canary-AAAA1111"
+MOCK_TEXT = (
+    "Hello from the Sluice mock upstream. "
+    "This answer is fixed so that tests can check every byte of it."
+)
+MOCK_PROMPT_TOKENS = 12
+MOCK_COMPLETION_TOKENS = 24
+
+CONFIG_TEMPLATE = """\
+[server]
+listen = "127.0.0.1:{gw_port}"
+
+[database]
+url = "sqlite://{db_path}"
+
+[[upstreams]]
+id = "mock-a"
+provider = "openai"
+base_url = "http://127.0.0.1:{mock_port}/v1"
+api_key = "{upstream_key}"
+allow_private_network = true
+
+[[models]]
+name = "gpt-4o-mini"
+routes = [{{ upstream = "mock-a", model = "gpt-4o-mini" }}]
+input_usd_per_mtok = 0.15
+output_usd_per_mtok = 0.60
+
+[[models]]
+name = "text-embedding-3-small"
+routes = [{{ upstream = "mock-a", model = "text-embedding-3-small" }}]
+input_usd_per_mtok = 0.02
+"""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_json(method: str, url: str, body=None, headers=None, timeout=5.0):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    req.add_header("content-type", "application/json")
+    for k, v in (headers or {}).items():
+        req.add_header(k, v)
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        raw = resp.read()
+        return resp.status, (json.loads(raw) if raw else None)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, log_path: Path, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    last_err = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"process exited with {proc.returncode} before {url} answered; "
+                f"log:\n{log_path.read_text(errors='replace')[-4000:]}"
+            )
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, OSError) as e:
+            last_err = e
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} not healthy after {timeout}s (last error: {last_err})")
+
+
+def stop(proc: subprocess.Popen | None, timeout=5.0) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=timeout)
+
+
+@dataclass
+class Sluice:
+    bin: Path
+    workdir: Path
+    config_path: Path
+    db_path: Path
+    gw_port: int
+    mock_port: int
+    gateway_log: Path
+    gateway_out: Path
+    mock_log: Path
+    token: str = ""
+    token_id: int = 0
+    gateway: subprocess.Popen | None = None
+    mock: subprocess.Popen | None = None
+    # Every sub-token text issued during the session (for the leak check).
+    issued_tokens: list[str] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.gw_port}/v1"
+
+    @property
+    def mock_url(self) -> str:
+        return f"http://127.0.0.1:{self.mock_port}"
+
+    def cli(self, *args: str, check=True) -> subprocess.CompletedProcess:
+        cmd = [str(self.bin), "--config", str(self.config_path), *args]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        if check and res.returncode != 0:
+            raise RuntimeError(
+                f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}"
+            )
+        return res
+
+    def issue_token(self, user: str, budget_usd: str = "5") -> dict:
+        res = self.cli("token", "issue", "--user", user, "--budget-usd", budget_usd, "--json")
+        info = json.loads(res.stdout)
+        self.issued_tokens.append(info["token"])
+        return info
+
+    def mock_stats(self) -> dict:
+        _, body = http_json("GET", f"{self.mock_url}/_mock/stats")
+        return body
+
+    def stop_gateway(self) -> None:
+        stop(self.gateway)
+
+
+@pytest.fixture(scope="session")
+def sluice(tmp_path_factory) -> Sluice:
+    bin_path = Path(os.environ.get("SLUICE_BIN", str(DEFAULT_BIN))).resolve()
+    if not bin_path.is_file():
+        pytest.exit(
+            f"sluice binary not found at {bin_path}; run `cargo build` or set SLUICE_BIN",
+            returncode=2,
+        )
+
+    workdir = tmp_path_factory.mktemp("sluice-sdk")
+    gw_port, mock_port = free_port(), free_port()
+    while mock_port == gw_port:
+        mock_port = free_port()
+    db_path = workdir / "sluice.db"
+    config_path = workdir / "sluice.toml"
+    config_path.write_text(
+        CONFIG_TEMPLATE.format(
+            gw_port=gw_port,
+            mock_port=mock_port,
+            db_path=db_path,  # absolute path -> sqlite:///abs/path
+            upstream_key=UPSTREAM_KEY,
+        )
+    )
+
+    s = Sluice(
+        bin=bin_path,
+        workdir=workdir,
+        config_path=config_path,
+        db_path=db_path,
+        gw_port=gw_port,
+        mock_port=mock_port,
+        gateway_log=workdir / "gateway.stderr.log",
+        gateway_out=workdir / "gateway.stdout.log",
+        mock_log=workdir / "mock.log",
+    )
+
+    env = dict(os.environ)
+    # Config must come from the file only (no stray SLUICE_* overrides from the caller).
+    for k in list(env):
+        if k.startswith("SLUICE_") and k != "SLUICE_BIN":
+            del env[k]
+
+    mock_fh = open(s.mock_log, "wb")
+    gw_err = open(s.gateway_log, "wb")
+    gw_out = open(s.gateway_out, "wb")
+    try:
+        s.mock = subprocess.Popen(
+            [str(bin_path), "mock", "--listen", f"127.0.0.1:{mock_port}"],
+            stdout=mock_fh, stderr=subprocess.STDOUT, env=env, cwd=workdir,
+        )
+        s.cli("migrate")
+        s.gateway = subprocess.Popen(
+            [str(bin_path), "--config", str(config_path), "serve"],
+            stdout=gw_out, stderr=gw_err, env=env, cwd=workdir,
+        )
+        wait_healthy(f"http://127.0.0.1:{gw_port}/healthz", s.gateway, s.gateway_log)
+        # The mock has no /healthz; its stats endpoint tells us it is up.
+        deadline = time.monotonic() + 10
+        while True:
+            if s.mock.poll() is not None:
+                raise RuntimeError(f"mock exited: {s.mock_log.read_text(errors='replace')}")
+            try:
+                s.mock_stats()
+                break
+            except (urllib.error.URLError, ConnectionError, OSError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        info = s.issue_token("alice", "5")
+        s.token, s.token_id = info["token"], info["id"]
+        yield s
+    finally:
+        stop(s.gateway)
+        stop(s.mock)
+        for fh in (mock_fh, gw_err, gw_out):
+            fh.close()
+
+
+@pytest.fixture(scope="session")
+def client(sluice):
+    from openai import OpenAI
+
+    return OpenAI(base_url=sluice.base_url, api_key=sluice.token, max_retries=0, timeout=10.0)
