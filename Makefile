@@ -1,0 +1,19 @@
+# The two commands of the README: `make run` (the gateway on its embedded defaults, with
+# an offline demo upstream) and `make test` (every test).
+
+.PHONY: run test test-deps bench
+
+run:
+	cargo run --release --locked -- serve --demo
+
+test-deps:
+	./scripts/test-deps.sh
+
+test: test-deps
+	cargo build --locked
+	cargo test --locked --no-fail-fast
+	SLUICE_BIN=target/debug/sluice ./tests/sdk/run.sh
+
+bench:
+	cargo build --release --locked
+	python3 bench/overhead.py
