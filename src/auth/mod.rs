@@ -10,7 +10,7 @@ pub mod password;
 pub mod token;
 
 use std::num::NonZeroUsize;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 
 use actix_web::http::header::HeaderMap;
@@ -37,6 +37,15 @@ pub struct TokenAuth {
     pub user_tpm: Option<i64>,
     pub max_priority: i64,
     pub expires_at: Option<DateTime<Utc>>,
+    pub limit_micros: Option<i64>,
+    /// Percent of the budget after which the soft limit applies.
+    pub alert_percent: i64,
+    /// The model requests switch to past the soft limit.
+    pub downgrade_model: Option<String>,
+    /// The token's remaining balance as last seen by this process (for the soft limit;
+    /// the hard limit is always the CAS).
+    remaining_hint: AtomicI64,
+    alerted: AtomicBool,
 }
 
 impl TokenAuth {
@@ -64,12 +73,44 @@ impl TokenAuth {
             user_rpm: row.user_rpm,
             user_tpm: row.user_tpm,
             max_priority: row.max_priority,
+            limit_micros: row.limit_micros,
+            alert_percent: row.alert_percent,
+            downgrade_model: row.downgrade_model,
+            remaining_hint: AtomicI64::new(row.remaining_micros.unwrap_or(i64::MAX)),
+            alerted: AtomicBool::new(false),
             expires_at: row
                 .expires_at
                 .as_deref()
                 .and_then(|e| DateTime::parse_from_rfc3339(e).ok())
                 .map(|e| e.with_timezone(&Utc)),
         }
+    }
+
+    /// Records the token's remaining balance after a reservation or settlement, and raises
+    /// the budget alert the first time it crosses the threshold.
+    pub fn note_remaining(&self, remaining: Option<i64>) {
+        let Some(r) = remaining else { return };
+        self.remaining_hint.store(r, Ordering::Relaxed);
+        if self.past_threshold() && !self.alerted.swap(true, Ordering::Relaxed) {
+            tracing::warn!(target: "sluice::alert", token_id = self.owner.token_id, percent_used = self.percent_used(),
+                "token passed its budget alert threshold");
+        }
+    }
+
+    /// Percent of the token's budget used, as last seen (0 without a limit).
+    pub fn percent_used(&self) -> i64 {
+        match self.limit_micros {
+            Some(l) if l > 0 => {
+                let left = self.remaining_hint.load(Ordering::Relaxed).clamp(0, l);
+                ((i128::from(l - left) * 100) / i128::from(l)) as i64
+            }
+            _ => 0,
+        }
+    }
+
+    /// Past the soft limit (the alert threshold).
+    pub fn past_threshold(&self) -> bool {
+        self.limit_micros.is_some() && self.percent_used() >= self.alert_percent
     }
 
     /// Whether this token may use a model (asked by `name`, canonically `canonical`).

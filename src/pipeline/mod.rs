@@ -12,6 +12,7 @@ use std::time::Instant;
 use actix_web::{web, HttpRequest, HttpResponse};
 use futures_util::StreamExt;
 
+use crate::auth::TokenAuth;
 use crate::clock::db_time;
 use crate::error::{ApiError, WireFormat};
 use crate::quota::pricing::{self, Usage};
@@ -156,7 +157,8 @@ async fn run(
 
     // 2. Validate.
     let raw = read_body(payload, req, state.settings.server.max_body_bytes).await?;
-    let prepared = request::prepare(endpoint, &raw, &auth, &state.catalog)?;
+    let mut prepared = request::prepare(endpoint, &raw, &auth, &state.catalog)?;
+    soft_limit(state, &auth, &mut prepared);
     log.model = prepared.requested_model.clone();
     log.stream = prepared.stream;
 
@@ -168,6 +170,7 @@ async fn run(
         .reserve(&log.id, &auth.owner, worst)
         .await
         .map_err(ApiError::from)?;
+    auth.note_remaining(held.token_remaining());
     held.set_cost_if_dropped(pricing::cost(
         Usage {
             input: prepared.input_tokens,
@@ -199,10 +202,30 @@ async fn run(
             held,
             std::mem::take(log),
             started,
+            auth,
         )))
     } else {
-        finish(&prepared, success, held, log).await.map(Reply::Done)
+        finish(&prepared, success, held, log, &auth)
+            .await
+            .map(Reply::Done)
     }
+}
+
+/// The soft limit: past its alert threshold, a token with a `downgrade_model` is served by
+/// that model instead (its output cap clamped to that model's).
+fn soft_limit(state: &AppState, auth: &TokenAuth, p: &mut Prepared) {
+    if !auth.past_threshold() {
+        return;
+    }
+    let Some(to) = auth
+        .downgrade_model
+        .as_deref()
+        .and_then(|m| state.catalog.model(m))
+    else {
+        return;
+    };
+    p.cap = p.cap.map(|(field, c)| (field, c.min(to.max_output_tokens)));
+    p.model = to.clone();
 }
 
 /// The worst-case cost: the margin-padded input and the full output cap (× n), priced at
@@ -231,6 +254,7 @@ async fn finish(
     s: Success,
     held: crate::quota::reservation::Held,
     log: &mut RequestRow,
+    auth: &TokenAuth,
 ) -> Result<HttpResponse, Failure> {
     let body = s.body.unwrap_or_default();
     let usage = crate::upstream::providers::openai::answer_usage(&body)
@@ -242,6 +266,7 @@ async fn finish(
         });
     let cost = pricing::cost(usage, s.model.prices);
     let settled = held.settle(cost).await.map_err(ApiError::from)?;
+    auth.note_remaining(settled.token_remaining);
     log.input_tokens = usage.input;
     log.output_tokens = usage.output;
     log.cost_micros = settled.charged + settled.absorbed;
@@ -254,6 +279,7 @@ async fn finish(
         &log.upstream,
         settled.remaining,
         log.cache,
+        auth,
     );
     Ok(resp.body(body))
 }

@@ -4,6 +4,7 @@ use std::time::{Duration, Instant};
 
 use actix_web::{HttpRequest, HttpResponse, HttpResponseBuilder};
 
+use crate::auth::TokenAuth;
 use crate::config::RetrySettings;
 use crate::quota::pricing;
 
@@ -22,12 +23,17 @@ pub fn gateway_headers(
     upstream: &str,
     remaining: Option<i64>,
     cache: &str,
+    auth: &TokenAuth,
 ) {
     resp.insert_header(("x-request-id", id));
     resp.insert_header(("x-sluice-upstream", upstream));
     resp.insert_header(("x-sluice-cache", cache));
     if let Some(r) = remaining {
         resp.insert_header(("x-sluice-budget-remaining-usd", pricing::usd(r)));
+    }
+    if auth.past_threshold() {
+        let warning = format!("{}% of this token's budget is used", auth.percent_used());
+        resp.insert_header(("x-sluice-budget-warning", warning));
     }
 }
 

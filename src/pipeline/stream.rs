@@ -7,6 +7,7 @@
 //! with the tokenizer from the deltas received. A stream that breaks ends with an error
 //! event and no `[DONE]`, so clients can tell it from a complete answer.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix_web::{web, HttpResponse};
@@ -18,6 +19,7 @@ use tokio::sync::mpsc;
 use super::attempts::Success;
 use super::request::Prepared;
 use super::respond;
+use crate::auth::TokenAuth;
 use crate::quota::estimate;
 use crate::quota::pricing::{self, Prices, Usage};
 use crate::quota::reservation::Held;
@@ -36,6 +38,7 @@ struct Pump {
     include_usage: bool,
     input_tokens: i64,
     prices: Prices,
+    auth: Arc<TokenAuth>,
 }
 
 pub fn start(
@@ -45,6 +48,7 @@ pub fn start(
     held: Held,
     log: RequestRow,
     started: Instant,
+    auth: Arc<TokenAuth>,
 ) -> HttpResponse {
     let (tx, mut rx) = mpsc::channel::<Bytes>(CHANNEL_DEPTH);
     let mut resp = HttpResponse::Ok();
@@ -56,6 +60,7 @@ pub fn start(
         &log.upstream,
         held.remaining(),
         log.cache,
+        &auth,
     );
     let pump = Pump {
         state: state.clone(),
@@ -65,6 +70,7 @@ pub fn start(
         include_usage: p.include_usage,
         input_tokens: p.input_tokens,
         prices: s.model.prices,
+        auth,
     };
     let Some(upstream) = s.response else {
         return HttpResponse::InternalServerError().finish();
@@ -169,7 +175,10 @@ impl Pump {
         });
         let cost = pricing::cost(usage, self.prices);
         match self.held.settle(cost).await {
-            Ok(s) => self.log.cost_micros = s.charged + s.absorbed,
+            Ok(s) => {
+                self.log.cost_micros = s.charged + s.absorbed;
+                self.auth.note_remaining(s.token_remaining);
+            }
             Err(e) => {
                 tracing::error!(request_id = %self.log.id, error = %e, "stream settlement failed")
             }

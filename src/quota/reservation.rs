@@ -88,6 +88,11 @@ impl Held {
         self.resv.as_ref().and_then(|r| r.remaining)
     }
 
+    /// The token's own remaining balance right after reserving.
+    pub fn token_remaining(&self) -> Option<i64> {
+        self.resv.as_ref().and_then(|r| r.token_remaining)
+    }
+
     pub fn set_cost_if_dropped(&mut self, micros: i64) {
         self.cost_if_dropped = micros;
     }
@@ -99,6 +104,7 @@ impl Held {
                 charged: 0,
                 absorbed: 0,
                 remaining: None,
+                token_remaining: None,
             });
         };
         let settled = self.quota.settle(&resv, actual).await?;
@@ -106,6 +112,7 @@ impl Held {
             charged: 0,
             absorbed: 0,
             remaining: resv.remaining,
+            token_remaining: resv.token_remaining,
         }))
     }
 }

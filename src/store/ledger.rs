@@ -122,6 +122,8 @@ pub struct Reservation {
     pub periods: [String; 3],
     /// The tightest remaining balance among the levels that have a limit, after reserving.
     pub remaining: Option<i64>,
+    /// The token level's own remaining balance, if it has a limit.
+    pub token_remaining: Option<i64>,
 }
 
 #[derive(Debug)]
@@ -217,6 +219,7 @@ pub async fn reserve(
     let now_s = db_time(r.now);
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
     let mut remaining = None;
+    let mut token_remaining = None;
     for level in LEVELS {
         let id = r.owner.id(level);
         rollover(&mut tx, level, id, &periods[level.idx()], r.now).await?;
@@ -227,7 +230,12 @@ pub async fn reserve(
             .fetch_optional(&mut *tx)
             .await?;
         match row {
-            Some(left) => remaining = tighter(remaining, left),
+            Some(left) => {
+                remaining = tighter(remaining, left);
+                if level == Level::Token {
+                    token_remaining = left;
+                }
+            }
             None => {
                 let refusal = if level == Level::Token && token_gone(&mut tx, id, &now_s).await? {
                     Refusal::TokenGone
@@ -274,6 +282,7 @@ pub async fn reserve(
         amount: r.amount,
         periods,
         remaining,
+        token_remaining,
     }))
 }
 
@@ -296,6 +305,8 @@ pub struct Settled {
     pub absorbed: i64,
     /// The tightest remaining balance after settlement, if any level has a limit.
     pub remaining: Option<i64>,
+    /// The token level's own remaining balance, if it has a limit.
+    pub token_remaining: Option<i64>,
 }
 
 /// Settles a reservation at `actual` micro-dollars. Idempotent: a reservation already
@@ -320,6 +331,7 @@ pub async fn settle(
         return Ok(None);
     }
     let mut remaining = None;
+    let mut token_remaining = None;
     for level in LEVELS {
         let left: Option<i64> = sqlx::query_scalar(&SQL[level.idx()].settle)
             .bind(resv.amount)
@@ -330,6 +342,9 @@ pub async fn settle(
             .await?
             .flatten();
         remaining = tighter(remaining, left);
+        if level == Level::Token {
+            token_remaining = left;
+        }
     }
     ledger_row(
         &mut tx,
@@ -361,6 +376,7 @@ pub async fn settle(
         charged,
         absorbed,
         remaining,
+        token_remaining,
     }))
 }
 

@@ -375,3 +375,51 @@ async fn the_user_and_team_budgets_cap_their_tokens() {
     assert_eq!(resp["limit_usd"], "5.000000");
     assert_eq!(resp["reset"], "never");
 }
+
+#[tokio::test]
+async fn past_the_alert_threshold_answers_warn_and_switch_to_the_downgrade_model() {
+    let app = spawn_app_with(|s, m| {
+        s.upstreams.push(upstream("b", KEY_B, m));
+        let mut cheap = model("cheap", &["b"]);
+        cheap.input_usd_per_mtok = 0.01;
+        cheap.output_usd_per_mtok = 0.02;
+        s.models.push(cheap);
+    })
+    .await;
+    let args = sluice::cli::IssueArgs {
+        budget_usd: Some("0.000200"),
+        downgrade_model: Some("cheap"),
+        ..issue_args("hank")
+    };
+    let (_, token) = app.issue(args).await;
+    // Each answer costs 17 micro-dollars: after 10 the token has used 85% (threshold 80%).
+    for i in 0..10 {
+        let resp = app.chat(&token, &chat_body(50)).await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.headers().get("x-sluice-upstream").unwrap(), "a");
+        assert_eq!(
+            resp.headers().get("x-sluice-budget-warning").is_some(),
+            i >= 9,
+            "request {i}"
+        );
+    }
+    let resp = app.chat(&token, &chat_body(50)).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers().get("x-sluice-upstream").unwrap(),
+        "b",
+        "served by the downgrade model"
+    );
+    assert!(resp
+        .headers()
+        .get("x-sluice-budget-warning")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .contains('%'));
+    assert_eq!(
+        app.mock.state.stats(KEY_B).last_bodies[0]["model"],
+        "cheap-upstream"
+    );
+    app.assert_invariant().await;
+}
