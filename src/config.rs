@@ -225,6 +225,8 @@ impl Default for QuotaSettings {
 pub struct RateLimitSettings {
     pub redis_timeout_ms: u64,
     pub expected_replicas: u32,
+    /// The window `rpm` / `tpm` limits count over (60 s: per minute).
+    pub window_seconds: u64,
 }
 
 impl Default for RateLimitSettings {
@@ -232,6 +234,7 @@ impl Default for RateLimitSettings {
         Self {
             redis_timeout_ms: 50,
             expected_replicas: 1,
+            window_seconds: 60,
         }
     }
 }
@@ -642,6 +645,16 @@ impl Settings {
         }
         if self.ratelimit.expected_replicas == 0 {
             return invalid("ratelimit.expected_replicas must be at least 1".into());
+        }
+        if self.ratelimit.window_seconds == 0 || self.ratelimit.redis_timeout_ms == 0 {
+            return invalid(
+                "ratelimit.window_seconds and ratelimit.redis_timeout_ms must be positive".into(),
+            );
+        }
+        if let Some(r) = &self.redis {
+            if !r.url.expose().starts_with("redis://") && !r.url.expose().starts_with("rediss://") {
+                return invalid("redis.url must start with redis:// or rediss://".into());
+            }
         }
         let mut ids = HashSet::new();
         for u in &self.upstreams {

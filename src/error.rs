@@ -34,6 +34,8 @@ pub enum ApiError {
     RequestTooLarge(usize),
     #[error("Budget exhausted: this token's remaining budget cannot cover the request's worst-case cost.")]
     InsufficientQuota { retry_after: Option<u64> },
+    #[error("Rate limit reached for this token's {}; retry after {retry_after} s.", if *tokens { "tokens per window" } else { "requests per window" })]
+    RateLimited { retry_after: u64, tokens: bool },
     #[error(
         "Every upstream key for this model is rate limited. Retry after {retry_after} seconds."
     )]
@@ -64,9 +66,9 @@ impl ApiError {
             ApiError::ModelNotAllowed(_) => StatusCode::FORBIDDEN,
             ApiError::ModelNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::RequestTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::InsufficientQuota { .. } | ApiError::UpstreamRateLimited { .. } => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
+            ApiError::InsufficientQuota { .. }
+            | ApiError::UpstreamRateLimited { .. }
+            | ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::UpstreamError => StatusCode::BAD_GATEWAY,
             ApiError::UpstreamClientError => StatusCode::BAD_REQUEST,
             ApiError::ServiceDegraded { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -83,7 +85,9 @@ impl ApiError {
             ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::RequestTooLarge(_) => "request_too_large",
             ApiError::InsufficientQuota { .. } => "insufficient_quota",
-            ApiError::UpstreamRateLimited { .. } => "rate_limit_exceeded",
+            ApiError::UpstreamRateLimited { .. } | ApiError::RateLimited { .. } => {
+                "rate_limit_exceeded"
+            }
             ApiError::UpstreamError => "upstream_error",
             ApiError::UpstreamClientError => "upstream_client_error",
             ApiError::ServiceDegraded { .. } => "service_degraded",
@@ -95,6 +99,13 @@ impl ApiError {
         match self {
             ApiError::InsufficientQuota { .. } => "insufficient_quota",
             ApiError::UpstreamRateLimited { .. } => "requests",
+            ApiError::RateLimited { tokens, .. } => {
+                if *tokens {
+                    "tokens"
+                } else {
+                    "requests"
+                }
+            }
             ApiError::UpstreamError | ApiError::ServiceDegraded { .. } | ApiError::Internal => {
                 "server_error"
             }
@@ -111,9 +122,9 @@ impl ApiError {
             ApiError::ModelNotAllowed(_) => "permission_error",
             ApiError::ModelNotFound(_) => "not_found_error",
             ApiError::RequestTooLarge(_) => "request_too_large",
-            ApiError::InsufficientQuota { .. } | ApiError::UpstreamRateLimited { .. } => {
-                "rate_limit_error"
-            }
+            ApiError::InsufficientQuota { .. }
+            | ApiError::UpstreamRateLimited { .. }
+            | ApiError::RateLimited { .. } => "rate_limit_error",
             ApiError::UpstreamError | ApiError::Internal => "api_error",
             ApiError::ServiceDegraded { .. } => "overloaded_error",
         }
@@ -123,17 +134,20 @@ impl ApiError {
         match self {
             ApiError::InsufficientQuota { retry_after } => *retry_after,
             ApiError::ServiceDegraded { retry_after }
-            | ApiError::UpstreamRateLimited { retry_after } => Some(*retry_after),
+            | ApiError::UpstreamRateLimited { retry_after }
+            | ApiError::RateLimited { retry_after, .. } => Some(*retry_after),
             _ => None,
         }
     }
 
-    /// Whether the official SDKs should retry (`x-should-retry`): never a 4xx or a 502 (the
-    /// gateway already tried every route), always a 503.
+    /// Whether the official SDKs should retry (`x-should-retry`): a rate limit or a 503 yes;
+    /// any other 4xx, and a 502 (the gateway already tried every route), no.
     fn should_retry(&self) -> bool {
         matches!(
             self,
-            ApiError::ServiceDegraded { .. } | ApiError::UpstreamRateLimited { .. }
+            ApiError::ServiceDegraded { .. }
+                | ApiError::UpstreamRateLimited { .. }
+                | ApiError::RateLimited { .. }
         )
     }
 

@@ -11,6 +11,7 @@ pub mod mock;
 pub mod ops;
 pub mod pipeline;
 pub mod quota;
+pub mod ratelimit;
 pub mod startup;
 pub mod state;
 pub mod store;

@@ -3,6 +3,7 @@
 
 use std::net::TcpListener;
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix_web::dev::{Server, Service};
 use actix_web::http::header::{HeaderName, HeaderValue};
@@ -13,6 +14,8 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{ConfigError, Settings};
 use crate::ops::{housekeeping, request_log::RequestLog};
 use crate::quota::{estimate, reservation::Quota};
+use crate::ratelimit::redis_window::RedisWindows;
+use crate::ratelimit::Windows;
 use crate::state::AppState;
 use crate::store::{processes, Db, StoreError};
 use crate::upstream::catalog::Catalog;
@@ -28,6 +31,8 @@ pub enum StartupError {
     Store(#[from] StoreError),
     #[error("cannot listen on {0}: {1}")]
     Bind(String, std::io::Error),
+    #[error("invalid Redis URL: {0}")]
+    Redis(String),
     #[error("cannot build the upstream client: {0}")]
     Client(#[from] reqwest::Error),
 }
@@ -75,6 +80,7 @@ impl Application {
             catalog: Arc::new(catalog),
             pool,
             request_log,
+            windows: windows(&settings).await?,
             clock,
             db,
             settings: Arc::new(settings),
@@ -146,6 +152,28 @@ impl Application {
         let _ = processes::unregister(&self.state.db.write, self.state.quota.process_id()).await;
         result
     }
+}
+
+/// The window store: Redis when configured (warning when its eviction policy could drop
+/// limiter keys), else in-process.
+async fn windows(settings: &Settings) -> Result<Arc<Windows>, StartupError> {
+    let rl = &settings.ratelimit;
+    let window = Duration::from_secs(rl.window_seconds);
+    let Some(r) = &settings.redis else {
+        return Ok(Windows::new(window, None, rl.expected_replicas));
+    };
+    let redis = RedisWindows::new(r.url.expose(), Duration::from_millis(rl.redis_timeout_ms))
+        .map_err(|e| StartupError::Redis(e.to_string()))?;
+    match redis.eviction_policy().await {
+        Ok(p) if p == "noeviction" => {}
+        Ok(p) => {
+            tracing::warn!(policy = %p, "Redis maxmemory-policy may evict rate-limit keys; set it to noeviction")
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "Redis is not reachable at start; rate limiting starts degraded")
+        }
+    }
+    Ok(Windows::new(window, Some(redis), rl.expected_replicas))
 }
 
 fn hostname() -> String {

@@ -7,6 +7,7 @@ use crate::clock::Clock;
 use crate::config::Settings;
 use crate::ops::request_log::RequestLog;
 use crate::quota::reservation::Quota;
+use crate::ratelimit::Windows;
 use crate::store::Db;
 use crate::upstream::catalog::Catalog;
 use crate::upstream::client::UpstreamClient;
@@ -22,4 +23,5 @@ pub struct AppState {
     pub pool: Arc<Pool>,
     pub upstream: Arc<UpstreamClient>,
     pub request_log: RequestLog,
+    pub windows: Arc<Windows>,
 }

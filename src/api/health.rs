@@ -1,5 +1,5 @@
-//! `/healthz` (the process answers) and `/readyz` (the database answers). Cheap,
-//! unauthenticated, and revealing nothing.
+//! `/healthz` (the process answers) and `/readyz` (the database answers, and Redis when it
+//! is configured). Cheap, unauthenticated, and revealing nothing.
 
 use actix_web::{web, HttpResponse};
 use serde_json::json;
@@ -15,10 +15,16 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
         .fetch_one(&state.db.read)
         .await
         .is_ok();
-    if db {
-        HttpResponse::Ok().json(json!({"status": "ready", "database": "ok"}))
+    let redis = state.windows.redis_ready().await;
+    let word = |ok: bool| if ok { "ok" } else { "unreachable" };
+    let body = json!({
+        "status": if db && redis != Some(false) { "ready" } else { "not ready" },
+        "database": word(db),
+        "redis": redis.map(word).unwrap_or("not configured"),
+    });
+    if db && redis != Some(false) {
+        HttpResponse::Ok().json(body)
     } else {
-        HttpResponse::ServiceUnavailable()
-            .json(json!({"status": "not ready", "database": "unreachable"}))
+        HttpResponse::ServiceUnavailable().json(body)
     }
 }

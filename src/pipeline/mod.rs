@@ -17,6 +17,7 @@ use crate::clock::db_time;
 use crate::error::{ApiError, WireFormat};
 use crate::quota::pricing::{self, Usage};
 use crate::quota::QuotaError;
+use crate::ratelimit::{Booking, Decision, Refused, WindowSpec};
 use crate::state::AppState;
 use crate::store::requests::RequestRow;
 use attempts::{Outcome, Success};
@@ -46,7 +47,12 @@ pub async fn handle(
         cache: "off",
         ..RequestRow::default()
     };
-    match run(&state, &req, payload, endpoint, &mut log, started).await {
+    let mut rate = None;
+    let mut resp = match run(
+        &state, &req, payload, endpoint, &mut log, started, &mut rate,
+    )
+    .await
+    {
         Ok(Reply::Done(resp)) => {
             log.status = resp.status().as_u16();
             log.latency_ms = started.elapsed().as_millis() as i64;
@@ -63,7 +69,11 @@ pub async fn handle(
             state.request_log.record(log).await;
             resp
         }
+    };
+    if let Some(d) = &rate {
+        respond::ratelimit_headers(&mut resp, d);
     }
+    resp
 }
 
 /// How a request that reached an upstream was answered.
@@ -140,6 +150,7 @@ async fn run(
     endpoint: Endpoint,
     log: &mut RequestRow,
     started: Instant,
+    rate: &mut Option<Decision>,
 ) -> Result<Reply, Failure> {
     // 1. Authenticate.
     let auth = state
@@ -159,6 +170,9 @@ async fn run(
     let raw = read_body(payload, req, state.settings.server.max_body_bytes).await?;
     let mut prepared = request::prepare(endpoint, &raw, &auth, &state.catalog)?;
     soft_limit(state, &auth, &mut prepared);
+
+    // 3. Rate-limit the token and its user.
+    let booking = rate_limit(state, &auth, &prepared, &log.id, rate).await?;
     log.model = prepared.requested_model.clone();
     log.stream = prepared.stream;
 
@@ -203,12 +217,60 @@ async fn run(
             std::mem::take(log),
             started,
             auth,
+            booking,
         )))
     } else {
-        finish(&prepared, success, held, log, &auth)
+        finish(state, &prepared, success, held, log, &auth, booking)
             .await
             .map(Reply::Done)
     }
+}
+
+/// Stage 3: checks (and books) the token's and the user's windows; `None` when neither has
+/// a limit (no round trip at all).
+async fn rate_limit(
+    state: &AppState,
+    auth: &TokenAuth,
+    p: &Prepared,
+    request_id: &str,
+    rate: &mut Option<Decision>,
+) -> Result<Option<Booking>, ApiError> {
+    let n = |v: Option<i64>| v.unwrap_or(0).max(0) as u64;
+    let mut specs = Vec::with_capacity(2);
+    // The token's window always comes first: the headers report it.
+    specs.push(WindowSpec {
+        key: format!("t:{}", auth.owner.token_id),
+        requests: n(auth.rpm),
+        tokens: n(auth.tpm),
+    });
+    if auth.user_rpm.is_some() || auth.user_tpm.is_some() {
+        specs.push(WindowSpec {
+            key: format!("u:{}", auth.owner.user_id),
+            requests: n(auth.user_rpm),
+            tokens: n(auth.user_tpm),
+        });
+    }
+    if specs.iter().all(|s| s.requests == 0 && s.tokens == 0) {
+        return Ok(None);
+    }
+    let estimated = p.input_tokens + p.cap.map_or(0, |(_, c)| c).saturating_mul(p.n);
+    let d = state
+        .windows
+        .check(&specs, request_id, estimated.max(0) as u64)
+        .await;
+    *rate = Some(d);
+    if let Some(why) = d.refused {
+        let retry_after = (d.retry_after.as_millis() as u64).div_ceil(1000).max(1);
+        return Err(ApiError::RateLimited {
+            retry_after,
+            tokens: why == Refused::Tokens,
+        });
+    }
+    Ok(Some(Booking {
+        specs,
+        second: d.second,
+        estimated,
+    }))
 }
 
 /// The soft limit: past its alert threshold, a token with a `downgrade_model` is served by
@@ -249,12 +311,15 @@ fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Ca
 }
 
 /// A non-streamed answer: price it from its usage, settle, answer with the upstream's bytes.
+#[allow(clippy::too_many_arguments)]
 async fn finish(
+    state: &AppState,
     p: &Prepared,
     s: Success,
     held: crate::quota::reservation::Held,
     log: &mut RequestRow,
     auth: &TokenAuth,
+    booking: Option<Booking>,
 ) -> Result<HttpResponse, Failure> {
     let body = s.body.unwrap_or_default();
     let usage = crate::upstream::providers::openai::answer_usage(&body)
@@ -267,6 +332,7 @@ async fn finish(
     let cost = pricing::cost(usage, s.model.prices);
     let settled = held.settle(cost).await.map_err(ApiError::from)?;
     auth.note_remaining(settled.token_remaining);
+    state.windows.settle(booking, usage.input + usage.output);
     log.input_tokens = usage.input;
     log.output_tokens = usage.output;
     log.cost_micros = settled.charged + settled.absorbed;

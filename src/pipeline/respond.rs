@@ -2,11 +2,13 @@
 
 use std::time::{Duration, Instant};
 
+use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::{HttpRequest, HttpResponse, HttpResponseBuilder};
 
 use crate::auth::TokenAuth;
 use crate::config::RetrySettings;
 use crate::quota::pricing;
+use crate::ratelimit::{openai_duration, Decision};
 
 pub fn request_id(resp: &mut HttpResponse, id: &str) {
     if let Ok(v) = actix_web::http::header::HeaderValue::from_str(id) {
@@ -34,6 +36,34 @@ pub fn gateway_headers(
     if auth.past_threshold() {
         let warning = format!("{}% of this token's budget is used", auth.percent_used());
         resp.insert_header(("x-sluice-budget-warning", warning));
+    }
+}
+
+/// OpenAI's `x-ratelimit-*` headers for the token's own window.
+pub fn ratelimit_headers(resp: &mut HttpResponse, d: &Decision) {
+    let mut put = |name: &'static str, value: String| {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            resp.headers_mut().insert(HeaderName::from_static(name), v);
+        }
+    };
+    if d.requests_limit > 0 {
+        put("x-ratelimit-limit-requests", d.requests_limit.to_string());
+        put(
+            "x-ratelimit-remaining-requests",
+            d.requests_limit.saturating_sub(d.requests_used).to_string(),
+        );
+        put(
+            "x-ratelimit-reset-requests",
+            openai_duration(d.requests_reset),
+        );
+    }
+    if d.tokens_limit > 0 {
+        put("x-ratelimit-limit-tokens", d.tokens_limit.to_string());
+        put(
+            "x-ratelimit-remaining-tokens",
+            d.tokens_limit.saturating_sub(d.tokens_used).to_string(),
+        );
+        put("x-ratelimit-reset-tokens", openai_duration(d.tokens_reset));
     }
 }
 

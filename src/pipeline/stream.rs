@@ -23,6 +23,7 @@ use crate::auth::TokenAuth;
 use crate::quota::estimate;
 use crate::quota::pricing::{self, Prices, Usage};
 use crate::quota::reservation::Held;
+use crate::ratelimit::Booking;
 use crate::state::AppState;
 use crate::store::requests::RequestRow;
 use crate::upstream::providers::openai;
@@ -39,6 +40,7 @@ struct Pump {
     input_tokens: i64,
     prices: Prices,
     auth: Arc<TokenAuth>,
+    booking: Option<Booking>,
 }
 
 pub fn start(
@@ -49,6 +51,7 @@ pub fn start(
     log: RequestRow,
     started: Instant,
     auth: Arc<TokenAuth>,
+    booking: Option<Booking>,
 ) -> HttpResponse {
     let (tx, mut rx) = mpsc::channel::<Bytes>(CHANNEL_DEPTH);
     let mut resp = HttpResponse::Ok();
@@ -71,6 +74,7 @@ pub fn start(
         input_tokens: p.input_tokens,
         prices: s.model.prices,
         auth,
+        booking,
     };
     let Some(upstream) = s.response else {
         return HttpResponse::InternalServerError().finish();
@@ -183,6 +187,9 @@ impl Pump {
                 tracing::error!(request_id = %self.log.id, error = %e, "stream settlement failed")
             }
         }
+        self.state
+            .windows
+            .settle(self.booking.take(), usage.input + usage.output);
         self.log.input_tokens = usage.input;
         self.log.output_tokens = usage.output;
         self.log.latency_ms = self.started.elapsed().as_millis() as i64;

@@ -1,0 +1,188 @@
+//! The in-process window store: the same rules as `window.lua` (exact request log, tokens
+//! in per-second buckets, rejected requests not recorded), for a single replica without
+//! Redis and as the fallback while Redis fails. Time is the monotonic clock.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::{Decision, Refused, WindowSpec};
+
+#[derive(Default)]
+struct Window {
+    /// Admission times (ms since `origin`) of the requests in the window, oldest first.
+    requests: VecDeque<u64>,
+    /// (second since `origin`, tokens), oldest first.
+    tokens: VecDeque<(i64, i64)>,
+}
+
+pub struct LocalWindows {
+    window_ms: u64,
+    origin: Instant,
+    state: Mutex<(HashMap<String, Window>, u64)>,
+}
+
+/// Every this many checks, windows that have emptied are dropped.
+const SWEEP_EVERY: u64 = 4096;
+
+impl LocalWindows {
+    pub fn new(window: Duration) -> Self {
+        Self {
+            window_ms: window.as_millis() as u64,
+            origin: Instant::now(),
+            state: Mutex::new((HashMap::new(), 0)),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.origin.elapsed().as_millis() as u64 + self.window_ms
+    }
+
+    pub fn check(&self, specs: &[WindowSpec], cost: u64) -> Decision {
+        let now = self.now_ms();
+        let second = (now / 1000) as i64;
+        let cutoff_ms = now.saturating_sub(self.window_ms);
+        let cutoff_sec = (cutoff_ms / 1000) as i64;
+        let cost = cost as i64;
+        let mut guard = self.state.lock();
+        let (map, calls) = &mut *guard;
+        *calls += 1;
+        if *calls % SWEEP_EVERY == 0 {
+            map.retain(|_, w| {
+                w.requests.back().is_some_and(|&t| t > cutoff_ms)
+                    || w.tokens.back().is_some_and(|&(s, _)| s > cutoff_sec)
+            });
+        }
+        let mut refused = None;
+        let mut retry = 0u64;
+        let mut first = (0u64, 0u64, 0i64, 0u64);
+        for (i, spec) in specs.iter().enumerate() {
+            let w = map.entry(spec.key.clone()).or_default();
+            while w.requests.front().is_some_and(|&t| t <= cutoff_ms) {
+                w.requests.pop_front();
+            }
+            while w.tokens.front().is_some_and(|&(s, _)| s <= cutoff_sec) {
+                w.tokens.pop_front();
+            }
+            let count = w.requests.len() as u64;
+            let rreset = w
+                .requests
+                .front()
+                .map(|&t| t + self.window_ms - now)
+                .unwrap_or(0);
+            if spec.requests > 0 && count + 1 > spec.requests {
+                refused.get_or_insert(Refused::Requests);
+                retry = retry.max(rreset);
+            }
+            let used: i64 = w.tokens.iter().map(|&(_, n)| n).sum();
+            let treset = w
+                .tokens
+                .front()
+                .map(|&(s, _)| ((s + 1) as u64 * 1000 + self.window_ms).saturating_sub(now))
+                .unwrap_or(0);
+            if spec.tokens > 0 && used > 0 && used + cost > spec.tokens as i64 {
+                refused.get_or_insert(Refused::Tokens);
+                retry = retry.max(treset);
+            }
+            if i == 0 {
+                first = (count, rreset, used, treset);
+            }
+        }
+        if refused.is_none() {
+            for spec in specs {
+                let w = map.entry(spec.key.clone()).or_default();
+                if spec.requests > 0 {
+                    w.requests.push_back(now);
+                }
+                if spec.tokens > 0 {
+                    match w.tokens.back_mut() {
+                        Some((s, n)) if *s == second => *n += cost,
+                        _ => w.tokens.push_back((second, cost)),
+                    }
+                }
+            }
+            if specs.first().is_some_and(|s| s.requests > 0) {
+                first.0 += 1;
+                if first.1 == 0 {
+                    first.1 = self.window_ms;
+                }
+            }
+            if specs.first().is_some_and(|s| s.tokens > 0) {
+                first.2 += cost;
+                if first.3 == 0 {
+                    first.3 = self.window_ms;
+                }
+            }
+        }
+        let spec0 = specs.first();
+        Decision {
+            refused,
+            retry_after: Duration::from_millis(retry),
+            requests_limit: spec0.map_or(0, |s| s.requests),
+            requests_used: first.0,
+            requests_reset: Duration::from_millis(first.1),
+            tokens_limit: spec0.map_or(0, |s| s.tokens),
+            tokens_used: first.2.max(0) as u64,
+            tokens_reset: Duration::from_millis(first.3),
+            second,
+        }
+    }
+
+    pub fn correct(&self, specs: &[WindowSpec], second: i64, delta: i64) {
+        let mut guard = self.state.lock();
+        for spec in specs.iter().filter(|s| s.tokens > 0) {
+            if let Some(w) = guard.0.get_mut(&spec.key) {
+                if let Some((_, n)) = w.tokens.iter_mut().find(|(s, _)| *s == second) {
+                    *n += delta;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(requests: u64, tokens: u64) -> Vec<WindowSpec> {
+        vec![WindowSpec {
+            key: "t:1".into(),
+            requests,
+            tokens,
+        }]
+    }
+
+    #[test]
+    fn exact_counts_and_rejections_are_not_recorded() {
+        let w = LocalWindows::new(Duration::from_secs(60));
+        for i in 0..10 {
+            let d = w.check(&spec(10, 0), 1);
+            assert!(d.refused.is_none(), "{i}");
+            assert_eq!(d.requests_used, i + 1);
+        }
+        for _ in 0..100 {
+            let d = w.check(&spec(10, 0), 1);
+            assert_eq!(d.refused, Some(Refused::Requests));
+            assert!(d.retry_after <= Duration::from_secs(60));
+        }
+        assert_eq!(
+            w.check(&spec(10, 0), 1).requests_used,
+            10,
+            "rejections left no trace"
+        );
+    }
+
+    #[test]
+    fn tokens_are_booked_and_corrected() {
+        let w = LocalWindows::new(Duration::from_secs(60));
+        let d = w.check(&spec(0, 100), 80);
+        assert!(d.refused.is_none());
+        assert_eq!(w.check(&spec(0, 100), 30).refused, Some(Refused::Tokens));
+        w.correct(&spec(0, 100), d.second, -60);
+        assert!(
+            w.check(&spec(0, 100), 30).refused.is_none(),
+            "80 corrected to 20 leaves room for 30"
+        );
+    }
+}

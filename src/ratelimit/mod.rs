@@ -1,0 +1,217 @@
+//! Stage 3: sliding windows per token and per user (requests and tokens per window).
+//!
+//! With `[redis]` configured, windows live in Redis (`redis_window.rs`, one Lua script per
+//! request: `window.lua`). Without it, or while Redis is failing, the in-process store
+//! (`local_window.rs`) applies the same rules; during a Redis outage each replica admits
+//! `limit / ratelimit.expected_replicas`, so the fleet as a whole stays near the limit.
+//! Money never depends on any of this: budgets are the ledger's.
+
+pub mod local_window;
+pub mod redis_window;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use local_window::LocalWindows;
+use redis_window::RedisWindows;
+
+/// One window a request is checked against: the token's or the user's.
+#[derive(Debug, Clone)]
+pub struct WindowSpec {
+    /// `t:<token id>` or `u:<user id>`; Redis keys add a versioned prefix.
+    pub key: String,
+    /// Requests per window (0 = none).
+    pub requests: u64,
+    /// Tokens per window (0 = none).
+    pub tokens: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    Requests,
+    Tokens,
+}
+
+/// The outcome of a check, with the first window's figures for the `x-ratelimit-*` headers.
+#[derive(Debug, Clone, Copy)]
+pub struct Decision {
+    pub refused: Option<Refused>,
+    pub retry_after: Duration,
+    pub requests_limit: u64,
+    pub requests_used: u64,
+    pub requests_reset: Duration,
+    pub tokens_limit: u64,
+    pub tokens_used: u64,
+    pub tokens_reset: Duration,
+    /// The unix second the request's tokens were booked in (for the later correction).
+    pub second: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WindowError {
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("redis did not answer within the timeout")]
+    Timeout,
+}
+
+/// A request's place in its windows, kept to correct the token count after the answer.
+#[derive(Debug, Clone)]
+pub struct Booking {
+    pub specs: Vec<WindowSpec>,
+    pub second: i64,
+    pub estimated: i64,
+}
+
+pub struct Windows {
+    window: Duration,
+    local: LocalWindows,
+    redis: Option<RedisWindows>,
+    /// Redis is failing: requests use the local store until a probe succeeds.
+    degraded: Arc<AtomicBool>,
+    replicas: u64,
+}
+
+impl Windows {
+    pub fn new(window: Duration, redis: Option<RedisWindows>, replicas: u32) -> Arc<Self> {
+        let w = Arc::new(Self {
+            window,
+            local: LocalWindows::new(window),
+            redis,
+            degraded: Arc::new(AtomicBool::new(false)),
+            replicas: u64::from(replicas.max(1)),
+        });
+        if w.redis.is_some() {
+            tokio::spawn(probe(w.clone()));
+        }
+        w
+    }
+
+    pub fn uses_redis(&self) -> bool {
+        self.redis.is_some()
+    }
+
+    pub fn degraded(&self) -> bool {
+        self.degraded.load(Ordering::Relaxed)
+    }
+
+    /// Checks `specs` and, if every window has room, records the request in all of them.
+    pub async fn check(&self, specs: &[WindowSpec], member: &str, tokens: u64) -> Decision {
+        if let Some(redis) = &self.redis {
+            if !self.degraded() {
+                match redis.check(specs, member, tokens, self.window).await {
+                    Ok(d) => return d,
+                    Err(e) => self.fall_back(&e),
+                }
+            }
+            let shared: Vec<WindowSpec> = specs
+                .iter()
+                .map(|s| WindowSpec {
+                    key: s.key.clone(),
+                    requests: per_replica(s.requests, self.replicas),
+                    tokens: per_replica(s.tokens, self.replicas),
+                })
+                .collect();
+            return self.local.check(&shared, tokens);
+        }
+        self.local.check(specs, tokens)
+    }
+
+    /// Books the difference between the admission estimate and the actual usage.
+    pub async fn correct(&self, specs: &[WindowSpec], second: i64, delta: i64) {
+        if delta == 0 {
+            return;
+        }
+        match &self.redis {
+            Some(r) if !self.degraded() => {
+                if let Err(e) = r.correct(specs, second, delta).await {
+                    self.fall_back(&e);
+                }
+            }
+            _ => self.local.correct(specs, second, delta),
+        }
+    }
+
+    /// Corrects a booking to the actual token count, off the request path.
+    pub fn settle(self: &Arc<Self>, booking: Option<Booking>, actual: i64) {
+        let Some(b) = booking else { return };
+        if !b.specs.iter().any(|s| s.tokens > 0) || actual == b.estimated {
+            return;
+        }
+        let w = self.clone();
+        tokio::spawn(async move { w.correct(&b.specs, b.second, actual - b.estimated).await });
+    }
+
+    fn fall_back(&self, e: &WindowError) {
+        if !self.degraded.swap(true, Ordering::Relaxed) {
+            tracing::error!(target: "sluice::alert", error = %e, "rate limiting degraded: Redis failed, using per-replica local windows");
+        }
+    }
+
+    /// Redis answers, or not (for `/readyz`).
+    pub async fn redis_ready(&self) -> Option<bool> {
+        match &self.redis {
+            Some(r) => Some(r.ping().await.is_ok()),
+            None => None,
+        }
+    }
+}
+
+fn per_replica(limit: u64, replicas: u64) -> u64 {
+    if limit == 0 {
+        0
+    } else {
+        (limit / replicas).max(1)
+    }
+}
+
+/// While degraded, pings Redis every 500 ms and resumes exact limiting once it answers.
+async fn probe(w: Arc<Windows>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tick.tick().await;
+        if Arc::strong_count(&w) == 1 {
+            return;
+        }
+        if !w.degraded() {
+            continue;
+        }
+        if let Some(r) = &w.redis {
+            if r.ping().await.is_ok() {
+                w.degraded.store(false, Ordering::Relaxed);
+                tracing::warn!(target: "sluice::alert", "Redis is back: exact rate limiting resumed");
+            }
+        }
+    }
+}
+
+/// `1s`, `6m0s`, `1m30s`: durations the way OpenAI writes `x-ratelimit-reset-*`.
+pub fn openai_duration(d: Duration) -> String {
+    let ms = d.as_millis() as u64;
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let secs = ms.div_ceil(1000);
+    match (secs / 3600, (secs % 3600) / 60, secs % 60) {
+        (0, 0, s) => format!("{s}s"),
+        (0, m, s) => format!("{m}m{s}s"),
+        (h, m, s) => format!("{h}h{m}m{s}s"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_like_openai() {
+        assert_eq!(openai_duration(Duration::from_millis(250)), "250ms");
+        assert_eq!(openai_duration(Duration::from_millis(1000)), "1s");
+        assert_eq!(openai_duration(Duration::from_secs(360)), "6m0s");
+        assert_eq!(openai_duration(Duration::from_secs(3725)), "1h2m5s");
+        assert_eq!(per_replica(10, 3), 3);
+        assert_eq!(per_replica(1, 3), 1);
+        assert_eq!(per_replica(0, 3), 0);
+    }
+}

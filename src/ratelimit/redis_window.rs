@@ -1,0 +1,131 @@
+//! The Redis window store: `window.lua` runs the whole check-and-add atomically in one
+//! `EVALSHA` on a multiplexed, auto-reconnecting connection. Every call is bounded by
+//! `ratelimit.redis_timeout_ms`; the caller falls back to the local store on any error.
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::Script;
+
+use super::{Decision, Refused, WindowError, WindowSpec};
+
+const WINDOW_LUA: &str = include_str!("window.lua");
+const CORRECT_LUA: &str = include_str!("correct.lua");
+/// Key prefix with a version: a change of the script's data layout changes the prefix.
+const PREFIX: &str = "sl:v1";
+
+pub struct RedisWindows {
+    conn: ConnectionManager,
+    window: Script,
+    correct: Script,
+    timeout: Duration,
+}
+
+impl RedisWindows {
+    /// Connects lazily: a Redis that is down at start only degrades limiting.
+    pub fn new(url: &str, timeout: Duration) -> Result<Self, WindowError> {
+        let client = redis::Client::open(url)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout.max(Duration::from_millis(200))))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(1);
+        let conn = ConnectionManager::new_lazy_with_config(client, config)?;
+        Ok(Self {
+            conn,
+            window: Script::new(WINDOW_LUA),
+            correct: Script::new(CORRECT_LUA),
+            timeout,
+        })
+    }
+
+    fn keys(spec: &WindowSpec) -> (String, String) {
+        (
+            format!("{PREFIX}:rq:{}", spec.key),
+            format!("{PREFIX}:tk:{}", spec.key),
+        )
+    }
+
+    pub async fn check(
+        &self,
+        specs: &[WindowSpec],
+        member: &str,
+        tokens: u64,
+        window: Duration,
+    ) -> Result<Decision, WindowError> {
+        let mut inv = self.window.prepare_invoke();
+        for s in specs {
+            let (rk, tk) = Self::keys(s);
+            inv.key(rk).key(tk);
+        }
+        inv.arg(window.as_millis() as u64).arg(member).arg(tokens);
+        for s in specs {
+            inv.arg(s.requests).arg(s.tokens);
+        }
+        let mut conn = self.conn.clone();
+        let r: Vec<i64> = tokio::time::timeout(self.timeout, inv.invoke_async(&mut conn))
+            .await
+            .map_err(|_| WindowError::Timeout)??;
+        let at = |i: usize| r.get(i).copied().unwrap_or(0);
+        let ms = |i: usize| Duration::from_millis(at(i).max(0) as u64);
+        let spec0 = specs.first();
+        Ok(Decision {
+            refused: match (at(0), at(7)) {
+                (1, _) => None,
+                (_, 2) => Some(Refused::Tokens),
+                _ => Some(Refused::Requests),
+            },
+            retry_after: ms(1),
+            requests_limit: spec0.map_or(0, |s| s.requests),
+            requests_used: at(2).max(0) as u64,
+            requests_reset: ms(3),
+            tokens_limit: spec0.map_or(0, |s| s.tokens),
+            tokens_used: at(4).max(0) as u64,
+            tokens_reset: ms(5),
+            second: at(6),
+        })
+    }
+
+    pub async fn correct(
+        &self,
+        specs: &[WindowSpec],
+        second: i64,
+        delta: i64,
+    ) -> Result<(), WindowError> {
+        for s in specs.iter().filter(|s| s.tokens > 0) {
+            let (_, tk) = Self::keys(s);
+            let mut conn = self.conn.clone();
+            let mut inv = self.correct.key(tk);
+            inv.arg(second).arg(delta);
+            tokio::time::timeout(self.timeout, inv.invoke_async::<i64>(&mut conn))
+                .await
+                .map_err(|_| WindowError::Timeout)??;
+        }
+        Ok(())
+    }
+
+    pub async fn ping(&self) -> Result<(), WindowError> {
+        let mut conn = self.conn.clone();
+        let cmd = redis::cmd("PING");
+        let _: String = tokio::time::timeout(
+            self.timeout.max(Duration::from_millis(200)),
+            cmd.query_async(&mut conn),
+        )
+        .await
+        .map_err(|_| WindowError::Timeout)??;
+        Ok(())
+    }
+
+    /// The eviction policy, to warn when limiter keys could be evicted.
+    pub async fn eviction_policy(&self) -> Result<String, WindowError> {
+        let mut conn = self.conn.clone();
+        let cmd = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("maxmemory-policy")
+            .clone();
+        let v: Vec<String> =
+            tokio::time::timeout(Duration::from_secs(1), cmd.query_async(&mut conn))
+                .await
+                .map_err(|_| WindowError::Timeout)??;
+        Ok(v.get(1).cloned().unwrap_or_default())
+    }
+}

@@ -1,0 +1,87 @@
+-- Sluice's rate-limit windows: one atomic check-and-add per request, over every window
+-- that applies to it (the token's, then the user's), in one round trip.
+--
+-- Requests: an exact sliding-window log in a sorted set (score = ms, member = request id,
+-- unique, so same-millisecond requests never collapse).
+-- Tokens: per-second buckets in a hash (field = unix second, value = tokens); admission
+-- counts the estimate, and the caller corrects the bucket to the actual usage later.
+--
+-- Time is Redis's own (TIME), so replicas with skewed clocks agree. A rejected request is
+-- not recorded anywhere. Every key gets a TTL of one window.
+--
+-- KEYS: for each window i: requests key, tokens key
+-- ARGV: window_ms, member, tokens, then for each window i: request limit, token limit (0 = none)
+-- Returns: { allowed (1/0), retry_after_ms, and for the first window: requests in window,
+--            requests reset ms, tokens in window, tokens reset ms, admission second,
+--            the kind that refused (0 none, 1 requests, 2 tokens) }
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local window = tonumber(ARGV[1])
+local member = ARGV[2]
+local cost = tonumber(ARGV[3])
+local n = #KEYS / 2
+local allowed = 1
+local retry = 0
+local refused_by = 0
+local state = {}
+
+for i = 1, n do
+  local rkey, tkey = KEYS[2 * i - 1], KEYS[2 * i]
+  local rlimit, tlimit = tonumber(ARGV[2 + 2 * i]), tonumber(ARGV[3 + 2 * i])
+  local count, rreset, used, treset = 0, 0, 0, 0
+  if rlimit > 0 then
+    redis.call('ZREMRANGEBYSCORE', rkey, '-inf', now - window)
+    count = redis.call('ZCARD', rkey)
+    local oldest = redis.call('ZRANGE', rkey, 0, 0, 'WITHSCORES')
+    if oldest[2] then rreset = tonumber(oldest[2]) + window - now end
+    if count + 1 > rlimit then
+      allowed = 0
+      refused_by = 1
+      if rreset > retry then retry = rreset end
+    end
+  end
+  if tlimit > 0 then
+    local cutoff = math.floor((now - window) / 1000)
+    local buckets = redis.call('HGETALL', tkey)
+    local oldest_sec = nil
+    for j = 1, #buckets, 2 do
+      local sec = tonumber(buckets[j])
+      if sec <= cutoff then
+        redis.call('HDEL', tkey, buckets[j])
+      else
+        used = used + tonumber(buckets[j + 1])
+        if oldest_sec == nil or sec < oldest_sec then oldest_sec = sec end
+      end
+    end
+    if oldest_sec then treset = (oldest_sec + 1) * 1000 + window - now end
+    -- One request larger than the whole limit is let through into an empty window.
+    if used > 0 and used + cost > tlimit then
+      allowed = 0
+      if refused_by == 0 then refused_by = 2 end
+      if treset > retry then retry = treset end
+    end
+  end
+  state[i] = { count, rreset, used, treset }
+end
+
+local second = math.floor(now / 1000)
+if allowed == 1 then
+  for i = 1, n do
+    local rkey, tkey = KEYS[2 * i - 1], KEYS[2 * i]
+    if tonumber(ARGV[2 + 2 * i]) > 0 then
+      redis.call('ZADD', rkey, now, member)
+      redis.call('PEXPIRE', rkey, window)
+      state[i][1] = state[i][1] + 1
+      if state[i][2] == 0 then state[i][2] = window end
+    end
+    if tonumber(ARGV[3 + 2 * i]) > 0 then
+      redis.call('HINCRBY', tkey, second, cost)
+      redis.call('PEXPIRE', tkey, window + 1000)
+      state[i][3] = state[i][3] + cost
+      if state[i][4] == 0 then state[i][4] = window end
+    end
+  end
+end
+
+return { allowed, retry, state[1][1], state[1][2], state[1][3], state[1][4], second, refused_by }
