@@ -255,3 +255,57 @@ pub fn reassemble(data: &[String]) -> String {
         })
         .collect()
 }
+
+/// A real `redis-server` on a free port, stopped when dropped.
+pub struct RedisServer {
+    pub port: u16,
+    child: Option<std::process::Child>,
+}
+
+impl RedisServer {
+    pub async fn start() -> RedisServer {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut r = RedisServer { port, child: None };
+        r.restart().await;
+        r
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    pub async fn restart(&mut self) {
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server is installed (scripts/test-deps.sh)");
+        self.child = Some(child);
+        for _ in 0..100 {
+            if self.cli(&["PING"]).await.is_some_and(|o| o.contains("PONG")) {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+        }
+        panic!("redis-server did not start");
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Runs a command through `redis-cli`; `None` if it failed.
+    pub async fn cli(&self, args: &[&str]) -> Option<String> {
+        let out = tokio::process::Command::new("redis-cli").arg("-p").arg(self.port.to_string()).args(args).output().await.ok()?;
+        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).to_string())
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

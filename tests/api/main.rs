@@ -8,3 +8,4 @@ mod processes;
 mod proxy;
 mod quota;
 mod streams;
+mod windows;

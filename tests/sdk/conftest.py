@@ -41,6 +41,9 @@ listen = "127.0.0.1:{gw_port}"
 [database]
 url = "sqlite://{db_path}"
 
+[ratelimit]
+window_seconds = 2
+
 [[upstreams]]
 id = "mock-a"
 provider = "openai"
@@ -143,8 +146,8 @@ class Sluice:
             )
         return res
 
-    def issue_token(self, user: str, budget_usd: str = "5") -> dict:
-        res = self.cli("token", "issue", "--user", user, "--budget-usd", budget_usd, "--json")
+    def issue_token(self, user: str, budget_usd: str = "5", *extra: str) -> dict:
+        res = self.cli("token", "issue", "--user", user, "--budget-usd", budget_usd, "--json", *extra)
         info = json.loads(res.stdout)
         self.issued_tokens.append(info["token"])
         return info
