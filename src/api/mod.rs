@@ -3,6 +3,7 @@
 mod chat;
 mod embeddings;
 mod health;
+mod messages;
 mod models;
 mod usage;
 
@@ -15,6 +16,11 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     )
     .route("/v1/completions", web::post().to(chat::completions))
     .route("/v1/embeddings", web::post().to(embeddings::embeddings))
+    .route("/v1/messages", web::post().to(messages::messages))
+    .route(
+        "/v1/messages/count_tokens",
+        web::post().to(messages::count_tokens),
+    )
     .route("/v1/models", web::get().to(models::list))
     .route("/v1/usage", web::get().to(usage::usage))
     .route("/healthz", web::get().to(health::healthz))

@@ -10,12 +10,12 @@ use bytes::Bytes;
 
 use super::request::Prepared;
 use super::Failure;
-use crate::config::Provider;
 use crate::error::ApiError;
+use crate::error::WireFormat;
 use crate::state::AppState;
 use crate::upstream::catalog::{Model, Route};
 use crate::upstream::pool::{Disabled, InFlight};
-use crate::upstream::providers::openai;
+use crate::upstream::providers::{self, translate::TranslateError};
 use crate::upstream::retry::{self, Tier};
 use crate::upstream::UpstreamError;
 
@@ -31,8 +31,10 @@ pub fn candidates(state: &AppState, p: &Prepared) -> Vec<Candidate> {
     let mut push_model = |m: &Arc<Model>| {
         let start = out.len();
         for r in &m.routes {
-            // Until the translation layer exists, a route must speak the client's format.
-            if state.catalog.deployments[r.deployment].provider == Provider::Openai {
+            // A route whose provider has no such endpoint (embeddings on Anthropic) is skipped.
+            if providers::path(p.endpoint, state.catalog.deployments[r.deployment].provider)
+                .is_some()
+            {
                 out.push(Candidate {
                     model: m.clone(),
                     route: r.clone(),
@@ -56,6 +58,8 @@ pub struct Success {
     pub model: Arc<Model>,
     pub route: Route,
     pub body: Option<Bytes>,
+    /// The parsed non-streamed answer.
+    pub answer: Option<serde_json::Value>,
     pub response: Option<reqwest::Response>,
     pub ttfb_ms: i64,
     pub in_flight: InFlight,
@@ -75,21 +79,19 @@ async fn attempt(
     state: &AppState,
     p: &Prepared,
     c: &Candidate,
+    (path, body): (&str, Vec<u8>),
     started: Instant,
 ) -> Result<Success, UpstreamError> {
     let dep = &state.catalog.deployments[c.route.deployment];
-    let body = openai::shape_request(&p.body, &c.route.upstream_model, p.cap, p.stream);
     let in_flight = state.pool.enter(c.route.deployment);
-    let resp = state
-        .upstream
-        .post(dep, p.endpoint.upstream_path(), Bytes::from(body))
-        .await?;
+    let resp = state.upstream.post(dep, path, Bytes::from(body)).await?;
     let ttfb_ms = started.elapsed().as_millis() as i64;
     if p.stream {
         return Ok(Success {
             model: c.model.clone(),
             route: c.route.clone(),
             body: None,
+            answer: None,
             response: Some(resp),
             ttfb_ms,
             in_flight,
@@ -99,13 +101,14 @@ async fn attempt(
         .upstream
         .read_body(resp, state.settings.upstream.max_response_bytes)
         .await?;
-    if serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_err() {
+    let Ok(answer) = serde_json::from_slice::<serde_json::Value>(&body) else {
         return Err(UpstreamError::Garbage("answer is not JSON"));
-    }
+    };
     Ok(Success {
         model: c.model.clone(),
         route: c.route.clone(),
         body: Some(body),
+        answer: Some(answer),
         response: None,
         ttfb_ms,
         in_flight,
@@ -128,6 +131,9 @@ pub async fn call(
     let mut overloaded: Vec<usize> = Vec::new();
     let mut only_rate_limited = true;
     let mut shortest_cooldown: Option<u64> = None;
+    // A candidate that cannot express the request (e.g. `n > 1` for Anthropic) is skipped;
+    // if none could, the client hears why.
+    let mut untranslatable: Option<TranslateError> = None;
     loop {
         round += 1;
         let now_ms = state.clock.now().timestamp_millis();
@@ -162,8 +168,26 @@ pub async fn call(
             }
             let c = &candidates[i];
             let d = c.route.deployment;
+            let dep = &state.catalog.deployments[d];
+            let Some(path) = providers::path(p.endpoint, dep.provider) else {
+                continue;
+            };
+            let body = match providers::build_request(
+                p.endpoint.format(),
+                dep.provider,
+                &p.body,
+                &c.route.upstream_model,
+                p.cap,
+                p.stream,
+            ) {
+                Ok(b) => b,
+                Err(e) => {
+                    untranslatable = Some(e);
+                    continue;
+                }
+            };
             attempts += 1;
-            let err = match attempt(state, p, c, started).await {
+            let err = match attempt(state, p, c, (path, body), started).await {
                 Ok(s) => {
                     state.pool.succeeded(d);
                     return Called {
@@ -205,7 +229,8 @@ pub async fn call(
                 }
                 Tier::ServerError => {}
                 Tier::ClientError => {
-                    let failure = passthrough(err);
+                    let failure =
+                        passthrough(err, providers::format_of(dep.provider), p.endpoint.format());
                     return Called {
                         result: Outcome::Failed(failure),
                         attempts,
@@ -222,6 +247,16 @@ pub async fn call(
         }
         tokio::time::sleep(backoff).await;
     }
+    if let (0, Some(e)) = (attempts, untranslatable) {
+        let error = ApiError::InvalidRequest {
+            message: e.message,
+            param: Some(e.param),
+        };
+        return Called {
+            result: Outcome::Failed(error.into()),
+            attempts,
+        };
+    }
     let error = if only_rate_limited && attempts > 0 {
         ApiError::UpstreamRateLimited {
             retry_after: shortest_cooldown.unwrap_or(1),
@@ -236,9 +271,10 @@ pub async fn call(
 }
 
 /// An upstream client error (400/404/413/422) goes back to the client as it is.
-fn passthrough(err: UpstreamError) -> Failure {
+fn passthrough(err: UpstreamError, upstream: WireFormat, client: WireFormat) -> Failure {
     match err {
         UpstreamError::Status { status, body, .. } => {
+            let body = providers::convert_error(upstream, client, status, body);
             let code = actix_web::http::StatusCode::from_u16(status)
                 .unwrap_or(actix_web::http::StatusCode::BAD_REQUEST);
             let response = HttpResponse::build(code)

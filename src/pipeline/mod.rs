@@ -14,12 +14,14 @@ use futures_util::StreamExt;
 
 use crate::auth::TokenAuth;
 use crate::clock::db_time;
-use crate::error::{ApiError, WireFormat};
+use crate::error::ApiError;
+use crate::quota::estimate;
 use crate::quota::pricing::{self, Usage};
 use crate::quota::QuotaError;
 use crate::ratelimit::{Booking, Decision, Refused, WindowSpec};
 use crate::state::AppState;
 use crate::store::requests::RequestRow;
+use crate::upstream::providers;
 use attempts::{Outcome, Success};
 use request::{Endpoint, Prepared};
 
@@ -61,7 +63,7 @@ pub async fn handle(
         }
         Ok(Reply::Streaming(resp)) => resp,
         Err(Failure { error, response }) => {
-            let mut resp = response.unwrap_or_else(|| error.render(WireFormat::OpenAi));
+            let mut resp = response.unwrap_or_else(|| error.render(endpoint.format()));
             respond::request_id(&mut resp, &log.id);
             log.status = resp.status().as_u16();
             log.error_code = Some(error.code());
@@ -178,6 +180,18 @@ async fn run(
 
     // 5. Reserve the worst case over every model that may serve (fallbacks included).
     let candidates = attempts::candidates(state, &prepared);
+    if candidates.is_empty() {
+        let message = format!(
+            "The model `{}` cannot serve {}.",
+            prepared.requested_model,
+            endpoint.name()
+        );
+        return Err(ApiError::InvalidRequest {
+            message,
+            param: Some("model"),
+        }
+        .into());
+    }
     let worst = reservation_amount(state, &prepared, &candidates);
     let mut held = state
         .quota
@@ -321,14 +335,16 @@ async fn finish(
     auth: &TokenAuth,
     booking: Option<Booking>,
 ) -> Result<HttpResponse, Failure> {
-    let body = s.body.unwrap_or_default();
-    let usage = crate::upstream::providers::openai::answer_usage(&body)
-        .and_then(|(u, _)| u)
-        .unwrap_or_else(|| Usage {
-            input: p.input_tokens,
-            cached_input: 0,
-            output: 0,
-        });
+    let raw = s.body.unwrap_or_default();
+    let answer = s.answer.unwrap_or_default();
+    let upstream = providers::format_of(state.catalog.deployments[s.route.deployment].provider);
+    // An answer without usage is charged the counted input and the counted output.
+    let usage = providers::answer_usage(upstream, &answer).unwrap_or_else(|text| Usage {
+        input: p.input_tokens,
+        cached_input: 0,
+        output: estimate::count_text(&text),
+    });
+    let body = providers::convert_answer(upstream, p.endpoint.format(), raw, &answer);
     let cost = pricing::cost(usage, s.model.prices);
     let settled = held.settle(cost).await.map_err(ApiError::from)?;
     auth.note_remaining(settled.token_remaining);

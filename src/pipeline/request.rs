@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use crate::auth::TokenAuth;
-use crate::error::ApiError;
+use crate::error::{ApiError, WireFormat};
 use crate::quota::estimate;
 use crate::upstream::catalog::{Catalog, Model};
 use crate::upstream::providers::openai::ROUTING_FIELDS;
@@ -17,6 +17,8 @@ pub enum Endpoint {
     Chat,
     Completions,
     Embeddings,
+    /// Anthropic's `/v1/messages`.
+    Messages,
 }
 
 impl Endpoint {
@@ -25,14 +27,15 @@ impl Endpoint {
             Endpoint::Chat => "chat.completions",
             Endpoint::Completions => "completions",
             Endpoint::Embeddings => "embeddings",
+            Endpoint::Messages => "messages",
         }
     }
-    /// Path under an OpenAI-format base URL (which already ends in `/v1`).
-    pub fn upstream_path(self) -> &'static str {
+
+    /// The wire format the client speaks on this endpoint.
+    pub fn format(self) -> WireFormat {
         match self {
-            Endpoint::Chat => "/chat/completions",
-            Endpoint::Completions => "/completions",
-            Endpoint::Embeddings => "/embeddings",
+            Endpoint::Messages => WireFormat::Anthropic,
+            _ => WireFormat::OpenAi,
         }
     }
 }
@@ -132,7 +135,12 @@ pub fn prepare(
     if !auth.allows(&requested_model, &model.name) {
         return Err(ApiError::ModelNotAllowed(requested_model));
     }
-    number_in(&body, "temperature", 0.0, 2.0)?;
+    let max_temperature = if endpoint == Endpoint::Messages {
+        1.0
+    } else {
+        2.0
+    };
+    number_in(&body, "temperature", 0.0, max_temperature)?;
     number_in(&body, "top_p", 0.0, 1.0)?;
 
     let input_tokens = match endpoint {
@@ -162,6 +170,52 @@ pub fn prepare(
                 }
             }
             estimate::chat_input(msgs, body.get("tools"))
+        }
+        Endpoint::Messages => {
+            let msgs = match body.get("messages") {
+                Some(Value::Array(m)) if !m.is_empty() => m,
+                _ => {
+                    return Err(ApiError::invalid(
+                        "messages",
+                        "`messages` must be a non-empty array of messages",
+                    ))
+                }
+            };
+            for m in msgs {
+                let role = m.get("role").and_then(Value::as_str);
+                if !matches!(role, Some("user" | "assistant")) {
+                    return Err(ApiError::invalid(
+                        "messages",
+                        "every message needs a `role` of user or assistant",
+                    ));
+                }
+                if !m
+                    .get("content")
+                    .is_some_and(|c| c.is_string() || c.is_array())
+                {
+                    return Err(ApiError::invalid(
+                        "messages",
+                        "every message needs `content`: a string or an array of blocks",
+                    ));
+                }
+            }
+            if body
+                .get("system")
+                .is_some_and(|s| !(s.is_string() || s.is_array()))
+            {
+                return Err(ApiError::invalid(
+                    "system",
+                    "`system` must be a string or an array of text blocks",
+                ));
+            }
+            if body.get("top_k").is_some_and(|k| k.as_u64().is_none()) {
+                return Err(ApiError::invalid(
+                    "top_k",
+                    "`top_k` must be a non-negative integer",
+                ));
+            }
+            estimate::chat_input(msgs, body.get("tools"))
+                + body.get("system").map_or(0, estimate::count_value)
         }
         Endpoint::Completions => match body.get("prompt") {
             Some(p @ (Value::String(_) | Value::Array(_))) => estimate::count_value(p) + 3,
@@ -196,7 +250,7 @@ pub fn prepare(
     };
     if input_tokens > model.max_input_tokens {
         let field = match endpoint {
-            Endpoint::Chat => "messages",
+            Endpoint::Chat | Endpoint::Messages => "messages",
             Endpoint::Completions => "prompt",
             Endpoint::Embeddings => "input",
         };
@@ -233,6 +287,9 @@ pub fn prepare(
         body.remove("stream_options");
     }
 
+    if endpoint == Endpoint::Messages && !body.contains_key("max_tokens") {
+        return Err(ApiError::invalid("max_tokens", "`max_tokens` is required"));
+    }
     let (cap, n) = if endpoint == Endpoint::Embeddings {
         (None, 1)
     } else {

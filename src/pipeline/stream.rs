@@ -1,17 +1,18 @@
-//! Streams. The upstream's SSE events are read by a pump task and forwarded through a small
-//! bounded channel (backpressure: a slow client slows the pump, it does not grow memory).
-//! The pump ends when the upstream finishes, stalls past the idle timeout, breaks, or the
-//! client goes away (the channel closes) — then it drops the upstream response, which
-//! closes that connection and cancels generation, and settles the reservation:
-//! the upstream's usage when it arrived, else the counted input plus the output counted
-//! with the tokenizer from the deltas received. A stream that breaks ends with an error
-//! event and no `[DONE]`, so clients can tell it from a complete answer.
+//! Streams. The upstream's SSE events are read by a pump task, converted to the client's
+//! format event by event (`providers::translate::stream`; unchanged when the formats
+//! match), and forwarded through a small bounded channel (backpressure: a slow client slows
+//! the pump, it does not grow memory). The pump ends when the upstream finishes, stalls
+//! past the idle timeout, breaks, or the client goes away (the channel closes) — then it
+//! drops the upstream response, which closes that connection and cancels generation, and
+//! settles the reservation: the upstream's usage when it arrived, else the counted input
+//! plus the output counted with the tokenizer from the deltas received. A stream that
+//! breaks ends with an error event and no `[DONE]` / `message_stop`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix_web::{web, HttpResponse};
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use eventsource_stream::Eventsource;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
@@ -20,13 +21,12 @@ use super::attempts::Success;
 use super::request::Prepared;
 use super::respond;
 use crate::auth::TokenAuth;
-use crate::quota::estimate;
-use crate::quota::pricing::{self, Prices, Usage};
+use crate::quota::pricing::{self, Prices};
 use crate::quota::reservation::Held;
 use crate::ratelimit::Booking;
 use crate::state::AppState;
 use crate::store::requests::RequestRow;
-use crate::upstream::providers::openai;
+use crate::upstream::providers::{self, translate::stream::StreamConverter};
 
 /// Chunks buffered between the pump and a slow client.
 const CHANNEL_DEPTH: usize = 16;
@@ -36,13 +36,13 @@ struct Pump {
     held: Held,
     log: RequestRow,
     started: Instant,
-    include_usage: bool,
-    input_tokens: i64,
     prices: Prices,
     auth: Arc<TokenAuth>,
     booking: Option<Booking>,
+    converter: StreamConverter,
 }
 
+#[allow(clippy::too_many_arguments)]
 pub fn start(
     state: &web::Data<AppState>,
     p: &Prepared,
@@ -65,22 +65,29 @@ pub fn start(
         log.cache,
         &auth,
     );
+    let upstream_format =
+        providers::format_of(state.catalog.deployments[s.route.deployment].provider);
     let pump = Pump {
         state: state.clone(),
         held,
         log,
         started,
-        include_usage: p.include_usage,
-        input_tokens: p.input_tokens,
         prices: s.model.prices,
         auth,
         booking,
+        converter: StreamConverter::new(
+            upstream_format,
+            p.endpoint.format(),
+            p.include_usage,
+            p.input_tokens,
+        ),
     };
     let Some(upstream) = s.response else {
         return HttpResponse::InternalServerError().finish();
     };
+    let in_flight = s.in_flight;
     tokio::spawn(async move {
-        let _in_flight = s.in_flight;
+        let _in_flight = in_flight;
         pump.run(upstream, tx).await;
     });
     let body = async_stream::stream! {
@@ -91,29 +98,14 @@ pub fn start(
     resp.streaming(body)
 }
 
-fn frame(data: &str) -> Bytes {
-    let mut b = BytesMut::with_capacity(data.len() + 8);
-    b.put_slice(b"data: ");
-    b.put_slice(data.as_bytes());
-    b.put_slice(b"\n\n");
-    b.freeze()
-}
-
-fn error_frame(message: &str) -> Bytes {
-    let body = serde_json::json!({"error": {"message": message, "type": "server_error", "param": null, "code": "upstream_error"}});
-    frame(&body.to_string())
-}
-
 impl Pump {
-    async fn run(self, upstream: reqwest::Response, tx: mpsc::Sender<Bytes>) {
+    async fn run(mut self, upstream: reqwest::Response, tx: mpsc::Sender<Bytes>) {
         let idle = Duration::from_millis(self.state.settings.upstream.stream_idle_timeout_ms);
         let mut events = upstream.bytes_stream().eventsource();
-        let mut usage: Option<Usage> = None;
-        let mut text = String::new();
-        let mut done = false;
         let mut client_gone = false;
         let mut failure: Option<&'static str> = None;
-        loop {
+        let mut frames = Vec::with_capacity(4);
+        'read: loop {
             let next = tokio::select! {
                 biased;
                 _ = tx.closed() => { client_gone = true; break; }
@@ -126,7 +118,7 @@ impl Pump {
                     break;
                 }
                 Ok(None) => {
-                    if !done {
+                    if !self.converter.done() {
                         failure = Some("The upstream ended the stream before it was complete.");
                     }
                     break;
@@ -137,46 +129,24 @@ impl Pump {
                 }
                 Ok(Some(Ok(ev))) => ev,
             };
-            if event.data == "[DONE]" {
-                done = true;
-                if tx.send(frame("[DONE]")).await.is_err() {
+            self.converter.event(&event.event, &event.data, &mut frames);
+            for f in frames.drain(..) {
+                if tx.send(f).await.is_err() {
                     client_gone = true;
-                    break;
+                    break 'read;
                 }
-                continue;
-            }
-            let info = openai::inspect_chunk(&event.data, &mut text);
-            if let Some(u) = info.as_ref().and_then(|i| i.usage) {
-                usage = Some(u);
-            }
-            if info.as_ref().is_some_and(|i| i.usage_only) && !self.include_usage {
-                continue;
-            }
-            if tx.send(frame(&event.data)).await.is_err() {
-                client_gone = true;
-                break;
             }
         }
         if let (Some(msg), false) = (failure, client_gone) {
-            let _ = tx.send(error_frame(msg)).await;
+            let _ = tx.send(self.converter.error_frame(msg)).await;
         }
         drop(events);
         drop(tx);
-        self.settle(usage, &text, failure, client_gone).await;
+        self.settle(failure, client_gone).await;
     }
 
-    async fn settle(
-        mut self,
-        usage: Option<Usage>,
-        text: &str,
-        failure: Option<&'static str>,
-        client_gone: bool,
-    ) {
-        let usage = usage.unwrap_or_else(|| Usage {
-            input: self.input_tokens,
-            cached_input: 0,
-            output: estimate::count_text(text),
-        });
+    async fn settle(mut self, failure: Option<&'static str>, client_gone: bool) {
+        let usage = self.converter.usage();
         let cost = pricing::cost(usage, self.prices);
         match self.held.settle(cost).await {
             Ok(s) => {

@@ -1,4 +1,97 @@
-//! Provider wire formats. Only these files know what an OpenAI or Anthropic body looks like
-//! on the wire.
+//! Provider wire formats. Only this folder knows what an OpenAI or Anthropic body looks
+//! like; the request path asks it for the body to send, the path to send it to, the usage
+//! of an answer, and the answer in the client's format.
 
+pub mod anthropic;
 pub mod openai;
+pub mod translate;
+
+use bytes::Bytes;
+use serde_json::{Map, Value};
+
+use crate::config::Provider;
+use crate::error::WireFormat;
+use crate::pipeline::request::Endpoint;
+use crate::quota::pricing::Usage;
+use translate::{request, response, TranslateError};
+
+pub fn format_of(p: Provider) -> WireFormat {
+    match p {
+        Provider::Openai => WireFormat::OpenAi,
+        Provider::Anthropic => WireFormat::Anthropic,
+    }
+}
+
+/// Where an endpoint's requests go on a provider; `None` when it has no such endpoint.
+pub fn path(endpoint: Endpoint, p: Provider) -> Option<&'static str> {
+    match (endpoint, p) {
+        (Endpoint::Chat | Endpoint::Messages, Provider::Openai) => Some("/chat/completions"),
+        (Endpoint::Completions, Provider::Openai) => Some("/completions"),
+        (Endpoint::Embeddings, Provider::Openai) => Some("/embeddings"),
+        (Endpoint::Chat | Endpoint::Messages, Provider::Anthropic) => Some("/v1/messages"),
+        (Endpoint::Completions | Endpoint::Embeddings, Provider::Anthropic) => None,
+    }
+}
+
+/// The body to send to a `upstream` deployment for a request in the `client` format.
+pub fn build_request(
+    client: WireFormat,
+    upstream: Provider,
+    body: &Map<String, Value>,
+    upstream_model: &str,
+    cap: Option<(&'static str, i64)>,
+    stream: bool,
+) -> Result<Vec<u8>, TranslateError> {
+    let cap_value = cap.map_or(0, |(_, c)| c);
+    let out = match (client, upstream) {
+        (WireFormat::OpenAi, Provider::Openai) => {
+            openai::shape_request(body, upstream_model, cap, stream)
+        }
+        (WireFormat::Anthropic, Provider::Anthropic) => {
+            anthropic::shape_request(body, upstream_model, cap)
+        }
+        (WireFormat::OpenAi, Provider::Anthropic) => {
+            request::openai_to_anthropic(body, upstream_model, cap_value, stream)?
+        }
+        (WireFormat::Anthropic, Provider::Openai) => {
+            request::anthropic_to_openai(body, upstream_model, cap_value, stream)?
+        }
+    };
+    Ok(serde_json::to_vec(&Value::Object(out)).unwrap_or_default())
+}
+
+/// The usage an answer reports, else the generated text to count.
+pub fn answer_usage(upstream: WireFormat, v: &Value) -> Result<Usage, String> {
+    let usage = v.get("usage").and_then(|u| match upstream {
+        WireFormat::OpenAi => openai::usage_of(u),
+        WireFormat::Anthropic => anthropic::usage_of(u),
+    });
+    usage.ok_or_else(|| match upstream {
+        WireFormat::OpenAi => openai::answer_text(v),
+        WireFormat::Anthropic => anthropic::answer_text(v),
+    })
+}
+
+/// A non-streamed answer in the client's format: the upstream's bytes untouched when the
+/// formats match, translated otherwise.
+pub fn convert_answer(upstream: WireFormat, client: WireFormat, raw: Bytes, v: &Value) -> Bytes {
+    let converted = match (upstream, client) {
+        (WireFormat::Anthropic, WireFormat::OpenAi) => response::anthropic_answer_to_openai(v),
+        (WireFormat::OpenAi, WireFormat::Anthropic) => response::openai_answer_to_anthropic(v),
+        _ => return raw,
+    };
+    Bytes::from(converted.to_string())
+}
+
+/// An upstream's client-error body in the client's format.
+pub fn convert_error(upstream: WireFormat, client: WireFormat, status: u16, raw: Bytes) -> Bytes {
+    if upstream == client {
+        return raw;
+    }
+    let v: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
+    let converted = match client {
+        WireFormat::OpenAi => response::error_to_openai(status, &v),
+        WireFormat::Anthropic => response::error_to_anthropic(status, &v),
+    };
+    Bytes::from(converted.to_string())
+}

@@ -1,9 +1,6 @@
-//! The OpenAI wire format (also vLLM, Ollama, llama.cpp): shaping the forwarded request,
-//! reading usage from answers and stream chunks.
+//! The OpenAI wire format (also vLLM, Ollama, llama.cpp): shaping a request that stays in
+//! this format, and reading usage from answers and stream chunks.
 
-use std::borrow::Cow;
-
-use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::quota::pricing::Usage;
@@ -20,14 +17,14 @@ pub const ROUTING_FIELDS: &[&str] = &[
     "organization",
 ];
 
-/// The body sent upstream: the client's fields, the upstream's model name, the reserved
-/// output cap, and (for streams) a request for the usage chunk.
+/// An OpenAI body for an OpenAI upstream: the client's fields, the upstream's model name,
+/// the reserved output cap, and (for streams) a request for the usage chunk.
 pub fn shape_request(
     body: &Map<String, Value>,
     upstream_model: &str,
     cap: Option<(&'static str, i64)>,
     stream: bool,
-) -> Vec<u8> {
+) -> Map<String, Value> {
     let mut out = body.clone();
     out.insert("model".into(), Value::String(upstream_model.to_string()));
     if let Some((field, cap)) = cap {
@@ -36,114 +33,56 @@ pub fn shape_request(
         out.insert(field.into(), Value::from(cap));
     }
     if stream {
-        let opts = out
-            .entry("stream_options")
-            .or_insert_with(|| Value::Object(Map::new()));
-        if let Value::Object(o) = opts {
-            o.insert("include_usage".into(), Value::Bool(true));
-        }
+        ask_for_usage(&mut out);
     }
-    serde_json::to_vec(&Value::Object(out)).unwrap_or_default()
+    out
 }
 
-#[derive(Debug, Deserialize, Default)]
-struct WireUsage {
-    #[serde(default)]
-    prompt_tokens: Option<i64>,
-    #[serde(default)]
-    completion_tokens: Option<i64>,
-    #[serde(default)]
-    prompt_tokens_details: Option<PromptDetails>,
-}
-
-#[derive(Debug, Deserialize, Default)]
-struct PromptDetails {
-    #[serde(default)]
-    cached_tokens: Option<i64>,
-}
-
-impl WireUsage {
-    fn usage(&self) -> Usage {
-        Usage {
-            input: self.prompt_tokens.unwrap_or(0),
-            cached_input: self
-                .prompt_tokens_details
-                .as_ref()
-                .and_then(|d| d.cached_tokens)
-                .unwrap_or(0),
-            output: self.completion_tokens.unwrap_or(0),
-        }
+/// Streams always ask the upstream for the usage chunk (removed again if the client did
+/// not ask for it).
+pub fn ask_for_usage(out: &mut Map<String, Value>) {
+    let opts = out
+        .entry("stream_options")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if let Value::Object(o) = opts {
+        o.insert("include_usage".into(), Value::Bool(true));
     }
 }
 
-#[derive(Debug, Deserialize)]
-struct Answer {
-    #[serde(default)]
-    usage: Option<WireUsage>,
-    #[serde(default)]
-    model: Option<String>,
+/// Usage from an OpenAI `usage` object.
+pub fn usage_of(u: &Value) -> Option<Usage> {
+    if !u.is_object() {
+        return None;
+    }
+    let n = |p: &str| u.pointer(p).and_then(Value::as_i64).unwrap_or(0);
+    Some(Usage {
+        input: n("/prompt_tokens"),
+        cached_input: n("/prompt_tokens_details/cached_tokens"),
+        output: n("/completion_tokens"),
+    })
 }
 
-/// Usage and model of a non-streamed answer; `None` if the body is not a JSON answer.
-pub fn answer_usage(body: &[u8]) -> Option<(Option<Usage>, Option<String>)> {
-    let a: Answer = serde_json::from_slice(body).ok()?;
-    Some((a.usage.map(|u| u.usage()), a.model))
-}
-
-#[derive(Debug, Deserialize)]
-struct Chunk<'a> {
-    #[serde(default, borrow)]
-    choices: Vec<ChunkChoice<'a>>,
-    #[serde(default)]
-    usage: Option<WireUsage>,
-}
-
-#[derive(Debug, Deserialize)]
-struct ChunkChoice<'a> {
-    #[serde(default, borrow)]
-    delta: Option<Delta<'a>>,
-    #[serde(default, borrow)]
-    text: Option<Cow<'a, str>>,
-}
-
-#[derive(Debug, Deserialize)]
-struct Delta<'a> {
-    #[serde(default, borrow)]
-    content: Option<Cow<'a, str>>,
-    #[serde(default)]
-    tool_calls: Option<Value>,
-}
-
-/// What the gateway needs from one stream chunk.
-#[derive(Debug, Default)]
-pub struct ChunkInfo {
-    pub usage: Option<Usage>,
-    /// The chunk carries only usage (`choices: []`): dropped if the client did not ask for it.
-    pub usage_only: bool,
-}
-
-/// Reads one `data:` payload; appends generated text to `text` (for counting the output
-/// of a stream that ends without usage). `None` if the payload is not a chunk.
-pub fn inspect_chunk(data: &str, text: &mut String) -> Option<ChunkInfo> {
-    let c: Chunk<'_> = serde_json::from_str(data).ok()?;
-    for ch in &c.choices {
-        if let Some(t) = &ch.text {
-            text.push_str(t);
-        }
-        if let Some(d) = &ch.delta {
-            if let Some(t) = &d.content {
+/// The generated text of a chat or completions answer (for counting when usage is missing).
+pub fn answer_text(v: &Value) -> String {
+    let mut text = String::new();
+    for c in v
+        .get("choices")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        for p in ["/message/content", "/text", "/delta/content"] {
+            if let Some(t) = c.pointer(p).and_then(Value::as_str) {
                 text.push_str(t);
             }
-            if let Some(tc) = &d.tool_calls {
+        }
+        for p in ["/message/tool_calls", "/delta/tool_calls"] {
+            if let Some(tc) = c.pointer(p).filter(|t| !t.is_null()) {
                 text.push_str(&tc.to_string());
             }
         }
     }
-    let usage = c.usage.map(|u| u.usage());
-    Some(ChunkInfo {
-        usage_only: c.choices.is_empty() && usage.is_some(),
-        usage,
-    })
+    text
 }
 
 #[cfg(test)]
@@ -153,32 +92,16 @@ mod tests {
 
     #[test]
     fn shapes_and_reads() {
-        let body =
-            json!({"model": "alias", "messages": [], "max_tokens": 10, "api_base": "http://evil"});
-        let Value::Object(mut m) = body else {
+        let body = json!({"model": "alias", "messages": [], "max_tokens": 10});
+        let Value::Object(m) = body else {
             unreachable!()
         };
-        for f in ROUTING_FIELDS {
-            m.remove(*f);
-        }
-        let out: Value =
-            serde_json::from_slice(&shape_request(&m, "gpt-x", Some(("max_tokens", 10)), true))
-                .unwrap();
+        let out = shape_request(&m, "gpt-x", Some(("max_tokens", 10)), true);
         assert_eq!(out["model"], "gpt-x");
         assert_eq!(out["stream_options"]["include_usage"], true);
-        assert!(out.get("api_base").is_none());
-
-        let mut text = String::new();
-        let info =
-            inspect_chunk(r#"{"choices":[{"delta":{"content":"Hel"}}]}"#, &mut text).unwrap();
-        assert!(info.usage.is_none());
-        assert_eq!(text, "Hel");
-        let info = inspect_chunk(
-            r#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":0}}"#,
-            &mut text,
-        )
-        .unwrap();
-        assert!(info.usage_only);
-        assert_eq!(info.usage.unwrap().output, 0);
+        let u = usage_of(&json!({"prompt_tokens": 3, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 2}})).unwrap();
+        assert_eq!((u.input, u.cached_input, u.output), (3, 2, 5));
+        let t = answer_text(&json!({"choices": [{"delta": {"content": "Hel"}}]}));
+        assert_eq!(t, "Hel");
     }
 }

@@ -1,0 +1,70 @@
+//! The Anthropic Messages wire format: shaping a request that stays in this format, and
+//! reading usage from answers and stream events.
+
+use serde_json::{Map, Value};
+
+use crate::quota::pricing::Usage;
+
+/// An Anthropic body for an Anthropic upstream: the client's fields, the upstream's model
+/// name and the reserved output cap.
+pub fn shape_request(
+    body: &Map<String, Value>,
+    upstream_model: &str,
+    cap: Option<(&'static str, i64)>,
+) -> Map<String, Value> {
+    let mut out = body.clone();
+    out.insert("model".into(), Value::String(upstream_model.to_string()));
+    if let Some((_, cap)) = cap {
+        out.insert("max_tokens".into(), Value::from(cap));
+    }
+    out
+}
+
+/// Usage from an Anthropic `usage` object. Anthropic counts cache reads and cache writes
+/// apart from `input_tokens`; Sluice's input is all three, cache reads priced as cached.
+pub fn usage_of(u: &Value) -> Option<Usage> {
+    if !u.is_object() {
+        return None;
+    }
+    let n = |k: &str| u.get(k).and_then(Value::as_i64).unwrap_or(0);
+    let cached = n("cache_read_input_tokens");
+    Some(Usage {
+        input: n("input_tokens") + cached + n("cache_creation_input_tokens"),
+        cached_input: cached,
+        output: n("output_tokens"),
+    })
+}
+
+/// The generated text of a Messages answer (for counting when usage is missing).
+pub fn answer_text(v: &Value) -> String {
+    let mut text = String::new();
+    for b in v
+        .get("content")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        match b.get("type").and_then(Value::as_str) {
+            Some("text") => text.push_str(b.get("text").and_then(Value::as_str).unwrap_or("")),
+            Some("tool_use") => {
+                text.push_str(&b.get("input").map(Value::to_string).unwrap_or_default())
+            }
+            _ => {}
+        }
+    }
+    text
+}
+
+/// Anthropic's error type for an HTTP status.
+pub fn error_type(status: u16) -> &'static str {
+    match status {
+        400 | 422 => "invalid_request_error",
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        529 | 503 => "overloaded_error",
+        _ => "api_error",
+    }
+}

@@ -1,0 +1,15 @@
+//! OpenAI ↔ Anthropic translation, in one place: requests (`request`), whole answers and
+//! error bodies (`response`), and streams event by event (`stream`). Fixtures under
+//! `tests/fixtures/{openai,anthropic}/` pin every case.
+
+pub mod request;
+pub mod response;
+pub mod stream;
+
+/// A request the other side cannot express; refused with a 400 naming the field.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct TranslateError {
+    pub param: &'static str,
+    pub message: String,
+}
