@@ -40,6 +40,9 @@ pub struct Script {
 }
 
 struct Plan {
+    /// Call this tool instead of answering: the request offered tools and has no tool
+    /// result yet (the first leg of a tool-use round trip).
+    tool: Option<String>,
     text: String,
     prompt: i64,
     completion: i64,
@@ -50,6 +53,7 @@ struct Plan {
 fn plan(cfg: &MockConfig, body: &Value, s: &Script) -> Plan {
     let n = body.get("n").and_then(Value::as_i64).unwrap_or(1).max(1);
     Plan {
+        tool: tool_to_call(body),
         text: s.text.clone().unwrap_or_else(|| cfg.text.clone()),
         prompt: s.prompt_tokens.unwrap_or(cfg.prompt_tokens),
         completion: s.completion_tokens.unwrap_or(cfg.completion_tokens) * n,
@@ -118,6 +122,9 @@ pub(crate) async fn answer(
         if body.get("max_tokens").and_then(Value::as_i64).is_none() {
             return HttpResponse::BadRequest().json(json!({"type": "error", "error": {"type": "invalid_request_error", "message": "max_tokens: Field required"}}));
         }
+        if let Err(problem) = check_anthropic(body) {
+            return HttpResponse::BadRequest().json(json!({"type": "error", "error": {"type": "invalid_request_error", "message": problem}}));
+        }
     }
     let p = plan(cfg, body, &s);
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
@@ -147,10 +154,38 @@ fn now() -> i64 {
     chrono::Utc::now().timestamp()
 }
 
+/// The arguments every mock tool call carries.
+pub const TOOL_ARGUMENTS: &str = r#"{"vin":"WVWZZZ1JZXW000001"}"#;
+
+fn tool_to_call(body: &Value) -> Option<String> {
+    let tool = body.pointer("/tools/0")?;
+    let name = tool
+        .pointer("/function/name")
+        .or_else(|| tool.get("name"))?
+        .as_str()?
+        .to_string();
+    let last = body.get("messages")?.as_array()?.last()?;
+    let answered = last.get("role").and_then(Value::as_str) == Some("tool")
+        || last
+            .get("content")
+            .and_then(Value::as_array)
+            .is_some_and(|blocks| {
+                blocks
+                    .iter()
+                    .any(|b| b.get("type").and_then(Value::as_str) == Some("tool_result"))
+            });
+    (!answered).then_some(name)
+}
+
 fn openai_chat(p: &Plan, body: &Value) -> Value {
     let n = body.get("n").and_then(Value::as_i64).unwrap_or(1).max(1);
     let choices: Vec<Value> = (0..n)
-        .map(|i| json!({"index": i, "message": {"role": "assistant", "content": p.text, "refusal": null}, "logprobs": null, "finish_reason": "stop"}))
+        .map(|i| match &p.tool {
+            Some(name) => json!({"index": i, "message": {"role": "assistant", "content": null, "refusal": null,
+                "tool_calls": [{"id": format!("call_{}", p.id), "type": "function", "function": {"name": name, "arguments": TOOL_ARGUMENTS}}]},
+                "logprobs": null, "finish_reason": "tool_calls"}),
+            None => json!({"index": i, "message": {"role": "assistant", "content": p.text, "refusal": null}, "logprobs": null, "finish_reason": "stop"}),
+        })
         .collect();
     json!({
         "id": format!("chatcmpl-{}", p.id), "object": "chat.completion", "created": now(), "model": p.model,
@@ -227,10 +262,24 @@ fn openai_chunks(p: &Plan, legacy: bool, usage: bool) -> Vec<Event> {
     if !legacy {
         out.push(chunk(choice(None, None)));
     }
-    for piece in pieces(&p.text) {
-        out.push(chunk(choice(Some(&piece), None)).content());
+    match (&p.tool, legacy) {
+        (Some(name), false) => {
+            out.push(chunk(json!({"index": 0, "delta": {"tool_calls": [{"index": 0, "id": format!("call_{}", p.id), "type": "function",
+                "function": {"name": name, "arguments": ""}}]}, "logprobs": null, "finish_reason": null})));
+            let (a, b) = TOOL_ARGUMENTS.split_at(TOOL_ARGUMENTS.len() / 2);
+            for part in [a, b] {
+                out.push(chunk(json!({"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": part}}]},
+                    "logprobs": null, "finish_reason": null})).content());
+            }
+            out.push(chunk(choice(None, Some("tool_calls"))));
+        }
+        _ => {
+            for piece in pieces(&p.text) {
+                out.push(chunk(choice(Some(&piece), None)).content());
+            }
+            out.push(chunk(choice(None, Some("stop"))));
+        }
     }
-    out.push(chunk(choice(None, Some("stop"))));
     if usage {
         out.push(Event::data(json!({"id": id, "object": object, "created": created, "model": p.model, "choices": [],
             "usage": {"prompt_tokens": p.prompt, "completion_tokens": p.completion, "total_tokens": p.prompt + p.completion}})));
@@ -244,10 +293,20 @@ fn openai_chunks(p: &Plan, legacy: bool, usage: bool) -> Vec<Event> {
 }
 
 fn anthropic_message(p: &Plan) -> Value {
+    let (content, stop) = match &p.tool {
+        Some(name) => {
+            let input: Value = serde_json::from_str(TOOL_ARGUMENTS).unwrap_or_default();
+            (
+                json!([{"type": "tool_use", "id": format!("toolu_{}", p.id), "name": name, "input": input}]),
+                "tool_use",
+            )
+        }
+        None => (json!([{"type": "text", "text": p.text}]), "end_turn"),
+    };
     json!({
         "id": format!("msg_{}", p.id), "type": "message", "role": "assistant", "model": p.model,
-        "content": [{"type": "text", "text": p.text}],
-        "stop_reason": "end_turn", "stop_sequence": null,
+        "content": content,
+        "stop_reason": stop, "stop_sequence": null,
         "usage": {"input_tokens": p.prompt, "output_tokens": p.completion}
     })
 }
@@ -265,20 +324,41 @@ fn anthropic_events(p: &Plan, s: &Script) -> Vec<Event> {
             "model": p.model, "content": [], "stop_reason": null, "stop_sequence": null,
             "usage": {"input_tokens": p.prompt, "output_tokens": 1}}}),
         ),
-        ev(
-            "content_block_start",
-            json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
-        ),
         ev("ping", json!({"type": "ping"})),
     ];
-    for piece in pieces(&p.text) {
-        let mut e = ev(
-            "content_block_delta",
-            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}}),
-        );
-        e.content = true;
-        out.push(e);
-    }
+    let stop = match &p.tool {
+        Some(name) => {
+            out.push(ev("content_block_start", json!({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "tool_use", "id": format!("toolu_{}", p.id), "name": name, "input": {}}})));
+            let (a, b) = TOOL_ARGUMENTS.split_at(TOOL_ARGUMENTS.len() / 2);
+            for part in [a, b] {
+                let mut e = ev(
+                    "content_block_delta",
+                    json!({"type": "content_block_delta", "index": 0,
+                    "delta": {"type": "input_json_delta", "partial_json": part}}),
+                );
+                e.content = true;
+                out.push(e);
+            }
+            "tool_use"
+        }
+        None => {
+            out.push(ev(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "text", "text": ""}}),
+            ));
+            for piece in pieces(&p.text) {
+                let mut e = ev(
+                    "content_block_delta",
+                    json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}}),
+                );
+                e.content = true;
+                out.push(e);
+            }
+            "end_turn"
+        }
+    };
     out.push(ev(
         "content_block_stop",
         json!({"type": "content_block_stop", "index": 0}),
@@ -288,7 +368,7 @@ fn anthropic_events(p: &Plan, s: &Script) -> Vec<Event> {
     } else {
         json!({"output_tokens": p.completion})
     };
-    out.push(ev("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": usage})));
+    out.push(ev("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null}, "usage": usage})));
     out.push(ev("message_stop", json!({"type": "message_stop"})));
     out
 }
@@ -353,4 +433,63 @@ fn sse(
     resp.content_type("text/event-stream")
         .insert_header(("cache-control", "no-cache"))
         .streaming(body)
+}
+
+/// What Anthropic's Messages API insists on, so a translation that breaks it fails here as
+/// it would against the real API.
+fn check_anthropic(body: &Value) -> Result<(), String> {
+    let msgs = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .ok_or("messages: Field required")?;
+    let mut expect = "user";
+    for (i, m) in msgs.iter().enumerate() {
+        let role = m.get("role").and_then(Value::as_str).unwrap_or("");
+        if role != expect {
+            return Err(format!("messages.{i}.role: roles must alternate between user and assistant, starting with user"));
+        }
+        expect = if role == "user" { "assistant" } else { "user" };
+        if let Some(blocks) = m.get("content").and_then(Value::as_array) {
+            for b in blocks {
+                match b.get("type").and_then(Value::as_str) {
+                    Some("text") if b.get("text").is_some_and(Value::is_string) => {}
+                    Some("image")
+                        if matches!(
+                            b.pointer("/source/type").and_then(Value::as_str),
+                            Some("base64" | "url")
+                        ) => {}
+                    Some("tool_use")
+                        if b.get("id").is_some()
+                            && b.get("input").is_some_and(Value::is_object) => {}
+                    Some("tool_result") if b.get("tool_use_id").is_some() => {}
+                    other => {
+                        return Err(format!(
+                            "messages.{i}.content: invalid block type {other:?}"
+                        ))
+                    }
+                }
+            }
+        } else if !m.get("content").is_some_and(Value::is_string) {
+            return Err(format!("messages.{i}.content: Field required"));
+        }
+    }
+    if body
+        .get("system")
+        .is_some_and(|s| !(s.is_string() || s.is_array()))
+    {
+        return Err("system: must be a string or a list of text blocks".into());
+    }
+    for t in body
+        .get("tools")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        if !t.get("name").is_some_and(Value::is_string)
+            || !t.get("input_schema").is_some_and(Value::is_object)
+        {
+            return Err("tools: each tool needs a name and an input_schema".into());
+        }
+    }
+    Ok(())
 }

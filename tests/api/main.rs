@@ -8,4 +8,5 @@ mod processes;
 mod proxy;
 mod quota;
 mod streams;
+mod translate;
 mod windows;
