@@ -27,6 +27,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_BIN = REPO_ROOT / "target" / "debug" / "sluice"
 
 UPSTREAM_KEY = "sk-upstream-canary-AAAA1111"
+ANTHROPIC_UPSTREAM_KEY = "sk-ant-upstream-canary-BBBB2222"
 MOCK_TEXT = (
     "Hello from the Sluice mock upstream. "
     "This answer is fixed so that tests can check every byte of it."
@@ -56,6 +57,19 @@ name = "gpt-4o-mini"
 routes = [{{ upstream = "mock-a", model = "gpt-4o-mini" }}]
 input_usd_per_mtok = 0.15
 output_usd_per_mtok = 0.60
+
+[[upstreams]]
+id = "mock-claude"
+provider = "anthropic"
+base_url = "http://127.0.0.1:{mock_port}"
+api_key = "{anthropic_key}"
+allow_private_network = true
+
+[[models]]
+name = "claude-mock"
+routes = [{{ upstream = "mock-claude", model = "claude-mock-upstream" }}]
+input_usd_per_mtok = 0.80
+output_usd_per_mtok = 4.00
 
 [[models]]
 name = "text-embedding-3-small"
@@ -181,6 +195,7 @@ def sluice(tmp_path_factory) -> Sluice:
             mock_port=mock_port,
             db_path=db_path,  # absolute path -> sqlite:///abs/path
             upstream_key=UPSTREAM_KEY,
+            anthropic_key=ANTHROPIC_UPSTREAM_KEY,
         )
     )
 

@@ -18,6 +18,7 @@ from conftest import (
     MOCK_PROMPT_TOKENS,
     MOCK_TEXT,
     UPSTREAM_KEY,
+    ANTHROPIC_UPSTREAM_KEY,
 )
 
 BOGUS_TOKEN = "sk-sl-bogusBOGUSbogus0000000000000000000000000000ZZ"
@@ -201,6 +202,7 @@ def _secret_needles(sluice):
         needles[f"sub-token #{i}"] = tok.encode()
         needles[f"sub-token #{i} (without prefix)"] = tok[6:].encode()
     needles["upstream key"] = UPSTREAM_KEY.encode()
+    needles["anthropic upstream key"] = ANTHROPIC_UPSTREAM_KEY.encode()
     needles["upstream key (secret part)"] = UPSTREAM_KEY.split("-", 2)[-1].encode()
     return needles
 
