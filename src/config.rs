@@ -303,6 +303,10 @@ pub struct BreakerSettings {
     pub half_open_probes: u32,
     pub close_after_successes: u32,
     pub half_open_max_wait_seconds: u64,
+    /// Also open when at least `min_calls` calls in `window_seconds` failed at this rate.
+    pub failure_rate: f64,
+    pub min_calls: u32,
+    pub window_seconds: u64,
 }
 
 impl Default for BreakerSettings {
@@ -313,6 +317,9 @@ impl Default for BreakerSettings {
             half_open_probes: 1,
             close_after_successes: 2,
             half_open_max_wait_seconds: 30,
+            failure_rate: 0.5,
+            min_calls: 20,
+            window_seconds: 60,
         }
     }
 }

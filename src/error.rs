@@ -40,6 +40,10 @@ pub enum ApiError {
         "Every upstream key for this model is rate limited. Retry after {retry_after} seconds."
     )]
     UpstreamRateLimited { retry_after: u64 },
+    #[error(
+        "The upstream serving this model is at its concurrency limit. Retry in {retry_after} s."
+    )]
+    UpstreamBusy { retry_after: u64 },
     #[error("Every upstream route failed for this request. Try again later.")]
     UpstreamError,
     /// The upstream refused the request as the client's fault; its own answer is passed on.
@@ -71,7 +75,9 @@ impl ApiError {
             | ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::UpstreamError => StatusCode::BAD_GATEWAY,
             ApiError::UpstreamClientError => StatusCode::BAD_REQUEST,
-            ApiError::ServiceDegraded { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::ServiceDegraded { .. } | ApiError::UpstreamBusy { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -91,6 +97,7 @@ impl ApiError {
             ApiError::UpstreamError => "upstream_error",
             ApiError::UpstreamClientError => "upstream_client_error",
             ApiError::ServiceDegraded { .. } => "service_degraded",
+            ApiError::UpstreamBusy { .. } => "upstream_busy",
             ApiError::Internal => "internal_error",
         }
     }
@@ -106,9 +113,10 @@ impl ApiError {
                     "requests"
                 }
             }
-            ApiError::UpstreamError | ApiError::ServiceDegraded { .. } | ApiError::Internal => {
-                "server_error"
-            }
+            ApiError::UpstreamError
+            | ApiError::ServiceDegraded { .. }
+            | ApiError::UpstreamBusy { .. }
+            | ApiError::Internal => "server_error",
             _ => "invalid_request_error",
         }
     }
@@ -126,7 +134,7 @@ impl ApiError {
             | ApiError::UpstreamRateLimited { .. }
             | ApiError::RateLimited { .. } => "rate_limit_error",
             ApiError::UpstreamError | ApiError::Internal => "api_error",
-            ApiError::ServiceDegraded { .. } => "overloaded_error",
+            ApiError::ServiceDegraded { .. } | ApiError::UpstreamBusy { .. } => "overloaded_error",
         }
     }
 
@@ -134,6 +142,7 @@ impl ApiError {
         match self {
             ApiError::InsufficientQuota { retry_after } => *retry_after,
             ApiError::ServiceDegraded { retry_after }
+            | ApiError::UpstreamBusy { retry_after }
             | ApiError::UpstreamRateLimited { retry_after }
             | ApiError::RateLimited { retry_after, .. } => Some(*retry_after),
             _ => None,
@@ -146,6 +155,7 @@ impl ApiError {
         matches!(
             self,
             ApiError::ServiceDegraded { .. }
+                | ApiError::UpstreamBusy { .. }
                 | ApiError::UpstreamRateLimited { .. }
                 | ApiError::RateLimited { .. }
         )

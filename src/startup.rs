@@ -71,7 +71,7 @@ impl Application {
         .await?;
 
         let catalog = Catalog::from_settings(&settings);
-        let pool = Arc::new(Pool::new(catalog.deployments.len()));
+        let pool = Arc::new(Pool::new(&settings));
         let (request_log, _writer) = RequestLog::start(db.write.clone());
         let state = Arc::new(AppState {
             auth: Authenticator::new(db.read.clone()),

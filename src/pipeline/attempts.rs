@@ -1,18 +1,23 @@
 //! Stages 7–9: pick routes, send, and act on each failure by its tier (`upstream::retry`).
 //! Routes of the asked model come first (least busy first), then its fallbacks' routes in
-//! order. Every attempt goes through `call`; nothing else retries.
+//! order. Before an attempt, a candidate must pass its circuit breaker, its retry budget
+//! (for retries), its own upstream window (`rpm_limit` / `tpm_limit`) and its concurrency
+//! gate. Every attempt goes through `call`; nothing else retries.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix_web::HttpResponse;
 use bytes::Bytes;
+use tokio::sync::OwnedSemaphorePermit;
 
 use super::request::Prepared;
 use super::Failure;
-use crate::error::ApiError;
-use crate::error::WireFormat;
+use crate::error::{ApiError, WireFormat};
+use crate::ratelimit::WindowSpec;
 use crate::state::AppState;
+use crate::store::audit::{self, AuditEntry};
+use crate::upstream::breaker::Admission;
 use crate::upstream::catalog::{Model, Route};
 use crate::upstream::pool::{Disabled, InFlight};
 use crate::upstream::providers::{self, translate::TranslateError};
@@ -53,7 +58,8 @@ pub fn candidates(state: &AppState, p: &Prepared) -> Vec<Candidate> {
 }
 
 /// A successful attempt. For non-streams the body has been read (and checked to be JSON);
-/// for streams the response is handed to the pump unread.
+/// for streams the response is handed to the pump unread. The in-flight count and the
+/// gate slot are held until the answer (or the stream) ends.
 pub struct Success {
     pub model: Arc<Model>,
     pub route: Route,
@@ -63,6 +69,7 @@ pub struct Success {
     pub response: Option<reqwest::Response>,
     pub ttfb_ms: i64,
     pub in_flight: InFlight,
+    pub slot: Option<OwnedSemaphorePermit>,
 }
 
 pub enum Outcome {
@@ -75,27 +82,59 @@ pub struct Called {
     pub attempts: u32,
 }
 
+/// What the attempts of one request have learned so far.
+#[derive(Default)]
+struct Run {
+    attempts: u32,
+    /// Candidates that answered "overloaded": the only ones worth a backoff and a retry.
+    overloaded: Vec<usize>,
+    only_rate_limited: bool,
+    /// The soonest a skipped or cooling candidate may serve again.
+    soonest: Option<Duration>,
+    busy: bool,
+    untranslatable: Option<TranslateError>,
+}
+
+impl Run {
+    fn wait(&mut self, d: Duration) {
+        self.soonest = Some(self.soonest.map_or(d, |s| s.min(d)));
+    }
+}
+
+enum Step {
+    Served(Success),
+    ClientError(Failure),
+    Next,
+}
+
 async fn attempt(
     state: &AppState,
-    p: &Prepared,
     c: &Candidate,
-    (path, body): (&str, Vec<u8>),
+    path: &str,
+    body: Vec<u8>,
+    stream: bool,
     started: Instant,
 ) -> Result<Success, UpstreamError> {
-    let dep = &state.catalog.deployments[c.route.deployment];
-    let in_flight = state.pool.enter(c.route.deployment);
+    let d = c.route.deployment;
+    let dep = &state.catalog.deployments[d];
+    let in_flight = state.pool.enter(d);
     let resp = state.upstream.post(dep, path, Bytes::from(body)).await?;
+    state
+        .pool
+        .observe_headers(d, resp.headers(), state.clock.now().timestamp_millis());
     let ttfb_ms = started.elapsed().as_millis() as i64;
-    if p.stream {
-        return Ok(Success {
-            model: c.model.clone(),
-            route: c.route.clone(),
-            body: None,
-            answer: None,
-            response: Some(resp),
-            ttfb_ms,
-            in_flight,
-        });
+    let success = |body, answer, response| Success {
+        model: c.model.clone(),
+        route: c.route.clone(),
+        body,
+        answer,
+        response,
+        ttfb_ms,
+        in_flight,
+        slot: None,
+    };
+    if stream {
+        return Ok(success(None, None, Some(resp)));
     }
     let body = state
         .upstream
@@ -104,15 +143,175 @@ async fn attempt(
     let Ok(answer) = serde_json::from_slice::<serde_json::Value>(&body) else {
         return Err(UpstreamError::Garbage("answer is not JSON"));
     };
-    Ok(Success {
-        model: c.model.clone(),
-        route: c.route.clone(),
-        body: Some(body),
-        answer: Some(answer),
-        response: None,
-        ttfb_ms,
-        in_flight,
-    })
+    Ok(success(Some(body), Some(answer), None))
+}
+
+/// Disables a key after a quota or auth failure: an alert, and an audit row.
+fn disable_key(state: &AppState, d: usize, why: Disabled) {
+    if !state.pool.disable(d, why) {
+        return;
+    }
+    let id = state.catalog.deployments[d].id.clone();
+    tracing::error!(target: "sluice::alert", upstream = %id, reason = why.as_str(), "upstream key disabled; another key serves");
+    let (pool, now) = (state.db.write.clone(), state.clock.now());
+    tokio::spawn(async move {
+        let target = format!("upstream:{id}");
+        let e = AuditEntry {
+            actor: "system",
+            address: "",
+            action: "upstream.disable",
+            target: &target,
+            before: None,
+            after: Some(why.as_str()),
+        };
+        if let Err(err) = audit::record(&pool, &e, now).await {
+            tracing::error!(error = %err, "audit row for a disabled key failed");
+        }
+    });
+}
+
+/// Tries one candidate: its gates first, then the upstream call.
+async fn try_candidate(
+    state: &AppState,
+    p: &Prepared,
+    c: &Candidate,
+    i: usize,
+    run: &mut Run,
+    ctx: (&str, Instant, Instant),
+) -> Step {
+    let (request_id, deadline, started) = ctx;
+    let d = c.route.deployment;
+    let dep = &state.catalog.deployments[d];
+    let breaker = &state.pool.breakers[d];
+    let probe = match breaker.admit() {
+        Admission::Reject(after) => {
+            run.wait(after);
+            return Step::Next;
+        }
+        Admission::Probe => true,
+        Admission::Call => false,
+    };
+    if run.attempts > 0 && !state.pool.budgets[d].try_retry() {
+        tracing::warn!(upstream = %dep.id, "retry budget spent; not retrying on this key");
+        breaker.abandon(probe);
+        return Step::Next;
+    }
+    let (rpm, tpm) = (
+        state.settings.upstreams[d].rpm_limit,
+        state.settings.upstreams[d].tpm_limit,
+    );
+    if rpm > 0 || tpm > 0 {
+        let spec = [WindowSpec {
+            key: format!("k:{}", dep.id),
+            requests: rpm,
+            tokens: tpm,
+        }];
+        let estimated = (p.input_tokens + p.cap.map_or(0, |(_, c)| c) * p.n).max(0) as u64;
+        let decision = state
+            .windows
+            .check(&spec, &format!("{request_id}:{}", run.attempts), estimated)
+            .await;
+        if decision.refused.is_some() {
+            state.pool.cool_down(
+                d,
+                state.clock.now().timestamp_millis(),
+                decision.retry_after,
+            );
+            run.wait(decision.retry_after);
+            breaker.abandon(probe);
+            return Step::Next;
+        }
+    }
+    let path = providers::path(p.endpoint, dep.provider).unwrap_or_default();
+    let body = match providers::build_request(
+        p.endpoint.format(),
+        dep.provider,
+        &p.body,
+        &c.route.upstream_model,
+        p.cap,
+        p.stream,
+    ) {
+        Ok(b) => b,
+        Err(e) => {
+            run.untranslatable = Some(e);
+            breaker.abandon(probe);
+            return Step::Next;
+        }
+    };
+    let slot = match state.pool.gates[d].enter(deadline).await {
+        Ok(s) => s,
+        Err(_) => {
+            run.busy = true;
+            breaker.abandon(probe);
+            return Step::Next;
+        }
+    };
+    if run.attempts == 0 {
+        state.pool.budgets[d].first_attempt();
+    }
+    run.attempts += 1;
+    let err = match attempt(state, c, path, body, p.stream, started).await {
+        Ok(mut s) => {
+            breaker.success(probe);
+            state.pool.succeeded(d);
+            s.slot = slot;
+            return Step::Served(s);
+        }
+        Err(e) => e,
+    };
+    let tier = retry::classify(&err);
+    tracing::warn!(upstream = %dep.id, tier = ?tier, error = %err, "upstream attempt failed");
+    run.only_rate_limited &= tier == Tier::RateLimited;
+    match tier {
+        Tier::RateLimited | Tier::Overloaded => {
+            let streak = state.pool.rate_limited(d);
+            let retry_after = if let UpstreamError::Status { retry_after, .. } = &err {
+                *retry_after
+            } else {
+                None
+            };
+            let cool = retry::cooldown(
+                retry_after,
+                streak,
+                Duration::from_secs(state.settings.retry.max_cooldown_seconds),
+            );
+            state
+                .pool
+                .cool_down(d, state.clock.now().timestamp_millis(), cool);
+            run.wait(cool);
+            if tier == Tier::Overloaded {
+                run.overloaded.push(i);
+                breaker_failure(state, d, probe);
+            } else {
+                breaker.abandon(probe);
+            }
+        }
+        Tier::QuotaExhausted => {
+            breaker.abandon(probe);
+            disable_key(state, d, Disabled::Quota);
+        }
+        Tier::AuthFailed => {
+            breaker.abandon(probe);
+            disable_key(state, d, Disabled::Auth);
+        }
+        Tier::ServerError => breaker_failure(state, d, probe),
+        Tier::ClientError => {
+            // The upstream answered sensibly: for the breaker that is a success.
+            breaker.success(probe);
+            return Step::ClientError(passthrough(
+                err,
+                providers::format_of(dep.provider),
+                p.endpoint.format(),
+            ));
+        }
+    }
+    Step::Next
+}
+
+fn breaker_failure(state: &AppState, d: usize, probe: bool) {
+    if state.pool.breakers[d].failure(probe) {
+        tracing::error!(target: "sluice::alert", upstream = %state.catalog.deployments[d].id, "circuit breaker opened");
+    }
 }
 
 /// Tries candidates until one answers, following the retry table.
@@ -121,156 +320,93 @@ pub async fn call(
     p: &Prepared,
     candidates: &[Candidate],
     deadline: Instant,
+    request_id: &str,
 ) -> Called {
     let cfg = &state.settings.retry;
-    let cap = Duration::from_secs(cfg.max_cooldown_seconds);
     let started = Instant::now();
-    let mut attempts = 0u32;
+    let mut run = Run {
+        only_rate_limited: true,
+        ..Run::default()
+    };
     let mut round = 0u32;
-    // Candidates that answered "overloaded": the only ones worth a backoff and a retry.
-    let mut overloaded: Vec<usize> = Vec::new();
-    let mut only_rate_limited = true;
-    let mut shortest_cooldown: Option<u64> = None;
-    // A candidate that cannot express the request (e.g. `n > 1` for Anthropic) is skipped;
-    // if none could, the client hears why.
-    let mut untranslatable: Option<TranslateError> = None;
     loop {
         round += 1;
         let now_ms = state.clock.now().timestamp_millis();
-        let eligible: Vec<usize> = (0..candidates.len())
-            .filter(|&i| {
-                let d = candidates[i].route.deployment;
-                !state.pool.is_disabled(d)
-                    && (if round == 1 {
-                        state.pool.cooling_ms(d, now_ms) == 0
-                    } else {
-                        overloaded.contains(&i)
-                    })
-            })
-            .collect();
-        if round == 1 && eligible.is_empty() {
-            let wait = candidates
-                .iter()
-                .filter(|c| !state.pool.is_disabled(c.route.deployment))
-                .map(|c| state.pool.cooling_ms(c.route.deployment, now_ms))
-                .min()
-                .map(|ms| ms.div_ceil(1000).max(1))
-                .unwrap_or(cfg.max_cooldown_seconds.max(1));
-            return Called {
-                result: Outcome::Failed(ApiError::ServiceDegraded { retry_after: wait }.into()),
-                attempts,
-            };
-        }
-        overloaded.clear();
+        let eligible: Vec<usize> = if round == 1 {
+            (0..candidates.len())
+                .filter(|&i| {
+                    let d = candidates[i].route.deployment;
+                    let cooling = state.pool.cooling_ms(d, now_ms);
+                    if cooling > 0 {
+                        run.wait(Duration::from_millis(cooling));
+                    }
+                    !state.pool.is_disabled(d) && cooling == 0
+                })
+                .collect()
+        } else {
+            std::mem::take(&mut run.overloaded)
+        };
         for i in eligible {
-            if attempts >= cfg.max_attempts.max(1) || Instant::now() >= deadline {
+            if run.attempts >= cfg.max_attempts.max(1) || Instant::now() >= deadline {
                 break;
             }
-            let c = &candidates[i];
-            let d = c.route.deployment;
-            let dep = &state.catalog.deployments[d];
-            let Some(path) = providers::path(p.endpoint, dep.provider) else {
-                continue;
-            };
-            let body = match providers::build_request(
-                p.endpoint.format(),
-                dep.provider,
-                &p.body,
-                &c.route.upstream_model,
-                p.cap,
-                p.stream,
-            ) {
-                Ok(b) => b,
-                Err(e) => {
-                    untranslatable = Some(e);
-                    continue;
-                }
-            };
-            attempts += 1;
-            let err = match attempt(state, p, c, (path, body), started).await {
-                Ok(s) => {
-                    state.pool.succeeded(d);
+            match try_candidate(
+                state,
+                p,
+                &candidates[i],
+                i,
+                &mut run,
+                (request_id, deadline, started),
+            )
+            .await
+            {
+                Step::Served(s) => {
                     return Called {
                         result: Outcome::Served(s),
-                        attempts,
-                    };
-                }
-                Err(e) => e,
-            };
-            let tier = retry::classify(&err);
-            let dep_id = &state.catalog.deployments[d].id;
-            tracing::warn!(upstream = %dep_id, tier = ?tier, error = %err, "upstream attempt failed");
-            only_rate_limited &= tier == Tier::RateLimited;
-            match tier {
-                Tier::RateLimited | Tier::Overloaded => {
-                    let streak = state.pool.rate_limited(d);
-                    let retry_after = if let UpstreamError::Status { retry_after, .. } = &err {
-                        *retry_after
-                    } else {
-                        None
-                    };
-                    let cool = retry::cooldown(retry_after, streak, cap);
-                    state
-                        .pool
-                        .cool_down(d, state.clock.now().timestamp_millis(), cool);
-                    let secs = cool.as_millis().div_ceil(1000).max(1) as u64;
-                    shortest_cooldown = Some(shortest_cooldown.map_or(secs, |s| s.min(secs)));
-                    if tier == Tier::Overloaded {
-                        overloaded.push(i);
+                        attempts: run.attempts,
                     }
                 }
-                Tier::QuotaExhausted => {
-                    tracing::error!(upstream = %dep_id, "upstream key is out of quota; disabled until re-enabled");
-                    state.pool.disable(d, Disabled::Quota);
-                }
-                Tier::AuthFailed => {
-                    tracing::error!(upstream = %dep_id, "upstream refused its key; disabled (possible leak or revocation)");
-                    state.pool.disable(d, Disabled::Auth);
-                }
-                Tier::ServerError => {}
-                Tier::ClientError => {
-                    let failure =
-                        passthrough(err, providers::format_of(dep.provider), p.endpoint.format());
+                Step::ClientError(f) => {
                     return Called {
-                        result: Outcome::Failed(failure),
-                        attempts,
-                    };
+                        result: Outcome::Failed(f),
+                        attempts: run.attempts,
+                    }
                 }
+                Step::Next => {}
             }
         }
         let backoff = retry::backoff(Duration::from_millis(cfg.base_delay_ms), round);
-        let more = !overloaded.is_empty()
-            && attempts < cfg.max_attempts
+        let more = !run.overloaded.is_empty()
+            && run.attempts < cfg.max_attempts
             && Instant::now() + backoff < deadline;
         if !more {
             break;
         }
         tokio::time::sleep(backoff).await;
     }
-    if let (0, Some(e)) = (attempts, untranslatable) {
-        let error = ApiError::InvalidRequest {
+    let secs = |d: Option<Duration>| d.map_or(1, |d| (d.as_millis() as u64).div_ceil(1000).max(1));
+    let error = match (run.attempts, run.untranslatable) {
+        (0, Some(e)) => ApiError::InvalidRequest {
             message: e.message,
             param: Some(e.param),
-        };
-        return Called {
-            result: Outcome::Failed(error.into()),
-            attempts,
-        };
-    }
-    let error = if only_rate_limited && attempts > 0 {
-        ApiError::UpstreamRateLimited {
-            retry_after: shortest_cooldown.unwrap_or(1),
-        }
-    } else {
-        ApiError::UpstreamError
+        },
+        (0, None) if run.busy => ApiError::UpstreamBusy { retry_after: 1 },
+        (0, None) => ApiError::ServiceDegraded {
+            retry_after: secs(run.soonest),
+        },
+        _ if run.only_rate_limited => ApiError::UpstreamRateLimited {
+            retry_after: secs(run.soonest),
+        },
+        _ => ApiError::UpstreamError,
     };
     Called {
         result: Outcome::Failed(error.into()),
-        attempts,
+        attempts: run.attempts,
     }
 }
 
-/// An upstream client error (400/404/413/422) goes back to the client as it is.
+/// An upstream client error (400/404/413/422) goes back to the client as it is, in the
+/// client's format.
 fn passthrough(err: UpstreamError, upstream: WireFormat, client: WireFormat) -> Failure {
     match err {
         UpstreamError::Status { status, body, .. } => {

@@ -209,7 +209,7 @@ async fn run(
 
     // 7–9. Route, call, retry by tier.
     let deadline = respond::deadline(req, &state.settings.retry, started);
-    let outcome = attempts::call(state, &prepared, &candidates, deadline).await;
+    let outcome = attempts::call(state, &prepared, &candidates, deadline, &log.id).await;
     log.attempts = outcome.attempts;
     let success = match outcome.result {
         Outcome::Served(s) => s,

@@ -85,9 +85,10 @@ pub fn start(
     let Some(upstream) = s.response else {
         return HttpResponse::InternalServerError().finish();
     };
-    let in_flight = s.in_flight;
+    // The in-flight count and the gate slot are held until the stream ends.
+    let (in_flight, slot) = (s.in_flight, s.slot);
     tokio::spawn(async move {
-        let _in_flight = in_flight;
+        let _held = (in_flight, slot);
         pump.run(upstream, tx).await;
     });
     let body = async_stream::stream! {

@@ -96,3 +96,16 @@ pub async fn verify(pool: &sqlx::SqlitePool) -> Result<(u64, Option<i64>)> {
     }
     Ok((checked, None))
 }
+
+/// Appends one row in its own transaction (for events outside an admin transaction, such
+/// as the gateway disabling an upstream key).
+pub async fn record(
+    pool: &sqlx::SqlitePool,
+    e: &AuditEntry<'_>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<()> {
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    append(&mut tx, e, now).await?;
+    tx.commit().await?;
+    Ok(())
+}

@@ -2,8 +2,10 @@
 //! (`catalog`), the HTTP client (`client`), per-deployment state (`pool`), the retry
 //! table (`retry`), and the providers' wire formats (`providers`).
 
+pub mod breaker;
 pub mod catalog;
 pub mod client;
+pub mod gate;
 pub mod pool;
 pub mod providers;
 pub mod retry;

@@ -1,14 +1,36 @@
-//! Per-deployment state the request path reads and writes without locks: cooldown until a
-//! time, disabled (quota or auth), the current rate-limit streak, and requests in flight.
+//! Per-deployment state of the key pool, read and written by the request path: cooldown,
+//! disabled (quota or auth), the rate-limit streak, requests in flight, and the
+//! deployment's circuit breaker, concurrency gate and retry budget. Cooldowns are also
+//! learned from the upstream's own rate-limit headers (a key that reports no requests left
+//! is rested until its reset instead of being sent into a 429), and, with Redis, shared
+//! with the other replicas (`ops::housekeeping`).
 
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use reqwest::header::HeaderMap;
+
+use super::breaker::Breaker;
+use super::gate::Gate;
+use super::retry::RetryBudget;
+use crate::config::Settings;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Disabled {
     Quota = 1,
     Auth = 2,
+    Admin = 3,
+}
+
+impl Disabled {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Disabled::Quota => "quota exhausted",
+            Disabled::Auth => "authentication refused",
+            Disabled::Admin => "disabled by an admin",
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -19,20 +41,49 @@ struct Member {
     in_flight: AtomicU32,
 }
 
-#[derive(Debug)]
 pub struct Pool {
     members: Vec<Member>,
+    pub breakers: Vec<Breaker>,
+    pub gates: Vec<Gate>,
+    pub budgets: Vec<RetryBudget>,
 }
 
 impl Pool {
-    pub fn new(deployments: usize) -> Self {
+    pub fn new(settings: &Settings) -> Self {
+        let n = settings.upstreams.len();
         Self {
-            members: (0..deployments).map(|_| Member::default()).collect(),
+            members: (0..n).map(|_| Member::default()).collect(),
+            breakers: (0..n).map(|_| Breaker::new(&settings.breaker)).collect(),
+            gates: settings
+                .upstreams
+                .iter()
+                .map(|u| Gate::new(u.max_concurrent, u.max_queue))
+                .collect(),
+            budgets: (0..n)
+                .map(|_| RetryBudget::new(settings.retry.budget_ratio))
+                .collect(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    pub fn disabled(&self, d: usize) -> Option<Disabled> {
+        match self.members[d].disabled.load(Ordering::Relaxed) {
+            1 => Some(Disabled::Quota),
+            2 => Some(Disabled::Auth),
+            3 => Some(Disabled::Admin),
+            _ => None,
         }
     }
 
     pub fn is_disabled(&self, d: usize) -> bool {
-        self.members[d].disabled.load(Ordering::Relaxed) != 0
+        self.disabled(d).is_some()
     }
 
     /// Milliseconds until the deployment may be used again (0 = now).
@@ -40,28 +91,81 @@ impl Pool {
         (self.members[d].cooling_until_ms.load(Ordering::Relaxed) - now_ms).max(0) as u64
     }
 
+    pub fn cooling_until_ms(&self, d: usize) -> i64 {
+        self.members[d].cooling_until_ms.load(Ordering::Relaxed)
+    }
+
     pub fn in_flight(&self, d: usize) -> u32 {
         self.members[d].in_flight.load(Ordering::Relaxed)
     }
 
-    /// Cools a deployment down after a rate limit; returns the streak count it used.
+    /// Counts a rate limit on a deployment; returns its current streak.
     pub fn rate_limited(&self, d: usize) -> u32 {
         self.members[d].streak.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    pub fn cool_down(&self, d: usize, now_ms: i64, for_: Duration) {
-        let until = now_ms + for_.as_millis() as i64;
+    /// Rests a deployment until `until_ms` (never shortens a longer cooldown).
+    pub fn cool_until(&self, d: usize, until_ms: i64) {
         self.members[d]
             .cooling_until_ms
-            .fetch_max(until, Ordering::Relaxed);
+            .fetch_max(until_ms, Ordering::Relaxed);
     }
 
-    pub fn disable(&self, d: usize, why: Disabled) {
-        self.members[d].disabled.store(why as u8, Ordering::Relaxed);
+    pub fn cool_down(&self, d: usize, now_ms: i64, for_: Duration) {
+        self.cool_until(d, now_ms + for_.as_millis() as i64);
+    }
+
+    /// Disables a deployment; `false` if it already was.
+    pub fn disable(&self, d: usize, why: Disabled) -> bool {
+        self.members[d].disabled.swap(why as u8, Ordering::Relaxed) == 0
+    }
+
+    /// Re-enables a deployment and clears its cooldown (an admin action).
+    pub fn enable(&self, d: usize) {
+        self.members[d].disabled.store(0, Ordering::Relaxed);
+        self.members[d].cooling_until_ms.store(0, Ordering::Relaxed);
+        self.members[d].streak.store(0, Ordering::Relaxed);
     }
 
     pub fn succeeded(&self, d: usize) {
         self.members[d].streak.store(0, Ordering::Relaxed);
+    }
+
+    /// Reads the upstream's own rate-limit headers (OpenAI `x-ratelimit-*`, Anthropic
+    /// `anthropic-ratelimit-*`): a key with no requests or tokens left rests until the reset.
+    pub fn observe_headers(&self, d: usize, h: &HeaderMap, now_ms: i64) {
+        let get = |k: &str| h.get(k).and_then(|v| v.to_str().ok());
+        for (remaining, reset) in [
+            (
+                "x-ratelimit-remaining-requests",
+                "x-ratelimit-reset-requests",
+            ),
+            ("x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"),
+        ] {
+            if get(remaining).and_then(|r| r.trim().parse::<u64>().ok()) == Some(0) {
+                if let Some(ms) = get(reset).and_then(parse_openai_duration_ms) {
+                    self.cool_until(d, now_ms + ms as i64);
+                }
+            }
+        }
+        for (remaining, reset) in [
+            (
+                "anthropic-ratelimit-requests-remaining",
+                "anthropic-ratelimit-requests-reset",
+            ),
+            (
+                "anthropic-ratelimit-tokens-remaining",
+                "anthropic-ratelimit-tokens-reset",
+            ),
+        ] {
+            if get(remaining).and_then(|r| r.trim().parse::<u64>().ok()) == Some(0) {
+                if let Some(at) =
+                    get(reset).and_then(|r| chrono::DateTime::parse_from_rfc3339(r.trim()).ok())
+                {
+                    self.cool_until(d, at.timestamp_millis());
+                }
+            }
+        }
     }
 
     /// Counts a request in flight on a deployment until the guard drops (a stream holds
@@ -75,6 +179,36 @@ impl Pool {
     }
 }
 
+/// `20ms`, `1s`, `6m0s`, `1h2m3.5s` → milliseconds.
+pub fn parse_openai_duration_ms(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let mut total = 0f64;
+    let mut num = String::new();
+    let mut chars = s.chars().peekable();
+    let mut any = false;
+    while let Some(c) = chars.next() {
+        if c.is_ascii_digit() || c == '.' {
+            num.push(c);
+            continue;
+        }
+        let value: f64 = num.parse().ok()?;
+        num.clear();
+        let unit = match c {
+            'h' => 3_600_000.0,
+            'm' if chars.peek() == Some(&'s') => {
+                chars.next();
+                1.0
+            }
+            'm' => 60_000.0,
+            's' => 1000.0,
+            _ => return None,
+        };
+        total += value * unit;
+        any = true;
+    }
+    (any && num.is_empty()).then_some(total.ceil() as u64)
+}
+
 pub struct InFlight {
     pool: Arc<Pool>,
     d: usize,
@@ -85,5 +219,46 @@ impl Drop for InFlight {
         self.pool.members[self.d]
             .in_flight
             .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn openai_reset_durations() {
+        assert_eq!(parse_openai_duration_ms("20ms"), Some(20));
+        assert_eq!(parse_openai_duration_ms("1s"), Some(1000));
+        assert_eq!(parse_openai_duration_ms("6m0s"), Some(360_000));
+        assert_eq!(parse_openai_duration_ms("1h2m3.5s"), Some(3_723_500));
+        assert_eq!(parse_openai_duration_ms("soon"), None);
+    }
+
+    #[test]
+    fn a_key_reporting_nothing_left_rests_until_its_reset() {
+        let pool = Pool::new(&Settings {
+            upstreams: vec![],
+            ..Settings::default()
+        });
+        assert!(pool.is_empty());
+        let mut s = Settings::default();
+        s.upstreams.push(crate::config::UpstreamSettings {
+            id: "a".into(),
+            provider: crate::config::Provider::Openai,
+            base_url: "https://api.openai.com/v1".into(),
+            api_key: crate::config::Secret(secrecy::SecretString::from("k")),
+            rpm_limit: 0,
+            tpm_limit: 0,
+            max_concurrent: 0,
+            max_queue: 0,
+            allow_private_network: false,
+        });
+        let pool = Pool::new(&s);
+        let mut h = HeaderMap::new();
+        h.insert("x-ratelimit-remaining-requests", "0".parse().unwrap());
+        h.insert("x-ratelimit-reset-requests", "1.5s".parse().unwrap());
+        pool.observe_headers(0, &h, 1_000);
+        assert_eq!(pool.cooling_ms(0, 1_000), 1_500);
     }
 }

@@ -124,3 +124,79 @@ mod tests {
         }
     }
 }
+
+/// Keeps retries to one deployment at most `ratio` of its first attempts, plus a floor, over
+/// a rolling window, so a dying upstream is not hammered by retries.
+#[derive(Debug)]
+pub struct RetryBudget {
+    ratio: f64,
+    state: parking_lot::Mutex<BudgetWindow>,
+}
+
+#[derive(Debug)]
+struct BudgetWindow {
+    start: std::time::Instant,
+    firsts: u32,
+    retries: u32,
+}
+
+/// Retries always allowed per window, so a quiet deployment can still be retried.
+const RETRY_FLOOR: u32 = 10;
+const BUDGET_WINDOW: Duration = Duration::from_secs(10);
+
+impl RetryBudget {
+    pub fn new(ratio: f64) -> Self {
+        Self {
+            ratio,
+            state: parking_lot::Mutex::new(BudgetWindow {
+                start: std::time::Instant::now(),
+                firsts: 0,
+                retries: 0,
+            }),
+        }
+    }
+
+    fn window(&self) -> parking_lot::MutexGuard<'_, BudgetWindow> {
+        let mut w = self.state.lock();
+        if w.start.elapsed() > BUDGET_WINDOW {
+            *w = BudgetWindow {
+                start: std::time::Instant::now(),
+                firsts: 0,
+                retries: 0,
+            };
+        }
+        w
+    }
+
+    /// Counts a request's first attempt (it funds the budget).
+    pub fn first_attempt(&self) {
+        self.window().firsts += 1;
+    }
+
+    /// Takes one retry from the budget; `false` when it is spent.
+    pub fn try_retry(&self) -> bool {
+        let mut w = self.window();
+        let allowed = RETRY_FLOOR + (self.ratio * f64::from(w.firsts)) as u32;
+        if w.retries < allowed {
+            w.retries += 1;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use super::*;
+
+    #[test]
+    fn retries_stay_within_ten_percent_plus_the_floor() {
+        let b = RetryBudget::new(0.10);
+        for _ in 0..1000 {
+            b.first_attempt();
+        }
+        let granted = (0..1000).filter(|_| b.try_retry()).count();
+        assert_eq!(granted, 110);
+    }
+}

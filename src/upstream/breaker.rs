@@ -1,0 +1,258 @@
+//! A circuit breaker per deployment. CLOSED → OPEN after `failure_threshold` consecutive
+//! failures, or when at least `min_calls` calls in the last `window_seconds` failed at a
+//! rate of `failure_rate` or more. OPEN for `open_seconds`, answering without an upstream
+//! call. Then HALF_OPEN: up to `half_open_probes` probes at a time; `close_after_successes`
+//! successes close it, a failure re-opens it, and a probe that outlives
+//! `half_open_max_wait_seconds` counts as a failure, so a hung probe cannot wedge it.
+//! Only server-side failures count: 429s and client errors are not failures.
+
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::config::BreakerSettings;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    Closed,
+    Open,
+    HalfOpen,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Closed => "closed",
+            State::Open => "open",
+            State::HalfOpen => "half_open",
+        }
+    }
+    /// For the `gateway_breaker_state` gauge: 0 closed, 1 half-open, 2 open.
+    pub fn gauge(self) -> f64 {
+        match self {
+            State::Closed => 0.0,
+            State::HalfOpen => 1.0,
+            State::Open => 2.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// A normal call.
+    Call,
+    /// A half-open probe: report its outcome with `probe = true`.
+    Probe,
+    /// Open: do not call; it may be tried again after this long.
+    Reject(Duration),
+}
+
+#[derive(Debug)]
+struct Inner {
+    state: State,
+    consecutive_failures: u32,
+    window_start: Instant,
+    window_calls: u32,
+    window_failures: u32,
+    open_until: Instant,
+    probes: Vec<Instant>,
+    probe_successes: u32,
+}
+
+#[derive(Debug)]
+pub struct Breaker {
+    cfg: BreakerSettings,
+    inner: Mutex<Inner>,
+}
+
+impl Breaker {
+    pub fn new(cfg: &BreakerSettings) -> Self {
+        let now = Instant::now();
+        Self {
+            cfg: cfg.clone(),
+            inner: Mutex::new(Inner {
+                state: State::Closed,
+                consecutive_failures: 0,
+                window_start: now,
+                window_calls: 0,
+                window_failures: 0,
+                open_until: now,
+                probes: Vec::new(),
+                probe_successes: 0,
+            }),
+        }
+    }
+
+    pub fn state(&self) -> State {
+        self.inner.lock().state
+    }
+
+    /// Whether a call may go out now, and as what.
+    pub fn admit(&self) -> Admission {
+        let now = Instant::now();
+        let mut s = self.inner.lock();
+        let max_wait = Duration::from_secs(self.cfg.half_open_max_wait_seconds);
+        if s.state == State::HalfOpen && s.probes.iter().any(|&t| now.duration_since(t) > max_wait)
+        {
+            // A probe hung past its limit: that is a failure.
+            self.open(&mut s, now);
+        }
+        match s.state {
+            State::Closed => Admission::Call,
+            State::Open if now < s.open_until => Admission::Reject(s.open_until - now),
+            State::Open | State::HalfOpen => {
+                if s.state == State::Open {
+                    s.state = State::HalfOpen;
+                    s.probe_successes = 0;
+                    s.probes.clear();
+                }
+                if s.probes.len() < self.cfg.half_open_probes.max(1) as usize {
+                    s.probes.push(now);
+                    Admission::Probe
+                } else {
+                    Admission::Reject(Duration::from_secs(1))
+                }
+            }
+        }
+    }
+
+    pub fn success(&self, probe: bool) {
+        let now = Instant::now();
+        let mut s = self.inner.lock();
+        self.count(&mut s, now, false);
+        s.consecutive_failures = 0;
+        if probe && s.state == State::HalfOpen {
+            s.probes.pop();
+            s.probe_successes += 1;
+            if s.probe_successes >= self.cfg.close_after_successes.max(1) {
+                s.state = State::Closed;
+                s.window_calls = 0;
+                s.window_failures = 0;
+            }
+        }
+    }
+
+    /// Records a failure; returns true when it opened the breaker.
+    pub fn failure(&self, probe: bool) -> bool {
+        let now = Instant::now();
+        let mut s = self.inner.lock();
+        self.count(&mut s, now, true);
+        s.consecutive_failures += 1;
+        let rate_tripped = s.window_calls >= self.cfg.min_calls.max(1)
+            && f64::from(s.window_failures) >= self.cfg.failure_rate * f64::from(s.window_calls);
+        let trip = match s.state {
+            State::HalfOpen => probe || !s.probes.is_empty(),
+            State::Closed => {
+                s.consecutive_failures >= self.cfg.failure_threshold.max(1) || rate_tripped
+            }
+            State::Open => false,
+        };
+        if trip {
+            self.open(&mut s, now);
+        }
+        trip
+    }
+
+    /// A call that ended without a verdict (the client left): frees its probe slot.
+    pub fn abandon(&self, probe: bool) {
+        if probe {
+            self.inner.lock().probes.pop();
+        }
+    }
+
+    fn count(&self, s: &mut Inner, now: Instant, failed: bool) {
+        if now.duration_since(s.window_start) > Duration::from_secs(self.cfg.window_seconds.max(1))
+        {
+            s.window_start = now;
+            s.window_calls = 0;
+            s.window_failures = 0;
+        }
+        s.window_calls += 1;
+        s.window_failures += u32::from(failed);
+    }
+
+    fn open(&self, s: &mut Inner, now: Instant) {
+        s.state = State::Open;
+        s.open_until = now + Duration::from_secs(self.cfg.open_seconds);
+        s.probes.clear();
+        s.probe_successes = 0;
+        s.consecutive_failures = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> BreakerSettings {
+        BreakerSettings {
+            open_seconds: 0,
+            half_open_max_wait_seconds: 0,
+            ..BreakerSettings::default()
+        }
+    }
+
+    #[test]
+    fn opens_probes_and_closes() {
+        let b = Breaker::new(&BreakerSettings::default());
+        assert!(!b.failure(false));
+        assert!(!b.failure(false));
+        assert!(b.failure(false), "third consecutive failure opens");
+        assert!(matches!(b.admit(), Admission::Reject(_)));
+
+        let b = Breaker::new(&cfg());
+        for _ in 0..3 {
+            b.failure(false);
+        }
+        assert_eq!(b.admit(), Admission::Probe, "open time over: one probe");
+        b.success(true);
+        assert_eq!(b.state(), State::HalfOpen);
+        assert_eq!(b.admit(), Admission::Probe);
+        b.success(true);
+        assert_eq!(b.state(), State::Closed, "two successes close it");
+    }
+
+    #[test]
+    fn a_failed_or_hung_probe_reopens() {
+        let b = Breaker::new(&BreakerSettings {
+            open_seconds: 0,
+            ..BreakerSettings::default()
+        });
+        for _ in 0..3 {
+            b.failure(false);
+        }
+        assert_eq!(b.admit(), Admission::Probe);
+        assert!(
+            matches!(b.admit(), Admission::Reject(_)),
+            "one probe at a time"
+        );
+        assert!(b.failure(true));
+        assert_eq!(b.state(), State::Open);
+
+        let hung = Breaker::new(&cfg());
+        for _ in 0..3 {
+            hung.failure(false);
+        }
+        assert_eq!(hung.admit(), Admission::Probe);
+        std::thread::sleep(Duration::from_millis(5));
+        // The probe never reported back; the next admission sees it expired and re-opens,
+        // then (open time 0) lets a fresh probe through.
+        assert_eq!(hung.admit(), Admission::Probe);
+    }
+
+    #[test]
+    fn a_high_failure_rate_opens_it() {
+        let b = Breaker::new(&BreakerSettings {
+            failure_threshold: 100,
+            min_calls: 10,
+            failure_rate: 0.5,
+            ..BreakerSettings::default()
+        });
+        let mut opened = false;
+        for _ in 0..10 {
+            b.success(false);
+            opened |= b.failure(false);
+        }
+        assert!(opened);
+    }
+}
