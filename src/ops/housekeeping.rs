@@ -10,7 +10,13 @@ use crate::store::{ledger, processes};
 const AUTH_POLL: Duration = Duration::from_millis(250);
 const HEARTBEAT: Duration = Duration::from_secs(5);
 
+/// How often replicas exchange key cooldowns through Redis.
+const COOLDOWN_SYNC: Duration = Duration::from_millis(250);
+
 pub fn spawn(state: Arc<AppState>, host: String) {
+    if state.windows.uses_redis() && !state.pool.is_empty() {
+        tokio::spawn(share_cooldowns(state.clone()));
+    }
     let s = state.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(AUTH_POLL);
@@ -55,4 +61,43 @@ pub async fn recover_orphans(
     }
     processes::prune(&state.db.write, now).await?;
     Ok(settled)
+}
+
+/// Publishes this replica's key cooldowns to Redis and adopts the other replicas', so a
+/// key that answered 429 rests on every replica, not only the one that saw it.
+async fn share_cooldowns(state: Arc<AppState>) {
+    let ids: Vec<String> = state
+        .catalog
+        .deployments
+        .iter()
+        .map(|d| d.id.clone())
+        .collect();
+    let mut published = vec![0i64; ids.len()];
+    let mut tick = tokio::time::interval(COOLDOWN_SYNC);
+    loop {
+        tick.tick().await;
+        let Some(redis) = state.windows.redis() else {
+            continue;
+        };
+        let now = state.clock.now().timestamp_millis();
+        let mut publish = Vec::new();
+        for (d, id) in ids.iter().enumerate() {
+            let until = state.pool.cooling_until_ms(d);
+            if until > now && until > published[d] {
+                publish.push((id.clone(), until, (until - now) as u64));
+                published[d] = until;
+            }
+        }
+        match redis.sync_cooldowns(&publish, &ids).await {
+            Ok(values) => {
+                for (d, v) in values.into_iter().enumerate() {
+                    if let Some(until) = v.filter(|u| *u > now) {
+                        state.pool.cool_until(d, until);
+                        published[d] = published[d].max(until);
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "sharing key cooldowns failed"),
+        }
+    }
 }

@@ -149,6 +149,11 @@ impl Windows {
         }
     }
 
+    /// The Redis store, when configured and healthy (for sharing key cooldowns).
+    pub fn redis(&self) -> Option<&RedisWindows> {
+        self.redis.as_ref().filter(|_| !self.degraded())
+    }
+
     /// Redis answers, or not (for `/readyz`).
     pub async fn redis_ready(&self) -> Option<bool> {
         match &self.redis {

@@ -115,6 +115,34 @@ impl RedisWindows {
         Ok(())
     }
 
+    /// Shares key-pool cooldowns between replicas in one round trip: publishes this
+    /// replica's new cooldowns (`id`, until in epoch ms, time to live) and reads everyone's.
+    pub async fn sync_cooldowns(
+        &self,
+        publish: &[(String, i64, u64)],
+        ids: &[String],
+    ) -> Result<Vec<Option<i64>>, WindowError> {
+        let mut pipe = redis::pipe();
+        for (id, until, ttl_ms) in publish {
+            pipe.cmd("SET")
+                .arg(format!("{PREFIX}:cool:{id}"))
+                .arg(until)
+                .arg("PX")
+                .arg((*ttl_ms).max(1))
+                .ignore();
+        }
+        let keys: Vec<String> = ids.iter().map(|id| format!("{PREFIX}:cool:{id}")).collect();
+        pipe.cmd("MGET").arg(&keys);
+        let mut conn = self.conn.clone();
+        let (values,): (Vec<Option<i64>>,) = tokio::time::timeout(
+            self.timeout.max(Duration::from_millis(200)),
+            pipe.query_async(&mut conn),
+        )
+        .await
+        .map_err(|_| WindowError::Timeout)??;
+        Ok(values)
+    }
+
     /// The eviction policy, to warn when limiter keys could be evicted.
     pub async fn eviction_policy(&self) -> Result<String, WindowError> {
         let mut conn = self.conn.clone();

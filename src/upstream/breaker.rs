@@ -92,10 +92,11 @@ impl Breaker {
         let now = Instant::now();
         let mut s = self.inner.lock();
         let max_wait = Duration::from_secs(self.cfg.half_open_max_wait_seconds);
-        if s.state == State::HalfOpen && s.probes.iter().any(|&t| now.duration_since(t) > max_wait)
-        {
-            // A probe hung past its limit: that is a failure.
-            self.open(&mut s, now);
+        if s.state == State::HalfOpen {
+            if let Some(&started) = s.probes.iter().find(|&&t| now.duration_since(t) > max_wait) {
+                // A probe hung past its limit: a failure at the moment its limit ran out.
+                self.open(&mut s, started + max_wait);
+            }
         }
         match s.state {
             State::Closed => Admission::Call,

@@ -7,6 +7,7 @@ mod bad_input;
 mod processes;
 mod proxy;
 mod quota;
+mod resilience;
 mod streams;
 mod translate;
 mod windows;

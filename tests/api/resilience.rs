@@ -1,0 +1,551 @@
+//! 429 storms and outages stay away from users: key pool, retry tiers, fallbacks across
+//! providers, circuit breakers, concurrency gates, the retry budget.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sluice::config::{Provider, RouteSettings, Settings};
+use sluice::mock::{MockServer, Script};
+use sluice::upstream::breaker::State;
+
+use crate::helpers::*;
+
+const KEY_C: &str = "sk-ant-upstream-canary-key-C-9e8d7c";
+
+/// Two OpenAI keys (`a`, `b`) for gpt-4o-mini, and `claude` (an Anthropic key) as its fallback.
+fn pool_of_two_and_a_fallback(s: &mut Settings, m: &MockServer) {
+    s.upstreams.push(upstream("b", KEY_B, m));
+    let mut c = upstream("c", KEY_C, m);
+    c.provider = Provider::Anthropic;
+    c.base_url = m.base_url();
+    s.upstreams.push(c);
+    s.models[0].routes.push(RouteSettings {
+        upstream: "b".into(),
+        model: "gpt-4o-mini-upstream".into(),
+    });
+    s.models.push(model("claude", &["c"]));
+    s.models[0].fallbacks = vec!["claude".into()];
+}
+
+fn status(code: u16) -> Script {
+    Script {
+        status: Some(code),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn a_429_key_rests_for_its_retry_after_while_another_serves_at_once() {
+    let app = spawn_app_with(pool_of_two_and_a_fallback).await;
+    let (_, token) = app.token("alice", None).await;
+    app.mock.state.script(
+        KEY_A,
+        [Script {
+            status: Some(429),
+            headers: vec![("Retry-After".into(), "2".into())],
+            ..Default::default()
+        }],
+    );
+    let started = Instant::now();
+    let resp = app.chat(&token, &chat_body(10)).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers().get("x-sluice-upstream").unwrap(), "b");
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "no visible delay"
+    );
+    for _ in 0..5 {
+        assert_eq!(app.chat(&token, &chat_body(10)).await.status(), 200);
+    }
+    assert_eq!(
+        app.mock.state.stats(KEY_A).count,
+        1,
+        "A got nothing while cooling"
+    );
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let resp = app.chat(&token, &chat_body(10)).await;
+    assert_eq!(
+        resp.headers().get("x-sluice-upstream").unwrap(),
+        "a",
+        "A is used again after its Retry-After"
+    );
+}
+
+#[tokio::test]
+async fn every_key_429_gives_the_client_a_429_without_a_retry_storm() {
+    let app = spawn_app_with(|s, m| {
+        s.upstreams.push(upstream("b", KEY_B, m));
+        s.models[0].routes.push(RouteSettings {
+            upstream: "b".into(),
+            model: "x".into(),
+        });
+    })
+    .await;
+    let (_, token) = app.token("bob", None).await;
+    for k in [KEY_A, KEY_B] {
+        app.mock.state.sticky(
+            k,
+            Some(Script {
+                status: Some(429),
+                headers: vec![("Retry-After".into(), "3".into())],
+                ..Default::default()
+            }),
+        );
+    }
+    let resp = app.chat(&token, &chat_body(10)).await;
+    assert_eq!(resp.status(), 429);
+    let after: u64 = resp
+        .headers()
+        .get("retry-after")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=3).contains(&after));
+    assert_eq!(app.mock.state.total_count(), 2, "attempts ≤ pool size");
+    let resp = app.chat(&token, &chat_body(10)).await;
+    assert_eq!(
+        resp.status(),
+        503,
+        "all keys resting: answered without an upstream call"
+    );
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "service_degraded");
+    assert!(v["error"]["retry_after_seconds"].as_u64().unwrap() >= 1);
+    assert_eq!(app.mock.state.total_count(), 2);
+}
+
+#[tokio::test]
+async fn a_500_moves_on_to_the_fallback_on_the_other_provider() {
+    let app = spawn_app_with(|s, m| {
+        let mut c = upstream("c", KEY_C, m);
+        c.provider = Provider::Anthropic;
+        c.base_url = m.base_url();
+        s.upstreams.push(c);
+        let mut claude = model("claude", &["c"]);
+        claude.input_usd_per_mtok = 3.0;
+        claude.output_usd_per_mtok = 15.0;
+        s.models.push(claude);
+        s.models[0].fallbacks = vec!["claude".into()];
+    })
+    .await;
+    let (id, token) = app.token("carol", Some("1")).await;
+    app.mock.state.script(KEY_A, [status(500)]);
+    let resp = app.chat(&token, &chat_body(100)).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers().get("x-sluice-upstream").unwrap(), "c");
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(
+        v["object"], "chat.completion",
+        "translated back to the client's format"
+    );
+    assert_eq!(
+        v["model"], "claude-upstream",
+        "the model the upstream returned"
+    );
+    assert_eq!(
+        app.mock.state.stats(KEY_A).count,
+        1,
+        "exactly one request reached A"
+    );
+    assert_eq!(app.mock.state.stats(KEY_C).last_paths[0], "/v1/messages");
+    // Priced by the model that served: 12 × 3 + 24 × 15 = 396 micro-dollars.
+    app.assert_invariant().await;
+    assert_eq!(
+        app.scalar(&format!(
+            "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
+        ))
+        .await,
+        396
+    );
+}
+
+#[tokio::test]
+async fn a_key_out_of_quota_is_never_tried_again_until_re_enabled() {
+    let app = spawn_app_with(pool_of_two_and_a_fallback).await;
+    let (_, token) = app.token("dan", None).await;
+    let quota = serde_json::json!({"error": {"message": "You exceeded your current quota", "type": "insufficient_quota", "code": "insufficient_quota"}});
+    app.mock.state.script(
+        KEY_A,
+        [Script {
+            status: Some(429),
+            body: Some(quota),
+            ..Default::default()
+        }],
+    );
+    for _ in 0..5 {
+        assert_eq!(app.chat(&token, &chat_body(10)).await.status(), 200);
+    }
+    assert_eq!(app.mock.state.stats(KEY_A).count, 1);
+    app.state.pool.enable(0);
+    let resp = app.chat(&token, &chat_body(10)).await;
+    assert_eq!(resp.headers().get("x-sluice-upstream").unwrap(), "a");
+}
+
+#[tokio::test]
+async fn a_key_refused_by_the_upstream_is_quarantined_with_an_audit_row() {
+    let app = spawn_app_with(pool_of_two_and_a_fallback).await;
+    let (_, token) = app.token("eve", None).await;
+    app.mock.state.sticky(KEY_A, Some(status(401)));
+    for _ in 0..3 {
+        let resp = app.chat(&token, &chat_body(10)).await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.headers().get("x-sluice-upstream").unwrap(), "b");
+    }
+    assert_eq!(app.mock.state.stats(KEY_A).count, 1);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let rows: Vec<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT action, target, after FROM audit_log WHERE action = 'upstream.disable'",
+    )
+    .fetch_all(&app.db().read)
+    .await
+    .unwrap();
+    assert_eq!(
+        rows,
+        vec![(
+            "upstream.disable".into(),
+            "upstream:a".into(),
+            Some("authentication refused".into())
+        )]
+    );
+    let (_, count) = sluice::store::audit::verify(&app.db().read)
+        .await
+        .unwrap()
+        .into();
+    assert!(count.is_none(), "the chain stays intact");
+}
+
+#[tokio::test]
+async fn the_breaker_opens_fails_fast_probes_closes_and_reopens() {
+    let app = spawn_app_with(|s, _| {
+        s.breaker.open_seconds = 1;
+        s.breaker.close_after_successes = 2;
+    })
+    .await;
+    let (_, token) = app.token("fay", None).await;
+    app.mock.state.sticky(KEY_A, Some(status(500)));
+    for _ in 0..3 {
+        assert_eq!(app.chat(&token, &chat_body(10)).await.status(), 502);
+    }
+    assert_eq!(app.state.pool.breakers[0].state(), State::Open);
+    for _ in 0..5 {
+        let started = Instant::now();
+        let resp = app.chat(&token, &chat_body(10)).await;
+        assert!(started.elapsed() < Duration::from_millis(50), "fails fast");
+        assert_eq!(resp.status(), 503);
+    }
+    assert_eq!(
+        app.mock.state.stats(KEY_A).count,
+        3,
+        "no upstream call while open"
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // The probe fails: open again.
+    assert_eq!(app.chat(&token, &chat_body(10)).await.status(), 502);
+    assert_eq!(app.mock.state.stats(KEY_A).count, 4);
+    assert_eq!(app.state.pool.breakers[0].state(), State::Open);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    app.mock.state.sticky(KEY_A, None);
+    assert_eq!(app.chat(&token, &chat_body(10)).await.status(), 200);
+    assert_eq!(app.state.pool.breakers[0].state(), State::HalfOpen);
+    assert_eq!(app.chat(&token, &chat_body(10)).await.status(), 200);
+    assert_eq!(app.state.pool.breakers[0].state(), State::Closed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_probe_cannot_wedge_the_breaker() {
+    let app = Arc::new(
+        spawn_app_with(|s, _| {
+            s.breaker.open_seconds = 1;
+            s.breaker.half_open_max_wait_seconds = 1;
+            s.upstream.first_byte_timeout_ms = 20_000;
+        })
+        .await,
+    );
+    let (_, token) = app.token("gus", None).await;
+    app.mock.state.sticky(KEY_A, Some(status(500)));
+    for _ in 0..3 {
+        app.chat(&token, &chat_body(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            delay_ms: 15_000,
+            ..Default::default()
+        }),
+    );
+    let hung = {
+        let (app, token) = (app.clone(), token.clone());
+        tokio::spawn(async move { app.chat(&token, &chat_body(10)).await.status() })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        app.chat(&token, &chat_body(10)).await.status(),
+        503,
+        "one probe at a time"
+    );
+    // Past the probe's maximum wait plus the open time, a fresh probe goes out.
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    app.mock.state.sticky(KEY_A, None);
+    assert_eq!(app.chat(&token, &chat_body(10)).await.status(), 200);
+    hung.abort();
+}
+
+#[tokio::test]
+async fn rate_limits_never_open_the_breaker() {
+    let app = spawn_app_with(|s, _| s.retry.max_cooldown_seconds = 0).await;
+    let (_, token) = app.token("hal", None).await;
+    app.mock.state.sticky(KEY_A, Some(status(429)));
+    for _ in 0..10 {
+        assert_eq!(app.chat(&token, &chat_body(10)).await.status(), 429);
+    }
+    assert_eq!(app.state.pool.breakers[0].state(), State::Closed);
+    assert_eq!(app.mock.state.stats(KEY_A).count, 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gate_of_two_plus_four_holds_under_twenty_concurrent_requests() {
+    let app = Arc::new(
+        spawn_app_with(|s, _| {
+            s.upstreams[0].max_concurrent = 2;
+            s.upstreams[0].max_queue = 4;
+        })
+        .await,
+    );
+    let (_, token) = app.token("ian", None).await;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            delay_ms: 300,
+            ..Default::default()
+        }),
+    );
+    let tasks: Vec<_> = (0..20)
+        .map(|_| {
+            let (app, token) = (app.clone(), token.clone());
+            tokio::spawn(async move {
+                let r = app.chat(&token, &chat_body(10)).await;
+                (
+                    r.status().as_u16(),
+                    r.json::<Value>().await.unwrap_or(Value::Null),
+                )
+            })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for t in tasks {
+        results.push(t.await.unwrap());
+    }
+    assert_eq!(app.mock.state.stats(KEY_A).max_concurrency, 2);
+    assert_eq!(
+        results.iter().filter(|(s, _)| *s == 200).count(),
+        6,
+        "two in flight and four waiting are served"
+    );
+    let busy: Vec<_> = results.iter().filter(|(s, _)| *s == 503).collect();
+    assert_eq!(busy.len(), 14);
+    assert!(busy
+        .iter()
+        .all(|(_, v)| v["error"]["code"] == "upstream_busy"));
+    assert!(results.iter().all(|(s, _)| *s != 500));
+}
+
+#[tokio::test]
+async fn a_stream_is_retried_before_its_first_byte_and_never_after() {
+    let app = spawn_app_with(pool_of_two_and_a_fallback).await;
+    let (_, token) = app.token("jay", Some("1")).await;
+    let mut body = chat_body(50);
+    body["stream"] = serde_json::json!(true);
+    app.mock.state.script(KEY_A, [status(502)]);
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.headers().get("x-sluice-upstream").unwrap(), "b");
+    let (data, _) = sse_data(resp).await;
+    assert_eq!(data.last().unwrap(), "[DONE]");
+
+    app.mock.state.script(
+        KEY_A,
+        [Script {
+            cut_after: Some(5),
+            ..Default::default()
+        }],
+    );
+    let before = app.mock.state.total_count();
+    let (data, _) = sse_data(app.chat(&token, &body).await).await;
+    assert_ne!(data.last().unwrap(), "[DONE]");
+    assert_eq!(
+        app.mock.state.total_count(),
+        before + 1,
+        "a stream cut after 5 chunks is not retried"
+    );
+    let text = reassemble(&data);
+    assert_eq!(
+        text,
+        sluice::mock::MockConfig::default()
+            .text
+            .split_inclusive(' ')
+            .take(5)
+            .collect::<String>(),
+        "no duplicated chunks"
+    );
+    app.assert_invariant().await;
+}
+
+#[tokio::test]
+async fn retries_stay_within_the_budget_during_an_outage() {
+    let app = spawn_app_with(|s, m| {
+        s.upstreams.push(upstream("b", KEY_B, m));
+        s.models[0].routes.push(RouteSettings {
+            upstream: "b".into(),
+            model: "x".into(),
+        });
+        s.breaker.failure_threshold = 100_000;
+        s.breaker.min_calls = 100_000;
+    })
+    .await;
+    let (_, token) = app.token("kim", None).await;
+    for k in [KEY_A, KEY_B] {
+        app.mock.state.sticky(k, Some(status(500)));
+    }
+    let n = 300;
+    for _ in 0..n {
+        assert_eq!(app.chat(&token, &chat_body(10)).await.status(), 502);
+    }
+    let attempts = app.mock.state.total_count();
+    // Each request's first attempt, plus retries capped at 10 % of first attempts and a
+    // floor of 10 per key per window.
+    assert!(
+        attempts <= (n as f64 * 1.1) as u64 + 20,
+        "{attempts} attempts for {n} requests"
+    );
+}
+
+#[tokio::test]
+async fn garbage_from_the_upstream_is_a_502_and_the_process_lives() {
+    let app = spawn_app_with(|s, _| {
+        s.upstream.max_response_bytes = 1_000_000;
+        s.breaker.failure_threshold = 100;
+    })
+    .await;
+    let (_, token) = app.token("lee", Some("1")).await;
+    let huge = format!("{{\"x\": \"{}\"}}", "a".repeat(2_000_000));
+    for bad in [
+        Script {
+            raw_body: Some("{\"choices\": [".into()),
+            ..Default::default()
+        },
+        Script {
+            raw_body: Some("\u{fffd}\u{fffd} not json".into()),
+            ..Default::default()
+        },
+        Script {
+            raw_body: Some(huge),
+            ..Default::default()
+        },
+    ] {
+        app.mock.state.script(KEY_A, [bad]);
+        let resp = app.chat(&token, &chat_body(10)).await;
+        assert_eq!(resp.status(), 502);
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "upstream_error");
+        assert!(
+            v.to_string().len() < 400,
+            "the upstream's body is never relayed"
+        );
+    }
+    let mut stream = chat_body(10);
+    stream["stream"] = serde_json::json!(true);
+    app.mock.state.script(
+        KEY_A,
+        [Script {
+            raw_body: Some("data: {not json\n\ndata: [DO".into()),
+            ..Default::default()
+        }],
+    );
+    let resp = app.chat(&token, &stream).await;
+    let _ = resp.text().await;
+    assert_eq!(
+        app.chat(&token, &chat_body(10)).await.status(),
+        200,
+        "still alive"
+    );
+    app.assert_invariant().await;
+}
+
+#[tokio::test]
+async fn a_key_that_reports_nothing_left_is_rested_before_it_429s() {
+    let app = spawn_app_with(pool_of_two_and_a_fallback).await;
+    let (_, token) = app.token("max", None).await;
+    app.mock.state.script(
+        KEY_A,
+        [Script {
+            headers: vec![
+                ("x-ratelimit-remaining-requests".into(), "0".into()),
+                ("x-ratelimit-reset-requests".into(), "5s".into()),
+            ],
+            ..Default::default()
+        }],
+    );
+    assert_eq!(
+        app.chat(&token, &chat_body(10))
+            .await
+            .headers()
+            .get("x-sluice-upstream")
+            .unwrap(),
+        "a"
+    );
+    assert_eq!(
+        app.chat(&token, &chat_body(10))
+            .await
+            .headers()
+            .get("x-sluice-upstream")
+            .unwrap(),
+        "b"
+    );
+    assert_eq!(app.mock.state.stats(KEY_A).count, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cooldowns_are_shared_between_replicas_through_redis() {
+    let redis = RedisServer::start().await;
+    let url = redis.url();
+    let a = spawn_app_with(move |s, m| {
+        pool_of_two_and_a_fallback(s, m);
+        s.redis = Some(sluice::config::RedisSettings {
+            url: sluice::config::Secret(secrecy::SecretString::from(url)),
+        });
+    })
+    .await;
+    let b = sluice::startup::Application::build(a.settings.clone())
+        .await
+        .unwrap();
+    let b_url = format!("http://127.0.0.1:{}/v1/chat/completions", b.port());
+    tokio::spawn(b.run_until_stopped());
+    let (_, token) = a.token("ned", None).await;
+    a.mock.state.script(
+        KEY_A,
+        [Script {
+            status: Some(429),
+            headers: vec![("Retry-After".into(), "10".into())],
+            ..Default::default()
+        }],
+    );
+    assert_eq!(a.chat(&token, &chat_body(10)).await.status(), 200);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let resp = a
+        .http
+        .post(&b_url)
+        .bearer_auth(&token)
+        .json(&chat_body(10))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.headers().get("x-sluice-upstream").unwrap(),
+        "b",
+        "the other replica rests key a too"
+    );
+    assert_eq!(a.mock.state.stats(KEY_A).count, 1);
+}
