@@ -44,6 +44,20 @@ pub enum ApiError {
         "The upstream serving this model is at its concurrency limit. Retry in {retry_after} s."
     )]
     UpstreamBusy { retry_after: u64 },
+    #[error(
+        "The gateway's queue is full (you would be number {position}). Retry in {retry_after} s."
+    )]
+    QueueFull {
+        position: usize,
+        eta: u64,
+        retry_after: u64,
+    },
+    #[error("The request waited too long in the gateway's queue (position {position}). Retry in {retry_after} s.")]
+    QueueTimeout {
+        position: usize,
+        eta: u64,
+        retry_after: u64,
+    },
     #[error("Every upstream route failed for this request. Try again later.")]
     UpstreamError,
     /// The upstream refused the request as the client's fault; its own answer is passed on.
@@ -75,9 +89,10 @@ impl ApiError {
             | ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::UpstreamError => StatusCode::BAD_GATEWAY,
             ApiError::UpstreamClientError => StatusCode::BAD_REQUEST,
-            ApiError::ServiceDegraded { .. } | ApiError::UpstreamBusy { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ApiError::ServiceDegraded { .. }
+            | ApiError::UpstreamBusy { .. }
+            | ApiError::QueueFull { .. }
+            | ApiError::QueueTimeout { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -98,6 +113,8 @@ impl ApiError {
             ApiError::UpstreamClientError => "upstream_client_error",
             ApiError::ServiceDegraded { .. } => "service_degraded",
             ApiError::UpstreamBusy { .. } => "upstream_busy",
+            ApiError::QueueFull { .. } => "queue_full",
+            ApiError::QueueTimeout { .. } => "queue_timeout",
             ApiError::Internal => "internal_error",
         }
     }
@@ -116,6 +133,8 @@ impl ApiError {
             ApiError::UpstreamError
             | ApiError::ServiceDegraded { .. }
             | ApiError::UpstreamBusy { .. }
+            | ApiError::QueueFull { .. }
+            | ApiError::QueueTimeout { .. }
             | ApiError::Internal => "server_error",
             _ => "invalid_request_error",
         }
@@ -134,7 +153,10 @@ impl ApiError {
             | ApiError::UpstreamRateLimited { .. }
             | ApiError::RateLimited { .. } => "rate_limit_error",
             ApiError::UpstreamError | ApiError::Internal => "api_error",
-            ApiError::ServiceDegraded { .. } | ApiError::UpstreamBusy { .. } => "overloaded_error",
+            ApiError::ServiceDegraded { .. }
+            | ApiError::UpstreamBusy { .. }
+            | ApiError::QueueFull { .. }
+            | ApiError::QueueTimeout { .. } => "overloaded_error",
         }
     }
 
@@ -143,6 +165,8 @@ impl ApiError {
             ApiError::InsufficientQuota { retry_after } => *retry_after,
             ApiError::ServiceDegraded { retry_after }
             | ApiError::UpstreamBusy { retry_after }
+            | ApiError::QueueFull { retry_after, .. }
+            | ApiError::QueueTimeout { retry_after, .. }
             | ApiError::UpstreamRateLimited { retry_after }
             | ApiError::RateLimited { retry_after, .. } => Some(*retry_after),
             _ => None,
@@ -156,6 +180,8 @@ impl ApiError {
             self,
             ApiError::ServiceDegraded { .. }
                 | ApiError::UpstreamBusy { .. }
+                | ApiError::QueueFull { .. }
+                | ApiError::QueueTimeout { .. }
                 | ApiError::UpstreamRateLimited { .. }
                 | ApiError::RateLimited { .. }
         )
@@ -179,6 +205,12 @@ impl ApiError {
         if self.status() == StatusCode::SERVICE_UNAVAILABLE {
             if let (Some(err), Some(after)) = (body.get_mut("error"), self.retry_after()) {
                 err["retry_after_seconds"] = json!(after);
+                if let ApiError::QueueFull { position, eta, .. }
+                | ApiError::QueueTimeout { position, eta, .. } = self
+                {
+                    err["queue_position"] = json!(position);
+                    err["estimated_wait_seconds"] = json!(eta);
+                }
             }
         }
         let mut resp = HttpResponse::build(self.status());

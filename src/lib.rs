@@ -10,6 +10,7 @@ pub mod error;
 pub mod mock;
 pub mod ops;
 pub mod pipeline;
+pub mod queue;
 pub mod quota;
 pub mod ratelimit;
 pub mod startup;

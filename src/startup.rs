@@ -13,6 +13,7 @@ use crate::auth::Authenticator;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ConfigError, Settings};
 use crate::ops::{housekeeping, request_log::RequestLog};
+use crate::queue::Queue;
 use crate::quota::{estimate, reservation::Quota};
 use crate::ratelimit::redis_window::RedisWindows;
 use crate::ratelimit::Windows;
@@ -81,6 +82,7 @@ impl Application {
             pool,
             request_log,
             windows: windows(&settings).await?,
+            queue: Queue::new(&settings.queue),
             clock,
             db,
             settings: Arc::new(settings),

@@ -6,6 +6,7 @@ use crate::auth::Authenticator;
 use crate::clock::Clock;
 use crate::config::Settings;
 use crate::ops::request_log::RequestLog;
+use crate::queue::Queue;
 use crate::quota::reservation::Quota;
 use crate::ratelimit::Windows;
 use crate::store::Db;
@@ -24,4 +25,5 @@ pub struct AppState {
     pub upstream: Arc<UpstreamClient>,
     pub request_log: RequestLog,
     pub windows: Arc<Windows>,
+    pub queue: Arc<Queue>,
 }

@@ -5,6 +5,7 @@ mod embeddings;
 mod health;
 mod messages;
 mod models;
+mod queue;
 mod usage;
 
 use actix_web::web;
@@ -23,6 +24,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     )
     .route("/v1/models", web::get().to(models::list))
     .route("/v1/usage", web::get().to(usage::usage))
+    .route("/v1/queue", web::get().to(queue::mine))
     .route("/healthz", web::get().to(health::healthz))
     .route("/readyz", web::get().to(health::readyz));
 }

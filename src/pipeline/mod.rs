@@ -49,9 +49,15 @@ pub async fn handle(
         cache: "off",
         ..RequestRow::default()
     };
-    let mut rate = None;
+    let mut extras = Extras::default();
     let mut resp = match run(
-        &state, &req, payload, endpoint, &mut log, started, &mut rate,
+        &state,
+        &req,
+        payload,
+        endpoint,
+        &mut log,
+        started,
+        &mut extras,
     )
     .await
     {
@@ -72,10 +78,20 @@ pub async fn handle(
             resp
         }
     };
-    if let Some(d) = &rate {
+    if let Some(d) = &extras.rate {
         respond::ratelimit_headers(&mut resp, d);
     }
+    if let Some(w) = extras.queue_wait {
+        respond::queue_wait(&mut resp, w);
+    }
     resp
+}
+
+/// What the stages learned that every answer reports in its headers.
+#[derive(Default)]
+struct Extras {
+    rate: Option<Decision>,
+    queue_wait: Option<std::time::Duration>,
 }
 
 /// How a request that reached an upstream was answered.
@@ -152,7 +168,7 @@ async fn run(
     endpoint: Endpoint,
     log: &mut RequestRow,
     started: Instant,
-    rate: &mut Option<Decision>,
+    extras: &mut Extras,
 ) -> Result<Reply, Failure> {
     // 1. Authenticate.
     let auth = state
@@ -174,7 +190,7 @@ async fn run(
     soft_limit(state, &auth, &mut prepared);
 
     // 3. Rate-limit the token and its user.
-    let booking = rate_limit(state, &auth, &prepared, &log.id, rate).await?;
+    let booking = rate_limit(state, &auth, &prepared, &log.id, &mut extras.rate).await?;
     log.model = prepared.requested_model.clone();
     log.stream = prepared.stream;
 
@@ -199,6 +215,20 @@ async fn run(
         .await
         .map_err(ApiError::from)?;
     auth.note_remaining(held.token_remaining());
+
+    // 6. Queue by priority. A request that leaves unserved releases its reservation.
+    let priority = priority_of(req, &auth)?;
+    let queued = Instant::now();
+    let admitted = state.queue.admit(priority, auth.owner.token_id).await;
+    extras.queue_wait = Some(queued.elapsed());
+    let slot = match admitted {
+        Ok(slot) => slot,
+        Err(refused) => {
+            held.settle(0).await.map_err(ApiError::from)?;
+            return Err(ApiError::from(refused).into());
+        }
+    };
+    // From here on the upstream may be working: a client that leaves pays for its input.
     held.set_cost_if_dropped(pricing::cost(
         Usage {
             input: prepared.input_tokens,
@@ -232,12 +262,33 @@ async fn run(
             started,
             auth,
             booking,
+            slot,
         )))
     } else {
         finish(state, &prepared, success, held, log, &auth, booking)
             .await
             .map(Reply::Done)
     }
+}
+
+/// `x-sluice-priority` (1 CRITICAL … 4 LOW), never more urgent than the token's
+/// `max_priority`; NORMAL when absent.
+fn priority_of(req: &HttpRequest, auth: &TokenAuth) -> Result<u8, ApiError> {
+    let asked = match req.headers().get("x-sluice-priority") {
+        None => 3,
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<u8>().ok())
+            .filter(|p| (1..=4).contains(p))
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "x-sluice-priority",
+                    "x-sluice-priority must be 1, 2, 3 or 4",
+                )
+            })?,
+    };
+    Ok(asked.max(auth.max_priority.clamp(1, 4) as u8))
 }
 
 /// Stage 3: checks (and books) the token's and the user's windows; `None` when neither has

@@ -67,6 +67,14 @@ pub fn ratelimit_headers(resp: &mut HttpResponse, d: &Decision) {
     }
 }
 
+/// How long the request waited for admission.
+pub fn queue_wait(resp: &mut HttpResponse, waited: std::time::Duration) {
+    if let Ok(v) = HeaderValue::from_str(&waited.as_millis().to_string()) {
+        resp.headers_mut()
+            .insert(HeaderName::from_static("x-sluice-queue-wait-ms"), v);
+    }
+}
+
 /// `x-sluice-request-deadline-ms` when the client sends one (never above the configured
 /// deadline), else `retry.request_deadline_ms`.
 pub fn deadline(req: &HttpRequest, cfg: &RetrySettings, started: Instant) -> Instant {

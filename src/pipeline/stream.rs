@@ -21,6 +21,7 @@ use super::attempts::Success;
 use super::request::Prepared;
 use super::respond;
 use crate::auth::TokenAuth;
+use crate::queue::Slot;
 use crate::quota::pricing::{self, Prices};
 use crate::quota::reservation::Held;
 use crate::ratelimit::Booking;
@@ -52,6 +53,7 @@ pub fn start(
     started: Instant,
     auth: Arc<TokenAuth>,
     booking: Option<Booking>,
+    admission: Slot,
 ) -> HttpResponse {
     let (tx, mut rx) = mpsc::channel::<Bytes>(CHANNEL_DEPTH);
     let mut resp = HttpResponse::Ok();
@@ -85,10 +87,10 @@ pub fn start(
     let Some(upstream) = s.response else {
         return HttpResponse::InternalServerError().finish();
     };
-    // The in-flight count and the gate slot are held until the stream ends.
+    // The in-flight count, the gate slot and the admission slot are held until the stream ends.
     let (in_flight, slot) = (s.in_flight, s.slot);
     tokio::spawn(async move {
-        let _held = (in_flight, slot);
+        let _held = (in_flight, slot, admission);
         pump.run(upstream, tx).await;
     });
     let body = async_stream::stream! {
