@@ -65,6 +65,9 @@ pub enum ApiError {
     UpstreamClientError,
     #[error("No upstream can serve this model right now (all routes are cooling down or failing). Try again in {retry_after} seconds.")]
     ServiceDegraded { retry_after: u64 },
+    /// The client went away before it was answered (for the request log only).
+    #[error("The client closed the connection.")]
+    ClientGone,
     #[error("The gateway hit an internal error. The request was not charged.")]
     Internal,
 }
@@ -94,6 +97,8 @@ impl ApiError {
             | ApiError::QueueFull { .. }
             | ApiError::QueueTimeout { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            // nginx's 499: the client closed the request.
+            ApiError::ClientGone => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
         }
     }
 
@@ -116,6 +121,7 @@ impl ApiError {
             ApiError::QueueFull { .. } => "queue_full",
             ApiError::QueueTimeout { .. } => "queue_timeout",
             ApiError::Internal => "internal_error",
+            ApiError::ClientGone => "client_disconnected",
         }
     }
 
@@ -152,7 +158,7 @@ impl ApiError {
             ApiError::InsufficientQuota { .. }
             | ApiError::UpstreamRateLimited { .. }
             | ApiError::RateLimited { .. } => "rate_limit_error",
-            ApiError::UpstreamError | ApiError::Internal => "api_error",
+            ApiError::UpstreamError | ApiError::Internal | ApiError::ClientGone => "api_error",
             ApiError::ServiceDegraded { .. }
             | ApiError::UpstreamBusy { .. }
             | ApiError::QueueFull { .. }

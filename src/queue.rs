@@ -103,74 +103,52 @@ impl Queue {
 
     /// Waits for a slot for `priority` (1..=4). Dropping the future leaves the queue.
     pub async fn admit(self: &Arc<Self>, priority: u8, token_id: i64) -> Result<Slot, Refused> {
+        match self.enter(priority, token_id)? {
+            Admit::Now(slot) => Ok(slot),
+            Admit::Wait(ticket) => ticket.granted().await,
+        }
+    }
+
+    /// A slot now, or a place in the queue (refused when the queue is full).
+    pub fn enter(self: &Arc<Self>, priority: u8, token_id: i64) -> Result<Admit, Refused> {
         let p = usize::from(priority.clamp(1, 4) - 1);
-        let (rx, key) = {
-            let mut s = self.state.lock();
-            if let Some(pool) = s
-                .pick(p)
-                .filter(|_| !s.waiting.keys().any(|&(q, _)| q <= p))
-            {
-                s.used[pool] += 1;
-                return Ok(Slot {
-                    queue: self.clone(),
-                    pool,
-                    since: Instant::now(),
-                });
-            }
-            let seq = s.next_seq;
-            s.next_seq += 1;
-            let key = (p, seq);
-            let position = s.position(key);
-            if s.waiting.len() >= self.max_depth {
-                return Err(Refused::Full {
-                    position,
-                    eta: s.eta(position),
-                });
-            }
-            let (tx, rx) = oneshot::channel();
-            s.waiting.insert(
-                key,
-                Waiter {
-                    priority: p,
-                    token_id,
-                    enqueued: Instant::now(),
-                    grant: tx,
-                },
-            );
-            (rx, key)
-        };
-        let mut waiting = Waiting {
+        let mut s = self.state.lock();
+        // Nobody as urgent or more may be overtaken.
+        if let Some(pool) = s
+            .pick(p)
+            .filter(|_| !s.waiting.keys().any(|&(q, _)| q <= p))
+        {
+            s.used[pool] += 1;
+            return Ok(Admit::Now(Slot {
+                queue: self.clone(),
+                pool,
+                since: Instant::now(),
+            }));
+        }
+        let key = (p, s.next_seq);
+        s.next_seq += 1;
+        let position = s.position(key);
+        if s.waiting.len() >= self.max_depth {
+            return Err(Refused::Full {
+                position,
+                eta: s.eta(position),
+            });
+        }
+        let (grant, rx) = oneshot::channel();
+        s.waiting.insert(
+            key,
+            Waiter {
+                priority: p,
+                token_id,
+                enqueued: Instant::now(),
+                grant,
+            },
+        );
+        Ok(Admit::Wait(Ticket {
             queue: self.clone(),
             key,
             rx: Some(rx),
-        };
-        let granted = match waiting.rx.as_mut() {
-            Some(rx) => tokio::time::timeout(self.max_wait, rx).await,
-            None => {
-                return Err(Refused::Timeout {
-                    position: 1,
-                    eta: Duration::ZERO,
-                })
-            }
-        };
-        match granted {
-            Ok(Ok(pool)) => {
-                waiting.rx = None;
-                Ok(Slot {
-                    queue: self.clone(),
-                    pool,
-                    since: Instant::now(),
-                })
-            }
-            _ => {
-                let s = self.state.lock();
-                let position = s.position(key);
-                Err(Refused::Timeout {
-                    position,
-                    eta: s.eta(position),
-                })
-            }
-        }
+        }))
     }
 
     fn release(&self, pool: PoolIndex, served: Duration) {
@@ -213,15 +191,76 @@ impl Queue {
     }
 }
 
-/// A request waiting for a slot. If it goes away (timeout, or the client left) it leaves
-/// the queue; a slot granted to it in that same instant is handed back.
-struct Waiting {
+pub enum Admit {
+    Now(Slot),
+    Wait(Ticket),
+}
+
+/// A place in the queue. Dropping it (the client left, or gave up) leaves the queue; a
+/// slot granted to it in that same instant is handed back.
+pub struct Ticket {
     queue: Arc<Queue>,
     key: (usize, u64),
     rx: Option<oneshot::Receiver<PoolIndex>>,
 }
 
-impl Drop for Waiting {
+/// Reads a ticket's place in the queue while the ticket itself is being waited on.
+#[derive(Clone)]
+pub struct Probe {
+    queue: Arc<Queue>,
+    key: (usize, u64),
+}
+
+impl Probe {
+    /// The current position (1 = next) and the estimated wait.
+    pub fn position(&self) -> (usize, Duration) {
+        let s = self.queue.state.lock();
+        let pos = s.position(self.key);
+        (pos, s.eta(pos))
+    }
+}
+
+impl Ticket {
+    pub fn probe(&self) -> Probe {
+        Probe {
+            queue: self.queue.clone(),
+            key: self.key,
+        }
+    }
+
+    fn position(&self) -> (usize, Duration) {
+        self.probe().position()
+    }
+
+    /// Waits until a slot is granted, at most `max_wait_seconds`.
+    pub async fn granted(mut self) -> Result<Slot, Refused> {
+        let waited = match self.rx.as_mut() {
+            Some(rx) => tokio::time::timeout(self.queue.max_wait, rx).await,
+            None => {
+                return Err(Refused::Timeout {
+                    position: 1,
+                    eta: Duration::ZERO,
+                })
+            }
+        };
+        match waited {
+            Ok(Ok(pool)) => {
+                self.rx = None;
+                Ok(Slot {
+                    queue: self.queue.clone(),
+                    pool,
+                    since: Instant::now(),
+                })
+            }
+            _ => {
+                let (position, eta) = self.position();
+                Err(Refused::Timeout { position, eta })
+            }
+        }
+    }
+}
+
+impl Drop for Ticket {
     fn drop(&mut self) {
         let Some(mut rx) = self.rx.take() else { return };
         let removed = self.queue.state.lock().waiting.remove(&self.key).is_some();

@@ -23,6 +23,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         web::post().to(messages::count_tokens),
     )
     .route("/v1/models", web::get().to(models::list))
+    .route("/v1/models/{id}", web::get().to(models::one))
     .route("/v1/usage", web::get().to(usage::usage))
     .route("/v1/queue", web::get().to(queue::mine))
     .route("/healthz", web::get().to(health::healthz))

@@ -37,3 +37,39 @@ pub async fn list(state: web::Data<AppState>, req: HttpRequest) -> HttpResponse 
     };
     HttpResponse::Ok().json(body)
 }
+
+/// `GET /v1/models/{id}`: one model, if this token may use it.
+pub async fn one(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    id: web::Path<String>,
+) -> HttpResponse {
+    let anthropic = req.headers().contains_key("anthropic-version");
+    let format = if anthropic {
+        WireFormat::Anthropic
+    } else {
+        WireFormat::OpenAi
+    };
+    let auth = match state
+        .auth
+        .authenticate(req.headers(), state.clock.now())
+        .await
+    {
+        Ok(Some(a)) => a,
+        Ok(None) => return ApiError::InvalidApiKey.render(format),
+        Err(_) => return ApiError::Internal.render(format),
+    };
+    let Some(model) = state
+        .catalog
+        .model(&id)
+        .filter(|m| auth.allows(&id, &m.name))
+    else {
+        return ApiError::ModelNotFound(id.into_inner()).render(format);
+    };
+    if anthropic {
+        HttpResponse::Ok().json(json!({"type": "model", "id": model.name, "display_name": model.name, "created_at": "2024-01-01T00:00:00Z"}))
+    } else {
+        HttpResponse::Ok()
+            .json(json!({"id": model.name, "object": "model", "created": 0, "owned_by": "sluice"}))
+    }
+}

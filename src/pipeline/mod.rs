@@ -3,6 +3,7 @@
 //! only orders them and turns their errors into `ApiError` once.
 
 pub mod attempts;
+pub mod queued;
 pub mod request;
 pub mod respond;
 pub mod stream;
@@ -15,6 +16,7 @@ use futures_util::StreamExt;
 use crate::auth::TokenAuth;
 use crate::clock::db_time;
 use crate::error::ApiError;
+use crate::queue::Admit;
 use crate::quota::estimate;
 use crate::quota::pricing::{self, Usage};
 use crate::quota::QuotaError;
@@ -218,8 +220,27 @@ async fn run(
 
     // 6. Queue by priority. A request that leaves unserved releases its reservation.
     let priority = priority_of(req, &auth)?;
+    let deadline = respond::deadline(req, &state.settings.retry, started);
     let queued = Instant::now();
-    let admitted = state.queue.admit(priority, auth.owner.token_id).await;
+    let admitted = match state.queue.enter(priority, auth.owner.token_id) {
+        Ok(Admit::Now(slot)) => Ok(slot),
+        Ok(Admit::Wait(ticket)) if prepared.stream => {
+            let waiting = queued::Waiting {
+                prepared,
+                ticket,
+                held,
+                log: std::mem::take(log),
+                started,
+                auth,
+                booking,
+                candidates,
+                deadline,
+            };
+            return Ok(Reply::Streaming(queued::start(state, waiting)));
+        }
+        Ok(Admit::Wait(ticket)) => ticket.granted().await,
+        Err(refused) => Err(refused),
+    };
     extras.queue_wait = Some(queued.elapsed());
     let slot = match admitted {
         Ok(slot) => slot,
@@ -238,7 +259,6 @@ async fn run(
     ));
 
     // 7–9. Route, call, retry by tier.
-    let deadline = respond::deadline(req, &state.settings.retry, started);
     let outcome = attempts::call(state, &prepared, &candidates, deadline, &log.id).await;
     log.attempts = outcome.attempts;
     let success = match outcome.result {

@@ -300,9 +300,14 @@ pub fn prepare(
                 format!("`n` must be between 1 and {MAX_N}"),
             ));
         }
-        let asked = match int_field(&body, "max_completion_tokens")? {
-            Some(v) => Some(("max_completion_tokens", v)),
-            None => int_field(&body, "max_tokens")?.map(|v| ("max_tokens", v)),
+        // When both caps are sent, the tighter one is the client's intent.
+        let asked = match (
+            int_field(&body, "max_completion_tokens")?,
+            int_field(&body, "max_tokens")?,
+        ) {
+            (Some(c), Some(m)) if m < c => Some(("max_tokens", m)),
+            (Some(c), _) => Some(("max_completion_tokens", c)),
+            (None, m) => m.map(|v| ("max_tokens", v)),
         };
         let cap = match asked {
             Some((field, v)) if v < 1 => {

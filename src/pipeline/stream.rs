@@ -43,6 +43,39 @@ struct Pump {
     converter: StreamConverter,
 }
 
+/// The channel a stream's frames go through, and the response body that drains it.
+pub(super) fn sse_channel() -> (
+    mpsc::Sender<Bytes>,
+    impl futures_util::Stream<Item = Result<Bytes, std::convert::Infallible>> + 'static,
+) {
+    let (tx, mut rx) = mpsc::channel::<Bytes>(CHANNEL_DEPTH);
+    let body = async_stream::stream! {
+        while let Some(chunk) = rx.recv().await {
+            yield Ok::<_, std::convert::Infallible>(chunk);
+        }
+    };
+    (tx, body)
+}
+
+pub(super) fn sse_response(
+    log: &RequestRow,
+    remaining: Option<i64>,
+    auth: &TokenAuth,
+) -> actix_web::HttpResponseBuilder {
+    let mut resp = HttpResponse::Ok();
+    resp.content_type("text/event-stream")
+        .insert_header(("cache-control", "no-cache"));
+    respond::gateway_headers(
+        &mut resp,
+        &log.id,
+        &log.upstream,
+        remaining,
+        log.cache,
+        auth,
+    );
+    resp
+}
+
 #[allow(clippy::too_many_arguments)]
 pub fn start(
     state: &web::Data<AppState>,
@@ -55,18 +88,40 @@ pub fn start(
     booking: Option<Booking>,
     admission: Slot,
 ) -> HttpResponse {
-    let (tx, mut rx) = mpsc::channel::<Bytes>(CHANNEL_DEPTH);
-    let mut resp = HttpResponse::Ok();
-    resp.content_type("text/event-stream")
-        .insert_header(("cache-control", "no-cache"));
-    respond::gateway_headers(
-        &mut resp,
-        &log.id,
-        &log.upstream,
-        held.remaining(),
-        log.cache,
-        &auth,
-    );
+    let (tx, body) = sse_channel();
+    let mut resp = sse_response(&log, held.remaining(), &auth);
+    tokio::spawn(serve(
+        state.clone(),
+        p.endpoint.format(),
+        p.include_usage,
+        p.input_tokens,
+        s,
+        (held, log, started, auth, booking),
+        tx,
+        admission,
+    ));
+    resp.streaming(body)
+}
+
+/// Runs the pump for an upstream that answered, holding the in-flight count, the gate slot
+/// and the admission slot until the stream ends.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn serve(
+    state: web::Data<AppState>,
+    client: crate::error::WireFormat,
+    include_usage: bool,
+    input_tokens: i64,
+    s: Success,
+    (held, log, started, auth, booking): (
+        Held,
+        RequestRow,
+        Instant,
+        Arc<TokenAuth>,
+        Option<Booking>,
+    ),
+    tx: mpsc::Sender<Bytes>,
+    admission: Slot,
+) {
     let upstream_format =
         providers::format_of(state.catalog.deployments[s.route.deployment].provider);
     let pump = Pump {
@@ -77,28 +132,12 @@ pub fn start(
         prices: s.model.prices,
         auth,
         booking,
-        converter: StreamConverter::new(
-            upstream_format,
-            p.endpoint.format(),
-            p.include_usage,
-            p.input_tokens,
-        ),
+        converter: StreamConverter::new(upstream_format, client, include_usage, input_tokens),
     };
-    let Some(upstream) = s.response else {
-        return HttpResponse::InternalServerError().finish();
-    };
-    // The in-flight count, the gate slot and the admission slot are held until the stream ends.
-    let (in_flight, slot) = (s.in_flight, s.slot);
-    tokio::spawn(async move {
-        let _held = (in_flight, slot, admission);
+    let _held = (s.in_flight, s.slot, admission);
+    if let Some(upstream) = s.response {
         pump.run(upstream, tx).await;
-    });
-    let body = async_stream::stream! {
-        while let Some(chunk) = rx.recv().await {
-            yield Ok::<_, std::convert::Infallible>(chunk);
-        }
-    };
-    resp.streaming(body)
+    }
 }
 
 impl Pump {

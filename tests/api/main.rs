@@ -6,6 +6,7 @@ mod auth;
 mod bad_input;
 mod processes;
 mod proxy;
+mod queue;
 mod quota;
 mod resilience;
 mod streams;

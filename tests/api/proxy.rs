@@ -352,3 +352,41 @@ async fn a_rate_limited_key_hands_over_to_the_next_one() {
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["error"]["code"], "rate_limit_exceeded");
 }
+
+#[tokio::test]
+async fn one_model_by_id_and_the_tighter_of_two_output_caps() {
+    let app = spawn_app().await;
+    let (_, token) = app
+        .issue(IssueArgs {
+            models: Some("gpt-4o-mini"),
+            ..issue_args("gil")
+        })
+        .await;
+    let ok = app
+        .http
+        .get(format!("{}/v1/models/gpt-4o-mini", app.address))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    assert_eq!(ok.json::<Value>().await.unwrap()["id"], "gpt-4o-mini");
+    let hidden = app
+        .http
+        .get(format!("{}/v1/models/text-embedding-3-small", app.address))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        hidden.status(),
+        404,
+        "a model the token may not use does not exist for it"
+    );
+
+    let body = json!({"model": "gpt-4o-mini", "max_tokens": 10, "max_completion_tokens": 4000, "messages": [{"role": "user", "content": "x"}]});
+    assert_eq!(app.chat(&token, &body).await.status(), 200);
+    let sent = &app.mock.state.stats(KEY_A).last_bodies[0];
+    assert_eq!(sent["max_tokens"], 10);
+    assert!(sent.get("max_completion_tokens").is_none());
+}

@@ -54,6 +54,20 @@ pub fn frame(event: Option<&str>, data: &str) -> Bytes {
     b.freeze()
 }
 
+/// An error event in `client`'s format, ending a stream that cannot complete.
+pub fn error_event(client: WireFormat, message: &str, code: &str) -> Bytes {
+    match client {
+        WireFormat::OpenAi => frame(
+            None,
+            &json!({"error": {"message": message, "type": "server_error", "param": null, "code": code}}).to_string(),
+        ),
+        WireFormat::Anthropic => frame(
+            Some("error"),
+            &json!({"type": "error", "error": {"type": "api_error", "message": message, "code": code}}).to_string(),
+        ),
+    }
+}
+
 impl StreamConverter {
     pub fn new(
         upstream: WireFormat,
@@ -102,16 +116,7 @@ impl StreamConverter {
 
     /// The closing event of a stream that broke, in the client's format.
     pub fn error_frame(&self, message: &str) -> Bytes {
-        match self.client {
-            WireFormat::OpenAi => frame(
-                None,
-                &json!({"error": {"message": message, "type": "server_error", "param": null, "code": "upstream_error"}}).to_string(),
-            ),
-            WireFormat::Anthropic => frame(
-                Some("error"),
-                &json!({"type": "error", "error": {"type": "api_error", "message": message, "code": "upstream_error"}}).to_string(),
-            ),
-        }
+        error_event(self.client, message, "upstream_error")
     }
 
     /// Takes one upstream event and appends what the client must receive to `out`.

@@ -1,0 +1,155 @@
+//! A streaming request that must wait for admission is answered at once: the SSE stream
+//! opens, carries comment lines (`: queued position=3 eta=45s`, which SDKs ignore) while
+//! the request waits, then the upstream's stream. Because the response is already open,
+//! a client that leaves is noticed at the next comment and leaves the queue then; a
+//! request refused by the queue or by every upstream ends with an error event.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix_web::{web, HttpResponse};
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use super::attempts::{self, Candidate, Outcome};
+use super::request::Prepared;
+use super::stream::{self, sse_channel, sse_response};
+use crate::auth::TokenAuth;
+use crate::error::ApiError;
+use crate::queue::Ticket;
+use crate::quota::pricing::{self, Usage};
+use crate::quota::reservation::Held;
+use crate::ratelimit::Booking;
+use crate::state::AppState;
+use crate::store::requests::RequestRow;
+use crate::upstream::providers::translate::stream::error_event;
+
+/// How often a waiting stream hears where it stands.
+const COMMENT_EVERY: Duration = Duration::from_millis(500);
+
+pub struct Waiting {
+    pub prepared: Prepared,
+    pub ticket: Ticket,
+    pub held: Held,
+    pub log: RequestRow,
+    pub started: Instant,
+    pub auth: Arc<TokenAuth>,
+    pub booking: Option<Booking>,
+    pub candidates: Vec<Candidate>,
+    pub deadline: Instant,
+}
+
+pub fn start(state: &web::Data<AppState>, w: Waiting) -> HttpResponse {
+    let (tx, body) = sse_channel();
+    let mut resp = sse_response(&w.log, w.held.remaining(), &w.auth);
+    tokio::spawn(wait_then_serve(state.clone(), w, tx));
+    resp.streaming(body)
+}
+
+fn comment(position: usize, eta: Duration) -> Bytes {
+    Bytes::from(format!(
+        ": queued position={position} eta={}s\n\n",
+        eta.as_secs()
+    ))
+}
+
+async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, tx: mpsc::Sender<Bytes>) {
+    let Waiting {
+        prepared,
+        ticket,
+        mut held,
+        mut log,
+        started,
+        auth,
+        booking,
+        candidates,
+        deadline,
+    } = w;
+    let probe = ticket.probe();
+    let granted = ticket.granted();
+    tokio::pin!(granted);
+    let mut tick = tokio::time::interval(COMMENT_EVERY);
+    let slot = loop {
+        tokio::select! {
+            biased;
+            _ = tx.closed() => return end(&state, held, log, started, ApiError::ClientGone).await,
+            r = &mut granted => break r,
+            _ = tick.tick() => {
+                let (position, eta) = probe.position();
+                if tx.send(comment(position, eta)).await.is_err() {
+                    return end(&state, held, log, started, ApiError::ClientGone).await;
+                }
+            }
+        }
+    };
+    let slot = match slot {
+        Ok(s) => s,
+        Err(refused) => {
+            let e = ApiError::from(refused);
+            let _ = tx
+                .send(error_event(
+                    prepared.endpoint.format(),
+                    &e.to_string(),
+                    e.code(),
+                ))
+                .await;
+            return end(&state, held, log, started, e).await;
+        }
+    };
+    held.set_cost_if_dropped(pricing::cost(
+        Usage {
+            input: prepared.input_tokens,
+            ..Usage::default()
+        },
+        prepared.model.prices,
+    ));
+    // An upstream's own error answer cannot be relayed into an open stream (and is not
+    // `Send`): only its gist goes on, in the error event.
+    let result = {
+        let outcome = attempts::call(&state, &prepared, &candidates, deadline, &log.id).await;
+        log.attempts = outcome.attempts;
+        match outcome.result {
+            Outcome::Served(s) => Ok(s),
+            Outcome::Failed(f) => Err(f.error),
+        }
+    };
+    match result {
+        Ok(s) => {
+            log.upstream = state.catalog.deployments[s.route.deployment].id.clone();
+            log.served_model = s.model.name.clone();
+            let parts = (held, log, started, auth, booking);
+            stream::serve(
+                state,
+                prepared.endpoint.format(),
+                prepared.include_usage,
+                prepared.input_tokens,
+                s,
+                parts,
+                tx,
+                slot,
+            )
+            .await;
+        }
+        Err(error) => {
+            let _ = tx
+                .send(error_event(
+                    prepared.endpoint.format(),
+                    &error.to_string(),
+                    error.code(),
+                ))
+                .await;
+            end(&state, held, log, started, error).await;
+        }
+    }
+}
+
+/// A stream that ended before any upstream answered: nothing is charged.
+async fn end(state: &AppState, held: Held, mut log: RequestRow, started: Instant, e: ApiError) {
+    if let Err(err) = held.settle(0).await {
+        tracing::error!(request_id = %log.id, error = %err, "releasing a queued reservation failed");
+    }
+    log.status = e.status().as_u16();
+    log.error_code = Some(e.code());
+    log.latency_ms = started.elapsed().as_millis() as i64;
+    state.request_log.record(log).await;
+}

@@ -1,0 +1,325 @@
+//! The priority admission queue (layer 2).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use sluice::config::ReservedSlots;
+use sluice::mock::Script;
+
+use crate::helpers::*;
+
+fn tagged(tag: &str) -> Value {
+    json!({"model": "gpt-4o-mini", "max_tokens": 100, "messages": [{"role": "user", "content": tag}]})
+}
+
+async fn send(
+    app: &Arc<TestApp>,
+    token: &str,
+    priority: u8,
+    tag: String,
+) -> (u16, Value, reqwest::header::HeaderMap) {
+    let resp = app
+        .http
+        .post(format!("{}/v1/chat/completions", app.address))
+        .bearer_auth(token)
+        .header("x-sluice-priority", priority.to_string())
+        .json(&tagged(&tag))
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    (status, resp.json().await.unwrap_or(Value::Null), headers)
+}
+
+fn spawn_send(
+    app: &Arc<TestApp>,
+    token: &str,
+    priority: u8,
+    tag: String,
+) -> tokio::task::JoinHandle<(u16, Value, reqwest::header::HeaderMap)> {
+    let (app, token) = (app.clone(), token.to_string());
+    tokio::spawn(async move { send(&app, &token, priority, tag).await })
+}
+
+fn queue_of(
+    max: u32,
+    reserved: [u32; 4],
+    depth: u32,
+    wait: u64,
+) -> impl FnOnce(&mut sluice::config::Settings, &sluice::mock::MockServer) {
+    move |s, _| {
+        s.queue.max_in_flight = max;
+        s.queue.reserved = ReservedSlots {
+            critical: reserved[0],
+            high: reserved[1],
+            normal: reserved[2],
+            low: reserved[3],
+        };
+        s.queue.max_depth = depth;
+        s.queue.max_wait_seconds = wait;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_requests_are_served_by_priority_then_arrival() {
+    let app = Arc::new(spawn_app_with(queue_of(4, [0, 0, 0, 0], 100, 60)).await);
+    let (_, token) = app
+        .issue(sluice::cli::IssueArgs {
+            max_priority: 1,
+            ..issue_args("alice")
+        })
+        .await;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            delay_ms: 150,
+            ..Default::default()
+        }),
+    );
+    let mut tasks: Vec<_> = (0..4)
+        .map(|i| spawn_send(&app, &token, 4, format!("first {i}")))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for i in 0..26u8 {
+        let p = [3, 1, 4, 2][i as usize % 4];
+        tasks.push(spawn_send(&app, &token, p, format!("p{p} #{i}")));
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    let results: Vec<_> = futures_util::future::join_all(tasks)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
+    assert!(results.iter().all(|(s, _, _)| *s == 200));
+    assert!(results
+        .iter()
+        .all(|(_, _, h)| h.get("x-sluice-queue-wait-ms").is_some()));
+    let arrivals: Vec<String> = app
+        .mock
+        .state
+        .stats(KEY_A)
+        .last_bodies
+        .iter()
+        .map(|b| b["messages"][0]["content"].as_str().unwrap().to_string())
+        .collect();
+    let queued: Vec<(u8, u32)> = arrivals[4..]
+        .iter()
+        .map(|t| {
+            let (p, n) = t[1..].split_once(" #").unwrap();
+            (p.parse().unwrap(), n.parse().unwrap())
+        })
+        .collect();
+    let mut sorted = queued.clone();
+    sorted.sort();
+    assert_eq!(
+        queued, sorted,
+        "served by priority, then arrival: {arrivals:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn low_never_uses_the_critical_reserve() {
+    let app = Arc::new(spawn_app_with(queue_of(4, [2, 0, 0, 0], 100, 60)).await);
+    let (_, token) = app
+        .issue(sluice::cli::IssueArgs {
+            max_priority: 1,
+            ..issue_args("bob")
+        })
+        .await;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            delay_ms: 200,
+            ..Default::default()
+        }),
+    );
+    let low: Vec<_> = (0..8)
+        .map(|i| spawn_send(&app, &token, 4, format!("low {i}")))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert_eq!(
+        app.mock.state.stats(KEY_A).in_flight,
+        2,
+        "LOW holds only the two unreserved slots"
+    );
+    let started = Instant::now();
+    let (status, _, _) = send(&app, &token, 1, "critical".into()).await;
+    assert_eq!(status, 200);
+    assert!(
+        started.elapsed() < Duration::from_millis(400),
+        "CRITICAL went straight to its reserve"
+    );
+    for t in low {
+        assert_eq!(t.await.unwrap().0, 200);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_answers_503_with_a_position_and_releases_the_reservation() {
+    let app = Arc::new(spawn_app_with(queue_of(1, [0, 0, 0, 0], 2, 60)).await);
+    let (id, token) = app.token("carol", Some("1")).await;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            delay_ms: 300,
+            ..Default::default()
+        }),
+    );
+    let tasks: Vec<_> = (0..5)
+        .map(|i| spawn_send(&app, &token, 3, format!("r{i}")))
+        .collect();
+    let results: Vec<_> = futures_util::future::join_all(tasks)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
+    assert_eq!(results.iter().filter(|(s, _, _)| *s == 200).count(), 3);
+    let full: Vec<_> = results.iter().filter(|(s, _, _)| *s == 503).collect();
+    assert_eq!(full.len(), 2);
+    for (_, v, h) in full {
+        assert_eq!(v["error"]["code"], "queue_full");
+        assert_eq!(v["error"]["queue_position"], 3);
+        assert!(v["error"]["estimated_wait_seconds"].as_u64().is_some());
+        assert!(h.get("retry-after").is_some());
+        assert_eq!(h.get("x-should-retry").unwrap(), "true");
+    }
+    app.assert_invariant().await;
+    assert_eq!(
+        app.scalar(&format!(
+            "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
+        ))
+        .await,
+        3 * 17
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_too_long_is_a_queue_timeout() {
+    let app = Arc::new(spawn_app_with(queue_of(1, [0, 0, 0, 0], 10, 1)).await);
+    let (_, token) = app.token("dan", Some("1")).await;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            delay_ms: 2500,
+            ..Default::default()
+        }),
+    );
+    let slow = spawn_send(&app, &token, 3, "slow".into());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let started = Instant::now();
+    let (status, v, _) = send(&app, &token, 3, "waits".into()).await;
+    assert_eq!(status, 503);
+    assert_eq!(v["error"]["code"], "queue_timeout");
+    assert!(started.elapsed() < Duration::from_millis(1800));
+    assert_eq!(slow.await.unwrap().0, 200);
+    app.assert_invariant().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_stream_hears_its_position_and_leaves_at_once_when_the_client_does() {
+    let app = Arc::new(spawn_app_with(queue_of(1, [0, 0, 0, 0], 10, 60)).await);
+    let (id, token) = app.token("eve", Some("1")).await;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            delay_ms: 2500,
+            ..Default::default()
+        }),
+    );
+    let slow = spawn_send(&app, &token, 3, "slow".into());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut body = tagged("impatient");
+    body["stream"] = json!(true);
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 200, "a waiting stream is answered at once");
+    let mut chunks = resp.bytes_stream();
+    let first = futures_util::StreamExt::next(&mut chunks)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&first).starts_with(": queued position=1 eta="));
+    let v: Value = app
+        .http
+        .get(format!("{}/v1/queue", app.address))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["waiting"][0]["queue_position"], 1);
+    drop(chunks);
+    let gone = Instant::now();
+    while !app.state.queue.waiting_for(id).is_empty() {
+        assert!(
+            gone.elapsed() < Duration::from_millis(2500),
+            "still queued after the client left"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM reservations").await,
+        1,
+        "only the request in flight holds money"
+    );
+    assert_eq!(slow.await.unwrap().0, 200);
+    app.assert_invariant().await;
+    assert_eq!(
+        app.scalar(&format!(
+            "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
+        ))
+        .await,
+        17,
+        "the one that left paid nothing"
+    );
+    assert_eq!(app.mock.state.stats(KEY_A).count, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_stream_is_served_after_its_wait() {
+    let app = Arc::new(spawn_app_with(queue_of(1, [0, 0, 0, 0], 10, 60)).await);
+    let (_, token) = app.token("fred", Some("1")).await;
+    app.mock.state.script(
+        KEY_A,
+        [Script {
+            delay_ms: 1200,
+            ..Default::default()
+        }],
+    );
+    let slow = spawn_send(&app, &token, 3, "slow".into());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut body = tagged("patient");
+    body["stream"] = json!(true);
+    let text = app.chat(&token, &body).await.text().await.unwrap();
+    assert!(text.starts_with(": queued position=1"), "{text}");
+    let data: Vec<String> = text
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(reassemble(&data), sluice::mock::MockConfig::default().text);
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    assert_eq!(slow.await.unwrap().0, 200);
+    app.assert_invariant().await;
+}
+
+#[tokio::test]
+async fn priority_is_capped_by_the_token_and_checked() {
+    let app = spawn_app().await;
+    let (_, token) = app.token("fay", None).await;
+    let resp = app
+        .http
+        .post(format!("{}/v1/chat/completions", app.address))
+        .bearer_auth(&token)
+        .header("x-sluice-priority", "urgent")
+        .json(&chat_body(5))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["param"], "x-sluice-priority");
+}
