@@ -189,6 +189,9 @@ pub struct ModelSettings {
     pub max_output_tokens: u32,
     #[serde(default = "default_max_input")]
     pub max_input_tokens: u32,
+    /// Overrides `cache.similarity_threshold` for this model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_similarity_threshold: Option<f64>,
 }
 
 fn default_max_output() -> u32 {
@@ -334,6 +337,11 @@ pub struct CacheSettings {
     pub embedder: String,
     pub similarity_threshold: f64,
     pub max_entries: u64,
+    /// For `embedder = "http"`: an OpenAI-compatible base URL (with `/v1`), model and key.
+    pub http_url: String,
+    pub http_model: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub http_api_key: Option<Secret>,
 }
 
 impl Default for CacheSettings {
@@ -346,6 +354,9 @@ impl Default for CacheSettings {
             embedder: "lexical".into(),
             similarity_threshold: 0.95,
             max_entries: 100_000,
+            http_url: String::new(),
+            http_model: String::new(),
+            http_api_key: None,
         }
     }
 }
@@ -569,6 +580,7 @@ fn add_env_upstreams(settings: &mut Settings, env: &BTreeMap<String, String>) {
         cached_input_usd_per_mtok: None,
         max_output_tokens: 4096,
         max_input_tokens: 128_000,
+        cache_similarity_threshold: None,
     };
     if let Some(key) = env.get("OPENAI_API_KEY").filter(|k| !k.is_empty()) {
         settings.upstreams.push(UpstreamSettings {
@@ -649,6 +661,26 @@ impl Settings {
         }
         if self.quota.alert_threshold_percent > 100 {
             return invalid("quota.alert_threshold_percent must be at most 100".into());
+        }
+        if !matches!(self.cache.mode.as_str(), "deterministic" | "all" | "off") {
+            return invalid("cache.mode must be deterministic, all or off".into());
+        }
+        if !matches!(self.cache.scope.as_str(), "team" | "token" | "global") {
+            return invalid("cache.scope must be team, token or global".into());
+        }
+        if !(0.0..=1.0).contains(&self.cache.similarity_threshold) {
+            return invalid("cache.similarity_threshold must be between 0 and 1".into());
+        }
+        match self.cache.embedder.as_str() {
+            "lexical" => {}
+            "http" => {
+                url_guard::check_base_url(&self.cache.http_url, true)
+                    .map_err(|e| ConfigError::UpstreamUrl("cache.http_url".into(), e))?;
+                if self.cache.http_model.is_empty() {
+                    return invalid("cache.http_model is required with embedder = \"http\"".into());
+                }
+            }
+            other => return invalid(format!("cache.embedder `{other}` must be lexical or http")),
         }
         if self.ratelimit.expected_replicas == 0 {
             return invalid("ratelimit.expected_replicas must be at least 1".into());

@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod cache;
 pub mod cli;
 pub mod clock;
 pub mod config;

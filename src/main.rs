@@ -460,6 +460,7 @@ async fn serve_demo(mut settings: Settings) -> anyhow::Result<()> {
             cached_input_usd_per_mtok: None,
             max_output_tokens: 4096,
             max_input_tokens: 128_000,
+            cache_similarity_threshold: None,
         })
         .collect();
     settings.validate()?;

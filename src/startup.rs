@@ -10,6 +10,7 @@ use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::{web, App, HttpServer};
 
 use crate::auth::Authenticator;
+use crate::cache::Cache;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ConfigError, Settings};
 use crate::ops::{housekeeping, request_log::RequestLog};
@@ -83,11 +84,18 @@ impl Application {
             request_log,
             windows: windows(&settings).await?,
             queue: Queue::new(&settings.queue),
+            cache: Cache::new(
+                &settings.cache,
+                &settings.upstream,
+                db.read.clone(),
+                db.write.clone(),
+            )?,
             clock,
             db,
             settings: Arc::new(settings),
         });
         state.auth.refresh().await?;
+        state.cache.refresh(state.clock.now()).await?;
         housekeeping::recover_orphans(&state, &host).await?;
         housekeeping::spawn(state.clone(), host);
 

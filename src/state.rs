@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use crate::auth::Authenticator;
+use crate::cache::Cache;
 use crate::clock::Clock;
 use crate::config::Settings;
 use crate::ops::request_log::RequestLog;
@@ -26,4 +27,5 @@ pub struct AppState {
     pub request_log: RequestLog,
     pub windows: Arc<Windows>,
     pub queue: Arc<Queue>,
+    pub cache: Arc<Cache>,
 }

@@ -42,6 +42,8 @@ pub struct TokenAuth {
     pub alert_percent: i64,
     /// The model requests switch to past the soft limit.
     pub downgrade_model: Option<String>,
+    /// This token's default cache TTL (else the config's).
+    pub cache_ttl_seconds: Option<i64>,
     /// The token's remaining balance as last seen by this process (for the soft limit;
     /// the hard limit is always the CAS).
     remaining_hint: AtomicI64,
@@ -76,6 +78,7 @@ impl TokenAuth {
             limit_micros: row.limit_micros,
             alert_percent: row.alert_percent,
             downgrade_model: row.downgrade_model,
+            cache_ttl_seconds: row.cache_ttl_seconds,
             remaining_hint: AtomicI64::new(row.remaining_micros.unwrap_or(i64::MAX)),
             alerted: AtomicBool::new(false),
             expires_at: row

@@ -9,6 +9,8 @@ use crate::store::{ledger, processes};
 
 const AUTH_POLL: Duration = Duration::from_millis(250);
 const HEARTBEAT: Duration = Duration::from_secs(5);
+/// Cache invalidations from other replicas are picked up within this.
+const CACHE_POLL: Duration = Duration::from_secs(1);
 
 /// How often replicas exchange key cooldowns through Redis.
 const COOLDOWN_SYNC: Duration = Duration::from_millis(250);
@@ -24,6 +26,22 @@ pub fn spawn(state: Arc<AppState>, host: String) {
             tick.tick().await;
             if let Err(e) = s.auth.refresh().await {
                 tracing::warn!(error = %e, "token cache refresh failed");
+            }
+        }
+    });
+    let c = state.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(CACHE_POLL);
+        for round in 0u64.. {
+            tick.tick().await;
+            let now = c.clock.now();
+            if let Err(e) = c.cache.refresh(now).await {
+                tracing::warn!(error = %e, "cache refresh failed");
+            }
+            if round % 60 == 59 {
+                if let Err(e) = c.cache.evict(now).await {
+                    tracing::warn!(error = %e, "cache eviction failed");
+                }
             }
         }
     });

@@ -3,6 +3,7 @@
 //! only orders them and turns their errors into `ApiError` once.
 
 pub mod attempts;
+pub mod cached;
 pub mod queued;
 pub mod request;
 pub mod respond;
@@ -196,6 +197,30 @@ async fn run(
     log.model = prepared.requested_model.clone();
     log.stream = prepared.stream;
 
+    // 4. Cache: a hit is answered at once and costs nothing.
+    let plan = match endpoint {
+        Endpoint::Chat | Endpoint::Messages => state.cache.plan(
+            req.headers(),
+            &prepared.body,
+            endpoint.format(),
+            &prepared.model.name,
+            (auth.owner.token_id, auth.owner.team_id),
+            auth.cache_ttl_seconds,
+            prepared.model.cache_similarity_threshold,
+        )?,
+        _ => None,
+    };
+    if let Some(plan) = &plan {
+        log.cache = "miss";
+        if !plan.refresh {
+            if let Some(hit) = state.cache.get(plan, state.clock.now()).await {
+                let (cache, key) = (state.cache.clone(), hit.entry.key);
+                tokio::spawn(async move { cache.record_hit(&key).await });
+                return Ok(Reply::Done(cached::answer(&prepared, &hit, log, &auth)));
+            }
+        }
+    }
+
     // 5. Reserve the worst case over every model that may serve (fallbacks included).
     let candidates = attempts::candidates(state, &prepared);
     if candidates.is_empty() {
@@ -225,14 +250,18 @@ async fn run(
     let admitted = match state.queue.enter(priority, auth.owner.token_id) {
         Ok(Admit::Now(slot)) => Ok(slot),
         Ok(Admit::Wait(ticket)) if prepared.stream => {
-            let waiting = queued::Waiting {
-                prepared,
-                ticket,
+            let books = stream::Books {
                 held,
                 log: std::mem::take(log),
                 started,
                 auth,
                 booking,
+                cache: plan,
+            };
+            let waiting = queued::Waiting {
+                prepared,
+                ticket,
+                books,
                 candidates,
                 deadline,
             };
@@ -273,19 +302,19 @@ async fn run(
         .clone();
     log.served_model = success.model.name.clone();
     if prepared.stream {
-        Ok(Reply::Streaming(stream::start(
-            state,
-            &prepared,
-            success,
+        let books = stream::Books {
             held,
-            std::mem::take(log),
+            log: std::mem::take(log),
             started,
             auth,
             booking,
-            slot,
+            cache: plan,
+        };
+        Ok(Reply::Streaming(stream::start(
+            state, &prepared, success, books, slot,
         )))
     } else {
-        finish(state, &prepared, success, held, log, &auth, booking)
+        finish(state, &prepared, success, held, log, &auth, booking, plan)
             .await
             .map(Reply::Done)
     }
@@ -405,6 +434,7 @@ async fn finish(
     log: &mut RequestRow,
     auth: &TokenAuth,
     booking: Option<Booking>,
+    plan: Option<crate::cache::Plan>,
 ) -> Result<HttpResponse, Failure> {
     let raw = s.body.unwrap_or_default();
     let answer = s.answer.unwrap_or_default();
@@ -416,6 +446,22 @@ async fn finish(
         output: estimate::count_text(&text),
     });
     let body = providers::convert_answer(upstream, p.endpoint.format(), raw, &answer);
+    if let Some(plan) = plan {
+        // Stored in the client's format, off the request path.
+        let stored = if upstream == p.endpoint.format() {
+            Some(answer)
+        } else {
+            serde_json::from_slice(&body).ok()
+        };
+        if let Some(stored) = stored {
+            let (cache, now) = (state.cache.clone(), state.clock.now());
+            tokio::spawn(async move {
+                cache
+                    .put(&plan, &stored, (usage.input, usage.output), now)
+                    .await
+            });
+        }
+    }
     let cost = pricing::cost(usage, s.model.prices);
     let settled = held.settle(cost).await.map_err(ApiError::from)?;
     auth.note_remaining(settled.token_remaining);

@@ -4,7 +4,6 @@
 //! a client that leaves is noticed at the next comment and leaves the queue then; a
 //! request refused by the queue or by every upstream ends with an error event.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix_web::{web, HttpResponse};
@@ -13,15 +12,11 @@ use tokio::sync::mpsc;
 
 use super::attempts::{self, Candidate, Outcome};
 use super::request::Prepared;
-use super::stream::{self, sse_channel, sse_response};
-use crate::auth::TokenAuth;
+use super::stream::{self, sse_channel, sse_response, Books};
 use crate::error::ApiError;
 use crate::queue::Ticket;
 use crate::quota::pricing::{self, Usage};
-use crate::quota::reservation::Held;
-use crate::ratelimit::Booking;
 use crate::state::AppState;
-use crate::store::requests::RequestRow;
 use crate::upstream::providers::translate::stream::error_event;
 
 /// How often a waiting stream hears where it stands.
@@ -30,18 +25,14 @@ const COMMENT_EVERY: Duration = Duration::from_millis(500);
 pub struct Waiting {
     pub prepared: Prepared,
     pub ticket: Ticket,
-    pub held: Held,
-    pub log: RequestRow,
-    pub started: Instant,
-    pub auth: Arc<TokenAuth>,
-    pub booking: Option<Booking>,
+    pub books: Books,
     pub candidates: Vec<Candidate>,
     pub deadline: Instant,
 }
 
 pub fn start(state: &web::Data<AppState>, w: Waiting) -> HttpResponse {
     let (tx, body) = sse_channel();
-    let mut resp = sse_response(&w.log, w.held.remaining(), &w.auth);
+    let mut resp = sse_response(&w.books.log, w.books.held.remaining(), &w.books.auth);
     tokio::spawn(wait_then_serve(state.clone(), w, tx));
     resp.streaming(body)
 }
@@ -57,11 +48,7 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, tx: mpsc::Sende
     let Waiting {
         prepared,
         ticket,
-        mut held,
-        mut log,
-        started,
-        auth,
-        booking,
+        mut books,
         candidates,
         deadline,
     } = w;
@@ -72,12 +59,12 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, tx: mpsc::Sende
     let slot = loop {
         tokio::select! {
             biased;
-            _ = tx.closed() => return end(&state, held, log, started, ApiError::ClientGone).await,
+            _ = tx.closed() => return end(&state, books, ApiError::ClientGone).await,
             r = &mut granted => break r,
             _ = tick.tick() => {
                 let (position, eta) = probe.position();
                 if tx.send(comment(position, eta)).await.is_err() {
-                    return end(&state, held, log, started, ApiError::ClientGone).await;
+                    return end(&state, books, ApiError::ClientGone).await;
                 }
             }
         }
@@ -93,10 +80,10 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, tx: mpsc::Sende
                     e.code(),
                 ))
                 .await;
-            return end(&state, held, log, started, e).await;
+            return end(&state, books, e).await;
         }
     };
-    held.set_cost_if_dropped(pricing::cost(
+    books.held.set_cost_if_dropped(pricing::cost(
         Usage {
             input: prepared.input_tokens,
             ..Usage::default()
@@ -106,8 +93,8 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, tx: mpsc::Sende
     // An upstream's own error answer cannot be relayed into an open stream (and is not
     // `Send`): only its gist goes on, in the error event.
     let result = {
-        let outcome = attempts::call(&state, &prepared, &candidates, deadline, &log.id).await;
-        log.attempts = outcome.attempts;
+        let outcome = attempts::call(&state, &prepared, &candidates, deadline, &books.log.id).await;
+        books.log.attempts = outcome.attempts;
         match outcome.result {
             Outcome::Served(s) => Ok(s),
             Outcome::Failed(f) => Err(f.error),
@@ -115,20 +102,9 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, tx: mpsc::Sende
     };
     match result {
         Ok(s) => {
-            log.upstream = state.catalog.deployments[s.route.deployment].id.clone();
-            log.served_model = s.model.name.clone();
-            let parts = (held, log, started, auth, booking);
-            stream::serve(
-                state,
-                prepared.endpoint.format(),
-                prepared.include_usage,
-                prepared.input_tokens,
-                s,
-                parts,
-                tx,
-                slot,
-            )
-            .await;
+            books.log.upstream = state.catalog.deployments[s.route.deployment].id.clone();
+            books.log.served_model = s.model.name.clone();
+            stream::serve(state, &prepared, s, books, tx, slot).await;
         }
         Err(error) => {
             let _ = tx
@@ -138,13 +114,19 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, tx: mpsc::Sende
                     error.code(),
                 ))
                 .await;
-            end(&state, held, log, started, error).await;
+            end(&state, books, error).await;
         }
     }
 }
 
 /// A stream that ended before any upstream answered: nothing is charged.
-async fn end(state: &AppState, held: Held, mut log: RequestRow, started: Instant, e: ApiError) {
+async fn end(state: &AppState, books: Books, e: ApiError) {
+    let Books {
+        held,
+        mut log,
+        started,
+        ..
+    } = books;
     if let Err(err) = held.settle(0).await {
         tracing::error!(request_id = %log.id, error = %err, "releasing a queued reservation failed");
     }

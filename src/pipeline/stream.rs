@@ -21,6 +21,8 @@ use super::attempts::Success;
 use super::request::Prepared;
 use super::respond;
 use crate::auth::TokenAuth;
+use crate::cache::replay::Assembler;
+use crate::cache::Plan;
 use crate::queue::Slot;
 use crate::quota::pricing::{self, Prices};
 use crate::quota::reservation::Held;
@@ -32,15 +34,24 @@ use crate::upstream::providers::{self, translate::stream::StreamConverter};
 /// Chunks buffered between the pump and a slow client.
 const CHANNEL_DEPTH: usize = 16;
 
+/// Everything a request settles and records when it ends.
+pub struct Books {
+    pub held: Held,
+    pub log: RequestRow,
+    pub started: Instant,
+    pub auth: Arc<TokenAuth>,
+    pub booking: Option<Booking>,
+    /// Where to store the answer, if the request is cacheable.
+    pub cache: Option<Plan>,
+}
+
 struct Pump {
     state: web::Data<AppState>,
-    held: Held,
-    log: RequestRow,
-    started: Instant,
+    books: Books,
     prices: Prices,
-    auth: Arc<TokenAuth>,
-    booking: Option<Booking>,
     converter: StreamConverter,
+    /// Rebuilds the answer the client received, for the cache.
+    assembler: Option<Assembler>,
 }
 
 /// The channel a stream's frames go through, and the response body that drains it.
@@ -76,67 +87,44 @@ pub(super) fn sse_response(
     resp
 }
 
-#[allow(clippy::too_many_arguments)]
 pub fn start(
     state: &web::Data<AppState>,
     p: &Prepared,
     s: Success,
-    held: Held,
-    log: RequestRow,
-    started: Instant,
-    auth: Arc<TokenAuth>,
-    booking: Option<Booking>,
+    books: Books,
     admission: Slot,
 ) -> HttpResponse {
     let (tx, body) = sse_channel();
-    let mut resp = sse_response(&log, held.remaining(), &auth);
-    tokio::spawn(serve(
-        state.clone(),
-        p.endpoint.format(),
-        p.include_usage,
-        p.input_tokens,
-        s,
-        (held, log, started, auth, booking),
-        tx,
-        admission,
-    ));
+    let mut resp = sse_response(&books.log, books.held.remaining(), &books.auth);
+    tokio::spawn(serve(state.clone(), p, s, books, tx, admission));
     resp.streaming(body)
 }
 
 /// Runs the pump for an upstream that answered, holding the in-flight count, the gate slot
 /// and the admission slot until the stream ends.
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn serve(
+pub(super) fn serve(
     state: web::Data<AppState>,
-    client: crate::error::WireFormat,
-    include_usage: bool,
-    input_tokens: i64,
+    p: &Prepared,
     s: Success,
-    (held, log, started, auth, booking): (
-        Held,
-        RequestRow,
-        Instant,
-        Arc<TokenAuth>,
-        Option<Booking>,
-    ),
+    books: Books,
     tx: mpsc::Sender<Bytes>,
     admission: Slot,
-) {
+) -> impl std::future::Future<Output = ()> + Send + 'static {
     let upstream_format =
         providers::format_of(state.catalog.deployments[s.route.deployment].provider);
+    let client = p.endpoint.format();
     let pump = Pump {
-        state: state.clone(),
-        held,
-        log,
-        started,
+        state,
         prices: s.model.prices,
-        auth,
-        booking,
-        converter: StreamConverter::new(upstream_format, client, include_usage, input_tokens),
+        converter: StreamConverter::new(upstream_format, client, p.include_usage, p.input_tokens),
+        assembler: books.cache.as_ref().map(|_| Assembler::new(client)),
+        books,
     };
-    let _held = (s.in_flight, s.slot, admission);
-    if let Some(upstream) = s.response {
-        pump.run(upstream, tx).await;
+    async move {
+        let _held = (s.in_flight, s.slot, admission);
+        if let Some(upstream) = s.response {
+            pump.run(upstream, tx).await;
+        }
     }
 }
 
@@ -173,6 +161,9 @@ impl Pump {
             };
             self.converter.event(&event.event, &event.data, &mut frames);
             for f in frames.drain(..) {
+                if let Some(a) = self.assembler.as_mut() {
+                    a.push(&f);
+                }
                 if tx.send(f).await.is_err() {
                     client_gone = true;
                     break 'read;
@@ -187,30 +178,49 @@ impl Pump {
         self.settle(failure, client_gone).await;
     }
 
-    async fn settle(mut self, failure: Option<&'static str>, client_gone: bool) {
-        let usage = self.converter.usage();
-        let cost = pricing::cost(usage, self.prices);
-        match self.held.settle(cost).await {
+    async fn settle(self, failure: Option<&'static str>, client_gone: bool) {
+        let Pump {
+            state,
+            mut books,
+            prices,
+            converter,
+            assembler,
+        } = self;
+        let usage = converter.usage();
+        let cost = pricing::cost(usage, prices);
+        match books.held.settle(cost).await {
             Ok(s) => {
-                self.log.cost_micros = s.charged + s.absorbed;
-                self.auth.note_remaining(s.token_remaining);
+                books.log.cost_micros = s.charged + s.absorbed;
+                books.auth.note_remaining(s.token_remaining);
             }
             Err(e) => {
-                tracing::error!(request_id = %self.log.id, error = %e, "stream settlement failed")
+                tracing::error!(request_id = %books.log.id, error = %e, "stream settlement failed")
             }
         }
-        self.state
+        state
             .windows
-            .settle(self.booking.take(), usage.input + usage.output);
-        self.log.input_tokens = usage.input;
-        self.log.output_tokens = usage.output;
-        self.log.latency_ms = self.started.elapsed().as_millis() as i64;
-        self.log.status = 200;
-        if failure.is_some() {
-            self.log.error_code = Some("upstream_error");
-        } else if client_gone {
-            self.log.error_code = Some("client_disconnected");
+            .settle(books.booking.take(), usage.input + usage.output);
+        if let (Some(plan), Some(answer), None) =
+            (&books.cache, assembler.and_then(Assembler::finish), failure)
+        {
+            let cache = state.cache.clone();
+            let (plan, now) = (plan.clone(), state.clock.now());
+            tokio::spawn(async move {
+                cache
+                    .put(&plan, &answer, (usage.input, usage.output), now)
+                    .await
+            });
         }
-        self.state.request_log.record(self.log).await;
+        let log = &mut books.log;
+        log.input_tokens = usage.input;
+        log.output_tokens = usage.output;
+        log.latency_ms = books.started.elapsed().as_millis() as i64;
+        log.status = 200;
+        if failure.is_some() {
+            log.error_code = Some("upstream_error");
+        } else if client_gone {
+            log.error_code = Some("client_disconnected");
+        }
+        state.request_log.record(books.log).await;
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod admins;
 pub mod audit;
+pub mod cache;
 pub mod ledger;
 pub mod processes;
 pub mod requests;

@@ -25,6 +25,9 @@ pub struct RequestRow {
     pub latency_ms: i64,
     pub ttfb_ms: Option<i64>,
     pub cache: &'static str,
+    /// The first 8 bytes (hex) of the cache entry that answered, and its similarity.
+    pub cache_key: Option<String>,
+    pub cache_similarity: Option<f64>,
     pub created_at: String,
 }
 
@@ -34,8 +37,9 @@ pub async fn insert_batch(pool: &SqlitePool, rows: &[RequestRow]) -> Result<()> 
     for r in rows {
         sqlx::query(
             "INSERT OR IGNORE INTO requests (id, token_id, user_id, team_id, endpoint, model, served_model, upstream, status,
-                 error_code, stream, attempts, input_tokens, output_tokens, cost_micros, latency_ms, ttfb_ms, cache, created_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                 error_code, stream, attempts, input_tokens, output_tokens, cost_micros, latency_ms, ttfb_ms, cache, cache_key,
+                 cache_similarity, created_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&r.id)
         .bind(r.token_id)
@@ -55,6 +59,8 @@ pub async fn insert_batch(pool: &SqlitePool, rows: &[RequestRow]) -> Result<()> 
         .bind(r.latency_ms)
         .bind(r.ttfb_ms)
         .bind(r.cache)
+        .bind(&r.cache_key)
+        .bind(r.cache_similarity)
         .bind(&r.created_at)
         .execute(&mut *tx)
         .await?;

@@ -72,6 +72,7 @@ pub struct TokenAuthRow {
     pub alert_percent: i64,
     pub limit_micros: Option<i64>,
     pub remaining_micros: Option<i64>,
+    pub cache_ttl_seconds: Option<i64>,
     pub reset: String,
     pub user_reset: String,
     pub team_reset: String,
@@ -83,7 +84,7 @@ pub struct TokenAuthRow {
 pub async fn find_auth(pool: &SqlitePool, hash: &TokenHash) -> Result<Option<TokenAuthRow>> {
     Ok(sqlx::query_as(
         "SELECT t.id, t.user_id, u.team_id, t.prefix, t.models, t.rpm, t.tpm, u.rpm AS user_rpm, u.tpm AS user_tpm,
-                t.max_priority, t.downgrade_model, t.alert_percent, t.limit_micros, t.remaining_micros, t.reset,
+                t.max_priority, t.downgrade_model, t.alert_percent, t.limit_micros, t.remaining_micros, t.cache_ttl_seconds, t.reset,
                 u.reset AS user_reset, tm.reset AS team_reset, t.expires_at
          FROM tokens t JOIN users u ON u.id = t.user_id JOIN teams tm ON tm.id = u.team_id
          WHERE t.token_hash = ? AND t.revoked_at IS NULL AND u.disabled = 0",

@@ -34,6 +34,7 @@ pub struct Model {
     pub prices: Prices,
     pub max_output_tokens: i64,
     pub max_input_tokens: i64,
+    pub cache_similarity_threshold: Option<f64>,
 }
 
 #[derive(Debug, Default)]
@@ -87,6 +88,7 @@ impl Catalog {
                 },
                 max_output_tokens: i64::from(m.max_output_tokens),
                 max_input_tokens: i64::from(m.max_input_tokens),
+                cache_similarity_threshold: m.cache_similarity_threshold,
             });
             for n in std::iter::once(&m.name).chain(&m.aliases) {
                 models.insert(n.clone(), model.clone());

@@ -1,0 +1,201 @@
+//! Embedders behind one type. `lexical` (built in, offline, the default): hashed word
+//! unigrams, word bigrams and character trigrams, L2-normalised, after identifiers (VINs,
+//! long numbers, timestamps, hex ids, UUIDs) are replaced by placeholders — it catches
+//! near-duplicates that differ only in such identifiers, and keeps questions that differ
+//! in a real word apart. `http`: any OpenAI-compatible `/embeddings` endpoint (a local
+//! embedding server), which also catches paraphrases.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+/// A sparse vector: (feature, weight) sorted by feature, L2-normalised. Lexical
+/// embeddings have a few hundred features out of 2^32; dense embeddings from an HTTP
+/// embedder are stored the same way (feature = dimension).
+pub type Vector = Vec<(u32, f32)>;
+
+#[derive(Debug, thiserror::Error)]
+#[error("embedding failed: {0}")]
+pub struct EmbedError(pub String);
+
+pub enum Embedder {
+    Lexical,
+    Http {
+        client: reqwest::Client,
+        url: String,
+        model: String,
+        key: Option<String>,
+    },
+}
+
+impl Embedder {
+    pub async fn embed(&self, text: &str) -> Result<Vector, EmbedError> {
+        match self {
+            Embedder::Lexical => Ok(lexical(text)),
+            Embedder::Http {
+                client,
+                url,
+                model,
+                key,
+            } => {
+                let mut req = client
+                    .post(url)
+                    .timeout(Duration::from_secs(5))
+                    .json(&json!({"model": model, "input": text}));
+                if let Some(k) = key {
+                    req = req.bearer_auth(k);
+                }
+                let resp = req
+                    .send()
+                    .await
+                    .map_err(|_| EmbedError("embedding server unreachable".into()))?;
+                if !resp.status().is_success() {
+                    return Err(EmbedError(format!(
+                        "embedding server answered {}",
+                        resp.status()
+                    )));
+                }
+                let v: Value = resp
+                    .json()
+                    .await
+                    .map_err(|_| EmbedError("embedding answer is not JSON".into()))?;
+                let raw = v
+                    .pointer("/data/0/embedding")
+                    .and_then(Value::as_array)
+                    .ok_or_else(|| EmbedError("no embedding in the answer".into()))?;
+                let mut out: Vector = raw
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, x)| Some((i as u32, x.as_f64()? as f32)))
+                    .collect();
+                normalise(&mut out);
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// Replaces identifier-like words with placeholders, so that two reports differing only
+/// in a VIN, a timestamp or a request id read the same.
+pub fn normalise_identifiers(text: &str) -> String {
+    text.split_whitespace()
+        .map(|w| {
+            let core = w.trim_matches(|c: char| !c.is_alphanumeric());
+            let digits = core.chars().filter(char::is_ascii_digit).count();
+            let alnum = core.chars().all(|c| c.is_ascii_alphanumeric());
+            let is_vin = core.len() == 17 && alnum && digits > 0;
+            let is_number = digits >= 5 && digits * 2 >= core.len();
+            let is_time =
+                core.contains(':') && digits >= 3 || core.matches('-').count() == 2 && digits >= 6;
+            let is_hex = core.len() >= 8
+                && core.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
+                && digits > 0;
+            if is_vin {
+                "<vin>".to_string()
+            } else if is_time || w.contains('T') && digits >= 8 {
+                "<time>".to_string()
+            } else if is_hex || is_number {
+                "<id>".to_string()
+            } else {
+                w.to_lowercase()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn feature(text: &str, salt: u32) -> u32 {
+    let h = crc32fast::hash(text.as_bytes()) ^ salt.wrapping_mul(0x9e37_79b9);
+    h.wrapping_mul(0x85eb_ca6b) ^ (h >> 13)
+}
+
+/// The lexical embedding: words weigh most, word pairs keep order, character trigrams
+/// forgive small spelling differences.
+pub fn lexical(text: &str) -> Vector {
+    let norm = normalise_identifiers(text);
+    let words: Vec<&str> = norm
+        .split(|c: char| c.is_whitespace() || (c.is_ascii_punctuation() && c != '<' && c != '>'))
+        .filter(|w| !w.is_empty())
+        .collect();
+    let mut weights: std::collections::HashMap<u32, f32> = std::collections::HashMap::new();
+    let mut add = |f: u32, w: f32| *weights.entry(f).or_default() += w;
+    for w in &words {
+        add(feature(w, 1), 2.0);
+        let chars: Vec<char> = format!("^{w}$").chars().collect();
+        for g in chars.windows(3) {
+            add(feature(&g.iter().collect::<String>(), 3), 0.35);
+        }
+    }
+    for pair in words.windows(2) {
+        add(feature(&format!("{} {}", pair[0], pair[1]), 2), 1.5);
+    }
+    let mut v: Vector = weights.into_iter().collect();
+    v.sort_unstable_by_key(|&(f, _)| f);
+    normalise(&mut v);
+    v
+}
+
+fn normalise(v: &mut [(u32, f32)]) {
+    let n = v.iter().map(|(_, x)| x * x).sum::<f32>().sqrt();
+    if n > 0.0 {
+        v.iter_mut().for_each(|(_, x)| *x /= n);
+    }
+}
+
+/// Cosine similarity of two normalised sparse vectors (a merge of their sorted features).
+pub fn cosine(a: &[(u32, f32)], b: &[(u32, f32)]) -> f32 {
+    let (mut i, mut j, mut dot) = (0, 0, 0f32);
+    while i < a.len() && j < b.len() {
+        match a[i].0.cmp(&b[j].0) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => {
+                dot += a[i].1 * b[j].1;
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    dot
+}
+
+/// Stored form: (u32, f32) little-endian pairs.
+pub fn to_bytes(v: &[(u32, f32)]) -> Vec<u8> {
+    v.iter()
+        .flat_map(|(f, x)| f.to_le_bytes().into_iter().chain(x.to_le_bytes()))
+        .collect()
+}
+
+pub fn from_bytes(b: &[u8]) -> Vector {
+    b.chunks_exact(8)
+        .map(|c| {
+            (
+                u32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+                f32::from_le_bytes([c[4], c[5], c[6], c[7]]),
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_do_not_matter_words_do() {
+        let a = lexical(
+            "Why does the engine light blink on WVWZZZ1JZXW000001 since 2026-11-03T08:15:00?",
+        );
+        let b = lexical(
+            "Why does the engine light blink on WVWZZZ1JZXW999999 since 2026-11-05T10:00:00?",
+        );
+        let c =
+            lexical("Why does the oil light blink on WVWZZZ1JZXW000001 since 2026-11-03T08:15:00?");
+        assert!(cosine(&a, &b) > 0.999);
+        assert!(cosine(&a, &c) < 0.95, "{}", cosine(&a, &c));
+        assert_eq!(
+            normalise_identifiers("code P0401 at 12:30:01"),
+            "code p0401 at <time>"
+        );
+    }
+}

@@ -1,0 +1,143 @@
+//! Cache keys. The exact key is the SHA-256 of (scope, model, wire format, the canonical
+//! request): messages with tool calls and results, system, tools, response format,
+//! temperature, top_p, output cap, stop — everything but `user`, `metadata`, `stream` and
+//! `stream_options`. JSON objects serialise with sorted keys, so the same request always
+//! gives the same bytes. The context key is the same hash with the last user message's
+//! text left out: requests sharing it differ at most in that message, which the semantic
+//! match then compares.
+
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+use crate::error::WireFormat;
+
+pub type Key = [u8; 32];
+
+pub struct Keys {
+    pub exact: Key,
+    /// Present when the request ends with a user message with text (semantic candidates).
+    pub context: Option<Key>,
+    pub last_user: Option<String>,
+}
+
+const IGNORED: &[&str] = &["user", "metadata", "stream", "stream_options", "model"];
+
+fn hash(kind: &str, scope: &str, model: &str, format: WireFormat, body: &Value) -> Key {
+    let mut h = Sha256::new();
+    for part in [
+        kind,
+        scope,
+        model,
+        if format == WireFormat::OpenAi {
+            "openai"
+        } else {
+            "anthropic"
+        },
+    ] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part.as_bytes());
+    }
+    h.update(body.to_string().as_bytes());
+    h.finalize().into()
+}
+
+fn text_of(content: &Value) -> Option<String> {
+    match content {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(parts) => {
+            let texts: Vec<&str> = parts
+                .iter()
+                .filter(|p| p.get("type").and_then(Value::as_str) == Some("text"))
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect();
+            // Parts other than text (images, tool results) make the message not comparable.
+            (texts.len() == parts.len() && !texts.is_empty()).then(|| texts.join("\n"))
+        }
+        _ => None,
+    }
+}
+
+pub fn keys(scope: &str, model: &str, format: WireFormat, body: &Map<String, Value>) -> Keys {
+    let mut canonical = body.clone();
+    for k in IGNORED {
+        canonical.remove(*k);
+    }
+    let canonical = Value::Object(canonical);
+    let exact = hash("exact.v1", scope, model, format, &canonical);
+    let mut context_body = canonical;
+    let last_user = context_body
+        .get_mut("messages")
+        .and_then(Value::as_array_mut)
+        .and_then(|m| m.last_mut())
+        .filter(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+        .and_then(|m| {
+            let text = text_of(m.get("content")?)?;
+            m["content"] = Value::String(String::new());
+            Some(text)
+        });
+    let context = last_user
+        .as_ref()
+        .map(|_| hash("context.v1", scope, model, format, &context_body));
+    Keys {
+        exact,
+        context,
+        last_user,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn m(v: Value) -> Map<String, Value> {
+        v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn keys_ignore_what_does_not_change_the_answer() {
+        let a = keys(
+            "team:1",
+            "gpt",
+            WireFormat::OpenAi,
+            &m(
+                json!({"messages": [{"role": "user", "content": "hi"}], "temperature": 0, "user": "a", "stream": true}),
+            ),
+        );
+        let b = keys(
+            "team:1",
+            "gpt",
+            WireFormat::OpenAi,
+            &m(
+                json!({"temperature": 0, "messages": [{"role": "user", "content": "hi"}], "user": "b"}),
+            ),
+        );
+        assert_eq!(a.exact, b.exact);
+        let other_team = keys(
+            "team:2",
+            "gpt",
+            WireFormat::OpenAi,
+            &m(json!({"messages": [{"role": "user", "content": "hi"}], "temperature": 0})),
+        );
+        assert_ne!(a.exact, other_team.exact);
+        let reworded = keys(
+            "team:1",
+            "gpt",
+            WireFormat::OpenAi,
+            &m(json!({"messages": [{"role": "user", "content": "hello"}], "temperature": 0})),
+        );
+        assert_ne!(a.exact, reworded.exact);
+        assert_eq!(
+            a.context, reworded.context,
+            "same context, different last message"
+        );
+        assert_eq!(reworded.last_user.as_deref(), Some("hello"));
+        let tool = keys(
+            "team:1",
+            "gpt",
+            WireFormat::OpenAi,
+            &m(json!({"messages": [{"role": "tool", "tool_call_id": "x", "content": "42"}]})),
+        );
+        assert!(tool.context.is_none());
+    }
+}

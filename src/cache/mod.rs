@@ -1,0 +1,360 @@
+//! Stage 4, the response cache (layer 1). Exact match on the canonical request's key
+//! (`key.rs`), then — when the last user message differs — a semantic match among the
+//! entries sharing the same context: cosine similarity of the last user message's
+//! embedding (`embed.rs`) ≥ the threshold. Entries live in SQLite (shared by replicas)
+//! with an LRU in front; the semantic index is held in memory per context and rebuilt at
+//! start and whenever another process invalidates entries (`cache_epoch`). A hit costs
+//! nothing; streams are replayed from whole answers (`replay.rs`).
+
+pub mod embed;
+pub mod key;
+pub mod replay;
+
+use std::collections::HashMap;
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
+use actix_web::http::header::HeaderMap;
+use chrono::{DateTime, Duration, Utc};
+use lru::LruCache;
+use parking_lot::{Mutex, RwLock};
+use serde_json::Value;
+use sqlx::SqlitePool;
+
+use crate::config::{CacheSettings, UpstreamTimeouts};
+use crate::error::{ApiError, WireFormat};
+use crate::store::{self, StoreError};
+use embed::{Embedder, Vector};
+use key::{Key, Keys};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HitKind {
+    Exact,
+    Semantic,
+}
+
+pub struct Entry {
+    pub key: Key,
+    pub answer: Value,
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    pub expires_at: DateTime<Utc>,
+}
+
+pub struct Hit {
+    pub entry: Arc<Entry>,
+    pub kind: HitKind,
+    pub similarity: f32,
+}
+
+/// What one request does with the cache.
+#[derive(Clone)]
+pub struct Plan {
+    pub keys: Arc<Keys>,
+    pub scope: String,
+    pub model: String,
+    pub format: WireFormat,
+    /// `x-sluice-cache: refresh`: skip the lookup, store the new answer.
+    pub refresh: bool,
+    pub ttl: Duration,
+    pub tags: String,
+    pub threshold: f32,
+}
+
+pub struct Cache {
+    cfg: CacheSettings,
+    embedder: Embedder,
+    read: SqlitePool,
+    write: SqlitePool,
+    lru: Mutex<LruCache<Key, Arc<Entry>>>,
+    /// Context key → (entry key, embedding of its last user message).
+    index: RwLock<HashMap<Key, Vec<(Key, Vector)>>>,
+    epoch: AtomicI64,
+}
+
+/// Most entries kept in memory in front of SQLite.
+const LRU_ENTRIES: usize = 10_000;
+
+fn as_key(v: &[u8]) -> Option<Key> {
+    v.try_into().ok()
+}
+
+impl Cache {
+    pub fn new(
+        cfg: &CacheSettings,
+        timeouts: &UpstreamTimeouts,
+        read: SqlitePool,
+        write: SqlitePool,
+    ) -> Result<Arc<Self>, reqwest::Error> {
+        let embedder = match cfg.embedder.as_str() {
+            "http" => Embedder::Http {
+                client: reqwest::Client::builder()
+                    .connect_timeout(std::time::Duration::from_millis(
+                        timeouts.connect_timeout_ms,
+                    ))
+                    .redirect(reqwest::redirect::Policy::none())
+                    .build()?,
+                url: format!("{}/embeddings", cfg.http_url.trim_end_matches('/')),
+                model: cfg.http_model.clone(),
+                key: cfg.http_api_key.as_ref().map(|k| k.expose().to_string()),
+            },
+            _ => Embedder::Lexical,
+        };
+        let cap = NonZeroUsize::new(LRU_ENTRIES).unwrap_or(NonZeroUsize::MIN);
+        Ok(Arc::new(Self {
+            cfg: cfg.clone(),
+            embedder,
+            read,
+            write,
+            lru: Mutex::new(LruCache::new(cap)),
+            index: RwLock::new(HashMap::new()),
+            epoch: AtomicI64::new(i64::MIN),
+        }))
+    }
+
+    /// Decides whether and how a request uses the cache (`None`: not cacheable).
+    #[allow(clippy::too_many_arguments)]
+    pub fn plan(
+        &self,
+        headers: &HeaderMap,
+        body: &serde_json::Map<String, Value>,
+        format: WireFormat,
+        model: &str,
+        owner: (i64, i64),
+        token_ttl: Option<i64>,
+        model_threshold: Option<f64>,
+    ) -> Result<Option<Plan>, ApiError> {
+        let header = |k: &str| headers.get(k).and_then(|v| v.to_str().ok()).map(str::trim);
+        let asked = header("x-sluice-cache");
+        if !matches!(asked, None | Some("on" | "off" | "refresh")) {
+            return Err(ApiError::invalid(
+                "x-sluice-cache",
+                "x-sluice-cache must be on, off or refresh",
+            ));
+        }
+        let deterministic = body.get("temperature").and_then(Value::as_f64) == Some(0.0);
+        let wanted = match (self.cfg.mode.as_str(), asked) {
+            ("off", _) | (_, Some("off")) => false,
+            (_, Some("on" | "refresh")) => true,
+            ("all", _) => true,
+            _ => deterministic,
+        };
+        if !wanted || body.get("n").and_then(Value::as_i64).unwrap_or(1) > 1 {
+            return Ok(None);
+        }
+        let ttl = match header("x-sluice-cache-ttl") {
+            Some(t) => t.parse::<i64>().ok().filter(|t| *t > 0).ok_or_else(|| {
+                ApiError::invalid(
+                    "x-sluice-cache-ttl",
+                    "x-sluice-cache-ttl must be a positive number of seconds",
+                )
+            })?,
+            None => token_ttl.unwrap_or(self.cfg.default_ttl_seconds as i64),
+        };
+        let tags: Vec<&str> = header("x-sluice-cache-tags")
+            .map(|t| {
+                t.split(',')
+                    .map(str::trim)
+                    .filter(|t| !t.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let scope = match self.cfg.scope.as_str() {
+            "token" => format!("token:{}", owner.0),
+            "global" => "global".to_string(),
+            _ => format!("team:{}", owner.1),
+        };
+        Ok(Some(Plan {
+            keys: Arc::new(key::keys(&scope, model, format, body)),
+            scope,
+            model: model.to_string(),
+            format,
+            refresh: asked == Some("refresh"),
+            ttl: Duration::seconds(ttl),
+            tags: format!(",{},", tags.join(",")),
+            threshold: model_threshold.unwrap_or(self.cfg.similarity_threshold) as f32,
+        }))
+    }
+
+    async fn entry(&self, key: &Key, now: DateTime<Utc>) -> Result<Option<Arc<Entry>>, StoreError> {
+        let cached = self.lru.lock().get(key).cloned();
+        if let Some(e) = cached.filter(|e| e.expires_at > now) {
+            return Ok(Some(e));
+        }
+        let Some(row) = store::cache::get(&self.read, key, now).await? else {
+            return Ok(None);
+        };
+        let Ok(answer) = serde_json::from_str(&row.answer) else {
+            return Ok(None);
+        };
+        let entry = Arc::new(Entry {
+            key: *key,
+            answer,
+            input_tokens: row.input_tokens,
+            output_tokens: row.output_tokens,
+            expires_at: DateTime::parse_from_rfc3339(&row.expires_at)
+                .map(|t| t.with_timezone(&Utc))
+                .unwrap_or(now),
+        });
+        self.lru.lock().put(*key, entry.clone());
+        Ok(Some(entry))
+    }
+
+    /// Exact, then semantic. Errors are logged and read as a miss: the cache never fails a request.
+    pub async fn get(&self, plan: &Plan, now: DateTime<Utc>) -> Option<Hit> {
+        match self.entry(&plan.keys.exact, now).await {
+            Ok(Some(entry)) => {
+                return Some(Hit {
+                    entry,
+                    kind: HitKind::Exact,
+                    similarity: 1.0,
+                })
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "cache lookup failed"),
+        }
+        if !self.cfg.semantic {
+            return None;
+        }
+        let (Some(context), Some(text)) = (plan.keys.context, plan.keys.last_user.as_deref())
+        else {
+            return None;
+        };
+        if !self.index.read().contains_key(&context) {
+            return None;
+        }
+        let v = self
+            .embedder
+            .embed(text)
+            .await
+            .map_err(|e| tracing::warn!(error = %e, "embedding failed"))
+            .ok()?;
+        let best = self
+            .index
+            .read()
+            .get(&context)?
+            .iter()
+            .map(|(k, other)| (*k, embed::cosine(&v, other)))
+            .filter(|(_, sim)| *sim >= plan.threshold)
+            .max_by(|a, b| a.1.total_cmp(&b.1))?;
+        match self.entry(&best.0, now).await {
+            Ok(Some(entry)) => Some(Hit {
+                entry,
+                kind: HitKind::Semantic,
+                similarity: best.1,
+            }),
+            _ => {
+                self.forget(&[best.0]);
+                None
+            }
+        }
+    }
+
+    /// Stores an answer (in the client's format) for a plan.
+    pub async fn put(&self, plan: &Plan, answer: &Value, usage: (i64, i64), now: DateTime<Utc>) {
+        let vector = match (&plan.keys.context, plan.keys.last_user.as_deref()) {
+            (Some(_), Some(text)) if self.cfg.semantic => self.embedder.embed(text).await.ok(),
+            _ => None,
+        };
+        let bytes = vector.as_deref().map(embed::to_bytes);
+        let text = answer.to_string();
+        let entry = store::cache::NewEntry {
+            key: &plan.keys.exact,
+            scope: &plan.scope,
+            model: &plan.model,
+            format: if plan.format == WireFormat::OpenAi {
+                "openai"
+            } else {
+                "anthropic"
+            },
+            context_hash: plan.keys.context.as_ref().map(|c| &c[..]),
+            vector: bytes.as_deref(),
+            answer: &text,
+            input_tokens: usage.0,
+            output_tokens: usage.1,
+            tags: &plan.tags,
+            expires_at: now + plan.ttl,
+        };
+        if let Err(e) = store::cache::put(&self.write, &entry, now).await {
+            tracing::warn!(error = %e, "cache write failed");
+            return;
+        }
+        let e = Arc::new(Entry {
+            key: plan.keys.exact,
+            answer: answer.clone(),
+            input_tokens: usage.0,
+            output_tokens: usage.1,
+            expires_at: now + plan.ttl,
+        });
+        self.lru.lock().put(plan.keys.exact, e);
+        if let (Some(context), Some(v)) = (plan.keys.context, vector) {
+            let mut index = self.index.write();
+            let bucket = index.entry(context).or_default();
+            bucket.retain(|(k, _)| *k != plan.keys.exact);
+            bucket.push((plan.keys.exact, v));
+        }
+    }
+
+    pub async fn record_hit(&self, key: &Key) {
+        if let Err(e) = store::cache::count_hit(&self.write, key).await {
+            tracing::debug!(error = %e, "cache hit count failed");
+        }
+    }
+
+    fn forget(&self, keys: &[Key]) {
+        let mut lru = self.lru.lock();
+        for k in keys {
+            lru.pop(k);
+        }
+        drop(lru);
+        let mut index = self.index.write();
+        for bucket in index.values_mut() {
+            bucket.retain(|(k, _)| !keys.contains(k));
+        }
+        index.retain(|_, b| !b.is_empty());
+    }
+
+    /// Deletes every entry tagged `tag`, here and (through `cache_epoch`) on other replicas.
+    pub async fn invalidate_tag(&self, tag: &str) -> Result<usize, StoreError> {
+        let deleted: Vec<Key> = store::cache::delete_tag(&self.write, tag)
+            .await?
+            .iter()
+            .filter_map(|k| as_key(k))
+            .collect();
+        self.forget(&deleted);
+        Ok(deleted.len())
+    }
+
+    /// Rebuilds the semantic index from the database.
+    pub async fn rebuild(&self, now: DateTime<Utc>) -> Result<(), StoreError> {
+        let rows = store::cache::index_rows(&self.read, now).await?;
+        let mut index: HashMap<Key, Vec<(Key, Vector)>> = HashMap::new();
+        for (k, c, v) in rows {
+            if let (Some(k), Some(c)) = (as_key(&k), as_key(&c)) {
+                index.entry(c).or_default().push((k, embed::from_bytes(&v)));
+            }
+        }
+        *self.index.write() = index;
+        Ok(())
+    }
+
+    /// Polls `cache_epoch`; when another process invalidated entries, drops the LRU and
+    /// rebuilds the index. Also evicts expired and surplus entries.
+    pub async fn refresh(&self, now: DateTime<Utc>) -> Result<(), StoreError> {
+        let epoch = store::cache::epoch(&self.read).await?;
+        if self.epoch.swap(epoch, Ordering::Relaxed) != epoch {
+            self.lru.lock().clear();
+            self.rebuild(now).await?;
+        }
+        Ok(())
+    }
+
+    pub async fn evict(&self, now: DateTime<Utc>) -> Result<u64, StoreError> {
+        let n = store::cache::evict(&self.write, self.cfg.max_entries, now).await?;
+        if n > 0 {
+            self.rebuild(now).await?;
+        }
+        Ok(n)
+    }
+}

@@ -1,0 +1,286 @@
+//! Cached answers are stored whole, in the client's wire format. A streamed request is
+//! answered from an entry by replaying it as SSE events (`frames`); a streamed answer is
+//! stored by assembling the events the client received back into a whole answer
+//! (`Assembler`). So a stream can be served from a non-streamed entry and vice versa.
+
+use bytes::Bytes;
+use serde_json::{json, Map, Value};
+
+use crate::error::WireFormat;
+use crate::upstream::providers::translate::stream::frame;
+
+/// Text is replayed in pieces of about this many characters.
+const PIECE: usize = 24;
+
+fn pieces(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    for ch in text.chars() {
+        cur.push(ch);
+        if cur.len() >= PIECE && ch == ' ' {
+            out.push(std::mem::take(&mut cur));
+        }
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+/// The SSE events of a stored answer, as the client's format streams them.
+pub fn frames(format: WireFormat, answer: &Value, include_usage: bool) -> Vec<Bytes> {
+    match format {
+        WireFormat::OpenAi => openai_frames(answer, include_usage),
+        WireFormat::Anthropic => anthropic_frames(answer),
+    }
+}
+
+fn openai_frames(a: &Value, include_usage: bool) -> Vec<Bytes> {
+    let chunk = |delta: Value, finish: Value| {
+        frame(None, &json!({"id": a["id"], "object": "chat.completion.chunk", "created": a["created"], "model": a["model"],
+            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]}).to_string())
+    };
+    let msg = &a["choices"][0]["message"];
+    let mut out = vec![chunk(
+        json!({"role": "assistant", "content": ""}),
+        Value::Null,
+    )];
+    if let Some(text) = msg["content"].as_str() {
+        for p in pieces(text) {
+            out.push(chunk(json!({"content": p}), Value::Null));
+        }
+    }
+    for (i, tc) in msg["tool_calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        out.push(chunk(json!({"tool_calls": [{"index": i, "id": tc["id"], "type": "function",
+            "function": {"name": tc["function"]["name"], "arguments": tc["function"]["arguments"]}}]}), Value::Null));
+    }
+    out.push(chunk(json!({}), a["choices"][0]["finish_reason"].clone()));
+    if include_usage {
+        out.push(frame(
+            None,
+            &json!({"id": a["id"], "object": "chat.completion.chunk", "created": a["created"],
+            "model": a["model"], "choices": [], "usage": a["usage"]})
+            .to_string(),
+        ));
+    }
+    out.push(frame(None, "[DONE]"));
+    out
+}
+
+fn anthropic_frames(a: &Value) -> Vec<Bytes> {
+    let ev = |name: &str, v: Value| frame(Some(name), &v.to_string());
+    let mut start = a.clone();
+    start["content"] = json!([]);
+    start["stop_reason"] = Value::Null;
+    start["usage"]["output_tokens"] = json!(0);
+    let mut out = vec![ev(
+        "message_start",
+        json!({"type": "message_start", "message": start}),
+    )];
+    for (i, b) in a["content"].as_array().into_iter().flatten().enumerate() {
+        match b["type"].as_str() {
+            Some("text") => {
+                out.push(ev("content_block_start", json!({"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}})));
+                for p in pieces(b["text"].as_str().unwrap_or("")) {
+                    out.push(ev("content_block_delta", json!({"type": "content_block_delta", "index": i, "delta": {"type": "text_delta", "text": p}})));
+                }
+            }
+            Some("tool_use") => {
+                out.push(ev("content_block_start", json!({"type": "content_block_start", "index": i,
+                    "content_block": {"type": "tool_use", "id": b["id"], "name": b["name"], "input": {}}})));
+                out.push(ev(
+                    "content_block_delta",
+                    json!({"type": "content_block_delta", "index": i,
+                    "delta": {"type": "input_json_delta", "partial_json": b["input"].to_string()}}),
+                ));
+            }
+            _ => continue,
+        }
+        out.push(ev(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": i}),
+        ));
+    }
+    out.push(ev("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": a["stop_reason"], "stop_sequence": a["stop_sequence"]},
+        "usage": {"output_tokens": a["usage"]["output_tokens"]}})));
+    out.push(ev("message_stop", json!({"type": "message_stop"})));
+    out
+}
+
+/// Rebuilds a whole answer from the SSE frames a client received.
+pub struct Assembler {
+    format: WireFormat,
+    answer: Map<String, Value>,
+    text: String,
+    tools: Vec<(String, String, String)>,
+    blocks: Vec<Value>,
+    partial: String,
+    complete: bool,
+}
+
+impl Assembler {
+    pub fn new(format: WireFormat) -> Self {
+        Self {
+            format,
+            answer: Map::new(),
+            text: String::new(),
+            tools: Vec::new(),
+            blocks: Vec::new(),
+            partial: String::new(),
+            complete: false,
+        }
+    }
+
+    pub fn push(&mut self, frame: &[u8]) {
+        let Ok(text) = std::str::from_utf8(frame) else {
+            return;
+        };
+        let Some(data) = text.lines().find_map(|l| l.strip_prefix("data: ")) else {
+            return;
+        };
+        if data == "[DONE]" {
+            self.complete = true;
+            return;
+        }
+        let Ok(v) = serde_json::from_str::<Value>(data) else {
+            return;
+        };
+        match self.format {
+            WireFormat::OpenAi => self.push_openai(&v),
+            WireFormat::Anthropic => self.push_anthropic(&v),
+        }
+    }
+
+    fn push_openai(&mut self, v: &Value) {
+        for k in ["id", "created", "model"] {
+            self.answer.entry(k).or_insert_with(|| v[k].clone());
+        }
+        if !v["usage"].is_null() {
+            self.answer.insert("usage".into(), v["usage"].clone());
+        }
+        let c = &v["choices"][0];
+        if let Some(t) = c["delta"]["content"].as_str() {
+            self.text.push_str(t);
+        }
+        for tc in c["delta"]["tool_calls"].as_array().into_iter().flatten() {
+            let i = tc["index"].as_u64().unwrap_or(0) as usize;
+            while self.tools.len() <= i {
+                self.tools.push(Default::default());
+            }
+            let slot = &mut self.tools[i];
+            if let Some(id) = tc["id"].as_str() {
+                slot.0 = id.to_string();
+            }
+            if let Some(n) = tc["function"]["name"].as_str() {
+                slot.1.push_str(n);
+            }
+            if let Some(a) = tc["function"]["arguments"].as_str() {
+                slot.2.push_str(a);
+            }
+        }
+        if !c["finish_reason"].is_null() {
+            self.answer
+                .insert("finish_reason".into(), c["finish_reason"].clone());
+        }
+    }
+
+    fn push_anthropic(&mut self, v: &Value) {
+        match v["type"].as_str() {
+            Some("message_start") => {
+                if let Some(m) = v["message"].as_object() {
+                    self.answer = m.clone();
+                }
+            }
+            Some("content_block_start") => {
+                self.blocks.push(v["content_block"].clone());
+                self.partial.clear();
+            }
+            Some("content_block_delta") => {
+                if let (Some(b), Some(t)) = (self.blocks.last_mut(), v["delta"]["text"].as_str()) {
+                    let s = format!("{}{t}", b["text"].as_str().unwrap_or(""));
+                    b["text"] = json!(s);
+                }
+                if let Some(p) = v["delta"]["partial_json"].as_str() {
+                    self.partial.push_str(p);
+                }
+            }
+            Some("content_block_stop") => {
+                if let Some(b) = self.blocks.last_mut().filter(|b| b["type"] == "tool_use") {
+                    b["input"] = serde_json::from_str(&self.partial).unwrap_or_else(|_| json!({}));
+                }
+            }
+            Some("message_delta") => {
+                self.answer
+                    .insert("stop_reason".into(), v["delta"]["stop_reason"].clone());
+                self.answer
+                    .insert("stop_sequence".into(), v["delta"]["stop_sequence"].clone());
+                if let Some(o) = v["usage"]["output_tokens"].as_i64() {
+                    if let Some(u) = self.answer.get_mut("usage") {
+                        u["output_tokens"] = json!(o);
+                    }
+                }
+            }
+            Some("message_stop") => self.complete = true,
+            _ => {}
+        }
+    }
+
+    /// The whole answer, if the stream completed.
+    pub fn finish(self) -> Option<Value> {
+        if !self.complete {
+            return None;
+        }
+        match self.format {
+            WireFormat::OpenAi => {
+                let mut a = self.answer;
+                let finish = a.remove("finish_reason").unwrap_or(json!("stop"));
+                let mut message = json!({"role": "assistant", "content": if self.text.is_empty() && !self.tools.is_empty() { Value::Null } else { json!(self.text) }});
+                if !self.tools.is_empty() {
+                    message["tool_calls"] = self
+                        .tools
+                        .into_iter()
+                        .map(|(id, name, args)| json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}}))
+                        .collect();
+                }
+                a.insert("object".into(), json!("chat.completion"));
+                a.insert("choices".into(), json!([{"index": 0, "message": message, "logprobs": null, "finish_reason": finish}]));
+                Some(Value::Object(a))
+            }
+            WireFormat::Anthropic => {
+                let mut a = self.answer;
+                a.insert("content".into(), Value::Array(self.blocks));
+                Some(Value::Object(a))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stored_answer_replays_and_reassembles_to_itself() {
+        let openai = json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "The EGR valve is stuck open, replace it soon."}, "logprobs": null, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 9, "total_tokens": 12}});
+        let anthropic = json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "m",
+            "content": [{"type": "text", "text": "Checking."}, {"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {"vin": "X"}}],
+            "stop_reason": "tool_use", "stop_sequence": null, "usage": {"input_tokens": 3, "output_tokens": 9}});
+        for (format, answer) in [
+            (WireFormat::OpenAi, openai),
+            (WireFormat::Anthropic, anthropic),
+        ] {
+            let mut asm = Assembler::new(format);
+            for f in frames(format, &answer, true) {
+                asm.push(&f);
+            }
+            assert_eq!(asm.finish().unwrap(), answer);
+        }
+    }
+}

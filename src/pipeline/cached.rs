@@ -1,0 +1,38 @@
+//! Answers served from the cache: the stored whole answer, or its replay as SSE for a
+//! stream. Nothing is reserved or charged; the request still counted in its window.
+
+use actix_web::HttpResponse;
+use bytes::Bytes;
+
+use super::request::Prepared;
+use super::respond;
+use crate::auth::TokenAuth;
+use crate::cache::{replay, Hit, HitKind};
+use crate::store::requests::RequestRow;
+
+pub fn answer(p: &Prepared, hit: &Hit, log: &mut RequestRow, auth: &TokenAuth) -> HttpResponse {
+    log.cache = match hit.kind {
+        HitKind::Exact => "hit-exact",
+        HitKind::Semantic => "hit-semantic",
+    };
+    log.cache_key = Some(hex::encode(&hit.entry.key[..8]));
+    log.cache_similarity = Some(f64::from(hit.similarity));
+    log.served_model = p.model.name.clone();
+    log.upstream = "cache".into();
+    let mut resp = HttpResponse::Ok();
+    respond::gateway_headers(&mut resp, &log.id, "cache", None, log.cache, auth);
+    if p.stream {
+        let frames = replay::frames(p.endpoint.format(), &hit.entry.answer, p.include_usage);
+        let body = futures_util::stream::iter(
+            frames
+                .into_iter()
+                .map(Ok::<Bytes, std::convert::Infallible>),
+        );
+        resp.content_type("text/event-stream")
+            .insert_header(("cache-control", "no-cache"))
+            .streaming(body)
+    } else {
+        resp.content_type("application/json")
+            .body(hit.entry.answer.to_string())
+    }
+}

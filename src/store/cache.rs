@@ -1,0 +1,129 @@
+//! Cache entries (see `cache/`): whole answers keyed by the SHA-256 of the canonical request.
+
+use chrono::{DateTime, Utc};
+use sqlx::{FromRow, SqlitePool};
+
+use super::Result;
+use crate::clock::db_time;
+
+#[derive(Debug, Clone, FromRow)]
+pub struct EntryRow {
+    pub key: Vec<u8>,
+    pub answer: String,
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    pub expires_at: String,
+}
+
+pub struct NewEntry<'a> {
+    pub key: &'a [u8],
+    pub scope: &'a str,
+    pub model: &'a str,
+    pub format: &'a str,
+    pub context_hash: Option<&'a [u8]>,
+    pub vector: Option<&'a [u8]>,
+    pub answer: &'a str,
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    pub tags: &'a str,
+    pub expires_at: DateTime<Utc>,
+}
+
+pub async fn get(pool: &SqlitePool, key: &[u8], now: DateTime<Utc>) -> Result<Option<EntryRow>> {
+    Ok(sqlx::query_as("SELECT key, answer, input_tokens, output_tokens, expires_at FROM cache_entries WHERE key = ? AND expires_at > ?")
+        .bind(key)
+        .bind(db_time(now))
+        .fetch_optional(pool)
+        .await?)
+}
+
+pub async fn put(pool: &SqlitePool, e: &NewEntry<'_>, now: DateTime<Utc>) -> Result<()> {
+    sqlx::query(
+        "INSERT OR REPLACE INTO cache_entries (key, scope, model, format, context_hash, vector, answer, input_tokens, output_tokens, tags, created_at, expires_at)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(e.key)
+    .bind(e.scope)
+    .bind(e.model)
+    .bind(e.format)
+    .bind(e.context_hash)
+    .bind(e.vector)
+    .bind(e.answer)
+    .bind(e.input_tokens)
+    .bind(e.output_tokens)
+    .bind(e.tags)
+    .bind(db_time(now))
+    .bind(db_time(e.expires_at))
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Entries for the semantic index: (key, context hash, vector) of every live entry.
+pub async fn index_rows(
+    pool: &SqlitePool,
+    now: DateTime<Utc>,
+) -> Result<Vec<(Vec<u8>, Vec<u8>, Vec<u8>)>> {
+    Ok(sqlx::query_as(
+        "SELECT key, context_hash, vector FROM cache_entries WHERE context_hash IS NOT NULL AND vector IS NOT NULL AND expires_at > ?",
+    )
+    .bind(db_time(now))
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Deletes every entry carrying `tag`; returns the deleted keys.
+pub async fn delete_tag(pool: &SqlitePool, tag: &str) -> Result<Vec<Vec<u8>>> {
+    let pattern = format!("%,{},%", tag.replace('%', "").replace('_', ""));
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    let keys: Vec<Vec<u8>> =
+        sqlx::query_scalar("DELETE FROM cache_entries WHERE tags LIKE ? RETURNING key")
+            .bind(pattern)
+            .fetch_all(&mut *tx)
+            .await?;
+    if !keys.is_empty() {
+        sqlx::query("UPDATE meta SET value = value + 1 WHERE key = 'cache_epoch'")
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(keys)
+}
+
+/// Deletes expired entries and, past `max_entries`, the oldest ones; returns how many.
+pub async fn evict(pool: &SqlitePool, max_entries: u64, now: DateTime<Utc>) -> Result<u64> {
+    let expired = sqlx::query("DELETE FROM cache_entries WHERE expires_at <= ?")
+        .bind(db_time(now))
+        .execute(pool)
+        .await?
+        .rows_affected();
+    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM cache_entries")
+        .fetch_one(pool)
+        .await?;
+    let over = count - max_entries as i64;
+    let mut oldest = 0;
+    if over > 0 {
+        oldest = sqlx::query("DELETE FROM cache_entries WHERE key IN (SELECT key FROM cache_entries ORDER BY created_at LIMIT ?)")
+            .bind(over)
+            .execute(pool)
+            .await?
+            .rows_affected();
+    }
+    Ok(expired + oldest)
+}
+
+pub async fn epoch(pool: &SqlitePool) -> Result<i64> {
+    Ok(
+        sqlx::query_scalar("SELECT value FROM meta WHERE key = 'cache_epoch'")
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+pub async fn count_hit(pool: &SqlitePool, key: &[u8]) -> Result<()> {
+    sqlx::query("UPDATE cache_entries SET hits = hits + 1 WHERE key = ?")
+        .bind(key)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
