@@ -62,6 +62,11 @@ enum Command {
         #[command(subcommand)]
         command: TokenCommand,
     },
+    /// The response cache.
+    Cache {
+        #[command(subcommand)]
+        command: CacheCommand,
+    },
     /// The audit log.
     Audit {
         #[command(subcommand)]
@@ -170,6 +175,15 @@ enum TokenCommand {
         adjust_usd: Option<String>,
         #[arg(long)]
         reason: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum CacheCommand {
+    /// Delete every entry tagged TAG (x-sluice-cache-tags); running gateways follow within 1 s.
+    Invalidate {
+        #[arg(long)]
+        tag: String,
     },
 }
 
@@ -299,6 +313,14 @@ async fn main() -> anyhow::Result<()> {
             if generated {
                 println!("password (shown once): {pw}");
             }
+        }
+        Command::Cache {
+            command: CacheCommand::Invalidate { tag },
+        } => {
+            let n = sluice::store::cache::delete_tag(&db.write, &tag)
+                .await?
+                .len();
+            println!("{n} cache entries tagged {tag} deleted");
         }
         Command::Audit {
             command: AuditCommand::Verify,

@@ -206,9 +206,16 @@ fn openai_completion(p: &Plan, body: &Value) -> Value {
     })
 }
 
+/// Embeddings that mean something: Sluice's own lexical features folded into 256
+/// dimensions, so texts that differ only in identifiers embed alike (a stand-in for a real
+/// embedding model in tests of the `http` embedder).
 fn embeddings(body: &Value, p: &Plan) -> Value {
     let inputs: Vec<String> = match body.get("input") {
-        Some(Value::Array(a)) => a.iter().map(|x| x.to_string()).collect(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| x.as_str().map_or_else(|| x.to_string(), str::to_string))
+            .collect(),
+        Some(Value::String(s)) => vec![s.clone()],
         Some(x) => vec![x.to_string()],
         None => vec![],
     };
@@ -216,12 +223,10 @@ fn embeddings(body: &Value, p: &Plan) -> Value {
         .iter()
         .enumerate()
         .map(|(i, s)| {
-            let seed = s
-                .bytes()
-                .fold(7u32, |a, b| a.wrapping_mul(31).wrapping_add(u32::from(b)));
-            let v: Vec<f64> = (0..8)
-                .map(|k| f64::from((seed.rotate_left(k * 4) % 1000) as u16) / 1000.0 - 0.5)
-                .collect();
+            let mut v = vec![0f64; 256];
+            for (f, w) in crate::cache::embed::lexical(s) {
+                v[(f % 256) as usize] += f64::from(w) * if f & 0x100 == 0 { 1.0 } else { -1.0 };
+            }
             json!({"object": "embedding", "index": i, "embedding": v})
         })
         .collect();

@@ -57,6 +57,7 @@ pub fn model(name: &str, upstreams: &[&str]) -> ModelSettings {
         cached_input_usd_per_mtok: None,
         max_output_tokens: 4096,
         max_input_tokens: 128_000,
+        cache_similarity_threshold: None,
     }
 }
 
