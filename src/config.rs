@@ -95,6 +95,8 @@ pub struct ServerSettings {
     pub public_url: String,
     /// Worker threads for the HTTP server; 0 = one per core.
     pub workers: usize,
+    /// On SIGTERM/SIGINT, how long in-flight requests and streams may take to finish.
+    pub shutdown_timeout_seconds: u64,
 }
 
 impl Default for ServerSettings {
@@ -104,6 +106,7 @@ impl Default for ServerSettings {
             max_body_bytes: 2_000_000,
             public_url: "http://127.0.0.1:8080".into(),
             workers: 0,
+            shutdown_timeout_seconds: 30,
         }
     }
 }
@@ -382,10 +385,21 @@ impl Default for UpstreamTimeouts {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, Default)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AlertSettings {
     pub webhooks: Vec<WebhookSettings>,
+    /// One alert per condition per this many seconds.
+    pub cooloff_seconds: u64,
+}
+
+impl Default for AlertSettings {
+    fn default() -> Self {
+        Self {
+            webhooks: vec![],
+            cooloff_seconds: 600,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -681,6 +695,22 @@ impl Settings {
                 }
             }
             other => return invalid(format!("cache.embedder `{other}` must be lexical or http")),
+        }
+        for w in &self.alerts.webhooks {
+            if !matches!(
+                w.format.as_str(),
+                "generic" | "slack" | "dingtalk" | "wecom"
+            ) {
+                return invalid(format!(
+                    "alert webhook format `{}` must be generic, slack, dingtalk or wecom",
+                    w.format
+                ));
+            }
+            if url::Url::parse(w.url.expose()).map(|u| matches!(u.scheme(), "http" | "https"))
+                != Ok(true)
+            {
+                return invalid("alert webhook url must be an http(s) URL".into());
+            }
         }
         if self.ratelimit.expected_replicas == 0 {
             return invalid("ratelimit.expected_replicas must be at least 1".into());

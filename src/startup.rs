@@ -13,13 +13,14 @@ use crate::auth::Authenticator;
 use crate::cache::Cache;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ConfigError, Settings};
-use crate::ops::{housekeeping, request_log::RequestLog};
+use crate::ops::alerts::Alerter;
+use crate::ops::{housekeeping, metrics, request_log::RequestLog};
 use crate::queue::Queue;
 use crate::quota::{estimate, reservation::Quota};
 use crate::ratelimit::redis_window::RedisWindows;
 use crate::ratelimit::Windows;
 use crate::state::AppState;
-use crate::store::{processes, Db, StoreError};
+use crate::store::{ledger, processes, Db, StoreError};
 use crate::upstream::catalog::Catalog;
 use crate::upstream::client::UpstreamClient;
 use crate::upstream::pool::Pool;
@@ -56,6 +57,7 @@ impl Application {
     ) -> Result<Application, StartupError> {
         settings.validate()?;
         estimate::init();
+        metrics::install();
         let db = Db::open(
             &settings.database_path(),
             settings.quota.synchronous == "full",
@@ -84,6 +86,7 @@ impl Application {
             request_log,
             windows: windows(&settings).await?,
             queue: Queue::new(&settings.queue),
+            alerts: Alerter::new(&settings.alerts),
             cache: Cache::new(
                 &settings.cache,
                 &settings.upstream,
@@ -134,6 +137,7 @@ impl Application {
                 .default_service(web::to(api::not_found))
         })
         .workers(workers)
+        .shutdown_timeout(state.settings.server.shutdown_timeout_seconds)
         .backlog(4096)
         .max_connections(100_000)
         .listen(listener)
@@ -158,8 +162,33 @@ impl Application {
     /// then flushes the request log and leaves the process table.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let result = self.server.await;
-        self.state.request_log.flush().await;
-        let _ = processes::unregister(&self.state.db.write, self.state.quota.process_id()).await;
+        let state = &self.state;
+        let me = state.quota.process_id();
+        // Settlements of the last answers may still be running; give them a moment, then
+        // settle what is left at its reserved amount (flagged `orphan`), so no reservation
+        // outlives the process.
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while ledger::open_reservations(&state.db.read, me)
+            .await
+            .unwrap_or(0)
+            > 0
+            && std::time::Instant::now() < until
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        match ledger::settle_orphans(&state.db.write, me, state.clock.now()).await {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(
+                reservations = n,
+                "settled reservations left open at shutdown at their reserved amount"
+            ),
+            Err(e) => {
+                tracing::error!(error = %e, "settling reservations at shutdown failed; the next start will")
+            }
+        }
+        state.request_log.flush().await;
+        let _ = processes::unregister(&state.db.write, me).await;
+        tracing::info!("sluice stopped");
         result
     }
 }

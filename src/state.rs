@@ -6,6 +6,7 @@ use crate::auth::Authenticator;
 use crate::cache::Cache;
 use crate::clock::Clock;
 use crate::config::Settings;
+use crate::ops::alerts::Alerter;
 use crate::ops::request_log::RequestLog;
 use crate::queue::Queue;
 use crate::quota::reservation::Quota;
@@ -28,4 +29,5 @@ pub struct AppState {
     pub windows: Arc<Windows>,
     pub queue: Arc<Queue>,
     pub cache: Arc<Cache>,
+    pub alerts: Arc<Alerter>,
 }

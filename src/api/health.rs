@@ -1,30 +1,40 @@
-//! `/healthz` (the process answers) and `/readyz` (the database answers, and Redis when it
-//! is configured). Cheap, unauthenticated, and revealing nothing.
+//! `/healthz` (the process answers), `/readyz` (the database answers and is migrated, and
+//! Redis when it is configured) and `/metrics` (Prometheus). Cheap, unauthenticated, and
+//! revealing nothing secret.
 
 use actix_web::{web, HttpResponse};
 use serde_json::json;
 
+use crate::ops::metrics;
 use crate::state::AppState;
+use crate::store;
 
 pub async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(json!({"status": "ok"}))
 }
 
 pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
-    let db = sqlx::query_scalar::<_, i64>("SELECT value FROM meta WHERE key = 'token_epoch'")
-        .fetch_one(&state.db.read)
-        .await
-        .is_ok();
+    let migrated = store::migrations_applied(&state.db.read).await;
+    let db = migrated.is_ok();
+    let migrations_ok = migrated.unwrap_or(false);
     let redis = state.windows.redis_ready().await;
     let word = |ok: bool| if ok { "ok" } else { "unreachable" };
+    let ready = db && migrations_ok && redis != Some(false);
     let body = json!({
-        "status": if db && redis != Some(false) { "ready" } else { "not ready" },
+        "status": if ready { "ready" } else { "not ready" },
         "database": word(db),
+        "migrations": if migrations_ok { "applied" } else { "pending" },
         "redis": redis.map(word).unwrap_or("not configured"),
     });
-    if db && redis != Some(false) {
+    if ready {
         HttpResponse::Ok().json(body)
     } else {
         HttpResponse::ServiceUnavailable().json(body)
     }
+}
+
+pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(metrics::render(&state))
 }

@@ -27,7 +27,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     .route("/v1/usage", web::get().to(usage::usage))
     .route("/v1/queue", web::get().to(queue::mine))
     .route("/healthz", web::get().to(health::healthz))
-    .route("/readyz", web::get().to(health::readyz));
+    .route("/readyz", web::get().to(health::readyz))
+    .route("/metrics", web::get().to(health::metrics));
 }
 
 /// Anything else: an OpenAI-shaped 404.

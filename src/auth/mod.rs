@@ -89,15 +89,12 @@ impl TokenAuth {
         }
     }
 
-    /// Records the token's remaining balance after a reservation or settlement, and raises
-    /// the budget alert the first time it crosses the threshold.
-    pub fn note_remaining(&self, remaining: Option<i64>) {
-        let Some(r) = remaining else { return };
+    /// Records the token's remaining balance after a reservation or settlement; `true`
+    /// the first time it crosses the alert threshold (the caller raises the alert).
+    pub fn note_remaining(&self, remaining: Option<i64>) -> bool {
+        let Some(r) = remaining else { return false };
         self.remaining_hint.store(r, Ordering::Relaxed);
-        if self.past_threshold() && !self.alerted.swap(true, Ordering::Relaxed) {
-            tracing::warn!(target: "sluice::alert", token_id = self.owner.token_id, percent_used = self.percent_used(),
-                "token passed its budget alert threshold");
-        }
+        self.past_threshold() && !self.alerted.swap(true, Ordering::Relaxed)
     }
 
     /// Percent of the token's budget used, as last seen (0 without a limit).

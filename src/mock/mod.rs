@@ -175,6 +175,7 @@ impl MockServer {
                 .route("/_mock/sticky", web::post().to(control_sticky))
                 .route("/_mock/stats", web::get().to(control_stats))
                 .route("/_mock/reset", web::post().to(control_reset))
+                .route("/_mock/webhook", web::post().to(webhook))
         })
         .workers(workers)
         .backlog(4096)
@@ -234,6 +235,14 @@ async fn upstream(state: web::Data<MockState>, req: HttpRequest, body: web::Byte
         key,
     };
     responses::answer(&state.cfg, req.path(), &req, &parsed, script, guard).await
+}
+
+/// A webhook receiver for alert tests: bodies are kept under the key `webhook`.
+async fn webhook(state: web::Data<MockState>, body: web::Bytes) -> HttpResponse {
+    let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    state.begin("webhook", "/_mock/webhook", Map::new(), &parsed);
+    state.end("webhook");
+    HttpResponse::Ok().finish()
 }
 
 async fn models() -> HttpResponse {

@@ -29,6 +29,25 @@ pub fn spawn(state: Arc<AppState>, host: String) {
             }
         }
     });
+    if state.windows.uses_redis() {
+        let s = state.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(AUTH_POLL);
+            let mut was = false;
+            loop {
+                tick.tick().await;
+                let now = s.windows.degraded();
+                if now && !was {
+                    s.alerts.raise(
+                        "ratelimit_degraded",
+                        "redis",
+                        "Redis failed: rate limits fall back to per-replica local windows",
+                    );
+                }
+                was = now;
+            }
+        });
+    }
     let c = state.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(CACHE_POLL);

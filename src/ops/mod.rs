@@ -1,4 +1,7 @@
 //! Running the gateway: the request log writer and background housekeeping.
 
+pub mod alerts;
+pub mod backup;
 pub mod housekeeping;
+pub mod metrics;
 pub mod request_log;

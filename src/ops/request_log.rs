@@ -8,6 +8,7 @@ use sqlx::SqlitePool;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
+use crate::ops::metrics;
 use crate::store::requests::{self, RequestRow};
 
 enum Msg {
@@ -52,6 +53,13 @@ impl RequestLog {
             output_tokens = row.output_tokens,
             cost_micros = row.cost_micros,
             "request"
+        );
+        metrics::request(
+            row.token_id,
+            &row.model,
+            row.status,
+            row.cache,
+            row.latency_ms as f64 / 1000.0,
         );
         if self.tx.send(Msg::Row(Box::new(row))).await.is_err() {
             tracing::error!("request log writer is gone; row lost");

@@ -14,6 +14,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::request::Prepared;
 use super::Failure;
 use crate::error::{ApiError, WireFormat};
+use crate::ops::metrics;
 use crate::ratelimit::WindowSpec;
 use crate::state::AppState;
 use crate::store::audit::{self, AuditEntry};
@@ -118,7 +119,10 @@ async fn attempt(
     let d = c.route.deployment;
     let dep = &state.catalog.deployments[d];
     let in_flight = state.pool.enter(d);
-    let resp = state.upstream.post(dep, path, Bytes::from(body)).await?;
+    let sent = Instant::now();
+    let resp = state.upstream.post(dep, path, Bytes::from(body)).await;
+    metrics::upstream_answer(dep.provider.as_str(), &dep.id, sent.elapsed().as_secs_f64());
+    let resp = resp?;
     state
         .pool
         .observe_headers(d, resp.headers(), state.clock.now().timestamp_millis());
@@ -152,7 +156,11 @@ fn disable_key(state: &AppState, d: usize, why: Disabled) {
         return;
     }
     let id = state.catalog.deployments[d].id.clone();
-    tracing::error!(target: "sluice::alert", upstream = %id, reason = why.as_str(), "upstream key disabled; another key serves");
+    state.alerts.raise(
+        "key_disabled",
+        &id,
+        &format!("upstream key disabled ({}); other keys serve", why.as_str()),
+    );
     let (pool, now) = (state.db.write.clone(), state.clock.now());
     tokio::spawn(async move {
         let target = format!("upstream:{id}");
@@ -264,6 +272,9 @@ async fn try_candidate(
     run.only_rate_limited &= tier == Tier::RateLimited;
     match tier {
         Tier::RateLimited | Tier::Overloaded => {
+            if tier == Tier::RateLimited {
+                metrics::upstream_429(&dep.id);
+            }
             let streak = state.pool.rate_limited(d);
             let retry_after = if let UpstreamError::Status { retry_after, .. } = &err {
                 *retry_after
@@ -310,7 +321,11 @@ async fn try_candidate(
 
 fn breaker_failure(state: &AppState, d: usize, probe: bool) {
     if state.pool.breakers[d].failure(probe) {
-        tracing::error!(target: "sluice::alert", upstream = %state.catalog.deployments[d].id, "circuit breaker opened");
+        state.alerts.raise(
+            "breaker_open",
+            &state.catalog.deployments[d].id,
+            "circuit breaker opened after repeated failures",
+        );
     }
 }
 
@@ -391,9 +406,16 @@ pub async fn call(
             param: Some(e.param),
         },
         (0, None) if run.busy => ApiError::UpstreamBusy { retry_after: 1 },
-        (0, None) => ApiError::ServiceDegraded {
-            retry_after: secs(run.soonest),
-        },
+        (0, None) => {
+            state.alerts.raise(
+                "pool_empty",
+                &p.model.name,
+                "no upstream key of this model can serve: all cooling, disabled or breaker-open",
+            );
+            ApiError::ServiceDegraded {
+                retry_after: secs(run.soonest),
+            }
+        }
         _ if run.only_rate_limited => ApiError::UpstreamRateLimited {
             retry_after: secs(run.soonest),
         },

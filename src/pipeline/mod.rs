@@ -17,6 +17,7 @@ use futures_util::StreamExt;
 use crate::auth::TokenAuth;
 use crate::clock::db_time;
 use crate::error::ApiError;
+use crate::ops::metrics;
 use crate::queue::Admit;
 use crate::quota::estimate;
 use crate::quota::pricing::{self, Usage};
@@ -241,7 +242,7 @@ async fn run(
         .reserve(&log.id, &auth.owner, worst)
         .await
         .map_err(ApiError::from)?;
-    auth.note_remaining(held.token_remaining());
+    account(state, &auth, held.token_remaining(), 0);
 
     // 6. Queue by priority. A request that leaves unserved releases its reservation.
     let priority = priority_of(req, &auth)?;
@@ -318,6 +319,36 @@ async fn run(
             .await
             .map(Reply::Done)
     }
+}
+
+/// After a reservation or settlement: the token's balance for the soft limit and the
+/// metrics, the budget alert when it first crosses its threshold, absorbed cost.
+pub(crate) fn account(
+    state: &AppState,
+    auth: &TokenAuth,
+    token_remaining: Option<i64>,
+    absorbed: i64,
+) {
+    if auth.note_remaining(token_remaining) {
+        let message = format!(
+            "token passed its alert threshold: {}% of its budget used",
+            auth.percent_used()
+        );
+        state.alerts.raise(
+            "budget_threshold",
+            &format!("token:{}", auth.owner.token_id),
+            &message,
+        );
+    }
+    if let (Some(r), Some(limit)) = (token_remaining, auth.limit_micros) {
+        let used = if limit > 0 {
+            (limit - r) as f64 / limit as f64
+        } else {
+            1.0
+        };
+        metrics::remaining(auth.owner.token_id, r, Some(used));
+    }
+    metrics::absorbed(absorbed);
 }
 
 /// `x-sluice-priority` (1 CRITICAL … 4 LOW), never more urgent than the token's
@@ -464,7 +495,7 @@ async fn finish(
     }
     let cost = pricing::cost(usage, s.model.prices);
     let settled = held.settle(cost).await.map_err(ApiError::from)?;
-    auth.note_remaining(settled.token_remaining);
+    account(state, auth, settled.token_remaining, settled.absorbed);
     state.windows.settle(booking, usage.input + usage.output);
     log.input_tokens = usage.input;
     log.output_tokens = usage.output;

@@ -191,7 +191,7 @@ impl Pump {
         match books.held.settle(cost).await {
             Ok(s) => {
                 books.log.cost_micros = s.charged + s.absorbed;
-                books.auth.note_remaining(s.token_remaining);
+                super::account(&state, &books.auth, s.token_remaining, s.absorbed);
             }
             Err(e) => {
                 tracing::error!(request_id = %books.log.id, error = %e, "stream settlement failed")

@@ -576,3 +576,40 @@ pub async fn balance(pool: &SqlitePool, token_id: i64, now: DateTime<Utc>) -> Re
         spent: spent - if stale { 0 } else { reserved },
     })
 }
+
+/// Levels whose `limit − remaining` differs from their ledger sum for the current period,
+/// described for a person (empty when the invariant holds everywhere).
+pub async fn invariant_violations(pool: &SqlitePool) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for (table, id_col, period_col) in [
+        ("tokens", "token_id", "period"),
+        ("users", "user_id", "user_period"),
+        ("teams", "team_id", "team_period"),
+    ] {
+        let sql = format!(
+            "SELECT t.id, t.limit_micros - t.remaining_micros,
+                    COALESCE((SELECT SUM(l.amount_micros) FROM ledger l WHERE l.{id_col} = t.id AND l.{period_col} = t.period
+                              AND l.kind IN ('reserve', 'settle', 'adjust')), 0)
+             FROM {table} t WHERE t.limit_micros IS NOT NULL"
+        );
+        let rows: Vec<(i64, i64, i64)> = sqlx::query_as(&sql).fetch_all(pool).await?;
+        for (id, used, ledger) in rows {
+            if used != ledger {
+                out.push(format!(
+                    "{table} {id}: limit − remaining = {used}, ledger sum = {ledger}"
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Reservations a process still holds.
+pub async fn open_reservations(pool: &SqlitePool, owner: &str) -> Result<i64> {
+    Ok(
+        sqlx::query_scalar("SELECT COUNT(*) FROM reservations WHERE owner = ?")
+            .bind(owner)
+            .fetch_one(pool)
+            .await?,
+    )
+}

@@ -96,3 +96,12 @@ impl Db {
         self.write.close().await;
     }
 }
+
+/// Whether every migration this binary carries has been applied to the database.
+pub async fn migrations_applied(pool: &SqlitePool) -> Result<bool> {
+    let applied: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM _sqlx_migrations WHERE success = 1")
+            .fetch_one(pool)
+            .await?;
+    Ok(applied as usize >= sqlx::migrate!("./migrations").migrations.len())
+}

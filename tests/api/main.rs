@@ -5,6 +5,7 @@ mod helpers;
 mod auth;
 mod bad_input;
 mod cache;
+mod operations;
 mod processes;
 mod proxy;
 mod queue;

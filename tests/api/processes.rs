@@ -59,11 +59,20 @@ output_usd_per_mtok = 0.60
 }
 
 async fn start_gateway(dir: &std::path::Path, mock: &MockServer) -> Gateway {
+    start_gateway_with(dir, mock, &[]).await
+}
+
+async fn start_gateway_with(
+    dir: &std::path::Path,
+    mock: &MockServer,
+    env: &[(&str, &str)],
+) -> Gateway {
     let port = free_port();
     let config = write_config(dir, mock, port);
     let log = std::fs::File::create(dir.join(format!("gateway-{port}.log"))).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(["--config", config.to_str().unwrap(), "serve"])
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
@@ -234,5 +243,190 @@ async fn kill_9_mid_load_loses_nothing() {
         .await
         .unwrap();
         assert_eq!(rows, 1, "request {id} answered 200 without a settlement");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_under_streaming_load_finishes_streams_and_leaves_no_reservation() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let mut g = start_gateway(dir.path(), &mock).await;
+    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
+        .await
+        .unwrap();
+    let args = sluice::cli::IssueArgs {
+        budget_usd: Some("10"),
+        ..issue_args("sig")
+    };
+    let token = sluice::cli::token_issue(&db, &args, chrono::Utc::now())
+        .await
+        .unwrap()
+        .text;
+    mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            chunk_delay_ms: 60,
+            ..Default::default()
+        }),
+    );
+    let http = reqwest::Client::new();
+    let mut body = chat_body(100);
+    body["stream"] = serde_json::json!(true);
+    let streams: Vec<_> = (0..20)
+        .map(|_| {
+            let (http, url, token, body) =
+                (http.clone(), g.url.clone(), token.clone(), body.clone());
+            tokio::spawn(async move {
+                let resp = http
+                    .post(format!("{url}/v1/chat/completions"))
+                    .bearer_auth(token)
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap();
+                resp.text().await.unwrap_or_default()
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let pid = g.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    for s in streams {
+        let text = s.await.unwrap();
+        let last = text.trim_end().rsplit("\n\n").next().unwrap_or("");
+        assert!(
+            last == "data: [DONE]" || last.contains("\"error\""),
+            "a stream ended without [DONE] or an error event: {last}"
+        );
+    }
+    let status = tokio::task::spawn_blocking(move || g.child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(status.success(), "exit 0 after SIGTERM: {status:?}");
+    let open: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM reservations")
+        .fetch_one(&db.read)
+        .await
+        .unwrap();
+    assert_eq!(open, 0);
+    assert_invariant_on(&db.read).await;
+    let logged: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM requests")
+        .fetch_one(&db.read)
+        .await
+        .unwrap();
+    assert_eq!(logged, 20, "every request's log row was flushed");
+}
+
+/// At the most verbose log level, after valid, bad, revoked and failing traffic, no piece of
+/// a sub-token or an upstream key (12 characters or more), nor the token's SHA-256, is in the
+/// log, the database, `/metrics` or `/healthz`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn canaries_never_leak_at_trace_level() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let g = start_gateway_with(dir.path(), &mock, &[("SLUICE_LOG", "trace")]).await;
+    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
+        .await
+        .unwrap();
+    let args = sluice::cli::IssueArgs {
+        budget_usd: Some("1"),
+        ..issue_args("canary")
+    };
+    let issued = sluice::cli::token_issue(&db, &args, chrono::Utc::now())
+        .await
+        .unwrap();
+    let token = issued.text.clone();
+    let http = reqwest::Client::new();
+    let chat = |t: String| {
+        let (http, url) = (http.clone(), g.url.clone());
+        async move {
+            http.post(format!("{url}/v1/chat/completions"))
+                .bearer_auth(t)
+                .json(&chat_body(10))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        }
+    };
+    let mut bodies = vec![chat(token.clone()).await];
+    bodies.push(chat(format!("{}x", &token[..token.len() - 1])).await);
+    mock.state.script(
+        KEY_A,
+        [Script {
+            status: Some(401),
+            ..Default::default()
+        }],
+    );
+    bodies.push(chat(token.clone()).await);
+    mock.state.script(
+        KEY_A,
+        [Script {
+            status: Some(500),
+            ..Default::default()
+        }],
+    );
+    bodies.push(chat(token.clone()).await);
+    sluice::cli::token_revoke(&db, issued.id, chrono::Utc::now())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    bodies.push(chat(token.clone()).await);
+    for path in ["/metrics", "/healthz", "/readyz"] {
+        bodies.push(
+            http.get(format!("{}{path}", g.url))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap(),
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(g);
+    let hash = hex::encode(sluice::auth::token::hash(&token));
+    let mut haystacks: Vec<(String, Vec<u8>)> = bodies
+        .into_iter()
+        .enumerate()
+        .map(|(i, b)| (format!("response {i}"), b.into_bytes()))
+        .collect();
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let p = entry.unwrap().path();
+        if p.is_file() && !p.extension().is_some_and(|e| e == "toml") {
+            haystacks.push((p.display().to_string(), std::fs::read(&p).unwrap()));
+        }
+    }
+    let log_size: usize = haystacks
+        .iter()
+        .filter(|(n, _)| n.ends_with(".log"))
+        .map(|(_, b)| b.len())
+        .sum();
+    assert!(
+        log_size > 10_000,
+        "the trace log is not empty ({log_size} bytes)"
+    );
+    for secret in [token.as_str(), KEY_A] {
+        let chars: Vec<char> = secret.chars().collect();
+        for w in chars.windows(12) {
+            let piece: String = w.iter().collect();
+            for (name, hay) in &haystacks {
+                assert!(
+                    !String::from_utf8_lossy(hay).contains(&piece),
+                    "{name} contains `{piece}`"
+                );
+            }
+        }
+    }
+    for (name, hay) in &haystacks {
+        assert!(
+            !String::from_utf8_lossy(hay).contains(&hash),
+            "{name} contains the token's SHA-256"
+        );
     }
 }

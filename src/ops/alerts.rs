@@ -1,0 +1,120 @@
+//! Alerts, sent by the gateway itself to the `[alerts]` webhooks (generic JSON, Slack,
+//! DingTalk, WeCom): breaker opened, a pool with no key left, an upstream key disabled, a
+//! token past its alert threshold, rate limiting degraded, a backup failed. Each alert is
+//! logged; webhooks get at most one per condition per cool-off window, sent by a
+//! background task with retries — never on, and never failing, a request.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use crate::config::{AlertSettings, WebhookSettings};
+use crate::ops::metrics;
+
+#[derive(Debug, Clone)]
+pub struct Alert {
+    pub kind: &'static str,
+    /// What the alert is about (an upstream id, a model, a token id…).
+    pub subject: String,
+    pub message: String,
+    pub at: chrono::DateTime<chrono::Utc>,
+}
+
+pub struct Alerter {
+    tx: Option<mpsc::Sender<Alert>>,
+    last: Mutex<HashMap<(&'static str, String), Instant>>,
+    cooloff: Duration,
+}
+
+const QUEUE: usize = 256;
+const ATTEMPTS: u32 = 4;
+
+impl Alerter {
+    pub fn new(cfg: &AlertSettings) -> Arc<Self> {
+        let tx = (!cfg.webhooks.is_empty()).then(|| {
+            let (tx, rx) = mpsc::channel(QUEUE);
+            tokio::spawn(deliver(cfg.webhooks.clone(), rx));
+            tx
+        });
+        Arc::new(Self {
+            tx,
+            last: Mutex::new(HashMap::new()),
+            cooloff: Duration::from_secs(cfg.cooloff_seconds),
+        })
+    }
+
+    /// Logs the alert and queues it for the webhooks unless the same condition was sent
+    /// within the cool-off window.
+    pub fn raise(&self, kind: &'static str, subject: &str, message: &str) {
+        tracing::warn!(target: "sluice::alert", kind, subject, message, "alert");
+        metrics::alert(kind);
+        {
+            let mut last = self.last.lock();
+            let key = (kind, subject.to_string());
+            if last.get(&key).is_some_and(|t| t.elapsed() < self.cooloff) {
+                return;
+            }
+            last.insert(key, Instant::now());
+        }
+        if let Some(tx) = &self.tx {
+            let alert = Alert {
+                kind,
+                subject: subject.to_string(),
+                message: message.to_string(),
+                at: chrono::Utc::now(),
+            };
+            if tx.try_send(alert).is_err() {
+                tracing::error!(kind, "alert queue full; webhook delivery skipped");
+            }
+        }
+    }
+}
+
+/// The webhook body in the receiver's format.
+pub fn body(format: &str, a: &Alert) -> Value {
+    let text = format!("[Sluice] {}: {} ({})", a.kind, a.message, a.subject);
+    match format {
+        "slack" => json!({"text": text}),
+        "dingtalk" | "wecom" => json!({"msgtype": "text", "text": {"content": text}}),
+        _ => {
+            json!({"source": "sluice", "kind": a.kind, "subject": a.subject, "message": a.message, "at": a.at})
+        }
+    }
+}
+
+async fn deliver(hooks: Vec<WebhookSettings>, mut rx: mpsc::Receiver<Alert>) {
+    let client = match reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "alert webhooks disabled: cannot build an HTTP client");
+            return;
+        }
+    };
+    while let Some(alert) = rx.recv().await {
+        for hook in &hooks {
+            let payload = body(&hook.format, &alert);
+            for attempt in 0..ATTEMPTS {
+                match client.post(hook.url.expose()).json(&payload).send().await {
+                    Ok(r) if r.status().is_success() => break,
+                    outcome => {
+                        let why = outcome
+                            .map(|r| r.status().to_string())
+                            .unwrap_or_else(|_| "unreachable".into());
+                        tracing::warn!(kind = alert.kind, attempt, why = %why, "alert webhook failed");
+                        if attempt + 1 < ATTEMPTS {
+                            tokio::time::sleep(Duration::from_millis(500 << attempt)).await;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

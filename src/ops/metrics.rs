@@ -1,0 +1,155 @@
+//! Every metric Sluice exports, declared here with its description; `/metrics` renders
+//! them in Prometheus's text format. Labels are bounded: token ids (never token text),
+//! configured model and upstream names, statuses, fixed enums.
+
+use std::sync::OnceLock;
+
+use metrics::{
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit,
+};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::state::AppState;
+
+pub const REQUESTS: &str = "gateway_requests_total";
+pub const REQUEST_DURATION: &str = "gateway_request_duration_seconds";
+pub const QUOTA_REMAINING: &str = "gateway_quota_remaining_usd";
+pub const UPSTREAM_LATENCY: &str = "gateway_upstream_latency_seconds";
+pub const UPSTREAM_429: &str = "gateway_upstream_429_total";
+pub const KEYPOOL_AVAILABLE: &str = "gateway_keypool_available";
+pub const CACHE_REQUESTS: &str = "gateway_cache_requests_total";
+pub const QUEUE_DEPTH: &str = "gateway_queue_depth";
+pub const BREAKER_STATE: &str = "gateway_breaker_state";
+pub const RATELIMIT_DEGRADED: &str = "gateway_ratelimit_degraded";
+pub const ABSORBED: &str = "gateway_absorbed_micros_total";
+pub const ALERTS: &str = "gateway_alerts_total";
+pub const TOKEN_BUDGET_USED: &str = "gateway_token_budget_used_ratio";
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0,
+];
+
+static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// Installs the process-wide recorder once (several apps in one test process share it).
+pub fn install() -> Option<&'static PrometheusHandle> {
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+                .ok()?;
+            let handle = builder.install_recorder().ok()?;
+            describe();
+            Some(handle)
+        })
+        .as_ref()
+}
+
+fn describe() {
+    describe_counter!(
+        REQUESTS,
+        "Requests answered, by token id, model asked and HTTP status."
+    );
+    describe_histogram!(
+        REQUEST_DURATION,
+        Unit::Seconds,
+        "Time from request to complete answer (streams: to their end)."
+    );
+    describe_gauge!(
+        QUOTA_REMAINING,
+        "A token's remaining budget in USD after its last settlement."
+    );
+    describe_gauge!(
+        TOKEN_BUDGET_USED,
+        "Share of a token's budget used (0–1), for budget alerts."
+    );
+    describe_histogram!(
+        UPSTREAM_LATENCY,
+        Unit::Seconds,
+        "Upstream time to response headers, per provider and upstream key."
+    );
+    describe_counter!(UPSTREAM_429, "429 answers from an upstream key.");
+    describe_gauge!(KEYPOOL_AVAILABLE, "Keys of a model's pool that can take a request now (enabled, not cooling, breaker not open).");
+    describe_counter!(
+        CACHE_REQUESTS,
+        "Cache lookups by result: hit-exact, hit-semantic, miss."
+    );
+    describe_gauge!(
+        QUEUE_DEPTH,
+        "Requests waiting for admission, by priority (1 critical … 4 low)."
+    );
+    describe_gauge!(
+        BREAKER_STATE,
+        "Circuit breaker per upstream key: 0 closed, 1 half-open, 2 open."
+    );
+    describe_gauge!(
+        RATELIMIT_DEGRADED,
+        "1 while Redis fails and rate limits use per-replica local windows."
+    );
+    describe_counter!(ABSORBED, "Micro-dollars of actual cost above a reservation, absorbed by the gateway (never charged to a token).");
+    describe_counter!(ALERTS, "Alerts raised, by kind.");
+}
+
+pub fn request(token: Option<i64>, model: &str, status: u16, cache: &'static str, seconds: f64) {
+    let token = token.map(|t| t.to_string()).unwrap_or_default();
+    counter!(REQUESTS, "token" => token, "model" => model.to_string(), "status" => status.to_string()).increment(1);
+    histogram!(REQUEST_DURATION).record(seconds);
+    if cache != "off" {
+        counter!(CACHE_REQUESTS, "result" => cache).increment(1);
+    }
+}
+
+pub fn upstream_answer(provider: &'static str, upstream: &str, seconds: f64) {
+    histogram!(UPSTREAM_LATENCY, "provider" => provider, "upstream" => upstream.to_string())
+        .record(seconds);
+}
+
+pub fn upstream_429(upstream: &str) {
+    counter!(UPSTREAM_429, "upstream" => upstream.to_string()).increment(1);
+}
+
+pub fn remaining(token: i64, micros: i64, used_ratio: Option<f64>) {
+    gauge!(QUOTA_REMAINING, "token" => token.to_string()).set(micros as f64 / 1e6);
+    if let Some(r) = used_ratio {
+        gauge!(TOKEN_BUDGET_USED, "token" => token.to_string()).set(r);
+    }
+}
+
+pub fn absorbed(micros: i64) {
+    if micros > 0 {
+        counter!(ABSORBED).increment(micros as u64);
+    }
+}
+
+pub fn alert(kind: &'static str) {
+    counter!(ALERTS, "kind" => kind).increment(1);
+}
+
+/// Gauges computed at scrape time, then the rendered text.
+pub fn render(state: &AppState) -> String {
+    let now_ms = state.clock.now().timestamp_millis();
+    for (d, dep) in state.catalog.deployments.iter().enumerate() {
+        gauge!(BREAKER_STATE, "upstream" => dep.id.clone())
+            .set(state.pool.breakers[d].state().gauge());
+    }
+    for name in &state.catalog.names {
+        if let Some(m) = state.catalog.model(name) {
+            let available = m
+                .routes
+                .iter()
+                .filter(|r| {
+                    let d = r.deployment;
+                    !state.pool.is_disabled(d)
+                        && state.pool.cooling_ms(d, now_ms) == 0
+                        && state.pool.breakers[d].state() != crate::upstream::breaker::State::Open
+                })
+                .count();
+            gauge!(KEYPOOL_AVAILABLE, "model" => name.clone()).set(available as f64);
+        }
+    }
+    for (i, depth) in state.queue.depth().iter().enumerate() {
+        gauge!(QUEUE_DEPTH, "priority" => (i + 1).to_string()).set(*depth as f64);
+    }
+    gauge!(RATELIMIT_DEGRADED).set(if state.windows.degraded() { 1.0 } else { 0.0 });
+    install().map(PrometheusHandle::render).unwrap_or_default()
+}

@@ -1,0 +1,257 @@
+//! Running it for real: metrics, alerts, backups and restore.
+
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use sluice::config::{Secret, WebhookSettings};
+use sluice::mock::Script;
+
+use crate::helpers::*;
+
+#[tokio::test]
+async fn metrics_carry_the_designed_names_and_bounded_labels() {
+    let app = spawn_app().await;
+    let (id, token) = app.token("alice", Some("1")).await;
+    for _ in 0..3 {
+        assert_eq!(app.chat(&token, &chat_body(10)).await.status(), 200);
+    }
+    let mut cached = chat_body(10);
+    cached["temperature"] = serde_json::json!(0);
+    app.chat(&token, &cached).await;
+    app.mock.state.script(
+        KEY_A,
+        [Script {
+            status: Some(429),
+            ..Default::default()
+        }],
+    );
+    app.chat(&token, &chat_body(10)).await;
+    app.wait_for_log_rows(5).await;
+    let text = app
+        .http
+        .get(format!("{}/metrics", app.address))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for needle in [
+        format!("gateway_requests_total{{token=\"{id}\",model=\"gpt-4o-mini\",status=\"200\"}}"),
+        "gateway_request_duration_seconds_bucket".into(),
+        "gateway_upstream_latency_seconds_bucket{provider=\"openai\",upstream=\"a\"".into(),
+        "gateway_upstream_429_total{upstream=\"a\"}".into(),
+        "gateway_breaker_state{upstream=\"a\"} 0".into(),
+        "gateway_keypool_available{model=\"gpt-4o-mini\"}".into(),
+        "gateway_queue_depth{priority=\"1\"} 0".into(),
+        "gateway_cache_requests_total{result=\"miss\"}".into(),
+        format!("gateway_quota_remaining_usd{{token=\"{id}\"}}"),
+        "# HELP gateway_requests_total".into(),
+    ] {
+        assert!(text.contains(&needle), "missing {needle} in\n{text}");
+    }
+    assert!(!text.contains(&token[6..20]), "no token text in metrics");
+    assert!(!text.contains(KEY_A));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_alert_reaches_the_webhook_once_per_cooloff() {
+    let redis = RedisServer::start().await;
+    let url = redis.url();
+    let app = spawn_app_with(move |s, m| {
+        s.alerts.webhooks = vec![WebhookSettings {
+            url: Secret(secrecy::SecretString::from(format!(
+                "{}/_mock/webhook",
+                m.base_url()
+            ))),
+            format: "generic".into(),
+        }];
+        s.redis = Some(sluice::config::RedisSettings {
+            url: Secret(secrecy::SecretString::from(url)),
+        });
+        s.breaker.open_seconds = 30;
+        s.backup.dir = "/proc/sluice-cannot-write-here".into();
+    })
+    .await;
+    let mut redis = redis;
+    let (_, token) = app
+        .issue(sluice::cli::IssueArgs {
+            budget_usd: Some("0.000100"),
+            ..issue_args("bob")
+        })
+        .await;
+    // Budget threshold: five answers of 17 micro-dollars use 85 % of 100.
+    for _ in 0..5 {
+        app.chat(&token, &chat_body(100)).await;
+    }
+    // Breaker opens, then the pool has nothing left.
+    let (_, rich) = app.token("carol", None).await;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            status: Some(500),
+            ..Default::default()
+        }),
+    );
+    for _ in 0..5 {
+        app.chat(&rich, &chat_body(10)).await;
+    }
+    // Redis down.
+    redis.kill();
+    let (_, limited) = app
+        .issue(sluice::cli::IssueArgs {
+            rpm: Some(100),
+            ..issue_args("dan")
+        })
+        .await;
+    app.chat(&limited, &chat_body(10)).await;
+    // A failed backup.
+    let err = sluice::ops::backup::backup_now(
+        &app.state.db,
+        std::path::Path::new("/proc/nope"),
+        7,
+        chrono::Utc::now(),
+    )
+    .await;
+    assert!(err.is_err());
+    app.state
+        .alerts
+        .raise("backup_failed", "/proc/nope", "scheduled backup failed");
+    app.state
+        .alerts
+        .raise("backup_failed", "/proc/nope", "scheduled backup failed");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let received: Vec<Value> = app
+        .mock
+        .state
+        .stats("webhook")
+        .last_bodies
+        .into_iter()
+        .collect();
+    let kinds: Vec<&str> = received
+        .iter()
+        .map(|b| b["kind"].as_str().unwrap())
+        .collect();
+    for kind in [
+        "budget_threshold",
+        "breaker_open",
+        "pool_empty",
+        "ratelimit_degraded",
+        "backup_failed",
+    ] {
+        assert_eq!(
+            kinds.iter().filter(|k| **k == kind).count(),
+            1,
+            "{kind} exactly once in {kinds:?}"
+        );
+    }
+    let b = received
+        .iter()
+        .find(|b| b["kind"] == "breaker_open")
+        .unwrap();
+    assert_eq!(b["source"], "sluice");
+    assert_eq!(b["subject"], "a");
+    assert!(b["at"].as_str().is_some());
+}
+
+#[test]
+fn webhook_bodies_follow_each_receivers_format() {
+    let a = sluice::ops::alerts::Alert {
+        kind: "breaker_open",
+        subject: "openai-a".into(),
+        message: "opened".into(),
+        at: chrono::Utc::now(),
+    };
+    assert!(sluice::ops::alerts::body("slack", &a)["text"]
+        .as_str()
+        .unwrap()
+        .contains("breaker_open"));
+    for f in ["dingtalk", "wecom"] {
+        let b = sluice::ops::alerts::body(f, &a);
+        assert_eq!(b["msgtype"], "text");
+        assert!(b["text"]["content"].as_str().unwrap().contains("openai-a"));
+    }
+    assert_eq!(
+        sluice::ops::alerts::body("generic", &a)["kind"],
+        "breaker_open"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_under_load_restores_into_an_empty_folder_and_serves() {
+    let app = Arc::new(spawn_app().await);
+    let (_, token) = app.token("eve", Some("5")).await;
+    let load = {
+        let (app, token) = (app.clone(), token.clone());
+        tokio::spawn(async move {
+            for _ in 0..150 {
+                assert_eq!(app.chat(&token, &chat_body(10)).await.status(), 200);
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let dir = app.dir.path().join("backups");
+    let mut last = None;
+    for _ in 0..3 {
+        last = Some(
+            sluice::ops::backup::backup_now(&app.state.db, &dir, 2, chrono::Utc::now())
+                .await
+                .unwrap(),
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    load.await.unwrap();
+    let backup = last.unwrap();
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        2,
+        "only the newest two are kept"
+    );
+    assert_eq!(
+        std::fs::metadata(&backup).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+
+    let fresh = tempfile::tempdir().unwrap();
+    let target = fresh.path().join("restored/sluice.db");
+    let restored = sluice::ops::backup::restore(&backup, &target, chrono::Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(restored.integrity, "ok");
+    let mut settings = app.settings.clone();
+    settings.database.url = format!("sqlite://{}", target.display());
+    let gateway = sluice::startup::Application::build(settings.clone())
+        .await
+        .unwrap();
+    let url = format!("http://127.0.0.1:{}/v1/chat/completions", gateway.port());
+    tokio::spawn(gateway.run_until_stopped());
+    let resp = app
+        .http
+        .post(&url)
+        .bearer_auth(&token)
+        .json(&chat_body(10))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.status(),
+        200,
+        "the restored gateway knows the token and its budget"
+    );
+    let db = sluice::store::Db::open(&target, false).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(sluice::store::ledger::invariant_violations(&db.read)
+        .await
+        .unwrap()
+        .is_empty());
+
+    // A restore onto a database a gateway is running on is refused.
+    let refused =
+        sluice::ops::backup::restore(&backup, &settings.database_path(), chrono::Utc::now()).await;
+    assert!(matches!(
+        refused,
+        Err(sluice::ops::backup::BackupError::InUse(_))
+    ));
+}
