@@ -9,6 +9,18 @@ use std::time::Duration;
 pub enum Disabled {
     Quota = 1,
     Auth = 2,
+    /// Switched off by an admin in the UI or API.
+    Admin = 3,
+}
+
+impl Disabled {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Disabled::Quota => "quota exhausted",
+            Disabled::Auth => "auth failed",
+            Disabled::Admin => "disabled by an admin",
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -58,6 +70,29 @@ impl Pool {
 
     pub fn disable(&self, d: usize, why: Disabled) {
         self.members[d].disabled.store(why as u8, Ordering::Relaxed);
+    }
+
+    /// Why a deployment is disabled, if it is.
+    pub fn disabled_reason(&self, d: usize) -> Option<Disabled> {
+        match self.members[d].disabled.load(Ordering::Relaxed) {
+            1 => Some(Disabled::Quota),
+            2 => Some(Disabled::Auth),
+            3 => Some(Disabled::Admin),
+            _ => None,
+        }
+    }
+
+    /// Milliseconds since the epoch until which the deployment cools down (0 = never did).
+    pub fn cooling_until_ms(&self, d: usize) -> i64 {
+        self.members[d].cooling_until_ms.load(Ordering::Relaxed)
+    }
+
+    /// An admin re-enables a deployment: disabled state, cooldown and streak are cleared.
+    pub fn enable(&self, d: usize) {
+        let m = &self.members[d];
+        m.disabled.store(0, Ordering::Relaxed);
+        m.cooling_until_ms.store(0, Ordering::Relaxed);
+        m.streak.store(0, Ordering::Relaxed);
     }
 
     pub fn succeeded(&self, d: usize) {

@@ -264,7 +264,11 @@ pub struct RedisServer {
 
 impl RedisServer {
     pub async fn start() -> RedisServer {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let mut r = RedisServer { port, child: None };
         r.restart().await;
         r
@@ -276,13 +280,26 @@ impl RedisServer {
 
     pub async fn restart(&mut self) {
         let child = std::process::Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .stdout(std::process::Stdio::null())
             .spawn()
             .expect("redis-server is installed (scripts/test-deps.sh)");
         self.child = Some(child);
         for _ in 0..100 {
-            if self.cli(&["PING"]).await.is_some_and(|o| o.contains("PONG")) {
+            if self
+                .cli(&["PING"])
+                .await
+                .is_some_and(|o| o.contains("PONG"))
+            {
                 return;
             }
             tokio::time::sleep(std::time::Duration::from_millis(30)).await;
@@ -299,8 +316,16 @@ impl RedisServer {
 
     /// Runs a command through `redis-cli`; `None` if it failed.
     pub async fn cli(&self, args: &[&str]) -> Option<String> {
-        let out = tokio::process::Command::new("redis-cli").arg("-p").arg(self.port.to_string()).args(args).output().await.ok()?;
-        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).to_string())
+        let out = tokio::process::Command::new("redis-cli")
+            .arg("-p")
+            .arg(self.port.to_string())
+            .args(args)
+            .output()
+            .await
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).to_string())
     }
 }
 
