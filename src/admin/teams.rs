@@ -187,19 +187,21 @@ async fn budget_html(
     table(&state, &actor, &format!("Budget of {} updated.", row.name)).await
 }
 
-/// A lead may only hand out budget inside their team's: with a team limit, every budget
-/// they set must exist and be no larger than it. Admins are not held to it (the team level
-/// of the quota CAS still caps the team's spend).
+/// A lead may only hand out budget inside their team's: with a team limit, a budget they set
+/// may not be larger than it, and a token (`required`) must have one — it cannot be broader
+/// than its team. Admins are not held to it (the team level of the quota CAS still caps the
+/// team's spend either way).
 pub fn check_within_team(
     actor: &Actor,
     team: &TeamRow,
     limit: Option<i64>,
+    required: bool,
 ) -> Result<(), AdminError> {
     if actor.role != Role::Lead {
         return Ok(());
     }
     match (team.limit_micros, limit) {
-        (Some(t), None) => Err(AdminError::Forbidden(format!(
+        (Some(t), None) if required => Err(AdminError::Forbidden(format!(
             "A budget is required, at most the team's {}.",
             crate::quota::pricing::usd(t)
         ))),

@@ -183,7 +183,7 @@ pub async fn issue(state: &AppState, actor: &Actor, i: Issue) -> Result<Issued, 
         .ok_or(AdminError::NotFound)?;
     actor.see_team(user.team_id)?;
     check_limits(state, actor, &limits)?;
-    check_within_team(actor, &team_row(&mut tx, user.team_id).await?, limit)?;
+    check_within_team(actor, &team_row(&mut tx, user.team_id).await?, limit, true)?;
     let row = NewTokenRow {
         user_id,
         hash: &new.hash,
@@ -369,7 +369,12 @@ pub async fn edit(
     let mut after = json!({"limits": limits});
     if let Some(b) = &e.budget_usd {
         let limit = view::opt_usd("budget_usd", b.as_deref())?;
-        check_within_team(actor, &team_row(&mut tx, before.team_id).await?, limit)?;
+        check_within_team(
+            actor,
+            &team_row(&mut tx, before.team_id).await?,
+            limit,
+            true,
+        )?;
         let reset = Reset::parse(&before.reset).unwrap_or(Reset::Never);
         ledger::set_limit(&mut tx, Level::Token, id, reset, limit, now).await?;
         after["limit_micros"] = json!(limit);
@@ -419,6 +424,7 @@ pub async fn top_up(
         actor,
         &team_row(&mut tx, before.team_id).await?,
         Some(new_limit),
+        true,
     )?;
     if !ledger::top_up(&mut tx, Level::Token, id, amount).await? {
         return Err(AdminError::Conflict(

@@ -183,7 +183,7 @@ pub async fn create(state: &AppState, actor: &Actor, u: NewUser) -> Result<Creat
         }
         _ => {
             let team = team.ok_or_else(|| AdminError::invalid("team_id: a member needs a team"))?;
-            check_within_team(actor, &team, limit)?;
+            check_within_team(actor, &team, limit, false)?;
             let nu = StoreUser {
                 username: &username,
                 team_id: team.id,
@@ -248,7 +248,7 @@ pub async fn update_member(
     directory::update_member(&mut tx, id, &edit).await?;
     if let Some(b) = &p.budget_usd {
         let limit = view::opt_usd("budget_usd", b.as_deref())?;
-        check_within_team(actor, &team, limit)?;
+        check_within_team(actor, &team, limit, false)?;
         let reset = Reset::parse(&before.reset).unwrap_or(Reset::Monthly);
         ledger::set_limit(&mut tx, Level::User, id, reset, limit, now).await?;
     }
