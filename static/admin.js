@@ -66,6 +66,6 @@
   // Forms marked data-reset are emptied after a successful submit.
   document.addEventListener("htmx:afterRequest", function (ev) {
     var form = ev.detail.elt;
-    if (ev.detail.successful && form && form.matches && form.matches("form[data-reset]")) form.reset();
+    if (ev.detail.successful && form && form.matches && form.matches("form[data-reset]")) HTMLFormElement.prototype.reset.call(form);
   });
 })();
