@@ -135,6 +135,8 @@ async fn sign_in(
         sessions::set_password_hash(&mut tx, admin.id, h).await?;
     }
     sessions::create_session(&mut tx, &session::id_hash(&id), admin.id, &address, now).await?;
+    // Sessions nobody can use any more are swept here, so the table stays small.
+    sessions::prune_sessions(&mut tx, now - session::IDLE, now - session::ABSOLUTE).await?;
     audit(&mut tx, &admin.username, &address, "login.ok", now).await?;
     tx.commit().await?;
     let mut resp = see_other("/admin/");

@@ -65,6 +65,9 @@ pub struct LoginPatch {
     pub team_id: Option<Option<i64>>,
     #[serde(default, deserialize_with = "de::opt_flag")]
     pub disabled: Option<bool>,
+    /// An admin sets a new password for someone else (e.g. finance, who cannot change theirs).
+    #[serde(default, deserialize_with = "de::opt_text")]
+    pub password: Option<String>,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -284,11 +287,18 @@ pub async fn update_login(
     id: i64,
     p: LoginPatch,
 ) -> Result<LoginRow, AdminError> {
-    if id == actor.id && (p.role.is_some() || p.team_id.is_some() || p.disabled.is_some()) {
+    if id == actor.id
+        && (p.role.is_some() || p.team_id.is_some() || p.disabled.is_some() || p.password.is_some())
+    {
         return Err(AdminError::Forbidden(
-            "You cannot change your own role, team or status.".into(),
+            "You cannot change your own role, team or status here (your password: Account).".into(),
         ));
     }
+    actor.require_write()?;
+    let new_hash = match &p.password {
+        Some(pw) if actor.is_admin() => Some(password::hash_blocking(pw.clone()).await?),
+        _ => None,
+    };
     let now = state.clock.now();
     let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
     let before = directory::login(&mut tx, id)
@@ -326,7 +336,14 @@ pub async fn update_login(
         disabled: p.disabled.unwrap_or(before.disabled),
     };
     directory::update_login(&mut tx, id, &edit).await?;
-    if edit.disabled || role.as_str() != before.role || team_id != before.team_id {
+    if let Some(h) = &new_hash {
+        sessions::set_password_hash(&mut tx, id, h).await?;
+    }
+    if new_hash.is_some()
+        || edit.disabled
+        || role.as_str() != before.role
+        || team_id != before.team_id
+    {
         // A changed or disabled login signs in again with what it now is.
         sessions::delete_sessions_of(&mut tx, id, None).await?;
     }
@@ -336,13 +353,17 @@ pub async fn update_login(
     let snap = |l: &LoginRow| {
         json!({"role": l.role, "team_id": l.team_id, "disabled": l.disabled}).to_string()
     };
+    let mut after_snap: serde_json::Value = serde_json::from_str(&snap(&after)).unwrap_or_default();
+    if new_hash.is_some() {
+        after_snap["password_reset"] = json!(true);
+    }
     actor
         .audit(
             &mut tx,
             "admin.update",
             &format!("admin:{id}"),
             Some(&snap(&before)),
-            Some(&snap(&after)),
+            Some(&after_snap.to_string()),
             now,
         )
         .await?;

@@ -127,14 +127,14 @@ pub async fn delete_sessions_of(
 
 /// Drops sessions that can no longer be used (idle or too old).
 pub async fn prune_sessions(
-    pool: &SqlitePool,
+    conn: &mut SqliteConnection,
     idle_before: DateTime<Utc>,
     created_before: DateTime<Utc>,
 ) -> Result<()> {
     sqlx::query("DELETE FROM admin_sessions WHERE last_seen_at < ? OR created_at < ?")
         .bind(db_time(idle_before))
         .bind(db_time(created_before))
-        .execute(pool)
+        .execute(conn)
         .await?;
     Ok(())
 }

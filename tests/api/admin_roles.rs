@@ -842,3 +842,66 @@ async fn htmx_errors_land_in_the_flash_area() {
         "the list refreshes too"
     );
 }
+
+#[tokio::test]
+async fn an_admin_resets_a_password_and_changes_a_role_and_the_old_sessions_end() {
+    let w = world().await;
+    let fin = login(&w.app, "fin").await;
+    let fin_id = w
+        .app
+        .scalar("SELECT id FROM admins WHERE username = 'fin'")
+        .await;
+    let (s, v) = w
+        .admin
+        .patch(
+            &format!("/admin/api/v1/logins/{fin_id}"),
+            &json!({"password": "a brand new finance pass"}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        fin.get_json("/admin/api/v1/me").await.0,
+        401,
+        "the reset ends their sessions"
+    );
+    let fin = login_with(&w.app, "fin", "a brand new finance pass").await;
+    let (s, _) = w
+        .admin
+        .patch(
+            &format!("/admin/api/v1/logins/{fin_id}"),
+            &json!({"role": "lead", "team_id": 1}),
+        )
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        fin.get_json("/admin/api/v1/me").await.0,
+        401,
+        "a role change ends them too"
+    );
+    let (_, me) = w.admin.get_json("/admin/api/v1/me").await;
+    let my_id = me["id"].as_i64().unwrap();
+    for body in [
+        json!({"role": "finance"}),
+        json!({"disabled": true}),
+        json!({"password": "my own new password"}),
+    ] {
+        assert_eq!(
+            w.admin
+                .patch(&format!("/admin/api/v1/logins/{my_id}"), &body)
+                .await
+                .0,
+            403,
+            "{body}"
+        );
+    }
+    let row: (String, String) = sqlx::query_as(
+        "SELECT action, after FROM audit_log WHERE action = 'admin.update' ORDER BY id LIMIT 1",
+    )
+    .fetch_one(&w.app.db().read)
+    .await
+    .unwrap();
+    assert!(
+        row.1.contains("password_reset") && !row.1.contains("$argon2"),
+        "{row:?}"
+    );
+}
