@@ -154,6 +154,19 @@ pub fn parse_expiry(s: &str, tz_offset_minutes: Option<i64>) -> Result<DateTime<
 
 /// `YYYY-MM` → the month's first instant and the next month's, as database times.
 pub fn month_range(month: &str) -> Result<(NaiveDate, String, String), AdminError> {
+    let shaped = month.len() == 7
+        && month.bytes().enumerate().all(|(i, b)| {
+            if i == 4 {
+                b == b'-'
+            } else {
+                b.is_ascii_digit()
+            }
+        });
+    if !shaped {
+        return Err(AdminError::invalid(format!(
+            "month: `{month}` is not YYYY-MM"
+        )));
+    }
     let first = NaiveDate::parse_from_str(&format!("{month}-01"), "%Y-%m-%d")
         .map_err(|_| AdminError::invalid(format!("month: `{month}` is not YYYY-MM")))?;
     let next = first
@@ -215,6 +228,7 @@ mod tests {
         assert_eq!(a, "2026-12-01T00:00:00.000Z");
         assert_eq!(b, "2027-01-01T00:00:00.000Z");
         assert!(month_range("2026-13").is_err());
+        assert!(month_range("2026-1").is_err());
         assert!(check_name("username", "alice.b-1").is_ok());
         assert!(check_name("username", "a b").is_err());
         assert!(check_name("username", "' OR 1=1 --").is_err());

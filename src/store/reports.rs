@@ -91,6 +91,7 @@ pub struct SpendRow {
 }
 
 /// Spend in `[from, to)` grouped by `by`; days in date order, everything else dearest first.
+/// Requests that never authenticated (no token) cost nothing and belong to nobody: left out.
 pub async fn spend(
     pool: &SqlitePool,
     scope: Option<i64>,
@@ -109,7 +110,7 @@ pub async fn spend(
                 COALESCE(SUM(r.output_tokens), 0) AS output_tokens, COALESCE(SUM(r.cost_micros), 0) AS spend_micros
          FROM requests r LEFT JOIN tokens t ON t.id = r.token_id LEFT JOIN users u ON u.id = r.user_id
               LEFT JOIN teams tm ON tm.id = r.team_id
-         WHERE r.created_at >= ?1 AND r.created_at < ?2 AND (?3 IS NULL OR r.team_id = ?3)
+         WHERE r.created_at >= ?1 AND r.created_at < ?2 AND (?3 IS NULL OR r.team_id = ?3) AND r.token_id IS NOT NULL
          GROUP BY {group} ORDER BY {order} LIMIT 5000"
     );
     Ok(sqlx::query_as(&sql)

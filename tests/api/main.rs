@@ -4,6 +4,7 @@ mod admin_helpers;
 mod helpers;
 
 mod admin;
+mod admin_reports;
 mod admin_roles;
 mod auth;
 mod bad_input;

@@ -230,12 +230,12 @@ test("the admin UI, end to end", async (t) => {
       await page.locator("#verify").getByText("Chain intact").waitFor();
       // A phone-sized screen: nothing wider than the screen but scrollable tables.
       await page.setViewportSize({ width: 390, height: 844 });
-      for (const path of ["/admin/", "/admin/tokens", "/admin/reports"]) {
+      for (const [path, name] of [["/admin/", "dashboard-phone"], ["/admin/tokens", "tokens-phone"], ["/admin/reports", "reports-phone"]]) {
         await page.goto(BASE + path);
         const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
         assert.ok(overflow <= 1, `${path} overflows a phone by ${overflow}px`);
+        await shot(page, name);
       }
-      await shot(page, "tokens-phone");
       await page.setViewportSize({ width: 1280, height: 900 });
       // Keyboard: the first Tab lands on the skip link, which jumps to the content.
       await page.goto(`${BASE}/admin/teams`);
