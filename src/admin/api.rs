@@ -12,7 +12,7 @@ use super::input::Input;
 use super::reports::{self, ReportQuery};
 use super::requests::{self, RequestQuery};
 use super::token_ops::{self, Edit, Issue, Issued, Rotate, TopUp};
-use super::{account, audit, dashboard, teams, upstreams, users};
+use super::{account, audit, dashboard, teams, upstreams, user_ops as users};
 use crate::state::AppState;
 
 type Res = Result<HttpResponse, AdminError>;

@@ -21,6 +21,7 @@ pub mod teams;
 pub mod token_ops;
 pub mod tokens;
 pub mod upstreams;
+pub mod user_ops;
 pub mod users;
 pub mod view;
 
