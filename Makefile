@@ -13,6 +13,7 @@ test: test-deps
 	cargo build --locked
 	cargo test --locked --no-fail-fast
 	SLUICE_BIN=target/debug/sluice ./tests/sdk/run.sh
+	SLUICE_BIN=target/debug/sluice ./tests/ui/run.sh
 
 bench:
 	cargo build --release --locked

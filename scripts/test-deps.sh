@@ -1,19 +1,41 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs on a fresh Debian machine with the Rust toolchain:
-# a redis-server for the rate-limit tests, and the Python SDKs the compatibility tests
-# drive. Idempotent, and quick when everything is present.
+# a redis-server for the rate-limit tests, the Python SDKs the compatibility tests drive,
+# and for the admin UI test Debian's chromium plus playwright-core (npm ci in tests/ui; the
+# browser is never downloaded by Playwright). Idempotent, and quick when everything is present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+apt_updated=""
+apt_install() {
+    if [ -z "$apt_updated" ]; then
+        $sudo apt-get update -qq
+        apt_updated=1
+    fi
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+}
+
 if ! command -v redis-server >/dev/null 2>&1; then
-    sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
+    apt_install redis-server
     # The tests start their own servers on free ports; the distribution's service is not needed.
     $sudo systemctl disable --now redis-server >/dev/null 2>&1 || true
 fi
 
 if ! python3 -c "import openai, anthropic, pytest" >/dev/null 2>&1; then
     python3 -m pip install --quiet --disable-pip-version-check -r tests/sdk/requirements.txt
+fi
+
+if ! command -v curl >/dev/null 2>&1; then
+    apt_install curl
+fi
+if [ ! -x /usr/bin/chromium ]; then
+    apt_install chromium
+fi
+if ! command -v npm >/dev/null 2>&1; then
+    apt_install nodejs npm
+fi
+if [ ! -d tests/ui/node_modules/playwright-core ]; then
+    (cd tests/ui && npm ci --no-audit --no-fund --loglevel=error)
 fi

@@ -1,6 +1,7 @@
 //! Sluice: a self-hosted LLM API gateway for teams. See `docs/DESIGN.md` for the design as
 //! built; `pipeline` is the request path stage by stage.
 
+pub mod admin;
 pub mod api;
 pub mod auth;
 pub mod cache;

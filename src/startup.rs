@@ -24,7 +24,7 @@ use crate::store::{ledger, processes, Db, StoreError};
 use crate::upstream::catalog::Catalog;
 use crate::upstream::client::UpstreamClient;
 use crate::upstream::pool::Pool;
-use crate::{api, pipeline};
+use crate::{admin, api, pipeline};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
@@ -134,6 +134,7 @@ impl Application {
                 })
                 .app_data(data.clone())
                 .configure(api::configure)
+                .configure(admin::configure)
                 .default_service(web::to(api::not_found))
         })
         .workers(workers)

@@ -6,7 +6,9 @@
 //! revocation from any replica or the CLI takes effect within 1 s); expiry is checked
 //! against the clock on every request.
 
+pub mod csrf;
 pub mod password;
+pub mod session;
 pub mod token;
 
 use std::num::NonZeroUsize;

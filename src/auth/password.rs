@@ -47,6 +47,41 @@ pub async fn hash_blocking(password: String) -> Result<String, PasswordError> {
         .map_err(|_| PasswordError::Hash)?
 }
 
+/// Whether a stored hash was made with other parameters than today's (raised parameters
+/// are applied at the next successful login).
+pub fn needs_rehash(phc: &str) -> bool {
+    let Ok(h) = PasswordHash::new(phc) else {
+        return true;
+    };
+    let current = argon2();
+    let p = current.params();
+    h.algorithm.as_str() != "argon2id"
+        || h.params.get_decimal("m") != Some(p.m_cost())
+        || h.params.get_decimal("t") != Some(p.t_cost())
+        || h.params.get_decimal("p") != Some(p.p_cost())
+}
+
+/// A hash of a random password, verified against when the username is unknown, so an
+/// unknown user costs the same time as a wrong password.
+static DUMMY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let pw = crate::auth::token::generate().text;
+    hash(&pw).unwrap_or_default()
+});
+
+/// Verifies on a blocking thread; `None` (unknown user) verifies against a dummy hash and
+/// fails, in the same time.
+pub async fn verify_blocking(password: String, phc: Option<String>) -> bool {
+    tokio::task::spawn_blocking(move || match phc {
+        Some(phc) => verify(&password, &phc),
+        None => {
+            let _ = verify(&password, &DUMMY);
+            false
+        }
+    })
+    .await
+    .unwrap_or(false)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -58,6 +93,10 @@ mod tests {
         assert!(verify("correct horse battery", &h));
         assert!(!verify("wrong horse battery", &h));
         assert!(matches!(hash("short"), Err(PasswordError::Length)));
+        assert!(!needs_rehash(&h));
+        assert!(needs_rehash(
+            "$argon2id$v=19$m=4096,t=1,p=1$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA"
+        ));
         assert!(matches!(
             hash(&"x".repeat(2000)),
             Err(PasswordError::Length)

@@ -5,10 +5,14 @@
 pub mod admins;
 pub mod audit;
 pub mod cache;
+pub mod directory;
 pub mod ledger;
 pub mod processes;
+pub mod reports;
 pub mod requests;
+pub mod sessions;
 pub mod tenants;
+pub mod token_admin;
 pub mod tokens;
 
 use std::path::Path;

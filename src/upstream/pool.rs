@@ -20,6 +20,7 @@ use crate::config::Settings;
 pub enum Disabled {
     Quota = 1,
     Auth = 2,
+    /// Switched off by an admin in the UI or API.
     Admin = 3,
 }
 

@@ -1,7 +1,11 @@
 //! Integration tests: the real application over HTTP, real SQLite, the in-process mock.
 
+mod admin_helpers;
 mod helpers;
 
+mod admin;
+mod admin_reports;
+mod admin_roles;
 mod auth;
 mod bad_input;
 mod cache;

@@ -1,0 +1,215 @@
+//! The signed-in person's own account: change password (every session of theirs ends; this
+//! browser gets a fresh one) and admin API keys (`sk-sl-admin-…`, shown once, acting with
+//! the owner's role). Finance, who changes nothing, only reads this page.
+
+use actix_web::{web, HttpResponse};
+use askama::Template;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::actor::{Actor, Via};
+use super::error::AdminError;
+use super::input::{de, Input};
+use super::view::{self, Chrome};
+use crate::auth::{password, session, token};
+use crate::state::AppState;
+use crate::store::sessions::{self, ApiKeyRow};
+
+#[derive(Deserialize)]
+pub struct PasswordChange {
+    #[serde(default, deserialize_with = "de::opt_text")]
+    current_password: Option<String>,
+    #[serde(default, deserialize_with = "de::opt_text")]
+    new_password: Option<String>,
+}
+
+#[derive(Deserialize)]
+pub struct NewKey {
+    #[serde(default, deserialize_with = "de::opt_text")]
+    pub name: Option<String>,
+}
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.route("/account", web::get().to(page))
+        .route("/account/password", web::post().to(change_password))
+        .route("/account/keys", web::post().to(create_key_html))
+        .route("/account/keys/{id}/revoke", web::post().to(revoke_key_html));
+}
+
+#[derive(Template)]
+#[template(path = "admin/account.html")]
+struct AccountPage {
+    c: Chrome,
+    keys: Vec<ApiKeyRow>,
+    new_key: Option<String>,
+}
+
+#[derive(Template)]
+#[template(path = "admin/_api_keys.html")]
+struct KeysFragment {
+    keys: Vec<ApiKeyRow>,
+    new_key: Option<String>,
+}
+
+pub async fn page(actor: Actor, state: web::Data<AppState>) -> Result<HttpResponse, AdminError> {
+    let keys = sessions::api_keys_of(&state.db.read, actor.id).await?;
+    view::html(&AccountPage {
+        c: Chrome::new(&actor, "account"),
+        keys,
+        new_key: None,
+    })
+}
+
+/// Creates an API key for the actor; returns its id and text (shown once).
+pub async fn create_key(
+    state: &AppState,
+    actor: &Actor,
+    k: NewKey,
+) -> Result<(i64, String), AdminError> {
+    actor.require_write()?;
+    let name = k.name.unwrap_or_default();
+    if name.chars().count() > 100 {
+        return Err(AdminError::invalid("name: at most 100 characters"));
+    }
+    let key = token::generate_admin_key();
+    let now = state.clock.now();
+    let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let id = sessions::create_api_key(
+        &mut tx,
+        actor.id,
+        &key.hash,
+        &key.display_prefix,
+        &name,
+        now,
+    )
+    .await?;
+    let after = json!({"prefix": key.display_prefix, "name": name}).to_string();
+    actor
+        .audit(
+            &mut tx,
+            "apikey.create",
+            &format!("apikey:{id}"),
+            None,
+            Some(&after),
+            now,
+        )
+        .await?;
+    tx.commit().await?;
+    Ok((id, key.text))
+}
+
+async fn create_key_html(
+    actor: Actor,
+    state: web::Data<AppState>,
+    Input(k): Input<NewKey>,
+) -> Result<HttpResponse, AdminError> {
+    let (_, text) = create_key(&state, &actor, k).await?;
+    let keys = sessions::api_keys_of(&state.db.read, actor.id).await?;
+    view::html(&KeysFragment {
+        keys,
+        new_key: Some(text),
+    })
+}
+
+async fn revoke_key_html(
+    actor: Actor,
+    state: web::Data<AppState>,
+    id: web::Path<i64>,
+) -> Result<HttpResponse, AdminError> {
+    actor.require_write()?;
+    let id = id.into_inner();
+    let now = state.clock.now();
+    let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+    if !sessions::revoke_api_key(&mut tx, actor.id, id, now).await? {
+        return Err(AdminError::NotFound);
+    }
+    actor
+        .audit(
+            &mut tx,
+            "apikey.revoke",
+            &format!("apikey:{id}"),
+            None,
+            None,
+            now,
+        )
+        .await?;
+    tx.commit().await?;
+    let keys = sessions::api_keys_of(&state.db.read, actor.id).await?;
+    view::html_with_flash(
+        &KeysFragment {
+            keys,
+            new_key: None,
+        },
+        "API key revoked.",
+    )
+}
+
+/// Changes the actor's password after checking the current one. Every session of theirs
+/// ends, and this browser is given a new one (so the page reloads with a new CSRF token).
+async fn change_password(
+    actor: Actor,
+    state: web::Data<AppState>,
+    Input(p): Input<PasswordChange>,
+) -> Result<HttpResponse, AdminError> {
+    actor.require_write()?;
+    if !matches!(actor.via, Via::Session { .. }) {
+        return Err(AdminError::Forbidden(
+            "Change a password in the browser, not with an API key.".into(),
+        ));
+    }
+    let now = state.clock.now();
+    let admin = sessions::admin_by_id(&state.db.read, actor.id)
+        .await?
+        .ok_or(AdminError::Unauthorized)?;
+    let current = p.current_password.unwrap_or_default();
+    if !password::verify_blocking(current, Some(admin.password_hash)).await {
+        let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+        sessions::record_failure(&mut tx, &format!("user:{}", actor.username), now).await?;
+        actor
+            .audit(
+                &mut tx,
+                "admin.password_change_failed",
+                &format!("admin:{}", actor.id),
+                None,
+                None,
+                now,
+            )
+            .await?;
+        tx.commit().await?;
+        return Err(AdminError::Forbidden(
+            "The current password is wrong.".into(),
+        ));
+    }
+    let hash = password::hash_blocking(p.new_password.unwrap_or_default()).await?;
+    let id = session::new_secret();
+    let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+    sessions::set_password_hash(&mut tx, actor.id, &hash).await?;
+    let ended = sessions::delete_sessions_of(&mut tx, actor.id, None).await?;
+    sessions::create_session(
+        &mut tx,
+        &session::id_hash(&id),
+        actor.id,
+        &actor.address,
+        now,
+    )
+    .await?;
+    let after = json!({"sessions_ended": ended}).to_string();
+    actor
+        .audit(
+            &mut tx,
+            "admin.password_change",
+            &format!("admin:{}", actor.id),
+            None,
+            Some(&after),
+            now,
+        )
+        .await?;
+    tx.commit().await?;
+    let secure = session::secure(&state.settings.server.public_url);
+    let mut resp = HttpResponse::Ok()
+        .insert_header(("HX-Refresh", "true"))
+        .content_type("text/html; charset=utf-8")
+        .body("<p class=\"flash ok\" role=\"status\">Password changed; every other session has ended.</p>");
+    let _ = resp.add_cookie(&session::cookie(session::cookie_name(secure), id, secure));
+    Ok(resp)
+}

@@ -1,0 +1,190 @@
+//! Who is acting, and the permission rules, in one place. Every operation (HTML or JSON)
+//! asks the `Actor` before it reads or writes:
+//! - `admin`: everything, every team;
+//! - `lead`: their own team only — anything of another team answers 404, as if it did not
+//!   exist; never a role change, never a team's budget, never more than the team's budget;
+//! - `finance`: reads everything, changes nothing (403).
+
+use std::future::{ready, Ready};
+
+use actix_web::{FromRequest, HttpMessage, HttpRequest};
+use chrono::{DateTime, Utc};
+use sqlx::SqliteConnection;
+
+use super::error::AdminError;
+use crate::store::audit::{self, AuditEntry};
+use crate::store::sessions::AdminRow;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Admin,
+    Lead,
+    Finance,
+}
+
+impl Role {
+    pub fn parse(s: &str) -> Option<Role> {
+        match s {
+            "admin" => Some(Role::Admin),
+            "lead" => Some(Role::Lead),
+            "finance" => Some(Role::Finance),
+            _ => None,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::Lead => "lead",
+            Role::Finance => "finance",
+        }
+    }
+}
+
+/// How the actor authenticated.
+#[derive(Debug, Clone)]
+pub enum Via {
+    /// A browser session; holds the SHA-256 of the session id and the CSRF token.
+    Session {
+        id_hash: String,
+        csrf: String,
+    },
+    ApiKey,
+}
+
+#[derive(Debug, Clone)]
+pub struct Actor {
+    pub id: i64,
+    pub username: String,
+    pub role: Role,
+    pub team_id: Option<i64>,
+    pub address: String,
+    pub via: Via,
+}
+
+impl Actor {
+    pub fn from_row(row: AdminRow, address: String, via: Via) -> Option<Actor> {
+        Some(Actor {
+            role: Role::parse(&row.role)?,
+            id: row.id,
+            username: row.username,
+            team_id: row.team_id,
+            address,
+            via,
+        })
+    }
+
+    /// The team this actor's reads are limited to (`None` = every team). A lead without a
+    /// team sees nothing (team -1 does not exist).
+    pub fn scope(&self) -> Option<i64> {
+        match self.role {
+            Role::Lead => Some(self.team_id.unwrap_or(-1)),
+            Role::Admin | Role::Finance => None,
+        }
+    }
+
+    pub fn is_admin(&self) -> bool {
+        self.role == Role::Admin
+    }
+
+    /// May this actor change anything at all?
+    pub fn can_write(&self) -> bool {
+        self.role != Role::Finance
+    }
+
+    pub fn require_write(&self) -> Result<(), AdminError> {
+        if self.can_write() {
+            Ok(())
+        } else {
+            Err(AdminError::read_only())
+        }
+    }
+
+    /// Admin-only operations: finance is told no (403), a lead is told nothing exists (404).
+    pub fn require_admin(&self) -> Result<(), AdminError> {
+        match self.role {
+            Role::Admin => Ok(()),
+            Role::Lead => Err(AdminError::NotFound),
+            Role::Finance => Err(AdminError::read_only()),
+        }
+    }
+
+    /// Pages admins and finance read but leads do not see (audit log, upstreams).
+    pub fn require_global_reader(&self) -> Result<(), AdminError> {
+        match self.role {
+            Role::Admin | Role::Finance => Ok(()),
+            Role::Lead => Err(AdminError::NotFound),
+        }
+    }
+
+    /// Reading something that belongs to `team`: another team's object does not exist for a lead.
+    pub fn see_team(&self, team: i64) -> Result<(), AdminError> {
+        match self.scope() {
+            Some(own) if own != team => Err(AdminError::NotFound),
+            _ => Ok(()),
+        }
+    }
+
+    /// Changing something that belongs to `team`.
+    pub fn change_team(&self, team: i64) -> Result<(), AdminError> {
+        self.see_team(team)?;
+        self.require_write()
+    }
+
+    pub fn csrf(&self) -> &str {
+        match &self.via {
+            Via::Session { csrf, .. } => csrf,
+            Via::ApiKey => "",
+        }
+    }
+
+    pub fn session_hash(&self) -> Option<&str> {
+        match &self.via {
+            Via::Session { id_hash, .. } => Some(id_hash),
+            Via::ApiKey => None,
+        }
+    }
+
+    /// Appends this actor's audit row inside the caller's transaction.
+    pub async fn audit(
+        &self,
+        conn: &mut SqliteConnection,
+        action: &str,
+        target: &str,
+        before: Option<&str>,
+        after: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<(), AdminError> {
+        let entry = AuditEntry {
+            actor: &self.username,
+            address: &self.address,
+            action,
+            target,
+            before,
+            after,
+        };
+        audit::append(conn, &entry, now).await?;
+        Ok(())
+    }
+}
+
+/// Handlers take `actor: Actor`; `guard` put it there, so without it the route is refused.
+impl FromRequest for Actor {
+    type Error = AdminError;
+    type Future = Ready<Result<Actor, AdminError>>;
+
+    fn from_request(req: &HttpRequest, _: &mut actix_web::dev::Payload) -> Self::Future {
+        ready(
+            req.extensions()
+                .get::<Actor>()
+                .cloned()
+                .ok_or(AdminError::Unauthorized),
+        )
+    }
+}
+
+/// The peer address of a request (never a forwarded header, which a client can forge).
+pub fn peer(req: &HttpRequest) -> String {
+    req.peer_addr()
+        .map(|a| a.ip().to_string())
+        .unwrap_or_default()
+}

@@ -1,0 +1,190 @@
+//! The one gate in front of every admin route except the login form and static files:
+//! 1. state-changing requests from another site are refused (`Origin`, `Sec-Fetch-Site`);
+//! 2. the caller is authenticated — `Authorization: Bearer sk-sl-admin-…` (an admin API key;
+//!    when the header is present it is the only credential considered, and a data-plane
+//!    sub-token never matches), else the session cookie;
+//! 3. state-changing requests on a session carry its CSRF token (header or form field);
+//! 4. the `Actor` is handed to the handler, and an `AdminError` coming back is rendered once,
+//!    in the caller's format (JSON, htmx fragment or page), with the admin security headers.
+
+use actix_web::body::{BoxBody, MessageBody};
+use actix_web::dev::{Payload, ServiceRequest, ServiceResponse};
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::http::Method;
+use actix_web::middleware::Next;
+use actix_web::{web, HttpMessage, HttpResponse};
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+
+use super::actor::{Actor, Via};
+use super::error::AdminError;
+use crate::auth::{csrf, session, token};
+use crate::state::AppState;
+use crate::store::sessions;
+
+/// How the caller wants answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Api,
+    Fragment,
+    Page,
+}
+
+impl Kind {
+    pub fn of(path: &str, headers: &header::HeaderMap) -> Kind {
+        if path.starts_with("/admin/api/") {
+            Kind::Api
+        } else if headers.get("hx-request").is_some_and(|v| v == "true") {
+            Kind::Fragment
+        } else {
+            Kind::Page
+        }
+    }
+
+    pub fn render(self, e: &AdminError) -> HttpResponse {
+        match self {
+            Kind::Api => e.json(),
+            Kind::Fragment => e.fragment(),
+            Kind::Page => e.page(),
+        }
+    }
+}
+
+/// Largest form body the gate buffers to read a `csrf_token` field.
+const MAX_FORM: usize = 256 * 1024;
+
+pub fn is_safe(m: &Method) -> bool {
+    matches!(*m, Method::GET | Method::HEAD)
+}
+
+pub async fn guard(
+    mut req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
+    let kind = Kind::of(req.path(), req.headers());
+    match admit(&mut req).await {
+        Ok(actor) => {
+            req.extensions_mut().insert(actor);
+        }
+        Err(e) => {
+            let resp = kind.render(&e);
+            return Ok(secure_headers(req.into_response(resp)));
+        }
+    }
+    let res = next.call(req).await?.map_into_boxed_body();
+    let err = res
+        .response()
+        .error()
+        .and_then(|e| e.as_error::<AdminError>())
+        .map(|e| kind.render(e));
+    let res = match err {
+        Some(resp) => {
+            let (req, _) = res.into_parts();
+            ServiceResponse::new(req, resp)
+        }
+        None => res,
+    };
+    Ok(secure_headers(res))
+}
+
+async fn admit(req: &mut ServiceRequest) -> Result<Actor, AdminError> {
+    let state = req
+        .app_data::<web::Data<AppState>>()
+        .cloned()
+        .ok_or(AdminError::Internal)?;
+    let unsafe_method = !is_safe(req.method());
+    let scheme = req.connection_info().scheme().to_string();
+    if unsafe_method
+        && !csrf::same_origin(req.headers(), &state.settings.server.public_url, &scheme)
+    {
+        return Err(AdminError::Forbidden("Cross-site request refused.".into()));
+    }
+    let address = req
+        .peer_addr()
+        .map(|a| a.ip().to_string())
+        .unwrap_or_default();
+    if let Some(auth) = req.headers().get(header::AUTHORIZATION) {
+        let text = auth.to_str().unwrap_or("");
+        let key = text.strip_prefix("Bearer ").unwrap_or("").trim();
+        let hash = token::parse_admin(key).ok_or(AdminError::Unauthorized)?;
+        let row = sessions::admin_by_api_key(&state.db.read, &hash)
+            .await?
+            .filter(|a| !a.disabled)
+            .ok_or(AdminError::Unauthorized)?;
+        return Actor::from_row(row, address, Via::ApiKey).ok_or(AdminError::Unauthorized);
+    }
+    let secure = session::secure(&state.settings.server.public_url);
+    let id = req
+        .cookie(session::cookie_name(secure))
+        .map(|c| c.value().to_string())
+        .ok_or(AdminError::Unauthorized)?;
+    let now = state.clock.now();
+    let row = session::load(&state.db.read, &state.db.write, &id, now)
+        .await?
+        .ok_or(AdminError::Unauthorized)?;
+    if unsafe_method {
+        let supplied = match req.headers().get(csrf::HEADER) {
+            Some(v) => v.to_str().unwrap_or("").to_string(),
+            None => form_field(req, csrf::FIELD).await?.unwrap_or_default(),
+        };
+        if !csrf::matches(&id, &supplied) {
+            return Err(AdminError::Forbidden(
+                "Missing or wrong CSRF token; reload the page and try again.".into(),
+            ));
+        }
+    }
+    let via = Via::Session {
+        id_hash: session::id_hash(&id),
+        csrf: csrf::token_for(&id),
+    };
+    Actor::from_row(row, address, via).ok_or(AdminError::Unauthorized)
+}
+
+/// Reads one field of a url-encoded body and puts the body back for the handler.
+async fn form_field(req: &mut ServiceRequest, name: &str) -> Result<Option<String>, AdminError> {
+    let is_form = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/x-www-form-urlencoded"));
+    if !is_form {
+        return Ok(None);
+    }
+    let mut payload = req.take_payload();
+    let mut body = BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|_| AdminError::invalid("unreadable request body"))?;
+        if body.len() + chunk.len() > MAX_FORM {
+            return Err(AdminError::TooLarge);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    let body: Bytes = body.freeze();
+    let value = url::form_urlencoded::parse(&body)
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.into_owned());
+    req.set_payload(Payload::from(body));
+    Ok(value)
+}
+
+/// Headers on every admin answer: nothing cached, nothing framed, scripts only from here.
+pub fn secure_headers(mut res: ServiceResponse<BoxBody>) -> ServiceResponse<BoxBody> {
+    let h = res.headers_mut();
+    for (k, v) in [
+        ("cache-control", "no-store"),
+        ("x-content-type-options", "nosniff"),
+        ("x-frame-options", "DENY"),
+        ("referrer-policy", "same-origin"),
+        (
+            "content-security-policy",
+            "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
+             connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+    ] {
+        h.insert(
+            header::HeaderName::from_static(k),
+            HeaderValue::from_static(v),
+        );
+    }
+    res
+}

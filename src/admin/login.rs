@@ -1,0 +1,257 @@
+//! Signing in and out. A failed sign-in answers exactly alike for an unknown user and a
+//! wrong password (an unknown user is verified against a dummy hash, so it costs the same
+//! time) and is recorded per username and per address; past `USER_LIMIT` failures for one
+//! user or `ADDR_LIMIT` from one address within `WINDOW`, attempts get 429 with
+//! `Retry-After` — even with the right password — until the window has passed.
+
+use actix_web::http::header;
+use actix_web::{web, HttpRequest, HttpResponse};
+use askama::Template;
+use chrono::{DateTime, Duration, Utc};
+
+use super::actor::{peer, Actor};
+use super::error::AdminError;
+use crate::auth::{csrf, password, session};
+use crate::state::AppState;
+use crate::store::sessions;
+
+pub const USER_LIMIT: usize = 5;
+pub const ADDR_LIMIT: usize = 20;
+pub const WINDOW: Duration = Duration::minutes(15);
+const MAX_USERNAME: usize = 128;
+
+#[derive(Template)]
+#[template(path = "admin/login.html")]
+struct LoginPage {
+    csrf: String,
+    error: Option<String>,
+}
+
+pub async fn form(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
+    let secure = session::secure(&state.settings.server.public_url);
+    if let Some(c) = req.cookie(session::cookie_name(secure)) {
+        let now = state.clock.now();
+        if let Ok(Some(_)) = session::load(&state.db.read, &state.db.write, c.value(), now).await {
+            return see_other("/admin/");
+        }
+    }
+    let pre = session::new_secret();
+    let mut resp = render(
+        &LoginPage {
+            csrf: csrf::token_for(&pre),
+            error: None,
+        },
+        200,
+    );
+    let _ = resp.add_cookie(&session::cookie(
+        session::login_cookie_name(secure),
+        pre,
+        secure,
+    ));
+    resp
+}
+
+pub async fn submit(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    body: web::Bytes,
+) -> HttpResponse {
+    let secure = session::secure(&state.settings.server.public_url);
+    let pre = req
+        .cookie(session::login_cookie_name(secure))
+        .map(|c| c.value().to_string());
+    let resp = match sign_in(&req, &state, &body, pre.as_deref(), secure).await {
+        Ok(resp) => resp,
+        Err(AdminError::Unauthorized) => {
+            // The same page, status and body for every wrong username/password pair.
+            let csrf = pre.as_deref().map(csrf::token_for).unwrap_or_default();
+            let page = LoginPage {
+                csrf,
+                error: Some("Invalid username or password.".into()),
+            };
+            render(&page, 401)
+        }
+        Err(e) => e.page(),
+    };
+    with_headers(resp)
+}
+
+fn field(body: &[u8], name: &str) -> String {
+    url::form_urlencoded::parse(body)
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default()
+}
+
+async fn sign_in(
+    req: &HttpRequest,
+    state: &AppState,
+    body: &[u8],
+    pre: Option<&str>,
+    secure: bool,
+) -> Result<HttpResponse, AdminError> {
+    let scheme = req.connection_info().scheme().to_string();
+    if !csrf::same_origin(req.headers(), &state.settings.server.public_url, &scheme) {
+        return Err(AdminError::Forbidden("Cross-site request refused.".into()));
+    }
+    let supplied = field(body, csrf::FIELD);
+    if !pre.is_some_and(|p| csrf::matches(p, &supplied)) {
+        return Err(AdminError::Forbidden(
+            "This sign-in form has expired; reload the page and try again.".into(),
+        ));
+    }
+    let (username, pw) = (field(body, "username"), field(body, "password"));
+    let address = peer(req);
+    let now = state.clock.now();
+    let username: String = username.chars().take(MAX_USERNAME).collect();
+    throttle(state, &username, &address, now).await?;
+
+    let admin = sessions::admin_by_name(&state.db.read, &username).await?;
+    let phc = admin.as_ref().map(|a| a.password_hash.clone());
+    let verified = password::verify_blocking(pw.clone(), phc).await;
+    let admin = admin.filter(|a| verified && !a.disabled);
+    let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let Some(admin) = admin else {
+        sessions::record_failure(&mut tx, &format!("user:{username}"), now).await?;
+        sessions::record_failure(&mut tx, &format!("addr:{address}"), now).await?;
+        audit(&mut tx, &username, &address, "login.failed", now).await?;
+        tx.commit().await?;
+        return Err(AdminError::Unauthorized);
+    };
+    tx.commit().await?;
+    let rehash = if password::needs_rehash(&admin.password_hash) {
+        Some(password::hash_blocking(pw).await?)
+    } else {
+        None
+    };
+    let id = session::new_secret();
+    let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+    sessions::clear_failures(&mut tx, &format!("user:{username}")).await?;
+    if let Some(old) = req.cookie(session::cookie_name(secure)) {
+        // A session id presented at login is never kept (fixation): it is ended.
+        sessions::delete_session(&mut tx, &session::id_hash(old.value())).await?;
+    }
+    if let Some(h) = &rehash {
+        sessions::set_password_hash(&mut tx, admin.id, h).await?;
+    }
+    sessions::create_session(&mut tx, &session::id_hash(&id), admin.id, &address, now).await?;
+    // Sessions nobody can use any more are swept here, so the table stays small.
+    sessions::prune_sessions(&mut tx, now - session::IDLE, now - session::ABSOLUTE).await?;
+    audit(&mut tx, &admin.username, &address, "login.ok", now).await?;
+    tx.commit().await?;
+    let mut resp = see_other("/admin/");
+    let _ = resp.add_cookie(&session::cookie(session::cookie_name(secure), id, secure));
+    let _ = resp.add_cookie(&session::removal(
+        session::login_cookie_name(secure),
+        secure,
+    ));
+    Ok(resp)
+}
+
+/// 429 while the user or the address has too many recent failures.
+async fn throttle(
+    state: &AppState,
+    username: &str,
+    address: &str,
+    now: DateTime<Utc>,
+) -> Result<(), AdminError> {
+    let since = now - WINDOW;
+    let mut wait = 0i64;
+    for (key, limit) in [
+        (format!("user:{username}"), USER_LIMIT),
+        (format!("addr:{address}"), ADDR_LIMIT),
+    ] {
+        let fails = sessions::failures_since(&state.db.read, &key, since).await?;
+        if fails.len() >= limit {
+            // Free again once the limit-th most recent failure has left the window.
+            let pivot = DateTime::parse_from_rfc3339(&fails[limit - 1])
+                .map(|t| t.with_timezone(&Utc))
+                .unwrap_or(now);
+            wait = wait.max((pivot + WINDOW - now).num_milliseconds());
+        }
+    }
+    if wait > 0 {
+        tracing::warn!(address, "admin sign-in throttled");
+        return Err(AdminError::Throttled {
+            retry_after: (wait as u64).div_ceil(1000).max(1),
+        });
+    }
+    Ok(())
+}
+
+async fn audit(
+    conn: &mut sqlx::SqliteConnection,
+    actor: &str,
+    address: &str,
+    action: &str,
+    now: DateTime<Utc>,
+) -> Result<(), AdminError> {
+    let entry = crate::store::audit::AuditEntry {
+        actor,
+        address,
+        action,
+        target: "",
+        before: None,
+        after: None,
+    };
+    crate::store::audit::append(conn, &entry, now).await?;
+    Ok(())
+}
+
+/// Ends the caller's session; its cookie is dead from now on, on every replica.
+pub async fn logout(
+    actor: Actor,
+    state: web::Data<AppState>,
+    req: HttpRequest,
+) -> Result<HttpResponse, AdminError> {
+    let now = state.clock.now();
+    let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+    if let Some(h) = actor.session_hash() {
+        sessions::delete_session(&mut tx, h).await?;
+    }
+    actor.audit(&mut tx, "logout", "", None, None, now).await?;
+    tx.commit().await?;
+    let secure = session::secure(&state.settings.server.public_url);
+    let mut resp = if req.headers().contains_key("hx-request") {
+        HttpResponse::Ok()
+            .insert_header(("HX-Redirect", "/admin/login"))
+            .finish()
+    } else {
+        see_other("/admin/login")
+    };
+    let _ = resp.add_cookie(&session::removal(session::cookie_name(secure), secure));
+    Ok(resp)
+}
+
+fn see_other(to: &str) -> HttpResponse {
+    HttpResponse::SeeOther()
+        .insert_header((header::LOCATION, to))
+        .finish()
+}
+
+fn render(page: &LoginPage, status: u16) -> HttpResponse {
+    let status = actix_web::http::StatusCode::from_u16(status).unwrap_or_default();
+    match page.render() {
+        Ok(body) => with_headers(
+            HttpResponse::build(status)
+                .content_type("text/html; charset=utf-8")
+                .body(body),
+        ),
+        Err(e) => AdminError::from(e).page(),
+    }
+}
+
+fn with_headers(mut resp: HttpResponse) -> HttpResponse {
+    for (k, v) in [
+        ("cache-control", "no-store"),
+        ("x-frame-options", "DENY"),
+        ("x-content-type-options", "nosniff"),
+        ("content-security-policy", "default-src 'self'; script-src 'self'; style-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"),
+    ] {
+        resp.headers_mut().insert(
+            header::HeaderName::from_static(k),
+            header::HeaderValue::from_static(v),
+        );
+    }
+    resp
+}

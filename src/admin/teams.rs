@@ -1,0 +1,214 @@
+//! Teams: list (a lead sees their own), create and set a team's budget (admins only).
+
+use actix_web::{web, HttpResponse};
+use askama::Template;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::actor::{Actor, Role};
+use super::error::AdminError;
+use super::input::{de, Input};
+use super::view::{self, filters, Chrome};
+use crate::quota::period::Reset;
+use crate::state::AppState;
+use crate::store::directory::{self, TeamRow};
+use crate::store::ledger::{self, Level};
+use crate::store::tenants::{self, NewBudget};
+use crate::store::tokens;
+
+#[derive(Debug, Deserialize)]
+pub struct NewTeam {
+    #[serde(default, deserialize_with = "de::opt_text")]
+    pub name: Option<String>,
+    #[serde(default, deserialize_with = "de::opt_text")]
+    pub budget_usd: Option<String>,
+    #[serde(default, deserialize_with = "de::opt_text")]
+    pub reset: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct TeamBudget {
+    /// Empty or absent: no limit.
+    #[serde(default, deserialize_with = "de::opt_text")]
+    pub budget_usd: Option<String>,
+}
+
+pub async fn list(state: &AppState, actor: &Actor) -> Result<Vec<TeamRow>, AdminError> {
+    Ok(directory::teams(&state.db.read, actor.scope()).await?)
+}
+
+pub async fn create(state: &AppState, actor: &Actor, t: NewTeam) -> Result<TeamRow, AdminError> {
+    if actor.role == Role::Lead {
+        return Err(AdminError::Forbidden(
+            "Only an admin can create teams.".into(),
+        ));
+    }
+    actor.require_admin()?;
+    let name = t.name.unwrap_or_default();
+    view::check_name("name", &name)?;
+    let reset = parse_reset(t.reset.as_deref(), Reset::Monthly)?;
+    let budget = NewBudget {
+        limit_micros: view::opt_usd("budget_usd", t.budget_usd.as_deref())?,
+        reset,
+    };
+    let now = state.clock.now();
+    let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let id = tenants::create_team(&mut tx, &name, &budget, now).await?;
+    let after = json!({"name": name, "limit_micros": budget.limit_micros, "reset": reset.as_str()})
+        .to_string();
+    actor
+        .audit(
+            &mut tx,
+            "team.create",
+            &format!("team:{id}"),
+            None,
+            Some(&after),
+            now,
+        )
+        .await?;
+    let row = directory::team(&mut tx, id)
+        .await?
+        .ok_or(AdminError::NotFound)?;
+    tx.commit().await?;
+    Ok(row)
+}
+
+/// A team's budget: only admins; spend is kept (the new remaining is the new limit minus
+/// this period's ledger sum).
+pub async fn set_budget(
+    state: &AppState,
+    actor: &Actor,
+    id: i64,
+    b: TeamBudget,
+) -> Result<TeamRow, AdminError> {
+    actor.see_team(id)?;
+    if actor.role == Role::Lead {
+        return Err(AdminError::Forbidden(
+            "Only an admin can change a team's budget.".into(),
+        ));
+    }
+    actor.require_admin()?;
+    let limit = view::opt_usd("budget_usd", b.budget_usd.as_deref())?;
+    let now = state.clock.now();
+    let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let before = directory::team(&mut tx, id)
+        .await?
+        .ok_or(AdminError::NotFound)?;
+    let reset = Reset::parse(&before.reset).unwrap_or(Reset::Monthly);
+    ledger::set_limit(&mut tx, Level::Team, id, reset, limit, now).await?;
+    tokens::bump_epoch(&mut tx).await?;
+    let (b, a) = (
+        json!({"limit_micros": before.limit_micros}).to_string(),
+        json!({"limit_micros": limit}).to_string(),
+    );
+    actor
+        .audit(
+            &mut tx,
+            "budget.set_limit",
+            &format!("team:{id}"),
+            Some(&b),
+            Some(&a),
+            now,
+        )
+        .await?;
+    let row = directory::team(&mut tx, id)
+        .await?
+        .ok_or(AdminError::NotFound)?;
+    tx.commit().await?;
+    Ok(row)
+}
+
+pub fn parse_reset(s: Option<&str>, default: Reset) -> Result<Reset, AdminError> {
+    match s {
+        None => Ok(default),
+        Some(r) => Reset::parse(r).ok_or_else(|| {
+            AdminError::invalid(format!("reset: daily, weekly, monthly or never, not `{r}`"))
+        }),
+    }
+}
+
+// ---- HTML ----
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.route("/teams", web::get().to(page))
+        .route("/teams", web::post().to(create_html))
+        .route("/teams/{id}/budget", web::post().to(budget_html));
+}
+
+#[derive(Template)]
+#[template(path = "admin/teams.html")]
+struct TeamsPage {
+    c: Chrome,
+    teams: Vec<TeamRow>,
+}
+
+#[derive(Template)]
+#[template(path = "admin/_teams_table.html")]
+struct TeamsTable {
+    c: Chrome,
+    teams: Vec<TeamRow>,
+}
+
+pub async fn page(actor: Actor, state: web::Data<AppState>) -> Result<HttpResponse, AdminError> {
+    let teams = list(&state, &actor).await?;
+    view::html(&TeamsPage {
+        c: Chrome::new(&actor, "teams"),
+        teams,
+    })
+}
+
+async fn table(state: &AppState, actor: &Actor, msg: &str) -> Result<HttpResponse, AdminError> {
+    let teams = list(state, actor).await?;
+    view::html_with_flash(
+        &TeamsTable {
+            c: Chrome::new(actor, "teams"),
+            teams,
+        },
+        msg,
+    )
+}
+
+async fn create_html(
+    actor: Actor,
+    state: web::Data<AppState>,
+    Input(t): Input<NewTeam>,
+) -> Result<HttpResponse, AdminError> {
+    let row = create(&state, &actor, t).await?;
+    table(&state, &actor, &format!("Team {} created.", row.name)).await
+}
+
+async fn budget_html(
+    actor: Actor,
+    state: web::Data<AppState>,
+    id: web::Path<i64>,
+    Input(b): Input<TeamBudget>,
+) -> Result<HttpResponse, AdminError> {
+    let row = set_budget(&state, &actor, id.into_inner(), b).await?;
+    table(&state, &actor, &format!("Budget of {} updated.", row.name)).await
+}
+
+/// A lead may only hand out budget inside their team's: with a team limit, a budget they set
+/// may not be larger than it, and a token (`required`) must have one — it cannot be broader
+/// than its team. Admins are not held to it (the team level of the quota CAS still caps the
+/// team's spend either way).
+pub fn check_within_team(
+    actor: &Actor,
+    team: &TeamRow,
+    limit: Option<i64>,
+    required: bool,
+) -> Result<(), AdminError> {
+    if actor.role != Role::Lead {
+        return Ok(());
+    }
+    match (team.limit_micros, limit) {
+        (Some(t), None) if required => Err(AdminError::Forbidden(format!(
+            "A budget is required, at most the team's {}.",
+            crate::quota::pricing::usd(t)
+        ))),
+        (Some(t), Some(l)) if l > t => Err(AdminError::Forbidden(format!(
+            "That is more than the team's budget of {} USD.",
+            crate::quota::pricing::usd(t)
+        ))),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,162 @@
+//! Upstream keys and their live state on this replica: enabled, disabled (and why), cooling
+//! down until when, requests in flight. Keys are shown masked (last 4 characters) and never
+//! returned whole. Admins may disable and re-enable a key; the state is this process's
+//! (each replica keeps its own pool state, as the request path does).
+
+use actix_web::{web, HttpResponse};
+use askama::Template;
+use chrono::{TimeZone, Utc};
+use serde::Serialize;
+use serde_json::json;
+
+use super::actor::Actor;
+use super::error::AdminError;
+use super::view::{self, Chrome};
+use crate::state::AppState;
+use crate::upstream::pool::Disabled;
+
+#[derive(Debug, Serialize)]
+pub struct UpstreamView {
+    pub id: String,
+    pub provider: String,
+    pub base_url: String,
+    pub key: String,
+    pub enabled: bool,
+    pub disabled_reason: Option<String>,
+    pub cooling_until: Option<String>,
+    pub in_flight: u32,
+}
+
+pub fn list(state: &AppState, actor: &Actor) -> Result<Vec<UpstreamView>, AdminError> {
+    actor.require_admin()?;
+    let now_ms = state.clock.now().timestamp_millis();
+    Ok(state
+        .catalog
+        .deployments
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let reason = state.pool.disabled(i);
+            let until = state.pool.cooling_until_ms(i);
+            UpstreamView {
+                id: d.id.clone(),
+                provider: format!("{:?}", d.provider).to_lowercase(),
+                base_url: d.base_url.clone(),
+                key: d.api_key.masked(),
+                enabled: reason.is_none(),
+                disabled_reason: reason.map(|r| r.as_str().to_string()),
+                cooling_until: (until > now_ms)
+                    .then(|| {
+                        Utc.timestamp_millis_opt(until)
+                            .single()
+                            .map(crate::clock::db_time)
+                    })
+                    .flatten(),
+                in_flight: state.pool.in_flight(i),
+            }
+        })
+        .collect())
+}
+
+/// Enables or disables one key, with an audit row (before → after).
+pub async fn set_enabled(
+    state: &AppState,
+    actor: &Actor,
+    id: &str,
+    enable: bool,
+) -> Result<UpstreamView, AdminError> {
+    actor.require_admin()?;
+    let d = state
+        .catalog
+        .deployments
+        .iter()
+        .position(|d| d.id == id)
+        .ok_or(AdminError::NotFound)?;
+    let before = state
+        .pool
+        .disabled(d)
+        .map(|r| r.as_str())
+        .unwrap_or("enabled");
+    if enable {
+        state.pool.enable(d);
+    } else {
+        state.pool.disable(d, Disabled::Admin);
+    }
+    let after = if enable {
+        "enabled"
+    } else {
+        Disabled::Admin.as_str()
+    };
+    let now = state.clock.now();
+    let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let action = if enable {
+        "upstream.enable"
+    } else {
+        "upstream.disable"
+    };
+    let (b, a) = (
+        json!({"state": before}).to_string(),
+        json!({"state": after}).to_string(),
+    );
+    actor
+        .audit(
+            &mut tx,
+            action,
+            &format!("upstream:{id}"),
+            Some(&b),
+            Some(&a),
+            now,
+        )
+        .await?;
+    tx.commit().await?;
+    list(state, actor)?
+        .into_iter()
+        .find(|u| u.id == id)
+        .ok_or(AdminError::NotFound)
+}
+
+#[derive(Template)]
+#[template(path = "admin/upstreams.html")]
+struct UpstreamsPage {
+    c: Chrome,
+    ups: Vec<UpstreamView>,
+}
+
+#[derive(Template)]
+#[template(path = "admin/_upstreams_table.html")]
+struct UpstreamsTable {
+    ups: Vec<UpstreamView>,
+}
+
+pub async fn page(actor: Actor, state: web::Data<AppState>) -> Result<HttpResponse, AdminError> {
+    let ups = list(&state, &actor)?;
+    view::html(&UpstreamsPage {
+        c: Chrome::new(&actor, "upstreams"),
+        ups,
+    })
+}
+
+pub async fn toggle(
+    actor: Actor,
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, AdminError> {
+    let (id, action) = path.into_inner();
+    let enable = match action.as_str() {
+        "enable" => true,
+        "disable" => false,
+        _ => return Err(AdminError::NotFound),
+    };
+    let u = set_enabled(&state, &actor, &id, enable).await?;
+    let msg = format!(
+        "Upstream {} {}.",
+        u.id,
+        if enable { "enabled" } else { "disabled" }
+    );
+    view::html_with_flash(
+        &UpstreamsTable {
+            ups: list(&state, &actor)?,
+        },
+        &msg,
+    )
+}

@@ -1,0 +1,282 @@
+//! What finance and the dashboard read: spend aggregates from the request log (whose
+//! `cost_micros` is what a request really cost, absorbed amounts included, so every cent is
+//! counted), the filtered request log, and the audit log. All reads; `scope` = `Some(team)`
+//! restricts every query to one team.
+
+use serde::Serialize;
+use sqlx::{FromRow, QueryBuilder, Sqlite, SqlitePool};
+
+use super::Result;
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Totals {
+    pub spend_micros: i64,
+    pub requests: i64,
+    pub errors: i64,
+}
+
+/// Spend, request count and non-2xx count since `from` (a database time string).
+pub async fn totals(pool: &SqlitePool, scope: Option<i64>, from: &str) -> Result<Totals> {
+    let (spend, requests, errors): (i64, i64, i64) = sqlx::query_as(
+        "SELECT COALESCE(SUM(cost_micros), 0), COUNT(*), COALESCE(SUM(status NOT BETWEEN 200 AND 299), 0)
+         FROM requests WHERE created_at >= ?1 AND (?2 IS NULL OR team_id = ?2)",
+    )
+    .bind(from)
+    .bind(scope)
+    .fetch_one(pool)
+    .await?;
+    Ok(Totals {
+        spend_micros: spend,
+        requests,
+        errors,
+    })
+}
+
+/// The report dimensions finance can group spend by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GroupBy {
+    Token,
+    User,
+    Team,
+    Model,
+    Day,
+}
+
+impl GroupBy {
+    pub const ALL: [GroupBy; 5] = [
+        GroupBy::Token,
+        GroupBy::User,
+        GroupBy::Team,
+        GroupBy::Model,
+        GroupBy::Day,
+    ];
+    pub fn parse(s: &str) -> Option<GroupBy> {
+        GroupBy::ALL.into_iter().find(|g| g.as_str() == s)
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupBy::Token => "token",
+            GroupBy::User => "user",
+            GroupBy::Team => "team",
+            GroupBy::Model => "model",
+            GroupBy::Day => "day",
+        }
+    }
+    /// (label expression, grouping expression, joins) for the spend query.
+    fn sql(self) -> (&'static str, &'static str) {
+        match self {
+            GroupBy::Token => (
+                "COALESCE('sk-sl-' || t.prefix || '… (' || u.username || ')', 'no token')",
+                "r.token_id",
+            ),
+            GroupBy::User => ("COALESCE(u.username, 'no user')", "r.user_id"),
+            GroupBy::Team => ("COALESCE(tm.name, 'no team')", "r.team_id"),
+            GroupBy::Model => (
+                "CASE WHEN r.served_model <> '' THEN r.served_model ELSE r.model END",
+                "CASE WHEN r.served_model <> '' THEN r.served_model ELSE r.model END",
+            ),
+            GroupBy::Day => ("substr(r.created_at, 1, 10)", "substr(r.created_at, 1, 10)"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, FromRow)]
+pub struct SpendRow {
+    pub label: String,
+    pub requests: i64,
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    pub spend_micros: i64,
+}
+
+/// Spend in `[from, to)` grouped by `by`; days in date order, everything else dearest first.
+/// Requests that never authenticated (no token) cost nothing and belong to nobody: left out.
+pub async fn spend(
+    pool: &SqlitePool,
+    scope: Option<i64>,
+    by: GroupBy,
+    from: &str,
+    to: &str,
+) -> Result<Vec<SpendRow>> {
+    let (label, group) = by.sql();
+    let order = if by == GroupBy::Day {
+        "label"
+    } else {
+        "spend_micros DESC, label"
+    };
+    let sql = format!(
+        "SELECT {label} AS label, COUNT(*) AS requests, COALESCE(SUM(r.input_tokens), 0) AS input_tokens,
+                COALESCE(SUM(r.output_tokens), 0) AS output_tokens, COALESCE(SUM(r.cost_micros), 0) AS spend_micros
+         FROM requests r LEFT JOIN tokens t ON t.id = r.token_id LEFT JOIN users u ON u.id = r.user_id
+              LEFT JOIN teams tm ON tm.id = r.team_id
+         WHERE r.created_at >= ?1 AND r.created_at < ?2 AND (?3 IS NULL OR r.team_id = ?3) AND r.token_id IS NOT NULL
+         GROUP BY {group} ORDER BY {order} LIMIT 5000"
+    );
+    Ok(sqlx::query_as(&sql)
+        .bind(from)
+        .bind(to)
+        .bind(scope)
+        .fetch_all(pool)
+        .await?)
+}
+
+#[derive(Debug, Clone, Serialize, FromRow)]
+pub struct TopToken {
+    pub token_id: i64,
+    pub prefix: String,
+    pub user: String,
+    pub spend_micros: i64,
+    pub requests: i64,
+}
+
+pub async fn top_tokens(
+    pool: &SqlitePool,
+    scope: Option<i64>,
+    from: &str,
+    n: i64,
+) -> Result<Vec<TopToken>> {
+    Ok(sqlx::query_as(
+        "SELECT r.token_id, t.prefix, u.username AS user, SUM(r.cost_micros) AS spend_micros, COUNT(*) AS requests
+         FROM requests r JOIN tokens t ON t.id = r.token_id JOIN users u ON u.id = t.user_id
+         WHERE r.created_at >= ?1 AND (?2 IS NULL OR r.team_id = ?2)
+         GROUP BY r.token_id ORDER BY spend_micros DESC, r.token_id LIMIT ?3",
+    )
+    .bind(from)
+    .bind(scope)
+    .bind(n)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Request-log filters; every field is optional. Dates are database time strings.
+#[derive(Debug, Clone, Default)]
+pub struct RequestFilter {
+    pub team_id: Option<i64>,
+    pub user_id: Option<i64>,
+    pub token_id: Option<i64>,
+    pub model: Option<String>,
+    /// An exact status (`429`) or a class (`4` for 4xx).
+    pub status: Option<(i64, bool)>,
+    pub from: Option<String>,
+    pub to: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, FromRow)]
+pub struct RequestLine {
+    pub id: String,
+    pub created_at: String,
+    pub team: Option<String>,
+    pub user: Option<String>,
+    pub token_id: Option<i64>,
+    pub prefix: Option<String>,
+    pub endpoint: String,
+    pub model: String,
+    pub served_model: String,
+    pub status: i64,
+    pub error_code: Option<String>,
+    pub stream: bool,
+    pub attempts: i64,
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    pub cost_micros: i64,
+    pub latency_ms: i64,
+    pub cache: String,
+}
+
+/// One page of the request log, newest first; `limit + 1` rows are read so the caller can
+/// tell whether an older page exists.
+pub async fn requests(
+    pool: &SqlitePool,
+    f: &RequestFilter,
+    limit: i64,
+    offset: i64,
+) -> Result<Vec<RequestLine>> {
+    let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
+        "SELECT r.id, r.created_at, tm.name AS team, u.username AS user, r.token_id, t.prefix, r.endpoint, r.model,
+                r.served_model, r.status, r.error_code, r.stream, r.attempts, r.input_tokens, r.output_tokens,
+                r.cost_micros, r.latency_ms, r.cache
+         FROM requests r LEFT JOIN tokens t ON t.id = r.token_id LEFT JOIN users u ON u.id = r.user_id
+              LEFT JOIN teams tm ON tm.id = r.team_id WHERE 1 = 1",
+    );
+    if let Some(v) = f.team_id {
+        q.push(" AND r.team_id = ").push_bind(v);
+    }
+    if let Some(v) = f.user_id {
+        q.push(" AND r.user_id = ").push_bind(v);
+    }
+    if let Some(v) = f.token_id {
+        q.push(" AND r.token_id = ").push_bind(v);
+    }
+    if let Some(v) = &f.model {
+        q.push(" AND (r.model = ")
+            .push_bind(v.clone())
+            .push(" OR r.served_model = ")
+            .push_bind(v.clone())
+            .push(")");
+    }
+    match f.status {
+        Some((code, false)) => {
+            q.push(" AND r.status = ").push_bind(code);
+        }
+        Some((class, true)) => {
+            q.push(" AND r.status / 100 = ").push_bind(class);
+        }
+        None => {}
+    }
+    if let Some(v) = &f.from {
+        q.push(" AND r.created_at >= ").push_bind(v.clone());
+    }
+    if let Some(v) = &f.to {
+        q.push(" AND r.created_at < ").push_bind(v.clone());
+    }
+    q.push(" ORDER BY r.created_at DESC, r.id DESC LIMIT ")
+        .push_bind(limit + 1)
+        .push(" OFFSET ")
+        .push_bind(offset);
+    Ok(q.build_query_as().fetch_all(pool).await?)
+}
+
+#[derive(Debug, Clone, Serialize, FromRow)]
+pub struct AuditLine {
+    pub id: i64,
+    pub actor: String,
+    pub address: String,
+    pub action: String,
+    pub target: String,
+    pub before: Option<String>,
+    pub after: Option<String>,
+    pub created_at: String,
+}
+
+/// One page of the audit log, newest first (`limit + 1` rows, as `requests`).
+pub async fn audit(
+    pool: &SqlitePool,
+    action: Option<&str>,
+    actor: Option<&str>,
+    limit: i64,
+    offset: i64,
+) -> Result<Vec<AuditLine>> {
+    let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
+        "SELECT id, actor, address, action, target, before, after, created_at FROM audit_log WHERE 1 = 1",
+    );
+    if let Some(a) = action {
+        // A prefix match on the action (`token.` finds every token action); LIKE's own
+        // wildcards in the input are escaped.
+        let escaped = a
+            .replace('\\', "\\\\")
+            .replace('%', "\\%")
+            .replace('_', "\\_");
+        q.push(" AND action LIKE ")
+            .push_bind(format!("{escaped}%"))
+            .push(" ESCAPE '\\'");
+    }
+    if let Some(a) = actor {
+        q.push(" AND actor = ").push_bind(a.to_string());
+    }
+    q.push(" ORDER BY id DESC LIMIT ")
+        .push_bind(limit + 1)
+        .push(" OFFSET ")
+        .push_bind(offset);
+    Ok(q.build_query_as().fetch_all(pool).await?)
+}

@@ -1,0 +1,248 @@
+//! Admin sessions, admin API keys and the failed-login record that throttles guessing.
+//! Sessions and keys are found by the SHA-256 of their secret; the secret is never stored.
+
+use chrono::{DateTime, Duration, Utc};
+use sqlx::{FromRow, SqliteConnection, SqlitePool};
+
+use super::Result;
+use crate::clock::db_time;
+
+/// Who is behind a session or an API key.
+#[derive(Debug, Clone, FromRow)]
+pub struct AdminRow {
+    pub id: i64,
+    pub username: String,
+    pub role: String,
+    pub team_id: Option<i64>,
+    pub password_hash: String,
+    pub disabled: bool,
+}
+
+const ADMIN_COLS: &str = "a.id, a.username, a.role, a.team_id, a.password_hash, a.disabled";
+
+pub async fn admin_by_name(pool: &SqlitePool, username: &str) -> Result<Option<AdminRow>> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {ADMIN_COLS} FROM admins a WHERE a.username = ?"
+    ))
+    .bind(username)
+    .fetch_optional(pool)
+    .await?)
+}
+
+pub async fn admin_by_id(pool: &SqlitePool, id: i64) -> Result<Option<AdminRow>> {
+    Ok(
+        sqlx::query_as(&format!("SELECT {ADMIN_COLS} FROM admins a WHERE a.id = ?"))
+            .bind(id)
+            .fetch_optional(pool)
+            .await?,
+    )
+}
+
+pub async fn set_password_hash(conn: &mut SqliteConnection, id: i64, hash: &str) -> Result<()> {
+    sqlx::query("UPDATE admins SET password_hash = ? WHERE id = ?")
+        .bind(hash)
+        .bind(id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+pub async fn create_session(
+    conn: &mut SqliteConnection,
+    id_hash: &str,
+    admin_id: i64,
+    address: &str,
+    now: DateTime<Utc>,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO admin_sessions (id_hash, admin_id, address, created_at, last_seen_at) VALUES (?, ?, ?, ?, ?)",
+    )
+    .bind(id_hash)
+    .bind(admin_id)
+    .bind(address)
+    .bind(db_time(now))
+    .bind(db_time(now))
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// A live session: its owner (not disabled) and when it started and was last seen.
+pub struct SessionRow {
+    pub admin: AdminRow,
+    pub created_at: String,
+    pub last_seen_at: String,
+}
+
+pub async fn find_session(pool: &SqlitePool, id_hash: &str) -> Result<Option<SessionRow>> {
+    let row: Option<(i64, String, String)> = sqlx::query_as(
+        "SELECT admin_id, created_at, last_seen_at FROM admin_sessions WHERE id_hash = ?",
+    )
+    .bind(id_hash)
+    .fetch_optional(pool)
+    .await?;
+    let Some((admin_id, created_at, last_seen_at)) = row else {
+        return Ok(None);
+    };
+    Ok(admin_by_id(pool, admin_id).await?.map(|admin| SessionRow {
+        admin,
+        created_at,
+        last_seen_at,
+    }))
+}
+
+pub async fn touch_session(pool: &SqlitePool, id_hash: &str, now: DateTime<Utc>) -> Result<()> {
+    sqlx::query("UPDATE admin_sessions SET last_seen_at = ? WHERE id_hash = ?")
+        .bind(db_time(now))
+        .bind(id_hash)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+pub async fn delete_session(conn: &mut SqliteConnection, id_hash: &str) -> Result<bool> {
+    Ok(sqlx::query("DELETE FROM admin_sessions WHERE id_hash = ?")
+        .bind(id_hash)
+        .execute(conn)
+        .await?
+        .rows_affected()
+        > 0)
+}
+
+/// Ends every session of an admin except `keep` (password change, disabling, role change).
+pub async fn delete_sessions_of(
+    conn: &mut SqliteConnection,
+    admin_id: i64,
+    keep: Option<&str>,
+) -> Result<u64> {
+    Ok(
+        sqlx::query("DELETE FROM admin_sessions WHERE admin_id = ? AND id_hash <> ?")
+            .bind(admin_id)
+            .bind(keep.unwrap_or(""))
+            .execute(conn)
+            .await?
+            .rows_affected(),
+    )
+}
+
+/// Drops sessions that can no longer be used (idle or too old).
+pub async fn prune_sessions(
+    conn: &mut SqliteConnection,
+    idle_before: DateTime<Utc>,
+    created_before: DateTime<Utc>,
+) -> Result<()> {
+    sqlx::query("DELETE FROM admin_sessions WHERE last_seen_at < ? OR created_at < ?")
+        .bind(db_time(idle_before))
+        .bind(db_time(created_before))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+pub async fn record_failure(
+    conn: &mut SqliteConnection,
+    key: &str,
+    now: DateTime<Utc>,
+) -> Result<()> {
+    sqlx::query("INSERT INTO login_failures (key, at) VALUES (?, ?)")
+        .bind(key)
+        .bind(db_time(now))
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query("DELETE FROM login_failures WHERE at < ?")
+        .bind(db_time(now - Duration::days(1)))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+pub async fn clear_failures(conn: &mut SqliteConnection, key: &str) -> Result<()> {
+    sqlx::query("DELETE FROM login_failures WHERE key = ?")
+        .bind(key)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// The times of `key`'s failures since `since`, newest first.
+pub async fn failures_since(
+    pool: &SqlitePool,
+    key: &str,
+    since: DateTime<Utc>,
+) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT at FROM login_failures WHERE key = ? AND at >= ? ORDER BY at DESC LIMIT 1000",
+    )
+    .bind(key)
+    .bind(db_time(since))
+    .fetch_all(pool)
+    .await?)
+}
+
+#[derive(Debug, Clone, FromRow, serde::Serialize)]
+pub struct ApiKeyRow {
+    pub id: i64,
+    pub prefix: String,
+    pub name: String,
+    pub created_at: String,
+    pub revoked_at: Option<String>,
+}
+
+pub async fn create_api_key(
+    conn: &mut SqliteConnection,
+    admin_id: i64,
+    hash: &[u8],
+    prefix: &str,
+    name: &str,
+    now: DateTime<Utc>,
+) -> Result<i64> {
+    Ok(sqlx::query_scalar(
+        "INSERT INTO admin_api_keys (admin_id, key_hash, prefix, name, created_at) VALUES (?, ?, ?, ?, ?) RETURNING id",
+    )
+    .bind(admin_id)
+    .bind(hash)
+    .bind(prefix)
+    .bind(name)
+    .bind(db_time(now))
+    .fetch_one(conn)
+    .await?)
+}
+
+pub async fn api_keys_of(pool: &SqlitePool, admin_id: i64) -> Result<Vec<ApiKeyRow>> {
+    Ok(sqlx::query_as(
+        "SELECT id, prefix, name, created_at, revoked_at FROM admin_api_keys WHERE admin_id = ? ORDER BY id DESC",
+    )
+    .bind(admin_id)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Revokes one of `admin_id`'s keys; `false` when there is no such live key of theirs.
+pub async fn revoke_api_key(
+    conn: &mut SqliteConnection,
+    admin_id: i64,
+    id: i64,
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    Ok(sqlx::query(
+        "UPDATE admin_api_keys SET revoked_at = ? WHERE id = ? AND admin_id = ? AND revoked_at IS NULL",
+    )
+    .bind(db_time(now))
+    .bind(id)
+    .bind(admin_id)
+    .execute(conn)
+    .await?
+    .rows_affected()
+        == 1)
+}
+
+/// The owner of a live API key, by the key's hash.
+pub async fn admin_by_api_key(pool: &SqlitePool, hash: &[u8]) -> Result<Option<AdminRow>> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {ADMIN_COLS} FROM admin_api_keys k JOIN admins a ON a.id = k.admin_id
+         WHERE k.key_hash = ? AND k.revoked_at IS NULL"
+    ))
+    .bind(hash)
+    .fetch_optional(pool)
+    .await?)
+}

@@ -1,0 +1,129 @@
+//! Sub-tokens as the admin surface lists and edits them. Budgets are not edited here
+//! (that is `ledger::set_limit` / `top_up`); every edit bumps the token epoch so each
+//! replica's auth cache drops the stale row within a second.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::{FromRow, SqliteConnection, SqlitePool};
+
+use super::tokens::bump_epoch;
+use super::{Result, StoreError};
+use crate::clock::db_time;
+
+#[derive(Debug, Clone, Serialize, FromRow)]
+pub struct TokenRow {
+    pub id: i64,
+    pub prefix: String,
+    pub name: String,
+    pub user_id: i64,
+    pub user: String,
+    pub team_id: i64,
+    pub team: String,
+    pub limit_micros: Option<i64>,
+    pub remaining_micros: Option<i64>,
+    pub reserved_micros: i64,
+    pub spent_micros: i64,
+    pub reset: String,
+    pub period: String,
+    pub rpm: Option<i64>,
+    pub tpm: Option<i64>,
+    #[serde(skip)]
+    pub models_json: Option<String>,
+    pub max_priority: i64,
+    pub downgrade_model: Option<String>,
+    pub expires_at: Option<String>,
+    pub revoked_at: Option<String>,
+    pub last_used_at: Option<String>,
+    pub created_at: String,
+}
+
+impl TokenRow {
+    pub fn models(&self) -> Option<Vec<String>> {
+        self.models_json
+            .as_deref()
+            .and_then(|m| serde_json::from_str(m).ok())
+    }
+}
+
+const SELECT: &str = "SELECT t.id, t.prefix, t.name, t.user_id, u.username AS user, u.team_id, tm.name AS team,
+        t.limit_micros, t.remaining_micros, t.reserved_micros, t.reset, t.period, t.rpm, t.tpm, t.models AS models_json,
+        t.max_priority, t.downgrade_model, t.expires_at, t.revoked_at, t.last_used_at, t.created_at,
+        COALESCE((SELECT SUM(l.amount_micros) FROM ledger l WHERE l.token_id = t.id AND l.period = t.period
+                  AND l.kind IN ('reserve', 'settle', 'adjust')), 0) - t.reserved_micros AS spent_micros
+     FROM tokens t JOIN users u ON u.id = t.user_id JOIN teams tm ON tm.id = u.team_id";
+
+/// Tokens in scope, live ones first, newest first.
+pub async fn list(pool: &SqlitePool, scope: Option<i64>) -> Result<Vec<TokenRow>> {
+    Ok(sqlx::query_as(&format!(
+        "{SELECT} WHERE (?1 IS NULL OR u.team_id = ?1) ORDER BY t.revoked_at IS NOT NULL, t.id DESC LIMIT 1000"
+    ))
+    .bind(scope)
+    .fetch_all(pool)
+    .await?)
+}
+
+pub async fn get(conn: &mut SqliteConnection, id: i64) -> Result<Option<TokenRow>> {
+    Ok(sqlx::query_as(&format!("{SELECT} WHERE t.id = ?"))
+        .bind(id)
+        .fetch_optional(conn)
+        .await?)
+}
+
+/// Everything but the budget that an admin may change on a live token.
+#[derive(Debug, Clone, Serialize)]
+pub struct Limits {
+    pub rpm: Option<i64>,
+    pub tpm: Option<i64>,
+    pub models: Option<Vec<String>>,
+    pub max_priority: i64,
+    pub downgrade_model: Option<String>,
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+pub async fn set_limits(conn: &mut SqliteConnection, id: i64, l: &Limits) -> Result<()> {
+    let models = match &l.models {
+        Some(m) => Some(serde_json::to_string(m).map_err(|e| StoreError::Conflict(e.to_string()))?),
+        None => None,
+    };
+    let done = sqlx::query(
+        "UPDATE tokens SET rpm = ?, tpm = ?, models = ?, max_priority = ?, downgrade_model = ?, expires_at = ?
+         WHERE id = ? AND revoked_at IS NULL",
+    )
+    .bind(l.rpm)
+    .bind(l.tpm)
+    .bind(models)
+    .bind(l.max_priority)
+    .bind(&l.downgrade_model)
+    .bind(l.expires_at.map(db_time))
+    .bind(id)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if done == 0 {
+        return Err(StoreError::NotFound(format!("live token {id}")));
+    }
+    bump_epoch(conn).await
+}
+
+/// Shortens a token's life to `at` (never lengthens it): the old half of a rotation.
+pub async fn expire_at(conn: &mut SqliteConnection, id: i64, at: DateTime<Utc>) -> Result<()> {
+    let at = db_time(at);
+    sqlx::query(
+        "UPDATE tokens SET expires_at = CASE WHEN expires_at IS NULL OR expires_at > ?1 THEN ?1 ELSE expires_at END
+         WHERE id = ?2",
+    )
+    .bind(&at)
+    .bind(id)
+    .execute(&mut *conn)
+    .await?;
+    bump_epoch(conn).await
+}
+
+pub async fn set_name(conn: &mut SqliteConnection, id: i64, name: &str) -> Result<()> {
+    sqlx::query("UPDATE tokens SET name = ? WHERE id = ?")
+        .bind(name)
+        .bind(id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,907 @@
+//! Who may do what: a lead inside their team only (another team's ids answer 404), within
+//! its budget, never a role; finance reads and changes nothing; every action one audit row.
+
+use reqwest::Method;
+use serde_json::{json, Value};
+
+use crate::admin_helpers::*;
+use crate::helpers::*;
+
+struct World {
+    app: TestApp,
+    admin: Session,
+    red_member: i64,
+    blue_member: i64,
+    red_token: i64,
+    blue_token: i64,
+    blue_token_text: String,
+}
+
+async fn world() -> World {
+    let app = spawn_app().await;
+    make_login(&app, "root", "admin", None).await;
+    let admin = login(&app, "root").await;
+    let (s, red) = admin
+        .post(
+            "/admin/api/v1/teams",
+            &json!({"name": "red", "budget_usd": "10"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{red}");
+    let (s, blue) = admin
+        .post("/admin/api/v1/teams", &json!({"name": "blue"}))
+        .await;
+    assert_eq!(s, 201);
+    let (s, rm) = admin
+        .post(
+            "/admin/api/v1/users",
+            &json!({"username": "rosa", "team_id": red["id"]}),
+        )
+        .await;
+    assert_eq!(s, 201, "{rm}");
+    let (_, bm) = admin
+        .post(
+            "/admin/api/v1/users",
+            &json!({"username": "bert", "team_id": blue["id"]}),
+        )
+        .await;
+    let (s, _) = admin.post("/admin/api/v1/users", &json!({"username": "lena", "role": "lead", "team_id": red["id"], "password": PASSWORD})).await;
+    assert_eq!(s, 201);
+    let (s, _) = admin
+        .post(
+            "/admin/api/v1/users",
+            &json!({"username": "fin", "role": "finance", "password": PASSWORD}),
+        )
+        .await;
+    assert_eq!(s, 201);
+    let (s, rt) = admin
+        .post(
+            "/admin/api/v1/tokens",
+            &json!({"user_id": rm["id"], "budget_usd": "2"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{rt}");
+    let (_, bt) = admin
+        .post(
+            "/admin/api/v1/tokens",
+            &json!({"user_id": bm["id"], "budget_usd": "2"}),
+        )
+        .await;
+    World {
+        red_member: rm["id"].as_i64().unwrap(),
+        blue_member: bm["id"].as_i64().unwrap(),
+        red_token: rt["id"].as_i64().unwrap(),
+        blue_token: bt["id"].as_i64().unwrap(),
+        blue_token_text: bt["token"].as_str().unwrap().to_string(),
+        app,
+        admin,
+    }
+}
+
+fn names(v: &Value, list: &str, field: &str) -> Vec<String> {
+    v[list]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x[field].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_lead_sees_and_changes_only_their_own_team() {
+    let w = world().await;
+    let lead = login(&w.app, "lena").await;
+    let (_, teams) = lead.get_json("/admin/api/v1/teams").await;
+    assert_eq!(names(&teams, "teams", "name"), ["red"]);
+    let (_, users) = lead.get_json("/admin/api/v1/users").await;
+    assert_eq!(names(&users, "members", "username"), ["rosa"]);
+    assert_eq!(names(&users, "logins", "username"), ["lena"]);
+    let (_, tokens) = lead.get_json("/admin/api/v1/tokens").await;
+    assert_eq!(names(&tokens, "tokens", "user"), ["rosa"]);
+    let tokens_page = lead.get("/admin/tokens").await.text().await.unwrap();
+    assert!(
+        !tokens_page.contains("bert"),
+        "the page shows nothing of blue"
+    );
+
+    // Another team's ids answer 404, whatever the operation.
+    let (b, bt, bu) = (2, w.blue_token, w.blue_member);
+    let cases: Vec<(Method, String, Value)> = vec![
+        (
+            Method::PATCH,
+            format!("/admin/api/v1/users/{bu}"),
+            json!({"disabled": true}),
+        ),
+        (
+            Method::POST,
+            format!("/admin/api/v1/tokens/{bt}/revoke"),
+            json!({}),
+        ),
+        (
+            Method::POST,
+            format!("/admin/api/v1/tokens/{bt}/rotate"),
+            json!({}),
+        ),
+        (
+            Method::PATCH,
+            format!("/admin/api/v1/tokens/{bt}"),
+            json!({"rpm": 5}),
+        ),
+        (
+            Method::POST,
+            format!("/admin/api/v1/tokens/{bt}/top-up"),
+            json!({"amount_usd": "1"}),
+        ),
+        (
+            Method::POST,
+            "/admin/api/v1/tokens".into(),
+            json!({"user_id": bu, "budget_usd": "1"}),
+        ),
+        (
+            Method::POST,
+            "/admin/api/v1/users".into(),
+            json!({"username": "sneaky", "team_id": b}),
+        ),
+        (
+            Method::PATCH,
+            format!("/admin/api/v1/teams/{b}"),
+            json!({"budget_usd": "99"}),
+        ),
+        (
+            Method::POST,
+            format!("/admin/tokens/{bt}/revoke"),
+            json!({}),
+        ),
+    ];
+    let before = state_counts(&w.app).await;
+    for (m, path, body) in cases {
+        let (status, _) = lead.send(m.clone(), &path, &body).await;
+        assert_eq!(status, 404, "{m} {path}");
+    }
+    for path in [
+        "/admin/api/v1/requests?team=2",
+        "/admin/api/v1/users?team=2",
+        "/admin/api/v1/audit",
+        "/admin/api/v1/upstreams",
+        "/admin/audit",
+        "/admin/upstreams",
+    ] {
+        assert_eq!(lead.get(path).await.status(), 404, "{path}");
+    }
+    assert_eq!(
+        state_counts(&w.app).await,
+        before,
+        "nothing of blue changed"
+    );
+
+    // Inside the team: within its 10 USD budget, no CRITICAL, no roles, no team budget.
+    let rm = w.red_member;
+    assert_eq!(
+        lead.post(
+            "/admin/api/v1/tokens",
+            &json!({"user_id": rm, "budget_usd": "20"})
+        )
+        .await
+        .0,
+        403
+    );
+    assert_eq!(
+        lead.post("/admin/api/v1/tokens", &json!({"user_id": rm}))
+            .await
+            .0,
+        403,
+        "an unlimited token in a limited team"
+    );
+    assert_eq!(
+        lead.post(
+            "/admin/api/v1/tokens",
+            &json!({"user_id": rm, "budget_usd": "1", "max_priority": 1})
+        )
+        .await
+        .0,
+        403
+    );
+    let (s, t) = lead
+        .post(
+            "/admin/api/v1/tokens",
+            &json!({"user_id": rm, "budget_usd": "5", "models": ["gpt-4o-mini"]}),
+        )
+        .await;
+    assert_eq!(s, 201, "{t}");
+    let tid = t["id"].as_i64().unwrap();
+    assert_eq!(
+        lead.post(
+            &format!("/admin/api/v1/tokens/{tid}/top-up"),
+            &json!({"amount_usd": "6"})
+        )
+        .await
+        .0,
+        403,
+        "11 > 10"
+    );
+    assert_eq!(
+        lead.post(
+            &format!("/admin/api/v1/tokens/{tid}/top-up"),
+            &json!({"amount_usd": "5"})
+        )
+        .await
+        .0,
+        200
+    );
+    assert_eq!(
+        lead.patch(
+            &format!("/admin/api/v1/teams/1"),
+            &json!({"budget_usd": "1000"})
+        )
+        .await
+        .0,
+        403
+    );
+    assert_eq!(
+        lead.post(
+            "/admin/api/v1/users",
+            &json!({"username": "boss", "role": "admin", "password": PASSWORD})
+        )
+        .await
+        .0,
+        403
+    );
+    let (_, me) = lead.get_json("/admin/api/v1/me").await;
+    let my_id = me["id"].as_i64().unwrap();
+    assert_eq!(
+        lead.patch(
+            &format!("/admin/api/v1/logins/{my_id}"),
+            &json!({"role": "admin"})
+        )
+        .await
+        .0,
+        403
+    );
+    assert_eq!(
+        w.app
+            .scalar("SELECT COUNT(*) FROM admins WHERE username = 'lena' AND role = 'lead'")
+            .await,
+        1
+    );
+    // A new member of a lead joins the lead's team, whatever the body says about roles.
+    let (s, v) = lead
+        .post(
+            "/admin/api/v1/users",
+            &json!({"username": "newbie", "role": "member"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(v["team"], "red");
+    assert_eq!(
+        lead.post(
+            &format!("/admin/api/v1/tokens/{}/revoke", w.red_token),
+            &json!({})
+        )
+        .await
+        .0,
+        200
+    );
+
+    // The blue token was never touched: it still works.
+    assert_eq!(
+        w.app.chat(&w.blue_token_text, &chat_body(5)).await.status(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn finance_reads_everything_and_changes_nothing() {
+    let w = world().await;
+    let fin = login(&w.app, "fin").await;
+    for path in [
+        "/admin/",
+        "/admin/teams",
+        "/admin/users",
+        "/admin/tokens",
+        "/admin/requests",
+        "/admin/reports",
+        "/admin/reports.csv",
+        "/admin/audit",
+        "/admin/account",
+        "/admin/api/v1/teams",
+        "/admin/api/v1/tokens",
+        "/admin/api/v1/requests",
+        "/admin/api/v1/audit",
+        "/admin/api/v1/reports/spend",
+    ] {
+        let r = fin.get(path).await;
+        assert_eq!(r.status(), 200, "{path}");
+        let body = r.text().await.unwrap();
+        if path.starts_with("/admin/") && !path.contains("api") && !path.ends_with(".csv") {
+            // No button, form or control that would change something; only signing out.
+            let writes = body.matches("hx-post=").count() + body.matches("method=\"post\"").count();
+            assert_eq!(writes, 1, "{path} offers a change:\n{body}");
+            assert!(body.contains("hx-post=\"/admin/logout\""));
+        }
+    }
+    let (_, teams) = fin.get_json("/admin/api/v1/teams").await;
+    assert!(
+        names(&teams, "teams", "name").contains(&"blue".to_string()),
+        "finance reads across teams"
+    );
+
+    let before = state_counts(&w.app).await;
+    let (rt, bt, rm) = (w.red_token, w.blue_token, w.red_member);
+    let cases: Vec<(Method, String, Value)> = vec![
+        (
+            Method::POST,
+            "/admin/api/v1/teams".into(),
+            json!({"name": "fin-team"}),
+        ),
+        (
+            Method::PATCH,
+            "/admin/api/v1/teams/1".into(),
+            json!({"budget_usd": "1"}),
+        ),
+        (
+            Method::POST,
+            "/admin/api/v1/users".into(),
+            json!({"username": "x", "team_id": 1}),
+        ),
+        (
+            Method::PATCH,
+            format!("/admin/api/v1/users/{rm}"),
+            json!({"disabled": true}),
+        ),
+        (
+            Method::POST,
+            "/admin/api/v1/tokens".into(),
+            json!({"user_id": rm}),
+        ),
+        (
+            Method::PATCH,
+            format!("/admin/api/v1/tokens/{rt}"),
+            json!({"rpm": 1}),
+        ),
+        (
+            Method::POST,
+            format!("/admin/api/v1/tokens/{bt}/revoke"),
+            json!({}),
+        ),
+        (
+            Method::POST,
+            format!("/admin/api/v1/tokens/{bt}/rotate"),
+            json!({}),
+        ),
+        (
+            Method::POST,
+            format!("/admin/api/v1/tokens/{bt}/top-up"),
+            json!({"amount_usd": "1"}),
+        ),
+        (
+            Method::POST,
+            "/admin/api/v1/upstreams/a/disable".into(),
+            json!({}),
+        ),
+        (
+            Method::POST,
+            "/admin/api/v1/keys".into(),
+            json!({"name": "k"}),
+        ),
+        (
+            Method::POST,
+            "/admin/teams".into(),
+            json!({"name": "fin-team"}),
+        ),
+        (
+            Method::POST,
+            format!("/admin/tokens/{bt}/revoke"),
+            json!({}),
+        ),
+        (
+            Method::POST,
+            "/admin/account/password".into(),
+            json!({"current_password": PASSWORD, "new_password": "another long password"}),
+        ),
+    ];
+    for (m, path, body) in cases {
+        let (status, v) = fin.send(m.clone(), &path, &body).await;
+        assert_eq!(status, 403, "{m} {path}: {v}");
+    }
+    assert_eq!(state_counts(&w.app).await, before);
+}
+
+#[tokio::test]
+async fn every_admin_action_writes_exactly_one_audit_row_without_secrets() {
+    let w = world().await;
+    let a = &w.admin;
+    let audit = || w.app.scalar("SELECT COUNT(*) FROM audit_log");
+    let steps: Vec<(Method, String, Value, &str)> = vec![
+        (
+            Method::POST,
+            "/admin/api/v1/teams".into(),
+            json!({"name": "green"}),
+            "team.create",
+        ),
+        (
+            Method::PATCH,
+            "/admin/api/v1/teams/3".into(),
+            json!({"budget_usd": "3"}),
+            "budget.set_limit",
+        ),
+        (
+            Method::POST,
+            "/admin/api/v1/users".into(),
+            json!({"username": "gina", "team_id": 3}),
+            "user.create",
+        ),
+        (
+            Method::PATCH,
+            format!("/admin/api/v1/users/{}", w.red_member),
+            json!({"rpm": 7}),
+            "user.update",
+        ),
+        (
+            Method::PATCH,
+            format!("/admin/api/v1/users/{}", w.red_member),
+            json!({"disabled": true}),
+            "user.disable",
+        ),
+        (
+            Method::PATCH,
+            format!("/admin/api/v1/tokens/{}", w.blue_token),
+            json!({"tpm": 1000}),
+            "token.update",
+        ),
+        (
+            Method::POST,
+            format!("/admin/api/v1/tokens/{}/top-up", w.blue_token),
+            json!({"amount_usd": "1"}),
+            "budget.top_up",
+        ),
+        (
+            Method::POST,
+            format!("/admin/api/v1/tokens/{}/rotate", w.blue_token),
+            json!({"overlap_seconds": 60}),
+            "token.rotate",
+        ),
+        (
+            Method::POST,
+            format!("/admin/api/v1/tokens/{}/revoke", w.red_token),
+            json!({}),
+            "token.revoke",
+        ),
+        (
+            Method::POST,
+            "/admin/api/v1/upstreams/a/disable".into(),
+            json!({}),
+            "upstream.disable",
+        ),
+        (
+            Method::POST,
+            "/admin/api/v1/upstreams/a/enable".into(),
+            json!({}),
+            "upstream.enable",
+        ),
+        (
+            Method::POST,
+            "/admin/api/v1/users".into(),
+            json!({"username": "auditor", "role": "finance", "password": PASSWORD}),
+            "admin.create",
+        ),
+        (
+            Method::POST,
+            "/admin/api/v1/keys".into(),
+            json!({"name": "k"}),
+            "apikey.create",
+        ),
+    ];
+    let mut secrets = vec![w.blue_token_text.clone()];
+    for (m, path, body, action) in steps {
+        let n = audit().await;
+        let (status, v) = a.send(m.clone(), &path, &body).await;
+        assert!(status == 200 || status == 201, "{m} {path}: {status} {v}");
+        for k in ["token", "key"] {
+            if let Some(t) = v[k].as_str() {
+                secrets.push(t.to_string());
+            }
+        }
+        assert_eq!(audit().await, n + 1, "{action}: exactly one row");
+        let row: (String, String, String, String) = sqlx::query_as(
+            "SELECT actor, address, action, target FROM audit_log ORDER BY id DESC LIMIT 1",
+        )
+        .fetch_one(&w.app.db().read)
+        .await
+        .unwrap();
+        assert_eq!(row.0, "root");
+        assert_eq!(row.1, "127.0.0.1");
+        assert_eq!(row.2, action);
+        assert!(!row.3.is_empty() || action.starts_with("login"));
+    }
+    let dump: Vec<(Option<String>, Option<String>, String)> =
+        sqlx::query_as("SELECT before, after, target FROM audit_log")
+            .fetch_all(&w.app.db().read)
+            .await
+            .unwrap();
+    let hashes: Vec<String> = sqlx::query_scalar("SELECT password_hash FROM admins")
+        .fetch_all(&w.app.db().read)
+        .await
+        .unwrap();
+    for (b, a, t) in dump {
+        let text = format!("{b:?}{a:?}{t}");
+        for s in secrets.iter().chain(hashes.iter()) {
+            assert!(!text.contains(s.as_str()), "an audit row holds a secret");
+        }
+        assert!(!text.contains("$argon2id$"));
+    }
+    // The chain is intact, then `sluice audit verify` names a row edited behind its back.
+    let (checked, broken) = sluice::store::audit::verify(&w.app.db().read)
+        .await
+        .unwrap();
+    assert!(checked > 10 && broken.is_none());
+}
+
+#[tokio::test]
+async fn audit_verify_names_a_row_edited_in_sqlite() {
+    let w = world().await;
+    let db_path = w.app.dir.path().join("sluice.db");
+    let config = w.app.dir.path().join("verify.toml");
+    std::fs::write(
+        &config,
+        format!("[database]\nurl = \"sqlite://{}\"\n", db_path.display()),
+    )
+    .unwrap();
+    let verify = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["--config", config.to_str().unwrap(), "audit", "verify"])
+            .output()
+            .unwrap()
+    };
+    let ok = verify();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let target: i64 = w
+        .app
+        .scalar("SELECT id FROM audit_log WHERE action = 'user.create' ORDER BY id LIMIT 1")
+        .await;
+    // Only a hand edit can do this: the trigger refuses every UPDATE first.
+    let refused = sqlx::query("UPDATE audit_log SET actor = 'nobody' WHERE id = ?")
+        .bind(target)
+        .execute(&w.app.db().write)
+        .await;
+    assert!(refused.is_err(), "audit rows cannot be updated");
+    sqlx::query("DROP TRIGGER audit_no_update")
+        .execute(&w.app.db().write)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE audit_log SET after = '{\"username\":\"mallory\"}' WHERE id = ?")
+        .bind(target)
+        .execute(&w.app.db().write)
+        .await
+        .unwrap();
+    let bad = verify();
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains(&format!("broken at row {target}")), "{err}");
+    let page = w
+        .admin
+        .get("/admin/audit/verify")
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains(&format!("Chain broken at row {target}")),
+        "{page}"
+    );
+}
+
+#[tokio::test]
+async fn a_token_from_the_api_lives_rotates_and_dies() {
+    let w = world().await;
+    let a = &w.admin;
+    let (s, t) = a
+        .post(
+            "/admin/api/v1/tokens",
+            &json!({"user_id": w.red_member, "budget_usd": "1", "reset": "monthly", "rpm": 100}),
+        )
+        .await;
+    assert_eq!(s, 201);
+    let (id, text) = (
+        t["id"].as_i64().unwrap(),
+        t["token"].as_str().unwrap().to_string(),
+    );
+    assert_eq!(w.app.chat(&text, &chat_body(5)).await.status(), 200);
+    let (_, list) = a.get_json("/admin/api/v1/tokens").await;
+    assert!(
+        !list.to_string().contains(&text),
+        "the text is never shown again"
+    );
+    w.app.wait_for_log_rows(1).await;
+    let (_, reqs) = a
+        .get_json(&format!("/admin/api/v1/requests?token={id}&status=2xx"))
+        .await;
+    assert_eq!(reqs["requests"].as_array().unwrap().len(), 1);
+    let (_, rep) = a.get_json("/admin/api/v1/reports/spend?by=user").await;
+    let rosa = rep["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["label"] == "rosa")
+        .expect("rosa in the report");
+    assert!(rosa["spend_micros"].as_i64().unwrap() > 0);
+    let csv = a
+        .get("/admin/api/v1/reports/spend?by=user&format=csv")
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(csv.starts_with("user,requests,input_tokens,output_tokens,spend_usd\n"));
+    assert!(csv.lines().any(|l| l.starts_with("rosa,1,")), "{csv}");
+
+    // Limits: only the embedding model allowed → the chat model is refused.
+    let (s, v) = a
+        .patch(
+            &format!("/admin/api/v1/tokens/{id}"),
+            &json!({"models": ["text-embedding-3-small"]}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    assert_eq!(w.app.chat(&text, &chat_body(5)).await.status(), 403);
+    a.patch(
+        &format!("/admin/api/v1/tokens/{id}"),
+        &json!({"all_models": true}),
+    )
+    .await;
+
+    let (s, r) = a
+        .post(
+            &format!("/admin/api/v1/tokens/{id}/rotate"),
+            &json!({"overlap_seconds": 0}),
+        )
+        .await;
+    assert_eq!(s, 201, "{r}");
+    let new_text = r["token"].as_str().unwrap().to_string();
+    assert_eq!(
+        r["limit_micros"], 1_000_000,
+        "a monthly budget carries over whole"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    assert_eq!(
+        w.app.chat(&text, &chat_body(5)).await.status(),
+        401,
+        "the old token is retired"
+    );
+    assert_eq!(w.app.chat(&new_text, &chat_body(5)).await.status(), 200);
+    let new_id = r["id"].as_i64().unwrap();
+    assert_eq!(
+        a.post(&format!("/admin/api/v1/tokens/{new_id}/revoke"), &json!({}))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        a.post(&format!("/admin/api/v1/tokens/{new_id}/revoke"), &json!({}))
+            .await
+            .0,
+        409
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    assert_eq!(w.app.chat(&new_text, &chat_body(5)).await.status(), 401);
+    w.app.assert_invariant().await;
+}
+
+#[tokio::test]
+async fn rotation_with_an_overlap_keeps_the_old_token_until_it_ends() {
+    let w = world().await;
+    let (s, r) = w
+        .admin
+        .post(
+            &format!("/admin/api/v1/tokens/{}/rotate", w.blue_token),
+            &json!({"overlap_seconds": 2}),
+        )
+        .await;
+    assert_eq!(s, 201);
+    assert_eq!(
+        r["limit_micros"], 2_000_000,
+        "a never-resetting budget moves what was left"
+    );
+    let new_text = r["token"].as_str().unwrap().to_string();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(
+        w.app.chat(&w.blue_token_text, &chat_body(5)).await.status(),
+        200,
+        "inside the overlap"
+    );
+    assert_eq!(w.app.chat(&new_text, &chat_body(5)).await.status(), 200);
+    tokio::time::sleep(std::time::Duration::from_millis(2000)).await;
+    assert_eq!(
+        w.app.chat(&w.blue_token_text, &chat_body(5)).await.status(),
+        401,
+        "after the overlap"
+    );
+    w.app.assert_invariant().await;
+}
+
+#[tokio::test]
+async fn disabled_upstreams_serve_nothing_until_enabled() {
+    let w = world().await;
+    let (s, v) = w
+        .admin
+        .post("/admin/api/v1/upstreams/a/disable", &json!({}))
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(v["enabled"], false);
+    assert_eq!(v["key"], "****3a9c");
+    assert_eq!(
+        w.app.chat(&w.blue_token_text, &chat_body(5)).await.status(),
+        503
+    );
+    let (_, list) = w.admin.get_json("/admin/api/v1/upstreams").await;
+    assert!(!list.to_string().contains(KEY_A));
+    w.admin
+        .post("/admin/api/v1/upstreams/a/enable", &json!({}))
+        .await;
+    assert_eq!(
+        w.app.chat(&w.blue_token_text, &chat_body(5)).await.status(),
+        200
+    );
+    assert_eq!(
+        w.admin
+            .post("/admin/api/v1/upstreams/zz/disable", &json!({}))
+            .await
+            .0,
+        404
+    );
+}
+
+#[tokio::test]
+async fn injection_payloads_in_admin_parameters_are_just_data() {
+    let w = world().await;
+    let a = &w.admin;
+    for path in [
+        "/admin/api/v1/requests?model=%27%20OR%201%3D1%20--",
+        "/admin/api/v1/audit?action=%25%27%20OR%20%271%27%3D%271",
+        "/admin/api/v1/audit?actor=root%27--",
+        "/admin/api/v1/reports/spend?by=user;DROP%20TABLE%20users",
+    ] {
+        let r = a.get(path).await;
+        let status = r.status().as_u16();
+        let body = r.text().await.unwrap();
+        assert!(status == 200 || status == 400, "{path}: {status}");
+        assert!(
+            !body.to_lowercase().contains("sql") && !body.contains("syntax"),
+            "{path}: {body}"
+        );
+        if status == 200 && path.contains("requests") {
+            assert!(body.contains("\"requests\":[]"), "{path}: {body}");
+        }
+    }
+    for (path, body) in [
+        ("/admin/api/v1/requests?team=1%20OR%201%3D1", None),
+        ("/admin/api/v1/tokens?user=1;--", None),
+        (
+            "/admin/api/v1/users",
+            Some(json!({"username": "x' OR '1'='1", "team_id": 1})),
+        ),
+        (
+            "/admin/api/v1/teams",
+            Some(json!({"name": "t\"; DROP TABLE teams; --"})),
+        ),
+    ] {
+        let status = match body {
+            None => a.get(path).await.status().as_u16(),
+            Some(b) => a.post(path, &b).await.0,
+        };
+        assert_eq!(status, 400, "{path}");
+    }
+    assert_eq!(w.app.scalar("SELECT COUNT(*) FROM teams").await, 2);
+    assert_eq!(w.app.scalar("SELECT COUNT(*) FROM users").await, 2);
+}
+
+#[tokio::test]
+async fn htmx_errors_land_in_the_flash_area() {
+    let w = world().await;
+    let r = w.admin.htmx_form("/admin/teams", &[("name", "red")]).await;
+    assert_eq!(r.status(), 409);
+    assert_eq!(r.headers()["hx-retarget"], "#flash");
+    assert!(r.text().await.unwrap().contains("already exists"));
+    let r = w
+        .admin
+        .htmx_form(
+            "/admin/tokens",
+            &[
+                ("user_id", &w.red_member.to_string()),
+                ("budget_usd", "lots"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status(), 400);
+    let ok = w
+        .admin
+        .htmx_form(
+            "/admin/tokens",
+            &[
+                ("user_id", &w.red_member.to_string()),
+                ("budget_usd", "1.5"),
+                ("models", "gpt-4o-mini"),
+                ("models", "text-embedding-3-small"),
+            ],
+        )
+        .await;
+    assert_eq!(ok.status(), 200);
+    let html = ok.text().await.unwrap();
+    let text = find_between(
+        &html,
+        "id=\"token-text\" class=\"mono\" readonly value=\"",
+        "\"",
+    )
+    .expect("token shown once");
+    assert_eq!(w.app.chat(&text, &chat_body(5)).await.status(), 200);
+    assert!(
+        html.contains("hx-swap-oob=\"true\""),
+        "the list refreshes too"
+    );
+}
+
+#[tokio::test]
+async fn an_admin_resets_a_password_and_changes_a_role_and_the_old_sessions_end() {
+    let w = world().await;
+    let fin = login(&w.app, "fin").await;
+    let fin_id = w
+        .app
+        .scalar("SELECT id FROM admins WHERE username = 'fin'")
+        .await;
+    let (s, v) = w
+        .admin
+        .patch(
+            &format!("/admin/api/v1/logins/{fin_id}"),
+            &json!({"password": "a brand new finance pass"}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        fin.get_json("/admin/api/v1/me").await.0,
+        401,
+        "the reset ends their sessions"
+    );
+    let fin = login_with(&w.app, "fin", "a brand new finance pass").await;
+    let (s, _) = w
+        .admin
+        .patch(
+            &format!("/admin/api/v1/logins/{fin_id}"),
+            &json!({"role": "lead", "team_id": 1}),
+        )
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        fin.get_json("/admin/api/v1/me").await.0,
+        401,
+        "a role change ends them too"
+    );
+    let (_, me) = w.admin.get_json("/admin/api/v1/me").await;
+    let my_id = me["id"].as_i64().unwrap();
+    for body in [
+        json!({"role": "finance"}),
+        json!({"disabled": true}),
+        json!({"password": "my own new password"}),
+    ] {
+        assert_eq!(
+            w.admin
+                .patch(&format!("/admin/api/v1/logins/{my_id}"), &body)
+                .await
+                .0,
+            403,
+            "{body}"
+        );
+    }
+    let row: (String, String) = sqlx::query_as(
+        "SELECT action, after FROM audit_log WHERE action = 'admin.update' ORDER BY id LIMIT 1",
+    )
+    .fetch_one(&w.app.db().read)
+    .await
+    .unwrap();
+    assert!(
+        row.1.contains("password_reset") && !row.1.contains("$argon2"),
+        "{row:?}"
+    );
+}
