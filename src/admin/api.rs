@@ -12,7 +12,7 @@ use super::input::Input;
 use super::reports::{self, ReportQuery};
 use super::requests::{self, RequestQuery};
 use super::token_ops::{self, Edit, Issue, Issued, Rotate, TopUp};
-use super::{account, audit, dashboard, teams, upstreams, user_ops as users};
+use super::{account, audit, cache, dashboard, teams, upstreams, user_ops as users};
 use crate::state::AppState;
 
 type Res = Result<HttpResponse, AdminError>;
@@ -40,7 +40,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .route("/audit", web::get().to(audit_list))
             .route("/upstreams", web::get().to(upstreams_list))
             .route("/upstreams/{id}/{action}", web::post().to(upstreams_toggle))
-            .route("/keys", web::post().to(keys_create)),
+            .route("/keys", web::post().to(keys_create))
+            .route("/cache/invalidate", web::post().to(cache_invalidate)),
     );
 }
 
@@ -248,6 +249,15 @@ async fn upstreams_toggle(
     ok(json!(
         upstreams::set_enabled(&state, &actor, &id, enable).await?
     ))
+}
+
+async fn cache_invalidate(
+    actor: Actor,
+    state: web::Data<AppState>,
+    Input(c): Input<cache::Invalidate>,
+) -> Res {
+    let deleted = cache::invalidate(&state, &actor, &c.tag).await?;
+    ok(json!({"tag": c.tag, "deleted": deleted}))
 }
 
 async fn keys_create(

@@ -10,6 +10,7 @@ pub mod actor;
 pub mod api;
 pub mod assets;
 pub mod audit;
+pub mod cache;
 pub mod dashboard;
 pub mod error;
 pub mod guard;

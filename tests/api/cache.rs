@@ -388,3 +388,42 @@ async fn embedder_precision_on_the_evaluation_set() {
         "identifier-only differences always hit"
     );
 }
+
+#[tokio::test]
+async fn admins_invalidate_by_tag_through_the_api_and_finance_cannot() {
+    use crate::admin_helpers::{login, make_login};
+    let app = spawn_app().await;
+    let (_, token) = app.token("jo", None).await;
+    let tagged = |body: Value| {
+        app.http
+            .post(format!("{}/v1/chat/completions", app.address))
+            .bearer_auth(&token)
+            .header("x-sluice-cache-tags", "case:77")
+            .json(&body)
+            .send()
+    };
+    tagged(question("WVWZZZ1JZXW000001")).await.unwrap();
+    settle().await;
+    make_login(&app, "root", "admin", None).await;
+    make_login(&app, "fin", "finance", None).await;
+    let (status, _) = login(&app, "fin")
+        .await
+        .post("/admin/api/v1/cache/invalidate", &json!({"tag": "case:77"}))
+        .await;
+    assert_eq!(status, 403);
+    let (status, v) = login(&app, "root")
+        .await
+        .post("/admin/api/v1/cache/invalidate", &json!({"tag": "case:77"}))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(v["deleted"], 1);
+    assert_eq!(
+        ask(&app, &token, &question("WVWZZZ1JZXW000001")).await.0,
+        "miss"
+    );
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM audit_log WHERE action = 'cache.invalidate'")
+            .await,
+        1
+    );
+}

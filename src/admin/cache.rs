@@ -1,0 +1,42 @@
+//! Cache invalidation by tag (`x-sluice-cache-tags`), for admins: the entries go on every
+//! replica (the cache epoch moves), with an audit row.
+
+use serde::Deserialize;
+use serde_json::json;
+
+use super::actor::Actor;
+use super::error::AdminError;
+use crate::state::AppState;
+
+#[derive(Deserialize)]
+pub struct Invalidate {
+    pub tag: String,
+}
+
+/// Deletes every entry tagged `tag`; returns how many.
+pub async fn invalidate(state: &AppState, actor: &Actor, tag: &str) -> Result<usize, AdminError> {
+    actor.require_write()?;
+    actor.require_admin()?;
+    let tag = tag.trim();
+    if tag.is_empty() || tag.len() > 200 || tag.contains(',') {
+        return Err(AdminError::invalid(
+            "tag must be 1 to 200 characters, without commas",
+        ));
+    }
+    let deleted = state.cache.invalidate_tag(tag).await?;
+    let now = state.clock.now();
+    let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let after = json!({"tag": tag, "deleted": deleted}).to_string();
+    actor
+        .audit(
+            &mut tx,
+            "cache.invalidate",
+            &format!("cache-tag:{tag}"),
+            None,
+            Some(&after),
+            now,
+        )
+        .await?;
+    tx.commit().await?;
+    Ok(deleted)
+}
