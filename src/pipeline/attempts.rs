@@ -34,8 +34,10 @@ pub struct Candidate {
 /// The routes that may serve a request, in the order they are tried.
 pub fn candidates(state: &AppState, p: &Prepared) -> Vec<Candidate> {
     let mut out = Vec::with_capacity(p.model.routes.len());
+    let turn = state.pool.next_turn();
     let mut push_model = |m: &Arc<Model>| {
         let start = out.len();
+        let n = m.routes.len().max(1);
         for r in &m.routes {
             // A route whose provider has no such endpoint (embeddings on Anthropic) is skipped.
             if providers::path(p.endpoint, state.catalog.deployments[r.deployment].provider)
@@ -47,7 +49,20 @@ pub fn candidates(state: &AppState, p: &Prepared) -> Vec<Candidate> {
                 });
             }
         }
-        out[start..].sort_by_key(|c| state.pool.in_flight(c.route.deployment));
+        // Least in flight first; among equals, a rotating start spreads load over the pool.
+        let mut keyed: Vec<(u32, usize, Candidate)> = out
+            .drain(start..)
+            .enumerate()
+            .map(|(i, c)| {
+                (
+                    state.pool.in_flight(c.route.deployment),
+                    (i + n - turn % n) % n,
+                    c,
+                )
+            })
+            .collect();
+        keyed.sort_by_key(|(load, order, _)| (*load, *order));
+        out.extend(keyed.into_iter().map(|(_, _, c)| c));
     };
     push_model(&p.model);
     for f in &p.model.fallbacks {

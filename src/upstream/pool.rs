@@ -44,6 +44,8 @@ struct Member {
 
 pub struct Pool {
     members: Vec<Member>,
+    /// Rotates which of equally idle keys goes first, so load spreads across a pool.
+    turn: std::sync::atomic::AtomicUsize,
     pub breakers: Vec<Breaker>,
     pub gates: Vec<Gate>,
     pub budgets: Vec<RetryBudget>,
@@ -54,6 +56,7 @@ impl Pool {
         let n = settings.upstreams.len();
         Self {
             members: (0..n).map(|_| Member::default()).collect(),
+            turn: std::sync::atomic::AtomicUsize::new(0),
             breakers: (0..n).map(|_| Breaker::new(&settings.breaker)).collect(),
             gates: settings
                 .upstreams
@@ -98,6 +101,11 @@ impl Pool {
 
     pub fn in_flight(&self, d: usize) -> u32 {
         self.members[d].in_flight.load(Ordering::Relaxed)
+    }
+
+    /// This request's turn, for breaking ties between equally loaded keys.
+    pub fn next_turn(&self) -> usize {
+        self.turn.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Counts a rate limit on a deployment; returns its current streak.

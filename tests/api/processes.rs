@@ -288,7 +288,13 @@ async fn sigterm_under_streaming_load_finishes_streams_and_leaves_no_reservation
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // SIGTERM once every stream is under way.
+    for _ in 0..100 {
+        if mock.state.stats(KEY_A).count >= 20 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let pid = g.child.id().to_string();
     assert!(Command::new("kill")
         .args(["-TERM", &pid])

@@ -180,8 +180,12 @@ async fn a_key_out_of_quota_is_never_tried_again_until_re_enabled() {
     }
     assert_eq!(app.mock.state.stats(KEY_A).count, 1);
     app.state.pool.enable(0);
-    let resp = app.chat(&token, &chat_body(10)).await;
-    assert_eq!(resp.headers().get("x-sluice-upstream").unwrap(), "a");
+    let mut served_by_a = false;
+    for _ in 0..4 {
+        let resp = app.chat(&token, &chat_body(10)).await;
+        served_by_a |= resp.headers().get("x-sluice-upstream").unwrap() == "a";
+    }
+    assert!(served_by_a, "a re-enabled key serves again");
 }
 
 #[tokio::test]
@@ -548,4 +552,20 @@ async fn cooldowns_are_shared_between_replicas_through_redis() {
         "the other replica rests key a too"
     );
     assert_eq!(a.mock.state.stats(KEY_A).count, 1);
+}
+
+#[tokio::test]
+async fn equally_idle_keys_share_the_load() {
+    let app = spawn_app_with(pool_of_two_and_a_fallback).await;
+    let (_, token) = app.token("ola", None).await;
+    for _ in 0..10 {
+        assert_eq!(app.chat(&token, &chat_body(10)).await.status(), 200);
+    }
+    assert_eq!(app.mock.state.stats(KEY_A).count, 5);
+    assert_eq!(app.mock.state.stats(KEY_B).count, 5);
+    assert_eq!(
+        app.mock.state.stats(KEY_C).count,
+        0,
+        "the fallback only when the pool cannot serve"
+    );
 }
