@@ -154,14 +154,15 @@ def batch_fault(binary: Path) -> dict:
                 {"role": "system", "content": "You are the diagnostic assistant of a vehicle fleet."},
                 {"role": "user", "content": f"Vehicle {vin} reported fault P0401 (EGR flow insufficient) at {when}. What should the workshop check first?"}]}
 
-        statuses, lats, heads = [], [], []
+        conn = http.client.HTTPConnection("127.0.0.1", s.gw_port, timeout=30)
+        lats, heads = [], []
         for i in range(30):
-            st, la, he = run_requests(s.gw_port, token, 1, lambda _: body(i))
-            statuses += st
-            lats += la
-            heads += he
+            _, la, he = timed(conn, "/v1/chat/completions", body(i), {"authorization": f"Bearer {token}"})
+            lats.append(la)
+            heads.append(he)
             if i == 0:
                 time.sleep(0.2)  # the first answer is stored off the request path
+        conn.close()
         kinds = [h.get("x-sluice-cache", "?") for h in heads]
         upstream = sum(v["count"] for v in s.mock_call("GET", "/_mock/stats")["keys"].values())
         return {"requests": 30, "from_cache": sum(k.startswith("hit") for k in kinds),
