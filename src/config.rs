@@ -596,18 +596,24 @@ fn add_env_upstreams(settings: &mut Settings, env: &BTreeMap<String, String>) {
         max_input_tokens: 128_000,
         cache_similarity_threshold: None,
     };
+    let upstream = |id: &str, provider, base_url: &str, key: &String| UpstreamSettings {
+        id: id.into(),
+        provider,
+        base_url: base_url.into(),
+        api_key: Secret(SecretString::from(key.clone())),
+        rpm_limit: 0,
+        tpm_limit: 0,
+        max_concurrent: 0,
+        max_queue: 0,
+        allow_private_network: false,
+    };
     if let Some(key) = env.get("OPENAI_API_KEY").filter(|k| !k.is_empty()) {
-        settings.upstreams.push(UpstreamSettings {
-            id: "openai".into(),
-            provider: Provider::Openai,
-            base_url: "https://api.openai.com/v1".into(),
-            api_key: Secret(SecretString::from(key.clone())),
-            rpm_limit: 0,
-            tpm_limit: 0,
-            max_concurrent: 0,
-            max_queue: 0,
-            allow_private_network: false,
-        });
+        settings.upstreams.push(upstream(
+            "openai",
+            Provider::Openai,
+            "https://api.openai.com/v1",
+            key,
+        ));
         settings
             .models
             .push(model("gpt-4o-mini", "openai", 0.15, 0.60));
@@ -617,17 +623,12 @@ fn add_env_upstreams(settings: &mut Settings, env: &BTreeMap<String, String>) {
         settings.models.push(embed);
     }
     if let Some(key) = env.get("ANTHROPIC_API_KEY").filter(|k| !k.is_empty()) {
-        settings.upstreams.push(UpstreamSettings {
-            id: "anthropic".into(),
-            provider: Provider::Anthropic,
-            base_url: "https://api.anthropic.com".into(),
-            api_key: Secret(SecretString::from(key.clone())),
-            rpm_limit: 0,
-            tpm_limit: 0,
-            max_concurrent: 0,
-            max_queue: 0,
-            allow_private_network: false,
-        });
+        settings.upstreams.push(upstream(
+            "anthropic",
+            Provider::Anthropic,
+            "https://api.anthropic.com",
+            key,
+        ));
         settings
             .models
             .push(model("claude-3-5-haiku-latest", "anthropic", 0.80, 4.0));

@@ -23,14 +23,8 @@ pub async fn count_tokens(
     body: web::Bytes,
 ) -> HttpResponse {
     let f = WireFormat::Anthropic;
-    match state
-        .auth
-        .authenticate(req.headers(), state.clock.now())
-        .await
-    {
-        Ok(Some(_)) => {}
-        Ok(None) => return ApiError::InvalidApiKey.render(f),
-        Err(_) => return ApiError::Internal.render(f),
+    if let Err(resp) = super::authenticated(&state, &req, f).await {
+        return resp;
     }
     let Ok(v) = serde_json::from_slice::<Value>(&body) else {
         return ApiError::InvalidRequest {

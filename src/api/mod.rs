@@ -10,6 +10,10 @@ mod usage;
 
 use actix_web::web;
 
+use crate::auth::TokenAuth;
+use crate::error::{ApiError, WireFormat};
+use crate::state::AppState;
+
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route(
         "/v1/chat/completions",
@@ -29,6 +33,23 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     .route("/healthz", web::get().to(health::healthz))
     .route("/readyz", web::get().to(health::readyz))
     .route("/metrics", web::get().to(health::metrics));
+}
+
+/// The token of a request to an endpoint outside the pipeline, or the 401/500 to answer.
+pub(crate) async fn authenticated(
+    state: &AppState,
+    req: &actix_web::HttpRequest,
+    format: WireFormat,
+) -> Result<std::sync::Arc<TokenAuth>, actix_web::HttpResponse> {
+    match state
+        .auth
+        .authenticate(req.headers(), state.clock.now())
+        .await
+    {
+        Ok(Some(a)) => Ok(a),
+        Ok(None) => Err(ApiError::InvalidApiKey.render(format)),
+        Err(_) => Err(ApiError::Internal.render(format)),
+    }
 }
 
 /// Anything else: an OpenAI-shaped 404.

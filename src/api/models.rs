@@ -14,14 +14,9 @@ pub async fn list(state: web::Data<AppState>, req: HttpRequest) -> HttpResponse 
     } else {
         WireFormat::OpenAi
     };
-    let auth = match state
-        .auth
-        .authenticate(req.headers(), state.clock.now())
-        .await
-    {
-        Ok(Some(a)) => a,
-        Ok(None) => return ApiError::InvalidApiKey.render(format),
-        Err(_) => return ApiError::Internal.render(format),
+    let auth = match super::authenticated(&state, &req, format).await {
+        Ok(a) => a,
+        Err(resp) => return resp,
     };
     let names = state.catalog.names.iter().filter(|n| auth.allows(n, n));
     let body = if anthropic {
@@ -50,14 +45,9 @@ pub async fn one(
     } else {
         WireFormat::OpenAi
     };
-    let auth = match state
-        .auth
-        .authenticate(req.headers(), state.clock.now())
-        .await
-    {
-        Ok(Some(a)) => a,
-        Ok(None) => return ApiError::InvalidApiKey.render(format),
-        Err(_) => return ApiError::Internal.render(format),
+    let auth = match super::authenticated(&state, &req, format).await {
+        Ok(a) => a,
+        Err(resp) => return resp,
     };
     let Some(model) = state
         .catalog

@@ -3,18 +3,13 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::json;
 
-use crate::error::{ApiError, WireFormat};
+use crate::error::WireFormat;
 use crate::state::AppState;
 
 pub async fn mine(state: web::Data<AppState>, req: HttpRequest) -> HttpResponse {
-    let auth = match state
-        .auth
-        .authenticate(req.headers(), state.clock.now())
-        .await
-    {
-        Ok(Some(a)) => a,
-        Ok(None) => return ApiError::InvalidApiKey.render(WireFormat::OpenAi),
-        Err(_) => return ApiError::Internal.render(WireFormat::OpenAi),
+    let auth = match super::authenticated(&state, &req, WireFormat::OpenAi).await {
+        Ok(a) => a,
+        Err(resp) => return resp,
     };
     let waiting: Vec<_> = state
         .queue

@@ -10,10 +10,9 @@ use crate::store::ledger;
 
 pub async fn usage(state: web::Data<AppState>, req: HttpRequest) -> HttpResponse {
     let now = state.clock.now();
-    let auth = match state.auth.authenticate(req.headers(), now).await {
-        Ok(Some(a)) => a,
-        Ok(None) => return ApiError::InvalidApiKey.render(WireFormat::OpenAi),
-        Err(_) => return ApiError::Internal.render(WireFormat::OpenAi),
+    let auth = match super::authenticated(&state, &req, WireFormat::OpenAi).await {
+        Ok(a) => a,
+        Err(resp) => return resp,
     };
     let balance = match ledger::balance(&state.db.read, auth.owner.token_id, now).await {
         Ok(b) => b,
