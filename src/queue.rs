@@ -345,4 +345,27 @@ impl From<Refused> for crate::error::ApiError {
             },
         }
     }
+
+    #[tokio::test]
+    async fn waiters_go_by_priority_then_arrival() {
+        let queue = q(1, [0, 0, 0, 0], 10, 5);
+        let held = queue.admit(3, 0).await.unwrap();
+        let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for (tag, priority) in [("n1", 3u8), ("n2", 3), ("c", 1), ("n3", 3), ("h", 2)] {
+            let (queue, order) = (queue.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let slot = queue.admit(priority, 0).await.unwrap();
+                order.lock().push(tag);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                drop(slot);
+            }));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        drop(held);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(*order.lock(), vec!["c", "h", "n1", "n2", "n3"]);
+    }
 }

@@ -369,13 +369,16 @@ async fn a_stream_is_retried_before_its_first_byte_and_never_after() {
     let (data, _) = sse_data(resp).await;
     assert_eq!(data.last().unwrap(), "[DONE]");
 
-    app.mock.state.script(
-        KEY_A,
-        [Script {
-            cut_after: Some(5),
-            ..Default::default()
-        }],
-    );
+    // Whichever key serves, it breaks off after 5 chunks.
+    for k in [KEY_A, KEY_B] {
+        app.mock.state.script(
+            k,
+            [Script {
+                cut_after: Some(5),
+                ..Default::default()
+            }],
+        );
+    }
     let before = app.mock.state.total_count();
     let (data, _) = sse_data(app.chat(&token, &body).await).await;
     assert_ne!(data.last().unwrap(), "[DONE]");
