@@ -327,24 +327,6 @@ mod tests {
         drop(_held);
         assert!(waiter.await.unwrap());
     }
-}
-
-impl From<Refused> for crate::error::ApiError {
-    fn from(r: Refused) -> Self {
-        let secs = |d: Duration| (d.as_millis() as u64).div_ceil(1000).max(1);
-        match r {
-            Refused::Full { position, eta } => crate::error::ApiError::QueueFull {
-                position,
-                eta: secs(eta),
-                retry_after: secs(eta),
-            },
-            Refused::Timeout { position, eta } => crate::error::ApiError::QueueTimeout {
-                position,
-                eta: secs(eta),
-                retry_after: secs(eta),
-            },
-        }
-    }
 
     #[tokio::test]
     async fn waiters_go_by_priority_then_arrival() {
@@ -367,5 +349,23 @@ impl From<Refused> for crate::error::ApiError {
             t.await.unwrap();
         }
         assert_eq!(*order.lock(), vec!["c", "h", "n1", "n2", "n3"]);
+    }
+}
+
+impl From<Refused> for crate::error::ApiError {
+    fn from(r: Refused) -> Self {
+        let secs = |d: Duration| (d.as_millis() as u64).div_ceil(1000).max(1);
+        match r {
+            Refused::Full { position, eta } => crate::error::ApiError::QueueFull {
+                position,
+                eta: secs(eta),
+                retry_after: secs(eta),
+            },
+            Refused::Timeout { position, eta } => crate::error::ApiError::QueueTimeout {
+                position,
+                eta: secs(eta),
+                retry_after: secs(eta),
+            },
+        }
     }
 }
