@@ -1,0 +1,115 @@
+//! Cache lookup latency with 100 000 entries — a benchmark, not a test.
+//!
+//! `cargo run --release --example cache_lookup [entries]`
+//!
+//! Fills a fresh SQLite cache with `entries` answers (default 100 000) spread over 1 000
+//! contexts (so the semantic index holds ~100 vectors per context), then times lookups:
+//! exact hits (most of them beyond the in-memory LRU, so from SQLite), exact misses, and
+//! semantic hits and misses. Prints p50 / p99 per kind.
+
+use std::time::Instant;
+
+use serde_json::json;
+use sluice::cache::Cache;
+use sluice::config::{CacheSettings, UpstreamTimeouts};
+use sluice::error::WireFormat;
+
+fn body(context: usize, question: usize, vin: usize) -> serde_json::Map<String, serde_json::Value> {
+    let v = json!({"temperature": 0, "messages": [
+        {"role": "system", "content": format!("Fleet {context} diagnostic assistant.")},
+        {"role": "user", "content": format!("Question {question}: why does the warning light {} blink on WVWZZZ1JZXW{vin:06}?", question * 7)}]});
+    v.as_object().cloned().unwrap_or_default()
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() as f64 - 1.0) * p / 100.0).round() as usize]
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let entries: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(100_000);
+    let dir = tempfile::tempdir()?;
+    let db = sluice::store::Db::open(&dir.path().join("cache.db"), false).await?;
+    let cfg = CacheSettings {
+        max_entries: entries as u64 * 2,
+        ..CacheSettings::default()
+    };
+    let cache = Cache::new(
+        &cfg,
+        &UpstreamTimeouts::default(),
+        db.read.clone(),
+        db.write.clone(),
+    )?;
+    let headers = actix_web::http::header::HeaderMap::new();
+    let now = chrono::Utc::now();
+    let answer = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": "Check the EGR valve first."}, "finish_reason": "stop"}]});
+    let plan = |b: &serde_json::Map<String, serde_json::Value>| {
+        cache
+            .plan(
+                &headers,
+                b,
+                WireFormat::OpenAi,
+                "gpt-4o-mini",
+                (1, 1),
+                None,
+                None,
+            )
+            .ok()
+            .flatten()
+    };
+    let started = Instant::now();
+    for i in 0..entries {
+        if let Some(p) = plan(&body(i % 1000, i / 1000, i)) {
+            cache.put(&p, &answer, (12, 24), now).await;
+        }
+    }
+    println!(
+        "filled {entries} entries in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    cache.rebuild(now).await?;
+
+    let step = (entries / 2000).max(1);
+    let run = |name: &str, kind: &dyn Fn(usize) -> serde_json::Map<String, serde_json::Value>| {
+        (
+            name.to_string(),
+            (0..2000).filter_map(|i| plan(&kind(i))).collect::<Vec<_>>(),
+        )
+    };
+    let cases = [
+        run("exact hit", &|i| {
+            let n = (i * step) % entries;
+            body(n % 1000, n / 1000, n)
+        }),
+        run("exact miss", &|i| body(i % 1000, 9_999, i)),
+        run("semantic hit", &|i| {
+            let n = (i * step) % entries;
+            body(n % 1000, n / 1000, 999_999 - i)
+        }),
+        run("semantic miss", &|i| {
+            let mut b = body(i % 1000, 5, i);
+            b.insert("top_p".into(), json!(0.5));
+            b
+        }),
+    ];
+    for (name, plans) in cases {
+        let mut times = Vec::with_capacity(plans.len());
+        let mut hits = 0;
+        for p in &plans {
+            let t = Instant::now();
+            hits += usize::from(cache.get(p, now).await.is_some());
+            times.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        println!(
+            "{name:<14} p50 {:>8.1} µs   p99 {:>8.1} µs   hits {hits}/{}",
+            pct(&mut times, 50.0),
+            pct(&mut times, 99.0),
+            plans.len()
+        );
+    }
+    Ok(())
+}
