@@ -43,7 +43,9 @@ def config(gw_port: int, mock_port: int, db: Path, redis_url: str | None) -> str
     redis = f'[redis]\nurl = "{redis_url}"\n\n' if redis_url else ""
     return (
         f'[server]\nlisten = "127.0.0.1:{gw_port}"\n\n[database]\nurl = "sqlite://{db}"\n\n{redis}'
-        f"[retry]\nmax_cooldown_seconds = 1\n\n{ups}"
+        f"[retry]\nmax_cooldown_seconds = 1\n\n"
+        # The admission gate is opened wide: these scenarios measure the other defences.
+        f"[queue]\nmax_in_flight = 4096\nmax_depth = 4096\n\n{ups}"
         f'[[models]]\nname = "gpt-4o-mini"\nroutes = [{routes}]\ninput_usd_per_mtok = 0.15\noutput_usd_per_mtok = 0.60\n'
     )
 

@@ -139,6 +139,11 @@ impl Application {
         })
         .workers(workers)
         .shutdown_timeout(state.settings.server.shutdown_timeout_seconds)
+        // Stream chunks go out as they come, never held back to be coalesced.
+        .tcp_nodelay(true)
+        // A client that closes its connection is gone: its request stops (and leaves the
+        // queue, releases its reservation, cancels its upstream call) at once.
+        .h1_allow_half_closed(false)
         .backlog(4096)
         .max_connections(100_000)
         .listen(listener)

@@ -178,6 +178,7 @@ impl MockServer {
                 .route("/_mock/webhook", web::post().to(webhook))
         })
         .workers(workers)
+        .tcp_nodelay(true)
         .backlog(4096)
         .disable_signals()
         .listen(listener)?

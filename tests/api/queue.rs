@@ -325,3 +325,48 @@ async fn priority_is_capped_by_the_token_and_checked() {
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["error"]["param"], "x-sluice-priority");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_request_whose_client_leaves_is_gone_at_once_and_pays_nothing() {
+    let app = Arc::new(spawn_app_with(queue_of(1, [0, 0, 0, 0], 10, 60)).await);
+    let (id, token) = app.token("gil", Some("1")).await;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            delay_ms: 1500,
+            ..Default::default()
+        }),
+    );
+    let slow = spawn_send(&app, &token, 3, "slow".into());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let gave_up = impatient
+        .post(format!("{}/v1/chat/completions", app.address))
+        .bearer_auth(&token)
+        .json(&tagged("impatient"))
+        .send()
+        .await;
+    assert!(gave_up.is_err(), "the client gave up");
+    let left = Instant::now();
+    while !app.state.queue.waiting_for(id).is_empty() {
+        assert!(
+            left.elapsed() < Duration::from_millis(500),
+            "still queued after the client left"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(slow.await.unwrap().0, 200);
+    app.assert_invariant().await;
+    assert_eq!(
+        app.scalar(&format!(
+            "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
+        ))
+        .await,
+        17,
+        "the one that left paid nothing"
+    );
+    assert_eq!(app.mock.state.stats(KEY_A).count, 1);
+}
