@@ -25,6 +25,8 @@ pub struct UpstreamView {
     pub disabled_reason: Option<String>,
     pub cooling_until: Option<String>,
     pub in_flight: u32,
+    /// The circuit breaker: closed, half_open or open.
+    pub breaker: &'static str,
 }
 
 pub fn list(state: &AppState, actor: &Actor) -> Result<Vec<UpstreamView>, AdminError> {
@@ -53,6 +55,7 @@ pub fn list(state: &AppState, actor: &Actor) -> Result<Vec<UpstreamView>, AdminE
                     })
                     .flatten(),
                 in_flight: state.pool.in_flight(i),
+                breaker: state.pool.breakers[i].state().as_str(),
             }
         })
         .collect())

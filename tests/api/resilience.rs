@@ -234,6 +234,15 @@ async fn the_breaker_opens_fails_fast_probes_closes_and_reopens() {
         assert_eq!(app.chat(&token, &chat_body(10)).await.status(), 502);
     }
     assert_eq!(app.state.pool.breakers[0].state(), State::Open);
+    crate::admin_helpers::make_login(&app, "root", "admin", None).await;
+    let (_, view) = crate::admin_helpers::login(&app, "root")
+        .await
+        .get_json("/admin/api/v1/upstreams")
+        .await;
+    assert_eq!(
+        view["upstreams"][0]["breaker"], "open",
+        "the admin Upstreams view shows the breaker: {view}"
+    );
     for _ in 0..5 {
         let started = Instant::now();
         let resp = app.chat(&token, &chat_body(10)).await;
