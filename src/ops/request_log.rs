@@ -4,11 +4,13 @@
 
 use std::time::Duration;
 
-use sqlx::SqlitePool;
+use std::sync::Arc;
+
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::store::requests::{self, RequestRow};
+use crate::store::writer::Writer;
 
 enum Msg {
     Row(Box<RequestRow>),
@@ -24,7 +26,9 @@ const QUEUE: usize = 10_000;
 const BATCH: usize = 512;
 
 impl RequestLog {
-    pub fn start(write: SqlitePool) -> (RequestLog, JoinHandle<()>) {
+    /// Rows go to the database through the store's group-commit writer, one job per batch
+    /// (so they usually share a transaction with reservations and settlements).
+    pub fn start(write: Writer) -> (RequestLog, JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(QUEUE);
         (RequestLog { tx }, tokio::spawn(writer(write, rx)))
     }
@@ -67,7 +71,7 @@ impl RequestLog {
     }
 }
 
-async fn writer(pool: SqlitePool, mut rx: mpsc::Receiver<Msg>) {
+async fn writer(pool: Writer, mut rx: mpsc::Receiver<Msg>) {
     let mut batch: Vec<RequestRow> = Vec::with_capacity(BATCH);
     let mut waiting: Vec<oneshot::Sender<()>> = Vec::new();
     while let Some(first) = rx.recv().await {
@@ -82,8 +86,8 @@ async fn writer(pool: SqlitePool, mut rx: mpsc::Receiver<Msg>) {
             }
         }
         if !batch.is_empty() {
-            write(&pool, &batch).await;
-            batch.clear();
+            write(&pool, Arc::from(std::mem::take(&mut batch))).await;
+            batch.reserve(BATCH);
         }
         for done in waiting.drain(..) {
             let _ = done.send(());
@@ -91,9 +95,10 @@ async fn writer(pool: SqlitePool, mut rx: mpsc::Receiver<Msg>) {
     }
 }
 
-async fn write(pool: &SqlitePool, batch: &[RequestRow]) {
+async fn write(pool: &Writer, batch: Arc<[RequestRow]>) {
     for attempt in 0..5u64 {
-        match requests::insert_batch(pool, batch).await {
+        let rows = batch.clone();
+        match pool.run(move |tx| requests::insert_batch_tx(tx, &rows)).await {
             Ok(()) => return,
             Err(e) => {
                 tracing::error!(error = %e, rows = batch.len(), attempt, "writing the request log failed; retrying");

@@ -19,6 +19,8 @@ use chrono::{DateTime, Utc};
 use sqlx::{Row, SqliteConnection, SqlitePool};
 
 use super::audit::{self, AuditEntry};
+use super::raw::{Conn, Param};
+use super::writer::{self, Tx, Writer};
 use super::{Result, StoreError};
 use crate::clock::db_time;
 use crate::quota::period::Reset;
@@ -190,45 +192,131 @@ async fn ledger_row(
     reason: Option<&str>,
     now: DateTime<Utc>,
 ) -> Result<()> {
-    sqlx::query(
-        "INSERT INTO ledger (token_id, user_id, team_id, period, user_period, team_period, kind, amount_micros, request_id, reason, created_at)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-    )
-    .bind(owner.token_id)
-    .bind(owner.user_id)
-    .bind(owner.team_id)
-    .bind(&periods[0])
-    .bind(&periods[1])
-    .bind(&periods[2])
-    .bind(kind)
-    .bind(amount)
-    .bind(request_id)
-    .bind(reason)
-    .bind(db_time(now))
-    .execute(conn)
-    .await?;
+    sqlx::query(INSERT_LEDGER)
+        .bind(owner.token_id)
+        .bind(owner.user_id)
+        .bind(owner.team_id)
+        .bind(&periods[0])
+        .bind(&periods[1])
+        .bind(&periods[2])
+        .bind(kind)
+        .bind(amount)
+        .bind(request_id)
+        .bind(reason)
+        .bind(db_time(now))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+const INSERT_LEDGER: &str = "INSERT INTO ledger (token_id, user_id, team_id, period, user_period, team_period, kind, amount_micros, request_id, reason, created_at)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+
+/// `ledger_row` inside a raw-handle transaction (the reserve and settle path).
+fn ledger_row_tx(
+    tx: &mut Conn<'_>,
+    owner: &Owner,
+    periods: &[String; 3],
+    kind: &str,
+    amount: i64,
+    request_id: &str,
+    now: &str,
+) -> Result<()> {
+    tx.execute(
+        INSERT_LEDGER,
+        &[
+            owner.token_id.into(),
+            owner.user_id.into(),
+            owner.team_id.into(),
+            (&periods[0]).into(),
+            (&periods[1]).into(),
+            (&periods[2]).into(),
+            kind.into(),
+            amount.into(),
+            request_id.into(),
+            Param::Null,
+            now.into(),
+        ],
+    )?;
+    Ok(())
+}
+
+/// `rollover` inside a raw-handle transaction.
+fn rollover_tx(tx: &mut Conn<'_>, level: Level, id: i64, period: &str, now: DateTime<Utc>) -> Result<()> {
+    let rolled = tx.query_row(
+        SQL[level.idx()].rollover.as_str(),
+        &[period.into(), id.into()],
+        |r| r.int(0),
+    )?;
+    if rolled.is_some() {
+        let target = format!("{}:{id}", level.as_str());
+        let entry = AuditEntry {
+            actor: "system",
+            address: "",
+            action: "budget.period_reset",
+            target: &target,
+            before: None,
+            after: Some(period),
+        };
+        audit::append_tx(tx, &entry, now)?;
+    }
     Ok(())
 }
 
 /// The CAS. `Ok(Err(refusal))` when a level cannot cover the amount; nothing is written then.
+/// Runs in its own `BEGIN IMMEDIATE` transaction on the caller's thread; the gateway goes
+/// through the group-commit writer instead (`reserve_via`), with the same code (`reserve_tx`).
 pub async fn reserve(
     pool: &SqlitePool,
     r: &ReserveRequest<'_>,
 ) -> Result<std::result::Result<Reservation, Refusal>> {
+    writer::once(pool, |tx| reserve_tx(tx, r)).await
+}
+
+/// `reserve` as one job of the writer's next batch (group commit).
+pub async fn reserve_via(
+    writer: &Writer,
+    r: &ReserveRequest<'_>,
+) -> Result<std::result::Result<Reservation, Refusal>> {
+    let request_id = r.request_id.to_string();
+    let owner = r.owner.clone();
+    let process = r.process.to_string();
+    let (amount, deadline, now) = (r.amount, r.deadline, r.now);
+    writer
+        .run(move |tx| {
+            let req = ReserveRequest {
+                request_id: &request_id,
+                owner: &owner,
+                amount,
+                process: &process,
+                deadline,
+                now,
+            };
+            reserve_tx(tx, &req)
+        })
+        .await
+}
+
+/// The CAS inside a write transaction. At each level, in order token → user → team: roll
+/// the level over if its period is older (with its audit row), then the conditional
+/// decrement. A level that cannot cover the amount `discard`s everything this reservation
+/// wrote (its savepoint; other reservations of the batch are not touched).
+pub fn reserve_tx(
+    tx: &mut Tx<'_>,
+    r: &ReserveRequest<'_>,
+) -> Result<std::result::Result<Reservation, Refusal>> {
     let periods = r.owner.periods(r.now);
     let now_s = db_time(r.now);
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
     let mut remaining = None;
     let mut token_remaining = None;
     for level in LEVELS {
         let id = r.owner.id(level);
-        rollover(&mut tx, level, id, &periods[level.idx()], r.now).await?;
-        let row: Option<Option<i64>> = sqlx::query_scalar(&SQL[level.idx()].reserve)
-            .bind(r.amount)
-            .bind(id)
-            .bind(&now_s)
-            .fetch_optional(&mut *tx)
-            .await?;
+        rollover_tx(tx, level, id, &periods[level.idx()], r.now)?;
+        let row = tx.query_row(
+            SQL[level.idx()].reserve.as_str(),
+            &[r.amount.into(), id.into(), now_s.as_str().into()],
+            |row| row.int(0),
+        )?;
         match row {
             Some(left) => {
                 remaining = tighter(remaining, left);
@@ -237,45 +325,34 @@ pub async fn reserve(
                 }
             }
             None => {
-                let refusal = if level == Level::Token && token_gone(&mut tx, id, &now_s).await? {
+                let refusal = if level == Level::Token && token_gone(tx, id, &now_s)? {
                     Refusal::TokenGone
                 } else {
                     Refusal::Insufficient(level)
                 };
-                tx.rollback().await?;
+                tx.discard();
                 return Ok(Err(refusal));
             }
         }
     }
-    sqlx::query(
+    tx.execute(
         "INSERT INTO reservations (request_id, token_id, user_id, team_id, period, user_period, team_period, amount_micros, owner, deadline, created_at)
          VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-    )
-    .bind(r.request_id)
-    .bind(r.owner.token_id)
-    .bind(r.owner.user_id)
-    .bind(r.owner.team_id)
-    .bind(&periods[0])
-    .bind(&periods[1])
-    .bind(&periods[2])
-    .bind(r.amount)
-    .bind(r.process)
-    .bind(db_time(r.deadline))
-    .bind(&now_s)
-    .execute(&mut *tx)
-    .await?;
-    ledger_row(
-        &mut tx,
-        r.owner,
-        &periods,
-        "reserve",
-        r.amount,
-        Some(r.request_id),
-        None,
-        r.now,
-    )
-    .await?;
-    tx.commit().await?;
+        &[
+            r.request_id.into(),
+            r.owner.token_id.into(),
+            r.owner.user_id.into(),
+            r.owner.team_id.into(),
+            (&periods[0]).into(),
+            (&periods[1]).into(),
+            (&periods[2]).into(),
+            r.amount.into(),
+            r.process.into(),
+            db_time(r.deadline).as_str().into(),
+            now_s.as_str().into(),
+        ],
+    )?;
+    ledger_row_tx(tx, r.owner, &periods, "reserve", r.amount, r.request_id, &now_s)?;
     Ok(Ok(Reservation {
         request_id: r.request_id.to_string(),
         owner: r.owner.clone(),
@@ -286,15 +363,13 @@ pub async fn reserve(
     }))
 }
 
-async fn token_gone(conn: &mut SqliteConnection, id: i64, now: &str) -> Result<bool> {
-    let gone: Option<bool> = sqlx::query_scalar(
+fn token_gone(tx: &mut Conn<'_>, id: i64, now: &str) -> Result<bool> {
+    let gone = tx.query_row(
         "SELECT revoked_at IS NOT NULL OR (expires_at IS NOT NULL AND expires_at <= ?) FROM tokens WHERE id = ?",
-    )
-    .bind(now)
-    .bind(id)
-    .fetch_optional(conn)
-    .await?;
-    Ok(gone.unwrap_or(true))
+        &[now.into(), id.into()],
+        |r| r.int(0),
+    )?;
+    Ok(gone.flatten().is_none_or(|g| g != 0))
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -317,61 +392,64 @@ pub async fn settle(
     actual: i64,
     now: DateTime<Utc>,
 ) -> Result<Option<Settled>> {
+    writer::once(pool, |tx| settle_tx(tx, resv, actual, now)).await
+}
+
+/// `settle` as one job of the writer's next batch (group commit).
+pub async fn settle_via(
+    writer: &Writer,
+    resv: Reservation,
+    actual: i64,
+    now: DateTime<Utc>,
+) -> Result<Option<Settled>> {
+    writer.run(move |tx| settle_tx(tx, &resv, actual, now)).await
+}
+
+/// Settlement inside a write transaction: the reservation row goes, every level gets its
+/// refund (into the reservation's period only) and releases the reserved amount, and the
+/// `settle` (and `absorbed`) rows are appended.
+pub fn settle_tx(
+    tx: &mut Tx<'_>,
+    resv: &Reservation,
+    actual: i64,
+    now: DateTime<Utc>,
+) -> Result<Option<Settled>> {
     let actual = actual.max(0);
     let charged = actual.min(resv.amount);
     let refund = resv.amount - charged;
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    let gone = sqlx::query("DELETE FROM reservations WHERE request_id = ?")
-        .bind(&resv.request_id)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
+    let gone = tx.execute(
+        "DELETE FROM reservations WHERE request_id = ?",
+        &[resv.request_id.as_str().into()],
+    )?;
     if gone == 0 {
-        tx.rollback().await?;
         return Ok(None);
     }
     let mut remaining = None;
     let mut token_remaining = None;
     for level in LEVELS {
-        let left: Option<i64> = sqlx::query_scalar(&SQL[level.idx()].settle)
-            .bind(resv.amount)
-            .bind(&resv.periods[level.idx()])
-            .bind(refund)
-            .bind(resv.owner.id(level))
-            .fetch_optional(&mut *tx)
-            .await?
+        let left = tx
+            .query_row(
+                SQL[level.idx()].settle.as_str(),
+                &[
+                    resv.amount.into(),
+                    resv.periods[level.idx()].as_str().into(),
+                    refund.into(),
+                    resv.owner.id(level).into(),
+                ],
+                |r| r.int(0),
+            )?
             .flatten();
         remaining = tighter(remaining, left);
         if level == Level::Token {
             token_remaining = left;
         }
     }
-    ledger_row(
-        &mut tx,
-        &resv.owner,
-        &resv.periods,
-        "settle",
-        -refund,
-        Some(&resv.request_id),
-        None,
-        now,
-    )
-    .await?;
+    let now_s = db_time(now);
+    ledger_row_tx(tx, &resv.owner, &resv.periods, "settle", -refund, &resv.request_id, &now_s)?;
     let absorbed = actual - charged;
     if absorbed > 0 {
-        ledger_row(
-            &mut tx,
-            &resv.owner,
-            &resv.periods,
-            "absorbed",
-            absorbed,
-            Some(&resv.request_id),
-            None,
-            now,
-        )
-        .await?;
+        ledger_row_tx(tx, &resv.owner, &resv.periods, "absorbed", absorbed, &resv.request_id, &now_s)?;
     }
-    tx.commit().await?;
     Ok(Some(Settled {
         charged,
         absorbed,

@@ -6,9 +6,11 @@ pub mod admins;
 pub mod audit;
 pub mod ledger;
 pub mod processes;
+pub mod raw;
 pub mod requests;
 pub mod tenants;
 pub mod tokens;
+pub mod writer;
 
 use std::path::Path;
 use std::str::FromStr;
@@ -30,6 +32,14 @@ pub enum StoreError {
     NotFound(String),
     #[error("{0}")]
     Conflict(String),
+    /// A statement run through the raw handle (`raw`) failed.
+    #[error("database error: {message} (code {code})")]
+    Sqlite { code: i32, message: String },
+    /// The write batch this operation was part of failed as a whole; nothing of it was kept.
+    #[error("write batch failed: {0}")]
+    Batch(String),
+    #[error("the store writer is gone")]
+    WriterGone,
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
@@ -63,9 +73,12 @@ impl Db {
             .foreign_keys(true)
             .pragma("temp_store", "memory")
             .pragma("cache_size", "-16000");
+        // No ping before each acquire: the connection is in-process (a dead worker thread
+        // fails the next statement anyway), and the ping is a round trip to its thread.
         let write = SqlitePoolOptions::new()
             .max_connections(1)
             .min_connections(1)
+            .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(30))
             .idle_timeout(None)
             .max_lifetime(None)
