@@ -12,6 +12,9 @@ pub mod tenants;
 pub mod tokens;
 pub mod writer;
 
+#[cfg(test)]
+mod tests;
+
 use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;

@@ -110,6 +110,14 @@ impl Keeper {
     }
 }
 
+#[cfg(test)]
+impl Keeper {
+    /// Whether the cache it last attached is still alive (its connection is open).
+    pub fn is_live(&self) -> bool {
+        self.cache.as_ref().is_some_and(|w| w.strong_count() > 0)
+    }
+}
+
 impl Statements {
     /// A cache for the connection behind `db` (finalized on drop: keep it no longer than
     /// the lock on that connection unless it is attached with a `Keeper`).

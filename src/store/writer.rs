@@ -26,6 +26,8 @@
 //! so admin edits, the housekeeping and the CLI queue with it as before.
 
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
 use sqlx::SqlitePool;
 use tokio::sync::{mpsc, oneshot};
@@ -129,6 +131,22 @@ where
 #[derive(Clone)]
 pub struct Writer {
     tx: mpsc::Sender<Box<dyn Job>>,
+    counters: Arc<Counters>,
+}
+
+#[derive(Default)]
+struct Counters {
+    batches: AtomicU64,
+    jobs: AtomicU64,
+    failed_batches: AtomicU64,
+}
+
+/// What the writer has done so far (jobs are counted when taken into a batch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stats {
+    pub batches: u64,
+    pub jobs: u64,
+    pub failed_batches: u64,
 }
 
 impl std::fmt::Debug for Writer {
@@ -141,6 +159,8 @@ impl Writer {
     /// Starts the writer thread over `pool` (the single-connection write pool).
     pub fn start(pool: SqlitePool) -> Writer {
         let (tx, rx) = mpsc::channel(QUEUE);
+        let counters = Arc::new(Counters::default());
+        let seen = counters.clone();
         let started = std::thread::Builder::new()
             .name("sluice-writer".into())
             .spawn(move || {
@@ -148,7 +168,7 @@ impl Writer {
                     .enable_time()
                     .build()
                 {
-                    Ok(rt) => rt.block_on(serve(pool, rx)),
+                    Ok(rt) => rt.block_on(serve(pool, rx, seen)),
                     Err(e) => tracing::error!(error = %e, "the store writer could not start"),
                 }
             });
@@ -156,7 +176,15 @@ impl Writer {
             // `rx` is gone with the closure: every call answers `WriterGone`.
             tracing::error!(error = %e, "the store writer thread could not start");
         }
-        Writer { tx }
+        Writer { tx, counters }
+    }
+
+    pub fn stats(&self) -> Stats {
+        Stats {
+            batches: self.counters.batches.load(Relaxed),
+            jobs: self.counters.jobs.load(Relaxed),
+            failed_batches: self.counters.failed_batches.load(Relaxed),
+        }
     }
 
     /// Runs `f` inside the next batch; its writes are kept if it returns `Ok` (and did not
@@ -182,7 +210,7 @@ impl Writer {
     }
 }
 
-async fn serve(pool: SqlitePool, mut rx: mpsc::Receiver<Box<dyn Job>>) {
+async fn serve(pool: SqlitePool, mut rx: mpsc::Receiver<Box<dyn Job>>, counters: Arc<Counters>) {
     let mut keeper = Keeper::default();
     let mut jobs: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = rx.recv().await {
@@ -193,8 +221,11 @@ async fn serve(pool: SqlitePool, mut rx: mpsc::Receiver<Box<dyn Job>>) {
                 Err(_) => break,
             }
         }
+        counters.batches.fetch_add(1, Relaxed);
+        counters.jobs.fetch_add(jobs.len() as u64, Relaxed);
         let outcome = batch(&pool, &mut keeper, &mut jobs).await;
         if let Err(e) = &outcome {
+            counters.failed_batches.fetch_add(1, Relaxed);
             tracing::error!(error = %e, jobs = jobs.len(), "a write batch failed; its callers get the error");
         }
         for job in jobs.drain(..) {
