@@ -19,7 +19,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{Row, SqliteConnection, SqlitePool};
 
 use super::audit::{self, AuditEntry};
-use super::raw::{Conn, Param};
+use super::raw::{self, Conn, Param};
 use super::writer::{self, Tx, Writer};
 use super::{Result, StoreError};
 use crate::clock::db_time;
@@ -297,42 +297,100 @@ pub async fn reserve_via(
         .await
 }
 
-/// The CAS inside a write transaction. At each level, in order token → user → team: roll
-/// the level over if its period is older (with its audit row), then the conditional
-/// decrement. A level that cannot cover the amount `discard`s everything this reservation
-/// wrote (its savepoint; other reservations of the batch are not touched).
+/// Each level's state as the CAS sees it: one statement for all three.
+const LEVELS_STATE: &str = "SELECT t.id IS NOT NULL, t.revoked_at IS NOT NULL OR (t.expires_at IS NOT NULL AND t.expires_at <= ?4),
+        t.limit_micros, t.remaining_micros, t.period = ?5,
+        u.id IS NOT NULL, 0, u.limit_micros, u.remaining_micros, u.period = ?6,
+        m.id IS NOT NULL, 0, m.limit_micros, m.remaining_micros, m.period = ?7
+    FROM (SELECT 1) AS one
+    LEFT JOIN tokens t ON t.id = ?1
+    LEFT JOIN users u ON u.id = ?2
+    LEFT JOIN teams m ON m.id = ?3";
+
+/// One level's balance before a reservation.
+struct LevelState {
+    exists: bool,
+    gone: bool,
+    limit: Option<i64>,
+    remaining: Option<i64>,
+    current: bool,
+}
+
+impl LevelState {
+    /// What the level would have left before this reservation: a level still in an older
+    /// period starts the current one at its limit (the rollover below).
+    fn covers(&self, amount: i64) -> bool {
+        let remaining = if self.current {
+            self.remaining
+        } else {
+            self.limit
+        };
+        self.exists && (self.limit.is_none() || remaining.is_some_and(|r| r >= amount))
+    }
+}
+
+/// The CAS inside a write transaction (`BEGIN IMMEDIATE`: nobody else, in this process or
+/// another, writes between its read and its writes).
+///
+/// It decides first, from one read of the three levels, and writes only when every level
+/// can cover the amount — so a refusal writes nothing and needs no savepoint (see
+/// `writer`). Then, per level (token → user → team): the rollover if the level is still
+/// in an older period (conditional on that, with its audit row), and the conditional
+/// decrement, which must change its row — the check is repeated by the `WHERE` clause, so
+/// if the read and the write ever disagreed the job fails and nothing of it is kept.
 pub fn reserve_tx(
     tx: &mut Tx<'_>,
     r: &ReserveRequest<'_>,
 ) -> Result<std::result::Result<Reservation, Refusal>> {
     let periods = r.owner.periods(r.now);
     let now_s = db_time(r.now);
+    let state = |row: &raw::Row, at: i32| LevelState {
+        exists: row.int(at) == Some(1),
+        gone: row.int(at + 1) == Some(1),
+        limit: row.int(at + 2),
+        remaining: row.int(at + 3),
+        current: row.int(at + 4) == Some(1),
+    };
+    let levels = tx
+        .query_row(
+            LEVELS_STATE,
+            &[
+                r.owner.token_id.into(),
+                r.owner.user_id.into(),
+                r.owner.team_id.into(),
+                now_s.as_str().into(),
+                periods[0].as_str().into(),
+                periods[1].as_str().into(),
+                periods[2].as_str().into(),
+            ],
+            |row| [state(row, 0), state(row, 5), state(row, 10)],
+        )?
+        .ok_or_else(|| StoreError::Conflict("the level read returned no row".into()))?;
+    if !levels[0].exists || levels[0].gone {
+        return Ok(Err(Refusal::TokenGone));
+    }
+    if let Some(level) = LEVELS.into_iter().find(|l| !levels[l.idx()].covers(r.amount)) {
+        return Ok(Err(Refusal::Insufficient(level)));
+    }
     let mut remaining = None;
     let mut token_remaining = None;
     for level in LEVELS {
         let id = r.owner.id(level);
-        rollover_tx(tx, level, id, &periods[level.idx()], r.now)?;
-        let row = tx.query_row(
-            SQL[level.idx()].reserve.as_str(),
-            &[r.amount.into(), id.into(), now_s.as_str().into()],
-            |row| row.int(0),
-        )?;
-        match row {
-            Some(left) => {
-                remaining = tighter(remaining, left);
-                if level == Level::Token {
-                    token_remaining = left;
-                }
-            }
-            None => {
-                let refusal = if level == Level::Token && token_gone(tx, id, &now_s)? {
-                    Refusal::TokenGone
-                } else {
-                    Refusal::Insufficient(level)
-                };
-                tx.discard();
-                return Ok(Err(refusal));
-            }
+        if !levels[level.idx()].current {
+            rollover_tx(tx, level, id, &periods[level.idx()], r.now)?;
+        }
+        let left = tx
+            .query_row(
+                SQL[level.idx()].reserve.as_str(),
+                &[r.amount.into(), id.into(), now_s.as_str().into()],
+                |row| row.int(0),
+            )?
+            .ok_or_else(|| {
+                StoreError::Conflict(format!("the {} level changed under the write lock", level.as_str()))
+            })?;
+        remaining = tighter(remaining, left);
+        if level == Level::Token {
+            token_remaining = left;
         }
     }
     tx.execute(
@@ -361,15 +419,6 @@ pub fn reserve_tx(
         remaining,
         token_remaining,
     }))
-}
-
-fn token_gone(tx: &mut Conn<'_>, id: i64, now: &str) -> Result<bool> {
-    let gone = tx.query_row(
-        "SELECT revoked_at IS NOT NULL OR (expires_at IS NOT NULL AND expires_at <= ?) FROM tokens WHERE id = ?",
-        &[now.into(), id.into()],
-        |r| r.int(0),
-    )?;
-    Ok(gone.flatten().is_none_or(|g| g != 0))
 }
 
 #[derive(Debug, Clone, Copy)]

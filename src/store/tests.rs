@@ -185,9 +185,10 @@ async fn a_failing_job_is_rolled_back_alone() {
 #[tokio::test]
 async fn a_batch_that_fails_fails_only_its_own_callers() {
     let (_dir, db, owner) = setup(1_000).await;
-    // RAISE(ROLLBACK) ends the whole transaction: the batch cannot be saved.
+    // RAISE(ROLLBACK) ends the whole transaction. One such job is set aside and the batch
+    // runs again without it; a second one fails the batch.
     sqlx::query(
-        "CREATE TRIGGER poison BEFORE INSERT ON reservations WHEN NEW.request_id = 'poison'
+        "CREATE TRIGGER poison BEFORE INSERT ON reservations WHEN NEW.request_id LIKE 'poison%'
          BEGIN SELECT RAISE(ROLLBACK, 'poisoned batch'); END",
     )
     .execute(&db.write)
@@ -197,7 +198,7 @@ async fn a_batch_that_fails_fails_only_its_own_callers() {
     let held = db.write.acquire().await.unwrap();
     let first = reserve(&writer, &owner, "before", 100);
     taken(&writer, 1).await;
-    let doomed: Vec<_> = ["x", "poison", "y"]
+    let doomed: Vec<_> = ["x", "poison 1", "y", "poison 2"]
         .into_iter()
         .map(|id| reserve(&writer, &owner, id, 100))
         .collect();

@@ -1,15 +1,17 @@
 //! Group commit: one thread writes the money path's transactions (and the request log's).
 //!
 //! Callers hand the writer a job — a closure over a `Tx` — and await its answer on a
-//! oneshot. The writer takes every job waiting (up to `MAX_BATCH`) and runs them in ONE
-//! `BEGIN IMMEDIATE` transaction, each job under its own `SAVEPOINT`:
-//! - a job that fails, or that `discard`s its writes (a refused reservation), is rolled
-//!   back to its savepoint alone; the other jobs keep theirs;
+//! oneshot. The writer takes every job waiting (up to `MAX_BATCH`) and runs them one after
+//! another in ONE `BEGIN IMMEDIATE` transaction:
 //! - answers are sent only after `COMMIT` succeeded, so no caller acts on a reservation
 //!   that is not in the database;
-//! - if `BEGIN`, a savepoint or `COMMIT` fails (or SQLite rolled the transaction back on
-//!   its own), every job of that batch gets an error, nothing of the batch is kept, and the
-//!   writer goes on with the next batch.
+//! - a job must write nothing unless it succeeds: a refused reservation decides before its
+//!   first write (`ledger::reserve_tx`). That is what lets a batch do without a savepoint
+//!   per job (each savepoint copies every page the job touches into a sub-journal);
+//! - a job that fails (its statements may have half-run) spoils the transaction: it is
+//!   rolled back, that job keeps its error, and the batch runs again without it in a fresh
+//!   transaction. If that fails too — or `BEGIN` or `COMMIT` fails — every job of the batch
+//!   gets an error and nothing of it is kept; the writer goes on with the next batch.
 //!
 //! Each job's compare-and-swap stays atomic: the batch holds SQLite's write lock from
 //! `BEGIN IMMEDIATE` to `COMMIT` — against other processes too — and the jobs run one after
@@ -43,15 +45,6 @@ const QUEUE: usize = 8192;
 /// A connection inside a write transaction, as a job sees it.
 pub struct Tx<'c> {
     conn: Conn<'c>,
-    discard: bool,
-}
-
-impl Tx<'_> {
-    /// Rolls this job's writes back (to its savepoint) when it returns, even if it returns
-    /// `Ok` — a refused reservation writes nothing.
-    pub fn discard(&mut self) {
-        self.discard = true;
-    }
 }
 
 impl<'c> Deref for Tx<'c> {
@@ -66,10 +59,12 @@ impl<'c> DerefMut for Tx<'c> {
     }
 }
 
-/// A unit of work of a transaction.
+/// A unit of work of a transaction. It may run more than once (see the module doc).
 trait Run {
-    /// Runs inside the transaction, under the job's savepoint; `false` rolls the savepoint back.
+    /// Runs inside the transaction; `false` when it failed (the transaction is spoiled).
     fn run(&mut self, tx: &mut Tx<'_>) -> bool;
+    /// Whether its last run failed (it is then left out of a rerun).
+    fn failed(&self) -> bool;
 }
 
 /// A job of the writer's batches, type-erased.
@@ -80,17 +75,19 @@ trait Job: Run + Send {
 
 /// The closure of a job and, once it ran, its result.
 struct Once<T, F> {
-    f: Option<F>,
+    f: F,
     out: Option<Result<T>>,
 }
 
-impl<T, F: FnOnce(&mut Tx<'_>) -> Result<T>> Run for Once<T, F> {
+impl<T, F: FnMut(&mut Tx<'_>) -> Result<T>> Run for Once<T, F> {
     fn run(&mut self, tx: &mut Tx<'_>) -> bool {
-        let Some(f) = self.f.take() else { return false };
-        let out = f(tx);
-        let keep = out.is_ok();
+        let out = (self.f)(tx);
+        let ok = out.is_ok();
         self.out = Some(out);
-        keep
+        ok
+    }
+    fn failed(&self) -> bool {
+        matches!(self.out, Some(Err(_)))
     }
 }
 
@@ -106,16 +103,19 @@ struct Call<T, F> {
     reply: oneshot::Sender<Result<T>>,
 }
 
-impl<T, F: FnOnce(&mut Tx<'_>) -> Result<T>> Run for Call<T, F> {
+impl<T, F: FnMut(&mut Tx<'_>) -> Result<T>> Run for Call<T, F> {
     fn run(&mut self, tx: &mut Tx<'_>) -> bool {
         self.once.run(tx)
+    }
+    fn failed(&self) -> bool {
+        self.once.failed()
     }
 }
 
 impl<T, F> Job for Call<T, F>
 where
     T: Send,
-    F: FnOnce(&mut Tx<'_>) -> Result<T> + Send,
+    F: FnMut(&mut Tx<'_>) -> Result<T> + Send,
 {
     fn finish(self: Box<Self>, batch: std::result::Result<(), &StoreError>) {
         let answer = match batch {
@@ -187,19 +187,16 @@ impl Writer {
         }
     }
 
-    /// Runs `f` inside the next batch; its writes are kept if it returns `Ok` (and did not
-    /// `discard`) and the batch commits. The answer comes after the commit.
+    /// Runs `f` inside the next batch; the answer comes after the commit. `f` must write
+    /// nothing unless it returns `Ok`, and may run again if another job of its batch fails.
     pub async fn run<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(&mut Tx<'_>) -> Result<T> + Send + 'static,
+        F: FnMut(&mut Tx<'_>) -> Result<T> + Send + 'static,
     {
         let (reply, answer) = oneshot::channel();
         let job = Box::new(Call {
-            once: Once {
-                f: Some(f),
-                out: None,
-            },
+            once: Once { f, out: None },
             reply,
         });
         self.tx
@@ -242,57 +239,64 @@ async fn batch(pool: &SqlitePool, keeper: &mut Keeper, jobs: &mut [Box<dyn Job>]
     let db = handle.as_raw_handle().as_ptr();
     let mut tx = Tx {
         conn: Conn::new(db, &mut stmts)?,
-        discard: false,
     };
-    transact(&mut tx, jobs.iter_mut().map(|j| &mut **j))
+    transact(&mut tx, jobs)
 }
 
-/// One transaction over `jobs`; on error nothing of it is kept (rolled back here).
-fn transact<'j, J: Run + ?Sized + 'j>(
-    tx: &mut Tx<'_>,
-    jobs: impl IntoIterator<Item = &'j mut J>,
-) -> Result<()> {
-    let result = run_all(tx, jobs);
-    if result.is_err() && tx.in_transaction() {
-        if let Err(e) = tx.execute("ROLLBACK", &[]) {
-            tracing::error!(error = %e, "rolling back a failed write batch failed");
+/// One transaction over `jobs`, rerun once without a job that failed; on error nothing
+/// of it is kept.
+fn transact<J: Run + ?Sized>(tx: &mut Tx<'_>, jobs: &mut [Box<J>]) -> Result<()> {
+    for _attempt in 0..2 {
+        match run_all(tx, jobs) {
+            Ok(true) => return Ok(()),
+            Ok(false) => rollback(tx),
+            Err(e) => {
+                rollback(tx);
+                return Err(e);
+            }
         }
     }
-    result
+    Err(StoreError::Batch("more than one job of the batch failed".into()))
 }
 
-fn run_all<'j, J: Run + ?Sized + 'j>(
-    tx: &mut Tx<'_>,
-    jobs: impl IntoIterator<Item = &'j mut J>,
-) -> Result<()> {
+/// `Ok(false)` when a job failed (the transaction is left open for the caller to roll back).
+fn run_all<J: Run + ?Sized>(tx: &mut Tx<'_>, jobs: &mut [Box<J>]) -> Result<bool> {
     tx.execute("BEGIN IMMEDIATE", &[])?;
-    for job in jobs {
-        tx.execute("SAVEPOINT job", &[])?;
-        tx.discard = false;
-        let keep = job.run(tx);
-        if !keep || tx.discard {
-            // Fails when SQLite already rolled the whole transaction back: the batch is lost.
-            tx.execute("ROLLBACK TO job", &[])?;
+    for job in jobs.iter_mut().filter(|j| !j.failed()) {
+        if !job.run(tx) {
+            return Ok(false);
         }
-        tx.execute("RELEASE job", &[])?;
     }
-    tx.execute("COMMIT", &[])
-        .map(|_| ())
+    tx.execute("COMMIT", &[])?;
+    Ok(true)
+}
+
+fn rollback(tx: &mut Tx<'_>) {
+    // SQLite may have rolled back by itself (some errors end the transaction).
+    if tx.in_transaction() {
+        if let Err(e) = tx.execute("ROLLBACK", &[]) {
+            tracing::error!(error = %e, "rolling back a write batch failed");
+        }
+    }
 }
 
 /// Runs one job in its own transaction on the caller's thread, without the writer (the
 /// standalone `ledger` functions; tools and tests). Statements are prepared for this call
 /// only. Blocks the calling thread for the transaction, including a commit's fsync.
-pub async fn once<T>(pool: &SqlitePool, f: impl FnOnce(&mut Tx<'_>) -> Result<T>) -> Result<T> {
+pub async fn once<T>(pool: &SqlitePool, f: impl FnMut(&mut Tx<'_>) -> Result<T>) -> Result<T> {
     let mut conn = pool.acquire().await?;
     let mut handle = conn.lock_handle().await?;
-    let mut stmts = Statements::new(handle.as_raw_handle().as_ptr());
     let db = handle.as_raw_handle().as_ptr();
+    let mut stmts = Statements::new(db);
     let mut tx = Tx {
         conn: Conn::new(db, &mut stmts)?,
-        discard: false,
     };
-    let mut one = Once { f: Some(f), out: None };
-    transact(&mut tx, std::iter::once(&mut one))?;
-    one.result()
+    let mut one = [Box::new(Once { f, out: None })];
+    let batch = transact(&mut tx, &mut one);
+    let [one] = one;
+    match (batch, one.out) {
+        (_, Some(Err(e))) | (Err(e), _) => Err(e),
+        (Ok(()), Some(Ok(v))) => Ok(v),
+        (Ok(()), None) => Err(StoreError::Batch("job did not run".into())),
+    }
 }
