@@ -75,6 +75,9 @@ impl Db {
             .busy_timeout(BUSY_TIMEOUT)
             .foreign_keys(true)
             .pragma("temp_store", "memory")
+            // A backstop only: the store writer's checkpointer copies the WAL back every
+            // 250 ms off the write path (see `writer::checkpointer`).
+            .pragma("wal_autocheckpoint", "10000")
             .pragma("cache_size", "-16000");
         // No ping before each acquire: the connection is in-process (a dead worker thread
         // fails the next statement anyway), and the ping is a round trip to its thread.
