@@ -248,28 +248,36 @@ async fn checkpointer(opts: Arc<SqliteConnectOptions>) {
 async fn serve(pool: SqlitePool, mut rx: mpsc::Receiver<Box<dyn Job>>, counters: Arc<Counters>) {
     let mut keeper = Keeper::default();
     let mut jobs: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_BATCH);
-    while let Some(first) = rx.recv().await {
-        jobs.push(first);
-        while jobs.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(job) => jobs.push(job),
-                Err(_) => break,
+    loop {
+        if jobs.is_empty() {
+            match rx.recv().await {
+                Some(job) => {
+                    counters.jobs.fetch_add(1, Relaxed);
+                    jobs.push(job);
+                }
+                None => return,
             }
         }
-        counters.batches.fetch_add(1, Relaxed);
-        counters.jobs.fetch_add(jobs.len() as u64, Relaxed);
-        let outcome = batch(&pool, &mut keeper, &mut jobs).await;
-        if let Err(e) = &outcome {
-            counters.failed_batches.fetch_add(1, Relaxed);
-            tracing::error!(error = %e, jobs = jobs.len(), "a write batch failed; its callers get the error");
-        }
-        for job in jobs.drain(..) {
-            job.finish(outcome.as_ref().map(|_| ()));
+        take_waiting(&mut rx, &mut jobs, &counters);
+        if let Err(e) = session(&pool, &mut keeper, &mut rx, &mut jobs, &counters).await {
+            finish(&mut jobs, Err(&e), &counters);
         }
     }
 }
 
-async fn batch(pool: &SqlitePool, keeper: &mut Keeper, jobs: &mut [Box<dyn Job>]) -> Result<()> {
+/// How many batches in a row may run on the connection before it goes back to the pool
+/// (where admin edits, the housekeeping and the CLI wait for it).
+const MAX_ROUNDS: usize = 32;
+
+/// Locks the write connection once and runs batches on it while jobs keep coming: one
+/// hand-over from sqlx's worker thread (and one pool round trip) for many batches.
+async fn session(
+    pool: &SqlitePool,
+    keeper: &mut Keeper,
+    rx: &mut mpsc::Receiver<Box<dyn Job>>,
+    jobs: &mut Vec<Box<dyn Job>>,
+    counters: &Counters,
+) -> Result<()> {
     let mut conn = pool.acquire().await?;
     let mut handle = conn.lock_handle().await?;
     let cache = keeper.attach(&mut handle);
@@ -278,7 +286,43 @@ async fn batch(pool: &SqlitePool, keeper: &mut Keeper, jobs: &mut [Box<dyn Job>]
     let mut tx = Tx {
         conn: Conn::new(db, &mut stmts)?,
     };
-    transact(&mut tx, jobs)
+    for _ in 0..MAX_ROUNDS {
+        let outcome = transact(&mut tx, jobs);
+        finish(jobs, outcome.as_ref().map(|_| ()), counters);
+        // Let the callers just answered run (on a shared CPU they are waiting for it):
+        // their next jobs make the next batch, on the connection we still hold.
+        std::thread::yield_now();
+        take_waiting(rx, jobs, counters);
+        if jobs.is_empty() {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Adds the jobs already waiting, up to `MAX_BATCH`.
+fn take_waiting(rx: &mut mpsc::Receiver<Box<dyn Job>>, jobs: &mut Vec<Box<dyn Job>>, counters: &Counters) {
+    while jobs.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(job) => {
+                counters.jobs.fetch_add(1, Relaxed);
+                jobs.push(job);
+            }
+            Err(_) => break,
+        }
+    }
+}
+
+/// Answers every job of a batch (after its commit, or with the batch's failure).
+fn finish(jobs: &mut Vec<Box<dyn Job>>, outcome: std::result::Result<(), &StoreError>, counters: &Counters) {
+    counters.batches.fetch_add(1, Relaxed);
+    if let Err(e) = outcome {
+        counters.failed_batches.fetch_add(1, Relaxed);
+        tracing::error!(error = %e, jobs = jobs.len(), "a write batch failed; its callers get the error");
+    }
+    for job in jobs.drain(..) {
+        job.finish(outcome);
+    }
 }
 
 /// One transaction over `jobs`, rerun once without a job that failed; on error nothing
