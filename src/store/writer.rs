@@ -268,6 +268,8 @@ async fn serve(pool: SqlitePool, mut rx: mpsc::Receiver<Box<dyn Job>>, counters:
 /// How many batches in a row may run on the connection before it goes back to the pool
 /// (where admin edits, the housekeeping and the CLI wait for it).
 const MAX_ROUNDS: usize = 32;
+/// How long an idle writer keeps the connection locked, waiting for the next job.
+const IDLE_HOLD: Duration = Duration::from_millis(2);
 
 /// Locks the write connection once and runs batches on it while jobs keep coming: one
 /// hand-over from sqlx's worker thread (and one pool round trip) for many batches.
@@ -294,7 +296,16 @@ async fn session(
         std::thread::yield_now();
         take_waiting(rx, jobs, counters);
         if jobs.is_empty() {
-            break;
+            // A request's settlement (or the next request) usually follows within a
+            // millisecond or two: keep the connection that long rather than hand it back.
+            match tokio::time::timeout(IDLE_HOLD, rx.recv()).await {
+                Ok(Some(job)) => {
+                    counters.jobs.fetch_add(1, Relaxed);
+                    jobs.push(job);
+                    take_waiting(rx, jobs, counters);
+                }
+                Ok(None) | Err(_) => break,
+            }
         }
     }
     Ok(())
