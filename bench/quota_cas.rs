@@ -89,7 +89,10 @@ async fn run(full: bool, clients: usize, seconds: u64) {
     let quota = Quota::new(db.write.clone(), Arc::new(SystemClock), "bench".into());
     // Warm-up (statements prepared, pages cached).
     for i in 0..200 {
-        let held = quota.reserve(&format!("warm-{i}"), &owner, 1_000).await.expect("reserve");
+        let held = quota
+            .reserve(&format!("warm-{i}"), &owner, 1_000)
+            .await
+            .expect("reserve");
         held.settle(400).await.expect("settle");
     }
     let before = stats(&quota);
@@ -128,7 +131,9 @@ async fn run(full: bool, clients: usize, seconds: u64) {
     set.sort_unstable();
     let pairs = set.len() as f64;
     let batch = match (before, stats(&quota)) {
-        (Some((b0, j0)), Some((b1, j1))) if b1 > b0 => format!("{:.1}", (j1 - j0) as f64 / (b1 - b0) as f64),
+        (Some((b0, j0)), Some((b1, j1))) if b1 > b0 => {
+            format!("{:.1}", (j1 - j0) as f64 / (b1 - b0) as f64)
+        }
         _ => "-".into(),
     };
     println!(
@@ -158,12 +163,28 @@ fn stats(quota: &Quota) -> Option<(u64, u64)> {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let a = args();
-    println!("quota CAS: reserve + settle per pair, {} s per row, one current-thread runtime", a.seconds);
+    println!(
+        "quota CAS: reserve + settle per pair, {} s per row, one current-thread runtime",
+        a.seconds
+    );
     println!(
         "{:<6} {:>7} {:>10} {:>9} {:>9} {:>10} {:>9} {:>9} {:>10} {:>12} {:>6}",
-        "sync", "clients", "pairs/s", "res p50", "res p99", "res p99.9", "set p50", "set p99", "set p99.9", "cpu us/pair", "batch"
+        "sync",
+        "clients",
+        "pairs/s",
+        "res p50",
+        "res p99",
+        "res p99.9",
+        "set p50",
+        "set p99",
+        "set p99.9",
+        "cpu us/pair",
+        "batch"
     );
-    println!("{:<6} {:>7} {:>10} {:>9} {:>9} {:>10} {:>9} {:>9} {:>10}", "", "", "", "(µs)", "(µs)", "(µs)", "(µs)", "(µs)", "(µs)");
+    println!(
+        "{:<6} {:>7} {:>10} {:>9} {:>9} {:>10} {:>9} {:>9} {:>10}",
+        "", "", "", "(µs)", "(µs)", "(µs)", "(µs)", "(µs)", "(µs)"
+    );
     for full in [false, true] {
         for &c in &a.clients {
             run(full, c, a.seconds).await;

@@ -92,7 +92,10 @@ async fn writer(pool: Writer, mut rx: mpsc::Receiver<Msg>) {
             }
             next = match rx.try_recv() {
                 Ok(msg) => Some(msg),
-                Err(_) => tokio::time::timeout_at(until, rx.recv()).await.ok().flatten(),
+                Err(_) => tokio::time::timeout_at(until, rx.recv())
+                    .await
+                    .ok()
+                    .flatten(),
             };
         }
         if !batch.is_empty() {
@@ -108,7 +111,10 @@ async fn writer(pool: Writer, mut rx: mpsc::Receiver<Msg>) {
 async fn write(pool: &Writer, batch: Arc<[RequestRow]>) {
     for attempt in 0..5u64 {
         let rows = batch.clone();
-        match pool.run(move |tx| requests::insert_batch_tx(tx, &rows)).await {
+        match pool
+            .run(move |tx| requests::insert_batch_tx(tx, &rows))
+            .await
+        {
             Ok(()) => return,
             Err(e) => {
                 tracing::error!(error = %e, rows = batch.len(), attempt, "writing the request log failed; retrying");

@@ -242,7 +242,13 @@ fn ledger_row_tx(
 }
 
 /// `rollover` inside a raw-handle transaction.
-fn rollover_tx(tx: &mut Conn<'_>, level: Level, id: i64, period: &str, now: DateTime<Utc>) -> Result<()> {
+fn rollover_tx(
+    tx: &mut Conn<'_>,
+    level: Level,
+    id: i64,
+    period: &str,
+    now: DateTime<Utc>,
+) -> Result<()> {
     let rolled = tx.query_row(
         SQL[level.idx()].rollover.as_str(),
         &[period.into(), id.into()],
@@ -369,7 +375,10 @@ pub fn reserve_tx(
     if !levels[0].exists || levels[0].gone {
         return Ok(Err(Refusal::TokenGone));
     }
-    if let Some(level) = LEVELS.into_iter().find(|l| !levels[l.idx()].covers(r.amount)) {
+    if let Some(level) = LEVELS
+        .into_iter()
+        .find(|l| !levels[l.idx()].covers(r.amount))
+    {
         return Ok(Err(Refusal::Insufficient(level)));
     }
     let mut remaining = None;
@@ -386,7 +395,10 @@ pub fn reserve_tx(
                 |row| row.int(0),
             )?
             .ok_or_else(|| {
-                StoreError::Conflict(format!("the {} level changed under the write lock", level.as_str()))
+                StoreError::Conflict(format!(
+                    "the {} level changed under the write lock",
+                    level.as_str()
+                ))
             })?;
         remaining = tighter(remaining, left);
         if level == Level::Token {
@@ -410,7 +422,15 @@ pub fn reserve_tx(
             now_s.as_str().into(),
         ],
     )?;
-    ledger_row_tx(tx, r.owner, &periods, "reserve", r.amount, r.request_id, &now_s)?;
+    ledger_row_tx(
+        tx,
+        r.owner,
+        &periods,
+        "reserve",
+        r.amount,
+        r.request_id,
+        &now_s,
+    )?;
     Ok(Ok(Reservation {
         request_id: r.request_id.to_string(),
         owner: r.owner.clone(),
@@ -451,7 +471,9 @@ pub async fn settle_via(
     actual: i64,
     now: DateTime<Utc>,
 ) -> Result<Option<Settled>> {
-    writer.run(move |tx| settle_tx(tx, &resv, actual, now)).await
+    writer
+        .run(move |tx| settle_tx(tx, &resv, actual, now))
+        .await
 }
 
 /// Settlement inside a write transaction: the reservation row goes, every level gets its
@@ -494,10 +516,26 @@ pub fn settle_tx(
         }
     }
     let now_s = db_time(now);
-    ledger_row_tx(tx, &resv.owner, &resv.periods, "settle", -refund, &resv.request_id, &now_s)?;
+    ledger_row_tx(
+        tx,
+        &resv.owner,
+        &resv.periods,
+        "settle",
+        -refund,
+        &resv.request_id,
+        &now_s,
+    )?;
     let absorbed = actual - charged;
     if absorbed > 0 {
-        ledger_row_tx(tx, &resv.owner, &resv.periods, "absorbed", absorbed, &resv.request_id, &now_s)?;
+        ledger_row_tx(
+            tx,
+            &resv.owner,
+            &resv.periods,
+            "absorbed",
+            absorbed,
+            &resv.request_id,
+            &now_s,
+        )?;
     }
     Ok(Some(Settled {
         charged,

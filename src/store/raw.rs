@@ -134,7 +134,8 @@ impl Statements {
             return Ok(*s);
         }
         let mut stmt = ptr::null_mut();
-        let len = c_int::try_from(sql.len()).map_err(|_| StoreError::Conflict("statement too long".into()))?;
+        let len = c_int::try_from(sql.len())
+            .map_err(|_| StoreError::Conflict("statement too long".into()))?;
         // SAFETY: `db` is the locked connection; `sql` is valid for `len` bytes.
         let rc = unsafe {
             ffi::sqlite3_prepare_v3(
@@ -149,7 +150,8 @@ impl Statements {
         if rc != ffi::SQLITE_OK {
             return Err(error(self.db));
         }
-        let stmt = NonNull::new(stmt).ok_or_else(|| StoreError::Conflict(format!("empty statement: {sql}")))?;
+        let stmt = NonNull::new(stmt)
+            .ok_or_else(|| StoreError::Conflict(format!("empty statement: {sql}")))?;
         self.map.insert(key, stmt);
         Ok(stmt)
     }
@@ -161,7 +163,9 @@ fn error(db: *mut ffi::sqlite3) -> StoreError {
     let (code, message) = unsafe {
         (
             ffi::sqlite3_extended_errcode(db),
-            CStr::from_ptr(ffi::sqlite3_errmsg(db)).to_string_lossy().into_owned(),
+            CStr::from_ptr(ffi::sqlite3_errmsg(db))
+                .to_string_lossy()
+                .into_owned(),
         )
     };
     StoreError::Sqlite { code, message }
@@ -218,7 +222,9 @@ impl<'a> Conn<'a> {
     /// `stmts` must belong to the connection `db` (checked), which the caller holds locked.
     pub fn new(db: *mut ffi::sqlite3, stmts: &'a mut Statements) -> Result<Self> {
         if stmts.db != db {
-            return Err(StoreError::Conflict("statement cache of another connection".into()));
+            return Err(StoreError::Conflict(
+                "statement cache of another connection".into(),
+            ));
         }
         Ok(Conn { db, stmts })
     }
@@ -238,7 +244,10 @@ impl<'a> Conn<'a> {
         unsafe {
             let wanted = usize::try_from(ffi::sqlite3_bind_parameter_count(s)).unwrap_or(0);
             if params.len() < wanted {
-                return Err(StoreError::Conflict(format!("{sql}: {wanted} parameters, {} given", params.len())));
+                return Err(StoreError::Conflict(format!(
+                    "{sql}: {wanted} parameters, {} given",
+                    params.len()
+                )));
             }
             for (i, p) in params.iter().take(wanted).enumerate() {
                 let i = c_int::try_from(i + 1).unwrap_or(c_int::MAX);

@@ -14,7 +14,9 @@ use super::{Db, StoreError};
 use crate::quota::period::Reset;
 
 fn now() -> chrono::DateTime<Utc> {
-    Utc.with_ymd_and_hms(2026, 11, 29, 12, 0, 0).single().unwrap_or_default()
+    Utc.with_ymd_and_hms(2026, 11, 29, 12, 0, 0)
+        .single()
+        .unwrap_or_default()
 }
 
 /// A database with one token (limit `token_limit`) under an unlimited user and team.
@@ -53,7 +55,12 @@ async fn setup(token_limit: i64) -> (tempfile::TempDir, Db, Owner) {
 
 type Answer = super::Result<Result<ledger::Reservation, Refusal>>;
 
-fn reserve(writer: &Writer, owner: &Owner, id: &str, amount: i64) -> tokio::task::JoinHandle<Answer> {
+fn reserve(
+    writer: &Writer,
+    owner: &Owner,
+    id: &str,
+    amount: i64,
+) -> tokio::task::JoinHandle<Answer> {
     let (writer, owner, id) = (writer.clone(), owner.clone(), id.to_string());
     tokio::spawn(async move {
         let req = ReserveRequest {
@@ -130,7 +137,10 @@ async fn one_batch_admits_what_fits_and_refuses_the_rest_in_order() {
     // 350 − 100 − 100 − 100 = 50: r4 (100) is refused, r5 (50) still fits after it.
     assert_eq!(answers[0].as_ref().unwrap().token_remaining, Some(150));
     assert_eq!(answers[1].as_ref().unwrap().token_remaining, Some(50));
-    assert!(matches!(answers[2], Err(Refusal::Insufficient(ledger::Level::Token))));
+    assert!(matches!(
+        answers[2],
+        Err(Refusal::Insufficient(ledger::Level::Token))
+    ));
     assert_eq!(answers[3].as_ref().unwrap().token_remaining, Some(0));
     // The refused one wrote nothing; the others are all there, books balanced.
     assert_eq!(token_books(&db).await, (350, 350, 350, 4));
@@ -139,7 +149,9 @@ async fn one_batch_admits_what_fits_and_refuses_the_rest_in_order() {
     let mut settles = Vec::new();
     for resv in std::iter::once(r1).chain(answers.into_iter().filter_map(Result::ok)) {
         let w = writer.clone();
-        settles.push(tokio::spawn(async move { ledger::settle_via(&w, resv, 10, now()).await }));
+        settles.push(tokio::spawn(async move {
+            ledger::settle_via(&w, resv, 10, now()).await
+        }));
     }
     yield_a_little().await;
     drop(held);
@@ -175,7 +187,10 @@ async fn a_failing_job_is_rolled_back_alone() {
     assert!(first.await.unwrap().unwrap().is_ok());
     assert!(b.await.unwrap().unwrap().is_ok());
     assert!(matches!(bad.await.unwrap(), Err(StoreError::Sqlite { .. })));
-    assert_eq!(c.await.unwrap().unwrap().unwrap().token_remaining, Some(700));
+    assert_eq!(
+        c.await.unwrap().unwrap().unwrap().token_remaining,
+        Some(700)
+    );
     assert_eq!(writer.stats().failed_batches, 0);
     // The failed job's level updates were rolled back with it.
     assert_eq!(token_books(&db).await, (300, 300, 300, 3));
@@ -209,7 +224,10 @@ async fn a_batch_that_fails_fails_only_its_own_callers() {
         assert!(matches!(d.await.unwrap(), Err(StoreError::Batch(_))));
     }
     // The writer goes on.
-    let after = reserve(&writer, &owner, "after", 100).await.unwrap().unwrap();
+    let after = reserve(&writer, &owner, "after", 100)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(after.unwrap().token_remaining, Some(800));
     assert_eq!(writer.stats().failed_batches, 1);
     assert_eq!(token_books(&db).await, (200, 200, 200, 2));
@@ -227,14 +245,26 @@ async fn the_standalone_functions_run_the_same_cas() {
         deadline: now(),
         now: now(),
     };
-    let a = ledger::reserve(&db.write, &req("a")).await.unwrap().unwrap();
+    let a = ledger::reserve(&db.write, &req("a"))
+        .await
+        .unwrap()
+        .unwrap();
     assert!(matches!(
         ledger::reserve(&db.write, &req("b")).await.unwrap(),
         Err(Refusal::Insufficient(ledger::Level::Token))
     ));
-    let s = ledger::settle(&db.write, &a, 1_000, now()).await.unwrap().unwrap();
-    assert_eq!((s.charged, s.absorbed, s.token_remaining), (100, 900, Some(50)));
-    assert!(ledger::settle(&db.write, &a, 0, now()).await.unwrap().is_none());
+    let s = ledger::settle(&db.write, &a, 1_000, now())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (s.charged, s.absorbed, s.token_remaining),
+        (100, 900, Some(50))
+    );
+    assert!(ledger::settle(&db.write, &a, 0, now())
+        .await
+        .unwrap()
+        .is_none());
     assert_eq!(token_books(&db).await, (100, 100, 0, 0));
     db.close().await;
 }
@@ -249,7 +279,9 @@ async fn cached_statements_go_with_their_connection() {
         let cache = keeper.attach(&mut handle);
         let mut stmts = cache.lock();
         let mut c = Conn::new(handle.as_raw_handle().as_ptr(), &mut stmts).unwrap();
-        let n = c.query_row("SELECT COUNT(*) FROM tokens", &[], |r| r.int(0)).unwrap();
+        let n = c
+            .query_row("SELECT COUNT(*) FROM tokens", &[], |r| r.int(0))
+            .unwrap();
         assert_eq!(n, Some(Some(1)));
     }
     assert!(keeper.is_live());

@@ -312,7 +312,11 @@ async fn session(
 }
 
 /// Adds the jobs already waiting, up to `MAX_BATCH`.
-fn take_waiting(rx: &mut mpsc::Receiver<Box<dyn Job>>, jobs: &mut Vec<Box<dyn Job>>, counters: &Counters) {
+fn take_waiting(
+    rx: &mut mpsc::Receiver<Box<dyn Job>>,
+    jobs: &mut Vec<Box<dyn Job>>,
+    counters: &Counters,
+) {
     while jobs.len() < MAX_BATCH {
         match rx.try_recv() {
             Ok(job) => {
@@ -325,7 +329,11 @@ fn take_waiting(rx: &mut mpsc::Receiver<Box<dyn Job>>, jobs: &mut Vec<Box<dyn Jo
 }
 
 /// Answers every job of a batch (after its commit, or with the batch's failure).
-fn finish(jobs: &mut Vec<Box<dyn Job>>, outcome: std::result::Result<(), &StoreError>, counters: &Counters) {
+fn finish(
+    jobs: &mut Vec<Box<dyn Job>>,
+    outcome: std::result::Result<(), &StoreError>,
+    counters: &Counters,
+) {
     counters.batches.fetch_add(1, Relaxed);
     if let Err(e) = outcome {
         counters.failed_batches.fetch_add(1, Relaxed);
@@ -349,7 +357,9 @@ fn transact<J: Run + ?Sized>(tx: &mut Tx<'_>, jobs: &mut [Box<J>]) -> Result<()>
             }
         }
     }
-    Err(StoreError::Batch("more than one job of the batch failed".into()))
+    Err(StoreError::Batch(
+        "more than one job of the batch failed".into(),
+    ))
 }
 
 /// `Ok(false)` when a job failed (the transaction is left open for the caller to roll back).
