@@ -84,7 +84,10 @@ struct Once<T, F> {
 
 impl<T, F: FnMut(&mut Tx<'_>) -> Result<T>> Run for Once<T, F> {
     fn run(&mut self, tx: &mut Tx<'_>) -> bool {
-        let out = (self.f)(tx);
+        // A panicking job is a failed job: it must not take the writer (and the open
+        // transaction on the locked connection) down with it.
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.f)(tx)))
+            .unwrap_or_else(|_| Err(StoreError::Batch("the job panicked".into())));
         let ok = out.is_ok();
         self.out = Some(out);
         ok
