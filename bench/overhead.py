@@ -55,6 +55,9 @@ listen = "127.0.0.1:{gw_port}"
 [database]
 url = "sqlite://{db_path}"
 
+[quota]
+synchronous = "{synchronous}"
+
 [[upstreams]]
 id = "mock-a"
 provider = "openai"
@@ -311,6 +314,8 @@ def main() -> int:
     ap.add_argument("--tp-seconds", type=float, default=3.0, help="per side per round")
     ap.add_argument("--out", default=str(REPO_ROOT / "bench" / "results" / "latest.json"))
     ap.add_argument("--keep-dir", action="store_true", help="keep the temp dir (config, db, logs)")
+    ap.add_argument("--synchronous", choices=["normal", "full"], default="normal",
+                    help="the gateway's [quota] synchronous setting")
     args = ap.parse_args()
 
     bin_path = Path(os.environ.get("SLUICE_BIN", str(DEFAULT_BIN))).resolve()
@@ -325,6 +330,7 @@ def main() -> int:
     db_path = work / "sluice.db"
     cfg = work / "sluice.toml"
     cfg.write_text(CONFIG.format(gw_port=gw_port, mock_port=mock_port, db_path=db_path,
+                                 synchronous=args.synchronous,
                                  key=UPSTREAM_KEY, model=MODEL))
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_") or k == "SLUICE_BIN"}
 
@@ -434,6 +440,7 @@ def main() -> int:
             "redis": False,
             "request_log": True,
             "quota_reserve_settle": True,
+            "synchronous": args.synchronous,
         },
         "params": {
             "rounds": args.rounds, "requests_per_round": args.requests, "warmup": args.warmup,

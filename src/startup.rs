@@ -20,6 +20,7 @@ use crate::quota::{estimate, reservation::Quota};
 use crate::ratelimit::redis_window::RedisWindows;
 use crate::ratelimit::Windows;
 use crate::state::AppState;
+use crate::store::writer::Writer;
 use crate::store::{ledger, processes, Db, StoreError};
 use crate::upstream::catalog::Catalog;
 use crate::upstream::client::UpstreamClient;
@@ -76,10 +77,12 @@ impl Application {
 
         let catalog = Catalog::from_settings(&settings);
         let pool = Arc::new(Pool::new(&settings));
-        let (request_log, _writer) = RequestLog::start(db.write.clone());
+        // One group-commit writer for the money path and the request log.
+        let writer = Writer::start(db.write.clone());
+        let (request_log, _log_task) = RequestLog::start(writer.clone());
         let state = Arc::new(AppState {
             auth: Authenticator::new(db.read.clone()),
-            quota: Quota::new(db.write.clone(), clock.clone(), process_id),
+            quota: Quota::with_writer(writer, clock.clone(), process_id),
             upstream: Arc::new(UpstreamClient::new(&settings.upstream)?),
             catalog: Arc::new(catalog),
             pool,

@@ -77,6 +77,9 @@ pub fn spawn(state: Arc<AppState>, host: String) {
             if let Err(e) = recover_orphans(&state, &host).await {
                 tracing::warn!(error = %e, "orphan recovery failed");
             }
+            let w = state.quota.writer().stats();
+            tracing::debug!(target: "sluice::store::writer", batches = w.batches, jobs = w.jobs,
+                failed_batches = w.failed_batches, "store writer: write transactions and jobs so far");
         }
     });
 }

@@ -4,12 +4,14 @@
 
 use std::time::Duration;
 
-use sqlx::SqlitePool;
+use std::sync::Arc;
+
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::ops::metrics;
 use crate::store::requests::{self, RequestRow};
+use crate::store::writer::Writer;
 
 enum Msg {
     Row(Box<RequestRow>),
@@ -23,9 +25,16 @@ pub struct RequestLog {
 
 const QUEUE: usize = 10_000;
 const BATCH: usize = 512;
+/// How long a batch waits for more rows before it is written (unless it is full or a
+/// `flush` asks for it). Each write is a commit with a dozen WAL pages; under light load
+/// one per request cost as much CPU as the reservation itself. Rows only wait in memory:
+/// this is the log, not money (reservations and settlements never wait).
+const LINGER: Duration = Duration::from_millis(25);
 
 impl RequestLog {
-    pub fn start(write: SqlitePool) -> (RequestLog, JoinHandle<()>) {
+    /// Rows go to the database through the store's group-commit writer, one job per batch
+    /// (so they usually share a transaction with reservations and settlements).
+    pub fn start(write: Writer) -> (RequestLog, JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(QUEUE);
         (RequestLog { tx }, tokio::spawn(writer(write, rx)))
     }
@@ -75,23 +84,31 @@ impl RequestLog {
     }
 }
 
-async fn writer(pool: SqlitePool, mut rx: mpsc::Receiver<Msg>) {
+async fn writer(pool: Writer, mut rx: mpsc::Receiver<Msg>) {
     let mut batch: Vec<RequestRow> = Vec::with_capacity(BATCH);
     let mut waiting: Vec<oneshot::Sender<()>> = Vec::new();
     while let Some(first) = rx.recv().await {
+        let until = tokio::time::Instant::now() + LINGER;
         let mut next = Some(first);
         while let Some(msg) = next.take() {
             match msg {
                 Msg::Row(r) => batch.push(*r),
                 Msg::Flush(done) => waiting.push(done),
             }
-            if batch.len() < BATCH {
-                next = rx.try_recv().ok();
+            if batch.len() >= BATCH || !waiting.is_empty() {
+                break;
             }
+            next = match rx.try_recv() {
+                Ok(msg) => Some(msg),
+                Err(_) => tokio::time::timeout_at(until, rx.recv())
+                    .await
+                    .ok()
+                    .flatten(),
+            };
         }
         if !batch.is_empty() {
-            write(&pool, &batch).await;
-            batch.clear();
+            write(&pool, Arc::from(std::mem::take(&mut batch))).await;
+            batch.reserve(BATCH);
         }
         for done in waiting.drain(..) {
             let _ = done.send(());
@@ -99,9 +116,13 @@ async fn writer(pool: SqlitePool, mut rx: mpsc::Receiver<Msg>) {
     }
 }
 
-async fn write(pool: &SqlitePool, batch: &[RequestRow]) {
+async fn write(pool: &Writer, batch: Arc<[RequestRow]>) {
     for attempt in 0..5u64 {
-        match requests::insert_batch(pool, batch).await {
+        let rows = batch.clone();
+        match pool
+            .run(move |tx| requests::insert_batch_tx(tx, &rows))
+            .await
+        {
             Ok(()) => return,
             Err(e) => {
                 tracing::error!(error = %e, rows = batch.len(), attempt, "writing the request log failed; retrying");

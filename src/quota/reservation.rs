@@ -11,9 +11,12 @@ use sqlx::SqlitePool;
 use super::QuotaError;
 use crate::clock::Clock;
 use crate::store::ledger::{self, Owner, Refusal, Reservation, ReserveRequest, Settled};
+use crate::store::writer::Writer;
 
 pub struct Quota {
-    write: SqlitePool,
+    /// The group-commit writer: reservations and settlements of concurrent requests share
+    /// one transaction (see `store::writer`).
+    writer: Writer,
     clock: Arc<dyn Clock>,
     /// This process's id, the owner of its reservations (see `store::processes`).
     process_id: String,
@@ -23,12 +26,22 @@ pub struct Quota {
 const RESERVATION_DEADLINE: Duration = Duration::minutes(30);
 
 impl Quota {
+    /// Starts a writer of its own over the write pool.
     pub fn new(write: SqlitePool, clock: Arc<dyn Clock>, process_id: String) -> Arc<Self> {
+        Self::with_writer(Writer::start(write), clock, process_id)
+    }
+
+    /// Shares a writer (the gateway shares it with the request log).
+    pub fn with_writer(writer: Writer, clock: Arc<dyn Clock>, process_id: String) -> Arc<Self> {
         Arc::new(Self {
-            write,
+            writer,
             clock,
             process_id,
         })
+    }
+
+    pub fn writer(&self) -> &Writer {
+        &self.writer
     }
 
     pub fn process_id(&self) -> &str {
@@ -50,7 +63,7 @@ impl Quota {
             deadline: now + RESERVATION_DEADLINE,
             now,
         };
-        match ledger::reserve(&self.write, &req).await? {
+        match ledger::reserve_via(&self.writer, &req).await? {
             Ok(resv) => Ok(Held {
                 resv: Some(resv),
                 quota: self.clone(),
@@ -67,8 +80,8 @@ impl Quota {
         }
     }
 
-    async fn settle(&self, resv: &Reservation, actual: i64) -> Result<Option<Settled>, QuotaError> {
-        Ok(ledger::settle(&self.write, resv, actual, self.clock.now()).await?)
+    async fn settle(&self, resv: Reservation, actual: i64) -> Result<Option<Settled>, QuotaError> {
+        Ok(ledger::settle_via(&self.writer, resv, actual, self.clock.now()).await?)
     }
 }
 
@@ -107,13 +120,14 @@ impl Held {
                 token_remaining: None,
             });
         };
-        let settled = self.quota.settle(&resv, actual).await?;
-        Ok(settled.unwrap_or(Settled {
+        let unchanged = Settled {
             charged: 0,
             absorbed: 0,
             remaining: resv.remaining,
             token_remaining: resv.token_remaining,
-        }))
+        };
+        let settled = self.quota.settle(resv, actual).await?;
+        Ok(settled.unwrap_or(unchanged))
     }
 }
 
@@ -125,8 +139,9 @@ impl Drop for Held {
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 rt.spawn(async move {
-                    if let Err(e) = quota.settle(&resv, cost).await {
-                        tracing::error!(request_id = %resv.request_id, error = %e, "settling an abandoned reservation failed; it will be settled as an orphan at the next start");
+                    let request_id = resv.request_id.clone();
+                    if let Err(e) = quota.settle(resv, cost).await {
+                        tracing::error!(request_id = %request_id, error = %e, "settling an abandoned reservation failed; it will be settled as an orphan at the next start");
                     }
                 });
             }

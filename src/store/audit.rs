@@ -5,6 +5,7 @@
 use sha2::{Digest, Sha256};
 use sqlx::{Row, SqliteConnection};
 
+use super::raw::Conn;
 use super::Result;
 use crate::clock::db_time;
 
@@ -66,6 +67,40 @@ pub async fn append(
     .bind(&hash)
     .execute(&mut *conn)
     .await?;
+    Ok(())
+}
+
+/// `append` for a transaction run through the raw handle (`writer`).
+pub fn append_tx(
+    tx: &mut Conn<'_>,
+    e: &AuditEntry<'_>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<()> {
+    let prev = tx
+        .query_row(
+            "SELECT hash FROM audit_log ORDER BY id DESC LIMIT 1",
+            &[],
+            |r| r.text(0),
+        )?
+        .flatten()
+        .unwrap_or_else(|| GENESIS.to_string());
+    let created_at = db_time(now);
+    let hash = row_hash(&prev, e, &created_at);
+    tx.execute(
+        "INSERT INTO audit_log (actor, address, action, target, before, after, created_at, prev_hash, hash)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        &[
+            e.actor.into(),
+            e.address.into(),
+            e.action.into(),
+            e.target.into(),
+            e.before.into(),
+            e.after.into(),
+            (&created_at).into(),
+            (&prev).into(),
+            (&hash).into(),
+        ],
+    )?;
     Ok(())
 }
 

@@ -1,12 +1,19 @@
 //! The quota CAS. Money moves only here, always inside one `BEGIN IMMEDIATE` transaction
 //! that also appends its ledger rows, so a balance and its ledger can never disagree.
 //!
-//! Reserve, at every level (token, user, team), in one transaction:
+//! Reserve, at every level (token, user, team), in one transaction (`cas.rs`):
+//!   0. one read of the three levels decides; a level that cannot cover R refuses the
+//!      whole reservation before anything is written: no partial reservation;
 //!   1. roll the level over to the current period if its stored period is older (a
-//!      conditional write keyed by the old period: `… WHERE period <> ?current`);
+//!      conditional write keyed by the old period: `… WHERE period <> ?current`, with its
+//!      audit row);
 //!   2. `UPDATE … SET remaining = remaining − R, reserved = reserved + R
-//!       WHERE id = ? AND (limit IS NULL OR remaining >= R)` — zero rows means the level
-//!      cannot cover R and the whole transaction rolls back: no partial reservation.
+//!       WHERE id = ? AND (limit IS NULL OR remaining >= R)` — it must change its row
+//!      (the check, repeated under the write lock); if not, the job fails and nothing of
+//!      it is kept.
+//!
+//! The gateway runs reserve and settle as jobs of the group-commit writer
+//! (`store::writer`): many requests' jobs share one transaction, each still atomic.
 //!
 //! Settle returns `R − charged` to every level whose period is still the reservation's
 //! (a request admitted just before a reset settles into the old period) and releases R
@@ -19,9 +26,13 @@ use chrono::{DateTime, Utc};
 use sqlx::{Row, SqliteConnection, SqlitePool};
 
 use super::audit::{self, AuditEntry};
+use super::writer;
 use super::{Result, StoreError};
 use crate::clock::db_time;
 use crate::quota::period::Reset;
+
+mod cas;
+pub use cas::{reserve_tx, reserve_via, settle_tx, settle_via};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Level {
@@ -190,111 +201,34 @@ async fn ledger_row(
     reason: Option<&str>,
     now: DateTime<Utc>,
 ) -> Result<()> {
-    sqlx::query(
-        "INSERT INTO ledger (token_id, user_id, team_id, period, user_period, team_period, kind, amount_micros, request_id, reason, created_at)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-    )
-    .bind(owner.token_id)
-    .bind(owner.user_id)
-    .bind(owner.team_id)
-    .bind(&periods[0])
-    .bind(&periods[1])
-    .bind(&periods[2])
-    .bind(kind)
-    .bind(amount)
-    .bind(request_id)
-    .bind(reason)
-    .bind(db_time(now))
-    .execute(conn)
-    .await?;
+    sqlx::query(INSERT_LEDGER)
+        .bind(owner.token_id)
+        .bind(owner.user_id)
+        .bind(owner.team_id)
+        .bind(&periods[0])
+        .bind(&periods[1])
+        .bind(&periods[2])
+        .bind(kind)
+        .bind(amount)
+        .bind(request_id)
+        .bind(reason)
+        .bind(db_time(now))
+        .execute(conn)
+        .await?;
     Ok(())
 }
 
+const INSERT_LEDGER: &str = "INSERT INTO ledger (token_id, user_id, team_id, period, user_period, team_period, kind, amount_micros, request_id, reason, created_at)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+
 /// The CAS. `Ok(Err(refusal))` when a level cannot cover the amount; nothing is written then.
+/// Runs in its own `BEGIN IMMEDIATE` transaction on the caller's thread; the gateway goes
+/// through the group-commit writer instead (`reserve_via`), with the same code (`reserve_tx`).
 pub async fn reserve(
     pool: &SqlitePool,
     r: &ReserveRequest<'_>,
 ) -> Result<std::result::Result<Reservation, Refusal>> {
-    let periods = r.owner.periods(r.now);
-    let now_s = db_time(r.now);
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    let mut remaining = None;
-    let mut token_remaining = None;
-    for level in LEVELS {
-        let id = r.owner.id(level);
-        rollover(&mut tx, level, id, &periods[level.idx()], r.now).await?;
-        let row: Option<Option<i64>> = sqlx::query_scalar(&SQL[level.idx()].reserve)
-            .bind(r.amount)
-            .bind(id)
-            .bind(&now_s)
-            .fetch_optional(&mut *tx)
-            .await?;
-        match row {
-            Some(left) => {
-                remaining = tighter(remaining, left);
-                if level == Level::Token {
-                    token_remaining = left;
-                }
-            }
-            None => {
-                let refusal = if level == Level::Token && token_gone(&mut tx, id, &now_s).await? {
-                    Refusal::TokenGone
-                } else {
-                    Refusal::Insufficient(level)
-                };
-                tx.rollback().await?;
-                return Ok(Err(refusal));
-            }
-        }
-    }
-    sqlx::query(
-        "INSERT INTO reservations (request_id, token_id, user_id, team_id, period, user_period, team_period, amount_micros, owner, deadline, created_at)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-    )
-    .bind(r.request_id)
-    .bind(r.owner.token_id)
-    .bind(r.owner.user_id)
-    .bind(r.owner.team_id)
-    .bind(&periods[0])
-    .bind(&periods[1])
-    .bind(&periods[2])
-    .bind(r.amount)
-    .bind(r.process)
-    .bind(db_time(r.deadline))
-    .bind(&now_s)
-    .execute(&mut *tx)
-    .await?;
-    ledger_row(
-        &mut tx,
-        r.owner,
-        &periods,
-        "reserve",
-        r.amount,
-        Some(r.request_id),
-        None,
-        r.now,
-    )
-    .await?;
-    tx.commit().await?;
-    Ok(Ok(Reservation {
-        request_id: r.request_id.to_string(),
-        owner: r.owner.clone(),
-        amount: r.amount,
-        periods,
-        remaining,
-        token_remaining,
-    }))
-}
-
-async fn token_gone(conn: &mut SqliteConnection, id: i64, now: &str) -> Result<bool> {
-    let gone: Option<bool> = sqlx::query_scalar(
-        "SELECT revoked_at IS NOT NULL OR (expires_at IS NOT NULL AND expires_at <= ?) FROM tokens WHERE id = ?",
-    )
-    .bind(now)
-    .bind(id)
-    .fetch_optional(conn)
-    .await?;
-    Ok(gone.unwrap_or(true))
+    writer::once(pool, |tx| reserve_tx(tx, r)).await
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -317,67 +251,7 @@ pub async fn settle(
     actual: i64,
     now: DateTime<Utc>,
 ) -> Result<Option<Settled>> {
-    let actual = actual.max(0);
-    let charged = actual.min(resv.amount);
-    let refund = resv.amount - charged;
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    let gone = sqlx::query("DELETE FROM reservations WHERE request_id = ?")
-        .bind(&resv.request_id)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-    if gone == 0 {
-        tx.rollback().await?;
-        return Ok(None);
-    }
-    let mut remaining = None;
-    let mut token_remaining = None;
-    for level in LEVELS {
-        let left: Option<i64> = sqlx::query_scalar(&SQL[level.idx()].settle)
-            .bind(resv.amount)
-            .bind(&resv.periods[level.idx()])
-            .bind(refund)
-            .bind(resv.owner.id(level))
-            .fetch_optional(&mut *tx)
-            .await?
-            .flatten();
-        remaining = tighter(remaining, left);
-        if level == Level::Token {
-            token_remaining = left;
-        }
-    }
-    ledger_row(
-        &mut tx,
-        &resv.owner,
-        &resv.periods,
-        "settle",
-        -refund,
-        Some(&resv.request_id),
-        None,
-        now,
-    )
-    .await?;
-    let absorbed = actual - charged;
-    if absorbed > 0 {
-        ledger_row(
-            &mut tx,
-            &resv.owner,
-            &resv.periods,
-            "absorbed",
-            absorbed,
-            Some(&resv.request_id),
-            None,
-            now,
-        )
-        .await?;
-    }
-    tx.commit().await?;
-    Ok(Some(Settled {
-        charged,
-        absorbed,
-        remaining,
-        token_remaining,
-    }))
+    writer::once(pool, |tx| settle_tx(tx, resv, actual, now)).await
 }
 
 /// Settles every reservation of a dead process at its full amount (nothing refunded, a

@@ -8,12 +8,17 @@ pub mod cache;
 pub mod directory;
 pub mod ledger;
 pub mod processes;
+pub mod raw;
 pub mod reports;
 pub mod requests;
 pub mod sessions;
 pub mod tenants;
 pub mod token_admin;
 pub mod tokens;
+pub mod writer;
+
+#[cfg(test)]
+mod tests;
 
 use std::path::Path;
 use std::str::FromStr;
@@ -35,6 +40,14 @@ pub enum StoreError {
     NotFound(String),
     #[error("{0}")]
     Conflict(String),
+    /// A statement run through the raw handle (`raw`) failed.
+    #[error("database error: {message} (code {code})")]
+    Sqlite { code: i32, message: String },
+    /// The write batch this operation was part of failed as a whole; nothing of it was kept.
+    #[error("write batch failed: {0}")]
+    Batch(String),
+    #[error("the store writer is gone")]
+    WriterGone,
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
@@ -67,10 +80,16 @@ impl Db {
             .busy_timeout(BUSY_TIMEOUT)
             .foreign_keys(true)
             .pragma("temp_store", "memory")
+            // A backstop only: the store writer's checkpointer copies the WAL back every
+            // 250 ms off the write path (see `writer::checkpointer`).
+            .pragma("wal_autocheckpoint", "10000")
             .pragma("cache_size", "-16000");
+        // No ping before each acquire: the connection is in-process (a dead worker thread
+        // fails the next statement anyway), and the ping is a round trip to its thread.
         let write = SqlitePoolOptions::new()
             .max_connections(1)
             .min_connections(1)
+            .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(30))
             .idle_timeout(None)
             .max_lifetime(None)

@@ -3,6 +3,8 @@
 
 use sqlx::SqlitePool;
 
+use super::raw::Param;
+use super::writer::Tx;
 use super::Result;
 
 #[derive(Debug, Clone, Default)]
@@ -29,6 +31,62 @@ pub struct RequestRow {
     pub cache_key: Option<String>,
     pub cache_similarity: Option<f64>,
     pub created_at: String,
+}
+
+const INSERT: &str = "INSERT OR IGNORE INTO requests (id, token_id, user_id, team_id, endpoint, model, served_model, upstream, status,
+                 error_code, stream, attempts, input_tokens, output_tokens, cost_micros, latency_ms, ttfb_ms, cache, cache_key,
+                 cache_similarity, created_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+
+/// `insert_batch` inside a write transaction of the store writer (the gateway's path).
+pub fn insert_batch_tx(tx: &mut Tx<'_>, rows: &[RequestRow]) -> Result<()> {
+    for r in rows {
+        tx.execute(
+            INSERT,
+            &[
+                r.id.as_str().into(),
+                r.token_id.into(),
+                r.user_id.into(),
+                r.team_id.into(),
+                r.endpoint.into(),
+                r.model.as_str().into(),
+                r.served_model.as_str().into(),
+                r.upstream.as_str().into(),
+                i64::from(r.status).into(),
+                r.error_code.into(),
+                i64::from(r.stream).into(),
+                i64::from(r.attempts).into(),
+                r.input_tokens.into(),
+                r.output_tokens.into(),
+                r.cost_micros.into(),
+                r.latency_ms.into(),
+                r.ttfb_ms.into(),
+                r.cache.into(),
+                r.cache_key.as_deref().into(),
+                r.cache_similarity.map_or(Param::Null, Param::Real),
+                r.created_at.as_str().into(),
+            ],
+        )?;
+    }
+    for (token, at) in last_used(rows) {
+        tx.execute(
+            "UPDATE tokens SET last_used_at = ? WHERE id = ?",
+            &[Param::Text(at), token.into()],
+        )?;
+    }
+    Ok(())
+}
+
+/// One `last_used_at` update per token and batch (as before: the smallest timestamp of the
+/// token's rows in the batch).
+fn last_used(rows: &[RequestRow]) -> Vec<(i64, &str)> {
+    let mut used: Vec<(i64, &str)> = rows
+        .iter()
+        .filter_map(|r| r.token_id.map(|t| (t, r.created_at.as_str())))
+        .collect();
+    used.sort_unstable();
+    used.dedup_by_key(|(t, _)| *t);
+    used
 }
 
 /// Inserts a batch in one transaction; tokens' `last_used_at` is refreshed alongside.
@@ -65,13 +123,7 @@ pub async fn insert_batch(pool: &SqlitePool, rows: &[RequestRow]) -> Result<()> 
         .execute(&mut *tx)
         .await?;
     }
-    let mut used: Vec<(i64, &str)> = rows
-        .iter()
-        .filter_map(|r| r.token_id.map(|t| (t, r.created_at.as_str())))
-        .collect();
-    used.sort_unstable();
-    used.dedup_by_key(|(t, _)| *t);
-    for (token, at) in used {
+    for (token, at) in last_used(rows) {
         sqlx::query("UPDATE tokens SET last_used_at = ? WHERE id = ?")
             .bind(at)
             .bind(token)

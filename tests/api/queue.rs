@@ -62,39 +62,35 @@ fn queue_of(
     }
 }
 
+// One slot, so grants are strictly one after another and the mock sees them in grant
+// order. (With several slots, requests that finish together release their slots together
+// — their settlements share one group commit — and the granted requests then race each
+// other to the upstream, so arrival order there would not be grant order.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_requests_are_served_by_priority_then_arrival() {
-    let app = Arc::new(spawn_app_with(queue_of(4, [0, 0, 0, 0], 100, 60)).await);
+    let app = Arc::new(spawn_app_with(queue_of(1, [0, 0, 0, 0], 100, 60)).await);
     let (_, token) = app
         .issue(sluice::cli::IssueArgs {
             max_priority: 1,
             ..issue_args("alice")
         })
         .await;
-    // Four slow requests hold every slot while 26 of mixed priority queue up behind them.
-    app.mock.state.script(
-        KEY_A,
-        (0..4).map(|_| Script {
-            delay_ms: 800,
-            ..Default::default()
-        }),
-    );
-    app.mock.state.sticky(
-        KEY_A,
+    let script = |delay_ms| {
         Some(Script {
-            delay_ms: 20,
+            delay_ms,
             ..Default::default()
-        }),
-    );
-    let mut tasks: Vec<_> = (0..4)
-        .map(|i| spawn_send(&app, &token, 4, format!("first {i}")))
-        .collect();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+        })
+    };
+    app.mock.state.sticky(KEY_A, script(300));
+    let mut tasks = vec![spawn_send(&app, &token, 4, "first".into())];
+    tokio::time::sleep(Duration::from_millis(50)).await;
     for i in 0..26u8 {
         let p = [3, 1, 4, 2][i as usize % 4];
         tasks.push(spawn_send(&app, &token, p, format!("p{p} #{i}")));
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(Duration::from_millis(3)).await;
     }
+    // Everything is queued behind "first"; the rest may be quick.
+    app.mock.state.sticky(KEY_A, script(5));
     let results: Vec<_> = futures_util::future::join_all(tasks)
         .await
         .into_iter()
@@ -112,13 +108,21 @@ async fn waiting_requests_are_served_by_priority_then_arrival() {
         .iter()
         .map(|b| b["messages"][0]["content"].as_str().unwrap().to_string())
         .collect();
-    let priorities: Vec<u8> = arrivals[4..]
+    assert_eq!(arrivals[0], "first");
+    let queued: Vec<(u8, u32)> = arrivals[1..]
         .iter()
-        .map(|t| t[1..2].parse().unwrap())
+        .map(|t| {
+            let (p, n) = t[1..].split_once(" #").unwrap();
+            (p.parse().unwrap(), n.parse().unwrap())
+        })
         .collect();
-    let mut sorted = priorities.clone();
+    assert_eq!(queued.len(), 26);
+    let mut sorted = queued.clone();
     sorted.sort();
-    assert_eq!(priorities, sorted, "served by priority: {arrivals:?}");
+    assert_eq!(
+        queued, sorted,
+        "served by priority, then arrival: {arrivals:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,310 @@
+//! A whole transaction in one hop to SQLite: statements run synchronously through the
+//! connection's raw handle instead of one channel round trip each.
+//!
+//! Why: sqlx runs every SQLite connection on its own worker thread and sends each statement
+//! there and back through channels. The reserve and settle transactions are ~16 statements,
+//! and the profile of the gateway (docs/PERFORMANCE.md) showed ~46 context switches per
+//! request on that worker thread while SQLite itself was ~3 % of the samples.
+//! `SqliteConnection::lock_handle()` makes the worker hand over the connection (it waits
+//! on the connection's mutex meanwhile), so the caller can run a whole batch on its own
+//! thread: one hop per batch instead of one per statement. We stay with sqlx (pool,
+//! migrations, every other query) and with SQLite; only the money path and the request log
+//! use this module, through `store::writer`.
+//!
+//! Statements are prepared once per connection (`SQLITE_PREPARE_PERSISTENT`) when a
+//! `Statements` cache is kept (`Statements::attach`), and always reset (bindings cleared)
+//! after each use, so no statement stays active between calls.
+
+use std::collections::HashMap;
+use std::ffi::CStr;
+use std::os::raw::{c_char, c_int};
+use std::ptr::{self, NonNull};
+use std::sync::{Arc, Weak};
+
+use libsqlite3_sys as ffi;
+use parking_lot::Mutex;
+use sqlx::sqlite::LockedSqliteHandle;
+
+use super::{Result, StoreError};
+
+/// A bound parameter. Text is bound without copying: it outlives the statement's use,
+/// which ends (reset + cleared bindings) before `execute`/`query_row` return.
+#[derive(Debug, Clone, Copy)]
+pub enum Param<'a> {
+    Null,
+    Int(i64),
+    Real(f64),
+    Text(&'a str),
+}
+
+impl From<i64> for Param<'_> {
+    fn from(v: i64) -> Self {
+        Param::Int(v)
+    }
+}
+impl<'a> From<&'a str> for Param<'a> {
+    fn from(v: &'a str) -> Self {
+        Param::Text(v)
+    }
+}
+impl<'a> From<&'a String> for Param<'a> {
+    fn from(v: &'a String) -> Self {
+        Param::Text(v)
+    }
+}
+impl<'a, T: Into<Param<'a>>> From<Option<T>> for Param<'a> {
+    fn from(v: Option<T>) -> Self {
+        v.map_or(Param::Null, Into::into)
+    }
+}
+
+/// Prepared statements of one connection, keyed by the address of their `'static` SQL
+/// text. Finalized on drop — which must happen before the connection closes (SQLite
+/// refuses to close a connection with live statements).
+pub struct Statements {
+    db: *mut ffi::sqlite3,
+    map: HashMap<(usize, usize), NonNull<ffi::sqlite3_stmt>>,
+}
+
+// SAFETY: the statements are only used while their connection is locked by the user (the
+// raw handle of a `LockedSqliteHandle`), and SQLite is built thread-safe (sqlx checks).
+unsafe impl Send for Statements {}
+
+impl Drop for Statements {
+    fn drop(&mut self) {
+        for (_, s) in self.map.drain() {
+            // SAFETY: each statement was prepared on `db` and is finalized once.
+            unsafe { ffi::sqlite3_finalize(s.as_ptr()) };
+        }
+    }
+}
+
+/// A cache kept across batches, owned by the connection itself.
+///
+/// The strong reference lives in a rollback hook registered on the connection; sqlx drops
+/// hooks (`ConnectionState::drop`) before it closes the handle, so our statements are
+/// finalized exactly when the connection goes away — whoever closes it and whenever.
+/// The keeper holds only a weak reference, so it never keeps statements of a closed
+/// connection (nor a connection's statements past its close).
+#[derive(Default)]
+pub struct Keeper {
+    cache: Option<Weak<Mutex<Statements>>>,
+}
+
+impl Keeper {
+    /// The cache of the connection behind `handle`, created (and attached) if needed.
+    pub fn attach(&mut self, handle: &mut LockedSqliteHandle<'_>) -> Arc<Mutex<Statements>> {
+        let db = handle.as_raw_handle().as_ptr();
+        if let Some(live) = self.cache.as_ref().and_then(Weak::upgrade) {
+            if live.lock().db == db {
+                return live;
+            }
+        }
+        let fresh = Arc::new(Mutex::new(Statements::new(db)));
+        let owned = fresh.clone();
+        // The hook does nothing; it is only the owner (see above).
+        handle.set_rollback_hook(move || {
+            let _ = &owned;
+        });
+        self.cache = Some(Arc::downgrade(&fresh));
+        fresh
+    }
+}
+
+#[cfg(test)]
+impl Keeper {
+    /// Whether the cache it last attached is still alive (its connection is open).
+    pub fn is_live(&self) -> bool {
+        self.cache.as_ref().is_some_and(|w| w.strong_count() > 0)
+    }
+}
+
+impl Statements {
+    /// A cache for the connection behind `db` (finalized on drop: keep it no longer than
+    /// the lock on that connection unless it is attached with a `Keeper`).
+    pub fn new(db: *mut ffi::sqlite3) -> Self {
+        Statements {
+            db,
+            map: HashMap::new(),
+        }
+    }
+
+    fn get(&mut self, sql: &'static str) -> Result<NonNull<ffi::sqlite3_stmt>> {
+        let key = (sql.as_ptr() as usize, sql.len());
+        if let Some(s) = self.map.get(&key) {
+            return Ok(*s);
+        }
+        let mut stmt = ptr::null_mut();
+        let len = c_int::try_from(sql.len())
+            .map_err(|_| StoreError::Conflict("statement too long".into()))?;
+        // SAFETY: `db` is the locked connection; `sql` is valid for `len` bytes.
+        let rc = unsafe {
+            ffi::sqlite3_prepare_v3(
+                self.db,
+                sql.as_ptr().cast::<c_char>(),
+                len,
+                ffi::SQLITE_PREPARE_PERSISTENT,
+                &mut stmt,
+                ptr::null_mut(),
+            )
+        };
+        if rc != ffi::SQLITE_OK {
+            return Err(error(self.db));
+        }
+        let stmt = NonNull::new(stmt)
+            .ok_or_else(|| StoreError::Conflict(format!("empty statement: {sql}")))?;
+        self.map.insert(key, stmt);
+        Ok(stmt)
+    }
+}
+
+/// The last error of a connection.
+fn error(db: *mut ffi::sqlite3) -> StoreError {
+    // SAFETY: `db` is a live, locked connection; errmsg is a NUL-terminated string it owns.
+    let (code, message) = unsafe {
+        (
+            ffi::sqlite3_extended_errcode(db),
+            CStr::from_ptr(ffi::sqlite3_errmsg(db))
+                .to_string_lossy()
+                .into_owned(),
+        )
+    };
+    StoreError::Sqlite { code, message }
+}
+
+/// One row of a result, valid inside the `query_row` callback.
+pub struct Row(NonNull<ffi::sqlite3_stmt>);
+
+impl Row {
+    pub fn int(&self, col: c_int) -> Option<i64> {
+        // SAFETY: the statement is on a row (SQLITE_ROW) while the callback runs.
+        unsafe {
+            if ffi::sqlite3_column_type(self.0.as_ptr(), col) == ffi::SQLITE_NULL {
+                None
+            } else {
+                Some(ffi::sqlite3_column_int64(self.0.as_ptr(), col))
+            }
+        }
+    }
+
+    pub fn text(&self, col: c_int) -> Option<String> {
+        // SAFETY: as above; text is copied out before the next step.
+        unsafe {
+            let p = ffi::sqlite3_column_text(self.0.as_ptr(), col);
+            if p.is_null() {
+                return None;
+            }
+            let n = usize::try_from(ffi::sqlite3_column_bytes(self.0.as_ptr(), col)).unwrap_or(0);
+            Some(String::from_utf8_lossy(std::slice::from_raw_parts(p, n)).into_owned())
+        }
+    }
+}
+
+/// A locked connection, ready to run statements on the calling thread.
+pub struct Conn<'a> {
+    db: *mut ffi::sqlite3,
+    stmts: &'a mut Statements,
+}
+
+/// Resets a statement and clears its bindings when a use ends, also on an early return.
+struct InUse(NonNull<ffi::sqlite3_stmt>);
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        // SAFETY: a statement of the locked connection.
+        unsafe {
+            ffi::sqlite3_reset(self.0.as_ptr());
+            ffi::sqlite3_clear_bindings(self.0.as_ptr());
+        }
+    }
+}
+
+impl<'a> Conn<'a> {
+    /// `stmts` must belong to the connection `db` (checked), which the caller holds locked.
+    pub fn new(db: *mut ffi::sqlite3, stmts: &'a mut Statements) -> Result<Self> {
+        if stmts.db != db {
+            return Err(StoreError::Conflict(
+                "statement cache of another connection".into(),
+            ));
+        }
+        Ok(Conn { db, stmts })
+    }
+
+    /// Whether a transaction is open (SQLite rolls one back by itself on some errors).
+    pub fn in_transaction(&self) -> bool {
+        // SAFETY: the locked connection.
+        unsafe { ffi::sqlite3_get_autocommit(self.db) == 0 }
+    }
+
+    fn bind(&mut self, sql: &'static str, params: &[Param<'_>]) -> Result<InUse> {
+        let stmt = self.stmts.get(sql)?;
+        let use_ = InUse(stmt);
+        let s = stmt.as_ptr();
+        // SAFETY: `s` is a reset statement of the locked connection; text parameters
+        // outlive the use (see `Param`), so SQLITE_STATIC (no copy) is sound.
+        unsafe {
+            let wanted = usize::try_from(ffi::sqlite3_bind_parameter_count(s)).unwrap_or(0);
+            if params.len() < wanted {
+                return Err(StoreError::Conflict(format!(
+                    "{sql}: {wanted} parameters, {} given",
+                    params.len()
+                )));
+            }
+            for (i, p) in params.iter().take(wanted).enumerate() {
+                let i = c_int::try_from(i + 1).unwrap_or(c_int::MAX);
+                let rc = match *p {
+                    Param::Null => ffi::sqlite3_bind_null(s, i),
+                    Param::Int(v) => ffi::sqlite3_bind_int64(s, i, v),
+                    Param::Real(v) => ffi::sqlite3_bind_double(s, i, v),
+                    Param::Text(t) => ffi::sqlite3_bind_text(
+                        s,
+                        i,
+                        t.as_ptr().cast::<c_char>(),
+                        c_int::try_from(t.len()).unwrap_or(c_int::MAX),
+                        None, // SQLITE_STATIC
+                    ),
+                };
+                if rc != ffi::SQLITE_OK {
+                    return Err(error(self.db));
+                }
+            }
+        }
+        Ok(use_)
+    }
+
+    fn step(&self, stmt: &InUse) -> Result<bool> {
+        // SAFETY: a bound statement of the locked connection.
+        match unsafe { ffi::sqlite3_step(stmt.0.as_ptr()) } {
+            ffi::SQLITE_ROW => Ok(true),
+            ffi::SQLITE_DONE => Ok(false),
+            _ => Err(error(self.db)),
+        }
+    }
+
+    /// Runs a statement to completion; returns the rows it changed.
+    pub fn execute(&mut self, sql: &'static str, params: &[Param<'_>]) -> Result<u64> {
+        let stmt = self.bind(sql, params)?;
+        while self.step(&stmt)? {}
+        // SAFETY: the locked connection.
+        Ok(u64::try_from(unsafe { ffi::sqlite3_changes64(self.db) }).unwrap_or(0))
+    }
+
+    /// Runs a statement to completion and maps its first row, if any.
+    pub fn query_row<T>(
+        &mut self,
+        sql: &'static str,
+        params: &[Param<'_>],
+        map: impl FnOnce(&Row) -> T,
+    ) -> Result<Option<T>> {
+        let stmt = self.bind(sql, params)?;
+        let first = if self.step(&stmt)? {
+            Some(map(&Row(stmt.0)))
+        } else {
+            None
+        };
+        if first.is_some() {
+            while self.step(&stmt)? {}
+        }
+        Ok(first)
+    }
+}

@@ -1,0 +1,408 @@
+//! Group commit: one thread writes the money path's transactions (and the request log's).
+//!
+//! Callers hand the writer a job — a closure over a `Tx` — and await its answer on a
+//! oneshot. The writer takes every job waiting (up to `MAX_BATCH`) and runs them one after
+//! another in ONE `BEGIN IMMEDIATE` transaction:
+//! - answers are sent only after `COMMIT` succeeded, so no caller acts on a reservation
+//!   that is not in the database;
+//! - a job must write nothing unless it succeeds: a refused reservation decides before its
+//!   first write (`ledger::reserve_tx`). That is what lets a batch do without a savepoint
+//!   per job (each savepoint copies every page the job touches into a sub-journal);
+//! - a job that fails (its statements may have half-run) spoils the transaction: it is
+//!   rolled back, that job keeps its error, and the batch runs again without it in a fresh
+//!   transaction. If that fails too — or `BEGIN` or `COMMIT` fails — every job of the batch
+//!   gets an error and nothing of it is kept; the writer goes on with the next batch.
+//!
+//! Each job's compare-and-swap stays atomic: the batch holds SQLite's write lock from
+//! `BEGIN IMMEDIATE` to `COMMIT` — against other processes too — and the jobs run one after
+//! another inside it, each seeing the balances the previous ones left.
+//!
+//! The batch runs synchronously through the connection's raw handle (see `raw`: one hop
+//! to sqlx's worker thread per batch instead of one per statement), so the writer has a
+//! thread of its own, with a small current-thread Tokio runtime for sqlx's pool: an fsync
+//! at `COMMIT` (`synchronous = full`) or a wait for another process's lock blocks this
+//! thread only, never an HTTP worker. Jobs arriving meanwhile form the next, larger
+//! batch — with `synchronous = full` that is what keeps throughput up.
+//!
+//! The write pool's single connection is still shared: the writer acquires it per batch,
+//! so admin edits, the housekeeping and the CLI queue with it as before.
+
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use std::time::Duration;
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
+use sqlx::{Connection, SqlitePool};
+use tokio::sync::{mpsc, oneshot};
+
+use super::raw::{Conn, Keeper, Statements};
+use super::{Result, StoreError};
+
+/// How many jobs one transaction takes at most.
+const MAX_BATCH: usize = 256;
+/// How many jobs may wait for the writer before callers wait to hand theirs over.
+const QUEUE: usize = 8192;
+
+/// A connection inside a write transaction, as a job sees it.
+pub struct Tx<'c> {
+    conn: Conn<'c>,
+}
+
+impl<'c> Deref for Tx<'c> {
+    type Target = Conn<'c>;
+    fn deref(&self) -> &Conn<'c> {
+        &self.conn
+    }
+}
+impl<'c> DerefMut for Tx<'c> {
+    fn deref_mut(&mut self) -> &mut Conn<'c> {
+        &mut self.conn
+    }
+}
+
+/// A unit of work of a transaction. It may run more than once (see the module doc).
+trait Run {
+    /// Runs inside the transaction; `false` when it failed (the transaction is spoiled).
+    fn run(&mut self, tx: &mut Tx<'_>) -> bool;
+    /// Whether its last run failed (it is then left out of a rerun).
+    fn failed(&self) -> bool;
+}
+
+/// A job of the writer's batches, type-erased.
+trait Job: Run + Send {
+    /// Delivers the job's own result, or the batch's failure.
+    fn finish(self: Box<Self>, batch: std::result::Result<(), &StoreError>);
+}
+
+/// The closure of a job and, once it ran, its result.
+struct Once<T, F> {
+    f: F,
+    out: Option<Result<T>>,
+}
+
+impl<T, F: FnMut(&mut Tx<'_>) -> Result<T>> Run for Once<T, F> {
+    fn run(&mut self, tx: &mut Tx<'_>) -> bool {
+        // A panicking job is a failed job: it must not take the writer (and the open
+        // transaction on the locked connection) down with it.
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.f)(tx)))
+            .unwrap_or_else(|_| Err(StoreError::Batch("the job panicked".into())));
+        let ok = out.is_ok();
+        self.out = Some(out);
+        ok
+    }
+    fn failed(&self) -> bool {
+        matches!(self.out, Some(Err(_)))
+    }
+}
+
+impl<T, F> Once<T, F> {
+    fn result(self) -> Result<T> {
+        self.out
+            .unwrap_or_else(|| Err(StoreError::Batch("job did not run".into())))
+    }
+}
+
+struct Call<T, F> {
+    once: Once<T, F>,
+    reply: oneshot::Sender<Result<T>>,
+}
+
+impl<T, F: FnMut(&mut Tx<'_>) -> Result<T>> Run for Call<T, F> {
+    fn run(&mut self, tx: &mut Tx<'_>) -> bool {
+        self.once.run(tx)
+    }
+    fn failed(&self) -> bool {
+        self.once.failed()
+    }
+}
+
+impl<T, F> Job for Call<T, F>
+where
+    T: Send,
+    F: FnMut(&mut Tx<'_>) -> Result<T> + Send,
+{
+    fn finish(self: Box<Self>, batch: std::result::Result<(), &StoreError>) {
+        let answer = match batch {
+            Ok(()) => self.once.result(),
+            Err(e) => Err(StoreError::Batch(e.to_string())),
+        };
+        // A caller that went away no longer needs the answer (its writes stand).
+        let _ = self.reply.send(answer);
+    }
+}
+
+/// The handle callers use; cheap to clone. The thread ends when every handle is dropped.
+#[derive(Clone)]
+pub struct Writer {
+    tx: mpsc::Sender<Box<dyn Job>>,
+    counters: Arc<Counters>,
+}
+
+#[derive(Default)]
+struct Counters {
+    batches: AtomicU64,
+    jobs: AtomicU64,
+    failed_batches: AtomicU64,
+}
+
+/// What the writer has done so far (jobs are counted when taken into a batch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stats {
+    pub batches: u64,
+    pub jobs: u64,
+    pub failed_batches: u64,
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer").finish_non_exhaustive()
+    }
+}
+
+impl Writer {
+    /// Starts the writer thread over `pool` (the single-connection write pool).
+    pub fn start(pool: SqlitePool) -> Writer {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let counters = Arc::new(Counters::default());
+        let seen = counters.clone();
+        let started = std::thread::Builder::new()
+            .name("sluice-writer".into())
+            .spawn(move || {
+                match tokio::runtime::Builder::new_current_thread()
+                    .enable_time()
+                    .build()
+                {
+                    Ok(rt) => rt.block_on(async move {
+                        let checkpoints = tokio::spawn(checkpointer(pool.connect_options()));
+                        serve(pool, rx, seen).await;
+                        checkpoints.abort();
+                    }),
+                    Err(e) => tracing::error!(error = %e, "the store writer could not start"),
+                }
+            });
+        if let Err(e) = started {
+            // `rx` is gone with the closure: every call answers `WriterGone`.
+            tracing::error!(error = %e, "the store writer thread could not start");
+        }
+        Writer { tx, counters }
+    }
+
+    pub fn stats(&self) -> Stats {
+        Stats {
+            batches: self.counters.batches.load(Relaxed),
+            jobs: self.counters.jobs.load(Relaxed),
+            failed_batches: self.counters.failed_batches.load(Relaxed),
+        }
+    }
+
+    /// Runs `f` inside the next batch; the answer comes after the commit. `f` must write
+    /// nothing unless it returns `Ok`, and may run again if another job of its batch fails.
+    pub async fn run<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnMut(&mut Tx<'_>) -> Result<T> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let job = Box::new(Call {
+            once: Once { f, out: None },
+            reply,
+        });
+        self.tx
+            .send(job)
+            .await
+            .map_err(|_| StoreError::WriterGone)?;
+        answer.await.map_err(|_| StoreError::WriterGone)?
+    }
+}
+
+/// How often the checkpointer copies the WAL back into the database file.
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(250);
+
+/// WAL checkpoints off the writer's path. With SQLite's automatic checkpoint, the commit
+/// that crosses 1000 WAL pages copies them back and fsyncs — on the writer's thread, while
+/// every reservation waits (the p99 of the CAS was that). Here a connection of its own
+/// runs a PASSIVE checkpoint every `CHECKPOINT_EVERY` (it never takes the write lock, so
+/// the writer goes on meanwhile, and its fsync waits on sqlx's worker thread for that
+/// connection); `Db::open` keeps the automatic one only as a backstop with a high
+/// threshold. Durability is unchanged: commits are as durable as `synchronous` says.
+async fn checkpointer(opts: Arc<SqliteConnectOptions>) {
+    let mut conn = match SqliteConnection::connect_with(&opts).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "the checkpointer could not connect; automatic checkpoints only");
+            return;
+        }
+    };
+    let mut tick = tokio::time::interval(CHECKPOINT_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+            .execute(&mut conn)
+            .await
+        {
+            tracing::warn!(error = %e, "WAL checkpoint failed");
+        }
+    }
+}
+
+async fn serve(pool: SqlitePool, mut rx: mpsc::Receiver<Box<dyn Job>>, counters: Arc<Counters>) {
+    let mut keeper = Keeper::default();
+    let mut jobs: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_BATCH);
+    loop {
+        if jobs.is_empty() {
+            match rx.recv().await {
+                Some(job) => {
+                    counters.jobs.fetch_add(1, Relaxed);
+                    jobs.push(job);
+                }
+                None => return,
+            }
+        }
+        take_waiting(&mut rx, &mut jobs, &counters);
+        if let Err(e) = session(&pool, &mut keeper, &mut rx, &mut jobs, &counters).await {
+            finish(&mut jobs, Err(&e), &counters);
+        }
+    }
+}
+
+/// How many batches in a row may run on the connection before it goes back to the pool
+/// (where admin edits, the housekeeping and the CLI wait for it).
+const MAX_ROUNDS: usize = 32;
+/// How long an idle writer keeps the connection locked, waiting for the next job.
+const IDLE_HOLD: Duration = Duration::from_millis(2);
+
+/// Locks the write connection once and runs batches on it while jobs keep coming: one
+/// hand-over from sqlx's worker thread (and one pool round trip) for many batches.
+async fn session(
+    pool: &SqlitePool,
+    keeper: &mut Keeper,
+    rx: &mut mpsc::Receiver<Box<dyn Job>>,
+    jobs: &mut Vec<Box<dyn Job>>,
+    counters: &Counters,
+) -> Result<()> {
+    let mut conn = pool.acquire().await?;
+    let mut handle = conn.lock_handle().await?;
+    let cache = keeper.attach(&mut handle);
+    let mut stmts = cache.lock();
+    let db = handle.as_raw_handle().as_ptr();
+    let mut tx = Tx {
+        conn: Conn::new(db, &mut stmts)?,
+    };
+    for _ in 0..MAX_ROUNDS {
+        let outcome = transact(&mut tx, jobs);
+        finish(jobs, outcome.as_ref().map(|_| ()), counters);
+        // Let the callers just answered run (on a shared CPU they are waiting for it):
+        // their next jobs make the next batch, on the connection we still hold.
+        std::thread::yield_now();
+        take_waiting(rx, jobs, counters);
+        if jobs.is_empty() {
+            // A request's settlement (or the next request) usually follows within a
+            // millisecond or two: keep the connection that long rather than hand it back.
+            match tokio::time::timeout(IDLE_HOLD, rx.recv()).await {
+                Ok(Some(job)) => {
+                    counters.jobs.fetch_add(1, Relaxed);
+                    jobs.push(job);
+                    take_waiting(rx, jobs, counters);
+                }
+                Ok(None) | Err(_) => break,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Adds the jobs already waiting, up to `MAX_BATCH`.
+fn take_waiting(
+    rx: &mut mpsc::Receiver<Box<dyn Job>>,
+    jobs: &mut Vec<Box<dyn Job>>,
+    counters: &Counters,
+) {
+    while jobs.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(job) => {
+                counters.jobs.fetch_add(1, Relaxed);
+                jobs.push(job);
+            }
+            Err(_) => break,
+        }
+    }
+}
+
+/// Answers every job of a batch (after its commit, or with the batch's failure).
+fn finish(
+    jobs: &mut Vec<Box<dyn Job>>,
+    outcome: std::result::Result<(), &StoreError>,
+    counters: &Counters,
+) {
+    counters.batches.fetch_add(1, Relaxed);
+    if let Err(e) = outcome {
+        counters.failed_batches.fetch_add(1, Relaxed);
+        tracing::error!(error = %e, jobs = jobs.len(), "a write batch failed; its callers get the error");
+    }
+    for job in jobs.drain(..) {
+        job.finish(outcome);
+    }
+}
+
+/// One transaction over `jobs`, rerun once without a job that failed; on error nothing
+/// of it is kept.
+fn transact<J: Run + ?Sized>(tx: &mut Tx<'_>, jobs: &mut [Box<J>]) -> Result<()> {
+    for _attempt in 0..2 {
+        match run_all(tx, jobs) {
+            Ok(true) => return Ok(()),
+            Ok(false) => rollback(tx),
+            Err(e) => {
+                rollback(tx);
+                return Err(e);
+            }
+        }
+    }
+    Err(StoreError::Batch(
+        "more than one job of the batch failed".into(),
+    ))
+}
+
+/// `Ok(false)` when a job failed (the transaction is left open for the caller to roll back).
+fn run_all<J: Run + ?Sized>(tx: &mut Tx<'_>, jobs: &mut [Box<J>]) -> Result<bool> {
+    tx.execute("BEGIN IMMEDIATE", &[])?;
+    for job in jobs.iter_mut().filter(|j| !j.failed()) {
+        if !job.run(tx) {
+            return Ok(false);
+        }
+    }
+    tx.execute("COMMIT", &[])?;
+    Ok(true)
+}
+
+fn rollback(tx: &mut Tx<'_>) {
+    // SQLite may have rolled back by itself (some errors end the transaction).
+    if tx.in_transaction() {
+        if let Err(e) = tx.execute("ROLLBACK", &[]) {
+            tracing::error!(error = %e, "rolling back a write batch failed");
+        }
+    }
+}
+
+/// Runs one job in its own transaction on the caller's thread, without the writer (the
+/// standalone `ledger` functions; tools and tests). Statements are prepared for this call
+/// only. Blocks the calling thread for the transaction, including a commit's fsync.
+pub async fn once<T>(pool: &SqlitePool, f: impl FnMut(&mut Tx<'_>) -> Result<T>) -> Result<T> {
+    let mut conn = pool.acquire().await?;
+    let mut handle = conn.lock_handle().await?;
+    let db = handle.as_raw_handle().as_ptr();
+    let mut stmts = Statements::new(db);
+    let mut tx = Tx {
+        conn: Conn::new(db, &mut stmts)?,
+    };
+    let mut one = [Box::new(Once { f, out: None })];
+    let batch = transact(&mut tx, &mut one);
+    let [one] = one;
+    match (batch, one.out) {
+        (_, Some(Err(e))) | (Err(e), _) => Err(e),
+        (Ok(()), Some(Ok(v))) => Ok(v),
+        (Ok(()), None) => Err(StoreError::Batch("job did not run".into())),
+    }
+}
