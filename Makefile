@@ -16,5 +16,9 @@ test: test-deps
 	SLUICE_BIN=target/debug/sluice ./tests/ui/run.sh
 
 bench:
-	cargo build --release --locked
+	cargo build --release --locked --examples
 	python3 bench/overhead.py
+	python3 bench/scenarios.py
+	python3 bench/streams.py
+	./target/release/examples/quota_cas
+	./target/release/examples/cache_lookup
