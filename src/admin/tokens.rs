@@ -130,7 +130,7 @@ async fn revoke_html(
     let t = token_ops::revoke(&state, &actor, id.into_inner()).await?;
     view::html_with_flash(
         &table(&state, &actor, false).await?,
-        &format!("Token sk-sl-{}… revoked.", t.prefix),
+        &format!("Token {}… revoked.", t.prefix),
     )
 }
 
@@ -143,7 +143,7 @@ async fn edit_html(
     let t = token_ops::edit(&state, &actor, id.into_inner(), e).await?;
     view::html_with_flash(
         &table(&state, &actor, false).await?,
-        &format!("Limits of sk-sl-{}… saved.", t.prefix),
+        &format!("Limits of {}… saved.", t.prefix),
     )
 }
 
@@ -156,6 +156,6 @@ async fn top_up_html(
     let t = token_ops::top_up(&state, &actor, id.into_inner(), t).await?;
     view::html_with_flash(
         &table(&state, &actor, false).await?,
-        &format!("Budget of sk-sl-{}… topped up.", t.prefix),
+        &format!("Budget of {}… topped up.", t.prefix),
     )
 }

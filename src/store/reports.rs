@@ -67,7 +67,7 @@ impl GroupBy {
     fn sql(self) -> (&'static str, &'static str) {
         match self {
             GroupBy::Token => (
-                "COALESCE('sk-sl-' || t.prefix || '… (' || u.username || ')', 'no token')",
+                "COALESCE(t.prefix || '… (' || u.username || ')', 'no token')",
                 "r.token_id",
             ),
             GroupBy::User => ("COALESCE(u.username, 'no user')", "r.user_id"),

@@ -121,3 +121,29 @@ async fn secrets_never_reach_the_database_in_clear() {
         }
     }
 }
+
+/// The admin pages identify a token by its 8-character display prefix, never by a longer
+/// piece of its text.
+#[tokio::test]
+async fn admin_pages_show_no_piece_of_a_token() {
+    use crate::admin_helpers::{login, make_login};
+    let app = spawn_app().await;
+    let (_, token) = app.token("pia", Some("1")).await;
+    for _ in 0..2 {
+        assert_eq!(app.chat(&token, &chat_body(5)).await.status(), 200);
+    }
+    app.wait_for_log_rows(2).await;
+    make_login(&app, "root", "admin", None).await;
+    let admin = login(&app, "root").await;
+    let chars: Vec<char> = token.chars().collect();
+    for page in ["/admin", "/admin/tokens", "/admin/requests", "/admin/reports", "/admin/api/v1/tokens", "/admin/api/v1/requests"] {
+        let html = admin.get(page).await.text().await.unwrap();
+        if page.ends_with("tokens") {
+            assert!(html.contains(&token[6..14]), "{page} shows the display prefix");
+        }
+        for w in chars.windows(12) {
+            let piece: String = w.iter().collect();
+            assert!(!html.contains(&piece), "{page} contains `{piece}`");
+        }
+    }
+}

@@ -147,7 +147,7 @@ test("the admin UI, end to end", async (t) => {
       await page.getByRole("button", { name: "Copy" }).click();
       await page.getByRole("button", { name: "Copied" }).waitFor();
       assert.equal(await page.evaluate(() => navigator.clipboard.readText()), token);
-      await page.locator("#tokens").getByText(`sk-sl-${prefix}…`).waitFor();
+      await page.locator("#tokens").getByText(`${prefix}…`).waitFor();
       await assertLabelled(page);
       await shot(page, "token-issued");
       await page.reload();
@@ -166,7 +166,7 @@ test("the admin UI, end to end", async (t) => {
     await step("the request shows in the request log", async () => {
       const url = `${BASE}/admin/requests`;
       await page.goto(url);
-      const text = await waitForText(page, "#requests", `sk-sl-${prefix}`, url);
+      const text = await waitForText(page, "#requests", `${prefix}…`, url);
       assert.match(text, /gpt-4o-mini/);
       assert.match(text, /200/);
       // Times are shown in the browser's zone, not as the stored UTC text.
