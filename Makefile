@@ -16,7 +16,7 @@ test: test-deps
 	SLUICE_BIN=target/debug/sluice ./tests/ui/run.sh
 
 bench:
-	cargo build --release --locked --examples
+	cargo build --release --locked --bins --examples
 	python3 bench/overhead.py
 	python3 bench/scenarios.py
 	python3 bench/streams.py
