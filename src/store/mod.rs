@@ -18,7 +18,7 @@ pub mod tokens;
 pub mod writer;
 
 #[cfg(test)]
-mod tests;
+mod writer_test;
 
 use std::path::Path;
 use std::str::FromStr;

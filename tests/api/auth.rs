@@ -136,10 +136,20 @@ async fn admin_pages_show_no_piece_of_a_token() {
     make_login(&app, "root", "admin", None).await;
     let admin = login(&app, "root").await;
     let chars: Vec<char> = token.chars().collect();
-    for page in ["/admin", "/admin/tokens", "/admin/requests", "/admin/reports", "/admin/api/v1/tokens", "/admin/api/v1/requests"] {
+    for page in [
+        "/admin",
+        "/admin/tokens",
+        "/admin/requests",
+        "/admin/reports",
+        "/admin/api/v1/tokens",
+        "/admin/api/v1/requests",
+    ] {
         let html = admin.get(page).await.text().await.unwrap();
         if page.ends_with("tokens") {
-            assert!(html.contains(&token[6..14]), "{page} shows the display prefix");
+            assert!(
+                html.contains(&token[6..14]),
+                "{page} shows the display prefix"
+            );
         }
         for w in chars.windows(12) {
             let piece: String = w.iter().collect();

@@ -1,0 +1,330 @@
+//! The `Settings` tree: defaults → TOML file → `${VAR}` expansion → `SLUICE_<SECTION>_<KEY>`
+//! environment overrides, then `validate()` into the typed `Config` the gateway runs on.
+//! Nothing opens a socket before validation has passed.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+
+use secrecy::{ExposeSecret, SecretString};
+use serde::{Deserialize, Serialize, Serializer};
+
+use crate::upstream::url_guard::{self, UrlGuardError};
+
+mod layers;
+mod sections;
+
+pub use layers::{load, load_from};
+pub use sections::*;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {0}: {1}")]
+    Read(PathBuf, std::io::Error),
+    #[error("invalid config: {0}")]
+    Parse(String),
+    #[error("environment variable {0} referenced in the config is not set")]
+    MissingVar(String),
+    #[error("invalid config: {0}")]
+    Invalid(String),
+    #[error("upstream `{0}`: {1}")]
+    UpstreamUrl(String, UrlGuardError),
+}
+
+/// A secret from the config: kept out of `Debug`, and printed as its last 4 characters only.
+#[derive(Clone, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub SecretString);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        self.0.expose_secret()
+    }
+    /// What pages, logs and `check-config` may show: the last 4 characters.
+    pub fn masked(&self) -> String {
+        mask_secret(self.expose())
+    }
+}
+
+pub fn mask_secret(s: &str) -> String {
+    let tail: String = s
+        .chars()
+        .rev()
+        .take(4)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    if s.chars().count() <= 8 {
+        "****".to_string()
+    } else {
+        format!("****{tail}")
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.masked())
+    }
+}
+
+impl Serialize for Secret {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.masked())
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    pub server: ServerSettings,
+    pub database: DatabaseSettings,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis: Option<RedisSettings>,
+    pub upstreams: Vec<UpstreamSettings>,
+    pub models: Vec<ModelSettings>,
+    pub quota: QuotaSettings,
+    pub ratelimit: RateLimitSettings,
+    pub queue: QueueSettings,
+    pub retry: RetrySettings,
+    pub breaker: BreakerSettings,
+    pub cache: CacheSettings,
+    pub upstream: UpstreamTimeouts,
+    pub alerts: AlertSettings,
+    pub backup: BackupSettings,
+}
+
+/// Integer micro-dollars per million tokens from a config price in USD per million tokens.
+fn price_micros(field: &str, model: &str, usd: f64) -> Result<i64, ConfigError> {
+    if !usd.is_finite() || usd < 0.0 || usd > 1_000_000.0 {
+        return Err(ConfigError::Invalid(format!(
+            "model `{model}`: `{field}` must be between 0 and 1000000"
+        )));
+    }
+    // Prices are written with at most 6 decimals; rounding removes the binary-float noise.
+    Ok((usd * 1_000_000.0).round() as i64)
+}
+
+impl Settings {
+    /// Checks every cross-reference, every price and every upstream URL.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |m: String| Err(ConfigError::Invalid(m));
+        if self.server.listen.parse::<std::net::SocketAddr>().is_err() {
+            return invalid(format!(
+                "server.listen `{}` is not an address:port",
+                self.server.listen
+            ));
+        }
+        if self.server.max_body_bytes < 1024 {
+            return invalid("server.max_body_bytes must be at least 1024".into());
+        }
+        if !self.database.url.starts_with("sqlite://") {
+            return invalid(format!(
+                "database.url `{}` must start with sqlite://",
+                self.database.url
+            ));
+        }
+        if self.quota.input_margin_ratio < 1.0 || !self.quota.input_margin_ratio.is_finite() {
+            return invalid("quota.input_margin_ratio must be at least 1.0".into());
+        }
+        if !matches!(self.quota.synchronous.as_str(), "normal" | "full") {
+            return invalid("quota.synchronous must be \"normal\" or \"full\"".into());
+        }
+        if self.quota.alert_threshold_percent > 100 {
+            return invalid("quota.alert_threshold_percent must be at most 100".into());
+        }
+        if !matches!(self.cache.mode.as_str(), "deterministic" | "all" | "off") {
+            return invalid("cache.mode must be deterministic, all or off".into());
+        }
+        if !matches!(self.cache.scope.as_str(), "team" | "token" | "global") {
+            return invalid("cache.scope must be team, token or global".into());
+        }
+        if !(0.0..=1.0).contains(&self.cache.similarity_threshold) {
+            return invalid("cache.similarity_threshold must be between 0 and 1".into());
+        }
+        match self.cache.embedder.as_str() {
+            "lexical" => {}
+            "http" => {
+                url_guard::check_base_url(&self.cache.http_url, true)
+                    .map_err(|e| ConfigError::UpstreamUrl("cache.http_url".into(), e))?;
+                if self.cache.http_model.is_empty() {
+                    return invalid("cache.http_model is required with embedder = \"http\"".into());
+                }
+            }
+            other => return invalid(format!("cache.embedder `{other}` must be lexical or http")),
+        }
+        for w in &self.alerts.webhooks {
+            if !matches!(
+                w.format.as_str(),
+                "generic" | "slack" | "dingtalk" | "wecom"
+            ) {
+                return invalid(format!(
+                    "alert webhook format `{}` must be generic, slack, dingtalk or wecom",
+                    w.format
+                ));
+            }
+            if url::Url::parse(w.url.expose()).map(|u| matches!(u.scheme(), "http" | "https"))
+                != Ok(true)
+            {
+                return invalid("alert webhook url must be an http(s) URL".into());
+            }
+        }
+        if self.ratelimit.expected_replicas == 0 {
+            return invalid("ratelimit.expected_replicas must be at least 1".into());
+        }
+        if self.ratelimit.window_seconds == 0 || self.ratelimit.redis_timeout_ms == 0 {
+            return invalid(
+                "ratelimit.window_seconds and ratelimit.redis_timeout_ms must be positive".into(),
+            );
+        }
+        if let Some(r) = &self.redis {
+            if !r.url.expose().starts_with("redis://") && !r.url.expose().starts_with("rediss://") {
+                return invalid("redis.url must start with redis:// or rediss://".into());
+            }
+        }
+        let mut ids = HashSet::new();
+        for u in &self.upstreams {
+            if u.id.is_empty() || !ids.insert(u.id.as_str()) {
+                return invalid(format!("upstream id `{}` is empty or repeated", u.id));
+            }
+            url_guard::check_base_url(&u.base_url, u.allow_private_network)
+                .map_err(|e| ConfigError::UpstreamUrl(u.id.clone(), e))?;
+        }
+        let mut names = HashSet::new();
+        for m in &self.models {
+            for n in std::iter::once(&m.name).chain(&m.aliases) {
+                if n.is_empty() || !names.insert(n.as_str()) {
+                    return invalid(format!("model name `{n}` is empty or repeated"));
+                }
+            }
+            if m.routes.is_empty() {
+                return invalid(format!("model `{}` has no routes", m.name));
+            }
+            for r in &m.routes {
+                if !ids.contains(r.upstream.as_str()) {
+                    return invalid(format!(
+                        "model `{}` routes to unknown upstream `{}`",
+                        m.name, r.upstream
+                    ));
+                }
+            }
+            price_micros("input_usd_per_mtok", &m.name, m.input_usd_per_mtok)?;
+            price_micros("output_usd_per_mtok", &m.name, m.output_usd_per_mtok)?;
+            if let Some(c) = m.cached_input_usd_per_mtok {
+                price_micros("cached_input_usd_per_mtok", &m.name, c)?;
+            }
+            if m.max_output_tokens == 0 || m.max_input_tokens == 0 {
+                return invalid(format!("model `{}`: token caps must be positive", m.name));
+            }
+        }
+        for m in &self.models {
+            for f in &m.fallbacks {
+                if !names.contains(f.as_str()) || f == &m.name {
+                    return invalid(format!(
+                        "model `{}` falls back to unknown model `{f}`",
+                        m.name
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Prices of a model in micro-dollars per million tokens: (input, output, cached input).
+    pub fn prices(m: &ModelSettings) -> (i64, i64, i64) {
+        let p = |v: f64| (v * 1_000_000.0).round() as i64;
+        let input = p(m.input_usd_per_mtok);
+        (
+            input,
+            p(m.output_usd_per_mtok),
+            m.cached_input_usd_per_mtok.map(p).unwrap_or(input),
+        )
+    }
+
+    /// The SQLite file this config points at (`sqlite://rel` or `sqlite:///abs`).
+    pub fn database_path(&self) -> PathBuf {
+        let rest = self.database.url.trim_start_matches("sqlite://");
+        PathBuf::from(rest.split('?').next().unwrap_or(rest))
+    }
+
+    /// The effective configuration as TOML, every secret masked.
+    pub fn to_masked_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot print config: {e}\n"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_without_file() {
+        let s = load_from(None, &env(&[])).unwrap();
+        assert_eq!(s.server.listen, "127.0.0.1:8080");
+        assert_eq!(s.database.url, "sqlite://data/sluice.db");
+        assert!(s.upstreams.is_empty());
+        s.validate().unwrap();
+    }
+
+    #[test]
+    fn env_overrides_and_var_expansion() {
+        let text = r#"
+[[upstreams]]
+id = "a"
+provider = "openai"
+base_url = "https://api.openai.com/v1"
+api_key = "${KEY_A}"
+"#;
+        let s = load_from(
+            Some(text),
+            &env(&[
+                ("KEY_A", "sk-secret-abcdefgh1234"),
+                ("SLUICE_SERVER_LISTEN", "0.0.0.0:9000"),
+                ("SLUICE_QUOTA_INPUT_MARGIN_RATIO", "1.5"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(s.server.listen, "0.0.0.0:9000");
+        assert_eq!(s.quota.input_margin_ratio, 1.5);
+        assert_eq!(s.upstreams[0].api_key.expose(), "sk-secret-abcdefgh1234");
+        let printed = s.to_masked_toml();
+        assert!(printed.contains("****1234"));
+        assert!(!printed.contains("sk-secret"));
+    }
+
+    #[test]
+    fn unknown_fields_and_missing_vars_are_refused() {
+        assert!(load_from(Some("[server]\nlisten_addr = \"x\""), &env(&[])).is_err());
+        assert!(matches!(
+            load_from(Some("[redis]\nurl = \"${NOPE}\""), &env(&[])),
+            Err(ConfigError::MissingVar(_))
+        ));
+    }
+
+    #[test]
+    fn prices_are_integer_micros() {
+        let text = r#"
+[[upstreams]]
+id = "a"
+provider = "openai"
+base_url = "https://api.openai.com/v1"
+api_key = "k"
+[[models]]
+name = "m"
+routes = [{ upstream = "a", model = "m" }]
+input_usd_per_mtok = 0.15
+output_usd_per_mtok = 0.6
+"#;
+        let s = load_from(Some(text), &env(&[])).unwrap();
+        s.validate().unwrap();
+        assert_eq!(Settings::prices(&s.models[0]), (150_000, 600_000, 150_000));
+    }
+}

@@ -1,0 +1,350 @@
+//! The config file's sections, each with the defaults DESIGN.md lists.
+
+use serde::{Deserialize, Serialize};
+
+use super::Secret;
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerSettings {
+    pub listen: String,
+    pub max_body_bytes: usize,
+    pub public_url: String,
+    /// Worker threads for the HTTP server; 0 = one per core.
+    pub workers: usize,
+    /// On SIGTERM/SIGINT, how long in-flight requests and streams may take to finish.
+    pub shutdown_timeout_seconds: u64,
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".into(),
+            max_body_bytes: 2_000_000,
+            public_url: "http://127.0.0.1:8080".into(),
+            workers: 0,
+            shutdown_timeout_seconds: 30,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DatabaseSettings {
+    pub url: String,
+}
+
+impl Default for DatabaseSettings {
+    fn default() -> Self {
+        Self {
+            url: "sqlite://data/sluice.db".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSettings {
+    pub url: Secret,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum Provider {
+    Openai,
+    Anthropic,
+}
+
+impl Provider {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Provider::Openai => "openai",
+            Provider::Anthropic => "anthropic",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamSettings {
+    pub id: String,
+    pub provider: Provider,
+    pub base_url: String,
+    pub api_key: Secret,
+    #[serde(default)]
+    pub rpm_limit: u64,
+    #[serde(default)]
+    pub tpm_limit: u64,
+    #[serde(default)]
+    pub max_concurrent: u32,
+    #[serde(default)]
+    pub max_queue: u32,
+    #[serde(default)]
+    pub allow_private_network: bool,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSettings {
+    pub upstream: String,
+    pub model: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSettings {
+    pub name: String,
+    #[serde(default)]
+    pub aliases: Vec<String>,
+    pub routes: Vec<RouteSettings>,
+    #[serde(default)]
+    pub fallbacks: Vec<String>,
+    #[serde(default)]
+    pub input_usd_per_mtok: f64,
+    #[serde(default)]
+    pub output_usd_per_mtok: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_input_usd_per_mtok: Option<f64>,
+    #[serde(default = "default_max_output")]
+    pub max_output_tokens: u32,
+    #[serde(default = "default_max_input")]
+    pub max_input_tokens: u32,
+    /// Overrides `cache.similarity_threshold` for this model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_similarity_threshold: Option<f64>,
+}
+
+fn default_max_output() -> u32 {
+    4096
+}
+fn default_max_input() -> u32 {
+    128_000
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QuotaSettings {
+    pub input_margin_ratio: f64,
+    pub input_margin_tokens: u32,
+    /// `normal` (the default, WAL-safe) or `full` (fsync every commit).
+    pub synchronous: String,
+    /// Percent of a budget after which answers carry `x-sluice-budget-warning`.
+    pub alert_threshold_percent: u32,
+}
+
+impl Default for QuotaSettings {
+    fn default() -> Self {
+        Self {
+            input_margin_ratio: 1.10,
+            input_margin_tokens: 16,
+            synchronous: "normal".into(),
+            alert_threshold_percent: 80,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RateLimitSettings {
+    pub redis_timeout_ms: u64,
+    pub expected_replicas: u32,
+    /// The window `rpm` / `tpm` limits count over (60 s: per minute).
+    pub window_seconds: u64,
+}
+
+impl Default for RateLimitSettings {
+    fn default() -> Self {
+        Self {
+            redis_timeout_ms: 50,
+            expected_replicas: 1,
+            window_seconds: 60,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueSettings {
+    pub max_in_flight: u32,
+    pub reserved: ReservedSlots,
+    pub max_depth: u32,
+    pub max_wait_seconds: u64,
+}
+
+impl Default for QueueSettings {
+    fn default() -> Self {
+        Self {
+            max_in_flight: 64,
+            reserved: ReservedSlots {
+                critical: 8,
+                high: 8,
+                normal: 0,
+                low: 0,
+            },
+            max_depth: 200,
+            max_wait_seconds: 300,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReservedSlots {
+    pub critical: u32,
+    pub high: u32,
+    pub normal: u32,
+    pub low: u32,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetrySettings {
+    pub max_attempts: u32,
+    pub base_delay_ms: u64,
+    pub max_cooldown_seconds: u64,
+    pub budget_ratio: f64,
+    pub request_deadline_ms: u64,
+}
+
+impl Default for RetrySettings {
+    fn default() -> Self {
+        Self {
+            max_attempts: 3,
+            base_delay_ms: 500,
+            max_cooldown_seconds: 120,
+            budget_ratio: 0.10,
+            request_deadline_ms: 120_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerSettings {
+    pub failure_threshold: u32,
+    pub open_seconds: u64,
+    pub half_open_probes: u32,
+    pub close_after_successes: u32,
+    pub half_open_max_wait_seconds: u64,
+    /// Also open when at least `min_calls` calls in `window_seconds` failed at this rate.
+    pub failure_rate: f64,
+    pub min_calls: u32,
+    pub window_seconds: u64,
+}
+
+impl Default for BreakerSettings {
+    fn default() -> Self {
+        Self {
+            failure_threshold: 3,
+            open_seconds: 60,
+            half_open_probes: 1,
+            close_after_successes: 2,
+            half_open_max_wait_seconds: 30,
+            failure_rate: 0.5,
+            min_calls: 20,
+            window_seconds: 60,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheSettings {
+    pub mode: String,
+    pub scope: String,
+    pub default_ttl_seconds: u64,
+    pub semantic: bool,
+    pub embedder: String,
+    pub similarity_threshold: f64,
+    pub max_entries: u64,
+    /// For `embedder = "http"`: an OpenAI-compatible base URL (with `/v1`), model and key.
+    pub http_url: String,
+    pub http_model: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub http_api_key: Option<Secret>,
+}
+
+impl Default for CacheSettings {
+    fn default() -> Self {
+        Self {
+            mode: "deterministic".into(),
+            scope: "team".into(),
+            default_ttl_seconds: 3600,
+            semantic: true,
+            embedder: "lexical".into(),
+            similarity_threshold: 0.95,
+            max_entries: 100_000,
+            http_url: String::new(),
+            http_model: String::new(),
+            http_api_key: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamTimeouts {
+    pub connect_timeout_ms: u64,
+    pub first_byte_timeout_ms: u64,
+    pub stream_idle_timeout_ms: u64,
+    /// Largest non-streamed upstream body read into memory.
+    pub max_response_bytes: usize,
+}
+
+impl Default for UpstreamTimeouts {
+    fn default() -> Self {
+        Self {
+            connect_timeout_ms: 5000,
+            first_byte_timeout_ms: 60_000,
+            stream_idle_timeout_ms: 60_000,
+            max_response_bytes: 16 * 1024 * 1024,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AlertSettings {
+    pub webhooks: Vec<WebhookSettings>,
+    /// One alert per condition per this many seconds.
+    pub cooloff_seconds: u64,
+}
+
+impl Default for AlertSettings {
+    fn default() -> Self {
+        Self {
+            webhooks: vec![],
+            cooloff_seconds: 600,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookSettings {
+    pub url: Secret,
+    #[serde(default = "default_webhook_format")]
+    pub format: String,
+}
+
+fn default_webhook_format() -> String {
+    "generic".into()
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BackupSettings {
+    pub interval_hours: u64,
+    pub keep: u32,
+    pub dir: String,
+}
+
+impl Default for BackupSettings {
+    fn default() -> Self {
+        Self {
+            interval_hours: 24,
+            keep: 7,
+            dir: "backup".into(),
+        }
+    }
+}
