@@ -110,3 +110,58 @@ async fn unknown_routes_are_json_404s() {
         .unwrap();
     assert_eq!(resp.status(), 200);
 }
+
+#[tokio::test]
+async fn upstream_redirects_are_never_followed() {
+    let canary =
+        sluice::mock::MockServer::start("127.0.0.1:0", sluice::mock::MockConfig::default())
+            .unwrap();
+    let app = spawn_app().await;
+    let (_, token) = app.token("ray", None).await;
+    let location = format!("{}/v1/chat/completions", canary.base_url());
+    app.mock.state.script(
+        KEY_A,
+        [sluice::mock::Script {
+            status: Some(307),
+            headers: vec![("Location".into(), location)],
+            ..Default::default()
+        }],
+    );
+    let resp = app.chat(&token, &chat_body(5)).await;
+    assert_eq!(resp.status(), 502);
+    assert_eq!(
+        canary.state.total_count(),
+        0,
+        "the redirect target saw nothing"
+    );
+}
+
+#[tokio::test]
+async fn a_huge_header_is_refused_quickly() {
+    let app = spawn_app().await;
+    let (_, token) = app.token("rex", None).await;
+    let started = std::time::Instant::now();
+    let resp = app
+        .http
+        .post(format!("{}/v1/chat/completions", app.address))
+        .bearer_auth(&token)
+        .header("x-padding", "a".repeat(1_000_000))
+        .json(&chat_body(5))
+        .send()
+        .await;
+    match resp {
+        Ok(r) => assert!(
+            matches!(r.status().as_u16(), 400 | 413 | 431),
+            "{}",
+            r.status()
+        ),
+        Err(_) => {} // the server may close the connection outright
+    }
+    assert!(started.elapsed() < std::time::Duration::from_secs(2));
+    assert_eq!(app.mock.state.total_count(), 0);
+    assert_eq!(
+        app.chat(&token, &chat_body(5)).await.status(),
+        200,
+        "still serving"
+    );
+}
