@@ -56,11 +56,6 @@ impl Gate {
             _ => Err(Busy),
         }
     }
-
-    /// Requests waiting for a slot (for the admin page and metrics).
-    pub fn waiting(&self) -> u32 {
-        self.waiting.load(Ordering::Relaxed)
-    }
 }
 
 #[cfg(test)]

@@ -69,10 +69,6 @@ impl Pool {
         }
     }
 
-    pub fn len(&self) -> usize {
-        self.members.len()
-    }
-
     pub fn is_empty(&self) -> bool {
         self.members.is_empty()
     }
