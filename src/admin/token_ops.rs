@@ -201,20 +201,7 @@ pub async fn issue(state: &AppState, actor: &Actor, i: Issue) -> Result<Issued, 
     token_admin::set_name(&mut tx, id, &name).await?;
     let after = json!({"user_id": user_id, "prefix": new.display_prefix, "name": name, "limit_micros": limit,
         "reset": reset.as_str(), "limits": limits}).to_string();
-    actor
-        .audit(
-            &mut tx,
-            "token.issue",
-            &format!("token:{id}"),
-            None,
-            Some(&after),
-            now,
-        )
-        .await?;
-    let row = token_admin::get(&mut tx, id)
-        .await?
-        .ok_or(AdminError::NotFound)?;
-    tx.commit().await?;
+    let row = audited(tx, actor, "token.issue", id, None, Some(&after), now).await?;
     Ok(Issued {
         row,
         text: new.text,
@@ -232,20 +219,16 @@ pub async fn revoke(state: &AppState, actor: &Actor, id: i64) -> Result<TokenRow
         ));
     }
     let before = json!({"prefix": t.prefix, "revoked": false}).to_string();
-    actor
-        .audit(
-            &mut tx,
-            "token.revoke",
-            &format!("token:{id}"),
-            Some(&before),
-            Some("{\"revoked\":true}"),
-            now,
-        )
-        .await?;
-    let row = token_admin::get(&mut tx, id)
-        .await?
-        .ok_or(AdminError::NotFound)?;
-    tx.commit().await?;
+    let row = audited(
+        tx,
+        actor,
+        "token.revoke",
+        id,
+        Some(&before),
+        Some("{\"revoked\":true}"),
+        now,
+    )
+    .await?;
     Ok(row)
 }
 
@@ -381,20 +364,16 @@ pub async fn edit(
     }
     let snap = json!({"rpm": before.rpm, "tpm": before.tpm, "models": before.models(), "max_priority": before.max_priority,
         "downgrade_model": before.downgrade_model, "expires_at": before.expires_at, "limit_micros": before.limit_micros}).to_string();
-    actor
-        .audit(
-            &mut tx,
-            "token.update",
-            &format!("token:{id}"),
-            Some(&snap),
-            Some(&after.to_string()),
-            now,
-        )
-        .await?;
-    let row = token_admin::get(&mut tx, id)
-        .await?
-        .ok_or(AdminError::NotFound)?;
-    tx.commit().await?;
+    let row = audited(
+        tx,
+        actor,
+        "token.update",
+        id,
+        Some(&snap),
+        Some(&after.to_string()),
+        now,
+    )
+    .await?;
     Ok(row)
 }
 
@@ -436,15 +415,22 @@ pub async fn top_up(
         json!({"limit_micros": limit}).to_string(),
         json!({"limit_micros": new_limit, "top_up_micros": amount}).to_string(),
     );
+    let row = audited(tx, actor, "budget.top_up", id, Some(&b), Some(&a), now).await?;
+    Ok(row)
+}
+
+/// The end of every token operation: its one audit row, the token read back, the commit.
+async fn audited(
+    mut tx: sqlx::Transaction<'static, sqlx::Sqlite>,
+    actor: &Actor,
+    action: &str,
+    id: i64,
+    before: Option<&str>,
+    after: Option<&str>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<TokenRow, AdminError> {
     actor
-        .audit(
-            &mut tx,
-            "budget.top_up",
-            &format!("token:{id}"),
-            Some(&b),
-            Some(&a),
-            now,
-        )
+        .audit(&mut tx, action, &format!("token:{id}"), before, after, now)
         .await?;
     let row = token_admin::get(&mut tx, id)
         .await?

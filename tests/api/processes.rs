@@ -90,6 +90,39 @@ async fn start_gateway_with(
     panic!("gateway did not start");
 }
 
+/// One gateway process on a fresh database, with an in-process mock upstream.
+struct Rig {
+    dir: tempfile::TempDir,
+    mock: MockServer,
+    gateway: Gateway,
+    db: sluice::store::Db,
+}
+
+async fn rig(env: &[(&str, &str)]) -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let gateway = start_gateway_with(dir.path(), &mock, env).await;
+    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
+        .await
+        .unwrap();
+    Rig {
+        dir,
+        mock,
+        gateway,
+        db,
+    }
+}
+
+async fn issue(db: &sluice::store::Db, user: &str, budget_usd: &str) -> sluice::cli::Issued {
+    let args = sluice::cli::IssueArgs {
+        budget_usd: Some(budget_usd),
+        ..issue_args(user)
+    };
+    sluice::cli::token_issue(db, &args, chrono::Utc::now())
+        .await
+        .unwrap()
+}
+
 async fn post(http: &reqwest::Client, url: &str, token: &str) -> (u16, Option<String>) {
     match http
         .post(format!("{url}/v1/chat/completions"))
@@ -177,20 +210,13 @@ async fn two_gateways_on_one_database_never_overdraw() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_mid_load_loses_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
-    let mut g = start_gateway(dir.path(), &mock).await;
-    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
-        .await
-        .unwrap();
-    let args = sluice::cli::IssueArgs {
-        budget_usd: Some("10"),
-        ..issue_args("bob")
-    };
-    let token = sluice::cli::token_issue(&db, &args, chrono::Utc::now())
-        .await
-        .unwrap()
-        .text;
+    let Rig {
+        dir,
+        mock,
+        gateway: mut g,
+        db,
+    } = rig(&[]).await;
+    let token = issue(&db, "bob", "10").await.text;
     let http = reqwest::Client::new();
     // Fast answers first, then slow ones that will be in flight at the kill.
     mock.state.script(KEY_A, (0..40).map(|_| Script::default()));
@@ -248,20 +274,13 @@ async fn kill_9_mid_load_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_under_streaming_load_finishes_streams_and_leaves_no_reservation() {
-    let dir = tempfile::tempdir().unwrap();
-    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
-    let mut g = start_gateway(dir.path(), &mock).await;
-    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
-        .await
-        .unwrap();
-    let args = sluice::cli::IssueArgs {
-        budget_usd: Some("10"),
-        ..issue_args("sig")
-    };
-    let token = sluice::cli::token_issue(&db, &args, chrono::Utc::now())
-        .await
-        .unwrap()
-        .text;
+    let Rig {
+        dir: _dir,
+        mock,
+        gateway: mut g,
+        db,
+    } = rig(&[]).await;
+    let token = issue(&db, "sig", "10").await.text;
     mock.state.sticky(
         KEY_A,
         Some(Script {
@@ -331,19 +350,13 @@ async fn sigterm_under_streaming_load_finishes_streams_and_leaves_no_reservation
 /// log, the database, `/metrics` or `/healthz`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn canaries_never_leak_at_trace_level() {
-    let dir = tempfile::tempdir().unwrap();
-    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
-    let g = start_gateway_with(dir.path(), &mock, &[("SLUICE_LOG", "trace")]).await;
-    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
-        .await
-        .unwrap();
-    let args = sluice::cli::IssueArgs {
-        budget_usd: Some("1"),
-        ..issue_args("canary")
-    };
-    let issued = sluice::cli::token_issue(&db, &args, chrono::Utc::now())
-        .await
-        .unwrap();
+    let Rig {
+        dir,
+        mock,
+        gateway: g,
+        db,
+    } = rig(&[("SLUICE_LOG", "trace")]).await;
+    let issued = issue(&db, "canary", "1").await;
     let token = issued.text.clone();
     let http = reqwest::Client::new();
     let chat = |t: String| {
