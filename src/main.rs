@@ -9,7 +9,7 @@ use secrecy::SecretString;
 
 use sluice::cli::{self, BudgetChange, IssueArgs, UserArgs};
 use sluice::config::{
-    self, ModelSettings, Provider, RouteSettings, Secret, Settings, UpstreamSettings,
+    self, Ladder, ModelSettings, Provider, RouteSettings, Secret, Settings, UpstreamSettings,
 };
 use sluice::mock::{MockConfig, MockServer};
 use sluice::quota::pricing;
@@ -37,6 +37,9 @@ enum Command {
         /// Offline demo: an in-process mock upstream, an admin and a demo token printed once.
         #[arg(long)]
         demo: bool,
+        /// Benchmark only (bench/README.md): run the request path up to this stage.
+        #[arg(long, value_enum, default_value_t = Ladder::All)]
+        ladder: Ladder,
     },
     /// Apply database migrations and exit.
     Migrate,
@@ -242,7 +245,7 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let settings = config::load(cli.config.as_deref())?;
-    if let Command::Serve { demo: true } = cli.command {
+    if let Command::Serve { demo: true, .. } = cli.command {
         return serve_demo(settings).await;
     }
     if let Command::CheckConfig = cli.command {
@@ -255,7 +258,16 @@ async fn main() -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    if let Command::Serve { demo: false } = cli.command {
+    if let Command::Serve {
+        demo: false,
+        ladder,
+    } = cli.command
+    {
+        let mut settings = settings;
+        if ladder != Ladder::All {
+            tracing::warn!(?ladder, "benchmark ladder: stages after this one are OFF (no auth below `auth`); never run this in production");
+        }
+        settings.ladder = ladder;
         return serve(settings).await;
     }
     settings.validate()?;

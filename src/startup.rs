@@ -12,7 +12,7 @@ use actix_web::{web, App, HttpServer};
 use crate::auth::Authenticator;
 use crate::cache::Cache;
 use crate::clock::{Clock, SystemClock};
-use crate::config::{ConfigError, Settings};
+use crate::config::{ConfigError, Ladder, Settings};
 use crate::ops::alerts::Alerter;
 use crate::ops::{housekeeping, metrics, request_log::RequestLog};
 use crate::queue::Queue;
@@ -79,7 +79,11 @@ impl Application {
         let pool = Arc::new(Pool::new(&settings));
         // One group-commit writer for the money path and the request log.
         let writer = Writer::start(db.write.clone());
-        let (request_log, _log_task) = RequestLog::start(writer.clone());
+        let request_log = if settings.ladder.has(Ladder::Log) {
+            RequestLog::start(writer.clone()).0
+        } else {
+            RequestLog::off()
+        };
         let state = Arc::new(AppState {
             auth: Authenticator::new(db.read.clone()),
             quota: Quota::with_writer(writer, clock.clone(), process_id),

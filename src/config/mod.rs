@@ -10,9 +10,11 @@ use serde::{Deserialize, Serialize, Serializer};
 
 use crate::upstream::url_guard::{self, UrlGuardError};
 
+mod ladder;
 mod layers;
 mod sections;
 
+pub use ladder::Ladder;
 pub use layers::{load, load_from};
 pub use sections::*;
 
@@ -91,6 +93,9 @@ pub struct Settings {
     pub upstream: UpstreamTimeouts,
     pub alerts: AlertSettings,
     pub backup: BackupSettings,
+    /// Not a config key: `serve --ladder`, for the benchmark only.
+    #[serde(skip)]
+    pub ladder: Ladder,
 }
 
 /// Integer micro-dollars per million tokens from a config price in USD per million tokens.

@@ -20,7 +20,8 @@ enum Msg {
 
 #[derive(Clone)]
 pub struct RequestLog {
-    tx: mpsc::Sender<Msg>,
+    /// `None` when the log is off (the benchmark ladder's steps below `log`).
+    tx: Option<mpsc::Sender<Msg>>,
 }
 
 const QUEUE: usize = 10_000;
@@ -36,11 +37,17 @@ impl RequestLog {
     /// (so they usually share a transaction with reservations and settlements).
     pub fn start(write: Writer) -> (RequestLog, JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(QUEUE);
-        (RequestLog { tx }, tokio::spawn(writer(write, rx)))
+        (RequestLog { tx: Some(tx) }, tokio::spawn(writer(write, rx)))
+    }
+
+    /// A log that records nothing (`serve --ladder` below `log`).
+    pub fn off() -> RequestLog {
+        RequestLog { tx: None }
     }
 
     /// Queues a row (waits only if the writer is `QUEUE` rows behind).
     pub async fn record(&self, row: RequestRow) {
+        let Some(tx) = &self.tx else { return };
         tracing::info!(
             target: "sluice::request",
             request_id = %row.id,
@@ -70,15 +77,16 @@ impl RequestLog {
             row.cache,
             row.latency_ms as f64 / 1000.0,
         );
-        if self.tx.send(Msg::Row(Box::new(row))).await.is_err() {
+        if tx.send(Msg::Row(Box::new(row))).await.is_err() {
             tracing::error!("request log writer is gone; row lost");
         }
     }
 
     /// Waits until every row queued before this call is in the database.
     pub async fn flush(&self) {
+        let Some(tx) = &self.tx else { return };
         let (done, wait) = oneshot::channel();
-        if self.tx.send(Msg::Flush(done)).await.is_ok() {
+        if tx.send(Msg::Flush(done)).await.is_ok() {
             let _ = wait.await;
         }
     }

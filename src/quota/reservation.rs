@@ -80,6 +80,15 @@ impl Quota {
         }
     }
 
+    /// A `Held` with nothing reserved (the benchmark ladder's steps below `quota`).
+    pub fn unreserved(self: &Arc<Self>) -> Held {
+        Held {
+            resv: None,
+            quota: self.clone(),
+            cost_if_dropped: 0,
+        }
+    }
+
     async fn settle(&self, resv: Reservation, actual: i64) -> Result<Option<Settled>, QuotaError> {
         Ok(ledger::settle_via(&self.writer, resv, actual, self.clock.now()).await?)
     }
