@@ -22,6 +22,13 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
+    pub const ALL: [Endpoint; 4] = [
+        Endpoint::Chat,
+        Endpoint::Completions,
+        Endpoint::Embeddings,
+        Endpoint::Messages,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             Endpoint::Chat => "chat.completions",

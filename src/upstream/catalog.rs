@@ -5,7 +5,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::config::{Provider, Secret, Settings};
+use reqwest::header::{HeaderName, HeaderValue, AUTHORIZATION};
+
+use crate::config::{Provider, Secret, Settings, UpstreamSettings};
+use crate::pipeline::request::Endpoint;
+use crate::upstream::providers;
 use crate::quota::pricing::Prices;
 
 #[derive(Debug)]
@@ -16,6 +20,54 @@ pub struct Deployment {
     pub base_url: String,
     pub api_key: Secret,
     pub allow_private: bool,
+    /// The URL of every path this provider serves, parsed once at start rather than on
+    /// every request.
+    urls: Vec<(&'static str, reqwest::Url)>,
+    /// The credential header (`Authorization: Bearer …` or `x-api-key`), built once and
+    /// marked sensitive so that no debug print shows it; `None` if the key is not a valid
+    /// header value (every call then fails as a request error).
+    credential: Option<(HeaderName, HeaderValue)>,
+}
+
+impl Deployment {
+    fn new(u: &UpstreamSettings) -> Deployment {
+        let base_url = u.base_url.trim_end_matches('/').to_string();
+        let urls = Endpoint::ALL
+            .iter()
+            .filter_map(|e| providers::path(*e, u.provider))
+            .filter_map(|p| Some((p, reqwest::Url::parse(&format!("{base_url}{p}")).ok()?)))
+            .collect();
+        let key = u.api_key.expose();
+        let credential = match u.provider {
+            Provider::Openai => (AUTHORIZATION, HeaderValue::from_str(&format!("Bearer {key}"))),
+            Provider::Anthropic => (HeaderName::from_static("x-api-key"), HeaderValue::from_str(key)),
+        };
+        let credential = match credential {
+            (name, Ok(mut value)) => {
+                value.set_sensitive(true);
+                Some((name, value))
+            }
+            (_, Err(_)) => None,
+        };
+        Deployment {
+            id: u.id.clone(),
+            provider: u.provider,
+            base_url,
+            api_key: u.api_key.clone(),
+            allow_private: u.allow_private_network,
+            urls,
+            credential,
+        }
+    }
+
+    /// The URL of one of this provider's paths (see `providers::path`).
+    pub fn url(&self, path: &str) -> Option<&reqwest::Url> {
+        self.urls.iter().find(|(p, _)| *p == path).map(|(_, u)| u)
+    }
+
+    pub fn credential(&self) -> Option<&(HeaderName, HeaderValue)> {
+        self.credential.as_ref()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -51,13 +103,7 @@ impl Catalog {
         let deployments: Vec<Deployment> = s
             .upstreams
             .iter()
-            .map(|u| Deployment {
-                id: u.id.clone(),
-                provider: u.provider,
-                base_url: u.base_url.trim_end_matches('/').to_string(),
-                api_key: u.api_key.clone(),
-                allow_private: u.allow_private_network,
-            })
+            .map(Deployment::new)
             .collect();
         let index: HashMap<&str, usize> = deployments
             .iter()

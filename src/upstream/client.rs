@@ -60,18 +60,17 @@ impl UpstreamClient {
         } else {
             &self.public
         };
-        let mut url = String::with_capacity(dep.base_url.len() + path.len());
-        url.push_str(&dep.base_url);
-        url.push_str(path);
+        let (Some(url), Some((name, value))) = (dep.url(path), dep.credential()) else {
+            return Err(UpstreamError::Connect("request".into()));
+        };
         let req = client
-            .post(url)
+            .post(url.clone())
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+            .header(name, value.clone())
             .body(body);
         let req = match dep.provider {
-            Provider::Openai => req.bearer_auth(dep.api_key.expose()),
-            Provider::Anthropic => req
-                .header("x-api-key", dep.api_key.expose())
-                .header("anthropic-version", ANTHROPIC_VERSION),
+            Provider::Openai => req,
+            Provider::Anthropic => req.header("anthropic-version", ANTHROPIC_VERSION),
         };
         let first_byte = Duration::from_millis(self.timeouts.first_byte_timeout_ms);
         let resp = match tokio::time::timeout(first_byte, req.send()).await {
