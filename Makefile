@@ -19,6 +19,5 @@ bench:
 	cargo build --release --locked --bins --examples
 	python3 bench/overhead.py
 	python3 bench/scenarios.py
-	python3 bench/streams.py
 	./target/release/examples/quota_cas
 	./target/release/examples/cache_lookup
