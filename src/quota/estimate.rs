@@ -1,28 +1,36 @@
-//! Counting tokens with a real BPE tokenizer (`tiktoken-rs`, o200k_base): the input side of
-//! a reservation, and the output of a stream the client left before the upstream's usage
+//! Counting tokens with a real BPE tokenizer (o200k_base, see `tokenizer`): the input side
+//! of a reservation, and the output of a stream the client left before the upstream's usage
 //! arrived. One tokenizer is built at start and shared read-only (no lock per request).
 
 use std::sync::OnceLock;
 
 use serde_json::Value;
-use tiktoken_rs::CoreBPE;
 
-static BPE: OnceLock<Option<CoreBPE>> = OnceLock::new();
+use super::tokenizer::Counter;
+
+static BPE: OnceLock<Option<Counter>> = OnceLock::new();
 
 /// Builds the tokenizer; called once at start so the first request does not pay for it.
 pub fn init() {
     let _ = bpe();
+    // Building the counter builds (and drops) `tiktoken-rs`'s tables: ~200 000 small
+    // allocations that glibc would keep as free heap. Hand those pages back once.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free heap memory; it has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
-fn bpe() -> Option<&'static CoreBPE> {
-    BPE.get_or_init(|| tiktoken_rs::o200k_base().ok()).as_ref()
+fn bpe() -> Option<&'static Counter> {
+    BPE.get_or_init(Counter::o200k).as_ref()
 }
 
 /// Tokens in a piece of text. Falls back to a conservative bytes/3 if the tokenizer could
 /// not be built (it is compiled in, so this does not happen in practice).
 pub fn count_text(text: &str) -> i64 {
     match bpe() {
-        Some(b) => b.encode_ordinary(text).len() as i64,
+        Some(b) => b.count(text) as i64,
         None => (text.len() as i64 + 2) / 3,
     }
 }

@@ -6,6 +6,7 @@ pub mod estimate;
 pub mod period;
 pub mod pricing;
 pub mod reservation;
+pub mod tokenizer;
 
 #[derive(Debug, thiserror::Error)]
 pub enum QuotaError {
