@@ -43,6 +43,7 @@ async fn main() -> anyhow::Result<()> {
         &UpstreamTimeouts::default(),
         db.read.clone(),
         db.write.clone(),
+        sluice::store::writer::Writer::start(db.write.clone()),
     )?;
     let headers = actix_web::http::header::HeaderMap::new();
     let now = chrono::Utc::now();

@@ -86,7 +86,7 @@ impl Application {
         };
         let state = Arc::new(AppState {
             auth: Authenticator::new(db.read.clone()),
-            quota: Quota::with_writer(writer, clock.clone(), process_id),
+            quota: Quota::with_writer(writer.clone(), clock.clone(), process_id),
             upstream: Arc::new(UpstreamClient::new(&settings.upstream)?),
             catalog: Arc::new(catalog),
             pool,
@@ -99,6 +99,7 @@ impl Application {
                 &settings.upstream,
                 db.read.clone(),
                 db.write.clone(),
+                writer.clone(),
             )?,
             clock,
             db,

@@ -24,6 +24,7 @@ use sqlx::SqlitePool;
 
 use crate::config::{CacheSettings, UpstreamTimeouts};
 use crate::error::{ApiError, WireFormat};
+use crate::store::writer::Writer;
 use crate::store::{self, StoreError};
 use embed::{Embedder, Vector};
 use key::{Key, Keys};
@@ -67,11 +68,18 @@ pub struct Cache {
     embedder: Embedder,
     read: SqlitePool,
     write: SqlitePool,
+    /// Entries and hit counts are written through the group-commit writer.
+    writer: Writer,
     lru: Mutex<LruCache<Key, Arc<Entry>>>,
     /// Context key → (entry key, embedding of its last user message).
     index: RwLock<HashMap<Key, Vec<(Key, Vector)>>>,
     epoch: AtomicI64,
 }
+
+/// Most semantic candidates kept per context (the oldest go first): a lookup compares the
+/// question with every candidate of its context, so one context shared by every request
+/// (the same system prompt for a whole application) must not grow without bound.
+const MAX_PER_CONTEXT: usize = 256;
 
 /// Most entries kept in memory in front of SQLite.
 const LRU_ENTRIES: usize = 10_000;
@@ -86,6 +94,7 @@ impl Cache {
         timeouts: &UpstreamTimeouts,
         read: SqlitePool,
         write: SqlitePool,
+        writer: Writer,
     ) -> Result<Arc<Self>, reqwest::Error> {
         let embedder = match cfg.embedder.as_str() {
             "http" => Embedder::Http {
@@ -107,6 +116,7 @@ impl Cache {
             embedder,
             read,
             write,
+            writer,
             lru: Mutex::new(LruCache::new(cap)),
             index: RwLock::new(HashMap::new()),
             epoch: AtomicI64::new(i64::MIN),
@@ -259,24 +269,34 @@ impl Cache {
         };
         let bytes = vector.as_deref().map(embed::to_bytes);
         let text = answer.to_string();
-        let entry = store::cache::NewEntry {
-            key: &plan.keys.exact,
-            scope: &plan.scope,
-            model: &plan.model,
-            format: if plan.format == WireFormat::OpenAi {
-                "openai"
-            } else {
-                "anthropic"
-            },
-            context_hash: plan.keys.context.as_ref().map(|c| &c[..]),
-            vector: bytes.as_deref(),
-            answer: &text,
-            input_tokens: usage.0,
-            output_tokens: usage.1,
-            tags: &plan.tags,
-            expires_at: now + plan.ttl,
+        let (key, context) = (plan.keys.exact, plan.keys.context);
+        let (scope, model, tags) = (plan.scope.clone(), plan.model.clone(), plan.tags.clone());
+        let format = if plan.format == WireFormat::OpenAi {
+            "openai"
+        } else {
+            "anthropic"
         };
-        if let Err(e) = store::cache::put(&self.write, &entry, now).await {
+        let expires_at = now + plan.ttl;
+        let stored = self
+            .writer
+            .run(move |tx| {
+                let entry = store::cache::NewEntry {
+                    key: &key,
+                    scope: &scope,
+                    model: &model,
+                    format,
+                    context_hash: context.as_ref().map(|c| &c[..]),
+                    vector: bytes.as_deref(),
+                    answer: &text,
+                    input_tokens: usage.0,
+                    output_tokens: usage.1,
+                    tags: &tags,
+                    expires_at,
+                };
+                store::cache::put_tx(tx, &entry, now)
+            })
+            .await;
+        if let Err(e) = stored {
             tracing::warn!(error = %e, "cache write failed");
             return;
         }
@@ -292,12 +312,20 @@ impl Cache {
             let mut index = self.index.write();
             let bucket = index.entry(context).or_default();
             bucket.retain(|(k, _)| *k != plan.keys.exact);
+            if bucket.len() >= MAX_PER_CONTEXT {
+                bucket.remove(0);
+            }
             bucket.push((plan.keys.exact, v));
         }
     }
 
     pub async fn record_hit(&self, key: &Key) {
-        if let Err(e) = store::cache::count_hit(&self.write, key).await {
+        let key = *key;
+        let counted = self
+            .writer
+            .run(move |tx| store::cache::count_hit_tx(tx, &key))
+            .await;
+        if let Err(e) = counted {
             tracing::debug!(error = %e, "cache hit count failed");
         }
     }
@@ -332,7 +360,12 @@ impl Cache {
         let mut index: HashMap<Key, Vec<(Key, Vector)>> = HashMap::new();
         for (k, c, v) in rows {
             if let (Some(k), Some(c)) = (as_key(&k), as_key(&c)) {
-                index.entry(c).or_default().push((k, embed::from_bytes(&v)));
+                // Rows come oldest first: the newest MAX_PER_CONTEXT of a context stay.
+                let bucket = index.entry(c).or_default();
+                if bucket.len() >= MAX_PER_CONTEXT {
+                    bucket.remove(0);
+                }
+                bucket.push((k, embed::from_bytes(&v)));
             }
         }
         *self.index.write() = index;

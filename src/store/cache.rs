@@ -3,6 +3,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::{FromRow, SqlitePool};
 
+use super::writer::Tx;
 use super::Result;
 use crate::clock::db_time;
 
@@ -37,35 +38,41 @@ pub async fn get(pool: &SqlitePool, key: &[u8], now: DateTime<Utc>) -> Result<Op
         .await?)
 }
 
-pub async fn put(pool: &SqlitePool, e: &NewEntry<'_>, now: DateTime<Utc>) -> Result<()> {
-    sqlx::query(
-        "INSERT OR REPLACE INTO cache_entries (key, scope, model, format, context_hash, vector, answer, input_tokens, output_tokens, tags, created_at, expires_at)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-    )
-    .bind(e.key)
-    .bind(e.scope)
-    .bind(e.model)
-    .bind(e.format)
-    .bind(e.context_hash)
-    .bind(e.vector)
-    .bind(e.answer)
-    .bind(e.input_tokens)
-    .bind(e.output_tokens)
-    .bind(e.tags)
-    .bind(db_time(now))
-    .bind(db_time(e.expires_at))
-    .execute(pool)
-    .await?;
+const PUT: &str = "INSERT OR REPLACE INTO cache_entries (key, scope, model, format, context_hash, vector, answer, input_tokens, output_tokens, tags, created_at, expires_at)
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+
+/// Stores an entry inside a write batch (`store::writer`): cache writes share the money
+/// path's transactions instead of taking the write connection away from them.
+pub fn put_tx(tx: &mut Tx<'_>, e: &NewEntry<'_>, now: DateTime<Utc>) -> Result<()> {
+    let (created, expires) = (db_time(now), db_time(e.expires_at));
+    tx.execute(
+        PUT,
+        &[
+            e.key.into(),
+            e.scope.into(),
+            e.model.into(),
+            e.format.into(),
+            e.context_hash.into(),
+            e.vector.into(),
+            e.answer.into(),
+            e.input_tokens.into(),
+            e.output_tokens.into(),
+            e.tags.into(),
+            created.as_str().into(),
+            expires.as_str().into(),
+        ],
+    )?;
     Ok(())
 }
 
-/// Entries for the semantic index: (key, context hash, vector) of every live entry.
+/// Entries for the semantic index: (key, context hash, vector) of every live entry, oldest
+/// first.
 pub async fn index_rows(
     pool: &SqlitePool,
     now: DateTime<Utc>,
 ) -> Result<Vec<(Vec<u8>, Vec<u8>, Vec<u8>)>> {
     Ok(sqlx::query_as(
-        "SELECT key, context_hash, vector FROM cache_entries WHERE context_hash IS NOT NULL AND vector IS NOT NULL AND expires_at > ?",
+        "SELECT key, context_hash, vector FROM cache_entries WHERE context_hash IS NOT NULL AND vector IS NOT NULL AND expires_at > ? ORDER BY created_at",
     )
     .bind(db_time(now))
     .fetch_all(pool)
@@ -120,10 +127,11 @@ pub async fn epoch(pool: &SqlitePool) -> Result<i64> {
     )
 }
 
-pub async fn count_hit(pool: &SqlitePool, key: &[u8]) -> Result<()> {
-    sqlx::query("UPDATE cache_entries SET hits = hits + 1 WHERE key = ?")
-        .bind(key)
-        .execute(pool)
-        .await?;
+/// Counts a hit inside a write batch (see `put_tx`).
+pub fn count_hit_tx(tx: &mut Tx<'_>, key: &[u8]) -> Result<()> {
+    tx.execute(
+        "UPDATE cache_entries SET hits = hits + 1 WHERE key = ?",
+        &[key.into()],
+    )?;
     Ok(())
 }

@@ -35,6 +35,7 @@ pub enum Param<'a> {
     Int(i64),
     Real(f64),
     Text(&'a str),
+    Blob(&'a [u8]),
 }
 
 impl From<i64> for Param<'_> {
@@ -50,6 +51,11 @@ impl<'a> From<&'a str> for Param<'a> {
 impl<'a> From<&'a String> for Param<'a> {
     fn from(v: &'a String) -> Self {
         Param::Text(v)
+    }
+}
+impl<'a> From<&'a [u8]> for Param<'a> {
+    fn from(v: &'a [u8]) -> Self {
+        Param::Blob(v)
     }
 }
 impl<'a, T: Into<Param<'a>>> From<Option<T>> for Param<'a> {
@@ -261,6 +267,13 @@ impl<'a> Conn<'a> {
                         i,
                         t.as_ptr().cast::<c_char>(),
                         c_int::try_from(t.len()).unwrap_or(c_int::MAX),
+                        None, // SQLITE_STATIC
+                    ),
+                    Param::Blob(b) => ffi::sqlite3_bind_blob(
+                        s,
+                        i,
+                        b.as_ptr().cast(),
+                        c_int::try_from(b.len()).unwrap_or(c_int::MAX),
                         None, // SQLITE_STATIC
                     ),
                 };
