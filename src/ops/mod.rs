@@ -3,5 +3,6 @@
 pub mod alerts;
 pub mod backup;
 pub mod housekeeping;
+pub mod memory;
 pub mod metrics;
 pub mod request_log;

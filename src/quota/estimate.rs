@@ -15,11 +15,7 @@ pub fn init() {
     let _ = bpe();
     // Building the counter builds (and drops) `tiktoken-rs`'s tables: ~200 000 small
     // allocations that glibc would keep as free heap. Hand those pages back once.
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only releases free heap memory; it has no preconditions.
-    unsafe {
-        libc::malloc_trim(0);
-    }
+    crate::ops::memory::release_free();
 }
 
 fn bpe() -> Option<&'static Counter> {
