@@ -1,8 +1,17 @@
 //! The Redis window store: `window.lua` runs the whole check-and-add atomically in one
 //! `EVALSHA` on a multiplexed, auto-reconnecting connection. Every call is bounded by
 //! `ratelimit.redis_timeout_ms`; the caller falls back to the local store on any error.
+//!
+//! One connection per thread: a multiplexed connection's I/O runs as a task on the runtime
+//! that first used it. Shared by every HTTP worker, that was another thread, so each
+//! `EVALSHA` cost four thread switches on top of its round trip; a connection of the
+//! worker's own keeps the whole round trip on the thread that awaits it.
 
+use std::collections::HashMap;
+use std::thread::ThreadId;
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Script;
@@ -15,7 +24,10 @@ const CORRECT_LUA: &str = include_str!("correct.lua");
 const PREFIX: &str = "sl:v1";
 
 pub struct RedisWindows {
-    conn: ConnectionManager,
+    client: redis::Client,
+    config: ConnectionManagerConfig,
+    /// The connection of each thread that used Redis (thread ids are never reused).
+    conns: Mutex<HashMap<ThreadId, ConnectionManager>>,
     window: Script,
     correct: Script,
     timeout: Duration,
@@ -29,13 +41,27 @@ impl RedisWindows {
             .set_connection_timeout(Some(timeout.max(Duration::from_millis(200))))
             .set_response_timeout(Some(timeout))
             .set_number_of_retries(1);
-        let conn = ConnectionManager::new_lazy_with_config(client, config)?;
+        // Checks the URL and config now rather than at the first request.
+        ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?;
         Ok(Self {
-            conn,
+            client,
+            config,
+            conns: Mutex::new(HashMap::new()),
             window: Script::new(WINDOW_LUA),
             correct: Script::new(CORRECT_LUA),
             timeout,
         })
+    }
+
+    /// This thread's connection (connecting lazily, on this thread's runtime).
+    fn conn(&self) -> Result<ConnectionManager, WindowError> {
+        let mut conns = self.conns.lock();
+        if let Some(c) = conns.get(&std::thread::current().id()) {
+            return Ok(c.clone());
+        }
+        let c = ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())?;
+        conns.insert(std::thread::current().id(), c.clone());
+        Ok(c)
     }
 
     fn keys(spec: &WindowSpec) -> (String, String) {
@@ -61,7 +87,7 @@ impl RedisWindows {
         for s in specs {
             inv.arg(s.requests).arg(s.tokens);
         }
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn()?;
         let r: Vec<i64> = tokio::time::timeout(self.timeout, inv.invoke_async(&mut conn))
             .await
             .map_err(|_| WindowError::Timeout)??;
@@ -93,7 +119,7 @@ impl RedisWindows {
     ) -> Result<(), WindowError> {
         for s in specs.iter().filter(|s| s.tokens > 0) {
             let (_, tk) = Self::keys(s);
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn()?;
             let mut inv = self.correct.key(tk);
             inv.arg(second).arg(delta);
             tokio::time::timeout(self.timeout, inv.invoke_async::<i64>(&mut conn))
@@ -104,7 +130,7 @@ impl RedisWindows {
     }
 
     pub async fn ping(&self) -> Result<(), WindowError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn()?;
         let cmd = redis::cmd("PING");
         let _: String = tokio::time::timeout(
             self.timeout.max(Duration::from_millis(200)),
@@ -133,7 +159,7 @@ impl RedisWindows {
         }
         let keys: Vec<String> = ids.iter().map(|id| format!("{PREFIX}:cool:{id}")).collect();
         pipe.cmd("MGET").arg(&keys);
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn()?;
         let (values,): (Vec<Option<i64>>,) = tokio::time::timeout(
             self.timeout.max(Duration::from_millis(200)),
             pipe.query_async(&mut conn),
@@ -145,7 +171,7 @@ impl RedisWindows {
 
     /// The eviction policy, to warn when limiter keys could be evicted.
     pub async fn eviction_policy(&self) -> Result<String, WindowError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn()?;
         let cmd = redis::cmd("CONFIG")
             .arg("GET")
             .arg("maxmemory-policy")
