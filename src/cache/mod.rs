@@ -10,7 +10,7 @@ pub mod embed;
 pub mod key;
 pub mod replay;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -73,7 +73,20 @@ pub struct Cache {
     lru: Mutex<LruCache<Key, Arc<Entry>>>,
     /// Context key → (entry key, embedding of its last user message).
     index: RwLock<HashMap<Key, Vec<(Key, Vector)>>>,
+    /// The exact keys (their first 8 bytes) of the entries in the database, so that a miss
+    /// — most lookups — is answered without a database read. Entries written by other
+    /// replicas are picked up within `CACHE_POLL` (by rowid); one that expired or was
+    /// evicted since only costs the read it would have cost anyway.
+    present: RwLock<HashSet<u64>>,
+    /// The highest rowid the in-memory indexes have seen.
+    seen_rowid: AtomicI64,
     epoch: AtomicI64,
+}
+
+fn prefix(key: &Key) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&key[..8]);
+    u64::from_le_bytes(b)
 }
 
 /// Most semantic candidates kept per context (the oldest go first): a lookup compares the
@@ -119,6 +132,8 @@ impl Cache {
             writer,
             lru: Mutex::new(LruCache::new(cap)),
             index: RwLock::new(HashMap::new()),
+            present: RwLock::new(HashSet::new()),
+            seen_rowid: AtomicI64::new(0),
             epoch: AtomicI64::new(i64::MIN),
         }))
     }
@@ -191,6 +206,9 @@ impl Cache {
         let cached = self.lru.lock().get(key).cloned();
         if let Some(e) = cached.filter(|e| e.expires_at > now) {
             return Ok(Some(e));
+        }
+        if !self.present.read().contains(&prefix(key)) {
+            return Ok(None);
         }
         let Some(row) = store::cache::get(&self.read, key, now).await? else {
             return Ok(None);
@@ -308,14 +326,9 @@ impl Cache {
             expires_at: now + plan.ttl,
         });
         self.lru.lock().put(plan.keys.exact, e);
+        self.present.write().insert(prefix(&plan.keys.exact));
         if let (Some(context), Some(v)) = (plan.keys.context, vector) {
-            let mut index = self.index.write();
-            let bucket = index.entry(context).or_default();
-            bucket.retain(|(k, _)| *k != plan.keys.exact);
-            if bucket.len() >= MAX_PER_CONTEXT {
-                bucket.remove(0);
-            }
-            bucket.push((plan.keys.exact, v));
+            add_candidate(&mut self.index.write(), context, plan.keys.exact, v);
         }
     }
 
@@ -354,32 +367,56 @@ impl Cache {
         Ok(deleted.len())
     }
 
-    /// Rebuilds the semantic index from the database.
+    /// Rebuilds the in-memory indexes (keys present, semantic candidates) from the
+    /// database.
     pub async fn rebuild(&self, now: DateTime<Utc>) -> Result<(), StoreError> {
-        let rows = store::cache::index_rows(&self.read, now).await?;
-        let mut index: HashMap<Key, Vec<(Key, Vector)>> = HashMap::new();
-        for (k, c, v) in rows {
-            if let (Some(k), Some(c)) = (as_key(&k), as_key(&c)) {
-                // Rows come oldest first: the newest MAX_PER_CONTEXT of a context stay.
-                let bucket = index.entry(c).or_default();
-                if bucket.len() >= MAX_PER_CONTEXT {
-                    bucket.remove(0);
-                }
-                bucket.push((k, embed::from_bytes(&v)));
-            }
-        }
+        let rows = store::cache::index_rows(&self.read, 0, now).await?;
+        let mut index = HashMap::new();
+        let mut present = HashSet::with_capacity(rows.len());
+        let seen = self.add_rows(rows, &mut index, &mut present);
         *self.index.write() = index;
+        *self.present.write() = present;
+        self.seen_rowid.store(seen, Ordering::Relaxed);
         Ok(())
     }
 
-    /// Polls `cache_epoch`; when another process invalidated entries, drops the LRU and
-    /// rebuilds the index. Also evicts expired and surplus entries.
+    /// Adds rows to the indexes; returns the highest rowid among them (or the one seen).
+    fn add_rows(
+        &self,
+        rows: Vec<store::cache::IndexRow>,
+        index: &mut HashMap<Key, Vec<(Key, Vector)>>,
+        present: &mut HashSet<u64>,
+    ) -> i64 {
+        let mut seen = self.seen_rowid.load(Ordering::Relaxed);
+        // Rows come oldest first: the newest MAX_PER_CONTEXT of a context stay.
+        for (rowid, k, c, v) in rows {
+            seen = seen.max(rowid);
+            let Some(k) = as_key(&k) else { continue };
+            present.insert(prefix(&k));
+            if let (Some(c), Some(v)) = (c.as_deref().and_then(as_key), v) {
+                add_candidate(index, c, k, embed::from_bytes(&v));
+            }
+        }
+        seen
+    }
+
+    /// Polls `cache_epoch`: when another process invalidated entries, drops the LRU and
+    /// rebuilds the indexes; otherwise adds the entries stored since the last poll (by
+    /// this replica or another).
     pub async fn refresh(&self, now: DateTime<Utc>) -> Result<(), StoreError> {
         let epoch = store::cache::epoch(&self.read).await?;
         if self.epoch.swap(epoch, Ordering::Relaxed) != epoch {
             self.lru.lock().clear();
-            self.rebuild(now).await?;
+            return self.rebuild(now).await;
         }
+        let after = self.seen_rowid.load(Ordering::Relaxed);
+        let rows = store::cache::index_rows(&self.read, after, now).await?;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let (mut index, mut present) = (self.index.write(), self.present.write());
+        let seen = self.add_rows(rows, &mut index, &mut present);
+        self.seen_rowid.store(seen, Ordering::Relaxed);
         Ok(())
     }
 
@@ -390,4 +427,15 @@ impl Cache {
         }
         Ok(n)
     }
+}
+
+/// Adds a semantic candidate to its context's bucket (replacing the same entry, dropping
+/// the oldest past `MAX_PER_CONTEXT`).
+fn add_candidate(index: &mut HashMap<Key, Vec<(Key, Vector)>>, context: Key, key: Key, v: Vector) {
+    let bucket = index.entry(context).or_default();
+    bucket.retain(|(k, _)| *k != key);
+    if bucket.len() >= MAX_PER_CONTEXT {
+        bucket.remove(0);
+    }
+    bucket.push((key, v));
 }

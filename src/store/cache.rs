@@ -65,15 +65,20 @@ pub fn put_tx(tx: &mut Tx<'_>, e: &NewEntry<'_>, now: DateTime<Utc>) -> Result<(
     Ok(())
 }
 
-/// Entries for the semantic index: (key, context hash, vector) of every live entry, oldest
-/// first.
+/// A live entry as the in-memory indexes see it: (rowid, key, context hash, vector).
+pub type IndexRow = (i64, Vec<u8>, Option<Vec<u8>>, Option<Vec<u8>>);
+
+/// Live entries stored after rowid `after` (0: all), oldest first: what the in-memory
+/// indexes (keys present, semantic candidates) are built and kept fresh from.
 pub async fn index_rows(
     pool: &SqlitePool,
+    after: i64,
     now: DateTime<Utc>,
-) -> Result<Vec<(Vec<u8>, Vec<u8>, Vec<u8>)>> {
+) -> Result<Vec<IndexRow>> {
     Ok(sqlx::query_as(
-        "SELECT key, context_hash, vector FROM cache_entries WHERE context_hash IS NOT NULL AND vector IS NOT NULL AND expires_at > ? ORDER BY created_at",
+        "SELECT rowid, key, context_hash, vector FROM cache_entries WHERE rowid > ? AND expires_at > ? ORDER BY rowid",
     )
+    .bind(after)
     .bind(db_time(now))
     .fetch_all(pool)
     .await?)

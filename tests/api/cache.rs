@@ -427,3 +427,58 @@ async fn admins_invalidate_by_tag_through_the_api_and_finance_cannot() {
         1
     );
 }
+
+/// A miss is answered from memory (the keys present), so entries another replica stored
+/// must reach this replica's memory: they do at its next refresh (every second).
+#[tokio::test]
+async fn entries_another_replica_stored_are_found_after_its_next_refresh() {
+    use sluice::cache::Cache;
+    use sluice::config::{CacheSettings, UpstreamTimeouts};
+    use sluice::error::WireFormat;
+    use sluice::store::writer::Writer;
+
+    let dir = tempfile::tempdir().unwrap();
+    let db = sluice::store::Db::open(&dir.path().join("shared.db"), false)
+        .await
+        .unwrap();
+    let replica = || {
+        Cache::new(
+            &CacheSettings::default(),
+            &UpstreamTimeouts::default(),
+            db.read.clone(),
+            db.write.clone(),
+            Writer::start(db.write.clone()),
+        )
+        .unwrap()
+    };
+    let (a, b) = (replica(), replica());
+    let now = chrono::Utc::now();
+    a.refresh(now).await.unwrap();
+    b.refresh(now).await.unwrap();
+    let body = question("WVWZZZ1JZXW000042");
+    let headers = actix_web::http::header::HeaderMap::new();
+    let plan = |c: &Cache| {
+        c.plan(
+            &headers,
+            body.as_object().unwrap(),
+            WireFormat::OpenAi,
+            "gpt-4o-mini",
+            (1, 1),
+            None,
+            None,
+        )
+        .unwrap()
+        .expect("cacheable")
+    };
+    let answer = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
+        "message": {"role": "assistant", "content": "Check the EGR valve."}, "finish_reason": "stop"}]});
+    a.put(&plan(&a), &answer, (12, 24), now).await;
+    assert!(a.get(&plan(&a), now).await.is_some(), "the writer finds its own entry");
+    assert!(
+        b.get(&plan(&b), now).await.is_none(),
+        "before its refresh the other replica answers the miss from memory"
+    );
+    b.refresh(now).await.unwrap();
+    let hit = b.get(&plan(&b), now).await.expect("found after the refresh");
+    assert_eq!(hit.entry.answer, answer);
+}
