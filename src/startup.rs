@@ -80,7 +80,7 @@ impl Application {
         // One group-commit writer for the money path and the request log.
         let writer = Writer::start(db.write.clone());
         let request_log = if settings.ladder.has(Ladder::Log) {
-            RequestLog::start(writer.clone()).0
+            RequestLog::start(writer.clone())
         } else {
             RequestLog::off()
         };
@@ -201,6 +201,7 @@ impl Application {
             }
         }
         state.request_log.flush().await;
+        state.cache.flush().await;
         let _ = processes::unregister(&state.db.write, me).await;
         tracing::info!("sluice stopped");
         result

@@ -24,6 +24,7 @@ use sqlx::SqlitePool;
 
 use crate::config::{CacheSettings, UpstreamTimeouts};
 use crate::error::{ApiError, WireFormat};
+use crate::store::lingering::Lingering;
 use crate::store::writer::Writer;
 use crate::store::{self, StoreError};
 use embed::{Embedder, Vector};
@@ -68,7 +69,9 @@ pub struct Cache {
     embedder: Embedder,
     read: SqlitePool,
     write: SqlitePool,
-    /// Entries and hit counts are written through the group-commit writer.
+    /// New entries, written in lingering batches through the group-commit writer.
+    stored: Lingering<store::cache::NewEntry>,
+    /// Hit counts go through the writer too.
     writer: Writer,
     lru: Mutex<LruCache<Key, Arc<Entry>>>,
     /// Context key → (entry key, embedding of its last user message).
@@ -129,6 +132,7 @@ impl Cache {
             embedder,
             read,
             write,
+            stored: Lingering::start(writer.clone(), "cache entries", store::cache::put_batch_tx),
             writer,
             lru: Mutex::new(LruCache::new(cap)),
             index: RwLock::new(HashMap::new()),
@@ -285,37 +289,26 @@ impl Cache {
             (Some(_), Some(text)) if self.cfg.semantic => self.embedder.embed(text).await.ok(),
             _ => None,
         };
-        let bytes = vector.as_deref().map(embed::to_bytes);
-        let text = answer.to_string();
-        let (key, context) = (plan.keys.exact, plan.keys.context);
-        let (scope, model, tags) = (plan.scope.clone(), plan.model.clone(), plan.tags.clone());
-        let format = if plan.format == WireFormat::OpenAi {
-            "openai"
-        } else {
-            "anthropic"
+        let stored = store::cache::NewEntry {
+            key: plan.keys.exact,
+            scope: plan.scope.clone(),
+            model: plan.model.clone(),
+            format: if plan.format == WireFormat::OpenAi {
+                "openai"
+            } else {
+                "anthropic"
+            },
+            context_hash: plan.keys.context,
+            vector: vector.as_deref().map(embed::to_bytes),
+            answer: answer.to_string(),
+            input_tokens: usage.0,
+            output_tokens: usage.1,
+            tags: plan.tags.clone(),
+            created_at: now,
+            expires_at: now + plan.ttl,
         };
-        let expires_at = now + plan.ttl;
-        let stored = self
-            .writer
-            .run(move |tx| {
-                let entry = store::cache::NewEntry {
-                    key: &key,
-                    scope: &scope,
-                    model: &model,
-                    format,
-                    context_hash: context.as_ref().map(|c| &c[..]),
-                    vector: bytes.as_deref(),
-                    answer: &text,
-                    input_tokens: usage.0,
-                    output_tokens: usage.1,
-                    tags: &tags,
-                    expires_at,
-                };
-                store::cache::put_tx(tx, &entry, now)
-            })
-            .await;
-        if let Err(e) = stored {
-            tracing::warn!(error = %e, "cache write failed");
+        if !self.stored.push(stored).await {
+            tracing::warn!("cache writer is gone; entry not stored");
             return;
         }
         let e = Arc::new(Entry {
@@ -365,6 +358,11 @@ impl Cache {
             .collect();
         self.forget(&deleted);
         Ok(deleted.len())
+    }
+
+    /// Waits until every entry stored before this call is in the database.
+    pub async fn flush(&self) {
+        self.stored.flush().await;
     }
 
     /// Rebuilds the in-memory indexes (keys present, semantic candidates) from the

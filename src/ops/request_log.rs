@@ -1,53 +1,37 @@
-//! The request log, off the request path: handlers hand a row to a channel; one task
-//! writes rows in batches (one transaction per batch) and emits the JSON log line.
-//! Never a prompt, a completion or a credential — the row has no field for them.
-
-use std::time::Duration;
-
-use std::sync::Arc;
-
-use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
+//! The request log, off the request path: handlers hand a row over; rows are written in
+//! lingering batches (`store::lingering`: one writer job per batch) and each emits its JSON
+//! log line at once. Never a prompt, a completion or a credential — the row has no field
+//! for them.
 
 use crate::ops::metrics;
+use crate::store::lingering::Lingering;
 use crate::store::requests::{self, RequestRow};
 use crate::store::writer::Writer;
-
-enum Msg {
-    Row(Box<RequestRow>),
-    Flush(oneshot::Sender<()>),
-}
 
 #[derive(Clone)]
 pub struct RequestLog {
     /// `None` when the log is off (the benchmark ladder's steps below `log`).
-    tx: Option<mpsc::Sender<Msg>>,
+    rows: Option<Lingering<RequestRow>>,
 }
-
-const QUEUE: usize = 10_000;
-const BATCH: usize = 512;
-/// How long a batch waits for more rows before it is written (unless it is full or a
-/// `flush` asks for it). Each write is a commit with a dozen WAL pages; under light load
-/// one per request cost as much CPU as the reservation itself. Rows only wait in memory:
-/// this is the log, not money (reservations and settlements never wait).
-const LINGER: Duration = Duration::from_millis(25);
 
 impl RequestLog {
     /// Rows go to the database through the store's group-commit writer, one job per batch
     /// (so they usually share a transaction with reservations and settlements).
-    pub fn start(write: Writer) -> (RequestLog, JoinHandle<()>) {
-        let (tx, rx) = mpsc::channel(QUEUE);
-        (RequestLog { tx: Some(tx) }, tokio::spawn(writer(write, rx)))
+    pub fn start(writer: Writer) -> RequestLog {
+        RequestLog {
+            rows: Some(Lingering::start(writer, "request log rows", requests::insert_batch_tx)),
+        }
     }
 
     /// A log that records nothing (`serve --ladder` below `log`).
     pub fn off() -> RequestLog {
-        RequestLog { tx: None }
+        RequestLog { rows: None }
     }
 
-    /// Queues a row (waits only if the writer is `QUEUE` rows behind).
+    /// Emits the log line and the metrics, and queues the row (waits only if the log is
+    /// thousands of rows behind).
     pub async fn record(&self, row: RequestRow) {
-        let Some(tx) = &self.tx else { return };
+        let Some(rows) = &self.rows else { return };
         tracing::info!(
             target: "sluice::request",
             request_id = %row.id,
@@ -77,69 +61,15 @@ impl RequestLog {
             row.cache,
             row.latency_ms as f64 / 1000.0,
         );
-        if tx.send(Msg::Row(Box::new(row))).await.is_err() {
+        if !rows.push(row).await {
             tracing::error!("request log writer is gone; row lost");
         }
     }
 
     /// Waits until every row queued before this call is in the database.
     pub async fn flush(&self) {
-        let Some(tx) = &self.tx else { return };
-        let (done, wait) = oneshot::channel();
-        if tx.send(Msg::Flush(done)).await.is_ok() {
-            let _ = wait.await;
+        if let Some(rows) = &self.rows {
+            rows.flush().await;
         }
     }
-}
-
-async fn writer(pool: Writer, mut rx: mpsc::Receiver<Msg>) {
-    let mut batch: Vec<RequestRow> = Vec::with_capacity(BATCH);
-    let mut waiting: Vec<oneshot::Sender<()>> = Vec::new();
-    while let Some(first) = rx.recv().await {
-        let until = tokio::time::Instant::now() + LINGER;
-        let mut next = Some(first);
-        while let Some(msg) = next.take() {
-            match msg {
-                Msg::Row(r) => batch.push(*r),
-                Msg::Flush(done) => waiting.push(done),
-            }
-            if batch.len() >= BATCH || !waiting.is_empty() {
-                break;
-            }
-            next = match rx.try_recv() {
-                Ok(msg) => Some(msg),
-                Err(_) => tokio::time::timeout_at(until, rx.recv())
-                    .await
-                    .ok()
-                    .flatten(),
-            };
-        }
-        if !batch.is_empty() {
-            write(&pool, Arc::from(std::mem::take(&mut batch))).await;
-            batch.reserve(BATCH);
-        }
-        for done in waiting.drain(..) {
-            let _ = done.send(());
-        }
-    }
-}
-
-async fn write(pool: &Writer, batch: Arc<[RequestRow]>) {
-    for attempt in 0..5u64 {
-        let rows = batch.clone();
-        match pool
-            .run(move |tx| requests::insert_batch_tx(tx, &rows))
-            .await
-        {
-            Ok(()) => return,
-            Err(e) => {
-                tracing::error!(error = %e, rows = batch.len(), attempt, "writing the request log failed; retrying");
-                tokio::time::sleep(Duration::from_millis(100 * (attempt + 1))).await;
-            }
-        }
-    }
-    tracing::error!(
-        rows = batch.len(),
-        "request log rows dropped after 5 failed writes"
-    );
 }

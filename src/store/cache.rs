@@ -16,17 +16,19 @@ pub struct EntryRow {
     pub expires_at: String,
 }
 
-pub struct NewEntry<'a> {
-    pub key: &'a [u8],
-    pub scope: &'a str,
-    pub model: &'a str,
-    pub format: &'a str,
-    pub context_hash: Option<&'a [u8]>,
-    pub vector: Option<&'a [u8]>,
-    pub answer: &'a str,
+/// An entry to store (queued in memory until its batch is written, so it owns its data).
+pub struct NewEntry {
+    pub key: [u8; 32],
+    pub scope: String,
+    pub model: String,
+    pub format: &'static str,
+    pub context_hash: Option<[u8; 32]>,
+    pub vector: Option<Vec<u8>>,
+    pub answer: String,
     pub input_tokens: i64,
     pub output_tokens: i64,
-    pub tags: &'a str,
+    pub tags: String,
+    pub created_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
 }
 
@@ -41,27 +43,29 @@ pub async fn get(pool: &SqlitePool, key: &[u8], now: DateTime<Utc>) -> Result<Op
 const PUT: &str = "INSERT OR REPLACE INTO cache_entries (key, scope, model, format, context_hash, vector, answer, input_tokens, output_tokens, tags, created_at, expires_at)
      VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 
-/// Stores an entry inside a write batch (`store::writer`): cache writes share the money
+/// Stores entries inside a write batch (`store::lingering`): cache writes share the money
 /// path's transactions instead of taking the write connection away from them.
-pub fn put_tx(tx: &mut Tx<'_>, e: &NewEntry<'_>, now: DateTime<Utc>) -> Result<()> {
-    let (created, expires) = (db_time(now), db_time(e.expires_at));
-    tx.execute(
-        PUT,
-        &[
-            e.key.into(),
-            e.scope.into(),
-            e.model.into(),
-            e.format.into(),
-            e.context_hash.into(),
-            e.vector.into(),
-            e.answer.into(),
-            e.input_tokens.into(),
-            e.output_tokens.into(),
-            e.tags.into(),
-            created.as_str().into(),
-            expires.as_str().into(),
-        ],
-    )?;
+pub fn put_batch_tx(tx: &mut Tx<'_>, entries: &[NewEntry]) -> Result<()> {
+    for e in entries {
+        let (created, expires) = (db_time(e.created_at), db_time(e.expires_at));
+        tx.execute(
+            PUT,
+            &[
+                e.key.as_slice().into(),
+                e.scope.as_str().into(),
+                e.model.as_str().into(),
+                e.format.into(),
+                e.context_hash.as_ref().map(|c| c.as_slice()).into(),
+                e.vector.as_deref().into(),
+                e.answer.as_str().into(),
+                e.input_tokens.into(),
+                e.output_tokens.into(),
+                e.tags.as_str().into(),
+                created.as_str().into(),
+                expires.as_str().into(),
+            ],
+        )?;
+    }
     Ok(())
 }
 

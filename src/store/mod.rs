@@ -7,6 +7,7 @@ pub mod audit;
 pub mod cache;
 pub mod directory;
 pub mod ledger;
+pub mod lingering;
 pub mod processes;
 pub mod raw;
 pub mod reports;

@@ -478,6 +478,7 @@ async fn entries_another_replica_stored_are_found_after_its_next_refresh() {
         b.get(&plan(&b), now).await.is_none(),
         "before its refresh the other replica answers the miss from memory"
     );
+    a.flush().await;
     b.refresh(now).await.unwrap();
     let hit = b.get(&plan(&b), now).await.expect("found after the refresh");
     assert_eq!(hit.entry.answer, answer);

@@ -1,0 +1,123 @@
+//! Writes that may wait: rows that are not money (the request log, cache entries) are
+//! collected for up to `LINGER` and written as one job of the group-commit writer.
+//!
+//! Under light load a commit of their own per request cost as much CPU as a reservation;
+//! lingering, they share one commit with many others (and usually with the reservations of
+//! the same moment). Rows only wait in memory, so a crash loses at most `LINGER` of them;
+//! `flush` (at shutdown, and in tests) writes everything queued before it at once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::writer::{Tx, Writer};
+use super::Result;
+
+/// Items a batch takes at most.
+const BATCH: usize = 512;
+/// How many items may wait before `push` waits for the task.
+const QUEUE: usize = 10_000;
+/// How long a batch waits for more items before it is written.
+const LINGER: Duration = Duration::from_millis(25);
+
+enum Msg<T> {
+    Item(T),
+    Flush(oneshot::Sender<()>),
+}
+
+/// The handle; cheap to clone. The task ends when every handle is dropped.
+pub struct Lingering<T> {
+    tx: mpsc::Sender<Msg<T>>,
+}
+
+impl<T> Clone for Lingering<T> {
+    fn clone(&self) -> Self {
+        Self {
+            tx: self.tx.clone(),
+        }
+    }
+}
+
+impl<T: Send + Sync + 'static> Lingering<T> {
+    /// Starts the task; `what` names the rows in log lines, `write` writes one batch.
+    pub fn start(
+        writer: Writer,
+        what: &'static str,
+        write: fn(&mut Tx<'_>, &[T]) -> Result<()>,
+    ) -> Lingering<T> {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        tokio::spawn(collect(writer, rx, what, write));
+        Lingering { tx }
+    }
+
+    /// Queues an item (waits only if the task is `QUEUE` items behind).
+    pub async fn push(&self, item: T) -> bool {
+        self.tx.send(Msg::Item(item)).await.is_ok()
+    }
+
+    /// Waits until every item queued before this call is written.
+    pub async fn flush(&self) {
+        let (done, wait) = oneshot::channel();
+        if self.tx.send(Msg::Flush(done)).await.is_ok() {
+            let _ = wait.await;
+        }
+    }
+}
+
+async fn collect<T: Send + Sync + 'static>(
+    writer: Writer,
+    mut rx: mpsc::Receiver<Msg<T>>,
+    what: &'static str,
+    write: fn(&mut Tx<'_>, &[T]) -> Result<()>,
+) {
+    let mut batch: Vec<T> = Vec::with_capacity(BATCH);
+    let mut waiting: Vec<oneshot::Sender<()>> = Vec::new();
+    while let Some(first) = rx.recv().await {
+        let until = tokio::time::Instant::now() + LINGER;
+        let mut next = Some(first);
+        while let Some(msg) = next.take() {
+            match msg {
+                Msg::Item(r) => batch.push(r),
+                Msg::Flush(done) => waiting.push(done),
+            }
+            if batch.len() >= BATCH || !waiting.is_empty() {
+                break;
+            }
+            next = match rx.try_recv() {
+                Ok(msg) => Some(msg),
+                Err(_) => tokio::time::timeout_at(until, rx.recv())
+                    .await
+                    .ok()
+                    .flatten(),
+            };
+        }
+        if !batch.is_empty() {
+            store(&writer, Arc::from(std::mem::take(&mut batch)), what, write).await;
+            batch.reserve(BATCH);
+        }
+        for done in waiting.drain(..) {
+            let _ = done.send(());
+        }
+    }
+}
+
+/// Writes one batch, retrying a failed write a few times before dropping it.
+async fn store<T: Send + Sync + 'static>(
+    writer: &Writer,
+    batch: Arc<[T]>,
+    what: &'static str,
+    write: fn(&mut Tx<'_>, &[T]) -> Result<()>,
+) {
+    for attempt in 0..5u64 {
+        let items = batch.clone();
+        match writer.run(move |tx| write(tx, &items)).await {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::error!(error = %e, what, items = batch.len(), attempt, "a lingering write failed; retrying");
+                tokio::time::sleep(Duration::from_millis(100 * (attempt + 1))).await;
+            }
+        }
+    }
+    tracing::error!(what, items = batch.len(), "rows dropped after 5 failed writes");
+}
