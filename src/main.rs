@@ -436,8 +436,8 @@ async fn token_command(
                 println!("{}", serde_json::to_string_pretty(&rows)?);
             } else {
                 println!(
-                    "{:>5}  {:<10} {:<16} {:<12} {:>14} {:>14}  {}",
-                    "id", "prefix", "user", "team", "limit", "spent", "state"
+                    "{:>5}  {:<10} {:<16} {:<12} {:>14} {:>14}  state",
+                    "id", "prefix", "user", "team", "limit", "spent"
                 );
                 for r in rows {
                     let limit = r

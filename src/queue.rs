@@ -272,6 +272,24 @@ impl Drop for Ticket {
     }
 }
 
+impl From<Refused> for crate::error::ApiError {
+    fn from(r: Refused) -> Self {
+        let secs = |d: Duration| (d.as_millis() as u64).div_ceil(1000).max(1);
+        match r {
+            Refused::Full { position, eta } => crate::error::ApiError::QueueFull {
+                position,
+                eta: secs(eta),
+                retry_after: secs(eta),
+            },
+            Refused::Timeout { position, eta } => crate::error::ApiError::QueueTimeout {
+                position,
+                eta: secs(eta),
+                retry_after: secs(eta),
+            },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -297,10 +315,9 @@ mod tests {
         let a = queue.admit(4, 1).await.unwrap();
         let b = queue.admit(4, 1).await.unwrap();
         assert!(
-            matches!(
-                tokio::time::timeout(Duration::from_millis(50), queue.admit(4, 1)).await,
-                Err(_)
-            ),
+            tokio::time::timeout(Duration::from_millis(50), queue.admit(4, 1))
+                .await
+                .is_err(),
             "LOW waits"
         );
         let c = queue.admit(1, 1).await.unwrap();
@@ -349,23 +366,5 @@ mod tests {
             t.await.unwrap();
         }
         assert_eq!(*order.lock(), vec!["c", "h", "n1", "n2", "n3"]);
-    }
-}
-
-impl From<Refused> for crate::error::ApiError {
-    fn from(r: Refused) -> Self {
-        let secs = |d: Duration| (d.as_millis() as u64).div_ceil(1000).max(1);
-        match r {
-            Refused::Full { position, eta } => crate::error::ApiError::QueueFull {
-                position,
-                eta: secs(eta),
-                retry_after: secs(eta),
-            },
-            Refused::Timeout { position, eta } => crate::error::ApiError::QueueTimeout {
-                position,
-                eta: secs(eta),
-                retry_after: secs(eta),
-            },
-        }
     }
 }

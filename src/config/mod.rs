@@ -100,7 +100,7 @@ pub struct Settings {
 
 /// Integer micro-dollars per million tokens from a config price in USD per million tokens.
 fn price_micros(field: &str, model: &str, usd: f64) -> Result<i64, ConfigError> {
-    if !usd.is_finite() || usd < 0.0 || usd > 1_000_000.0 {
+    if !usd.is_finite() || !(0.0..=1_000_000.0).contains(&usd) {
         return Err(ConfigError::Invalid(format!(
             "model `{model}`: `{field}` must be between 0 and 1000000"
         )));

@@ -19,7 +19,11 @@ impl RequestLog {
     /// (so they usually share a transaction with reservations and settlements).
     pub fn start(writer: Writer) -> RequestLog {
         RequestLog {
-            rows: Some(Lingering::start(writer, "request log rows", requests::insert_batch_tx)),
+            rows: Some(Lingering::start(
+                writer,
+                "request log rows",
+                requests::insert_batch_tx,
+            )),
         }
     }
 

@@ -90,7 +90,7 @@ pub async fn index_rows(
 
 /// Deletes every entry carrying `tag`; returns the deleted keys.
 pub async fn delete_tag(pool: &SqlitePool, tag: &str) -> Result<Vec<Vec<u8>>> {
-    let pattern = format!("%,{},%", tag.replace('%', "").replace('_', ""));
+    let pattern = format!("%,{},%", tag.replace(['%', '_'], ""));
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
     let keys: Vec<Vec<u8>> =
         sqlx::query_scalar("DELETE FROM cache_entries WHERE tags LIKE ? RETURNING key")

@@ -119,5 +119,9 @@ async fn store<T: Send + Sync + 'static>(
             }
         }
     }
-    tracing::error!(what, items = batch.len(), "rows dropped after 5 failed writes");
+    tracing::error!(
+        what,
+        items = batch.len(),
+        "rows dropped after 5 failed writes"
+    );
 }

@@ -56,7 +56,9 @@ pub async fn dead_owners(
     host: &str,
     now: DateTime<Utc>,
 ) -> Result<Vec<String>> {
-    let rows: Vec<(String, Option<String>, Option<i64>, Option<String>)> = sqlx::query_as(
+    // (owner, host, pid, heartbeat_at) of every other owner of open reservations.
+    type OwnerRow = (String, Option<String>, Option<i64>, Option<String>);
+    let rows: Vec<OwnerRow> = sqlx::query_as(
         "SELECT DISTINCT r.owner, p.host, p.pid, p.heartbeat_at FROM reservations r LEFT JOIN processes p ON p.id = r.owner
          WHERE r.owner <> ?",
     )

@@ -276,6 +276,9 @@ const IDLE_HOLD: Duration = Duration::from_millis(2);
 
 /// Locks the write connection once and runs batches on it while jobs keep coming: one
 /// hand-over from sqlx's worker thread (and one pool round trip) for many batches.
+// The statement cache's lock is held across the idle wait on purpose: only this thread
+// uses the statements of the connection it holds, and they stay locked with it.
+#[allow(clippy::await_holding_lock)]
 async fn session(
     pool: &SqlitePool,
     keeper: &mut Keeper,

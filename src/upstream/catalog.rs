@@ -9,8 +9,8 @@ use reqwest::header::{HeaderName, HeaderValue, AUTHORIZATION};
 
 use crate::config::{Provider, Secret, Settings, UpstreamSettings};
 use crate::pipeline::request::Endpoint;
-use crate::upstream::providers;
 use crate::quota::pricing::Prices;
+use crate::upstream::providers;
 
 #[derive(Debug)]
 pub struct Deployment {
@@ -39,8 +39,14 @@ impl Deployment {
             .collect();
         let key = u.api_key.expose();
         let credential = match u.provider {
-            Provider::Openai => (AUTHORIZATION, HeaderValue::from_str(&format!("Bearer {key}"))),
-            Provider::Anthropic => (HeaderName::from_static("x-api-key"), HeaderValue::from_str(key)),
+            Provider::Openai => (
+                AUTHORIZATION,
+                HeaderValue::from_str(&format!("Bearer {key}")),
+            ),
+            Provider::Anthropic => (
+                HeaderName::from_static("x-api-key"),
+                HeaderValue::from_str(key),
+            ),
         };
         let credential = match credential {
             (name, Ok(mut value)) => {
@@ -100,11 +106,7 @@ pub struct Catalog {
 impl Catalog {
     /// Built from validated settings.
     pub fn from_settings(s: &Settings) -> Catalog {
-        let deployments: Vec<Deployment> = s
-            .upstreams
-            .iter()
-            .map(Deployment::new)
-            .collect();
+        let deployments: Vec<Deployment> = s.upstreams.iter().map(Deployment::new).collect();
         let index: HashMap<&str, usize> = deployments
             .iter()
             .enumerate()

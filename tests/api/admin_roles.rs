@@ -229,12 +229,9 @@ async fn a_lead_sees_and_changes_only_their_own_team() {
         200
     );
     assert_eq!(
-        lead.patch(
-            &format!("/admin/api/v1/teams/1"),
-            &json!({"budget_usd": "1000"})
-        )
-        .await
-        .0,
+        lead.patch("/admin/api/v1/teams/1", &json!({"budget_usd": "1000"}))
+            .await
+            .0,
         403
     );
     assert_eq!(

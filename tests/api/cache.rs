@@ -473,13 +473,19 @@ async fn entries_another_replica_stored_are_found_after_its_next_refresh() {
     let answer = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
         "message": {"role": "assistant", "content": "Check the EGR valve."}, "finish_reason": "stop"}]});
     a.put(&plan(&a), &answer, (12, 24), now).await;
-    assert!(a.get(&plan(&a), now).await.is_some(), "the writer finds its own entry");
+    assert!(
+        a.get(&plan(&a), now).await.is_some(),
+        "the writer finds its own entry"
+    );
     assert!(
         b.get(&plan(&b), now).await.is_none(),
         "before its refresh the other replica answers the miss from memory"
     );
     a.flush().await;
     b.refresh(now).await.unwrap();
-    let hit = b.get(&plan(&b), now).await.expect("found after the refresh");
+    let hit = b
+        .get(&plan(&b), now)
+        .await
+        .expect("found after the refresh");
     assert_eq!(hit.entry.answer, answer);
 }

@@ -417,7 +417,7 @@ async fn canaries_never_leak_at_trace_level() {
         .collect();
     for entry in std::fs::read_dir(dir.path()).unwrap() {
         let p = entry.unwrap().path();
-        if p.is_file() && !p.extension().is_some_and(|e| e == "toml") {
+        if p.is_file() && p.extension().is_none_or(|e| e != "toml") {
             haystacks.push((p.display().to_string(), std::fs::read(&p).unwrap()));
         }
     }

@@ -214,10 +214,7 @@ async fn a_key_refused_by_the_upstream_is_quarantined_with_an_audit_row() {
             Some("authentication refused".into())
         )]
     );
-    let (_, count) = sluice::store::audit::verify(&app.db().read)
-        .await
-        .unwrap()
-        .into();
+    let (_, count) = sluice::store::audit::verify(&app.db().read).await.unwrap();
     assert!(count.is_none(), "the chain stays intact");
 }
 
