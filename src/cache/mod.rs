@@ -407,14 +407,24 @@ impl Cache {
             self.lru.lock().clear();
             return self.rebuild(now).await;
         }
+        // Most new rows are this replica's own, already in memory: read vectors back only
+        // when another replica stored something.
         let after = self.seen_rowid.load(Ordering::Relaxed);
-        let rows = store::cache::index_rows(&self.read, after, now).await?;
-        if rows.is_empty() {
+        let keys = store::cache::keys_after(&self.read, after, now).await?;
+        let Some(last) = keys.last().map(|(rowid, _)| *rowid) else {
             return Ok(());
+        };
+        let foreign = {
+            let present = self.present.read();
+            keys.iter()
+                .any(|(_, k)| as_key(k).is_some_and(|k| !present.contains(&prefix(&k))))
+        };
+        if foreign {
+            let rows = store::cache::index_rows(&self.read, after, now).await?;
+            let (mut index, mut present) = (self.index.write(), self.present.write());
+            self.add_rows(rows, &mut index, &mut present);
         }
-        let (mut index, mut present) = (self.index.write(), self.present.write());
-        let seen = self.add_rows(rows, &mut index, &mut present);
-        self.seen_rowid.store(seen, Ordering::Relaxed);
+        self.seen_rowid.fetch_max(last, Ordering::Relaxed);
         Ok(())
     }
 

@@ -88,6 +88,22 @@ pub async fn index_rows(
     .await?)
 }
 
+/// (rowid, key) of the live entries stored after rowid `after`: enough to tell whether
+/// another replica stored anything, without reading vectors back.
+pub async fn keys_after(
+    pool: &SqlitePool,
+    after: i64,
+    now: DateTime<Utc>,
+) -> Result<Vec<(i64, Vec<u8>)>> {
+    Ok(sqlx::query_as(
+        "SELECT rowid, key FROM cache_entries WHERE rowid > ? AND expires_at > ? ORDER BY rowid",
+    )
+    .bind(after)
+    .bind(db_time(now))
+    .fetch_all(pool)
+    .await?)
+}
+
 /// Deletes every entry carrying `tag`; returns the deleted keys.
 pub async fn delete_tag(pool: &SqlitePool, tag: &str) -> Result<Vec<Vec<u8>>> {
     let pattern = format!("%,{},%", tag.replace(['%', '_'], ""));
