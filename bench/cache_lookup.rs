@@ -72,6 +72,7 @@ async fn main() -> anyhow::Result<()> {
         "filled {entries} entries in {:.1} s",
         started.elapsed().as_secs_f64()
     );
+    cache.flush().await;
     cache.rebuild(now).await?;
 
     let step = (entries / 2000).max(1);
