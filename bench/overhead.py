@@ -112,7 +112,7 @@ TARGETS = {
 
 
 # ------------------------------------------------------------ helpers (also used by
-# scenarios.py and streams.py: keep free_port, pct, stop, wait_http, cpu_seconds)
+# scenarios.py: keep free_port, pct, stop, wait_http, cpu_seconds)
 
 
 def free_port() -> int:
