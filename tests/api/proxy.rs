@@ -390,3 +390,38 @@ async fn one_model_by_id_and_the_tighter_of_two_output_caps() {
     assert_eq!(sent["max_tokens"], 10);
     assert!(sent.get("max_completion_tokens").is_none());
 }
+
+/// `serve --ladder` (benchmark only) turns the later stages off; the default runs them all.
+#[tokio::test]
+async fn the_benchmark_ladder_skips_later_stages_and_the_default_runs_every_one() {
+    use sluice::config::Ladder;
+    let body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16});
+
+    // `plain`: no token needed, nothing reserved, nothing logged.
+    let plain = spawn_app_with(|s, _| s.ladder = Ladder::Plain).await;
+    let resp = plain.chat("not-a-token", &body).await;
+    assert_eq!(resp.status(), 200);
+    plain.state.request_log.flush().await;
+    assert_eq!(plain.scalar("SELECT COUNT(*) FROM requests").await, 0);
+    assert_eq!(plain.scalar("SELECT COUNT(*) FROM ledger").await, 0);
+
+    // `auth`: the token is checked again, and the quota stage is still off.
+    let auth = spawn_app_with(|s, _| s.ladder = Ladder::Auth).await;
+    assert_eq!(auth.chat("not-a-token", &body).await.status(), 401);
+    let (_, token) = auth.token("bench", None).await;
+    assert_eq!(auth.chat(&token, &body).await.status(), 200);
+    assert_eq!(auth.scalar("SELECT COUNT(*) FROM ledger").await, 0);
+
+    // The default is every stage: reserve and settle rows, one log row.
+    let all = spawn_app().await;
+    assert_eq!(sluice::config::Settings::default().ladder, Ladder::All);
+    assert_eq!(all.chat("not-a-token", &body).await.status(), 401);
+    let (_, token) = all.token("dev", None).await;
+    assert_eq!(all.chat(&token, &body).await.status(), 200);
+    all.wait_for_log_rows(2).await;
+    assert_eq!(
+        all.scalar("SELECT COUNT(*) FROM ledger WHERE kind IN ('reserve', 'settle')")
+            .await,
+        2
+    );
+}
