@@ -13,7 +13,7 @@ pub mod token;
 
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use actix_web::http::header::HeaderMap;
 use chrono::{DateTime, Utc};
@@ -92,31 +92,36 @@ impl TokenAuth {
     }
 
     /// The caller of a `plain` benchmark ladder step (`config::Ladder`): no token, no
-    /// limits, every model. Never used when authentication is on.
-    pub fn anonymous() -> Self {
-        TokenAuth {
-            owner: Owner {
-                token_id: 0,
-                user_id: 0,
-                team_id: 0,
-                resets: [Reset::Never; 3],
-            },
-            prefix: String::new(),
-            hash_prefix: String::new(),
-            models: None,
-            rpm: None,
-            tpm: None,
-            user_rpm: None,
-            user_tpm: None,
-            max_priority: 4,
-            limit_micros: None,
-            alert_percent: 100,
-            downgrade_model: None,
-            cache_ttl_seconds: None,
-            remaining_hint: AtomicI64::new(i64::MAX),
-            alerted: AtomicBool::new(false),
-            expires_at: None,
-        }
+    /// limits, every model; one shared instance. Never used when authentication is on.
+    pub fn anonymous() -> Arc<Self> {
+        static ANONYMOUS: OnceLock<Arc<TokenAuth>> = OnceLock::new();
+        ANONYMOUS
+            .get_or_init(|| {
+                Arc::new(TokenAuth {
+                    owner: Owner {
+                        token_id: 0,
+                        user_id: 0,
+                        team_id: 0,
+                        resets: [Reset::Never; 3],
+                    },
+                    prefix: String::new(),
+                    hash_prefix: String::new(),
+                    models: None,
+                    rpm: None,
+                    tpm: None,
+                    user_rpm: None,
+                    user_tpm: None,
+                    max_priority: 4,
+                    limit_micros: None,
+                    alert_percent: 100,
+                    downgrade_model: None,
+                    cache_ttl_seconds: None,
+                    remaining_hint: AtomicI64::new(i64::MAX),
+                    alerted: AtomicBool::new(false),
+                    expires_at: None,
+                })
+            })
+            .clone()
     }
 
     /// Records the token's remaining balance after a reservation or settlement; `true`

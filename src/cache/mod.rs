@@ -447,3 +447,40 @@ fn add_candidate(index: &mut HashMap<Key, Vec<(Key, Vector)>>, context: Key, key
     }
     bucket.push((key, v));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_context_keeps_its_newest_candidates_only() {
+        let mut index = HashMap::new();
+        let context = [7u8; 32];
+        let key = |i: usize| {
+            let mut k = [0u8; 32];
+            k[..8].copy_from_slice(&(i as u64).to_le_bytes());
+            k
+        };
+        for i in 0..MAX_PER_CONTEXT + 10 {
+            add_candidate(&mut index, context, key(i), vec![(1, 1.0)]);
+        }
+        // The same entry again replaces itself rather than growing the bucket.
+        add_candidate(
+            &mut index,
+            context,
+            key(MAX_PER_CONTEXT + 9),
+            vec![(2, 1.0)],
+        );
+        let bucket = &index[&context];
+        assert_eq!(bucket.len(), MAX_PER_CONTEXT);
+        assert_eq!(bucket[0].0, key(10), "the oldest ten were dropped");
+        assert_eq!(bucket.last().unwrap().1, vec![(2, 1.0)]);
+        assert_eq!(
+            bucket
+                .iter()
+                .filter(|(k, _)| *k == key(MAX_PER_CONTEXT + 9))
+                .count(),
+            1
+        );
+    }
+}

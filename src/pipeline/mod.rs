@@ -188,7 +188,7 @@ async fn run(
             })?
             .ok_or(ApiError::InvalidApiKey)?
     } else {
-        std::sync::Arc::new(TokenAuth::anonymous())
+        TokenAuth::anonymous()
     };
     log.token_id = Some(auth.owner.token_id);
     log.user_id = Some(auth.owner.user_id);

@@ -55,12 +55,13 @@ impl RedisWindows {
 
     /// This thread's connection (connecting lazily, on this thread's runtime).
     fn conn(&self) -> Result<ConnectionManager, WindowError> {
+        let me = std::thread::current().id();
         let mut conns = self.conns.lock();
-        if let Some(c) = conns.get(&std::thread::current().id()) {
+        if let Some(c) = conns.get(&me) {
             return Ok(c.clone());
         }
         let c = ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())?;
-        conns.insert(std::thread::current().id(), c.clone());
+        conns.insert(me, c.clone());
         Ok(c)
     }
 

@@ -149,13 +149,13 @@ async fn a_huge_header_is_refused_quickly() {
         .json(&chat_body(5))
         .send()
         .await;
-    match resp {
-        Ok(r) => assert!(
+    // The server may also close the connection outright (an `Err`).
+    if let Ok(r) = resp {
+        assert!(
             matches!(r.status().as_u16(), 400 | 413 | 431),
             "{}",
             r.status()
-        ),
-        Err(_) => {} // the server may close the connection outright
+        );
     }
     assert!(started.elapsed() < std::time::Duration::from_secs(2));
     assert_eq!(app.mock.state.total_count(), 0);
