@@ -20,8 +20,9 @@ use crate::quota::{estimate, reservation::Quota};
 use crate::ratelimit::redis_window::RedisWindows;
 use crate::ratelimit::Windows;
 use crate::state::AppState;
+use crate::store::ledger::{self, Orphans};
 use crate::store::writer::Writer;
-use crate::store::{ledger, processes, Db, StoreError};
+use crate::store::{processes, Db, StoreError};
 use crate::upstream::catalog::Catalog;
 use crate::upstream::client::UpstreamClient;
 use crate::upstream::pool::Pool;
@@ -64,16 +65,9 @@ impl Application {
             settings.quota.synchronous == "full",
         )
         .await?;
-        let host = hostname();
-        let process_id = uuid::Uuid::new_v4().simple().to_string();
-        processes::register(
-            &db.write,
-            &process_id,
-            &host,
-            std::process::id(),
-            clock.now(),
-        )
-        .await?;
+        let me = processes::Me::new(uuid::Uuid::new_v4().simple().to_string(), hostname());
+        let process_id = me.id.clone();
+        processes::heartbeat(&db.write, &me, clock.now()).await?;
 
         let catalog = Catalog::from_settings(&settings);
         let pool = Arc::new(Pool::new(&settings));
@@ -107,8 +101,8 @@ impl Application {
         });
         state.auth.refresh().await?;
         state.cache.refresh(state.clock.now()).await?;
-        housekeeping::recover_orphans(&state, &host).await?;
-        housekeeping::spawn(state.clone(), host);
+        housekeeping::recover_orphans(&state, &me).await?;
+        housekeeping::spawn(state.clone(), me);
 
         let listen = state.settings.server.listen.clone();
         let listener =
@@ -190,7 +184,8 @@ impl Application {
         {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        match ledger::settle_orphans(&state.db.write, me, state.clock.now()).await {
+        match ledger::settle_orphans(&state.db.write, Orphans::OfOwner(me), state.clock.now()).await
+        {
             Ok(0) => {}
             Ok(n) => tracing::warn!(
                 reservations = n,

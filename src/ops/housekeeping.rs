@@ -1,11 +1,15 @@
 //! Background tasks of a running gateway: the token-cache refresh (revocations within 1 s),
-//! the process heartbeat, and settling reservations of processes that died.
+//! the process heartbeat, settling reservations of processes that died, and the sweep of
+//! this process's own reservations (released when no live request holds them, leases
+//! renewed while one does).
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::quota::reservation::RESERVATION_LEASE;
 use crate::state::AppState;
-use crate::store::{ledger, processes};
+use crate::store::ledger::{self, Orphans};
+use crate::store::processes::{self, Me};
 
 const AUTH_POLL: Duration = Duration::from_millis(250);
 const HEARTBEAT: Duration = Duration::from_secs(5);
@@ -15,7 +19,7 @@ const CACHE_POLL: Duration = Duration::from_secs(1);
 /// How often replicas exchange key cooldowns through Redis.
 const COOLDOWN_SYNC: Duration = Duration::from_millis(250);
 
-pub fn spawn(state: Arc<AppState>, host: String) {
+pub fn spawn(state: Arc<AppState>, me: Me) {
     if state.windows.uses_redis() && !state.pool.is_empty() {
         tokio::spawn(share_cooldowns(state.clone()));
     }
@@ -69,12 +73,17 @@ pub fn spawn(state: Arc<AppState>, host: String) {
         loop {
             tick.tick().await;
             let now = state.clock.now();
-            if let Err(e) =
-                processes::heartbeat(&state.db.write, state.quota.process_id(), now).await
-            {
-                tracing::warn!(error = %e, "heartbeat failed");
+            match processes::heartbeat(&state.db.write, &me, now).await {
+                Ok(true) => {
+                    tracing::warn!(process = %me.id, "this process had been taken for gone (a stall past the stale window?); registered again")
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
             }
-            if let Err(e) = recover_orphans(&state, &host).await {
+            if let Err(e) = sweep_own(&state).await {
+                tracing::warn!(error = %e, "sweeping this process's reservations failed");
+            }
+            if let Err(e) = recover_orphans(&state, &me).await {
                 tracing::warn!(error = %e, "orphan recovery failed");
             }
             let w = state.quota.writer().stats();
@@ -84,23 +93,57 @@ pub fn spawn(state: Arc<AppState>, host: String) {
     });
 }
 
-/// Settles the reservations of every process that is gone; returns how many.
-pub async fn recover_orphans(
-    state: &AppState,
-    host: &str,
-) -> Result<u64, crate::store::StoreError> {
+/// Settles the reservations of every process that is gone, and those whose lease ran out;
+/// returns how many.
+pub async fn recover_orphans(state: &AppState, me: &Me) -> Result<u64, crate::store::StoreError> {
     let now = state.clock.now();
     let mut settled = 0;
-    for owner in processes::dead_owners(&state.db.read, state.quota.process_id(), host, now).await?
-    {
-        let n = ledger::settle_orphans(&state.db.write, &owner, now).await?;
+    for owner in processes::dead_owners(&state.db.read, me, now).await? {
+        let n = ledger::settle_orphans(&state.db.write, Orphans::OfOwner(&owner), now).await?;
         if n > 0 {
             tracing::warn!(owner = %owner, reservations = n, "settled orphaned reservations at their reserved amount");
         }
         settled += n;
     }
-    processes::prune(&state.db.write, now).await?;
-    Ok(settled)
+    // A lease renewed by nobody: its owner is not sweeping (stalled or gone).
+    let expired = ledger::settle_orphans(
+        &state.db.write,
+        Orphans::PastDeadline(now - processes::STALE_AFTER),
+        now,
+    )
+    .await?;
+    if expired > 0 {
+        tracing::warn!(
+            reservations = expired,
+            "settled reservations whose lease ran out at their reserved amount"
+        );
+    }
+    processes::prune(&state.db.write, me, now).await?;
+    ledger::prune_orphaned(&state.db.write, now - chrono::Duration::days(1)).await?;
+    Ok(settled + expired)
+}
+
+/// This process's own reservations: one that no live request holds (its holder vanished
+/// without settling — a bug, or a crash of a task) is released at once, nothing charged;
+/// one that a live request holds gets its lease renewed before it runs out.
+pub async fn sweep_own(state: &AppState) -> Result<(), crate::store::StoreError> {
+    let quota = &state.quota;
+    let now = state.clock.now();
+    let renew_before = crate::clock::db_time(now + RESERVATION_LEASE / 2);
+    let mut renew = Vec::new();
+    for (id, deadline) in ledger::own_reservations(&state.db.read, quota.process_id()).await? {
+        if quota.is_live(&id) {
+            if deadline < renew_before {
+                renew.push(id);
+            }
+        } else if quota.release_unheld(&id).await? {
+            tracing::warn!(request_id = %id, "released a reservation no live request held");
+        }
+    }
+    if !renew.is_empty() {
+        ledger::renew_leases(&state.db.write, &renew, now + RESERVATION_LEASE).await?;
+    }
+    Ok(())
 }
 
 /// Publishes this replica's key cooldowns to Redis and adopts the other replicas', so a

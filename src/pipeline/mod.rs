@@ -291,7 +291,7 @@ async fn run(
     let slot = match admitted {
         Ok(slot) => slot,
         Err(refused) => {
-            held.settle(0).await.map_err(ApiError::from)?;
+            held.settle(0).await;
             return Err(ApiError::from(refused).into());
         }
     };
@@ -310,7 +310,7 @@ async fn run(
     let success = match outcome.result {
         Outcome::Served(s) => s,
         Outcome::Failed(failure) => {
-            held.settle(0).await.map_err(ApiError::from)?;
+            held.settle(0).await;
             return Err(failure);
         }
     };
@@ -512,7 +512,7 @@ async fn finish(
         }
     }
     let cost = pricing::cost(usage, s.model.prices);
-    let settled = held.settle(cost).await.map_err(ApiError::from)?;
+    let settled = held.settle(cost).await;
     account(state, auth, settled.token_remaining, settled.absorbed);
     state.windows.settle(booking, usage.input + usage.output);
     log.input_tokens = usage.input;

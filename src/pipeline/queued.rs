@@ -127,9 +127,7 @@ async fn end(state: &AppState, books: Books, e: ApiError) {
         started,
         ..
     } = books;
-    if let Err(err) = held.settle(0).await {
-        tracing::error!(request_id = %log.id, error = %err, "releasing a queued reservation failed");
-    }
+    held.settle(0).await;
     log.status = e.status().as_u16();
     log.error_code = Some(e.code());
     log.latency_ms = started.elapsed().as_millis() as i64;

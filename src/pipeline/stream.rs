@@ -188,15 +188,9 @@ impl Pump {
         } = self;
         let usage = converter.usage();
         let cost = pricing::cost(usage, prices);
-        match books.held.settle(cost).await {
-            Ok(s) => {
-                books.log.cost_micros = s.charged + s.absorbed;
-                super::account(&state, &books.auth, s.token_remaining, s.absorbed);
-            }
-            Err(e) => {
-                tracing::error!(request_id = %books.log.id, error = %e, "stream settlement failed")
-            }
-        }
+        let s = books.held.settle(cost).await;
+        books.log.cost_micros = s.charged + s.absorbed;
+        super::account(&state, &books.auth, s.token_remaining, s.absorbed);
         state
             .windows
             .settle(books.booking.take(), usage.input + usage.output);

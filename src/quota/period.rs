@@ -77,12 +77,34 @@ impl Reset {
         }
     }
 
+    /// The period a level is in, given the period it has stored and the period `now` names:
+    /// periods only ever move forward. A stored period newer than `now`'s (another process's
+    /// clock is ahead, or this one stepped back) is kept, never reset again; an older one —
+    /// or one of another rule (the level's reset was changed) — gives way to `now`'s.
+    pub fn advance(stored: &str, now_key: &str) -> Advance {
+        let kind = |k: &str| (k.len(), k.contains('W'));
+        if stored == now_key || (kind(stored) == kind(now_key) && stored > now_key) {
+            Advance::Keep
+        } else {
+            Advance::RollTo
+        }
+    }
+
     /// Whole seconds (rounded up) until the next reset, for `Retry-After`.
     pub fn seconds_to_reset(self, now: DateTime<Utc>) -> Option<u64> {
         let end = self.period_end(now)?;
         let ms = (end - now).num_milliseconds().max(0) as u64;
         Some(ms.div_ceil(1000).max(1))
     }
+}
+
+/// What a level's stored period does when a new reservation or adjustment comes in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Advance {
+    /// The stored period is current (or newer than this clock's): it stays.
+    Keep,
+    /// The stored period is older: the level rolls over to the clock's period.
+    RollTo,
 }
 
 #[cfg(test)]
@@ -110,5 +132,23 @@ mod tests {
             Some(at("2026-11-23T00:00:00Z"))
         );
         assert_eq!(Reset::Never.seconds_to_reset(t), None);
+    }
+
+    #[test]
+    fn periods_only_move_forward() {
+        use Advance::*;
+        assert_eq!(Reset::advance("2026-12-01", "2026-12-01"), Keep);
+        assert_eq!(Reset::advance("2026-12-01", "2026-12-02"), RollTo);
+        // A clock a second behind must not roll the new day back to the old one.
+        assert_eq!(Reset::advance("2026-12-02", "2026-12-01"), Keep);
+        assert_eq!(Reset::advance("2026-W53", "2027-W01"), RollTo);
+        assert_eq!(Reset::advance("2027-W01", "2026-W53"), Keep);
+        assert_eq!(Reset::advance("2026-12", "2027-01"), RollTo);
+        assert_eq!(Reset::advance("2027-01", "2026-12"), Keep);
+        // A changed rule (daily → monthly, never → daily, daily → never) takes the new key.
+        assert_eq!(Reset::advance("2026-12-01", "2026-12"), RollTo);
+        assert_eq!(Reset::advance("never", "2026-12-01"), RollTo);
+        assert_eq!(Reset::advance("2026-12-01", "never"), RollTo);
+        assert_eq!(Reset::advance("never", "never"), Keep);
     }
 }

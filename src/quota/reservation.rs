@@ -1,17 +1,29 @@
 //! A held reservation. `Quota::reserve` runs the CAS; the returned `Held` must be settled
-//! with the actual cost. If it is dropped unsettled (the client went away while the
-//! handler awaited the upstream), it settles itself in the background at the cost given
-//! by `set_cost_if_dropped` (the counted input by default), so no reservation is left behind.
+//! with the actual cost. Nothing a request holds can be left behind:
+//! - a caller that goes away while its reservation waits for the writer (the future is
+//!   dropped) leaves a `Pending` guard behind: the writer skips the job if it has not run
+//!   yet, and if it has, the guard releases it (settled at 0: nothing was served);
+//! - a `Held` dropped unsettled (the client went away while the handler awaited the
+//!   upstream) settles itself in the background at the cost given by
+//!   `set_cost_if_dropped` (0 until the upstream may be working, then the counted input);
+//! - a settlement that fails on a store error is retried in the background until it lands;
+//!   the caller gets the amounts at once (they are decided here, not by the store), so the
+//!   client's answer never waits for a retry and the request log and the ledger agree;
+//! - every reservation a live request holds is in this process's `live` set; the
+//!   housekeeping's sweep releases any of this process's reservations that no live request
+//!   holds, and renews the lease (`deadline`) of those that one does.
 
+use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
 
-use chrono::Duration;
-use sqlx::SqlitePool;
+use parking_lot::Mutex;
 
 use super::QuotaError;
 use crate::clock::Clock;
 use crate::store::ledger::{self, Owner, Refusal, Reservation, ReserveRequest, Settled};
 use crate::store::writer::Writer;
+use crate::store::StoreError;
 
 pub struct Quota {
     /// The group-commit writer: reservations and settlements of concurrent requests share
@@ -20,14 +32,17 @@ pub struct Quota {
     clock: Arc<dyn Clock>,
     /// This process's id, the owner of its reservations (see `store::processes`).
     process_id: String,
+    /// Request ids of the reservations live requests of this process hold (or are about to).
+    live: Mutex<HashSet<String>>,
 }
 
-/// How long a reservation may stay open before a sweeper may treat it as abandoned.
-const RESERVATION_DEADLINE: Duration = Duration::minutes(30);
+/// How long a reservation's lease runs: the owner renews it while a live request holds
+/// the reservation; past it, any process may settle it as an orphan (`ledger::Orphans`).
+pub const RESERVATION_LEASE: chrono::Duration = chrono::Duration::minutes(10);
 
 impl Quota {
     /// Starts a writer of its own over the write pool.
-    pub fn new(write: SqlitePool, clock: Arc<dyn Clock>, process_id: String) -> Arc<Self> {
+    pub fn new(write: sqlx::SqlitePool, clock: Arc<dyn Clock>, process_id: String) -> Arc<Self> {
         Self::with_writer(Writer::start(write), clock, process_id)
     }
 
@@ -37,6 +52,7 @@ impl Quota {
             writer,
             clock,
             process_id,
+            live: Mutex::new(HashSet::new()),
         })
     }
 
@@ -48,36 +64,64 @@ impl Quota {
         &self.process_id
     }
 
+    /// Whether a live request of this process holds the reservation of `request_id`.
+    pub fn is_live(&self, request_id: &str) -> bool {
+        self.live.lock().contains(request_id)
+    }
+
     pub async fn reserve(
         self: &Arc<Self>,
         request_id: &str,
         owner: &Owner,
         amount: i64,
     ) -> Result<Held, QuotaError> {
-        let now = self.clock.now();
+        self.live.lock().insert(request_id.to_string());
+        let pending = Pending {
+            quota: self.clone(),
+            request_id: Some(request_id.to_string()),
+        };
         let req = ReserveRequest {
             request_id,
             owner,
             amount,
             process: &self.process_id,
-            deadline: now + RESERVATION_DEADLINE,
-            now,
+            lease: RESERVATION_LEASE,
         };
-        match ledger::reserve_via(&self.writer, &req).await? {
-            Ok(resv) => Ok(Held {
-                resv: Some(resv),
-                quota: self.clone(),
-                cost_if_dropped: 0,
-            }),
-            Err(Refusal::TokenGone) => Err(QuotaError::TokenGone),
-            Err(Refusal::Insufficient(level)) => {
-                let reset = owner.resets[level as usize];
-                Err(QuotaError::Insufficient {
-                    level: level.as_str(),
-                    retry_after: reset.seconds_to_reset(now),
+        // Dropped here (the caller went away) → `Pending::drop` undoes whatever committed.
+        let outcome = ledger::reserve_via(&self.writer, &req, self.clock.clone()).await;
+        pending.disarm();
+        let refusal = match outcome {
+            Ok(Ok(resv)) => {
+                return Ok(Held {
+                    resv: Some(resv),
+                    quota: self.clone(),
+                    cost_if_dropped: 0,
                 })
             }
-        }
+            Ok(Err(refusal)) => refusal,
+            Err(e) => {
+                // Nothing of a failed batch is kept (see `store::writer`).
+                self.live.lock().remove(request_id);
+                return Err(e.into());
+            }
+        };
+        self.live.lock().remove(request_id);
+        Err(match refusal {
+            Refusal::TokenGone => QuotaError::TokenGone,
+            Refusal::Insufficient(level, retry_after) => QuotaError::Insufficient {
+                level: level.as_str(),
+                retry_after,
+            },
+        })
+    }
+
+    /// Releases a reservation of this process that no live request holds (the sweep):
+    /// nothing is charged. `false` when it was settled meanwhile.
+    pub async fn release_unheld(&self, request_id: &str) -> Result<bool, StoreError> {
+        let id = request_id.to_string();
+        Ok(ledger::release_via(&self.writer, id, self.clock.clone())
+            .await?
+            .is_some())
     }
 
     /// A `Held` with nothing reserved (the benchmark ladder's steps below `quota`).
@@ -89,8 +133,81 @@ impl Quota {
         }
     }
 
-    async fn settle(&self, resv: Reservation, actual: i64) -> Result<Option<Settled>, QuotaError> {
-        Ok(ledger::settle_via(&self.writer, resv, actual, self.clock.now()).await?)
+    /// Settles the reservation at `actual`, retrying on store errors until it lands (or the
+    /// writer is gone: the process is ending, and its shutdown settles what is left). The
+    /// reservation stays in the live set until then (`entry`), so the sweep never takes it.
+    async fn settle_until_landed(&self, entry: &LiveEntry, actual: i64) -> Option<Settled> {
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let id = entry.id.clone();
+            match ledger::settle_via(&self.writer, id, actual, self.clock.clone()).await {
+                Ok(settled) => return settled,
+                Err(StoreError::WriterGone) => {
+                    tracing::error!(request_id = %entry.id, "the store writer is gone; the reservation is left for the shutdown or orphan recovery");
+                    return None;
+                }
+                Err(e) => {
+                    tracing::warn!(request_id = %entry.id, error = %e, retry_in_ms = pause.as_millis() as u64, "settlement failed; retrying until it lands");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+
+    /// Settles in the background (the caller does not wait).
+    fn settle_later(entry: LiveEntry, actual: i64) {
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    let quota = entry.quota.clone();
+                    quota.settle_until_landed(&entry, actual).await
+                });
+            }
+            Err(_) => {
+                tracing::error!(request_id = %entry.id, "reservation dropped outside a runtime; left for orphan recovery")
+            }
+        }
+    }
+
+    fn entry(self: &Arc<Self>, id: String) -> LiveEntry {
+        LiveEntry {
+            quota: self.clone(),
+            id,
+        }
+    }
+}
+
+/// A reservation in the live set; leaves it when dropped (after its settlement landed).
+struct LiveEntry {
+    quota: Arc<Quota>,
+    id: String,
+}
+
+impl Drop for LiveEntry {
+    fn drop(&mut self) {
+        self.quota.live.lock().remove(&self.id);
+    }
+}
+
+/// A reservation on its way through the writer: if the caller goes away before the answer,
+/// the reservation is released (the writer skipped it, or it is settled at 0).
+struct Pending {
+    quota: Arc<Quota>,
+    request_id: Option<String>,
+}
+
+impl Pending {
+    fn disarm(mut self) {
+        self.request_id = None;
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(id) = self.request_id.take() {
+            Quota::settle_later(self.quota.entry(id), 0);
+        }
     }
 }
 
@@ -119,44 +236,50 @@ impl Held {
         self.cost_if_dropped = micros;
     }
 
-    /// Settles at the actual cost (capped at the reservation by the ledger).
-    pub async fn settle(mut self, actual: i64) -> Result<Settled, QuotaError> {
+    /// Settles at the actual cost (capped at the reservation: the excess is `absorbed`).
+    /// Never fails: the amounts are decided here; if the store fails, the settlement is
+    /// retried in the background until it lands, and the balances are then unknown (`None`).
+    pub async fn settle(mut self, actual: i64) -> Settled {
         let Some(resv) = self.resv.take() else {
-            return Ok(Settled {
+            return Settled {
                 charged: 0,
                 absorbed: 0,
                 remaining: None,
                 token_remaining: None,
-            });
+            };
         };
-        let unchanged = Settled {
-            charged: 0,
-            absorbed: 0,
-            remaining: resv.remaining,
-            token_remaining: resv.token_remaining,
+        let actual = actual.max(0);
+        let charged = actual.min(resv.amount);
+        let decided = Settled {
+            charged,
+            absorbed: actual - charged,
+            remaining: None,
+            token_remaining: None,
         };
-        let settled = self.quota.settle(resv, actual).await?;
-        Ok(settled.unwrap_or(unchanged))
+        // Leaves the live set when this future ends — or, if the store failed, when the
+        // background retry lands. (If the caller stops awaiting, the job still runs.)
+        let entry = self.quota.entry(resv.request_id);
+        let quota = &entry.quota;
+        match ledger::settle_via(&quota.writer, entry.id.clone(), actual, quota.clock.clone()).await
+        {
+            Ok(Some(s)) => s,
+            Ok(None) => {
+                tracing::error!(request_id = %entry.id, "the reservation was already settled");
+                decided
+            }
+            Err(e) => {
+                tracing::warn!(request_id = %entry.id, error = %e, "settlement failed; retrying in the background");
+                Quota::settle_later(entry, actual);
+                decided
+            }
+        }
     }
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        let Some(resv) = self.resv.take() else { return };
-        let quota = self.quota.clone();
-        let cost = self.cost_if_dropped;
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn(async move {
-                    let request_id = resv.request_id.clone();
-                    if let Err(e) = quota.settle(resv, cost).await {
-                        tracing::error!(request_id = %request_id, error = %e, "settling an abandoned reservation failed; it will be settled as an orphan at the next start");
-                    }
-                });
-            }
-            Err(_) => {
-                tracing::error!(request_id = %resv.request_id, "reservation dropped outside a runtime; left for orphan recovery")
-            }
+        if let Some(resv) = self.resv.take() {
+            Quota::settle_later(self.quota.entry(resv.request_id), self.cost_if_dropped);
         }
     }
 }

@@ -2,11 +2,13 @@
 //! that also appends its ledger rows, so a balance and its ledger can never disagree.
 //!
 //! Reserve, at every level (token, user, team), in one transaction (`cas.rs`):
-//!   0. one read of the three levels decides; a level that cannot cover R refuses the
-//!      whole reservation before anything is written: no partial reservation;
-//!   1. roll the level over to the current period if its stored period is older (a
-//!      conditional write keyed by the old period: `… WHERE period <> ?current`, with its
-//!      audit row);
+//!   0. one read of the three levels (balances, stored periods, reset rules) decides, with
+//!      `now` read from the clock inside the transaction; a level that cannot cover R
+//!      refuses the whole reservation before anything is written: no partial reservation;
+//!   1. each level's period only moves forward (`period::Reset::advance`): a stored period
+//!      older than `now`'s rolls over (a conditional write keyed by the stored period, with
+//!      its audit row); a newer one (another process's clock is ahead) is kept, and the
+//!      reservation belongs to it — a job can never roll a level back and reset it twice;
 //!   2. `UPDATE … SET remaining = remaining − R, reserved = reserved + R
 //!       WHERE id = ? AND (limit IS NULL OR remaining >= R)` — it must change its row
 //!      (the check, repeated under the write lock); if not, the job fails and nothing of
@@ -15,9 +17,12 @@
 //! The gateway runs reserve and settle as jobs of the group-commit writer
 //! (`store::writer`): many requests' jobs share one transaction, each still atomic.
 //!
-//! Settle returns `R − charged` to every level whose period is still the reservation's
-//! (a request admitted just before a reset settles into the old period) and releases R
-//! from `reserved`. Invariant per level and current period:
+//! Settle deletes the reservation row and returns `R − charged` to every level whose period
+//! is still the reservation's (a request admitted just before a reset settles into the old
+//! period) and releases R from `reserved`. A reservation settled as an orphan (its owner
+//! looked gone) is kept in `orphaned`; if its owner was only stalled and settles later, the
+//! settlement refunds the orphan's overcharge, so the ledger and the request log agree.
+//! Invariant per level and current period:
 //!   `limit − remaining == Σ ledger.amount (kinds reserve, settle, adjust)`.
 
 use std::sync::LazyLock;
@@ -29,10 +34,10 @@ use super::audit::{self, AuditEntry};
 use super::writer;
 use super::{Result, StoreError};
 use crate::clock::db_time;
-use crate::quota::period::Reset;
+use crate::quota::period::{Advance, Reset};
 
 mod cas;
-pub use cas::{reserve_tx, reserve_via, settle_tx, settle_via};
+pub use cas::{release_via, reserve_tx, reserve_via, settle_tx, settle_via};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Level {
@@ -59,6 +64,8 @@ impl Level {
 /// The statements of one level, built once from the level's table and ledger columns.
 struct LevelSql {
     rollover: String,
+    period: String,
+    refund: String,
     reserve: String,
     settle: String,
     release: String,
@@ -73,8 +80,9 @@ static SQL: LazyLock<[LevelSql; 3]> = LazyLock::new(|| {
             let extra = if table == "tokens" { " AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?3)" } else { "" };
             LevelSql {
                 rollover: format!(
-                    "UPDATE {table} SET period = ?1, remaining_micros = limit_micros WHERE id = ?2 AND period <> ?1 RETURNING id"
+                    "UPDATE {table} SET period = ?1, remaining_micros = limit_micros WHERE id = ?2 AND period = ?3 RETURNING id"
                 ),
+                period: format!("SELECT period FROM {table} WHERE id = ?1"),
                 reserve: format!(
                     "UPDATE {table} SET remaining_micros = remaining_micros - ?1, reserved_micros = reserved_micros + ?1
                      WHERE id = ?2 AND (limit_micros IS NULL OR remaining_micros >= ?1){extra} RETURNING remaining_micros"
@@ -85,6 +93,9 @@ static SQL: LazyLock<[LevelSql; 3]> = LazyLock::new(|| {
                      WHERE id = ?4 RETURNING remaining_micros"
                 ),
                 release: format!("UPDATE {table} SET reserved_micros = reserved_micros - ?1 WHERE id = ?2"),
+                refund: format!(
+                    "UPDATE {table} SET remaining_micros = remaining_micros + ?1 WHERE id = ?2 AND period = ?3 RETURNING remaining_micros"
+                ),
                 debit: format!(
                     "UPDATE {table} SET remaining_micros = remaining_micros - ?1 WHERE id = ?2 AND period = ?3"
                 ),
@@ -119,9 +130,6 @@ impl Owner {
             Level::Team => self.team_id,
         }
     }
-    fn periods(&self, now: DateTime<Utc>) -> [String; 3] {
-        self.resets.map(|r| r.period_key(now))
-    }
 }
 
 /// A reservation held in the database until `settle`.
@@ -139,8 +147,8 @@ pub struct Reservation {
 
 #[derive(Debug)]
 pub enum Refusal {
-    /// This level's remaining budget is below the amount.
-    Insufficient(Level),
+    /// This level's remaining budget is below the amount; seconds until its next reset.
+    Insufficient(Level, Option<u64>),
     /// The token was revoked or expired since it was authenticated.
     TokenGone,
 }
@@ -150,8 +158,9 @@ pub struct ReserveRequest<'a> {
     pub owner: &'a Owner,
     pub amount: i64,
     pub process: &'a str,
-    pub deadline: DateTime<Utc>,
-    pub now: DateTime<Utc>,
+    /// How long the owner's lease on the reservation runs before it must renew it
+    /// (`deadline` = now + lease; see `sweep`).
+    pub lease: chrono::Duration,
 }
 
 fn tighter(a: Option<i64>, b: Option<i64>) -> Option<i64> {
@@ -162,32 +171,48 @@ fn tighter(a: Option<i64>, b: Option<i64>) -> Option<i64> {
     }
 }
 
-/// Rolls a level over to `period` if it is still in an older one, with an audit row.
-async fn rollover(
+/// The period a level is in at `now`: its stored period when that is current or newer
+/// (periods only move forward), else `now`'s — rolled over here, with an audit row.
+async fn current_period(
     conn: &mut SqliteConnection,
     level: Level,
     id: i64,
-    period: &str,
+    reset: Reset,
     now: DateTime<Utc>,
-) -> Result<()> {
-    let rolled: Option<i64> = sqlx::query_scalar(&SQL[level.idx()].rollover)
-        .bind(period)
+) -> Result<String> {
+    let sql = &SQL[level.idx()];
+    let stored: String = sqlx::query_scalar(&sql.period)
         .bind(id)
+        .fetch_optional(&mut *conn)
+        .await?
+        .ok_or_else(|| StoreError::NotFound(format!("{} {id}", level.as_str())))?;
+    let key = reset.period_key(now);
+    if Reset::advance(&stored, &key) == Advance::Keep {
+        return Ok(stored);
+    }
+    let rolled: Option<i64> = sqlx::query_scalar(&sql.rollover)
+        .bind(&key)
+        .bind(id)
+        .bind(&stored)
         .fetch_optional(&mut *conn)
         .await?;
     if rolled.is_some() {
         let target = format!("{}:{id}", level.as_str());
-        let entry = AuditEntry {
-            actor: "system",
-            address: "",
-            action: "budget.period_reset",
-            target: &target,
-            before: None,
-            after: Some(period),
-        };
-        audit::append(conn, &entry, now).await?;
+        audit::append(conn, &period_reset_entry(&target, &key), now).await?;
     }
-    Ok(())
+    Ok(key)
+}
+
+/// The audit row of a period rollover of `target` (`token:7`) into `period`.
+fn period_reset_entry<'a>(target: &'a str, period: &'a str) -> AuditEntry<'a> {
+    AuditEntry {
+        actor: "system",
+        address: "",
+        action: "budget.period_reset",
+        target,
+        before: None,
+        after: Some(period),
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -227,8 +252,9 @@ const INSERT_LEDGER: &str = "INSERT INTO ledger (token_id, user_id, team_id, per
 pub async fn reserve(
     pool: &SqlitePool,
     r: &ReserveRequest<'_>,
+    now: DateTime<Utc>,
 ) -> Result<std::result::Result<Reservation, Refusal>> {
-    writer::once(pool, |tx| reserve_tx(tx, r)).await
+    writer::once(pool, |tx| reserve_tx(tx, r, now)).await
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -244,31 +270,55 @@ pub struct Settled {
 }
 
 /// Settles a reservation at `actual` micro-dollars. Idempotent: a reservation already
-/// settled (or settled as an orphan) is left alone and `None` is returned.
+/// settled is left alone and `None` is returned; one settled as an orphan meanwhile is
+/// corrected to `actual` (see `cas::settle_tx`).
 pub async fn settle(
     pool: &SqlitePool,
-    resv: &Reservation,
+    request_id: &str,
     actual: i64,
     now: DateTime<Utc>,
 ) -> Result<Option<Settled>> {
-    writer::once(pool, |tx| settle_tx(tx, resv, actual, now)).await
+    writer::once(pool, |tx| settle_tx(tx, request_id, actual, now)).await
 }
 
-/// Settles every reservation of a dead process at its full amount (nothing refunded, a
-/// 0-amount `orphan` row for the record). Returns how many were settled.
+/// Which reservations an orphan sweep takes.
+#[derive(Debug, Clone, Copy)]
+pub enum Orphans<'a> {
+    /// Every reservation of a process that is gone.
+    OfOwner(&'a str),
+    /// Every reservation whose owner let its lease run out (`deadline` before this time).
+    PastDeadline(DateTime<Utc>),
+}
+
+/// Settles reservations nobody will settle any more at their full amount (nothing
+/// refunded, a 0-amount `orphan` row for the record) and keeps each in `orphaned`, so that
+/// an owner that was only stalled can still settle it at its actual cost later (see
+/// `cas::settle_tx`). Returns how many were settled.
 pub async fn settle_orphans(
     pool: &SqlitePool,
-    dead_owner: &str,
+    which: Orphans<'_>,
     now: DateTime<Utc>,
 ) -> Result<u64> {
+    const COLUMNS: &str = "request_id, token_id, user_id, team_id, period, user_period, team_period, amount_micros, owner";
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    let rows = sqlx::query(
-        "DELETE FROM reservations WHERE owner = ?
-         RETURNING request_id, token_id, user_id, team_id, period, user_period, team_period, amount_micros",
-    )
-    .bind(dead_owner)
-    .fetch_all(&mut *tx)
-    .await?;
+    let rows = match which {
+        Orphans::OfOwner(owner) => {
+            sqlx::query(&format!(
+                "DELETE FROM reservations WHERE owner = ? RETURNING {COLUMNS}"
+            ))
+            .bind(owner)
+            .fetch_all(&mut *tx)
+            .await?
+        }
+        Orphans::PastDeadline(before) => {
+            sqlx::query(&format!(
+                "DELETE FROM reservations WHERE deadline < ? RETURNING {COLUMNS}"
+            ))
+            .bind(db_time(before))
+            .fetch_all(&mut *tx)
+            .await?
+        }
+    };
     for r in &rows {
         let owner = Owner {
             token_id: r.get("token_id"),
@@ -278,6 +328,7 @@ pub async fn settle_orphans(
         };
         let periods: [String; 3] = [r.get("period"), r.get("user_period"), r.get("team_period")];
         let amount: i64 = r.get("amount_micros");
+        let process: String = r.get("owner");
         for level in LEVELS {
             sqlx::query(&SQL[level.idx()].release)
                 .bind(amount)
@@ -286,9 +337,30 @@ pub async fn settle_orphans(
                 .await?;
         }
         let request_id: String = r.get("request_id");
-        let reason = format!(
-            "owner process {dead_owner} gone; settled at the reserved {amount} micro-dollars"
-        );
+        sqlx::query(
+            "INSERT OR REPLACE INTO orphaned (request_id, token_id, user_id, team_id, period, user_period, team_period, amount_micros, owner, created_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&request_id)
+        .bind(owner.token_id)
+        .bind(owner.user_id)
+        .bind(owner.team_id)
+        .bind(&periods[0])
+        .bind(&periods[1])
+        .bind(&periods[2])
+        .bind(amount)
+        .bind(&process)
+        .bind(db_time(now))
+        .execute(&mut *tx)
+        .await?;
+        let reason = match which {
+            Orphans::OfOwner(_) => format!(
+                "owner process {process} gone; settled at the reserved {amount} micro-dollars"
+            ),
+            Orphans::PastDeadline(_) => format!(
+                "owner process {process} let its lease run out; settled at the reserved {amount} micro-dollars"
+            ),
+        };
         ledger_row(
             &mut tx,
             &owner,
@@ -303,6 +375,45 @@ pub async fn settle_orphans(
     }
     tx.commit().await?;
     Ok(rows.len() as u64)
+}
+
+/// Forgets orphan records older than `before`: an owner that has not settled by then
+/// never will (the request's own deadline is far shorter).
+pub async fn prune_orphaned(pool: &SqlitePool, before: DateTime<Utc>) -> Result<u64> {
+    Ok(sqlx::query("DELETE FROM orphaned WHERE created_at < ?")
+        .bind(db_time(before))
+        .execute(pool)
+        .await?
+        .rows_affected())
+}
+
+/// This process's open reservations: request id and deadline.
+pub async fn own_reservations(pool: &SqlitePool, owner: &str) -> Result<Vec<(String, String)>> {
+    Ok(
+        sqlx::query_as("SELECT request_id, deadline FROM reservations WHERE owner = ?")
+            .bind(owner)
+            .fetch_all(pool)
+            .await?,
+    )
+}
+
+/// Renews the owner's lease on reservations a live request still holds.
+pub async fn renew_leases(
+    pool: &SqlitePool,
+    request_ids: &[String],
+    deadline: DateTime<Utc>,
+) -> Result<()> {
+    let deadline = db_time(deadline);
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    for id in request_ids {
+        sqlx::query("UPDATE reservations SET deadline = ? WHERE request_id = ?")
+            .bind(&deadline)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(())
 }
 
 /// The owner of a token, with each level's reset rule, read from the database.
@@ -336,10 +447,11 @@ pub async fn adjust(
 ) -> Result<()> {
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
     let owner = owner_of(&mut tx, token_id).await?;
-    let periods = owner.periods(now);
+    let mut periods: [String; 3] = Default::default();
     for level in LEVELS {
         let id = owner.id(level);
-        rollover(&mut tx, level, id, &periods[level.idx()], now).await?;
+        periods[level.idx()] =
+            current_period(&mut tx, level, id, owner.resets[level.idx()], now).await?;
         sqlx::query(&SQL[level.idx()].debit)
             .bind(amount)
             .bind(id)
@@ -383,8 +495,7 @@ pub async fn set_limit(
     limit: Option<i64>,
     now: DateTime<Utc>,
 ) -> Result<()> {
-    let period = reset.period_key(now);
-    rollover(conn, level, id, &period, now).await?;
+    let period = current_period(conn, level, id, reset, now).await?;
     sqlx::query(&SQL[level.idx()].set_limit)
         .bind(limit)
         .bind(id)

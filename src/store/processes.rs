@@ -1,6 +1,17 @@
 //! Gateway processes sharing the database. Each one registers with a heartbeat; a process
-//! is gone when its heartbeat is stale, or when it ran on this host and its pid is no
-//! longer alive (so a restart after `kill -9` recovers at once instead of after the timeout).
+//! is gone when
+//! - it ran on this host and its pid is no longer alive — or is alive but started at
+//!   another time (a reused pid) — so a restart after `kill -9` recovers at once;
+//! - it ran on another host and its heartbeat is older than `STALE_AFTER` (nothing else
+//!   can be seen from here);
+//! - it has no row at all.
+//!
+//! On this host a live pid always counts as alive, however stale its heartbeat: a process
+//! that was stopped (SIGSTOP, a frozen container, a disk stall) keeps its reservations.
+//! Across hosts a stall past `STALE_AFTER` cannot be told from a crash: its reservations
+//! are settled as orphans, and its late settlements correct them (`ledger::settle_tx`).
+//! The heartbeat is an upsert: a process whose row was pruned while it stalled registers
+//! again at its next beat, so its new reservations are never taken for orphans.
 
 use chrono::{DateTime, Duration, Utc};
 use sqlx::SqlitePool;
@@ -8,36 +19,57 @@ use sqlx::SqlitePool;
 use super::Result;
 use crate::clock::db_time;
 
-/// A heartbeat older than this means the process is gone.
+/// A heartbeat older than this means a process on another host is gone.
 pub const STALE_AFTER: Duration = Duration::seconds(15);
 
-pub async fn register(
-    pool: &SqlitePool,
-    id: &str,
-    host: &str,
-    pid: u32,
-    now: DateTime<Utc>,
-) -> Result<()> {
-    sqlx::query(
-        "INSERT INTO processes (id, host, pid, started_at, heartbeat_at) VALUES (?, ?, ?, ?, ?)",
-    )
-    .bind(id)
-    .bind(host)
-    .bind(pid)
-    .bind(db_time(now))
-    .bind(db_time(now))
-    .execute(pool)
-    .await?;
-    Ok(())
+/// Who this process is, as the process table knows it.
+#[derive(Debug, Clone)]
+pub struct Me {
+    pub id: String,
+    pub host: String,
+    pub pid: u32,
+    /// The pid's start time (`/proc/<pid>/stat`), to tell a reused pid from this process.
+    pub pid_start: Option<i64>,
 }
 
-pub async fn heartbeat(pool: &SqlitePool, id: &str, now: DateTime<Utc>) -> Result<()> {
-    sqlx::query("UPDATE processes SET heartbeat_at = ? WHERE id = ?")
-        .bind(db_time(now))
-        .bind(id)
+impl Me {
+    pub fn new(id: String, host: String) -> Me {
+        let pid = std::process::id();
+        Me {
+            id,
+            host,
+            pid,
+            pid_start: pid_start(i64::from(pid)),
+        }
+    }
+}
+
+/// Registers this process, or — when its row is missing — registers it again, and records
+/// a heartbeat. Returns `true` when the row had to be created (at start, or because
+/// another process pruned it as gone while this one stalled).
+pub async fn heartbeat(pool: &SqlitePool, me: &Me, now: DateTime<Utc>) -> Result<bool> {
+    let now = db_time(now);
+    let beat = sqlx::query("UPDATE processes SET heartbeat_at = ? WHERE id = ?")
+        .bind(&now)
+        .bind(&me.id)
         .execute(pool)
         .await?;
-    Ok(())
+    if beat.rows_affected() == 1 {
+        return Ok(false);
+    }
+    sqlx::query(
+        "INSERT INTO processes (id, host, pid, pid_start, started_at, heartbeat_at) VALUES (?, ?, ?, ?, ?, ?)
+         ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at",
+    )
+    .bind(&me.id)
+    .bind(&me.host)
+    .bind(me.pid)
+    .bind(me.pid_start)
+    .bind(&now)
+    .bind(&now)
+    .execute(pool)
+    .await?;
+    Ok(true)
 }
 
 pub async fn unregister(pool: &SqlitePool, id: &str) -> Result<()> {
@@ -48,45 +80,90 @@ pub async fn unregister(pool: &SqlitePool, id: &str) -> Result<()> {
     Ok(())
 }
 
-/// Owners of reservations that are no longer running: a stale heartbeat, a dead pid on this
-/// host, or no process row at all.
-pub async fn dead_owners(
-    pool: &SqlitePool,
-    me: &str,
-    host: &str,
-    now: DateTime<Utc>,
-) -> Result<Vec<String>> {
-    // (owner, host, pid, heartbeat_at) of every other owner of open reservations.
-    type OwnerRow = (String, Option<String>, Option<i64>, Option<String>);
+/// Owners of reservations that are no longer running (see the module doc).
+pub async fn dead_owners(pool: &SqlitePool, me: &Me, now: DateTime<Utc>) -> Result<Vec<String>> {
+    // (owner, host, pid, pid start, heartbeat_at) of every other owner of open reservations.
+    type OwnerRow = (
+        String,
+        Option<String>,
+        Option<i64>,
+        Option<i64>,
+        Option<String>,
+    );
     let rows: Vec<OwnerRow> = sqlx::query_as(
-        "SELECT DISTINCT r.owner, p.host, p.pid, p.heartbeat_at FROM reservations r LEFT JOIN processes p ON p.id = r.owner
-         WHERE r.owner <> ?",
+        "SELECT DISTINCT r.owner, p.host, p.pid, p.pid_start, p.heartbeat_at FROM reservations r
+         LEFT JOIN processes p ON p.id = r.owner WHERE r.owner <> ?",
     )
-    .bind(me)
+    .bind(&me.id)
     .fetch_all(pool)
     .await?;
     let stale = db_time(now - STALE_AFTER);
     Ok(rows
         .into_iter()
-        .filter(|(_, p_host, pid, beat)| match (p_host, pid, beat) {
-            (Some(h), Some(pid), Some(beat)) => {
-                beat.as_str() < stale.as_str() || (h == host && !pid_alive(*pid))
-            }
+        .filter(|(_, host, pid, started, beat)| match (host, pid, beat) {
+            (Some(h), Some(pid), _) if *h == me.host => !same_process_alive(*pid, *started),
+            (Some(_), Some(_), Some(beat)) => beat.as_str() < stale.as_str(),
             _ => true,
         })
         .map(|(owner, ..)| owner)
         .collect())
 }
 
-/// Removes process rows that are gone and hold nothing any more.
-pub async fn prune(pool: &SqlitePool, now: DateTime<Utc>) -> Result<()> {
-    sqlx::query("DELETE FROM processes WHERE heartbeat_at < ? AND id NOT IN (SELECT owner FROM reservations)")
-        .bind(db_time(now - STALE_AFTER))
-        .execute(pool)
-        .await?;
+/// Removes process rows that are gone and hold nothing any more. A process on this host
+/// whose pid is alive is kept, however stale its heartbeat.
+pub async fn prune(pool: &SqlitePool, me: &Me, now: DateTime<Utc>) -> Result<()> {
+    type ProcRow = (String, String, i64, Option<i64>);
+    let stale: Vec<ProcRow> = sqlx::query_as(
+        "SELECT id, host, pid, pid_start FROM processes
+         WHERE heartbeat_at < ? AND id NOT IN (SELECT owner FROM reservations)",
+    )
+    .bind(db_time(now - STALE_AFTER))
+    .fetch_all(pool)
+    .await?;
+    for (id, host, pid, started) in stale {
+        if host == me.host && same_process_alive(pid, started) {
+            continue;
+        }
+        sqlx::query("DELETE FROM processes WHERE id = ? AND heartbeat_at < ?")
+            .bind(&id)
+            .bind(db_time(now - STALE_AFTER))
+            .execute(pool)
+            .await?;
+    }
     Ok(())
 }
 
-fn pid_alive(pid: i64) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
+/// Whether `pid` on this host is still the process that registered (same start time).
+fn same_process_alive(pid: i64, started: Option<i64>) -> bool {
+    match (pid_start(pid), started) {
+        (Some(now), Some(then)) => now == then,
+        (Some(_), None) => true,
+        (None, _) => false,
+    }
+}
+
+/// A process's start time in clock ticks since boot (field 22 of `/proc/<pid>/stat`).
+fn pid_start(pid: i64) -> Option<i64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count from its end.
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(19)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_is_alive_and_a_reused_pid_is_not() {
+        let me = Me::new("x".into(), "h".into());
+        let started = me.pid_start;
+        assert!(started.is_some());
+        assert!(same_process_alive(i64::from(me.pid), started));
+        assert!(!same_process_alive(
+            i64::from(me.pid),
+            started.map(|s| s + 1)
+        ));
+        assert!(!same_process_alive(i64::from(i32::MAX), None));
+    }
 }

@@ -10,8 +10,13 @@
 //!   per job (each savepoint copies every page the job touches into a sub-journal);
 //! - a job that fails (its statements may have half-run) spoils the transaction: it is
 //!   rolled back, that job keeps its error, and the batch runs again without it in a fresh
-//!   transaction. If that fails too — or `BEGIN` or `COMMIT` fails — every job of the batch
-//!   gets an error and nothing of it is kept; the writer goes on with the next batch.
+//!   transaction — as often as a further job fails, up to `RERUNS` times; past that, each
+//!   remaining job runs in a transaction of its own. So one bad job fails alone, never the
+//!   good jobs that shared its batch. Only when `BEGIN` or `COMMIT` itself fails does every
+//!   job of the batch get an error (nothing of it is kept; settlements retry, see
+//!   `quota::reservation`); the writer goes on with the next batch;
+//! - a job whose caller has gone before it runs can be skipped (`run_for_caller`): a
+//!   reservation nobody waits for any more is never written.
 //!
 //! Each job's compare-and-swap stays atomic: the batch holds SQLite's write lock from
 //! `BEGIN IMMEDIATE` to `COMMIT` — against other processes too — and the jobs run one after
@@ -68,6 +73,8 @@ trait Run {
     fn run(&mut self, tx: &mut Tx<'_>) -> bool;
     /// Whether its last run failed (it is then left out of a rerun).
     fn failed(&self) -> bool;
+    /// Marks it failed after it ran (its own transaction could not commit).
+    fn fail(&mut self, e: StoreError);
 }
 
 /// A job of the writer's batches, type-erased.
@@ -95,6 +102,9 @@ impl<T, F: FnMut(&mut Tx<'_>) -> Result<T>> Run for Once<T, F> {
     fn failed(&self) -> bool {
         matches!(self.out, Some(Err(_)))
     }
+    fn fail(&mut self, e: StoreError) {
+        self.out = Some(Err(e));
+    }
 }
 
 impl<T, F> Once<T, F> {
@@ -107,14 +117,24 @@ impl<T, F> Once<T, F> {
 struct Call<T, F> {
     once: Once<T, F>,
     reply: oneshot::Sender<Result<T>>,
+    /// Skip the job when its caller has gone before it runs.
+    for_caller: bool,
 }
 
 impl<T, F: FnMut(&mut Tx<'_>) -> Result<T>> Run for Call<T, F> {
     fn run(&mut self, tx: &mut Tx<'_>) -> bool {
+        if self.for_caller && self.reply.is_closed() {
+            // Nothing written: the transaction is not spoiled, and a rerun leaves it out.
+            self.once.out = Some(Err(StoreError::Batch("the caller has gone".into())));
+            return true;
+        }
         self.once.run(tx)
     }
     fn failed(&self) -> bool {
         self.once.failed()
+    }
+    fn fail(&mut self, e: StoreError) {
+        self.once.fail(e)
     }
 }
 
@@ -199,7 +219,27 @@ impl Writer {
 
     /// Runs `f` inside the next batch; the answer comes after the commit. `f` must write
     /// nothing unless it returns `Ok`, and may run again if another job of its batch fails.
+    /// The job runs even if the caller stops waiting (a settlement must land).
     pub async fn run<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnMut(&mut Tx<'_>) -> Result<T> + Send + 'static,
+    {
+        self.submit(f, false).await
+    }
+
+    /// Like `run`, but the job is skipped if its caller has stopped waiting before it runs
+    /// (a reservation for a request whose client has gone). A caller that stops waiting
+    /// after the job ran must undo it itself (`quota::reservation` releases it).
+    pub async fn run_for_caller<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnMut(&mut Tx<'_>) -> Result<T> + Send + 'static,
+    {
+        self.submit(f, true).await
+    }
+
+    async fn submit<T, F>(&self, f: F, for_caller: bool) -> Result<T>
     where
         T: Send + 'static,
         F: FnMut(&mut Tx<'_>) -> Result<T> + Send + 'static,
@@ -208,6 +248,7 @@ impl Writer {
         let job = Box::new(Call {
             once: Once { f, out: None },
             reply,
+            for_caller,
         });
         self.tx
             .send(job)
@@ -350,10 +391,14 @@ fn finish(
     }
 }
 
-/// One transaction over `jobs`, rerun once without a job that failed; on error nothing
-/// of it is kept.
+/// How often a batch runs again without its failed jobs before the rest run one by one.
+const RERUNS: usize = 4;
+
+/// One transaction over `jobs`, rerun without each job that failed; past `RERUNS`, every
+/// remaining job in a transaction of its own — one bad job never fails a good one. `Err`
+/// only when `BEGIN`/`COMMIT` of the whole batch failed: nothing of it is kept then.
 fn transact<J: Run + ?Sized>(tx: &mut Tx<'_>, jobs: &mut [Box<J>]) -> Result<()> {
-    for _attempt in 0..2 {
+    for _attempt in 0..RERUNS {
         match run_all(tx, jobs) {
             Ok(true) => return Ok(()),
             Ok(false) => rollback(tx),
@@ -363,9 +408,17 @@ fn transact<J: Run + ?Sized>(tx: &mut Tx<'_>, jobs: &mut [Box<J>]) -> Result<()>
             }
         }
     }
-    Err(StoreError::Batch(
-        "more than one job of the batch failed".into(),
-    ))
+    for job in jobs.iter_mut().filter(|j| !j.failed()) {
+        match run_all(tx, std::slice::from_mut(job)) {
+            Ok(true) => {}
+            Ok(false) => rollback(tx),
+            Err(e) => {
+                rollback(tx);
+                job.fail(e);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `Ok(false)` when a job failed (the transaction is left open for the caller to roll back).

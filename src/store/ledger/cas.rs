@@ -2,14 +2,17 @@
 //! raw handle (`store::raw`): what `reserve` and `settle` run, alone (`ledger::reserve`,
 //! `ledger::settle`) or batched with other requests' jobs (`reserve_via`, `settle_via`).
 
+use std::sync::{Arc, LazyLock};
+
 use chrono::{DateTime, Utc};
 
 use super::{
-    tighter, Level, Owner, Refusal, Reservation, ReserveRequest, Settled, INSERT_LEDGER, LEVELS,
-    SQL,
+    period_reset_entry, tighter, Level, Owner, Refusal, Reservation, ReserveRequest, Settled,
+    INSERT_LEDGER, LEVELS, SQL,
 };
-use crate::clock::db_time;
-use crate::store::audit::{self, AuditEntry};
+use crate::clock::{db_time, Clock};
+use crate::quota::period::{Advance, Reset};
+use crate::store::audit;
 use crate::store::raw::{self, Conn, Param};
 use crate::store::writer::{Tx, Writer};
 use crate::store::{Result, StoreError};
@@ -43,63 +46,61 @@ fn ledger_row_tx(
     Ok(())
 }
 
-/// `rollover` inside a raw-handle transaction.
+/// Rolls a level from its stored period over to `period` (conditional on the stored one,
+/// which the caller read under the same write lock), with its audit row.
 fn rollover_tx(
     tx: &mut Conn<'_>,
     level: Level,
     id: i64,
+    stored: &str,
     period: &str,
     now: DateTime<Utc>,
 ) -> Result<()> {
     let rolled = tx.query_row(
         SQL[level.idx()].rollover.as_str(),
-        &[period.into(), id.into()],
+        &[period.into(), id.into(), stored.into()],
         |r| r.int(0),
     )?;
     if rolled.is_some() {
         let target = format!("{}:{id}", level.as_str());
-        let entry = AuditEntry {
-            actor: "system",
-            address: "",
-            action: "budget.period_reset",
-            target: &target,
-            before: None,
-            after: Some(period),
-        };
-        audit::append_tx(tx, &entry, now)?;
+        audit::append_tx(tx, &period_reset_entry(&target, period), now)?;
     }
     Ok(())
 }
 
-/// `reserve` as one job of the writer's next batch (group commit).
+/// `reserve` as one job of the writer's next batch (group commit). The job reads `now`
+/// from `clock` when it runs, inside the transaction: the period it charges and the
+/// rollover it may do are decided under the write lock, never from a time taken before
+/// the job waited in the queue. The writer skips the job if its caller has gone before
+/// it runs (`Writer::run_for`).
 pub async fn reserve_via(
     writer: &Writer,
     r: &ReserveRequest<'_>,
+    clock: Arc<dyn Clock>,
 ) -> Result<std::result::Result<Reservation, Refusal>> {
     let request_id = r.request_id.to_string();
     let owner = r.owner.clone();
     let process = r.process.to_string();
-    let (amount, deadline, now) = (r.amount, r.deadline, r.now);
+    let (amount, lease) = (r.amount, r.lease);
     writer
-        .run(move |tx| {
+        .run_for_caller(move |tx| {
             let req = ReserveRequest {
                 request_id: &request_id,
                 owner: &owner,
                 amount,
                 process: &process,
-                deadline,
-                now,
+                lease,
             };
-            reserve_tx(tx, &req)
+            reserve_tx(tx, &req, clock.now())
         })
         .await
 }
 
 /// Each level's state as the CAS sees it: one statement for all three.
 const LEVELS_STATE: &str = "SELECT t.id IS NOT NULL, t.revoked_at IS NOT NULL OR (t.expires_at IS NOT NULL AND t.expires_at <= ?4),
-        t.limit_micros, t.remaining_micros, t.period = ?5,
-        u.id IS NOT NULL, 0, u.limit_micros, u.remaining_micros, u.period = ?6,
-        m.id IS NOT NULL, 0, m.limit_micros, m.remaining_micros, m.period = ?7
+        t.limit_micros, t.remaining_micros, t.period, t.reset,
+        u.id IS NOT NULL, 0, u.limit_micros, u.remaining_micros, u.period, u.reset,
+        m.id IS NOT NULL, 0, m.limit_micros, m.remaining_micros, m.period, m.reset
     FROM (SELECT 1) AS one
     LEFT JOIN tokens t ON t.id = ?1
     LEFT JOIN users u ON u.id = ?2
@@ -111,44 +112,60 @@ struct LevelState {
     gone: bool,
     limit: Option<i64>,
     remaining: Option<i64>,
-    current: bool,
+    /// The period stored on the level.
+    stored: String,
+    reset: Reset,
 }
 
 impl LevelState {
-    /// What the level would have left before this reservation: a level still in an older
-    /// period starts the current one at its limit (the rollover below).
-    fn covers(&self, amount: i64) -> bool {
-        let remaining = if self.current {
-            self.remaining
-        } else {
-            self.limit
-        };
+    fn read(row: &raw::Row, at: i32) -> LevelState {
+        LevelState {
+            exists: row.int(at) == Some(1),
+            gone: row.int(at + 1) == Some(1),
+            limit: row.int(at + 2),
+            remaining: row.int(at + 3),
+            stored: row.text(at + 4).unwrap_or_default(),
+            reset: row
+                .text(at + 5)
+                .and_then(|r| Reset::parse(&r))
+                .unwrap_or(Reset::Never),
+        }
+    }
+
+    /// The period the level is in at `now`, and whether it must roll over into it.
+    fn period(&self, now: DateTime<Utc>) -> (String, bool) {
+        let key = self.reset.period_key(now);
+        match Reset::advance(&self.stored, &key) {
+            Advance::Keep => (self.stored.clone(), false),
+            Advance::RollTo => (key, true),
+        }
+    }
+
+    /// What the level would have left before this reservation: a level rolling over into
+    /// a new period starts it at its limit.
+    fn covers(&self, amount: i64, rolls: bool) -> bool {
+        let remaining = if rolls { self.limit } else { self.remaining };
         self.exists && (self.limit.is_none() || remaining.is_some_and(|r| r >= amount))
     }
 }
 
 /// The CAS inside a write transaction (`BEGIN IMMEDIATE`: nobody else, in this process or
-/// another, writes between its read and its writes).
+/// another, writes between its read and its writes), at `now` — read by the caller inside
+/// the transaction.
 ///
 /// It decides first, from one read of the three levels, and writes only when every level
 /// can cover the amount — so a refusal writes nothing and needs no savepoint (see
-/// `writer`). Then, per level (token → user → team): the rollover if the level is still
-/// in an older period (conditional on that, with its audit row), and the conditional
-/// decrement, which must change its row — the check is repeated by the `WHERE` clause, so
-/// if the read and the write ever disagreed the job fails and nothing of it is kept.
+/// `writer`). Then, per level (token → user → team): the rollover if the level's stored
+/// period is older than `now`'s (periods only move forward: a newer stored period is the
+/// one charged), and the conditional decrement, which must change its row — the check is
+/// repeated by the `WHERE` clause, so if the read and the write ever disagreed the job
+/// fails and nothing of it is kept.
 pub fn reserve_tx(
     tx: &mut Tx<'_>,
     r: &ReserveRequest<'_>,
+    now: DateTime<Utc>,
 ) -> Result<std::result::Result<Reservation, Refusal>> {
-    let periods = r.owner.periods(r.now);
-    let now_s = db_time(r.now);
-    let state = |row: &raw::Row, at: i32| LevelState {
-        exists: row.int(at) == Some(1),
-        gone: row.int(at + 1) == Some(1),
-        limit: row.int(at + 2),
-        remaining: row.int(at + 3),
-        current: row.int(at + 4) == Some(1),
-    };
+    let now_s = db_time(now);
     let levels = tx
         .query_row(
             LEVELS_STATE,
@@ -157,28 +174,31 @@ pub fn reserve_tx(
                 r.owner.user_id.into(),
                 r.owner.team_id.into(),
                 now_s.as_str().into(),
-                periods[0].as_str().into(),
-                periods[1].as_str().into(),
-                periods[2].as_str().into(),
             ],
-            |row| [state(row, 0), state(row, 5), state(row, 10)],
+            |row| [0, 6, 12].map(|at| LevelState::read(row, at)),
         )?
         .ok_or_else(|| StoreError::Conflict("the level read returned no row".into()))?;
     if !levels[0].exists || levels[0].gone {
         return Ok(Err(Refusal::TokenGone));
     }
+    let plan = levels.each_ref().map(|l| l.period(now));
     if let Some(level) = LEVELS
         .into_iter()
-        .find(|l| !levels[l.idx()].covers(r.amount))
+        .find(|l| !levels[l.idx()].covers(r.amount, plan[l.idx()].1))
     {
-        return Ok(Err(Refusal::Insufficient(level)));
+        let reset = levels[level.idx()].reset;
+        return Ok(Err(Refusal::Insufficient(
+            level,
+            reset.seconds_to_reset(now),
+        )));
     }
     let mut remaining = None;
     let mut token_remaining = None;
     for level in LEVELS {
         let id = r.owner.id(level);
-        if !levels[level.idx()].current {
-            rollover_tx(tx, level, id, &periods[level.idx()], r.now)?;
+        let (period, rolls) = &plan[level.idx()];
+        if *rolls {
+            rollover_tx(tx, level, id, &levels[level.idx()].stored, period, now)?;
         }
         let left = tx
             .query_row(
@@ -197,6 +217,7 @@ pub fn reserve_tx(
             token_remaining = left;
         }
     }
+    let periods = plan.map(|(p, _)| p);
     tx.execute(
         "INSERT INTO reservations (request_id, token_id, user_id, team_id, period, user_period, team_period, amount_micros, owner, deadline, created_at)
          VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -210,7 +231,7 @@ pub fn reserve_tx(
             (&periods[2]).into(),
             r.amount.into(),
             r.process.into(),
-            db_time(r.deadline).as_str().into(),
+            db_time(now + r.lease).as_str().into(),
             now_s.as_str().into(),
         ],
     )?;
@@ -233,52 +254,115 @@ pub fn reserve_tx(
     }))
 }
 
-/// `settle` as one job of the writer's next batch (group commit).
+/// `settle` as one job of the writer's next batch (group commit). It runs even when its
+/// caller has gone: a settlement must land.
 pub async fn settle_via(
     writer: &Writer,
-    resv: Reservation,
+    request_id: String,
     actual: i64,
-    now: DateTime<Utc>,
+    clock: Arc<dyn Clock>,
 ) -> Result<Option<Settled>> {
     writer
-        .run(move |tx| settle_tx(tx, &resv, actual, now))
+        .run(move |tx| settle_tx(tx, &request_id, actual, clock.now()))
         .await
 }
 
-/// Settlement inside a write transaction: the reservation row goes, every level gets its
-/// refund (into the reservation's period only) and releases the reserved amount, and the
-/// `settle` (and `absorbed`) rows are appended.
+/// A reservation's row as settlement reads it (from `reservations` or `orphaned`).
+struct Held {
+    owner: Owner,
+    periods: [String; 3],
+    amount: i64,
+}
+
+const HELD_COLUMNS: &str =
+    "token_id, user_id, team_id, period, user_period, team_period, amount_micros";
+
+fn held_row(row: &raw::Row) -> Held {
+    Held {
+        owner: Owner {
+            token_id: row.int(0).unwrap_or(0),
+            user_id: row.int(1).unwrap_or(0),
+            team_id: row.int(2).unwrap_or(0),
+            resets: [Reset::Never; 3],
+        },
+        periods: [3, 4, 5].map(|i| row.text(i).unwrap_or_default()),
+        amount: row.int(6).unwrap_or(0),
+    }
+}
+
+static TAKE_RESERVATION: LazyLock<String> = LazyLock::new(|| {
+    format!("DELETE FROM reservations WHERE request_id = ? RETURNING {HELD_COLUMNS}")
+});
+static TAKE_ORPHANED: LazyLock<String> =
+    LazyLock::new(|| format!("DELETE FROM orphaned WHERE request_id = ? RETURNING {HELD_COLUMNS}"));
+
+/// Settlement inside a write transaction, by request id — the row in the database is the
+/// truth about what was reserved. An open reservation: its row goes, every level gets its
+/// refund (into the reservation's period only) and releases the reserved amount. One that
+/// was settled as an orphan meanwhile (its owner looked gone but was only stalled): the
+/// orphan's full charge is corrected to `actual` — the refund only, `reserved` was
+/// released then. Either way the `settle` (and `absorbed`) rows are appended. `None` when
+/// the request was settled already (idempotent).
 pub fn settle_tx(
     tx: &mut Tx<'_>,
-    resv: &Reservation,
+    request_id: &str,
     actual: i64,
     now: DateTime<Utc>,
 ) -> Result<Option<Settled>> {
+    settle_from(tx, request_id, actual, now, true)
+}
+
+/// Releases an open reservation that nobody holds (settled at 0); a reservation already
+/// settled, or settled as an orphan, is left alone.
+pub async fn release_via(
+    writer: &Writer,
+    request_id: String,
+    clock: Arc<dyn Clock>,
+) -> Result<Option<Settled>> {
+    writer
+        .run(move |tx| settle_from(tx, &request_id, 0, clock.now(), false))
+        .await
+}
+
+fn settle_from(
+    tx: &mut Tx<'_>,
+    request_id: &str,
+    actual: i64,
+    now: DateTime<Utc>,
+    or_orphaned: bool,
+) -> Result<Option<Settled>> {
+    let open = tx.query_row(TAKE_RESERVATION.as_str(), &[request_id.into()], held_row)?;
+    let (held, open) = match open {
+        Some(h) => (h, true),
+        None if !or_orphaned => return Ok(None),
+        None => match tx.query_row(TAKE_ORPHANED.as_str(), &[request_id.into()], held_row)? {
+            Some(h) => (h, false),
+            None => return Ok(None),
+        },
+    };
     let actual = actual.max(0);
-    let charged = actual.min(resv.amount);
-    let refund = resv.amount - charged;
-    let gone = tx.execute(
-        "DELETE FROM reservations WHERE request_id = ?",
-        &[resv.request_id.as_str().into()],
-    )?;
-    if gone == 0 {
-        return Ok(None);
-    }
+    let charged = actual.min(held.amount);
+    let refund = held.amount - charged;
     let mut remaining = None;
     let mut token_remaining = None;
     for level in LEVELS {
-        let left = tx
-            .query_row(
-                SQL[level.idx()].settle.as_str(),
-                &[
-                    resv.amount.into(),
-                    resv.periods[level.idx()].as_str().into(),
-                    refund.into(),
-                    resv.owner.id(level).into(),
-                ],
+        let sql = &SQL[level.idx()];
+        let (id, period) = (held.owner.id(level), held.periods[level.idx()].as_str());
+        let left = if open {
+            tx.query_row(
+                sql.settle.as_str(),
+                &[held.amount.into(), period.into(), refund.into(), id.into()],
                 |r| r.int(0),
             )?
-            .flatten();
+            .flatten()
+        } else {
+            tx.query_row(
+                sql.refund.as_str(),
+                &[refund.into(), id.into(), period.into()],
+                |r| r.int(0),
+            )?
+            .flatten()
+        };
         remaining = tighter(remaining, left);
         if level == Level::Token {
             token_remaining = left;
@@ -287,22 +371,22 @@ pub fn settle_tx(
     let now_s = db_time(now);
     ledger_row_tx(
         tx,
-        &resv.owner,
-        &resv.periods,
+        &held.owner,
+        &held.periods,
         "settle",
         -refund,
-        &resv.request_id,
+        request_id,
         &now_s,
     )?;
     let absorbed = actual - charged;
     if absorbed > 0 {
         ledger_row_tx(
             tx,
-            &resv.owner,
-            &resv.periods,
+            &held.owner,
+            &held.periods,
             "absorbed",
             absorbed,
-            &resv.request_id,
+            request_id,
             &now_s,
         )?;
     }
