@@ -61,9 +61,41 @@ pub struct Prepared {
     pub include_usage: bool,
     /// The output cap sent upstream and the field that carries it; `None` for embeddings.
     pub cap: Option<(&'static str, i64)>,
+    /// How many completions the upstream generates — and bills — for this request: `n`,
+    /// or `best_of` on `/v1/completions` when larger. Every field that multiplies output
+    /// is here (`output_multiplier`), so the reservation and the windows count all of them.
     pub n: i64,
     /// Input tokens counted by the tokenizer (no margin).
     pub input_tokens: i64,
+}
+
+/// How many completions a request makes the upstream generate and bill: `n` (1..=16) and,
+/// on `/v1/completions`, `best_of` (1..=16, at least `n`: the upstream generates `best_of`
+/// and returns `n`). `best_of` elsewhere is refused rather than passed on unpriced.
+fn output_multiplier(endpoint: Endpoint, body: &Map<String, Value>) -> Result<i64, ApiError> {
+    let n = int_field(body, "n")?.unwrap_or(1);
+    if !(1..=MAX_N).contains(&n) {
+        return Err(ApiError::invalid(
+            "n",
+            format!("`n` must be between 1 and {MAX_N}"),
+        ));
+    }
+    let Some(best_of) = int_field(body, "best_of")? else {
+        return Ok(n);
+    };
+    if endpoint != Endpoint::Completions {
+        return Err(ApiError::invalid(
+            "best_of",
+            "`best_of` is only accepted on /v1/completions",
+        ));
+    }
+    if !(n..=MAX_N).contains(&best_of) {
+        return Err(ApiError::invalid(
+            "best_of",
+            format!("`best_of` must be between `n` ({n}) and {MAX_N}"),
+        ));
+    }
+    Ok(best_of)
 }
 
 fn int_field(body: &Map<String, Value>, field: &'static str) -> Result<Option<i64>, ApiError> {
@@ -300,13 +332,7 @@ pub fn prepare(
     let (cap, n) = if endpoint == Endpoint::Embeddings {
         (None, 1)
     } else {
-        let n = int_field(&body, "n")?.unwrap_or(1);
-        if !(1..=MAX_N).contains(&n) {
-            return Err(ApiError::invalid(
-                "n",
-                format!("`n` must be between 1 and {MAX_N}"),
-            ));
-        }
+        let n = output_multiplier(endpoint, &body)?;
         // When both caps are sent, the tighter one is the client's intent.
         let asked = match (
             int_field(&body, "max_completion_tokens")?,

@@ -218,6 +218,21 @@ pub async fn assert_invariant_on(pool: &sqlx::SqlitePool) {
             assert_eq!(reserved, 0, "{table} {id}: nothing may stay reserved");
         }
     }
+    // The request log and the ledger agree on what every request cost.
+    let disagree: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT r.id, r.cost_micros, l.total FROM requests r
+         JOIN (SELECT request_id, SUM(amount_micros) AS total FROM ledger
+               WHERE kind IN ('reserve', 'settle', 'absorbed') AND request_id IS NOT NULL GROUP BY request_id) l
+           ON l.request_id = r.id
+         WHERE r.cost_micros <> l.total",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert!(
+        disagree.is_empty(),
+        "request log ≠ ledger (id, log, ledger): {disagree:?}"
+    );
     let ok: String = sqlx::query_scalar("PRAGMA integrity_check")
         .fetch_one(pool)
         .await

@@ -9,6 +9,7 @@ mod admin_roles;
 mod auth;
 mod bad_input;
 mod cache;
+mod money;
 mod operations;
 mod processes;
 mod proxy;
