@@ -6,10 +6,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::quota::reservation::RESERVATION_LEASE;
+use chrono::{DateTime, Utc};
+
+use crate::quota::reservation::{Quota, RESERVATION_LEASE};
 use crate::state::AppState;
 use crate::store::ledger::{self, Orphans};
 use crate::store::processes::{self, Me};
+use crate::store::Db;
 
 const AUTH_POLL: Duration = Duration::from_millis(250);
 const HEARTBEAT: Duration = Duration::from_secs(5);
@@ -80,7 +83,7 @@ pub fn spawn(state: Arc<AppState>, me: Me) {
                 Ok(false) => {}
                 Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
             }
-            if let Err(e) = sweep_own(&state).await {
+            if let Err(e) = sweep_own(&state.quota, &state.db, now).await {
                 tracing::warn!(error = %e, "sweeping this process's reservations failed");
             }
             if let Err(e) = recover_orphans(&state, &me).await {
@@ -126,12 +129,14 @@ pub async fn recover_orphans(state: &AppState, me: &Me) -> Result<u64, crate::st
 /// This process's own reservations: one that no live request holds (its holder vanished
 /// without settling — a bug, or a crash of a task) is released at once, nothing charged;
 /// one that a live request holds gets its lease renewed before it runs out.
-pub async fn sweep_own(state: &AppState) -> Result<(), crate::store::StoreError> {
-    let quota = &state.quota;
-    let now = state.clock.now();
+pub async fn sweep_own(
+    quota: &Quota,
+    db: &Db,
+    now: DateTime<Utc>,
+) -> Result<(), crate::store::StoreError> {
     let renew_before = crate::clock::db_time(now + RESERVATION_LEASE / 2);
     let mut renew = Vec::new();
-    for (id, deadline) in ledger::own_reservations(&state.db.read, quota.process_id()).await? {
+    for (id, deadline) in ledger::own_reservations(&db.read, quota.process_id()).await? {
         if quota.is_live(&id) {
             if deadline < renew_before {
                 renew.push(id);
@@ -141,7 +146,7 @@ pub async fn sweep_own(state: &AppState) -> Result<(), crate::store::StoreError>
         }
     }
     if !renew.is_empty() {
-        ledger::renew_leases(&state.db.write, &renew, now + RESERVATION_LEASE).await?;
+        ledger::renew_leases(&db.write, &renew, now + RESERVATION_LEASE).await?;
     }
     Ok(())
 }

@@ -64,6 +64,11 @@ impl Quota {
         &self.process_id
     }
 
+    /// How many reservations live requests of this process hold (or settle right now).
+    pub fn live_count(&self) -> usize {
+        self.live.lock().len()
+    }
+
     /// Whether a live request of this process holds the reservation of `request_id`.
     pub fn is_live(&self, request_id: &str) -> bool {
         self.live.lock().contains(request_id)
