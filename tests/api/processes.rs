@@ -449,3 +449,84 @@ async fn canaries_never_leak_at_trace_level() {
         );
     }
 }
+
+/// CHECKS Q14: a gateway stopped (SIGSTOP) for longer than the stale-owner window, next to
+/// a live one on the same database, keeps its reservations: nothing of it is orphaned or
+/// charged twice, and the request log agrees with the ledger for every request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_gateway_keeps_its_reservations() {
+    let Rig {
+        dir,
+        mock,
+        gateway: stalled,
+        db,
+    } = rig(&[]).await;
+    let _neighbour = start_gateway(dir.path(), &mock).await;
+    let token = issue(&db, "erin", "10").await.text;
+    mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            delay_ms: 1_500,
+            ..Default::default()
+        }),
+    );
+    let http = reqwest::Client::new();
+    let tasks: Vec<_> = (0..3)
+        .map(|_| {
+            let (http, url, token) = (http.clone(), stalled.url.clone(), token.clone());
+            tokio::spawn(async move { post(&http, &url, &token).await.0 })
+        })
+        .collect();
+    let open = || async {
+        sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM reservations")
+            .fetch_one(&db.read)
+            .await
+            .unwrap()
+    };
+    for _ in 0..100 {
+        if open().await == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(open().await, 3, "three requests hold reservations");
+    let pid = stalled.child.id() as i32;
+    // SAFETY: signals to our own child process.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    // Past the stale window (15 s) and the neighbour's next recovery tick (every 5 s).
+    tokio::time::sleep(Duration::from_secs(22)).await;
+    assert_eq!(
+        open().await,
+        3,
+        "the neighbour orphaned a stopped gateway's reservations"
+    );
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    mock.state.sticky(KEY_A, None);
+    assert_eq!(post(&http, &stalled.url, &token).await.0, 200);
+    for _ in 0..250 {
+        if open().await == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let orphans: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM ledger WHERE kind = 'orphan'")
+        .fetch_one(&db.read)
+        .await
+        .unwrap();
+    assert_eq!(orphans, 0);
+    // Every answer's log row is written (lingering batches), then books are compared.
+    for _ in 0..250 {
+        let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM requests")
+            .fetch_one(&db.read)
+            .await
+            .unwrap();
+        if rows >= 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_invariant_on(&db.read).await;
+}
