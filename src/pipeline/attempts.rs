@@ -224,11 +224,7 @@ async fn try_candidate(
         state.settings.upstreams[d].tpm_limit,
     );
     if rpm > 0 || tpm > 0 {
-        let spec = [WindowSpec {
-            key: format!("k:{}", dep.id),
-            requests: rpm,
-            tokens: tpm,
-        }];
+        let spec = [WindowSpec::upstream(&dep.id, rpm, tpm)];
         let estimated = (p.input_tokens + p.cap.map_or(0, |(_, c)| c) * p.n).max(0) as u64;
         let decision = state
             .windows

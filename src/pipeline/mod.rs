@@ -404,17 +404,15 @@ async fn rate_limit(
     }
     let mut specs = Vec::with_capacity(2);
     // The token's window always comes first: the headers report it.
-    specs.push(WindowSpec {
-        key: format!("t:{}", auth.owner.token_id),
-        requests: n(auth.rpm),
-        tokens: n(auth.tpm),
-    });
+    let user = auth.owner.user_id;
+    specs.push(WindowSpec::token(
+        user,
+        auth.owner.token_id,
+        n(auth.rpm),
+        n(auth.tpm),
+    ));
     if auth.user_rpm.is_some() || auth.user_tpm.is_some() {
-        specs.push(WindowSpec {
-            key: format!("u:{}", auth.owner.user_id),
-            requests: n(auth.user_rpm),
-            tokens: n(auth.user_tpm),
-        });
+        specs.push(WindowSpec::user(user, n(auth.user_rpm), n(auth.user_tpm)));
     }
     let estimated = p.input_tokens + p.cap.map_or(0, |(_, c)| c).saturating_mul(p.n);
     let d = state

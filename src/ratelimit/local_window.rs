@@ -40,7 +40,11 @@ impl LocalWindows {
     }
 
     pub fn check(&self, specs: &[WindowSpec], cost: u64) -> Decision {
-        let now = self.now_ms();
+        self.check_at(specs, cost, self.now_ms())
+    }
+
+    /// `check` at `now` (ms on this store's clock): tests step time by hand.
+    fn check_at(&self, specs: &[WindowSpec], cost: u64, now: u64) -> Decision {
         let second = (now / 1000) as i64;
         let cutoff_ms = now.saturating_sub(self.window_ms);
         let cutoff_sec = (cutoff_ms / 1000) as i64;

@@ -16,15 +16,46 @@ use std::time::Duration;
 use local_window::LocalWindows;
 use redis_window::RedisWindows;
 
-/// One window a request is checked against: the token's or the user's.
+/// One window a request is checked against: the token's, the user's or an upstream key's.
 #[derive(Debug, Clone)]
 pub struct WindowSpec {
-    /// `t:<token id>` or `u:<user id>`; Redis keys add a versioned prefix.
+    /// Names the window; Redis keys add a versioned prefix and a kind suffix. Built only by
+    /// the constructors below, which own the naming rule.
     pub key: String,
     /// Requests per window (0 = none).
     pub requests: u64,
     /// Tokens per window (0 = none).
     pub tokens: u64,
+}
+
+impl WindowSpec {
+    /// A sub-token's own window.
+    pub fn token(user_id: i64, token_id: i64, requests: u64, tokens: u64) -> Self {
+        let _ = user_id;
+        Self {
+            key: format!("t:{token_id}"),
+            requests,
+            tokens,
+        }
+    }
+
+    /// The window every token of one user shares.
+    pub fn user(user_id: i64, requests: u64, tokens: u64) -> Self {
+        Self {
+            key: format!("u:{user_id}"),
+            requests,
+            tokens,
+        }
+    }
+
+    /// An upstream key's own window (`rpm_limit` / `tpm_limit` of an upstream).
+    pub fn upstream(upstream_id: &str, requests: u64, tokens: u64) -> Self {
+        Self {
+            key: format!("k:{upstream_id}"),
+            requests,
+            tokens,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -72,6 +72,31 @@ impl RedisWindows {
         )
     }
 
+    /// The key holding an upstream key's shared cooldown (read for every key in one `MGET`).
+    pub fn cool_key(upstream_id: &str) -> String {
+        format!("{PREFIX}:cool:{upstream_id}")
+    }
+
+    /// The KEYS of one `correct.lua` call: the tokens key of each window with a token limit.
+    pub fn correct_keys(specs: &[WindowSpec]) -> Vec<String> {
+        specs
+            .iter()
+            .filter(|s| s.tokens > 0)
+            .map(|s| Self::keys(s).1)
+            .collect()
+    }
+
+    /// The KEYS of one `window.lua` call: each window's requests key, then its tokens key.
+    pub fn window_keys(specs: &[WindowSpec]) -> Vec<String> {
+        let mut keys = Vec::with_capacity(specs.len() * 2);
+        for s in specs {
+            let (rk, tk) = Self::keys(s);
+            keys.push(rk);
+            keys.push(tk);
+        }
+        keys
+    }
+
     pub async fn check(
         &self,
         specs: &[WindowSpec],
@@ -80,9 +105,8 @@ impl RedisWindows {
         window: Duration,
     ) -> Result<Decision, WindowError> {
         let mut inv = self.window.prepare_invoke();
-        for s in specs {
-            let (rk, tk) = Self::keys(s);
-            inv.key(rk).key(tk);
+        for k in Self::window_keys(specs) {
+            inv.key(k);
         }
         inv.arg(window.as_millis() as u64).arg(member).arg(tokens);
         for s in specs {
@@ -152,13 +176,13 @@ impl RedisWindows {
         let mut pipe = redis::pipe();
         for (id, until, ttl_ms) in publish {
             pipe.cmd("SET")
-                .arg(format!("{PREFIX}:cool:{id}"))
+                .arg(Self::cool_key(id))
                 .arg(until)
                 .arg("PX")
                 .arg((*ttl_ms).max(1))
                 .ignore();
         }
-        let keys: Vec<String> = ids.iter().map(|id| format!("{PREFIX}:cool:{id}")).collect();
+        let keys: Vec<String> = ids.iter().map(|id| Self::cool_key(id)).collect();
         pipe.cmd("MGET").arg(&keys);
         let mut conn = self.conn()?;
         let (values,): (Vec<Option<i64>>,) = tokio::time::timeout(
@@ -184,3 +208,4 @@ impl RedisWindows {
         Ok(v.get(1).cloned().unwrap_or_default())
     }
 }
+
