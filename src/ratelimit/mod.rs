@@ -28,30 +28,32 @@ pub struct WindowSpec {
     pub tokens: u64,
 }
 
+/// Window names carry a Redis Cluster hash tag (`{…}`): every key of one script call must
+/// hash to one slot, so a request's token and user windows both take the user's tag and an
+/// upstream key's window takes its own.
 impl WindowSpec {
-    /// A sub-token's own window.
+    /// A sub-token's own window: `{u:<user id>}:t:<token id>`.
     pub fn token(user_id: i64, token_id: i64, requests: u64, tokens: u64) -> Self {
-        let _ = user_id;
         Self {
-            key: format!("t:{token_id}"),
+            key: format!("{{u:{user_id}}}:t:{token_id}"),
             requests,
             tokens,
         }
     }
 
-    /// The window every token of one user shares.
+    /// The window every token of one user shares: `{u:<user id>}`.
     pub fn user(user_id: i64, requests: u64, tokens: u64) -> Self {
         Self {
-            key: format!("u:{user_id}"),
+            key: format!("{{u:{user_id}}}"),
             requests,
             tokens,
         }
     }
 
-    /// An upstream key's own window (`rpm_limit` / `tpm_limit` of an upstream).
+    /// An upstream key's own window (`rpm_limit` / `tpm_limit`): `{k:<upstream id>}`.
     pub fn upstream(upstream_id: &str, requests: u64, tokens: u64) -> Self {
         Self {
-            key: format!("k:{upstream_id}"),
+            key: format!("{{k:{upstream_id}}}"),
             requests,
             tokens,
         }

@@ -18,3 +18,4 @@ mod resilience;
 mod streams;
 mod translate;
 mod windows;
+mod windows_redis;
