@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use sluice::ratelimit::redis_window::RedisWindows;
-use sluice::ratelimit::WindowSpec;
+use sluice::ratelimit::{Refused, WindowSpec};
 
 use crate::helpers::*;
 
@@ -18,8 +18,105 @@ fn token_and_user(requests: u64, tokens: u64) -> [WindowSpec; 2] {
     ]
 }
 
+/// Sleeps into the next Redis second (bounded: at most 1.1 s).
+async fn next_second(redis: &RedisServer, after: i64) {
+    for _ in 0..30 {
+        let t = redis.cli(&["TIME"]).await.unwrap();
+        let secs: i64 = t.lines().next().unwrap().trim().parse().unwrap();
+        if secs > after {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("Redis time did not move past {after}");
+}
+
 fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
+}
+
+#[tokio::test]
+async fn redis_retry_after_lasts_until_enough_tokens_leave() {
+    let redis = RedisServer::start().await;
+    let w = RedisWindows::new(&redis.url(), TIMEOUT).unwrap();
+    let window = Duration::from_secs(3);
+    let specs = [WindowSpec::token(1, 1, 0, 100)];
+    let a = w.check(&specs, "a", 40, window).await.unwrap();
+    next_second(&redis, a.second).await;
+    let b = w.check(&specs, "b", 40, window).await.unwrap();
+    assert!(a.refused.is_none() && b.refused.is_none());
+    assert!(b.second > a.second);
+    // 80 used + 70 − 100 = 50 must leave: the oldest bucket (40) is not enough, the next
+    // one is. Bucket s leaves by (s + 1) s + window.
+    let d = w.check(&specs, "c", 70, window).await.unwrap();
+    assert_eq!(d.refused, Some(Refused::Tokens));
+    let retry = d.retry_after.as_millis() as i64;
+    let leaves_ms = (b.second + 1) * 1000 + 3000;
+    let now = d.second * 1000; // the check ran within second `d.second`
+    assert!(
+        retry > leaves_ms - now - 1000 && retry <= leaves_ms - now,
+        "Retry-After {retry} ms: the second bucket (second {}) leaves {} ms after second {}",
+        b.second,
+        leaves_ms - now,
+        d.second
+    );
+    // 80 + 20 − 100 = 0… one token: the oldest bucket is enough.
+    let d = w.check(&specs, "d", 21, window).await.unwrap();
+    let retry = d.retry_after.as_millis() as i64;
+    let leaves_ms = (a.second + 1) * 1000 + 3000;
+    let now = d.second * 1000;
+    assert!(
+        retry > leaves_ms - now - 1000 && retry <= leaves_ms - now,
+        "Retry-After {retry} ms"
+    );
+}
+
+#[tokio::test]
+async fn redis_retry_after_a_lowered_request_limit_waits_for_enough_to_leave() {
+    let redis = RedisServer::start().await;
+    let w = RedisWindows::new(&redis.url(), TIMEOUT).unwrap();
+    let window = Duration::from_secs(5);
+    let specs = |limit| [WindowSpec::token(1, 2, limit, 0)];
+    for i in 0..5 {
+        let d = w.check(&specs(10), &format!("early{i}"), 1, window).await;
+        assert!(d.unwrap().refused.is_none());
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    for i in 0..5 {
+        let d = w.check(&specs(10), &format!("late{i}"), 1, window).await;
+        assert!(d.unwrap().refused.is_none());
+    }
+    // The exact admission times, in ms, oldest first.
+    let key = &RedisWindows::window_keys(&specs(10))[0];
+    let scores: Vec<i64> = redis
+        .cli(&["ZRANGE", key, "0", "-1", "WITHSCORES"])
+        .await
+        .unwrap()
+        .lines()
+        .skip(1)
+        .step_by(2)
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    assert_eq!(scores.len(), 10);
+    // 10 booked, the limit lowered to 3: 10 + 1 − 3 = 8 must leave, so Retry-After lasts
+    // until the 8th oldest leaves (not the oldest, a second earlier).
+    let before = now_ms();
+    let d = w.check(&specs(3), "probe", 1, window).await.unwrap();
+    let after = now_ms();
+    assert_eq!(d.refused, Some(Refused::Requests));
+    let retry = d.retry_after.as_millis() as i64;
+    let until = scores[7] + 5000;
+    assert!(
+        retry >= until - after - 1 && retry <= until - before + 1,
+        "Retry-After {retry} ms, the 8th oldest leaves in {}..{} ms",
+        until - after,
+        until - before
+    );
+    // At the unchanged limit one must leave: the oldest.
+    let before = now_ms();
+    let d = w.check(&specs(10), "probe2", 1, window).await.unwrap();
+    let retry = d.retry_after.as_millis() as i64;
+    assert!(retry <= scores[0] + 5000 - before + 1, "{retry}");
 }
 
 /// A one-node Redis Cluster owning every slot: it refuses (CROSSSLOT) any script call whose
