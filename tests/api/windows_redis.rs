@@ -11,6 +11,11 @@ use crate::helpers::*;
 
 const TIMEOUT: Duration = Duration::from_millis(500);
 
+async fn hash_sum(redis: &RedisServer, key: &str) -> i64 {
+    let out = redis.cli(&["HVALS", key]).await.unwrap();
+    out.lines().filter_map(|l| l.trim().parse::<i64>().ok()).sum()
+}
+
 fn token_and_user(requests: u64, tokens: u64) -> [WindowSpec; 2] {
     [
         WindowSpec::token(7, 12, requests, tokens),
@@ -33,6 +38,39 @@ async fn next_second(redis: &RedisServer, after: i64) {
 
 fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
+}
+
+#[tokio::test]
+async fn redis_token_windows_are_booked_and_corrected() {
+    let redis = RedisServer::start().await;
+    let w = RedisWindows::new(&redis.url(), TIMEOUT).unwrap();
+    let window = Duration::from_secs(60);
+    let specs = token_and_user(0, 100);
+    let d = w.check(&specs, "r1", 80, window).await.unwrap();
+    assert!(d.refused.is_none());
+    assert_eq!((d.tokens_limit, d.tokens_used), (100, 80));
+    let keys = RedisWindows::correct_keys(&specs);
+    for k in &keys {
+        assert_eq!(hash_sum(&redis, k).await, 80, "{k}");
+    }
+    let refused = w.check(&specs, "r2", 30, window).await.unwrap();
+    assert_eq!(refused.refused, Some(Refused::Tokens));
+    // Corrected from the estimate (80) to the actual usage (20) in both windows.
+    w.correct(&specs, d.second, -60).await.unwrap();
+    for k in &keys {
+        assert_eq!(hash_sum(&redis, k).await, 20, "{k}");
+    }
+    let d2 = w.check(&specs, "r3", 30, window).await.unwrap();
+    assert!(d2.refused.is_none(), "the correction made room");
+    assert_eq!(d2.tokens_used, 50);
+    // A correction for a second whose bucket is gone changes nothing (it must not write
+    // a negative bucket that would let more in).
+    w.correct(&specs, d.second - 30, -50).await.unwrap();
+    for k in &keys {
+        assert_eq!(hash_sum(&redis, k).await, 50, "{k}");
+        let ttl: i64 = redis.cli(&["PTTL", k]).await.unwrap().trim().parse().unwrap();
+        assert!(ttl > 0, "{k} keeps its TTL");
+    }
 }
 
 #[tokio::test]
