@@ -19,3 +19,4 @@ mod streams;
 mod translate;
 mod windows;
 mod windows_redis;
+mod windows_tpm;
