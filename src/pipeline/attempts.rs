@@ -15,7 +15,7 @@ use super::request::Prepared;
 use super::Failure;
 use crate::error::{ApiError, WireFormat};
 use crate::ops::metrics;
-use crate::ratelimit::WindowSpec;
+use crate::ratelimit::{Booking, WindowSpec};
 use crate::state::AppState;
 use crate::store::audit::{self, AuditEntry};
 use crate::upstream::breaker::Admission;
@@ -86,6 +86,8 @@ pub struct Success {
     pub ttfb_ms: i64,
     pub in_flight: InFlight,
     pub slot: Option<OwnedSemaphorePermit>,
+    /// This key's own token window, to correct to the usage when the answer is settled.
+    pub key_booking: Option<Booking>,
 }
 
 pub enum Outcome {
@@ -151,6 +153,7 @@ async fn attempt(
         ttfb_ms,
         in_flight,
         slot: None,
+        key_booking: None,
     };
     if stream {
         return Ok(success(None, None, Some(resp)));
@@ -223,17 +226,17 @@ async fn try_candidate(
         state.settings.upstreams[d].rpm_limit,
         state.settings.upstreams[d].tpm_limit,
     );
+    // The key's window, booked at the worst case; dropped, the booking corrects it to what
+    // it recorded: 0 unless this attempt is answered.
+    let mut key_booking = None;
     if rpm > 0 || tpm > 0 {
-        let spec = [WindowSpec {
-            key: format!("k:{}", dep.id),
-            requests: rpm,
-            tokens: tpm,
-        }];
+        let spec = vec![WindowSpec::upstream(&dep.id, rpm, tpm)];
         let estimated = (p.input_tokens + p.cap.map_or(0, |(_, c)| c) * p.n).max(0) as u64;
-        let decision = state
+        let (decision, booking) = state
             .windows
-            .check(&spec, &format!("{request_id}:{}", run.attempts), estimated)
+            .admit(spec, &format!("{request_id}:{}", run.attempts), estimated)
             .await;
+        key_booking = booking;
         if decision.refused.is_some() {
             state.pool.cool_down(
                 d,
@@ -273,15 +276,24 @@ async fn try_candidate(
         state.pool.budgets[d].first_attempt();
     }
     run.attempts += 1;
+    // A request dropped while the key works has used its input there.
+    if let Some(b) = key_booking.as_mut() {
+        b.used(p.input_tokens);
+    }
     let err = match attempt(state, c, path, body, p.stream, started).await {
         Ok(mut s) => {
             breaker.success(probe);
             state.pool.succeeded(d);
             s.slot = slot;
+            s.key_booking = key_booking;
             return Step::Served(s);
         }
         Err(e) => e,
     };
+    // A failed attempt used nothing of the key's window.
+    if let Some(b) = key_booking.as_mut() {
+        b.used(0);
+    }
     let tier = retry::classify(&err);
     tracing::warn!(upstream = %dep.id, tier = ?tier, error = %err, "upstream attempt failed");
     run.only_rate_limited &= tier == Tier::RateLimited;

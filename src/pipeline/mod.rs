@@ -201,8 +201,9 @@ async fn run(
         soft_limit(state, &auth, &mut prepared);
     }
 
-    // 3. Rate-limit the token and its user.
-    let booking = if ladder.has(Ladder::Window) {
+    // 3. Rate-limit the token and its user. Dropped, the booking corrects their token
+    // windows to what it recorded: 0 on every early return below.
+    let mut booking = if ladder.has(Ladder::Window) {
         rate_limit(state, &auth, &prepared, &log.id, &mut extras.rate).await?
     } else {
         None
@@ -303,6 +304,10 @@ async fn run(
         },
         prepared.model.prices,
     ));
+    // Likewise its windows: the input, until the answer says what was used.
+    if let Some(b) = booking.as_mut() {
+        b.used(prepared.input_tokens);
+    }
 
     // 7–9. Route, call, retry by tier.
     let outcome = attempts::call(state, &prepared, &candidates, deadline, &log.id).await;
@@ -310,6 +315,9 @@ async fn run(
     let success = match outcome.result {
         Outcome::Served(s) => s,
         Outcome::Failed(failure) => {
+            if let Some(b) = booking.as_mut() {
+                b.used(0);
+            }
             held.settle(0).await;
             return Err(failure);
         }
@@ -404,22 +412,20 @@ async fn rate_limit(
     }
     let mut specs = Vec::with_capacity(2);
     // The token's window always comes first: the headers report it.
-    specs.push(WindowSpec {
-        key: format!("t:{}", auth.owner.token_id),
-        requests: n(auth.rpm),
-        tokens: n(auth.tpm),
-    });
+    let user = auth.owner.user_id;
+    specs.push(WindowSpec::token(
+        user,
+        auth.owner.token_id,
+        n(auth.rpm),
+        n(auth.tpm),
+    ));
     if auth.user_rpm.is_some() || auth.user_tpm.is_some() {
-        specs.push(WindowSpec {
-            key: format!("u:{}", auth.owner.user_id),
-            requests: n(auth.user_rpm),
-            tokens: n(auth.user_tpm),
-        });
+        specs.push(WindowSpec::user(user, n(auth.user_rpm), n(auth.user_tpm)));
     }
     let estimated = p.input_tokens + p.cap.map_or(0, |(_, c)| c).saturating_mul(p.n);
-    let d = state
+    let (d, booking) = state
         .windows
-        .check(&specs, request_id, estimated.max(0) as u64)
+        .admit(specs, request_id, estimated.max(0) as u64)
         .await;
     *rate = Some(d);
     if let Some(why) = d.refused {
@@ -429,11 +435,7 @@ async fn rate_limit(
             tokens: why == Refused::Tokens,
         });
     }
-    Ok(Some(Booking {
-        specs,
-        second: d.second,
-        estimated,
-    }))
+    Ok(booking)
 }
 
 /// The soft limit: past its alert threshold, a token with a `downgrade_model` is served by
@@ -482,9 +484,10 @@ async fn finish(
     held: crate::quota::reservation::Held,
     log: &mut RequestRow,
     auth: &TokenAuth,
-    booking: Option<Booking>,
+    mut booking: Option<Booking>,
     plan: Option<crate::cache::Plan>,
 ) -> Result<HttpResponse, Failure> {
+    let mut key_booking = s.key_booking;
     let raw = s.body.unwrap_or_default();
     let answer = s.answer.unwrap_or_default();
     let upstream = providers::format_of(state.catalog.deployments[s.route.deployment].provider);
@@ -514,7 +517,11 @@ async fn finish(
     let cost = pricing::cost(usage, s.model.prices);
     let settled = held.settle(cost).await;
     account(state, auth, settled.token_remaining, settled.absorbed);
-    state.windows.settle(booking, usage.input + usage.output);
+    // The request's windows and the serving key's, corrected off the path when dropped.
+    let used = usage.input + usage.output;
+    for b in [booking.as_mut(), key_booking.as_mut()].into_iter().flatten() {
+        b.used(used);
+    }
     log.input_tokens = usage.input;
     log.output_tokens = usage.output;
     log.cost_micros = settled.charged + settled.absorbed;

@@ -90,6 +90,9 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, tx: mpsc::Sende
         },
         prepared.model.prices,
     ));
+    if let Some(b) = books.booking.as_mut() {
+        b.used(prepared.input_tokens);
+    }
     // An upstream's own error answer cannot be relayed into an open stream (and is not
     // `Send`): only its gist goes on, in the error event.
     let result = {
@@ -119,14 +122,19 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, tx: mpsc::Sende
     }
 }
 
-/// A stream that ended before any upstream answered: nothing is charged.
+/// A stream that ended before any upstream answered: nothing is charged, and its windows
+/// are corrected to 0.
 async fn end(state: &AppState, books: Books, e: ApiError) {
     let Books {
         held,
         mut log,
         started,
+        mut booking,
         ..
     } = books;
+    if let Some(b) = booking.as_mut() {
+        b.used(0);
+    }
     held.settle(0).await;
     log.status = e.status().as_u16();
     log.error_code = Some(e.code());

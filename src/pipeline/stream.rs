@@ -52,6 +52,8 @@ struct Pump {
     converter: StreamConverter,
     /// Rebuilds the answer the client received, for the cache.
     assembler: Option<Assembler>,
+    /// The serving key's own token window.
+    key_booking: Option<Booking>,
 }
 
 /// The channel a stream's frames go through, and the response body that drains it.
@@ -119,6 +121,7 @@ pub(super) fn serve(
         converter: StreamConverter::new(upstream_format, client, p.include_usage, p.input_tokens),
         assembler: books.cache.as_ref().map(|_| Assembler::new(client)),
         books,
+        key_booking: s.key_booking,
     };
     async move {
         let _held = (s.in_flight, s.slot, admission);
@@ -185,15 +188,21 @@ impl Pump {
             prices,
             converter,
             assembler,
+            mut key_booking,
         } = self;
         let usage = converter.usage();
         let cost = pricing::cost(usage, prices);
         let s = books.held.settle(cost).await;
         books.log.cost_micros = s.charged + s.absorbed;
         super::account(&state, &books.auth, s.token_remaining, s.absorbed);
-        state
-            .windows
-            .settle(books.booking.take(), usage.input + usage.output);
+        // Every window the request booked, corrected (off this path) to what was counted.
+        let used = usage.input + usage.output;
+        for b in [books.booking.as_mut(), key_booking.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            b.used(used);
+        }
         if let (Some(plan), Some(answer), None) =
             (&books.cache, assembler.and_then(Assembler::finish), failure)
         {

@@ -40,7 +40,11 @@ impl LocalWindows {
     }
 
     pub fn check(&self, specs: &[WindowSpec], cost: u64) -> Decision {
-        let now = self.now_ms();
+        self.check_at(specs, cost, self.now_ms())
+    }
+
+    /// `check` at `now` (ms on this store's clock): tests step time by hand.
+    fn check_at(&self, specs: &[WindowSpec], cost: u64, now: u64) -> Decision {
         let second = (now / 1000) as i64;
         let cutoff_ms = now.saturating_sub(self.window_ms);
         let cutoff_sec = (cutoff_ms / 1000) as i64;
@@ -73,7 +77,7 @@ impl LocalWindows {
                 .unwrap_or(0);
             if spec.requests > 0 && count + 1 > spec.requests {
                 refused.get_or_insert(Refused::Requests);
-                retry = retry.max(rreset);
+                retry = retry.max(self.requests_retry(w, spec.requests, now));
             }
             let used: i64 = w.tokens.iter().map(|&(_, n)| n).sum();
             let treset = w
@@ -83,7 +87,8 @@ impl LocalWindows {
                 .unwrap_or(0);
             if spec.tokens > 0 && used > 0 && used + cost > spec.tokens as i64 {
                 refused.get_or_insert(Refused::Tokens);
-                retry = retry.max(treset);
+                let need = used + cost - spec.tokens as i64;
+                retry = retry.max(self.tokens_retry(w, need, now));
             }
             if i == 0 {
                 first = (count, rreset, used, treset);
@@ -127,6 +132,32 @@ impl LocalWindows {
             tokens_reset: Duration::from_millis(first.3),
             second,
         }
+    }
+
+    /// How long until another request fits: until the k-th oldest leaves, k = count + 1 −
+    /// limit (more than one when the limit was lowered below what the window holds).
+    fn requests_retry(&self, w: &Window, limit: u64, now: u64) -> u64 {
+        let k = (w.requests.len() as u64).saturating_sub(limit) as usize;
+        w.requests
+            .get(k)
+            .map_or(self.window_ms, |&t| (t + self.window_ms).saturating_sub(now))
+    }
+
+    /// How long until `need` tokens have left: buckets oldest first until enough have gone
+    /// (all of them for a request larger than the limit, which an empty window admits).
+    fn tokens_retry(&self, w: &Window, need: i64, now: u64) -> u64 {
+        let mut freed = 0;
+        let mut last = None;
+        for &(s, n) in &w.tokens {
+            freed += n;
+            last = Some(s);
+            if freed >= need {
+                break;
+            }
+        }
+        last.map_or(0, |s| {
+            ((s + 1) as u64 * 1000 + self.window_ms).saturating_sub(now)
+        })
     }
 
     pub fn correct(&self, specs: &[WindowSpec], second: i64, delta: i64) {
@@ -184,5 +215,45 @@ mod tests {
             w.check(&spec(0, 100), 30).refused.is_none(),
             "80 corrected to 20 leaves room for 30"
         );
+    }
+
+    /// A minute's window on a hand-stepped clock: `T0` is a whole second.
+    const T0: u64 = 100_000;
+
+    #[test]
+    fn retry_after_lasts_until_enough_requests_leave() {
+        let w = LocalWindows::new(Duration::from_secs(60));
+        for i in 0..10 {
+            assert!(w.check_at(&spec(10, 0), 1, T0 + i * 1000).refused.is_none());
+        }
+        let now = T0 + 10_000;
+        // One must leave: the oldest (booked at T0) leaves at T0 + 60 s.
+        let d = w.check_at(&spec(10, 0), 1, now);
+        assert_eq!(d.refused, Some(Refused::Requests));
+        assert_eq!(d.retry_after, Duration::from_millis(T0 + 60_000 - now));
+        // The limit lowered to 3: 10 + 1 − 3 = 8 must leave; the 8th oldest was booked at
+        // T0 + 7 s. Waiting only for the oldest would answer 50 s and refuse again then.
+        let d = w.check_at(&spec(3, 0), 1, now);
+        assert_eq!(d.refused, Some(Refused::Requests));
+        assert_eq!(d.retry_after, Duration::from_millis(T0 + 7000 + 60_000 - now));
+    }
+
+    #[test]
+    fn retry_after_lasts_until_enough_tokens_leave() {
+        let w = LocalWindows::new(Duration::from_secs(60));
+        for i in 0..3 {
+            assert!(w.check_at(&spec(0, 100), 30, T0 + i * 1000).refused.is_none());
+        }
+        let now = T0 + 3000;
+        // 90 used + 20 − 100 = 10 must leave: the oldest bucket (second T0) is enough.
+        let d = w.check_at(&spec(0, 100), 20, now);
+        assert_eq!(d.refused, Some(Refused::Tokens));
+        assert_eq!(d.retry_after, Duration::from_millis(T0 + 1000 + 60_000 - now));
+        // 90 + 50 − 100 = 40 must leave: the two oldest buckets (30 + 30).
+        let d = w.check_at(&spec(0, 100), 50, now);
+        assert_eq!(d.retry_after, Duration::from_millis(T0 + 2000 + 60_000 - now));
+        // Larger than the whole limit: admitted into an empty window, so all must leave.
+        let d = w.check_at(&spec(0, 100), 500, now);
+        assert_eq!(d.retry_after, Duration::from_millis(T0 + 3000 + 60_000 - now));
     }
 }

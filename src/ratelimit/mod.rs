@@ -16,15 +16,48 @@ use std::time::Duration;
 use local_window::LocalWindows;
 use redis_window::RedisWindows;
 
-/// One window a request is checked against: the token's or the user's.
+/// One window a request is checked against: the token's, the user's or an upstream key's.
 #[derive(Debug, Clone)]
 pub struct WindowSpec {
-    /// `t:<token id>` or `u:<user id>`; Redis keys add a versioned prefix.
+    /// Names the window; Redis keys add a versioned prefix and a kind suffix. Built only by
+    /// the constructors below, which own the naming rule.
     pub key: String,
     /// Requests per window (0 = none).
     pub requests: u64,
     /// Tokens per window (0 = none).
     pub tokens: u64,
+}
+
+/// Window names carry a Redis Cluster hash tag (`{…}`): every key of one script call must
+/// hash to one slot, so a request's token and user windows both take the user's tag and an
+/// upstream key's window takes its own.
+impl WindowSpec {
+    /// A sub-token's own window: `{u:<user id>}:t:<token id>`.
+    pub fn token(user_id: i64, token_id: i64, requests: u64, tokens: u64) -> Self {
+        Self {
+            key: format!("{{u:{user_id}}}:t:{token_id}"),
+            requests,
+            tokens,
+        }
+    }
+
+    /// The window every token of one user shares: `{u:<user id>}`.
+    pub fn user(user_id: i64, requests: u64, tokens: u64) -> Self {
+        Self {
+            key: format!("{{u:{user_id}}}"),
+            requests,
+            tokens,
+        }
+    }
+
+    /// An upstream key's own window (`rpm_limit` / `tpm_limit`): `{k:<upstream id>}`.
+    pub fn upstream(upstream_id: &str, requests: u64, tokens: u64) -> Self {
+        Self {
+            key: format!("{{k:{upstream_id}}}"),
+            requests,
+            tokens,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,12 +89,42 @@ pub enum WindowError {
     Timeout,
 }
 
-/// A request's place in its windows, kept to correct the token count after the answer.
-#[derive(Debug, Clone)]
+/// A request's tokens in the windows it was admitted to (its token's and user's, or one
+/// upstream key's). Admission books the worst case; when the booking is dropped, every one
+/// of those windows is corrected to the tokens recorded with [`Booking::used`] — 0 unless
+/// something was recorded. So every outcome corrects every window it booked, the early
+/// returns included (a cache hit, a quota or queue refusal, an upstream failure, a client
+/// gone), and a new path cannot forget to. The correction is spawned: no I/O in `drop` and
+/// no round trip on the client's path.
 pub struct Booking {
-    pub specs: Vec<WindowSpec>,
-    pub second: i64,
-    pub estimated: i64,
+    windows: Arc<Windows>,
+    specs: Vec<WindowSpec>,
+    second: i64,
+    estimated: i64,
+    used: i64,
+}
+
+impl Booking {
+    /// Records the tokens the provider actually used (input + output) for this request.
+    pub fn used(&mut self, tokens: i64) {
+        self.used = tokens.max(0);
+    }
+}
+
+impl Drop for Booking {
+    fn drop(&mut self) {
+        let delta = self.used - self.estimated;
+        if delta == 0 {
+            return;
+        }
+        // Without a runtime the process is going away; its Redis keys expire in a window.
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (w, second) = (self.windows.clone(), self.second);
+        let specs = std::mem::take(&mut self.specs);
+        rt.spawn(async move { w.correct(&specs, second, delta).await });
+    }
 }
 
 pub struct Windows {
@@ -118,6 +181,26 @@ impl Windows {
         self.local.check(specs, tokens)
     }
 
+    /// Checks `specs` like `check`; when admitted into at least one token window, returns
+    /// the booking that will correct them (nothing to correct otherwise: no booking).
+    pub async fn admit(
+        self: &Arc<Self>,
+        specs: Vec<WindowSpec>,
+        member: &str,
+        tokens: u64,
+    ) -> (Decision, Option<Booking>) {
+        let d = self.check(&specs, member, tokens).await;
+        let booked = d.refused.is_none() && specs.iter().any(|s| s.tokens > 0);
+        let booking = booked.then(|| Booking {
+            windows: self.clone(),
+            specs,
+            second: d.second,
+            estimated: tokens.min(i64::MAX as u64) as i64,
+            used: 0,
+        });
+        (d, booking)
+    }
+
     /// Books the difference between the admission estimate and the actual usage.
     pub async fn correct(&self, specs: &[WindowSpec], second: i64, delta: i64) {
         if delta == 0 {
@@ -131,16 +214,6 @@ impl Windows {
             }
             _ => self.local.correct(specs, second, delta),
         }
-    }
-
-    /// Corrects a booking to the actual token count, off the request path.
-    pub fn settle(self: &Arc<Self>, booking: Option<Booking>, actual: i64) {
-        let Some(b) = booking else { return };
-        if !b.specs.iter().any(|s| s.tokens > 0) || actual == b.estimated {
-            return;
-        }
-        let w = self.clone();
-        tokio::spawn(async move { w.correct(&b.specs, b.second, actual - b.estimated).await });
     }
 
     fn fall_back(&self, e: &WindowError) {
@@ -208,6 +281,40 @@ pub fn openai_duration(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Lets the spawned corrections run.
+    async fn corrections_land() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    #[tokio::test]
+    async fn a_dropped_booking_corrects_every_window_to_what_it_recorded() {
+        let w = Windows::new(Duration::from_secs(60), None, 1);
+        let specs = |limit| {
+            vec![
+                WindowSpec::token(1, 2, 0, limit),
+                WindowSpec::user(1, 0, limit),
+            ]
+        };
+        let (d, first) = w.admit(specs(100), "a", 80).await;
+        assert!(d.refused.is_none() && first.is_some());
+        // Nothing recorded (a refusal, a failure, a cache hit): corrected to 0.
+        drop(first);
+        corrections_land().await;
+        let (d, second) = w.admit(specs(100), "b", 80).await;
+        assert_eq!(d.tokens_used, 80, "the first booking left nothing");
+        let mut second = second.unwrap();
+        second.used(30);
+        drop(second);
+        corrections_land().await;
+        // The user's window alone (first in the list, so its figures are reported).
+        let (d, _) = w.admit(vec![WindowSpec::user(1, 0, 100)], "c", 70).await;
+        assert!(d.refused.is_none());
+        assert_eq!(d.tokens_used, 100, "30 used + 70 booked");
+        // Windows without a token limit have nothing to correct: no booking.
+        let (_, none) = w.admit(vec![WindowSpec::token(1, 3, 5, 0)], "d", 80).await;
+        assert!(none.is_none());
+    }
 
     #[test]
     fn durations_like_openai() {

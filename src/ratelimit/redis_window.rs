@@ -65,11 +65,38 @@ impl RedisWindows {
         Ok(c)
     }
 
+    /// `sl:v1:{u:7}:t:12:rq` / `…:tk`: the spec's name keeps its hash tag (see `WindowSpec`).
     fn keys(spec: &WindowSpec) -> (String, String) {
         (
-            format!("{PREFIX}:rq:{}", spec.key),
-            format!("{PREFIX}:tk:{}", spec.key),
+            format!("{PREFIX}:{}:rq", spec.key),
+            format!("{PREFIX}:{}:tk", spec.key),
         )
+    }
+
+    /// The key holding an upstream key's shared cooldown. Every cooldown is read in one
+    /// `MGET`, so they all share the `{cool}` hash tag (one slot on a cluster).
+    pub fn cool_key(upstream_id: &str) -> String {
+        format!("{PREFIX}:{{cool}}:{upstream_id}")
+    }
+
+    /// The KEYS of one `correct.lua` call: the tokens key of each window with a token limit.
+    pub fn correct_keys(specs: &[WindowSpec]) -> Vec<String> {
+        specs
+            .iter()
+            .filter(|s| s.tokens > 0)
+            .map(|s| Self::keys(s).1)
+            .collect()
+    }
+
+    /// The KEYS of one `window.lua` call: each window's requests key, then its tokens key.
+    pub fn window_keys(specs: &[WindowSpec]) -> Vec<String> {
+        let mut keys = Vec::with_capacity(specs.len() * 2);
+        for s in specs {
+            let (rk, tk) = Self::keys(s);
+            keys.push(rk);
+            keys.push(tk);
+        }
+        keys
     }
 
     pub async fn check(
@@ -80,9 +107,8 @@ impl RedisWindows {
         window: Duration,
     ) -> Result<Decision, WindowError> {
         let mut inv = self.window.prepare_invoke();
-        for s in specs {
-            let (rk, tk) = Self::keys(s);
-            inv.key(rk).key(tk);
+        for k in Self::window_keys(specs) {
+            inv.key(k);
         }
         inv.arg(window.as_millis() as u64).arg(member).arg(tokens);
         for s in specs {
@@ -118,15 +144,20 @@ impl RedisWindows {
         second: i64,
         delta: i64,
     ) -> Result<(), WindowError> {
-        for s in specs.iter().filter(|s| s.tokens > 0) {
-            let (_, tk) = Self::keys(s);
-            let mut conn = self.conn()?;
-            let mut inv = self.correct.key(tk);
-            inv.arg(second).arg(delta);
-            tokio::time::timeout(self.timeout, inv.invoke_async::<i64>(&mut conn))
-                .await
-                .map_err(|_| WindowError::Timeout)??;
+        let keys = Self::correct_keys(specs);
+        if keys.is_empty() {
+            return Ok(());
         }
+        // One call for every window of the booking: their keys share a hash slot.
+        let mut inv = self.correct.prepare_invoke();
+        for k in keys {
+            inv.key(k);
+        }
+        inv.arg(second).arg(delta);
+        let mut conn = self.conn()?;
+        tokio::time::timeout(self.timeout, inv.invoke_async::<i64>(&mut conn))
+            .await
+            .map_err(|_| WindowError::Timeout)??;
         Ok(())
     }
 
@@ -152,13 +183,13 @@ impl RedisWindows {
         let mut pipe = redis::pipe();
         for (id, until, ttl_ms) in publish {
             pipe.cmd("SET")
-                .arg(format!("{PREFIX}:cool:{id}"))
+                .arg(Self::cool_key(id))
                 .arg(until)
                 .arg("PX")
                 .arg((*ttl_ms).max(1))
                 .ignore();
         }
-        let keys: Vec<String> = ids.iter().map(|id| format!("{PREFIX}:cool:{id}")).collect();
+        let keys: Vec<String> = ids.iter().map(|id| Self::cool_key(id)).collect();
         pipe.cmd("MGET").arg(&keys);
         let mut conn = self.conn()?;
         let (values,): (Vec<Option<i64>>,) = tokio::time::timeout(
@@ -182,5 +213,81 @@ impl RedisWindows {
                 .await
                 .map_err(|_| WindowError::Timeout)??;
         Ok(v.get(1).cloned().unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// CRC16/XMODEM (polynomial 0x1021, initial 0), the hash Redis Cluster uses.
+    fn crc16(bytes: &[u8]) -> u16 {
+        let mut crc = 0u16;
+        for &b in bytes {
+            crc ^= u16::from(b) << 8;
+            for _ in 0..8 {
+                crc = if crc & 0x8000 != 0 {
+                    (crc << 1) ^ 0x1021
+                } else {
+                    crc << 1
+                };
+            }
+        }
+        crc
+    }
+
+    /// A key's cluster slot: only the first non-empty `{…}` hash tag counts, when there is one.
+    fn slot(key: &str) -> u16 {
+        let hashed = key
+            .find('{')
+            .and_then(|open| {
+                let rest = &key[open + 1..];
+                rest.find('}').filter(|&len| len > 0).map(|len| &rest[..len])
+            })
+            .unwrap_or(key);
+        crc16(hashed.as_bytes()) % 16384
+    }
+
+    fn one_slot(keys: &[String]) {
+        let first = slot(&keys[0]);
+        for k in keys {
+            assert_eq!(slot(k), first, "CROSSSLOT on a cluster: {keys:?}");
+            assert!(k.starts_with("sl:v1:"), "{k}");
+        }
+    }
+
+    #[test]
+    fn the_slot_function_agrees_with_redis() {
+        // From the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(slot("foo"), 12182);
+        assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
+        // An empty first tag means the whole key is hashed; the tag ends at the first `}`.
+        assert_eq!(slot("foo{}{bar}"), crc16(b"foo{}{bar}") % 16384);
+        assert_eq!(slot("foo{{bar}}zap"), crc16(b"{bar") % 16384);
+    }
+
+    #[test]
+    fn the_keys_of_one_script_call_share_a_cluster_slot() {
+        for (user, token) in [(1, 2), (7, 12), (4242, 99), (3, 3)] {
+            let specs = [
+                WindowSpec::token(user, token, 10, 1000),
+                WindowSpec::user(user, 20, 2000),
+            ];
+            let keys = RedisWindows::window_keys(&specs);
+            assert_eq!(keys.len(), 4);
+            one_slot(&keys);
+            one_slot(&RedisWindows::correct_keys(&specs));
+        }
+        let key = [WindowSpec::upstream("openai-a", 60, 150_000)];
+        let keys = RedisWindows::window_keys(&key);
+        one_slot(&keys);
+        assert!(keys.iter().all(|k| k.contains("{k:openai-a}")), "{keys:?}");
+        // Every cooldown is read in one MGET.
+        let cool: Vec<String> = ["a", "b", "openai-a", "anthropic-1"]
+            .iter()
+            .map(|id| RedisWindows::cool_key(id))
+            .collect();
+        one_slot(&cool);
     }
 }

@@ -7,7 +7,12 @@
 -- counts the estimate, and the caller corrects the bucket to the actual usage later.
 --
 -- Time is Redis's own (TIME), so replicas with skewed clocks agree. A rejected request is
--- not recorded anywhere. Every key gets a TTL of one window.
+-- not recorded anywhere. Every key gets a TTL of one window. The retry time of a refusal is
+-- the time until enough has left the window for this request to fit (not merely the oldest
+-- entry), the longest over the windows that refused.
+--
+-- On a Redis Cluster every key of one call hashes to one slot: the caller names them with
+-- one hash tag (`sl:v1:{u:<user id>}:…`, `sl:v1:{k:<upstream id>}:…`).
 --
 -- KEYS: for each window i: requests key, tokens key
 -- ARGV: window_ms, member, tokens, then for each window i: request limit, token limit (0 = none)
@@ -26,6 +31,29 @@ local retry = 0
 local refused_by = 0
 local state = {}
 
+-- How long until `k` more requests fit: until the k-th oldest entry leaves (k = count + 1 −
+-- limit; more than one when the limit was lowered below what the window holds).
+local function requests_retry(rkey, count, rlimit)
+  local k = count - rlimit
+  local entry = redis.call('ZRANGE', rkey, k, k, 'WITHSCORES')
+  if entry[2] then return tonumber(entry[2]) + window - now end
+  return window
+end
+
+-- How long until `need` tokens have left: buckets oldest first until enough have gone
+-- (all of them for a request larger than the limit, which an empty window admits).
+local function tokens_retry(live, need)
+  table.sort(live, function(a, b) return a[1] < b[1] end)
+  local freed, last = 0, nil
+  for _, b in ipairs(live) do
+    freed = freed + b[2]
+    last = b[1]
+    if freed >= need then break end
+  end
+  if last == nil then return 0 end
+  return (last + 1) * 1000 + window - now
+end
+
 for i = 1, n do
   local rkey, tkey = KEYS[2 * i - 1], KEYS[2 * i]
   local rlimit, tlimit = tonumber(ARGV[2 + 2 * i]), tonumber(ARGV[3 + 2 * i])
@@ -38,19 +66,23 @@ for i = 1, n do
     if count + 1 > rlimit then
       allowed = 0
       refused_by = 1
-      if rreset > retry then retry = rreset end
+      local r = requests_retry(rkey, count, rlimit)
+      if r > retry then retry = r end
     end
   end
   if tlimit > 0 then
     local cutoff = math.floor((now - window) / 1000)
     local buckets = redis.call('HGETALL', tkey)
     local oldest_sec = nil
+    local live = {}
     for j = 1, #buckets, 2 do
       local sec = tonumber(buckets[j])
       if sec <= cutoff then
         redis.call('HDEL', tkey, buckets[j])
       else
-        used = used + tonumber(buckets[j + 1])
+        local n = tonumber(buckets[j + 1])
+        used = used + n
+        live[#live + 1] = { sec, n }
         if oldest_sec == nil or sec < oldest_sec then oldest_sec = sec end
       end
     end
@@ -59,7 +91,8 @@ for i = 1, n do
     if used > 0 and used + cost > tlimit then
       allowed = 0
       if refused_by == 0 then refused_by = 2 end
-      if treset > retry then retry = treset end
+      local r = tokens_retry(live, used + cost - tlimit)
+      if r > retry then retry = r end
     end
   end
   state[i] = { count, rreset, used, treset }

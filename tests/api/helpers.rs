@@ -290,6 +290,14 @@ impl RedisServer {
         r
     }
 
+    /// A `redis-server` started with other options (cluster mode), stopped when dropped.
+    pub fn adopt(port: u16, child: std::process::Child) -> RedisServer {
+        RedisServer {
+            port,
+            child: Some(child),
+        }
+    }
+
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/0", self.port)
     }

@@ -20,3 +20,5 @@ mod resilience;
 mod streams;
 mod translate;
 mod windows;
+mod windows_redis;
+mod windows_tpm;

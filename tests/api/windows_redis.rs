@@ -1,0 +1,224 @@
+//! The Redis window scripts themselves, against a real `redis-server`: token windows booked
+//! and corrected (`window.lua`, `correct.lua`), `Retry-After` that lasts until enough has
+//! left the window, and one request's keys on a Redis Cluster node.
+
+use std::time::Duration;
+
+use sluice::ratelimit::redis_window::RedisWindows;
+use sluice::ratelimit::{Refused, WindowSpec};
+
+use crate::helpers::*;
+
+const TIMEOUT: Duration = Duration::from_millis(500);
+
+async fn hash_sum(redis: &RedisServer, key: &str) -> i64 {
+    let out = redis.cli(&["HVALS", key]).await.unwrap();
+    out.lines().filter_map(|l| l.trim().parse::<i64>().ok()).sum()
+}
+
+fn token_and_user(requests: u64, tokens: u64) -> [WindowSpec; 2] {
+    [
+        WindowSpec::token(7, 12, requests, tokens),
+        WindowSpec::user(7, requests, tokens),
+    ]
+}
+
+/// Sleeps into the next Redis second (bounded: at most 1.1 s).
+async fn next_second(redis: &RedisServer, after: i64) {
+    for _ in 0..30 {
+        let t = redis.cli(&["TIME"]).await.unwrap();
+        let secs: i64 = t.lines().next().unwrap().trim().parse().unwrap();
+        if secs > after {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("Redis time did not move past {after}");
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+#[tokio::test]
+async fn redis_token_windows_are_booked_and_corrected() {
+    let redis = RedisServer::start().await;
+    let w = RedisWindows::new(&redis.url(), TIMEOUT).unwrap();
+    let window = Duration::from_secs(60);
+    let specs = token_and_user(0, 100);
+    let d = w.check(&specs, "r1", 80, window).await.unwrap();
+    assert!(d.refused.is_none());
+    assert_eq!((d.tokens_limit, d.tokens_used), (100, 80));
+    let keys = RedisWindows::correct_keys(&specs);
+    for k in &keys {
+        assert_eq!(hash_sum(&redis, k).await, 80, "{k}");
+    }
+    let refused = w.check(&specs, "r2", 30, window).await.unwrap();
+    assert_eq!(refused.refused, Some(Refused::Tokens));
+    // Corrected from the estimate (80) to the actual usage (20) in both windows.
+    w.correct(&specs, d.second, -60).await.unwrap();
+    for k in &keys {
+        assert_eq!(hash_sum(&redis, k).await, 20, "{k}");
+    }
+    let d2 = w.check(&specs, "r3", 30, window).await.unwrap();
+    assert!(d2.refused.is_none(), "the correction made room");
+    assert_eq!(d2.tokens_used, 50);
+    // A correction for a second whose bucket is gone changes nothing (it must not write
+    // a negative bucket that would let more in).
+    w.correct(&specs, d.second - 30, -50).await.unwrap();
+    for k in &keys {
+        assert_eq!(hash_sum(&redis, k).await, 50, "{k}");
+        let ttl: i64 = redis.cli(&["PTTL", k]).await.unwrap().trim().parse().unwrap();
+        assert!(ttl > 0, "{k} keeps its TTL");
+    }
+}
+
+#[tokio::test]
+async fn redis_retry_after_lasts_until_enough_tokens_leave() {
+    let redis = RedisServer::start().await;
+    let w = RedisWindows::new(&redis.url(), TIMEOUT).unwrap();
+    let window = Duration::from_secs(3);
+    let specs = [WindowSpec::token(1, 1, 0, 100)];
+    let a = w.check(&specs, "a", 40, window).await.unwrap();
+    next_second(&redis, a.second).await;
+    let b = w.check(&specs, "b", 40, window).await.unwrap();
+    assert!(a.refused.is_none() && b.refused.is_none());
+    assert!(b.second > a.second);
+    // 80 used + 70 − 100 = 50 must leave: the oldest bucket (40) is not enough, the next
+    // one is. Bucket s leaves by (s + 1) s + window.
+    let d = w.check(&specs, "c", 70, window).await.unwrap();
+    assert_eq!(d.refused, Some(Refused::Tokens));
+    let retry = d.retry_after.as_millis() as i64;
+    let leaves_ms = (b.second + 1) * 1000 + 3000;
+    let now = d.second * 1000; // the check ran within second `d.second`
+    assert!(
+        retry > leaves_ms - now - 1000 && retry <= leaves_ms - now,
+        "Retry-After {retry} ms: the second bucket (second {}) leaves {} ms after second {}",
+        b.second,
+        leaves_ms - now,
+        d.second
+    );
+    // 80 + 20 − 100 = 0… one token: the oldest bucket is enough.
+    let d = w.check(&specs, "d", 21, window).await.unwrap();
+    let retry = d.retry_after.as_millis() as i64;
+    let leaves_ms = (a.second + 1) * 1000 + 3000;
+    let now = d.second * 1000;
+    assert!(
+        retry > leaves_ms - now - 1000 && retry <= leaves_ms - now,
+        "Retry-After {retry} ms"
+    );
+}
+
+#[tokio::test]
+async fn redis_retry_after_a_lowered_request_limit_waits_for_enough_to_leave() {
+    let redis = RedisServer::start().await;
+    let w = RedisWindows::new(&redis.url(), TIMEOUT).unwrap();
+    let window = Duration::from_secs(5);
+    let specs = |limit| [WindowSpec::token(1, 2, limit, 0)];
+    for i in 0..5 {
+        let d = w.check(&specs(10), &format!("early{i}"), 1, window).await;
+        assert!(d.unwrap().refused.is_none());
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    for i in 0..5 {
+        let d = w.check(&specs(10), &format!("late{i}"), 1, window).await;
+        assert!(d.unwrap().refused.is_none());
+    }
+    // The exact admission times, in ms, oldest first.
+    let key = &RedisWindows::window_keys(&specs(10))[0];
+    let scores: Vec<i64> = redis
+        .cli(&["ZRANGE", key, "0", "-1", "WITHSCORES"])
+        .await
+        .unwrap()
+        .lines()
+        .skip(1)
+        .step_by(2)
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    assert_eq!(scores.len(), 10);
+    // 10 booked, the limit lowered to 3: 10 + 1 − 3 = 8 must leave, so Retry-After lasts
+    // until the 8th oldest leaves (not the oldest, a second earlier).
+    let before = now_ms();
+    let d = w.check(&specs(3), "probe", 1, window).await.unwrap();
+    let after = now_ms();
+    assert_eq!(d.refused, Some(Refused::Requests));
+    let retry = d.retry_after.as_millis() as i64;
+    let until = scores[7] + 5000;
+    assert!(
+        retry >= until - after - 1 && retry <= until - before + 1,
+        "Retry-After {retry} ms, the 8th oldest leaves in {}..{} ms",
+        until - after,
+        until - before
+    );
+    // At the unchanged limit one must leave: the oldest.
+    let before = now_ms();
+    let d = w.check(&specs(10), "probe2", 1, window).await.unwrap();
+    let retry = d.retry_after.as_millis() as i64;
+    assert!(retry <= scores[0] + 5000 - before + 1, "{retry}");
+}
+
+/// A one-node Redis Cluster owning every slot: it refuses (CROSSSLOT) any script call whose
+/// keys hash to different slots, as a real cluster does.
+struct ClusterNode {
+    server: RedisServer,
+    _dir: tempfile::TempDir,
+}
+
+impl ClusterNode {
+    async fn start() -> Option<ClusterNode> {
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = std::process::Command::new("redis-server")
+            .current_dir(dir.path())
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(["--cluster-enabled", "yes"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .ok()?;
+        let server = RedisServer::adopt(port, child);
+        for _ in 0..100 {
+            if server.cli(&["PING"]).await.is_some_and(|o| o.contains("PONG")) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+        server.cli(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]).await?;
+        for _ in 0..100 {
+            let info = server.cli(&["CLUSTER", "INFO"]).await?;
+            if info.contains("cluster_state:ok") {
+                return Some(ClusterNode { server, _dir: dir });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    }
+}
+
+#[tokio::test]
+async fn the_window_scripts_run_on_a_redis_cluster_node() {
+    let node = ClusterNode::start()
+        .await
+        .expect("a one-node Redis Cluster starts");
+    let w = RedisWindows::new(&node.server.url(), TIMEOUT).unwrap();
+    let window = Duration::from_secs(60);
+    let specs = token_and_user(10, 1000);
+    let d = w.check(&specs, "r1", 100, window).await.expect("no CROSSSLOT");
+    assert!(d.refused.is_none());
+    w.correct(&specs, d.second, -60)
+        .await
+        .expect("correction: no CROSSSLOT");
+    let key = [WindowSpec::upstream("openai-a", 10, 1000)];
+    let d = w.check(&key, "r1:0", 100, window).await.unwrap();
+    w.correct(&key, d.second, -100).await.unwrap();
+    let ids = ["a".to_string(), "b".to_string()];
+    let cool = w
+        .sync_cooldowns(&[("a".into(), now_ms() + 5000, 5000)], &ids)
+        .await
+        .expect("cooldowns: no CROSSSLOT");
+    assert!(cool[0].is_some() && cool[1].is_none());
+}

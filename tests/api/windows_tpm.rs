@@ -1,0 +1,289 @@
+//! Every outcome corrects every token window it booked — the token's, the user's and the
+//! upstream key's — to what the provider actually used: a success to its usage, a cache
+//! hit, an upstream failure, a quota refusal and a queue refusal to 0. Each case runs on
+//! the local store and on a real `redis-server`.
+//!
+//! How a correction is seen: the user's and the key's windows allow 1 token per minute,
+//! so only an empty window admits the next request (one request larger than the limit is
+//! let into an empty window), and the mock reports a usage of 0 tokens. A booking left at
+//! its estimate refuses the next request (429 from the user window, 503 once the key's
+//! window rests the only key). The token's own window is large and read exactly from
+//! `x-ratelimit-remaining-tokens`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use sluice::config::RedisSettings;
+use sluice::mock::Script;
+
+use crate::helpers::*;
+
+/// The token's own window: large, read exactly from the headers.
+const TOKEN_TPM: i64 = 10_000;
+
+struct Setup {
+    app: Arc<TestApp>,
+    _redis: Option<RedisServer>,
+}
+
+async fn setup(redis: bool, tweak: impl FnOnce(&mut sluice::config::Settings)) -> Setup {
+    let server = if redis {
+        Some(RedisServer::start().await)
+    } else {
+        None
+    };
+    let url = server.as_ref().map(RedisServer::url);
+    let app = spawn_app_with(move |s, _| {
+        s.ratelimit.window_seconds = 60;
+        s.upstreams[0].tpm_limit = 1;
+        s.redis = url.map(|u| RedisSettings {
+            url: sluice::config::Secret(secrecy::SecretString::from(u)),
+        });
+        tweak(s);
+    })
+    .await;
+    let zero = Script {
+        prompt_tokens: Some(0),
+        completion_tokens: Some(0),
+        ..Default::default()
+    };
+    app.mock.state.sticky(KEY_A, Some(zero));
+    Setup {
+        app: Arc::new(app),
+        _redis: server,
+    }
+}
+
+/// A user whose window allows 1 token per minute, and a token of theirs.
+async fn limited_token(app: &TestApp, user: &str, budget_usd: Option<&str>) -> String {
+    let args = sluice::cli::UserArgs {
+        username: user,
+        team: None,
+        rpm: None,
+        tpm: Some(1),
+        budget_usd: None,
+        reset: None,
+    };
+    sluice::cli::user_create(app.db(), &args, chrono::Utc::now())
+        .await
+        .unwrap();
+    let (_, token) = app
+        .issue(sluice::cli::IssueArgs {
+            tpm: Some(TOKEN_TPM),
+            budget_usd,
+            ..issue_args(user)
+        })
+        .await;
+    token
+}
+
+fn remaining_tokens(resp: &reqwest::Response) -> i64 {
+    resp.headers()
+        .get("x-ratelimit-remaining-tokens")
+        .expect("x-ratelimit-remaining-tokens")
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Corrections run off the request path: give them a moment.
+async fn settled() {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+}
+
+/// The next request of `token` is admitted by its user's and the key's windows (they were
+/// corrected to 0) and its own window holds nothing but this request's estimate.
+async fn windows_hold_nothing(app: &TestApp, token: &str, body: &Value, estimate: i64) {
+    settled().await;
+    let resp = app.chat(token, body).await;
+    let remaining = remaining_tokens(&resp);
+    let status = resp.status();
+    let text = resp.text().await.unwrap();
+    assert_eq!(status, 200, "a window kept an old booking: {text}");
+    assert_eq!(
+        remaining,
+        TOKEN_TPM - estimate,
+        "the token's window holds only this request"
+    );
+}
+
+async fn upstream_failure(redis: bool) {
+    let s = setup(redis, |_| {}).await;
+    let app = &s.app;
+    let token = limited_token(app, "ann", None).await;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            status: Some(500),
+            ..Default::default()
+        }),
+    );
+    let resp = app.chat(&token, &chat_body(100)).await;
+    assert_eq!(resp.status(), 502);
+    let estimate = TOKEN_TPM - remaining_tokens(&resp);
+    assert!(estimate > 100, "input + the output cap: {estimate}");
+    setup_zero_usage(app);
+    windows_hold_nothing(app, &token, &chat_body(100), estimate).await;
+    app.assert_invariant().await;
+}
+
+fn setup_zero_usage(app: &TestApp) {
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            prompt_tokens: Some(0),
+            completion_tokens: Some(0),
+            ..Default::default()
+        }),
+    );
+}
+
+async fn quota_refusal(redis: bool) {
+    let s = setup(redis, |_| {}).await;
+    let app = &s.app;
+    let poor = limited_token(app, "bea", Some("0.00001")).await;
+    let resp = app.chat(&poor, &chat_body(100)).await;
+    assert_eq!(resp.status(), 429);
+    let estimate = TOKEN_TPM - remaining_tokens(&resp);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "insufficient_quota");
+    settled().await;
+    // Admitted by the user's window again (else 429 rate_limit_exceeded), refused by quota.
+    let resp = app.chat(&poor, &chat_body(100)).await;
+    assert_eq!(remaining_tokens(&resp), TOKEN_TPM - estimate);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "insufficient_quota", "{v}");
+    // Another token of the same user: the user's window is empty again.
+    let (_, rich) = app
+        .issue(sluice::cli::IssueArgs {
+            tpm: Some(TOKEN_TPM),
+            ..issue_args("bea")
+        })
+        .await;
+    windows_hold_nothing(app, &rich, &chat_body(100), estimate).await;
+}
+
+async fn queue_refusal(redis: bool) {
+    let s = setup(redis, |s| {
+        s.queue.max_in_flight = 1;
+        s.queue.reserved = sluice::config::ReservedSlots {
+            critical: 0,
+            high: 0,
+            normal: 0,
+            low: 0,
+        };
+        s.queue.max_depth = 0;
+    })
+    .await;
+    let app = &s.app;
+    let token = limited_token(app, "cid", None).await;
+    // Another user's request holds the only admission slot for a while.
+    let (_, other) = app.issue(issue_args("dee")).await;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            delay_ms: 800,
+            prompt_tokens: Some(0),
+            completion_tokens: Some(0),
+            ..Default::default()
+        }),
+    );
+    let slow = {
+        let (app, other) = (app.clone(), other.clone());
+        tokio::spawn(async move { app.chat(&other, &chat_body(100)).await.status() })
+    };
+    for _ in 0..100 {
+        if app.mock.state.stats(KEY_A).in_flight == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(app.mock.state.stats(KEY_A).in_flight, 1, "the slot is held");
+    let resp = app.chat(&token, &chat_body(100)).await;
+    assert_eq!(resp.status(), 503);
+    let estimate = TOKEN_TPM - remaining_tokens(&resp);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "queue_full", "{v}");
+    assert_eq!(slow.await.unwrap(), 200);
+    setup_zero_usage(app);
+    windows_hold_nothing(app, &token, &chat_body(100), estimate).await;
+}
+
+async fn cache_hit(redis: bool) {
+    let s = setup(redis, |_| {}).await;
+    let app = &s.app;
+    let token = limited_token(app, "eli", None).await;
+    let question = json!({"model": "gpt-4o-mini", "temperature": 0, "max_tokens": 100,
+        "messages": [{"role": "user", "content": "How many wheels has a tricycle?"}]});
+    let resp = app.chat(&token, &question).await;
+    assert_eq!(resp.status(), 200);
+    let estimate = TOKEN_TPM - remaining_tokens(&resp);
+    // The answer is stored off the request path.
+    let mut hit = false;
+    for _ in 0..20 {
+        settled().await;
+        let resp = app.chat(&token, &question).await;
+        assert_eq!(
+            resp.status(),
+            200,
+            "a window kept an old booking: {}",
+            resp.text().await.unwrap()
+        );
+        if resp.headers().get("x-sluice-cache").unwrap() == "hit-exact" {
+            hit = true;
+            break;
+        }
+    }
+    assert!(hit, "the answer was cached");
+    // A hit consumed no provider tokens: every window is back to 0.
+    windows_hold_nothing(app, &token, &question, estimate).await;
+    assert_eq!(app.mock.state.stats(KEY_A).count, 1, "one upstream call");
+}
+
+async fn successes(redis: bool) {
+    let s = setup(redis, |_| {}).await;
+    let app = &s.app;
+    let token = limited_token(app, "fox", None).await;
+    let resp = app.chat(&token, &chat_body(100)).await;
+    assert_eq!(resp.status(), 200);
+    let estimate = TOKEN_TPM - remaining_tokens(&resp);
+    // A stream's usage (0) is what it is corrected to, as well.
+    settled().await;
+    let mut body = chat_body(100);
+    body["stream"] = json!(true);
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    let (data, _) = sse_data(resp).await;
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    windows_hold_nothing(app, &token, &chat_body(100), estimate).await;
+    windows_hold_nothing(app, &token, &chat_body(100), estimate).await;
+    assert_eq!(app.mock.state.stats(KEY_A).count, 4);
+}
+
+macro_rules! on_both_stores {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn local() {
+                    super::$name(false).await;
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn redis() {
+                    super::$name(true).await;
+                }
+            }
+        )*
+    };
+}
+
+on_both_stores!(
+    upstream_failure,
+    quota_refusal,
+    queue_refusal,
+    cache_hit,
+    successes
+);
