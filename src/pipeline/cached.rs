@@ -1,5 +1,7 @@
 //! Answers served from the cache: the stored whole answer, or its replay as SSE for a
-//! stream. Nothing is reserved or charged; the request still counted in its window.
+//! stream. Nothing is reserved or charged; the request still counted in its request window,
+//! and its token windows go back to 0 (its booking, dropped unrecorded: a hit consumed no
+//! provider tokens).
 
 use actix_web::HttpResponse;
 use bytes::Bytes;

@@ -396,7 +396,8 @@ fn priority_of(req: &HttpRequest, auth: &TokenAuth) -> Result<u8, ApiError> {
 }
 
 /// Stage 3: checks (and books) the token's and the user's windows; `None` when neither has
-/// a limit (no round trip at all).
+/// a limit (no round trip at all) or neither counts tokens (nothing to correct). The
+/// booking corrects their token windows when dropped (see `ratelimit::Booking`).
 async fn rate_limit(
     state: &AppState,
     auth: &TokenAuth,
@@ -519,7 +520,10 @@ async fn finish(
     account(state, auth, settled.token_remaining, settled.absorbed);
     // The request's windows and the serving key's, corrected off the path when dropped.
     let used = usage.input + usage.output;
-    for b in [booking.as_mut(), key_booking.as_mut()].into_iter().flatten() {
+    for b in [booking.as_mut(), key_booking.as_mut()]
+        .into_iter()
+        .flatten()
+    {
         b.used(used);
     }
     log.input_tokens = usage.input;

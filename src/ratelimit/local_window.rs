@@ -138,9 +138,9 @@ impl LocalWindows {
     /// limit (more than one when the limit was lowered below what the window holds).
     fn requests_retry(&self, w: &Window, limit: u64, now: u64) -> u64 {
         let k = (w.requests.len() as u64).saturating_sub(limit) as usize;
-        w.requests
-            .get(k)
-            .map_or(self.window_ms, |&t| (t + self.window_ms).saturating_sub(now))
+        w.requests.get(k).map_or(self.window_ms, |&t| {
+            (t + self.window_ms).saturating_sub(now)
+        })
     }
 
     /// How long until `need` tokens have left: buckets oldest first until enough have gone
@@ -235,25 +235,40 @@ mod tests {
         // T0 + 7 s. Waiting only for the oldest would answer 50 s and refuse again then.
         let d = w.check_at(&spec(3, 0), 1, now);
         assert_eq!(d.refused, Some(Refused::Requests));
-        assert_eq!(d.retry_after, Duration::from_millis(T0 + 7000 + 60_000 - now));
+        assert_eq!(
+            d.retry_after,
+            Duration::from_millis(T0 + 7000 + 60_000 - now)
+        );
     }
 
     #[test]
     fn retry_after_lasts_until_enough_tokens_leave() {
         let w = LocalWindows::new(Duration::from_secs(60));
         for i in 0..3 {
-            assert!(w.check_at(&spec(0, 100), 30, T0 + i * 1000).refused.is_none());
+            assert!(w
+                .check_at(&spec(0, 100), 30, T0 + i * 1000)
+                .refused
+                .is_none());
         }
         let now = T0 + 3000;
         // 90 used + 20 − 100 = 10 must leave: the oldest bucket (second T0) is enough.
         let d = w.check_at(&spec(0, 100), 20, now);
         assert_eq!(d.refused, Some(Refused::Tokens));
-        assert_eq!(d.retry_after, Duration::from_millis(T0 + 1000 + 60_000 - now));
+        assert_eq!(
+            d.retry_after,
+            Duration::from_millis(T0 + 1000 + 60_000 - now)
+        );
         // 90 + 50 − 100 = 40 must leave: the two oldest buckets (30 + 30).
         let d = w.check_at(&spec(0, 100), 50, now);
-        assert_eq!(d.retry_after, Duration::from_millis(T0 + 2000 + 60_000 - now));
+        assert_eq!(
+            d.retry_after,
+            Duration::from_millis(T0 + 2000 + 60_000 - now)
+        );
         // Larger than the whole limit: admitted into an empty window, so all must leave.
         let d = w.check_at(&spec(0, 100), 500, now);
-        assert_eq!(d.retry_after, Duration::from_millis(T0 + 3000 + 60_000 - now));
+        assert_eq!(
+            d.retry_after,
+            Duration::from_millis(T0 + 3000 + 60_000 - now)
+        );
     }
 }

@@ -5,6 +5,10 @@
 //! (`local_window.rs`) applies the same rules; during a Redis outage each replica admits
 //! `limit / ratelimit.expected_replicas`, so the fleet as a whole stays near the limit.
 //! Money never depends on any of this: budgets are the ledger's.
+//!
+//! Token windows are booked at the worst case and corrected to what was used by a
+//! [`Booking`] guard on every outcome; window names carry Redis Cluster hash tags so that
+//! every key of one script call shares a slot (see [`WindowSpec`]).
 
 pub mod local_window;
 pub mod redis_window;

@@ -242,7 +242,9 @@ mod tests {
             .find('{')
             .and_then(|open| {
                 let rest = &key[open + 1..];
-                rest.find('}').filter(|&len| len > 0).map(|len| &rest[..len])
+                rest.find('}')
+                    .filter(|&len| len > 0)
+                    .map(|len| &rest[..len])
             })
             .unwrap_or(key);
         crc16(hashed.as_bytes()) % 16384

@@ -13,7 +13,9 @@ const TIMEOUT: Duration = Duration::from_millis(500);
 
 async fn hash_sum(redis: &RedisServer, key: &str) -> i64 {
     let out = redis.cli(&["HVALS", key]).await.unwrap();
-    out.lines().filter_map(|l| l.trim().parse::<i64>().ok()).sum()
+    out.lines()
+        .filter_map(|l| l.trim().parse::<i64>().ok())
+        .sum()
 }
 
 fn token_and_user(requests: u64, tokens: u64) -> [WindowSpec; 2] {
@@ -68,7 +70,13 @@ async fn redis_token_windows_are_booked_and_corrected() {
     w.correct(&specs, d.second - 30, -50).await.unwrap();
     for k in &keys {
         assert_eq!(hash_sum(&redis, k).await, 50, "{k}");
-        let ttl: i64 = redis.cli(&["PTTL", k]).await.unwrap().trim().parse().unwrap();
+        let ttl: i64 = redis
+            .cli(&["PTTL", k])
+            .await
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
         assert!(ttl > 0, "{k} keeps its TTL");
     }
 }
@@ -182,12 +190,18 @@ impl ClusterNode {
             .ok()?;
         let server = RedisServer::adopt(port, child);
         for _ in 0..100 {
-            if server.cli(&["PING"]).await.is_some_and(|o| o.contains("PONG")) {
+            if server
+                .cli(&["PING"])
+                .await
+                .is_some_and(|o| o.contains("PONG"))
+            {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(30)).await;
         }
-        server.cli(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]).await?;
+        server
+            .cli(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"])
+            .await?;
         for _ in 0..100 {
             let info = server.cli(&["CLUSTER", "INFO"]).await?;
             if info.contains("cluster_state:ok") {
@@ -207,7 +221,10 @@ async fn the_window_scripts_run_on_a_redis_cluster_node() {
     let w = RedisWindows::new(&node.server.url(), TIMEOUT).unwrap();
     let window = Duration::from_secs(60);
     let specs = token_and_user(10, 1000);
-    let d = w.check(&specs, "r1", 100, window).await.expect("no CROSSSLOT");
+    let d = w
+        .check(&specs, "r1", 100, window)
+        .await
+        .expect("no CROSSSLOT");
     assert!(d.refused.is_none());
     w.correct(&specs, d.second, -60)
         .await

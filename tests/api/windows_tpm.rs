@@ -262,6 +262,56 @@ async fn successes(redis: bool) {
     assert_eq!(app.mock.state.stats(KEY_A).count, 4);
 }
 
+/// A stream cut by the upstream: every window holds what its settlement counted (the input
+/// and the output received), the key's window included.
+async fn stream_cut(redis: bool) {
+    let s = setup(redis, |s| s.upstreams[0].tpm_limit = TOKEN_TPM as u64).await;
+    let app = &s.app;
+    let (_, token) = app
+        .issue(sluice::cli::IssueArgs {
+            tpm: Some(TOKEN_TPM),
+            ..issue_args("gil")
+        })
+        .await;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            cut_after: Some(3),
+            ..Default::default()
+        }),
+    );
+    let mut body = chat_body(100);
+    body["stream"] = json!(true);
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    let estimate = TOKEN_TPM - remaining_tokens(&resp);
+    let (data, _) = sse_data(resp).await;
+    assert_ne!(data.last().map(String::as_str), Some("[DONE]"), "cut");
+    app.wait_for_log_rows(1).await;
+    let counted = app
+        .scalar("SELECT input_tokens + output_tokens FROM requests")
+        .await;
+    assert!(counted > 0 && counted < estimate, "{counted} of {estimate}");
+    setup_zero_usage(app);
+    settled().await;
+    if let Some(redis) = &s._redis {
+        let keys = sluice::ratelimit::redis_window::RedisWindows::correct_keys(&[
+            sluice::ratelimit::WindowSpec::upstream("a", 0, 1),
+        ]);
+        let sum: i64 = redis
+            .cli(&["HVALS", &keys[0]])
+            .await
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.trim().parse::<i64>().ok())
+            .sum();
+        assert_eq!(sum, counted, "the key's window holds what was counted");
+    }
+    let resp = app.chat(&token, &chat_body(100)).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(remaining_tokens(&resp), TOKEN_TPM - counted - estimate);
+}
+
 macro_rules! on_both_stores {
     ($($name:ident),* $(,)?) => {
         $(
@@ -285,5 +335,6 @@ on_both_stores!(
     quota_refusal,
     queue_refusal,
     cache_hit,
-    successes
+    successes,
+    stream_cut
 );
