@@ -251,7 +251,7 @@ async fn try_candidate(
         dep.provider,
         &p.body,
         &c.route.upstream_model,
-        p.cap,
+        p.cap.map(|(_, cap)| (c.route.cap_field(p.endpoint), cap)),
         p.stream,
     ) {
         Ok(b) => b,

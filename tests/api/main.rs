@@ -14,6 +14,7 @@ mod processes;
 mod proxy;
 mod queue;
 mod quota;
+mod reasoning;
 mod resilience;
 mod streams;
 mod translate;
