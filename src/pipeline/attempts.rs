@@ -321,6 +321,8 @@ async fn try_candidate(
             disable_key(state, d, Disabled::Auth);
         }
         Tier::ServerError => breaker_failure(state, d, probe),
+        // A conflict is transient and says nothing of the upstream's health.
+        Tier::Conflict => breaker.abandon(probe),
         Tier::ClientError => {
             // The upstream answered sensibly: for the breaker that is a success.
             breaker.success(probe);

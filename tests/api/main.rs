@@ -16,6 +16,7 @@ mod queue;
 mod quota;
 mod reasoning;
 mod resilience;
+mod retry_tiers;
 mod streams;
 mod translate;
 mod windows;

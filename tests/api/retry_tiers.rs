@@ -1,0 +1,137 @@
+//! The retry table's harder rows (issue 14): a key out of credit that says so with a 400,
+//! and 408/409 treated as transient.
+
+use serde_json::{json, Value};
+use sluice::config::{Provider, Settings};
+use sluice::mock::{MockServer, Script};
+use sluice::upstream::breaker::State;
+use sluice::upstream::pool::Disabled;
+
+use crate::helpers::*;
+
+const KEY_C: &str = "sk-ant-upstream-canary-key-C-9e8d7c";
+const KEY_D: &str = "sk-ant-upstream-canary-key-D-4b5a6c";
+
+fn status(code: u16) -> Script {
+    Script {
+        status: Some(code),
+        ..Default::default()
+    }
+}
+
+fn anthropic(id: &str, key: &str, m: &MockServer) -> sluice::config::UpstreamSettings {
+    let mut u = upstream(id, key, m);
+    u.provider = Provider::Anthropic;
+    u.base_url = m.base_url();
+    u
+}
+
+/// `claude` on the Anthropic key `c`, falling back to `gpt-4o-mini` (key `a`); `solo` on the
+/// Anthropic key `d` alone.
+fn claude_with_fallback_and_solo(s: &mut Settings, m: &MockServer) {
+    s.upstreams.push(anthropic("c", KEY_C, m));
+    s.upstreams.push(anthropic("d", KEY_D, m));
+    let mut claude = model("claude", &["c"]);
+    claude.fallbacks = vec!["gpt-4o-mini".into()];
+    s.models.push(claude);
+    s.models.push(model("solo", &["d"]));
+}
+
+fn asking(model: &str) -> Value {
+    let mut b = chat_body(10);
+    b["model"] = json!(model);
+    b
+}
+
+/// Anthropic's answer for an account out of credit (a 400, not a 429).
+fn out_of_credit() -> Script {
+    Script {
+        status: Some(400),
+        body: Some(
+            json!({"type": "error", "error": {"type": "invalid_request_error",
+            "message": "Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase credits."}}),
+        ),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn an_anthropic_key_out_of_credit_is_disabled_and_never_shown_to_the_client() {
+    let app = spawn_app_with(claude_with_fallback_and_solo).await;
+    let (_, token) = app.token("ivy", None).await;
+    for k in [KEY_C, KEY_D] {
+        app.mock.state.sticky(k, Some(out_of_credit()));
+    }
+    for _ in 0..3 {
+        let resp = app.chat(&token, &asking("claude")).await;
+        assert_eq!(resp.status(), 200, "the fallback serves");
+        assert_eq!(resp.headers().get("x-sluice-upstream").unwrap(), "a");
+    }
+    assert_eq!(
+        app.mock.state.stats(KEY_C).count,
+        1,
+        "a key out of credit is not tried again"
+    );
+    assert_eq!(app.state.pool.disabled(1), Some(Disabled::Quota));
+
+    // With no other route, the client gets the gateway's own error, not the operator's bill.
+    let resp = app.chat(&token, &asking("solo")).await;
+    assert_eq!(resp.status(), 502);
+    let text = resp.text().await.unwrap().to_ascii_lowercase();
+    assert!(
+        !text.contains("credit") && !text.contains("billing"),
+        "the operator's billing text stays inside: {text}"
+    );
+    assert_eq!(app.state.pool.disabled(2), Some(Disabled::Quota));
+}
+
+#[tokio::test]
+async fn a_400_that_merely_mentions_billing_is_still_the_clients_error() {
+    let app = spawn_app_with(claude_with_fallback_and_solo).await;
+    let (_, token) = app.token("jon", None).await;
+    app.mock.state.script(
+        KEY_D,
+        [Script {
+            status: Some(400),
+            body: Some(
+                json!({"type": "error", "error": {"type": "invalid_request_error",
+                "message": "messages.0.content: the text about billing is too long"}}),
+            ),
+            ..Default::default()
+        }],
+    );
+    let resp = app.chat(&token, &asking("solo")).await;
+    assert_eq!(resp.status(), 400, "passed through");
+    assert_eq!(app.state.pool.disabled(2), None);
+}
+
+#[tokio::test]
+async fn a_408_or_409_moves_on_to_the_next_key_like_the_sdks_retry_it() {
+    let app = spawn_app_with(|s, m| {
+        s.upstreams.push(upstream("b", KEY_B, m));
+        s.models[0].routes.push(sluice::config::RouteSettings {
+            upstream: "b".into(),
+            model: "gpt-4o-mini-upstream".into(),
+            output_cap_param: None,
+        });
+    })
+    .await;
+    let (_, token) = app.token("max", None).await;
+    for code in [409, 408] {
+        app.mock.state.sticky(KEY_A, Some(status(code)));
+        for _ in 0..6 {
+            let resp = app.chat(&token, &chat_body(10)).await;
+            assert_eq!(resp.status(), 200, "{code} is transient, not the client's");
+            assert_eq!(resp.headers().get("x-sluice-upstream").unwrap(), "b");
+        }
+        assert!(app.mock.state.stats(KEY_A).count >= 3, "a was tried");
+        if code == 409 {
+            assert_eq!(
+                app.state.pool.breakers[0].state(),
+                State::Closed,
+                "a conflict is no breaker failure"
+            );
+        }
+        app.mock.state.reset();
+    }
+}
