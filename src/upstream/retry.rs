@@ -4,10 +4,11 @@
 //! | upstream answer                               | tier            | what happens                                      |
 //! |-----------------------------------------------|-----------------|---------------------------------------------------|
 //! | 429 rate limit                                | `RateLimited`   | key cools down (Retry-After, else 2^n s, capped); next key at once; all keys limited → 429 to the client |
-//! | 503, 529 overloaded                           | `Overloaded`    | key cools down; next key; none left → jittered backoff within the deadline and attempt cap |
+//! | 503, 529 overloaded                           | `Overloaded`    | key cools down; next key; none left → jittered backoff within the deadline and attempt cap, never inside a key's cooldown |
 //! | out of money: 429/403 `insufficient_quota` / billing, 402, a 400 whose error says so (Anthropic's "credit balance is too low", OpenAI's `billing_hard_limit_reached`) | `QuotaExhausted`| key disabled until re-enabled; alert; next key; never retried; the client never sees the upstream's billing text |
 //! | 500, 502, 504, 408, timeout, connection, garbage | `ServerError` | no retry on the same key; counts toward its breaker; next key / fallback |
 //! | 409 conflict                                  | `Conflict`      | transient (the SDKs retry it): next key; no cooldown, no breaker count |
+//! | the request's own deadline ran out mid-attempt | `OutOfTime`    | no breaker count (the client's limit, not the upstream's fault); no more attempts |
 //! | 401, 403                                      | `AuthFailed`    | key disabled (possible leak or revocation); next key |
 //! | 400, 404, 413, 422 (any other 4xx)            | `ClientError`   | returned to the client as it is; no retry         |
 //!
@@ -29,6 +30,7 @@ pub enum Tier {
     QuotaExhausted,
     ServerError,
     Conflict,
+    OutOfTime,
     AuthFailed,
     ClientError,
 }
@@ -38,6 +40,7 @@ pub fn classify(err: &UpstreamError) -> Tier {
         UpstreamError::Timeout | UpstreamError::Connect(_) | UpstreamError::Garbage(_) => {
             Tier::ServerError
         }
+        UpstreamError::Deadline => Tier::OutOfTime,
         UpstreamError::Status { status, body, .. } => match *status {
             s if out_of_money(s, body) => Tier::QuotaExhausted,
             429 => Tier::RateLimited,
@@ -142,6 +145,7 @@ mod tests {
         assert_eq!(classify(&status(408, "")), Tier::ServerError);
         assert_eq!(classify(&status(409, "")), Tier::Conflict);
         assert_eq!(classify(&status(402, "")), Tier::QuotaExhausted);
+        assert_eq!(classify(&UpstreamError::Deadline), Tier::OutOfTime);
     }
 
     #[test]

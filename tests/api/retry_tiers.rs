@@ -1,5 +1,8 @@
-//! The retry table's harder rows (issue 14): a key out of credit that says so with a 400,
-//! and 408/409 treated as transient.
+//! The retry table's harder rows (issue 14): a key out of credit that says so with a 400, a
+//! cooling key never retried inside its `Retry-After`, attempts that stop at the request's
+//! deadline, and 408/409 treated as transient.
+
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use sluice::config::{Provider, Settings};
@@ -11,6 +14,9 @@ use crate::helpers::*;
 
 const KEY_C: &str = "sk-ant-upstream-canary-key-C-9e8d7c";
 const KEY_D: &str = "sk-ant-upstream-canary-key-D-4b5a6c";
+
+/// Every wait in these tests is bounded by this, far above what a correct gateway needs.
+const BOUND: Duration = Duration::from_secs(30);
 
 fn status(code: u16) -> Script {
     Script {
@@ -41,6 +47,21 @@ fn asking(model: &str) -> Value {
     let mut b = chat_body(10);
     b["model"] = json!(model);
     b
+}
+
+/// A chat request with `x-sluice-request-deadline-ms`, its answer awaited at most `BOUND`.
+async fn with_deadline(app: &TestApp, token: &str, ms: u64) -> reqwest::Response {
+    let send = app
+        .http
+        .post(format!("{}/v1/chat/completions", app.address))
+        .bearer_auth(token)
+        .header("x-sluice-request-deadline-ms", ms.to_string())
+        .json(&chat_body(10))
+        .send();
+    tokio::time::timeout(BOUND, send)
+        .await
+        .expect("answered within the bound")
+        .expect("request sent")
 }
 
 /// Anthropic's answer for an account out of credit (a 400, not a 429).
@@ -103,6 +124,88 @@ async fn a_400_that_merely_mentions_billing_is_still_the_clients_error() {
     let resp = app.chat(&token, &asking("solo")).await;
     assert_eq!(resp.status(), 400, "passed through");
     assert_eq!(app.state.pool.disabled(2), None);
+}
+
+#[tokio::test]
+async fn a_cooling_key_is_never_retried_inside_its_retry_after() {
+    let app = spawn_app().await;
+    let (_, token) = app.token("kai", None).await;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            status: Some(503),
+            headers: vec![("Retry-After".into(), "30".into())],
+            ..Default::default()
+        }),
+    );
+    let resp = with_deadline(&app, &token, 5_000).await;
+    assert_eq!(resp.status(), 503, "nothing can serve before the deadline");
+    let after: u64 = resp.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((25..=30).contains(&after), "Retry-After {after}");
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "service_degraded");
+    assert_eq!(
+        app.mock.state.stats(KEY_A).count,
+        1,
+        "no backoff round lands inside the key's Retry-After"
+    );
+
+    // A short Retry-After: the retry waits it out, then lands.
+    let app = spawn_app().await;
+    let (_, token) = app.token("kai", None).await;
+    app.mock.state.script(
+        KEY_A,
+        [Script {
+            status: Some(503),
+            headers: vec![("Retry-After".into(), "1".into())],
+            ..Default::default()
+        }],
+    );
+    let resp = tokio::time::timeout(BOUND, app.chat(&token, &chat_body(10)))
+        .await
+        .expect("answered");
+    assert_eq!(resp.status(), 200);
+    let arrivals = app.mock.state.stats(KEY_A).last_arrivals_ms;
+    assert_eq!(arrivals.len(), 2);
+    // Clock readings are whole milliseconds; allow that rounding and nothing more.
+    assert!(
+        arrivals[1] - arrivals[0] >= 998,
+        "the retry landed {} ms after a Retry-After of 1 s",
+        arrivals[1] - arrivals[0]
+    );
+}
+
+#[tokio::test]
+async fn attempts_stop_at_the_request_deadline() {
+    let app = spawn_app_with(|s, _| s.breaker.failure_threshold = 2).await;
+    let (_, token) = app.token("lea", None).await;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            delay_ms: 5_000,
+            ..Default::default()
+        }),
+    );
+    for n in 1..=2u64 {
+        let resp = with_deadline(&app, &token, 500).await;
+        assert_eq!(
+            resp.status(),
+            502,
+            "the deadline ends the attempt, not the upstream"
+        );
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "upstream_error");
+        assert_eq!(app.mock.state.stats(KEY_A).count, n, "one attempt each");
+    }
+    assert_eq!(
+        app.state.pool.breakers[0].state(),
+        State::Closed,
+        "the client's short deadline is not the upstream's failure"
+    );
 }
 
 #[tokio::test]
