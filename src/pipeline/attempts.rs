@@ -23,7 +23,7 @@ use crate::ops::metrics;
 use crate::ratelimit::WindowSpec;
 use crate::state::AppState;
 use crate::store::audit::{self, AuditEntry};
-use crate::upstream::breaker::Admission;
+use crate::upstream::breaker::Permit;
 use crate::upstream::catalog::{Model, Route};
 use crate::upstream::pool::{Disabled, InFlight};
 use crate::upstream::providers::{self, translate::TranslateError};
@@ -215,18 +215,17 @@ async fn try_candidate(
     let (request_id, deadline, started) = ctx;
     let d = c.route.deployment;
     let dep = &state.catalog.deployments[d];
-    let breaker = &state.pool.breakers[d];
-    let probe = match breaker.admit() {
-        Admission::Reject(after) => {
+    // Every early return below drops the permit, which abandons it (frees a probe slot);
+    // so does a client leaving while the call is in flight.
+    let permit = match state.pool.breakers[d].permit() {
+        Ok(permit) => permit,
+        Err(after) => {
             run.wait(after);
             return Step::Next;
         }
-        Admission::Probe => true,
-        Admission::Call => false,
     };
     if run.attempts > 0 && !state.pool.budgets[d].try_retry() {
         tracing::warn!(upstream = %dep.id, "retry budget spent; not retrying on this key");
-        breaker.abandon(probe);
         return Step::Next;
     }
     let (rpm, tpm) = (
@@ -251,7 +250,6 @@ async fn try_candidate(
                 decision.retry_after,
             );
             run.wait(decision.retry_after);
-            breaker.abandon(probe);
             return Step::Next;
         }
     }
@@ -267,7 +265,6 @@ async fn try_candidate(
         Ok(b) => b,
         Err(e) => {
             run.untranslatable = Some(e);
-            breaker.abandon(probe);
             return Step::Next;
         }
     };
@@ -275,7 +272,6 @@ async fn try_candidate(
         Ok(s) => s,
         Err(_) => {
             run.busy = true;
-            breaker.abandon(probe);
             return Step::Next;
         }
     };
@@ -285,7 +281,7 @@ async fn try_candidate(
     run.attempts += 1;
     let err = match attempt(state, c, path, body, p.stream, (started, deadline)).await {
         Ok(mut s) => {
-            breaker.success(probe);
+            permit.success();
             state.pool.succeeded(d);
             s.slot = slot;
             return Step::Served(s);
@@ -318,26 +314,26 @@ async fn try_candidate(
             run.wait(cool);
             if tier == Tier::Overloaded {
                 run.overloaded.push(i);
-                breaker_failure(state, d, probe);
+                breaker_failure(state, d, permit);
             } else {
-                breaker.abandon(probe);
+                permit.abandon();
             }
         }
         Tier::QuotaExhausted => {
-            breaker.abandon(probe);
+            permit.abandon();
             disable_key(state, d, Disabled::Quota);
         }
         Tier::AuthFailed => {
-            breaker.abandon(probe);
+            permit.abandon();
             disable_key(state, d, Disabled::Auth);
         }
-        Tier::ServerError => breaker_failure(state, d, probe),
+        Tier::ServerError => breaker_failure(state, d, permit),
         // A conflict is transient and says nothing of the upstream's health; running out
         // of the request's own time is the client's limit.
-        Tier::Conflict | Tier::OutOfTime => breaker.abandon(probe),
+        Tier::Conflict | Tier::OutOfTime => permit.abandon(),
         Tier::ClientError => {
             // The upstream answered sensibly: for the breaker that is a success.
-            breaker.success(probe);
+            permit.success();
             return Step::ClientError(passthrough(
                 err,
                 providers::format_of(dep.provider),
@@ -348,8 +344,8 @@ async fn try_candidate(
     Step::Next
 }
 
-fn breaker_failure(state: &AppState, d: usize, probe: bool) {
-    if state.pool.breakers[d].failure(probe) {
+fn breaker_failure(state: &AppState, d: usize, permit: Permit<'_>) {
+    if permit.failure() {
         state.alerts.raise(
             "breaker_open",
             &state.catalog.deployments[d].id,

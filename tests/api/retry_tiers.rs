@@ -1,6 +1,6 @@
 //! The retry table's harder rows (issue 14): a key out of credit that says so with a 400, a
 //! cooling key never retried inside its `Retry-After`, attempts that stop at the request's
-//! deadline, and 408/409 treated as transient.
+//! deadline, 408/409 treated as transient, and a breaker probe whose client leaves.
 
 use std::time::Duration;
 
@@ -237,4 +237,50 @@ async fn a_408_or_409_moves_on_to_the_next_key_like_the_sdks_retry_it() {
         }
         app.mock.state.reset();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_whose_client_leaves_frees_the_half_open_slot_at_once() {
+    let app = spawn_app_with(|s, _| {
+        s.breaker.open_seconds = 1;
+        s.breaker.half_open_max_wait_seconds = 30;
+    })
+    .await;
+    let (_, token) = app.token("ned", None).await;
+    app.mock.state.sticky(KEY_A, Some(status(500)));
+    for _ in 0..3 {
+        app.chat(&token, &chat_body(10)).await;
+    }
+    assert_eq!(app.state.pool.breakers[0].state(), State::Open);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            delay_ms: 10_000,
+            ..Default::default()
+        }),
+    );
+    // The probe's client gives up while the upstream still holds its headers.
+    let gone = app
+        .http
+        .post(format!("{}/v1/chat/completions", app.address))
+        .bearer_auth(&token)
+        .timeout(Duration::from_millis(300))
+        .json(&chat_body(10))
+        .send()
+        .await;
+    assert!(gone.is_err(), "the client left");
+    assert_eq!(app.mock.state.stats(KEY_A).count, 4, "the probe went out");
+    app.mock.state.sticky(KEY_A, None);
+    // The next request probes as soon as the gateway has seen the client leave (well within
+    // the bound, far below the 30 s half-open maximum wait).
+    let mut served = false;
+    for _ in 0..20 {
+        if app.chat(&token, &chat_body(10)).await.status() == 200 {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(served, "the abandoned probe's slot was freed");
 }
