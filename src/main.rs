@@ -516,6 +516,7 @@ async fn serve_demo(mut settings: Settings) -> anyhow::Result<()> {
             routes: vec![RouteSettings {
                 upstream: "mock".into(),
                 model: (*name).into(),
+                output_cap_param: None,
             }],
             fallbacks: vec![],
             input_usd_per_mtok: 0.15,

@@ -166,6 +166,7 @@ fn add_env_upstreams(settings: &mut Settings, env: &BTreeMap<String, String>) {
         routes: vec![RouteSettings {
             upstream: upstream.into(),
             model: name.into(),
+            output_cap_param: None,
         }],
         fallbacks: vec![],
         input_usd_per_mtok: input,

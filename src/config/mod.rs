@@ -332,4 +332,31 @@ output_usd_per_mtok = 0.6
         s.validate().unwrap();
         assert_eq!(Settings::prices(&s.models[0]), (150_000, 600_000, 150_000));
     }
+
+    #[test]
+    fn a_route_names_its_output_cap_field() {
+        let route = |extra: &str| {
+            format!(
+                "[[models]]\nname = \"m\"\nroutes = [{{ upstream = \"a\", model = \"m\"{extra} }}]"
+            )
+        };
+        let s = load_from(
+            Some(&route(", output_cap_param = \"max_completion_tokens\"")),
+            &env(&[]),
+        )
+        .unwrap();
+        assert_eq!(
+            s.models[0].routes[0].output_cap_param,
+            Some(OutputCapParam::MaxCompletionTokens)
+        );
+        assert_eq!(
+            load_from(Some(&route("")), &env(&[])).unwrap().models[0].routes[0].output_cap_param,
+            None
+        );
+        assert!(load_from(
+            Some(&route(", output_cap_param = \"max_output\"")),
+            &env(&[])
+        )
+        .is_err());
+    }
 }

@@ -88,6 +88,44 @@ pub struct UpstreamSettings {
 pub struct RouteSettings {
     pub upstream: String,
     pub model: String,
+    /// The body field that carries the output cap for this upstream model; absent, it
+    /// follows from the model's name (`OutputCapParam::for_model`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_cap_param: Option<OutputCapParam>,
+}
+
+/// How an OpenAI-format upstream model takes its output cap. OpenAI's reasoning models
+/// (o1, o3, o4…, the gpt-5 family) refuse `max_tokens` and want `max_completion_tokens`;
+/// other models and OpenAI-compatible servers (vLLM, Ollama, llama.cpp) take `max_tokens`.
+/// Anthropic upstreams always take `max_tokens`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputCapParam {
+    MaxTokens,
+    MaxCompletionTokens,
+}
+
+impl OutputCapParam {
+    /// The default for an upstream model name: o-series and gpt-5* take
+    /// `max_completion_tokens`. A provider prefix (`openai/o3-mini`) is ignored.
+    pub fn for_model(upstream_model: &str) -> OutputCapParam {
+        let name = upstream_model.rsplit('/').next().unwrap_or(upstream_model);
+        let o_series = name
+            .strip_prefix('o')
+            .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()));
+        if o_series || name.starts_with("gpt-5") {
+            OutputCapParam::MaxCompletionTokens
+        } else {
+            OutputCapParam::MaxTokens
+        }
+    }
+
+    pub fn field(self) -> &'static str {
+        match self {
+            OutputCapParam::MaxTokens => "max_tokens",
+            OutputCapParam::MaxCompletionTokens => "max_completion_tokens",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

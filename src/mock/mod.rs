@@ -2,7 +2,7 @@
 //! `/v1/completions`, `/v1/embeddings`, `/v1/models`) and Anthropic (`/v1/messages`).
 //! Tests script, per upstream API key, the next answers (status, body, headers, delays,
 //! stream cuts) and read what it saw: per-key request counts, the highest concurrency, and
-//! the last request bodies and headers. Used in-process by tests and as a process by the
+//! the last request bodies, headers and arrival times. Used in-process by tests and as a process by the
 //! demo and the benchmark (control API under `/_mock/`).
 
 mod responses;
@@ -49,6 +49,9 @@ pub struct KeyStats {
     pub last_bodies: VecDeque<Value>,
     pub last_headers: VecDeque<Map<String, Value>>,
     pub last_paths: VecDeque<String>,
+    /// When the last requests arrived, in milliseconds since the mock started: tests check
+    /// that a key was left alone for its `Retry-After`.
+    pub last_arrivals_ms: VecDeque<u64>,
 }
 
 #[derive(Default)]
@@ -60,6 +63,7 @@ struct Inner {
 
 pub struct MockState {
     cfg: MockConfig,
+    started: std::time::Instant,
     inner: Mutex<Inner>,
 }
 
@@ -67,8 +71,10 @@ impl MockState {
     /// Records a request and picks its script: the next queued one, else the sticky one,
     /// else the default answer.
     fn begin(&self, key: &str, path: &str, headers: Map<String, Value>, body: &Value) -> Script {
+        let arrived_ms = self.started.elapsed().as_millis() as u64;
         let mut inner = self.inner.lock();
         let stats = inner.keys.entry(key.to_string()).or_default();
+        push_bounded(&mut stats.last_arrivals_ms, arrived_ms);
         stats.count += 1;
         stats.in_flight += 1;
         stats.max_concurrency = stats.max_concurrency.max(stats.in_flight);
@@ -158,6 +164,7 @@ impl MockServer {
         let workers = cfg.workers.max(1);
         let state = Arc::new(MockState {
             cfg,
+            started: std::time::Instant::now(),
             inner: Mutex::new(Inner::default()),
         });
         let data = web::Data::from(state.clone());

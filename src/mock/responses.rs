@@ -35,6 +35,9 @@ pub struct Script {
     /// Override the reported usage (0 is a valid value).
     pub prompt_tokens: Option<i64>,
     pub completion_tokens: Option<i64>,
+    /// Reasoning tokens (OpenAI reasoning models): reported inside `completion_tokens`, as
+    /// OpenAI bills them, and under `completion_tokens_details.reasoning_tokens`.
+    pub reasoning_tokens: Option<i64>,
     /// Stream without the usage chunk even when asked for it.
     pub omit_usage: bool,
 }
@@ -46,6 +49,8 @@ struct Plan {
     text: String,
     prompt: i64,
     completion: i64,
+    /// Of `completion`, the part spent reasoning (never shown as text).
+    reasoning: i64,
     model: String,
     id: String,
 }
@@ -56,7 +61,9 @@ fn plan(cfg: &MockConfig, body: &Value, s: &Script) -> Plan {
         tool: tool_to_call(body),
         text: s.text.clone().unwrap_or_else(|| cfg.text.clone()),
         prompt: s.prompt_tokens.unwrap_or(cfg.prompt_tokens),
-        completion: s.completion_tokens.unwrap_or(cfg.completion_tokens) * n,
+        completion: s.completion_tokens.unwrap_or(cfg.completion_tokens) * n
+            + s.reasoning_tokens.unwrap_or(0),
+        reasoning: s.reasoning_tokens.unwrap_or(0),
         model: body
             .get("model")
             .and_then(Value::as_str)
@@ -126,6 +133,10 @@ pub(crate) async fn answer(
             return HttpResponse::BadRequest().json(json!({"type": "error", "error": {"type": "invalid_request_error", "message": problem}}));
         }
     }
+    if path == "/v1/chat/completions" && refuses_max_tokens(body) {
+        return HttpResponse::BadRequest().json(json!({"error": {"message": "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
+            "type": "invalid_request_error", "param": "max_tokens", "code": "unsupported_parameter"}}));
+    }
     let p = plan(cfg, body, &s);
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     match (path, stream) {
@@ -177,6 +188,26 @@ fn tool_to_call(body: &Value) -> Option<String> {
     (!answered).then_some(name)
 }
 
+/// An OpenAI `usage` object; reasoning tokens are part of `completion_tokens`, as OpenAI
+/// reports (and bills) them.
+fn openai_usage(p: &Plan) -> Value {
+    let mut u = json!({"prompt_tokens": p.prompt, "completion_tokens": p.completion, "total_tokens": p.prompt + p.completion});
+    if p.reasoning > 0 {
+        u["completion_tokens_details"] = json!({"reasoning_tokens": p.reasoning});
+    }
+    u
+}
+
+/// OpenAI's reasoning models (o-series, gpt-5 family) refuse `max_tokens`; the mock does
+/// too, with OpenAI's error, so a gateway that sends the wrong cap field fails as it would
+/// upstream.
+fn refuses_max_tokens(body: &Value) -> bool {
+    let model = body.get("model").and_then(Value::as_str).unwrap_or("");
+    let reasoning = model.starts_with("gpt-5")
+        || (model.starts_with('o') && model[1..].starts_with(|c: char| c.is_ascii_digit()));
+    reasoning && body.get("max_tokens").is_some()
+}
+
 fn openai_chat(p: &Plan, body: &Value) -> Value {
     let n = body.get("n").and_then(Value::as_i64).unwrap_or(1).max(1);
     let choices: Vec<Value> = (0..n)
@@ -190,7 +221,7 @@ fn openai_chat(p: &Plan, body: &Value) -> Value {
     json!({
         "id": format!("chatcmpl-{}", p.id), "object": "chat.completion", "created": now(), "model": p.model,
         "choices": choices,
-        "usage": {"prompt_tokens": p.prompt, "completion_tokens": p.completion, "total_tokens": p.prompt + p.completion},
+        "usage": openai_usage(p),
         "system_fingerprint": "fp_mock"
     })
 }
@@ -202,7 +233,7 @@ fn openai_completion(p: &Plan, body: &Value) -> Value {
         .collect();
     json!({
         "id": format!("cmpl-{}", p.id), "object": "text_completion", "created": now(), "model": p.model, "choices": choices,
-        "usage": {"prompt_tokens": p.prompt, "completion_tokens": p.completion, "total_tokens": p.prompt + p.completion}
+        "usage": openai_usage(p)
     })
 }
 
@@ -286,8 +317,10 @@ fn openai_chunks(p: &Plan, legacy: bool, usage: bool) -> Vec<Event> {
         }
     }
     if usage {
-        out.push(Event::data(json!({"id": id, "object": object, "created": created, "model": p.model, "choices": [],
-            "usage": {"prompt_tokens": p.prompt, "completion_tokens": p.completion, "total_tokens": p.prompt + p.completion}})));
+        out.push(Event::data(
+            json!({"id": id, "object": object, "created": created, "model": p.model, "choices": [],
+            "usage": openai_usage(p)}),
+        ));
     }
     out.push(Event {
         name: None,

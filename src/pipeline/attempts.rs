@@ -3,6 +3,11 @@
 //! order. Before an attempt, a candidate must pass its circuit breaker, its retry budget
 //! (for retries), its own upstream window (`rpm_limit` / `tpm_limit`) and its concurrency
 //! gate. Every attempt goes through `call`; nothing else retries.
+//!
+//! Time: the request's deadline bounds everything — each attempt waits for its headers at
+//! most until the deadline, and a backoff round that would end past it is not started. A
+//! key cooling down is never attempted inside its cooldown, in any round: a later round
+//! waits for the cooldown to end (or gives up if it ends past the deadline).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,7 +23,7 @@ use crate::ops::metrics;
 use crate::ratelimit::{Booking, WindowSpec};
 use crate::state::AppState;
 use crate::store::audit::{self, AuditEntry};
-use crate::upstream::breaker::Admission;
+use crate::upstream::breaker::Permit;
 use crate::upstream::catalog::{Model, Route};
 use crate::upstream::pool::{Disabled, InFlight};
 use crate::upstream::providers::{self, translate::TranslateError};
@@ -107,6 +112,8 @@ struct Run {
     /// Candidates that answered "overloaded": the only ones worth a backoff and a retry.
     overloaded: Vec<usize>,
     only_rate_limited: bool,
+    /// Every attempt was rate limited or overloaded: the keys are only resting.
+    only_cooling: bool,
     /// The soonest a skipped or cooling candidate may serve again.
     soonest: Option<Duration>,
     busy: bool,
@@ -131,13 +138,16 @@ async fn attempt(
     path: &str,
     body: Vec<u8>,
     stream: bool,
-    started: Instant,
+    (started, deadline): (Instant, Instant),
 ) -> Result<Success, UpstreamError> {
     let d = c.route.deployment;
     let dep = &state.catalog.deployments[d];
     let in_flight = state.pool.enter(d);
     let sent = Instant::now();
-    let resp = state.upstream.post(dep, path, Bytes::from(body)).await;
+    let resp = state
+        .upstream
+        .post(dep, path, Bytes::from(body), deadline)
+        .await;
     metrics::upstream_answer(dep.provider.as_str(), &dep.id, sent.elapsed().as_secs_f64());
     let resp = resp?;
     state
@@ -208,18 +218,17 @@ async fn try_candidate(
     let (request_id, deadline, started) = ctx;
     let d = c.route.deployment;
     let dep = &state.catalog.deployments[d];
-    let breaker = &state.pool.breakers[d];
-    let probe = match breaker.admit() {
-        Admission::Reject(after) => {
+    // Every early return below drops the permit, which abandons it (frees a probe slot);
+    // so does a client leaving while the call is in flight.
+    let permit = match state.pool.breakers[d].permit() {
+        Ok(permit) => permit,
+        Err(after) => {
             run.wait(after);
             return Step::Next;
         }
-        Admission::Probe => true,
-        Admission::Call => false,
     };
     if run.attempts > 0 && !state.pool.budgets[d].try_retry() {
         tracing::warn!(upstream = %dep.id, "retry budget spent; not retrying on this key");
-        breaker.abandon(probe);
         return Step::Next;
     }
     let (rpm, tpm) = (
@@ -244,7 +253,6 @@ async fn try_candidate(
                 decision.retry_after,
             );
             run.wait(decision.retry_after);
-            breaker.abandon(probe);
             return Step::Next;
         }
     }
@@ -254,13 +262,12 @@ async fn try_candidate(
         dep.provider,
         &p.body,
         &c.route.upstream_model,
-        p.cap,
+        p.cap.map(|(_, cap)| (c.route.cap_field(p.endpoint), cap)),
         p.stream,
     ) {
         Ok(b) => b,
         Err(e) => {
             run.untranslatable = Some(e);
-            breaker.abandon(probe);
             return Step::Next;
         }
     };
@@ -268,7 +275,6 @@ async fn try_candidate(
         Ok(s) => s,
         Err(_) => {
             run.busy = true;
-            breaker.abandon(probe);
             return Step::Next;
         }
     };
@@ -280,9 +286,9 @@ async fn try_candidate(
     if let Some(b) = key_booking.as_mut() {
         b.used(p.input_tokens);
     }
-    let err = match attempt(state, c, path, body, p.stream, started).await {
+    let err = match attempt(state, c, path, body, p.stream, (started, deadline)).await {
         Ok(mut s) => {
-            breaker.success(probe);
+            permit.success();
             state.pool.succeeded(d);
             s.slot = slot;
             s.key_booking = key_booking;
@@ -297,6 +303,7 @@ async fn try_candidate(
     let tier = retry::classify(&err);
     tracing::warn!(upstream = %dep.id, tier = ?tier, error = %err, "upstream attempt failed");
     run.only_rate_limited &= tier == Tier::RateLimited;
+    run.only_cooling &= matches!(tier, Tier::RateLimited | Tier::Overloaded);
     match tier {
         Tier::RateLimited | Tier::Overloaded => {
             if tier == Tier::RateLimited {
@@ -319,23 +326,26 @@ async fn try_candidate(
             run.wait(cool);
             if tier == Tier::Overloaded {
                 run.overloaded.push(i);
-                breaker_failure(state, d, probe);
+                breaker_failure(state, d, permit);
             } else {
-                breaker.abandon(probe);
+                permit.abandon();
             }
         }
         Tier::QuotaExhausted => {
-            breaker.abandon(probe);
+            permit.abandon();
             disable_key(state, d, Disabled::Quota);
         }
         Tier::AuthFailed => {
-            breaker.abandon(probe);
+            permit.abandon();
             disable_key(state, d, Disabled::Auth);
         }
-        Tier::ServerError => breaker_failure(state, d, probe),
+        Tier::ServerError => breaker_failure(state, d, permit),
+        // A conflict is transient and says nothing of the upstream's health; running out
+        // of the request's own time is the client's limit.
+        Tier::Conflict | Tier::OutOfTime => permit.abandon(),
         Tier::ClientError => {
             // The upstream answered sensibly: for the breaker that is a success.
-            breaker.success(probe);
+            permit.success();
             return Step::ClientError(passthrough(
                 err,
                 providers::format_of(dep.provider),
@@ -346,8 +356,8 @@ async fn try_candidate(
     Step::Next
 }
 
-fn breaker_failure(state: &AppState, d: usize, probe: bool) {
-    if state.pool.breakers[d].failure(probe) {
+fn breaker_failure(state: &AppState, d: usize, permit: Permit<'_>) {
+    if permit.failure() {
         state.alerts.raise(
             "breaker_open",
             &state.catalog.deployments[d].id,
@@ -368,66 +378,95 @@ pub async fn call(
     let started = Instant::now();
     let mut run = Run {
         only_rate_limited: true,
+        only_cooling: true,
         ..Run::default()
     };
     let mut round = 0u32;
     loop {
         round += 1;
-        let now_ms = state.clock.now().timestamp_millis();
-        let eligible: Vec<usize> = if round == 1 {
-            (0..candidates.len())
-                .filter(|&i| {
-                    let d = candidates[i].route.deployment;
-                    let cooling = state.pool.cooling_ms(d, now_ms);
-                    if cooling > 0 {
-                        run.wait(Duration::from_millis(cooling));
-                    }
-                    !state.pool.is_disabled(d) && cooling == 0
-                })
-                .collect()
+        let pool: Vec<usize> = if round == 1 {
+            (0..candidates.len()).collect()
         } else {
             std::mem::take(&mut run.overloaded)
         };
-        for i in eligible {
+        for i in pool {
             if run.attempts >= cfg.max_attempts.max(1) || Instant::now() >= deadline {
                 break;
             }
-            match try_candidate(
-                state,
-                p,
-                &candidates[i],
-                i,
-                &mut run,
-                (request_id, deadline, started),
-            )
-            .await
-            {
-                Step::Served(s) => {
-                    return Called {
-                        result: Outcome::Served(s),
-                        attempts: run.attempts,
-                    }
-                }
-                Step::ClientError(f) => {
-                    return Called {
-                        result: Outcome::Failed(f),
-                        attempts: run.attempts,
-                    }
-                }
+            // Checked right before each attempt: an earlier attempt of this request may
+            // just have put the same key (routed twice) to rest.
+            if !ready(state, &candidates[i], &mut run) {
+                continue;
+            }
+            let ctx = (request_id, deadline, started);
+            match try_candidate(state, p, &candidates[i], i, &mut run, ctx).await {
+                Step::Served(s) => return called(Outcome::Served(s), &run),
+                Step::ClientError(f) => return called(Outcome::Failed(f), &run),
                 Step::Next => {}
             }
         }
-        let backoff = retry::backoff(Duration::from_millis(cfg.base_delay_ms), round);
-        let more = !run.overloaded.is_empty()
-            && run.attempts < cfg.max_attempts
-            && Instant::now() + backoff < deadline;
-        if !more {
-            break;
+        match next_round(state, candidates, &run, round, deadline) {
+            Some(wait) => tokio::time::sleep(wait).await,
+            None => break,
         }
-        tokio::time::sleep(backoff).await;
     }
+    let error = final_error(state, p, &mut run);
+    called(Outcome::Failed(error.into()), &run)
+}
+
+fn called(result: Outcome, run: &Run) -> Called {
+    Called {
+        result,
+        attempts: run.attempts,
+    }
+}
+
+/// Whether a candidate may be attempted now: not disabled, not cooling down (a cooling
+/// one only tells when it may serve again).
+fn ready(state: &AppState, c: &Candidate, run: &mut Run) -> bool {
+    let d = c.route.deployment;
+    let cooling = state
+        .pool
+        .cooling_ms(d, state.clock.now().timestamp_millis());
+    if cooling > 0 {
+        run.wait(Duration::from_millis(cooling));
+    }
+    !state.pool.is_disabled(d) && cooling == 0
+}
+
+/// How long to wait before another round, if one is worth it: only overloaded keys are
+/// retried, within the attempt cap, after a jittered backoff and never before the first of
+/// them has rested its cooldown — and only if that still ends before the deadline.
+fn next_round(
+    state: &AppState,
+    candidates: &[Candidate],
+    run: &Run,
+    round: u32,
+    deadline: Instant,
+) -> Option<Duration> {
+    let cfg = &state.settings.retry;
+    if run.overloaded.is_empty() || run.attempts >= cfg.max_attempts {
+        return None;
+    }
+    let now_ms = state.clock.now().timestamp_millis();
+    let rested = run
+        .overloaded
+        .iter()
+        .map(|&i| {
+            state
+                .pool
+                .cooling_ms(candidates[i].route.deployment, now_ms)
+        })
+        .min()
+        .map_or(Duration::ZERO, Duration::from_millis);
+    let wait = retry::backoff(Duration::from_millis(cfg.base_delay_ms), round).max(rested);
+    (Instant::now() + wait < deadline).then_some(wait)
+}
+
+/// The client's answer when no attempt served.
+fn final_error(state: &AppState, p: &Prepared, run: &mut Run) -> ApiError {
     let secs = |d: Option<Duration>| d.map_or(1, |d| (d.as_millis() as u64).div_ceil(1000).max(1));
-    let error = match (run.attempts, run.untranslatable) {
+    match (run.attempts, run.untranslatable.take()) {
         (0, Some(e)) => ApiError::InvalidRequest {
             message: e.message,
             param: Some(e.param),
@@ -446,11 +485,11 @@ pub async fn call(
         _ if run.only_rate_limited => ApiError::UpstreamRateLimited {
             retry_after: secs(run.soonest),
         },
+        // Every key that answered is resting past the deadline: say when to come back.
+        _ if run.only_cooling => ApiError::ServiceDegraded {
+            retry_after: secs(run.soonest),
+        },
         _ => ApiError::UpstreamError,
-    };
-    Called {
-        result: Outcome::Failed(error.into()),
-        attempts: run.attempts,
     }
 }
 

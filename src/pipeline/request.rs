@@ -59,7 +59,8 @@ pub struct Prepared {
     pub stream: bool,
     /// The client asked for the usage chunk itself (else it is removed again).
     pub include_usage: bool,
-    /// The output cap sent upstream and the field that carries it; `None` for embeddings.
+    /// The output cap and the client's field that set it; `None` for embeddings. Upstream,
+    /// the route decides the field (`catalog::Route::cap_field`).
     pub cap: Option<(&'static str, i64)>,
     /// How many completions the upstream generates — and bills — for this request: `n`,
     /// or `best_of` on `/v1/completions` when larger. Every field that multiplies output

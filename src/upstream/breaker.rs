@@ -4,7 +4,9 @@
 //! call. Then HALF_OPEN: up to `half_open_probes` probes at a time; `close_after_successes`
 //! successes close it, a failure re-opens it, and a probe that outlives
 //! `half_open_max_wait_seconds` counts as a failure, so a hung probe cannot wedge it.
-//! Only server-side failures count: 429s and client errors are not failures.
+//! Only server-side failures count: 429s and client errors are not failures. A call is
+//! held as a `Permit`: a probe whose request is dropped mid-call (the client left) frees
+//! its slot when the permit drops, instead of holding it for the maximum wait.
 
 use std::time::{Duration, Instant};
 
@@ -161,6 +163,23 @@ impl Breaker {
         }
     }
 
+    /// Admits a call as a `Permit` that must report its outcome; one dropped without a
+    /// report (its request's future was dropped: the client left mid-call) abandons it, so a
+    /// half-open probe slot is freed at once rather than held for the maximum wait.
+    /// `Err` is how long the breaker stays open.
+    pub fn permit(&self) -> Result<Permit<'_>, Duration> {
+        let probe = match self.admit() {
+            Admission::Reject(after) => return Err(after),
+            Admission::Probe => true,
+            Admission::Call => false,
+        };
+        Ok(Permit {
+            breaker: self,
+            probe,
+            reported: false,
+        })
+    }
+
     fn count(&self, s: &mut Inner, now: Instant, failed: bool) {
         if now.duration_since(s.window_start) > Duration::from_secs(self.cfg.window_seconds.max(1))
         {
@@ -178,6 +197,39 @@ impl Breaker {
         s.probes.clear();
         s.probe_successes = 0;
         s.consecutive_failures = 0;
+    }
+}
+
+/// One admitted call. Exactly one of `success`, `failure` or `abandon` reports it; if none
+/// does before it is dropped, the drop abandons it.
+#[derive(Debug)]
+pub struct Permit<'a> {
+    breaker: &'a Breaker,
+    probe: bool,
+    reported: bool,
+}
+
+impl Permit<'_> {
+    pub fn success(mut self) {
+        self.reported = true;
+        self.breaker.success(self.probe);
+    }
+
+    /// Returns true when this failure opened the breaker.
+    pub fn failure(mut self) -> bool {
+        self.reported = true;
+        self.breaker.failure(self.probe)
+    }
+
+    /// No verdict on the upstream (a gate refused, a rate limit, the request's own deadline).
+    pub fn abandon(self) {}
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        if !self.reported {
+            self.breaker.abandon(self.probe);
+        }
     }
 }
 
@@ -239,6 +291,23 @@ mod tests {
         // The probe never reported back; the next admission sees it expired and re-opens,
         // then (open time 0) lets a fresh probe through.
         assert_eq!(hung.admit(), Admission::Probe);
+    }
+
+    #[test]
+    fn a_dropped_probe_frees_its_slot() {
+        let b = Breaker::new(&BreakerSettings {
+            open_seconds: 0,
+            ..BreakerSettings::default()
+        });
+        for _ in 0..3 {
+            b.failure(false);
+        }
+        let probe = b.permit().expect("a probe");
+        assert!(b.permit().is_err(), "one probe at a time");
+        drop(probe);
+        let again = b.permit().expect("the slot is free again at once");
+        again.success();
+        assert_eq!(b.state(), State::HalfOpen);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use reqwest::header::{HeaderName, HeaderValue, AUTHORIZATION};
 
-use crate::config::{Provider, Secret, Settings, UpstreamSettings};
+use crate::config::{OutputCapParam, Provider, Secret, Settings, UpstreamSettings};
 use crate::pipeline::request::Endpoint;
 use crate::quota::pricing::Prices;
 use crate::upstream::providers;
@@ -82,6 +82,20 @@ pub struct Route {
     pub deployment: usize,
     /// The model name the upstream knows.
     pub upstream_model: String,
+    /// The body field this upstream model takes its output cap in (config
+    /// `output_cap_param`, else by the model's name; always `max_tokens` on Anthropic).
+    pub cap_param: OutputCapParam,
+}
+
+impl Route {
+    /// The field the output cap is sent in for a request to `endpoint`: the legacy
+    /// completions endpoint only knows `max_tokens`.
+    pub fn cap_field(&self, endpoint: Endpoint) -> &'static str {
+        match endpoint {
+            Endpoint::Completions => OutputCapParam::MaxTokens.field(),
+            _ => self.cap_param.field(),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -125,6 +139,12 @@ impl Catalog {
                         index.get(r.upstream.as_str()).map(|&d| Route {
                             deployment: d,
                             upstream_model: r.model.clone(),
+                            cap_param: match deployments[d].provider {
+                                Provider::Anthropic => OutputCapParam::MaxTokens,
+                                Provider::Openai => r
+                                    .output_cap_param
+                                    .unwrap_or_else(|| OutputCapParam::for_model(&r.model)),
+                            },
                         })
                     })
                     .collect(),
@@ -153,5 +173,50 @@ impl Catalog {
     /// A model by its name or one of its aliases.
     pub fn model(&self, name: &str) -> Option<&Arc<Model>> {
         self.models.get(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasoning_models_take_max_completion_tokens() {
+        for name in [
+            "o1",
+            "o1-mini",
+            "o3-mini",
+            "o4-mini-2025-04-16",
+            "gpt-5",
+            "gpt-5-nano",
+            "openai/o3",
+        ] {
+            assert_eq!(
+                OutputCapParam::for_model(name),
+                OutputCapParam::MaxCompletionTokens,
+                "{name}"
+            );
+        }
+        for name in [
+            "gpt-4o-mini",
+            "gpt-4.1",
+            "omni-moderation",
+            "llama3",
+            "o",
+            "qwen/o-1",
+        ] {
+            assert_eq!(
+                OutputCapParam::for_model(name),
+                OutputCapParam::MaxTokens,
+                "{name}"
+            );
+        }
+        let route = Route {
+            deployment: 0,
+            upstream_model: "o3".into(),
+            cap_param: OutputCapParam::MaxCompletionTokens,
+        };
+        assert_eq!(route.cap_field(Endpoint::Chat), "max_completion_tokens");
+        assert_eq!(route.cap_field(Endpoint::Completions), "max_tokens");
     }
 }

@@ -4,7 +4,7 @@
 //! opted in with `allow_private_network` (local model servers).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use reqwest::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
@@ -47,13 +47,15 @@ impl UpstreamClient {
         })
     }
 
-    /// Sends one attempt and waits for the response headers (the first-byte timeout).
+    /// Sends one attempt and waits for the response headers: the first-byte timeout, or
+    /// less when the request's `deadline` comes first (then `UpstreamError::Deadline`).
     /// Only the deployment's own key is sent: nothing of the client's credentials.
     pub async fn post(
         &self,
         dep: &Deployment,
         path: &str,
         body: Bytes,
+        deadline: Instant,
     ) -> Result<reqwest::Response, UpstreamError> {
         let client = if dep.allow_private {
             &self.private
@@ -73,7 +75,9 @@ impl UpstreamClient {
             Provider::Anthropic => req.header("anthropic-version", ANTHROPIC_VERSION),
         };
         let first_byte = Duration::from_millis(self.timeouts.first_byte_timeout_ms);
-        let resp = match tokio::time::timeout(first_byte, req.send()).await {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let resp = match tokio::time::timeout(first_byte.min(left), req.send()).await {
+            Err(_) if left < first_byte => return Err(UpstreamError::Deadline),
             Err(_) => return Err(UpstreamError::Timeout),
             Ok(Err(e)) if e.is_timeout() => return Err(UpstreamError::Timeout),
             // The error's text can carry the URL; the caller logs only the deployment id.

@@ -20,6 +20,9 @@ use bytes::Bytes;
 pub enum UpstreamError {
     #[error("upstream did not answer within the first-byte timeout")]
     Timeout,
+    /// The request's own deadline ran out before the upstream answered.
+    #[error("the request's deadline ran out before the upstream answered")]
+    Deadline,
     #[error("cannot connect to upstream: {0}")]
     Connect(String),
     #[error("upstream answered {status}")]

@@ -4,11 +4,18 @@
 //! | upstream answer                               | tier            | what happens                                      |
 //! |-----------------------------------------------|-----------------|---------------------------------------------------|
 //! | 429 rate limit                                | `RateLimited`   | key cools down (Retry-After, else 2^n s, capped); next key at once; all keys limited → 429 to the client |
-//! | 503, 529 overloaded                           | `Overloaded`    | key cools down; next key; none left → jittered backoff within the deadline and attempt cap |
-//! | 429/403 with `insufficient_quota` / billing   | `QuotaExhausted`| key disabled until re-enabled; next key; never retried |
-//! | 500, 502, 504, timeout, connection, garbage   | `ServerError`   | no retry on the same key; next key / fallback     |
+//! | 503, 529 overloaded                           | `Overloaded`    | key cools down; next key; none left → jittered backoff within the deadline and attempt cap, never inside a key's cooldown |
+//! | out of money: 429/403 `insufficient_quota` / billing, 402, a 400 whose error says so (Anthropic's "credit balance is too low", OpenAI's `billing_hard_limit_reached`) | `QuotaExhausted`| key disabled until re-enabled; alert; next key; never retried; the client never sees the upstream's billing text |
+//! | 500, 502, 504, 408, timeout, connection, garbage | `ServerError` | no retry on the same key; counts toward its breaker; next key / fallback |
+//! | 409 conflict                                  | `Conflict`      | transient (the SDKs retry it): next key; no cooldown, no breaker count |
+//! | the request's own deadline ran out mid-attempt | `OutOfTime`    | no breaker count (the client's limit, not the upstream's fault); no more attempts |
 //! | 401, 403                                      | `AuthFailed`    | key disabled (possible leak or revocation); next key |
 //! | 400, 404, 413, 422 (any other 4xx)            | `ClientError`   | returned to the client as it is; no retry         |
+//!
+//! 408 and 409 follow the official OpenAI and Anthropic SDKs, which retry 408, 409, 429
+//! and every 5xx: passing them through would only make the client's SDK retry them.
+//! Billing is read from the error's structure, not from any mention of the word: a 400 that
+//! talks about billing in the client's own content stays the client's error.
 
 use std::time::Duration;
 
@@ -22,6 +29,8 @@ pub enum Tier {
     Overloaded,
     QuotaExhausted,
     ServerError,
+    Conflict,
+    OutOfTime,
     AuthFailed,
     ClientError,
 }
@@ -31,22 +40,52 @@ pub fn classify(err: &UpstreamError) -> Tier {
         UpstreamError::Timeout | UpstreamError::Connect(_) | UpstreamError::Garbage(_) => {
             Tier::ServerError
         }
-        UpstreamError::Status { status, body, .. } => {
-            let quota = || {
-                let b = String::from_utf8_lossy(&body[..body.len().min(4096)]).to_ascii_lowercase();
-                b.contains("insufficient_quota")
-                    || b.contains("billing")
-                    || b.contains("credit balance")
-            };
-            match *status {
-                429 | 403 if quota() => Tier::QuotaExhausted,
-                429 => Tier::RateLimited,
-                503 | 529 => Tier::Overloaded,
-                401 | 403 => Tier::AuthFailed,
-                400..=499 => Tier::ClientError,
-                _ => Tier::ServerError,
-            }
+        UpstreamError::Deadline => Tier::OutOfTime,
+        UpstreamError::Status { status, body, .. } => match *status {
+            s if out_of_money(s, body) => Tier::QuotaExhausted,
+            429 => Tier::RateLimited,
+            503 | 529 => Tier::Overloaded,
+            401 | 403 => Tier::AuthFailed,
+            408 => Tier::ServerError,
+            409 => Tier::Conflict,
+            400..=499 => Tier::ClientError,
+            _ => Tier::ServerError,
+        },
+    }
+}
+
+/// Whether an error answer says the key's account is out of money. 429/403 carry no client
+/// fault, so a mention of quota or billing anywhere decides; a 400 must say so in its
+/// error's own fields.
+fn out_of_money(status: u16, body: &[u8]) -> bool {
+    match status {
+        402 => true,
+        429 | 403 => {
+            let b = String::from_utf8_lossy(&body[..body.len().min(4096)]).to_ascii_lowercase();
+            b.contains("insufficient_quota")
+                || b.contains("billing")
+                || b.contains("credit balance")
         }
+        400 => {
+            let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
+                return false;
+            };
+            let field = |p: &str| {
+                v.pointer(p)
+                    .and_then(serde_json::Value::as_str)
+                    .unwrap_or("")
+            };
+            // OpenAI: a billing code. Anthropic: `invalid_request_error` saying the credit
+            // balance is too low to access the API.
+            matches!(
+                field("/error/code"),
+                "insufficient_quota" | "billing_hard_limit_reached" | "billing_not_active"
+            ) || (field("/error/type") == "invalid_request_error"
+                && field("/error/message")
+                    .to_ascii_lowercase()
+                    .contains("credit balance is too low"))
+        }
+        _ => false,
     }
 }
 
@@ -102,6 +141,29 @@ mod tests {
         assert_eq!(classify(&status(403, "forbidden")), Tier::AuthFailed);
         for s in [400, 404, 413, 422] {
             assert_eq!(classify(&status(s, "")), Tier::ClientError);
+        }
+        assert_eq!(classify(&status(408, "")), Tier::ServerError);
+        assert_eq!(classify(&status(409, "")), Tier::Conflict);
+        assert_eq!(classify(&status(402, "")), Tier::QuotaExhausted);
+        assert_eq!(classify(&UpstreamError::Deadline), Tier::OutOfTime);
+    }
+
+    #[test]
+    fn only_a_400_that_says_the_account_is_out_of_money_is_quota() {
+        let anthropic = r#"{"type":"error","error":{"type":"invalid_request_error","message":"Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase credits."}}"#;
+        assert_eq!(classify(&status(400, anthropic)), Tier::QuotaExhausted);
+        let openai = r#"{"error":{"message":"Billing hard limit has been reached","type":"invalid_request_error","param":null,"code":"billing_hard_limit_reached"}}"#;
+        assert_eq!(classify(&status(400, openai)), Tier::QuotaExhausted);
+        for client in [
+            r#"{"type":"error","error":{"type":"invalid_request_error","message":"messages.0: text about billing and my credit balance"}}"#,
+            r#"{"error":{"message":"Unknown parameter: 'billing'.","type":"invalid_request_error","param":"billing","code":"unknown_parameter"}}"#,
+            "credit balance is too low",
+        ] {
+            assert_eq!(
+                classify(&status(400, client)),
+                Tier::ClientError,
+                "{client}"
+            );
         }
     }
 

@@ -131,6 +131,7 @@ async fn streams_replay_from_whole_answers_and_whole_answers_come_from_streams()
         s.models[2].routes = vec![RouteSettings {
             upstream: "c".into(),
             model: "claude-upstream".into(),
+            output_cap_param: None,
         }];
     })
     .await;

@@ -49,6 +49,7 @@ pub fn model(name: &str, upstreams: &[&str]) -> ModelSettings {
             .map(|u| RouteSettings {
                 upstream: (*u).into(),
                 model: format!("{name}-upstream"),
+                output_cap_param: None,
             })
             .collect(),
         fallbacks: vec![],

@@ -266,6 +266,7 @@ async fn every_route_failing_is_a_502_and_costs_nothing() {
         s.models[0].routes.push(sluice::config::RouteSettings {
             upstream: "b".into(),
             model: "gpt-4o-mini-upstream".into(),
+            output_cap_param: None,
         });
     })
     .await;
@@ -316,6 +317,7 @@ async fn a_rate_limited_key_hands_over_to_the_next_one() {
         s.models[0].routes.push(sluice::config::RouteSettings {
             upstream: "b".into(),
             model: "gpt-4o-mini-upstream".into(),
+            output_cap_param: None,
         });
     })
     .await;

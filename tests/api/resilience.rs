@@ -23,6 +23,7 @@ fn pool_of_two_and_a_fallback(s: &mut Settings, m: &MockServer) {
     s.models[0].routes.push(RouteSettings {
         upstream: "b".into(),
         model: "gpt-4o-mini-upstream".into(),
+        output_cap_param: None,
     });
     s.models.push(model("claude", &["c"]));
     s.models[0].fallbacks = vec!["claude".into()];
@@ -79,6 +80,7 @@ async fn every_key_429_gives_the_client_a_429_without_a_retry_storm() {
         s.models[0].routes.push(RouteSettings {
             upstream: "b".into(),
             model: "x".into(),
+            output_cap_param: None,
         });
     })
     .await;
@@ -413,6 +415,7 @@ async fn retries_stay_within_the_budget_during_an_outage() {
         s.models[0].routes.push(RouteSettings {
             upstream: "b".into(),
             model: "x".into(),
+            output_cap_param: None,
         });
         s.breaker.failure_threshold = 100_000;
         s.breaker.min_calls = 100_000;

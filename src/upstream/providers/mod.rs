@@ -34,6 +34,8 @@ pub fn path(endpoint: Endpoint, p: Provider) -> Option<&'static str> {
 }
 
 /// The body to send to a `upstream` deployment for a request in the `client` format.
+/// `cap` is the output cap and the field the upstream model takes it in (see
+/// `catalog::Route::cap_field`); it is sent under that name only.
 pub fn build_request(
     client: WireFormat,
     upstream: Provider,
@@ -54,7 +56,8 @@ pub fn build_request(
             request::openai_to_anthropic(body, upstream_model, cap_value, stream)?
         }
         (WireFormat::Anthropic, Provider::Openai) => {
-            request::anthropic_to_openai(body, upstream_model, cap_value, stream)?
+            let cap = cap.unwrap_or(("max_tokens", cap_value));
+            request::anthropic_to_openai(body, upstream_model, cap, stream)?
         }
     };
     Ok(serde_json::to_vec(&Value::Object(out)).unwrap_or_default())

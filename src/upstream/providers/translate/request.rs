@@ -258,10 +258,12 @@ fn an_block_to_part(b: &Value) -> Option<Value> {
     }
 }
 
+/// An Anthropic Messages body for an OpenAI-format upstream; the output cap goes in the
+/// field the upstream model takes (`cap.0`: `max_tokens` or `max_completion_tokens`).
 pub fn anthropic_to_openai(
     body: &Map<String, Value>,
     upstream_model: &str,
-    cap: i64,
+    cap: (&'static str, i64),
     stream: bool,
 ) -> Result<Map<String, Value>, TranslateError> {
     let mut messages = Vec::new();
@@ -325,7 +327,7 @@ pub fn anthropic_to_openai(
     let mut out = Map::new();
     out.insert("model".into(), json!(upstream_model));
     out.insert("messages".into(), Value::Array(messages));
-    out.insert("max_tokens".into(), json!(cap));
+    out.insert(cap.0.into(), json!(cap.1));
     for k in ["temperature", "top_p"] {
         if let Some(v) = body.get(k) {
             out.insert(k.into(), v.clone());
