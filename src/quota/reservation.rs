@@ -13,7 +13,8 @@
 //!   housekeeping's sweep releases any of this process's reservations that no live request
 //!   holds, and renews the lease (`deadline`) of those that one does.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,8 +33,10 @@ pub struct Quota {
     clock: Arc<dyn Clock>,
     /// This process's id, the owner of its reservations (see `store::processes`).
     process_id: String,
-    /// Request ids of the reservations live requests of this process hold (or are about to).
-    live: Mutex<HashSet<String>>,
+    /// The reservations live requests of this process hold (or are about to): a count per
+    /// request-id hash, so entering and leaving costs no allocation. Two ids sharing a hash
+    /// count twice, so neither leaves while the other is held.
+    live: Mutex<HashMap<u64, u32>>,
 }
 
 /// How long a reservation's lease runs: the owner renews it while a live request holds
@@ -52,7 +55,7 @@ impl Quota {
             writer,
             clock,
             process_id,
-            live: Mutex::new(HashSet::new()),
+            live: Mutex::new(HashMap::new()),
         })
     }
 
@@ -66,12 +69,26 @@ impl Quota {
 
     /// How many reservations live requests of this process hold (or settle right now).
     pub fn live_count(&self) -> usize {
-        self.live.lock().len()
+        self.live.lock().values().map(|n| *n as usize).sum()
     }
 
     /// Whether a live request of this process holds the reservation of `request_id`.
     pub fn is_live(&self, request_id: &str) -> bool {
-        self.live.lock().contains(request_id)
+        self.live.lock().contains_key(&live_key(request_id))
+    }
+
+    fn enter(&self, key: u64) {
+        *self.live.lock().entry(key).or_insert(0) += 1;
+    }
+
+    fn leave(&self, key: u64) {
+        let mut live = self.live.lock();
+        if let Some(n) = live.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                live.remove(&key);
+            }
+        }
     }
 
     pub async fn reserve(
@@ -80,10 +97,12 @@ impl Quota {
         owner: &Owner,
         amount: i64,
     ) -> Result<Held, QuotaError> {
-        self.live.lock().insert(request_id.to_string());
+        let key = live_key(request_id);
+        self.enter(key);
         let pending = Pending {
-            quota: self.clone(),
-            request_id: Some(request_id.to_string()),
+            quota: self,
+            request_id,
+            armed: true,
         };
         let req = ReserveRequest {
             request_id,
@@ -106,11 +125,11 @@ impl Quota {
             Ok(Err(refusal)) => refusal,
             Err(e) => {
                 // Nothing of a failed batch is kept (see `store::writer`).
-                self.live.lock().remove(request_id);
+                self.leave(key);
                 return Err(e.into());
             }
         };
-        self.live.lock().remove(request_id);
+        self.leave(key);
         Err(match refusal {
             Refusal::TokenGone => QuotaError::TokenGone,
             Refusal::Insufficient(level, retry_after) => QuotaError::Insufficient {
@@ -123,10 +142,11 @@ impl Quota {
     /// Releases a reservation of this process that no live request holds (the sweep):
     /// nothing is charged. `false` when it was settled meanwhile.
     pub async fn release_unheld(&self, request_id: &str) -> Result<bool, StoreError> {
-        let id = request_id.to_string();
-        Ok(ledger::release_via(&self.writer, id, self.clock.clone())
-            .await?
-            .is_some())
+        Ok(
+            ledger::release_via(&self.writer, request_id.into(), self.clock.clone())
+                .await?
+                .is_some(),
+        )
     }
 
     /// A `Held` with nothing reserved (the benchmark ladder's steps below `quota`).
@@ -175,43 +195,53 @@ impl Quota {
         }
     }
 
-    fn entry(self: &Arc<Self>, id: String) -> LiveEntry {
+    /// The live-set entry of a reservation this process already counts as held.
+    fn entry(self: &Arc<Self>, id: Arc<str>) -> LiveEntry {
         LiveEntry {
+            key: live_key(&id),
             quota: self.clone(),
             id,
         }
     }
 }
 
+/// The live set's key of a request id (stable within the process).
+fn live_key(request_id: &str) -> u64 {
+    BuildHasherDefault::<DefaultHasher>::default().hash_one(request_id)
+}
+
 /// A reservation in the live set; leaves it when dropped (after its settlement landed).
 struct LiveEntry {
     quota: Arc<Quota>,
-    id: String,
+    id: Arc<str>,
+    key: u64,
 }
 
 impl Drop for LiveEntry {
     fn drop(&mut self) {
-        self.quota.live.lock().remove(&self.id);
+        self.quota.leave(self.key);
     }
 }
 
 /// A reservation on its way through the writer: if the caller goes away before the answer,
-/// the reservation is released (the writer skipped it, or it is settled at 0).
-struct Pending {
-    quota: Arc<Quota>,
-    request_id: Option<String>,
+/// the reservation is released (the writer skipped it, or it is settled at 0). It owns
+/// nothing until then: the id is copied only when it must be released.
+struct Pending<'a> {
+    quota: &'a Arc<Quota>,
+    request_id: &'a str,
+    armed: bool,
 }
 
-impl Pending {
+impl Pending<'_> {
     fn disarm(mut self) {
-        self.request_id = None;
+        self.armed = false;
     }
 }
 
-impl Drop for Pending {
+impl Drop for Pending<'_> {
     fn drop(&mut self) {
-        if let Some(id) = self.request_id.take() {
-            Quota::settle_later(self.quota.entry(id), 0);
+        if self.armed {
+            Quota::settle_later(self.quota.entry(self.request_id.into()), 0);
         }
     }
 }
@@ -261,22 +291,46 @@ impl Held {
             remaining: None,
             token_remaining: None,
         };
-        // Leaves the live set when this future ends — or, if the store failed, when the
-        // background retry lands. (If the caller stops awaiting, the job still runs.)
-        let entry = self.quota.entry(resv.request_id);
-        let quota = &entry.quota;
-        match ledger::settle_via(&quota.writer, entry.id.clone(), actual, quota.clock.clone()).await
-        {
-            Ok(Some(s)) => s,
+        // Stays in the live set until the settlement landed: here, or — if the store failed,
+        // or the caller stopped awaiting before the answer — in a background retry (a
+        // settlement that already landed makes the retry a no-op).
+        let quota = self.quota.clone();
+        let id = resv.request_id;
+        let mut settling = Settling {
+            entry: Some(quota.entry(id.clone())),
+            actual,
+        };
+        let outcome =
+            ledger::settle_via(&quota.writer, id.clone(), actual, quota.clock.clone()).await;
+        match outcome {
+            Ok(Some(s)) => {
+                settling.entry = None;
+                s
+            }
             Ok(None) => {
-                tracing::error!(request_id = %entry.id, "the reservation was already settled");
+                settling.entry = None;
+                tracing::error!(request_id = %id, "the reservation was already settled");
                 decided
             }
             Err(e) => {
-                tracing::warn!(request_id = %entry.id, error = %e, "settlement failed; retrying in the background");
-                Quota::settle_later(entry, actual);
+                tracing::warn!(request_id = %id, error = %e, "settlement failed; retrying in the background");
                 decided
             }
+        }
+    }
+}
+
+/// A settlement under way: dropped before it is known to have landed, it hands the
+/// settlement to a background retry (its `LiveEntry` with it).
+struct Settling {
+    entry: Option<LiveEntry>,
+    actual: i64,
+}
+
+impl Drop for Settling {
+    fn drop(&mut self) {
+        if let Some(entry) = self.entry.take() {
+            Quota::settle_later(entry, self.actual);
         }
     }
 }

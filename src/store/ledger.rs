@@ -25,7 +25,7 @@
 //! Invariant per level and current period:
 //!   `limit − remaining == Σ ledger.amount (kinds reserve, settle, adjust)`.
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
 use chrono::{DateTime, Utc};
 use sqlx::{Row, SqliteConnection, SqlitePool};
@@ -135,7 +135,7 @@ impl Owner {
 /// A reservation held in the database until `settle`.
 #[derive(Debug, Clone)]
 pub struct Reservation {
-    pub request_id: String,
+    pub request_id: Arc<str>,
     pub owner: Owner,
     pub amount: i64,
     pub periods: [String; 3],
@@ -300,25 +300,25 @@ pub async fn settle_orphans(
     now: DateTime<Utc>,
 ) -> Result<u64> {
     const COLUMNS: &str = "request_id, token_id, user_id, team_id, period, user_period, team_period, amount_micros, owner";
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    let rows = match which {
-        Orphans::OfOwner(owner) => {
-            sqlx::query(&format!(
-                "DELETE FROM reservations WHERE owner = ? RETURNING {COLUMNS}"
-            ))
-            .bind(owner)
-            .fetch_all(&mut *tx)
-            .await?
-        }
-        Orphans::PastDeadline(before) => {
-            sqlx::query(&format!(
-                "DELETE FROM reservations WHERE deadline < ? RETURNING {COLUMNS}"
-            ))
-            .bind(db_time(before))
-            .fetch_all(&mut *tx)
-            .await?
-        }
+    let (which_rows, bound) = match which {
+        Orphans::OfOwner(owner) => ("owner = ?", owner.to_string()),
+        Orphans::PastDeadline(before) => ("deadline < ?", db_time(before)),
     };
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    // Kept for a late settlement by an owner that was only stalled.
+    sqlx::query(&format!(
+        "INSERT OR REPLACE INTO orphaned ({COLUMNS}, created_at) SELECT {COLUMNS}, ? FROM reservations WHERE {which_rows}"
+    ))
+    .bind(db_time(now))
+    .bind(&bound)
+    .execute(&mut *tx)
+    .await?;
+    let rows = sqlx::query(&format!(
+        "DELETE FROM reservations WHERE {which_rows} RETURNING {COLUMNS}"
+    ))
+    .bind(&bound)
+    .fetch_all(&mut *tx)
+    .await?;
     for r in &rows {
         let owner = Owner {
             token_id: r.get("token_id"),
@@ -337,22 +337,6 @@ pub async fn settle_orphans(
                 .await?;
         }
         let request_id: String = r.get("request_id");
-        sqlx::query(
-            "INSERT OR REPLACE INTO orphaned (request_id, token_id, user_id, team_id, period, user_period, team_period, amount_micros, owner, created_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(&request_id)
-        .bind(owner.token_id)
-        .bind(owner.user_id)
-        .bind(owner.team_id)
-        .bind(&periods[0])
-        .bind(&periods[1])
-        .bind(&periods[2])
-        .bind(amount)
-        .bind(&process)
-        .bind(db_time(now))
-        .execute(&mut *tx)
-        .await?;
         let reason = match which {
             Orphans::OfOwner(_) => format!(
                 "owner process {process} gone; settled at the reserved {amount} micro-dollars"

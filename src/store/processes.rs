@@ -166,4 +166,82 @@ mod tests {
         ));
         assert!(!same_process_alive(i64::from(i32::MAX), None));
     }
+
+    /// A pruned process registers again at its next beat; owners on another host are gone
+    /// only once their heartbeat is stale, owners on this host only once their pid is.
+    #[tokio::test]
+    async fn heartbeats_come_back_and_liveness_is_judged_per_host() {
+        use chrono::TimeZone;
+        let dir = tempfile::tempdir().unwrap();
+        let db = crate::store::Db::open(&dir.path().join("p.db"), false)
+            .await
+            .unwrap();
+        let now = Utc.with_ymd_and_hms(2026, 12, 1, 12, 0, 0).unwrap();
+        let me = Me::new("me".into(), "here".into());
+        assert!(
+            heartbeat(&db.write, &me, now).await.unwrap(),
+            "first beat registers"
+        );
+        assert!(!heartbeat(&db.write, &me, now).await.unwrap());
+        unregister(&db.write, "me").await.unwrap();
+        assert!(
+            heartbeat(&db.write, &me, now).await.unwrap(),
+            "a pruned process registers again"
+        );
+        // Owners of open reservations: a fresh and a stale one elsewhere, a dead pid here,
+        // this very process under another id here (alive however stale), and no row at all.
+        let procs = [
+            ("fresh-elsewhere", "there", 1, now - Duration::seconds(5)),
+            ("stale-elsewhere", "there", 1, now - Duration::seconds(60)),
+            ("dead-here", "here", i64::from(i32::MAX), now),
+            (
+                "stopped-here",
+                "here",
+                i64::from(me.pid),
+                now - Duration::hours(1),
+            ),
+        ];
+        for (id, host, pid, beat) in procs {
+            let started = if id == "stopped-here" {
+                me.pid_start
+            } else {
+                None
+            };
+            sqlx::query("INSERT INTO processes (id, host, pid, pid_start, started_at, heartbeat_at) VALUES (?, ?, ?, ?, ?, ?)")
+                .bind(id).bind(host).bind(pid).bind(started).bind(db_time(beat)).bind(db_time(beat))
+                .execute(&db.write).await.unwrap();
+        }
+        for (i, owner) in [
+            "fresh-elsewhere",
+            "stale-elsewhere",
+            "dead-here",
+            "stopped-here",
+            "unknown",
+            "me",
+        ]
+        .iter()
+        .enumerate()
+        {
+            sqlx::query("INSERT INTO reservations (request_id, token_id, user_id, team_id, period, user_period, team_period, amount_micros, owner, deadline, created_at)
+                         VALUES (?, 1, 1, 1, 'never', 'never', 'never', 1, ?, '9999', '0')")
+                .bind(format!("r{i}")).bind(owner)
+                .execute(&db.write).await.unwrap();
+        }
+        let mut dead = dead_owners(&db.read, &me, now).await.unwrap();
+        dead.sort();
+        assert_eq!(dead, ["dead-here", "stale-elsewhere", "unknown"]);
+        // Pruning takes stale rows that hold nothing, but never a stopped process of this host
+        // (a fresh row waits until it is stale).
+        sqlx::query("DELETE FROM reservations")
+            .execute(&db.write)
+            .await
+            .unwrap();
+        prune(&db.write, &me, now).await.unwrap();
+        let mut left: Vec<String> = sqlx::query_scalar("SELECT id FROM processes")
+            .fetch_all(&db.read)
+            .await
+            .unwrap();
+        left.sort();
+        assert_eq!(left, ["dead-here", "fresh-elsewhere", "me", "stopped-here"]);
+    }
 }

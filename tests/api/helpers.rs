@@ -11,6 +11,7 @@ use sluice::config::{ModelSettings, Provider, RouteSettings, Secret, Settings, U
 use sluice::mock::{MockConfig, MockServer};
 use sluice::startup::Application;
 use sluice::state::AppState;
+use sluice::store::ledger::Owner;
 use sluice::store::Db;
 
 /// The upstream keys of the test config: a canary that must never leak.
@@ -357,5 +358,64 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// A level's budget: limit (None = unlimited) and reset rule.
+#[derive(Debug, Clone)]
+pub struct Budget {
+    pub limit: Option<i64>,
+    pub reset: &'static str,
+}
+
+static NEXT_OWNER: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(1);
+
+/// A team, user and token (ids fresh per call) with these budgets (token, user, team),
+/// made directly in the store, for tests that drive `Quota` and the ledger themselves.
+pub async fn budget_owner(db: &Db, levels: &[Budget; 3]) -> Owner {
+    let id = NEXT_OWNER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let at = "2026-12-01T00:00:00.000Z";
+    let [token, user, team] = levels;
+    sqlx::query("INSERT INTO teams (id, name, limit_micros, remaining_micros, reset, created_at) VALUES (?, ?, ?, ?, ?, ?)")
+        .bind(id)
+        .bind(format!("team-{id}"))
+        .bind(team.limit)
+        .bind(team.limit)
+        .bind(team.reset)
+        .bind(at)
+        .execute(&db.write)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO users (id, username, team_id, limit_micros, remaining_micros, reset, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)")
+        .bind(id)
+        .bind(format!("user-{id}"))
+        .bind(id)
+        .bind(user.limit)
+        .bind(user.limit)
+        .bind(user.reset)
+        .bind(at)
+        .execute(&db.write)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO tokens (id, user_id, token_hash, prefix, limit_micros, remaining_micros, reset, created_at)
+         VALUES (?, ?, ?, 'abcdefgh', ?, ?, ?, ?)",
+    )
+    .bind(id)
+    .bind(id)
+    .bind(id.to_be_bytes().to_vec())
+    .bind(token.limit)
+    .bind(token.limit)
+    .bind(token.reset)
+    .bind(at)
+    .execute(&db.write)
+    .await
+    .unwrap();
+    let reset = |b: &Budget| sluice::quota::period::Reset::parse(b.reset).unwrap();
+    Owner {
+        token_id: id,
+        user_id: id,
+        team_id: id,
+        resets: [reset(token), reset(user), reset(team)],
     }
 }

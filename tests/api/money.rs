@@ -1,13 +1,20 @@
-//! The money promise under attack (issue 14), over HTTP: every field that multiplies output
-//! is in the reservation, a client that leaves while its reservation waits for the writer
-//! is charged nothing and leaves nothing reserved, and the request log agrees with the
-//! ledger for every request.
+//! The money promise under attack (issue 14): every field that multiplies output is in the
+//! reservation, a client that leaves while its reservation waits for the writer is charged
+//! nothing and leaves nothing reserved (over HTTP); a settlement the store refuses is
+//! retried until it lands, and the owner's sweep releases what nobody holds and renews
+//! what someone does (on `Quota` and the store directly).
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use chrono::TimeZone;
 use serde_json::json;
+use sluice::clock::{Clock, ManualClock};
+use sluice::ops::housekeeping;
+use sluice::quota::reservation::Quota;
 use sluice::quota::{estimate, pricing};
+use sluice::store::ledger::{self, Orphans, Owner};
+use sluice::store::Db;
 use sqlx::Connection;
 
 use crate::helpers::*;
@@ -127,4 +134,145 @@ async fn a_client_that_leaves_while_its_reservation_waits_is_charged_nothing() {
         .await;
     assert_eq!(charged, 0, "nothing reserved, nothing charged");
     app.assert_invariant().await;
+}
+
+/// A token with a daily budget of `limit`, its user and team unlimited, and a `Quota` over
+/// a fresh database at a fixed time.
+async fn quota_rig(limit: i64) -> (tempfile::TempDir, Db, Arc<ManualClock>, Arc<Quota>, Owner) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(&dir.path().join("q.db"), false).await.unwrap();
+    let unlimited = Budget {
+        limit: None,
+        reset: "never",
+    };
+    let owner = budget_owner(
+        &db,
+        &[
+            Budget {
+                limit: Some(limit),
+                reset: "daily",
+            },
+            unlimited.clone(),
+            unlimited,
+        ],
+    )
+    .await;
+    let clock = Arc::new(ManualClock::new(
+        chrono::Utc.with_ymd_and_hms(2026, 12, 1, 12, 0, 0).unwrap(),
+    ));
+    let quota = Quota::new(db.write.clone(), clock.clone(), "me".into());
+    (dir, db, clock, quota, owner)
+}
+
+async fn token_row(db: &Db, id: i64) -> (i64, i64, i64) {
+    sqlx::query_as(
+        "SELECT limit_micros - remaining_micros, reserved_micros, (SELECT COUNT(*) FROM reservations) FROM tokens WHERE id = ?",
+    )
+    .bind(id)
+    .fetch_one(&db.read)
+    .await
+    .unwrap()
+}
+
+/// Item 5: a settlement that fails on a store error answers at once with the decided
+/// amounts and is retried in the background until it lands.
+#[tokio::test]
+async fn a_settlement_that_fails_is_retried_until_it_lands() {
+    let (_dir, db, _clock, quota, owner) = quota_rig(10_000).await;
+    let held = quota.reserve("req-1", &owner, 1_000).await.unwrap();
+    sqlx::query("CREATE TABLE disk_on_fire (x)")
+        .execute(&db.write)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO disk_on_fire VALUES (1)")
+        .execute(&db.write)
+        .await
+        .unwrap();
+    sqlx::query(
+        "CREATE TRIGGER no_settle BEFORE DELETE ON reservations WHEN (SELECT COUNT(*) FROM disk_on_fire) > 0
+         BEGIN SELECT RAISE(ABORT, 'disk on fire'); END",
+    )
+    .execute(&db.write)
+    .await
+    .unwrap();
+    let s = held.settle(300).await;
+    assert_eq!(
+        (s.charged, s.absorbed),
+        (300, 0),
+        "the amounts are decided at once"
+    );
+    // Still reserved: the store refused, and the retry keeps it held meanwhile.
+    assert_eq!(token_row(&db, owner.token_id).await, (1_000, 1_000, 1));
+    assert_eq!(quota.live_count(), 1);
+    sqlx::query("DELETE FROM disk_on_fire")
+        .execute(&db.write)
+        .await
+        .unwrap();
+    for _ in 0..500 {
+        if quota.live_count() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        token_row(&db, owner.token_id).await,
+        (300, 0, 0),
+        "landed: charged 300"
+    );
+    assert_invariant_on(&db.read).await;
+}
+
+/// Item 2's sweep: a reservation of this process that no live request holds is released
+/// (nothing charged); one a live request holds keeps it, and its lease is renewed.
+#[tokio::test]
+async fn the_sweep_releases_what_nobody_holds_and_renews_what_someone_does() {
+    let (_dir, db, clock, quota, owner) = quota_rig(10_000).await;
+    let held = quota.reserve("held", &owner, 1_000).await.unwrap();
+    // A row of this process that no request holds (its holder vanished).
+    let stray = ledger::ReserveRequest {
+        request_id: "stray",
+        owner: &owner,
+        amount: 2_000,
+        process: quota.process_id(),
+        lease: chrono::Duration::minutes(10),
+    };
+    ledger::reserve(&db.write, &stray, clock.now())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(token_row(&db, owner.token_id).await, (3_000, 3_000, 2));
+    let deadline = || async {
+        sqlx::query_scalar::<_, String>(
+            "SELECT deadline FROM reservations WHERE request_id = 'held'",
+        )
+        .fetch_one(&db.read)
+        .await
+        .unwrap()
+    };
+    let before = deadline().await;
+    // Six minutes on: the held lease has less than half its length left.
+    clock.advance(chrono::Duration::minutes(6));
+    housekeeping::sweep_own(&quota, &db, clock.now())
+        .await
+        .unwrap();
+    assert_eq!(
+        token_row(&db, owner.token_id).await,
+        (1_000, 1_000, 1),
+        "the stray was released at 0"
+    );
+    assert!(deadline().await > before, "the held lease was renewed");
+    // A lease left to run out is taken by anyone as an orphan; a live one is not.
+    clock.advance(chrono::Duration::minutes(11));
+    let n = ledger::settle_orphans(&db.write, Orphans::PastDeadline(clock.now()), clock.now())
+        .await
+        .unwrap();
+    assert_eq!(n, 1, "an unrenewed lease is settled as an orphan");
+    let s = held.settle(400).await;
+    assert_eq!(s.charged, 400);
+    assert_eq!(
+        token_row(&db, owner.token_id).await,
+        (400, 0, 0),
+        "the late settlement corrected it"
+    );
+    assert_invariant_on(&db.read).await;
 }

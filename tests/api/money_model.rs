@@ -10,13 +10,13 @@
 //!   - `reserved == Σ` of its open reservations;
 //!   - at most one period reset per level and period;
 //!   - every request's ledger total equals what the model says it cost.
+//!
 //! At the end every holder settles: nothing stays reserved.
 //!
 //! Replay a failure with the seed it prints: `SLUICE_MONEY_SEED=<hex> cargo test --test api
 //! money_model`; `SLUICE_MONEY_CASES` sets the number of cases.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,6 +29,8 @@ use sluice::quota::reservation::{Held, Quota};
 use sluice::quota::QuotaError;
 use sluice::store::ledger::{self, Orphans, Owner};
 use sluice::store::Db;
+
+use crate::helpers::{budget_owner, Budget};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -90,13 +92,6 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// A level's budget: limit (None = unlimited) and reset rule.
-#[derive(Debug, Clone)]
-struct Budget {
-    limit: Option<i64>,
-    reset: &'static str,
-}
-
 fn budget() -> impl Strategy<Value = Budget> {
     (
         prop_oneof![1 => Just(None), 3 => (300i64..2_000).prop_map(Some)],
@@ -141,8 +136,6 @@ struct Env {
     _dir: tempfile::TempDir,
     dbs: [Db; 2],
 }
-
-static NEXT_ID: AtomicI64 = AtomicI64::new(1);
 
 #[test]
 fn the_money_invariants_hold_in_every_schedule() {
@@ -208,7 +201,7 @@ struct World {
 }
 
 async fn run_case(env: &Env, c: Case) -> Result<(), TestCaseError> {
-    let owner = create_owner(&env.dbs[0], &c.levels).await;
+    let owner = budget_owner(&env.dbs[0], &c.levels).await;
     let end_of_month =
         Utc.with_ymd_and_hms(2026, 12, 31, 23, 59, 59).unwrap() + chrono::Duration::seconds(1);
     let start = end_of_month - chrono::Duration::milliseconds(c.before_boundary);
@@ -472,52 +465,4 @@ async fn check(env: &Env, w: &World, all_settled: bool) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-async fn create_owner(db: &Db, levels: &[Budget; 3]) -> Owner {
-    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-    let at = "2026-12-01T00:00:00.000Z";
-    let [token, user, team] = levels;
-    sqlx::query("INSERT INTO teams (id, name, limit_micros, remaining_micros, reset, created_at) VALUES (?, ?, ?, ?, ?, ?)")
-        .bind(id)
-        .bind(format!("team-{id}"))
-        .bind(team.limit)
-        .bind(team.limit)
-        .bind(team.reset)
-        .bind(at)
-        .execute(&db.write)
-        .await
-        .unwrap();
-    sqlx::query("INSERT INTO users (id, username, team_id, limit_micros, remaining_micros, reset, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)")
-        .bind(id)
-        .bind(format!("user-{id}"))
-        .bind(id)
-        .bind(user.limit)
-        .bind(user.limit)
-        .bind(user.reset)
-        .bind(at)
-        .execute(&db.write)
-        .await
-        .unwrap();
-    sqlx::query(
-        "INSERT INTO tokens (id, user_id, token_hash, prefix, limit_micros, remaining_micros, reset, created_at)
-         VALUES (?, ?, ?, 'abcdefgh', ?, ?, ?, ?)",
-    )
-    .bind(id)
-    .bind(id)
-    .bind(id.to_be_bytes().to_vec())
-    .bind(token.limit)
-    .bind(token.limit)
-    .bind(token.reset)
-    .bind(at)
-    .execute(&db.write)
-    .await
-    .unwrap();
-    let reset = |b: &Budget| sluice::quota::period::Reset::parse(b.reset).unwrap();
-    Owner {
-        token_id: id,
-        user_id: id,
-        team_id: id,
-        resets: [reset(token), reset(user), reset(team)],
-    }
 }

@@ -72,7 +72,7 @@ fn rollover_tx(
 /// from `clock` when it runs, inside the transaction: the period it charges and the
 /// rollover it may do are decided under the write lock, never from a time taken before
 /// the job waited in the queue. The writer skips the job if its caller has gone before
-/// it runs (`Writer::run_for`).
+/// it runs (`Writer::run_for_caller`).
 pub async fn reserve_via(
     writer: &Writer,
     r: &ReserveRequest<'_>,
@@ -245,7 +245,7 @@ pub fn reserve_tx(
         &now_s,
     )?;
     Ok(Ok(Reservation {
-        request_id: r.request_id.to_string(),
+        request_id: r.request_id.into(),
         owner: r.owner.clone(),
         amount: r.amount,
         periods,
@@ -258,7 +258,7 @@ pub fn reserve_tx(
 /// caller has gone: a settlement must land.
 pub async fn settle_via(
     writer: &Writer,
-    request_id: String,
+    request_id: Arc<str>,
     actual: i64,
     clock: Arc<dyn Clock>,
 ) -> Result<Option<Settled>> {
@@ -316,7 +316,7 @@ pub fn settle_tx(
 /// settled, or settled as an orphan, is left alone.
 pub async fn release_via(
     writer: &Writer,
-    request_id: String,
+    request_id: Arc<str>,
     clock: Arc<dyn Clock>,
 ) -> Result<Option<Settled>> {
     writer
