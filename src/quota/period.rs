@@ -77,16 +77,22 @@ impl Reset {
         }
     }
 
-    /// The period a level is in, given the period it has stored and the period `now` names:
-    /// periods only ever move forward. A stored period newer than `now`'s (another process's
-    /// clock is ahead, or this one stepped back) is kept, never reset again; an older one —
-    /// or one of another rule (the level's reset was changed) — gives way to `now`'s.
-    pub fn advance(stored: &str, now_key: &str) -> Advance {
-        let kind = |k: &str| (k.len(), k.contains('W'));
-        if stored == now_key || (kind(stored) == kind(now_key) && stored > now_key) {
-            Advance::Keep
+    /// The period a level is in at `now`, given the period it has stored, and whether it
+    /// must roll over into it. The stored period stays when it is `now`'s — or the next one:
+    /// another process whose clock is a little ahead already rolled the level over, and a
+    /// clock a little behind must not roll it back. Anything else gives way to `now`'s
+    /// period: an older one (the boundary passed), one of another rule (the reset was
+    /// changed), or one further ahead (a clock that was wrong by more than a period must
+    /// not pin the budget in the future). A rollover into a period the level was in before
+    /// starts it at the limit less that period's ledger sum (`store::ledger`), so coming
+    /// back to a period never resets it a second time.
+    pub fn place(self, stored: &str, now: DateTime<Utc>) -> (String, bool) {
+        let key = self.period_key(now);
+        let next = self.period_end(now).map(|end| self.period_key(end));
+        if stored == key || next.as_deref() == Some(stored) {
+            (stored.to_string(), false)
         } else {
-            Advance::RollTo
+            (key, true)
         }
     }
 
@@ -96,15 +102,6 @@ impl Reset {
         let ms = (end - now).num_milliseconds().max(0) as u64;
         Some(ms.div_ceil(1000).max(1))
     }
-}
-
-/// What a level's stored period does when a new reservation or adjustment comes in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Advance {
-    /// The stored period is current (or newer than this clock's): it stays.
-    Keep,
-    /// The stored period is older: the level rolls over to the clock's period.
-    RollTo,
 }
 
 #[cfg(test)]
@@ -135,20 +132,42 @@ mod tests {
     }
 
     #[test]
-    fn periods_only_move_forward() {
-        use Advance::*;
-        assert_eq!(Reset::advance("2026-12-01", "2026-12-01"), Keep);
-        assert_eq!(Reset::advance("2026-12-01", "2026-12-02"), RollTo);
-        // A clock a second behind must not roll the new day back to the old one.
-        assert_eq!(Reset::advance("2026-12-02", "2026-12-01"), Keep);
-        assert_eq!(Reset::advance("2026-W53", "2027-W01"), RollTo);
-        assert_eq!(Reset::advance("2027-W01", "2026-W53"), Keep);
-        assert_eq!(Reset::advance("2026-12", "2027-01"), RollTo);
-        assert_eq!(Reset::advance("2027-01", "2026-12"), Keep);
-        // A changed rule (daily → monthly, never → daily, daily → never) takes the new key.
-        assert_eq!(Reset::advance("2026-12-01", "2026-12"), RollTo);
-        assert_eq!(Reset::advance("never", "2026-12-01"), RollTo);
-        assert_eq!(Reset::advance("2026-12-01", "never"), RollTo);
-        assert_eq!(Reset::advance("never", "never"), Keep);
+    fn periods_move_forward_within_a_period_of_skew() {
+        let place = |r: Reset, stored: &str, now: &str| r.place(stored, at(now));
+        let eve = "2026-12-31T23:59:59.500Z";
+        let key = |k: &str, roll: bool| (k.to_string(), roll);
+        assert_eq!(
+            place(Reset::Daily, "2026-12-31", eve),
+            key("2026-12-31", false)
+        );
+        assert_eq!(
+            place(Reset::Daily, "2026-12-30", eve),
+            key("2026-12-31", true)
+        );
+        // A clock half a second behind must not roll the new day back to the old one.
+        assert_eq!(
+            place(Reset::Daily, "2027-01-01", eve),
+            key("2027-01-01", false)
+        );
+        assert_eq!(
+            place(Reset::Weekly, "2027-W01", "2026-12-31T10:00:00Z"),
+            key("2027-W01", false)
+        );
+        assert_eq!(place(Reset::Monthly, "2027-01", eve), key("2027-01", false));
+        // A period further ahead came from a wrong clock: it gives way.
+        assert_eq!(
+            place(Reset::Daily, "2027-12-15", eve),
+            key("2026-12-31", true)
+        );
+        assert_eq!(place(Reset::Monthly, "2027-03", eve), key("2026-12", true));
+        // A changed rule takes the new rule's period.
+        assert_eq!(
+            place(Reset::Monthly, "2026-12-31", eve),
+            key("2026-12", true)
+        );
+        assert_eq!(place(Reset::Daily, "never", eve), key("2026-12-31", true));
+        assert_eq!(place(Reset::Never, "2026-12-31", eve), key("never", true));
+        assert_eq!(place(Reset::Never, "never", eve), key("never", false));
+        assert_eq!(place(Reset::Daily, "", eve), key("2026-12-31", true));
     }
 }

@@ -2,13 +2,17 @@
 //! that also appends its ledger rows, so a balance and its ledger can never disagree.
 //!
 //! Reserve, at every level (token, user, team), in one transaction (`cas.rs`):
-//!   0. one read of the three levels (balances, stored periods, reset rules) decides, with
-//!      `now` read from the clock inside the transaction; a level that cannot cover R
-//!      refuses the whole reservation before anything is written: no partial reservation;
-//!   1. each level's period only moves forward (`period::Reset::advance`): a stored period
-//!      older than `now`'s rolls over (a conditional write keyed by the stored period, with
-//!      its audit row); a newer one (another process's clock is ahead) is kept, and the
-//!      reservation belongs to it — a job can never roll a level back and reset it twice;
+//!   0. one read of the three levels (balances, stored periods, reset rules), with `now`
+//!      read from the clock inside the transaction; a level that cannot cover R (after its
+//!      rollover) refuses the whole reservation before any balance is reserved: no partial
+//!      reservation;
+//!   1. each level's period moves forward (`period::Reset::place`): a stored period older
+//!      than `now`'s rolls over (a conditional write keyed by the stored period, with its
+//!      audit row) to `limit − Σ ledger(new period)` — so a period the level was in before
+//!      (a reset rule changed back and forth, a wrong clock corrected) is never reset a
+//!      second time; the next period (another process's clock is a little ahead) is kept,
+//!      and the reservation belongs to it. Levels roll over before the coverage check, so
+//!      a refusal may leave a rollover behind (it is true either way);
 //!   2. `UPDATE … SET remaining = remaining − R, reserved = reserved + R
 //!       WHERE id = ? AND (limit IS NULL OR remaining >= R)` — it must change its row
 //!      (the check, repeated under the write lock); if not, the job fails and nothing of
@@ -34,7 +38,7 @@ use super::audit::{self, AuditEntry};
 use super::writer;
 use super::{Result, StoreError};
 use crate::clock::db_time;
-use crate::quota::period::{Advance, Reset};
+use crate::quota::period::Reset;
 
 mod cas;
 pub use cas::{release_via, reserve_tx, reserve_via, settle_tx, settle_via};
@@ -80,7 +84,9 @@ static SQL: LazyLock<[LevelSql; 3]> = LazyLock::new(|| {
             let extra = if table == "tokens" { " AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?3)" } else { "" };
             LevelSql {
                 rollover: format!(
-                    "UPDATE {table} SET period = ?1, remaining_micros = limit_micros WHERE id = ?2 AND period = ?3 RETURNING id"
+                    "UPDATE {table} SET period = ?1, remaining_micros = limit_micros - COALESCE((SELECT SUM(amount_micros) FROM ledger
+                        WHERE {id_col} = ?2 AND {period_col} = ?1 AND kind IN ('reserve', 'settle', 'adjust')), 0)
+                     WHERE id = ?2 AND period = ?3 RETURNING remaining_micros"
                 ),
                 period: format!("SELECT period FROM {table} WHERE id = ?1"),
                 reserve: format!(
@@ -186,11 +192,11 @@ async fn current_period(
         .fetch_optional(&mut *conn)
         .await?
         .ok_or_else(|| StoreError::NotFound(format!("{} {id}", level.as_str())))?;
-    let key = reset.period_key(now);
-    if Reset::advance(&stored, &key) == Advance::Keep {
+    let (key, rolls) = reset.place(&stored, now);
+    if !rolls {
         return Ok(stored);
     }
-    let rolled: Option<i64> = sqlx::query_scalar(&sql.rollover)
+    let rolled: Option<Option<i64>> = sqlx::query_scalar(&sql.rollover)
         .bind(&key)
         .bind(id)
         .bind(&stored)

@@ -5,9 +5,10 @@
 //! another in ONE `BEGIN IMMEDIATE` transaction:
 //! - answers are sent only after `COMMIT` succeeded, so no caller acts on a reservation
 //!   that is not in the database;
-//! - a job must write nothing unless it succeeds: a refused reservation decides before its
-//!   first write (`ledger::reserve_tx`). That is what lets a batch do without a savepoint
-//!   per job (each savepoint copies every page the job touches into a sub-journal);
+//! - a job must write nothing unless it succeeds (a refusal is a success: a refused
+//!   reservation reserves nothing, and what it wrote — a period rollover — is true either
+//!   way, `ledger::reserve_tx`). That is what lets a batch do without a savepoint per job
+//!   (each savepoint copies every page the job touches into a sub-journal);
 //! - a job that fails (its statements may have half-run) spoils the transaction: it is
 //!   rolled back, that job keeps its error, and the batch runs again without it in a fresh
 //!   transaction — as often as a further job fails, up to `RERUNS` times; past that, each

@@ -11,7 +11,7 @@ use super::{
     INSERT_LEDGER, LEVELS, SQL,
 };
 use crate::clock::{db_time, Clock};
-use crate::quota::period::{Advance, Reset};
+use crate::quota::period::Reset;
 use crate::store::audit;
 use crate::store::raw::{self, Conn, Param};
 use crate::store::writer::{Tx, Writer};
@@ -47,7 +47,8 @@ fn ledger_row_tx(
 }
 
 /// Rolls a level from its stored period over to `period` (conditional on the stored one,
-/// which the caller read under the same write lock), with its audit row.
+/// which the caller read under the same write lock), with its audit row; returns the
+/// level's remaining balance in the new period (`None` without a limit).
 fn rollover_tx(
     tx: &mut Conn<'_>,
     level: Level,
@@ -55,17 +56,22 @@ fn rollover_tx(
     stored: &str,
     period: &str,
     now: DateTime<Utc>,
-) -> Result<()> {
-    let rolled = tx.query_row(
-        SQL[level.idx()].rollover.as_str(),
-        &[period.into(), id.into(), stored.into()],
-        |r| r.int(0),
-    )?;
-    if rolled.is_some() {
-        let target = format!("{}:{id}", level.as_str());
-        audit::append_tx(tx, &period_reset_entry(&target, period), now)?;
-    }
-    Ok(())
+) -> Result<Option<i64>> {
+    let rolled = tx
+        .query_row(
+            SQL[level.idx()].rollover.as_str(),
+            &[period.into(), id.into(), stored.into()],
+            |r| r.int(0),
+        )?
+        .ok_or_else(|| {
+            StoreError::Conflict(format!(
+                "the {} level's period changed under the write lock",
+                level.as_str()
+            ))
+        })?;
+    let target = format!("{}:{id}", level.as_str());
+    audit::append_tx(tx, &period_reset_entry(&target, period), now)?;
+    Ok(rolled)
 }
 
 /// `reserve` as one job of the writer's next batch (group commit). The job reads `now`
@@ -132,20 +138,9 @@ impl LevelState {
         }
     }
 
-    /// The period the level is in at `now`, and whether it must roll over into it.
-    fn period(&self, now: DateTime<Utc>) -> (String, bool) {
-        let key = self.reset.period_key(now);
-        match Reset::advance(&self.stored, &key) {
-            Advance::Keep => (self.stored.clone(), false),
-            Advance::RollTo => (key, true),
-        }
-    }
-
-    /// What the level would have left before this reservation: a level rolling over into
-    /// a new period starts it at its limit.
-    fn covers(&self, amount: i64, rolls: bool) -> bool {
-        let remaining = if rolls { self.limit } else { self.remaining };
-        self.exists && (self.limit.is_none() || remaining.is_some_and(|r| r >= amount))
+    /// Whether the level (in its current period) can cover `amount`.
+    fn covers(&self, amount: i64) -> bool {
+        self.exists && (self.limit.is_none() || self.remaining.is_some_and(|r| r >= amount))
     }
 }
 
@@ -181,10 +176,22 @@ pub fn reserve_tx(
     if !levels[0].exists || levels[0].gone {
         return Ok(Err(Refusal::TokenGone));
     }
-    let plan = levels.each_ref().map(|l| l.period(now));
+    let mut levels = levels;
+    // Each level into the period it is in at `now` first (a rollover is true whatever this
+    // reservation's fate), then the decision on the balances of that period.
+    let mut periods: [String; 3] = Default::default();
+    for level in LEVELS {
+        let state = &mut levels[level.idx()];
+        let (period, rolls) = state.reset.place(&state.stored, now);
+        if rolls {
+            let id = r.owner.id(level);
+            state.remaining = rollover_tx(tx, level, id, &state.stored, &period, now)?;
+        }
+        periods[level.idx()] = period;
+    }
     if let Some(level) = LEVELS
         .into_iter()
-        .find(|l| !levels[l.idx()].covers(r.amount, plan[l.idx()].1))
+        .find(|l| !levels[l.idx()].covers(r.amount))
     {
         let reset = levels[level.idx()].reset;
         return Ok(Err(Refusal::Insufficient(
@@ -196,10 +203,6 @@ pub fn reserve_tx(
     let mut token_remaining = None;
     for level in LEVELS {
         let id = r.owner.id(level);
-        let (period, rolls) = &plan[level.idx()];
-        if *rolls {
-            rollover_tx(tx, level, id, &levels[level.idx()].stored, period, now)?;
-        }
         let left = tx
             .query_row(
                 SQL[level.idx()].reserve.as_str(),
@@ -217,7 +220,6 @@ pub fn reserve_tx(
             token_remaining = left;
         }
     }
-    let periods = plan.map(|(p, _)| p);
     tx.execute(
         "INSERT INTO reservations (request_id, token_id, user_id, team_id, period, user_period, team_period, amount_micros, owner, deadline, created_at)
          VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
