@@ -103,6 +103,10 @@ pub enum Outcome {
 pub struct Called {
     pub result: Outcome,
     pub attempts: u32,
+    /// An attempt was cut off by the request's own deadline after it was sent: the
+    /// upstream had the request and may bill its input (the client's limit, as when it
+    /// disconnects; an upstream that is merely slow costs nothing).
+    pub cut_by_deadline: bool,
 }
 
 /// What the attempts of one request have learned so far.
@@ -118,6 +122,7 @@ struct Run {
     soonest: Option<Duration>,
     busy: bool,
     untranslatable: Option<TranslateError>,
+    cut_by_deadline: bool,
 }
 
 impl Run {
@@ -296,11 +301,13 @@ async fn try_candidate(
         }
         Err(e) => e,
     };
-    // A failed attempt used nothing of the key's window.
-    if let Some(b) = key_booking.as_mut() {
+    let tier = retry::classify(&err);
+    // A failed attempt used nothing of the key's window — unless the request's own
+    // deadline cut it off after the upstream had it (it keeps the input booked then).
+    run.cut_by_deadline |= tier == Tier::OutOfTime;
+    if let Some(b) = key_booking.as_mut().filter(|_| tier != Tier::OutOfTime) {
         b.used(0);
     }
-    let tier = retry::classify(&err);
     tracing::warn!(upstream = %dep.id, tier = ?tier, error = %err, "upstream attempt failed");
     run.only_rate_limited &= tier == Tier::RateLimited;
     run.only_cooling &= matches!(tier, Tier::RateLimited | Tier::Overloaded);
@@ -418,6 +425,7 @@ fn called(result: Outcome, run: &Run) -> Called {
     Called {
         result,
         attempts: run.attempts,
+        cut_by_deadline: run.cut_by_deadline,
     }
 }
 

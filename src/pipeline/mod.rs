@@ -297,13 +297,14 @@ async fn run(
         }
     };
     // From here on the upstream may be working: a client that leaves pays for its input.
-    held.set_cost_if_dropped(pricing::cost(
+    let input_cost = pricing::cost(
         Usage {
             input: prepared.input_tokens,
             ..Usage::default()
         },
         prepared.model.prices,
-    ));
+    );
+    held.set_cost_if_dropped(input_cost);
     // Likewise its windows: the input, until the answer says what was used.
     if let Some(b) = booking.as_mut() {
         b.used(prepared.input_tokens);
@@ -314,6 +315,14 @@ async fn run(
     log.attempts = outcome.attempts;
     let success = match outcome.result {
         Outcome::Served(s) => s,
+        // Nothing served costs nothing — unless the client's own deadline cut an attempt
+        // off after the upstream had it: then, as when it disconnects, its input.
+        Outcome::Failed(failure) if outcome.cut_by_deadline => {
+            let settled = held.settle(input_cost).await;
+            log.input_tokens = prepared.input_tokens;
+            log.cost_micros = settled.charged + settled.absorbed;
+            return Err(failure);
+        }
         Outcome::Failed(failure) => {
             if let Some(b) = booking.as_mut() {
                 b.used(0);

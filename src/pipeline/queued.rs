@@ -59,12 +59,12 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, tx: mpsc::Sende
     let slot = loop {
         tokio::select! {
             biased;
-            _ = tx.closed() => return end(&state, books, ApiError::ClientGone).await,
+            _ = tx.closed() => return end(&state, books, ApiError::ClientGone, 0).await,
             r = &mut granted => break r,
             _ = tick.tick() => {
                 let (position, eta) = probe.position();
                 if tx.send(comment(position, eta)).await.is_err() {
-                    return end(&state, books, ApiError::ClientGone).await;
+                    return end(&state, books, ApiError::ClientGone, 0).await;
                 }
             }
         }
@@ -80,16 +80,17 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, tx: mpsc::Sende
                     e.code(),
                 ))
                 .await;
-            return end(&state, books, e).await;
+            return end(&state, books, e, 0).await;
         }
     };
-    books.held.set_cost_if_dropped(pricing::cost(
+    let input_cost = pricing::cost(
         Usage {
             input: prepared.input_tokens,
             ..Usage::default()
         },
         prepared.model.prices,
-    ));
+    );
+    books.held.set_cost_if_dropped(input_cost);
     if let Some(b) = books.booking.as_mut() {
         b.used(prepared.input_tokens);
     }
@@ -100,7 +101,7 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, tx: mpsc::Sende
         books.log.attempts = outcome.attempts;
         match outcome.result {
             Outcome::Served(s) => Ok(s),
-            Outcome::Failed(f) => Err(f.error),
+            Outcome::Failed(f) => Err((f.error, outcome.cut_by_deadline)),
         }
     };
     match result {
@@ -109,7 +110,9 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, tx: mpsc::Sende
             books.log.served_model = s.model.name.clone();
             stream::serve(state, &prepared, s, books, tx, slot).await;
         }
-        Err(error) => {
+        Err((error, cut_by_deadline)) => {
+            // Cut off by its own deadline after an upstream had it: the input is charged.
+            let cost = if cut_by_deadline { input_cost } else { 0 };
             let _ = tx
                 .send(error_event(
                     prepared.endpoint.format(),
@@ -117,14 +120,14 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, tx: mpsc::Sende
                     error.code(),
                 ))
                 .await;
-            end(&state, books, error).await;
+            end(&state, books, error, cost).await;
         }
     }
 }
 
-/// A stream that ended before any upstream answered: nothing is charged, and its windows
-/// are corrected to 0.
-async fn end(state: &AppState, books: Books, e: ApiError) {
+/// A stream that ended before any upstream answered: nothing is charged and its windows
+/// are corrected to 0 — unless its deadline cut an attempt off (`cost`: its input).
+async fn end(state: &AppState, books: Books, e: ApiError, cost: i64) {
     let Books {
         held,
         mut log,
@@ -132,10 +135,11 @@ async fn end(state: &AppState, books: Books, e: ApiError) {
         mut booking,
         ..
     } = books;
-    if let Some(b) = booking.as_mut() {
+    if let Some(b) = booking.as_mut().filter(|_| cost == 0) {
         b.used(0);
     }
-    held.settle(0).await;
+    let settled = held.settle(cost).await;
+    log.cost_micros = settled.charged + settled.absorbed;
     log.status = e.status().as_u16();
     log.error_code = Some(e.code());
     log.latency_ms = started.elapsed().as_millis() as i64;

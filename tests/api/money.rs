@@ -276,3 +276,58 @@ async fn the_sweep_releases_what_nobody_holds_and_renews_what_someone_does() {
     );
     assert_invariant_on(&db.read).await;
 }
+
+/// Attack finding: a client whose own deadline (`x-sluice-request-deadline-ms`) cuts an
+/// attempt off after the upstream had it pays its input, as when it disconnects — a short
+/// deadline is not a way to have the provider read a prompt for free.
+#[tokio::test]
+async fn a_deadline_that_cuts_the_upstream_off_charges_the_input() {
+    let app = spawn_app().await;
+    let (id, token) = app.token("fran", Some("1.00")).await;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(sluice::mock::Script {
+            delay_ms: 3_000,
+            ..Default::default()
+        }),
+    );
+    let resp = app
+        .http
+        .post(format!("{}/v1/chat/completions", app.address))
+        .bearer_auth(&token)
+        .header("x-sluice-request-deadline-ms", "300")
+        .json(&chat_body(100))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 502);
+    assert_eq!(
+        app.mock.state.stats(KEY_A).count,
+        1,
+        "the upstream had the request"
+    );
+    let counted = estimate::chat_input(
+        &[json!({"role": "user", "content": "Why does the engine light blink?"})],
+        None,
+    );
+    let input_cost = pricing::cost(
+        pricing::Usage {
+            input: counted,
+            ..Default::default()
+        },
+        PRICES,
+    );
+    app.wait_for_log_rows(1).await;
+    app.assert_invariant().await;
+    assert_eq!(
+        app.scalar(&format!(
+            "SELECT limit_micros - remaining_micros FROM tokens WHERE id = {id}"
+        ))
+        .await,
+        input_cost
+    );
+    assert_eq!(
+        app.scalar("SELECT cost_micros FROM requests").await,
+        input_cost
+    );
+}
