@@ -75,15 +75,18 @@ fn out_of_money(status: u16, body: &[u8]) -> bool {
                     .and_then(serde_json::Value::as_str)
                     .unwrap_or("")
             };
-            // OpenAI: a billing code. Anthropic: `invalid_request_error` saying the credit
-            // balance is too low to access the API.
+            // OpenAI: a billing code. Anthropic: `invalid_request_error` whose message
+            // *begins* with its out-of-credit sentence — a 400 message often quotes the
+            // client's own input (an unknown field, a bad role), so the words anywhere else
+            // in it are the client's, and must not disable the pool's keys.
             matches!(
                 field("/error/code"),
                 "insufficient_quota" | "billing_hard_limit_reached" | "billing_not_active"
             ) || (field("/error/type") == "invalid_request_error"
                 && field("/error/message")
+                    .trim_start()
                     .to_ascii_lowercase()
-                    .contains("credit balance is too low"))
+                    .starts_with("your credit balance is too low"))
         }
         _ => false,
     }
@@ -115,6 +118,23 @@ mod tests {
             body: Bytes::from(body.to_string()),
             retry_after: None,
         }
+    }
+
+    #[test]
+    fn a_client_quoted_in_a_400_cannot_pass_for_out_of_credit() {
+        for echo in [
+            "Unrecognized request argument supplied: credit balance is too low",
+            "messages.0.role: Input tag 'Your credit balance is too low' found using 'role' does not match",
+        ] {
+            let body = serde_json::json!({"error": {"type": "invalid_request_error", "message": echo}});
+            assert_eq!(classify(&status(400, &body.to_string())), Tier::ClientError, "{echo}");
+        }
+        let real = serde_json::json!({"type": "error", "error": {"type": "invalid_request_error",
+            "message": "Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase credits."}});
+        assert_eq!(
+            classify(&status(400, &real.to_string())),
+            Tier::QuotaExhausted
+        );
     }
 
     #[test]
