@@ -331,3 +331,59 @@ async fn a_deadline_that_cuts_the_upstream_off_charges_the_input() {
         input_cost
     );
 }
+
+/// Attack finding: a client that leaves while its answer's settlement waits for the writer
+/// (the handler's future is dropped) — and the store then refuses that settlement — is
+/// still charged what it was served: the settlement goes on in the background, and the
+/// sweep never takes the reservation meanwhile.
+#[tokio::test]
+async fn a_settlement_abandoned_mid_await_still_lands() {
+    let (_dir, db, clock, quota, owner) = quota_rig(10_000).await;
+    let held = quota.reserve("req-1", &owner, 1_000).await.unwrap();
+    sqlx::query("CREATE TABLE disk_on_fire (x)")
+        .execute(&db.write)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO disk_on_fire VALUES (1)")
+        .execute(&db.write)
+        .await
+        .unwrap();
+    sqlx::query(
+        "CREATE TRIGGER no_settle BEFORE DELETE ON reservations WHEN (SELECT COUNT(*) FROM disk_on_fire) > 0
+         BEGIN SELECT RAISE(ABORT, 'disk on fire'); END",
+    )
+    .execute(&db.write)
+    .await
+    .unwrap();
+    // The writer cannot run while we hold its connection: the settlement waits in it.
+    let hold = db.write.acquire().await.unwrap();
+    let settling = tokio::spawn(async move { held.settle(300).await });
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    settling.abort();
+    let _ = settling.await;
+    drop(hold);
+    // The store refuses the settlement once; the owner's sweep must not take the
+    // reservation for unheld meanwhile.
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    housekeeping::sweep_own(&quota, &db, clock.now())
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM disk_on_fire")
+        .execute(&db.write)
+        .await
+        .unwrap();
+    for _ in 0..500 {
+        if quota.live_count() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        token_row(&db, owner.token_id).await,
+        (300, 0, 0),
+        "charged what was served"
+    );
+    assert_invariant_on(&db.read).await;
+}
