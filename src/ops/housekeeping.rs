@@ -16,6 +16,9 @@ use crate::store::Db;
 
 const AUTH_POLL: Duration = Duration::from_millis(250);
 const HEARTBEAT: Duration = Duration::from_secs(5);
+/// How long an orphan record of an owner that is no longer registered is kept for its
+/// owner's late settlement (generous: the pruner's clock may be off).
+const ORPHANS_KEPT: chrono::Duration = chrono::Duration::days(7);
 /// Cache invalidations from other replicas are picked up within this.
 const CACHE_POLL: Duration = Duration::from_secs(1);
 
@@ -76,15 +79,17 @@ pub fn spawn(state: Arc<AppState>, me: Me) {
         loop {
             tick.tick().await;
             let now = state.clock.now();
+            // Leases renewed before the beat: a lease is expired when it is older than its
+            // owner's latest heartbeat (`Orphans::LeaseExpired`).
+            if let Err(e) = sweep_own(&state.quota, &state.db, now).await {
+                tracing::warn!(error = %e, "sweeping this process's reservations failed");
+            }
             match processes::heartbeat(&state.db.write, &me, now).await {
                 Ok(true) => {
                     tracing::warn!(process = %me.id, "this process had been taken for gone (a stall past the stale window?); registered again")
                 }
                 Ok(false) => {}
                 Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
-            }
-            if let Err(e) = sweep_own(&state.quota, &state.db, now).await {
-                tracing::warn!(error = %e, "sweeping this process's reservations failed");
             }
             if let Err(e) = recover_orphans(&state, &me).await {
                 tracing::warn!(error = %e, "orphan recovery failed");
@@ -108,13 +113,8 @@ pub async fn recover_orphans(state: &AppState, me: &Me) -> Result<u64, crate::st
         }
         settled += n;
     }
-    // A lease renewed by nobody: its owner is not sweeping (stalled or gone).
-    let expired = ledger::settle_orphans(
-        &state.db.write,
-        Orphans::PastDeadline(now - processes::STALE_AFTER),
-        now,
-    )
-    .await?;
+    // A lease its owner let run out by its own clock: it beats but does not sweep.
+    let expired = ledger::settle_orphans(&state.db.write, Orphans::LeaseExpired, now).await?;
     if expired > 0 {
         tracing::warn!(
             reservations = expired,
@@ -122,7 +122,7 @@ pub async fn recover_orphans(state: &AppState, me: &Me) -> Result<u64, crate::st
         );
     }
     processes::prune(&state.db.write, me, now).await?;
-    ledger::prune_orphaned(&state.db.write, now - chrono::Duration::days(1)).await?;
+    ledger::prune_orphaned(&state.db.write, now - ORPHANS_KEPT).await?;
     Ok(settled + expired)
 }
 

@@ -292,8 +292,10 @@ pub async fn settle(
 pub enum Orphans<'a> {
     /// Every reservation of a process that is gone.
     OfOwner(&'a str),
-    /// Every reservation whose owner let its lease run out (`deadline` before this time).
-    PastDeadline(DateTime<Utc>),
+    /// Every reservation whose owner let its lease run out: its `deadline` is older than the
+    /// owner's own latest heartbeat — both written by the owner's clock, so another
+    /// process's clock, however wrong, cannot expire a lease.
+    LeaseExpired,
 }
 
 /// Settles reservations nobody will settle any more at their full amount (nothing
@@ -306,23 +308,31 @@ pub async fn settle_orphans(
     now: DateTime<Utc>,
 ) -> Result<u64> {
     const COLUMNS: &str = "request_id, token_id, user_id, team_id, period, user_period, team_period, amount_micros, owner";
-    let (which_rows, bound) = match which {
-        Orphans::OfOwner(owner) => ("owner = ?", owner.to_string()),
-        Orphans::PastDeadline(before) => ("deadline < ?", db_time(before)),
+    let (which_rows, owner) = match which {
+        Orphans::OfOwner(owner) => ("owner = ?", Some(owner)),
+        Orphans::LeaseExpired => (
+            "deadline < (SELECT p.heartbeat_at FROM processes p WHERE p.id = reservations.owner)",
+            None,
+        ),
     };
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
     // Kept for a late settlement by an owner that was only stalled.
-    sqlx::query(&format!(
+    let keep = format!(
         "INSERT OR REPLACE INTO orphaned ({COLUMNS}, created_at) SELECT {COLUMNS}, ? FROM reservations WHERE {which_rows}"
-    ))
-    .bind(db_time(now))
-    .bind(&bound)
+    );
+    let keep = sqlx::query(&keep).bind(db_time(now));
+    match owner {
+        Some(o) => keep.bind(o),
+        None => keep,
+    }
     .execute(&mut *tx)
     .await?;
-    let rows = sqlx::query(&format!(
-        "DELETE FROM reservations WHERE {which_rows} RETURNING {COLUMNS}"
-    ))
-    .bind(&bound)
+    let take = format!("DELETE FROM reservations WHERE {which_rows} RETURNING {COLUMNS}");
+    let take = sqlx::query(&take);
+    let rows = match owner {
+        Some(o) => take.bind(o),
+        None => take,
+    }
     .fetch_all(&mut *tx)
     .await?;
     for r in &rows {
@@ -347,7 +357,7 @@ pub async fn settle_orphans(
             Orphans::OfOwner(_) => format!(
                 "owner process {process} gone; settled at the reserved {amount} micro-dollars"
             ),
-            Orphans::PastDeadline(_) => format!(
+            Orphans::LeaseExpired => format!(
                 "owner process {process} let its lease run out; settled at the reserved {amount} micro-dollars"
             ),
         };
@@ -367,14 +377,17 @@ pub async fn settle_orphans(
     Ok(rows.len() as u64)
 }
 
-/// Forgets orphan records older than `before`: an owner that has not settled by then
-/// never will (the request's own deadline is far shorter).
+/// Forgets orphan records older than `before` whose owner is no longer registered: a
+/// registered owner (alive, or back from a stall) may still settle them, whatever the
+/// clock of the process that prunes says.
 pub async fn prune_orphaned(pool: &SqlitePool, before: DateTime<Utc>) -> Result<u64> {
-    Ok(sqlx::query("DELETE FROM orphaned WHERE created_at < ?")
-        .bind(db_time(before))
-        .execute(pool)
-        .await?
-        .rows_affected())
+    Ok(sqlx::query(
+        "DELETE FROM orphaned WHERE created_at < ? AND owner NOT IN (SELECT id FROM processes)",
+    )
+    .bind(db_time(before))
+    .execute(pool)
+    .await?
+    .rows_affected())
 }
 
 /// This process's open reservations: request id and deadline.

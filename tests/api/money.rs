@@ -14,7 +14,7 @@ use sluice::ops::housekeeping;
 use sluice::quota::reservation::Quota;
 use sluice::quota::{estimate, pricing};
 use sluice::store::ledger::{self, Orphans, Owner};
-use sluice::store::Db;
+use sluice::store::{processes, Db};
 use sqlx::Connection;
 
 use crate::helpers::*;
@@ -261,9 +261,24 @@ async fn the_sweep_releases_what_nobody_holds_and_renews_what_someone_does() {
         "the stray was released at 0"
     );
     assert!(deadline().await > before, "the held lease was renewed");
-    // A lease left to run out is taken by anyone as an orphan; a live one is not.
+    // An owner that beats but lets a lease run out by its own clock: anyone settles it as
+    // an orphan.
+    let me = processes::Me::new(quota.process_id().to_string(), "here".into());
+    processes::heartbeat(&db.write, &me, clock.now())
+        .await
+        .unwrap();
+    assert_eq!(
+        ledger::settle_orphans(&db.write, Orphans::LeaseExpired, clock.now())
+            .await
+            .unwrap(),
+        0,
+        "a renewed lease is not expired"
+    );
     clock.advance(chrono::Duration::minutes(11));
-    let n = ledger::settle_orphans(&db.write, Orphans::PastDeadline(clock.now()), clock.now())
+    processes::heartbeat(&db.write, &me, clock.now())
+        .await
+        .unwrap();
+    let n = ledger::settle_orphans(&db.write, Orphans::LeaseExpired, clock.now())
         .await
         .unwrap();
     assert_eq!(n, 1, "an unrenewed lease is settled as an orphan");
@@ -384,6 +399,41 @@ async fn a_settlement_abandoned_mid_await_still_lands() {
         token_row(&db, owner.token_id).await,
         (300, 0, 0),
         "charged what was served"
+    );
+    assert_invariant_on(&db.read).await;
+}
+
+/// Attack finding: a process whose clock is days ahead must neither expire another
+/// owner's live leases nor forget the orphan records a live (or stalled) owner may still
+/// settle — leases are judged by their owner's own clock, and orphan records of a
+/// registered owner are kept.
+#[tokio::test]
+async fn a_clock_days_ahead_neither_expires_leases_nor_forgets_orphans() {
+    let (_dir, db, clock, quota, owner) = quota_rig(10_000).await;
+    let me = processes::Me::new(quota.process_id().to_string(), "here".into());
+    processes::heartbeat(&db.write, &me, clock.now())
+        .await
+        .unwrap();
+    let held = quota.reserve("live", &owner, 1_000).await.unwrap();
+    let ahead = clock.now() + chrono::Duration::days(2);
+    let n = ledger::settle_orphans(&db.write, Orphans::LeaseExpired, ahead)
+        .await
+        .unwrap();
+    assert_eq!(n, 0, "a live lease expired by another process's clock");
+    // Taken for gone across hosts (a stall), then a clock days ahead prunes orphan records.
+    let n = ledger::settle_orphans(&db.write, Orphans::OfOwner(quota.process_id()), clock.now())
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    ledger::prune_orphaned(&db.write, ahead - chrono::Duration::days(1))
+        .await
+        .unwrap();
+    let s = held.settle(250).await;
+    assert_eq!(s.charged, 250);
+    assert_eq!(
+        token_row(&db, owner.token_id).await,
+        (250, 0, 0),
+        "the stalled owner's late settlement found its orphan record"
     );
     assert_invariant_on(&db.read).await;
 }

@@ -28,7 +28,7 @@ use sluice::ops::housekeeping;
 use sluice::quota::reservation::{Held, Quota};
 use sluice::quota::QuotaError;
 use sluice::store::ledger::{self, Orphans, Owner};
-use sluice::store::Db;
+use sluice::store::{processes, Db};
 
 use crate::helpers::{budget_owner, Budget};
 
@@ -67,7 +67,7 @@ enum Op {
     Stall {
         inst: usize,
     },
-    /// Leases past their deadline at the instance's clock are settled as orphans.
+    /// The instance beats at its clock; the other settles leases older than that beat.
     Expire {
         inst: usize,
     },
@@ -350,10 +350,19 @@ async fn apply(env: &Env, w: &mut World, op: &Op) {
         }
         Op::Stall { inst } => w.orphans(env, inst).await,
         Op::Expire { inst } => {
+            // The instance beats at its clock; leases older than its beat expire.
             let now = w.clocks[inst].now();
-            ledger::settle_orphans(&env.dbs[inst].write, Orphans::PastDeadline(now), now)
+            let me = processes::Me::new(w.quotas[inst].process_id().to_string(), "model".into());
+            processes::heartbeat(&env.dbs[inst].write, &me, now)
                 .await
                 .unwrap();
+            ledger::settle_orphans(
+                &env.dbs[1 - inst].write,
+                Orphans::LeaseExpired,
+                w.clocks[1 - inst].now(),
+            )
+            .await
+            .unwrap();
         }
         Op::Rule { level, reset } => {
             let (table, id) = [
