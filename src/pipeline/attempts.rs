@@ -219,8 +219,8 @@ async fn try_candidate(
     let d = c.route.deployment;
     let dep = &state.catalog.deployments[d];
     // Every early return below drops the permit, which abandons it (frees a probe slot);
-    // so does a client leaving while the call is in flight.
-    let permit = match state.pool.breakers[d].permit() {
+    // a client leaving once the call is sent frees it too, as a probe left unanswered.
+    let mut permit = match state.pool.breakers[d].permit() {
         Ok(permit) => permit,
         Err(after) => {
             run.wait(after);
@@ -286,6 +286,8 @@ async fn try_candidate(
     if let Some(b) = key_booking.as_mut() {
         b.used(p.input_tokens);
     }
+    // From here a request dropped mid-call leaves its permit unanswered, not abandoned.
+    permit.sent();
     let err = match attempt(state, c, path, body, p.stream, (started, deadline)).await {
         Ok(mut s) => {
             permit.success();
@@ -340,9 +342,15 @@ async fn try_candidate(
             disable_key(state, d, Disabled::Auth);
         }
         Tier::ServerError => breaker_failure(state, d, permit),
-        // A conflict is transient and says nothing of the upstream's health; running out
-        // of the request's own time is the client's limit.
-        Tier::Conflict | Tier::OutOfTime => permit.abandon(),
+        // A conflict is transient and says nothing of the upstream's health.
+        Tier::Conflict => permit.abandon(),
+        // Running out of the request's own time is the client's limit, no failure — but
+        // probes that keep ending so re-open the breaker (`UNANSWERED_PROBES_REOPEN`).
+        Tier::OutOfTime => {
+            if permit.unanswered() {
+                breaker_opened(state, d);
+            }
+        }
         Tier::ClientError => {
             // The upstream answered sensibly: for the breaker that is a success.
             permit.success();
@@ -358,12 +366,16 @@ async fn try_candidate(
 
 fn breaker_failure(state: &AppState, d: usize, permit: Permit<'_>) {
     if permit.failure() {
-        state.alerts.raise(
-            "breaker_open",
-            &state.catalog.deployments[d].id,
-            "circuit breaker opened after repeated failures",
-        );
+        breaker_opened(state, d);
     }
+}
+
+fn breaker_opened(state: &AppState, d: usize) {
+    state.alerts.raise(
+        "breaker_open",
+        &state.catalog.deployments[d].id,
+        "circuit breaker opened after repeated failures",
+    );
 }
 
 /// Tries candidates until one answers, following the retry table.
