@@ -7,7 +7,8 @@
 //! Time: the request's deadline bounds everything — each attempt waits for its headers at
 //! most until the deadline, and a backoff round that would end past it is not started. A
 //! key cooling down is never attempted inside its cooldown, in any round: a later round
-//! waits for the cooldown to end (or gives up if it ends past the deadline).
+//! waits for the cooldown to end and then a jittered backoff (or gives up if that ends past
+//! the deadline).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -408,6 +409,11 @@ pub async fn call(
             // Checked right before each attempt: an earlier attempt of this request may
             // just have put the same key (routed twice) to rest.
             if !ready(state, &candidates[i], &mut run) {
+                // An overloaded key whose rest another request lengthened meanwhile is
+                // waited for again in the next round (within the deadline), not given up.
+                if round > 1 && !state.pool.is_disabled(candidates[i].route.deployment) {
+                    run.overloaded.push(i);
+                }
                 continue;
             }
             let ctx = (request_id, deadline, started);
@@ -447,8 +453,10 @@ fn ready(state: &AppState, c: &Candidate, run: &mut Run) -> bool {
 }
 
 /// How long to wait before another round, if one is worth it: only overloaded keys are
-/// retried, within the attempt cap, after a jittered backoff and never before the first of
-/// them has rested its cooldown — and only if that still ends before the deadline.
+/// retried, within the attempt cap, once the first of them has rested its cooldown and
+/// then after a jittered backoff — the jitter comes after the rest, or every request put
+/// off by one cooldown would retry at the instant it ends — and only if that still ends
+/// before the deadline.
 fn next_round(
     state: &AppState,
     candidates: &[Candidate],
@@ -471,7 +479,7 @@ fn next_round(
         })
         .min()
         .map_or(Duration::ZERO, Duration::from_millis);
-    let wait = retry::backoff(Duration::from_millis(cfg.base_delay_ms), round).max(rested);
+    let wait = rested + retry::backoff(Duration::from_millis(cfg.base_delay_ms), round);
     (Instant::now() + wait < deadline).then_some(wait)
 }
 
