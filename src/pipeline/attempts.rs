@@ -7,7 +7,8 @@
 //! Time: the request's deadline bounds everything — each attempt waits for its headers at
 //! most until the deadline, and a backoff round that would end past it is not started. A
 //! key cooling down is never attempted inside its cooldown, in any round: a later round
-//! waits for the cooldown to end (or gives up if it ends past the deadline).
+//! waits for the cooldown to end and then a jittered backoff (or gives up if that ends past
+//! the deadline).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -224,8 +225,8 @@ async fn try_candidate(
     let d = c.route.deployment;
     let dep = &state.catalog.deployments[d];
     // Every early return below drops the permit, which abandons it (frees a probe slot);
-    // so does a client leaving while the call is in flight.
-    let permit = match state.pool.breakers[d].permit() {
+    // a client leaving once the call is sent frees it too, as a probe left unanswered.
+    let mut permit = match state.pool.breakers[d].permit() {
         Ok(permit) => permit,
         Err(after) => {
             run.wait(after);
@@ -291,6 +292,8 @@ async fn try_candidate(
     if let Some(b) = key_booking.as_mut() {
         b.used(p.input_tokens);
     }
+    // From here a request dropped mid-call leaves its permit unanswered, not abandoned.
+    permit.sent();
     let err = match attempt(state, c, path, body, p.stream, (started, deadline)).await {
         Ok(mut s) => {
             permit.success();
@@ -347,9 +350,15 @@ async fn try_candidate(
             disable_key(state, d, Disabled::Auth);
         }
         Tier::ServerError => breaker_failure(state, d, permit),
-        // A conflict is transient and says nothing of the upstream's health; running out
-        // of the request's own time is the client's limit.
-        Tier::Conflict | Tier::OutOfTime => permit.abandon(),
+        // A conflict is transient and says nothing of the upstream's health.
+        Tier::Conflict => permit.abandon(),
+        // Running out of the request's own time is the client's limit, no failure — but
+        // probes that keep ending so re-open the breaker (`UNANSWERED_PROBES_REOPEN`).
+        Tier::OutOfTime => {
+            if permit.unanswered() {
+                breaker_opened(state, d);
+            }
+        }
         Tier::ClientError => {
             // The upstream answered sensibly: for the breaker that is a success.
             permit.success();
@@ -365,12 +374,16 @@ async fn try_candidate(
 
 fn breaker_failure(state: &AppState, d: usize, permit: Permit<'_>) {
     if permit.failure() {
-        state.alerts.raise(
-            "breaker_open",
-            &state.catalog.deployments[d].id,
-            "circuit breaker opened after repeated failures",
-        );
+        breaker_opened(state, d);
     }
+}
+
+fn breaker_opened(state: &AppState, d: usize) {
+    state.alerts.raise(
+        "breaker_open",
+        &state.catalog.deployments[d].id,
+        "circuit breaker opened after repeated failures",
+    );
 }
 
 /// Tries candidates until one answers, following the retry table.
@@ -403,6 +416,11 @@ pub async fn call(
             // Checked right before each attempt: an earlier attempt of this request may
             // just have put the same key (routed twice) to rest.
             if !ready(state, &candidates[i], &mut run) {
+                // An overloaded key whose rest another request lengthened meanwhile is
+                // waited for again in the next round (within the deadline), not given up.
+                if round > 1 && !state.pool.is_disabled(candidates[i].route.deployment) {
+                    run.overloaded.push(i);
+                }
                 continue;
             }
             let ctx = (request_id, deadline, started);
@@ -443,8 +461,10 @@ fn ready(state: &AppState, c: &Candidate, run: &mut Run) -> bool {
 }
 
 /// How long to wait before another round, if one is worth it: only overloaded keys are
-/// retried, within the attempt cap, after a jittered backoff and never before the first of
-/// them has rested its cooldown — and only if that still ends before the deadline.
+/// retried, within the attempt cap, once the first of them has rested its cooldown and
+/// then after a jittered backoff — the jitter comes after the rest, or every request put
+/// off by one cooldown would retry at the instant it ends — and only if that still ends
+/// before the deadline.
 fn next_round(
     state: &AppState,
     candidates: &[Candidate],
@@ -467,7 +487,7 @@ fn next_round(
         })
         .min()
         .map_or(Duration::ZERO, Duration::from_millis);
-    let wait = retry::backoff(Duration::from_millis(cfg.base_delay_ms), round).max(rested);
+    let wait = rested + retry::backoff(Duration::from_millis(cfg.base_delay_ms), round);
     (Instant::now() + wait < deadline).then_some(wait)
 }
 

@@ -165,7 +165,8 @@ impl LocalWindows {
         for spec in specs.iter().filter(|s| s.tokens > 0) {
             if let Some(w) = guard.0.get_mut(&spec.key) {
                 if let Some((_, n)) = w.tokens.iter_mut().find(|(s, _)| *s == second) {
-                    *n += delta;
+                    // Never below 0, like `correct.lua`.
+                    *n = (*n + delta).max(0);
                 }
             }
         }

@@ -93,6 +93,13 @@ pub enum WindowError {
     Timeout,
 }
 
+/// The store a request's tokens were booked in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Store {
+    Redis,
+    Local,
+}
+
 /// A request's tokens in the windows it was admitted to (its token's and user's, or one
 /// upstream key's). Admission books the worst case; when the booking is dropped, every one
 /// of those windows is corrected to the tokens recorded with [`Booking::used`] — 0 unless
@@ -100,9 +107,14 @@ pub enum WindowError {
 /// returns included (a cache hit, a quota or queue refusal, an upstream failure, a client
 /// gone), and a new path cannot forget to. The correction is spawned: no I/O in `drop` and
 /// no round trip on the client's path.
+///
+/// The correction goes only to the store that booked: a second and a bucket mean nothing in
+/// the other one (the local store counts seconds on its own clock), and a delta applied to
+/// buckets that never held the estimate would undercount them.
 pub struct Booking {
     windows: Arc<Windows>,
     specs: Vec<WindowSpec>,
+    store: Store,
     second: i64,
     estimated: i64,
     used: i64,
@@ -125,9 +137,9 @@ impl Drop for Booking {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (w, second) = (self.windows.clone(), self.second);
+        let (w, store, second) = (self.windows.clone(), self.store, self.second);
         let specs = std::mem::take(&mut self.specs);
-        rt.spawn(async move { w.correct(&specs, second, delta).await });
+        rt.spawn(async move { w.correct(store, &specs, second, delta).await });
     }
 }
 
@@ -165,10 +177,15 @@ impl Windows {
 
     /// Checks `specs` and, if every window has room, records the request in all of them.
     pub async fn check(&self, specs: &[WindowSpec], member: &str, tokens: u64) -> Decision {
+        self.check_in(specs, member, tokens).await.0
+    }
+
+    /// `check`, and the store that decided (and booked, when admitted).
+    async fn check_in(&self, specs: &[WindowSpec], member: &str, tokens: u64) -> (Decision, Store) {
         if let Some(redis) = &self.redis {
             if !self.degraded() {
                 match redis.check(specs, member, tokens, self.window).await {
-                    Ok(d) => return d,
+                    Ok(d) => return (d, Store::Redis),
                     Err(e) => self.fall_back(&e),
                 }
             }
@@ -180,9 +197,9 @@ impl Windows {
                     tokens: per_replica(s.tokens, self.replicas),
                 })
                 .collect();
-            return self.local.check(&shared, tokens);
+            return (self.local.check(&shared, tokens), Store::Local);
         }
-        self.local.check(specs, tokens)
+        (self.local.check(specs, tokens), Store::Local)
     }
 
     /// Checks `specs` like `check`; when admitted into at least one token window, returns
@@ -193,11 +210,12 @@ impl Windows {
         member: &str,
         tokens: u64,
     ) -> (Decision, Option<Booking>) {
-        let d = self.check(&specs, member, tokens).await;
+        let (d, store) = self.check_in(&specs, member, tokens).await;
         let booked = d.refused.is_none() && specs.iter().any(|s| s.tokens > 0);
         let booking = booked.then(|| Booking {
             windows: self.clone(),
             specs,
+            store,
             second: d.second,
             estimated: tokens.min(i64::MAX as u64) as i64,
             used: 0,
@@ -205,18 +223,22 @@ impl Windows {
         (d, booking)
     }
 
-    /// Books the difference between the admission estimate and the actual usage.
-    pub async fn correct(&self, specs: &[WindowSpec], second: i64, delta: i64) {
+    /// Books the difference between the admission estimate and the actual usage in the
+    /// store that booked it. A Redis booking corrected while Redis fails is dropped: its
+    /// buckets over-count (a correction is almost always downwards) until they leave the
+    /// window, which errs on the side of the limit.
+    async fn correct(&self, store: Store, specs: &[WindowSpec], second: i64, delta: i64) {
         if delta == 0 {
             return;
         }
-        match &self.redis {
-            Some(r) if !self.degraded() => {
+        match (store, &self.redis) {
+            (Store::Redis, Some(r)) if !self.degraded() => {
                 if let Err(e) = r.correct(specs, second, delta).await {
                     self.fall_back(&e);
                 }
             }
-            _ => self.local.correct(specs, second, delta),
+            (Store::Redis, _) => {}
+            (Store::Local, _) => self.local.correct(specs, second, delta),
         }
     }
 

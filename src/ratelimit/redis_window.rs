@@ -20,8 +20,11 @@ use super::{Decision, Refused, WindowError, WindowSpec};
 
 const WINDOW_LUA: &str = include_str!("window.lua");
 const CORRECT_LUA: &str = include_str!("correct.lua");
-/// Key prefix with a version: a change of the script's data layout changes the prefix.
-const PREFIX: &str = "sl:v1";
+/// Key prefix with a version: a change of the script's data layout changes the prefix, so
+/// that replicas on two layouts never read each other's keys as their own. v1 named keys
+/// `sl:v1:rq:t:12`; v2 hash-tags them (`sl:v2:{u:7}:t:12:rq`, `sl:v2:{cool}:<id>`). A fleet
+/// must not mix versions across a change (see docs/DESIGN.md, stage 3).
+const PREFIX: &str = "sl:v2";
 
 pub struct RedisWindows {
     client: redis::Client,
@@ -65,7 +68,7 @@ impl RedisWindows {
         Ok(c)
     }
 
-    /// `sl:v1:{u:7}:t:12:rq` / `…:tk`: the spec's name keeps its hash tag (see `WindowSpec`).
+    /// `sl:v2:{u:7}:t:12:rq` / `…:tk`: the spec's name keeps its hash tag (see `WindowSpec`).
     fn keys(spec: &WindowSpec) -> (String, String) {
         (
             format!("{PREFIX}:{}:rq", spec.key),
@@ -254,7 +257,7 @@ mod tests {
         let first = slot(&keys[0]);
         for k in keys {
             assert_eq!(slot(k), first, "CROSSSLOT on a cluster: {keys:?}");
-            assert!(k.starts_with("sl:v1:"), "{k}");
+            assert!(k.starts_with("sl:v2:"), "{k}");
         }
     }
 
@@ -291,5 +294,10 @@ mod tests {
             .map(|id| RedisWindows::cool_key(id))
             .collect();
         one_slot(&cool);
+        assert_eq!(RedisWindows::cool_key("openai-a"), "sl:v2:{cool}:openai-a");
+        assert_eq!(
+            RedisWindows::window_keys(&[WindowSpec::token(7, 12, 1, 1)]),
+            ["sl:v2:{u:7}:t:12:rq", "sl:v2:{u:7}:t:12:tk"]
+        );
     }
 }

@@ -12,7 +12,7 @@
 -- entry), the longest over the windows that refused.
 --
 -- On a Redis Cluster every key of one call hashes to one slot: the caller names them with
--- one hash tag (`sl:v1:{u:<user id>}:…`, `sl:v1:{k:<upstream id>}:…`).
+-- one hash tag (`sl:v2:{u:<user id>}:…`, `sl:v2:{k:<upstream id>}:…`).
 --
 -- KEYS: for each window i: requests key, tokens key
 -- ARGV: window_ms, member, tokens, then for each window i: request limit, token limit (0 = none)

@@ -6,7 +6,10 @@
 //! `half_open_max_wait_seconds` counts as a failure, so a hung probe cannot wedge it.
 //! Only server-side failures count: 429s and client errors are not failures. A call is
 //! held as a `Permit`: a probe whose request is dropped mid-call (the client left) frees
-//! its slot when the permit drops, instead of holding it for the maximum wait.
+//! its slot when the permit drops, instead of holding it for the maximum wait. Such a probe,
+//! or one cut by its request's own deadline, gave no verdict; but
+//! [`UNANSWERED_PROBES_REOPEN`] of them in a row, with no success between, re-open the
+//! breaker, so clients that never wait long enough cannot keep it half-open for ever either.
 
 use std::time::{Duration, Instant};
 
@@ -39,6 +42,16 @@ impl State {
     }
 }
 
+/// Probes in a row that went out and ended without a verdict (the request's own deadline
+/// cut them, or their client left mid-call) after which a half-open breaker re-opens.
+/// One such probe says nothing of the upstream — its client's time was short — so it only
+/// frees its slot. But a hung upstream makes *every* probe end that way: without a count
+/// the breaker would stay half-open for ever, each request in turn waiting out its deadline
+/// on the hung key and getting 502 instead of a fast 503. Three: one or two impatient
+/// clients cannot re-open a healthy key, and a hung one costs at most three requests'
+/// deadlines per open period. A success resets the count; so does re-opening.
+pub const UNANSWERED_PROBES_REOPEN: u32 = 3;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
     /// A normal call.
@@ -59,6 +72,8 @@ struct Inner {
     open_until: Instant,
     probes: Vec<Instant>,
     probe_successes: u32,
+    /// Probes in a row that ended without a verdict (see `UNANSWERED_PROBES_REOPEN`).
+    unanswered_probes: u32,
 }
 
 #[derive(Debug)]
@@ -81,6 +96,7 @@ impl Breaker {
                 open_until: now,
                 probes: Vec::new(),
                 probe_successes: 0,
+                unanswered_probes: 0,
             }),
         }
     }
@@ -124,6 +140,7 @@ impl Breaker {
         let mut s = self.inner.lock();
         self.count(&mut s, now, false);
         s.consecutive_failures = 0;
+        s.unanswered_probes = 0;
         if probe && s.state == State::HalfOpen {
             s.probes.pop();
             s.probe_successes += 1;
@@ -156,11 +173,33 @@ impl Breaker {
         trip
     }
 
-    /// A call that ended without a verdict (the client left): frees its probe slot.
+    /// A call that ended without a verdict on the upstream before it was sent, or with an
+    /// answer that says nothing of its health (429, 409): frees its probe slot.
     pub fn abandon(&self, probe: bool) {
         if probe {
             self.inner.lock().probes.pop();
         }
+    }
+
+    /// A call that went out and ended without an answer in its request's own time (the
+    /// deadline cut it, or its client left): frees its probe slot, and the
+    /// `UNANSWERED_PROBES_REOPEN`-th such probe in a row re-opens the breaker. Returns true
+    /// when it did.
+    pub fn unanswered(&self, probe: bool) -> bool {
+        if !probe {
+            return false;
+        }
+        let mut s = self.inner.lock();
+        s.probes.pop();
+        if s.state != State::HalfOpen {
+            return false;
+        }
+        s.unanswered_probes += 1;
+        let reopen = s.unanswered_probes >= UNANSWERED_PROBES_REOPEN;
+        if reopen {
+            self.open(&mut s, Instant::now());
+        }
+        reopen
     }
 
     /// Admits a call as a `Permit` that must report its outcome; one dropped without a
@@ -176,6 +215,7 @@ impl Breaker {
         Ok(Permit {
             breaker: self,
             probe,
+            sent: false,
             reported: false,
         })
     }
@@ -197,19 +237,28 @@ impl Breaker {
         s.probes.clear();
         s.probe_successes = 0;
         s.consecutive_failures = 0;
+        s.unanswered_probes = 0;
     }
 }
 
-/// One admitted call. Exactly one of `success`, `failure` or `abandon` reports it; if none
-/// does before it is dropped, the drop abandons it.
+/// One admitted call. Exactly one of `success`, `failure`, `unanswered` or `abandon`
+/// reports it; if none does before it is dropped (the request's future was dropped), the
+/// drop reports it as unanswered once it was `sent`, else abandons it.
 #[derive(Debug)]
 pub struct Permit<'a> {
     breaker: &'a Breaker,
     probe: bool,
+    sent: bool,
     reported: bool,
 }
 
 impl Permit<'_> {
+    /// The call is going out to the upstream: from here on, ending without a verdict counts
+    /// toward re-opening a half-open breaker.
+    pub fn sent(&mut self) {
+        self.sent = true;
+    }
+
     pub fn success(mut self) {
         self.reported = true;
         self.breaker.success(self.probe);
@@ -221,13 +270,28 @@ impl Permit<'_> {
         self.breaker.failure(self.probe)
     }
 
-    /// No verdict on the upstream (a gate refused, a rate limit, the request's own deadline).
-    pub fn abandon(self) {}
+    /// Sent, but no answer within the request's own time. Returns true when this re-opened
+    /// the breaker.
+    pub fn unanswered(mut self) -> bool {
+        self.reported = true;
+        self.breaker.unanswered(self.probe)
+    }
+
+    /// No verdict on the upstream (a gate refused, a rate limit, a conflict).
+    pub fn abandon(mut self) {
+        self.reported = true;
+        self.breaker.abandon(self.probe);
+    }
 }
 
 impl Drop for Permit<'_> {
     fn drop(&mut self) {
-        if !self.reported {
+        if self.reported {
+            return;
+        }
+        if self.sent {
+            self.breaker.unanswered(self.probe);
+        } else {
             self.breaker.abandon(self.probe);
         }
     }
@@ -308,6 +372,41 @@ mod tests {
         let again = b.permit().expect("the slot is free again at once");
         again.success();
         assert_eq!(b.state(), State::HalfOpen);
+    }
+
+    #[test]
+    fn probes_left_unanswered_in_a_row_reopen_it() {
+        let b = Breaker::new(&BreakerSettings {
+            open_seconds: 0,
+            ..BreakerSettings::default()
+        });
+        for _ in 0..3 {
+            b.failure(false);
+        }
+        // A success between unanswered probes resets the count.
+        for _ in 0..UNANSWERED_PROBES_REOPEN - 1 {
+            let mut p = b.permit().expect("a probe");
+            p.sent();
+            assert!(!p.unanswered(), "one slow client re-opens nothing");
+        }
+        b.permit().expect("a probe").success();
+        // Dropped before it was sent (a gate refused it): not counted.
+        drop(b.permit().expect("a probe"));
+        for n in 1..=UNANSWERED_PROBES_REOPEN {
+            let mut p = b.permit().expect("the slot is free again");
+            p.sent();
+            // The last one's client leaves: its permit is dropped mid-call.
+            if n < UNANSWERED_PROBES_REOPEN {
+                assert!(!p.unanswered());
+            } else {
+                drop(p);
+            }
+        }
+        assert_eq!(
+            b.state(),
+            State::Open,
+            "a hung upstream cannot keep it half-open"
+        );
     }
 
     #[test]

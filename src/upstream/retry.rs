@@ -8,7 +8,7 @@
 //! | out of money: 429/403 `insufficient_quota` / billing, 402, a 400 whose error says so (Anthropic's "credit balance is too low", OpenAI's `billing_hard_limit_reached`) | `QuotaExhausted`| key disabled until re-enabled; alert; next key; never retried; the client never sees the upstream's billing text |
 //! | 500, 502, 504, 408, timeout, connection, garbage | `ServerError` | no retry on the same key; counts toward its breaker; next key / fallback |
 //! | 409 conflict                                  | `Conflict`      | transient (the SDKs retry it): next key; no cooldown, no breaker count |
-//! | the request's own deadline ran out mid-attempt | `OutOfTime`    | no breaker count (the client's limit, not the upstream's fault); no more attempts |
+//! | the request's own deadline ran out mid-attempt | `OutOfTime`    | no breaker count (the client's limit), except 3 unanswered probes in a row re-open a half-open breaker; the counted input is charged; no more attempts |
 //! | 401, 403                                      | `AuthFailed`    | key disabled (possible leak or revocation); next key |
 //! | 400, 404, 413, 422 (any other 4xx)            | `ClientError`   | returned to the client as it is; no retry         |
 //!

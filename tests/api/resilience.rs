@@ -306,6 +306,65 @@ async fn a_hung_probe_cannot_wedge_the_breaker() {
     hung.abort();
 }
 
+/// A hung key behind a half-open breaker, probed by clients that never wait long enough for
+/// it: half of them send a 1 s request deadline, the other half give up after 1 s themselves
+/// (their future is dropped, as an SDK timeout does). Each probe ends without a verdict; a
+/// few in a row must re-open the breaker, so the rest get a fast 503 and the key no traffic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_that_never_get_an_answer_reopen_the_breaker() {
+    let app = spawn_app_with(|s, _| {
+        s.breaker.open_seconds = 2;
+        s.breaker.half_open_max_wait_seconds = 30;
+    })
+    .await;
+    let (_, token) = app.token("ida", None).await;
+    app.mock.state.sticky(KEY_A, Some(status(500)));
+    for _ in 0..3 {
+        app.chat(&token, &chat_body(10)).await;
+    }
+    assert_eq!(app.state.pool.breakers[0].state(), State::Open);
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            delay_ms: 10_000,
+            ..Default::default()
+        }),
+    );
+    let mut last = None;
+    for i in 0..20 {
+        let send = app
+            .http
+            .post(format!("{}/v1/chat/completions", app.address))
+            .bearer_auth(&token)
+            .json(&chat_body(10));
+        let send = if i % 2 == 0 {
+            send.header("x-sluice-request-deadline-ms", "1000")
+        } else {
+            send.timeout(Duration::from_millis(1000))
+        };
+        let resp = tokio::time::timeout(Duration::from_secs(30), send.send())
+            .await
+            .expect("answered or given up within the bound");
+        if let Ok(resp) = resp {
+            let status = resp.status().as_u16();
+            let v: Value = resp.json().await.unwrap_or_default();
+            last = Some((status, v["error"]["code"].as_str().map(str::to_string)));
+        }
+    }
+    let probes = app.mock.state.stats(KEY_A).count - 3;
+    assert!(
+        probes <= 6,
+        "the hung key stops getting traffic: {probes} probes for 20 requests"
+    );
+    assert_eq!(
+        last,
+        Some((503, Some("service_degraded".into()))),
+        "answered at once without an upstream call"
+    );
+    assert_eq!(app.state.pool.breakers[0].state(), State::Open);
+}
+
 #[tokio::test]
 async fn rate_limits_never_open_the_breaker() {
     let app = spawn_app_with(|s, _| s.retry.max_cooldown_seconds = 0).await;

@@ -1,6 +1,7 @@
 //! The retry table's harder rows (issue 14): a key out of credit that says so with a 400, a
 //! cooling key never retried inside its `Retry-After`, attempts that stop at the request's
-//! deadline, 408/409 treated as transient, and a breaker probe whose client leaves.
+//! deadline, 408/409 treated as transient, a breaker probe whose client leaves, and retries
+//! after a cooldown that keep their jitter.
 
 use std::time::Duration;
 
@@ -176,6 +177,59 @@ async fn a_cooling_key_is_never_retried_inside_its_retry_after() {
         arrivals[1] - arrivals[0] >= 998,
         "the retry landed {} ms after a Retry-After of 1 s",
         arrivals[1] - arrivals[0]
+    );
+}
+
+/// Retries after a cooldown keep their jitter (F3): requests whose only key answered 529
+/// must not all come back the instant its cooldown ends. The backoff's base (1.5 s) is
+/// large enough that 20 uniform draws all landing within 200 ms of each other cannot
+/// happen by chance (about 20 × (0.2 / 1.5)^19).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_after_a_cooldown_are_spread_by_their_jitter() {
+    let app = std::sync::Arc::new(
+        spawn_app_with(|s, _| {
+            s.retry.base_delay_ms = 1_500;
+            s.retry.budget_ratio = 1.0;
+            s.breaker.failure_threshold = 1_000;
+            s.breaker.min_calls = 1_000;
+        })
+        .await,
+    );
+    let (_, token) = app.token("ora", None).await;
+    // Held for a second, so that every request's first attempt is out before the first
+    // answer puts the key to rest.
+    let overloaded = Script {
+        status: Some(529),
+        headers: vec![("Retry-After".into(), "2".into())],
+        delay_ms: 1_000,
+        ..Default::default()
+    };
+    app.mock
+        .state
+        .script(KEY_A, (0..20).map(|_| overloaded.clone()));
+    let requests: Vec<_> = (0..20)
+        .map(|_| {
+            let (app, token) = (app.clone(), token.clone());
+            tokio::spawn(async move {
+                let resp = tokio::time::timeout(BOUND, app.chat(&token, &chat_body(10)))
+                    .await
+                    .expect("answered");
+                (resp.status(), resp.text().await.unwrap_or_default())
+            })
+        })
+        .collect();
+    for r in requests {
+        let (status, body) = r.await.unwrap();
+        assert_eq!(status, 200, "served by the retry: {body}");
+    }
+    let mut arrivals: Vec<u64> = app.mock.state.stats(KEY_A).last_arrivals_ms.into();
+    assert_eq!(arrivals.len(), 40, "one first attempt and one retry each");
+    arrivals.sort_unstable();
+    let retries = &arrivals[20..];
+    let spread = retries[19] - retries[0];
+    assert!(
+        spread > 200,
+        "the 20 retries arrived within {spread} ms of each other: no jitter after the rest"
     );
 }
 

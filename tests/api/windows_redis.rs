@@ -1,11 +1,12 @@
 //! The Redis window scripts themselves, against a real `redis-server`: token windows booked
 //! and corrected (`window.lua`, `correct.lua`), `Retry-After` that lasts until enough has
-//! left the window, and one request's keys on a Redis Cluster node.
+//! left the window, one request's keys on a Redis Cluster node, and corrections that land
+//! only in the store that booked them, never below 0.
 
 use std::time::Duration;
 
 use sluice::ratelimit::redis_window::RedisWindows;
-use sluice::ratelimit::{Refused, WindowSpec};
+use sluice::ratelimit::{Refused, WindowSpec, Windows};
 
 use crate::helpers::*;
 
@@ -78,6 +79,106 @@ async fn redis_token_windows_are_booked_and_corrected() {
             .parse()
             .unwrap();
         assert!(ttl > 0, "{k} keeps its TTL");
+    }
+}
+
+/// Waits (bounded) until `w` uses Redis again after an outage.
+async fn recovered(w: &Windows) {
+    for _ in 0..100 {
+        if !w.degraded() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("Redis windows did not resume within 5 s");
+}
+
+/// Lets the spawned corrections of dropped bookings run.
+async fn corrections_land() {
+    tokio::time::sleep(Duration::from_millis(200)).await;
+}
+
+/// A booking is corrected only in the store that booked it. One booked in the local store
+/// while Redis was down and dropped after Redis is back is corrected in the local window (it
+/// counts again if Redis fails again within the window) and never in Redis; one booked in
+/// Redis and dropped while Redis is failing is not corrected anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_correction_goes_only_to_the_store_that_booked_it() {
+    let mut redis = RedisServer::start().await;
+    let store = RedisWindows::new(&redis.url(), Duration::from_millis(100)).unwrap();
+    let w = Windows::new(Duration::from_secs(60), Some(store), 1);
+    let specs = || token_and_user(0, 100_000).to_vec();
+
+    redis.kill();
+    let (d, local) = w.admit(specs(), "a", 80_000).await;
+    assert!(w.degraded(), "Redis is down: the local store booked it");
+    assert!(d.refused.is_none());
+    let mut local = local.expect("booked");
+    redis.restart().await;
+    recovered(&w).await;
+
+    let (d, in_redis) = w.admit(specs(), "b", 5_000).await;
+    assert!(!w.degraded() && d.refused.is_none());
+    assert_eq!(d.tokens_used, 5_000, "the restarted Redis starts empty");
+    // The local booking used 1 000 of its 80 000.
+    local.used(1_000);
+    drop(local);
+    corrections_land().await;
+    for k in RedisWindows::correct_keys(&specs()) {
+        assert_eq!(hash_sum(&redis, &k).await, 5_000, "{k}: Redis is untouched");
+    }
+
+    // Redis fails again within the window: the local window holds what was used.
+    redis.kill();
+    let (d, _c) = w.admit(specs(), "c", 50_000).await;
+    assert!(w.degraded());
+    assert!(
+        d.refused.is_none(),
+        "the local booking was corrected locally: {} used",
+        d.tokens_used
+    );
+    assert_eq!(d.tokens_used, 51_000);
+    // The Redis booking dropped while Redis fails: nothing is corrected in the local store.
+    drop(in_redis);
+    corrections_land().await;
+    let (d, _d) = w.admit(specs(), "d", 49_000).await;
+    assert!(d.refused.is_none());
+    assert_eq!(d.tokens_used, 100_000);
+}
+
+/// A bucket whose key was lost between a booking and its correction (FLUSHALL, an
+/// eviction, a failover to a replica without the last writes) and booked again in the same
+/// second holds less than the lost booking's estimate: the correction must not drive it
+/// below 0, which would let that many tokens over the limit in.
+#[tokio::test]
+async fn a_correction_never_leaves_a_redis_bucket_below_zero() {
+    let redis = RedisServer::start().await;
+    let w = RedisWindows::new(&redis.url(), TIMEOUT).unwrap();
+    let window = Duration::from_secs(60);
+    let specs = token_and_user(0, 100_000);
+    let mut same_second = None;
+    for _ in 0..3 {
+        let t = redis.cli(&["TIME"]).await.unwrap();
+        next_second(&redis, t.lines().next().unwrap().trim().parse().unwrap()).await;
+        let lost = w.check(&specs, "lost", 80_000, window).await.unwrap();
+        redis.cli(&["FLUSHALL"]).await.unwrap();
+        let again = w.check(&specs, "again", 5_000, window).await.unwrap();
+        if again.second == lost.second {
+            same_second = Some(lost.second);
+            break;
+        }
+    }
+    let second = same_second.expect("two bookings within one Redis second");
+    w.correct(&specs, second, 1_000 - 80_000).await.unwrap();
+    for k in RedisWindows::correct_keys(&specs) {
+        let bucket: i64 = redis
+            .cli(&["HGET", &k, &second.to_string()])
+            .await
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(bucket, 0, "{k}: clamped at 0");
     }
 }
 
