@@ -113,7 +113,36 @@ async fn the_reservation_is_the_worst_case_and_refunds_are_exact() {
             ..Default::default()
         }),
     );
+    // Sampled throughout: spent + reserved (= limit − remaining) never above the limit.
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (app, done) = (app.clone(), done.clone());
+        tokio::spawn(async move {
+            let mut samples = Vec::new();
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                samples.push(
+                    app.scalar(&format!(
+                        "SELECT limit_micros - remaining_micros FROM tokens WHERE id = {id}"
+                    ))
+                    .await,
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            samples
+        })
+    };
     let results = fire(&app, &token, 6, chat_body(100)).await;
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let samples = sampler.await.unwrap();
+    assert!(samples.len() > 10, "sampled during the run");
+    assert!(
+        samples.iter().all(|s| *s <= 2 * worst),
+        "spent + reserved over the limit: {samples:?}"
+    );
+    assert!(
+        samples.contains(&(2 * worst)),
+        "both worst cases were held at once"
+    );
     assert_eq!(results.iter().filter(|(s, _)| *s == 200).count(), 2);
     let refused = results.iter().find(|(s, _)| *s == 429).unwrap();
     assert_eq!(refused.1["error"]["type"], "insufficient_quota");

@@ -195,23 +195,35 @@ async fn a_client_that_leaves_mid_stream_is_charged_for_what_it_got_and_the_upst
             "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
         ))
         .await;
-    assert!(
-        charged > 0,
-        "input and the output produced so far are charged"
+    // Exactly DESIGN's rule: the counted input plus the tokenizer's count of the deltas the
+    // gateway received — the 4 text pieces the client read (the first of its 5 chunks
+    // carries only the role), or the one or two more the pump had taken before it saw the
+    // client go; never the whole answer.
+    let input = estimate::chat_input(
+        &[json!({"role": "user", "content": "Why does the engine light blink?"})],
+        None,
     );
-    let full = pricing::cost(
+    let prices = pricing::Prices {
+        input: 150_000,
+        output: 600_000,
+        cached_input: 150_000,
+    };
+    let pieces = sluice::mock::pieces(&sluice::mock::MockConfig::default().text);
+    let counted = |k: usize| estimate::count_text(&pieces[..k].concat());
+    app.wait_for_log_rows(1).await;
+    let output = app.scalar("SELECT output_tokens FROM requests").await;
+    let received = (4..=7)
+        .find(|&k| counted(k) == output)
+        .unwrap_or_else(|| panic!("{output} output tokens are not the count of 4..=7 pieces"));
+    let expected = pricing::cost(
         pricing::Usage {
-            input: 12,
+            input,
             cached_input: 0,
-            output: 24,
+            output: counted(received),
         },
-        pricing::Prices {
-            input: 150_000,
-            output: 600_000,
-            cached_input: 0,
-        },
+        prices,
     );
-    assert!(charged <= full, "{charged} > {full}");
+    assert_eq!(charged, expected, "input + the {received} pieces received");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
         app.mock.state.stats(KEY_A).in_flight,
