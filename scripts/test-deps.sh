@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs on a fresh Debian machine with the Rust toolchain:
-# a redis-server for the rate-limit tests, the Python SDKs the compatibility tests drive,
+# a redis-server for the rate-limit tests, libfaketime for the skewed-clock tests, the Python SDKs the compatibility tests drive,
 # and for the admin UI test Debian's chromium plus playwright-core (npm ci in tests/ui; the
 # browser is never downloaded by Playwright). Idempotent, and quick when everything is present.
 set -euo pipefail
@@ -21,6 +21,11 @@ if ! command -v redis-server >/dev/null 2>&1; then
     apt_install redis-server
     # The tests start their own servers on free ports; the distribution's service is not needed.
     $sudo systemctl disable --now redis-server >/dev/null 2>&1 || true
+fi
+
+# libfaketime moves a gateway process's clock in tests/api/clocks.rs (Q12, R3).
+if [ ! -e /usr/bin/faketime ]; then
+    apt_install faketime
 fi
 
 if ! python3 -c "import openai, anthropic, pytest" >/dev/null 2>&1; then

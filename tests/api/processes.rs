@@ -18,9 +18,9 @@ fn free_port() -> u16 {
         .port()
 }
 
-struct Gateway {
-    child: Child,
-    url: String,
+pub(crate) struct Gateway {
+    pub child: Child,
+    pub url: String,
 }
 
 impl Drop for Gateway {
@@ -30,7 +30,13 @@ impl Drop for Gateway {
     }
 }
 
-fn write_config(dir: &std::path::Path, mock: &MockServer, port: u16) -> std::path::PathBuf {
+/// The gateway's config; `extra` is appended (more tables, e.g. `[redis]`).
+fn write_config(
+    dir: &std::path::Path,
+    mock: &MockServer,
+    port: u16,
+    extra: &str,
+) -> std::path::PathBuf {
     let path = dir.join(format!("sluice-{port}.toml"));
     let text = format!(
         r#"
@@ -50,6 +56,7 @@ name = "gpt-4o-mini"
 routes = [{{ upstream = "a", model = "gpt-4o-mini" }}]
 input_usd_per_mtok = 0.15
 output_usd_per_mtok = 0.60
+{extra}
 "#,
         db = dir.join("sluice.db").display(),
         mock = mock.base_url()
@@ -67,8 +74,18 @@ async fn start_gateway_with(
     mock: &MockServer,
     env: &[(&str, &str)],
 ) -> Gateway {
+    start_gateway_full(dir, mock, env, "").await
+}
+
+/// A gateway process on `dir`'s database with extra environment and config.
+pub(crate) async fn start_gateway_full(
+    dir: &std::path::Path,
+    mock: &MockServer,
+    env: &[(&str, &str)],
+    extra: &str,
+) -> Gateway {
     let port = free_port();
-    let config = write_config(dir, mock, port);
+    let config = write_config(dir, mock, port, extra);
     let log = std::fs::File::create(dir.join(format!("gateway-{port}.log"))).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(["--config", config.to_str().unwrap(), "serve"])

@@ -1,0 +1,169 @@
+//! Real clocks that disagree (CHECKS Q12, R3): gateway processes whose system clock is
+//! moved with libfaketime (`LD_PRELOAD`, Debian's `faketime` package; monotonic time left
+//! alone), so every clock the process reads — the budget periods', the limiter's, the
+//! heartbeat's — is skewed, not a test double only one module uses.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sluice::mock::{MockConfig, MockServer, Script};
+use sluice::quota::{estimate, pricing};
+
+use crate::helpers::*;
+use crate::processes::{start_gateway_full, Gateway};
+
+/// The environment that runs a process `offset` ahead of the real clock (behind if
+/// negative).
+fn skewed(offset: chrono::Duration) -> Vec<(&'static str, String)> {
+    let lib = ["x86_64-linux-gnu", "aarch64-linux-gnu"]
+        .iter()
+        .map(|arch| format!("/usr/lib/{arch}/faketime/libfaketimeMT.so.1"))
+        .find(|p| std::path::Path::new(p).exists())
+        .expect("libfaketime (Debian's faketime package; scripts/test-deps.sh installs it)");
+    let secs = offset.num_milliseconds() as f64 / 1000.0;
+    vec![
+        ("LD_PRELOAD", lib),
+        ("FAKETIME", format!("{secs:+.3}")),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1".into()),
+        ("FAKETIME_NO_CACHE", "1".into()),
+    ]
+}
+
+async fn start(dir: &std::path::Path, mock: &MockServer, offset: chrono::Duration, extra: &str) -> Gateway {
+    let env = skewed(offset);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    start_gateway_full(dir, mock, &env, extra).await
+}
+
+async fn post(http: &reqwest::Client, url: &str, token: &str) -> u16 {
+    http.post(format!("{url}/v1/chat/completions"))
+        .bearer_auth(token)
+        .json(&chat_body(100))
+        .send()
+        .await
+        .map(|r| r.status().as_u16())
+        .unwrap_or(0)
+}
+
+/// Q12: two gateways on one database whose clocks are a second apart, traffic straddling a
+/// day boundary on both: each day's spend is at most its limit, every request the budget
+/// allowed is admitted, and the token is reset exactly once per boundary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_a_second_apart_straddle_a_day_boundary() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    // The boundary: a midnight two days ahead, reached by gateway A 10 s after it starts.
+    let real = Utc::now();
+    let boundary: DateTime<Utc> = (real.date_naive() + chrono::Days::new(2))
+        .and_hms_opt(0, 0, 0)
+        .unwrap()
+        .and_utc();
+    let offset_a = boundary - chrono::Duration::seconds(10) - real;
+    let offset_b = offset_a - chrono::Duration::seconds(1);
+    let a = start(dir.path(), &mock, offset_a, "").await;
+    let b = start(dir.path(), &mock, offset_b, "").await;
+    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false).await.unwrap();
+    // Each request costs exactly its worst case; the budget covers 10 a day.
+    let input = pricing::input_with_margin(
+        estimate::chat_input(
+            &[serde_json::json!({"role": "user", "content": "Why does the engine light blink?"})],
+            None,
+        ),
+        1.10,
+        16,
+    );
+    let per = pricing::cost(
+        pricing::Usage { input, cached_input: 0, output: 100 },
+        pricing::Prices { input: 150_000, output: 600_000, cached_input: 150_000 },
+    );
+    mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            prompt_tokens: Some(input),
+            completion_tokens: Some(100),
+            ..Default::default()
+        }),
+    );
+    let args = sluice::cli::IssueArgs {
+        budget_usd: Some(&pricing::usd(10 * per)),
+        reset: Some("daily"),
+        ..issue_args("quinn")
+    };
+    let token = sluice::cli::token_issue(&db, &args, real).await.unwrap();
+    // From 3 s before the boundary (A's clock) to 5 s after, one request every 50 ms,
+    // alternating between the gateways.
+    let a_now = || Utc::now() + offset_a;
+    while a_now() < boundary - chrono::Duration::seconds(3) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let http = reqwest::Client::new();
+    let urls = Arc::new([a.url.clone(), b.url.clone()]);
+    let mut tasks = Vec::new();
+    let mut i = 0;
+    while a_now() < boundary + chrono::Duration::seconds(5) {
+        let (http, urls, text) = (http.clone(), urls.clone(), token.text.clone());
+        tasks.push(tokio::spawn(async move { post(&http, &urls[i % 2], &text).await }));
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap());
+    }
+    let ok = statuses.iter().filter(|s| **s == 200).count();
+    assert!(statuses.iter().all(|s| *s == 200 || *s == 429), "{statuses:?}");
+    assert_eq!(ok, 20, "10 on each day, no more, no less");
+    // Each period's spend within the limit; one reset into each period.
+    let by_day: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT period, SUM(amount_micros) FROM ledger WHERE token_id = ? AND kind IN ('reserve', 'settle', 'adjust') GROUP BY period ORDER BY period",
+    )
+    .bind(token.id)
+    .fetch_all(&db.read)
+    .await
+    .unwrap();
+    let day = |d: DateTime<Utc>| d.format("%Y-%m-%d").to_string();
+    let before = day(boundary - chrono::Duration::seconds(1));
+    assert_eq!(by_day, [(before.clone(), 10 * per), (day(boundary), 10 * per)]);
+    let resets: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT after, COUNT(*) FROM audit_log WHERE action = 'budget.period_reset' AND target = ? GROUP BY after ORDER BY after",
+    )
+    .bind(format!("token:{}", token.id))
+    .fetch_all(&db.read)
+    .await
+    .unwrap();
+    assert_eq!(resets, [(before, 1), (day(boundary), 1)], "one reset per boundary");
+    assert_invariant_on(&db.read).await;
+}
+
+/// R3: two gateways sharing one Redis, the second's system clock 45 s ahead: together
+/// they admit exactly the limit (the windows run on Redis's clock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_with_skewed_clocks_share_one_limit() {
+    let redis = RedisServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let extra = format!("[redis]\nurl = \"{}\"\n[ratelimit]\nwindow_seconds = 60\n", redis.url());
+    let a = start(dir.path(), &mock, chrono::Duration::zero(), &extra).await;
+    let b = start(dir.path(), &mock, chrono::Duration::seconds(45), &extra).await;
+    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false).await.unwrap();
+    let args = sluice::cli::IssueArgs {
+        rpm: Some(20),
+        ..issue_args("carol")
+    };
+    let token = sluice::cli::token_issue(&db, &args, Utc::now()).await.unwrap().text;
+    let http = reqwest::Client::new();
+    let urls = Arc::new([a.url.clone(), b.url.clone()]);
+    let tasks: Vec<_> = (0..40)
+        .map(|i| {
+            let (http, urls, token) = (http.clone(), urls.clone(), token.clone());
+            tokio::spawn(async move { post(&http, &urls[i % 2], &token).await })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap());
+    }
+    assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 20, "{statuses:?}");
+    assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 20);
+}
