@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sluice::mock::{MockConfig, MockServer, Script};
-use sluice::quota::{estimate, pricing};
+use sluice::quota::pricing;
 
 use crate::helpers::*;
 use crate::processes::{start_gateway_full, Gateway};
@@ -30,7 +30,12 @@ fn skewed(offset: chrono::Duration) -> Vec<(&'static str, String)> {
     ]
 }
 
-async fn start(dir: &std::path::Path, mock: &MockServer, offset: chrono::Duration, extra: &str) -> Gateway {
+async fn start(
+    dir: &std::path::Path,
+    mock: &MockServer,
+    offset: chrono::Duration,
+    extra: &str,
+) -> Gateway {
     let env = skewed(offset);
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     start_gateway_full(dir, mock, &env, extra).await
@@ -63,20 +68,11 @@ async fn two_gateways_a_second_apart_straddle_a_day_boundary() {
     let offset_b = offset_a - chrono::Duration::seconds(1);
     let a = start(dir.path(), &mock, offset_a, "").await;
     let b = start(dir.path(), &mock, offset_b, "").await;
-    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false).await.unwrap();
+    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
+        .await
+        .unwrap();
     // Each request costs exactly its worst case; the budget covers 10 a day.
-    let input = pricing::input_with_margin(
-        estimate::chat_input(
-            &[serde_json::json!({"role": "user", "content": "Why does the engine light blink?"})],
-            None,
-        ),
-        1.10,
-        16,
-    );
-    let per = pricing::cost(
-        pricing::Usage { input, cached_input: 0, output: 100 },
-        pricing::Prices { input: 150_000, output: 600_000, cached_input: 150_000 },
-    );
+    let (input, per) = chat_worst_case(100);
     mock.state.sticky(
         KEY_A,
         Some(Script {
@@ -103,7 +99,9 @@ async fn two_gateways_a_second_apart_straddle_a_day_boundary() {
     let mut i = 0;
     while a_now() < boundary + chrono::Duration::seconds(5) {
         let (http, urls, text) = (http.clone(), urls.clone(), token.text.clone());
-        tasks.push(tokio::spawn(async move { post(&http, &urls[i % 2], &text).await }));
+        tasks.push(tokio::spawn(async move {
+            post(&http, &urls[i % 2], &text).await
+        }));
         i += 1;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -112,7 +110,10 @@ async fn two_gateways_a_second_apart_straddle_a_day_boundary() {
         statuses.push(t.await.unwrap());
     }
     let ok = statuses.iter().filter(|s| **s == 200).count();
-    assert!(statuses.iter().all(|s| *s == 200 || *s == 429), "{statuses:?}");
+    assert!(
+        statuses.iter().all(|s| *s == 200 || *s == 429),
+        "{statuses:?}"
+    );
     assert_eq!(ok, 20, "10 on each day, no more, no less");
     // Each period's spend within the limit; one reset into each period.
     let by_day: Vec<(String, i64)> = sqlx::query_as(
@@ -124,7 +125,10 @@ async fn two_gateways_a_second_apart_straddle_a_day_boundary() {
     .unwrap();
     let day = |d: DateTime<Utc>| d.format("%Y-%m-%d").to_string();
     let before = day(boundary - chrono::Duration::seconds(1));
-    assert_eq!(by_day, [(before.clone(), 10 * per), (day(boundary), 10 * per)]);
+    assert_eq!(
+        by_day,
+        [(before.clone(), 10 * per), (day(boundary), 10 * per)]
+    );
     let resets: Vec<(String, i64)> = sqlx::query_as(
         "SELECT after, COUNT(*) FROM audit_log WHERE action = 'budget.period_reset' AND target = ? GROUP BY after ORDER BY after",
     )
@@ -132,7 +136,11 @@ async fn two_gateways_a_second_apart_straddle_a_day_boundary() {
     .fetch_all(&db.read)
     .await
     .unwrap();
-    assert_eq!(resets, [(before, 1), (day(boundary), 1)], "one reset per boundary");
+    assert_eq!(
+        resets,
+        [(before, 1), (day(boundary), 1)],
+        "one reset per boundary"
+    );
     assert_invariant_on(&db.read).await;
 }
 
@@ -143,15 +151,23 @@ async fn two_gateways_with_skewed_clocks_share_one_limit() {
     let redis = RedisServer::start().await;
     let dir = tempfile::tempdir().unwrap();
     let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
-    let extra = format!("[redis]\nurl = \"{}\"\n[ratelimit]\nwindow_seconds = 60\n", redis.url());
+    let extra = format!(
+        "[redis]\nurl = \"{}\"\n[ratelimit]\nwindow_seconds = 60\n",
+        redis.url()
+    );
     let a = start(dir.path(), &mock, chrono::Duration::zero(), &extra).await;
     let b = start(dir.path(), &mock, chrono::Duration::seconds(45), &extra).await;
-    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false).await.unwrap();
+    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
+        .await
+        .unwrap();
     let args = sluice::cli::IssueArgs {
         rpm: Some(20),
         ..issue_args("carol")
     };
-    let token = sluice::cli::token_issue(&db, &args, Utc::now()).await.unwrap().text;
+    let token = sluice::cli::token_issue(&db, &args, Utc::now())
+        .await
+        .unwrap()
+        .text;
     let http = reqwest::Client::new();
     let urls = Arc::new([a.url.clone(), b.url.clone()]);
     let tasks: Vec<_> = (0..40)
@@ -164,6 +180,10 @@ async fn two_gateways_with_skewed_clocks_share_one_limit() {
     for t in tasks {
         statuses.push(t.await.unwrap());
     }
-    assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 20, "{statuses:?}");
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        20,
+        "{statuses:?}"
+    );
     assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 20);
 }

@@ -242,6 +242,28 @@ pub async fn assert_invariant_on(pool: &sqlx::SqlitePool) {
     assert_eq!(ok, "ok");
 }
 
+/// `chat_body(max_tokens)`'s worst case at the test model's prices: the reserved input
+/// tokens (counted, with the default margin) and the cost in micro-dollars. A mock that
+/// reports exactly these tokens makes every answer cost its reservation.
+pub fn chat_worst_case(max_tokens: i64) -> (i64, i64) {
+    let counted = sluice::quota::estimate::chat_input(
+        &[json!({"role": "user", "content": "Why does the engine light blink?"})],
+        None,
+    );
+    let input = sluice::quota::pricing::input_with_margin(counted, 1.10, 16);
+    let prices = sluice::quota::pricing::Prices {
+        input: 150_000,
+        output: 600_000,
+        cached_input: 150_000,
+    };
+    let usage = sluice::quota::pricing::Usage {
+        input,
+        cached_input: 0,
+        output: max_tokens,
+    };
+    (input, sluice::quota::pricing::cost(usage, prices))
+}
+
 pub fn chat_body(max_tokens: i64) -> Value {
     json!({"model": "gpt-4o-mini", "max_tokens": max_tokens, "messages": [{"role": "user", "content": "Why does the engine light blink?"}]})
 }

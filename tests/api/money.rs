@@ -164,6 +164,35 @@ async fn quota_rig(limit: i64) -> (tempfile::TempDir, Db, Arc<ManualClock>, Arc<
     (dir, db, clock, quota, owner)
 }
 
+/// Makes the store refuse (or accept again) every settlement: a trigger on the
+/// reservation's delete, switched by a flag table.
+async fn refuse_settlements(db: &Db, refuse: bool) {
+    let statements: &[&str] = if refuse {
+        &[
+            "CREATE TABLE IF NOT EXISTS disk_on_fire (x)",
+            "INSERT INTO disk_on_fire VALUES (1)",
+            "CREATE TRIGGER IF NOT EXISTS no_settle BEFORE DELETE ON reservations
+             WHEN (SELECT COUNT(*) FROM disk_on_fire) > 0 BEGIN SELECT RAISE(ABORT, 'disk on fire'); END",
+        ]
+    } else {
+        &["DELETE FROM disk_on_fire"]
+    };
+    for sql in statements {
+        sqlx::query(sql).execute(&db.write).await.unwrap();
+    }
+}
+
+/// Waits (bounded) until every settlement of `quota` has landed.
+async fn settlements_landed(quota: &Quota) {
+    for _ in 0..500 {
+        if quota.live_count() == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("settlements still under way after 5 s");
+}
+
 async fn token_row(db: &Db, id: i64) -> (i64, i64, i64) {
     sqlx::query_as(
         "SELECT limit_micros - remaining_micros, reserved_micros, (SELECT COUNT(*) FROM reservations) FROM tokens WHERE id = ?",
@@ -180,21 +209,7 @@ async fn token_row(db: &Db, id: i64) -> (i64, i64, i64) {
 async fn a_settlement_that_fails_is_retried_until_it_lands() {
     let (_dir, db, _clock, quota, owner) = quota_rig(10_000).await;
     let held = quota.reserve("req-1", &owner, 1_000).await.unwrap();
-    sqlx::query("CREATE TABLE disk_on_fire (x)")
-        .execute(&db.write)
-        .await
-        .unwrap();
-    sqlx::query("INSERT INTO disk_on_fire VALUES (1)")
-        .execute(&db.write)
-        .await
-        .unwrap();
-    sqlx::query(
-        "CREATE TRIGGER no_settle BEFORE DELETE ON reservations WHEN (SELECT COUNT(*) FROM disk_on_fire) > 0
-         BEGIN SELECT RAISE(ABORT, 'disk on fire'); END",
-    )
-    .execute(&db.write)
-    .await
-    .unwrap();
+    refuse_settlements(&db, true).await;
     let s = held.settle(300).await;
     assert_eq!(
         (s.charged, s.absorbed),
@@ -204,16 +219,8 @@ async fn a_settlement_that_fails_is_retried_until_it_lands() {
     // Still reserved: the store refused, and the retry keeps it held meanwhile.
     assert_eq!(token_row(&db, owner.token_id).await, (1_000, 1_000, 1));
     assert_eq!(quota.live_count(), 1);
-    sqlx::query("DELETE FROM disk_on_fire")
-        .execute(&db.write)
-        .await
-        .unwrap();
-    for _ in 0..500 {
-        if quota.live_count() == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    refuse_settlements(&db, false).await;
+    settlements_landed(&quota).await;
     assert_eq!(
         token_row(&db, owner.token_id).await,
         (300, 0, 0),
@@ -355,21 +362,7 @@ async fn a_deadline_that_cuts_the_upstream_off_charges_the_input() {
 async fn a_settlement_abandoned_mid_await_still_lands() {
     let (_dir, db, clock, quota, owner) = quota_rig(10_000).await;
     let held = quota.reserve("req-1", &owner, 1_000).await.unwrap();
-    sqlx::query("CREATE TABLE disk_on_fire (x)")
-        .execute(&db.write)
-        .await
-        .unwrap();
-    sqlx::query("INSERT INTO disk_on_fire VALUES (1)")
-        .execute(&db.write)
-        .await
-        .unwrap();
-    sqlx::query(
-        "CREATE TRIGGER no_settle BEFORE DELETE ON reservations WHEN (SELECT COUNT(*) FROM disk_on_fire) > 0
-         BEGIN SELECT RAISE(ABORT, 'disk on fire'); END",
-    )
-    .execute(&db.write)
-    .await
-    .unwrap();
+    refuse_settlements(&db, true).await;
     // The writer cannot run while we hold its connection: the settlement waits in it.
     let hold = db.write.acquire().await.unwrap();
     let settling = tokio::spawn(async move { held.settle(300).await });
@@ -385,16 +378,8 @@ async fn a_settlement_abandoned_mid_await_still_lands() {
     housekeeping::sweep_own(&quota, &db, clock.now())
         .await
         .unwrap();
-    sqlx::query("DELETE FROM disk_on_fire")
-        .execute(&db.write)
-        .await
-        .unwrap();
-    for _ in 0..500 {
-        if quota.live_count() == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    refuse_settlements(&db, false).await;
+    settlements_landed(&quota).await;
     assert_eq!(
         token_row(&db, owner.token_id).await,
         (300, 0, 0),

@@ -104,6 +104,9 @@ pub(crate) async fn start_gateway_full(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let mut child = child;
+    let _ = child.kill();
+    let _ = child.wait();
     panic!("gateway did not start");
 }
 
@@ -167,24 +170,7 @@ async fn two_gateways_on_one_database_never_overdraw() {
     let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
         .await
         .unwrap();
-    let counted = sluice::quota::estimate::chat_input(
-        &[serde_json::json!({"role": "user", "content": "Why does the engine light blink?"})],
-        None,
-    );
-    let input = pricing::input_with_margin(counted, 1.10, 16);
-    let prices = pricing::Prices {
-        input: 150_000,
-        output: 600_000,
-        cached_input: 150_000,
-    };
-    let per = pricing::cost(
-        pricing::Usage {
-            input,
-            cached_input: 0,
-            output: 100,
-        },
-        prices,
-    );
+    let (input, per) = chat_worst_case(100);
     mock.state.sticky(
         KEY_A,
         Some(Script {
