@@ -97,6 +97,11 @@ fn prefix(key: &Key) -> u64 {
 /// (the same system prompt for a whole application) must not grow without bound.
 const MAX_PER_CONTEXT: usize = 256;
 
+/// The longest an entry may live (one year), whoever asks: `x-sluice-cache-ttl` above it is
+/// refused, a token's or the config's default is held to it — so `now + ttl` never
+/// overflows a date.
+pub const MAX_TTL_SECONDS: i64 = 365 * 24 * 3600;
+
 /// Most entries kept in memory in front of SQLite.
 const LRU_ENTRIES: usize = 10_000;
 
@@ -154,14 +159,18 @@ impl Cache {
         token_ttl: Option<i64>,
         model_threshold: Option<f64>,
     ) -> Result<Option<Plan>, ApiError> {
-        let header = |k: &str| headers.get(k).and_then(|v| v.to_str().ok()).map(str::trim);
-        let asked = header("x-sluice-cache");
+        let asked = header(headers, "x-sluice-cache")?;
         if !matches!(asked, None | Some("on" | "off" | "refresh")) {
             return Err(ApiError::invalid(
                 "x-sluice-cache",
                 "x-sluice-cache must be on, off or refresh",
             ));
         }
+        // Checked whether or not the request is cacheable: a bad header is a bad request.
+        let asked_ttl = header(headers, "x-sluice-cache-ttl")?
+            .map(parse_ttl)
+            .transpose()?;
+        let tags = parse_tags(header(headers, "x-sluice-cache-tags")?)?;
         let deterministic = body.get("temperature").and_then(Value::as_f64) == Some(0.0);
         let wanted = match (self.cfg.mode.as_str(), asked) {
             ("off", _) | (_, Some("off")) => false,
@@ -172,23 +181,15 @@ impl Cache {
         if !wanted || body.get("n").and_then(Value::as_i64).unwrap_or(1) > 1 {
             return Ok(None);
         }
-        let ttl = match header("x-sluice-cache-ttl") {
-            Some(t) => t.parse::<i64>().ok().filter(|t| *t > 0).ok_or_else(|| {
-                ApiError::invalid(
-                    "x-sluice-cache-ttl",
-                    "x-sluice-cache-ttl must be a positive number of seconds",
-                )
-            })?,
-            None => token_ttl.unwrap_or(self.cfg.default_ttl_seconds as i64),
+        let ttl = match asked_ttl {
+            Some(t) => t,
+            // A token's TTL (from the database) and the config's are held to the range
+            // rather than refused: the client did not choose them.
+            None => token_ttl
+                .filter(|t| *t > 0)
+                .unwrap_or(self.cfg.default_ttl_seconds.min(MAX_TTL_SECONDS as u64) as i64)
+                .clamp(1, MAX_TTL_SECONDS),
         };
-        let tags: Vec<&str> = header("x-sluice-cache-tags")
-            .map(|t| {
-                t.split(',')
-                    .map(str::trim)
-                    .filter(|t| !t.is_empty())
-                    .collect()
-            })
-            .unwrap_or_default();
         let scope = match self.cfg.scope.as_str() {
             "token" => format!("token:{}", owner.0),
             "global" => "global".to_string(),
@@ -305,7 +306,7 @@ impl Cache {
             output_tokens: usage.1,
             tags: plan.tags.clone(),
             created_at: now,
-            expires_at: now + plan.ttl,
+            expires_at: expiry(now, plan.ttl),
         };
         if !self.stored.push(stored).await {
             tracing::warn!("cache writer is gone; entry not stored");
@@ -316,7 +317,7 @@ impl Cache {
             answer: answer.clone(),
             input_tokens: usage.0,
             output_tokens: usage.1,
-            expires_at: now + plan.ttl,
+            expires_at: expiry(now, plan.ttl),
         });
         self.lru.lock().put(plan.keys.exact, e);
         self.present.write().insert(prefix(&plan.keys.exact));
@@ -435,6 +436,65 @@ impl Cache {
         }
         Ok(n)
     }
+}
+
+/// A request header as text, trimmed; one that is not visible ASCII is refused by name.
+fn header<'h>(headers: &'h HeaderMap, name: &'static str) -> Result<Option<&'h str>, ApiError> {
+    match headers.get(name) {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .map(|v| Some(v.trim()))
+            .map_err(|_| ApiError::invalid(name, format!("{name} must be visible ASCII text"))),
+    }
+}
+
+/// `x-sluice-cache-ttl`: whole seconds, 1 to `MAX_TTL_SECONDS`.
+fn parse_ttl(t: &str) -> Result<i64, ApiError> {
+    t.parse::<i64>()
+        .ok()
+        .filter(|t| (1..=MAX_TTL_SECONDS).contains(t))
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "x-sluice-cache-ttl",
+                format!(
+                    "x-sluice-cache-ttl must be a whole number of seconds from 1 to {MAX_TTL_SECONDS}"
+                ),
+            )
+        })
+}
+
+/// Most tags on one entry, and the longest tag (the admin API's limit too).
+pub const MAX_TAGS: usize = 10;
+pub const MAX_TAG_LEN: usize = 200;
+
+/// `x-sluice-cache-tags: a,b`: at most `MAX_TAGS` tags of at most `MAX_TAG_LEN` bytes.
+/// Any other character is kept as it is (invalidation matches whole tags exactly).
+fn parse_tags(header: Option<&str>) -> Result<Vec<&str>, ApiError> {
+    let tags: Vec<&str> = header
+        .map(|t| {
+            t.split(',')
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    if tags.len() > MAX_TAGS || tags.iter().any(|t| t.len() > MAX_TAG_LEN) {
+        return Err(ApiError::invalid(
+            "x-sluice-cache-tags",
+            format!(
+                "x-sluice-cache-tags takes at most {MAX_TAGS} tags of at most {MAX_TAG_LEN} characters"
+            ),
+        ));
+    }
+    Ok(tags)
+}
+
+/// When an entry stored at `now` expires; the TTL is bounded, and a date past chrono's
+/// range would still not panic.
+fn expiry(now: DateTime<Utc>, ttl: Duration) -> DateTime<Utc> {
+    now.checked_add_signed(ttl)
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 
 /// Adds a semantic candidate to its context's bucket (replacing the same entry, dropping

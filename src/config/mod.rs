@@ -143,6 +143,12 @@ impl Settings {
         if !matches!(self.cache.scope.as_str(), "team" | "token" | "global") {
             return invalid("cache.scope must be team, token or global".into());
         }
+        let max_ttl = crate::cache::MAX_TTL_SECONDS as u64;
+        if !(1..=max_ttl).contains(&self.cache.default_ttl_seconds) {
+            return invalid(format!(
+                "cache.default_ttl_seconds must be from 1 to {max_ttl} (one year)"
+            ));
+        }
         if !(0.0..=1.0).contains(&self.cache.similarity_threshold) {
             return invalid("cache.similarity_threshold must be between 0 and 1".into());
         }

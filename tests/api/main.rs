@@ -9,6 +9,7 @@ mod admin_roles;
 mod auth;
 mod bad_input;
 mod cache;
+mod cache_guard;
 mod clocks;
 mod money;
 mod money_model;

@@ -1,0 +1,363 @@
+//! The cache's edges under hostile input: client-supplied TTLs (header and token), tags
+//! with LIKE's wildcards, and the headers of a hit, which must be a proxied answer's.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value};
+use sluice::config::{Provider, RouteSettings};
+
+use crate::helpers::*;
+
+fn question(text: &str) -> Value {
+    json!({"model": "gpt-4o-mini", "temperature": 0, "max_tokens": 100,
+           "messages": [{"role": "user", "content": text}]})
+}
+
+fn claude_question(text: &str, stream: bool) -> Value {
+    json!({"model": "claude", "temperature": 0, "max_tokens": 100, "stream": stream,
+           "messages": [{"role": "user", "content": text}]})
+}
+
+async fn send(
+    app: &TestApp,
+    path: &str,
+    token: &str,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> reqwest::Response {
+    let mut req = app
+        .http
+        .post(format!("{}{path}", app.address))
+        .bearer_auth(token)
+        .json(body);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    req.send().await.expect("request sent")
+}
+
+fn cache_of(r: &reqwest::Response) -> String {
+    r.headers()
+        .get("x-sluice-cache")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default()
+}
+
+/// Waits until the cache table holds `n` entries (they are written off the request path).
+async fn wait_for_entries(app: &TestApp, n: i64) {
+    for _ in 0..250 {
+        app.state.cache.flush().await;
+        if app.scalar("SELECT COUNT(*) FROM cache_entries").await >= n {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("the cache never held {n} entries");
+}
+
+/// An app with an Anthropic model `claude` beside the OpenAI `gpt-4o-mini`.
+async fn two_formats() -> TestApp {
+    spawn_app_with(|s, m| {
+        let mut c = upstream("c", KEY_B, m);
+        c.provider = Provider::Anthropic;
+        c.base_url = m.base_url();
+        s.upstreams.push(c);
+        let mut claude = model("claude", &["c"]);
+        claude.routes = vec![RouteSettings {
+            upstream: "c".into(),
+            model: "claude-upstream".into(),
+            output_cap_param: None,
+        }];
+        s.models.push(claude);
+    })
+    .await
+}
+
+#[tokio::test]
+async fn an_out_of_range_cache_ttl_is_a_400_naming_it_in_the_clients_format() {
+    let app = two_formats().await;
+    let (_, token) = app.token("ttl", None).await;
+    for ttl in [
+        "9223372036854775807",
+        "9223372036854775",
+        "99999999999",
+        "-1",
+        "0",
+        "1e3",
+        "ten",
+    ] {
+        let r = send(
+            &app,
+            "/v1/chat/completions",
+            &token,
+            &question("What is a TTL?"),
+            &[("x-sluice-cache-ttl", ttl)],
+        )
+        .await;
+        assert_eq!(r.status(), 400, "ttl {ttl}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+        assert_eq!(v["error"]["param"], "x-sluice-cache-ttl", "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("x-sluice-cache-ttl"),
+            "{v}"
+        );
+
+        let r = send(
+            &app,
+            "/v1/messages",
+            &token,
+            &claude_question("What is a TTL?", false),
+            &[("x-sluice-cache-ttl", ttl)],
+        )
+        .await;
+        assert_eq!(r.status(), 400, "ttl {ttl}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["type"], "error", "{v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("x-sluice-cache-ttl"),
+            "{v}"
+        );
+    }
+    // The largest TTL allowed is served and stored.
+    let max = sluice::cache::MAX_TTL_SECONDS.to_string();
+    let r = send(
+        &app,
+        "/v1/chat/completions",
+        &token,
+        &question("What is a TTL?"),
+        &[("x-sluice-cache-ttl", &max)],
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(cache_of(&r), "miss");
+    wait_for_entries(&app, 1).await;
+    assert_eq!(
+        app.mock.state.stats(KEY_A).count,
+        1,
+        "nothing refused went upstream"
+    );
+}
+
+/// A token's own TTL comes from the database, not from the client: a value past any date
+/// (written by hand, or by a future admin page) must neither panic nor be refused — it is
+/// held to the largest TTL.
+#[tokio::test]
+async fn a_huge_token_ttl_is_held_to_the_largest_ttl_not_a_panic() {
+    let app = spawn_app().await;
+    let (id, token) = app.token("forever", None).await;
+    sqlx::query("UPDATE tokens SET cache_ttl_seconds = ? WHERE id = ?")
+        .bind(i64::MAX)
+        .bind(id)
+        .execute(&app.db().write)
+        .await
+        .unwrap();
+    let r = app
+        .chat(&token, &question("How long do entries live?"))
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(cache_of(&r), "miss");
+    wait_for_entries(&app, 1).await;
+    let r = app
+        .chat(&token, &question("How long do entries live?"))
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(cache_of(&r), "hit-exact");
+    assert_eq!(app.mock.state.stats(KEY_A).count, 1);
+}
+
+#[test]
+fn a_default_ttl_past_the_largest_is_refused_at_load() {
+    let mut s = sluice::config::Settings::default();
+    s.cache.default_ttl_seconds = u64::MAX;
+    let e = s.validate().expect_err("refused");
+    assert!(e.to_string().contains("default_ttl_seconds"), "{e}");
+    s.cache.default_ttl_seconds = sluice::cache::MAX_TTL_SECONDS as u64;
+    s.validate().expect("the largest TTL is valid");
+}
+
+/// Tags are matched as whole, exact strings: `_` and `%` are characters like any other,
+/// and case counts.
+#[tokio::test]
+async fn tags_with_like_wildcards_are_invalidated_exactly() {
+    let app = spawn_app().await;
+    let (_, token) = app.token("tags", None).await;
+    let tagged = [
+        ("a_b", "Question one about tags?"),
+        ("axb", "Question two about tags?"),
+        ("50%", "Question three about tags?"),
+        ("500", "Question four about tags?"),
+        ("Case:1", "Question five about tags?"),
+        ("case:1", "Question six about tags?"),
+    ];
+    for (tag, text) in tagged {
+        let r = send(
+            &app,
+            "/v1/chat/completions",
+            &token,
+            &question(text),
+            &[("x-sluice-cache-tags", tag)],
+        )
+        .await;
+        assert_eq!(r.status(), 200);
+    }
+    let untagged = question("A question without any tag?");
+    assert_eq!(app.chat(&token, &untagged).await.status(), 200);
+    wait_for_entries(&app, 7).await;
+
+    let cache = &app.state.cache;
+    assert_eq!(
+        cache.invalidate_tag("%").await.unwrap(),
+        0,
+        "`%` is no wildcard"
+    );
+    assert_eq!(
+        cache.invalidate_tag("_").await.unwrap(),
+        0,
+        "`_` is no wildcard"
+    );
+    assert_eq!(cache.invalidate_tag("a_b").await.unwrap(), 1);
+    assert_eq!(cache.invalidate_tag("50%").await.unwrap(), 1);
+    assert_eq!(cache.invalidate_tag("Case:1").await.unwrap(), 1);
+    let hit = |text: &'static str| {
+        let app = &app;
+        let token = token.clone();
+        async move { cache_of(&app.chat(&token, &question(text)).await) }
+    };
+    assert_eq!(hit("Question one about tags?").await, "miss", "a_b went");
+    assert_eq!(
+        hit("Question two about tags?").await,
+        "hit-exact",
+        "axb stays"
+    );
+    assert_eq!(hit("Question three about tags?").await, "miss", "50% went");
+    assert_eq!(
+        hit("Question four about tags?").await,
+        "hit-exact",
+        "500 stays"
+    );
+    assert_eq!(
+        hit("Question five about tags?").await,
+        "miss",
+        "Case:1 went"
+    );
+    assert_eq!(
+        hit("Question six about tags?").await,
+        "hit-exact",
+        "case:1 stays"
+    );
+    assert_eq!(hit("A question without any tag?").await, "hit-exact");
+}
+
+#[tokio::test]
+async fn too_many_or_too_long_cache_tags_are_a_400_naming_the_header() {
+    let app = spawn_app().await;
+    let (_, token) = app.token("many", None).await;
+    let many = (0..11)
+        .map(|i| format!("t{i}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let long = "x".repeat(201);
+    for tags in [many.as_str(), long.as_str()] {
+        let r = send(
+            &app,
+            "/v1/chat/completions",
+            &token,
+            &question("Tagged?"),
+            &[("x-sluice-cache-tags", tags)],
+        )
+        .await;
+        assert_eq!(r.status(), 400);
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["param"], "x-sluice-cache-tags", "{v}");
+    }
+}
+
+/// The headers of an answer that are the gateway's, by name, with the values that must
+/// match between a proxied answer and a hit (the rest only have to be present).
+fn gateway_headers(r: &reqwest::Response) -> BTreeMap<String, String> {
+    r.headers()
+        .iter()
+        .filter(|(k, _)| k.as_str().starts_with("x-") || k.as_str() == "content-type")
+        .map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap().to_string()))
+        .collect()
+}
+
+fn assert_same_headers(
+    what: &str,
+    proxied: &BTreeMap<String, String>,
+    hit: &BTreeMap<String, String>,
+) {
+    let names = |m: &BTreeMap<String, String>| m.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(names(proxied), names(hit), "{what}: header names");
+    for k in ["content-type", "x-ratelimit-limit-requests"] {
+        assert_eq!(proxied.get(k), hit.get(k), "{what}: {k}");
+    }
+    // A whole answer reports the budget after its settlement, which a hit (costing
+    // nothing) leaves as it is; a stream reports it at its start, with its reservation
+    // still held, so there only the presence compares.
+    if !what.contains("stream") {
+        let k = "x-sluice-budget-remaining-usd";
+        assert_eq!(proxied.get(k), hit.get(k), "{what}: {k}");
+    }
+    assert_eq!(hit["x-sluice-upstream"], "cache", "{what}");
+    assert!(hit["x-sluice-cache"].starts_with("hit"), "{what}");
+    assert_ne!(proxied["x-request-id"], hit["x-request-id"], "{what}");
+}
+
+/// C2: a hit carries every header a proxied answer carries — the budget left, the
+/// token's window, the request id — in both formats, whole and streamed.
+#[tokio::test]
+async fn a_hit_carries_the_headers_of_a_proxied_answer() {
+    let app = two_formats().await;
+    let (_, token) = app
+        .issue(sluice::cli::IssueArgs {
+            budget_usd: Some("5"),
+            rpm: Some(1000),
+            ..issue_args("headers")
+        })
+        .await;
+    let cases = [
+        ("/v1/chat/completions", question("Which headers?"), "openai"),
+        (
+            "/v1/chat/completions",
+            {
+                let mut q = question("Which headers, streamed?");
+                q["stream"] = json!(true);
+                q
+            },
+            "openai stream",
+        ),
+        (
+            "/v1/messages",
+            claude_question("Which headers?", false),
+            "anthropic",
+        ),
+        (
+            "/v1/messages",
+            claude_question("Which headers, streamed?", true),
+            "anthropic stream",
+        ),
+    ];
+    for (n, (path, body, what)) in cases.iter().enumerate() {
+        let proxied = send(&app, path, &token, body, &[]).await;
+        assert_eq!(proxied.status(), 200, "{what}");
+        assert_eq!(cache_of(&proxied), "miss", "{what}");
+        let proxied_headers = gateway_headers(&proxied);
+        let _ = proxied.bytes().await.unwrap();
+        app.wait_settled().await;
+        wait_for_entries(&app, n as i64 + 1).await;
+        let hit = send(&app, path, &token, body, &[]).await;
+        assert_eq!(hit.status(), 200, "{what}");
+        let hit_headers = gateway_headers(&hit);
+        let _ = hit.bytes().await.unwrap();
+        assert_same_headers(what, &proxied_headers, &hit_headers);
+    }
+}
