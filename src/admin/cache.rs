@@ -6,6 +6,7 @@ use serde_json::json;
 
 use super::actor::Actor;
 use super::error::AdminError;
+use crate::cache::MAX_TAG_LEN;
 use crate::state::AppState;
 
 #[derive(Deserialize)]
@@ -18,10 +19,10 @@ pub async fn invalidate(state: &AppState, actor: &Actor, tag: &str) -> Result<us
     actor.require_write()?;
     actor.require_admin()?;
     let tag = tag.trim();
-    if tag.is_empty() || tag.len() > 200 || tag.contains(',') {
-        return Err(AdminError::invalid(
-            "tag must be 1 to 200 characters, without commas",
-        ));
+    if tag.is_empty() || tag.len() > MAX_TAG_LEN || tag.contains(',') {
+        return Err(AdminError::invalid(format!(
+            "tag must be 1 to {MAX_TAG_LEN} characters, without commas"
+        )));
     }
     let deleted = state.cache.invalidate_tag(tag).await?;
     let now = state.clock.now();

@@ -104,13 +104,16 @@ pub async fn keys_after(
     .await?)
 }
 
-/// Deletes every entry carrying `tag`; returns the deleted keys.
+/// Deletes every entry carrying `tag`; returns the deleted keys. Entries store their tags
+/// as `,a,b,`, and a tag is found as the whole, exact string `,tag,` — with `instr`, not
+/// `LIKE`: `LIKE` reads `_` and `%` in a tag as wildcards (`a_b` would take `axb` with it,
+/// `%` every entry) and ignores ASCII case (`Case:1` would take `case:1`).
 pub async fn delete_tag(pool: &SqlitePool, tag: &str) -> Result<Vec<Vec<u8>>> {
-    let pattern = format!("%,{},%", tag.replace(['%', '_'], ""));
+    let needle = format!(",{tag},");
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
     let keys: Vec<Vec<u8>> =
-        sqlx::query_scalar("DELETE FROM cache_entries WHERE tags LIKE ? RETURNING key")
-            .bind(pattern)
+        sqlx::query_scalar("DELETE FROM cache_entries WHERE instr(tags, ?) > 0 RETURNING key")
+            .bind(needle)
             .fetch_all(&mut *tx)
             .await?;
     if !keys.is_empty() {
@@ -160,3 +163,4 @@ pub fn count_hit_tx(tx: &mut Tx<'_>, key: &[u8]) -> Result<()> {
     )?;
     Ok(())
 }
+
