@@ -1,7 +1,8 @@
 //! Answers served from the cache: the stored whole answer, or its replay as SSE for a
 //! stream. Nothing is reserved or charged; the request still counted in its request window,
 //! and its token windows go back to 0 (its booking, dropped unrecorded: a hit consumed no
-//! provider tokens).
+//! provider tokens). A hit carries every header a proxied answer carries (DESIGN "Wire
+//! formats"): the budget left as it stands, and a queue wait of 0 — it never queued.
 
 use actix_web::HttpResponse;
 use bytes::Bytes;
@@ -10,9 +11,16 @@ use super::request::Prepared;
 use super::respond;
 use crate::auth::TokenAuth;
 use crate::cache::{replay, Hit, HitKind};
+use crate::state::AppState;
 use crate::store::requests::RequestRow;
 
-pub fn answer(p: &Prepared, hit: &Hit, log: &mut RequestRow, auth: &TokenAuth) -> HttpResponse {
+pub async fn answer(
+    state: &AppState,
+    p: &Prepared,
+    hit: &Hit,
+    log: &mut RequestRow,
+    auth: &TokenAuth,
+) -> HttpResponse {
     log.cache = match hit.kind {
         HitKind::Exact => "hit-exact",
         HitKind::Semantic => "hit-semantic",
@@ -21,8 +29,16 @@ pub fn answer(p: &Prepared, hit: &Hit, log: &mut RequestRow, auth: &TokenAuth) -
     log.cache_similarity = Some(f64::from(hit.similarity));
     log.served_model = p.model.name.clone();
     log.upstream = "cache".into();
+    // A failed read only leaves the header out, as a settlement that failed does.
+    let remaining =
+        crate::store::cache::budget_remaining(&state.db.read, &auth.owner, state.clock.now())
+            .await
+            .map_err(|e| tracing::warn!(error = %e, "budget read for a cache hit failed"))
+            .ok()
+            .flatten();
     let mut resp = HttpResponse::Ok();
-    respond::gateway_headers(&mut resp, &log.id, "cache", None, log.cache, auth);
+    respond::gateway_headers(&mut resp, &log.id, "cache", remaining, log.cache, auth);
+    resp.insert_header(("x-sluice-queue-wait-ms", "0"));
     if p.stream {
         let frames = replay::frames(p.endpoint.format(), &hit.entry.answer, p.include_usage);
         let body = futures_util::stream::iter(

@@ -230,7 +230,8 @@ async fn run(
             if let Some(hit) = state.cache.get(plan, state.clock.now()).await {
                 let (cache, key) = (state.cache.clone(), hit.entry.key);
                 tokio::spawn(async move { cache.record_hit(&key).await });
-                return Ok(Reply::Done(cached::answer(&prepared, &hit, log, &auth)));
+                let resp = cached::answer(state, &prepared, &hit, log, &auth).await;
+                return Ok(Reply::Done(resp));
             }
         }
     }

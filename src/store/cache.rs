@@ -164,3 +164,38 @@ pub fn count_hit_tx(tx: &mut Tx<'_>, key: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// The tightest remaining budget of a token, its user and its team, as a cache hit reports
+/// it in `x-sluice-budget-remaining-usd` (a hit costs nothing, so it is the balance as it
+/// stands; `None` when no level has a limit). A level whose period has passed but was not
+/// rolled over yet reads, as in `ledger::balance`, as its full limit. Read-only: the
+/// balances are the ledger's, never written here.
+pub async fn budget_remaining(
+    pool: &SqlitePool,
+    owner: &super::ledger::Owner,
+    now: DateTime<Utc>,
+) -> Result<Option<i64>> {
+    let rows: Vec<(i64, Option<i64>, Option<i64>, String)> = sqlx::query_as(
+        "SELECT 0, limit_micros, remaining_micros, period FROM tokens WHERE id = ?1
+         UNION ALL SELECT 1, limit_micros, remaining_micros, period FROM users WHERE id = ?2
+         UNION ALL SELECT 2, limit_micros, remaining_micros, period FROM teams WHERE id = ?3",
+    )
+    .bind(owner.token_id)
+    .bind(owner.user_id)
+    .bind(owner.team_id)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(level, limit, remaining, period)| {
+            let limit = limit?;
+            // The first column names the level: token, user, team — the order of `resets`.
+            let reset = *owner.resets.get(usize::try_from(level).ok()?)?;
+            let rolls_over = reset.place(&period, now).1;
+            Some(if rolls_over {
+                limit
+            } else {
+                remaining.unwrap_or(limit)
+            })
+        })
+        .min())
+}
