@@ -3,7 +3,8 @@
 //! `cargo run --release --example cache_lookup [entries]`
 //!
 //! Fills a fresh SQLite cache with `entries` answers (default 100 000) spread over 1 000
-//! contexts (so the semantic index holds ~100 vectors per context), then times lookups:
+//! system prompts (the semantic index is keyed by the context and the question's
+//! significant tokens, so each bucket holds the few entries that agree), then times lookups:
 //! exact hits (most of them beyond the in-memory LRU, so from SQLite), exact misses, and
 //! semantic hits and misses. Prints p50 / p99 per kind.
 
@@ -58,6 +59,7 @@ async fn main() -> anyhow::Result<()> {
                 (1, 1),
                 None,
                 None,
+                None,
             )
             .ok()
             .flatten()
@@ -88,9 +90,16 @@ async fn main() -> anyhow::Result<()> {
             body(n % 1000, n / 1000, n)
         }),
         run("exact miss", &|i| body(i % 1000, 9_999, i)),
+        // The same question reworded (greeting, thanks, case): the identifiers stay the
+        // same, since they are significant by default.
         run("semantic hit", &|i| {
             let n = (i * step) % entries;
-            body(n % 1000, n / 1000, 999_999 - i)
+            let mut b = body(n % 1000, n / 1000, n);
+            if let Some(m) = b.get_mut("messages").and_then(|m| m.get_mut(1)) {
+                let text = m["content"].as_str().unwrap_or_default().to_uppercase();
+                m["content"] = json!(format!("Hi! {text} Thanks"));
+            }
+            b
         }),
         run("semantic miss", &|i| {
             let mut b = body(i % 1000, 5, i);

@@ -6,7 +6,9 @@
    call, against the same gateway with 3 healthy keys.
 2. **Batch fault**: 30 engineers ask the same question about 30 different vehicles
    (different VINs and timestamps) at temperature 0. Reports how many were answered from
-   the cache (`x-sluice-cache: hit-*`) and how many reached the upstream.
+   the cache (`x-sluice-cache: hit-*`) and how many reached the upstream — by default
+   (identifiers significant: each VIN is its own question) and with the opt-in
+   `[cache] ignore_identifiers = true`.
 3. **Window cost**: a token with an RPM limit, with the window in Redis (one EVALSHA per
    request) and in process, against a token without limits — the added latency.
 
@@ -33,7 +35,7 @@ from overhead import DEFAULT_BIN, free_port, pct, stop, wait_http  # noqa: E402
 KEYS = ["sk-storm-key-a-0001", "sk-storm-key-b-0002", "sk-storm-key-c-0003"]
 
 
-def config(gw_port: int, mock_port: int, db: Path, redis_url: str | None) -> str:
+def config(gw_port: int, mock_port: int, db: Path, redis_url: str | None, extra: str = "") -> str:
     ups = "".join(
         f'[[upstreams]]\nid = "k{i}"\nprovider = "openai"\nbase_url = "http://127.0.0.1:{mock_port}/v1"\n'
         f'api_key = "{k}"\nallow_private_network = true\n\n'
@@ -45,18 +47,18 @@ def config(gw_port: int, mock_port: int, db: Path, redis_url: str | None) -> str
         f'[server]\nlisten = "127.0.0.1:{gw_port}"\n\n[database]\nurl = "sqlite://{db}"\n\n{redis}'
         f"[retry]\nmax_cooldown_seconds = 1\n\n"
         # The admission gate is opened wide: these scenarios measure the other defences.
-        f"[queue]\nmax_in_flight = 4096\nmax_depth = 4096\n\n{ups}"
+        f"[queue]\nmax_in_flight = 4096\nmax_depth = 4096\n\n{extra}{ups}"
         f'[[models]]\nname = "gpt-4o-mini"\nroutes = [{routes}]\ninput_usd_per_mtok = 0.15\noutput_usd_per_mtok = 0.60\n'
     )
 
 
 class Stack:
-    def __init__(self, binary: Path, redis_url: str | None = None):
+    def __init__(self, binary: Path, redis_url: str | None = None, extra: str = ""):
         self.dir = Path(tempfile.mkdtemp(prefix="sluice-scen-"))
         self.bin = binary
         self.mock_port, self.gw_port = free_port(), free_port()
         self.cfg = self.dir / "sluice.toml"
-        self.cfg.write_text(config(self.gw_port, self.mock_port, self.dir / "s.db", redis_url))
+        self.cfg.write_text(config(self.gw_port, self.mock_port, self.dir / "s.db", redis_url, extra))
         self.mock = subprocess.Popen([str(binary), "mock", "--listen", f"127.0.0.1:{self.mock_port}"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.gw = subprocess.Popen([str(binary), "--config", str(self.cfg), "serve"],
@@ -144,8 +146,8 @@ def storm(binary: Path, n: int) -> dict:
     return out
 
 
-def batch_fault(binary: Path) -> dict:
-    s = Stack(binary)
+def batch_fault(binary: Path, ignore_identifiers: bool) -> dict:
+    s = Stack(binary, extra="[cache]\nignore_identifiers = true\n\n" if ignore_identifiers else "")
     try:
         token = s.token()
 
@@ -207,7 +209,8 @@ def main() -> int:
     if not binary.is_file():
         print(f"no binary at {binary}; run cargo build --release", file=sys.stderr)
         return 2
-    results = {"storm": storm(binary, 400), "batch_fault": batch_fault(binary), "window_cost": window_cost(binary, 1000)}
+    results = {"storm": storm(binary, 400), "batch_fault": batch_fault(binary, False),
+               "batch_fault_ignoring_identifiers": batch_fault(binary, True), "window_cost": window_cost(binary, 1000)}
     out = Path(__file__).resolve().parent / "results" / "scenarios.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(results, indent=1) + "\n")

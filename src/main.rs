@@ -525,6 +525,7 @@ async fn serve_demo(mut settings: Settings) -> anyhow::Result<()> {
             max_output_tokens: 4096,
             max_input_tokens: 128_000,
             cache_similarity_threshold: None,
+            cache_ignore_identifiers: None,
         })
         .collect();
     settings.validate()?;

@@ -1,9 +1,8 @@
-//! Embedders behind one type. `lexical` (built in, offline, the default): hashed word
-//! unigrams, word bigrams and character trigrams, L2-normalised, after identifiers (VINs,
-//! long numbers, timestamps, hex ids, UUIDs) are replaced by placeholders — it catches
-//! near-duplicates that differ only in such identifiers, and keeps questions that differ
-//! in a real word apart. `http`: any OpenAI-compatible `/embeddings` endpoint (a local
-//! embedding server), which also catches paraphrases.
+//! Embedders behind one type. `lexical` (built in, offline, the default) is not a neural
+//! model: a hashed vector of word unigrams, word bigrams and character trigrams,
+//! L2-normalised. `http`: any OpenAI-compatible `/embeddings` endpoint (a local embedding
+//! server), which also catches paraphrases. Neither decides a hit alone: a candidate must
+//! first agree with the question (`meaning.rs`).
 
 use std::time::Duration;
 
@@ -75,45 +74,17 @@ impl Embedder {
     }
 }
 
-/// Replaces identifier-like words with placeholders, so that two reports differing only
-/// in a VIN, a timestamp or a request id read the same.
-pub fn normalise_identifiers(text: &str) -> String {
-    text.split_whitespace()
-        .map(|w| {
-            let core = w.trim_matches(|c: char| !c.is_alphanumeric());
-            let digits = core.chars().filter(char::is_ascii_digit).count();
-            let alnum = core.chars().all(|c| c.is_ascii_alphanumeric());
-            let is_vin = core.len() == 17 && alnum && digits > 0;
-            let is_number = digits >= 5 && digits * 2 >= core.len();
-            let is_time =
-                core.contains(':') && digits >= 3 || core.matches('-').count() == 2 && digits >= 6;
-            let is_hex = core.len() >= 8
-                && core.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
-                && digits > 0;
-            if is_vin {
-                "<vin>".to_string()
-            } else if is_time || w.contains('T') && digits >= 8 {
-                "<time>".to_string()
-            } else if is_hex || is_number {
-                "<id>".to_string()
-            } else {
-                w.to_lowercase()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 fn feature(text: &str, salt: u32) -> u32 {
     let h = crc32fast::hash(text.as_bytes()) ^ salt.wrapping_mul(0x9e37_79b9);
     h.wrapping_mul(0x85eb_ca6b) ^ (h >> 13)
 }
 
 /// The lexical embedding: words weigh most, word pairs keep order, character trigrams
-/// forgive small spelling differences.
+/// forgive small spelling differences. The cache embeds a question's tokens
+/// (`meaning::normalised`), which a candidate must share anyway (the agreement check).
 pub fn lexical(text: &str) -> Vector {
-    let norm = normalise_identifiers(text);
-    let words: Vec<&str> = norm
+    let lower = text.to_lowercase();
+    let words: Vec<&str> = lower
         .split(|c: char| c.is_whitespace() || (c.is_ascii_punctuation() && c != '<' && c != '>'))
         .filter(|w| !w.is_empty())
         .collect();
@@ -182,20 +153,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn identifiers_do_not_matter_words_do() {
-        let a = lexical(
-            "Why does the engine light blink on WVWZZZ1JZXW000001 since 2026-11-03T08:15:00?",
-        );
-        let b = lexical(
-            "Why does the engine light blink on WVWZZZ1JZXW999999 since 2026-11-05T10:00:00?",
-        );
-        let c =
-            lexical("Why does the oil light blink on WVWZZZ1JZXW000001 since 2026-11-03T08:15:00?");
-        assert!(cosine(&a, &b) > 0.999);
-        assert!(cosine(&a, &c) < 0.95, "{}", cosine(&a, &c));
-        assert_eq!(
-            normalise_identifiers("code P0401 at 12:30:01"),
-            "code p0401 at <time>"
-        );
+    fn words_and_their_order_count() {
+        let a = lexical("why does the engine light blink");
+        assert!(cosine(&a, &lexical("Why does the ENGINE light blink?")) > 0.999);
+        assert!(cosine(&a, &lexical("why does the oil light blink")) < 0.95);
+        assert!(cosine(&a, &lexical("the engine light why does blink")) < 0.95);
     }
 }

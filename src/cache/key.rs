@@ -3,12 +3,15 @@
 //! temperature, top_p, output cap, stop — everything but `user`, `metadata`, `stream` and
 //! `stream_options`. JSON objects serialise with sorted keys, so the same request always
 //! gives the same bytes. The context key is the same hash with the last user message's
-//! text left out: requests sharing it differ at most in that message, which the semantic
-//! match then compares.
+//! text left out, plus how that message is read (`meaning::Reading`) and the tokens of it
+//! that must agree: requests sharing it differ at most in what the agreement check
+//! forgives, and the semantic match compares only those. An entry made under one reading
+//! (`ignore_identifiers`, strict or not) is never a candidate under another.
 
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
+use super::meaning::{self, Reading};
 use crate::error::WireFormat;
 
 pub type Key = [u8; 32];
@@ -18,6 +21,8 @@ pub struct Keys {
     /// Present when the request ends with a user message with text (semantic candidates).
     pub context: Option<Key>,
     pub last_user: Option<String>,
+    /// What the embedder embeds for the semantic match (see `meaning`).
+    pub embed_text: Option<String>,
 }
 
 const IGNORED: &[&str] = &["user", "metadata", "stream", "stream_options", "model"];
@@ -57,7 +62,13 @@ fn text_of(content: &Value) -> Option<String> {
     }
 }
 
-pub fn keys(scope: &str, model: &str, format: WireFormat, body: &Map<String, Value>) -> Keys {
+pub fn keys(
+    scope: &str,
+    model: &str,
+    format: WireFormat,
+    body: &Map<String, Value>,
+    reading: Reading,
+) -> Keys {
     let mut canonical = body.clone();
     for k in IGNORED {
         canonical.remove(*k);
@@ -75,13 +86,35 @@ pub fn keys(scope: &str, model: &str, format: WireFormat, body: &Map<String, Val
             m["content"] = Value::String(String::new());
             Some(text)
         });
-    let context = last_user
-        .as_ref()
-        .map(|_| hash("context.v1", scope, model, format, &context_body));
+    let read = last_user.as_deref().map(|text| {
+        let tokens = meaning::tokens(text, reading.ignore_identifiers);
+        let embed_text = if reading.strict {
+            meaning::normalised(&tokens)
+        } else {
+            meaning::for_http(text, reading.ignore_identifiers)
+        };
+        let agreement = meaning::agreement(&tokens, reading.strict);
+        (embed_text, Value::from(agreement))
+    });
+    let (embed_text, context) = match read {
+        Some((embed_text, agreement)) => {
+            let reading = format!(
+                "context.v2 strict={} ignore_identifiers={}",
+                reading.strict, reading.ignore_identifiers
+            );
+            let body = Value::Array(vec![context_body, agreement]);
+            (
+                Some(embed_text),
+                Some(hash(&reading, scope, model, format, &body)),
+            )
+        }
+        None => (None, None),
+    };
     Keys {
         exact,
         context,
         last_user,
+        embed_text,
     }
 }
 
@@ -89,6 +122,11 @@ pub fn keys(scope: &str, model: &str, format: WireFormat, body: &Map<String, Val
 mod tests {
     use super::*;
     use serde_json::json;
+
+    const STRICT: Reading = Reading {
+        strict: true,
+        ignore_identifiers: false,
+    };
 
     fn m(v: Value) -> Map<String, Value> {
         v.as_object().unwrap().clone()
@@ -101,42 +139,55 @@ mod tests {
             "gpt",
             WireFormat::OpenAi,
             &m(
-                json!({"messages": [{"role": "user", "content": "hi"}], "temperature": 0, "user": "a", "stream": true}),
+                json!({"messages": [{"role": "user", "content": "why"}], "temperature": 0, "user": "a", "stream": true}),
             ),
+            STRICT,
         );
         let b = keys(
             "team:1",
             "gpt",
             WireFormat::OpenAi,
             &m(
-                json!({"temperature": 0, "messages": [{"role": "user", "content": "hi"}], "user": "b"}),
+                json!({"temperature": 0, "messages": [{"role": "user", "content": "why"}], "user": "b"}),
             ),
+            STRICT,
         );
         assert_eq!(a.exact, b.exact);
         let other_team = keys(
             "team:2",
             "gpt",
             WireFormat::OpenAi,
-            &m(json!({"messages": [{"role": "user", "content": "hi"}], "temperature": 0})),
+            &m(json!({"messages": [{"role": "user", "content": "why"}], "temperature": 0})),
+            STRICT,
         );
         assert_ne!(a.exact, other_team.exact);
         let reworded = keys(
             "team:1",
             "gpt",
             WireFormat::OpenAi,
-            &m(json!({"messages": [{"role": "user", "content": "hello"}], "temperature": 0})),
+            &m(json!({"messages": [{"role": "user", "content": "why?"}], "temperature": 0})),
+            STRICT,
         );
         assert_ne!(a.exact, reworded.exact);
         assert_eq!(
             a.context, reworded.context,
-            "same context, different last message"
+            "same context, the last message differs in punctuation only"
         );
-        assert_eq!(reworded.last_user.as_deref(), Some("hello"));
+        assert_eq!(reworded.last_user.as_deref(), Some("why?"));
+        let other_question = keys(
+            "team:1",
+            "gpt",
+            WireFormat::OpenAi,
+            &m(json!({"messages": [{"role": "user", "content": "how"}], "temperature": 0})),
+            STRICT,
+        );
+        assert_ne!(a.context, other_question.context, "other words never agree");
         let tool = keys(
             "team:1",
             "gpt",
             WireFormat::OpenAi,
             &m(json!({"messages": [{"role": "tool", "tool_call_id": "x", "content": "42"}]})),
+            STRICT,
         );
         assert!(tool.context.is_none());
     }

@@ -1,13 +1,15 @@
 //! Stage 4, the response cache (layer 1). Exact match on the canonical request's key
 //! (`key.rs`), then — when the last user message differs — a semantic match among the
-//! entries sharing the same context: cosine similarity of the last user message's
-//! embedding (`embed.rs`) ≥ the threshold. Entries live in SQLite (shared by replicas)
+//! entries sharing the same context, whose last user message agrees with this one
+//! (`meaning.rs`: numbers, dates, identifiers, negations, units, names, code and order are
+//! significant): cosine similarity of its embedding (`embed.rs`) ≥ the threshold. Entries live in SQLite (shared by replicas)
 //! with an LRU in front; the semantic index is held in memory per context and rebuilt at
 //! start and whenever another process invalidates entries (`cache_epoch`). A hit costs
 //! nothing; streams are replayed from whole answers (`replay.rs`).
 
 pub mod embed;
 pub mod key;
+pub mod meaning;
 pub mod replay;
 
 use std::collections::{HashMap, HashSet};
@@ -158,6 +160,7 @@ impl Cache {
         owner: (i64, i64),
         token_ttl: Option<i64>,
         model_threshold: Option<f64>,
+        model_ignore_identifiers: Option<bool>,
     ) -> Result<Option<Plan>, ApiError> {
         let asked = header(headers, "x-sluice-cache")?;
         if !matches!(asked, None | Some("on" | "off" | "refresh")) {
@@ -196,7 +199,13 @@ impl Cache {
             _ => format!("team:{}", owner.1),
         };
         Ok(Some(Plan {
-            keys: Arc::new(key::keys(&scope, model, format, body)),
+            keys: Arc::new(key::keys(
+                &scope,
+                model,
+                format,
+                body,
+                self.reading(model_ignore_identifiers),
+            )),
             scope,
             model: model.to_string(),
             format,
@@ -205,6 +214,15 @@ impl Cache {
             tags: format!(",{},", tags.join(",")),
             threshold: model_threshold.unwrap_or(self.cfg.similarity_threshold) as f32,
         }))
+    }
+
+    /// How questions are read for the semantic match: strictly with the lexical embedder,
+    /// identifiers significant unless the model or the config opts out.
+    fn reading(&self, model_ignore_identifiers: Option<bool>) -> meaning::Reading {
+        meaning::Reading {
+            strict: !matches!(self.embedder, Embedder::Http { .. }),
+            ignore_identifiers: model_ignore_identifiers.unwrap_or(self.cfg.ignore_identifiers),
+        }
     }
 
     async fn entry(&self, key: &Key, now: DateTime<Utc>) -> Result<Option<Arc<Entry>>, StoreError> {
@@ -250,7 +268,7 @@ impl Cache {
         if !self.cfg.semantic {
             return None;
         }
-        let (Some(context), Some(text)) = (plan.keys.context, plan.keys.last_user.as_deref())
+        let (Some(context), Some(text)) = (plan.keys.context, plan.keys.embed_text.as_deref())
         else {
             return None;
         };
@@ -286,7 +304,7 @@ impl Cache {
 
     /// Stores an answer (in the client's format) for a plan.
     pub async fn put(&self, plan: &Plan, answer: &Value, usage: (i64, i64), now: DateTime<Utc>) {
-        let vector = match (&plan.keys.context, plan.keys.last_user.as_deref()) {
+        let vector = match (&plan.keys.context, plan.keys.embed_text.as_deref()) {
             (Some(_), Some(text)) if self.cfg.semantic => self.embedder.embed(text).await.ok(),
             _ => None,
         };

@@ -175,6 +175,7 @@ fn add_env_upstreams(settings: &mut Settings, env: &BTreeMap<String, String>) {
         max_output_tokens: 4096,
         max_input_tokens: 128_000,
         cache_similarity_threshold: None,
+        cache_ignore_identifiers: None,
     };
     let upstream = |id: &str, provider, base_url: &str, key: &String| UpstreamSettings {
         id: id.into(),

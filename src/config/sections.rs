@@ -150,6 +150,9 @@ pub struct ModelSettings {
     /// Overrides `cache.similarity_threshold` for this model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_similarity_threshold: Option<f64>,
+    /// Overrides `cache.ignore_identifiers` for this model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_ignore_identifiers: Option<bool>,
 }
 
 fn default_max_output() -> u32 {
@@ -294,6 +297,9 @@ pub struct CacheSettings {
     pub semantic: bool,
     pub embedder: String,
     pub similarity_threshold: f64,
+    /// Opt-in: identifiers (VINs, UUIDs, hex ids, timestamps, numbers of 5+ digits) do not
+    /// tell two questions apart in the semantic match (`cache::meaning`). Per model too.
+    pub ignore_identifiers: bool,
     pub max_entries: u64,
     /// For `embedder = "http"`: an OpenAI-compatible base URL (with `/v1`), model and key.
     pub http_url: String,
@@ -311,6 +317,7 @@ impl Default for CacheSettings {
             semantic: true,
             embedder: "lexical".into(),
             similarity_threshold: 0.95,
+            ignore_identifiers: false,
             max_entries: 100_000,
             http_url: String::new(),
             http_model: String::new(),

@@ -221,6 +221,7 @@ async fn run(
             (auth.owner.token_id, auth.owner.team_id),
             auth.cache_ttl_seconds,
             prepared.model.cache_similarity_threshold,
+            prepared.model.cache_ignore_identifiers,
         )?,
         _ => None,
     };

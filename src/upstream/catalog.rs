@@ -107,6 +107,7 @@ pub struct Model {
     pub max_output_tokens: i64,
     pub max_input_tokens: i64,
     pub cache_similarity_threshold: Option<f64>,
+    pub cache_ignore_identifiers: Option<bool>,
 }
 
 #[derive(Debug, Default)]
@@ -157,6 +158,7 @@ impl Catalog {
                 max_output_tokens: i64::from(m.max_output_tokens),
                 max_input_tokens: i64::from(m.max_input_tokens),
                 cache_similarity_threshold: m.cache_similarity_threshold,
+                cache_ignore_identifiers: m.cache_ignore_identifiers,
             });
             for n in std::iter::once(&m.name).chain(&m.aliases) {
                 models.insert(n.clone(), model.clone());

@@ -60,6 +60,7 @@ pub fn model(name: &str, upstreams: &[&str]) -> ModelSettings {
         max_output_tokens: 4096,
         max_input_tokens: 128_000,
         cache_similarity_threshold: None,
+        cache_ignore_identifiers: None,
     }
 }
 

@@ -10,6 +10,7 @@ mod auth;
 mod bad_input;
 mod cache;
 mod cache_guard;
+mod cache_precision;
 mod clocks;
 mod money;
 mod money_model;
