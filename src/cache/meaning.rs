@@ -60,242 +60,50 @@ const FILLER_PHRASES: &[&[&str]] = &[
     &["i", "wonder"],
 ];
 
+#[rustfmt::skip]
 const NEGATIONS: &[&str] = &[
-    "not",
-    "no",
-    "never",
-    "none",
-    "nor",
-    "neither",
-    "without",
-    "nothing",
-    "nobody",
-    "nowhere",
-    "except",
-    "excluding",
-    "unless",
+    "not", "no", "never", "none", "nor", "neither", "without", "nothing", "nobody", "nowhere",
+    "except", "excluding", "unless",
 ];
 
 /// Units and currencies: `5 mg` and `5 g` must not agree.
+#[rustfmt::skip]
 const UNITS: &[&str] = &[
-    "km",
-    "m",
-    "cm",
-    "mm",
-    "mi",
-    "mile",
-    "miles",
-    "ft",
-    "feet",
-    "foot",
-    "inch",
-    "inches",
-    "yard",
-    "yards",
-    "metre",
-    "metres",
-    "meter",
-    "meters",
-    "kilometre",
-    "kilometres",
-    "kilometer",
-    "kilometers",
-    "kg",
-    "g",
-    "mg",
-    "lb",
-    "lbs",
-    "oz",
-    "ounce",
-    "ounces",
-    "gram",
-    "grams",
-    "kilogram",
-    "kilograms",
-    "pound",
-    "pounds",
-    "ton",
-    "tons",
-    "tonne",
-    "tonnes",
-    "l",
-    "ml",
-    "litre",
-    "litres",
-    "liter",
-    "liters",
-    "gallon",
-    "gallons",
-    "pint",
-    "pints",
-    "cup",
-    "cups",
-    "celsius",
-    "fahrenheit",
-    "kelvin",
-    "c",
-    "f",
-    "degree",
-    "degrees",
-    "ms",
-    "s",
-    "sec",
-    "second",
-    "seconds",
-    "min",
-    "minute",
-    "minutes",
-    "h",
-    "hr",
-    "hour",
-    "hours",
-    "day",
-    "days",
-    "week",
-    "weeks",
-    "month",
-    "months",
-    "year",
-    "years",
-    "kb",
-    "mb",
-    "gb",
-    "tb",
-    "kib",
-    "mib",
-    "gib",
-    "w",
-    "kw",
-    "mw",
-    "kwh",
-    "v",
-    "mah",
-    "hz",
-    "khz",
-    "mhz",
-    "ghz",
-    "bar",
-    "psi",
-    "pa",
-    "kpa",
-    "rpm",
-    "usd",
-    "eur",
-    "gbp",
-    "jpy",
-    "cny",
-    "chf",
-    "dollar",
-    "dollars",
-    "euro",
-    "euros",
-    "cent",
-    "cents",
-    "pence",
-    "yen",
-    "percent",
-    "per",
+    "km", "m", "cm", "mm", "mi", "mile", "miles", "ft", "feet", "foot", "inch", "inches",
+    "yard", "yards", "metre", "metres", "meter", "meters", "kilometre", "kilometres",
+    "kilometer", "kilometers", "kg", "g", "mg", "lb", "lbs", "oz", "ounce", "ounces", "gram",
+    "grams", "kilogram", "kilograms", "pound", "pounds", "ton", "tons", "tonne", "tonnes", "l",
+    "ml", "litre", "litres", "liter", "liters", "gallon", "gallons", "pint", "pints", "cup",
+    "cups", "celsius", "fahrenheit", "kelvin", "c", "f", "degree", "degrees", "ms", "s", "sec",
+    "second", "seconds", "min", "minute", "minutes", "h", "hr", "hour", "hours", "day", "days",
+    "week", "weeks", "month", "months", "year", "years", "kb", "mb", "gb", "tb", "kib", "mib",
+    "gib", "w", "kw", "mw", "kwh", "v", "mah", "hz", "khz", "mhz", "ghz", "bar", "psi", "pa",
+    "kpa", "rpm", "usd", "eur", "gbp", "jpy", "cny", "chf", "dollar", "dollars", "euro",
+    "euros", "cent", "cents", "pence", "yen", "percent", "per",
 ];
 
 /// Words whose opposite shares every other word of a question. One word of a pair is
 /// enough (`off` tells `on` from `off`), so the commonest (`in`, `on`, `to`) are left out.
+#[rustfmt::skip]
 const OPPOSITES: &[&str] = &[
-    "left",
-    "right",
-    "up",
-    "down",
-    "before",
-    "after",
-    "above",
-    "below",
-    "over",
-    "under",
-    "increase",
-    "decrease",
-    "more",
-    "less",
-    "fewer",
-    "min",
-    "minimum",
-    "max",
-    "maximum",
-    "first",
-    "last",
-    "start",
-    "stop",
-    "end",
-    "open",
-    "close",
-    "enable",
-    "disable",
-    "true",
-    "false",
-    "yes",
-    "off",
-    "out",
-    "encrypt",
-    "decrypt",
-    "import",
-    "export",
-    "buy",
-    "sell",
-    "rent",
-    "win",
-    "lose",
-    "add",
-    "remove",
-    "upgrade",
-    "downgrade",
-    "higher",
-    "lower",
-    "larger",
-    "smaller",
-    "faster",
-    "slower",
-    "advantages",
-    "disadvantages",
-    "pros",
-    "cons",
-    "junior",
-    "senior",
-    "formal",
-    "informal",
-    "soft",
-    "hard",
-    "north",
-    "south",
-    "east",
-    "west",
-    "yesterday",
-    "today",
-    "tomorrow",
-    "old",
-    "new",
+    "left", "right", "up", "down", "before", "after", "above", "below", "over", "under",
+    "increase", "decrease", "more", "less", "fewer", "min", "minimum", "max", "maximum",
+    "first", "last", "start", "stop", "end", "open", "close", "enable", "disable", "true",
+    "false", "yes", "off", "out", "encrypt", "decrypt", "import", "export", "buy", "sell",
+    "rent", "win", "lose", "add", "remove", "upgrade", "downgrade", "higher", "lower", "larger",
+    "smaller", "faster", "slower", "advantages", "disadvantages", "pros", "cons", "junior",
+    "senior", "formal", "informal", "soft", "hard", "north", "south", "east", "west",
+    "yesterday", "today", "tomorrow", "old", "new",
 ];
 
-/// Characters that are code or maths wherever they stand.
+/// Characters that are code or maths wherever they stand. Brackets too: `(2 + 3) * 4` is
+/// not `2 + (3 * 4)`.
+#[rustfmt::skip]
 fn is_symbol(c: char) -> bool {
     matches!(
         c,
-        '+' | '-'
-            | '*'
-            | '/'
-            | '%'
-            | '='
-            | '<'
-            | '>'
-            | '!'
-            | '&'
-            | '|'
-            | '^'
-            | '~'
-            | '#'
-            | '$'
-            | '€'
-            | '£'
-            | '¥'
-            | '@'
-            | '\\'
+        '+' | '-' | '*' | '/' | '%' | '=' | '<' | '>' | '!' | '&' | '|' | '^' | '~' | '#' | '$'
+            | '€' | '£' | '¥' | '@' | '\\' | '(' | ')' | '[' | ']' | '{' | '}'
     )
 }
 
@@ -446,14 +254,19 @@ pub fn is_identifier(w: &str) -> bool {
     uuid || vin || hex_id || timestamp || long_number
 }
 
+/// `USD`, `EU`, `US`: two or more letters, none lower-case.
+fn is_acronym(word: &str) -> bool {
+    word.chars().filter(|c| c.is_alphabetic()).count() >= 2 && !word.chars().any(char::is_lowercase)
+}
+
+/// A capitalised word inside a sentence, or an acronym.
 fn is_name(raw: &Raw<'_>) -> bool {
-    let mut letters = raw.text.chars().filter(|c| c.is_alphabetic());
-    let Some(first) = letters.next() else {
-        return false;
-    };
-    let all_caps = raw.text.chars().filter(|c| c.is_alphabetic()).count() >= 2
-        && raw.text.chars().all(|c| !c.is_lowercase());
-    (first.is_uppercase() && !raw.sentence_start) || all_caps
+    let first_upper = raw
+        .text
+        .chars()
+        .find(|c| c.is_alphabetic())
+        .is_some_and(char::is_uppercase);
+    (first_upper && !raw.sentence_start) || is_acronym(raw.text)
 }
 
 /// Reads a question into its tokens: lower-cased, contractions expanded, filler dropped,
@@ -465,16 +278,22 @@ pub fn tokens(text: &str, ignore_identifiers: bool) -> Vec<Token> {
     let code = text.contains('`')
         || text.contains(['{', '}'])
         || raws.iter().any(|r| r.symbol && r.text.contains('='));
-    let mut words: Vec<(String, bool)> = Vec::new();
+    // A text written in capitals says nothing by its case; elsewhere a word in capitals is
+    // a name even when its letters spell filler (`US` is not `us`).
+    let letters = || text.chars().filter(|c| c.is_alphabetic());
+    let shouting = letters().next().is_some() && letters().all(|c| !c.is_lowercase());
+    // (word, significant, never filler)
+    let mut words: Vec<(String, bool, bool)> = Vec::new();
     for raw in raws {
         if raw.symbol {
-            words.push((raw.text.to_string(), true));
+            words.push((raw.text.to_string(), true, true));
             continue;
         }
-        let name = is_name(&raw);
+        let name = !shouting && is_name(&raw);
+        let acronym = !shouting && is_acronym(raw.text);
         let lower = raw.text.to_lowercase();
         if ignore_identifiers && is_identifier(&lower) {
-            words.push((IDENTIFIER.to_string(), true));
+            words.push((IDENTIFIER.to_string(), true, true));
             continue;
         }
         for w in expand(&lower) {
@@ -485,7 +304,7 @@ pub fn tokens(text: &str, ignore_identifiers: bool) -> Vec<Token> {
                 || [NEGATIONS, UNITS, OPPOSITES]
                     .iter()
                     .any(|l| l.contains(&w.as_str()));
-            words.push((w, significant));
+            words.push((w, significant, acronym));
         }
     }
     // Filler phrases, then filler words.
@@ -493,16 +312,18 @@ pub fn tokens(text: &str, ignore_identifiers: bool) -> Vec<Token> {
     let mut i = 0;
     'next: while i < words.len() {
         for phrase in FILLER_PHRASES {
-            let fits = words
-                .get(i..i + phrase.len())
-                .is_some_and(|w| w.iter().zip(*phrase).all(|((a, _), b)| a == b));
+            let fits = words.get(i..i + phrase.len()).is_some_and(|w| {
+                w.iter()
+                    .zip(*phrase)
+                    .all(|((a, _, kept), b)| a == b && !kept)
+            });
             if fits {
                 i += phrase.len();
                 continue 'next;
             }
         }
-        let (text, significant) = &words[i];
-        if !FILLER.contains(&text.as_str()) {
+        let (text, significant, kept) = &words[i];
+        if *kept || !FILLER.contains(&text.as_str()) {
             out.push(Token {
                 text: text.clone(),
                 significant: *significant,
@@ -609,6 +430,9 @@ mod tests {
             "dates stay"
         );
         assert_eq!(normalised(&tokens("Don't stop!", false)), "not stop");
+        assert!(!agree("(2 + 3) * 4", "2 + (3 * 4)", true, false), "brackets");
+        assert!(!agree("Which US states?", "Which states?", true, false), "US is no filler");
+        assert!(agree("WHICH US STATES?", "which us states?", true, false), "shouting");
     }
 
     #[test]
