@@ -430,9 +430,38 @@ mod tests {
             "dates stay"
         );
         assert_eq!(normalised(&tokens("Don't stop!", false)), "not stop");
-        assert!(!agree("(2 + 3) * 4", "2 + (3 * 4)", true, false), "brackets");
-        assert!(!agree("Which US states?", "Which states?", true, false), "US is no filler");
-        assert!(agree("WHICH US STATES?", "which us states?", true, false), "shouting");
+        assert!(
+            !agree("(2 + 3) * 4", "2 + (3 * 4)", true, false),
+            "brackets"
+        );
+        assert!(
+            !agree("Which US states?", "Which states?", true, false),
+            "US is no filler"
+        );
+        assert!(
+            agree("WHICH US STATES?", "which us states?", true, false),
+            "shouting"
+        );
+    }
+
+    proptest::proptest! {
+        /// Any text reads without a panic, the same way twice, and agrees with itself; a
+        /// digit changed anywhere never agrees.
+        #[test]
+        fn any_text_reads_and_a_changed_digit_never_agrees(
+            text in "\\PC{0,200}",
+            digit in 0u32..10,
+            ignore in proptest::bool::ANY,
+        ) {
+            let once = tokens(&text, ignore);
+            proptest::prop_assert_eq!(&once, &tokens(&text, ignore));
+            let other = format!("{text} {digit}");
+            let changed = format!("{text} {}", (digit + 1) % 10);
+            for strict in [true, false] {
+                proptest::prop_assert!(agree(&other, &other, strict, ignore));
+                proptest::prop_assert!(!agree(&other, &changed, strict, ignore));
+            }
+        }
     }
 
     #[test]

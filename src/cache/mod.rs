@@ -326,10 +326,8 @@ impl Cache {
             created_at: now,
             expires_at: expiry(now, plan.ttl),
         };
-        if !self.stored.push(stored).await {
-            tracing::warn!("cache writer is gone; entry not stored");
-            return;
-        }
+        // Memory first, then the database: once the row is there, this replica finds it
+        // (a row that then fails to land only costs a database read on a later lookup).
         let e = Arc::new(Entry {
             key: plan.keys.exact,
             answer: answer.clone(),
@@ -341,6 +339,9 @@ impl Cache {
         self.present.write().insert(prefix(&plan.keys.exact));
         if let (Some(context), Some(v)) = (plan.keys.context, vector) {
             add_candidate(&mut self.index.write(), context, plan.keys.exact, v);
+        }
+        if !self.stored.push(stored).await {
+            tracing::warn!("cache writer is gone; entry not stored");
         }
     }
 
@@ -529,6 +530,25 @@ fn add_candidate(index: &mut HashMap<Key, Vec<(Key, Vector)>>, context: Key, key
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// Any header text: a TTL in range or a 400 naming the header, never a panic; any
+        /// tag list: at most `MAX_TAGS` tags of at most `MAX_TAG_LEN`, or a 400.
+        #[test]
+        fn client_numbers_and_tags_are_range_checked(text in "\\PC{0,40}", n in proptest::num::i64::ANY) {
+            for t in [text.clone(), n.to_string()] {
+                match parse_ttl(&t) {
+                    Ok(ttl) => proptest::prop_assert!((1..=MAX_TTL_SECONDS).contains(&ttl)),
+                    Err(e) => proptest::prop_assert_eq!(e.status(), 400),
+                }
+                let _ = expiry(DateTime::<Utc>::MAX_UTC, Duration::seconds(MAX_TTL_SECONDS));
+            }
+            if let Ok(tags) = parse_tags(Some(&text)) {
+                proptest::prop_assert!(tags.len() <= MAX_TAGS);
+                proptest::prop_assert!(tags.iter().all(|t| t.len() <= MAX_TAG_LEN && !t.contains(',')));
+            }
+        }
+    }
 
     #[test]
     fn a_context_keeps_its_newest_candidates_only() {

@@ -226,6 +226,14 @@ impl Settings {
             if m.max_output_tokens == 0 || m.max_input_tokens == 0 {
                 return invalid(format!("model `{}`: token caps must be positive", m.name));
             }
+            if m.cache_similarity_threshold
+                .is_some_and(|t| !(0.0..=1.0).contains(&t))
+            {
+                return invalid(format!(
+                    "model `{}`: cache_similarity_threshold must be between 0 and 1",
+                    m.name
+                ));
+            }
         }
         for m in &self.models {
             for f in &m.fallbacks {

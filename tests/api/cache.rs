@@ -1,7 +1,5 @@
 //! The response cache (layer 1): exact and semantic hits, scopes, tools, replay of streams
-//! in both formats, TTLs, tags, and the embedders' measured precision.
-
-use std::time::Duration;
+//! in both formats, TTLs, tags, the http embedder (precision: `cache_precision.rs`).
 
 use serde_json::{json, Value};
 use sluice::config::{Provider, RouteSettings};
@@ -36,18 +34,13 @@ async fn ask(app: &TestApp, token: &str, body: &Value) -> (String, Value) {
     (cache, resp.json().await.unwrap())
 }
 
-/// Entries are written off the request path; give the write a moment.
-async fn settle() {
-    tokio::time::sleep(Duration::from_millis(150)).await;
-}
-
 #[tokio::test]
 async fn an_exact_repeat_is_a_free_hit_and_logged_as_one() {
     let app = spawn_app().await;
     let (id, token) = app.token("alice", Some("1")).await;
     let (first, answer) = ask(&app, &token, &question("WVWZZZ1JZXW000001")).await;
     assert_eq!(first, "miss");
-    settle().await;
+    app.wait_for_cache_entries(1).await;
     let spent = app
         .scalar(&format!(
             "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
@@ -93,7 +86,7 @@ async fn a_near_duplicate_is_a_semantic_hit_but_not_across_teams() {
         .unwrap();
     let (_, other_team) = app.token("carol", None).await;
     ask(&app, &token, &question("WVWZZZ1JZXW000001")).await;
-    settle().await;
+    app.wait_for_cache_entries(1).await;
     let (kind, _) = ask(&app, &token, &reworded("WVWZZZ1JZXW000001")).await;
     assert_eq!(kind, "hit-semantic", "the same question reworded");
     let (kind, _) = ask(&app, &token, &reworded("WVWZZZ9KZYW123456")).await;
@@ -122,7 +115,7 @@ async fn a_different_tool_result_never_hits() {
             {"role": "tool", "tool_call_id": "call_1", "content": result}]})
     };
     ask(&app, &token, &with_result("Golf 2019")).await;
-    settle().await;
+    app.wait_for_cache_entries(1).await;
     assert_eq!(
         ask(&app, &token, &with_result("Golf 2019")).await.0,
         "hit-exact"
@@ -153,7 +146,7 @@ async fn streams_replay_from_whole_answers_and_whole_answers_come_from_streams()
 
     // OpenAI: a non-streamed entry answers a stream.
     ask(&app, &token, &question("WVWZZZ1JZXW000001")).await;
-    settle().await;
+    app.wait_for_cache_entries(1).await;
     let mut streamed = question("WVWZZZ1JZXW000001");
     streamed["stream"] = json!(true);
     let resp = app.chat(&token, &streamed).await;
@@ -170,7 +163,7 @@ async fn streams_replay_from_whole_answers_and_whole_answers_come_from_streams()
     let resp = app.post("/v1/messages", &token, &messages(true)).await;
     assert_eq!(resp.headers().get("x-sluice-cache").unwrap(), "miss");
     let _ = resp.text().await;
-    settle().await;
+    app.wait_for_cache_entries(2).await;
     let resp = app.post("/v1/messages", &token, &messages(false)).await;
     assert_eq!(resp.headers().get("x-sluice-cache").unwrap(), "hit-exact");
     let v: Value = resp.json().await.unwrap();
@@ -187,7 +180,8 @@ async fn streams_replay_from_whole_answers_and_whole_answers_come_from_streams()
 
 #[tokio::test]
 async fn ttl_tags_and_the_cache_headers() {
-    let app = spawn_app().await;
+    let clock = std::sync::Arc::new(sluice::clock::ManualClock::new(chrono::Utc::now()));
+    let app = spawn_app_full(|_, _| {}, Some(clock.clone())).await;
     let (_, token) = app.token("fay", None).await;
     let send = |body: Value, headers: Vec<(&'static str, &'static str)>| {
         let mut req = app
@@ -216,12 +210,12 @@ async fn ttl_tags_and_the_cache_headers() {
     .await
     .unwrap();
     assert_eq!(cache(&r), "miss");
-    settle().await;
+    app.wait_for_cache_entries(1).await;
     assert_eq!(
         cache(&send(question("WVWZZZ1JZXW000001"), vec![]).await.unwrap()),
         "hit-exact"
     );
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    clock.advance(chrono::Duration::seconds(2));
     assert_eq!(
         cache(&send(question("WVWZZZ1JZXW000001"), vec![]).await.unwrap()),
         "miss",
@@ -242,7 +236,7 @@ async fn ttl_tags_and_the_cache_headers() {
         ),
         "miss"
     );
-    settle().await;
+    app.wait_for_cache_entries(2).await;
     assert_eq!(
         cache(&send(tagged.clone(), vec![]).await.unwrap()),
         "hit-exact"
@@ -253,7 +247,7 @@ async fn ttl_tags_and_the_cache_headers() {
         "miss",
         "invalidated by tag"
     );
-    settle().await;
+    app.wait_for_cache_entries(2).await;
     assert_eq!(
         cache(
             &send(tagged.clone(), vec![("x-sluice-cache", "off")])
@@ -292,7 +286,7 @@ async fn a_hit_is_served_even_when_the_budget_is_spent() {
     let app = spawn_app().await;
     let (id, token) = app.token("gus", Some("0.000200")).await;
     ask(&app, &token, &question("WVWZZZ1JZXW000001")).await;
-    settle().await;
+    app.wait_for_cache_entries(1).await;
     sluice::cli::token_budget(
         app.db(),
         id,
@@ -301,14 +295,18 @@ async fn a_hit_is_served_even_when_the_budget_is_spent() {
     )
     .await
     .unwrap();
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    let hit = app.chat(&token, &reworded("WVWZZZ1JZXW000001")).await;
+    assert_eq!(hit.status(), 200);
+    assert_eq!(hit.headers()["x-sluice-cache"], "hit-semantic");
+    let left = app
+        .scalar(&format!(
+            "SELECT remaining_micros FROM tokens WHERE id = {id}"
+        ))
+        .await;
     assert_eq!(
-        app.chat(&token, &reworded("WVWZZZ1JZXW000001"))
-            .await
-            .headers()
-            .get("x-sluice-cache")
-            .unwrap(),
-        "hit-semantic"
+        hit.headers()["x-sluice-budget-remaining-usd"],
+        sluice::quota::pricing::usd(left).as_str(),
+        "the hit reports the budget as it stands"
     );
     let mut other = question("WVWZZZ1JZXW000001");
     other["messages"][1]["content"] = json!("Completely different question about brakes");
@@ -331,7 +329,7 @@ async fn a_batch_fault_is_answered_from_the_cache_when_the_model_ignores_identif
         let (kind, _) = ask(&app, &token, &question(&vin)).await;
         hits += usize::from(kind.starts_with("hit"));
         if i == 0 {
-            settle().await;
+            app.wait_for_cache_entries(1).await;
         }
     }
     assert!(hits >= 28, "{hits} of 30 served from the cache");
@@ -355,7 +353,7 @@ async fn the_http_embedder_works_against_an_embeddings_endpoint() {
         q
     };
     ask(&app, &token, &report(3)).await;
-    settle().await;
+    app.wait_for_cache_entries(1).await;
     let mut again = report(3);
     again["messages"][1]["content"] = json!(again["messages"][1]["content"]
         .as_str()
@@ -394,7 +392,7 @@ async fn admins_invalidate_by_tag_through_the_api_and_finance_cannot() {
             .send()
     };
     tagged(question("WVWZZZ1JZXW000001")).await.unwrap();
-    settle().await;
+    app.wait_for_cache_entries(1).await;
     make_login(&app, "root", "admin", None).await;
     make_login(&app, "fin", "finance", None).await;
     let (status, _) = login(&app, "fin")

@@ -43,18 +43,6 @@ fn cache_of(r: &reqwest::Response) -> String {
         .unwrap_or_default()
 }
 
-/// Waits until the cache table holds `n` entries (they are written off the request path).
-async fn wait_for_entries(app: &TestApp, n: i64) {
-    for _ in 0..250 {
-        app.state.cache.flush().await;
-        if app.scalar("SELECT COUNT(*) FROM cache_entries").await >= n {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    panic!("the cache never held {n} entries");
-}
-
 /// An app with an Anthropic model `claude` beside the OpenAI `gpt-4o-mini`.
 async fn two_formats() -> TestApp {
     spawn_app_with(|s, m| {
@@ -138,7 +126,7 @@ async fn an_out_of_range_cache_ttl_is_a_400_naming_it_in_the_clients_format() {
     .await;
     assert_eq!(r.status(), 200);
     assert_eq!(cache_of(&r), "miss");
-    wait_for_entries(&app, 1).await;
+    app.wait_for_cache_entries(1).await;
     assert_eq!(
         app.mock.state.stats(KEY_A).count,
         1,
@@ -164,7 +152,7 @@ async fn a_huge_token_ttl_is_held_to_the_largest_ttl_not_a_panic() {
         .await;
     assert_eq!(r.status(), 200);
     assert_eq!(cache_of(&r), "miss");
-    wait_for_entries(&app, 1).await;
+    app.wait_for_cache_entries(1).await;
     let r = app
         .chat(&token, &question("How long do entries live?"))
         .await;
@@ -181,6 +169,8 @@ fn a_default_ttl_past_the_largest_is_refused_at_load() {
     assert!(e.to_string().contains("default_ttl_seconds"), "{e}");
     s.cache.default_ttl_seconds = sluice::cache::MAX_TTL_SECONDS as u64;
     s.validate().expect("the largest TTL is valid");
+    s.cache.default_ttl_seconds = 0;
+    assert!(s.validate().is_err(), "a TTL of 0 stores nothing");
 }
 
 /// Tags are matched as whole, exact strings: `_` and `%` are characters like any other,
@@ -210,7 +200,7 @@ async fn tags_with_like_wildcards_are_invalidated_exactly() {
     }
     let untagged = question("A question without any tag?");
     assert_eq!(app.chat(&token, &untagged).await.status(), 200);
-    wait_for_entries(&app, 7).await;
+    app.wait_for_cache_entries(7).await;
 
     let cache = &app.state.cache;
     assert_eq!(
@@ -353,7 +343,7 @@ async fn a_hit_carries_the_headers_of_a_proxied_answer() {
         let proxied_headers = gateway_headers(&proxied);
         let _ = proxied.bytes().await.unwrap();
         app.wait_settled().await;
-        wait_for_entries(&app, n as i64 + 1).await;
+        app.wait_for_cache_entries(n as i64 + 1).await;
         let hit = send(&app, path, &token, body, &[]).await;
         assert_eq!(hit.status(), 200, "{what}");
         let hit_headers = gateway_headers(&hit);

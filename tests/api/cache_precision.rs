@@ -248,17 +248,6 @@ async fn cache_header(app: &TestApp, token: &str, body: &Value) -> String {
     r.headers()["x-sluice-cache"].to_str().unwrap().to_string()
 }
 
-async fn wait_for_entries(app: &TestApp, n: i64) {
-    for _ in 0..250 {
-        app.state.cache.flush().await;
-        if app.scalar("SELECT COUNT(*) FROM cache_entries").await >= n {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    panic!("the cache never held {n} entries");
-}
-
 /// Deliverable of issue 15 item 3, over HTTP: two questions that differ only in a VIN are
 /// two questions by default; a model that opts in (`cache_ignore_identifiers = true`)
 /// answers the second from the first.
@@ -274,7 +263,7 @@ async fn identifier_blind_matching_is_a_per_model_opt_in() {
     for (n, m) in ["gpt-4o-mini", "diag"].into_iter().enumerate() {
         let first = diagnosis(m, "WVWZZZ1JZXW000001", false);
         assert_eq!(cache_header(&app, &token, &first).await, "miss", "{m}");
-        wait_for_entries(&app, n as i64 + 1).await;
+        app.wait_for_cache_entries(n as i64 + 1).await;
     }
     let other_vin = |m| diagnosis(m, "WVWZZZ9KZYW123456", true);
     assert_eq!(
@@ -304,7 +293,7 @@ async fn the_global_opt_in_and_a_model_that_opts_out() {
     for (n, m) in ["gpt-4o-mini", "strict"].into_iter().enumerate() {
         let first = diagnosis(m, "WVWZZZ1JZXW000001", false);
         assert_eq!(cache_header(&app, &token, &first).await, "miss", "{m}");
-        wait_for_entries(&app, n as i64 + 1).await;
+        app.wait_for_cache_entries(n as i64 + 1).await;
     }
     let other_vin = |m| diagnosis(m, "WVWZZZ9KZYW123456", false);
     assert_eq!(

@@ -174,6 +174,19 @@ impl TestApp {
         panic!("request log never reached {n} rows");
     }
 
+    /// Waits until the cache table holds `n` entries (they are written off the request
+    /// path; the replica's memory has them before the table does).
+    pub async fn wait_for_cache_entries(&self, n: i64) {
+        for _ in 0..250 {
+            self.state.cache.flush().await;
+            if self.scalar("SELECT COUNT(*) FROM cache_entries").await >= n {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        panic!("the cache never held {n} entries");
+    }
+
     pub async fn scalar(&self, sql: &str) -> i64 {
         sqlx::query_scalar::<_, i64>(sql)
             .fetch_one(&self.db().read)
