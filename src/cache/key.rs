@@ -16,9 +16,13 @@ use crate::error::WireFormat;
 
 pub type Key = [u8; 32];
 
+/// The longest last user message the semantic match reads (longer: exact matches only).
+pub const MAX_SEMANTIC_BYTES: usize = 32 * 1024;
+
 pub struct Keys {
     pub exact: Key,
-    /// Present when the request ends with a user message with text (semantic candidates).
+    /// Present when the request ends with a user message with text of at most
+    /// `MAX_SEMANTIC_BYTES` and the semantic match is on (semantic candidates).
     pub context: Option<Key>,
     pub last_user: Option<String>,
     /// What the embedder embeds for the semantic match (see `meaning`).
@@ -86,7 +90,13 @@ pub fn keys(
             m["content"] = Value::String(String::new());
             Some(text)
         });
-    let read = last_user.as_deref().map(|text| {
+    // Only a message short enough for the semantic match is read: reading and embedding
+    // cost memory in proportion to the text, and a long prompt is answered by exact
+    // matches alone.
+    let readable = last_user
+        .as_deref()
+        .filter(|t| reading.semantic && t.len() <= MAX_SEMANTIC_BYTES);
+    let read = readable.map(|text| {
         let tokens = meaning::tokens(text, reading.ignore_identifiers);
         let embed_text = if reading.strict {
             meaning::normalised(&tokens)
@@ -124,6 +134,7 @@ mod tests {
     use serde_json::json;
 
     const STRICT: Reading = Reading {
+        semantic: true,
         strict: true,
         ignore_identifiers: false,
     };
@@ -190,5 +201,25 @@ mod tests {
             STRICT,
         );
         assert!(tool.context.is_none());
+        let long = "why ".repeat(MAX_SEMANTIC_BYTES / 4 + 1);
+        let long = keys(
+            "team:1",
+            "gpt",
+            WireFormat::OpenAi,
+            &m(json!({"messages": [{"role": "user", "content": long}]})),
+            STRICT,
+        );
+        assert!(long.context.is_none(), "too long to read: exact only");
+        let off = keys(
+            "team:1",
+            "gpt",
+            WireFormat::OpenAi,
+            &m(json!({"messages": [{"role": "user", "content": "why"}]})),
+            Reading {
+                semantic: false,
+                ..STRICT
+            },
+        );
+        assert!(off.context.is_none(), "semantic off: nothing read");
     }
 }

@@ -31,6 +31,8 @@ pub struct Token {
 /// http embedder), identifiers significant or not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Reading {
+    /// The semantic match is on (`cache.semantic`): otherwise nothing is read.
+    pub semantic: bool,
     pub strict: bool,
     pub ignore_identifiers: bool,
 }

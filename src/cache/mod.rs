@@ -220,6 +220,7 @@ impl Cache {
     /// identifiers significant unless the model or the config opts out.
     fn reading(&self, model_ignore_identifiers: Option<bool>) -> meaning::Reading {
         meaning::Reading {
+            semantic: self.cfg.semantic,
             strict: !matches!(self.embedder, Embedder::Http { .. }),
             ignore_identifiers: model_ignore_identifiers.unwrap_or(self.cfg.ignore_identifiers),
         }
