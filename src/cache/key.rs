@@ -1,5 +1,5 @@
-//! Cache keys. The exact key is the SHA-256 of (scope, model, wire format, the canonical
-//! request): messages with tool calls and results, system, tools, response format,
+//! Cache keys. The exact key is the SHA-256 of (scope — with the request headers that
+//! change an answer, `anthropic-beta` — model, wire format, the canonical request): messages with tool calls and results, system, tools, response format,
 //! temperature, top_p, output cap, stop — everything but `user`, `metadata`, `stream` and
 //! `stream_options`. JSON objects serialise with sorted keys, so the same request always
 //! gives the same bytes. The context key is the same hash with the last user message's

@@ -198,9 +198,15 @@ impl Cache {
             "global" => "global".to_string(),
             _ => format!("team:{}", owner.1),
         };
+        // A request header that changes the answer is part of the key: Anthropic's beta
+        // features (forwarded to Anthropic upstreams) can change what the model returns.
+        let key_scope = match header(headers, "anthropic-beta")? {
+            Some(beta) if !beta.is_empty() => format!("{scope}\u{1f}anthropic-beta={beta}"),
+            _ => scope.clone(),
+        };
         Ok(Some(Plan {
             keys: Arc::new(key::keys(
-                &scope,
+                &key_scope,
                 model,
                 format,
                 body,

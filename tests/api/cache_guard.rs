@@ -351,3 +351,29 @@ async fn a_hit_carries_the_headers_of_a_proxied_answer() {
         assert_same_headers(what, &proxied_headers, &hit_headers);
     }
 }
+
+/// A request header that changes the answer (`anthropic-beta`, forwarded to Anthropic
+/// upstreams) is part of the key: an answer made without a beta feature never answers a
+/// request that asks for it, nor the other way round.
+#[tokio::test]
+async fn answers_made_under_other_anthropic_beta_flags_are_not_hits() {
+    let app = two_formats().await;
+    let (_, token) = app.token("beta", None).await;
+    let body = claude_question("Summarise the attached notes.", false);
+    let beta = [("anthropic-beta", "files-api-2025-04-14")];
+    let r = send(&app, "/v1/messages", &token, &body, &[]).await;
+    assert_eq!(cache_of(&r), "miss");
+    app.wait_for_cache_entries(1).await;
+    let r = send(&app, "/v1/messages", &token, &body, &beta).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(cache_of(&r), "miss", "another beta, another answer");
+    app.wait_for_cache_entries(2).await;
+    assert_eq!(
+        cache_of(&send(&app, "/v1/messages", &token, &body, &beta).await),
+        "hit-exact"
+    );
+    assert_eq!(
+        cache_of(&send(&app, "/v1/messages", &token, &body, &[]).await),
+        "hit-exact"
+    );
+}
