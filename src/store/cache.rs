@@ -135,7 +135,8 @@ pub async fn evict(pool: &SqlitePool, max_entries: u64, now: DateTime<Utc>) -> R
     let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM cache_entries")
         .fetch_one(pool)
         .await?;
-    let over = count - max_entries as i64;
+    // `as i64` would read a `max_entries` past i64::MAX as negative: everything "over".
+    let over = count.saturating_sub(i64::try_from(max_entries).unwrap_or(i64::MAX));
     let mut oldest = 0;
     if over > 0 {
         oldest = sqlx::query("DELETE FROM cache_entries WHERE key IN (SELECT key FROM cache_entries ORDER BY created_at LIMIT ?)")
