@@ -377,3 +377,15 @@ async fn answers_made_under_other_anthropic_beta_flags_are_not_hits() {
         "hit-exact"
     );
 }
+
+/// `max_entries` is a u64 in the config: one past i64::MAX must keep every entry, not read
+/// as a negative limit that evicts them all.
+#[tokio::test]
+async fn a_huge_max_entries_evicts_nothing() {
+    let app = spawn_app_with(|s, _| s.cache.max_entries = u64::MAX).await;
+    let (_, token) = app.token("evict", None).await;
+    assert_eq!(app.chat(&token, &question("Keep me?")).await.status(), 200);
+    app.wait_for_cache_entries(1).await;
+    assert_eq!(app.state.cache.evict(chrono::Utc::now()).await.unwrap(), 0);
+    assert_eq!(app.scalar("SELECT COUNT(*) FROM cache_entries").await, 1);
+}
