@@ -8,6 +8,7 @@
 //! nothing; streams are replayed from whole answers (`replay.rs`).
 
 pub mod embed;
+pub mod headers;
 pub mod key;
 pub mod meaning;
 pub mod replay;
@@ -30,6 +31,8 @@ use crate::store::lingering::Lingering;
 use crate::store::writer::Writer;
 use crate::store::{self, StoreError};
 use embed::{Embedder, Vector};
+use headers::{expiry, header, parse_tags, parse_ttl};
+pub use headers::{MAX_TAGS, MAX_TAG_LEN, MAX_TTL_SECONDS};
 use key::{Key, Keys};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,11 +101,6 @@ fn prefix(key: &Key) -> u64 {
 /// question with every candidate of its context, so one context shared by every request
 /// (the same system prompt for a whole application) must not grow without bound.
 const MAX_PER_CONTEXT: usize = 256;
-
-/// The longest an entry may live (one year), whoever asks: `x-sluice-cache-ttl` above it is
-/// refused, a token's or the config's default is held to it — so `now + ttl` never
-/// overflows a date.
-pub const MAX_TTL_SECONDS: i64 = 365 * 24 * 3600;
 
 /// Most entries kept in memory in front of SQLite.
 const LRU_ENTRIES: usize = 10_000;
@@ -464,65 +462,6 @@ impl Cache {
     }
 }
 
-/// A request header as text, trimmed; one that is not visible ASCII is refused by name.
-fn header<'h>(headers: &'h HeaderMap, name: &'static str) -> Result<Option<&'h str>, ApiError> {
-    match headers.get(name) {
-        None => Ok(None),
-        Some(v) => v
-            .to_str()
-            .map(|v| Some(v.trim()))
-            .map_err(|_| ApiError::invalid(name, format!("{name} must be visible ASCII text"))),
-    }
-}
-
-/// `x-sluice-cache-ttl`: whole seconds, 1 to `MAX_TTL_SECONDS`.
-fn parse_ttl(t: &str) -> Result<i64, ApiError> {
-    t.parse::<i64>()
-        .ok()
-        .filter(|t| (1..=MAX_TTL_SECONDS).contains(t))
-        .ok_or_else(|| {
-            ApiError::invalid(
-                "x-sluice-cache-ttl",
-                format!(
-                    "x-sluice-cache-ttl must be a whole number of seconds from 1 to {MAX_TTL_SECONDS}"
-                ),
-            )
-        })
-}
-
-/// Most tags on one entry, and the longest tag (the admin API's limit too).
-pub const MAX_TAGS: usize = 10;
-pub const MAX_TAG_LEN: usize = 200;
-
-/// `x-sluice-cache-tags: a,b`: at most `MAX_TAGS` tags of at most `MAX_TAG_LEN` bytes.
-/// Any other character is kept as it is (invalidation matches whole tags exactly).
-fn parse_tags(header: Option<&str>) -> Result<Vec<&str>, ApiError> {
-    let tags: Vec<&str> = header
-        .map(|t| {
-            t.split(',')
-                .map(str::trim)
-                .filter(|t| !t.is_empty())
-                .collect()
-        })
-        .unwrap_or_default();
-    if tags.len() > MAX_TAGS || tags.iter().any(|t| t.len() > MAX_TAG_LEN) {
-        return Err(ApiError::invalid(
-            "x-sluice-cache-tags",
-            format!(
-                "x-sluice-cache-tags takes at most {MAX_TAGS} tags of at most {MAX_TAG_LEN} characters"
-            ),
-        ));
-    }
-    Ok(tags)
-}
-
-/// When an entry stored at `now` expires; the TTL is bounded, and a date past chrono's
-/// range would still not panic.
-fn expiry(now: DateTime<Utc>, ttl: Duration) -> DateTime<Utc> {
-    now.checked_add_signed(ttl)
-        .unwrap_or(DateTime::<Utc>::MAX_UTC)
-}
-
 /// Adds a semantic candidate to its context's bucket (replacing the same entry, dropping
 /// the oldest past `MAX_PER_CONTEXT`).
 fn add_candidate(index: &mut HashMap<Key, Vec<(Key, Vector)>>, context: Key, key: Key, v: Vector) {
@@ -537,25 +476,6 @@ fn add_candidate(index: &mut HashMap<Key, Vec<(Key, Vector)>>, context: Key, key
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    proptest::proptest! {
-        /// Any header text: a TTL in range or a 400 naming the header, never a panic; any
-        /// tag list: at most `MAX_TAGS` tags of at most `MAX_TAG_LEN`, or a 400.
-        #[test]
-        fn client_numbers_and_tags_are_range_checked(text in "\\PC{0,40}", n in proptest::num::i64::ANY) {
-            for t in [text.clone(), n.to_string()] {
-                match parse_ttl(&t) {
-                    Ok(ttl) => proptest::prop_assert!((1..=MAX_TTL_SECONDS).contains(&ttl)),
-                    Err(e) => proptest::prop_assert_eq!(e.status(), 400),
-                }
-                let _ = expiry(DateTime::<Utc>::MAX_UTC, Duration::seconds(MAX_TTL_SECONDS));
-            }
-            if let Ok(tags) = parse_tags(Some(&text)) {
-                proptest::prop_assert!(tags.len() <= MAX_TAGS);
-                proptest::prop_assert!(tags.iter().all(|t| t.len() <= MAX_TAG_LEN && !t.contains(',')));
-            }
-        }
-    }
 
     #[test]
     fn a_context_keeps_its_newest_candidates_only() {
