@@ -20,6 +20,7 @@ mod quota;
 mod reasoning;
 mod resilience;
 mod retry_tiers;
+mod ssrf;
 mod streams;
 mod translate;
 mod windows;
