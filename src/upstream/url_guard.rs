@@ -27,7 +27,9 @@ pub enum UrlGuardError {
     Scheme,
     #[error("base_url must not carry a user name or password")]
     UserInfo,
-    #[error("base_url points at a metadata, link-local, unspecified, multicast or reserved address")]
+    #[error(
+        "base_url points at a metadata, link-local, unspecified, multicast or reserved address"
+    )]
     Forbidden,
     #[error("base_url points at a loopback or private address; set allow_private_network = true to allow it")]
     Private,
@@ -198,9 +200,8 @@ pub struct SystemResolver;
 impl Resolve for SystemResolver {
     fn resolve(&self, name: Name) -> Resolving {
         Box::pin(async move {
-            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((name.as_str(), 0))
-                .await?
-                .collect();
+            let addrs: Vec<SocketAddr> =
+                tokio::net::lookup_host((name.as_str(), 0)).await?.collect();
             let addrs: Addrs = Box::new(addrs.into_iter());
             Ok(addrs)
         })
@@ -246,7 +247,10 @@ impl Resolve for GuardedResolver {
             if addrs.is_empty() {
                 return Err(refuse("resolves to no address".into()));
             }
-            if let Some(bad) = addrs.iter().find(|a| check_ip(a.ip(), allow_private).is_err()) {
+            if let Some(bad) = addrs
+                .iter()
+                .find(|a| check_ip(a.ip(), allow_private).is_err())
+            {
                 let class = reach(bad.ip());
                 return Err(refuse(format!("resolves to a {class:?} address")));
             }

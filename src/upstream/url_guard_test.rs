@@ -147,10 +147,7 @@ fn every_range_is_classified() {
 
 #[test]
 fn private_is_refused_only_without_the_opt_in() {
-    assert_eq!(
-        check_ip(ip("fec0::1"), false),
-        Err(UrlGuardError::Private)
-    );
+    assert_eq!(check_ip(ip("fec0::1"), false), Err(UrlGuardError::Private));
     assert_eq!(check_ip(ip("fec0::1"), true), Ok(()));
     assert_eq!(
         check_ip(ip("64:ff9b::a9fe:a9fe"), true),

@@ -37,7 +37,11 @@ struct FixedDns {
 impl Resolve for FixedDns {
     fn resolve(&self, _: Name) -> Resolving {
         self.lookups.fetch_add(1, Ordering::SeqCst);
-        let addrs: Vec<SocketAddr> = self.answer.iter().map(|ip| SocketAddr::new(*ip, 0)).collect();
+        let addrs: Vec<SocketAddr> = self
+            .answer
+            .iter()
+            .map(|ip| SocketAddr::new(*ip, 0))
+            .collect();
         Box::pin(async move {
             let addrs: Addrs = Box::new(addrs.into_iter());
             Ok(addrs)
@@ -57,7 +61,9 @@ async fn call_through_dns(
     let port = mock.base_url().rsplit(':').next().unwrap().to_string();
     settings.upstreams[0].base_url = format!("http://upstream.test:{port}/v1");
     settings.upstreams[0].allow_private_network = allow_private;
-    settings.validate().expect("a public name passes the config check");
+    settings
+        .validate()
+        .expect("a public name passes the config check");
     let catalog = Catalog::from_settings(&settings);
     let dns = Arc::new(FixedDns {
         answer: answer.iter().map(|a| a.parse().unwrap()).collect(),
@@ -85,19 +91,19 @@ async fn call_through_dns(
 #[tokio::test]
 async fn dns_answers_upstreams_may_not_reach_are_refused_without_the_opt_in() {
     let refused: &[&[&str]] = &[
-        &["127.0.0.1"],                          // loopback
-        &["10.0.0.7"],                           // private
-        &["169.254.169.254"],                    // metadata
-        &["100.100.100.200"],                    // Alibaba metadata
-        &["fd00:ec2::254"],                      // AWS metadata over IPv6
-        &["64:ff9b::a9fe:a9fe"],                 // NAT64 of the metadata address
-        &["64:ff9b::7f00:1"],                    // NAT64 of loopback
-        &["2002:7f00:1::1"],                     // 6to4 of loopback
-        &["2002:a9fe:a9fe::1"],                  // 6to4 of the metadata address
-        &["::127.0.0.1"],                        // IPv4-compatible loopback
-        &["::ffff:127.0.0.1"],                   // IPv4-mapped loopback
-        &["fec0::1"],                            // site-local
-        &["2001:0:4136:e378::5601:5601"],        // Teredo, client = metadata address
+        &["127.0.0.1"],                   // loopback
+        &["10.0.0.7"],                    // private
+        &["169.254.169.254"],             // metadata
+        &["100.100.100.200"],             // Alibaba metadata
+        &["fd00:ec2::254"],               // AWS metadata over IPv6
+        &["64:ff9b::a9fe:a9fe"],          // NAT64 of the metadata address
+        &["64:ff9b::7f00:1"],             // NAT64 of loopback
+        &["2002:7f00:1::1"],              // 6to4 of loopback
+        &["2002:a9fe:a9fe::1"],           // 6to4 of the metadata address
+        &["::127.0.0.1"],                 // IPv4-compatible loopback
+        &["::ffff:127.0.0.1"],            // IPv4-mapped loopback
+        &["fec0::1"],                     // site-local
+        &["2001:0:4136:e378::5601:5601"], // Teredo, client = metadata address
     ];
     for answer in refused {
         let (result, lookups, seen) = call_through_dns(false, answer).await;
@@ -160,7 +166,10 @@ async fn base_urls_that_carry_a_forbidden_address_refuse_to_start() {
         settings.upstreams[0].allow_private_network = allow_private;
         match Application::build(settings).await {
             Err(StartupError::Config(e)) => {
-                assert!(e.to_string().starts_with("upstream `a`: base_url"), "{url}: {e}")
+                assert!(
+                    e.to_string().starts_with("upstream `a`: base_url"),
+                    "{url}: {e}"
+                )
             }
             Err(e) => panic!("{url}: {e}"),
             Ok(_) => panic!("{url}: the gateway started"),
