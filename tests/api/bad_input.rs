@@ -136,29 +136,61 @@ async fn upstream_redirects_are_never_followed() {
     );
 }
 
+/// Sends `head` (and nothing else) on a raw connection while reading the answer, and
+/// returns every byte read until the server closed the connection.
+async fn raw_exchange(address: &str, head: Vec<u8>) -> Vec<u8> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let stream = tokio::net::TcpStream::connect(address.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let (mut rd, mut wr) = stream.into_split();
+    // The server stops reading once the head is over its limit: the writer may then fail
+    // (reset), which is expected; the answer is read concurrently so it is not lost.
+    let writer = tokio::spawn(async move {
+        let _ = wr.write_all(&head).await;
+        wr
+    });
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match rd.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    drop(writer.await);
+    got
+}
+
+/// A 1 MB header never reaches a handler: actix-http stops reading the head at 128 KiB
+/// (`MAX_BUFFER_SIZE`) and answers 431 itself, with an empty body, then closes the
+/// connection — it offers no hook to give that answer a JSON body, so this is the answer
+/// (DESIGN.md, "Hostile input"). Read over a raw socket, so a reset after the answer
+/// cannot hide it, and a closed connection without the 431 fails the test.
 #[tokio::test]
-async fn a_huge_header_is_refused_quickly() {
+async fn a_huge_header_gets_431_and_nothing_else() {
     let app = spawn_app().await;
     let (_, token) = app.token("rex", None).await;
-    let started = std::time::Instant::now();
-    let resp = app
-        .http
-        .post(format!("{}/v1/chat/completions", app.address))
-        .bearer_auth(&token)
-        .header("x-padding", "a".repeat(1_000_000))
-        .json(&chat_body(5))
-        .send()
-        .await;
-    // The server may also close the connection outright (an `Err`).
-    if let Ok(r) = resp {
-        assert!(
-            matches!(r.status().as_u16(), 400 | 413 | 431),
-            "{}",
-            r.status()
-        );
-    }
-    assert!(started.elapsed() < std::time::Duration::from_secs(2));
+    let body = chat_body(5).to_string();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer {token}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\nx-padding: {}\r\n\r\n{body}",
+        body.len(),
+        "a".repeat(1_000_000)
+    );
+    let answer = raw_exchange(&app.address, head.into_bytes()).await;
+    let text = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+    assert!(
+        text.starts_with("http/1.1 431 request header fields too large\r\n"),
+        "{text}"
+    );
+    assert!(text.contains("\r\ncontent-length: 0\r\n"), "{text}");
+    assert!(
+        text.ends_with("\r\n\r\n"),
+        "one answer, no body, then closed: {text}"
+    );
     assert_eq!(app.mock.state.total_count(), 0);
+    assert_eq!(app.scalar("SELECT COUNT(*) FROM requests").await, 0);
     assert_eq!(
         app.chat(&token, &chat_body(5)).await.status(),
         200,
