@@ -139,7 +139,9 @@ impl From<QuotaError> for ApiError {
     }
 }
 
-async fn read_body(
+/// Reads a request body up to `limit` bytes; every failure (too large, cut, a bad
+/// `content-encoding`) becomes an `ApiError` the route renders in its format.
+pub(crate) async fn read_body(
     payload: web::Payload,
     req: &HttpRequest,
     limit: usize,

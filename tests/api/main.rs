@@ -10,6 +10,7 @@ mod auth;
 mod bad_input;
 mod cache;
 mod clocks;
+mod fuzz;
 mod money;
 mod money_model;
 mod operations;
