@@ -109,7 +109,7 @@ pub fn body_numbers(endpoint: Endpoint, body: &Map<String, Value>) -> Result<(),
             number_in(body, "presence_penalty", -2.0, 2.0)?;
             if body
                 .get("seed")
-                .is_some_and(|s| !s.is_null() && !(s.is_i64() || s.is_u64()))
+                .is_some_and(|s| !(s.is_null() || s.is_i64() || s.is_u64()))
             {
                 return Err(ApiError::invalid("seed", "`seed` must be an integer"));
             }
