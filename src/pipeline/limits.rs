@@ -120,7 +120,11 @@ pub fn body_numbers(endpoint: Endpoint, body: &Map<String, Value>) -> Result<(),
                 integer_in(body, "logprobs", 0, 5)
             }
         }
-        Endpoint::Embeddings => integer_in(body, "dimensions", 1, MAX_DIMENSIONS),
+        Endpoint::Embeddings => {
+            // One embedding per input; an `n` would multiply work nobody priced.
+            integer_in(body, "n", 1, 1)?;
+            integer_in(body, "dimensions", 1, MAX_DIMENSIONS)
+        }
         Endpoint::Messages => {
             integer_in(body, "top_k", 0, i64::from(u32::MAX))?;
             thinking_budget(body)
@@ -240,6 +244,11 @@ mod tests {
             (Endpoint::Chat, json!({"top_logprobs": 21}), "top_logprobs"),
             (Endpoint::Completions, json!({"logprobs": 6}), "logprobs"),
             (Endpoint::Embeddings, json!({"dimensions": 0}), "dimensions"),
+            (
+                Endpoint::Embeddings,
+                json!({"n": 5252150412692178459i64}),
+                "n",
+            ),
             (
                 Endpoint::Embeddings,
                 json!({"dimensions": 1e12}),

@@ -337,6 +337,11 @@ async fn body_numbers_out_of_range_are_named() {
             json!({"model": "text-embedding-3-small", "input": "x", "dimensions": -1}),
             "dimensions",
         ),
+        (
+            "/v1/embeddings",
+            json!({"model": "text-embedding-3-small", "input": "x", "n": 5252150412692178459i64}),
+            "n",
+        ),
     ];
     for (path, body, field) in &cases {
         let resp = app.post(path, &token, body).await;

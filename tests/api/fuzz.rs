@@ -18,6 +18,8 @@ use proptest::sample::select;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
 use serde_json::{json, Map, Number, Value};
 
+use sluice::config::Provider;
+
 use crate::helpers::*;
 
 /// The seed used when none is given: fixed, so a run replays the last one.
@@ -65,15 +67,21 @@ impl Route {
         )
     }
 
-    /// A valid request to start mutating from.
-    fn template(self) -> Value {
+    /// A valid request to start mutating from; chat and messages go to an OpenAI or an
+    /// Anthropic upstream.
+    fn template(self, anthropic_upstream: bool) -> Value {
         let msgs = json!([{"role": "user", "content": "hello"}]);
+        let chat_model = if anthropic_upstream {
+            "claude"
+        } else {
+            "gpt-4o-mini"
+        };
         match self {
-            Route::Chat => json!({"model": "gpt-4o-mini", "max_tokens": 5, "messages": msgs}),
+            Route::Chat => json!({"model": chat_model, "max_tokens": 5, "messages": msgs}),
             Route::Completions => json!({"model": "gpt-4o-mini", "max_tokens": 5, "prompt": "hi"}),
             Route::Embeddings => json!({"model": "text-embedding-3-small", "input": "hi"}),
             Route::Messages | Route::CountTokens => {
-                json!({"model": "gpt-4o-mini", "max_tokens": 5, "messages": msgs})
+                json!({"model": chat_model, "max_tokens": 5, "messages": msgs})
             }
             _ => json!({}),
         }
@@ -327,8 +335,8 @@ fn mutation() -> impl Strategy<Value = Mutation> {
 }
 
 fn near_valid(route: Route) -> impl Strategy<Value = Vec<u8>> {
-    prop::collection::vec(mutation(), 1..5).prop_map(move |muts| {
-        let mut v = route.template();
+    (any::<bool>(), prop::collection::vec(mutation(), 1..5)).prop_map(move |(anthropic, muts)| {
+        let mut v = route.template(anthropic);
         let Some(obj) = v.as_object_mut() else {
             return v.to_string().into_bytes();
         };
@@ -359,7 +367,7 @@ fn near_valid(route: Route) -> impl Strategy<Value = Vec<u8>> {
 }
 
 fn invalid_bytes(route: Route) -> impl Strategy<Value = Vec<u8>> {
-    let valid = route.template().to_string().into_bytes();
+    let valid = route.template(false).to_string().into_bytes();
     let cut = valid.clone();
     prop_oneof![
         prop::collection::vec(any::<u8>(), 0..200),
@@ -604,9 +612,14 @@ fn every_v1_route_answers_arbitrary_input_in_its_format() {
         .build()
         .unwrap();
     let (app, token) = rt.block_on(async {
-        let app = spawn_app_with(|s, _| {
-            // Deep enough to reach every stage: the cache on, small bodies.
+        let app = spawn_app_with(|s, m| {
             s.server.max_body_bytes = 256 * 1024;
+            // An Anthropic upstream too, so both translation directions run.
+            let mut c = upstream("c", "sk-ant-fuzz-key", m);
+            c.provider = Provider::Anthropic;
+            c.base_url = m.base_url();
+            s.upstreams.push(c);
+            s.models.push(model("claude", &["c"]));
         })
         .await;
         let (_, token) = app.token("fuzz", None).await;
