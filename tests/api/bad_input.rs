@@ -189,6 +189,16 @@ async fn a_huge_header_gets_431_and_nothing_else() {
         text.ends_with("\r\n\r\n"),
         "one answer, no body, then closed: {text}"
     );
+    // More headers than actix-http parses (96) is the same answer.
+    let many: String = (0..120).map(|i| format!("x-h{i}: v\r\n")).collect();
+    let head = format!("GET /v1/models HTTP/1.1\r\nhost: gw\r\n{many}\r\n");
+    let answer = raw_exchange(&app.address, head.into_bytes()).await;
+    let text = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+    assert!(
+        text.starts_with("http/1.1 431 request header fields too large\r\n"),
+        "{text}"
+    );
+    assert!(text.contains("\r\ncontent-length: 0\r\n"), "{text}");
     assert_eq!(app.mock.state.total_count(), 0);
     assert_eq!(app.scalar("SELECT COUNT(*) FROM requests").await, 0);
     assert_eq!(
