@@ -17,15 +17,22 @@ pub async fn messages(
     pipeline::handle(state, req, body, Endpoint::Messages).await
 }
 
+/// Read like the pipeline's bodies (its size limit, its errors), so that a body too large,
+/// cut short or wrongly encoded gets an Anthropic-shaped answer, not actix's plain text.
 pub async fn count_tokens(
     state: web::Data<AppState>,
     req: HttpRequest,
-    body: web::Bytes,
+    payload: web::Payload,
 ) -> HttpResponse {
     let f = WireFormat::Anthropic;
     if let Err(resp) = super::authenticated(&state, &req, f).await {
         return resp;
     }
+    let body = match pipeline::read_body(payload, &req, state.settings.server.max_body_bytes).await
+    {
+        Ok(b) => b,
+        Err(e) => return e.render(f),
+    };
     let Ok(v) = serde_json::from_slice::<Value>(&body) else {
         return ApiError::InvalidRequest {
             message: "The request body is not valid JSON.".into(),

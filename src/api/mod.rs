@@ -52,9 +52,20 @@ pub(crate) async fn authenticated(
     }
 }
 
-/// Anything else: an OpenAI-shaped 404.
-pub async fn not_found() -> actix_web::HttpResponse {
+/// Anything else: a 404 in the format the client speaks — Anthropic's when it sends
+/// `anthropic-version` or asked under `/v1/messages`, else OpenAI's.
+pub async fn not_found(req: actix_web::HttpRequest) -> actix_web::HttpResponse {
+    let anthropic =
+        req.headers().contains_key("anthropic-version") || req.path().starts_with("/v1/messages");
+    let message = "Unknown route.";
+    if anthropic {
+        return actix_web::HttpResponse::NotFound().json(
+            serde_json::json!({"type": "error", "error": {
+                "type": "not_found_error", "message": message, "code": "not_found"
+            }}),
+        );
+    }
     actix_web::HttpResponse::NotFound().json(serde_json::json!({"error": {
-        "message": "Unknown route.", "type": "invalid_request_error", "param": null, "code": "not_found"
+        "message": message, "type": "invalid_request_error", "param": null, "code": "not_found"
     }}))
 }

@@ -4,6 +4,7 @@
 
 pub mod attempts;
 pub mod cached;
+pub mod limits;
 pub mod queued;
 pub mod request;
 pub mod respond;
@@ -138,7 +139,9 @@ impl From<QuotaError> for ApiError {
     }
 }
 
-async fn read_body(
+/// Reads a request body up to `limit` bytes; every failure (too large, cut, a bad
+/// `content-encoding`) becomes an `ApiError` the route renders in its format.
+pub(crate) async fn read_body(
     payload: web::Payload,
     req: &HttpRequest,
     limit: usize,
@@ -197,6 +200,7 @@ async fn run(
     // 2. Validate.
     let raw = read_body(payload, req, state.settings.server.max_body_bytes).await?;
     let mut prepared = request::prepare(endpoint, &raw, &auth, &state.catalog)?;
+    let asked = limits::client_headers(req.headers(), auth.max_priority)?;
     if ladder.has(Ladder::All) {
         soft_limit(state, &auth, &mut prepared);
     }
@@ -264,8 +268,8 @@ async fn run(
     account(state, &auth, held.token_remaining(), 0);
 
     // 6. Queue by priority. A request that leaves unserved releases its reservation.
-    let priority = priority_of(req, &auth)?;
-    let deadline = respond::deadline(req, &state.settings.retry, started);
+    let priority = asked.priority;
+    let deadline = respond::deadline(asked.deadline_ms, &state.settings.retry, started);
     let queued = Instant::now();
     let admitted = match state.queue.enter(priority, auth.owner.token_id) {
         Ok(Admit::Now(slot)) => Ok(slot),
@@ -384,26 +388,6 @@ pub(crate) fn account(
         metrics::remaining(auth.owner.token_id, r, Some(used));
     }
     metrics::absorbed(absorbed);
-}
-
-/// `x-sluice-priority` (1 CRITICAL … 4 LOW), never more urgent than the token's
-/// `max_priority`; NORMAL when absent.
-fn priority_of(req: &HttpRequest, auth: &TokenAuth) -> Result<u8, ApiError> {
-    let asked = match req.headers().get("x-sluice-priority") {
-        None => 3,
-        Some(v) => v
-            .to_str()
-            .ok()
-            .and_then(|s| s.trim().parse::<u8>().ok())
-            .filter(|p| (1..=4).contains(p))
-            .ok_or_else(|| {
-                ApiError::invalid(
-                    "x-sluice-priority",
-                    "x-sluice-priority must be 1, 2, 3 or 4",
-                )
-            })?,
-    };
-    Ok(asked.max(auth.max_priority.clamp(1, 4) as u8))
 }
 
 /// Stage 3: checks (and books) the token's and the user's windows; `None` when neither has

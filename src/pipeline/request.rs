@@ -182,6 +182,7 @@ pub fn prepare(
     };
     number_in(&body, "temperature", 0.0, max_temperature)?;
     number_in(&body, "top_p", 0.0, 1.0)?;
+    super::limits::body_numbers(endpoint, &body)?;
 
     let input_tokens = match endpoint {
         Endpoint::Chat => {
@@ -246,12 +247,6 @@ pub fn prepare(
                 return Err(ApiError::invalid(
                     "system",
                     "`system` must be a string or an array of text blocks",
-                ));
-            }
-            if body.get("top_k").is_some_and(|k| k.as_u64().is_none()) {
-                return Err(ApiError::invalid(
-                    "top_k",
-                    "`top_k` must be a non-negative integer",
                 ));
             }
             estimate::chat_input(msgs, body.get("tools"))
@@ -334,33 +329,30 @@ pub fn prepare(
         (None, 1)
     } else {
         let n = output_multiplier(endpoint, &body)?;
-        // When both caps are sent, the tighter one is the client's intent.
-        let asked = match (
-            int_field(&body, "max_completion_tokens")?,
-            int_field(&body, "max_tokens")?,
-        ) {
-            (Some(c), Some(m)) if m < c => Some(("max_tokens", m)),
-            (Some(c), _) => Some(("max_completion_tokens", c)),
-            (None, m) => m.map(|v| ("max_tokens", v)),
-        };
-        let cap = match asked {
-            Some((field, v)) if v < 1 => {
-                return Err(ApiError::invalid(
+        // Each cap sent must be in range on its own; when both are, the tighter one is
+        // the client's intent.
+        let cap_of = |field: &'static str| -> Result<Option<(&'static str, i64)>, ApiError> {
+            match int_field(&body, field)? {
+                None => Ok(None),
+                Some(v) if v < 1 => Err(ApiError::invalid(
                     field,
                     format!("`{field}` must be at least 1"),
-                ))
-            }
-            Some((field, v)) if v > model.max_output_tokens => {
-                return Err(ApiError::invalid(
+                )),
+                Some(v) if v > model.max_output_tokens => Err(ApiError::invalid(
                     field,
                     format!(
                         "`{field}` is {v}; `{}` allows at most {}.",
                         model.name, model.max_output_tokens
                     ),
-                ))
+                )),
+                Some(v) => Ok(Some((field, v))),
             }
-            Some(c) => c,
-            None => ("max_tokens", model.max_output_tokens),
+        };
+        let cap = match (cap_of("max_completion_tokens")?, cap_of("max_tokens")?) {
+            (Some(c), Some(m)) if m.1 < c.1 => m,
+            (Some(c), _) => c,
+            (None, Some(m)) => m,
+            (None, None) => ("max_tokens", model.max_output_tokens),
         };
         (Some(cap), n)
     };

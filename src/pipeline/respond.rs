@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use actix_web::http::header::{HeaderName, HeaderValue};
-use actix_web::{HttpRequest, HttpResponse, HttpResponseBuilder};
+use actix_web::{HttpResponse, HttpResponseBuilder};
 
 use crate::auth::TokenAuth;
 use crate::config::RetrySettings;
@@ -75,14 +75,12 @@ pub fn queue_wait(resp: &mut HttpResponse, waited: std::time::Duration) {
     }
 }
 
-/// `x-sluice-request-deadline-ms` when the client sends one (never above the configured
-/// deadline), else `retry.request_deadline_ms`.
-pub fn deadline(req: &HttpRequest, cfg: &RetrySettings, started: Instant) -> Instant {
-    let asked = req
-        .headers()
-        .get("x-sluice-request-deadline-ms")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    let ms = asked.map_or(cfg.request_deadline_ms, |a| a.min(cfg.request_deadline_ms));
-    started + Duration::from_millis(ms)
+/// `x-sluice-request-deadline-ms` when the client sent one (`limits::client_headers`),
+/// never above the configured deadline, else `retry.request_deadline_ms`.
+pub fn deadline(asked_ms: Option<u64>, cfg: &RetrySettings, started: Instant) -> Instant {
+    let ms = asked_ms.map_or(cfg.request_deadline_ms, |a| a.min(cfg.request_deadline_ms));
+    // A configured deadline past what `Instant` holds means "no deadline": a year will do.
+    started
+        .checked_add(Duration::from_millis(ms))
+        .unwrap_or_else(|| started + Duration::from_secs(365 * 24 * 3600))
 }

@@ -1,7 +1,8 @@
-//! The upstream HTTP client: pooled keep-alive connections, no redirects, connect and
-//! first-byte timeouts, `TCP_NODELAY`. Two clients share the settings: `public` resolves
-//! names through `GuardedResolver` (no private addresses), `private` serves upstreams that
-//! opted in with `allow_private_network` (local model servers).
+//! The upstream HTTP client: pooled keep-alive connections, no redirects, no proxy from the
+//! environment, connect and first-byte timeouts, `TCP_NODELAY`. Two clients share the
+//! settings and both resolve names through `GuardedResolver`: `public` refuses private and
+//! metadata addresses, `private` (upstreams that opted in with `allow_private_network`,
+//! local model servers) refuses metadata addresses.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,7 +11,7 @@ use bytes::{Bytes, BytesMut};
 use reqwest::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 
 use super::catalog::Deployment;
-use super::url_guard::GuardedResolver;
+use super::url_guard::{GuardedResolver, SystemResolver};
 use super::UpstreamError;
 use crate::config::{Provider, UpstreamTimeouts};
 
@@ -25,24 +26,32 @@ pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 
 impl UpstreamClient {
     pub fn new(timeouts: &UpstreamTimeouts) -> Result<Self, reqwest::Error> {
-        let build = |guarded: bool| {
-            let b = reqwest::Client::builder()
+        Self::with_resolver(timeouts, Arc::new(SystemResolver))
+    }
+
+    /// The client over another name resolver (tests answer DNS with fixed addresses); the
+    /// guard sits between it and every connection either way.
+    pub fn with_resolver(
+        timeouts: &UpstreamTimeouts,
+        dns: Arc<dyn reqwest::dns::Resolve>,
+    ) -> Result<Self, reqwest::Error> {
+        let build = |allow_private: bool| {
+            reqwest::Client::builder()
+                // A redirect could point anywhere, metadata included: never followed.
                 .redirect(reqwest::redirect::Policy::none())
+                // A proxy from HTTP(S)_PROXY would resolve the name itself, past the guard.
+                .no_proxy()
                 .connect_timeout(Duration::from_millis(timeouts.connect_timeout_ms))
                 .tcp_nodelay(true)
                 .pool_idle_timeout(Duration::from_secs(90))
                 .pool_max_idle_per_host(256)
-                .user_agent(concat!("sluice/", env!("CARGO_PKG_VERSION")));
-            if guarded {
-                b.dns_resolver(Arc::new(GuardedResolver))
-            } else {
-                b
-            }
-            .build()
+                .user_agent(concat!("sluice/", env!("CARGO_PKG_VERSION")))
+                .dns_resolver(Arc::new(GuardedResolver::new(allow_private, dns.clone())))
+                .build()
         };
         Ok(Self {
-            public: build(true)?,
-            private: build(false)?,
+            public: build(false)?,
+            private: build(true)?,
             timeouts: timeouts.clone(),
         })
     }

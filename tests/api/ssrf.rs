@@ -1,0 +1,178 @@
+//! The SSRF guard exercised for real: the real upstream client (reqwest + `GuardedResolver`)
+//! sends real requests to a name whose DNS answer the test decides.
+//!
+//! Why a fixed-answer inner resolver rather than a tiny DNS server: the guard wraps an
+//! inner resolver (the system's in production), and the system resolver takes its
+//! nameserver from /etc/resolv.conf for the whole process — a test cannot point one client
+//! at its own DNS server. Replacing only the innermost lookup keeps everything that matters
+//! real: the guard, reqwest's connector, the port taken from the URL, the mock upstream.
+//!
+//! Safety of the test itself: refused answers never reach a socket. The answers that must
+//! pass point at 127.0.0.1, where the mock listens, so a guard that wrongly let a mixed
+//! answer through would show up as a request the mock counted.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use reqwest::dns::{Addrs, Name, Resolve, Resolving};
+use serde_json::json;
+use sluice::config::UpstreamTimeouts;
+use sluice::mock::{MockConfig, MockServer};
+use sluice::startup::{Application, StartupError};
+use sluice::upstream::catalog::Catalog;
+use sluice::upstream::client::UpstreamClient;
+use sluice::upstream::UpstreamError;
+
+use crate::helpers::*;
+
+/// Answers every name with the same addresses, and counts the lookups.
+struct FixedDns {
+    answer: Vec<IpAddr>,
+    lookups: AtomicUsize,
+}
+
+impl Resolve for FixedDns {
+    fn resolve(&self, _: Name) -> Resolving {
+        self.lookups.fetch_add(1, Ordering::SeqCst);
+        let addrs: Vec<SocketAddr> = self
+            .answer
+            .iter()
+            .map(|ip| SocketAddr::new(*ip, 0))
+            .collect();
+        Box::pin(async move {
+            let addrs: Addrs = Box::new(addrs.into_iter());
+            Ok(addrs)
+        })
+    }
+}
+
+/// One chat call through the real upstream client to `upstream.test:<mock port>`, whose
+/// DNS answers `answer`. Returns the outcome, how many lookups ran and what the mock saw.
+async fn call_through_dns(
+    allow_private: bool,
+    answer: &[&str],
+) -> (Result<u16, UpstreamError>, usize, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let mut settings = test_settings(dir.path(), &mock);
+    let port = mock.base_url().rsplit(':').next().unwrap().to_string();
+    settings.upstreams[0].base_url = format!("http://upstream.test:{port}/v1");
+    settings.upstreams[0].allow_private_network = allow_private;
+    settings
+        .validate()
+        .expect("a public name passes the config check");
+    let catalog = Catalog::from_settings(&settings);
+    let dns = Arc::new(FixedDns {
+        answer: answer.iter().map(|a| a.parse().unwrap()).collect(),
+        lookups: AtomicUsize::new(0),
+    });
+    let client = UpstreamClient::with_resolver(&UpstreamTimeouts::default(), dns.clone()).unwrap();
+    let body = json!({"model": "gpt-4o-mini-upstream", "max_tokens": 5,
+                      "messages": [{"role": "user", "content": "hi"}]});
+    let result = client
+        .post(
+            &catalog.deployments[0],
+            "/chat/completions",
+            Bytes::from(body.to_string()),
+            Instant::now() + Duration::from_secs(10),
+        )
+        .await
+        .map(|r| r.status().as_u16());
+    (
+        result,
+        dns.lookups.load(Ordering::SeqCst),
+        mock.state.total_count(),
+    )
+}
+
+#[tokio::test]
+async fn dns_answers_upstreams_may_not_reach_are_refused_without_the_opt_in() {
+    let refused: &[&[&str]] = &[
+        &["127.0.0.1"],                   // loopback
+        &["10.0.0.7"],                    // private
+        &["169.254.169.254"],             // metadata
+        &["100.100.100.200"],             // Alibaba metadata
+        &["fd00:ec2::254"],               // AWS metadata over IPv6
+        &["64:ff9b::a9fe:a9fe"],          // NAT64 of the metadata address
+        &["64:ff9b::7f00:1"],             // NAT64 of loopback
+        &["2002:7f00:1::1"],              // 6to4 of loopback
+        &["2002:a9fe:a9fe::1"],           // 6to4 of the metadata address
+        &["::127.0.0.1"],                 // IPv4-compatible loopback
+        &["::ffff:127.0.0.1"],            // IPv4-mapped loopback
+        &["fec0::1"],                     // site-local
+        &["2001:0:4136:e378::5601:5601"], // Teredo, client = metadata address
+    ];
+    for answer in refused {
+        let (result, lookups, seen) = call_through_dns(false, answer).await;
+        assert!(
+            matches!(result, Err(UpstreamError::Connect(_))),
+            "{answer:?}: {result:?}"
+        );
+        assert_eq!(lookups, 1, "{answer:?}: the name went through the guard");
+        assert_eq!(seen, 0, "{answer:?}: nothing reached the upstream");
+    }
+}
+
+#[tokio::test]
+async fn metadata_in_dns_is_refused_even_with_the_opt_in() {
+    // The control: with the opt-in, a name answering loopback reaches the mock.
+    let (result, lookups, seen) = call_through_dns(true, &["127.0.0.1"]).await;
+    assert_eq!(result.unwrap(), 200);
+    assert_eq!((lookups, seen), (1, 1));
+    let refused: &[&[&str]] = &[
+        &["169.254.169.254"],
+        &["169.254.170.2"], // ECS task metadata
+        &["100.100.100.200"],
+        &["fd00:ec2::254"],
+        &["::ffff:169.254.169.254"],
+        &["64:ff9b::a9fe:a9fe"],
+        // One bad address among good ones refuses the name: the connector would try
+        // 127.0.0.1 first, so a guard that only filtered would let this reach the mock.
+        &["127.0.0.1", "169.254.169.254"],
+        &["127.0.0.1", "64:ff9b::a9fe:a9fe"],
+    ];
+    for answer in refused {
+        let (result, lookups, seen) = call_through_dns(true, answer).await;
+        assert!(
+            matches!(result, Err(UpstreamError::Connect(_))),
+            "{answer:?}: {result:?}"
+        );
+        assert_eq!(lookups, 1, "{answer:?}");
+        assert_eq!(seen, 0, "{answer:?}: nothing reached the upstream");
+    }
+}
+
+#[tokio::test]
+async fn base_urls_that_carry_a_forbidden_address_refuse_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let cases = [
+        ("http://[64:ff9b::a9fe:a9fe]/v1", true),
+        ("http://[2002:a9fe:a9fe::1]/v1", true),
+        ("http://[::169.254.169.254]/v1", true),
+        ("http://100.100.100.200/v1", true),
+        ("http://0251.0376.0251.0376/v1", true),
+        ("http://[64:ff9b::7f00:1]/v1", false),
+        ("http://[fec0::1]/v1", false),
+        ("http://[::127.0.0.1]/v1", false),
+        ("http://[fe80::1%25eth0]/v1", true),
+    ];
+    for (url, allow_private) in cases {
+        let mut settings = test_settings(dir.path(), &mock);
+        settings.upstreams[0].base_url = url.into();
+        settings.upstreams[0].allow_private_network = allow_private;
+        match Application::build(settings).await {
+            Err(StartupError::Config(e)) => {
+                assert!(
+                    e.to_string().starts_with("upstream `a`: base_url"),
+                    "{url}: {e}"
+                )
+            }
+            Err(e) => panic!("{url}: {e}"),
+            Ok(_) => panic!("{url}: the gateway started"),
+        }
+    }
+}
