@@ -1,6 +1,7 @@
 //! The signed-in person's own account: change password (every session of theirs ends; this
 //! browser gets a fresh one) and admin API keys (`sk-sl-admin-…`, shown once, acting with
-//! the owner's role). Finance, who changes nothing, only reads this page.
+//! the owner's role, created only in a signed-in browser session). Finance, who changes
+//! nothing, only reads this page.
 
 use actix_web::{web, HttpResponse};
 use askama::Template;
@@ -60,13 +61,20 @@ pub async fn page(actor: Actor, state: web::Data<AppState>) -> Result<HttpRespon
     })
 }
 
-/// Creates an API key for the actor; returns its id and text (shown once).
+/// Creates an API key for the actor; returns its id and text (shown once). Only a signed-in
+/// browser session may: a key that could mint keys would let whoever leaks one keep access
+/// after it is revoked.
 pub async fn create_key(
     state: &AppState,
     actor: &Actor,
     k: NewKey,
 ) -> Result<(i64, String), AdminError> {
     actor.require_write()?;
+    if matches!(actor.via, Via::ApiKey) {
+        return Err(AdminError::Forbidden(
+            "An API key cannot create API keys; create them on the Account page in a signed-in browser session.".into(),
+        ));
+    }
     let name = k.name.unwrap_or_default();
     if name.chars().count() > 100 {
         return Err(AdminError::invalid("name: at most 100 characters"));

@@ -3,6 +3,7 @@
 mod admin_helpers;
 mod helpers;
 
+mod account;
 mod admin;
 mod admin_reports;
 mod admin_roles;
