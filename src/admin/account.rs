@@ -152,8 +152,9 @@ async fn revoke_key_html(
     )
 }
 
-/// Changes the actor's password after checking the current one. Every session of theirs
-/// ends, and this browser is given a new one (so the page reloads with a new CSRF token).
+/// Changes the actor's password after checking the current one. It ends what the old
+/// password opened: every session of theirs (this browser is given a new one, so the page
+/// reloads with a new CSRF token) and every API key of theirs.
 async fn change_password(
     actor: Actor,
     state: web::Data<AppState>,
@@ -193,6 +194,7 @@ async fn change_password(
     let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
     sessions::set_password_hash(&mut tx, actor.id, &hash).await?;
     let ended = sessions::delete_sessions_of(&mut tx, actor.id, None).await?;
+    let revoked = sessions::revoke_api_keys_of(&mut tx, actor.id, now).await?;
     sessions::create_session(
         &mut tx,
         &session::id_hash(&id),
@@ -201,7 +203,7 @@ async fn change_password(
         now,
     )
     .await?;
-    let after = json!({"sessions_ended": ended}).to_string();
+    let after = json!({"sessions_ended": ended, "api_keys_revoked": revoked}).to_string();
     actor
         .audit(
             &mut tx,
@@ -217,7 +219,7 @@ async fn change_password(
     let mut resp = HttpResponse::Ok()
         .insert_header(("HX-Refresh", "true"))
         .content_type("text/html; charset=utf-8")
-        .body("<p class=\"flash ok\" role=\"status\">Password changed; every other session has ended.</p>");
+        .body("<p class=\"flash ok\" role=\"status\">Password changed; every other session has ended and your API keys are revoked.</p>");
     let _ = resp.add_cookie(&session::cookie(session::cookie_name(secure), id, secure));
     Ok(resp)
 }

@@ -346,6 +346,11 @@ pub async fn update_login(
         // A changed or disabled login signs in again with what it now is.
         sessions::delete_sessions_of(&mut tx, id, None).await?;
     }
+    // A reset password ends what the old one opened: the login's API keys too.
+    let keys_revoked = match new_hash {
+        Some(_) => sessions::revoke_api_keys_of(&mut tx, id, now).await?,
+        None => 0,
+    };
     let after = directory::login(&mut tx, id)
         .await?
         .ok_or(AdminError::NotFound)?;
@@ -355,6 +360,7 @@ pub async fn update_login(
     let mut after_snap: serde_json::Value = serde_json::from_str(&snap(&after)).unwrap_or_default();
     if new_hash.is_some() {
         after_snap["password_reset"] = json!(true);
+        after_snap["api_keys_revoked"] = json!(keys_revoked);
     }
     actor
         .audit(

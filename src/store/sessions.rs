@@ -236,6 +236,23 @@ pub async fn revoke_api_key(
         == 1)
 }
 
+/// Revokes every live API key of an admin (their password changed or was reset); returns
+/// how many.
+pub async fn revoke_api_keys_of(
+    conn: &mut SqliteConnection,
+    admin_id: i64,
+    now: DateTime<Utc>,
+) -> Result<u64> {
+    Ok(sqlx::query(
+        "UPDATE admin_api_keys SET revoked_at = ? WHERE admin_id = ? AND revoked_at IS NULL",
+    )
+    .bind(db_time(now))
+    .bind(admin_id)
+    .execute(conn)
+    .await?
+    .rows_affected())
+}
+
 /// The owner of a live API key, by the key's hash.
 pub async fn admin_by_api_key(pool: &SqlitePool, hash: &[u8]) -> Result<Option<AdminRow>> {
     Ok(sqlx::query_as(&format!(

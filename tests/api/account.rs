@@ -1,14 +1,111 @@
-//! The signed-in person's own credentials: an API key never mints another API key.
+//! The signed-in person's own credentials: a password change revokes the admin's API keys
+//! and ends their other sessions, an admin's reset of someone's password does the same to
+//! theirs, and an API key never mints another API key.
 
 use serde_json::json;
 
 use crate::admin_helpers::*;
 use crate::helpers::*;
 
+const NEW_PASSWORD: &str = "an entirely new passphrase";
+
 async fn key_of(s: &Session, name: &str) -> String {
     let (status, v) = s.post("/admin/api/v1/keys", &json!({ "name": name })).await;
     assert_eq!(status, 201, "{v}");
     v["key"].as_str().unwrap().to_string()
+}
+
+async fn me_with_key(app: &TestApp, key: &str) -> u16 {
+    client()
+        .get(format!("{}/admin/api/v1/me", app.address))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// A password change ends what the old password opened: the admin's API keys are revoked
+/// (one audit row says how many), their other sessions end, this browser gets a new one.
+#[tokio::test]
+async fn a_password_change_revokes_the_admins_api_keys() {
+    let app = spawn_app().await;
+    make_login(&app, "root", "admin", None).await;
+    make_login(&app, "ops", "admin", None).await;
+    let s = login(&app, "root").await;
+    let other = login(&app, "root").await;
+    let (k1, k2) = (key_of(&s, "ci").await, key_of(&s, "cron").await);
+    let ops = login(&app, "ops").await;
+    let ops_key = key_of(&ops, "ops-ci").await;
+    assert_eq!(me_with_key(&app, &k1).await, 200);
+
+    let r = s
+        .htmx_form(
+            "/admin/account/password",
+            &[
+                ("current_password", PASSWORD),
+                ("new_password", NEW_PASSWORD),
+            ],
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(me_with_key(&app, &k1).await, 401, "key revoked");
+    assert_eq!(me_with_key(&app, &k2).await, 401, "key revoked");
+    assert_eq!(
+        me_with_key(&app, &ops_key).await,
+        200,
+        "another admin's key stays"
+    );
+    assert_eq!(other.get_json("/admin/api/v1/me").await.0, 401);
+    assert_eq!(
+        app.scalar(
+            "SELECT COUNT(*) FROM admin_api_keys k JOIN admins a ON a.id = k.admin_id
+             WHERE a.username = 'root' AND k.revoked_at IS NULL"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        app.scalar(
+            "SELECT COUNT(*) FROM audit_log WHERE action = 'admin.password_change'
+             AND json_extract(after, '$.api_keys_revoked') = 2
+             AND json_extract(after, '$.sessions_ended') = 2"
+        )
+        .await,
+        1,
+        "one audit row names what ended"
+    );
+}
+
+/// An admin resetting another login's password revokes that login's keys and sessions too.
+#[tokio::test]
+async fn a_password_reset_by_an_admin_revokes_the_targets_api_keys() {
+    let app = spawn_app().await;
+    make_login(&app, "root", "admin", None).await;
+    let ops_id = make_login(&app, "ops", "admin", None).await;
+    let root = login(&app, "root").await;
+    let ops = login(&app, "ops").await;
+    let ops_key = key_of(&ops, "ops-ci").await;
+    let root_key = key_of(&root, "ci").await;
+    let (status, v) = root
+        .patch(
+            &format!("/admin/api/v1/logins/{ops_id}"),
+            &json!({ "password": NEW_PASSWORD }),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(me_with_key(&app, &ops_key).await, 401);
+    assert_eq!(ops.get_json("/admin/api/v1/me").await.0, 401);
+    assert_eq!(me_with_key(&app, &root_key).await, 200);
+    assert_eq!(
+        app.scalar(
+            "SELECT COUNT(*) FROM audit_log WHERE action = 'admin.update'
+             AND json_extract(after, '$.api_keys_revoked') = 1"
+        )
+        .await,
+        1
+    );
 }
 
 /// An API key acts for its owner but cannot mint more keys: a leaked key cannot make
