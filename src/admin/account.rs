@@ -12,7 +12,7 @@ use super::actor::{Actor, Via};
 use super::error::AdminError;
 use super::input::{de, Input};
 use super::view::{self, Chrome};
-use crate::auth::{password, session, token};
+use crate::auth::{session, token};
 use crate::state::AppState;
 use crate::store::sessions::{self, ApiKeyRow};
 
@@ -171,7 +171,11 @@ async fn change_password(
         .await?
         .ok_or(AdminError::Unauthorized)?;
     let current = p.current_password.unwrap_or_default();
-    if !password::verify_blocking(current, Some(admin.password_hash)).await {
+    if !state
+        .passwords
+        .verify(current, Some(admin.password_hash))
+        .await?
+    {
         let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
         sessions::record_failure(&mut tx, &format!("user:{}", actor.username), now).await?;
         actor
@@ -189,7 +193,10 @@ async fn change_password(
             "The current password is wrong.".into(),
         ));
     }
-    let hash = password::hash_blocking(p.new_password.unwrap_or_default()).await?;
+    let hash = state
+        .passwords
+        .hash(p.new_password.unwrap_or_default())
+        .await?;
     let id = session::new_secret();
     let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
     sessions::set_password_hash(&mut tx, actor.id, &hash).await?;

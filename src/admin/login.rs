@@ -3,6 +3,8 @@
 //! time) and is recorded per username and per address; past `USER_LIMIT` failures for one
 //! user or `ADDR_LIMIT` from one address within `WINDOW`, attempts get 429 with
 //! `Retry-After` — even with the right password — until the window has passed.
+//! Verification waits for one of `auth::password`'s few hashing permits (429 when none
+//! comes in time). Both refusals answer with the sign-in form again, carrying the reason.
 
 use actix_web::http::header;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -11,7 +13,8 @@ use chrono::{DateTime, Duration, Utc};
 
 use super::actor::{peer, Actor};
 use super::error::AdminError;
-use crate::auth::{csrf, password, session};
+use crate::auth::password::{self, PasswordError};
+use crate::auth::{csrf, session};
 use crate::state::AppState;
 use crate::store::sessions;
 
@@ -60,16 +63,22 @@ pub async fn submit(
     let pre = req
         .cookie(session::login_cookie_name(secure))
         .map(|c| c.value().to_string());
+    let again = |error: String, status: u16| {
+        let page = LoginPage {
+            csrf: pre.as_deref().map(csrf::token_for).unwrap_or_default(),
+            error: Some(error),
+        };
+        render(&page, status)
+    };
     let resp = match sign_in(&req, &state, &body, pre.as_deref(), secure).await {
         Ok(resp) => resp,
-        Err(AdminError::Unauthorized) => {
-            // The same page, status and body for every wrong username/password pair.
-            let csrf = pre.as_deref().map(csrf::token_for).unwrap_or_default();
-            let page = LoginPage {
-                csrf,
-                error: Some("Invalid username or password.".into()),
-            };
-            render(&page, 401)
+        // The same page, status and body for every wrong username/password pair.
+        Err(AdminError::Unauthorized) => again("Invalid username or password.".into(), 401),
+        Err(e @ (AdminError::Throttled { retry_after } | AdminError::Busy { retry_after })) => {
+            let mut resp = again(e.to_string(), 429);
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from(retry_after));
+            resp
         }
         Err(e) => e.page(),
     };
@@ -108,7 +117,7 @@ async fn sign_in(
 
     let admin = sessions::admin_by_name(&state.db.read, &username).await?;
     let phc = admin.as_ref().map(|a| a.password_hash.clone());
-    let verified = password::verify_blocking(pw.clone(), phc).await;
+    let verified = state.passwords.verify(pw.clone(), phc).await?;
     let admin = admin.filter(|a| verified && !a.disabled);
     let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
     let Some(admin) = admin else {
@@ -119,8 +128,13 @@ async fn sign_in(
         return Err(AdminError::Unauthorized);
     };
     tx.commit().await?;
+    // Raised parameters are applied now; with every permit taken, at a later sign-in.
     let rehash = if password::needs_rehash(&admin.password_hash) {
-        Some(password::hash_blocking(pw).await?)
+        match state.passwords.hash(pw).await {
+            Ok(h) => Some(h),
+            Err(PasswordError::Busy { .. }) => None,
+            Err(e) => return Err(e.into()),
+        }
     } else {
         None
     };

@@ -12,7 +12,6 @@ use super::error::AdminError;
 use super::input::de;
 use super::teams::{check_within_team, parse_reset};
 use super::view;
-use crate::auth::password;
 use crate::quota::period::Reset;
 use crate::state::AppState;
 use crate::store::directory::{self, LoginEdit, LoginRow, MemberEdit, MemberRow, TeamRow};
@@ -144,7 +143,12 @@ pub async fn create(state: &AppState, actor: &Actor, u: NewUser) -> Result<Creat
     let limit = view::opt_usd("budget_usd", u.budget_usd.as_deref())?;
     let reset = parse_reset(u.reset.as_deref(), Reset::Monthly)?;
     let hash = match login_role {
-        Some(_) => Some(password::hash_blocking(u.password.clone().unwrap_or_default()).await?),
+        Some(_) => Some(
+            state
+                .passwords
+                .hash(u.password.clone().unwrap_or_default())
+                .await?,
+        ),
         None => None,
     };
     let now = state.clock.now();
@@ -295,7 +299,7 @@ pub async fn update_login(
     }
     actor.require_write()?;
     let new_hash = match &p.password {
-        Some(pw) if actor.is_admin() => Some(password::hash_blocking(pw.clone()).await?),
+        Some(pw) if actor.is_admin() => Some(state.passwords.hash(pw.clone()).await?),
         _ => None,
     };
     let now = state.clock.now();

@@ -21,6 +21,7 @@ mod quota;
 mod reasoning;
 mod resilience;
 mod retry_tiers;
+mod signin_attack;
 mod streams;
 mod translate;
 mod windows;
