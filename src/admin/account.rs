@@ -1,7 +1,7 @@
-//! The signed-in person's own account: change password (every session of theirs ends; this
-//! browser gets a fresh one) and admin API keys (`sk-sl-admin-…`, shown once, acting with
-//! the owner's role, created only in a signed-in browser session). Finance, who changes
-//! nothing, only reads this page.
+//! The signed-in person's own account: change password (throttled like a sign-in; every
+//! session and API key of theirs ends; this browser gets a fresh session) and admin API
+//! keys (`sk-sl-admin-…`, shown once, acting with the owner's role, created only in a
+//! signed-in browser session). Finance, who changes nothing, only reads this page.
 
 use actix_web::{web, HttpResponse};
 use askama::Template;
@@ -12,7 +12,8 @@ use super::actor::{Actor, Via};
 use super::error::AdminError;
 use super::input::{de, Input};
 use super::view::{self, Chrome};
-use crate::auth::{session, token};
+use crate::auth::throttle::{self, Admission};
+use crate::auth::{password, session, token};
 use crate::state::AppState;
 use crate::store::sessions::{self, ApiKeyRow};
 
@@ -152,9 +153,11 @@ async fn revoke_key_html(
     )
 }
 
-/// Changes the actor's password after checking the current one. It ends what the old
-/// password opened: every session of theirs (this browser is given a new one, so the page
-/// reloads with a new CSRF token) and every API key of theirs.
+/// Changes the actor's password after checking the current one, which is a guess like a
+/// sign-in's: admitted by the same throttle first (per username and address), so a stolen
+/// session cannot try current passwords faster than the sign-in form allows. A change ends
+/// what the old password opened: every session of the admin (this browser gets a new one,
+/// so the page reloads with a new CSRF token) and every API key of theirs.
 async fn change_password(
     actor: Actor,
     state: web::Data<AppState>,
@@ -166,39 +169,57 @@ async fn change_password(
             "Change a password in the browser, not with an API key.".into(),
         ));
     }
+    let new_password = p.new_password.unwrap_or_default();
+    // A new password that could never be accepted costs no attempt.
+    password::check_length(&new_password)?;
     let now = state.clock.now();
+    let attempt = match throttle::admit(&state.db.write, &actor.username, &actor.address, now)
+        .await?
+    {
+        Admission::Admitted(a) => a,
+        Admission::Refused { retry_after } => return Err(AdminError::Throttled { retry_after }),
+    };
     let admin = sessions::admin_by_id(&state.db.read, actor.id)
         .await?
         .ok_or(AdminError::Unauthorized)?;
     let current = p.current_password.unwrap_or_default();
-    if !state
+    let checked = state
         .passwords
         .verify(current, Some(admin.password_hash))
-        .await?
-    {
-        let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
-        sessions::record_failure(&mut tx, &format!("user:{}", actor.username), now).await?;
-        actor
-            .audit(
-                &mut tx,
-                "admin.password_change_failed",
-                &format!("admin:{}", actor.id),
-                None,
-                None,
-                now,
-            )
-            .await?;
-        tx.commit().await?;
-        return Err(AdminError::Forbidden(
-            "The current password is wrong.".into(),
-        ));
-    }
-    let hash = state
-        .passwords
-        .hash(p.new_password.unwrap_or_default())
-        .await?;
+        .await;
+    let hash = match checked {
+        Ok(true) => state.passwords.hash(new_password).await,
+        Ok(false) => {
+            // The attempt stays recorded: one of the window's failures.
+            let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+            actor
+                .audit(
+                    &mut tx,
+                    "admin.password_change_failed",
+                    &format!("admin:{}", actor.id),
+                    None,
+                    None,
+                    now,
+                )
+                .await?;
+            tx.commit().await?;
+            return Err(AdminError::Forbidden(
+                "The current password is wrong.".into(),
+            ));
+        }
+        Err(e) => Err(e),
+    };
+    let hash = match hash {
+        Ok(h) => h,
+        Err(e) => {
+            // Hashing was busy (or failed): no guess was wrong, nothing counts.
+            attempt.withdraw_now(&state.db.write).await?;
+            return Err(e.into());
+        }
+    };
     let id = session::new_secret();
     let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+    attempt.withdraw(&mut tx).await?;
     sessions::set_password_hash(&mut tx, actor.id, &hash).await?;
     let ended = sessions::delete_sessions_of(&mut tx, actor.id, None).await?;
     let revoked = sessions::revoke_api_keys_of(&mut tx, actor.id, now).await?;

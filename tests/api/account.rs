@@ -1,7 +1,9 @@
-//! The signed-in person's own credentials: a password change revokes the admin's API keys
-//! and ends their other sessions, an admin's reset of someone's password does the same to
-//! theirs, and an API key never mints another API key.
+//! The signed-in person's own credentials: a password change is throttled like a sign-in
+//! (a wrong current password is a guess), it revokes the admin's API keys and ends their
+//! other sessions, an admin's reset of someone's password does the same to theirs, and an
+//! API key never mints another API key.
 
+use futures_util::future::join_all;
 use serde_json::json;
 
 use crate::admin_helpers::*;
@@ -24,6 +26,69 @@ async fn me_with_key(app: &TestApp, key: &str) -> u16 {
         .unwrap()
         .status()
         .as_u16()
+}
+
+/// S6 for the account page: ten wrong current passwords at once are at most five guesses
+/// (the sign-in throttle's per-user limit, shared with the sign-in form), and then even the
+/// right one is refused with `Retry-After` until the window has passed.
+#[tokio::test]
+async fn wrong_current_passwords_throttle_a_password_change() {
+    let app = spawn_app().await;
+    make_login(&app, "root", "admin", None).await;
+    let s = login(&app, "root").await;
+    let wrong: Vec<_> = (0..10)
+        .map(|i| {
+            let current = format!("not my password {i}");
+            let s = &s;
+            async move {
+                let r = s
+                    .htmx_form(
+                        "/admin/account/password",
+                        &[
+                            ("current_password", current.as_str()),
+                            ("new_password", NEW_PASSWORD),
+                        ],
+                    )
+                    .await;
+                (r.status().as_u16(), r.text().await.unwrap())
+            }
+        })
+        .collect();
+    let answers = join_all(wrong).await;
+    let guessed = answers.iter().filter(|(s, _)| *s == 403).count();
+    assert!((1..=5).contains(&guessed), "{answers:?}");
+    assert!(
+        answers.iter().all(|(s, _)| *s == 403 || *s == 429),
+        "{answers:?}"
+    );
+    let r = s
+        .htmx_form(
+            "/admin/account/password",
+            &[
+                ("current_password", PASSWORD),
+                ("new_password", NEW_PASSWORD),
+            ],
+        )
+        .await;
+    assert_eq!(r.status(), 429, "the right password is throttled too");
+    let retry: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=900).contains(&retry), "{retry}");
+    assert!(r.text().await.unwrap().contains("Try again in"));
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM audit_log WHERE action = 'admin.password_change'")
+            .await,
+        0,
+        "the password did not change"
+    );
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM audit_log WHERE action = 'admin.password_change_failed'")
+            .await,
+        guessed as i64
+    );
 }
 
 /// A password change ends what the old password opened: the admin's API keys are revoked

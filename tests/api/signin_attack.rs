@@ -1,7 +1,8 @@
 //! The sign-in form under attack (CHECKS S6, S10), against real gateway processes so that
 //! memory is the process's own (`/proc/<pid>/status`) and `/metrics` counts only its
-//! argon2 verifications: 20 parallel sign-ins on 20 names, which pass the throttle and
-//! meet the hashing bound; in-process, the busy answer itself.
+//! argon2 verifications: 40 parallel wrong passwords on one pre-session (on one process,
+//! and split over two on one database), and 20 parallel sign-ins on 20 names, which pass
+//! the throttle and meet the hashing bound instead; in-process, the busy answer itself.
 
 use reqwest::header::HeaderMap;
 use sluice::mock::{MockConfig, MockServer};
@@ -175,6 +176,95 @@ fn assert_throttled_form(a: &Answer) {
         .all(|c| !c.starts_with("sluice_session=")));
 }
 
+/// S10: 40 wrong passwords at once on one pre-session. Peak memory stays within a few
+/// argon2 computations (the old code ran all 40 at once: 40 × 19 MiB), `/v1` answers
+/// throughout, only the throttle's 5 guesses are evaluated, and the right password is
+/// refused until the window has passed — then accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forty_parallel_wrong_passwords_on_one_pre_session() {
+    let rig = Rig::start().await;
+    let token = sluice::cli::token_issue(&rig.db, &issue_args("dev"), chrono::Utc::now())
+        .await
+        .unwrap()
+        .text;
+    let form = rig.form().await;
+    assert_eq!(rig.verifications().await, 0);
+    let base = rig.status_kib("VmHWM");
+
+    let attack: Vec<_> = (0..40)
+        .map(|i| {
+            let (http, url, form) = (rig.http.clone(), rig.url().to_string(), form.clone());
+            tokio::spawn(async move {
+                let guess = format!("wrong guess number {i}");
+                sign_in(&http, &url, (&form.0, &form.1), "root", &guess).await
+            })
+        })
+        .collect();
+    // Developers keep calling /v1 while the form is hammered.
+    let v1 = {
+        let (http, url) = (reqwest::Client::new(), rig.url().to_string());
+        tokio::spawn(async move {
+            let mut statuses = Vec::new();
+            for _ in 0..10 {
+                let r = http
+                    .post(format!("{url}/v1/chat/completions"))
+                    .bearer_auth(&token)
+                    .json(&chat_body(50))
+                    .send()
+                    .await
+                    .expect("/v1 answers during the attack");
+                statuses.push(r.status().as_u16());
+            }
+            statuses
+        })
+    };
+    let mut answers = Vec::new();
+    for t in attack {
+        answers.push(t.await.unwrap());
+    }
+    let v1 = v1.await.unwrap();
+    assert_eq!(v1, vec![200; 10], "/v1 kept serving");
+
+    let wrong = answers.iter().filter(|a| a.status == 401).count();
+    assert!(wrong <= 5, "{wrong} guesses answered as wrong");
+    for a in answers.iter().filter(|a| a.status != 401) {
+        assert_throttled_form(a);
+    }
+    let evaluated = rig.verifications().await;
+    assert!(
+        evaluated <= 5,
+        "{evaluated} passwords verified; the throttle allows 5"
+    );
+    assert_eq!(
+        evaluated as usize, wrong,
+        "one verification per wrong answer"
+    );
+    let peak = rig.status_kib("VmHWM");
+    // Bounded hashing keeps at most 4 argon2 computations alive (76 MiB); allow twice that
+    // for the allocator's slack. The old code's 40 at once need 760 MiB.
+    assert!(
+        peak.saturating_sub(base) < 8 * ARGON2_KIB,
+        "peak RSS grew by {} MiB during the attack (from {} MiB)",
+        peak.saturating_sub(base) / 1024,
+        base / 1024
+    );
+
+    let right = sign_in(&rig.http, rig.url(), (&form.0, &form.1), "root", PASSWORD).await;
+    assert_throttled_form(&right);
+    rig.set_clock_ahead(14 * 60);
+    let right = sign_in(&rig.http, rig.url(), (&form.0, &form.1), "root", PASSWORD).await;
+    assert_throttled_form(&right);
+    assert_eq!(
+        rig.verifications().await,
+        evaluated,
+        "refused attempts are never verified"
+    );
+    rig.set_clock_ahead(16 * 60);
+    let right = sign_in(&rig.http, rig.url(), (&form.0, &form.1), "root", PASSWORD).await;
+    assert_eq!(right.status, 303, "{}", right.body);
+    assert!(cookie_value(&set_cookies(&right.headers), "sluice_session").is_some());
+}
+
 /// Spraying from one address: 20 sign-ins on 20 different names at once all pass the
 /// throttle (5 per name, 20 per address), so only the hashing bound stands between them
 /// and memory. Each is either verified (401) or told the gateway is busy (429, the form
@@ -215,6 +305,44 @@ async fn twenty_names_at_once_meet_the_hashing_bound() {
         "peak RSS grew by {} MiB (the old code ran 20 argon2 at once: 380 MiB)",
         peak.saturating_sub(base) / 1024
     );
+}
+
+/// The throttle's count lives in the database: two gateway processes on one SQLite file,
+/// 40 wrong passwords at once split between them, are 5 guesses together, not 5 each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_on_one_database_admit_five_guesses_together() {
+    let rig = Rig::start().await;
+    let other = rig.second().await;
+    let urls = [rig.url().to_string(), other.url.clone()];
+    let forms = [rig.form().await, form_of(&rig.http, &other.url).await];
+    let tasks: Vec<_> = (0..40)
+        .map(|i| {
+            let (http, url, form) = (rig.http.clone(), urls[i % 2].clone(), forms[i % 2].clone());
+            tokio::spawn(async move {
+                let guess = format!("wrong guess number {i}");
+                sign_in(&http, &url, (&form.0, &form.1), "root", &guess).await
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.unwrap());
+    }
+    let wrong = answers.iter().filter(|a| a.status == 401).count();
+    assert!(
+        wrong <= 5,
+        "{wrong} guesses answered as wrong over two processes"
+    );
+    for a in answers.iter().filter(|a| a.status != 401) {
+        assert_throttled_form(a);
+    }
+    let verified = rig.verifications().await + verifications_of(&rig.http, &other.url).await;
+    assert_eq!(verified as usize, wrong);
+    for url in &urls {
+        let form = form_of(&rig.http, url).await;
+        let right = sign_in(&rig.http, url, (&form.0, &form.1), "root", PASSWORD).await;
+        assert_throttled_form(&right);
+    }
 }
 
 /// When every hashing permit stays taken (a flood of sign-ins on other names), an attempt
