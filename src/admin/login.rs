@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 
 use super::actor::{peer, Actor};
 use super::error::AdminError;
-use crate::auth::password::{self, PasswordError};
+use crate::auth::password;
 use crate::auth::throttle::{self, Admission};
 use crate::auth::{csrf, session};
 use crate::state::AppState;
@@ -137,13 +137,15 @@ async fn sign_in(
         tx.commit().await?;
         return Err(AdminError::Unauthorized);
     };
-    // Raised parameters are applied now; with every permit taken, at a later sign-in.
+    // Raised parameters are applied now, or at a later sign-in when this one cannot (every
+    // permit taken, or an old password shorter than today's minimum): the sign-in stands.
     let rehash = if password::needs_rehash(&admin.password_hash) {
-        match state.passwords.hash(pw).await {
-            Ok(h) => Some(h),
-            Err(PasswordError::Busy { .. }) => None,
-            Err(e) => return Err(e.into()),
-        }
+        state
+            .passwords
+            .hash(pw)
+            .await
+            .inspect_err(|e| tracing::warn!(error = %e, "password rehash postponed"))
+            .ok()
     } else {
         None
     };

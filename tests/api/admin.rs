@@ -713,3 +713,48 @@ async fn pages_render_with_the_security_headers_and_embedded_assets() {
         .unwrap();
     assert!(htmx.contains("version:\"2.0.4\""), "htmx pinned at 2.0.4");
 }
+
+/// S7: a hash made with older parameters is replaced at the next sign-in; a legacy password
+/// shorter than today's minimum still signs in (its rehash is postponed, never a refusal).
+#[tokio::test]
+async fn older_parameters_are_rehashed_at_sign_in_and_a_short_legacy_password_still_works() {
+    use argon2::password_hash::{rand_core::OsRng, PasswordHasher, SaltString};
+    let app = spawn_app().await;
+    let id = make_login(&app, "root", "admin", None).await;
+    let old = |pw: &str| {
+        argon2::Argon2::new(
+            argon2::Algorithm::Argon2id,
+            argon2::Version::V0x13,
+            argon2::Params::new(4096, 1, 1, None).unwrap(),
+        )
+        .hash_password(pw.as_bytes(), &SaltString::generate(&mut OsRng))
+        .unwrap()
+        .to_string()
+    };
+    let set = |h: String| format!("UPDATE admins SET password_hash = '{h}' WHERE id = {id}");
+    let stored = format!("SELECT password_hash FROM admins WHERE id = {id}");
+    let stored = || sqlx::query_scalar::<_, String>(&stored).fetch_one(&app.db().read);
+    sqlx::query(&set(old(PASSWORD)))
+        .execute(&app.db().write)
+        .await
+        .unwrap();
+    login(&app, "root").await;
+    assert!(
+        stored()
+            .await
+            .unwrap()
+            .starts_with("$argon2id$v=19$m=19456,t=2,p=1$"),
+        "rehashed with today's parameters"
+    );
+    let legacy = old("hunter22");
+    sqlx::query(&set(legacy.clone()))
+        .execute(&app.db().write)
+        .await
+        .unwrap();
+    login_with(&app, "root", "hunter22").await;
+    assert_eq!(
+        stored().await.unwrap(),
+        legacy,
+        "kept until it can be rehashed"
+    );
+}
