@@ -8,11 +8,12 @@
 //! malloc arena and kept there (glibc raises its mmap threshold after the first free), so
 //! peak memory grew with the number of threads that ever hashed, not with the permits.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use argon2::password_hash::{
-    rand_core::OsRng, Output, ParamsString, PasswordHash, Salt, SaltString,
+    rand_core::{OsRng, RngCore},
+    Output, ParamsString, PasswordHash, Salt, SaltString,
 };
 use argon2::{Algorithm, Argon2, Block, Params, Version};
 use parking_lot::Mutex;
@@ -176,9 +177,30 @@ pub struct Passwords {
     /// Working memory, one buffer per computation that ever ran at once (≤ the permits),
     /// taken by a computation and put back when it ends.
     memory: Arc<Mutex<Vec<Vec<Block>>>>,
-    /// A hash of a random password, verified against when the username is unknown, so an
-    /// unknown user costs the same as a wrong password.
-    dummy: Arc<OnceLock<String>>,
+    /// What an unknown username is verified against, so it costs the same as a wrong
+    /// password (`dummy_phc`).
+    dummy: Arc<str>,
+}
+
+/// A PHC string with today's parameters, a random salt and a random output: verifying
+/// against it costs one full argon2 computation and never matches (a 2^-256 chance), and
+/// making it costs none — so not even the first unknown user pays for two.
+fn dummy_phc() -> String {
+    let mut out = [0u8; Params::DEFAULT_OUTPUT_LEN];
+    OsRng.fill_bytes(&mut out);
+    let salt = SaltString::generate(&mut OsRng);
+    let p = todays_params();
+    let (Ok(params), Ok(hash)) = (ParamsString::try_from(&p), Output::new(&out)) else {
+        return String::new();
+    };
+    PasswordHash {
+        algorithm: Algorithm::Argon2id.ident(),
+        version: Some(Version::V0x13.into()),
+        params,
+        salt: Some(salt.as_salt()),
+        hash: Some(hash),
+    }
+    .to_string()
 }
 
 impl Default for Passwords {
@@ -193,7 +215,7 @@ impl Passwords {
             permits: Arc::new(Semaphore::new(permits)),
             wait,
             memory: Arc::new(Mutex::new(Vec::new())),
-            dummy: Arc::new(OnceLock::new()),
+            dummy: dummy_phc().into(),
         }
     }
 
@@ -253,11 +275,7 @@ impl Passwords {
             match phc {
                 Some(phc) => verify_in(&password, &phc, memory),
                 None => {
-                    let dummy = dummy.get_or_init(|| {
-                        let random = crate::auth::token::generate().text;
-                        hash_in(&random, memory).unwrap_or_default()
-                    });
-                    let _ = verify_in(&password, dummy, memory);
+                    let _ = verify_in(&password, &dummy, memory);
                     false
                 }
             }
@@ -319,6 +337,16 @@ mod tests {
             .verify_password(b"correct horse battery", &parsed)
             .is_ok());
         assert!(!verify("correct horse battery", "not a phc string"));
+    }
+
+    /// The dummy costs what a real hash of today's parameters costs, and matches nothing.
+    #[test]
+    fn the_dummy_is_a_well_formed_hash_of_todays_parameters() {
+        let d = dummy_phc();
+        assert!(d.starts_with("$argon2id$v=19$m=19456,t=2,p=1$"), "{d}");
+        assert!(!needs_rehash(&d));
+        assert!(!verify("", &d));
+        assert_ne!(d, dummy_phc());
     }
 
     #[tokio::test]
