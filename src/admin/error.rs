@@ -23,7 +23,7 @@ pub enum AdminError {
     Invalid(String),
     #[error("{0}")]
     Conflict(String),
-    #[error("Too many failed sign-ins. Try again in {retry_after} seconds.")]
+    #[error("Too many wrong passwords. Try again in {retry_after} seconds.")]
     Throttled { retry_after: u64 },
     /// Every password-hashing permit stayed taken (`auth::password::Passwords`).
     #[error("Too many passwords are being checked right now. Try again in {retry_after} seconds.")]
