@@ -173,8 +173,14 @@ async fn change_password(
     // A new password that could never be accepted costs no attempt.
     password::check_length(&new_password)?;
     let now = state.clock.now();
-    let attempt = match throttle::admit(&state.db.write, &actor.username, &actor.address, now)
-        .await?
+    let attempt = match throttle::admit(
+        &state.db.read,
+        &state.db.write,
+        &actor.username,
+        &actor.address,
+        now,
+    )
+    .await?
     {
         Admission::Admitted(a) => a,
         Admission::Refused { retry_after } => return Err(AdminError::Throttled { retry_after }),

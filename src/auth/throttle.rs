@@ -42,7 +42,10 @@ pub enum Admission {
 }
 
 /// Admits one attempt for `username` from `address`, or refuses it (see the module doc).
+/// A refusal is decided on the read pool when it can be (a flood of throttled attempts
+/// never takes the write lock the money path shares); an admission only under the lock.
 pub async fn admit(
+    read: &SqlitePool,
     write: &SqlitePool,
     username: &str,
     address: &str,
@@ -52,10 +55,32 @@ pub async fn admit(
         (format!("user:{username}"), USER_LIMIT),
         (format!("addr:{address}"), ADDR_LIMIT),
     ];
+    // A stale read can only under-count, which the locked check below corrects.
+    if let Some(refused) = over_limit(&mut *read.acquire().await?, &keys, now).await? {
+        return Ok(refused);
+    }
     let mut tx = write.begin_with("BEGIN IMMEDIATE").await?;
+    if let Some(refused) = over_limit(&mut tx, &keys, now).await? {
+        tx.rollback().await?;
+        return Ok(refused);
+    }
+    let mut rows = Vec::with_capacity(keys.len());
+    for (key, _) in &keys {
+        rows.push(sessions::record_attempt(&mut tx, key, now).await?);
+    }
+    tx.commit().await?;
+    Ok(Admission::Admitted(Attempt { rows }))
+}
+
+/// `Refused` when any key has its limit of attempts within the window.
+async fn over_limit(
+    conn: &mut SqliteConnection,
+    keys: &[(String, usize)],
+    now: DateTime<Utc>,
+) -> Result<Option<Admission>, StoreError> {
     let mut wait_ms = 0i64;
-    for (key, limit) in &keys {
-        let recent = sessions::recent_attempts(&mut tx, key, now - WINDOW, *limit).await?;
+    for (key, limit) in keys {
+        let recent = sessions::recent_attempts(conn, key, now - WINDOW, *limit).await?;
         if recent.len() >= *limit {
             let pivot = recent
                 .last()
@@ -64,18 +89,9 @@ pub async fn admit(
             wait_ms = wait_ms.max((pivot + WINDOW - now).num_milliseconds().max(1));
         }
     }
-    if wait_ms > 0 {
-        tx.rollback().await?;
-        return Ok(Admission::Refused {
-            retry_after: (wait_ms as u64).div_ceil(1000).max(1),
-        });
-    }
-    let mut rows = Vec::with_capacity(keys.len());
-    for (key, _) in &keys {
-        rows.push(sessions::record_attempt(&mut tx, key, now).await?);
-    }
-    tx.commit().await?;
-    Ok(Admission::Admitted(Attempt { rows }))
+    Ok((wait_ms > 0).then(|| Admission::Refused {
+        retry_after: (wait_ms as u64).div_ceil(1000).max(1),
+    }))
 }
 
 impl Attempt {
