@@ -86,7 +86,10 @@ async fn over_limit(
                 .last()
                 .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
                 .map_or(now, |t| t.with_timezone(&Utc));
-            wait_ms = wait_ms.max((pivot + WINDOW - now).num_milliseconds().max(1));
+            // `now` was read before the lock, and another process's clock may run ahead:
+            // an attempt can look a little newer than now. Never ask for more than a window.
+            let left = (pivot + WINDOW - now).num_milliseconds();
+            wait_ms = wait_ms.max(left.clamp(1, WINDOW.num_milliseconds()));
         }
     }
     Ok((wait_ms > 0).then(|| Admission::Refused {
@@ -104,5 +107,60 @@ impl Attempt {
     pub async fn withdraw_now(self, write: &SqlitePool) -> Result<(), StoreError> {
         let mut conn = write.acquire().await?;
         self.withdraw(&mut conn).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Db;
+
+    async fn admitted(db: &Db, user: &str, addr: &str, now: DateTime<Utc>) -> Option<Attempt> {
+        match admit(&db.read, &db.write, user, addr, now).await.unwrap() {
+            Admission::Admitted(a) => Some(a),
+            Admission::Refused { .. } => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn limits_per_name_and_address_withdrawal_and_the_longest_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("t.db"), false).await.unwrap();
+        let now = Utc::now();
+        // Five attempts stamped a second ahead (another process's clock, or a `now` read
+        // before the lock): the sixth is refused for a window at most, not a second more.
+        let mut kept = Vec::new();
+        for _ in 0..USER_LIMIT {
+            kept.push(admitted(&db, "root", "10.0.0.1", now + Duration::seconds(1)).await);
+        }
+        assert!(kept.iter().all(Option::is_some));
+        match admit(&db.read, &db.write, "root", "10.0.0.2", now)
+            .await
+            .unwrap()
+        {
+            Admission::Refused { retry_after } => assert_eq!(retry_after, 900),
+            Admission::Admitted(_) => panic!("a sixth attempt at one name"),
+        }
+        // Withdrawing one attempt (a right password) frees exactly one place.
+        let mut conn = db.write.acquire().await.unwrap();
+        kept.pop()
+            .flatten()
+            .unwrap()
+            .withdraw(&mut conn)
+            .await
+            .unwrap();
+        drop(conn);
+        assert!(admitted(&db, "root", "10.0.0.3", now).await.is_some());
+        assert!(admitted(&db, "root", "10.0.0.3", now).await.is_none());
+        // The address: 20 attempts over any names (4 of root's still count), then nothing.
+        for i in 0..ADDR_LIMIT - (USER_LIMIT - 1) {
+            let user = format!("u{i}");
+            assert!(admitted(&db, &user, "10.0.0.1", now).await.is_some(), "{i}");
+        }
+        assert!(admitted(&db, "someone", "10.0.0.1", now).await.is_none());
+        assert!(admitted(&db, "someone", "10.0.0.9", now).await.is_some());
+        // After the window, the name is free again.
+        let later = now + WINDOW + Duration::seconds(2);
+        assert!(admitted(&db, "root", "10.0.0.4", later).await.is_some());
     }
 }
