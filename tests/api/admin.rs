@@ -758,3 +758,24 @@ async fn older_parameters_are_rehashed_at_sign_in_and_a_short_legacy_password_st
         "kept until it can be rehashed"
     );
 }
+
+/// A successful sign-in takes back only its own attempt: the failures before it still
+/// count, so guessing at a name does not start over each time its owner signs in.
+#[tokio::test]
+async fn a_success_does_not_reset_the_failures_before_it() {
+    let app = spawn_app().await;
+    make_login(&app, "root", "admin", None).await;
+    let http = client();
+    let (pre, csrf) = login_form(&app, &http).await;
+    let guess = || post_login(&app, &http, &pre, &csrf, "root", "a wrong guess here", None);
+    for _ in 0..4 {
+        assert_eq!(guess().await.status(), 401);
+    }
+    login(&app, "root").await;
+    assert_eq!(guess().await.status(), 401, "the fifth guess of the window");
+    assert_eq!(
+        guess().await.status(),
+        429,
+        "no sixth, though root signed in"
+    );
+}
