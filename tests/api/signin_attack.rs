@@ -68,9 +68,12 @@ impl Rig {
         }
     }
 
-    /// Moves the gateway's clock `seconds` ahead of the real one.
+    /// Moves the gateway's clock `seconds` ahead of the real one (a whole new file renamed
+    /// into place: libfaketime re-reads it on every clock call and never sees half of it).
     pub fn set_clock_ahead(&self, seconds: i64) {
-        std::fs::write(self.dir.path().join("faketime"), format!("+{seconds}\n")).unwrap();
+        let next = self.dir.path().join("faketime.next");
+        std::fs::write(&next, format!("+{seconds}\n")).unwrap();
+        std::fs::rename(&next, self.dir.path().join("faketime")).unwrap();
     }
 
     pub fn url(&self) -> &str {
