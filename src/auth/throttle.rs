@@ -3,16 +3,19 @@
 //!
 //! Every attempt that will verify a password is first *admitted*: in one `BEGIN IMMEDIATE`
 //! transaction the attempts of the last `WINDOW` are counted for `user:<name>` and
-//! `addr:<peer ip>`, and only when both are under their limit is this attempt recorded
-//! under both keys. The check and the record are one write transaction, and SQLite lets one
-//! writer in at a time — among this process's connections and among processes sharing the
-//! file — so N attempts at once are admitted exactly up to the limit, never all of them.
+//! `addr:<peer ip>` (an IPv6 peer's /64), and only when both are under their limit is this
+//! attempt recorded under both keys. The check and the record are one write transaction,
+//! and SQLite lets one writer in at a time — among this process's connections and among
+//! processes sharing the file — so N attempts at once are admitted exactly up to the
+//! limit, never all of them.
 //! A refusal records nothing (a flood of refused attempts does not prolong the wait).
 //!
 //! An admitted attempt counts as a failure unless it is withdrawn: when the password was
 //! right, or when it was never evaluated (hashing busy). Withdrawing deletes only that
 //! attempt's own rows, so a success never clears anyone else's count — not the guesses
 //! an attacker made at the same name, not the address's.
+
+use std::net::{IpAddr, Ipv6Addr};
 
 use chrono::{DateTime, Duration, Utc};
 use sqlx::{SqliteConnection, SqlitePool};
@@ -53,7 +56,7 @@ pub async fn admit(
 ) -> Result<Admission, StoreError> {
     let keys = [
         (format!("user:{username}"), USER_LIMIT),
-        (format!("addr:{address}"), ADDR_LIMIT),
+        (format!("addr:{}", network(address)), ADDR_LIMIT),
     ];
     // A stale read can only under-count, which the locked check below corrects.
     if let Some(refused) = over_limit(&mut *read.acquire().await?, &keys, now).await? {
@@ -70,6 +73,23 @@ pub async fn admit(
     }
     tx.commit().await?;
     Ok(Admission::Admitted(Attempt { rows }))
+}
+
+/// The address an attempt is counted under: an IPv4 address itself, an IPv6 address's /64
+/// (one subscriber's network: whoever holds one holds 2^64 addresses to rotate through).
+fn network(address: &str) -> String {
+    match address.parse::<IpAddr>() {
+        Ok(IpAddr::V6(v6)) => match v6.to_ipv4_mapped() {
+            Some(v4) => v4.to_string(),
+            None => {
+                let s = v6.segments();
+                let net = Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0);
+                format!("{net}/64")
+            }
+        },
+        Ok(IpAddr::V4(v4)) => v4.to_string(),
+        Err(_) => address.to_string(),
+    }
 }
 
 /// `Refused` when any key has its limit of attempts within the window.
@@ -159,6 +179,18 @@ mod tests {
         }
         assert!(admitted(&db, "someone", "10.0.0.1", now).await.is_none());
         assert!(admitted(&db, "someone", "10.0.0.9", now).await.is_some());
+        // IPv6: one /64 is one address, however its last 64 bits rotate.
+        for i in 0..ADDR_LIMIT {
+            let addr = format!("2001:db8:1:2::{:x}", i + 1);
+            assert!(admitted(&db, &format!("v{i}"), &addr, now).await.is_some());
+        }
+        assert!(admitted(&db, "v-next", "2001:db8:1:2:ffff::1", now)
+            .await
+            .is_none());
+        assert!(admitted(&db, "v-next", "2001:db8:1:3::1", now)
+            .await
+            .is_some());
+        assert_eq!(network("::ffff:10.0.0.1"), "10.0.0.1");
         // After the window, the name is free again.
         let later = now + WINDOW + Duration::seconds(2);
         assert!(admitted(&db, "root", "10.0.0.4", later).await.is_some());
