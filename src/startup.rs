@@ -9,6 +9,7 @@ use actix_web::dev::{Server, Service};
 use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::{web, App, HttpServer};
 
+use crate::auth::password::Passwords;
 use crate::auth::Authenticator;
 use crate::cache::Cache;
 use crate::clock::{Clock, SystemClock};
@@ -80,6 +81,7 @@ impl Application {
         };
         let state = Arc::new(AppState {
             auth: Authenticator::new(db.read.clone()),
+            passwords: Passwords::default(),
             quota: Quota::with_writer(writer.clone(), clock.clone(), process_id),
             upstream: Arc::new(UpstreamClient::new(&settings.upstream)?),
             catalog: Arc::new(catalog),

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use crate::auth::password::Passwords;
 use crate::auth::Authenticator;
 use crate::cache::Cache;
 use crate::clock::Clock;
@@ -21,6 +22,8 @@ pub struct AppState {
     pub db: Db,
     pub clock: Arc<dyn Clock>,
     pub auth: Arc<Authenticator>,
+    /// Every argon2 hash and verification of the admin surface, at most `PERMITS` at once.
+    pub passwords: Passwords,
     pub quota: Arc<Quota>,
     pub catalog: Arc<Catalog>,
     pub pool: Arc<Pool>,

@@ -1,6 +1,7 @@
-//! The signed-in person's own account: change password (every session of theirs ends; this
-//! browser gets a fresh one) and admin API keys (`sk-sl-admin-…`, shown once, acting with
-//! the owner's role). Finance, who changes nothing, only reads this page.
+//! The signed-in person's own account: change password (throttled like a sign-in; every
+//! session and API key of theirs ends; this browser gets a fresh session) and admin API
+//! keys (`sk-sl-admin-…`, shown once, acting with the owner's role, created only in a
+//! signed-in browser session). Finance, who changes nothing, only reads this page.
 
 use actix_web::{web, HttpResponse};
 use askama::Template;
@@ -11,6 +12,7 @@ use super::actor::{Actor, Via};
 use super::error::AdminError;
 use super::input::{de, Input};
 use super::view::{self, Chrome};
+use crate::auth::throttle::{self, Admission};
 use crate::auth::{password, session, token};
 use crate::state::AppState;
 use crate::store::sessions::{self, ApiKeyRow};
@@ -60,13 +62,20 @@ pub async fn page(actor: Actor, state: web::Data<AppState>) -> Result<HttpRespon
     })
 }
 
-/// Creates an API key for the actor; returns its id and text (shown once).
+/// Creates an API key for the actor; returns its id and text (shown once). Only a signed-in
+/// browser session may: a key that could mint keys would let whoever leaks one keep access
+/// after it is revoked.
 pub async fn create_key(
     state: &AppState,
     actor: &Actor,
     k: NewKey,
 ) -> Result<(i64, String), AdminError> {
     actor.require_write()?;
+    if matches!(actor.via, Via::ApiKey) {
+        return Err(AdminError::Forbidden(
+            "An API key cannot create API keys; create them on the Account page in a signed-in browser session.".into(),
+        ));
+    }
     let name = k.name.unwrap_or_default();
     if name.chars().count() > 100 {
         return Err(AdminError::invalid("name: at most 100 characters"));
@@ -144,8 +153,11 @@ async fn revoke_key_html(
     )
 }
 
-/// Changes the actor's password after checking the current one. Every session of theirs
-/// ends, and this browser is given a new one (so the page reloads with a new CSRF token).
+/// Changes the actor's password after checking the current one, which is a guess like a
+/// sign-in's: admitted by the same throttle first (per username and address), so a stolen
+/// session cannot try current passwords faster than the sign-in form allows. A change ends
+/// what the old password opened: every session of the admin (this browser gets a new one,
+/// so the page reloads with a new CSRF token) and every API key of theirs.
 async fn change_password(
     actor: Actor,
     state: web::Data<AppState>,
@@ -157,34 +169,66 @@ async fn change_password(
             "Change a password in the browser, not with an API key.".into(),
         ));
     }
+    let new_password = p.new_password.unwrap_or_default();
+    // A new password that could never be accepted costs no attempt.
+    password::check_length(&new_password)?;
     let now = state.clock.now();
+    let attempt = match throttle::admit(
+        &state.db.read,
+        &state.db.write,
+        &actor.username,
+        &actor.address,
+        now,
+    )
+    .await?
+    {
+        Admission::Admitted(a) => a,
+        Admission::Refused { retry_after } => return Err(AdminError::Throttled { retry_after }),
+    };
     let admin = sessions::admin_by_id(&state.db.read, actor.id)
         .await?
         .ok_or(AdminError::Unauthorized)?;
     let current = p.current_password.unwrap_or_default();
-    if !password::verify_blocking(current, Some(admin.password_hash)).await {
-        let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
-        sessions::record_failure(&mut tx, &format!("user:{}", actor.username), now).await?;
-        actor
-            .audit(
-                &mut tx,
-                "admin.password_change_failed",
-                &format!("admin:{}", actor.id),
-                None,
-                None,
-                now,
-            )
-            .await?;
-        tx.commit().await?;
-        return Err(AdminError::Forbidden(
-            "The current password is wrong.".into(),
-        ));
-    }
-    let hash = password::hash_blocking(p.new_password.unwrap_or_default()).await?;
+    let checked = state
+        .passwords
+        .verify(current, Some(admin.password_hash))
+        .await;
+    let hash = match checked {
+        Ok(true) => state.passwords.hash(new_password).await,
+        Ok(false) => {
+            // The attempt stays recorded: one of the window's failures.
+            let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+            actor
+                .audit(
+                    &mut tx,
+                    "admin.password_change_failed",
+                    &format!("admin:{}", actor.id),
+                    None,
+                    None,
+                    now,
+                )
+                .await?;
+            tx.commit().await?;
+            return Err(AdminError::Forbidden(
+                "The current password is wrong.".into(),
+            ));
+        }
+        Err(e) => Err(e),
+    };
+    let hash = match hash {
+        Ok(h) => h,
+        Err(e) => {
+            // Hashing was busy (or failed): no guess was wrong, nothing counts.
+            attempt.withdraw_now(&state.db.write).await?;
+            return Err(e.into());
+        }
+    };
     let id = session::new_secret();
     let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+    attempt.withdraw(&mut tx).await?;
     sessions::set_password_hash(&mut tx, actor.id, &hash).await?;
     let ended = sessions::delete_sessions_of(&mut tx, actor.id, None).await?;
+    let revoked = sessions::revoke_api_keys_of(&mut tx, actor.id, now).await?;
     sessions::create_session(
         &mut tx,
         &session::id_hash(&id),
@@ -193,7 +237,7 @@ async fn change_password(
         now,
     )
     .await?;
-    let after = json!({"sessions_ended": ended}).to_string();
+    let after = json!({"sessions_ended": ended, "api_keys_revoked": revoked}).to_string();
     actor
         .audit(
             &mut tx,
@@ -209,7 +253,7 @@ async fn change_password(
     let mut resp = HttpResponse::Ok()
         .insert_header(("HX-Refresh", "true"))
         .content_type("text/html; charset=utf-8")
-        .body("<p class=\"flash ok\" role=\"status\">Password changed; every other session has ended.</p>");
+        .body("<p class=\"flash ok\" role=\"status\">Password changed; every other session has ended and your API keys are revoked.</p>");
     let _ = resp.add_cookie(&session::cookie(session::cookie_name(secure), id, secure));
     Ok(resp)
 }

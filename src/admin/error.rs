@@ -23,8 +23,11 @@ pub enum AdminError {
     Invalid(String),
     #[error("{0}")]
     Conflict(String),
-    #[error("Too many failed sign-ins. Try again in {retry_after} seconds.")]
+    #[error("Too many wrong passwords. Try again in {retry_after} seconds.")]
     Throttled { retry_after: u64 },
+    /// Every password-hashing permit stayed taken (`auth::password::Passwords`).
+    #[error("Too many passwords are being checked right now. Try again in {retry_after} seconds.")]
+    Busy { retry_after: u64 },
     #[error("The request was too large.")]
     TooLarge,
     #[error("The admin surface hit an internal error; nothing was changed.")]
@@ -48,6 +51,7 @@ impl AdminError {
             AdminError::Invalid(_) => "invalid_request",
             AdminError::Conflict(_) => "conflict",
             AdminError::Throttled { .. } => "too_many_attempts",
+            AdminError::Busy { .. } => "busy",
             AdminError::TooLarge => "request_too_large",
             AdminError::Internal => "internal_error",
         }
@@ -100,7 +104,7 @@ impl AdminError {
 
     fn base(&self) -> actix_web::HttpResponseBuilder {
         let mut r = HttpResponse::build(self.status_code());
-        if let AdminError::Throttled { retry_after } = self {
+        if let AdminError::Throttled { retry_after } | AdminError::Busy { retry_after } = self {
             if let Ok(v) = HeaderValue::from_str(&retry_after.to_string()) {
                 r.insert_header((header::RETRY_AFTER, v));
             }
@@ -117,7 +121,7 @@ impl ResponseError for AdminError {
             AdminError::NotFound => StatusCode::NOT_FOUND,
             AdminError::Invalid(_) => StatusCode::BAD_REQUEST,
             AdminError::Conflict(_) => StatusCode::CONFLICT,
-            AdminError::Throttled { .. } => StatusCode::TOO_MANY_REQUESTS,
+            AdminError::Throttled { .. } | AdminError::Busy { .. } => StatusCode::TOO_MANY_REQUESTS,
             AdminError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             AdminError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -160,6 +164,7 @@ impl From<PasswordError> for AdminError {
         match e {
             PasswordError::Length => AdminError::Invalid(e.to_string()),
             PasswordError::Hash => AdminError::Internal,
+            PasswordError::Busy { retry_after } => AdminError::Busy { retry_after },
         }
     }
 }

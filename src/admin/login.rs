@@ -1,23 +1,24 @@
 //! Signing in and out. A failed sign-in answers exactly alike for an unknown user and a
 //! wrong password (an unknown user is verified against a dummy hash, so it costs the same
-//! time) and is recorded per username and per address; past `USER_LIMIT` failures for one
-//! user or `ADDR_LIMIT` from one address within `WINDOW`, attempts get 429 with
-//! `Retry-After` — even with the right password — until the window has passed.
+//! time). Every attempt is admitted by `auth::throttle` before its password is verified —
+//! past its limits (per username, per address) attempts get 429 with `Retry-After`, even
+//! with the right password, until the window has passed — and verification waits for one
+//! of `auth::password`'s few hashing permits (429 when none comes in time). Both refusals
+//! answer with the sign-in form again, carrying the reason.
 
 use actix_web::http::header;
 use actix_web::{web, HttpRequest, HttpResponse};
 use askama::Template;
-use chrono::{DateTime, Duration, Utc};
+use chrono::{DateTime, Utc};
 
 use super::actor::{peer, Actor};
 use super::error::AdminError;
-use crate::auth::{csrf, password, session};
+use crate::auth::password;
+use crate::auth::throttle::{self, Admission};
+use crate::auth::{csrf, session};
 use crate::state::AppState;
 use crate::store::sessions;
 
-pub const USER_LIMIT: usize = 5;
-pub const ADDR_LIMIT: usize = 20;
-pub const WINDOW: Duration = Duration::minutes(15);
 const MAX_USERNAME: usize = 128;
 
 #[derive(Template)]
@@ -60,16 +61,22 @@ pub async fn submit(
     let pre = req
         .cookie(session::login_cookie_name(secure))
         .map(|c| c.value().to_string());
+    let again = |error: String, status: u16| {
+        let page = LoginPage {
+            csrf: pre.as_deref().map(csrf::token_for).unwrap_or_default(),
+            error: Some(error),
+        };
+        render(&page, status)
+    };
     let resp = match sign_in(&req, &state, &body, pre.as_deref(), secure).await {
         Ok(resp) => resp,
-        Err(AdminError::Unauthorized) => {
-            // The same page, status and body for every wrong username/password pair.
-            let csrf = pre.as_deref().map(csrf::token_for).unwrap_or_default();
-            let page = LoginPage {
-                csrf,
-                error: Some("Invalid username or password.".into()),
-            };
-            render(&page, 401)
+        // The same page, status and body for every wrong username/password pair.
+        Err(AdminError::Unauthorized) => again("Invalid username or password.".into(), 401),
+        Err(e @ (AdminError::Throttled { retry_after } | AdminError::Busy { retry_after })) => {
+            let mut resp = again(e.to_string(), 429);
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from(retry_after));
+            resp
         }
         Err(e) => e.page(),
     };
@@ -104,29 +111,49 @@ async fn sign_in(
     let address = peer(req);
     let now = state.clock.now();
     let username: String = username.chars().take(MAX_USERNAME).collect();
-    throttle(state, &username, &address, now).await?;
+    // Counted before it is verified: concurrent attempts cannot all pass the limit.
+    let attempt =
+        match throttle::admit(&state.db.read, &state.db.write, &username, &address, now).await? {
+            Admission::Admitted(a) => a,
+            Admission::Refused { retry_after } => {
+                tracing::warn!(address, "admin sign-in throttled");
+                return Err(AdminError::Throttled { retry_after });
+            }
+        };
 
     let admin = sessions::admin_by_name(&state.db.read, &username).await?;
     let phc = admin.as_ref().map(|a| a.password_hash.clone());
-    let verified = password::verify_blocking(pw.clone(), phc).await;
-    let admin = admin.filter(|a| verified && !a.disabled);
-    let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
-    let Some(admin) = admin else {
-        sessions::record_failure(&mut tx, &format!("user:{username}"), now).await?;
-        sessions::record_failure(&mut tx, &format!("addr:{address}"), now).await?;
+    let verified = match state.passwords.verify(pw.clone(), phc).await {
+        Ok(v) => v,
+        Err(e) => {
+            // Never evaluated: not a guess, so it does not count against the name.
+            attempt.withdraw_now(&state.db.write).await?;
+            return Err(e.into());
+        }
+    };
+    let Some(admin) = admin.filter(|a| verified && !a.disabled) else {
+        // The attempt stays recorded: it is one of the window's failures.
+        let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
         audit(&mut tx, &username, &address, "login.failed", now).await?;
         tx.commit().await?;
         return Err(AdminError::Unauthorized);
     };
-    tx.commit().await?;
+    // Raised parameters are applied now, or at a later sign-in when this one cannot (every
+    // permit taken, or an old password shorter than today's minimum): the sign-in stands.
     let rehash = if password::needs_rehash(&admin.password_hash) {
-        Some(password::hash_blocking(pw).await?)
+        state
+            .passwords
+            .hash(pw)
+            .await
+            .inspect_err(|e| tracing::warn!(error = %e, "password rehash postponed"))
+            .ok()
     } else {
         None
     };
     let id = session::new_secret();
     let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
-    sessions::clear_failures(&mut tx, &format!("user:{username}")).await?;
+    // Only this attempt's own rows: earlier failures at this name or address still count.
+    attempt.withdraw(&mut tx).await?;
     if let Some(old) = req.cookie(session::cookie_name(secure)) {
         // A session id presented at login is never kept (fixation): it is ended.
         sessions::delete_session(&mut tx, &session::id_hash(old.value())).await?;
@@ -146,37 +173,6 @@ async fn sign_in(
         secure,
     ));
     Ok(resp)
-}
-
-/// 429 while the user or the address has too many recent failures.
-async fn throttle(
-    state: &AppState,
-    username: &str,
-    address: &str,
-    now: DateTime<Utc>,
-) -> Result<(), AdminError> {
-    let since = now - WINDOW;
-    let mut wait = 0i64;
-    for (key, limit) in [
-        (format!("user:{username}"), USER_LIMIT),
-        (format!("addr:{address}"), ADDR_LIMIT),
-    ] {
-        let fails = sessions::failures_since(&state.db.read, &key, since).await?;
-        if fails.len() >= limit {
-            // Free again once the limit-th most recent failure has left the window.
-            let pivot = DateTime::parse_from_rfc3339(&fails[limit - 1])
-                .map(|t| t.with_timezone(&Utc))
-                .unwrap_or(now);
-            wait = wait.max((pivot + WINDOW - now).num_milliseconds());
-        }
-    }
-    if wait > 0 {
-        tracing::warn!(address, "admin sign-in throttled");
-        return Err(AdminError::Throttled {
-            retry_after: (wait as u64).div_ceil(1000).max(1),
-        });
-    }
-    Ok(())
 }
 
 async fn audit(

@@ -12,7 +12,6 @@ use super::error::AdminError;
 use super::input::de;
 use super::teams::{check_within_team, parse_reset};
 use super::view;
-use crate::auth::password;
 use crate::quota::period::Reset;
 use crate::state::AppState;
 use crate::store::directory::{self, LoginEdit, LoginRow, MemberEdit, MemberRow, TeamRow};
@@ -144,7 +143,12 @@ pub async fn create(state: &AppState, actor: &Actor, u: NewUser) -> Result<Creat
     let limit = view::opt_usd("budget_usd", u.budget_usd.as_deref())?;
     let reset = parse_reset(u.reset.as_deref(), Reset::Monthly)?;
     let hash = match login_role {
-        Some(_) => Some(password::hash_blocking(u.password.clone().unwrap_or_default()).await?),
+        Some(_) => Some(
+            state
+                .passwords
+                .hash(u.password.clone().unwrap_or_default())
+                .await?,
+        ),
         None => None,
     };
     let now = state.clock.now();
@@ -295,7 +299,7 @@ pub async fn update_login(
     }
     actor.require_write()?;
     let new_hash = match &p.password {
-        Some(pw) if actor.is_admin() => Some(password::hash_blocking(pw.clone()).await?),
+        Some(pw) if actor.is_admin() => Some(state.passwords.hash(pw.clone()).await?),
         _ => None,
     };
     let now = state.clock.now();
@@ -346,6 +350,11 @@ pub async fn update_login(
         // A changed or disabled login signs in again with what it now is.
         sessions::delete_sessions_of(&mut tx, id, None).await?;
     }
+    // A reset password ends what the old one opened: the login's API keys too.
+    let keys_revoked = match new_hash {
+        Some(_) => sessions::revoke_api_keys_of(&mut tx, id, now).await?,
+        None => 0,
+    };
     let after = directory::login(&mut tx, id)
         .await?
         .ok_or(AdminError::NotFound)?;
@@ -355,6 +364,7 @@ pub async fn update_login(
     let mut after_snap: serde_json::Value = serde_json::from_str(&snap(&after)).unwrap_or_default();
     if new_hash.is_some() {
         after_snap["password_reset"] = json!(true);
+        after_snap["api_keys_revoked"] = json!(keys_revoked);
     }
     actor
         .audit(

@@ -1,5 +1,5 @@
 //! Authentication of `/v1/*` requests (`token`: the sub-token format) and of admins
-//! (`password`: argon2id).
+//! (`password`: argon2id, bounded; `throttle`: the guessing limit; `session`, `csrf`).
 //!
 //! Sub-tokens are looked up by SHA-256 in an in-memory LRU in front of SQLite. The cache is
 //! dropped whenever the database's `token_epoch` counter moves (polled every 250 ms, so a
@@ -9,6 +9,7 @@
 pub mod csrf;
 pub mod password;
 pub mod session;
+pub mod throttle;
 pub mod token;
 
 use std::num::NonZeroUsize;

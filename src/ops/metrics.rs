@@ -24,6 +24,8 @@ pub const RATELIMIT_DEGRADED: &str = "gateway_ratelimit_degraded";
 pub const ABSORBED: &str = "gateway_absorbed_micros_total";
 pub const ALERTS: &str = "gateway_alerts_total";
 pub const TOKEN_BUDGET_USED: &str = "gateway_token_budget_used_ratio";
+pub const PASSWORD_VERIFICATIONS: &str = "gateway_password_verifications_total";
+pub const PASSWORD_BUSY: &str = "gateway_password_hashing_busy_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0,
@@ -88,6 +90,17 @@ fn describe() {
     );
     describe_counter!(ABSORBED, "Micro-dollars of actual cost above a reservation, absorbed by the gateway (never charged to a token).");
     describe_counter!(ALERTS, "Alerts raised, by kind.");
+    describe_counter!(
+        PASSWORD_VERIFICATIONS,
+        "argon2id password verifications run (sign-in and password change; an unknown user's counts too)."
+    );
+    describe_counter!(
+        PASSWORD_BUSY,
+        "Password checks refused with 429 because every hashing permit stayed taken."
+    );
+    // Shown from the start (0), so a scrape can tell "none yet" from "not counted".
+    counter!(PASSWORD_VERIFICATIONS).absolute(0);
+    counter!(PASSWORD_BUSY).absolute(0);
 }
 
 pub fn request(token: Option<i64>, model: &str, status: u16, cache: &'static str, seconds: f64) {
@@ -119,6 +132,14 @@ pub fn absorbed(micros: i64) {
     if micros > 0 {
         counter!(ABSORBED).increment(micros as u64);
     }
+}
+
+pub fn password_verified() {
+    counter!(PASSWORD_VERIFICATIONS).increment(1);
+}
+
+pub fn password_busy() {
+    counter!(PASSWORD_BUSY).increment(1);
 }
 
 pub fn alert(kind: &'static str) {

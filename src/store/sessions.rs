@@ -1,4 +1,5 @@
-//! Admin sessions, admin API keys and the failed-login record that throttles guessing.
+//! Admin sessions, admin API keys and the sign-in attempts that throttle guessing
+//! (`auth::throttle`).
 //! Sessions and keys are found by the SHA-256 of their secret; the secret is never stored.
 
 use chrono::{DateTime, Duration, Utc};
@@ -139,43 +140,52 @@ pub async fn prune_sessions(
     Ok(())
 }
 
-pub async fn record_failure(
+/// Records one admitted sign-in attempt under `key` (`user:<name>` or `addr:<ip>`); returns
+/// its row id. Rows older than a day are swept here. (`login_failures` holds attempts that
+/// have not been withdrawn: failures, and attempts still being verified.)
+pub async fn record_attempt(
     conn: &mut SqliteConnection,
     key: &str,
     now: DateTime<Utc>,
-) -> Result<()> {
-    sqlx::query("INSERT INTO login_failures (key, at) VALUES (?, ?)")
-        .bind(key)
-        .bind(db_time(now))
-        .execute(&mut *conn)
-        .await?;
+) -> Result<i64> {
+    let id =
+        sqlx::query_scalar("INSERT INTO login_failures (key, at) VALUES (?, ?) RETURNING rowid")
+            .bind(key)
+            .bind(db_time(now))
+            .fetch_one(&mut *conn)
+            .await?;
     sqlx::query("DELETE FROM login_failures WHERE at < ?")
         .bind(db_time(now - Duration::days(1)))
         .execute(conn)
         .await?;
+    Ok(id)
+}
+
+/// Deletes exactly these attempt rows (an attempt withdrawn), never others of their keys.
+pub async fn delete_attempts(conn: &mut SqliteConnection, rows: &[i64]) -> Result<()> {
+    for id in rows {
+        sqlx::query("DELETE FROM login_failures WHERE rowid = ?")
+            .bind(id)
+            .execute(&mut *conn)
+            .await?;
+    }
     Ok(())
 }
 
-pub async fn clear_failures(conn: &mut SqliteConnection, key: &str) -> Result<()> {
-    sqlx::query("DELETE FROM login_failures WHERE key = ?")
-        .bind(key)
-        .execute(conn)
-        .await?;
-    Ok(())
-}
-
-/// The times of `key`'s failures since `since`, newest first.
-pub async fn failures_since(
-    pool: &SqlitePool,
+/// The times of `key`'s attempts since `since`, newest first, at most `limit` of them.
+pub async fn recent_attempts(
+    conn: &mut SqliteConnection,
     key: &str,
     since: DateTime<Utc>,
+    limit: usize,
 ) -> Result<Vec<String>> {
     Ok(sqlx::query_scalar(
-        "SELECT at FROM login_failures WHERE key = ? AND at >= ? ORDER BY at DESC LIMIT 1000",
+        "SELECT at FROM login_failures WHERE key = ? AND at >= ? ORDER BY at DESC LIMIT ?",
     )
     .bind(key)
     .bind(db_time(since))
-    .fetch_all(pool)
+    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+    .fetch_all(conn)
     .await?)
 }
 
@@ -234,6 +244,23 @@ pub async fn revoke_api_key(
     .await?
     .rows_affected()
         == 1)
+}
+
+/// Revokes every live API key of an admin (their password changed or was reset); returns
+/// how many.
+pub async fn revoke_api_keys_of(
+    conn: &mut SqliteConnection,
+    admin_id: i64,
+    now: DateTime<Utc>,
+) -> Result<u64> {
+    Ok(sqlx::query(
+        "UPDATE admin_api_keys SET revoked_at = ? WHERE admin_id = ? AND revoked_at IS NULL",
+    )
+    .bind(db_time(now))
+    .bind(admin_id)
+    .execute(conn)
+    .await?
+    .rows_affected())
 }
 
 /// The owner of a live API key, by the key's hash.

@@ -3,6 +3,7 @@
 mod admin_helpers;
 mod helpers;
 
+mod account;
 mod admin;
 mod admin_reports;
 mod admin_roles;
@@ -23,6 +24,7 @@ mod quota;
 mod reasoning;
 mod resilience;
 mod retry_tiers;
+mod signin_attack;
 mod ssrf;
 mod streams;
 mod translate;

@@ -1,0 +1,198 @@
+//! The guessing throttle for admin passwords, shared by the sign-in form and the password
+//! change (a wrong current password is a guess like any other).
+//!
+//! Every attempt that will verify a password is first *admitted*: in one `BEGIN IMMEDIATE`
+//! transaction the attempts of the last `WINDOW` are counted for `user:<name>` and
+//! `addr:<peer ip>` (an IPv6 peer's /64), and only when both are under their limit is this
+//! attempt recorded under both keys. The check and the record are one write transaction,
+//! and SQLite lets one writer in at a time — among this process's connections and among
+//! processes sharing the file — so N attempts at once are admitted exactly up to the
+//! limit, never all of them.
+//! A refusal records nothing (a flood of refused attempts does not prolong the wait).
+//!
+//! An admitted attempt counts as a failure unless it is withdrawn: when the password was
+//! right, or when it was never evaluated (hashing busy). Withdrawing deletes only that
+//! attempt's own rows, so a success never clears anyone else's count — not the guesses
+//! an attacker made at the same name, not the address's.
+
+use std::net::{IpAddr, Ipv6Addr};
+
+use chrono::{DateTime, Duration, Utc};
+use sqlx::{SqliteConnection, SqlitePool};
+
+use crate::store::sessions;
+use crate::store::StoreError;
+
+/// Attempts per username within `WINDOW`.
+pub const USER_LIMIT: usize = 5;
+/// Attempts per peer address within `WINDOW` (spraying one password over many names).
+pub const ADDR_LIMIT: usize = 20;
+pub const WINDOW: Duration = Duration::minutes(15);
+
+/// An admitted attempt: its rows in `login_failures`, which count until withdrawn.
+#[must_use = "an attempt counts as a failure unless withdrawn"]
+pub struct Attempt {
+    rows: Vec<i64>,
+}
+
+pub enum Admission {
+    Admitted(Attempt),
+    /// Over a limit: come back in `retry_after` seconds (when the limit-th most recent
+    /// attempt leaves the window).
+    Refused {
+        retry_after: u64,
+    },
+}
+
+/// Admits one attempt for `username` from `address`, or refuses it (see the module doc).
+/// A refusal is decided on the read pool when it can be (a flood of throttled attempts
+/// never takes the write lock the money path shares); an admission only under the lock.
+pub async fn admit(
+    read: &SqlitePool,
+    write: &SqlitePool,
+    username: &str,
+    address: &str,
+    now: DateTime<Utc>,
+) -> Result<Admission, StoreError> {
+    let keys = [
+        (format!("user:{username}"), USER_LIMIT),
+        (format!("addr:{}", network(address)), ADDR_LIMIT),
+    ];
+    // A stale read can only under-count, which the locked check below corrects.
+    if let Some(refused) = over_limit(&mut *read.acquire().await?, &keys, now).await? {
+        return Ok(refused);
+    }
+    let mut tx = write.begin_with("BEGIN IMMEDIATE").await?;
+    if let Some(refused) = over_limit(&mut tx, &keys, now).await? {
+        tx.rollback().await?;
+        return Ok(refused);
+    }
+    let mut rows = Vec::with_capacity(keys.len());
+    for (key, _) in &keys {
+        rows.push(sessions::record_attempt(&mut tx, key, now).await?);
+    }
+    tx.commit().await?;
+    Ok(Admission::Admitted(Attempt { rows }))
+}
+
+/// The address an attempt is counted under: an IPv4 address itself, an IPv6 address's /64
+/// (one subscriber's network: whoever holds one holds 2^64 addresses to rotate through).
+fn network(address: &str) -> String {
+    match address.parse::<IpAddr>() {
+        Ok(IpAddr::V6(v6)) => match v6.to_ipv4_mapped() {
+            Some(v4) => v4.to_string(),
+            None => {
+                let s = v6.segments();
+                let net = Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0);
+                format!("{net}/64")
+            }
+        },
+        Ok(IpAddr::V4(v4)) => v4.to_string(),
+        Err(_) => address.to_string(),
+    }
+}
+
+/// `Refused` when any key has its limit of attempts within the window.
+async fn over_limit(
+    conn: &mut SqliteConnection,
+    keys: &[(String, usize)],
+    now: DateTime<Utc>,
+) -> Result<Option<Admission>, StoreError> {
+    let mut wait_ms = 0i64;
+    for (key, limit) in keys {
+        let recent = sessions::recent_attempts(conn, key, now - WINDOW, *limit).await?;
+        if recent.len() >= *limit {
+            let pivot = recent
+                .last()
+                .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+                .map_or(now, |t| t.with_timezone(&Utc));
+            // `now` was read before the lock, and another process's clock may run ahead:
+            // an attempt can look a little newer than now. Never ask for more than a window.
+            let left = (pivot + WINDOW - now).num_milliseconds();
+            wait_ms = wait_ms.max(left.clamp(1, WINDOW.num_milliseconds()));
+        }
+    }
+    Ok((wait_ms > 0).then(|| Admission::Refused {
+        retry_after: (wait_ms as u64).div_ceil(1000).max(1),
+    }))
+}
+
+impl Attempt {
+    /// The attempt no longer counts (right password), inside the caller's transaction.
+    pub async fn withdraw(self, conn: &mut SqliteConnection) -> Result<(), StoreError> {
+        sessions::delete_attempts(conn, &self.rows).await
+    }
+
+    /// The attempt no longer counts because it was never evaluated (hashing busy).
+    pub async fn withdraw_now(self, write: &SqlitePool) -> Result<(), StoreError> {
+        let mut conn = write.acquire().await?;
+        self.withdraw(&mut conn).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Db;
+
+    async fn admitted(db: &Db, user: &str, addr: &str, now: DateTime<Utc>) -> Option<Attempt> {
+        match admit(&db.read, &db.write, user, addr, now).await.unwrap() {
+            Admission::Admitted(a) => Some(a),
+            Admission::Refused { .. } => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn limits_per_name_and_address_withdrawal_and_the_longest_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("t.db"), false).await.unwrap();
+        let now = Utc::now();
+        // Five attempts stamped a second ahead (another process's clock, or a `now` read
+        // before the lock): the sixth is refused for a window at most, not a second more.
+        let mut kept = Vec::new();
+        for _ in 0..USER_LIMIT {
+            kept.push(admitted(&db, "root", "10.0.0.1", now + Duration::seconds(1)).await);
+        }
+        assert!(kept.iter().all(Option::is_some));
+        match admit(&db.read, &db.write, "root", "10.0.0.2", now)
+            .await
+            .unwrap()
+        {
+            Admission::Refused { retry_after } => assert_eq!(retry_after, 900),
+            Admission::Admitted(_) => panic!("a sixth attempt at one name"),
+        }
+        // Withdrawing one attempt (a right password) frees exactly one place.
+        let mut conn = db.write.acquire().await.unwrap();
+        kept.pop()
+            .flatten()
+            .unwrap()
+            .withdraw(&mut conn)
+            .await
+            .unwrap();
+        drop(conn);
+        assert!(admitted(&db, "root", "10.0.0.3", now).await.is_some());
+        assert!(admitted(&db, "root", "10.0.0.3", now).await.is_none());
+        // The address: 20 attempts over any names (4 of root's still count), then nothing.
+        for i in 0..ADDR_LIMIT - (USER_LIMIT - 1) {
+            let user = format!("u{i}");
+            assert!(admitted(&db, &user, "10.0.0.1", now).await.is_some(), "{i}");
+        }
+        assert!(admitted(&db, "someone", "10.0.0.1", now).await.is_none());
+        assert!(admitted(&db, "someone", "10.0.0.9", now).await.is_some());
+        // IPv6: one /64 is one address, however its last 64 bits rotate.
+        for i in 0..ADDR_LIMIT {
+            let addr = format!("2001:db8:1:2::{:x}", i + 1);
+            assert!(admitted(&db, &format!("v{i}"), &addr, now).await.is_some());
+        }
+        assert!(admitted(&db, "v-next", "2001:db8:1:2:ffff::1", now)
+            .await
+            .is_none());
+        assert!(admitted(&db, "v-next", "2001:db8:1:3::1", now)
+            .await
+            .is_some());
+        assert_eq!(network("::ffff:10.0.0.1"), "10.0.0.1");
+        // After the window, the name is free again.
+        let later = now + WINDOW + Duration::seconds(2);
+        assert!(admitted(&db, "root", "10.0.0.4", later).await.is_some());
+    }
+}

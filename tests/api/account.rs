@@ -1,0 +1,205 @@
+//! The signed-in person's own credentials: a password change is throttled like a sign-in
+//! (a wrong current password is a guess), it revokes the admin's API keys and ends their
+//! other sessions, an admin's reset of someone's password does the same to theirs, and an
+//! API key never mints another API key.
+
+use futures_util::future::join_all;
+use serde_json::json;
+
+use crate::admin_helpers::*;
+use crate::helpers::*;
+
+const NEW_PASSWORD: &str = "an entirely new passphrase";
+
+async fn key_of(s: &Session, name: &str) -> String {
+    let (status, v) = s.post("/admin/api/v1/keys", &json!({ "name": name })).await;
+    assert_eq!(status, 201, "{v}");
+    v["key"].as_str().unwrap().to_string()
+}
+
+async fn me_with_key(app: &TestApp, key: &str) -> u16 {
+    client()
+        .get(format!("{}/admin/api/v1/me", app.address))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// S6 for the account page: ten wrong current passwords at once are at most five guesses
+/// (the sign-in throttle's per-user limit, shared with the sign-in form), and then even the
+/// right one is refused with `Retry-After` until the window has passed.
+#[tokio::test]
+async fn wrong_current_passwords_throttle_a_password_change() {
+    let app = spawn_app().await;
+    make_login(&app, "root", "admin", None).await;
+    let s = login(&app, "root").await;
+    let wrong: Vec<_> = (0..10)
+        .map(|i| {
+            let current = format!("not my password {i}");
+            let s = &s;
+            async move {
+                let r = s
+                    .htmx_form(
+                        "/admin/account/password",
+                        &[
+                            ("current_password", current.as_str()),
+                            ("new_password", NEW_PASSWORD),
+                        ],
+                    )
+                    .await;
+                (r.status().as_u16(), r.text().await.unwrap())
+            }
+        })
+        .collect();
+    let answers = join_all(wrong).await;
+    let guessed = answers.iter().filter(|(s, _)| *s == 403).count();
+    assert!((1..=5).contains(&guessed), "{answers:?}");
+    assert!(
+        answers.iter().all(|(s, _)| *s == 403 || *s == 429),
+        "{answers:?}"
+    );
+    let r = s
+        .htmx_form(
+            "/admin/account/password",
+            &[
+                ("current_password", PASSWORD),
+                ("new_password", NEW_PASSWORD),
+            ],
+        )
+        .await;
+    assert_eq!(r.status(), 429, "the right password is throttled too");
+    let retry: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=900).contains(&retry), "{retry}");
+    assert!(r.text().await.unwrap().contains("Try again in"));
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM audit_log WHERE action = 'admin.password_change'")
+            .await,
+        0,
+        "the password did not change"
+    );
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM audit_log WHERE action = 'admin.password_change_failed'")
+            .await,
+        guessed as i64
+    );
+}
+
+/// A password change ends what the old password opened: the admin's API keys are revoked
+/// (one audit row says how many), their other sessions end, this browser gets a new one.
+#[tokio::test]
+async fn a_password_change_revokes_the_admins_api_keys() {
+    let app = spawn_app().await;
+    make_login(&app, "root", "admin", None).await;
+    make_login(&app, "ops", "admin", None).await;
+    let s = login(&app, "root").await;
+    let other = login(&app, "root").await;
+    let (k1, k2) = (key_of(&s, "ci").await, key_of(&s, "cron").await);
+    let ops = login(&app, "ops").await;
+    let ops_key = key_of(&ops, "ops-ci").await;
+    assert_eq!(me_with_key(&app, &k1).await, 200);
+
+    let r = s
+        .htmx_form(
+            "/admin/account/password",
+            &[
+                ("current_password", PASSWORD),
+                ("new_password", NEW_PASSWORD),
+            ],
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(me_with_key(&app, &k1).await, 401, "key revoked");
+    assert_eq!(me_with_key(&app, &k2).await, 401, "key revoked");
+    assert_eq!(
+        me_with_key(&app, &ops_key).await,
+        200,
+        "another admin's key stays"
+    );
+    assert_eq!(other.get_json("/admin/api/v1/me").await.0, 401);
+    assert_eq!(
+        app.scalar(
+            "SELECT COUNT(*) FROM admin_api_keys k JOIN admins a ON a.id = k.admin_id
+             WHERE a.username = 'root' AND k.revoked_at IS NULL"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        app.scalar(
+            "SELECT COUNT(*) FROM audit_log WHERE action = 'admin.password_change'
+             AND json_extract(after, '$.api_keys_revoked') = 2
+             AND json_extract(after, '$.sessions_ended') = 2"
+        )
+        .await,
+        1,
+        "one audit row names what ended"
+    );
+}
+
+/// An admin resetting another login's password revokes that login's keys and sessions too.
+#[tokio::test]
+async fn a_password_reset_by_an_admin_revokes_the_targets_api_keys() {
+    let app = spawn_app().await;
+    make_login(&app, "root", "admin", None).await;
+    let ops_id = make_login(&app, "ops", "admin", None).await;
+    let root = login(&app, "root").await;
+    let ops = login(&app, "ops").await;
+    let ops_key = key_of(&ops, "ops-ci").await;
+    let root_key = key_of(&root, "ci").await;
+    let (status, v) = root
+        .patch(
+            &format!("/admin/api/v1/logins/{ops_id}"),
+            &json!({ "password": NEW_PASSWORD }),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(me_with_key(&app, &ops_key).await, 401);
+    assert_eq!(ops.get_json("/admin/api/v1/me").await.0, 401);
+    assert_eq!(me_with_key(&app, &root_key).await, 200);
+    assert_eq!(
+        app.scalar(
+            "SELECT COUNT(*) FROM audit_log WHERE action = 'admin.update'
+             AND json_extract(after, '$.api_keys_revoked') = 1"
+        )
+        .await,
+        1
+    );
+}
+
+/// An API key acts for its owner but cannot mint more keys: a leaked key cannot make
+/// itself permanent. Only a signed-in browser session creates keys.
+#[tokio::test]
+async fn an_api_key_cannot_mint_api_keys() {
+    let app = spawn_app().await;
+    make_login(&app, "root", "admin", None).await;
+    let s = login(&app, "root").await;
+    let key = key_of(&s, "ci").await;
+    let r = client()
+        .post(format!("{}/admin/api/v1/keys", app.address))
+        .bearer_auth(&key)
+        .json(&json!({"name": "persistence"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "forbidden", "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("API key") && msg.contains("signed-in"),
+        "the reason is named: {msg}"
+    );
+    assert_eq!(app.scalar("SELECT COUNT(*) FROM admin_api_keys").await, 1);
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM audit_log WHERE action = 'apikey.create'")
+            .await,
+        1
+    );
+}
