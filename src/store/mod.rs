@@ -4,6 +4,7 @@
 
 pub mod admins;
 pub mod audit;
+mod audit_mac;
 pub mod cache;
 pub mod directory;
 pub mod ledger;
@@ -23,6 +24,7 @@ mod writer_test;
 
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::sqlite::{
@@ -49,6 +51,8 @@ pub enum StoreError {
     Batch(String),
     #[error("the store writer is gone")]
     WriterGone,
+    #[error(transparent)]
+    Secret(#[from] crate::secrets::SecretError),
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
@@ -58,6 +62,8 @@ pub struct Db {
     /// Exactly one connection: every write transaction in this process goes through it.
     pub write: SqlitePool,
     pub read: SqlitePool,
+    /// The audit chain's keys (its write connections hold them too: `audit_mac`).
+    pub audit: Arc<audit::AuditKeys>,
 }
 
 /// How long a writer waits for another process's lock before giving up.
@@ -69,6 +75,10 @@ impl Db {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;
         }
+        let keys = Arc::new(audit::AuditKeys::derive(
+            &crate::secrets::MasterKey::for_database(path)?,
+        ));
+        let signer = keys.clone();
         let opts = SqliteConnectOptions::from_str("sqlite://")?
             .filename(path)
             .create_if_missing(true)
@@ -94,6 +104,15 @@ impl Db {
             .acquire_timeout(Duration::from_secs(30))
             .idle_timeout(None)
             .max_lifetime(None)
+            .after_connect(move |conn, _meta| {
+                let keys = signer.clone();
+                Box::pin(async move {
+                    let mut handle = conn.lock_handle().await?;
+                    audit_mac::register(&mut handle, keys)
+                        .map_err(|e| sqlx::Error::Configuration(e.into()))?;
+                    Ok(())
+                })
+            })
             .connect_with(opts.clone())
             .await?;
         sqlx::migrate!("./migrations").run(&write).await?;
@@ -105,7 +124,11 @@ impl Db {
             .max_lifetime(None)
             .connect_with(opts.read_only(true))
             .await?;
-        Ok(Db { write, read })
+        Ok(Db {
+            write,
+            read,
+            audit: keys,
+        })
     }
 
     /// `PRAGMA integrity_check`: "ok" or the first problem found.

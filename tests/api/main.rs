@@ -6,6 +6,7 @@ mod helpers;
 mod admin;
 mod admin_reports;
 mod admin_roles;
+mod audit_tamper;
 mod auth;
 mod bad_input;
 mod cache;
