@@ -22,7 +22,8 @@ pub mod writer;
 #[cfg(test)]
 mod writer_test;
 
-use std::path::Path;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -75,6 +76,7 @@ impl Db {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;
         }
+        private_files(path)?;
         let keys = Arc::new(audit::AuditKeys::derive(
             &crate::secrets::MasterKey::for_database(path)?,
         ));
@@ -142,6 +144,35 @@ impl Db {
         self.read.close().await;
         self.write.close().await;
     }
+}
+
+/// The database file and its `-wal` and `-shm` are for the gateway's user only (they hold
+/// token hashes, the ledger and the audit log). SQLite creates `-wal` and `-shm` with the
+/// mode of the database file, so a missing database is created 0600 before SQLite opens
+/// it; files an older version left readable by others are tightened, with a warning.
+fn private_files(path: &Path) -> Result<()> {
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e.into()),
+    }
+    for suffix in ["", "-wal", "-shm"] {
+        let p = PathBuf::from(format!("{}{suffix}", path.display()));
+        let Ok(meta) = std::fs::metadata(&p) else {
+            continue;
+        };
+        let mode = meta.permissions().mode();
+        if mode & 0o077 != 0 {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))?;
+            tracing::warn!(file = %p.display(), mode = format!("{:o}", mode & 0o777), "database file was readable by others; its mode is now 0600");
+        }
+    }
+    Ok(())
 }
 
 /// Whether every migration this binary carries has been applied to the database.

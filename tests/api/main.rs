@@ -11,6 +11,7 @@ mod auth;
 mod bad_input;
 mod cache;
 mod clocks;
+mod files;
 mod money;
 mod money_model;
 mod operations;
