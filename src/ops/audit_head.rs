@@ -17,7 +17,7 @@
 //! is started afresh (first start, an upgrade, a new backup folder), with a warning when
 //! the chain already had rows.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -95,12 +95,21 @@ pub enum Found {
     Valid(Head),
 }
 
+/// A head is ~300 bytes; a file far larger is not one (and is not read into memory).
+const MAX_LEN: u64 = 4096;
+
 pub fn read(dir: &Path, keys: &AuditKeys) -> Found {
-    let text = match std::fs::read_to_string(dir.join(FILE)) {
-        Ok(t) => t,
+    let mut text = String::new();
+    let read = std::fs::File::open(dir.join(FILE))
+        .and_then(|f| f.take(MAX_LEN + 1).read_to_string(&mut text));
+    match read {
+        Ok(n) if n as u64 > MAX_LEN => {
+            return Found::Unreadable(format!("larger than {MAX_LEN} bytes"))
+        }
+        Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Found::Missing,
         Err(e) => return Found::Unreadable(e.to_string()),
-    };
+    }
     match serde_json::from_str::<Head>(&text) {
         Ok(h) if h.signed_by(keys) => Found::Valid(h),
         Ok(_) => Found::Forged,
