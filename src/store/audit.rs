@@ -343,3 +343,38 @@ pub async fn holds(
         .await?;
     Ok(hash.as_deref() == Some(last_hash) && upto == rows)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{writer, Db};
+
+    fn entry(action: &str) -> AuditEntry<'_> {
+        AuditEntry {
+            actor: "test",
+            address: "",
+            action,
+            target: "t",
+            before: None,
+            after: Some("{}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn rows_signed_through_sqlx_and_the_raw_writer_make_one_chain() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("a.db"), false).await.unwrap();
+        let now = chrono::Utc::now();
+        record(&db.write, &entry("one"), now).await.unwrap();
+        writer::once(&db.write, |tx| append_tx(tx, &entry("two"), now))
+            .await
+            .unwrap();
+        record(&db.write, &entry("three"), now).await.unwrap();
+        let st = verify(&db.read, &db.audit).await.unwrap();
+        assert_eq!((st.rows, st.broken), (3, None));
+        // Another key (another database's) does not verify these rows.
+        let other = Db::open(&dir.path().join("b.db"), false).await.unwrap();
+        let st = verify(&db.read, &other.audit).await.unwrap();
+        assert_eq!(st.broken.map(|b| b.id), Some(1));
+    }
+}
