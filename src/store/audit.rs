@@ -309,21 +309,26 @@ fn seals(e: &AuditEntry<'_>, legacy: i64) -> bool {
             == Some(legacy)
 }
 
-/// The newest row and the row count, as a head exports them (no MAC checked).
+/// The row count and the newest row, as a head exports them (no MAC checked). One
+/// statement, so one snapshot: another process committing in between cannot pair one
+/// state's count with another's newest row.
 pub async fn tip(conn: &mut SqliteConnection) -> Result<(i64, i64, String)> {
-    let row: Option<(i64, String)> =
-        sqlx::query_as("SELECT id, hash FROM audit_log ORDER BY id DESC LIMIT 1")
-            .fetch_optional(&mut *conn)
-            .await?;
-    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM audit_log")
-        .fetch_one(&mut *conn)
-        .await?;
-    let (id, hash) = row.unwrap_or((0, GENESIS.to_string()));
-    Ok((rows, id, hash))
+    let row: (i64, Option<i64>, Option<String>) = sqlx::query_as(
+        "SELECT (SELECT COUNT(*) FROM audit_log),
+                (SELECT id FROM audit_log ORDER BY id DESC LIMIT 1),
+                (SELECT hash FROM audit_log ORDER BY id DESC LIMIT 1)",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok((
+        row.0,
+        row.1.unwrap_or(0),
+        row.2.unwrap_or_else(|| GENESIS.to_string()),
+    ))
 }
 
 /// Whether the database still holds an earlier head's newest row, with as many rows up to
-/// it: the head is a prefix of the chain as it is now.
+/// it: the head is a prefix of the chain as it is now (one statement, as `tip`).
 pub async fn holds(
     conn: &mut SqliteConnection,
     rows: i64,
@@ -333,14 +338,13 @@ pub async fn holds(
     if rows == 0 {
         return Ok(true);
     }
-    let hash: Option<String> = sqlx::query_scalar("SELECT hash FROM audit_log WHERE id = ?")
-        .bind(last_id)
-        .fetch_optional(&mut *conn)
-        .await?;
-    let upto: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM audit_log WHERE id <= ?")
-        .bind(last_id)
-        .fetch_one(&mut *conn)
-        .await?;
+    let (hash, upto): (Option<String>, i64) = sqlx::query_as(
+        "SELECT (SELECT hash FROM audit_log WHERE id = ?1),
+                (SELECT COUNT(*) FROM audit_log WHERE id <= ?1)",
+    )
+    .bind(last_id)
+    .fetch_one(&mut *conn)
+    .await?;
     Ok(hash.as_deref() == Some(last_hash) && upto == rows)
 }
 

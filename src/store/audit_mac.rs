@@ -64,37 +64,38 @@ unsafe extern "C" fn call(
     argv: *mut *mut ffi::sqlite3_value,
 ) {
     // SAFETY: SQLite passes the `data` of `register` (alive until `destroy`) and `argc`
-    // values, each valid for this call. Text is read as UTF-8 bytes, NULL as `None`.
+    // values, each valid for this call. Text is read as UTF-8 bytes, NULL as `None`; a
+    // NULL pointer for a value that is not NULL is SQLite out of memory, and fails the
+    // call (never a MAC over the wrong bytes).
     let result = std::panic::catch_unwind(|| unsafe {
         let keys = &*(ffi::sqlite3_user_data(ctx) as *const AuditKeys);
         let args = std::slice::from_raw_parts(argv, usize::try_from(argc).unwrap_or(0));
-        let fields: Vec<Option<&[u8]>> = args
-            .iter()
-            .map(|&v| {
-                if ffi::sqlite3_value_type(v) == ffi::SQLITE_NULL {
-                    return None;
-                }
-                let p = ffi::sqlite3_value_text(v);
-                let n = usize::try_from(ffi::sqlite3_value_bytes(v)).unwrap_or(0);
-                Some(if p.is_null() || n == 0 {
-                    &[][..]
-                } else {
-                    std::slice::from_raw_parts(p, n)
-                })
-            })
-            .collect();
+        let mut fields: Vec<Option<&[u8]>> = Vec::with_capacity(args.len());
+        for &v in args {
+            if ffi::sqlite3_value_type(v) == ffi::SQLITE_NULL {
+                fields.push(None);
+                continue;
+            }
+            let p = ffi::sqlite3_value_text(v);
+            if p.is_null() {
+                return None;
+            }
+            let n = usize::try_from(ffi::sqlite3_value_bytes(v)).unwrap_or(0);
+            fields.push(Some(std::slice::from_raw_parts(p, n)));
+        }
         keys.appended();
-        keys.chain_mac(&fields)
+        Some(keys.chain_mac(&fields))
     });
     // SAFETY: `ctx` is this call's context; SQLITE_TRANSIENT makes SQLite copy the text.
     unsafe {
         match result {
-            Ok(hex) => ffi::sqlite3_result_text(
+            Ok(Some(hex)) => ffi::sqlite3_result_text(
                 ctx,
                 hex.as_ptr().cast::<c_char>(),
                 c_int::try_from(hex.len()).unwrap_or(0),
                 ffi::SQLITE_TRANSIENT(),
             ),
+            Ok(None) => ffi::sqlite3_result_error_nomem(ctx),
             Err(_) => {
                 let msg = c"sluice_audit_mac failed";
                 ffi::sqlite3_result_error(ctx, msg.as_ptr(), -1);
