@@ -7,6 +7,7 @@ mod admin;
 mod admin_reports;
 mod admin_roles;
 mod audit_tamper;
+mod audit_upgrade;
 mod auth;
 mod bad_input;
 mod cache;
