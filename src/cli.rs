@@ -1,10 +1,13 @@
 //! What the CLI commands do (`main.rs` only parses arguments). Every command that changes
 //! something runs in one `BEGIN IMMEDIATE` transaction with its audit row.
 
+use std::path::Path;
+
 use chrono::{DateTime, Utc};
 use serde_json::json;
 
 use crate::auth::{password, token};
+use crate::ops::audit_head::{self, Exported, HeadError};
 use crate::quota::period::Reset;
 use crate::quota::pricing;
 use crate::store::audit::{self, AuditEntry};
@@ -19,6 +22,11 @@ pub enum CliError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Password(#[from] password::PasswordError),
+    #[error(transparent)]
+    Head(#[from] HeadError),
+    /// `audit verify` found these problems (one per line).
+    #[error("{}", .0.join("\n"))]
+    Tampered(Vec<String>),
 }
 
 impl From<sqlx::Error> for CliError {
@@ -323,4 +331,31 @@ pub async fn admin_create(
     .await?;
     tx.commit().await?;
     Ok(id)
+}
+
+/// `sluice audit verify`: every row's MAC, the chain's links, and the signed head in `dir`
+/// (the backup folder). `Ok` with a summary when all agree, else every problem found.
+pub async fn audit_verify(db: &Db, dir: &Path) -> Result<String, CliError> {
+    let report = audit_head::verify(db, dir).await?;
+    let problems = report.problems();
+    if !problems.is_empty() {
+        return Err(CliError::Tampered(problems));
+    }
+    Ok(format!(
+        "audit log intact: {} rows verified, the signed head in {} matches",
+        report.chain.rows,
+        dir.join(audit_head::FILE).display()
+    ))
+}
+
+/// After a command: the audit head in `dir` follows the rows it wrote (a warning, never a
+/// failure of the command, when it cannot).
+pub async fn export_audit_head(db: &Db, dir: &Path, now: DateTime<Utc>) {
+    match audit_head::export(db, dir, now).await {
+        Ok(Exported::Refused(why)) => {
+            eprintln!("warning: {why}; audit.head left as it is (see `sluice audit verify`)")
+        }
+        Ok(_) => {}
+        Err(e) => eprintln!("warning: the audit head was not written: {e}"),
+    }
 }

@@ -15,6 +15,7 @@ pub mod pipeline;
 pub mod queue;
 pub mod quota;
 pub mod ratelimit;
+pub mod secrets;
 pub mod startup;
 pub mod state;
 pub mod store;

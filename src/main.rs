@@ -14,7 +14,7 @@ use sluice::config::{
 use sluice::mock::{MockConfig, MockServer};
 use sluice::quota::pricing;
 use sluice::startup::Application;
-use sluice::store::{audit, tokens, Db};
+use sluice::store::{tokens, Db};
 
 #[derive(Parser)]
 #[command(
@@ -200,7 +200,8 @@ enum CacheCommand {
 
 #[derive(Subcommand)]
 enum AuditCommand {
-    /// Check the hash chain; names the first row that was changed.
+    /// Check every row, the keyed chain and the signed head (`audit.head` in the backup
+    /// folder); exits non-zero naming the first bad row or the head mismatch.
     Verify,
 }
 
@@ -281,6 +282,16 @@ async fn main() -> anyhow::Result<()> {
             r.integrity,
             r.tokens_checked
         );
+        let dir = PathBuf::from(&settings.backup.dir);
+        if let Some(kept) = sluice::ops::audit_head::set_aside(&dir, now)? {
+            println!(
+                "the audit head of the database before the restore is kept as {}",
+                kept.display()
+            );
+        }
+        let db = Db::open(&target, false).await?;
+        cli::export_audit_head(&db, &dir, now).await;
+        db.close().await;
         return Ok(());
     }
     let db = Db::open(&settings.database_path(), false).await?;
@@ -363,19 +374,18 @@ async fn main() -> anyhow::Result<()> {
         Command::Audit {
             command: AuditCommand::Verify,
         } => {
-            let (checked, broken) = audit::verify(&db.read).await?;
-            match broken {
-                None => println!("audit log intact: {checked} rows verified"),
-                Some(id) => {
-                    bail!("audit log chain broken at row {id} ({checked} rows before it verified)")
-                }
-            }
+            let dir = PathBuf::from(&settings.backup.dir);
+            let verdict = cli::audit_verify(&db, &dir).await;
+            db.close().await;
+            println!("{}", verdict?);
+            return Ok(());
         }
         Command::Serve { .. }
         | Command::CheckConfig
         | Command::Mock { .. }
         | Command::Restore { .. } => {}
     }
+    cli::export_audit_head(&db, std::path::Path::new(&settings.backup.dir), now).await;
     db.close().await;
     Ok(())
 }

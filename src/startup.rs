@@ -15,7 +15,7 @@ use crate::cache::Cache;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ConfigError, Ladder, Settings};
 use crate::ops::alerts::Alerter;
-use crate::ops::{housekeeping, metrics, request_log::RequestLog};
+use crate::ops::{audit_head, housekeeping, metrics, request_log::RequestLog};
 use crate::queue::Queue;
 use crate::quota::{estimate, reservation::Quota};
 use crate::ratelimit::redis_window::RedisWindows;
@@ -105,6 +105,11 @@ impl Application {
         state.cache.refresh(state.clock.now()).await?;
         housekeeping::recover_orphans(&state, &me).await?;
         housekeeping::spawn(state.clone(), me);
+        audit_head::spawn(
+            state.db.clone(),
+            state.settings.backup.dir.clone().into(),
+            state.clock.clone(),
+        );
 
         let listen = state.settings.server.listen.clone();
         let listener =

@@ -1,5 +1,6 @@
-//! The audit log, newest first, filterable by action prefix and actor; the hash chain can
-//! be checked from the page (a read: nothing is written). Admins and finance only.
+//! The audit log, newest first, filterable by action prefix and actor; the keyed chain and
+//! its signed head can be checked from the page (a read: nothing is written). Admins and
+//! finance only.
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use askama::Template;
@@ -9,8 +10,8 @@ use super::actor::Actor;
 use super::error::{escape, AdminError};
 use super::input::de;
 use super::view::{self, filters, Chrome};
+use crate::ops::audit_head;
 use crate::state::AppState;
-use crate::store::audit as chain;
 use crate::store::reports::{self, AuditLine};
 
 pub const PAGE_SIZE: i64 = 50;
@@ -113,17 +114,43 @@ pub async fn page(
     })
 }
 
-/// Walks the hash chain and says whether it is intact (a fragment for the page).
+/// Checks rows, chain and the signed head, and says what broke (a fragment for the page).
 pub async fn verify(actor: Actor, state: web::Data<AppState>) -> Result<HttpResponse, AdminError> {
     actor.require_global_reader()?;
-    let (checked, broken) = chain::verify(&state.db.read).await?;
-    let html = match broken {
-        None => format!("<p class=\"flash ok\" role=\"status\">Chain intact: {checked} rows verified.</p>"),
-        Some(id) => format!(
-            "<p class=\"flash error\" role=\"alert\">Chain broken at row {}: it was changed after it was written ({checked} rows before it verified).</p>",
-            escape(&id.to_string())
-        ),
-    };
+    let dir = std::path::Path::new(&state.settings.backup.dir);
+    let report = audit_head::verify(&state.db, dir).await.map_err(|e| {
+        tracing::error!(error = %e, "audit verify failed");
+        AdminError::Internal
+    })?;
+    let mut html = String::new();
+    match &report.chain.broken {
+        None => html.push_str(&format!(
+            "<p class=\"flash ok\" role=\"status\">Chain intact: {} rows verified.</p>",
+            report.chain.rows
+        )),
+        Some(b) => html.push_str(&format!(
+            "<p class=\"flash error\" role=\"alert\">Chain broken at row {}: {} ({} rows before it verified).</p>",
+            b.id,
+            escape(b.why),
+            report.chain.rows
+        )),
+    }
+    // The chain's own problem is shown above; the head's follow it.
+    let problems = report.problems();
+    let head_problems = problems.iter().filter(|p| p.starts_with("audit head"));
+    let mut any = false;
+    for p in head_problems {
+        any = true;
+        html.push_str(&format!(
+            "<p class=\"flash error\" role=\"alert\">{}</p>",
+            escape(p)
+        ));
+    }
+    if !any {
+        html.push_str(
+            "<p class=\"flash ok\" role=\"status\">Signed head matches the database.</p>",
+        );
+    }
     Ok(HttpResponse::Ok()
         .content_type("text/html; charset=utf-8")
         .body(html))

@@ -4,7 +4,7 @@
 //! target database, removes stale `-wal`/`-shm` files, copies the backup in, migrates it,
 //! and checks integrity and the ledger invariant.
 
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
@@ -56,10 +56,17 @@ pub async fn backup_now(
 ) -> Result<PathBuf, BackupError> {
     std::fs::create_dir_all(dir)?;
     let path = dir.join(format!("sluice-{}.db", now.format("%Y%m%dT%H%M%S%.3fZ")));
-    sqlx::query("VACUUM INTO ?")
+    // Created empty and 0600 first (VACUUM INTO accepts an empty file and keeps its mode):
+    // the copy is never readable by others, not even while it is being written.
+    private_file(&path)?;
+    if let Err(e) = sqlx::query("VACUUM INTO ?")
         .bind(path.to_string_lossy().to_string())
         .execute(&db.read)
-        .await?;
+        .await
+    {
+        let _ = std::fs::remove_file(&path);
+        return Err(e.into());
+    }
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
     let ok = integrity_of(&path).await?;
     if ok != "ok" {
@@ -79,6 +86,15 @@ pub async fn backup_now(
         std::fs::remove_file(old)?;
     }
     Ok(path)
+}
+
+/// A new, empty file only its owner can read.
+fn private_file(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
 }
 
 /// What a restore found.
@@ -124,8 +140,10 @@ pub async fn restore(
             std::fs::remove_file(&p)?;
         }
     }
-    std::fs::copy(backup, target)?;
-    std::fs::set_permissions(target, std::fs::Permissions::from_mode(0o600))?;
+    std::io::copy(
+        &mut std::fs::File::open(backup)?,
+        &mut private_file(target)?,
+    )?;
     let db = Db::open(target, false).await?;
     sqlx::query("DELETE FROM processes")
         .execute(&db.write)

@@ -1,6 +1,7 @@
 //! Running the gateway: the request log writer and background housekeeping.
 
 pub mod alerts;
+pub mod audit_head;
 pub mod backup;
 pub mod housekeeping;
 pub mod memory;

@@ -1,13 +1,23 @@
-//! The audit log: append-only (triggers refuse UPDATE and DELETE) and hash-chained — each
-//! row's hash is SHA-256 over the previous hash and the row's fields, so editing any row
-//! breaks the chain from that row on, and `verify` names it.
+//! The audit log: append-only (triggers refuse UPDATE and DELETE) and chained under a key
+//! the database does not hold. Each row's `hash` is HMAC-SHA256, under the audit subkey of
+//! the gateway's master key (`secrets`), over the previous row's hash and the row's fields;
+//! so nobody without the key can edit a row, or rewrite the chain after it, and still have
+//! it verify. What the chain cannot show — its newest rows deleted — the signed head shows
+//! (`ops::audit_head`), which is kept outside the database.
+//!
+//! Rows written before the chain was keyed (`chain = 'sha256'`, plain SHA-256, migration
+//! 0013) stay as they were: that migration sealed them with one keyed row, `audit.keyed`,
+//! whose MAC covers their count and their last hash. They are valid only as a prefix
+//! followed by that seal, so relabelling keyed rows as old ones does not verify either.
 
+use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 use sqlx::{Row, SqliteConnection};
 
 use super::raw::Conn;
 use super::Result;
 use crate::clock::db_time;
+use crate::secrets::{MasterKey, Subkey};
 
 pub struct AuditEntry<'a> {
     pub actor: &'a str,
@@ -19,8 +29,103 @@ pub struct AuditEntry<'a> {
 }
 
 const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+/// `chain` of rows signed with the key; rows from before it are `LEGACY`.
+pub const KEYED: &str = "hmac-sha256";
+const LEGACY: &str = "sha256";
+/// The action of the row that seals the legacy rows (migration 0013).
+pub const SEAL: &str = "audit.keyed";
 
-fn row_hash(prev: &str, e: &AuditEntry<'_>, created_at: &str) -> String {
+/// The audit subkeys and the wake-up of the head writer. Held by the write connections
+/// (`audit_mac`) and by `Db` (to verify).
+pub struct AuditKeys {
+    chain: Subkey,
+    head: Subkey,
+    appended: tokio::sync::Notify,
+}
+
+impl std::fmt::Debug for AuditKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AuditKeys(..)")
+    }
+}
+
+/// A field, length-prefixed so no two different rows hash alike; NULL is its own marker.
+fn absorb(mac: &mut Hmac<Sha256>, field: Option<&[u8]>) {
+    match field {
+        Some(b) => {
+            mac.update(&(b.len() as u64).to_be_bytes());
+            mac.update(b);
+        }
+        None => mac.update(&u64::MAX.to_be_bytes()),
+    }
+}
+
+impl AuditKeys {
+    pub fn derive(master: &MasterKey) -> AuditKeys {
+        AuditKeys {
+            chain: master.subkey("sluice/audit-chain/v1"),
+            head: master.subkey("sluice/audit-head/v1"),
+            appended: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn mac(key: &Subkey) -> Hmac<Sha256> {
+        <Hmac<Sha256> as Mac>::new_from_slice(key.bytes()).expect("HMAC takes keys of any length")
+    }
+
+    /// The row MAC over (prev, actor, address, action, target, before, after, created_at).
+    pub fn chain_mac(&self, fields: &[Option<&[u8]>]) -> String {
+        let mut m = Self::mac(&self.chain);
+        for f in fields {
+            absorb(&mut m, *f);
+        }
+        hex::encode(m.finalize().into_bytes())
+    }
+
+    fn row_mac(&self, prev: &str, e: &AuditEntry<'_>, created_at: &str) -> String {
+        self.chain_mac(&[
+            Some(prev.as_bytes()),
+            Some(e.actor.as_bytes()),
+            Some(e.address.as_bytes()),
+            Some(e.action.as_bytes()),
+            Some(e.target.as_bytes()),
+            e.before.map(str::as_bytes),
+            e.after.map(str::as_bytes),
+            Some(created_at.as_bytes()),
+        ])
+    }
+
+    /// The head's signature over its text.
+    pub fn head_mac(&self, text: &str) -> String {
+        let mut m = Self::mac(&self.head);
+        m.update(text.as_bytes());
+        hex::encode(m.finalize().into_bytes())
+    }
+
+    /// Whether `mac` (hex) signs `text`, compared in constant time.
+    pub fn head_mac_ok(&self, text: &str, mac: &str) -> bool {
+        let Ok(tag) = hex::decode(mac) else {
+            return false;
+        };
+        let mut m = Self::mac(&self.head);
+        m.update(text.as_bytes());
+        m.verify_slice(&tag).is_ok()
+    }
+
+    /// Called by `sluice_audit_mac` for each row it signs.
+    pub(crate) fn appended(&self) {
+        self.appended.notify_one();
+    }
+
+    /// Resolves after a row was signed (on any write connection of this `Db`) since the last
+    /// call; the row's transaction may still be open.
+    pub async fn wait_appended(&self) {
+        self.appended.notified().await;
+    }
+}
+
+/// The chain before keying: plain SHA-256, as the rows from before migration 0013 hold it.
+fn legacy_hash(prev: &str, e: &AuditEntry<'_>, created_at: &str) -> String {
     let mut h = Sha256::new();
     for part in [
         prev,
@@ -38,6 +143,11 @@ fn row_hash(prev: &str, e: &AuditEntry<'_>, created_at: &str) -> String {
     hex::encode(h.finalize())
 }
 
+const LAST_HASH: &str = "SELECT hash FROM audit_log ORDER BY id DESC LIMIT 1";
+/// The MAC is computed by the connection (`audit_mac`): `?8` is the previous hash.
+const INSERT: &str = "INSERT INTO audit_log (actor, address, action, target, before, after, created_at, prev_hash, hash, chain)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, sluice_audit_mac(?8, ?1, ?2, ?3, ?4, ?5, ?6, ?7), 'hmac-sha256')";
+
 /// Appends one row inside the caller's transaction, so the action and its audit row commit
 /// together or not at all.
 pub async fn append(
@@ -45,28 +155,21 @@ pub async fn append(
     e: &AuditEntry<'_>,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<()> {
-    let prev: Option<String> =
-        sqlx::query_scalar("SELECT hash FROM audit_log ORDER BY id DESC LIMIT 1")
-            .fetch_optional(&mut *conn)
-            .await?;
+    let prev: Option<String> = sqlx::query_scalar(LAST_HASH)
+        .fetch_optional(&mut *conn)
+        .await?;
     let prev = prev.unwrap_or_else(|| GENESIS.to_string());
-    let created_at = db_time(now);
-    let hash = row_hash(&prev, e, &created_at);
-    sqlx::query(
-        "INSERT INTO audit_log (actor, address, action, target, before, after, created_at, prev_hash, hash)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-    )
-    .bind(e.actor)
-    .bind(e.address)
-    .bind(e.action)
-    .bind(e.target)
-    .bind(e.before)
-    .bind(e.after)
-    .bind(&created_at)
-    .bind(&prev)
-    .bind(&hash)
-    .execute(&mut *conn)
-    .await?;
+    sqlx::query(INSERT)
+        .bind(e.actor)
+        .bind(e.address)
+        .bind(e.action)
+        .bind(e.target)
+        .bind(e.before)
+        .bind(e.after)
+        .bind(db_time(now))
+        .bind(&prev)
+        .execute(&mut *conn)
+        .await?;
     Ok(())
 }
 
@@ -77,18 +180,12 @@ pub fn append_tx(
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<()> {
     let prev = tx
-        .query_row(
-            "SELECT hash FROM audit_log ORDER BY id DESC LIMIT 1",
-            &[],
-            |r| r.text(0),
-        )?
+        .query_row(LAST_HASH, &[], |r| r.text(0))?
         .flatten()
         .unwrap_or_else(|| GENESIS.to_string());
     let created_at = db_time(now);
-    let hash = row_hash(&prev, e, &created_at);
     tx.execute(
-        "INSERT INTO audit_log (actor, address, action, target, before, after, created_at, prev_hash, hash)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        INSERT,
         &[
             e.actor.into(),
             e.address.into(),
@@ -98,38 +195,9 @@ pub fn append_tx(
             e.after.into(),
             (&created_at).into(),
             (&prev).into(),
-            (&hash).into(),
         ],
     )?;
     Ok(())
-}
-
-/// Walks the chain; `Ok(None)` when intact, else the id of the first row that does not match.
-pub async fn verify(pool: &sqlx::SqlitePool) -> Result<(u64, Option<i64>)> {
-    let rows = sqlx::query("SELECT id, actor, address, action, target, before, after, created_at, prev_hash, hash FROM audit_log ORDER BY id")
-        .fetch_all(pool)
-        .await?;
-    let mut prev = GENESIS.to_string();
-    let mut checked = 0;
-    for r in &rows {
-        let (before, after): (Option<String>, Option<String>) = (r.get("before"), r.get("after"));
-        let e = AuditEntry {
-            actor: r.get("actor"),
-            address: r.get("address"),
-            action: r.get("action"),
-            target: r.get("target"),
-            before: before.as_deref(),
-            after: after.as_deref(),
-        };
-        let stored_prev: &str = r.get("prev_hash");
-        let stored: &str = r.get("hash");
-        if stored_prev != prev || row_hash(&prev, &e, r.get("created_at")) != stored {
-            return Ok((checked, Some(r.get("id"))));
-        }
-        prev = stored.to_string();
-        checked += 1;
-    }
-    Ok((checked, None))
 }
 
 /// Appends one row in its own transaction (for events outside an admin transaction, such
@@ -143,4 +211,174 @@ pub async fn record(
     append(&mut tx, e, now).await?;
     tx.commit().await?;
     Ok(())
+}
+
+/// The chain as the database holds it: how many rows, the newest, and the first row that
+/// does not verify.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainState {
+    pub rows: i64,
+    pub last_id: i64,
+    pub last_hash: String,
+    pub broken: Option<Broken>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Broken {
+    pub id: i64,
+    pub why: &'static str,
+}
+
+/// Walks the whole chain. Every row must link to the one before it and carry its MAC (or,
+/// for the sealed legacy prefix, its SHA-256).
+pub async fn verify(pool: &sqlx::SqlitePool, keys: &AuditKeys) -> Result<ChainState> {
+    let rows = sqlx::query("SELECT id, actor, address, action, target, before, after, created_at, prev_hash, hash, chain FROM audit_log ORDER BY id")
+        .fetch_all(pool)
+        .await?;
+    let mut st = ChainState {
+        rows: 0,
+        last_id: 0,
+        last_hash: GENESIS.to_string(),
+        broken: None,
+    };
+    let (mut legacy, mut keyed) = (0i64, false);
+    let mut first_legacy = None;
+    for r in &rows {
+        let id: i64 = r.get("id");
+        let (before, after): (Option<String>, Option<String>) = (r.get("before"), r.get("after"));
+        let e = AuditEntry {
+            actor: r.get("actor"),
+            address: r.get("address"),
+            action: r.get("action"),
+            target: r.get("target"),
+            before: before.as_deref(),
+            after: after.as_deref(),
+        };
+        let (stored_prev, stored, chain, created_at): (&str, &str, &str, &str) = (
+            r.get("prev_hash"),
+            r.get("hash"),
+            r.get("chain"),
+            r.get("created_at"),
+        );
+        let why = if stored_prev != st.last_hash {
+            Some("it does not link to the row before it (a row was removed or inserted)")
+        } else {
+            match chain {
+                LEGACY if keyed => Some("an unkeyed row after keyed ones"),
+                LEGACY => {
+                    legacy += 1;
+                    first_legacy.get_or_insert(id);
+                    (legacy_hash(&st.last_hash, &e, created_at) != stored)
+                        .then_some("it was changed after it was written")
+                }
+                KEYED if !keyed && legacy > 0 && !seals(&e, legacy) => {
+                    Some("the unkeyed rows before it are not sealed by an `audit.keyed` row")
+                }
+                KEYED => {
+                    keyed = true;
+                    (keys.row_mac(&st.last_hash, &e, created_at) != stored).then_some(
+                        "it was changed after it was written, or signed without the gateway's key",
+                    )
+                }
+                _ => Some("unknown chain kind"),
+            }
+        };
+        if let Some(why) = why {
+            st.broken = Some(Broken { id, why });
+            return Ok(st);
+        }
+        st.rows += 1;
+        st.last_id = id;
+        st.last_hash = stored.to_string();
+    }
+    if let (Some(id), false) = (first_legacy, keyed) {
+        st.broken = Some(Broken {
+            id,
+            why: "unkeyed rows with no `audit.keyed` seal after them",
+        });
+    }
+    Ok(st)
+}
+
+/// Whether `e` is the seal of exactly `legacy` unkeyed rows.
+fn seals(e: &AuditEntry<'_>, legacy: i64) -> bool {
+    e.action == SEAL
+        && e.after
+            .and_then(|a| serde_json::from_str::<serde_json::Value>(a).ok())
+            .and_then(|v| v.get("legacy_rows").and_then(|n| n.as_i64()))
+            == Some(legacy)
+}
+
+/// The row count and the newest row, as a head exports them (no MAC checked). One
+/// statement, so one snapshot: another process committing in between cannot pair one
+/// state's count with another's newest row.
+pub async fn tip(conn: &mut SqliteConnection) -> Result<(i64, i64, String)> {
+    let row: (i64, Option<i64>, Option<String>) = sqlx::query_as(
+        "SELECT (SELECT COUNT(*) FROM audit_log),
+                (SELECT id FROM audit_log ORDER BY id DESC LIMIT 1),
+                (SELECT hash FROM audit_log ORDER BY id DESC LIMIT 1)",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok((
+        row.0,
+        row.1.unwrap_or(0),
+        row.2.unwrap_or_else(|| GENESIS.to_string()),
+    ))
+}
+
+/// Whether the database still holds an earlier head's newest row, with as many rows up to
+/// it: the head is a prefix of the chain as it is now (one statement, as `tip`).
+pub async fn holds(
+    conn: &mut SqliteConnection,
+    rows: i64,
+    last_id: i64,
+    last_hash: &str,
+) -> Result<bool> {
+    if rows == 0 {
+        return Ok(true);
+    }
+    let (hash, upto): (Option<String>, i64) = sqlx::query_as(
+        "SELECT (SELECT hash FROM audit_log WHERE id = ?1),
+                (SELECT COUNT(*) FROM audit_log WHERE id <= ?1)",
+    )
+    .bind(last_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(hash.as_deref() == Some(last_hash) && upto == rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{writer, Db};
+
+    fn entry(action: &str) -> AuditEntry<'_> {
+        AuditEntry {
+            actor: "test",
+            address: "",
+            action,
+            target: "t",
+            before: None,
+            after: Some("{}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn rows_signed_through_sqlx_and_the_raw_writer_make_one_chain() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("a.db"), false).await.unwrap();
+        let now = chrono::Utc::now();
+        record(&db.write, &entry("one"), now).await.unwrap();
+        writer::once(&db.write, |tx| append_tx(tx, &entry("two"), now))
+            .await
+            .unwrap();
+        record(&db.write, &entry("three"), now).await.unwrap();
+        let st = verify(&db.read, &db.audit).await.unwrap();
+        assert_eq!((st.rows, st.broken), (3, None));
+        // Another key (another database's) does not verify these rows.
+        let other = Db::open(&dir.path().join("b.db"), false).await.unwrap();
+        let st = verify(&db.read, &other.audit).await.unwrap();
+        assert_eq!(st.broken.map(|b| b.id), Some(1));
+    }
 }

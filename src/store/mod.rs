@@ -4,6 +4,7 @@
 
 pub mod admins;
 pub mod audit;
+mod audit_mac;
 pub mod cache;
 pub mod directory;
 pub mod ledger;
@@ -21,8 +22,10 @@ pub mod writer;
 #[cfg(test)]
 mod writer_test;
 
-use std::path::Path;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::sqlite::{
@@ -49,6 +52,8 @@ pub enum StoreError {
     Batch(String),
     #[error("the store writer is gone")]
     WriterGone,
+    #[error(transparent)]
+    Secret(#[from] crate::secrets::SecretError),
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
@@ -58,6 +63,8 @@ pub struct Db {
     /// Exactly one connection: every write transaction in this process goes through it.
     pub write: SqlitePool,
     pub read: SqlitePool,
+    /// The audit chain's keys (its write connections hold them too: `audit_mac`).
+    pub audit: Arc<audit::AuditKeys>,
 }
 
 /// How long a writer waits for another process's lock before giving up.
@@ -69,6 +76,11 @@ impl Db {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;
         }
+        private_files(path)?;
+        let keys = Arc::new(audit::AuditKeys::derive(
+            &crate::secrets::MasterKey::for_database(path)?,
+        ));
+        let signer = keys.clone();
         let opts = SqliteConnectOptions::from_str("sqlite://")?
             .filename(path)
             .create_if_missing(true)
@@ -94,6 +106,15 @@ impl Db {
             .acquire_timeout(Duration::from_secs(30))
             .idle_timeout(None)
             .max_lifetime(None)
+            .after_connect(move |conn, _meta| {
+                let keys = signer.clone();
+                Box::pin(async move {
+                    let mut handle = conn.lock_handle().await?;
+                    audit_mac::register(&mut handle, keys)
+                        .map_err(|e| sqlx::Error::Configuration(e.into()))?;
+                    Ok(())
+                })
+            })
             .connect_with(opts.clone())
             .await?;
         sqlx::migrate!("./migrations").run(&write).await?;
@@ -105,7 +126,11 @@ impl Db {
             .max_lifetime(None)
             .connect_with(opts.read_only(true))
             .await?;
-        Ok(Db { write, read })
+        Ok(Db {
+            write,
+            read,
+            audit: keys,
+        })
     }
 
     /// `PRAGMA integrity_check`: "ok" or the first problem found.
@@ -119,6 +144,35 @@ impl Db {
         self.read.close().await;
         self.write.close().await;
     }
+}
+
+/// The database file and its `-wal` and `-shm` are for the gateway's user only (they hold
+/// token hashes, the ledger and the audit log). SQLite creates `-wal` and `-shm` with the
+/// mode of the database file, so a missing database is created 0600 before SQLite opens
+/// it; files an older version left readable by others are tightened, with a warning.
+fn private_files(path: &Path) -> Result<()> {
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e.into()),
+    }
+    for suffix in ["", "-wal", "-shm"] {
+        let p = PathBuf::from(format!("{}{suffix}", path.display()));
+        let Ok(meta) = std::fs::metadata(&p) else {
+            continue;
+        };
+        let mode = meta.permissions().mode();
+        if mode & 0o077 != 0 {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))?;
+            tracing::warn!(file = %p.display(), mode = format!("{:o}", mode & 0o777), "database file was readable by others; its mode is now 0600");
+        }
+    }
+    Ok(())
 }
 
 /// Whether every migration this binary carries has been applied to the database.

@@ -71,6 +71,8 @@ pub fn test_settings(dir: &std::path::Path, mock: &MockServer) -> Settings {
     s.server.listen = "127.0.0.1:0".into();
     s.server.workers = 2;
     s.database.url = format!("sqlite://{}", dir.join("sluice.db").display());
+    // The audit head lives in the backup folder: each test's own, never the repository's.
+    s.backup.dir = dir.join("backup").display().to_string();
     s.upstreams = vec![upstream("a", KEY_A, mock)];
     let mut mini = model("gpt-4o-mini", &["a"]);
     mini.aliases = vec!["mini".into()];

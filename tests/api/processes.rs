@@ -56,9 +56,12 @@ name = "gpt-4o-mini"
 routes = [{{ upstream = "a", model = "gpt-4o-mini" }}]
 input_usd_per_mtok = 0.15
 output_usd_per_mtok = 0.60
+[backup]
+dir = "{backup}"
 {extra}
 "#,
         db = dir.join("sluice.db").display(),
+        backup = dir.join("backup").display(),
         mock = mock.base_url()
     );
     std::fs::write(&path, text).unwrap();

@@ -216,8 +216,10 @@ async fn a_key_refused_by_the_upstream_is_quarantined_with_an_audit_row() {
             Some("authentication refused".into())
         )]
     );
-    let (_, count) = sluice::store::audit::verify(&app.db().read).await.unwrap();
-    assert!(count.is_none(), "the chain stays intact");
+    let chain = sluice::store::audit::verify(&app.db().read, &app.db().audit)
+        .await
+        .unwrap();
+    assert!(chain.broken.is_none(), "the chain stays intact");
 }
 
 #[tokio::test]

@@ -42,6 +42,9 @@ listen = "127.0.0.1:{gw_port}"
 [database]
 url = "sqlite://{db_path}"
 
+[backup]
+dir = "{backup_dir}"
+
 [ratelimit]
 window_seconds = 2
 
@@ -194,6 +197,7 @@ def sluice(tmp_path_factory) -> Sluice:
             gw_port=gw_port,
             mock_port=mock_port,
             db_path=db_path,  # absolute path -> sqlite:///abs/path
+            backup_dir=workdir / "backup",  # audit.head: never the repository's backup/
             upstream_key=UPSTREAM_KEY,
             anthropic_key=ANTHROPIC_UPSTREAM_KEY,
         )

@@ -30,6 +30,9 @@ workers = 2
 [database]
 url = "sqlite://$WORK/sluice.db"
 
+[backup]
+dir = "$WORK/backup"
+
 [[upstreams]]
 id = "mock-a"
 provider = "openai"

@@ -1,0 +1,295 @@
+//! The signed head of the audit chain: its row count, newest row and hash, and when, signed
+//! with the audit head subkey, kept outside the database — in `audit.head` in the backup
+//! folder and as a JSON log line (target `sluice::audit`) — after every audited action.
+//! The keyed chain shows an edited or rewritten row; only a head kept elsewhere shows that
+//! the newest rows were deleted (`verify`).
+//!
+//! Writing (`export`): one writer at a time, across processes too, under an advisory lock
+//! (`audit.head.lock`); the database is read inside the lock, so a slower writer can never
+//! put an older head over a newer one. The file is written to a temporary name (0600),
+//! synced, and renamed over the old one. The gateway exports from a task of its own, woken
+//! by every signed row (`AuditKeys::wait_appended`), so no admin request waits for the
+//! file or its fsync; the CLI exports once after its command.
+//!
+//! A head is replaced only by one that extends it: when `audit.head` is forged, unreadable
+//! or no longer a prefix of the database (rows removed), it is left as it is, the refusal
+//! is logged, and `sluice audit verify` keeps failing until someone looks. A missing file
+//! is started afresh (first start, an upgrade, a new backup folder), with a warning when
+//! the chain already had rows.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::clock::{db_time, Clock};
+use crate::store::audit::{self, AuditKeys, ChainState};
+use crate::store::{Db, StoreError};
+
+pub const FILE: &str = "audit.head";
+const LOCK: &str = "audit.head.lock";
+
+#[derive(Debug, thiserror::Error)]
+pub enum HeadError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("audit head in {0}: {1}")]
+    Io(PathBuf, std::io::Error),
+}
+
+impl From<sqlx::Error> for HeadError {
+    fn from(e: sqlx::Error) -> Self {
+        HeadError::Store(e.into())
+    }
+}
+
+/// The content of `audit.head` (one JSON object).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Head {
+    pub rows: i64,
+    pub last_id: i64,
+    pub last_hash: String,
+    pub at: String,
+    pub mac: String,
+}
+
+impl Head {
+    fn text(rows: i64, last_id: i64, last_hash: &str, at: &str) -> String {
+        format!("sluice audit head v1\n{rows}\n{last_id}\n{last_hash}\n{at}")
+    }
+
+    fn sign(keys: &AuditKeys, rows: i64, last_id: i64, last_hash: String, at: String) -> Head {
+        let mac = keys.head_mac(&Head::text(rows, last_id, &last_hash, &at));
+        Head {
+            rows,
+            last_id,
+            last_hash,
+            at,
+            mac,
+        }
+    }
+
+    fn signed_by(&self, keys: &AuditKeys) -> bool {
+        keys.head_mac_ok(
+            &Head::text(self.rows, self.last_id, &self.last_hash, &self.at),
+            &self.mac,
+        )
+    }
+
+    fn same_tip(&self, rows: i64, last_id: i64, last_hash: &str) -> bool {
+        self.rows == rows && self.last_id == last_id && self.last_hash == last_hash
+    }
+}
+
+/// What `audit.head` holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Found {
+    Missing,
+    Unreadable(String),
+    /// Well-formed, but its signature is not the gateway's.
+    Forged,
+    Valid(Head),
+}
+
+/// A head is ~300 bytes; a file far larger is not one (and is not read into memory).
+const MAX_LEN: u64 = 4096;
+
+pub fn read(dir: &Path, keys: &AuditKeys) -> Found {
+    let mut text = String::new();
+    let read = std::fs::File::open(dir.join(FILE))
+        .and_then(|f| f.take(MAX_LEN + 1).read_to_string(&mut text));
+    match read {
+        Ok(n) if n as u64 > MAX_LEN => {
+            return Found::Unreadable(format!("larger than {MAX_LEN} bytes"))
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Found::Missing,
+        Err(e) => return Found::Unreadable(e.to_string()),
+    }
+    match serde_json::from_str::<Head>(&text) {
+        Ok(h) if h.signed_by(keys) => Found::Valid(h),
+        Ok(_) => Found::Forged,
+        Err(e) => Found::Unreadable(e.to_string()),
+    }
+}
+
+/// What an export did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Exported {
+    Unchanged,
+    Written(Head),
+    /// The file was left as it is; the reason.
+    Refused(String),
+}
+
+/// Writes the head of the chain as the database holds it now into `dir/audit.head`, if it
+/// extends the head already there (see the module doc), and logs it.
+pub async fn export(db: &Db, dir: &Path, now: DateTime<Utc>) -> Result<Exported, HeadError> {
+    let io = |e| HeadError::Io(dir.to_path_buf(), e);
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let lock_path = dir.join(LOCK);
+    let _lock = tokio::task::spawn_blocking(move || {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&lock_path)?;
+        f.lock()?;
+        Ok::<_, std::io::Error>(f)
+    })
+    .await
+    .map_err(|e| io(std::io::Error::other(e)))?
+    .map_err(io)?;
+    let keys = &db.audit;
+    let found = read(dir, keys);
+    // The write connection, not a reader: a row's signing wakes the exporter before its
+    // transaction commits, and the connection is free only once it has.
+    let mut conn = db.write.acquire().await?;
+    let (rows, last_id, last_hash) = audit::tip(&mut conn).await?;
+    let refusal = match &found {
+        Found::Valid(h) if h.same_tip(rows, last_id, &last_hash) => return Ok(Exported::Unchanged),
+        Found::Valid(h) => (!audit::holds(&mut conn, h.rows, h.last_id, &h.last_hash).await?)
+            .then(|| format!("audit.head (row count {}, last row {}) is not a prefix of the database (row count {rows}, last row {last_id}): rows were removed or replaced", h.rows, h.last_id)),
+        Found::Missing => {
+            if rows > 0 {
+                tracing::warn!(target: "sluice::audit", dir = %dir.display(), rows, "audit.head was missing; a new one starts at the chain as it is now (earlier heads are in the log)");
+            }
+            None
+        }
+        Found::Forged => Some("audit.head is not signed with this gateway's key".to_string()),
+        Found::Unreadable(e) => Some(format!("audit.head is unreadable: {e}")),
+    };
+    drop(conn);
+    let head = Head::sign(keys, rows, last_id, last_hash, db_time(now));
+    log(&head, refusal.is_none());
+    if let Some(why) = refusal {
+        tracing::error!(target: "sluice::audit", dir = %dir.display(), reason = %why, "audit.head left as it is; run `sluice audit verify`");
+        return Ok(Exported::Refused(why));
+    }
+    write_atomically(dir, &head).map_err(io)?;
+    Ok(Exported::Written(head))
+}
+
+/// The head as a structured log line: no secret in it (the MAC is a signature).
+fn log(h: &Head, file_written: bool) {
+    tracing::info!(target: "sluice::audit", rows = h.rows, last_id = h.last_id, last_hash = %h.last_hash, at = %h.at, mac = %h.mac, file_written, "audit head");
+}
+
+fn write_atomically(dir: &Path, head: &Head) -> std::io::Result<()> {
+    let tmp = dir.join(format!(".{FILE}.{}.tmp", uuid::Uuid::new_v4().simple()));
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        let mut text = serde_json::to_string(head).map_err(std::io::Error::other)?;
+        text.push('\n');
+        f.write_all(text.as_bytes())?;
+        // Off the request path (the exporter's task or the CLI's end): a crash leaves
+        // the old head or the new one, never a torn file.
+        f.sync_all()?;
+        std::fs::rename(&tmp, dir.join(FILE))
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// After a restore the database is an older one than the head describes: the old head is
+/// kept beside it as `audit.head.before-restore-<time>` (evidence of what was rolled back)
+/// and the next export starts a new one.
+pub fn set_aside(dir: &Path, now: DateTime<Utc>) -> std::io::Result<Option<PathBuf>> {
+    let head = dir.join(FILE);
+    if !head.exists() {
+        return Ok(None);
+    }
+    let kept = dir.join(format!(
+        "{FILE}.before-restore-{}",
+        now.format("%Y%m%dT%H%M%S%.3fZ")
+    ));
+    std::fs::rename(&head, &kept)?;
+    Ok(Some(kept))
+}
+
+/// The gateway's exporter: once at start, then after every signed row.
+pub fn spawn(db: Db, dir: PathBuf, clock: Arc<dyn Clock>) {
+    tokio::spawn(async move {
+        loop {
+            if let Err(e) = export(&db, &dir, clock.now()).await {
+                tracing::error!(target: "sluice::audit", error = %e, "exporting the audit head failed");
+            }
+            db.audit.wait_appended().await;
+        }
+    });
+}
+
+/// What `sluice audit verify` and the admin page report.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub chain: ChainState,
+    pub head: Found,
+    /// The database's row count and newest hash (also past a broken row).
+    pub tip: (i64, i64, String),
+}
+
+impl Report {
+    /// Every problem found, each naming what broke; empty when all is well.
+    pub fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(b) = &self.chain.broken {
+            out.push(format!(
+                "audit log chain broken at row {}: {} ({} rows before it verified)",
+                b.id, b.why, self.chain.rows
+            ));
+        }
+        let (rows, last_id, last_hash) = (&self.tip.0, &self.tip.1, &self.tip.2);
+        match &self.head {
+            Found::Missing => out.push(format!(
+                "audit head missing: no {FILE} in the backup folder"
+            )),
+            Found::Unreadable(e) => out.push(format!("audit head unreadable: {e}")),
+            Found::Forged => {
+                out.push("audit head forged: its signature is not this gateway's".into())
+            }
+            Found::Valid(h) if h.same_tip(*rows, *last_id, last_hash) => {}
+            Found::Valid(h) => {
+                let what = if h.rows != *rows {
+                    format!(
+                        "count: the head says {} rows, the database has {rows}",
+                        h.rows
+                    )
+                } else {
+                    format!("hash: the head's last row is {} with hash {}, the database's is {last_id} with hash {last_hash}", h.last_id, h.last_hash)
+                };
+                let why = if *rows < h.rows {
+                    " (rows were deleted)"
+                } else if *rows > h.rows {
+                    " (rows were added after the head was written: a gateway may be writing it — run again — or the head is an old one)"
+                } else {
+                    ""
+                };
+                out.push(format!("audit head mismatch: {what}{why}"));
+            }
+        }
+        out
+    }
+}
+
+/// Checks rows, chain and head.
+pub async fn verify(db: &Db, dir: &Path) -> Result<Report, HeadError> {
+    let chain = audit::verify(&db.read, &db.audit).await?;
+    let mut conn = db.read.acquire().await?;
+    let tip = audit::tip(&mut conn).await?;
+    Ok(Report {
+        chain,
+        head: read(dir, &db.audit),
+        tip,
+    })
+}

@@ -1,0 +1,172 @@
+//! The gateway's master key: 32 random bytes from `SLUICE_SECRET_KEY` (64 hex characters),
+//! else from a key file beside the database (`<database file>.key`, mode 0600), created at
+//! the first start. Nothing uses the master key itself: each purpose derives its own subkey
+//! with HKDF-SHA256 under a label (`subkey`), so a key for one purpose (the audit chain,
+//! later the encryption of upstream keys) says nothing about another.
+//!
+//! The key is never logged, printed or stored in the database; its `Debug` shows nothing,
+//! and its bytes are wiped when dropped (`secrecy`).
+
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use hkdf::Hkdf;
+use rand::RngCore;
+use secrecy::{ExposeSecret, SecretBox};
+use sha2::Sha256;
+
+/// The environment variable that carries the master key (it wins over the key file).
+pub const ENV: &str = "SLUICE_SECRET_KEY";
+const LEN: usize = 32;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    #[error("{ENV} must be 64 hex characters (32 bytes), e.g. from `openssl rand -hex 32`")]
+    BadEnv,
+    #[error("the key file {0} does not hold 64 hex characters (32 bytes)")]
+    BadFile(PathBuf),
+    #[error("key file {0}: {1}")]
+    Io(PathBuf, std::io::Error),
+}
+
+/// 32 bytes, wiped on drop.
+pub struct MasterKey(SecretBox<[u8; LEN]>);
+
+/// A purpose-specific key derived from the master key.
+pub struct Subkey(SecretBox<[u8; LEN]>);
+
+impl std::fmt::Debug for MasterKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MasterKey(..)")
+    }
+}
+
+impl std::fmt::Debug for Subkey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Subkey(..)")
+    }
+}
+
+impl Subkey {
+    pub fn bytes(&self) -> &[u8] {
+        self.0.expose_secret()
+    }
+}
+
+/// Where the key file of the database at `db` lives: beside it, `<file name>.key`.
+pub fn key_file_for(db: &Path) -> PathBuf {
+    let mut name = db.file_name().unwrap_or_default().to_os_string();
+    name.push(".key");
+    db.with_file_name(name)
+}
+
+fn parse_hex(text: &str) -> Option<[u8; LEN]> {
+    let mut out = [0u8; LEN];
+    hex::decode_to_slice(text.trim(), &mut out).ok()?;
+    Some(out)
+}
+
+impl MasterKey {
+    /// The key from `SLUICE_SECRET_KEY` when set, else from the key file of the database at
+    /// `db` (created when missing).
+    pub fn for_database(db: &Path) -> Result<MasterKey, SecretError> {
+        match std::env::var(ENV) {
+            Ok(v) => MasterKey::from_hex(&v).ok_or(SecretError::BadEnv),
+            Err(_) => MasterKey::load_or_create(&key_file_for(db)),
+        }
+    }
+
+    pub fn from_hex(text: &str) -> Option<MasterKey> {
+        parse_hex(text).map(|k| MasterKey(SecretBox::new(Box::new(k))))
+    }
+
+    /// Reads the key file at `path`, or creates it (mode 0600) with a fresh random key. Two
+    /// processes starting at once agree on one key: the file is written under a temporary
+    /// name and published with a hard link, which fails if the other was first.
+    pub fn load_or_create(path: &Path) -> Result<MasterKey, SecretError> {
+        let io = |e| SecretError::Io(path.to_path_buf(), e);
+        if !path.exists() {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).map_err(io)?;
+            }
+            let mut key = [0u8; LEN];
+            rand::rngs::OsRng.fill_bytes(&mut key);
+            let tmp = path.with_extension(format!("key.{}.tmp", uuid::Uuid::new_v4().simple()));
+            let written = (|| {
+                let mut f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(&tmp)?;
+                writeln!(f, "{}", hex::encode(key))?;
+                f.sync_all()?;
+                match std::fs::hard_link(&tmp, path) {
+                    Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(e),
+                    _ => Ok(()),
+                }
+            })();
+            key.fill(0);
+            let _ = std::fs::remove_file(&tmp);
+            written.map_err(io)?;
+        }
+        let mode = std::fs::metadata(path).map_err(io)?.permissions().mode();
+        if mode & 0o077 != 0 {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
+            tracing::warn!(file = %path.display(), mode = format!("{:o}", mode & 0o777), "the master key file was readable by others; its mode is now 0600");
+        }
+        let text = std::fs::read_to_string(path).map_err(io)?;
+        MasterKey::from_hex(&text).ok_or_else(|| SecretError::BadFile(path.to_path_buf()))
+    }
+
+    /// The subkey for one purpose: HKDF-SHA256 (RFC 5869) of the master key, with `label`
+    /// as its info. Labels are fixed strings naming the purpose and its version.
+    pub fn subkey(&self, label: &str) -> Subkey {
+        let mut out = Box::new([0u8; LEN]);
+        Hkdf::<Sha256>::new(None, self.0.expose_secret())
+            .expand(label.as_bytes(), out.as_mut())
+            .expect("32 bytes is a valid HKDF-SHA256 output length");
+        Subkey(SecretBox::new(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_file_is_created_0600_and_read_back_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/sluice.db.key");
+        let a = MasterKey::load_or_create(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let b = MasterKey::load_or_create(&path).unwrap();
+        assert_eq!(a.subkey("x").bytes(), b.subkey("x").bytes());
+        assert_ne!(a.subkey("x").bytes(), a.subkey("y").bytes());
+        assert_ne!(a.subkey("x").bytes(), a.0.expose_secret());
+        assert_eq!(format!("{a:?}"), "MasterKey(..)");
+    }
+
+    #[test]
+    fn a_bad_key_is_refused() {
+        assert!(MasterKey::from_hex("abc").is_none());
+        assert!(MasterKey::from_hex(&"zz".repeat(32)).is_none());
+        assert!(MasterKey::from_hex(&"ab".repeat(32)).is_some());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k");
+        std::fs::write(&path, "short").unwrap();
+        assert!(matches!(
+            MasterKey::load_or_create(&path),
+            Err(SecretError::BadFile(_))
+        ));
+    }
+
+    #[test]
+    fn the_key_file_sits_beside_the_database() {
+        assert_eq!(
+            key_file_for(Path::new("data/sluice.db")),
+            PathBuf::from("data/sluice.db.key")
+        );
+    }
+}

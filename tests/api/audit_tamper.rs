@@ -1,0 +1,543 @@
+//! Someone with the database file but not the gateway's key (S11): edits a row, deletes
+//! the newest rows, rewrites the whole chain, forges or removes the signed head.
+//! `sluice audit verify` (the real binary) and the admin page detect each and say what.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
+use sqlx::{Connection, Row};
+
+use crate::admin_helpers::*;
+use crate::helpers::*;
+
+struct Rig {
+    app: TestApp,
+    admin: Session,
+    config: PathBuf,
+}
+
+impl Rig {
+    fn db_path(&self) -> PathBuf {
+        self.app.settings.database_path()
+    }
+
+    fn head_path(&self) -> PathBuf {
+        Path::new(&self.app.settings.backup.dir).join("audit.head")
+    }
+
+    /// `sluice audit verify` as an operator runs it.
+    fn verify(&self) -> Output {
+        std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["--config", self.config.to_str().unwrap(), "audit", "verify"])
+            .env_remove("SLUICE_SECRET_KEY")
+            .output()
+            .unwrap()
+    }
+
+    /// A plain SQLite connection: what someone holding only the file has.
+    async fn attacker(&self) -> SqliteConnection {
+        SqliteConnection::connect_with(&SqliteConnectOptions::new().filename(self.db_path()))
+            .await
+            .unwrap()
+    }
+
+    async fn rows(&self) -> i64 {
+        self.app.scalar("SELECT COUNT(*) FROM audit_log").await
+    }
+
+    /// Waits (bounded) until the signed head covers every row in the database.
+    async fn head_caught_up(&self) -> Value {
+        let mut last = Value::Null;
+        for _ in 0..200 {
+            let rows = self.rows().await;
+            if let Ok(text) = std::fs::read_to_string(self.head_path()) {
+                last = serde_json::from_str(&text).unwrap_or(Value::Null);
+                if last["rows"] == json!(rows) {
+                    return last;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("the audit head never caught up with the database: {last}");
+    }
+}
+
+/// A gateway with an admin who created teams and users: a dozen audit rows.
+async fn rig() -> Rig {
+    let app = spawn_app().await;
+    make_login(&app, "root", "admin", None).await;
+    let admin = login(&app, "root").await;
+    for name in ["red", "blue", "green"] {
+        let (s, team) = admin
+            .post("/admin/api/v1/teams", &json!({"name": name}))
+            .await;
+        assert_eq!(s, 201, "{team}");
+        let (s, user) = admin
+            .post(
+                "/admin/api/v1/users",
+                &json!({"username": format!("{name}-dev"), "team_id": team["id"]}),
+            )
+            .await;
+        assert_eq!(s, 201, "{user}");
+    }
+    let config = app.dir.path().join("verify.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[database]\nurl = \"sqlite://{}\"\n[backup]\ndir = \"{}\"\n",
+            app.settings.database_path().display(),
+            app.settings.backup.dir
+        ),
+    )
+    .unwrap();
+    let rig = Rig { app, admin, config };
+    rig.head_caught_up().await;
+    rig
+}
+
+pub(crate) fn ok(out: &Output) -> bool {
+    out.status.success()
+}
+
+pub(crate) fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// HMAC-SHA256 (RFC 2104), written out so the attacker's tools need nothing of Sluice.
+fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
+    let mut k = [0u8; 64];
+    k[..key.len()].copy_from_slice(key);
+    let pad = |b: u8| k.iter().map(|x| x ^ b).collect::<Vec<u8>>();
+    let inner = Sha256::new()
+        .chain_update(pad(0x36))
+        .chain_update(msg)
+        .finalize();
+    Sha256::new()
+        .chain_update(pad(0x5c))
+        .chain_update(inner)
+        .finalize()
+        .into()
+}
+
+/// The row's fields as the chain covers them, length-prefixed (NULL as its own marker).
+fn encode(prev: &str, r: &sqlx::sqlite::SqliteRow) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut field = |f: Option<String>| match f {
+        Some(s) => {
+            out.extend((s.len() as u64).to_be_bytes());
+            out.extend(s.as_bytes());
+        }
+        None => out.extend(u64::MAX.to_be_bytes()),
+    };
+    field(Some(prev.to_string()));
+    for c in [
+        "actor",
+        "address",
+        "action",
+        "target",
+        "before",
+        "after",
+        "created_at",
+    ] {
+        field(r.get::<Option<String>, _>(c));
+    }
+    out
+}
+
+/// The pre-key chain: plain SHA-256 over the same fields (NULL as "\0").
+pub(crate) fn sha256_fields(prev: &str, fields: &[Option<&str>]) -> String {
+    let mut h = Sha256::new();
+    for s in std::iter::once(prev).chain(fields.iter().map(|f| f.unwrap_or("\u{0}"))) {
+        h.update((s.len() as u64).to_be_bytes());
+        h.update(s.as_bytes());
+    }
+    hex::encode(h.finalize())
+}
+
+fn sha256_row(prev: &str, r: &sqlx::sqlite::SqliteRow) -> String {
+    let cols = [
+        "actor",
+        "address",
+        "action",
+        "target",
+        "before",
+        "after",
+        "created_at",
+    ]
+    .map(|c| r.get::<Option<String>, _>(c));
+    sha256_fields(prev, &cols.each_ref().map(|c| c.as_deref()))
+}
+
+pub(crate) enum Rewrite {
+    Sha256,
+    WrongKey([u8; 32]),
+}
+
+/// Edits row `from`'s `after`, then recomputes every hash from it on: the chain links up
+/// again, every hash is "right" — by the attacker's reckoning.
+pub(crate) async fn rewrite_chain(c: &mut SqliteConnection, from: i64, how: &Rewrite) {
+    sqlx::query("DROP TRIGGER IF EXISTS audit_no_update")
+        .execute(&mut *c)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE audit_log SET after = '{\"username\":\"mallory\"}' WHERE id = ?")
+        .bind(from)
+        .execute(&mut *c)
+        .await
+        .unwrap();
+    let rows = sqlx::query("SELECT * FROM audit_log ORDER BY id")
+        .fetch_all(&mut *c)
+        .await
+        .unwrap();
+    let mut prev = "0".repeat(64);
+    for r in &rows {
+        let id: i64 = r.get("id");
+        if id >= from {
+            let hash = match how {
+                Rewrite::Sha256 => sha256_row(&prev, r),
+                Rewrite::WrongKey(k) => hex::encode(hmac_sha256(k, &encode(&prev, r))),
+            };
+            sqlx::query("UPDATE audit_log SET prev_hash = ?, hash = ? WHERE id = ?")
+                .bind(&prev)
+                .bind(&hash)
+                .bind(id)
+                .execute(&mut *c)
+                .await
+                .unwrap();
+            prev = hash;
+        } else {
+            prev = r.get("hash");
+        }
+    }
+}
+
+/// Drops the delete trigger, deletes the newest `n` rows, and puts the trigger back.
+async fn truncate(c: &mut SqliteConnection, n: i64) {
+    sqlx::query("DROP TRIGGER audit_no_delete")
+        .execute(&mut *c)
+        .await
+        .unwrap();
+    sqlx::query(
+        "DELETE FROM audit_log WHERE id IN (SELECT id FROM audit_log ORDER BY id DESC LIMIT ?)",
+    )
+    .bind(n)
+    .execute(&mut *c)
+    .await
+    .unwrap();
+    sqlx::query("CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit_log BEGIN SELECT RAISE(ABORT, 'audit_log is append-only'); END")
+        .execute(&mut *c)
+        .await
+        .unwrap();
+}
+
+async fn a_middle_row(rig: &Rig) -> i64 {
+    rig.app
+        .scalar("SELECT id FROM audit_log WHERE action = 'user.create' ORDER BY id LIMIT 1")
+        .await
+}
+
+#[tokio::test]
+async fn an_intact_log_verifies_and_its_head_matches() {
+    let rig = rig().await;
+    let out = rig.verify();
+    assert!(ok(&out), "{}", stderr(&out));
+    let rows = rig.rows().await;
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&format!("{rows} rows verified")),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[tokio::test]
+async fn a_row_edited_in_place_is_named() {
+    let rig = rig().await;
+    let target = a_middle_row(&rig).await;
+    let mut c = rig.attacker().await;
+    sqlx::query("DROP TRIGGER audit_no_update")
+        .execute(&mut c)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE audit_log SET actor = 'nobody' WHERE id = ?")
+        .bind(target)
+        .execute(&mut c)
+        .await
+        .unwrap();
+    let out = rig.verify();
+    assert!(!ok(&out));
+    assert!(
+        stderr(&out).contains(&format!("broken at row {target}")),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[tokio::test]
+async fn a_chain_rewritten_with_plain_sha256_is_named_at_the_edited_row() {
+    let rig = rig().await;
+    let target = a_middle_row(&rig).await;
+    rewrite_chain(&mut rig.attacker().await, target, &Rewrite::Sha256).await;
+    let out = rig.verify();
+    assert!(!ok(&out), "a SHA-256 rewrite passed verification");
+    assert!(
+        stderr(&out).contains(&format!("broken at row {target}")),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[tokio::test]
+async fn a_chain_rewritten_under_another_key_is_named_at_the_edited_row() {
+    let rig = rig().await;
+    let target = a_middle_row(&rig).await;
+    rewrite_chain(
+        &mut rig.attacker().await,
+        target,
+        &Rewrite::WrongKey([7; 32]),
+    )
+    .await;
+    let out = rig.verify();
+    assert!(
+        !ok(&out),
+        "a rewrite under a guessed key passed verification"
+    );
+    assert!(
+        stderr(&out).contains(&format!("broken at row {target}")),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[tokio::test]
+async fn deleting_the_newest_rows_is_caught_by_the_head() {
+    let rig = rig().await;
+    let before = rig.rows().await;
+    truncate(&mut rig.attacker().await, 2).await;
+    let out = rig.verify();
+    assert!(!ok(&out), "a truncated log passed verification");
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "audit head mismatch: count: the head says {before} rows, the database has {}",
+            before - 2
+        )),
+        "{err}"
+    );
+    // The admin page's check says the same.
+    let page = rig.admin.get("/admin/audit/verify").await;
+    assert_eq!(page.status(), 200);
+    let page = page.text().await.unwrap();
+    assert!(page.contains("audit head mismatch: count"), "{page}");
+}
+
+#[tokio::test]
+async fn after_a_truncation_the_next_action_does_not_paper_over_it() {
+    let rig = rig().await;
+    let before = rig.rows().await;
+    truncate(&mut rig.attacker().await, 2).await;
+    // The gateway goes on: a new action appends (linking to the truncated tail) and wakes
+    // the exporter, which must not replace the head with one of the truncated chain.
+    let (s, _) = rig
+        .admin
+        .post("/admin/api/v1/teams", &json!({"name": "after"}))
+        .await;
+    assert_eq!(s, 201);
+    let exported = sluice::ops::audit_head::export(
+        rig.app.db(),
+        Path::new(&rig.app.settings.backup.dir),
+        chrono::Utc::now(),
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(exported, sluice::ops::audit_head::Exported::Refused(_)),
+        "{exported:?}"
+    );
+    let head: Value =
+        serde_json::from_str(&std::fs::read_to_string(rig.head_path()).unwrap()).unwrap();
+    assert_eq!(
+        head["rows"],
+        json!(before),
+        "the head still says what it said"
+    );
+    let out = rig.verify();
+    assert!(!ok(&out));
+    assert!(
+        stderr(&out).contains("audit head mismatch"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[tokio::test]
+async fn a_forged_head_is_caught() {
+    let rig = rig().await;
+    truncate(&mut rig.attacker().await, 2).await;
+    // A head that matches the truncated database, signed with a key the attacker made up.
+    let (rows, last_id, last_hash): (i64, i64, String) = {
+        let mut c = rig.attacker().await;
+        let r = sqlx::query("SELECT (SELECT COUNT(*) FROM audit_log) AS n, id, hash FROM audit_log ORDER BY id DESC LIMIT 1")
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+        (r.get("n"), r.get("id"), r.get("hash"))
+    };
+    let at = "2026-12-01T00:00:00.000Z";
+    let text = format!("sluice audit head v1\n{rows}\n{last_id}\n{last_hash}\n{at}");
+    let mac = hex::encode(hmac_sha256(&[9; 32], text.as_bytes()));
+    let forged =
+        json!({"rows": rows, "last_id": last_id, "last_hash": last_hash, "at": at, "mac": mac});
+    std::fs::write(rig.head_path(), forged.to_string()).unwrap();
+    let out = rig.verify();
+    assert!(!ok(&out), "a forged head passed verification");
+    assert!(
+        stderr(&out).contains("audit head forged"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[tokio::test]
+async fn a_missing_head_is_reported() {
+    let rig = rig().await;
+    std::fs::remove_file(rig.head_path()).unwrap();
+    let out = rig.verify();
+    assert!(!ok(&out), "verification passed without a head");
+    assert!(
+        stderr(&out).contains("audit head missing"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[tokio::test]
+async fn heads_of_concurrent_actions_end_at_the_newest() {
+    let rig = rig().await;
+    // Admin actions in the gateway and CLI commands in processes of their own, all at
+    // once: each writes a head; none may leave an older one over a newer one.
+    let api = (0..8).map(|i| {
+        let admin = &rig.admin;
+        async move {
+            let (s, _) = admin
+                .post("/admin/api/v1/teams", &json!({"name": format!("api-{i}")}))
+                .await;
+            assert_eq!(s, 201);
+        }
+    });
+    let cli = (0..4).map(|i| {
+        let config = rig.config.clone();
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args([
+                "--config",
+                config.to_str().unwrap(),
+                "team",
+                "create",
+                "--name",
+            ])
+            .arg(format!("cli-{i}"))
+            .output()
+    });
+    let (_, outs) = tokio::join!(
+        futures_util::future::join_all(api),
+        futures_util::future::join_all(cli)
+    );
+    for o in outs {
+        let o = o.unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let head = rig.head_caught_up().await;
+    assert_eq!(head["rows"], json!(rig.rows().await));
+    let out = rig.verify();
+    assert!(ok(&out), "{}", stderr(&out));
+}
+
+/// The head's JSON log lines of a gateway's log file (target `sluice::audit`).
+fn logged_heads(log: &Path) -> Vec<Value> {
+    std::fs::read_to_string(log)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["target"] == "sluice::audit" && v["fields"]["message"] == "audit head")
+        .map(|v| v["fields"].clone())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_gateway_process_logs_each_new_head_and_no_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = sluice::mock::MockServer::start("127.0.0.1:0", Default::default()).unwrap();
+    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
+        .await
+        .unwrap();
+    let issued = sluice::cli::token_issue(&db, &issue_args("eve"), chrono::Utc::now())
+        .await
+        .unwrap();
+    db.close().await;
+    let gw = crate::processes::start_gateway_full(dir.path(), &mock, &[], "").await;
+    let port = gw.url.rsplit(':').next().unwrap().to_string();
+    let log = dir.path().join(format!("gateway-{port}.log"));
+    let head_path = dir.path().join("backup/audit.head");
+    // The upstream refuses the key: the gateway disables it — an audited action of its own.
+    mock.state.sticky(
+        KEY_A,
+        Some(sluice::mock::Script {
+            status: Some(401),
+            ..Default::default()
+        }),
+    );
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .bearer_auth(&issued.text)
+        .json(&chat_body(10))
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let body: Value = resp.json().await.unwrap();
+    assert!(status == 502 || status == 503, "{status} {body}");
+    assert!(body["error"]["message"].is_string(), "{body}");
+    let mut head = Value::Null;
+    for _ in 0..200 {
+        head = std::fs::read_to_string(&head_path)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(Value::Null);
+        if head["rows"] == json!(2) && logged_heads(&log).iter().any(|h| h["rows"] == json!(2)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(head["rows"], json!(2), "{head}");
+    let logged = logged_heads(&log);
+    let last = logged.last().unwrap();
+    for f in ["rows", "last_id", "last_hash", "at", "mac"] {
+        assert_eq!(last[f], head[f], "{f}: the log and the file agree");
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let master = std::fs::read_to_string(dir.path().join("sluice.db.key")).unwrap();
+    for secret in [master.trim(), KEY_A, issued.text.as_str()] {
+        assert!(!text.contains(secret), "a secret in the log");
+    }
+}
+
+#[tokio::test]
+async fn a_huge_head_file_is_reported_without_being_read() {
+    let rig = rig().await;
+    // 1 GiB, sparse: reading it whole would take 1 GiB of memory in the gateway's exporter
+    // and on the admin page.
+    std::fs::File::create(rig.head_path())
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    let out = rig.verify();
+    assert!(!ok(&out));
+    assert!(
+        stderr(&out).contains("audit head unreadable: larger than 4096 bytes"),
+        "{}",
+        stderr(&out)
+    );
+}
