@@ -71,11 +71,7 @@ pub async fn create_key(
     k: NewKey,
 ) -> Result<(i64, String), AdminError> {
     actor.require_write()?;
-    if matches!(actor.via, Via::ApiKey) {
-        return Err(AdminError::Forbidden(
-            "An API key cannot create API keys; create them on the Account page in a signed-in browser session.".into(),
-        ));
-    }
+    actor.require_session("create API keys (the Account page does)")?;
     let name = k.name.unwrap_or_default();
     if name.chars().count() > 100 {
         return Err(AdminError::invalid("name: at most 100 characters"));

@@ -91,6 +91,18 @@ impl Actor {
         self.role != Role::Finance
     }
 
+    /// Credentials and privileges (API keys, logins, passwords, roles) change only in a
+    /// signed-in browser session: a leaked API key must not be able to make itself
+    /// permanent, directly or through a login it creates or arms.
+    pub fn require_session(&self, what: &str) -> Result<(), AdminError> {
+        match self.via {
+            Via::Session { .. } => Ok(()),
+            Via::ApiKey => Err(AdminError::Forbidden(format!(
+                "An API key cannot {what}; do it in a signed-in browser session."
+            ))),
+        }
+    }
+
     pub fn require_write(&self) -> Result<(), AdminError> {
         if self.can_write() {
             Ok(())

@@ -123,6 +123,9 @@ pub async fn create(state: &AppState, actor: &Actor, u: NewUser) -> Result<Creat
                 .ok_or_else(|| AdminError::invalid("role: member, lead, finance or admin"))?,
         ),
     };
+    if login_role.is_some() {
+        actor.require_session("create logins")?;
+    }
     if login_role.is_some() && actor.role != Role::Admin {
         return Err(AdminError::Forbidden(
             "Only an admin can create logins or give roles.".into(),
@@ -298,6 +301,9 @@ pub async fn update_login(
         ));
     }
     actor.require_write()?;
+    if p.role.is_some() || p.team_id.is_some() || p.password.is_some() {
+        actor.require_session("set a login's password, role or team")?;
+    }
     let new_hash = match &p.password {
         Some(pw) if actor.is_admin() => Some(state.passwords.hash(pw.clone()).await?),
         _ => None,

@@ -203,3 +203,89 @@ async fn an_api_key_cannot_mint_api_keys() {
         1
     );
 }
+
+/// The two-step way round the rule above: a leaked key that could create a login, or set
+/// a login's password or role, could sign in with it in a browser and mint keys there. So
+/// credentials and privileges change only in a signed-in session; a key may still create
+/// members (no login), edit them and disable a login (a kill switch).
+#[tokio::test]
+async fn an_api_key_cannot_make_or_arm_a_login() {
+    let app = spawn_app().await;
+    make_login(&app, "root", "admin", None).await;
+    let ops_id = make_login(&app, "ops", "finance", None).await;
+    let s = login(&app, "root").await;
+    let key = key_of(&s, "ci").await;
+    let team = s
+        .post("/admin/api/v1/teams", &json!({"name": "core"}))
+        .await
+        .1["id"]
+        .as_i64()
+        .unwrap();
+    let with_key = |method: reqwest::Method, path: String, body: serde_json::Value| {
+        client()
+            .request(method, format!("{}{path}", app.address))
+            .bearer_auth(&key)
+            .json(&body)
+            .send()
+    };
+    let refused = [
+        (
+            reqwest::Method::POST,
+            "/admin/api/v1/users".to_string(),
+            json!({"username": "mallory", "role": "admin", "password": NEW_PASSWORD}),
+        ),
+        (
+            reqwest::Method::PATCH,
+            format!("/admin/api/v1/logins/{ops_id}"),
+            json!({"password": NEW_PASSWORD}),
+        ),
+        (
+            reqwest::Method::PATCH,
+            format!("/admin/api/v1/logins/{ops_id}"),
+            json!({"role": "admin"}),
+        ),
+        (
+            reqwest::Method::PATCH,
+            format!("/admin/api/v1/logins/{ops_id}"),
+            json!({"team_id": team}),
+        ),
+    ];
+    for (method, path, body) in refused {
+        let r = with_key(method, path.clone(), body.clone()).await.unwrap();
+        assert_eq!(r.status(), 403, "{path} {body}");
+        let v: serde_json::Value = r.json().await.unwrap();
+        let msg = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            msg.contains("API key") && msg.contains("signed-in"),
+            "the reason is named: {v}"
+        );
+    }
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM admins WHERE username = 'mallory'")
+            .await,
+        0
+    );
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM audit_log WHERE action = 'admin.update'")
+            .await,
+        0,
+        "nothing changed"
+    );
+    // What stays open to automation: members, and disabling a login.
+    let r = with_key(
+        reqwest::Method::POST,
+        "/admin/api/v1/users".into(),
+        json!({"username": "bob", "team_id": team}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 201);
+    let r = with_key(
+        reqwest::Method::PATCH,
+        format!("/admin/api/v1/logins/{ops_id}"),
+        json!({"disabled": true}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 200);
+}
