@@ -497,7 +497,7 @@ fn final_error(state: &AppState, p: &Prepared, run: &mut Run) -> ApiError {
     match (run.attempts, run.untranslatable.take()) {
         (0, Some(e)) => ApiError::InvalidRequest {
             message: e.message,
-            param: Some(e.param),
+            param: e.param,
         },
         (0, None) if run.busy => ApiError::UpstreamBusy { retry_after: 1 },
         (0, None) => {

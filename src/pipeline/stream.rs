@@ -173,8 +173,11 @@ impl Pump {
                 }
             }
         }
-        if let (Some(msg), false) = (failure, client_gone) {
-            let _ = tx.send(self.converter.error_frame(msg)).await;
+        if let (Some(frame), false) = (
+            failure.and_then(|m| self.converter.error_frame(m)),
+            client_gone,
+        ) {
+            let _ = tx.send(frame).await;
         }
         drop(events);
         drop(tx);

@@ -29,7 +29,9 @@ pub fn usage_of(u: &Value) -> Option<Usage> {
     let n = |k: &str| u.get(k).and_then(Value::as_i64).unwrap_or(0);
     let cached = n("cache_read_input_tokens");
     Some(Usage {
-        input: n("input_tokens") + cached + n("cache_creation_input_tokens"),
+        input: n("input_tokens")
+            .saturating_add(cached)
+            .saturating_add(n("cache_creation_input_tokens")),
         cached_input: cached,
         output: n("output_tokens"),
     })

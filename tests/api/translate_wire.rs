@@ -1,0 +1,170 @@
+//! Golden wire tests of the translation, end to end: a client request goes through the real
+//! gateway to `sluice mock`, scripted to answer as the upstream would, and what the client
+//! receives (and what the upstream was sent) is compared with a reviewed golden file.
+//!
+//! `tests/fixtures/<upstream format>/wire/<case>.json` holds `client` (its format),
+//! `request` (the client's body; `model` is filled in), `upstream` (the mock's script: a
+//! `body`, or the stream's `events`) and optionally `headers` (sent by the client).
+//! `<case>.expected.json` holds `status`, `upstream_request` (the body the upstream
+//! received, `null` when nothing was sent), `upstream_headers` (the forwarded client
+//! headers it saw) and `response` (a JSON body, or a stream as `[event, data]` pairs).
+//! Regenerate with SLUICE_BLESS=1, then review the diff.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+use sluice::config::Provider;
+use sluice::mock::Script;
+
+use crate::helpers::*;
+
+/// Client headers an upstream may see (everything else of the client's stays behind).
+const FORWARDED: &[&str] = &["anthropic-beta"];
+
+fn cases(dir: &str) -> Vec<(PathBuf, Value)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(dir);
+    let mut out: Vec<(PathBuf, Value)> = std::fs::read_dir(&root)
+        .unwrap_or_else(|_| panic!("{} exists", root.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.extension().is_some_and(|e| e == "json")
+                && !p.to_string_lossy().ends_with(".expected.json")
+        })
+        .map(|p| {
+            let v = serde_json::from_str(&std::fs::read_to_string(&p).unwrap())
+                .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            (p, v)
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    assert!(!out.is_empty(), "no fixtures in {dir}");
+    out
+}
+
+/// `created` is stamped at translation time; everything else must match exactly.
+fn normalise(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            m.remove("created");
+            m.values_mut().for_each(normalise);
+        }
+        Value::Array(a) => a.iter_mut().for_each(normalise),
+        _ => {}
+    }
+}
+
+fn sse_events(text: &str) -> Value {
+    let mut out = Vec::new();
+    for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
+        let mut event = Value::Null;
+        let mut data = Value::Null;
+        for line in block.lines() {
+            if let Some(e) = line.strip_prefix("event: ") {
+                event = json!(e);
+            } else if let Some(d) = line.strip_prefix("data: ") {
+                data = serde_json::from_str(d).unwrap_or_else(|_| json!(d));
+            }
+        }
+        out.push(json!([event, data]));
+    }
+    Value::Array(out)
+}
+
+/// Two upstreams on one mock: `a` (OpenAI format, model `gpt-4o-mini`) and `claude`
+/// (Anthropic format, model `claude`).
+async fn app() -> TestApp {
+    spawn_app_with(|s, mock| {
+        let mut claude = upstream("claude", KEY_B, mock);
+        claude.provider = Provider::Anthropic;
+        claude.base_url = mock.base_url();
+        s.upstreams.push(claude);
+        s.models.push(model("claude", &["claude"]));
+    })
+    .await
+}
+
+async fn run_case(app: &TestApp, token: &str, upstream: &str, v: &Value) -> Value {
+    let (model, key) = match upstream {
+        "openai" => ("gpt-4o-mini", KEY_A),
+        _ => ("claude", KEY_B),
+    };
+    let script: Script = serde_json::from_value(v["upstream"].clone()).expect("a mock script");
+    app.mock.state.reset();
+    app.mock.state.script(key, [script]);
+    let mut body = v["request"].clone();
+    body["model"] = json!(model);
+    let path = if v["client"] == "openai" {
+        "/v1/chat/completions"
+    } else {
+        "/v1/messages"
+    };
+    let mut req = app
+        .http
+        .post(format!("{}{path}", app.address))
+        .bearer_auth(token)
+        .header("anthropic-version", "2023-06-01")
+        .json(&body);
+    for (k, val) in v["headers"].as_object().into_iter().flatten() {
+        req = req.header(k.as_str(), val.as_str().unwrap());
+    }
+    let resp = req.send().await.expect("request sent");
+    let status = resp.status().as_u16();
+    let streamed = resp
+        .headers()
+        .get("content-type")
+        .is_some_and(|c| c.to_str().unwrap_or("").starts_with("text/event-stream"));
+    let text = resp.text().await.expect("a whole body");
+    let response = if streamed {
+        sse_events(&text)
+    } else {
+        serde_json::from_str(&text).unwrap_or_else(|_| json!(text))
+    };
+    let stats = app.mock.state.stats(key);
+    let headers = stats.last_headers.back().map(|h| {
+        FORWARDED
+            .iter()
+            .filter_map(|k| h.get(*k).map(|v| (k.to_string(), v.clone())))
+            .collect::<serde_json::Map<_, _>>()
+    });
+    let mut got = json!({
+        "status": status,
+        "upstream_request": stats.last_bodies.back().cloned().unwrap_or(Value::Null),
+        "upstream_headers": headers,
+        "response": response,
+    });
+    normalise(&mut got);
+    got
+}
+
+#[tokio::test]
+async fn translated_requests_answers_and_streams_match_their_golden_files() {
+    let app = app().await;
+    let (_, token) = app.token("gold", None).await;
+    let mut failed = Vec::new();
+    for upstream in ["openai", "anthropic"] {
+        for (case, v) in cases(&format!("{upstream}/wire")) {
+            let got = run_case(&app, &token, upstream, &v).await;
+            let golden = case.with_extension("expected.json");
+            if std::env::var("SLUICE_BLESS").is_ok() {
+                std::fs::write(&golden, serde_json::to_string_pretty(&got).unwrap() + "\n")
+                    .unwrap();
+            }
+            let want: Value = serde_json::from_str(
+                &std::fs::read_to_string(&golden)
+                    .unwrap_or_else(|_| panic!("{} missing", golden.display())),
+            )
+            .unwrap();
+            if got != want {
+                failed.push(format!(
+                    "{}\n got: {}\nwant: {}",
+                    case.display(),
+                    serde_json::to_string(&got).unwrap(),
+                    serde_json::to_string(&want).unwrap()
+                ));
+            }
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n\n"));
+}
