@@ -197,6 +197,7 @@ async fn run(
     // 2. Validate.
     let raw = read_body(payload, req, state.settings.server.max_body_bytes).await?;
     let mut prepared = request::prepare(endpoint, &raw, &auth, &state.catalog)?;
+    prepared.anthropic_beta = providers::anthropic::beta_header(req.headers());
     if ladder.has(Ladder::All) {
         soft_limit(state, &auth, &mut prepared);
     }

@@ -1,6 +1,7 @@
 //! The Anthropic Messages wire format: shaping a request that stays in this format, and
 //! reading usage from answers and stream events.
 
+use reqwest::header::HeaderValue;
 use serde_json::{Map, Value};
 
 use crate::quota::pricing::Usage;
@@ -18,6 +19,15 @@ pub fn shape_request(
         out.insert("max_tokens".into(), Value::from(cap));
     }
     out
+}
+
+/// The client's `anthropic-beta` header, to forward to Anthropic upstreams (whatever format
+/// the client speaks: an OpenAI SDK may set it to reach a beta model feature). It only
+/// unlocks features; every body field it unlocks is translated or refused on its own, so
+/// an OpenAI-format upstream is sent nothing for it.
+pub fn beta_header(headers: &actix_web::http::header::HeaderMap) -> Option<HeaderValue> {
+    let v = headers.get("anthropic-beta")?;
+    HeaderValue::from_bytes(v.as_bytes()).ok()
 }
 
 /// Usage from an Anthropic `usage` object. Anthropic counts cache reads and cache writes
