@@ -168,3 +168,69 @@ async fn translated_requests_answers_and_streams_match_their_golden_files() {
     }
     assert!(failed.is_empty(), "{}", failed.join("\n\n"));
 }
+
+/// A hostile upstream reporting absurd usage (i64::MAX tokens, negative figures) in either
+/// format, streamed or not, translated or not: the client still gets its answer, the
+/// books are settled, and the figures recorded are within what any answer can hold.
+#[tokio::test]
+async fn absurd_usage_figures_from_an_upstream_are_answered_and_settled() {
+    let app = app().await;
+    let (_, token) = app.token("absurd", Some("100")).await;
+    let huge = json!({"prompt_tokens": i64::MAX, "completion_tokens": i64::MAX, "total_tokens": -1,
+        "prompt_tokens_details": {"cached_tokens": i64::MIN}});
+    let openai_answer = json!({"id": "chatcmpl-x", "object": "chat.completion", "created": 1, "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}], "usage": huge});
+    let openai_events = vec![
+        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]}),
+        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [], "usage": huge}),
+        json!("[DONE]"),
+    ];
+    let big = json!({"input_tokens": i64::MAX, "output_tokens": i64::MAX,
+        "cache_read_input_tokens": i64::MAX, "cache_creation_input_tokens": i64::MAX});
+    let anthropic_answer = json!({"id": "msg_x", "type": "message", "role": "assistant", "model": "m",
+        "content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn", "stop_sequence": null, "usage": big});
+    let anthropic_events = vec![
+        json!(["message_start", {"type": "message_start", "message": {"id": "msg_x", "type": "message", "role": "assistant",
+            "model": "m", "content": [], "stop_reason": null, "stop_sequence": null, "usage": big}}]),
+        json!(["content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}]),
+        json!(["content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi"}}]),
+        json!(["content_block_stop", {"type": "content_block_stop", "index": 0}]),
+        json!(["message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": big}]),
+        json!(["message_stop", {"type": "message_stop"}]),
+    ];
+    let mut served = 0;
+    for (upstream, answer, events) in [
+        ("openai", openai_answer, openai_events),
+        ("anthropic", anthropic_answer, anthropic_events),
+    ] {
+        for client in ["openai", "anthropic"] {
+            for stream in [false, true] {
+                let upstream_side = if stream {
+                    json!({"events": events})
+                } else {
+                    json!({"body": answer})
+                };
+                let case = json!({"client": client, "request": {"max_tokens": 20, "stream": stream,
+                    "messages": [{"role": "user", "content": "hi"}]}, "upstream": upstream_side});
+                let got = run_case(&app, &token, upstream, &case).await;
+                assert_eq!(
+                    got["status"], 200,
+                    "{upstream} → {client}, stream {stream}: {got}"
+                );
+                served += 1;
+                app.wait_for_log_rows(served).await;
+            }
+        }
+    }
+    app.assert_invariant().await;
+    let most: i64 = app
+        .scalar("SELECT MAX(MAX(input_tokens), MAX(output_tokens)) FROM requests")
+        .await;
+    // Anthropic's input is three figures (fresh, cache reads, cache writes), each clamped.
+    let ceiling = 3 * sluice::upstream::providers::MAX_REPORTED_TOKENS;
+    assert!(
+        (0..=ceiling).contains(&most),
+        "usage recorded as reported: {most}"
+    );
+}

@@ -36,7 +36,7 @@ pub fn usage_of(u: &Value) -> Option<Usage> {
     if !u.is_object() {
         return None;
     }
-    let n = |k: &str| u.get(k).and_then(Value::as_i64).unwrap_or(0);
+    let n = |k: &str| super::tokens(u.get(k)).unwrap_or(0);
     let cached = n("cache_read_input_tokens");
     Some(Usage {
         input: n("input_tokens")

@@ -78,9 +78,9 @@ pub fn openai_usage(u: &Value) -> Value {
 
 /// Anthropic usage figures from OpenAI's.
 pub fn anthropic_usage(u: &Value) -> Value {
-    let n = |p: &str| u.pointer(p).and_then(Value::as_i64).unwrap_or(0);
+    let n = |p: &str| super::super::tokens(u.pointer(p)).unwrap_or(0);
     let cached = n("/prompt_tokens_details/cached_tokens");
-    json!({"input_tokens": n("/prompt_tokens").saturating_sub(cached), "output_tokens": n("/completion_tokens"),
+    json!({"input_tokens": (n("/prompt_tokens") - cached).max(0), "output_tokens": n("/completion_tokens"),
            "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0})
 }
 

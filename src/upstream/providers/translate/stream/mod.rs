@@ -175,10 +175,10 @@ impl StreamConverter {
             "message_delta" => {
                 // Cumulative figures; the input ones only where this event carries them.
                 let u = v.get("usage").unwrap_or(&Value::Null);
-                if let Some(o) = u.get("output_tokens").and_then(Value::as_i64) {
+                if let Some(o) = crate::upstream::providers::tokens(u.get("output_tokens")) {
                     self.output = Some(o);
                 }
-                if u.get("input_tokens").is_some_and(Value::is_i64) {
+                if u.get("input_tokens").is_some_and(Value::is_number) {
                     if let Some(full) = anthropic::usage_of(u) {
                         self.input = Some(full.input);
                         self.cached = full.cached_input;
