@@ -22,6 +22,7 @@ mod resilience;
 mod retry_tiers;
 mod streams;
 mod translate;
+mod translate_props;
 mod translate_wire;
 mod windows;
 mod windows_redis;
