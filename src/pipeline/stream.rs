@@ -172,6 +172,11 @@ impl Pump {
                     break 'read;
                 }
             }
+            // The upstream's own error event ended the client's stream: stop reading.
+            if self.converter.upstream_failed() {
+                failure = Some("The upstream sent an error event mid-stream.");
+                break;
+            }
         }
         if let (Some(frame), false) = (
             failure.and_then(|m| self.converter.error_frame(m)),

@@ -277,3 +277,62 @@ async fn a_cached_translated_stream_keeps_the_actual_input_tokens() {
     }
     panic!("the streamed answer never reached the cache");
 }
+
+/// An upstream that sends a mid-stream error event and then keeps its connection open:
+/// the client's stream ends with the error (in its format) at once, not at the idle
+/// timeout (an hour here), and the request is logged as an upstream error.
+#[tokio::test]
+async fn a_mid_stream_error_ends_the_stream_even_if_the_upstream_stays_open() {
+    let app = spawn_app_with(|s, mock| {
+        let mut claude = upstream("claude", KEY_B, mock);
+        claude.provider = Provider::Anthropic;
+        claude.base_url = mock.base_url();
+        s.upstreams.push(claude);
+        s.models.push(model("claude", &["claude"]));
+        // Far beyond the test's own bound: only the error event can end the stream.
+        s.upstream.stream_idle_timeout_ms = 3_600_000;
+    })
+    .await;
+    let (_, token) = app.token("stays-open", None).await;
+    let cases = [
+        (
+            "openai",
+            "anthropic",
+            json!([
+            {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+             "choices": [{"index": 0, "delta": {"content": "The EGR "}, "finish_reason": null}]},
+            {"error": {"message": "boom", "type": "server_error", "param": null, "code": "internal_error"}},
+            "[DONE]"]),
+        ),
+        (
+            "anthropic",
+            "openai",
+            json!([
+            ["message_start", {"type": "message_start", "message": {"id": "msg_s", "type": "message", "role": "assistant",
+                "model": "m", "content": [], "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": 5, "output_tokens": 1}}}],
+            ["error", {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}],
+            ["message_stop", {"type": "message_stop"}]]),
+        ),
+    ];
+    for (i, (upstream, client, events)) in cases.into_iter().enumerate() {
+        let case = json!({"client": client, "request": {"max_tokens": 20, "stream": true,
+            "messages": [{"role": "user", "content": "hi"}]}, "upstream": {"events": events, "stall_after": 2}});
+        let got = tokio::time::timeout(
+            std::time::Duration::from_secs(60),
+            run_case(&app, &token, upstream, &case),
+        )
+        .await
+        .expect("the stream ended after the upstream's error event");
+        let last = got["response"].as_array().unwrap().last().cloned().unwrap();
+        match client {
+            "anthropic" => assert_eq!(last[0], "error", "{got}"),
+            _ => assert!(last[1]["error"].is_object(), "{got}"),
+        }
+        app.wait_for_log_rows(i as i64 + 1).await;
+    }
+    let errors = app
+        .scalar("SELECT COUNT(*) FROM requests WHERE error_code = 'upstream_error'")
+        .await;
+    assert_eq!(errors, 2);
+    app.assert_invariant().await;
+}

@@ -104,6 +104,12 @@ impl StreamConverter {
         }
     }
 
+    /// The upstream sent an error event, which the client received in its format: the
+    /// stream is over.
+    pub fn upstream_failed(&self) -> bool {
+        self.error_sent
+    }
+
     /// The closing event of a stream that broke, in the client's format — none when the
     /// upstream's own error event already ended it.
     pub fn error_frame(&self, message: &str) -> Option<Bytes> {
