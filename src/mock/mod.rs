@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-pub use responses::{pieces, Script};
+pub use responses::{pieces, Script, SseEvent};
 
 /// How many request bodies and header sets are kept per key.
 const KEEP_LAST: usize = 50;

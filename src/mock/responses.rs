@@ -40,6 +40,38 @@ pub struct Script {
     pub reasoning_tokens: Option<i64>,
     /// Stream without the usage chunk even when asked for it.
     pub omit_usage: bool,
+    /// A streamed answer made of exactly these SSE events, in either wire format, instead
+    /// of the built-in one: each is a `data` payload or an `[event, data]` pair; a payload
+    /// that is not a string is sent as its JSON text. `cut_after` / `stall_after` count
+    /// every event here. For the cases the built-in answers never produce: parallel tool
+    /// calls, refusals, stop sequences, mid-stream errors.
+    pub events: Option<Vec<SseEvent>>,
+}
+
+/// One scripted SSE event: `[event, data]` or a bare `data` payload.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum SseEvent {
+    Named(String, Value),
+    Data(Value),
+}
+
+impl SseEvent {
+    fn event(&self) -> Event {
+        let text = |v: &Value| match v {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        let (name, data) = match self {
+            SseEvent::Named(n, d) => (Some(n.clone()), text(d)),
+            SseEvent::Data(d) => (None, text(d)),
+        };
+        Event {
+            name,
+            data,
+            content: true,
+        }
+    }
 }
 
 struct Plan {
@@ -139,6 +171,10 @@ pub(crate) async fn answer(
     }
     let p = plan(cfg, body, &s);
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    if let (Some(events), true) = (&s.events, stream) {
+        let events = events.iter().map(SseEvent::event).collect();
+        return sse(resp, events, &s, guard);
+    }
     match (path, stream) {
         ("/v1/embeddings", _) => resp.json(embeddings(body, &p)),
         ("/v1/messages", false) => resp.json(anthropic_message(&p)),
@@ -494,8 +530,18 @@ fn check_anthropic(body: &Value) -> Result<(), String> {
                     Some("image")
                         if matches!(
                             b.pointer("/source/type").and_then(Value::as_str),
-                            Some("base64" | "url")
+                            Some("base64" | "url" | "file")
                         ) => {}
+                    Some("document")
+                        if matches!(
+                            b.pointer("/source/type").and_then(Value::as_str),
+                            Some("base64" | "url" | "text" | "content" | "file")
+                        ) => {}
+                    Some("thinking") if b.get("signature").is_some_and(Value::is_string) => {}
+                    Some("redacted_thinking") if b.get("data").is_some_and(Value::is_string) => {}
+                    Some("search_result")
+                        if b.get("source").is_some()
+                            && b.get("content").is_some_and(Value::is_array) => {}
                     Some("tool_use")
                         if b.get("id").is_some()
                             && b.get("input").is_some_and(Value::is_object) => {}

@@ -143,7 +143,7 @@ async fn attempt(
     c: &Candidate,
     path: &str,
     body: Vec<u8>,
-    stream: bool,
+    (stream, beta): (bool, Option<&reqwest::header::HeaderValue>),
     (started, deadline): (Instant, Instant),
 ) -> Result<Success, UpstreamError> {
     let d = c.route.deployment;
@@ -152,7 +152,7 @@ async fn attempt(
     let sent = Instant::now();
     let resp = state
         .upstream
-        .post(dep, path, Bytes::from(body), deadline)
+        .post(dep, path, Bytes::from(body), deadline, beta)
         .await;
     metrics::upstream_answer(dep.provider.as_str(), &dep.id, sent.elapsed().as_secs_f64());
     let resp = resp?;
@@ -294,7 +294,16 @@ async fn try_candidate(
     }
     // From here a request dropped mid-call leaves its permit unanswered, not abandoned.
     permit.sent();
-    let err = match attempt(state, c, path, body, p.stream, (started, deadline)).await {
+    let err = match attempt(
+        state,
+        c,
+        path,
+        body,
+        (p.stream, p.anthropic_beta.as_ref()),
+        (started, deadline),
+    )
+    .await
+    {
         Ok(mut s) => {
             permit.success();
             state.pool.succeeded(d);
@@ -497,7 +506,7 @@ fn final_error(state: &AppState, p: &Prepared, run: &mut Run) -> ApiError {
     match (run.attempts, run.untranslatable.take()) {
         (0, Some(e)) => ApiError::InvalidRequest {
             message: e.message,
-            param: Some(e.param),
+            param: e.param,
         },
         (0, None) if run.busy => ApiError::UpstreamBusy { retry_after: 1 },
         (0, None) => {

@@ -201,6 +201,7 @@ async fn run(
     let raw = read_body(payload, req, state.settings.server.max_body_bytes).await?;
     let mut prepared = request::prepare(endpoint, &raw, &auth, &state.catalog)?;
     let asked = limits::client_headers(req.headers(), auth.max_priority)?;
+    prepared.anthropic_beta = providers::anthropic::beta_header(req.headers());
     if ladder.has(Ladder::All) {
         soft_limit(state, &auth, &mut prepared);
     }

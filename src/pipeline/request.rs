@@ -68,6 +68,9 @@ pub struct Prepared {
     pub n: i64,
     /// Input tokens counted by the tokenizer (no margin).
     pub input_tokens: i64,
+    /// The client's `anthropic-beta` header, forwarded to Anthropic upstreams only
+    /// (`providers::anthropic::beta_header`).
+    pub anthropic_beta: Option<reqwest::header::HeaderValue>,
 }
 
 /// How many completions a request makes the upstream generate and bill: `n` (1..=16) and,
@@ -366,5 +369,6 @@ pub fn prepare(
         cap,
         n,
         input_tokens,
+        anthropic_beta: None,
     })
 }

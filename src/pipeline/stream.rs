@@ -172,9 +172,17 @@ impl Pump {
                     break 'read;
                 }
             }
+            // The upstream's own error event ended the client's stream: stop reading.
+            if self.converter.upstream_failed() {
+                failure = Some("The upstream sent an error event mid-stream.");
+                break;
+            }
         }
-        if let (Some(msg), false) = (failure, client_gone) {
-            let _ = tx.send(self.converter.error_frame(msg)).await;
+        if let (Some(frame), false) = (
+            failure.and_then(|m| self.converter.error_frame(m)),
+            client_gone,
+        ) {
+            let _ = tx.send(frame).await;
         }
         drop(events);
         drop(tx);

@@ -58,13 +58,15 @@ impl UpstreamClient {
 
     /// Sends one attempt and waits for the response headers: the first-byte timeout, or
     /// less when the request's `deadline` comes first (then `UpstreamError::Deadline`).
-    /// Only the deployment's own key is sent: nothing of the client's credentials.
+    /// Only the deployment's own key is sent: nothing of the client's credentials. The one
+    /// client header an upstream may see is `anthropic-beta`, and only an Anthropic one.
     pub async fn post(
         &self,
         dep: &Deployment,
         path: &str,
         body: Bytes,
         deadline: Instant,
+        anthropic_beta: Option<&HeaderValue>,
     ) -> Result<reqwest::Response, UpstreamError> {
         let client = if dep.allow_private {
             &self.private
@@ -81,7 +83,13 @@ impl UpstreamClient {
             .body(body);
         let req = match dep.provider {
             Provider::Openai => req,
-            Provider::Anthropic => req.header("anthropic-version", ANTHROPIC_VERSION),
+            Provider::Anthropic => {
+                let req = req.header("anthropic-version", ANTHROPIC_VERSION);
+                match anthropic_beta {
+                    Some(beta) => req.header("anthropic-beta", beta.clone()),
+                    None => req,
+                }
+            }
         };
         let first_byte = Duration::from_millis(self.timeouts.first_byte_timeout_ms);
         let left = deadline.saturating_duration_since(Instant::now());

@@ -78,6 +78,7 @@ async fn call_through_dns(
             "/chat/completions",
             Bytes::from(body.to_string()),
             Instant::now() + Duration::from_secs(10),
+            None,
         )
         .await
         .map(|r| r.status().as_u16());

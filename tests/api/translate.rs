@@ -91,24 +91,30 @@ fn requests_translate_both_ways() {
     }
 }
 
+/// `<dir>/refusals/*.json`: a request the other side cannot express, and the `param` its
+/// 400 names (`null` for a field neither format knows).
 #[test]
-fn what_anthropic_cannot_express_is_refused_naming_the_field() {
-    for (case, v) in cases("openai/refusals") {
-        let err = providers::build_request(
-            WireFormat::OpenAi,
-            Provider::Anthropic,
-            &body(&v),
-            "c",
-            Some(("max_tokens", 10)),
-            false,
-        )
-        .expect_err(&case.display().to_string());
-        assert_eq!(
-            err.param,
-            v["param"].as_str().unwrap(),
-            "{}",
-            case.display()
-        );
+fn what_the_other_side_cannot_express_is_refused_naming_the_field() {
+    for (dir, client, upstream) in [
+        ("openai/refusals", WireFormat::OpenAi, Provider::Anthropic),
+        (
+            "anthropic/refusals",
+            WireFormat::Anthropic,
+            Provider::Openai,
+        ),
+    ] {
+        for (case, v) in cases(dir) {
+            let err = providers::build_request(
+                client,
+                upstream,
+                &body(&v),
+                "c",
+                Some(("max_tokens", 10)),
+                false,
+            )
+            .expect_err(&case.display().to_string());
+            assert_eq!(err.param, v["param"].as_str(), "{}", case.display());
+        }
     }
     let same = providers::build_request(
         WireFormat::OpenAi,

@@ -14,7 +14,7 @@ import anthropic
 import openai
 import pytest
 
-from conftest import ANTHROPIC_UPSTREAM_KEY, MOCK_TEXT, UPSTREAM_KEY
+from conftest import ANTHROPIC_UPSTREAM_KEY, MOCK_COMPLETION_TOKENS, MOCK_PROMPT_TOKENS, MOCK_TEXT, UPSTREAM_KEY
 
 UPSTREAM_OF = {"gpt-4o-mini": UPSTREAM_KEY, "claude-mock": ANTHROPIC_UPSTREAM_KEY}
 COMBOS = [("openai", "gpt-4o-mini"), ("openai", "claude-mock"), ("anthropic", "claude-mock"), ("anthropic", "gpt-4o-mini")]
@@ -154,3 +154,23 @@ def test_each_sdk_raises_its_own_errors(sluice, kind, model):
         else:
             client.messages.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=10_000_000)
     assert "max_tokens" in str(err.value)
+
+
+def test_translated_stream_reports_the_actual_input_tokens(sluice):
+    """Anthropic SDK → OpenAI-format upstream, streamed: the final message's usage carries
+    the upstream's actual input figure, not the gateway's estimate from `message_start`
+    (the SDK takes `input_tokens` from `message_delta.usage` when it is there)."""
+    client = sdk("anthropic", sluice)
+    # A prompt long enough that the gateway's estimate cannot equal the mock's 12 tokens.
+    prompt = "Why does the engine warning light blink after the car stood in the cold overnight? " * 3
+    with client.messages.stream(model="gpt-4o-mini", max_tokens=60, messages=[{"role": "user", "content": prompt}]) as s:
+        estimate = None
+        for event in s:
+            if event.type == "message_start":
+                estimate = event.message.usage.input_tokens
+        final = s.get_final_message()
+    assert estimate is not None and estimate != MOCK_PROMPT_TOKENS, "the estimate is the gateway's own count"
+    assert final.usage.input_tokens == MOCK_PROMPT_TOKENS
+    assert final.usage.output_tokens == MOCK_COMPLETION_TOKENS
+    assert "".join(b.text for b in final.content if b.type == "text") == MOCK_TEXT
+    assert final.stop_reason == "end_turn"

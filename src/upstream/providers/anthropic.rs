@@ -1,6 +1,7 @@
 //! The Anthropic Messages wire format: shaping a request that stays in this format, and
 //! reading usage from answers and stream events.
 
+use reqwest::header::HeaderValue;
 use serde_json::{Map, Value};
 
 use crate::quota::pricing::Usage;
@@ -20,16 +21,27 @@ pub fn shape_request(
     out
 }
 
+/// The client's `anthropic-beta` header, to forward to Anthropic upstreams (whatever format
+/// the client speaks: an OpenAI SDK may set it to reach a beta model feature). It only
+/// unlocks features; every body field it unlocks is translated or refused on its own, so
+/// an OpenAI-format upstream is sent nothing for it.
+pub fn beta_header(headers: &actix_web::http::header::HeaderMap) -> Option<HeaderValue> {
+    let v = headers.get("anthropic-beta")?;
+    HeaderValue::from_bytes(v.as_bytes()).ok()
+}
+
 /// Usage from an Anthropic `usage` object. Anthropic counts cache reads and cache writes
 /// apart from `input_tokens`; Sluice's input is all three, cache reads priced as cached.
 pub fn usage_of(u: &Value) -> Option<Usage> {
     if !u.is_object() {
         return None;
     }
-    let n = |k: &str| u.get(k).and_then(Value::as_i64).unwrap_or(0);
+    let n = |k: &str| super::tokens(u.get(k)).unwrap_or(0);
     let cached = n("cache_read_input_tokens");
     Some(Usage {
-        input: n("input_tokens") + cached + n("cache_creation_input_tokens"),
+        input: n("input_tokens")
+            .saturating_add(cached)
+            .saturating_add(n("cache_creation_input_tokens")),
         cached_input: cached,
         output: n("output_tokens"),
     })

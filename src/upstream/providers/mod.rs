@@ -15,6 +15,22 @@ use crate::pipeline::request::Endpoint;
 use crate::quota::pricing::Usage;
 use translate::{request, response, TranslateError};
 
+/// The most tokens one reported figure may hold. An upstream's usage is read through
+/// `tokens`: a figure that is not a count in 0..=this (a lying or broken upstream's
+/// `i64::MAX`, a negative one) is clamped, so no sum of figures can overflow downstream.
+pub const MAX_REPORTED_TOKENS: i64 = u32::MAX as i64;
+
+/// A token figure of an upstream's usage, clamped to 0..=`MAX_REPORTED_TOKENS`; `None` when
+/// absent or not a number.
+pub fn tokens(v: Option<&Value>) -> Option<i64> {
+    let v = v?;
+    let n = v
+        .as_i64()
+        .or_else(|| v.as_u64().map(|_| i64::MAX))
+        .or_else(|| v.as_f64().map(|f| f as i64))?;
+    Some(n.clamp(0, MAX_REPORTED_TOKENS))
+}
+
 pub fn format_of(p: Provider) -> WireFormat {
     match p {
         Provider::Openai => WireFormat::OpenAi,

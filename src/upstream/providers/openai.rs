@@ -54,7 +54,7 @@ pub fn usage_of(u: &Value) -> Option<Usage> {
     if !u.is_object() {
         return None;
     }
-    let n = |p: &str| u.pointer(p).and_then(Value::as_i64).unwrap_or(0);
+    let n = |p: &str| super::tokens(u.pointer(p)).unwrap_or(0);
     Some(Usage {
         input: n("/prompt_tokens"),
         cached_input: n("/prompt_tokens_details/cached_tokens"),

@@ -6,10 +6,11 @@ pub mod request;
 pub mod response;
 pub mod stream;
 
-/// A request the other side cannot express; refused with a 400 naming the field.
+/// A request the other side cannot express; refused with a 400 naming the field (`param`;
+/// `None` for a field neither format knows, as OpenAI answers an unrecognized argument).
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{message}")]
 pub struct TranslateError {
-    pub param: &'static str,
+    pub param: Option<&'static str>,
     pub message: String,
 }

@@ -1,0 +1,286 @@
+//! An OpenAI-format stream for an Anthropic client.
+//!
+//! Anthropic streams one content block at a time; OpenAI streams parallel tool calls
+//! side by side, told apart by `index` (only a call's first chunk carries its id). So the
+//! first tool call streams live in its block, and whatever arrives while it is open —
+//! further calls, text — is held (arguments appended) and sent as whole blocks, in the
+//! order it first appeared, when the choice finishes. A new `tool_use` block opens only
+//! for a new, non-empty tool-call id; chunks without one continue their index's call.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+use super::{frame, is_openai_error, StreamConverter};
+use crate::upstream::providers::translate::response::{anthropic_error_type, openai_code, Finish};
+
+#[derive(Default)]
+struct Call {
+    id: String,
+    name: String,
+    args: String,
+}
+
+enum Held {
+    Call(usize),
+    Text(String),
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Open {
+    Text(usize),
+    /// A live tool block: (block index, call).
+    Tool(usize, usize),
+}
+
+#[derive(Default)]
+pub(super) struct State {
+    started: bool,
+    open: Option<Open>,
+    next_block: usize,
+    calls: Vec<Call>,
+    /// OpenAI tool-call index → the call it currently continues.
+    slots: HashMap<i64, usize>,
+    held: Vec<Held>,
+    finish: Finish,
+}
+
+fn event(out: &mut Vec<Bytes>, kind: &str, v: Value) {
+    out.push(frame(Some(kind), &v.to_string()));
+}
+
+fn str_at<'v>(v: &'v Value, p: &str) -> Option<&'v str> {
+    v.pointer(p)
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+}
+
+impl State {
+    fn close(&mut self, out: &mut Vec<Bytes>) {
+        if let Some(Open::Text(i) | Open::Tool(i, _)) = self.open.take() {
+            event(
+                out,
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": i}),
+            );
+        }
+    }
+
+    fn start(&mut self, out: &mut Vec<Bytes>, block: Value) -> usize {
+        self.close(out);
+        let i = self.next_block;
+        self.next_block += 1;
+        event(
+            out,
+            "content_block_start",
+            json!({"type": "content_block_start", "index": i, "content_block": block}),
+        );
+        i
+    }
+
+    fn start_tool(&mut self, out: &mut Vec<Bytes>, call: usize) -> usize {
+        let c = &self.calls[call];
+        let block = json!({"type": "tool_use", "id": c.id, "name": c.name, "input": {}});
+        self.start(out, block)
+    }
+
+    fn delta(out: &mut Vec<Bytes>, i: usize, delta: Value) {
+        event(
+            out,
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": i, "delta": delta}),
+        );
+    }
+
+    /// Something other than the live block is waiting, or a tool block is open.
+    fn holding(&self) -> bool {
+        !self.held.is_empty() || matches!(self.open, Some(Open::Tool(..)))
+    }
+
+    fn text(&mut self, out: &mut Vec<Bytes>, t: &str) {
+        if self.holding() {
+            match self.held.last_mut() {
+                Some(Held::Text(s)) => s.push_str(t),
+                _ => self.held.push(Held::Text(t.to_string())),
+            }
+            return;
+        }
+        let i = match self.open {
+            Some(Open::Text(i)) => i,
+            _ => {
+                let i = self.start(out, json!({"type": "text", "text": ""}));
+                self.open = Some(Open::Text(i));
+                i
+            }
+        };
+        Self::delta(out, i, json!({"type": "text_delta", "text": t}));
+    }
+
+    fn tool_call(&mut self, out: &mut Vec<Bytes>, tc: &Value) {
+        let slot = tc.get("index").and_then(Value::as_i64).unwrap_or(0);
+        let id = str_at(tc, "/id");
+        let name = str_at(tc, "/function/name");
+        let call = match (self.slots.get(&slot), id) {
+            (Some(&c), Some(id)) if self.calls[c].id != id => None,
+            (Some(&c), _) => Some(c),
+            // No id and no call at this index: it continues the latest call, if any.
+            (None, None) => self.calls.len().checked_sub(1),
+            (None, Some(_)) => None,
+        };
+        let call = match call {
+            Some(c) => {
+                if let (Some(n), false) = (name, self.is_live(c)) {
+                    if self.calls[c].name.is_empty() {
+                        self.calls[c].name = n.to_string();
+                    }
+                }
+                c
+            }
+            None => {
+                self.calls.push(Call {
+                    id: id.unwrap_or("").to_string(),
+                    name: name.unwrap_or("").to_string(),
+                    args: String::new(),
+                });
+                let c = self.calls.len() - 1;
+                if self.holding() {
+                    self.held.push(Held::Call(c));
+                } else {
+                    let i = self.start_tool(out, c);
+                    self.open = Some(Open::Tool(i, c));
+                }
+                c
+            }
+        };
+        self.slots.insert(slot, call);
+        if let Some(args) = str_at(tc, "/function/arguments") {
+            match self.open {
+                Some(Open::Tool(i, live)) if live == call => Self::delta(
+                    out,
+                    i,
+                    json!({"type": "input_json_delta", "partial_json": args}),
+                ),
+                _ => self.calls[call].args.push_str(args),
+            }
+        }
+    }
+
+    fn is_live(&self, call: usize) -> bool {
+        matches!(self.open, Some(Open::Tool(_, c)) if c == call)
+    }
+
+    /// Closes the live block and sends what was held, each as a whole block.
+    fn flush(&mut self, out: &mut Vec<Bytes>) {
+        self.close(out);
+        for h in std::mem::take(&mut self.held) {
+            match h {
+                Held::Call(c) => {
+                    let i = self.start_tool(out, c);
+                    let args = std::mem::take(&mut self.calls[c].args);
+                    if !args.is_empty() {
+                        Self::delta(
+                            out,
+                            i,
+                            json!({"type": "input_json_delta", "partial_json": args}),
+                        );
+                    }
+                }
+                Held::Text(t) => {
+                    let i = self.start(out, json!({"type": "text", "text": ""}));
+                    Self::delta(out, i, json!({"type": "text_delta", "text": t}));
+                }
+            }
+            self.open = Some(Open::Text(self.next_block - 1));
+            self.close(out);
+        }
+    }
+}
+
+impl StreamConverter {
+    pub(super) fn openai_to_anthropic(&mut self, data: &str, out: &mut Vec<Bytes>) {
+        if data == "[DONE]" {
+            self.anthropic_end(out);
+            return;
+        }
+        let Ok(v) = serde_json::from_str::<Value>(data) else {
+            return;
+        };
+        if is_openai_error(&v) {
+            let e = &v["error"];
+            let (t, c) = (
+                e.get("type").and_then(Value::as_str).unwrap_or(""),
+                e.get("code").and_then(Value::as_str).unwrap_or(""),
+            );
+            let message = e
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("The upstream failed mid-stream.");
+            event(
+                out,
+                "error",
+                json!({"type": "error", "error": {"type": anthropic_error_type(t, c), "message": message, "code": openai_code(&v)}}),
+            );
+            self.error_sent = true;
+            return;
+        }
+        self.note_openai_chunk(&v);
+        let s = &mut self.anthropic_out;
+        if !s.started {
+            s.started = true;
+            let id = v.get("id").and_then(Value::as_str).unwrap_or("msg");
+            event(
+                out,
+                "message_start",
+                json!({"type": "message_start", "message": {
+                "id": id, "type": "message", "role": "assistant", "model": v.get("model").cloned().unwrap_or(json!("")),
+                "content": [], "stop_reason": null, "stop_sequence": null,
+                "usage": {"input_tokens": self.input_estimate, "output_tokens": 0}}}),
+            );
+        }
+        let Some(choice) = v.pointer("/choices/0") else {
+            return;
+        };
+        s.finish.note_choice(choice);
+        if let Some(t) = str_at(choice, "/delta/content") {
+            s.text(out, t);
+        }
+        if let Some(t) = str_at(choice, "/delta/refusal") {
+            s.finish.refusal = true;
+            s.text(out, t);
+        }
+        for tc in choice
+            .pointer("/delta/tool_calls")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            s.tool_call(out, tc);
+        }
+        if choice.get("finish_reason").is_some_and(Value::is_string) {
+            s.flush(out);
+        }
+    }
+
+    /// `[DONE]`: the last blocks, then `message_delta` with the stop reason and the actual
+    /// usage (the estimate only when the upstream sent none), then `message_stop`.
+    fn anthropic_end(&mut self, out: &mut Vec<Bytes>) {
+        if !self.anthropic_out.started {
+            return;
+        }
+        self.anthropic_out.flush(out);
+        let usage = self.usage();
+        let s = &mut self.anthropic_out;
+        s.finish.tool_calls = !s.calls.is_empty();
+        let (stop_reason, stop_sequence) = s.finish.anthropic();
+        event(
+            out,
+            "message_delta",
+            json!({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                "usage": {"input_tokens": usage.input.saturating_sub(usage.cached_input).max(0), "output_tokens": usage.output,
+                          "cache_read_input_tokens": usage.cached_input, "cache_creation_input_tokens": 0}}),
+        );
+        event(out, "message_stop", json!({"type": "message_stop"}));
+        self.done = true;
+    }
+}
