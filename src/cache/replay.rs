@@ -107,7 +107,7 @@ fn anthropic_frames(a: &Value) -> Vec<Bytes> {
         ));
     }
     out.push(ev("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": a["stop_reason"], "stop_sequence": a["stop_sequence"]},
-        "usage": {"output_tokens": a["usage"]["output_tokens"]}})));
+        "usage": a["usage"]})));
     out.push(ev("message_stop", json!({"type": "message_stop"})));
     out
 }
@@ -219,9 +219,14 @@ impl Assembler {
                     .insert("stop_reason".into(), v["delta"]["stop_reason"].clone());
                 self.answer
                     .insert("stop_sequence".into(), v["delta"]["stop_sequence"].clone());
-                if let Some(o) = v["usage"]["output_tokens"].as_i64() {
-                    if let Some(u) = self.answer.get_mut("usage") {
-                        u["output_tokens"] = json!(o);
+                // The final usage is the actual one (a translated stream's message_start
+                // holds the estimate): every figure it carries replaces the start's.
+                if let (Some(figures), Some(u)) = (
+                    v["usage"].as_object(),
+                    self.answer.get_mut("usage").and_then(Value::as_object_mut),
+                ) {
+                    for (k, n) in figures.iter().filter(|(_, n)| n.is_u64()) {
+                        u.insert(k.clone(), n.clone());
                     }
                 }
             }

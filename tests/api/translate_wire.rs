@@ -244,7 +244,6 @@ async fn absurd_usage_figures_from_an_upstream_are_answered_and_settled() {
 /// estimate. The translation now sends the actual figures there; the assembler has to
 /// read `input_tokens` and the cache figures too.
 #[tokio::test]
-#[ignore = "src/cache/replay.rs Assembler keeps message_start's input estimate (cache helper's file)"]
 async fn a_cached_translated_stream_keeps_the_actual_input_tokens() {
     let app = app().await;
     let (_, token) = app.token("cached", None).await;
