@@ -50,6 +50,11 @@ impl State {
 /// on the hung key and getting 502 instead of a fast 503. Three: one or two impatient
 /// clients cannot re-open a healthy key, and a hung one costs at most three requests'
 /// deadlines per open period. A success resets the count; so does re-opening.
+///
+/// Only a probe that waited at least `half_open_max_wait / UNANSWERED_PROBES_REOPEN`
+/// counts (three of them add up to one hung probe): a client that sends a 20 ms deadline,
+/// or leaves at once, again and again would otherwise keep a healthy key shut for everyone.
+/// A shorter probe only frees its slot.
 pub const UNANSWERED_PROBES_REOPEN: u32 = 3;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,16 +187,18 @@ impl Breaker {
     }
 
     /// A call that went out and ended without an answer in its request's own time (the
-    /// deadline cut it, or its client left): frees its probe slot, and the
-    /// `UNANSWERED_PROBES_REOPEN`-th such probe in a row re-opens the breaker. Returns true
-    /// when it did.
-    pub fn unanswered(&self, probe: bool) -> bool {
+    /// deadline cut it, or its client left) after `waited`: frees its probe slot, and the
+    /// `UNANSWERED_PROBES_REOPEN`-th such probe in a row that waited long enough re-opens
+    /// the breaker. Returns true when it did.
+    pub fn unanswered(&self, probe: bool, waited: Duration) -> bool {
         if !probe {
             return false;
         }
         let mut s = self.inner.lock();
         s.probes.pop();
-        if s.state != State::HalfOpen {
+        let long_enough =
+            Duration::from_secs(self.cfg.half_open_max_wait_seconds) / UNANSWERED_PROBES_REOPEN;
+        if s.state != State::HalfOpen || waited < long_enough {
             return false;
         }
         s.unanswered_probes += 1;
@@ -215,7 +222,7 @@ impl Breaker {
         Ok(Permit {
             breaker: self,
             probe,
-            sent: false,
+            sent: None,
             reported: false,
         })
     }
@@ -248,7 +255,8 @@ impl Breaker {
 pub struct Permit<'a> {
     breaker: &'a Breaker,
     probe: bool,
-    sent: bool,
+    /// When the call went out to the upstream.
+    sent: Option<Instant>,
     reported: bool,
 }
 
@@ -256,7 +264,11 @@ impl Permit<'_> {
     /// The call is going out to the upstream: from here on, ending without a verdict counts
     /// toward re-opening a half-open breaker.
     pub fn sent(&mut self) {
-        self.sent = true;
+        self.sent = Some(Instant::now());
+    }
+
+    fn waited(&self) -> Duration {
+        self.sent.map_or(Duration::ZERO, |t| t.elapsed())
     }
 
     pub fn success(mut self) {
@@ -274,7 +286,7 @@ impl Permit<'_> {
     /// the breaker.
     pub fn unanswered(mut self) -> bool {
         self.reported = true;
-        self.breaker.unanswered(self.probe)
+        self.breaker.unanswered(self.probe, self.waited())
     }
 
     /// No verdict on the upstream (a gate refused, a rate limit, a conflict).
@@ -289,8 +301,8 @@ impl Drop for Permit<'_> {
         if self.reported {
             return;
         }
-        if self.sent {
-            self.breaker.unanswered(self.probe);
+        if self.sent.is_some() {
+            self.breaker.unanswered(self.probe, self.waited());
         } else {
             self.breaker.abandon(self.probe);
         }
@@ -383,10 +395,18 @@ mod tests {
         for _ in 0..3 {
             b.failure(false);
         }
+        // Probes shorter than a third of the maximum wait count for nothing, however many.
+        for _ in 0..10 {
+            let mut p = b.permit().expect("a probe");
+            p.sent();
+            assert!(!p.unanswered(), "a short deadline re-opens nothing");
+        }
+        // Sent long enough ago (a third of the 30 s maximum wait) to count.
+        let long_ago = || Some(Instant::now() - Duration::from_secs(11));
         // A success between unanswered probes resets the count.
         for _ in 0..UNANSWERED_PROBES_REOPEN - 1 {
             let mut p = b.permit().expect("a probe");
-            p.sent();
+            p.sent = long_ago();
             assert!(!p.unanswered(), "one slow client re-opens nothing");
         }
         b.permit().expect("a probe").success();
@@ -394,7 +414,7 @@ mod tests {
         drop(b.permit().expect("a probe"));
         for n in 1..=UNANSWERED_PROBES_REOPEN {
             let mut p = b.permit().expect("the slot is free again");
-            p.sent();
+            p.sent = long_ago();
             // The last one's client leaves: its permit is dropped mid-call.
             if n < UNANSWERED_PROBES_REOPEN {
                 assert!(!p.unanswered());

@@ -308,15 +308,68 @@ async fn a_hung_probe_cannot_wedge_the_breaker() {
     hung.abort();
 }
 
+/// The other side of the test below: a client that sends a tiny deadline (or leaves at
+/// once) again and again while a breaker is half-open must not keep a healthy key shut for
+/// everyone. Its probes end unanswered before a healthy answer could come, which says
+/// nothing of the key: they free the probe slot and count for nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_deadlines_cannot_keep_a_healthy_key_shut() {
+    let app = spawn_app_with(|s, _| {
+        s.breaker.open_seconds = 1;
+        s.breaker.half_open_max_wait_seconds = 30;
+    })
+    .await;
+    let (_, token) = app.token("ida", None).await;
+    app.mock.state.sticky(KEY_A, Some(status(500)));
+    for _ in 0..3 {
+        app.chat(&token, &chat_body(10)).await;
+    }
+    assert_eq!(app.state.pool.breakers[0].state(), State::Open);
+    // The key is healthy again, answering in 300 ms.
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            delay_ms: 300,
+            ..Default::default()
+        }),
+    );
+    while app.state.pool.breakers[0].state() == State::Open {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        app.state.pool.breakers[0]
+            .permit()
+            .map(|p| p.abandon())
+            .ok();
+    }
+    for _ in 0..10 {
+        let resp = app
+            .http
+            .post(format!("{}/v1/chat/completions", app.address))
+            .bearer_auth(&token)
+            .header("x-sluice-request-deadline-ms", "20")
+            .json(&chat_body(10))
+            .send()
+            .await
+            .unwrap();
+        assert_ne!(resp.status(), 200);
+        assert_ne!(
+            app.state.pool.breakers[0].state(),
+            State::Open,
+            "a client's short deadline re-opened a healthy key"
+        );
+    }
+    assert_eq!(app.chat(&token, &chat_body(10)).await.status(), 200);
+}
+
 /// A hung key behind a half-open breaker, probed by clients that never wait long enough for
 /// it: half of them send a 1 s request deadline, the other half give up after 1 s themselves
 /// (their future is dropped, as an SDK timeout does). Each probe ends without a verdict; a
 /// few in a row must re-open the breaker, so the rest get a fast 503 and the key no traffic.
+/// (A probe counts once it waited a third of the maximum wait: 2 s here, so ~0.67 s.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_that_never_get_an_answer_reopen_the_breaker() {
     let app = spawn_app_with(|s, _| {
         s.breaker.open_seconds = 2;
-        s.breaker.half_open_max_wait_seconds = 30;
+        s.breaker.half_open_max_wait_seconds = 2;
     })
     .await;
     let (_, token) = app.token("ida", None).await;
