@@ -105,7 +105,7 @@ impl Queue {
     pub async fn admit(self: &Arc<Self>, priority: u8, token_id: i64) -> Result<Slot, Refused> {
         match self.enter(priority, token_id)? {
             Admit::Now(slot) => Ok(slot),
-            Admit::Wait(ticket) => ticket.granted().await,
+            Admit::Wait(ticket) => ticket.granted(Instant::now() + self.max_wait).await,
         }
     }
 
@@ -232,10 +232,13 @@ impl Ticket {
         self.probe().position()
     }
 
-    /// Waits until a slot is granted, at most `max_wait_seconds`.
-    pub async fn granted(mut self) -> Result<Slot, Refused> {
+    /// Waits until a slot is granted, at most `max_wait_seconds` and never past the
+    /// request's own `deadline` (a slot granted later could not be used: the request would
+    /// reach the upstream stage with no time left).
+    pub async fn granted(mut self, deadline: Instant) -> Result<Slot, Refused> {
+        let until = (Instant::now() + self.queue.max_wait).min(deadline);
         let waited = match self.rx.as_mut() {
-            Some(rx) => tokio::time::timeout(self.queue.max_wait, rx).await,
+            Some(rx) => tokio::time::timeout_at(until.into(), rx).await,
             None => {
                 return Err(Refused::Timeout {
                     position: 1,

@@ -292,7 +292,7 @@ async fn run(
             };
             return Ok(Reply::Streaming(queued::start(state, waiting)));
         }
-        Ok(Admit::Wait(ticket)) => ticket.granted().await,
+        Ok(Admit::Wait(ticket)) => ticket.granted(deadline).await,
         Err(refused) => Err(refused),
     };
     extras.queue_wait = Some(queued.elapsed());

@@ -53,7 +53,7 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, tx: mpsc::Sende
         deadline,
     } = w;
     let probe = ticket.probe();
-    let granted = ticket.granted();
+    let granted = ticket.granted(deadline);
     tokio::pin!(granted);
     let mut tick = tokio::time::interval(COMMENT_EVERY);
     let slot = loop {

@@ -223,12 +223,67 @@ async fn waiting_too_long_is_a_queue_timeout() {
         }),
     );
     let slow = spawn_send(&app, &token, 3, "slow".into());
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let started = Instant::now();
+    while app.mock.state.stats(KEY_A).in_flight == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let (status, v, _) = send(&app, &token, 3, "waits".into()).await;
     assert_eq!(status, 503);
     assert_eq!(v["error"]["code"], "queue_timeout");
-    assert!(started.elapsed() < Duration::from_millis(1800));
+    assert!(
+        !slow.is_finished(),
+        "refused at its limit, not when the slot came free"
+    );
+    assert_eq!(slow.await.unwrap().0, 200);
+    app.assert_invariant().await;
+}
+
+/// The request's own deadline (`x-sluice-request-deadline-ms`) bounds its wait in the queue
+/// too: past it the request is refused as a queue timeout at once. Before, it waited for a
+/// slot, then reached the upstream stage with no time left and was answered 503
+/// `service_degraded` with a `pool_empty` alert to the operators — an alert any client
+/// could raise with a short deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_request_deadline_bounds_the_queue_wait() {
+    let app = Arc::new(spawn_app_with(queue_of(1, [0, 0, 0, 0], 10, 60)).await);
+    let (_, token) = app.token("dan", Some("1")).await;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            delay_ms: 2500,
+            ..Default::default()
+        }),
+    );
+    let slow = spawn_send(&app, &token, 3, "slow".into());
+    while app.mock.state.stats(KEY_A).in_flight == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for stream in [false, true] {
+        let mut body = tagged("short deadline");
+        body["stream"] = json!(stream);
+        let resp = app
+            .http
+            .post(format!("{}/v1/chat/completions", app.address))
+            .bearer_auth(&token)
+            .header("x-sluice-request-deadline-ms", "300")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let text = resp.text().await.unwrap();
+        assert!(
+            text.contains("queue_timeout"),
+            "stream {stream}: a queue timeout, named: {text}"
+        );
+        assert!(
+            !slow.is_finished(),
+            "stream {stream}: refused at its deadline, not when the slot came free"
+        );
+    }
+    assert_eq!(
+        app.mock.state.stats(KEY_A).count,
+        1,
+        "only `slow` reached the upstream"
+    );
     assert_eq!(slow.await.unwrap().0, 200);
     app.assert_invariant().await;
 }
