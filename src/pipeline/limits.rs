@@ -8,7 +8,7 @@
 use actix_web::http::header::HeaderMap;
 use serde_json::{Map, Value};
 
-use super::request::Endpoint;
+use super::request::{number_in, Endpoint};
 use crate::error::ApiError;
 
 /// What the client asked for in its `x-sluice-*` headers, parsed once.
@@ -58,25 +58,6 @@ pub fn client_headers(headers: &HeaderMap, max_priority: i64) -> Result<ClientHe
         priority: asked.max(max_priority.clamp(1, 4) as u8),
         deadline_ms,
     })
-}
-
-/// A number field within `lo..=hi` (absent or null passes).
-fn number_in(
-    body: &Map<String, Value>,
-    field: &'static str,
-    lo: f64,
-    hi: f64,
-) -> Result<(), ApiError> {
-    match body.get(field) {
-        None | Some(Value::Null) => Ok(()),
-        Some(v) => match v.as_f64() {
-            Some(x) if (lo..=hi).contains(&x) => Ok(()),
-            _ => Err(ApiError::invalid(
-                field,
-                format!("`{field}` must be a number between {lo} and {hi}"),
-            )),
-        },
-    }
 }
 
 /// An integer field within `lo..=hi` (absent or null passes).

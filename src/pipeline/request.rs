@@ -123,7 +123,8 @@ fn bool_field(body: &Map<String, Value>, field: &'static str) -> Result<bool, Ap
     }
 }
 
-fn number_in(
+/// A number field within `lo..=hi` (absent or null passes).
+pub(super) fn number_in(
     body: &Map<String, Value>,
     field: &'static str,
     lo: f64,
