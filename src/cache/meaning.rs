@@ -5,19 +5,31 @@
 //! into tokens, and a candidate is only compared by similarity when its tokens agree:
 //!
 //! - with the built-in `lexical` embedder (strict): every token, in order. What may differ
-//!   is case, punctuation, whitespace, contractions (`what's` = `what is`, `doesn't` =
-//!   `does not`) and filler (articles, greetings, thanks, `please`, `can you`, pronouns);
+//!   is case (outside code and short acronyms: `IT` is not `it`), punctuation, spacing
+//!   within a line, contractions (`what's` = `what is`), Unicode composition (NFC),
+//!   `how can I` = `how do I`, and filler only where it cannot be the question: greetings
+//!   and thanks that make up a whole segment ("Hi!", ", thanks."), and `please`, `kindly`,
+//!   `can you`, `could you` at a segment's edges. Pronouns, articles, modal verbs, and
+//!   greetings inside a sentence ("how do you say thank you") are words like any other;
+//!   every character that is not a letter, digit, space or plain punctuation is a token
+//!   (`₹`, `≤`, `°`, `′`, emoji), marks stay with their letters (`ข่าว` is not `ข้าว`),
+//!   and an indented line carries its indentation (Python blocks). A message of filler
+//!   alone ("Thanks!") has nothing to compare: exact matches only;
 //! - with an `http` embedder (which judges paraphrases): the significant tokens, in order —
-//!   numbers, dates, times and identifiers (anything with a digit), code symbols (`==`,
-//!   `<=`, `++`, `--hard`) and dotted or snake_case names, every word of a question that
-//!   holds code (backticks, braces, an `=`), negations, units and currencies, opposites
-//!   (`left`/`right`, `before`/`after`, …) and names (capitalised words inside a
+//!   numbers (in digits or words), dates, times and identifiers (anything with a digit),
+//!   code symbols (`==`, `<=`, `++`, `--hard`) and dotted or snake_case names, every word
+//!   of a question that holds code (backticks, braces, an `=`, a call `f(`), negations,
+//!   units and currencies, opposites (`left`/`right`, `before`/`after`, …), pronouns and
+//!   modal verbs (`my`/`your`, `can`/`do`) and names (capitalised words inside a
 //!   sentence). Other words, and their order, are the model's to judge.
 //!
 //! `ignore_identifiers` (an opt-in, `[cache]` or per model) reads identifiers — VINs,
 //! UUIDs, hex ids, timestamps, numbers of 5+ digits — as one placeholder, so reports that
 //! differ only in them agree. The key of a semantic candidate includes the agreement
 //! (`key.rs`): entries made under one reading are never candidates under another.
+
+use unicode_normalization::char::is_combining_mark;
+use unicode_normalization::UnicodeNormalization;
 
 /// One token of a question: its lower-cased text, and whether it is significant even to
 /// an embedder that judges meaning (see the module doc).
@@ -40,28 +52,80 @@ pub struct Reading {
 /// The placeholder every identifier reads as under `ignore_identifiers`.
 pub const IDENTIFIER: &str = "<id>";
 
-/// Words that carry no meaning of their own in a question: dropped before comparing.
-/// Negations, prepositions, question words, tense (`did`, `was`, `will`) and modal verbs
-/// that change a question (`should`, `must`) are not here.
-const FILLER: &[&str] = &[
-    "a", "an", "the", "please", "pls", "plz", "kindly", "hi", "hello", "hey", "thanks", "thx",
-    "cheers", "you", "your", "yours", "i", "me", "my", "we", "us", "our", "just", "ok", "okay",
-    "so", "um", "uh", "hmm", "do", "does", "can", "could", "would", "tell",
-];
-
-/// Phrases dropped whole (before single words): their words mean something elsewhere.
-const FILLER_PHRASES: &[&[&str]] = &[
+/// Greetings, thanks and politeness: dropped when they make up a whole segment (the text
+/// between two of `.`, `!`, `?`, `,`, `;`, `:` or a line break) — "Hi!", "Thanks in
+/// advance." — never inside one: in "how do you say thank you in Japanese" they are the
+/// question.
+const GREETINGS: &[&[&str]] = &[
     &["thanks", "in", "advance"],
     &["thank", "you", "in", "advance"],
+    &["thank", "you", "so", "much"],
+    &["thanks", "so", "much"],
     &["thank", "you"],
+    &["thanks"],
+    &["thx"],
+    &["cheers"],
     &["hi", "there"],
     &["hey", "there"],
     &["hello", "there"],
+    &["hi"],
+    &["hello"],
+    &["hey"],
+    &["please"],
+    &["pls"],
+    &["plz"],
+    &["ok"],
+    &["okay"],
+    &["um"],
+    &["uh"],
+    &["hmm"],
     &["quick", "question"],
-    &["i", "was", "wondering"],
-    &["i", "wonder"],
 ];
 
+/// Openers dropped at the start of a segment when words follow them: "Please explain…",
+/// "Can you explain…" (a request, the same as "Explain…"). `would you` is not one: "would
+/// you lie to me?" asks something else than "can you lie to me?".
+const OPENERS: &[&[&str]] = &[
+    &["please"],
+    &["pls"],
+    &["plz"],
+    &["kindly"],
+    &["can", "you"],
+    &["could", "you"],
+    &["hi"],
+    &["hello"],
+    &["hey"],
+    &["ok"],
+    &["okay"],
+    &["um"],
+    &["uh"],
+    &["hmm"],
+];
+
+/// Politeness dropped at the end of a segment when words precede it: "… in simple terms
+/// please".
+const CLOSERS: &[&[&str]] = &[&["please"], &["pls"], &["plz"]];
+
+/// Words that say who does what to whom, or whether something can, may, must or did
+/// happen: never filler, and significant to an http embedder too ("what is my name" is
+/// not "what is your name"; "can dogs eat grapes" is not "do dogs eat grapes").
+#[rustfmt::skip]
+const ROLES: &[&str] = &[
+    "i", "me", "my", "mine", "myself", "you", "your", "yours", "yourself", "we", "us", "our",
+    "ours", "he", "him", "his", "she", "her", "hers", "they", "them", "their", "theirs", "it",
+    "its", "can", "could", "would", "should", "must", "may", "might", "will", "shall", "do",
+    "does", "did",
+];
+
+/// Numbers written as words: "five" and "fifty" must not agree.
+#[rustfmt::skip]
+const NUMBER_WORDS: &[&str] = &[
+    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+    "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
+    "nineteen", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety",
+    "hundred", "thousand", "million", "billion", "trillion", "dozen", "half", "quarter",
+    "once", "twice", "double", "triple", "second", "third", "fourth", "fifth",
+];
 #[rustfmt::skip]
 const NEGATIONS: &[&str] = &[
     "not", "no", "never", "none", "nor", "neither", "without", "nothing", "nobody", "nowhere",
@@ -98,14 +162,81 @@ const OPPOSITES: &[&str] = &[
     "yesterday", "today", "tomorrow", "old", "new",
 ];
 
-/// Characters that are code or maths wherever they stand. Brackets too: `(2 + 3) * 4` is
-/// not `2 + (3 * 4)`.
-#[rustfmt::skip]
-fn is_symbol(c: char) -> bool {
+/// Invisible characters (zero-width spaces and joiners, direction marks, variation
+/// selectors, the soft hyphen): removed before reading, so they neither split nor join.
+fn is_invisible(c: char) -> bool {
     matches!(
         c,
-        '+' | '-' | '*' | '/' | '%' | '=' | '<' | '>' | '!' | '&' | '|' | '^' | '~' | '#' | '$'
-            | '€' | '£' | '¥' | '@' | '\\' | '(' | ')' | '[' | ']' | '{' | '}'
+        '\u{ad}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{202a}'..='\u{202e}'
+            | '\u{2060}'..='\u{2069}'
+            | '\u{fe00}'..='\u{fe0f}'
+            | '\u{feff}'
+    )
+}
+
+/// Characters that end a segment (and, but for `,` and `、`, a sentence).
+fn is_break(c: char) -> bool {
+    matches!(
+        c,
+        '.' | '?'
+            | ';'
+            | ':'
+            | ','
+            | '\n'
+            | '…'
+            | '¿'
+            | '¡'
+            | '。'
+            | '？'
+            | '！'
+            | '；'
+            | '：'
+            | '，'
+            | '、'
+            | '؟'
+            | '،'
+            | '؛'
+            | '।'
+    )
+}
+
+/// Quotes, dashes and bullets: punctuation that separates words and means nothing by
+/// itself in prose. In code, quotes are symbols (`'a'` is not `"a"`, `print('x')` is not
+/// `print(x)`).
+fn is_quote_or_dash(c: char) -> bool {
+    matches!(
+        c,
+        '\'' | '"'
+            | '`'
+            | '‘'
+            | '’'
+            | '‚'
+            | '‛'
+            | '“'
+            | '”'
+            | '„'
+            | '‟'
+            | '«'
+            | '»'
+            | '‹'
+            | '›'
+            | '「'
+            | '」'
+            | '『'
+            | '』'
+            | '《'
+            | '》'
+            | '〈'
+            | '〉'
+            | '–'
+            | '—'
+            | '―'
+            | '·'
+            | '•'
+            | '‧'
+            | '・'
     )
 }
 
@@ -115,24 +246,57 @@ fn is_joiner(c: char) -> bool {
     matches!(c, '.' | '-' | ':' | '/' | '\'' | '’' | ',')
 }
 
+/// Letters, digits and the marks that belong to them (Thai tone marks, the Devanagari
+/// virama, decomposed accents): `ข่าว` (news) is not `ข้าว` (rice).
 fn is_word(c: char) -> bool {
-    c.is_alphanumeric() || c == '_'
+    c.is_alphanumeric() || c == '_' || is_combining_mark(c)
 }
 
-/// A raw token: its text, whether it starts a sentence, whether it is a symbol run.
-struct Raw<'t> {
-    text: &'t str,
+/// A raw token: its text, whether it starts a sentence, whether it is a symbol run (or an
+/// indentation), and the segment it stands in.
+struct Raw {
+    text: String,
     sentence_start: bool,
     symbol: bool,
+    segment: usize,
 }
 
-/// Splits a text into word tokens (with their joiners) and symbol runs; everything else
-/// separates. A `,` joins only digits (`100,000`), other joiners any word characters.
-fn split(text: &str) -> Vec<Raw<'_>> {
+/// Whether a text holds code: a backtick, a brace, an `=`, or a call or index (`print(`,
+/// `xs[`). In code, case, quotes, `,` and `;` count.
+fn is_code(text: &str) -> bool {
+    let chars: Vec<char> = text.chars().collect();
+    text.contains(['`', '{', '}', '='])
+        || chars
+            .windows(2)
+            .any(|w| is_word(w[0]) && matches!(w[1], '(' | '['))
+}
+
+/// The indentation at the start of a line (spaces and tabs), as a token: in Python a
+/// statement moved into or out of a block is another program.
+fn indentation(run: &str) -> String {
+    let shape: String = run
+        .chars()
+        .map(|c| if c == '\t' { 't' } else { 's' })
+        .collect();
+    format!("⇥{shape}")
+}
+
+/// Splits a text into word tokens (with their joiners), symbol runs and line
+/// indentations. Every character that is not a letter, digit, mark, space, break, quote
+/// or dash is a symbol — operators, currency signs (`₹`, `₽`), `≤`, `°`, `′`, emoji — so
+/// nothing that can change a question is lost. A `,` joins only digits (`100,000`), other
+/// joiners any word characters. A `'` or `"` right after a digit is a prime (`5'` feet,
+/// `5"` inches).
+fn split(text: &str, code: bool) -> Vec<Raw> {
     let chars: Vec<(usize, char)> = text.char_indices().collect();
     let mut out = Vec::new();
     let mut sentence_start = true;
+    let mut segment = 0;
     let mut i = 0;
+    let breaks = |c: char| is_break(c) && !(code && matches!(c, ',' | ';'));
+    let ignored = |c: char| {
+        c.is_whitespace() || c.is_control() || (is_quote_or_dash(c) && !(code && c != '`'))
+    };
     while i < chars.len() {
         let (start, c) = chars[i];
         if is_word(c) {
@@ -151,15 +315,41 @@ fn split(text: &str) -> Vec<Raw<'_>> {
             }
             let end = chars.get(j).map_or(text.len(), |&(e, _)| e);
             out.push(Raw {
-                text: &text[start..end],
+                text: text[start..end].to_string(),
                 sentence_start,
                 symbol: false,
+                segment,
             });
             sentence_start = false;
             i = j;
-        } else if is_symbol(c) {
+            continue;
+        }
+        let after_digit = i > 0 && chars[i - 1].1.is_ascii_digit();
+        let prime = matches!(c, '\'' | '"')
+            && after_digit
+            && !chars.get(i + 1).is_some_and(|&(_, n)| is_word(n));
+        if c == '\n' {
+            segment += 1;
+            sentence_start = true;
             let mut j = i + 1;
-            while j < chars.len() && is_symbol(chars[j].1) {
+            while j < chars.len() && matches!(chars[j].1, ' ' | '\t') {
+                j += 1;
+            }
+            let indented = j > i + 1 && chars.get(j).is_some_and(|&(_, n)| !n.is_whitespace());
+            if indented {
+                let end = chars[j].0;
+                out.push(Raw {
+                    text: indentation(&text[start + 1..end]),
+                    sentence_start: false,
+                    symbol: true,
+                    segment,
+                });
+            }
+            i = j;
+        } else if prime || !(is_word(c) || breaks(c) || ignored(c)) {
+            let symbolic = |d: char| !(is_word(d) || breaks(d) || ignored(d));
+            let mut j = i + 1;
+            while !prime && j < chars.len() && symbolic(chars[j].1) {
                 j += 1;
             }
             let end = chars.get(j).map_or(text.len(), |&(e, _)| e);
@@ -169,17 +359,22 @@ fn split(text: &str) -> Vec<Raw<'_>> {
                 run.chars().all(|c| c == '!') && !chars.get(j).is_some_and(|&(_, n)| is_word(n));
             if exclamation {
                 sentence_start = true;
+                segment += 1;
             } else {
                 out.push(Raw {
-                    text: run,
+                    text: run.to_string(),
                     sentence_start: false,
                     symbol: true,
+                    segment,
                 });
             }
             i = j;
         } else {
-            if matches!(c, '.' | '?' | ':' | ';' | '\n') {
-                sentence_start = true;
+            if breaks(c) {
+                segment += 1;
+                if !matches!(c, ',' | '，' | '、' | '،') {
+                    sentence_start = true;
+                }
             }
             i += 1;
         }
@@ -262,76 +457,148 @@ fn is_acronym(word: &str) -> bool {
 }
 
 /// A capitalised word inside a sentence, or an acronym.
-fn is_name(raw: &Raw<'_>) -> bool {
+fn is_name(raw: &Raw) -> bool {
     let first_upper = raw
         .text
         .chars()
         .find(|c| c.is_alphabetic())
         .is_some_and(char::is_uppercase);
-    (first_upper && !raw.sentence_start) || is_acronym(raw.text)
+    (first_upper && !raw.sentence_start) || is_acronym(&raw.text)
 }
 
-/// Reads a question into its tokens: lower-cased, contractions expanded, filler dropped,
-/// identifiers read as `IDENTIFIER` when they are to be ignored.
+/// The length of the phrase of `list` that starts at `words[i]`, if one does (words kept
+/// whole — acronyms, symbols — never match).
+fn phrase_at(words: &[Word], i: usize, list: &[&[&str]]) -> Option<usize> {
+    list.iter()
+        .find(|p| {
+            words
+                .get(i..i + p.len())
+                .is_some_and(|w| w.iter().zip(p.iter()).all(|(a, b)| a.text == *b && !a.kept))
+        })
+        .map(|p| p.len())
+}
+
+/// The length of the phrase of `list` that ends just before `words[end]`, if one does.
+fn phrase_before(words: &[Word], end: usize, list: &[&[&str]]) -> Option<usize> {
+    list.iter()
+        .find(|p| p.len() <= end && phrase_at(words, end - p.len(), &[p]) == Some(p.len()))
+        .map(|p| p.len())
+}
+
+/// Whether a segment is greetings, thanks and politeness and nothing else.
+fn only_greetings(words: &[Word]) -> bool {
+    let mut i = 0;
+    while i < words.len() {
+        match phrase_at(words, i, GREETINGS) {
+            Some(n) => i += n,
+            None => return false,
+        }
+    }
+    true
+}
+
+/// A word as read: its text, whether it is significant, whether it is kept whole (never
+/// filler), the segment it stands in.
+struct Word {
+    text: String,
+    significant: bool,
+    kept: bool,
+    segment: usize,
+}
+
+/// Reads a question into its tokens: lower-cased (but for code and short acronyms),
+/// contractions expanded, filler dropped, identifiers read as `IDENTIFIER` when they are
+/// to be ignored. The text is read in its composed form (NFC): `é` typed as `e` and an
+/// accent is `é`.
 pub fn tokens(text: &str, ignore_identifiers: bool) -> Vec<Token> {
-    let raws = split(text);
-    // A question with code in it is compared token for token: in code one word
-    // (`append`/`extend`, `let`/`let mut`) changes the answer.
-    let code = text.contains('`')
-        || text.contains(['{', '}'])
-        || raws.iter().any(|r| r.symbol && r.text.contains('='));
+    let text: String = text.nfc().filter(|c| !is_invisible(*c)).collect();
+    // A question with code in it is compared token for token, in its own case: in code
+    // one word (`append`/`extend`, `let`/`let mut`, `String`/`string`) changes the answer.
+    let code = is_code(&text);
+    let raws = split(&text, code);
     // A text written in capitals says nothing by its case; elsewhere a word in capitals is
-    // a name even when its letters spell filler (`US` is not `us`).
+    // a name even when its letters spell filler (`US` is not `us`, `IT` is not `it`).
     let letters = || text.chars().filter(|c| c.is_alphabetic());
     let shouting = letters().next().is_some() && letters().all(|c| !c.is_lowercase());
-    // (word, significant, never filler)
-    let mut words: Vec<(String, bool, bool)> = Vec::new();
-    for raw in raws {
+    let mut words: Vec<Word> = Vec::new();
+    for (n, raw) in raws.iter().enumerate() {
+        let segment = raw.segment;
         if raw.symbol {
-            words.push((raw.text.to_string(), true, true));
+            words.push(Word {
+                text: raw.text.clone(),
+                significant: true,
+                kept: true,
+                segment,
+            });
             continue;
         }
-        let name = !shouting && is_name(&raw);
-        let acronym = !shouting && is_acronym(raw.text);
+        let name = !shouting && is_name(raw);
+        let acronym = !shouting && is_acronym(&raw.text);
         let lower = raw.text.to_lowercase();
         if ignore_identifiers && is_identifier(&lower) {
-            words.push((IDENTIFIER.to_string(), true, true));
+            words.push(Word {
+                text: IDENTIFIER.to_string(),
+                significant: true,
+                kept: true,
+                segment,
+            });
             continue;
         }
-        for w in expand(&lower) {
+        // Case is kept in code (but for the first word, a sentence's capital) and for
+        // short acronyms, whose lower case is often another word (`IT`, `WHO`, `US`); a
+        // long word in capitals is emphasis (`a FAILING alternator`).
+        let short_acronym = acronym && raw.text.chars().filter(|c| c.is_alphabetic()).count() <= 4;
+        let keep_case = (code && n > 0) || short_acronym;
+        let expanded = expand(&lower);
+        let whole = expanded.len() == 1;
+        for w in expanded {
             let significant = code
                 || name
                 || w.contains(['_', '.'])
                 || w.chars().any(|c| c.is_ascii_digit())
-                || [NEGATIONS, UNITS, OPPOSITES]
+                || [NEGATIONS, UNITS, OPPOSITES, ROLES, NUMBER_WORDS]
                     .iter()
                     .any(|l| l.contains(&w.as_str()));
-            words.push((w, significant, acronym));
+            let text = if keep_case && whole {
+                raw.text.replace('’', "'")
+            } else {
+                w
+            };
+            words.push(Word {
+                text,
+                significant,
+                kept: acronym,
+                segment,
+            });
         }
     }
-    // Filler phrases, then filler words.
+    // "how can I" asks for a way, as "how do I" does ("how can it work?" is left alone).
+    for i in 0..words.len().saturating_sub(2) {
+        if words[i].text == "how"
+            && words[i + 1].text == "can"
+            && matches!(words[i + 2].text.as_str(), "i" | "we")
+        {
+            words[i + 1].text = "do".to_string();
+        }
+    }
+    // Filler, segment by segment: whole segments of greetings, then openers and closers
+    // at a segment's edges while words remain between them.
     let mut out = Vec::with_capacity(words.len());
-    let mut i = 0;
-    'next: while i < words.len() {
-        for phrase in FILLER_PHRASES {
-            let fits = words.get(i..i + phrase.len()).is_some_and(|w| {
-                w.iter()
-                    .zip(*phrase)
-                    .all(|((a, _, kept), b)| a == b && !kept)
-            });
-            if fits {
-                i += phrase.len();
-                continue 'next;
-            }
+    for segment in words.chunk_by(|a, b| a.segment == b.segment) {
+        if only_greetings(segment) {
+            continue;
         }
-        let (text, significant, kept) = &words[i];
-        if *kept || !FILLER.contains(&text.as_str()) {
-            out.push(Token {
-                text: text.clone(),
-                significant: *significant,
-            });
+        let (mut start, mut end) = (0, segment.len());
+        while let Some(n) = phrase_at(segment, start, OPENERS).filter(|n| start + n < end) {
+            start += n;
         }
-        i += 1;
+        while let Some(n) = phrase_before(segment, end, CLOSERS).filter(|n| end - n > start) {
+            end -= n;
+        }
+        out.extend(segment[start..end].iter().map(|w| Token {
+            text: w.text.clone(),
+            significant: w.significant,
+        }));
     }
     out
 }
@@ -382,7 +649,8 @@ pub fn lexical_match(asked: &str, stored: &str, ignore_identifiers: bool, thresh
         tokens(asked, ignore_identifiers),
         tokens(stored, ignore_identifiers),
     );
-    agreement(&a, true) == agreement(&b, true)
+    !a.is_empty()
+        && agreement(&a, true) == agreement(&b, true)
         && super::embed::cosine(
             &super::embed::lexical(&normalised(&a)),
             &super::embed::lexical(&normalised(&b)),
@@ -431,7 +699,7 @@ mod tests {
             !agree("on 2024-03-15", "on 2024-03-16", true, true),
             "dates stay"
         );
-        assert_eq!(normalised(&tokens("Don't stop!", false)), "not stop");
+        assert_eq!(normalised(&tokens("Don't stop!", false)), "do not stop");
         assert!(
             !agree("(2 + 3) * 4", "2 + (3 * 4)", true, false),
             "brackets"
@@ -443,6 +711,83 @@ mod tests {
         assert!(
             agree("WHICH US STATES?", "which us states?", true, false),
             "shouting"
+        );
+    }
+
+    #[test]
+    fn filler_is_dropped_only_where_it_cannot_be_the_question() {
+        assert!(
+            tokens("Thanks! Hi there.", false).is_empty(),
+            "greetings alone"
+        );
+        assert!(!agree(
+            "How do you say thank you in Japanese?",
+            "How do you say hello in Japanese?",
+            true,
+            false
+        ));
+        assert!(!agree(
+            "What is my name?",
+            "What is your name?",
+            false,
+            false
+        ));
+        assert!(!agree(
+            "Can dogs eat grapes?",
+            "Do dogs eat grapes?",
+            false,
+            false
+        ));
+        assert!(agree(
+            "How can I undo it?",
+            "How do I undo it?",
+            true,
+            false
+        ));
+        assert!(!agree("How can it work?", "How does it work?", true, false));
+        assert!(agree("Can you explain X?", "Explain X please", true, false));
+        assert!(!agree(
+            "Is IT a good career?",
+            "Is it a good career?",
+            true,
+            false
+        ));
+    }
+
+    #[test]
+    fn every_character_that_can_change_a_question_is_read() {
+        assert!(!agree(
+            "Convert ₹500 to USD",
+            "Convert ₽500 to USD",
+            true,
+            false
+        ));
+        assert!(!agree("Is 3 ≤ 4?", "Is 3 ≥ 4?", true, false));
+        assert!(!agree(
+            "Is 🍕 better than 🍔?",
+            "Is 🍔 better than 🍕?",
+            true,
+            false
+        ));
+        assert!(!agree("5'", "5\"", true, false), "feet and inches");
+        assert!(!agree("ข่าว", "ข้าว", true, false), "a Thai tone mark");
+        assert!(agree("re\u{301}sume\u{301}", "résumé", true, false), "NFC");
+        assert!(
+            agree("zero\u{200b}width", "zerowidth", true, false),
+            "invisible"
+        );
+        let moved = |indent: &str| format!("for x in xs:\n    if x:\n        f(x)\n{indent}g(x)");
+        assert!(
+            !agree(&moved("    "), &moved("        "), true, false),
+            "indentation"
+        );
+        assert!(
+            !agree("print('x')", "print(x)", true, false),
+            "quotes in code"
+        );
+        assert!(
+            !agree("Is `String s` valid?", "Is `string s` valid?", true, false),
+            "case in code"
         );
     }
 
