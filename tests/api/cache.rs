@@ -341,6 +341,8 @@ async fn the_http_embedder_works_against_an_embeddings_endpoint() {
     let app = spawn_app_with(|s, m| {
         s.cache.embedder = "http".into();
         s.cache.http_url = format!("{}/v1", m.base_url());
+        // The mock listens on loopback: a local embedding server opts in like upstreams.
+        s.cache.http_allow_private_network = true;
         s.cache.http_model = "text-embedding-3-small".into();
     })
     .await;
