@@ -12,6 +12,7 @@ pub mod headers;
 pub mod key;
 pub mod meaning;
 pub mod replay;
+mod words;
 
 use std::collections::{HashMap, HashSet};
 use std::num::NonZeroUsize;
