@@ -8,8 +8,9 @@
 //!   is case (outside code and short acronyms: `IT` is not `it`), punctuation, spacing
 //!   within a line, contractions (`what's` = `what is`), Unicode composition (NFC),
 //!   `how can I` = `how do I`, and filler only where it cannot be the question: greetings
-//!   and thanks that make up a whole segment ("Hi!", ", thanks."), and `please`, `kindly`,
-//!   `can you`, `could you` at a segment's edges. Pronouns, articles, modal verbs, and
+//!   and thanks that make up a whole segment ("Hi!", ", thanks."), `please` and `kindly`
+//!   at a segment's edges, `can you`/`could you` before a request verb ("can you explain"
+//!   is "explain"; "can you lie to me?" is not "lie to me"). Pronouns, articles, modal verbs, and
 //!   greetings inside a sentence ("how do you say thank you") are words like any other;
 //!   every character that is not a letter, digit, space or plain punctuation is a token
 //!   (`₹`, `≤`, `°`, `′`, emoji), marks stay with their letters (`ข่าว` is not `ข้าว`),
@@ -322,7 +323,7 @@ pub fn tokens(text: &str, ignore_identifiers: bool) -> Vec<Token> {
     let letters = || text.chars().filter(|c| c.is_alphabetic());
     let shouting = letters().next().is_some() && letters().all(|c| !c.is_lowercase());
     let mut words: Vec<Word> = Vec::new();
-    for (n, raw) in raws.iter().enumerate() {
+    for raw in &raws {
         let segment = raw.segment;
         if raw.symbol {
             words.push(Word {
@@ -345,11 +346,11 @@ pub fn tokens(text: &str, ignore_identifiers: bool) -> Vec<Token> {
             });
             continue;
         }
-        // Case is kept in code (but for the first word, a sentence's capital) and for
-        // short acronyms, whose lower case is often another word (`IT`, `WHO`, `US`); a
-        // long word in capitals is emphasis (`a FAILING alternator`).
+        // Case is kept in code (every word: `Print(x)` and `String s` may open one) and
+        // for short acronyms, whose lower case is often another word (`IT`, `WHO`, `US`);
+        // a long word in capitals is emphasis (`a FAILING alternator`).
         let short_acronym = acronym && raw.text.chars().filter(|c| c.is_alphabetic()).count() <= 4;
-        let keep_case = (code && n > 0) || short_acronym;
+        let keep_case = code || short_acronym;
         let expanded = expand(&lower);
         let whole = expanded.len() == 1;
         for w in expanded {
@@ -390,8 +391,16 @@ pub fn tokens(text: &str, ignore_identifiers: bool) -> Vec<Token> {
             continue;
         }
         let (mut start, mut end) = (0, segment.len());
-        while let Some(n) = phrase_at(segment, start, OPENERS).filter(|n| start + n < end) {
-            start += n;
+        loop {
+            let request = phrase_at(segment, start, REQUESTS).filter(|n| {
+                segment
+                    .get(start + n)
+                    .is_some_and(|w| REQUEST_VERBS.contains(&w.text.as_str()))
+            });
+            match request.or_else(|| phrase_at(segment, start, OPENERS)) {
+                Some(n) if start + n < end => start += n,
+                _ => break,
+            }
         }
         while let Some(n) = phrase_before(segment, end, CLOSERS).filter(|n| end - n > start) {
             end -= n;

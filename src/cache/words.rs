@@ -35,15 +35,12 @@ pub(super) const GREETINGS: &[&[&str]] = &[
 ];
 
 /// Openers dropped at the start of a segment when words follow them: "Please explain…",
-/// "Can you explain…" (a request, the same as "Explain…"). `would you` is not one: "would
-/// you lie to me?" asks something else than "can you lie to me?".
+/// "Hi, …". `can you` and `could you` are `REQUESTS`, dropped only before a request verb.
 pub(super) const OPENERS: &[&[&str]] = &[
     &["please"],
     &["pls"],
     &["plz"],
     &["kindly"],
-    &["can", "you"],
-    &["could", "you"],
     &["hi"],
     &["hello"],
     &["hey"],
@@ -52,6 +49,20 @@ pub(super) const OPENERS: &[&[&str]] = &[
     &["um"],
     &["uh"],
     &["hmm"],
+];
+
+/// "Can you explain…" is a request, the same as "Explain…" — but "can you lie to me?" asks
+/// what the model can do, and "Lie to me." is not that question. So these openers go only
+/// before a verb of `REQUEST_VERBS` (or `please`). `would you` is never one.
+pub(super) const REQUESTS: &[&[&str]] = &[&["can", "you"], &["could", "you"]];
+
+/// Verbs that make "can you …" a request for the thing itself.
+#[rustfmt::skip]
+pub(super) const REQUEST_VERBS: &[&str] = &[
+    "please", "explain", "give", "tell", "write", "show", "list", "describe", "summarise",
+    "summarize", "translate", "help", "suggest", "recommend", "create", "generate", "draft",
+    "rewrite", "fix", "review", "compare", "define", "convert", "calculate", "outline",
+    "clarify", "elaborate", "correct", "improve", "simplify", "proofread", "paraphrase",
 ];
 
 /// Politeness dropped at the end of a segment when words precede it: "… in simple terms
