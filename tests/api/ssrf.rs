@@ -383,3 +383,39 @@ async fn webhook_urls_that_point_at_metadata_are_refused_at_load() {
     }
     assert!(check("file:///etc/passwd").is_err());
 }
+
+/// The embedder never follows a redirect: the embeddings endpoint answers 307 to the mock's
+/// webhook route (a redirect keeps a POST a POST), and nothing arrives there.
+#[tokio::test]
+async fn the_http_embedder_follows_no_redirect() {
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let base = mock.base_url();
+    mock.state.sticky(
+        "*",
+        Some(sluice::mock::Script {
+            status: Some(307),
+            headers: vec![("location".into(), format!("{base}/_mock/webhook"))],
+            ..Default::default()
+        }),
+    );
+    let embedder = Embedder::http(
+        &format!("{base}/v1"),
+        "text-embedding-3-small",
+        None,
+        true,
+        Duration::from_secs(5),
+        Arc::new(sluice::upstream::url_guard::SystemResolver),
+    )
+    .unwrap();
+    let err = embedder.embed("hello").await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "embedding failed: embedding server answered 307 Temporary Redirect"
+    );
+    assert_eq!(mock.state.total_count(), 1, "the embeddings call only");
+    assert_eq!(
+        mock.state.stats("webhook").count,
+        0,
+        "the redirect was not followed"
+    );
+}
