@@ -4,9 +4,13 @@
 //! server), which also catches paraphrases. Neither decides a hit alone: a candidate must
 //! first agree with the question (`meaning.rs`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use reqwest::dns::Resolve;
 use serde_json::{json, Value};
+
+use crate::upstream::client::guarded;
 
 /// A sparse vector: (feature, weight) sorted by feature, L2-normalised. Lexical
 /// embeddings have a few hundred features out of 2^32; dense embeddings from an HTTP
@@ -28,6 +32,27 @@ pub enum Embedder {
 }
 
 impl Embedder {
+    /// The `http` embedder: `{base_url}/embeddings` through a guarded client
+    /// (`upstream::client::guarded`): metadata addresses refused always, private ones
+    /// unless `allow_private` (`cache.http_allow_private_network`, as upstreams opt in).
+    pub fn http(
+        base_url: &str,
+        model: &str,
+        key: Option<String>,
+        allow_private: bool,
+        connect_timeout: Duration,
+        dns: Arc<dyn Resolve>,
+    ) -> Result<Self, reqwest::Error> {
+        Ok(Embedder::Http {
+            client: guarded(allow_private, dns)
+                .connect_timeout(connect_timeout)
+                .build()?,
+            url: format!("{}/embeddings", base_url.trim_end_matches('/')),
+            model: model.to_string(),
+            key,
+        })
+    }
+
     pub async fn embed(&self, text: &str) -> Result<Vector, EmbedError> {
         match self {
             Embedder::Lexical => Ok(lexical(text)),

@@ -96,15 +96,20 @@ pub fn keys(
     let readable = last_user
         .as_deref()
         .filter(|t| reading.semantic && t.len() <= MAX_SEMANTIC_BYTES);
-    let read = readable.map(|text| {
+    // A message that reads as nothing (greetings and thanks only: "Thanks!", "Hi") has no
+    // meaning to compare: exact matches only.
+    let read = readable.and_then(|text| {
         let tokens = meaning::tokens(text, reading.ignore_identifiers);
+        if tokens.is_empty() {
+            return None;
+        }
         let embed_text = if reading.strict {
             meaning::normalised(&tokens)
         } else {
             meaning::for_http(text, reading.ignore_identifiers)
         };
         let agreement = meaning::agreement(&tokens, reading.strict);
-        (embed_text, Value::from(agreement))
+        Some((embed_text, Value::from(agreement)))
     });
     let (embed_text, context) = match read {
         Some((embed_text, agreement)) => {
@@ -221,5 +226,70 @@ mod tests {
             },
         );
         assert!(off.context.is_none(), "semantic off: nothing read");
+        let thanks = keys(
+            "team:1",
+            "gpt",
+            WireFormat::OpenAi,
+            &m(json!({"messages": [{"role": "user", "content": "Thanks!"}]})),
+            STRICT,
+        );
+        assert!(thanks.context.is_none(), "nothing to compare: exact only");
+    }
+
+    /// Everything but the last user message's text is keyed exactly: two requests that
+    /// differ anywhere else are never semantic candidates of each other.
+    #[test]
+    fn the_rest_of_the_request_is_keyed_exactly() {
+        let base = json!({"temperature": 0, "messages": [
+            {"role": "system", "content": "Answer in English."},
+            {"role": "user", "content": "Who wrote Hamlet?"},
+            {"role": "assistant", "content": "Shakespeare."},
+            {"role": "user", "content": "When was it written?"}]});
+        let variants: Vec<(&str, Value)> = vec![
+            ("/messages/0/content", json!("Answer in French.")),
+            ("/messages/1/content", json!("Who wrote Macbeth?")),
+            ("/messages/2/content", json!("Marlowe.")),
+            ("/temperature", json!(0.5)),
+            ("/max_tokens", json!(5)),
+            ("/top_p", json!(0.1)),
+            ("/seed", json!(7)),
+            ("/stop", json!(["."])),
+            ("/response_format", json!({"type": "json_object"})),
+            (
+                "/tools",
+                json!([{"type": "function", "function": {"name": "f"}}]),
+            ),
+            ("/tool_choice", json!("none")),
+            ("/messages/3/name", json!("bob")),
+        ];
+        let context = |body: &Value, format, model| {
+            keys("team:1", model, format, &m(body.clone()), STRICT)
+                .context
+                .unwrap()
+        };
+        let same = context(&base, WireFormat::OpenAi, "gpt");
+        assert_ne!(same, context(&base, WireFormat::Anthropic, "gpt"), "format");
+        assert_ne!(same, context(&base, WireFormat::OpenAi, "other"), "model");
+        for (pointer, value) in variants {
+            let mut body = base.clone();
+            match body.pointer_mut(pointer) {
+                Some(v) => *v = value,
+                None => {
+                    let (parent, field) = pointer.rsplit_once('/').unwrap();
+                    body.pointer_mut(if parent.is_empty() { "" } else { parent })
+                        .unwrap()
+                        .as_object_mut()
+                        .unwrap()
+                        .insert(field.to_string(), value);
+                }
+            }
+            assert_ne!(same, context(&body, WireFormat::OpenAi, "gpt"), "{pointer}");
+        }
+        let mut image = base.clone();
+        image["messages"][3]["content"] = json!([{"type": "text", "text": "When was it written?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]);
+        assert!(keys("team:1", "gpt", WireFormat::OpenAi, &m(image), STRICT)
+            .context
+            .is_none());
     }
 }

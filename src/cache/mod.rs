@@ -12,6 +12,7 @@ pub mod headers;
 pub mod key;
 pub mod meaning;
 pub mod replay;
+mod words;
 
 use std::collections::{HashMap, HashSet};
 use std::num::NonZeroUsize;
@@ -30,6 +31,7 @@ use crate::error::{ApiError, WireFormat};
 use crate::store::lingering::Lingering;
 use crate::store::writer::Writer;
 use crate::store::{self, StoreError};
+use crate::upstream::url_guard::SystemResolver;
 use embed::{Embedder, Vector};
 use headers::{expiry, header, parse_tags, parse_ttl};
 pub use headers::{MAX_TAGS, MAX_TAG_LEN, MAX_TTL_SECONDS};
@@ -118,17 +120,14 @@ impl Cache {
         writer: Writer,
     ) -> Result<Arc<Self>, reqwest::Error> {
         let embedder = match cfg.embedder.as_str() {
-            "http" => Embedder::Http {
-                client: reqwest::Client::builder()
-                    .connect_timeout(std::time::Duration::from_millis(
-                        timeouts.connect_timeout_ms,
-                    ))
-                    .redirect(reqwest::redirect::Policy::none())
-                    .build()?,
-                url: format!("{}/embeddings", cfg.http_url.trim_end_matches('/')),
-                model: cfg.http_model.clone(),
-                key: cfg.http_api_key.as_ref().map(|k| k.expose().to_string()),
-            },
+            "http" => Embedder::http(
+                &cfg.http_url,
+                &cfg.http_model,
+                cfg.http_api_key.as_ref().map(|k| k.expose().to_string()),
+                cfg.http_allow_private_network,
+                std::time::Duration::from_millis(timeouts.connect_timeout_ms),
+                Arc::new(SystemResolver),
+            )?,
             _ => Embedder::Lexical,
         };
         let cap = NonZeroUsize::new(LRU_ENTRIES).unwrap_or(NonZeroUsize::MIN);

@@ -155,8 +155,11 @@ impl Settings {
         match self.cache.embedder.as_str() {
             "lexical" => {}
             "http" => {
-                url_guard::check_base_url(&self.cache.http_url, true)
-                    .map_err(|e| ConfigError::UpstreamUrl("cache.http_url".into(), e))?;
+                url_guard::check_base_url(
+                    &self.cache.http_url,
+                    self.cache.http_allow_private_network,
+                )
+                .map_err(|e| ConfigError::UpstreamUrl("cache.http_url".into(), e))?;
                 if self.cache.http_model.is_empty() {
                     return invalid("cache.http_model is required with embedder = \"http\"".into());
                 }
@@ -173,10 +176,19 @@ impl Settings {
                     w.format
                 ));
             }
-            if url::Url::parse(w.url.expose()).map(|u| matches!(u.scheme(), "http" | "https"))
-                != Ok(true)
-            {
-                return invalid("alert webhook url must be an http(s) URL".into());
+            // Webhook receivers are often on the operator's own network: private
+            // addresses are allowed, metadata ones never (and DNS is checked again at
+            // delivery, `ops::alerts`).
+            match url_guard::check_webhook_url(w.url.expose()) {
+                Ok(()) => {}
+                Err(UrlGuardError::Forbidden) => {
+                    return invalid(
+                        "alert webhook url points at a metadata, link-local, unspecified, \
+                         multicast or reserved address"
+                            .into(),
+                    )
+                }
+                Err(_) => return invalid("alert webhook url must be an http(s) URL".into()),
             }
         }
         if self.ratelimit.expected_replicas == 0 {

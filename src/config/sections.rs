@@ -306,6 +306,9 @@ pub struct CacheSettings {
     pub http_model: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub http_api_key: Option<Secret>,
+    /// `http_url` may point at a loopback or private address (a local embedding server),
+    /// as an upstream's `allow_private_network`. Metadata addresses are refused always.
+    pub http_allow_private_network: bool,
 }
 
 impl Default for CacheSettings {
@@ -322,6 +325,7 @@ impl Default for CacheSettings {
             http_url: String::new(),
             http_model: String::new(),
             http_api_key: None,
+            http_allow_private_network: false,
         }
     }
 }

@@ -9,11 +9,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use reqwest::dns::Resolve;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::config::{AlertSettings, WebhookSettings};
 use crate::ops::metrics;
+use crate::upstream::client::guarded;
+use crate::upstream::url_guard::SystemResolver;
 
 #[derive(Debug, Clone)]
 pub struct Alert {
@@ -35,9 +38,15 @@ const ATTEMPTS: u32 = 4;
 
 impl Alerter {
     pub fn new(cfg: &AlertSettings) -> Arc<Self> {
+        Self::with_resolver(cfg, Arc::new(SystemResolver))
+    }
+
+    /// The alerter over another name resolver (tests answer DNS with fixed addresses);
+    /// webhooks are reached through the guard either way.
+    pub fn with_resolver(cfg: &AlertSettings, dns: Arc<dyn Resolve>) -> Arc<Self> {
         let tx = (!cfg.webhooks.is_empty()).then(|| {
             let (tx, rx) = mpsc::channel(QUEUE);
-            tokio::spawn(deliver(cfg.webhooks.clone(), rx));
+            tokio::spawn(deliver(cfg.webhooks.clone(), rx, dns));
             tx
         });
         Arc::new(Self {
@@ -86,12 +95,15 @@ pub fn body(format: &str, a: &Alert) -> Value {
     }
 }
 
-async fn deliver(hooks: Vec<WebhookSettings>, mut rx: mpsc::Receiver<Alert>) {
-    let client = match reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-    {
+/// Sends queued alerts through a guarded client (`upstream::client::guarded`): a webhook
+/// may be on a private network (an internal chat relay), never on a metadata address —
+/// whatever its name resolves to at delivery.
+async fn deliver(
+    hooks: Vec<WebhookSettings>,
+    mut rx: mpsc::Receiver<Alert>,
+    dns: Arc<dyn Resolve>,
+) {
+    let client = match guarded(true, dns).timeout(Duration::from_secs(5)).build() {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(error = %e, "alert webhooks disabled: cannot build an HTTP client");

@@ -2,7 +2,8 @@
 //! environment, connect and first-byte timeouts, `TCP_NODELAY`. Two clients share the
 //! settings and both resolve names through `GuardedResolver`: `public` refuses private and
 //! metadata addresses, `private` (upstreams that opted in with `allow_private_network`,
-//! local model servers) refuses metadata addresses.
+//! local model servers) refuses metadata addresses. `guarded` is the one way to build an
+//! outbound client: the cache embedder and the alert webhooks use it too.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,6 +15,19 @@ use super::catalog::Deployment;
 use super::url_guard::{GuardedResolver, SystemResolver};
 use super::UpstreamError;
 use crate::config::{Provider, UpstreamTimeouts};
+
+/// A client for every outbound call the gateway makes — upstreams, the `http` cache
+/// embedder, alert webhooks: names resolved through `GuardedResolver` (metadata refused
+/// always, private addresses unless `allow_private`), redirects never followed (one could
+/// point anywhere, metadata included), no proxy from the environment (`HTTP(S)_PROXY`
+/// would resolve the name itself, past the guard).
+pub fn guarded(allow_private: bool, dns: Arc<dyn reqwest::dns::Resolve>) -> reqwest::ClientBuilder {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .user_agent(concat!("sluice/", env!("CARGO_PKG_VERSION")))
+        .dns_resolver(Arc::new(GuardedResolver::new(allow_private, dns)))
+}
 
 pub struct UpstreamClient {
     public: reqwest::Client,
@@ -36,17 +50,11 @@ impl UpstreamClient {
         dns: Arc<dyn reqwest::dns::Resolve>,
     ) -> Result<Self, reqwest::Error> {
         let build = |allow_private: bool| {
-            reqwest::Client::builder()
-                // A redirect could point anywhere, metadata included: never followed.
-                .redirect(reqwest::redirect::Policy::none())
-                // A proxy from HTTP(S)_PROXY would resolve the name itself, past the guard.
-                .no_proxy()
+            guarded(allow_private, dns.clone())
                 .connect_timeout(Duration::from_millis(timeouts.connect_timeout_ms))
                 .tcp_nodelay(true)
                 .pool_idle_timeout(Duration::from_secs(90))
                 .pool_max_idle_per_host(256)
-                .user_agent(concat!("sluice/", env!("CARGO_PKG_VERSION")))
-                .dns_resolver(Arc::new(GuardedResolver::new(allow_private, dns.clone())))
                 .build()
         };
         Ok(Self {

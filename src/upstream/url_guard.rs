@@ -54,6 +54,20 @@ pub fn check_base_url(raw: &str, allow_private: bool) -> Result<(), UrlGuardErro
     if !url.username().is_empty() || url.password().is_some() {
         return Err(UrlGuardError::UserInfo);
     }
+    check_host(&url, allow_private)
+}
+
+/// Checks an alert webhook URL: http(s), and never a metadata, link-local or reserved
+/// address; private addresses and a user name in the URL (basic auth) are allowed.
+pub fn check_webhook_url(raw: &str) -> Result<(), UrlGuardError> {
+    let url = url::Url::parse(raw).map_err(|_| UrlGuardError::Malformed)?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(UrlGuardError::Scheme);
+    }
+    check_host(&url, true)
+}
+
+fn check_host(url: &url::Url, allow_private: bool) -> Result<(), UrlGuardError> {
     match url.host() {
         None => Err(UrlGuardError::Malformed),
         Some(url::Host::Ipv4(ip)) => check_ip(IpAddr::V4(ip), allow_private),
@@ -238,7 +252,7 @@ impl Resolve for GuardedResolver {
         Box::pin(async move {
             let host = name.as_str().to_string();
             let refuse = |why: String| -> Box<dyn std::error::Error + Send + Sync> {
-                format!("{host} {why}; upstreams may not reach it").into()
+                format!("{host} {why}; the gateway may not reach it").into()
             };
             if let Err(e) = check_name(&host, allow_private) {
                 return Err(refuse(format!("is refused by name ({e})")));

@@ -208,3 +208,91 @@ async fn the_resolver_refuses_a_name_with_any_bad_address() {
         .await
         .is_err());
 }
+
+/// Issue 15, "try to break the guard": IPv4 in every spelling the URL parser accepts,
+/// trailing dots, case, IDN and full-width forms, userinfo and fragment tricks, malformed
+/// ports. Each is refused for the address it really reaches (`url` applies WHATWG host
+/// parsing — IDNA mapping, then IPv4 in decimal, octal, hex and shortened forms — the same
+/// parser reqwest sends with, so what is checked is what is connected to).
+#[test]
+fn odd_spellings_reach_the_address_they_spell() {
+    use UrlGuardError::*;
+    let cases: &[(&str, Result<(), UrlGuardError>)] = &[
+        ("http://0x7f.1/v1", Err(Private)),
+        ("http://0x7f.0.0.1/v1", Err(Private)),
+        ("http://127.1/v1", Err(Private)),
+        ("http://127.0.1/v1", Err(Private)),
+        ("http://017700000001/v1", Err(Private)),
+        ("http://127.000.000.001/v1", Err(Private)),
+        ("http://127.0.0.1./v1", Err(Private)),
+        ("http://2130706433./v1", Err(Private)),
+        ("http://１２７.０.０.１/v1", Err(Private)),
+        ("http://0/v1", Err(Forbidden)),
+        ("http://[::]/v1", Err(Forbidden)),
+        ("http://[::ffff:7f00:1]/v1", Err(Private)),
+        ("http://[0:0:0:0:0:ffff:169.254.169.254]/", Err(Forbidden)),
+        ("http://[::ffff:a9fe:a9fe]/", Err(Forbidden)),
+        ("http://169.254.169.254./", Err(Forbidden)),
+        ("http://0xa9.0xfe.0xa9.0xfe/", Err(Forbidden)),
+        ("http://169.254.43518/", Err(Forbidden)),
+        ("HTTP://169.254.169.254/", Err(Forbidden)),
+        ("http:169.254.169.254/", Err(Forbidden)),
+        ("http:/\\169.254.169.254/", Err(Forbidden)),
+        (" http://169.254.169.254/ ", Err(Forbidden)),
+        ("http://169.254.169\t.254/", Err(Forbidden)),
+        ("http://localhost./v1", Err(Private)),
+        ("http://LOCALHOST/v1", Err(Private)),
+        ("http://api.localhost./v1", Err(Private)),
+        ("http://metadata./", Err(Forbidden)),
+        ("http://METADATA.GOOGLE.INTERNAL/", Err(Forbidden)),
+        ("http://metadata.google.internal./", Err(Forbidden)),
+        ("http://ｍｅｔａｄａｔａ.google.internal/", Err(Forbidden)),
+        ("http://ⓜⓔⓣⓐⓓⓐⓣⓐ.google.internal/", Err(Forbidden)),
+        ("http://instance-data./", Err(Forbidden)),
+        // Userinfo: the host is what follows the last `@`, and any userinfo is refused.
+        ("http://api.openai.com@169.254.169.254/", Err(UserInfo)),
+        ("http://api.openai.com:443@169.254.169.254/", Err(UserInfo)),
+        ("http://@169.254.169.254/", Err(Forbidden)),
+        // After `#` or a backslash (a path separator in http URLs) the host is over.
+        ("http://169.254.169.254#@api.openai.com/", Err(Forbidden)),
+        ("http://169.254.169.254\\@api.openai.com/", Err(Forbidden)),
+        ("http://api.openai.com\\@169.254.169.254/v1", Ok(())),
+        ("http://127.0.0.1:99999/v1", Err(Malformed)),
+        ("http://127.0.0.1:0x50/v1", Err(Malformed)),
+        ("https://api.openai.com:443/v1", Ok(())),
+        // A public name stays a name at load; its DNS answer is checked at every connect.
+        ("http://169.254.169.254.nip.io/v1", Ok(())),
+    ];
+    for (url, want) in cases {
+        assert_eq!(check_base_url(url, false), *want, "{url}");
+    }
+    // The connector dials what the parser says: the checked host is the connected one.
+    let url = url::Url::parse("http://api.openai.com\\@169.254.169.254/v1").unwrap();
+    assert_eq!(url.host_str(), Some("api.openai.com"));
+}
+
+/// DNS answers mixing families, and answers carrying a port: the port is the URL's, the
+/// address decides, and one refused address (of either family) refuses the name.
+#[tokio::test]
+async fn mixed_family_answers_are_refused_whole() {
+    for answer in [
+        &["2606:4700::1111", "169.254.169.254"][..],
+        &["8.8.8.8", "fd00:ec2::254"],
+        &["8.8.8.8", "::ffff:169.254.169.254"],
+        &["2606:4700::1111", "2002:a9fe:a9fe::1"],
+        &["8.8.8.8", "::"],
+        &["8.8.8.8", "0.0.0.0"],
+    ] {
+        assert!(
+            resolve(true, answer, "api.example.com").await.is_err(),
+            "{answer:?}"
+        );
+    }
+    assert_eq!(
+        resolve(false, &["2606:4700::1111", "8.8.8.8"], "api.example.com").await,
+        Ok(vec![ip("2606:4700::1111"), ip("8.8.8.8")])
+    );
+    for name in ["localhost.", "LOCALHOST", "metadata.google.internal."] {
+        assert!(resolve(false, &["8.8.8.8"], name).await.is_err(), "{name}");
+    }
+}

@@ -104,6 +104,47 @@ async fn a_near_duplicate_is_a_semantic_hit_but_not_across_teams() {
     assert_eq!(app.mock.state.stats(KEY_A).count, 4);
 }
 
+/// Issue 15 (attack on the agreement check), over HTTP: in one conversation, questions that
+/// differ only in a pronoun, a modal verb, a greeting used as a word or a currency sign
+/// are other questions. Each was a `hit-semantic` before pronouns, modal verbs and
+/// in-sentence greetings were read as words and every symbol as a token; the reworded
+/// control still hits.
+#[tokio::test]
+async fn words_the_filler_list_used_to_drop_tell_questions_apart() {
+    let app = spawn_app().await;
+    let (_, token) = app.token("dora", None).await;
+    let turn = |last: &str| {
+        json!({"model": "gpt-4o-mini", "temperature": 0, "max_tokens": 50, "messages": [
+            {"role": "user", "content": "I said the meeting moves to Friday."},
+            {"role": "assistant", "content": "Noted: Friday."},
+            {"role": "user", "content": last}]})
+    };
+    let pairs = [
+        ("What did I say?", "What did you say?"),
+        ("Can we move it?", "Do we move it?"),
+        (
+            "How do you say thank you in Japanese?",
+            "How do you say hello in Japanese?",
+        ),
+        ("Convert ₹500 to USD.", "Convert ₽500 to USD."),
+    ];
+    for (n, (stored, asked)) in pairs.into_iter().enumerate() {
+        assert_eq!(ask(&app, &token, &turn(stored)).await.0, "miss", "{stored}");
+        app.wait_for_cache_entries(n as i64 + 1).await;
+        assert_eq!(
+            ask(&app, &token, &turn(asked)).await.0,
+            "miss",
+            "{asked} ~ {stored}"
+        );
+    }
+    let (kind, _) = ask(&app, &token, &turn("Hi! what did I say? Thanks")).await;
+    assert_eq!(
+        kind, "hit-semantic",
+        "the control: the first question reworded"
+    );
+    assert_eq!(app.mock.state.stats(KEY_A).count, 8);
+}
+
 #[tokio::test]
 async fn a_different_tool_result_never_hits() {
     let app = spawn_app().await;
@@ -341,6 +382,8 @@ async fn the_http_embedder_works_against_an_embeddings_endpoint() {
     let app = spawn_app_with(|s, m| {
         s.cache.embedder = "http".into();
         s.cache.http_url = format!("{}/v1", m.base_url());
+        // The mock listens on loopback: a local embedding server opts in like upstreams.
+        s.cache.http_allow_private_network = true;
         s.cache.http_model = "text-embedding-3-small".into();
     })
     .await;

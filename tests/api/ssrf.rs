@@ -11,6 +11,7 @@
 //! pass point at 127.0.0.1, where the mock listens, so a guard that wrongly let a mixed
 //! answer through would show up as a request the mock counted.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -19,8 +20,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use serde_json::json;
-use sluice::config::UpstreamTimeouts;
+use sluice::cache::embed::Embedder;
+use sluice::config::{AlertSettings, Secret, UpstreamTimeouts, WebhookSettings};
 use sluice::mock::{MockConfig, MockServer};
+use sluice::ops::alerts::Alerter;
 use sluice::startup::{Application, StartupError};
 use sluice::upstream::catalog::Catalog;
 use sluice::upstream::client::UpstreamClient;
@@ -176,4 +179,244 @@ async fn base_urls_that_carry_a_forbidden_address_refuse_to_start() {
             Ok(_) => panic!("{url}: the gateway started"),
         }
     }
+}
+
+/// One embedding through the real `http` embedder to `embed.test:<mock port>`, whose DNS
+/// answers `answer`: the outcome, the lookups, what the mock saw.
+async fn embed_through_dns(allow_private: bool, answer: &[&str]) -> (bool, usize, u64) {
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let port = mock.base_url().rsplit(':').next().unwrap().to_string();
+    let dns = Arc::new(FixedDns {
+        answer: answer.iter().map(|a| a.parse().unwrap()).collect(),
+        lookups: AtomicUsize::new(0),
+    });
+    let embedder = Embedder::http(
+        &format!("http://embed.test:{port}/v1"),
+        "text-embedding-3-small",
+        None,
+        allow_private,
+        Duration::from_secs(5),
+        dns.clone(),
+    )
+    .unwrap();
+    let embedded = embedder.embed("why does the light blink").await.is_ok();
+    (
+        embedded,
+        dns.lookups.load(Ordering::SeqCst),
+        mock.state.total_count(),
+    )
+}
+
+/// Issue 15, SSRF siblings: the `http` cache embedder resolved names without the guard, so
+/// a name answering a metadata address was reached. Every refused answer below starts with
+/// 127.0.0.1, where the mock listens: an unguarded client connects there first, and the
+/// mock counts it (the test never sends anything towards a metadata address).
+#[tokio::test]
+async fn the_http_embedder_resolves_through_the_guard() {
+    assert_eq!(
+        embed_through_dns(true, &["127.0.0.1"]).await,
+        (true, 1, 1),
+        "the control: a local embedding server, opted in"
+    );
+    let refused: &[(bool, &[&str])] = &[
+        (false, &["127.0.0.1"]),
+        (false, &["::ffff:127.0.0.1"]),
+        (true, &["127.0.0.1", "169.254.169.254"]),
+        (true, &["127.0.0.1", "100.100.100.200"]),
+        (true, &["127.0.0.1", "fd00:ec2::254"]),
+        (true, &["127.0.0.1", "64:ff9b::a9fe:a9fe"]),
+    ];
+    for (allow_private, answer) in refused {
+        let (embedded, lookups, seen) = embed_through_dns(*allow_private, answer).await;
+        assert!(!embedded, "{answer:?}");
+        assert_eq!(lookups, 1, "{answer:?}: the name went through the guard");
+        assert_eq!(seen, 0, "{answer:?}: nothing reached the embedding server");
+    }
+}
+
+/// The embedder's base URL is checked like an upstream's: metadata never, loopback and
+/// private only with `cache.http_allow_private_network`.
+#[tokio::test]
+async fn an_embedder_url_upstreams_may_not_use_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let cases = [
+        (format!("{}/v1", mock.base_url()), false),
+        ("http://10.0.0.7/v1".to_string(), false),
+        ("http://169.254.169.254/v1".to_string(), true),
+        ("http://[::ffff:a9fe:a9fe]/v1".to_string(), true),
+        ("http://metadata.google.internal./v1".to_string(), true),
+    ];
+    for (url, allow_private) in cases {
+        let mut settings = test_settings(dir.path(), &mock);
+        settings.cache.embedder = "http".into();
+        settings.cache.http_model = "m".into();
+        settings.cache.http_url = url.clone();
+        settings.cache.http_allow_private_network = allow_private;
+        match Application::build(settings).await {
+            Err(StartupError::Config(e)) => {
+                assert!(e.to_string().contains("cache.http_url"), "{url}: {e}")
+            }
+            Err(e) => panic!("{url}: {e}"),
+            Ok(_) => panic!("{url}: the gateway started"),
+        }
+    }
+}
+
+/// Answers each name from a table and counts the lookups of each.
+struct TableDns {
+    answers: HashMap<&'static str, Vec<IpAddr>>,
+    lookups: parking_lot::Mutex<HashMap<String, usize>>,
+}
+
+impl Resolve for TableDns {
+    fn resolve(&self, name: Name) -> Resolving {
+        *self
+            .lookups
+            .lock()
+            .entry(name.as_str().to_string())
+            .or_default() += 1;
+        let addrs: Vec<SocketAddr> = self
+            .answers
+            .get(name.as_str())
+            .into_iter()
+            .flatten()
+            .map(|ip| SocketAddr::new(*ip, 0))
+            .collect();
+        Box::pin(async move {
+            let addrs: Addrs = Box::new(addrs.into_iter());
+            Ok(addrs)
+        })
+    }
+}
+
+/// Issue 15, SSRF siblings: alert webhooks resolved names without the guard. Two hooks on
+/// the mock's port: `bad.test` answers loopback and the metadata address (an unguarded
+/// client delivers to the mock, in Slack's format), `good.test` loopback alone (delivered,
+/// in the generic format). Webhooks are tried in order, each up to four times, so once the
+/// generic body has arrived the bad hook is done: it must have delivered nothing.
+#[tokio::test]
+async fn alert_webhooks_resolve_through_the_guard() {
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let port = mock.base_url().rsplit(':').next().unwrap().to_string();
+    let hook = |name: &str, format: &str| WebhookSettings {
+        url: Secret(secrecy::SecretString::from(format!(
+            "http://{name}:{port}/_mock/webhook"
+        ))),
+        format: format.into(),
+    };
+    let dns = Arc::new(TableDns {
+        answers: HashMap::from([
+            (
+                "bad.test",
+                vec![
+                    "127.0.0.1".parse().unwrap(),
+                    "169.254.169.254".parse().unwrap(),
+                ],
+            ),
+            ("good.test", vec!["127.0.0.1".parse().unwrap()]),
+        ]),
+        lookups: parking_lot::Mutex::new(HashMap::new()),
+    });
+    let settings = AlertSettings {
+        webhooks: vec![hook("bad.test", "slack"), hook("good.test", "generic")],
+        ..AlertSettings::default()
+    };
+    let alerter = Alerter::with_resolver(&settings, dns.clone());
+    alerter.raise("breaker_open", "a", "breaker opened");
+    let mut received = vec![];
+    for _ in 0..500 {
+        received = mock.state.stats("webhook").last_bodies.into();
+        if !received.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(received.len(), 1, "one delivery: {received:?}");
+    assert_eq!(
+        received[0]["source"], "sluice",
+        "the generic hook's: {received:?}"
+    );
+    assert_eq!(received[0]["kind"], "breaker_open");
+    let lookups = dns.lookups.lock().clone();
+    assert_eq!(
+        lookups.get("bad.test"),
+        Some(&4),
+        "every attempt refused: {lookups:?}"
+    );
+    assert_eq!(lookups.get("good.test"), Some(&1));
+}
+
+/// A webhook URL is checked at load: metadata addresses never, in any spelling; private
+/// addresses and basic auth in the URL are fine (an internal chat relay).
+#[tokio::test]
+async fn webhook_urls_that_point_at_metadata_are_refused_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let check = |url: &str| {
+        let mut settings = test_settings(dir.path(), &mock);
+        settings.alerts.webhooks = vec![WebhookSettings {
+            url: Secret(secrecy::SecretString::from(url.to_string())),
+            format: "generic".into(),
+        }];
+        settings.validate().map_err(|e| e.to_string())
+    };
+    for url in [
+        "http://169.254.169.254/hook",
+        "http://2852039166/hook",
+        "http://[::ffff:169.254.169.254]/hook",
+        "http://100.100.100.200/hook",
+        "http://metadata.google.internal/hook",
+        "http://hooks.example.com@169.254.169.254/hook",
+    ] {
+        let err = check(url).expect_err(url);
+        assert!(
+            err.contains("alert webhook url points at a metadata"),
+            "{url}: {err}"
+        );
+    }
+    for url in [
+        "http://10.0.0.7/hook",
+        "http://127.0.0.1:9/hook",
+        "https://user:secret@chat.internal.example/hook",
+    ] {
+        assert_eq!(check(url), Ok(()), "{url}");
+    }
+    assert!(check("file:///etc/passwd").is_err());
+}
+
+/// The embedder never follows a redirect: the embeddings endpoint answers 307 to the mock's
+/// webhook route (a redirect keeps a POST a POST), and nothing arrives there.
+#[tokio::test]
+async fn the_http_embedder_follows_no_redirect() {
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let base = mock.base_url();
+    mock.state.sticky(
+        "*",
+        Some(sluice::mock::Script {
+            status: Some(307),
+            headers: vec![("location".into(), format!("{base}/_mock/webhook"))],
+            ..Default::default()
+        }),
+    );
+    let embedder = Embedder::http(
+        &format!("{base}/v1"),
+        "text-embedding-3-small",
+        None,
+        true,
+        Duration::from_secs(5),
+        Arc::new(sluice::upstream::url_guard::SystemResolver),
+    )
+    .unwrap();
+    let err = embedder.embed("hello").await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "embedding failed: embedding server answered 307 Temporary Redirect"
+    );
+    assert_eq!(mock.state.total_count(), 1, "the embeddings call only");
+    assert_eq!(
+        mock.state.stats("webhook").count,
+        0,
+        "the redirect was not followed"
+    );
 }

@@ -1,0 +1,178 @@
+//! The agreement check on single pairs; the evaluation set is `tests/api/cache_precision.rs`.
+
+use super::*;
+
+fn agree(a: &str, b: &str, strict: bool, ignore: bool) -> bool {
+    agreement(&tokens(a, ignore), strict) == agreement(&tokens(b, ignore), strict)
+}
+
+#[test]
+fn rewording_agrees_and_meaning_does_not() {
+    assert!(agree(
+        "Hi! What's the capital of Australia? Thanks",
+        "what is the capital of australia",
+        true,
+        false
+    ));
+    assert!(agree(
+        "Can you explain X?",
+        "Could you explain X",
+        true,
+        false
+    ));
+    assert!(!agree(
+        "Convert 100 USD to EUR.",
+        "Convert 100 EUR to USD.",
+        false,
+        false
+    ));
+    assert!(!agree("for i < n", "for i <= n", false, false));
+    assert!(!agree("Is -3 greater?", "Is 3 greater?", false, false));
+    assert!(!agree(
+        "Why does it start?",
+        "Why doesn't it start?",
+        false,
+        false
+    ));
+    assert!(!agree("order 48213", "order 48231", true, false));
+    assert!(agree("order 48213", "order 48231", true, true));
+    assert!(
+        !agree("on 2024-03-15", "on 2024-03-16", true, true),
+        "dates stay"
+    );
+    assert_eq!(normalised(&tokens("Don't stop!", false)), "do not stop");
+    assert!(
+        !agree("(2 + 3) * 4", "2 + (3 * 4)", true, false),
+        "brackets"
+    );
+    assert!(
+        !agree("Which US states?", "Which states?", true, false),
+        "US is no filler"
+    );
+    assert!(
+        agree("WHICH US STATES?", "which us states?", true, false),
+        "shouting"
+    );
+}
+
+#[test]
+fn filler_is_dropped_only_where_it_cannot_be_the_question() {
+    assert!(
+        tokens("Thanks! Hi there.", false).is_empty(),
+        "greetings alone"
+    );
+    assert!(!agree(
+        "How do you say thank you in Japanese?",
+        "How do you say hello in Japanese?",
+        true,
+        false
+    ));
+    assert!(!agree(
+        "What is my name?",
+        "What is your name?",
+        false,
+        false
+    ));
+    assert!(!agree(
+        "Can dogs eat grapes?",
+        "Do dogs eat grapes?",
+        false,
+        false
+    ));
+    assert!(agree(
+        "How can I undo it?",
+        "How do I undo it?",
+        true,
+        false
+    ));
+    assert!(!agree("How can it work?", "How does it work?", true, false));
+    assert!(agree("Can you explain X?", "Explain X please", true, false));
+    assert!(!agree(
+        "Is IT a good career?",
+        "Is it a good career?",
+        true,
+        false
+    ));
+}
+
+#[test]
+fn every_character_that_can_change_a_question_is_read() {
+    assert!(!agree(
+        "Convert ₹500 to USD",
+        "Convert ₽500 to USD",
+        true,
+        false
+    ));
+    assert!(!agree("Is 3 ≤ 4?", "Is 3 ≥ 4?", true, false));
+    assert!(!agree(
+        "Is 🍕 better than 🍔?",
+        "Is 🍔 better than 🍕?",
+        true,
+        false
+    ));
+    assert!(!agree("5'", "5\"", true, false), "feet and inches");
+    assert!(!agree("ข่าว", "ข้าว", true, false), "a Thai tone mark");
+    assert!(agree("re\u{301}sume\u{301}", "résumé", true, false), "NFC");
+    assert!(
+        agree("zero\u{200b}width", "zerowidth", true, false),
+        "invisible"
+    );
+    let moved = |indent: &str| format!("for x in xs:\n    if x:\n        f(x)\n{indent}g(x)");
+    assert!(
+        !agree(&moved("    "), &moved("        "), true, false),
+        "indentation"
+    );
+    assert!(
+        !agree("print('x')", "print(x)", true, false),
+        "quotes in code"
+    );
+    assert!(
+        !agree("Is `String s` valid?", "Is `string s` valid?", true, false),
+        "case in code"
+    );
+}
+
+proptest::proptest! {
+    /// Any text reads without a panic, the same way twice, and agrees with itself; a
+    /// digit changed anywhere never agrees.
+    #[test]
+    fn any_text_reads_and_a_changed_digit_never_agrees(
+        text in "\\PC{0,200}",
+        digit in 0u32..10,
+        ignore in proptest::bool::ANY,
+    ) {
+        let once = tokens(&text, ignore);
+        proptest::prop_assert_eq!(&once, &tokens(&text, ignore));
+        let other = format!("{text} {digit}");
+        let changed = format!("{text} {}", (digit + 1) % 10);
+        for strict in [true, false] {
+            proptest::prop_assert!(agree(&other, &other, strict, ignore));
+            proptest::prop_assert!(!agree(&other, &changed, strict, ignore));
+        }
+    }
+}
+
+#[test]
+fn identifiers() {
+    for id in [
+        "wvwzzz1jzxw000001",
+        "3f2a9c1e-7b4d-4e2a-9f10-2c6d8e4b1a77",
+        "7d1f0c9a4b2e88e1",
+        "2026-11-03t08:15:00z",
+        "48213",
+        "a-99321",
+    ] {
+        assert!(is_identifier(id), "{id}");
+    }
+    for not in [
+        "2024-03-15",
+        "3.14159",
+        "12:30",
+        "p0401",
+        "1009",
+        "deadbeef",
+        "100,000",
+    ] {
+        assert!(!is_identifier(not), "{not}");
+    }
+}
