@@ -17,6 +17,7 @@ mod cache_precision;
 mod clocks;
 mod files;
 mod fuzz;
+mod lockout;
 mod money;
 mod money_model;
 mod operations;
