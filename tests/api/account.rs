@@ -289,3 +289,47 @@ async fn an_api_key_cannot_make_or_arm_a_login() {
     .unwrap();
     assert_eq!(r.status(), 200);
 }
+
+/// Re-enabling is arming too: a login an admin disabled (its password leaked, its owner
+/// left) would let whoever knows that password sign in and mint keys, and its API keys
+/// would work again. A key may disable a login (an incident script), never enable one.
+#[tokio::test]
+async fn an_api_key_cannot_enable_a_disabled_login() {
+    let app = spawn_app().await;
+    make_login(&app, "root", "admin", None).await;
+    let old_id = make_login(&app, "old-admin", "admin", None).await;
+    let s = login(&app, "root").await;
+    let key = key_of(&s, "ci").await;
+    let patch = |body: serde_json::Value| {
+        client()
+            .patch(format!("{}/admin/api/v1/logins/{old_id}", app.address))
+            .bearer_auth(&key)
+            .json(&body)
+            .send()
+    };
+    let r = patch(json!({"disabled": true})).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let r = patch(json!({"disabled": false})).await.unwrap();
+    assert_eq!(r.status(), 403);
+    let v: serde_json::Value = r.json().await.unwrap();
+    let msg = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("API key") && msg.contains("signed-in"),
+        "the reason is named: {v}"
+    );
+    let disabled = app
+        .scalar(&format!("SELECT disabled FROM admins WHERE id = {old_id}"))
+        .await;
+    assert_eq!(disabled, 1, "the login stays disabled");
+    // Disabling again with a key is still fine (nothing to arm), and a session may enable.
+    let r = patch(json!({"disabled": true})).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let (status, v) = s
+        .patch(
+            &format!("/admin/api/v1/logins/{old_id}"),
+            &json!({"disabled": false}),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["disabled"], json!(false));
+}
