@@ -88,7 +88,7 @@ impl MasterKey {
         let io = |e| SecretError::Io(path.to_path_buf(), e);
         if !path.exists() {
             if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir).map_err(io)?;
+                crate::private_fs::create_dir_all(dir).map_err(io)?;
             }
             let mut key = [0u8; LEN];
             rand::rngs::OsRng.fill_bytes(&mut key);

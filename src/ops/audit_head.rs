@@ -130,7 +130,7 @@ pub enum Exported {
 /// extends the head already there (see the module doc), and logs it.
 pub async fn export(db: &Db, dir: &Path, now: DateTime<Utc>) -> Result<Exported, HeadError> {
     let io = |e| HeadError::Io(dir.to_path_buf(), e);
-    std::fs::create_dir_all(dir).map_err(io)?;
+    crate::private_fs::create_dir_all(dir).map_err(io)?;
     let lock_path = dir.join(LOCK);
     let _lock = tokio::task::spawn_blocking(move || {
         let f = std::fs::OpenOptions::new()
