@@ -1,6 +1,6 @@
 //! The gateway's master key: 32 random bytes from `SLUICE_SECRET_KEY` (64 hex characters),
 //! else from a key file beside the database (`<database file>.key`, mode 0600), created at
-//! the first start. Nothing uses the master key itself: each purpose derives its own subkey
+//! the first start; a key file open to others stops the start. Nothing uses the master key itself: each purpose derives its own subkey
 //! with HKDF-SHA256 under a label (`subkey`), so a key for one purpose (the audit chain,
 //! later the encryption of upstream keys) says nothing about another.
 //!
@@ -26,6 +26,8 @@ pub enum SecretError {
     BadEnv,
     #[error("the key file {0} does not hold 64 hex characters (32 bytes)")]
     BadFile(PathBuf),
+    #[error("the key file {0} is open to others (mode {1:o}); `chmod 600` it, and if anyone else could have read it, treat the key as leaked")]
+    Exposed(PathBuf, u32),
     #[error("key file {0}: {1}")]
     Io(PathBuf, std::io::Error),
 }
@@ -110,10 +112,11 @@ impl MasterKey {
             let _ = std::fs::remove_file(&tmp);
             written.map_err(io)?;
         }
+        // Others could have read it already: tightening it quietly would carry on with a
+        // key that may be out. Stop, as ssh and PostgreSQL do with their key files.
         let mode = std::fs::metadata(path).map_err(io)?.permissions().mode();
         if mode & 0o077 != 0 {
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
-            tracing::warn!(file = %path.display(), mode = format!("{:o}", mode & 0o777), "the master key file was readable by others; its mode is now 0600");
+            return Err(SecretError::Exposed(path.to_path_buf(), mode & 0o777));
         }
         let text = std::fs::read_to_string(path).map_err(io)?;
         MasterKey::from_hex(&text).ok_or_else(|| SecretError::BadFile(path.to_path_buf()))

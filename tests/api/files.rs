@@ -152,12 +152,7 @@ async fn files_an_older_version_left_readable_are_tightened_at_start() {
     {
         let (_gw, _) = serve(dir.path(), &mock, &[]).await;
     }
-    for f in [
-        "sluice.db",
-        "sluice.db-wal",
-        "sluice.db-shm",
-        "sluice.db.key",
-    ] {
+    for f in ["sluice.db", "sluice.db-wal", "sluice.db-shm"] {
         let p = dir.path().join("data").join(f);
         if p.exists() {
             std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
@@ -169,7 +164,6 @@ async fn files_an_older_version_left_readable_are_tightened_at_start() {
         let p = dir.path().join("data").join(f);
         assert_eq!(mode(&p), 0o600, "{}", p.display());
     }
-    assert_eq!(mode(&dir.path().join("data/sluice.db.key")), 0o600);
     let text = std::fs::read_to_string(log).unwrap();
     assert!(
         text.contains("database file was readable by others"),
@@ -233,6 +227,34 @@ async fn under_umask_000_files_are_0600_and_new_folders_0700() {
     for d in [&data, &backup] {
         assert_eq!(mode(d), 0o700, "{}", d.display());
     }
+}
+
+/// A key file others could read may already have been read: the gateway does not start on
+/// it (as ssh and PostgreSQL refuse their key files), and says what to do, instead of
+/// tightening it and carrying on with a key that may be out.
+#[tokio::test]
+async fn a_key_file_readable_by_others_stops_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    {
+        let (_gw, _) = serve(dir.path(), &mock, &[]).await;
+    }
+    let key = dir.path().join("data/sluice.db.key");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let config = write_config(dir.path(), &mock, free_port());
+    let log = dir.path().join("refused.log");
+    let mut gw = sluice(&config, "022", &["serve"], &[], &log);
+    assert!(!exits(&mut gw).await.success());
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains(&key.display().to_string()) && text.contains("chmod 600"),
+        "the error names the file and the fix: {text}"
+    );
+    assert_eq!(
+        mode(&key),
+        0o644,
+        "left as found, for the operator to look at"
+    );
 }
 
 /// A key file that is not 64 hex characters, or a malformed `SLUICE_SECRET_KEY`: the start
