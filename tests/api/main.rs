@@ -7,6 +7,7 @@ mod account;
 mod admin;
 mod admin_reports;
 mod admin_roles;
+mod audit_replay;
 mod audit_tamper;
 mod audit_upgrade;
 mod auth;
