@@ -547,3 +547,68 @@ async fn a_huge_head_file_is_reported_without_being_read() {
         stderr(&out)
     );
 }
+
+/// Rows kept byte for byte but moved: a copy of an earlier row appended (a replay), two
+/// rows' contents swapped, every id renumbered. The MAC covers the previous row's hash, so
+/// a row verifies only in its place; ids are not in the MAC, but the head names the newest
+/// id, so renumbering shows there.
+#[tokio::test]
+async fn replayed_swapped_or_renumbered_rows_are_caught() {
+    const COLS: &str =
+        "actor, address, action, target, before, after, created_at, prev_hash, hash, chain";
+    let replayed = rig().await;
+    let target = a_middle_row(&replayed).await;
+    let mut c = replayed.attacker().await;
+    sqlx::query(&format!(
+        "INSERT INTO audit_log ({COLS}) SELECT {COLS} FROM audit_log WHERE id = ?"
+    ))
+    .bind(target)
+    .execute(&mut c)
+    .await
+    .unwrap();
+    let copy = replayed.app.scalar("SELECT MAX(id) FROM audit_log").await;
+    let err = stderr(&replayed.verify());
+    assert!(
+        err.contains(&format!("chain broken at row {copy}: it does not link")),
+        "{err}"
+    );
+
+    let (swapped, first) = rig_swapped().await;
+    let err = stderr(&swapped.verify());
+    assert!(
+        err.contains(&format!("chain broken at row {first}: it does not link")),
+        "{err}"
+    );
+
+    let renumbered = rig().await;
+    let mut c = renumbered.attacker().await;
+    for sql in [
+        "DROP TRIGGER audit_no_update",
+        "UPDATE audit_log SET id = id + 1000",
+    ] {
+        sqlx::query(sql).execute(&mut c).await.unwrap();
+    }
+    let err = stderr(&renumbered.verify());
+    assert!(err.contains("audit head mismatch: hash"), "{err}");
+    assert!(!err.contains("chain broken"), "{err}");
+}
+
+/// A rig whose middle row and the one after it swapped contents; the first of the two.
+async fn rig_swapped() -> (Rig, i64) {
+    let rig = rig().await;
+    let a = a_middle_row(&rig).await;
+    let mut c = rig.attacker().await;
+    sqlx::query("DROP TRIGGER audit_no_update")
+        .execute(&mut c)
+        .await
+        .unwrap();
+    // Through a spare id: move a aside, b into a, the saved a into b.
+    for sql in [
+        "UPDATE audit_log SET id = -1 WHERE id = ?1",
+        "UPDATE audit_log SET id = ?1 WHERE id = ?1 + 1",
+        "UPDATE audit_log SET id = ?1 + 1 WHERE id = -1",
+    ] {
+        sqlx::query(sql).bind(a).execute(&mut c).await.unwrap();
+    }
+    (rig, a)
+}
