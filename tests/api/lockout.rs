@@ -163,3 +163,53 @@ async fn the_cli_resets_a_password_ends_sessions_revokes_keys_and_unlocks() {
         "no hash in the audit row"
     );
 }
+
+/// Forwarded headers are not trusted: twenty names guessed from one socket while every
+/// request claims another client address are still one address's twenty; the next is 429.
+#[tokio::test]
+async fn forwarded_headers_do_not_escape_the_per_address_limit() {
+    let app = spawn_app().await;
+    make_login(&app, "root", "admin", None).await;
+    let http = client();
+    let (pre, csrf) = login_form(&app, &http).await;
+    let attempt = |i: usize| {
+        let fake = format!("198.51.100.{i}");
+        http.post(format!("{}/admin/login", app.address))
+            .header("cookie", format!("sluice_login={pre}"))
+            .header("x-forwarded-for", &fake)
+            .header("x-real-ip", &fake)
+            .header("forwarded", format!("for={fake}"))
+            .form(&[
+                ("username", format!("name{i}").as_str()),
+                ("password", "a guess of some length"),
+                ("csrf_token", csrf.as_str()),
+            ])
+            .send()
+    };
+    for i in 0..20 {
+        assert_eq!(attempt(i).await.unwrap().status(), 401, "attempt {i}");
+    }
+    let r = attempt(20).await.unwrap();
+    assert_eq!(r.status(), 429);
+    assert!(r.headers().contains_key("retry-after"));
+    assert!(r.text().await.unwrap().contains("Try again in"));
+}
+
+/// Names match exactly: `ADMIN`, `root ` or a full-width `ｒoot` are other names (they
+/// open nothing, even with root's password), and guessing at them does not lock `root`.
+#[tokio::test]
+async fn lookalike_names_neither_open_nor_lock_the_real_one() {
+    let app = spawn_app().await;
+    make_login(&app, "root", "admin", None).await;
+    for name in ["ROOT", "root ", " root", "ｒoot", "root\u{200b}"] {
+        assert_eq!(sign_in_status(&app, name, PASSWORD).await, 401, "{name:?}");
+    }
+    for i in 0..5 {
+        assert_eq!(
+            sign_in_status(&app, "Root", &format!("guess {i}")).await,
+            401
+        );
+    }
+    assert_eq!(sign_in_status(&app, "Root", PASSWORD).await, 429);
+    assert_eq!(sign_in_status(&app, "root", PASSWORD).await, 303);
+}
