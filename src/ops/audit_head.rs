@@ -292,6 +292,19 @@ impl Report {
                 out.push(format!("audit head mismatch: {what}{why}"));
             }
         }
+        // Both signatures failing at once is what another key looks like: the likeliest
+        // cause is an accident with the key, not an edit (which leaves the head intact).
+        let unsigned = self
+            .chain
+            .broken
+            .as_ref()
+            .is_some_and(|b| b.why == audit::UNSIGNED);
+        if unsigned && self.head == Found::Forged {
+            out.push(format!(
+                "the rows and the head fail alike: probably not the key that signed them ({} set, unset or changed, or the key file replaced); verify with that key",
+                crate::secrets::ENV
+            ));
+        }
         out
     }
 }

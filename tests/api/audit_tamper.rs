@@ -612,3 +612,24 @@ async fn rig_swapped() -> (Rig, i64) {
     }
     (rig, a)
 }
+
+/// Not an attack but the likeliest accident: the gateway's key changed (`SLUICE_SECRET_KEY`
+/// set where the key file was used, or the file replaced). Every row and the head then fail
+/// alike; `verify` says that the key is the likely cause, not only that rows changed.
+#[tokio::test]
+async fn verify_with_another_key_says_the_key_is_the_likely_cause() {
+    let rig = rig().await;
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["--config", rig.config.to_str().unwrap(), "audit", "verify"])
+        .env("SLUICE_SECRET_KEY", "cd".repeat(32))
+        .output()
+        .unwrap();
+    assert!(!ok(&out));
+    let err = stderr(&out);
+    assert!(err.contains("chain broken at row 1"), "{err}");
+    assert!(err.contains("audit head forged"), "{err}");
+    assert!(
+        err.contains("not the key that signed") && err.contains("SLUICE_SECRET_KEY"),
+        "{err}"
+    );
+}
