@@ -158,7 +158,14 @@ mod tests {
         assert!(MasterKey::from_hex(&"ab".repeat(32)).is_some());
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("k");
+        std::fs::write(&path, "ab".repeat(32)).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(matches!(
+            MasterKey::load_or_create(&path),
+            Err(SecretError::Exposed(_, 0o644))
+        ));
         std::fs::write(&path, "short").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert!(matches!(
             MasterKey::load_or_create(&path),
             Err(SecretError::BadFile(_))
