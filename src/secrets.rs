@@ -71,11 +71,14 @@ fn parse_hex(text: &str) -> Option<[u8; LEN]> {
 
 impl MasterKey {
     /// The key from `SLUICE_SECRET_KEY` when set, else from the key file of the database at
-    /// `db` (created when missing).
+    /// `db` (created when missing). Set but empty counts as unset: docker-compose.yml passes
+    /// `${SLUICE_SECRET_KEY:-}`, which is empty in the container when the host has none.
     pub fn for_database(db: &Path) -> Result<MasterKey, SecretError> {
         match std::env::var(ENV) {
+            Ok(v) if v.trim().is_empty() => MasterKey::load_or_create(&key_file_for(db)),
             Ok(v) => MasterKey::from_hex(&v).ok_or(SecretError::BadEnv),
-            Err(_) => MasterKey::load_or_create(&key_file_for(db)),
+            Err(std::env::VarError::NotPresent) => MasterKey::load_or_create(&key_file_for(db)),
+            Err(std::env::VarError::NotUnicode(_)) => Err(SecretError::BadEnv),
         }
     }
 

@@ -314,3 +314,15 @@ async fn the_master_key_never_reaches_a_trace_log() {
         assert!(!text.contains(piece), "a piece of the key is in the log");
     }
 }
+
+/// docker-compose.yml passes `SLUICE_SECRET_KEY: ${SLUICE_SECRET_KEY:-}`: unset on the host,
+/// the variable is set but empty in the container. Empty means unset — the key file is
+/// used — or the default deployment would not start at all.
+#[tokio::test]
+async fn an_empty_sluice_secret_key_means_the_key_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let (_gw, _) = serve(dir.path(), &mock, &[("SLUICE_SECRET_KEY", "")]).await;
+    let key = dir.path().join("data/sluice.db.key");
+    assert_eq!(mode(&key), 0o600);
+}
