@@ -176,6 +176,33 @@ mod tests {
     }
 
     #[test]
+    fn processes_starting_at_once_agree_on_one_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data/sluice.db.key");
+        let keys: Vec<Vec<u8>> = std::thread::scope(|s| {
+            let started: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| MasterKey::load_or_create(&path).unwrap()))
+                .collect();
+            started
+                .into_iter()
+                .map(|h| h.join().unwrap().subkey("x").bytes().to_vec())
+                .collect()
+        });
+        assert!(keys.windows(2).all(|w| w[0] == w[1]), "one key for all");
+        // No temporary file is left behind, and the folder made for it is 0700.
+        let names: Vec<_> = std::fs::read_dir(dir.path().join("data"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("sluice.db.key")]);
+        let mode = std::fs::metadata(dir.path().join("data"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
+    }
+
+    #[test]
     fn the_key_file_sits_beside_the_database() {
         assert_eq!(
             key_file_for(Path::new("data/sluice.db")),

@@ -333,3 +333,65 @@ async fn an_api_key_cannot_enable_a_disabled_login() {
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["disabled"], json!(false));
 }
+
+/// The HTML form routes take an API key too (the gate accepts one anywhere under /admin):
+/// every credential change refused there as on the JSON API, with the reason, and nothing
+/// changed.
+#[tokio::test]
+async fn the_form_routes_refuse_credential_changes_to_an_api_key() {
+    let app = spawn_app().await;
+    make_login(&app, "root", "admin", None).await;
+    let ops_id = make_login(&app, "ops", "finance", None).await;
+    let s = login(&app, "root").await;
+    let key = key_of(&s, "ci").await;
+    let (status, _) = s
+        .patch(
+            &format!("/admin/api/v1/logins/{ops_id}"),
+            &json!({"disabled": true}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let before = state_counts(&app).await;
+    let new = NEW_PASSWORD;
+    let ops = format!("/admin/logins/{ops_id}");
+    let cases: Vec<(&str, Vec<(&str, &str)>)> = vec![
+        (
+            "/admin/account/password",
+            vec![("current_password", PASSWORD), ("new_password", new)],
+        ),
+        ("/admin/account/keys", vec![("name", "successor")]),
+        (
+            "/admin/users",
+            vec![
+                ("username", "mallory"),
+                ("role", "admin"),
+                ("password", new),
+            ],
+        ),
+        (&ops, vec![("password", new)]),
+        (&ops, vec![("role", "admin")]),
+        (&ops, vec![("disabled", "")]),
+    ];
+    for (path, form) in cases {
+        let r = client()
+            .post(format!("{}{path}", app.address))
+            .bearer_auth(&key)
+            .header("hx-request", "true")
+            .form(&form)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 403, "{path} {form:?}");
+        let body = r.text().await.unwrap();
+        assert!(
+            body.contains("API key"),
+            "{path}: the reason is named: {body}"
+        );
+    }
+    assert_eq!(state_counts(&app).await, before, "nothing changed");
+    assert_eq!(
+        app.scalar(&format!("SELECT disabled FROM admins WHERE id = {ops_id}"))
+            .await,
+        1
+    );
+}
