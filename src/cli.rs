@@ -6,13 +6,13 @@ use std::path::Path;
 use chrono::{DateTime, Utc};
 use serde_json::json;
 
-use crate::auth::{password, token};
+use crate::auth::{password, throttle, token};
 use crate::ops::audit_head::{self, Exported, HeadError};
 use crate::quota::period::Reset;
 use crate::quota::pricing;
 use crate::store::audit::{self, AuditEntry};
 use crate::store::tenants::{self, NewBudget, NewUser, DEFAULT_TEAM};
-use crate::store::{admins, ledger, tokens, Db, StoreError};
+use crate::store::{admins, ledger, sessions, tokens, Db, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
@@ -326,6 +326,65 @@ pub async fn admin_create(
     audit::append(
         &mut tx,
         &audit_entry("admin.create", &format!("admin:{id}"), Some(&after)),
+        now,
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(id)
+}
+
+/// The login named `username`, or an error naming it.
+async fn login_named(db: &Db, username: &str) -> Result<i64, CliError> {
+    sessions::admin_by_name(&db.read, username)
+        .await?
+        .map(|a| a.id)
+        .ok_or_else(|| CliError::Invalid(format!("no admin login named `{username}`")))
+}
+
+/// `sluice admin unlock`: lifts the sign-in throttle's lock on one name. Anyone who can
+/// reach the sign-in form can keep a name locked (five wrong passwords per window); the
+/// operator on the host needs no password to let its owner in again. Returns how many
+/// counted attempts were forgotten.
+pub async fn admin_unlock(db: &Db, username: &str, now: DateTime<Utc>) -> Result<u64, CliError> {
+    let id = login_named(db, username).await?;
+    let mut tx = db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let forgotten = throttle::unlock_name(&mut tx, username).await?;
+    let after = json!({ "attempts_forgotten": forgotten }).to_string();
+    audit::append(
+        &mut tx,
+        &audit_entry("admin.unlock", &format!("admin:{id}"), Some(&after)),
+        now,
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(forgotten)
+}
+
+/// `sluice admin reset-password`: a new password for a login, set from the host (a locked
+/// out or forgotten admin). Like a password change, it ends every session of the login and
+/// revokes its API keys — whatever the old password opened — and lifts the name's lock.
+pub async fn admin_reset_password(
+    db: &Db,
+    username: &str,
+    pw: String,
+    now: DateTime<Utc>,
+) -> Result<i64, CliError> {
+    let id = login_named(db, username).await?;
+    let hash = password::hash_blocking(pw).await?;
+    let mut tx = db.write.begin_with("BEGIN IMMEDIATE").await?;
+    sessions::set_password_hash(&mut tx, id, &hash).await?;
+    let ended = sessions::delete_sessions_of(&mut tx, id, None).await?;
+    let revoked = sessions::revoke_api_keys_of(&mut tx, id, now).await?;
+    let forgotten = throttle::unlock_name(&mut tx, username).await?;
+    let after = json!({
+        "sessions_ended": ended,
+        "api_keys_revoked": revoked,
+        "attempts_forgotten": forgotten,
+    })
+    .to_string();
+    audit::append(
+        &mut tx,
+        &audit_entry("admin.password_reset", &format!("admin:{id}"), Some(&after)),
         now,
     )
     .await?;

@@ -12,6 +12,7 @@ pub mod error;
 pub mod mock;
 pub mod ops;
 pub mod pipeline;
+pub mod private_fs;
 pub mod queue;
 pub mod quota;
 pub mod ratelimit;

@@ -109,6 +109,19 @@ enum AdminCommand {
         #[arg(long)]
         password_stdin: bool,
     },
+    /// Lift the sign-in lock on a login's name (after someone guessed at it).
+    Unlock {
+        #[arg(long)]
+        username: String,
+    },
+    /// Set a new password for a login: ends its sessions, revokes its API keys, lifts its lock.
+    ResetPassword {
+        #[arg(long)]
+        username: String,
+        /// Read the password from standard input (else SLUICE_ADMIN_PASSWORD, else one is generated and printed).
+        #[arg(long)]
+        password_stdin: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -338,21 +351,30 @@ async fn main() -> anyhow::Result<()> {
                     password_stdin,
                 },
         } => {
-            let (pw, generated) = if password_stdin {
-                let mut s = String::new();
-                std::io::stdin().read_to_string(&mut s)?;
-                (s.trim_end_matches(['\n', '\r']).to_string(), false)
-            } else if let Ok(p) = std::env::var("SLUICE_ADMIN_PASSWORD") {
-                (p, false)
-            } else {
-                (
-                    sluice::auth::token::generate().text[6..30].to_string(),
-                    true,
-                )
-            };
+            let (pw, generated) = new_password(password_stdin)?;
             let id =
                 cli::admin_create(&db, &username, &role, team.as_deref(), pw.clone(), now).await?;
             println!("admin {username} ({role}) created (id {id})");
+            if generated {
+                println!("password (shown once): {pw}");
+            }
+        }
+        Command::Admin {
+            command: AdminCommand::Unlock { username },
+        } => {
+            let n = cli::admin_unlock(&db, &username, now).await?;
+            println!("{username} unlocked ({n} counted sign-in attempts forgotten)");
+        }
+        Command::Admin {
+            command:
+                AdminCommand::ResetPassword {
+                    username,
+                    password_stdin,
+                },
+        } => {
+            let (pw, generated) = new_password(password_stdin)?;
+            cli::admin_reset_password(&db, &username, pw.clone(), now).await?;
+            println!("password of {username} reset; its sessions ended and API keys revoked");
             if generated {
                 println!("password (shown once): {pw}");
             }
@@ -388,6 +410,23 @@ async fn main() -> anyhow::Result<()> {
     cli::export_audit_head(&db, std::path::Path::new(&settings.backup.dir), now).await;
     db.close().await;
     Ok(())
+}
+
+/// A new admin password: from standard input, else `SLUICE_ADMIN_PASSWORD`, else a
+/// generated one (the flag says whether to print it).
+fn new_password(stdin: bool) -> anyhow::Result<(String, bool)> {
+    Ok(if stdin {
+        let mut s = String::new();
+        std::io::stdin().read_to_string(&mut s)?;
+        (s.trim_end_matches(['\n', '\r']).to_string(), false)
+    } else if let Ok(p) = std::env::var("SLUICE_ADMIN_PASSWORD") {
+        (p, false)
+    } else {
+        (
+            sluice::auth::token::generate().text[6..30].to_string(),
+            true,
+        )
+    })
 }
 
 async fn token_command(

@@ -1,6 +1,6 @@
 //! The gateway's master key: 32 random bytes from `SLUICE_SECRET_KEY` (64 hex characters),
 //! else from a key file beside the database (`<database file>.key`, mode 0600), created at
-//! the first start. Nothing uses the master key itself: each purpose derives its own subkey
+//! the first start; a key file open to others stops the start. Nothing uses the master key itself: each purpose derives its own subkey
 //! with HKDF-SHA256 under a label (`subkey`), so a key for one purpose (the audit chain,
 //! later the encryption of upstream keys) says nothing about another.
 //!
@@ -26,6 +26,8 @@ pub enum SecretError {
     BadEnv,
     #[error("the key file {0} does not hold 64 hex characters (32 bytes)")]
     BadFile(PathBuf),
+    #[error("the key file {0} is open to others (mode {1:o}); `chmod 600` it, and if anyone else could have read it, treat the key as leaked")]
+    Exposed(PathBuf, u32),
     #[error("key file {0}: {1}")]
     Io(PathBuf, std::io::Error),
 }
@@ -69,11 +71,14 @@ fn parse_hex(text: &str) -> Option<[u8; LEN]> {
 
 impl MasterKey {
     /// The key from `SLUICE_SECRET_KEY` when set, else from the key file of the database at
-    /// `db` (created when missing).
+    /// `db` (created when missing). Set but empty counts as unset: docker-compose.yml passes
+    /// `${SLUICE_SECRET_KEY:-}`, which is empty in the container when the host has none.
     pub fn for_database(db: &Path) -> Result<MasterKey, SecretError> {
         match std::env::var(ENV) {
+            Ok(v) if v.trim().is_empty() => MasterKey::load_or_create(&key_file_for(db)),
             Ok(v) => MasterKey::from_hex(&v).ok_or(SecretError::BadEnv),
-            Err(_) => MasterKey::load_or_create(&key_file_for(db)),
+            Err(std::env::VarError::NotPresent) => MasterKey::load_or_create(&key_file_for(db)),
+            Err(std::env::VarError::NotUnicode(_)) => Err(SecretError::BadEnv),
         }
     }
 
@@ -88,7 +93,7 @@ impl MasterKey {
         let io = |e| SecretError::Io(path.to_path_buf(), e);
         if !path.exists() {
             if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir).map_err(io)?;
+                crate::private_fs::create_dir_all(dir).map_err(io)?;
             }
             let mut key = [0u8; LEN];
             rand::rngs::OsRng.fill_bytes(&mut key);
@@ -110,10 +115,11 @@ impl MasterKey {
             let _ = std::fs::remove_file(&tmp);
             written.map_err(io)?;
         }
+        // Others could have read it already: tightening it quietly would carry on with a
+        // key that may be out. Stop, as ssh and PostgreSQL do with their key files.
         let mode = std::fs::metadata(path).map_err(io)?.permissions().mode();
         if mode & 0o077 != 0 {
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
-            tracing::warn!(file = %path.display(), mode = format!("{:o}", mode & 0o777), "the master key file was readable by others; its mode is now 0600");
+            return Err(SecretError::Exposed(path.to_path_buf(), mode & 0o777));
         }
         let text = std::fs::read_to_string(path).map_err(io)?;
         MasterKey::from_hex(&text).ok_or_else(|| SecretError::BadFile(path.to_path_buf()))
@@ -155,11 +161,45 @@ mod tests {
         assert!(MasterKey::from_hex(&"ab".repeat(32)).is_some());
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("k");
+        std::fs::write(&path, "ab".repeat(32)).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(matches!(
+            MasterKey::load_or_create(&path),
+            Err(SecretError::Exposed(_, 0o644))
+        ));
         std::fs::write(&path, "short").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert!(matches!(
             MasterKey::load_or_create(&path),
             Err(SecretError::BadFile(_))
         ));
+    }
+
+    #[test]
+    fn processes_starting_at_once_agree_on_one_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data/sluice.db.key");
+        let keys: Vec<Vec<u8>> = std::thread::scope(|s| {
+            let started: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| MasterKey::load_or_create(&path).unwrap()))
+                .collect();
+            started
+                .into_iter()
+                .map(|h| h.join().unwrap().subkey("x").bytes().to_vec())
+                .collect()
+        });
+        assert!(keys.windows(2).all(|w| w[0] == w[1]), "one key for all");
+        // No temporary file is left behind, and the folder made for it is 0700.
+        let names: Vec<_> = std::fs::read_dir(dir.path().join("data"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("sluice.db.key")]);
+        let mode = std::fs::metadata(dir.path().join("data"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
     }
 
     #[test]

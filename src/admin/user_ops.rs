@@ -304,6 +304,11 @@ pub async fn update_login(
     if p.role.is_some() || p.team_id.is_some() || p.password.is_some() {
         actor.require_session("set a login's password, role or team")?;
     }
+    // Enabling arms a login as much as a password does (whoever knows its password, or
+    // holds its keys, is back in); disabling stays open to a key (an incident script).
+    if p.disabled == Some(false) {
+        actor.require_session("enable a login")?;
+    }
     let new_hash = match &p.password {
         Some(pw) if actor.is_admin() => Some(state.passwords.hash(pw.clone()).await?),
         _ => None,

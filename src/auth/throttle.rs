@@ -55,7 +55,7 @@ pub async fn admit(
     now: DateTime<Utc>,
 ) -> Result<Admission, StoreError> {
     let keys = [
-        (format!("user:{username}"), USER_LIMIT),
+        (name_key(username), USER_LIMIT),
         (format!("addr:{}", network(address)), ADDR_LIMIT),
     ];
     // A stale read can only under-count, which the locked check below corrects.
@@ -73,6 +73,18 @@ pub async fn admit(
     }
     tx.commit().await?;
     Ok(Admission::Admitted(Attempt { rows }))
+}
+
+/// The key a name's attempts are counted under.
+fn name_key(username: &str) -> String {
+    format!("user:{username}")
+}
+
+/// Lifts the per-name lock on `username` (the operator's way back in when someone keeps
+/// guessing at the name: `sluice admin unlock`, `reset-password`): every attempt counted at
+/// the name is forgotten; the guessers' addresses keep theirs. Returns how many.
+pub async fn unlock_name(conn: &mut SqliteConnection, username: &str) -> Result<u64, StoreError> {
+    sessions::delete_attempts_of(conn, &name_key(username)).await
 }
 
 /// The address an attempt is counted under: an IPv4 address itself, an IPv6 address's /64

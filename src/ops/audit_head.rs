@@ -1,6 +1,7 @@
 //! The signed head of the audit chain: its row count, newest row and hash, and when, signed
 //! with the audit head subkey, kept outside the database — in `audit.head` in the backup
-//! folder and as a JSON log line (target `sluice::audit`) — after every audited action.
+//! folder and as a JSON log line (target `sluice::audit`, its signature in a domain of its
+//! own, so a logged head cannot be written back as the file) — after every audited action.
 //! The keyed chain shows an edited or rewritten row; only a head kept elsewhere shows that
 //! the newest rows were deleted (`verify`).
 //!
@@ -60,6 +61,17 @@ pub struct Head {
 impl Head {
     fn text(rows: i64, last_id: i64, last_hash: &str, at: &str) -> String {
         format!("sluice audit head v1\n{rows}\n{last_id}\n{last_hash}\n{at}")
+    }
+
+    /// The signature the log line carries: over the same fields in a domain of its own, so
+    /// a logged head cannot be written back as `audit.head`. Every head is in the log; if
+    /// its lines were valid files, whoever reads the log could delete the newest rows and
+    /// put back the head of that time.
+    fn log_mac(&self, keys: &AuditKeys) -> String {
+        keys.head_mac(&format!(
+            "sluice audit head log v1\n{}\n{}\n{}\n{}",
+            self.rows, self.last_id, self.last_hash, self.at
+        ))
     }
 
     fn sign(keys: &AuditKeys, rows: i64, last_id: i64, last_hash: String, at: String) -> Head {
@@ -130,7 +142,7 @@ pub enum Exported {
 /// extends the head already there (see the module doc), and logs it.
 pub async fn export(db: &Db, dir: &Path, now: DateTime<Utc>) -> Result<Exported, HeadError> {
     let io = |e| HeadError::Io(dir.to_path_buf(), e);
-    std::fs::create_dir_all(dir).map_err(io)?;
+    crate::private_fs::create_dir_all(dir).map_err(io)?;
     let lock_path = dir.join(LOCK);
     let _lock = tokio::task::spawn_blocking(move || {
         let f = std::fs::OpenOptions::new()
@@ -166,7 +178,7 @@ pub async fn export(db: &Db, dir: &Path, now: DateTime<Utc>) -> Result<Exported,
     };
     drop(conn);
     let head = Head::sign(keys, rows, last_id, last_hash, db_time(now));
-    log(&head, refusal.is_none());
+    log(&head, keys, refusal.is_none());
     if let Some(why) = refusal {
         tracing::error!(target: "sluice::audit", dir = %dir.display(), reason = %why, "audit.head left as it is; run `sluice audit verify`");
         return Ok(Exported::Refused(why));
@@ -175,9 +187,11 @@ pub async fn export(db: &Db, dir: &Path, now: DateTime<Utc>) -> Result<Exported,
     Ok(Exported::Written(head))
 }
 
-/// The head as a structured log line: no secret in it (the MAC is a signature).
-fn log(h: &Head, file_written: bool) {
-    tracing::info!(target: "sluice::audit", rows = h.rows, last_id = h.last_id, last_hash = %h.last_hash, at = %h.at, mac = %h.mac, file_written, "audit head");
+/// The head as a structured log line: no secret in it (its `mac` is a signature in the
+/// log's own domain, `Head::log_mac`).
+fn log(h: &Head, keys: &AuditKeys, file_written: bool) {
+    let mac = h.log_mac(keys);
+    tracing::info!(target: "sluice::audit", rows = h.rows, last_id = h.last_id, last_hash = %h.last_hash, at = %h.at, mac = %mac, file_written, "audit head");
 }
 
 fn write_atomically(dir: &Path, head: &Head) -> std::io::Result<()> {
@@ -277,6 +291,19 @@ impl Report {
                 };
                 out.push(format!("audit head mismatch: {what}{why}"));
             }
+        }
+        // Both signatures failing at once is what another key looks like: the likeliest
+        // cause is an accident with the key, not an edit (which leaves the head intact).
+        let unsigned = self
+            .chain
+            .broken
+            .as_ref()
+            .is_some_and(|b| b.why == audit::UNSIGNED);
+        if unsigned && self.head == Found::Forged {
+            out.push(format!(
+                "the rows and the head fail alike: probably not the key that signed them ({} set, unset or changed, or the key file replaced); verify with that key",
+                crate::secrets::ENV
+            ));
         }
         out
     }

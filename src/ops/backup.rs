@@ -54,7 +54,7 @@ pub async fn backup_now(
     keep: u32,
     now: DateTime<Utc>,
 ) -> Result<PathBuf, BackupError> {
-    std::fs::create_dir_all(dir)?;
+    crate::private_fs::create_dir_all(dir)?;
     let path = dir.join(format!("sluice-{}.db", now.format("%Y%m%dT%H%M%S%.3fZ")));
     // Created empty and 0600 first (VACUUM INTO accepts an empty file and keeps its mode):
     // the copy is never readable by others, not even while it is being written.
@@ -132,7 +132,7 @@ pub async fn restore(
         }
     }
     if let Some(dir) = target.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)?;
+        crate::private_fs::create_dir_all(dir)?;
     }
     for suffix in ["", "-wal", "-shm"] {
         let p = PathBuf::from(format!("{}{suffix}", target.display()));

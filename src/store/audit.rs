@@ -32,6 +32,9 @@ const GENESIS: &str = "000000000000000000000000000000000000000000000000000000000
 /// `chain` of rows signed with the key; rows from before it are `LEGACY`.
 pub const KEYED: &str = "hmac-sha256";
 const LEGACY: &str = "sha256";
+/// Why a keyed row fails its MAC.
+pub const UNSIGNED: &str =
+    "it was changed after it was written, or signed without the gateway's key";
 /// The action of the row that seals the legacy rows (migration 0013).
 pub const SEAL: &str = "audit.keyed";
 
@@ -276,9 +279,7 @@ pub async fn verify(pool: &sqlx::SqlitePool, keys: &AuditKeys) -> Result<ChainSt
                 }
                 KEYED => {
                     keyed = true;
-                    (keys.row_mac(&st.last_hash, &e, created_at) != stored).then_some(
-                        "it was changed after it was written, or signed without the gateway's key",
-                    )
+                    (keys.row_mac(&st.last_hash, &e, created_at) != stored).then_some(UNSIGNED)
                 }
                 _ => Some("unknown chain kind"),
             }

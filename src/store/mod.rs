@@ -74,7 +74,7 @@ impl Db {
     /// Opens (creating the file and its folder when missing) and migrates.
     pub async fn open(path: &Path, synchronous_full: bool) -> Result<Db> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)?;
+            crate::private_fs::create_dir_all(dir)?;
         }
         private_files(path)?;
         let keys = Arc::new(audit::AuditKeys::derive(

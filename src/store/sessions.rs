@@ -172,6 +172,15 @@ pub async fn delete_attempts(conn: &mut SqliteConnection, rows: &[i64]) -> Resul
     Ok(())
 }
 
+/// Deletes every attempt recorded under `key` (an operator lifting a lock); how many.
+pub async fn delete_attempts_of(conn: &mut SqliteConnection, key: &str) -> Result<u64> {
+    Ok(sqlx::query("DELETE FROM login_failures WHERE key = ?")
+        .bind(key)
+        .execute(conn)
+        .await?
+        .rows_affected())
+}
+
 /// The times of `key`'s attempts since `since`, newest first, at most `limit` of them.
 pub async fn recent_attempts(
     conn: &mut SqliteConnection,

@@ -289,3 +289,109 @@ async fn an_api_key_cannot_make_or_arm_a_login() {
     .unwrap();
     assert_eq!(r.status(), 200);
 }
+
+/// Re-enabling is arming too: a login an admin disabled (its password leaked, its owner
+/// left) would let whoever knows that password sign in and mint keys, and its API keys
+/// would work again. A key may disable a login (an incident script), never enable one.
+#[tokio::test]
+async fn an_api_key_cannot_enable_a_disabled_login() {
+    let app = spawn_app().await;
+    make_login(&app, "root", "admin", None).await;
+    let old_id = make_login(&app, "old-admin", "admin", None).await;
+    let s = login(&app, "root").await;
+    let key = key_of(&s, "ci").await;
+    let patch = |body: serde_json::Value| {
+        client()
+            .patch(format!("{}/admin/api/v1/logins/{old_id}", app.address))
+            .bearer_auth(&key)
+            .json(&body)
+            .send()
+    };
+    let r = patch(json!({"disabled": true})).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let r = patch(json!({"disabled": false})).await.unwrap();
+    assert_eq!(r.status(), 403);
+    let v: serde_json::Value = r.json().await.unwrap();
+    let msg = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("API key") && msg.contains("signed-in"),
+        "the reason is named: {v}"
+    );
+    let disabled = app
+        .scalar(&format!("SELECT disabled FROM admins WHERE id = {old_id}"))
+        .await;
+    assert_eq!(disabled, 1, "the login stays disabled");
+    // Disabling again with a key is still fine (nothing to arm), and a session may enable.
+    let r = patch(json!({"disabled": true})).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let (status, v) = s
+        .patch(
+            &format!("/admin/api/v1/logins/{old_id}"),
+            &json!({"disabled": false}),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["disabled"], json!(false));
+}
+
+/// The HTML form routes take an API key too (the gate accepts one anywhere under /admin):
+/// every credential change refused there as on the JSON API, with the reason, and nothing
+/// changed.
+#[tokio::test]
+async fn the_form_routes_refuse_credential_changes_to_an_api_key() {
+    let app = spawn_app().await;
+    make_login(&app, "root", "admin", None).await;
+    let ops_id = make_login(&app, "ops", "finance", None).await;
+    let s = login(&app, "root").await;
+    let key = key_of(&s, "ci").await;
+    let (status, _) = s
+        .patch(
+            &format!("/admin/api/v1/logins/{ops_id}"),
+            &json!({"disabled": true}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let before = state_counts(&app).await;
+    let new = NEW_PASSWORD;
+    let ops = format!("/admin/logins/{ops_id}");
+    let cases: Vec<(&str, Vec<(&str, &str)>)> = vec![
+        (
+            "/admin/account/password",
+            vec![("current_password", PASSWORD), ("new_password", new)],
+        ),
+        ("/admin/account/keys", vec![("name", "successor")]),
+        (
+            "/admin/users",
+            vec![
+                ("username", "mallory"),
+                ("role", "admin"),
+                ("password", new),
+            ],
+        ),
+        (&ops, vec![("password", new)]),
+        (&ops, vec![("role", "admin")]),
+        (&ops, vec![("disabled", "")]),
+    ];
+    for (path, form) in cases {
+        let r = client()
+            .post(format!("{}{path}", app.address))
+            .bearer_auth(&key)
+            .header("hx-request", "true")
+            .form(&form)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 403, "{path} {form:?}");
+        let body = r.text().await.unwrap();
+        assert!(
+            body.contains("API key"),
+            "{path}: the reason is named: {body}"
+        );
+    }
+    assert_eq!(state_counts(&app).await, before, "nothing changed");
+    assert_eq!(
+        app.scalar(&format!("SELECT disabled FROM admins WHERE id = {ops_id}"))
+            .await,
+        1
+    );
+}

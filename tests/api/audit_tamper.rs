@@ -514,9 +514,15 @@ async fn a_gateway_process_logs_each_new_head_and_no_secret() {
     assert_eq!(head["rows"], json!(2), "{head}");
     let logged = logged_heads(&log);
     let last = logged.last().unwrap();
-    for f in ["rows", "last_id", "last_hash", "at", "mac"] {
+    for f in ["rows", "last_id", "last_hash", "at"] {
         assert_eq!(last[f], head[f], "{f}: the log and the file agree");
     }
+    // Signed in the log's own domain: a logged head is no valid file (`audit_replay.rs`).
+    assert!(
+        last["mac"].as_str().is_some_and(|m| m.len() == 64),
+        "{last}"
+    );
+    assert_ne!(last["mac"], head["mac"]);
     let text = std::fs::read_to_string(&log).unwrap();
     let master = std::fs::read_to_string(dir.path().join("sluice.db.key")).unwrap();
     for secret in [master.trim(), KEY_A, issued.text.as_str()] {
@@ -539,5 +545,91 @@ async fn a_huge_head_file_is_reported_without_being_read() {
         stderr(&out).contains("audit head unreadable: larger than 4096 bytes"),
         "{}",
         stderr(&out)
+    );
+}
+
+/// Rows kept byte for byte but moved: a copy of an earlier row appended (a replay), two
+/// rows' contents swapped, every id renumbered. The MAC covers the previous row's hash, so
+/// a row verifies only in its place; ids are not in the MAC, but the head names the newest
+/// id, so renumbering shows there.
+#[tokio::test]
+async fn replayed_swapped_or_renumbered_rows_are_caught() {
+    const COLS: &str =
+        "actor, address, action, target, before, after, created_at, prev_hash, hash, chain";
+    let replayed = rig().await;
+    let target = a_middle_row(&replayed).await;
+    let mut c = replayed.attacker().await;
+    sqlx::query(&format!(
+        "INSERT INTO audit_log ({COLS}) SELECT {COLS} FROM audit_log WHERE id = ?"
+    ))
+    .bind(target)
+    .execute(&mut c)
+    .await
+    .unwrap();
+    let copy = replayed.app.scalar("SELECT MAX(id) FROM audit_log").await;
+    let err = stderr(&replayed.verify());
+    assert!(
+        err.contains(&format!("chain broken at row {copy}: it does not link")),
+        "{err}"
+    );
+
+    let (swapped, first) = rig_swapped().await;
+    let err = stderr(&swapped.verify());
+    assert!(
+        err.contains(&format!("chain broken at row {first}: it does not link")),
+        "{err}"
+    );
+
+    let renumbered = rig().await;
+    let mut c = renumbered.attacker().await;
+    for sql in [
+        "DROP TRIGGER audit_no_update",
+        "UPDATE audit_log SET id = id + 1000",
+    ] {
+        sqlx::query(sql).execute(&mut c).await.unwrap();
+    }
+    let err = stderr(&renumbered.verify());
+    assert!(err.contains("audit head mismatch: hash"), "{err}");
+    assert!(!err.contains("chain broken"), "{err}");
+}
+
+/// A rig whose middle row and the one after it swapped contents; the first of the two.
+async fn rig_swapped() -> (Rig, i64) {
+    let rig = rig().await;
+    let a = a_middle_row(&rig).await;
+    let mut c = rig.attacker().await;
+    sqlx::query("DROP TRIGGER audit_no_update")
+        .execute(&mut c)
+        .await
+        .unwrap();
+    // Through a spare id: move a aside, b into a, the saved a into b.
+    for sql in [
+        "UPDATE audit_log SET id = -1 WHERE id = ?1",
+        "UPDATE audit_log SET id = ?1 WHERE id = ?1 + 1",
+        "UPDATE audit_log SET id = ?1 + 1 WHERE id = -1",
+    ] {
+        sqlx::query(sql).bind(a).execute(&mut c).await.unwrap();
+    }
+    (rig, a)
+}
+
+/// Not an attack but the likeliest accident: the gateway's key changed (`SLUICE_SECRET_KEY`
+/// set where the key file was used, or the file replaced). Every row and the head then fail
+/// alike; `verify` says that the key is the likely cause, not only that rows changed.
+#[tokio::test]
+async fn verify_with_another_key_says_the_key_is_the_likely_cause() {
+    let rig = rig().await;
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["--config", rig.config.to_str().unwrap(), "audit", "verify"])
+        .env("SLUICE_SECRET_KEY", "cd".repeat(32))
+        .output()
+        .unwrap();
+    assert!(!ok(&out));
+    let err = stderr(&out);
+    assert!(err.contains("chain broken at row 1"), "{err}");
+    assert!(err.contains("audit head forged"), "{err}");
+    assert!(
+        err.contains("not the key that signed") && err.contains("SLUICE_SECRET_KEY"),
+        "{err}"
     );
 }

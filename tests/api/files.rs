@@ -31,7 +31,11 @@ fn free_port() -> u16 {
 
 /// `sluice serve` on `dir/data/sluice.db` under umask 022, with `env`; waits for /healthz.
 async fn serve(dir: &Path, mock: &MockServer, env: &[(&str, &str)]) -> (Proc, PathBuf) {
-    let port = free_port();
+    serve_umask(dir, mock, env, "022").await
+}
+
+/// The config of a gateway on `dir/data/sluice.db` listening on `port`.
+fn write_config(dir: &Path, mock: &MockServer, port: u16) -> PathBuf {
     let config = dir.join("sluice.toml");
     std::fs::write(
         &config,
@@ -59,18 +63,35 @@ routes = [{{ upstream = "a", model = "gpt-4o-mini" }}]
         ),
     )
     .unwrap();
-    let log = dir.join(format!("gateway-{port}.log"));
-    let child = Command::new("sh")
-        .args(["-c", "umask 022 && exec \"$0\" \"$@\""])
+    config
+}
+
+/// `sluice <args>` under `umask`, its standard error into `log`.
+fn sluice(config: &Path, umask: &str, args: &[&str], env: &[(&str, &str)], log: &Path) -> Child {
+    Command::new("sh")
+        .args(["-c", &format!("umask {umask} && exec \"$0\" \"$@\"")])
         .arg(env!("CARGO_BIN_EXE_sluice"))
-        .args(["--config", config.to_str().unwrap(), "serve"])
+        .args(["--config", config.to_str().unwrap()])
+        .args(args)
         .env_remove("SLUICE_SECRET_KEY")
         .envs(env.iter().copied())
         .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
+        .stderr(std::fs::File::create(log).unwrap())
         .spawn()
-        .unwrap();
-    let proc = Proc(child);
+        .unwrap()
+}
+
+/// `serve` under `umask`.
+async fn serve_umask(
+    dir: &Path,
+    mock: &MockServer,
+    env: &[(&str, &str)],
+    umask: &str,
+) -> (Proc, PathBuf) {
+    let port = free_port();
+    let config = write_config(dir, mock, port);
+    let log = dir.join(format!("gateway-{port}.log"));
+    let proc = Proc(sluice(&config, umask, &["serve"], env, &log));
     let url = format!("http://127.0.0.1:{port}/healthz");
     for _ in 0..200 {
         if reqwest::get(&url).await.is_ok_and(|r| r.status() == 200) {
@@ -131,12 +152,7 @@ async fn files_an_older_version_left_readable_are_tightened_at_start() {
     {
         let (_gw, _) = serve(dir.path(), &mock, &[]).await;
     }
-    for f in [
-        "sluice.db",
-        "sluice.db-wal",
-        "sluice.db-shm",
-        "sluice.db.key",
-    ] {
+    for f in ["sluice.db", "sluice.db-wal", "sluice.db-shm"] {
         let p = dir.path().join("data").join(f);
         if p.exists() {
             std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
@@ -148,7 +164,6 @@ async fn files_an_older_version_left_readable_are_tightened_at_start() {
         let p = dir.path().join("data").join(f);
         assert_eq!(mode(&p), 0o600, "{}", p.display());
     }
-    assert_eq!(mode(&dir.path().join("data/sluice.db.key")), 0o600);
     let text = std::fs::read_to_string(log).unwrap();
     assert!(
         text.contains("database file was readable by others"),
@@ -166,4 +181,148 @@ async fn with_sluice_secret_key_no_key_file_is_written() {
     assert!(!dir.path().join("data/sluice.db.key").exists());
     let text = std::fs::read_to_string(log).unwrap();
     assert!(!text.contains(&key), "the master key is in the log");
+}
+
+/// Waits (bounded) for a process that should stop by itself; its exit status.
+async fn exits(child: &mut Child) -> std::process::ExitStatus {
+    for _ in 0..400 {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the process did not stop by itself");
+}
+
+/// Under umask 000 (a careless unit file or container) nothing the gateway makes is open
+/// to others: files 0600 — also a backup and the head's lock — and the folders it creates
+/// 0700, so nobody else can swap the key file, the head or a backup for their own.
+#[tokio::test]
+async fn under_umask_000_files_are_0600_and_new_folders_0700() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let (_gw, log) = serve_umask(dir.path(), &mock, &[], "000").await;
+    let data = dir.path().join("data");
+    let backup = dir.path().join("backup");
+    appears(&backup.join("audit.head")).await;
+    let config = dir.path().join("sluice.toml");
+    let mut cli = sluice(&config, "000", &["backup"], &[], &log.with_extension("cli"));
+    assert!(exits(&mut cli).await.success());
+    let copy = std::fs::read_dir(&backup)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|e| e == "db"))
+        .expect("a backup file");
+    for f in [
+        data.join("sluice.db"),
+        data.join("sluice.db-wal"),
+        data.join("sluice.db-shm"),
+        data.join("sluice.db.key"),
+        backup.join("audit.head"),
+        backup.join("audit.head.lock"),
+        copy,
+    ] {
+        assert_eq!(mode(&f), 0o600, "{}", f.display());
+    }
+    for d in [&data, &backup] {
+        assert_eq!(mode(d), 0o700, "{}", d.display());
+    }
+}
+
+/// A key file others could read may already have been read: the gateway does not start on
+/// it (as ssh and PostgreSQL refuse their key files), and says what to do, instead of
+/// tightening it and carrying on with a key that may be out.
+#[tokio::test]
+async fn a_key_file_readable_by_others_stops_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    {
+        let (_gw, _) = serve(dir.path(), &mock, &[]).await;
+    }
+    let key = dir.path().join("data/sluice.db.key");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let config = write_config(dir.path(), &mock, free_port());
+    let log = dir.path().join("refused.log");
+    let mut gw = sluice(&config, "022", &["serve"], &[], &log);
+    assert!(!exits(&mut gw).await.success());
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains(&key.display().to_string()) && text.contains("chmod 600"),
+        "the error names the file and the fix: {text}"
+    );
+    assert_eq!(
+        mode(&key),
+        0o644,
+        "left as found, for the operator to look at"
+    );
+}
+
+/// A key file that is not 64 hex characters, or a malformed `SLUICE_SECRET_KEY`: the start
+/// stops with an error naming it (and never prints what it holds).
+#[tokio::test]
+async fn a_malformed_key_stops_the_start_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let config = write_config(dir.path(), &mock, free_port());
+    std::fs::create_dir_all(dir.path().join("data")).unwrap();
+    let key = dir.path().join("data/sluice.db.key");
+    std::fs::write(&key, "not-a-key-0123456789\n").unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let log = dir.path().join("bad-file.log");
+    let mut gw = sluice(&config, "022", &["serve"], &[], &log);
+    assert!(!exits(&mut gw).await.success());
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("64 hex characters"), "{text}");
+    assert!(text.contains(&key.display().to_string()), "{text}");
+    assert!(
+        !text.contains("not-a-key-0123456789"),
+        "the content is not printed"
+    );
+
+    std::fs::remove_file(&key).unwrap();
+    let bad = "zz-secret-zz".repeat(6);
+    let log = dir.path().join("bad-env.log");
+    let mut gw = sluice(
+        &config,
+        "022",
+        &["serve"],
+        &[("SLUICE_SECRET_KEY", &bad)],
+        &log,
+    );
+    assert!(!exits(&mut gw).await.success());
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("SLUICE_SECRET_KEY must be 64 hex"), "{text}");
+    assert!(!text.contains(&bad), "the value is not printed");
+}
+
+/// At the most verbose log level, through a start, sign-ins and audited actions, the
+/// master key from the key file appears nowhere in the log, nor any subkey derived from it.
+#[tokio::test]
+async fn the_master_key_never_reaches_a_trace_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let (gw, log) = serve(dir.path(), &mock, &[("SLUICE_LOG", "trace")]).await;
+    appears(&dir.path().join("backup/audit.head")).await;
+    drop(gw);
+    let key = std::fs::read_to_string(dir.path().join("data/sluice.db.key")).unwrap();
+    let key = key.trim();
+    assert_eq!(key.len(), 64);
+    let text = std::fs::read_to_string(log).unwrap();
+    assert!(text.len() > 1000, "a trace log was written");
+    for piece in key.as_bytes().chunks(16) {
+        let piece = std::str::from_utf8(piece).unwrap();
+        assert!(!text.contains(piece), "a piece of the key is in the log");
+    }
+}
+
+/// docker-compose.yml passes `SLUICE_SECRET_KEY: ${SLUICE_SECRET_KEY:-}`: unset on the host,
+/// the variable is set but empty in the container. Empty means unset — the key file is
+/// used — or the default deployment would not start at all.
+#[tokio::test]
+async fn an_empty_sluice_secret_key_means_the_key_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let (_gw, _) = serve(dir.path(), &mock, &[("SLUICE_SECRET_KEY", "")]).await;
+    let key = dir.path().join("data/sluice.db.key");
+    assert_eq!(mode(&key), 0o600);
 }

@@ -1,0 +1,104 @@
+//! Someone with the database, the backup folder and the gateway's log — on the same host
+//! the log usually is (`docker logs`, journald) — but not the key. Every head is in the log
+//! with its signature: if a log line could be written back as `audit.head`, deleting the
+//! newest rows and restoring the head of that time from the log would verify as intact.
+//! The log line is signed in a domain of its own, so it cannot stand in for the file.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
+use sqlx::Connection;
+
+use crate::helpers::*;
+
+fn logged_heads(log: &Path) -> Vec<Value> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["target"] == "sluice::audit" && v["fields"]["message"] == "audit head")
+        .map(|v| v["fields"].clone())
+        .collect()
+}
+
+/// Waits (bounded) for the log line of the head with `rows` rows.
+async fn logged_head(log: &Path, rows: i64) -> Value {
+    for _ in 0..200 {
+        if let Some(h) = logged_heads(log)
+            .into_iter()
+            .find(|h| h["rows"] == json!(rows))
+        {
+            return h;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("no logged head with {rows} rows");
+}
+
+#[tokio::test]
+async fn a_head_rebuilt_from_the_log_does_not_hide_deleted_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = sluice::mock::MockServer::start("127.0.0.1:0", Default::default()).unwrap();
+    let db_path = dir.path().join("sluice.db");
+    let db = sluice::store::Db::open(&db_path, false).await.unwrap();
+    let issued = sluice::cli::token_issue(&db, &issue_args("eve"), chrono::Utc::now())
+        .await
+        .unwrap();
+    db.close().await;
+    let gw = crate::processes::start_gateway_full(dir.path(), &mock, &[], "").await;
+    let port = gw.url.rsplit(':').next().unwrap().to_string();
+    let log = dir.path().join(format!("gateway-{port}.log"));
+    let config = dir.path().join(format!("sluice-{port}.toml"));
+    let early = logged_head(&log, 1).await;
+    // A second audited action: the upstream refuses the key and the gateway disables it.
+    mock.state.sticky(
+        KEY_A,
+        Some(sluice::mock::Script {
+            status: Some(401),
+            ..Default::default()
+        }),
+    );
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .bearer_auth(&issued.text)
+        .json(&chat_body(10))
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let body: Value = resp.json().await.unwrap();
+    assert!(status == 502 || status == 503, "{status} {body}");
+    logged_head(&log, 2).await;
+    drop(gw);
+
+    // The attacker deletes the newest row and writes the head of that time, from the log.
+    let mut c = SqliteConnection::connect_with(&SqliteConnectOptions::new().filename(&db_path))
+        .await
+        .unwrap();
+    for sql in [
+        "DROP TRIGGER audit_no_delete",
+        "DELETE FROM audit_log WHERE id = (SELECT MAX(id) FROM audit_log)",
+    ] {
+        sqlx::query(sql).execute(&mut c).await.unwrap();
+    }
+    c.close().await.unwrap();
+    let rebuilt: serde_json::Map<String, Value> = ["rows", "last_id", "last_hash", "at", "mac"]
+        .iter()
+        .map(|f| (f.to_string(), early[*f].clone()))
+        .collect();
+    std::fs::write(
+        dir.path().join("backup/audit.head"),
+        Value::Object(rebuilt).to_string(),
+    )
+    .unwrap();
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["--config", config.to_str().unwrap(), "audit", "verify"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the truncation verified: {err}");
+    assert!(err.contains("audit head forged"), "{err}");
+}
