@@ -75,22 +75,16 @@ async fn waiting_requests_are_served_by_priority_then_arrival() {
             ..issue_args("alice")
         })
         .await;
-    let script = |delay_ms| {
-        Some(Script {
-            delay_ms,
-            ..Default::default()
-        })
-    };
-    app.mock.state.sticky(KEY_A, script(300));
-    let mut tasks = vec![spawn_send(&app, &token, 4, "first".into())];
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The test holds the only slot while the 26 queue, one at a time: arrival order is the
+    // order the test saw them join (no race between spawned tasks, no sleep).
+    let held = app.state.queue.admit(1, 0).await.expect("the free slot");
+    let mut tasks = Vec::new();
     for i in 0..26u8 {
         let p = [3, 1, 4, 2][i as usize % 4];
         tasks.push(spawn_send(&app, &token, p, format!("p{p} #{i}")));
-        tokio::time::sleep(Duration::from_millis(3)).await;
+        queue_holds(&app, usize::from(i) + 1).await;
     }
-    // Everything is queued behind "first"; the rest may be quick.
-    app.mock.state.sticky(KEY_A, script(5));
+    drop(held);
     let results: Vec<_> = futures_util::future::join_all(tasks)
         .await
         .into_iter()
@@ -108,8 +102,7 @@ async fn waiting_requests_are_served_by_priority_then_arrival() {
         .iter()
         .map(|b| b["messages"][0]["content"].as_str().unwrap().to_string())
         .collect();
-    assert_eq!(arrivals[0], "first");
-    let queued: Vec<(u8, u32)> = arrivals[1..]
+    let queued: Vec<(u8, u32)> = arrivals
         .iter()
         .map(|t| {
             let (p, n) = t[1..].split_once(" #").unwrap();
@@ -123,6 +116,15 @@ async fn waiting_requests_are_served_by_priority_then_arrival() {
         queued, sorted,
         "served by priority, then arrival: {arrivals:?}"
     );
+}
+
+/// Waits until `n` requests wait in the queue (the bound only turns a hang into a failure).
+async fn queue_holds(app: &TestApp, n: usize) {
+    let bound = Instant::now() + Duration::from_secs(10);
+    while app.state.queue.depth().iter().sum::<usize>() < n {
+        assert!(Instant::now() < bound, "{n} never queued");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -351,19 +353,21 @@ async fn left_the_queue(app: &TestApp, token_id: i64) {
 async fn a_queued_stream_is_served_after_its_wait() {
     let app = Arc::new(spawn_app_with(queue_of(1, [0, 0, 0, 0], 10, 60)).await);
     let (_, token) = app.token("fred", Some("1")).await;
-    app.mock.state.script(
-        KEY_A,
-        [Script {
-            delay_ms: 1200,
-            ..Default::default()
-        }],
-    );
-    let slow = spawn_send(&app, &token, 3, "slow".into());
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let held = app.state.queue.admit(1, 0).await.expect("the free slot");
     let mut body = tagged("patient");
     body["stream"] = json!(true);
-    let text = app.chat(&token, &body).await.text().await.unwrap();
+    let mut chunks = app.chat(&token, &body).await.bytes_stream();
+    let mut text = String::new();
+    while !text.contains("\n\n") {
+        let chunk = futures_util::StreamExt::next(&mut chunks).await.unwrap();
+        text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+    }
     assert!(text.starts_with(": queued position=1"), "{text}");
+    assert_eq!(app.mock.state.stats(KEY_A).count, 0, "still waiting");
+    drop(held);
+    while let Some(chunk) = futures_util::StreamExt::next(&mut chunks).await {
+        text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+    }
     let data: Vec<String> = text
         .split("\n\n")
         .filter_map(|e| e.strip_prefix("data: "))
@@ -371,7 +375,6 @@ async fn a_queued_stream_is_served_after_its_wait() {
         .collect();
     assert_eq!(reassemble(&data), sluice::mock::MockConfig::default().text);
     assert_eq!(data.last().unwrap(), "[DONE]");
-    assert_eq!(slow.await.unwrap().0, 200);
     app.assert_invariant().await;
 }
 
