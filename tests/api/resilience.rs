@@ -34,6 +34,15 @@ fn pool_of_two_and_a_fallback(s: &mut Settings, m: &MockServer) {
     s.models[0].fallbacks = vec!["claude".into()];
 }
 
+/// Polls `cond` every 10 ms; the bound only turns a condition that never comes into a failure.
+async fn poll_until(what: &str, cond: impl Fn() -> bool) {
+    let bound = std::time::Instant::now() + BOUND;
+    while !cond() {
+        assert!(std::time::Instant::now() < bound, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 fn status(code: u16) -> Script {
     Script {
         status: Some(code),
@@ -225,7 +234,16 @@ async fn a_key_refused_by_the_upstream_is_quarantined_with_an_audit_row() {
         assert_eq!(resp.headers().get("x-sluice-upstream").unwrap(), "b");
     }
     assert_eq!(app.mock.state.stats(KEY_A).count, 1);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The audit row is written off the request path.
+    let bound = std::time::Instant::now() + BOUND;
+    while app
+        .scalar("SELECT COUNT(*) FROM audit_log WHERE action = 'upstream.disable'")
+        .await
+        == 0
+    {
+        assert!(std::time::Instant::now() < bound, "no audit row");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let rows: Vec<(String, String, Option<String>)> = sqlx::query_as(
         "SELECT action, target, after FROM audit_log WHERE action = 'upstream.disable'",
     )
@@ -348,7 +366,10 @@ async fn a_hung_probe_cannot_wedge_the_breaker() {
         let (app, token) = (app.clone(), token.clone());
         tokio::spawn(async move { app.chat(&token, &chat_body(10)).await.status() })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    poll_until("the probe reaches the upstream", || {
+        app.mock.state.stats(KEY_A).in_flight == 1
+    })
+    .await;
     assert_eq!(
         app.chat(&token, &chat_body(10)).await.status(),
         503,
@@ -705,6 +726,7 @@ async fn cooldowns_are_shared_between_replicas_through_redis() {
         .await
         .unwrap();
     let b_url = format!("http://127.0.0.1:{}/v1/chat/completions", b.port());
+    let b_state = b.state();
     tokio::spawn(b.run_until_stopped());
     let (_, token) = a.token("ned", None).await;
     a.mock.state.script(
@@ -716,7 +738,14 @@ async fn cooldowns_are_shared_between_replicas_through_redis() {
         }],
     );
     assert_eq!(a.chat(&token, &chat_body(10)).await.status(), 200);
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Replicas exchange cooldowns every 250 ms: wait until B has heard of A's.
+    poll_until("the other replica rests key a", || {
+        b_state
+            .pool
+            .cooling_ms(0, chrono::Utc::now().timestamp_millis())
+            > 0
+    })
+    .await;
     let resp = a
         .http
         .post(&b_url)
