@@ -75,22 +75,16 @@ async fn waiting_requests_are_served_by_priority_then_arrival() {
             ..issue_args("alice")
         })
         .await;
-    let script = |delay_ms| {
-        Some(Script {
-            delay_ms,
-            ..Default::default()
-        })
-    };
-    app.mock.state.sticky(KEY_A, script(300));
-    let mut tasks = vec![spawn_send(&app, &token, 4, "first".into())];
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The test holds the only slot while the 26 queue, one at a time: arrival order is the
+    // order the test saw them join (no race between spawned tasks, no sleep).
+    let held = app.state.queue.admit(1, 0).await.expect("the free slot");
+    let mut tasks = Vec::new();
     for i in 0..26u8 {
         let p = [3, 1, 4, 2][i as usize % 4];
         tasks.push(spawn_send(&app, &token, p, format!("p{p} #{i}")));
-        tokio::time::sleep(Duration::from_millis(3)).await;
+        queue_holds(&app, usize::from(i) + 1).await;
     }
-    // Everything is queued behind "first"; the rest may be quick.
-    app.mock.state.sticky(KEY_A, script(5));
+    drop(held);
     let results: Vec<_> = futures_util::future::join_all(tasks)
         .await
         .into_iter()
@@ -108,8 +102,7 @@ async fn waiting_requests_are_served_by_priority_then_arrival() {
         .iter()
         .map(|b| b["messages"][0]["content"].as_str().unwrap().to_string())
         .collect();
-    assert_eq!(arrivals[0], "first");
-    let queued: Vec<(u8, u32)> = arrivals[1..]
+    let queued: Vec<(u8, u32)> = arrivals
         .iter()
         .map(|t| {
             let (p, n) = t[1..].split_once(" #").unwrap();
@@ -123,6 +116,15 @@ async fn waiting_requests_are_served_by_priority_then_arrival() {
         queued, sorted,
         "served by priority, then arrival: {arrivals:?}"
     );
+}
+
+/// Waits until `n` requests wait in the queue (the bound only turns a hang into a failure).
+async fn queue_holds(app: &TestApp, n: usize) {
+    let bound = Instant::now() + Duration::from_secs(10);
+    while app.state.queue.depth().iter().sum::<usize>() < n {
+        assert!(Instant::now() < bound, "{n} never queued");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -288,19 +290,13 @@ async fn the_request_deadline_bounds_the_queue_wait() {
     app.assert_invariant().await;
 }
 
+/// The test holds the only slot itself for as long as it likes: the stream can leave the
+/// queue only because its client left, never because the slot came free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_stream_hears_its_position_and_leaves_at_once_when_the_client_does() {
     let app = Arc::new(spawn_app_with(queue_of(1, [0, 0, 0, 0], 10, 60)).await);
     let (id, token) = app.token("eve", Some("1")).await;
-    app.mock.state.sticky(
-        KEY_A,
-        Some(Script {
-            delay_ms: 2500,
-            ..Default::default()
-        }),
-    );
-    let slow = spawn_send(&app, &token, 3, "slow".into());
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let held = app.state.queue.admit(1, 0).await.expect("the free slot");
     let mut body = tagged("impatient");
     body["stream"] = json!(true);
     let resp = app.chat(&token, &body).await;
@@ -322,50 +318,56 @@ async fn a_queued_stream_hears_its_position_and_leaves_at_once_when_the_client_d
         .await
         .unwrap();
     assert_eq!(v["waiting"][0]["queue_position"], 1);
-    drop(chunks);
-    let gone = Instant::now();
-    while !app.state.queue.waiting_for(id).is_empty() {
-        assert!(
-            gone.elapsed() < Duration::from_millis(2500),
-            "still queued after the client left"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     assert_eq!(
         app.scalar("SELECT COUNT(*) FROM reservations").await,
         1,
-        "only the request in flight holds money"
+        "the waiting stream holds its reservation"
     );
-    assert_eq!(slow.await.unwrap().0, 200);
+    drop(chunks);
+    left_the_queue(&app, id).await;
     app.assert_invariant().await;
     assert_eq!(
         app.scalar(&format!(
-            "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
+            "SELECT remaining_micros FROM tokens WHERE id = {id}"
         ))
         .await,
-        17,
+        1_000_000,
         "the one that left paid nothing"
     );
-    assert_eq!(app.mock.state.stats(KEY_A).count, 1);
+    assert_eq!(app.mock.state.stats(KEY_A).count, 0);
+    drop(held);
+    assert_eq!(app.chat(&token, &tagged("next")).await.status(), 200);
+}
+
+/// Waits until the token has nothing in the queue. The bound only turns a waiter that never
+/// leaves into a failure: the caller holds the slot, so it cannot have been served.
+async fn left_the_queue(app: &TestApp, token_id: i64) {
+    let bound = Instant::now() + Duration::from_secs(10);
+    while !app.state.queue.waiting_for(token_id).is_empty() {
+        assert!(Instant::now() < bound, "still queued after the client left");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_stream_is_served_after_its_wait() {
     let app = Arc::new(spawn_app_with(queue_of(1, [0, 0, 0, 0], 10, 60)).await);
     let (_, token) = app.token("fred", Some("1")).await;
-    app.mock.state.script(
-        KEY_A,
-        [Script {
-            delay_ms: 1200,
-            ..Default::default()
-        }],
-    );
-    let slow = spawn_send(&app, &token, 3, "slow".into());
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let held = app.state.queue.admit(1, 0).await.expect("the free slot");
     let mut body = tagged("patient");
     body["stream"] = json!(true);
-    let text = app.chat(&token, &body).await.text().await.unwrap();
+    let mut chunks = app.chat(&token, &body).await.bytes_stream();
+    let mut text = String::new();
+    while !text.contains("\n\n") {
+        let chunk = futures_util::StreamExt::next(&mut chunks).await.unwrap();
+        text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+    }
     assert!(text.starts_with(": queued position=1"), "{text}");
+    assert_eq!(app.mock.state.stats(KEY_A).count, 0, "still waiting");
+    drop(held);
+    while let Some(chunk) = futures_util::StreamExt::next(&mut chunks).await {
+        text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+    }
     let data: Vec<String> = text
         .split("\n\n")
         .filter_map(|e| e.strip_prefix("data: "))
@@ -373,7 +375,6 @@ async fn a_queued_stream_is_served_after_its_wait() {
         .collect();
     assert_eq!(reassemble(&data), sluice::mock::MockConfig::default().text);
     assert_eq!(data.last().unwrap(), "[DONE]");
-    assert_eq!(slow.await.unwrap().0, 200);
     app.assert_invariant().await;
 }
 
@@ -395,47 +396,37 @@ async fn priority_is_capped_by_the_token_and_checked() {
     assert_eq!(v["error"]["param"], "x-sluice-priority");
 }
 
+/// As above, for a request that is not a stream: the test holds the only slot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_request_whose_client_leaves_is_gone_at_once_and_pays_nothing() {
     let app = Arc::new(spawn_app_with(queue_of(1, [0, 0, 0, 0], 10, 60)).await);
     let (id, token) = app.token("gil", Some("1")).await;
-    app.mock.state.sticky(
-        KEY_A,
-        Some(Script {
-            delay_ms: 1500,
-            ..Default::default()
-        }),
-    );
-    let slow = spawn_send(&app, &token, 3, "slow".into());
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let impatient = reqwest::Client::builder()
-        .timeout(Duration::from_millis(300))
-        .build()
-        .unwrap();
-    let gave_up = impatient
-        .post(format!("{}/v1/chat/completions", app.address))
-        .bearer_auth(&token)
-        .json(&tagged("impatient"))
-        .send()
-        .await;
-    assert!(gave_up.is_err(), "the client gave up");
-    let left = Instant::now();
-    while !app.state.queue.waiting_for(id).is_empty() {
-        assert!(
-            left.elapsed() < Duration::from_millis(500),
-            "still queued after the client left"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    let held = app.state.queue.admit(1, 0).await.expect("the free slot");
+    let impatient = spawn_send(&app, &token, 3, "impatient".into());
+    let bound = Instant::now() + Duration::from_secs(10);
+    while app.state.queue.waiting_for(id).is_empty() {
+        assert!(Instant::now() < bound, "never queued");
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(slow.await.unwrap().0, 200);
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM reservations").await,
+        1,
+        "the waiting request holds its reservation"
+    );
+    // The client leaves: its connection closes.
+    impatient.abort();
+    assert!(impatient.await.unwrap_err().is_cancelled());
+    left_the_queue(&app, id).await;
     app.assert_invariant().await;
     assert_eq!(
         app.scalar(&format!(
-            "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
+            "SELECT remaining_micros FROM tokens WHERE id = {id}"
         ))
         .await,
-        17,
+        1_000_000,
         "the one that left paid nothing"
     );
-    assert_eq!(app.mock.state.stats(KEY_A).count, 1);
+    assert_eq!(app.mock.state.stats(KEY_A).count, 0);
+    drop(held);
+    assert_eq!(app.chat(&token, &tagged("next")).await.status(), 200);
 }

@@ -2,9 +2,10 @@
 //! providers, circuit breakers, concurrency gates, the retry budget.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
+use sluice::clock::ManualClock;
 use sluice::config::{Provider, RouteSettings, Settings};
 use sluice::mock::{MockServer, Script};
 use sluice::upstream::breaker::State;
@@ -12,6 +13,10 @@ use sluice::upstream::breaker::State;
 use crate::helpers::*;
 
 const KEY_C: &str = "sk-ant-upstream-canary-key-C-9e8d7c";
+
+/// How long a request may take before the test calls it hung: no test here waits on it,
+/// it only turns a hang into a failure. Every wait a test must rule out is made far longer.
+const BOUND: Duration = Duration::from_secs(10);
 
 /// Two OpenAI keys (`a`, `b`) for gpt-4o-mini, and `claude` (an Anthropic key) as its fallback.
 fn pool_of_two_and_a_fallback(s: &mut Settings, m: &MockServer) {
@@ -29,6 +34,15 @@ fn pool_of_two_and_a_fallback(s: &mut Settings, m: &MockServer) {
     s.models[0].fallbacks = vec!["claude".into()];
 }
 
+/// Polls `cond` every 10 ms; the bound only turns a condition that never comes into a failure.
+async fn poll_until(what: &str, cond: impl Fn() -> bool) {
+    let bound = std::time::Instant::now() + BOUND;
+    while !cond() {
+        assert!(std::time::Instant::now() < bound, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 fn status(code: u16) -> Script {
     Script {
         status: Some(code),
@@ -36,40 +50,59 @@ fn status(code: u16) -> Script {
     }
 }
 
+/// Key A's rest is measured on a manual clock, so the test steps through it instead of
+/// sleeping, and it can be long: a gateway that waited any of A's 60 s out before trying B
+/// would not answer within the bound at all.
 #[tokio::test]
 async fn a_429_key_rests_for_its_retry_after_while_another_serves_at_once() {
-    let app = spawn_app_with(pool_of_two_and_a_fallback).await;
+    let clock = Arc::new(ManualClock::new(chrono::Utc::now()));
+    let app = spawn_app_full(pool_of_two_and_a_fallback, Some(clock.clone())).await;
     let (_, token) = app.token("alice", None).await;
     app.mock.state.script(
         KEY_A,
         [Script {
             status: Some(429),
-            headers: vec![("Retry-After".into(), "2".into())],
+            headers: vec![("Retry-After".into(), "60".into())],
             ..Default::default()
         }],
     );
-    let started = Instant::now();
-    let resp = app.chat(&token, &chat_body(10)).await;
+    let resp = tokio::time::timeout(BOUND, app.chat(&token, &chat_body(10)))
+        .await
+        .expect("B served without waiting for A's Retry-After");
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers().get("x-sluice-upstream").unwrap(), "b");
-    assert!(
-        started.elapsed() < Duration::from_millis(500),
-        "no visible delay"
+    app.wait_for_log_rows(1).await;
+    assert_eq!(
+        app.scalar("SELECT attempts FROM requests").await,
+        2,
+        "A, then B in the same request"
     );
+    clock.advance(chrono::Duration::milliseconds(59_900));
     for _ in 0..5 {
-        assert_eq!(app.chat(&token, &chat_body(10)).await.status(), 200);
+        let resp = app.chat(&token, &chat_body(10)).await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.headers().get("x-sluice-upstream").unwrap(), "b");
     }
     assert_eq!(
         app.mock.state.stats(KEY_A).count,
         1,
         "A got nothing while cooling"
     );
-    tokio::time::sleep(Duration::from_millis(2100)).await;
-    let resp = app.chat(&token, &chat_body(10)).await;
-    assert_eq!(
-        resp.headers().get("x-sluice-upstream").unwrap(),
-        "a",
-        "A is used again after its Retry-After"
+    clock.advance(chrono::Duration::milliseconds(100));
+    let mut served_by = Vec::new();
+    for _ in 0..2 {
+        let resp = app.chat(&token, &chat_body(10)).await;
+        assert_eq!(resp.status(), 200);
+        served_by.push(
+            resp.headers()["x-sluice-upstream"]
+                .to_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    assert!(
+        served_by.iter().any(|u| u == "a"),
+        "A is used again once its Retry-After is over: {served_by:?}"
     );
 }
 
@@ -201,7 +234,16 @@ async fn a_key_refused_by_the_upstream_is_quarantined_with_an_audit_row() {
         assert_eq!(resp.headers().get("x-sluice-upstream").unwrap(), "b");
     }
     assert_eq!(app.mock.state.stats(KEY_A).count, 1);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The audit row is written off the request path.
+    let bound = std::time::Instant::now() + BOUND;
+    while app
+        .scalar("SELECT COUNT(*) FROM audit_log WHERE action = 'upstream.disable'")
+        .await
+        == 0
+    {
+        assert!(std::time::Instant::now() < bound, "no audit row");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let rows: Vec<(String, String, Option<String>)> = sqlx::query_as(
         "SELECT action, target, after FROM audit_log WHERE action = 'upstream.disable'",
     )
@@ -222,13 +264,12 @@ async fn a_key_refused_by_the_upstream_is_quarantined_with_an_audit_row() {
     assert!(chain.broken.is_none(), "the chain stays intact");
 }
 
+/// Open for an hour: a gateway that waited for the breaker to half-open before answering
+/// would not answer within the bound at all, and one that called the upstream would show
+/// it in the mock's count and the request log.
 #[tokio::test]
-async fn the_breaker_opens_fails_fast_probes_closes_and_reopens() {
-    let app = spawn_app_with(|s, _| {
-        s.breaker.open_seconds = 1;
-        s.breaker.close_after_successes = 2;
-    })
-    .await;
+async fn an_open_breaker_fails_fast_without_an_upstream_call() {
+    let app = spawn_app_with(|s, _| s.breaker.open_seconds = 3600).await;
     let (_, token) = app.token("fay", None).await;
     app.mock.state.sticky(KEY_A, Some(status(500)));
     for _ in 0..3 {
@@ -245,16 +286,46 @@ async fn the_breaker_opens_fails_fast_probes_closes_and_reopens() {
         "the admin Upstreams view shows the breaker: {view}"
     );
     for _ in 0..5 {
-        let started = Instant::now();
-        let resp = app.chat(&token, &chat_body(10)).await;
-        assert!(started.elapsed() < Duration::from_millis(50), "fails fast");
+        let resp = tokio::time::timeout(BOUND, app.chat(&token, &chat_body(10)))
+            .await
+            .expect("answered while the breaker is open, without waiting for it");
         assert_eq!(resp.status(), 503);
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "service_degraded");
+        let after = v["error"]["retry_after_seconds"].as_u64().unwrap();
+        assert!(
+            after > 3000,
+            "come back when the breaker half-opens, in about an hour: {after} s"
+        );
     }
     assert_eq!(
         app.mock.state.stats(KEY_A).count,
         3,
         "no upstream call while open"
     );
+    app.wait_for_log_rows(8).await;
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM requests WHERE status = 503 AND attempts = 0")
+            .await,
+        5,
+        "each fast failure logged with no attempt"
+    );
+    assert_eq!(app.state.pool.breakers[0].state(), State::Open);
+}
+
+#[tokio::test]
+async fn the_breaker_probes_after_its_open_time_closes_and_reopens() {
+    let app = spawn_app_with(|s, _| {
+        s.breaker.open_seconds = 1;
+        s.breaker.close_after_successes = 2;
+    })
+    .await;
+    let (_, token) = app.token("fay", None).await;
+    app.mock.state.sticky(KEY_A, Some(status(500)));
+    for _ in 0..3 {
+        assert_eq!(app.chat(&token, &chat_body(10)).await.status(), 502);
+    }
+    assert_eq!(app.state.pool.breakers[0].state(), State::Open);
     tokio::time::sleep(Duration::from_millis(1100)).await;
     // The probe fails: open again.
     assert_eq!(app.chat(&token, &chat_body(10)).await.status(), 502);
@@ -295,7 +366,10 @@ async fn a_hung_probe_cannot_wedge_the_breaker() {
         let (app, token) = (app.clone(), token.clone());
         tokio::spawn(async move { app.chat(&token, &chat_body(10)).await.status() })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    poll_until("the probe reaches the upstream", || {
+        app.mock.state.stats(KEY_A).in_flight == 1
+    })
+    .await;
     assert_eq!(
         app.chat(&token, &chat_body(10)).await.status(),
         503,
@@ -652,6 +726,7 @@ async fn cooldowns_are_shared_between_replicas_through_redis() {
         .await
         .unwrap();
     let b_url = format!("http://127.0.0.1:{}/v1/chat/completions", b.port());
+    let b_state = b.state();
     tokio::spawn(b.run_until_stopped());
     let (_, token) = a.token("ned", None).await;
     a.mock.state.script(
@@ -663,7 +738,14 @@ async fn cooldowns_are_shared_between_replicas_through_redis() {
         }],
     );
     assert_eq!(a.chat(&token, &chat_body(10)).await.status(), 200);
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Replicas exchange cooldowns every 250 ms: wait until B has heard of A's.
+    poll_until("the other replica rests key a", || {
+        b_state
+            .pool
+            .cooling_ms(0, chrono::Utc::now().timestamp_millis())
+            > 0
+    })
+    .await;
     let resp = a
         .http
         .post(&b_url)

@@ -10,6 +10,10 @@ use sluice::quota::{estimate, pricing};
 
 use crate::helpers::*;
 
+/// How long a stream may take before the test calls it hung: no test here waits on it, it
+/// only turns a hang into a failure. Every wait a test must rule out is made far longer.
+const BOUND: Duration = Duration::from_secs(10);
+
 fn stream_body(include_usage: bool) -> Value {
     let mut b = json!({"model": "gpt-4o-mini", "stream": true, "max_tokens": 100,
         "messages": [{"role": "user", "content": "Why does the engine light blink?"}]});
@@ -177,6 +181,11 @@ async fn a_client_that_leaves_mid_stream_is_charged_for_what_it_got_and_the_upst
         got.push_str(&String::from_utf8_lossy(&bytes));
         chunks = got.matches("\"content\"").count();
     }
+    assert_eq!(
+        established_to(app.mock.port),
+        1,
+        "the upstream connection, seen while it is open"
+    );
     drop(body);
     for _ in 0..100 {
         if app.scalar("SELECT COUNT(*) FROM reservations").await == 0 {
@@ -224,12 +233,46 @@ async fn a_client_that_leaves_mid_stream_is_charged_for_what_it_got_and_the_upst
         prices,
     );
     assert_eq!(charged, expected, "input + the {received} pieces received");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(
-        app.mock.state.stats(KEY_A).in_flight,
-        0,
-        "the upstream connection was closed"
-    );
+    // The mock had 45 more chunks to send, 100 ms apart: only the gateway closing the
+    // connection ends its answer before that.
+    upstream_closed(&app).await;
+}
+
+/// Waits until no connection to the mock is established any more: the gateway closed its
+/// upstream connection (the mock itself notices only at its next write, which a stalled or
+/// held answer never makes). The bound only turns a connection left open into a failure.
+async fn upstream_closed(app: &TestApp) {
+    let bound = std::time::Instant::now() + BOUND;
+    while established_to(app.mock.port) > 0 {
+        assert!(
+            std::time::Instant::now() < bound,
+            "the upstream connection was never closed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// TCP connections in state ESTABLISHED whose remote port is `port` (Linux's
+/// `/proc/net/tcp*`; the mock's port is this test's own).
+fn established_to(port: u16) -> usize {
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .map(|table| {
+            table
+                .lines()
+                .skip(1)
+                .filter(|l| {
+                    let cols: Vec<&str> = l.split_whitespace().collect();
+                    let remote_port = cols
+                        .get(2)
+                        .and_then(|a| a.rsplit(':').next())
+                        .and_then(|p| u16::from_str_radix(p, 16).ok());
+                    cols.get(3) == Some(&"01") && remote_port == Some(port)
+                })
+                .count()
+        })
+        .sum()
 }
 
 #[tokio::test]
@@ -243,14 +286,24 @@ async fn a_stalled_stream_is_ended_by_the_idle_timeout() {
             ..Default::default()
         }],
     );
-    let started = std::time::Instant::now();
-    let (data, _) = sse_data(app.chat(&token, &stream_body(false)).await).await;
-    assert!(started.elapsed() < Duration::from_secs(3));
+    let (data, _) =
+        tokio::time::timeout(BOUND, sse_data(app.chat(&token, &stream_body(false)).await))
+            .await
+            .expect("the stalled stream was ended by the gateway");
+    let pieces = sluice::mock::pieces(&mock_text());
+    assert_eq!(reassemble(&data), pieces[..3].concat(), "the 3 chunks sent");
     let last: Value = serde_json::from_str(data.last().unwrap()).unwrap();
     assert_eq!(last["error"]["code"], "upstream_error");
+    assert_eq!(
+        last["error"]["message"],
+        "The upstream stopped sending; the stream was ended by the gateway."
+    );
+    upstream_closed(&app).await;
     app.assert_invariant().await;
 }
 
+/// The mock holds its headers for an hour: the 502 can only come from the first-byte
+/// timeout, and the mock's answer only ends early because the gateway closed the connection.
 #[tokio::test]
 async fn headers_held_past_the_first_byte_timeout_cost_nothing() {
     let app = spawn_app_with(|s, _| s.upstream.first_byte_timeout_ms = 300).await;
@@ -258,14 +311,18 @@ async fn headers_held_past_the_first_byte_timeout_cost_nothing() {
     app.mock.state.sticky(
         KEY_A,
         Some(Script {
-            delay_ms: 2000,
+            delay_ms: 3_600_000,
             ..Default::default()
         }),
     );
-    let started = std::time::Instant::now();
-    let resp = app.chat(&token, &stream_body(false)).await;
+    let resp = tokio::time::timeout(BOUND, app.chat(&token, &stream_body(false)))
+        .await
+        .expect("the client got an answer before the upstream's headers");
     assert_eq!(resp.status(), 502);
-    assert!(started.elapsed() < Duration::from_millis(1500));
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "upstream_error");
+    assert_eq!(app.mock.state.stats(KEY_A).count, 1, "not retried");
+    upstream_closed(&app).await;
     app.assert_invariant().await;
     assert_eq!(
         app.scalar(&format!(
