@@ -13,7 +13,7 @@ pub mod throttle;
 pub mod token;
 
 use std::num::NonZeroUsize;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use actix_web::http::header::HeaderMap;
@@ -177,6 +177,12 @@ pub struct Authenticator {
     read: SqlitePool,
     cache: Mutex<LruCache<token::TokenHash, Arc<TokenAuth>>>,
     epoch: AtomicI64,
+    /// Bumped (under the cache lock) by every `invalidate`. A row read from the database
+    /// is cached only if no invalidation came between the read and the insert: a read that
+    /// started before a revocation committed, and finished after the cache was cleared for
+    /// it, would otherwise put the revoked token back for good (the epoch does not move
+    /// again).
+    generation: AtomicU64,
 }
 
 impl Authenticator {
@@ -186,6 +192,7 @@ impl Authenticator {
             read,
             cache: Mutex::new(LruCache::new(cap)),
             epoch: AtomicI64::new(i64::MIN),
+            generation: AtomicU64::new(0),
         })
     }
 
@@ -203,11 +210,12 @@ impl Authenticator {
         let auth = match cached {
             Some(a) => a,
             None => {
+                let read_at = self.generation.load(Ordering::Acquire);
                 let Some(row) = tokens::find_auth(&self.read, &hash).await? else {
                     return Ok(None);
                 };
                 let a = Arc::new(TokenAuth::from_row(row, &hash));
-                self.cache.lock().put(hash, a.clone());
+                self.remember(read_at, hash, a.clone());
                 a
             }
         };
@@ -217,9 +225,20 @@ impl Authenticator {
         Ok(Some(auth))
     }
 
+    /// Caches a row read when the generation was `read_at`, unless the cache was cleared
+    /// since (the row may predate the change that cleared it).
+    fn remember(&self, read_at: u64, hash: token::TokenHash, auth: Arc<TokenAuth>) {
+        let mut cache = self.cache.lock();
+        if self.generation.load(Ordering::Acquire) == read_at {
+            cache.put(hash, auth);
+        }
+    }
+
     /// Drops every cached token (after a revocation or an edit in this process).
     pub fn invalidate(&self) {
-        self.cache.lock().clear();
+        let mut cache = self.cache.lock();
+        cache.clear();
+        self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Polls the change counter; clears the cache when it moved. Returns whether it did.
@@ -230,5 +249,30 @@ impl Authenticator {
             self.invalidate();
         }
         Ok(before != now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The interleaving that kept a revoked token alive: a request reads the token's row,
+    /// the revocation commits and the cache is cleared, then the request caches what it
+    /// read. The stale row must not be cached.
+    #[tokio::test]
+    async fn a_row_read_before_an_invalidation_is_not_cached() {
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .connect("sqlite::memory:")
+            .await
+            .unwrap();
+        let auth = Authenticator::new(pool);
+        let hash: token::TokenHash = Default::default();
+        let read_at = auth.generation.load(Ordering::Acquire);
+        auth.invalidate();
+        auth.remember(read_at, hash, TokenAuth::anonymous());
+        assert!(auth.cache.lock().is_empty(), "a stale row was cached");
+        let read_at = auth.generation.load(Ordering::Acquire);
+        auth.remember(read_at, hash, TokenAuth::anonymous());
+        assert_eq!(auth.cache.lock().len(), 1, "a fresh row is cached");
     }
 }
