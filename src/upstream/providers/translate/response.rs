@@ -144,7 +144,15 @@ pub fn anthropic_answer_to_openai(v: &Value) -> Value {
 }
 
 pub fn openai_answer_to_anthropic(v: &Value) -> Value {
-    let choice = v.pointer("/choices/0").cloned().unwrap_or(Value::Null);
+    // The request asked for one choice: the one with index 0 is the answer.
+    let choice = v
+        .get("choices")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .find(|c| c.get("index").and_then(Value::as_i64).unwrap_or(0) == 0)
+        .cloned()
+        .unwrap_or(Value::Null);
     let mut finish = Finish::default();
     finish.note_choice(&choice);
     let mut content = Vec::new();

@@ -262,7 +262,15 @@ impl StreamConverter {
                 "usage": {"input_tokens": self.input_estimate, "output_tokens": 0}}}),
             );
         }
-        let Some(choice) = v.pointer("/choices/0") else {
+        // The request asked for one choice: another (an upstream's own `n`) is not
+        // spliced into the answer; it is counted in the accounting all the same.
+        let Some(choice) = v
+            .get("choices")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .find(|c| c.get("index").and_then(Value::as_i64).unwrap_or(0) == 0)
+        else {
             return;
         };
         s.finish.note_choice(choice);
