@@ -195,9 +195,13 @@ pub fn openai_answer_to_anthropic(v: &Value) -> Value {
     })
 }
 
+/// The upstream's own words: its format's `error.message`, else a top-level `message`
+/// (vLLM) or `detail` (FastAPI servers); a body that is not JSON (a proxy's HTML page) is
+/// not shown to the client.
 fn upstream_message(v: &Value) -> &str {
-    v.pointer("/error/message")
-        .and_then(Value::as_str)
+    ["/error/message", "/message", "/detail"]
+        .iter()
+        .find_map(|p| v.pointer(p).and_then(Value::as_str))
         .unwrap_or("The upstream rejected the request.")
 }
 
@@ -222,8 +226,8 @@ pub fn anthropic_error_type(kind: &str, code: &str) -> &'static str {
     }
 }
 
-/// An Anthropic upstream's error body in OpenAI's shape: the message kept, the type from
-/// the status, `code` the upstream's own error type.
+/// An upstream's error body in OpenAI's shape: the message kept, the type from the status,
+/// `code` the upstream's own code or error type (`upstream_error` when it gave neither).
 pub fn error_to_openai(status: u16, v: &Value) -> Value {
     let kind = if status == 429 {
         "requests"
@@ -232,20 +236,19 @@ pub fn error_to_openai(status: u16, v: &Value) -> Value {
     } else {
         "invalid_request_error"
     };
-    let code = v.pointer("/error/type").cloned().unwrap_or(Value::Null);
-    json!({"error": {"message": upstream_message(v), "type": kind, "param": null, "code": code}})
+    json!({"error": {"message": upstream_message(v), "type": kind, "param": null, "code": openai_code(v)}})
 }
 
 /// The upstream's own `code`, else its `type`, else a Sluice code: what `error.code` of an
 /// Anthropic-shaped error made from an OpenAI one carries.
 pub fn openai_code(v: &Value) -> Value {
-    ["/error/code", "/error/type"]
+    ["/error/code", "/error/type", "/type"]
         .iter()
         .find_map(|p| v.pointer(p).filter(|c| c.is_string()).cloned())
         .unwrap_or(json!("upstream_error"))
 }
 
-/// An OpenAI upstream's error body in Anthropic's shape, with `error.code`.
+/// An upstream's error body in Anthropic's shape, with `error.code`.
 pub fn error_to_anthropic(status: u16, v: &Value) -> Value {
     json!({"type": "error", "error": {"type": anthropic::error_type(status),
         "message": upstream_message(v), "code": openai_code(v)}})
