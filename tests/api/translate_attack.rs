@@ -189,3 +189,90 @@ async fn an_anthropic_message_with_a_role_anthropic_lacks_is_refused() {
         );
     }
 }
+
+fn anthropic_stream(trailing: Value) -> Value {
+    json!([
+        ["message_start", {"type": "message_start", "message": {"id": "msg_t", "type": "message", "role": "assistant",
+            "model": "m", "content": [], "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": 5, "output_tokens": 1}}}],
+        ["content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}],
+        ["content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Done."}}],
+        ["content_block_stop", {"type": "content_block_stop", "index": 0}],
+        ["message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 2}}],
+        ["message_stop", {"type": "message_stop"}],
+        trailing
+    ])
+}
+
+fn openai_stream(trailing: Value) -> Value {
+    json!([
+        chunk(
+            json!({"index": 0, "delta": {"role": "assistant", "content": "Done."}, "finish_reason": null})
+        ),
+        chunk(json!({"index": 0, "delta": {}, "finish_reason": "stop"})),
+        usage_chunk(),
+        "[DONE]",
+        trailing
+    ])
+}
+
+/// Once the upstream said the answer is complete (`[DONE]` / `message_stop`), nothing more
+/// reaches the client: not a second answer sent after it, not an error for a connection
+/// that broke after it (the Anthropic SDK raises on an `error` event even after
+/// `message_stop`), and the request is logged as the success it was.
+#[tokio::test]
+async fn nothing_reaches_the_client_after_the_upstream_said_done() {
+    let app = app().await;
+    let (_, token) = app.token("after-done", None).await;
+    let mut served = 0;
+    for upstream in ["openai", "anthropic"] {
+        for client in ["openai", "anthropic"] {
+            for cut in [false, true] {
+                let events = match upstream {
+                    "openai" => openai_stream(chunk(
+                        json!({"index": 0, "delta": {"content": " And more."}, "finish_reason": "stop"}),
+                    )),
+                    _ => anthropic_stream(
+                        json!(["message_start", {"type": "message_start", "message": {"id": "msg_2",
+                        "type": "message", "role": "assistant", "model": "m", "content": [], "stop_reason": null,
+                        "stop_sequence": null, "usage": {"input_tokens": 5, "output_tokens": 1}}}]),
+                    ),
+                };
+                let complete = events.as_array().unwrap().len() - 1;
+                let mut script = json!({"events": events});
+                if cut {
+                    script["cut_after"] = json!(complete);
+                }
+                let case = json!({"client": client, "request": {"max_tokens": 20, "stream": true,
+                    "messages": [{"role": "user", "content": "hi"}]}, "upstream": script});
+                let got = run_case(&app, &token, upstream, &case).await;
+                let what = format!("{upstream} → {client}, cut {cut}: {got}");
+                assert_eq!(got["status"], 200, "{what}");
+                let events = got["response"].as_array().unwrap();
+                let last = events.last().unwrap();
+                match client {
+                    "anthropic" => {
+                        assert_eq!(last[0], "message_stop", "{what}");
+                        assert_eq!(of_type(&got["response"], "message_stop").len(), 1, "{what}");
+                        assert_eq!(
+                            of_type(&got["response"], "message_start").len(),
+                            1,
+                            "{what}"
+                        );
+                    }
+                    _ => {
+                        assert_eq!(last[1], "[DONE]", "{what}");
+                        let done = events.iter().filter(|e| e[1] == "[DONE]").count();
+                        assert_eq!(done, 1, "{what}");
+                    }
+                }
+                served += 1;
+                app.wait_for_log_rows(served).await;
+            }
+        }
+    }
+    let failed = app
+        .scalar("SELECT COUNT(*) FROM requests WHERE error_code IS NOT NULL")
+        .await;
+    assert_eq!(failed, 0, "a complete answer logged as a failure");
+    app.assert_invariant().await;
+}

@@ -118,7 +118,8 @@ impl StreamConverter {
 
     /// Takes one upstream event and appends what the client must receive to `out`.
     pub fn event(&mut self, name: &str, data: &str, out: &mut Vec<Bytes>) {
-        if self.error_sent {
+        // After the complete answer or the upstream's error, the client's stream is over.
+        if self.error_sent || self.done {
             return;
         }
         match (self.upstream, self.client) {
