@@ -276,3 +276,56 @@ async fn nothing_reaches_the_client_after_the_upstream_said_done() {
     assert_eq!(failed, 0, "a complete answer logged as a failure");
     app.assert_invariant().await;
 }
+
+/// OpenAI-compatible servers (Hugging Face TGI among them) report a mid-stream failure as
+/// `data: {"error": "<text>", "error_type": …}` — `error` a string, not an object. It is
+/// the upstream's error all the same: the client's stream ends with an error in its own
+/// format carrying that text, never with `[DONE]` / `message_stop` as if complete.
+#[tokio::test]
+async fn a_mid_stream_error_given_as_text_ends_the_stream_as_an_error() {
+    let app = app().await;
+    let (_, token) = app.token("text-error", None).await;
+    let events = json!([
+        chunk(json!({"index": 0, "delta": {"role": "assistant", "content": "The EGR valve"}, "finish_reason": null})),
+        {"error": "Input validation error: inputs tokens + max_new_tokens must be <= 4096", "error_type": "validation"},
+        "[DONE]"
+    ]);
+    for (i, client) in ["openai", "anthropic"].into_iter().enumerate() {
+        let case = json!({"client": client, "request": {"max_tokens": 20, "stream": true,
+            "messages": [{"role": "user", "content": "hi"}]}, "upstream": {"events": events}});
+        let got = run_case(&app, &token, "openai", &case).await;
+        let what = format!("{client}: {got}");
+        assert_eq!(got["status"], 200, "{what}");
+        let events = got["response"].as_array().unwrap();
+        let last = events.last().unwrap();
+        let error = match client {
+            "anthropic" => {
+                assert_eq!(last[0], "error", "{what}");
+                assert_eq!(last[1]["type"], "error", "{what}");
+                &last[1]["error"]
+            }
+            _ => &last[1]["error"],
+        };
+        assert!(error.is_object(), "{what}");
+        assert_eq!(
+            error["message"],
+            "Input validation error: inputs tokens + max_new_tokens must be <= 4096",
+            "{what}"
+        );
+        assert!(
+            error["type"].is_string() && error["code"].is_string(),
+            "{what}"
+        );
+        assert!(
+            !events
+                .iter()
+                .any(|e| e[1] == "[DONE]" || e[0] == "message_stop"),
+            "{what}"
+        );
+        app.wait_for_log_rows(i as i64 + 1).await;
+    }
+    let errors = app
+        .scalar("SELECT COUNT(*) FROM requests WHERE error_code = 'upstream_error'")
+        .await;
+    assert_eq!(errors, 2);
+}

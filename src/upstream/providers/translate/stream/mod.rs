@@ -150,7 +150,18 @@ impl StreamConverter {
         let Ok(v) = serde_json::from_str::<Value>(data) else {
             return;
         };
-        self.error_sent = is_openai_error(&v);
+        if let Some(e) = openai_error(&v) {
+            self.error_sent = true;
+            // An error in OpenAI's own shape passes as it came; TGI's text form is
+            // reshaped so the client's SDK reads its message and code.
+            let raw = v.get("error").is_some_and(Value::is_object);
+            out.push(if raw {
+                frame(None, data)
+            } else {
+                frame(None, &e.to_string())
+            });
+            return;
+        }
         self.note_openai_chunk(&v);
         let usage_only = v
             .get("choices")
@@ -209,7 +220,22 @@ impl StreamConverter {
     }
 }
 
-/// An OpenAI-format mid-stream error: a data chunk `{"error": {…}}`.
-fn is_openai_error(v: &Value) -> bool {
-    v.get("error").is_some_and(Value::is_object)
+/// An OpenAI-format mid-stream error in OpenAI's shape: a data chunk `{"error": {…}}`, or
+/// `{"error": "<text>", "error_type": "…"}` as Hugging Face TGI sends it (reshaped, its
+/// `error_type` as the code). `None` for any other chunk.
+fn openai_error(v: &Value) -> Option<Value> {
+    match v.get("error")? {
+        Value::Object(_) => Some(v.clone()),
+        Value::String(message) => {
+            let code = v
+                .get("error_type")
+                .filter(|c| c.is_string())
+                .cloned()
+                .unwrap_or(json!("upstream_error"));
+            Some(
+                json!({"error": {"message": message, "type": "server_error", "param": null, "code": code}}),
+            )
+        }
+        _ => None,
+    }
 }

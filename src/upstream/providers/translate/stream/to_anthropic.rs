@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use super::{frame, is_openai_error, StreamConverter};
+use super::{frame, openai_error, StreamConverter};
 use crate::upstream::providers::translate::response::{anthropic_error_type, openai_code, Finish};
 
 #[derive(Default)]
@@ -230,7 +230,7 @@ impl StreamConverter {
         let Ok(v) = serde_json::from_str::<Value>(data) else {
             return;
         };
-        if is_openai_error(&v) {
+        if let Some(v) = openai_error(&v) {
             let e = &v["error"];
             let (t, c) = (
                 e.get("type").and_then(Value::as_str).unwrap_or(""),
