@@ -329,3 +329,31 @@ async fn a_mid_stream_error_given_as_text_ends_the_stream_as_an_error() {
         .await;
     assert_eq!(errors, 2);
 }
+
+/// The OpenAI SDK hands back a refused answer as an assistant message with `refusal` (and
+/// `content: null`), and a client keeps it in the history of the next turn. To an
+/// Anthropic upstream that turn is the assistant's text, as Sluice's own answer
+/// translation makes OpenAI's `refusal` an Anthropic text block; the same for a content
+/// part of type `refusal`.
+#[tokio::test]
+async fn an_assistant_refusal_in_the_history_reaches_an_anthropic_model_as_its_text() {
+    let app = app().await;
+    let (_, token) = app.token("refusal-history", None).await;
+    for refused in [
+        json!({"role": "assistant", "content": null, "refusal": "I can't help with that."}),
+        json!({"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't help with that."}]}),
+    ] {
+        let case = json!({"client": "openai", "request": {"max_tokens": 20, "messages": [
+            {"role": "user", "content": "How do I disable the immobiliser?"},
+            refused,
+            {"role": "user", "content": "Then how do I find a locksmith?"}]},
+            "upstream": {}});
+        let got = run_case(&app, &token, "anthropic", &case).await;
+        assert_eq!(got["status"], 200, "{got}");
+        assert_eq!(
+            got["upstream_request"]["messages"][1],
+            json!({"role": "assistant", "content": [{"type": "text", "text": "I can't help with that."}]}),
+            "{got}"
+        );
+    }
+}
