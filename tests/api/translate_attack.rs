@@ -357,3 +357,70 @@ async fn an_assistant_refusal_in_the_history_reaches_an_anthropic_model_as_its_t
         );
     }
 }
+
+/// Every upstream event arrives in 3-byte pieces, so multi-byte characters and JSON
+/// escapes are cut between reads, in either format and to either client: what the client
+/// assembles is exactly the upstream's text and tool arguments (`eventsource-stream`
+/// joins the bytes before decoding them).
+#[tokio::test]
+async fn events_split_inside_a_character_reach_the_client_whole() {
+    let app = app().await;
+    let (_, token) = app.token("split", None).await;
+    let text = "Grüße — ошибка 😀 \"quoted\"\\n";
+    let args = "{\"note\":\"Ölwechsel 😀 \\\"sofort\\\"\"}";
+    let openai_events = json!([
+        chunk(
+            json!({"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": null})
+        ),
+        chunk(
+            json!({"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "call_ü", "type": "function",
+            "function": {"name": "note", "arguments": args}}]}, "finish_reason": null})
+        ),
+        chunk(json!({"index": 0, "delta": {}, "finish_reason": "tool_calls"})),
+        usage_chunk(),
+        "[DONE]"
+    ]);
+    let anthropic_events = json!([
+        ["message_start", {"type": "message_start", "message": {"id": "msg_s", "type": "message", "role": "assistant",
+            "model": "m", "content": [], "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": 5, "output_tokens": 1}}}],
+        ["content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}],
+        ["content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}],
+        ["content_block_stop", {"type": "content_block_stop", "index": 0}],
+        ["content_block_start", {"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "call_ü", "name": "note", "input": {}}}],
+        ["content_block_delta", {"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": args}}],
+        ["content_block_stop", {"type": "content_block_stop", "index": 1}],
+        ["message_delta", {"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": null}, "usage": {"output_tokens": 9}}],
+        ["message_stop", {"type": "message_stop"}]
+    ]);
+    for (upstream, events) in [("openai", &openai_events), ("anthropic", &anthropic_events)] {
+        for client in ["openai", "anthropic"] {
+            let case = json!({"client": client, "request": {"max_tokens": 50, "stream": true,
+                "messages": [{"role": "user", "content": "hi"}],
+                "tools": if client == "openai" {
+                    json!([{"type": "function", "function": {"name": "note", "parameters": {"type": "object"}}}])
+                } else {
+                    json!([{"name": "note", "input_schema": {"type": "object"}}])
+                }},
+                "upstream": {"events": events, "split_writes": true}});
+            let got = run_case(&app, &token, upstream, &case).await;
+            let what = format!("{upstream} → {client}: {got}");
+            assert_eq!(got["status"], 200, "{what}");
+            let frames = got["response"].as_array().unwrap();
+            let (mut said, mut called) = (String::new(), String::new());
+            for (_, data) in frames.iter().map(|f| (&f[0], &f[1])) {
+                if client == "openai" {
+                    let delta = &data["choices"][0]["delta"];
+                    said += delta["content"].as_str().unwrap_or("");
+                    called += delta["tool_calls"][0]["function"]["arguments"]
+                        .as_str()
+                        .unwrap_or("");
+                } else {
+                    said += data["delta"]["text"].as_str().unwrap_or("");
+                    called += data["delta"]["partial_json"].as_str().unwrap_or("");
+                }
+            }
+            assert_eq!(said, text, "{what}");
+            assert_eq!(called, args, "{what}");
+        }
+    }
+}
