@@ -424,3 +424,28 @@ async fn events_split_inside_a_character_reach_the_client_whole() {
         }
     }
 }
+
+/// `citations: {"enabled": false}` on a document is Anthropic's default written out (SDK
+/// helpers and frameworks send it): it asks for nothing OpenAI lacks, so the PDF goes
+/// through; `{"enabled": true}` stays refused.
+#[tokio::test]
+async fn a_document_with_citations_switched_off_goes_through() {
+    let app = app().await;
+    let (_, token) = app.token("citations-off", None).await;
+    let doc = |enabled: bool| {
+        json!({"client": "anthropic", "request": {"max_tokens": 20, "messages": [{"role": "user", "content": [
+            {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0xLjQK"},
+             "title": "manual.pdf", "citations": {"enabled": enabled}},
+            {"type": "text", "text": "Summarise the manual."}]}]}, "upstream": {}})
+    };
+    let got = run_case(&app, &token, "openai", &doc(false)).await;
+    assert_eq!(got["status"], 200, "{got}");
+    assert_eq!(
+        got["upstream_request"]["messages"][0]["content"][0],
+        json!({"type": "file", "file": {"filename": "manual.pdf", "file_data": "data:application/pdf;base64,JVBERi0xLjQK"}}),
+        "{got}"
+    );
+    let got = run_case(&app, &token, "openai", &doc(true)).await;
+    assert_eq!(got["status"], 400, "{got}");
+    assert_eq!(got["upstream_request"], Value::Null, "{got}");
+}
