@@ -449,3 +449,69 @@ async fn a_document_with_citations_switched_off_goes_through() {
     assert_eq!(got["status"], 400, "{got}");
     assert_eq!(got["upstream_request"], Value::Null, "{got}");
 }
+
+/// An upstream event that is not valid JSON is a piece of the answer the gateway cannot
+/// read. Skipping it and going on would hand the client an answer with a hole in it that
+/// ends like a complete one; instead the client's stream ends there with an error in its
+/// format (never `[DONE]` / `message_stop`), logged as an upstream error.
+#[tokio::test]
+async fn an_event_that_is_not_json_ends_the_stream_as_an_error() {
+    let app = app().await;
+    let (_, token) = app.token("bad-json", None).await;
+    let openai_events = json!([
+        chunk(
+            json!({"index": 0, "delta": {"role": "assistant", "content": "Torque the bolts to "}, "finish_reason": null})
+        ),
+        "{\"id\":\"chatcmpl-a\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"25 N",
+        chunk(json!({"index": 0, "delta": {"content": "m."}, "finish_reason": "stop"})),
+        usage_chunk(),
+        "[DONE]"
+    ]);
+    let anthropic_events = json!([
+        ["message_start", {"type": "message_start", "message": {"id": "msg_b", "type": "message", "role": "assistant",
+            "model": "m", "content": [], "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": 5, "output_tokens": 1}}}],
+        ["content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}],
+        ["content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Torque the bolts to "}}],
+        ["content_block_delta", "{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"25 N"],
+        ["content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "m."}}],
+        ["content_block_stop", {"type": "content_block_stop", "index": 0}],
+        ["message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 9}}],
+        ["message_stop", {"type": "message_stop"}]
+    ]);
+    let mut served = 0;
+    for (upstream, events) in [("openai", &openai_events), ("anthropic", &anthropic_events)] {
+        for client in ["openai", "anthropic"] {
+            let case = json!({"client": client, "request": {"max_tokens": 50, "stream": true,
+                "messages": [{"role": "user", "content": "hi"}]}, "upstream": {"events": events}});
+            let got = run_case(&app, &token, upstream, &case).await;
+            let what = format!("{upstream} → {client}: {got}");
+            assert_eq!(got["status"], 200, "{what}");
+            let frames = got["response"].as_array().unwrap();
+            assert!(
+                !frames
+                    .iter()
+                    .any(|f| f[1] == "[DONE]" || f[0] == "message_stop" || f[0] == "message_delta"),
+                "{what}"
+            );
+            let last = frames.last().unwrap();
+            if client == "anthropic" {
+                assert_eq!(last[0], "error", "{what}");
+                assert_eq!(last[1]["error"]["type"], "api_error", "{what}");
+            } else {
+                assert_eq!(last[1]["error"]["type"], "server_error", "{what}");
+            }
+            assert_eq!(last[1]["error"]["code"], "upstream_error", "{what}");
+            assert!(
+                !frames.iter().any(|f| f.to_string().contains("m.")),
+                "{what}"
+            );
+            served += 1;
+            app.wait_for_log_rows(served).await;
+        }
+    }
+    let errors = app
+        .scalar("SELECT COUNT(*) FROM requests WHERE error_code = 'upstream_error'")
+        .await;
+    assert_eq!(errors, 4);
+    app.assert_invariant().await;
+}

@@ -122,6 +122,22 @@ impl StreamConverter {
         if self.error_sent || self.done {
             return;
         }
+        // An event the gateway cannot read is a piece of the answer it cannot pass on:
+        // the stream ends here as an error, not as a complete answer with a hole in it.
+        // (An empty `data:` carries nothing; `[DONE]` is OpenAI's end marker.)
+        let end_marker = self.upstream == WireFormat::OpenAi && data == "[DONE]";
+        if !end_marker
+            && !data.trim().is_empty()
+            && serde_json::from_str::<serde::de::IgnoredAny>(data).is_err()
+        {
+            out.push(error_event(
+                self.client,
+                "The upstream sent an event that is not valid JSON; the stream was ended by the gateway.",
+                "upstream_error",
+            ));
+            self.error_sent = true;
+            return;
+        }
         match (self.upstream, self.client) {
             (WireFormat::OpenAi, WireFormat::OpenAi) => self.openai_to_openai(data, out),
             (WireFormat::Anthropic, WireFormat::Anthropic) => {
