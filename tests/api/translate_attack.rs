@@ -515,3 +515,48 @@ async fn an_event_that_is_not_json_ends_the_stream_as_an_error() {
     assert_eq!(errors, 4);
     app.assert_invariant().await;
 }
+
+/// Some OpenAI-compatible servers (Mistral's among them) send `content` as an array of
+/// parts rather than a string, in answers and in stream deltas. Its text parts are the
+/// answer: an Anthropic client gets them, not an empty message that ends like a
+/// complete one.
+#[tokio::test]
+async fn content_given_as_parts_reaches_an_anthropic_client() {
+    let app = app().await;
+    let (_, token) = app.token("content-parts", None).await;
+    let answer = json!({"id": "cmpl-p", "object": "chat.completion", "created": 1, "model": "m",
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant",
+            "content": [{"type": "text", "text": "Check the "}, {"type": "text", "text": "fuse first."}]}}],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}});
+    let case = json!({"client": "anthropic", "request": {"max_tokens": 50,
+        "messages": [{"role": "user", "content": "hi"}]}, "upstream": {"body": answer}});
+    let got = run_case(&app, &token, "openai", &case).await;
+    assert_eq!(got["status"], 200, "{got}");
+    let text: String = got["response"]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["text"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(text, "Check the fuse first.", "{got}");
+
+    let events = json!([
+        chunk(
+            json!({"index": 0, "delta": {"role": "assistant", "content": [{"type": "text", "text": "Check the "}]}, "finish_reason": null})
+        ),
+        chunk(
+            json!({"index": 0, "delta": {"content": [{"type": "text", "text": "fuse first."}]}, "finish_reason": "stop"})
+        ),
+        usage_chunk(),
+        "[DONE]"
+    ]);
+    let case = json!({"client": "anthropic", "request": {"max_tokens": 50, "stream": true,
+        "messages": [{"role": "user", "content": "hi"}]}, "upstream": {"events": events}});
+    let got = run_case(&app, &token, "openai", &case).await;
+    assert_eq!(got["status"], 200, "{got}");
+    let text: String = of_type(&got["response"], "content_block_delta")
+        .iter()
+        .map(|d| d["delta"]["text"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(text, "Check the fuse first.", "{got}");
+}

@@ -10,7 +10,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::upstream::providers::anthropic;
+use crate::upstream::providers::{anthropic, openai};
 
 /// What decides an Anthropic `stop_reason` from an OpenAI choice.
 #[derive(Debug, Default, Clone)]
@@ -157,11 +157,7 @@ pub fn openai_answer_to_anthropic(v: &Value) -> Value {
     finish.note_choice(&choice);
     let mut content = Vec::new();
     for p in ["/message/content", "/message/refusal"] {
-        if let Some(t) = choice
-            .pointer(p)
-            .and_then(Value::as_str)
-            .filter(|t| !t.is_empty())
-        {
+        if let Some(t) = openai::content_text(choice.pointer(p)).filter(|t| !t.is_empty()) {
             content.push(json!({"type": "text", "text": t}));
             finish.refusal |= p.ends_with("refusal");
         }

@@ -15,6 +15,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::{frame, openai_error, StreamConverter};
+use crate::upstream::providers::openai;
 use crate::upstream::providers::translate::response::{anthropic_error_type, openai_code, Finish};
 
 #[derive(Default)]
@@ -274,8 +275,10 @@ impl StreamConverter {
             return;
         };
         s.finish.note_choice(choice);
-        if let Some(t) = str_at(choice, "/delta/content") {
-            s.text(out, t);
+        if let Some(t) =
+            openai::content_text(choice.pointer("/delta/content")).filter(|t| !t.is_empty())
+        {
+            s.text(out, &t);
         }
         if let Some(t) = str_at(choice, "/delta/refusal") {
             s.finish.refusal = true;
