@@ -560,3 +560,54 @@ async fn content_given_as_parts_reaches_an_anthropic_client() {
         .collect();
     assert_eq!(text, "Check the fuse first.", "{got}");
 }
+
+/// An OpenAI client cannot ask an Anthropic model to think (`reasoning_effort` is
+/// refused), but an Anthropic stream may still carry `ping`s, a thinking block (thinking
+/// and signature deltas) and citations deltas. The OpenAI client gets the answer's text
+/// and its finish, as OpenAI's own API shows no reasoning, and nothing it cannot parse.
+#[tokio::test]
+async fn thinking_and_pings_in_an_anthropic_stream_leave_an_openai_client_its_answer() {
+    let app = app().await;
+    let (_, token) = app.token("thinking", None).await;
+    let events = json!([
+        ["message_start", {"type": "message_start", "message": {"id": "msg_t", "type": "message", "role": "assistant",
+            "model": "m", "content": [], "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": 5, "output_tokens": 1}}}],
+        ["ping", {"type": "ping"}],
+        ["content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": "", "signature": ""}}],
+        ["content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "The user asks about fuses."}}],
+        ["content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "EqQBCgIYAhIM"}}],
+        ["content_block_stop", {"type": "content_block_stop", "index": 0}],
+        ["ping", {"type": "ping"}],
+        ["content_block_start", {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}}],
+        ["content_block_delta", {"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "Check fuse F12."}}],
+        ["content_block_delta", {"type": "content_block_delta", "index": 1, "delta": {"type": "citations_delta", "citation": {"type": "char_location", "cited_text": "F12", "document_index": 0, "start_char_index": 0, "end_char_index": 3}}}],
+        ["content_block_stop", {"type": "content_block_stop", "index": 1}],
+        ["message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 30}}],
+        ["message_stop", {"type": "message_stop"}]
+    ]);
+    let case = json!({"client": "openai", "request": {"max_tokens": 50, "stream": true,
+        "stream_options": {"include_usage": true},
+        "messages": [{"role": "user", "content": "Which fuse?"}]}, "upstream": {"events": events}});
+    let got = run_case(&app, &token, "anthropic", &case).await;
+    assert_eq!(got["status"], 200, "{got}");
+    let frames = got["response"].as_array().unwrap();
+    assert!(frames.iter().all(|f| f[0].is_null()), "{got}");
+    let said: String = frames
+        .iter()
+        .map(|f| {
+            f[1]["choices"][0]["delta"]["content"]
+                .as_str()
+                .unwrap_or("")
+        })
+        .collect();
+    assert_eq!(said, "Check fuse F12.", "{got}");
+    let finishes: Vec<&Value> = frames
+        .iter()
+        .map(|f| &f[1]["choices"][0]["finish_reason"])
+        .filter(|r| r.is_string())
+        .collect();
+    assert_eq!(finishes, [&json!("stop")], "{got}");
+    let usage = &frames[frames.len() - 2][1]["usage"];
+    assert_eq!(usage["completion_tokens"], 30, "{got}");
+    assert_eq!(frames.last().unwrap()[1], "[DONE]", "{got}");
+}
