@@ -611,3 +611,21 @@ async fn thinking_and_pings_in_an_anthropic_stream_leave_an_openai_client_its_an
     assert_eq!(usage["completion_tokens"], 30, "{got}");
     assert_eq!(frames.last().unwrap()[1], "[DONE]", "{got}");
 }
+
+/// `prompt_cache_retention` (OpenAI's `in_memory` / `24h`) is a caching hint like
+/// `prompt_cache_key`: it changes nothing in the answer, so a request carrying it reaches
+/// an Anthropic model instead of being refused as an argument OpenAI does not know.
+#[tokio::test]
+async fn a_prompt_cache_retention_hint_does_not_stop_a_request() {
+    let app = app().await;
+    let (_, token) = app.token("retention", None).await;
+    let case = json!({"client": "openai", "request": {"max_tokens": 20, "prompt_cache_retention": "24h",
+        "prompt_cache_key": "fleet-manuals", "messages": [{"role": "user", "content": "hi"}]}, "upstream": {}});
+    let got = run_case(&app, &token, "anthropic", &case).await;
+    assert_eq!(got["status"], 200, "{got}");
+    let sent = got["upstream_request"].as_object().unwrap();
+    assert!(
+        !sent.contains_key("prompt_cache_retention") && !sent.contains_key("prompt_cache_key"),
+        "{got}"
+    );
+}

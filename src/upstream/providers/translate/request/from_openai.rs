@@ -32,7 +32,8 @@ const AT_DEFAULT: &[(&str, &str)] = &[
     ("response_format", "{\"type\":\"text\"}"),
 ];
 
-/// Translated, or a hint that changes nothing in the answer (`prompt_cache_key`).
+/// Translated, or a caching hint that changes nothing in the answer (`prompt_cache_key`,
+/// `prompt_cache_retention`).
 const TRANSLATED: &[&str] = &[
     "model",
     "messages",
@@ -50,6 +51,7 @@ const TRANSLATED: &[&str] = &[
     "safety_identifier",
     "service_tier",
     "prompt_cache_key",
+    "prompt_cache_retention",
 ];
 
 fn check_fields(body: &Map<String, Value>) -> Result<(), TranslateError> {
