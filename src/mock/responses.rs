@@ -46,6 +46,10 @@ pub struct Script {
     /// every event here. For the cases the built-in answers never produce: parallel tool
     /// calls, refusals, stop sequences, mid-stream errors.
     pub events: Option<Vec<SseEvent>>,
+    /// Send each event's bytes in pieces of 3 bytes (each its own HTTP chunk), so every
+    /// 2-to-4-byte UTF-8 character and every escape is cut somewhere: a reader must join
+    /// them before decoding.
+    pub split_writes: bool,
 }
 
 /// One scripted SSE event: `[event, data]` or a bare `data` payload.
@@ -481,7 +485,7 @@ fn sse(
     guard: InFlightGuard,
 ) -> HttpResponse {
     let delay = Duration::from_millis(s.chunk_delay_ms);
-    let (cut, stall) = (s.cut_after, s.stall_after);
+    let (cut, stall, split) = (s.cut_after, s.stall_after, s.split_writes);
     let body = async_stream::stream! {
         let _guard = guard;
         let mut sent_content = 0usize;
@@ -501,7 +505,11 @@ fn sse(
                 }
                 sent_content += 1;
             }
-            yield Ok::<Bytes, std::io::Error>(e.bytes());
+            let mut bytes = e.bytes();
+            while split && bytes.len() > 3 {
+                yield Ok::<Bytes, std::io::Error>(bytes.split_to(3));
+            }
+            yield Ok::<Bytes, std::io::Error>(bytes);
         }
     };
     resp.content_type("text/event-stream")

@@ -177,6 +177,11 @@ impl Pump {
                 failure = Some("The upstream sent an error event mid-stream.");
                 break;
             }
+            // The answer is complete: whatever the upstream sends or breaks after it is
+            // not the client's.
+            if self.converter.done() {
+                break;
+            }
         }
         if let (Some(frame), false) = (
             failure.and_then(|m| self.converter.error_frame(m)),

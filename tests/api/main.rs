@@ -33,6 +33,7 @@ mod signin_attack;
 mod ssrf;
 mod streams;
 mod translate;
+mod translate_attack;
 mod translate_fuzz;
 mod translate_roundtrip;
 mod translate_wire;

@@ -74,7 +74,7 @@ fn sse_events(text: &str) -> Value {
 
 /// Two upstreams on one mock: `a` (OpenAI format, model `gpt-4o-mini`) and `claude`
 /// (Anthropic format, model `claude`).
-async fn app() -> TestApp {
+pub(crate) async fn app() -> TestApp {
     spawn_app_with(|s, mock| {
         let mut claude = upstream("claude", KEY_B, mock);
         claude.provider = Provider::Anthropic;
@@ -85,7 +85,7 @@ async fn app() -> TestApp {
     .await
 }
 
-async fn run_case(app: &TestApp, token: &str, upstream: &str, v: &Value) -> Value {
+pub(crate) async fn run_case(app: &TestApp, token: &str, upstream: &str, v: &Value) -> Value {
     let (model, key) = match upstream {
         "openai" => ("gpt-4o-mini", KEY_A),
         _ => ("claude", KEY_B),

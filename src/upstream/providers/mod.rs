@@ -102,15 +102,28 @@ pub fn convert_answer(upstream: WireFormat, client: WireFormat, raw: Bytes, v: &
     Bytes::from(converted.to_string())
 }
 
-/// An upstream's client-error body in the client's format.
+/// An upstream's client-error body in the client's format: untouched when it is already
+/// the client's format's error, rebuilt otherwise (the other format, an OpenAI-compatible
+/// server's own shape, a proxy's HTML page).
 pub fn convert_error(upstream: WireFormat, client: WireFormat, status: u16, raw: Bytes) -> Bytes {
-    if upstream == client {
+    let v: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
+    if upstream == client && is_error_of(client, &v) {
         return raw;
     }
-    let v: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
     let converted = match client {
         WireFormat::OpenAi => response::error_to_openai(status, &v),
         WireFormat::Anthropic => response::error_to_anthropic(status, &v),
     };
     Bytes::from(converted.to_string())
+}
+
+/// True when `v` is an error body of `format`'s own shape, which its SDKs parse.
+fn is_error_of(format: WireFormat, v: &Value) -> bool {
+    let text = |p: &str| v.pointer(p).is_some_and(Value::is_string);
+    match format {
+        WireFormat::OpenAi => text("/error/message"),
+        WireFormat::Anthropic => {
+            v["type"] == "error" && text("/error/type") && text("/error/message")
+        }
+    }
 }

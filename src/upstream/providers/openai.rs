@@ -63,6 +63,23 @@ pub fn usage_of(u: &Value) -> Option<Usage> {
 }
 
 /// The generated text of a chat or completions answer (for counting when usage is missing).
+/// A message's or delta's `content`: a string, or (as Mistral's OpenAI-compatible API
+/// sends it) an array of parts whose `text` parts are the answer. Other parts (a
+/// model's `thinking`) are reasoning, which an OpenAI client does not see either.
+pub fn content_text(content: Option<&Value>) -> Option<String> {
+    match content? {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(parts) => Some(
+            parts
+                .iter()
+                .filter(|p| p.get("type").and_then(Value::as_str) == Some("text"))
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
 pub fn answer_text(v: &Value) -> String {
     let mut text = String::new();
     for c in v
@@ -72,8 +89,8 @@ pub fn answer_text(v: &Value) -> String {
         .flatten()
     {
         for p in ["/message/content", "/text", "/delta/content"] {
-            if let Some(t) = c.pointer(p).and_then(Value::as_str) {
-                text.push_str(t);
+            if let Some(t) = content_text(c.pointer(p)) {
+                text.push_str(&t);
             }
         }
         for p in ["/message/tool_calls", "/delta/tool_calls"] {

@@ -10,7 +10,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::upstream::providers::anthropic;
+use crate::upstream::providers::{anthropic, openai};
 
 /// What decides an Anthropic `stop_reason` from an OpenAI choice.
 #[derive(Debug, Default, Clone)]
@@ -144,16 +144,20 @@ pub fn anthropic_answer_to_openai(v: &Value) -> Value {
 }
 
 pub fn openai_answer_to_anthropic(v: &Value) -> Value {
-    let choice = v.pointer("/choices/0").cloned().unwrap_or(Value::Null);
+    // The request asked for one choice: the one with index 0 is the answer.
+    let choice = v
+        .get("choices")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .find(|c| c.get("index").and_then(Value::as_i64).unwrap_or(0) == 0)
+        .cloned()
+        .unwrap_or(Value::Null);
     let mut finish = Finish::default();
     finish.note_choice(&choice);
     let mut content = Vec::new();
     for p in ["/message/content", "/message/refusal"] {
-        if let Some(t) = choice
-            .pointer(p)
-            .and_then(Value::as_str)
-            .filter(|t| !t.is_empty())
-        {
+        if let Some(t) = openai::content_text(choice.pointer(p)).filter(|t| !t.is_empty()) {
             content.push(json!({"type": "text", "text": t}));
             finish.refusal |= p.ends_with("refusal");
         }
@@ -187,9 +191,13 @@ pub fn openai_answer_to_anthropic(v: &Value) -> Value {
     })
 }
 
+/// The upstream's own words: its format's `error.message`, else a top-level `message`
+/// (vLLM) or `detail` (FastAPI servers); a body that is not JSON (a proxy's HTML page) is
+/// not shown to the client.
 fn upstream_message(v: &Value) -> &str {
-    v.pointer("/error/message")
-        .and_then(Value::as_str)
+    ["/error/message", "/message", "/detail"]
+        .iter()
+        .find_map(|p| v.pointer(p).and_then(Value::as_str))
         .unwrap_or("The upstream rejected the request.")
 }
 
@@ -214,8 +222,8 @@ pub fn anthropic_error_type(kind: &str, code: &str) -> &'static str {
     }
 }
 
-/// An Anthropic upstream's error body in OpenAI's shape: the message kept, the type from
-/// the status, `code` the upstream's own error type.
+/// An upstream's error body in OpenAI's shape: the message kept, the type from the status,
+/// `code` the upstream's own code or error type (`upstream_error` when it gave neither).
 pub fn error_to_openai(status: u16, v: &Value) -> Value {
     let kind = if status == 429 {
         "requests"
@@ -224,20 +232,19 @@ pub fn error_to_openai(status: u16, v: &Value) -> Value {
     } else {
         "invalid_request_error"
     };
-    let code = v.pointer("/error/type").cloned().unwrap_or(Value::Null);
-    json!({"error": {"message": upstream_message(v), "type": kind, "param": null, "code": code}})
+    json!({"error": {"message": upstream_message(v), "type": kind, "param": null, "code": openai_code(v)}})
 }
 
 /// The upstream's own `code`, else its `type`, else a Sluice code: what `error.code` of an
 /// Anthropic-shaped error made from an OpenAI one carries.
 pub fn openai_code(v: &Value) -> Value {
-    ["/error/code", "/error/type"]
+    ["/error/code", "/error/type", "/type"]
         .iter()
         .find_map(|p| v.pointer(p).filter(|c| c.is_string()).cloned())
         .unwrap_or(json!("upstream_error"))
 }
 
-/// An OpenAI upstream's error body in Anthropic's shape, with `error.code`.
+/// An upstream's error body in Anthropic's shape, with `error.code`.
 pub fn error_to_anthropic(status: u16, v: &Value) -> Value {
     json!({"type": "error", "error": {"type": anthropic::error_type(status),
         "message": upstream_message(v), "code": openai_code(v)}})

@@ -72,14 +72,23 @@ fn check_fields(body: &Map<String, Value>) -> Result<(), TranslateError> {
     Ok(())
 }
 
+/// `citations` that ask for nothing: null or none (a text block), or switched off (a
+/// document's `{"enabled": false}`, Anthropic's default written out).
+fn no_citations(v: &Value) -> bool {
+    v.is_null()
+        || v.as_array().is_some_and(Vec::is_empty)
+        || v.as_object()
+            .is_some_and(|o| o.len() == 1 && o.get("enabled") == Some(&Value::Bool(false)))
+}
+
 /// Fields of a block that may be present without being sent: `cache_control` (a caching
-/// hint) and, when null, `citations`.
+/// hint) and `citations` that ask for nothing.
 fn check_block(b: &Value, allowed: &[&str]) -> Result<(), TranslateError> {
     for (k, v) in b.as_object().into_iter().flatten() {
         let ok = allowed.contains(&k.as_str())
             || k == "type"
             || k == "cache_control"
-            || (k == "citations" && (v.is_null() || v.as_array().is_some_and(Vec::is_empty)));
+            || (k == "citations" && no_citations(v));
         if !ok {
             let kind = b.get("type").and_then(Value::as_str).unwrap_or("");
             return Err(refuse(

@@ -32,7 +32,8 @@ const AT_DEFAULT: &[(&str, &str)] = &[
     ("response_format", "{\"type\":\"text\"}"),
 ];
 
-/// Translated, or a hint that changes nothing in the answer (`prompt_cache_key`).
+/// Translated, or a caching hint that changes nothing in the answer (`prompt_cache_key`,
+/// `prompt_cache_retention`).
 const TRANSLATED: &[&str] = &[
     "model",
     "messages",
@@ -50,6 +51,7 @@ const TRANSLATED: &[&str] = &[
     "safety_identifier",
     "service_tier",
     "prompt_cache_key",
+    "prompt_cache_retention",
 ];
 
 fn check_fields(body: &Map<String, Value>) -> Result<(), TranslateError> {
@@ -183,6 +185,30 @@ fn content_blocks(content: &Value) -> Result<Vec<Value>, TranslateError> {
     }
 }
 
+/// An assistant turn's content and `refusal` as text blocks: a refusal the model gave is
+/// its text to an Anthropic model (as an Anthropic refusal's text is OpenAI's `content`).
+fn assistant_blocks(m: &Value) -> Result<Vec<Value>, TranslateError> {
+    let refusal_text = |r: Option<&Value>| match r {
+        Some(Value::String(t)) => Ok(json!({"type": "text", "text": t})),
+        _ => Err(refuse("messages", "a `refusal` must be a string")),
+    };
+    let mut blocks = match m.get("content").unwrap_or(&Value::Null) {
+        Value::Array(parts) => parts
+            .iter()
+            .map(|p| match p.get("type").and_then(Value::as_str) {
+                Some("refusal") => refusal_text(p.get("refusal")),
+                _ => part_to_block(p),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        other => content_blocks(other)?,
+    };
+    match m.get("refusal") {
+        None | Some(Value::Null) => {}
+        r => blocks.push(refusal_text(r)?),
+    }
+    Ok(blocks)
+}
+
 /// Appends blocks to the last message if it has the same role (Anthropic wants turns to
 /// alternate), else starts a new message.
 fn push_turn(out: &mut Vec<Value>, role: &str, blocks: Vec<Value>) {
@@ -278,8 +304,8 @@ fn messages(body: &Map<String, Value>) -> Result<(Vec<Value>, Vec<Value>), Trans
                 push_turn(&mut out, "user", content_blocks(content)?);
             }
             "assistant" => {
-                check_message(m, &["role", "content", "tool_calls"])?;
-                let mut blocks = content_blocks(content)?;
+                check_message(m, &["role", "content", "tool_calls", "refusal"])?;
+                let mut blocks = assistant_blocks(m)?;
                 for tc in m
                     .get("tool_calls")
                     .and_then(Value::as_array)

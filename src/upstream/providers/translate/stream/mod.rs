@@ -118,7 +118,24 @@ impl StreamConverter {
 
     /// Takes one upstream event and appends what the client must receive to `out`.
     pub fn event(&mut self, name: &str, data: &str, out: &mut Vec<Bytes>) {
-        if self.error_sent {
+        // After the complete answer or the upstream's error, the client's stream is over.
+        if self.error_sent || self.done {
+            return;
+        }
+        // An event the gateway cannot read is a piece of the answer it cannot pass on:
+        // the stream ends here as an error, not as a complete answer with a hole in it.
+        // (An empty `data:` carries nothing; `[DONE]` is OpenAI's end marker.)
+        let end_marker = self.upstream == WireFormat::OpenAi && data == "[DONE]";
+        if !end_marker
+            && !data.trim().is_empty()
+            && serde_json::from_str::<serde::de::IgnoredAny>(data).is_err()
+        {
+            out.push(error_event(
+                self.client,
+                "The upstream sent an event that is not valid JSON; the stream was ended by the gateway.",
+                "upstream_error",
+            ));
+            self.error_sent = true;
             return;
         }
         match (self.upstream, self.client) {
@@ -149,7 +166,18 @@ impl StreamConverter {
         let Ok(v) = serde_json::from_str::<Value>(data) else {
             return;
         };
-        self.error_sent = is_openai_error(&v);
+        if let Some(e) = openai_error(&v) {
+            self.error_sent = true;
+            // An error in OpenAI's own shape passes as it came; TGI's text form is
+            // reshaped so the client's SDK reads its message and code.
+            let raw = v.get("error").is_some_and(Value::is_object);
+            out.push(if raw {
+                frame(None, data)
+            } else {
+                frame(None, &e.to_string())
+            });
+            return;
+        }
         self.note_openai_chunk(&v);
         let usage_only = v
             .get("choices")
@@ -208,7 +236,22 @@ impl StreamConverter {
     }
 }
 
-/// An OpenAI-format mid-stream error: a data chunk `{"error": {…}}`.
-fn is_openai_error(v: &Value) -> bool {
-    v.get("error").is_some_and(Value::is_object)
+/// An OpenAI-format mid-stream error in OpenAI's shape: a data chunk `{"error": {…}}`, or
+/// `{"error": "<text>", "error_type": "…"}` as Hugging Face TGI sends it (reshaped, its
+/// `error_type` as the code). `None` for any other chunk.
+fn openai_error(v: &Value) -> Option<Value> {
+    match v.get("error")? {
+        Value::Object(_) => Some(v.clone()),
+        Value::String(message) => {
+            let code = v
+                .get("error_type")
+                .filter(|c| c.is_string())
+                .cloned()
+                .unwrap_or(json!("upstream_error"));
+            Some(
+                json!({"error": {"message": message, "type": "server_error", "param": null, "code": code}}),
+            )
+        }
+        _ => None,
+    }
 }

@@ -5,14 +5,17 @@
 //! first tool call streams live in its block, and whatever arrives while it is open —
 //! further calls, text — is held (arguments appended) and sent as whole blocks, in the
 //! order it first appeared, when the choice finishes. A new `tool_use` block opens only
-//! for a new, non-empty tool-call id; chunks without one continue their index's call.
+//! for a new, non-empty tool-call id; chunks without one continue their index's call. A
+//! block's name is fixed when it opens, so a call whose name comes in a later chunk than
+//! its id waits for it.
 
 use std::collections::HashMap;
 
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use super::{frame, is_openai_error, StreamConverter};
+use super::{frame, openai_error, StreamConverter};
+use crate::upstream::providers::openai;
 use crate::upstream::providers::translate::response::{anthropic_error_type, openai_code, Finish};
 
 #[derive(Default)]
@@ -133,6 +136,7 @@ impl State {
                 if let (Some(n), false) = (name, self.is_live(c)) {
                     if self.calls[c].name.is_empty() {
                         self.calls[c].name = n.to_string();
+                        self.go_live(out, c);
                     }
                 }
                 c
@@ -144,11 +148,11 @@ impl State {
                     args: String::new(),
                 });
                 let c = self.calls.len() - 1;
-                if self.holding() {
-                    self.held.push(Held::Call(c));
-                } else {
-                    let i = self.start_tool(out, c);
-                    self.open = Some(Open::Tool(i, c));
+                // A block's name is fixed when it opens: a call whose name comes in a
+                // later chunk waits (its arguments gathered) until the name arrives.
+                self.held.push(Held::Call(c));
+                if name.is_some() {
+                    self.go_live(out, c);
                 }
                 c
             }
@@ -163,6 +167,27 @@ impl State {
                 ),
                 _ => self.calls[call].args.push_str(args),
             }
+        }
+    }
+
+    /// Opens the live block of `call` when it is the only thing waiting and no tool block
+    /// is open, sending the arguments gathered so far.
+    fn go_live(&mut self, out: &mut Vec<Bytes>, call: usize) {
+        if !matches!(self.held.as_slice(), [Held::Call(c)] if *c == call)
+            || matches!(self.open, Some(Open::Tool(..)))
+        {
+            return;
+        }
+        self.held.clear();
+        let i = self.start_tool(out, call);
+        self.open = Some(Open::Tool(i, call));
+        let args = std::mem::take(&mut self.calls[call].args);
+        if !args.is_empty() {
+            Self::delta(
+                out,
+                i,
+                json!({"type": "input_json_delta", "partial_json": args}),
+            );
         }
     }
 
@@ -206,7 +231,7 @@ impl StreamConverter {
         let Ok(v) = serde_json::from_str::<Value>(data) else {
             return;
         };
-        if is_openai_error(&v) {
+        if let Some(v) = openai_error(&v) {
             let e = &v["error"];
             let (t, c) = (
                 e.get("type").and_then(Value::as_str).unwrap_or(""),
@@ -238,12 +263,22 @@ impl StreamConverter {
                 "usage": {"input_tokens": self.input_estimate, "output_tokens": 0}}}),
             );
         }
-        let Some(choice) = v.pointer("/choices/0") else {
+        // The request asked for one choice: another (an upstream's own `n`) is not
+        // spliced into the answer; it is counted in the accounting all the same.
+        let Some(choice) = v
+            .get("choices")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .find(|c| c.get("index").and_then(Value::as_i64).unwrap_or(0) == 0)
+        else {
             return;
         };
         s.finish.note_choice(choice);
-        if let Some(t) = str_at(choice, "/delta/content") {
-            s.text(out, t);
+        if let Some(t) =
+            openai::content_text(choice.pointer("/delta/content")).filter(|t| !t.is_empty())
+        {
+            s.text(out, &t);
         }
         if let Some(t) = str_at(choice, "/delta/refusal") {
             s.finish.refusal = true;
