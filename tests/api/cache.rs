@@ -460,30 +460,30 @@ async fn admins_invalidate_by_tag_through_the_api_and_finance_cannot() {
     );
 }
 
+/// A cache of default settings over `db` with a writer of its own, as each replica has.
+pub(crate) fn cache_on(db: &sluice::store::Db) -> std::sync::Arc<sluice::cache::Cache> {
+    sluice::cache::Cache::new(
+        &sluice::config::CacheSettings::default(),
+        &sluice::config::UpstreamTimeouts::default(),
+        db.read.clone(),
+        db.write.clone(),
+        sluice::store::writer::Writer::start(db.write.clone()),
+    )
+    .unwrap()
+}
+
 /// A miss is answered from memory (the keys present), so entries another replica stored
 /// must reach this replica's memory: they do at its next refresh (every second).
 #[tokio::test]
 async fn entries_another_replica_stored_are_found_after_its_next_refresh() {
     use sluice::cache::Cache;
-    use sluice::config::{CacheSettings, UpstreamTimeouts};
     use sluice::error::WireFormat;
-    use sluice::store::writer::Writer;
 
     let dir = tempfile::tempdir().unwrap();
     let db = sluice::store::Db::open(&dir.path().join("shared.db"), false)
         .await
         .unwrap();
-    let replica = || {
-        Cache::new(
-            &CacheSettings::default(),
-            &UpstreamTimeouts::default(),
-            db.read.clone(),
-            db.write.clone(),
-            Writer::start(db.write.clone()),
-        )
-        .unwrap()
-    };
-    let (a, b) = (replica(), replica());
+    let (a, b) = (cache_on(&db), cache_on(&db));
     let now = chrono::Utc::now();
     a.refresh(now).await.unwrap();
     b.refresh(now).await.unwrap();
