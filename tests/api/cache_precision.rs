@@ -308,29 +308,12 @@ async fn the_global_opt_in_and_a_model_that_opts_out() {
 /// exact hit — it is the same question under any reading).
 #[tokio::test]
 async fn entries_made_under_one_reading_are_not_candidates_under_the_other() {
-    use sluice::error::WireFormat;
-
     let dir = tempfile::tempdir().unwrap();
     let db = sluice::store::Db::open(&dir.path().join("readings.db"), false)
         .await
         .unwrap();
     let cache = crate::cache::cache_on(&db);
-    let headers = actix_web::http::header::HeaderMap::new();
-    let plan = |body: &Value, ignore: bool| {
-        cache
-            .plan(
-                &headers,
-                body.as_object().unwrap(),
-                WireFormat::OpenAi,
-                "gpt-4o-mini",
-                (1, 1),
-                None,
-                None,
-                Some(ignore),
-            )
-            .unwrap()
-            .expect("cacheable")
-    };
+    let plan = |body: &Value, ignore: bool| crate::cache::plan_of(&cache, body, Some(ignore));
     let now = chrono::Utc::now();
     let answer = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
         "message": {"role": "assistant", "content": "Check the coil pack."}, "finish_reason": "stop"}]});
