@@ -91,16 +91,7 @@ async fn rig() -> Rig {
             .await;
         assert_eq!(s, 201, "{user}");
     }
-    let config = app.dir.path().join("verify.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[database]\nurl = \"sqlite://{}\"\n[backup]\ndir = \"{}\"\n",
-            app.settings.database_path().display(),
-            app.settings.backup.dir
-        ),
-    )
-    .unwrap();
+    let config = cli_config(&app);
     let rig = Rig { app, admin, config };
     rig.head_caught_up().await;
     rig
