@@ -92,11 +92,7 @@ async fn wrong_current_passwords_throttle_a_password_change() {
         )
         .await;
     assert_eq!(r.status(), 429, "the right password is throttled too");
-    let retry: u64 = r.headers()["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let retry = retry_after(r.headers());
     assert!((1..=900).contains(&retry), "{retry}");
     assert!(r.text().await.unwrap().contains("Try again in"));
     assert_eq!(

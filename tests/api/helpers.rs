@@ -485,3 +485,14 @@ pub fn write_cli_config(
     .unwrap();
     path.to_path_buf()
 }
+
+/// The answer's `Retry-After` in seconds; it must be there and be a number.
+pub fn retry_after(headers: &reqwest::header::HeaderMap) -> u64 {
+    headers
+        .get("retry-after")
+        .expect("a Retry-After header")
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}

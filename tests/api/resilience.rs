@@ -143,14 +143,7 @@ async fn every_key_429_gives_the_client_a_429_without_a_retry_storm() {
     }
     let resp = app.chat(&token, &chat_body(10)).await;
     assert_eq!(resp.status(), 429);
-    let after: u64 = resp
-        .headers()
-        .get("retry-after")
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let after = retry_after(resp.headers());
     assert!((1..=3).contains(&after));
     assert_eq!(app.mock.state.total_count(), 2, "attempts ≤ pool size");
     let resp = app.chat(&token, &chat_body(10)).await;

@@ -157,7 +157,7 @@ pub(crate) async fn sign_in(
 /// A refused sign-in is the sign-in form again, with the reason and when to come back.
 fn assert_throttled_form(a: &Answer) {
     assert_eq!(a.status, 429, "{}", a.body);
-    let retry: u64 = a.headers["retry-after"].to_str().unwrap().parse().unwrap();
+    let retry = retry_after(&a.headers);
     assert!((1..=900).contains(&retry), "Retry-After {retry}");
     assert!(
         a.body.contains("name=\"csrf_token\""),
