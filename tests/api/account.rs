@@ -11,12 +11,6 @@ use crate::helpers::*;
 
 const NEW_PASSWORD: &str = "an entirely new passphrase";
 
-async fn key_of(s: &Session, name: &str) -> String {
-    let (status, v) = s.post("/admin/api/v1/keys", &json!({ "name": name })).await;
-    assert_eq!(status, 201, "{v}");
-    v["key"].as_str().unwrap().to_string()
-}
-
 /// A gateway with the admin `root` signed in and an API key of theirs, `ci`.
 async fn root_with_a_key() -> (TestApp, Session, String) {
     let app = spawn_app().await;
@@ -36,17 +30,6 @@ async fn refused_to_a_key(r: reqwest::Response, what: &str) -> serde_json::Value
         "the reason is named: {v}"
     );
     v
-}
-
-async fn me_with_key(app: &TestApp, key: &str) -> u16 {
-    client()
-        .get(format!("{}/admin/api/v1/me", app.address))
-        .bearer_auth(key)
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
 }
 
 /// S6 for the account page: ten wrong current passwords at once are at most five guesses

@@ -252,3 +252,24 @@ pub async fn raw(app: &TestApp, request: &str) -> (u16, String) {
         .unwrap_or(0);
     (status, text)
 }
+
+/// A new admin API key of the signed-in `s`, named `name`.
+pub async fn key_of(s: &Session, name: &str) -> String {
+    let (status, v) = s
+        .post("/admin/api/v1/keys", &serde_json::json!({ "name": name }))
+        .await;
+    assert_eq!(status, 201, "{v}");
+    v["key"].as_str().unwrap().to_string()
+}
+
+/// The status of `GET /admin/api/v1/me` with `key` as the bearer: is the key alive?
+pub async fn me_with_key(app: &TestApp, key: &str) -> u16 {
+    client()
+        .get(format!("{}/admin/api/v1/me", app.address))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}

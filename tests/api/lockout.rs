@@ -98,9 +98,7 @@ async fn the_cli_resets_a_password_ends_sessions_revokes_keys_and_unlocks() {
     let app = spawn_app().await;
     make_login(&app, "root", "admin", None).await;
     let s = login(&app, "root").await;
-    let (status, key) = s.post("/admin/api/v1/keys", &json!({"name": "ci"})).await;
-    assert_eq!(status, 201, "{key}");
-    let key = key["key"].as_str().unwrap().to_string();
+    let key = key_of(&s, "ci").await;
     lock_out(&app, "root").await;
 
     // Too short a password is refused before anything changes.
@@ -116,13 +114,7 @@ async fn the_cli_resets_a_password_ends_sessions_revokes_keys_and_unlocks() {
     );
     // The old session and the key are dead; the old password no longer opens anything.
     assert_eq!(s.get("/admin/api/v1/me").await.status(), 401);
-    let with_key = client()
-        .get(format!("{}/admin/api/v1/me", app.address))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(with_key.status(), 401);
+    assert_eq!(me_with_key(&app, &key).await, 401);
     assert_eq!(sign_in_status(&app, "root", PASSWORD).await, 401);
     assert_eq!(sign_in_status(&app, "root", NEW_PASSWORD).await, 303);
     let after: String = sqlx::query_scalar(
