@@ -20,6 +20,18 @@ async fn root_with_a_key() -> (TestApp, Session, String) {
     (app, s, key)
 }
 
+/// The account page's password change, from `PASSWORD` to `NEW_PASSWORD`.
+async fn change_password(s: &Session) -> reqwest::Response {
+    s.htmx_form(
+        "/admin/account/password",
+        &[
+            ("current_password", PASSWORD),
+            ("new_password", NEW_PASSWORD),
+        ],
+    )
+    .await
+}
+
 /// A 403 whose message says an API key may not do this, only a signed-in session; the body.
 async fn refused_to_a_key(r: reqwest::Response, what: &str) -> serde_json::Value {
     assert_eq!(r.status(), 403, "{what}");
@@ -65,15 +77,7 @@ async fn wrong_current_passwords_throttle_a_password_change() {
         answers.iter().all(|(s, _)| *s == 403 || *s == 429),
         "{answers:?}"
     );
-    let r = s
-        .htmx_form(
-            "/admin/account/password",
-            &[
-                ("current_password", PASSWORD),
-                ("new_password", NEW_PASSWORD),
-            ],
-        )
-        .await;
+    let r = change_password(&s).await;
     assert_eq!(r.status(), 429, "the right password is throttled too");
     let retry = retry_after(r.headers());
     assert!((1..=900).contains(&retry), "{retry}");
@@ -105,15 +109,7 @@ async fn a_password_change_revokes_the_admins_api_keys() {
     let ops_key = key_of(&ops, "ops-ci").await;
     assert_eq!(me_with_key(&app, &k1).await, 200);
 
-    let r = s
-        .htmx_form(
-            "/admin/account/password",
-            &[
-                ("current_password", PASSWORD),
-                ("new_password", NEW_PASSWORD),
-            ],
-        )
-        .await;
+    let r = change_password(&s).await;
     assert_eq!(r.status(), 200);
     assert_eq!(me_with_key(&app, &k1).await, 401, "key revoked");
     assert_eq!(me_with_key(&app, &k2).await, 401, "key revoked");
