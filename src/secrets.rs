@@ -7,8 +7,7 @@
 //! The key is never logged, printed or stored in the database; its `Debug` shows nothing,
 //! and its bytes are wiped when dropped (`secrecy`).
 
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use hkdf::Hkdf;
@@ -98,21 +97,16 @@ impl MasterKey {
             let mut key = [0u8; LEN];
             rand::rngs::OsRng.fill_bytes(&mut key);
             let tmp = path.with_extension(format!("key.{}.tmp", uuid::Uuid::new_v4().simple()));
-            let written = (|| {
-                let mut f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(&tmp)?;
-                writeln!(f, "{}", hex::encode(key))?;
-                f.sync_all()?;
-                match std::fs::hard_link(&tmp, path) {
+            let mut text = hex::encode(key);
+            text.push('\n');
+            key.fill(0);
+            // A hard link, not a rename: it fails if another process published its key first.
+            let written = crate::private_fs::publish_file(&tmp, text.as_bytes(), |tmp| {
+                match std::fs::hard_link(tmp, path) {
                     Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(e),
                     _ => Ok(()),
                 }
-            })();
-            key.fill(0);
-            let _ = std::fs::remove_file(&tmp);
+            });
             written.map_err(io)?;
         }
         // Others could have read it already: tightening it quietly would carry on with a

@@ -18,7 +18,7 @@
 //! is started afresh (first start, an upgrade, a new backup folder), with a warning when
 //! the chain already had rows.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -196,24 +196,12 @@ fn log(h: &Head, keys: &AuditKeys, file_written: bool) {
 
 fn write_atomically(dir: &Path, head: &Head) -> std::io::Result<()> {
     let tmp = dir.join(format!(".{FILE}.{}.tmp", uuid::Uuid::new_v4().simple()));
-    let written = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        let mut text = serde_json::to_string(head).map_err(std::io::Error::other)?;
-        text.push('\n');
-        f.write_all(text.as_bytes())?;
-        // Off the request path (the exporter's task or the CLI's end): a crash leaves
-        // the old head or the new one, never a torn file.
-        f.sync_all()?;
-        std::fs::rename(&tmp, dir.join(FILE))
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
+    let mut text = serde_json::to_string(head).map_err(std::io::Error::other)?;
+    text.push('\n');
+    // Off the request path (the exporter's task or the CLI's end), so the sync is fine.
+    crate::private_fs::publish_file(&tmp, text.as_bytes(), |tmp| {
+        std::fs::rename(tmp, dir.join(FILE))
+    })
 }
 
 /// After a restore the database is an older one than the head describes: the old head is

@@ -11,21 +11,37 @@ use crate::helpers::*;
 
 const NEW_PASSWORD: &str = "an entirely new passphrase";
 
-async fn key_of(s: &Session, name: &str) -> String {
-    let (status, v) = s.post("/admin/api/v1/keys", &json!({ "name": name })).await;
-    assert_eq!(status, 201, "{v}");
-    v["key"].as_str().unwrap().to_string()
+/// A gateway with the admin `root` signed in and an API key of theirs, `ci`.
+async fn root_with_a_key() -> (TestApp, Session, String) {
+    let app = spawn_app().await;
+    make_login(&app, "root", "admin", None).await;
+    let s = login(&app, "root").await;
+    let key = key_of(&s, "ci").await;
+    (app, s, key)
 }
 
-async fn me_with_key(app: &TestApp, key: &str) -> u16 {
-    client()
-        .get(format!("{}/admin/api/v1/me", app.address))
-        .bearer_auth(key)
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
+/// The account page's password change, from `PASSWORD` to `NEW_PASSWORD`.
+async fn change_password(s: &Session) -> reqwest::Response {
+    s.htmx_form(
+        "/admin/account/password",
+        &[
+            ("current_password", PASSWORD),
+            ("new_password", NEW_PASSWORD),
+        ],
+    )
+    .await
+}
+
+/// A 403 whose message says an API key may not do this, only a signed-in session; the body.
+async fn refused_to_a_key(r: reqwest::Response, what: &str) -> serde_json::Value {
+    assert_eq!(r.status(), 403, "{what}");
+    let v: serde_json::Value = r.json().await.unwrap();
+    let msg = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("API key") && msg.contains("signed-in"),
+        "the reason is named: {v}"
+    );
+    v
 }
 
 /// S6 for the account page: ten wrong current passwords at once are at most five guesses
@@ -61,21 +77,9 @@ async fn wrong_current_passwords_throttle_a_password_change() {
         answers.iter().all(|(s, _)| *s == 403 || *s == 429),
         "{answers:?}"
     );
-    let r = s
-        .htmx_form(
-            "/admin/account/password",
-            &[
-                ("current_password", PASSWORD),
-                ("new_password", NEW_PASSWORD),
-            ],
-        )
-        .await;
+    let r = change_password(&s).await;
     assert_eq!(r.status(), 429, "the right password is throttled too");
-    let retry: u64 = r.headers()["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let retry = retry_after(r.headers());
     assert!((1..=900).contains(&retry), "{retry}");
     assert!(r.text().await.unwrap().contains("Try again in"));
     assert_eq!(
@@ -105,15 +109,7 @@ async fn a_password_change_revokes_the_admins_api_keys() {
     let ops_key = key_of(&ops, "ops-ci").await;
     assert_eq!(me_with_key(&app, &k1).await, 200);
 
-    let r = s
-        .htmx_form(
-            "/admin/account/password",
-            &[
-                ("current_password", PASSWORD),
-                ("new_password", NEW_PASSWORD),
-            ],
-        )
-        .await;
+    let r = change_password(&s).await;
     assert_eq!(r.status(), 200);
     assert_eq!(me_with_key(&app, &k1).await, 401, "key revoked");
     assert_eq!(me_with_key(&app, &k2).await, 401, "key revoked");
@@ -177,10 +173,7 @@ async fn a_password_reset_by_an_admin_revokes_the_targets_api_keys() {
 /// itself permanent. Only a signed-in browser session creates keys.
 #[tokio::test]
 async fn an_api_key_cannot_mint_api_keys() {
-    let app = spawn_app().await;
-    make_login(&app, "root", "admin", None).await;
-    let s = login(&app, "root").await;
-    let key = key_of(&s, "ci").await;
+    let (app, _, key) = root_with_a_key().await;
     let r = client()
         .post(format!("{}/admin/api/v1/keys", app.address))
         .bearer_auth(&key)
@@ -188,14 +181,8 @@ async fn an_api_key_cannot_mint_api_keys() {
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 403);
-    let v: serde_json::Value = r.json().await.unwrap();
+    let v = refused_to_a_key(r, "a key minting a key").await;
     assert_eq!(v["error"]["code"], "forbidden", "{v}");
-    let msg = v["error"]["message"].as_str().unwrap();
-    assert!(
-        msg.contains("API key") && msg.contains("signed-in"),
-        "the reason is named: {msg}"
-    );
     assert_eq!(app.scalar("SELECT COUNT(*) FROM admin_api_keys").await, 1);
     assert_eq!(
         app.scalar("SELECT COUNT(*) FROM audit_log WHERE action = 'apikey.create'")
@@ -210,11 +197,8 @@ async fn an_api_key_cannot_mint_api_keys() {
 /// members (no login), edit them and disable a login (a kill switch).
 #[tokio::test]
 async fn an_api_key_cannot_make_or_arm_a_login() {
-    let app = spawn_app().await;
-    make_login(&app, "root", "admin", None).await;
+    let (app, s, key) = root_with_a_key().await;
     let ops_id = make_login(&app, "ops", "finance", None).await;
-    let s = login(&app, "root").await;
-    let key = key_of(&s, "ci").await;
     let team = s
         .post("/admin/api/v1/teams", &json!({"name": "core"}))
         .await
@@ -252,13 +236,7 @@ async fn an_api_key_cannot_make_or_arm_a_login() {
     ];
     for (method, path, body) in refused {
         let r = with_key(method, path.clone(), body.clone()).await.unwrap();
-        assert_eq!(r.status(), 403, "{path} {body}");
-        let v: serde_json::Value = r.json().await.unwrap();
-        let msg = v["error"]["message"].as_str().unwrap_or_default();
-        assert!(
-            msg.contains("API key") && msg.contains("signed-in"),
-            "the reason is named: {v}"
-        );
+        refused_to_a_key(r, &format!("{path} {body}")).await;
     }
     assert_eq!(
         app.scalar("SELECT COUNT(*) FROM admins WHERE username = 'mallory'")
@@ -295,11 +273,8 @@ async fn an_api_key_cannot_make_or_arm_a_login() {
 /// would work again. A key may disable a login (an incident script), never enable one.
 #[tokio::test]
 async fn an_api_key_cannot_enable_a_disabled_login() {
-    let app = spawn_app().await;
-    make_login(&app, "root", "admin", None).await;
+    let (app, s, key) = root_with_a_key().await;
     let old_id = make_login(&app, "old-admin", "admin", None).await;
-    let s = login(&app, "root").await;
-    let key = key_of(&s, "ci").await;
     let patch = |body: serde_json::Value| {
         client()
             .patch(format!("{}/admin/api/v1/logins/{old_id}", app.address))
@@ -310,13 +285,7 @@ async fn an_api_key_cannot_enable_a_disabled_login() {
     let r = patch(json!({"disabled": true})).await.unwrap();
     assert_eq!(r.status(), 200);
     let r = patch(json!({"disabled": false})).await.unwrap();
-    assert_eq!(r.status(), 403);
-    let v: serde_json::Value = r.json().await.unwrap();
-    let msg = v["error"]["message"].as_str().unwrap_or_default();
-    assert!(
-        msg.contains("API key") && msg.contains("signed-in"),
-        "the reason is named: {v}"
-    );
+    refused_to_a_key(r, "a key enabling a login").await;
     let disabled = app
         .scalar(&format!("SELECT disabled FROM admins WHERE id = {old_id}"))
         .await;
@@ -339,11 +308,8 @@ async fn an_api_key_cannot_enable_a_disabled_login() {
 /// changed.
 #[tokio::test]
 async fn the_form_routes_refuse_credential_changes_to_an_api_key() {
-    let app = spawn_app().await;
-    make_login(&app, "root", "admin", None).await;
+    let (app, s, key) = root_with_a_key().await;
     let ops_id = make_login(&app, "ops", "finance", None).await;
-    let s = login(&app, "root").await;
-    let key = key_of(&s, "ci").await;
     let (status, _) = s
         .patch(
             &format!("/admin/api/v1/logins/{ops_id}"),

@@ -224,11 +224,7 @@ async fn wrong_passwords_are_throttled_even_for_the_right_one() {
     assert!(statuses[5..].iter().all(|s| *s == 429), "{statuses:?}");
     let r = post_login(&app, &http, &pre, &csrf, "root", PASSWORD, None).await;
     assert_eq!(r.status(), 429, "the right password is throttled too");
-    let retry: u64 = r.headers()["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let retry = retry_after(r.headers());
     assert!((1..=900).contains(&retry), "{retry}");
     assert!(set_cookies(r.headers())
         .iter()

@@ -54,11 +54,12 @@ pub fn find_between(text: &str, start: &str, end: &str) -> Option<String> {
 
 /// The login form: (pre-session cookie value, CSRF token of the form).
 pub async fn login_form(app: &TestApp, http: &reqwest::Client) -> (String, String) {
-    let resp = http
-        .get(format!("{}/admin/login", app.address))
-        .send()
-        .await
-        .unwrap();
+    login_form_at(http, &app.address).await
+}
+
+/// The login form of the gateway at `url` (a process of its own, say).
+pub async fn login_form_at(http: &reqwest::Client, url: &str) -> (String, String) {
+    let resp = http.get(format!("{url}/admin/login")).send().await.unwrap();
     assert_eq!(resp.status(), 200);
     let pre = cookie_value(&set_cookies(resp.headers()), "sluice_login").expect("login cookie");
     let body = resp.text().await.unwrap();
@@ -80,7 +81,20 @@ pub async fn post_login(
         cookie.push_str("; ");
         cookie.push_str(c);
     }
-    http.post(format!("{}/admin/login", app.address))
+    post_login_at(http, &app.address, &cookie, csrf, user, password).await
+}
+
+/// The sign-in form posted to the gateway at `url` with `cookie` (the pre-session's, and
+/// any other).
+pub async fn post_login_at(
+    http: &reqwest::Client,
+    url: &str,
+    cookie: &str,
+    csrf: &str,
+    user: &str,
+    password: &str,
+) -> reqwest::Response {
+    http.post(format!("{url}/admin/login"))
         .header("cookie", cookie)
         .form(&[
             ("username", user),
@@ -89,7 +103,7 @@ pub async fn post_login(
         ])
         .send()
         .await
-        .unwrap()
+        .expect("the gateway answers every sign-in")
 }
 
 pub struct Session {
@@ -237,4 +251,25 @@ pub async fn raw(app: &TestApp, request: &str) -> (u16, String) {
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
     (status, text)
+}
+
+/// A new admin API key of the signed-in `s`, named `name`.
+pub async fn key_of(s: &Session, name: &str) -> String {
+    let (status, v) = s
+        .post("/admin/api/v1/keys", &serde_json::json!({ "name": name }))
+        .await;
+    assert_eq!(status, 201, "{v}");
+    v["key"].as_str().unwrap().to_string()
+}
+
+/// The status of `GET /admin/api/v1/me` with `key` as the bearer: is the key alive?
+pub async fn me_with_key(app: &TestApp, key: &str) -> u16 {
+    client()
+        .get(format!("{}/admin/api/v1/me", app.address))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
 }

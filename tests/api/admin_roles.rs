@@ -537,16 +537,11 @@ async fn every_admin_action_writes_exactly_one_audit_row_without_secrets() {
 async fn audit_verify_names_a_row_edited_in_sqlite() {
     let w = world().await;
     let db_path = w.app.dir.path().join("sluice.db");
-    let config = w.app.dir.path().join("verify.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[database]\nurl = \"sqlite://{}\"\n[backup]\ndir = \"{}\"\n",
-            db_path.display(),
-            w.app.settings.backup.dir
-        ),
-    )
-    .unwrap();
+    let config = write_cli_config(
+        &w.app.dir.path().join("verify.toml"),
+        &db_path,
+        std::path::Path::new(&w.app.settings.backup.dir),
+    );
     let verify = || {
         std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
             .args(["--config", config.to_str().unwrap(), "audit", "verify"])

@@ -11,17 +11,7 @@ use serde_json::{json, Value};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
 use sqlx::Connection;
 
-use crate::helpers::*;
-
-fn logged_heads(log: &Path) -> Vec<Value> {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v["target"] == "sluice::audit" && v["fields"]["message"] == "audit head")
-        .map(|v| v["fields"].clone())
-        .collect()
-}
+use crate::audit_tamper::{logged_gateway, logged_heads};
 
 /// Waits (bounded) for the log line of the head with `rows` rows.
 async fn logged_head(log: &Path, rows: i64) -> Value {
@@ -39,39 +29,15 @@ async fn logged_head(log: &Path, rows: i64) -> Value {
 
 #[tokio::test]
 async fn a_head_rebuilt_from_the_log_does_not_hide_deleted_rows() {
-    let dir = tempfile::tempdir().unwrap();
-    let mock = sluice::mock::MockServer::start("127.0.0.1:0", Default::default()).unwrap();
-    let db_path = dir.path().join("sluice.db");
-    let db = sluice::store::Db::open(&db_path, false).await.unwrap();
-    let issued = sluice::cli::token_issue(&db, &issue_args("eve"), chrono::Utc::now())
-        .await
-        .unwrap();
-    db.close().await;
-    let gw = crate::processes::start_gateway_full(dir.path(), &mock, &[], "").await;
-    let port = gw.url.rsplit(':').next().unwrap().to_string();
-    let log = dir.path().join(format!("gateway-{port}.log"));
-    let config = dir.path().join(format!("sluice-{port}.toml"));
-    let early = logged_head(&log, 1).await;
+    let lg = logged_gateway().await;
+    let (dir, log) = (lg.dir.path(), &lg.log);
+    let db_path = dir.join("sluice.db");
+    let config = dir.join(format!("sluice-{}.toml", lg.port));
+    let early = logged_head(log, 1).await;
     // A second audited action: the upstream refuses the key and the gateway disables it.
-    mock.state.sticky(
-        KEY_A,
-        Some(sluice::mock::Script {
-            status: Some(401),
-            ..Default::default()
-        }),
-    );
-    let resp = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", gw.url))
-        .bearer_auth(&issued.text)
-        .json(&chat_body(10))
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let body: Value = resp.json().await.unwrap();
-    assert!(status == 502 || status == 503, "{status} {body}");
-    logged_head(&log, 2).await;
-    drop(gw);
+    lg.refuse_the_key().await;
+    logged_head(log, 2).await;
+    drop(lg.gw);
 
     // The attacker deletes the newest row and writes the head of that time, from the log.
     let mut c = SqliteConnection::connect_with(&SqliteConnectOptions::new().filename(&db_path))
@@ -89,7 +55,7 @@ async fn a_head_rebuilt_from_the_log_does_not_hide_deleted_rows() {
         .map(|f| (f.to_string(), early[*f].clone()))
         .collect();
     std::fs::write(
-        dir.path().join("backup/audit.head"),
+        dir.join("backup/audit.head"),
         Value::Object(rebuilt).to_string(),
     )
     .unwrap();

@@ -38,6 +38,13 @@ impl Rig {
             .unwrap()
     }
 
+    /// `verify` fails (else panics with `passed`) and its error output names `needle`.
+    fn verify_fails_naming(&self, needle: &str, passed: &str) {
+        let out = self.verify();
+        assert!(!ok(&out), "{passed}");
+        assert!(stderr(&out).contains(needle), "{}", stderr(&out));
+    }
+
     /// A plain SQLite connection: what someone holding only the file has.
     async fn attacker(&self) -> SqliteConnection {
         SqliteConnection::connect_with(&SqliteConnectOptions::new().filename(self.db_path()))
@@ -84,16 +91,7 @@ async fn rig() -> Rig {
             .await;
         assert_eq!(s, 201, "{user}");
     }
-    let config = app.dir.path().join("verify.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[database]\nurl = \"sqlite://{}\"\n[backup]\ndir = \"{}\"\n",
-            app.settings.database_path().display(),
-            app.settings.backup.dir
-        ),
-    )
-    .unwrap();
+    let config = cli_config(&app);
     let rig = Rig { app, admin, config };
     rig.head_caught_up().await;
     rig
@@ -267,12 +265,9 @@ async fn a_row_edited_in_place_is_named() {
         .execute(&mut c)
         .await
         .unwrap();
-    let out = rig.verify();
-    assert!(!ok(&out));
-    assert!(
-        stderr(&out).contains(&format!("broken at row {target}")),
-        "{}",
-        stderr(&out)
+    rig.verify_fails_naming(
+        &format!("broken at row {target}"),
+        "an edited row passed verification",
     );
 }
 
@@ -281,12 +276,9 @@ async fn a_chain_rewritten_with_plain_sha256_is_named_at_the_edited_row() {
     let rig = rig().await;
     let target = a_middle_row(&rig).await;
     rewrite_chain(&mut rig.attacker().await, target, &Rewrite::Sha256).await;
-    let out = rig.verify();
-    assert!(!ok(&out), "a SHA-256 rewrite passed verification");
-    assert!(
-        stderr(&out).contains(&format!("broken at row {target}")),
-        "{}",
-        stderr(&out)
+    rig.verify_fails_naming(
+        &format!("broken at row {target}"),
+        "a SHA-256 rewrite passed verification",
     );
 }
 
@@ -300,15 +292,9 @@ async fn a_chain_rewritten_under_another_key_is_named_at_the_edited_row() {
         &Rewrite::WrongKey([7; 32]),
     )
     .await;
-    let out = rig.verify();
-    assert!(
-        !ok(&out),
-        "a rewrite under a guessed key passed verification"
-    );
-    assert!(
-        stderr(&out).contains(&format!("broken at row {target}")),
-        "{}",
-        stderr(&out)
+    rig.verify_fails_naming(
+        &format!("broken at row {target}"),
+        "a rewrite under a guessed key passed verification",
     );
 }
 
@@ -364,13 +350,7 @@ async fn after_a_truncation_the_next_action_does_not_paper_over_it() {
         json!(before),
         "the head still says what it said"
     );
-    let out = rig.verify();
-    assert!(!ok(&out));
-    assert!(
-        stderr(&out).contains("audit head mismatch"),
-        "{}",
-        stderr(&out)
-    );
+    rig.verify_fails_naming("audit head mismatch", "the truncation passed verification");
 }
 
 #[tokio::test]
@@ -392,26 +372,14 @@ async fn a_forged_head_is_caught() {
     let forged =
         json!({"rows": rows, "last_id": last_id, "last_hash": last_hash, "at": at, "mac": mac});
     std::fs::write(rig.head_path(), forged.to_string()).unwrap();
-    let out = rig.verify();
-    assert!(!ok(&out), "a forged head passed verification");
-    assert!(
-        stderr(&out).contains("audit head forged"),
-        "{}",
-        stderr(&out)
-    );
+    rig.verify_fails_naming("audit head forged", "a forged head passed verification");
 }
 
 #[tokio::test]
 async fn a_missing_head_is_reported() {
     let rig = rig().await;
     std::fs::remove_file(rig.head_path()).unwrap();
-    let out = rig.verify();
-    assert!(!ok(&out), "verification passed without a head");
-    assert!(
-        stderr(&out).contains("audit head missing"),
-        "{}",
-        stderr(&out)
-    );
+    rig.verify_fails_naming("audit head missing", "verification passed without a head");
 }
 
 #[tokio::test]
@@ -455,19 +423,18 @@ async fn heads_of_concurrent_actions_end_at_the_newest() {
     assert!(ok(&out), "{}", stderr(&out));
 }
 
-/// The head's JSON log lines of a gateway's log file (target `sluice::audit`).
-fn logged_heads(log: &Path) -> Vec<Value> {
-    std::fs::read_to_string(log)
-        .unwrap()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v["target"] == "sluice::audit" && v["fields"]["message"] == "audit head")
-        .map(|v| v["fields"].clone())
-        .collect()
+/// A gateway process (the real binary) whose database holds eve's token, and its log file.
+/// Fields drop in order: the process ends before its folder goes.
+pub(crate) struct LoggedGateway {
+    pub gw: crate::processes::Gateway,
+    pub mock: sluice::mock::MockServer,
+    pub token: String,
+    pub port: String,
+    pub log: PathBuf,
+    pub dir: tempfile::TempDir,
 }
 
-#[tokio::test]
-async fn a_gateway_process_logs_each_new_head_and_no_secret() {
+pub(crate) async fn logged_gateway() -> LoggedGateway {
     let dir = tempfile::tempdir().unwrap();
     let mock = sluice::mock::MockServer::start("127.0.0.1:0", Default::default()).unwrap();
     let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
@@ -480,25 +447,59 @@ async fn a_gateway_process_logs_each_new_head_and_no_secret() {
     let gw = crate::processes::start_gateway_full(dir.path(), &mock, &[], "").await;
     let port = gw.url.rsplit(':').next().unwrap().to_string();
     let log = dir.path().join(format!("gateway-{port}.log"));
-    let head_path = dir.path().join("backup/audit.head");
-    // The upstream refuses the key: the gateway disables it — an audited action of its own.
-    mock.state.sticky(
-        KEY_A,
-        Some(sluice::mock::Script {
-            status: Some(401),
-            ..Default::default()
-        }),
-    );
-    let resp = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", gw.url))
-        .bearer_auth(&issued.text)
-        .json(&chat_body(10))
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let body: Value = resp.json().await.unwrap();
-    assert!(status == 502 || status == 503, "{status} {body}");
+    LoggedGateway {
+        gw,
+        mock,
+        token: issued.text,
+        port,
+        log,
+        dir,
+    }
+}
+
+impl LoggedGateway {
+    /// The upstream refuses the key: the gateway disables it — an audited action of its
+    /// own. The client's answer is a 502 or 503; its body is returned.
+    pub(crate) async fn refuse_the_key(&self) -> Value {
+        self.mock.state.sticky(
+            KEY_A,
+            Some(sluice::mock::Script {
+                status: Some(401),
+                ..Default::default()
+            }),
+        );
+        let resp = reqwest::Client::new()
+            .post(format!("{}/v1/chat/completions", self.gw.url))
+            .bearer_auth(&self.token)
+            .json(&chat_body(10))
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let body: Value = resp.json().await.unwrap();
+        assert!(status == 502 || status == 503, "{status} {body}");
+        body
+    }
+}
+
+/// The head's JSON log lines of a gateway's log file (target `sluice::audit`); none while
+/// the file is not there yet.
+pub(crate) fn logged_heads(log: &Path) -> Vec<Value> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["target"] == "sluice::audit" && v["fields"]["message"] == "audit head")
+        .map(|v| v["fields"].clone())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_gateway_process_logs_each_new_head_and_no_secret() {
+    let gw = logged_gateway().await;
+    let log = gw.log.clone();
+    let head_path = gw.dir.path().join("backup/audit.head");
+    let body = gw.refuse_the_key().await;
     assert!(body["error"]["message"].is_string(), "{body}");
     let mut head = Value::Null;
     for _ in 0..200 {
@@ -524,8 +525,8 @@ async fn a_gateway_process_logs_each_new_head_and_no_secret() {
     );
     assert_ne!(last["mac"], head["mac"]);
     let text = std::fs::read_to_string(&log).unwrap();
-    let master = std::fs::read_to_string(dir.path().join("sluice.db.key")).unwrap();
-    for secret in [master.trim(), KEY_A, issued.text.as_str()] {
+    let master = std::fs::read_to_string(gw.dir.path().join("sluice.db.key")).unwrap();
+    for secret in [master.trim(), KEY_A, gw.token.as_str()] {
         assert!(!text.contains(secret), "a secret in the log");
     }
 }
@@ -539,12 +540,9 @@ async fn a_huge_head_file_is_reported_without_being_read() {
         .unwrap()
         .set_len(1 << 30)
         .unwrap();
-    let out = rig.verify();
-    assert!(!ok(&out));
-    assert!(
-        stderr(&out).contains("audit head unreadable: larger than 4096 bytes"),
-        "{}",
-        stderr(&out)
+    rig.verify_fails_naming(
+        "audit head unreadable: larger than 4096 bytes",
+        "a huge head passed verification",
     );
 }
 

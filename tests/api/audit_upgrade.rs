@@ -9,6 +9,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
 use sqlx::Connection;
 
 use crate::audit_tamper::{ok, rewrite_chain, sha256_fields, stderr, Rewrite};
+use crate::helpers::write_cli_config;
 
 /// A database as the previous version left it: every migration before the keyed chain,
 /// and audit rows chained with plain SHA-256. Returns a config for it.
@@ -67,17 +68,7 @@ async fn legacy_database(dir: &Path) -> PathBuf {
         prev = hash;
     }
     c.close().await.unwrap();
-    let config = dir.join("sluice.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[database]\nurl = \"sqlite://{}\"\n[backup]\ndir = \"{}\"\n",
-            db.display(),
-            dir.join("backup").display()
-        ),
-    )
-    .unwrap();
-    config
+    write_cli_config(&dir.join("sluice.toml"), &db, &dir.join("backup"))
 }
 
 fn sluice(config: &Path, args: &[&str]) -> Output {
@@ -160,15 +151,7 @@ async fn a_restore_keeps_the_old_head_aside_and_starts_a_new_one() {
     let config = dir.path().join("sluice.toml");
     let db = dir.path().join("sluice.db");
     let backup = dir.path().join("backup");
-    std::fs::write(
-        &config,
-        format!(
-            "[database]\nurl = \"sqlite://{}\"\n[backup]\ndir = \"{}\"\n",
-            db.display(),
-            backup.display()
-        ),
-    )
-    .unwrap();
+    write_cli_config(&config, &db, &backup);
     let run = |args: &[&str]| {
         let out = sluice(&config, args);
         assert!(out.status.success(), "{args:?}: {}", stderr(&out));

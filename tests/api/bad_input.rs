@@ -162,6 +162,18 @@ async fn raw_exchange(address: &str, head: Vec<u8>) -> Vec<u8> {
     got
 }
 
+/// The raw answer to `head`, lower-cased, once it is checked to be a bodiless 431.
+async fn answer_431(address: &str, head: String) -> String {
+    let answer = raw_exchange(address, head.into_bytes()).await;
+    let text = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+    assert!(
+        text.starts_with("http/1.1 431 request header fields too large\r\n"),
+        "{text}"
+    );
+    assert!(text.contains("\r\ncontent-length: 0\r\n"), "{text}");
+    text
+}
+
 /// A 1 MB header never reaches a handler: actix-http stops reading the head at 128 KiB
 /// (`MAX_BUFFER_SIZE`) and answers 431 itself, with an empty body, then closes the
 /// connection — it offers no hook to give that answer a JSON body, so this is the answer
@@ -178,13 +190,7 @@ async fn a_huge_header_gets_431_and_nothing_else() {
         body.len(),
         "a".repeat(1_000_000)
     );
-    let answer = raw_exchange(&app.address, head.into_bytes()).await;
-    let text = String::from_utf8_lossy(&answer).to_ascii_lowercase();
-    assert!(
-        text.starts_with("http/1.1 431 request header fields too large\r\n"),
-        "{text}"
-    );
-    assert!(text.contains("\r\ncontent-length: 0\r\n"), "{text}");
+    let text = answer_431(&app.address, head).await;
     assert!(
         text.ends_with("\r\n\r\n"),
         "one answer, no body, then closed: {text}"
@@ -192,13 +198,7 @@ async fn a_huge_header_gets_431_and_nothing_else() {
     // More headers than actix-http parses (96) is the same answer.
     let many: String = (0..120).map(|i| format!("x-h{i}: v\r\n")).collect();
     let head = format!("GET /v1/models HTTP/1.1\r\nhost: gw\r\n{many}\r\n");
-    let answer = raw_exchange(&app.address, head.into_bytes()).await;
-    let text = String::from_utf8_lossy(&answer).to_ascii_lowercase();
-    assert!(
-        text.starts_with("http/1.1 431 request header fields too large\r\n"),
-        "{text}"
-    );
-    assert!(text.contains("\r\ncontent-length: 0\r\n"), "{text}");
+    answer_431(&app.address, head).await;
     assert_eq!(app.mock.state.total_count(), 0);
     assert_eq!(app.scalar("SELECT COUNT(*) FROM requests").await, 0);
     assert_eq!(

@@ -460,49 +460,56 @@ async fn admins_invalidate_by_tag_through_the_api_and_finance_cannot() {
     );
 }
 
+/// A cache of default settings over `db` with a writer of its own, as each replica has.
+pub(crate) fn cache_on(db: &sluice::store::Db) -> std::sync::Arc<sluice::cache::Cache> {
+    sluice::cache::Cache::new(
+        &sluice::config::CacheSettings::default(),
+        &sluice::config::UpstreamTimeouts::default(),
+        db.read.clone(),
+        db.write.clone(),
+        sluice::store::writer::Writer::start(db.write.clone()),
+    )
+    .unwrap()
+}
+
+/// The cache's plan for an OpenAI chat `body` to gpt-4o-mini (team 1, user 1, no header
+/// and no per-model settings but `ignore_identifiers`); it must be cacheable.
+pub(crate) fn plan_of(
+    cache: &sluice::cache::Cache,
+    body: &Value,
+    ignore_identifiers: Option<bool>,
+) -> sluice::cache::Plan {
+    cache
+        .plan(
+            &actix_web::http::header::HeaderMap::new(),
+            body.as_object().unwrap(),
+            sluice::error::WireFormat::OpenAi,
+            "gpt-4o-mini",
+            (1, 1),
+            None,
+            None,
+            ignore_identifiers,
+        )
+        .unwrap()
+        .expect("cacheable")
+}
+
 /// A miss is answered from memory (the keys present), so entries another replica stored
 /// must reach this replica's memory: they do at its next refresh (every second).
 #[tokio::test]
 async fn entries_another_replica_stored_are_found_after_its_next_refresh() {
     use sluice::cache::Cache;
-    use sluice::config::{CacheSettings, UpstreamTimeouts};
-    use sluice::error::WireFormat;
-    use sluice::store::writer::Writer;
 
     let dir = tempfile::tempdir().unwrap();
     let db = sluice::store::Db::open(&dir.path().join("shared.db"), false)
         .await
         .unwrap();
-    let replica = || {
-        Cache::new(
-            &CacheSettings::default(),
-            &UpstreamTimeouts::default(),
-            db.read.clone(),
-            db.write.clone(),
-            Writer::start(db.write.clone()),
-        )
-        .unwrap()
-    };
-    let (a, b) = (replica(), replica());
+    let (a, b) = (cache_on(&db), cache_on(&db));
     let now = chrono::Utc::now();
     a.refresh(now).await.unwrap();
     b.refresh(now).await.unwrap();
     let body = question("WVWZZZ1JZXW000042");
-    let headers = actix_web::http::header::HeaderMap::new();
-    let plan = |c: &Cache| {
-        c.plan(
-            &headers,
-            body.as_object().unwrap(),
-            WireFormat::OpenAi,
-            "gpt-4o-mini",
-            (1, 1),
-            None,
-            None,
-            None,
-        )
-        .unwrap()
-        .expect("cacheable")
-    };
+    let plan = |c: &Cache| plan_of(c, &body, None);
     let answer = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
         "message": {"role": "assistant", "content": "Check the EGR valve."}, "finish_reason": "stop"}]});
     a.put(&plan(&a), &answer, (12, 24), now).await;

@@ -130,11 +130,12 @@ fn the_evaluation_set_is_large_and_covers_every_kind() {
     }
 }
 
-#[test]
-fn precision_on_the_hand_written_set_with_identifiers_significant() {
-    let s = score(&eval_set(), false);
+/// The set scored under one reading (`ignore_identifiers` or not), printed, and held to
+/// precision ≥ 0.99.
+fn scored_precisely(ignore_identifiers: bool, reading: &str) -> Scores {
+    let s = score(&eval_set(), ignore_identifiers);
     println!(
-        "lexical, default reading: precision {:.3}, recall {:.3} (tp {}, fp {}, fn {}, tn {}); hits/pairs by kind {:?}",
+        "lexical, {reading}: precision {:.3}, recall {:.3} (tp {}, fp {}, fn {}, tn {}); hits/pairs by kind {:?}",
         s.precision(), s.recall(), s.tp, s.fp, s.fn_, s.tn, s.by_kind
     );
     assert!(
@@ -143,6 +144,12 @@ fn precision_on_the_hand_written_set_with_identifiers_significant() {
         s.precision(),
         s.false_hits.join("\n")
     );
+    s
+}
+
+#[test]
+fn precision_on_the_hand_written_set_with_identifiers_significant() {
+    let s = scored_precisely(false, "default reading");
     assert_eq!(
         s.fp,
         0,
@@ -156,17 +163,7 @@ fn precision_on_the_hand_written_set_with_identifiers_significant() {
 
 #[test]
 fn precision_on_the_hand_written_set_with_identifiers_ignored() {
-    let s = score(&eval_set(), true);
-    println!(
-        "lexical, ignore_identifiers: precision {:.3}, recall {:.3} (tp {}, fp {}, fn {}, tn {}); hits/pairs by kind {:?}",
-        s.precision(), s.recall(), s.tp, s.fp, s.fn_, s.tn, s.by_kind
-    );
-    assert!(
-        s.precision() >= 0.99,
-        "precision {:.3}; false hits:\n{}",
-        s.precision(),
-        s.false_hits.join("\n")
-    );
+    let s = scored_precisely(true, "ignore_identifiers");
     assert_eq!(
         s.by_kind["identifier"].0,
         s.by_kind["identifier"].1,
@@ -311,39 +308,12 @@ async fn the_global_opt_in_and_a_model_that_opts_out() {
 /// exact hit — it is the same question under any reading).
 #[tokio::test]
 async fn entries_made_under_one_reading_are_not_candidates_under_the_other() {
-    use sluice::cache::Cache;
-    use sluice::config::{CacheSettings, UpstreamTimeouts};
-    use sluice::error::WireFormat;
-    use sluice::store::writer::Writer;
-
     let dir = tempfile::tempdir().unwrap();
     let db = sluice::store::Db::open(&dir.path().join("readings.db"), false)
         .await
         .unwrap();
-    let cache = Cache::new(
-        &CacheSettings::default(),
-        &UpstreamTimeouts::default(),
-        db.read.clone(),
-        db.write.clone(),
-        Writer::start(db.write.clone()),
-    )
-    .unwrap();
-    let headers = actix_web::http::header::HeaderMap::new();
-    let plan = |body: &Value, ignore: bool| {
-        cache
-            .plan(
-                &headers,
-                body.as_object().unwrap(),
-                WireFormat::OpenAi,
-                "gpt-4o-mini",
-                (1, 1),
-                None,
-                None,
-                Some(ignore),
-            )
-            .unwrap()
-            .expect("cacheable")
-    };
+    let cache = crate::cache::cache_on(&db);
+    let plan = |body: &Value, ignore: bool| crate::cache::plan_of(&cache, body, Some(ignore));
     let now = chrono::Utc::now();
     let answer = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
         "message": {"role": "assistant", "content": "Check the coil pack."}, "finish_reason": "stop"}]});

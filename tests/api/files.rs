@@ -11,26 +11,10 @@ use std::time::Duration;
 use sluice::mock::{MockConfig, MockServer};
 
 use crate::helpers::KEY_A;
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use crate::processes::{free_port, healthy, Gateway};
 
 /// `sluice serve` on `dir/data/sluice.db` under umask 022, with `env`; waits for /healthz.
-async fn serve(dir: &Path, mock: &MockServer, env: &[(&str, &str)]) -> (Proc, PathBuf) {
+async fn serve(dir: &Path, mock: &MockServer, env: &[(&str, &str)]) -> (Gateway, PathBuf) {
     serve_umask(dir, mock, env, "022").await
 }
 
@@ -87,22 +71,12 @@ async fn serve_umask(
     mock: &MockServer,
     env: &[(&str, &str)],
     umask: &str,
-) -> (Proc, PathBuf) {
+) -> (Gateway, PathBuf) {
     let port = free_port();
     let config = write_config(dir, mock, port);
     let log = dir.join(format!("gateway-{port}.log"));
-    let proc = Proc(sluice(&config, umask, &["serve"], env, &log));
-    let url = format!("http://127.0.0.1:{port}/healthz");
-    for _ in 0..200 {
-        if reqwest::get(&url).await.is_ok_and(|r| r.status() == 200) {
-            return (proc, log);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!(
-        "gateway did not start: {}",
-        std::fs::read_to_string(&log).unwrap_or_default()
-    );
+    let child = sluice(&config, umask, &["serve"], env, &log);
+    (healthy(child, port, &log).await, log)
 }
 
 fn mode(p: &Path) -> u32 {

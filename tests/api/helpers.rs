@@ -457,3 +457,42 @@ pub async fn budget_owner(db: &Db, levels: &[Budget; 3]) -> Owner {
         resets: [reset(token), reset(user), reset(team)],
     }
 }
+
+/// A config naming the test gateway's database and backup folder, for the real binary's
+/// CLI commands.
+pub fn cli_config(app: &TestApp) -> std::path::PathBuf {
+    write_cli_config(
+        &app.dir.path().join("cli.toml"),
+        &app.settings.database_path(),
+        std::path::Path::new(&app.settings.backup.dir),
+    )
+}
+
+/// Writes at `path` a config of only a database and a backup folder (what the CLI needs).
+pub fn write_cli_config(
+    path: &std::path::Path,
+    db: &std::path::Path,
+    backup: &std::path::Path,
+) -> std::path::PathBuf {
+    std::fs::write(
+        path,
+        format!(
+            "[database]\nurl = \"sqlite://{}\"\n[backup]\ndir = \"{}\"\n",
+            db.display(),
+            backup.display()
+        ),
+    )
+    .unwrap();
+    path.to_path_buf()
+}
+
+/// The answer's `Retry-After` in seconds; it must be there and be a number.
+pub fn retry_after(headers: &reqwest::header::HeaderMap) -> u64 {
+    headers
+        .get("retry-after")
+        .expect("a Retry-After header")
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}

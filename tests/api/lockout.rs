@@ -6,7 +6,6 @@
 //! its API keys and lifts the lock too. Both are audit rows.
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
 use serde_json::json;
@@ -15,21 +14,6 @@ use crate::admin_helpers::*;
 use crate::helpers::*;
 
 const NEW_PASSWORD: &str = "a fresh passphrase for root";
-
-/// A config naming the test gateway's database, for the real CLI.
-fn cli_config(app: &TestApp) -> PathBuf {
-    let config = app.dir.path().join("cli.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[database]\nurl = \"sqlite://{}\"\n[backup]\ndir = \"{}\"\n",
-            app.settings.database_path().display(),
-            app.settings.backup.dir
-        ),
-    )
-    .unwrap();
-    config
-}
 
 fn sluice(app: &TestApp, args: &[&str], stdin: Option<&str>) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
@@ -62,6 +46,18 @@ async fn lock_out(app: &TestApp, user: &str) {
     let r = post_login(app, &http, &pre, &csrf, user, PASSWORD, None).await;
     assert_eq!(r.status(), 429, "the name is locked, even for its owner");
     assert!(r.text().await.unwrap().contains("Try again in"));
+}
+
+/// `sluice admin reset-password` of root, the new password (and its newline) on stdin.
+fn reset_root_password(app: &TestApp, stdin: &str) -> Output {
+    let args = [
+        "admin",
+        "reset-password",
+        "--username",
+        "root",
+        "--password-stdin",
+    ];
+    sluice(app, &args, Some(stdin))
 }
 
 async fn sign_in_status(app: &TestApp, user: &str, password: &str) -> u16 {
@@ -102,37 +98,15 @@ async fn the_cli_resets_a_password_ends_sessions_revokes_keys_and_unlocks() {
     let app = spawn_app().await;
     make_login(&app, "root", "admin", None).await;
     let s = login(&app, "root").await;
-    let (status, key) = s.post("/admin/api/v1/keys", &json!({"name": "ci"})).await;
-    assert_eq!(status, 201, "{key}");
-    let key = key["key"].as_str().unwrap().to_string();
+    let key = key_of(&s, "ci").await;
     lock_out(&app, "root").await;
 
     // Too short a password is refused before anything changes.
-    let out = sluice(
-        &app,
-        &[
-            "admin",
-            "reset-password",
-            "--username",
-            "root",
-            "--password-stdin",
-        ],
-        Some("short\n"),
-    );
+    let out = reset_root_password(&app, "short\n");
     assert!(!out.status.success());
     assert_eq!(sign_in_status(&app, "root", PASSWORD).await, 429);
 
-    let out = sluice(
-        &app,
-        &[
-            "admin",
-            "reset-password",
-            "--username",
-            "root",
-            "--password-stdin",
-        ],
-        Some(&format!("{NEW_PASSWORD}\n")),
-    );
+    let out = reset_root_password(&app, &format!("{NEW_PASSWORD}\n"));
     assert!(
         out.status.success(),
         "{}",
@@ -140,13 +114,7 @@ async fn the_cli_resets_a_password_ends_sessions_revokes_keys_and_unlocks() {
     );
     // The old session and the key are dead; the old password no longer opens anything.
     assert_eq!(s.get("/admin/api/v1/me").await.status(), 401);
-    let with_key = client()
-        .get(format!("{}/admin/api/v1/me", app.address))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(with_key.status(), 401);
+    assert_eq!(me_with_key(&app, &key).await, 401);
     assert_eq!(sign_in_status(&app, "root", PASSWORD).await, 401);
     assert_eq!(sign_in_status(&app, "root", NEW_PASSWORD).await, 303);
     let after: String = sqlx::query_scalar(

@@ -10,7 +10,7 @@ use sluice::quota::pricing;
 
 use crate::helpers::*;
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -89,28 +89,37 @@ pub(crate) async fn start_gateway_full(
 ) -> Gateway {
     let port = free_port();
     let config = write_config(dir, mock, port, extra);
-    let log = std::fs::File::create(dir.join(format!("gateway-{port}.log"))).unwrap();
+    let log = dir.join(format!("gateway-{port}.log"));
     let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(["--config", config.to_str().unwrap(), "serve"])
         .envs(env.iter().copied())
         .stdout(Stdio::null())
-        .stderr(log)
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    let url = format!("http://127.0.0.1:{port}");
+    healthy(child, port, &log).await
+}
+
+/// The gateway process `child` on `port` once its `/healthz` answers 200 (bounded); else it
+/// is ended and the test fails with its log.
+pub(crate) async fn healthy(child: Child, port: u16, log: &std::path::Path) -> Gateway {
+    let gateway = Gateway {
+        child,
+        url: format!("http://127.0.0.1:{port}"),
+    };
     for _ in 0..200 {
-        if reqwest::get(format!("{url}/healthz"))
+        if reqwest::get(format!("{}/healthz", gateway.url))
             .await
             .is_ok_and(|r| r.status() == 200)
         {
-            return Gateway { child, url };
+            return gateway;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let mut child = child;
-    let _ = child.kill();
-    let _ = child.wait();
-    panic!("gateway did not start");
+    panic!(
+        "gateway did not start: {}",
+        std::fs::read_to_string(log).unwrap_or_default()
+    );
 }
 
 /// One gateway process on a fresh database, with an in-process mock upstream.

@@ -171,14 +171,7 @@ async fn insufficient_quota_tells_sdks_not_to_retry_and_when_the_budget_resets()
     let resp = app.chat(&token, &chat_body(100)).await;
     assert_eq!(resp.status(), 429);
     assert_eq!(resp.headers().get("x-should-retry").unwrap(), "false");
-    let after: u64 = resp
-        .headers()
-        .get("retry-after")
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let after = retry_after(resp.headers());
     assert!((1..=86_400).contains(&after));
     let (_, never) = app.token("carla", Some("0.000010")).await;
     let resp = app.chat(&never, &chat_body(100)).await;

@@ -43,11 +43,24 @@ async fn poll_until(what: &str, cond: impl Fn() -> bool) {
     }
 }
 
-fn status(code: u16) -> Script {
+/// The mock answers with this status.
+pub(crate) fn status(code: u16) -> Script {
     Script {
         status: Some(code),
         ..Default::default()
     }
+}
+
+/// Key A answers 500 from now on; three requests open its breaker (the test settings'
+/// threshold). The three answers' statuses.
+pub(crate) async fn open_key_a_breaker(app: &TestApp, token: &str) -> Vec<u16> {
+    app.mock.state.sticky(KEY_A, Some(status(500)));
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        answers.push(app.chat(token, &chat_body(10)).await.status().as_u16());
+    }
+    assert_eq!(app.state.pool.breakers[0].state(), State::Open);
+    answers
 }
 
 /// Key A's rest is measured on a manual clock, so the test steps through it instead of
@@ -130,14 +143,7 @@ async fn every_key_429_gives_the_client_a_429_without_a_retry_storm() {
     }
     let resp = app.chat(&token, &chat_body(10)).await;
     assert_eq!(resp.status(), 429);
-    let after: u64 = resp
-        .headers()
-        .get("retry-after")
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let after = retry_after(resp.headers());
     assert!((1..=3).contains(&after));
     assert_eq!(app.mock.state.total_count(), 2, "attempts ≤ pool size");
     let resp = app.chat(&token, &chat_body(10)).await;
@@ -271,11 +277,7 @@ async fn a_key_refused_by_the_upstream_is_quarantined_with_an_audit_row() {
 async fn an_open_breaker_fails_fast_without_an_upstream_call() {
     let app = spawn_app_with(|s, _| s.breaker.open_seconds = 3600).await;
     let (_, token) = app.token("fay", None).await;
-    app.mock.state.sticky(KEY_A, Some(status(500)));
-    for _ in 0..3 {
-        assert_eq!(app.chat(&token, &chat_body(10)).await.status(), 502);
-    }
-    assert_eq!(app.state.pool.breakers[0].state(), State::Open);
+    assert_eq!(open_key_a_breaker(&app, &token).await, [502; 3]);
     crate::admin_helpers::make_login(&app, "root", "admin", None).await;
     let (_, view) = crate::admin_helpers::login(&app, "root")
         .await
@@ -321,11 +323,7 @@ async fn the_breaker_probes_after_its_open_time_closes_and_reopens() {
     })
     .await;
     let (_, token) = app.token("fay", None).await;
-    app.mock.state.sticky(KEY_A, Some(status(500)));
-    for _ in 0..3 {
-        assert_eq!(app.chat(&token, &chat_body(10)).await.status(), 502);
-    }
-    assert_eq!(app.state.pool.breakers[0].state(), State::Open);
+    assert_eq!(open_key_a_breaker(&app, &token).await, [502; 3]);
     tokio::time::sleep(Duration::from_millis(1100)).await;
     // The probe fails: open again.
     assert_eq!(app.chat(&token, &chat_body(10)).await.status(), 502);
@@ -394,11 +392,7 @@ async fn short_deadlines_cannot_keep_a_healthy_key_shut() {
     })
     .await;
     let (_, token) = app.token("ida", None).await;
-    app.mock.state.sticky(KEY_A, Some(status(500)));
-    for _ in 0..3 {
-        app.chat(&token, &chat_body(10)).await;
-    }
-    assert_eq!(app.state.pool.breakers[0].state(), State::Open);
+    open_key_a_breaker(&app, &token).await;
     // The key is healthy again, answering in 300 ms.
     app.mock.state.sticky(
         KEY_A,
@@ -447,11 +441,7 @@ async fn probes_that_never_get_an_answer_reopen_the_breaker() {
     })
     .await;
     let (_, token) = app.token("ida", None).await;
-    app.mock.state.sticky(KEY_A, Some(status(500)));
-    for _ in 0..3 {
-        app.chat(&token, &chat_body(10)).await;
-    }
-    assert_eq!(app.state.pool.breakers[0].state(), State::Open);
+    open_key_a_breaker(&app, &token).await;
     tokio::time::sleep(Duration::from_millis(2100)).await;
     app.mock.state.sticky(
         KEY_A,

@@ -12,19 +12,13 @@ use sluice::upstream::breaker::State;
 use sluice::upstream::pool::Disabled;
 
 use crate::helpers::*;
+use crate::resilience::{open_key_a_breaker, status};
 
 const KEY_C: &str = "sk-ant-upstream-canary-key-C-9e8d7c";
 const KEY_D: &str = "sk-ant-upstream-canary-key-D-4b5a6c";
 
 /// Every wait in these tests is bounded by this, far above what a correct gateway needs.
 const BOUND: Duration = Duration::from_secs(30);
-
-fn status(code: u16) -> Script {
-    Script {
-        status: Some(code),
-        ..Default::default()
-    }
-}
 
 fn anthropic(id: &str, key: &str, m: &MockServer) -> sluice::config::UpstreamSettings {
     let mut u = upstream(id, key, m);
@@ -141,11 +135,7 @@ async fn a_cooling_key_is_never_retried_inside_its_retry_after() {
     );
     let resp = with_deadline(&app, &token, 5_000).await;
     assert_eq!(resp.status(), 503, "nothing can serve before the deadline");
-    let after: u64 = resp.headers()["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let after = retry_after(resp.headers());
     assert!((25..=30).contains(&after), "Retry-After {after}");
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["error"]["code"], "service_degraded");
@@ -301,11 +291,7 @@ async fn a_probe_whose_client_leaves_frees_the_half_open_slot_at_once() {
     })
     .await;
     let (_, token) = app.token("ned", None).await;
-    app.mock.state.sticky(KEY_A, Some(status(500)));
-    for _ in 0..3 {
-        app.chat(&token, &chat_body(10)).await;
-    }
-    assert_eq!(app.state.pool.breakers[0].state(), State::Open);
+    open_key_a_breaker(&app, &token).await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
     app.mock.state.sticky(
         KEY_A,

@@ -7,7 +7,9 @@
 use reqwest::header::HeaderMap;
 use sluice::mock::{MockConfig, MockServer};
 
-use crate::admin_helpers::{client, cookie_value, find_between, set_cookies, PASSWORD};
+use crate::admin_helpers::{
+    client, cookie_value, login_form_at, post_login_at, set_cookies, PASSWORD,
+};
 use crate::helpers::*;
 use crate::processes::{start_gateway_full, Gateway};
 
@@ -103,7 +105,7 @@ impl Rig {
 
     /// The sign-in form: (pre-session cookie value, its CSRF token).
     pub async fn form(&self) -> (String, String) {
-        form_of(&self.http, self.url()).await
+        login_form_at(&self.http, self.url()).await
     }
 }
 
@@ -123,15 +125,6 @@ pub(crate) async fn verifications_of(http: &reqwest::Client, url: &str) -> u64 {
         .unwrap_or_else(|| panic!("{VERIFICATIONS} missing from /metrics"))
 }
 
-async fn form_of(http: &reqwest::Client, url: &str) -> (String, String) {
-    let resp = http.get(format!("{url}/admin/login")).send().await.unwrap();
-    assert_eq!(resp.status(), 200);
-    let pre = cookie_value(&set_cookies(resp.headers()), "sluice_login").unwrap();
-    let body = resp.text().await.unwrap();
-    let csrf = find_between(&body, "name=\"csrf_token\" value=\"", "\"").unwrap();
-    (pre, csrf)
-}
-
 pub(crate) struct Answer {
     pub status: u16,
     pub headers: HeaderMap,
@@ -145,17 +138,15 @@ pub(crate) async fn sign_in(
     user: &str,
     password: &str,
 ) -> Answer {
-    let r = http
-        .post(format!("{url}/admin/login"))
-        .header("cookie", format!("sluice_login={pre}"))
-        .form(&[
-            ("username", user),
-            ("password", password),
-            ("csrf_token", csrf),
-        ])
-        .send()
-        .await
-        .expect("the gateway answers every sign-in");
+    let r = post_login_at(
+        http,
+        url,
+        &format!("sluice_login={pre}"),
+        csrf,
+        user,
+        password,
+    )
+    .await;
     Answer {
         status: r.status().as_u16(),
         headers: r.headers().clone(),
@@ -166,7 +157,7 @@ pub(crate) async fn sign_in(
 /// A refused sign-in is the sign-in form again, with the reason and when to come back.
 fn assert_throttled_form(a: &Answer) {
     assert_eq!(a.status, 429, "{}", a.body);
-    let retry: u64 = a.headers["retry-after"].to_str().unwrap().parse().unwrap();
+    let retry = retry_after(&a.headers);
     assert!((1..=900).contains(&retry), "Retry-After {retry}");
     assert!(
         a.body.contains("name=\"csrf_token\""),
@@ -317,7 +308,7 @@ async fn two_gateways_on_one_database_admit_five_guesses_together() {
     let rig = Rig::start().await;
     let other = rig.second().await;
     let urls = [rig.url().to_string(), other.url.clone()];
-    let forms = [rig.form().await, form_of(&rig.http, &other.url).await];
+    let forms = [rig.form().await, login_form_at(&rig.http, &other.url).await];
     let tasks: Vec<_> = (0..40)
         .map(|i| {
             let (http, url, form) = (rig.http.clone(), urls[i % 2].clone(), forms[i % 2].clone());
@@ -342,7 +333,7 @@ async fn two_gateways_on_one_database_admit_five_guesses_together() {
     let verified = rig.verifications().await + verifications_of(&rig.http, &other.url).await;
     assert_eq!(verified as usize, wrong);
     for url in &urls {
-        let form = form_of(&rig.http, url).await;
+        let form = login_form_at(&rig.http, url).await;
         let right = sign_in(&rig.http, url, (&form.0, &form.1), "root", PASSWORD).await;
         assert_throttled_form(&right);
     }

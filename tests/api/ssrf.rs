@@ -21,7 +21,7 @@ use bytes::Bytes;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use serde_json::json;
 use sluice::cache::embed::Embedder;
-use sluice::config::{AlertSettings, Secret, UpstreamTimeouts, WebhookSettings};
+use sluice::config::{AlertSettings, Secret, Settings, UpstreamTimeouts, WebhookSettings};
 use sluice::mock::{MockConfig, MockServer};
 use sluice::ops::alerts::Alerter;
 use sluice::startup::{Application, StartupError};
@@ -35,6 +35,15 @@ use crate::helpers::*;
 struct FixedDns {
     answer: Vec<IpAddr>,
     lookups: AtomicUsize,
+}
+
+impl FixedDns {
+    fn answering(answer: &[&str]) -> Arc<FixedDns> {
+        Arc::new(FixedDns {
+            answer: answer.iter().map(|a| a.parse().unwrap()).collect(),
+            lookups: AtomicUsize::new(0),
+        })
+    }
 }
 
 impl Resolve for FixedDns {
@@ -68,10 +77,7 @@ async fn call_through_dns(
         .validate()
         .expect("a public name passes the config check");
     let catalog = Catalog::from_settings(&settings);
-    let dns = Arc::new(FixedDns {
-        answer: answer.iter().map(|a| a.parse().unwrap()).collect(),
-        lookups: AtomicUsize::new(0),
-    });
+    let dns = FixedDns::answering(answer);
     let client = UpstreamClient::with_resolver(&UpstreamTimeouts::default(), dns.clone()).unwrap();
     let body = json!({"model": "gpt-4o-mini-upstream", "max_tokens": 5,
                       "messages": [{"role": "user", "content": "hi"}]});
@@ -109,15 +115,7 @@ async fn dns_answers_upstreams_may_not_reach_are_refused_without_the_opt_in() {
         &["fec0::1"],                     // site-local
         &["2001:0:4136:e378::5601:5601"], // Teredo, client = metadata address
     ];
-    for answer in refused {
-        let (result, lookups, seen) = call_through_dns(false, answer).await;
-        assert!(
-            matches!(result, Err(UpstreamError::Connect(_))),
-            "{answer:?}: {result:?}"
-        );
-        assert_eq!(lookups, 1, "{answer:?}: the name went through the guard");
-        assert_eq!(seen, 0, "{answer:?}: nothing reached the upstream");
-    }
+    assert_refused_through_dns(false, refused).await;
 }
 
 #[tokio::test]
@@ -138,14 +136,30 @@ async fn metadata_in_dns_is_refused_even_with_the_opt_in() {
         &["127.0.0.1", "169.254.169.254"],
         &["127.0.0.1", "64:ff9b::a9fe:a9fe"],
     ];
+    assert_refused_through_dns(true, refused).await;
+}
+
+/// Each DNS answer in `refused` makes the call fail to connect after one lookup, with
+/// nothing reaching the upstream.
+async fn assert_refused_through_dns(allow_private: bool, refused: &[&[&str]]) {
     for answer in refused {
-        let (result, lookups, seen) = call_through_dns(true, answer).await;
+        let (result, lookups, seen) = call_through_dns(allow_private, answer).await;
         assert!(
             matches!(result, Err(UpstreamError::Connect(_))),
             "{answer:?}: {result:?}"
         );
-        assert_eq!(lookups, 1, "{answer:?}");
+        assert_eq!(lookups, 1, "{answer:?}: the name went through the guard");
         assert_eq!(seen, 0, "{answer:?}: nothing reached the upstream");
+    }
+}
+
+/// The config error that keeps a gateway with `settings` from starting (`url` names the
+/// case in a failure).
+async fn start_refused(settings: Settings, url: &str) -> String {
+    match Application::build(settings).await {
+        Err(StartupError::Config(e)) => e.to_string(),
+        Err(e) => panic!("{url}: {e}"),
+        Ok(_) => panic!("{url}: the gateway started"),
     }
 }
 
@@ -168,16 +182,8 @@ async fn base_urls_that_carry_a_forbidden_address_refuse_to_start() {
         let mut settings = test_settings(dir.path(), &mock);
         settings.upstreams[0].base_url = url.into();
         settings.upstreams[0].allow_private_network = allow_private;
-        match Application::build(settings).await {
-            Err(StartupError::Config(e)) => {
-                assert!(
-                    e.to_string().starts_with("upstream `a`: base_url"),
-                    "{url}: {e}"
-                )
-            }
-            Err(e) => panic!("{url}: {e}"),
-            Ok(_) => panic!("{url}: the gateway started"),
-        }
+        let e = start_refused(settings, url).await;
+        assert!(e.starts_with("upstream `a`: base_url"), "{url}: {e}");
     }
 }
 
@@ -186,10 +192,7 @@ async fn base_urls_that_carry_a_forbidden_address_refuse_to_start() {
 async fn embed_through_dns(allow_private: bool, answer: &[&str]) -> (bool, usize, u64) {
     let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
     let port = mock.base_url().rsplit(':').next().unwrap().to_string();
-    let dns = Arc::new(FixedDns {
-        answer: answer.iter().map(|a| a.parse().unwrap()).collect(),
-        lookups: AtomicUsize::new(0),
-    });
+    let dns = FixedDns::answering(answer);
     let embedder = Embedder::http(
         &format!("http://embed.test:{port}/v1"),
         "text-embedding-3-small",
@@ -253,13 +256,8 @@ async fn an_embedder_url_upstreams_may_not_use_refuses_to_start() {
         settings.cache.http_model = "m".into();
         settings.cache.http_url = url.clone();
         settings.cache.http_allow_private_network = allow_private;
-        match Application::build(settings).await {
-            Err(StartupError::Config(e)) => {
-                assert!(e.to_string().contains("cache.http_url"), "{url}: {e}")
-            }
-            Err(e) => panic!("{url}: {e}"),
-            Ok(_) => panic!("{url}: the gateway started"),
-        }
+        let e = start_refused(settings, &url).await;
+        assert!(e.contains("cache.http_url"), "{url}: {e}");
     }
 }
 
