@@ -542,11 +542,11 @@ async fn audit_verify_names_a_row_edited_in_sqlite() {
         &db_path,
         std::path::Path::new(&w.app.settings.backup.dir),
     );
+    // Awaited, not blocking: a blocking wait would stall the in-process gateway's tasks.
     let verify = || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
             .args(["--config", config.to_str().unwrap(), "audit", "verify"])
             .output()
-            .unwrap()
     };
     // The signed head follows the last action from the gateway's exporter task.
     let head = std::path::Path::new(&w.app.settings.backup.dir).join("audit.head");
@@ -558,7 +558,7 @@ async fn audit_verify_names_a_row_edited_in_sqlite() {
         }
         tokio::time::sleep(std::time::Duration::from_millis(25)).await;
     }
-    let ok = verify();
+    let ok = verify().await.unwrap();
     assert!(
         ok.status.success(),
         "{}",
@@ -583,7 +583,7 @@ async fn audit_verify_names_a_row_edited_in_sqlite() {
         .execute(&w.app.db().write)
         .await
         .unwrap();
-    let bad = verify();
+    let bad = verify().await.unwrap();
     assert!(!bad.status.success());
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(err.contains(&format!("broken at row {target}")), "{err}");

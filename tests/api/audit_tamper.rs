@@ -29,18 +29,20 @@ impl Rig {
         Path::new(&self.app.settings.backup.dir).join("audit.head")
     }
 
-    /// `sluice audit verify` as an operator runs it.
-    fn verify(&self) -> Output {
-        std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+    /// `sluice audit verify` as an operator runs it (awaited: a blocking wait would stall
+    /// the in-process gateway's tasks).
+    async fn verify(&self) -> Output {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
             .args(["--config", self.config.to_str().unwrap(), "audit", "verify"])
             .env_remove("SLUICE_SECRET_KEY")
             .output()
+            .await
             .unwrap()
     }
 
     /// `verify` fails (else panics with `passed`) and its error output names `needle`.
-    fn verify_fails_naming(&self, needle: &str, passed: &str) {
-        let out = self.verify();
+    async fn verify_fails_naming(&self, needle: &str, passed: &str) {
+        let out = self.verify().await;
         assert!(!ok(&out), "{passed}");
         assert!(stderr(&out).contains(needle), "{}", stderr(&out));
     }
@@ -241,7 +243,7 @@ async fn a_middle_row(rig: &Rig) -> i64 {
 #[tokio::test]
 async fn an_intact_log_verifies_and_its_head_matches() {
     let rig = rig().await;
-    let out = rig.verify();
+    let out = rig.verify().await;
     assert!(ok(&out), "{}", stderr(&out));
     let rows = rig.rows().await;
     assert!(
@@ -268,7 +270,8 @@ async fn a_row_edited_in_place_is_named() {
     rig.verify_fails_naming(
         &format!("broken at row {target}"),
         "an edited row passed verification",
-    );
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -279,7 +282,8 @@ async fn a_chain_rewritten_with_plain_sha256_is_named_at_the_edited_row() {
     rig.verify_fails_naming(
         &format!("broken at row {target}"),
         "a SHA-256 rewrite passed verification",
-    );
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -295,7 +299,8 @@ async fn a_chain_rewritten_under_another_key_is_named_at_the_edited_row() {
     rig.verify_fails_naming(
         &format!("broken at row {target}"),
         "a rewrite under a guessed key passed verification",
-    );
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -303,7 +308,7 @@ async fn deleting_the_newest_rows_is_caught_by_the_head() {
     let rig = rig().await;
     let before = rig.rows().await;
     truncate(&mut rig.attacker().await, 2).await;
-    let out = rig.verify();
+    let out = rig.verify().await;
     assert!(!ok(&out), "a truncated log passed verification");
     let err = stderr(&out);
     assert!(
@@ -350,7 +355,8 @@ async fn after_a_truncation_the_next_action_does_not_paper_over_it() {
         json!(before),
         "the head still says what it said"
     );
-    rig.verify_fails_naming("audit head mismatch", "the truncation passed verification");
+    rig.verify_fails_naming("audit head mismatch", "the truncation passed verification")
+        .await;
 }
 
 #[tokio::test]
@@ -372,14 +378,16 @@ async fn a_forged_head_is_caught() {
     let forged =
         json!({"rows": rows, "last_id": last_id, "last_hash": last_hash, "at": at, "mac": mac});
     std::fs::write(rig.head_path(), forged.to_string()).unwrap();
-    rig.verify_fails_naming("audit head forged", "a forged head passed verification");
+    rig.verify_fails_naming("audit head forged", "a forged head passed verification")
+        .await;
 }
 
 #[tokio::test]
 async fn a_missing_head_is_reported() {
     let rig = rig().await;
     std::fs::remove_file(rig.head_path()).unwrap();
-    rig.verify_fails_naming("audit head missing", "verification passed without a head");
+    rig.verify_fails_naming("audit head missing", "verification passed without a head")
+        .await;
 }
 
 #[tokio::test]
@@ -419,7 +427,7 @@ async fn heads_of_concurrent_actions_end_at_the_newest() {
     }
     let head = rig.head_caught_up().await;
     assert_eq!(head["rows"], json!(rig.rows().await));
-    let out = rig.verify();
+    let out = rig.verify().await;
     assert!(ok(&out), "{}", stderr(&out));
 }
 
@@ -543,7 +551,8 @@ async fn a_huge_head_file_is_reported_without_being_read() {
     rig.verify_fails_naming(
         "audit head unreadable: larger than 4096 bytes",
         "a huge head passed verification",
-    );
+    )
+    .await;
 }
 
 /// Rows kept byte for byte but moved: a copy of an earlier row appended (a replay), two
@@ -565,14 +574,14 @@ async fn replayed_swapped_or_renumbered_rows_are_caught() {
     .await
     .unwrap();
     let copy = replayed.app.scalar("SELECT MAX(id) FROM audit_log").await;
-    let err = stderr(&replayed.verify());
+    let err = stderr(&replayed.verify().await);
     assert!(
         err.contains(&format!("chain broken at row {copy}: it does not link")),
         "{err}"
     );
 
     let (swapped, first) = rig_swapped().await;
-    let err = stderr(&swapped.verify());
+    let err = stderr(&swapped.verify().await);
     assert!(
         err.contains(&format!("chain broken at row {first}: it does not link")),
         "{err}"
@@ -586,7 +595,7 @@ async fn replayed_swapped_or_renumbered_rows_are_caught() {
     ] {
         sqlx::query(sql).execute(&mut c).await.unwrap();
     }
-    let err = stderr(&renumbered.verify());
+    let err = stderr(&renumbered.verify().await);
     assert!(err.contains("audit head mismatch: hash"), "{err}");
     assert!(!err.contains("chain broken"), "{err}");
 }
@@ -617,10 +626,11 @@ async fn rig_swapped() -> (Rig, i64) {
 #[tokio::test]
 async fn verify_with_another_key_says_the_key_is_the_likely_cause() {
     let rig = rig().await;
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(["--config", rig.config.to_str().unwrap(), "audit", "verify"])
         .env("SLUICE_SECRET_KEY", "cd".repeat(32))
         .output()
+        .await
         .unwrap();
     assert!(!ok(&out));
     let err = stderr(&out);

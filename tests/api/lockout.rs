@@ -5,8 +5,10 @@
 //! `sluice admin reset-password` sets a new password, ends the login's sessions, revokes
 //! its API keys and lifts the lock too. Both are audit rows.
 
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
+
+use tokio::io::AsyncWriteExt;
+use tokio::process::Command;
 
 use serde_json::json;
 
@@ -15,7 +17,9 @@ use crate::helpers::*;
 
 const NEW_PASSWORD: &str = "a fresh passphrase for root";
 
-fn sluice(app: &TestApp, args: &[&str], stdin: Option<&str>) -> Output {
+/// The CLI as a child the runtime awaits: a blocking wait would stall the in-process
+/// gateway's tasks (its audit-head exporter holds the lock the CLI's own export waits for).
+async fn sluice(app: &TestApp, args: &[&str], stdin: Option<&str>) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .arg("--config")
         .arg(cli_config(app))
@@ -29,10 +33,10 @@ fn sluice(app: &TestApp, args: &[&str], stdin: Option<&str>) -> Output {
         .unwrap();
     let mut input = child.stdin.take().unwrap();
     if let Some(text) = stdin {
-        input.write_all(text.as_bytes()).unwrap();
+        input.write_all(text.as_bytes()).await.unwrap();
     }
     drop(input);
-    child.wait_with_output().unwrap()
+    child.wait_with_output().await.unwrap()
 }
 
 /// Five wrong passwords at `user` (what an attacker does); then the right one is 429.
@@ -49,7 +53,7 @@ async fn lock_out(app: &TestApp, user: &str) {
 }
 
 /// `sluice admin reset-password` of root, the new password (and its newline) on stdin.
-fn reset_root_password(app: &TestApp, stdin: &str) -> Output {
+async fn reset_root_password(app: &TestApp, stdin: &str) -> Output {
     let args = [
         "admin",
         "reset-password",
@@ -57,7 +61,7 @@ fn reset_root_password(app: &TestApp, stdin: &str) -> Output {
         "root",
         "--password-stdin",
     ];
-    sluice(app, &args, Some(stdin))
+    sluice(app, &args, Some(stdin)).await
 }
 
 async fn sign_in_status(app: &TestApp, user: &str, password: &str) -> u16 {
@@ -75,7 +79,7 @@ async fn the_cli_unlocks_a_name_an_attacker_keeps_locked() {
     make_login(&app, "root", "admin", None).await;
     lock_out(&app, "root").await;
 
-    let out = sluice(&app, &["admin", "unlock", "--username", "root"], None);
+    let out = sluice(&app, &["admin", "unlock", "--username", "root"], None).await;
     assert!(
         out.status.success(),
         "{}",
@@ -88,7 +92,7 @@ async fn the_cli_unlocks_a_name_an_attacker_keeps_locked() {
     assert_eq!(rows, 1);
 
     // An unknown name is an error that names it, and changes nothing.
-    let out = sluice(&app, &["admin", "unlock", "--username", "nobody"], None);
+    let out = sluice(&app, &["admin", "unlock", "--username", "nobody"], None).await;
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("nobody"));
 }
@@ -102,11 +106,11 @@ async fn the_cli_resets_a_password_ends_sessions_revokes_keys_and_unlocks() {
     lock_out(&app, "root").await;
 
     // Too short a password is refused before anything changes.
-    let out = reset_root_password(&app, "short\n");
+    let out = reset_root_password(&app, "short\n").await;
     assert!(!out.status.success());
     assert_eq!(sign_in_status(&app, "root", PASSWORD).await, 429);
 
-    let out = reset_root_password(&app, &format!("{NEW_PASSWORD}\n"));
+    let out = reset_root_password(&app, &format!("{NEW_PASSWORD}\n")).await;
     assert!(
         out.status.success(),
         "{}",
