@@ -35,6 +35,19 @@ async fn ticks_in_a_second(pid: u32) -> u64 {
     cpu_ticks(pid) - before
 }
 
+/// Whether the gateway's end of the connection from local port `client` still exists (in
+/// any state but TIME_WAIT, which holds no socket of the process).
+fn gateway_side_open(r: &Rig, client: u16) -> bool {
+    let port = r.gateway.url.rsplit(':').next().unwrap();
+    let local = format!(":{:04X}", port.parse::<u16>().unwrap());
+    let remote = format!(":{client:04X}");
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    table.lines().skip(1).any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f[1].ends_with(&local) && f[2].ends_with(&remote) && f[3] != "06"
+    })
+}
+
 async fn scalar(db: &sluice::store::Db, sql: &str) -> i64 {
     sqlx::query_scalar::<_, i64>(sql)
         .fetch_one(&db.read)
@@ -244,6 +257,43 @@ async fn a_slow_reader_that_half_closes_and_stops_reading_is_given_up() {
     let r = rig(STALL_MS).await;
     let mut conn = slow_read(&r, Some(4096), 0).await;
     conn.shutdown().await.unwrap();
+    assert_given_up(&r).await;
+    // actix-http only flushes a half-closed connection and never polls its body again, so
+    // the gateway lets go of the connection only through the kernel's timeout on
+    // unacknowledged data: its side of the connection is gone, with nothing read.
+    let ours = conn.local_addr().unwrap().port();
+    let mut held = true;
+    for _ in 0..300 {
+        held = gateway_side_open(&r, ours);
+        if !held {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        !held,
+        "the gateway still holds the connection 30 s after giving it up"
+    );
+    drop(conn);
+}
+
+/// A stream blocked on a full socket buffer while the same connection pipelines more
+/// requests than actix-http queues (16) and more bytes than it reads ahead (128 KiB), and
+/// then never reads: actix-http 3.20's dispatcher stops reading and wakes itself at once,
+/// forever — a worker at 100 % for as long as the client holds the connection (92 ticks a
+/// second here on the old code, the stream never settled). Now the pump gives the stream
+/// up after the stall limit and the body, polled by that spinning dispatcher, ends with an
+/// error, which closes the connection; the kernel's timeout on unacknowledged data is the
+/// backstop when the dispatcher no longer polls the body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocked_stream_with_pipelined_requests_stops_spinning_after_the_stall_limit() {
+    let r = rig(STALL_MS).await;
+    let mut conn = slow_read(&r, Some(4096), 0).await;
+    let pad = "x".repeat(8000);
+    let more: String = (0..40)
+        .map(|_| format!("GET /healthz HTTP/1.1\r\nhost: a\r\nx-pad: {pad}\r\n\r\n"))
+        .collect();
+    conn.write_all(more.as_bytes()).await.unwrap();
     assert_given_up(&r).await;
     drop(conn);
 }
