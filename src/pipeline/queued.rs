@@ -1,8 +1,9 @@
 //! A streaming request that must wait for admission is answered at once: the SSE stream
 //! opens, carries comment lines (`: queued position=3 eta=45s`, which SDKs ignore) while
 //! the request waits, then the upstream's stream. Because the response is already open,
-//! a client that leaves is noticed at the next comment and leaves the queue then; a
-//! request refused by the queue or by every upstream ends with an error event.
+//! a client that closes its connection leaves the queue at once (the body is dropped), and
+//! one that stops reading leaves when a comment has waited for the stall limit; a request
+//! refused by the queue or by every upstream ends with an error event.
 
 use std::time::{Duration, Instant};
 

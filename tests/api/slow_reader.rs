@@ -297,3 +297,23 @@ async fn a_blocked_stream_with_pipelined_requests_stops_spinning_after_the_stall
     assert_given_up(&r).await;
     drop(conn);
 }
+
+/// Waiting on the upstream (the body pending, nothing to write): a client that half-closes
+/// and keeps its socket ends the stream at once, long before the stall limit. Passed on the
+/// old code too (`h1_allow_half_closed(false)`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_half_closes_while_the_upstream_is_slow_ends_the_stream_at_once() {
+    let r = rig(60_000).await;
+    r.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            text: Some("word ".repeat(50)),
+            chunk_delay_ms: 2000,
+            ..Default::default()
+        }),
+    );
+    let mut conn = slow_read(&r, None, 0).await;
+    conn.shutdown().await.unwrap();
+    assert_given_up(&r).await;
+    drop(conn);
+}
