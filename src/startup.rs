@@ -125,6 +125,7 @@ impl Application {
                 .unwrap_or(2),
             n => n,
         };
+        let stall = Duration::from_millis(state.settings.upstream.stream_idle_timeout_ms);
         let server = HttpServer::new(move || {
             App::new()
                 .wrap_fn(|req, srv| {
@@ -147,6 +148,7 @@ impl Application {
                 .default_service(web::to(api::not_found))
         })
         .workers(workers)
+        .on_connect(move |conn, _| stalled_clients_time_out(conn, stall))
         .shutdown_timeout(state.settings.server.shutdown_timeout_seconds)
         // Stream chunks go out as they come, never held back to be coalesced.
         .tcp_nodelay(true)
@@ -230,6 +232,23 @@ async fn windows(settings: &Settings) -> Result<Arc<Windows>, StartupError> {
         }
     }
     Ok(Windows::new(window, Some(redis), rl.expected_replicas))
+}
+
+/// A client connection whose sent data stays unacknowledged — above all one that keeps its
+/// receive window shut, not reading — for `stall` is aborted by the kernel
+/// (`TCP_USER_TIMEOUT`, Linux). Its next write fails, so actix-http drops the connection
+/// and the response body with it: the stream's pump sees the client gone. Without it such
+/// a connection can sit forever, and actix-http's dispatcher spins on it while the client
+/// pipelines more than it buffers (`tests/api/slow_reader.rs`).
+fn stalled_clients_time_out(conn: &dyn std::any::Any, stall: Duration) {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    if let Some(tcp) = conn.downcast_ref::<actix_web::rt::net::TcpStream>() {
+        if let Err(e) = socket2::SockRef::from(tcp).set_tcp_user_timeout(Some(stall)) {
+            tracing::debug!(error = %e, "cannot set TCP_USER_TIMEOUT on a client connection");
+        }
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    let _ = (conn, stall);
 }
 
 fn hostname() -> String {

@@ -1,18 +1,18 @@
 //! A streaming request that must wait for admission is answered at once: the SSE stream
 //! opens, carries comment lines (`: queued position=3 eta=45s`, which SDKs ignore) while
 //! the request waits, then the upstream's stream. Because the response is already open,
-//! a client that leaves is noticed at the next comment and leaves the queue then; a
-//! request refused by the queue or by every upstream ends with an error event.
+//! a client that closes its connection leaves the queue at once (the body is dropped), and
+//! one that stops reading leaves when a comment has waited for the stall limit; a request
+//! refused by the queue or by every upstream ends with an error event.
 
 use std::time::{Duration, Instant};
 
 use actix_web::{web, HttpResponse};
 use bytes::Bytes;
-use tokio::sync::mpsc;
 
 use super::attempts::{self, Candidate, Outcome};
 use super::request::Prepared;
-use super::stream::{self, sse_channel, sse_response, Books};
+use super::stream::{self, sse_channel, sse_response, stall_limit, Books, ClientSink};
 use crate::error::ApiError;
 use crate::queue::Ticket;
 use crate::quota::pricing::{self, Usage};
@@ -31,9 +31,9 @@ pub struct Waiting {
 }
 
 pub fn start(state: &web::Data<AppState>, w: Waiting) -> HttpResponse {
-    let (tx, body) = sse_channel();
+    let (sink, body) = sse_channel(stall_limit(state));
     let mut resp = sse_response(&w.books.log, w.books.held.remaining(), &w.books.auth);
-    tokio::spawn(wait_then_serve(state.clone(), w, tx));
+    tokio::spawn(wait_then_serve(state.clone(), w, sink));
     resp.streaming(body)
 }
 
@@ -44,7 +44,7 @@ fn comment(position: usize, eta: Duration) -> Bytes {
     ))
 }
 
-async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, tx: mpsc::Sender<Bytes>) {
+async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSink) {
     let Waiting {
         prepared,
         ticket,
@@ -59,11 +59,11 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, tx: mpsc::Sende
     let slot = loop {
         tokio::select! {
             biased;
-            _ = tx.closed() => return end(&state, books, ApiError::ClientGone, 0).await,
+            _ = sink.closed() => return end(&state, books, ApiError::ClientGone, 0).await,
             r = &mut granted => break r,
             _ = tick.tick() => {
                 let (position, eta) = probe.position();
-                if tx.send(comment(position, eta)).await.is_err() {
+                if !sink.send(comment(position, eta)).await {
                     return end(&state, books, ApiError::ClientGone, 0).await;
                 }
             }
@@ -73,13 +73,12 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, tx: mpsc::Sende
         Ok(s) => s,
         Err(refused) => {
             let e = ApiError::from(refused);
-            let _ = tx
-                .send(error_event(
-                    prepared.endpoint.format(),
-                    &e.to_string(),
-                    e.code(),
-                ))
-                .await;
+            sink.send(error_event(
+                prepared.endpoint.format(),
+                &e.to_string(),
+                e.code(),
+            ))
+            .await;
             return end(&state, books, e, 0).await;
         }
     };
@@ -108,18 +107,17 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, tx: mpsc::Sende
         Ok(s) => {
             books.log.upstream = state.catalog.deployments[s.route.deployment].id.clone();
             books.log.served_model = s.model.name.clone();
-            stream::serve(state, &prepared, s, books, tx, slot).await;
+            stream::serve(state, &prepared, s, books, sink, slot).await;
         }
         Err((error, cut_by_deadline)) => {
             // Cut off by its own deadline after an upstream had it: the input is charged.
             let cost = if cut_by_deadline { input_cost } else { 0 };
-            let _ = tx
-                .send(error_event(
-                    prepared.endpoint.format(),
-                    &error.to_string(),
-                    error.code(),
-                ))
-                .await;
+            sink.send(error_event(
+                prepared.endpoint.format(),
+                &error.to_string(),
+                error.code(),
+            ))
+            .await;
             end(&state, books, error, cost).await;
         }
     }

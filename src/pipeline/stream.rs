@@ -2,12 +2,17 @@
 //! format event by event (`providers::translate::stream`; unchanged when the formats
 //! match), and forwarded through a small bounded channel (backpressure: a slow client slows
 //! the pump, it does not grow memory). The pump ends when the upstream finishes, stalls
-//! past the idle timeout, breaks, or the client goes away (the channel closes) — then it
-//! drops the upstream response, which closes that connection and cancels generation, and
-//! settles the reservation: the upstream's usage when it arrived, else the counted input
-//! plus the output counted with the tokenizer from the deltas received. A stream that
-//! breaks ends with an error event and no `[DONE]` / `message_stop`.
+//! past the idle timeout, breaks, or the client goes away — the channel closes, or the
+//! client takes no frame for the same idle timeout (a peer that stopped reading, half-closed
+//! its socket or vanished without a reset looks the same, and actix-http would never drop
+//! the body of such a connection) — then it drops the upstream response, which closes that
+//! connection and cancels generation, and settles the reservation: the upstream's usage
+//! when it arrived, else the counted input plus the output counted with the tokenizer from
+//! the deltas received. A stream that breaks ends with an error event and no `[DONE]` /
+//! `message_stop`; a stream given up on a stalled client ends its body with an error, so the
+//! connection is cut rather than closed as if complete.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -56,18 +61,65 @@ struct Pump {
     key_booking: Option<Booking>,
 }
 
-/// The channel a stream's frames go through, and the response body that drains it.
-pub(super) fn sse_channel() -> (
-    mpsc::Sender<Bytes>,
-    impl futures_util::Stream<Item = Result<Bytes, std::convert::Infallible>> + 'static,
+/// Where a stream's frames go: the bounded channel the response body drains.
+pub(super) struct ClientSink {
+    tx: mpsc::Sender<Bytes>,
+    /// How long the client may take no frame before it counts as gone.
+    stall: Duration,
+    /// Set when the stream was given up on a stalled client: the body then ends with an
+    /// error, so the client's connection is cut, never closed as if the stream were complete.
+    cut: Arc<AtomicBool>,
+}
+
+impl ClientSink {
+    /// Hands a frame on; false when the client is gone or has taken nothing for the stall
+    /// limit (then the stream is given up).
+    pub(super) async fn send(&self, frame: Bytes) -> bool {
+        match tokio::time::timeout(self.stall, self.tx.send(frame)).await {
+            Ok(Ok(())) => true,
+            Ok(Err(_)) => false,
+            Err(_) => {
+                self.cut.store(true, Ordering::Release);
+                false
+            }
+        }
+    }
+
+    /// Resolves when the response body is dropped (actix-http saw the client go).
+    pub(super) async fn closed(&self) {
+        self.tx.closed().await
+    }
+}
+
+/// The channel a stream's frames go through, and the response body that drains it. `stall`
+/// is how long the client may take no frame before it counts as gone.
+pub(super) fn sse_channel(
+    stall: Duration,
+) -> (
+    ClientSink,
+    impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + 'static,
 ) {
     let (tx, mut rx) = mpsc::channel::<Bytes>(CHANNEL_DEPTH);
+    let cut = Arc::new(AtomicBool::new(false));
+    let sink = ClientSink {
+        tx,
+        stall,
+        cut: cut.clone(),
+    };
     let body = async_stream::stream! {
         while let Some(chunk) = rx.recv().await {
-            yield Ok::<_, std::convert::Infallible>(chunk);
+            yield Ok(chunk);
+        }
+        if cut.load(Ordering::Acquire) {
+            yield Err(std::io::Error::other("the client took no data for the stall limit"));
         }
     };
-    (tx, body)
+    (sink, body)
+}
+
+/// The stall limit of a stream, in either direction: `upstream.stream_idle_timeout_ms`.
+pub(super) fn stall_limit(state: &AppState) -> Duration {
+    Duration::from_millis(state.settings.upstream.stream_idle_timeout_ms)
 }
 
 pub(super) fn sse_response(
@@ -96,9 +148,9 @@ pub fn start(
     books: Books,
     admission: Slot,
 ) -> HttpResponse {
-    let (tx, body) = sse_channel();
+    let (sink, body) = sse_channel(stall_limit(state));
     let mut resp = sse_response(&books.log, books.held.remaining(), &books.auth);
-    tokio::spawn(serve(state.clone(), p, s, books, tx, admission));
+    tokio::spawn(serve(state.clone(), p, s, books, sink, admission));
     resp.streaming(body)
 }
 
@@ -109,7 +161,7 @@ pub(super) fn serve(
     p: &Prepared,
     s: Success,
     books: Books,
-    tx: mpsc::Sender<Bytes>,
+    sink: ClientSink,
     admission: Slot,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
     let upstream_format =
@@ -126,14 +178,14 @@ pub(super) fn serve(
     async move {
         let _held = (s.in_flight, s.slot, admission);
         if let Some(upstream) = s.response {
-            pump.run(upstream, tx).await;
+            pump.run(upstream, sink).await;
         }
     }
 }
 
 impl Pump {
-    async fn run(mut self, upstream: reqwest::Response, tx: mpsc::Sender<Bytes>) {
-        let idle = Duration::from_millis(self.state.settings.upstream.stream_idle_timeout_ms);
+    async fn run(mut self, upstream: reqwest::Response, sink: ClientSink) {
+        let idle = stall_limit(&self.state);
         let mut events = upstream.bytes_stream().eventsource();
         let mut client_gone = false;
         let mut failure: Option<&'static str> = None;
@@ -141,7 +193,7 @@ impl Pump {
         'read: loop {
             let next = tokio::select! {
                 biased;
-                _ = tx.closed() => { client_gone = true; break; }
+                _ = sink.closed() => { client_gone = true; break; }
                 n = tokio::time::timeout(idle, events.next()) => n,
             };
             let event = match next {
@@ -167,7 +219,7 @@ impl Pump {
                 if let Some(a) = self.assembler.as_mut() {
                     a.push(&f);
                 }
-                if tx.send(f).await.is_err() {
+                if !sink.send(f).await {
                     client_gone = true;
                     break 'read;
                 }
@@ -187,10 +239,10 @@ impl Pump {
             failure.and_then(|m| self.converter.error_frame(m)),
             client_gone,
         ) {
-            let _ = tx.send(frame).await;
+            sink.send(frame).await;
         }
         drop(events);
-        drop(tx);
+        drop(sink);
         self.settle(failure, client_gone).await;
     }
 

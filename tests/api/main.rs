@@ -30,6 +30,7 @@ mod reasoning;
 mod resilience;
 mod retry_tiers;
 mod signin_attack;
+mod slow_reader;
 mod ssrf;
 mod streams;
 mod translate;
