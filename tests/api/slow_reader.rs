@@ -194,7 +194,10 @@ async fn assert_given_up(r: &Rig) {
         }
         ticks = ticks_in_a_second(pid).await;
     }
-    assert!(ticks < 20, "the idle gateway used {ticks} CPU ticks in 1 s, 15 s on");
+    assert!(
+        ticks < 20,
+        "the idle gateway used {ticks} CPU ticks in 1 s, 15 s on"
+    );
 
     // New requests on new connections (so on both workers) are answered.
     r.mock.state.sticky(KEY_A, None);
