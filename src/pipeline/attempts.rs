@@ -124,6 +124,8 @@ struct Run {
     busy: bool,
     untranslatable: Option<TranslateError>,
     cut_by_deadline: bool,
+    /// The request's deadline ended the attempts (it may have passed before the first).
+    out_of_time: bool,
 }
 
 impl Run {
@@ -419,7 +421,11 @@ pub async fn call(
             std::mem::take(&mut run.overloaded)
         };
         for i in pool {
-            if run.attempts >= cfg.max_attempts.max(1) || Instant::now() >= deadline {
+            if run.attempts >= cfg.max_attempts.max(1) {
+                break;
+            }
+            if Instant::now() >= deadline {
+                run.out_of_time = true;
                 break;
             }
             // Checked right before each attempt: an earlier attempt of this request may
@@ -509,6 +515,10 @@ fn final_error(state: &AppState, p: &Prepared, run: &mut Run) -> ApiError {
             param: e.param,
         },
         (0, None) if run.busy => ApiError::UpstreamBusy { retry_after: 1 },
+        // The request's own time ran out before any key was tried: a timeout of this
+        // request (502, as a timeout is), not a sign that no key can serve — no alert a
+        // client could raise with a short deadline.
+        (0, None) if run.out_of_time => ApiError::UpstreamError,
         (0, None) => {
             state.alerts.raise(
                 "pool_empty",

@@ -767,3 +767,51 @@ async fn equally_idle_keys_share_the_load() {
         "the fallback only when the pool cannot serve"
     );
 }
+
+/// A client's own deadline that runs out before any upstream was tried (here 1 ms: the
+/// reservation alone usually takes longer) is a timeout of that request — 502 `upstream_error`, as
+/// a timeout is — never a `pool_empty` alert, which tells the operators that no key of the
+/// model can serve. Before, any client could page the operators with a short deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_gone_before_any_attempt_raises_no_alert() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = sluice::mock::MockServer::start("127.0.0.1:0", Default::default()).unwrap();
+    let gateway = crate::processes::start_gateway_full(dir.path(), &mock, &[], "").await;
+    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
+        .await
+        .unwrap();
+    let token = sluice::cli::token_issue(&db, &issue_args("ida"), chrono::Utc::now())
+        .await
+        .unwrap()
+        .text;
+    let http = reqwest::Client::new();
+    for _ in 0..5 {
+        let resp = http
+            .post(format!("{}/v1/chat/completions", gateway.url))
+            .bearer_auth(&token)
+            .header("x-sluice-request-deadline-ms", "1")
+            .json(&chat_body(10))
+            .send()
+            .await
+            .unwrap();
+        // Served when the mock was quicker than 1 ms, else timed out: never "degraded".
+        let status = resp.status().as_u16();
+        let v: Value = resp.json().await.unwrap();
+        assert!(
+            status == 200 || (status == 502 && v["error"]["code"] == "upstream_error"),
+            "{status} {v}"
+        );
+    }
+    let metrics = http
+        .get(format!("{}/metrics", gateway.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        !metrics.contains("kind=\"pool_empty\""),
+        "a client's deadline raised pool_empty"
+    );
+}
