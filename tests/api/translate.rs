@@ -10,7 +10,9 @@ use sluice::config::Provider;
 use sluice::error::WireFormat;
 use sluice::upstream::providers::{self, translate::stream::StreamConverter};
 
-fn cases(dir: &str) -> Vec<(PathBuf, Value)> {
+/// The fixtures of `tests/fixtures/<dir>` (every `*.json` but the `*.expected.json`), by
+/// name. Also used by the wire tests (`translate_wire.rs`).
+pub(crate) fn cases(dir: &str) -> Vec<(PathBuf, Value)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
         .join(dir);
@@ -22,7 +24,8 @@ fn cases(dir: &str) -> Vec<(PathBuf, Value)> {
                 && !p.to_string_lossy().ends_with(".expected.json")
         })
         .map(|p| {
-            let v = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+            let v = serde_json::from_str(&std::fs::read_to_string(&p).unwrap())
+                .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
             (p, v)
         })
         .collect();
@@ -32,7 +35,7 @@ fn cases(dir: &str) -> Vec<(PathBuf, Value)> {
 }
 
 /// `created` timestamps are made at translation time; everything else must match exactly.
-fn normalise(v: &mut Value) {
+pub(crate) fn normalise(v: &mut Value) {
     match v {
         Value::Object(m) => {
             m.remove("created");

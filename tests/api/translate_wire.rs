@@ -10,50 +10,15 @@
 //! headers it saw) and `response` (a JSON body, or a stream as `[event, data]` pairs).
 //! Regenerate with SLUICE_BLESS=1, then review the diff.
 
-use std::path::{Path, PathBuf};
-
 use serde_json::{json, Value};
 use sluice::config::Provider;
 use sluice::mock::Script;
 
 use crate::helpers::*;
+use crate::translate::{cases, normalise};
 
 /// Client headers an upstream may see (everything else of the client's stays behind).
 const FORWARDED: &[&str] = &["anthropic-beta"];
-
-fn cases(dir: &str) -> Vec<(PathBuf, Value)> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(dir);
-    let mut out: Vec<(PathBuf, Value)> = std::fs::read_dir(&root)
-        .unwrap_or_else(|_| panic!("{} exists", root.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| {
-            p.extension().is_some_and(|e| e == "json")
-                && !p.to_string_lossy().ends_with(".expected.json")
-        })
-        .map(|p| {
-            let v = serde_json::from_str(&std::fs::read_to_string(&p).unwrap())
-                .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-            (p, v)
-        })
-        .collect();
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    assert!(!out.is_empty(), "no fixtures in {dir}");
-    out
-}
-
-/// `created` is stamped at translation time; everything else must match exactly.
-fn normalise(v: &mut Value) {
-    match v {
-        Value::Object(m) => {
-            m.remove("created");
-            m.values_mut().for_each(normalise);
-        }
-        Value::Array(a) => a.iter_mut().for_each(normalise),
-        _ => {}
-    }
-}
 
 fn sse_events(text: &str) -> Value {
     let mut out = Vec::new();
