@@ -125,6 +125,8 @@ impl MasterKey {
         let mut out = Box::new([0u8; LEN]);
         Hkdf::<Sha256>::new(None, self.0.expose_secret())
             .expand(label.as_bytes(), out.as_mut())
+            // Cannot fail: HKDF-SHA256 refuses only outputs over 255 × 32 bytes; this one is
+            // a fixed 32, independent of any input.
             .expect("32 bytes is a valid HKDF-SHA256 output length");
         Subkey(SecretBox::new(out))
     }
