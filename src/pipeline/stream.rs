@@ -75,6 +75,12 @@ impl ClientSink {
     /// Hands a frame on; false when the client is gone or has taken nothing for the stall
     /// limit (then the stream is given up).
     pub(super) async fn send(&self, frame: Bytes) -> bool {
+        // While the client keeps up there is room: no timer per frame.
+        let frame = match self.tx.try_send(frame) {
+            Ok(()) => return true,
+            Err(mpsc::error::TrySendError::Closed(_)) => return false,
+            Err(mpsc::error::TrySendError::Full(frame)) => frame,
+        };
         match tokio::time::timeout(self.stall, self.tx.send(frame)).await {
             Ok(Ok(())) => true,
             Ok(Err(_)) => false,
