@@ -41,3 +41,4 @@ mod translate_wire;
 mod windows;
 mod windows_redis;
 mod windows_tpm;
+mod redteam_probe;
