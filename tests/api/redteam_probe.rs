@@ -20,3 +20,44 @@ fn redteam_en_dash_minus_sign_is_not_dropped() {
         assert!(!hit(a, b), "a false hit: {a} ~ {b}");
     }
 }
+
+/// Breaker probe counting: a finished probe frees the *newest* probe's slot
+/// (`probes.pop()`, src/upstream/breaker.rs `success`/`abandon`/`unanswered`), so the older,
+/// finished probe's start time stays behind; once it is `half_open_max_wait_seconds` old,
+/// `admit` calls it hung and re-opens the breaker though the probe still out is young and
+/// the finished one succeeded (with `open_seconds = 0` it goes straight back to half-open,
+/// its successes forgotten). Fails on the current code (takes ~2.3 s).
+#[test]
+fn redteam_a_finished_probe_is_not_left_behind_as_hung() {
+    use sluice::config::BreakerSettings;
+    use sluice::upstream::breaker::{Breaker, State};
+    use std::time::Duration;
+    let cfg = BreakerSettings {
+        failure_threshold: 1,
+        open_seconds: 0,
+        half_open_probes: 2,
+        close_after_successes: 2,
+        half_open_max_wait_seconds: 2,
+        ..BreakerSettings::default()
+    };
+    let b = Breaker::new(&cfg);
+    assert!(b.failure(false), "opens");
+    // Probe A out at t=0 (the breaker goes half-open).
+    assert!(matches!(b.admit(), sluice::upstream::breaker::Admission::Probe));
+    std::thread::sleep(Duration::from_millis(1500));
+    // Probe B out at t=1.5.
+    assert!(matches!(b.admit(), sluice::upstream::breaker::Admission::Probe));
+    // A answers well at t=1.5.
+    b.success(true);
+    std::thread::sleep(Duration::from_millis(800));
+    // t=2.3: only B is out, and it is 0.8 s old: nothing has hung.
+    // (A third caller comes; A's slot is free, so it may probe.)
+    let _ = b.admit();
+    // B answers well too: two successful probes of two close the breaker.
+    b.success(true);
+    assert_eq!(
+        b.state(),
+        State::Closed,
+        "the finished probe A's start time was taken for a hung probe: re-opened, count reset"
+    );
+}
