@@ -641,3 +641,29 @@ async fn verify_with_another_key_says_the_key_is_the_likely_cause() {
         "{err}"
     );
 }
+
+/// Red team: the head catches deleted newest rows only while it exists. Someone holding
+/// the database and the backup folder deletes the newest rows *and* `audit.head`; the next
+/// audited action (or the gateway's start) writes a fresh head over the truncated chain
+/// (`ops/audit_head.rs` export, `Found::Missing`: a warning only), and `sluice audit
+/// verify` then passes. Fails on the current code.
+#[tokio::test]
+async fn redteam_deleting_the_head_with_the_newest_rows_is_not_covered_up() {
+    let rig = rig().await;
+    let mut c = rig.attacker().await;
+    truncate(&mut c, 3).await;
+    drop(c);
+    std::fs::remove_file(rig.head_path()).unwrap();
+    // Any later admin action: the exporter starts a new head at the truncated chain.
+    let (s, _) = rig
+        .admin
+        .post("/admin/api/v1/teams", &json!({"name": "after"}))
+        .await;
+    assert_eq!(s, 201);
+    rig.head_caught_up().await;
+    let out = rig.verify().await;
+    assert!(
+        !ok(&out),
+        "three deleted rows went unnoticed: verify passed after the head was deleted and rewritten"
+    );
+}
