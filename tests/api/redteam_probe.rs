@@ -61,3 +61,34 @@ fn redteam_a_finished_probe_is_not_left_behind_as_hung() {
         "the finished probe A's start time was taken for a hung probe: re-opened, count reset"
     );
 }
+
+/// Sign-in throttle after a clock step back: attempts stamped by a clock that ran ahead
+/// (then stepped back, or another replica's) keep counting until their own time plus the
+/// window, but `Retry-After` is clamped to one window (`over_limit`, src/auth/throttle.rs):
+/// an admin who waits exactly as told is refused again, for as long as the step. Fails on
+/// the current code.
+#[tokio::test]
+async fn redteam_retry_after_is_honest_after_a_clock_step_back() {
+    use chrono::{Duration, Utc};
+    use sluice::auth::throttle::{admit, Admission, USER_LIMIT};
+    let dir = tempfile::tempdir().unwrap();
+    let db = sluice::store::Db::open(&dir.path().join("t.db"), false).await.unwrap();
+    let now = Utc::now();
+    // Five failures stamped while the clock was an hour ahead.
+    for _ in 0..USER_LIMIT {
+        match admit(&db.read, &db.write, "root", "10.0.0.1", now + Duration::hours(1)).await.unwrap() {
+            Admission::Admitted(a) => std::mem::forget(a),
+            Admission::Refused { .. } => panic!("admitted up to the limit"),
+        }
+    }
+    // The clock steps back; the admin is told when to come back.
+    let retry = match admit(&db.read, &db.write, "root", "10.0.0.2", now).await.unwrap() {
+        Admission::Refused { retry_after } => retry_after,
+        Admission::Admitted(_) => panic!("a sixth attempt"),
+    };
+    let back = now + Duration::seconds(retry as i64 + 1);
+    assert!(
+        matches!(admit(&db.read, &db.write, "root", "10.0.0.2", back).await.unwrap(), Admission::Admitted(_)),
+        "refused again after waiting the Retry-After ({retry} s) it was given"
+    );
+}
