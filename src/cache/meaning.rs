@@ -130,6 +130,12 @@ fn split(text: &str, code: bool) -> Vec<Raw> {
         let prime = matches!(c, '\'' | '"')
             && after_digit
             && !chars.get(i + 1).is_some_and(|&(_, n)| is_word(n));
+        // A dash before a number is a minus sign (`–3`, `10 – 3`), not punctuation.
+        let minus = matches!(c, '–' | '—' | '―')
+            && chars[i + 1..]
+                .iter()
+                .find(|&&(_, n)| n != ' ')
+                .is_some_and(|&(_, n)| n.is_ascii_digit());
         if c == '\n' {
             segment += 1;
             sentence_start = true;
@@ -148,10 +154,10 @@ fn split(text: &str, code: bool) -> Vec<Raw> {
                 });
             }
             i = j;
-        } else if prime || !(is_word(c) || breaks(c) || ignored(c)) {
+        } else if prime || minus || !(is_word(c) || breaks(c) || ignored(c)) {
             let symbolic = |d: char| !(is_word(d) || breaks(d) || ignored(d));
             let mut j = i + 1;
-            while !prime && j < chars.len() && symbolic(chars[j].1) {
+            while !prime && !minus && j < chars.len() && symbolic(chars[j].1) {
                 j += 1;
             }
             let end = chars.get(j).map_or(text.len(), |&(e, _)| e);
