@@ -112,13 +112,16 @@ impl Breaker {
 
     /// Whether a call may go out now, and as what.
     pub fn admit(&self) -> Admission {
+        self.admit_locked(&mut self.inner.lock())
+    }
+
+    fn admit_locked(&self, s: &mut Inner) -> Admission {
         let now = Instant::now();
-        let mut s = self.inner.lock();
         let max_wait = Duration::from_secs(self.cfg.half_open_max_wait_seconds);
         if s.state == State::HalfOpen {
             if let Some(&started) = s.probes.iter().find(|&&t| now.duration_since(t) > max_wait) {
                 // A probe hung past its limit: a failure at the moment its limit ran out.
-                self.open(&mut s, started + max_wait);
+                self.open(s, started + max_wait);
             }
         }
         match s.state {
@@ -141,13 +144,18 @@ impl Breaker {
     }
 
     pub fn success(&self, probe: bool) {
+        self.success_of(probe, None)
+    }
+
+    /// `own`: the probe's start time, to free its own slot (`None`: the newest).
+    fn success_of(&self, probe: bool, own: Option<Instant>) {
         let now = Instant::now();
         let mut s = self.inner.lock();
         self.count(&mut s, now, false);
         s.consecutive_failures = 0;
         s.unanswered_probes = 0;
         if probe && s.state == State::HalfOpen {
-            s.probes.pop();
+            release(&mut s.probes, own);
             s.probe_successes += 1;
             if s.probe_successes >= self.cfg.close_after_successes.max(1) {
                 s.state = State::Closed;
@@ -181,8 +189,12 @@ impl Breaker {
     /// A call that ended without a verdict on the upstream before it was sent, or with an
     /// answer that says nothing of its health (429, 409): frees its probe slot.
     pub fn abandon(&self, probe: bool) {
+        self.abandon_of(probe, None)
+    }
+
+    fn abandon_of(&self, probe: bool, own: Option<Instant>) {
         if probe {
-            self.inner.lock().probes.pop();
+            release(&mut self.inner.lock().probes, own);
         }
     }
 
@@ -191,11 +203,15 @@ impl Breaker {
     /// `UNANSWERED_PROBES_REOPEN`-th such probe in a row that waited long enough re-opens
     /// the breaker. Returns true when it did.
     pub fn unanswered(&self, probe: bool, waited: Duration) -> bool {
+        self.unanswered_of(probe, waited, None)
+    }
+
+    fn unanswered_of(&self, probe: bool, waited: Duration, own: Option<Instant>) -> bool {
         if !probe {
             return false;
         }
         let mut s = self.inner.lock();
-        s.probes.pop();
+        release(&mut s.probes, own);
         let long_enough =
             Duration::from_secs(self.cfg.half_open_max_wait_seconds) / UNANSWERED_PROBES_REOPEN;
         if s.state != State::HalfOpen || waited < long_enough {
@@ -214,14 +230,20 @@ impl Breaker {
     /// half-open probe slot is freed at once rather than held for the maximum wait.
     /// `Err` is how long the breaker stays open.
     pub fn permit(&self) -> Result<Permit<'_>, Duration> {
-        let probe = match self.admit() {
+        let mut s = self.inner.lock();
+        let probe = match self.admit_locked(&mut s) {
             Admission::Reject(after) => return Err(after),
             Admission::Probe => true,
             Admission::Call => false,
         };
+        // Its own start time (just pushed), so it frees its own slot, not the newest one:
+        // a finished probe's time left behind would later read as a hung probe.
+        let started = s.probes.last().copied().filter(|_| probe);
+        drop(s);
         Ok(Permit {
             breaker: self,
             probe,
+            started,
             sent: None,
             reported: false,
         })
@@ -255,6 +277,8 @@ impl Breaker {
 pub struct Permit<'a> {
     breaker: &'a Breaker,
     probe: bool,
+    /// A probe's start time, as the breaker holds it.
+    started: Option<Instant>,
     /// When the call went out to the upstream.
     sent: Option<Instant>,
     reported: bool,
@@ -273,7 +297,7 @@ impl Permit<'_> {
 
     pub fn success(mut self) {
         self.reported = true;
-        self.breaker.success(self.probe);
+        self.breaker.success_of(self.probe, self.started);
     }
 
     /// Returns true when this failure opened the breaker.
@@ -286,13 +310,14 @@ impl Permit<'_> {
     /// the breaker.
     pub fn unanswered(mut self) -> bool {
         self.reported = true;
-        self.breaker.unanswered(self.probe, self.waited())
+        self.breaker
+            .unanswered_of(self.probe, self.waited(), self.started)
     }
 
     /// No verdict on the upstream (a gate refused, a rate limit, a conflict).
     pub fn abandon(mut self) {
         self.reported = true;
-        self.breaker.abandon(self.probe);
+        self.breaker.abandon_of(self.probe, self.started);
     }
 }
 
@@ -302,10 +327,25 @@ impl Drop for Permit<'_> {
             return;
         }
         if self.sent.is_some() {
-            self.breaker.unanswered(self.probe, self.waited());
+            self.breaker
+                .unanswered_of(self.probe, self.waited(), self.started);
         } else {
-            self.breaker.abandon(self.probe);
+            self.breaker.abandon_of(self.probe, self.started);
         }
+    }
+}
+
+/// Frees a probe's slot: its own start time when known, else the newest.
+fn release(probes: &mut Vec<Instant>, own: Option<Instant>) {
+    match own.and_then(|t| probes.iter().position(|&p| p == t)) {
+        Some(i) => {
+            probes.remove(i);
+        }
+        None if own.is_none() => {
+            probes.pop();
+        }
+        // Its slot is already gone (the breaker re-opened and cleared every probe).
+        None => {}
     }
 }
 

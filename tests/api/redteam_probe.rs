@@ -29,9 +29,8 @@ fn redteam_en_dash_minus_sign_is_not_dropped() {
 /// finished probe's start time stays behind; once it is `half_open_max_wait_seconds` old,
 /// `admit` calls it hung and re-opens the breaker though the probe still out is young and
 /// the finished one succeeded (with `open_seconds = 0` it goes straight back to half-open,
-/// its successes forgotten). Fails on the current code (takes ~2.3 s).
+/// its successes forgotten). Fixed: a `Permit` frees its own start time (takes ~2.3 s).
 #[test]
-#[ignore = "open: a finished probe frees the newest probe's slot (breaker.rs probes.pop()); found by the final attack of issue 15, not fixed yet"]
 fn redteam_a_finished_probe_is_not_left_behind_as_hung() {
     use sluice::config::BreakerSettings;
     use sluice::upstream::breaker::{Breaker, State};
@@ -46,25 +45,19 @@ fn redteam_a_finished_probe_is_not_left_behind_as_hung() {
     };
     let b = Breaker::new(&cfg);
     assert!(b.failure(false), "opens");
-    // Probe A out at t=0 (the breaker goes half-open).
-    assert!(matches!(
-        b.admit(),
-        sluice::upstream::breaker::Admission::Probe
-    ));
+    // Probe A out at t=0 (the breaker goes half-open). The request path holds a `Permit`.
+    let a = b.permit().expect("probe A");
     std::thread::sleep(Duration::from_millis(1500));
     // Probe B out at t=1.5.
-    assert!(matches!(
-        b.admit(),
-        sluice::upstream::breaker::Admission::Probe
-    ));
+    let b_probe = b.permit().expect("probe B");
     // A answers well at t=1.5.
-    b.success(true);
+    a.success();
     std::thread::sleep(Duration::from_millis(800));
     // t=2.3: only B is out, and it is 0.8 s old: nothing has hung.
     // (A third caller comes; A's slot is free, so it may probe.)
     let _ = b.admit();
     // B answers well too: two successful probes of two close the breaker.
-    b.success(true);
+    b_probe.success();
     assert_eq!(
         b.state(),
         State::Closed,
