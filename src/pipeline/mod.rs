@@ -48,25 +48,34 @@ pub async fn handle(
     endpoint: Endpoint,
 ) -> HttpResponse {
     let started = Instant::now();
-    let mut log = RequestRow {
-        id: new_request_id(),
-        endpoint: endpoint.name(),
-        created_at: db_time(state.clock.now()),
-        cache: "off",
-        ..RequestRow::default()
+    // Owns the log row while the stages run: if actix-web drops this future (the client
+    // closed its connection while a stage waited — in the queue, on the upstream), the
+    // guard writes the row of a departure.
+    let mut open = Open {
+        state: state.clone(),
+        started,
+        log: RequestRow {
+            id: new_request_id(),
+            endpoint: endpoint.name(),
+            created_at: db_time(state.clock.now()),
+            cache: "off",
+            ..RequestRow::default()
+        },
+        extras: Extras::default(),
+        armed: true,
     };
-    let mut extras = Extras::default();
-    let mut resp = match run(
+    let result = run(
         &state,
         &req,
         payload,
         endpoint,
-        &mut log,
+        &mut open.log,
         started,
-        &mut extras,
+        &mut open.extras,
     )
-    .await
-    {
+    .await;
+    let (mut log, extras) = open.close();
+    let mut resp = match result {
         Ok(Reply::Done(resp)) => {
             log.status = resp.status().as_u16();
             log.latency_ms = started.elapsed().as_millis() as i64;
@@ -91,6 +100,45 @@ pub async fn handle(
         respond::queue_wait(&mut resp, w);
     }
     resp
+}
+
+/// A request whose stages are running. Dropped before `close` — actix-web dropped the
+/// handler because the client left — it records the request as a departure (499
+/// `client_disconnected`) with what the row says it cost by then: the `Held` reservation
+/// settles itself at that same amount (`Held::set_cost_if_dropped`).
+struct Open {
+    state: web::Data<AppState>,
+    started: Instant,
+    log: RequestRow,
+    extras: Extras,
+    armed: bool,
+}
+
+impl Open {
+    fn close(mut self) -> (RequestRow, Extras) {
+        self.armed = false;
+        (
+            std::mem::take(&mut self.log),
+            std::mem::take(&mut self.extras),
+        )
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        // A stream handed to its pump took the row with it (its id is then empty).
+        if !self.armed || self.log.id.is_empty() {
+            return;
+        }
+        let mut log = std::mem::take(&mut self.log);
+        log.status = ApiError::ClientGone.status().as_u16();
+        log.error_code = Some(ApiError::ClientGone.code());
+        log.latency_ms = self.started.elapsed().as_millis() as i64;
+        let state = self.state.clone();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { state.request_log.record(log).await });
+        }
+    }
 }
 
 /// What the stages learned that every answer reports in its headers.
@@ -312,6 +360,9 @@ async fn run(
         prepared.model.prices,
     );
     held.set_cost_if_dropped(input_cost);
+    // The row of a departure from here on says so (`Open`); every outcome below rewrites it.
+    log.input_tokens = prepared.input_tokens;
+    log.cost_micros = input_cost;
     // Likewise its windows: the input, until the answer says what was used.
     if let Some(b) = booking.as_mut() {
         b.used(prepared.input_tokens);
@@ -334,6 +385,7 @@ async fn run(
             if let Some(b) = booking.as_mut() {
                 b.used(0);
             }
+            (log.input_tokens, log.cost_micros) = (0, 0);
             held.settle(0).await;
             return Err(failure);
         }

@@ -16,6 +16,7 @@ mod cache;
 mod cache_guard;
 mod cache_precision;
 mod clocks;
+mod departures;
 mod files;
 mod fuzz;
 mod lockout;
