@@ -4,6 +4,7 @@
 
 pub mod attempts;
 pub mod cached;
+pub mod event_cap;
 pub mod limits;
 pub mod queued;
 pub mod request;

@@ -18,11 +18,12 @@ use std::time::{Duration, Instant};
 
 use actix_web::{web, HttpResponse};
 use bytes::Bytes;
-use eventsource_stream::Eventsource;
+use eventsource_stream::{EventStreamError, Eventsource};
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
 use super::attempts::Success;
+use super::event_cap::{BodyError, EventCap};
 use super::request::Prepared;
 use super::respond;
 use crate::auth::TokenAuth;
@@ -173,11 +174,15 @@ pub(super) fn serve(
     let upstream_format =
         providers::format_of(state.catalog.deployments[s.route.deployment].provider);
     let client = p.endpoint.format();
+    // One bound for every buffer of a stream: no event, held-back block or cached answer
+    // may be larger than a whole non-streamed answer may be.
+    let most = state.settings.upstream.max_response_bytes;
     let pump = Pump {
         state,
         prices: s.model.prices,
-        converter: StreamConverter::new(upstream_format, client, p.include_usage, p.input_tokens),
-        assembler: books.cache.as_ref().map(|_| Assembler::new(client)),
+        converter: StreamConverter::new(upstream_format, client, p.include_usage, p.input_tokens)
+            .hold_limit(most),
+        assembler: books.cache.as_ref().map(|_| Assembler::new(client, most)),
         books,
         key_booking: s.key_booking,
     };
@@ -192,7 +197,8 @@ pub(super) fn serve(
 impl Pump {
     async fn run(mut self, upstream: reqwest::Response, sink: ClientSink) {
         let idle = stall_limit(&self.state);
-        let mut events = upstream.bytes_stream().eventsource();
+        let most = self.state.settings.upstream.max_response_bytes;
+        let mut events = EventCap::new(upstream.bytes_stream(), most).eventsource();
         let mut client_gone = false;
         let mut failure: Option<&'static str> = None;
         let mut frames = Vec::with_capacity(4);
@@ -212,6 +218,12 @@ impl Pump {
                     if !self.converter.done() {
                         failure = Some("The upstream ended the stream before it was complete.");
                     }
+                    break;
+                }
+                Ok(Some(Err(EventStreamError::Transport(BodyError::TooLarge(_))))) => {
+                    failure = Some(
+                        "The upstream sent an event larger than the gateway accepts; the stream was ended by the gateway.",
+                    );
                     break;
                 }
                 Ok(Some(Err(_))) => {

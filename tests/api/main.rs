@@ -20,6 +20,7 @@ mod departures;
 mod files;
 mod fuzz;
 mod lockout;
+mod lying_upstream;
 mod money;
 mod money_model;
 mod operations;
