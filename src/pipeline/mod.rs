@@ -4,6 +4,7 @@
 
 pub mod attempts;
 pub mod cached;
+pub mod drain;
 pub mod event_cap;
 pub mod limits;
 pub mod queued;
@@ -30,6 +31,7 @@ use crate::state::AppState;
 use crate::store::requests::RequestRow;
 use crate::upstream::providers;
 use attempts::{Outcome, Success};
+use drain::Drain;
 use request::{Endpoint, Prepared};
 
 /// Request ids are UUIDv7: unique across replicas and sortable by time.
@@ -65,16 +67,23 @@ pub async fn handle(
         extras: Extras::default(),
         armed: true,
     };
-    let result = run(
-        &state,
-        &req,
-        payload,
-        endpoint,
-        &mut open.log,
-        started,
-        &mut open.extras,
-    )
-    .await;
+    // At the shutdown's deadline a request still waiting (queued, on an upstream) is
+    // ended here: `run` is dropped (its reservation settles as a departure's would) and the
+    // client gets a 503 (see `drain`).
+    let drain = req.app_data::<Drain>().cloned().unwrap_or_default();
+    let result = tokio::select! {
+        biased;
+        r = run(
+            &state,
+            &req,
+            payload,
+            endpoint,
+            (&mut open.log, &mut open.extras),
+            started,
+            &drain,
+        ) => r,
+        _ = drain.started() => Err(ApiError::ShuttingDown.into()),
+    };
     let (mut log, extras) = open.close();
     let mut resp = match result {
         Ok(Reply::Done(resp)) => {
@@ -223,9 +232,9 @@ async fn run(
     req: &HttpRequest,
     payload: web::Payload,
     endpoint: Endpoint,
-    log: &mut RequestRow,
+    (log, extras): (&mut RequestRow, &mut Extras),
     started: Instant,
-    extras: &mut Extras,
+    drain: &Drain,
 ) -> Result<Reply, Failure> {
     let ladder = state.settings.ladder;
     // 1. Authenticate.
@@ -339,7 +348,11 @@ async fn run(
                 candidates,
                 deadline,
             };
-            return Ok(Reply::Streaming(queued::start(state, waiting)));
+            return Ok(Reply::Streaming(queued::start(
+                state,
+                waiting,
+                drain.clone(),
+            )));
         }
         Ok(Admit::Wait(ticket)) => ticket.granted(deadline).await,
         Err(refused) => Err(refused),
@@ -405,7 +418,12 @@ async fn run(
             cache: plan,
         };
         Ok(Reply::Streaming(stream::start(
-            state, &prepared, success, books, slot,
+            state,
+            &prepared,
+            success,
+            books,
+            slot,
+            drain.clone(),
         )))
     } else {
         finish(state, &prepared, success, held, log, &auth, booking, plan)

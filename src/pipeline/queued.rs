@@ -11,6 +11,7 @@ use actix_web::{web, HttpResponse};
 use bytes::Bytes;
 
 use super::attempts::{self, Candidate, Outcome};
+use super::drain::Drain;
 use super::request::Prepared;
 use super::stream::{self, sse_channel, sse_response, stall_limit, Books, ClientSink};
 use crate::error::ApiError;
@@ -30,8 +31,8 @@ pub struct Waiting {
     pub deadline: Instant,
 }
 
-pub fn start(state: &web::Data<AppState>, w: Waiting) -> HttpResponse {
-    let (sink, body) = sse_channel(stall_limit(state));
+pub fn start(state: &web::Data<AppState>, w: Waiting, drain: Drain) -> HttpResponse {
+    let (sink, body) = sse_channel(stall_limit(state), drain);
     let mut resp = sse_response(&w.books.log, w.books.held.remaining(), &w.books.auth);
     tokio::spawn(wait_then_serve(state.clone(), w, sink));
     resp.streaming(body)
@@ -60,6 +61,9 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
         tokio::select! {
             biased;
             _ = sink.closed() => return end(&state, books, ApiError::ClientGone, NOTHING).await,
+            _ = sink.drain.started() => {
+                return shut_down(&state, &prepared, books, &sink, NOTHING).await;
+            }
             r = &mut granted => break r,
             _ = tick.tick() => {
                 let (position, eta) = probe.position();
@@ -105,6 +109,7 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
         let outcome = tokio::select! {
             biased;
             _ = sink.closed() => None,
+            _ = sink.drain.started() => None,
             outcome = call => Some(outcome),
         };
         outcome.map(|outcome| {
@@ -116,6 +121,9 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
         })
     };
     let Some(result) = result else {
+        if sink.drain.is_draining() {
+            return shut_down(&state, &prepared, books, &sink, input).await;
+        }
         return end(&state, books, ApiError::ClientGone, input).await;
     };
     match result {
@@ -136,6 +144,24 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
             end(&state, books, error, cost).await;
         }
     }
+}
+
+/// The shutdown ended a stream still waiting (queued, or on an upstream's headers): its
+/// error event if the client has room for it at once, charged as a departure would be.
+async fn shut_down(
+    state: &AppState,
+    prepared: &Prepared,
+    books: Books,
+    sink: &ClientSink,
+    input: (i64, i64),
+) {
+    let e = ApiError::ShuttingDown;
+    sink.send_now(error_event(
+        prepared.endpoint.format(),
+        &e.to_string(),
+        e.code(),
+    ));
+    end(state, books, e, input).await;
 }
 
 /// Nothing charged: (input tokens, cost) of a stream that never reached an upstream.

@@ -32,6 +32,7 @@ mod reasoning;
 mod redteam_probe;
 mod resilience;
 mod retry_tiers;
+mod shutdown;
 mod signin_attack;
 mod slow_reader;
 mod ssrf;

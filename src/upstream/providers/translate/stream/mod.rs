@@ -152,7 +152,12 @@ impl StreamConverter {
     /// The closing event of a stream that broke, in the client's format — none when the
     /// upstream's own error event already ended it.
     pub fn error_frame(&self, message: &str) -> Option<Bytes> {
-        (!self.error_sent).then(|| error_event(self.client, message, "upstream_error"))
+        self.end_frame(message, "upstream_error")
+    }
+
+    /// As `error_frame`, with this code (`shutting_down` when the gateway ends the stream).
+    pub fn end_frame(&self, message: &str, code: &str) -> Option<Bytes> {
+        (!self.error_sent).then(|| error_event(self.client, message, code))
     }
 
     /// Takes one upstream event and appends what the client must receive to `out`.
