@@ -213,3 +213,70 @@ async fn a_stream_longer_than_the_cache_keeps_is_served_whole_and_not_cached() {
     assert_eq!(app.scalar("SELECT COUNT(*) FROM cache_entries").await, 1);
     app.assert_invariant().await;
 }
+
+/// The kernel's peak resident set of a process (`VmHWM`), in KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// The real binary at the default cap (16 MiB): a 96 MiB line raises its peak memory by
+/// well under the line's size (the old code buffered all of it, and more while growing
+/// its buffer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_96_mib_line_leaves_the_gateway_process_memory_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = sluice::mock::MockServer::start("127.0.0.1:0", sluice::mock::MockConfig::default())
+        .unwrap();
+    let gateway = crate::processes::start_gateway_full(dir.path(), &mock, &[], "").await;
+    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
+        .await
+        .unwrap();
+    let args = sluice::cli::IssueArgs {
+        budget_usd: Some("10"),
+        ..issue_args("rss")
+    };
+    let token = sluice::cli::token_issue(&db, &args, chrono::Utc::now())
+        .await
+        .unwrap()
+        .text;
+    let http = reqwest::Client::new();
+    let ask = async || {
+        http.post(format!("{}/v1/chat/completions", gateway.url))
+            .bearer_auth(&token)
+            .json(&stream_body())
+            .send()
+            .await
+            .unwrap()
+    };
+    // Warm up: one ordinary stream, so the baseline holds what any stream allocates.
+    let (data, _) = sse_data(ask().await).await;
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let pid = gateway.child.id();
+    // The peak so far is the start's (the tokenizer's tables): reset it to now.
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
+    let before = peak_rss_kib(pid);
+    mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            raw_stream: Some(vec![role_chunk(), "data: ".into(), "x".repeat(1 << 20)]),
+            raw_repeat: 96,
+            raw_hold: true,
+            ..Default::default()
+        }),
+    );
+    let resp = ask().await;
+    assert_eq!(resp.status(), 200);
+    let (data, _) = tokio::time::timeout(Duration::from_secs(30), sse_data(resp))
+        .await
+        .expect("the gateway ended the stream");
+    let last: Value = serde_json::from_str(data.last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "upstream_error", "{last}");
+    let grown = peak_rss_kib(pid).saturating_sub(before) / 1024;
+    eprintln!("peak RSS grew {grown} MiB for a 96 MiB line");
+    assert!(grown < 64, "peak RSS grew {grown} MiB for a 96 MiB line");
+}
