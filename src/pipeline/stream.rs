@@ -225,11 +225,15 @@ impl Pump {
         let mut drained = false;
         let mut failure: Option<&'static str> = None;
         let mut frames = Vec::with_capacity(4);
+        // One wait on the shutdown for the whole stream, not one per event.
+        let drain = sink.drain.clone();
+        let shutdown = drain.started();
+        tokio::pin!(shutdown);
         'read: loop {
             let next = tokio::select! {
                 biased;
                 _ = sink.closed() => { client_gone = true; break; }
-                _ = sink.drain.started() => { drained = true; break; }
+                _ = &mut shutdown => { drained = true; break; }
                 n = tokio::time::timeout(idle, events.next()) => n,
             };
             let event = match next {
