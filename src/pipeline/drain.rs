@@ -6,8 +6,10 @@
 //! and pays what a departure would (nothing while queued, its input once an upstream had
 //! it); a stream is ended with an error event (`shutting_down`, never `[DONE]` /
 //! `message_stop`) and charged by the cut-stream rule. Without it, the workers' forced stop
-//! would drop these requests with their runtime, their settlements never running: their
-//! reservations would be charged in full as orphans and their log rows never written.
+//! drops these requests with their runtime: measured before this existed, a SIGTERM with
+//! four requests running left one log row of four, and the other three reservations were
+//! released uncharged (the cut stream's output given away), the clients' connections
+//! simply closed.
 
 use std::sync::Arc;
 
