@@ -280,3 +280,59 @@ async fn a_96_mib_line_leaves_the_gateway_process_memory_bounded() {
     eprintln!("peak RSS grew {grown} MiB for a 96 MiB line");
     assert!(grown < 64, "peak RSS grew {grown} MiB for a 96 MiB line");
 }
+
+/// Tiny events without end (10 million, ~1.3 GB): the stream is served as long as the
+/// upstream sends and its client reads, and the gateway keeps none of it — the text is
+/// counted and let go of (`stream::tests::a_long_stream_keeps_little_of_its_text_…`), the
+/// uncacheable answer is not assembled. Here the client leaves after 20 000 events: the
+/// stream is settled as a departure, the upstream call closed.
+#[tokio::test]
+async fn tiny_events_without_end_are_streamed_until_the_client_leaves() {
+    let app = spawn_app().await;
+    let (_, token) = app.token("endless", Some("1")).await;
+    let tiny = format!(
+        "data: {}\n\n",
+        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {"content": "word "}, "finish_reason": null}]})
+    );
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            raw_stream: Some(vec![role_chunk(), tiny]),
+            raw_repeat: 10_000_000,
+            ..Default::default()
+        }),
+    );
+    let resp = app.chat(&token, &stream_body()).await;
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.bytes_stream();
+    let mut events = 0;
+    while events < 20_000 {
+        let chunk = tokio::time::timeout(BOUND, futures_util::StreamExt::next(&mut body))
+            .await
+            .expect("events keep coming")
+            .unwrap()
+            .unwrap();
+        events += chunk.windows(2).filter(|w| w == b"\n\n").count();
+    }
+    drop(body);
+    app.wait_for_log_rows(1).await;
+    let (status, code, output): (i64, Option<String>, i64) =
+        sqlx::query_as("SELECT status, error_code, output_tokens FROM requests")
+            .fetch_one(&app.db().read)
+            .await
+            .unwrap();
+    assert_eq!(
+        (status, code.as_deref()),
+        (200, Some("client_disconnected"))
+    );
+    assert!(output >= 20_000, "{output} output tokens counted");
+    app.assert_invariant().await;
+    for _ in 0..500 {
+        if app.mock.state.stats(KEY_A).in_flight == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the upstream call was never closed");
+}
