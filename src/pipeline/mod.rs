@@ -145,8 +145,13 @@ impl Drop for Open {
         log.error_code = Some(ApiError::ClientGone.code());
         log.latency_ms = self.started.elapsed().as_millis() as i64;
         let state = self.state.clone();
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move { state.request_log.record(log).await });
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move { state.request_log.record(log).await });
+            }
+            Err(_) => {
+                tracing::warn!(request_id = %log.id, "a departed request's log row was dropped outside a runtime")
+            }
         }
     }
 }
