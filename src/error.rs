@@ -65,6 +65,9 @@ pub enum ApiError {
     UpstreamClientError,
     #[error("No upstream can serve this model right now (all routes are cooling down or failing). Try again in {retry_after} seconds.")]
     ServiceDegraded { retry_after: u64 },
+    /// The gateway is stopping and ended the request (see `pipeline::drain`).
+    #[error("The gateway is shutting down; the request was ended. Retry it.")]
+    ShuttingDown,
     /// The client went away before it was answered (for the request log only).
     #[error("The client closed the connection.")]
     ClientGone,
@@ -95,7 +98,8 @@ impl ApiError {
             ApiError::ServiceDegraded { .. }
             | ApiError::UpstreamBusy { .. }
             | ApiError::QueueFull { .. }
-            | ApiError::QueueTimeout { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            | ApiError::QueueTimeout { .. }
+            | ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             // nginx's 499: the client closed the request.
             ApiError::ClientGone => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
@@ -122,6 +126,7 @@ impl ApiError {
             ApiError::QueueTimeout { .. } => "queue_timeout",
             ApiError::Internal => "internal_error",
             ApiError::ClientGone => "client_disconnected",
+            ApiError::ShuttingDown => "shutting_down",
         }
     }
 
@@ -141,6 +146,7 @@ impl ApiError {
             | ApiError::UpstreamBusy { .. }
             | ApiError::QueueFull { .. }
             | ApiError::QueueTimeout { .. }
+            | ApiError::ShuttingDown
             | ApiError::Internal => "server_error",
             _ => "invalid_request_error",
         }
@@ -162,7 +168,8 @@ impl ApiError {
             ApiError::ServiceDegraded { .. }
             | ApiError::UpstreamBusy { .. }
             | ApiError::QueueFull { .. }
-            | ApiError::QueueTimeout { .. } => "overloaded_error",
+            | ApiError::QueueTimeout { .. }
+            | ApiError::ShuttingDown => "overloaded_error",
         }
     }
 
@@ -175,6 +182,7 @@ impl ApiError {
             | ApiError::QueueTimeout { retry_after, .. }
             | ApiError::UpstreamRateLimited { retry_after }
             | ApiError::RateLimited { retry_after, .. } => Some(*retry_after),
+            ApiError::ShuttingDown => Some(1),
             _ => None,
         }
     }
@@ -188,6 +196,7 @@ impl ApiError {
                 | ApiError::UpstreamBusy { .. }
                 | ApiError::QueueFull { .. }
                 | ApiError::QueueTimeout { .. }
+                | ApiError::ShuttingDown
                 | ApiError::UpstreamRateLimited { .. }
                 | ApiError::RateLimited { .. }
         )

@@ -539,8 +539,48 @@ async fn token_command(
 async fn serve(settings: Settings) -> anyhow::Result<()> {
     let app = Application::build(settings).await?;
     tracing::info!(port = app.port(), "sluice listening");
+    run_until_signalled(app).await
+}
+
+/// Serves until a signal: SIGTERM stops gracefully (requests and streams get
+/// `server.shutdown_timeout_seconds`, then the ones still running are ended and settled);
+/// SIGINT and SIGQUIT end them at once (settled all the same). See `startup::Shutdown`.
+async fn run_until_signalled(app: Application) -> anyhow::Result<()> {
+    let shutdown = app.shutdown();
+    tokio::spawn(async move {
+        let grace = stop_signal(shutdown.timeout()).await;
+        tracing::info!(
+            grace_seconds = grace.as_secs(),
+            "shutdown: no longer accepting connections"
+        );
+        shutdown.stop(grace).await;
+    });
     app.run_until_stopped().await?;
     Ok(())
+}
+
+/// Waits for a stop signal; returns the grace it gives running requests.
+async fn stop_signal(timeout: std::time::Duration) -> std::time::Duration {
+    let now = std::time::Duration::ZERO;
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match (signal(SignalKind::terminate()), signal(SignalKind::quit())) {
+            (Ok(mut term), Ok(mut quit)) => {
+                return tokio::select! {
+                    _ = term.recv() => timeout,
+                    _ = quit.recv() => now,
+                    _ = tokio::signal::ctrl_c() => now,
+                };
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops the gateway")
+            }
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+    let _ = timeout;
+    now
 }
 
 /// `serve --demo`: the gateway with an in-process mock upstream, an admin and a token.
@@ -610,6 +650,5 @@ async fn serve_demo(mut settings: Settings) -> anyhow::Result<()> {
         token.text
     );
     println!("         -H 'content-type: application/json' -d '{{\"model\":\"gpt-4o-mini\",\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'");
-    app.run_until_stopped().await?;
-    Ok(())
+    run_until_signalled(app).await
 }

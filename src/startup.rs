@@ -16,6 +16,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{ConfigError, Ladder, Settings};
 use crate::ops::alerts::Alerter;
 use crate::ops::{audit_head, housekeeping, metrics, request_log::RequestLog};
+use crate::pipeline::drain::Drain;
 use crate::queue::Queue;
 use crate::quota::{estimate, reservation::Quota};
 use crate::ratelimit::redis_window::RedisWindows;
@@ -47,6 +48,44 @@ pub struct Application {
     port: u16,
     server: Server,
     state: Arc<AppState>,
+    drain: Drain,
+}
+
+/// How long the workers get, after the shutdown ended the requests still running
+/// (`Drain`), to settle them and close their connections before they are stopped.
+pub const SETTLE_MARGIN: Duration = Duration::from_secs(3);
+
+/// Stops a running server: see `Shutdown::stop`.
+#[derive(Clone)]
+pub struct Shutdown {
+    server: actix_web::dev::ServerHandle,
+    drain: Drain,
+    timeout: Duration,
+}
+
+impl Shutdown {
+    /// Stops accepting; lets requests and streams run for `grace` (the configured
+    /// `shutdown_timeout_seconds` on SIGTERM, none on SIGINT); then ends the ones still
+    /// running (`Drain`: each settles and writes its log row on its worker), and gives the
+    /// workers `SETTLE_MARGIN` to finish before they are stopped. Resolves once the server
+    /// stopped.
+    pub async fn stop(&self, grace: Duration) {
+        let grace = grace.min(self.timeout);
+        let server = self.server.clone();
+        let mut stopped = tokio::spawn(async move { server.stop(true).await });
+        tokio::select! {
+            _ = &mut stopped => return,
+            _ = tokio::time::sleep(grace) => {}
+        }
+        tracing::info!("shutdown: ending the requests still running");
+        self.drain.start();
+        let _ = stopped.await;
+    }
+
+    /// The configured grace (`server.shutdown_timeout_seconds`).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
 }
 
 impl Application {
@@ -126,6 +165,9 @@ impl Application {
             n => n,
         };
         let stall = Duration::from_millis(state.settings.upstream.stream_idle_timeout_ms);
+        let drain = Drain::default();
+        let app_drain = drain.clone();
+        let grace = Duration::from_secs(state.settings.server.shutdown_timeout_seconds);
         let server = HttpServer::new(move || {
             App::new()
                 .wrap_fn(|req, srv| {
@@ -143,13 +185,17 @@ impl Application {
                     }
                 })
                 .app_data(data.clone())
+                .app_data(app_drain.clone())
                 .configure(api::configure)
                 .configure(admin::configure)
                 .default_service(web::to(api::not_found))
         })
         .workers(workers)
         .on_connect(move |conn, _| stalled_clients_time_out(conn, stall))
-        .shutdown_timeout(state.settings.server.shutdown_timeout_seconds)
+        // The grace is ours (`Shutdown::stop`): actix-web's own timeout only backs it up,
+        // after the requests still running were ended and settled. Signals are ours too.
+        .shutdown_timeout((grace + SETTLE_MARGIN).as_secs())
+        .disable_signals()
         // Stream chunks go out as they come, never held back to be coalesced.
         .tcp_nodelay(true)
         // A client that closes its connection is gone: its request stops (and leaves the
@@ -164,7 +210,17 @@ impl Application {
             port,
             server,
             state,
+            drain,
         })
+    }
+
+    /// What stops the server gracefully (see `Shutdown::stop`); `serve` calls it on SIGTERM.
+    pub fn shutdown(&self) -> Shutdown {
+        Shutdown {
+            server: self.server.handle(),
+            drain: self.drain.clone(),
+            timeout: Duration::from_secs(self.state.settings.server.shutdown_timeout_seconds),
+        }
     }
 
     pub fn port(&self) -> u16 {
@@ -175,8 +231,8 @@ impl Application {
         self.state.clone()
     }
 
-    /// Serves until stopped (SIGINT / SIGTERM: stop accepting, let in-flight requests finish),
-    /// then flushes the request log and leaves the process table.
+    /// Serves until stopped (`Shutdown::stop`), then settles what is left, flushes the
+    /// request log and leaves the process table.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let result = self.server.await;
         let state = &self.state;

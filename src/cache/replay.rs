@@ -121,11 +121,18 @@ pub struct Assembler {
     blocks: Vec<Value>,
     partial: String,
     complete: bool,
+    /// The most it assembles (the cache's largest entry): past it, the answer is let go of
+    /// and not cached, so a long stream holds no copy of itself.
+    limit: usize,
+    /// Bytes taken so far.
+    taken: usize,
 }
 
 impl Assembler {
-    pub fn new(format: WireFormat) -> Self {
+    pub fn new(format: WireFormat, limit: usize) -> Self {
         Self {
+            limit,
+            taken: 0,
             format,
             answer: Map::new(),
             text: String::new(),
@@ -137,6 +144,16 @@ impl Assembler {
     }
 
     pub fn push(&mut self, frame: &[u8]) {
+        if self.taken > self.limit {
+            return;
+        }
+        self.taken += frame.len();
+        if self.taken > self.limit {
+            // Too large to cache: nothing of it is kept.
+            *self = Self::new(self.format, self.limit);
+            self.taken = usize::MAX;
+            return;
+        }
         let Ok(text) = std::str::from_utf8(frame) else {
             return;
         };
@@ -202,8 +219,11 @@ impl Assembler {
             }
             Some("content_block_delta") => {
                 if let (Some(b), Some(t)) = (self.blocks.last_mut(), v["delta"]["text"].as_str()) {
-                    let s = format!("{}{t}", b["text"].as_str().unwrap_or(""));
-                    b["text"] = json!(s);
+                    // Appended in place: rebuilding the text for every delta is quadratic.
+                    match b.get_mut("text") {
+                        Some(Value::String(s)) => s.push_str(t),
+                        _ => b["text"] = json!(t),
+                    }
                 }
                 if let Some(p) = v["delta"]["partial_json"].as_str() {
                     self.partial.push_str(p);
@@ -237,7 +257,7 @@ impl Assembler {
 
     /// The whole answer, if the stream completed.
     pub fn finish(self) -> Option<Value> {
-        if !self.complete {
+        if !self.complete || self.taken > self.limit {
             return None;
         }
         match self.format {
@@ -281,11 +301,24 @@ mod tests {
             (WireFormat::OpenAi, openai),
             (WireFormat::Anthropic, anthropic),
         ] {
-            let mut asm = Assembler::new(format);
+            let mut asm = Assembler::new(format, 1 << 20);
             for f in frames(format, &answer, true) {
                 asm.push(&f);
             }
             assert_eq!(asm.finish().unwrap(), answer);
         }
+    }
+
+    #[test]
+    fn an_answer_larger_than_the_limit_is_let_go_of_and_not_cached() {
+        let long = json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "word ".repeat(10_000)}, "logprobs": null, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 9, "total_tokens": 12}});
+        let mut asm = Assembler::new(WireFormat::OpenAi, 20_000);
+        for f in frames(WireFormat::OpenAi, &long, true) {
+            asm.push(&f);
+            assert!(asm.text.len() <= 20_000, "it keeps no more than its limit");
+        }
+        assert_eq!(asm.finish(), None);
     }
 }

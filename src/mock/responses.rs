@@ -50,6 +50,14 @@ pub struct Script {
     /// 2-to-4-byte UTF-8 character and every escape is cut somewhere: a reader must join
     /// them before decoding.
     pub split_writes: bool,
+    /// A streamed answer sent as exactly these bytes, each piece its own write, for what no
+    /// well-formed SSE carries: a line that never ends, an event that never closes, events
+    /// without end. The last piece is sent `raw_repeat` more times (as fast as the reader
+    /// takes them); then the answer ends, or with `raw_hold` the connection is held open
+    /// for an hour.
+    pub raw_stream: Option<Vec<String>>,
+    pub raw_repeat: u64,
+    pub raw_hold: bool,
 }
 
 /// One scripted SSE event: `[event, data]` or a bare `data` payload.
@@ -172,6 +180,9 @@ pub(crate) async fn answer(
     if path == "/v1/chat/completions" && refuses_max_tokens(body) {
         return HttpResponse::BadRequest().json(json!({"error": {"message": "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
             "type": "invalid_request_error", "param": "max_tokens", "code": "unsupported_parameter"}}));
+    }
+    if let Some(pieces) = s.raw_stream {
+        return raw_sse(resp, pieces, (s.raw_repeat, s.raw_hold), guard);
     }
     let p = plan(cfg, body, &s);
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
@@ -510,6 +521,34 @@ fn sse(
                 yield Ok::<Bytes, std::io::Error>(bytes.split_to(3));
             }
             yield Ok::<Bytes, std::io::Error>(bytes);
+        }
+    };
+    resp.content_type("text/event-stream")
+        .insert_header(("cache-control", "no-cache"))
+        .streaming(body)
+}
+
+/// `Script::raw_stream`: the pieces verbatim, the last one `repeat` more times, then the
+/// end (or an hour's hold).
+fn raw_sse(
+    mut resp: actix_web::HttpResponseBuilder,
+    pieces: Vec<String>,
+    (repeat, hold): (u64, bool),
+    guard: InFlightGuard,
+) -> HttpResponse {
+    let pieces: Vec<Bytes> = pieces.into_iter().map(Bytes::from).collect();
+    let body = async_stream::stream! {
+        let _guard = guard;
+        for p in &pieces {
+            yield Ok::<Bytes, std::io::Error>(p.clone());
+        }
+        if let Some(last) = pieces.last() {
+            for _ in 0..repeat {
+                yield Ok(last.clone());
+            }
+        }
+        if hold {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
         }
     };
     resp.content_type("text/event-stream")

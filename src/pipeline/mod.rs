@@ -4,6 +4,8 @@
 
 pub mod attempts;
 pub mod cached;
+pub mod drain;
+pub mod event_cap;
 pub mod limits;
 pub mod queued;
 pub mod request;
@@ -29,6 +31,7 @@ use crate::state::AppState;
 use crate::store::requests::RequestRow;
 use crate::upstream::providers;
 use attempts::{Outcome, Success};
+use drain::Drain;
 use request::{Endpoint, Prepared};
 
 /// Request ids are UUIDv7: unique across replicas and sortable by time.
@@ -48,25 +51,41 @@ pub async fn handle(
     endpoint: Endpoint,
 ) -> HttpResponse {
     let started = Instant::now();
-    let mut log = RequestRow {
-        id: new_request_id(),
-        endpoint: endpoint.name(),
-        created_at: db_time(state.clock.now()),
-        cache: "off",
-        ..RequestRow::default()
-    };
-    let mut extras = Extras::default();
-    let mut resp = match run(
-        &state,
-        &req,
-        payload,
-        endpoint,
-        &mut log,
+    // Owns the log row while the stages run: if actix-web drops this future (the client
+    // closed its connection while a stage waited — in the queue, on the upstream), the
+    // guard writes the row of a departure.
+    let mut open = Open {
+        state: state.clone(),
         started,
-        &mut extras,
-    )
-    .await
-    {
+        log: RequestRow {
+            id: new_request_id(),
+            endpoint: endpoint.name(),
+            created_at: db_time(state.clock.now()),
+            cache: "off",
+            ..RequestRow::default()
+        },
+        extras: Extras::default(),
+        armed: true,
+    };
+    // At the shutdown's deadline a request still waiting (queued, on an upstream) is
+    // ended here: `run` is dropped (its reservation settles as a departure's would) and the
+    // client gets a 503 (see `drain`).
+    let drain = req.app_data::<Drain>().cloned().unwrap_or_default();
+    let result = tokio::select! {
+        biased;
+        r = run(
+            &state,
+            &req,
+            payload,
+            endpoint,
+            (&mut open.log, &mut open.extras),
+            started,
+            &drain,
+        ) => r,
+        _ = drain.started() => Err(ApiError::ShuttingDown.into()),
+    };
+    let (mut log, extras) = open.close();
+    let mut resp = match result {
         Ok(Reply::Done(resp)) => {
             log.status = resp.status().as_u16();
             log.latency_ms = started.elapsed().as_millis() as i64;
@@ -91,6 +110,50 @@ pub async fn handle(
         respond::queue_wait(&mut resp, w);
     }
     resp
+}
+
+/// A request whose stages are running. Dropped before `close` — actix-web dropped the
+/// handler because the client left — it records the request as a departure (499
+/// `client_disconnected`) with what the row says it cost by then: the `Held` reservation
+/// settles itself at that same amount (`Held::set_cost_if_dropped`).
+struct Open {
+    state: web::Data<AppState>,
+    started: Instant,
+    log: RequestRow,
+    extras: Extras,
+    armed: bool,
+}
+
+impl Open {
+    fn close(mut self) -> (RequestRow, Extras) {
+        self.armed = false;
+        (
+            std::mem::take(&mut self.log),
+            std::mem::take(&mut self.extras),
+        )
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        // A stream handed to its pump took the row with it (its id is then empty).
+        if !self.armed || self.log.id.is_empty() {
+            return;
+        }
+        let mut log = std::mem::take(&mut self.log);
+        log.status = ApiError::ClientGone.status().as_u16();
+        log.error_code = Some(ApiError::ClientGone.code());
+        log.latency_ms = self.started.elapsed().as_millis() as i64;
+        let state = self.state.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move { state.request_log.record(log).await });
+            }
+            Err(_) => {
+                tracing::warn!(request_id = %log.id, "a departed request's log row was dropped outside a runtime")
+            }
+        }
+    }
 }
 
 /// What the stages learned that every answer reports in its headers.
@@ -174,9 +237,9 @@ async fn run(
     req: &HttpRequest,
     payload: web::Payload,
     endpoint: Endpoint,
-    log: &mut RequestRow,
+    (log, extras): (&mut RequestRow, &mut Extras),
     started: Instant,
-    extras: &mut Extras,
+    drain: &Drain,
 ) -> Result<Reply, Failure> {
     let ladder = state.settings.ladder;
     // 1. Authenticate.
@@ -290,7 +353,11 @@ async fn run(
                 candidates,
                 deadline,
             };
-            return Ok(Reply::Streaming(queued::start(state, waiting)));
+            return Ok(Reply::Streaming(queued::start(
+                state,
+                waiting,
+                drain.clone(),
+            )));
         }
         Ok(Admit::Wait(ticket)) => ticket.granted(deadline).await,
         Err(refused) => Err(refused),
@@ -312,6 +379,9 @@ async fn run(
         prepared.model.prices,
     );
     held.set_cost_if_dropped(input_cost);
+    // The row of a departure from here on says so (`Open`); every outcome below rewrites it.
+    log.input_tokens = prepared.input_tokens;
+    log.cost_micros = input_cost;
     // Likewise its windows: the input, until the answer says what was used.
     if let Some(b) = booking.as_mut() {
         b.used(prepared.input_tokens);
@@ -334,6 +404,7 @@ async fn run(
             if let Some(b) = booking.as_mut() {
                 b.used(0);
             }
+            (log.input_tokens, log.cost_micros) = (0, 0);
             held.settle(0).await;
             return Err(failure);
         }
@@ -352,7 +423,12 @@ async fn run(
             cache: plan,
         };
         Ok(Reply::Streaming(stream::start(
-            state, &prepared, success, books, slot,
+            state,
+            &prepared,
+            success,
+            books,
+            slot,
+            drain.clone(),
         )))
     } else {
         finish(state, &prepared, success, held, log, &auth, booking, plan)

@@ -11,6 +11,7 @@ use actix_web::{web, HttpResponse};
 use bytes::Bytes;
 
 use super::attempts::{self, Candidate, Outcome};
+use super::drain::Drain;
 use super::request::Prepared;
 use super::stream::{self, sse_channel, sse_response, stall_limit, Books, ClientSink};
 use crate::error::ApiError;
@@ -30,8 +31,8 @@ pub struct Waiting {
     pub deadline: Instant,
 }
 
-pub fn start(state: &web::Data<AppState>, w: Waiting) -> HttpResponse {
-    let (sink, body) = sse_channel(stall_limit(state));
+pub fn start(state: &web::Data<AppState>, w: Waiting, drain: Drain) -> HttpResponse {
+    let (sink, body) = sse_channel(stall_limit(state), drain);
     let mut resp = sse_response(&w.books.log, w.books.held.remaining(), &w.books.auth);
     tokio::spawn(wait_then_serve(state.clone(), w, sink));
     resp.streaming(body)
@@ -59,12 +60,15 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
     let slot = loop {
         tokio::select! {
             biased;
-            _ = sink.closed() => return end(&state, books, ApiError::ClientGone, 0).await,
+            _ = sink.closed() => return end(&state, books, ApiError::ClientGone, NOTHING).await,
+            _ = sink.drain.started() => {
+                return shut_down(&state, &prepared, books, &sink, NOTHING).await;
+            }
             r = &mut granted => break r,
             _ = tick.tick() => {
                 let (position, eta) = probe.position();
                 if !sink.send(comment(position, eta)).await {
-                    return end(&state, books, ApiError::ClientGone, 0).await;
+                    return end(&state, books, ApiError::ClientGone, NOTHING).await;
                 }
             }
         }
@@ -79,7 +83,7 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
                 e.code(),
             ))
             .await;
-            return end(&state, books, e, 0).await;
+            return end(&state, books, e, NOTHING).await;
         }
     };
     let input_cost = pricing::cost(
@@ -95,13 +99,32 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
     }
     // An upstream's own error answer cannot be relayed into an open stream (and is not
     // `Send`): only its gist goes on, in the error event.
+    let input = (prepared.input_tokens, input_cost);
     let result = {
-        let outcome = attempts::call(&state, &prepared, &candidates, deadline, &books.log.id).await;
-        books.log.attempts = outcome.attempts;
-        match outcome.result {
-            Outcome::Served(s) => Ok(s),
-            Outcome::Failed(f) => Err((f.error, outcome.cut_by_deadline)),
+        // The response is open: a client that leaves now is seen only by the body being
+        // dropped, so the wait on the upstream races it (dropping the call closes the
+        // upstream connection).
+        let id = books.log.id.clone();
+        let call = attempts::call(&state, &prepared, &candidates, deadline, &id);
+        let outcome = tokio::select! {
+            biased;
+            _ = sink.closed() => None,
+            _ = sink.drain.started() => None,
+            outcome = call => Some(outcome),
+        };
+        outcome.map(|outcome| {
+            books.log.attempts = outcome.attempts;
+            match outcome.result {
+                Outcome::Served(s) => Ok(s),
+                Outcome::Failed(f) => Err((f.error, outcome.cut_by_deadline)),
+            }
+        })
+    };
+    let Some(result) = result else {
+        if sink.drain.is_draining() {
+            return shut_down(&state, &prepared, books, &sink, input).await;
         }
+        return end(&state, books, ApiError::ClientGone, input).await;
     };
     match result {
         Ok(s) => {
@@ -111,7 +134,7 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
         }
         Err((error, cut_by_deadline)) => {
             // Cut off by its own deadline after an upstream had it: the input is charged.
-            let cost = if cut_by_deadline { input_cost } else { 0 };
+            let cost = if cut_by_deadline { input } else { NOTHING };
             sink.send(error_event(
                 prepared.endpoint.format(),
                 &error.to_string(),
@@ -123,9 +146,32 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
     }
 }
 
+/// The shutdown ended a stream still waiting (queued, or on an upstream's headers): its
+/// error event if the client has room for it at once, charged as a departure would be.
+async fn shut_down(
+    state: &AppState,
+    prepared: &Prepared,
+    books: Books,
+    sink: &ClientSink,
+    input: (i64, i64),
+) {
+    let e = ApiError::ShuttingDown;
+    sink.send_now(error_event(
+        prepared.endpoint.format(),
+        &e.to_string(),
+        e.code(),
+    ));
+    end(state, books, e, input).await;
+}
+
+/// Nothing charged: (input tokens, cost) of a stream that never reached an upstream.
+const NOTHING: (i64, i64) = (0, 0);
+
 /// A stream that ended before any upstream answered: nothing is charged and its windows
-/// are corrected to 0 — unless its deadline cut an attempt off (`cost`: its input).
-async fn end(state: &AppState, books: Books, e: ApiError, cost: i64) {
+/// are corrected to 0 — unless an upstream had the request when its deadline cut the
+/// attempt off or its client left (`input`: the counted input tokens and their cost).
+async fn end(state: &AppState, books: Books, e: ApiError, input: (i64, i64)) {
+    let (input_tokens, cost) = input;
     let Books {
         held,
         mut log,
@@ -138,6 +184,7 @@ async fn end(state: &AppState, books: Books, e: ApiError, cost: i64) {
     }
     let settled = held.settle(cost).await;
     log.cost_micros = settled.charged + settled.absorbed;
+    log.input_tokens = input_tokens;
     log.status = e.status().as_u16();
     log.error_code = Some(e.code());
     log.latency_ms = started.elapsed().as_millis() as i64;

@@ -18,11 +18,13 @@ use std::time::{Duration, Instant};
 
 use actix_web::{web, HttpResponse};
 use bytes::Bytes;
-use eventsource_stream::Eventsource;
+use eventsource_stream::{EventStreamError, Eventsource};
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
 use super::attempts::Success;
+use super::drain::Drain;
+use super::event_cap::{BodyError, EventCap};
 use super::request::Prepared;
 use super::respond;
 use crate::auth::TokenAuth;
@@ -35,6 +37,10 @@ use crate::ratelimit::Booking;
 use crate::state::AppState;
 use crate::store::requests::RequestRow;
 use crate::upstream::providers::{self, translate::stream::StreamConverter};
+
+/// The error event of a stream the shutdown ended.
+const SHUTTING_DOWN: &str =
+    "The gateway is shutting down; the stream was ended. Retry the request.";
 
 /// Chunks buffered between the pump and a slow client.
 const CHANNEL_DEPTH: usize = 16;
@@ -69,6 +75,8 @@ pub(super) struct ClientSink {
     /// Set when the stream was given up on a stalled client: the body then ends with an
     /// error, so the client's connection is cut, never closed as if the stream were complete.
     cut: Arc<AtomicBool>,
+    /// The shutdown's end of running requests: a frame waiting for the client waits no more.
+    pub(super) drain: Drain,
 }
 
 impl ClientSink {
@@ -81,13 +89,24 @@ impl ClientSink {
             Err(mpsc::error::TrySendError::Closed(_)) => return false,
             Err(mpsc::error::TrySendError::Full(frame)) => frame,
         };
-        match tokio::time::timeout(self.stall, self.tx.send(frame)).await {
-            Ok(Ok(())) => true,
-            Ok(Err(_)) => false,
-            Err(_) => {
-                self.cut.store(true, Ordering::Release);
-                false
-            }
+        // `Some(handed on)`, or `None`: the client took nothing for the stall limit, or the
+        // shutdown ends the stream.
+        let sent = tokio::select! {
+            biased;
+            sent = tokio::time::timeout(self.stall, self.tx.send(frame)) => sent.ok().map(|r| r.is_ok()),
+            _ = self.drain.started() => None,
+        };
+        sent.unwrap_or_else(|| {
+            self.cut.store(true, Ordering::Release);
+            false
+        })
+    }
+
+    /// Hands a last frame on only if there is room at once (the shutdown's error event: a
+    /// client that does not take it gets a cut connection instead).
+    pub(super) fn send_now(&self, frame: Bytes) {
+        if self.tx.try_send(frame).is_err() {
+            self.cut.store(true, Ordering::Release);
         }
     }
 
@@ -101,6 +120,7 @@ impl ClientSink {
 /// is how long the client may take no frame before it counts as gone.
 pub(super) fn sse_channel(
     stall: Duration,
+    drain: Drain,
 ) -> (
     ClientSink,
     impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + 'static,
@@ -111,6 +131,7 @@ pub(super) fn sse_channel(
         tx,
         stall,
         cut: cut.clone(),
+        drain,
     };
     let body = async_stream::stream! {
         while let Some(chunk) = rx.recv().await {
@@ -153,8 +174,9 @@ pub fn start(
     s: Success,
     books: Books,
     admission: Slot,
+    drain: Drain,
 ) -> HttpResponse {
-    let (sink, body) = sse_channel(stall_limit(state));
+    let (sink, body) = sse_channel(stall_limit(state), drain);
     let mut resp = sse_response(&books.log, books.held.remaining(), &books.auth);
     tokio::spawn(serve(state.clone(), p, s, books, sink, admission));
     resp.streaming(body)
@@ -173,11 +195,15 @@ pub(super) fn serve(
     let upstream_format =
         providers::format_of(state.catalog.deployments[s.route.deployment].provider);
     let client = p.endpoint.format();
+    // One bound for every buffer of a stream: no event, held-back block or cached answer
+    // may be larger than a whole non-streamed answer may be.
+    let most = state.settings.upstream.max_response_bytes;
     let pump = Pump {
         state,
         prices: s.model.prices,
-        converter: StreamConverter::new(upstream_format, client, p.include_usage, p.input_tokens),
-        assembler: books.cache.as_ref().map(|_| Assembler::new(client)),
+        converter: StreamConverter::new(upstream_format, client, p.include_usage, p.input_tokens)
+            .hold_limit(most),
+        assembler: books.cache.as_ref().map(|_| Assembler::new(client, most)),
         books,
         key_booking: s.key_booking,
     };
@@ -192,14 +218,22 @@ pub(super) fn serve(
 impl Pump {
     async fn run(mut self, upstream: reqwest::Response, sink: ClientSink) {
         let idle = stall_limit(&self.state);
-        let mut events = upstream.bytes_stream().eventsource();
+        let most = self.state.settings.upstream.max_response_bytes;
+        let mut events = EventCap::new(upstream.bytes_stream(), most).eventsource();
         let mut client_gone = false;
+        // The shutdown ended the stream (see `pipeline::drain`).
+        let mut drained = false;
         let mut failure: Option<&'static str> = None;
         let mut frames = Vec::with_capacity(4);
+        // One wait on the shutdown for the whole stream, not one per event.
+        let drain = sink.drain.clone();
+        let shutdown = drain.started();
+        tokio::pin!(shutdown);
         'read: loop {
             let next = tokio::select! {
                 biased;
                 _ = sink.closed() => { client_gone = true; break; }
+                _ = &mut shutdown => { drained = true; break; }
                 n = tokio::time::timeout(idle, events.next()) => n,
             };
             let event = match next {
@@ -214,6 +248,12 @@ impl Pump {
                     }
                     break;
                 }
+                Ok(Some(Err(EventStreamError::Transport(BodyError::TooLarge(_))))) => {
+                    failure = Some(
+                        "The upstream sent an event larger than the gateway accepts; the stream was ended by the gateway.",
+                    );
+                    break;
+                }
                 Ok(Some(Err(_))) => {
                     failure = Some("The upstream stream broke off.");
                     break;
@@ -226,7 +266,8 @@ impl Pump {
                     a.push(&f);
                 }
                 if !sink.send(f).await {
-                    client_gone = true;
+                    drained = sink.drain.is_draining();
+                    client_gone = !drained;
                     break 'read;
                 }
             }
@@ -241,7 +282,15 @@ impl Pump {
                 break;
             }
         }
-        if let (Some(frame), false) = (
+        // The shutdown ended it (also one blocked on its client): the error event if the
+        // client has room for it, at once, else a cut connection; charged as a cut stream.
+        let shutting_down = drained;
+        if shutting_down {
+            if let Some(frame) = self.converter.end_frame(SHUTTING_DOWN, "shutting_down") {
+                sink.send_now(frame);
+            }
+            failure = Some(SHUTTING_DOWN);
+        } else if let (Some(frame), false) = (
             failure.and_then(|m| self.converter.error_frame(m)),
             client_gone,
         ) {
@@ -249,10 +298,17 @@ impl Pump {
         }
         drop(events);
         drop(sink);
-        self.settle(failure, client_gone).await;
+        let ending = match (shutting_down, failure, client_gone) {
+            (true, ..) => Some("shutting_down"),
+            (_, Some(_), _) => Some("upstream_error"),
+            (_, None, true) => Some("client_disconnected"),
+            _ => None,
+        };
+        self.settle(failure.is_some(), ending).await;
     }
 
-    async fn settle(self, failure: Option<&'static str>, client_gone: bool) {
+    /// `failed`: the stream did not complete (never cached); `ending`: the log row's code.
+    async fn settle(self, failed: bool, ending: Option<&'static str>) {
         let Pump {
             state,
             mut books,
@@ -274,8 +330,8 @@ impl Pump {
         {
             b.used(used);
         }
-        if let (Some(plan), Some(answer), None) =
-            (&books.cache, assembler.and_then(Assembler::finish), failure)
+        if let (Some(plan), Some(answer), false) =
+            (&books.cache, assembler.and_then(Assembler::finish), failed)
         {
             let cache = state.cache.clone();
             let (plan, now) = (plan.clone(), state.clock.now());
@@ -290,11 +346,7 @@ impl Pump {
         log.output_tokens = usage.output;
         log.latency_ms = books.started.elapsed().as_millis() as i64;
         log.status = 200;
-        if failure.is_some() {
-            log.error_code = Some("upstream_error");
-        } else if client_gone {
-            log.error_code = Some("client_disconnected");
-        }
+        log.error_code = ending;
         state.request_log.record(books.log).await;
     }
 }

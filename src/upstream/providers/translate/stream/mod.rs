@@ -20,6 +20,13 @@ use crate::quota::estimate;
 use crate::quota::pricing::Usage;
 use crate::upstream::providers::{anthropic, openai};
 
+/// Output text is counted (and let go of) in pieces of about this size, so a long stream
+/// keeps no more than this of its text.
+const COUNT_EVERY: usize = 64 * 1024;
+
+/// The default of `StreamConverter::hold_limit`.
+pub const HOLD_LIMIT: usize = 16 * 1024 * 1024;
+
 pub struct StreamConverter {
     upstream: WireFormat,
     client: WireFormat,
@@ -28,7 +35,13 @@ pub struct StreamConverter {
     input: Option<i64>,
     cached: i64,
     output: Option<i64>,
+    /// The output text received and not yet counted (see `note_text`).
     text: String,
+    /// Tokens of the output text already counted.
+    counted: i64,
+    /// The most this converter keeps of a stream (held blocks, arguments): past it the
+    /// stream ends with an error event.
+    hold_limit: usize,
     done: bool,
     /// The upstream's own error event was passed on: the stream ends with it, and needs
     /// no error of the gateway's after it.
@@ -80,11 +93,37 @@ impl StreamConverter {
             cached: 0,
             output: None,
             text: String::new(),
+            counted: 0,
+            hold_limit: HOLD_LIMIT,
             done: false,
             error_sent: false,
             anthropic_out: to_anthropic::State::default(),
             openai_out: to_openai::State::default(),
         }
+    }
+
+    /// Sets the most the converter keeps of one stream (`HOLD_LIMIT` by default).
+    pub fn hold_limit(mut self, bytes: usize) -> Self {
+        self.hold_limit = bytes;
+        self
+    }
+
+    /// Takes output text for the count. Past `COUNT_EVERY` bytes, the text up to its last
+    /// whitespace is counted and dropped (the tokenizer starts a word at its leading space,
+    /// so a cut there counts as the whole would, give or take a token per piece).
+    fn note_text(&mut self, t: &str) {
+        self.text.push_str(t);
+        if self.text.len() < COUNT_EVERY {
+            return;
+        }
+        let cut = self
+            .text
+            .rfind(char::is_whitespace)
+            .filter(|&i| i > 0)
+            .unwrap_or(self.text.len());
+        let rest = self.text.split_off(cut);
+        self.counted += estimate::count_text(&self.text);
+        self.text = rest;
     }
 
     /// The upstream signalled a complete answer (`[DONE]` / `message_stop`).
@@ -100,7 +139,7 @@ impl StreamConverter {
             cached_input: self.cached,
             output: self
                 .output
-                .unwrap_or_else(|| estimate::count_text(&self.text)),
+                .unwrap_or_else(|| self.counted + estimate::count_text(&self.text)),
         }
     }
 
@@ -113,7 +152,12 @@ impl StreamConverter {
     /// The closing event of a stream that broke, in the client's format — none when the
     /// upstream's own error event already ended it.
     pub fn error_frame(&self, message: &str) -> Option<Bytes> {
-        (!self.error_sent).then(|| error_event(self.client, message, "upstream_error"))
+        self.end_frame(message, "upstream_error")
+    }
+
+    /// As `error_frame`, with this code (`shutting_down` when the gateway ends the stream).
+    pub fn end_frame(&self, message: &str, code: &str) -> Option<Bytes> {
+        (!self.error_sent).then(|| error_event(self.client, message, code))
     }
 
     /// Takes one upstream event and appends what the client must receive to `out`.
@@ -146,10 +190,18 @@ impl StreamConverter {
             (WireFormat::OpenAi, WireFormat::Anthropic) => self.openai_to_anthropic(data, out),
             (WireFormat::Anthropic, WireFormat::OpenAi) => self.anthropic_to_openai(data, out),
         }
+        if self.anthropic_out.held_bytes > self.hold_limit && !self.error_sent {
+            out.push(error_event(
+                self.client,
+                "The upstream held back more of the answer than the gateway keeps; the stream was ended by the gateway.",
+                "upstream_error",
+            ));
+            self.error_sent = true;
+        }
     }
 
     fn note_openai_chunk(&mut self, v: &Value) {
-        self.text.push_str(&openai::answer_text(v));
+        self.note_text(&openai::answer_text(v));
         if let Some(u) = v.get("usage").and_then(openai::usage_of) {
             self.input = Some(u.input);
             self.cached = u.cached_input;
@@ -202,7 +254,7 @@ impl StreamConverter {
             "content_block_delta" => {
                 for p in ["/delta/text", "/delta/partial_json"] {
                     if let Some(t) = v.pointer(p).and_then(Value::as_str) {
-                        self.text.push_str(t);
+                        self.note_text(t);
                     }
                 }
             }
@@ -253,5 +305,73 @@ fn openai_error(v: &Value) -> Option<Value> {
             )
         }
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(content: &str) -> String {
+        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": null}]})
+        .to_string()
+    }
+
+    /// An endless stream of small events keeps no more than `COUNT_EVERY` of its text, and
+    /// the count of what it let go of is the count of the whole, give or take a token per
+    /// piece.
+    #[test]
+    fn a_long_stream_keeps_little_of_its_text_and_counts_all_of_it() {
+        let piece = "The engine light blinks when a cylinder misfires. ";
+        let n = 20_000;
+        for client in [WireFormat::OpenAi, WireFormat::Anthropic] {
+            let mut c = StreamConverter::new(WireFormat::OpenAi, client, false, 10);
+            let mut out = Vec::new();
+            for _ in 0..n {
+                c.event("", &chunk(piece), &mut out);
+                out.clear();
+                assert!(c.text.len() <= COUNT_EVERY + piece.len());
+            }
+            let whole = estimate::count_text(&piece.repeat(n));
+            let pieces = (piece.len() * n / COUNT_EVERY) as i64 + 1;
+            let got = c.usage().output;
+            assert!(
+                (got - whole).abs() <= pieces,
+                "{got} counted, {whole} in the whole text"
+            );
+        }
+    }
+
+    /// A second tool call held back behind a live one, its arguments growing for ever: the
+    /// converter ends the stream with an error event once it holds more than its limit.
+    #[test]
+    fn arguments_held_back_past_the_limit_end_the_stream_with_an_error() {
+        let call = |index: i64, id: Option<&str>, name: Option<&str>, args: &str| {
+            json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                "choices": [{"index": 0, "delta": {"tool_calls": [{"index": index, "id": id, "type": "function",
+                    "function": {"name": name, "arguments": args}}]}, "finish_reason": null}]})
+            .to_string()
+        };
+        let mut c = StreamConverter::new(WireFormat::OpenAi, WireFormat::Anthropic, false, 10)
+            .hold_limit(100_000);
+        let mut out = Vec::new();
+        c.event("", &call(0, Some("call_1"), Some("live"), "{"), &mut out);
+        c.event("", &call(1, Some("call_2"), Some("held"), "{"), &mut out);
+        let mut events = 0;
+        while !c.upstream_failed() {
+            events += 1;
+            assert!(events < 20_000, "never ended");
+            c.event("", &call(1, None, None, "\"xxxxxxxxxx\","), &mut out);
+        }
+        assert!(c.anthropic_out.held_bytes > 100_000);
+        let last = String::from_utf8_lossy(out.last().unwrap()).to_string();
+        assert!(last.starts_with("event: error\n"), "{last}");
+        assert!(last.contains("upstream_error"), "{last}");
+        // Nothing after the error.
+        let before = out.len();
+        c.event("", &call(1, None, None, "x"), &mut out);
+        c.event("", "[DONE]", &mut out);
+        assert_eq!(out.len(), before);
     }
 }

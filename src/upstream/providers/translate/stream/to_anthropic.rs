@@ -47,7 +47,14 @@ pub(super) struct State {
     slots: HashMap<i64, usize>,
     held: Vec<Held>,
     finish: Finish,
+    /// Bytes this state keeps: held text and arguments not yet sent, and every call's id
+    /// and name. An upstream that keeps a second call or text waiting behind a live call
+    /// for ever would grow it without bound: the converter ends the stream past its limit.
+    pub(super) held_bytes: usize,
 }
+
+/// What one call costs to keep besides its strings.
+const CALL_BYTES: usize = std::mem::size_of::<Call>() + 16;
 
 fn event(out: &mut Vec<Bytes>, kind: &str, v: Value) {
     out.push(frame(Some(kind), &v.to_string()));
@@ -103,6 +110,7 @@ impl State {
 
     fn text(&mut self, out: &mut Vec<Bytes>, t: &str) {
         if self.holding() {
+            self.held_bytes += t.len();
             match self.held.last_mut() {
                 Some(Held::Text(s)) => s.push_str(t),
                 _ => self.held.push(Held::Text(t.to_string())),
@@ -135,6 +143,7 @@ impl State {
             Some(c) => {
                 if let (Some(n), false) = (name, self.is_live(c)) {
                     if self.calls[c].name.is_empty() {
+                        self.held_bytes += n.len();
                         self.calls[c].name = n.to_string();
                         self.go_live(out, c);
                     }
@@ -142,6 +151,7 @@ impl State {
                 c
             }
             None => {
+                self.held_bytes += CALL_BYTES + id.map_or(0, str::len) + name.map_or(0, str::len);
                 self.calls.push(Call {
                     id: id.unwrap_or("").to_string(),
                     name: name.unwrap_or("").to_string(),
@@ -165,7 +175,10 @@ impl State {
                     i,
                     json!({"type": "input_json_delta", "partial_json": args}),
                 ),
-                _ => self.calls[call].args.push_str(args),
+                _ => {
+                    self.held_bytes += args.len();
+                    self.calls[call].args.push_str(args)
+                }
             }
         }
     }
@@ -182,6 +195,7 @@ impl State {
         let i = self.start_tool(out, call);
         self.open = Some(Open::Tool(i, call));
         let args = std::mem::take(&mut self.calls[call].args);
+        self.held_bytes = self.held_bytes.saturating_sub(args.len());
         if !args.is_empty() {
             Self::delta(
                 out,
@@ -219,6 +233,12 @@ impl State {
             self.open = Some(Open::Text(self.next_block - 1));
             self.close(out);
         }
+        // What stays is the calls' ids and names.
+        self.held_bytes = self
+            .calls
+            .iter()
+            .map(|c| CALL_BYTES + c.id.len() + c.name.len())
+            .sum();
     }
 }
 

@@ -1,0 +1,67 @@
+//! The shutdown's deadline for requests still running. On SIGTERM the server stops
+//! accepting and requests and streams may finish for `server.shutdown_timeout_seconds`;
+//! then the gateway ends what is left itself (`Drain::start`), while the workers are still
+//! running, so every request settles and writes its log row before its worker is stopped:
+//! a request still waiting (queued, or on an upstream) is answered 503 `shutting_down`
+//! and pays what a departure would (nothing while queued, its input once an upstream had
+//! it); a stream is ended with an error event (`shutting_down`, never `[DONE]` /
+//! `message_stop`) and charged by the cut-stream rule. Without it, the workers' forced stop
+//! drops these requests with their runtime: measured before this existed, a SIGTERM with
+//! four requests running left one log row of four, and the other three reservations were
+//! released uncharged (the cut stream's output given away), the clients' connections
+//! simply closed.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+/// Whether the gateway has started ending the requests still running; cheap to clone.
+#[derive(Clone)]
+pub struct Drain {
+    tx: Arc<watch::Sender<bool>>,
+}
+
+impl Default for Drain {
+    fn default() -> Self {
+        Self {
+            tx: Arc::new(watch::channel(false).0),
+        }
+    }
+}
+
+impl Drain {
+    /// Ends every request still running (once; later calls change nothing).
+    pub fn start(&self) {
+        self.tx.send_replace(true);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        *self.tx.borrow()
+    }
+
+    /// Resolves once `start` was called.
+    pub async fn started(&self) {
+        let mut rx = self.tx.subscribe();
+        // The sender lives as long as `self`: `wait_for` cannot fail while it is awaited.
+        let _ = rx.wait_for(|d| *d).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn started_resolves_for_waiters_before_and_after_the_start() {
+        let drain = Drain::default();
+        assert!(!drain.is_draining());
+        let waiter = tokio::spawn({
+            let d = drain.clone();
+            async move { d.started().await }
+        });
+        drain.start();
+        waiter.await.unwrap();
+        drain.started().await;
+        assert!(drain.is_draining());
+    }
+}

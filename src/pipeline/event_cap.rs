@@ -1,0 +1,148 @@
+//! A cap on the size of one SSE event, ahead of the parser. `eventsource-stream` keeps the
+//! bytes of an unfinished line and the data of an unfinished event in memory until the
+//! line or the event ends; an upstream that sends a line without a newline, or data lines
+//! without the blank line that closes the event, would grow them without bound. This
+//! adapter counts the bytes since the last event boundary (an empty line, whatever the
+//! line ending: `\n`, `\r\n` or `\r`) and fails the body once they pass the cap, so the
+//! parser never holds more than the cap plus one chunk.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures_util::Stream;
+
+/// Why the upstream's body ended in error.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error("the upstream body broke off: {0}")]
+    Transport(#[from] reqwest::Error),
+    #[error("an upstream event is larger than {0} bytes")]
+    TooLarge(usize),
+}
+
+/// The upstream's body, failing with `BodyError::TooLarge` once one event passes `limit`.
+pub struct EventCap<S> {
+    inner: S,
+    limit: usize,
+    /// Bytes since the last event boundary.
+    event: usize,
+    /// Bytes of the current line, line endings excluded.
+    line: usize,
+    /// The previous byte was `\r` (a `\n` right after it ends no second line).
+    after_cr: bool,
+    failed: bool,
+}
+
+impl<S> EventCap<S> {
+    pub fn new(inner: S, limit: usize) -> Self {
+        Self {
+            inner,
+            limit,
+            event: 0,
+            line: 0,
+            after_cr: false,
+            failed: false,
+        }
+    }
+
+    /// Counts one chunk; false when the event it is part of passed the cap.
+    fn count(&mut self, chunk: &[u8]) -> bool {
+        for &b in chunk {
+            match b {
+                b'\n' if self.after_cr => self.after_cr = false,
+                b'\n' | b'\r' => {
+                    self.after_cr = b == b'\r';
+                    if self.line == 0 {
+                        // An empty line: the event ended here.
+                        self.event = 0;
+                        continue;
+                    }
+                    self.line = 0;
+                }
+                _ => {
+                    self.after_cr = false;
+                    self.line += 1;
+                }
+            }
+            self.event += 1;
+            if self.event > self.limit {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+impl<S> Stream for EventCap<S>
+where
+    S: Stream<Item = Result<Bytes, reqwest::Error>> + Unpin,
+{
+    type Item = Result<Bytes, BodyError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.failed {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut self.inner).poll_next(cx) {
+            Poll::Ready(Some(Ok(chunk))) => {
+                if self.count(&chunk) {
+                    Poll::Ready(Some(Ok(chunk)))
+                } else {
+                    self.failed = true;
+                    Poll::Ready(Some(Err(BodyError::TooLarge(self.limit))))
+                }
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn capped(limit: usize, chunks: &[&str]) -> Result<(), usize> {
+        let mut cap = EventCap::new(
+            futures_util::stream::empty::<Result<Bytes, reqwest::Error>>(),
+            limit,
+        );
+        for (i, c) in chunks.iter().enumerate() {
+            if !cap.count(c.as_bytes()) {
+                return Err(i);
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn events_under_the_cap_pass_whatever_their_line_endings() {
+        let event = "data: 0123456789\n\n";
+        assert_eq!(capped(20, &[event; 1000]), Ok(()));
+        assert_eq!(capped(20, &["data: 0123456789\r\n\r\n"; 1000]), Ok(()));
+        assert_eq!(capped(20, &["data: 0123456789\r\r"; 1000]), Ok(()));
+        // Boundaries split across chunks.
+        assert_eq!(
+            capped(20, &["data: 0123456789\r", "\n", "\r", "\n"].repeat(500)),
+            Ok(())
+        );
+        assert_eq!(
+            capped(20, &["event: a\ndata: 01\n", "\n"].repeat(500)),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn a_line_without_end_or_an_event_that_never_closes_passes_the_cap() {
+        assert_eq!(
+            capped(100, &["data: ", &"x".repeat(60), &"x".repeat(60)]),
+            Err(2)
+        );
+        // Many short lines, never the empty line that ends the event.
+        assert_eq!(capped(100, &["data: x\n"; 20]), Err(12));
+        // A lone `\r\n` after a `\r` line ending is not an empty line.
+        assert_eq!(capped(100, &["data: x\r\n"; 20]), Err(11));
+    }
+}

@@ -1,0 +1,380 @@
+//! A client that leaves, in every state a request can be in (issue 16): queued behind a
+//! full admission gate, waiting on the upstream's headers, headers in and waiting on the
+//! first event, streaming, and a non-streamed request waiting on its answer. A raw TCP
+//! client sends the request and then either closes its socket or half-closes it (FIN) and
+//! keeps it. Each time the gateway must cancel the upstream call (its connection to the
+//! mock closes), settle by DESIGN's disconnect rule (nothing while queued, the counted
+//! input once an upstream had the request, plus the counted output once some arrived),
+//! write exactly one log row that says the client left, and free the admission slot: the
+//! gateway has one slot, so the next request is served only if it came free.
+//!
+//! No test waits on the gateway noticing: the mock holds its headers or its next event for
+//! an hour and the test holds the queue's slot itself, so only a departure noticed ends the
+//! request; the bound (`BOUND`) only turns a departure never noticed into a failure.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use sluice::mock::{Script, SseEvent};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::helpers::*;
+
+const BOUND: Duration = Duration::from_secs(10);
+const HOUR_MS: u64 = 3_600_000;
+
+#[derive(Clone, Copy, Debug)]
+enum Leave {
+    /// The client closes its socket (a FIN, or a reset when data was unread).
+    Close,
+    /// The client shuts down its sending side and keeps the socket, reading nothing.
+    HalfClose,
+}
+
+/// One slot in the admission gate; a short queue wait, so a slot left taken turns the
+/// follow-up request into a 503 rather than a hang.
+async fn app() -> Arc<TestApp> {
+    Arc::new(
+        spawn_app_with(|s, _| {
+            s.queue.max_in_flight = 1;
+            s.queue.reserved = sluice::config::ReservedSlots {
+                critical: 0,
+                high: 0,
+                normal: 0,
+                low: 0,
+            };
+            s.queue.max_wait_seconds = 5;
+        })
+        .await,
+    )
+}
+
+fn body(stream: bool) -> Value {
+    let mut b = chat_body(100);
+    b["stream"] = json!(stream);
+    b
+}
+
+/// Sends a chat request over a raw connection.
+async fn send_raw(app: &TestApp, token: &str, body: &Value) -> TcpStream {
+    let addr = app.address.trim_start_matches("http://");
+    let mut conn = TcpStream::connect(addr).await.unwrap();
+    let body = body.to_string();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {token}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    conn.write_all(body.as_bytes()).await.unwrap();
+    conn
+}
+
+/// Reads until `what` has arrived; returns everything read.
+async fn read_until(conn: &mut TcpStream, what: &str) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    tokio::time::timeout(BOUND, async {
+        while !String::from_utf8_lossy(&got).contains(what) {
+            let n = conn.read(&mut buf).await.unwrap();
+            assert!(
+                n > 0,
+                "closed before {what:?}: {}",
+                String::from_utf8_lossy(&got)
+            );
+            got.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what:?} never came: {}", String::from_utf8_lossy(&got)));
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// The client leaves; a half-closed socket is kept (returned) so it stays open.
+async fn leave(mut conn: TcpStream, how: Leave) -> Option<TcpStream> {
+    match how {
+        Leave::Close => None,
+        Leave::HalfClose => {
+            conn.shutdown().await.unwrap();
+            Some(conn)
+        }
+    }
+}
+
+async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    let bound = Instant::now() + BOUND;
+    while !done().await {
+        assert!(Instant::now() < bound, "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// TCP connections in state ESTABLISHED whose remote port is `port` (the mock's: the
+/// gateway's connections to it).
+fn established_to(port: u16) -> usize {
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .map(|table| {
+            table
+                .lines()
+                .skip(1)
+                .filter(|l| {
+                    let cols: Vec<&str> = l.split_whitespace().collect();
+                    let remote = cols
+                        .get(2)
+                        .and_then(|a| a.rsplit(':').next())
+                        .and_then(|p| u16::from_str_radix(p, 16).ok());
+                    cols.get(3) == Some(&"01") && remote == Some(port)
+                })
+                .count()
+        })
+        .sum()
+}
+
+/// What the departure must have left: the upstream call closed, one log row with this
+/// status and code, the reservation settled at the row's cost — `charged_input`: the
+/// counted input was charged (else nothing), `output`: some output was counted too — the
+/// invariant, and the slot free for the next request.
+async fn assert_departed(
+    app: &TestApp,
+    (id, token): (i64, &str),
+    status: i64,
+    charged_input: bool,
+    output: bool,
+) {
+    until("the upstream connection was never closed", async || {
+        established_to(app.mock.port) == 0
+    })
+    .await;
+    until("the departure was never settled and logged", async || {
+        app.state.request_log.flush().await;
+        app.scalar("SELECT COUNT(*) FROM reservations").await == 0
+            && app.scalar("SELECT COUNT(*) FROM requests").await >= 1
+    })
+    .await;
+    let (st, code, input, out, cost): (i64, Option<String>, i64, i64, i64) = sqlx::query_as(
+        "SELECT status, error_code, input_tokens, output_tokens, cost_micros FROM requests",
+    )
+    .fetch_one(&app.db().read)
+    .await
+    .unwrap();
+    assert_eq!(
+        (st, code.as_deref()),
+        (status, Some("client_disconnected")),
+        "the log row"
+    );
+    let charged = app
+        .scalar(&format!(
+            "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
+        ))
+        .await;
+    assert_eq!(charged, cost, "the ledger and the log row agree");
+    if charged_input {
+        assert!(input > 0, "the counted input is in the row");
+        let output_cost = if output {
+            assert!(out > 0, "some output was counted");
+            out * 600_000
+        } else {
+            assert_eq!(out, 0);
+            0
+        };
+        assert_eq!(cost, (input * 150_000 + output_cost + 999_999) / 1_000_000);
+    } else {
+        assert_eq!(cost, 0, "nothing charged");
+    }
+    app.assert_invariant().await;
+    // The only admission slot is free: the next request is served, not queued out.
+    app.mock.state.sticky(KEY_A, None);
+    let resp = app.chat(token, &chat_body(50)).await;
+    assert_eq!(resp.status(), 200, "{:?}", resp.text().await);
+    app.wait_for_log_rows(2).await;
+    assert_eq!(app.scalar("SELECT COUNT(*) FROM requests").await, 2);
+}
+
+/// (a) Queued behind a full admission gate (the test holds the only slot).
+async fn queued(stream: bool, how: Leave) {
+    let app = app().await;
+    let (id, token) = app.token("queued", Some("1")).await;
+    let held = app.state.queue.admit(1, 0).await.expect("the free slot");
+    let mut conn = send_raw(&app, &token, &body(stream)).await;
+    if stream {
+        read_until(&mut conn, ": queued position=1").await;
+    }
+    until("never queued", async || {
+        !app.state.queue.waiting_for(id).is_empty()
+    })
+    .await;
+    let kept = leave(conn, how).await;
+    until("still queued after the client left", async || {
+        app.state.queue.waiting_for(id).is_empty()
+    })
+    .await;
+    drop(held);
+    assert_departed(&app, (id, &token), 499, false, false).await;
+    assert_eq!(app.mock.state.stats(KEY_A).count, 1, "only the follow-up");
+    drop(kept);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_request_whose_client_closes_is_logged_and_pays_nothing() {
+    queued(false, Leave::Close).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_request_whose_client_half_closes_is_logged_and_pays_nothing() {
+    queued(false, Leave::HalfClose).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_stream_whose_client_closes_is_logged_and_pays_nothing() {
+    queued(true, Leave::Close).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_stream_whose_client_half_closes_is_logged_and_pays_nothing() {
+    queued(true, Leave::HalfClose).await;
+}
+
+/// (b) and (f): an upstream that holds its headers for an hour; the request reached it.
+async fn waiting_on_headers(stream: bool, how: Leave) {
+    let app = app().await;
+    let (id, token) = app.token("headers", Some("1")).await;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            delay_ms: HOUR_MS,
+            ..Default::default()
+        }),
+    );
+    let conn = send_raw(&app, &token, &body(stream)).await;
+    until("the upstream never had the request", async || {
+        app.mock.state.stats(KEY_A).count == 1 && established_to(app.mock.port) == 1
+    })
+    .await;
+    let kept = leave(conn, how).await;
+    assert_departed(&app, (id, &token), 499, true, false).await;
+    drop(kept);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_client_closes_while_the_upstream_holds_its_headers_is_cancelled_and_logged()
+{
+    waiting_on_headers(true, Leave::Close).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_client_half_closes_while_the_upstream_holds_its_headers_is_cancelled_and_logged(
+) {
+    waiting_on_headers(true, Leave::HalfClose).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_client_closes_while_the_upstream_works_is_cancelled_and_logged() {
+    waiting_on_headers(false, Leave::Close).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_client_half_closes_while_the_upstream_works_is_cancelled_and_logged() {
+    waiting_on_headers(false, Leave::HalfClose).await;
+}
+
+/// (a) then (b): a stream that waited in the queue (its SSE response already open), was
+/// admitted, and then waits on an upstream that holds its headers.
+async fn queued_then_waiting_on_headers(how: Leave) {
+    let app = app().await;
+    let (id, token) = app.token("both", Some("1")).await;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            delay_ms: HOUR_MS,
+            ..Default::default()
+        }),
+    );
+    let held = app.state.queue.admit(1, 0).await.expect("the free slot");
+    let mut conn = send_raw(&app, &token, &body(true)).await;
+    read_until(&mut conn, ": queued position=1").await;
+    drop(held);
+    until("the upstream never had the request", async || {
+        app.mock.state.stats(KEY_A).count == 1 && established_to(app.mock.port) == 1
+    })
+    .await;
+    let kept = leave(conn, how).await;
+    assert_departed(&app, (id, &token), 499, true, false).await;
+    drop(kept);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admitted_queued_stream_whose_client_closes_while_the_upstream_holds_its_headers_is_cancelled(
+) {
+    queued_then_waiting_on_headers(Leave::Close).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admitted_queued_stream_whose_client_half_closes_while_the_upstream_holds_its_headers_is_cancelled(
+) {
+    queued_then_waiting_on_headers(Leave::HalfClose).await;
+}
+
+/// (c) Headers received, waiting on the first event (the mock stalls before it), and (d)
+/// streaming (the mock stalls after two events: the client has read them).
+async fn waiting_on_events(sent: usize, how: Leave) {
+    let app = app().await;
+    let (id, token) = app.token("events", Some("1")).await;
+    let chunk = |text: &str| {
+        SseEvent::Data(
+            json!({"id": "c", "object": "chat.completion.chunk", "created": 1,
+            "model": "m", "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": null}]}),
+        )
+    };
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            events: Some(vec![
+                chunk("The engine "),
+                chunk("light blinks "),
+                chunk("because"),
+                SseEvent::Data(json!("[DONE]")),
+            ]),
+            stall_after: Some(sent),
+            ..Default::default()
+        }),
+    );
+    let mut conn = send_raw(&app, &token, &body(true)).await;
+    let got = read_until(
+        &mut conn,
+        if sent > 0 { "light blinks" } else { "\r\n\r\n" },
+    )
+    .await;
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    until("the upstream never had the request", async || {
+        established_to(app.mock.port) == 1
+    })
+    .await;
+    let kept = leave(conn, how).await;
+    assert_departed(&app, (id, &token), 200, true, sent > 0).await;
+    drop(kept);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_client_closes_before_the_first_event_is_cancelled_and_pays_its_input() {
+    waiting_on_events(0, Leave::Close).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_client_half_closes_before_the_first_event_is_cancelled_and_pays_its_input()
+{
+    waiting_on_events(0, Leave::HalfClose).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_client_closes_mid_stream_pays_input_and_what_it_got() {
+    waiting_on_events(2, Leave::Close).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_client_half_closes_mid_stream_pays_input_and_what_it_got() {
+    waiting_on_events(2, Leave::HalfClose).await;
+}

@@ -1,0 +1,338 @@
+//! An upstream that lies about the size of what it sends (issue 16): a line that never
+//! ends, an event that never closes, arguments held back behind a live tool call for ever,
+//! a stream longer than the cache keeps. Every buffer on a stream's path is bounded by
+//! `upstream.max_response_bytes` (no event, held-back block or cached answer larger than a
+//! whole non-streamed answer may be; the non-streamed body itself is pinned in
+//! `resilience::garbage_from_the_upstream_is_a_502_and_the_process_lives`). Past it the
+//! stream ends by the cut-stream rule: an error event in the client's format, no `[DONE]`,
+//! a log row with `upstream_error`, charged the input and the output counted so far.
+//!
+//! The mock holds its connection open for an hour after the lie: only the cap, not the
+//! upstream's end or the idle timeout (60 s), can end the stream inside the bound.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use sluice::mock::{Script, SseEvent};
+
+use crate::helpers::*;
+
+const BOUND: Duration = Duration::from_secs(10);
+const CAP: usize = 256 * 1024;
+
+async fn capped_app() -> TestApp {
+    spawn_app_with(|s, _| s.upstream.max_response_bytes = CAP).await
+}
+
+fn stream_body() -> Value {
+    let mut b = chat_body(100);
+    b["stream"] = json!(true);
+    b
+}
+
+fn role_chunk() -> String {
+    format!(
+        "data: {}\n\n",
+        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Partly "}, "finish_reason": null}]})
+    )
+}
+
+/// The stream the client got (within the bound), ended by the gateway's error event.
+async fn cut_by_the_gateway(app: &TestApp, token: &str, message: &str) -> Vec<String> {
+    let resp = app.chat(token, &stream_body()).await;
+    assert_eq!(resp.status(), 200);
+    let (data, whole) = tokio::time::timeout(BOUND, sse_data(resp))
+        .await
+        .expect("the gateway ended the stream");
+    assert!(whole, "the body ends cleanly after the error event");
+    let last: Value = serde_json::from_str(data.last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "upstream_error", "{last}");
+    assert!(
+        last["error"]["message"].as_str().unwrap().contains(message),
+        "{last}"
+    );
+    assert!(!data.iter().any(|d| d == "[DONE]"), "never [DONE]");
+    data
+}
+
+/// Logged as an upstream error, charged the input plus the counted output, the upstream
+/// connection closed.
+async fn settled_as_cut(app: &TestApp, id: i64) {
+    app.wait_for_log_rows(1).await;
+    let (status, code, input, cost): (i64, Option<String>, i64, i64) =
+        sqlx::query_as("SELECT status, error_code, input_tokens, cost_micros FROM requests")
+            .fetch_one(&app.db().read)
+            .await
+            .unwrap();
+    assert_eq!((status, code.as_deref()), (200, Some("upstream_error")));
+    assert!(input > 0 && cost > 0, "input {input}, cost {cost}");
+    app.assert_invariant().await;
+    // Charged the row's cost, or the reservation when the upstream's counted output
+    // passed it (the excess is `absorbed`; the invariant above checked the ledger).
+    let charged = app
+        .scalar(&format!(
+            "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
+        ))
+        .await;
+    assert!(
+        charged > 0 && charged <= cost,
+        "charged {charged}, cost {cost}"
+    );
+    for _ in 0..500 {
+        if app.mock.state.stats(KEY_A).in_flight == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the upstream call was never closed");
+}
+
+#[tokio::test]
+async fn a_line_that_never_ends_is_cut_at_the_cap() {
+    let app = capped_app().await;
+    let (id, token) = app.token("line", Some("1")).await;
+    // 8 MiB of one line, then an hour's silence.
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            raw_stream: Some(vec![role_chunk(), "data: ".into(), "x".repeat(64 * 1024)]),
+            raw_repeat: 128,
+            raw_hold: true,
+            ..Default::default()
+        }),
+    );
+    let data = cut_by_the_gateway(&app, &token, "larger than the gateway accepts").await;
+    assert_eq!(reassemble(&data), "Partly ", "what came before the lie");
+    settled_as_cut(&app, id).await;
+}
+
+#[tokio::test]
+async fn an_event_that_never_closes_is_cut_at_the_cap() {
+    let app = capped_app().await;
+    let (id, token) = app.token("event", Some("1")).await;
+    // Short data lines, never the empty line that ends the event: 4 MiB, then silence.
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            raw_stream: Some(vec![role_chunk(), "data: {\"x\": 1}\n".into()]),
+            raw_repeat: 300_000,
+            raw_hold: true,
+            ..Default::default()
+        }),
+    );
+    cut_by_the_gateway(&app, &token, "larger than the gateway accepts").await;
+    settled_as_cut(&app, id).await;
+}
+
+/// An Anthropic client, an OpenAI-format upstream: a second tool call waits behind the
+/// live one until the first ends, and its arguments keep coming.
+#[tokio::test]
+async fn arguments_held_back_for_ever_are_cut_at_the_cap() {
+    let app = capped_app().await;
+    let (id, token) = app.token("held", Some("1")).await;
+    let call = |index: i64, id: Option<&str>, name: Option<&str>, args: &str| {
+        SseEvent::Data(
+            json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {"tool_calls": [{"index": index, "id": id, "type": "function",
+                "function": {"name": name, "arguments": args}}]}, "finish_reason": null}]}),
+        )
+    };
+    let mut events = vec![
+        call(0, Some("call_1"), Some("live"), "{"),
+        call(1, Some("call_2"), Some("held"), "{"),
+    ];
+    events.extend((0..40_000).map(|_| call(1, None, None, "\"xxxxxxxxxx\",")));
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            events: Some(events),
+            stall_after: Some(40_002),
+            ..Default::default()
+        }),
+    );
+    let body = json!({"model": "gpt-4o-mini", "max_tokens": 100, "stream": true,
+        "messages": [{"role": "user", "content": "Why does the engine light blink?"}]});
+    let resp = app
+        .http
+        .post(format!("{}/v1/messages", app.address))
+        .header("x-api-key", &token)
+        .header("anthropic-version", "2023-06-01")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = tokio::time::timeout(BOUND, resp.text())
+        .await
+        .expect("the gateway ended the stream")
+        .unwrap();
+    let last = text.trim_end().rsplit("\n\n").next().unwrap();
+    assert!(last.starts_with("event: error\n"), "{last}");
+    assert!(last.contains("held back more"), "{last}");
+    assert!(!text.contains("message_stop"));
+    settled_as_cut(&app, id).await;
+}
+
+/// A cacheable stream (temperature 0) longer than the cache's largest entry is served
+/// whole and not cached: asked again, it goes to the upstream again. A short one is cached.
+#[tokio::test]
+async fn a_stream_longer_than_the_cache_keeps_is_served_whole_and_not_cached() {
+    let app = capped_app().await;
+    let (_, token) = app.token("cache", Some("10")).await;
+    let ask = |text: &str| {
+        let mut body = stream_body();
+        body["temperature"] = json!(0);
+        body["messages"][0]["content"] = json!(format!("Say {} words", text.len()));
+        body
+    };
+    let short = "A short answer.".to_string();
+    let long = "word ".repeat(100_000);
+    for (i, text) in [&short, &long, &long].into_iter().enumerate() {
+        app.mock.state.sticky(
+            KEY_A,
+            Some(Script {
+                text: Some(text.clone()),
+                ..Default::default()
+            }),
+        );
+        let resp = app.chat(&token, &ask(text)).await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.headers()["x-sluice-cache"], "miss", "request {i}");
+        let (data, whole) = sse_data(resp).await;
+        assert!(whole);
+        assert_eq!(data.last().unwrap(), "[DONE]");
+        assert_eq!(reassemble(&data), *text);
+        app.wait_settled().await;
+        if i == 0 {
+            app.wait_for_cache_entries(1).await;
+        }
+    }
+    assert_eq!(app.mock.state.stats(KEY_A).count, 3, "the long one twice");
+    app.state.cache.flush().await;
+    assert_eq!(app.scalar("SELECT COUNT(*) FROM cache_entries").await, 1);
+    app.assert_invariant().await;
+}
+
+/// The kernel's peak resident set of a process (`VmHWM`), in KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// The real binary at the default cap (16 MiB): a 96 MiB line raises its peak memory by
+/// well under the line's size (the old code buffered all of it, and more while growing
+/// its buffer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_96_mib_line_leaves_the_gateway_process_memory_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = sluice::mock::MockServer::start("127.0.0.1:0", sluice::mock::MockConfig::default())
+        .unwrap();
+    let gateway = crate::processes::start_gateway_full(dir.path(), &mock, &[], "").await;
+    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
+        .await
+        .unwrap();
+    let args = sluice::cli::IssueArgs {
+        budget_usd: Some("10"),
+        ..issue_args("rss")
+    };
+    let token = sluice::cli::token_issue(&db, &args, chrono::Utc::now())
+        .await
+        .unwrap()
+        .text;
+    let http = reqwest::Client::new();
+    let ask = async || {
+        http.post(format!("{}/v1/chat/completions", gateway.url))
+            .bearer_auth(&token)
+            .json(&stream_body())
+            .send()
+            .await
+            .unwrap()
+    };
+    // Warm up: one ordinary stream, so the baseline holds what any stream allocates.
+    let (data, _) = sse_data(ask().await).await;
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let pid = gateway.child.id();
+    // The peak so far is the start's (the tokenizer's tables): reset it to now.
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
+    let before = peak_rss_kib(pid);
+    mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            raw_stream: Some(vec![role_chunk(), "data: ".into(), "x".repeat(1 << 20)]),
+            raw_repeat: 96,
+            raw_hold: true,
+            ..Default::default()
+        }),
+    );
+    let resp = ask().await;
+    assert_eq!(resp.status(), 200);
+    let (data, _) = tokio::time::timeout(Duration::from_secs(30), sse_data(resp))
+        .await
+        .expect("the gateway ended the stream");
+    let last: Value = serde_json::from_str(data.last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "upstream_error", "{last}");
+    let grown = peak_rss_kib(pid).saturating_sub(before) / 1024;
+    eprintln!("peak RSS grew {grown} MiB for a 96 MiB line");
+    assert!(grown < 64, "peak RSS grew {grown} MiB for a 96 MiB line");
+}
+
+/// Tiny events without end (10 million, ~1.3 GB): the stream is served as long as the
+/// upstream sends and its client reads, and the gateway keeps none of it — the text is
+/// counted and let go of (`stream::tests::a_long_stream_keeps_little_of_its_text_…`), the
+/// uncacheable answer is not assembled. Here the client leaves after 20 000 events: the
+/// stream is settled as a departure, the upstream call closed.
+#[tokio::test]
+async fn tiny_events_without_end_are_streamed_until_the_client_leaves() {
+    let app = spawn_app().await;
+    let (_, token) = app.token("endless", Some("1")).await;
+    let tiny = format!(
+        "data: {}\n\n",
+        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {"content": "word "}, "finish_reason": null}]})
+    );
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            raw_stream: Some(vec![role_chunk(), tiny]),
+            raw_repeat: 10_000_000,
+            ..Default::default()
+        }),
+    );
+    let resp = app.chat(&token, &stream_body()).await;
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.bytes_stream();
+    let mut events = 0;
+    while events < 20_000 {
+        let chunk = tokio::time::timeout(BOUND, futures_util::StreamExt::next(&mut body))
+            .await
+            .expect("events keep coming")
+            .unwrap()
+            .unwrap();
+        events += chunk.windows(2).filter(|w| w == b"\n\n").count();
+    }
+    drop(body);
+    app.wait_for_log_rows(1).await;
+    let (status, code, output): (i64, Option<String>, i64) =
+        sqlx::query_as("SELECT status, error_code, output_tokens FROM requests")
+            .fetch_one(&app.db().read)
+            .await
+            .unwrap();
+    assert_eq!(
+        (status, code.as_deref()),
+        (200, Some("client_disconnected"))
+    );
+    assert!(output >= 20_000, "{output} output tokens counted");
+    app.assert_invariant().await;
+    for _ in 0..500 {
+        if app.mock.state.stats(KEY_A).in_flight == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the upstream call was never closed");
+}

@@ -1,0 +1,337 @@
+//! Graceful shutdown with stuck and slow clients connected (issue 16), against the real
+//! binary: SIGTERM while a slow reader holds a stream blocked on its socket buffer, a
+//! client sits half-closed, a normal client reads a long stream, and a non-streamed
+//! request waits on an upstream that holds its headers for an hour. The process must exit
+//! within `server.shutdown_timeout_seconds` plus a margin, and leave everything settled:
+//! nothing reserved, one log row for each request, each charged by its rule — the stream
+//! still running at the timeout is cut with an error event (`shutting_down`) and charged
+//! the input plus the output it received, the waiting request gets a 503 and pays its
+//! input (the upstream had it), the half-closed client is settled as a departure.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use sluice::mock::{MockConfig, MockServer, Script};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::helpers::*;
+use crate::processes::start_gateway_full;
+
+const SHUTDOWN_TIMEOUT_S: u64 = 2;
+
+async fn send_raw(url: &str, token: &str, rcvbuf: Option<u32>) -> (tokio::net::TcpStream, String) {
+    let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    if let Some(size) = rcvbuf {
+        socket.set_recv_buffer_size(size).unwrap();
+    }
+    let mut conn = socket.connect(addr).await.unwrap();
+    let mut body = chat_body(100);
+    body["stream"] = true.into();
+    let body = body.to_string();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {token}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    conn.write_all(body.as_bytes()).await.unwrap();
+    let mut buf = [0u8; 512];
+    let n = conn.read(&mut buf).await.unwrap();
+    (conn, String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let bound = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < bound, "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_stuck_and_slow_clients_exits_in_time_and_settles_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let timeout = SHUTDOWN_TIMEOUT_S.to_string();
+    let gateway = start_gateway_full(
+        dir.path(),
+        &mock,
+        &[
+            ("SLUICE_SERVER_WORKERS", "2"),
+            ("SLUICE_SERVER_SHUTDOWN_TIMEOUT_SECONDS", &timeout),
+        ],
+        "",
+    )
+    .await;
+    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
+        .await
+        .unwrap();
+    let args = sluice::cli::IssueArgs {
+        budget_usd: Some("10"),
+        ..issue_args("shut")
+    };
+    let token = sluice::cli::token_issue(&db, &args, chrono::Utc::now())
+        .await
+        .unwrap()
+        .text;
+    let state = mock.state.clone();
+    let seen = |n: u64| {
+        let state = state.clone();
+        move || state.stats(KEY_A).count == n
+    };
+
+    // 1. A slow reader: a long, fast stream into a 4 KiB receive buffer, read no more.
+    mock.state.script(
+        KEY_A,
+        [Script {
+            text: Some("word ".repeat(100_000)),
+            ..Default::default()
+        }],
+    );
+    let (slow, head) = send_raw(&gateway.url, &token, Some(4096)).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    until("the slow reader's stream never started", seen(1)).await;
+
+    // 2. A client that half-closes and keeps its socket.
+    mock.state.script(
+        KEY_A,
+        [Script {
+            chunk_delay_ms: 2000,
+            ..Default::default()
+        }],
+    );
+    let (mut half, head) = send_raw(&gateway.url, &token, None).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    half.shutdown().await.unwrap();
+    until("the half-closed client's stream never started", seen(2)).await;
+
+    // 3. A normal client reading a stream that would take 30 s.
+    mock.state.script(
+        KEY_A,
+        [Script {
+            text: Some("word ".repeat(300)),
+            chunk_delay_ms: 100,
+            ..Default::default()
+        }],
+    );
+    let http = reqwest::Client::new();
+    let mut body = chat_body(400);
+    body["stream"] = json!(true);
+    let resp = http
+        .post(format!("{}/v1/chat/completions", gateway.url))
+        .bearer_auth(&token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let normal = tokio::spawn(sse_data(resp));
+    until("the normal stream never started", seen(3)).await;
+
+    // 4. A non-streamed request whose upstream holds its headers for an hour.
+    mock.state.script(
+        KEY_A,
+        [Script {
+            delay_ms: 3_600_000,
+            ..Default::default()
+        }],
+    );
+    let waiting = {
+        let (http, url, token) = (http.clone(), gateway.url.clone(), token.clone());
+        tokio::spawn(async move {
+            let resp = http
+                .post(format!("{url}/v1/chat/completions"))
+                .bearer_auth(&token)
+                .json(&chat_body(100))
+                .send()
+                .await
+                .unwrap();
+            let status = resp.status().as_u16();
+            (status, resp.json::<Value>().await.unwrap_or(Value::Null))
+        })
+    };
+    until("the waiting request never reached the upstream", seen(4)).await;
+
+    // SIGTERM; the process must be gone within the shutdown timeout plus a margin.
+    let mut gateway = gateway;
+    let child = &mut gateway.child;
+    let sent = Instant::now();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let bound = Duration::from_secs(SHUTDOWN_TIMEOUT_S + 10);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if sent.elapsed() > bound {
+            let _ = child.kill();
+            panic!("still running {bound:?} after SIGTERM");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let took = sent.elapsed();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        took >= Duration::from_secs(SHUTDOWN_TIMEOUT_S),
+        "the streams had their {SHUTDOWN_TIMEOUT_S} s ({took:?})"
+    );
+    eprintln!("exited {took:?} after SIGTERM");
+
+    // The normal client: what it got, then the gateway's error event, never [DONE].
+    let (data, _) = tokio::time::timeout(Duration::from_secs(10), normal)
+        .await
+        .expect("the normal stream ended")
+        .unwrap();
+    assert!(!data.is_empty());
+    assert!(!data.iter().any(|d| d == "[DONE]"), "never [DONE]");
+    let last: Value = serde_json::from_str(data.last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "shutting_down", "{last}");
+    let received = reassemble(&data[..data.len() - 1]);
+    assert!(!received.is_empty(), "some of the answer arrived first");
+
+    // The waiting request: a 503 that says so.
+    let (status, body) = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiting request was answered")
+        .unwrap();
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (503, &json!("shutting_down")),
+        "{body}"
+    );
+
+    // Everything settled, one row per request, no orphan.
+    assert_invariant_on(&db.read).await;
+    let scalar = |sql: &'static str| {
+        let db = db.read.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .fetch_one(&db)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(scalar("SELECT COUNT(*) FROM reservations").await, 0);
+    assert_eq!(scalar("SELECT reserved_micros FROM tokens").await, 0);
+    assert_eq!(
+        scalar("SELECT COUNT(*) FROM ledger WHERE kind = 'orphan'").await,
+        0,
+        "nothing left to be settled as an orphan"
+    );
+    let rows: Vec<(i64, Option<String>, i64, i64, i64)> = sqlx::query_as(
+        "SELECT status, error_code, input_tokens, output_tokens, cost_micros FROM requests ORDER BY id",
+    )
+    .fetch_all(&db.read)
+    .await
+    .unwrap();
+    let codes: Vec<(i64, Option<&str>)> = rows.iter().map(|r| (r.0, r.1.as_deref())).collect();
+    assert_eq!(
+        codes,
+        [
+            (200, Some("shutting_down")),
+            (200, Some("client_disconnected")),
+            (200, Some("shutting_down")),
+            (503, Some("shutting_down")),
+        ],
+        "{rows:?}"
+    );
+    // The cut stream paid its input and the output it got; the waiting request its input.
+    let (_, _, input, output, cost) = rows[2];
+    assert!(input > 0 && output > 0, "{rows:?}");
+    assert_eq!(
+        cost,
+        (input * 150_000 + output * 600_000 + 999_999) / 1_000_000
+    );
+    let (_, _, input, output, cost) = rows[3];
+    assert!(input > 0 && output == 0, "{rows:?}");
+    assert_eq!(cost, (input * 150_000 + 999_999) / 1_000_000);
+    drop((slow, half));
+}
+
+/// A stream that ends within the grace is not cut: SIGTERM while a 2 s stream runs, with a
+/// 20 s grace — the client gets the whole answer and `[DONE]`, it is charged in full, and
+/// the process exits once it ended, long before the grace is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_ends_within_the_grace_finishes_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let mut gateway = start_gateway_full(
+        dir.path(),
+        &mock,
+        &[("SLUICE_SERVER_SHUTDOWN_TIMEOUT_SECONDS", "20")],
+        "",
+    )
+    .await;
+    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
+        .await
+        .unwrap();
+    let args = sluice::cli::IssueArgs {
+        budget_usd: Some("10"),
+        ..issue_args("grace")
+    };
+    let token = sluice::cli::token_issue(&db, &args, chrono::Utc::now())
+        .await
+        .unwrap()
+        .text;
+    let text = "word ".repeat(20);
+    mock.state.script(
+        KEY_A,
+        [Script {
+            text: Some(text.clone()),
+            chunk_delay_ms: 100,
+            ..Default::default()
+        }],
+    );
+    let mut body = chat_body(100);
+    body["stream"] = json!(true);
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", gateway.url))
+        .bearer_auth(&token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let reading = tokio::spawn(sse_data(resp));
+    let state = mock.state.clone();
+    until("the stream never started", move || {
+        state.stats(KEY_A).count == 1
+    })
+    .await;
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &gateway.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let (data, whole) = tokio::time::timeout(Duration::from_secs(10), reading)
+        .await
+        .expect("the stream ended")
+        .unwrap();
+    assert!(whole);
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    assert_eq!(reassemble(&data), text);
+    let sent = Instant::now();
+    let status = loop {
+        if let Some(status) = gateway.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            sent.elapsed() < Duration::from_secs(15),
+            "still running 15 s after its only stream ended (grace 20 s)"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status:?}");
+    assert_invariant_on(&db.read).await;
+    let (code, cost): (Option<String>, i64) =
+        sqlx::query_as("SELECT error_code, cost_micros FROM requests")
+            .fetch_one(&db.read)
+            .await
+            .unwrap();
+    assert_eq!(code, None, "a complete stream");
+    assert!(cost > 0);
+}
