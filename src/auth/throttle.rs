@@ -10,6 +10,14 @@
 //! limit, never all of them.
 //! A refusal records nothing (a flood of refused attempts does not prolong the wait).
 //!
+//! Clocks: every process stamps attempts with its own clock, and an attempt counts from
+//! its stamp until the stamp plus `WINDOW` — also when the stamp is in the future (a
+//! process whose clock runs ahead, or this host's before it stepped back): a lock is never
+//! shortened by a clock, and `Retry-After` says how long it really lasts, which may be
+//! more than a window. Old rows are swept only when they are both a day old by the
+//! sweeper's clock and far down the table (`sessions::record_attempt`), so a process whose
+//! clock runs a day ahead cannot sweep the attempts other processes still count.
+//!
 //! An admitted attempt counts as a failure unless it is withdrawn: when the password was
 //! right, or when it was never evaluated (hashing busy). Withdrawing deletes only that
 //! attempt's own rows, so a success never clears anyone else's count — not the guesses
@@ -118,10 +126,13 @@ async fn over_limit(
                 .last()
                 .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
                 .map_or(now, |t| t.with_timezone(&Utc));
-            // `now` was read before the lock, and another process's clock may run ahead:
-            // an attempt can look a little newer than now. Never ask for more than a window.
+            // The wait is what the attempts say, even past one window: an attempt stamped
+            // by a clock that ran ahead (another process's, or this host's before a step
+            // back) counts until its own time plus the window, so a shorter answer would
+            // send the client back to be refused again. A lock is never shortened by a
+            // clock; `sluice admin unlock` lifts one a bad clock made too long.
             let left = (pivot + WINDOW - now).num_milliseconds();
-            wait_ms = wait_ms.max(left.clamp(1, WINDOW.num_milliseconds()));
+            wait_ms = wait_ms.max(left.max(1));
         }
     }
     Ok((wait_ms > 0).then(|| Admission::Refused {
@@ -160,7 +171,8 @@ mod tests {
         let db = Db::open(&dir.path().join("t.db"), false).await.unwrap();
         let now = Utc::now();
         // Five attempts stamped a second ahead (another process's clock, or a `now` read
-        // before the lock): the sixth is refused for a window at most, not a second more.
+        // before the lock): the sixth is refused until they leave the window, a window and
+        // that second.
         let mut kept = Vec::new();
         for _ in 0..USER_LIMIT {
             kept.push(admitted(&db, "root", "10.0.0.1", now + Duration::seconds(1)).await);
@@ -170,7 +182,7 @@ mod tests {
             .await
             .unwrap()
         {
-            Admission::Refused { retry_after } => assert_eq!(retry_after, 900),
+            Admission::Refused { retry_after } => assert_eq!(retry_after, 901),
             Admission::Admitted(_) => panic!("a sixth attempt at one name"),
         }
         // Withdrawing one attempt (a right password) frees exactly one place.
