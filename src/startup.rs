@@ -105,11 +105,13 @@ impl Application {
         state.cache.refresh(state.clock.now()).await?;
         housekeeping::recover_orphans(&state, &me).await?;
         housekeeping::spawn(state.clone(), me);
-        audit_head::spawn(
+        audit_head::start(
             state.db.clone(),
             state.settings.backup.dir.clone().into(),
             state.clock.clone(),
-        );
+            state.alerts.clone(),
+        )
+        .await;
 
         let listen = state.settings.server.listen.clone();
         let listener =
