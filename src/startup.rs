@@ -128,6 +128,10 @@ impl Application {
             n => n,
         };
         let stall = Duration::from_millis(state.settings.upstream.stream_idle_timeout_ms);
+        // Validated above; parsed once here for every request's client address.
+        let client_addr =
+            crate::client_addr::ClientAddr::new(&state.settings.server.trusted_proxies)
+                .map_err(ConfigError::Invalid)?;
         let server = HttpServer::new(move || {
             App::new()
                 .wrap_fn(|req, srv| {
@@ -145,6 +149,7 @@ impl Application {
                     }
                 })
                 .app_data(data.clone())
+                .app_data(client_addr.clone())
                 .configure(api::configure)
                 .configure(admin::configure)
                 .default_service(web::to(api::not_found))
