@@ -28,6 +28,7 @@ use std::net::{IpAddr, Ipv6Addr};
 use chrono::{DateTime, Duration, Utc};
 use sqlx::{SqliteConnection, SqlitePool};
 
+use crate::clock::Clock;
 use crate::store::sessions;
 use crate::store::StoreError;
 
@@ -55,22 +56,26 @@ pub enum Admission {
 /// Admits one attempt for `username` from `address`, or refuses it (see the module doc).
 /// A refusal is decided on the read pool when it can be (a flood of throttled attempts
 /// never takes the write lock the money path shares); an admission only under the lock.
+/// The time is read again once the lock is held: attempts admitted while this one waited
+/// for it are stamped later than a time read before, and a wait computed from that older
+/// time would be longer than the lock really is.
 pub async fn admit(
     read: &SqlitePool,
     write: &SqlitePool,
     username: &str,
     address: &str,
-    now: DateTime<Utc>,
+    clock: &dyn Clock,
 ) -> Result<Admission, StoreError> {
     let keys = [
         (name_key(username), USER_LIMIT),
         (format!("addr:{}", network(address)), ADDR_LIMIT),
     ];
     // A stale read can only under-count, which the locked check below corrects.
-    if let Some(refused) = over_limit(&mut *read.acquire().await?, &keys, now).await? {
+    if let Some(refused) = over_limit(&mut *read.acquire().await?, &keys, clock.now()).await? {
         return Ok(refused);
     }
     let mut tx = write.begin_with("BEGIN IMMEDIATE").await?;
+    let now = clock.now();
     if let Some(refused) = over_limit(&mut tx, &keys, now).await? {
         tx.rollback().await?;
         return Ok(refused);
@@ -156,10 +161,14 @@ impl Attempt {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::ManualClock;
     use crate::store::Db;
 
     async fn admitted(db: &Db, user: &str, addr: &str, now: DateTime<Utc>) -> Option<Attempt> {
-        match admit(&db.read, &db.write, user, addr, now).await.unwrap() {
+        match admit(&db.read, &db.write, user, addr, &ManualClock::new(now))
+            .await
+            .unwrap()
+        {
             Admission::Admitted(a) => Some(a),
             Admission::Refused { .. } => None,
         }
@@ -178,9 +187,15 @@ mod tests {
             kept.push(admitted(&db, "root", "10.0.0.1", now + Duration::seconds(1)).await);
         }
         assert!(kept.iter().all(Option::is_some));
-        match admit(&db.read, &db.write, "root", "10.0.0.2", now)
-            .await
-            .unwrap()
+        match admit(
+            &db.read,
+            &db.write,
+            "root",
+            "10.0.0.2",
+            &ManualClock::new(now),
+        )
+        .await
+        .unwrap()
         {
             Admission::Refused { retry_after } => assert_eq!(retry_after, 901),
             Admission::Admitted(_) => panic!("a sixth attempt at one name"),

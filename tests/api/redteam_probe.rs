@@ -75,6 +75,7 @@ fn redteam_a_finished_probe_is_not_left_behind_as_hung() {
 async fn redteam_retry_after_is_honest_after_a_clock_step_back() {
     use chrono::{Duration, Utc};
     use sluice::auth::throttle::{admit, Admission, USER_LIMIT};
+    use sluice::clock::ManualClock;
     let dir = tempfile::tempdir().unwrap();
     let db = sluice::store::Db::open(&dir.path().join("t.db"), false)
         .await
@@ -87,7 +88,7 @@ async fn redteam_retry_after_is_honest_after_a_clock_step_back() {
             &db.write,
             "root",
             "10.0.0.1",
-            now + Duration::hours(1),
+            &ManualClock::new(now + Duration::hours(1)),
         )
         .await
         .unwrap()
@@ -97,9 +98,15 @@ async fn redteam_retry_after_is_honest_after_a_clock_step_back() {
         }
     }
     // The clock steps back; the admin is told when to come back.
-    let retry = match admit(&db.read, &db.write, "root", "10.0.0.2", now)
-        .await
-        .unwrap()
+    let retry = match admit(
+        &db.read,
+        &db.write,
+        "root",
+        "10.0.0.2",
+        &ManualClock::new(now),
+    )
+    .await
+    .unwrap()
     {
         Admission::Refused { retry_after } => retry_after,
         Admission::Admitted(_) => panic!("a sixth attempt"),
@@ -107,9 +114,15 @@ async fn redteam_retry_after_is_honest_after_a_clock_step_back() {
     let back = now + Duration::seconds(retry as i64 + 1);
     assert!(
         matches!(
-            admit(&db.read, &db.write, "root", "10.0.0.2", back)
-                .await
-                .unwrap(),
+            admit(
+                &db.read,
+                &db.write,
+                "root",
+                "10.0.0.2",
+                &ManualClock::new(back)
+            )
+            .await
+            .unwrap(),
             Admission::Admitted(_)
         ),
         "refused again after waiting the Retry-After ({retry} s) it was given"
@@ -118,7 +131,11 @@ async fn redteam_retry_after_is_honest_after_a_clock_step_back() {
 
 async fn admit_root(db: &sluice::store::Db, addr: &str, at: chrono::DateTime<chrono::Utc>) -> bool {
     use sluice::auth::throttle::{admit, Admission};
-    match admit(&db.read, &db.write, "root", addr, at).await.unwrap() {
+    let clock = sluice::clock::ManualClock::new(at);
+    match admit(&db.read, &db.write, "root", addr, &clock)
+        .await
+        .unwrap()
+    {
         Admission::Admitted(a) => {
             std::mem::forget(a);
             true
@@ -155,7 +172,8 @@ async fn redteam_a_process_a_day_ahead_does_not_sweep_other_processes_attempts()
         .await
         .unwrap();
     drop(c);
-    match sluice::auth::throttle::admit(&db.read, &db.write, "other", "10.0.0.3", ahead)
+    let clock = sluice::clock::ManualClock::new(ahead);
+    match sluice::auth::throttle::admit(&db.read, &db.write, "other", "10.0.0.3", &clock)
         .await
         .unwrap()
     {
