@@ -794,3 +794,53 @@ async fn a_fresh_gateway_records_that_its_head_was_started() {
     let head: Value = serde_json::from_str(&std::fs::read_to_string(head).unwrap()).unwrap();
     assert_eq!(head["rows"], 1);
 }
+
+/// The chain's record that a head was started cannot be taken out to make a missing head
+/// look like a first start: deleting the `audit.head_started` row (and the head) breaks the
+/// link of the row after it, and relabelling it breaks its MAC; either way `verify` names
+/// the row, whatever head the next export writes.
+#[tokio::test]
+async fn removing_the_record_of_the_head_is_named() {
+    for how in ["delete", "relabel"] {
+        let rig = rig().await;
+        let marker: i64 = rig
+            .app
+            .scalar(
+                "SELECT id FROM audit_log WHERE action = 'audit.head_started' ORDER BY id LIMIT 1",
+            )
+            .await;
+        let mut c = rig.attacker().await;
+        let sql = match how {
+            "delete" => "DROP TRIGGER audit_no_delete; DELETE FROM audit_log WHERE action = 'audit.head_started'",
+            _ => "DROP TRIGGER audit_no_update; UPDATE audit_log SET action = 'team.create' WHERE action = 'audit.head_started'",
+        };
+        sqlx::raw_sql(sql).execute(&mut c).await.unwrap();
+        drop(c);
+        truncate_quietly(&rig).await;
+        std::fs::remove_file(rig.head_path()).unwrap();
+        let dir = Path::new(&rig.app.settings.backup.dir);
+        sluice::ops::audit_head::export(&rig.app.state.db, dir, chrono::Utc::now())
+            .await
+            .unwrap();
+        let named = match how {
+            "delete" => format!("broken at row {}", marker + 1),
+            _ => format!("broken at row {marker}"),
+        };
+        rig.verify_fails_naming(
+            &named,
+            &format!("{how}: the record of the head went unnoticed"),
+        )
+        .await;
+    }
+}
+
+/// Deletes the newest row (the delete trigger may already be gone).
+async fn truncate_quietly(rig: &Rig) {
+    let mut c = rig.attacker().await;
+    sqlx::raw_sql(
+        "DROP TRIGGER IF EXISTS audit_no_delete; DELETE FROM audit_log WHERE id = (SELECT MAX(id) FROM audit_log)",
+    )
+    .execute(&mut c)
+    .await
+    .unwrap();
+}
