@@ -28,6 +28,11 @@ if [ ! -e /usr/bin/faketime ]; then
     apt_install faketime
 fi
 
+# strace shows the key file's folder fsynced at the first start (tests/api/files.rs).
+if ! command -v strace >/dev/null 2>&1; then
+    apt_install strace
+fi
+
 if ! python3 -c "import openai, anthropic, pytest" >/dev/null 2>&1; then
     python3 -m pip install --quiet --disable-pip-version-check -r tests/sdk/requirements.txt
 fi

@@ -407,6 +407,33 @@ pub async fn audit_verify(db: &Db, dir: &Path) -> Result<String, CliError> {
     ))
 }
 
+/// `sluice audit rearm` (and `restore`): a new signed head over the chain as it is now,
+/// the old one kept aside as `audit.head.<aside>-<time>`, `reason` recorded in the chain.
+pub async fn audit_rearm(
+    db: &Db,
+    dir: &Path,
+    reason: &str,
+    aside: &str,
+    now: DateTime<Utc>,
+) -> Result<String, CliError> {
+    let reason = reason.trim();
+    if reason.is_empty() || reason.chars().count() > 500 {
+        return Err(CliError::Invalid(
+            "--reason must say why, in 1 to 500 characters".into(),
+        ));
+    }
+    let done = audit_head::rearm(db, dir, now, ACTOR, reason, aside).await?;
+    let kept = match &done.kept {
+        Some(p) => format!("; the head before it is kept as {}", p.display()),
+        None => String::new(),
+    };
+    Ok(format!(
+        "audit head started over {} rows in {}{kept}",
+        done.head.rows,
+        dir.join(audit_head::FILE).display()
+    ))
+}
+
 /// After a command: the audit head in `dir` follows the rows it wrote (a warning, never a
 /// failure of the command, when it cannot).
 pub async fn export_audit_head(db: &Db, dir: &Path, now: DateTime<Utc>) {

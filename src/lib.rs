@@ -6,6 +6,7 @@ pub mod api;
 pub mod auth;
 pub mod cache;
 pub mod cli;
+pub mod client_addr;
 pub mod clock;
 pub mod config;
 pub mod error;

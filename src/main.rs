@@ -216,6 +216,14 @@ enum AuditCommand {
     /// Check every row, the keyed chain and the signed head (`audit.head` in the backup
     /// folder); exits non-zero naming the first bad row or the head mismatch.
     Verify,
+    /// Start a new signed head over the audit log as it is now, after looking into why the
+    /// head is missing, forged or does not match (the old one is kept aside; the reason is
+    /// recorded in the log).
+    Rearm {
+        /// Why (recorded in the audit log's `audit.head_started` row).
+        #[arg(long)]
+        reason: String,
+    },
 }
 
 fn init_tracing() {
@@ -296,15 +304,11 @@ async fn main() -> anyhow::Result<()> {
             r.tokens_checked
         );
         let dir = PathBuf::from(&settings.backup.dir);
-        if let Some(kept) = sluice::ops::audit_head::set_aside(&dir, now)? {
-            println!(
-                "the audit head of the database before the restore is kept as {}",
-                kept.display()
-            );
-        }
         let db = Db::open(&target, false).await?;
-        cli::export_audit_head(&db, &dir, now).await;
+        let why = format!("restore of {}", file.display());
+        let rearmed = cli::audit_rearm(&db, &dir, &why, "before-restore", now).await;
         db.close().await;
+        println!("{}", rearmed?);
         return Ok(());
     }
     let db = Db::open(&settings.database_path(), false).await?;
@@ -400,6 +404,15 @@ async fn main() -> anyhow::Result<()> {
             let verdict = cli::audit_verify(&db, &dir).await;
             db.close().await;
             println!("{}", verdict?);
+            return Ok(());
+        }
+        Command::Audit {
+            command: AuditCommand::Rearm { reason },
+        } => {
+            let dir = PathBuf::from(&settings.backup.dir);
+            let rearmed = cli::audit_rearm(&db, &dir, &reason, "before-rearm", now).await;
+            db.close().await;
+            println!("{}", rearmed?);
             return Ok(());
         }
         Command::Serve { .. }

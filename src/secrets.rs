@@ -1,13 +1,15 @@
 //! The gateway's master key: 32 random bytes from `SLUICE_SECRET_KEY` (64 hex characters),
 //! else from a key file beside the database (`<database file>.key`, mode 0600), created at
-//! the first start; a key file open to others stops the start. Nothing uses the master key itself: each purpose derives its own subkey
+//! the first start; a key file open to others, with a second name (hard link), or owned by
+//! another user stops the start. Nothing uses the master key itself: each purpose derives its own subkey
 //! with HKDF-SHA256 under a label (`subkey`), so a key for one purpose (the audit chain,
 //! later the encryption of upstream keys) says nothing about another.
 //!
 //! The key is never logged, printed or stored in the database; its `Debug` shows nothing,
 //! and its bytes are wiped when dropped (`secrecy`).
 
-use std::os::unix::fs::PermissionsExt;
+use std::io::Read;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use hkdf::Hkdf;
@@ -27,6 +29,10 @@ pub enum SecretError {
     BadFile(PathBuf),
     #[error("the key file {0} is open to others (mode {1:o}); `chmod 600` it, and if anyone else could have read it, treat the key as leaked")]
     Exposed(PathBuf, u32),
+    #[error("the key file {0} has {1} names (hard links): whoever made another name can reach the key through it, or put the file there; find them with `find / -xdev -samefile {0}`, remove them, and if the file was not yours or anyone else could have read it, treat the key as leaked")]
+    Linked(PathBuf, u64),
+    #[error("the key file {0} belongs to user {1}, not to the user the gateway runs as ({2}): someone else put it there or can read it; if it is yours, `chown` it, else treat the key as leaked")]
+    NotOwned(PathBuf, u32, u32),
     #[error("key file {0}: {1}")]
     Io(PathBuf, std::io::Error),
 }
@@ -62,6 +68,24 @@ pub fn key_file_for(db: &Path) -> PathBuf {
     db.with_file_name(name)
 }
 
+/// Gives the written key file `tmp` its name `path` unless another process was first (two
+/// starting at once then agree on that one): a rename that never replaces
+/// (`RENAME_NOREPLACE`), so the key file never has a second name, not even for a moment —
+/// a reader refuses one. File systems without it (`EINVAL`) get a hard link, which fails
+/// the same way; the temporary name is removed right after (`publish_file`).
+fn publish_once(tmp: &Path, path: &Path) -> std::io::Result<()> {
+    use rustix::fs::{renameat_with, RenameFlags, CWD};
+    use rustix::io::Errno;
+    let done = match renameat_with(CWD, tmp, CWD, path, RenameFlags::NOREPLACE) {
+        Err(Errno::INVAL | Errno::NOSYS) => std::fs::hard_link(tmp, path),
+        other => other.map_err(std::io::Error::from),
+    };
+    match done {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        other => other,
+    }
+}
+
 fn parse_hex(text: &str) -> Option<[u8; LEN]> {
     let mut out = [0u8; LEN];
     hex::decode_to_slice(text.trim(), &mut out).ok()?;
@@ -87,7 +111,9 @@ impl MasterKey {
 
     /// Reads the key file at `path`, or creates it (mode 0600) with a fresh random key. Two
     /// processes starting at once agree on one key: the file is written under a temporary
-    /// name and published with a hard link, which fails if the other was first.
+    /// name and published by a rename that fails if the other was first (`publish_once`).
+    /// A key file that is not ours alone stops the start: another owner, a second name, or
+    /// any permission for others.
     pub fn load_or_create(path: &Path) -> Result<MasterKey, SecretError> {
         let io = |e| SecretError::Io(path.to_path_buf(), e);
         if !path.exists() {
@@ -100,22 +126,29 @@ impl MasterKey {
             let mut text = hex::encode(key);
             text.push('\n');
             key.fill(0);
-            // A hard link, not a rename: it fails if another process published its key first.
             let written = crate::private_fs::publish_file(&tmp, text.as_bytes(), |tmp| {
-                match std::fs::hard_link(tmp, path) {
-                    Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(e),
-                    _ => Ok(()),
-                }
+                publish_once(tmp, path)
             });
             written.map_err(io)?;
         }
+        // The checks are made on the file opened, so what is checked is what is read.
+        let mut file = std::fs::File::open(path).map_err(io)?;
+        let meta = file.metadata().map_err(io)?;
+        let me = rustix::process::geteuid().as_raw();
+        if meta.uid() != me {
+            return Err(SecretError::NotOwned(path.to_path_buf(), meta.uid(), me));
+        }
+        if meta.nlink() > 1 {
+            return Err(SecretError::Linked(path.to_path_buf(), meta.nlink()));
+        }
         // Others could have read it already: tightening it quietly would carry on with a
         // key that may be out. Stop, as ssh and PostgreSQL do with their key files.
-        let mode = std::fs::metadata(path).map_err(io)?.permissions().mode();
+        let mode = meta.permissions().mode();
         if mode & 0o077 != 0 {
             return Err(SecretError::Exposed(path.to_path_buf(), mode & 0o777));
         }
-        let text = std::fs::read_to_string(path).map_err(io)?;
+        let mut text = String::new();
+        file.read_to_string(&mut text).map_err(io)?;
         MasterKey::from_hex(&text).ok_or_else(|| SecretError::BadFile(path.to_path_buf()))
     }
 

@@ -144,11 +144,13 @@ impl Application {
         state.cache.refresh(state.clock.now()).await?;
         housekeeping::recover_orphans(&state, &me).await?;
         housekeeping::spawn(state.clone(), me);
-        audit_head::spawn(
+        audit_head::start(
             state.db.clone(),
             state.settings.backup.dir.clone().into(),
             state.clock.clone(),
-        );
+            state.alerts.clone(),
+        )
+        .await;
 
         let listen = state.settings.server.listen.clone();
         let listener =
@@ -168,6 +170,10 @@ impl Application {
         let drain = Drain::default();
         let app_drain = drain.clone();
         let grace = Duration::from_secs(state.settings.server.shutdown_timeout_seconds);
+        // Validated above; parsed once here for every request's client address.
+        let client_addr =
+            crate::client_addr::ClientAddr::new(&state.settings.server.trusted_proxies)
+                .map_err(ConfigError::Invalid)?;
         let server = HttpServer::new(move || {
             App::new()
                 .wrap_fn(|req, srv| {
@@ -186,6 +192,7 @@ impl Application {
                 })
                 .app_data(data.clone())
                 .app_data(app_drain.clone())
+                .app_data(client_addr.clone())
                 .configure(api::configure)
                 .configure(admin::configure)
                 .default_service(web::to(api::not_found))

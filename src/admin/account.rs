@@ -174,7 +174,7 @@ async fn change_password(
         &state.db.write,
         &actor.username,
         &actor.address,
-        now,
+        &*state.clock,
     )
     .await?
     {

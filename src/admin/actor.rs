@@ -194,9 +194,9 @@ impl FromRequest for Actor {
     }
 }
 
-/// The peer address of a request (never a forwarded header, which a client can forge).
+/// The client's address of a request: the socket's peer, or behind a trusted reverse proxy
+/// the address it forwarded (`client_addr.rs`; a client's own forwarded headers are never
+/// believed).
 pub fn peer(req: &HttpRequest) -> String {
-    req.peer_addr()
-        .map(|a| a.ip().to_string())
-        .unwrap_or_default()
+    crate::client_addr::client_ip(req)
 }

@@ -99,10 +99,7 @@ async fn admit(req: &mut ServiceRequest) -> Result<Actor, AdminError> {
     {
         return Err(AdminError::Forbidden("Cross-site request refused.".into()));
     }
-    let address = req
-        .peer_addr()
-        .map(|a| a.ip().to_string())
-        .unwrap_or_default();
+    let address = crate::client_addr::client_ip(req.request());
     if let Some(auth) = req.headers().get(header::AUTHORIZATION) {
         let text = auth.to_str().unwrap_or("");
         let key = text.strip_prefix("Bearer ").unwrap_or("").trim();

@@ -112,14 +112,21 @@ async fn sign_in(
     let now = state.clock.now();
     let username: String = username.chars().take(MAX_USERNAME).collect();
     // Counted before it is verified: concurrent attempts cannot all pass the limit.
-    let attempt =
-        match throttle::admit(&state.db.read, &state.db.write, &username, &address, now).await? {
-            Admission::Admitted(a) => a,
-            Admission::Refused { retry_after } => {
-                tracing::warn!(address, "admin sign-in throttled");
-                return Err(AdminError::Throttled { retry_after });
-            }
-        };
+    let attempt = match throttle::admit(
+        &state.db.read,
+        &state.db.write,
+        &username,
+        &address,
+        &*state.clock,
+    )
+    .await?
+    {
+        Admission::Admitted(a) => a,
+        Admission::Refused { retry_after } => {
+            tracing::warn!(address, "admin sign-in throttled");
+            return Err(AdminError::Throttled { retry_after });
+        }
+    };
 
     let admin = sessions::admin_by_name(&state.db.read, &username).await?;
     let phc = admin.as_ref().map(|a| a.password_hash.clone());

@@ -10,6 +10,14 @@
 //! limit, never all of them.
 //! A refusal records nothing (a flood of refused attempts does not prolong the wait).
 //!
+//! Clocks: every process stamps attempts with its own clock, and an attempt counts from
+//! its stamp until the stamp plus `WINDOW` — also when the stamp is in the future (a
+//! process whose clock runs ahead, or this host's before it stepped back): a lock is never
+//! shortened by a clock, and `Retry-After` says how long it really lasts, which may be
+//! more than a window. Old rows are swept only when they are both a day old by the
+//! sweeper's clock and far down the table (`sessions::record_attempt`), so a process whose
+//! clock runs a day ahead cannot sweep the attempts other processes still count.
+//!
 //! An admitted attempt counts as a failure unless it is withdrawn: when the password was
 //! right, or when it was never evaluated (hashing busy). Withdrawing deletes only that
 //! attempt's own rows, so a success never clears anyone else's count — not the guesses
@@ -20,6 +28,7 @@ use std::net::{IpAddr, Ipv6Addr};
 use chrono::{DateTime, Duration, Utc};
 use sqlx::{SqliteConnection, SqlitePool};
 
+use crate::clock::Clock;
 use crate::store::sessions;
 use crate::store::StoreError;
 
@@ -47,22 +56,26 @@ pub enum Admission {
 /// Admits one attempt for `username` from `address`, or refuses it (see the module doc).
 /// A refusal is decided on the read pool when it can be (a flood of throttled attempts
 /// never takes the write lock the money path shares); an admission only under the lock.
+/// The time is read again once the lock is held: attempts admitted while this one waited
+/// for it are stamped later than a time read before, and a wait computed from that older
+/// time would be longer than the lock really is.
 pub async fn admit(
     read: &SqlitePool,
     write: &SqlitePool,
     username: &str,
     address: &str,
-    now: DateTime<Utc>,
+    clock: &dyn Clock,
 ) -> Result<Admission, StoreError> {
     let keys = [
         (name_key(username), USER_LIMIT),
         (format!("addr:{}", network(address)), ADDR_LIMIT),
     ];
     // A stale read can only under-count, which the locked check below corrects.
-    if let Some(refused) = over_limit(&mut *read.acquire().await?, &keys, now).await? {
+    if let Some(refused) = over_limit(&mut *read.acquire().await?, &keys, clock.now()).await? {
         return Ok(refused);
     }
     let mut tx = write.begin_with("BEGIN IMMEDIATE").await?;
+    let now = clock.now();
     if let Some(refused) = over_limit(&mut tx, &keys, now).await? {
         tx.rollback().await?;
         return Ok(refused);
@@ -118,10 +131,13 @@ async fn over_limit(
                 .last()
                 .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
                 .map_or(now, |t| t.with_timezone(&Utc));
-            // `now` was read before the lock, and another process's clock may run ahead:
-            // an attempt can look a little newer than now. Never ask for more than a window.
+            // The wait is what the attempts say, even past one window: an attempt stamped
+            // by a clock that ran ahead (another process's, or this host's before a step
+            // back) counts until its own time plus the window, so a shorter answer would
+            // send the client back to be refused again. A lock is never shortened by a
+            // clock; `sluice admin unlock` lifts one a bad clock made too long.
             let left = (pivot + WINDOW - now).num_milliseconds();
-            wait_ms = wait_ms.max(left.clamp(1, WINDOW.num_milliseconds()));
+            wait_ms = wait_ms.max(left.max(1));
         }
     }
     Ok((wait_ms > 0).then(|| Admission::Refused {
@@ -145,10 +161,14 @@ impl Attempt {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::ManualClock;
     use crate::store::Db;
 
     async fn admitted(db: &Db, user: &str, addr: &str, now: DateTime<Utc>) -> Option<Attempt> {
-        match admit(&db.read, &db.write, user, addr, now).await.unwrap() {
+        match admit(&db.read, &db.write, user, addr, &ManualClock::new(now))
+            .await
+            .unwrap()
+        {
             Admission::Admitted(a) => Some(a),
             Admission::Refused { .. } => None,
         }
@@ -160,17 +180,24 @@ mod tests {
         let db = Db::open(&dir.path().join("t.db"), false).await.unwrap();
         let now = Utc::now();
         // Five attempts stamped a second ahead (another process's clock, or a `now` read
-        // before the lock): the sixth is refused for a window at most, not a second more.
+        // before the lock): the sixth is refused until they leave the window, a window and
+        // that second.
         let mut kept = Vec::new();
         for _ in 0..USER_LIMIT {
             kept.push(admitted(&db, "root", "10.0.0.1", now + Duration::seconds(1)).await);
         }
         assert!(kept.iter().all(Option::is_some));
-        match admit(&db.read, &db.write, "root", "10.0.0.2", now)
-            .await
-            .unwrap()
+        match admit(
+            &db.read,
+            &db.write,
+            "root",
+            "10.0.0.2",
+            &ManualClock::new(now),
+        )
+        .await
+        .unwrap()
         {
-            Admission::Refused { retry_after } => assert_eq!(retry_after, 900),
+            Admission::Refused { retry_after } => assert_eq!(retry_after, 901),
             Admission::Admitted(_) => panic!("a sixth attempt at one name"),
         }
         // Withdrawing one attempt (a right password) frees exactly one place.

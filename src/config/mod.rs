@@ -119,6 +119,8 @@ impl Settings {
                 self.server.listen
             ));
         }
+        crate::client_addr::ClientAddr::new(&self.server.trusted_proxies)
+            .map_err(ConfigError::Invalid)?;
         if self.server.max_body_bytes < 1024 {
             return invalid("server.max_body_bytes must be at least 1024".into());
         }

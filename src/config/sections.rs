@@ -14,6 +14,30 @@ pub struct ServerSettings {
     pub workers: usize,
     /// On SIGTERM/SIGINT, how long in-flight requests and streams may take to finish.
     pub shutdown_timeout_seconds: u64,
+    /// Reverse proxies whose `X-Forwarded-For` is believed (addresses or CIDR ranges);
+    /// empty: the socket's peer is the client (`client_addr.rs`). From the environment
+    /// (`SLUICE_SERVER_TRUSTED_PROXIES`), one string of comma-separated entries.
+    #[serde(deserialize_with = "list_or_commas")]
+    pub trusted_proxies: Vec<String>,
+}
+
+/// A list, or one string of comma-separated entries (an environment override is a string).
+fn list_or_commas<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Entries {
+        List(Vec<String>),
+        Text(String),
+    }
+    Ok(match Entries::deserialize(d)? {
+        Entries::List(list) => list,
+        Entries::Text(text) => text
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .map(String::from)
+            .collect(),
+    })
 }
 
 impl Default for ServerSettings {
@@ -24,6 +48,7 @@ impl Default for ServerSettings {
             public_url: "http://127.0.0.1:8080".into(),
             workers: 0,
             shutdown_timeout_seconds: 30,
+            trusted_proxies: Vec::new(),
         }
     }
 }

@@ -14,9 +14,17 @@
 //!
 //! A head is replaced only by one that extends it: when `audit.head` is forged, unreadable
 //! or no longer a prefix of the database (rows removed), it is left as it is, the refusal
-//! is logged, and `sluice audit verify` keeps failing until someone looks. A missing file
-//! is started afresh (first start, an upgrade, a new backup folder), with a warning when
-//! the chain already had rows.
+//! is logged (and raised as an alert by the gateway), and `sluice audit verify` keeps
+//! failing until someone looks.
+//!
+//! A missing file is started afresh only when no head was ever started over this chain:
+//! a head is started by first appending an `audit.head_started` row (first start, an
+//! upgrade), so once one was, the chain itself says so — and, being in the chain, that row
+//! cannot be removed without removing every row after it. A head missing after that is an
+//! alarm, never silently re-created: whoever deletes the newest rows and the head together
+//! would otherwise get a fresh head over the truncated chain. The operator re-arms after
+//! looking (`sluice audit rearm --reason …`: the old head, if any, is kept aside, and a new
+//! `audit.head_started` row records who re-armed and why); `sluice restore` does the same.
 
 use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
@@ -27,11 +35,14 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::clock::{db_time, Clock};
-use crate::store::audit::{self, AuditKeys, ChainState};
+use crate::ops::alerts::Alerter;
+use crate::store::audit::{self, AuditEntry, AuditKeys, ChainState};
 use crate::store::{Db, StoreError};
 
 pub const FILE: &str = "audit.head";
 const LOCK: &str = "audit.head.lock";
+/// The actor of the `audit.head_started` row the gateway writes when it starts the first head.
+const SYSTEM: &str = "system";
 
 #[derive(Debug, thiserror::Error)]
 pub enum HeadError {
@@ -138,13 +149,13 @@ pub enum Exported {
     Refused(String),
 }
 
-/// Writes the head of the chain as the database holds it now into `dir/audit.head`, if it
-/// extends the head already there (see the module doc), and logs it.
-pub async fn export(db: &Db, dir: &Path, now: DateTime<Utc>) -> Result<Exported, HeadError> {
+/// Takes the advisory lock of the head in `dir` (one writer at a time, across processes);
+/// held until the file returned is dropped.
+async fn lock(dir: &Path) -> Result<std::fs::File, HeadError> {
     let io = |e| HeadError::Io(dir.to_path_buf(), e);
     crate::private_fs::create_dir_all(dir).map_err(io)?;
     let lock_path = dir.join(LOCK);
-    let _lock = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         let f = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -156,7 +167,50 @@ pub async fn export(db: &Db, dir: &Path, now: DateTime<Utc>) -> Result<Exported,
     })
     .await
     .map_err(|e| io(std::io::Error::other(e)))?
-    .map_err(io)?;
+    .map_err(io)
+}
+
+/// Why a missing head is not started afresh: the chain says one was started at row `id`.
+fn missing_after_start(id: i64, at: &str) -> String {
+    format!("audit.head is missing, but row {id} of the audit log says a head was started at {at}: it was deleted (perhaps with the newest rows) or the backup folder moved or changed; once you know why, `sluice audit rearm --reason …` starts a new one")
+}
+
+/// Appends the `audit.head_started` row that precedes a head started afresh.
+async fn mark_start(db: &Db, actor: &str, why: &str, now: DateTime<Utc>) -> Result<(), HeadError> {
+    let mut tx = db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let (rows, last_id, _) = audit::tip(&mut tx).await?;
+    let after =
+        serde_json::json!({"rows_before": rows, "last_id_before": last_id, "why": why}).to_string();
+    let entry = AuditEntry {
+        actor,
+        address: "",
+        action: audit::HEAD_STARTED,
+        target: FILE,
+        before: None,
+        after: Some(&after),
+    };
+    audit::append(&mut tx, &entry, now).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Signs the chain's tip as the database holds it now, logs it and writes it as the file.
+async fn write_head(db: &Db, dir: &Path, now: DateTime<Utc>) -> Result<Head, HeadError> {
+    let mut conn = db.write.acquire().await?;
+    let (rows, last_id, last_hash) = audit::tip(&mut conn).await?;
+    drop(conn);
+    let head = Head::sign(&db.audit, rows, last_id, last_hash, db_time(now));
+    log(&head, &db.audit, true);
+    write_atomically(dir, &head).map_err(|e| HeadError::Io(dir.to_path_buf(), e))?;
+    Ok(head)
+}
+
+/// Writes the head of the chain as the database holds it now into `dir/audit.head`, if it
+/// extends the head already there (see the module doc), and logs it. A missing head is
+/// started (after its `audit.head_started` row) only when none was ever started.
+pub async fn export(db: &Db, dir: &Path, now: DateTime<Utc>) -> Result<Exported, HeadError> {
+    let io = |e| HeadError::Io(dir.to_path_buf(), e);
+    let _lock = lock(dir).await?;
     let keys = &db.audit;
     let found = read(dir, keys);
     // The write connection, not a reader: a row's signing wakes the exporter before its
@@ -167,24 +221,56 @@ pub async fn export(db: &Db, dir: &Path, now: DateTime<Utc>) -> Result<Exported,
         Found::Valid(h) if h.same_tip(rows, last_id, &last_hash) => return Ok(Exported::Unchanged),
         Found::Valid(h) => (!audit::holds(&mut conn, h.rows, h.last_id, &h.last_hash).await?)
             .then(|| format!("audit.head (row count {}, last row {}) is not a prefix of the database (row count {rows}, last row {last_id}): rows were removed or replaced", h.rows, h.last_id)),
-        Found::Missing => {
-            if rows > 0 {
-                tracing::warn!(target: "sluice::audit", dir = %dir.display(), rows, "audit.head was missing; a new one starts at the chain as it is now (earlier heads are in the log)");
-            }
-            None
-        }
+        Found::Missing => audit::head_started(&mut conn)
+            .await?
+            .map(|(id, at)| missing_after_start(id, &at)),
         Found::Forged => Some("audit.head is not signed with this gateway's key".to_string()),
         Found::Unreadable(e) => Some(format!("audit.head is unreadable: {e}")),
     };
     drop(conn);
-    let head = Head::sign(keys, rows, last_id, last_hash, db_time(now));
-    log(&head, keys, refusal.is_none());
     if let Some(why) = refusal {
+        let head = Head::sign(keys, rows, last_id, last_hash, db_time(now));
+        log(&head, keys, false);
         tracing::error!(target: "sluice::audit", dir = %dir.display(), reason = %why, "audit.head left as it is; run `sluice audit verify`");
         return Ok(Exported::Refused(why));
     }
+    if found == Found::Missing {
+        tracing::info!(target: "sluice::audit", dir = %dir.display(), rows, "starting the audit head: no head was ever started over this audit log");
+        mark_start(db, SYSTEM, "the first head", now).await?;
+        return Ok(Exported::Written(write_head(db, dir, now).await?));
+    }
+    let head = Head::sign(keys, rows, last_id, last_hash, db_time(now));
+    log(&head, keys, true);
     write_atomically(dir, &head).map_err(io)?;
     Ok(Exported::Written(head))
+}
+
+/// What `rearm` did: where the head it replaced is kept, and the new head.
+#[derive(Debug)]
+pub struct Rearmed {
+    pub kept: Option<PathBuf>,
+    pub head: Head,
+}
+
+/// Starts a new head over the chain as it is now, whatever `audit.head` holds: the
+/// operator's way back after looking into a missing, forged or mismatched head (`sluice
+/// audit rearm`), and `sluice restore`'s (the restored database is older than the head).
+/// The file there, if any, is kept aside as `audit.head.<aside>-<time>` (the evidence), and
+/// an `audit.head_started` row records `actor` and `why` in the chain before the new head.
+pub async fn rearm(
+    db: &Db,
+    dir: &Path,
+    now: DateTime<Utc>,
+    actor: &str,
+    why: &str,
+    aside: &str,
+) -> Result<Rearmed, HeadError> {
+    let _lock = lock(dir).await?;
+    let kept = set_aside(dir, aside, now).map_err(|e| HeadError::Io(dir.to_path_buf(), e))?;
+    mark_start(db, actor, why, now).await?;
+    let head = write_head(db, dir, now).await?;
+    tracing::warn!(target: "sluice::audit", dir = %dir.display(), actor, why, kept = ?kept, "audit head re-armed");
+    Ok(Rearmed { kept, head })
 }
 
 /// The head as a structured log line: no secret in it (its `mac` is a signature in the
@@ -204,30 +290,42 @@ fn write_atomically(dir: &Path, head: &Head) -> std::io::Result<()> {
     })
 }
 
-/// After a restore the database is an older one than the head describes: the old head is
-/// kept beside it as `audit.head.before-restore-<time>` (evidence of what was rolled back)
-/// and the next export starts a new one.
-pub fn set_aside(dir: &Path, now: DateTime<Utc>) -> std::io::Result<Option<PathBuf>> {
+/// Moves `audit.head` aside as `audit.head.<label>-<time>` (e.g. `before-restore`: the
+/// evidence of what a restore rolled back), if there is one; where it went.
+fn set_aside(dir: &Path, label: &str, now: DateTime<Utc>) -> std::io::Result<Option<PathBuf>> {
     let head = dir.join(FILE);
     if !head.exists() {
         return Ok(None);
     }
     let kept = dir.join(format!(
-        "{FILE}.before-restore-{}",
+        "{FILE}.{label}-{}",
         now.format("%Y%m%dT%H%M%S%.3fZ")
     ));
     std::fs::rename(&head, &kept)?;
+    crate::private_fs::sync_dir(dir)?;
     Ok(Some(kept))
 }
 
-/// The gateway's exporter: once at start, then after every signed row.
-pub fn spawn(db: Db, dir: PathBuf, clock: Arc<dyn Clock>) {
+/// One export, its refusal raised as an alert (`audit_head`) as well as logged.
+async fn export_or_alert(db: &Db, dir: &Path, now: DateTime<Utc>, alerts: &Alerter) {
+    match export(db, dir, now).await {
+        Ok(Exported::Refused(why)) => alerts.raise("audit_head", &dir.display().to_string(), &why),
+        Ok(_) => {}
+        Err(e) => {
+            tracing::error!(target: "sluice::audit", error = %e, "exporting the audit head failed")
+        }
+    }
+}
+
+/// The gateway's exporter: once at start, awaited (a first head's `audit.head_started` row
+/// is in the chain before the gateway answers anyone; a missing or mismatched head is
+/// raised before it serves), then from a task of its own after every signed row.
+pub async fn start(db: Db, dir: PathBuf, clock: Arc<dyn Clock>, alerts: Arc<Alerter>) {
+    export_or_alert(&db, &dir, clock.now(), &alerts).await;
     tokio::spawn(async move {
         loop {
-            if let Err(e) = export(&db, &dir, clock.now()).await {
-                tracing::error!(target: "sluice::audit", error = %e, "exporting the audit head failed");
-            }
             db.audit.wait_appended().await;
+            export_or_alert(&db, &dir, clock.now(), &alerts).await;
         }
     });
 }
@@ -237,6 +335,8 @@ pub fn spawn(db: Db, dir: PathBuf, clock: Arc<dyn Clock>) {
 pub struct Report {
     pub chain: ChainState,
     pub head: Found,
+    /// The newest `audit.head_started` row (id, time): a head was started over this chain.
+    pub started: Option<(i64, String)>,
     /// The database's row count and newest hash (also past a broken row).
     pub tip: (i64, i64, String),
 }
@@ -253,9 +353,12 @@ impl Report {
         }
         let (rows, last_id, last_hash) = (&self.tip.0, &self.tip.1, &self.tip.2);
         match &self.head {
-            Found::Missing => out.push(format!(
-                "audit head missing: no {FILE} in the backup folder"
-            )),
+            Found::Missing => out.push(match &self.started {
+                Some((id, at)) => format!(
+                    "audit head missing: no {FILE} in the backup folder, though row {id} says a head was started at {at} — deleted (perhaps with the newest rows) or the backup folder moved; once you know why, `sluice audit rearm --reason …` starts a new one"
+                ),
+                None => format!("audit head missing: no {FILE} in the backup folder"),
+            }),
             Found::Unreadable(e) => out.push(format!("audit head unreadable: {e}")),
             Found::Forged => {
                 out.push("audit head forged: its signature is not this gateway's".into())
@@ -302,9 +405,11 @@ pub async fn verify(db: &Db, dir: &Path) -> Result<Report, HeadError> {
     let chain = audit::verify(&db.read, &db.audit).await?;
     let mut conn = db.read.acquire().await?;
     let tip = audit::tip(&mut conn).await?;
+    let started = audit::head_started(&mut conn).await?;
     Ok(Report {
         chain,
         head: read(dir, &db.audit),
+        started,
         tip,
     })
 }

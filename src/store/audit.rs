@@ -37,6 +37,10 @@ pub const UNSIGNED: &str =
     "it was changed after it was written, or signed without the gateway's key";
 /// The action of the row that seals the legacy rows (migration 0013).
 pub const SEAL: &str = "audit.keyed";
+/// The action of the row written just before a signed head is started over the chain as it
+/// stands (`ops::audit_head`): from then on a missing head is an alarm, not a first start.
+/// Being in the chain, it cannot be removed without removing every row after it too.
+pub const HEAD_STARTED: &str = "audit.head_started";
 
 /// The audit subkeys and the wake-up of the head writer. Held by the write connections
 /// (`audit_mac`) and by `Db` (to verify).
@@ -328,6 +332,16 @@ pub async fn tip(conn: &mut SqliteConnection) -> Result<(i64, i64, String)> {
         row.1.unwrap_or(0),
         row.2.unwrap_or_else(|| GENESIS.to_string()),
     ))
+}
+
+/// The newest `HEAD_STARTED` row: its id and time (`None`: no head was ever started).
+pub async fn head_started(conn: &mut SqliteConnection) -> Result<Option<(i64, String)>> {
+    Ok(sqlx::query_as(
+        "SELECT id, created_at FROM audit_log WHERE action = ? ORDER BY id DESC LIMIT 1",
+    )
+    .bind(HEAD_STARTED)
+    .fetch_optional(conn)
+    .await?)
 }
 
 /// Whether the database still holds an earlier head's newest row, with as many rows up to

@@ -140,9 +140,16 @@ pub async fn prune_sessions(
     Ok(())
 }
 
+/// Rows of `login_failures` a sweep never touches however old they look: the newest
+/// `ATTEMPTS_KEPT` (by row id, which grows with every insert whatever the clocks say).
+const ATTEMPTS_KEPT: i64 = 100_000;
+
 /// Records one admitted sign-in attempt under `key` (`user:<name>` or `addr:<ip>`); returns
-/// its row id. Rows older than a day are swept here. (`login_failures` holds attempts that
-/// have not been withdrawn: failures, and attempts still being verified.)
+/// its row id. Rows older than a day are swept here, unless among the newest
+/// `ATTEMPTS_KEPT`: "a day old" is this process's clock's opinion, and a process whose clock
+/// runs a day ahead would otherwise sweep every attempt the others still count. (The table
+/// stays bounded: a day of attempts beyond the newest `ATTEMPTS_KEPT`. `login_failures` holds
+/// attempts that have not been withdrawn: failures, and attempts still being verified.)
 pub async fn record_attempt(
     conn: &mut SqliteConnection,
     key: &str,
@@ -154,10 +161,14 @@ pub async fn record_attempt(
             .bind(db_time(now))
             .fetch_one(&mut *conn)
             .await?;
-    sqlx::query("DELETE FROM login_failures WHERE at < ?")
-        .bind(db_time(now - Duration::days(1)))
-        .execute(conn)
-        .await?;
+    sqlx::query(
+        "DELETE FROM login_failures WHERE at < ? \
+         AND rowid <= (SELECT max(rowid) FROM login_failures) - ?",
+    )
+    .bind(db_time(now - Duration::days(1)))
+    .bind(ATTEMPTS_KEPT)
+    .execute(conn)
+    .await?;
     Ok(id)
 }
 

@@ -33,10 +33,11 @@ async fn a_head_rebuilt_from_the_log_does_not_hide_deleted_rows() {
     let (dir, log) = (lg.dir.path(), &lg.log);
     let db_path = dir.join("sluice.db");
     let config = dir.join(format!("sluice-{}.toml", lg.port));
-    let early = logged_head(log, 1).await;
+    // The first head follows the token's row and the `audit.head_started` row.
+    let early = logged_head(log, 2).await;
     // A second audited action: the upstream refuses the key and the gateway disables it.
     lg.refuse_the_key().await;
-    logged_head(log, 2).await;
+    logged_head(log, 3).await;
     drop(lg.gw);
 
     // The attacker deletes the newest row and writes the head of that time, from the log.

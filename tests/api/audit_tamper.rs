@@ -644,27 +644,203 @@ async fn verify_with_another_key_says_the_key_is_the_likely_cause() {
 
 /// Red team: the head catches deleted newest rows only while it exists. Someone holding
 /// the database and the backup folder deletes the newest rows *and* `audit.head`; the next
-/// audited action (or the gateway's start) writes a fresh head over the truncated chain
-/// (`ops/audit_head.rs` export, `Found::Missing`: a warning only), and `sluice audit
-/// verify` then passes. Fails on the current code.
+/// audited action's export wrote a fresh head over the truncated chain (`Found::Missing`:
+/// a warning only), and `sluice audit verify` then passed. Fixed: the chain's
+/// `audit.head_started` row says a head was started, so a missing one is an alarm.
 #[tokio::test]
-#[ignore = "open: a deleted audit.head is started afresh over a truncated chain (audit_head.rs, documented as not stopped); found by the final attack of issue 15, not fixed yet"]
 async fn redteam_deleting_the_head_with_the_newest_rows_is_not_covered_up() {
     let rig = rig().await;
     let mut c = rig.attacker().await;
     truncate(&mut c, 3).await;
     drop(c);
     std::fs::remove_file(rig.head_path()).unwrap();
-    // Any later admin action: the exporter starts a new head at the truncated chain.
+    // Any later admin action, and the export that follows it (the gateway's task or this
+    // one: they take turns under the head's lock).
     let (s, _) = rig
         .admin
         .post("/admin/api/v1/teams", &json!({"name": "after"}))
         .await;
     assert_eq!(s, 201);
-    rig.head_caught_up().await;
+    let dir = Path::new(&rig.app.settings.backup.dir);
+    let done = sluice::ops::audit_head::export(&rig.app.state.db, dir, chrono::Utc::now())
+        .await
+        .unwrap();
+    assert!(
+        matches!(&done, sluice::ops::audit_head::Exported::Refused(why) if why.contains("sluice audit rearm")),
+        "{done:?}"
+    );
+    assert!(
+        !rig.head_path().exists(),
+        "a new head was started over the truncated chain"
+    );
     let out = rig.verify().await;
     assert!(
         !ok(&out),
         "three deleted rows went unnoticed: verify passed after the head was deleted and rewritten"
     );
+    assert!(
+        stderr(&out).contains("audit head missing") && stderr(&out).contains("sluice audit rearm"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// The CLI as the operator runs it on the rig's database (awaited, as `verify`).
+async fn cli(rig: &Rig, args: &[&str]) -> Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["--config", rig.config.to_str().unwrap()])
+        .args(args)
+        .env_remove("SLUICE_SECRET_KEY")
+        .output()
+        .await
+        .unwrap()
+}
+
+/// A head missing where one was started stays missing — a CLI command's export and a
+/// gateway starting on the database (its first export is done before it serves) refuse to
+/// start a new one, the gateway raising an alert — until the operator re-arms it: `sluice
+/// audit rearm --reason …` starts a new head, records who and why in the chain, and keeps a
+/// head it replaces aside.
+#[tokio::test]
+async fn a_missing_head_is_started_again_only_by_the_operator() {
+    let rig = rig().await;
+    std::fs::remove_file(rig.head_path()).unwrap();
+    let out = cli(&rig, &["team", "create", "--name", "cli-after"]).await;
+    assert!(ok(&out), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("warning: audit.head is missing"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!rig.head_path().exists(), "the CLI started a new head");
+    let (db, backup) = (rig.db_path(), rig.app.settings.backup.dir.clone());
+    let second = spawn_app_with(move |s, _| {
+        s.database.url = format!("sqlite://{}", db.display());
+        s.backup.dir = backup;
+    })
+    .await;
+    assert!(
+        !rig.head_path().exists(),
+        "a gateway starting on the database started a new head"
+    );
+    drop(second);
+    // The reason is required.
+    let out = cli(&rig, &["audit", "rearm", "--reason", " "]).await;
+    assert!(
+        !ok(&out) && stderr(&out).contains("--reason"),
+        "{}",
+        stderr(&out)
+    );
+    let out = cli(
+        &rig,
+        &[
+            "audit",
+            "rearm",
+            "--reason",
+            "backup folder restored from tape",
+        ],
+    )
+    .await;
+    assert!(ok(&out), "{}", stderr(&out));
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(said.contains("audit head started over"), "{said}");
+    let out = rig.verify().await;
+    assert!(ok(&out), "{}", stderr(&out));
+    let (actor, after): (String, String) = sqlx::query_as(
+        "SELECT actor, after FROM audit_log WHERE action = 'audit.head_started' ORDER BY id DESC LIMIT 1",
+    )
+    .fetch_one(&mut rig.attacker().await)
+    .await
+    .unwrap();
+    assert_eq!(actor, "cli");
+    assert!(
+        after.contains("backup folder restored from tape"),
+        "{after}"
+    );
+    // Re-arming over a head that is there keeps that one aside.
+    let out = cli(&rig, &["audit", "rearm", "--reason", "a second look"]).await;
+    assert!(ok(&out), "{}", stderr(&out));
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(said.contains("audit.head.before-rearm-"), "{said}");
+    let kept = std::fs::read_dir(&rig.app.settings.backup.dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("audit.head.before-rearm-")
+        })
+        .count();
+    assert_eq!(kept, 1);
+    assert!(ok(&rig.verify().await));
+}
+
+/// A fresh gateway's first head follows an `audit.head_started` row, the chain's record
+/// that a head exists from then on; it is in the chain before the gateway serves anyone.
+#[tokio::test]
+async fn a_fresh_gateway_records_that_its_head_was_started() {
+    let app = spawn_app().await;
+    let (actor, action): (String, String) =
+        sqlx::query_as("SELECT actor, action FROM audit_log ORDER BY id LIMIT 1")
+            .fetch_one(&app.state.db.read)
+            .await
+            .unwrap();
+    assert_eq!(
+        (actor.as_str(), action.as_str()),
+        ("system", "audit.head_started")
+    );
+    let head = Path::new(&app.settings.backup.dir).join("audit.head");
+    let head: Value = serde_json::from_str(&std::fs::read_to_string(head).unwrap()).unwrap();
+    assert_eq!(head["rows"], 1);
+}
+
+/// The chain's record that a head was started cannot be taken out to make a missing head
+/// look like a first start: deleting the `audit.head_started` row (and the head) breaks the
+/// link of the row after it, and relabelling it breaks its MAC; either way `verify` names
+/// the row, whatever head the next export writes.
+#[tokio::test]
+async fn removing_the_record_of_the_head_is_named() {
+    for how in ["delete", "relabel"] {
+        let rig = rig().await;
+        let marker: i64 = rig
+            .app
+            .scalar(
+                "SELECT id FROM audit_log WHERE action = 'audit.head_started' ORDER BY id LIMIT 1",
+            )
+            .await;
+        let mut c = rig.attacker().await;
+        let sql = match how {
+            "delete" => "DROP TRIGGER audit_no_delete; DELETE FROM audit_log WHERE action = 'audit.head_started'",
+            _ => "DROP TRIGGER audit_no_update; UPDATE audit_log SET action = 'team.create' WHERE action = 'audit.head_started'",
+        };
+        sqlx::raw_sql(sql).execute(&mut c).await.unwrap();
+        drop(c);
+        truncate_quietly(&rig).await;
+        std::fs::remove_file(rig.head_path()).unwrap();
+        let dir = Path::new(&rig.app.settings.backup.dir);
+        sluice::ops::audit_head::export(&rig.app.state.db, dir, chrono::Utc::now())
+            .await
+            .unwrap();
+        let named = match how {
+            "delete" => format!("broken at row {}", marker + 1),
+            _ => format!("broken at row {marker}"),
+        };
+        rig.verify_fails_naming(
+            &named,
+            &format!("{how}: the record of the head went unnoticed"),
+        )
+        .await;
+    }
+}
+
+/// Deletes the newest row (the delete trigger may already be gone).
+async fn truncate_quietly(rig: &Rig) {
+    let mut c = rig.attacker().await;
+    sqlx::raw_sql(
+        "DROP TRIGGER IF EXISTS audit_no_delete; DELETE FROM audit_log WHERE id = (SELECT MAX(id) FROM audit_log)",
+    )
+    .execute(&mut c)
+    .await
+    .unwrap();
 }

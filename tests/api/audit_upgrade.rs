@@ -99,7 +99,8 @@ async fn an_upgraded_database_seals_its_old_rows_and_goes_on_keyed() {
     assert!(out.status.success(), "{}", stderr(&out));
     let out = sluice(&config, &["audit", "verify"]);
     assert!(ok(&out), "{}", stderr(&out));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("5 rows verified"));
+    // 3 old rows, the seal, the first head's `audit.head_started` (`migrate`'s), the team.
+    assert!(String::from_utf8_lossy(&out.stdout).contains("6 rows verified"));
     let mut c = open_plain(&config).await;
     let chain: Vec<(String, String, Option<String>)> =
         sqlx::query_as("SELECT action, chain, after FROM audit_log ORDER BY id")
@@ -108,9 +109,17 @@ async fn an_upgraded_database_seals_its_old_rows_and_goes_on_keyed() {
             .unwrap();
     assert_eq!(
         chain.iter().map(|r| r.1.as_str()).collect::<Vec<_>>(),
-        ["sha256", "sha256", "sha256", "hmac-sha256", "hmac-sha256"]
+        [
+            "sha256",
+            "sha256",
+            "sha256",
+            "hmac-sha256",
+            "hmac-sha256",
+            "hmac-sha256"
+        ]
     );
     assert_eq!(chain[3].0, "audit.keyed");
+    assert_eq!(chain[4].0, "audit.head_started");
     assert_eq!(chain[3].2.as_deref(), Some("{\"legacy_rows\":3}"));
     // An old row edited afterwards is still named.
     sqlx::query("DROP TRIGGER audit_no_update")
@@ -171,5 +180,15 @@ async fn a_restore_keeps_the_old_head_aside_and_starts_a_new_one() {
     assert_eq!(kept.len(), 1, "the old head is kept aside");
     let out = sluice(&config, &["audit", "verify"]);
     assert!(ok(&out), "{}", stderr(&out));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("1 rows verified"));
+    // The backup's team and first `audit.head_started` row, and the restore's own.
+    assert!(String::from_utf8_lossy(&out.stdout).contains("3 rows verified"));
+    let mut c = open_plain(&config).await;
+    let (actor, after): (String, String) = sqlx::query_as(
+        "SELECT actor, after FROM audit_log WHERE action = 'audit.head_started' ORDER BY id DESC LIMIT 1",
+    )
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
+    assert_eq!(actor, "cli");
+    assert!(after.contains("restore of"), "{after}");
 }

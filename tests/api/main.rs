@@ -42,6 +42,7 @@ mod translate_attack;
 mod translate_fuzz;
 mod translate_roundtrip;
 mod translate_wire;
+mod trusted_proxies;
 mod windows;
 mod windows_redis;
 mod windows_tpm;

@@ -68,13 +68,14 @@ fn redteam_a_finished_probe_is_not_left_behind_as_hung() {
 /// Sign-in throttle after a clock step back: attempts stamped by a clock that ran ahead
 /// (then stepped back, or another replica's) keep counting until their own time plus the
 /// window, but `Retry-After` is clamped to one window (`over_limit`, src/auth/throttle.rs):
-/// an admin who waits exactly as told is refused again, for as long as the step. Fails on
-/// the current code.
+/// an admin who waits exactly as told is refused again, for as long as the step. Fixed: the
+/// wait is what the attempts say (a lock is never shortened by a clock, so it may be longer
+/// than a window; `sluice admin unlock` lifts it).
 #[tokio::test]
-#[ignore = "open: after a clock step back the sign-in Retry-After is capped at the window the lock outlasts (throttle.rs); found by the final attack of issue 15, not fixed yet"]
 async fn redteam_retry_after_is_honest_after_a_clock_step_back() {
     use chrono::{Duration, Utc};
     use sluice::auth::throttle::{admit, Admission, USER_LIMIT};
+    use sluice::clock::ManualClock;
     let dir = tempfile::tempdir().unwrap();
     let db = sluice::store::Db::open(&dir.path().join("t.db"), false)
         .await
@@ -87,7 +88,7 @@ async fn redteam_retry_after_is_honest_after_a_clock_step_back() {
             &db.write,
             "root",
             "10.0.0.1",
-            now + Duration::hours(1),
+            &ManualClock::new(now + Duration::hours(1)),
         )
         .await
         .unwrap()
@@ -97,9 +98,15 @@ async fn redteam_retry_after_is_honest_after_a_clock_step_back() {
         }
     }
     // The clock steps back; the admin is told when to come back.
-    let retry = match admit(&db.read, &db.write, "root", "10.0.0.2", now)
-        .await
-        .unwrap()
+    let retry = match admit(
+        &db.read,
+        &db.write,
+        "root",
+        "10.0.0.2",
+        &ManualClock::new(now),
+    )
+    .await
+    .unwrap()
     {
         Admission::Refused { retry_after } => retry_after,
         Admission::Admitted(_) => panic!("a sixth attempt"),
@@ -107,11 +114,82 @@ async fn redteam_retry_after_is_honest_after_a_clock_step_back() {
     let back = now + Duration::seconds(retry as i64 + 1);
     assert!(
         matches!(
-            admit(&db.read, &db.write, "root", "10.0.0.2", back)
-                .await
-                .unwrap(),
+            admit(
+                &db.read,
+                &db.write,
+                "root",
+                "10.0.0.2",
+                &ManualClock::new(back)
+            )
+            .await
+            .unwrap(),
             Admission::Admitted(_)
         ),
         "refused again after waiting the Retry-After ({retry} s) it was given"
+    );
+}
+
+async fn admit_root(db: &sluice::store::Db, addr: &str, at: chrono::DateTime<chrono::Utc>) -> bool {
+    use sluice::auth::throttle::{admit, Admission};
+    let clock = sluice::clock::ManualClock::new(at);
+    match admit(&db.read, &db.write, "root", addr, &clock)
+        .await
+        .unwrap()
+    {
+        Admission::Admitted(a) => {
+            std::mem::forget(a);
+            true
+        }
+        Admission::Refused { .. } => false,
+    }
+}
+
+/// A process whose clock runs a day ahead (another replica, or this host before a step
+/// back) recorded an attempt, and its sweep of "rows older than a day" took every other
+/// process's attempts with it: the name locked at the right clock was open again.
+#[tokio::test]
+async fn redteam_a_process_a_day_ahead_does_not_sweep_other_processes_attempts() {
+    use chrono::{Duration, Utc};
+    use sluice::auth::throttle::USER_LIMIT;
+    let dir = tempfile::tempdir().unwrap();
+    let db = sluice::store::Db::open(&dir.path().join("t.db"), false)
+        .await
+        .unwrap();
+    let now = Utc::now();
+    for _ in 0..USER_LIMIT {
+        assert!(admit_root(&db, "10.0.0.1", now).await);
+    }
+    assert!(
+        !admit_root(&db, "10.0.0.2", now).await,
+        "locked at the right clock"
+    );
+    // The process a day ahead does not see those attempts (a day old by its clock) and
+    // admits one at another name, recording it (and, before the fix, sweeping).
+    let ahead = now + Duration::days(1) + Duration::minutes(1);
+    let mut c = db.write.acquire().await.unwrap();
+    let before: i64 = sqlx::query_scalar("SELECT count(*) FROM login_failures")
+        .fetch_one(&mut *c)
+        .await
+        .unwrap();
+    drop(c);
+    let clock = sluice::clock::ManualClock::new(ahead);
+    match sluice::auth::throttle::admit(&db.read, &db.write, "other", "10.0.0.3", &clock)
+        .await
+        .unwrap()
+    {
+        sluice::auth::throttle::Admission::Admitted(a) => std::mem::forget(a),
+        sluice::auth::throttle::Admission::Refused { .. } => panic!("a fresh name"),
+    }
+    let mut c = db.write.acquire().await.unwrap();
+    let after: i64 = sqlx::query_scalar("SELECT count(*) FROM login_failures")
+        .fetch_one(&mut *c)
+        .await
+        .unwrap();
+    drop(c);
+    assert_eq!(after, before + 2, "the process a day ahead swept attempts");
+    // Back at the right clock, a minute later: the name is still locked.
+    assert!(
+        !admit_root(&db, "10.0.0.2", now + Duration::minutes(1)).await,
+        "the name was unlocked by another process's clock"
     );
 }

@@ -368,3 +368,78 @@ async fn with_every_hashing_permit_taken_a_sign_in_is_told_to_come_back() {
     assert_eq!(ok.status, 303, "{}", ok.body);
     assert_eq!(app.scalar("SELECT COUNT(*) FROM login_failures").await, 0);
 }
+
+/// A real gateway whose clock ran an hour ahead took five wrong guesses at `root`; its
+/// clock then steps back to the right time. `root` stays locked until those guesses leave
+/// the window by their own stamps — and `Retry-After` says so: with the clock moved on by
+/// exactly that, the right password signs in (the old answer, 900 s, sent the admin back to
+/// be refused again for an hour).
+#[tokio::test]
+async fn after_a_clock_step_back_retry_after_is_the_real_wait() {
+    let rig = Rig::start().await;
+    rig.set_clock_ahead(3600);
+    let form = rig.form().await;
+    for i in 0..5 {
+        let a = sign_in(
+            &rig.http,
+            rig.url(),
+            (&form.0, &form.1),
+            "root",
+            &format!("wrong {i}"),
+        )
+        .await;
+        assert_eq!(a.status, 401, "{}", a.body);
+    }
+    rig.set_clock_ahead(0);
+    let refused = sign_in(&rig.http, rig.url(), (&form.0, &form.1), "root", PASSWORD).await;
+    assert_eq!(refused.status, 429, "{}", refused.body);
+    let retry = retry_after(&refused.headers) as i64;
+    assert!(
+        (3600..=3600 + 900).contains(&retry),
+        "Retry-After {retry}: the guesses stamped an hour ahead count for an hour and a window"
+    );
+    rig.set_clock_ahead(retry + 1);
+    let form = rig.form().await;
+    let back = sign_in(&rig.http, rig.url(), (&form.0, &form.1), "root", PASSWORD).await;
+    assert_eq!(
+        back.status, 303,
+        "refused after waiting the Retry-After: {}",
+        back.body
+    );
+}
+
+/// Two gateways on one database; `root` is locked by five wrong guesses through the one on
+/// the right clock. The other one's clock then runs a day ahead, and a sign-in there (at
+/// another name) used to sweep every attempt "older than a day" by its clock — all of the
+/// first gateway's, unlocking `root` there.
+#[tokio::test]
+async fn a_gateway_a_day_ahead_does_not_unlock_names_for_the_others() {
+    let rig = Rig::start().await;
+    let right = rig.second().await;
+    let form = login_form_at(&rig.http, &right.url).await;
+    for i in 0..5 {
+        let a = sign_in(
+            &rig.http,
+            &right.url,
+            (&form.0, &form.1),
+            "root",
+            &format!("wrong {i}"),
+        )
+        .await;
+        assert_eq!(a.status, 401, "{}", a.body);
+    }
+    rig.set_clock_ahead(86_400 + 60);
+    let ahead = rig.form().await;
+    let other = sign_in(
+        &rig.http,
+        rig.url(),
+        (&ahead.0, &ahead.1),
+        "nobody",
+        "a guess of some length",
+    )
+    .await;
+    assert_eq!(other.status, 401, "{}", other.body);
+    let form = login_form_at(&rig.http, &right.url).await;
+    let root = sign_in(&rig.http, &right.url, (&form.0, &form.1), "root", PASSWORD).await;
+    assert_throttled_form(&root);
+}

@@ -1,0 +1,180 @@
+//! `[server] trusted_proxies`: behind a reverse proxy every client's socket peer is the
+//! proxy, so without it one per-address sign-in limit (20 per 15 minutes) is shared by every
+//! user. From a trusted peer the client is the rightmost untrusted `X-Forwarded-For` entry;
+//! from any other peer the header is ignored. The test's own socket plays the proxy (its
+//! address is 127.0.0.1).
+
+use serde_json::json;
+
+use crate::admin_helpers::*;
+use crate::helpers::*;
+
+/// One wrong-password sign-in at `name`, with `X-Forwarded-For: xff` when given.
+async fn guess(
+    app: &TestApp,
+    http: &reqwest::Client,
+    form: &(String, String),
+    name: &str,
+    xff: Option<&str>,
+) -> reqwest::Response {
+    let mut req = http
+        .post(format!("{}/admin/login", app.address))
+        .header("cookie", format!("sluice_login={}", form.0));
+    if let Some(xff) = xff {
+        req = req.header("x-forwarded-for", xff);
+    }
+    req.form(&[
+        ("username", name),
+        ("password", "a guess of some length"),
+        ("csrf_token", form.1.as_str()),
+    ])
+    .send()
+    .await
+    .unwrap()
+}
+
+/// The addresses of the `login.failed` audit rows at names starting with `prefix`.
+async fn failed_from(app: &TestApp, prefix: &str) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT address FROM audit_log WHERE action = 'login.failed' AND actor LIKE ? || '%' ORDER BY id",
+    )
+    .bind(prefix)
+    .fetch_all(&app.state.db.read)
+    .await
+    .unwrap()
+}
+
+/// Proxies are trusted, but not this socket's address: whatever `X-Forwarded-For` it sends,
+/// its twenty guesses are one address's twenty, and each is recorded at its own address.
+#[tokio::test]
+async fn from_an_untrusted_peer_x_forwarded_for_is_ignored() {
+    let app = spawn_app_with(|s, _| {
+        s.server.trusted_proxies = vec!["10.0.0.0/8".into(), "192.0.2.0/24".into()];
+    })
+    .await;
+    let http = client();
+    let form = login_form(&app, &http).await;
+    for i in 0..20 {
+        // Claims a new client each time, and claims to come through a trusted proxy too.
+        let xff = format!("203.0.113.{i}, 10.0.0.1");
+        let r = guess(&app, &http, &form, &format!("spoof{i}"), Some(&xff)).await;
+        assert_eq!(r.status(), 401, "guess {i}");
+    }
+    let r = guess(&app, &http, &form, "spoof20", Some("203.0.113.99")).await;
+    assert_eq!(r.status(), 429);
+    assert!(r.headers().contains_key("retry-after"));
+    let addresses = failed_from(&app, "spoof").await;
+    assert_eq!(addresses.len(), 20);
+    assert!(addresses.iter().all(|a| a == "127.0.0.1"), "{addresses:?}");
+}
+
+/// This socket is a trusted proxy: two clients behind it are throttled apart — one that has
+/// used up its twenty guesses (while writing whatever it likes to the left of the proxy's
+/// entry) does not lock out the other — and the audit rows carry each client's address.
+/// A header the proxy sent that is not an address counts at the proxy's own.
+#[tokio::test]
+async fn through_a_trusted_proxy_two_clients_are_throttled_apart() {
+    let app = spawn_app_with(|s, _| {
+        s.server.trusted_proxies = vec!["127.0.0.1/32".into()];
+    })
+    .await;
+    make_login(&app, "root", "admin", None).await;
+    let http = client();
+    let form = login_form(&app, &http).await;
+    for i in 0..20 {
+        let xff = format!("198.51.100.{i}, 203.0.113.7");
+        let r = guess(&app, &http, &form, &format!("a{i}"), Some(&xff)).await;
+        assert_eq!(r.status(), 401, "client A's guess {i}");
+    }
+    let r = guess(
+        &app,
+        &http,
+        &form,
+        "a20",
+        Some("198.51.100.200, 203.0.113.7"),
+    )
+    .await;
+    assert_eq!(r.status(), 429, "client A is over its limit");
+    let r = guess(&app, &http, &form, "b0", Some("192.0.2.44")).await;
+    assert_eq!(r.status(), 401, "client B is throttled apart from A");
+    let a = failed_from(&app, "a").await;
+    assert_eq!(a.len(), 20);
+    assert!(a.iter().all(|x| x == "203.0.113.7"), "{a:?}");
+    assert_eq!(failed_from(&app, "b").await, ["192.0.2.44"]);
+    // Not an address: the proxy's own.
+    let r = guess(&app, &http, &form, "c0", Some("203.0.113.8, unknown")).await;
+    assert_eq!(r.status(), 401);
+    assert_eq!(failed_from(&app, "c").await, ["127.0.0.1"]);
+    // A sign-in through the proxy, and an action the admin's key takes through it (the
+    // admin gate's address), carry the client's.
+    let resp = http
+        .post(format!("{}/admin/login", app.address))
+        .header("cookie", format!("sluice_login={}", form.0))
+        .header("x-forwarded-for", "192.0.2.45")
+        .form(&[
+            ("username", "root"),
+            ("password", PASSWORD),
+            ("csrf_token", form.1.as_str()),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 303);
+    let key = key_of(&login(&app, "root").await, "automation").await;
+    let resp = client()
+        .post(format!("{}/admin/api/v1/teams", app.address))
+        .bearer_auth(&key)
+        .header("x-forwarded-for", "192.0.2.46")
+        .json(&json!({"name": "via-proxy"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let newest = |action: &'static str| {
+        let pool = app.state.db.read.clone();
+        async move {
+            sqlx::query_scalar::<_, String>(
+                "SELECT address FROM audit_log WHERE action = ? ORDER BY id DESC LIMIT 1",
+            )
+            .bind(action)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    assert_eq!(newest("team.create").await, "192.0.2.46");
+    let signed_in: Vec<String> =
+        sqlx::query_scalar("SELECT address FROM audit_log WHERE action = 'login.ok' ORDER BY id")
+            .fetch_all(&app.state.db.read)
+            .await
+            .unwrap();
+    assert_eq!(signed_in.first().map(String::as_str), Some("192.0.2.45"));
+}
+
+/// A bad entry stops `check-config` and the start, naming the key and the entry.
+#[tokio::test]
+async fn a_bad_trusted_proxy_entry_stops_the_start_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("sluice.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\ntrusted_proxies = [\"127.0.0.1\", \"10.0.0.0/33\"]\n[database]\nurl = \"sqlite://{}/sluice.db\"\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    for command in ["check-config", "serve"] {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["--config", config.to_str().unwrap(), command])
+            .output()
+            .await
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{command} accepted it");
+        assert!(
+            err.contains("server.trusted_proxies") && err.contains("`10.0.0.0/33`"),
+            "{command}: {err}"
+        );
+    }
+}
