@@ -537,6 +537,7 @@ async fn token_command(
 }
 
 async fn serve(settings: Settings) -> anyhow::Result<()> {
+    sluice::ops::fd_limit::raise();
     let app = Application::build(settings).await?;
     tracing::info!(port = app.port(), "sluice listening");
     app.run_until_stopped().await?;
@@ -545,6 +546,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
 
 /// `serve --demo`: the gateway with an in-process mock upstream, an admin and a token.
 async fn serve_demo(mut settings: Settings) -> anyhow::Result<()> {
+    sluice::ops::fd_limit::raise();
     let mock = MockServer::start("127.0.0.1:0", MockConfig::default())?;
     settings.upstreams = vec![UpstreamSettings {
         id: "mock".into(),
