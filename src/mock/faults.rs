@@ -80,7 +80,10 @@ mod tests {
         }
     }
 
-    fn outcomes(seed: u64, n: usize) -> Vec<(Option<u16>, Option<usize>, Option<usize>)> {
+    /// What a request drew: (status, cut_after, corrupt_after).
+    type Drawn = (Option<u16>, Option<usize>, Option<usize>);
+
+    fn outcomes(seed: u64, n: usize) -> Vec<Drawn> {
         let mut dice = FaultDice::default();
         (0..n)
             .map(|_| {
@@ -100,9 +103,7 @@ mod tests {
             "the same seed draws the same faults"
         );
         assert_ne!(a, outcomes(8, 20_000));
-        let count = |f: &dyn Fn(&(Option<u16>, Option<usize>, Option<usize>)) -> bool| {
-            a.iter().filter(|o| f(o)).count()
-        };
+        let count = |f: &dyn Fn(&Drawn) -> bool| a.iter().filter(|o| f(o)).count();
         // Expected 400 / 200 / 200 of 20 000; a binomial's 5 sigma is ~100 / ~70.
         let unavailable = count(&|o| o.0 == Some(503));
         let cut = count(&|o| o.1.is_some());
