@@ -31,7 +31,7 @@ impl Drop for Gateway {
 }
 
 /// The gateway's config; `extra` is appended (more tables, e.g. `[redis]`).
-fn write_config(
+pub(crate) fn write_config(
     dir: &std::path::Path,
     mock: &MockServer,
     port: u16,

@@ -13,6 +13,7 @@ mod helpers;
 mod rig;
 
 mod admission;
+mod fd_limit;
 mod soak;
 mod streams;
 mod throughput;
