@@ -23,6 +23,8 @@ const PER_SECOND: u64 = 100;
 const WARM_UP: Duration = Duration::from_secs(10);
 const SLOW_READERS: usize = 3;
 const LONG_KEY: &str = "sk-soak-long-answers";
+/// The longest `Retry-After` a 503 carried.
+static RETRY_AFTER_MAX: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 /// CPU ticks a second (of 100 per core) under which the gateway counts as idle.
 const IDLE_TICKS: u64 = 10;
 
@@ -95,6 +97,10 @@ async fn one(
         .await
         .map_err(|e| format!("no answer: {e}"))?;
     let status = resp.status().as_u16();
+    let retry_after = resp
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if let Kind::Vanish = kind {
         if status == 200 {
             // One chunk, then the client is gone.
@@ -129,12 +135,27 @@ async fn one(
                 ))
             }
         }
-        // Every route failed or cooled down at once: the gateway's own error, well-formed.
-        (502 | 503, _) => serde_json::from_str::<Value>(&text)
+        // Every route failed (502) or was cooling down (503) at once: the gateway's own
+        // error, in the client's format; a 503 says when to come back.
+        (502, _) => serde_json::from_str::<Value>(&text)
             .ok()
-            .filter(|v| v["error"]["code"].is_string())
+            .filter(|v| v["error"]["code"] == "upstream_error")
             .map(|_| "upstream error")
-            .ok_or_else(|| format!("{status} not in the client's format: {text}")),
+            .ok_or_else(|| format!("a 502 not in the client's format: {text}")),
+        (503, _) => serde_json::from_str::<Value>(&text)
+            .ok()
+            .filter(|v| {
+                v["error"]["code"] == "service_degraded"
+                    && retry_after.is_some()
+                    && v["error"]["retry_after_seconds"].as_u64() == retry_after
+            })
+            .map(|_| {
+                RETRY_AFTER_MAX.fetch_max(retry_after.unwrap_or(0), Ordering::Relaxed);
+                "upstream error"
+            })
+            .ok_or_else(|| {
+                format!("a 503 without a matching Retry-After ({retry_after:?}): {text}")
+            }),
         _ => Err(format!("{status}: {text}")),
     }
 }
@@ -298,10 +319,12 @@ async fn l3_soak_with_faults_leaves_flat_rss_no_reservation_one_row_each_ttls_an
     .unwrap();
     eprintln!(
         "L3: {} requests in {:.1} s ({} upstream calls): {tally:?}; logged (status, code, count) {outcomes:?}; \
+         longest Retry-After on a 503 {} s; \
          RSS after warm-up {warm_rss} MiB, after the load {rss} MiB, peak {peak} MiB; CPU ticks/s after the load {idle:?}",
         tally.sent,
         load_ended.as_secs_f64(),
         upstream_calls,
+        RETRY_AFTER_MAX.load(Ordering::Relaxed),
     );
     assert!(
         tally.failures.is_empty(),
