@@ -69,6 +69,14 @@ async fn stream(http: &reqwest::Client, url: &str, key: &str) -> Result<Vec<u8>,
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn l2_1000_streams_arrive_byte_identical_healthz_answers_fds_return() {
     let _serial = one_at_a_time().await;
+    // Each stream is two sockets here (client, in-process mock) and two in the gateway.
+    assert!(
+        open_file_limit() >= 3 * STREAMS as u64,
+        "the open-file limit ({}) is too low for {STREAMS} streams: raise the hard limit \
+         (ulimit -Hn) to at least {}",
+        open_file_limit(),
+        3 * STREAMS
+    );
     let r = LoadRig::start(
         "[queue]\nmax_in_flight = 2000\nmax_depth = 2000\n",
         20,
@@ -198,4 +206,12 @@ async fn l2_1000_streams_arrive_byte_identical_healthz_answers_fds_return() {
         "30 s after the streams: {now} descriptors open, baseline {baseline} (peak {peak_fds})"
     );
     r.settled_and_logged(STREAMS as i64 + 1).await;
+    let clean = r
+        .scalar("SELECT COUNT(*) FROM requests WHERE status = 200 AND error_code IS NULL")
+        .await;
+    assert_eq!(
+        clean,
+        STREAMS as i64 + 1,
+        "every stream logged as a clean 200"
+    );
 }
