@@ -147,7 +147,7 @@ async fn a_gateway_started_under_a_low_soft_fd_limit_raises_it_and_carries_300_s
     );
     let stats = mock.state.stats(KEY_A);
     assert!(
-        stats.max_concurrency as u64 > SOFT,
+        stats.max_concurrency > SOFT,
         "the streams were concurrent: {} at once upstream",
         stats.max_concurrency
     );
