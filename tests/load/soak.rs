@@ -1,5 +1,5 @@
 //! CHECKS L3: a soak with faults. ~100 requests a second for 40 s, half of them streamed,
-//! over four upstream keys whose mock injects seeded faults (2 % 503s, 1 % stream cuts, 1 %
+//! half in Anthropic's format (translated), over four upstream keys whose mock injects seeded faults (2 % 503s, 1 % stream cuts, 1 %
 //! malformed events); 1 % of clients vanish mid-stream, and three slow readers keep taking
 //! long streams a little at a time. Token windows live in a real `redis-server`.
 //! Afterwards: RSS about where it was after the warm-up, nothing reserved, one log row per
@@ -79,19 +79,27 @@ enum Kind {
     Vanish,
 }
 
-/// One client request; `Err` is anything a client must never see.
+/// One client request, in OpenAI's format or (`anthropic`) Anthropic's, translated by the
+/// gateway; `Err` is anything a client must never see.
 async fn one(
     http: &reqwest::Client,
-    url: &str,
+    gateway: &str,
     token: &str,
     kind: Kind,
+    anthropic: bool,
 ) -> Result<&'static str, String> {
     let stream = !matches!(kind, Kind::Plain);
     let body = json!({"model": "soak", "max_tokens": 100, "stream": stream,
         "messages": [{"role": "user", "content": "Why does the engine light blink?"}]});
-    let mut resp = http
-        .post(url)
-        .bearer_auth(token)
+    let req = if anthropic {
+        http.post(format!("{gateway}/v1/messages"))
+            .header("x-api-key", token)
+            .header("anthropic-version", "2023-06-01")
+    } else {
+        http.post(format!("{gateway}/v1/chat/completions"))
+            .bearer_auth(token)
+    };
+    let mut resp = req
         .json(&body)
         .send()
         .await
@@ -112,50 +120,66 @@ async fn one(
         .text()
         .await
         .map_err(|e| format!("{status}: body broke: {e}"))?;
+    let json = || serde_json::from_str::<Value>(&text).unwrap_or(Value::Null);
     match (status, stream) {
-        (200, false) => serde_json::from_str::<Value>(&text)
-            .ok()
-            .filter(|v| v["choices"][0]["message"]["content"].is_string())
-            .map(|_| "answered")
-            .ok_or_else(|| format!("200 without an answer: {text}")),
-        (200, true) => {
-            let last = text
-                .trim_end()
-                .rsplit("\n\n")
-                .next()
-                .unwrap_or("")
-                .to_string();
-            if last == "data: [DONE]" {
-                Ok("stream done")
-            } else if last.contains("\"error\"") {
-                Ok("stream error event")
+        (200, false) => {
+            let v = json();
+            let answer = if anthropic {
+                &v["content"][0]["text"]
             } else {
-                Err(format!(
-                    "a stream ended without [DONE] or an error event: …{last}"
-                ))
+                &v["choices"][0]["message"]["content"]
+            };
+            answer
+                .is_string()
+                .then_some("answered")
+                .ok_or_else(|| format!("200 without an answer: {text}"))
+        }
+        (200, true) => {
+            let last = text.trim_end().rsplit("\n\n").next().unwrap_or("");
+            let done = if anthropic {
+                last.starts_with("event: message_stop")
+            } else {
+                last == "data: [DONE]"
+            };
+            let error = if anthropic {
+                last.starts_with("event: error") && last.contains("\"type\":\"error\"")
+            } else {
+                last.contains("\"error\"")
+            };
+            match (done, error) {
+                (true, _) => Ok("stream done"),
+                (_, true) => Ok("stream error event"),
+                _ => Err(format!(
+                    "a stream ended without its end or an error event: …{last}"
+                )),
             }
         }
         // Every route failed (502) or was cooling down (503) at once: the gateway's own
         // error, in the client's format; a 503 says when to come back.
-        (502, _) => serde_json::from_str::<Value>(&text)
-            .ok()
-            .filter(|v| v["error"]["code"] == "upstream_error")
-            .map(|_| "upstream error")
-            .ok_or_else(|| format!("a 502 not in the client's format: {text}")),
-        (503, _) => serde_json::from_str::<Value>(&text)
-            .ok()
-            .filter(|v| {
-                v["error"]["code"] == "service_degraded"
-                    && retry_after.is_some()
-                    && v["error"]["retry_after_seconds"].as_u64() == retry_after
-            })
-            .map(|_| {
+        (502 | 503, _) => {
+            let v = json();
+            let shaped = if anthropic {
+                v["type"] == "error" && v["error"]["type"].is_string()
+            } else {
+                v.get("type").is_none() && v["error"]["type"] == "server_error"
+            };
+            let code = v["error"]["code"].as_str().unwrap_or("");
+            let ok = shaped
+                && match status {
+                    502 => code == "upstream_error",
+                    _ => {
+                        code == "service_degraded"
+                            && retry_after.is_some()
+                            && v["error"]["retry_after_seconds"].as_u64() == retry_after
+                    }
+                };
+            if status == 503 {
                 RETRY_AFTER_MAX.fetch_max(retry_after.unwrap_or(0), Ordering::Relaxed);
-                "upstream error"
+            }
+            ok.then_some("upstream error").ok_or_else(|| {
+                format!("a {status} not in the client's format or without a matching Retry-After ({retry_after:?}): {text}")
             })
-            .ok_or_else(|| {
-                format!("a 503 without a matching Retry-After ({retry_after:?}): {text}")
-            }),
+        }
         _ => Err(format!("{status}: {text}")),
     }
 }
@@ -243,7 +267,6 @@ async fn l3_soak_with_faults_leaves_flat_rss_no_reservation_one_row_each_ttls_an
         .timeout(Duration::from_secs(120))
         .build()
         .unwrap();
-    let url = format!("{}/v1/chat/completions", r.gateway.url);
     let stop = Arc::new(AtomicBool::new(false));
     let slow: Vec<_> = (0..SLOW_READERS)
         .map(|i| {
@@ -273,14 +296,16 @@ async fn l3_soak_with_faults_leaves_flat_rss_no_reservation_one_row_each_ttls_an
             n if n % 2 == 0 => Kind::Stream,
             _ => Kind::Plain,
         };
-        let (http, url, token) = (
+        // Half of each kind in Anthropic's format, through the translation.
+        let anthropic = (i / 2) % 2 == 1;
+        let (http, gateway, token) = (
             http.clone(),
-            url.clone(),
+            r.gateway.url.clone(),
             r.tokens[(i % 20) as usize].clone(),
         );
-        tasks.push(tokio::spawn(
-            async move { one(&http, &url, &token, kind).await },
-        ));
+        tasks.push(tokio::spawn(async move {
+            one(&http, &gateway, &token, kind, anthropic).await
+        }));
     }
     stop.store(true, Ordering::Relaxed);
     let mut tally = Tally {
