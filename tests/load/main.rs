@@ -14,6 +14,7 @@ mod rig;
 
 mod admission;
 mod fd_limit;
+mod shutdown;
 mod soak;
 mod streams;
 mod throughput;

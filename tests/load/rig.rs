@@ -52,13 +52,15 @@ pub struct LoadRig {
 
 impl LoadRig {
     pub async fn start(extra: &str, tokens: usize, budget_usd: &str) -> LoadRig {
-        Self::start_with(|_| extra.to_string(), tokens, budget_usd, None).await
+        Self::start_with(|_| extra.to_string(), &[], tokens, budget_usd, None).await
     }
 
-    /// `extra` config (given the mock, for more upstreams on it), and tokens with windows
-    /// of `rpm` requests (and 10 000 tokens per request) a minute when given.
+    /// `extra` config (given the mock, for more upstreams on it), more environment
+    /// (`SLUICE_SECTION_KEY` overrides), and tokens with windows of `rpm` requests (and
+    /// 10 000 tokens per request) a minute when given.
     pub async fn start_with(
         extra: impl FnOnce(&MockServer) -> String,
+        env: &[(&str, &str)],
         tokens: usize,
         budget_usd: &str,
         rpm: Option<i64>,
@@ -66,8 +68,9 @@ impl LoadRig {
         let dir = tempfile::tempdir().unwrap();
         let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
         let extra = extra(&mock);
-        let gateway =
-            start_gateway_full(dir.path(), &mock, &[("SLUICE_SERVER_WORKERS", "2")], &extra).await;
+        let mut env = env.to_vec();
+        env.push(("SLUICE_SERVER_WORKERS", "2"));
+        let gateway = start_gateway_full(dir.path(), &mock, &env, &extra).await;
         let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
             .await
             .unwrap();
@@ -92,6 +95,12 @@ impl LoadRig {
             db,
             tokens: texts,
         }
+    }
+
+    /// The gateway's log file (its stderr).
+    pub fn log_path(&self) -> std::path::PathBuf {
+        let port = self.gateway.url.rsplit(':').next().unwrap_or("");
+        self._dir.path().join(format!("gateway-{port}.log"))
     }
 
     pub fn pid(&self) -> u32 {

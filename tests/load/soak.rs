@@ -237,7 +237,7 @@ async fn slow_reader(gateway: &str, token: &str) -> Result<(), String> {
 async fn l3_soak_with_faults_leaves_flat_rss_no_reservation_one_row_each_ttls_and_an_idle_cpu() {
     let _serial = one_at_a_time().await;
     let redis = RedisServer::start().await;
-    let r = LoadRig::start_with(|m| extra(&redis, m), 20, "20", Some(100_000)).await;
+    let r = LoadRig::start_with(|m| extra(&redis, m), &[], 20, "20", Some(100_000)).await;
     let pid = r.pid();
     r.mock.state.sticky(
         "*",
