@@ -120,6 +120,29 @@ mod tests {
                 <= 1));
     }
 
+    /// What `/_mock/sticky` takes: the faults in a script's JSON.
+    #[test]
+    fn faults_are_scriptable_as_json() {
+        let s: Script = serde_json::from_value(serde_json::json!({
+            "chunk_delay_ms": 40,
+            "faults": {"seed": 3, "unavailable": 0.02, "cut": 0.01, "malformed": 0.01}
+        }))
+        .unwrap();
+        assert_eq!(
+            s.faults,
+            Some(Faults {
+                seed: 3,
+                unavailable: 0.02,
+                cut: 0.01,
+                malformed: 0.01
+            })
+        );
+        let bad = serde_json::from_value::<Script>(
+            serde_json::json!({"faults": {"seed": 1, "drop": 0.5}}),
+        );
+        assert!(bad.is_err(), "an unknown fault is refused, not ignored");
+    }
+
     #[test]
     fn shares_out_of_range_are_clamped_not_a_panic() {
         let mut dice = FaultDice::default();
