@@ -17,13 +17,16 @@ const TOKENS: usize = 20;
 /// Gateway calls per client (and as many direct ones): 200 × 50 = CHECKS' 10 000 through
 /// the gateway, 20 000 requests in all.
 const ROUNDS: usize = 50;
-/// The bound on the added p99. Measured on the 2-core dev machine (debug build, three other
-/// builds running, load average ~5): direct p99 90–180 ms, added p99 70–230 ms, growing
-/// with the machine's load (the gateway's path is two hops and more CPU). A gateway that
-/// served one request at a time would add ~200 × 20 ms = 4 s; a worker stuck in a busy
-/// loop leaves its connections unanswered (the 60 s client timeout, a failure). 500 ms
-/// keeps twice the worst noise seen and is still 8 × below serialisation.
-const ADDED_P99_MS: f64 = 500.0;
+/// The bound on the added p99: `ADDED_P99_MS` plus `LOAD_FACTOR` × the direct p99, so the
+/// allowance grows with how loaded the machine is, as the direct calls of the same run
+/// measure it. Measured on the 2-core dev machine (debug build, other builds running):
+/// quiet-ish, direct p99 90–180 ms and added 70–230 ms; at its busiest, direct 355 ms and
+/// added 387 ms — the gateway's path is two hops and more CPU, so its p99 stays ~2 × the
+/// direct one. A gateway serving one request at a time adds ~200 × 20 ms = 4 s; a worker
+/// stuck in a busy loop leaves its connections unanswered (the 60 s client timeout, a
+/// failure). The bound keeps 2.5–4 × the added p99 seen and stays far below 4 s.
+const ADDED_P99_MS: f64 = 250.0;
+const LOAD_FACTOR: f64 = 2.0;
 /// The gateway's peak RSS bound: measured ~40–60 MiB (the debug build, 200 connections
 /// each way, the tokenizer's tables); a per-request leak of a few KiB over 5 000 requests
 /// or an unbounded buffer crosses it.
@@ -136,10 +139,11 @@ async fn l1_200_clients_20_tokens_no_error_small_added_p99_bounded_rss_exact_mon
         ms(g50),
         ms(g99)
     );
+    let bound = ADDED_P99_MS + LOAD_FACTOR * ms(d99);
     assert!(
-        added <= ADDED_P99_MS,
+        added <= bound,
         "the gateway added {added:.1} ms at p99 (gateway p99 {:.1} ms, direct p99 {:.1} ms; \
-         p50 {:.1} vs {:.1} ms), over the bound of {ADDED_P99_MS} ms",
+         p50 {:.1} vs {:.1} ms), over the bound of {bound:.1} ms ({ADDED_P99_MS} + {LOAD_FACTOR} × direct p99)",
         ms(g99),
         ms(d99),
         ms(g50),
