@@ -550,6 +550,7 @@ async fn token_command(
 }
 
 async fn serve(settings: Settings) -> anyhow::Result<()> {
+    sluice::ops::fd_limit::raise();
     let app = Application::build(settings).await?;
     tracing::info!(port = app.port(), "sluice listening");
     run_until_signalled(app).await
@@ -598,6 +599,7 @@ async fn stop_signal(timeout: std::time::Duration) -> std::time::Duration {
 
 /// `serve --demo`: the gateway with an in-process mock upstream, an admin and a token.
 async fn serve_demo(mut settings: Settings) -> anyhow::Result<()> {
+    sluice::ops::fd_limit::raise();
     let mock = MockServer::start("127.0.0.1:0", MockConfig::default())?;
     settings.upstreams = vec![UpstreamSettings {
         id: "mock".into(),

@@ -2,9 +2,11 @@
 //! `/v1/completions`, `/v1/embeddings`, `/v1/models`) and Anthropic (`/v1/messages`).
 //! Tests script, per upstream API key, the next answers (status, body, headers, delays,
 //! stream cuts) and read what it saw: per-key request counts, the highest concurrency, and
-//! the last request bodies, headers and arrival times. Used in-process by tests and as a process by the
-//! demo and the benchmark (control API under `/_mock/`).
+//! the last request bodies, headers and arrival times. A script may also carry seeded,
+//! probabilistic faults (503s, stream cuts, malformed events) for soaks. Used in-process by
+//! tests and as a process by the demo and the benchmark (control API under `/_mock/`).
 
+mod faults;
 mod responses;
 
 use std::collections::{HashMap, VecDeque};
@@ -17,6 +19,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+pub use faults::Faults;
 pub use responses::{pieces, Script, SseEvent};
 
 /// How many request bodies and header sets are kept per key.
@@ -59,6 +62,7 @@ struct Inner {
     queued: HashMap<String, VecDeque<Script>>,
     sticky: HashMap<String, Script>,
     keys: HashMap<String, KeyStats>,
+    dice: faults::FaultDice,
 }
 
 pub struct MockState {
@@ -81,15 +85,16 @@ impl MockState {
         push_bounded(&mut stats.last_bodies, body.clone());
         push_bounded(&mut stats.last_headers, headers);
         push_bounded(&mut stats.last_paths, path.to_string());
-        if let Some(s) = inner.queued.get_mut(key).and_then(VecDeque::pop_front) {
-            return s;
-        }
-        inner
-            .sticky
-            .get(key)
-            .or_else(|| inner.sticky.get("*"))
-            .cloned()
-            .unwrap_or_default()
+        let script = match inner.queued.get_mut(key).and_then(VecDeque::pop_front) {
+            Some(s) => s,
+            None => inner
+                .sticky
+                .get(key)
+                .or_else(|| inner.sticky.get("*"))
+                .cloned()
+                .unwrap_or_default(),
+        };
+        inner.dice.apply(script)
     }
 
     fn end(&self, key: &str) {

@@ -30,6 +30,12 @@ pub struct Script {
     pub cut_after: Option<usize>,
     /// Stop sending (but keep the connection open) after this many content chunks.
     pub stall_after: Option<usize>,
+    /// After this many content chunks, send one event whose data is not JSON (a truncated
+    /// chunk), then go on as scripted.
+    pub corrupt_after: Option<usize>,
+    /// Seeded, probabilistic faults drawn per request (`mock/faults.rs`): a soak's 503s,
+    /// cuts and malformed events.
+    pub faults: Option<super::faults::Faults>,
     /// The answer text (default: the mock's configured text).
     pub text: Option<String>,
     /// Override the reported usage (0 is a valid value).
@@ -497,6 +503,7 @@ fn sse(
 ) -> HttpResponse {
     let delay = Duration::from_millis(s.chunk_delay_ms);
     let (cut, stall, split) = (s.cut_after, s.stall_after, s.split_writes);
+    let mut corrupt = s.corrupt_after;
     let body = async_stream::stream! {
         let _guard = guard;
         let mut sent_content = 0usize;
@@ -513,6 +520,10 @@ fn sse(
                 }
                 if stall == Some(sent_content) {
                     tokio::time::sleep(Duration::from_secs(3600)).await;
+                }
+                if corrupt == Some(sent_content) {
+                    corrupt = None;
+                    yield Ok(Bytes::from_static(b"data: {\"choices\": [{\"delta\": {\"content\": \"tru\n\n"));
                 }
                 sent_content += 1;
             }

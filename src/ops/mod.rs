@@ -3,6 +3,7 @@
 pub mod alerts;
 pub mod audit_head;
 pub mod backup;
+pub mod fd_limit;
 pub mod housekeeping;
 pub mod memory;
 pub mod metrics;

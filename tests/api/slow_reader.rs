@@ -11,29 +11,12 @@ use std::time::Duration;
 use sluice::mock::{MockConfig, MockServer, Script};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::gateway_proc::{start_gateway_full, ticks_in_a_second, Gateway};
 use crate::helpers::*;
-use crate::processes::{start_gateway_full, Gateway};
 
 /// The stall limit of the gateways that test it: a stream whose next frame cannot be
 /// handed on for this long is given up.
 const STALL_MS: u64 = 1000;
-
-/// CPU time (user + system, in clock ticks) the process has used so far.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // The fields after the command name (which may hold spaces) start at field 3: utime is
-    // field 14 and stime field 15.
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
-}
-
-/// The CPU ticks the process uses over one second.
-async fn ticks_in_a_second(pid: u32) -> u64 {
-    let before = cpu_ticks(pid);
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    cpu_ticks(pid) - before
-}
 
 /// Whether the gateway's end of the connection from local port `client` still exists (in
 /// any state but TIME_WAIT, which holds no socket of the process).

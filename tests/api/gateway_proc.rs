@@ -1,0 +1,128 @@
+//! The real binary as a child process: a gateway on a temp dir's database with an
+//! in-process mock upstream, started and polled until healthy, and what tests read of it
+//! from `/proc` (CPU time). Shared by the api suite (`processes.rs`, `slow_reader.rs`) and
+//! the load suite (`tests/load/`).
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use sluice::mock::MockServer;
+
+use crate::helpers::KEY_A;
+
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub(crate) struct Gateway {
+    pub child: Child,
+    pub url: String,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The gateway's config; `extra` is appended (more tables, e.g. `[redis]`).
+pub(crate) fn write_config(
+    dir: &std::path::Path,
+    mock: &MockServer,
+    port: u16,
+    extra: &str,
+) -> std::path::PathBuf {
+    let path = dir.join(format!("sluice-{port}.toml"));
+    let text = format!(
+        r#"
+[server]
+listen = "127.0.0.1:{port}"
+workers = 1
+[database]
+url = "sqlite://{db}"
+[[upstreams]]
+id = "a"
+provider = "openai"
+base_url = "{mock}/v1"
+api_key = "{KEY_A}"
+allow_private_network = true
+[[models]]
+name = "gpt-4o-mini"
+routes = [{{ upstream = "a", model = "gpt-4o-mini" }}]
+input_usd_per_mtok = 0.15
+output_usd_per_mtok = 0.60
+[backup]
+dir = "{backup}"
+{extra}
+"#,
+        db = dir.join("sluice.db").display(),
+        backup = dir.join("backup").display(),
+        mock = mock.base_url()
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// A gateway process on `dir`'s database with extra environment and config.
+pub(crate) async fn start_gateway_full(
+    dir: &std::path::Path,
+    mock: &MockServer,
+    env: &[(&str, &str)],
+    extra: &str,
+) -> Gateway {
+    let port = free_port();
+    let config = write_config(dir, mock, port, extra);
+    let log = dir.join(format!("gateway-{port}.log"));
+    let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["--config", config.to_str().unwrap(), "serve"])
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    healthy(child, port, &log).await
+}
+
+/// The gateway process `child` on `port` once its `/healthz` answers 200 (bounded); else it
+/// is ended and the test fails with its log.
+pub(crate) async fn healthy(child: Child, port: u16, log: &std::path::Path) -> Gateway {
+    let gateway = Gateway {
+        child,
+        url: format!("http://127.0.0.1:{port}"),
+    };
+    for _ in 0..200 {
+        if reqwest::get(format!("{}/healthz", gateway.url))
+            .await
+            .is_ok_and(|r| r.status() == 200)
+        {
+            return gateway;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "gateway did not start: {}",
+        std::fs::read_to_string(log).unwrap_or_default()
+    );
+}
+
+/// CPU time (user + system, in clock ticks) the process has used so far.
+pub(crate) fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command name (which may hold spaces) start at field 3: utime is
+    // field 14 and stime field 15.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// The CPU ticks the process uses over one second.
+pub(crate) async fn ticks_in_a_second(pid: u32) -> u64 {
+    let before = cpu_ticks(pid);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    cpu_ticks(pid) - before
+}
