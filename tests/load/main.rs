@@ -14,7 +14,6 @@ mod rig;
 
 mod admission;
 mod fd_limit;
-mod shutdown;
 mod soak;
 mod streams;
 mod throughput;

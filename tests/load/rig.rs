@@ -97,12 +97,6 @@ impl LoadRig {
         }
     }
 
-    /// The gateway's log file (its stderr).
-    pub fn log_path(&self) -> std::path::PathBuf {
-        let port = self.gateway.url.rsplit(':').next().unwrap_or("");
-        self._dir.path().join(format!("gateway-{port}.log"))
-    }
-
     pub fn pid(&self) -> u32 {
         self.gateway.child.id()
     }
