@@ -11,6 +11,7 @@
 //! every key of one script call shares a slot (see [`WindowSpec`]).
 
 pub mod local_window;
+pub mod redis_conn;
 pub mod redis_window;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -91,6 +92,8 @@ pub enum WindowError {
     Redis(#[from] redis::RedisError),
     #[error("redis did not answer within the timeout")]
     Timeout,
+    #[error("redis sentinel: no master known")]
+    NoMaster,
 }
 
 /// The store a request's tokens were booked in.
