@@ -131,15 +131,21 @@ impl Connector {
             }
             RedisTopology::Cluster(nodes) => {
                 // The caller bounds every call by `timeout` (the local window serves past
-                // it); the client's own overall bound is left off so that a `MOVED` or `ASK`
-                // redirection that lands just inside the caller's bound is not cut short.
+                // it), so the client retries as often as fits: a slot being migrated answers
+                // `TRYAGAIN` to a call whose keys are only partly on the importing node (a
+                // new window, say) until the slot is handed over, milliseconds later in a
+                // `--cluster reshard`. Giving up earlier sent those requests to the local
+                // window. Waits grow from 1 ms to a fifth of the timeout; a dropped call
+                // stops retrying. The client's own overall bound is left off, so that a
+                // `MOVED` or `ASK` landing just inside the caller's bound is not cut short.
+                let max_wait = (timeout.as_millis() as u64 / 5).max(2);
                 let client = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
                     .connection_timeout(connect)
                     .response_timeout(timeout)
                     .overall_response_timeout(None)
-                    .retries(2)
-                    .min_retry_wait(5)
-                    .max_retry_wait(50)
+                    .retries(64)
+                    .min_retry_wait(1)
+                    .max_retry_wait(max_wait)
                     .build()?;
                 Target::Cluster { client }
             }
