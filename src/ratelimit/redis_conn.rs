@@ -86,6 +86,9 @@ impl Conn {
     }
 }
 
+/// How often the cluster client retries one call (see `Connector::new`).
+const RETRIES: u32 = 20;
+
 enum Target {
     Single {
         client: redis::Client,
@@ -135,15 +138,18 @@ impl Connector {
                 // `TRYAGAIN` to a call whose keys are only partly on the importing node (a
                 // new window, say) until the slot is handed over, milliseconds later in a
                 // `--cluster reshard`. Giving up earlier sent those requests to the local
-                // window. Waits grow from 1 ms to a fifth of the timeout; a dropped call
-                // stops retrying. The client's own overall bound is left off, so that a
-                // `MOVED` or `ASK` landing just inside the caller's bound is not cut short.
+                // window. Waits are drawn between 1 ms and a fifth of the timeout, so 20
+                // retries outlast the timeout; a dropped call stops retrying. (Not many more:
+                // the client computes 2^retry × 10 ms, which overflows past 60 retries and
+                // panics its routing task.) The client's own overall bound is left off, so
+                // that a `MOVED` or `ASK` landing just inside the caller's bound is not cut
+                // short.
                 let max_wait = (timeout.as_millis() as u64 / 5).max(2);
                 let client = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
                     .connection_timeout(connect)
                     .response_timeout(timeout)
                     .overall_response_timeout(None)
-                    .retries(64)
+                    .retries(RETRIES)
                     .min_retry_wait(1)
                     .max_retry_wait(max_wait)
                     .build()?;
@@ -210,11 +216,18 @@ impl Connector {
     }
 
     /// A call failed. Under Sentinel the master may have changed: forget it, so the next call
-    /// asks the sentinels. A cluster connection and a connection manager recover by
-    /// themselves.
+    /// asks the sentinels. A cluster connection is made afresh from the seed nodes: it
+    /// repairs itself after a failover, but one whose routing task has ended (a panic in the
+    /// client) would fail every call for good. A connection manager reconnects by itself.
     pub fn failed(&self) {
-        if let Target::Sentinel { master, .. } = &self.target {
-            master.lock().take();
+        match &self.target {
+            Target::Sentinel { master, .. } => {
+                master.lock().take();
+            }
+            Target::Cluster { .. } => {
+                self.conns.lock().remove(&std::thread::current().id());
+            }
+            Target::Single { .. } => {}
         }
     }
 

@@ -9,7 +9,16 @@ use crate::helpers::RedisServer;
 use crate::processes::free_port;
 
 /// Polls `check` every 50 ms until it holds; panics with `what` after `limit`.
-pub async fn poll_until<F, Fut>(limit: Duration, what: &str, mut check: F)
+pub async fn poll_until<F, Fut>(limit: Duration, what: &str, check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    assert!(polled(limit, check).await, "{what}: not within {limit:?}");
+}
+
+/// Polls `check` every 50 ms until it holds (true) or `limit` has passed (false).
+pub async fn polled<F, Fut>(limit: Duration, mut check: F) -> bool
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
@@ -17,11 +26,11 @@ where
     let start = std::time::Instant::now();
     while start.elapsed() < limit {
         if check().await {
-            return;
+            return true;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("{what}: not within {limit:?}");
+    false
 }
 
 /// Runs `redis-cli -p port args…`; `None` if it failed or answered an error.

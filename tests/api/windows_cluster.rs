@@ -58,6 +58,13 @@ impl Fleet {
         out
     }
 
+    /// No gateway thread panicked (a panic in the Redis client's routing task leaves its
+    /// connection dead while the gateway looks alive).
+    fn assert_no_panic(&self) {
+        let logs = self.logs();
+        assert!(!logs.contains("panicked"), "{logs}");
+    }
+
     /// A token of `user` (created when missing) with `rpm` requests per minute.
     async fn token(&self, user: &str, rpm: i64) -> sluice::cli::Issued {
         let args = sluice::cli::IssueArgs {
@@ -176,6 +183,7 @@ async fn two_gateways_on_a_cluster_admit_exactly_the_limit() {
         masters_with_windows >= 2,
         "the windows spread over the cluster"
     );
+    fleet.assert_no_panic();
 }
 
 /// Every key one request's scripts touch (the token's and user's windows, both kinds, the
@@ -364,6 +372,7 @@ async fn a_slot_migrated_mid_test_keeps_the_window_exact() {
     assert_eq!(zcard(&cluster, &key).await, 30);
     assert_eq!(cluster.owner(slot).await.unwrap().1, dst);
     assert!(!fleet.logs().contains("degraded"), "{}", fleet.logs());
+    fleet.assert_no_panic();
 }
 
 /// `ZCARD key` on a node importing its slot: after `ASKING`, on the same connection.
@@ -420,21 +429,23 @@ async fn a_master_failover_falls_back_and_returns_to_the_cluster() {
     // Back on the cluster: each gateway's requests are booked in the promoted master again.
     for g in 0..2 {
         let (f, k, w) = (&fleet, &key, &wide.text);
-        poll_until(
-            Duration::from_secs(30),
-            "the gateway books in the cluster again",
-            || async move {
-                let before = zcard(c, k).await;
-                f.one(g, w).await;
-                before >= 0 && zcard(c, k).await == before + 1
-            },
-        )
+        let back = polled(Duration::from_secs(30), || async move {
+            let before = zcard(c, k).await;
+            f.one(g, w).await;
+            before >= 0 && zcard(c, k).await == before + 1
+        })
         .await;
+        assert!(
+            back,
+            "gateway {g} books in the cluster again: {}",
+            fleet.logs()
+        );
     }
     // And exact across both: a token of the same user (same slot, the promoted master).
     let t = fleet.token("gus", 10).await;
     assert_eq!(fleet.burst(&t.text, 30).await, 10);
     assert_eq!(zcard(&cluster, &token_rq_key(user, t.id)).await, 10);
+    fleet.assert_no_panic();
 }
 
 /// (d) Sentinel: two gateways find the master through three sentinels and admit exactly the
@@ -471,18 +482,18 @@ async fn sentinel_failover_is_followed() {
     .await;
     for g in 0..2 {
         let (f, k, w) = (&fleet, &wide_key, &wide.text);
-        poll_until(
-            Duration::from_secs(30),
-            "the gateway books in the new master",
-            || async move {
-                let count = |o: Option<String>| o.and_then(|o| o.trim().parse::<i64>().ok());
-                let before = count(cli(replica, &["ZCARD", k]).await);
-                f.one(g, w).await;
-                before.is_some()
-                    && count(cli(replica, &["ZCARD", k]).await) == before.map(|b| b + 1)
-            },
-        )
+        let back = polled(Duration::from_secs(30), || async move {
+            let count = |o: Option<String>| o.and_then(|o| o.trim().parse::<i64>().ok());
+            let before = count(cli(replica, &["ZCARD", k]).await);
+            f.one(g, w).await;
+            before.is_some() && count(cli(replica, &["ZCARD", k]).await) == before.map(|b| b + 1)
+        })
         .await;
+        assert!(
+            back,
+            "gateway {g} books in the new master: {}",
+            fleet.logs()
+        );
     }
     let t2 = fleet.token("hal", 10).await;
     assert_eq!(fleet.burst(&t2.text, 30).await, 10);
@@ -493,4 +504,5 @@ async fn sentinel_failover_is_followed() {
             .trim(),
         "10"
     );
+    fleet.assert_no_panic();
 }
