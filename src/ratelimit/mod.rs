@@ -274,6 +274,7 @@ fn per_replica(limit: u64, replicas: u64) -> u64 {
 }
 
 /// While degraded, pings Redis every 500 ms and resumes exact limiting once it answers.
+/// While healthy, asks Sentinel (when that is the topology) whether the master moved.
 async fn probe(w: Arc<Windows>) {
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
@@ -282,6 +283,11 @@ async fn probe(w: Arc<Windows>) {
             return;
         }
         if !w.degraded() {
+            if let Some(r) = &w.redis {
+                if let Err(e) = r.refresh_topology().await {
+                    tracing::debug!(error = %e, "asking Redis Sentinel for the master failed");
+                }
+            }
             continue;
         }
         if let Some(r) = &w.redis {

@@ -231,6 +231,37 @@ impl Connector {
         }
     }
 
+    /// Under Sentinel, asks the sentinels which master they name now and switches to it when
+    /// it moved. A master demoted on purpose (`SENTINEL FAILOVER`, maintenance) keeps
+    /// accepting writes until the sentinels reconfigure it, up to ten seconds later: without
+    /// this, windows would be booked where they are about to be discarded. Other topologies:
+    /// nothing to do.
+    pub async fn refresh(&self) -> Result<(), WindowError> {
+        let Target::Sentinel {
+            sentinel,
+            master,
+            generation,
+            ..
+        } = &self.target
+        else {
+            return Ok(());
+        };
+        let Some((_, current)) = master.lock().clone() else {
+            return Ok(());
+        };
+        let named = sentinel.lock().await.async_get_client().await?;
+        if named.get_connection_info().addr() != current.get_connection_info().addr() {
+            let mut m = master.lock();
+            let g = generation.fetch_add(1, Ordering::Relaxed) + 1;
+            *m = Some((g, named.clone()));
+            tracing::warn!(
+                master = %named.get_connection_info().addr(),
+                "Redis Sentinel moved the master for rate-limit windows"
+            );
+        }
+        Ok(())
+    }
+
     /// The master the sentinels name (asked once at a time; the caller bounds the wait).
     async fn sentinel_master(&self) -> Result<(u64, redis::Client), WindowError> {
         let Target::Sentinel {

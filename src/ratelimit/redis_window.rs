@@ -177,6 +177,17 @@ impl RedisWindows {
         Ok(())
     }
 
+    /// Follows a master Sentinel moved while this one still answers (see
+    /// `Connector::refresh`); bounded like a probe.
+    pub async fn refresh_topology(&self) -> Result<(), WindowError> {
+        tokio::time::timeout(
+            self.timeout.max(Duration::from_millis(200)),
+            self.connector.refresh(),
+        )
+        .await
+        .unwrap_or(Err(WindowError::Timeout))
+    }
+
     /// Whether windows can be kept: the server (on a cluster, every master) answers.
     pub async fn ping(&self) -> Result<(), WindowError> {
         self.run(

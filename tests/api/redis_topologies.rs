@@ -52,6 +52,8 @@ fn spawn(dir: &std::path::Path, port: u16, extra: &[&str]) -> RedisServer {
         .current_dir(dir)
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no"])
+        // A replica's first sync starts at once, not after the default 5 s wait for more.
+        .args(["--repl-diskless-sync-delay", "0"])
         .args(extra)
         .stdout(std::process::Stdio::null())
         .spawn()
@@ -273,22 +275,32 @@ impl SentinelRig {
             },
         )
         .await;
+        // Each sentinel is told the others and the replica up front (ids fixed in the
+        // config), so none waits for the others' hello messages before it can vote.
+        let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let id = |i: usize| format!("{:040x}", i + 1);
         let mut sentinels = Vec::new();
-        for _ in 0..3 {
-            let port = free_port();
+        for (i, &port) in ports.iter().enumerate() {
             let conf = dir.path().join(format!("sentinel-{port}.conf"));
-            std::fs::write(
-                &conf,
-                format!(
-                    "port {port}\nbind 127.0.0.1\ndir {dir}\n\
-                     sentinel monitor {MASTER_NAME} 127.0.0.1 {mp} 2\n\
-                     sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
-                     sentinel failover-timeout {MASTER_NAME} 5000\n\
-                     sentinel parallel-syncs {MASTER_NAME} 1\n",
-                    dir = dir.path().display()
-                ),
-            )
-            .unwrap();
+            let mut text = format!(
+                "port {port}\nbind 127.0.0.1\ndir {dir}\nsentinel myid {me}\n\
+                 sentinel monitor {MASTER_NAME} 127.0.0.1 {mp} 2\n\
+                 sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
+                 sentinel failover-timeout {MASTER_NAME} 5000\n\
+                 sentinel parallel-syncs {MASTER_NAME} 1\n\
+                 sentinel known-replica {MASTER_NAME} 127.0.0.1 {rp}\n",
+                dir = dir.path().display(),
+                me = id(i)
+            );
+            for (j, &other) in ports.iter().enumerate() {
+                if j != i {
+                    text += &format!(
+                        "sentinel known-sentinel {MASTER_NAME} 127.0.0.1 {other} {}\n",
+                        id(j)
+                    );
+                }
+            }
+            std::fs::write(&conf, text).unwrap();
             let child = std::process::Command::new("redis-server")
                 .arg(&conf)
                 .arg("--sentinel")

@@ -506,3 +506,49 @@ async fn sentinel_failover_is_followed() {
     );
     fleet.assert_no_panic();
 }
+
+/// Sentinel moves the master on purpose (`SENTINEL FAILOVER`): the old master lives on and
+/// accepts writes until the sentinels reconfigure it (up to 10 s later), then refuses them
+/// (`READONLY`). The gateways notice the move from the sentinels within about a second and
+/// book in the new master, never again in the old one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demoted_master_is_left_for_the_new_one() {
+    let rig = SentinelRig::start().await;
+    let fleet = fleet(2, &rig.config()).await;
+    let wide = fleet.token("ivy", 100_000).await;
+    let key = token_rq_key(fleet.user_id(wide.id).await, wide.id);
+    assert!(fleet.one(0, &wide.text).await && fleet.one(1, &wide.text).await);
+    let (old, new) = (rig.master.port, rig.replica.port);
+    assert_eq!(cli(old, &["ZCARD", &key]).await.unwrap().trim(), "2");
+    cli(
+        rig.sentinels[0].port,
+        &["SENTINEL", "FAILOVER", MASTER_NAME],
+    )
+    .await
+    .unwrap();
+    let r = &rig;
+    poll_until(
+        Duration::from_secs(30),
+        "the sentinels promote the replica",
+        || async move { r.master_port().await == Some(new) },
+    )
+    .await;
+    for g in 0..2 {
+        let (f, k, w) = (&fleet, &key, &wide.text);
+        let back = polled(Duration::from_secs(30), || async move {
+            let count = |o: Option<String>| o.and_then(|o| o.trim().parse::<i64>().ok());
+            let before = count(cli(new, &["ZCARD", k]).await);
+            assert!(f.one(g, w).await);
+            before.is_some() && count(cli(new, &["ZCARD", k]).await) == before.map(|b| b + 1)
+        })
+        .await;
+        assert!(
+            back,
+            "gateway {g} books in the new master: {}",
+            fleet.logs()
+        );
+    }
+    let t = fleet.token("ivy", 10).await;
+    assert_eq!(fleet.burst(&t.text, 30).await, 10);
+    fleet.assert_no_panic();
+}
