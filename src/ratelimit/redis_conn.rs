@@ -89,6 +89,8 @@ impl Conn {
 /// How often the cluster client retries one call (see `Connector::new`).
 const RETRIES: u32 = 20;
 
+// One per process, made once: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 enum Target {
     Single {
         client: redis::Client,
