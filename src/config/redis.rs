@@ -16,6 +16,7 @@ pub enum RedisTopology {
     Sentinel {
         sentinels: Vec<String>,
         master_name: String,
+        master_password: Option<String>,
     },
 }
 
@@ -28,7 +29,17 @@ impl std::fmt::Debug for RedisTopology {
             RedisTopology::Sentinel {
                 sentinels,
                 master_name,
-            } => write!(f, "Sentinel({:?}, {master_name:?})", list(sentinels)),
+                master_password,
+            } => write!(
+                f,
+                "Sentinel({:?}, {master_name:?}, password {})",
+                list(sentinels),
+                if master_password.is_some() {
+                    "set"
+                } else {
+                    "none"
+                }
+            ),
         }
     }
 }
@@ -71,10 +82,22 @@ impl RedisSettings {
             return Ok(RedisTopology::Sentinel {
                 sentinels,
                 master_name: master_name.trim().to_string(),
+                master_password: self
+                    .master_password
+                    .as_ref()
+                    .filter(|p| !p.is_empty())
+                    .map(|p| p.expose().to_string()),
             });
         }
         if self.master_name.is_some() {
             return invalid("redis.master_name needs redis.sentinels".into());
+        }
+        if self.master_password.is_some() {
+            return invalid(
+                "redis.master_password needs redis.sentinels (with `url`, put the password \
+                 in the URL: redis://:password@host:6379)"
+                    .into(),
+            );
         }
         match urls.as_slice() {
             [] => invalid(
@@ -197,9 +220,19 @@ mod tests {
             .unwrap(),
             RedisTopology::Sentinel {
                 sentinels: vec!["redis://s1:26379".into(), "redis://s2:26379".into()],
-                master_name: "mymaster".into()
+                master_name: "mymaster".into(),
+                master_password: None,
             }
         );
+        let with_password = "[redis]\nsentinels = [\"redis://s1:26379\"]\nmaster_name = \"m\"\nmaster_password = \"hunter2-secret\"";
+        let t = topology(with_password).unwrap();
+        assert!(matches!(
+            &t,
+            RedisTopology::Sentinel { master_password: Some(p), .. } if p == "hunter2-secret"
+        ));
+        assert!(!format!("{t:?}").contains("hunter2"), "{t:?}");
+        let s = load_from(Some(with_password), &BTreeMap::new()).unwrap();
+        assert!(!s.to_masked_toml().contains("hunter2"));
     }
 
     #[test]
@@ -221,6 +254,10 @@ mod tests {
             ),
             ("[redis]\nsentinels = [\"tcp://s:26379\"]\nmaster_name = \"m\"", "redis.sentinels"),
             ("[redis]\nmaster_name = \"m\"\nurl = \"redis://a:1\"", "redis.master_name"),
+            (
+                "[redis]\nmaster_password = \"p\"\nurl = \"redis://a:1\"",
+                "redis.master_password",
+            ),
         ];
         for (text, key) in cases {
             let err = topology(text).expect_err(text);

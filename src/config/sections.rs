@@ -56,6 +56,10 @@ pub struct RedisSettings {
     pub sentinels: Vec<Secret>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub master_name: Option<String>,
+    /// The password of the master (and its replicas) under Sentinel, when they require one
+    /// (`requirepass`); the sentinels' own passwords go in their URLs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub master_password: Option<Secret>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Hash)]

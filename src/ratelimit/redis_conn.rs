@@ -26,7 +26,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
-use redis::sentinel::{SentinelClient, SentinelServerType};
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
 use super::WindowError;
@@ -160,11 +160,16 @@ impl Connector {
             RedisTopology::Sentinel {
                 sentinels,
                 master_name,
+                master_password,
             } => Target::Sentinel {
                 sentinel: tokio::sync::Mutex::new(SentinelClient::build(
                     sentinels.iter().map(String::as_str).collect(),
                     master_name.clone(),
-                    None,
+                    master_password.as_ref().map(|p| {
+                        SentinelNodeConnectionInfo::default().set_redis_connection_info(
+                            redis::RedisConnectionInfo::default().set_password(p),
+                        )
+                    }),
                     SentinelServerType::Master,
                 )?),
                 config: manager,

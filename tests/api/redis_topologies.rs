@@ -47,6 +47,18 @@ pub async fn cli(port: u16, args: &[&str]) -> Option<String> {
         .then_some(text)
 }
 
+/// `redis-cli` with `password` (if any) on a node that requires it.
+async fn node_cli(port: u16, password: Option<&str>, args: &[&str]) -> Option<String> {
+    match password {
+        Some(p) => {
+            let mut all = vec!["-a", p, "--no-auth-warning"];
+            all.extend_from_slice(args);
+            cli(port, &all).await
+        }
+        None => cli(port, args).await,
+    }
+}
+
 fn spawn(dir: &std::path::Path, port: u16, extra: &[&str]) -> RedisServer {
     let child = std::process::Command::new("redis-server")
         .current_dir(dir)
@@ -248,6 +260,8 @@ pub struct SentinelRig {
     pub master: RedisServer,
     pub replica: RedisServer,
     pub sentinels: Vec<RedisServer>,
+    /// The master's and replica's `requirepass`, if any.
+    password: Option<String>,
     _dir: tempfile::TempDir,
 }
 
@@ -255,21 +269,39 @@ pub const MASTER_NAME: &str = "mymaster";
 
 impl SentinelRig {
     pub async fn start() -> SentinelRig {
+        Self::start_with(None).await
+    }
+
+    /// The rig with `password` required by the master and the replica (`requirepass`,
+    /// `masterauth`; the sentinels get it as `auth-pass`).
+    pub async fn start_with(password: Option<&str>) -> SentinelRig {
         let dir = tempfile::tempdir().unwrap();
-        let master = spawn(dir.path(), free_port(), &[]);
-        answers(master.port).await;
-        let replica = spawn(
-            dir.path(),
-            free_port(),
-            &["--replicaof", "127.0.0.1", &master.port.to_string()],
-        );
-        answers(replica.port).await;
-        let (mp, rp) = (master.port, replica.port);
+        let auth: Vec<&str> = match password {
+            Some(p) => vec!["--requirepass", p, "--masterauth", p],
+            None => vec![],
+        };
+        let master = spawn(dir.path(), free_port(), &auth);
+        let mp = master.port;
+        poll_until(
+            Duration::from_secs(10),
+            "the master answers",
+            || async move {
+                node_cli(mp, password, &["PING"])
+                    .await
+                    .is_some_and(|o| o.contains("PONG"))
+            },
+        )
+        .await;
+        let mp_s = mp.to_string();
+        let mut replica_args = vec!["--replicaof", "127.0.0.1", &mp_s];
+        replica_args.extend(&auth);
+        let replica = spawn(dir.path(), free_port(), &replica_args);
+        let rp = replica.port;
         poll_until(
             Duration::from_secs(20),
             "the replica is in sync",
             || async move {
-                cli(rp, &["INFO", "replication"])
+                node_cli(rp, password, &["INFO", "replication"])
                     .await
                     .is_some_and(|i| i.contains("master_link_status:up"))
             },
@@ -292,6 +324,9 @@ impl SentinelRig {
                 dir = dir.path().display(),
                 me = id(i)
             );
+            if let Some(p) = password {
+                text += &format!("sentinel auth-pass {MASTER_NAME} {p}\n");
+            }
             for (j, &other) in ports.iter().enumerate() {
                 if j != i {
                     text += &format!(
@@ -336,8 +371,14 @@ impl SentinelRig {
             master,
             replica,
             sentinels,
+            password: password.map(str::to_string),
             _dir: dir,
         }
+    }
+
+    /// `redis-cli` on the master or the replica, with the rig's password.
+    pub async fn node_cli(&self, port: u16, args: &[&str]) -> Option<String> {
+        node_cli(port, self.password.as_deref(), args).await
     }
 
     /// The `[redis]` table of a gateway that finds the master through these sentinels.
@@ -348,7 +389,11 @@ impl SentinelRig {
             .map(|s| format!("\"redis://127.0.0.1:{}\"", s.port))
             .collect::<Vec<_>>()
             .join(", ");
-        format!("[redis]\nsentinels = [{list}]\nmaster_name = \"{MASTER_NAME}\"\n")
+        let mut text = format!("[redis]\nsentinels = [{list}]\nmaster_name = \"{MASTER_NAME}\"\n");
+        if let Some(p) = &self.password {
+            text += &format!("master_password = \"{p}\"\n");
+        }
+        text
     }
 
     /// The port of the master the sentinels name now.
