@@ -5,8 +5,14 @@
 
 use std::time::Duration;
 
+use tokio::sync::{Semaphore, SemaphorePermit};
+
 use crate::helpers::RedisServer;
 use crate::processes::free_port;
+
+/// One rig at a time: a cluster is six servers and its tests add two gateways, and other
+/// tests of this binary bound their Redis calls by 50 ms on a shared 2-core machine.
+static RIGS: Semaphore = Semaphore::const_new(1);
 
 /// Polls `check` every 50 ms until it holds; panics with `what` after `limit`.
 pub async fn poll_until<F, Fut>(limit: Duration, what: &str, check: F)
@@ -93,10 +99,13 @@ pub struct RedisCluster {
     /// Ports of the nodes `kill` stopped.
     killed: Vec<u16>,
     _dir: tempfile::TempDir,
+    /// Released last, once the servers are stopped (fields drop in order).
+    _turn: SemaphorePermit<'static>,
 }
 
 impl RedisCluster {
     pub async fn start(masters: usize, replicas: usize) -> RedisCluster {
+        let turn = RIGS.acquire().await.expect("never closed");
         let dir = tempfile::tempdir().unwrap();
         let mut nodes = Vec::new();
         for _ in 0..masters * (1 + replicas) {
@@ -137,6 +146,7 @@ impl RedisCluster {
             String::from_utf8_lossy(&out.stdout)
         );
         let cluster = RedisCluster {
+            _turn: turn,
             nodes,
             killed: Vec::new(),
             _dir: dir,
@@ -263,6 +273,8 @@ pub struct SentinelRig {
     /// The master's and replica's `requirepass`, if any.
     password: Option<String>,
     _dir: tempfile::TempDir,
+    /// Released last, once the servers are stopped.
+    _turn: SemaphorePermit<'static>,
 }
 
 pub const MASTER_NAME: &str = "mymaster";
@@ -275,6 +287,7 @@ impl SentinelRig {
     /// The rig with `password` required by the master and the replica (`requirepass`,
     /// `masterauth`; the sentinels get it as `auth-pass`).
     pub async fn start_with(password: Option<&str>) -> SentinelRig {
+        let turn = RIGS.acquire().await.expect("never closed");
         let dir = tempfile::tempdir().unwrap();
         let auth: Vec<&str> = match password {
             Some(p) => vec!["--requirepass", p, "--masterauth", p],
@@ -368,6 +381,7 @@ impl SentinelRig {
             .await;
         }
         SentinelRig {
+            _turn: turn,
             master,
             replica,
             sentinels,
