@@ -186,10 +186,11 @@ impl Connector {
     /// This thread's connection. Under Sentinel, asks the sentinels for the master first
     /// when none is known (at the first call, and after a failure).
     pub async fn conn(&self) -> Result<Conn, WindowError> {
-        let generation = match &self.target {
-            Target::Sentinel { .. } => self.sentinel_master().await?.0,
-            _ => 0,
+        let master = match &self.target {
+            Target::Sentinel { .. } => Some(self.sentinel_master().await?),
+            _ => None,
         };
+        let generation = master.as_ref().map_or(0, |(g, _)| *g);
         let me = std::thread::current().id();
         let mut conns = self.conns.lock();
         if let Some((g, c)) = conns.get(&me) {
@@ -197,26 +198,19 @@ impl Connector {
                 return Ok(c.clone());
             }
         }
-        let c = match &self.target {
-            Target::Single { client, config } => Conn::Single(
+        let c = match (&self.target, master) {
+            (Target::Single { client, config }, _) => Conn::Single(
                 ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?,
             ),
-            Target::Cluster { client } => {
+            (Target::Cluster { client }, _) => {
                 Conn::Cluster(client.get_pending_async_connection_with_config(ClusterConfig::new()))
             }
-            Target::Sentinel { master, config, .. } => {
-                let Some((g, client)) = master.lock().clone() else {
-                    return Err(WindowError::NoMaster);
-                };
-                if g != generation {
-                    // Another thread forgot it meanwhile: this call fails like the one that did.
-                    return Err(WindowError::NoMaster);
-                }
-                Conn::Single(ConnectionManager::new_lazy_with_config(
-                    client,
-                    config.clone(),
-                )?)
-            }
+            // The master named when this call began: if the probe moved it since, the next
+            // call gets the new one.
+            (Target::Sentinel { config, .. }, Some((_, client))) => Conn::Single(
+                ConnectionManager::new_lazy_with_config(client, config.clone())?,
+            ),
+            (Target::Sentinel { .. }, None) => return Err(WindowError::NoMaster),
         };
         conns.insert(me, (generation, c.clone()));
         Ok(c)
