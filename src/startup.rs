@@ -229,6 +229,9 @@ async fn windows(settings: &Settings) -> Result<Arc<Windows>, StartupError> {
         topology = redis.topology_kind(),
         "rate-limit windows in Redis"
     );
+    if let Ok(Some(warning)) = redis.topology_mismatch().await {
+        tracing::warn!(target: "sluice::alert", "{warning}");
+    }
     match redis.eviction_policy().await {
         Ok(p) if p == "noeviction" => {}
         Ok(p) => {

@@ -224,6 +224,27 @@ impl RedisWindows {
         Ok(values)
     }
 
+    /// What is wrong with the topology as configured, if the server says so: a `url`
+    /// without `cluster = true` that points at a Redis Cluster node would be answered
+    /// `MOVED` for most slots, leaving the windows local on every replica.
+    pub async fn topology_mismatch(&self) -> Result<Option<String>, WindowError> {
+        if self.connector.kind() != "single" {
+            return Ok(None);
+        }
+        let cmd = redis::cmd("INFO").arg("cluster").clone();
+        let info: String = self
+            .run(Duration::from_secs(1), |mut c| async move {
+                cmd.query_async(&mut c).await
+            })
+            .await?;
+        Ok(info.contains("cluster_enabled:1").then(|| {
+            "redis.url points at a Redis Cluster node: set redis.cluster = true (and list \
+             the cluster's nodes in redis.url), or keys on other nodes are answered MOVED \
+             and rate limits fall back to per-replica local windows"
+                .to_string()
+        }))
+    }
+
     /// The eviction policy, to warn when limiter keys could be evicted (on a cluster, one
     /// node's: the nodes of one cluster are normally configured alike).
     pub async fn eviction_policy(&self) -> Result<String, WindowError> {

@@ -584,3 +584,22 @@ async fn a_sentinel_master_with_a_password() {
     );
     fleet.assert_no_panic();
 }
+
+/// `url` naming one node of a cluster without `cluster = true`: most keys would be answered
+/// `MOVED` and the windows would stay local. The gateway says so at start.
+#[tokio::test]
+async fn a_cluster_node_configured_as_one_server_is_named_at_start() {
+    use sluice::ratelimit::redis_window::RedisWindows;
+    let cluster = RedisCluster::start(3, 0).await;
+    let url = format!("redis://127.0.0.1:{}", cluster.nodes[0].port);
+    let w = RedisWindows::new(&url, Duration::from_secs(1)).unwrap();
+    let warning = w.topology_mismatch().await.unwrap().expect("a warning");
+    assert!(warning.contains("redis.cluster = true"), "{warning}");
+    let nodes: Vec<String> = cluster.urls().split(',').map(str::to_string).collect();
+    let topology = sluice::config::RedisTopology::Cluster(nodes);
+    let right = RedisWindows::with_topology(&topology, Duration::from_secs(1)).unwrap();
+    assert_eq!(right.topology_mismatch().await.unwrap(), None);
+    let single = RedisServer::start().await;
+    let plain = RedisWindows::new(&single.url(), Duration::from_secs(1)).unwrap();
+    assert_eq!(plain.topology_mismatch().await.unwrap(), None);
+}
