@@ -5,6 +5,8 @@
 //! configured as one server named at start.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use sluice::config::{RedisSettings, Secret};
@@ -265,9 +267,10 @@ async fn asking_zcard(port: u16, key: &str) -> i64 {
     lines[1].trim().parse().unwrap_or_else(|_| panic!("{text}"))
 }
 
-/// (c) The master holding a token's window is killed: the gateways keep answering (local
-/// windows, per replica, while the cluster cannot serve), its replica is promoted, and both
-/// gateways go back to the cluster: exact again, in the promoted master.
+/// (c) The master holding a token's window is killed under load: the gateways keep answering
+/// every request (local windows, per replica, while the cluster cannot serve), its replica
+/// is promoted, and both gateways go back to the cluster: exact again, in the promoted
+/// master.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_failover_falls_back_and_returns_to_the_cluster() {
     let mut cluster = RedisCluster::start(3, 1).await;
@@ -278,6 +281,23 @@ async fn a_master_failover_falls_back_and_returns_to_the_cluster() {
     let key = token_rq_key(user, wide.id);
     let slot = cluster.keyslot(&key).await;
     assert!(fleet.one(0, &wide.text).await && fleet.one(1, &wide.text).await);
+    // Under load: four clients keep asking both gateways until the cluster is back.
+    let load = fleet.token("gus", 1_000_000).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let urls: Vec<String> = fleet.gateways.iter().map(|g| g.url.clone()).collect();
+    let mut loaders = Vec::new();
+    for n in 0..4 {
+        let (stop, urls, text) = (stop.clone(), urls.clone(), load.text.clone());
+        loaders.push(tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            let mut answered = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                answer(&http, &urls[(n + answered) % 2], &text).await?;
+                answered += 1;
+            }
+            Ok::<usize, String>(answered)
+        }));
+    }
     let (_, old) = cluster.owner(slot).await.unwrap();
     cluster.kill(old);
     // Meanwhile every request is answered (the windows fall back; nothing is refused here).
@@ -308,6 +328,14 @@ async fn a_master_failover_falls_back_and_returns_to_the_cluster() {
             "gateway {g} books in the cluster again: {}",
             fleet.logs()
         );
+    }
+    stop.store(true, Ordering::Relaxed);
+    for l in loaders {
+        let answered = l
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{e}\n{}", fleet.logs()));
+        assert!(answered > 0);
     }
     // And exact across both: a token of the same user (same slot, the promoted master).
     let t = fleet.token("gus", 10).await;
