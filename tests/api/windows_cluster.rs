@@ -136,6 +136,15 @@ async fn every_key_of_a_request_shares_its_calls_slot() {
     }
     slots.dedup();
     assert_eq!(slots.len(), 1);
+    // And the cooldown exchange itself (SETs and the MGET in one pipeline) runs on the cluster.
+    let redis = app.state.windows.redis().expect("healthy");
+    let until = chrono::Utc::now().timestamp_millis() + 5_000;
+    let ids = ["a".to_string(), "openai-a".to_string()];
+    let seen = redis
+        .sync_cooldowns(&[("a".into(), until, 5_000)], &ids)
+        .await
+        .expect("no CROSSSLOT");
+    assert_eq!(seen, [Some(until), None]);
 }
 
 /// (b) The token's slot migrated to another master mid-test, as `redis-cli --cluster
