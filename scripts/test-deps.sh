@@ -17,8 +17,11 @@ apt_install() {
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
 }
 
-if ! command -v redis-server >/dev/null 2>&1; then
-    apt_install redis-server
+# Redis: `redis-server` for the window tests, also run as `redis-server --cluster-enabled
+# yes` (Redis Cluster) and `redis-server --sentinel` (no extra package); `redis-cli` (Debian's
+# redis-tools) joins the cluster (`--cluster create`, Redis 5 or newer) and inspects keys.
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+    apt_install redis-server redis-tools
     # The tests start their own servers on free ports; the distribution's service is not needed.
     $sudo systemctl disable --now redis-server >/dev/null 2>&1 || true
 fi

@@ -283,8 +283,18 @@ async fn windows(settings: &Settings) -> Result<Arc<Windows>, StartupError> {
     let Some(r) = &settings.redis else {
         return Ok(Windows::new(window, None, rl.expected_replicas));
     };
-    let redis = RedisWindows::new(r.url.expose(), Duration::from_millis(rl.redis_timeout_ms))
+    let topology = r
+        .topology()
         .map_err(|e| StartupError::Redis(e.to_string()))?;
+    let redis = RedisWindows::with_topology(&topology, Duration::from_millis(rl.redis_timeout_ms))
+        .map_err(|e| StartupError::Redis(e.to_string()))?;
+    tracing::info!(
+        topology = redis.topology_kind(),
+        "rate-limit windows in Redis"
+    );
+    if let Ok(Some(warning)) = redis.topology_mismatch().await {
+        tracing::warn!(target: "sluice::alert", "{warning}");
+    }
     match redis.eviction_policy().await {
         Ok(p) if p == "noeviction" => {}
         Ok(p) => {

@@ -12,10 +12,12 @@ use crate::upstream::url_guard::{self, UrlGuardError};
 
 mod ladder;
 mod layers;
+mod redis;
 mod sections;
 
 pub use ladder::Ladder;
 pub use layers::{load, load_from};
+pub use redis::RedisTopology;
 pub use sections::*;
 
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +43,9 @@ impl Secret {
     pub fn expose(&self) -> &str {
         self.0.expose_secret()
     }
+    pub fn is_empty(&self) -> bool {
+        self.expose().is_empty()
+    }
     /// What pages, logs and `check-config` may show: the last 4 characters.
     pub fn masked(&self) -> String {
         mask_secret(self.expose())
@@ -60,6 +65,13 @@ pub fn mask_secret(s: &str) -> String {
         "****".to_string()
     } else {
         format!("****{tail}")
+    }
+}
+
+/// An absent secret: empty.
+impl Default for Secret {
+    fn default() -> Self {
+        Secret(SecretString::from(String::new()))
     }
 }
 
@@ -202,9 +214,7 @@ impl Settings {
             );
         }
         if let Some(r) = &self.redis {
-            if !r.url.expose().starts_with("redis://") && !r.url.expose().starts_with("rediss://") {
-                return invalid("redis.url must start with redis:// or rediss://".into());
-            }
+            r.topology()?;
         }
         let mut ids = HashSet::new();
         for u in &self.upstreams {

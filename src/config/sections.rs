@@ -67,10 +67,24 @@ impl Default for DatabaseSettings {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+/// `[redis]`: one server (`url`), a Redis Cluster (`url` lists seed nodes, comma-separated,
+/// with `cluster = true`) or a master found through Sentinel (`sentinels` + `master_name`).
+/// `super::redis` validates it into a [`super::RedisTopology`].
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisSettings {
+    #[serde(default, skip_serializing_if = "Secret::is_empty")]
     pub url: Secret,
+    #[serde(default)]
+    pub cluster: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sentinels: Vec<Secret>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub master_name: Option<String>,
+    /// The password of the master (and its replicas) under Sentinel, when they require one
+    /// (`requirepass`); the sentinels' own passwords go in their URLs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub master_password: Option<Secret>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Hash)]

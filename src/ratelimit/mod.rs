@@ -11,6 +11,7 @@
 //! every key of one script call shares a slot (see [`WindowSpec`]).
 
 pub mod local_window;
+pub mod redis_conn;
 pub mod redis_window;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -91,6 +92,8 @@ pub enum WindowError {
     Redis(#[from] redis::RedisError),
     #[error("redis did not answer within the timeout")]
     Timeout,
+    #[error("redis sentinel: no master known")]
+    NoMaster,
 }
 
 /// The store a request's tokens were booked in.
@@ -271,6 +274,7 @@ fn per_replica(limit: u64, replicas: u64) -> u64 {
 }
 
 /// While degraded, pings Redis every 500 ms and resumes exact limiting once it answers.
+/// While healthy, asks Sentinel (when that is the topology) whether the master moved.
 async fn probe(w: Arc<Windows>) {
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
@@ -279,6 +283,11 @@ async fn probe(w: Arc<Windows>) {
             return;
         }
         if !w.degraded() {
+            if let Some(r) = &w.redis {
+                if let Err(e) = r.refresh_topology().await {
+                    tracing::debug!(error = %e, "asking Redis Sentinel for the master failed");
+                }
+            }
             continue;
         }
         if let Some(r) = &w.redis {

@@ -1,22 +1,20 @@
 //! The Redis window store: `window.lua` runs the whole check-and-add atomically in one
-//! `EVALSHA` on a multiplexed, auto-reconnecting connection. Every call is bounded by
-//! `ratelimit.redis_timeout_ms`; the caller falls back to the local store on any error.
+//! `EVALSHA`, on one server, a Redis Cluster or a Sentinel-watched master (`redis_conn.rs`
+//! hands out the connections). Every call is bounded by `ratelimit.redis_timeout_ms`; the
+//! caller falls back to the local store on any error.
 //!
-//! One connection per thread: a multiplexed connection's I/O runs as a task on the runtime
-//! that first used it. Shared by every HTTP worker, that was another thread, so each
-//! `EVALSHA` cost four thread switches on top of its round trip; a connection of the
-//! worker's own keeps the whole round trip on the thread that awaits it.
+//! On a cluster, every key of one call carries the same hash tag and so lives in one slot:
+//! a script call never spans nodes (no `CROSSSLOT`), and it stays atomic.
 
-use std::collections::HashMap;
-use std::thread::ThreadId;
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
-use parking_lot::Mutex;
-
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Script;
 
+use super::redis_conn::{Conn, Connector};
 use super::{Decision, Refused, WindowError, WindowSpec};
+use crate::config::RedisTopology;
 
 const WINDOW_LUA: &str = include_str!("window.lua");
 const CORRECT_LUA: &str = include_str!("correct.lua");
@@ -27,45 +25,59 @@ const CORRECT_LUA: &str = include_str!("correct.lua");
 const PREFIX: &str = "sl:v2";
 
 pub struct RedisWindows {
-    client: redis::Client,
-    config: ConnectionManagerConfig,
-    /// The connection of each thread that used Redis (thread ids are never reused).
-    conns: Mutex<HashMap<ThreadId, ConnectionManager>>,
+    connector: Connector,
     window: Script,
     correct: Script,
     timeout: Duration,
 }
 
 impl RedisWindows {
-    /// Connects lazily: a Redis that is down at start only degrades limiting.
+    /// One server at `url`. Connects lazily: a Redis that is down at start only degrades
+    /// limiting.
     pub fn new(url: &str, timeout: Duration) -> Result<Self, WindowError> {
-        let client = redis::Client::open(url)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout.max(Duration::from_millis(200))))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(1);
-        // Checks the URL and config now rather than at the first request.
-        ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?;
+        Self::with_topology(&RedisTopology::Single(url.to_string()), timeout)
+    }
+
+    /// One server, a cluster or a Sentinel-watched master; connects lazily as `new` does.
+    pub fn with_topology(topology: &RedisTopology, timeout: Duration) -> Result<Self, WindowError> {
         Ok(Self {
-            client,
-            config,
-            conns: Mutex::new(HashMap::new()),
+            connector: Connector::new(topology, timeout)?,
             window: Script::new(WINDOW_LUA),
             correct: Script::new(CORRECT_LUA),
             timeout,
         })
     }
 
-    /// This thread's connection (connecting lazily, on this thread's runtime).
-    fn conn(&self) -> Result<ConnectionManager, WindowError> {
-        let me = std::thread::current().id();
-        let mut conns = self.conns.lock();
-        if let Some(c) = conns.get(&me) {
-            return Ok(c.clone());
+    /// `single`, `cluster` or `sentinel`.
+    pub fn topology_kind(&self) -> &'static str {
+        self.connector.kind()
+    }
+
+    /// Runs `call` on this thread's connection within `bound` (connecting, and under
+    /// Sentinel finding the master, included). A failure tells the connector, which forgets
+    /// a Sentinel master that may have changed.
+    ///
+    /// The call is boxed: nested inline, the futures of the connectors and the redis client
+    /// made the request handler's future type deeper than rustc's layout limit. One
+    /// allocation next to a network round trip.
+    async fn run<'a, T, F, Fut>(&'a self, bound: Duration, call: F) -> Result<T, WindowError>
+    where
+        F: FnOnce(Conn) -> Fut + Send + 'a,
+        Fut: Future<Output = redis::RedisResult<T>> + Send + 'a,
+        T: Send + 'a,
+    {
+        let call: Pin<Box<dyn Future<Output = Result<T, WindowError>> + Send + 'a>> =
+            Box::pin(async move {
+                let conn = self.connector.conn().await?;
+                Ok(call(conn).await?)
+            });
+        let result = tokio::time::timeout(bound, call)
+            .await
+            .unwrap_or(Err(WindowError::Timeout));
+        if result.is_err() {
+            self.connector.failed();
         }
-        let c = ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())?;
-        conns.insert(me, c.clone());
-        Ok(c)
+        result
     }
 
     /// `sl:v2:{u:7}:t:12:rq` / `…:tk`: the spec's name keeps its hash tag (see `WindowSpec`).
@@ -117,10 +129,11 @@ impl RedisWindows {
         for s in specs {
             inv.arg(s.requests).arg(s.tokens);
         }
-        let mut conn = self.conn()?;
-        let r: Vec<i64> = tokio::time::timeout(self.timeout, inv.invoke_async(&mut conn))
-            .await
-            .map_err(|_| WindowError::Timeout)??;
+        let r: Vec<i64> = self
+            .run(self.timeout, |mut c| async move {
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
         let at = |i: usize| r.get(i).copied().unwrap_or(0);
         let ms = |i: usize| Duration::from_millis(at(i).max(0) as u64);
         let spec0 = specs.first();
@@ -157,23 +170,31 @@ impl RedisWindows {
             inv.key(k);
         }
         inv.arg(second).arg(delta);
-        let mut conn = self.conn()?;
-        tokio::time::timeout(self.timeout, inv.invoke_async::<i64>(&mut conn))
-            .await
-            .map_err(|_| WindowError::Timeout)??;
+        self.run(self.timeout, |mut c| async move {
+            inv.invoke_async::<i64>(&mut c).await
+        })
+        .await?;
         Ok(())
     }
 
-    pub async fn ping(&self) -> Result<(), WindowError> {
-        let mut conn = self.conn()?;
-        let cmd = redis::cmd("PING");
-        let _: String = tokio::time::timeout(
+    /// Follows a master Sentinel moved while this one still answers (see
+    /// `Connector::refresh`); bounded like a probe.
+    pub async fn refresh_topology(&self) -> Result<(), WindowError> {
+        tokio::time::timeout(
             self.timeout.max(Duration::from_millis(200)),
-            cmd.query_async(&mut conn),
+            self.connector.refresh(),
         )
         .await
-        .map_err(|_| WindowError::Timeout)??;
-        Ok(())
+        .unwrap_or(Err(WindowError::Timeout))
+    }
+
+    /// Whether windows can be kept: the server (on a cluster, every master) answers.
+    pub async fn ping(&self) -> Result<(), WindowError> {
+        self.run(
+            self.timeout.max(Duration::from_millis(200)),
+            |mut c| async move { c.ping().await },
+        )
+        .await
     }
 
     /// Shares key-pool cooldowns between replicas in one round trip: publishes this
@@ -194,27 +215,48 @@ impl RedisWindows {
         }
         let keys: Vec<String> = ids.iter().map(|id| Self::cool_key(id)).collect();
         pipe.cmd("MGET").arg(&keys);
-        let mut conn = self.conn()?;
-        let (values,): (Vec<Option<i64>>,) = tokio::time::timeout(
-            self.timeout.max(Duration::from_millis(200)),
-            pipe.query_async(&mut conn),
-        )
-        .await
-        .map_err(|_| WindowError::Timeout)??;
+        let (values,): (Vec<Option<i64>>,) = self
+            .run(
+                self.timeout.max(Duration::from_millis(200)),
+                |mut c| async move { pipe.query_async(&mut c).await },
+            )
+            .await?;
         Ok(values)
     }
 
-    /// The eviction policy, to warn when limiter keys could be evicted.
+    /// What is wrong with the topology as configured, if the server says so: a `url`
+    /// without `cluster = true` that points at a Redis Cluster node would be answered
+    /// `MOVED` for most slots, leaving the windows local on every replica.
+    pub async fn topology_mismatch(&self) -> Result<Option<String>, WindowError> {
+        if self.connector.kind() != "single" {
+            return Ok(None);
+        }
+        let cmd = redis::cmd("INFO").arg("cluster").clone();
+        let info: String = self
+            .run(Duration::from_secs(1), |mut c| async move {
+                cmd.query_async(&mut c).await
+            })
+            .await?;
+        Ok(info.contains("cluster_enabled:1").then(|| {
+            "redis.url points at a Redis Cluster node: set redis.cluster = true (and list \
+             the cluster's nodes in redis.url), or keys on other nodes are answered MOVED \
+             and rate limits fall back to per-replica local windows"
+                .to_string()
+        }))
+    }
+
+    /// The eviction policy, to warn when limiter keys could be evicted (on a cluster, one
+    /// node's: the nodes of one cluster are normally configured alike).
     pub async fn eviction_policy(&self) -> Result<String, WindowError> {
-        let mut conn = self.conn()?;
         let cmd = redis::cmd("CONFIG")
             .arg("GET")
             .arg("maxmemory-policy")
             .clone();
-        let v: Vec<String> =
-            tokio::time::timeout(Duration::from_secs(1), cmd.query_async(&mut conn))
-                .await
-                .map_err(|_| WindowError::Timeout)??;
+        let v: Vec<String> = self
+            .run(Duration::from_secs(1), |mut c| async move {
+                cmd.query_async(&mut c).await
+            })
+            .await?;
         Ok(v.get(1).cloned().unwrap_or_default())
     }
 }

@@ -70,6 +70,7 @@ async fn every_alert_reaches_the_webhook_once_per_cooloff() {
         }];
         s.redis = Some(sluice::config::RedisSettings {
             url: Secret(secrecy::SecretString::from(url)),
+            ..Default::default()
         });
         s.breaker.open_seconds = 30;
         s.backup.dir = "/proc/sluice-cannot-write-here".into();

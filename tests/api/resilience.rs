@@ -709,6 +709,7 @@ async fn cooldowns_are_shared_between_replicas_through_redis() {
         pool_of_two_and_a_fallback(s, m);
         s.redis = Some(sluice::config::RedisSettings {
             url: sluice::config::Secret(secrecy::SecretString::from(url)),
+            ..Default::default()
         });
     })
     .await;

@@ -15,6 +15,7 @@ fn with_redis(
     move |s, _| {
         s.redis = Some(RedisSettings {
             url: sluice::config::Secret(secrecy::SecretString::from(url)),
+            ..Default::default()
         });
         s.ratelimit.window_seconds = window_seconds;
     }

@@ -39,6 +39,7 @@ async fn setup(redis: bool, tweak: impl FnOnce(&mut sluice::config::Settings)) -
         s.upstreams[0].tpm_limit = 1;
         s.redis = url.map(|u| RedisSettings {
             url: sluice::config::Secret(secrecy::SecretString::from(u)),
+            ..Default::default()
         });
         tweak(s);
     })
