@@ -229,7 +229,9 @@ enum AuditCommand {
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
         .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // The redis crate logs every failed node connect and slot refresh of a cluster
+        // outage, dozens a second; the gateway's own "windows degraded" line says it once.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,redis=error"));
     tracing_subscriber::fmt()
         .json()
         .with_env_filter(filter)
