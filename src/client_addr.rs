@@ -72,13 +72,16 @@ impl ClientAddr {
     /// The rightmost untrusted `X-Forwarded-For` entry (or the leftmost, all being
     /// trusted); `None` without the header, or when an entry walked is not an address.
     fn forwarded_for(&self, headers: &HeaderMap) -> Option<IpAddr> {
+        // Split as bytes, and decoded only where the walk reaches: a byte that is not
+        // visible ASCII in the client's own part of a line (left of the proxy's entry) must
+        // not make the whole line, and so the header, worthless.
         let mut hops = Vec::new();
         for line in headers.get_all("x-forwarded-for") {
-            hops.extend(line.to_str().ok()?.split(','));
+            hops.extend(line.as_bytes().split(|b| *b == b','));
         }
         let mut furthest = None;
         for hop in hops.iter().rev().take(MAX_HOPS) {
-            let ip = hop_address(hop.trim())?;
+            let ip = hop_address(std::str::from_utf8(hop).ok()?.trim())?;
             if !self.trusts(ip) {
                 return Some(ip);
             }
@@ -162,8 +165,22 @@ mod tests {
         assert_eq!(at(&["203.0.113.7, unknown"]), "10.1.2.3");
         assert_eq!(at(&["203.0.113.7, 10.9.9.9, bad"]), "10.1.2.3");
         assert_eq!(at(&["300.1.1.1"]), "10.1.2.3");
-        // Garbage left of the client's entry is never reached.
+        // Garbage left of the client's entry is never reached, bytes that are not ASCII too.
         assert_eq!(at(&["nonsense, 203.0.113.7"]), "203.0.113.7");
+        let mut h = HeaderMap::new();
+        for line in [&b"\xff\xfe, 203.0.113.7"[..], b"\xff", b"203.0.113.8"] {
+            h.append(
+                HeaderName::from_static("x-forwarded-for"),
+                HeaderValue::from_bytes(line).unwrap(),
+            );
+        }
+        assert_eq!(c.resolve(proxy, &h).to_string(), "203.0.113.8");
+        let mut h = HeaderMap::new();
+        h.append(
+            HeaderName::from_static("x-forwarded-for"),
+            HeaderValue::from_bytes(b"203.0.113.7, 10.1.1.1\xff").unwrap(),
+        );
+        assert_eq!(c.resolve(proxy, &h).to_string(), "10.1.2.3");
         // An absurd chain of trusted hops: the peer.
         let long = vec!["10.0.0.1"; MAX_HOPS + 1].join(",");
         assert_eq!(at(&[long.as_str()]), "10.1.2.3");
