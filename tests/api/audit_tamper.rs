@@ -844,3 +844,46 @@ async fn truncate_quietly(rig: &Rig) {
     .await
     .unwrap();
 }
+
+/// `sluice audit rearm` run with a key that did not sign the log (the operator's shell
+/// lacks the gateway's `SLUICE_SECRET_KEY`, or has another one): it must not write its
+/// `audit.head_started` row, which no one could ever verify — every later `verify` would
+/// name it as signed without the key, for good — nor replace the head with one signed by
+/// that key. It is refused, naming the key, and the log and its head stay as they were.
+#[tokio::test]
+async fn rearm_with_a_key_that_did_not_sign_the_log_is_refused() {
+    let rig = rig().await;
+    let rows = rig.rows().await;
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["--config", rig.config.to_str().unwrap()])
+        .args(["audit", "rearm", "--reason", "the head alarm fired"])
+        .env("SLUICE_SECRET_KEY", "ab".repeat(32))
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        !ok(&out),
+        "re-armed under another key: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        stderr(&out).contains("SLUICE_SECRET_KEY"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        rig.rows().await,
+        rows,
+        "a row was written under another key"
+    );
+    let out = rig.verify().await;
+    assert!(ok(&out), "{}", stderr(&out));
+    // With the right key it re-arms.
+    let out = cli(
+        &rig,
+        &["audit", "rearm", "--reason", "the head alarm fired"],
+    )
+    .await;
+    assert!(ok(&out), "{}", stderr(&out));
+    assert!(ok(&rig.verify().await));
+}
