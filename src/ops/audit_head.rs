@@ -313,13 +313,20 @@ fn set_aside(dir: &Path, label: &str, now: DateTime<Utc>) -> std::io::Result<Opt
     Ok(Some(kept))
 }
 
-/// One export, its refusal raised as an alert (`audit_head`) as well as logged.
+/// One export, its refusal or failure raised as an alert (`audit_head`) as well as logged:
+/// a head that can no longer be written (a folder put where its lock or file goes, a full
+/// disk, lost permissions) falls behind the log as silently as a refused one.
 async fn export_or_alert(db: &Db, dir: &Path, now: DateTime<Utc>, alerts: &Alerter) {
     match export(db, dir, now).await {
         Ok(Exported::Refused(why)) => alerts.raise("audit_head", &dir.display().to_string(), &why),
         Ok(_) => {}
         Err(e) => {
-            tracing::error!(target: "sluice::audit", error = %e, "exporting the audit head failed")
+            tracing::error!(target: "sluice::audit", error = %e, "exporting the audit head failed");
+            alerts.raise(
+                "audit_head",
+                &dir.display().to_string(),
+                &format!("the audit head cannot be written, so it no longer follows the log: {e}"),
+            );
         }
     }
 }

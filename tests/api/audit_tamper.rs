@@ -887,3 +887,50 @@ async fn rearm_with_a_key_that_did_not_sign_the_log_is_refused() {
     assert!(ok(&out), "{}", stderr(&out));
     assert!(ok(&rig.verify().await));
 }
+
+/// Someone with the backup folder puts a folder where the head's lock file is: from then on
+/// every export fails before it reads anything, the head stays where it was while rows are
+/// added (which that someone may then delete unseen by the gateway), and the gateway only
+/// logged an error — no `audit_head` alert, as a refused head raises. A head that can no
+/// longer be written is raised too.
+#[tokio::test]
+async fn a_head_that_can_no_longer_be_written_raises_an_alert() {
+    use sluice::config::{Secret, WebhookSettings};
+    let app = spawn_app_with(|s, m| {
+        s.alerts.webhooks = vec![WebhookSettings {
+            url: Secret(secrecy::SecretString::from(format!(
+                "{}/_mock/webhook",
+                m.base_url()
+            ))),
+            format: "generic".into(),
+        }];
+    })
+    .await;
+    make_login(&app, "root", "admin", None).await;
+    let admin = login(&app, "root").await;
+    let dir = Path::new(&app.settings.backup.dir).to_path_buf();
+    let lock = dir.join("audit.head.lock");
+    assert!(lock.is_file(), "the gateway's first export made its lock");
+    std::fs::remove_file(&lock).unwrap();
+    std::fs::create_dir(&lock).unwrap();
+    let (s, _) = admin
+        .post("/admin/api/v1/teams", &json!({"name": "frozen"}))
+        .await;
+    assert_eq!(s, 201);
+    let mut kinds = Vec::new();
+    for _ in 0..400 {
+        kinds = app
+            .mock
+            .state
+            .stats("webhook")
+            .last_bodies
+            .iter()
+            .filter_map(|b| b["kind"].as_str().map(String::from))
+            .collect();
+        if kinds.iter().any(|k| k == "audit_head") {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("no audit_head alert in 10 s while the head could not be written: {kinds:?}");
+}
