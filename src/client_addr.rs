@@ -45,7 +45,7 @@ impl ClientAddr {
                 let text = entry.trim();
                 text.parse::<IpNet>()
                     .or_else(|_| text.parse::<IpAddr>().map(IpNet::from))
-                    .map(|net| net.trunc())
+                    .map(|net| mapped_as_v4(net.trunc()))
                     .map_err(|_| {
                         format!("server.trusted_proxies: `{entry}` is not an IP address or a CIDR range (e.g. \"10.0.0.0/8\", \"127.0.0.1\", \"fd00::/8\")")
                     })
@@ -72,13 +72,16 @@ impl ClientAddr {
     /// The rightmost untrusted `X-Forwarded-For` entry (or the leftmost, all being
     /// trusted); `None` without the header, or when an entry walked is not an address.
     fn forwarded_for(&self, headers: &HeaderMap) -> Option<IpAddr> {
+        // Split as bytes, and decoded only where the walk reaches: a byte that is not
+        // visible ASCII in the client's own part of a line (left of the proxy's entry) must
+        // not make the whole line, and so the header, worthless.
         let mut hops = Vec::new();
         for line in headers.get_all("x-forwarded-for") {
-            hops.extend(line.to_str().ok()?.split(','));
+            hops.extend(line.as_bytes().split(|b| *b == b','));
         }
         let mut furthest = None;
         for hop in hops.iter().rev().take(MAX_HOPS) {
-            let ip = hop_address(hop.trim())?;
+            let ip = hop_address(std::str::from_utf8(hop).ok()?.trim())?;
             if !self.trusts(ip) {
                 return Some(ip);
             }
@@ -87,6 +90,21 @@ impl ClientAddr {
         // Every entry walked was a trusted proxy; more than `MAX_HOPS` of them is not a
         // chain anyone runs.
         furthest.filter(|_| hops.len() <= MAX_HOPS)
+    }
+}
+
+/// An IPv4-mapped IPv6 entry (`::ffff:10.0.0.1`, `::ffff:10.0.0.0/104`) as the IPv4 one it
+/// names: peers and entries are compared as IPv4 (`to_canonical`), which a mapped entry
+/// would never match.
+fn mapped_as_v4(net: IpNet) -> IpNet {
+    match net {
+        IpNet::V6(v6) if v6.prefix_len() >= 96 => match v6.addr().to_ipv4_mapped() {
+            Some(v4) => ipnet::Ipv4Net::new(v4, v6.prefix_len() - 96)
+                .map(IpNet::V4)
+                .unwrap_or(net),
+            None => net,
+        },
+        other => other,
     }
 }
 
@@ -162,8 +180,22 @@ mod tests {
         assert_eq!(at(&["203.0.113.7, unknown"]), "10.1.2.3");
         assert_eq!(at(&["203.0.113.7, 10.9.9.9, bad"]), "10.1.2.3");
         assert_eq!(at(&["300.1.1.1"]), "10.1.2.3");
-        // Garbage left of the client's entry is never reached.
+        // Garbage left of the client's entry is never reached, bytes that are not ASCII too.
         assert_eq!(at(&["nonsense, 203.0.113.7"]), "203.0.113.7");
+        let mut h = HeaderMap::new();
+        for line in [&b"\xff\xfe, 203.0.113.7"[..], b"\xff", b"203.0.113.8"] {
+            h.append(
+                HeaderName::from_static("x-forwarded-for"),
+                HeaderValue::from_bytes(line).unwrap(),
+            );
+        }
+        assert_eq!(c.resolve(proxy, &h).to_string(), "203.0.113.8");
+        let mut h = HeaderMap::new();
+        h.append(
+            HeaderName::from_static("x-forwarded-for"),
+            HeaderValue::from_bytes(b"203.0.113.7, 10.1.1.1\xff").unwrap(),
+        );
+        assert_eq!(c.resolve(proxy, &h).to_string(), "10.1.2.3");
         // An absurd chain of trusted hops: the peer.
         let long = vec!["10.0.0.1"; MAX_HOPS + 1].join(",");
         assert_eq!(at(&[long.as_str()]), "10.1.2.3");
@@ -172,6 +204,36 @@ mod tests {
             c.resolve(ip("::ffff:127.0.0.1"), &headers(&["198.51.100.9"]))
                 .to_string(),
             "198.51.100.9"
+        );
+    }
+
+    /// A proxy written as IPv4-mapped IPv6 (as `ss` shows a dual-stack listener's peers) is
+    /// that IPv4 proxy: peers and entries are compared as IPv4, and such an entry matched
+    /// nothing — every client stayed the proxy, silently.
+    #[test]
+    fn a_proxy_written_as_ipv4_mapped_ipv6_is_trusted() {
+        for entry in ["::ffff:10.1.2.3", "::ffff:10.0.0.0/104"] {
+            let c = ClientAddr::new(&[entry.into()]).unwrap();
+            for peer in ["10.1.2.3", "::ffff:10.1.2.3"] {
+                assert_eq!(
+                    c.resolve(ip(peer), &headers(&["203.0.113.7"])).to_string(),
+                    "203.0.113.7",
+                    "{entry} from {peer}"
+                );
+            }
+            assert_eq!(
+                c.resolve(ip("10.1.2.3"), &headers(&["203.0.113.7, ::ffff:10.1.2.3"]))
+                    .to_string(),
+                "203.0.113.7",
+                "{entry}: its own hop"
+            );
+        }
+        // An IPv6 range wider than the mapped block stays an IPv6 range.
+        let c = ClientAddr::new(&["::/0".into()]).unwrap();
+        assert_eq!(
+            c.resolve(ip("10.1.2.3"), &headers(&["203.0.113.7"]))
+                .to_string(),
+            "10.1.2.3"
         );
     }
 

@@ -95,9 +95,17 @@ fn name_key(username: &str) -> String {
 
 /// Lifts the per-name lock on `username` (the operator's way back in when someone keeps
 /// guessing at the name: `sluice admin unlock`, `reset-password`): every attempt counted at
-/// the name is forgotten; the guessers' addresses keep theirs. Returns how many.
-pub async fn unlock_name(conn: &mut SqliteConnection, username: &str) -> Result<u64, StoreError> {
-    sessions::delete_attempts_of(conn, &name_key(username)).await
+/// the name is forgotten; the guessers' addresses keep theirs — except attempts stamped
+/// after `now`, at any key: a clock that ran ahead stamped them, and the locks they make
+/// last as long as it ran ahead (an address's too: the office's, or a proxy's). Returns how
+/// many.
+pub async fn unlock_name(
+    conn: &mut SqliteConnection,
+    username: &str,
+    now: DateTime<Utc>,
+) -> Result<u64, StoreError> {
+    let name = sessions::delete_attempts_of(conn, &name_key(username)).await?;
+    Ok(name + sessions::delete_attempts_after(conn, now).await?)
 }
 
 /// The address an attempt is counted under: an IPv4 address itself, an IPv6 address's /64

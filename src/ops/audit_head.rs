@@ -50,6 +50,8 @@ pub enum HeadError {
     Store(#[from] StoreError),
     #[error("audit head in {0}: {1}")]
     Io(PathBuf, std::io::Error),
+    #[error("not one row of the audit log is signed with this key: it is not the key the gateway signs with ({} set, unset or changed, or the key file replaced); run the command with the gateway's key — a row and a head signed with another would never verify", crate::secrets::ENV)]
+    OtherKey,
 }
 
 impl From<sqlx::Error> for HeadError {
@@ -266,6 +268,11 @@ pub async fn rearm(
     aside: &str,
 ) -> Result<Rearmed, HeadError> {
     let _lock = lock(dir).await?;
+    // Under another key the new row and head would be signed without the log's key, for
+    // good: refused before anything is moved or written.
+    if audit::signed_with(&db.read, &db.audit).await? == Some(false) {
+        return Err(HeadError::OtherKey);
+    }
     let kept = set_aside(dir, aside, now).map_err(|e| HeadError::Io(dir.to_path_buf(), e))?;
     mark_start(db, actor, why, now).await?;
     let head = write_head(db, dir, now).await?;
@@ -306,13 +313,20 @@ fn set_aside(dir: &Path, label: &str, now: DateTime<Utc>) -> std::io::Result<Opt
     Ok(Some(kept))
 }
 
-/// One export, its refusal raised as an alert (`audit_head`) as well as logged.
+/// One export, its refusal or failure raised as an alert (`audit_head`) as well as logged:
+/// a head that can no longer be written (a folder put where its lock or file goes, a full
+/// disk, lost permissions) falls behind the log as silently as a refused one.
 async fn export_or_alert(db: &Db, dir: &Path, now: DateTime<Utc>, alerts: &Alerter) {
     match export(db, dir, now).await {
         Ok(Exported::Refused(why)) => alerts.raise("audit_head", &dir.display().to_string(), &why),
         Ok(_) => {}
         Err(e) => {
-            tracing::error!(target: "sluice::audit", error = %e, "exporting the audit head failed")
+            tracing::error!(target: "sluice::audit", error = %e, "exporting the audit head failed");
+            alerts.raise(
+                "audit_head",
+                &dir.display().to_string(),
+                &format!("the audit head cannot be written, so it no longer follows the log: {e}"),
+            );
         }
     }
 }

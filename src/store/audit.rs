@@ -307,6 +307,38 @@ pub async fn verify(pool: &sqlx::SqlitePool, keys: &AuditKeys) -> Result<ChainSt
     Ok(st)
 }
 
+/// Whether `keys` signed this log: `None` when it has no keyed row; else whether any keyed
+/// row's MAC (over its own stored previous hash, links aside) verifies under them. Newest
+/// first, so an intact log answers at its first row; `false` only when not one row does,
+/// which is what another key looks like (an edit leaves the other rows verifying).
+pub async fn signed_with(pool: &sqlx::SqlitePool, keys: &AuditKeys) -> Result<Option<bool>> {
+    use futures_util::TryStreamExt;
+    let mut rows = sqlx::query(
+        "SELECT actor, address, action, target, before, after, created_at, prev_hash, hash FROM audit_log WHERE chain = ? ORDER BY id DESC",
+    )
+    .bind(KEYED)
+    .fetch(pool);
+    let mut any = false;
+    while let Some(r) = rows.try_next().await? {
+        any = true;
+        let (before, after): (Option<String>, Option<String>) = (r.get("before"), r.get("after"));
+        let e = AuditEntry {
+            actor: r.get("actor"),
+            address: r.get("address"),
+            action: r.get("action"),
+            target: r.get("target"),
+            before: before.as_deref(),
+            after: after.as_deref(),
+        };
+        let (prev, stored, created_at): (&str, &str, &str) =
+            (r.get("prev_hash"), r.get("hash"), r.get("created_at"));
+        if keys.row_mac(prev, &e, created_at) == stored {
+            return Ok(Some(true));
+        }
+    }
+    Ok(any.then_some(false))
+}
+
 /// Whether `e` is the seal of exactly `legacy` unkeyed rows.
 fn seals(e: &AuditEntry<'_>, legacy: i64) -> bool {
     e.action == SEAL

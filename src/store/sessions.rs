@@ -192,6 +192,15 @@ pub async fn delete_attempts_of(conn: &mut SqliteConnection, key: &str) -> Resul
         .rows_affected())
 }
 
+/// Deletes every attempt stamped after `now` (by a clock that ran ahead); how many.
+pub async fn delete_attempts_after(conn: &mut SqliteConnection, now: DateTime<Utc>) -> Result<u64> {
+    Ok(sqlx::query("DELETE FROM login_failures WHERE at > ?")
+        .bind(db_time(now))
+        .execute(conn)
+        .await?
+        .rows_affected())
+}
+
 /// The times of `key`'s attempts since `since`, newest first, at most `limit` of them.
 pub async fn recent_attempts(
     conn: &mut SqliteConnection,

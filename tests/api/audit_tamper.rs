@@ -844,3 +844,93 @@ async fn truncate_quietly(rig: &Rig) {
     .await
     .unwrap();
 }
+
+/// `sluice audit rearm` run with a key that did not sign the log (the operator's shell
+/// lacks the gateway's `SLUICE_SECRET_KEY`, or has another one): it must not write its
+/// `audit.head_started` row, which no one could ever verify — every later `verify` would
+/// name it as signed without the key, for good — nor replace the head with one signed by
+/// that key. It is refused, naming the key, and the log and its head stay as they were.
+#[tokio::test]
+async fn rearm_with_a_key_that_did_not_sign_the_log_is_refused() {
+    let rig = rig().await;
+    let rows = rig.rows().await;
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["--config", rig.config.to_str().unwrap()])
+        .args(["audit", "rearm", "--reason", "the head alarm fired"])
+        .env("SLUICE_SECRET_KEY", "ab".repeat(32))
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        !ok(&out),
+        "re-armed under another key: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        stderr(&out).contains("SLUICE_SECRET_KEY"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        rig.rows().await,
+        rows,
+        "a row was written under another key"
+    );
+    let out = rig.verify().await;
+    assert!(ok(&out), "{}", stderr(&out));
+    // With the right key it re-arms.
+    let out = cli(
+        &rig,
+        &["audit", "rearm", "--reason", "the head alarm fired"],
+    )
+    .await;
+    assert!(ok(&out), "{}", stderr(&out));
+    assert!(ok(&rig.verify().await));
+}
+
+/// Someone with the backup folder puts a folder where the head's lock file is: from then on
+/// every export fails before it reads anything, the head stays where it was while rows are
+/// added (which that someone may then delete unseen by the gateway), and the gateway only
+/// logged an error — no `audit_head` alert, as a refused head raises. A head that can no
+/// longer be written is raised too.
+#[tokio::test]
+async fn a_head_that_can_no_longer_be_written_raises_an_alert() {
+    use sluice::config::{Secret, WebhookSettings};
+    let app = spawn_app_with(|s, m| {
+        s.alerts.webhooks = vec![WebhookSettings {
+            url: Secret(secrecy::SecretString::from(format!(
+                "{}/_mock/webhook",
+                m.base_url()
+            ))),
+            format: "generic".into(),
+        }];
+    })
+    .await;
+    make_login(&app, "root", "admin", None).await;
+    let admin = login(&app, "root").await;
+    let dir = Path::new(&app.settings.backup.dir).to_path_buf();
+    let lock = dir.join("audit.head.lock");
+    assert!(lock.is_file(), "the gateway's first export made its lock");
+    std::fs::remove_file(&lock).unwrap();
+    std::fs::create_dir(&lock).unwrap();
+    let (s, _) = admin
+        .post("/admin/api/v1/teams", &json!({"name": "frozen"}))
+        .await;
+    assert_eq!(s, 201);
+    let mut kinds = Vec::new();
+    for _ in 0..400 {
+        kinds = app
+            .mock
+            .state
+            .stats("webhook")
+            .last_bodies
+            .iter()
+            .filter_map(|b| b["kind"].as_str().map(String::from))
+            .collect();
+        if kinds.iter().any(|k| k == "audit_head") {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("no audit_head alert in 10 s while the head could not be written: {kinds:?}");
+}

@@ -193,3 +193,56 @@ async fn redteam_a_process_a_day_ahead_does_not_sweep_other_processes_attempts()
         "the name was unlocked by another process's clock"
     );
 }
+
+/// The host's clock ran a day ahead for a while; twenty wrong sign-ins from one address
+/// (the office's NAT, or a reverse proxy without `trusted_proxies`: everyone) were stamped
+/// with it, then the clock stepped back. That address is locked for a day and a window —
+/// honest, but far longer than any guess earns — and the documented way out of a lock a bad
+/// clock made too long, `sluice admin unlock`, lifted only the name's count: the admin at
+/// that address was still refused for a day.
+#[tokio::test]
+async fn redteam_unlock_lifts_an_address_lock_a_clock_running_ahead_made() {
+    use chrono::{Duration, Utc};
+    use sluice::auth::throttle::ADDR_LIMIT;
+    let dir = tempfile::tempdir().unwrap();
+    let db = sluice::store::Db::open(&dir.path().join("t.db"), false)
+        .await
+        .unwrap();
+    let now = Utc::now();
+    sluice::cli::admin_create(
+        &db,
+        "root",
+        "admin",
+        None,
+        "a password of length".into(),
+        now,
+    )
+    .await
+    .unwrap();
+    let ahead = now + Duration::days(1);
+    for i in 0..ADDR_LIMIT {
+        let clock = sluice::clock::ManualClock::new(ahead);
+        match sluice::auth::throttle::admit(
+            &db.read,
+            &db.write,
+            &format!("u{i}"),
+            "198.51.100.7",
+            &clock,
+        )
+        .await
+        .unwrap()
+        {
+            sluice::auth::throttle::Admission::Admitted(a) => std::mem::forget(a),
+            sluice::auth::throttle::Admission::Refused { .. } => panic!("attempt {i}"),
+        }
+    }
+    assert!(
+        !admit_root(&db, "198.51.100.7", now).await,
+        "the address is locked"
+    );
+    sluice::cli::admin_unlock(&db, "root", now).await.unwrap();
+    assert!(
+        admit_root(&db, "198.51.100.7", now).await,
+        "after `sluice admin unlock root`, root at that address is still refused for a day"
+    );
+}

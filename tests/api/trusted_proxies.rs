@@ -178,3 +178,55 @@ async fn a_bad_trusted_proxy_entry_stops_the_start_naming_it() {
         );
     }
 }
+
+/// A client behind a trusted proxy writes a byte that is not visible ASCII (obs-text, which
+/// HTTP parsers and proxies pass through) into its own part of `X-Forwarded-For`: nginx
+/// appends the client's address to the same line, HAProxy adds a line of its own. That byte
+/// is left of the proxy's entry, where the walk never goes, so the client is still the
+/// address the proxy wrote — not the proxy's own, which would let a client that used up its
+/// guesses start over at the proxy's address (shared with everyone whose header is missing)
+/// and be recorded there instead of at its own.
+#[tokio::test]
+async fn a_byte_the_client_wrote_left_of_the_proxys_entry_does_not_make_it_the_proxy() {
+    use reqwest::header::HeaderValue;
+    let app = spawn_app_with(|s, _| {
+        s.server.trusted_proxies = vec!["127.0.0.1/32".into()];
+    })
+    .await;
+    let http = client();
+    let form = login_form(&app, &http).await;
+    for i in 0..20 {
+        let r = guess(&app, &http, &form, &format!("x{i}"), Some("203.0.113.7")).await;
+        assert_eq!(r.status(), 401, "guess {i}");
+    }
+    // nginx (`$proxy_add_x_forwarded_for`): one line; HAProxy (`option forwardfor`): two.
+    let nginx = [HeaderValue::from_bytes(b"\xff, 203.0.113.7").unwrap()];
+    let haproxy = [
+        HeaderValue::from_bytes(b"\xff").unwrap(),
+        HeaderValue::from_static("203.0.113.7"),
+    ];
+    for (n, lines) in [&nginx[..], &haproxy[..]].into_iter().enumerate() {
+        let mut req = http
+            .post(format!("{}/admin/login", app.address))
+            .header("cookie", format!("sluice_login={}", form.0));
+        for line in lines {
+            req = req.header("x-forwarded-for", line.clone());
+        }
+        let r = req
+            .form(&[
+                ("username", format!("y{n}").as_str()),
+                ("password", "a guess of some length"),
+                ("csrf_token", form.1.as_str()),
+            ])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status(),
+            429,
+            "lines {lines:?}: the client escaped its limit (recorded at {:?})",
+            failed_from(&app, "y").await
+        );
+    }
+    assert!(failed_from(&app, "y").await.is_empty());
+}
