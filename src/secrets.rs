@@ -9,7 +9,7 @@
 //! and its bytes are wiped when dropped (`secrecy`).
 
 use std::io::Read;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use hkdf::Hkdf;
@@ -33,6 +33,8 @@ pub enum SecretError {
     Linked(PathBuf, u64),
     #[error("the key file {0} belongs to user {1}, not to the user the gateway runs as ({2}): someone else put it there or can read it; if it is yours, `chown` it, else treat the key as leaked")]
     NotOwned(PathBuf, u32, u32),
+    #[error("the key file {0} is not a regular file (a FIFO, device or folder was put under its name); remove it, and find out who could write its folder")]
+    NotAFile(PathBuf),
     #[error("key file {0}: {1}")]
     Io(PathBuf, std::io::Error),
 }
@@ -132,8 +134,17 @@ impl MasterKey {
             written.map_err(io)?;
         }
         // The checks are made on the file opened, so what is checked is what is read.
-        let mut file = std::fs::File::open(path).map_err(io)?;
+        // Non-blocking: opening a FIFO planted under the name would otherwise wait for a
+        // writer for ever, and the start would hang saying nothing.
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .map_err(io)?;
         let meta = file.metadata().map_err(io)?;
+        if !meta.is_file() {
+            return Err(SecretError::NotAFile(path.to_path_buf()));
+        }
         let me = rustix::process::geteuid().as_raw();
         if meta.uid() != me {
             return Err(SecretError::NotOwned(path.to_path_buf(), meta.uid(), me));
@@ -168,6 +179,24 @@ impl MasterKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A key file that is a FIFO (or any non-file) used to hang the start in `open`, with
+    /// nothing said: whoever can write the folder could stop the gateway silently.
+    #[test]
+    fn a_key_file_that_is_not_a_regular_file_is_refused_without_hanging() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sluice.db.key");
+        rustix::fs::mkfifoat(rustix::fs::CWD, &path, rustix::fs::Mode::from_raw_mode(0o600))
+            .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = path.clone();
+        std::thread::spawn(move || tx.send(MasterKey::load_or_create(&p).map(|_| ())));
+        let got = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("loading a FIFO as the key file hung");
+        let err = got.expect_err("a FIFO is no key file").to_string();
+        assert!(err.contains("not a regular file"), "{err}");
+    }
 
     #[test]
     fn a_key_file_is_created_0600_and_read_back_the_same() {
