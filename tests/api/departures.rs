@@ -59,17 +59,7 @@ fn body(stream: bool) -> Value {
 
 /// Sends a chat request over a raw connection.
 async fn send_raw(app: &TestApp, token: &str, body: &Value) -> TcpStream {
-    let addr = app.address.trim_start_matches("http://");
-    let mut conn = TcpStream::connect(addr).await.unwrap();
-    let body = body.to_string();
-    let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {token}\r\n\
-         content-type: application/json\r\ncontent-length: {}\r\n\r\n",
-        body.len()
-    );
-    conn.write_all(head.as_bytes()).await.unwrap();
-    conn.write_all(body.as_bytes()).await.unwrap();
-    conn
+    send_raw_chat(&app.address, token, body, None).await
 }
 
 /// Reads until `what` has arrived; returns everything read.

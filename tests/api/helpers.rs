@@ -312,6 +312,47 @@ pub fn reassemble(data: &[String]) -> String {
         .collect()
 }
 
+/// A chat request written by hand on a new connection to the gateway at `url` (with this
+/// receive buffer when given, else the system's): the POST head, then `body`. Nothing is
+/// read; the connection is the caller's, to read slowly, half-close or drop.
+pub async fn send_raw_chat(
+    url: &str,
+    token: &str,
+    body: &Value,
+    rcvbuf: Option<u32>,
+) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    if let Some(size) = rcvbuf {
+        socket.set_recv_buffer_size(size).unwrap();
+    }
+    let mut conn = socket.connect(addr).await.unwrap();
+    let body = body.to_string();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {token}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    conn.write_all(body.as_bytes()).await.unwrap();
+    conn
+}
+
+/// `send_raw_chat` of a streamed `chat_body(100)`, then one read (up to 512 bytes) that must
+/// begin with a 200 status line: the stream is open.
+pub async fn open_raw_stream(url: &str, token: &str, rcvbuf: Option<u32>) -> tokio::net::TcpStream {
+    use tokio::io::AsyncReadExt;
+    let mut body = chat_body(100);
+    body["stream"] = true.into();
+    let mut conn = send_raw_chat(url, token, &body, rcvbuf).await;
+    let mut buf = [0u8; 512];
+    let n = conn.read(&mut buf).await.unwrap();
+    let head = String::from_utf8_lossy(&buf[..n]);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    conn
+}
+
 /// A real `redis-server` on a free port, stopped when dropped.
 pub struct RedisServer {
     pub port: u16,

@@ -85,31 +85,11 @@ async fn rig(stall_ms: u64) -> Rig {
 /// request, checks the 200 head, then reads `reads` single bytes half a second apart: by
 /// then the gateway's buffers are full and the stream is blocked on them.
 async fn slow_read(r: &Rig, rcvbuf: Option<u32>, reads: usize) -> tokio::net::TcpStream {
-    let url = &r.gateway.url;
-    let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    if let Some(size) = rcvbuf {
-        socket.set_recv_buffer_size(size).unwrap();
-    }
-    let mut conn = socket.connect(addr).await.unwrap();
-    let mut body = chat_body(100);
-    body["stream"] = true.into();
-    let body = body.to_string();
-    let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {}\r\n\
-         content-type: application/json\r\ncontent-length: {}\r\n\r\n",
-        r.token,
-        body.len()
-    );
-    conn.write_all(head.as_bytes()).await.unwrap();
-    conn.write_all(body.as_bytes()).await.unwrap();
-    let mut buf = [0u8; 512];
-    let n = conn.read(&mut buf).await.unwrap();
-    let head = String::from_utf8_lossy(&buf[..n]).to_string();
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let mut conn = open_raw_stream(&r.gateway.url, &r.token, rcvbuf).await;
+    let mut buf = [0u8; 1];
     for _ in 0..reads {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let n = conn.read(&mut buf[..1]).await.unwrap();
+        let n = conn.read(&mut buf).await.unwrap();
         assert!(n > 0, "the stream ended early");
     }
     assert!(
