@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use sluice::mock::MockServer;
 
-use crate::helpers::KEY_A;
+use crate::helpers::{issue_args, KEY_A};
 
 pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -86,6 +86,23 @@ pub(crate) async fn start_gateway_full(
         .spawn()
         .unwrap();
     healthy(child, port, &log).await
+}
+
+/// The database of the gateway on `dir` (`dir/sluice.db`), opened beside the process, and a
+/// token for `user` with a budget of $10 issued in it.
+pub(crate) async fn db_and_token(dir: &std::path::Path, user: &str) -> (sluice::store::Db, String) {
+    let db = sluice::store::Db::open(&dir.join("sluice.db"), false)
+        .await
+        .unwrap();
+    let args = sluice::cli::IssueArgs {
+        budget_usd: Some("10"),
+        ..issue_args(user)
+    };
+    let token = sluice::cli::token_issue(&db, &args, chrono::Utc::now())
+        .await
+        .unwrap()
+        .text;
+    (db, token)
 }
 
 /// The gateway process `child` on `port` once its `/healthz` answers 200 (bounded); else it

@@ -11,7 +11,7 @@ use std::time::Duration;
 use sluice::mock::{MockConfig, MockServer, Script};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::gateway_proc::{start_gateway_full, ticks_in_a_second, Gateway};
+use crate::gateway_proc::{db_and_token, start_gateway_full, ticks_in_a_second, Gateway};
 use crate::helpers::*;
 
 /// The stall limit of the gateways that test it: a stream whose next frame cannot be
@@ -61,17 +61,7 @@ async fn rig(stall_ms: u64) -> Rig {
     let extra = format!("[upstream]\nstream_idle_timeout_ms = {stall_ms}\n");
     let gateway =
         start_gateway_full(dir.path(), &mock, &[("SLUICE_SERVER_WORKERS", "2")], &extra).await;
-    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
-        .await
-        .unwrap();
-    let args = sluice::cli::IssueArgs {
-        budget_usd: Some("10"),
-        ..issue_args("slow")
-    };
-    let token = sluice::cli::token_issue(&db, &args, chrono::Utc::now())
-        .await
-        .unwrap()
-        .text;
+    let (db, token) = db_and_token(dir.path(), "slow").await;
     Rig {
         _dir: dir,
         mock,

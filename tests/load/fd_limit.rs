@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::json;
 use sluice::mock::{MockConfig, MockServer, Script};
 
-use crate::gateway_proc::{free_port, healthy, write_config};
+use crate::gateway_proc::{db_and_token, free_port, healthy, write_config};
 use crate::helpers::*;
 use crate::rig::*;
 
@@ -83,17 +83,7 @@ async fn a_gateway_started_under_a_low_soft_fd_limit_raises_it_and_carries_300_s
         "the raise is logged with the old value: {logged}"
     );
 
-    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
-        .await
-        .unwrap();
-    let args = sluice::cli::IssueArgs {
-        budget_usd: Some("10"),
-        ..issue_args("fds")
-    };
-    let token = sluice::cli::token_issue(&db, &args, chrono::Utc::now())
-        .await
-        .unwrap()
-        .text;
+    let (_db, token) = db_and_token(dir.path(), "fds").await;
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(60))
         .build()
