@@ -353,6 +353,44 @@ pub async fn open_raw_stream(url: &str, token: &str, rcvbuf: Option<u32>) -> tok
     conn
 }
 
+/// TCP connections in state ESTABLISHED whose remote port is `port` (Linux's
+/// `/proc/net/tcp*`; with the mock's port, the gateway's connections to it).
+pub fn established_to(port: u16) -> usize {
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .map(|table| {
+            table
+                .lines()
+                .skip(1)
+                .filter(|l| {
+                    let cols: Vec<&str> = l.split_whitespace().collect();
+                    let remote_port = cols
+                        .get(2)
+                        .and_then(|a| a.rsplit(':').next())
+                        .and_then(|p| u16::from_str_radix(p, 16).ok());
+                    cols.get(3) == Some(&"01") && remote_port == Some(port)
+                })
+                .count()
+        })
+        .sum()
+}
+
+/// Waits until no connection to the app's mock is established any more: the gateway closed
+/// its upstream connection (the mock itself notices only at its next write, which a stalled
+/// or held answer never makes). The bound (10 s) only turns a connection left open into a
+/// failure.
+pub async fn upstream_closed(app: &TestApp) {
+    let bound = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while established_to(app.mock.port) > 0 {
+        assert!(
+            std::time::Instant::now() < bound,
+            "the upstream connection was never closed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 /// A real `redis-server` on a free port, stopped when dropped.
 pub struct RedisServer {
     pub port: u16,
