@@ -30,7 +30,8 @@ impl Drop for Gateway {
     }
 }
 
-/// The gateway's config; `extra` is appended (more tables, e.g. `[redis]`).
+/// The gateway's config, on `dir`'s database; `extra` is appended (more tables, e.g.
+/// `[redis]`).
 pub(crate) fn write_config(
     dir: &std::path::Path,
     mock: &MockServer,
@@ -38,7 +39,27 @@ pub(crate) fn write_config(
     extra: &str,
 ) -> std::path::PathBuf {
     let path = dir.join(format!("sluice-{port}.toml"));
-    let text = format!(
+    let text = config_text(
+        port,
+        &dir.join("sluice.db"),
+        &dir.join("backup"),
+        mock,
+        extra,
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// A gateway's config: listening on `port`, its database at `db` and its backups in
+/// `backup`, the mock as its one upstream, one priced model; `extra` is appended.
+pub(crate) fn config_text(
+    port: u16,
+    db: &std::path::Path,
+    backup: &std::path::Path,
+    mock: &MockServer,
+    extra: &str,
+) -> String {
+    format!(
         r#"
 [server]
 listen = "127.0.0.1:{port}"
@@ -60,12 +81,10 @@ output_usd_per_mtok = 0.60
 dir = "{backup}"
 {extra}
 "#,
-        db = dir.join("sluice.db").display(),
-        backup = dir.join("backup").display(),
+        db = db.display(),
+        backup = backup.display(),
         mock = mock.base_url()
-    );
-    std::fs::write(&path, text).unwrap();
-    path
+    )
 }
 
 /// A gateway process on `dir`'s database with extra environment and config.
