@@ -99,24 +99,17 @@ async fn a_gateway_started_under_a_low_soft_fd_limit_raises_it_and_carries_300_s
                 body.clone(),
             );
             tokio::spawn(async move {
-                let resp = http
-                    .post(url)
-                    .bearer_auth(token)
-                    .json(&body)
-                    .send()
-                    .await
-                    .map_err(|e| format!("no answer: {e}"))?;
-                let status = resp.status().as_u16();
-                let text = resp.text().await.map_err(|e| format!("body broke: {e}"))?;
+                let bytes = post_for_200(&http, &url, &token, &body).await?;
+                let text = String::from_utf8_lossy(&bytes);
                 let data: Vec<String> = text
                     .split("\n\n")
                     .filter_map(|e| e.strip_prefix("data: "))
                     .map(str::to_string)
                     .collect();
-                if status == 200 && data.last().map(String::as_str) == Some("[DONE]") {
+                if data.last().map(String::as_str) == Some("[DONE]") {
                     Ok(reassemble(&data))
                 } else {
-                    Err(format!("{status}: {text}"))
+                    Err(format!("200 without [DONE]: {text}"))
                 }
             })
         })
