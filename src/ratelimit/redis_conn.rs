@@ -99,13 +99,26 @@ enum Target {
     Cluster {
         client: ClusterClient,
     },
-    Sentinel {
-        sentinel: tokio::sync::Mutex<SentinelClient>,
-        config: ConnectionManagerConfig,
-        /// The master the sentinels named last, with a generation (`None` after a failure).
-        master: Mutex<Option<(u64, redis::Client)>>,
-        generation: AtomicU64,
-    },
+    Sentinel(SentinelTarget),
+}
+
+struct SentinelTarget {
+    sentinel: tokio::sync::Mutex<SentinelClient>,
+    config: ConnectionManagerConfig,
+    /// The master the sentinels named last, with a generation (`None` after a failure).
+    master: Mutex<Option<(u64, redis::Client)>>,
+    generation: AtomicU64,
+}
+
+impl SentinelTarget {
+    /// Takes `client` as the master under a new generation, which it returns: each thread's
+    /// connection to the one before is replaced at its next call.
+    fn take_master(&self, client: &redis::Client) -> u64 {
+        let mut master = self.master.lock();
+        let g = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        *master = Some((g, client.clone()));
+        g
+    }
 }
 
 /// Hands each thread its connection (made lazily, on the thread's runtime).
@@ -161,7 +174,7 @@ impl Connector {
                 sentinels,
                 master_name,
                 master_password,
-            } => Target::Sentinel {
+            } => Target::Sentinel(SentinelTarget {
                 sentinel: tokio::sync::Mutex::new(SentinelClient::build(
                     sentinels.iter().map(String::as_str).collect(),
                     master_name.clone(),
@@ -175,7 +188,7 @@ impl Connector {
                 config: manager,
                 master: Mutex::new(None),
                 generation: AtomicU64::new(0),
-            },
+            }),
         };
         Ok(Self {
             target,
@@ -187,7 +200,7 @@ impl Connector {
     /// when none is known (at the first call, and after a failure).
     pub async fn conn(&self) -> Result<Conn, WindowError> {
         let master = match &self.target {
-            Target::Sentinel { .. } => Some(self.sentinel_master().await?),
+            Target::Sentinel(_) => Some(self.sentinel_master().await?),
             _ => None,
         };
         let generation = master.as_ref().map_or(0, |(g, _)| *g);
@@ -207,10 +220,10 @@ impl Connector {
             }
             // The master named when this call began: if the probe moved it since, the next
             // call gets the new one.
-            (Target::Sentinel { config, .. }, Some((_, client))) => Conn::Single(
-                ConnectionManager::new_lazy_with_config(client, config.clone())?,
+            (Target::Sentinel(s), Some((_, client))) => Conn::Single(
+                ConnectionManager::new_lazy_with_config(client, s.config.clone())?,
             ),
-            (Target::Sentinel { .. }, None) => return Err(WindowError::NoMaster),
+            (Target::Sentinel(_), None) => return Err(WindowError::NoMaster),
         };
         conns.insert(me, (generation, c.clone()));
         Ok(c)
@@ -222,8 +235,8 @@ impl Connector {
     /// client) would fail every call for good. A connection manager reconnects by itself.
     pub fn failed(&self) {
         match &self.target {
-            Target::Sentinel { master, .. } => {
-                master.lock().take();
+            Target::Sentinel(s) => {
+                s.master.lock().take();
             }
             Target::Cluster { .. } => {
                 self.conns.lock().remove(&std::thread::current().id());
@@ -238,23 +251,15 @@ impl Connector {
     /// this, windows would be booked where they are about to be discarded. Other topologies:
     /// nothing to do.
     pub async fn refresh(&self) -> Result<(), WindowError> {
-        let Target::Sentinel {
-            sentinel,
-            master,
-            generation,
-            ..
-        } = &self.target
-        else {
+        let Target::Sentinel(s) = &self.target else {
             return Ok(());
         };
-        let Some((_, current)) = master.lock().clone() else {
+        let Some((_, current)) = s.master.lock().clone() else {
             return Ok(());
         };
-        let named = sentinel.lock().await.async_get_client().await?;
+        let named = s.sentinel.lock().await.async_get_client().await?;
         if named.get_connection_info().addr() != current.get_connection_info().addr() {
-            let mut m = master.lock();
-            let g = generation.fetch_add(1, Ordering::Relaxed) + 1;
-            *m = Some((g, named.clone()));
+            s.take_master(&named);
             tracing::warn!(
                 master = %named.get_connection_info().addr(),
                 "Redis Sentinel moved the master for rate-limit windows"
@@ -265,26 +270,19 @@ impl Connector {
 
     /// The master the sentinels name (asked once at a time; the caller bounds the wait).
     async fn sentinel_master(&self) -> Result<(u64, redis::Client), WindowError> {
-        let Target::Sentinel {
-            sentinel,
-            master,
-            generation,
-            ..
-        } = &self.target
-        else {
+        let Target::Sentinel(s) = &self.target else {
             return Err(WindowError::NoMaster);
         };
-        if let Some(m) = master.lock().clone() {
+        if let Some(m) = s.master.lock().clone() {
             return Ok(m);
         }
-        let mut sentinel = sentinel.lock().await;
+        let mut sentinel = s.sentinel.lock().await;
         // Another caller may have asked while this one waited for the lock.
-        if let Some(m) = master.lock().clone() {
+        if let Some(m) = s.master.lock().clone() {
             return Ok(m);
         }
         let client = sentinel.async_get_client().await?;
-        let g = generation.fetch_add(1, Ordering::Relaxed) + 1;
-        *master.lock() = Some((g, client.clone()));
+        let g = s.take_master(&client);
         tracing::info!(
             master = %client.get_connection_info().addr(),
             "Redis Sentinel named the master for rate-limit windows"
@@ -297,7 +295,7 @@ impl Connector {
         match self.target {
             Target::Single { .. } => "single",
             Target::Cluster { .. } => "cluster",
-            Target::Sentinel { .. } => "sentinel",
+            Target::Sentinel(_) => "sentinel",
         }
     }
 }

@@ -39,12 +39,7 @@ async fn app() -> Arc<TestApp> {
     Arc::new(
         spawn_app_with(|s, _| {
             s.queue.max_in_flight = 1;
-            s.queue.reserved = sluice::config::ReservedSlots {
-                critical: 0,
-                high: 0,
-                normal: 0,
-                low: 0,
-            };
+            s.queue.reserved = sluice::config::ReservedSlots::default(); // none reserved
             s.queue.max_wait_seconds = 5;
         })
         .await,
@@ -59,17 +54,7 @@ fn body(stream: bool) -> Value {
 
 /// Sends a chat request over a raw connection.
 async fn send_raw(app: &TestApp, token: &str, body: &Value) -> TcpStream {
-    let addr = app.address.trim_start_matches("http://");
-    let mut conn = TcpStream::connect(addr).await.unwrap();
-    let body = body.to_string();
-    let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {token}\r\n\
-         content-type: application/json\r\ncontent-length: {}\r\n\r\n",
-        body.len()
-    );
-    conn.write_all(head.as_bytes()).await.unwrap();
-    conn.write_all(body.as_bytes()).await.unwrap();
-    conn
+    send_raw_chat(&app.address, token, body, None).await
 }
 
 /// Reads until `what` has arrived; returns everything read.
@@ -111,29 +96,6 @@ async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
     }
 }
 
-/// TCP connections in state ESTABLISHED whose remote port is `port` (the mock's: the
-/// gateway's connections to it).
-fn established_to(port: u16) -> usize {
-    ["/proc/net/tcp", "/proc/net/tcp6"]
-        .iter()
-        .filter_map(|f| std::fs::read_to_string(f).ok())
-        .map(|table| {
-            table
-                .lines()
-                .skip(1)
-                .filter(|l| {
-                    let cols: Vec<&str> = l.split_whitespace().collect();
-                    let remote = cols
-                        .get(2)
-                        .and_then(|a| a.rsplit(':').next())
-                        .and_then(|p| u16::from_str_radix(p, 16).ok());
-                    cols.get(3) == Some(&"01") && remote == Some(port)
-                })
-                .count()
-        })
-        .sum()
-}
-
 /// What the departure must have left: the upstream call closed, one log row with this
 /// status and code, the reservation settled at the row's cost — `charged_input`: the
 /// counted input was charged (else nothing), `output`: some output was counted too — the
@@ -145,10 +107,7 @@ async fn assert_departed(
     charged_input: bool,
     output: bool,
 ) {
-    until("the upstream connection was never closed", async || {
-        established_to(app.mock.port) == 0
-    })
-    .await;
+    upstream_closed(app).await;
     until("the departure was never settled and logged", async || {
         app.state.request_log.flush().await;
         app.scalar("SELECT COUNT(*) FROM reservations").await == 0

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use sluice::mock::{MockConfig, MockServer};
 
-use crate::helpers::KEY_A;
+use crate::gateway_proc::config_text;
 use crate::processes::{free_port, healthy, Gateway};
 
 /// `sluice serve` on `dir/data/sluice.db` under umask 022, with `env`; waits for /healthz.
@@ -21,32 +21,14 @@ async fn serve(dir: &Path, mock: &MockServer, env: &[(&str, &str)]) -> (Gateway,
 /// The config of a gateway on `dir/data/sluice.db` listening on `port`.
 fn write_config(dir: &Path, mock: &MockServer, port: u16) -> PathBuf {
     let config = dir.join("sluice.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"
-[server]
-listen = "127.0.0.1:{port}"
-workers = 1
-[database]
-url = "sqlite://{dir}/data/sluice.db"
-[backup]
-dir = "{dir}/backup"
-[[upstreams]]
-id = "a"
-provider = "openai"
-base_url = "{mock}/v1"
-api_key = "{KEY_A}"
-allow_private_network = true
-[[models]]
-name = "gpt-4o-mini"
-routes = [{{ upstream = "a", model = "gpt-4o-mini" }}]
-"#,
-            dir = dir.display(),
-            mock = mock.base_url()
-        ),
-    )
-    .unwrap();
+    let text = config_text(
+        port,
+        &dir.join("data/sluice.db"),
+        &dir.join("backup"),
+        mock,
+        "",
+    );
+    std::fs::write(&config, text).unwrap();
     config
 }
 

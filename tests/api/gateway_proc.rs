@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use sluice::mock::MockServer;
 
-use crate::helpers::KEY_A;
+use crate::helpers::{issue_args, KEY_A};
 
 pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -30,7 +30,8 @@ impl Drop for Gateway {
     }
 }
 
-/// The gateway's config; `extra` is appended (more tables, e.g. `[redis]`).
+/// The gateway's config, on `dir`'s database; `extra` is appended (more tables, e.g.
+/// `[redis]`).
 pub(crate) fn write_config(
     dir: &std::path::Path,
     mock: &MockServer,
@@ -38,7 +39,27 @@ pub(crate) fn write_config(
     extra: &str,
 ) -> std::path::PathBuf {
     let path = dir.join(format!("sluice-{port}.toml"));
-    let text = format!(
+    let text = config_text(
+        port,
+        &dir.join("sluice.db"),
+        &dir.join("backup"),
+        mock,
+        extra,
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// A gateway's config: listening on `port`, its database at `db` and its backups in
+/// `backup`, the mock as its one upstream, one priced model; `extra` is appended.
+pub(crate) fn config_text(
+    port: u16,
+    db: &std::path::Path,
+    backup: &std::path::Path,
+    mock: &MockServer,
+    extra: &str,
+) -> String {
+    format!(
         r#"
 [server]
 listen = "127.0.0.1:{port}"
@@ -60,12 +81,10 @@ output_usd_per_mtok = 0.60
 dir = "{backup}"
 {extra}
 "#,
-        db = dir.join("sluice.db").display(),
-        backup = dir.join("backup").display(),
+        db = db.display(),
+        backup = backup.display(),
         mock = mock.base_url()
-    );
-    std::fs::write(&path, text).unwrap();
-    path
+    )
 }
 
 /// A gateway process on `dir`'s database with extra environment and config.
@@ -86,6 +105,23 @@ pub(crate) async fn start_gateway_full(
         .spawn()
         .unwrap();
     healthy(child, port, &log).await
+}
+
+/// The database of the gateway on `dir` (`dir/sluice.db`), opened beside the process, and a
+/// token for `user` with a budget of $10 issued in it.
+pub(crate) async fn db_and_token(dir: &std::path::Path, user: &str) -> (sluice::store::Db, String) {
+    let db = sluice::store::Db::open(&dir.join("sluice.db"), false)
+        .await
+        .unwrap();
+    let args = sluice::cli::IssueArgs {
+        budget_usd: Some("10"),
+        ..issue_args(user)
+    };
+    let token = sluice::cli::token_issue(&db, &args, chrono::Utc::now())
+        .await
+        .unwrap()
+        .text;
+    (db, token)
 }
 
 /// The gateway process `child` on `port` once its `/healthz` answers 200 (bounded); else it

@@ -312,6 +312,85 @@ pub fn reassemble(data: &[String]) -> String {
         .collect()
 }
 
+/// A chat request written by hand on a new connection to the gateway at `url` (with this
+/// receive buffer when given, else the system's): the POST head, then `body`. Nothing is
+/// read; the connection is the caller's, to read slowly, half-close or drop.
+pub async fn send_raw_chat(
+    url: &str,
+    token: &str,
+    body: &Value,
+    rcvbuf: Option<u32>,
+) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    if let Some(size) = rcvbuf {
+        socket.set_recv_buffer_size(size).unwrap();
+    }
+    let mut conn = socket.connect(addr).await.unwrap();
+    let body = body.to_string();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {token}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    conn.write_all(body.as_bytes()).await.unwrap();
+    conn
+}
+
+/// `send_raw_chat` of a streamed `chat_body(100)`, then one read (up to 512 bytes) that must
+/// begin with a 200 status line: the stream is open.
+pub async fn open_raw_stream(url: &str, token: &str, rcvbuf: Option<u32>) -> tokio::net::TcpStream {
+    use tokio::io::AsyncReadExt;
+    let mut body = chat_body(100);
+    body["stream"] = true.into();
+    let mut conn = send_raw_chat(url, token, &body, rcvbuf).await;
+    let mut buf = [0u8; 512];
+    let n = conn.read(&mut buf).await.unwrap();
+    let head = String::from_utf8_lossy(&buf[..n]);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    conn
+}
+
+/// TCP connections in state ESTABLISHED whose remote port is `port` (Linux's
+/// `/proc/net/tcp*`; with the mock's port, the gateway's connections to it).
+pub fn established_to(port: u16) -> usize {
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .map(|table| {
+            table
+                .lines()
+                .skip(1)
+                .filter(|l| {
+                    let cols: Vec<&str> = l.split_whitespace().collect();
+                    let remote_port = cols
+                        .get(2)
+                        .and_then(|a| a.rsplit(':').next())
+                        .and_then(|p| u16::from_str_radix(p, 16).ok());
+                    cols.get(3) == Some(&"01") && remote_port == Some(port)
+                })
+                .count()
+        })
+        .sum()
+}
+
+/// Waits until no connection to the app's mock is established any more: the gateway closed
+/// its upstream connection (the mock itself notices only at its next write, which a stalled
+/// or held answer never makes). The bound (10 s) only turns a connection left open into a
+/// failure.
+pub async fn upstream_closed(app: &TestApp) {
+    let bound = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while established_to(app.mock.port) > 0 {
+        assert!(
+            std::time::Instant::now() < bound,
+            "the upstream connection was never closed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 /// A real `redis-server` on a free port, stopped when dropped.
 pub struct RedisServer {
     pub port: u16,

@@ -233,17 +233,7 @@ async fn a_96_mib_line_leaves_the_gateway_process_memory_bounded() {
     let mock = sluice::mock::MockServer::start("127.0.0.1:0", sluice::mock::MockConfig::default())
         .unwrap();
     let gateway = crate::processes::start_gateway_full(dir.path(), &mock, &[], "").await;
-    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
-        .await
-        .unwrap();
-    let args = sluice::cli::IssueArgs {
-        budget_usd: Some("10"),
-        ..issue_args("rss")
-    };
-    let token = sluice::cli::token_issue(&db, &args, chrono::Utc::now())
-        .await
-        .unwrap()
-        .text;
+    let (_db, token) = crate::gateway_proc::db_and_token(dir.path(), "rss").await;
     let http = reqwest::Client::new();
     let ask = async || {
         http.post(format!("{}/v1/chat/completions", gateway.url))

@@ -74,74 +74,63 @@ fn redteam_a_finished_probe_is_not_left_behind_as_hung() {
 #[tokio::test]
 async fn redteam_retry_after_is_honest_after_a_clock_step_back() {
     use chrono::{Duration, Utc};
-    use sluice::auth::throttle::{admit, Admission, USER_LIMIT};
-    use sluice::clock::ManualClock;
+    use sluice::auth::throttle::USER_LIMIT;
     let dir = tempfile::tempdir().unwrap();
     let db = sluice::store::Db::open(&dir.path().join("t.db"), false)
         .await
         .unwrap();
     let now = Utc::now();
     // Five failures stamped while the clock was an hour ahead.
+    let ahead = now + Duration::hours(1);
     for _ in 0..USER_LIMIT {
-        match admit(
-            &db.read,
-            &db.write,
-            "root",
-            "10.0.0.1",
-            &ManualClock::new(now + Duration::hours(1)),
-        )
-        .await
-        .unwrap()
-        {
-            Admission::Admitted(a) => std::mem::forget(a),
-            Admission::Refused { .. } => panic!("admitted up to the limit"),
-        }
+        assert!(
+            attempt(&db, "root", "10.0.0.1", ahead).await.is_ok(),
+            "admitted up to the limit"
+        );
     }
     // The clock steps back; the admin is told when to come back.
-    let retry = match admit(
-        &db.read,
-        &db.write,
-        "root",
-        "10.0.0.2",
-        &ManualClock::new(now),
-    )
-    .await
-    .unwrap()
-    {
-        Admission::Refused { retry_after } => retry_after,
-        Admission::Admitted(_) => panic!("a sixth attempt"),
-    };
+    let retry = attempt(&db, "root", "10.0.0.2", now)
+        .await
+        .expect_err("a sixth attempt");
     let back = now + Duration::seconds(retry as i64 + 1);
     assert!(
-        matches!(
-            admit(
-                &db.read,
-                &db.write,
-                "root",
-                "10.0.0.2",
-                &ManualClock::new(back)
-            )
-            .await
-            .unwrap(),
-            Admission::Admitted(_)
-        ),
+        attempt(&db, "root", "10.0.0.2", back).await.is_ok(),
         "refused again after waiting the Retry-After ({retry} s) it was given"
     );
 }
 
-async fn admit_root(db: &sluice::store::Db, addr: &str, at: chrono::DateTime<chrono::Utc>) -> bool {
+/// A sign-in attempt at `name` from `addr`, by a clock that reads `at`: admitted (the
+/// attempt kept, as a failure), or refused for this many seconds.
+async fn attempt(
+    db: &sluice::store::Db,
+    name: &str,
+    addr: &str,
+    at: chrono::DateTime<chrono::Utc>,
+) -> Result<(), u64> {
     use sluice::auth::throttle::{admit, Admission};
     let clock = sluice::clock::ManualClock::new(at);
-    match admit(&db.read, &db.write, "root", addr, &clock)
+    match admit(&db.read, &db.write, name, addr, &clock)
         .await
         .unwrap()
     {
         Admission::Admitted(a) => {
             std::mem::forget(a);
-            true
+            Ok(())
         }
-        Admission::Refused { .. } => false,
+        Admission::Refused { retry_after } => Err(retry_after),
     }
+}
+
+async fn admit_root(db: &sluice::store::Db, addr: &str, at: chrono::DateTime<chrono::Utc>) -> bool {
+    attempt(db, "root", addr, at).await.is_ok()
+}
+
+async fn login_failures(db: &sluice::store::Db) -> i64 {
+    let mut c = db.write.acquire().await.unwrap();
+    sqlx::query_scalar("SELECT count(*) FROM login_failures")
+        .fetch_one(&mut *c)
+        .await
+        .unwrap()
 }
 
 /// A process whose clock runs a day ahead (another replica, or this host before a step
@@ -166,26 +155,12 @@ async fn redteam_a_process_a_day_ahead_does_not_sweep_other_processes_attempts()
     // The process a day ahead does not see those attempts (a day old by its clock) and
     // admits one at another name, recording it (and, before the fix, sweeping).
     let ahead = now + Duration::days(1) + Duration::minutes(1);
-    let mut c = db.write.acquire().await.unwrap();
-    let before: i64 = sqlx::query_scalar("SELECT count(*) FROM login_failures")
-        .fetch_one(&mut *c)
-        .await
-        .unwrap();
-    drop(c);
-    let clock = sluice::clock::ManualClock::new(ahead);
-    match sluice::auth::throttle::admit(&db.read, &db.write, "other", "10.0.0.3", &clock)
-        .await
-        .unwrap()
-    {
-        sluice::auth::throttle::Admission::Admitted(a) => std::mem::forget(a),
-        sluice::auth::throttle::Admission::Refused { .. } => panic!("a fresh name"),
-    }
-    let mut c = db.write.acquire().await.unwrap();
-    let after: i64 = sqlx::query_scalar("SELECT count(*) FROM login_failures")
-        .fetch_one(&mut *c)
-        .await
-        .unwrap();
-    drop(c);
+    let before = login_failures(&db).await;
+    assert!(
+        attempt(&db, "other", "10.0.0.3", ahead).await.is_ok(),
+        "a fresh name"
+    );
+    let after = login_failures(&db).await;
     assert_eq!(after, before + 2, "the process a day ahead swept attempts");
     // Back at the right clock, a minute later: the name is still locked.
     assert!(

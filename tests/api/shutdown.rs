@@ -8,37 +8,62 @@
 //! the input plus the output it received, the waiting request gets a 503 and pays its
 //! input (the upstream had it), the half-closed client is settled as a departure.
 
+use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use sluice::mock::{MockConfig, MockServer, Script};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
+use crate::gateway_proc::{db_and_token, Gateway};
 use crate::helpers::*;
 use crate::processes::start_gateway_full;
 
 const SHUTDOWN_TIMEOUT_S: u64 = 2;
 
-async fn send_raw(url: &str, token: &str, rcvbuf: Option<u32>) -> (tokio::net::TcpStream, String) {
-    let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    if let Some(size) = rcvbuf {
-        socket.set_recv_buffer_size(size).unwrap();
+/// A streamed chat request (`max_tokens`) through reqwest, its 200 checked, read to its end
+/// in a task: (the `data:` payloads, whether the body ended cleanly).
+async fn read_stream(
+    http: &reqwest::Client,
+    url: &str,
+    token: &str,
+    max_tokens: i64,
+) -> tokio::task::JoinHandle<(Vec<String>, bool)> {
+    let mut body = chat_body(max_tokens);
+    body["stream"] = json!(true);
+    let resp = http
+        .post(format!("{url}/v1/chat/completions"))
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    tokio::spawn(sse_data(resp))
+}
+
+/// SIGTERM to the gateway process, by `kill` as an operator would send it.
+fn sigterm(gateway: &Gateway) {
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &gateway.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+}
+
+/// The gateway process's exit status (polled); still running at `deadline`, it is killed
+/// and the test fails with `what`.
+async fn exited(gateway: &mut Gateway, deadline: Instant, what: &str) -> ExitStatus {
+    loop {
+        if let Some(status) = gateway.child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = gateway.child.kill();
+            panic!("{what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let mut conn = socket.connect(addr).await.unwrap();
-    let mut body = chat_body(100);
-    body["stream"] = true.into();
-    let body = body.to_string();
-    let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {token}\r\n\
-         content-type: application/json\r\ncontent-length: {}\r\n\r\n",
-        body.len()
-    );
-    conn.write_all(head.as_bytes()).await.unwrap();
-    conn.write_all(body.as_bytes()).await.unwrap();
-    let mut buf = [0u8; 512];
-    let n = conn.read(&mut buf).await.unwrap();
-    (conn, String::from_utf8_lossy(&buf[..n]).into_owned())
 }
 
 async fn until(what: &str, mut done: impl FnMut() -> bool) {
@@ -64,17 +89,7 @@ async fn sigterm_with_stuck_and_slow_clients_exits_in_time_and_settles_everythin
         "",
     )
     .await;
-    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
-        .await
-        .unwrap();
-    let args = sluice::cli::IssueArgs {
-        budget_usd: Some("10"),
-        ..issue_args("shut")
-    };
-    let token = sluice::cli::token_issue(&db, &args, chrono::Utc::now())
-        .await
-        .unwrap()
-        .text;
+    let (db, token) = db_and_token(dir.path(), "shut").await;
     let state = mock.state.clone();
     let seen = |n: u64| {
         let state = state.clone();
@@ -89,8 +104,7 @@ async fn sigterm_with_stuck_and_slow_clients_exits_in_time_and_settles_everythin
             ..Default::default()
         }],
     );
-    let (slow, head) = send_raw(&gateway.url, &token, Some(4096)).await;
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let slow = open_raw_stream(&gateway.url, &token, Some(4096)).await;
     until("the slow reader's stream never started", seen(1)).await;
 
     // 2. A client that half-closes and keeps its socket.
@@ -101,8 +115,7 @@ async fn sigterm_with_stuck_and_slow_clients_exits_in_time_and_settles_everythin
             ..Default::default()
         }],
     );
-    let (mut half, head) = send_raw(&gateway.url, &token, None).await;
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let mut half = open_raw_stream(&gateway.url, &token, None).await;
     half.shutdown().await.unwrap();
     until("the half-closed client's stream never started", seen(2)).await;
 
@@ -116,17 +129,7 @@ async fn sigterm_with_stuck_and_slow_clients_exits_in_time_and_settles_everythin
         }],
     );
     let http = reqwest::Client::new();
-    let mut body = chat_body(400);
-    body["stream"] = json!(true);
-    let resp = http
-        .post(format!("{}/v1/chat/completions", gateway.url))
-        .bearer_auth(&token)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let normal = tokio::spawn(sse_data(resp));
+    let normal = read_stream(&http, &gateway.url, &token, 400).await;
     until("the normal stream never started", seen(3)).await;
 
     // 4. A non-streamed request whose upstream holds its headers for an hour.
@@ -155,24 +158,11 @@ async fn sigterm_with_stuck_and_slow_clients_exits_in_time_and_settles_everythin
 
     // SIGTERM; the process must be gone within the shutdown timeout plus a margin.
     let mut gateway = gateway;
-    let child = &mut gateway.child;
     let sent = Instant::now();
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    sigterm(&gateway);
     let bound = Duration::from_secs(SHUTDOWN_TIMEOUT_S + 10);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if sent.elapsed() > bound {
-            let _ = child.kill();
-            panic!("still running {bound:?} after SIGTERM");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let still = format!("still running {bound:?} after SIGTERM");
+    let status = exited(&mut gateway, sent + bound, &still).await;
     let took = sent.elapsed();
     assert!(status.success(), "{status:?}");
     assert!(
@@ -266,17 +256,7 @@ async fn a_stream_that_ends_within_the_grace_finishes_whole() {
         "",
     )
     .await;
-    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
-        .await
-        .unwrap();
-    let args = sluice::cli::IssueArgs {
-        budget_usd: Some("10"),
-        ..issue_args("grace")
-    };
-    let token = sluice::cli::token_issue(&db, &args, chrono::Utc::now())
-        .await
-        .unwrap()
-        .text;
+    let (db, token) = db_and_token(dir.path(), "grace").await;
     let text = "word ".repeat(20);
     mock.state.script(
         KEY_A,
@@ -286,27 +266,13 @@ async fn a_stream_that_ends_within_the_grace_finishes_whole() {
             ..Default::default()
         }],
     );
-    let mut body = chat_body(100);
-    body["stream"] = json!(true);
-    let resp = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", gateway.url))
-        .bearer_auth(&token)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let reading = tokio::spawn(sse_data(resp));
+    let reading = read_stream(&reqwest::Client::new(), &gateway.url, &token, 100).await;
     let state = mock.state.clone();
     until("the stream never started", move || {
         state.stats(KEY_A).count == 1
     })
     .await;
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &gateway.child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    sigterm(&gateway);
     let (data, whole) = tokio::time::timeout(Duration::from_secs(10), reading)
         .await
         .expect("the stream ended")
@@ -314,17 +280,12 @@ async fn a_stream_that_ends_within_the_grace_finishes_whole() {
     assert!(whole);
     assert_eq!(data.last().unwrap(), "[DONE]");
     assert_eq!(reassemble(&data), text);
-    let sent = Instant::now();
-    let status = loop {
-        if let Some(status) = gateway.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            sent.elapsed() < Duration::from_secs(15),
-            "still running 15 s after its only stream ended (grace 20 s)"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let status = exited(
+        &mut gateway,
+        Instant::now() + Duration::from_secs(15),
+        "still running 15 s after its only stream ended (grace 20 s)",
+    )
+    .await;
     assert!(status.success(), "{status:?}");
     assert_invariant_on(&db.read).await;
     let (code, cost): (Option<String>, i64) =

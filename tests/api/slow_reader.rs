@@ -11,7 +11,7 @@ use std::time::Duration;
 use sluice::mock::{MockConfig, MockServer, Script};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::gateway_proc::{start_gateway_full, ticks_in_a_second, Gateway};
+use crate::gateway_proc::{db_and_token, start_gateway_full, ticks_in_a_second, Gateway};
 use crate::helpers::*;
 
 /// The stall limit of the gateways that test it: a stream whose next frame cannot be
@@ -61,17 +61,7 @@ async fn rig(stall_ms: u64) -> Rig {
     let extra = format!("[upstream]\nstream_idle_timeout_ms = {stall_ms}\n");
     let gateway =
         start_gateway_full(dir.path(), &mock, &[("SLUICE_SERVER_WORKERS", "2")], &extra).await;
-    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
-        .await
-        .unwrap();
-    let args = sluice::cli::IssueArgs {
-        budget_usd: Some("10"),
-        ..issue_args("slow")
-    };
-    let token = sluice::cli::token_issue(&db, &args, chrono::Utc::now())
-        .await
-        .unwrap()
-        .text;
+    let (db, token) = db_and_token(dir.path(), "slow").await;
     Rig {
         _dir: dir,
         mock,
@@ -85,31 +75,11 @@ async fn rig(stall_ms: u64) -> Rig {
 /// request, checks the 200 head, then reads `reads` single bytes half a second apart: by
 /// then the gateway's buffers are full and the stream is blocked on them.
 async fn slow_read(r: &Rig, rcvbuf: Option<u32>, reads: usize) -> tokio::net::TcpStream {
-    let url = &r.gateway.url;
-    let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    if let Some(size) = rcvbuf {
-        socket.set_recv_buffer_size(size).unwrap();
-    }
-    let mut conn = socket.connect(addr).await.unwrap();
-    let mut body = chat_body(100);
-    body["stream"] = true.into();
-    let body = body.to_string();
-    let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {}\r\n\
-         content-type: application/json\r\ncontent-length: {}\r\n\r\n",
-        r.token,
-        body.len()
-    );
-    conn.write_all(head.as_bytes()).await.unwrap();
-    conn.write_all(body.as_bytes()).await.unwrap();
-    let mut buf = [0u8; 512];
-    let n = conn.read(&mut buf).await.unwrap();
-    let head = String::from_utf8_lossy(&buf[..n]).to_string();
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let mut conn = open_raw_stream(&r.gateway.url, &r.token, rcvbuf).await;
+    let mut buf = [0u8; 1];
     for _ in 0..reads {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let n = conn.read(&mut buf[..1]).await.unwrap();
+        let n = conn.read(&mut buf).await.unwrap();
         assert!(n > 0, "the stream ended early");
     }
     assert!(

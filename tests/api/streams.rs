@@ -238,43 +238,6 @@ async fn a_client_that_leaves_mid_stream_is_charged_for_what_it_got_and_the_upst
     upstream_closed(&app).await;
 }
 
-/// Waits until no connection to the mock is established any more: the gateway closed its
-/// upstream connection (the mock itself notices only at its next write, which a stalled or
-/// held answer never makes). The bound only turns a connection left open into a failure.
-async fn upstream_closed(app: &TestApp) {
-    let bound = std::time::Instant::now() + BOUND;
-    while established_to(app.mock.port) > 0 {
-        assert!(
-            std::time::Instant::now() < bound,
-            "the upstream connection was never closed"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// TCP connections in state ESTABLISHED whose remote port is `port` (Linux's
-/// `/proc/net/tcp*`; the mock's port is this test's own).
-fn established_to(port: u16) -> usize {
-    ["/proc/net/tcp", "/proc/net/tcp6"]
-        .iter()
-        .filter_map(|f| std::fs::read_to_string(f).ok())
-        .map(|table| {
-            table
-                .lines()
-                .skip(1)
-                .filter(|l| {
-                    let cols: Vec<&str> = l.split_whitespace().collect();
-                    let remote_port = cols
-                        .get(2)
-                        .and_then(|a| a.rsplit(':').next())
-                        .and_then(|p| u16::from_str_radix(p, 16).ok());
-                    cols.get(3) == Some(&"01") && remote_port == Some(port)
-                })
-                .count()
-        })
-        .sum()
-}
-
 #[tokio::test]
 async fn a_stalled_stream_is_ended_by_the_idle_timeout() {
     let app = spawn_app_with(|s, _| s.upstream.stream_idle_timeout_ms = 500).await;

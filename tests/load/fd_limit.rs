@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::json;
 use sluice::mock::{MockConfig, MockServer, Script};
 
-use crate::gateway_proc::{free_port, healthy, write_config};
+use crate::gateway_proc::{db_and_token, free_port, healthy, write_config};
 use crate::helpers::*;
 use crate::rig::*;
 
@@ -83,17 +83,7 @@ async fn a_gateway_started_under_a_low_soft_fd_limit_raises_it_and_carries_300_s
         "the raise is logged with the old value: {logged}"
     );
 
-    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
-        .await
-        .unwrap();
-    let args = sluice::cli::IssueArgs {
-        budget_usd: Some("10"),
-        ..issue_args("fds")
-    };
-    let token = sluice::cli::token_issue(&db, &args, chrono::Utc::now())
-        .await
-        .unwrap()
-        .text;
+    let (_db, token) = db_and_token(dir.path(), "fds").await;
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(60))
         .build()
@@ -109,24 +99,17 @@ async fn a_gateway_started_under_a_low_soft_fd_limit_raises_it_and_carries_300_s
                 body.clone(),
             );
             tokio::spawn(async move {
-                let resp = http
-                    .post(url)
-                    .bearer_auth(token)
-                    .json(&body)
-                    .send()
-                    .await
-                    .map_err(|e| format!("no answer: {e}"))?;
-                let status = resp.status().as_u16();
-                let text = resp.text().await.map_err(|e| format!("body broke: {e}"))?;
+                let bytes = post_for_200(&http, &url, &token, &body).await?;
+                let text = String::from_utf8_lossy(&bytes);
                 let data: Vec<String> = text
                     .split("\n\n")
                     .filter_map(|e| e.strip_prefix("data: "))
                     .map(str::to_string)
                     .collect();
-                if status == 200 && data.last().map(String::as_str) == Some("[DONE]") {
+                if data.last().map(String::as_str) == Some("[DONE]") {
                     Ok(reassemble(&data))
                 } else {
-                    Err(format!("{status}: {text}"))
+                    Err(format!("200 without [DONE]: {text}"))
                 }
             })
         })

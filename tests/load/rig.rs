@@ -136,6 +136,29 @@ impl LoadRig {
     }
 }
 
+/// A chat request (`body`, by `token`) to `url`: the body of its 200 answer, else what went
+/// wrong (no answer, a broken body, or another status and its body).
+pub async fn post_for_200(
+    http: &reqwest::Client,
+    url: &str,
+    token: &str,
+    body: &serde_json::Value,
+) -> Result<Vec<u8>, String> {
+    let resp = http
+        .post(url)
+        .bearer_auth(token)
+        .json(body)
+        .send()
+        .await
+        .map_err(|e| format!("no answer: {e}"))?;
+    let status = resp.status().as_u16();
+    let bytes = resp.bytes().await.map_err(|e| format!("body broke: {e}"))?;
+    if status != 200 {
+        return Err(format!("{status} {}", String::from_utf8_lossy(&bytes)));
+    }
+    Ok(bytes.to_vec())
+}
+
 /// A number from `/proc/PID/status` (kB for memory lines).
 pub fn status_field(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

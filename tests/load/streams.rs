@@ -52,19 +52,7 @@ async fn stream(http: &reqwest::Client, url: &str, key: &str) -> Result<Vec<u8>,
     let body = json!({"model": "gpt-4o-mini", "max_tokens": 300, "stream": true,
         "stream_options": {"include_usage": true},
         "messages": [{"role": "user", "content": "Why does the engine light blink?"}]});
-    let resp = http
-        .post(url)
-        .bearer_auth(key)
-        .json(&body)
-        .send()
-        .await
-        .map_err(|e| format!("no answer: {e}"))?;
-    let status = resp.status().as_u16();
-    let bytes = resp.bytes().await.map_err(|e| format!("body broke: {e}"))?;
-    if status != 200 {
-        return Err(format!("{status} {}", String::from_utf8_lossy(&bytes)));
-    }
-    Ok(bytes.to_vec())
+    post_for_200(http, url, key, &body).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
