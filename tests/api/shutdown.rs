@@ -335,3 +335,102 @@ async fn a_stream_that_ends_within_the_grace_finishes_whole() {
     assert_eq!(code, None, "a complete stream");
     assert!(cost > 0);
 }
+
+/// SIGINT after SIGTERM ends the grace at once: an operator who sent SIGTERM and then
+/// presses Ctrl-C (or a supervisor escalating) does not wait out a 60 s grace for a stream
+/// that would run for minutes. The stream is still ended by the drain — error event
+/// `shutting_down`, one row, charged by the cut rule — and the process exits cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_after_sigterm_ends_the_grace_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let mut gateway = start_gateway_full(
+        dir.path(),
+        &mock,
+        &[("SLUICE_SERVER_SHUTDOWN_TIMEOUT_SECONDS", "60")],
+        "",
+    )
+    .await;
+    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
+        .await
+        .unwrap();
+    let args = sluice::cli::IssueArgs {
+        budget_usd: Some("10"),
+        ..issue_args("twice")
+    };
+    let token = sluice::cli::token_issue(&db, &args, chrono::Utc::now())
+        .await
+        .unwrap()
+        .text;
+    // A stream that would run for five minutes.
+    mock.state.script(
+        KEY_A,
+        [Script {
+            text: Some("word ".repeat(3000)),
+            chunk_delay_ms: 100,
+            ..Default::default()
+        }],
+    );
+    let mut body = chat_body(4000);
+    body["stream"] = json!(true);
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", gateway.url))
+        .bearer_auth(&token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let reading = tokio::spawn(sse_data(resp));
+    let state = mock.state.clone();
+    until("the stream never started", move || {
+        state.stats(KEY_A).count == 1
+    })
+    .await;
+    let pid = gateway.child.id().to_string();
+    let signal = |sig: &str| {
+        let sent = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    };
+    signal("-TERM");
+    // The graceful stop has begun (no new connections); then Ctrl-C.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(
+        gateway.child.try_wait().unwrap().is_none(),
+        "still in its grace"
+    );
+    signal("-INT");
+    let sent = Instant::now();
+    let bound = Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = gateway.child.try_wait().unwrap() {
+            break status;
+        }
+        if sent.elapsed() > bound {
+            let _ = gateway.child.kill();
+            panic!("still running {bound:?} after SIGTERM then SIGINT (grace 60 s)");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status:?}");
+    let (data, _) = tokio::time::timeout(Duration::from_secs(10), reading)
+        .await
+        .expect("the stream ended")
+        .unwrap();
+    assert!(!data.iter().any(|d| d == "[DONE]"), "never [DONE]");
+    assert_invariant_on(&db.read).await;
+    let rows: Vec<(i64, Option<String>)> =
+        sqlx::query_as("SELECT status, error_code FROM requests")
+            .fetch_all(&db.read)
+            .await
+            .unwrap();
+    assert_eq!(rows, [(200, Some("shutting_down".to_string()))]);
+    let reserved: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM reservations")
+        .fetch_one(&db.read)
+        .await
+        .unwrap();
+    assert_eq!(reserved, 0);
+}
