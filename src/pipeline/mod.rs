@@ -601,7 +601,7 @@ async fn finish(
     // departure writes (`Open`) must say that cost, not the input alone.
     log.input_tokens = usage.input;
     log.output_tokens = usage.output;
-    log.cost_micros = cost.max(0);
+    log.cost_micros = held.cost_of(cost);
     let settled = held.settle(cost).await;
     account(state, auth, settled.token_remaining, settled.absorbed);
     log.cost_micros = settled.charged + settled.absorbed;
