@@ -5,6 +5,13 @@
 //! adapter counts the bytes since the last event boundary (an empty line, whatever the
 //! line ending: `\n`, `\r\n` or `\r`) and fails the body once they pass the cap, so the
 //! parser never holds more than the cap plus one chunk.
+//!
+//! It also checks that the body is UTF-8 as it passes. The parser's decoder keeps an
+//! invalid byte, and every byte after it, in its buffer for ever (it waits for the rest of
+//! a character that never comes): an upstream that sent one would have the gateway read on,
+//! decode nothing and re-validate the whole growing buffer at every chunk until the idle
+//! timeout. A byte that cannot be UTF-8 fails the body at once (`BodyError::NotUtf8`: a
+//! corrupt event); a character cut between chunks is carried over (at most 3 bytes).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -19,6 +26,8 @@ pub enum BodyError {
     Transport(#[from] reqwest::Error),
     #[error("an upstream event is larger than {0} bytes")]
     TooLarge(usize),
+    #[error("the upstream sent bytes that are not UTF-8")]
+    NotUtf8,
 }
 
 /// The upstream's body, failing with `BodyError::TooLarge` once one event passes `limit`.
@@ -31,6 +40,8 @@ pub struct EventCap<S> {
     line: usize,
     /// The previous byte was `\r` (a `\n` right after it ends no second line).
     after_cr: bool,
+    /// The start of a character the last chunk cut off (at most 3 bytes).
+    carry: Vec<u8>,
     failed: bool,
 }
 
@@ -42,7 +53,41 @@ impl<S> EventCap<S> {
             event: 0,
             line: 0,
             after_cr: false,
+            carry: Vec::new(),
             failed: false,
+        }
+    }
+
+    /// Checks that the body up to this chunk is UTF-8; false at a byte that cannot be
+    /// (a character cut at the chunk's end is carried to the next one).
+    fn utf8(&mut self, chunk: &[u8]) -> bool {
+        let mut rest = chunk;
+        if !self.carry.is_empty() {
+            // Complete the carried character from the chunk's first bytes.
+            let take = rest.len().min(4 - self.carry.len());
+            let mut joined = std::mem::take(&mut self.carry);
+            joined.extend_from_slice(&rest[..take]);
+            match std::str::from_utf8(&joined) {
+                Ok(_) => rest = &rest[take..],
+                Err(e) if e.error_len().is_some() && e.valid_up_to() == 0 => return false,
+                Err(e) if e.valid_up_to() == 0 => {
+                    // Still cut short: the chunk was too small to finish it.
+                    self.carry = joined;
+                    return true;
+                }
+                Err(e) => {
+                    // The carried character ended within the chunk's first bytes.
+                    rest = &rest[e.valid_up_to() - (joined.len() - take)..];
+                }
+            }
+        }
+        match std::str::from_utf8(rest) {
+            Ok(_) => true,
+            Err(e) if e.error_len().is_some() => false,
+            Err(e) => {
+                self.carry = rest[e.valid_up_to()..].to_vec();
+                true
+            }
         }
     }
 
@@ -86,7 +131,10 @@ where
         }
         match Pin::new(&mut self.inner).poll_next(cx) {
             Poll::Ready(Some(Ok(chunk))) => {
-                if self.count(&chunk) {
+                if !self.utf8(&chunk) {
+                    self.failed = true;
+                    Poll::Ready(Some(Err(BodyError::NotUtf8)))
+                } else if self.count(&chunk) {
                     Poll::Ready(Some(Ok(chunk)))
                 } else {
                     self.failed = true;
@@ -132,6 +180,46 @@ mod tests {
             capped(20, &["event: a\ndata: 01\n", "\n"].repeat(500)),
             Ok(())
         );
+    }
+
+    /// Feeds `body` cut at every place into two chunks, and into one-byte chunks.
+    fn utf8_whatever_the_cuts(body: &[u8]) -> bool {
+        let one = |chunks: &[&[u8]]| {
+            let mut cap = EventCap::new(
+                futures_util::stream::empty::<Result<Bytes, reqwest::Error>>(),
+                usize::MAX,
+            );
+            chunks.iter().all(|c| cap.utf8(c))
+        };
+        let whole = one(&[body]);
+        for at in 0..=body.len() {
+            assert_eq!(one(&[&body[..at], &body[at..]]), whole, "cut at {at}");
+        }
+        let bytes: Vec<&[u8]> = body.chunks(1).collect();
+        assert_eq!(one(&bytes), whole, "one byte at a time");
+        whole
+    }
+
+    #[test]
+    fn utf8_cut_anywhere_passes_and_a_byte_that_cannot_be_fails() {
+        assert!(utf8_whatever_the_cuts(
+            "data: {\"t\": \"é€😀ok\"}\n\n".as_bytes()
+        ));
+        assert!(utf8_whatever_the_cuts("😀😀€é".as_bytes()));
+        assert!(!utf8_whatever_the_cuts(b"data: \xff\n\n"));
+        // A character cut short by another one's start.
+        assert!(!utf8_whatever_the_cuts(b"data: \xe2\x82a\n\n"));
+        assert!(!utf8_whatever_the_cuts(
+            "é".as_bytes()
+                .iter()
+                .chain(b"\x80")
+                .copied()
+                .collect::<Vec<_>>()
+                .as_slice()
+        ));
+        // An overlong encoding and a surrogate are not UTF-8.
+        assert!(!utf8_whatever_the_cuts(b"\xc0\xaf"));
+        assert!(!utf8_whatever_the_cuts(b"\xed\xa0\x80"));
     }
 
     #[test]

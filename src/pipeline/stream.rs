@@ -254,6 +254,12 @@ impl Pump {
                     );
                     break;
                 }
+                Ok(Some(Err(EventStreamError::Transport(BodyError::NotUtf8)))) => {
+                    failure = Some(
+                        "The upstream sent an event that is not UTF-8 text; the stream was ended by the gateway.",
+                    );
+                    break;
+                }
                 Ok(Some(Err(_))) => {
                     failure = Some("The upstream stream broke off.");
                     break;

@@ -336,3 +336,43 @@ async fn tiny_events_without_end_are_streamed_until_the_client_leaves() {
     }
     panic!("the upstream call was never closed");
 }
+
+/// A byte that is not UTF-8 in the middle of a stream, then valid events without end: the
+/// event holding it is corrupt — the stream ends with the gateway's error event, charged by
+/// the cut rule, the upstream closed — at once. (eventsource-stream's UTF-8 decoder keeps
+/// an invalid byte, and everything after it, in its buffer for ever, decoding nothing: the
+/// gateway read the upstream on, growing that buffer and re-validating all of it at every
+/// chunk, until the idle timeout ended the "stalled" stream.)
+#[tokio::test]
+async fn a_byte_that_is_not_utf8_ends_the_stream_as_corrupt_at_once() {
+    let app = spawn_app().await;
+    let (id, token) = app.token("notutf8", Some("1")).await;
+    let tiny = format!(
+        "data: {}\n\n",
+        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {"content": "word "}, "finish_reason": null}]})
+    );
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            raw_stream: Some(vec![role_chunk()]),
+            raw_bytes: Some(vec![
+                b"data: {\"x\": \"\xff\"}\n\n".to_vec(),
+                tiny.into_bytes(),
+            ]),
+            raw_repeat: 1_000_000,
+            raw_hold: true,
+            ..Default::default()
+        }),
+    );
+    let resp = app.chat(&token, &stream_body()).await;
+    assert_eq!(resp.status(), 200);
+    let (data, _) = tokio::time::timeout(BOUND, sse_data(resp))
+        .await
+        .expect("the gateway never ended the stream (the idle timeout is 60 s)");
+    let last: Value = serde_json::from_str(data.last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "upstream_error", "{last}");
+    assert!(!data.iter().any(|d| d == "[DONE]"), "never [DONE]");
+    assert_eq!(reassemble(&data[..data.len() - 1]), "Partly ");
+    settled_as_cut(&app, id).await;
+}
