@@ -12,11 +12,17 @@
 //! decode nothing and re-validate the whole growing buffer at every chunk until the idle
 //! timeout. A byte that cannot be UTF-8 fails the body at once (`BodyError::NotUtf8`: a
 //! corrupt event); a character cut between chunks is carried over (at most 3 bytes).
+//!
+//! And it hands the parser whole lines only: the bytes after a chunk's last line ending are
+//! held until the next line ending comes (within the cap, as they count toward it). The
+//! parser re-parses an unfinished line from its start at every chunk it gets, so a long
+//! line fed to it in small pieces would cost the square of its length (a 16 MiB line in
+//! 1 KiB pieces kept a worker busy for over a minute).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
 
 /// Why the upstream's body ended in error.
@@ -42,7 +48,10 @@ pub struct EventCap<S> {
     after_cr: bool,
     /// The start of a character the last chunk cut off (at most 3 bytes).
     carry: Vec<u8>,
-    failed: bool,
+    /// Bytes after the last line ending handed on, held until the line ends.
+    line_bytes: BytesMut,
+    /// The body failed or ended: nothing more is read.
+    ended: bool,
 }
 
 impl<S> EventCap<S> {
@@ -54,7 +63,8 @@ impl<S> EventCap<S> {
             line: 0,
             after_cr: false,
             carry: Vec::new(),
-            failed: false,
+            line_bytes: BytesMut::new(),
+            ended: false,
         }
     }
 
@@ -126,24 +136,47 @@ where
     type Item = Result<Bytes, BodyError>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        if self.failed {
+        if self.ended {
             return Poll::Ready(None);
         }
-        match Pin::new(&mut self.inner).poll_next(cx) {
-            Poll::Ready(Some(Ok(chunk))) => {
-                if !self.utf8(&chunk) {
-                    self.failed = true;
-                    Poll::Ready(Some(Err(BodyError::NotUtf8)))
-                } else if self.count(&chunk) {
-                    Poll::Ready(Some(Ok(chunk)))
-                } else {
-                    self.failed = true;
-                    Poll::Ready(Some(Err(BodyError::TooLarge(self.limit))))
+        loop {
+            let chunk = match Pin::new(&mut self.inner).poll_next(cx) {
+                Poll::Ready(Some(Ok(chunk))) => chunk,
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.into()))),
+                Poll::Ready(None) => {
+                    self.ended = true;
+                    if self.line_bytes.is_empty() {
+                        return Poll::Ready(None);
+                    }
+                    return Poll::Ready(Some(Ok(self.line_bytes.split().freeze())));
                 }
+                Poll::Pending => return Poll::Pending,
+            };
+            if !self.utf8(&chunk) {
+                self.ended = true;
+                return Poll::Ready(Some(Err(BodyError::NotUtf8)));
             }
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
+            if !self.count(&chunk) {
+                self.ended = true;
+                return Poll::Ready(Some(Err(BodyError::TooLarge(self.limit))));
+            }
+            let Some(last) = chunk.iter().rposition(|&b| b == b'\n' || b == b'\r') else {
+                // No line ends in it: held (the cap bounds it) until one does.
+                self.line_bytes.extend_from_slice(&chunk);
+                continue;
+            };
+            let whole = if self.line_bytes.is_empty() {
+                let mut chunk = chunk;
+                let rest = chunk.split_off(last + 1);
+                self.line_bytes.extend_from_slice(&rest);
+                chunk
+            } else {
+                self.line_bytes.extend_from_slice(&chunk[..=last]);
+                let whole = self.line_bytes.split().freeze();
+                self.line_bytes.extend_from_slice(&chunk[last + 1..]);
+                whole
+            };
+            return Poll::Ready(Some(Ok(whole)));
         }
     }
 }
@@ -220,6 +253,30 @@ mod tests {
         // An overlong encoding and a surrogate are not UTF-8.
         assert!(!utf8_whatever_the_cuts(b"\xc0\xaf"));
         assert!(!utf8_whatever_the_cuts(b"\xed\xa0\x80"));
+    }
+
+    /// The parser gets whole lines only, the bytes unchanged, the last piece at the end.
+    #[tokio::test]
+    async fn pieces_are_handed_on_as_whole_lines() {
+        use futures_util::StreamExt;
+        let body = "data: {\"a\": \"é😀\"}\r\n\r\nevent: x\rdata: yy\r\r: c\n\ndata: tail";
+        for size in [1, 2, 3, 5, 7, 64] {
+            let pieces: Vec<Result<Bytes, reqwest::Error>> = body
+                .as_bytes()
+                .chunks(size)
+                .map(|c| Ok(Bytes::copy_from_slice(c)))
+                .collect();
+            let out: Vec<Bytes> = EventCap::new(futures_util::stream::iter(pieces), 1 << 20)
+                .map(|c| c.unwrap())
+                .collect()
+                .await;
+            let (last, lines) = out.split_last().unwrap();
+            for c in lines {
+                assert!(matches!(c.last(), Some(b'\n' | b'\r')), "{c:?} at {size}");
+            }
+            assert_eq!(&last[..], b"data: tail", "at {size}");
+            assert_eq!(out.concat(), body.as_bytes(), "at {size}");
+        }
     }
 
     #[test]

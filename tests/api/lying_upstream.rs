@@ -376,3 +376,41 @@ async fn a_byte_that_is_not_utf8_ends_the_stream_as_corrupt_at_once() {
     assert_eq!(reassemble(&data[..data.len() - 1]), "Partly ");
     settled_as_cut(&app, id).await;
 }
+
+/// A line past the cap that comes in small pieces (1 KiB writes, 16 MiB): cut at the cap
+/// as fast as one sent at once. The SSE parser re-parses an unfinished line from its start
+/// at every chunk, so a line fed in pieces cost the square of its length: a worker busy for
+/// minutes on one lying stream.
+#[tokio::test]
+async fn a_line_in_small_pieces_is_cut_at_the_cap_without_reparsing_it() {
+    let app = spawn_app().await;
+    let (id, token) = app.token("pieces", Some("1")).await;
+    let cap = app.settings.upstream.max_response_bytes;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            raw_stream: Some(vec![role_chunk(), "data: ".into(), "x".repeat(1024)]),
+            // Four times the cap: the mock is still writing when the gateway closes.
+            raw_repeat: (4 * cap / 1024) as u64,
+            raw_hold: true,
+            ..Default::default()
+        }),
+    );
+    let started = std::time::Instant::now();
+    let resp = app.chat(&token, &stream_body()).await;
+    assert_eq!(resp.status(), 200);
+    // Well inside the idle timeout (60 s), which would end it as a stall instead.
+    let (data, _) = tokio::time::timeout(Duration::from_secs(45), sse_data(resp))
+        .await
+        .expect("the gateway never ended the stream");
+    eprintln!("ended after {:?}", started.elapsed());
+    let last: Value = serde_json::from_str(data.last().unwrap()).unwrap();
+    assert!(
+        last["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("larger than the gateway accepts"),
+        "{last}"
+    );
+    settled_as_cut(&app, id).await;
+}
