@@ -17,13 +17,20 @@
 //! held until the next line ending comes (within the cap, as they count toward it). The
 //! parser re-parses an unfinished line from its start at every chunk it gets, so a long
 //! line fed to it in small pieces would cost the square of its length (a 16 MiB line in
-//! 1 KiB pieces kept a worker busy for over a minute).
+//! 1 KiB pieces kept a worker busy for over a minute). And it hands them in small pieces
+//! (`PIECE` bytes of whole lines, or one longer line): the parser copies the rest of its
+//! buffer at every line it takes, so a frame of many short lines (a flood of blank lines)
+//! would cost the square of the frame — seconds of a worker, and of every connection on it,
+//! per frame.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
+
+/// The most handed to the parser at once, unless one line is longer.
+const PIECE: usize = 512;
 
 /// Why the upstream's body ended in error.
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +57,8 @@ pub struct EventCap<S> {
     carry: Vec<u8>,
     /// Bytes after the last line ending handed on, held until the line ends.
     line_bytes: BytesMut,
+    /// Whole lines not yet handed on.
+    lines: Bytes,
     /// The body failed or ended: nothing more is read.
     ended: bool,
 }
@@ -64,6 +73,7 @@ impl<S> EventCap<S> {
             after_cr: false,
             carry: Vec::new(),
             line_bytes: BytesMut::new(),
+            lines: Bytes::new(),
             ended: false,
         }
     }
@@ -136,10 +146,14 @@ where
     type Item = Result<Bytes, BodyError>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        if self.ended {
-            return Poll::Ready(None);
-        }
         loop {
+            if !self.lines.is_empty() {
+                let piece = next_piece(&mut self.lines);
+                return Poll::Ready(Some(Ok(piece)));
+            }
+            if self.ended {
+                return Poll::Ready(None);
+            }
             let chunk = match Pin::new(&mut self.inner).poll_next(cx) {
                 Poll::Ready(Some(Ok(chunk))) => chunk,
                 Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.into()))),
@@ -160,12 +174,12 @@ where
                 self.ended = true;
                 return Poll::Ready(Some(Err(BodyError::TooLarge(self.limit))));
             }
-            let Some(last) = chunk.iter().rposition(|&b| b == b'\n' || b == b'\r') else {
+            let Some(last) = chunk.iter().rposition(|&b| is_eol(b)) else {
                 // No line ends in it: held (the cap bounds it) until one does.
                 self.line_bytes.extend_from_slice(&chunk);
                 continue;
             };
-            let whole = if self.line_bytes.is_empty() {
+            self.lines = if self.line_bytes.is_empty() {
                 let mut chunk = chunk;
                 let rest = chunk.split_off(last + 1);
                 self.line_bytes.extend_from_slice(&rest);
@@ -176,9 +190,31 @@ where
                 self.line_bytes.extend_from_slice(&chunk[last + 1..]);
                 whole
             };
-            return Poll::Ready(Some(Ok(whole)));
         }
     }
+}
+
+fn is_eol(b: u8) -> bool {
+    b == b'\n' || b == b'\r'
+}
+
+/// The next piece of `lines` (whole lines, ending with a line ending): up to `PIECE` bytes
+/// of lines, or the first line alone when it is longer.
+fn next_piece(lines: &mut Bytes) -> Bytes {
+    if lines.len() <= PIECE {
+        return std::mem::take(lines);
+    }
+    let end = match lines[..PIECE].iter().rposition(|&b| is_eol(b)) {
+        Some(i) => i + 1,
+        None => {
+            PIECE
+                + lines[PIECE..]
+                    .iter()
+                    .position(|&b| is_eol(b))
+                    .map_or(lines.len() - PIECE, |i| i + 1)
+        }
+    };
+    lines.split_to(end)
 }
 
 #[cfg(test)]
@@ -273,10 +309,28 @@ mod tests {
             let (last, lines) = out.split_last().unwrap();
             for c in lines {
                 assert!(matches!(c.last(), Some(b'\n' | b'\r')), "{c:?} at {size}");
+                assert!(c.len() <= PIECE, "{} bytes at {size}", c.len());
             }
             assert_eq!(&last[..], b"data: tail", "at {size}");
             assert_eq!(out.concat(), body.as_bytes(), "at {size}");
         }
+    }
+
+    #[test]
+    fn pieces_are_small_unless_one_line_is_longer() {
+        let long = format!("data: {}\n", "x".repeat(3 * PIECE));
+        let mut lines = Bytes::from(format!("a\n{long}{}", "\n".repeat(3 * PIECE)));
+        let mut got = Vec::new();
+        while !lines.is_empty() {
+            got.push(next_piece(&mut lines));
+        }
+        assert_eq!(&got[0][..], b"a\n");
+        assert_eq!(&got[1][..], long.as_bytes(), "a longer line whole");
+        assert!(
+            got[2..].iter().all(|p| p.len() == PIECE),
+            "then PIECE-sized pieces"
+        );
+        assert_eq!(got[2..].concat().len(), 3 * PIECE);
     }
 
     #[test]

@@ -414,3 +414,39 @@ async fn a_line_in_small_pieces_is_cut_at_the_cap_without_reparsing_it() {
     );
     settled_as_cut(&app, id).await;
 }
+
+/// Blank lines in bulk (4 MiB of `\n` in 1 MiB writes: no event, none past the cap), then
+/// the answer: served whole, in time. The SSE parser copies the rest of its buffer at every
+/// line it takes, so a frame of hundreds of thousands of short lines cost the square of the
+/// frame — seconds of a worker (and every connection on it) per frame: not served within
+/// 45 s before `EventCap` handed it small pieces, 3.4 s after (a debug build).
+#[tokio::test]
+async fn blank_lines_in_bulk_cost_no_more_than_their_bytes() {
+    let app = spawn_app().await;
+    let (_, token) = app.token("blank", Some("1")).await;
+    let content = format!(
+        "data: {}\n\ndata: [DONE]\n\n",
+        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {"content": "whole"}, "finish_reason": "stop"}]})
+    );
+    let mut pieces = vec![role_chunk()];
+    pieces.extend(std::iter::repeat_n("\n".repeat(1 << 20), 4));
+    pieces.push(content);
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            raw_stream: Some(pieces),
+            ..Default::default()
+        }),
+    );
+    let started = std::time::Instant::now();
+    let resp = app.chat(&token, &stream_body()).await;
+    assert_eq!(resp.status(), 200);
+    // Well inside the idle timeout (60 s), which would end it as a stall instead.
+    let (data, _) = tokio::time::timeout(Duration::from_secs(45), sse_data(resp))
+        .await
+        .expect("the gateway never finished the stream");
+    eprintln!("served after {:?}", started.elapsed());
+    assert_eq!(data.last().unwrap(), "[DONE]", "{:?}", data.last());
+    assert_eq!(reassemble(&data), "Partly whole");
+}
