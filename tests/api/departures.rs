@@ -433,3 +433,61 @@ async fn a_request_whose_client_leaves_while_its_answer_settles_is_logged_at_wha
     assert_eq!(rows.len(), 1, "one row: {rows:?}");
     app.assert_invariant().await;
 }
+
+/// (h) Clients that leave while their row waits to be queued (the store stalled and the
+/// request log is its whole queue behind): each request still has its one row once the
+/// store is back. Invalid keys make the requests cheap: each is answered 401 and logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_while_its_row_waits_for_the_log_still_has_its_row() {
+    use futures_util::StreamExt;
+    use sqlx::Connection;
+    let app = spawn_app().await;
+    let path = app.settings.database_path();
+    let mut other = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    // The log queues 10 000 rows and writes batches of up to 512: past that, rows wait.
+    let total = 10_000 + 512 + 300;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let url = format!("{}/v1/chat/completions", app.address);
+    let left = futures_util::stream::iter(0..total)
+        .map(|_| {
+            let (http, url) = (http.clone(), url.clone());
+            async move {
+                http.post(url)
+                    .bearer_auth("sk-sluice-not-a-key")
+                    .json(&chat_body(10))
+                    .send()
+                    .await
+                    .is_err()
+            }
+        })
+        .buffer_unordered(100)
+        .filter(|gave_up| std::future::ready(*gave_up))
+        .count()
+        .await;
+    eprintln!("{left} of {total} clients gave up waiting");
+    assert!(left > 0, "the log was never behind");
+    sqlx::query("COMMIT").execute(&mut other).await.unwrap();
+    drop(other);
+    let bound = Instant::now() + Duration::from_secs(60);
+    loop {
+        app.state.request_log.flush().await;
+        let rows = app.scalar("SELECT COUNT(*) FROM requests").await;
+        if rows == total as i64 {
+            break;
+        }
+        assert!(
+            Instant::now() < bound,
+            "{rows} rows for {total} requests ({left} clients left while their row waited)"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
