@@ -560,43 +560,90 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
 
 /// Serves until a signal: SIGTERM stops gracefully (requests and streams get
 /// `server.shutdown_timeout_seconds`, then the ones still running are ended and settled);
-/// SIGINT and SIGQUIT end them at once (settled all the same). See `startup::Shutdown`.
+/// SIGINT and SIGQUIT end them at once (settled all the same), also when they come during
+/// the grace a SIGTERM gave (an operator's Ctrl-C, a supervisor escalating), and so does a
+/// second SIGTERM. See `startup::Shutdown`.
 async fn run_until_signalled(app: Application) -> anyhow::Result<()> {
     let shutdown = app.shutdown();
     tokio::spawn(async move {
-        let grace = stop_signal(shutdown.timeout()).await;
+        let mut signals = StopSignals::new();
+        let grace = match signals.next().await {
+            Stop::Graceful => shutdown.timeout(),
+            Stop::Now => std::time::Duration::ZERO,
+        };
         tracing::info!(
             grace_seconds = grace.as_secs(),
             "shutdown: no longer accepting connections"
         );
+        if !grace.is_zero() {
+            let now = shutdown.clone();
+            tokio::spawn(async move {
+                signals.next().await;
+                tracing::info!("shutdown: a second signal ends the grace");
+                now.end_now();
+            });
+        }
         shutdown.stop(grace).await;
     });
     app.run_until_stopped().await?;
     Ok(())
 }
 
-/// Waits for a stop signal; returns the grace it gives running requests.
-async fn stop_signal(timeout: std::time::Duration) -> std::time::Duration {
-    let now = std::time::Duration::ZERO;
+/// What a stop signal asks for.
+enum Stop {
+    /// SIGTERM: the configured grace.
+    Graceful,
+    /// SIGINT, SIGQUIT: no grace.
+    Now,
+}
+
+/// The stop signals, listened for from the start to the end of the process (once one is
+/// handled here the default action — ending the process — is gone for good, so every
+/// later one must be heard too).
+struct StopSignals {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match (signal(SignalKind::terminate()), signal(SignalKind::quit())) {
-            (Ok(mut term), Ok(mut quit)) => {
-                return tokio::select! {
-                    _ = term.recv() => timeout,
-                    _ = quit.recv() => now,
-                    _ = tokio::signal::ctrl_c() => now,
-                };
-            }
-            (Err(e), _) | (_, Err(e)) => {
-                tracing::error!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops the gateway")
+    unix: Option<[tokio::signal::unix::Signal; 3]>,
+}
+
+impl StopSignals {
+    fn new() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let listen = || {
+                Ok::<_, std::io::Error>([
+                    signal(SignalKind::terminate())?,
+                    signal(SignalKind::interrupt())?,
+                    signal(SignalKind::quit())?,
+                ])
+            };
+            match listen() {
+                Ok(signals) => Self {
+                    unix: Some(signals),
+                },
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops the gateway");
+                    Self { unix: None }
+                }
             }
         }
+        #[cfg(not(unix))]
+        Self {}
     }
-    let _ = tokio::signal::ctrl_c().await;
-    let _ = timeout;
-    now
+
+    /// Waits for the next stop signal.
+    async fn next(&mut self) -> Stop {
+        #[cfg(unix)]
+        if let Some([term, int, quit]) = self.unix.as_mut() {
+            return tokio::select! {
+                _ = term.recv() => Stop::Graceful,
+                _ = int.recv() => Stop::Now,
+                _ = quit.recv() => Stop::Now,
+            };
+        }
+        let _ = tokio::signal::ctrl_c().await;
+        Stop::Now
+    }
 }
 
 /// `serve --demo`: the gateway with an in-process mock upstream, an admin and a token.

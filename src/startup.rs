@@ -76,10 +76,18 @@ impl Shutdown {
         tokio::select! {
             _ = &mut stopped => return,
             _ = tokio::time::sleep(grace) => {}
+            // `end_now`: a second signal cut the grace short.
+            _ = self.drain.started() => {}
         }
         tracing::info!("shutdown: ending the requests still running");
         self.drain.start();
         let _ = stopped.await;
+    }
+
+    /// Ends the grace of a `stop` under way at once (a second signal): the requests still
+    /// running are ended and settled now.
+    pub fn end_now(&self) {
+        self.drain.start();
     }
 
     /// The configured grace (`server.shutdown_timeout_seconds`).

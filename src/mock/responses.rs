@@ -62,6 +62,9 @@ pub struct Script {
     /// takes them); then the answer ends, or with `raw_hold` the connection is held open
     /// for an hour.
     pub raw_stream: Option<Vec<String>>,
+    /// As `raw_stream`, for bytes that are not UTF-8 (a byte no character starts with, a
+    /// sequence cut short): sent after the `raw_stream` pieces, the last of all repeated.
+    pub raw_bytes: Option<Vec<Vec<u8>>>,
     pub raw_repeat: u64,
     pub raw_hold: bool,
 }
@@ -187,7 +190,11 @@ pub(crate) async fn answer(
         return HttpResponse::BadRequest().json(json!({"error": {"message": "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
             "type": "invalid_request_error", "param": "max_tokens", "code": "unsupported_parameter"}}));
     }
-    if let Some(pieces) = s.raw_stream {
+    if s.raw_stream.is_some() || s.raw_bytes.is_some() {
+        let pieces = (s.raw_stream.unwrap_or_default().into_iter())
+            .map(Bytes::from)
+            .chain(s.raw_bytes.unwrap_or_default().into_iter().map(Bytes::from))
+            .collect();
         return raw_sse(resp, pieces, (s.raw_repeat, s.raw_hold), guard);
     }
     let p = plan(cfg, body, &s);
@@ -543,11 +550,10 @@ fn sse(
 /// end (or an hour's hold).
 fn raw_sse(
     mut resp: actix_web::HttpResponseBuilder,
-    pieces: Vec<String>,
+    pieces: Vec<Bytes>,
     (repeat, hold): (u64, bool),
     guard: InFlightGuard,
 ) -> HttpResponse {
-    let pieces: Vec<Bytes> = pieces.into_iter().map(Bytes::from).collect();
     let body = async_stream::stream! {
         let _guard = guard;
         for p in &pieces {

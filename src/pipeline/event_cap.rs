@@ -5,12 +5,32 @@
 //! adapter counts the bytes since the last event boundary (an empty line, whatever the
 //! line ending: `\n`, `\r\n` or `\r`) and fails the body once they pass the cap, so the
 //! parser never holds more than the cap plus one chunk.
+//!
+//! It also checks that the body is UTF-8 as it passes. The parser's decoder keeps an
+//! invalid byte, and every byte after it, in its buffer for ever (it waits for the rest of
+//! a character that never comes): an upstream that sent one would have the gateway read on,
+//! decode nothing and re-validate the whole growing buffer at every chunk until the idle
+//! timeout. A byte that cannot be UTF-8 fails the body at once (`BodyError::NotUtf8`: a
+//! corrupt event); a character cut between chunks is carried over (at most 3 bytes).
+//!
+//! And it hands the parser whole lines only: the bytes after a chunk's last line ending are
+//! held until the next line ending comes (within the cap, as they count toward it). The
+//! parser re-parses an unfinished line from its start at every chunk it gets, so a long
+//! line fed to it in small pieces would cost the square of its length (a 16 MiB line in
+//! 1 KiB pieces kept a worker busy for over a minute). And it hands them in small pieces
+//! (`PIECE` bytes of whole lines, or one longer line): the parser copies the rest of its
+//! buffer at every line it takes, so a frame of many short lines (a flood of blank lines)
+//! would cost the square of the frame — seconds of a worker, and of every connection on it,
+//! per frame.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
+
+/// The most handed to the parser at once, unless one line is longer.
+const PIECE: usize = 512;
 
 /// Why the upstream's body ended in error.
 #[derive(Debug, thiserror::Error)]
@@ -19,6 +39,8 @@ pub enum BodyError {
     Transport(#[from] reqwest::Error),
     #[error("an upstream event is larger than {0} bytes")]
     TooLarge(usize),
+    #[error("the upstream sent bytes that are not UTF-8")]
+    NotUtf8,
 }
 
 /// The upstream's body, failing with `BodyError::TooLarge` once one event passes `limit`.
@@ -31,7 +53,14 @@ pub struct EventCap<S> {
     line: usize,
     /// The previous byte was `\r` (a `\n` right after it ends no second line).
     after_cr: bool,
-    failed: bool,
+    /// The start of a character the last chunk cut off (at most 3 bytes).
+    carry: Vec<u8>,
+    /// Bytes after the last line ending handed on, held until the line ends.
+    line_bytes: BytesMut,
+    /// Whole lines not yet handed on.
+    lines: Bytes,
+    /// The body failed or ended: nothing more is read.
+    ended: bool,
 }
 
 impl<S> EventCap<S> {
@@ -42,7 +71,43 @@ impl<S> EventCap<S> {
             event: 0,
             line: 0,
             after_cr: false,
-            failed: false,
+            carry: Vec::new(),
+            line_bytes: BytesMut::new(),
+            lines: Bytes::new(),
+            ended: false,
+        }
+    }
+
+    /// Checks that the body up to this chunk is UTF-8; false at a byte that cannot be
+    /// (a character cut at the chunk's end is carried to the next one).
+    fn utf8(&mut self, chunk: &[u8]) -> bool {
+        let mut rest = chunk;
+        if !self.carry.is_empty() {
+            // Complete the carried character from the chunk's first bytes.
+            let take = rest.len().min(4 - self.carry.len());
+            let mut joined = std::mem::take(&mut self.carry);
+            joined.extend_from_slice(&rest[..take]);
+            match std::str::from_utf8(&joined) {
+                Ok(_) => rest = &rest[take..],
+                Err(e) if e.error_len().is_some() && e.valid_up_to() == 0 => return false,
+                Err(e) if e.valid_up_to() == 0 => {
+                    // Still cut short: the chunk was too small to finish it.
+                    self.carry = joined;
+                    return true;
+                }
+                Err(e) => {
+                    // The carried character ended within the chunk's first bytes.
+                    rest = &rest[e.valid_up_to() - (joined.len() - take)..];
+                }
+            }
+        }
+        match std::str::from_utf8(rest) {
+            Ok(_) => true,
+            Err(e) if e.error_len().is_some() => false,
+            Err(e) => {
+                self.carry = rest[e.valid_up_to()..].to_vec();
+                true
+            }
         }
     }
 
@@ -81,23 +146,75 @@ where
     type Item = Result<Bytes, BodyError>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        if self.failed {
-            return Poll::Ready(None);
-        }
-        match Pin::new(&mut self.inner).poll_next(cx) {
-            Poll::Ready(Some(Ok(chunk))) => {
-                if self.count(&chunk) {
-                    Poll::Ready(Some(Ok(chunk)))
-                } else {
-                    self.failed = true;
-                    Poll::Ready(Some(Err(BodyError::TooLarge(self.limit))))
-                }
+        loop {
+            if !self.lines.is_empty() {
+                let piece = next_piece(&mut self.lines);
+                return Poll::Ready(Some(Ok(piece)));
             }
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
+            if self.ended {
+                return Poll::Ready(None);
+            }
+            let chunk = match Pin::new(&mut self.inner).poll_next(cx) {
+                Poll::Ready(Some(Ok(chunk))) => chunk,
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.into()))),
+                Poll::Ready(None) => {
+                    self.ended = true;
+                    if self.line_bytes.is_empty() {
+                        return Poll::Ready(None);
+                    }
+                    return Poll::Ready(Some(Ok(self.line_bytes.split().freeze())));
+                }
+                Poll::Pending => return Poll::Pending,
+            };
+            if !self.utf8(&chunk) {
+                self.ended = true;
+                return Poll::Ready(Some(Err(BodyError::NotUtf8)));
+            }
+            if !self.count(&chunk) {
+                self.ended = true;
+                return Poll::Ready(Some(Err(BodyError::TooLarge(self.limit))));
+            }
+            let Some(last) = chunk.iter().rposition(|&b| is_eol(b)) else {
+                // No line ends in it: held (the cap bounds it) until one does.
+                self.line_bytes.extend_from_slice(&chunk);
+                continue;
+            };
+            self.lines = if self.line_bytes.is_empty() {
+                let mut chunk = chunk;
+                let rest = chunk.split_off(last + 1);
+                self.line_bytes.extend_from_slice(&rest);
+                chunk
+            } else {
+                self.line_bytes.extend_from_slice(&chunk[..=last]);
+                let whole = self.line_bytes.split().freeze();
+                self.line_bytes.extend_from_slice(&chunk[last + 1..]);
+                whole
+            };
         }
     }
+}
+
+fn is_eol(b: u8) -> bool {
+    b == b'\n' || b == b'\r'
+}
+
+/// The next piece of `lines` (whole lines, ending with a line ending): up to `PIECE` bytes
+/// of lines, or the first line alone when it is longer.
+fn next_piece(lines: &mut Bytes) -> Bytes {
+    if lines.len() <= PIECE {
+        return std::mem::take(lines);
+    }
+    let end = match lines[..PIECE].iter().rposition(|&b| is_eol(b)) {
+        Some(i) => i + 1,
+        None => {
+            PIECE
+                + lines[PIECE..]
+                    .iter()
+                    .position(|&b| is_eol(b))
+                    .map_or(lines.len() - PIECE, |i| i + 1)
+        }
+    };
+    lines.split_to(end)
 }
 
 #[cfg(test)]
@@ -132,6 +249,88 @@ mod tests {
             capped(20, &["event: a\ndata: 01\n", "\n"].repeat(500)),
             Ok(())
         );
+    }
+
+    /// Feeds `body` cut at every place into two chunks, and into one-byte chunks.
+    fn utf8_whatever_the_cuts(body: &[u8]) -> bool {
+        let one = |chunks: &[&[u8]]| {
+            let mut cap = EventCap::new(
+                futures_util::stream::empty::<Result<Bytes, reqwest::Error>>(),
+                usize::MAX,
+            );
+            chunks.iter().all(|c| cap.utf8(c))
+        };
+        let whole = one(&[body]);
+        for at in 0..=body.len() {
+            assert_eq!(one(&[&body[..at], &body[at..]]), whole, "cut at {at}");
+        }
+        let bytes: Vec<&[u8]> = body.chunks(1).collect();
+        assert_eq!(one(&bytes), whole, "one byte at a time");
+        whole
+    }
+
+    #[test]
+    fn utf8_cut_anywhere_passes_and_a_byte_that_cannot_be_fails() {
+        assert!(utf8_whatever_the_cuts(
+            "data: {\"t\": \"é€😀ok\"}\n\n".as_bytes()
+        ));
+        assert!(utf8_whatever_the_cuts("😀😀€é".as_bytes()));
+        assert!(!utf8_whatever_the_cuts(b"data: \xff\n\n"));
+        // A character cut short by another one's start.
+        assert!(!utf8_whatever_the_cuts(b"data: \xe2\x82a\n\n"));
+        assert!(!utf8_whatever_the_cuts(
+            "é".as_bytes()
+                .iter()
+                .chain(b"\x80")
+                .copied()
+                .collect::<Vec<_>>()
+                .as_slice()
+        ));
+        // An overlong encoding and a surrogate are not UTF-8.
+        assert!(!utf8_whatever_the_cuts(b"\xc0\xaf"));
+        assert!(!utf8_whatever_the_cuts(b"\xed\xa0\x80"));
+    }
+
+    /// The parser gets whole lines only, the bytes unchanged, the last piece at the end.
+    #[tokio::test]
+    async fn pieces_are_handed_on_as_whole_lines() {
+        use futures_util::StreamExt;
+        let body = "data: {\"a\": \"é😀\"}\r\n\r\nevent: x\rdata: yy\r\r: c\n\ndata: tail";
+        for size in [1, 2, 3, 5, 7, 64] {
+            let pieces: Vec<Result<Bytes, reqwest::Error>> = body
+                .as_bytes()
+                .chunks(size)
+                .map(|c| Ok(Bytes::copy_from_slice(c)))
+                .collect();
+            let out: Vec<Bytes> = EventCap::new(futures_util::stream::iter(pieces), 1 << 20)
+                .map(|c| c.unwrap())
+                .collect()
+                .await;
+            let (last, lines) = out.split_last().unwrap();
+            for c in lines {
+                assert!(matches!(c.last(), Some(b'\n' | b'\r')), "{c:?} at {size}");
+                assert!(c.len() <= PIECE, "{} bytes at {size}", c.len());
+            }
+            assert_eq!(&last[..], b"data: tail", "at {size}");
+            assert_eq!(out.concat(), body.as_bytes(), "at {size}");
+        }
+    }
+
+    #[test]
+    fn pieces_are_small_unless_one_line_is_longer() {
+        let long = format!("data: {}\n", "x".repeat(3 * PIECE));
+        let mut lines = Bytes::from(format!("a\n{long}{}", "\n".repeat(3 * PIECE)));
+        let mut got = Vec::new();
+        while !lines.is_empty() {
+            got.push(next_piece(&mut lines));
+        }
+        assert_eq!(&got[0][..], b"a\n");
+        assert_eq!(&got[1][..], long.as_bytes(), "a longer line whole");
+        assert!(
+            got[2..].iter().all(|p| p.len() == PIECE),
+            "then PIECE-sized pieces"
+        );
+        assert_eq!(got[2..].concat().len(), 3 * PIECE);
     }
 
     #[test]

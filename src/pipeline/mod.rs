@@ -588,8 +588,6 @@ async fn finish(
         }
     }
     let cost = pricing::cost(usage, s.model.prices);
-    let settled = held.settle(cost).await;
-    account(state, auth, settled.token_remaining, settled.absorbed);
     // The request's windows and the serving key's, corrected off the path when dropped.
     let used = usage.input + usage.output;
     for b in [booking.as_mut(), key_booking.as_mut()]
@@ -598,8 +596,14 @@ async fn finish(
     {
         b.used(used);
     }
+    // The answer is in: from here the settlement lands at its cost even if the client
+    // leaves (or the shutdown ends the request) while it waits on the store, so the row a
+    // departure writes (`Open`) must say that cost, not the input alone.
     log.input_tokens = usage.input;
     log.output_tokens = usage.output;
+    log.cost_micros = held.cost_of(cost);
+    let settled = held.settle(cost).await;
+    account(state, auth, settled.token_remaining, settled.absorbed);
     log.cost_micros = settled.charged + settled.absorbed;
     log.ttfb_ms = Some(s.ttfb_ms);
     let mut resp = HttpResponse::Ok();

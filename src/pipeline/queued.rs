@@ -182,11 +182,13 @@ async fn end(state: &AppState, books: Books, e: ApiError, input: (i64, i64)) {
     if let Some(b) = booking.as_mut().filter(|_| cost == 0) {
         b.used(0);
     }
-    let settled = held.settle(cost).await;
-    log.cost_micros = settled.charged + settled.absorbed;
+    // The row before the wait on the store (see `stream::Pump::settle`): its cost is
+    // decided here, and the settlement lands once handed to the writer.
+    log.cost_micros = held.cost_of(cost);
     log.input_tokens = input_tokens;
     log.status = e.status().as_u16();
     log.error_code = Some(e.code());
     log.latency_ms = started.elapsed().as_millis() as i64;
     state.request_log.record(log).await;
+    held.settle(cost).await;
 }

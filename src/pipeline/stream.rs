@@ -254,6 +254,12 @@ impl Pump {
                     );
                     break;
                 }
+                Ok(Some(Err(EventStreamError::Transport(BodyError::NotUtf8)))) => {
+                    failure = Some(
+                        "The upstream sent an event that is not UTF-8 text; the stream was ended by the gateway.",
+                    );
+                    break;
+                }
                 Ok(Some(Err(_))) => {
                     failure = Some("The upstream stream broke off.");
                     break;
@@ -308,30 +314,42 @@ impl Pump {
     }
 
     /// `failed`: the stream did not complete (never cached); `ending`: the log row's code.
+    ///
+    /// The row is recorded before the settlement is awaited: its cost is decided here (the
+    /// settlement charges the same, capped at the reservation with the excess absorbed),
+    /// and once handed to the store's writer the settlement lands whatever becomes of this
+    /// task — but the task itself may not outlive a slow store at the shutdown (its worker
+    /// is stopped `startup::SETTLE_MARGIN` after the drain), and a row written after the
+    /// wait would then be lost.
     async fn settle(self, failed: bool, ending: Option<&'static str>) {
         let Pump {
             state,
-            mut books,
+            books,
             prices,
             converter,
             assembler,
             mut key_booking,
         } = self;
+        let Books {
+            held,
+            mut log,
+            started,
+            auth,
+            mut booking,
+            cache,
+        } = books;
         let usage = converter.usage();
         let cost = pricing::cost(usage, prices);
-        let s = books.held.settle(cost).await;
-        books.log.cost_micros = s.charged + s.absorbed;
-        super::account(&state, &books.auth, s.token_remaining, s.absorbed);
         // Every window the request booked, corrected (off this path) to what was counted.
         let used = usage.input + usage.output;
-        for b in [books.booking.as_mut(), key_booking.as_mut()]
+        for b in [booking.as_mut(), key_booking.as_mut()]
             .into_iter()
             .flatten()
         {
             b.used(used);
         }
         if let (Some(plan), Some(answer), false) =
-            (&books.cache, assembler.and_then(Assembler::finish), failed)
+            (&cache, assembler.and_then(Assembler::finish), failed)
         {
             let cache = state.cache.clone();
             let (plan, now) = (plan.clone(), state.clock.now());
@@ -341,12 +359,14 @@ impl Pump {
                     .await
             });
         }
-        let log = &mut books.log;
+        log.cost_micros = held.cost_of(cost);
         log.input_tokens = usage.input;
         log.output_tokens = usage.output;
-        log.latency_ms = books.started.elapsed().as_millis() as i64;
+        log.latency_ms = started.elapsed().as_millis() as i64;
         log.status = 200;
         log.error_code = ending;
-        state.request_log.record(books.log).await;
+        state.request_log.record(log).await;
+        let s = held.settle(cost).await;
+        super::account(&state, &auth, s.token_remaining, s.absorbed);
     }
 }

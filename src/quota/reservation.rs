@@ -267,6 +267,17 @@ impl Held {
         self.resv.as_ref().and_then(|r| r.token_remaining)
     }
 
+    /// What settling at `actual` will be recorded as costing (`Settled::charged +
+    /// absorbed`): `actual` when something is reserved, 0 when nothing is (no quota). Known
+    /// before the settlement lands, for a log row that must not wait on the store.
+    pub fn cost_of(&self, actual: i64) -> i64 {
+        if self.resv.is_some() {
+            actual.max(0)
+        } else {
+            0
+        }
+    }
+
     pub fn set_cost_if_dropped(&mut self, micros: i64) {
         self.cost_if_dropped = micros;
     }

@@ -51,9 +51,19 @@ impl<T: Send + Sync + 'static> Lingering<T> {
         Lingering { tx }
     }
 
-    /// Queues an item (waits only if the task is `QUEUE` items behind).
+    /// Queues an item (waits only if the task is `QUEUE` items behind). The wait runs in a
+    /// task of its own: a caller dropped meanwhile — a request whose client left while its
+    /// row waited — does not take the item with it.
     pub async fn push(&self, item: T) -> bool {
-        self.tx.send(Msg::Item(item)).await.is_ok()
+        match self.tx.try_send(Msg::Item(item)) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+            Err(mpsc::error::TrySendError::Full(msg)) => {
+                let tx = self.tx.clone();
+                let waiting = tokio::spawn(async move { tx.send(msg).await.is_ok() });
+                waiting.await.unwrap_or(false)
+            }
+        }
     }
 
     /// Waits until every item queued before this call is written.

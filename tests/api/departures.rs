@@ -337,3 +337,116 @@ async fn a_stream_whose_client_closes_mid_stream_pays_input_and_what_it_got() {
 async fn a_stream_whose_client_half_closes_mid_stream_pays_input_and_what_it_got() {
     waiting_on_events(2, Leave::HalfClose).await;
 }
+
+/// (g) A non-streamed request whose answer is in and being settled when its client leaves
+/// (the settlement waits on the database, here held by another writer): the upstream did
+/// all the work and the settlement lands at the answer's cost whatever the client does, so
+/// the request's one log row must say that cost — the request log and the ledger agree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_client_leaves_while_its_answer_settles_is_logged_at_what_it_was_charged() {
+    use sqlx::Connection;
+    let app = app().await;
+    let (_id, token) = app.token("settling", Some("1")).await;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            delay_ms: 1500,
+            ..Default::default()
+        }),
+    );
+    let conn = send_raw(&app, &token, &body(false)).await;
+    until("the upstream never had the request", async || {
+        app.mock.state.stats(KEY_A).count == 1
+    })
+    .await;
+    // Another writer holds the database while the upstream answers: the settlement waits.
+    let path = app.settings.database_path();
+    let mut other = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    // Past the upstream's 1.5 s: the answer is in, its settlement blocked.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    drop(conn);
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    sqlx::query("COMMIT").execute(&mut other).await.unwrap();
+    drop(other);
+    until("the request was never settled and logged", async || {
+        app.state.request_log.flush().await;
+        app.scalar("SELECT COUNT(*) FROM reservations").await == 0
+            && app.scalar("SELECT COUNT(*) FROM requests").await >= 1
+    })
+    .await;
+    // Give a background settlement time to land too.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rows: Vec<(i64, Option<String>, i64, i64, i64)> = sqlx::query_as(
+        "SELECT status, error_code, input_tokens, output_tokens, cost_micros FROM requests",
+    )
+    .fetch_all(&app.db().read)
+    .await
+    .unwrap();
+    eprintln!("rows: {rows:?}");
+    assert_eq!(rows.len(), 1, "one row: {rows:?}");
+    app.assert_invariant().await;
+}
+
+/// (h) Clients that leave while their row waits to be queued (the store stalled and the
+/// request log is its whole queue behind): each request still has its one row once the
+/// store is back. Invalid keys make the requests cheap: each is answered 401 and logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_while_its_row_waits_for_the_log_still_has_its_row() {
+    use futures_util::StreamExt;
+    use sqlx::Connection;
+    let app = spawn_app().await;
+    let path = app.settings.database_path();
+    let mut other = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    // The log queues 10 000 rows and writes batches of up to 512: past that, rows wait.
+    let total = 10_000 + 512 + 300;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let url = format!("{}/v1/chat/completions", app.address);
+    let left = futures_util::stream::iter(0..total)
+        .map(|_| {
+            let (http, url) = (http.clone(), url.clone());
+            async move {
+                http.post(url)
+                    .bearer_auth("sk-sluice-not-a-key")
+                    .json(&chat_body(10))
+                    .send()
+                    .await
+                    .is_err()
+            }
+        })
+        .buffer_unordered(100)
+        .filter(|gave_up| std::future::ready(*gave_up))
+        .count()
+        .await;
+    eprintln!("{left} of {total} clients gave up waiting");
+    assert!(left > 0, "the log was never behind");
+    sqlx::query("COMMIT").execute(&mut other).await.unwrap();
+    drop(other);
+    let bound = Instant::now() + Duration::from_secs(60);
+    loop {
+        app.state.request_log.flush().await;
+        let rows = app.scalar("SELECT COUNT(*) FROM requests").await;
+        if rows == total as i64 {
+            break;
+        }
+        assert!(
+            Instant::now() < bound,
+            "{rows} rows for {total} requests ({left} clients left while their row waited)"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

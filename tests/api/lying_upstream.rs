@@ -326,3 +326,117 @@ async fn tiny_events_without_end_are_streamed_until_the_client_leaves() {
     }
     panic!("the upstream call was never closed");
 }
+
+/// A byte that is not UTF-8 in the middle of a stream, then valid events without end: the
+/// event holding it is corrupt — the stream ends with the gateway's error event, charged by
+/// the cut rule, the upstream closed — at once. (eventsource-stream's UTF-8 decoder keeps
+/// an invalid byte, and everything after it, in its buffer for ever, decoding nothing: the
+/// gateway read the upstream on, growing that buffer and re-validating all of it at every
+/// chunk, until the idle timeout ended the "stalled" stream.)
+#[tokio::test]
+async fn a_byte_that_is_not_utf8_ends_the_stream_as_corrupt_at_once() {
+    let app = spawn_app().await;
+    let (id, token) = app.token("notutf8", Some("1")).await;
+    let tiny = format!(
+        "data: {}\n\n",
+        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {"content": "word "}, "finish_reason": null}]})
+    );
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            raw_stream: Some(vec![role_chunk()]),
+            raw_bytes: Some(vec![
+                b"data: {\"x\": \"\xff\"}\n\n".to_vec(),
+                tiny.into_bytes(),
+            ]),
+            raw_repeat: 1_000_000,
+            raw_hold: true,
+            ..Default::default()
+        }),
+    );
+    let resp = app.chat(&token, &stream_body()).await;
+    assert_eq!(resp.status(), 200);
+    let (data, _) = tokio::time::timeout(BOUND, sse_data(resp))
+        .await
+        .expect("the gateway never ended the stream (the idle timeout is 60 s)");
+    let last: Value = serde_json::from_str(data.last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "upstream_error", "{last}");
+    assert!(!data.iter().any(|d| d == "[DONE]"), "never [DONE]");
+    assert_eq!(reassemble(&data[..data.len() - 1]), "Partly ");
+    settled_as_cut(&app, id).await;
+}
+
+/// A line past the cap that comes in small pieces (1 KiB writes, 16 MiB): cut at the cap
+/// as fast as one sent at once. The SSE parser re-parses an unfinished line from its start
+/// at every chunk, so a line fed in pieces cost the square of its length: a worker busy for
+/// minutes on one lying stream.
+#[tokio::test]
+async fn a_line_in_small_pieces_is_cut_at_the_cap_without_reparsing_it() {
+    let app = spawn_app().await;
+    let (id, token) = app.token("pieces", Some("1")).await;
+    let cap = app.settings.upstream.max_response_bytes;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            raw_stream: Some(vec![role_chunk(), "data: ".into(), "x".repeat(1024)]),
+            // Four times the cap: the mock is still writing when the gateway closes.
+            raw_repeat: (4 * cap / 1024) as u64,
+            raw_hold: true,
+            ..Default::default()
+        }),
+    );
+    let started = std::time::Instant::now();
+    let resp = app.chat(&token, &stream_body()).await;
+    assert_eq!(resp.status(), 200);
+    // Well inside the idle timeout (60 s), which would end it as a stall instead.
+    let (data, _) = tokio::time::timeout(Duration::from_secs(45), sse_data(resp))
+        .await
+        .expect("the gateway never ended the stream");
+    eprintln!("ended after {:?}", started.elapsed());
+    let last: Value = serde_json::from_str(data.last().unwrap()).unwrap();
+    assert!(
+        last["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("larger than the gateway accepts"),
+        "{last}"
+    );
+    settled_as_cut(&app, id).await;
+}
+
+/// Blank lines in bulk (4 MiB of `\n` in 1 MiB writes: no event, none past the cap), then
+/// the answer: served whole, in time. The SSE parser copies the rest of its buffer at every
+/// line it takes, so a frame of hundreds of thousands of short lines cost the square of the
+/// frame — seconds of a worker (and every connection on it) per frame: not served within
+/// 45 s before `EventCap` handed it small pieces, 3.4 s after (a debug build).
+#[tokio::test]
+async fn blank_lines_in_bulk_cost_no_more_than_their_bytes() {
+    let app = spawn_app().await;
+    let (_, token) = app.token("blank", Some("1")).await;
+    let content = format!(
+        "data: {}\n\ndata: [DONE]\n\n",
+        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {"content": "whole"}, "finish_reason": "stop"}]})
+    );
+    let mut pieces = vec![role_chunk()];
+    pieces.extend(std::iter::repeat_n("\n".repeat(1 << 20), 4));
+    pieces.push(content);
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            raw_stream: Some(pieces),
+            ..Default::default()
+        }),
+    );
+    let started = std::time::Instant::now();
+    let resp = app.chat(&token, &stream_body()).await;
+    assert_eq!(resp.status(), 200);
+    // Well inside the idle timeout (60 s), which would end it as a stall instead.
+    let (data, _) = tokio::time::timeout(Duration::from_secs(45), sse_data(resp))
+        .await
+        .expect("the gateway never finished the stream");
+    eprintln!("served after {:?}", started.elapsed());
+    assert_eq!(data.last().unwrap(), "[DONE]", "{:?}", data.last());
+    assert_eq!(reassemble(&data), "Partly whole");
+}

@@ -296,3 +296,207 @@ async fn a_stream_that_ends_within_the_grace_finishes_whole() {
     assert_eq!(code, None, "a complete stream");
     assert!(cost > 0);
 }
+
+/// SIGINT after SIGTERM ends the grace at once: an operator who sent SIGTERM and then
+/// presses Ctrl-C (or a supervisor escalating) does not wait out a 60 s grace for a stream
+/// that would run for minutes. The stream is still ended by the drain — error event
+/// `shutting_down`, one row, charged by the cut rule — and the process exits cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_after_sigterm_ends_the_grace_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let mut gateway = start_gateway_full(
+        dir.path(),
+        &mock,
+        &[("SLUICE_SERVER_SHUTDOWN_TIMEOUT_SECONDS", "60")],
+        "",
+    )
+    .await;
+    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
+        .await
+        .unwrap();
+    let args = sluice::cli::IssueArgs {
+        budget_usd: Some("10"),
+        ..issue_args("twice")
+    };
+    let token = sluice::cli::token_issue(&db, &args, chrono::Utc::now())
+        .await
+        .unwrap()
+        .text;
+    // A stream that would run for five minutes.
+    mock.state.script(
+        KEY_A,
+        [Script {
+            text: Some("word ".repeat(3000)),
+            chunk_delay_ms: 100,
+            ..Default::default()
+        }],
+    );
+    let mut body = chat_body(4000);
+    body["stream"] = json!(true);
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", gateway.url))
+        .bearer_auth(&token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let reading = tokio::spawn(sse_data(resp));
+    let state = mock.state.clone();
+    until("the stream never started", move || {
+        state.stats(KEY_A).count == 1
+    })
+    .await;
+    let pid = gateway.child.id().to_string();
+    let signal = |sig: &str| {
+        let sent = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    };
+    signal("-TERM");
+    // The graceful stop has begun (no new connections); then Ctrl-C.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(
+        gateway.child.try_wait().unwrap().is_none(),
+        "still in its grace"
+    );
+    signal("-INT");
+    let sent = Instant::now();
+    let bound = Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = gateway.child.try_wait().unwrap() {
+            break status;
+        }
+        if sent.elapsed() > bound {
+            let _ = gateway.child.kill();
+            panic!("still running {bound:?} after SIGTERM then SIGINT (grace 60 s)");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status:?}");
+    let (data, _) = tokio::time::timeout(Duration::from_secs(10), reading)
+        .await
+        .expect("the stream ended")
+        .unwrap();
+    assert!(!data.iter().any(|d| d == "[DONE]"), "never [DONE]");
+    assert_invariant_on(&db.read).await;
+    let rows: Vec<(i64, Option<String>)> =
+        sqlx::query_as("SELECT status, error_code FROM requests")
+            .fetch_all(&db.read)
+            .await
+            .unwrap();
+    assert_eq!(rows, [(200, Some("shutting_down".to_string()))]);
+    let reserved: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM reservations")
+        .fetch_one(&db.read)
+        .await
+        .unwrap();
+    assert_eq!(reserved, 0);
+}
+
+/// The store is slow when the grace ends (another writer holds the database for a few
+/// seconds — a long checkpoint, a backup's copy, a busy disk): the streams the drain ended
+/// still settle at what they cost and write their one row once the store answers, rather
+/// than dying with the workers' runtimes after `SETTLE_MARGIN` (3 s) and being settled as
+/// orphans at their whole reservation with no row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_ended_by_the_drain_settles_and_logs_even_when_the_store_is_slow() {
+    use sqlx::Connection;
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let mut gateway = start_gateway_full(
+        dir.path(),
+        &mock,
+        &[("SLUICE_SERVER_SHUTDOWN_TIMEOUT_SECONDS", "1")],
+        "",
+    )
+    .await;
+    let path = dir.path().join("sluice.db");
+    let db = sluice::store::Db::open(&path, false).await.unwrap();
+    let args = sluice::cli::IssueArgs {
+        budget_usd: Some("10"),
+        ..issue_args("slowstore")
+    };
+    let token = sluice::cli::token_issue(&db, &args, chrono::Utc::now())
+        .await
+        .unwrap()
+        .text;
+    mock.state.script(
+        KEY_A,
+        [Script {
+            text: Some("word ".repeat(3000)),
+            chunk_delay_ms: 100,
+            ..Default::default()
+        }],
+    );
+    let mut body = chat_body(4000);
+    body["stream"] = json!(true);
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", gateway.url))
+        .bearer_auth(&token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let reading = tokio::spawn(sse_data(resp));
+    let state = mock.state.clone();
+    until("the stream never started", move || {
+        state.stats(KEY_A).count == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Another writer holds the database from before the grace ends until 5 s after it.
+    let mut other = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &gateway.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    sqlx::query("COMMIT").execute(&mut other).await.unwrap();
+    drop(other);
+    let sent = Instant::now();
+    let status = loop {
+        if let Some(status) = gateway.child.try_wait().unwrap() {
+            break status;
+        }
+        if sent.elapsed() > Duration::from_secs(30) {
+            let _ = gateway.child.kill();
+            panic!("still running 30 s after the store came back");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status:?}");
+    let _ = tokio::time::timeout(Duration::from_secs(10), reading).await;
+    let rows: Vec<(i64, Option<String>, i64)> =
+        sqlx::query_as("SELECT status, error_code, cost_micros FROM requests")
+            .fetch_all(&db.read)
+            .await
+            .unwrap();
+    let orphans: Vec<(String, i64)> =
+        sqlx::query_as("SELECT kind, amount_micros FROM ledger WHERE kind = 'orphan'")
+            .fetch_all(&db.read)
+            .await
+            .unwrap();
+    let ledger: Vec<(String, i64)> = sqlx::query_as("SELECT kind, amount_micros FROM ledger")
+        .fetch_all(&db.read)
+        .await
+        .unwrap();
+    eprintln!("rows {rows:?} orphans {orphans:?} ledger {ledger:?}");
+    assert_eq!(rows.len(), 1, "one row for the stream: {rows:?}");
+    assert_eq!(rows[0].1.as_deref(), Some("shutting_down"), "{rows:?}");
+    assert!(
+        orphans.is_empty(),
+        "settled by its rule, not as an orphan: {orphans:?}"
+    );
+    assert_invariant_on(&db.read).await;
+}
