@@ -599,10 +599,12 @@ enum Stop {
 
 /// The stop signals, listened for from the start to the end of the process (once one is
 /// handled here the default action — ending the process — is gone for good, so every
-/// later one must be heard too).
+/// later one must be heard too). SIGHUP is heard too, and does not stop anything: its
+/// default action would end the process at once, nothing settled, on a `systemctl
+/// reload`; reloading the configuration on it is not built yet, and the log says so.
 struct StopSignals {
     #[cfg(unix)]
-    unix: Option<[tokio::signal::unix::Signal; 3]>,
+    unix: Option<[tokio::signal::unix::Signal; 4]>,
 }
 
 impl StopSignals {
@@ -615,6 +617,7 @@ impl StopSignals {
                     signal(SignalKind::terminate())?,
                     signal(SignalKind::interrupt())?,
                     signal(SignalKind::quit())?,
+                    signal(SignalKind::hangup())?,
                 ])
             };
             match listen() {
@@ -634,12 +637,18 @@ impl StopSignals {
     /// Waits for the next stop signal.
     async fn next(&mut self) -> Stop {
         #[cfg(unix)]
-        if let Some([term, int, quit]) = self.unix.as_mut() {
-            return tokio::select! {
-                _ = term.recv() => Stop::Graceful,
-                _ = int.recv() => Stop::Now,
-                _ = quit.recv() => Stop::Now,
-            };
+        if let Some([term, int, quit, hup]) = self.unix.as_mut() {
+            loop {
+                return tokio::select! {
+                    _ = term.recv() => Stop::Graceful,
+                    _ = int.recv() => Stop::Now,
+                    _ = quit.recv() => Stop::Now,
+                    _ = hup.recv() => {
+                        tracing::warn!("SIGHUP: reloading the configuration is not supported yet; still serving on the configuration read at start");
+                        continue;
+                    }
+                };
+            }
         }
         let _ = tokio::signal::ctrl_c().await;
         Stop::Now

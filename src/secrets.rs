@@ -186,8 +186,12 @@ mod tests {
     fn a_key_file_that_is_not_a_regular_file_is_refused_without_hanging() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sluice.db.key");
-        rustix::fs::mkfifoat(rustix::fs::CWD, &path, rustix::fs::Mode::from_raw_mode(0o600))
-            .unwrap();
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            &path,
+            rustix::fs::Mode::from_raw_mode(0o600),
+        )
+        .unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         let p = path.clone();
         std::thread::spawn(move || tx.send(MasterKey::load_or_create(&p).map(|_| ())));

@@ -44,8 +44,12 @@ async fn read_stream(
 
 /// SIGTERM to the gateway process, by `kill` as an operator would send it.
 fn sigterm(gateway: &Gateway) {
+    signal(gateway, "-TERM");
+}
+
+fn signal(gateway: &Gateway, which: &str) {
     let killed = std::process::Command::new("kill")
-        .args(["-TERM", &gateway.child.id().to_string()])
+        .args([which, &gateway.child.id().to_string()])
         .status()
         .unwrap();
     assert!(killed.success());
@@ -498,5 +502,59 @@ async fn a_stream_ended_by_the_drain_settles_and_logs_even_when_the_store_is_slo
         orphans.is_empty(),
         "settled by its rule, not as an orphan: {orphans:?}"
     );
+    assert_invariant_on(&db.read).await;
+}
+
+/// SIGHUP — what `systemctl reload` and many supervisors send — must not kill the gateway:
+/// its default action ends the process at once, nothing settled, streams cut. Until the
+/// configuration reload exists, the gateway says so and keeps serving, a stream in flight
+/// included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_does_not_stop_the_gateway() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let mut gateway = start_gateway_full(dir.path(), &mock, &[], "").await;
+    let (db, token) = db_and_token(dir.path(), "hup").await;
+    let text = "word ".repeat(10);
+    mock.state.script(
+        KEY_A,
+        [Script {
+            text: Some(text.clone()),
+            chunk_delay_ms: 100,
+            ..Default::default()
+        }],
+    );
+    let reading = read_stream(&reqwest::Client::new(), &gateway.url, &token, 100).await;
+    let state = mock.state.clone();
+    until("the stream never started", move || {
+        state.stats(KEY_A).count == 1
+    })
+    .await;
+    signal(&gateway, "-HUP");
+    let (data, whole) = tokio::time::timeout(Duration::from_secs(10), reading)
+        .await
+        .expect("the stream ended")
+        .unwrap();
+    assert!(whole, "the stream in flight was cut by SIGHUP");
+    assert_eq!(reassemble(&data), text);
+    assert!(
+        gateway.child.try_wait().unwrap().is_none(),
+        "SIGHUP ended the gateway"
+    );
+    let health = reqwest::get(format!("{}/healthz", gateway.url))
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    // The stream settles just after its last frame.
+    let bound = Instant::now() + Duration::from_secs(10);
+    while sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM reservations")
+        .fetch_one(&db.read)
+        .await
+        .unwrap()
+        > 0
+    {
+        assert!(Instant::now() < bound, "the stream was never settled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_invariant_on(&db.read).await;
 }
