@@ -238,6 +238,7 @@ async fn running_out_of_open_files_does_not_open_the_upstreams_breaker() {
         }),
     );
     let mut holders: Vec<TcpStream> = Vec::new();
+    let mut early: Option<String> = None;
     let mut reached = mock.state.total_count();
     let mut warmed = Instant::now();
     while fds(pid) + 2 <= LIMIT {
@@ -250,19 +251,19 @@ async fn running_out_of_open_files_does_not_open_the_upstreams_breaker() {
             holder.readable().await.unwrap();
             (0, hyper::HeaderMap::new(), Bytes::new())
         };
-        if held_or_answered(&mock, reached + 1, answered)
+        let was_answered = held_or_answered(&mock, reached + 1, answered)
             .await
-            .is_some()
-        {
+            .is_some();
+        if was_answered {
+            // The gateway took a descriptor of its own meanwhile (a database connection):
+            // the limit bit already, and this holder's answer is a first failure.
             let mut buf = vec![0u8; 4096];
             let n = tokio::io::AsyncReadExt::read(&mut holder, &mut buf)
                 .await
                 .unwrap();
-            panic!(
-                "a holder was answered with {} descriptors open of {LIMIT}: {}",
-                fds(pid),
-                String::from_utf8_lossy(&buf[..n])
-            );
+            early = Some(String::from_utf8_lossy(&buf[..n]).into_owned());
+            holders.push(holder);
+            break;
         }
         reached += 1;
         holders.push(holder);
@@ -388,6 +389,10 @@ async fn running_out_of_open_files_does_not_open_the_upstreams_breaker() {
             (503, 1, Some("service_degraded".into()), 0),
             "probe {i}"
         );
+    }
+    if let Some(head) = early {
+        assert!(head.starts_with("HTTP/1.1 503"), "a holder: {head}");
+        assert!(head.contains("service_degraded"), "a holder: {head}");
     }
     let logged = std::fs::read_to_string(&log).unwrap();
     assert!(
