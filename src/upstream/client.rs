@@ -177,14 +177,16 @@ impl UpstreamClient {
 pub fn local_shortage(err: &(dyn std::error::Error + 'static)) -> Option<&'static str> {
     let mut cause = Some(err);
     while let Some(e) = cause {
-        if let Some(what) = e
-            .downcast_ref::<std::io::Error>()
-            .and_then(std::io::Error::raw_os_error)
-            .and_then(shortage)
-        {
+        let io = e.downcast_ref::<std::io::Error>();
+        if let Some(what) = io.and_then(std::io::Error::raw_os_error).and_then(shortage) {
             return Some(what);
         }
-        cause = e.source();
+        // An `io::Error` that wraps another error answers `source()` with the wrapped
+        // error's source, skipping the wrapped error itself: step into it instead.
+        cause = match io.and_then(std::io::Error::get_ref) {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => e.source(),
+        };
     }
     None
 }
@@ -264,6 +266,8 @@ mod tests {
             None,
             "only the errno decides, not words"
         );
+        let io_in_io = std::io::Error::other(std::io::Error::from_raw_os_error(libc::EMFILE));
+        assert!(local_shortage(&Wrap("x", Box::new(io_in_io))).is_some());
     }
 
     /// The walk reaches the `io::Error` inside a real reqwest connect error: a refused
