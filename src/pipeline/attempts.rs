@@ -137,8 +137,14 @@ impl Run {
 enum Step {
     Served(Success),
     ClientError(Failure),
+    /// No candidate can serve, for a reason none of them caused (`Tier::LocalResources`).
+    Stop(Failure),
     Next,
 }
+
+/// `Retry-After` when the gateway itself ran short: descriptors come back as soon as the
+/// load that took them ends.
+const LOCAL_RETRY_AFTER_SECONDS: u64 = 1;
 
 async fn attempt(
     state: &AppState,
@@ -322,7 +328,9 @@ async fn try_candidate(
     if let Some(b) = key_booking.as_mut().filter(|_| tier != Tier::OutOfTime) {
         b.used(0);
     }
-    tracing::warn!(upstream = %dep.id, tier = ?tier, error = %err, "upstream attempt failed");
+    if tier != Tier::LocalResources {
+        tracing::warn!(upstream = %dep.id, tier = ?tier, error = %err, "upstream attempt failed");
+    }
     run.only_rate_limited &= tier == Tier::RateLimited;
     run.only_cooling &= matches!(tier, Tier::RateLimited | Tier::Overloaded);
     match tier {
@@ -369,6 +377,23 @@ async fn try_candidate(
             if permit.unanswered() {
                 breaker_opened(state, d);
             }
+        }
+        // The gateway's own shortage: the request never left it. No verdict on the key, and
+        // no other key (each would fail alike): the client retries in a moment. The alert
+        // is the log line: nothing here is the upstream's.
+        Tier::LocalResources => {
+            permit.abandon();
+            let why = format!(
+                "{err}: answered 503 without any upstream call; raise the gateway's limit \
+                 (open files: `LimitNOFILE`, `ulimit -n`) or shed load"
+            );
+            state.alerts.raise("local_resources", "gateway", &why);
+            return Step::Stop(
+                ApiError::ServiceDegraded {
+                    retry_after: LOCAL_RETRY_AFTER_SECONDS,
+                }
+                .into(),
+            );
         }
         Tier::ClientError => {
             // The upstream answered sensibly: for the breaker that is a success.
@@ -441,7 +466,7 @@ pub async fn call(
             let ctx = (request_id, deadline, started);
             match try_candidate(state, p, &candidates[i], i, &mut run, ctx).await {
                 Step::Served(s) => return called(Outcome::Served(s), &run),
-                Step::ClientError(f) => return called(Outcome::Failed(f), &run),
+                Step::ClientError(f) | Step::Stop(f) => return called(Outcome::Failed(f), &run),
                 Step::Next => {}
             }
         }

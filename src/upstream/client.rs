@@ -105,13 +105,15 @@ impl UpstreamClient {
             Err(_) if left < first_byte => return Err(UpstreamError::Deadline),
             Err(_) => return Err(UpstreamError::Timeout),
             Ok(Err(e)) if e.is_timeout() => return Err(UpstreamError::Timeout),
-            // The error's text can carry the URL; the caller logs only the deployment id.
+            // The gateway's own descriptors or memory ran out: nothing reached the upstream,
+            // and it says nothing of the upstream's health. Otherwise the error's text can
+            // carry the URL; the caller logs only the deployment id.
             Ok(Err(e)) => {
-                return Err(UpstreamError::Connect(if e.is_connect() {
-                    "connect".into()
-                } else {
-                    "request".into()
-                }))
+                return Err(match local_shortage(&e) {
+                    Some(what) => UpstreamError::LocalResources(what),
+                    None if e.is_connect() => UpstreamError::Connect("connect".into()),
+                    None => UpstreamError::Connect("request".into()),
+                })
             }
             Ok(Ok(r)) => r,
         };
@@ -161,5 +163,136 @@ impl UpstreamClient {
                 }
             }
         }
+    }
+}
+
+/// What the gateway itself ran out of, when an outbound call failed for want of a local
+/// resource rather than anything the far side did. The cause is an `io::Error` somewhere
+/// down the `source()` chain: reqwest wraps hyper-util's `ConnectError` ("tcp open error"
+/// from `socket()`, "tcp connect error" from `connect()`), which wraps the `io::Error`; a
+/// name lookup that failed the same way (`getaddrinfo`'s `EAI_SYSTEM`) carries the errno
+/// likewise. The errors that mean "this process or host is out of something":
+/// `EMFILE` (the process's open-file limit), `ENFILE` (the system's file table), `ENOBUFS`
+/// (socket buffers) and `ENOMEM` (kernel memory).
+pub fn local_shortage(err: &(dyn std::error::Error + 'static)) -> Option<&'static str> {
+    let mut cause = Some(err);
+    while let Some(e) = cause {
+        let io = e.downcast_ref::<std::io::Error>();
+        if let Some(what) = io.and_then(std::io::Error::raw_os_error).and_then(shortage) {
+            return Some(what);
+        }
+        // An `io::Error` that wraps another error answers `source()` with the wrapped
+        // error's source, skipping the wrapped error itself: step into it instead.
+        cause = match io.and_then(std::io::Error::get_ref) {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => e.source(),
+        };
+    }
+    None
+}
+
+/// The local shortage an OS error number names, if it names one.
+fn shortage(errno: i32) -> Option<&'static str> {
+    #[cfg(unix)]
+    {
+        match errno {
+            libc::EMFILE => Some("open files (EMFILE: the process's open-file limit)"),
+            libc::ENFILE => Some("open files (ENFILE: the system's file table is full)"),
+            libc::ENOBUFS => Some("socket buffers (ENOBUFS)"),
+            libc::ENOMEM => Some("kernel memory (ENOMEM)"),
+            _ => None,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = errno;
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error that wraps another, as reqwest and hyper-util wrap the `io::Error`.
+    #[derive(Debug)]
+    struct Wrap(&'static str, Box<dyn std::error::Error + Send + Sync>);
+
+    impl std::fmt::Display for Wrap {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Wrap {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&*self.1)
+        }
+    }
+
+    fn wrapped(errno: i32) -> Wrap {
+        Wrap(
+            "client error (Connect)",
+            Box::new(Wrap(
+                "tcp open error",
+                Box::new(std::io::Error::from_raw_os_error(errno)),
+            )),
+        )
+    }
+
+    #[test]
+    fn a_shortage_of_the_gateways_own_resources_is_found_down_the_chain() {
+        for (errno, what) in [
+            (libc::EMFILE, "EMFILE"),
+            (libc::ENFILE, "ENFILE"),
+            (libc::ENOBUFS, "ENOBUFS"),
+            (libc::ENOMEM, "ENOMEM"),
+        ] {
+            let found = local_shortage(&wrapped(errno));
+            assert!(found.is_some_and(|f| f.contains(what)), "{what}: {found:?}");
+        }
+        // The far side's faults are not the gateway's.
+        for errno in [
+            libc::ECONNREFUSED,
+            libc::ECONNRESET,
+            libc::ETIMEDOUT,
+            libc::EHOSTUNREACH,
+        ] {
+            assert_eq!(local_shortage(&wrapped(errno)), None, "errno {errno}");
+        }
+        let not_os = Wrap("x", Box::new(std::io::Error::other("too many open files")));
+        assert_eq!(
+            local_shortage(&not_os),
+            None,
+            "only the errno decides, not words"
+        );
+        let io_in_io = std::io::Error::other(std::io::Error::from_raw_os_error(libc::EMFILE));
+        assert!(local_shortage(&Wrap("x", Box::new(io_in_io))).is_some());
+    }
+
+    /// The walk reaches the `io::Error` inside a real reqwest connect error: a refused
+    /// connection's errno is found at the end of the same chain an `EMFILE` travels.
+    #[tokio::test]
+    async fn the_walk_reaches_the_os_error_inside_a_real_reqwest_error() {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let err = reqwest::Client::new()
+            .get(format!("http://127.0.0.1:{port}/"))
+            .send()
+            .await
+            .unwrap_err();
+        let mut errnos = Vec::new();
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&err);
+        while let Some(e) = cause {
+            errnos.extend(
+                e.downcast_ref::<std::io::Error>()
+                    .and_then(|io| io.raw_os_error()),
+            );
+            cause = e.source();
+        }
+        assert_eq!(errnos, [libc::ECONNREFUSED], "{err:?}");
+        assert_eq!(local_shortage(&err), None);
     }
 }

@@ -25,6 +25,10 @@ pub enum UpstreamError {
     Deadline,
     #[error("cannot connect to upstream: {0}")]
     Connect(String),
+    /// The gateway itself ran out of something (open files, socket buffers, memory) before
+    /// the request left it: no fault of the upstream's (see `client::local_shortage`).
+    #[error("the gateway ran out of {0} before the request reached the upstream")]
+    LocalResources(&'static str),
     #[error("upstream answered {status}")]
     Status {
         status: u16,

@@ -11,11 +11,15 @@
 //! | the request's own deadline ran out mid-attempt | `OutOfTime`    | no breaker count (the client's limit), except 3 unanswered probes in a row re-open a half-open breaker; the counted input is charged; no more attempts |
 //! | 401, 403                                      | `AuthFailed`    | key disabled (possible leak or revocation); next key |
 //! | 400, 404, 413, 422 (any other 4xx)            | `ClientError`   | returned to the client as it is; no retry         |
+//! | none: the gateway itself ran out of open files, socket buffers or memory (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM` on connecting) | `LocalResources` | nothing reached the upstream: no breaker count, no cooldown, no other key (it would fail alike); 503 `service_degraded` with `Retry-After: 1`; a `local_resources` alert |
 //!
 //! 408 and 409 follow the official OpenAI and Anthropic SDKs, which retry 408, 409, 429
 //! and every 5xx: passing them through would only make the client's SDK retry them.
 //! Billing is read from the error's structure, not from any mention of the word: a 400 that
 //! talks about billing in the client's own content stays the client's error.
+//! A local shortage is the gateway's, not the upstream's: counted as a server error, a few
+//! seconds of descriptor exhaustion under load would open every breaker for `open_seconds`
+//! and keep answering 503 long after the descriptors were back.
 
 use std::time::Duration;
 
@@ -33,6 +37,7 @@ pub enum Tier {
     OutOfTime,
     AuthFailed,
     ClientError,
+    LocalResources,
 }
 
 pub fn classify(err: &UpstreamError) -> Tier {
@@ -41,6 +46,7 @@ pub fn classify(err: &UpstreamError) -> Tier {
             Tier::ServerError
         }
         UpstreamError::Deadline => Tier::OutOfTime,
+        UpstreamError::LocalResources(_) => Tier::LocalResources,
         UpstreamError::Status { status, body, .. } => match *status {
             s if out_of_money(s, body) => Tier::QuotaExhausted,
             429 => Tier::RateLimited,
@@ -166,6 +172,14 @@ mod tests {
         assert_eq!(classify(&status(409, "")), Tier::Conflict);
         assert_eq!(classify(&status(402, "")), Tier::QuotaExhausted);
         assert_eq!(classify(&UpstreamError::Deadline), Tier::OutOfTime);
+        assert_eq!(
+            classify(&UpstreamError::LocalResources("open files")),
+            Tier::LocalResources
+        );
+        assert_eq!(
+            classify(&UpstreamError::Connect("connect".into())),
+            Tier::ServerError
+        );
     }
 
     #[test]

@@ -21,6 +21,7 @@ mod departures;
 mod files;
 mod fuzz;
 mod gateway_fleet;
+mod local_resources;
 mod lockout;
 mod lying_upstream;
 mod money;
