@@ -3,6 +3,11 @@
 //! writing; the newest `keep` are kept. A restore refuses while a gateway runs on the
 //! target database, removes stale `-wal`/`-shm` files, copies the backup in, migrates it,
 //! and checks integrity and the ledger invariant.
+//!
+//! Scheduled (`backup_if_due`, every `[backup] interval_hours` from the housekeeping): due
+//! when the folder's newest backup — by the time in its name — is an interval old, so a
+//! restart does not take one early and replicas sharing the folder take one between them
+//! (the check and the copy run under the folder's advisory lock `backup.lock`).
 
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -88,6 +93,57 @@ pub async fn backup_now(
     Ok(path)
 }
 
+/// The time a backup's file name carries (`sluice-20261201T120000.000Z.db`).
+fn taken_at(path: &Path) -> Option<DateTime<Utc>> {
+    let name = path.file_name()?.to_str()?;
+    let stamp = name.strip_prefix("sluice-")?.strip_suffix("Z.db")?;
+    chrono::NaiveDateTime::parse_from_str(stamp, "%Y%m%dT%H%M%S%.3f")
+        .ok()
+        .map(|t| t.and_utc())
+}
+
+/// Whether a backup is due at `now`: none yet, the newest an interval old, or the newest
+/// more than an interval in the future (the clock stepped back: waiting for it to catch up
+/// would leave the database without a fresh backup for as long as the step).
+fn due(newest: Option<DateTime<Utc>>, interval: chrono::Duration, now: DateTime<Utc>) -> bool {
+    match newest {
+        None => true,
+        Some(t) => now - t >= interval || t - now > interval,
+    }
+}
+
+/// Takes a backup if one is due (see the module doc); the path of the one taken.
+pub async fn backup_if_due(
+    db: &Db,
+    dir: &Path,
+    keep: u32,
+    interval: chrono::Duration,
+    now: DateTime<Utc>,
+) -> Result<Option<PathBuf>, BackupError> {
+    crate::private_fs::create_dir_all(dir)?;
+    let lock_path = dir.join("backup.lock");
+    // Held until dropped at the end: one replica checks and copies at a time.
+    let _lock = tokio::task::spawn_blocking(move || {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&lock_path)?;
+        f.lock()?;
+        Ok::<_, std::io::Error>(f)
+    })
+    .await
+    .map_err(std::io::Error::other)??;
+    let newest = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().and_then(|e| taken_at(&e.path())))
+        .max();
+    if !due(newest, interval, now) {
+        return Ok(None);
+    }
+    backup_now(db, dir, keep, now).await.map(Some)
+}
+
 /// A new, empty file only its owner can read.
 fn private_file(path: &Path) -> std::io::Result<std::fs::File> {
     std::fs::OpenOptions::new()
@@ -161,4 +217,41 @@ pub async fn restore(
         integrity,
         tokens_checked,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    #[test]
+    fn a_backups_name_gives_back_the_time_it_was_taken() {
+        let t = at("2026-12-01T12:34:56.789Z");
+        let name = format!("sluice-{}.db", t.format("%Y%m%dT%H%M%S%.3fZ"));
+        assert_eq!(taken_at(Path::new(&name)), Some(t));
+        for other in [
+            "audit.head",
+            "sluice-x.db",
+            "backup.lock",
+            "sluice-20261201T123456.789Z.db-wal",
+        ] {
+            assert_eq!(taken_at(Path::new(other)), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn a_backup_is_due_an_interval_after_the_newest_or_after_a_step_back() {
+        let day = chrono::Duration::hours(24);
+        let now = at("2026-12-01T12:00:00Z");
+        assert!(due(None, day, now), "none yet");
+        assert!(!due(Some(now - chrono::Duration::hours(23)), day, now));
+        assert!(due(Some(now - day), day, now));
+        // The clock stepped back an hour: the newest is in the future, not due yet.
+        assert!(!due(Some(now + chrono::Duration::hours(1)), day, now));
+        // Stepped back more than an interval: due, not a wait as long as the step.
+        assert!(due(Some(now + chrono::Duration::hours(30)), day, now));
+    }
 }

@@ -1,7 +1,7 @@
 //! Background tasks of a running gateway: the token-cache refresh (revocations within 1 s),
 //! the process heartbeat, settling reservations of processes that died, and the sweep of
 //! this process's own reservations (released when no live request holds them, leases
-//! renewed while one does).
+//! renewed while one does), and the scheduled backup.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,10 +22,16 @@ const ORPHANS_KEPT: chrono::Duration = chrono::Duration::days(7);
 /// Cache invalidations from other replicas are picked up within this.
 const CACHE_POLL: Duration = Duration::from_secs(1);
 
+/// How often the scheduled backup checks whether one is due (the first check at start).
+const BACKUP_POLL: Duration = Duration::from_secs(60);
+
 /// How often replicas exchange key cooldowns through Redis.
 const COOLDOWN_SYNC: Duration = Duration::from_millis(250);
 
 pub fn spawn(state: Arc<AppState>, me: Me) {
+    if state.settings.backup.interval_hours > 0 {
+        tokio::spawn(scheduled_backups(state.clone()));
+    }
     if state.windows.uses_redis() && !state.pool.is_empty() {
         tokio::spawn(share_cooldowns(state.clone()));
     }
@@ -99,6 +105,36 @@ pub fn spawn(state: Arc<AppState>, me: Me) {
                 failed_batches = w.failed_batches, "store writer: write transactions and jobs so far");
         }
     });
+}
+
+/// Takes a backup whenever one is due (`ops::backup::backup_if_due`); a failure raises
+/// `backup_failed` and is tried again at the next check.
+async fn scheduled_backups(state: Arc<AppState>) {
+    let b = &state.settings.backup;
+    // Ten years at most: chrono's durations end at about 292 million years.
+    let interval = chrono::Duration::hours(b.interval_hours.min(24 * 365 * 10) as i64);
+    let dir = std::path::PathBuf::from(&b.dir);
+    let mut tick = tokio::time::interval(BACKUP_POLL);
+    loop {
+        tick.tick().await;
+        match crate::ops::backup::backup_if_due(
+            &state.db,
+            &dir,
+            b.keep,
+            interval,
+            state.clock.now(),
+        )
+        .await
+        {
+            Ok(Some(path)) => tracing::info!(path = %path.display(), "scheduled backup written"),
+            Ok(None) => {}
+            Err(e) => state.alerts.raise(
+                "backup_failed",
+                &b.dir,
+                &format!("scheduled backup failed: {e}"),
+            ),
+        }
+    }
 }
 
 /// Settles the reservations of every process that is gone, and those whose lease ran out;
