@@ -440,3 +440,49 @@ async fn nulls_and_unknown_fields_and_events_still_pass() {
     assert_eq!(output, 2 * 4 + 2 * 9, "the upstreams' own usage charged");
     app.assert_invariant().await;
 }
+
+/// A non-streamed answer whose usage figures are of the wrong type: the answer is whole, so
+/// it is served, but its usage is not the upstream's count — the output is counted from
+/// the answer's text, never read as 0 from a string.
+#[tokio::test]
+async fn a_usage_of_the_wrong_type_in_an_answer_is_counted_not_read_as_zero() {
+    let app = app().await;
+    let (id, token) = app.token("shape-answer", Some("1")).await;
+    let text = "Torque the cylinder head bolts to twenty-five newton metres, in three passes.";
+    let openai = json!({"id": "cmpl-s", "object": "chat.completion", "created": 1, "model": "m",
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+        "usage": {"prompt_tokens": "9", "completion_tokens": "40", "total_tokens": 49}});
+    let anthropic = json!({"id": "msg_s", "type": "message", "role": "assistant", "model": "m",
+        "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": null,
+        "usage": {"input_tokens": 5, "output_tokens": "40"}});
+    let mut served = 0;
+    for (upstream, answer) in [("openai", &openai), ("anthropic", &anthropic)] {
+        for client in ["openai", "anthropic"] {
+            let case = json!({"client": client, "request": {"max_tokens": 50,
+                "messages": [{"role": "user", "content": "How tight?"}]}, "upstream": {"body": answer}});
+            let got = run_case(&app, &token, upstream, &case).await;
+            let what = format!("{upstream} → {client}: {got}");
+            assert_eq!(got["status"], 200, "{what}");
+            served += 1;
+            app.wait_for_log_rows(served).await;
+            let (input, output): (i64, i64) = sqlx::query_as(
+                "SELECT input_tokens, output_tokens FROM requests ORDER BY rowid DESC LIMIT 1",
+            )
+            .fetch_one(&app.db().read)
+            .await
+            .unwrap();
+            assert!(input > 0, "input {input}: {what}");
+            assert!(output > 0 && output != 40, "output {output}: {what}");
+        }
+    }
+    let logged = app
+        .scalar("SELECT COALESCE(SUM(cost_micros), 0) FROM requests")
+        .await;
+    let charged = app
+        .scalar(&format!(
+            "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
+        ))
+        .await;
+    assert_eq!(charged, logged);
+    app.assert_invariant().await;
+}
