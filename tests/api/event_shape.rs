@@ -113,6 +113,13 @@ fn openai_lies() -> Vec<(&'static str, Value, bool)> {
     lies[0].1["choices"][0]["delta"]["content"] = json!(42);
     call["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"] = json!(25);
     lies.push(("tool call arguments a number", call, false));
+    lies.push(("the chunk a number", json!(42), false));
+    lies.push(("the chunk null", Value::Null, false));
+    lies.push((
+        "the chunk an array",
+        json!([{"index": 0, "delta": {"content": "25 N"}}]),
+        false,
+    ));
     lies
 }
 
@@ -244,6 +251,19 @@ fn anthropic_lies() -> Vec<(&'static str, Value, bool)> {
             "usage": {"input_tokens": "5", "output_tokens": 1}}}),
             ),
             true,
+        ),
+        (
+            "the event an array",
+            ev(
+                "content_block_delta",
+                json!(["content_block_delta", 0, {"type": "text_delta", "text": "25 N"}]),
+            ),
+            false,
+        ),
+        (
+            "the event a JSON string",
+            ev("content_block_delta", json!("\"25 N\"")),
+            false,
         ),
         (
             "message_start message null",

@@ -7,7 +7,9 @@
 //! and output. Anthropic → OpenAI client (`to_openai`): deltas become
 //! `chat.completion.chunk`s; the usage chunk is sent only when the client asked for it.
 //! Either way an upstream's mid-stream error event reaches the client as its own format's
-//! error event, and the stream ends there.
+//! error event, and the stream ends there. Every event, translated or passed through, is
+//! read once into the typed fields of `shape`: one that is not JSON, or not in its format's
+//! shape, ends the stream with the gateway's error event (`upstream_error`).
 
 mod shape;
 mod to_anthropic;
