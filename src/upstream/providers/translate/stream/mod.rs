@@ -272,10 +272,9 @@ impl StreamConverter {
         match &e.body {
             Body::MessageStart(m) => {
                 if let Some(u) = &m.usage {
-                    (self.input, self.cached) = {
-                        let (input, cached) = u.input();
-                        (Some(input), cached)
-                    };
+                    let (input, cached) = u.input();
+                    self.input = Some(input);
+                    self.cached = cached;
                 }
             }
             Body::BlockDelta { delta, .. } => {
