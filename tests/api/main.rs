@@ -18,6 +18,7 @@ mod cache_guard;
 mod cache_precision;
 mod clocks;
 mod departures;
+mod event_shape;
 mod files;
 mod fuzz;
 mod gateway_fleet;

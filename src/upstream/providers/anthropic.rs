@@ -32,8 +32,20 @@ pub fn beta_header(headers: &actix_web::http::header::HeaderMap) -> Option<Heade
 
 /// Usage from an Anthropic `usage` object. Anthropic counts cache reads and cache writes
 /// apart from `input_tokens`; Sluice's input is all three, cache reads priced as cached.
+/// `None` (the output is then counted) when it is not an object or a figure is there but
+/// not a number: no count the gateway can charge, and not to be read as 0.
 pub fn usage_of(u: &Value) -> Option<Usage> {
-    if !u.is_object() {
+    const FIGURES: [&str; 4] = [
+        "input_tokens",
+        "output_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_input_tokens",
+    ];
+    if !u.is_object()
+        || FIGURES
+            .iter()
+            .any(|k| u.get(*k).is_some_and(|v| !v.is_null() && !v.is_number()))
+    {
         return None;
     }
     let n = |k: &str| super::tokens(u.get(k)).unwrap_or(0);

@@ -49,9 +49,20 @@ pub fn ask_for_usage(out: &mut Map<String, Value>) {
     }
 }
 
-/// Usage from an OpenAI `usage` object.
+/// Usage from an OpenAI `usage` object; `None` (the output is then counted) when it is not
+/// an object or a figure is there but not a number — a `"completion_tokens": "40"` is no
+/// count the gateway can charge, and must not be read as 0.
 pub fn usage_of(u: &Value) -> Option<Usage> {
-    if !u.is_object() {
+    const FIGURES: [&str; 3] = [
+        "/prompt_tokens",
+        "/completion_tokens",
+        "/prompt_tokens_details/cached_tokens",
+    ];
+    if !u.is_object()
+        || FIGURES
+            .iter()
+            .any(|p| u.pointer(p).is_some_and(|v| !v.is_null() && !v.is_number()))
+    {
         return None;
     }
     let n = |p: &str| super::tokens(u.pointer(p)).unwrap_or(0);
@@ -118,6 +129,7 @@ mod tests {
         assert_eq!(out["stream_options"]["include_usage"], true);
         let u = usage_of(&json!({"prompt_tokens": 3, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 2}})).unwrap();
         assert_eq!((u.input, u.cached_input, u.output), (3, 2, 5));
+        assert!(usage_of(&json!({"prompt_tokens": 3, "completion_tokens": "5"})).is_none());
         let t = answer_text(&json!({"choices": [{"delta": {"content": "Hel"}}]}));
         assert_eq!(t, "Hel");
     }

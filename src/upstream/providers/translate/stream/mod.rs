@@ -7,8 +7,11 @@
 //! and output. Anthropic → OpenAI client (`to_openai`): deltas become
 //! `chat.completion.chunk`s; the usage chunk is sent only when the client asked for it.
 //! Either way an upstream's mid-stream error event reaches the client as its own format's
-//! error event, and the stream ends there.
+//! error event, and the stream ends there. Every event, translated or passed through, is
+//! read once into the typed fields of `shape`: one that is not JSON, or not in its format's
+//! shape, ends the stream with the gateway's error event (`upstream_error`).
 
+mod shape;
 mod to_anthropic;
 mod to_openai;
 
@@ -18,7 +21,7 @@ use serde_json::{json, Value};
 use crate::error::WireFormat;
 use crate::quota::estimate;
 use crate::quota::pricing::Usage;
-use crate::upstream::providers::{anthropic, openai};
+use shape::{Body, Corrupt};
 
 /// Output text is counted (and let go of) in pieces of about this size, so a long stream
 /// keeps no more than this of its text.
@@ -166,29 +169,29 @@ impl StreamConverter {
         if self.error_sent || self.done {
             return;
         }
-        // An event the gateway cannot read is a piece of the answer it cannot pass on:
-        // the stream ends here as an error, not as a complete answer with a hole in it.
-        // (An empty `data:` carries nothing; `[DONE]` is OpenAI's end marker.)
-        let end_marker = self.upstream == WireFormat::OpenAi && data == "[DONE]";
-        if !end_marker
-            && !data.trim().is_empty()
-            && serde_json::from_str::<serde::de::IgnoredAny>(data).is_err()
-        {
-            out.push(error_event(
-                self.client,
-                "The upstream sent an event that is not valid JSON; the stream was ended by the gateway.",
-                "upstream_error",
-            ));
-            self.error_sent = true;
+        // An empty `data:` carries nothing.
+        if data.trim().is_empty() {
             return;
         }
-        match (self.upstream, self.client) {
+        let read = match (self.upstream, self.client) {
             (WireFormat::OpenAi, WireFormat::OpenAi) => self.openai_to_openai(data, out),
             (WireFormat::Anthropic, WireFormat::Anthropic) => {
                 self.anthropic_to_anthropic(name, data, out)
             }
             (WireFormat::OpenAi, WireFormat::Anthropic) => self.openai_to_anthropic(data, out),
             (WireFormat::Anthropic, WireFormat::OpenAi) => self.anthropic_to_openai(data, out),
+        };
+        // An event the gateway cannot read — not JSON, or JSON not in its format's shape
+        // (see `shape`) — is a piece of the answer or of its usage it cannot pass on or
+        // count: the stream ends here as an error, not as a complete answer with a hole.
+        if let Err(corrupt) = read {
+            out.push(error_event(
+                self.client,
+                corrupt.message(),
+                "upstream_error",
+            ));
+            self.error_sent = true;
+            return;
         }
         if self.anthropic_out.held_bytes > self.hold_limit && !self.error_sent {
             out.push(error_event(
@@ -200,91 +203,142 @@ impl StreamConverter {
         }
     }
 
-    fn note_openai_chunk(&mut self, v: &Value) {
-        self.note_text(&openai::answer_text(v));
-        if let Some(u) = v.get("usage").and_then(openai::usage_of) {
-            self.input = Some(u.input);
-            self.cached = u.cached_input;
-            self.output = Some(u.output);
+    /// Accounting of an OpenAI chunk: the text it carries (counted when no usage comes)
+    /// and its usage.
+    fn note_openai_chunk(&mut self, c: &shape::Chunk) {
+        for choice in c.choices.iter().flatten() {
+            if let Some(t) = &choice.text {
+                self.note_text(t);
+            }
+            let Some(d) = &choice.delta else { continue };
+            if let Some(t) = &d.content {
+                self.note_text(&t.text());
+            }
+            if let Some(t) = &d.refusal {
+                self.note_text(t);
+            }
+            for tc in d.tool_calls.iter().flatten() {
+                if let Some(id) = &tc.id {
+                    self.note_text(id);
+                }
+                for t in tc
+                    .function
+                    .iter()
+                    .flat_map(|f| [&f.name, &f.arguments])
+                    .flatten()
+                {
+                    self.note_text(t);
+                }
+            }
+        }
+        if let Some(u) = &c.usage {
+            let (input, cached, output) = u.figures();
+            self.input = Some(input);
+            self.cached = cached;
+            self.output = Some(output);
         }
     }
 
-    fn openai_to_openai(&mut self, data: &str, out: &mut Vec<Bytes>) {
+    fn openai_to_openai(&mut self, data: &str, out: &mut Vec<Bytes>) -> Result<(), Corrupt> {
         if data == "[DONE]" {
             self.done = true;
             out.push(frame(None, data));
-            return;
+            return Ok(());
         }
-        let Ok(v) = serde_json::from_str::<Value>(data) else {
-            return;
+        let c = match openai_event(data)? {
+            OpenAiEvent::Chunk(c) => c,
+            OpenAiEvent::Error { error, raw } => {
+                self.error_sent = true;
+                // An error in OpenAI's own shape passes as it came; TGI's text form is
+                // reshaped so the client's SDK reads its message and code.
+                out.push(if raw {
+                    frame(None, data)
+                } else {
+                    frame(None, &error.to_string())
+                });
+                return Ok(());
+            }
         };
-        if let Some(e) = openai_error(&v) {
-            self.error_sent = true;
-            // An error in OpenAI's own shape passes as it came; TGI's text form is
-            // reshaped so the client's SDK reads its message and code.
-            let raw = v.get("error").is_some_and(Value::is_object);
-            out.push(if raw {
-                frame(None, data)
-            } else {
-                frame(None, &e.to_string())
-            });
-            return;
-        }
-        self.note_openai_chunk(&v);
-        let usage_only = v
-            .get("choices")
-            .and_then(Value::as_array)
-            .is_some_and(Vec::is_empty)
-            && v.get("usage").is_some_and(|u| !u.is_null());
+        self.note_openai_chunk(&c);
+        let usage_only = c.choices.as_ref().is_some_and(Vec::is_empty) && c.usage.is_some();
         if !usage_only || self.include_usage {
             out.push(frame(None, data));
         }
+        Ok(())
     }
 
-    /// Accounting of an Anthropic event; returns its type.
-    fn note_anthropic_event<'v>(&mut self, v: &'v Value) -> &'v str {
-        let kind = v.get("type").and_then(Value::as_str).unwrap_or("");
-        match kind {
-            "message_start" => {
-                if let Some(u) = v.pointer("/message/usage").and_then(anthropic::usage_of) {
-                    self.input = Some(u.input);
-                    self.cached = u.cached_input;
+    /// Accounting of an Anthropic event.
+    fn note_anthropic_event(&mut self, e: &shape::Event) {
+        match &e.body {
+            Body::MessageStart(m) => {
+                if let Some(u) = &m.usage {
+                    let (input, cached) = u.input();
+                    self.input = Some(input);
+                    self.cached = cached;
                 }
             }
-            "content_block_delta" => {
-                for p in ["/delta/text", "/delta/partial_json"] {
-                    if let Some(t) = v.pointer(p).and_then(Value::as_str) {
-                        self.note_text(t);
-                    }
+            Body::BlockDelta { delta, .. } => {
+                for t in [&delta.text, &delta.partial_json].into_iter().flatten() {
+                    self.note_text(t);
                 }
             }
-            "message_delta" => {
+            Body::MessageDelta(_, Some(u)) => {
                 // Cumulative figures; the input ones only where this event carries them.
-                let u = v.get("usage").unwrap_or(&Value::Null);
-                if let Some(o) = crate::upstream::providers::tokens(u.get("output_tokens")) {
-                    self.output = Some(o);
+                if let Some(o) = u.output_tokens {
+                    self.output = Some(o.0);
                 }
-                if u.get("input_tokens").is_some_and(Value::is_number) {
-                    if let Some(full) = anthropic::usage_of(u) {
-                        self.input = Some(full.input);
-                        self.cached = full.cached_input;
-                    }
+                if u.input_tokens.is_some() {
+                    let (input, cached) = u.input();
+                    self.input = Some(input);
+                    self.cached = cached;
                 }
             }
-            "message_stop" => self.done = true,
-            "error" => self.error_sent = true,
+            Body::MessageStop => self.done = true,
+            Body::Error(_) => self.error_sent = true,
             _ => {}
         }
-        kind
     }
 
-    fn anthropic_to_anthropic(&mut self, name: &str, data: &str, out: &mut Vec<Bytes>) {
-        let Ok(v) = serde_json::from_str::<Value>(data) else {
-            return;
-        };
-        let kind = self.note_anthropic_event(&v).to_string();
-        let kind = if kind.is_empty() { "ping" } else { &kind };
+    fn anthropic_to_anthropic(
+        &mut self,
+        name: &str,
+        data: &str,
+        out: &mut Vec<Bytes>,
+    ) -> Result<(), Corrupt> {
+        let e = shape::anthropic_event(data)?;
+        self.note_anthropic_event(&e);
+        let kind = if e.kind.is_empty() { "ping" } else { &e.kind };
         out.push(frame(Some(if name.is_empty() { kind } else { name }), data));
+        Ok(())
+    }
+}
+
+/// An OpenAI-format upstream event: a chunk, or a mid-stream error.
+enum OpenAiEvent<'a> {
+    Chunk(shape::Obj<shape::Chunk<'a>>),
+    /// The error in OpenAI's shape; `raw` when the upstream's own body already is.
+    Error {
+        error: Value,
+        raw: bool,
+    },
+}
+
+/// Reads an OpenAI-format event. An error chunk is recognised also when its other fields
+/// would not pass as a chunk's (its shape is the error's, read apart).
+fn openai_event(data: &str) -> Result<OpenAiEvent<'_>, Corrupt> {
+    let chunk = shape::parse::<shape::Obj<shape::Chunk>>(data);
+    if let Ok(c) = &chunk {
+        if c.error.is_none() {
+            return chunk.map(OpenAiEvent::Chunk);
+        }
+    }
+    let as_error = serde_json::from_str::<Value>(data).ok().and_then(|v| {
+        let raw = v.get("error").is_some_and(Value::is_object);
+        openai_error(&v).map(|error| OpenAiEvent::Error { error, raw })
+    });
+    match as_error {
+        Some(e) => Ok(e),
+        None => chunk.map(OpenAiEvent::Chunk),
     }
 }
 

@@ -14,8 +14,8 @@ use std::collections::HashMap;
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use super::{frame, openai_error, StreamConverter};
-use crate::upstream::providers::openai;
+use super::shape::{Content, Corrupt, StopReason, ToolCall};
+use super::{frame, openai_event, OpenAiEvent, StreamConverter};
 use crate::upstream::providers::translate::response::{anthropic_error_type, openai_code, Finish};
 
 #[derive(Default)]
@@ -60,10 +60,8 @@ fn event(out: &mut Vec<Bytes>, kind: &str, v: Value) {
     out.push(frame(Some(kind), &v.to_string()));
 }
 
-fn str_at<'v>(v: &'v Value, p: &str) -> Option<&'v str> {
-    v.pointer(p)
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
+fn non_empty(s: &Option<String>) -> Option<&str> {
+    s.as_deref().filter(|s| !s.is_empty())
 }
 
 impl State {
@@ -128,10 +126,10 @@ impl State {
         Self::delta(out, i, json!({"type": "text_delta", "text": t}));
     }
 
-    fn tool_call(&mut self, out: &mut Vec<Bytes>, tc: &Value) {
-        let slot = tc.get("index").and_then(Value::as_i64).unwrap_or(0);
-        let id = str_at(tc, "/id");
-        let name = str_at(tc, "/function/name");
+    fn tool_call(&mut self, out: &mut Vec<Bytes>, tc: &ToolCall) {
+        let slot = tc.index.unwrap_or(0);
+        let id = non_empty(&tc.id);
+        let name = tc.function.as_ref().and_then(|f| non_empty(&f.name));
         let call = match (self.slots.get(&slot), id) {
             (Some(&c), Some(id)) if self.calls[c].id != id => None,
             (Some(&c), _) => Some(c),
@@ -168,7 +166,7 @@ impl State {
             }
         };
         self.slots.insert(slot, call);
-        if let Some(args) = str_at(tc, "/function/arguments") {
+        if let Some(args) = tc.function.as_ref().and_then(|f| non_empty(&f.arguments)) {
             match self.open {
                 Some(Open::Tool(i, live)) if live == call => Self::delta(
                     out,
@@ -243,42 +241,46 @@ impl State {
 }
 
 impl StreamConverter {
-    pub(super) fn openai_to_anthropic(&mut self, data: &str, out: &mut Vec<Bytes>) {
+    pub(super) fn openai_to_anthropic(
+        &mut self,
+        data: &str,
+        out: &mut Vec<Bytes>,
+    ) -> Result<(), Corrupt> {
         if data == "[DONE]" {
             self.anthropic_end(out);
-            return;
+            return Ok(());
         }
-        let Ok(v) = serde_json::from_str::<Value>(data) else {
-            return;
+        let v = match openai_event(data)? {
+            OpenAiEvent::Chunk(c) => c,
+            OpenAiEvent::Error { error: v, .. } => {
+                let e = &v["error"];
+                let (t, c) = (
+                    e.get("type").and_then(Value::as_str).unwrap_or(""),
+                    e.get("code").and_then(Value::as_str).unwrap_or(""),
+                );
+                let message = e
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("The upstream failed mid-stream.");
+                event(
+                    out,
+                    "error",
+                    json!({"type": "error", "error": {"type": anthropic_error_type(t, c), "message": message, "code": openai_code(&v)}}),
+                );
+                self.error_sent = true;
+                return Ok(());
+            }
         };
-        if let Some(v) = openai_error(&v) {
-            let e = &v["error"];
-            let (t, c) = (
-                e.get("type").and_then(Value::as_str).unwrap_or(""),
-                e.get("code").and_then(Value::as_str).unwrap_or(""),
-            );
-            let message = e
-                .get("message")
-                .and_then(Value::as_str)
-                .unwrap_or("The upstream failed mid-stream.");
-            event(
-                out,
-                "error",
-                json!({"type": "error", "error": {"type": anthropic_error_type(t, c), "message": message, "code": openai_code(&v)}}),
-            );
-            self.error_sent = true;
-            return;
-        }
         self.note_openai_chunk(&v);
         let s = &mut self.anthropic_out;
         if !s.started {
             s.started = true;
-            let id = v.get("id").and_then(Value::as_str).unwrap_or("msg");
             event(
                 out,
                 "message_start",
                 json!({"type": "message_start", "message": {
-                "id": id, "type": "message", "role": "assistant", "model": v.get("model").cloned().unwrap_or(json!("")),
+                "id": v.id.as_deref().unwrap_or("msg"), "type": "message", "role": "assistant",
+                "model": v.model.as_deref().unwrap_or(""),
                 "content": [], "stop_reason": null, "stop_sequence": null,
                 "usage": {"input_tokens": self.input_estimate, "output_tokens": 0}}}),
             );
@@ -286,35 +288,40 @@ impl StreamConverter {
         // The request asked for one choice: another (an upstream's own `n`) is not
         // spliced into the answer; it is counted in the accounting all the same.
         let Some(choice) = v
-            .get("choices")
-            .and_then(Value::as_array)
-            .into_iter()
+            .choices
+            .iter()
             .flatten()
-            .find(|c| c.get("index").and_then(Value::as_i64).unwrap_or(0) == 0)
+            .find(|c| c.index.unwrap_or(0) == 0)
         else {
-            return;
+            return Ok(());
         };
-        s.finish.note_choice(choice);
-        if let Some(t) =
-            openai::content_text(choice.pointer("/delta/content")).filter(|t| !t.is_empty())
-        {
-            s.text(out, &t);
+        if let Some(r) = &choice.finish_reason {
+            s.finish.reason = Some(r.clone());
         }
-        if let Some(t) = str_at(choice, "/delta/refusal") {
-            s.finish.refusal = true;
-            s.text(out, t);
+        if let Some(StopReason::Text(seq)) = &choice.stop_reason {
+            s.finish.sequence = Some(seq.clone());
         }
-        for tc in choice
-            .pointer("/delta/tool_calls")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            s.tool_call(out, tc);
+        if let Some(d) = &choice.delta {
+            if let Some(t) = d
+                .content
+                .as_ref()
+                .map(Content::text)
+                .filter(|t| !t.is_empty())
+            {
+                s.text(out, &t);
+            }
+            if let Some(t) = d.refusal.as_deref().filter(|t| !t.is_empty()) {
+                s.finish.refusal = true;
+                s.text(out, t);
+            }
+            for tc in d.tool_calls.iter().flatten() {
+                s.tool_call(out, tc);
+            }
         }
-        if choice.get("finish_reason").is_some_and(Value::is_string) {
+        if choice.finish_reason.is_some() {
             s.flush(out);
         }
+        Ok(())
     }
 
     /// `[DONE]`: the last blocks, then `message_delta` with the stop reason and the actual

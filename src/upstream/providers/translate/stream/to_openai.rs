@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
+use super::shape::{self, Body, Corrupt};
 use super::{frame, StreamConverter};
 use crate::upstream::providers::translate::response::{openai_error_type, openai_finish};
 
@@ -32,66 +33,51 @@ impl State {
 }
 
 impl StreamConverter {
-    pub(super) fn anthropic_to_openai(&mut self, data: &str, out: &mut Vec<Bytes>) {
-        let Ok(v) = serde_json::from_str::<Value>(data) else {
-            return;
-        };
-        let kind = self.note_anthropic_event(&v).to_string();
+    pub(super) fn anthropic_to_openai(
+        &mut self,
+        data: &str,
+        out: &mut Vec<Bytes>,
+    ) -> Result<(), Corrupt> {
+        let e = shape::anthropic_event(data)?;
+        self.note_anthropic_event(&e);
         let s = &mut self.openai_out;
-        match kind.as_str() {
-            "message_start" => {
-                let text = |p: &str| {
-                    v.pointer(p)
-                        .and_then(Value::as_str)
-                        .unwrap_or("")
-                        .to_string()
-                };
-                s.id = text("/message/id");
-                s.model = text("/message/model");
+        match &e.body {
+            Body::MessageStart(m) => {
+                s.id = m.id.clone().unwrap_or_default();
+                s.model = m.model.clone().unwrap_or_default();
                 s.created = chrono::Utc::now().timestamp();
                 out.push(s.delta(json!({"role": "assistant", "content": ""})));
             }
-            "content_block_start"
-                if v.pointer("/content_block/type").and_then(Value::as_str) == Some("tool_use") =>
-            {
+            Body::BlockStart { index, block } if block.kind == "tool_use" => {
                 let slot = s.next_tool;
                 s.next_tool += 1;
-                s.tools
-                    .insert(v.get("index").and_then(Value::as_i64).unwrap_or(0), slot);
-                let b = &v["content_block"];
+                s.tools.insert(*index, slot);
                 out.push(s.delta(
-                    json!({"tool_calls": [{"index": slot, "id": b["id"], "type": "function",
-                    "function": {"name": b["name"], "arguments": ""}}]}),
+                    json!({"tool_calls": [{"index": slot, "id": block.id, "type": "function",
+                    "function": {"name": block.name, "arguments": ""}}]}),
                 ));
             }
-            "content_block_delta" => {
-                if let Some(t) = v.pointer("/delta/text").and_then(Value::as_str) {
+            Body::BlockDelta { index, delta } => {
+                if let Some(t) = &delta.text {
                     out.push(s.delta(json!({"content": t})));
-                } else if let Some(p) = v.pointer("/delta/partial_json").and_then(Value::as_str) {
-                    let block = v.get("index").and_then(Value::as_i64).unwrap_or(0);
-                    let slot = s.tools.get(&block).copied().unwrap_or(0);
+                } else if let Some(p) = &delta.partial_json {
+                    let slot = s.tools.get(index).copied().unwrap_or(0);
                     out.push(s.delta(
                         json!({"tool_calls": [{"index": slot, "function": {"arguments": p}}]}),
                     ));
                 }
             }
-            "message_delta" => {
-                let reason = v
-                    .pointer("/delta/stop_reason")
-                    .and_then(Value::as_str)
-                    .unwrap_or("end_turn");
+            Body::MessageDelta(d, _) => {
+                let reason = d.stop_reason.as_deref().unwrap_or("end_turn");
                 let mut choice = Map::new();
                 choice.insert("index".into(), json!(0));
                 choice.insert("delta".into(), json!({}));
                 choice.insert("logprobs".into(), Value::Null);
-                openai_finish(
-                    &mut choice,
-                    reason,
-                    v.pointer("/delta/stop_sequence").unwrap_or(&Value::Null),
-                );
+                let sequence = d.stop_sequence.as_deref().map_or(Value::Null, |q| json!(q));
+                openai_finish(&mut choice, reason, &sequence);
                 out.push(s.chunk(Value::Object(choice)));
             }
-            "message_stop" => {
+            Body::MessageStop => {
                 if self.include_usage {
                     let u = self.usage();
                     let s = &self.openai_out;
@@ -101,12 +87,11 @@ impl StreamConverter {
                 }
                 out.push(frame(None, "[DONE]"));
             }
-            "error" => {
-                let e = v.get("error").unwrap_or(&Value::Null);
-                let t = e.get("type").and_then(Value::as_str).unwrap_or("api_error");
-                let message = e
-                    .get("message")
-                    .and_then(Value::as_str)
+            Body::Error(err) => {
+                let t = err.kind.as_deref().unwrap_or("api_error");
+                let message = err
+                    .message
+                    .as_deref()
                     .unwrap_or("The upstream failed mid-stream.");
                 out.push(frame(
                     None,
@@ -117,5 +102,6 @@ impl StreamConverter {
             }
             _ => {}
         }
+        Ok(())
     }
 }

@@ -1,0 +1,499 @@
+//! The fields of upstream stream events that the converters read, as typed structs: an
+//! event is parsed once, into these, and a field read present with the wrong JSON type, or
+//! a required field missing, is a parse error — the event is corrupt, like one that is not
+//! JSON (`Corrupt::Shape`). Fields not listed are ignored, so an additive change of a
+//! provider (a new field, a new Anthropic event type) keeps working.
+//!
+//! `null` counts as absent where the formats write an absent value as `null` (content,
+//! refusal, finish_reason, usage, tool_calls, ids, names, optional figures); where a format
+//! defines an object or an array (`choices`, a choice, `delta`, a tool call, `function`,
+//! an Anthropic event's `message`, `delta`, `content_block`), `null` is the wrong shape
+//! (see `present`).
+
+use std::borrow::Cow;
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::Deref;
+
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::upstream::providers::MAX_REPORTED_TOKENS;
+
+/// Why an event could not be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Corrupt {
+    /// Not JSON at all.
+    Json,
+    /// JSON, but not in the shape its format defines.
+    Shape,
+}
+
+impl Corrupt {
+    fn of(e: &serde_json::Error) -> Self {
+        if e.is_data() {
+            Corrupt::Shape
+        } else {
+            Corrupt::Json
+        }
+    }
+
+    /// The message of the gateway's error event.
+    pub fn message(self) -> &'static str {
+        match self {
+            Corrupt::Json => {
+                "The upstream sent an event that is not valid JSON; the stream was ended by the gateway."
+            }
+            Corrupt::Shape => {
+                "The upstream sent an event that is not in the shape its format defines; the stream was ended by the gateway."
+            }
+        }
+    }
+}
+
+/// Parses `data` as `T`, a failure classified.
+pub fn parse<'a, T: Deserialize<'a>>(data: &'a str) -> Result<T, Corrupt> {
+    serde_json::from_str(data).map_err(|e| Corrupt::of(&e))
+}
+
+/// A field that may be absent but, when present, must be a `T`: `null` is refused. (With
+/// `#[serde(default)]`, serde calls this only for a field that is there.)
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+/// A `T` read from a JSON object only: serde's derived structs also take an array of their
+/// fields in order, which no format here sends (`"usage": [9, 4]` is the wrong shape).
+pub struct Obj<T>(pub T);
+
+impl<T> Deref for Obj<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = Obj<T>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Obj<T>, A::Error> {
+                T::deserialize(de::value::MapAccessDeserializer::new(map)).map(Obj)
+            }
+        }
+        d.deserialize_map(V(PhantomData))
+    }
+}
+
+/// A token figure: any JSON number, clamped to 0..=`MAX_REPORTED_TOKENS` as
+/// `providers::tokens` does; anything else (a string, `null` where a figure is required)
+/// is the wrong shape.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tokens(pub i64);
+
+impl<'de> Deserialize<'de> for Tokens {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Tokens;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a token count")
+            }
+            fn visit_i64<E>(self, n: i64) -> Result<Tokens, E> {
+                Ok(Tokens(n.clamp(0, MAX_REPORTED_TOKENS)))
+            }
+            fn visit_u64<E>(self, n: u64) -> Result<Tokens, E> {
+                Ok(Tokens(n.min(MAX_REPORTED_TOKENS as u64) as i64))
+            }
+            fn visit_f64<E>(self, n: f64) -> Result<Tokens, E> {
+                Ok(Tokens((n as i64).clamp(0, MAX_REPORTED_TOKENS)))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+fn figure(t: Option<Tokens>) -> i64 {
+    t.map_or(0, |t| t.0)
+}
+
+// ---- OpenAI ---------------------------------------------------------------------------
+
+/// A `chat.completion.chunk` (or a completions chunk), as far as it is read.
+#[derive(Deserialize)]
+pub struct Chunk<'a> {
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    pub choices: Option<Vec<Obj<Choice>>>,
+    #[serde(default)]
+    pub usage: Option<Obj<OpenAiUsage>>,
+    /// An error chunk's `error` (an object, or TGI's text), read apart (`openai_error`).
+    #[serde(default, borrow)]
+    pub error: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+pub struct Choice {
+    #[serde(default, deserialize_with = "present")]
+    pub index: Option<i64>,
+    /// Absent in Azure's content-filter chunks; `null` is the wrong shape.
+    #[serde(default, deserialize_with = "present")]
+    pub delta: Option<Obj<Delta>>,
+    /// A completions choice's text.
+    #[serde(default)]
+    pub text: Option<String>,
+    #[serde(default)]
+    pub finish_reason: Option<String>,
+    /// vLLM's matched stop: a string, or the token id that stopped it.
+    #[serde(default)]
+    pub stop_reason: Option<StopReason>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub enum StopReason {
+    Text(String),
+    /// Checked to be a number, not used: only a matched string is passed on.
+    Token(#[allow(dead_code)] i64),
+}
+
+#[derive(Deserialize, Default)]
+pub struct Delta {
+    #[serde(default)]
+    pub content: Option<Content>,
+    #[serde(default)]
+    pub refusal: Option<String>,
+    #[serde(default)]
+    pub tool_calls: Option<Vec<Obj<ToolCall>>>,
+}
+
+/// A delta's `content`: a string, or (Mistral) an array of parts whose `text` parts are
+/// the answer; a `text` part without its text is the wrong shape.
+pub enum Content {
+    Text(String),
+    Parts(Vec<Obj<Part>>),
+}
+
+#[derive(Deserialize)]
+pub struct Part {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+impl Content {
+    /// The answer's text in it.
+    pub fn text(&self) -> Cow<'_, str> {
+        match self {
+            Content::Text(s) => Cow::Borrowed(s),
+            Content::Parts(parts) => Cow::Owned(
+                parts
+                    .iter()
+                    .filter(|p| p.kind == "text")
+                    .filter_map(|p| p.text.as_deref())
+                    .collect(),
+            ),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Content {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Content;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string or an array of content parts")
+            }
+            fn visit_str<E>(self, s: &str) -> Result<Content, E> {
+                Ok(Content::Text(s.to_string()))
+            }
+            fn visit_string<E>(self, s: String) -> Result<Content, E> {
+                Ok(Content::Text(s))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Content, A::Error> {
+                let mut parts = Vec::new();
+                while let Some(p) = seq.next_element::<Obj<Part>>()? {
+                    if p.kind == "text" && p.text.is_none() {
+                        return Err(de::Error::missing_field("text"));
+                    }
+                    parts.push(p);
+                }
+                Ok(Content::Parts(parts))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[derive(Deserialize)]
+pub struct ToolCall {
+    #[serde(default, deserialize_with = "present")]
+    pub index: Option<i64>,
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    pub function: Option<Obj<Function>>,
+}
+
+#[derive(Deserialize)]
+pub struct Function {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub arguments: Option<String>,
+}
+
+/// OpenAI's `usage`: both counts required, the cached figure optional.
+#[derive(Deserialize)]
+pub struct OpenAiUsage {
+    pub prompt_tokens: Tokens,
+    pub completion_tokens: Tokens,
+    #[serde(default)]
+    pub prompt_tokens_details: Option<Obj<PromptDetails>>,
+}
+
+#[derive(Deserialize)]
+pub struct PromptDetails {
+    #[serde(default)]
+    pub cached_tokens: Option<Tokens>,
+}
+
+impl OpenAiUsage {
+    /// (input, cached input, output).
+    pub fn figures(&self) -> (i64, i64, i64) {
+        let cached = figure(
+            self.prompt_tokens_details
+                .as_ref()
+                .and_then(|d| d.cached_tokens),
+        );
+        (self.prompt_tokens.0, cached, self.completion_tokens.0)
+    }
+}
+
+// ---- Anthropic ------------------------------------------------------------------------
+
+/// An Anthropic stream event: its `type` (required), the rest kept as raw JSON until the
+/// type says which fields are read — so an event type the gateway does not know (ignored,
+/// as Anthropic documents new ones may appear) is never refused for its fields.
+#[derive(Deserialize)]
+struct RawEvent<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
+    #[serde(default, borrow)]
+    message: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    index: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    content_block: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    delta: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    usage: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    error: Option<&'a RawValue>,
+}
+
+/// An Anthropic event, as far as it is read.
+pub struct Event<'a> {
+    pub kind: Cow<'a, str>,
+    pub body: Body,
+}
+
+pub enum Body {
+    MessageStart(Obj<Message>),
+    BlockStart {
+        index: i64,
+        block: Obj<Block>,
+    },
+    BlockDelta {
+        index: i64,
+        delta: Obj<BlockDelta>,
+    },
+    MessageDelta(Obj<MessageDelta>, Option<Obj<AnthropicUsage>>),
+    MessageStop,
+    Error(ErrorBody),
+    /// `ping`, `content_block_stop`, and types the gateway does not know: nothing read.
+    Other,
+}
+
+#[derive(Deserialize)]
+pub struct Message {
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub usage: Option<Obj<AnthropicUsage>>,
+}
+
+#[derive(Deserialize)]
+pub struct Block {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+#[derive(Deserialize)]
+pub struct BlockDelta {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+    #[serde(default)]
+    pub partial_json: Option<String>,
+}
+
+#[derive(Deserialize)]
+pub struct MessageDelta {
+    #[serde(default)]
+    pub stop_reason: Option<String>,
+    #[serde(default)]
+    pub stop_sequence: Option<String>,
+}
+
+/// Anthropic's `usage`; which figure is required depends on the event (`message_start`:
+/// `input_tokens`; `message_delta`: `output_tokens`).
+#[derive(Deserialize)]
+pub struct AnthropicUsage {
+    #[serde(default)]
+    pub input_tokens: Option<Tokens>,
+    #[serde(default)]
+    pub output_tokens: Option<Tokens>,
+    #[serde(default)]
+    pub cache_read_input_tokens: Option<Tokens>,
+    #[serde(default)]
+    pub cache_creation_input_tokens: Option<Tokens>,
+}
+
+impl AnthropicUsage {
+    /// (input, cached input): Sluice's input is Anthropic's input plus cache reads and
+    /// writes, cache reads priced as cached (as `anthropic::usage_of`).
+    pub fn input(&self) -> (i64, i64) {
+        let cached = figure(self.cache_read_input_tokens);
+        let input = figure(self.input_tokens)
+            .saturating_add(cached)
+            .saturating_add(figure(self.cache_creation_input_tokens));
+        (input, cached)
+    }
+}
+
+/// An `error` event's body; read leniently (the stream ends with it whatever its shape).
+#[derive(Deserialize, Default)]
+pub struct ErrorBody {
+    #[serde(default, rename = "type")]
+    pub kind: Option<String>,
+    #[serde(default)]
+    pub message: Option<String>,
+}
+
+fn required<'a, T: Deserialize<'a>>(raw: Option<&'a RawValue>) -> Result<T, Corrupt> {
+    parse(raw.ok_or(Corrupt::Shape)?.get())
+}
+
+fn optional<'a, T: Deserialize<'a>>(raw: Option<&'a RawValue>) -> Result<Option<T>, Corrupt> {
+    raw.map(|r| parse(r.get())).transpose()
+}
+
+/// Reads one Anthropic event.
+pub fn anthropic_event(data: &str) -> Result<Event<'_>, Corrupt> {
+    let Obj(raw): Obj<RawEvent> = parse(data)?;
+    let body = match raw.kind.as_ref() {
+        "message_start" => {
+            let m: Obj<Message> = required(raw.message)?;
+            if m.usage.as_ref().is_some_and(|u| u.input_tokens.is_none()) {
+                return Err(Corrupt::Shape);
+            }
+            Body::MessageStart(m)
+        }
+        "content_block_start" => {
+            let block: Obj<Block> = required(raw.content_block)?;
+            if block.kind == "tool_use" && (block.id.is_none() || block.name.is_none()) {
+                return Err(Corrupt::Shape);
+            }
+            Body::BlockStart {
+                index: required(raw.index)?,
+                block,
+            }
+        }
+        "content_block_delta" => {
+            let delta: Obj<BlockDelta> = required(raw.delta)?;
+            let missing = match delta.kind.as_str() {
+                "text_delta" => delta.text.is_none(),
+                "input_json_delta" => delta.partial_json.is_none(),
+                _ => false,
+            };
+            if missing {
+                return Err(Corrupt::Shape);
+            }
+            Body::BlockDelta {
+                index: required(raw.index)?,
+                delta,
+            }
+        }
+        "message_delta" => {
+            let usage: Option<Obj<AnthropicUsage>> = optional(raw.usage)?;
+            if usage.as_ref().is_some_and(|u| u.output_tokens.is_none()) {
+                return Err(Corrupt::Shape);
+            }
+            Body::MessageDelta(required(raw.delta)?, usage)
+        }
+        "message_stop" => Body::MessageStop,
+        "error" => Body::Error(
+            raw.error
+                .and_then(|e| serde_json::from_str::<Obj<ErrorBody>>(e.get()).ok())
+                .map_or_else(ErrorBody::default, |e| e.0),
+        ),
+        _ => Body::Other,
+    };
+    Ok(Event {
+        kind: raw.kind,
+        body,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn figures_are_numbers_clamped_and_nothing_else() {
+        let u: Obj<OpenAiUsage> =
+            serde_json::from_str(r#"{"prompt_tokens": 1e30, "completion_tokens": -4}"#).unwrap();
+        assert_eq!(u.figures(), (MAX_REPORTED_TOKENS, 0, 0));
+        for bad in [
+            r#"{"prompt_tokens": "9", "completion_tokens": 4}"#,
+            r#"{"prompt_tokens": 9}"#,
+            r#"{"prompt_tokens": 9, "completion_tokens": null}"#,
+            r#"{"prompt_tokens": 9, "completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": true}}"#,
+            r#"[9, 4]"#,
+        ] {
+            assert_eq!(
+                parse::<Obj<OpenAiUsage>>(bad).err(),
+                Some(Corrupt::Shape),
+                "{bad}"
+            );
+        }
+        assert_eq!(parse::<Obj<OpenAiUsage>>("{").err(), Some(Corrupt::Json));
+    }
+
+    #[test]
+    fn an_unknown_event_type_is_never_refused_for_its_fields() {
+        let e = anthropic_event(r#"{"type": "later", "delta": 5, "usage": "x"}"#).unwrap();
+        assert!(matches!(e.body, Body::Other));
+        assert_eq!(e.kind, "later");
+        assert!(anthropic_event(r#"{"delta": {}}"#).is_err());
+    }
+}
