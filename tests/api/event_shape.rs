@@ -103,11 +103,6 @@ fn openai_lies() -> Vec<(&'static str, Value, bool)> {
             usage(json!({"prompt_tokens": 9, "completion_tokens": "4", "total_tokens": 13})),
             true,
         ),
-        (
-            "usage without completion_tokens",
-            usage(json!({"prompt_tokens": 9, "total_tokens": 13})),
-            true,
-        ),
         ("usage an array", usage(json!([9, 4])), true),
     ];
     lies[0].1["choices"][0]["delta"]["content"] = json!(42);
@@ -221,15 +216,6 @@ fn anthropic_lies() -> Vec<(&'static str, Value, bool)> {
                 "message_delta",
                 json!({"type": "message_delta",
             "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": "9"}}),
-            ),
-            false,
-        ),
-        (
-            "message_delta usage without output_tokens",
-            ev(
-                "message_delta",
-                json!({"type": "message_delta",
-            "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {}}),
             ),
             false,
         ),
@@ -504,5 +490,63 @@ async fn a_usage_of_the_wrong_type_in_an_answer_is_counted_not_read_as_zero() {
         ))
         .await;
     assert_eq!(charged, logged);
+    app.assert_invariant().await;
+}
+
+/// A usage with a figure missing (or `null`) is not corrupt — some OpenAI-compatible
+/// servers send partial usage — but it is not the upstream's count either: the stream is
+/// served whole and its tokens are counted, never read as 0 from the missing figure.
+#[tokio::test]
+async fn a_usage_missing_a_figure_is_counted_not_trusted() {
+    let app = app().await;
+    let (_, token) = app.token("shape-partial", Some("1")).await;
+    let done = chunk(json!({"index": 0, "delta": {}, "finish_reason": "stop"}));
+    let openai = json!([
+        text_chunk(BEFORE),
+        text_chunk(AFTER),
+        done,
+        {"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [],
+            "usage": {"prompt_tokens": 9, "completion_tokens": null, "total_tokens": 13}},
+        "[DONE]"
+    ]);
+    let anthropic = json!([
+        ["message_start", {"type": "message_start", "message": {"id": "msg_s", "type": "message", "role": "assistant",
+            "model": "m", "content": [], "stop_reason": null, "stop_sequence": null, "usage": {"output_tokens": 1}}}],
+        ["content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}],
+        ["content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": BEFORE}}],
+        ["content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": AFTER}}],
+        ["content_block_stop", {"type": "content_block_stop", "index": 0}],
+        ["message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {}}],
+        ["message_stop", {"type": "message_stop"}]
+    ]);
+    let mut served = 0;
+    for (upstream, events) in [("openai", &openai), ("anthropic", &anthropic)] {
+        for client in ["openai", "anthropic"] {
+            let case = json!({"client": client, "request": {"max_tokens": 50, "stream": true,
+                "messages": [{"role": "user", "content": "How tight?"}]}, "upstream": {"events": events}});
+            let got = run_case(&app, &token, upstream, &case).await;
+            let what = format!("{upstream} → {client}: {got}");
+            assert_eq!(got["status"], 200, "{what}");
+            let last = got["response"].as_array().unwrap().last().unwrap().clone();
+            if client == "anthropic" {
+                assert_eq!(last[0], "message_stop", "{what}");
+            } else {
+                assert_eq!(last[1], "[DONE]", "{what}");
+            }
+            served += 1;
+            app.wait_for_log_rows(served).await;
+            let (code, input, output): (Option<String>, i64, i64) = sqlx::query_as(
+                "SELECT error_code, input_tokens, output_tokens FROM requests ORDER BY rowid DESC LIMIT 1",
+            )
+            .fetch_one(&app.db().read)
+            .await
+            .unwrap();
+            assert_eq!(code, None, "{what}");
+            assert!(
+                input > 0 && output > 1,
+                "input {input}, output {output}: counted, {what}"
+            );
+        }
+    }
     app.assert_invariant().await;
 }

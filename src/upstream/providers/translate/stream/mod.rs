@@ -231,8 +231,7 @@ impl StreamConverter {
                 }
             }
         }
-        if let Some(u) = &c.usage {
-            let (input, cached, output) = u.figures();
+        if let Some((input, cached, output)) = c.usage.as_ref().and_then(|u| u.figures()) {
             self.input = Some(input);
             self.cached = cached;
             self.output = Some(output);
@@ -271,7 +270,7 @@ impl StreamConverter {
     fn note_anthropic_event(&mut self, e: &shape::Event) {
         match &e.body {
             Body::MessageStart(m) => {
-                if let Some(u) = &m.usage {
+                if let Some(u) = m.usage.as_ref().filter(|u| u.input_tokens.is_some()) {
                     let (input, cached) = u.input();
                     self.input = Some(input);
                     self.cached = cached;

@@ -253,11 +253,16 @@ pub struct Function {
     pub arguments: Option<String>,
 }
 
-/// OpenAI's `usage`: both counts required, the cached figure optional.
+/// OpenAI's `usage`. A figure of the wrong type makes the event corrupt; a figure missing
+/// (or `null`) makes the usage unusable, not the stream: some OpenAI-compatible servers
+/// send partial usage, and counting the tokens is exact enough, while ending every stream
+/// of such a server would break it.
 #[derive(Deserialize)]
 pub struct OpenAiUsage {
-    pub prompt_tokens: Tokens,
-    pub completion_tokens: Tokens,
+    #[serde(default)]
+    pub prompt_tokens: Option<Tokens>,
+    #[serde(default)]
+    pub completion_tokens: Option<Tokens>,
     #[serde(default)]
     pub prompt_tokens_details: Option<Obj<PromptDetails>>,
 }
@@ -269,14 +274,14 @@ pub struct PromptDetails {
 }
 
 impl OpenAiUsage {
-    /// (input, cached input, output).
-    pub fn figures(&self) -> (i64, i64, i64) {
+    /// (input, cached input, output); none unless both counts are there.
+    pub fn figures(&self) -> Option<(i64, i64, i64)> {
         let cached = figure(
             self.prompt_tokens_details
                 .as_ref()
                 .and_then(|d| d.cached_tokens),
         );
-        (self.prompt_tokens.0, cached, self.completion_tokens.0)
+        Some((self.prompt_tokens?.0, cached, self.completion_tokens?.0))
     }
 }
 
@@ -364,8 +369,9 @@ pub struct MessageDelta {
     pub stop_sequence: Option<String>,
 }
 
-/// Anthropic's `usage`; which figure is required depends on the event (`message_start`:
-/// `input_tokens`; `message_delta`: `output_tokens`).
+/// Anthropic's `usage`; which figure counts depends on the event (`message_start`:
+/// `input_tokens`; `message_delta`: `output_tokens`). As with OpenAI's, a figure missing
+/// leaves it to the count; one of the wrong type is corrupt.
 #[derive(Deserialize)]
 pub struct AnthropicUsage {
     #[serde(default)]
@@ -411,13 +417,7 @@ fn optional<'a, T: Deserialize<'a>>(raw: Option<&'a RawValue>) -> Result<Option<
 pub fn anthropic_event(data: &str) -> Result<Event<'_>, Corrupt> {
     let Obj(raw): Obj<RawEvent> = parse(data)?;
     let body = match raw.kind.as_ref() {
-        "message_start" => {
-            let m: Obj<Message> = required(raw.message)?;
-            if m.usage.as_ref().is_some_and(|u| u.input_tokens.is_none()) {
-                return Err(Corrupt::Shape);
-            }
-            Body::MessageStart(m)
-        }
+        "message_start" => Body::MessageStart(required(raw.message)?),
         "content_block_start" => {
             let block: Obj<Block> = required(raw.content_block)?;
             if block.kind == "tool_use" && (block.id.is_none() || block.name.is_none()) {
@@ -443,13 +443,7 @@ pub fn anthropic_event(data: &str) -> Result<Event<'_>, Corrupt> {
                 delta,
             }
         }
-        "message_delta" => {
-            let usage: Option<Obj<AnthropicUsage>> = optional(raw.usage)?;
-            if usage.as_ref().is_some_and(|u| u.output_tokens.is_none()) {
-                return Err(Corrupt::Shape);
-            }
-            Body::MessageDelta(required(raw.delta)?, usage)
-        }
+        "message_delta" => Body::MessageDelta(required(raw.delta)?, optional(raw.usage)?),
         "message_stop" => Body::MessageStop,
         "error" => Body::Error(
             raw.error
@@ -472,11 +466,16 @@ mod tests {
     fn figures_are_numbers_clamped_and_nothing_else() {
         let u: Obj<OpenAiUsage> =
             serde_json::from_str(r#"{"prompt_tokens": 1e30, "completion_tokens": -4}"#).unwrap();
-        assert_eq!(u.figures(), (MAX_REPORTED_TOKENS, 0, 0));
-        for bad in [
-            r#"{"prompt_tokens": "9", "completion_tokens": 4}"#,
+        assert_eq!(u.figures(), Some((MAX_REPORTED_TOKENS, 0, 0)));
+        for partial in [
             r#"{"prompt_tokens": 9}"#,
             r#"{"prompt_tokens": 9, "completion_tokens": null}"#,
+        ] {
+            let u: Obj<OpenAiUsage> = parse(partial).unwrap();
+            assert_eq!(u.figures(), None, "{partial}: counted, not read");
+        }
+        for bad in [
+            r#"{"prompt_tokens": "9", "completion_tokens": 4}"#,
             r#"{"prompt_tokens": 9, "completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": true}}"#,
             r#"[9, 4]"#,
         ] {
