@@ -37,6 +37,25 @@ fn parent_of(path: &Path) -> &Path {
     }
 }
 
+/// Takes the exclusive advisory lock of `path` (created 0600 if missing), waiting on a
+/// blocking thread for another holder — another process too — to let go; held until the
+/// file returned is dropped.
+pub async fn lock(path: &Path) -> io::Result<std::fs::File> {
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&path)?;
+        f.lock()?;
+        Ok(f)
+    })
+    .await
+    .map_err(io::Error::other)?
+}
+
 /// Syncs a folder, making the names created, renamed or removed in it durable.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     std::fs::File::open(dir)?.sync_all()

@@ -27,7 +27,6 @@
 //! `audit.head_started` row records who re-armed and why); `sluice restore` does the same.
 
 use std::io::Read;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -156,20 +155,7 @@ pub enum Exported {
 async fn lock(dir: &Path) -> Result<std::fs::File, HeadError> {
     let io = |e| HeadError::Io(dir.to_path_buf(), e);
     crate::private_fs::create_dir_all(dir).map_err(io)?;
-    let lock_path = dir.join(LOCK);
-    tokio::task::spawn_blocking(move || {
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .open(&lock_path)?;
-        f.lock()?;
-        Ok::<_, std::io::Error>(f)
-    })
-    .await
-    .map_err(|e| io(std::io::Error::other(e)))?
-    .map_err(io)
+    crate::private_fs::lock(&dir.join(LOCK)).await.map_err(io)
 }
 
 /// Why a missing head is not started afresh: the chain says one was started at row `id`.

@@ -121,20 +121,8 @@ pub async fn backup_if_due(
     now: DateTime<Utc>,
 ) -> Result<Option<PathBuf>, BackupError> {
     crate::private_fs::create_dir_all(dir)?;
-    let lock_path = dir.join("backup.lock");
     // Held until dropped at the end: one replica checks and copies at a time.
-    let _lock = tokio::task::spawn_blocking(move || {
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .open(&lock_path)?;
-        f.lock()?;
-        Ok::<_, std::io::Error>(f)
-    })
-    .await
-    .map_err(std::io::Error::other)??;
+    let _lock = crate::private_fs::lock(&dir.join("backup.lock")).await?;
     let newest = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().and_then(|e| taken_at(&e.path())))
         .max();

@@ -28,6 +28,18 @@ pub struct AuditEntry<'a> {
     pub after: Option<&'a str>,
 }
 
+/// The entry a stored audit row holds (borrowed from the row).
+fn entry_of(r: &sqlx::sqlite::SqliteRow) -> AuditEntry<'_> {
+    AuditEntry {
+        actor: r.get("actor"),
+        address: r.get("address"),
+        action: r.get("action"),
+        target: r.get("target"),
+        before: r.get("before"),
+        after: r.get("after"),
+    }
+}
+
 const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 /// `chain` of rows signed with the key; rows from before it are `LEGACY`.
 pub const KEYED: &str = "hmac-sha256";
@@ -254,15 +266,7 @@ pub async fn verify(pool: &sqlx::SqlitePool, keys: &AuditKeys) -> Result<ChainSt
     let mut first_legacy = None;
     for r in &rows {
         let id: i64 = r.get("id");
-        let (before, after): (Option<String>, Option<String>) = (r.get("before"), r.get("after"));
-        let e = AuditEntry {
-            actor: r.get("actor"),
-            address: r.get("address"),
-            action: r.get("action"),
-            target: r.get("target"),
-            before: before.as_deref(),
-            after: after.as_deref(),
-        };
+        let e = entry_of(r);
         let (stored_prev, stored, chain, created_at): (&str, &str, &str, &str) = (
             r.get("prev_hash"),
             r.get("hash"),
@@ -321,15 +325,7 @@ pub async fn signed_with(pool: &sqlx::SqlitePool, keys: &AuditKeys) -> Result<Op
     let mut any = false;
     while let Some(r) = rows.try_next().await? {
         any = true;
-        let (before, after): (Option<String>, Option<String>) = (r.get("before"), r.get("after"));
-        let e = AuditEntry {
-            actor: r.get("actor"),
-            address: r.get("address"),
-            action: r.get("action"),
-            target: r.get("target"),
-            before: before.as_deref(),
-            after: after.as_deref(),
-        };
+        let e = entry_of(&r);
         let (prev, stored, created_at): (&str, &str, &str) =
             (r.get("prev_hash"), r.get("hash"), r.get("created_at"));
         if keys.row_mac(prev, &e, created_at) == stored {
