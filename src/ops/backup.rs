@@ -1,6 +1,7 @@
 //! Hot backups and restore. A backup is `VACUUM INTO` a new file (a consistent snapshot
 //! taken while the gateway serves), mode 0600, checked with `PRAGMA integrity_check` after
-//! writing; the newest `keep` are kept. A restore refuses while a gateway runs on the
+//! writing; the newest `keep` are kept (by the time in their names, one in the future
+//! counted oldest; files not named as a backup are left alone). A restore refuses while a gateway runs on the
 //! target database, removes stale `-wal`/`-shm` files, copies the backup in, migrates it,
 //! and checks integrity and the ledger invariant.
 //!
@@ -77,17 +78,15 @@ pub async fn backup_now(
     if ok != "ok" {
         return Err(BackupError::Corrupt(ok));
     }
-    let mut backups: Vec<PathBuf> = std::fs::read_dir(dir)?
+    // Only files named as a backup count; one stamped in the future (written while the
+    // clock ran ahead) goes before any taken up to now, so it can never evict this one.
+    let mut backups: Vec<(bool, DateTime<Utc>, PathBuf)> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("sluice-") && n.ends_with(".db"))
-        })
+        .filter_map(|p| taken_at(&p).map(|t| (t <= now, t, p)))
         .collect();
     backups.sort();
     let excess = backups.len().saturating_sub(keep.max(1) as usize);
-    for old in &backups[..excess] {
+    for (_, _, old) in &backups[..excess] {
         std::fs::remove_file(old)?;
     }
     Ok(path)
@@ -135,8 +134,12 @@ pub async fn backup_if_due(
     })
     .await
     .map_err(std::io::Error::other)??;
+    // One stamped more than an interval in the future is left out: it was taken under a
+    // clock that has since stepped back (or is no backup of ours), and once one is taken
+    // now, counting it would make every check due.
     let newest = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().and_then(|e| taken_at(&e.path())))
+        .filter(|t| *t - now <= interval)
         .max();
     if !due(newest, interval, now) {
         return Ok(None);

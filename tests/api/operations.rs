@@ -290,3 +290,69 @@ async fn backups_are_taken_on_schedule() {
     assert!(taken.is_some(), "due an hour after the last");
     assert_eq!(backups().len(), 2);
 }
+
+/// Backups written while the clock ran two days ahead (then corrected), and a stray
+/// `sluice-*.db` that is no backup: the scheduled backup must take one now, keep it, and
+/// then wait an interval — not take one every minute only for the prune to delete it
+/// because the stale names sort after it.
+#[tokio::test]
+async fn stale_future_backups_neither_evict_the_fresh_one_nor_make_every_minute_due() {
+    let app = spawn_app_full(|s, _| s.backup.interval_hours = 0, None).await;
+    let dir = std::path::Path::new(&app.settings.backup.dir).join("scheduled");
+    let db = &app.state.db;
+    let now = chrono::DateTime::parse_from_rfc3339("2026-12-01T12:00:00Z")
+        .unwrap()
+        .with_timezone(&chrono::Utc);
+    let interval = chrono::Duration::hours(1);
+    for i in 0..3 {
+        let ahead = now + chrono::Duration::days(2) + chrono::Duration::minutes(i);
+        sluice::ops::backup::backup_now(db, &dir, 3, ahead)
+            .await
+            .unwrap();
+    }
+    let taken = sluice::ops::backup::backup_if_due(db, &dir, 3, interval, now)
+        .await
+        .unwrap()
+        .expect("due: the newest is two days in the future");
+    assert!(
+        taken.exists(),
+        "the backup just taken was pruned at once: {}",
+        taken.display()
+    );
+    for m in 1..=3 {
+        let again = sluice::ops::backup::backup_if_due(
+            db,
+            &dir,
+            3,
+            interval,
+            now + chrono::Duration::minutes(m),
+        )
+        .await
+        .unwrap();
+        assert_eq!(again, None, "another backup {m} minute(s) after the last");
+    }
+
+    // keep = 1 and a stray file named like a backup.
+    let dir = std::path::Path::new(&app.settings.backup.dir).join("stray");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("sluice-notes.db"), b"not a backup").unwrap();
+    let taken = sluice::ops::backup::backup_if_due(db, &dir, 1, interval, now)
+        .await
+        .unwrap()
+        .expect("due: no backup yet");
+    assert!(
+        taken.exists(),
+        "keep = 1: the backup just taken was pruned for a stray file: {}",
+        taken.display()
+    );
+    let again = sluice::ops::backup::backup_if_due(
+        db,
+        &dir,
+        1,
+        interval,
+        now + chrono::Duration::minutes(1),
+    )
+    .await
+    .unwrap();
+    assert_eq!(again, None, "another backup a minute after the last");
+}
