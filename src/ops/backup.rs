@@ -74,15 +74,24 @@ pub async fn backup_now(
         return Err(e.into());
     }
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-    let ok = integrity_of(&path).await?;
+    // A copy that failed its check is no backup: left under a backup's name, it would
+    // count as the newest and put off the next one for an interval.
+    let ok = match integrity_of(&path).await {
+        Ok(ok) => ok,
+        Err(e) => {
+            let _ = std::fs::remove_file(&path);
+            return Err(e);
+        }
+    };
     if ok != "ok" {
+        let _ = std::fs::remove_file(&path);
         return Err(BackupError::Corrupt(ok));
     }
     // Only files named as a backup count; one stamped in the future (written while the
     // clock ran ahead) goes before any taken up to now, so it can never evict this one.
     let mut backups: Vec<(bool, DateTime<Utc>, PathBuf)> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter_map(|p| taken_at(&p).map(|t| (t <= now, t, p)))
+        .filter_map(|p| taken_at(&p).filter(|_| whole(&p)).map(|t| (t <= now, t, p)))
         .collect();
     backups.sort();
     let excess = backups.len().saturating_sub(keep.max(1) as usize);
@@ -99,6 +108,29 @@ fn taken_at(path: &Path) -> Option<DateTime<Utc>> {
     chrono::NaiveDateTime::parse_from_str(stamp, "%Y%m%dT%H%M%S%.3f")
         .ok()
         .map(|t| t.and_utc())
+}
+
+/// Whether the file is a whole SQLite database: its header there and the file as long as
+/// the header says. A backup cut short (the process killed during `VACUUM INTO`) is not,
+/// and is neither the newest backup nor one of the `keep`.
+fn whole(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; 100];
+    let Ok(len) = std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut head).and(f.metadata()))
+        .map(|m| m.len())
+    else {
+        return false;
+    };
+    if &head[..16] != b"SQLite format 3\0" {
+        return false;
+    }
+    let page = match u16::from_be_bytes([head[16], head[17]]) {
+        1 => 65_536,
+        n => u64::from(n),
+    };
+    let pages = u64::from(u32::from_be_bytes([head[28], head[29], head[30], head[31]]));
+    pages > 0 && len >= page * pages
 }
 
 /// Whether a backup is due at `now`: none yet, the newest an interval old, or the newest
@@ -138,7 +170,8 @@ pub async fn backup_if_due(
     // clock that has since stepped back (or is no backup of ours), and once one is taken
     // now, counting it would make every check due.
     let newest = std::fs::read_dir(dir)?
-        .filter_map(|e| e.ok().and_then(|e| taken_at(&e.path())))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter_map(|p| taken_at(&p).filter(|_| whole(&p)))
         .filter(|t| *t - now <= interval)
         .max();
     if !due(newest, interval, now) {
