@@ -143,6 +143,10 @@ fn due(newest: Option<DateTime<Utc>>, interval: chrono::Duration, now: DateTime<
     }
 }
 
+/// How long a scheduled backup waits for another process's `backup.lock` before it fails
+/// (and raises `backup_failed`): a backup of a large database can take minutes.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10 * 60);
+
 /// Takes a backup if one is due (see the module doc); the path of the one taken.
 pub async fn backup_if_due(
     db: &Db,
@@ -154,18 +158,33 @@ pub async fn backup_if_due(
     crate::private_fs::create_dir_all(dir)?;
     let lock_path = dir.join("backup.lock");
     // Held until dropped at the end: one replica checks and copies at a time.
-    let _lock = tokio::task::spawn_blocking(move || {
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .open(&lock_path)?;
-        f.lock()?;
-        Ok::<_, std::io::Error>(f)
-    })
-    .await
-    .map_err(std::io::Error::other)??;
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(&lock_path)?;
+    // Waited for without blocking a thread: a blocking wait on a lock another process
+    // holds (a hung replica, an operator's `flock`) could not be cancelled, and the
+    // runtime waits for its blocking threads at exit, so the gateway could not stop.
+    let waited = std::time::Instant::now();
+    loop {
+        match lock.try_lock() {
+            Ok(()) => break,
+            Err(std::fs::TryLockError::WouldBlock) if waited.elapsed() < LOCK_WAIT => {
+                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(BackupError::Io(std::io::Error::other(format!(
+                    "{} held by another process for {} minutes",
+                    lock_path.display(),
+                    LOCK_WAIT.as_secs() / 60
+                ))))
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(e.into()),
+        }
+    }
+    let _lock = lock;
     // One stamped more than an interval in the future is left out: it was taken under a
     // clock that has since stepped back (or is no backup of ours), and once one is taken
     // now, counting it would make every check due.
