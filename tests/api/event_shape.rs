@@ -633,3 +633,49 @@ async fn real_provider_streams_still_pass() {
         }
     }
 }
+
+/// `"choices": null` on the usage chunk: what OpenAI-compatible servers written in Go send
+/// (go-openai's nil slice, the one-api / new-api relays), and ModelScope's and Workers AI's
+/// usage chunks. It is the format's "no choices", as `"usage": null` is "no usage": the
+/// stream is whole and its usage is read.
+#[tokio::test]
+async fn a_usage_chunk_with_null_choices_is_read_not_corrupt() {
+    let app = app().await;
+    let (_, token) = app.token("shape-null-choices", Some("1")).await;
+    let openai = json!([
+        chunk(json!({"index": 0, "delta": {"role": "assistant", "content": BEFORE}, "finish_reason": null})),
+        text_chunk(AFTER),
+        chunk(json!({"index": 0, "delta": {}, "finish_reason": "stop"})),
+        {"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": null,
+            "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13,
+                "prompt_tokens_details": null, "completion_tokens_details": null}},
+        "[DONE]"
+    ]);
+    let mut served = 0;
+    for client in ["openai", "anthropic"] {
+        let mut request = json!({"max_tokens": 50, "stream": true,
+            "messages": [{"role": "user", "content": "How tight?"}]});
+        if client == "openai" {
+            request["stream_options"] = json!({"include_usage": true});
+        }
+        let case = json!({"client": client, "request": request, "upstream": {"events": openai}});
+        let got = run_case(&app, &token, "openai", &case).await;
+        let what = format!("openai → {client}: {got}");
+        assert_eq!(got["status"], 200, "{what}");
+        let frames = got["response"].as_array().unwrap();
+        let last = frames.last().unwrap();
+        if client == "anthropic" {
+            assert_eq!(last[0], "message_stop", "{what}");
+        } else {
+            assert_eq!(last[1], "[DONE]", "{what}");
+        }
+        served += 1;
+        app.wait_for_log_rows(served).await;
+    }
+    let failed = app
+        .scalar("SELECT COUNT(*) FROM requests WHERE error_code IS NOT NULL")
+        .await;
+    assert_eq!(failed, 0, "a stream ended as corrupt");
+    let output = app.scalar("SELECT SUM(output_tokens) FROM requests").await;
+    assert_eq!(output, 2 * 4, "the upstream's own usage charged");
+}
