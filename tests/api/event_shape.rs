@@ -72,11 +72,6 @@ fn openai_lies() -> Vec<(&'static str, Value, bool)> {
             false,
         ),
         (
-            "delta null",
-            chunk(json!({"index": 0, "delta": null, "finish_reason": null})),
-            false,
-        ),
-        (
             "delta a string",
             chunk(json!({"index": 0, "delta": "25 N", "finish_reason": null})),
             false,
@@ -678,4 +673,34 @@ async fn a_usage_chunk_with_null_choices_is_read_not_corrupt() {
     assert_eq!(failed, 0, "a stream ended as corrupt");
     let output = app.scalar("SELECT SUM(output_tokens) FROM requests").await;
     assert_eq!(output, 2 * 4, "the upstream's own usage charged");
+}
+
+/// A last chunk with `"delta": null` beside its `finish_reason` — what GLM's API and some
+/// Ollama builds send, and what OpenAI-compatible clients accept. It carries no text, so
+/// nothing of the answer is lost: the stream is whole.
+#[tokio::test]
+async fn a_null_delta_on_the_last_chunk_ends_the_stream_whole() {
+    let app = app().await;
+    let (_, token) = app.token("shape-null-delta", Some("1")).await;
+    let openai = json!([
+        chunk(json!({"index": 0, "delta": {"role": "assistant", "content": BEFORE}, "finish_reason": null})),
+        text_chunk(AFTER),
+        chunk(json!({"index": 0, "delta": null, "finish_reason": "stop"})),
+        {"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}},
+        "[DONE]"
+    ]);
+    for client in ["openai", "anthropic"] {
+        let case = json!({"client": client, "request": {"max_tokens": 50, "stream": true,
+            "messages": [{"role": "user", "content": "How tight?"}]}, "upstream": {"events": openai}});
+        let got = run_case(&app, &token, "openai", &case).await;
+        let what = format!("openai → {client}: {got}");
+        assert_eq!(got["status"], 200, "{what}");
+        let last = got["response"].as_array().unwrap().last().unwrap().clone();
+        if client == "anthropic" {
+            assert_eq!(last[0], "message_stop", "{what}");
+        } else {
+            assert_eq!(last[1], "[DONE]", "{what}");
+        }
+    }
 }

@@ -5,8 +5,9 @@
 //! provider (a new field, a new Anthropic event type) keeps working.
 //!
 //! `null` counts as absent where the formats write an absent value as `null` (content,
-//! refusal, finish_reason, usage, tool_calls, `choices`, ids, names, optional figures);
-//! where a format defines an object or an array (a choice, `delta`, a tool call, `function`,
+//! refusal, finish_reason, usage, tool_calls, `choices`, an OpenAI choice's `delta`, ids,
+//! names, optional figures): it carries no piece of the answer. Where a format defines an
+//! object or an array (a choice, a tool call, `function`,
 //! an Anthropic event's `message`, `delta`, `content_block`), `null` is the wrong shape
 //! (see `present`).
 
@@ -147,8 +148,9 @@ pub struct Chunk<'a> {
 pub struct Choice {
     #[serde(default, deserialize_with = "present")]
     pub index: Option<i64>,
-    /// Absent in Azure's content-filter chunks; `null` is the wrong shape.
-    #[serde(default, deserialize_with = "present")]
+    /// Absent in Azure's content-filter chunks; `null` on the last chunk, beside its
+    /// `finish_reason`, from GLM's API and some Ollama builds: no text either way.
+    #[serde(default)]
     pub delta: Option<Obj<Delta>>,
     /// A completions choice's text.
     #[serde(default)]
