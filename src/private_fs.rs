@@ -37,23 +37,38 @@ fn parent_of(path: &Path) -> &Path {
     }
 }
 
-/// Takes the exclusive advisory lock of `path` (created 0600 if missing), waiting on a
-/// blocking thread for another holder — another process too — to let go; held until the
-/// file returned is dropped.
-pub async fn lock(path: &Path) -> io::Result<std::fs::File> {
-    let path = path.to_path_buf();
-    tokio::task::spawn_blocking(move || {
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .open(&path)?;
-        f.lock()?;
-        Ok(f)
-    })
-    .await
-    .map_err(io::Error::other)?
+/// Takes the exclusive advisory lock of `path` (created 0600 if missing), waiting up to
+/// `max_wait` for another holder — another process too — to let go; held until the file
+/// returned is dropped. Waited for without blocking a thread: a blocking wait on a lock a
+/// hung process or an operator's `flock` holds cannot be cancelled, and the runtime waits
+/// for its blocking threads at exit, so the gateway could not stop.
+pub async fn lock(path: &Path, max_wait: std::time::Duration) -> io::Result<std::fs::File> {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(path)?;
+    let waited = std::time::Instant::now();
+    loop {
+        match f.try_lock() {
+            Ok(()) => return Ok(f),
+            Err(std::fs::TryLockError::WouldBlock) if waited.elapsed() < max_wait => {
+                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    format!(
+                        "{} held by another process for {} s",
+                        path.display(),
+                        max_wait.as_secs()
+                    ),
+                ))
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(e),
+        }
+    }
 }
 
 /// Syncs a folder, making the names created, renamed or removed in it durable.

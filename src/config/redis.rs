@@ -124,13 +124,39 @@ impl RedisSettings {
     }
 }
 
-/// `redis://a:7000, redis://b:7001` → each URL, trimmed; empty parts dropped.
+/// `redis://a:7000, redis://b:7001` → each URL, trimmed; empty parts dropped. Only a comma
+/// that another URL follows (`scheme://`) separates: one inside a URL — a password's, which
+/// RFC 3986 allows unescaped — stays in it.
 fn split_urls(text: &str) -> Vec<String> {
-    text.split(',')
+    let mut urls = Vec::new();
+    let mut start = 0;
+    for (i, _) in text.match_indices(',') {
+        if starts_a_url(&text[i + 1..]) {
+            urls.push(&text[start..i]);
+            start = i + 1;
+        }
+    }
+    urls.push(&text[start..]);
+    urls.into_iter()
         .map(str::trim)
         .filter(|u| !u.is_empty())
         .map(str::to_string)
         .collect()
+}
+
+/// Whether `rest`, past leading blanks (or further commas), begins with `scheme://` or is
+/// the end (a trailing comma).
+fn starts_a_url(rest: &str) -> bool {
+    let rest = rest.trim_start_matches(|c: char| c.is_whitespace() || c == ',');
+    if rest.is_empty() {
+        return true;
+    }
+    let Some((scheme, _)) = rest.split_once("://") else {
+        return false;
+    };
+    let mut chars = scheme.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
 }
 
 /// A `redis://` or `rediss://` URL with a host; a database other than 0 only where one is

@@ -40,6 +40,9 @@ use crate::store::{Db, StoreError};
 
 pub const FILE: &str = "audit.head";
 const LOCK: &str = "audit.head.lock";
+/// How long a head export waits for another writer's lock before it fails (and raises
+/// `audit_head`): writing a head takes milliseconds, so a longer hold is a hung process.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 /// The actor of the `audit.head_started` row the gateway writes when it starts the first head.
 const SYSTEM: &str = "system";
 
@@ -155,7 +158,9 @@ pub enum Exported {
 async fn lock(dir: &Path) -> Result<std::fs::File, HeadError> {
     let io = |e| HeadError::Io(dir.to_path_buf(), e);
     crate::private_fs::create_dir_all(dir).map_err(io)?;
-    crate::private_fs::lock(&dir.join(LOCK)).await.map_err(io)
+    crate::private_fs::lock(&dir.join(LOCK), LOCK_WAIT)
+        .await
+        .map_err(io)
 }
 
 /// Why a missing head is not started afresh: the chain says one was started at row `id`.

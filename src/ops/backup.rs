@@ -1,6 +1,7 @@
 //! Hot backups and restore. A backup is `VACUUM INTO` a new file (a consistent snapshot
 //! taken while the gateway serves), mode 0600, checked with `PRAGMA integrity_check` after
-//! writing; the newest `keep` are kept. A restore refuses while a gateway runs on the
+//! writing; the newest `keep` are kept (by the time in their names, one in the future
+//! counted oldest; files not named as a backup are left alone). A restore refuses while a gateway runs on the
 //! target database, removes stale `-wal`/`-shm` files, copies the backup in, migrates it,
 //! and checks integrity and the ledger invariant.
 //!
@@ -73,21 +74,28 @@ pub async fn backup_now(
         return Err(e.into());
     }
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-    let ok = integrity_of(&path).await?;
+    // A copy that failed its check is no backup: left under a backup's name, it would
+    // count as the newest and put off the next one for an interval.
+    let ok = match integrity_of(&path).await {
+        Ok(ok) => ok,
+        Err(e) => {
+            let _ = std::fs::remove_file(&path);
+            return Err(e);
+        }
+    };
     if ok != "ok" {
+        let _ = std::fs::remove_file(&path);
         return Err(BackupError::Corrupt(ok));
     }
-    let mut backups: Vec<PathBuf> = std::fs::read_dir(dir)?
+    // Only files named as a backup count; one stamped in the future (written while the
+    // clock ran ahead) goes before any taken up to now, so it can never evict this one.
+    let mut backups: Vec<(bool, DateTime<Utc>, PathBuf)> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("sluice-") && n.ends_with(".db"))
-        })
+        .filter_map(|p| taken_at(&p).filter(|_| whole(&p)).map(|t| (t <= now, t, p)))
         .collect();
     backups.sort();
     let excess = backups.len().saturating_sub(keep.max(1) as usize);
-    for old in &backups[..excess] {
+    for (_, _, old) in &backups[..excess] {
         std::fs::remove_file(old)?;
     }
     Ok(path)
@@ -102,6 +110,29 @@ fn taken_at(path: &Path) -> Option<DateTime<Utc>> {
         .map(|t| t.and_utc())
 }
 
+/// Whether the file is a whole SQLite database: its header there and the file as long as
+/// the header says. A backup cut short (the process killed during `VACUUM INTO`) is not,
+/// and is neither the newest backup nor one of the `keep`.
+fn whole(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; 100];
+    let Ok(len) = std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut head).and(f.metadata()))
+        .map(|m| m.len())
+    else {
+        return false;
+    };
+    if &head[..16] != b"SQLite format 3\0" {
+        return false;
+    }
+    let page = match u16::from_be_bytes([head[16], head[17]]) {
+        1 => 65_536,
+        n => u64::from(n),
+    };
+    let pages = u64::from(u32::from_be_bytes([head[28], head[29], head[30], head[31]]));
+    pages > 0 && len >= page * pages
+}
+
 /// Whether a backup is due at `now`: none yet, the newest an interval old, or the newest
 /// more than an interval in the future (the clock stepped back: waiting for it to catch up
 /// would leave the database without a fresh backup for as long as the step).
@@ -111,6 +142,10 @@ fn due(newest: Option<DateTime<Utc>>, interval: chrono::Duration, now: DateTime<
         Some(t) => now - t >= interval || t - now > interval,
     }
 }
+
+/// How long a scheduled backup waits for another process's `backup.lock` before it fails
+/// (and raises `backup_failed`): a backup of a large database can take minutes.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10 * 60);
 
 /// Takes a backup if one is due (see the module doc); the path of the one taken.
 pub async fn backup_if_due(
@@ -122,9 +157,14 @@ pub async fn backup_if_due(
 ) -> Result<Option<PathBuf>, BackupError> {
     crate::private_fs::create_dir_all(dir)?;
     // Held until dropped at the end: one replica checks and copies at a time.
-    let _lock = crate::private_fs::lock(&dir.join("backup.lock")).await?;
+    let _lock = crate::private_fs::lock(&dir.join("backup.lock"), LOCK_WAIT).await?;
+    // One stamped more than an interval in the future is left out: it was taken under a
+    // clock that has since stepped back (or is no backup of ours), and once one is taken
+    // now, counting it would make every check due.
     let newest = std::fs::read_dir(dir)?
-        .filter_map(|e| e.ok().and_then(|e| taken_at(&e.path())))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter_map(|p| taken_at(&p).filter(|_| whole(&p)))
+        .filter(|t| *t - now <= interval)
         .max();
     if !due(newest, interval, now) {
         return Ok(None);

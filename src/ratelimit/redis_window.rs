@@ -26,6 +26,8 @@ const PREFIX: &str = "sl:v2";
 
 pub struct RedisWindows {
     connector: Connector,
+    /// A cluster's seed nodes, asked apart at start whether they are cluster nodes at all.
+    seeds: Vec<String>,
     window: Script,
     correct: Script,
     timeout: Duration,
@@ -42,6 +44,10 @@ impl RedisWindows {
     pub fn with_topology(topology: &RedisTopology, timeout: Duration) -> Result<Self, WindowError> {
         Ok(Self {
             connector: Connector::new(topology, timeout)?,
+            seeds: match topology {
+                RedisTopology::Cluster(nodes) => nodes.clone(),
+                _ => Vec::new(),
+            },
             window: Script::new(WINDOW_LUA),
             correct: Script::new(CORRECT_LUA),
             timeout,
@@ -228,6 +234,14 @@ impl RedisWindows {
     /// without `cluster = true` that points at a Redis Cluster node would be answered
     /// `MOVED` for most slots, leaving the windows local on every replica.
     pub async fn topology_mismatch(&self) -> Result<Option<String>, WindowError> {
+        if self.connector.kind() == "cluster" {
+            return Ok(self.plain_seed().await.then(|| {
+                "redis.cluster = true, but redis.url names a server with cluster support \
+                 disabled: no window can be kept there and rate limits fall back to \
+                 per-replica local windows; set redis.cluster = false for one server"
+                    .to_string()
+            }));
+        }
         if self.connector.kind() != "single" {
             return Ok(None);
         }
@@ -243,6 +257,27 @@ impl RedisWindows {
              and rate limits fall back to per-replica local windows"
                 .to_string()
         }))
+    }
+
+    /// Whether a seed node answers as a plain server (`cluster_enabled:0`), each asked on a
+    /// connection of its own (a cluster connection cannot even be made to one).
+    async fn plain_seed(&self) -> bool {
+        for seed in &self.seeds {
+            let asked = async {
+                let client = redis::Client::open(seed.as_str())?;
+                let mut c = client.get_multiplexed_async_connection().await?;
+                redis::cmd("INFO")
+                    .arg("cluster")
+                    .query_async::<String>(&mut c)
+                    .await
+            };
+            if let Ok(Ok(info)) = tokio::time::timeout(Duration::from_secs(1), asked).await {
+                if info.contains("cluster_enabled:0") {
+                    return true;
+                }
+            }
+        }
+        false
     }
 
     /// The eviction policy, to warn when limiter keys could be evicted (on a cluster, one

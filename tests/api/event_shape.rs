@@ -72,11 +72,6 @@ fn openai_lies() -> Vec<(&'static str, Value, bool)> {
             false,
         ),
         (
-            "delta null",
-            chunk(json!({"index": 0, "delta": null, "finish_reason": null})),
-            false,
-        ),
-        (
             "delta a string",
             chunk(json!({"index": 0, "delta": "25 N", "finish_reason": null})),
             false,
@@ -549,4 +544,163 @@ async fn a_usage_missing_a_figure_is_counted_not_trusted() {
         }
     }
     app.assert_invariant().await;
+}
+
+/// Streams real providers send that the typed reading must not refuse: vLLM's continuous
+/// usage (a usage on every chunk), a tool call without its `index` (Gemini's OpenAI
+/// endpoint), figures written as floats or with an exponent; Anthropic's extended thinking
+/// (`thinking_delta`, `signature_delta`), server tools (`server_tool_use` with its
+/// `input_json_delta`, `web_search_tool_result`) and `citations_delta`.
+#[tokio::test]
+async fn real_provider_streams_still_pass() {
+    let app = app().await;
+    let (_, token) = app.token("shape-real", Some("1")).await;
+    let u = |c: Value| json!({"prompt_tokens": 9, "completion_tokens": c, "total_tokens": 13});
+    let openai = json!([
+        {"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}],
+            "usage": u(json!(0))},
+        {"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {"content": BEFORE}, "logprobs": {"content": [{"token": "T", "logprob": -0.1, "bytes": [84], "top_logprobs": []}]}, "finish_reason": null}],
+            "usage": u(json!(2.0))},
+        {"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {"content": AFTER}, "finish_reason": null}],
+            "usage": u(json!(3e0))},
+        {"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {"tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "torque", "arguments": "{}"}}]}, "finish_reason": null}],
+            "usage": u(json!(4))},
+        {"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": u(json!(4))},
+        "[DONE]"
+    ]);
+    let anthropic = json!([
+        ["message_start", {"type": "message_start", "message": {"id": "msg_s", "type": "message", "role": "assistant",
+            "model": "m", "content": [], "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": 5, "output_tokens": 1, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+                "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0}, "service_tier": "standard"}}}],
+        ["content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": "", "signature": ""}}],
+        ["content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "Bolts."}}],
+        ["content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "EqQB"}}],
+        ["content_block_stop", {"type": "content_block_stop", "index": 0}],
+        ["ping", {"type": "ping"}],
+        ["content_block_start", {"type": "content_block_start", "index": 1, "content_block": {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}}}],
+        ["content_block_delta", {"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "{\"query\": \"torque\"}"}}],
+        ["content_block_stop", {"type": "content_block_stop", "index": 1}],
+        ["content_block_start", {"type": "content_block_start", "index": 2, "content_block": {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1",
+            "content": [{"type": "web_search_result", "title": "T", "url": "https://example.com", "encrypted_content": "x", "page_age": null}]}}],
+        ["content_block_stop", {"type": "content_block_stop", "index": 2}],
+        ["content_block_start", {"type": "content_block_start", "index": 3, "content_block": {"type": "text", "text": ""}}],
+        ["content_block_delta", {"type": "content_block_delta", "index": 3, "delta": {"type": "text_delta", "text": BEFORE}}],
+        ["content_block_delta", {"type": "content_block_delta", "index": 3, "delta": {"type": "citations_delta", "citation": {"type": "web_search_result_location",
+            "cited_text": "25 N m", "url": "https://example.com", "title": "T", "encrypted_index": "y"}}}],
+        ["content_block_delta", {"type": "content_block_delta", "index": 3, "delta": {"type": "text_delta", "text": AFTER}}],
+        ["content_block_stop", {"type": "content_block_stop", "index": 3}],
+        ["message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null},
+            "usage": {"input_tokens": 5, "output_tokens": 9.0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+                "server_tool_use": {"web_search_requests": 1}}}],
+        ["message_stop", {"type": "message_stop"}]
+    ]);
+    for (upstream, events) in [("openai", &openai), ("anthropic", &anthropic)] {
+        for client in ["openai", "anthropic"] {
+            let case = json!({"client": client, "request": {"max_tokens": 50, "stream": true,
+                "messages": [{"role": "user", "content": "How tight?"}]}, "upstream": {"events": events}});
+            let got = run_case(&app, &token, upstream, &case).await;
+            let what = format!("{upstream} → {client}: {got}");
+            assert_eq!(got["status"], 200, "{what}");
+            let frames = got["response"].as_array().unwrap();
+            let said: String = frames
+                .iter()
+                .map(|f| {
+                    f[1]["choices"][0]["delta"]["content"]
+                        .as_str()
+                        .or(f[1]["delta"]["text"].as_str())
+                        .unwrap_or("")
+                })
+                .collect();
+            assert_eq!(said, format!("{BEFORE}{AFTER}"), "{what}");
+            let last = frames.last().unwrap();
+            if client == "anthropic" {
+                assert_eq!(last[0], "message_stop", "{what}");
+            } else {
+                assert_eq!(last[1], "[DONE]", "{what}");
+            }
+        }
+    }
+}
+
+/// `"choices": null` on the usage chunk: what OpenAI-compatible servers written in Go send
+/// (go-openai's nil slice, the one-api / new-api relays), and ModelScope's and Workers AI's
+/// usage chunks. It is the format's "no choices", as `"usage": null` is "no usage": the
+/// stream is whole and its usage is read.
+#[tokio::test]
+async fn a_usage_chunk_with_null_choices_is_read_not_corrupt() {
+    let app = app().await;
+    let (_, token) = app.token("shape-null-choices", Some("1")).await;
+    let openai = json!([
+        chunk(json!({"index": 0, "delta": {"role": "assistant", "content": BEFORE}, "finish_reason": null})),
+        text_chunk(AFTER),
+        chunk(json!({"index": 0, "delta": {}, "finish_reason": "stop"})),
+        {"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": null,
+            "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13,
+                "prompt_tokens_details": null, "completion_tokens_details": null}},
+        "[DONE]"
+    ]);
+    let mut served = 0;
+    for client in ["openai", "anthropic"] {
+        let mut request = json!({"max_tokens": 50, "stream": true,
+            "messages": [{"role": "user", "content": "How tight?"}]});
+        if client == "openai" {
+            request["stream_options"] = json!({"include_usage": true});
+        }
+        let case = json!({"client": client, "request": request, "upstream": {"events": openai}});
+        let got = run_case(&app, &token, "openai", &case).await;
+        let what = format!("openai → {client}: {got}");
+        assert_eq!(got["status"], 200, "{what}");
+        let frames = got["response"].as_array().unwrap();
+        let last = frames.last().unwrap();
+        if client == "anthropic" {
+            assert_eq!(last[0], "message_stop", "{what}");
+        } else {
+            assert_eq!(last[1], "[DONE]", "{what}");
+        }
+        served += 1;
+        app.wait_for_log_rows(served).await;
+    }
+    let failed = app
+        .scalar("SELECT COUNT(*) FROM requests WHERE error_code IS NOT NULL")
+        .await;
+    assert_eq!(failed, 0, "a stream ended as corrupt");
+    let output = app.scalar("SELECT SUM(output_tokens) FROM requests").await;
+    assert_eq!(output, 2 * 4, "the upstream's own usage charged");
+}
+
+/// A last chunk with `"delta": null` beside its `finish_reason` — what GLM's API and some
+/// Ollama builds send, and what OpenAI-compatible clients accept. It carries no text, so
+/// nothing of the answer is lost: the stream is whole.
+#[tokio::test]
+async fn a_null_delta_on_the_last_chunk_ends_the_stream_whole() {
+    let app = app().await;
+    let (_, token) = app.token("shape-null-delta", Some("1")).await;
+    let openai = json!([
+        chunk(json!({"index": 0, "delta": {"role": "assistant", "content": BEFORE}, "finish_reason": null})),
+        text_chunk(AFTER),
+        chunk(json!({"index": 0, "delta": null, "finish_reason": "stop"})),
+        {"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}},
+        "[DONE]"
+    ]);
+    for client in ["openai", "anthropic"] {
+        let case = json!({"client": client, "request": {"max_tokens": 50, "stream": true,
+            "messages": [{"role": "user", "content": "How tight?"}]}, "upstream": {"events": openai}});
+        let got = run_case(&app, &token, "openai", &case).await;
+        let what = format!("openai → {client}: {got}");
+        assert_eq!(got["status"], 200, "{what}");
+        let last = got["response"].as_array().unwrap().last().unwrap().clone();
+        if client == "anthropic" {
+            assert_eq!(last[0], "message_stop", "{what}");
+        } else {
+            assert_eq!(last[1], "[DONE]", "{what}");
+        }
+    }
 }

@@ -290,3 +290,99 @@ async fn backups_are_taken_on_schedule() {
     assert!(taken.is_some(), "due an hour after the last");
     assert_eq!(backups().len(), 2);
 }
+
+/// Backups written while the clock ran two days ahead (then corrected), and a stray
+/// `sluice-*.db` that is no backup: the scheduled backup must take one now, keep it, and
+/// then wait an interval — not take one every minute only for the prune to delete it
+/// because the stale names sort after it.
+#[tokio::test]
+async fn stale_future_backups_neither_evict_the_fresh_one_nor_make_every_minute_due() {
+    let app = spawn_app_full(|s, _| s.backup.interval_hours = 0, None).await;
+    let dir = std::path::Path::new(&app.settings.backup.dir).join("scheduled");
+    let db = &app.state.db;
+    let now = chrono::DateTime::parse_from_rfc3339("2026-12-01T12:00:00Z")
+        .unwrap()
+        .with_timezone(&chrono::Utc);
+    let interval = chrono::Duration::hours(1);
+    for i in 0..3 {
+        let ahead = now + chrono::Duration::days(2) + chrono::Duration::minutes(i);
+        sluice::ops::backup::backup_now(db, &dir, 3, ahead)
+            .await
+            .unwrap();
+    }
+    let taken = sluice::ops::backup::backup_if_due(db, &dir, 3, interval, now)
+        .await
+        .unwrap()
+        .expect("due: the newest is two days in the future");
+    assert!(
+        taken.exists(),
+        "the backup just taken was pruned at once: {}",
+        taken.display()
+    );
+    for m in 1..=3 {
+        let again = sluice::ops::backup::backup_if_due(
+            db,
+            &dir,
+            3,
+            interval,
+            now + chrono::Duration::minutes(m),
+        )
+        .await
+        .unwrap();
+        assert_eq!(again, None, "another backup {m} minute(s) after the last");
+    }
+
+    // keep = 1 and a stray file named like a backup.
+    let dir = std::path::Path::new(&app.settings.backup.dir).join("stray");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("sluice-notes.db"), b"not a backup").unwrap();
+    let taken = sluice::ops::backup::backup_if_due(db, &dir, 1, interval, now)
+        .await
+        .unwrap()
+        .expect("due: no backup yet");
+    assert!(
+        taken.exists(),
+        "keep = 1: the backup just taken was pruned for a stray file: {}",
+        taken.display()
+    );
+    let again = sluice::ops::backup::backup_if_due(
+        db,
+        &dir,
+        1,
+        interval,
+        now + chrono::Duration::minutes(1),
+    )
+    .await
+    .unwrap();
+    assert_eq!(again, None, "another backup a minute after the last");
+}
+
+/// A backup cut short — the process killed while `VACUUM INTO` wrote it, leaving the file
+/// half written (or still empty) under a backup's name — is no backup: the scheduled one
+/// must not count it as the newest and wait an interval, and must not keep it in place of
+/// a whole one.
+#[tokio::test]
+async fn a_backup_cut_short_by_a_crash_does_not_count_as_the_newest() {
+    let app = spawn_app_full(|s, _| s.backup.interval_hours = 0, None).await;
+    let dir = std::path::Path::new(&app.settings.backup.dir).join("scheduled");
+    let db = &app.state.db;
+    let now = chrono::DateTime::parse_from_rfc3339("2026-12-01T12:00:00Z")
+        .unwrap()
+        .with_timezone(&chrono::Utc);
+    let interval = chrono::Duration::hours(1);
+    let whole = sluice::ops::backup::backup_now(db, &dir, 3, now - chrono::Duration::hours(2))
+        .await
+        .unwrap();
+    // What a kill during the next backup's `VACUUM INTO` leaves: its first pages only.
+    let bytes = std::fs::read(&whole).unwrap();
+    let cut = dir.join("sluice-20261201T115900.000Z.db");
+    std::fs::write(&cut, &bytes[..bytes.len() / 3]).unwrap();
+    // If the gateway can write a file of that name, so can it the whole backup.
+    let taken = sluice::ops::backup::backup_if_due(db, &dir, 3, interval, now)
+        .await
+        .unwrap();
+    assert!(
+        taken.is_some(),
+        "no backup taken: the cut file counted as one a minute old"
+    );
+}

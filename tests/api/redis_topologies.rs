@@ -425,3 +425,45 @@ impl SentinelRig {
         None
     }
 }
+
+/// One server whose password has a comma in it (a sub-delimiter RFC 3986 allows in a URL's
+/// user info, and what generated passwords often hold): `url` was taken whole before
+/// clusters could be listed in it, and must still be. Only a comma that starts another
+/// `redis://` URL separates nodes.
+#[tokio::test]
+async fn a_password_with_a_comma_is_one_server_not_two() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _server = spawn(dir.path(), port, &["--requirepass", "pa,ss"]);
+    poll_until(
+        Duration::from_secs(10),
+        "redis-server answers PING",
+        || async move {
+            node_cli(port, Some("pa,ss"), &["PING"])
+                .await
+                .is_some_and(|o| o.contains("PONG"))
+        },
+    )
+    .await;
+    let url = format!("redis://:pa,ss@127.0.0.1:{port}");
+    let text = format!("[redis]\nurl = \"{url}\"\n");
+    let settings =
+        sluice::config::load_from(Some(&text), &std::collections::BTreeMap::new()).unwrap();
+    let topology = settings
+        .redis
+        .as_ref()
+        .unwrap()
+        .topology()
+        .map_err(|e| e.to_string());
+    assert_eq!(
+        topology,
+        Ok(sluice::config::RedisTopology::Single(url.clone())),
+        "one server"
+    );
+    let w = sluice::ratelimit::redis_window::RedisWindows::with_topology(
+        &topology.unwrap(),
+        Duration::from_secs(1),
+    )
+    .unwrap();
+    w.ping().await.expect("signed in with the whole password");
+}

@@ -558,3 +558,40 @@ async fn sighup_does_not_stop_the_gateway() {
     }
     assert_invariant_on(&db.read).await;
 }
+
+/// Another process holding the backup folder's `backup.lock` (an operator's `flock` in a
+/// cron script, a replica hung on a slow disk) while the scheduled backup waits for it: the
+/// wait must not keep the gateway from stopping on SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_backup_lock_does_not_keep_the_gateway_from_stopping() {
+    let dir = tempfile::tempdir().unwrap();
+    let backup = dir.path().join("backup");
+    std::fs::create_dir_all(&backup).unwrap();
+    let held = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(backup.join("backup.lock"))
+        .unwrap();
+    held.lock().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let timeout = SHUTDOWN_TIMEOUT_S.to_string();
+    let mut gateway = start_gateway_full(
+        dir.path(),
+        &mock,
+        &[("SLUICE_SERVER_SHUTDOWN_TIMEOUT_SECONDS", &timeout)],
+        "interval_hours = 24",
+    )
+    .await;
+    // The scheduled backup checks at start: give it time to reach the lock.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    sigterm(&gateway);
+    let status = exited(
+        &mut gateway,
+        Instant::now() + Duration::from_secs(SHUTDOWN_TIMEOUT_S + 30),
+        "the gateway did not exit while another process held backup.lock",
+    )
+    .await;
+    assert!(status.success(), "{status:?}");
+    drop(held);
+}

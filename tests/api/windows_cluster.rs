@@ -371,3 +371,22 @@ async fn a_cluster_node_configured_as_one_server_is_named_at_start() {
     let plain = RedisWindows::new(&single.url(), Duration::from_secs(1)).unwrap();
     assert_eq!(plain.topology_mismatch().await.unwrap(), None);
 }
+
+/// The other way round: `cluster = true` with `url` naming one plain server (cluster
+/// support disabled). No window could ever be kept there — every call fails and limiting
+/// stays per-replica — and "not reachable" would send the operator to the network. The
+/// gateway names the mistake at start.
+#[tokio::test]
+async fn a_plain_server_configured_as_a_cluster_is_named_at_start() {
+    use sluice::ratelimit::redis_window::RedisWindows;
+    let single = RedisServer::start().await;
+    let topology = sluice::config::RedisTopology::Cluster(vec![single.url()]);
+    let w = RedisWindows::with_topology(&topology, Duration::from_secs(1)).unwrap();
+    let warning = w
+        .topology_mismatch()
+        .await
+        .ok()
+        .flatten()
+        .expect("a warning naming the plain server");
+    assert!(warning.contains("redis.cluster"), "{warning}");
+}

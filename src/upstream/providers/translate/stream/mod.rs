@@ -259,7 +259,7 @@ impl StreamConverter {
             }
         };
         self.note_openai_chunk(&c);
-        let usage_only = c.choices.as_ref().is_some_and(Vec::is_empty) && c.usage.is_some();
+        let usage_only = c.choices.as_ref().is_none_or(Vec::is_empty) && c.usage.is_some();
         if !usage_only || self.include_usage {
             out.push(frame(None, data));
         }

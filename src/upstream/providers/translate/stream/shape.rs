@@ -5,8 +5,9 @@
 //! provider (a new field, a new Anthropic event type) keeps working.
 //!
 //! `null` counts as absent where the formats write an absent value as `null` (content,
-//! refusal, finish_reason, usage, tool_calls, ids, names, optional figures); where a format
-//! defines an object or an array (`choices`, a choice, `delta`, a tool call, `function`,
+//! refusal, finish_reason, usage, tool_calls, `choices`, an OpenAI choice's `delta`, ids,
+//! names, optional figures): it carries no piece of the answer. Where a format defines an
+//! object or an array (a choice, a tool call, `function`,
 //! an Anthropic event's `message`, `delta`, `content_block`), `null` is the wrong shape
 //! (see `present`).
 
@@ -131,7 +132,10 @@ pub struct Chunk<'a> {
     pub id: Option<String>,
     #[serde(default)]
     pub model: Option<String>,
-    #[serde(default, deserialize_with = "present")]
+    /// `null` is "no choices", as `[]`: servers written in Go send their empty list so
+    /// (go-openai's nil slice: the one-api / new-api relays), and ModelScope's and Workers
+    /// AI's usage chunks carry it.
+    #[serde(default)]
     pub choices: Option<Vec<Obj<Choice>>>,
     #[serde(default)]
     pub usage: Option<Obj<OpenAiUsage>>,
@@ -144,8 +148,9 @@ pub struct Chunk<'a> {
 pub struct Choice {
     #[serde(default, deserialize_with = "present")]
     pub index: Option<i64>,
-    /// Absent in Azure's content-filter chunks; `null` is the wrong shape.
-    #[serde(default, deserialize_with = "present")]
+    /// Absent in Azure's content-filter chunks; `null` on the last chunk, beside its
+    /// `finish_reason`, from GLM's API and some Ollama builds: no text either way.
+    #[serde(default)]
     pub delta: Option<Obj<Delta>>,
     /// A completions choice's text.
     #[serde(default)]
