@@ -391,6 +391,20 @@ pub async fn upstream_closed(app: &TestApp) {
     }
 }
 
+/// Another writer on the SQLite file at `path`, holding its write lock (`BEGIN IMMEDIATE`)
+/// until the caller commits or drops it: the gateway's writes wait on it.
+pub async fn hold_the_database(path: &std::path::Path) -> sqlx::SqliteConnection {
+    use sqlx::Connection;
+    let mut other = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    other
+}
+
 /// A real `redis-server` on a free port, stopped when dropped.
 pub struct RedisServer {
     pub port: u16,
