@@ -190,10 +190,7 @@ impl TestApp {
     }
 
     pub async fn scalar(&self, sql: &str) -> i64 {
-        sqlx::query_scalar::<_, i64>(sql)
-            .fetch_one(&self.db().read)
-            .await
-            .expect(sql)
+        scalar_on(&self.db().read, sql).await
     }
 
     /// Waits until nothing is reserved any more (streams settle after the response).
@@ -213,6 +210,14 @@ impl TestApp {
         self.wait_settled().await;
         assert_invariant_on(&self.db().read).await;
     }
+}
+
+/// The one integer `sql` selects from `pool`.
+pub async fn scalar_on(pool: &sqlx::SqlitePool, sql: &str) -> i64 {
+    sqlx::query_scalar::<_, i64>(sql)
+        .fetch_one(pool)
+        .await
+        .expect(sql)
 }
 
 pub async fn assert_invariant_on(pool: &sqlx::SqlitePool) {
