@@ -410,6 +410,31 @@ pub async fn hold_the_database(path: &std::path::Path) -> sqlx::SqliteConnection
     other
 }
 
+/// A stream's frames as `translate_wire::run_case` records them (`[event, data]`) ended by
+/// the gateway's `upstream_error` event in `client`'s format — never `[DONE]`,
+/// `message_stop` or `message_delta` — and that event.
+pub fn assert_cut_by_an_error_event<'f>(
+    frames: &'f [Value],
+    client: &str,
+    what: &str,
+) -> &'f Value {
+    assert!(
+        !frames
+            .iter()
+            .any(|f| f[1] == "[DONE]" || f[0] == "message_stop" || f[0] == "message_delta"),
+        "the stream ended as complete: {what}"
+    );
+    let last = frames.last().unwrap();
+    if client == "anthropic" {
+        assert_eq!(last[0], "error", "{what}");
+        assert_eq!(last[1]["error"]["type"], "api_error", "{what}");
+    } else {
+        assert_eq!(last[1]["error"]["type"], "server_error", "{what}");
+    }
+    assert_eq!(last[1]["error"]["code"], "upstream_error", "{what}");
+    last
+}
+
 /// A real `redis-server` on a free port, stopped when dropped.
 pub struct RedisServer {
     pub port: u16,
