@@ -96,6 +96,25 @@ async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
     }
 }
 
+/// The mock holds its headers for an hour, on every request.
+fn hold_headers(app: &TestApp) {
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            delay_ms: HOUR_MS,
+            ..Default::default()
+        }),
+    );
+}
+
+/// Waits until the upstream has the request: the mock had it and its connection is open.
+async fn upstream_has_it(app: &TestApp) {
+    until("the upstream never had the request", async || {
+        app.mock.state.stats(KEY_A).count == 1 && established_to(app.mock.port) == 1
+    })
+    .await;
+}
+
 /// What the departure must have left: the upstream call closed, one log row with this
 /// status and code, the reservation settled at the row's cost — `charged_input`: the
 /// counted input was charged (else nothing), `output`: some output was counted too — the
@@ -201,18 +220,9 @@ async fn a_queued_stream_whose_client_half_closes_is_logged_and_pays_nothing() {
 async fn waiting_on_headers(stream: bool, how: Leave) {
     let app = app().await;
     let (id, token) = app.token("headers", Some("1")).await;
-    app.mock.state.sticky(
-        KEY_A,
-        Some(Script {
-            delay_ms: HOUR_MS,
-            ..Default::default()
-        }),
-    );
+    hold_headers(&app);
     let conn = send_raw(&app, &token, &body(stream)).await;
-    until("the upstream never had the request", async || {
-        app.mock.state.stats(KEY_A).count == 1 && established_to(app.mock.port) == 1
-    })
-    .await;
+    upstream_has_it(&app).await;
     let kept = leave(conn, how).await;
     assert_departed(&app, (id, &token), 499, true, false).await;
     drop(kept);
@@ -245,21 +255,12 @@ async fn a_request_whose_client_half_closes_while_the_upstream_works_is_cancelle
 async fn queued_then_waiting_on_headers(how: Leave) {
     let app = app().await;
     let (id, token) = app.token("both", Some("1")).await;
-    app.mock.state.sticky(
-        KEY_A,
-        Some(Script {
-            delay_ms: HOUR_MS,
-            ..Default::default()
-        }),
-    );
+    hold_headers(&app);
     let held = app.state.queue.admit(1, 0).await.expect("the free slot");
     let mut conn = send_raw(&app, &token, &body(true)).await;
     read_until(&mut conn, ": queued position=1").await;
     drop(held);
-    until("the upstream never had the request", async || {
-        app.mock.state.stats(KEY_A).count == 1 && established_to(app.mock.port) == 1
-    })
-    .await;
+    upstream_has_it(&app).await;
     let kept = leave(conn, how).await;
     assert_departed(&app, (id, &token), 499, true, false).await;
     drop(kept);
@@ -344,7 +345,6 @@ async fn a_stream_whose_client_half_closes_mid_stream_pays_input_and_what_it_got
 /// the request's one log row must say that cost — the request log and the ledger agree.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_whose_client_leaves_while_its_answer_settles_is_logged_at_what_it_was_charged() {
-    use sqlx::Connection;
     let app = app().await;
     let (_id, token) = app.token("settling", Some("1")).await;
     app.mock.state.sticky(
@@ -361,13 +361,7 @@ async fn a_request_whose_client_leaves_while_its_answer_settles_is_logged_at_wha
     .await;
     // Another writer holds the database while the upstream answers: the settlement waits.
     let path = app.settings.database_path();
-    let mut other = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
-        .await
-        .unwrap();
-    sqlx::query("BEGIN IMMEDIATE")
-        .execute(&mut other)
-        .await
-        .unwrap();
+    let mut other = hold_the_database(&path).await;
     // Past the upstream's 1.5 s: the answer is in, its settlement blocked.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     drop(conn);
@@ -399,16 +393,9 @@ async fn a_request_whose_client_leaves_while_its_answer_settles_is_logged_at_wha
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_while_its_row_waits_for_the_log_still_has_its_row() {
     use futures_util::StreamExt;
-    use sqlx::Connection;
     let app = spawn_app().await;
     let path = app.settings.database_path();
-    let mut other = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
-        .await
-        .unwrap();
-    sqlx::query("BEGIN IMMEDIATE")
-        .execute(&mut other)
-        .await
-        .unwrap();
+    let mut other = hold_the_database(&path).await;
     // The log queues 10 000 rows and writes batches of up to 512: past that, rows wait.
     let total = 10_000 + 512 + 300;
     let http = reqwest::Client::builder()

@@ -9,6 +9,7 @@
 
 use serde_json::{json, Value};
 
+use crate::helpers::{assert_cut_by_an_error_event, TestApp};
 use crate::translate_wire::{app, run_case};
 
 const BEFORE: &str = "Torque the bolts to ";
@@ -257,6 +258,44 @@ fn anthropic_lies() -> Vec<(&'static str, Value, bool)> {
     ]
 }
 
+/// `events` from `upstream` streamed to a `client` asking "How tight?", answered 200: what
+/// `run_case` got, and a description of the case for the assertions.
+async fn stream_case(
+    app: &TestApp,
+    token: &str,
+    (upstream, events): (&str, &Value),
+    client: &str,
+) -> (Value, String) {
+    let case = json!({"client": client, "request": {"max_tokens": 50, "stream": true,
+        "messages": [{"role": "user", "content": "How tight?"}]}, "upstream": {"events": events}});
+    let got = run_case(app, token, upstream, &case).await;
+    let what = format!("{upstream} → {client}: {got}");
+    assert_eq!(got["status"], 200, "{what}");
+    (got, what)
+}
+
+/// The last frame of a stream that ended complete in `client`'s format.
+fn assert_complete(last: &Value, client: &str, what: &str) {
+    if client == "anthropic" {
+        assert_eq!(last[0], "message_stop", "{what}");
+    } else {
+        assert_eq!(last[1], "[DONE]", "{what}");
+    }
+}
+
+/// The token `id` (a 1 USD budget) was charged what its request rows cost.
+async fn assert_charged_what_was_logged(app: &TestApp, id: i64) {
+    let logged = app
+        .scalar("SELECT COALESCE(SUM(cost_micros), 0) FROM requests")
+        .await;
+    let charged = app
+        .scalar(&format!(
+            "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
+        ))
+        .await;
+    assert_eq!(charged, logged, "the ledger charged what the rows say");
+}
+
 /// Runs every lie of `upstream`'s format to both clients and checks each ending, row and
 /// charge.
 async fn each_lie_ends_as_corrupt(upstream: &str) {
@@ -289,22 +328,12 @@ async fn each_lie_ends_as_corrupt(upstream: &str) {
             let what = format!("{upstream} → {client}, {name}: {got}");
             assert_eq!(got["status"], 200, "{what}");
             let frames = got["response"].as_array().unwrap();
-            assert!(
-                !frames
-                    .iter()
-                    .any(|f| f[1] == "[DONE]" || f[0] == "message_stop" || f[0] == "message_delta"),
-                "the stream ended as complete: {what}"
-            );
-            let last = frames.last().unwrap();
+            let last = assert_cut_by_an_error_event(frames, client, &what);
             if client == "anthropic" {
-                assert_eq!(last[0], "error", "{what}");
                 assert_eq!(last[1]["type"], "error", "{what}");
-                assert_eq!(last[1]["error"]["type"], "api_error", "{what}");
             } else {
                 assert!(last[0].is_null(), "{what}");
-                assert_eq!(last[1]["error"]["type"], "server_error", "{what}");
             }
-            assert_eq!(last[1]["error"]["code"], "upstream_error", "{what}");
             assert!(
                 last[1]["error"]["message"]
                     .as_str()
@@ -348,15 +377,7 @@ async fn each_lie_ends_as_corrupt(upstream: &str) {
             }
         }
     }
-    let logged = app
-        .scalar("SELECT COALESCE(SUM(cost_micros), 0) FROM requests")
-        .await;
-    let charged = app
-        .scalar(&format!(
-            "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
-        ))
-        .await;
-    assert_eq!(charged, logged, "the ledger charged what the rows say");
+    assert_charged_what_was_logged(&app, id).await;
     app.assert_invariant().await;
 }
 
@@ -407,11 +428,7 @@ async fn nulls_and_unknown_fields_and_events_still_pass() {
     let mut served = 0;
     for (upstream, events) in [("openai", &openai), ("anthropic", &anthropic)] {
         for client in ["openai", "anthropic"] {
-            let case = json!({"client": client, "request": {"max_tokens": 50, "stream": true,
-                "messages": [{"role": "user", "content": "How tight?"}]}, "upstream": {"events": events}});
-            let got = run_case(&app, &token, upstream, &case).await;
-            let what = format!("{upstream} → {client}: {got}");
-            assert_eq!(got["status"], 200, "{what}");
+            let (got, what) = stream_case(&app, &token, (upstream, events), client).await;
             let frames = got["response"].as_array().unwrap();
             let said: String = frames
                 .iter()
@@ -423,12 +440,7 @@ async fn nulls_and_unknown_fields_and_events_still_pass() {
                 })
                 .collect();
             assert_eq!(said, format!("{BEFORE}{AFTER}"), "{what}");
-            let last = frames.last().unwrap();
-            if client == "anthropic" {
-                assert_eq!(last[0], "message_stop", "{what}");
-            } else {
-                assert_eq!(last[1], "[DONE]", "{what}");
-            }
+            assert_complete(frames.last().unwrap(), client, &what);
             served += 1;
             app.wait_for_log_rows(served).await;
         }
@@ -476,15 +488,7 @@ async fn a_usage_of_the_wrong_type_in_an_answer_is_counted_not_read_as_zero() {
             assert!(output > 0 && output != 40, "output {output}: {what}");
         }
     }
-    let logged = app
-        .scalar("SELECT COALESCE(SUM(cost_micros), 0) FROM requests")
-        .await;
-    let charged = app
-        .scalar(&format!(
-            "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
-        ))
-        .await;
-    assert_eq!(charged, logged);
+    assert_charged_what_was_logged(&app, id).await;
     app.assert_invariant().await;
 }
 
@@ -517,17 +521,9 @@ async fn a_usage_missing_a_figure_is_counted_not_trusted() {
     let mut served = 0;
     for (upstream, events) in [("openai", &openai), ("anthropic", &anthropic)] {
         for client in ["openai", "anthropic"] {
-            let case = json!({"client": client, "request": {"max_tokens": 50, "stream": true,
-                "messages": [{"role": "user", "content": "How tight?"}]}, "upstream": {"events": events}});
-            let got = run_case(&app, &token, upstream, &case).await;
-            let what = format!("{upstream} → {client}: {got}");
-            assert_eq!(got["status"], 200, "{what}");
+            let (got, what) = stream_case(&app, &token, (upstream, events), client).await;
             let last = got["response"].as_array().unwrap().last().unwrap().clone();
-            if client == "anthropic" {
-                assert_eq!(last[0], "message_stop", "{what}");
-            } else {
-                assert_eq!(last[1], "[DONE]", "{what}");
-            }
+            assert_complete(&last, client, &what);
             served += 1;
             app.wait_for_log_rows(served).await;
             let (code, input, output): (Option<String>, i64, i64) = sqlx::query_as(

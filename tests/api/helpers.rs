@@ -190,10 +190,7 @@ impl TestApp {
     }
 
     pub async fn scalar(&self, sql: &str) -> i64 {
-        sqlx::query_scalar::<_, i64>(sql)
-            .fetch_one(&self.db().read)
-            .await
-            .expect(sql)
+        scalar_on(&self.db().read, sql).await
     }
 
     /// Waits until nothing is reserved any more (streams settle after the response).
@@ -213,6 +210,14 @@ impl TestApp {
         self.wait_settled().await;
         assert_invariant_on(&self.db().read).await;
     }
+}
+
+/// The one integer `sql` selects from `pool`.
+pub async fn scalar_on(pool: &sqlx::SqlitePool, sql: &str) -> i64 {
+    sqlx::query_scalar::<_, i64>(sql)
+        .fetch_one(pool)
+        .await
+        .expect(sql)
 }
 
 pub async fn assert_invariant_on(pool: &sqlx::SqlitePool) {
@@ -389,6 +394,45 @@ pub async fn upstream_closed(app: &TestApp) {
         );
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
+}
+
+/// Another writer on the SQLite file at `path`, holding its write lock (`BEGIN IMMEDIATE`)
+/// until the caller commits or drops it: the gateway's writes wait on it.
+pub async fn hold_the_database(path: &std::path::Path) -> sqlx::SqliteConnection {
+    use sqlx::Connection;
+    let mut other = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    other
+}
+
+/// A stream's frames as `translate_wire::run_case` records them (`[event, data]`) ended by
+/// the gateway's `upstream_error` event in `client`'s format — never `[DONE]`,
+/// `message_stop` or `message_delta` — and that event.
+pub fn assert_cut_by_an_error_event<'f>(
+    frames: &'f [Value],
+    client: &str,
+    what: &str,
+) -> &'f Value {
+    assert!(
+        !frames
+            .iter()
+            .any(|f| f[1] == "[DONE]" || f[0] == "message_stop" || f[0] == "message_delta"),
+        "the stream ended as complete: {what}"
+    );
+    let last = frames.last().unwrap();
+    if client == "anthropic" {
+        assert_eq!(last[0], "error", "{what}");
+        assert_eq!(last[1]["error"]["type"], "api_error", "{what}");
+    } else {
+        assert_eq!(last[1]["error"]["type"], "server_error", "{what}");
+    }
+    assert_eq!(last[1]["error"]["code"], "upstream_error", "{what}");
+    last
 }
 
 /// A real `redis-server` on a free port, stopped when dropped.

@@ -38,6 +38,38 @@ fn role_chunk() -> String {
     )
 }
 
+/// Waits (10 s at most) until the mock has no call in flight: the gateway closed it.
+async fn upstream_call_closed(app: &TestApp) {
+    for _ in 0..500 {
+        if app.mock.state.stats(KEY_A).in_flight == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the upstream call was never closed");
+}
+
+/// A tiny chunk of content: one word.
+fn word_chunk() -> String {
+    format!(
+        "data: {}\n\n",
+        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {"content": "word "}, "finish_reason": null}]})
+    )
+}
+
+/// A streamed request's `data:` payloads, read within 45 s — well inside the idle timeout
+/// (60 s), which would end it as a stall instead — and how long they took.
+async fn streamed_within_45_s(app: &TestApp, token: &str, late: &str) -> (Vec<String>, Duration) {
+    let started = std::time::Instant::now();
+    let resp = app.chat(token, &stream_body()).await;
+    assert_eq!(resp.status(), 200);
+    let (data, _) = tokio::time::timeout(Duration::from_secs(45), sse_data(resp))
+        .await
+        .expect(late);
+    (data, started.elapsed())
+}
+
 /// The stream the client got (within the bound), ended by the gateway's error event.
 async fn cut_by_the_gateway(app: &TestApp, token: &str, message: &str) -> Vec<String> {
     let resp = app.chat(token, &stream_body()).await;
@@ -79,13 +111,7 @@ async fn settled_as_cut(app: &TestApp, id: i64) {
         charged > 0 && charged <= cost,
         "charged {charged}, cost {cost}"
     );
-    for _ in 0..500 {
-        if app.mock.state.stats(KEY_A).in_flight == 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the upstream call was never closed");
+    upstream_call_closed(app).await;
 }
 
 #[tokio::test]
@@ -280,11 +306,7 @@ async fn a_96_mib_line_leaves_the_gateway_process_memory_bounded() {
 async fn tiny_events_without_end_are_streamed_until_the_client_leaves() {
     let app = spawn_app().await;
     let (_, token) = app.token("endless", Some("1")).await;
-    let tiny = format!(
-        "data: {}\n\n",
-        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
-            "choices": [{"index": 0, "delta": {"content": "word "}, "finish_reason": null}]})
-    );
+    let tiny = word_chunk();
     app.mock.state.sticky(
         KEY_A,
         Some(Script {
@@ -318,13 +340,7 @@ async fn tiny_events_without_end_are_streamed_until_the_client_leaves() {
     );
     assert!(output >= 20_000, "{output} output tokens counted");
     app.assert_invariant().await;
-    for _ in 0..500 {
-        if app.mock.state.stats(KEY_A).in_flight == 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the upstream call was never closed");
+    upstream_call_closed(&app).await;
 }
 
 /// A byte that is not UTF-8 in the middle of a stream, then valid events without end: the
@@ -337,11 +353,7 @@ async fn tiny_events_without_end_are_streamed_until_the_client_leaves() {
 async fn a_byte_that_is_not_utf8_ends_the_stream_as_corrupt_at_once() {
     let app = spawn_app().await;
     let (id, token) = app.token("notutf8", Some("1")).await;
-    let tiny = format!(
-        "data: {}\n\n",
-        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
-            "choices": [{"index": 0, "delta": {"content": "word "}, "finish_reason": null}]})
-    );
+    let tiny = word_chunk();
     app.mock.state.sticky(
         KEY_A,
         Some(Script {
@@ -386,14 +398,9 @@ async fn a_line_in_small_pieces_is_cut_at_the_cap_without_reparsing_it() {
             ..Default::default()
         }),
     );
-    let started = std::time::Instant::now();
-    let resp = app.chat(&token, &stream_body()).await;
-    assert_eq!(resp.status(), 200);
-    // Well inside the idle timeout (60 s), which would end it as a stall instead.
-    let (data, _) = tokio::time::timeout(Duration::from_secs(45), sse_data(resp))
-        .await
-        .expect("the gateway never ended the stream");
-    eprintln!("ended after {:?}", started.elapsed());
+    let (data, took) =
+        streamed_within_45_s(&app, &token, "the gateway never ended the stream").await;
+    eprintln!("ended after {took:?}");
     let last: Value = serde_json::from_str(data.last().unwrap()).unwrap();
     assert!(
         last["error"]["message"]
@@ -429,14 +436,9 @@ async fn blank_lines_in_bulk_cost_no_more_than_their_bytes() {
             ..Default::default()
         }),
     );
-    let started = std::time::Instant::now();
-    let resp = app.chat(&token, &stream_body()).await;
-    assert_eq!(resp.status(), 200);
-    // Well inside the idle timeout (60 s), which would end it as a stall instead.
-    let (data, _) = tokio::time::timeout(Duration::from_secs(45), sse_data(resp))
-        .await
-        .expect("the gateway never finished the stream");
-    eprintln!("served after {:?}", started.elapsed());
+    let (data, took) =
+        streamed_within_45_s(&app, &token, "the gateway never finished the stream").await;
+    eprintln!("served after {took:?}");
     assert_eq!(data.last().unwrap(), "[DONE]", "{:?}", data.last());
     assert_eq!(reassemble(&data), "Partly whole");
 }

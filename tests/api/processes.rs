@@ -117,11 +117,10 @@ async fn two_gateways_on_one_database_never_overdraw() {
     assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 100);
     assert_eq!(mock.state.stats(KEY_A).count, 100);
     assert_invariant_on(&db.read).await;
-    let remaining: i64 = sqlx::query_scalar("SELECT remaining_micros FROM tokens")
-        .fetch_one(&db.read)
-        .await
-        .unwrap();
-    assert_eq!(remaining, 0);
+    assert_eq!(
+        scalar_on(&db.read, "SELECT remaining_micros FROM tokens").await,
+        0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -78,6 +78,27 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// Waits (bounded) until the mock has had the test's one request: its stream has started.
+async fn started(mock: &MockServer) {
+    let state = mock.state.clone();
+    until("the stream never started", move || {
+        state.stats(KEY_A).count == 1
+    })
+    .await;
+}
+
+/// The mock's next answer on `KEY_A`: `text` streamed one chunk every 100 ms.
+fn script_slow_stream(mock: &MockServer, text: String) {
+    mock.state.script(
+        KEY_A,
+        [Script {
+            text: Some(text),
+            chunk_delay_ms: 100,
+            ..Default::default()
+        }],
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_with_stuck_and_slow_clients_exits_in_time_and_settles_everything() {
     let dir = tempfile::tempdir().unwrap();
@@ -124,14 +145,7 @@ async fn sigterm_with_stuck_and_slow_clients_exits_in_time_and_settles_everythin
     until("the half-closed client's stream never started", seen(2)).await;
 
     // 3. A normal client reading a stream that would take 30 s.
-    mock.state.script(
-        KEY_A,
-        [Script {
-            text: Some("word ".repeat(300)),
-            chunk_delay_ms: 100,
-            ..Default::default()
-        }],
-    );
+    script_slow_stream(&mock, "word ".repeat(300));
     let http = reqwest::Client::new();
     let normal = read_stream(&http, &gateway.url, &token, 400).await;
     until("the normal stream never started", seen(3)).await;
@@ -200,15 +214,7 @@ async fn sigterm_with_stuck_and_slow_clients_exits_in_time_and_settles_everythin
 
     // Everything settled, one row per request, no orphan.
     assert_invariant_on(&db.read).await;
-    let scalar = |sql: &'static str| {
-        let db = db.read.clone();
-        async move {
-            sqlx::query_scalar::<_, i64>(sql)
-                .fetch_one(&db)
-                .await
-                .unwrap()
-        }
-    };
+    let scalar = |sql| scalar_on(&db.read, sql);
     assert_eq!(scalar("SELECT COUNT(*) FROM reservations").await, 0);
     assert_eq!(scalar("SELECT reserved_micros FROM tokens").await, 0);
     assert_eq!(
@@ -262,20 +268,9 @@ async fn a_stream_that_ends_within_the_grace_finishes_whole() {
     .await;
     let (db, token) = db_and_token(dir.path(), "grace").await;
     let text = "word ".repeat(20);
-    mock.state.script(
-        KEY_A,
-        [Script {
-            text: Some(text.clone()),
-            chunk_delay_ms: 100,
-            ..Default::default()
-        }],
-    );
+    script_slow_stream(&mock, text.clone());
     let reading = read_stream(&reqwest::Client::new(), &gateway.url, &token, 100).await;
-    let state = mock.state.clone();
-    until("the stream never started", move || {
-        state.stats(KEY_A).count == 1
-    })
-    .await;
+    started(&mock).await;
     sigterm(&gateway);
     let (data, whole) = tokio::time::timeout(Duration::from_secs(10), reading)
         .await
@@ -316,70 +311,25 @@ async fn sigint_after_sigterm_ends_the_grace_at_once() {
         "",
     )
     .await;
-    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
-        .await
-        .unwrap();
-    let args = sluice::cli::IssueArgs {
-        budget_usd: Some("10"),
-        ..issue_args("twice")
-    };
-    let token = sluice::cli::token_issue(&db, &args, chrono::Utc::now())
-        .await
-        .unwrap()
-        .text;
+    let (db, token) = db_and_token(dir.path(), "twice").await;
     // A stream that would run for five minutes.
-    mock.state.script(
-        KEY_A,
-        [Script {
-            text: Some("word ".repeat(3000)),
-            chunk_delay_ms: 100,
-            ..Default::default()
-        }],
-    );
-    let mut body = chat_body(4000);
-    body["stream"] = json!(true);
-    let resp = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", gateway.url))
-        .bearer_auth(&token)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let reading = tokio::spawn(sse_data(resp));
-    let state = mock.state.clone();
-    until("the stream never started", move || {
-        state.stats(KEY_A).count == 1
-    })
-    .await;
-    let pid = gateway.child.id().to_string();
-    let signal = |sig: &str| {
-        let sent = std::process::Command::new("kill")
-            .args([sig, &pid])
-            .status()
-            .unwrap();
-        assert!(sent.success());
-    };
-    signal("-TERM");
+    script_slow_stream(&mock, "word ".repeat(3000));
+    let reading = read_stream(&reqwest::Client::new(), &gateway.url, &token, 4000).await;
+    started(&mock).await;
+    sigterm(&gateway);
     // The graceful stop has begun (no new connections); then Ctrl-C.
     tokio::time::sleep(Duration::from_millis(1000)).await;
     assert!(
         gateway.child.try_wait().unwrap().is_none(),
         "still in its grace"
     );
-    signal("-INT");
-    let sent = Instant::now();
-    let bound = Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = gateway.child.try_wait().unwrap() {
-            break status;
-        }
-        if sent.elapsed() > bound {
-            let _ = gateway.child.kill();
-            panic!("still running {bound:?} after SIGTERM then SIGINT (grace 60 s)");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    signal(&gateway, "-INT");
+    let status = exited(
+        &mut gateway,
+        Instant::now() + Duration::from_secs(20),
+        "still running 20 s after SIGTERM then SIGINT (grace 60 s)",
+    )
+    .await;
     assert!(status.success(), "{status:?}");
     let (data, _) = tokio::time::timeout(Duration::from_secs(10), reading)
         .await
@@ -393,11 +343,10 @@ async fn sigint_after_sigterm_ends_the_grace_at_once() {
             .await
             .unwrap();
     assert_eq!(rows, [(200, Some("shutting_down".to_string()))]);
-    let reserved: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM reservations")
-        .fetch_one(&db.read)
-        .await
-        .unwrap();
-    assert_eq!(reserved, 0);
+    assert_eq!(
+        scalar_on(&db.read, "SELECT COUNT(*) FROM reservations").await,
+        0
+    );
 }
 
 /// The store is slow when the grace ends (another writer holds the database for a few
@@ -407,7 +356,6 @@ async fn sigint_after_sigterm_ends_the_grace_at_once() {
 /// orphans at their whole reservation with no row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_ended_by_the_drain_settles_and_logs_even_when_the_store_is_slow() {
-    use sqlx::Connection;
     let dir = tempfile::tempdir().unwrap();
     let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
     let mut gateway = start_gateway_full(
@@ -418,67 +366,23 @@ async fn a_stream_ended_by_the_drain_settles_and_logs_even_when_the_store_is_slo
     )
     .await;
     let path = dir.path().join("sluice.db");
-    let db = sluice::store::Db::open(&path, false).await.unwrap();
-    let args = sluice::cli::IssueArgs {
-        budget_usd: Some("10"),
-        ..issue_args("slowstore")
-    };
-    let token = sluice::cli::token_issue(&db, &args, chrono::Utc::now())
-        .await
-        .unwrap()
-        .text;
-    mock.state.script(
-        KEY_A,
-        [Script {
-            text: Some("word ".repeat(3000)),
-            chunk_delay_ms: 100,
-            ..Default::default()
-        }],
-    );
-    let mut body = chat_body(4000);
-    body["stream"] = json!(true);
-    let resp = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", gateway.url))
-        .bearer_auth(&token)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let reading = tokio::spawn(sse_data(resp));
-    let state = mock.state.clone();
-    until("the stream never started", move || {
-        state.stats(KEY_A).count == 1
-    })
-    .await;
+    let (db, token) = db_and_token(dir.path(), "slowstore").await;
+    script_slow_stream(&mock, "word ".repeat(3000));
+    let reading = read_stream(&reqwest::Client::new(), &gateway.url, &token, 4000).await;
+    started(&mock).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     // Another writer holds the database from before the grace ends until 5 s after it.
-    let mut other = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
-        .await
-        .unwrap();
-    sqlx::query("BEGIN IMMEDIATE")
-        .execute(&mut other)
-        .await
-        .unwrap();
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &gateway.child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    let mut other = hold_the_database(&path).await;
+    sigterm(&gateway);
     tokio::time::sleep(Duration::from_secs(6)).await;
     sqlx::query("COMMIT").execute(&mut other).await.unwrap();
     drop(other);
-    let sent = Instant::now();
-    let status = loop {
-        if let Some(status) = gateway.child.try_wait().unwrap() {
-            break status;
-        }
-        if sent.elapsed() > Duration::from_secs(30) {
-            let _ = gateway.child.kill();
-            panic!("still running 30 s after the store came back");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let status = exited(
+        &mut gateway,
+        Instant::now() + Duration::from_secs(30),
+        "still running 30 s after the store came back",
+    )
+    .await;
     assert!(status.success(), "{status:?}");
     let _ = tokio::time::timeout(Duration::from_secs(10), reading).await;
     let rows: Vec<(i64, Option<String>, i64)> =
@@ -516,20 +420,9 @@ async fn sighup_does_not_stop_the_gateway() {
     let mut gateway = start_gateway_full(dir.path(), &mock, &[], "").await;
     let (db, token) = db_and_token(dir.path(), "hup").await;
     let text = "word ".repeat(10);
-    mock.state.script(
-        KEY_A,
-        [Script {
-            text: Some(text.clone()),
-            chunk_delay_ms: 100,
-            ..Default::default()
-        }],
-    );
+    script_slow_stream(&mock, text.clone());
     let reading = read_stream(&reqwest::Client::new(), &gateway.url, &token, 100).await;
-    let state = mock.state.clone();
-    until("the stream never started", move || {
-        state.stats(KEY_A).count == 1
-    })
-    .await;
+    started(&mock).await;
     signal(&gateway, "-HUP");
     let (data, whole) = tokio::time::timeout(Duration::from_secs(10), reading)
         .await

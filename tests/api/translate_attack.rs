@@ -5,6 +5,7 @@
 
 use serde_json::{json, Value};
 
+use crate::helpers::assert_cut_by_an_error_event;
 use crate::translate_wire::{app, run_case};
 
 fn chunk(choice: Value) -> Value {
@@ -487,20 +488,7 @@ async fn an_event_that_is_not_json_ends_the_stream_as_an_error() {
             let what = format!("{upstream} → {client}: {got}");
             assert_eq!(got["status"], 200, "{what}");
             let frames = got["response"].as_array().unwrap();
-            assert!(
-                !frames
-                    .iter()
-                    .any(|f| f[1] == "[DONE]" || f[0] == "message_stop" || f[0] == "message_delta"),
-                "{what}"
-            );
-            let last = frames.last().unwrap();
-            if client == "anthropic" {
-                assert_eq!(last[0], "error", "{what}");
-                assert_eq!(last[1]["error"]["type"], "api_error", "{what}");
-            } else {
-                assert_eq!(last[1]["error"]["type"], "server_error", "{what}");
-            }
-            assert_eq!(last[1]["error"]["code"], "upstream_error", "{what}");
+            assert_cut_by_an_error_event(frames, client, &what);
             assert!(
                 !frames.iter().any(|f| f.to_string().contains("m.")),
                 "{what}"
