@@ -430,15 +430,7 @@ async fn nulls_and_unknown_fields_and_events_still_pass() {
         for client in ["openai", "anthropic"] {
             let (got, what) = stream_case(&app, &token, (upstream, events), client).await;
             let frames = got["response"].as_array().unwrap();
-            let said: String = frames
-                .iter()
-                .map(|f| {
-                    f[1]["choices"][0]["delta"]["content"]
-                        .as_str()
-                        .or(f[1]["delta"]["text"].as_str())
-                        .unwrap_or("")
-                })
-                .collect();
+            let said = said_text(frames);
             assert_eq!(said, format!("{BEFORE}{AFTER}"), "{what}");
             assert_complete(frames.last().unwrap(), client, &what);
             served += 1;
@@ -605,15 +597,7 @@ async fn real_provider_streams_still_pass() {
             let what = format!("{upstream} → {client}: {got}");
             assert_eq!(got["status"], 200, "{what}");
             let frames = got["response"].as_array().unwrap();
-            let said: String = frames
-                .iter()
-                .map(|f| {
-                    f[1]["choices"][0]["delta"]["content"]
-                        .as_str()
-                        .or(f[1]["delta"]["text"].as_str())
-                        .unwrap_or("")
-                })
-                .collect();
+            let said = said_text(frames);
             assert_eq!(said, format!("{BEFORE}{AFTER}"), "{what}");
             let last = frames.last().unwrap();
             if client == "anthropic" {
@@ -699,4 +683,17 @@ async fn a_null_delta_on_the_last_chunk_ends_the_stream_whole() {
             assert_eq!(last[1], "[DONE]", "{what}");
         }
     }
+}
+
+/// The text a stream's frames carried, in either client format.
+fn said_text(frames: &[Value]) -> String {
+    frames
+        .iter()
+        .map(|f| {
+            f[1]["choices"][0]["delta"]["content"]
+                .as_str()
+                .or(f[1]["delta"]["text"].as_str())
+                .unwrap_or("")
+        })
+        .collect()
 }

@@ -297,13 +297,8 @@ async fn backups_are_taken_on_schedule() {
 /// because the stale names sort after it.
 #[tokio::test]
 async fn stale_future_backups_neither_evict_the_fresh_one_nor_make_every_minute_due() {
-    let app = spawn_app_full(|s, _| s.backup.interval_hours = 0, None).await;
-    let dir = std::path::Path::new(&app.settings.backup.dir).join("scheduled");
+    let (app, dir, now, interval) = backup_rig().await;
     let db = &app.state.db;
-    let now = chrono::DateTime::parse_from_rfc3339("2026-12-01T12:00:00Z")
-        .unwrap()
-        .with_timezone(&chrono::Utc);
-    let interval = chrono::Duration::hours(1);
     for i in 0..3 {
         let ahead = now + chrono::Duration::days(2) + chrono::Duration::minutes(i);
         sluice::ops::backup::backup_now(db, &dir, 3, ahead)
@@ -363,13 +358,8 @@ async fn stale_future_backups_neither_evict_the_fresh_one_nor_make_every_minute_
 /// a whole one.
 #[tokio::test]
 async fn a_backup_cut_short_by_a_crash_does_not_count_as_the_newest() {
-    let app = spawn_app_full(|s, _| s.backup.interval_hours = 0, None).await;
-    let dir = std::path::Path::new(&app.settings.backup.dir).join("scheduled");
+    let (app, dir, now, interval) = backup_rig().await;
     let db = &app.state.db;
-    let now = chrono::DateTime::parse_from_rfc3339("2026-12-01T12:00:00Z")
-        .unwrap()
-        .with_timezone(&chrono::Utc);
-    let interval = chrono::Duration::hours(1);
     let whole = sluice::ops::backup::backup_now(db, &dir, 3, now - chrono::Duration::hours(2))
         .await
         .unwrap();
@@ -385,4 +375,20 @@ async fn a_backup_cut_short_by_a_crash_does_not_count_as_the_newest() {
         taken.is_some(),
         "no backup taken: the cut file counted as one a minute old"
     );
+}
+
+/// A gateway whose own schedule is off, a backup folder of the test's, a fixed time and a
+/// one-hour interval: the backup tests call `backup_if_due` themselves.
+async fn backup_rig() -> (
+    TestApp,
+    std::path::PathBuf,
+    chrono::DateTime<chrono::Utc>,
+    chrono::Duration,
+) {
+    let app = spawn_app_full(|s, _| s.backup.interval_hours = 0, None).await;
+    let dir = std::path::Path::new(&app.settings.backup.dir).join("scheduled");
+    let now = chrono::DateTime::parse_from_rfc3339("2026-12-01T12:00:00Z")
+        .unwrap()
+        .with_timezone(&chrono::Utc);
+    (app, dir, now, chrono::Duration::hours(1))
 }
