@@ -187,6 +187,20 @@ pub async fn backup_if_due(
     backup_now(db, dir, keep, now).await.map(Some)
 }
 
+/// `sluice backup`: a backup now, under the folder's `backup.lock` like a scheduled one (it
+/// prunes the same folder: unlocked, it could delete a scheduled backup between its
+/// `VACUUM INTO` and its integrity check).
+pub async fn backup_now_locked(
+    db: &Db,
+    dir: &Path,
+    keep: u32,
+    now: DateTime<Utc>,
+) -> Result<PathBuf, BackupError> {
+    crate::private_fs::create_dir_all(dir)?;
+    let _lock = crate::private_fs::lock(&dir.join("backup.lock"), LOCK_WAIT).await?;
+    backup_now(db, dir, keep, now).await
+}
+
 /// A new, empty file only its owner can read.
 fn private_file(path: &Path) -> std::io::Result<std::fs::File> {
     std::fs::OpenOptions::new()
