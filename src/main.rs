@@ -387,8 +387,8 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Backup { to } => {
             let dir = to.unwrap_or_else(|| PathBuf::from(&settings.backup.dir));
-            let path =
-                sluice::ops::backup::backup_now(&db, &dir, settings.backup.keep, now).await?;
+            let path = sluice::ops::backup::backup_now_locked(&db, &dir, settings.backup.keep, now)
+                .await?;
             println!("backup written to {}", path.display());
         }
         Command::Cache {

@@ -89,14 +89,29 @@ pub async fn backup_now(
     }
     // Only files named as a backup count; one stamped in the future (written while the
     // clock ran ahead) goes before any taken up to now, so it can never evict this one.
-    let mut backups: Vec<(bool, DateTime<Utc>, PathBuf)> = std::fs::read_dir(dir)?
+    let (mut backups, cut): (Vec<_>, Vec<_>) = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter_map(|p| taken_at(&p).filter(|_| whole(&p)).map(|t| (t <= now, t, p)))
-        .collect();
+        .filter_map(|p| taken_at(&p).map(|t| (t <= now, t, p)))
+        .partition(|(_, _, p)| whole(p));
     backups.sort();
     let excess = backups.len().saturating_sub(keep.max(1) as usize);
     for (_, _, old) in &backups[..excess] {
         std::fs::remove_file(old)?;
+    }
+    // A backup cut short (a crash during its `VACUUM INTO`) is none of the `keep`, and
+    // nothing else removes it: once stamped before every backup kept (so no backup still
+    // being written, e.g. by `sluice backup`), it goes.
+    if let Some(oldest_kept) = backups[excess..]
+        .iter()
+        .filter(|(past, _, _)| *past)
+        .map(|(_, t, _)| *t)
+        .min()
+    {
+        for (_, t, p) in &cut {
+            if *t < oldest_kept && p != &path {
+                let _ = std::fs::remove_file(p);
+            }
+        }
     }
     Ok(path)
 }
@@ -170,6 +185,20 @@ pub async fn backup_if_due(
         return Ok(None);
     }
     backup_now(db, dir, keep, now).await.map(Some)
+}
+
+/// `sluice backup`: a backup now, under the folder's `backup.lock` like a scheduled one (it
+/// prunes the same folder: unlocked, it could delete a scheduled backup between its
+/// `VACUUM INTO` and its integrity check).
+pub async fn backup_now_locked(
+    db: &Db,
+    dir: &Path,
+    keep: u32,
+    now: DateTime<Utc>,
+) -> Result<PathBuf, BackupError> {
+    crate::private_fs::create_dir_all(dir)?;
+    let _lock = crate::private_fs::lock(&dir.join("backup.lock"), LOCK_WAIT).await?;
+    backup_now(db, dir, keep, now).await
 }
 
 /// A new, empty file only its owner can read.

@@ -192,3 +192,51 @@ async fn a_restore_keeps_the_old_head_aside_and_starts_a_new_one() {
     assert_eq!(actor, "cli");
     assert!(after.contains("restore of"), "{after}");
 }
+
+/// `sluice backup` into the folder the scheduled backups use must take the folder's
+/// `backup.lock` like they do: it prunes to `keep` as well, so run while a gateway's
+/// scheduled backup is being written (lock held) it could delete that backup between its
+/// `VACUUM INTO` and its integrity check (`keep = 1`), failing it with a `backup_failed`
+/// alert. It waits for the lock instead.
+#[test]
+fn the_backup_command_waits_for_the_folders_backup_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("sluice.toml");
+    let db = dir.path().join("sluice.db");
+    let backup = dir.path().join("backup");
+    write_cli_config(&config, &db, &backup);
+    let out = sluice(&config, &["team", "create", "--name", "one"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    std::fs::create_dir_all(&backup).unwrap();
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(backup.join("backup.lock"))
+        .unwrap();
+    lock.try_lock().unwrap();
+    let cli = std::thread::spawn({
+        let config = config.clone();
+        move || sluice(&config, &["backup"])
+    });
+    let backups = || {
+        std::fs::read_dir(&backup)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with("sluice-") && n.ends_with(".db"))
+            .count()
+    };
+    // Time enough for the command to start, open the database and write a backup.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(4);
+    while std::time::Instant::now() < until {
+        assert!(
+            !cli.is_finished() && backups() == 0,
+            "`sluice backup` wrote into the folder while another process held backup.lock"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    drop(lock);
+    let out = cli.join().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(backups(), 1);
+}

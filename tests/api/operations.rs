@@ -392,3 +392,39 @@ async fn backup_rig() -> (
         .with_timezone(&chrono::Utc);
     (app, dir, now, chrono::Duration::hours(1))
 }
+
+/// A backup cut short by a crash is never one of the `keep`, yet nothing ever removed it:
+/// every crash during a backup left a partial copy of the database in the folder for good,
+/// past any number of later backups (the folder grows without bound over crashes, and
+/// `keep` no longer bounds what it holds). Once older than every backup kept, it goes.
+#[tokio::test]
+async fn a_backup_cut_short_is_pruned_once_older_than_every_backup_kept() {
+    let (app, dir, now, interval) = backup_rig().await;
+    let db = &app.state.db;
+    let whole = sluice::ops::backup::backup_now(db, &dir, 2, now - chrono::Duration::hours(2))
+        .await
+        .unwrap();
+    let bytes = std::fs::read(&whole).unwrap();
+    let cut = dir.join("sluice-20261201T115900.000Z.db");
+    std::fs::write(&cut, &bytes[..bytes.len() / 3]).unwrap();
+    for h in 0..3 {
+        sluice::ops::backup::backup_if_due(db, &dir, 2, interval, now + interval * h)
+            .await
+            .unwrap()
+            .expect("due an interval after the last");
+    }
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("sluice-") && n.ends_with(".db"))
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "sluice-20261201T130000.000Z.db",
+            "sluice-20261201T140000.000Z.db"
+        ],
+        "keep = 2: the cut-short copy of 11:59 outlived every later backup"
+    );
+}
