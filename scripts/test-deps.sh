@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs on a fresh Debian machine with the Rust toolchain:
-# a redis-server for the rate-limit tests, libfaketime for the skewed-clock tests, the Python SDKs the compatibility tests drive,
+# a redis-server for the rate-limit tests, a PostgreSQL server for the multi-host store, libfaketime for the skewed-clock tests, the Python SDKs the compatibility tests drive,
 # and for the admin UI test Debian's chromium plus playwright-core (npm ci in tests/ui; the
 # browser is never downloaded by Playwright). Idempotent, and quick when everything is present.
 set -euo pipefail
@@ -24,6 +24,14 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
     apt_install redis-server redis-tools
     # The tests start their own servers on free ports; the distribution's service is not needed.
     $sudo systemctl disable --now redis-server >/dev/null 2>&1 || true
+fi
+
+# PostgreSQL (issue 17): the tests run `initdb` and `postgres` themselves on free ports (as
+# the `postgres` user when run as root: PostgreSQL refuses root), never the distribution's
+# service. `psql` creates each test's database.
+if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || ! command -v psql >/dev/null 2>&1; then
+    apt_install postgresql postgresql-client
+    $sudo systemctl disable --now postgresql >/dev/null 2>&1 || true
 fi
 
 # libfaketime moves a gateway process's clock in tests/api/clocks.rs (Q12, R3).

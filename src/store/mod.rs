@@ -117,7 +117,7 @@ impl Db {
             })
             .connect_with(opts.clone())
             .await?;
-        sqlx::migrate!("./migrations").run(&write).await?;
+        sqlx::migrate!("./migrations/sqlite").run(&write).await?;
         let read = SqlitePoolOptions::new()
             .max_connections(4)
             .min_connections(1)
@@ -181,5 +181,5 @@ pub async fn migrations_applied(pool: &SqlitePool) -> Result<bool> {
         sqlx::query_scalar("SELECT COUNT(*) FROM _sqlx_migrations WHERE success = 1")
             .fetch_one(pool)
             .await?;
-    Ok(applied as usize >= sqlx::migrate!("./migrations").migrations.len())
+    Ok(applied as usize >= sqlx::migrate!("./migrations/sqlite").migrations.len())
 }
