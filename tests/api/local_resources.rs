@@ -35,7 +35,7 @@ use crate::helpers::*;
 /// connections.
 const LIMIT: u64 = 96;
 /// Keep-alive connections opened before the limit bites.
-const PROBES: usize = 10;
+const PROBES: usize = 12;
 /// Probe failures wanted: more than the breaker's threshold (3).
 const FAILURES: usize = 5;
 const HOUR_MS: u64 = 3_600_000;
@@ -126,9 +126,15 @@ fn chat(model: &str) -> Value {
     body
 }
 
-/// Probe `i`: alternately an OpenAI and an Anthropic request, so both error formats are seen.
+/// Whether probe `i` is an OpenAI request; otherwise an Anthropic one. One in three: any run
+/// of failures sees both error formats, and no number of held probes lines the formats up
+/// with the failures' own order.
+fn openai_probe(i: usize) -> bool {
+    i.is_multiple_of(3)
+}
+
 fn probe_request(i: usize, token: &str) -> hyper::Request<Full<Bytes>> {
-    let (path, body) = if i.is_multiple_of(2) {
+    let (path, body) = if openai_probe(i) {
         ("/v1/chat/completions", chat(PAIR))
     } else {
         (
@@ -283,8 +289,27 @@ async fn running_out_of_open_files_does_not_open_the_upstreams_breaker() {
         fds(pid)
     );
 
+    // One holder leaves (the gateway closes its client and upstream sockets): the first
+    // probes find those descriptors free and are held, so the held path runs every time, and
+    // each failure must be read in its own probe's format, whatever its place among them.
+    drop(holders.remove(0));
+    let until = Instant::now() + BOUND;
+    while fds(pid) + 2 > LIMIT {
+        assert!(
+            Instant::now() < until,
+            "a holder left but the gateway kept its descriptors"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for p in &mut probes {
+        healthz(p).await;
+    }
+    warmed = Instant::now();
+
     // Probe over the connections opened before: the upstream connect has no descriptor.
-    let mut failures: Vec<Answer> = Vec::new();
+    // Each failure with the index of its probe: a probe that found a descriptor free is held,
+    // so the failures' own order says nothing of which format each was asked in.
+    let mut failures: Vec<(usize, Answer)> = Vec::new();
     let mut held: Vec<JoinHandle<Answer>> = Vec::new();
     for i in 0..PROBES {
         if failures.len() == FAILURES {
@@ -299,7 +324,7 @@ async fn running_out_of_open_files_does_not_open_the_upstreams_breaker() {
         let mut answer = send(&mut probes[i], probe_request(i, &token)).await;
         let answered = async { (&mut answer).await.unwrap() };
         match held_or_answered(&mock, reached + 1, answered).await {
-            Some(a) => failures.push(a),
+            Some(a) => failures.push((i, a)),
             None => {
                 reached += 1;
                 held.push(answer);
@@ -353,13 +378,13 @@ async fn running_out_of_open_files_does_not_open_the_upstreams_breaker() {
     }
 
     // Each shortage was answered 503 `service_degraded`, soon to retry, in its client's format.
-    for (i, (status, headers, body)) in failures.iter().enumerate() {
+    for (i, (status, headers, body)) in &failures {
         let text = String::from_utf8_lossy(body);
         assert_eq!(*status, 503, "probe {i}: {text}");
         let v: Value = serde_json::from_slice(body).unwrap();
         assert_eq!(v["error"]["code"], "service_degraded", "probe {i}: {v}");
-        if i.is_multiple_of(2) {
-            assert_eq!(v["error"]["type"], "server_error", "{v}");
+        if openai_probe(*i) {
+            assert_eq!(v["error"]["type"], "server_error", "probe {i}: {v}");
             assert_eq!(v["error"]["retry_after_seconds"], 1, "{v}");
         } else {
             assert_eq!(v["type"], "error", "{v}");
