@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 const FORBIDDEN: &[&str] = &[
     "sqlx",
     "Sqlite",
+    "SQLite",
     "SQLITE",
+    "-wal",
     "begin_with",
     "BEGIN IMMEDIATE",
     "SELECT ",
