@@ -1,4 +1,5 @@
-//! All SQL lives below this module. SQLite in WAL mode: one writer connection per process
+//! All SQL lives below this module, and nothing above it knows the engine (`Db`, `Tx`; the
+//! guard is `tests/api/store_boundary.rs`). SQLite in WAL mode: one writer connection per process
 //! (writers queue in-process instead of fighting over the file lock; other processes wait
 //! on `busy_timeout`), and a small pool of readers that never block it.
 
