@@ -22,6 +22,8 @@ pub mod tokens;
 pub mod writer;
 
 #[cfg(test)]
+mod tx_test;
+#[cfg(test)]
 mod writer_test;
 
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
