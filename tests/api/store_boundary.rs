@@ -42,10 +42,13 @@ fn leaks(file: &str, text: &str) -> Vec<String> {
     let mut out = Vec::new();
     for (i, line) in lines.iter().enumerate() {
         let code = line.trim_start();
+        // An inline test module runs to the end of the file (`#[cfg(test)] mod x;` only
+        // names another file, and the code after it is still production code).
         if code.starts_with("#[cfg(test)]")
-            && lines
-                .get(i + 1)
-                .is_some_and(|next| next.trim_start().starts_with("mod "))
+            && lines.get(i + 1).is_some_and(|next| {
+                let next = next.trim();
+                next.starts_with("mod ") && next.ends_with('{')
+            })
         {
             break;
         }
@@ -96,7 +99,11 @@ fn the_guard_sees_what_it_must_and_spares_prose_and_unit_tests() {
                 fn d() { db.sqlite().read }\n\
                 fn e() {} // a SELECT in a comment\n\
                 #[cfg(test)]\n\
-                mod tests { fn f(c: &mut sqlx::SqliteConnection) {} }\n";
+                mod other_file;\n\
+                fn g() { sqlx::query(\"DELETE FROM t\") }\n\
+                #[cfg(test)]\n\
+                mod tests {\n\
+                fn f(c: &mut sqlx::SqliteConnection) {} }\n";
     let found = leaks("x.rs", text);
     let lines: Vec<&str> = found
         .iter()
@@ -104,7 +111,7 @@ fn the_guard_sees_what_it_must_and_spares_prose_and_unit_tests() {
         .collect();
     assert_eq!(
         lines,
-        ["x.rs:2", "x.rs:2", "x.rs:3", "x.rs:3", "x.rs:4", "x.rs:5"],
+        ["x.rs:2", "x.rs:2", "x.rs:3", "x.rs:3", "x.rs:4", "x.rs:5", "x.rs:9", "x.rs:9"],
         "{found:#?}"
     );
 }
