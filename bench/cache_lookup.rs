@@ -42,9 +42,8 @@ async fn main() -> anyhow::Result<()> {
     let cache = Cache::new(
         &cfg,
         &UpstreamTimeouts::default(),
-        db.read.clone(),
-        db.write.clone(),
-        sluice::store::writer::Writer::start(db.write.clone()),
+        db.clone(),
+        sluice::store::writer::Writer::start(&db),
     )?;
     let headers = actix_web::http::header::HeaderMap::new();
     let now = chrono::Utc::now();

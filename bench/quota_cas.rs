@@ -72,7 +72,7 @@ async fn setup(dir: &std::path::Path, full: bool) -> (Db, Owner) {
         "INSERT INTO tokens (id, user_id, token_hash, prefix, limit_micros, remaining_micros, reset, period, created_at)
          VALUES (1, 1, x'01', 'abcdefgh', 1000000000000000, 1000000000000000, 'never', 'never', ?)",
     ] {
-        sqlx::query(sql).bind(at).execute(&db.write).await.expect("setup");
+        sqlx::query(sql).bind(at).execute(&db.sqlite().write).await.expect("setup");
     }
     let owner = Owner {
         token_id: 1,
@@ -86,7 +86,7 @@ async fn setup(dir: &std::path::Path, full: bool) -> (Db, Owner) {
 async fn run(full: bool, clients: usize, seconds: u64) {
     let dir = tempfile::tempdir().expect("tempdir");
     let (db, owner) = setup(dir.path(), full).await;
-    let quota = Quota::new(db.write.clone(), Arc::new(SystemClock), "bench".into());
+    let quota = Quota::new(&db, Arc::new(SystemClock), "bench".into());
     // Warm-up (statements prepared, pages cached).
     for i in 0..200 {
         let held = quota

@@ -29,12 +29,6 @@ pub enum CliError {
     Tampered(Vec<String>),
 }
 
-impl From<sqlx::Error> for CliError {
-    fn from(e: sqlx::Error) -> Self {
-        CliError::Store(e.into())
-    }
-}
-
 const ACTOR: &str = "cli";
 
 fn budget(usd: Option<&str>) -> Result<Option<i64>, CliError> {
@@ -78,7 +72,7 @@ pub async fn team_create(
         limit_micros: budget(budget_usd)?,
         reset: Reset::Monthly,
     };
-    let mut tx = db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = db.begin().await?;
     let id = tenants::create_team(&mut tx, name, &b, now).await?;
     let after = json!({"name": name, "limit_micros": b.limit_micros}).to_string();
     audit::append(
@@ -105,7 +99,7 @@ pub async fn user_create(db: &Db, a: &UserArgs<'_>, now: DateTime<Utc>) -> Resul
         limit_micros: budget(a.budget_usd)?,
         reset: reset(a.reset, Reset::Monthly)?,
     };
-    let mut tx = db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = db.begin().await?;
     let team_id = tenants::ensure_team(&mut tx, a.team.unwrap_or(DEFAULT_TEAM), now).await?;
     let u = NewUser {
         username: a.username,
@@ -177,7 +171,7 @@ pub async fn token_issue(
             .collect()
     });
     let new = token::generate();
-    let mut tx = db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = db.begin().await?;
     let user_id = match tenants::user_ids(&mut tx, a.user).await? {
         Some((id, _)) => id,
         None => {
@@ -226,7 +220,7 @@ pub async fn token_issue(
 }
 
 pub async fn token_revoke(db: &Db, id: i64, now: DateTime<Utc>) -> Result<(), CliError> {
-    let mut tx = db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = db.begin().await?;
     if !tokens::revoke(&mut tx, id, now).await? {
         return Err(CliError::Invalid(format!("no live token with id {id}")));
     }
@@ -254,9 +248,9 @@ pub async fn token_budget(
     now: DateTime<Utc>,
 ) -> Result<(), CliError> {
     if let BudgetChange::Adjust { micros, reason } = &change {
-        return Ok(ledger::adjust(&db.write, id, *micros, reason, ACTOR, now).await?);
+        return Ok(ledger::adjust(db, id, *micros, reason, ACTOR, now).await?);
     }
-    let mut tx = db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = db.begin().await?;
     let owner = ledger::owner_of(&mut tx, id).await?;
     let target = format!("token:{id}");
     match change {
@@ -316,7 +310,7 @@ pub async fn admin_create(
         return Err(CliError::Invalid("a lead needs --team".into()));
     }
     let hash = password::hash_blocking(pw).await?;
-    let mut tx = db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = db.begin().await?;
     let team_id = match team {
         Some(t) => Some(tenants::ensure_team(&mut tx, t, now).await?),
         None => None,
@@ -335,7 +329,7 @@ pub async fn admin_create(
 
 /// The login named `username`, or an error naming it.
 async fn login_named(db: &Db, username: &str) -> Result<i64, CliError> {
-    sessions::admin_by_name(&db.read, username)
+    sessions::admin_by_name(db, username)
         .await?
         .map(|a| a.id)
         .ok_or_else(|| CliError::Invalid(format!("no admin login named `{username}`")))
@@ -347,7 +341,7 @@ async fn login_named(db: &Db, username: &str) -> Result<i64, CliError> {
 /// counted attempts were forgotten.
 pub async fn admin_unlock(db: &Db, username: &str, now: DateTime<Utc>) -> Result<u64, CliError> {
     let id = login_named(db, username).await?;
-    let mut tx = db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = db.begin().await?;
     let forgotten = throttle::unlock_name(&mut tx, username, now).await?;
     let after = json!({ "attempts_forgotten": forgotten }).to_string();
     audit::append(
@@ -371,7 +365,7 @@ pub async fn admin_reset_password(
 ) -> Result<i64, CliError> {
     let id = login_named(db, username).await?;
     let hash = password::hash_blocking(pw).await?;
-    let mut tx = db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = db.begin().await?;
     sessions::set_password_hash(&mut tx, id, &hash).await?;
     let ended = sessions::delete_sessions_of(&mut tx, id, None).await?;
     let revoked = sessions::revoke_api_keys_of(&mut tx, id, now).await?;

@@ -306,14 +306,14 @@ async fn main() -> anyhow::Result<()> {
             r.tokens_checked
         );
         let dir = PathBuf::from(&settings.backup.dir);
-        let db = Db::open(&target, false).await?;
+        let db = Db::connect(&settings).await?;
         let why = format!("restore of {}", file.display());
         let rearmed = cli::audit_rearm(&db, &dir, &why, "before-restore", now).await;
         db.close().await;
         println!("{}", rearmed?);
         return Ok(());
     }
-    let db = Db::open(&settings.database_path(), false).await?;
+    let db = Db::connect(&settings).await?;
     match cli.command {
         Command::Migrate => println!(
             "database at {} is up to date",
@@ -394,9 +394,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Cache {
             command: CacheCommand::Invalidate { tag },
         } => {
-            let n = sluice::store::cache::delete_tag(&db.write, &tag)
-                .await?
-                .len();
+            let n = sluice::store::cache::delete_tag(&db, &tag).await?.len();
             println!("{n} cache entries tagged {tag} deleted");
         }
         Command::Audit {
@@ -495,7 +493,7 @@ async fn token_command(
             println!("token {id} revoked");
         }
         TokenCommand::List { json } => {
-            let rows = tokens::list(&db.read).await?;
+            let rows = tokens::list(db).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
             } else {
@@ -691,7 +689,7 @@ async fn serve_demo(mut settings: Settings) -> anyhow::Result<()> {
         })
         .collect();
     settings.validate()?;
-    let db = Db::open(&settings.database_path(), false).await?;
+    let db = Db::connect(&settings).await?;
     let now = chrono::Utc::now();
     let pw = sluice::auth::token::generate().text[6..30].to_string();
     let admin = cli::admin_create(&db, "admin", "admin", None, pw.clone(), now).await;

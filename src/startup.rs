@@ -108,26 +108,22 @@ impl Application {
         settings.validate()?;
         estimate::init();
         metrics::install();
-        let db = Db::open(
-            &settings.database_path(),
-            settings.quota.synchronous == "full",
-        )
-        .await?;
+        let db = Db::connect(&settings).await?;
         let me = processes::Me::new(uuid::Uuid::new_v4().simple().to_string(), hostname());
         let process_id = me.id.clone();
-        processes::heartbeat(&db.write, &me, clock.now()).await?;
+        processes::heartbeat(&db, &me, clock.now()).await?;
 
         let catalog = Catalog::from_settings(&settings);
         let pool = Arc::new(Pool::new(&settings));
         // One group-commit writer for the money path and the request log.
-        let writer = Writer::start(db.write.clone());
+        let writer = Writer::start(&db);
         let request_log = if settings.ladder.has(Ladder::Log) {
             RequestLog::start(writer.clone())
         } else {
             RequestLog::off()
         };
         let state = Arc::new(AppState {
-            auth: Authenticator::new(db.read.clone()),
+            auth: Authenticator::new(db.clone()),
             passwords: Passwords::default(),
             quota: Quota::with_writer(writer.clone(), clock.clone(), process_id),
             upstream: Arc::new(UpstreamClient::new(&settings.upstream)?),
@@ -140,8 +136,7 @@ impl Application {
             cache: Cache::new(
                 &settings.cache,
                 &settings.upstream,
-                db.read.clone(),
-                db.write.clone(),
+                db.clone(),
                 writer.clone(),
             )?,
             clock,
@@ -256,16 +251,12 @@ impl Application {
         // settle what is left at its reserved amount (flagged `orphan`), so no reservation
         // outlives the process.
         let until = std::time::Instant::now() + Duration::from_secs(5);
-        while ledger::open_reservations(&state.db.read, me)
-            .await
-            .unwrap_or(0)
-            > 0
+        while ledger::open_reservations(&state.db, me).await.unwrap_or(0) > 0
             && std::time::Instant::now() < until
         {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        match ledger::settle_orphans(&state.db.write, Orphans::OfOwner(me), state.clock.now()).await
-        {
+        match ledger::settle_orphans(&state.db, Orphans::OfOwner(me), state.clock.now()).await {
             Ok(0) => {}
             Ok(n) => tracing::warn!(
                 reservations = n,
@@ -277,7 +268,7 @@ impl Application {
         }
         state.request_log.flush().await;
         state.cache.flush().await;
-        let _ = processes::unregister(&state.db.write, me).await;
+        let _ = processes::unregister(&state.db, me).await;
         tracing::info!("sluice stopped");
         result
     }

@@ -54,7 +54,7 @@ struct KeysFragment {
 }
 
 pub async fn page(actor: Actor, state: web::Data<AppState>) -> Result<HttpResponse, AdminError> {
-    let keys = sessions::api_keys_of(&state.db.read, actor.id).await?;
+    let keys = sessions::api_keys_of(&state.db, actor.id).await?;
     view::html(&AccountPage {
         c: Chrome::new(&actor, "account"),
         keys,
@@ -78,7 +78,7 @@ pub async fn create_key(
     }
     let key = token::generate_admin_key();
     let now = state.clock.now();
-    let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = state.db.begin().await?;
     let id = sessions::create_api_key(
         &mut tx,
         actor.id,
@@ -109,7 +109,7 @@ async fn create_key_html(
     Input(k): Input<NewKey>,
 ) -> Result<HttpResponse, AdminError> {
     let (_, text) = create_key(&state, &actor, k).await?;
-    let keys = sessions::api_keys_of(&state.db.read, actor.id).await?;
+    let keys = sessions::api_keys_of(&state.db, actor.id).await?;
     view::html(&KeysFragment {
         keys,
         new_key: Some(text),
@@ -124,7 +124,7 @@ async fn revoke_key_html(
     actor.require_write()?;
     let id = id.into_inner();
     let now = state.clock.now();
-    let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = state.db.begin().await?;
     if !sessions::revoke_api_key(&mut tx, actor.id, id, now).await? {
         return Err(AdminError::NotFound);
     }
@@ -139,7 +139,7 @@ async fn revoke_key_html(
         )
         .await?;
     tx.commit().await?;
-    let keys = sessions::api_keys_of(&state.db.read, actor.id).await?;
+    let keys = sessions::api_keys_of(&state.db, actor.id).await?;
     view::html_with_flash(
         &KeysFragment {
             keys,
@@ -169,19 +169,13 @@ async fn change_password(
     // A new password that could never be accepted costs no attempt.
     password::check_length(&new_password)?;
     let now = state.clock.now();
-    let attempt = match throttle::admit(
-        &state.db.read,
-        &state.db.write,
-        &actor.username,
-        &actor.address,
-        &*state.clock,
-    )
-    .await?
+    let attempt = match throttle::admit(&state.db, &actor.username, &actor.address, &*state.clock)
+        .await?
     {
         Admission::Admitted(a) => a,
         Admission::Refused { retry_after } => return Err(AdminError::Throttled { retry_after }),
     };
-    let admin = sessions::admin_by_id(&state.db.read, actor.id)
+    let admin = sessions::admin_by_id(&state.db, actor.id)
         .await?
         .ok_or(AdminError::Unauthorized)?;
     let current = p.current_password.unwrap_or_default();
@@ -193,7 +187,7 @@ async fn change_password(
         Ok(true) => state.passwords.hash(new_password).await,
         Ok(false) => {
             // The attempt stays recorded: one of the window's failures.
-            let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+            let mut tx = state.db.begin().await?;
             actor
                 .audit(
                     &mut tx,
@@ -215,12 +209,12 @@ async fn change_password(
         Ok(h) => h,
         Err(e) => {
             // Hashing was busy (or failed): no guess was wrong, nothing counts.
-            attempt.withdraw_now(&state.db.write).await?;
+            attempt.withdraw_now(&state.db).await?;
             return Err(e.into());
         }
     };
     let id = session::new_secret();
-    let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = state.db.begin().await?;
     attempt.withdraw(&mut tx).await?;
     sessions::set_password_hash(&mut tx, actor.id, &hash).await?;
     let ended = sessions::delete_sessions_of(&mut tx, actor.id, None).await?;

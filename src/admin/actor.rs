@@ -9,7 +9,6 @@ use std::future::{ready, Ready};
 
 use actix_web::{FromRequest, HttpMessage, HttpRequest};
 use chrono::{DateTime, Utc};
-use sqlx::SqliteConnection;
 
 use super::error::AdminError;
 use crate::store::audit::{self, AuditEntry};
@@ -159,7 +158,7 @@ impl Actor {
     /// Appends this actor's audit row inside the caller's transaction.
     pub async fn audit(
         &self,
-        conn: &mut SqliteConnection,
+        tx: &mut crate::store::Tx,
         action: &str,
         target: &str,
         before: Option<&str>,
@@ -174,7 +173,7 @@ impl Actor {
             before,
             after,
         };
-        audit::append(conn, &entry, now).await?;
+        audit::append(tx, &entry, now).await?;
         Ok(())
     }
 }

@@ -39,7 +39,7 @@ pub async fn search(
     }
     let page = q.page.unwrap_or(1).clamp(1, 100_000);
     let mut rows = reports::audit(
-        &state.db.read,
+        &state.db,
         q.action.as_deref(),
         q.actor.as_deref(),
         PAGE_SIZE,

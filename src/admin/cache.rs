@@ -26,7 +26,7 @@ pub async fn invalidate(state: &AppState, actor: &Actor, tag: &str) -> Result<us
     }
     let deleted = state.cache.invalidate_tag(tag).await?;
     let now = state.clock.now();
-    let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = state.db.begin().await?;
     let after = json!({"tag": tag, "deleted": deleted}).to_string();
     actor
         .audit(

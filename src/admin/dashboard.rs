@@ -28,8 +28,8 @@ pub async fn stats_for(state: &AppState, actor: &Actor) -> Result<Stats, AdminEr
     let month_start = today.with_day(1).unwrap_or(today);
     let (day_from, month_from) = (view::day_start(today), view::day_start(month_start));
     let scope = actor.scope();
-    let today_totals = reports::totals(&state.db.read, scope, &day_from).await?;
-    let month = reports::totals(&state.db.read, scope, &month_from).await?;
+    let today_totals = reports::totals(&state.db, scope, &day_from).await?;
+    let month = reports::totals(&state.db, scope, &month_from).await?;
     let error_permille = if today_totals.requests > 0 {
         today_totals.errors * 1000 / today_totals.requests
     } else {
@@ -39,7 +39,7 @@ pub async fn stats_for(state: &AppState, actor: &Actor) -> Result<Stats, AdminEr
         error_permille,
         today: today_totals,
         month,
-        top_tokens: reports::top_tokens(&state.db.read, scope, &month_from, 5).await?,
+        top_tokens: reports::top_tokens(&state.db, scope, &month_from, 5).await?,
         as_of: crate::clock::db_time(now),
     })
 }

@@ -146,12 +146,6 @@ impl From<StoreError> for AdminError {
     }
 }
 
-impl From<sqlx::Error> for AdminError {
-    fn from(e: sqlx::Error) -> Self {
-        StoreError::from(e).into()
-    }
-}
-
 impl From<askama::Error> for AdminError {
     fn from(e: askama::Error) -> Self {
         tracing::error!(error = %e, "admin template error");

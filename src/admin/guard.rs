@@ -104,7 +104,7 @@ async fn admit(req: &mut ServiceRequest) -> Result<Actor, AdminError> {
         let text = auth.to_str().unwrap_or("");
         let key = text.strip_prefix("Bearer ").unwrap_or("").trim();
         let hash = token::parse_admin(key).ok_or(AdminError::Unauthorized)?;
-        let row = sessions::admin_by_api_key(&state.db.read, &hash)
+        let row = sessions::admin_by_api_key(&state.db, &hash)
             .await?
             .filter(|a| !a.disabled)
             .ok_or(AdminError::Unauthorized)?;
@@ -116,7 +116,7 @@ async fn admit(req: &mut ServiceRequest) -> Result<Actor, AdminError> {
         .map(|c| c.value().to_string())
         .ok_or(AdminError::Unauthorized)?;
     let now = state.clock.now();
-    let row = session::load(&state.db.read, &state.db.write, &id, now)
+    let row = session::load(&state.db, &id, now)
         .await?
         .ok_or(AdminError::Unauthorized)?;
     if unsafe_method {

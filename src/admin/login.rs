@@ -32,7 +32,7 @@ pub async fn form(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse 
     let secure = session::secure(&state.settings.server.public_url);
     if let Some(c) = req.cookie(session::cookie_name(secure)) {
         let now = state.clock.now();
-        if let Ok(Some(_)) = session::load(&state.db.read, &state.db.write, c.value(), now).await {
+        if let Ok(Some(_)) = session::load(&state.db, c.value(), now).await {
             return see_other("/admin/");
         }
     }
@@ -112,15 +112,7 @@ async fn sign_in(
     let now = state.clock.now();
     let username: String = username.chars().take(MAX_USERNAME).collect();
     // Counted before it is verified: concurrent attempts cannot all pass the limit.
-    let attempt = match throttle::admit(
-        &state.db.read,
-        &state.db.write,
-        &username,
-        &address,
-        &*state.clock,
-    )
-    .await?
-    {
+    let attempt = match throttle::admit(&state.db, &username, &address, &*state.clock).await? {
         Admission::Admitted(a) => a,
         Admission::Refused { retry_after } => {
             tracing::warn!(address, "admin sign-in throttled");
@@ -128,19 +120,19 @@ async fn sign_in(
         }
     };
 
-    let admin = sessions::admin_by_name(&state.db.read, &username).await?;
+    let admin = sessions::admin_by_name(&state.db, &username).await?;
     let phc = admin.as_ref().map(|a| a.password_hash.clone());
     let verified = match state.passwords.verify(pw.clone(), phc).await {
         Ok(v) => v,
         Err(e) => {
             // Never evaluated: not a guess, so it does not count against the name.
-            attempt.withdraw_now(&state.db.write).await?;
+            attempt.withdraw_now(&state.db).await?;
             return Err(e.into());
         }
     };
     let Some(admin) = admin.filter(|a| verified && !a.disabled) else {
         // The attempt stays recorded: it is one of the window's failures.
-        let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = state.db.begin().await?;
         audit(&mut tx, &username, &address, "login.failed", now).await?;
         tx.commit().await?;
         return Err(AdminError::Unauthorized);
@@ -158,7 +150,7 @@ async fn sign_in(
         None
     };
     let id = session::new_secret();
-    let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = state.db.begin().await?;
     // Only this attempt's own rows: earlier failures at this name or address still count.
     attempt.withdraw(&mut tx).await?;
     if let Some(old) = req.cookie(session::cookie_name(secure)) {
@@ -183,7 +175,7 @@ async fn sign_in(
 }
 
 async fn audit(
-    conn: &mut sqlx::SqliteConnection,
+    tx: &mut crate::store::Tx,
     actor: &str,
     address: &str,
     action: &str,
@@ -197,7 +189,7 @@ async fn audit(
         before: None,
         after: None,
     };
-    crate::store::audit::append(conn, &entry, now).await?;
+    crate::store::audit::append(tx, &entry, now).await?;
     Ok(())
 }
 
@@ -208,7 +200,7 @@ pub async fn logout(
     req: HttpRequest,
 ) -> Result<HttpResponse, AdminError> {
     let now = state.clock.now();
-    let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = state.db.begin().await?;
     if let Some(h) = actor.session_hash() {
         sessions::delete_session(&mut tx, h).await?;
     }

@@ -52,8 +52,8 @@ pub async fn report(
     };
     let (first, from, to) = view::month_range(&month)?;
     let scope = actor.scope();
-    let rows = reports::spend(&state.db.read, scope, by, &from, &to).await?;
-    let per_day = reports::spend(&state.db.read, scope, GroupBy::Day, &from, &to).await?;
+    let rows = reports::spend(&state.db, scope, by, &from, &to).await?;
+    let per_day = reports::spend(&state.db, scope, GroupBy::Day, &from, &to).await?;
     let mut days = Vec::new();
     let mut d = first;
     while d.month() == first.month() {

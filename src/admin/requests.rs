@@ -95,7 +95,7 @@ pub async fn search(
         to: to.map(|d| view::day_start(d + Duration::days(1))),
     };
     let page = q.page.unwrap_or(1).clamp(1, 100_000);
-    let mut rows = reports::requests(&state.db.read, &f, PAGE_SIZE, (page - 1) * PAGE_SIZE).await?;
+    let mut rows = reports::requests(&state.db, &f, PAGE_SIZE, (page - 1) * PAGE_SIZE).await?;
     let more = rows.len() as i64 > PAGE_SIZE;
     rows.truncate(PAGE_SIZE as usize);
     Ok(Found { rows, page, more })
@@ -158,8 +158,8 @@ pub async fn page(
     }
     view::html(&RequestsPage {
         c: Chrome::new(&actor, "requests"),
-        teams: directory::teams(&state.db.read, actor.scope()).await?,
-        members: directory::members(&state.db.read, actor.scope()).await?,
+        teams: directory::teams(&state.db, actor.scope()).await?,
+        members: directory::members(&state.db, actor.scope()).await?,
         models: state.catalog.names.clone(),
         q,
         f,

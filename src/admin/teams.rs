@@ -34,7 +34,7 @@ pub struct TeamBudget {
 }
 
 pub async fn list(state: &AppState, actor: &Actor) -> Result<Vec<TeamRow>, AdminError> {
-    Ok(directory::teams(&state.db.read, actor.scope()).await?)
+    Ok(directory::teams(&state.db, actor.scope()).await?)
 }
 
 pub async fn create(state: &AppState, actor: &Actor, t: NewTeam) -> Result<TeamRow, AdminError> {
@@ -52,7 +52,7 @@ pub async fn create(state: &AppState, actor: &Actor, t: NewTeam) -> Result<TeamR
         reset,
     };
     let now = state.clock.now();
-    let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = state.db.begin().await?;
     let id = tenants::create_team(&mut tx, &name, &budget, now).await?;
     let after = json!({"name": name, "limit_micros": budget.limit_micros, "reset": reset.as_str()})
         .to_string();
@@ -90,7 +90,7 @@ pub async fn set_budget(
     actor.require_admin()?;
     let limit = view::opt_usd("budget_usd", b.budget_usd.as_deref())?;
     let now = state.clock.now();
-    let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = state.db.begin().await?;
     let before = directory::team(&mut tx, id)
         .await?
         .ok_or(AdminError::NotFound)?;

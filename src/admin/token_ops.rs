@@ -97,7 +97,7 @@ pub async fn list(
     actor: &Actor,
     user: Option<i64>,
 ) -> Result<Vec<TokenRow>, AdminError> {
-    let mut rows = token_admin::list(&state.db.read, actor.scope()).await?;
+    let mut rows = token_admin::list(&state.db, actor.scope()).await?;
     if let Some(u) = user {
         rows.retain(|t| t.user_id == u);
     }
@@ -130,22 +130,19 @@ fn check_limits(state: &AppState, actor: &Actor, l: &Limits) -> Result<(), Admin
 
 /// The token, if the actor may see it (another team's token does not exist for a lead).
 async fn visible(
-    conn: &mut sqlx::SqliteConnection,
+    tx: &mut crate::store::Tx,
     actor: &Actor,
     id: i64,
 ) -> Result<TokenRow, AdminError> {
-    let t = token_admin::get(conn, id)
+    let t = token_admin::get(tx, id)
         .await?
         .ok_or(AdminError::NotFound)?;
     actor.see_team(t.team_id)?;
     Ok(t)
 }
 
-async fn team_row(
-    conn: &mut sqlx::SqliteConnection,
-    id: i64,
-) -> Result<directory::TeamRow, AdminError> {
-    directory::team(conn, id).await?.ok_or(AdminError::NotFound)
+async fn team_row(tx: &mut crate::store::Tx, id: i64) -> Result<directory::TeamRow, AdminError> {
+    directory::team(tx, id).await?.ok_or(AdminError::NotFound)
 }
 
 pub async fn issue(state: &AppState, actor: &Actor, i: Issue) -> Result<Issued, AdminError> {
@@ -177,7 +174,7 @@ pub async fn issue(state: &AppState, actor: &Actor, i: Issue) -> Result<Issued, 
         return Err(AdminError::invalid("name: at most 100 characters"));
     }
     let new = token::generate();
-    let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = state.db.begin().await?;
     let user = directory::member(&mut tx, user_id)
         .await?
         .ok_or(AdminError::NotFound)?;
@@ -210,7 +207,7 @@ pub async fn issue(state: &AppState, actor: &Actor, i: Issue) -> Result<Issued, 
 
 pub async fn revoke(state: &AppState, actor: &Actor, id: i64) -> Result<TokenRow, AdminError> {
     let now = state.clock.now();
-    let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = state.db.begin().await?;
     let t = visible(&mut tx, actor, id).await?;
     actor.require_write()?;
     if !tokens::revoke(&mut tx, id, now).await? {
@@ -250,7 +247,7 @@ pub async fn rotate(
     }
     let now = state.clock.now();
     let new = token::generate();
-    let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = state.db.begin().await?;
     let old = visible(&mut tx, actor, id).await?;
     actor.require_write()?;
     let expired = old
@@ -318,7 +315,7 @@ pub async fn edit(
     e: Edit,
 ) -> Result<TokenRow, AdminError> {
     let now = state.clock.now();
-    let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = state.db.begin().await?;
     let before = visible(&mut tx, actor, id).await?;
     actor.require_write()?;
     if before.revoked_at.is_some() {
@@ -388,7 +385,7 @@ pub async fn top_up(
         return Err(AdminError::invalid("amount_usd must be more than 0"));
     }
     let now = state.clock.now();
-    let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = state.db.begin().await?;
     let before = visible(&mut tx, actor, id).await?;
     actor.require_write()?;
     let Some(limit) = before.limit_micros else {
@@ -421,7 +418,7 @@ pub async fn top_up(
 
 /// The end of every token operation: its one audit row, the token read back, the commit.
 async fn audited(
-    mut tx: sqlx::Transaction<'static, sqlx::Sqlite>,
+    mut tx: crate::store::Tx,
     actor: &Actor,
     action: &str,
     id: i64,

@@ -75,7 +75,7 @@ pub async fn page(
     state: web::Data<AppState>,
     q: web::Query<TokensQuery>,
 ) -> Result<HttpResponse, AdminError> {
-    let members = directory::members(&state.db.read, actor.scope()).await?;
+    let members = directory::members(&state.db, actor.scope()).await?;
     view::html(&TokensPage {
         c: Chrome::new(&actor, "tokens"),
         tokens: token_ops::list(&state, &actor, q.user).await?,

@@ -91,7 +91,7 @@ pub async fn set_enabled(
         Disabled::Admin.as_str()
     };
     let now = state.clock.now();
-    let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = state.db.begin().await?;
     let action = if enable {
         "upstream.enable"
     } else {

@@ -83,11 +83,11 @@ pub async fn members(
     if let Some(t) = team {
         actor.see_team(t)?;
     }
-    Ok(directory::members(&state.db.read, team.or(actor.scope())).await?)
+    Ok(directory::members(&state.db, team.or(actor.scope())).await?)
 }
 
 pub async fn logins(state: &AppState, actor: &Actor) -> Result<Vec<LoginRow>, AdminError> {
-    Ok(directory::logins(&state.db.read, actor.scope()).await?)
+    Ok(directory::logins(&state.db, actor.scope()).await?)
 }
 
 fn check_rate(field: &str, v: Option<i64>) -> Result<(), AdminError> {
@@ -97,13 +97,9 @@ fn check_rate(field: &str, v: Option<i64>) -> Result<(), AdminError> {
     }
 }
 
-async fn team_of(
-    conn: &mut sqlx::SqliteConnection,
-    actor: &Actor,
-    id: i64,
-) -> Result<TeamRow, AdminError> {
+async fn team_of(tx: &mut crate::store::Tx, actor: &Actor, id: i64) -> Result<TeamRow, AdminError> {
     actor.see_team(id)?;
-    directory::team(conn, id).await?.ok_or(AdminError::NotFound)
+    directory::team(tx, id).await?.ok_or(AdminError::NotFound)
 }
 
 pub async fn create(state: &AppState, actor: &Actor, u: NewUser) -> Result<Created, AdminError> {
@@ -155,7 +151,7 @@ pub async fn create(state: &AppState, actor: &Actor, u: NewUser) -> Result<Creat
         None => None,
     };
     let now = state.clock.now();
-    let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = state.db.begin().await?;
     if directory::username_taken(&mut tx, &username).await? {
         return Err(AdminError::Conflict(format!(
             "`{username}` already exists."
@@ -234,7 +230,7 @@ pub async fn update_member(
 ) -> Result<MemberRow, AdminError> {
     actor.require_write()?;
     let now = state.clock.now();
-    let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = state.db.begin().await?;
     let before = directory::member(&mut tx, id)
         .await?
         .ok_or(AdminError::NotFound)?;
@@ -314,7 +310,7 @@ pub async fn update_login(
         _ => None,
     };
     let now = state.clock.now();
-    let mut tx = state.db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = state.db.begin().await?;
     let before = directory::login(&mut tx, id)
         .await?
         .ok_or(AdminError::NotFound)?;

@@ -57,7 +57,7 @@ async fn tables(
         c: Chrome::new(actor, "users"),
         members: user_ops::members(state, actor, team).await?,
         logins: user_ops::logins(state, actor).await?,
-        teams: directory::teams(&state.db.read, actor.scope()).await?,
+        teams: directory::teams(&state.db, actor.scope()).await?,
         me: actor.id,
         filter_team: team,
     })

@@ -14,7 +14,7 @@ pub async fn healthz() -> HttpResponse {
 }
 
 pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
-    let migrated = store::migrations_applied(&state.db.read).await;
+    let migrated = store::migrations_applied(&state.db).await;
     let db = migrated.is_ok();
     let migrations_ok = migrated.unwrap_or(false);
     let redis = state.windows.redis_ready().await;

@@ -14,7 +14,7 @@ pub async fn usage(state: web::Data<AppState>, req: HttpRequest) -> HttpResponse
         Ok(a) => a,
         Err(resp) => return resp,
     };
-    let balance = match ledger::balance(&state.db.read, auth.owner.token_id, now).await {
+    let balance = match ledger::balance(&state.db, auth.owner.token_id, now).await {
         Ok(b) => b,
         Err(_) => return ApiError::Internal.render(WireFormat::OpenAi),
     };

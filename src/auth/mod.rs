@@ -20,12 +20,11 @@ use actix_web::http::header::HeaderMap;
 use chrono::{DateTime, Utc};
 use lru::LruCache;
 use parking_lot::Mutex;
-use sqlx::SqlitePool;
 
 use crate::quota::period::Reset;
 use crate::store::ledger::Owner;
 use crate::store::tokens::{self, TokenAuthRow};
-use crate::store::StoreError;
+use crate::store::{Db, StoreError};
 
 /// What the request path knows about an authenticated token.
 #[derive(Debug)]
@@ -174,7 +173,7 @@ pub fn presented(headers: &HeaderMap) -> Option<&str> {
 const CACHE_ENTRIES: usize = 50_000;
 
 pub struct Authenticator {
-    read: SqlitePool,
+    db: Db,
     cache: Mutex<LruCache<token::TokenHash, Arc<TokenAuth>>>,
     epoch: AtomicI64,
     /// Bumped (under the cache lock) by every `invalidate`. A row read from the database
@@ -186,10 +185,10 @@ pub struct Authenticator {
 }
 
 impl Authenticator {
-    pub fn new(read: SqlitePool) -> Arc<Self> {
+    pub fn new(db: Db) -> Arc<Self> {
         let cap = NonZeroUsize::new(CACHE_ENTRIES).unwrap_or(NonZeroUsize::MIN);
         Arc::new(Self {
-            read,
+            db,
             cache: Mutex::new(LruCache::new(cap)),
             epoch: AtomicI64::new(i64::MIN),
             generation: AtomicU64::new(0),
@@ -211,7 +210,7 @@ impl Authenticator {
             Some(a) => a,
             None => {
                 let read_at = self.generation.load(Ordering::Acquire);
-                let Some(row) = tokens::find_auth(&self.read, &hash).await? else {
+                let Some(row) = tokens::find_auth(&self.db, &hash).await? else {
                     return Ok(None);
                 };
                 let a = Arc::new(TokenAuth::from_row(row, &hash));
@@ -243,7 +242,7 @@ impl Authenticator {
 
     /// Polls the change counter; clears the cache when it moved. Returns whether it did.
     pub async fn refresh(&self) -> Result<bool, StoreError> {
-        let now = tokens::epoch(&self.read).await?;
+        let now = tokens::epoch(&self.db).await?;
         let before = self.epoch.swap(now, Ordering::Relaxed);
         if before != now {
             self.invalidate();
@@ -261,11 +260,9 @@ mod tests {
     /// read. The stale row must not be cached.
     #[tokio::test]
     async fn a_row_read_before_an_invalidation_is_not_cached() {
-        let pool = sqlx::sqlite::SqlitePoolOptions::new()
-            .connect("sqlite::memory:")
-            .await
-            .unwrap();
-        let auth = Authenticator::new(pool);
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("t.db"), false).await.unwrap();
+        let auth = Authenticator::new(db);
         let hash: token::TokenHash = Default::default();
         let read_at = auth.generation.load(Ordering::Acquire);
         auth.invalidate();

@@ -7,10 +7,9 @@ use actix_web::cookie::{Cookie, SameSite};
 use chrono::{DateTime, Duration, Utc};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
-use sqlx::SqlitePool;
 
 use crate::store::sessions::{self, AdminRow};
-use crate::store::StoreError;
+use crate::store::{Db, StoreError};
 
 pub const IDLE: Duration = Duration::minutes(30);
 pub const ABSOLUTE: Duration = Duration::hours(12);
@@ -67,17 +66,12 @@ pub fn removal(name: &'static str, secure: bool) -> Cookie<'static> {
 }
 
 /// The session's owner, if the id names a live session; an expired one is deleted.
-pub async fn load(
-    read: &SqlitePool,
-    write: &SqlitePool,
-    id: &str,
-    now: DateTime<Utc>,
-) -> Result<Option<AdminRow>, StoreError> {
+pub async fn load(db: &Db, id: &str, now: DateTime<Utc>) -> Result<Option<AdminRow>, StoreError> {
     if id.len() != 64 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Ok(None);
     }
     let hash = id_hash(id);
-    let Some(s) = sessions::find_session(read, &hash).await? else {
+    let Some(s) = sessions::find_session(db, &hash).await? else {
         return Ok(None);
     };
     let parse = |t: &str| DateTime::parse_from_rfc3339(t).map(|d| d.with_timezone(&Utc));
@@ -85,12 +79,13 @@ pub async fn load(
         return Ok(None);
     };
     if s.admin.disabled || now - seen > IDLE || now - created > ABSOLUTE {
-        let mut conn = write.acquire().await?;
-        sessions::delete_session(&mut conn, &hash).await?;
+        let mut tx = db.begin().await?;
+        sessions::delete_session(&mut tx, &hash).await?;
+        tx.commit().await?;
         return Ok(None);
     }
     if now - seen > TOUCH_EVERY {
-        sessions::touch_session(write, &hash, now).await?;
+        sessions::touch_session(db, &hash, now).await?;
     }
     Ok(Some(s.admin))
 }

@@ -26,11 +26,10 @@
 use std::net::{IpAddr, Ipv6Addr};
 
 use chrono::{DateTime, Duration, Utc};
-use sqlx::{SqliteConnection, SqlitePool};
 
 use crate::clock::Clock;
 use crate::store::sessions;
-use crate::store::StoreError;
+use crate::store::{Db, StoreError, Tx};
 
 /// Attempts per username within `WINDOW`.
 pub const USER_LIMIT: usize = 5;
@@ -60,8 +59,7 @@ pub enum Admission {
 /// for it are stamped later than a time read before, and a wait computed from that older
 /// time would be longer than the lock really is.
 pub async fn admit(
-    read: &SqlitePool,
-    write: &SqlitePool,
+    db: &Db,
     username: &str,
     address: &str,
     clock: &dyn Clock,
@@ -71,10 +69,13 @@ pub async fn admit(
         (format!("addr:{}", network(address)), ADDR_LIMIT),
     ];
     // A stale read can only under-count, which the locked check below corrects.
-    if let Some(refused) = over_limit(&mut *read.acquire().await?, &keys, clock.now()).await? {
+    let mut snapshot = db.begin_read().await?;
+    let refused = over_limit(&mut snapshot, &keys, clock.now()).await?;
+    drop(snapshot);
+    if let Some(refused) = refused {
         return Ok(refused);
     }
-    let mut tx = write.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = db.begin().await?;
     let now = clock.now();
     if let Some(refused) = over_limit(&mut tx, &keys, now).await? {
         tx.rollback().await?;
@@ -100,12 +101,12 @@ fn name_key(username: &str) -> String {
 /// last as long as it ran ahead (an address's too: the office's, or a proxy's). Returns how
 /// many.
 pub async fn unlock_name(
-    conn: &mut SqliteConnection,
+    tx: &mut Tx,
     username: &str,
     now: DateTime<Utc>,
 ) -> Result<u64, StoreError> {
-    let name = sessions::delete_attempts_of(conn, &name_key(username)).await?;
-    Ok(name + sessions::delete_attempts_after(conn, now).await?)
+    let name = sessions::delete_attempts_of(tx, &name_key(username)).await?;
+    Ok(name + sessions::delete_attempts_after(tx, now).await?)
 }
 
 /// The address an attempt is counted under: an IPv4 address itself, an IPv6 address's /64
@@ -127,13 +128,13 @@ fn network(address: &str) -> String {
 
 /// `Refused` when any key has its limit of attempts within the window.
 async fn over_limit(
-    conn: &mut SqliteConnection,
+    tx: &mut Tx,
     keys: &[(String, usize)],
     now: DateTime<Utc>,
 ) -> Result<Option<Admission>, StoreError> {
     let mut wait_ms = 0i64;
     for (key, limit) in keys {
-        let recent = sessions::recent_attempts(conn, key, now - WINDOW, *limit).await?;
+        let recent = sessions::recent_attempts(tx, key, now - WINDOW, *limit).await?;
         if recent.len() >= *limit {
             let pivot = recent
                 .last()
@@ -155,14 +156,15 @@ async fn over_limit(
 
 impl Attempt {
     /// The attempt no longer counts (right password), inside the caller's transaction.
-    pub async fn withdraw(self, conn: &mut SqliteConnection) -> Result<(), StoreError> {
-        sessions::delete_attempts(conn, &self.rows).await
+    pub async fn withdraw(self, tx: &mut Tx) -> Result<(), StoreError> {
+        sessions::delete_attempts(tx, &self.rows).await
     }
 
     /// The attempt no longer counts because it was never evaluated (hashing busy).
-    pub async fn withdraw_now(self, write: &SqlitePool) -> Result<(), StoreError> {
-        let mut conn = write.acquire().await?;
-        self.withdraw(&mut conn).await
+    pub async fn withdraw_now(self, db: &Db) -> Result<(), StoreError> {
+        let mut tx = db.begin().await?;
+        self.withdraw(&mut tx).await?;
+        tx.commit().await
     }
 }
 
@@ -173,10 +175,7 @@ mod tests {
     use crate::store::Db;
 
     async fn admitted(db: &Db, user: &str, addr: &str, now: DateTime<Utc>) -> Option<Attempt> {
-        match admit(&db.read, &db.write, user, addr, &ManualClock::new(now))
-            .await
-            .unwrap()
-        {
+        match admit(db, user, addr, &ManualClock::new(now)).await.unwrap() {
             Admission::Admitted(a) => Some(a),
             Admission::Refused { .. } => None,
         }
@@ -195,28 +194,22 @@ mod tests {
             kept.push(admitted(&db, "root", "10.0.0.1", now + Duration::seconds(1)).await);
         }
         assert!(kept.iter().all(Option::is_some));
-        match admit(
-            &db.read,
-            &db.write,
-            "root",
-            "10.0.0.2",
-            &ManualClock::new(now),
-        )
-        .await
-        .unwrap()
+        match admit(&db, "root", "10.0.0.2", &ManualClock::new(now))
+            .await
+            .unwrap()
         {
             Admission::Refused { retry_after } => assert_eq!(retry_after, 901),
             Admission::Admitted(_) => panic!("a sixth attempt at one name"),
         }
         // Withdrawing one attempt (a right password) frees exactly one place.
-        let mut conn = db.write.acquire().await.unwrap();
+        let mut tx = db.begin().await.unwrap();
         kept.pop()
             .flatten()
             .unwrap()
-            .withdraw(&mut conn)
+            .withdraw(&mut tx)
             .await
             .unwrap();
-        drop(conn);
+        tx.commit().await.unwrap();
         assert!(admitted(&db, "root", "10.0.0.3", now).await.is_some());
         assert!(admitted(&db, "root", "10.0.0.3", now).await.is_none());
         // The address: 20 attempts over any names (4 of root's still count), then nothing.

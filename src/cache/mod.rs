@@ -24,7 +24,6 @@ use chrono::{DateTime, Duration, Utc};
 use lru::LruCache;
 use parking_lot::{Mutex, RwLock};
 use serde_json::Value;
-use sqlx::SqlitePool;
 
 use crate::config::{CacheSettings, UpstreamTimeouts};
 use crate::error::{ApiError, WireFormat};
@@ -74,8 +73,7 @@ pub struct Plan {
 pub struct Cache {
     cfg: CacheSettings,
     embedder: Embedder,
-    read: SqlitePool,
-    write: SqlitePool,
+    db: store::Db,
     /// New entries, written in lingering batches through the group-commit writer.
     stored: Lingering<store::cache::NewEntry>,
     /// Hit counts go through the writer too.
@@ -115,8 +113,7 @@ impl Cache {
     pub fn new(
         cfg: &CacheSettings,
         timeouts: &UpstreamTimeouts,
-        read: SqlitePool,
-        write: SqlitePool,
+        db: store::Db,
         writer: Writer,
     ) -> Result<Arc<Self>, reqwest::Error> {
         let embedder = match cfg.embedder.as_str() {
@@ -134,8 +131,7 @@ impl Cache {
         Ok(Arc::new(Self {
             cfg: cfg.clone(),
             embedder,
-            read,
-            write,
+            db,
             stored: Lingering::start(writer.clone(), "cache entries", store::cache::put_batch_tx),
             writer,
             lru: Mutex::new(LruCache::new(cap)),
@@ -237,7 +233,7 @@ impl Cache {
         if !self.present.read().contains(&prefix(key)) {
             return Ok(None);
         }
-        let Some(row) = store::cache::get(&self.read, key, now).await? else {
+        let Some(row) = store::cache::get(&self.db, key, now).await? else {
             return Ok(None);
         };
         let Ok(answer) = serde_json::from_str(&row.answer) else {
@@ -375,7 +371,7 @@ impl Cache {
 
     /// Deletes every entry tagged `tag`, here and (through `cache_epoch`) on other replicas.
     pub async fn invalidate_tag(&self, tag: &str) -> Result<usize, StoreError> {
-        let deleted: Vec<Key> = store::cache::delete_tag(&self.write, tag)
+        let deleted: Vec<Key> = store::cache::delete_tag(&self.db, tag)
             .await?
             .iter()
             .filter_map(|k| as_key(k))
@@ -392,7 +388,7 @@ impl Cache {
     /// Rebuilds the in-memory indexes (keys present, semantic candidates) from the
     /// database.
     pub async fn rebuild(&self, now: DateTime<Utc>) -> Result<(), StoreError> {
-        let rows = store::cache::index_rows(&self.read, 0, now).await?;
+        let rows = store::cache::index_rows(&self.db, 0, now).await?;
         let mut index = HashMap::new();
         let mut present = HashSet::with_capacity(rows.len());
         let seen = self.add_rows(rows, &mut index, &mut present);
@@ -426,7 +422,7 @@ impl Cache {
     /// rebuilds the indexes; otherwise adds the entries stored since the last poll (by
     /// this replica or another).
     pub async fn refresh(&self, now: DateTime<Utc>) -> Result<(), StoreError> {
-        let epoch = store::cache::epoch(&self.read).await?;
+        let epoch = store::cache::epoch(&self.db).await?;
         if self.epoch.swap(epoch, Ordering::Relaxed) != epoch {
             self.lru.lock().clear();
             return self.rebuild(now).await;
@@ -434,7 +430,7 @@ impl Cache {
         // Most new rows are this replica's own, already in memory: read vectors back only
         // when another replica stored something.
         let after = self.seen_rowid.load(Ordering::Relaxed);
-        let keys = store::cache::keys_after(&self.read, after, now).await?;
+        let keys = store::cache::keys_after(&self.db, after, now).await?;
         let Some(last) = keys.last().map(|(rowid, _)| *rowid) else {
             return Ok(());
         };
@@ -444,7 +440,7 @@ impl Cache {
                 .any(|(_, k)| as_key(k).is_some_and(|k| !present.contains(&prefix(&k))))
         };
         if foreign {
-            let rows = store::cache::index_rows(&self.read, after, now).await?;
+            let rows = store::cache::index_rows(&self.db, after, now).await?;
             let (mut index, mut present) = (self.index.write(), self.present.write());
             self.add_rows(rows, &mut index, &mut present);
         }
@@ -453,7 +449,7 @@ impl Cache {
     }
 
     pub async fn evict(&self, now: DateTime<Utc>) -> Result<u64, StoreError> {
-        let n = store::cache::evict(&self.write, self.cfg.max_entries, now).await?;
+        let n = store::cache::evict(&self.db, self.cfg.max_entries, now).await?;
         if n > 0 {
             self.rebuild(now).await?;
         }

@@ -56,12 +56,6 @@ pub enum HeadError {
     OtherKey,
 }
 
-impl From<sqlx::Error> for HeadError {
-    fn from(e: sqlx::Error) -> Self {
-        HeadError::Store(e.into())
-    }
-}
-
 /// The content of `audit.head` (one JSON object).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -170,7 +164,7 @@ fn missing_after_start(id: i64, at: &str) -> String {
 
 /// Appends the `audit.head_started` row that precedes a head started afresh.
 async fn mark_start(db: &Db, actor: &str, why: &str, now: DateTime<Utc>) -> Result<(), HeadError> {
-    let mut tx = db.write.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = db.begin().await?;
     let (rows, last_id, _) = audit::tip(&mut tx).await?;
     let after =
         serde_json::json!({"rows_before": rows, "last_id_before": last_id, "why": why}).to_string();
@@ -189,9 +183,9 @@ async fn mark_start(db: &Db, actor: &str, why: &str, now: DateTime<Utc>) -> Resu
 
 /// Signs the chain's tip as the database holds it now, logs it and writes it as the file.
 async fn write_head(db: &Db, dir: &Path, now: DateTime<Utc>) -> Result<Head, HeadError> {
-    let mut conn = db.write.acquire().await?;
-    let (rows, last_id, last_hash) = audit::tip(&mut conn).await?;
-    drop(conn);
+    let mut snapshot = db.begin_read_after_writes().await?;
+    let (rows, last_id, last_hash) = audit::tip(&mut snapshot).await?;
+    drop(snapshot);
     let head = Head::sign(&db.audit, rows, last_id, last_hash, db_time(now));
     log(&head, &db.audit, true);
     write_atomically(dir, &head).map_err(|e| HeadError::Io(dir.to_path_buf(), e))?;
@@ -208,7 +202,7 @@ pub async fn export(db: &Db, dir: &Path, now: DateTime<Utc>) -> Result<Exported,
     let found = read(dir, keys);
     // The write connection, not a reader: a row's signing wakes the exporter before its
     // transaction commits, and the connection is free only once it has.
-    let mut conn = db.write.acquire().await?;
+    let mut conn = db.begin_read_after_writes().await?;
     let (rows, last_id, last_hash) = audit::tip(&mut conn).await?;
     let refusal = match &found {
         Found::Valid(h) if h.same_tip(rows, last_id, &last_hash) => return Ok(Exported::Unchanged),
@@ -261,7 +255,7 @@ pub async fn rearm(
     let _lock = lock(dir).await?;
     // Under another key the new row and head would be signed without the log's key, for
     // good: refused before anything is moved or written.
-    if audit::signed_with(&db.read, &db.audit).await? == Some(false) {
+    if audit::signed_with(db, &db.audit).await? == Some(false) {
         return Err(HeadError::OtherKey);
     }
     let kept = set_aside(dir, aside, now).map_err(|e| HeadError::Io(dir.to_path_buf(), e))?;
@@ -407,8 +401,8 @@ impl Report {
 
 /// Checks rows, chain and head.
 pub async fn verify(db: &Db, dir: &Path) -> Result<Report, HeadError> {
-    let chain = audit::verify(&db.read, &db.audit).await?;
-    let mut conn = db.read.acquire().await?;
+    let chain = audit::verify(db, &db.audit).await?;
+    let mut conn = db.begin_read().await?;
     let tip = audit::tip(&mut conn).await?;
     let started = audit::head_started(&mut conn).await?;
     Ok(Report {

@@ -13,12 +13,8 @@
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use chrono::{DateTime, Utc};
-use sqlx::sqlite::SqliteConnectOptions;
-use sqlx::{ConnectOptions, Connection};
-
-use crate::clock::db_time;
 use crate::store::{self, Db, StoreError};
+use chrono::{DateTime, Utc};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BackupError {
@@ -34,23 +30,8 @@ pub enum BackupError {
     Invariant(String),
 }
 
-impl From<sqlx::Error> for BackupError {
-    fn from(e: sqlx::Error) -> Self {
-        BackupError::Store(e.into())
-    }
-}
-
 async fn integrity_of(path: &Path) -> Result<String, BackupError> {
-    let mut conn = SqliteConnectOptions::new()
-        .filename(path)
-        .read_only(true)
-        .connect()
-        .await?;
-    let ok: String = sqlx::query_scalar("PRAGMA integrity_check")
-        .fetch_one(&mut conn)
-        .await?;
-    conn.close().await?;
-    Ok(ok)
+    Ok(store::backup::file_integrity(path).await?)
 }
 
 /// Writes a backup into `dir` and prunes all but the newest `keep`; returns its path.
@@ -65,11 +46,7 @@ pub async fn backup_now(
     // Created empty and 0600 first (VACUUM INTO accepts an empty file and keeps its mode):
     // the copy is never readable by others, not even while it is being written.
     private_file(&path)?;
-    if let Err(e) = sqlx::query("VACUUM INTO ?")
-        .bind(path.to_string_lossy().to_string())
-        .execute(&db.read)
-        .await
-    {
+    if let Err(e) = db.backup_into(&path).await {
         let _ = std::fs::remove_file(&path);
         return Err(e.into());
     }
@@ -92,7 +69,7 @@ pub async fn backup_now(
     let (mut backups, cut): (Vec<_>, Vec<_>) = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter_map(|p| taken_at(&p).map(|t| (t <= now, t, p)))
-        .partition(|(_, _, p)| whole(p));
+        .partition(|(_, _, p)| store::backup::is_whole_copy(p));
     backups.sort();
     let excess = backups.len().saturating_sub(keep.max(1) as usize);
     for (_, _, old) in &backups[..excess] {
@@ -125,29 +102,6 @@ fn taken_at(path: &Path) -> Option<DateTime<Utc>> {
         .map(|t| t.and_utc())
 }
 
-/// Whether the file is a whole SQLite database: its header there and the file as long as
-/// the header says. A backup cut short (the process killed during `VACUUM INTO`) is not,
-/// and is neither the newest backup nor one of the `keep`.
-fn whole(path: &Path) -> bool {
-    use std::io::Read;
-    let mut head = [0u8; 100];
-    let Ok(len) = std::fs::File::open(path)
-        .and_then(|mut f| f.read_exact(&mut head).and(f.metadata()))
-        .map(|m| m.len())
-    else {
-        return false;
-    };
-    if &head[..16] != b"SQLite format 3\0" {
-        return false;
-    }
-    let page = match u16::from_be_bytes([head[16], head[17]]) {
-        1 => 65_536,
-        n => u64::from(n),
-    };
-    let pages = u64::from(u32::from_be_bytes([head[28], head[29], head[30], head[31]]));
-    pages > 0 && len >= page * pages
-}
-
 /// Whether a backup is due at `now`: none yet, the newest an interval old, or the newest
 /// more than an interval in the future (the clock stepped back: waiting for it to catch up
 /// would leave the database without a fresh backup for as long as the step).
@@ -178,7 +132,7 @@ pub async fn backup_if_due(
     // now, counting it would make every check due.
     let newest = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter_map(|p| taken_at(&p).filter(|_| whole(&p)))
+        .filter_map(|p| taken_at(&p).filter(|_| store::backup::is_whole_copy(&p)))
         .filter(|t| *t - now <= interval)
         .max();
     if !due(newest, interval, now) {
@@ -226,46 +180,16 @@ pub async fn restore(
     if ok != "ok" {
         return Err(BackupError::Corrupt(ok));
     }
-    if target.exists() {
-        let mut conn = SqliteConnectOptions::new()
-            .filename(target)
-            .read_only(true)
-            .connect()
-            .await?;
-        let stale = db_time(now - store::processes::STALE_AFTER);
-        let live: i64 =
-            sqlx::query_scalar("SELECT COUNT(*) FROM processes WHERE heartbeat_at >= ?")
-                .bind(&stale)
-                .fetch_one(&mut conn)
-                .await
-                .unwrap_or(0);
-        conn.close().await?;
-        if live > 0 {
-            return Err(BackupError::InUse(target.to_path_buf()));
-        }
+    let since = now - store::processes::STALE_AFTER;
+    if store::backup::gateways_alive_on(target, since).await? > 0 {
+        return Err(BackupError::InUse(target.to_path_buf()));
     }
-    if let Some(dir) = target.parent().filter(|d| !d.as_os_str().is_empty()) {
-        crate::private_fs::create_dir_all(dir)?;
-    }
-    for suffix in ["", "-wal", "-shm"] {
-        let p = PathBuf::from(format!("{}{suffix}", target.display()));
-        if p.exists() {
-            std::fs::remove_file(&p)?;
-        }
-    }
-    std::io::copy(
-        &mut std::fs::File::open(backup)?,
-        &mut private_file(target)?,
-    )?;
+    store::backup::copy_over(backup, target)?;
     let db = Db::open(target, false).await?;
-    sqlx::query("DELETE FROM processes")
-        .execute(&db.write)
-        .await?;
+    store::processes::forget_all(&db).await?;
     let integrity = db.integrity_check().await?;
-    let violations = store::ledger::invariant_violations(&db.read).await?;
-    let tokens_checked: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM tokens")
-        .fetch_one(&db.read)
-        .await?;
+    let violations = store::ledger::invariant_violations(&db).await?;
+    let tokens_checked = store::tokens::count(&db).await?;
     db.close().await;
     if let Some(v) = violations.first() {
         return Err(BackupError::Invariant(v.clone()));

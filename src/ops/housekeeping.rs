@@ -90,7 +90,7 @@ pub fn spawn(state: Arc<AppState>, me: Me) {
             if let Err(e) = sweep_own(&state.quota, &state.db, now).await {
                 tracing::warn!(error = %e, "sweeping this process's reservations failed");
             }
-            match processes::heartbeat(&state.db.write, &me, now).await {
+            match processes::heartbeat(&state.db, &me, now).await {
                 Ok(true) => {
                     tracing::warn!(process = %me.id, "this process had been taken for gone (a stall past the stale window?); registered again")
                 }
@@ -142,23 +142,23 @@ async fn scheduled_backups(state: Arc<AppState>) {
 pub async fn recover_orphans(state: &AppState, me: &Me) -> Result<u64, crate::store::StoreError> {
     let now = state.clock.now();
     let mut settled = 0;
-    for owner in processes::dead_owners(&state.db.read, me, now).await? {
-        let n = ledger::settle_orphans(&state.db.write, Orphans::OfOwner(&owner), now).await?;
+    for owner in processes::dead_owners(&state.db, me, now).await? {
+        let n = ledger::settle_orphans(&state.db, Orphans::OfOwner(&owner), now).await?;
         if n > 0 {
             tracing::warn!(owner = %owner, reservations = n, "settled orphaned reservations at their reserved amount");
         }
         settled += n;
     }
     // A lease its owner let run out by its own clock: it beats but does not sweep.
-    let expired = ledger::settle_orphans(&state.db.write, Orphans::LeaseExpired, now).await?;
+    let expired = ledger::settle_orphans(&state.db, Orphans::LeaseExpired, now).await?;
     if expired > 0 {
         tracing::warn!(
             reservations = expired,
             "settled reservations whose lease ran out at their reserved amount"
         );
     }
-    processes::prune(&state.db.write, me, now).await?;
-    ledger::prune_orphaned(&state.db.write, now - ORPHANS_KEPT).await?;
+    processes::prune(&state.db, me, now).await?;
+    ledger::prune_orphaned(&state.db, now - ORPHANS_KEPT).await?;
     Ok(settled + expired)
 }
 
@@ -172,7 +172,7 @@ pub async fn sweep_own(
 ) -> Result<(), crate::store::StoreError> {
     let renew_before = crate::clock::db_time(now + RESERVATION_LEASE / 2);
     let mut renew = Vec::new();
-    for (id, deadline) in ledger::own_reservations(&db.read, quota.process_id()).await? {
+    for (id, deadline) in ledger::own_reservations(db, quota.process_id()).await? {
         if quota.is_live(&id) {
             if deadline < renew_before {
                 renew.push(id);
@@ -182,7 +182,7 @@ pub async fn sweep_own(
         }
     }
     if !renew.is_empty() {
-        ledger::renew_leases(&db.write, &renew, now + RESERVATION_LEASE).await?;
+        ledger::renew_leases(db, &renew, now + RESERVATION_LEASE).await?;
     }
     Ok(())
 }

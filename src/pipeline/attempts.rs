@@ -203,7 +203,7 @@ fn disable_key(state: &AppState, d: usize, why: Disabled) {
         &id,
         &format!("upstream key disabled ({}); other keys serve", why.as_str()),
     );
-    let (pool, now) = (state.db.write.clone(), state.clock.now());
+    let (db, now) = (state.db.clone(), state.clock.now());
     tokio::spawn(async move {
         let target = format!("upstream:{id}");
         let e = AuditEntry {
@@ -214,7 +214,7 @@ fn disable_key(state: &AppState, d: usize, why: Disabled) {
             before: None,
             after: Some(why.as_str()),
         };
-        if let Err(err) = audit::record(&pool, &e, now).await {
+        if let Err(err) = audit::record(&db, &e, now).await {
             tracing::error!(error = %err, "audit row for a disabled key failed");
         }
     });

@@ -31,7 +31,7 @@ pub async fn answer(
     log.upstream = "cache".into();
     // A failed read only leaves the header out, as a settlement that failed does.
     let remaining =
-        crate::store::cache::budget_remaining(&state.db.read, &auth.owner, state.clock.now())
+        crate::store::cache::budget_remaining(&state.db, &auth.owner, state.clock.now())
             .await
             .map_err(|e| tracing::warn!(error = %e, "budget read for a cache hit failed"))
             .ok()

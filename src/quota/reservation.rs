@@ -44,9 +44,9 @@ pub struct Quota {
 pub const RESERVATION_LEASE: chrono::Duration = chrono::Duration::minutes(10);
 
 impl Quota {
-    /// Starts a writer of its own over the write pool.
-    pub fn new(write: sqlx::SqlitePool, clock: Arc<dyn Clock>, process_id: String) -> Arc<Self> {
-        Self::with_writer(Writer::start(write), clock, process_id)
+    /// Starts a writer of its own over the database's write connection.
+    pub fn new(db: &crate::store::Db, clock: Arc<dyn Clock>, process_id: String) -> Arc<Self> {
+        Self::with_writer(Writer::start(db), clock, process_id)
     }
 
     /// Shares a writer (the gateway shares it with the request log).

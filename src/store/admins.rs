@@ -1,13 +1,12 @@
 //! People who log in to the admin surface.
 
 use chrono::{DateTime, Utc};
-use sqlx::SqliteConnection;
 
 use super::{Result, StoreError};
 use crate::clock::db_time;
 
 pub async fn create(
-    conn: &mut SqliteConnection,
+    tx: &mut super::Tx,
     username: &str,
     password_hash: &str,
     role: &str,
@@ -16,7 +15,7 @@ pub async fn create(
 ) -> Result<i64> {
     let exists: Option<i64> = sqlx::query_scalar("SELECT id FROM admins WHERE username = ?")
         .bind(username)
-        .fetch_optional(&mut *conn)
+        .fetch_optional(tx.sqlite())
         .await?;
     if exists.is_some() {
         return Err(StoreError::Conflict(format!(
@@ -31,6 +30,6 @@ pub async fn create(
     .bind(role)
     .bind(team_id)
     .bind(db_time(now))
-    .fetch_one(conn)
+    .fetch_one(tx.sqlite())
     .await?)
 }

@@ -12,7 +12,7 @@
 
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
-use sqlx::{Row, SqliteConnection};
+use sqlx::Row;
 
 use super::raw::Conn;
 use super::Result;
@@ -172,12 +172,12 @@ const INSERT: &str = "INSERT INTO audit_log (actor, address, action, target, bef
 /// Appends one row inside the caller's transaction, so the action and its audit row commit
 /// together or not at all.
 pub async fn append(
-    conn: &mut SqliteConnection,
+    tx: &mut super::Tx,
     e: &AuditEntry<'_>,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<()> {
     let prev: Option<String> = sqlx::query_scalar(LAST_HASH)
-        .fetch_optional(&mut *conn)
+        .fetch_optional(tx.sqlite())
         .await?;
     let prev = prev.unwrap_or_else(|| GENESIS.to_string());
     sqlx::query(INSERT)
@@ -189,7 +189,7 @@ pub async fn append(
         .bind(e.after)
         .bind(db_time(now))
         .bind(&prev)
-        .execute(&mut *conn)
+        .execute(tx.sqlite())
         .await?;
     Ok(())
 }
@@ -224,11 +224,11 @@ pub fn append_tx(
 /// Appends one row in its own transaction (for events outside an admin transaction, such
 /// as the gateway disabling an upstream key).
 pub async fn record(
-    pool: &sqlx::SqlitePool,
+    db: &super::Db,
     e: &AuditEntry<'_>,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<()> {
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = db.begin().await?;
     append(&mut tx, e, now).await?;
     tx.commit().await?;
     Ok(())
@@ -252,7 +252,9 @@ pub struct Broken {
 
 /// Walks the whole chain. Every row must link to the one before it and carry its MAC (or,
 /// for the sealed legacy prefix, its SHA-256).
-pub async fn verify(pool: &sqlx::SqlitePool, keys: &AuditKeys) -> Result<ChainState> {
+pub async fn verify(db: &super::Db, keys: &AuditKeys) -> Result<ChainState> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.read;
     let rows = sqlx::query("SELECT id, actor, address, action, target, before, after, created_at, prev_hash, hash, chain FROM audit_log ORDER BY id")
         .fetch_all(pool)
         .await?;
@@ -315,7 +317,9 @@ pub async fn verify(pool: &sqlx::SqlitePool, keys: &AuditKeys) -> Result<ChainSt
 /// row's MAC (over its own stored previous hash, links aside) verifies under them. Newest
 /// first, so an intact log answers at its first row; `false` only when not one row does,
 /// which is what another key looks like (an edit leaves the other rows verifying).
-pub async fn signed_with(pool: &sqlx::SqlitePool, keys: &AuditKeys) -> Result<Option<bool>> {
+pub async fn signed_with(db: &super::Db, keys: &AuditKeys) -> Result<Option<bool>> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.read;
     use futures_util::TryStreamExt;
     let mut rows = sqlx::query(
         "SELECT actor, address, action, target, before, after, created_at, prev_hash, hash FROM audit_log WHERE chain = ? ORDER BY id DESC",
@@ -347,13 +351,13 @@ fn seals(e: &AuditEntry<'_>, legacy: i64) -> bool {
 /// The row count and the newest row, as a head exports them (no MAC checked). One
 /// statement, so one snapshot: another process committing in between cannot pair one
 /// state's count with another's newest row.
-pub async fn tip(conn: &mut SqliteConnection) -> Result<(i64, i64, String)> {
+pub async fn tip(tx: &mut super::Tx) -> Result<(i64, i64, String)> {
     let row: (i64, Option<i64>, Option<String>) = sqlx::query_as(
         "SELECT (SELECT COUNT(*) FROM audit_log),
                 (SELECT id FROM audit_log ORDER BY id DESC LIMIT 1),
                 (SELECT hash FROM audit_log ORDER BY id DESC LIMIT 1)",
     )
-    .fetch_one(&mut *conn)
+    .fetch_one(tx.sqlite())
     .await?;
     Ok((
         row.0,
@@ -363,23 +367,18 @@ pub async fn tip(conn: &mut SqliteConnection) -> Result<(i64, i64, String)> {
 }
 
 /// The newest `HEAD_STARTED` row: its id and time (`None`: no head was ever started).
-pub async fn head_started(conn: &mut SqliteConnection) -> Result<Option<(i64, String)>> {
+pub async fn head_started(tx: &mut super::Tx) -> Result<Option<(i64, String)>> {
     Ok(sqlx::query_as(
         "SELECT id, created_at FROM audit_log WHERE action = ? ORDER BY id DESC LIMIT 1",
     )
     .bind(HEAD_STARTED)
-    .fetch_optional(conn)
+    .fetch_optional(tx.sqlite())
     .await?)
 }
 
 /// Whether the database still holds an earlier head's newest row, with as many rows up to
 /// it: the head is a prefix of the chain as it is now (one statement, as `tip`).
-pub async fn holds(
-    conn: &mut SqliteConnection,
-    rows: i64,
-    last_id: i64,
-    last_hash: &str,
-) -> Result<bool> {
+pub async fn holds(tx: &mut super::Tx, rows: i64, last_id: i64, last_hash: &str) -> Result<bool> {
     if rows == 0 {
         return Ok(true);
     }
@@ -388,7 +387,7 @@ pub async fn holds(
                 (SELECT COUNT(*) FROM audit_log WHERE id <= ?1)",
     )
     .bind(last_id)
-    .fetch_one(&mut *conn)
+    .fetch_one(tx.sqlite())
     .await?;
     Ok(hash.as_deref() == Some(last_hash) && upto == rows)
 }
@@ -414,16 +413,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = Db::open(&dir.path().join("a.db"), false).await.unwrap();
         let now = chrono::Utc::now();
-        record(&db.write, &entry("one"), now).await.unwrap();
-        writer::once(&db.write, |tx| append_tx(tx, &entry("two"), now))
+        record(&db, &entry("one"), now).await.unwrap();
+        writer::once(&db.sqlite().write, |tx| append_tx(tx, &entry("two"), now))
             .await
             .unwrap();
-        record(&db.write, &entry("three"), now).await.unwrap();
-        let st = verify(&db.read, &db.audit).await.unwrap();
+        record(&db, &entry("three"), now).await.unwrap();
+        let st = verify(&db, &db.audit).await.unwrap();
         assert_eq!((st.rows, st.broken), (3, None));
         // Another key (another database's) does not verify these rows.
         let other = Db::open(&dir.path().join("b.db"), false).await.unwrap();
-        let st = verify(&db.read, &other.audit).await.unwrap();
+        let st = verify(&db, &other.audit).await.unwrap();
         assert_eq!(st.broken.map(|b| b.id), Some(1));
     }
 }

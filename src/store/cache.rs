@@ -1,7 +1,7 @@
 //! Cache entries (see `cache/`): whole answers keyed by the SHA-256 of the canonical request.
 
 use chrono::{DateTime, Utc};
-use sqlx::{FromRow, SqlitePool};
+use sqlx::FromRow;
 
 use super::writer::Tx;
 use super::Result;
@@ -32,7 +32,9 @@ pub struct NewEntry {
     pub expires_at: DateTime<Utc>,
 }
 
-pub async fn get(pool: &SqlitePool, key: &[u8], now: DateTime<Utc>) -> Result<Option<EntryRow>> {
+pub async fn get(db: &super::Db, key: &[u8], now: DateTime<Utc>) -> Result<Option<EntryRow>> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.read;
     Ok(sqlx::query_as("SELECT key, answer, input_tokens, output_tokens, expires_at FROM cache_entries WHERE key = ? AND expires_at > ?")
         .bind(key)
         .bind(db_time(now))
@@ -74,11 +76,9 @@ pub type IndexRow = (i64, Vec<u8>, Option<Vec<u8>>, Option<Vec<u8>>);
 
 /// Live entries stored after rowid `after` (0: all), oldest first: what the in-memory
 /// indexes (keys present, semantic candidates) are built and kept fresh from.
-pub async fn index_rows(
-    pool: &SqlitePool,
-    after: i64,
-    now: DateTime<Utc>,
-) -> Result<Vec<IndexRow>> {
+pub async fn index_rows(db: &super::Db, after: i64, now: DateTime<Utc>) -> Result<Vec<IndexRow>> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.read;
     Ok(sqlx::query_as(
         "SELECT rowid, key, context_hash, vector FROM cache_entries WHERE rowid > ? AND expires_at > ? ORDER BY rowid",
     )
@@ -91,10 +91,12 @@ pub async fn index_rows(
 /// (rowid, key) of the live entries stored after rowid `after`: enough to tell whether
 /// another replica stored anything, without reading vectors back.
 pub async fn keys_after(
-    pool: &SqlitePool,
+    db: &super::Db,
     after: i64,
     now: DateTime<Utc>,
 ) -> Result<Vec<(i64, Vec<u8>)>> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.read;
     Ok(sqlx::query_as(
         "SELECT rowid, key FROM cache_entries WHERE rowid > ? AND expires_at > ? ORDER BY rowid",
     )
@@ -108,17 +110,17 @@ pub async fn keys_after(
 /// as `,a,b,`, and a tag is found as the whole, exact string `,tag,` — with `instr`, not
 /// `LIKE`: `LIKE` reads `_` and `%` in a tag as wildcards (`a_b` would take `axb` with it,
 /// `%` every entry) and ignores ASCII case (`Case:1` would take `case:1`).
-pub async fn delete_tag(pool: &SqlitePool, tag: &str) -> Result<Vec<Vec<u8>>> {
+pub async fn delete_tag(db: &super::Db, tag: &str) -> Result<Vec<Vec<u8>>> {
     let needle = format!(",{tag},");
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = db.begin().await?;
     let keys: Vec<Vec<u8>> =
         sqlx::query_scalar("DELETE FROM cache_entries WHERE instr(tags, ?) > 0 RETURNING key")
             .bind(needle)
-            .fetch_all(&mut *tx)
+            .fetch_all(tx.sqlite())
             .await?;
     if !keys.is_empty() {
         sqlx::query("UPDATE meta SET value = value + 1 WHERE key = 'cache_epoch'")
-            .execute(&mut *tx)
+            .execute(tx.sqlite())
             .await?;
     }
     tx.commit().await?;
@@ -126,7 +128,9 @@ pub async fn delete_tag(pool: &SqlitePool, tag: &str) -> Result<Vec<Vec<u8>>> {
 }
 
 /// Deletes expired entries and, past `max_entries`, the oldest ones; returns how many.
-pub async fn evict(pool: &SqlitePool, max_entries: u64, now: DateTime<Utc>) -> Result<u64> {
+pub async fn evict(db: &super::Db, max_entries: u64, now: DateTime<Utc>) -> Result<u64> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.write;
     let expired = sqlx::query("DELETE FROM cache_entries WHERE expires_at <= ?")
         .bind(db_time(now))
         .execute(pool)
@@ -148,7 +152,9 @@ pub async fn evict(pool: &SqlitePool, max_entries: u64, now: DateTime<Utc>) -> R
     Ok(expired + oldest)
 }
 
-pub async fn epoch(pool: &SqlitePool) -> Result<i64> {
+pub async fn epoch(db: &super::Db) -> Result<i64> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.read;
     Ok(
         sqlx::query_scalar("SELECT value FROM meta WHERE key = 'cache_epoch'")
             .fetch_one(pool)
@@ -171,10 +177,12 @@ pub fn count_hit_tx(tx: &mut Tx<'_>, key: &[u8]) -> Result<()> {
 /// rolled over yet reads, as in `ledger::balance`, as its full limit. Read-only: the
 /// balances are the ledger's, never written here.
 pub async fn budget_remaining(
-    pool: &SqlitePool,
+    db: &super::Db,
     owner: &super::ledger::Owner,
     now: DateTime<Utc>,
 ) -> Result<Option<i64>> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.read;
     let rows: Vec<(i64, Option<i64>, Option<i64>, String)> = sqlx::query_as(
         "SELECT 0, limit_micros, remaining_micros, period FROM tokens WHERE id = ?1
          UNION ALL SELECT 1, limit_micros, remaining_micros, period FROM users WHERE id = ?2

@@ -3,7 +3,7 @@
 //! Spend is this period's ledger sum minus what is still reserved, like `tokens::list`.
 
 use serde::Serialize;
-use sqlx::{FromRow, SqliteConnection, SqlitePool};
+use sqlx::FromRow;
 
 use super::{Result, StoreError};
 
@@ -27,7 +27,9 @@ const TEAM_SELECT: &str = "SELECT tm.id, tm.name, tm.limit_micros, tm.remaining_
         (SELECT COUNT(*) FROM users u WHERE u.team_id = tm.id) AS members, tm.created_at
      FROM teams tm";
 
-pub async fn teams(pool: &SqlitePool, scope: Option<i64>) -> Result<Vec<TeamRow>> {
+pub async fn teams(db: &super::Db, scope: Option<i64>) -> Result<Vec<TeamRow>> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.read;
     Ok(sqlx::query_as(&format!(
         "{TEAM_SELECT} WHERE (?1 IS NULL OR tm.id = ?1) ORDER BY tm.name"
     ))
@@ -36,10 +38,10 @@ pub async fn teams(pool: &SqlitePool, scope: Option<i64>) -> Result<Vec<TeamRow>
     .await?)
 }
 
-pub async fn team(conn: &mut SqliteConnection, id: i64) -> Result<Option<TeamRow>> {
+pub async fn team(tx: &mut super::Tx, id: i64) -> Result<Option<TeamRow>> {
     Ok(sqlx::query_as(&format!("{TEAM_SELECT} WHERE tm.id = ?"))
         .bind(id)
-        .fetch_optional(conn)
+        .fetch_optional(tx.sqlite())
         .await?)
 }
 
@@ -65,7 +67,9 @@ const MEMBER_SELECT: &str = "SELECT u.id, u.username, u.team_id, tm.name AS team
         (SELECT COUNT(*) FROM tokens t WHERE t.user_id = u.id AND t.revoked_at IS NULL) AS tokens, u.created_at
      FROM users u JOIN teams tm ON tm.id = u.team_id";
 
-pub async fn members(pool: &SqlitePool, scope: Option<i64>) -> Result<Vec<MemberRow>> {
+pub async fn members(db: &super::Db, scope: Option<i64>) -> Result<Vec<MemberRow>> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.read;
     Ok(sqlx::query_as(&format!(
         "{MEMBER_SELECT} WHERE (?1 IS NULL OR u.team_id = ?1) ORDER BY tm.name, u.username"
     ))
@@ -74,10 +78,10 @@ pub async fn members(pool: &SqlitePool, scope: Option<i64>) -> Result<Vec<Member
     .await?)
 }
 
-pub async fn member(conn: &mut SqliteConnection, id: i64) -> Result<Option<MemberRow>> {
+pub async fn member(tx: &mut super::Tx, id: i64) -> Result<Option<MemberRow>> {
     Ok(sqlx::query_as(&format!("{MEMBER_SELECT} WHERE u.id = ?"))
         .bind(id)
-        .fetch_optional(conn)
+        .fetch_optional(tx.sqlite())
         .await?)
 }
 
@@ -96,7 +100,9 @@ const LOGIN_SELECT: &str =
     "SELECT a.id, a.username, a.role, a.team_id, tm.name AS team, a.disabled, a.created_at
      FROM admins a LEFT JOIN teams tm ON tm.id = a.team_id";
 
-pub async fn logins(pool: &SqlitePool, scope: Option<i64>) -> Result<Vec<LoginRow>> {
+pub async fn logins(db: &super::Db, scope: Option<i64>) -> Result<Vec<LoginRow>> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.read;
     Ok(sqlx::query_as(&format!(
         "{LOGIN_SELECT} WHERE (?1 IS NULL OR a.team_id = ?1) ORDER BY a.username"
     ))
@@ -105,20 +111,20 @@ pub async fn logins(pool: &SqlitePool, scope: Option<i64>) -> Result<Vec<LoginRo
     .await?)
 }
 
-pub async fn login(conn: &mut SqliteConnection, id: i64) -> Result<Option<LoginRow>> {
+pub async fn login(tx: &mut super::Tx, id: i64) -> Result<Option<LoginRow>> {
     Ok(sqlx::query_as(&format!("{LOGIN_SELECT} WHERE a.id = ?"))
         .bind(id)
-        .fetch_optional(conn)
+        .fetch_optional(tx.sqlite())
         .await?)
 }
 
 /// The team a username belongs to, whether it names a member or a login.
-pub async fn username_taken(conn: &mut SqliteConnection, username: &str) -> Result<bool> {
+pub async fn username_taken(tx: &mut super::Tx, username: &str) -> Result<bool> {
     let n: i64 = sqlx::query_scalar(
         "SELECT (SELECT COUNT(*) FROM users WHERE username = ?1) + (SELECT COUNT(*) FROM admins WHERE username = ?1)",
     )
     .bind(username)
-    .fetch_one(conn)
+    .fetch_one(tx.sqlite())
     .await?;
     Ok(n > 0)
 }
@@ -130,7 +136,7 @@ pub struct MemberEdit {
     pub tpm: Option<i64>,
 }
 
-pub async fn update_member(conn: &mut SqliteConnection, id: i64, e: &MemberEdit) -> Result<()> {
+pub async fn update_member(tx: &mut super::Tx, id: i64, e: &MemberEdit) -> Result<()> {
     let done =
         sqlx::query("UPDATE users SET team_id = ?, disabled = ?, rpm = ?, tpm = ? WHERE id = ?")
             .bind(e.team_id)
@@ -138,7 +144,7 @@ pub async fn update_member(conn: &mut SqliteConnection, id: i64, e: &MemberEdit)
             .bind(e.rpm)
             .bind(e.tpm)
             .bind(id)
-            .execute(conn)
+            .execute(tx.sqlite())
             .await?
             .rows_affected();
     if done == 0 {
@@ -153,13 +159,13 @@ pub struct LoginEdit<'a> {
     pub disabled: bool,
 }
 
-pub async fn update_login(conn: &mut SqliteConnection, id: i64, e: &LoginEdit<'_>) -> Result<()> {
+pub async fn update_login(tx: &mut super::Tx, id: i64, e: &LoginEdit<'_>) -> Result<()> {
     let done = sqlx::query("UPDATE admins SET role = ?, team_id = ?, disabled = ? WHERE id = ?")
         .bind(e.role)
         .bind(e.team_id)
         .bind(e.disabled)
         .bind(id)
-        .execute(conn)
+        .execute(tx.sqlite())
         .await?
         .rows_affected();
     if done == 0 {

@@ -32,7 +32,7 @@
 use std::sync::{Arc, LazyLock};
 
 use chrono::{DateTime, Utc};
-use sqlx::{Row, SqliteConnection, SqlitePool};
+use sqlx::Row;
 
 use super::audit::{self, AuditEntry};
 use super::writer;
@@ -180,7 +180,7 @@ fn tighter(a: Option<i64>, b: Option<i64>) -> Option<i64> {
 /// The period a level is in at `now`: its stored period when that is current or newer
 /// (periods only move forward), else `now`'s — rolled over here, with an audit row.
 async fn current_period(
-    conn: &mut SqliteConnection,
+    tx: &mut super::Tx,
     level: Level,
     id: i64,
     reset: Reset,
@@ -189,7 +189,7 @@ async fn current_period(
     let sql = &SQL[level.idx()];
     let stored: String = sqlx::query_scalar(&sql.period)
         .bind(id)
-        .fetch_optional(&mut *conn)
+        .fetch_optional(tx.sqlite())
         .await?
         .ok_or_else(|| StoreError::NotFound(format!("{} {id}", level.as_str())))?;
     let (key, rolls) = reset.place(&stored, now);
@@ -200,11 +200,11 @@ async fn current_period(
         .bind(&key)
         .bind(id)
         .bind(&stored)
-        .fetch_optional(&mut *conn)
+        .fetch_optional(tx.sqlite())
         .await?;
     if rolled.is_some() {
         let target = format!("{}:{id}", level.as_str());
-        audit::append(conn, &period_reset_entry(&target, &key), now).await?;
+        audit::append(tx, &period_reset_entry(&target, &key), now).await?;
     }
     Ok(key)
 }
@@ -223,7 +223,7 @@ fn period_reset_entry<'a>(target: &'a str, period: &'a str) -> AuditEntry<'a> {
 
 #[allow(clippy::too_many_arguments)]
 async fn ledger_row(
-    conn: &mut SqliteConnection,
+    tx: &mut super::Tx,
     owner: &Owner,
     periods: &[String; 3],
     kind: &str,
@@ -244,7 +244,7 @@ async fn ledger_row(
         .bind(request_id)
         .bind(reason)
         .bind(db_time(now))
-        .execute(conn)
+        .execute(tx.sqlite())
         .await?;
     Ok(())
 }
@@ -256,10 +256,12 @@ const INSERT_LEDGER: &str = "INSERT INTO ledger (token_id, user_id, team_id, per
 /// Runs in its own `BEGIN IMMEDIATE` transaction on the caller's thread; the gateway goes
 /// through the group-commit writer instead (`reserve_via`), with the same code (`reserve_tx`).
 pub async fn reserve(
-    pool: &SqlitePool,
+    db: &super::Db,
     r: &ReserveRequest<'_>,
     now: DateTime<Utc>,
 ) -> Result<std::result::Result<Reservation, Refusal>> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.write;
     writer::once(pool, |tx| reserve_tx(tx, r, now)).await
 }
 
@@ -279,11 +281,13 @@ pub struct Settled {
 /// settled is left alone and `None` is returned; one settled as an orphan meanwhile is
 /// corrected to `actual` (see `cas::settle_tx`).
 pub async fn settle(
-    pool: &SqlitePool,
+    db: &super::Db,
     request_id: &str,
     actual: i64,
     now: DateTime<Utc>,
 ) -> Result<Option<Settled>> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.write;
     writer::once(pool, |tx| settle_tx(tx, request_id, actual, now)).await
 }
 
@@ -302,11 +306,7 @@ pub enum Orphans<'a> {
 /// refunded, a 0-amount `orphan` row for the record) and keeps each in `orphaned`, so that
 /// an owner that was only stalled can still settle it at its actual cost later (see
 /// `cas::settle_tx`). Returns how many were settled.
-pub async fn settle_orphans(
-    pool: &SqlitePool,
-    which: Orphans<'_>,
-    now: DateTime<Utc>,
-) -> Result<u64> {
+pub async fn settle_orphans(db: &super::Db, which: Orphans<'_>, now: DateTime<Utc>) -> Result<u64> {
     const COLUMNS: &str = "request_id, token_id, user_id, team_id, period, user_period, team_period, amount_micros, owner";
     let (which_rows, owner) = match which {
         Orphans::OfOwner(owner) => ("owner = ?", Some(owner)),
@@ -315,7 +315,7 @@ pub async fn settle_orphans(
             None,
         ),
     };
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = db.begin().await?;
     // Kept for a late settlement by an owner that was only stalled.
     let keep = format!(
         "INSERT OR REPLACE INTO orphaned ({COLUMNS}, created_at) SELECT {COLUMNS}, ? FROM reservations WHERE {which_rows}"
@@ -325,7 +325,7 @@ pub async fn settle_orphans(
         Some(o) => keep.bind(o),
         None => keep,
     }
-    .execute(&mut *tx)
+    .execute(tx.sqlite())
     .await?;
     let take = format!("DELETE FROM reservations WHERE {which_rows} RETURNING {COLUMNS}");
     let take = sqlx::query(&take);
@@ -333,7 +333,7 @@ pub async fn settle_orphans(
         Some(o) => take.bind(o),
         None => take,
     }
-    .fetch_all(&mut *tx)
+    .fetch_all(tx.sqlite())
     .await?;
     for r in &rows {
         let owner = Owner {
@@ -349,7 +349,7 @@ pub async fn settle_orphans(
             sqlx::query(&SQL[level.idx()].release)
                 .bind(amount)
                 .bind(owner.id(level))
-                .execute(&mut *tx)
+                .execute(tx.sqlite())
                 .await?;
         }
         let request_id: String = r.get("request_id");
@@ -380,7 +380,9 @@ pub async fn settle_orphans(
 /// Forgets orphan records older than `before` whose owner is no longer registered: a
 /// registered owner (alive, or back from a stall) may still settle them, whatever the
 /// clock of the process that prunes says.
-pub async fn prune_orphaned(pool: &SqlitePool, before: DateTime<Utc>) -> Result<u64> {
+pub async fn prune_orphaned(db: &super::Db, before: DateTime<Utc>) -> Result<u64> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.write;
     Ok(sqlx::query(
         "DELETE FROM orphaned WHERE created_at < ? AND owner NOT IN (SELECT id FROM processes)",
     )
@@ -391,7 +393,9 @@ pub async fn prune_orphaned(pool: &SqlitePool, before: DateTime<Utc>) -> Result<
 }
 
 /// This process's open reservations: request id and deadline.
-pub async fn own_reservations(pool: &SqlitePool, owner: &str) -> Result<Vec<(String, String)>> {
+pub async fn own_reservations(db: &super::Db, owner: &str) -> Result<Vec<(String, String)>> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.read;
     Ok(
         sqlx::query_as("SELECT request_id, deadline FROM reservations WHERE owner = ?")
             .bind(owner)
@@ -402,17 +406,17 @@ pub async fn own_reservations(pool: &SqlitePool, owner: &str) -> Result<Vec<(Str
 
 /// Renews the owner's lease on reservations a live request still holds.
 pub async fn renew_leases(
-    pool: &SqlitePool,
+    db: &super::Db,
     request_ids: &[String],
     deadline: DateTime<Utc>,
 ) -> Result<()> {
     let deadline = db_time(deadline);
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = db.begin().await?;
     for id in request_ids {
         sqlx::query("UPDATE reservations SET deadline = ? WHERE request_id = ?")
             .bind(&deadline)
             .bind(id)
-            .execute(&mut *tx)
+            .execute(tx.sqlite())
             .await?;
     }
     tx.commit().await?;
@@ -420,13 +424,13 @@ pub async fn renew_leases(
 }
 
 /// The owner of a token, with each level's reset rule, read from the database.
-pub async fn owner_of(conn: &mut SqliteConnection, token_id: i64) -> Result<Owner> {
+pub async fn owner_of(tx: &mut super::Tx, token_id: i64) -> Result<Owner> {
     let row = sqlx::query(
         "SELECT t.id, u.id AS user_id, u.team_id, t.reset, u.reset AS user_reset, tm.reset AS team_reset
          FROM tokens t JOIN users u ON u.id = t.user_id JOIN teams tm ON tm.id = u.team_id WHERE t.id = ?",
     )
     .bind(token_id)
-    .fetch_optional(conn)
+    .fetch_optional(tx.sqlite())
     .await?
     .ok_or_else(|| StoreError::NotFound(format!("token {token_id}")))?;
     let reset = |col: &str| Reset::parse(row.get::<&str, _>(col)).unwrap_or(Reset::Never);
@@ -441,14 +445,14 @@ pub async fn owner_of(conn: &mut SqliteConnection, token_id: i64) -> Result<Owne
 /// An admin's adjustment of a token's spend (positive consumes, negative returns), applied
 /// to the token, its user and its team alike, with a reason and an audit row.
 pub async fn adjust(
-    pool: &SqlitePool,
+    db: &super::Db,
     token_id: i64,
     amount: i64,
     reason: &str,
     actor: &str,
     now: DateTime<Utc>,
 ) -> Result<()> {
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = db.begin().await?;
     let owner = owner_of(&mut tx, token_id).await?;
     let mut periods: [String; 3] = Default::default();
     for level in LEVELS {
@@ -459,7 +463,7 @@ pub async fn adjust(
             .bind(amount)
             .bind(id)
             .bind(&periods[level.idx()])
-            .execute(&mut *tx)
+            .execute(tx.sqlite())
             .await?;
     }
     ledger_row(
@@ -491,34 +495,29 @@ pub async fn adjust(
 /// Sets a level's limit (`None` = unlimited). Spend is never erased: the new remaining is
 /// the new limit minus this period's ledger sum, computed in the same statement.
 pub async fn set_limit(
-    conn: &mut SqliteConnection,
+    tx: &mut super::Tx,
     level: Level,
     id: i64,
     reset: Reset,
     limit: Option<i64>,
     now: DateTime<Utc>,
 ) -> Result<()> {
-    let period = current_period(conn, level, id, reset, now).await?;
+    let period = current_period(tx, level, id, reset, now).await?;
     sqlx::query(&SQL[level.idx()].set_limit)
         .bind(limit)
         .bind(id)
         .bind(&period)
-        .execute(&mut *conn)
+        .execute(tx.sqlite())
         .await?;
     Ok(())
 }
 
 /// Raises a limited level's limit and remaining by `amount`; `false` if it has no limit.
-pub async fn top_up(
-    conn: &mut SqliteConnection,
-    level: Level,
-    id: i64,
-    amount: i64,
-) -> Result<bool> {
+pub async fn top_up(tx: &mut super::Tx, level: Level, id: i64, amount: i64) -> Result<bool> {
     Ok(sqlx::query(&SQL[level.idx()].top_up)
         .bind(amount)
         .bind(id)
-        .execute(conn)
+        .execute(tx.sqlite())
         .await?
         .rows_affected()
         == 1)
@@ -533,7 +532,9 @@ pub struct Balance {
     pub spent: i64,
 }
 
-pub async fn balance(pool: &SqlitePool, token_id: i64, now: DateTime<Utc>) -> Result<Balance> {
+pub async fn balance(db: &super::Db, token_id: i64, now: DateTime<Utc>) -> Result<Balance> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.read;
     let row = sqlx::query("SELECT limit_micros, remaining_micros, reserved_micros, reset, period FROM tokens WHERE id = ?")
         .bind(token_id)
         .fetch_optional(pool)
@@ -567,7 +568,9 @@ pub async fn balance(pool: &SqlitePool, token_id: i64, now: DateTime<Utc>) -> Re
 
 /// Levels whose `limit − remaining` differs from their ledger sum for the current period,
 /// described for a person (empty when the invariant holds everywhere).
-pub async fn invariant_violations(pool: &SqlitePool) -> Result<Vec<String>> {
+pub async fn invariant_violations(db: &super::Db) -> Result<Vec<String>> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.read;
     let mut out = Vec::new();
     for (table, id_col, period_col) in [
         ("tokens", "token_id", "period"),
@@ -593,7 +596,9 @@ pub async fn invariant_violations(pool: &SqlitePool) -> Result<Vec<String>> {
 }
 
 /// Reservations a process still holds.
-pub async fn open_reservations(pool: &SqlitePool, owner: &str) -> Result<i64> {
+pub async fn open_reservations(db: &super::Db, owner: &str) -> Result<i64> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.read;
     Ok(
         sqlx::query_scalar("SELECT COUNT(*) FROM reservations WHERE owner = ?")
             .bind(owner)

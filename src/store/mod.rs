@@ -1,10 +1,12 @@
-//! All SQL lives below this module. SQLite in WAL mode: one writer connection per process
+//! All SQL lives below this module, and nothing above it knows the engine (`Db`, `Tx`; the
+//! guard is `tests/api/store_boundary.rs`). SQLite in WAL mode: one writer connection per process
 //! (writers queue in-process instead of fighting over the file lock; other processes wait
 //! on `busy_timeout`), and a small pool of readers that never block it.
 
 pub mod admins;
 pub mod audit;
 mod audit_mac;
+pub mod backup;
 pub mod cache;
 pub mod directory;
 pub mod ledger;
@@ -19,6 +21,8 @@ pub mod token_admin;
 pub mod tokens;
 pub mod writer;
 
+#[cfg(test)]
+mod tx_test;
 #[cfg(test)]
 mod writer_test;
 
@@ -58,20 +62,77 @@ pub enum StoreError {
 
 pub type Result<T> = std::result::Result<T, StoreError>;
 
+/// The database, whichever engine holds it. Nothing above the store knows which: callers
+/// open it, begin transactions on it (`begin`) and hand it (or a `Tx`) to the store's
+/// functions, which dispatch on the engine inside. Today SQLite is the only engine; another
+/// is another `Backend` arm, added inside `src/store/` only.
 #[derive(Clone, Debug)]
 pub struct Db {
+    backend: Backend,
+    /// The audit chain's keys (its write connections hold them too: `audit_mac`).
+    pub audit: Arc<audit::AuditKeys>,
+}
+
+#[derive(Clone, Debug)]
+enum Backend {
+    Sqlite(SqlitePools),
+}
+
+/// The SQLite engine's two pools. Code outside the store never sees them; tests reach them
+/// through `Db::sqlite` to check what was written.
+#[derive(Clone, Debug)]
+pub struct SqlitePools {
     /// Exactly one connection: every write transaction in this process goes through it.
     pub write: SqlitePool,
     pub read: SqlitePool,
-    /// The audit chain's keys (its write connections hold them too: `audit_mac`).
-    pub audit: Arc<audit::AuditKeys>,
+}
+
+/// A write transaction begun by `Db::begin` (on SQLite: `BEGIN IMMEDIATE` on the one write
+/// connection, so it waits for the lock up front instead of failing at its first write).
+/// Store functions that take `&mut Tx` run inside it; dropped without `commit`, it rolls
+/// back.
+pub struct Tx {
+    inner: TxInner,
+}
+
+enum TxInner {
+    Sqlite(sqlx::Transaction<'static, sqlx::Sqlite>),
+}
+
+impl Tx {
+    pub async fn commit(self) -> Result<()> {
+        match self.inner {
+            TxInner::Sqlite(tx) => Ok(tx.commit().await?),
+        }
+    }
+
+    pub async fn rollback(self) -> Result<()> {
+        match self.inner {
+            TxInner::Sqlite(tx) => Ok(tx.rollback().await?),
+        }
+    }
+
+    /// The SQLite connection this transaction runs on (store functions only).
+    pub(in crate::store) fn sqlite(&mut self) -> &mut sqlx::SqliteConnection {
+        match &mut self.inner {
+            TxInner::Sqlite(tx) => tx,
+        }
+    }
 }
 
 /// How long a writer waits for another process's lock before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Db {
-    /// Opens (creating the file and its folder when missing) and migrates.
+    /// Opens the database `[database] url` names (creating a SQLite file and its folder
+    /// when missing) and migrates it.
+    pub async fn connect(settings: &crate::config::Settings) -> Result<Db> {
+        let synchronous_full = settings.quota.synchronous == "full";
+        Db::open(&settings.database_path(), synchronous_full).await
+    }
+
+    /// Opens (creating the file and its folder when missing) and migrates the SQLite
+    /// database at `path`.
     pub async fn open(path: &Path, synchronous_full: bool) -> Result<Db> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             crate::private_fs::create_dir_all(dir)?;
@@ -127,22 +188,66 @@ impl Db {
             .connect_with(opts.read_only(true))
             .await?;
         Ok(Db {
-            write,
-            read,
+            backend: Backend::Sqlite(SqlitePools { write, read }),
             audit: keys,
         })
     }
 
+    /// The SQLite pools, for tests that check what was written. Production code never
+    /// calls it: it would tie its caller to the engine (`tests/api/store_boundary.rs`).
+    #[doc(hidden)]
+    pub fn sqlite(&self) -> &SqlitePools {
+        match &self.backend {
+            Backend::Sqlite(p) => p,
+        }
+    }
+
+    /// Begins a write transaction (see `Tx`).
+    pub async fn begin(&self) -> Result<Tx> {
+        match &self.backend {
+            Backend::Sqlite(p) => Ok(Tx {
+                inner: TxInner::Sqlite(p.write.begin_with("BEGIN IMMEDIATE").await?),
+            }),
+        }
+    }
+
+    /// Begins a read-only transaction on a reader: one snapshot, and it never waits for a
+    /// writer (nor makes one wait). Dropped, it ends.
+    pub async fn begin_read(&self) -> Result<Tx> {
+        match &self.backend {
+            Backend::Sqlite(p) => Ok(Tx {
+                inner: TxInner::Sqlite(p.read.begin().await?),
+            }),
+        }
+    }
+
+    /// Begins a read on this process's write connection: it sees every write this process
+    /// committed, and begins only once this process's write transaction in flight (if any)
+    /// has ended. It takes no write lock (on SQLite: a deferred `BEGIN`).
+    pub async fn begin_read_after_writes(&self) -> Result<Tx> {
+        match &self.backend {
+            Backend::Sqlite(p) => Ok(Tx {
+                inner: TxInner::Sqlite(p.write.begin().await?),
+            }),
+        }
+    }
+
     /// `PRAGMA integrity_check`: "ok" or the first problem found.
     pub async fn integrity_check(&self) -> Result<String> {
-        Ok(sqlx::query_scalar("PRAGMA integrity_check")
-            .fetch_one(&self.read)
-            .await?)
+        match &self.backend {
+            Backend::Sqlite(p) => Ok(sqlx::query_scalar("PRAGMA integrity_check")
+                .fetch_one(&p.read)
+                .await?),
+        }
     }
 
     pub async fn close(&self) {
-        self.read.close().await;
-        self.write.close().await;
+        match &self.backend {
+            Backend::Sqlite(p) => {
+                p.read.close().await;
+                p.write.close().await;
+            }
+        }
     }
 }
 
@@ -176,10 +281,11 @@ fn private_files(path: &Path) -> Result<()> {
 }
 
 /// Whether every migration this binary carries has been applied to the database.
-pub async fn migrations_applied(pool: &SqlitePool) -> Result<bool> {
+pub async fn migrations_applied(db: &Db) -> Result<bool> {
+    let Backend::Sqlite(p) = &db.backend;
     let applied: i64 =
         sqlx::query_scalar("SELECT COUNT(*) FROM _sqlx_migrations WHERE success = 1")
-            .fetch_one(pool)
+            .fetch_one(&p.read)
             .await?;
     Ok(applied as usize >= sqlx::migrate!("./migrations/sqlite").migrations.len())
 }

@@ -14,7 +14,6 @@
 //! again at its next beat, so its new reservations are never taken for orphans.
 
 use chrono::{DateTime, Duration, Utc};
-use sqlx::SqlitePool;
 
 use super::Result;
 use crate::clock::db_time;
@@ -47,7 +46,9 @@ impl Me {
 /// Registers this process, or — when its row is missing — registers it again, and records
 /// a heartbeat. Returns `true` when the row had to be created (at start, or because
 /// another process pruned it as gone while this one stalled).
-pub async fn heartbeat(pool: &SqlitePool, me: &Me, now: DateTime<Utc>) -> Result<bool> {
+pub async fn heartbeat(db: &super::Db, me: &Me, now: DateTime<Utc>) -> Result<bool> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.write;
     let now = db_time(now);
     let beat = sqlx::query("UPDATE processes SET heartbeat_at = ? WHERE id = ?")
         .bind(&now)
@@ -72,7 +73,19 @@ pub async fn heartbeat(pool: &SqlitePool, me: &Me, now: DateTime<Utc>) -> Result
     Ok(true)
 }
 
-pub async fn unregister(pool: &SqlitePool, id: &str) -> Result<()> {
+/// Forgets every registration (a restored copy: the gateways registered in it ran on the
+/// database it was taken from, not on this one).
+pub async fn forget_all(db: &super::Db) -> Result<()> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    sqlx::query("DELETE FROM processes")
+        .execute(&sqlite.write)
+        .await?;
+    Ok(())
+}
+
+pub async fn unregister(db: &super::Db, id: &str) -> Result<()> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.write;
     sqlx::query("DELETE FROM processes WHERE id = ?")
         .bind(id)
         .execute(pool)
@@ -81,7 +94,9 @@ pub async fn unregister(pool: &SqlitePool, id: &str) -> Result<()> {
 }
 
 /// Owners of reservations that are no longer running (see the module doc).
-pub async fn dead_owners(pool: &SqlitePool, me: &Me, now: DateTime<Utc>) -> Result<Vec<String>> {
+pub async fn dead_owners(db: &super::Db, me: &Me, now: DateTime<Utc>) -> Result<Vec<String>> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.read;
     // (owner, host, pid, pid start, heartbeat_at) of every other owner of open reservations.
     type OwnerRow = (
         String,
@@ -111,7 +126,9 @@ pub async fn dead_owners(pool: &SqlitePool, me: &Me, now: DateTime<Utc>) -> Resu
 
 /// Removes process rows that are gone and hold nothing any more. A process on this host
 /// whose pid is alive is kept, however stale its heartbeat.
-pub async fn prune(pool: &SqlitePool, me: &Me, now: DateTime<Utc>) -> Result<()> {
+pub async fn prune(db: &super::Db, me: &Me, now: DateTime<Utc>) -> Result<()> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.write;
     type ProcRow = (String, String, i64, Option<i64>);
     let stale: Vec<ProcRow> = sqlx::query_as(
         "SELECT id, host, pid, pid_start FROM processes
@@ -179,13 +196,13 @@ mod tests {
         let now = Utc.with_ymd_and_hms(2026, 12, 1, 12, 0, 0).unwrap();
         let me = Me::new("me".into(), "here".into());
         assert!(
-            heartbeat(&db.write, &me, now).await.unwrap(),
+            heartbeat(&db, &me, now).await.unwrap(),
             "first beat registers"
         );
-        assert!(!heartbeat(&db.write, &me, now).await.unwrap());
-        unregister(&db.write, "me").await.unwrap();
+        assert!(!heartbeat(&db, &me, now).await.unwrap());
+        unregister(&db, "me").await.unwrap();
         assert!(
-            heartbeat(&db.write, &me, now).await.unwrap(),
+            heartbeat(&db, &me, now).await.unwrap(),
             "a pruned process registers again"
         );
         // Owners of open reservations: a fresh and a stale one elsewhere, a dead pid here,
@@ -209,7 +226,7 @@ mod tests {
             };
             sqlx::query("INSERT INTO processes (id, host, pid, pid_start, started_at, heartbeat_at) VALUES (?, ?, ?, ?, ?, ?)")
                 .bind(id).bind(host).bind(pid).bind(started).bind(db_time(beat)).bind(db_time(beat))
-                .execute(&db.write).await.unwrap();
+                .execute(&db.sqlite().write).await.unwrap();
         }
         for (i, owner) in [
             "fresh-elsewhere",
@@ -225,20 +242,20 @@ mod tests {
             sqlx::query("INSERT INTO reservations (request_id, token_id, user_id, team_id, period, user_period, team_period, amount_micros, owner, deadline, created_at)
                          VALUES (?, 1, 1, 1, 'never', 'never', 'never', 1, ?, '9999', '0')")
                 .bind(format!("r{i}")).bind(owner)
-                .execute(&db.write).await.unwrap();
+                .execute(&db.sqlite().write).await.unwrap();
         }
-        let mut dead = dead_owners(&db.read, &me, now).await.unwrap();
+        let mut dead = dead_owners(&db, &me, now).await.unwrap();
         dead.sort();
         assert_eq!(dead, ["dead-here", "stale-elsewhere", "unknown"]);
         // Pruning takes stale rows that hold nothing, but never a stopped process of this host
         // (a fresh row waits until it is stale).
         sqlx::query("DELETE FROM reservations")
-            .execute(&db.write)
+            .execute(&db.sqlite().write)
             .await
             .unwrap();
-        prune(&db.write, &me, now).await.unwrap();
+        prune(&db, &me, now).await.unwrap();
         let mut left: Vec<String> = sqlx::query_scalar("SELECT id FROM processes")
-            .fetch_all(&db.read)
+            .fetch_all(&db.sqlite().read)
             .await
             .unwrap();
         left.sort();

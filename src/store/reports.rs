@@ -4,7 +4,7 @@
 //! restricts every query to one team.
 
 use serde::Serialize;
-use sqlx::{FromRow, QueryBuilder, Sqlite, SqlitePool};
+use sqlx::{FromRow, QueryBuilder, Sqlite};
 
 use super::Result;
 
@@ -16,7 +16,9 @@ pub struct Totals {
 }
 
 /// Spend, request count and non-2xx count since `from` (a database time string).
-pub async fn totals(pool: &SqlitePool, scope: Option<i64>, from: &str) -> Result<Totals> {
+pub async fn totals(db: &super::Db, scope: Option<i64>, from: &str) -> Result<Totals> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.read;
     let (spend, requests, errors): (i64, i64, i64) = sqlx::query_as(
         "SELECT COALESCE(SUM(cost_micros), 0), COUNT(*), COALESCE(SUM(status NOT BETWEEN 200 AND 299), 0)
          FROM requests WHERE created_at >= ?1 AND (?2 IS NULL OR team_id = ?2)",
@@ -93,12 +95,14 @@ pub struct SpendRow {
 /// Spend in `[from, to)` grouped by `by`; days in date order, everything else dearest first.
 /// Requests that never authenticated (no token) cost nothing and belong to nobody: left out.
 pub async fn spend(
-    pool: &SqlitePool,
+    db: &super::Db,
     scope: Option<i64>,
     by: GroupBy,
     from: &str,
     to: &str,
 ) -> Result<Vec<SpendRow>> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.read;
     let (label, group) = by.sql();
     let order = if by == GroupBy::Day {
         "label"
@@ -131,11 +135,13 @@ pub struct TopToken {
 }
 
 pub async fn top_tokens(
-    pool: &SqlitePool,
+    db: &super::Db,
     scope: Option<i64>,
     from: &str,
     n: i64,
 ) -> Result<Vec<TopToken>> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.read;
     Ok(sqlx::query_as(
         "SELECT r.token_id, t.prefix, u.username AS user, SUM(r.cost_micros) AS spend_micros, COUNT(*) AS requests
          FROM requests r JOIN tokens t ON t.id = r.token_id JOIN users u ON u.id = t.user_id
@@ -187,11 +193,13 @@ pub struct RequestLine {
 /// One page of the request log, newest first; `limit + 1` rows are read so the caller can
 /// tell whether an older page exists.
 pub async fn requests(
-    pool: &SqlitePool,
+    db: &super::Db,
     f: &RequestFilter,
     limit: i64,
     offset: i64,
 ) -> Result<Vec<RequestLine>> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.read;
     let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
         "SELECT r.id, r.created_at, tm.name AS team, u.username AS user, r.token_id, t.prefix, r.endpoint, r.model,
                 r.served_model, r.status, r.error_code, r.stream, r.attempts, r.input_tokens, r.output_tokens,
@@ -251,12 +259,14 @@ pub struct AuditLine {
 
 /// One page of the audit log, newest first (`limit + 1` rows, as `requests`).
 pub async fn audit(
-    pool: &SqlitePool,
+    db: &super::Db,
     action: Option<&str>,
     actor: Option<&str>,
     limit: i64,
     offset: i64,
 ) -> Result<Vec<AuditLine>> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.read;
     let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
         "SELECT id, actor, address, action, target, before, after, created_at FROM audit_log WHERE 1 = 1",
     );

@@ -1,8 +1,6 @@
 //! The request log: one row per logical request, written in batches by
 //! `ops::request_log` off the request path.
 
-use sqlx::SqlitePool;
-
 use super::raw::Param;
 use super::writer::Tx;
 use super::Result;
@@ -90,8 +88,8 @@ fn last_used(rows: &[RequestRow]) -> Vec<(i64, &str)> {
 }
 
 /// Inserts a batch in one transaction; tokens' `last_used_at` is refreshed alongside.
-pub async fn insert_batch(pool: &SqlitePool, rows: &[RequestRow]) -> Result<()> {
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+pub async fn insert_batch(db: &super::Db, rows: &[RequestRow]) -> Result<()> {
+    let mut tx = db.begin().await?;
     for r in rows {
         sqlx::query(
             "INSERT OR IGNORE INTO requests (id, token_id, user_id, team_id, endpoint, model, served_model, upstream, status,
@@ -120,14 +118,14 @@ pub async fn insert_batch(pool: &SqlitePool, rows: &[RequestRow]) -> Result<()> 
         .bind(&r.cache_key)
         .bind(r.cache_similarity)
         .bind(&r.created_at)
-        .execute(&mut *tx)
+        .execute(tx.sqlite())
         .await?;
     }
     for (token, at) in last_used(rows) {
         sqlx::query("UPDATE tokens SET last_used_at = ? WHERE id = ?")
             .bind(at)
             .bind(token)
-            .execute(&mut *tx)
+            .execute(tx.sqlite())
             .await?;
     }
     tx.commit().await?;

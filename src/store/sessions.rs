@@ -3,7 +3,7 @@
 //! Sessions and keys are found by the SHA-256 of their secret; the secret is never stored.
 
 use chrono::{DateTime, Duration, Utc};
-use sqlx::{FromRow, SqliteConnection, SqlitePool};
+use sqlx::FromRow;
 
 use super::Result;
 use crate::clock::db_time;
@@ -21,7 +21,9 @@ pub struct AdminRow {
 
 const ADMIN_COLS: &str = "a.id, a.username, a.role, a.team_id, a.password_hash, a.disabled";
 
-pub async fn admin_by_name(pool: &SqlitePool, username: &str) -> Result<Option<AdminRow>> {
+pub async fn admin_by_name(db: &super::Db, username: &str) -> Result<Option<AdminRow>> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.read;
     Ok(sqlx::query_as(&format!(
         "SELECT {ADMIN_COLS} FROM admins a WHERE a.username = ?"
     ))
@@ -30,7 +32,9 @@ pub async fn admin_by_name(pool: &SqlitePool, username: &str) -> Result<Option<A
     .await?)
 }
 
-pub async fn admin_by_id(pool: &SqlitePool, id: i64) -> Result<Option<AdminRow>> {
+pub async fn admin_by_id(db: &super::Db, id: i64) -> Result<Option<AdminRow>> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.read;
     Ok(
         sqlx::query_as(&format!("SELECT {ADMIN_COLS} FROM admins a WHERE a.id = ?"))
             .bind(id)
@@ -39,17 +43,17 @@ pub async fn admin_by_id(pool: &SqlitePool, id: i64) -> Result<Option<AdminRow>>
     )
 }
 
-pub async fn set_password_hash(conn: &mut SqliteConnection, id: i64, hash: &str) -> Result<()> {
+pub async fn set_password_hash(tx: &mut super::Tx, id: i64, hash: &str) -> Result<()> {
     sqlx::query("UPDATE admins SET password_hash = ? WHERE id = ?")
         .bind(hash)
         .bind(id)
-        .execute(conn)
+        .execute(tx.sqlite())
         .await?;
     Ok(())
 }
 
 pub async fn create_session(
-    conn: &mut SqliteConnection,
+    tx: &mut super::Tx,
     id_hash: &str,
     admin_id: i64,
     address: &str,
@@ -63,7 +67,7 @@ pub async fn create_session(
     .bind(address)
     .bind(db_time(now))
     .bind(db_time(now))
-    .execute(conn)
+    .execute(tx.sqlite())
     .await?;
     Ok(())
 }
@@ -75,7 +79,9 @@ pub struct SessionRow {
     pub last_seen_at: String,
 }
 
-pub async fn find_session(pool: &SqlitePool, id_hash: &str) -> Result<Option<SessionRow>> {
+pub async fn find_session(db: &super::Db, id_hash: &str) -> Result<Option<SessionRow>> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.read;
     let row: Option<(i64, String, String)> = sqlx::query_as(
         "SELECT admin_id, created_at, last_seen_at FROM admin_sessions WHERE id_hash = ?",
     )
@@ -85,14 +91,16 @@ pub async fn find_session(pool: &SqlitePool, id_hash: &str) -> Result<Option<Ses
     let Some((admin_id, created_at, last_seen_at)) = row else {
         return Ok(None);
     };
-    Ok(admin_by_id(pool, admin_id).await?.map(|admin| SessionRow {
+    Ok(admin_by_id(db, admin_id).await?.map(|admin| SessionRow {
         admin,
         created_at,
         last_seen_at,
     }))
 }
 
-pub async fn touch_session(pool: &SqlitePool, id_hash: &str, now: DateTime<Utc>) -> Result<()> {
+pub async fn touch_session(db: &super::Db, id_hash: &str, now: DateTime<Utc>) -> Result<()> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.write;
     sqlx::query("UPDATE admin_sessions SET last_seen_at = ? WHERE id_hash = ?")
         .bind(db_time(now))
         .bind(id_hash)
@@ -101,10 +109,10 @@ pub async fn touch_session(pool: &SqlitePool, id_hash: &str, now: DateTime<Utc>)
     Ok(())
 }
 
-pub async fn delete_session(conn: &mut SqliteConnection, id_hash: &str) -> Result<bool> {
+pub async fn delete_session(tx: &mut super::Tx, id_hash: &str) -> Result<bool> {
     Ok(sqlx::query("DELETE FROM admin_sessions WHERE id_hash = ?")
         .bind(id_hash)
-        .execute(conn)
+        .execute(tx.sqlite())
         .await?
         .rows_affected()
         > 0)
@@ -112,7 +120,7 @@ pub async fn delete_session(conn: &mut SqliteConnection, id_hash: &str) -> Resul
 
 /// Ends every session of an admin except `keep` (password change, disabling, role change).
 pub async fn delete_sessions_of(
-    conn: &mut SqliteConnection,
+    tx: &mut super::Tx,
     admin_id: i64,
     keep: Option<&str>,
 ) -> Result<u64> {
@@ -120,7 +128,7 @@ pub async fn delete_sessions_of(
         sqlx::query("DELETE FROM admin_sessions WHERE admin_id = ? AND id_hash <> ?")
             .bind(admin_id)
             .bind(keep.unwrap_or(""))
-            .execute(conn)
+            .execute(tx.sqlite())
             .await?
             .rows_affected(),
     )
@@ -128,14 +136,14 @@ pub async fn delete_sessions_of(
 
 /// Drops sessions that can no longer be used (idle or too old).
 pub async fn prune_sessions(
-    conn: &mut SqliteConnection,
+    tx: &mut super::Tx,
     idle_before: DateTime<Utc>,
     created_before: DateTime<Utc>,
 ) -> Result<()> {
     sqlx::query("DELETE FROM admin_sessions WHERE last_seen_at < ? OR created_at < ?")
         .bind(db_time(idle_before))
         .bind(db_time(created_before))
-        .execute(conn)
+        .execute(tx.sqlite())
         .await?;
     Ok(())
 }
@@ -150,16 +158,12 @@ const ATTEMPTS_KEPT: i64 = 100_000;
 /// runs a day ahead would otherwise sweep every attempt the others still count. (The table
 /// stays bounded: a day of attempts beyond the newest `ATTEMPTS_KEPT`. `login_failures` holds
 /// attempts that have not been withdrawn: failures, and attempts still being verified.)
-pub async fn record_attempt(
-    conn: &mut SqliteConnection,
-    key: &str,
-    now: DateTime<Utc>,
-) -> Result<i64> {
+pub async fn record_attempt(tx: &mut super::Tx, key: &str, now: DateTime<Utc>) -> Result<i64> {
     let id =
         sqlx::query_scalar("INSERT INTO login_failures (key, at) VALUES (?, ?) RETURNING rowid")
             .bind(key)
             .bind(db_time(now))
-            .fetch_one(&mut *conn)
+            .fetch_one(tx.sqlite())
             .await?;
     sqlx::query(
         "DELETE FROM login_failures WHERE at < ? \
@@ -167,43 +171,43 @@ pub async fn record_attempt(
     )
     .bind(db_time(now - Duration::days(1)))
     .bind(ATTEMPTS_KEPT)
-    .execute(conn)
+    .execute(tx.sqlite())
     .await?;
     Ok(id)
 }
 
 /// Deletes exactly these attempt rows (an attempt withdrawn), never others of their keys.
-pub async fn delete_attempts(conn: &mut SqliteConnection, rows: &[i64]) -> Result<()> {
+pub async fn delete_attempts(tx: &mut super::Tx, rows: &[i64]) -> Result<()> {
     for id in rows {
         sqlx::query("DELETE FROM login_failures WHERE rowid = ?")
             .bind(id)
-            .execute(&mut *conn)
+            .execute(tx.sqlite())
             .await?;
     }
     Ok(())
 }
 
 /// Deletes every attempt recorded under `key` (an operator lifting a lock); how many.
-pub async fn delete_attempts_of(conn: &mut SqliteConnection, key: &str) -> Result<u64> {
+pub async fn delete_attempts_of(tx: &mut super::Tx, key: &str) -> Result<u64> {
     Ok(sqlx::query("DELETE FROM login_failures WHERE key = ?")
         .bind(key)
-        .execute(conn)
+        .execute(tx.sqlite())
         .await?
         .rows_affected())
 }
 
 /// Deletes every attempt stamped after `now` (by a clock that ran ahead); how many.
-pub async fn delete_attempts_after(conn: &mut SqliteConnection, now: DateTime<Utc>) -> Result<u64> {
+pub async fn delete_attempts_after(tx: &mut super::Tx, now: DateTime<Utc>) -> Result<u64> {
     Ok(sqlx::query("DELETE FROM login_failures WHERE at > ?")
         .bind(db_time(now))
-        .execute(conn)
+        .execute(tx.sqlite())
         .await?
         .rows_affected())
 }
 
 /// The times of `key`'s attempts since `since`, newest first, at most `limit` of them.
 pub async fn recent_attempts(
-    conn: &mut SqliteConnection,
+    tx: &mut super::Tx,
     key: &str,
     since: DateTime<Utc>,
     limit: usize,
@@ -214,7 +218,7 @@ pub async fn recent_attempts(
     .bind(key)
     .bind(db_time(since))
     .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-    .fetch_all(conn)
+    .fetch_all(tx.sqlite())
     .await?)
 }
 
@@ -228,7 +232,7 @@ pub struct ApiKeyRow {
 }
 
 pub async fn create_api_key(
-    conn: &mut SqliteConnection,
+    tx: &mut super::Tx,
     admin_id: i64,
     hash: &[u8],
     prefix: &str,
@@ -243,11 +247,13 @@ pub async fn create_api_key(
     .bind(prefix)
     .bind(name)
     .bind(db_time(now))
-    .fetch_one(conn)
+    .fetch_one(tx.sqlite())
     .await?)
 }
 
-pub async fn api_keys_of(pool: &SqlitePool, admin_id: i64) -> Result<Vec<ApiKeyRow>> {
+pub async fn api_keys_of(db: &super::Db, admin_id: i64) -> Result<Vec<ApiKeyRow>> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.read;
     Ok(sqlx::query_as(
         "SELECT id, prefix, name, created_at, revoked_at FROM admin_api_keys WHERE admin_id = ? ORDER BY id DESC",
     )
@@ -258,7 +264,7 @@ pub async fn api_keys_of(pool: &SqlitePool, admin_id: i64) -> Result<Vec<ApiKeyR
 
 /// Revokes one of `admin_id`'s keys; `false` when there is no such live key of theirs.
 pub async fn revoke_api_key(
-    conn: &mut SqliteConnection,
+    tx: &mut super::Tx,
     admin_id: i64,
     id: i64,
     now: DateTime<Utc>,
@@ -269,7 +275,7 @@ pub async fn revoke_api_key(
     .bind(db_time(now))
     .bind(id)
     .bind(admin_id)
-    .execute(conn)
+    .execute(tx.sqlite())
     .await?
     .rows_affected()
         == 1)
@@ -278,7 +284,7 @@ pub async fn revoke_api_key(
 /// Revokes every live API key of an admin (their password changed or was reset); returns
 /// how many.
 pub async fn revoke_api_keys_of(
-    conn: &mut SqliteConnection,
+    tx: &mut super::Tx,
     admin_id: i64,
     now: DateTime<Utc>,
 ) -> Result<u64> {
@@ -287,13 +293,15 @@ pub async fn revoke_api_keys_of(
     )
     .bind(db_time(now))
     .bind(admin_id)
-    .execute(conn)
+    .execute(tx.sqlite())
     .await?
     .rows_affected())
 }
 
 /// The owner of a live API key, by the key's hash.
-pub async fn admin_by_api_key(pool: &SqlitePool, hash: &[u8]) -> Result<Option<AdminRow>> {
+pub async fn admin_by_api_key(db: &super::Db, hash: &[u8]) -> Result<Option<AdminRow>> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.read;
     Ok(sqlx::query_as(&format!(
         "SELECT {ADMIN_COLS} FROM admin_api_keys k JOIN admins a ON a.id = k.admin_id
          WHERE k.key_hash = ? AND k.revoked_at IS NULL"

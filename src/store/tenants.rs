@@ -1,7 +1,6 @@
 //! Teams and users (members who hold sub-tokens).
 
 use chrono::{DateTime, Utc};
-use sqlx::SqliteConnection;
 
 use super::{Result, StoreError};
 use crate::clock::db_time;
@@ -15,20 +14,20 @@ pub struct NewBudget {
     pub reset: Reset,
 }
 
-pub async fn team_id(conn: &mut SqliteConnection, name: &str) -> Result<Option<i64>> {
+pub async fn team_id(tx: &mut super::Tx, name: &str) -> Result<Option<i64>> {
     Ok(sqlx::query_scalar("SELECT id FROM teams WHERE name = ?")
         .bind(name)
-        .fetch_optional(conn)
+        .fetch_optional(tx.sqlite())
         .await?)
 }
 
 pub async fn create_team(
-    conn: &mut SqliteConnection,
+    tx: &mut super::Tx,
     name: &str,
     budget: &NewBudget,
     now: DateTime<Utc>,
 ) -> Result<i64> {
-    if team_id(conn, name).await?.is_some() {
+    if team_id(tx, name).await?.is_some() {
         return Err(StoreError::Conflict(format!(
             "team `{name}` already exists"
         )));
@@ -43,22 +42,18 @@ pub async fn create_team(
     .bind(budget.reset.as_str())
     .bind(budget.reset.period_key(now))
     .bind(db_time(now))
-    .fetch_one(conn)
+    .fetch_one(tx.sqlite())
     .await?;
     Ok(id)
 }
 
 /// The team's id, creating it (without a budget) when missing.
-pub async fn ensure_team(
-    conn: &mut SqliteConnection,
-    name: &str,
-    now: DateTime<Utc>,
-) -> Result<i64> {
-    match team_id(conn, name).await? {
+pub async fn ensure_team(tx: &mut super::Tx, name: &str, now: DateTime<Utc>) -> Result<i64> {
+    match team_id(tx, name).await? {
         Some(id) => Ok(id),
         None => {
             create_team(
-                conn,
+                tx,
                 name,
                 &NewBudget {
                     limit_micros: None,
@@ -80,21 +75,17 @@ pub struct NewUser<'a> {
 }
 
 /// (user id, team id) of a username.
-pub async fn user_ids(conn: &mut SqliteConnection, username: &str) -> Result<Option<(i64, i64)>> {
+pub async fn user_ids(tx: &mut super::Tx, username: &str) -> Result<Option<(i64, i64)>> {
     Ok(
         sqlx::query_as("SELECT id, team_id FROM users WHERE username = ?")
             .bind(username)
-            .fetch_optional(conn)
+            .fetch_optional(tx.sqlite())
             .await?,
     )
 }
 
-pub async fn create_user(
-    conn: &mut SqliteConnection,
-    u: &NewUser<'_>,
-    now: DateTime<Utc>,
-) -> Result<i64> {
-    if user_ids(conn, u.username).await?.is_some() {
+pub async fn create_user(tx: &mut super::Tx, u: &NewUser<'_>, now: DateTime<Utc>) -> Result<i64> {
+    if user_ids(tx, u.username).await?.is_some() {
         return Err(StoreError::Conflict(format!(
             "user `{}` already exists",
             u.username
@@ -113,7 +104,7 @@ pub async fn create_user(
     .bind(u.budget.reset.as_str())
     .bind(u.budget.reset.period_key(now))
     .bind(db_time(now))
-    .fetch_one(conn)
+    .fetch_one(tx.sqlite())
     .await?;
     Ok(id)
 }

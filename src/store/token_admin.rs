@@ -4,7 +4,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::{FromRow, SqliteConnection, SqlitePool};
+use sqlx::FromRow;
 
 use super::tokens::bump_epoch;
 use super::{Result, StoreError};
@@ -53,7 +53,9 @@ const SELECT: &str = "SELECT t.id, t.prefix, t.name, t.user_id, u.username AS us
      FROM tokens t JOIN users u ON u.id = t.user_id JOIN teams tm ON tm.id = u.team_id";
 
 /// Tokens in scope, live ones first, newest first.
-pub async fn list(pool: &SqlitePool, scope: Option<i64>) -> Result<Vec<TokenRow>> {
+pub async fn list(db: &super::Db, scope: Option<i64>) -> Result<Vec<TokenRow>> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.read;
     Ok(sqlx::query_as(&format!(
         "{SELECT} WHERE (?1 IS NULL OR u.team_id = ?1) ORDER BY t.revoked_at IS NOT NULL, t.id DESC LIMIT 1000"
     ))
@@ -62,10 +64,10 @@ pub async fn list(pool: &SqlitePool, scope: Option<i64>) -> Result<Vec<TokenRow>
     .await?)
 }
 
-pub async fn get(conn: &mut SqliteConnection, id: i64) -> Result<Option<TokenRow>> {
+pub async fn get(tx: &mut super::Tx, id: i64) -> Result<Option<TokenRow>> {
     Ok(sqlx::query_as(&format!("{SELECT} WHERE t.id = ?"))
         .bind(id)
-        .fetch_optional(conn)
+        .fetch_optional(tx.sqlite())
         .await?)
 }
 
@@ -80,7 +82,7 @@ pub struct Limits {
     pub expires_at: Option<DateTime<Utc>>,
 }
 
-pub async fn set_limits(conn: &mut SqliteConnection, id: i64, l: &Limits) -> Result<()> {
+pub async fn set_limits(tx: &mut super::Tx, id: i64, l: &Limits) -> Result<()> {
     let models = match &l.models {
         Some(m) => Some(serde_json::to_string(m).map_err(|e| StoreError::Conflict(e.to_string()))?),
         None => None,
@@ -96,17 +98,17 @@ pub async fn set_limits(conn: &mut SqliteConnection, id: i64, l: &Limits) -> Res
     .bind(&l.downgrade_model)
     .bind(l.expires_at.map(db_time))
     .bind(id)
-    .execute(&mut *conn)
+    .execute(tx.sqlite())
     .await?
     .rows_affected();
     if done == 0 {
         return Err(StoreError::NotFound(format!("live token {id}")));
     }
-    bump_epoch(conn).await
+    bump_epoch(tx).await
 }
 
 /// Shortens a token's life to `at` (never lengthens it): the old half of a rotation.
-pub async fn expire_at(conn: &mut SqliteConnection, id: i64, at: DateTime<Utc>) -> Result<()> {
+pub async fn expire_at(tx: &mut super::Tx, id: i64, at: DateTime<Utc>) -> Result<()> {
     let at = db_time(at);
     sqlx::query(
         "UPDATE tokens SET expires_at = CASE WHEN expires_at IS NULL OR expires_at > ?1 THEN ?1 ELSE expires_at END
@@ -114,16 +116,16 @@ pub async fn expire_at(conn: &mut SqliteConnection, id: i64, at: DateTime<Utc>) 
     )
     .bind(&at)
     .bind(id)
-    .execute(&mut *conn)
+    .execute(tx.sqlite())
     .await?;
-    bump_epoch(conn).await
+    bump_epoch(tx).await
 }
 
-pub async fn set_name(conn: &mut SqliteConnection, id: i64, name: &str) -> Result<()> {
+pub async fn set_name(tx: &mut super::Tx, id: i64, name: &str) -> Result<()> {
     sqlx::query("UPDATE tokens SET name = ? WHERE id = ?")
         .bind(name)
         .bind(id)
-        .execute(conn)
+        .execute(tx.sqlite())
         .await?;
     Ok(())
 }

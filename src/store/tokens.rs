@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::{FromRow, SqliteConnection, SqlitePool};
+use sqlx::FromRow;
 
 use super::Result;
 use crate::auth::token::TokenHash;
@@ -23,11 +23,7 @@ pub struct NewTokenRow<'a> {
     pub expires_at: Option<DateTime<Utc>>,
 }
 
-pub async fn insert(
-    conn: &mut SqliteConnection,
-    t: &NewTokenRow<'_>,
-    now: DateTime<Utc>,
-) -> Result<i64> {
+pub async fn insert(tx: &mut super::Tx, t: &NewTokenRow<'_>, now: DateTime<Utc>) -> Result<i64> {
     let models = t
         .models
         .map(|m| serde_json::to_string(m).unwrap_or_else(|_| "[]".into()));
@@ -50,7 +46,7 @@ pub async fn insert(
     .bind(t.reset.period_key(now))
     .bind(t.expires_at.map(db_time))
     .bind(db_time(now))
-    .fetch_one(conn)
+    .fetch_one(tx.sqlite())
     .await?;
     Ok(id)
 }
@@ -81,7 +77,9 @@ pub struct TokenAuthRow {
 
 /// A live token (not revoked, user not disabled) by hash. Expiry is checked by the caller
 /// against the clock on every request, since cached rows outlive the moment of expiry.
-pub async fn find_auth(pool: &SqlitePool, hash: &TokenHash) -> Result<Option<TokenAuthRow>> {
+pub async fn find_auth(db: &super::Db, hash: &TokenHash) -> Result<Option<TokenAuthRow>> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.read;
     Ok(sqlx::query_as(
         "SELECT t.id, t.user_id, u.team_id, t.prefix, t.models, t.rpm, t.tpm, u.rpm AS user_rpm, u.tpm AS user_tpm,
                 t.max_priority, t.downgrade_model, t.alert_percent, t.limit_micros, t.remaining_micros, t.cache_ttl_seconds, t.reset,
@@ -119,7 +117,9 @@ pub struct TokenSummary {
 
 /// Tokens with their spend in the current period. `spent = limit − remaining − reserved`
 /// when the token has a limit; from the ledger otherwise.
-pub async fn list(pool: &SqlitePool) -> Result<Vec<TokenSummary>> {
+pub async fn list(db: &super::Db) -> Result<Vec<TokenSummary>> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.read;
     let mut rows: Vec<TokenSummary> = sqlx::query_as(
         "SELECT t.id, t.prefix, u.username AS user, tm.name AS team, t.limit_micros, t.remaining_micros,
                 t.reserved_micros, t.period, t.reset, t.expires_at, t.revoked_at IS NOT NULL AS revoked,
@@ -143,32 +143,42 @@ pub async fn list(pool: &SqlitePool) -> Result<Vec<TokenSummary>> {
 
 /// Marks a token revoked and bumps the change counter replicas poll. `false` if there was
 /// no such live token.
-pub async fn revoke(conn: &mut SqliteConnection, id: i64, now: DateTime<Utc>) -> Result<bool> {
+pub async fn revoke(tx: &mut super::Tx, id: i64, now: DateTime<Utc>) -> Result<bool> {
     let done = sqlx::query("UPDATE tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL")
         .bind(db_time(now))
         .bind(id)
-        .execute(&mut *conn)
+        .execute(tx.sqlite())
         .await?
         .rows_affected()
         == 1;
     if done {
-        bump_epoch(conn).await?;
+        bump_epoch(tx).await?;
     }
     Ok(done)
 }
 
 /// Every change that could make a cached credential stale bumps this counter.
-pub async fn bump_epoch(conn: &mut SqliteConnection) -> Result<()> {
+pub async fn bump_epoch(tx: &mut super::Tx) -> Result<()> {
     sqlx::query("UPDATE meta SET value = value + 1 WHERE key = 'token_epoch'")
-        .execute(conn)
+        .execute(tx.sqlite())
         .await?;
     Ok(())
 }
 
-pub async fn epoch(pool: &SqlitePool) -> Result<i64> {
+pub async fn epoch(db: &super::Db) -> Result<i64> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let pool = &sqlite.read;
     Ok(
         sqlx::query_scalar("SELECT value FROM meta WHERE key = 'token_epoch'")
             .fetch_one(pool)
             .await?,
     )
+}
+
+/// How many tokens the database holds (revoked ones too).
+pub async fn count(db: &super::Db) -> Result<i64> {
+    let super::Backend::Sqlite(sqlite) = &db.backend;
+    Ok(sqlx::query_scalar("SELECT COUNT(*) FROM tokens")
+        .fetch_one(&sqlite.read)
+        .await?)
 }

@@ -183,8 +183,10 @@ impl std::fmt::Debug for Writer {
 }
 
 impl Writer {
-    /// Starts the writer thread over `pool` (the single-connection write pool).
-    pub fn start(pool: SqlitePool) -> Writer {
+    /// Starts the writer thread over the database's write connection.
+    pub fn start(db: &super::Db) -> Writer {
+        let super::Backend::Sqlite(sqlite) = &db.backend;
+        let pool = sqlite.write.clone();
         let (tx, rx) = mpsc::channel(QUEUE);
         let counters = Arc::new(Counters::default());
         let seen = counters.clone();

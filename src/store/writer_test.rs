@@ -33,12 +33,12 @@ async fn setup(token_limit: i64) -> (tempfile::TempDir, Db, Owner) {
     let at = "2026-11-29T00:00:00.000Z";
     sqlx::query("INSERT INTO teams (id, name, reset, created_at) VALUES (1, 'team', 'never', ?)")
         .bind(at)
-        .execute(&db.write)
+        .execute(&db.sqlite().write)
         .await
         .unwrap();
     sqlx::query("INSERT INTO users (id, username, team_id, reset, created_at) VALUES (1, 'user', 1, 'never', ?)")
         .bind(at)
-        .execute(&db.write)
+        .execute(&db.sqlite().write)
         .await
         .unwrap();
     sqlx::query(
@@ -48,7 +48,7 @@ async fn setup(token_limit: i64) -> (tempfile::TempDir, Db, Owner) {
     .bind(token_limit)
     .bind(token_limit)
     .bind(at)
-    .execute(&db.write)
+    .execute(&db.sqlite().write)
     .await
     .unwrap();
     let owner = Owner {
@@ -108,7 +108,7 @@ async fn token_books(db: &Db) -> (i64, i64, i64, i64) {
                 reserved_micros, (SELECT COUNT(*) FROM reservations)
          FROM tokens WHERE id = 1",
     )
-    .fetch_one(&db.read)
+    .fetch_one(&db.sqlite().read)
     .await
     .unwrap()
 }
@@ -116,9 +116,9 @@ async fn token_books(db: &Db) -> (i64, i64, i64, i64) {
 #[tokio::test]
 async fn one_batch_admits_what_fits_and_refuses_the_rest_in_order() {
     let (_dir, db, owner) = setup(350).await;
-    let writer = Writer::start(db.write.clone());
+    let writer = Writer::start(&db);
     // Hold the write connection so that the writer's second batch gathers four jobs.
-    let held = db.write.acquire().await.unwrap();
+    let held = db.sqlite().write.acquire().await.unwrap();
     let first = reserve(&writer, &owner, "r1", 100);
     taken(&writer, 1).await;
     let rest: Vec<_> = [("r2", 100), ("r3", 100), ("r4", 100), ("r5", 50)]
@@ -151,7 +151,7 @@ async fn one_batch_admits_what_fits_and_refuses_the_rest_in_order() {
     // The refused one wrote nothing; the others are all there, books balanced.
     assert_eq!(token_books(&db).await, (350, 350, 350, 4));
     // Settle them all in one batch too: 10 charged each.
-    let held = db.write.acquire().await.unwrap();
+    let held = db.sqlite().write.acquire().await.unwrap();
     let mut settles = Vec::new();
     for resv in std::iter::once(r1).chain(answers.into_iter().filter_map(Result::ok)) {
         let w = writer.clone();
@@ -175,11 +175,11 @@ async fn a_failing_job_is_rolled_back_alone() {
         "CREATE TRIGGER refuse_bad BEFORE INSERT ON reservations WHEN NEW.request_id = 'bad'
          BEGIN SELECT RAISE(ABORT, 'bad request id'); END",
     )
-    .execute(&db.write)
+    .execute(&db.sqlite().write)
     .await
     .unwrap();
-    let writer = Writer::start(db.write.clone());
-    let held = db.write.acquire().await.unwrap();
+    let writer = Writer::start(&db);
+    let held = db.sqlite().write.acquire().await.unwrap();
     let first = reserve(&writer, &owner, "a", 100);
     taken(&writer, 1).await;
     let (b, bad, c) = (
@@ -211,11 +211,11 @@ async fn jobs_that_end_the_transaction_fail_alone_however_many() {
         "CREATE TRIGGER poison BEFORE INSERT ON reservations WHEN NEW.request_id LIKE 'poison%'
          BEGIN SELECT RAISE(ROLLBACK, 'poisoned batch'); END",
     )
-    .execute(&db.write)
+    .execute(&db.sqlite().write)
     .await
     .unwrap();
-    let writer = Writer::start(db.write.clone());
-    let held = db.write.acquire().await.unwrap();
+    let writer = Writer::start(&db);
+    let held = db.sqlite().write.acquire().await.unwrap();
     let first = reserve(&writer, &owner, "before", 100);
     taken(&writer, 1).await;
     let batch: Vec<_> = [
@@ -249,8 +249,8 @@ async fn jobs_that_end_the_transaction_fail_alone_however_many() {
 #[tokio::test]
 async fn a_panicking_job_fails_alone_and_the_writer_goes_on() {
     let (_dir, db, owner) = setup(1_000).await;
-    let writer = Writer::start(db.write.clone());
-    let held = db.write.acquire().await.unwrap();
+    let writer = Writer::start(&db);
+    let held = db.sqlite().write.acquire().await.unwrap();
     let first = reserve(&writer, &owner, "a", 100);
     taken(&writer, 1).await;
     let b = reserve(&writer, &owner, "b", 100);
@@ -289,15 +289,15 @@ async fn the_standalone_functions_run_the_same_cas() {
         process: "test",
         lease: chrono::Duration::zero(),
     };
-    let a = ledger::reserve(&db.write, &req("a"), now())
+    let a = ledger::reserve(&db, &req("a"), now())
         .await
         .unwrap()
         .unwrap();
     assert!(matches!(
-        ledger::reserve(&db.write, &req("b"), now()).await.unwrap(),
+        ledger::reserve(&db, &req("b"), now()).await.unwrap(),
         Err(Refusal::Insufficient(ledger::Level::Token, None))
     ));
-    let s = ledger::settle(&db.write, &a.request_id, 1_000, now())
+    let s = ledger::settle(&db, &a.request_id, 1_000, now())
         .await
         .unwrap()
         .unwrap();
@@ -305,7 +305,7 @@ async fn the_standalone_functions_run_the_same_cas() {
         (s.charged, s.absorbed, s.token_remaining),
         (100, 900, Some(50))
     );
-    assert!(ledger::settle(&db.write, &a.request_id, 0, now())
+    assert!(ledger::settle(&db, &a.request_id, 0, now())
         .await
         .unwrap()
         .is_none());
@@ -316,8 +316,8 @@ async fn the_standalone_functions_run_the_same_cas() {
 #[tokio::test]
 async fn a_reservation_whose_caller_left_before_it_ran_is_never_written() {
     let (_dir, db, owner) = setup(1_000).await;
-    let writer = Writer::start(db.write.clone());
-    let held = db.write.acquire().await.unwrap();
+    let writer = Writer::start(&db);
+    let held = db.sqlite().write.acquire().await.unwrap();
     let first = reserve(&writer, &owner, "first", 100);
     taken(&writer, 1).await;
     let gone = reserve(&writer, &owner, "gone", 100);
@@ -346,22 +346,15 @@ async fn a_late_settlement_corrects_an_orphan_to_the_actual_cost() {
         process: "stalled-process",
         lease: chrono::Duration::minutes(10),
     };
-    ledger::reserve(&db.write, &req, now())
-        .await
-        .unwrap()
-        .unwrap();
+    ledger::reserve(&db, &req, now()).await.unwrap().unwrap();
     // Another process takes the stalled one for gone: charged in full.
-    let n = ledger::settle_orphans(
-        &db.write,
-        ledger::Orphans::OfOwner("stalled-process"),
-        now(),
-    )
-    .await
-    .unwrap();
+    let n = ledger::settle_orphans(&db, ledger::Orphans::OfOwner("stalled-process"), now())
+        .await
+        .unwrap();
     assert_eq!(n, 1);
     assert_eq!(token_books(&db).await, (300, 300, 0, 0));
     // The stalled process wakes and settles at the actual cost: the ledger agrees with it.
-    let s = ledger::settle(&db.write, "stalled", 120, now())
+    let s = ledger::settle(&db, "stalled", 120, now())
         .await
         .unwrap()
         .unwrap();
@@ -371,7 +364,7 @@ async fn a_late_settlement_corrects_an_orphan_to_the_actual_cost() {
     );
     assert_eq!(token_books(&db).await, (120, 120, 0, 0));
     // Once only.
-    assert!(ledger::settle(&db.write, "stalled", 0, now())
+    assert!(ledger::settle(&db, "stalled", 0, now())
         .await
         .unwrap()
         .is_none());
@@ -384,7 +377,7 @@ async fn cached_statements_go_with_their_connection() {
     let (_dir, db, _owner) = setup(1).await;
     let mut keeper = Keeper::default();
     {
-        let mut conn = db.write.acquire().await.unwrap();
+        let mut conn = db.sqlite().write.acquire().await.unwrap();
         let mut handle = conn.lock_handle().await.unwrap();
         let cache = keeper.attach(&mut handle);
         let mut stmts = cache.lock();
@@ -399,7 +392,7 @@ async fn cached_statements_go_with_their_connection() {
     // The write pool has exactly one connection: take that one out of the pool and close it
     // (closing the pool instead leaves the close to a background task that may never run
     // before the test ends).
-    let conn = db.write.acquire().await.unwrap();
+    let conn = db.sqlite().write.acquire().await.unwrap();
     sqlx::Connection::close(conn.detach()).await.unwrap();
     for _ in 0..2000 {
         if !keeper.is_live() {

@@ -729,9 +729,9 @@ async fn older_parameters_are_rehashed_at_sign_in_and_a_short_legacy_password_st
     };
     let set = |h: String| format!("UPDATE admins SET password_hash = '{h}' WHERE id = {id}");
     let stored = format!("SELECT password_hash FROM admins WHERE id = {id}");
-    let stored = || sqlx::query_scalar::<_, String>(&stored).fetch_one(&app.db().read);
+    let stored = || sqlx::query_scalar::<_, String>(&stored).fetch_one(&app.db().sqlite().read);
     sqlx::query(&set(old(PASSWORD)))
-        .execute(&app.db().write)
+        .execute(&app.db().sqlite().write)
         .await
         .unwrap();
     login(&app, "root").await;
@@ -744,7 +744,7 @@ async fn older_parameters_are_rehashed_at_sign_in_and_a_short_legacy_password_st
     );
     let legacy = old("hunter22");
     sqlx::query(&set(legacy.clone()))
-        .execute(&app.db().write)
+        .execute(&app.db().sqlite().write)
         .await
         .unwrap();
     login_with(&app, "root", "hunter22").await;

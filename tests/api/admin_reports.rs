@@ -14,7 +14,7 @@ async fn seed(app: &TestApp, rows: &[(i64, i64, i64, &str, i64, i64, &str)]) {
             .bind(format!("req-{i}"))
             .bind(token).bind(user).bind(team).bind(model).bind(model).bind(status).bind(cost)
             .bind(format!("{day}T12:{:02}:{:02}.000Z", i / 60 % 60, i % 60))
-            .execute(&app.db().write).await.unwrap();
+            .execute(&app.db().sqlite().write).await.unwrap();
     }
 }
 

@@ -502,7 +502,7 @@ async fn every_admin_action_writes_exactly_one_audit_row_without_secrets() {
         let row: (String, String, String, String) = sqlx::query_as(
             "SELECT actor, address, action, target FROM audit_log ORDER BY id DESC LIMIT 1",
         )
-        .fetch_one(&w.app.db().read)
+        .fetch_one(&w.app.db().sqlite().read)
         .await
         .unwrap();
         assert_eq!(row.0, "root");
@@ -512,11 +512,11 @@ async fn every_admin_action_writes_exactly_one_audit_row_without_secrets() {
     }
     let dump: Vec<(Option<String>, Option<String>, String)> =
         sqlx::query_as("SELECT before, after, target FROM audit_log")
-            .fetch_all(&w.app.db().read)
+            .fetch_all(&w.app.db().sqlite().read)
             .await
             .unwrap();
     let hashes: Vec<String> = sqlx::query_scalar("SELECT password_hash FROM admins")
-        .fetch_all(&w.app.db().read)
+        .fetch_all(&w.app.db().sqlite().read)
         .await
         .unwrap();
     for (b, a, t) in dump {
@@ -527,7 +527,7 @@ async fn every_admin_action_writes_exactly_one_audit_row_without_secrets() {
         assert!(!text.contains("$argon2id$"));
     }
     // The chain is intact, then `sluice audit verify` names a row edited behind its back.
-    let chain = sluice::store::audit::verify(&w.app.db().read, &w.app.db().audit)
+    let chain = sluice::store::audit::verify(w.app.db(), &w.app.db().audit)
         .await
         .unwrap();
     assert!(chain.rows > 10 && chain.broken.is_none(), "{chain:?}");
@@ -571,16 +571,16 @@ async fn audit_verify_names_a_row_edited_in_sqlite() {
     // Only a hand edit can do this: the trigger refuses every UPDATE first.
     let refused = sqlx::query("UPDATE audit_log SET actor = 'nobody' WHERE id = ?")
         .bind(target)
-        .execute(&w.app.db().write)
+        .execute(&w.app.db().sqlite().write)
         .await;
     assert!(refused.is_err(), "audit rows cannot be updated");
     sqlx::query("DROP TRIGGER audit_no_update")
-        .execute(&w.app.db().write)
+        .execute(&w.app.db().sqlite().write)
         .await
         .unwrap();
     sqlx::query("UPDATE audit_log SET after = '{\"username\":\"mallory\"}' WHERE id = ?")
         .bind(target)
-        .execute(&w.app.db().write)
+        .execute(&w.app.db().sqlite().write)
         .await
         .unwrap();
     let bad = verify().await.unwrap();
@@ -903,7 +903,7 @@ async fn an_admin_resets_a_password_and_changes_a_role_and_the_old_sessions_end(
     let row: (String, String) = sqlx::query_as(
         "SELECT action, after FROM audit_log WHERE action = 'admin.update' ORDER BY id LIMIT 1",
     )
-    .fetch_one(&w.app.db().read)
+    .fetch_one(&w.app.db().sqlite().read)
     .await
     .unwrap();
     assert!(

@@ -783,7 +783,7 @@ async fn a_fresh_gateway_records_that_its_head_was_started() {
     let app = spawn_app().await;
     let (actor, action): (String, String) =
         sqlx::query_as("SELECT actor, action FROM audit_log ORDER BY id LIMIT 1")
-            .fetch_one(&app.state.db.read)
+            .fetch_one(&app.state.db.sqlite().read)
             .await
             .unwrap();
     assert_eq!(

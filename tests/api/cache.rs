@@ -60,7 +60,7 @@ async fn an_exact_repeat_is_a_free_hit_and_logged_as_one() {
     );
     app.wait_for_log_rows(2).await;
     let (cache, cost, key): (String, i64, Option<String>) =
-        sqlx::query_as("SELECT cache, cost_micros, cache_key FROM requests ORDER BY created_at DESC, rowid DESC LIMIT 1").fetch_one(&app.db().read).await.unwrap();
+        sqlx::query_as("SELECT cache, cost_micros, cache_key FROM requests ORDER BY created_at DESC, rowid DESC LIMIT 1").fetch_one(&app.db().sqlite().read).await.unwrap();
     assert_eq!((cache.as_str(), cost), ("hit-exact", 0));
     assert_eq!(key.unwrap().len(), 16);
     app.assert_invariant().await;
@@ -465,9 +465,8 @@ pub(crate) fn cache_on(db: &sluice::store::Db) -> std::sync::Arc<sluice::cache::
     sluice::cache::Cache::new(
         &sluice::config::CacheSettings::default(),
         &sluice::config::UpstreamTimeouts::default(),
-        db.read.clone(),
-        db.write.clone(),
-        sluice::store::writer::Writer::start(db.write.clone()),
+        db.clone(),
+        sluice::store::writer::Writer::start(db),
     )
     .unwrap()
 }

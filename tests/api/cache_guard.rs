@@ -144,7 +144,7 @@ async fn a_huge_token_ttl_is_held_to_the_largest_ttl_not_a_panic() {
     sqlx::query("UPDATE tokens SET cache_ttl_seconds = ? WHERE id = ?")
         .bind(i64::MAX)
         .bind(id)
-        .execute(&app.db().write)
+        .execute(&app.db().sqlite().write)
         .await
         .unwrap();
     let r = app

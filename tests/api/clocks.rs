@@ -120,7 +120,7 @@ async fn two_gateways_a_second_apart_straddle_a_day_boundary() {
         "SELECT period, SUM(amount_micros) FROM ledger WHERE token_id = ? AND kind IN ('reserve', 'settle', 'adjust') GROUP BY period ORDER BY period",
     )
     .bind(token.id)
-    .fetch_all(&db.read)
+    .fetch_all(&db.sqlite().read)
     .await
     .unwrap();
     let day = |d: DateTime<Utc>| d.format("%Y-%m-%d").to_string();
@@ -133,7 +133,7 @@ async fn two_gateways_a_second_apart_straddle_a_day_boundary() {
         "SELECT after, COUNT(*) FROM audit_log WHERE action = 'budget.period_reset' AND target = ? GROUP BY after ORDER BY after",
     )
     .bind(format!("token:{}", token.id))
-    .fetch_all(&db.read)
+    .fetch_all(&db.sqlite().read)
     .await
     .unwrap();
     assert_eq!(
@@ -141,7 +141,7 @@ async fn two_gateways_a_second_apart_straddle_a_day_boundary() {
         [(before, 1), (day(boundary), 1)],
         "one reset per boundary"
     );
-    assert_invariant_on(&db.read).await;
+    assert_invariant_on(&db).await;
 }
 
 /// R3: two gateways sharing one Redis, the second's system clock 45 s ahead: together

@@ -136,7 +136,7 @@ async fn assert_departed(
     let (st, code, input, out, cost): (i64, Option<String>, i64, i64, i64) = sqlx::query_as(
         "SELECT status, error_code, input_tokens, output_tokens, cost_micros FROM requests",
     )
-    .fetch_one(&app.db().read)
+    .fetch_one(&app.db().sqlite().read)
     .await
     .unwrap();
     assert_eq!(
@@ -379,7 +379,7 @@ async fn a_request_whose_client_leaves_while_its_answer_settles_is_logged_at_wha
     let rows: Vec<(i64, Option<String>, i64, i64, i64)> = sqlx::query_as(
         "SELECT status, error_code, input_tokens, output_tokens, cost_micros FROM requests",
     )
-    .fetch_all(&app.db().read)
+    .fetch_all(&app.db().sqlite().read)
     .await
     .unwrap();
     eprintln!("rows: {rows:?}");

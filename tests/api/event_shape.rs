@@ -352,7 +352,7 @@ async fn each_lie_ends_as_corrupt(upstream: &str) {
                     "SELECT status, error_code, input_tokens, output_tokens, cost_micros FROM requests
                      ORDER BY rowid DESC LIMIT 1",
                 )
-                .fetch_one(&app.db().read)
+                .fetch_one(&app.db().sqlite().read)
                 .await
                 .unwrap();
             assert_eq!(
@@ -473,7 +473,7 @@ async fn a_usage_of_the_wrong_type_in_an_answer_is_counted_not_read_as_zero() {
             let (input, output): (i64, i64) = sqlx::query_as(
                 "SELECT input_tokens, output_tokens FROM requests ORDER BY rowid DESC LIMIT 1",
             )
-            .fetch_one(&app.db().read)
+            .fetch_one(&app.db().sqlite().read)
             .await
             .unwrap();
             assert!(input > 0, "input {input}: {what}");
@@ -521,7 +521,7 @@ async fn a_usage_missing_a_figure_is_counted_not_trusted() {
             let (code, input, output): (Option<String>, i64, i64) = sqlx::query_as(
                 "SELECT error_code, input_tokens, output_tokens FROM requests ORDER BY rowid DESC LIMIT 1",
             )
-            .fetch_one(&app.db().read)
+            .fetch_one(&app.db().sqlite().read)
             .await
             .unwrap();
             assert_eq!(code, None, "{what}");

@@ -74,7 +74,7 @@ impl Fleet {
     pub async fn user_id(&self, token_id: i64) -> i64 {
         sqlx::query_scalar("SELECT user_id FROM tokens WHERE id = ?")
             .bind(token_id)
-            .fetch_one(&self.db.write)
+            .fetch_one(&self.db.sqlite().write)
             .await
             .unwrap()
     }

@@ -190,7 +190,7 @@ impl TestApp {
     }
 
     pub async fn scalar(&self, sql: &str) -> i64 {
-        scalar_on(&self.db().read, sql).await
+        scalar_on(self.db(), sql).await
     }
 
     /// Waits until nothing is reserved any more (streams settle after the response).
@@ -208,19 +208,21 @@ impl TestApp {
     /// and a sound database file.
     pub async fn assert_invariant(&self) {
         self.wait_settled().await;
-        assert_invariant_on(&self.db().read).await;
+        assert_invariant_on(self.db()).await;
     }
 }
 
 /// The one integer `sql` selects from `pool`.
-pub async fn scalar_on(pool: &sqlx::SqlitePool, sql: &str) -> i64 {
+pub async fn scalar_on(db: &Db, sql: &str) -> i64 {
+    let pool = &db.sqlite().read;
     sqlx::query_scalar::<_, i64>(sql)
         .fetch_one(pool)
         .await
         .expect(sql)
 }
 
-pub async fn assert_invariant_on(pool: &sqlx::SqlitePool) {
+pub async fn assert_invariant_on(db: &Db) {
+    let pool = &db.sqlite().read;
     for (table, id_col, period_col) in [
         ("tokens", "token_id", "period"),
         ("users", "user_id", "user_period"),
@@ -544,7 +546,7 @@ pub async fn budget_owner(db: &Db, levels: &[Budget; 3]) -> Owner {
         .bind(team.limit)
         .bind(team.reset)
         .bind(at)
-        .execute(&db.write)
+        .execute(&db.sqlite().write)
         .await
         .unwrap();
     sqlx::query("INSERT INTO users (id, username, team_id, limit_micros, remaining_micros, reset, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)")
@@ -555,7 +557,7 @@ pub async fn budget_owner(db: &Db, levels: &[Budget; 3]) -> Owner {
         .bind(user.limit)
         .bind(user.reset)
         .bind(at)
-        .execute(&db.write)
+        .execute(&db.sqlite().write)
         .await
         .unwrap();
     sqlx::query(
@@ -569,7 +571,7 @@ pub async fn budget_owner(db: &Db, levels: &[Budget; 3]) -> Owner {
     .bind(token.limit)
     .bind(token.reset)
     .bind(at)
-    .execute(&db.write)
+    .execute(&db.sqlite().write)
     .await
     .unwrap();
     let reset = |b: &Budget| sluice::quota::period::Reset::parse(b.reset).unwrap();

@@ -400,7 +400,7 @@ async fn running_out_of_open_files_does_not_open_the_upstreams_breaker() {
                 "SELECT status, attempts, error_code, cost_micros FROM requests WHERE id = ?",
             )
             .bind(id)
-            .fetch_optional(&db.read)
+            .fetch_optional(&db.sqlite().read)
             .await
             .unwrap();
             if let Some(row) = row {
@@ -438,7 +438,7 @@ async fn running_out_of_open_files_does_not_open_the_upstreams_breaker() {
     let until = Instant::now() + BOUND;
     loop {
         let open: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM reservations")
-            .fetch_one(&db.read)
+            .fetch_one(&db.sqlite().read)
             .await
             .unwrap();
         if open == 0 {
@@ -447,5 +447,5 @@ async fn running_out_of_open_files_does_not_open_the_upstreams_breaker() {
         assert!(Instant::now() < until, "{open} reservations left open");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_invariant_on(&db.read).await;
+    assert_invariant_on(&db).await;
 }

@@ -124,7 +124,7 @@ async fn the_cli_resets_a_password_ends_sessions_revokes_keys_and_unlocks() {
     let after: String = sqlx::query_scalar(
         "SELECT after FROM audit_log WHERE action = 'admin.password_reset' AND actor = 'cli'",
     )
-    .fetch_one(&app.db().read)
+    .fetch_one(&app.db().sqlite().read)
     .await
     .unwrap();
     let after: serde_json::Value = serde_json::from_str(&after).unwrap();

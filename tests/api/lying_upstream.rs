@@ -94,7 +94,7 @@ async fn settled_as_cut(app: &TestApp, id: i64) {
     app.wait_for_log_rows(1).await;
     let (status, code, input, cost): (i64, Option<String>, i64, i64) =
         sqlx::query_as("SELECT status, error_code, input_tokens, cost_micros FROM requests")
-            .fetch_one(&app.db().read)
+            .fetch_one(&app.db().sqlite().read)
             .await
             .unwrap();
     assert_eq!((status, code.as_deref()), (200, Some("upstream_error")));
@@ -331,7 +331,7 @@ async fn tiny_events_without_end_are_streamed_until_the_client_leaves() {
     app.wait_for_log_rows(1).await;
     let (status, code, output): (i64, Option<String>, i64) =
         sqlx::query_as("SELECT status, error_code, output_tokens FROM requests")
-            .fetch_one(&app.db().read)
+            .fetch_one(&app.db().sqlite().read)
             .await
             .unwrap();
     assert_eq!(

@@ -42,6 +42,7 @@ mod shutdown;
 mod signin_attack;
 mod slow_reader;
 mod ssrf;
+mod store_boundary;
 mod streams;
 mod translate;
 mod translate_attack;

@@ -160,7 +160,7 @@ async fn quota_rig(limit: i64) -> (tempfile::TempDir, Db, Arc<ManualClock>, Arc<
     let clock = Arc::new(ManualClock::new(
         chrono::Utc.with_ymd_and_hms(2026, 12, 1, 12, 0, 0).unwrap(),
     ));
-    let quota = Quota::new(db.write.clone(), clock.clone(), "me".into());
+    let quota = Quota::new(&db, clock.clone(), "me".into());
     (dir, db, clock, quota, owner)
 }
 
@@ -178,7 +178,7 @@ async fn refuse_settlements(db: &Db, refuse: bool) {
         &["DELETE FROM disk_on_fire"]
     };
     for sql in statements {
-        sqlx::query(sql).execute(&db.write).await.unwrap();
+        sqlx::query(sql).execute(&db.sqlite().write).await.unwrap();
     }
 }
 
@@ -198,7 +198,7 @@ async fn token_row(db: &Db, id: i64) -> (i64, i64, i64) {
         "SELECT limit_micros - remaining_micros, reserved_micros, (SELECT COUNT(*) FROM reservations) FROM tokens WHERE id = ?",
     )
     .bind(id)
-    .fetch_one(&db.read)
+    .fetch_one(&db.sqlite().read)
     .await
     .unwrap()
 }
@@ -226,7 +226,7 @@ async fn a_settlement_that_fails_is_retried_until_it_lands() {
         (300, 0, 0),
         "landed: charged 300"
     );
-    assert_invariant_on(&db.read).await;
+    assert_invariant_on(&db).await;
 }
 
 /// Item 2's sweep: a reservation of this process that no live request holds is released
@@ -243,7 +243,7 @@ async fn the_sweep_releases_what_nobody_holds_and_renews_what_someone_does() {
         process: quota.process_id(),
         lease: chrono::Duration::minutes(10),
     };
-    ledger::reserve(&db.write, &stray, clock.now())
+    ledger::reserve(&db, &stray, clock.now())
         .await
         .unwrap()
         .unwrap();
@@ -252,7 +252,7 @@ async fn the_sweep_releases_what_nobody_holds_and_renews_what_someone_does() {
         sqlx::query_scalar::<_, String>(
             "SELECT deadline FROM reservations WHERE request_id = 'held'",
         )
-        .fetch_one(&db.read)
+        .fetch_one(&db.sqlite().read)
         .await
         .unwrap()
     };
@@ -271,21 +271,17 @@ async fn the_sweep_releases_what_nobody_holds_and_renews_what_someone_does() {
     // An owner that beats but lets a lease run out by its own clock: anyone settles it as
     // an orphan.
     let me = processes::Me::new(quota.process_id().to_string(), "here".into());
-    processes::heartbeat(&db.write, &me, clock.now())
-        .await
-        .unwrap();
+    processes::heartbeat(&db, &me, clock.now()).await.unwrap();
     assert_eq!(
-        ledger::settle_orphans(&db.write, Orphans::LeaseExpired, clock.now())
+        ledger::settle_orphans(&db, Orphans::LeaseExpired, clock.now())
             .await
             .unwrap(),
         0,
         "a renewed lease is not expired"
     );
     clock.advance(chrono::Duration::minutes(11));
-    processes::heartbeat(&db.write, &me, clock.now())
-        .await
-        .unwrap();
-    let n = ledger::settle_orphans(&db.write, Orphans::LeaseExpired, clock.now())
+    processes::heartbeat(&db, &me, clock.now()).await.unwrap();
+    let n = ledger::settle_orphans(&db, Orphans::LeaseExpired, clock.now())
         .await
         .unwrap();
     assert_eq!(n, 1, "an unrenewed lease is settled as an orphan");
@@ -296,7 +292,7 @@ async fn the_sweep_releases_what_nobody_holds_and_renews_what_someone_does() {
         (400, 0, 0),
         "the late settlement corrected it"
     );
-    assert_invariant_on(&db.read).await;
+    assert_invariant_on(&db).await;
 }
 
 /// Attack finding: a client whose own deadline (`x-sluice-request-deadline-ms`) cuts an
@@ -364,7 +360,7 @@ async fn a_settlement_abandoned_mid_await_still_lands() {
     let held = quota.reserve("req-1", &owner, 1_000).await.unwrap();
     refuse_settlements(&db, true).await;
     // The writer cannot run while we hold its connection: the settlement waits in it.
-    let hold = db.write.acquire().await.unwrap();
+    let hold = db.sqlite().write.acquire().await.unwrap();
     let settling = tokio::spawn(async move { held.settle(300).await });
     for _ in 0..20 {
         tokio::task::yield_now().await;
@@ -385,7 +381,7 @@ async fn a_settlement_abandoned_mid_await_still_lands() {
         (300, 0, 0),
         "charged what was served"
     );
-    assert_invariant_on(&db.read).await;
+    assert_invariant_on(&db).await;
 }
 
 /// Attack finding: a process whose clock is days ahead must neither expire another
@@ -396,21 +392,19 @@ async fn a_settlement_abandoned_mid_await_still_lands() {
 async fn a_clock_days_ahead_neither_expires_leases_nor_forgets_orphans() {
     let (_dir, db, clock, quota, owner) = quota_rig(10_000).await;
     let me = processes::Me::new(quota.process_id().to_string(), "here".into());
-    processes::heartbeat(&db.write, &me, clock.now())
-        .await
-        .unwrap();
+    processes::heartbeat(&db, &me, clock.now()).await.unwrap();
     let held = quota.reserve("live", &owner, 1_000).await.unwrap();
     let ahead = clock.now() + chrono::Duration::days(2);
-    let n = ledger::settle_orphans(&db.write, Orphans::LeaseExpired, ahead)
+    let n = ledger::settle_orphans(&db, Orphans::LeaseExpired, ahead)
         .await
         .unwrap();
     assert_eq!(n, 0, "a live lease expired by another process's clock");
     // Taken for gone across hosts (a stall), then a clock days ahead prunes orphan records.
-    let n = ledger::settle_orphans(&db.write, Orphans::OfOwner(quota.process_id()), clock.now())
+    let n = ledger::settle_orphans(&db, Orphans::OfOwner(quota.process_id()), clock.now())
         .await
         .unwrap();
     assert_eq!(n, 1);
-    ledger::prune_orphaned(&db.write, ahead - chrono::Duration::days(1))
+    ledger::prune_orphaned(&db, ahead - chrono::Duration::days(1))
         .await
         .unwrap();
     let s = held.settle(250).await;
@@ -420,5 +414,5 @@ async fn a_clock_days_ahead_neither_expires_leases_nor_forgets_orphans() {
         (250, 0, 0),
         "the stalled owner's late settlement found its orphan record"
     );
-    assert_invariant_on(&db.read).await;
+    assert_invariant_on(&db).await;
 }

@@ -232,7 +232,7 @@ async fn run_case(env: &Env, c: Case) -> Result<(), TestCaseError> {
     ];
     let quotas = [0, 1].map(|i| {
         Quota::new(
-            env.dbs[i].write.clone(),
+            &env.dbs[i],
             clocks[i].clone() as Arc<dyn Clock>,
             format!("p{}-{i}", owner.token_id),
         )
@@ -353,11 +353,11 @@ async fn apply(env: &Env, w: &mut World, op: &Op) {
             // The instance beats at its clock; leases older than its beat expire.
             let now = w.clocks[inst].now();
             let me = processes::Me::new(w.quotas[inst].process_id().to_string(), "model".into());
-            processes::heartbeat(&env.dbs[inst].write, &me, now)
+            processes::heartbeat(&env.dbs[inst], &me, now)
                 .await
                 .unwrap();
             ledger::settle_orphans(
-                &env.dbs[1 - inst].write,
+                &env.dbs[1 - inst],
                 Orphans::LeaseExpired,
                 w.clocks[1 - inst].now(),
             )
@@ -373,7 +373,7 @@ async fn apply(env: &Env, w: &mut World, op: &Op) {
             sqlx::query(&format!("UPDATE {table} SET reset = ? WHERE id = ?"))
                 .bind(reset)
                 .bind(id)
-                .execute(&env.dbs[0].write)
+                .execute(&env.dbs[0].sqlite().write)
                 .await
                 .unwrap();
             w.reentry = true;
@@ -398,7 +398,7 @@ impl World {
         let other = 1 - inst;
         let pid = self.quotas[inst].process_id();
         ledger::settle_orphans(
-            &env.dbs[other].write,
+            &env.dbs[other],
             Orphans::OfOwner(pid),
             self.clocks[other].now(),
         )
@@ -427,7 +427,7 @@ async fn quiesce(w: &World) {
 
 /// The case's invariants, read from the database.
 async fn check(env: &Env, w: &World, all_settled: bool) -> Result<(), String> {
-    let db = &env.dbs[0].read;
+    let db = &env.dbs[0].sqlite().read;
     let o = &w.owner;
     for (table, id, id_col, period_col) in [
         ("tokens", o.token_id, "token_id", "period"),

@@ -230,7 +230,7 @@ async fn a_backup_under_load_restores_into_an_empty_folder_and_serves() {
     );
     let db = sluice::store::Db::open(&target, false).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(sluice::store::ledger::invariant_violations(&db.read)
+    assert!(sluice::store::ledger::invariant_violations(&db)
         .await
         .unwrap()
         .is_empty());

@@ -116,9 +116,9 @@ async fn two_gateways_on_one_database_never_overdraw() {
     assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 100);
     assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 100);
     assert_eq!(mock.state.stats(KEY_A).count, 100);
-    assert_invariant_on(&db.read).await;
+    assert_invariant_on(&db).await;
     assert_eq!(
-        scalar_on(&db.read, "SELECT remaining_micros FROM tokens").await,
+        scalar_on(&db, "SELECT remaining_micros FROM tokens").await,
         0
     );
 }
@@ -159,16 +159,16 @@ async fn kill_9_mid_load_loses_nothing() {
     }
     assert!(!answered.is_empty());
     let open: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM reservations")
-        .fetch_one(&db.read)
+        .fetch_one(&db.sqlite().read)
         .await
         .unwrap();
     assert!(open > 0, "some reservations were in flight at the kill");
 
     mock.state.sticky(KEY_A, None);
     let _restarted = start_gateway(dir.path(), &mock).await;
-    assert_invariant_on(&db.read).await;
+    assert_invariant_on(&db).await;
     let orphans: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM ledger WHERE kind = 'orphan'")
-        .fetch_one(&db.read)
+        .fetch_one(&db.sqlite().read)
         .await
         .unwrap();
     assert_eq!(
@@ -180,7 +180,7 @@ async fn kill_9_mid_load_loses_nothing() {
             "SELECT COUNT(*) FROM ledger WHERE request_id = ? AND kind = 'settle'",
         )
         .bind(&id)
-        .fetch_one(&db.read)
+        .fetch_one(&db.sqlite().read)
         .await
         .unwrap();
         assert_eq!(rows, 1, "request {id} answered 200 without a settlement");
@@ -248,13 +248,13 @@ async fn sigterm_under_streaming_load_finishes_streams_and_leaves_no_reservation
         .unwrap();
     assert!(status.success(), "exit 0 after SIGTERM: {status:?}");
     let open: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM reservations")
-        .fetch_one(&db.read)
+        .fetch_one(&db.sqlite().read)
         .await
         .unwrap();
     assert_eq!(open, 0);
-    assert_invariant_on(&db.read).await;
+    assert_invariant_on(&db).await;
     let logged: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM requests")
-        .fetch_one(&db.read)
+        .fetch_one(&db.sqlite().read)
         .await
         .unwrap();
     assert_eq!(logged, 20, "every request's log row was flushed");
@@ -394,7 +394,7 @@ async fn a_stalled_gateway_keeps_its_reservations() {
         .collect();
     let open = || async {
         sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM reservations")
-            .fetch_one(&db.read)
+            .fetch_one(&db.sqlite().read)
             .await
             .unwrap()
     };
@@ -428,14 +428,14 @@ async fn a_stalled_gateway_keeps_its_reservations() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let orphans: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM ledger WHERE kind = 'orphan'")
-        .fetch_one(&db.read)
+        .fetch_one(&db.sqlite().read)
         .await
         .unwrap();
     assert_eq!(orphans, 0);
     // Every answer's log row is written (lingering batches), then books are compared.
     for _ in 0..250 {
         let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM requests")
-            .fetch_one(&db.read)
+            .fetch_one(&db.sqlite().read)
             .await
             .unwrap();
         if rows >= 4 {
@@ -443,5 +443,5 @@ async fn a_stalled_gateway_keeps_its_reservations() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_invariant_on(&db.read).await;
+    assert_invariant_on(&db).await;
 }

@@ -295,7 +295,7 @@ async fn a_period_reset_under_load_splits_spend_between_the_periods() {
         .await;
     let old_period: String =
         sqlx::query_scalar(&format!("SELECT period FROM tokens WHERE id = {id}"))
-            .fetch_one(&app.db().read)
+            .fetch_one(&app.db().sqlite().read)
             .await
             .unwrap();
     // 20 requests in flight across the boundary: they settle into the old period.
@@ -324,14 +324,14 @@ async fn a_period_reset_under_load_splits_spend_between_the_periods() {
                 "SELECT COALESCE(SUM(amount_micros), 0) FROM ledger WHERE token_id = {id} AND period = ? AND kind IN ('reserve', 'settle')"
             ))
             .bind(p)
-            .fetch_one(&app.db().read)
+            .fetch_one(&app.db().sqlite().read)
             .await
             .unwrap()
         }
     };
     let new_period: String =
         sqlx::query_scalar(&format!("SELECT period FROM tokens WHERE id = {id}"))
-            .fetch_one(&app.db().read)
+            .fetch_one(&app.db().sqlite().read)
             .await
             .unwrap();
     assert_ne!(old_period, new_period);

@@ -109,10 +109,7 @@ async fn attempt(
 ) -> Result<(), u64> {
     use sluice::auth::throttle::{admit, Admission};
     let clock = sluice::clock::ManualClock::new(at);
-    match admit(&db.read, &db.write, name, addr, &clock)
-        .await
-        .unwrap()
-    {
+    match admit(db, name, addr, &clock).await.unwrap() {
         Admission::Admitted(a) => {
             std::mem::forget(a);
             Ok(())
@@ -126,7 +123,7 @@ async fn admit_root(db: &sluice::store::Db, addr: &str, at: chrono::DateTime<chr
 }
 
 async fn login_failures(db: &sluice::store::Db) -> i64 {
-    let mut c = db.write.acquire().await.unwrap();
+    let mut c = db.sqlite().write.acquire().await.unwrap();
     sqlx::query_scalar("SELECT count(*) FROM login_failures")
         .fetch_one(&mut *c)
         .await
@@ -197,15 +194,9 @@ async fn redteam_unlock_lifts_an_address_lock_a_clock_running_ahead_made() {
     let ahead = now + Duration::days(1);
     for i in 0..ADDR_LIMIT {
         let clock = sluice::clock::ManualClock::new(ahead);
-        match sluice::auth::throttle::admit(
-            &db.read,
-            &db.write,
-            &format!("u{i}"),
-            "198.51.100.7",
-            &clock,
-        )
-        .await
-        .unwrap()
+        match sluice::auth::throttle::admit(&db, &format!("u{i}"), "198.51.100.7", &clock)
+            .await
+            .unwrap()
         {
             sluice::auth::throttle::Admission::Admitted(a) => std::mem::forget(a),
             sluice::auth::throttle::Admission::Refused { .. } => panic!("attempt {i}"),

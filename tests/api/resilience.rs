@@ -253,7 +253,7 @@ async fn a_key_refused_by_the_upstream_is_quarantined_with_an_audit_row() {
     let rows: Vec<(String, String, Option<String>)> = sqlx::query_as(
         "SELECT action, target, after FROM audit_log WHERE action = 'upstream.disable'",
     )
-    .fetch_all(&app.db().read)
+    .fetch_all(&app.db().sqlite().read)
     .await
     .unwrap();
     assert_eq!(
@@ -264,7 +264,7 @@ async fn a_key_refused_by_the_upstream_is_quarantined_with_an_audit_row() {
             Some("authentication refused".into())
         )]
     );
-    let chain = sluice::store::audit::verify(&app.db().read, &app.db().audit)
+    let chain = sluice::store::audit::verify(app.db(), &app.db().audit)
         .await
         .unwrap();
     assert!(chain.broken.is_none(), "the chain stays intact");

@@ -213,8 +213,8 @@ async fn sigterm_with_stuck_and_slow_clients_exits_in_time_and_settles_everythin
     );
 
     // Everything settled, one row per request, no orphan.
-    assert_invariant_on(&db.read).await;
-    let scalar = |sql| scalar_on(&db.read, sql);
+    assert_invariant_on(&db).await;
+    let scalar = |sql| scalar_on(&db, sql);
     assert_eq!(scalar("SELECT COUNT(*) FROM reservations").await, 0);
     assert_eq!(scalar("SELECT reserved_micros FROM tokens").await, 0);
     assert_eq!(
@@ -225,7 +225,7 @@ async fn sigterm_with_stuck_and_slow_clients_exits_in_time_and_settles_everythin
     let rows: Vec<(i64, Option<String>, i64, i64, i64)> = sqlx::query_as(
         "SELECT status, error_code, input_tokens, output_tokens, cost_micros FROM requests ORDER BY id",
     )
-    .fetch_all(&db.read)
+    .fetch_all(&db.sqlite().read)
     .await
     .unwrap();
     let codes: Vec<(i64, Option<&str>)> = rows.iter().map(|r| (r.0, r.1.as_deref())).collect();
@@ -286,10 +286,10 @@ async fn a_stream_that_ends_within_the_grace_finishes_whole() {
     )
     .await;
     assert!(status.success(), "{status:?}");
-    assert_invariant_on(&db.read).await;
+    assert_invariant_on(&db).await;
     let (code, cost): (Option<String>, i64) =
         sqlx::query_as("SELECT error_code, cost_micros FROM requests")
-            .fetch_one(&db.read)
+            .fetch_one(&db.sqlite().read)
             .await
             .unwrap();
     assert_eq!(code, None, "a complete stream");
@@ -336,17 +336,14 @@ async fn sigint_after_sigterm_ends_the_grace_at_once() {
         .expect("the stream ended")
         .unwrap();
     assert!(!data.iter().any(|d| d == "[DONE]"), "never [DONE]");
-    assert_invariant_on(&db.read).await;
+    assert_invariant_on(&db).await;
     let rows: Vec<(i64, Option<String>)> =
         sqlx::query_as("SELECT status, error_code FROM requests")
-            .fetch_all(&db.read)
+            .fetch_all(&db.sqlite().read)
             .await
             .unwrap();
     assert_eq!(rows, [(200, Some("shutting_down".to_string()))]);
-    assert_eq!(
-        scalar_on(&db.read, "SELECT COUNT(*) FROM reservations").await,
-        0
-    );
+    assert_eq!(scalar_on(&db, "SELECT COUNT(*) FROM reservations").await, 0);
 }
 
 /// The store is slow when the grace ends (another writer holds the database for a few
@@ -387,16 +384,16 @@ async fn a_stream_ended_by_the_drain_settles_and_logs_even_when_the_store_is_slo
     let _ = tokio::time::timeout(Duration::from_secs(10), reading).await;
     let rows: Vec<(i64, Option<String>, i64)> =
         sqlx::query_as("SELECT status, error_code, cost_micros FROM requests")
-            .fetch_all(&db.read)
+            .fetch_all(&db.sqlite().read)
             .await
             .unwrap();
     let orphans: Vec<(String, i64)> =
         sqlx::query_as("SELECT kind, amount_micros FROM ledger WHERE kind = 'orphan'")
-            .fetch_all(&db.read)
+            .fetch_all(&db.sqlite().read)
             .await
             .unwrap();
     let ledger: Vec<(String, i64)> = sqlx::query_as("SELECT kind, amount_micros FROM ledger")
-        .fetch_all(&db.read)
+        .fetch_all(&db.sqlite().read)
         .await
         .unwrap();
     eprintln!("rows {rows:?} orphans {orphans:?} ledger {ledger:?}");
@@ -406,7 +403,7 @@ async fn a_stream_ended_by_the_drain_settles_and_logs_even_when_the_store_is_slo
         orphans.is_empty(),
         "settled by its rule, not as an orphan: {orphans:?}"
     );
-    assert_invariant_on(&db.read).await;
+    assert_invariant_on(&db).await;
 }
 
 /// SIGHUP — what `systemctl reload` and many supervisors send — must not kill the gateway:
@@ -441,7 +438,7 @@ async fn sighup_does_not_stop_the_gateway() {
     // The stream settles just after its last frame.
     let bound = Instant::now() + Duration::from_secs(10);
     while sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM reservations")
-        .fetch_one(&db.read)
+        .fetch_one(&db.sqlite().read)
         .await
         .unwrap()
         > 0
@@ -449,7 +446,7 @@ async fn sighup_does_not_stop_the_gateway() {
         assert!(Instant::now() < bound, "the stream was never settled");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_invariant_on(&db.read).await;
+    assert_invariant_on(&db).await;
 }
 
 /// Another process holding the backup folder's `backup.lock` (an operator's `flock` in a

@@ -33,7 +33,7 @@ fn gateway_side_open(r: &Rig, client: u16) -> bool {
 
 async fn scalar(db: &sluice::store::Db, sql: &str) -> i64 {
     sqlx::query_scalar::<_, i64>(sql)
-        .fetch_one(&db.read)
+        .fetch_one(&db.sqlite().read)
         .await
         .expect(sql)
 }
@@ -112,7 +112,7 @@ async fn assert_given_up(r: &Rig) {
     );
     let (status, code): (i64, Option<String>) =
         sqlx::query_as("SELECT status, error_code FROM requests")
-            .fetch_one(&r.db.read)
+            .fetch_one(&r.db.sqlite().read)
             .await
             .unwrap();
     assert_eq!(
@@ -123,7 +123,7 @@ async fn assert_given_up(r: &Rig) {
         scalar(&r.db, "SELECT COUNT(*) FROM ledger WHERE kind = 'settle'").await,
         1
     );
-    assert_invariant_on(&r.db.read).await;
+    assert_invariant_on(&r.db).await;
     for _ in 0..100 {
         if r.mock.state.stats(KEY_A).in_flight == 0 {
             break;

@@ -39,7 +39,7 @@ async fn failed_from(app: &TestApp, prefix: &str) -> Vec<String> {
         "SELECT address FROM audit_log WHERE action = 'login.failed' AND actor LIKE ? || '%' ORDER BY id",
     )
     .bind(prefix)
-    .fetch_all(&app.state.db.read)
+    .fetch_all(&app.state.db.sqlite().read)
     .await
     .unwrap()
 }
@@ -131,7 +131,7 @@ async fn through_a_trusted_proxy_two_clients_are_throttled_apart() {
         .unwrap();
     assert_eq!(resp.status(), 201);
     let newest = |action: &'static str| {
-        let pool = app.state.db.read.clone();
+        let pool = app.state.db.sqlite().read.clone();
         async move {
             sqlx::query_scalar::<_, String>(
                 "SELECT address FROM audit_log WHERE action = ? ORDER BY id DESC LIMIT 1",
@@ -145,7 +145,7 @@ async fn through_a_trusted_proxy_two_clients_are_throttled_apart() {
     assert_eq!(newest("team.create").await, "192.0.2.46");
     let signed_in: Vec<String> =
         sqlx::query_scalar("SELECT address FROM audit_log WHERE action = 'login.ok' ORDER BY id")
-            .fetch_all(&app.state.db.read)
+            .fetch_all(&app.state.db.sqlite().read)
             .await
             .unwrap();
     assert_eq!(signed_in.first().map(String::as_str), Some("192.0.2.45"));

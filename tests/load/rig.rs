@@ -103,7 +103,7 @@ impl LoadRig {
 
     pub async fn scalar(&self, sql: &str) -> i64 {
         sqlx::query_scalar::<_, i64>(sql)
-            .fetch_one(&self.db.read)
+            .fetch_one(&self.db.sqlite().read)
             .await
             .expect(sql)
     }
@@ -132,7 +132,7 @@ impl LoadRig {
             .scalar("SELECT COALESCE(SUM(reserved_micros), 0) FROM tokens")
             .await;
         assert_eq!(reserved, 0, "reserved_micros summed over every token");
-        assert_invariant_on(&self.db.read).await;
+        assert_invariant_on(&self.db).await;
     }
 }
 

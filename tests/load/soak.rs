@@ -339,7 +339,7 @@ async fn l3_soak_with_faults_leaves_flat_rss_no_reservation_one_row_each_ttls_an
     let outcomes: Vec<(i64, Option<String>, i64)> = sqlx::query_as(
         "SELECT status, error_code, COUNT(*) FROM requests GROUP BY status, error_code ORDER BY 3 DESC",
     )
-    .fetch_all(&r.db.read)
+    .fetch_all(&r.db.sqlite().read)
     .await
     .unwrap();
     eprintln!(

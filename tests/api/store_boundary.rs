@@ -1,0 +1,117 @@
+//! The store boundary (issue 17): nothing above `src/store/` may know which database engine
+//! it talks to, so a second engine is added inside the store only. This walks `src/` and
+//! names every line outside `src/store/` (and `src/mock/`, the fake upstream) that names an
+//! sqlx type, SQLite, a transaction begun by hand, SQL text, or the store's test-only
+//! accessor for its SQLite pools. Unit-test modules (`#[cfg(test)] mod …` to the end of a
+//! file) may know the engine, like the tests in `tests/`.
+
+use std::path::{Path, PathBuf};
+
+/// What code above the store must not contain (comments may speak of SQLite).
+const FORBIDDEN: &[&str] = &[
+    "sqlx",
+    "Sqlite",
+    "SQLite",
+    "SQLITE",
+    "-wal",
+    "begin_with",
+    "BEGIN IMMEDIATE",
+    "SELECT ",
+    "UPDATE ",
+    "INSERT ",
+    "DELETE ",
+    "PRAGMA",
+    "VACUUM",
+    ".sqlite()",
+];
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// `file:line: text` for each forbidden mention in the production part of `text`.
+fn leaks(file: &str, text: &str) -> Vec<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let code = line.trim_start();
+        // An inline test module runs to the end of the file (`#[cfg(test)] mod x;` only
+        // names another file, and the code after it is still production code).
+        if code.starts_with("#[cfg(test)]")
+            && lines.get(i + 1).is_some_and(|next| {
+                let next = next.trim();
+                next.starts_with("mod ") && next.ends_with('{')
+            })
+        {
+            break;
+        }
+        if code.starts_with("//") {
+            continue;
+        }
+        // A trailing comment is prose too.
+        let code = code.split(" // ").next().unwrap_or(code);
+        for word in FORBIDDEN {
+            if code.contains(word) {
+                out.push(format!("{file}:{}: `{word}` in: {}", i + 1, line.trim()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn nothing_above_the_store_knows_the_database_engine() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    files.sort();
+    assert!(files.len() > 20, "src/ not found at {}", src.display());
+    let mut found = Vec::new();
+    for path in &files {
+        let rel = path.strip_prefix(&src).unwrap();
+        if rel.starts_with("store") || rel.starts_with("mock") {
+            continue;
+        }
+        let text = std::fs::read_to_string(path).unwrap();
+        found.extend(leaks(&format!("src/{}", rel.display()), &text));
+    }
+    assert!(
+        found.is_empty(),
+        "{} mentions of the engine above src/store/:\n{}",
+        found.len(),
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_guard_sees_what_it_must_and_spares_prose_and_unit_tests() {
+    let text = "//! VACUUM INTO, PRAGMA and SQLite are words here\n\
+                fn a() { let x = pool.begin_with(\"BEGIN IMMEDIATE\"); } // sqlx\n\
+                fn b(c: &mut sqlx::SqliteConnection) {}\n\
+                fn c() { q(\"SELECT 1\") }\n\
+                fn d() { db.sqlite().read }\n\
+                fn e() {} // a SELECT in a comment\n\
+                #[cfg(test)]\n\
+                mod other_file;\n\
+                fn g() { sqlx::query(\"DELETE FROM t\") }\n\
+                #[cfg(test)]\n\
+                mod tests {\n\
+                fn f(c: &mut sqlx::SqliteConnection) {} }\n";
+    let found = leaks("x.rs", text);
+    let lines: Vec<&str> = found
+        .iter()
+        .map(|l| l.split(": ").next().unwrap())
+        .collect();
+    assert_eq!(
+        lines,
+        ["x.rs:2", "x.rs:2", "x.rs:3", "x.rs:3", "x.rs:4", "x.rs:5", "x.rs:9", "x.rs:9"],
+        "{found:#?}"
+    );
+}
