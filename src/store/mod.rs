@@ -9,6 +9,7 @@ pub mod cache;
 pub mod directory;
 pub mod ledger;
 pub mod lingering;
+pub mod pg;
 pub mod processes;
 pub mod raw;
 pub mod reports;
