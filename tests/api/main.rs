@@ -28,6 +28,7 @@ mod lying_upstream;
 mod money;
 mod money_model;
 mod operations;
+mod pg_money;
 mod pg_server;
 mod processes;
 mod proxy;

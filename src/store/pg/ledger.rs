@@ -185,8 +185,13 @@ impl LevelState {
             gone: row.try_get::<Option<bool>, _>(at + 1)?.unwrap_or(false),
             limit: row.try_get(at + 2)?,
             remaining: row.try_get(at + 3)?,
-            stored: row.try_get::<Option<String>, _>(at + 4)?.unwrap_or_default(),
-            reset: reset.as_deref().and_then(Reset::parse).unwrap_or(Reset::Never),
+            stored: row
+                .try_get::<Option<String>, _>(at + 4)?
+                .unwrap_or_default(),
+            reset: reset
+                .as_deref()
+                .and_then(Reset::parse)
+                .unwrap_or(Reset::Never),
         })
     }
 
@@ -247,9 +252,15 @@ pub async fn reserve_tx(
         }
         periods[idx(level)] = period;
     }
-    if let Some(level) = LEVELS.into_iter().find(|l| !levels[idx(*l)].covers(r.amount)) {
+    if let Some(level) = LEVELS
+        .into_iter()
+        .find(|l| !levels[idx(*l)].covers(r.amount))
+    {
         let reset = levels[idx(level)].reset;
-        return Ok(Err(Refusal::Insufficient(level, reset.seconds_to_reset(now))));
+        return Ok(Err(Refusal::Insufficient(
+            level,
+            reset.seconds_to_reset(now),
+        )));
     }
     let row = sqlx::query(RESERVE)
         .bind(r.amount)

@@ -101,8 +101,10 @@ pub async fn lock_rows(conn: &mut PgConnection, locks: &Locks) -> Result<()> {
 
 /// A job's closure: it may run more than once (see the module doc).
 pub trait JobFn<T>: for<'c> FnMut(&'c mut PgConnection) -> Body<'c, T> + Send + 'static {}
-impl<T, F> JobFn<T> for F where F: for<'c> FnMut(&'c mut PgConnection) -> Body<'c, T> + Send + 'static
-{}
+impl<T, F> JobFn<T> for F where
+    F: for<'c> FnMut(&'c mut PgConnection) -> Body<'c, T> + Send + 'static
+{
+}
 
 type Run<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
