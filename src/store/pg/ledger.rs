@@ -158,15 +158,17 @@ async fn current_period(
     Ok(key)
 }
 
-/// Each level's state as the CAS sees it: one statement for all three.
-const LEVELS_STATE: &str = "SELECT t.id IS NOT NULL, (t.revoked_at IS NOT NULL OR (t.expires_at IS NOT NULL AND t.expires_at <= $4)),
+/// Each level's state as the CAS sees it: one statement for all three, which also locks
+/// the three rows (already locked when the writer's batch took its locks: then it waits for
+/// nothing; called on its own, a rollover decided from this read cannot race another
+/// host's).
+const LEVELS_STATE: &str =
+    "SELECT TRUE, (t.revoked_at IS NOT NULL OR (t.expires_at IS NOT NULL AND t.expires_at <= $4)),
         t.limit_micros, t.remaining_micros, t.period, t.reset,
-        u.id IS NOT NULL, FALSE, u.limit_micros, u.remaining_micros, u.period, u.reset,
-        m.id IS NOT NULL, FALSE, m.limit_micros, m.remaining_micros, m.period, m.reset
-    FROM (SELECT 1) AS one
-    LEFT JOIN tokens t ON t.id = $1
-    LEFT JOIN users u ON u.id = $2
-    LEFT JOIN teams m ON m.id = $3";
+        TRUE, FALSE, u.limit_micros, u.remaining_micros, u.period, u.reset,
+        TRUE, FALSE, m.limit_micros, m.remaining_micros, m.period, m.reset
+    FROM tokens t, users u, teams m WHERE t.id = $1 AND u.id = $2 AND m.id = $3
+    FOR UPDATE";
 
 struct LevelState {
     exists: bool,
@@ -232,8 +234,21 @@ pub async fn reserve_tx(
         .bind(r.owner.user_id)
         .bind(r.owner.team_id)
         .bind(&now_s)
-        .fetch_one(&mut *conn)
+        .fetch_optional(&mut *conn)
         .await?;
+    let Some(row) = row else {
+        let token: Option<i64> = sqlx::query_scalar("SELECT id FROM tokens WHERE id = $1")
+            .bind(r.owner.token_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+        return match token {
+            None => Ok(Err(Refusal::TokenGone)),
+            Some(_) => Err(StoreError::NotFound(format!(
+                "the user {} or team {} of token {}",
+                r.owner.user_id, r.owner.team_id, r.owner.token_id
+            ))),
+        };
+    };
     let mut levels = [
         LevelState::read(&row, 0)?,
         LevelState::read(&row, 6)?,
