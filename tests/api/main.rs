@@ -29,6 +29,7 @@ mod money;
 mod money_model;
 mod operations;
 mod pg_money;
+mod pg_money_bench;
 mod pg_money_model;
 mod pg_money_pg;
 mod pg_server;

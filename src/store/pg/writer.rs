@@ -281,6 +281,9 @@ async fn serve(
     let mut conn: Option<PgConnection> = None;
     let mut jobs: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_BATCH);
     while let Some(job) = rx.recv().await {
+        // Let the callers just answered (and woken ones) hand in their next jobs first: on
+        // a busy runtime they have not run yet, and their jobs make this batch larger.
+        tokio::task::yield_now().await;
         jobs.push(job);
         while jobs.len() < MAX_BATCH {
             match rx.try_recv() {
