@@ -1,0 +1,133 @@
+//! PostgreSQL: the pool, its migrations (`migrations/postgres`), and what every PostgreSQL
+//! store module shares — running a transaction again on a serialization failure or a
+//! deadlock, and telling such an error from the rest.
+//!
+//! The money path (`ledger`, `writer`, `processes`) mirrors the SQLite modules of the same
+//! names function for function, with `&PgDb` (or the PostgreSQL `Writer`) where they take
+//! the SQLite pool, connection or writer; docs/DESIGN.md "Money on PostgreSQL".
+
+mod chain;
+pub mod ledger;
+pub mod processes;
+pub mod writer;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::Connection;
+
+use super::audit::AuditKeys;
+use super::{Result, StoreError};
+
+/// A PostgreSQL database: a pool of connections and the audit chain's keys (the gateway
+/// signs audit rows itself; the key is never in the database).
+#[derive(Clone, Debug)]
+pub struct PgDb {
+    pub pool: PgPool,
+    pub audit: Arc<AuditKeys>,
+}
+
+/// How long a caller waits for a connection before the store answers with an error: the
+/// money path fails closed (nothing is admitted without a committed reservation), and it
+/// should say so quickly when the database is unreachable.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
+
+impl PgDb {
+    /// Connects to `url` (`postgres://…`) and applies the migrations.
+    pub async fn connect(url: &str, audit: Arc<AuditKeys>) -> Result<PgDb> {
+        let opts = PgConnectOptions::from_str(url)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(16)
+            .min_connections(1)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect_with(opts)
+            .await?;
+        sqlx::migrate!("./migrations/postgres").run(&pool).await?;
+        Ok(PgDb { pool, audit })
+    }
+
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+/// SQLSTATEs after which a transaction is run again from the start: nothing of it was kept,
+/// and a second run, in another order of arrival, succeeds.
+const SERIALIZATION_FAILURE: &str = "40001";
+const DEADLOCK_DETECTED: &str = "40P01";
+
+/// Whether `e` is a serialization failure or a deadlock (see `transact`).
+pub fn is_retryable(e: &StoreError) -> bool {
+    match e {
+        StoreError::Sql(sqlx::Error::Database(db)) => db
+            .code()
+            .is_some_and(|c| c == SERIALIZATION_FAILURE || c == DEADLOCK_DETECTED),
+        _ => false,
+    }
+}
+
+/// Whether `e` says the connection itself is unusable (the server went away, a network
+/// error): the connection is dropped and a new one opened for the next transaction.
+pub fn is_broken(e: &StoreError) -> bool {
+    matches!(
+        e,
+        StoreError::Sql(
+            sqlx::Error::Io(_)
+                | sqlx::Error::Tls(_)
+                | sqlx::Error::Protocol(_)
+                | sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::WorkerCrashed
+        )
+    )
+}
+
+/// How many times a transaction runs at most when it keeps meeting serialization failures
+/// or deadlocks.
+pub const MAX_ATTEMPTS: u32 = 8;
+
+/// A pause before attempt `n` (1-based) of a transaction that failed on a serialization
+/// failure or deadlock: exponential from 2 ms, capped at 100 ms, with full jitter, so the
+/// transactions that collided do not collide again in step.
+pub fn backoff(attempt: u32) -> Duration {
+    use rand::Rng;
+    let cap = 2u64.saturating_pow(attempt.min(6)).min(100);
+    Duration::from_millis(rand::thread_rng().gen_range(1..=cap.max(1)))
+}
+
+/// The body of a transaction: it may run more than once (see `transact`).
+pub type Body<'c, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'c>>;
+
+/// Runs `f` in a transaction (READ COMMITTED) on a connection of the pool, again on a
+/// serialization failure or deadlock (bounded, `MAX_ATTEMPTS`, with jittered backoff).
+/// Anything else is the caller's error; nothing of a failed run is kept.
+pub async fn transact<T, F>(pool: &PgPool, mut f: F) -> Result<T>
+where
+    F: for<'c> FnMut(&'c mut PgConnection) -> Body<'c, T>,
+{
+    let mut attempt = 1;
+    loop {
+        let mut conn = pool.acquire().await?;
+        let mut tx = conn.begin().await?;
+        let out = match f(&mut tx).await {
+            Ok(v) => tx.commit().await.map(|()| v).map_err(StoreError::from),
+            Err(e) => {
+                // A rollback that fails leaves the connection to sqlx, which closes it.
+                let _ = tx.rollback().await;
+                Err(e)
+            }
+        };
+        match out {
+            Err(e) if is_retryable(&e) && attempt < MAX_ATTEMPTS => {
+                tracing::debug!(error = %e, attempt, "transaction runs again");
+                tokio::time::sleep(backoff(attempt)).await;
+                attempt += 1;
+            }
+            out => return out,
+        }
+    }
+}

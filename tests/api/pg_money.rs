@@ -1,0 +1,879 @@
+//! The money contract on both stores (issue 17 item 2): each scenario is one body run
+//! against the SQLite ledger (`store::ledger` through its writer) and the PostgreSQL one
+//! (`store::pg::ledger` through its writer), on a real SQLite file and a real PostgreSQL
+//! server. `Store` is the small seam between the body and the two modules.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Duration, Utc};
+use sluice::clock::{Clock, ManualClock};
+use sluice::store::audit::AuditKeys;
+use sluice::store::ledger::{
+    self, Level, Orphans, Owner, Refusal, Reservation, ReserveRequest, Settled,
+};
+use sluice::store::pg::{self, PgDb};
+use sluice::store::processes::Me;
+use sluice::store::{processes, writer, Db};
+use tempfile::TempDir;
+
+use crate::helpers::{budget_owner, Budget};
+use crate::pg_server;
+
+pub type Outcome = std::result::Result<Reservation, Refusal>;
+
+/// One gateway process's view of a store: its database handle and its writer.
+pub enum Store {
+    Lite {
+        db: Db,
+        writer: writer::Writer,
+        dir: Arc<TempDir>,
+    },
+    Pg {
+        db: PgDb,
+        writer: pg::writer::Writer,
+        url: String,
+    },
+}
+
+pub fn audit_keys() -> Arc<AuditKeys> {
+    let master = sluice::secrets::MasterKey::from_hex(&"5a".repeat(32)).unwrap();
+    Arc::new(AuditKeys::derive(&master))
+}
+
+impl Store {
+    pub async fn sqlite() -> Store {
+        let dir = Arc::new(tempfile::tempdir().unwrap());
+        Store::open_lite(dir).await
+    }
+
+    async fn open_lite(dir: Arc<TempDir>) -> Store {
+        let db = Db::open(&dir.path().join("money.db"), false).await.unwrap();
+        let writer = writer::Writer::start(db.write.clone());
+        Store::Lite { db, writer, dir }
+    }
+
+    pub async fn postgres() -> Store {
+        Store::open_pg(pg_server::database()).await
+    }
+
+    pub async fn open_pg(url: String) -> Store {
+        let db = PgDb::connect(&url, audit_keys()).await.unwrap();
+        let writer = pg::writer::Writer::start(&db);
+        Store::Pg { db, writer, url }
+    }
+
+    /// Another process on the same database (its own pool and writer).
+    pub async fn another(&self) -> Store {
+        match self {
+            Store::Lite { dir, .. } => Store::open_lite(dir.clone()).await,
+            Store::Pg { url, .. } => Store::open_pg(url.clone()).await,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Store::Lite { .. } => "sqlite",
+            Store::Pg { .. } => "postgres",
+        }
+    }
+
+    /// A team, user and token with these budgets (token, user, team).
+    pub async fn owner(&self, levels: &[Budget; 3]) -> Owner {
+        match self {
+            Store::Lite { db, .. } => budget_owner(db, levels).await,
+            Store::Pg { db, .. } => pg_owner(db, levels).await,
+        }
+    }
+
+    pub async fn reserve(
+        &self,
+        owner: &Owner,
+        request_id: &str,
+        amount: i64,
+        process: &str,
+        clock: Arc<dyn Clock>,
+    ) -> sluice::store::Result<Outcome> {
+        let req = ReserveRequest {
+            request_id,
+            owner,
+            amount,
+            process,
+            lease: Duration::minutes(10),
+        };
+        match self {
+            Store::Lite { writer, .. } => ledger::reserve_via(writer, &req, clock).await,
+            Store::Pg { writer, .. } => pg::ledger::reserve_via(writer, &req, clock).await,
+        }
+    }
+
+    pub async fn settle(
+        &self,
+        request_id: &str,
+        actual: i64,
+        clock: Arc<dyn Clock>,
+    ) -> sluice::store::Result<Option<Settled>> {
+        match self {
+            Store::Lite { writer, .. } => {
+                ledger::settle_via(writer, request_id.into(), actual, clock).await
+            }
+            Store::Pg { writer, .. } => {
+                pg::ledger::settle_via(writer, request_id.into(), actual, clock).await
+            }
+        }
+    }
+
+    pub async fn release(&self, request_id: &str, clock: Arc<dyn Clock>) -> Option<Settled> {
+        match self {
+            Store::Lite { writer, .. } => {
+                ledger::release_via(writer, request_id.into(), clock).await
+            }
+            Store::Pg { writer, .. } => {
+                pg::ledger::release_via(writer, request_id.into(), clock).await
+            }
+        }
+        .unwrap()
+    }
+
+    pub async fn settle_orphans(&self, which: Orphans<'_>, now: DateTime<Utc>) -> u64 {
+        match self {
+            Store::Lite { db, .. } => ledger::settle_orphans(&db.write, which, now).await,
+            Store::Pg { db, .. } => pg::ledger::settle_orphans(db, which, now).await,
+        }
+        .unwrap()
+    }
+
+    pub async fn heartbeat(&self, me: &Me, now: DateTime<Utc>) -> bool {
+        match self {
+            Store::Lite { db, .. } => processes::heartbeat(&db.write, me, now).await,
+            Store::Pg { db, .. } => pg::processes::heartbeat(db, me, now).await,
+        }
+        .unwrap()
+    }
+
+    pub async fn dead_owners(&self, me: &Me, now: DateTime<Utc>) -> Vec<String> {
+        let mut dead = match self {
+            Store::Lite { db, .. } => processes::dead_owners(&db.read, me, now).await,
+            Store::Pg { db, .. } => pg::processes::dead_owners(db, me, now).await,
+        }
+        .unwrap();
+        dead.sort();
+        dead
+    }
+
+    pub async fn adjust(&self, token_id: i64, amount: i64, now: DateTime<Utc>) {
+        match self {
+            Store::Lite { db, .. } => {
+                ledger::adjust(&db.write, token_id, amount, "test", "admin", now).await
+            }
+            Store::Pg { db, .. } => {
+                pg::ledger::adjust(db, token_id, amount, "test", "admin", now).await
+            }
+        }
+        .unwrap()
+    }
+
+    /// Sets a level's limit as an admin edit does (in a transaction of its own).
+    pub async fn set_limit(
+        &self,
+        level: Level,
+        id: i64,
+        reset: sluice::quota::period::Reset,
+        limit: Option<i64>,
+        now: DateTime<Utc>,
+    ) {
+        match self {
+            Store::Lite { db, .. } => {
+                let mut tx = db.write.begin_with("BEGIN IMMEDIATE").await.unwrap();
+                ledger::set_limit(&mut tx, level, id, reset, limit, now)
+                    .await
+                    .unwrap();
+                tx.commit().await.unwrap();
+            }
+            Store::Pg { db, .. } => {
+                let mut tx = db.pool.begin().await.unwrap();
+                pg::ledger::set_limit(&mut tx, &db.audit, level, id, reset, limit, now)
+                    .await
+                    .unwrap();
+                tx.commit().await.unwrap();
+            }
+        }
+    }
+
+    pub async fn top_up(&self, level: Level, id: i64, amount: i64) -> bool {
+        match self {
+            Store::Lite { db, .. } => {
+                let mut conn = db.write.acquire().await.unwrap();
+                ledger::top_up(&mut conn, level, id, amount).await.unwrap()
+            }
+            Store::Pg { db, .. } => {
+                let mut conn = db.pool.acquire().await.unwrap();
+                pg::ledger::top_up(&mut conn, level, id, amount)
+                    .await
+                    .unwrap()
+            }
+        }
+    }
+
+    pub async fn violations(&self) -> Vec<String> {
+        match self {
+            Store::Lite { db, .. } => ledger::invariant_violations(&db.read).await,
+            Store::Pg { db, .. } => pg::ledger::invariant_violations(db).await,
+        }
+        .unwrap()
+    }
+
+    /// One integer from `sql` (written in the SQL both engines read).
+    pub async fn int(&self, sql: &str) -> i64 {
+        match self {
+            Store::Lite { db, .. } => sqlx::query_scalar::<_, Option<i64>>(sql)
+                .fetch_one(&db.read)
+                .await
+                .unwrap(),
+            Store::Pg { db, .. } => sqlx::query_scalar::<_, Option<i64>>(sql)
+                .fetch_one(&db.pool)
+                .await
+                .unwrap(),
+        }
+        .unwrap_or(0)
+    }
+
+    /// One text from `sql`.
+    pub async fn text(&self, sql: &str) -> String {
+        match self {
+            Store::Lite { db, .. } => sqlx::query_scalar::<_, String>(sql)
+                .fetch_one(&db.read)
+                .await
+                .unwrap(),
+            Store::Pg { db, .. } => sqlx::query_scalar::<_, String>(sql)
+                .fetch_one(&db.pool)
+                .await
+                .unwrap(),
+        }
+    }
+
+    /// (limit, remaining, reserved) of a level's row.
+    pub async fn level(&self, table: &str, id: i64) -> (i64, i64, i64) {
+        (
+            self.int(&format!("SELECT limit_micros FROM {table} WHERE id = {id}"))
+                .await,
+            self.int(&format!(
+                "SELECT remaining_micros FROM {table} WHERE id = {id}"
+            ))
+            .await,
+            self.int(&format!(
+                "SELECT reserved_micros FROM {table} WHERE id = {id}"
+            ))
+            .await,
+        )
+    }
+
+    /// Σ ledger of `kinds` (e.g. `'reserve', 'settle'`) for a token.
+    pub async fn ledger_sum(&self, token_id: i64, kinds: &str) -> i64 {
+        self.int(&format!(
+            "SELECT CAST(COALESCE(SUM(amount_micros), 0) AS BIGINT) FROM ledger WHERE token_id = {token_id} AND kind IN ({kinds})"
+        ))
+        .await
+    }
+
+    /// Every check that must hold whenever nothing is in flight.
+    pub async fn assert_settled(&self) {
+        assert_eq!(
+            self.violations().await,
+            Vec::<String>::new(),
+            "{}",
+            self.name()
+        );
+        for table in ["tokens", "users", "teams"] {
+            assert_eq!(
+                self.int(&format!(
+                    "SELECT CAST(COALESCE(SUM(reserved_micros), 0) AS BIGINT) FROM {table}"
+                ))
+                .await,
+                0,
+                "{}: {table} still reserved",
+                self.name()
+            );
+            assert_eq!(
+                self.int(&format!(
+                    "SELECT COUNT(*) FROM {table} WHERE remaining_micros < 0"
+                ))
+                .await,
+                0,
+                "{}: {table} overdrawn",
+                self.name()
+            );
+        }
+        assert_eq!(self.int("SELECT COUNT(*) FROM reservations").await, 0);
+    }
+}
+
+static NEXT_PG_OWNER: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(1);
+
+/// `helpers::budget_owner` on PostgreSQL.
+pub async fn pg_owner(db: &PgDb, levels: &[Budget; 3]) -> Owner {
+    let id = NEXT_PG_OWNER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let at = "2026-12-01T00:00:00.000Z";
+    let [token, user, team] = levels;
+    sqlx::query("INSERT INTO teams (id, name, limit_micros, remaining_micros, reset, created_at) VALUES ($1, $2, $3, $3, $4, $5)")
+        .bind(id)
+        .bind(format!("team-{id}"))
+        .bind(team.limit)
+        .bind(team.reset)
+        .bind(at)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO users (id, username, team_id, limit_micros, remaining_micros, reset, created_at) VALUES ($1, $2, $1, $3, $3, $4, $5)")
+        .bind(id)
+        .bind(format!("user-{id}"))
+        .bind(user.limit)
+        .bind(user.reset)
+        .bind(at)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO tokens (id, user_id, token_hash, prefix, limit_micros, remaining_micros, reset, created_at)
+         VALUES ($1, $1, $2, 'abcdefgh', $3, $3, $4, $5)",
+    )
+    .bind(id)
+    .bind(id.to_be_bytes().to_vec())
+    .bind(token.limit)
+    .bind(token.reset)
+    .bind(at)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let reset = |b: &Budget| sluice::quota::period::Reset::parse(b.reset).unwrap();
+    Owner {
+        token_id: id,
+        user_id: id,
+        team_id: id,
+        resets: [reset(token), reset(user), reset(team)],
+    }
+}
+
+/// Generates `sqlite` and `postgres` tests running `$body(store)`.
+macro_rules! on_both_stores {
+    ($name:ident, $body:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$body(super::Store::sqlite().await).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                super::$body(super::Store::postgres().await).await
+            }
+        }
+    };
+}
+
+pub fn at(s: &str) -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+}
+
+pub fn clock_at(s: &str) -> Arc<ManualClock> {
+    Arc::new(ManualClock::new(at(s)))
+}
+
+fn unlimited() -> Budget {
+    Budget {
+        limit: None,
+        reset: "never",
+    }
+}
+
+fn limit(micros: i64, reset: &'static str) -> Budget {
+    Budget {
+        limit: Some(micros),
+        reset,
+    }
+}
+
+const R: i64 = 1_000;
+
+/// 200 reservations at once, from two processes (100 each, every one its own task), on a
+/// token whose budget covers exactly 100: exactly 100 admitted, 100 refused at the token
+/// level; settled at their full amount, spend is the budget to the micro-dollar.
+async fn two_hundred_reservations_for_a_budget_of_one_hundred(store: Store) {
+    let other = store.another().await;
+    let owner = store
+        .owner(&[
+            limit(100 * R, "never"),
+            unlimited(),
+            limit(1_000 * R, "monthly"),
+        ])
+        .await;
+    let clock: Arc<dyn Clock> = clock_at("2026-12-01T12:00:00Z");
+    let stores = Arc::new([store, other]);
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let (stores, owner, clock) = (stores.clone(), owner.clone(), clock.clone());
+        tasks.push(tokio::spawn(async move {
+            let s = &stores[i % 2];
+            let id = format!("r{i}");
+            let out = s
+                .reserve(&owner, &id, R, &format!("p{}", i % 2), clock)
+                .await;
+            (id, out)
+        }));
+    }
+    let mut admitted = Vec::new();
+    let mut refused = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            (id, Ok(Ok(_))) => admitted.push(id),
+            (_, Ok(Err(Refusal::Insufficient(Level::Token, None)))) => refused += 1,
+            (_, other) => panic!("{}: unexpected {other:?}", stores[0].name()),
+        }
+    }
+    assert_eq!(
+        (admitted.len(), refused),
+        (100, 100),
+        "{}",
+        stores[0].name()
+    );
+    let store = &stores[0];
+    assert_eq!(
+        store.level("tokens", owner.token_id).await,
+        (100 * R, 0, 100 * R)
+    );
+    for (i, id) in admitted.iter().enumerate() {
+        let settled = stores[i % 2]
+            .settle(id, R, clock.clone())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((settled.charged, settled.absorbed), (R, 0));
+    }
+    assert_eq!(
+        store
+            .ledger_sum(owner.token_id, "'reserve', 'settle', 'adjust'")
+            .await,
+        100 * R
+    );
+    assert_eq!(
+        store.level("teams", owner.team_id).await,
+        (1_000 * R, 900 * R, 0)
+    );
+    store.assert_settled().await;
+}
+on_both_stores!(
+    two_hundred_reservations_on_a_budget_for_one_hundred_admit_exactly_one_hundred,
+    two_hundred_reservations_for_a_budget_of_one_hundred
+);
+
+/// Reservations on both sides of midnight, under load, on a daily budget: each day's
+/// spend is within the limit, the two days add up to everything charged, and the level
+/// rolled over exactly once, with one audit row.
+async fn a_rollover_under_load(store: Store) {
+    let owner = store
+        .owner(&[limit(50 * R, "daily"), unlimited(), unlimited()])
+        .await;
+    let clock = clock_at("2026-12-01T23:59:59.000Z");
+    let dyn_clock: Arc<dyn Clock> = clock.clone();
+    let store = Arc::new(store);
+    let run = |from: usize, n: usize| {
+        let mut tasks = Vec::new();
+        for i in from..from + n {
+            let (store, owner, clock) = (store.clone(), owner.clone(), dyn_clock.clone());
+            tasks.push(tokio::spawn(async move {
+                let id = format!("d{i}");
+                match store
+                    .reserve(&owner, &id, R, "p", clock.clone())
+                    .await
+                    .unwrap()
+                {
+                    Ok(_) => {
+                        store.settle(&id, R / 2, clock).await.unwrap().unwrap();
+                        1
+                    }
+                    Err(Refusal::Insufficient(Level::Token, Some(_))) => 0,
+                    Err(other) => panic!("{other:?}"),
+                }
+            }));
+        }
+        tasks
+    };
+    let day1 = run(0, 120);
+    clock.advance(Duration::milliseconds(500));
+    let mut admitted = 0;
+    for t in day1 {
+        admitted += t.await.unwrap();
+    }
+    clock.advance(Duration::milliseconds(600)); // 2026-12-02T00:00:00.100
+    let mut day2 = 0;
+    for t in run(1_000, 120) {
+        day2 += t.await.unwrap();
+    }
+    admitted += day2;
+    let spend = |p: &'static str| {
+        let store = store.clone();
+        async move {
+            store
+                .int(&format!(
+                    "SELECT CAST(COALESCE(SUM(amount_micros), 0) AS BIGINT) FROM ledger WHERE token_id = {} AND period = '{p}' AND kind IN ('reserve', 'settle')",
+                    owner.token_id
+                ))
+                .await
+        }
+    };
+    let (d1, d2) = (spend("2026-12-01").await, spend("2026-12-02").await);
+    assert!(d1 <= 50 * R && d2 <= 50 * R, "{}: {d1} {d2}", store.name());
+    assert_eq!(d1 + d2, admitted * R / 2, "{}", store.name());
+    assert!(
+        day2 >= 50,
+        "{}: the new day admits its budget's worth ({day2})",
+        store.name()
+    );
+    assert_eq!(
+        store
+            .int(&format!(
+                "SELECT COUNT(*) FROM audit_log WHERE action = 'budget.period_reset' AND target = 'token:{}' AND after = '2026-12-02'",
+                owner.token_id
+            ))
+            .await,
+        1,
+        "{}",
+        store.name()
+    );
+    assert_eq!(
+        store
+            .text(&format!(
+                "SELECT period FROM tokens WHERE id = {}",
+                owner.token_id
+            ))
+            .await,
+        "2026-12-02"
+    );
+    store.assert_settled().await;
+}
+on_both_stores!(
+    a_period_rollover_under_load_splits_spend_between_the_periods,
+    a_rollover_under_load
+);
+
+/// Settlement is exact on both sides of the reservation: below it the rest is refunded to
+/// every level; above it the token is charged the reservation and the rest is `absorbed`.
+async fn settle_exact(store: Store) {
+    let owner = store
+        .owner(&[
+            limit(10 * R, "never"),
+            limit(20 * R, "monthly"),
+            limit(30 * R, "monthly"),
+        ])
+        .await;
+    let clock: Arc<dyn Clock> = clock_at("2026-12-01T12:00:00Z");
+    let held = store
+        .reserve(&owner, "low", 3 * R, "p", clock.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (held.remaining, held.token_remaining),
+        (Some(7 * R), Some(7 * R))
+    );
+    let s = store
+        .settle("low", 1_234, clock.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((s.charged, s.absorbed), (1_234, 0));
+    assert_eq!(s.token_remaining, Some(10 * R - 1_234));
+    assert_eq!(
+        store.level("users", owner.user_id).await,
+        (20 * R, 20 * R - 1_234, 0)
+    );
+    assert!(
+        store
+            .settle("low", 1_234, clock.clone())
+            .await
+            .unwrap()
+            .is_none(),
+        "idempotent"
+    );
+    store
+        .reserve(&owner, "high", 2 * R, "p", clock.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    let s = store
+        .settle("high", 2 * R + 777, clock.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((s.charged, s.absorbed), (2 * R, 777));
+    assert_eq!(
+        store.level("tokens", owner.token_id).await,
+        (10 * R, 10 * R - 1_234 - 2 * R, 0)
+    );
+    assert_eq!(store.ledger_sum(owner.token_id, "'absorbed'").await, 777);
+    assert_eq!(
+        store
+            .ledger_sum(owner.token_id, "'reserve', 'settle'")
+            .await,
+        1_234 + 2 * R
+    );
+    store.assert_settled().await;
+}
+on_both_stores!(
+    settlement_above_or_below_the_reservation_is_exact,
+    settle_exact
+);
+
+/// A process on another host stops beating: a survivor finds it dead, settles its
+/// reservations as orphans at their full amount and releases what they held.
+async fn orphans_of_a_dead_owner(store: Store) {
+    let survivor = store.another().await;
+    let owner = store
+        .owner(&[limit(10 * R, "never"), unlimited(), unlimited()])
+        .await;
+    let t0 = at("2026-12-01T12:00:00Z");
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(t0));
+    let dead = Me::new("dead".into(), "host-a".into());
+    let alive = Me::new("alive".into(), "host-b".into());
+    assert!(store.heartbeat(&dead, t0).await);
+    for i in 0..3 {
+        store
+            .reserve(&owner, &format!("o{i}"), R, "dead", clock.clone())
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let later = t0 + Duration::seconds(60);
+    assert!(survivor.heartbeat(&alive, later).await);
+    assert_eq!(
+        survivor
+            .dead_owners(&alive, t0 + Duration::seconds(5))
+            .await,
+        Vec::<String>::new()
+    );
+    assert_eq!(survivor.dead_owners(&alive, later).await, ["dead"]);
+    assert_eq!(
+        survivor
+            .settle_orphans(Orphans::OfOwner("dead"), later)
+            .await,
+        3
+    );
+    assert_eq!(
+        survivor
+            .settle_orphans(Orphans::OfOwner("dead"), later)
+            .await,
+        0
+    );
+    assert_eq!(
+        store.level("tokens", owner.token_id).await,
+        (10 * R, 7 * R, 0)
+    );
+    assert_eq!(
+        store
+            .int("SELECT COUNT(*) FROM ledger WHERE kind = 'orphan' AND amount_micros = 0")
+            .await,
+        3
+    );
+    assert_eq!(store.int("SELECT COUNT(*) FROM orphaned").await, 3);
+    assert_eq!(
+        survivor.dead_owners(&alive, later).await,
+        Vec::<String>::new()
+    );
+    store.assert_settled().await;
+}
+on_both_stores!(
+    orphans_of_a_dead_owner_are_settled_by_another_process,
+    orphans_of_a_dead_owner
+);
+
+/// An owner that was only stalled settles after its reservation was settled as an orphan:
+/// the overcharge is refunded, the orphan record goes, and the spend is the actual cost.
+async fn stalled_owner(store: Store) {
+    let owner = store
+        .owner(&[
+            limit(10 * R, "never"),
+            limit(10 * R, "monthly"),
+            unlimited(),
+        ])
+        .await;
+    let clock: Arc<dyn Clock> = clock_at("2026-12-01T12:00:00Z");
+    store
+        .reserve(&owner, "s1", 4 * R, "stalled", clock.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        store
+            .settle_orphans(Orphans::OfOwner("stalled"), clock.now())
+            .await,
+        1
+    );
+    assert_eq!(
+        store.level("tokens", owner.token_id).await,
+        (10 * R, 6 * R, 0)
+    );
+    // A release (the owner's sweep) leaves an orphan alone: only a settlement corrects it.
+    assert!(store.release("s1", clock.clone()).await.is_none());
+    let s = store
+        .settle("s1", 1_500, clock.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((s.charged, s.absorbed), (1_500, 0));
+    assert_eq!(
+        store.level("tokens", owner.token_id).await,
+        (10 * R, 10 * R - 1_500, 0)
+    );
+    assert_eq!(
+        store.level("users", owner.user_id).await,
+        (10 * R, 10 * R - 1_500, 0)
+    );
+    assert_eq!(store.int("SELECT COUNT(*) FROM orphaned").await, 0);
+    assert!(store
+        .settle("s1", 1_500, clock.clone())
+        .await
+        .unwrap()
+        .is_none());
+    store.assert_settled().await;
+}
+on_both_stores!(
+    a_stalled_owner_settling_after_its_orphan_refunds_the_overcharge,
+    stalled_owner
+);
+
+/// A refused reservation writes nothing: no reservation, no ledger row, no balance moved —
+/// except a due rollover, which is true either way (with its audit row).
+async fn refusal_writes_nothing(store: Store) {
+    let owner = store
+        .owner(&[
+            limit(10 * R, "never"),
+            limit(R - 1, "monthly"),
+            limit(10 * R, "monthly"),
+        ])
+        .await;
+    let clock: Arc<dyn Clock> = clock_at("2026-12-01T12:00:00Z");
+    let before = counts(&store).await;
+    match store
+        .reserve(&owner, "x", R, "p", clock.clone())
+        .await
+        .unwrap()
+    {
+        Err(Refusal::Insufficient(Level::User, Some(_))) => {}
+        other => panic!("{}: {other:?}", store.name()),
+    }
+    // The stored periods were '' (never placed): each rolled over once, with its audit row.
+    let after = counts(&store).await;
+    assert_eq!((after.0, after.1), (before.0, before.1), "{}", store.name());
+    assert_eq!(
+        after.2,
+        before.2 + 3,
+        "{}: three true rollovers",
+        store.name()
+    );
+    assert_eq!(
+        store.level("tokens", owner.token_id).await,
+        (10 * R, 10 * R, 0)
+    );
+    assert_eq!(store.level("users", owner.user_id).await, (R - 1, R - 1, 0));
+    // Refused again: nothing more at all.
+    assert!(store
+        .reserve(&owner, "x", R, "p", clock.clone())
+        .await
+        .unwrap()
+        .is_err());
+    assert_eq!(counts(&store).await, after);
+    // A revoked token is refused as gone, and nothing is written either.
+    store
+        .reserve(&owner, "ok", R - 1, "p", clock.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    store.settle("ok", 0, clock.clone()).await.unwrap().unwrap();
+    let before = counts(&store).await;
+    let revoke = format!(
+        "UPDATE tokens SET revoked_at = '2026-12-01T00:00:00.000Z' WHERE id = {}",
+        owner.token_id
+    );
+    match &store {
+        Store::Lite { db, .. } => drop(sqlx::query(&revoke).execute(&db.write).await.unwrap()),
+        Store::Pg { db, .. } => drop(sqlx::query(&revoke).execute(&db.pool).await.unwrap()),
+    }
+    assert!(matches!(
+        store
+            .reserve(&owner, "y", 1, "p", clock.clone())
+            .await
+            .unwrap(),
+        Err(Refusal::TokenGone)
+    ));
+    assert_eq!(counts(&store).await, before);
+    store.assert_settled().await;
+}
+on_both_stores!(
+    a_refused_reservation_writes_nothing_but_a_true_rollover,
+    refusal_writes_nothing
+);
+
+/// (ledger rows, reservations, audit rows).
+async fn counts(s: &Store) -> (i64, i64, i64) {
+    (
+        s.int("SELECT COUNT(*) FROM ledger").await,
+        s.int("SELECT COUNT(*) FROM reservations").await,
+        s.int("SELECT COUNT(*) FROM audit_log").await,
+    )
+}
+
+/// Admin edits between reservations: an adjustment, a lower limit, a top-up — the invariant
+/// holds after each, and a limit below the spend refuses the next reservation.
+async fn budget_edits(store: Store) {
+    use sluice::quota::period::Reset;
+    let owner = store
+        .owner(&[limit(10 * R, "monthly"), unlimited(), unlimited()])
+        .await;
+    let clock: Arc<dyn Clock> = clock_at("2026-12-01T12:00:00Z");
+    store
+        .reserve(&owner, "e1", 4 * R, "p", clock.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    store.adjust(owner.token_id, 2 * R, clock.now()).await;
+    assert_eq!(store.violations().await, Vec::<String>::new());
+    store
+        .set_limit(
+            Level::Token,
+            owner.token_id,
+            Reset::Monthly,
+            Some(5 * R),
+            clock.now(),
+        )
+        .await;
+    assert_eq!(
+        store.level("tokens", owner.token_id).await,
+        (5 * R, -R, 4 * R)
+    );
+    assert_eq!(store.violations().await, Vec::<String>::new());
+    assert!(store
+        .reserve(&owner, "e2", 1, "p", clock.clone())
+        .await
+        .unwrap()
+        .is_err());
+    store.settle("e1", R, clock.clone()).await.unwrap().unwrap();
+    assert!(store.top_up(Level::Token, owner.token_id, 5 * R).await);
+    assert!(
+        !store.top_up(Level::User, owner.user_id, 5 * R).await,
+        "unlimited"
+    );
+    assert_eq!(
+        store.level("tokens", owner.token_id).await,
+        (10 * R, 7 * R, 0)
+    );
+    store
+        .reserve(&owner, "e3", 7 * R, "p", clock.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    store
+        .settle("e3", 7 * R, clock.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    store.assert_settled().await;
+}
+on_both_stores!(budget_edits_keep_the_invariant, budget_edits);
