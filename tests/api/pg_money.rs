@@ -48,7 +48,7 @@ impl Store {
 
     async fn open_lite(dir: Arc<TempDir>) -> Store {
         let db = Db::open(&dir.path().join("money.db"), false).await.unwrap();
-        let writer = writer::Writer::start(db.write.clone());
+        let writer = writer::Writer::start(&db);
         Store::Lite { db, writer, dir }
     }
 
@@ -136,7 +136,7 @@ impl Store {
 
     pub async fn settle_orphans(&self, which: Orphans<'_>, now: DateTime<Utc>) -> u64 {
         match self {
-            Store::Lite { db, .. } => ledger::settle_orphans(&db.write, which, now).await,
+            Store::Lite { db, .. } => ledger::settle_orphans(db, which, now).await,
             Store::Pg { db, .. } => pg::ledger::settle_orphans(db, which, now).await,
         }
         .unwrap()
@@ -144,7 +144,7 @@ impl Store {
 
     pub async fn heartbeat(&self, me: &Me, now: DateTime<Utc>) -> bool {
         match self {
-            Store::Lite { db, .. } => processes::heartbeat(&db.write, me, now).await,
+            Store::Lite { db, .. } => processes::heartbeat(db, me, now).await,
             Store::Pg { db, .. } => pg::processes::heartbeat(db, me, now).await,
         }
         .unwrap()
@@ -152,7 +152,7 @@ impl Store {
 
     pub async fn dead_owners(&self, me: &Me, now: DateTime<Utc>) -> Vec<String> {
         let mut dead = match self {
-            Store::Lite { db, .. } => processes::dead_owners(&db.read, me, now).await,
+            Store::Lite { db, .. } => processes::dead_owners(db, me, now).await,
             Store::Pg { db, .. } => pg::processes::dead_owners(db, me, now).await,
         }
         .unwrap();
@@ -163,7 +163,7 @@ impl Store {
     pub async fn adjust(&self, token_id: i64, amount: i64, now: DateTime<Utc>) {
         match self {
             Store::Lite { db, .. } => {
-                ledger::adjust(&db.write, token_id, amount, "test", "admin", now).await
+                ledger::adjust(db, token_id, amount, "test", "admin", now).await
             }
             Store::Pg { db, .. } => {
                 pg::ledger::adjust(db, token_id, amount, "test", "admin", now).await
@@ -183,7 +183,7 @@ impl Store {
     ) {
         match self {
             Store::Lite { db, .. } => {
-                let mut tx = db.write.begin_with("BEGIN IMMEDIATE").await.unwrap();
+                let mut tx = db.begin().await.unwrap();
                 ledger::set_limit(&mut tx, level, id, reset, limit, now)
                     .await
                     .unwrap();
@@ -202,8 +202,10 @@ impl Store {
     pub async fn top_up(&self, level: Level, id: i64, amount: i64) -> bool {
         match self {
             Store::Lite { db, .. } => {
-                let mut conn = db.write.acquire().await.unwrap();
-                ledger::top_up(&mut conn, level, id, amount).await.unwrap()
+                let mut tx = db.begin().await.unwrap();
+                let done = ledger::top_up(&mut tx, level, id, amount).await.unwrap();
+                tx.commit().await.unwrap();
+                done
             }
             Store::Pg { db, .. } => {
                 let mut conn = db.pool.acquire().await.unwrap();
@@ -216,7 +218,7 @@ impl Store {
 
     pub async fn violations(&self) -> Vec<String> {
         match self {
-            Store::Lite { db, .. } => ledger::invariant_violations(&db.read).await,
+            Store::Lite { db, .. } => ledger::invariant_violations(db).await,
             Store::Pg { db, .. } => pg::ledger::invariant_violations(db).await,
         }
         .unwrap()
@@ -226,7 +228,7 @@ impl Store {
     pub async fn int(&self, sql: &str) -> i64 {
         match self {
             Store::Lite { db, .. } => sqlx::query_scalar::<_, Option<i64>>(sql)
-                .fetch_one(&db.read)
+                .fetch_one(&db.sqlite().read)
                 .await
                 .unwrap(),
             Store::Pg { db, .. } => sqlx::query_scalar::<_, Option<i64>>(sql)
@@ -241,7 +243,7 @@ impl Store {
     pub async fn text(&self, sql: &str) -> String {
         match self {
             Store::Lite { db, .. } => sqlx::query_scalar::<_, String>(sql)
-                .fetch_one(&db.read)
+                .fetch_one(&db.sqlite().read)
                 .await
                 .unwrap(),
             Store::Pg { db, .. } => sqlx::query_scalar::<_, String>(sql)
@@ -793,7 +795,7 @@ async fn refusal_writes_nothing(store: Store) {
         owner.token_id
     );
     match &store {
-        Store::Lite { db, .. } => drop(sqlx::query(&revoke).execute(&db.write).await.unwrap()),
+        Store::Lite { db, .. } => drop(sqlx::query(&revoke).execute(&db.sqlite().write).await.unwrap()),
         Store::Pg { db, .. } => drop(sqlx::query(&revoke).execute(&db.pool).await.unwrap()),
     }
     assert!(matches!(
