@@ -37,6 +37,10 @@ pub enum SecretError {
     NotAFile(PathBuf),
     #[error("key file {0}: {1}")]
     Io(PathBuf, std::io::Error),
+    #[error("on PostgreSQL every gateway must hold the same master key (it keys the audit chain all hosts append to): set {ENV} to 64 hex digits (`openssl rand -hex 32`), or put them in a 0600 file named by `[database] key_file`, the same on every host")]
+    SharedKeyRequired,
+    #[error("the key file {0} named by `[database] key_file` does not exist: create it once (`openssl rand -hex 32 > FILE; chmod 600 FILE`) and give every gateway host the same file")]
+    SharedKeyMissing(PathBuf),
 }
 
 /// 32 bytes, wiped on drop.
@@ -104,6 +108,21 @@ impl MasterKey {
             Ok(v) => MasterKey::from_hex(&v).ok_or(SecretError::BadEnv),
             Err(std::env::VarError::NotPresent) => MasterKey::load_or_create(&key_file_for(db)),
             Err(std::env::VarError::NotUnicode(_)) => Err(SecretError::BadEnv),
+        }
+    }
+
+    /// The key of a database several hosts share (PostgreSQL): from `SLUICE_SECRET_KEY`,
+    /// else from `key_file` — which must exist (with the same checks as a SQLite key file):
+    /// a key made up here would differ from the other hosts'.
+    pub fn for_shared_database(key_file: Option<&Path>) -> Result<MasterKey, SecretError> {
+        match std::env::var(ENV) {
+            Ok(v) if !v.trim().is_empty() => MasterKey::from_hex(&v).ok_or(SecretError::BadEnv),
+            Err(std::env::VarError::NotUnicode(_)) => Err(SecretError::BadEnv),
+            _ => match key_file {
+                Some(path) if path.exists() => MasterKey::load_or_create(path),
+                Some(path) => Err(SecretError::SharedKeyMissing(path.to_path_buf())),
+                None => Err(SecretError::SharedKeyRequired),
+            },
         }
     }
 

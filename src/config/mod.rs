@@ -136,11 +136,18 @@ impl Settings {
         if self.server.max_body_bytes < 1024 {
             return invalid("server.max_body_bytes must be at least 1024".into());
         }
-        if !self.database.url.starts_with("sqlite://") {
+        if !self.database.url.starts_with("sqlite://") && self.database_postgres_url().is_none() {
             return invalid(format!(
-                "database.url `{}` must start with sqlite://",
-                self.database.url
+                "database.url `{}` must start with sqlite:// or postgres://",
+                self.database.masked_url()
             ));
+        }
+        if self.database.key_file.is_some() && self.database_postgres_url().is_none() {
+            return invalid(
+                "database.key_file is for a postgres:// database (hosts sharing one key); with sqlite:// the key \
+                 file sits beside the database file"
+                    .into(),
+            );
         }
         if self.quota.input_margin_ratio < 1.0 || !self.quota.input_margin_ratio.is_finite() {
             return invalid("quota.input_margin_ratio must be at least 1.0".into());
@@ -281,6 +288,13 @@ impl Settings {
             p(m.output_usd_per_mtok),
             m.cached_input_usd_per_mtok.map(p).unwrap_or(input),
         )
+    }
+
+    /// The PostgreSQL URL, when `[database] url` names one (`postgres://` or
+    /// `postgresql://`).
+    pub fn database_postgres_url(&self) -> Option<&str> {
+        let url = self.database.url.as_str();
+        (url.starts_with("postgres://") || url.starts_with("postgresql://")).then_some(url)
     }
 
     /// The SQLite file this config points at (`sqlite://rel` or `sqlite:///abs`).

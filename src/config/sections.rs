@@ -53,17 +53,59 @@ impl Default for ServerSettings {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+/// `[database]`: `sqlite://path` (the embedded default) or `postgres://user:pass@host/db`
+/// (several hosts on one database). Printed (`check-config`, `Debug`) with the URL's
+/// password masked.
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DatabaseSettings {
     pub url: String,
+    /// PostgreSQL only: a file holding the master key every host shares (64 hex digits,
+    /// mode 0600), when `SLUICE_SECRET_KEY` is not set. It is never created: each host must
+    /// hold the same key, so the operator makes it once and gives it to each.
+    pub key_file: Option<std::path::PathBuf>,
 }
 
 impl Default for DatabaseSettings {
     fn default() -> Self {
         Self {
             url: "sqlite://data/sluice.db".into(),
+            key_file: None,
         }
+    }
+}
+
+impl DatabaseSettings {
+    /// The URL with its password (if any) masked.
+    pub fn masked_url(&self) -> String {
+        match url::Url::parse(&self.url) {
+            Ok(mut u) if u.password().is_some() => {
+                let _ = u.set_password(Some("****"));
+                u.to_string()
+            }
+            _ => self.url.clone(),
+        }
+    }
+}
+
+impl std::fmt::Debug for DatabaseSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatabaseSettings")
+            .field("url", &self.masked_url())
+            .field("key_file", &self.key_file)
+            .finish()
+    }
+}
+
+impl Serialize for DatabaseSettings {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("DatabaseSettings", 2)?;
+        st.serialize_field("url", &self.masked_url())?;
+        if let Some(k) = &self.key_file {
+            st.serialize_field("key_file", k)?;
+        }
+        st.end()
     }
 }
 

@@ -15,7 +15,7 @@ pub async fn create(
 ) -> Result<i64> {
     let exists: Option<i64> = sqlx::query_scalar("SELECT id FROM admins WHERE username = ?")
         .bind(username)
-        .fetch_optional(tx.sqlite())
+        .fetch_optional(tx.sqlite()?)
         .await?;
     if exists.is_some() {
         return Err(StoreError::Conflict(format!(
@@ -30,6 +30,6 @@ pub async fn create(
     .bind(role)
     .bind(team_id)
     .bind(db_time(now))
-    .fetch_one(tx.sqlite())
+    .fetch_one(tx.sqlite()?)
     .await?)
 }

@@ -177,7 +177,7 @@ pub async fn append(
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<()> {
     let prev: Option<String> = sqlx::query_scalar(LAST_HASH)
-        .fetch_optional(tx.sqlite())
+        .fetch_optional(tx.sqlite()?)
         .await?;
     let prev = prev.unwrap_or_else(|| GENESIS.to_string());
     sqlx::query(INSERT)
@@ -189,7 +189,7 @@ pub async fn append(
         .bind(e.after)
         .bind(db_time(now))
         .bind(&prev)
-        .execute(tx.sqlite())
+        .execute(tx.sqlite()?)
         .await?;
     Ok(())
 }
@@ -253,7 +253,9 @@ pub struct Broken {
 /// Walks the whole chain. Every row must link to the one before it and carry its MAC (or,
 /// for the sealed legacy prefix, its SHA-256).
 pub async fn verify(db: &super::Db, keys: &AuditKeys) -> Result<ChainState> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("audit"));
+    };
     let pool = &sqlite.read;
     let rows = sqlx::query("SELECT id, actor, address, action, target, before, after, created_at, prev_hash, hash, chain FROM audit_log ORDER BY id")
         .fetch_all(pool)
@@ -318,7 +320,9 @@ pub async fn verify(db: &super::Db, keys: &AuditKeys) -> Result<ChainState> {
 /// first, so an intact log answers at its first row; `false` only when not one row does,
 /// which is what another key looks like (an edit leaves the other rows verifying).
 pub async fn signed_with(db: &super::Db, keys: &AuditKeys) -> Result<Option<bool>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("audit"));
+    };
     let pool = &sqlite.read;
     use futures_util::TryStreamExt;
     let mut rows = sqlx::query(
@@ -357,7 +361,7 @@ pub async fn tip(tx: &mut super::Tx) -> Result<(i64, i64, String)> {
                 (SELECT id FROM audit_log ORDER BY id DESC LIMIT 1),
                 (SELECT hash FROM audit_log ORDER BY id DESC LIMIT 1)",
     )
-    .fetch_one(tx.sqlite())
+    .fetch_one(tx.sqlite()?)
     .await?;
     Ok((
         row.0,
@@ -372,7 +376,7 @@ pub async fn head_started(tx: &mut super::Tx) -> Result<Option<(i64, String)>> {
         "SELECT id, created_at FROM audit_log WHERE action = ? ORDER BY id DESC LIMIT 1",
     )
     .bind(HEAD_STARTED)
-    .fetch_optional(tx.sqlite())
+    .fetch_optional(tx.sqlite()?)
     .await?)
 }
 
@@ -387,7 +391,7 @@ pub async fn holds(tx: &mut super::Tx, rows: i64, last_id: i64, last_hash: &str)
                 (SELECT COUNT(*) FROM audit_log WHERE id <= ?1)",
     )
     .bind(last_id)
-    .fetch_one(tx.sqlite())
+    .fetch_one(tx.sqlite()?)
     .await?;
     Ok(hash.as_deref() == Some(last_hash) && upto == rows)
 }

@@ -16,7 +16,9 @@ impl Db {
     /// Writes a consistent copy of the whole database into `path` (an empty file, whose
     /// mode the copy keeps) while the gateway goes on serving.
     pub async fn backup_into(&self, path: &Path) -> Result<()> {
-        let Backend::Sqlite(sqlite) = &self.backend;
+        let Backend::Sqlite(sqlite) = &self.backend else {
+            return Err(super::StoreError::unsupported("backup"));
+        };
         sqlx::query("VACUUM INTO ?")
             .bind(path.to_string_lossy().to_string())
             .execute(&sqlite.read)

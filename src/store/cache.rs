@@ -33,7 +33,9 @@ pub struct NewEntry {
 }
 
 pub async fn get(db: &super::Db, key: &[u8], now: DateTime<Utc>) -> Result<Option<EntryRow>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("cache"));
+    };
     let pool = &sqlite.read;
     Ok(sqlx::query_as("SELECT key, answer, input_tokens, output_tokens, expires_at FROM cache_entries WHERE key = ? AND expires_at > ?")
         .bind(key)
@@ -77,7 +79,9 @@ pub type IndexRow = (i64, Vec<u8>, Option<Vec<u8>>, Option<Vec<u8>>);
 /// Live entries stored after rowid `after` (0: all), oldest first: what the in-memory
 /// indexes (keys present, semantic candidates) are built and kept fresh from.
 pub async fn index_rows(db: &super::Db, after: i64, now: DateTime<Utc>) -> Result<Vec<IndexRow>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("cache"));
+    };
     let pool = &sqlite.read;
     Ok(sqlx::query_as(
         "SELECT rowid, key, context_hash, vector FROM cache_entries WHERE rowid > ? AND expires_at > ? ORDER BY rowid",
@@ -95,7 +99,9 @@ pub async fn keys_after(
     after: i64,
     now: DateTime<Utc>,
 ) -> Result<Vec<(i64, Vec<u8>)>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("cache"));
+    };
     let pool = &sqlite.read;
     Ok(sqlx::query_as(
         "SELECT rowid, key FROM cache_entries WHERE rowid > ? AND expires_at > ? ORDER BY rowid",
@@ -116,11 +122,11 @@ pub async fn delete_tag(db: &super::Db, tag: &str) -> Result<Vec<Vec<u8>>> {
     let keys: Vec<Vec<u8>> =
         sqlx::query_scalar("DELETE FROM cache_entries WHERE instr(tags, ?) > 0 RETURNING key")
             .bind(needle)
-            .fetch_all(tx.sqlite())
+            .fetch_all(tx.sqlite()?)
             .await?;
     if !keys.is_empty() {
         sqlx::query("UPDATE meta SET value = value + 1 WHERE key = 'cache_epoch'")
-            .execute(tx.sqlite())
+            .execute(tx.sqlite()?)
             .await?;
     }
     tx.commit().await?;
@@ -129,7 +135,9 @@ pub async fn delete_tag(db: &super::Db, tag: &str) -> Result<Vec<Vec<u8>>> {
 
 /// Deletes expired entries and, past `max_entries`, the oldest ones; returns how many.
 pub async fn evict(db: &super::Db, max_entries: u64, now: DateTime<Utc>) -> Result<u64> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("cache"));
+    };
     let pool = &sqlite.write;
     let expired = sqlx::query("DELETE FROM cache_entries WHERE expires_at <= ?")
         .bind(db_time(now))
@@ -153,7 +161,9 @@ pub async fn evict(db: &super::Db, max_entries: u64, now: DateTime<Utc>) -> Resu
 }
 
 pub async fn epoch(db: &super::Db) -> Result<i64> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("cache"));
+    };
     let pool = &sqlite.read;
     Ok(
         sqlx::query_scalar("SELECT value FROM meta WHERE key = 'cache_epoch'")
@@ -181,7 +191,9 @@ pub async fn budget_remaining(
     owner: &super::ledger::Owner,
     now: DateTime<Utc>,
 ) -> Result<Option<i64>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("cache"));
+    };
     let pool = &sqlite.read;
     let rows: Vec<(i64, Option<i64>, Option<i64>, String)> = sqlx::query_as(
         "SELECT 0, limit_micros, remaining_micros, period FROM tokens WHERE id = ?1

@@ -28,7 +28,9 @@ const TEAM_SELECT: &str = "SELECT tm.id, tm.name, tm.limit_micros, tm.remaining_
      FROM teams tm";
 
 pub async fn teams(db: &super::Db, scope: Option<i64>) -> Result<Vec<TeamRow>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("directory"));
+    };
     let pool = &sqlite.read;
     Ok(sqlx::query_as(&format!(
         "{TEAM_SELECT} WHERE (?1 IS NULL OR tm.id = ?1) ORDER BY tm.name"
@@ -41,7 +43,7 @@ pub async fn teams(db: &super::Db, scope: Option<i64>) -> Result<Vec<TeamRow>> {
 pub async fn team(tx: &mut super::Tx, id: i64) -> Result<Option<TeamRow>> {
     Ok(sqlx::query_as(&format!("{TEAM_SELECT} WHERE tm.id = ?"))
         .bind(id)
-        .fetch_optional(tx.sqlite())
+        .fetch_optional(tx.sqlite()?)
         .await?)
 }
 
@@ -68,7 +70,9 @@ const MEMBER_SELECT: &str = "SELECT u.id, u.username, u.team_id, tm.name AS team
      FROM users u JOIN teams tm ON tm.id = u.team_id";
 
 pub async fn members(db: &super::Db, scope: Option<i64>) -> Result<Vec<MemberRow>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("directory"));
+    };
     let pool = &sqlite.read;
     Ok(sqlx::query_as(&format!(
         "{MEMBER_SELECT} WHERE (?1 IS NULL OR u.team_id = ?1) ORDER BY tm.name, u.username"
@@ -81,7 +85,7 @@ pub async fn members(db: &super::Db, scope: Option<i64>) -> Result<Vec<MemberRow
 pub async fn member(tx: &mut super::Tx, id: i64) -> Result<Option<MemberRow>> {
     Ok(sqlx::query_as(&format!("{MEMBER_SELECT} WHERE u.id = ?"))
         .bind(id)
-        .fetch_optional(tx.sqlite())
+        .fetch_optional(tx.sqlite()?)
         .await?)
 }
 
@@ -101,7 +105,9 @@ const LOGIN_SELECT: &str =
      FROM admins a LEFT JOIN teams tm ON tm.id = a.team_id";
 
 pub async fn logins(db: &super::Db, scope: Option<i64>) -> Result<Vec<LoginRow>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("directory"));
+    };
     let pool = &sqlite.read;
     Ok(sqlx::query_as(&format!(
         "{LOGIN_SELECT} WHERE (?1 IS NULL OR a.team_id = ?1) ORDER BY a.username"
@@ -114,7 +120,7 @@ pub async fn logins(db: &super::Db, scope: Option<i64>) -> Result<Vec<LoginRow>>
 pub async fn login(tx: &mut super::Tx, id: i64) -> Result<Option<LoginRow>> {
     Ok(sqlx::query_as(&format!("{LOGIN_SELECT} WHERE a.id = ?"))
         .bind(id)
-        .fetch_optional(tx.sqlite())
+        .fetch_optional(tx.sqlite()?)
         .await?)
 }
 
@@ -124,7 +130,7 @@ pub async fn username_taken(tx: &mut super::Tx, username: &str) -> Result<bool> 
         "SELECT (SELECT COUNT(*) FROM users WHERE username = ?1) + (SELECT COUNT(*) FROM admins WHERE username = ?1)",
     )
     .bind(username)
-    .fetch_one(tx.sqlite())
+    .fetch_one(tx.sqlite()?)
     .await?;
     Ok(n > 0)
 }
@@ -144,7 +150,7 @@ pub async fn update_member(tx: &mut super::Tx, id: i64, e: &MemberEdit) -> Resul
             .bind(e.rpm)
             .bind(e.tpm)
             .bind(id)
-            .execute(tx.sqlite())
+            .execute(tx.sqlite()?)
             .await?
             .rows_affected();
     if done == 0 {
@@ -165,7 +171,7 @@ pub async fn update_login(tx: &mut super::Tx, id: i64, e: &LoginEdit<'_>) -> Res
         .bind(e.team_id)
         .bind(e.disabled)
         .bind(id)
-        .execute(tx.sqlite())
+        .execute(tx.sqlite()?)
         .await?
         .rows_affected();
     if done == 0 {

@@ -189,7 +189,7 @@ async fn current_period(
     let sql = &SQL[level.idx()];
     let stored: String = sqlx::query_scalar(&sql.period)
         .bind(id)
-        .fetch_optional(tx.sqlite())
+        .fetch_optional(tx.sqlite()?)
         .await?
         .ok_or_else(|| StoreError::NotFound(format!("{} {id}", level.as_str())))?;
     let (key, rolls) = reset.place(&stored, now);
@@ -200,7 +200,7 @@ async fn current_period(
         .bind(&key)
         .bind(id)
         .bind(&stored)
-        .fetch_optional(tx.sqlite())
+        .fetch_optional(tx.sqlite()?)
         .await?;
     if rolled.is_some() {
         let target = format!("{}:{id}", level.as_str());
@@ -244,7 +244,7 @@ async fn ledger_row(
         .bind(request_id)
         .bind(reason)
         .bind(db_time(now))
-        .execute(tx.sqlite())
+        .execute(tx.sqlite()?)
         .await?;
     Ok(())
 }
@@ -260,7 +260,9 @@ pub async fn reserve(
     r: &ReserveRequest<'_>,
     now: DateTime<Utc>,
 ) -> Result<std::result::Result<Reservation, Refusal>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("ledger"));
+    };
     let pool = &sqlite.write;
     writer::once(pool, |tx| reserve_tx(tx, r, now)).await
 }
@@ -286,7 +288,9 @@ pub async fn settle(
     actual: i64,
     now: DateTime<Utc>,
 ) -> Result<Option<Settled>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("ledger"));
+    };
     let pool = &sqlite.write;
     writer::once(pool, |tx| settle_tx(tx, request_id, actual, now)).await
 }
@@ -325,7 +329,7 @@ pub async fn settle_orphans(db: &super::Db, which: Orphans<'_>, now: DateTime<Ut
         Some(o) => keep.bind(o),
         None => keep,
     }
-    .execute(tx.sqlite())
+    .execute(tx.sqlite()?)
     .await?;
     let take = format!("DELETE FROM reservations WHERE {which_rows} RETURNING {COLUMNS}");
     let take = sqlx::query(&take);
@@ -333,7 +337,7 @@ pub async fn settle_orphans(db: &super::Db, which: Orphans<'_>, now: DateTime<Ut
         Some(o) => take.bind(o),
         None => take,
     }
-    .fetch_all(tx.sqlite())
+    .fetch_all(tx.sqlite()?)
     .await?;
     for r in &rows {
         let owner = Owner {
@@ -349,7 +353,7 @@ pub async fn settle_orphans(db: &super::Db, which: Orphans<'_>, now: DateTime<Ut
             sqlx::query(&SQL[level.idx()].release)
                 .bind(amount)
                 .bind(owner.id(level))
-                .execute(tx.sqlite())
+                .execute(tx.sqlite()?)
                 .await?;
         }
         let request_id: String = r.get("request_id");
@@ -381,7 +385,9 @@ pub async fn settle_orphans(db: &super::Db, which: Orphans<'_>, now: DateTime<Ut
 /// registered owner (alive, or back from a stall) may still settle them, whatever the
 /// clock of the process that prunes says.
 pub async fn prune_orphaned(db: &super::Db, before: DateTime<Utc>) -> Result<u64> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("ledger"));
+    };
     let pool = &sqlite.write;
     Ok(sqlx::query(
         "DELETE FROM orphaned WHERE created_at < ? AND owner NOT IN (SELECT id FROM processes)",
@@ -394,7 +400,9 @@ pub async fn prune_orphaned(db: &super::Db, before: DateTime<Utc>) -> Result<u64
 
 /// This process's open reservations: request id and deadline.
 pub async fn own_reservations(db: &super::Db, owner: &str) -> Result<Vec<(String, String)>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("ledger"));
+    };
     let pool = &sqlite.read;
     Ok(
         sqlx::query_as("SELECT request_id, deadline FROM reservations WHERE owner = ?")
@@ -416,7 +424,7 @@ pub async fn renew_leases(
         sqlx::query("UPDATE reservations SET deadline = ? WHERE request_id = ?")
             .bind(&deadline)
             .bind(id)
-            .execute(tx.sqlite())
+            .execute(tx.sqlite()?)
             .await?;
     }
     tx.commit().await?;
@@ -430,7 +438,7 @@ pub async fn owner_of(tx: &mut super::Tx, token_id: i64) -> Result<Owner> {
          FROM tokens t JOIN users u ON u.id = t.user_id JOIN teams tm ON tm.id = u.team_id WHERE t.id = ?",
     )
     .bind(token_id)
-    .fetch_optional(tx.sqlite())
+    .fetch_optional(tx.sqlite()?)
     .await?
     .ok_or_else(|| StoreError::NotFound(format!("token {token_id}")))?;
     let reset = |col: &str| Reset::parse(row.get::<&str, _>(col)).unwrap_or(Reset::Never);
@@ -463,7 +471,7 @@ pub async fn adjust(
             .bind(amount)
             .bind(id)
             .bind(&periods[level.idx()])
-            .execute(tx.sqlite())
+            .execute(tx.sqlite()?)
             .await?;
     }
     ledger_row(
@@ -507,7 +515,7 @@ pub async fn set_limit(
         .bind(limit)
         .bind(id)
         .bind(&period)
-        .execute(tx.sqlite())
+        .execute(tx.sqlite()?)
         .await?;
     Ok(())
 }
@@ -517,7 +525,7 @@ pub async fn top_up(tx: &mut super::Tx, level: Level, id: i64, amount: i64) -> R
     Ok(sqlx::query(&SQL[level.idx()].top_up)
         .bind(amount)
         .bind(id)
-        .execute(tx.sqlite())
+        .execute(tx.sqlite()?)
         .await?
         .rows_affected()
         == 1)
@@ -533,7 +541,9 @@ pub struct Balance {
 }
 
 pub async fn balance(db: &super::Db, token_id: i64, now: DateTime<Utc>) -> Result<Balance> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("ledger"));
+    };
     let pool = &sqlite.read;
     let row = sqlx::query("SELECT limit_micros, remaining_micros, reserved_micros, reset, period FROM tokens WHERE id = ?")
         .bind(token_id)
@@ -569,7 +579,9 @@ pub async fn balance(db: &super::Db, token_id: i64, now: DateTime<Utc>) -> Resul
 /// Levels whose `limit − remaining` differs from their ledger sum for the current period,
 /// described for a person (empty when the invariant holds everywhere).
 pub async fn invariant_violations(db: &super::Db) -> Result<Vec<String>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("ledger"));
+    };
     let pool = &sqlite.read;
     let mut out = Vec::new();
     for (table, id_col, period_col) in [
@@ -597,7 +609,9 @@ pub async fn invariant_violations(db: &super::Db) -> Result<Vec<String>> {
 
 /// Reservations a process still holds.
 pub async fn open_reservations(db: &super::Db, owner: &str) -> Result<i64> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("ledger"));
+    };
     let pool = &sqlite.read;
     Ok(
         sqlx::query_scalar("SELECT COUNT(*) FROM reservations WHERE owner = ?")

@@ -59,6 +59,17 @@ pub enum StoreError {
     WriterGone,
     #[error(transparent)]
     Secret(#[from] crate::secrets::SecretError),
+    /// What this engine does not do (a file backup of a PostgreSQL database: `pg_dump`'s
+    /// job), named for the operator.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+impl StoreError {
+    /// A store operation this engine does not do (yet); `what` names it for the operator.
+    pub(crate) fn unsupported(what: &str) -> StoreError {
+        StoreError::Unsupported(format!("{what} is not available on this database engine"))
+    }
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
@@ -77,6 +88,7 @@ pub struct Db {
 #[derive(Clone, Debug)]
 enum Backend {
     Sqlite(SqlitePools),
+    Postgres(pg::PgDb),
 }
 
 /// The SQLite engine's two pools. Code outside the store never sees them; tests reach them
@@ -98,25 +110,44 @@ pub struct Tx {
 
 enum TxInner {
     Sqlite(sqlx::Transaction<'static, sqlx::Sqlite>),
+    Postgres {
+        tx: sqlx::Transaction<'static, sqlx::Postgres>,
+        audit: Arc<audit::AuditKeys>,
+    },
 }
 
 impl Tx {
     pub async fn commit(self) -> Result<()> {
         match self.inner {
             TxInner::Sqlite(tx) => Ok(tx.commit().await?),
+            TxInner::Postgres { tx, .. } => Ok(tx.commit().await?),
         }
     }
 
     pub async fn rollback(self) -> Result<()> {
         match self.inner {
             TxInner::Sqlite(tx) => Ok(tx.rollback().await?),
+            TxInner::Postgres { tx, .. } => Ok(tx.rollback().await?),
         }
     }
 
-    /// The SQLite connection this transaction runs on (store functions only).
-    pub(in crate::store) fn sqlite(&mut self) -> &mut sqlx::SqliteConnection {
+    /// The SQLite connection this transaction runs on (store functions only); an error
+    /// naming `what` on another engine.
+    pub(in crate::store) fn sqlite(&mut self) -> Result<&mut sqlx::SqliteConnection> {
         match &mut self.inner {
-            TxInner::Sqlite(tx) => tx,
+            TxInner::Sqlite(tx) => Ok(tx),
+            TxInner::Postgres { .. } => Err(StoreError::unsupported("this operation")),
+        }
+    }
+
+    /// The PostgreSQL connection this transaction runs on and the audit chain's keys (store
+    /// functions only), or `None` on SQLite.
+    pub(in crate::store) fn pg(
+        &mut self,
+    ) -> Option<(&mut sqlx::PgConnection, &Arc<audit::AuditKeys>)> {
+        match &mut self.inner {
+            TxInner::Postgres { tx, audit } => Some((tx, audit)),
+            TxInner::Sqlite(_) => None,
         }
     }
 }
@@ -128,8 +159,26 @@ impl Db {
     /// Opens the database `[database] url` names (creating a SQLite file and its folder
     /// when missing) and migrates it.
     pub async fn connect(settings: &crate::config::Settings) -> Result<Db> {
+        if let Some(url) = settings.database_postgres_url() {
+            let key = crate::secrets::MasterKey::for_shared_database(
+                settings.database.key_file.as_deref(),
+            )?;
+            return Db::open_postgres(url, &key).await;
+        }
         let synchronous_full = settings.quota.synchronous == "full";
         Db::open(&settings.database_path(), synchronous_full).await
+    }
+
+    /// Connects to the PostgreSQL database at `url` (`postgres://…`) and migrates it. Every
+    /// host on it must hold the same master key (`key`): it keys the audit chain they all
+    /// append to.
+    pub async fn open_postgres(url: &str, key: &crate::secrets::MasterKey) -> Result<Db> {
+        let keys = Arc::new(audit::AuditKeys::derive(key));
+        let pg = pg::PgDb::connect(url, keys.clone()).await?;
+        Ok(Db {
+            backend: Backend::Postgres(pg),
+            audit: keys,
+        })
     }
 
     /// Opens (creating the file and its folder when missing) and migrates the SQLite
@@ -200,15 +249,51 @@ impl Db {
     pub fn sqlite(&self) -> &SqlitePools {
         match &self.backend {
             Backend::Sqlite(p) => p,
+            // Tests only: a test that checks SQLite's files was handed another engine.
+            Backend::Postgres(_) => panic!("a SQLite check on a PostgreSQL database"),
         }
     }
 
-    /// Begins a write transaction (see `Tx`).
+    /// The PostgreSQL database, for tests that check what was written (`None` on SQLite).
+    /// Production code never calls it (`tests/api/store_boundary.rs`).
+    #[doc(hidden)]
+    pub fn postgres(&self) -> Option<&pg::PgDb> {
+        match &self.backend {
+            Backend::Postgres(p) => Some(p),
+            Backend::Sqlite(_) => None,
+        }
+    }
+
+    /// Which engine holds the database, for the operator (logs, `/readyz`, `sluice status`).
+    pub fn engine(&self) -> &'static str {
+        match &self.backend {
+            Backend::Sqlite(_) => "sqlite",
+            Backend::Postgres(_) => "postgres",
+        }
+    }
+
+    /// Begins a write transaction (see `Tx`). On PostgreSQL every host's admin and CLI
+    /// write transactions take one advisory lock first, so they run one at a time as they
+    /// do on SQLite's single writer (their read-then-write checks stay true until commit);
+    /// the money path does not take it (its rows are locked one by one, `pg::ledger`).
     pub async fn begin(&self) -> Result<Tx> {
         match &self.backend {
             Backend::Sqlite(p) => Ok(Tx {
                 inner: TxInner::Sqlite(p.write.begin_with("BEGIN IMMEDIATE").await?),
             }),
+            Backend::Postgres(p) => {
+                let mut tx = p.pool.begin().await?;
+                sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                    .bind(pg::ADMIN_WRITE_LOCK)
+                    .execute(&mut *tx)
+                    .await?;
+                Ok(Tx {
+                    inner: TxInner::Postgres {
+                        tx,
+                        audit: p.audit.clone(),
+                    },
+                })
+            }
         }
     }
 
@@ -219,26 +304,46 @@ impl Db {
             Backend::Sqlite(p) => Ok(Tx {
                 inner: TxInner::Sqlite(p.read.begin().await?),
             }),
+            Backend::Postgres(p) => {
+                let tx = p
+                    .pool
+                    .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                    .await?;
+                Ok(Tx {
+                    inner: TxInner::Postgres {
+                        tx,
+                        audit: p.audit.clone(),
+                    },
+                })
+            }
         }
     }
 
     /// Begins a read on this process's write connection: it sees every write this process
     /// committed, and begins only once this process's write transaction in flight (if any)
-    /// has ended. It takes no write lock (on SQLite: a deferred `BEGIN`).
+    /// has ended. It takes no write lock (on SQLite: a deferred `BEGIN`). On PostgreSQL a
+    /// commit is seen by every later transaction, so it is a snapshot like `begin_read`.
     pub async fn begin_read_after_writes(&self) -> Result<Tx> {
         match &self.backend {
             Backend::Sqlite(p) => Ok(Tx {
                 inner: TxInner::Sqlite(p.write.begin().await?),
             }),
+            Backend::Postgres(_) => self.begin_read().await,
         }
     }
 
-    /// `PRAGMA integrity_check`: "ok" or the first problem found.
+    /// `PRAGMA integrity_check` on SQLite: "ok" or the first problem found. PostgreSQL
+    /// checks its own pages (data checksums, `amcheck`); there it answers "ok" once the
+    /// server answers at all.
     pub async fn integrity_check(&self) -> Result<String> {
         match &self.backend {
             Backend::Sqlite(p) => Ok(sqlx::query_scalar("PRAGMA integrity_check")
                 .fetch_one(&p.read)
                 .await?),
+            Backend::Postgres(p) => {
+                sqlx::query("SELECT 1").execute(&p.pool).await?;
+                Ok("ok".into())
+            }
         }
     }
 
@@ -248,6 +353,7 @@ impl Db {
                 p.read.close().await;
                 p.write.close().await;
             }
+            Backend::Postgres(p) => p.close().await,
         }
     }
 }
@@ -283,10 +389,15 @@ fn private_files(path: &Path) -> Result<()> {
 
 /// Whether every migration this binary carries has been applied to the database.
 pub async fn migrations_applied(db: &Db) -> Result<bool> {
-    let Backend::Sqlite(p) = &db.backend;
-    let applied: i64 =
-        sqlx::query_scalar("SELECT COUNT(*) FROM _sqlx_migrations WHERE success = 1")
-            .fetch_one(&p.read)
-            .await?;
-    Ok(applied as usize >= sqlx::migrate!("./migrations/sqlite").migrations.len())
+    const APPLIED: &str = "SELECT COUNT(*) FROM _sqlx_migrations WHERE success";
+    Ok(match &db.backend {
+        Backend::Sqlite(p) => {
+            let applied: i64 = sqlx::query_scalar(APPLIED).fetch_one(&p.read).await?;
+            applied as usize >= sqlx::migrate!("./migrations/sqlite").migrations.len()
+        }
+        Backend::Postgres(p) => {
+            let applied: i64 = sqlx::query_scalar(APPLIED).fetch_one(&p.pool).await?;
+            applied as usize >= sqlx::migrate!("./migrations/postgres").migrations.len()
+        }
+    })
 }

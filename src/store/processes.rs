@@ -47,7 +47,9 @@ impl Me {
 /// a heartbeat. Returns `true` when the row had to be created (at start, or because
 /// another process pruned it as gone while this one stalled).
 pub async fn heartbeat(db: &super::Db, me: &Me, now: DateTime<Utc>) -> Result<bool> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("processes"));
+    };
     let pool = &sqlite.write;
     let now = db_time(now);
     let beat = sqlx::query("UPDATE processes SET heartbeat_at = ? WHERE id = ?")
@@ -76,7 +78,9 @@ pub async fn heartbeat(db: &super::Db, me: &Me, now: DateTime<Utc>) -> Result<bo
 /// Forgets every registration (a restored copy: the gateways registered in it ran on the
 /// database it was taken from, not on this one).
 pub async fn forget_all(db: &super::Db) -> Result<()> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("processes"));
+    };
     sqlx::query("DELETE FROM processes")
         .execute(&sqlite.write)
         .await?;
@@ -84,7 +88,9 @@ pub async fn forget_all(db: &super::Db) -> Result<()> {
 }
 
 pub async fn unregister(db: &super::Db, id: &str) -> Result<()> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("processes"));
+    };
     let pool = &sqlite.write;
     sqlx::query("DELETE FROM processes WHERE id = ?")
         .bind(id)
@@ -95,7 +101,9 @@ pub async fn unregister(db: &super::Db, id: &str) -> Result<()> {
 
 /// Owners of reservations that are no longer running (see the module doc).
 pub async fn dead_owners(db: &super::Db, me: &Me, now: DateTime<Utc>) -> Result<Vec<String>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("processes"));
+    };
     let pool = &sqlite.read;
     // (owner, host, pid, pid start, heartbeat_at) of every other owner of open reservations.
     type OwnerRow = (
@@ -127,7 +135,9 @@ pub async fn dead_owners(db: &super::Db, me: &Me, now: DateTime<Utc>) -> Result<
 /// Removes process rows that are gone and hold nothing any more. A process on this host
 /// whose pid is alive is kept, however stale its heartbeat.
 pub async fn prune(db: &super::Db, me: &Me, now: DateTime<Utc>) -> Result<()> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("processes"));
+    };
     let pool = &sqlite.write;
     type ProcRow = (String, String, i64, Option<i64>);
     let stale: Vec<ProcRow> = sqlx::query_as(

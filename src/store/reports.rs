@@ -17,7 +17,9 @@ pub struct Totals {
 
 /// Spend, request count and non-2xx count since `from` (a database time string).
 pub async fn totals(db: &super::Db, scope: Option<i64>, from: &str) -> Result<Totals> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("reports"));
+    };
     let pool = &sqlite.read;
     let (spend, requests, errors): (i64, i64, i64) = sqlx::query_as(
         "SELECT COALESCE(SUM(cost_micros), 0), COUNT(*), COALESCE(SUM(status NOT BETWEEN 200 AND 299), 0)
@@ -101,7 +103,9 @@ pub async fn spend(
     from: &str,
     to: &str,
 ) -> Result<Vec<SpendRow>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("reports"));
+    };
     let pool = &sqlite.read;
     let (label, group) = by.sql();
     let order = if by == GroupBy::Day {
@@ -140,7 +144,9 @@ pub async fn top_tokens(
     from: &str,
     n: i64,
 ) -> Result<Vec<TopToken>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("reports"));
+    };
     let pool = &sqlite.read;
     Ok(sqlx::query_as(
         "SELECT r.token_id, t.prefix, u.username AS user, SUM(r.cost_micros) AS spend_micros, COUNT(*) AS requests
@@ -198,7 +204,9 @@ pub async fn requests(
     limit: i64,
     offset: i64,
 ) -> Result<Vec<RequestLine>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("reports"));
+    };
     let pool = &sqlite.read;
     let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
         "SELECT r.id, r.created_at, tm.name AS team, u.username AS user, r.token_id, t.prefix, r.endpoint, r.model,
@@ -265,7 +273,9 @@ pub async fn audit(
     limit: i64,
     offset: i64,
 ) -> Result<Vec<AuditLine>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("reports"));
+    };
     let pool = &sqlite.read;
     let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
         "SELECT id, actor, address, action, target, before, after, created_at FROM audit_log WHERE 1 = 1",

@@ -118,14 +118,14 @@ pub async fn insert_batch(db: &super::Db, rows: &[RequestRow]) -> Result<()> {
         .bind(&r.cache_key)
         .bind(r.cache_similarity)
         .bind(&r.created_at)
-        .execute(tx.sqlite())
+        .execute(tx.sqlite()?)
         .await?;
     }
     for (token, at) in last_used(rows) {
         sqlx::query("UPDATE tokens SET last_used_at = ? WHERE id = ?")
             .bind(at)
             .bind(token)
-            .execute(tx.sqlite())
+            .execute(tx.sqlite()?)
             .await?;
     }
     tx.commit().await?;

@@ -22,7 +22,9 @@ pub struct AdminRow {
 const ADMIN_COLS: &str = "a.id, a.username, a.role, a.team_id, a.password_hash, a.disabled";
 
 pub async fn admin_by_name(db: &super::Db, username: &str) -> Result<Option<AdminRow>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("sessions"));
+    };
     let pool = &sqlite.read;
     Ok(sqlx::query_as(&format!(
         "SELECT {ADMIN_COLS} FROM admins a WHERE a.username = ?"
@@ -33,7 +35,9 @@ pub async fn admin_by_name(db: &super::Db, username: &str) -> Result<Option<Admi
 }
 
 pub async fn admin_by_id(db: &super::Db, id: i64) -> Result<Option<AdminRow>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("sessions"));
+    };
     let pool = &sqlite.read;
     Ok(
         sqlx::query_as(&format!("SELECT {ADMIN_COLS} FROM admins a WHERE a.id = ?"))
@@ -47,7 +51,7 @@ pub async fn set_password_hash(tx: &mut super::Tx, id: i64, hash: &str) -> Resul
     sqlx::query("UPDATE admins SET password_hash = ? WHERE id = ?")
         .bind(hash)
         .bind(id)
-        .execute(tx.sqlite())
+        .execute(tx.sqlite()?)
         .await?;
     Ok(())
 }
@@ -67,7 +71,7 @@ pub async fn create_session(
     .bind(address)
     .bind(db_time(now))
     .bind(db_time(now))
-    .execute(tx.sqlite())
+    .execute(tx.sqlite()?)
     .await?;
     Ok(())
 }
@@ -80,7 +84,9 @@ pub struct SessionRow {
 }
 
 pub async fn find_session(db: &super::Db, id_hash: &str) -> Result<Option<SessionRow>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("sessions"));
+    };
     let pool = &sqlite.read;
     let row: Option<(i64, String, String)> = sqlx::query_as(
         "SELECT admin_id, created_at, last_seen_at FROM admin_sessions WHERE id_hash = ?",
@@ -99,7 +105,9 @@ pub async fn find_session(db: &super::Db, id_hash: &str) -> Result<Option<Sessio
 }
 
 pub async fn touch_session(db: &super::Db, id_hash: &str, now: DateTime<Utc>) -> Result<()> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("sessions"));
+    };
     let pool = &sqlite.write;
     sqlx::query("UPDATE admin_sessions SET last_seen_at = ? WHERE id_hash = ?")
         .bind(db_time(now))
@@ -112,7 +120,7 @@ pub async fn touch_session(db: &super::Db, id_hash: &str, now: DateTime<Utc>) ->
 pub async fn delete_session(tx: &mut super::Tx, id_hash: &str) -> Result<bool> {
     Ok(sqlx::query("DELETE FROM admin_sessions WHERE id_hash = ?")
         .bind(id_hash)
-        .execute(tx.sqlite())
+        .execute(tx.sqlite()?)
         .await?
         .rows_affected()
         > 0)
@@ -128,7 +136,7 @@ pub async fn delete_sessions_of(
         sqlx::query("DELETE FROM admin_sessions WHERE admin_id = ? AND id_hash <> ?")
             .bind(admin_id)
             .bind(keep.unwrap_or(""))
-            .execute(tx.sqlite())
+            .execute(tx.sqlite()?)
             .await?
             .rows_affected(),
     )
@@ -143,7 +151,7 @@ pub async fn prune_sessions(
     sqlx::query("DELETE FROM admin_sessions WHERE last_seen_at < ? OR created_at < ?")
         .bind(db_time(idle_before))
         .bind(db_time(created_before))
-        .execute(tx.sqlite())
+        .execute(tx.sqlite()?)
         .await?;
     Ok(())
 }
@@ -163,7 +171,7 @@ pub async fn record_attempt(tx: &mut super::Tx, key: &str, now: DateTime<Utc>) -
         sqlx::query_scalar("INSERT INTO login_failures (key, at) VALUES (?, ?) RETURNING rowid")
             .bind(key)
             .bind(db_time(now))
-            .fetch_one(tx.sqlite())
+            .fetch_one(tx.sqlite()?)
             .await?;
     sqlx::query(
         "DELETE FROM login_failures WHERE at < ? \
@@ -171,7 +179,7 @@ pub async fn record_attempt(tx: &mut super::Tx, key: &str, now: DateTime<Utc>) -
     )
     .bind(db_time(now - Duration::days(1)))
     .bind(ATTEMPTS_KEPT)
-    .execute(tx.sqlite())
+    .execute(tx.sqlite()?)
     .await?;
     Ok(id)
 }
@@ -181,7 +189,7 @@ pub async fn delete_attempts(tx: &mut super::Tx, rows: &[i64]) -> Result<()> {
     for id in rows {
         sqlx::query("DELETE FROM login_failures WHERE rowid = ?")
             .bind(id)
-            .execute(tx.sqlite())
+            .execute(tx.sqlite()?)
             .await?;
     }
     Ok(())
@@ -191,7 +199,7 @@ pub async fn delete_attempts(tx: &mut super::Tx, rows: &[i64]) -> Result<()> {
 pub async fn delete_attempts_of(tx: &mut super::Tx, key: &str) -> Result<u64> {
     Ok(sqlx::query("DELETE FROM login_failures WHERE key = ?")
         .bind(key)
-        .execute(tx.sqlite())
+        .execute(tx.sqlite()?)
         .await?
         .rows_affected())
 }
@@ -200,7 +208,7 @@ pub async fn delete_attempts_of(tx: &mut super::Tx, key: &str) -> Result<u64> {
 pub async fn delete_attempts_after(tx: &mut super::Tx, now: DateTime<Utc>) -> Result<u64> {
     Ok(sqlx::query("DELETE FROM login_failures WHERE at > ?")
         .bind(db_time(now))
-        .execute(tx.sqlite())
+        .execute(tx.sqlite()?)
         .await?
         .rows_affected())
 }
@@ -218,7 +226,7 @@ pub async fn recent_attempts(
     .bind(key)
     .bind(db_time(since))
     .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-    .fetch_all(tx.sqlite())
+    .fetch_all(tx.sqlite()?)
     .await?)
 }
 
@@ -247,12 +255,14 @@ pub async fn create_api_key(
     .bind(prefix)
     .bind(name)
     .bind(db_time(now))
-    .fetch_one(tx.sqlite())
+    .fetch_one(tx.sqlite()?)
     .await?)
 }
 
 pub async fn api_keys_of(db: &super::Db, admin_id: i64) -> Result<Vec<ApiKeyRow>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("sessions"));
+    };
     let pool = &sqlite.read;
     Ok(sqlx::query_as(
         "SELECT id, prefix, name, created_at, revoked_at FROM admin_api_keys WHERE admin_id = ? ORDER BY id DESC",
@@ -275,7 +285,7 @@ pub async fn revoke_api_key(
     .bind(db_time(now))
     .bind(id)
     .bind(admin_id)
-    .execute(tx.sqlite())
+    .execute(tx.sqlite()?)
     .await?
     .rows_affected()
         == 1)
@@ -293,14 +303,16 @@ pub async fn revoke_api_keys_of(
     )
     .bind(db_time(now))
     .bind(admin_id)
-    .execute(tx.sqlite())
+    .execute(tx.sqlite()?)
     .await?
     .rows_affected())
 }
 
 /// The owner of a live API key, by the key's hash.
 pub async fn admin_by_api_key(db: &super::Db, hash: &[u8]) -> Result<Option<AdminRow>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("sessions"));
+    };
     let pool = &sqlite.read;
     Ok(sqlx::query_as(&format!(
         "SELECT {ADMIN_COLS} FROM admin_api_keys k JOIN admins a ON a.id = k.admin_id

@@ -17,7 +17,7 @@ pub struct NewBudget {
 pub async fn team_id(tx: &mut super::Tx, name: &str) -> Result<Option<i64>> {
     Ok(sqlx::query_scalar("SELECT id FROM teams WHERE name = ?")
         .bind(name)
-        .fetch_optional(tx.sqlite())
+        .fetch_optional(tx.sqlite()?)
         .await?)
 }
 
@@ -42,7 +42,7 @@ pub async fn create_team(
     .bind(budget.reset.as_str())
     .bind(budget.reset.period_key(now))
     .bind(db_time(now))
-    .fetch_one(tx.sqlite())
+    .fetch_one(tx.sqlite()?)
     .await?;
     Ok(id)
 }
@@ -79,7 +79,7 @@ pub async fn user_ids(tx: &mut super::Tx, username: &str) -> Result<Option<(i64,
     Ok(
         sqlx::query_as("SELECT id, team_id FROM users WHERE username = ?")
             .bind(username)
-            .fetch_optional(tx.sqlite())
+            .fetch_optional(tx.sqlite()?)
             .await?,
     )
 }
@@ -104,7 +104,7 @@ pub async fn create_user(tx: &mut super::Tx, u: &NewUser<'_>, now: DateTime<Utc>
     .bind(u.budget.reset.as_str())
     .bind(u.budget.reset.period_key(now))
     .bind(db_time(now))
-    .fetch_one(tx.sqlite())
+    .fetch_one(tx.sqlite()?)
     .await?;
     Ok(id)
 }

@@ -54,7 +54,9 @@ const SELECT: &str = "SELECT t.id, t.prefix, t.name, t.user_id, u.username AS us
 
 /// Tokens in scope, live ones first, newest first.
 pub async fn list(db: &super::Db, scope: Option<i64>) -> Result<Vec<TokenRow>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("token_admin"));
+    };
     let pool = &sqlite.read;
     Ok(sqlx::query_as(&format!(
         "{SELECT} WHERE (?1 IS NULL OR u.team_id = ?1) ORDER BY t.revoked_at IS NOT NULL, t.id DESC LIMIT 1000"
@@ -67,7 +69,7 @@ pub async fn list(db: &super::Db, scope: Option<i64>) -> Result<Vec<TokenRow>> {
 pub async fn get(tx: &mut super::Tx, id: i64) -> Result<Option<TokenRow>> {
     Ok(sqlx::query_as(&format!("{SELECT} WHERE t.id = ?"))
         .bind(id)
-        .fetch_optional(tx.sqlite())
+        .fetch_optional(tx.sqlite()?)
         .await?)
 }
 
@@ -98,7 +100,7 @@ pub async fn set_limits(tx: &mut super::Tx, id: i64, l: &Limits) -> Result<()> {
     .bind(&l.downgrade_model)
     .bind(l.expires_at.map(db_time))
     .bind(id)
-    .execute(tx.sqlite())
+    .execute(tx.sqlite()?)
     .await?
     .rows_affected();
     if done == 0 {
@@ -116,7 +118,7 @@ pub async fn expire_at(tx: &mut super::Tx, id: i64, at: DateTime<Utc>) -> Result
     )
     .bind(&at)
     .bind(id)
-    .execute(tx.sqlite())
+    .execute(tx.sqlite()?)
     .await?;
     bump_epoch(tx).await
 }
@@ -125,7 +127,7 @@ pub async fn set_name(tx: &mut super::Tx, id: i64, name: &str) -> Result<()> {
     sqlx::query("UPDATE tokens SET name = ? WHERE id = ?")
         .bind(name)
         .bind(id)
-        .execute(tx.sqlite())
+        .execute(tx.sqlite()?)
         .await?;
     Ok(())
 }

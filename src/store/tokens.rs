@@ -46,7 +46,7 @@ pub async fn insert(tx: &mut super::Tx, t: &NewTokenRow<'_>, now: DateTime<Utc>)
     .bind(t.reset.period_key(now))
     .bind(t.expires_at.map(db_time))
     .bind(db_time(now))
-    .fetch_one(tx.sqlite())
+    .fetch_one(tx.sqlite()?)
     .await?;
     Ok(id)
 }
@@ -78,7 +78,9 @@ pub struct TokenAuthRow {
 /// A live token (not revoked, user not disabled) by hash. Expiry is checked by the caller
 /// against the clock on every request, since cached rows outlive the moment of expiry.
 pub async fn find_auth(db: &super::Db, hash: &TokenHash) -> Result<Option<TokenAuthRow>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("tokens"));
+    };
     let pool = &sqlite.read;
     Ok(sqlx::query_as(
         "SELECT t.id, t.user_id, u.team_id, t.prefix, t.models, t.rpm, t.tpm, u.rpm AS user_rpm, u.tpm AS user_tpm,
@@ -118,7 +120,9 @@ pub struct TokenSummary {
 /// Tokens with their spend in the current period. `spent = limit − remaining − reserved`
 /// when the token has a limit; from the ledger otherwise.
 pub async fn list(db: &super::Db) -> Result<Vec<TokenSummary>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("tokens"));
+    };
     let pool = &sqlite.read;
     let mut rows: Vec<TokenSummary> = sqlx::query_as(
         "SELECT t.id, t.prefix, u.username AS user, tm.name AS team, t.limit_micros, t.remaining_micros,
@@ -147,7 +151,7 @@ pub async fn revoke(tx: &mut super::Tx, id: i64, now: DateTime<Utc>) -> Result<b
     let done = sqlx::query("UPDATE tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL")
         .bind(db_time(now))
         .bind(id)
-        .execute(tx.sqlite())
+        .execute(tx.sqlite()?)
         .await?
         .rows_affected()
         == 1;
@@ -160,13 +164,15 @@ pub async fn revoke(tx: &mut super::Tx, id: i64, now: DateTime<Utc>) -> Result<b
 /// Every change that could make a cached credential stale bumps this counter.
 pub async fn bump_epoch(tx: &mut super::Tx) -> Result<()> {
     sqlx::query("UPDATE meta SET value = value + 1 WHERE key = 'token_epoch'")
-        .execute(tx.sqlite())
+        .execute(tx.sqlite()?)
         .await?;
     Ok(())
 }
 
 pub async fn epoch(db: &super::Db) -> Result<i64> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("tokens"));
+    };
     let pool = &sqlite.read;
     Ok(
         sqlx::query_scalar("SELECT value FROM meta WHERE key = 'token_epoch'")
@@ -177,7 +183,9 @@ pub async fn epoch(db: &super::Db) -> Result<i64> {
 
 /// How many tokens the database holds (revoked ones too).
 pub async fn count(db: &super::Db) -> Result<i64> {
-    let super::Backend::Sqlite(sqlite) = &db.backend;
+    let super::Backend::Sqlite(sqlite) = &db.backend else {
+        return Err(super::StoreError::unsupported("tokens"));
+    };
     Ok(sqlx::query_scalar("SELECT COUNT(*) FROM tokens")
         .fetch_one(&sqlite.read)
         .await?)

@@ -185,10 +185,14 @@ impl std::fmt::Debug for Writer {
 impl Writer {
     /// Starts the writer thread over the database's write connection.
     pub fn start(db: &super::Db) -> Writer {
-        let super::Backend::Sqlite(sqlite) = &db.backend;
-        let pool = sqlite.write.clone();
         let (tx, rx) = mpsc::channel(QUEUE);
         let counters = Arc::new(Counters::default());
+        let super::Backend::Sqlite(sqlite) = &db.backend else {
+            // WIRING: the PostgreSQL writer (pg::writer) takes over here.
+            tracing::error!("the store writer is not wired for this engine");
+            return Writer { tx, counters };
+        };
+        let pool = sqlite.write.clone();
         let seen = counters.clone();
         let started = std::thread::Builder::new()
             .name("sluice-writer".into())

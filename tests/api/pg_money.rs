@@ -795,7 +795,12 @@ async fn refusal_writes_nothing(store: Store) {
         owner.token_id
     );
     match &store {
-        Store::Lite { db, .. } => drop(sqlx::query(&revoke).execute(&db.sqlite().write).await.unwrap()),
+        Store::Lite { db, .. } => drop(
+            sqlx::query(&revoke)
+                .execute(&db.sqlite().write)
+                .await
+                .unwrap(),
+        ),
         Store::Pg { db, .. } => drop(sqlx::query(&revoke).execute(&db.pool).await.unwrap()),
     }
     assert!(matches!(

@@ -55,6 +55,10 @@ impl PgDb {
     }
 }
 
+/// The advisory lock every admin and CLI write transaction takes first (`Db::begin`), so
+/// they run one at a time across hosts, as on SQLite's single writer.
+pub const ADMIN_WRITE_LOCK: i64 = 0x5_11CE_AD01;
+
 /// SQLSTATEs after which a transaction is run again from the start: nothing of it was kept,
 /// and a second run, in another order of arrival, succeeds.
 const SERIALIZATION_FAILURE: &str = "40001";
