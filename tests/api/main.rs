@@ -54,3 +54,6 @@ mod windows_cluster;
 mod windows_redis;
 mod windows_sentinel;
 mod windows_tpm;
+mod pg_store;
+mod pg_store_audit;
+mod pg_store_log;
