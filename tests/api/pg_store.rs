@@ -371,3 +371,46 @@ async fn the_audit_filter_ignores_ascii_case_only_as_sqlite_like_does() {
     same("audit by another actor", read_both!(b, reports::audit(None, Some("Root"), 3, 0)));
     b.lite.close().await;
 }
+
+/// PostgreSQL's text cannot hold NUL ('\0'), SQLite's can. A lookup by text with a NUL
+/// finds nothing on both (no such row can be stored on PostgreSQL) instead of failing with
+/// a database error (a 500 on the sign-in form or a filter); a write of one is refused with
+/// a message that names it (a 409 at the admin edge), never a bare database error.
+#[tokio::test]
+async fn text_with_a_nul_character_is_not_found_or_refused_by_name_never_a_database_error() {
+    let b = both().await;
+    populate(&b).await;
+    let now = at(10, 0);
+    let nul = "ro\0ot";
+    same("admin_by_name", read_both!(b, sessions::admin_by_name(nul)));
+    same("username_taken", write_both!(b, directory::username_taken(nul)));
+    same("team_id", write_both!(b, tenants::team_id(nul)));
+    same("user_ids", write_both!(b, tenants::user_ids(nul)));
+    same("delete_tag", pool_write_both!(b, cache::delete_tag(nul)));
+    for action in [Some(nul), None] {
+        same("audit filter", read_both!(b, reports::audit(action, Some(nul), 10, 0)));
+    }
+    let f = RequestFilter { model: Some(nul.into()), ..Default::default() };
+    same("request filter", read_both!(b, reports::requests(&f, 10, 0)));
+    // The sign-in throttle counts such a name like any other.
+    let key = format!("user:{nul}");
+    same("record_attempt", write_both!(b, sessions::record_attempt(&key, now)));
+    same("record_attempt", write_both!(b, sessions::record_attempt(&key, now)));
+    let counted = same("recent_attempts", write_both!(b, sessions::recent_attempts(&key, at(0, 0), 10)));
+    assert_eq!(counted.len(), 2);
+    same("delete_attempts_of", write_both!(b, sessions::delete_attempts_of(&key)));
+    // Writes: refused by name on PostgreSQL.
+    let mut tx = b.pg.begin().await.unwrap();
+    for (what, err) in [
+        ("team", store::pg_rest::tenants::create_team(&mut tx, nul, &budget(None, Reset::Never), now).await.err()),
+        ("token name", store::pg_rest::token_admin::set_name(&mut tx, 1, nul).await.err()),
+        ("admin", store::pg_rest::admins::create(&mut tx, nul, "h", "admin", None, now).await.err()),
+    ] {
+        match err {
+            Some(store::StoreError::Conflict(m)) => assert!(m.contains("NUL"), "{what}: {m}"),
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+    tx.rollback().await.unwrap();
+    b.lite.close().await;
+}

@@ -3,6 +3,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
+use super::text;
 use crate::clock::db_time;
 use crate::store::{Result, StoreError};
 
@@ -14,6 +15,7 @@ pub async fn create(
     team_id: Option<i64>,
     now: DateTime<Utc>,
 ) -> Result<i64> {
+    text::check(&[("username", Some(username)), ("password hash", Some(password_hash)), ("role", Some(role))])?;
     let exists: Option<i64> = sqlx::query_scalar("SELECT id FROM admins WHERE username = $1")
         .bind(username)
         .fetch_optional(&mut *conn)

@@ -18,6 +18,7 @@ use sha2::{Digest, Sha256};
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool, Row};
 
+use super::text;
 use crate::clock::db_time;
 use crate::store::audit::{AuditEntry, AuditKeys, Broken, ChainState, HEAD_STARTED, KEYED, SEAL, UNSIGNED};
 use crate::store::Result;
@@ -92,6 +93,14 @@ pub async fn append(
     e: &AuditEntry<'_>,
     now: DateTime<Utc>,
 ) -> Result<()> {
+    text::check(&[
+        ("audit actor", Some(e.actor)),
+        ("audit address", Some(e.address)),
+        ("audit action", Some(e.action)),
+        ("audit target", Some(e.target)),
+        ("audit before", e.before),
+        ("audit after", e.after),
+    ])?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(CHAIN_LOCK)
         .execute(&mut *conn)

@@ -16,6 +16,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 
 use super::notify::{self, Epoch};
+use super::text;
 use crate::clock::db_time;
 use crate::store::cache::{EntryRow, IndexRow, NewEntry};
 use crate::store::ledger::Owner;
@@ -101,6 +102,9 @@ pub async fn keys_after(pool: &PgPool, after: i64, now: DateTime<Utc>) -> Result
 /// SQLite: no wildcards, case-sensitive); returns the deleted keys. Bumps and notifies the
 /// cache epoch when anything went.
 pub async fn delete_tag(pool: &PgPool, tag: &str) -> Result<Vec<Vec<u8>>> {
+    if !text::storable(tag) {
+        return Ok(Vec::new());
+    }
     let needle = format!(",{tag},");
     let mut tx = pool.begin().await?;
     let keys: Vec<Vec<u8>> =

@@ -4,6 +4,7 @@
 use sqlx::{PgConnection, PgPool};
 
 use crate::store::directory::{LoginEdit, LoginRow, MemberEdit, MemberRow, TeamRow};
+use super::text;
 use crate::store::{Result, StoreError};
 
 const TEAM_SELECT: &str = "SELECT tm.id, tm.name, tm.limit_micros, tm.remaining_micros, tm.reserved_micros, tm.reset, tm.period,
@@ -72,6 +73,9 @@ pub async fn login(conn: &mut PgConnection, id: i64) -> Result<Option<LoginRow>>
 
 /// Whether a username names a member or a login.
 pub async fn username_taken(conn: &mut PgConnection, username: &str) -> Result<bool> {
+    if !text::storable(username) {
+        return Ok(false);
+    }
     let n: i64 = sqlx::query_scalar(
         "SELECT (SELECT COUNT(*) FROM users WHERE username = $1) + (SELECT COUNT(*) FROM admins WHERE username = $1)",
     )
@@ -100,6 +104,7 @@ pub async fn update_member(conn: &mut PgConnection, id: i64, e: &MemberEdit) -> 
 }
 
 pub async fn update_login(conn: &mut PgConnection, id: i64, e: &LoginEdit<'_>) -> Result<()> {
+    text::check(&[("role", Some(e.role))])?;
     let done =
         sqlx::query("UPDATE admins SET role = $1, team_id = $2, disabled = $3 WHERE id = $4")
             .bind(e.role)

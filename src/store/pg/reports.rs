@@ -12,6 +12,7 @@
 use sqlx::{PgPool, Postgres, QueryBuilder};
 
 use crate::store::reports::{AuditLine, GroupBy, RequestFilter, RequestLine, SpendRow, TopToken, Totals};
+use super::text;
 use crate::store::Result;
 
 /// Spend, request count and non-2xx count since `from` (a database time string).
@@ -95,6 +96,10 @@ pub async fn top_tokens(pool: &PgPool, scope: Option<i64>, from: &str, n: i64) -
 
 /// One page of the request log, newest first; `limit + 1` rows (as `store::reports`).
 pub async fn requests(pool: &PgPool, f: &RequestFilter, limit: i64, offset: i64) -> Result<Vec<RequestLine>> {
+    let texts = [f.model.as_deref(), f.from.as_deref(), f.to.as_deref()];
+    if texts.into_iter().flatten().any(|t| !text::storable(t)) {
+        return Ok(Vec::new());
+    }
     let mut q: QueryBuilder<Postgres> = QueryBuilder::new(
         "SELECT r.id, r.created_at, tm.name AS team, u.username AS user, r.token_id, t.prefix, r.endpoint, r.model,
                 r.served_model, r.status, r.error_code, r.stream, r.attempts, r.input_tokens, r.output_tokens,
@@ -148,6 +153,9 @@ pub async fn audit(
     limit: i64,
     offset: i64,
 ) -> Result<Vec<AuditLine>> {
+    if [action, actor].into_iter().flatten().any(|t| !text::storable(t)) {
+        return Ok(Vec::new());
+    }
     let mut q: QueryBuilder<Postgres> = QueryBuilder::new(
         "SELECT id, actor, address, action, target, before, after, created_at FROM audit_log WHERE 1 = 1",
     );

@@ -6,11 +6,15 @@ use sqlx::{PgConnection, PgPool};
 
 use crate::clock::db_time;
 use crate::store::sessions::{AdminRow, ApiKeyRow, SessionRow};
+use super::text;
 use crate::store::Result;
 
 const ADMIN_COLS: &str = "a.id, a.username, a.role, a.team_id, a.password_hash, a.disabled";
 
 pub async fn admin_by_name(pool: &PgPool, username: &str) -> Result<Option<AdminRow>> {
+    if !text::storable(username) {
+        return Ok(None);
+    }
     Ok(sqlx::query_as(&format!(
         "SELECT {ADMIN_COLS} FROM admins a WHERE a.username = $1"
     ))
@@ -29,6 +33,7 @@ pub async fn admin_by_id(pool: &PgPool, id: i64) -> Result<Option<AdminRow>> {
 }
 
 pub async fn set_password_hash(conn: &mut PgConnection, id: i64, hash: &str) -> Result<()> {
+    text::check(&[("password hash", Some(hash))])?;
     sqlx::query("UPDATE admins SET password_hash = $1 WHERE id = $2")
         .bind(hash)
         .bind(id)
@@ -44,6 +49,7 @@ pub async fn create_session(
     address: &str,
     now: DateTime<Utc>,
 ) -> Result<()> {
+    text::check(&[("session", Some(id_hash)), ("address", Some(address))])?;
     sqlx::query(
         "INSERT INTO admin_sessions (id_hash, admin_id, address, created_at, last_seen_at) VALUES ($1, $2, $3, $4, $4)",
     )
@@ -57,6 +63,9 @@ pub async fn create_session(
 }
 
 pub async fn find_session(pool: &PgPool, id_hash: &str) -> Result<Option<SessionRow>> {
+    if !text::storable(id_hash) {
+        return Ok(None);
+    }
     let row: Option<(i64, String, String)> = sqlx::query_as(
         "SELECT admin_id, created_at, last_seen_at FROM admin_sessions WHERE id_hash = $1",
     )
@@ -124,7 +133,7 @@ const ATTEMPTS_KEPT: i64 = 100_000;
 /// `store::sessions::record_attempt` for the sweep).
 pub async fn record_attempt(conn: &mut PgConnection, key: &str, now: DateTime<Utc>) -> Result<i64> {
     let id = sqlx::query_scalar("INSERT INTO login_failures (key, at) VALUES ($1, $2) RETURNING id")
-        .bind(key)
+        .bind(text::key(key))
         .bind(db_time(now))
         .fetch_one(&mut *conn)
         .await?;
@@ -151,7 +160,7 @@ pub async fn delete_attempts(conn: &mut PgConnection, rows: &[i64]) -> Result<()
 /// Deletes every attempt recorded under `key`; how many.
 pub async fn delete_attempts_of(conn: &mut PgConnection, key: &str) -> Result<u64> {
     Ok(sqlx::query("DELETE FROM login_failures WHERE key = $1")
-        .bind(key)
+        .bind(text::key(key))
         .execute(conn)
         .await?
         .rows_affected())
@@ -176,7 +185,7 @@ pub async fn recent_attempts(
     Ok(sqlx::query_scalar(
         "SELECT at FROM login_failures WHERE key = $1 AND at >= $2 ORDER BY at DESC LIMIT $3",
     )
-    .bind(key)
+    .bind(text::key(key))
     .bind(db_time(since))
     .bind(i64::try_from(limit).unwrap_or(i64::MAX))
     .fetch_all(conn)
@@ -191,6 +200,7 @@ pub async fn create_api_key(
     name: &str,
     now: DateTime<Utc>,
 ) -> Result<i64> {
+    text::check(&[("key name", Some(name)), ("key prefix", Some(prefix))])?;
     Ok(sqlx::query_scalar(
         "INSERT INTO admin_api_keys (admin_id, key_hash, prefix, name, created_at) VALUES ($1, $2, $3, $4, $5) RETURNING id",
     )

@@ -3,12 +3,16 @@
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
+use super::text;
 use crate::clock::db_time;
 use crate::quota::period::Reset;
 use crate::store::tenants::{NewBudget, NewUser};
 use crate::store::{Result, StoreError};
 
 pub async fn team_id(conn: &mut PgConnection, name: &str) -> Result<Option<i64>> {
+    if !text::storable(name) {
+        return Ok(None);
+    }
     Ok(sqlx::query_scalar("SELECT id FROM teams WHERE name = $1")
         .bind(name)
         .fetch_optional(conn)
@@ -21,6 +25,7 @@ pub async fn create_team(
     budget: &NewBudget,
     now: DateTime<Utc>,
 ) -> Result<i64> {
+    text::check(&[("team name", Some(name))])?;
     if team_id(conn, name).await?.is_some() {
         return Err(StoreError::Conflict(format!(
             "team `{name}` already exists"
@@ -61,6 +66,9 @@ pub async fn ensure_team(conn: &mut PgConnection, name: &str, now: DateTime<Utc>
 
 /// (user id, team id) of a username.
 pub async fn user_ids(conn: &mut PgConnection, username: &str) -> Result<Option<(i64, i64)>> {
+    if !text::storable(username) {
+        return Ok(None);
+    }
     Ok(
         sqlx::query_as("SELECT id, team_id FROM users WHERE username = $1")
             .bind(username)
@@ -70,6 +78,7 @@ pub async fn user_ids(conn: &mut PgConnection, username: &str) -> Result<Option<
 }
 
 pub async fn create_user(conn: &mut PgConnection, u: &NewUser<'_>, now: DateTime<Utc>) -> Result<i64> {
+    text::check(&[("username", Some(u.username))])?;
     if user_ids(conn, u.username).await?.is_some() {
         return Err(StoreError::Conflict(format!(
             "user `{}` already exists",

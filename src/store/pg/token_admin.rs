@@ -5,6 +5,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 
 use super::tokens::bump_epoch;
+use super::text;
 use crate::clock::db_time;
 use crate::store::token_admin::{Limits, TokenRow};
 use crate::store::{Result, StoreError};
@@ -34,6 +35,7 @@ pub async fn get(conn: &mut PgConnection, id: i64) -> Result<Option<TokenRow>> {
 }
 
 pub async fn set_limits(conn: &mut PgConnection, id: i64, l: &Limits) -> Result<()> {
+    text::check(&[("downgrade model", l.downgrade_model.as_deref())])?;
     let models = match &l.models {
         Some(m) => Some(serde_json::to_string(m).map_err(|e| StoreError::Conflict(e.to_string()))?),
         None => None,
@@ -72,6 +74,7 @@ pub async fn expire_at(conn: &mut PgConnection, id: i64, at: DateTime<Utc>) -> R
 }
 
 pub async fn set_name(conn: &mut PgConnection, id: i64, name: &str) -> Result<()> {
+    text::check(&[("token name", Some(name))])?;
     sqlx::query("UPDATE tokens SET name = $1 WHERE id = $2")
         .bind(name)
         .bind(id)
