@@ -36,7 +36,9 @@ pub async fn pg_pool(url: &str) -> PgPool {
 pub async fn both() -> Both {
     let dir = tempfile::tempdir().unwrap();
     let lite = Db::open(&dir.path().join("lite.db"), false).await.unwrap();
-    let url = tokio::task::spawn_blocking(pg_server::database).await.unwrap();
+    let url = tokio::task::spawn_blocking(pg_server::database)
+        .await
+        .unwrap();
     Both {
         _dir: dir,
         lite,
@@ -85,10 +87,20 @@ macro_rules! pool_write_both {
 /// Both results succeeded and are equal (compared by their `Debug` text: the row structs
 /// are shared, so equal text is equal rows).
 #[track_caller]
-pub fn same<T: std::fmt::Debug, E: std::fmt::Debug>(what: &str, pair: (Result<T, E>, Result<T, E>)) -> T {
+pub fn same<T: std::fmt::Debug, E: std::fmt::Debug>(
+    what: &str,
+    pair: (Result<T, E>, Result<T, E>),
+) -> T {
     let (l, p) = pair;
-    let (l, p) = (l.unwrap_or_else(|e| panic!("{what} on SQLite: {e:?}")), p.unwrap_or_else(|e| panic!("{what} on PostgreSQL: {e:?}")));
-    assert_eq!(format!("{l:?}"), format!("{p:?}"), "{what} differs between SQLite (left) and PostgreSQL (right)");
+    let (l, p) = (
+        l.unwrap_or_else(|e| panic!("{what} on SQLite: {e:?}")),
+        p.unwrap_or_else(|e| panic!("{what} on PostgreSQL: {e:?}")),
+    );
+    assert_eq!(
+        format!("{l:?}"),
+        format!("{p:?}"),
+        "{what} differs between SQLite (left) and PostgreSQL (right)"
+    );
     l
 }
 
@@ -103,15 +115,42 @@ fn budget(limit: Option<i64>, reset: Reset) -> NewBudget {
 /// order and locale order differ (`Beta` < `_z` < `alpha` < `ä` bytewise).
 pub async fn populate(b: &Both) -> Vec<i64> {
     let now = at(9, 0);
-    for (name, limit) in [("alpha", Some(5_000_000)), ("Beta", None), ("_z", Some(1)), ("ä", None)] {
-        same("create_team", write_both!(b, tenants::create_team(name, &budget(limit, Reset::Monthly), now)));
+    for (name, limit) in [
+        ("alpha", Some(5_000_000)),
+        ("Beta", None),
+        ("_z", Some(1)),
+        ("ä", None),
+    ] {
+        same(
+            "create_team",
+            write_both!(
+                b,
+                tenants::create_team(name, &budget(limit, Reset::Monthly), now)
+            ),
+        );
     }
-    same("ensure_team", write_both!(b, tenants::ensure_team("default", now)));
-    same("ensure_team again", write_both!(b, tenants::ensure_team("alpha", now)));
-    let dup = write_both!(b, tenants::create_team("alpha", &budget(None, Reset::Never), now));
-    assert_eq!(format!("{:?}", dup.0), format!("{:?}", dup.1), "a duplicate team is refused alike");
+    same(
+        "ensure_team",
+        write_both!(b, tenants::ensure_team("default", now)),
+    );
+    same(
+        "ensure_team again",
+        write_both!(b, tenants::ensure_team("alpha", now)),
+    );
+    let dup = write_both!(
+        b,
+        tenants::create_team("alpha", &budget(None, Reset::Never), now)
+    );
+    assert_eq!(
+        format!("{:?}", dup.0),
+        format!("{:?}", dup.1),
+        "a duplicate team is refused alike"
+    );
     let mut users = Vec::new();
-    for (i, (username, team)) in [("zed", 1), ("Amy", 1), ("bob", 2), ("émile", 4)].into_iter().enumerate() {
+    for (i, (username, team)) in [("zed", 1), ("Amy", 1), ("bob", 2), ("émile", 4)]
+        .into_iter()
+        .enumerate()
+    {
         let u = NewUser {
             username,
             team_id: team,
@@ -119,10 +158,16 @@ pub async fn populate(b: &Both) -> Vec<i64> {
             tpm: None,
             budget: budget((i == 1).then_some(2_000_000), Reset::Daily),
         };
-        users.push(same("create_user", write_both!(b, tenants::create_user(&u, now))));
+        users.push(same(
+            "create_user",
+            write_both!(b, tenants::create_user(&u, now)),
+        ));
     }
     same("user_ids", write_both!(b, tenants::user_ids("bob")));
-    same("user_ids of nobody", write_both!(b, tenants::user_ids("nobody")));
+    same(
+        "user_ids of nobody",
+        write_both!(b, tenants::user_ids("nobody")),
+    );
     let models = vec!["gpt-4o-mini".to_string(), "claude".to_string()];
     let mut tokens = Vec::new();
     for (i, user) in users.iter().enumerate() {
@@ -140,10 +185,20 @@ pub async fn populate(b: &Both) -> Vec<i64> {
             reset: [Reset::Daily, Reset::Weekly, Reset::Monthly, Reset::Never][i],
             expires_at: (i == 1).then_some(at(23, 0)),
         };
-        tokens.push(same("insert token", write_both!(b, tokens::insert(&t, now))));
+        tokens.push(same(
+            "insert token",
+            write_both!(b, tokens::insert(&t, now)),
+        ));
     }
-    for (name, role, team) in [("root", "admin", None), ("Lead", "lead", Some(1)), ("fin", "finance", None)] {
-        same("create admin", write_both!(b, admins::create(name, "$argon2id$x", role, team, now)));
+    for (name, role, team) in [
+        ("root", "admin", None),
+        ("Lead", "lead", Some(1)),
+        ("fin", "finance", None),
+    ] {
+        same(
+            "create admin",
+            write_both!(b, admins::create(name, "$argon2id$x", role, team, now)),
+        );
     }
     let dup = write_both!(b, admins::create("root", "h", "admin", None, now));
     assert_eq!(format!("{:?}", dup.0), format!("{:?}", dup.1));
@@ -159,10 +214,30 @@ pub async fn populate(b: &Both) -> Vec<i64> {
         (tokens[3], users[3], 4, "reserve", 9),
         (tokens[3], users[3], 4, "absorbed", 1000),
     ] {
-        sqlx::query(sql).bind(token).bind(user).bind(team).bind(kind).bind(amount).bind(token).bind(user).bind(team)
-            .execute(&b.lite.write).await.unwrap();
-        sqlx::query(sql).bind(token).bind(user).bind(team).bind(kind).bind(amount).bind(token).bind(user).bind(team)
-            .execute(&b.pg).await.unwrap();
+        sqlx::query(sql)
+            .bind(token)
+            .bind(user)
+            .bind(team)
+            .bind(kind)
+            .bind(amount)
+            .bind(token)
+            .bind(user)
+            .bind(team)
+            .execute(&b.lite.write)
+            .await
+            .unwrap();
+        sqlx::query(sql)
+            .bind(token)
+            .bind(user)
+            .bind(team)
+            .bind(kind)
+            .bind(amount)
+            .bind(token)
+            .bind(user)
+            .bind(team)
+            .execute(&b.pg)
+            .await
+            .unwrap();
     }
     tokens
 }
@@ -179,7 +254,11 @@ async fn the_directory_tokens_and_logins_read_the_same_on_both_stores() {
     }
     let teams = same("teams", read_both!(b, directory::teams(None)));
     let names: Vec<&str> = teams.iter().map(|t| t.name.as_str()).collect();
-    assert_eq!(names, ["Beta", "_z", "alpha", "default", "ä"], "bytewise order, as SQLite's");
+    assert_eq!(
+        names,
+        ["Beta", "_z", "alpha", "default", "ä"],
+        "bytewise order, as SQLite's"
+    );
     same("tokens::list", read_both!(b, tokens::list()));
     for id in [1, 2, 3, 4, 5, 99] {
         same("team", write_both!(b, directory::team(id)));
@@ -188,15 +267,33 @@ async fn the_directory_tokens_and_logins_read_the_same_on_both_stores() {
         same("token_admin::get", write_both!(b, token_admin::get(id)));
     }
     for name in ["bob", "root", "Bob", "nobody"] {
-        same("username_taken", write_both!(b, directory::username_taken(name)));
+        same(
+            "username_taken",
+            write_both!(b, directory::username_taken(name)),
+        );
     }
     // Edits.
-    let edit = store::directory::MemberEdit { team_id: 2, disabled: true, rpm: Some(7), tpm: Some(8) };
-    same("update_member", write_both!(b, directory::update_member(1, &edit)));
+    let edit = store::directory::MemberEdit {
+        team_id: 2,
+        disabled: true,
+        rpm: Some(7),
+        tpm: Some(8),
+    };
+    same(
+        "update_member",
+        write_both!(b, directory::update_member(1, &edit)),
+    );
     let missing = write_both!(b, directory::update_member(99, &edit));
     assert_eq!(format!("{:?}", missing.0), format!("{:?}", missing.1));
-    let edit = store::directory::LoginEdit { role: "finance", team_id: Some(2), disabled: true };
-    same("update_login", write_both!(b, directory::update_login(2, &edit)));
+    let edit = store::directory::LoginEdit {
+        role: "finance",
+        team_id: Some(2),
+        disabled: true,
+    };
+    same(
+        "update_login",
+        write_both!(b, directory::update_login(2, &edit)),
+    );
     let limits = store::token_admin::Limits {
         rpm: Some(1),
         tpm: Some(2),
@@ -205,16 +302,44 @@ async fn the_directory_tokens_and_logins_read_the_same_on_both_stores() {
         downgrade_model: None,
         expires_at: Some(at(12, 0)),
     };
-    same("set_limits", write_both!(b, token_admin::set_limits(tokens[2], &limits)));
-    same("expire_at later (kept)", write_both!(b, token_admin::expire_at(tokens[2], at(13, 0))));
-    same("expire_at sooner", write_both!(b, token_admin::expire_at(tokens[1], at(10, 0))));
-    same("set_name", write_both!(b, token_admin::set_name(tokens[0], "laptop")));
-    same("revoke", write_both!(b, tokens::revoke(tokens[3], at(9, 30))));
-    same("revoke again", write_both!(b, tokens::revoke(tokens[3], at(9, 31))));
+    same(
+        "set_limits",
+        write_both!(b, token_admin::set_limits(tokens[2], &limits)),
+    );
+    same(
+        "expire_at later (kept)",
+        write_both!(b, token_admin::expire_at(tokens[2], at(13, 0))),
+    );
+    same(
+        "expire_at sooner",
+        write_both!(b, token_admin::expire_at(tokens[1], at(10, 0))),
+    );
+    same(
+        "set_name",
+        write_both!(b, token_admin::set_name(tokens[0], "laptop")),
+    );
+    same(
+        "revoke",
+        write_both!(b, tokens::revoke(tokens[3], at(9, 30))),
+    );
+    same(
+        "revoke again",
+        write_both!(b, tokens::revoke(tokens[3], at(9, 31))),
+    );
     let gone = write_both!(b, token_admin::set_limits(tokens[3], &limits));
-    assert_eq!(format!("{:?}", gone.0), format!("{:?}", gone.1), "a revoked token's limits are not edited, alike");
-    same("token_admin::list after edits", read_both!(b, token_admin::list(None)));
-    same("members after edits", read_both!(b, directory::members(None)));
+    assert_eq!(
+        format!("{:?}", gone.0),
+        format!("{:?}", gone.1),
+        "a revoked token's limits are not edited, alike"
+    );
+    same(
+        "token_admin::list after edits",
+        read_both!(b, token_admin::list(None)),
+    );
+    same(
+        "members after edits",
+        read_both!(b, directory::members(None)),
+    );
     same("logins after edits", read_both!(b, directory::logins(None)));
     same("token epoch", read_both!(b, tokens::epoch()));
     // The hot path's read: a disabled user's and a revoked token are not found.
@@ -232,9 +357,18 @@ async fn sessions_keys_and_sign_in_attempts_behave_alike() {
     let b = both().await;
     populate(&b).await;
     let now = at(10, 0);
-    same("create_session", write_both!(b, sessions::create_session("s1", 1, "10.0.0.1", now)));
-    same("create_session", write_both!(b, sessions::create_session("s2", 1, "", now)));
-    same("create_session", write_both!(b, sessions::create_session("s3", 2, "", at(8, 0))));
+    same(
+        "create_session",
+        write_both!(b, sessions::create_session("s1", 1, "10.0.0.1", now)),
+    );
+    same(
+        "create_session",
+        write_both!(b, sessions::create_session("s2", 1, "", now)),
+    );
+    same(
+        "create_session",
+        write_both!(b, sessions::create_session("s3", 2, "", at(8, 0))),
+    );
     let (l, p) = read_both!(b, sessions::find_session("s1"));
     let (l, p) = (l.unwrap().unwrap(), p.unwrap().unwrap());
     assert_eq!(
@@ -244,37 +378,115 @@ async fn sessions_keys_and_sign_in_attempts_behave_alike() {
     let (l, p) = read_both!(b, sessions::find_session("nope"));
     assert!(l.unwrap().is_none() && p.unwrap().is_none());
     let (l, p) = pool_write_both!(b, sessions::touch_session("s2", at(10, 5)));
-    (l.unwrap(), p.unwrap());
-    same("admin_by_name", read_both!(b, sessions::admin_by_name("Lead")));
-    same("admin_by_name case", read_both!(b, sessions::admin_by_name("lead")));
+    l.unwrap();
+    p.unwrap();
+    same(
+        "admin_by_name",
+        read_both!(b, sessions::admin_by_name("Lead")),
+    );
+    same(
+        "admin_by_name case",
+        read_both!(b, sessions::admin_by_name("lead")),
+    );
     same("admin_by_id", read_both!(b, sessions::admin_by_id(3)));
-    same("set_password_hash", write_both!(b, sessions::set_password_hash(3, "new")));
-    same("delete_sessions_of", write_both!(b, sessions::delete_sessions_of(1, Some("s1"))));
-    same("prune_sessions", write_both!(b, sessions::prune_sessions(at(9, 0), at(7, 0))));
-    same("delete_session", write_both!(b, sessions::delete_session("s1")));
-    same("delete_session again", write_both!(b, sessions::delete_session("s1")));
+    same(
+        "set_password_hash",
+        write_both!(b, sessions::set_password_hash(3, "new")),
+    );
+    same(
+        "delete_sessions_of",
+        write_both!(b, sessions::delete_sessions_of(1, Some("s1"))),
+    );
+    same(
+        "prune_sessions",
+        write_both!(b, sessions::prune_sessions(at(9, 0), at(7, 0))),
+    );
+    same(
+        "delete_session",
+        write_both!(b, sessions::delete_session("s1")),
+    );
+    same(
+        "delete_session again",
+        write_both!(b, sessions::delete_session("s1")),
+    );
     // API keys.
-    same("create_api_key", write_both!(b, sessions::create_api_key(1, &[7u8; 32], "sk-sl-admin-ab", "ci", now)));
-    same("create_api_key", write_both!(b, sessions::create_api_key(1, &[8u8; 32], "sk-sl-admin-cd", "", now)));
-    same("admin_by_api_key", read_both!(b, sessions::admin_by_api_key(&[7u8; 32])));
+    same(
+        "create_api_key",
+        write_both!(
+            b,
+            sessions::create_api_key(1, &[7u8; 32], "sk-sl-admin-ab", "ci", now)
+        ),
+    );
+    same(
+        "create_api_key",
+        write_both!(
+            b,
+            sessions::create_api_key(1, &[8u8; 32], "sk-sl-admin-cd", "", now)
+        ),
+    );
+    same(
+        "admin_by_api_key",
+        read_both!(b, sessions::admin_by_api_key(&[7u8; 32])),
+    );
     same("api_keys_of", read_both!(b, sessions::api_keys_of(1)));
-    same("revoke_api_key", write_both!(b, sessions::revoke_api_key(1, 1, now)));
-    same("revoke_api_key not theirs", write_both!(b, sessions::revoke_api_key(2, 2, now)));
-    same("revoke_api_keys_of", write_both!(b, sessions::revoke_api_keys_of(1, now)));
-    same("admin_by_api_key revoked", read_both!(b, sessions::admin_by_api_key(&[7u8; 32])));
+    same(
+        "revoke_api_key",
+        write_both!(b, sessions::revoke_api_key(1, 1, now)),
+    );
+    same(
+        "revoke_api_key not theirs",
+        write_both!(b, sessions::revoke_api_key(2, 2, now)),
+    );
+    same(
+        "revoke_api_keys_of",
+        write_both!(b, sessions::revoke_api_keys_of(1, now)),
+    );
+    same(
+        "admin_by_api_key revoked",
+        read_both!(b, sessions::admin_by_api_key(&[7u8; 32])),
+    );
     // Sign-in attempts: ids are the row ids, withdrawn by id, swept by age.
     let mut ids = Vec::new();
-    for (key, t) in [("user:root", at(10, 0)), ("addr:1", at(10, 1)), ("user:root", at(10, 2)), ("user:root", at(11, 0))] {
-        ids.push(same("record_attempt", write_both!(b, sessions::record_attempt(key, t))));
+    for (key, t) in [
+        ("user:root", at(10, 0)),
+        ("addr:1", at(10, 1)),
+        ("user:root", at(10, 2)),
+        ("user:root", at(11, 0)),
+    ] {
+        ids.push(same(
+            "record_attempt",
+            write_both!(b, sessions::record_attempt(key, t)),
+        ));
     }
     assert_eq!(ids, [1, 2, 3, 4]);
-    same("recent_attempts", write_both!(b, sessions::recent_attempts("user:root", at(10, 1), 10)));
-    same("recent_attempts limited", write_both!(b, sessions::recent_attempts("user:root", at(0, 0), 1)));
-    same("delete_attempts", write_both!(b, sessions::delete_attempts(&[1, 4, 99])));
-    same("recent_attempts", write_both!(b, sessions::recent_attempts("user:root", at(0, 0), 10)));
-    same("delete_attempts_after", write_both!(b, sessions::delete_attempts_after(at(10, 1))));
-    same("delete_attempts_of", write_both!(b, sessions::delete_attempts_of("addr:1")));
-    same("delete_attempts_of none", write_both!(b, sessions::delete_attempts_of("addr:1")));
+    same(
+        "recent_attempts",
+        write_both!(b, sessions::recent_attempts("user:root", at(10, 1), 10)),
+    );
+    same(
+        "recent_attempts limited",
+        write_both!(b, sessions::recent_attempts("user:root", at(0, 0), 1)),
+    );
+    same(
+        "delete_attempts",
+        write_both!(b, sessions::delete_attempts(&[1, 4, 99])),
+    );
+    same(
+        "recent_attempts",
+        write_both!(b, sessions::recent_attempts("user:root", at(0, 0), 10)),
+    );
+    same(
+        "delete_attempts_after",
+        write_both!(b, sessions::delete_attempts_after(at(10, 1))),
+    );
+    same(
+        "delete_attempts_of",
+        write_both!(b, sessions::delete_attempts_of("addr:1")),
+    );
+    same(
+        "delete_attempts_of none",
+        write_both!(b, sessions::delete_attempts_of("addr:1")),
+    );
     b.lite.close().await;
 }
 
@@ -290,7 +502,11 @@ pub fn request_rows() -> Vec<RequestRow> {
             team_id: token.map(|t| if t == 3 { 2 } else { 1 }),
             endpoint: "chat",
             model: ["gpt-4o-mini", "claude", "Gpt-4o-mini"][(i % 3) as usize].to_string(),
-            served_model: if i % 5 == 0 { "gpt-4o-mini-2024".into() } else { String::new() },
+            served_model: if i % 5 == 0 {
+                "gpt-4o-mini-2024".into()
+            } else {
+                String::new()
+            },
             upstream: "a".into(),
             status: [200, 200, 429, 502, 200][(i % 5) as usize],
             error_code: (i % 5 == 2).then_some("rate_limit_exceeded"),
@@ -316,32 +532,72 @@ async fn reports_give_the_same_answers_for_every_grouping() {
     populate(&b).await;
     let rows = request_rows();
     let (l, p) = pool_write_both!(b, requests::insert_batch(&rows));
-    (l.unwrap(), p.unwrap());
-    let (from, to) = (sluice::clock::db_time(at(3, 0)), sluice::clock::db_time(at(23, 59) + chrono::Duration::days(1)));
+    l.unwrap();
+    p.unwrap();
+    let (from, to) = (
+        sluice::clock::db_time(at(3, 0)),
+        sluice::clock::db_time(at(23, 59) + chrono::Duration::days(1)),
+    );
     for scope in [None, Some(1), Some(2)] {
         same("totals", read_both!(b, reports::totals(scope, &from)));
         for by in GroupBy::ALL {
-            let spend = same("spend", read_both!(b, reports::spend(scope, by, &from, &to)));
+            let spend = same(
+                "spend",
+                read_both!(b, reports::spend(scope, by, &from, &to)),
+            );
             if scope.is_none() {
                 assert!(!spend.is_empty(), "{by:?} has rows");
             }
         }
-        same("top_tokens", read_both!(b, reports::top_tokens(scope, &from, 2)));
+        same(
+            "top_tokens",
+            read_both!(b, reports::top_tokens(scope, &from, 2)),
+        );
     }
-    let day = same("spend by day", read_both!(b, reports::spend(None, GroupBy::Day, "", "9")));
-    assert_eq!(day.iter().map(|d| d.label.as_str()).collect::<Vec<_>>(), ["2026-03-14", "2026-03-15"]);
+    let day = same(
+        "spend by day",
+        read_both!(b, reports::spend(None, GroupBy::Day, "", "9")),
+    );
+    assert_eq!(
+        day.iter().map(|d| d.label.as_str()).collect::<Vec<_>>(),
+        ["2026-03-14", "2026-03-15"]
+    );
     let filters = [
         RequestFilter::default(),
-        RequestFilter { team_id: Some(1), ..Default::default() },
-        RequestFilter { token_id: Some(2), user_id: Some(2), ..Default::default() },
-        RequestFilter { model: Some("gpt-4o-mini".into()), ..Default::default() },
-        RequestFilter { model: Some("gpt-4o-mini-2024".into()), ..Default::default() },
-        RequestFilter { status: Some((4, true)), ..Default::default() },
-        RequestFilter { status: Some((502, false)), from: Some(from.clone()), to: Some(to.clone()), ..Default::default() },
+        RequestFilter {
+            team_id: Some(1),
+            ..Default::default()
+        },
+        RequestFilter {
+            token_id: Some(2),
+            user_id: Some(2),
+            ..Default::default()
+        },
+        RequestFilter {
+            model: Some("gpt-4o-mini".into()),
+            ..Default::default()
+        },
+        RequestFilter {
+            model: Some("gpt-4o-mini-2024".into()),
+            ..Default::default()
+        },
+        RequestFilter {
+            status: Some((4, true)),
+            ..Default::default()
+        },
+        RequestFilter {
+            status: Some((502, false)),
+            from: Some(from.clone()),
+            to: Some(to.clone()),
+            ..Default::default()
+        },
     ];
     for f in &filters {
         for (limit, offset) in [(10, 0), (10, 10), (100, 55)] {
-            same("requests", read_both!(b, reports::requests(f, limit, offset)));
+            same(
+                "requests",
+                read_both!(b, reports::requests(f, limit, offset)),
+            );
         }
     }
     b.lite.close().await;
@@ -351,24 +607,66 @@ async fn reports_give_the_same_answers_for_every_grouping() {
 async fn the_audit_filter_ignores_ascii_case_only_as_sqlite_like_does() {
     let b = both().await;
     let now = at(10, 0);
-    for action in ["token.revoke", "TOKEN.issue", "tokens.x", "a_b", "axb", "50%", "500", "émile.x", "Émile.y", "back\\slash"] {
-        let e = store::audit::AuditEntry { actor: "root", address: "", action, target: "t", before: None, after: None };
+    for action in [
+        "token.revoke",
+        "TOKEN.issue",
+        "tokens.x",
+        "a_b",
+        "axb",
+        "50%",
+        "500",
+        "émile.x",
+        "Émile.y",
+        "back\\slash",
+    ] {
+        let e = store::audit::AuditEntry {
+            actor: "root",
+            address: "",
+            action,
+            target: "t",
+            before: None,
+            after: None,
+        };
         store::audit::record(&b.lite.write, &e, now).await.unwrap();
-        store::pg_rest::audit::record(&b.pg, &b.lite.audit, &e, now).await.unwrap();
+        store::pg_rest::audit::record(&b.pg, &b.lite.audit, &e, now)
+            .await
+            .unwrap();
     }
     let mut seen = Vec::new();
-    for filter in ["token.", "Token.", "TOKEN", "a_", "50%", "é", "É", "back\\", "x"] {
-        let rows = same("audit", read_both!(b, reports::audit(Some(filter), None, 50, 0)));
-        seen.push((filter, rows.iter().map(|r| r.action.clone()).collect::<Vec<_>>()));
+    for filter in [
+        "token.", "Token.", "TOKEN", "a_", "50%", "é", "É", "back\\", "x",
+    ] {
+        let rows = same(
+            "audit",
+            read_both!(b, reports::audit(Some(filter), None, 50, 0)),
+        );
+        seen.push((
+            filter,
+            rows.iter().map(|r| r.action.clone()).collect::<Vec<_>>(),
+        ));
     }
     let expect = |f: &str| seen.iter().find(|(g, _)| *g == f).unwrap().1.clone();
-    assert_eq!(expect("Token."), ["TOKEN.issue", "token.revoke"], "ASCII case ignored");
+    assert_eq!(
+        expect("Token."),
+        ["TOKEN.issue", "token.revoke"],
+        "ASCII case ignored"
+    );
     assert_eq!(expect("a_"), ["a_b"], "`_` is not a wildcard");
     assert_eq!(expect("50%"), ["50%"], "`%` is not a wildcard");
-    assert_eq!(expect("é"), ["émile.x"], "non-ASCII case is not folded (SQLite's LIKE)");
+    assert_eq!(
+        expect("é"),
+        ["émile.x"],
+        "non-ASCII case is not folded (SQLite's LIKE)"
+    );
     assert_eq!(expect("back\\"), ["back\\slash"]);
-    same("audit by actor", read_both!(b, reports::audit(None, Some("root"), 3, 2)));
-    same("audit by another actor", read_both!(b, reports::audit(None, Some("Root"), 3, 0)));
+    same(
+        "audit by actor",
+        read_both!(b, reports::audit(None, Some("root"), 3, 2)),
+    );
+    same(
+        "audit by another actor",
+        read_both!(b, reports::audit(None, Some("Root"), 3, 0)),
+    );
     b.lite.close().await;
 }
 
@@ -383,28 +681,67 @@ async fn text_with_a_nul_character_is_not_found_or_refused_by_name_never_a_datab
     let now = at(10, 0);
     let nul = "ro\0ot";
     same("admin_by_name", read_both!(b, sessions::admin_by_name(nul)));
-    same("username_taken", write_both!(b, directory::username_taken(nul)));
+    same(
+        "username_taken",
+        write_both!(b, directory::username_taken(nul)),
+    );
     same("team_id", write_both!(b, tenants::team_id(nul)));
     same("user_ids", write_both!(b, tenants::user_ids(nul)));
     same("delete_tag", pool_write_both!(b, cache::delete_tag(nul)));
     for action in [Some(nul), None] {
-        same("audit filter", read_both!(b, reports::audit(action, Some(nul), 10, 0)));
+        same(
+            "audit filter",
+            read_both!(b, reports::audit(action, Some(nul), 10, 0)),
+        );
     }
-    let f = RequestFilter { model: Some(nul.into()), ..Default::default() };
-    same("request filter", read_both!(b, reports::requests(&f, 10, 0)));
+    let f = RequestFilter {
+        model: Some(nul.into()),
+        ..Default::default()
+    };
+    same(
+        "request filter",
+        read_both!(b, reports::requests(&f, 10, 0)),
+    );
     // The sign-in throttle counts such a name like any other.
     let key = format!("user:{nul}");
-    same("record_attempt", write_both!(b, sessions::record_attempt(&key, now)));
-    same("record_attempt", write_both!(b, sessions::record_attempt(&key, now)));
-    let counted = same("recent_attempts", write_both!(b, sessions::recent_attempts(&key, at(0, 0), 10)));
+    same(
+        "record_attempt",
+        write_both!(b, sessions::record_attempt(&key, now)),
+    );
+    same(
+        "record_attempt",
+        write_both!(b, sessions::record_attempt(&key, now)),
+    );
+    let counted = same(
+        "recent_attempts",
+        write_both!(b, sessions::recent_attempts(&key, at(0, 0), 10)),
+    );
     assert_eq!(counted.len(), 2);
-    same("delete_attempts_of", write_both!(b, sessions::delete_attempts_of(&key)));
+    same(
+        "delete_attempts_of",
+        write_both!(b, sessions::delete_attempts_of(&key)),
+    );
     // Writes: refused by name on PostgreSQL.
     let mut tx = b.pg.begin().await.unwrap();
     for (what, err) in [
-        ("team", store::pg_rest::tenants::create_team(&mut tx, nul, &budget(None, Reset::Never), now).await.err()),
-        ("token name", store::pg_rest::token_admin::set_name(&mut tx, 1, nul).await.err()),
-        ("admin", store::pg_rest::admins::create(&mut tx, nul, "h", "admin", None, now).await.err()),
+        (
+            "team",
+            store::pg_rest::tenants::create_team(&mut tx, nul, &budget(None, Reset::Never), now)
+                .await
+                .err(),
+        ),
+        (
+            "token name",
+            store::pg_rest::token_admin::set_name(&mut tx, 1, nul)
+                .await
+                .err(),
+        ),
+        (
+            "admin",
+            store::pg_rest::admins::create(&mut tx, nul, "h", "admin", None, now)
+                .await
+                .err(),
+        ),
     ] {
         match err {
             Some(store::StoreError::Conflict(m)) => assert!(m.contains("NUL"), "{what}: {m}"),

@@ -22,7 +22,9 @@ fn entry(action: &str) -> AuditEntry<'_> {
 }
 
 async fn fresh_pg() -> (String, PgPool) {
-    let url = tokio::task::spawn_blocking(pg_server::database).await.unwrap();
+    let url = tokio::task::spawn_blocking(pg_server::database)
+        .await
+        .unwrap();
     let pool = pg_pool(&url).await;
     (url, pool)
 }
@@ -31,23 +33,33 @@ async fn fresh_pg() -> (String, PgPool) {
 /// but not the gateway's key can do).
 async fn as_attacker(pool: &PgPool, sql: &str) {
     let mut tx = pool.begin().await.unwrap();
-    sqlx::query("ALTER TABLE audit_log DISABLE TRIGGER USER").execute(&mut *tx).await.unwrap();
+    sqlx::query("ALTER TABLE audit_log DISABLE TRIGGER USER")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
     sqlx::query(sql).execute(&mut *tx).await.unwrap();
-    sqlx::query("ALTER TABLE audit_log ENABLE TRIGGER USER").execute(&mut *tx).await.unwrap();
+    sqlx::query("ALTER TABLE audit_log ENABLE TRIGGER USER")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
 }
 
 async fn append_n(pool: &PgPool, keys: &AuditKeys, n: usize) {
     for i in 0..n {
         let action = format!("token.edit.{i}");
-        pg_audit::record(pool, keys, &entry(&action), at(10, i as u32)).await.unwrap();
+        pg_audit::record(pool, keys, &entry(&action), at(10, i as u32))
+            .await
+            .unwrap();
     }
 }
 
 #[tokio::test]
 async fn two_hosts_appending_at_once_keep_one_chain() {
     let b = both().await;
-    let url = tokio::task::spawn_blocking(pg_server::database).await.unwrap();
+    let url = tokio::task::spawn_blocking(pg_server::database)
+        .await
+        .unwrap();
     // Two "hosts": two pools on one database, each with writers of its own.
     let hosts = [pg_pool(&url).await, pg_pool(&url).await];
     let keys = b.lite.audit.clone();
@@ -61,7 +73,9 @@ async fn two_hosts_appending_at_once_keep_one_chain() {
                     // Inside a transaction that does something else first, as an admin edit.
                     let mut tx = pool.begin().await.unwrap();
                     sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
-                    pg_audit::append(&mut tx, &keys, &entry(&action), chrono::Utc::now()).await.unwrap();
+                    pg_audit::append(&mut tx, &keys, &entry(&action), chrono::Utc::now())
+                        .await
+                        .unwrap();
                     tx.commit().await.unwrap();
                 }
             }));
@@ -72,38 +86,63 @@ async fn two_hosts_appending_at_once_keep_one_chain() {
     }
     let st = pg_audit::verify(&hosts[0], &keys).await.unwrap();
     assert_eq!((st.rows, st.broken), (200, None), "one chain of every row");
-    let (rows, links): (i64, i64) = sqlx::query_as("SELECT COUNT(*), COUNT(DISTINCT prev_hash) FROM audit_log")
-        .fetch_one(&hosts[0])
-        .await
-        .unwrap();
-    assert_eq!(rows, links, "no two rows link to the same row (the chain never forked)");
+    let (rows, links): (i64, i64) =
+        sqlx::query_as("SELECT COUNT(*), COUNT(DISTINCT prev_hash) FROM audit_log")
+            .fetch_one(&hosts[0])
+            .await
+            .unwrap();
+    assert_eq!(
+        rows, links,
+        "no two rows link to the same row (the chain never forked)"
+    );
     b.lite.close().await;
 }
 
 #[tokio::test]
-async fn an_edited_a_removed_or_a_resigned_row_is_named_and_cut_newest_rows_show_against_the_head() {
+async fn an_edited_a_removed_or_a_resigned_row_is_named_and_cut_newest_rows_show_against_the_head()
+{
     let b = both().await;
     let keys = b.lite.audit.clone();
     // The triggers refuse changes to anyone who does not bypass them.
     let (_, pool) = fresh_pg().await;
     append_n(&pool, &keys, 5).await;
-    for sql in ["UPDATE audit_log SET actor = 'x' WHERE id = 2", "DELETE FROM audit_log WHERE id = 5", "TRUNCATE audit_log"] {
+    for sql in [
+        "UPDATE audit_log SET actor = 'x' WHERE id = 2",
+        "DELETE FROM audit_log WHERE id = 5",
+        "TRUNCATE audit_log",
+    ] {
         let err = sqlx::query(sql).execute(&pool).await.unwrap_err();
         assert!(err.to_string().contains("append-only"), "{sql}: {err}");
     }
     assert_eq!(pg_audit::verify(&pool, &keys).await.unwrap().broken, None);
 
     // An edited row.
-    as_attacker(&pool, "UPDATE audit_log SET after = '{\"rpm\":500}' WHERE id = 3").await;
-    let broken = pg_audit::verify(&pool, &keys).await.unwrap().broken.unwrap();
+    as_attacker(
+        &pool,
+        "UPDATE audit_log SET after = '{\"rpm\":500}' WHERE id = 3",
+    )
+    .await;
+    let broken = pg_audit::verify(&pool, &keys)
+        .await
+        .unwrap()
+        .broken
+        .unwrap();
     assert_eq!((broken.id, broken.why), (3, audit::UNSIGNED));
-    assert_eq!(pg_audit::signed_with(&pool, &keys).await.unwrap(), Some(true), "the other rows still verify: an edit, not another key");
+    assert_eq!(
+        pg_audit::signed_with(&pool, &keys).await.unwrap(),
+        Some(true),
+        "the other rows still verify: an edit, not another key"
+    );
 
     // A row removed from the middle.
     let (_, pool) = fresh_pg().await;
     append_n(&pool, &keys, 5).await;
     as_attacker(&pool, "DELETE FROM audit_log WHERE id = 2").await;
-    let broken = pg_audit::verify(&pool, &keys).await.unwrap().broken.unwrap();
+    let broken = pg_audit::verify(&pool, &keys)
+        .await
+        .unwrap()
+        .broken
+        .unwrap();
     assert_eq!(broken.id, 3);
     assert!(broken.why.contains("does not link"), "{}", broken.why);
 
@@ -114,23 +153,41 @@ async fn an_edited_a_removed_or_a_resigned_row_is_named_and_cut_newest_rows_show
     let mut conn = pool.acquire().await.unwrap();
     let (rows, last_id, last_hash) = pg_audit::tip(&mut conn).await.unwrap();
     assert_eq!((rows, last_id), (5, 5));
-    assert!(pg_audit::holds(&mut conn, rows, last_id, &last_hash).await.unwrap());
+    assert!(pg_audit::holds(&mut conn, rows, last_id, &last_hash)
+        .await
+        .unwrap());
     as_attacker(&pool, "DELETE FROM audit_log WHERE id >= 4").await;
     assert_eq!(pg_audit::verify(&pool, &keys).await.unwrap().broken, None);
-    assert!(!pg_audit::holds(&mut conn, rows, last_id, &last_hash).await.unwrap(), "a cut chain does not hold the head");
+    assert!(
+        !pg_audit::holds(&mut conn, rows, last_id, &last_hash)
+            .await
+            .unwrap(),
+        "a cut chain does not hold the head"
+    );
     // … nor does a truncated table, however re-filled.
     as_attacker(&pool, "TRUNCATE audit_log").await;
     append_n(&pool, &keys, 5).await;
-    assert!(!pg_audit::holds(&mut conn, rows, last_id, &last_hash).await.unwrap());
+    assert!(!pg_audit::holds(&mut conn, rows, last_id, &last_hash)
+        .await
+        .unwrap());
     drop(conn);
 
     // The whole chain rewritten under another key (an attacker's own): nothing verifies.
     let (_, pool) = fresh_pg().await;
-    let other = sluice::store::Db::open(&b._dir.path().join("other.db"), false).await.unwrap();
+    let other = sluice::store::Db::open(&b._dir.path().join("other.db"), false)
+        .await
+        .unwrap();
     append_n(&pool, &other.audit, 3).await;
-    let broken = pg_audit::verify(&pool, &keys).await.unwrap().broken.unwrap();
+    let broken = pg_audit::verify(&pool, &keys)
+        .await
+        .unwrap()
+        .broken
+        .unwrap();
     assert_eq!((broken.id, broken.why), (1, audit::UNSIGNED));
-    assert_eq!(pg_audit::signed_with(&pool, &keys).await.unwrap(), Some(false));
+    assert_eq!(
+        pg_audit::signed_with(&pool, &keys).await.unwrap(),
+        Some(false)
+    );
     other.close().await;
     b.lite.close().await;
 }
@@ -169,10 +226,12 @@ async fn copy_chain(b: &Both) {
             .await
             .unwrap();
     }
-    sqlx::query("SELECT setval(pg_get_serial_sequence('audit_log', 'id'), (SELECT max(id) FROM audit_log))")
-        .execute(&b.pg)
-        .await
-        .unwrap();
+    sqlx::query(
+        "SELECT setval(pg_get_serial_sequence('audit_log', 'id'), (SELECT max(id) FROM audit_log))",
+    )
+    .execute(&b.pg)
+    .await
+    .unwrap();
 }
 
 #[tokio::test]
@@ -182,28 +241,91 @@ async fn a_chain_written_on_sqlite_verifies_on_postgres_after_a_row_for_row_copy
     // Two rows from before the chain was keyed, then the seal, then keyed rows (NULLs,
     // non-ASCII, an empty address) and a head start.
     let genesis = "0".repeat(64);
-    let h1 = legacy(&genesis, ["cli", "", "team.create", "team 1", "\u{0}", "{}", "2025-01-01T00:00:00.000Z"]);
-    let h2 = legacy(&h1, ["cli", "", "user.create", "user 1", "{}", "\u{0}", "2025-01-01T00:00:01.000Z"]);
+    let h1 = legacy(
+        &genesis,
+        [
+            "cli",
+            "",
+            "team.create",
+            "team 1",
+            "\u{0}",
+            "{}",
+            "2025-01-01T00:00:00.000Z",
+        ],
+    );
+    let h2 = legacy(
+        &h1,
+        [
+            "cli",
+            "",
+            "user.create",
+            "user 1",
+            "{}",
+            "\u{0}",
+            "2025-01-01T00:00:01.000Z",
+        ],
+    );
     for (id, prev, hash, action, target, before, after, t) in [
-        (1, genesis.as_str(), h1.as_str(), "team.create", "team 1", None, Some("{}"), "2025-01-01T00:00:00.000Z"),
-        (2, h1.as_str(), h2.as_str(), "user.create", "user 1", Some("{}"), None, "2025-01-01T00:00:01.000Z"),
+        (
+            1,
+            genesis.as_str(),
+            h1.as_str(),
+            "team.create",
+            "team 1",
+            None,
+            Some("{}"),
+            "2025-01-01T00:00:00.000Z",
+        ),
+        (
+            2,
+            h1.as_str(),
+            h2.as_str(),
+            "user.create",
+            "user 1",
+            Some("{}"),
+            None,
+            "2025-01-01T00:00:01.000Z",
+        ),
     ] {
         sqlx::query("INSERT INTO audit_log (id, actor, address, action, target, before, after, created_at, prev_hash, hash, chain) VALUES (?, 'cli', '', ?, ?, ?, ?, ?, ?, ?, 'sha256')")
             .bind(id).bind(action).bind(target).bind(before).bind(after).bind(t).bind(prev).bind(hash)
             .execute(&b.lite.write).await.unwrap();
     }
-    let seal = AuditEntry { actor: "sluice", address: "", action: audit::SEAL, target: "", before: None, after: Some("{\"legacy_rows\":2}") };
+    let seal = AuditEntry {
+        actor: "sluice",
+        address: "",
+        action: audit::SEAL,
+        target: "",
+        before: None,
+        after: Some("{\"legacy_rows\":2}"),
+    };
     audit::record(&b.lite.write, &seal, at(8, 0)).await.unwrap();
     for (i, e) in [
         entry("token.revoke"),
-        AuditEntry { actor: "émile", address: "", action: "login", target: "", before: None, after: None },
-        AuditEntry { actor: "root", address: "::1", action: audit::HEAD_STARTED, target: "", before: Some("x"), after: Some("") },
+        AuditEntry {
+            actor: "émile",
+            address: "",
+            action: "login",
+            target: "",
+            before: None,
+            after: None,
+        },
+        AuditEntry {
+            actor: "root",
+            address: "::1",
+            action: audit::HEAD_STARTED,
+            target: "",
+            before: Some("x"),
+            after: Some(""),
+        },
         entry("token.rotate"),
     ]
     .iter()
     .enumerate()
     {
-        audit::record(&b.lite.write, e, at(9, i as u32)).await.unwrap();
+        audit::record(&b.lite.write, e, at(9, i as u32))
+            .await
+            .unwrap();
     }
     let on_sqlite = audit::verify(&b.lite.read, &keys).await.unwrap();
     assert_eq!((on_sqlite.rows, &on_sqlite.broken), (7, &None));
@@ -213,24 +335,48 @@ async fn a_chain_written_on_sqlite_verifies_on_postgres_after_a_row_for_row_copy
     assert_eq!(on_pg, on_sqlite, "the copy verifies the same");
     let mut lite = b.lite.read.acquire().await.unwrap();
     let mut pg = b.pg.acquire().await.unwrap();
-    assert_eq!(audit::tip(&mut lite).await.unwrap(), pg_audit::tip(&mut pg).await.unwrap());
-    assert_eq!(audit::head_started(&mut lite).await.unwrap(), pg_audit::head_started(&mut pg).await.unwrap());
+    assert_eq!(
+        audit::tip(&mut lite).await.unwrap(),
+        pg_audit::tip(&mut pg).await.unwrap()
+    );
+    assert_eq!(
+        audit::head_started(&mut lite).await.unwrap(),
+        pg_audit::head_started(&mut pg).await.unwrap()
+    );
     let (rows, id, hash) = pg_audit::tip(&mut pg).await.unwrap();
     assert!(pg_audit::holds(&mut pg, rows, id, &hash).await.unwrap());
-    assert_eq!(pg_audit::signed_with(&b.pg, &keys).await.unwrap(), Some(true));
+    assert_eq!(
+        pg_audit::signed_with(&b.pg, &keys).await.unwrap(),
+        Some(true)
+    );
     drop((lite, pg));
 
     // The chain goes on on PostgreSQL, and the same row appended on SQLite gets the same MAC.
     let next = entry("team.budget");
-    pg_audit::record(&b.pg, &keys, &next, at(11, 0)).await.unwrap();
-    audit::record(&b.lite.write, &next, at(11, 0)).await.unwrap();
+    pg_audit::record(&b.pg, &keys, &next, at(11, 0))
+        .await
+        .unwrap();
+    audit::record(&b.lite.write, &next, at(11, 0))
+        .await
+        .unwrap();
     let st = pg_audit::verify(&b.pg, &keys).await.unwrap();
     assert_eq!((st.rows, &st.broken), (8, &None));
-    assert_eq!(st, audit::verify(&b.lite.read, &keys).await.unwrap(), "both engines sign the same bytes alike");
+    assert_eq!(
+        st,
+        audit::verify(&b.lite.read, &keys).await.unwrap(),
+        "both engines sign the same bytes alike"
+    );
 
     // A legacy row edited in the copy is named as on SQLite.
     as_attacker(&b.pg, "UPDATE audit_log SET target = 'team 2' WHERE id = 1").await;
-    let broken = pg_audit::verify(&b.pg, &keys).await.unwrap().broken.unwrap();
-    assert_eq!((broken.id, broken.why), (1, "it was changed after it was written"));
+    let broken = pg_audit::verify(&b.pg, &keys)
+        .await
+        .unwrap()
+        .broken
+        .unwrap();
+    assert_eq!(
+        (broken.id, broken.why),
+        (1, "it was changed after it was written")
+    );
     b.lite.close().await;
 }

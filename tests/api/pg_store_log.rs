@@ -31,12 +31,24 @@ async fn count_statements(pool: &PgPool, table: &str) {
 }
 
 async fn statements(pool: &PgPool, table: &str) -> i64 {
-    sqlx::query_scalar("SELECT n FROM statements WHERE tbl = $1").bind(table).fetch_one(pool).await.unwrap()
+    sqlx::query_scalar("SELECT n FROM statements WHERE tbl = $1")
+        .bind(table)
+        .fetch_one(pool)
+        .await
+        .unwrap()
 }
 
-type RawColumns = Vec<(String, String, Option<i64>, Option<String>, Option<f64>, bool)>;
+type RawColumns = Vec<(
+    String,
+    String,
+    Option<i64>,
+    Option<String>,
+    Option<f64>,
+    bool,
+)>;
 
-const RAW: &str = "SELECT id, upstream, ttfb_ms, cache_key, cache_similarity, stream FROM requests ORDER BY id";
+const RAW: &str =
+    "SELECT id, upstream, ttfb_ms, cache_key, cache_similarity, stream FROM requests ORDER BY id";
 
 #[tokio::test]
 async fn a_request_log_batch_is_one_statement_idempotent_and_reads_as_on_sqlite() {
@@ -54,24 +66,54 @@ async fn a_request_log_batch_is_one_statement_idempotent_and_reads_as_on_sqlite(
         ..Default::default()
     }));
     assert_eq!(rows.len(), 300);
-    same("insert_batch", pool_write_both!(b, requests::insert_batch(&rows)));
-    assert_eq!(statements(&b.pg, "requests").await, 1, "300 rows, one INSERT statement");
+    same(
+        "insert_batch",
+        pool_write_both!(b, requests::insert_batch(&rows)),
+    );
+    assert_eq!(
+        statements(&b.pg, "requests").await,
+        1,
+        "300 rows, one INSERT statement"
+    );
     // The same batch again (a retried write), with one new row and a row twice: nothing doubled.
     let mut again = rows.clone();
-    again.push(RequestRow { id: "late".into(), token_id: Some(2), created_at: sluice::clock::db_time(at(5, 0)), endpoint: "chat", status: 200, cache: "off", ..Default::default() });
+    again.push(RequestRow {
+        id: "late".into(),
+        token_id: Some(2),
+        created_at: sluice::clock::db_time(at(5, 0)),
+        endpoint: "chat",
+        status: 200,
+        cache: "off",
+        ..Default::default()
+    });
     again.push(again[0].clone());
-    same("insert_batch again", pool_write_both!(b, requests::insert_batch(&again)));
+    same(
+        "insert_batch again",
+        pool_write_both!(b, requests::insert_batch(&again)),
+    );
     assert_eq!(statements(&b.pg, "requests").await, 2);
-    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM requests").fetch_one(&b.pg).await.unwrap();
+    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM requests")
+        .fetch_one(&b.pg)
+        .await
+        .unwrap();
     assert_eq!(count, 301);
-    same("insert_batch empty", pool_write_both!(b, requests::insert_batch(&[])));
+    same(
+        "insert_batch empty",
+        pool_write_both!(b, requests::insert_batch(&[])),
+    );
     let lite: RawColumns = sqlx::query_as(RAW).fetch_all(&b.lite.read).await.unwrap();
     let pg: RawColumns = sqlx::query_as(RAW).fetch_all(&b.pg).await.unwrap();
     assert_eq!(lite, pg, "every column as written");
     let filter = sluice::store::reports::RequestFilter::default();
-    same("request log", read_both!(b, reports::requests(&filter, 1000, 0)));
+    same(
+        "request log",
+        read_both!(b, reports::requests(&filter, 1000, 0)),
+    );
     // `last_used_at`, one per token and batch, alike.
-    same("tokens after the log", read_both!(b, token_admin::list(None)));
+    same(
+        "tokens after the log",
+        read_both!(b, token_admin::list(None)),
+    );
     b.lite.close().await;
 }
 
@@ -81,8 +123,8 @@ fn new_entry(key: u8, tags: &str, answer: &str, minute: u32) -> NewEntry {
         scope: "team:1".into(),
         model: "gpt-4o-mini".into(),
         format: "openai",
-        context_hash: (key % 2 == 0).then_some([key ^ 0xff; 32]),
-        vector: (key % 2 == 0).then(|| vec![key, 1, 2, 3]),
+        context_hash: key.is_multiple_of(2).then_some([key ^ 0xff; 32]),
+        vector: key.is_multiple_of(2).then(|| vec![key, 1, 2, 3]),
         answer: answer.into(),
         input_tokens: key as i64,
         output_tokens: 2,
@@ -106,9 +148,13 @@ async fn cache_batches_replace_and_tags_match_as_on_sqlite() {
     let put = |entries: Vec<NewEntry>| {
         let (lite, pg) = (b.lite.write.clone(), b.pg.clone());
         async move {
-            writer::once(&lite, |tx| sluice::store::cache::put_batch_tx(tx, &entries)).await.unwrap();
+            writer::once(&lite, |tx| sluice::store::cache::put_batch_tx(tx, &entries))
+                .await
+                .unwrap();
             let mut tx = pg.begin().await.unwrap();
-            pg_rest::cache::put_batch_tx(&mut tx, &entries).await.unwrap();
+            pg_rest::cache::put_batch_tx(&mut tx, &entries)
+                .await
+                .unwrap();
             tx.commit().await.unwrap();
         }
     };
@@ -120,7 +166,11 @@ async fn cache_batches_replace_and_tags_match_as_on_sqlite() {
         new_entry(4, ",", "four", 4),
     ])
     .await;
-    assert_eq!(statements(&b.pg, "cache_entries").await, 1, "one statement per batch");
+    assert_eq!(
+        statements(&b.pg, "cache_entries").await,
+        1,
+        "one statement per batch"
+    );
     let now = at(11, 0);
     for key in 1..=5u8 {
         same("get", read_both!(b, cache::get(&[key; 32], now)));
@@ -128,24 +178,58 @@ async fn cache_batches_replace_and_tags_match_as_on_sqlite() {
     let (l, p) = read_both!(b, cache::keys_after(0, now));
     let (l, p) = (l.unwrap(), p.unwrap());
     assert_eq!(keys_of(&l), keys_of(&p), "same entries in the same order");
-    assert_eq!(keys_of(&p), [2, 1, 3, 4], "a key twice in a batch: its last version, stored last");
+    assert_eq!(
+        keys_of(&p),
+        [2, 1, 3, 4],
+        "a key twice in a batch: its last version, stored last"
+    );
     let (l_idx, p_idx) = read_both!(b, cache::index_rows(0, now));
-    let strip = |rows: Vec<sluice::store::cache::IndexRow>| rows.into_iter().map(|(_, k, c, v)| (k, c, v)).collect::<Vec<_>>();
+    let strip = |rows: Vec<sluice::store::cache::IndexRow>| {
+        rows.into_iter()
+            .map(|(_, k, c, v)| (k, c, v))
+            .collect::<Vec<_>>()
+    };
     assert_eq!(strip(l_idx.unwrap()), strip(p_idx.unwrap()));
     // Hits, then a replacement: a new, newer id and the hit count starts over (SQLite's
     // INSERT OR REPLACE deletes and re-inserts).
     let seen = p.last().unwrap().0;
-    writer::once(&b.lite.write, |tx| sluice::store::cache::count_hit_tx(tx, &[2; 32])).await.unwrap();
-    pg_rest::cache::count_hit_tx(&mut *b.pg.acquire().await.unwrap(), &[2; 32]).await.unwrap();
+    writer::once(&b.lite.write, |tx| {
+        sluice::store::cache::count_hit_tx(tx, &[2; 32])
+    })
+    .await
+    .unwrap();
+    pg_rest::cache::count_hit_tx(&mut b.pg.acquire().await.unwrap(), &[2; 32])
+        .await
+        .unwrap();
     let hits = "SELECT hits FROM cache_entries WHERE key = $1";
-    let lite_hits: i64 = sqlx::query_scalar(hits).bind([2u8; 32].as_slice()).fetch_one(&b.lite.read).await.unwrap();
-    let pg_hits: i64 = sqlx::query_scalar(hits).bind([2u8; 32].as_slice()).fetch_one(&b.pg).await.unwrap();
+    let lite_hits: i64 = sqlx::query_scalar(hits)
+        .bind([2u8; 32].as_slice())
+        .fetch_one(&b.lite.read)
+        .await
+        .unwrap();
+    let pg_hits: i64 = sqlx::query_scalar(hits)
+        .bind([2u8; 32].as_slice())
+        .fetch_one(&b.pg)
+        .await
+        .unwrap();
     assert_eq!((lite_hits, pg_hits), (1, 1));
     put(vec![new_entry(2, ",b,", "two again", 9)]).await;
     let after = pg_rest::cache::keys_after(&b.pg, seen, now).await.unwrap();
-    assert_eq!(keys_of(&after), [2], "the replaced entry is new to the indexes");
-    let pg_hits: i64 = sqlx::query_scalar(hits).bind([2u8; 32].as_slice()).fetch_one(&b.pg).await.unwrap();
-    let lite_hits: i64 = sqlx::query_scalar(hits).bind([2u8; 32].as_slice()).fetch_one(&b.lite.read).await.unwrap();
+    assert_eq!(
+        keys_of(&after),
+        [2],
+        "the replaced entry is new to the indexes"
+    );
+    let pg_hits: i64 = sqlx::query_scalar(hits)
+        .bind([2u8; 32].as_slice())
+        .fetch_one(&b.pg)
+        .await
+        .unwrap();
+    let lite_hits: i64 = sqlx::query_scalar(hits)
+        .bind([2u8; 32].as_slice())
+        .fetch_one(&b.lite.read)
+        .await
+        .unwrap();
     assert_eq!((lite_hits, pg_hits), (0, 0));
     // Tags: exact, case-sensitive, no wildcards; the epoch moves only when something went.
     for tag in ["a_b", "A_B", "case:1", "%", "_", "nothing", "b"] {
@@ -160,8 +244,14 @@ async fn cache_batches_replace_and_tags_match_as_on_sqlite() {
     assert_eq!(keys_of(&l.unwrap()), keys_of(&p.unwrap()));
     // Eviction: expired first, then the oldest past the cap.
     put((10..20).map(|k| new_entry(k, ",", "x", k as u32)).collect()).await;
-    same("evict expired", pool_write_both!(b, cache::evict(u64::MAX, at(20, 12))));
-    same("evict over the cap", pool_write_both!(b, cache::evict(3, at(20, 12))));
+    same(
+        "evict expired",
+        pool_write_both!(b, cache::evict(u64::MAX, at(20, 12))),
+    );
+    same(
+        "evict over the cap",
+        pool_write_both!(b, cache::evict(3, at(20, 12))),
+    );
     let (l, p) = read_both!(b, cache::keys_after(0, at(20, 12)));
     assert_eq!(keys_of(&l.unwrap()), keys_of(&p.unwrap()));
     // The balance a hit reports.
@@ -169,10 +259,23 @@ async fn cache_batches_replace_and_tags_match_as_on_sqlite() {
         token_id: 1,
         user_id: 2,
         team_id: 1,
-        resets: [sluice::quota::period::Reset::Daily, sluice::quota::period::Reset::Daily, sluice::quota::period::Reset::Monthly],
+        resets: [
+            sluice::quota::period::Reset::Daily,
+            sluice::quota::period::Reset::Daily,
+            sluice::quota::period::Reset::Monthly,
+        ],
     };
-    same("budget_remaining", read_both!(b, cache::budget_remaining(&owner, at(10, 0))));
-    same("budget_remaining a day on", read_both!(b, cache::budget_remaining(&owner, at(10, 0) + chrono::Duration::days(1))));
+    same(
+        "budget_remaining",
+        read_both!(b, cache::budget_remaining(&owner, at(10, 0))),
+    );
+    same(
+        "budget_remaining a day on",
+        read_both!(
+            b,
+            cache::budget_remaining(&owner, at(10, 0) + chrono::Duration::days(1))
+        ),
+    );
     b.lite.close().await;
 }
 
@@ -189,10 +292,17 @@ async fn lingering_rows_are_written_in_batches_and_flushed() {
         assert!(log.push(r.clone()).await);
     }
     log.flush().await;
-    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM requests").fetch_one(&b.pg).await.unwrap();
+    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM requests")
+        .fetch_one(&b.pg)
+        .await
+        .unwrap();
     assert_eq!(count, rows.len() as i64, "every row written by the flush");
     let n = statements(&b.pg, "requests").await;
-    assert!(n < rows.len() as i64 / 4, "{} rows took {n} statements: not batched", rows.len());
+    assert!(
+        n < rows.len() as i64 / 4,
+        "{} rows took {n} statements: not batched",
+        rows.len()
+    );
     b.lite.close().await;
 }
 
@@ -209,7 +319,11 @@ async fn an_epoch_bump_is_heard_at_once_and_the_poll_survives_a_killed_listener(
     let listener = pg_rest::notify::listen(&b.pg, move |h| {
         let _ = tx.send(h);
     });
-    assert_eq!(heard(&mut rx, Duration::from_secs(30)).await, Some(Heard::Lost), "connected (everything dropped once)");
+    assert_eq!(
+        heard(&mut rx, Duration::from_secs(30)).await,
+        Some(Heard::Lost),
+        "connected (everything dropped once)"
+    );
     // A bump rolled back is never heard; the next committed one is.
     let mut t = b.pg.begin().await.unwrap();
     pg_rest::tokens::bump_epoch(&mut t).await.unwrap();
@@ -218,23 +332,41 @@ async fn an_epoch_bump_is_heard_at_once_and_the_poll_survives_a_killed_listener(
     let mut t = b.pg.begin().await.unwrap();
     assert!(pg_rest::tokens::revoke(&mut t, 1, at(10, 0)).await.unwrap());
     t.commit().await.unwrap();
-    assert_eq!(heard(&mut rx, Duration::from_secs(5)).await, Some(Heard::Bumped(Epoch::Token)));
+    assert_eq!(
+        heard(&mut rx, Duration::from_secs(5)).await,
+        Some(Heard::Bumped(Epoch::Token))
+    );
     let took = sent.elapsed();
-    assert!(took < Duration::from_secs(1), "a revocation heard after {took:?}");
+    assert!(
+        took < Duration::from_secs(1),
+        "a revocation heard after {took:?}"
+    );
     let keys = pg_rest::cache::delete_tag(&b.pg, "nothing").await.unwrap();
     assert!(keys.is_empty());
     // Token edits notify too, and cache invalidations on their own payload.
     let mut t = b.pg.begin().await.unwrap();
-    pg_rest::token_admin::expire_at(&mut t, 2, at(11, 0)).await.unwrap();
+    pg_rest::token_admin::expire_at(&mut t, 2, at(11, 0))
+        .await
+        .unwrap();
     t.commit().await.unwrap();
-    assert_eq!(heard(&mut rx, Duration::from_secs(5)).await, Some(Heard::Bumped(Epoch::Token)));
-    let mut entries = Vec::new();
-    entries.push(new_entry(7, ",t,", "a", 0));
+    assert_eq!(
+        heard(&mut rx, Duration::from_secs(5)).await,
+        Some(Heard::Bumped(Epoch::Token))
+    );
+    let entries = vec![new_entry(7, ",t,", "a", 0)];
     let mut t = b.pg.begin().await.unwrap();
-    pg_rest::cache::put_batch_tx(&mut t, &entries).await.unwrap();
+    pg_rest::cache::put_batch_tx(&mut t, &entries)
+        .await
+        .unwrap();
     t.commit().await.unwrap();
-    assert_eq!(pg_rest::cache::delete_tag(&b.pg, "t").await.unwrap().len(), 1);
-    assert_eq!(heard(&mut rx, Duration::from_secs(5)).await, Some(Heard::Bumped(Epoch::Cache)));
+    assert_eq!(
+        pg_rest::cache::delete_tag(&b.pg, "t").await.unwrap().len(),
+        1
+    );
+    assert_eq!(
+        heard(&mut rx, Duration::from_secs(5)).await,
+        Some(Heard::Bumped(Epoch::Cache))
+    );
 
     // The listener's connection killed: the poll still sees every bump, and the listener
     // comes back (telling its callback to drop everything: it may have missed some).
@@ -250,7 +382,11 @@ async fn an_epoch_bump_is_heard_at_once_and_the_poll_survives_a_killed_listener(
     let mut t = b.pg.begin().await.unwrap();
     assert!(pg_rest::tokens::revoke(&mut t, 2, at(10, 0)).await.unwrap());
     t.commit().await.unwrap();
-    assert_eq!(pg_rest::tokens::epoch(&b.pg).await.unwrap(), before + 1, "the poll sees the bump");
+    assert_eq!(
+        pg_rest::tokens::epoch(&b.pg).await.unwrap(),
+        before + 1,
+        "the poll sees the bump"
+    );
     // Whatever it heard meanwhile, it ends reconnected and hearing.
     let until = Instant::now() + Duration::from_secs(30);
     let mut lost = false;
@@ -270,7 +406,10 @@ async fn an_epoch_bump_is_heard_at_once_and_the_poll_survives_a_killed_listener(
     }
     // Closing the pool ends the listener.
     b.pg.close().await;
-    tokio::time::timeout(Duration::from_secs(30), listener).await.expect("the listener ends with its pool").unwrap();
+    tokio::time::timeout(Duration::from_secs(30), listener)
+        .await
+        .expect("the listener ends with its pool")
+        .unwrap();
     b.lite.close().await;
 }
 
@@ -283,21 +422,27 @@ async fn cache_entries_become_visible_in_id_order_across_writers() {
     let now = at(11, 0);
     // Host A writes and has not committed yet.
     let mut a = b.pg.begin().await.unwrap();
-    pg_rest::cache::put_batch_tx(&mut a, &[new_entry(1, ",", "a", 0)]).await.unwrap();
+    pg_rest::cache::put_batch_tx(&mut a, &[new_entry(1, ",", "a", 0)])
+        .await
+        .unwrap();
     // Host B writes meanwhile.
     let pool = b.pg.clone();
     let host_b = tokio::spawn(async move {
         let mut t = pool.begin().await.unwrap();
-        pg_rest::cache::put_batch_tx(&mut t, &[new_entry(2, ",", "b", 0)]).await.unwrap();
+        pg_rest::cache::put_batch_tx(&mut t, &[new_entry(2, ",", "b", 0)])
+            .await
+            .unwrap();
         t.commit().await.unwrap();
     });
     // Until B is done or waits for A.
     let until = Instant::now() + Duration::from_secs(30);
     loop {
-        let waiting: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
-            .fetch_one(&b.pg)
-            .await
-            .unwrap();
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+        )
+        .fetch_one(&b.pg)
+        .await
+        .unwrap();
         if waiting > 0 || host_b.is_finished() {
             break;
         }

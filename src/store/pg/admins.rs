@@ -15,7 +15,11 @@ pub async fn create(
     team_id: Option<i64>,
     now: DateTime<Utc>,
 ) -> Result<i64> {
-    text::check(&[("username", Some(username)), ("password hash", Some(password_hash)), ("role", Some(role))])?;
+    text::check(&[
+        ("username", Some(username)),
+        ("password hash", Some(password_hash)),
+        ("role", Some(role)),
+    ])?;
     let exists: Option<i64> = sqlx::query_scalar("SELECT id FROM admins WHERE username = $1")
         .bind(username)
         .fetch_optional(&mut *conn)

@@ -20,7 +20,9 @@ use sqlx::{PgConnection, PgPool, Row};
 
 use super::text;
 use crate::clock::db_time;
-use crate::store::audit::{AuditEntry, AuditKeys, Broken, ChainState, HEAD_STARTED, KEYED, SEAL, UNSIGNED};
+use crate::store::audit::{
+    AuditEntry, AuditKeys, Broken, ChainState, HEAD_STARTED, KEYED, SEAL, UNSIGNED,
+};
 use crate::store::Result;
 
 /// The advisory lock of the chain's tip (an arbitrary constant: "sluice audit").
@@ -254,7 +256,12 @@ pub async fn head_started(conn: &mut PgConnection) -> Result<Option<(i64, String
 
 /// Whether the database still holds an earlier head's newest row, with as many rows up to
 /// it (as `store::audit::holds`).
-pub async fn holds(conn: &mut PgConnection, rows: i64, last_id: i64, last_hash: &str) -> Result<bool> {
+pub async fn holds(
+    conn: &mut PgConnection,
+    rows: i64,
+    last_id: i64,
+    last_hash: &str,
+) -> Result<bool> {
     if rows == 0 {
         return Ok(true);
     }

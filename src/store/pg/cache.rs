@@ -63,7 +63,11 @@ pub async fn put_batch_tx(conn: &mut PgConnection, entries: &[NewEntry]) -> Resu
         .bind(text(|e| e.scope.clone()))
         .bind(text(|e| e.model.clone()))
         .bind(text(|e| e.format.to_string()))
-        .bind(last.iter().map(|e| e.context_hash.map(|c| c.to_vec())).collect::<Vec<_>>())
+        .bind(
+            last.iter()
+                .map(|e| e.context_hash.map(|c| c.to_vec()))
+                .collect::<Vec<_>>(),
+        )
         .bind(last.iter().map(|e| e.vector.clone()).collect::<Vec<_>>())
         .bind(text(|e| e.answer.clone()))
         .bind(last.iter().map(|e| e.input_tokens).collect::<Vec<_>>())
@@ -88,7 +92,11 @@ pub async fn index_rows(pool: &PgPool, after: i64, now: DateTime<Utc>) -> Result
 }
 
 /// (id, key) of the live entries stored after id `after`.
-pub async fn keys_after(pool: &PgPool, after: i64, now: DateTime<Utc>) -> Result<Vec<(i64, Vec<u8>)>> {
+pub async fn keys_after(
+    pool: &PgPool,
+    after: i64,
+    now: DateTime<Utc>,
+) -> Result<Vec<(i64, Vec<u8>)>> {
     Ok(sqlx::query_as(
         "SELECT id, key FROM cache_entries WHERE id > $1 AND expires_at > $2 ORDER BY id",
     )
@@ -162,7 +170,11 @@ pub async fn count_hit_tx(conn: &mut PgConnection, key: &[u8]) -> Result<()> {
 
 /// The tightest remaining budget of a token, its user and its team (as
 /// `store::cache::budget_remaining`).
-pub async fn budget_remaining(pool: &PgPool, owner: &Owner, now: DateTime<Utc>) -> Result<Option<i64>> {
+pub async fn budget_remaining(
+    pool: &PgPool,
+    owner: &Owner,
+    now: DateTime<Utc>,
+) -> Result<Option<i64>> {
     let rows: Vec<(i64, Option<i64>, Option<i64>, String)> = sqlx::query_as(
         "SELECT 0::BIGINT, limit_micros, remaining_micros, period FROM tokens WHERE id = $1
          UNION ALL SELECT 1::BIGINT, limit_micros, remaining_micros, period FROM users WHERE id = $2

@@ -3,8 +3,8 @@
 
 use sqlx::{PgConnection, PgPool};
 
-use crate::store::directory::{LoginEdit, LoginRow, MemberEdit, MemberRow, TeamRow};
 use super::text;
+use crate::store::directory::{LoginEdit, LoginRow, MemberEdit, MemberRow, TeamRow};
 use crate::store::{Result, StoreError};
 
 const TEAM_SELECT: &str = "SELECT tm.id, tm.name, tm.limit_micros, tm.remaining_micros, tm.reserved_micros, tm.reset, tm.period,

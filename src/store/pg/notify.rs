@@ -74,6 +74,8 @@ pub async fn bump(conn: &mut PgConnection, which: Epoch) -> Result<()> {
     Ok(())
 }
 
+/// The first pause before reconnecting the listener after an error.
+const MIN_BACKOFF: Duration = Duration::from_millis(100);
 /// The longest pause between two attempts to reconnect the listener.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -90,41 +92,51 @@ pub fn listen(
         .acquire_timeout(Duration::from_secs(5))
         .connect_lazy_with((*pool.connect_options()).clone());
     tokio::spawn(async move {
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = MIN_BACKOFF;
         while !main.is_closed() {
-            let outcome = tokio::select! {
+            let e = tokio::select! {
                 _ = main.close_event() => break,
-                outcome = session(&own, &on) => outcome,
+                e = session(&own, &on, &mut backoff) => e,
             };
-            match outcome {
-                Ok(()) => backoff = Duration::from_millis(100),
-                Err(e) => {
-                    tracing::warn!(error = %e, channel = CHANNEL, "epoch listener lost its connection; the epoch poll covers meanwhile");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                }
+            tracing::warn!(error = %e, channel = CHANNEL, "epoch listener lost its connection; the epoch poll covers meanwhile");
+            tokio::select! {
+                _ = main.close_event() => break,
+                _ = tokio::time::sleep(backoff) => {}
             }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
         }
         own.close().await;
     })
 }
 
-/// One listening connection, until it fails. Returns `Ok` after a connection lost and
-/// already re-established by sqlx (so the caller loops at once).
-async fn session(pool: &PgPool, on: &(impl Fn(Heard) + Send + Sync)) -> sqlx::Result<()> {
-    let mut listener = PgListener::connect_with(pool).await?;
-    listener.listen(CHANNEL).await?;
+/// One listener, until it fails (its error). sqlx re-establishes a lost connection (and its LISTEN)
+/// itself before `try_recv` answers `None`; `Lost` is told only once LISTEN is in place
+/// again, so anything bumped after the callback heard it is heard too.
+async fn session(
+    pool: &PgPool,
+    on: &(impl Fn(Heard) + Send + Sync),
+    backoff: &mut Duration,
+) -> sqlx::Error {
+    let mut listener = match PgListener::connect_with(pool).await {
+        Ok(l) => l,
+        Err(e) => return e,
+    };
+    if let Err(e) = listener.listen(CHANNEL).await {
+        return e;
+    }
+    *backoff = MIN_BACKOFF;
     on(Heard::Lost);
     loop {
-        match listener.try_recv().await? {
+        let next = match listener.try_recv().await {
+            Ok(next) => next,
+            Err(e) => return e,
+        };
+        match next {
             Some(n) => match Epoch::parse(n.payload()) {
                 Some(e) => on(Heard::Bumped(e)),
                 None => on(Heard::Lost),
             },
-            None => {
-                on(Heard::Lost);
-                return Ok(());
-            }
+            None => on(Heard::Lost),
         }
     }
 }

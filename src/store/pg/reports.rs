@@ -11,8 +11,10 @@
 
 use sqlx::{PgPool, Postgres, QueryBuilder};
 
-use crate::store::reports::{AuditLine, GroupBy, RequestFilter, RequestLine, SpendRow, TopToken, Totals};
 use super::text;
+use crate::store::reports::{
+    AuditLine, GroupBy, RequestFilter, RequestLine, SpendRow, TopToken, Totals,
+};
 use crate::store::Result;
 
 /// Spend, request count and non-2xx count since `from` (a database time string).
@@ -79,7 +81,12 @@ pub async fn spend(
         .await?)
 }
 
-pub async fn top_tokens(pool: &PgPool, scope: Option<i64>, from: &str, n: i64) -> Result<Vec<TopToken>> {
+pub async fn top_tokens(
+    pool: &PgPool,
+    scope: Option<i64>,
+    from: &str,
+    n: i64,
+) -> Result<Vec<TopToken>> {
     Ok(sqlx::query_as(
         "SELECT r.token_id, MIN(t.prefix) AS prefix, MIN(u.username) AS user, SUM(r.cost_micros)::BIGINT AS spend_micros,
                 COUNT(*) AS requests
@@ -95,7 +102,12 @@ pub async fn top_tokens(pool: &PgPool, scope: Option<i64>, from: &str, n: i64) -
 }
 
 /// One page of the request log, newest first; `limit + 1` rows (as `store::reports`).
-pub async fn requests(pool: &PgPool, f: &RequestFilter, limit: i64, offset: i64) -> Result<Vec<RequestLine>> {
+pub async fn requests(
+    pool: &PgPool,
+    f: &RequestFilter,
+    limit: i64,
+    offset: i64,
+) -> Result<Vec<RequestLine>> {
     let texts = [f.model.as_deref(), f.from.as_deref(), f.to.as_deref()];
     if texts.into_iter().flatten().any(|t| !text::storable(t)) {
         return Ok(Vec::new());
@@ -153,7 +165,11 @@ pub async fn audit(
     limit: i64,
     offset: i64,
 ) -> Result<Vec<AuditLine>> {
-    if [action, actor].into_iter().flatten().any(|t| !text::storable(t)) {
+    if [action, actor]
+        .into_iter()
+        .flatten()
+        .any(|t| !text::storable(t))
+    {
         return Ok(Vec::new());
     }
     let mut q: QueryBuilder<Postgres> = QueryBuilder::new(

@@ -49,7 +49,11 @@ pub async fn insert_batch_tx(conn: &mut PgConnection, rows: &[RequestRow]) -> Re
         .bind(num(|r| Some(r.latency_ms)))
         .bind(num(|r| r.ttfb_ms))
         .bind(col(|r| r.cache.to_string()))
-        .bind(rows.iter().map(|r| r.cache_key.as_deref()).collect::<Vec<_>>())
+        .bind(
+            rows.iter()
+                .map(|r| r.cache_key.as_deref())
+                .collect::<Vec<_>>(),
+        )
         .bind(rows.iter().map(|r| r.cache_similarity).collect::<Vec<_>>())
         .bind(col(|r| r.created_at.clone()))
         .execute(&mut *conn)

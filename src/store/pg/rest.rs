@@ -13,7 +13,7 @@ pub mod notify;
 pub mod reports;
 pub mod requests;
 pub mod sessions;
-pub mod text;
 pub mod tenants;
+pub mod text;
 pub mod token_admin;
 pub mod tokens;

@@ -4,9 +4,9 @@
 use chrono::{DateTime, Duration, Utc};
 use sqlx::{PgConnection, PgPool};
 
+use super::text;
 use crate::clock::db_time;
 use crate::store::sessions::{AdminRow, ApiKeyRow, SessionRow};
-use super::text;
 use crate::store::Result;
 
 const ADMIN_COLS: &str = "a.id, a.username, a.role, a.team_id, a.password_hash, a.disabled";
@@ -24,12 +24,12 @@ pub async fn admin_by_name(pool: &PgPool, username: &str) -> Result<Option<Admin
 }
 
 pub async fn admin_by_id(pool: &PgPool, id: i64) -> Result<Option<AdminRow>> {
-    Ok(
-        sqlx::query_as(&format!("SELECT {ADMIN_COLS} FROM admins a WHERE a.id = $1"))
-            .bind(id)
-            .fetch_optional(pool)
-            .await?,
-    )
+    Ok(sqlx::query_as(&format!(
+        "SELECT {ADMIN_COLS} FROM admins a WHERE a.id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(pool)
+    .await?)
 }
 
 pub async fn set_password_hash(conn: &mut PgConnection, id: i64, hash: &str) -> Result<()> {
@@ -101,7 +101,11 @@ pub async fn delete_session(conn: &mut PgConnection, id_hash: &str) -> Result<bo
 }
 
 /// Ends every session of an admin except `keep`.
-pub async fn delete_sessions_of(conn: &mut PgConnection, admin_id: i64, keep: Option<&str>) -> Result<u64> {
+pub async fn delete_sessions_of(
+    conn: &mut PgConnection,
+    admin_id: i64,
+    keep: Option<&str>,
+) -> Result<u64> {
     Ok(
         sqlx::query("DELETE FROM admin_sessions WHERE admin_id = $1 AND id_hash <> $2")
             .bind(admin_id)
@@ -132,11 +136,12 @@ const ATTEMPTS_KEPT: i64 = 100_000;
 /// Records one admitted sign-in attempt under `key`; returns its row id (see
 /// `store::sessions::record_attempt` for the sweep).
 pub async fn record_attempt(conn: &mut PgConnection, key: &str, now: DateTime<Utc>) -> Result<i64> {
-    let id = sqlx::query_scalar("INSERT INTO login_failures (key, at) VALUES ($1, $2) RETURNING id")
-        .bind(text::key(key))
-        .bind(db_time(now))
-        .fetch_one(&mut *conn)
-        .await?;
+    let id =
+        sqlx::query_scalar("INSERT INTO login_failures (key, at) VALUES ($1, $2) RETURNING id")
+            .bind(text::key(key))
+            .bind(db_time(now))
+            .fetch_one(&mut *conn)
+            .await?;
     sqlx::query(
         "DELETE FROM login_failures WHERE at < $1 \
          AND id <= (SELECT max(id) FROM login_failures) - $2",
@@ -223,7 +228,12 @@ pub async fn api_keys_of(pool: &PgPool, admin_id: i64) -> Result<Vec<ApiKeyRow>>
 }
 
 /// Revokes one of `admin_id`'s keys; `false` when there is no such live key of theirs.
-pub async fn revoke_api_key(conn: &mut PgConnection, admin_id: i64, id: i64, now: DateTime<Utc>) -> Result<bool> {
+pub async fn revoke_api_key(
+    conn: &mut PgConnection,
+    admin_id: i64,
+    id: i64,
+    now: DateTime<Utc>,
+) -> Result<bool> {
     Ok(sqlx::query(
         "UPDATE admin_api_keys SET revoked_at = $1 WHERE id = $2 AND admin_id = $3 AND revoked_at IS NULL",
     )
@@ -237,7 +247,11 @@ pub async fn revoke_api_key(conn: &mut PgConnection, admin_id: i64, id: i64, now
 }
 
 /// Revokes every live API key of an admin; how many.
-pub async fn revoke_api_keys_of(conn: &mut PgConnection, admin_id: i64, now: DateTime<Utc>) -> Result<u64> {
+pub async fn revoke_api_keys_of(
+    conn: &mut PgConnection,
+    admin_id: i64,
+    now: DateTime<Utc>,
+) -> Result<u64> {
     Ok(sqlx::query(
         "UPDATE admin_api_keys SET revoked_at = $1 WHERE admin_id = $2 AND revoked_at IS NULL",
     )

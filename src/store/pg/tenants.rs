@@ -77,7 +77,11 @@ pub async fn user_ids(conn: &mut PgConnection, username: &str) -> Result<Option<
     )
 }
 
-pub async fn create_user(conn: &mut PgConnection, u: &NewUser<'_>, now: DateTime<Utc>) -> Result<i64> {
+pub async fn create_user(
+    conn: &mut PgConnection,
+    u: &NewUser<'_>,
+    now: DateTime<Utc>,
+) -> Result<i64> {
     text::check(&[("username", Some(u.username))])?;
     if user_ids(conn, u.username).await?.is_some() {
         return Err(StoreError::Conflict(format!(

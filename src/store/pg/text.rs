@@ -16,10 +16,7 @@ pub fn storable(s: &str) -> bool {
 
 /// `Ok` when every value can be stored; else a `Conflict` naming the first field that cannot.
 pub fn check(fields: &[(&str, Option<&str>)]) -> Result<()> {
-    match fields
-        .iter()
-        .find(|(_, v)| v.is_some_and(|v| !storable(v)))
-    {
+    match fields.iter().find(|(_, v)| v.is_some_and(|v| !storable(v))) {
         Some((field, _)) => Err(StoreError::Conflict(format!(
             "{field} contains a NUL character, which the database cannot store"
         ))),

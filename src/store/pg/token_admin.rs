@@ -4,8 +4,8 @@
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 
-use super::tokens::bump_epoch;
 use super::text;
+use super::tokens::bump_epoch;
 use crate::clock::db_time;
 use crate::store::token_admin::{Limits, TokenRow};
 use crate::store::{Result, StoreError};

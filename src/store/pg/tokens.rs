@@ -6,14 +6,21 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 
 use super::notify::{self, Epoch};
-use crate::auth::token::TokenHash;
 use super::text;
+use crate::auth::token::TokenHash;
 use crate::clock::db_time;
 use crate::store::tokens::{NewTokenRow, TokenAuthRow, TokenSummary};
 use crate::store::Result;
 
-pub async fn insert(conn: &mut PgConnection, t: &NewTokenRow<'_>, now: DateTime<Utc>) -> Result<i64> {
-    text::check(&[("prefix", Some(t.prefix)), ("downgrade model", t.downgrade_model)])?;
+pub async fn insert(
+    conn: &mut PgConnection,
+    t: &NewTokenRow<'_>,
+    now: DateTime<Utc>,
+) -> Result<i64> {
+    text::check(&[
+        ("prefix", Some(t.prefix)),
+        ("downgrade model", t.downgrade_model),
+    ])?;
     let models = t
         .models
         .map(|m| serde_json::to_string(m).unwrap_or_else(|_| "[]".into()));
