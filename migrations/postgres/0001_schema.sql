@@ -247,3 +247,22 @@ CREATE TABLE cache_entries (
 );
 CREATE INDEX cache_entries_expiry ON cache_entries(expires_at);
 CREATE INDEX cache_entries_context ON cache_entries(context_hash);
+
+-- Spend by day (PostgreSQL only): one row per day, token, user, team and model label,
+-- added to by the same statement that inserts a request-log batch (`store::pg::requests`;
+-- rows it skips as already logged add nothing). Spend reports read whole days from here
+-- and only the partial days at the edges of their range from `requests`
+-- (`store::pg::reports`), so they do not grow with the request log.
+CREATE TABLE request_days (
+    day           TEXT COLLATE "C" NOT NULL,   -- substr(created_at, 1, 10)
+    token_id      BIGINT,
+    user_id       BIGINT,
+    team_id       BIGINT,
+    model         TEXT COLLATE "C" NOT NULL,   -- served_model, else the model asked for
+    requests      BIGINT  NOT NULL,
+    errors        BIGINT  NOT NULL,            -- status outside 200..299
+    input_tokens  BIGINT  NOT NULL,
+    output_tokens BIGINT  NOT NULL,
+    cost_micros   BIGINT  NOT NULL,
+    UNIQUE NULLS NOT DISTINCT (day, token_id, user_id, team_id, model)
+);

@@ -520,7 +520,7 @@ pub fn request_rows() -> Vec<RequestRow> {
             cache: ["miss", "off", "hit-exact"][(i % 3) as usize],
             cache_key: (i % 3 == 2).then(|| format!("{i:016x}")),
             cache_similarity: (i % 3 == 2).then_some(0.5 + i as f64 / 1000.0),
-            created_at: sluice::clock::db_time(at(0, 0) + chrono::Duration::minutes(47 * i)),
+            created_at: sluice::clock::db_time(at(0, 0) + chrono::Duration::minutes(71 * i)),
         });
     }
     rows
@@ -534,33 +534,83 @@ async fn reports_give_the_same_answers_for_every_grouping() {
     let (l, p) = pool_write_both!(b, requests::insert_batch(&rows));
     l.unwrap();
     p.unwrap();
-    let (from, to) = (
-        sluice::clock::db_time(at(3, 0)),
-        sluice::clock::db_time(at(23, 59) + chrono::Duration::days(1)),
-    );
+    // A batch written twice (a retried write) adds nothing to the spend by day.
+    let (l, p) = pool_write_both!(b, requests::insert_batch(&rows[..20]));
+    l.unwrap();
+    p.unwrap();
+    let day = |d: i64, h: u32| sluice::clock::db_time(at(h, 0) + chrono::Duration::days(d));
+    // Whole days only, partial edges around whole days, partial days only, within one
+    // day, and bounds that are not database times (read from the request log alone).
+    let ranges = [
+        (day(0, 3), day(1, 23)),
+        (day(0, 0), day(3, 0)),
+        (day(-1, 0), day(2, 0)),
+        (day(0, 3), day(2, 5)),
+        (day(0, 23), day(2, 1)),
+        (day(1, 2), day(1, 9)),
+        (day(2, 0), day(2, 0)),
+        ("2026-03-14".to_string(), "2026-03-16".to_string()),
+        (String::new(), "9".to_string()),
+    ];
     for scope in [None, Some(1), Some(2)] {
-        same("totals", read_both!(b, reports::totals(scope, &from)));
-        for by in GroupBy::ALL {
-            let spend = same(
-                "spend",
-                read_both!(b, reports::spend(scope, by, &from, &to)),
+        for (from, to) in &ranges {
+            same("totals", read_both!(b, reports::totals(scope, from)));
+            same(
+                "top_tokens",
+                read_both!(b, reports::top_tokens(scope, from, 2)),
             );
-            if scope.is_none() {
-                assert!(!spend.is_empty(), "{by:?} has rows");
+            for by in GroupBy::ALL {
+                let spend = same("spend", read_both!(b, reports::spend(scope, by, from, to)));
+                if scope.is_none() && from == &day(0, 0) {
+                    assert!(!spend.is_empty(), "{by:?} has rows");
+                }
             }
         }
-        same(
-            "top_tokens",
-            read_both!(b, reports::top_tokens(scope, &from, 2)),
-        );
     }
-    let day = same(
+    // Whole days are read from the rollup (a change there shows in the report), and a
+    // rollup rebuilt from the log is the one kept on write.
+    let whole = |pool| {
+        let (from, to) = (day(0, 0), day(3, 0));
+        async move {
+            store::pg_rest::reports::spend(pool, None, GroupBy::Team, &from, &to)
+                .await
+                .unwrap()
+        }
+    };
+    let kept: Vec<(String, Option<i64>, i64)> =
+        sqlx::query_as("SELECT day, token_id, cost_micros FROM request_days ORDER BY 1, 2, 3")
+            .fetch_all(&b.pg)
+            .await
+            .unwrap();
+    let before = whole(&b.pg).await;
+    sqlx::query("UPDATE request_days SET cost_micros = cost_micros + 1")
+        .execute(&b.pg)
+        .await
+        .unwrap();
+    assert_ne!(
+        format!("{before:?}"),
+        format!("{:?}", whole(&b.pg).await),
+        "whole days come from request_days"
+    );
+    let mut conn = b.pg.acquire().await.unwrap();
+    store::pg_rest::requests::rebuild_days(&mut conn)
+        .await
+        .unwrap();
+    let rebuilt: Vec<(String, Option<i64>, i64)> =
+        sqlx::query_as("SELECT day, token_id, cost_micros FROM request_days ORDER BY 1, 2, 3")
+            .fetch_all(&b.pg)
+            .await
+            .unwrap();
+    assert_eq!(kept, rebuilt);
+    assert_eq!(format!("{before:?}"), format!("{:?}", whole(&b.pg).await));
+    drop(conn);
+    let days = same(
         "spend by day",
         read_both!(b, reports::spend(None, GroupBy::Day, "", "9")),
     );
     assert_eq!(
-        day.iter().map(|d| d.label.as_str()).collect::<Vec<_>>(),
-        ["2026-03-14", "2026-03-15"]
+        days.iter().map(|d| d.label.as_str()).collect::<Vec<_>>(),
+        ["2026-03-14", "2026-03-15", "2026-03-16"]
     );
     let filters = [
         RequestFilter::default(),
@@ -587,8 +637,8 @@ async fn reports_give_the_same_answers_for_every_grouping() {
         },
         RequestFilter {
             status: Some((502, false)),
-            from: Some(from.clone()),
-            to: Some(to.clone()),
+            from: Some(day(0, 3)),
+            to: Some(day(1, 23)),
             ..Default::default()
         },
     ];
