@@ -22,6 +22,10 @@ pub mod token_admin;
 pub mod tokens;
 pub mod writer;
 
+// Temporary: folded into `pg/mod.rs` at merge.
+#[path = "pg/rest.rs"]
+pub mod pg_rest;
+
 #[cfg(test)]
 mod tx_test;
 #[cfg(test)]

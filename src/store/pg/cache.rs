@@ -1,0 +1,201 @@
+//! Cache entries on PostgreSQL (see `store::cache`). What differs from SQLite:
+//!
+//! - A batch of entries is one upsert over arrays (`unnest`). SQLite's `INSERT OR REPLACE`
+//!   deletes the old row and inserts a new one: the entry gets a new rowid and its hit
+//!   count starts over. Here the upsert gives the row a new `id` (`id = DEFAULT`) and
+//!   `hits = 0`, and a key twice in one batch keeps its last version, as the sequential
+//!   SQLite statements do (PostgreSQL refuses to upsert one row twice in a statement).
+//! - `cache_entries.id` is SQLite's rowid, which the in-memory indexes follow ("entries
+//!   after id N"). That only works if ids become visible in order; with several hosts
+//!   writing, a smaller id could commit after a larger one was already read past. Every
+//!   batch takes a transaction-scoped advisory lock (`CACHE_LOCK`) before it draws ids, so
+//!   batches commit one after another in id order.
+//! - Tags are matched with `strpos`, exact and case-sensitive like SQLite's `instr`.
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgPool};
+
+use super::notify::{self, Epoch};
+use super::text;
+use crate::clock::db_time;
+use crate::store::cache::{EntryRow, IndexRow, NewEntry};
+use crate::store::ledger::Owner;
+use crate::store::Result;
+
+/// The advisory lock cache writers take (an arbitrary constant: "sluice cache").
+const CACHE_LOCK: i64 = 0x736c_7569_6365_0a02;
+
+pub async fn get(pool: &PgPool, key: &[u8], now: DateTime<Utc>) -> Result<Option<EntryRow>> {
+    Ok(sqlx::query_as("SELECT key, answer, input_tokens, output_tokens, expires_at FROM cache_entries WHERE key = $1 AND expires_at > $2")
+        .bind(key)
+        .bind(db_time(now))
+        .fetch_optional(pool)
+        .await?)
+}
+
+const PUT: &str = "INSERT INTO cache_entries (key, scope, model, format, context_hash, vector, answer, input_tokens, output_tokens, tags, created_at, expires_at)
+     SELECT * FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::bytea[], $7::text[],
+                          $8::bigint[], $9::bigint[], $10::text[], $11::text[], $12::text[])
+     ON CONFLICT (key) DO UPDATE SET id = DEFAULT, scope = EXCLUDED.scope, model = EXCLUDED.model, format = EXCLUDED.format,
+        context_hash = EXCLUDED.context_hash, vector = EXCLUDED.vector, answer = EXCLUDED.answer,
+        input_tokens = EXCLUDED.input_tokens, output_tokens = EXCLUDED.output_tokens, tags = EXCLUDED.tags,
+        created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at, hits = 0";
+
+/// Stores a batch of entries inside the caller's transaction, in one statement.
+pub async fn put_batch_tx(conn: &mut PgConnection, entries: &[NewEntry]) -> Result<()> {
+    // The last version of each key, in batch order otherwise.
+    let mut last: Vec<&NewEntry> = Vec::with_capacity(entries.len());
+    for (i, e) in entries.iter().enumerate() {
+        if !entries[i + 1..].iter().any(|later| later.key == e.key) {
+            last.push(e);
+        }
+    }
+    if last.is_empty() {
+        return Ok(());
+    }
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(CACHE_LOCK)
+        .execute(&mut *conn)
+        .await?;
+    let text = |f: fn(&NewEntry) -> String| last.iter().map(|e| f(e)).collect::<Vec<String>>();
+    sqlx::query(PUT)
+        .bind(last.iter().map(|e| e.key.to_vec()).collect::<Vec<_>>())
+        .bind(text(|e| e.scope.clone()))
+        .bind(text(|e| e.model.clone()))
+        .bind(text(|e| e.format.to_string()))
+        .bind(
+            last.iter()
+                .map(|e| e.context_hash.map(|c| c.to_vec()))
+                .collect::<Vec<_>>(),
+        )
+        .bind(last.iter().map(|e| e.vector.clone()).collect::<Vec<_>>())
+        .bind(text(|e| e.answer.clone()))
+        .bind(last.iter().map(|e| e.input_tokens).collect::<Vec<_>>())
+        .bind(last.iter().map(|e| e.output_tokens).collect::<Vec<_>>())
+        .bind(text(|e| e.tags.clone()))
+        .bind(text(|e| db_time(e.created_at)))
+        .bind(text(|e| db_time(e.expires_at)))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Live entries stored after id `after` (0: all), oldest first (as `store::cache`).
+pub async fn index_rows(pool: &PgPool, after: i64, now: DateTime<Utc>) -> Result<Vec<IndexRow>> {
+    Ok(sqlx::query_as(
+        "SELECT id, key, context_hash, vector FROM cache_entries WHERE id > $1 AND expires_at > $2 ORDER BY id",
+    )
+    .bind(after)
+    .bind(db_time(now))
+    .fetch_all(pool)
+    .await?)
+}
+
+/// (id, key) of the live entries stored after id `after`.
+pub async fn keys_after(
+    pool: &PgPool,
+    after: i64,
+    now: DateTime<Utc>,
+) -> Result<Vec<(i64, Vec<u8>)>> {
+    Ok(sqlx::query_as(
+        "SELECT id, key FROM cache_entries WHERE id > $1 AND expires_at > $2 ORDER BY id",
+    )
+    .bind(after)
+    .bind(db_time(now))
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Deletes every entry carrying `tag` (the exact string `,tag,` inside `tags`, as on
+/// SQLite: no wildcards, case-sensitive); returns the deleted keys. Bumps and notifies the
+/// cache epoch when anything went.
+pub async fn delete_tag(pool: &PgPool, tag: &str) -> Result<Vec<Vec<u8>>> {
+    if !text::storable(tag) {
+        return Ok(Vec::new());
+    }
+    let needle = format!(",{tag},");
+    let mut tx = pool.begin().await?;
+    let keys: Vec<Vec<u8>> =
+        sqlx::query_scalar("DELETE FROM cache_entries WHERE strpos(tags, $1) > 0 RETURNING key")
+            .bind(needle)
+            .fetch_all(&mut *tx)
+            .await?;
+    if !keys.is_empty() {
+        notify::bump(&mut tx, Epoch::Cache).await?;
+    }
+    tx.commit().await?;
+    Ok(keys)
+}
+
+/// Deletes expired entries and, past `max_entries`, the oldest ones; returns how many.
+pub async fn evict(pool: &PgPool, max_entries: u64, now: DateTime<Utc>) -> Result<u64> {
+    let expired = sqlx::query("DELETE FROM cache_entries WHERE expires_at <= $1")
+        .bind(db_time(now))
+        .execute(pool)
+        .await?
+        .rows_affected();
+    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM cache_entries")
+        .fetch_one(pool)
+        .await?;
+    let over = count.saturating_sub(i64::try_from(max_entries).unwrap_or(i64::MAX));
+    let mut oldest = 0;
+    if over > 0 {
+        oldest = sqlx::query(
+            "DELETE FROM cache_entries WHERE key IN (SELECT key FROM cache_entries ORDER BY created_at LIMIT $1)",
+        )
+        .bind(over)
+        .execute(pool)
+        .await?
+        .rows_affected();
+    }
+    Ok(expired + oldest)
+}
+
+pub async fn epoch(pool: &PgPool) -> Result<i64> {
+    Ok(
+        sqlx::query_scalar("SELECT value FROM meta WHERE key = 'cache_epoch'")
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+/// Counts a hit inside the caller's transaction.
+pub async fn count_hit_tx(conn: &mut PgConnection, key: &[u8]) -> Result<()> {
+    sqlx::query("UPDATE cache_entries SET hits = hits + 1 WHERE key = $1")
+        .bind(key)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// The tightest remaining budget of a token, its user and its team (as
+/// `store::cache::budget_remaining`).
+pub async fn budget_remaining(
+    pool: &PgPool,
+    owner: &Owner,
+    now: DateTime<Utc>,
+) -> Result<Option<i64>> {
+    let rows: Vec<(i64, Option<i64>, Option<i64>, String)> = sqlx::query_as(
+        "SELECT 0::BIGINT, limit_micros, remaining_micros, period FROM tokens WHERE id = $1
+         UNION ALL SELECT 1::BIGINT, limit_micros, remaining_micros, period FROM users WHERE id = $2
+         UNION ALL SELECT 2::BIGINT, limit_micros, remaining_micros, period FROM teams WHERE id = $3",
+    )
+    .bind(owner.token_id)
+    .bind(owner.user_id)
+    .bind(owner.team_id)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(level, limit, remaining, period)| {
+            let limit = limit?;
+            let reset = *owner.resets.get(usize::try_from(level).ok()?)?;
+            let rolls_over = reset.place(&period, now).1;
+            Some(if rolls_over {
+                limit
+            } else {
+                remaining.unwrap_or(limit)
+            })
+        })
+        .min())
+}

@@ -1,0 +1,127 @@
+//! The request log on PostgreSQL (see `store::requests`). A batch is one `INSERT … SELECT
+//! FROM unnest(…)` over one array per column — one statement and one round trip whatever
+//! its size — idempotent on the request id (`ON CONFLICT DO NOTHING`, SQLite's `INSERT OR
+//! IGNORE`), and one `UPDATE … FROM unnest(…)` for the tokens' `last_used_at`. The same
+//! statement adds the rows it inserted to the spend-by-day rollup `request_days`, which
+//! spend reports read (`pg::reports`).
+
+use sqlx::{PgConnection, PgPool};
+
+use crate::store::requests::RequestRow;
+use crate::store::Result;
+
+/// The batch, and what it adds to `request_days`, in one statement. Only rows really
+/// inserted count (`RETURNING` leaves out the ones already logged); the day rows are
+/// upserted in key order, so two hosts' batches lock them in the same order.
+const INSERT: &str = "WITH ins AS (
+       INSERT INTO requests (id, token_id, user_id, team_id, endpoint, model, served_model, upstream, status,
+            error_code, stream, attempts, input_tokens, output_tokens, cost_micros, latency_ms, ttfb_ms, cache, cache_key,
+            cache_similarity, created_at)
+       SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::text[], $6::text[], $7::text[],
+            $8::text[], $9::bigint[], $10::text[], $11::boolean[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[],
+            $16::bigint[], $17::bigint[], $18::text[], $19::text[], $20::float8[], $21::text[])
+       ON CONFLICT (id) DO NOTHING
+       RETURNING created_at, token_id, user_id, team_id, model, served_model, status, input_tokens, output_tokens, cost_micros)
+     INSERT INTO request_days AS d (day, token_id, user_id, team_id, model, requests, errors, input_tokens, output_tokens, cost_micros)
+     SELECT substr(created_at, 1, 10), token_id, user_id, team_id,
+            CASE WHEN served_model <> '' THEN served_model ELSE model END,
+            COUNT(*), COUNT(*) FILTER (WHERE status NOT BETWEEN 200 AND 299),
+            SUM(input_tokens), SUM(output_tokens), SUM(cost_micros)
+     FROM ins GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2, 3, 4, 5
+     ON CONFLICT (day, token_id, user_id, team_id, model) DO UPDATE SET
+            requests = d.requests + EXCLUDED.requests, errors = d.errors + EXCLUDED.errors,
+            input_tokens = d.input_tokens + EXCLUDED.input_tokens,
+            output_tokens = d.output_tokens + EXCLUDED.output_tokens,
+            cost_micros = d.cost_micros + EXCLUDED.cost_micros";
+
+/// `request_days` rebuilt from the request log (after rows were copied in by other means
+/// than `insert_batch_tx`: `sluice migrate-store`).
+pub async fn rebuild_days(conn: &mut PgConnection) -> Result<()> {
+    sqlx::query("DELETE FROM request_days")
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query(
+        "INSERT INTO request_days (day, token_id, user_id, team_id, model, requests, errors, input_tokens, output_tokens, cost_micros)
+         SELECT substr(created_at, 1, 10), token_id, user_id, team_id,
+                CASE WHEN served_model <> '' THEN served_model ELSE model END,
+                COUNT(*), COUNT(*) FILTER (WHERE status NOT BETWEEN 200 AND 299),
+                SUM(input_tokens), SUM(output_tokens), SUM(cost_micros)
+         FROM requests GROUP BY 1, 2, 3, 4, 5",
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// The tokens' rows are locked in id order (`ORDER BY … FOR NO KEY UPDATE`), so two hosts'
+/// batches touching the same tokens wait for each other instead of deadlocking.
+const LAST_USED: &str = "WITH v AS (SELECT * FROM unnest($1::bigint[], $2::text[]) AS v(id, at)),
+          locked AS (SELECT t.id FROM tokens t JOIN v ON v.id = t.id ORDER BY t.id FOR NO KEY UPDATE OF t)
+     UPDATE tokens t SET last_used_at = v.at FROM v, locked WHERE t.id = v.id AND locked.id = v.id";
+
+/// Writes a batch inside the caller's transaction: one statement for the rows, one for
+/// the tokens' `last_used_at`.
+pub async fn insert_batch_tx(conn: &mut PgConnection, rows: &[RequestRow]) -> Result<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let col = |f: fn(&RequestRow) -> String| rows.iter().map(f).collect::<Vec<String>>();
+    let num = |f: fn(&RequestRow) -> Option<i64>| rows.iter().map(f).collect::<Vec<Option<i64>>>();
+    sqlx::query(INSERT)
+        .bind(col(|r| r.id.clone()))
+        .bind(num(|r| r.token_id))
+        .bind(num(|r| r.user_id))
+        .bind(num(|r| r.team_id))
+        .bind(col(|r| r.endpoint.to_string()))
+        .bind(col(|r| r.model.clone()))
+        .bind(col(|r| r.served_model.clone()))
+        .bind(col(|r| r.upstream.clone()))
+        .bind(num(|r| Some(i64::from(r.status))))
+        .bind(rows.iter().map(|r| r.error_code).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.stream).collect::<Vec<_>>())
+        .bind(num(|r| Some(i64::from(r.attempts))))
+        .bind(num(|r| Some(r.input_tokens)))
+        .bind(num(|r| Some(r.output_tokens)))
+        .bind(num(|r| Some(r.cost_micros)))
+        .bind(num(|r| Some(r.latency_ms)))
+        .bind(num(|r| r.ttfb_ms))
+        .bind(col(|r| r.cache.to_string()))
+        .bind(
+            rows.iter()
+                .map(|r| r.cache_key.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(rows.iter().map(|r| r.cache_similarity).collect::<Vec<_>>())
+        .bind(col(|r| r.created_at.clone()))
+        .execute(&mut *conn)
+        .await?;
+    let (ids, ats): (Vec<i64>, Vec<&str>) = last_used(rows).into_iter().unzip();
+    if !ids.is_empty() {
+        sqlx::query(LAST_USED)
+            .bind(ids)
+            .bind(ats)
+            .execute(conn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// One `last_used_at` per token and batch, as on SQLite (`store::requests`): the smallest
+/// timestamp of the token's rows in the batch.
+fn last_used(rows: &[RequestRow]) -> Vec<(i64, &str)> {
+    let mut used: Vec<(i64, &str)> = rows
+        .iter()
+        .filter_map(|r| r.token_id.map(|t| (t, r.created_at.as_str())))
+        .collect();
+    used.sort_unstable();
+    used.dedup_by_key(|(t, _)| *t);
+    used
+}
+
+/// Inserts a batch in one transaction; tokens' `last_used_at` is refreshed alongside.
+pub async fn insert_batch(pool: &PgPool, rows: &[RequestRow]) -> Result<()> {
+    let mut tx = pool.begin().await?;
+    insert_batch_tx(&mut tx, rows).await?;
+    tx.commit().await?;
+    Ok(())
+}

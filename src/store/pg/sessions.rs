@@ -1,0 +1,274 @@
+//! Admin sessions, admin API keys and sign-in attempts (PostgreSQL; see `store::sessions`).
+//! `login_failures.id` stands for SQLite's rowid.
+
+use chrono::{DateTime, Duration, Utc};
+use sqlx::{PgConnection, PgPool};
+
+use super::text;
+use crate::clock::db_time;
+use crate::store::sessions::{AdminRow, ApiKeyRow, SessionRow};
+use crate::store::Result;
+
+const ADMIN_COLS: &str = "a.id, a.username, a.role, a.team_id, a.password_hash, a.disabled";
+
+pub async fn admin_by_name(pool: &PgPool, username: &str) -> Result<Option<AdminRow>> {
+    if !text::storable(username) {
+        return Ok(None);
+    }
+    Ok(sqlx::query_as(&format!(
+        "SELECT {ADMIN_COLS} FROM admins a WHERE a.username = $1"
+    ))
+    .bind(username)
+    .fetch_optional(pool)
+    .await?)
+}
+
+pub async fn admin_by_id(pool: &PgPool, id: i64) -> Result<Option<AdminRow>> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {ADMIN_COLS} FROM admins a WHERE a.id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(pool)
+    .await?)
+}
+
+pub async fn set_password_hash(conn: &mut PgConnection, id: i64, hash: &str) -> Result<()> {
+    text::check(&[("password hash", Some(hash))])?;
+    sqlx::query("UPDATE admins SET password_hash = $1 WHERE id = $2")
+        .bind(hash)
+        .bind(id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+pub async fn create_session(
+    conn: &mut PgConnection,
+    id_hash: &str,
+    admin_id: i64,
+    address: &str,
+    now: DateTime<Utc>,
+) -> Result<()> {
+    text::check(&[("session", Some(id_hash)), ("address", Some(address))])?;
+    sqlx::query(
+        "INSERT INTO admin_sessions (id_hash, admin_id, address, created_at, last_seen_at) VALUES ($1, $2, $3, $4, $4)",
+    )
+    .bind(id_hash)
+    .bind(admin_id)
+    .bind(address)
+    .bind(db_time(now))
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+pub async fn find_session(pool: &PgPool, id_hash: &str) -> Result<Option<SessionRow>> {
+    if !text::storable(id_hash) {
+        return Ok(None);
+    }
+    let row: Option<(i64, String, String)> = sqlx::query_as(
+        "SELECT admin_id, created_at, last_seen_at FROM admin_sessions WHERE id_hash = $1",
+    )
+    .bind(id_hash)
+    .fetch_optional(pool)
+    .await?;
+    let Some((admin_id, created_at, last_seen_at)) = row else {
+        return Ok(None);
+    };
+    Ok(admin_by_id(pool, admin_id).await?.map(|admin| SessionRow {
+        admin,
+        created_at,
+        last_seen_at,
+    }))
+}
+
+pub async fn touch_session(pool: &PgPool, id_hash: &str, now: DateTime<Utc>) -> Result<()> {
+    sqlx::query("UPDATE admin_sessions SET last_seen_at = $1 WHERE id_hash = $2")
+        .bind(db_time(now))
+        .bind(id_hash)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+pub async fn delete_session(conn: &mut PgConnection, id_hash: &str) -> Result<bool> {
+    Ok(sqlx::query("DELETE FROM admin_sessions WHERE id_hash = $1")
+        .bind(id_hash)
+        .execute(conn)
+        .await?
+        .rows_affected()
+        > 0)
+}
+
+/// Ends every session of an admin except `keep`.
+pub async fn delete_sessions_of(
+    conn: &mut PgConnection,
+    admin_id: i64,
+    keep: Option<&str>,
+) -> Result<u64> {
+    Ok(
+        sqlx::query("DELETE FROM admin_sessions WHERE admin_id = $1 AND id_hash <> $2")
+            .bind(admin_id)
+            .bind(keep.unwrap_or(""))
+            .execute(conn)
+            .await?
+            .rows_affected(),
+    )
+}
+
+/// Drops sessions that can no longer be used (idle or too old).
+pub async fn prune_sessions(
+    conn: &mut PgConnection,
+    idle_before: DateTime<Utc>,
+    created_before: DateTime<Utc>,
+) -> Result<()> {
+    sqlx::query("DELETE FROM admin_sessions WHERE last_seen_at < $1 OR created_at < $2")
+        .bind(db_time(idle_before))
+        .bind(db_time(created_before))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// As `store::sessions`: the newest attempts a sweep never touches.
+const ATTEMPTS_KEPT: i64 = 100_000;
+
+/// Records one admitted sign-in attempt under `key`; returns its row id (see
+/// `store::sessions::record_attempt` for the sweep).
+pub async fn record_attempt(conn: &mut PgConnection, key: &str, now: DateTime<Utc>) -> Result<i64> {
+    let id =
+        sqlx::query_scalar("INSERT INTO login_failures (key, at) VALUES ($1, $2) RETURNING id")
+            .bind(text::key(key))
+            .bind(db_time(now))
+            .fetch_one(&mut *conn)
+            .await?;
+    sqlx::query(
+        "DELETE FROM login_failures WHERE at < $1 \
+         AND id <= (SELECT max(id) FROM login_failures) - $2",
+    )
+    .bind(db_time(now - Duration::days(1)))
+    .bind(ATTEMPTS_KEPT)
+    .execute(conn)
+    .await?;
+    Ok(id)
+}
+
+/// Deletes exactly these attempt rows (an attempt withdrawn), never others of their keys.
+pub async fn delete_attempts(conn: &mut PgConnection, rows: &[i64]) -> Result<()> {
+    sqlx::query("DELETE FROM login_failures WHERE id = ANY($1)")
+        .bind(rows)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Deletes every attempt recorded under `key`; how many.
+pub async fn delete_attempts_of(conn: &mut PgConnection, key: &str) -> Result<u64> {
+    Ok(sqlx::query("DELETE FROM login_failures WHERE key = $1")
+        .bind(text::key(key))
+        .execute(conn)
+        .await?
+        .rows_affected())
+}
+
+/// Deletes every attempt stamped after `now` (by a clock that ran ahead); how many.
+pub async fn delete_attempts_after(conn: &mut PgConnection, now: DateTime<Utc>) -> Result<u64> {
+    Ok(sqlx::query("DELETE FROM login_failures WHERE at > $1")
+        .bind(db_time(now))
+        .execute(conn)
+        .await?
+        .rows_affected())
+}
+
+/// The times of `key`'s attempts since `since`, newest first, at most `limit` of them.
+pub async fn recent_attempts(
+    conn: &mut PgConnection,
+    key: &str,
+    since: DateTime<Utc>,
+    limit: usize,
+) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT at FROM login_failures WHERE key = $1 AND at >= $2 ORDER BY at DESC LIMIT $3",
+    )
+    .bind(text::key(key))
+    .bind(db_time(since))
+    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+    .fetch_all(conn)
+    .await?)
+}
+
+pub async fn create_api_key(
+    conn: &mut PgConnection,
+    admin_id: i64,
+    hash: &[u8],
+    prefix: &str,
+    name: &str,
+    now: DateTime<Utc>,
+) -> Result<i64> {
+    text::check(&[("key name", Some(name)), ("key prefix", Some(prefix))])?;
+    Ok(sqlx::query_scalar(
+        "INSERT INTO admin_api_keys (admin_id, key_hash, prefix, name, created_at) VALUES ($1, $2, $3, $4, $5) RETURNING id",
+    )
+    .bind(admin_id)
+    .bind(hash)
+    .bind(prefix)
+    .bind(name)
+    .bind(db_time(now))
+    .fetch_one(conn)
+    .await?)
+}
+
+pub async fn api_keys_of(pool: &PgPool, admin_id: i64) -> Result<Vec<ApiKeyRow>> {
+    Ok(sqlx::query_as(
+        "SELECT id, prefix, name, created_at, revoked_at FROM admin_api_keys WHERE admin_id = $1 ORDER BY id DESC",
+    )
+    .bind(admin_id)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Revokes one of `admin_id`'s keys; `false` when there is no such live key of theirs.
+pub async fn revoke_api_key(
+    conn: &mut PgConnection,
+    admin_id: i64,
+    id: i64,
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    Ok(sqlx::query(
+        "UPDATE admin_api_keys SET revoked_at = $1 WHERE id = $2 AND admin_id = $3 AND revoked_at IS NULL",
+    )
+    .bind(db_time(now))
+    .bind(id)
+    .bind(admin_id)
+    .execute(conn)
+    .await?
+    .rows_affected()
+        == 1)
+}
+
+/// Revokes every live API key of an admin; how many.
+pub async fn revoke_api_keys_of(
+    conn: &mut PgConnection,
+    admin_id: i64,
+    now: DateTime<Utc>,
+) -> Result<u64> {
+    Ok(sqlx::query(
+        "UPDATE admin_api_keys SET revoked_at = $1 WHERE admin_id = $2 AND revoked_at IS NULL",
+    )
+    .bind(db_time(now))
+    .bind(admin_id)
+    .execute(conn)
+    .await?
+    .rows_affected())
+}
+
+/// The owner of a live API key, by the key's hash.
+pub async fn admin_by_api_key(pool: &PgPool, hash: &[u8]) -> Result<Option<AdminRow>> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {ADMIN_COLS} FROM admin_api_keys k JOIN admins a ON a.id = k.admin_id
+         WHERE k.key_hash = $1 AND k.revoked_at IS NULL"
+    ))
+    .bind(hash)
+    .fetch_optional(pool)
+    .await?)
+}

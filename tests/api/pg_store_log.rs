@@ -1,0 +1,463 @@
+//! The request log and cache entries on PostgreSQL (issue 17): a batch is one statement,
+//! idempotent, with the same results as SQLite's; and epoch bumps heard at once through
+//! LISTEN/NOTIFY, with the poll still working when the listener's connection is killed.
+
+use std::time::{Duration, Instant};
+
+use sluice::store::cache::NewEntry;
+use sluice::store::pg_rest;
+use sluice::store::pg_rest::notify::{Epoch, Heard};
+use sluice::store::requests::RequestRow;
+use sluice::store::writer;
+use sqlx::PgPool;
+use tokio::sync::mpsc;
+
+use crate::pg_store::{at, both, populate, request_rows, same};
+use crate::{pool_write_both, read_both};
+
+/// Counts INSERT statements (not rows) into `table` from here on.
+async fn count_statements(pool: &PgPool, table: &str) {
+    for sql in [
+        "CREATE TABLE IF NOT EXISTS statements (tbl TEXT PRIMARY KEY, n BIGINT NOT NULL)".to_string(),
+        format!("INSERT INTO statements VALUES ('{table}', 0)"),
+        format!(
+            "CREATE FUNCTION count_{table}() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN UPDATE statements SET n = n + 1 WHERE tbl = '{table}'; RETURN NULL; END; $$"
+        ),
+        format!("CREATE TRIGGER count_{table} AFTER INSERT ON {table} FOR EACH STATEMENT EXECUTE FUNCTION count_{table}()"),
+    ] {
+        sqlx::query(&sql).execute(pool).await.unwrap();
+    }
+}
+
+async fn statements(pool: &PgPool, table: &str) -> i64 {
+    sqlx::query_scalar("SELECT n FROM statements WHERE tbl = $1")
+        .bind(table)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+type RawColumns = Vec<(
+    String,
+    String,
+    Option<i64>,
+    Option<String>,
+    Option<f64>,
+    bool,
+)>;
+
+const RAW: &str =
+    "SELECT id, upstream, ttfb_ms, cache_key, cache_similarity, stream FROM requests ORDER BY id";
+
+#[tokio::test]
+async fn a_request_log_batch_is_one_statement_idempotent_and_reads_as_on_sqlite() {
+    let b = both().await;
+    populate(&b).await;
+    count_statements(&b.pg, "requests").await;
+    let mut rows = request_rows();
+    rows.extend((0..240).map(|i| RequestRow {
+        id: format!("bulk-{i}"),
+        token_id: Some(1 + i % 3),
+        created_at: sluice::clock::db_time(at(12, (i % 60) as u32)),
+        endpoint: "embeddings",
+        status: 200,
+        cache: "off",
+        ..Default::default()
+    }));
+    assert_eq!(rows.len(), 300);
+    same(
+        "insert_batch",
+        pool_write_both!(b, requests::insert_batch(&rows)),
+    );
+    assert_eq!(
+        statements(&b.pg, "requests").await,
+        1,
+        "300 rows, one INSERT statement"
+    );
+    // The same batch again (a retried write), with one new row and a row twice: nothing doubled.
+    let mut again = rows.clone();
+    again.push(RequestRow {
+        id: "late".into(),
+        token_id: Some(2),
+        created_at: sluice::clock::db_time(at(5, 0)),
+        endpoint: "chat",
+        status: 200,
+        cache: "off",
+        ..Default::default()
+    });
+    again.push(again[0].clone());
+    same(
+        "insert_batch again",
+        pool_write_both!(b, requests::insert_batch(&again)),
+    );
+    assert_eq!(statements(&b.pg, "requests").await, 2);
+    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM requests")
+        .fetch_one(&b.pg)
+        .await
+        .unwrap();
+    assert_eq!(count, 301);
+    same(
+        "insert_batch empty",
+        pool_write_both!(b, requests::insert_batch(&[])),
+    );
+    let lite: RawColumns = sqlx::query_as(RAW).fetch_all(&b.lite.read).await.unwrap();
+    let pg: RawColumns = sqlx::query_as(RAW).fetch_all(&b.pg).await.unwrap();
+    assert_eq!(lite, pg, "every column as written");
+    let filter = sluice::store::reports::RequestFilter::default();
+    same(
+        "request log",
+        read_both!(b, reports::requests(&filter, 1000, 0)),
+    );
+    // `last_used_at`, one per token and batch, alike.
+    same(
+        "tokens after the log",
+        read_both!(b, token_admin::list(None)),
+    );
+    b.lite.close().await;
+}
+
+fn new_entry(key: u8, tags: &str, answer: &str, minute: u32) -> NewEntry {
+    NewEntry {
+        key: [key; 32],
+        scope: "team:1".into(),
+        model: "gpt-4o-mini".into(),
+        format: "openai",
+        context_hash: key.is_multiple_of(2).then_some([key ^ 0xff; 32]),
+        vector: key.is_multiple_of(2).then(|| vec![key, 1, 2, 3]),
+        answer: answer.into(),
+        input_tokens: key as i64,
+        output_tokens: 2,
+        tags: tags.into(),
+        created_at: at(10, minute),
+        expires_at: at(20, minute),
+    }
+}
+
+/// Keys of entries after `after`, in id order (ids themselves may differ between engines:
+/// only their order and "newer than" matter to the indexes).
+fn keys_of(rows: &[(i64, Vec<u8>)]) -> Vec<u8> {
+    rows.iter().map(|(_, k)| k[0]).collect()
+}
+
+#[tokio::test]
+async fn cache_batches_replace_and_tags_match_as_on_sqlite() {
+    let b = both().await;
+    populate(&b).await;
+    count_statements(&b.pg, "cache_entries").await;
+    let put = |entries: Vec<NewEntry>| {
+        let (lite, pg) = (b.lite.write.clone(), b.pg.clone());
+        async move {
+            writer::once(&lite, |tx| sluice::store::cache::put_batch_tx(tx, &entries))
+                .await
+                .unwrap();
+            let mut tx = pg.begin().await.unwrap();
+            pg_rest::cache::put_batch_tx(&mut tx, &entries)
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+        }
+    };
+    put(vec![
+        new_entry(1, ",a_b,", "one", 0),
+        new_entry(2, ",axb,", "two", 1),
+        new_entry(1, ",a_b,Case:1,", "one again", 2),
+        new_entry(3, ",%,", "three", 3),
+        new_entry(4, ",", "four", 4),
+    ])
+    .await;
+    assert_eq!(
+        statements(&b.pg, "cache_entries").await,
+        1,
+        "one statement per batch"
+    );
+    let now = at(11, 0);
+    for key in 1..=5u8 {
+        same("get", read_both!(b, cache::get(&[key; 32], now)));
+    }
+    let (l, p) = read_both!(b, cache::keys_after(0, now));
+    let (l, p) = (l.unwrap(), p.unwrap());
+    assert_eq!(keys_of(&l), keys_of(&p), "same entries in the same order");
+    assert_eq!(
+        keys_of(&p),
+        [2, 1, 3, 4],
+        "a key twice in a batch: its last version, stored last"
+    );
+    let (l_idx, p_idx) = read_both!(b, cache::index_rows(0, now));
+    let strip = |rows: Vec<sluice::store::cache::IndexRow>| {
+        rows.into_iter()
+            .map(|(_, k, c, v)| (k, c, v))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(strip(l_idx.unwrap()), strip(p_idx.unwrap()));
+    // Hits, then a replacement: a new, newer id and the hit count starts over (SQLite's
+    // INSERT OR REPLACE deletes and re-inserts).
+    let seen = p.last().unwrap().0;
+    writer::once(&b.lite.write, |tx| {
+        sluice::store::cache::count_hit_tx(tx, &[2; 32])
+    })
+    .await
+    .unwrap();
+    pg_rest::cache::count_hit_tx(&mut b.pg.acquire().await.unwrap(), &[2; 32])
+        .await
+        .unwrap();
+    let hits = "SELECT hits FROM cache_entries WHERE key = $1";
+    let lite_hits: i64 = sqlx::query_scalar(hits)
+        .bind([2u8; 32].as_slice())
+        .fetch_one(&b.lite.read)
+        .await
+        .unwrap();
+    let pg_hits: i64 = sqlx::query_scalar(hits)
+        .bind([2u8; 32].as_slice())
+        .fetch_one(&b.pg)
+        .await
+        .unwrap();
+    assert_eq!((lite_hits, pg_hits), (1, 1));
+    put(vec![new_entry(2, ",b,", "two again", 9)]).await;
+    let after = pg_rest::cache::keys_after(&b.pg, seen, now).await.unwrap();
+    assert_eq!(
+        keys_of(&after),
+        [2],
+        "the replaced entry is new to the indexes"
+    );
+    let pg_hits: i64 = sqlx::query_scalar(hits)
+        .bind([2u8; 32].as_slice())
+        .fetch_one(&b.pg)
+        .await
+        .unwrap();
+    let lite_hits: i64 = sqlx::query_scalar(hits)
+        .bind([2u8; 32].as_slice())
+        .fetch_one(&b.lite.read)
+        .await
+        .unwrap();
+    assert_eq!((lite_hits, pg_hits), (0, 0));
+    // Tags: exact, case-sensitive, no wildcards; the epoch moves only when something went.
+    for tag in ["a_b", "A_B", "case:1", "%", "_", "nothing", "b"] {
+        let (l, p) = pool_write_both!(b, cache::delete_tag(tag));
+        let (mut l, mut p) = (l.unwrap(), p.unwrap());
+        l.sort();
+        p.sort();
+        assert_eq!(l, p, "tag {tag}");
+        same("cache epoch", read_both!(b, cache::epoch()));
+    }
+    let (l, p) = read_both!(b, cache::keys_after(0, now));
+    assert_eq!(keys_of(&l.unwrap()), keys_of(&p.unwrap()));
+    // Eviction: expired first, then the oldest past the cap.
+    put((10..20).map(|k| new_entry(k, ",", "x", k as u32)).collect()).await;
+    same(
+        "evict expired",
+        pool_write_both!(b, cache::evict(u64::MAX, at(20, 12))),
+    );
+    same(
+        "evict over the cap",
+        pool_write_both!(b, cache::evict(3, at(20, 12))),
+    );
+    let (l, p) = read_both!(b, cache::keys_after(0, at(20, 12)));
+    assert_eq!(keys_of(&l.unwrap()), keys_of(&p.unwrap()));
+    // The balance a hit reports.
+    let owner = sluice::store::ledger::Owner {
+        token_id: 1,
+        user_id: 2,
+        team_id: 1,
+        resets: [
+            sluice::quota::period::Reset::Daily,
+            sluice::quota::period::Reset::Daily,
+            sluice::quota::period::Reset::Monthly,
+        ],
+    };
+    same(
+        "budget_remaining",
+        read_both!(b, cache::budget_remaining(&owner, at(10, 0))),
+    );
+    same(
+        "budget_remaining a day on",
+        read_both!(
+            b,
+            cache::budget_remaining(&owner, at(10, 0) + chrono::Duration::days(1))
+        ),
+    );
+    b.lite.close().await;
+}
+
+#[tokio::test]
+async fn lingering_rows_are_written_in_batches_and_flushed() {
+    let b = both().await;
+    populate(&b).await;
+    count_statements(&b.pg, "requests").await;
+    let log = pg_rest::lingering::Lingering::start(b.pg.clone(), "request log", |conn, rows| {
+        Box::pin(pg_rest::requests::insert_batch_tx(conn, rows))
+    });
+    let rows = request_rows();
+    for r in &rows {
+        assert!(log.push(r.clone()).await);
+    }
+    log.flush().await;
+    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM requests")
+        .fetch_one(&b.pg)
+        .await
+        .unwrap();
+    assert_eq!(count, rows.len() as i64, "every row written by the flush");
+    let n = statements(&b.pg, "requests").await;
+    assert!(
+        n < rows.len() as i64 / 4,
+        "{} rows took {n} statements: not batched",
+        rows.len()
+    );
+    b.lite.close().await;
+}
+
+/// The next thing the listener heard, within `limit`.
+async fn heard(rx: &mut mpsc::UnboundedReceiver<Heard>, limit: Duration) -> Option<Heard> {
+    tokio::time::timeout(limit, rx.recv()).await.ok().flatten()
+}
+
+#[tokio::test]
+async fn an_epoch_bump_is_heard_at_once_and_the_poll_survives_a_killed_listener() {
+    let b = both().await;
+    populate(&b).await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let listener = pg_rest::notify::listen(&b.pg, move |h| {
+        let _ = tx.send(h);
+    });
+    assert_eq!(
+        heard(&mut rx, Duration::from_secs(30)).await,
+        Some(Heard::Lost),
+        "connected (everything dropped once)"
+    );
+    // A bump rolled back is never heard; the next committed one is.
+    let mut t = b.pg.begin().await.unwrap();
+    pg_rest::tokens::bump_epoch(&mut t).await.unwrap();
+    t.rollback().await.unwrap();
+    let sent = Instant::now();
+    let mut t = b.pg.begin().await.unwrap();
+    assert!(pg_rest::tokens::revoke(&mut t, 1, at(10, 0)).await.unwrap());
+    t.commit().await.unwrap();
+    assert_eq!(
+        heard(&mut rx, Duration::from_secs(5)).await,
+        Some(Heard::Bumped(Epoch::Token))
+    );
+    let took = sent.elapsed();
+    assert!(
+        took < Duration::from_secs(1),
+        "a revocation heard after {took:?}"
+    );
+    let keys = pg_rest::cache::delete_tag(&b.pg, "nothing").await.unwrap();
+    assert!(keys.is_empty());
+    // Token edits notify too, and cache invalidations on their own payload.
+    let mut t = b.pg.begin().await.unwrap();
+    pg_rest::token_admin::expire_at(&mut t, 2, at(11, 0))
+        .await
+        .unwrap();
+    t.commit().await.unwrap();
+    assert_eq!(
+        heard(&mut rx, Duration::from_secs(5)).await,
+        Some(Heard::Bumped(Epoch::Token))
+    );
+    let entries = vec![new_entry(7, ",t,", "a", 0)];
+    let mut t = b.pg.begin().await.unwrap();
+    pg_rest::cache::put_batch_tx(&mut t, &entries)
+        .await
+        .unwrap();
+    t.commit().await.unwrap();
+    assert_eq!(
+        pg_rest::cache::delete_tag(&b.pg, "t").await.unwrap().len(),
+        1
+    );
+    assert_eq!(
+        heard(&mut rx, Duration::from_secs(5)).await,
+        Some(Heard::Bumped(Epoch::Cache))
+    );
+
+    // The listener's connection killed: the poll still sees every bump, and the listener
+    // comes back (telling its callback to drop everything: it may have missed some).
+    let before = pg_rest::tokens::epoch(&b.pg).await.unwrap();
+    let killed: i64 = sqlx::query_scalar(
+        "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity
+         WHERE datname = current_database() AND query LIKE 'LISTEN%' AND pid <> pg_backend_pid()",
+    )
+    .fetch_one(&b.pg)
+    .await
+    .unwrap();
+    assert_eq!(killed, 1, "the listener's own connection");
+    let mut t = b.pg.begin().await.unwrap();
+    assert!(pg_rest::tokens::revoke(&mut t, 2, at(10, 0)).await.unwrap());
+    t.commit().await.unwrap();
+    assert_eq!(
+        pg_rest::tokens::epoch(&b.pg).await.unwrap(),
+        before + 1,
+        "the poll sees the bump"
+    );
+    // Whatever it heard meanwhile, it ends reconnected and hearing.
+    let until = Instant::now() + Duration::from_secs(30);
+    let mut lost = false;
+    while !lost {
+        assert!(Instant::now() < until, "the listener never came back");
+        lost = heard(&mut rx, Duration::from_secs(30)).await == Some(Heard::Lost);
+    }
+    let mut t = b.pg.begin().await.unwrap();
+    assert!(pg_rest::tokens::revoke(&mut t, 3, at(10, 0)).await.unwrap());
+    t.commit().await.unwrap();
+    loop {
+        match heard(&mut rx, Duration::from_secs(5)).await {
+            Some(Heard::Bumped(Epoch::Token)) => break,
+            Some(Heard::Lost) => continue,
+            other => panic!("after reconnecting, heard {other:?}"),
+        }
+    }
+    // Closing the pool ends the listener.
+    b.pg.close().await;
+    tokio::time::timeout(Duration::from_secs(30), listener)
+        .await
+        .expect("the listener ends with its pool")
+        .unwrap();
+    b.lite.close().await;
+}
+
+/// The in-memory cache indexes follow new entries by id ("after the last id seen"). With
+/// two hosts writing, an entry whose id is smaller than one already read must not commit
+/// after it, or every reader past that id misses it for good.
+#[tokio::test]
+async fn cache_entries_become_visible_in_id_order_across_writers() {
+    let b = both().await;
+    let now = at(11, 0);
+    // Host A writes and has not committed yet.
+    let mut a = b.pg.begin().await.unwrap();
+    pg_rest::cache::put_batch_tx(&mut a, &[new_entry(1, ",", "a", 0)])
+        .await
+        .unwrap();
+    // Host B writes meanwhile.
+    let pool = b.pg.clone();
+    let host_b = tokio::spawn(async move {
+        let mut t = pool.begin().await.unwrap();
+        pg_rest::cache::put_batch_tx(&mut t, &[new_entry(2, ",", "b", 0)])
+            .await
+            .unwrap();
+        t.commit().await.unwrap();
+    });
+    // Until B is done or waits for A.
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+        )
+        .fetch_one(&b.pg)
+        .await
+        .unwrap();
+        if waiting > 0 || host_b.is_finished() {
+            break;
+        }
+        assert!(Instant::now() < until, "host B neither wrote nor waited");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // A reader polls now, then again after both committed.
+    let first = pg_rest::cache::keys_after(&b.pg, 0, now).await.unwrap();
+    let seen = first.last().map_or(0, |(id, _)| *id);
+    a.commit().await.unwrap();
+    host_b.await.unwrap();
+    let second = pg_rest::cache::keys_after(&b.pg, seen, now).await.unwrap();
+    let mut found = keys_of(&first);
+    found.extend(keys_of(&second));
+    found.sort();
+    assert_eq!(found, [1, 2], "a reader following ids missed an entry");
+    b.lite.close().await;
+}
