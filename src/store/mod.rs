@@ -22,9 +22,6 @@ pub mod token_admin;
 pub mod tokens;
 pub mod writer;
 
-// Temporary: folded into `pg/mod.rs` at merge.
-#[path = "pg/rest.rs"]
-pub mod pg_rest;
 
 #[cfg(test)]
 mod tx_test;

@@ -1,5 +1,5 @@
 //! The non-money store on PostgreSQL (issue 17): the same operations run against a SQLite
-//! `Db` and against `store::pg_rest`, and give the same results. Shared helpers for the
+//! `Db` and against `store::pg`, and give the same results. Shared helpers for the
 //! other `pg_store_*` files live here.
 
 use chrono::{DateTime, TimeZone, Utc};
@@ -58,7 +58,7 @@ macro_rules! write_both {
         let l = sluice::store::$m::$f(&mut *lt, $($arg),*).await;
         lt.commit().await.unwrap();
         let mut pt = $b.pg.begin().await.unwrap();
-        let p = sluice::store::pg_rest::$m::$f(&mut *pt, $($arg),*).await;
+        let p = sluice::store::pg::$m::$f(&mut *pt, $($arg),*).await;
         pt.commit().await.unwrap();
         (l, p)
     }};
@@ -69,7 +69,7 @@ macro_rules! write_both {
 macro_rules! read_both {
     ($b:expr, $m:ident :: $f:ident ( $($arg:expr),* $(,)? )) => {{
         let l = sluice::store::$m::$f(&$b.lite.read, $($arg),*).await;
-        let p = sluice::store::pg_rest::$m::$f(&$b.pg, $($arg),*).await;
+        let p = sluice::store::pg::$m::$f(&$b.pg, $($arg),*).await;
         (l, p)
     }};
 }
@@ -79,7 +79,7 @@ macro_rules! read_both {
 macro_rules! pool_write_both {
     ($b:expr, $m:ident :: $f:ident ( $($arg:expr),* $(,)? )) => {{
         let l = sluice::store::$m::$f(&$b.lite.write, $($arg),*).await;
-        let p = sluice::store::pg_rest::$m::$f(&$b.pg, $($arg),*).await;
+        let p = sluice::store::pg::$m::$f(&$b.pg, $($arg),*).await;
         (l, p)
     }};
 }
@@ -572,7 +572,7 @@ async fn reports_give_the_same_answers_for_every_grouping() {
     let whole = |pool| {
         let (from, to) = (day(0, 0), day(3, 0));
         async move {
-            store::pg_rest::reports::spend(pool, None, GroupBy::Team, &from, &to)
+            store::pg::reports::spend(pool, None, GroupBy::Team, &from, &to)
                 .await
                 .unwrap()
         }
@@ -593,7 +593,7 @@ async fn reports_give_the_same_answers_for_every_grouping() {
         "whole days come from request_days"
     );
     let mut conn = b.pg.acquire().await.unwrap();
-    store::pg_rest::requests::rebuild_days(&mut conn)
+    store::pg::requests::rebuild_days(&mut conn)
         .await
         .unwrap();
     let rebuilt: Vec<(String, Option<i64>, i64)> =
@@ -678,7 +678,7 @@ async fn the_audit_filter_ignores_ascii_case_only_as_sqlite_like_does() {
             after: None,
         };
         store::audit::record(&b.lite.write, &e, now).await.unwrap();
-        store::pg_rest::audit::record(&b.pg, &b.lite.audit, &e, now)
+        store::pg::audit::record(&b.pg, &b.lite.audit, &e, now)
             .await
             .unwrap();
     }
@@ -776,19 +776,19 @@ async fn text_with_a_nul_character_is_not_found_or_refused_by_name_never_a_datab
     for (what, err) in [
         (
             "team",
-            store::pg_rest::tenants::create_team(&mut tx, nul, &budget(None, Reset::Never), now)
+            store::pg::tenants::create_team(&mut tx, nul, &budget(None, Reset::Never), now)
                 .await
                 .err(),
         ),
         (
             "token name",
-            store::pg_rest::token_admin::set_name(&mut tx, 1, nul)
+            store::pg::token_admin::set_name(&mut tx, 1, nul)
                 .await
                 .err(),
         ),
         (
             "admin",
-            store::pg_rest::admins::create(&mut tx, nul, "h", "admin", None, now)
+            store::pg::admins::create(&mut tx, nul, "h", "admin", None, now)
                 .await
                 .err(),
         ),

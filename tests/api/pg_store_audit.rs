@@ -4,7 +4,7 @@
 
 use sha2::{Digest, Sha256};
 use sluice::store::audit::{self, AuditEntry, AuditKeys};
-use sluice::store::pg_rest::audit as pg_audit;
+use sluice::store::pg::audit as pg_audit;
 use sqlx::{PgPool, Row};
 
 use crate::pg_server;

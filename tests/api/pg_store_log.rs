@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant};
 
 use sluice::store::cache::NewEntry;
-use sluice::store::pg_rest;
-use sluice::store::pg_rest::notify::{Epoch, Heard};
+use sluice::store::pg;
+use sluice::store::pg::notify::{Epoch, Heard};
 use sluice::store::requests::RequestRow;
 use sluice::store::writer;
 use sqlx::PgPool;
@@ -152,7 +152,7 @@ async fn cache_batches_replace_and_tags_match_as_on_sqlite() {
                 .await
                 .unwrap();
             let mut tx = pg.begin().await.unwrap();
-            pg_rest::cache::put_batch_tx(&mut tx, &entries)
+            pg::cache::put_batch_tx(&mut tx, &entries)
                 .await
                 .unwrap();
             tx.commit().await.unwrap();
@@ -198,7 +198,7 @@ async fn cache_batches_replace_and_tags_match_as_on_sqlite() {
     })
     .await
     .unwrap();
-    pg_rest::cache::count_hit_tx(&mut b.pg.acquire().await.unwrap(), &[2; 32])
+    pg::cache::count_hit_tx(&mut b.pg.acquire().await.unwrap(), &[2; 32])
         .await
         .unwrap();
     let hits = "SELECT hits FROM cache_entries WHERE key = $1";
@@ -214,7 +214,7 @@ async fn cache_batches_replace_and_tags_match_as_on_sqlite() {
         .unwrap();
     assert_eq!((lite_hits, pg_hits), (1, 1));
     put(vec![new_entry(2, ",b,", "two again", 9)]).await;
-    let after = pg_rest::cache::keys_after(&b.pg, seen, now).await.unwrap();
+    let after = pg::cache::keys_after(&b.pg, seen, now).await.unwrap();
     assert_eq!(
         keys_of(&after),
         [2],
@@ -284,8 +284,8 @@ async fn lingering_rows_are_written_in_batches_and_flushed() {
     let b = both().await;
     populate(&b).await;
     count_statements(&b.pg, "requests").await;
-    let log = pg_rest::lingering::Lingering::start(b.pg.clone(), "request log", |conn, rows| {
-        Box::pin(pg_rest::requests::insert_batch_tx(conn, rows))
+    let log = pg::lingering::Lingering::start(b.pg.clone(), "request log", |conn, rows| {
+        Box::pin(pg::requests::insert_batch_tx(conn, rows))
     });
     let rows = request_rows();
     for r in &rows {
@@ -316,7 +316,7 @@ async fn an_epoch_bump_is_heard_at_once_and_the_poll_survives_a_killed_listener(
     let b = both().await;
     populate(&b).await;
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let listener = pg_rest::notify::listen(&b.pg, move |h| {
+    let listener = pg::notify::listen(&b.pg, move |h| {
         let _ = tx.send(h);
     });
     assert_eq!(
@@ -326,11 +326,11 @@ async fn an_epoch_bump_is_heard_at_once_and_the_poll_survives_a_killed_listener(
     );
     // A bump rolled back is never heard; the next committed one is.
     let mut t = b.pg.begin().await.unwrap();
-    pg_rest::tokens::bump_epoch(&mut t).await.unwrap();
+    pg::tokens::bump_epoch(&mut t).await.unwrap();
     t.rollback().await.unwrap();
     let sent = Instant::now();
     let mut t = b.pg.begin().await.unwrap();
-    assert!(pg_rest::tokens::revoke(&mut t, 1, at(10, 0)).await.unwrap());
+    assert!(pg::tokens::revoke(&mut t, 1, at(10, 0)).await.unwrap());
     t.commit().await.unwrap();
     assert_eq!(
         heard(&mut rx, Duration::from_secs(5)).await,
@@ -341,11 +341,11 @@ async fn an_epoch_bump_is_heard_at_once_and_the_poll_survives_a_killed_listener(
         took < Duration::from_secs(1),
         "a revocation heard after {took:?}"
     );
-    let keys = pg_rest::cache::delete_tag(&b.pg, "nothing").await.unwrap();
+    let keys = pg::cache::delete_tag(&b.pg, "nothing").await.unwrap();
     assert!(keys.is_empty());
     // Token edits notify too, and cache invalidations on their own payload.
     let mut t = b.pg.begin().await.unwrap();
-    pg_rest::token_admin::expire_at(&mut t, 2, at(11, 0))
+    pg::token_admin::expire_at(&mut t, 2, at(11, 0))
         .await
         .unwrap();
     t.commit().await.unwrap();
@@ -355,12 +355,12 @@ async fn an_epoch_bump_is_heard_at_once_and_the_poll_survives_a_killed_listener(
     );
     let entries = vec![new_entry(7, ",t,", "a", 0)];
     let mut t = b.pg.begin().await.unwrap();
-    pg_rest::cache::put_batch_tx(&mut t, &entries)
+    pg::cache::put_batch_tx(&mut t, &entries)
         .await
         .unwrap();
     t.commit().await.unwrap();
     assert_eq!(
-        pg_rest::cache::delete_tag(&b.pg, "t").await.unwrap().len(),
+        pg::cache::delete_tag(&b.pg, "t").await.unwrap().len(),
         1
     );
     assert_eq!(
@@ -370,7 +370,7 @@ async fn an_epoch_bump_is_heard_at_once_and_the_poll_survives_a_killed_listener(
 
     // The listener's connection killed: the poll still sees every bump, and the listener
     // comes back (telling its callback to drop everything: it may have missed some).
-    let before = pg_rest::tokens::epoch(&b.pg).await.unwrap();
+    let before = pg::tokens::epoch(&b.pg).await.unwrap();
     let killed: i64 = sqlx::query_scalar(
         "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity
          WHERE datname = current_database() AND query LIKE 'LISTEN%' AND pid <> pg_backend_pid()",
@@ -380,10 +380,10 @@ async fn an_epoch_bump_is_heard_at_once_and_the_poll_survives_a_killed_listener(
     .unwrap();
     assert_eq!(killed, 1, "the listener's own connection");
     let mut t = b.pg.begin().await.unwrap();
-    assert!(pg_rest::tokens::revoke(&mut t, 2, at(10, 0)).await.unwrap());
+    assert!(pg::tokens::revoke(&mut t, 2, at(10, 0)).await.unwrap());
     t.commit().await.unwrap();
     assert_eq!(
-        pg_rest::tokens::epoch(&b.pg).await.unwrap(),
+        pg::tokens::epoch(&b.pg).await.unwrap(),
         before + 1,
         "the poll sees the bump"
     );
@@ -395,7 +395,7 @@ async fn an_epoch_bump_is_heard_at_once_and_the_poll_survives_a_killed_listener(
         lost = heard(&mut rx, Duration::from_secs(30)).await == Some(Heard::Lost);
     }
     let mut t = b.pg.begin().await.unwrap();
-    assert!(pg_rest::tokens::revoke(&mut t, 3, at(10, 0)).await.unwrap());
+    assert!(pg::tokens::revoke(&mut t, 3, at(10, 0)).await.unwrap());
     t.commit().await.unwrap();
     loop {
         match heard(&mut rx, Duration::from_secs(5)).await {
@@ -422,14 +422,14 @@ async fn cache_entries_become_visible_in_id_order_across_writers() {
     let now = at(11, 0);
     // Host A writes and has not committed yet.
     let mut a = b.pg.begin().await.unwrap();
-    pg_rest::cache::put_batch_tx(&mut a, &[new_entry(1, ",", "a", 0)])
+    pg::cache::put_batch_tx(&mut a, &[new_entry(1, ",", "a", 0)])
         .await
         .unwrap();
     // Host B writes meanwhile.
     let pool = b.pg.clone();
     let host_b = tokio::spawn(async move {
         let mut t = pool.begin().await.unwrap();
-        pg_rest::cache::put_batch_tx(&mut t, &[new_entry(2, ",", "b", 0)])
+        pg::cache::put_batch_tx(&mut t, &[new_entry(2, ",", "b", 0)])
             .await
             .unwrap();
         t.commit().await.unwrap();
@@ -450,11 +450,11 @@ async fn cache_entries_become_visible_in_id_order_across_writers() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // A reader polls now, then again after both committed.
-    let first = pg_rest::cache::keys_after(&b.pg, 0, now).await.unwrap();
+    let first = pg::cache::keys_after(&b.pg, 0, now).await.unwrap();
     let seen = first.last().map_or(0, |(id, _)| *id);
     a.commit().await.unwrap();
     host_b.await.unwrap();
-    let second = pg_rest::cache::keys_after(&b.pg, seen, now).await.unwrap();
+    let second = pg::cache::keys_after(&b.pg, seen, now).await.unwrap();
     let mut found = keys_of(&first);
     found.extend(keys_of(&second));
     found.sort();

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use sluice::store::pg_rest;
+use sluice::store::pg;
 use sluice::store::reports::GroupBy;
 
 use crate::pg_server;
@@ -49,7 +49,7 @@ async fn spend_reports_over_millions_of_request_rows() {
         done += n;
     }
     let mut conn = pool.acquire().await.unwrap();
-    pg_rest::requests::rebuild_days(&mut conn).await.unwrap();
+    pg::requests::rebuild_days(&mut conn).await.unwrap();
     sqlx::query("ANALYZE").execute(&mut *conn).await.unwrap();
     drop(conn);
     let days: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM request_days")
@@ -64,7 +64,7 @@ async fn spend_reports_over_millions_of_request_rows() {
     let (from, to) = ("2026-02-01T00:00:00.000Z", "2026-03-01T00:00:00.000Z");
     for by in GroupBy::ALL {
         let t = Instant::now();
-        let r = pg_rest::reports::spend(&pool, None, by, from, to)
+        let r = pg::reports::spend(&pool, None, by, from, to)
             .await
             .unwrap();
         println!(
@@ -74,7 +74,7 @@ async fn spend_reports_over_millions_of_request_rows() {
             r.len()
         );
         let t = Instant::now();
-        let r = pg_rest::reports::spend(
+        let r = pg::reports::spend(
             &pool,
             Some(3),
             by,
@@ -91,12 +91,12 @@ async fn spend_reports_over_millions_of_request_rows() {
         );
     }
     let t = Instant::now();
-    let totals = pg_rest::reports::totals(&pool, None, "2026-01-01T00:00:00.000Z")
+    let totals = pg::reports::totals(&pool, None, "2026-01-01T00:00:00.000Z")
         .await
         .unwrap();
     println!("totals since the start: {:?} ({totals:?})", t.elapsed());
     let t = Instant::now();
-    pg_rest::reports::top_tokens(&pool, None, "2026-03-01T00:00:00.000Z", 5)
+    pg::reports::top_tokens(&pool, None, "2026-03-01T00:00:00.000Z", 5)
         .await
         .unwrap();
     println!("top tokens this month: {:?}", t.elapsed());

@@ -6,9 +6,22 @@
 //! names function for function, with `&PgDb` (or the PostgreSQL `Writer`) where they take
 //! the SQLite pool, connection or writer; docs/DESIGN.md "Money on PostgreSQL".
 
+pub mod admins;
+pub mod audit;
+pub mod cache;
 mod chain;
+pub mod directory;
 pub mod ledger;
+pub mod lingering;
+pub mod notify;
 pub mod processes;
+pub mod reports;
+pub mod requests;
+pub mod sessions;
+pub mod tenants;
+pub mod text;
+pub mod token_admin;
+pub mod tokens;
 pub mod writer;
 
 use std::future::Future;
