@@ -461,3 +461,42 @@ async fn cache_entries_become_visible_in_id_order_across_writers() {
     assert_eq!(found, [1, 2], "a reader following ids missed an entry");
     b.lite.close().await;
 }
+
+/// One row PostgreSQL cannot store as it is (a NUL in its text) must not take the rest of
+/// its batch with it: the lingering writer would retry the batch and then drop every row.
+#[tokio::test]
+async fn a_nul_in_one_row_does_not_fail_its_batch() {
+    let b = both().await;
+    populate(&b).await;
+    let mut rows = request_rows();
+    rows[3].model = "gpt\0-4o".into();
+    rows[4].cache_key = Some("ab\0cd".into());
+    pg_rest::requests::insert_batch(&b.pg, &rows).await.unwrap();
+    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM requests")
+        .fetch_one(&b.pg)
+        .await
+        .unwrap();
+    assert_eq!(count, rows.len() as i64, "every row of the batch logged");
+    let model: String = sqlx::query_scalar("SELECT model FROM requests WHERE id = $1")
+        .bind(&rows[3].id)
+        .fetch_one(&b.pg)
+        .await
+        .unwrap();
+    assert_eq!(model, "gpt\u{FFFD}-4o");
+    let mut bad = new_entry(1, ",", "an answer with \0 in it", 0);
+    bad.tags = ",t,".into();
+    let mut tx = b.pg.begin().await.unwrap();
+    pg_rest::cache::put_batch_tx(&mut tx, &[bad, new_entry(2, ",", "fine", 0)])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let keys = pg_rest::cache::keys_after(&b.pg, 0, at(11, 0))
+        .await
+        .unwrap();
+    assert_eq!(
+        keys_of(&keys),
+        [2],
+        "the storable entry is stored, the other left out"
+    );
+    b.lite.close().await;
+}
