@@ -500,3 +500,72 @@ async fn a_nul_in_one_row_does_not_fail_its_batch() {
     );
     b.lite.close().await;
 }
+
+/// Two hosts logging at once, every batch touching the same tokens and the same day rows
+/// in another order: no deadlock, no row lost or counted twice.
+#[tokio::test]
+async fn two_hosts_logging_at_once_neither_deadlock_nor_miscount() {
+    let b = both().await;
+    populate(&b).await;
+    let url_pool = b.pg.clone();
+    let second = {
+        let opts = (*url_pool.connect_options()).clone();
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(8)
+            .connect_with(opts)
+            .await
+            .unwrap()
+    };
+    let mut tasks = Vec::new();
+    for (h, pool) in [b.pg.clone(), second].into_iter().enumerate() {
+        for w in 0..4 {
+            let pool = pool.clone();
+            tasks.push(tokio::spawn(async move {
+                for batch in 0..20 {
+                    let mut rows: Vec<RequestRow> = (0..8)
+                        .map(|i| {
+                            let token = 1 + (i + w + batch) % 4;
+                            RequestRow {
+                                id: format!("h{h}-w{w}-b{batch}-{i}"),
+                                token_id: Some(token as i64),
+                                user_id: Some(token as i64),
+                                team_id: Some(1),
+                                endpoint: "chat",
+                                model: ["a", "b"][i % 2].into(),
+                                status: 200,
+                                cost_micros: 10,
+                                cache: "off",
+                                created_at: sluice::clock::db_time(at(10, (i * 7) as u32)),
+                                ..Default::default()
+                            }
+                        })
+                        .collect();
+                    if (h + w + batch) % 2 == 0 {
+                        rows.reverse();
+                    }
+                    pg_rest::requests::insert_batch(&pool, &rows).await.unwrap();
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let (rows, spend): (i64, i64) =
+        sqlx::query_as("SELECT COUNT(*), SUM(cost_micros)::BIGINT FROM requests")
+            .fetch_one(&b.pg)
+            .await
+            .unwrap();
+    assert_eq!((rows, spend), (2 * 4 * 20 * 8, 2 * 4 * 20 * 8 * 10));
+    let (days, day_spend): (i64, i64) =
+        sqlx::query_as("SELECT SUM(requests)::BIGINT, SUM(cost_micros)::BIGINT FROM request_days")
+            .fetch_one(&b.pg)
+            .await
+            .unwrap();
+    assert_eq!(
+        (days, day_spend),
+        (rows, spend),
+        "the spend by day counts each row once"
+    );
+    b.lite.close().await;
+}
