@@ -438,7 +438,7 @@ async fn cache_entries_become_visible_in_id_order_across_writers() {
     let until = Instant::now() + Duration::from_secs(30);
     loop {
         let waiting: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+            "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
         )
         .fetch_one(&b.pg)
         .await
