@@ -37,6 +37,7 @@ mod pg_server;
 // mod pg_store;
 // mod pg_store_audit;
 // mod pg_store_log;
+// mod pg_store_reports;
 // mod pg_store_scale;
 mod processes;
 mod proxy;

@@ -438,7 +438,7 @@ async fn cache_entries_become_visible_in_id_order_across_writers() {
     let until = Instant::now() + Duration::from_secs(30);
     loop {
         let waiting: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+            "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
         )
         .fetch_one(&b.pg)
         .await
@@ -459,5 +459,113 @@ async fn cache_entries_become_visible_in_id_order_across_writers() {
     found.extend(keys_of(&second));
     found.sort();
     assert_eq!(found, [1, 2], "a reader following ids missed an entry");
+    b.lite.close().await;
+}
+
+/// One row PostgreSQL cannot store as it is (a NUL in its text) must not take the rest of
+/// its batch with it: the lingering writer would retry the batch and then drop every row.
+#[tokio::test]
+async fn a_nul_in_one_row_does_not_fail_its_batch() {
+    let b = both().await;
+    populate(&b).await;
+    let mut rows = request_rows();
+    rows[3].model = "gpt\0-4o".into();
+    rows[4].cache_key = Some("ab\0cd".into());
+    pg_rest::requests::insert_batch(&b.pg, &rows).await.unwrap();
+    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM requests")
+        .fetch_one(&b.pg)
+        .await
+        .unwrap();
+    assert_eq!(count, rows.len() as i64, "every row of the batch logged");
+    let model: String = sqlx::query_scalar("SELECT model FROM requests WHERE id = $1")
+        .bind(&rows[3].id)
+        .fetch_one(&b.pg)
+        .await
+        .unwrap();
+    assert_eq!(model, "gpt\u{FFFD}-4o");
+    let mut bad = new_entry(1, ",", "an answer with \0 in it", 0);
+    bad.tags = ",t,".into();
+    let mut tx = b.pg.begin().await.unwrap();
+    pg_rest::cache::put_batch_tx(&mut tx, &[bad, new_entry(2, ",", "fine", 0)])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let keys = pg_rest::cache::keys_after(&b.pg, 0, at(11, 0))
+        .await
+        .unwrap();
+    assert_eq!(
+        keys_of(&keys),
+        [2],
+        "the storable entry is stored, the other left out"
+    );
+    b.lite.close().await;
+}
+
+/// Two hosts logging at once, every batch touching the same tokens and the same day rows
+/// in another order: no deadlock, no row lost or counted twice.
+#[tokio::test]
+async fn two_hosts_logging_at_once_neither_deadlock_nor_miscount() {
+    let b = both().await;
+    populate(&b).await;
+    let url_pool = b.pg.clone();
+    let second = {
+        let opts = (*url_pool.connect_options()).clone();
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(8)
+            .connect_with(opts)
+            .await
+            .unwrap()
+    };
+    let mut tasks = Vec::new();
+    for (h, pool) in [b.pg.clone(), second].into_iter().enumerate() {
+        for w in 0..4 {
+            let pool = pool.clone();
+            tasks.push(tokio::spawn(async move {
+                for batch in 0..20 {
+                    let mut rows: Vec<RequestRow> = (0..8)
+                        .map(|i| {
+                            let token = 1 + (i + w + batch) % 4;
+                            RequestRow {
+                                id: format!("h{h}-w{w}-b{batch}-{i}"),
+                                token_id: Some(token as i64),
+                                user_id: Some(token as i64),
+                                team_id: Some(1),
+                                endpoint: "chat",
+                                model: ["a", "b"][i % 2].into(),
+                                status: 200,
+                                cost_micros: 10,
+                                cache: "off",
+                                created_at: sluice::clock::db_time(at(10, (i * 7) as u32)),
+                                ..Default::default()
+                            }
+                        })
+                        .collect();
+                    if (h + w + batch) % 2 == 0 {
+                        rows.reverse();
+                    }
+                    pg_rest::requests::insert_batch(&pool, &rows).await.unwrap();
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let (rows, spend): (i64, i64) =
+        sqlx::query_as("SELECT COUNT(*), SUM(cost_micros)::BIGINT FROM requests")
+            .fetch_one(&b.pg)
+            .await
+            .unwrap();
+    assert_eq!((rows, spend), (2 * 4 * 20 * 8, 2 * 4 * 20 * 8 * 10));
+    let (days, day_spend): (i64, i64) =
+        sqlx::query_as("SELECT SUM(requests)::BIGINT, SUM(cost_micros)::BIGINT FROM request_days")
+            .fetch_one(&b.pg)
+            .await
+            .unwrap();
+    assert_eq!(
+        (days, day_spend),
+        (rows, spend),
+        "the spend by day counts each row once"
+    );
     b.lite.close().await;
 }

@@ -43,13 +43,24 @@ const PUT: &str = "INSERT INTO cache_entries (key, scope, model, format, context
 
 /// Stores a batch of entries inside the caller's transaction, in one statement.
 pub async fn put_batch_tx(conn: &mut PgConnection, entries: &[NewEntry]) -> Result<()> {
-    // The last version of each key, in batch order otherwise.
-    let mut last: Vec<&NewEntry> = Vec::with_capacity(entries.len());
-    for (i, e) in entries.iter().enumerate() {
-        if !entries[i + 1..].iter().any(|later| later.key == e.key) {
-            last.push(e);
-        }
-    }
+    // The last version of each key, in batch order otherwise; an entry PostgreSQL cannot
+    // store (`pg::text`) is left out rather than failing the batch with it.
+    let mut seen = std::collections::HashSet::with_capacity(entries.len());
+    let mut last: Vec<&NewEntry> = entries
+        .iter()
+        .rev()
+        .filter(|e| seen.insert(e.key))
+        .filter(|e| {
+            let ok = [&e.scope, &e.model, &e.answer, &e.tags]
+                .iter()
+                .all(|t| text::storable(t));
+            if !ok {
+                tracing::warn!("a cache entry with a NUL character is not stored");
+            }
+            ok
+        })
+        .collect();
+    last.reverse();
     if last.is_empty() {
         return Ok(());
     }

@@ -7,6 +7,7 @@
 
 use sqlx::{PgConnection, PgPool};
 
+use super::text;
 use crate::store::requests::RequestRow;
 use crate::store::Result;
 
@@ -65,7 +66,13 @@ pub async fn insert_batch_tx(conn: &mut PgConnection, rows: &[RequestRow]) -> Re
     if rows.is_empty() {
         return Ok(());
     }
-    let col = |f: fn(&RequestRow) -> String| rows.iter().map(f).collect::<Vec<String>>();
+    // A NUL (which PostgreSQL's text cannot hold) becomes U+FFFD: one such row must not
+    // fail the whole batch it shares with others (`pg::text`).
+    let col = |f: fn(&RequestRow) -> String| {
+        rows.iter()
+            .map(|r| text::key(&f(r)).into_owned())
+            .collect::<Vec<String>>()
+    };
     let num = |f: fn(&RequestRow) -> Option<i64>| rows.iter().map(f).collect::<Vec<Option<i64>>>();
     sqlx::query(INSERT)
         .bind(col(|r| r.id.clone()))
@@ -88,7 +95,7 @@ pub async fn insert_batch_tx(conn: &mut PgConnection, rows: &[RequestRow]) -> Re
         .bind(col(|r| r.cache.to_string()))
         .bind(
             rows.iter()
-                .map(|r| r.cache_key.as_deref())
+                .map(|r| r.cache_key.as_deref().map(|k| text::key(k).into_owned()))
                 .collect::<Vec<_>>(),
         )
         .bind(rows.iter().map(|r| r.cache_similarity).collect::<Vec<_>>())
