@@ -381,29 +381,34 @@ pub async fn reserve_via(
         .await
 }
 
-/// Takes a reservation's row: the open one, else (when `$2`) the one settled as an orphan.
-const TAKE: &str = "WITH a AS (DELETE FROM reservations WHERE request_id = $1
+/// Settlement in one round trip: takes the reservation's row (the open one, else — when
+/// `$2` — the one settled as an orphan meanwhile), refunds every level still in the
+/// reservation's period, releases what an open one held, and appends the `settle` row and,
+/// when positive, the `absorbed` row. No row when the request was settled already.
+/// `$3` is the actual cost (≥ 0), `$4` the time.
+const SETTLE: &str = "WITH a AS (DELETE FROM reservations WHERE request_id = $1
             RETURNING token_id, user_id, team_id, period, user_period, team_period, amount_micros, TRUE AS open),
     b AS (DELETE FROM orphaned WHERE request_id = $1 AND $2 AND NOT EXISTS (SELECT 1 FROM a)
-            RETURNING token_id, user_id, team_id, period, user_period, team_period, amount_micros, FALSE AS open)
-    SELECT * FROM a UNION ALL SELECT * FROM b";
-
-/// Every level's refund (into the reservation's period only) and, for an open reservation,
-/// the release of what it held; the `settle` row and, when positive, the `absorbed` row.
-const SETTLE: &str = "WITH t AS (UPDATE tokens SET reserved_micros = reserved_micros - $1,
-                remaining_micros = CASE WHEN period = $2 THEN remaining_micros + $3 ELSE remaining_micros END
-            WHERE id = $4 AND ($9 OR period = $2) RETURNING remaining_micros),
-    u AS (UPDATE users SET reserved_micros = reserved_micros - $1,
-                remaining_micros = CASE WHEN period = $5 THEN remaining_micros + $3 ELSE remaining_micros END
-            WHERE id = $6 AND ($9 OR period = $5) RETURNING remaining_micros),
-    m AS (UPDATE teams SET reserved_micros = reserved_micros - $1,
-                remaining_micros = CASE WHEN period = $7 THEN remaining_micros + $3 ELSE remaining_micros END
-            WHERE id = $8 AND ($9 OR period = $7) RETURNING remaining_micros),
+            RETURNING token_id, user_id, team_id, period, user_period, team_period, amount_micros, FALSE AS open),
+    h AS (SELECT x.*, LEAST($3::BIGINT, x.amount_micros) AS charged,
+                 CASE WHEN x.open THEN x.amount_micros ELSE 0 END AS release
+            FROM (SELECT * FROM a UNION ALL SELECT * FROM b) AS x),
+    t AS (UPDATE tokens SET reserved_micros = reserved_micros - h.release,
+                remaining_micros = CASE WHEN tokens.period = h.period THEN remaining_micros + h.amount_micros - h.charged ELSE remaining_micros END
+            FROM h WHERE tokens.id = h.token_id AND (h.open OR tokens.period = h.period) RETURNING tokens.remaining_micros),
+    u AS (UPDATE users SET reserved_micros = reserved_micros - h.release,
+                remaining_micros = CASE WHEN users.period = h.user_period THEN remaining_micros + h.amount_micros - h.charged ELSE remaining_micros END
+            FROM h WHERE users.id = h.user_id AND (h.open OR users.period = h.user_period) RETURNING users.remaining_micros),
+    m AS (UPDATE teams SET reserved_micros = reserved_micros - h.release,
+                remaining_micros = CASE WHEN teams.period = h.team_period THEN remaining_micros + h.amount_micros - h.charged ELSE remaining_micros END
+            FROM h WHERE teams.id = h.team_id AND (h.open OR teams.period = h.team_period) RETURNING teams.remaining_micros),
     l AS (INSERT INTO ledger (token_id, user_id, team_id, period, user_period, team_period, kind, amount_micros, request_id, created_at)
-            SELECT $4, $6, $8, $2, $5, $7, k.kind, k.amount, $10, $11
-            FROM (VALUES ('settle', 0 - $3::BIGINT), ('absorbed', $12::BIGINT)) AS k(kind, amount)
+            SELECT h.token_id, h.user_id, h.team_id, h.period, h.user_period, h.team_period, k.kind, k.amount, $1, $4
+            FROM h, LATERAL (VALUES ('settle', h.charged - h.amount_micros), ('absorbed', $3::BIGINT - h.charged)) AS k(kind, amount)
             WHERE k.kind = 'settle' OR k.amount > 0)
-    SELECT (SELECT remaining_micros FROM t), (SELECT remaining_micros FROM u), (SELECT remaining_micros FROM m)";
+    SELECT h.charged, $3::BIGINT - h.charged,
+           (SELECT remaining_micros FROM t), (SELECT remaining_micros FROM u), (SELECT remaining_micros FROM m)
+    FROM h";
 
 /// Settlement inside the caller's transaction, by request id (the row is the truth about
 /// what was reserved); `store::ledger::settle_tx`'s semantics: an open reservation is
@@ -425,39 +430,20 @@ async fn settle_from(
     now: DateTime<Utc>,
     or_orphaned: bool,
 ) -> Result<Option<Settled>> {
-    let Some(held) = sqlx::query(TAKE)
+    let Some(row) = sqlx::query(SETTLE)
         .bind(request_id)
         .bind(or_orphaned)
+        .bind(actual.max(0))
+        .bind(db_time(now))
         .fetch_optional(&mut *conn)
         .await?
     else {
         return Ok(None);
     };
-    let amount: i64 = held.try_get("amount_micros")?;
-    let open: bool = held.try_get("open")?;
-    let actual = actual.max(0);
-    let charged = actual.min(amount);
-    let refund = amount - charged;
-    let absorbed = actual - charged;
-    let row = sqlx::query(SETTLE)
-        .bind(if open { amount } else { 0 })
-        .bind(held.try_get::<String, _>("period")?)
-        .bind(refund)
-        .bind(held.try_get::<i64, _>("token_id")?)
-        .bind(held.try_get::<String, _>("user_period")?)
-        .bind(held.try_get::<i64, _>("user_id")?)
-        .bind(held.try_get::<String, _>("team_period")?)
-        .bind(held.try_get::<i64, _>("team_id")?)
-        .bind(open)
-        .bind(request_id)
-        .bind(db_time(now))
-        .bind(absorbed)
-        .fetch_one(&mut *conn)
-        .await?;
-    let left: [Option<i64>; 3] = [row.try_get(0)?, row.try_get(1)?, row.try_get(2)?];
+    let left: [Option<i64>; 3] = [row.try_get(2)?, row.try_get(3)?, row.try_get(4)?];
     Ok(Some(Settled {
-        charged,
-        absorbed,
+        charged: row.try_get(0)?,
+        absorbed: row.try_get(1)?,
         remaining: left.into_iter().fold(None, tighter),
         token_remaining: left[0],
     }))
