@@ -218,6 +218,80 @@ const RESERVE: &str = "WITH t AS (UPDATE tokens SET remaining_micros = remaining
     SELECT (SELECT COUNT(*) FROM t) + (SELECT COUNT(*) FROM u) + (SELECT COUNT(*) FROM m),
            (SELECT remaining_micros FROM t), (SELECT remaining_micros FROM u), (SELECT remaining_micros FROM m)";
 
+/// The common case in one round trip: when every level's stored period and reset rule are
+/// the ones the caller expects (`$7`–`$9` the periods of `now` under `$12`–`$14`, the
+/// owner's rules) and every level covers R, the levels' rows are locked and read, the three
+/// conditional decrements, the reservation row and its ledger row written — all in one
+/// statement. Otherwise (a rollover is due, a rule changed, a refusal) it writes nothing and
+/// returns 0 in its first column: the caller decides step by step (`reserve_tx`).
+const RESERVE_FAST: &str = "WITH s AS (SELECT t.period = $7 AND u.period = $8 AND m.period = $9
+                AND t.reset = $12 AND u.reset = $13 AND m.reset = $14
+                AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > $5)
+                AND (t.limit_micros IS NULL OR t.remaining_micros >= $1)
+                AND (u.limit_micros IS NULL OR u.remaining_micros >= $1)
+                AND (m.limit_micros IS NULL OR m.remaining_micros >= $1) AS go
+            FROM tokens t, users u, teams m WHERE t.id = $2 AND u.id = $3 AND m.id = $4 FOR UPDATE),
+    ok AS (SELECT 1 FROM s WHERE go),
+    t AS (UPDATE tokens SET remaining_micros = remaining_micros - $1, reserved_micros = reserved_micros + $1
+            WHERE id = $2 AND EXISTS (SELECT 1 FROM ok) AND (limit_micros IS NULL OR remaining_micros >= $1)
+              AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $5) RETURNING remaining_micros),
+    u AS (UPDATE users SET remaining_micros = remaining_micros - $1, reserved_micros = reserved_micros + $1
+            WHERE id = $3 AND EXISTS (SELECT 1 FROM ok) AND (limit_micros IS NULL OR remaining_micros >= $1) RETURNING remaining_micros),
+    m AS (UPDATE teams SET remaining_micros = remaining_micros - $1, reserved_micros = reserved_micros + $1
+            WHERE id = $4 AND EXISTS (SELECT 1 FROM ok) AND (limit_micros IS NULL OR remaining_micros >= $1) RETURNING remaining_micros),
+    r AS (INSERT INTO reservations (request_id, token_id, user_id, team_id, period, user_period, team_period, amount_micros, owner, deadline, created_at)
+            SELECT $6, $2, $3, $4, $7, $8, $9, $1, $10, $11, $5 FROM ok),
+    l AS (INSERT INTO ledger (token_id, user_id, team_id, period, user_period, team_period, kind, amount_micros, request_id, created_at)
+            SELECT $2, $3, $4, $7, $8, $9, 'reserve', $1, $6, $5 FROM ok)
+    SELECT (SELECT COUNT(*) FROM ok), (SELECT COUNT(*) FROM t) + (SELECT COUNT(*) FROM u) + (SELECT COUNT(*) FROM m),
+           (SELECT remaining_micros FROM t), (SELECT remaining_micros FROM u), (SELECT remaining_micros FROM m)";
+
+/// `reserve_tx`'s one-statement path (`RESERVE_FAST`): `None` when it did not apply (and
+/// wrote nothing).
+async fn reserve_fast(
+    conn: &mut PgConnection,
+    r: &ReserveRequest<'_>,
+    now: DateTime<Utc>,
+) -> Result<Option<Reservation>> {
+    let periods = r.owner.resets.map(|reset| reset.period_key(now));
+    let now_s = db_time(now);
+    let row = sqlx::query(RESERVE_FAST)
+        .bind(r.amount)
+        .bind(r.owner.token_id)
+        .bind(r.owner.user_id)
+        .bind(r.owner.team_id)
+        .bind(&now_s)
+        .bind(r.request_id)
+        .bind(&periods[0])
+        .bind(&periods[1])
+        .bind(&periods[2])
+        .bind(r.process)
+        .bind(db_time(now + r.lease))
+        .bind(r.owner.resets[0].as_str())
+        .bind(r.owner.resets[1].as_str())
+        .bind(r.owner.resets[2].as_str())
+        .fetch_one(&mut *conn)
+        .await?;
+    let (went, changed): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
+    if went == 0 {
+        return Ok(None);
+    }
+    if changed != 3 {
+        return Err(StoreError::Conflict(
+            "a level changed under its row lock; the reservation is rolled back".into(),
+        ));
+    }
+    let left: [Option<i64>; 3] = [row.try_get(2)?, row.try_get(3)?, row.try_get(4)?];
+    Ok(Some(Reservation {
+        request_id: r.request_id.into(),
+        owner: r.owner.clone(),
+        amount: r.amount,
+        periods,
+        remaining: left.into_iter().fold(None, tighter),
+        token_remaining: left[0],
+    }))
+}
+
 /// The CAS inside the caller's transaction, at `now` (read inside it). The caller holds the
 /// levels' row locks (`writer::lock_rows`; the writer takes them for the whole batch) —
 /// without them it is still correct (the `UPDATE`s lock and re-check), only exposed to
@@ -228,6 +302,9 @@ pub async fn reserve_tx(
     r: &ReserveRequest<'_>,
     now: DateTime<Utc>,
 ) -> Result<std::result::Result<Reservation, Refusal>> {
+    if let Some(resv) = reserve_fast(conn, r, now).await? {
+        return Ok(Ok(resv));
+    }
     let now_s = db_time(now);
     let row = sqlx::query(LEVELS_STATE)
         .bind(r.owner.token_id)
