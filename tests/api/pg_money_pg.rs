@@ -239,6 +239,7 @@ async fn postgres_stopped_mid_load_fails_closed_and_everything_lands_after() {
         );
         tasks.push(tokio::spawn(async move {
             let mut admitted = Vec::new();
+            let mut settling = Vec::new();
             let mut k = 0;
             while !stop.load(Ordering::Relaxed) {
                 k += 1;
@@ -264,14 +265,19 @@ async fn postgres_stopped_mid_load_fails_closed_and_everything_lands_after() {
                 }
                 // Held across a little work, so some settlements meet the outage.
                 tokio::time::sleep(Duration::from_millis(5)).await;
-                // `quota::reservation`'s loop: a settlement is retried until it lands.
-                loop {
-                    match store.settle(&id, R / 2, clock.clone()).await {
-                        Ok(_) => break,
-                        Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                // `quota::reservation`'s way: the settlement is retried in the background
+                // until it lands, and the caller goes on (its next reservation meets the
+                // outage).
+                let (store, clock, pairs) = (store.clone(), clock.clone(), pairs.clone());
+                settling.push(tokio::spawn(async move {
+                    while store.settle(&id, R / 2, clock.clone()).await.is_err() {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
                     }
-                }
-                pairs.fetch_add(1, Ordering::Relaxed);
+                    pairs.fetch_add(1, Ordering::Relaxed);
+                }));
+            }
+            for s in settling {
+                s.await.unwrap();
             }
             admitted
         }));
