@@ -633,7 +633,8 @@ async fn orphans_of_a_dead_owner(store: Store) {
     let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(t0));
     let dead = Me::new("dead".into(), "host-a".into());
     let alive = Me::new("alive".into(), "host-b".into());
-    assert!(store.heartbeat(&dead, t0).await);
+    assert!(store.heartbeat(&dead, t0).await, "the first beat registers");
+    assert!(!store.heartbeat(&dead, t0).await, "a later beat only beats");
     for i in 0..3 {
         store
             .reserve(&owner, &format!("o{i}"), R, "dead", clock.clone())

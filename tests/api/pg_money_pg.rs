@@ -353,3 +353,103 @@ async fn postgres_stopped_mid_load_fails_closed_and_everything_lands_after() {
         admitted.len() as i64 * R / 2
     );
 }
+
+/// The server's processes (the postmaster listening on `port` and its children).
+fn server_pids(port: u16) -> Vec<i32> {
+    let procs: Vec<(i32, i32, String)> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let cmd = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let ppid = stat[stat.rfind(')')? + 2..]
+                .split(' ')
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some((pid, ppid, cmd))
+        })
+        .collect();
+    let marker = format!("-p\0{port}\0");
+    let Some(&(master, ..)) = procs
+        .iter()
+        .find(|(_, _, cmd)| cmd.contains("postgres") && cmd.contains(&marker))
+    else {
+        panic!("no postgres on port {port}");
+    };
+    let mut pids = vec![master];
+    pids.extend(
+        procs
+            .iter()
+            .filter(|(_, ppid, _)| *ppid == master)
+            .map(|(p, ..)| *p),
+    );
+    pids
+}
+
+fn signal_all(pids: &[i32], sig: i32) {
+    for &pid in pids {
+        // SAFETY: kill(2) on processes this test started (its own server).
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+}
+
+/// A server that stops answering without closing its connections (a frozen host, a
+/// partition): reservations fail with a store error within the writer's batch timeout
+/// instead of hanging, and all is well once it answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_stops_answering_fails_reservations_instead_of_hanging() {
+    let server = PgServer::start();
+    let store = Store::open_pg(server.database()).await;
+    let owner = pg_owner(
+        pg(&store).0,
+        &[budget(Some(100 * R)), budget(None), budget(None)],
+    )
+    .await;
+    let clock = clock();
+    store
+        .reserve(&owner, "before", R, "p", clock.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    let pids = server_pids(server.port);
+    signal_all(&pids, libc::SIGSTOP);
+    let started = Instant::now();
+    let frozen = tokio::time::timeout(
+        Duration::from_secs(60),
+        store.reserve(&owner, "frozen", R, "p", clock.clone()),
+    )
+    .await;
+    signal_all(&pids, libc::SIGCONT);
+    match frozen {
+        Ok(Err(StoreError::Batch(_) | StoreError::Sql(_))) => {}
+        Ok(other) => panic!("not a store error: {other:?}"),
+        Err(_) => panic!("the reservation hung for a minute"),
+    }
+    eprintln!("failed after {:?}", started.elapsed());
+    // Once it answers again, reservations and settlements go through; the frozen one may
+    // have landed (its COMMIT was never sent: it did not).
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        match store.reserve(&owner, "after", R, "p", clock.clone()).await {
+            Ok(Ok(_)) => break,
+            Ok(Err(r)) => panic!("{r:?}"),
+            Err(_) if Instant::now() < until => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("never came back: {e}"),
+        }
+    }
+    for id in ["before", "after"] {
+        store.settle(id, R, clock.clone()).await.unwrap().unwrap();
+    }
+    assert!(store
+        .settle("frozen", R, clock.clone())
+        .await
+        .unwrap()
+        .is_none());
+    store.assert_settled().await;
+}
