@@ -453,3 +453,90 @@ async fn a_server_that_stops_answering_fails_reservations_instead_of_hanging() {
         .is_none());
     store.assert_settled().await;
 }
+
+/// An admin transaction that locks a team and then its token (the opposite of the writer's
+/// order) deadlocks with a batch reserving on that token: PostgreSQL aborts the batch (it
+/// waited first, so it finds the cycle), and the writer runs it again — the caller never
+/// sees the deadlock, and the reservation lands once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadlock_with_an_admin_edit_is_retried_transparently() {
+    use sqlx::Connection;
+    let store = Arc::new(Store::postgres().await);
+    let (db, writer) = pg(&store);
+    let owner = pg_owner(
+        db,
+        &[budget(Some(100 * R)), budget(None), budget(Some(100 * R))],
+    )
+    .await;
+    let clock = clock();
+    // Settle the periods first, so the reservation below takes the one-statement path.
+    store
+        .reserve(&owner, "warm", R, "p", clock.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    store
+        .settle("warm", 0, clock.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    let before = writer.stats();
+    let mut admin = db.pool.acquire().await.unwrap();
+    let mut tx = admin.begin().await.unwrap();
+    sqlx::query("UPDATE teams SET name = name WHERE id = $1")
+        .bind(owner.team_id)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let reserving = {
+        let (store, owner, clock) = (store.clone(), owner.clone(), clock.clone());
+        tokio::spawn(async move { store.reserve(&owner, "locked", R, "p", clock).await })
+    };
+    // Wait until the batch waits for the team row (it holds the token row by then).
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the batch never waited for the team row"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Now close the cycle; one of the two is aborted after `deadlock_timeout` (1 s).
+    let closed = sqlx::query("UPDATE tokens SET name = name WHERE id = $1")
+        .bind(owner.token_id)
+        .execute(&mut *tx)
+        .await;
+    match closed {
+        Ok(_) => tx.commit().await.unwrap(),
+        Err(e) => panic!("the admin transaction was the victim: {e}"),
+    }
+    let resv = reserving.await.unwrap().unwrap().unwrap();
+    assert_eq!(resv.amount, R);
+    let after = writer.stats();
+    assert!(
+        after.retries > before.retries,
+        "the batch ran again after the deadlock"
+    );
+    assert_eq!(after.failed_batches, before.failed_batches);
+    assert_eq!(
+        store
+            .int("SELECT COUNT(*) FROM ledger WHERE request_id = 'locked' AND kind = 'reserve'")
+            .await,
+        1
+    );
+    store
+        .settle("locked", R, clock.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    store.assert_settled().await;
+}
