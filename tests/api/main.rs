@@ -32,6 +32,7 @@ mod pg_money;
 mod pg_money_bench;
 mod pg_money_model;
 mod pg_money_pg;
+mod pg_money_store;
 mod pg_server;
 mod processes;
 mod proxy;
