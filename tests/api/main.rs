@@ -32,6 +32,7 @@ mod pg_money;
 mod pg_money_bench;
 mod pg_money_model;
 mod pg_money_pg;
+mod pg_money_store;
 mod pg_server;
 // WIRING: back once pg_store uses the Db API (SQLite and PostgreSQL through one Db).
 // mod pg_store;

@@ -5,6 +5,8 @@
 //! `cargo test --test api pg_money_bench -- --ignored --nocapture`. Without
 //! `SLUICE_PG_BENCH_URL` it runs on a server of the harness, which runs with `fsync=off`;
 //! set it to a database of a server with `fsync = on` for the durable figure.
+//! `SLUICE_PG_BENCH_RTT_MS=n` puts a proxy in front of the server that holds every answer
+//! n ms (a remote database's round trip; Tokio's timers are 1 ms coarse).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -89,6 +91,16 @@ async fn pg_money_bench() {
             (Some(server), url, "harness server, fsync=off")
         }
     };
+    let (url, note) = match std::env::var("SLUICE_PG_BENCH_RTT_MS") {
+        Ok(ms) => {
+            let ms: u64 = ms.parse().expect("SLUICE_PG_BENCH_RTT_MS: milliseconds");
+            (
+                slow_link(&url, Duration::from_millis(ms)).await,
+                format!("{note}, {ms} ms round trips"),
+            )
+        }
+        Err(_) => (url, note.to_string()),
+    };
     let pg = Arc::new(Store::open_pg(url).await);
     let lite = Arc::new(Store::sqlite().await);
     println!("reserve+settle pairs/s ({note}; SQLite synchronous=normal)");
@@ -107,4 +119,39 @@ async fn pg_money_bench() {
             after.retries - before.retries
         );
     }
+}
+
+/// A proxy to `url`'s server that holds every chunk the server sends for `rtt`: each round
+/// trip takes at least that long. Returns the URL through it.
+async fn slow_link(url: &str, rtt: Duration) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut target = url::Url::parse(url).unwrap();
+    let server = format!("{}:{}", target.host_str().unwrap(), target.port().unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let upstream = tokio::net::TcpStream::connect(&server).await.unwrap();
+            client.set_nodelay(true).unwrap();
+            upstream.set_nodelay(true).unwrap();
+            let (mut cr, mut cw) = client.into_split();
+            let (mut ur, mut uw) = upstream.into_split();
+            tokio::spawn(async move { tokio::io::copy(&mut cr, &mut uw).await });
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    let n = match ur.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => n,
+                    };
+                    tokio::time::sleep(rtt).await;
+                    if cw.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    target.set_port(Some(port)).unwrap();
+    target.to_string()
 }

@@ -239,6 +239,7 @@ async fn postgres_stopped_mid_load_fails_closed_and_everything_lands_after() {
         );
         tasks.push(tokio::spawn(async move {
             let mut admitted = Vec::new();
+            let mut settling = Vec::new();
             let mut k = 0;
             while !stop.load(Ordering::Relaxed) {
                 k += 1;
@@ -264,14 +265,19 @@ async fn postgres_stopped_mid_load_fails_closed_and_everything_lands_after() {
                 }
                 // Held across a little work, so some settlements meet the outage.
                 tokio::time::sleep(Duration::from_millis(5)).await;
-                // `quota::reservation`'s loop: a settlement is retried until it lands.
-                loop {
-                    match store.settle(&id, R / 2, clock.clone()).await {
-                        Ok(_) => break,
-                        Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                // `quota::reservation`'s way: the settlement is retried in the background
+                // until it lands, and the caller goes on (its next reservation meets the
+                // outage).
+                let (store, clock, pairs) = (store.clone(), clock.clone(), pairs.clone());
+                settling.push(tokio::spawn(async move {
+                    while store.settle(&id, R / 2, clock.clone()).await.is_err() {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
                     }
-                }
-                pairs.fetch_add(1, Ordering::Relaxed);
+                    pairs.fetch_add(1, Ordering::Relaxed);
+                }));
+            }
+            for s in settling {
+                s.await.unwrap();
             }
             admitted
         }));
@@ -346,4 +352,191 @@ async fn postgres_stopped_mid_load_fails_closed_and_everything_lands_after() {
             .await,
         admitted.len() as i64 * R / 2
     );
+}
+
+/// The server's processes (the postmaster listening on `port` and its children).
+fn server_pids(port: u16) -> Vec<i32> {
+    let procs: Vec<(i32, i32, String)> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let cmd = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let ppid = stat[stat.rfind(')')? + 2..]
+                .split(' ')
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some((pid, ppid, cmd))
+        })
+        .collect();
+    let marker = format!("-p\0{port}\0");
+    let Some(&(master, ..)) = procs
+        .iter()
+        .find(|(_, _, cmd)| cmd.contains("postgres") && cmd.contains(&marker))
+    else {
+        panic!("no postgres on port {port}");
+    };
+    let mut pids = vec![master];
+    pids.extend(
+        procs
+            .iter()
+            .filter(|(_, ppid, _)| *ppid == master)
+            .map(|(p, ..)| *p),
+    );
+    pids
+}
+
+fn signal_all(pids: &[i32], sig: i32) {
+    for &pid in pids {
+        // SAFETY: kill(2) on processes this test started (its own server).
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+}
+
+/// A server that stops answering without closing its connections (a frozen host, a
+/// partition): reservations fail with a store error within the writer's batch timeout
+/// instead of hanging, and all is well once it answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_stops_answering_fails_reservations_instead_of_hanging() {
+    let server = PgServer::start();
+    let store = Store::open_pg(server.database()).await;
+    let owner = pg_owner(
+        pg(&store).0,
+        &[budget(Some(100 * R)), budget(None), budget(None)],
+    )
+    .await;
+    let clock = clock();
+    store
+        .reserve(&owner, "before", R, "p", clock.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    let pids = server_pids(server.port);
+    signal_all(&pids, libc::SIGSTOP);
+    let started = Instant::now();
+    let frozen = tokio::time::timeout(
+        Duration::from_secs(60),
+        store.reserve(&owner, "frozen", R, "p", clock.clone()),
+    )
+    .await;
+    signal_all(&pids, libc::SIGCONT);
+    match frozen {
+        Ok(Err(StoreError::Batch(_) | StoreError::Sql(_))) => {}
+        Ok(other) => panic!("not a store error: {other:?}"),
+        Err(_) => panic!("the reservation hung for a minute"),
+    }
+    eprintln!("failed after {:?}", started.elapsed());
+    // Once it answers again, reservations and settlements go through; the frozen one may
+    // have landed (its COMMIT was never sent: it did not).
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        match store.reserve(&owner, "after", R, "p", clock.clone()).await {
+            Ok(Ok(_)) => break,
+            Ok(Err(r)) => panic!("{r:?}"),
+            Err(_) if Instant::now() < until => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("never came back: {e}"),
+        }
+    }
+    for id in ["before", "after"] {
+        store.settle(id, R, clock.clone()).await.unwrap().unwrap();
+    }
+    assert!(store
+        .settle("frozen", R, clock.clone())
+        .await
+        .unwrap()
+        .is_none());
+    store.assert_settled().await;
+}
+
+/// An admin transaction that locks a team and then its token (the opposite of the writer's
+/// order) deadlocks with a batch reserving on that token: PostgreSQL aborts the batch (it
+/// waited first, so it finds the cycle), and the writer runs it again — the caller never
+/// sees the deadlock, and the reservation lands once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadlock_with_an_admin_edit_is_retried_transparently() {
+    use sqlx::Connection;
+    let store = Arc::new(Store::postgres().await);
+    let (db, writer) = pg(&store);
+    let owner = pg_owner(
+        db,
+        &[budget(Some(100 * R)), budget(None), budget(Some(100 * R))],
+    )
+    .await;
+    let clock = clock();
+    // Settle the periods first, so the reservation below takes the one-statement path.
+    store
+        .reserve(&owner, "warm", R, "p", clock.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    store
+        .settle("warm", 0, clock.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    let before = writer.stats();
+    let mut admin = db.pool.acquire().await.unwrap();
+    let mut tx = admin.begin().await.unwrap();
+    sqlx::query("UPDATE teams SET name = name WHERE id = $1")
+        .bind(owner.team_id)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let reserving = {
+        let (store, owner, clock) = (store.clone(), owner.clone(), clock.clone());
+        tokio::spawn(async move { store.reserve(&owner, "locked", R, "p", clock).await })
+    };
+    // Wait until the batch waits for the team row (it holds the token row by then).
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the batch never waited for the team row"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Now close the cycle; one of the two is aborted after `deadlock_timeout` (1 s).
+    let closed = sqlx::query("UPDATE tokens SET name = name WHERE id = $1")
+        .bind(owner.token_id)
+        .execute(&mut *tx)
+        .await;
+    match closed {
+        Ok(_) => tx.commit().await.unwrap(),
+        Err(e) => panic!("the admin transaction was the victim: {e}"),
+    }
+    let resv = reserving.await.unwrap().unwrap().unwrap();
+    assert_eq!(resv.amount, R);
+    let after = writer.stats();
+    assert!(
+        after.retries > before.retries,
+        "the batch ran again after the deadlock"
+    );
+    assert_eq!(after.failed_batches, before.failed_batches);
+    assert_eq!(
+        store
+            .int("SELECT COUNT(*) FROM ledger WHERE request_id = 'locked' AND kind = 'reserve'")
+            .await,
+        1
+    );
+    store
+        .settle("locked", R, clock.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    store.assert_settled().await;
 }

@@ -88,8 +88,15 @@ pub fn is_retryable(e: &StoreError) -> bool {
 }
 
 /// Whether `e` says the connection itself is unusable (the server went away, a network
-/// error): the connection is dropped and a new one opened for the next transaction.
+/// error, or the server said so: SQLSTATE class 08, connection exception, and 57P0x, the
+/// server shutting down): the connection is dropped and a new one opened for the next
+/// transaction.
 pub fn is_broken(e: &StoreError) -> bool {
+    if let StoreError::Sql(sqlx::Error::Database(db)) = e {
+        return db
+            .code()
+            .is_some_and(|c| c.starts_with("08") || c.starts_with("57P0"));
+    }
     matches!(
         e,
         StoreError::Sql(

@@ -304,6 +304,10 @@ async fn serve(
     }
 }
 
+/// How long one run of a batch may take before it fails (fail closed). Generous: a batch
+/// may wait for another host's batch or an admin edit holding its rows.
+const BATCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// How long the writer waits for a connection before the batch fails (fail closed).
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 
@@ -366,7 +370,16 @@ async fn batch(
                 return Err(e);
             }
         };
-        match once(conn, jobs).await {
+        // A server that stops answering (a network partition, a frozen host) must not hold
+        // every caller forever: past `BATCH_TIMEOUT` the batch fails and its connection is
+        // dropped (which ends the transaction on the server once it notices).
+        let run = match tokio::time::timeout(BATCH_TIMEOUT, once(conn, jobs)).await {
+            Ok(run) => run,
+            Err(_) => Err(Stop::Broken(StoreError::Batch(format!(
+                "no answer from the database within {BATCH_TIMEOUT:?}"
+            )))),
+        };
+        match run {
             Ok(()) => return Ok(()),
             Err(Stop::Job(i)) => {
                 tracing::warn!(error = ?jobs[i].error().map(ToString::to_string), "a write job failed; its batch runs again without it");
