@@ -296,7 +296,7 @@ async fn main() -> anyhow::Result<()> {
     }
     settings.validate()?;
     if let Command::Restore { file } = &cli.command {
-        let target = settings.database_path();
+        let target = sluice::ops::backup::restore_target(&settings)?;
         let r = sluice::ops::backup::restore(file, &target, now).await?;
         println!(
             "restored {} into {}: integrity {}, ledger invariant holds for {} tokens",
@@ -316,8 +316,9 @@ async fn main() -> anyhow::Result<()> {
     let db = Db::connect(&settings).await?;
     match cli.command {
         Command::Migrate => println!(
-            "database at {} is up to date",
-            settings.database_path().display()
+            "database {} ({}) is up to date",
+            settings.database.masked_url(),
+            db.engine()
         ),
         Command::Team {
             command: TeamCommand::Create { name, budget_usd },

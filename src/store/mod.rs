@@ -388,6 +388,41 @@ fn private_files(path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// A change committed elsewhere (another host, the CLI) that cached state must follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// A credential may be stale (revocation, edit, disabled user): drop the token cache.
+    Tokens,
+    /// Cache entries were invalidated.
+    Cache,
+    /// Changes may have been missed (the listener (re)connected): treat everything as
+    /// changed.
+    Unknown,
+}
+
+impl Db {
+    /// Hears changes as other hosts commit them, where the engine can tell (PostgreSQL:
+    /// `LISTEN sluice_epoch`, `pg::notify`), and calls `on` for each; the task ends when the
+    /// database is closed. `None` where it cannot (SQLite: the epoch polls are the only
+    /// way, and on one host they are enough). Either way the polls stay the fallback.
+    pub fn hear_changes(
+        &self,
+        on: impl Fn(Change) + Send + Sync + 'static,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        use pg::notify::{Epoch, Heard};
+        match &self.backend {
+            Backend::Sqlite(_) => None,
+            Backend::Postgres(p) => Some(pg::notify::listen(&p.pool, move |h| {
+                on(match h {
+                    Heard::Bumped(Epoch::Token) => Change::Tokens,
+                    Heard::Bumped(Epoch::Cache) => Change::Cache,
+                    Heard::Lost => Change::Unknown,
+                })
+            })),
+        }
+    }
+}
+
 /// Whether every migration this binary carries has been applied to the database.
 pub async fn migrations_applied(db: &Db) -> Result<bool> {
     const APPLIED: &str = "SELECT COUNT(*) FROM _sqlx_migrations WHERE success";
