@@ -258,9 +258,7 @@ pub struct Broken {
 pub async fn verify(db: &super::Db, keys: &AuditKeys) -> Result<ChainState> {
     let sqlite = match &db.backend {
         super::Backend::Sqlite(s) => s,
-        super::Backend::Postgres(pg) => {
-            return super::pg::audit::verify(&pg.pool, keys).await
-        }
+        super::Backend::Postgres(pg) => return super::pg::audit::verify(&pg.pool, keys).await,
     };
     let pool = &sqlite.read;
     let rows = sqlx::query("SELECT id, actor, address, action, target, before, after, created_at, prev_hash, hash, chain FROM audit_log ORDER BY id")
@@ -328,9 +326,7 @@ pub async fn verify(db: &super::Db, keys: &AuditKeys) -> Result<ChainState> {
 pub async fn signed_with(db: &super::Db, keys: &AuditKeys) -> Result<Option<bool>> {
     let sqlite = match &db.backend {
         super::Backend::Sqlite(s) => s,
-        super::Backend::Postgres(pg) => {
-            return super::pg::audit::signed_with(&pg.pool, keys).await
-        }
+        super::Backend::Postgres(pg) => return super::pg::audit::signed_with(&pg.pool, keys).await,
     };
     let pool = &sqlite.read;
     use futures_util::TryStreamExt;
@@ -382,10 +378,15 @@ pub async fn tip(tx: &mut super::Tx) -> Result<(i64, i64, String)> {
     ))
 }
 
-/// The newest `HEAD_STARTED` row: its id and time (`None`: no head was ever started).
-pub async fn head_started(tx: &mut super::Tx) -> Result<Option<(i64, String)>> {
+/// The newest `HEAD_STARTED` row of the head `head` names (`ops::audit_head::head_id`): its
+/// id and time (`None`: no head was ever started there). On SQLite, one host's database,
+/// every such row counts whatever head it names. On PostgreSQL each host keeps a head of
+/// its own (its own backup folder): only rows naming `head`, or naming none (written before
+/// heads were named), count — so a new host starts its head instead of raising an alarm
+/// over another host's.
+pub async fn head_started(tx: &mut super::Tx, head: &str) -> Result<Option<(i64, String)>> {
     if let Some((conn, _)) = tx.pg() {
-        return super::pg::audit::head_started(conn).await;
+        return super::pg::audit::head_started(conn, head).await;
     }
     Ok(sqlx::query_as(
         "SELECT id, created_at FROM audit_log WHERE action = ? ORDER BY id DESC LIMIT 1",
@@ -393,6 +394,15 @@ pub async fn head_started(tx: &mut super::Tx) -> Result<Option<(i64, String)>> {
     .bind(HEAD_STARTED)
     .fetch_optional(tx.sqlite()?)
     .await?)
+}
+
+/// Whether a `HEAD_STARTED` row whose `after` is `after` started the head `head`: it names
+/// that head, or none.
+pub(crate) fn started_here(after: Option<&str>, head: &str) -> bool {
+    let named = after
+        .and_then(|a| serde_json::from_str::<serde_json::Value>(a).ok())
+        .and_then(|v| v.get("head").and_then(|h| h.as_str()).map(str::to_string));
+    named.is_none_or(|n| n == head)
 }
 
 /// Whether the database still holds an earlier head's newest row, with as many rows up to

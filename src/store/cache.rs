@@ -35,9 +35,7 @@ pub struct NewEntry {
 pub async fn get(db: &super::Db, key: &[u8], now: DateTime<Utc>) -> Result<Option<EntryRow>> {
     let sqlite = match &db.backend {
         super::Backend::Sqlite(s) => s,
-        super::Backend::Postgres(pg) => {
-            return super::pg::cache::get(&pg.pool, key, now).await
-        }
+        super::Backend::Postgres(pg) => return super::pg::cache::get(&pg.pool, key, now).await,
     };
     let pool = &sqlite.read;
     Ok(sqlx::query_as("SELECT key, answer, input_tokens, output_tokens, expires_at FROM cache_entries WHERE key = ? AND expires_at > ?")
@@ -178,9 +176,7 @@ pub async fn evict(db: &super::Db, max_entries: u64, now: DateTime<Utc>) -> Resu
 pub async fn epoch(db: &super::Db) -> Result<i64> {
     let sqlite = match &db.backend {
         super::Backend::Sqlite(s) => s,
-        super::Backend::Postgres(pg) => {
-            return super::pg::cache::epoch(&pg.pool).await
-        }
+        super::Backend::Postgres(pg) => return super::pg::cache::epoch(&pg.pool).await,
     };
     let pool = &sqlite.read;
     Ok(

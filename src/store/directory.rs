@@ -30,9 +30,7 @@ const TEAM_SELECT: &str = "SELECT tm.id, tm.name, tm.limit_micros, tm.remaining_
 pub async fn teams(db: &super::Db, scope: Option<i64>) -> Result<Vec<TeamRow>> {
     let sqlite = match &db.backend {
         super::Backend::Sqlite(s) => s,
-        super::Backend::Postgres(pg) => {
-            return super::pg::directory::teams(&pg.pool, scope).await
-        }
+        super::Backend::Postgres(pg) => return super::pg::directory::teams(&pg.pool, scope).await,
     };
     let pool = &sqlite.read;
     Ok(sqlx::query_as(&format!(
@@ -119,9 +117,7 @@ const LOGIN_SELECT: &str =
 pub async fn logins(db: &super::Db, scope: Option<i64>) -> Result<Vec<LoginRow>> {
     let sqlite = match &db.backend {
         super::Backend::Sqlite(s) => s,
-        super::Backend::Postgres(pg) => {
-            return super::pg::directory::logins(&pg.pool, scope).await
-        }
+        super::Backend::Postgres(pg) => return super::pg::directory::logins(&pg.pool, scope).await,
     };
     let pool = &sqlite.read;
     Ok(sqlx::query_as(&format!(

@@ -390,9 +390,7 @@ pub async fn settle_orphans(db: &super::Db, which: Orphans<'_>, now: DateTime<Ut
 pub async fn prune_orphaned(db: &super::Db, before: DateTime<Utc>) -> Result<u64> {
     let sqlite = match &db.backend {
         super::Backend::Sqlite(s) => s,
-        super::Backend::Postgres(pg) => {
-            return super::pg::ledger::prune_orphaned(pg, before).await
-        }
+        super::Backend::Postgres(pg) => return super::pg::ledger::prune_orphaned(pg, before).await,
     };
     let pool = &sqlite.write;
     Ok(sqlx::query(
@@ -567,9 +565,7 @@ pub struct Balance {
 pub async fn balance(db: &super::Db, token_id: i64, now: DateTime<Utc>) -> Result<Balance> {
     let sqlite = match &db.backend {
         super::Backend::Sqlite(s) => s,
-        super::Backend::Postgres(pg) => {
-            return super::pg::ledger::balance(pg, token_id, now).await
-        }
+        super::Backend::Postgres(pg) => return super::pg::ledger::balance(pg, token_id, now).await,
     };
     let pool = &sqlite.read;
     let row = sqlx::query("SELECT limit_micros, remaining_micros, reserved_micros, reset, period FROM tokens WHERE id = ?")
@@ -608,9 +604,7 @@ pub async fn balance(db: &super::Db, token_id: i64, now: DateTime<Utc>) -> Resul
 pub async fn invariant_violations(db: &super::Db) -> Result<Vec<String>> {
     let sqlite = match &db.backend {
         super::Backend::Sqlite(s) => s,
-        super::Backend::Postgres(pg) => {
-            return super::pg::ledger::invariant_violations(pg).await
-        }
+        super::Backend::Postgres(pg) => return super::pg::ledger::invariant_violations(pg).await,
     };
     let pool = &sqlite.read;
     let mut out = Vec::new();

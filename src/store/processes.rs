@@ -49,9 +49,7 @@ impl Me {
 pub async fn heartbeat(db: &super::Db, me: &Me, now: DateTime<Utc>) -> Result<bool> {
     let sqlite = match &db.backend {
         super::Backend::Sqlite(s) => s,
-        super::Backend::Postgres(pg) => {
-            return super::pg::processes::heartbeat(pg, me, now).await
-        }
+        super::Backend::Postgres(pg) => return super::pg::processes::heartbeat(pg, me, now).await,
     };
     let pool = &sqlite.write;
     let now = db_time(now);
@@ -93,9 +91,7 @@ pub async fn forget_all(db: &super::Db) -> Result<()> {
 pub async fn unregister(db: &super::Db, id: &str) -> Result<()> {
     let sqlite = match &db.backend {
         super::Backend::Sqlite(s) => s,
-        super::Backend::Postgres(pg) => {
-            return super::pg::processes::unregister(pg, id).await
-        }
+        super::Backend::Postgres(pg) => return super::pg::processes::unregister(pg, id).await,
     };
     let pool = &sqlite.write;
     sqlx::query("DELETE FROM processes WHERE id = ?")
@@ -146,9 +142,7 @@ pub async fn dead_owners(db: &super::Db, me: &Me, now: DateTime<Utc>) -> Result<
 pub async fn prune(db: &super::Db, me: &Me, now: DateTime<Utc>) -> Result<()> {
     let sqlite = match &db.backend {
         super::Backend::Sqlite(s) => s,
-        super::Backend::Postgres(pg) => {
-            return super::pg::processes::prune(pg, me, now).await
-        }
+        super::Backend::Postgres(pg) => return super::pg::processes::prune(pg, me, now).await,
     };
     let pool = &sqlite.write;
     type ProcRow = (String, String, i64, Option<i64>);

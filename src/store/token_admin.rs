@@ -56,9 +56,7 @@ const SELECT: &str = "SELECT t.id, t.prefix, t.name, t.user_id, u.username AS us
 pub async fn list(db: &super::Db, scope: Option<i64>) -> Result<Vec<TokenRow>> {
     let sqlite = match &db.backend {
         super::Backend::Sqlite(s) => s,
-        super::Backend::Postgres(pg) => {
-            return super::pg::token_admin::list(&pg.pool, scope).await
-        }
+        super::Backend::Postgres(pg) => return super::pg::token_admin::list(&pg.pool, scope).await,
     };
     let pool = &sqlite.read;
     Ok(sqlx::query_as(&format!(

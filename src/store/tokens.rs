@@ -83,9 +83,7 @@ pub struct TokenAuthRow {
 pub async fn find_auth(db: &super::Db, hash: &TokenHash) -> Result<Option<TokenAuthRow>> {
     let sqlite = match &db.backend {
         super::Backend::Sqlite(s) => s,
-        super::Backend::Postgres(pg) => {
-            return super::pg::tokens::find_auth(&pg.pool, hash).await
-        }
+        super::Backend::Postgres(pg) => return super::pg::tokens::find_auth(&pg.pool, hash).await,
     };
     let pool = &sqlite.read;
     Ok(sqlx::query_as(
@@ -128,9 +126,7 @@ pub struct TokenSummary {
 pub async fn list(db: &super::Db) -> Result<Vec<TokenSummary>> {
     let sqlite = match &db.backend {
         super::Backend::Sqlite(s) => s,
-        super::Backend::Postgres(pg) => {
-            return super::pg::tokens::list(&pg.pool).await
-        }
+        super::Backend::Postgres(pg) => return super::pg::tokens::list(&pg.pool).await,
     };
     let pool = &sqlite.read;
     let mut rows: Vec<TokenSummary> = sqlx::query_as(
@@ -187,9 +183,7 @@ pub async fn bump_epoch(tx: &mut super::Tx) -> Result<()> {
 pub async fn epoch(db: &super::Db) -> Result<i64> {
     let sqlite = match &db.backend {
         super::Backend::Sqlite(s) => s,
-        super::Backend::Postgres(pg) => {
-            return super::pg::tokens::epoch(&pg.pool).await
-        }
+        super::Backend::Postgres(pg) => return super::pg::tokens::epoch(&pg.pool).await,
     };
     let pool = &sqlite.read;
     Ok(

@@ -28,6 +28,7 @@ mod lying_upstream;
 mod money;
 mod money_model;
 mod operations;
+mod pg_admin;
 mod pg_money;
 mod pg_money_bench;
 mod pg_money_model;
