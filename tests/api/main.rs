@@ -30,6 +30,7 @@ mod money_model;
 mod operations;
 mod pg_admin;
 mod pg_admin_hosts;
+mod pg_cli;
 mod pg_money;
 mod pg_money_bench;
 mod pg_money_model;
