@@ -205,8 +205,11 @@ pub async fn budget_remaining(
     owner: &super::ledger::Owner,
     now: DateTime<Utc>,
 ) -> Result<Option<i64>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("cache"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => {
+            return super::pg::cache::budget_remaining(&pg.pool, owner, now).await
+        }
     };
     let pool = &sqlite.read;
     let rows: Vec<(i64, Option<i64>, Option<i64>, String)> = sqlx::query_as(

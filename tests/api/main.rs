@@ -37,10 +37,10 @@ mod pg_money_model;
 mod pg_money_pg;
 mod pg_server;
 // WIRING: back once pg_store uses the Db API (SQLite and PostgreSQL through one Db).
-// mod pg_store;
-// mod pg_store_audit;
-// mod pg_store_log;
-// mod pg_store_scale;
+mod pg_store;
+mod pg_store_audit;
+mod pg_store_log;
+mod pg_store_scale;
 mod processes;
 mod proxy;
 mod queue;

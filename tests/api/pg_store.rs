@@ -1,6 +1,6 @@
-//! The non-money store on PostgreSQL (issue 17): the same operations run against a SQLite
-//! `Db` and against `store::pg`, and give the same results. Shared helpers for the
-//! other `pg_store_*` files live here.
+//! The non-money store on PostgreSQL (issue 17): the same store operations run on a SQLite
+//! `Db` and on a PostgreSQL `Db` (through the store's dispatch, as the gateway calls them),
+//! and give the same results. Shared helpers for the other `pg_store_*` files live here.
 
 use chrono::{DateTime, TimeZone, Utc};
 use sluice::quota::period::Reset;
@@ -13,11 +13,13 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 
 use crate::pg_server;
 
-/// One SQLite database and one PostgreSQL database, both empty and migrated.
+/// One SQLite database and one PostgreSQL database, both empty and migrated; `pool` is the
+/// PostgreSQL one's pool, for what a test checks in its tables.
 pub struct Both {
     pub _dir: tempfile::TempDir,
     pub lite: Db,
-    pub pg: PgPool,
+    pub pg: Db,
+    pub pool: PgPool,
 }
 
 pub async fn pg_pool(url: &str) -> PgPool {
@@ -39,10 +41,14 @@ pub async fn both() -> Both {
     let url = tokio::task::spawn_blocking(pg_server::database)
         .await
         .unwrap();
+    let key = sluice::secrets::MasterKey::from_hex(crate::pg_admin::MASTER_HEX).unwrap();
+    let pg = Db::open_postgres(&url, &key).await.unwrap();
+    let pool = pg.postgres().expect("a PostgreSQL Db").pool.clone();
     Both {
         _dir: dir,
         lite,
-        pg: pg_pool(&url).await,
+        pg,
+        pool,
     }
 }
 
@@ -50,36 +56,37 @@ pub fn at(h: u32, m: u32) -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 3, 14, h, m, 0).unwrap()
 }
 
-/// Runs one write function in a transaction on each store: `(sqlite's, postgres's)`.
+/// Runs one store function that takes a `Tx` in a transaction (`Db::begin`) on each
+/// engine: `(sqlite's, postgres's)`.
 #[macro_export]
 macro_rules! write_both {
     ($b:expr, $m:ident :: $f:ident ( $($arg:expr),* $(,)? )) => {{
-        let mut lt = $b.lite.write.begin().await.unwrap();
-        let l = sluice::store::$m::$f(&mut *lt, $($arg),*).await;
+        let mut lt = $b.lite.begin().await.unwrap();
+        let l = sluice::store::$m::$f(&mut lt, $($arg),*).await;
         lt.commit().await.unwrap();
         let mut pt = $b.pg.begin().await.unwrap();
-        let p = sluice::store::pg::$m::$f(&mut *pt, $($arg),*).await;
+        let p = sluice::store::$m::$f(&mut pt, $($arg),*).await;
         pt.commit().await.unwrap();
         (l, p)
     }};
 }
 
-/// Runs one read function on each store's pool: `(sqlite's, postgres's)`.
+/// Runs one store function that takes the `Db` on each engine: `(sqlite's, postgres's)`.
 #[macro_export]
 macro_rules! read_both {
     ($b:expr, $m:ident :: $f:ident ( $($arg:expr),* $(,)? )) => {{
-        let l = sluice::store::$m::$f(&$b.lite.read, $($arg),*).await;
-        let p = sluice::store::pg::$m::$f(&$b.pg, $($arg),*).await;
+        let l = sluice::store::$m::$f(&$b.lite, $($arg),*).await;
+        let p = sluice::store::$m::$f(&$b.pg, $($arg),*).await;
         (l, p)
     }};
 }
 
-/// Runs one function that writes through a pool on each store: `(sqlite's, postgres's)`.
+/// As `read_both`, for a function that writes (through the `Db`).
 #[macro_export]
 macro_rules! pool_write_both {
     ($b:expr, $m:ident :: $f:ident ( $($arg:expr),* $(,)? )) => {{
-        let l = sluice::store::$m::$f(&$b.lite.write, $($arg),*).await;
-        let p = sluice::store::pg::$m::$f(&$b.pg, $($arg),*).await;
+        let l = sluice::store::$m::$f(&$b.lite, $($arg),*).await;
+        let p = sluice::store::$m::$f(&$b.pg, $($arg),*).await;
         (l, p)
     }};
 }
@@ -223,7 +230,7 @@ pub async fn populate(b: &Both) -> Vec<i64> {
             .bind(token)
             .bind(user)
             .bind(team)
-            .execute(&b.lite.write)
+            .execute(&b.lite.sqlite().write)
             .await
             .unwrap();
         sqlx::query(sql)
@@ -235,7 +242,7 @@ pub async fn populate(b: &Both) -> Vec<i64> {
             .bind(token)
             .bind(user)
             .bind(team)
-            .execute(&b.pg)
+            .execute(&b.pool)
             .await
             .unwrap();
     }
@@ -579,30 +586,28 @@ async fn reports_give_the_same_answers_for_every_grouping() {
     };
     let kept: Vec<(String, Option<i64>, i64)> =
         sqlx::query_as("SELECT day, token_id, cost_micros FROM request_days ORDER BY 1, 2, 3")
-            .fetch_all(&b.pg)
+            .fetch_all(&b.pool)
             .await
             .unwrap();
-    let before = whole(&b.pg).await;
+    let before = whole(&b.pool).await;
     sqlx::query("UPDATE request_days SET cost_micros = cost_micros + 1")
-        .execute(&b.pg)
+        .execute(&b.pool)
         .await
         .unwrap();
     assert_ne!(
         format!("{before:?}"),
-        format!("{:?}", whole(&b.pg).await),
+        format!("{:?}", whole(&b.pool).await),
         "whole days come from request_days"
     );
-    let mut conn = b.pg.acquire().await.unwrap();
-    store::pg::requests::rebuild_days(&mut conn)
-        .await
-        .unwrap();
+    let mut conn = b.pool.acquire().await.unwrap();
+    store::pg::requests::rebuild_days(&mut conn).await.unwrap();
     let rebuilt: Vec<(String, Option<i64>, i64)> =
         sqlx::query_as("SELECT day, token_id, cost_micros FROM request_days ORDER BY 1, 2, 3")
-            .fetch_all(&b.pg)
+            .fetch_all(&b.pool)
             .await
             .unwrap();
     assert_eq!(kept, rebuilt);
-    assert_eq!(format!("{before:?}"), format!("{:?}", whole(&b.pg).await));
+    assert_eq!(format!("{before:?}"), format!("{:?}", whole(&b.pool).await));
     drop(conn);
     let days = same(
         "spend by day",
@@ -677,8 +682,8 @@ async fn the_audit_filter_ignores_ascii_case_only_as_sqlite_like_does() {
             before: None,
             after: None,
         };
-        store::audit::record(&b.lite.write, &e, now).await.unwrap();
-        store::pg::audit::record(&b.pg, &b.lite.audit, &e, now)
+        store::audit::record(&b.lite, &e, now).await.unwrap();
+        store::pg::audit::record(&b.pool, &b.lite.audit, &e, now)
             .await
             .unwrap();
     }
@@ -772,7 +777,7 @@ async fn text_with_a_nul_character_is_not_found_or_refused_by_name_never_a_datab
         write_both!(b, sessions::delete_attempts_of(&key)),
     );
     // Writes: refused by name on PostgreSQL.
-    let mut tx = b.pg.begin().await.unwrap();
+    let mut tx = b.pool.begin().await.unwrap();
     for (what, err) in [
         (
             "team",
