@@ -381,9 +381,9 @@ pub async fn tip(tx: &mut super::Tx) -> Result<(i64, i64, String)> {
 /// The newest `HEAD_STARTED` row of the head `head` names (`ops::audit_head::head_id`): its
 /// id and time (`None`: no head was ever started there). On SQLite, one host's database,
 /// every such row counts whatever head it names. On PostgreSQL each host keeps a head of
-/// its own (its own backup folder): only rows naming `head`, or naming none (written before
-/// heads were named), count — so a new host starts its head instead of raising an alarm
-/// over another host's.
+/// its own (its own backup folder): only rows naming `head` count — so a new host starts its
+/// head instead of raising an alarm over another host's (rows that name no head come from a
+/// SQLite install copied by `migrate-store`: that host's head stays behind with it).
 pub async fn head_started(tx: &mut super::Tx, head: &str) -> Result<Option<(i64, String)>> {
     if let Some((conn, _)) = tx.pg() {
         return super::pg::audit::head_started(conn, head).await;
@@ -396,13 +396,12 @@ pub async fn head_started(tx: &mut super::Tx, head: &str) -> Result<Option<(i64,
     .await?)
 }
 
-/// Whether a `HEAD_STARTED` row whose `after` is `after` started the head `head`: it names
-/// that head, or none.
+/// Whether a `HEAD_STARTED` row whose `after` is `after` names the head `head`.
 pub(crate) fn started_here(after: Option<&str>, head: &str) -> bool {
-    let named = after
+    after
         .and_then(|a| serde_json::from_str::<serde_json::Value>(a).ok())
-        .and_then(|v| v.get("head").and_then(|h| h.as_str()).map(str::to_string));
-    named.is_none_or(|n| n == head)
+        .and_then(|v| v.get("head").and_then(|h| h.as_str()).map(|n| n == head))
+        .unwrap_or(false)
 }
 
 /// Whether the database still holds an earlier head's newest row, with as many rows up to

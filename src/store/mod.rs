@@ -11,6 +11,7 @@ pub mod cache;
 pub mod directory;
 pub mod ledger;
 pub mod lingering;
+pub mod migrate;
 pub mod pg;
 pub mod processes;
 pub mod raw;

@@ -31,6 +31,7 @@ mod operations;
 mod pg_admin;
 mod pg_admin_hosts;
 mod pg_cli;
+mod pg_cli_migrate;
 mod pg_money;
 mod pg_money_bench;
 mod pg_money_model;

@@ -50,7 +50,7 @@ async fn two_hosts() -> Hosts {
 }
 
 /// Signs in to the gateway at `url`.
-async fn login_at(url: &str, user: &str) -> Session {
+pub(crate) async fn login_at(url: &str, user: &str) -> Session {
     let http = client();
     let (pre, csrf) = login_form_at(&http, url).await;
     let resp = post_login_at(
