@@ -20,17 +20,17 @@ pub enum MigrateError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Secret(#[from] crate::secrets::SecretError),
-    #[error("--from must name a SQLite database (sqlite://path), not `{0}`")]
+    #[error("--from must name the database file to copy (sqlite://path), not `{0}`")]
     From(String),
     #[error("--to must name a PostgreSQL database (postgres://…)")]
     To,
-    #[error("no SQLite database at {0}")]
+    #[error("no database file at {0}")]
     Missing(PathBuf),
     #[error("a gateway is running on {0} (heartbeat in the last 15 s): stop every gateway on it, then migrate (requests served meanwhile would be lost to the copy)")]
     InUse(PathBuf),
-    #[error("the SQLite database does not verify ({0}); nothing was copied")]
+    #[error("the source database does not verify ({0}); nothing was copied")]
     SourceBroken(String),
-    #[error("copied, but PostgreSQL does not verify: {0}; the SQLite database is untouched — drop the PostgreSQL database and report this")]
+    #[error("copied, but PostgreSQL does not verify: {0}; the source database is untouched — drop the PostgreSQL database and report this")]
     CopyBroken(String),
 }
 
