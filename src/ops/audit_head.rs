@@ -25,6 +25,13 @@
 //! would otherwise get a fresh head over the truncated chain. The operator re-arms after
 //! looking (`sluice audit rearm --reason …`: the old head, if any, is kept aside, and a new
 //! `audit.head_started` row records who re-armed and why); `sluice restore` does the same.
+//!
+//! Several hosts (PostgreSQL): each keeps its own head in its own backup folder. A
+//! `audit.head_started` row names the head it started (`head_id`: host and folder), and on
+//! PostgreSQL only rows naming this head count (`audit::head_started`), so a new host
+//! starts its head rather than raising an alarm over another's. Every host's exporter is
+//! also woken by the other hosts' appends (`Db::hear_changes`), so each head follows the
+//! whole chain.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

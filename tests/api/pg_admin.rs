@@ -292,6 +292,25 @@ async fn admin_round(engine: Engine) -> Vec<Value> {
         "{engine:?}"
     );
 
+    // The pages render from the same store on either engine.
+    for page in [
+        "/admin/",
+        "/admin/dashboard/stats",
+        "/admin/teams",
+        "/admin/users",
+        "/admin/tokens",
+        "/admin/requests",
+        "/admin/reports",
+        "/admin/reports.csv",
+        "/admin/audit",
+        "/admin/audit/verify",
+        "/admin/upstreams",
+        "/admin/account",
+    ] {
+        let r = admin.get(page).await;
+        assert_eq!(r.status(), 200, "{engine:?} {page}");
+    }
+
     // `sluice audit verify` on the same database and backup folder: rows, chain and the head
     // the gateway keeps (written off the request path: polled).
     let config = cli_config_on(&app);
