@@ -89,6 +89,8 @@ async fn every_database_command_works_on_postgres_and_file_backups_refuse_by_nam
     let listed: Value = serde_json::from_str(run(&["token", "list", "--json"]).trim()).unwrap();
     assert_eq!(listed[0]["revoked"], true, "{listed}");
     run(&["admin", "unlock", "--username", "root"]);
+    run(&["admin", "reset-password", "--username", "root"]);
+    assert!(run(&["audit", "rearm", "--reason", "a test"]).contains("head"));
     run(&["cache", "invalidate", "--tag", "docs"]);
     // Every command above was audited; the chain and this host's head verify.
     let verified = run(&["audit", "verify"]);
