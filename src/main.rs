@@ -73,6 +73,16 @@ enum Command {
     },
     /// Restore a backup into the config's database path (refuses while a gateway runs on it).
     Restore { file: PathBuf },
+    /// Copy a SQLite install into an empty PostgreSQL database and verify the copy
+    /// (refuses while a gateway runs on the SQLite file).
+    MigrateStore {
+        /// The SQLite database: sqlite://path.
+        #[arg(long)]
+        from: String,
+        /// The empty PostgreSQL database: postgres://user:pass@host:5432/db.
+        #[arg(long)]
+        to: String,
+    },
     /// The response cache.
     Cache {
         #[command(subcommand)]
@@ -268,6 +278,11 @@ async fn main() -> anyhow::Result<()> {
         tokio::signal::ctrl_c().await?;
         return Ok(());
     }
+    if let Command::MigrateStore { from, to } = &cli.command {
+        let done = sluice::ops::migrate_store::migrate_store(from, to, now).await?;
+        println!("copied {from} into the PostgreSQL database:\n{done}");
+        return Ok(());
+    }
     let settings = config::load(cli.config.as_deref())?;
     if let Command::Serve { demo: true, .. } = cli.command {
         return serve_demo(settings).await;
@@ -296,7 +311,7 @@ async fn main() -> anyhow::Result<()> {
     }
     settings.validate()?;
     if let Command::Restore { file } = &cli.command {
-        let target = settings.database_path();
+        let target = sluice::ops::backup::restore_target(&settings)?;
         let r = sluice::ops::backup::restore(file, &target, now).await?;
         println!(
             "restored {} into {}: integrity {}, ledger invariant holds for {} tokens",
@@ -316,8 +331,9 @@ async fn main() -> anyhow::Result<()> {
     let db = Db::connect(&settings).await?;
     match cli.command {
         Command::Migrate => println!(
-            "database at {} is up to date",
-            settings.database_path().display()
+            "database {} ({}) is up to date",
+            settings.database.masked_url(),
+            db.engine()
         ),
         Command::Team {
             command: TeamCommand::Create { name, budget_usd },
@@ -418,6 +434,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve { .. }
         | Command::CheckConfig
         | Command::Mock { .. }
+        | Command::MigrateStore { .. }
         | Command::Restore { .. } => {}
     }
     cli::export_audit_head(&db, std::path::Path::new(&settings.backup.dir), now).await;

@@ -3,8 +3,9 @@
 //!
 //! Sub-tokens are looked up by SHA-256 in an in-memory LRU in front of SQLite. The cache is
 //! dropped whenever the database's `token_epoch` counter moves (polled every 250 ms, so a
-//! revocation from any replica or the CLI takes effect within 1 s); expiry is checked
-//! against the clock on every request.
+//! revocation from any replica or the CLI takes effect within 1 s); on PostgreSQL another
+//! host's change is also heard at once (`hear_changes`: LISTEN/NOTIFY), the poll staying the
+//! fallback. Expiry is checked against the clock on every request.
 
 pub mod csrf;
 pub mod password;
@@ -24,7 +25,7 @@ use parking_lot::Mutex;
 use crate::quota::period::Reset;
 use crate::store::ledger::Owner;
 use crate::store::tokens::{self, TokenAuthRow};
-use crate::store::{Db, StoreError};
+use crate::store::{Change, Db, StoreError};
 
 /// What the request path knows about an authenticated token.
 #[derive(Debug)]
@@ -238,6 +239,25 @@ impl Authenticator {
         let mut cache = self.cache.lock();
         cache.clear();
         self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Follows changes other hosts commit as they are heard (`Db::hear_changes`): a token
+    /// change drops this cache at once instead of at the next poll; `on_cache` runs for a
+    /// cache invalidation. The poll (`refresh`) goes on regardless, as the fallback.
+    pub fn hear_changes(
+        self: &Arc<Self>,
+        on_cache: impl Fn() + Send + Sync + 'static,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        let me = Arc::downgrade(self);
+        self.db.hear_changes(move |change| {
+            let Some(me) = me.upgrade() else { return };
+            if matches!(change, Change::Tokens | Change::Unknown) {
+                me.invalidate();
+            }
+            if matches!(change, Change::Cache | Change::Unknown) {
+                on_cache();
+            }
+        })
     }
 
     /// Polls the change counter; clears the cache when it moved. Returns whether it did.

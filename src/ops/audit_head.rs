@@ -25,6 +25,13 @@
 //! would otherwise get a fresh head over the truncated chain. The operator re-arms after
 //! looking (`sluice audit rearm --reason …`: the old head, if any, is kept aside, and a new
 //! `audit.head_started` row records who re-armed and why); `sluice restore` does the same.
+//!
+//! Several hosts (PostgreSQL): each keeps its own head in its own backup folder. A
+//! `audit.head_started` row names the head it started (`head_id`: host and folder), and on
+//! PostgreSQL only rows naming this head count (`audit::head_started`), so a new host
+//! starts its head rather than raising an alarm over another's. Every host's exporter is
+//! also woken by the other hosts' appends (`Db::hear_changes`), so each head follows the
+//! whole chain.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -162,12 +169,29 @@ fn missing_after_start(id: i64, at: &str) -> String {
     format!("audit.head is missing, but row {id} of the audit log says a head was started at {at}: it was deleted (perhaps with the newest rows) or the backup folder moved or changed; once you know why, `sluice audit rearm --reason …` starts a new one")
 }
 
-/// Appends the `audit.head_started` row that precedes a head started afresh.
-async fn mark_start(db: &Db, actor: &str, why: &str, now: DateTime<Utc>) -> Result<(), HeadError> {
+/// Which head a folder holds: this host's name and the folder's path. On PostgreSQL every
+/// host keeps its own head in its own folder, and an `audit.head_started` row names the
+/// head it started (`audit::head_started`).
+pub fn head_id(dir: &Path) -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into());
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    format!("{host}:{}", dir.display())
+}
+
+/// Appends the `audit.head_started` row that precedes a head started afresh in `dir`.
+async fn mark_start(
+    db: &Db,
+    dir: &Path,
+    actor: &str,
+    why: &str,
+    now: DateTime<Utc>,
+) -> Result<(), HeadError> {
     let mut tx = db.begin().await?;
     let (rows, last_id, _) = audit::tip(&mut tx).await?;
-    let after =
-        serde_json::json!({"rows_before": rows, "last_id_before": last_id, "why": why}).to_string();
+    let after = serde_json::json!({"rows_before": rows, "last_id_before": last_id, "why": why, "head": head_id(dir)})
+        .to_string();
     let entry = AuditEntry {
         actor,
         address: "",
@@ -208,7 +232,7 @@ pub async fn export(db: &Db, dir: &Path, now: DateTime<Utc>) -> Result<Exported,
         Found::Valid(h) if h.same_tip(rows, last_id, &last_hash) => return Ok(Exported::Unchanged),
         Found::Valid(h) => (!audit::holds(&mut conn, h.rows, h.last_id, &h.last_hash).await?)
             .then(|| format!("audit.head (row count {}, last row {}) is not a prefix of the database (row count {rows}, last row {last_id}): rows were removed or replaced", h.rows, h.last_id)),
-        Found::Missing => audit::head_started(&mut conn)
+        Found::Missing => audit::head_started(&mut conn, &head_id(dir))
             .await?
             .map(|(id, at)| missing_after_start(id, &at)),
         Found::Forged => Some("audit.head is not signed with this gateway's key".to_string()),
@@ -223,7 +247,7 @@ pub async fn export(db: &Db, dir: &Path, now: DateTime<Utc>) -> Result<Exported,
     }
     if found == Found::Missing {
         tracing::info!(target: "sluice::audit", dir = %dir.display(), rows, "starting the audit head: no head was ever started over this audit log");
-        mark_start(db, SYSTEM, "the first head", now).await?;
+        mark_start(db, dir, SYSTEM, "the first head", now).await?;
         return Ok(Exported::Written(write_head(db, dir, now).await?));
     }
     let head = Head::sign(keys, rows, last_id, last_hash, db_time(now));
@@ -259,7 +283,7 @@ pub async fn rearm(
         return Err(HeadError::OtherKey);
     }
     let kept = set_aside(dir, aside, now).map_err(|e| HeadError::Io(dir.to_path_buf(), e))?;
-    mark_start(db, actor, why, now).await?;
+    mark_start(db, dir, actor, why, now).await?;
     let head = write_head(db, dir, now).await?;
     tracing::warn!(target: "sluice::audit", dir = %dir.display(), actor, why, kept = ?kept, "audit head re-armed");
     Ok(Rearmed { kept, head })
@@ -404,7 +428,7 @@ pub async fn verify(db: &Db, dir: &Path) -> Result<Report, HeadError> {
     let chain = audit::verify(db, &db.audit).await?;
     let mut conn = db.begin_read().await?;
     let tip = audit::tip(&mut conn).await?;
-    let started = audit::head_started(&mut conn).await?;
+    let started = audit::head_started(&mut conn, &head_id(dir)).await?;
     Ok(Report {
         chain,
         head: read(dir, &db.audit),

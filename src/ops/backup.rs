@@ -28,6 +28,17 @@ pub enum BackupError {
     InUse(PathBuf),
     #[error("the restored database breaks the ledger invariant: {0}")]
     Invariant(String),
+    #[error("{}", store::backup::NO_FILE_RESTORE)]
+    NotAFileDatabase,
+}
+
+/// The database file `sluice restore` writes into: the config's SQLite path; refused (with
+/// what to use instead) when the config names a PostgreSQL database.
+pub fn restore_target(settings: &crate::config::Settings) -> Result<PathBuf, BackupError> {
+    match settings.database_postgres_url() {
+        Some(_) => Err(BackupError::NotAFileDatabase),
+        None => Ok(settings.database_path()),
+    }
 }
 
 async fn integrity_of(path: &Path) -> Result<String, BackupError> {

@@ -29,12 +29,26 @@ const BACKUP_POLL: Duration = Duration::from_secs(60);
 const COOLDOWN_SYNC: Duration = Duration::from_millis(250);
 
 pub fn spawn(state: Arc<AppState>, me: Me) {
-    if state.settings.backup.interval_hours > 0 {
+    if state.settings.backup.interval_hours > 0 && state.db.backs_up_to_file() {
         tokio::spawn(scheduled_backups(state.clone()));
+    } else if state.settings.backup.interval_hours > 0 {
+        tracing::info!(
+            "no scheduled backup: {}",
+            crate::store::backup::NO_FILE_BACKUP
+        );
     }
     if state.windows.uses_redis() && !state.pool.is_empty() {
         tokio::spawn(share_cooldowns(state.clone()));
     }
+    let c = state.clone();
+    state.auth.hear_changes(move || {
+        let c = c.clone();
+        tokio::spawn(async move {
+            if let Err(e) = c.cache.refresh(c.clock.now()).await {
+                tracing::warn!(error = %e, "cache refresh failed");
+            }
+        });
+    });
     let s = state.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(AUTH_POLL);

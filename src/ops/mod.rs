@@ -7,4 +7,5 @@ pub mod fd_limit;
 pub mod housekeeping;
 pub mod memory;
 pub mod metrics;
+pub mod migrate_store;
 pub mod request_log;

@@ -13,6 +13,9 @@ pub async fn create(
     team_id: Option<i64>,
     now: DateTime<Utc>,
 ) -> Result<i64> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::admins::create(conn, username, password_hash, role, team_id, now).await;
+    }
     let exists: Option<i64> = sqlx::query_scalar("SELECT id FROM admins WHERE username = ?")
         .bind(username)
         .fetch_optional(tx.sqlite()?)

@@ -176,6 +176,9 @@ pub async fn append(
     e: &AuditEntry<'_>,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<()> {
+    if let Some((conn, keys)) = tx.pg() {
+        return super::pg::audit::append(conn, keys, e, now).await;
+    }
     let prev: Option<String> = sqlx::query_scalar(LAST_HASH)
         .fetch_optional(tx.sqlite()?)
         .await?;
@@ -253,8 +256,9 @@ pub struct Broken {
 /// Walks the whole chain. Every row must link to the one before it and carry its MAC (or,
 /// for the sealed legacy prefix, its SHA-256).
 pub async fn verify(db: &super::Db, keys: &AuditKeys) -> Result<ChainState> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("audit"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => return super::pg::audit::verify(&pg.pool, keys).await,
     };
     let pool = &sqlite.read;
     let rows = sqlx::query("SELECT id, actor, address, action, target, before, after, created_at, prev_hash, hash, chain FROM audit_log ORDER BY id")
@@ -320,8 +324,9 @@ pub async fn verify(db: &super::Db, keys: &AuditKeys) -> Result<ChainState> {
 /// first, so an intact log answers at its first row; `false` only when not one row does,
 /// which is what another key looks like (an edit leaves the other rows verifying).
 pub async fn signed_with(db: &super::Db, keys: &AuditKeys) -> Result<Option<bool>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("audit"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => return super::pg::audit::signed_with(&pg.pool, keys).await,
     };
     let pool = &sqlite.read;
     use futures_util::TryStreamExt;
@@ -356,6 +361,9 @@ fn seals(e: &AuditEntry<'_>, legacy: i64) -> bool {
 /// statement, so one snapshot: another process committing in between cannot pair one
 /// state's count with another's newest row.
 pub async fn tip(tx: &mut super::Tx) -> Result<(i64, i64, String)> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::audit::tip(conn).await;
+    }
     let row: (i64, Option<i64>, Option<String>) = sqlx::query_as(
         "SELECT (SELECT COUNT(*) FROM audit_log),
                 (SELECT id FROM audit_log ORDER BY id DESC LIMIT 1),
@@ -370,8 +378,16 @@ pub async fn tip(tx: &mut super::Tx) -> Result<(i64, i64, String)> {
     ))
 }
 
-/// The newest `HEAD_STARTED` row: its id and time (`None`: no head was ever started).
-pub async fn head_started(tx: &mut super::Tx) -> Result<Option<(i64, String)>> {
+/// The newest `HEAD_STARTED` row of the head `head` names (`ops::audit_head::head_id`): its
+/// id and time (`None`: no head was ever started there). On SQLite, one host's database,
+/// every such row counts whatever head it names. On PostgreSQL each host keeps a head of
+/// its own (its own backup folder): only rows naming `head` count — so a new host starts its
+/// head instead of raising an alarm over another host's (rows that name no head come from a
+/// SQLite install copied by `migrate-store`: that host's head stays behind with it).
+pub async fn head_started(tx: &mut super::Tx, head: &str) -> Result<Option<(i64, String)>> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::audit::head_started(conn, head).await;
+    }
     Ok(sqlx::query_as(
         "SELECT id, created_at FROM audit_log WHERE action = ? ORDER BY id DESC LIMIT 1",
     )
@@ -380,9 +396,20 @@ pub async fn head_started(tx: &mut super::Tx) -> Result<Option<(i64, String)>> {
     .await?)
 }
 
+/// Whether a `HEAD_STARTED` row whose `after` is `after` names the head `head`.
+pub(crate) fn started_here(after: Option<&str>, head: &str) -> bool {
+    after
+        .and_then(|a| serde_json::from_str::<serde_json::Value>(a).ok())
+        .and_then(|v| v.get("head").and_then(|h| h.as_str()).map(|n| n == head))
+        .unwrap_or(false)
+}
+
 /// Whether the database still holds an earlier head's newest row, with as many rows up to
 /// it: the head is a prefix of the chain as it is now (one statement, as `tip`).
 pub async fn holds(tx: &mut super::Tx, rows: i64, last_id: i64, last_hash: &str) -> Result<bool> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::audit::holds(conn, rows, last_id, last_hash).await;
+    }
     if rows == 0 {
         return Ok(true);
     }

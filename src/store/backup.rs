@@ -12,12 +12,26 @@ use sqlx::{ConnectOptions, Connection};
 use super::{Backend, Db, Result};
 use crate::clock::db_time;
 
+/// Why `sluice backup` (and the scheduled backup) writes no file on PostgreSQL, and what
+/// to use instead: the server's own tools back up a live database better than a copy
+/// through one client connection could (docs/DESIGN.md "PostgreSQL: backup and restore").
+pub const NO_FILE_BACKUP: &str = "`sluice backup` writes a SQLite file; this database is PostgreSQL: back it up with `pg_dump --format=custom` (restore with `pg_restore`) or with continuous WAL archiving for point-in-time recovery — see docs/DESIGN.md \"PostgreSQL: backup and restore\"";
+
+/// Why `sluice restore` does not restore into PostgreSQL, and what to use instead.
+pub const NO_FILE_RESTORE: &str = "`sluice restore` restores a SQLite backup file; this database is PostgreSQL: restore a `pg_dump` archive with `pg_restore` (or recover to a point in time from the WAL archive), then start the gateways — see docs/DESIGN.md \"PostgreSQL: backup and restore\"; to move a SQLite install onto PostgreSQL use `sluice migrate-store`";
+
 impl Db {
+    /// Whether this engine backs up into a file (`backup_into`): SQLite does; PostgreSQL is
+    /// backed up by its own tools (`NO_FILE_BACKUP`).
+    pub fn backs_up_to_file(&self) -> bool {
+        matches!(self.backend, Backend::Sqlite(_))
+    }
+
     /// Writes a consistent copy of the whole database into `path` (an empty file, whose
     /// mode the copy keeps) while the gateway goes on serving.
     pub async fn backup_into(&self, path: &Path) -> Result<()> {
         let Backend::Sqlite(sqlite) = &self.backend else {
-            return Err(super::StoreError::unsupported("backup"));
+            return Err(super::StoreError::Unsupported(NO_FILE_BACKUP.into()));
         };
         sqlx::query("VACUUM INTO ?")
             .bind(path.to_string_lossy().to_string())

@@ -33,8 +33,9 @@ pub struct NewEntry {
 }
 
 pub async fn get(db: &super::Db, key: &[u8], now: DateTime<Utc>) -> Result<Option<EntryRow>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("cache"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => return super::pg::cache::get(&pg.pool, key, now).await,
     };
     let pool = &sqlite.read;
     Ok(sqlx::query_as("SELECT key, answer, input_tokens, output_tokens, expires_at FROM cache_entries WHERE key = ? AND expires_at > ?")
@@ -79,8 +80,11 @@ pub type IndexRow = (i64, Vec<u8>, Option<Vec<u8>>, Option<Vec<u8>>);
 /// Live entries stored after rowid `after` (0: all), oldest first: what the in-memory
 /// indexes (keys present, semantic candidates) are built and kept fresh from.
 pub async fn index_rows(db: &super::Db, after: i64, now: DateTime<Utc>) -> Result<Vec<IndexRow>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("cache"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => {
+            return super::pg::cache::index_rows(&pg.pool, after, now).await
+        }
     };
     let pool = &sqlite.read;
     Ok(sqlx::query_as(
@@ -99,8 +103,11 @@ pub async fn keys_after(
     after: i64,
     now: DateTime<Utc>,
 ) -> Result<Vec<(i64, Vec<u8>)>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("cache"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => {
+            return super::pg::cache::keys_after(&pg.pool, after, now).await
+        }
     };
     let pool = &sqlite.read;
     Ok(sqlx::query_as(
@@ -117,6 +124,9 @@ pub async fn keys_after(
 /// `LIKE`: `LIKE` reads `_` and `%` in a tag as wildcards (`a_b` would take `axb` with it,
 /// `%` every entry) and ignores ASCII case (`Case:1` would take `case:1`).
 pub async fn delete_tag(db: &super::Db, tag: &str) -> Result<Vec<Vec<u8>>> {
+    if let super::Backend::Postgres(pg) = &db.backend {
+        return super::pg::cache::delete_tag(&pg.pool, tag).await;
+    }
     let needle = format!(",{tag},");
     let mut tx = db.begin().await?;
     let keys: Vec<Vec<u8>> =
@@ -135,8 +145,11 @@ pub async fn delete_tag(db: &super::Db, tag: &str) -> Result<Vec<Vec<u8>>> {
 
 /// Deletes expired entries and, past `max_entries`, the oldest ones; returns how many.
 pub async fn evict(db: &super::Db, max_entries: u64, now: DateTime<Utc>) -> Result<u64> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("cache"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => {
+            return super::pg::cache::evict(&pg.pool, max_entries, now).await
+        }
     };
     let pool = &sqlite.write;
     let expired = sqlx::query("DELETE FROM cache_entries WHERE expires_at <= ?")
@@ -161,8 +174,9 @@ pub async fn evict(db: &super::Db, max_entries: u64, now: DateTime<Utc>) -> Resu
 }
 
 pub async fn epoch(db: &super::Db) -> Result<i64> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("cache"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => return super::pg::cache::epoch(&pg.pool).await,
     };
     let pool = &sqlite.read;
     Ok(
@@ -191,8 +205,11 @@ pub async fn budget_remaining(
     owner: &super::ledger::Owner,
     now: DateTime<Utc>,
 ) -> Result<Option<i64>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("cache"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => {
+            return super::pg::cache::budget_remaining(&pg.pool, owner, now).await
+        }
     };
     let pool = &sqlite.read;
     let rows: Vec<(i64, Option<i64>, Option<i64>, String)> = sqlx::query_as(

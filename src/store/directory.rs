@@ -28,8 +28,9 @@ const TEAM_SELECT: &str = "SELECT tm.id, tm.name, tm.limit_micros, tm.remaining_
      FROM teams tm";
 
 pub async fn teams(db: &super::Db, scope: Option<i64>) -> Result<Vec<TeamRow>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("directory"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => return super::pg::directory::teams(&pg.pool, scope).await,
     };
     let pool = &sqlite.read;
     Ok(sqlx::query_as(&format!(
@@ -41,6 +42,9 @@ pub async fn teams(db: &super::Db, scope: Option<i64>) -> Result<Vec<TeamRow>> {
 }
 
 pub async fn team(tx: &mut super::Tx, id: i64) -> Result<Option<TeamRow>> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::directory::team(conn, id).await;
+    }
     Ok(sqlx::query_as(&format!("{TEAM_SELECT} WHERE tm.id = ?"))
         .bind(id)
         .fetch_optional(tx.sqlite()?)
@@ -70,8 +74,11 @@ const MEMBER_SELECT: &str = "SELECT u.id, u.username, u.team_id, tm.name AS team
      FROM users u JOIN teams tm ON tm.id = u.team_id";
 
 pub async fn members(db: &super::Db, scope: Option<i64>) -> Result<Vec<MemberRow>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("directory"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => {
+            return super::pg::directory::members(&pg.pool, scope).await
+        }
     };
     let pool = &sqlite.read;
     Ok(sqlx::query_as(&format!(
@@ -83,6 +90,9 @@ pub async fn members(db: &super::Db, scope: Option<i64>) -> Result<Vec<MemberRow
 }
 
 pub async fn member(tx: &mut super::Tx, id: i64) -> Result<Option<MemberRow>> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::directory::member(conn, id).await;
+    }
     Ok(sqlx::query_as(&format!("{MEMBER_SELECT} WHERE u.id = ?"))
         .bind(id)
         .fetch_optional(tx.sqlite()?)
@@ -105,8 +115,9 @@ const LOGIN_SELECT: &str =
      FROM admins a LEFT JOIN teams tm ON tm.id = a.team_id";
 
 pub async fn logins(db: &super::Db, scope: Option<i64>) -> Result<Vec<LoginRow>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("directory"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => return super::pg::directory::logins(&pg.pool, scope).await,
     };
     let pool = &sqlite.read;
     Ok(sqlx::query_as(&format!(
@@ -118,6 +129,9 @@ pub async fn logins(db: &super::Db, scope: Option<i64>) -> Result<Vec<LoginRow>>
 }
 
 pub async fn login(tx: &mut super::Tx, id: i64) -> Result<Option<LoginRow>> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::directory::login(conn, id).await;
+    }
     Ok(sqlx::query_as(&format!("{LOGIN_SELECT} WHERE a.id = ?"))
         .bind(id)
         .fetch_optional(tx.sqlite()?)
@@ -126,6 +140,9 @@ pub async fn login(tx: &mut super::Tx, id: i64) -> Result<Option<LoginRow>> {
 
 /// The team a username belongs to, whether it names a member or a login.
 pub async fn username_taken(tx: &mut super::Tx, username: &str) -> Result<bool> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::directory::username_taken(conn, username).await;
+    }
     let n: i64 = sqlx::query_scalar(
         "SELECT (SELECT COUNT(*) FROM users WHERE username = ?1) + (SELECT COUNT(*) FROM admins WHERE username = ?1)",
     )
@@ -143,6 +160,9 @@ pub struct MemberEdit {
 }
 
 pub async fn update_member(tx: &mut super::Tx, id: i64, e: &MemberEdit) -> Result<()> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::directory::update_member(conn, id, e).await;
+    }
     let done =
         sqlx::query("UPDATE users SET team_id = ?, disabled = ?, rpm = ?, tpm = ? WHERE id = ?")
             .bind(e.team_id)
@@ -166,6 +186,9 @@ pub struct LoginEdit<'a> {
 }
 
 pub async fn update_login(tx: &mut super::Tx, id: i64, e: &LoginEdit<'_>) -> Result<()> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::directory::update_login(conn, id, e).await;
+    }
     let done = sqlx::query("UPDATE admins SET role = ?, team_id = ?, disabled = ? WHERE id = ?")
         .bind(e.role)
         .bind(e.team_id)

@@ -11,6 +11,7 @@ pub mod cache;
 pub mod directory;
 pub mod ledger;
 pub mod lingering;
+pub mod migrate;
 pub mod pg;
 pub mod processes;
 pub mod raw;
@@ -21,7 +22,6 @@ pub mod tenants;
 pub mod token_admin;
 pub mod tokens;
 pub mod writer;
-
 
 #[cfg(test)]
 mod tx_test;
@@ -320,16 +320,35 @@ impl Db {
         }
     }
 
-    /// Begins a read on this process's write connection: it sees every write this process
-    /// committed, and begins only once this process's write transaction in flight (if any)
-    /// has ended. It takes no write lock (on SQLite: a deferred `BEGIN`). On PostgreSQL a
-    /// commit is seen by every later transaction, so it is a snapshot like `begin_read`.
+    /// Begins a read that sees every audit row whose signing was announced
+    /// (`AuditKeys::wait_appended` wakes before the row's transaction commits). On SQLite:
+    /// a deferred `BEGIN` on this process's write connection, so it begins only once the
+    /// write transaction in flight (if any) has ended. On PostgreSQL: READ COMMITTED (each
+    /// statement sees what committed before it began), after a shared hold of the chain's
+    /// advisory lock, which every append keeps until its commit: it waits for the appends
+    /// in flight on every host. A snapshot (`begin_read`) would be taken before the lock is
+    /// granted and miss the very row that woke the caller. It takes no write lock.
     pub async fn begin_read_after_writes(&self) -> Result<Tx> {
         match &self.backend {
             Backend::Sqlite(p) => Ok(Tx {
                 inner: TxInner::Sqlite(p.write.begin().await?),
             }),
-            Backend::Postgres(_) => self.begin_read().await,
+            Backend::Postgres(p) => {
+                let mut tx = p
+                    .pool
+                    .begin_with("BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY")
+                    .await?;
+                sqlx::query("SELECT pg_advisory_xact_lock_shared($1)")
+                    .bind(pg::audit::CHAIN_LOCK)
+                    .execute(&mut *tx)
+                    .await?;
+                Ok(Tx {
+                    inner: TxInner::Postgres {
+                        tx,
+                        audit: p.audit.clone(),
+                    },
+                })
+            }
         }
     }
 
@@ -386,6 +405,47 @@ fn private_files(path: &Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A change committed elsewhere (another host, the CLI) that cached state must follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// A credential may be stale (revocation, edit, disabled user): drop the token cache.
+    Tokens,
+    /// Cache entries were invalidated.
+    Cache,
+    /// Changes may have been missed (the listener (re)connected): treat everything as
+    /// changed.
+    Unknown,
+}
+
+impl Db {
+    /// Hears changes as other hosts commit them, where the engine can tell (PostgreSQL:
+    /// `LISTEN sluice_epoch`, `pg::notify`), and calls `on` for each; the task ends when the
+    /// database is closed. `None` where it cannot (SQLite: the epoch polls are the only
+    /// way, and on one host they are enough). Either way the polls stay the fallback.
+    pub fn hear_changes(
+        &self,
+        on: impl Fn(Change) + Send + Sync + 'static,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        use pg::notify::{Epoch, Heard};
+        let keys = self.audit.clone();
+        match &self.backend {
+            Backend::Sqlite(_) => None,
+            Backend::Postgres(p) => Some(pg::notify::listen(&p.pool, move |h| {
+                on(match h {
+                    Heard::Bumped(Epoch::Token) => Change::Tokens,
+                    Heard::Bumped(Epoch::Cache) => Change::Cache,
+                    // Another host's audit row: this host's head exporter follows it.
+                    Heard::AuditAppended => return keys.appended(),
+                    Heard::Lost => {
+                        keys.appended();
+                        Change::Unknown
+                    }
+                })
+            })),
+        }
+    }
 }
 
 /// Whether every migration this binary carries has been applied to the database.

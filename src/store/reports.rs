@@ -17,8 +17,11 @@ pub struct Totals {
 
 /// Spend, request count and non-2xx count since `from` (a database time string).
 pub async fn totals(db: &super::Db, scope: Option<i64>, from: &str) -> Result<Totals> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("reports"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => {
+            return super::pg::reports::totals(&pg.pool, scope, from).await
+        }
     };
     let pool = &sqlite.read;
     let (spend, requests, errors): (i64, i64, i64) = sqlx::query_as(
@@ -103,8 +106,11 @@ pub async fn spend(
     from: &str,
     to: &str,
 ) -> Result<Vec<SpendRow>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("reports"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => {
+            return super::pg::reports::spend(&pg.pool, scope, by, from, to).await
+        }
     };
     let pool = &sqlite.read;
     let (label, group) = by.sql();
@@ -144,8 +150,11 @@ pub async fn top_tokens(
     from: &str,
     n: i64,
 ) -> Result<Vec<TopToken>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("reports"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => {
+            return super::pg::reports::top_tokens(&pg.pool, scope, from, n).await
+        }
     };
     let pool = &sqlite.read;
     Ok(sqlx::query_as(
@@ -204,8 +213,11 @@ pub async fn requests(
     limit: i64,
     offset: i64,
 ) -> Result<Vec<RequestLine>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("reports"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => {
+            return super::pg::reports::requests(&pg.pool, f, limit, offset).await
+        }
     };
     let pool = &sqlite.read;
     let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
@@ -273,8 +285,11 @@ pub async fn audit(
     limit: i64,
     offset: i64,
 ) -> Result<Vec<AuditLine>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("reports"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => {
+            return super::pg::reports::audit(&pg.pool, action, actor, limit, offset).await
+        }
     };
     let pool = &sqlite.read;
     let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(

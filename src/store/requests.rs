@@ -89,6 +89,9 @@ fn last_used(rows: &[RequestRow]) -> Vec<(i64, &str)> {
 
 /// Inserts a batch in one transaction; tokens' `last_used_at` is refreshed alongside.
 pub async fn insert_batch(db: &super::Db, rows: &[RequestRow]) -> Result<()> {
+    if let super::Backend::Postgres(pg) = &db.backend {
+        return super::pg::requests::insert_batch(&pg.pool, rows).await;
+    }
     let mut tx = db.begin().await?;
     for r in rows {
         sqlx::query(

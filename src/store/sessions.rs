@@ -22,8 +22,11 @@ pub struct AdminRow {
 const ADMIN_COLS: &str = "a.id, a.username, a.role, a.team_id, a.password_hash, a.disabled";
 
 pub async fn admin_by_name(db: &super::Db, username: &str) -> Result<Option<AdminRow>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("sessions"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => {
+            return super::pg::sessions::admin_by_name(&pg.pool, username).await
+        }
     };
     let pool = &sqlite.read;
     Ok(sqlx::query_as(&format!(
@@ -35,8 +38,11 @@ pub async fn admin_by_name(db: &super::Db, username: &str) -> Result<Option<Admi
 }
 
 pub async fn admin_by_id(db: &super::Db, id: i64) -> Result<Option<AdminRow>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("sessions"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => {
+            return super::pg::sessions::admin_by_id(&pg.pool, id).await
+        }
     };
     let pool = &sqlite.read;
     Ok(
@@ -48,6 +54,9 @@ pub async fn admin_by_id(db: &super::Db, id: i64) -> Result<Option<AdminRow>> {
 }
 
 pub async fn set_password_hash(tx: &mut super::Tx, id: i64, hash: &str) -> Result<()> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::sessions::set_password_hash(conn, id, hash).await;
+    }
     sqlx::query("UPDATE admins SET password_hash = ? WHERE id = ?")
         .bind(hash)
         .bind(id)
@@ -63,6 +72,9 @@ pub async fn create_session(
     address: &str,
     now: DateTime<Utc>,
 ) -> Result<()> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::sessions::create_session(conn, id_hash, admin_id, address, now).await;
+    }
     sqlx::query(
         "INSERT INTO admin_sessions (id_hash, admin_id, address, created_at, last_seen_at) VALUES (?, ?, ?, ?, ?)",
     )
@@ -84,8 +96,11 @@ pub struct SessionRow {
 }
 
 pub async fn find_session(db: &super::Db, id_hash: &str) -> Result<Option<SessionRow>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("sessions"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => {
+            return super::pg::sessions::find_session(&pg.pool, id_hash).await
+        }
     };
     let pool = &sqlite.read;
     let row: Option<(i64, String, String)> = sqlx::query_as(
@@ -105,8 +120,11 @@ pub async fn find_session(db: &super::Db, id_hash: &str) -> Result<Option<Sessio
 }
 
 pub async fn touch_session(db: &super::Db, id_hash: &str, now: DateTime<Utc>) -> Result<()> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("sessions"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => {
+            return super::pg::sessions::touch_session(&pg.pool, id_hash, now).await
+        }
     };
     let pool = &sqlite.write;
     sqlx::query("UPDATE admin_sessions SET last_seen_at = ? WHERE id_hash = ?")
@@ -118,6 +136,9 @@ pub async fn touch_session(db: &super::Db, id_hash: &str, now: DateTime<Utc>) ->
 }
 
 pub async fn delete_session(tx: &mut super::Tx, id_hash: &str) -> Result<bool> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::sessions::delete_session(conn, id_hash).await;
+    }
     Ok(sqlx::query("DELETE FROM admin_sessions WHERE id_hash = ?")
         .bind(id_hash)
         .execute(tx.sqlite()?)
@@ -132,6 +153,9 @@ pub async fn delete_sessions_of(
     admin_id: i64,
     keep: Option<&str>,
 ) -> Result<u64> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::sessions::delete_sessions_of(conn, admin_id, keep).await;
+    }
     Ok(
         sqlx::query("DELETE FROM admin_sessions WHERE admin_id = ? AND id_hash <> ?")
             .bind(admin_id)
@@ -148,6 +172,9 @@ pub async fn prune_sessions(
     idle_before: DateTime<Utc>,
     created_before: DateTime<Utc>,
 ) -> Result<()> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::sessions::prune_sessions(conn, idle_before, created_before).await;
+    }
     sqlx::query("DELETE FROM admin_sessions WHERE last_seen_at < ? OR created_at < ?")
         .bind(db_time(idle_before))
         .bind(db_time(created_before))
@@ -167,6 +194,9 @@ const ATTEMPTS_KEPT: i64 = 100_000;
 /// stays bounded: a day of attempts beyond the newest `ATTEMPTS_KEPT`. `login_failures` holds
 /// attempts that have not been withdrawn: failures, and attempts still being verified.)
 pub async fn record_attempt(tx: &mut super::Tx, key: &str, now: DateTime<Utc>) -> Result<i64> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::sessions::record_attempt(conn, key, now).await;
+    }
     let id =
         sqlx::query_scalar("INSERT INTO login_failures (key, at) VALUES (?, ?) RETURNING rowid")
             .bind(key)
@@ -186,6 +216,9 @@ pub async fn record_attempt(tx: &mut super::Tx, key: &str, now: DateTime<Utc>) -
 
 /// Deletes exactly these attempt rows (an attempt withdrawn), never others of their keys.
 pub async fn delete_attempts(tx: &mut super::Tx, rows: &[i64]) -> Result<()> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::sessions::delete_attempts(conn, rows).await;
+    }
     for id in rows {
         sqlx::query("DELETE FROM login_failures WHERE rowid = ?")
             .bind(id)
@@ -197,6 +230,9 @@ pub async fn delete_attempts(tx: &mut super::Tx, rows: &[i64]) -> Result<()> {
 
 /// Deletes every attempt recorded under `key` (an operator lifting a lock); how many.
 pub async fn delete_attempts_of(tx: &mut super::Tx, key: &str) -> Result<u64> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::sessions::delete_attempts_of(conn, key).await;
+    }
     Ok(sqlx::query("DELETE FROM login_failures WHERE key = ?")
         .bind(key)
         .execute(tx.sqlite()?)
@@ -206,6 +242,9 @@ pub async fn delete_attempts_of(tx: &mut super::Tx, key: &str) -> Result<u64> {
 
 /// Deletes every attempt stamped after `now` (by a clock that ran ahead); how many.
 pub async fn delete_attempts_after(tx: &mut super::Tx, now: DateTime<Utc>) -> Result<u64> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::sessions::delete_attempts_after(conn, now).await;
+    }
     Ok(sqlx::query("DELETE FROM login_failures WHERE at > ?")
         .bind(db_time(now))
         .execute(tx.sqlite()?)
@@ -220,6 +259,9 @@ pub async fn recent_attempts(
     since: DateTime<Utc>,
     limit: usize,
 ) -> Result<Vec<String>> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::sessions::recent_attempts(conn, key, since, limit).await;
+    }
     Ok(sqlx::query_scalar(
         "SELECT at FROM login_failures WHERE key = ? AND at >= ? ORDER BY at DESC LIMIT ?",
     )
@@ -247,6 +289,9 @@ pub async fn create_api_key(
     name: &str,
     now: DateTime<Utc>,
 ) -> Result<i64> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::sessions::create_api_key(conn, admin_id, hash, prefix, name, now).await;
+    }
     Ok(sqlx::query_scalar(
         "INSERT INTO admin_api_keys (admin_id, key_hash, prefix, name, created_at) VALUES (?, ?, ?, ?, ?) RETURNING id",
     )
@@ -260,8 +305,11 @@ pub async fn create_api_key(
 }
 
 pub async fn api_keys_of(db: &super::Db, admin_id: i64) -> Result<Vec<ApiKeyRow>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("sessions"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => {
+            return super::pg::sessions::api_keys_of(&pg.pool, admin_id).await
+        }
     };
     let pool = &sqlite.read;
     Ok(sqlx::query_as(
@@ -279,6 +327,9 @@ pub async fn revoke_api_key(
     id: i64,
     now: DateTime<Utc>,
 ) -> Result<bool> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::sessions::revoke_api_key(conn, admin_id, id, now).await;
+    }
     Ok(sqlx::query(
         "UPDATE admin_api_keys SET revoked_at = ? WHERE id = ? AND admin_id = ? AND revoked_at IS NULL",
     )
@@ -298,6 +349,9 @@ pub async fn revoke_api_keys_of(
     admin_id: i64,
     now: DateTime<Utc>,
 ) -> Result<u64> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::sessions::revoke_api_keys_of(conn, admin_id, now).await;
+    }
     Ok(sqlx::query(
         "UPDATE admin_api_keys SET revoked_at = ? WHERE admin_id = ? AND revoked_at IS NULL",
     )
@@ -310,8 +364,11 @@ pub async fn revoke_api_keys_of(
 
 /// The owner of a live API key, by the key's hash.
 pub async fn admin_by_api_key(db: &super::Db, hash: &[u8]) -> Result<Option<AdminRow>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("sessions"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => {
+            return super::pg::sessions::admin_by_api_key(&pg.pool, hash).await
+        }
     };
     let pool = &sqlite.read;
     Ok(sqlx::query_as(&format!(

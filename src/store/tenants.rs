@@ -15,6 +15,9 @@ pub struct NewBudget {
 }
 
 pub async fn team_id(tx: &mut super::Tx, name: &str) -> Result<Option<i64>> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::tenants::team_id(conn, name).await;
+    }
     Ok(sqlx::query_scalar("SELECT id FROM teams WHERE name = ?")
         .bind(name)
         .fetch_optional(tx.sqlite()?)
@@ -27,6 +30,9 @@ pub async fn create_team(
     budget: &NewBudget,
     now: DateTime<Utc>,
 ) -> Result<i64> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::tenants::create_team(conn, name, budget, now).await;
+    }
     if team_id(tx, name).await?.is_some() {
         return Err(StoreError::Conflict(format!(
             "team `{name}` already exists"
@@ -49,6 +55,9 @@ pub async fn create_team(
 
 /// The team's id, creating it (without a budget) when missing.
 pub async fn ensure_team(tx: &mut super::Tx, name: &str, now: DateTime<Utc>) -> Result<i64> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::tenants::ensure_team(conn, name, now).await;
+    }
     match team_id(tx, name).await? {
         Some(id) => Ok(id),
         None => {
@@ -76,6 +85,9 @@ pub struct NewUser<'a> {
 
 /// (user id, team id) of a username.
 pub async fn user_ids(tx: &mut super::Tx, username: &str) -> Result<Option<(i64, i64)>> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::tenants::user_ids(conn, username).await;
+    }
     Ok(
         sqlx::query_as("SELECT id, team_id FROM users WHERE username = ?")
             .bind(username)
@@ -85,6 +97,9 @@ pub async fn user_ids(tx: &mut super::Tx, username: &str) -> Result<Option<(i64,
 }
 
 pub async fn create_user(tx: &mut super::Tx, u: &NewUser<'_>, now: DateTime<Utc>) -> Result<i64> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::tenants::create_user(conn, u, now).await;
+    }
     if user_ids(tx, u.username).await?.is_some() {
         return Err(StoreError::Conflict(format!(
             "user `{}` already exists",

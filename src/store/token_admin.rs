@@ -54,8 +54,9 @@ const SELECT: &str = "SELECT t.id, t.prefix, t.name, t.user_id, u.username AS us
 
 /// Tokens in scope, live ones first, newest first.
 pub async fn list(db: &super::Db, scope: Option<i64>) -> Result<Vec<TokenRow>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("token_admin"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => return super::pg::token_admin::list(&pg.pool, scope).await,
     };
     let pool = &sqlite.read;
     Ok(sqlx::query_as(&format!(
@@ -67,6 +68,9 @@ pub async fn list(db: &super::Db, scope: Option<i64>) -> Result<Vec<TokenRow>> {
 }
 
 pub async fn get(tx: &mut super::Tx, id: i64) -> Result<Option<TokenRow>> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::token_admin::get(conn, id).await;
+    }
     Ok(sqlx::query_as(&format!("{SELECT} WHERE t.id = ?"))
         .bind(id)
         .fetch_optional(tx.sqlite()?)
@@ -85,6 +89,9 @@ pub struct Limits {
 }
 
 pub async fn set_limits(tx: &mut super::Tx, id: i64, l: &Limits) -> Result<()> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::token_admin::set_limits(conn, id, l).await;
+    }
     let models = match &l.models {
         Some(m) => Some(serde_json::to_string(m).map_err(|e| StoreError::Conflict(e.to_string()))?),
         None => None,
@@ -111,6 +118,9 @@ pub async fn set_limits(tx: &mut super::Tx, id: i64, l: &Limits) -> Result<()> {
 
 /// Shortens a token's life to `at` (never lengthens it): the old half of a rotation.
 pub async fn expire_at(tx: &mut super::Tx, id: i64, at: DateTime<Utc>) -> Result<()> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::token_admin::expire_at(conn, id, at).await;
+    }
     let at = db_time(at);
     sqlx::query(
         "UPDATE tokens SET expires_at = CASE WHEN expires_at IS NULL OR expires_at > ?1 THEN ?1 ELSE expires_at END
@@ -124,6 +134,9 @@ pub async fn expire_at(tx: &mut super::Tx, id: i64, at: DateTime<Utc>) -> Result
 }
 
 pub async fn set_name(tx: &mut super::Tx, id: i64, name: &str) -> Result<()> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::token_admin::set_name(conn, id, name).await;
+    }
     sqlx::query("UPDATE tokens SET name = ? WHERE id = ?")
         .bind(name)
         .bind(id)

@@ -24,6 +24,9 @@ pub struct NewTokenRow<'a> {
 }
 
 pub async fn insert(tx: &mut super::Tx, t: &NewTokenRow<'_>, now: DateTime<Utc>) -> Result<i64> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::tokens::insert(conn, t, now).await;
+    }
     let models = t
         .models
         .map(|m| serde_json::to_string(m).unwrap_or_else(|_| "[]".into()));
@@ -78,8 +81,9 @@ pub struct TokenAuthRow {
 /// A live token (not revoked, user not disabled) by hash. Expiry is checked by the caller
 /// against the clock on every request, since cached rows outlive the moment of expiry.
 pub async fn find_auth(db: &super::Db, hash: &TokenHash) -> Result<Option<TokenAuthRow>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("tokens"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => return super::pg::tokens::find_auth(&pg.pool, hash).await,
     };
     let pool = &sqlite.read;
     Ok(sqlx::query_as(
@@ -120,8 +124,9 @@ pub struct TokenSummary {
 /// Tokens with their spend in the current period. `spent = limit − remaining − reserved`
 /// when the token has a limit; from the ledger otherwise.
 pub async fn list(db: &super::Db) -> Result<Vec<TokenSummary>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("tokens"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => return super::pg::tokens::list(&pg.pool).await,
     };
     let pool = &sqlite.read;
     let mut rows: Vec<TokenSummary> = sqlx::query_as(
@@ -148,6 +153,9 @@ pub async fn list(db: &super::Db) -> Result<Vec<TokenSummary>> {
 /// Marks a token revoked and bumps the change counter replicas poll. `false` if there was
 /// no such live token.
 pub async fn revoke(tx: &mut super::Tx, id: i64, now: DateTime<Utc>) -> Result<bool> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::tokens::revoke(conn, id, now).await;
+    }
     let done = sqlx::query("UPDATE tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL")
         .bind(db_time(now))
         .bind(id)
@@ -163,6 +171,9 @@ pub async fn revoke(tx: &mut super::Tx, id: i64, now: DateTime<Utc>) -> Result<b
 
 /// Every change that could make a cached credential stale bumps this counter.
 pub async fn bump_epoch(tx: &mut super::Tx) -> Result<()> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::tokens::bump_epoch(conn).await;
+    }
     sqlx::query("UPDATE meta SET value = value + 1 WHERE key = 'token_epoch'")
         .execute(tx.sqlite()?)
         .await?;
@@ -170,8 +181,9 @@ pub async fn bump_epoch(tx: &mut super::Tx) -> Result<()> {
 }
 
 pub async fn epoch(db: &super::Db) -> Result<i64> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("tokens"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => return super::pg::tokens::epoch(&pg.pool).await,
     };
     let pool = &sqlite.read;
     Ok(
@@ -183,8 +195,9 @@ pub async fn epoch(db: &super::Db) -> Result<i64> {
 
 /// How many tokens the database holds (revoked ones too).
 pub async fn count(db: &super::Db) -> Result<i64> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("tokens"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => return super::pg::tokens::count(&pg.pool).await,
     };
     Ok(sqlx::query_scalar("SELECT COUNT(*) FROM tokens")
         .fetch_one(&sqlite.read)

@@ -16,7 +16,7 @@ use crate::helpers::write_cli_config;
 async fn legacy_database(dir: &Path) -> PathBuf {
     let old = dir.join("old-migrations");
     std::fs::create_dir_all(&old).unwrap();
-    for e in std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations")).unwrap() {
+    for e in std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations/sqlite")).unwrap() {
         let p = e.unwrap().path();
         let name = p.file_name().unwrap().to_str().unwrap().to_string();
         if name.as_str() < "0013" {

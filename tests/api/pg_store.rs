@@ -1,10 +1,10 @@
-//! The non-money store on PostgreSQL (issue 17): the same operations run against a SQLite
-//! `Db` and against `store::pg_rest`, and give the same results. Shared helpers for the
-//! other `pg_store_*` files live here.
+//! The non-money store on PostgreSQL (issue 17): the same store operations run on a SQLite
+//! `Db` and on a PostgreSQL `Db` (through the store's dispatch, as the gateway calls them),
+//! and give the same results. Shared helpers for the other `pg_store_*` files live here.
 
 use chrono::{DateTime, TimeZone, Utc};
 use sluice::quota::period::Reset;
-use sluice::store::reports::RequestFilter;
+use sluice::store::reports::{GroupBy, RequestFilter};
 use sluice::store::requests::RequestRow;
 use sluice::store::tenants::{NewBudget, NewUser};
 use sluice::store::tokens::NewTokenRow;
@@ -13,11 +13,13 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 
 use crate::pg_server;
 
-/// One SQLite database and one PostgreSQL database, both empty and migrated.
+/// One SQLite database and one PostgreSQL database, both empty and migrated; `pool` is the
+/// PostgreSQL one's pool, for what a test checks in its tables.
 pub struct Both {
     pub _dir: tempfile::TempDir,
     pub lite: Db,
-    pub pg: PgPool,
+    pub pg: Db,
+    pub pool: PgPool,
 }
 
 pub async fn pg_pool(url: &str) -> PgPool {
@@ -39,10 +41,14 @@ pub async fn both() -> Both {
     let url = tokio::task::spawn_blocking(pg_server::database)
         .await
         .unwrap();
+    let key = sluice::secrets::MasterKey::from_hex(crate::pg_admin::MASTER_HEX).unwrap();
+    let pg = Db::open_postgres(&url, &key).await.unwrap();
+    let pool = pg.postgres().expect("a PostgreSQL Db").pool.clone();
     Both {
         _dir: dir,
         lite,
-        pg: pg_pool(&url).await,
+        pg,
+        pool,
     }
 }
 
@@ -50,36 +56,37 @@ pub fn at(h: u32, m: u32) -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 3, 14, h, m, 0).unwrap()
 }
 
-/// Runs one write function in a transaction on each store: `(sqlite's, postgres's)`.
+/// Runs one store function that takes a `Tx` in a transaction (`Db::begin`) on each
+/// engine: `(sqlite's, postgres's)`.
 #[macro_export]
 macro_rules! write_both {
     ($b:expr, $m:ident :: $f:ident ( $($arg:expr),* $(,)? )) => {{
-        let mut lt = $b.lite.write.begin().await.unwrap();
-        let l = sluice::store::$m::$f(&mut *lt, $($arg),*).await;
+        let mut lt = $b.lite.begin().await.unwrap();
+        let l = sluice::store::$m::$f(&mut lt, $($arg),*).await;
         lt.commit().await.unwrap();
         let mut pt = $b.pg.begin().await.unwrap();
-        let p = sluice::store::pg_rest::$m::$f(&mut *pt, $($arg),*).await;
+        let p = sluice::store::$m::$f(&mut pt, $($arg),*).await;
         pt.commit().await.unwrap();
         (l, p)
     }};
 }
 
-/// Runs one read function on each store's pool: `(sqlite's, postgres's)`.
+/// Runs one store function that takes the `Db` on each engine: `(sqlite's, postgres's)`.
 #[macro_export]
 macro_rules! read_both {
     ($b:expr, $m:ident :: $f:ident ( $($arg:expr),* $(,)? )) => {{
-        let l = sluice::store::$m::$f(&$b.lite.read, $($arg),*).await;
-        let p = sluice::store::pg_rest::$m::$f(&$b.pg, $($arg),*).await;
+        let l = sluice::store::$m::$f(&$b.lite, $($arg),*).await;
+        let p = sluice::store::$m::$f(&$b.pg, $($arg),*).await;
         (l, p)
     }};
 }
 
-/// Runs one function that writes through a pool on each store: `(sqlite's, postgres's)`.
+/// As `read_both`, for a function that writes (through the `Db`).
 #[macro_export]
 macro_rules! pool_write_both {
     ($b:expr, $m:ident :: $f:ident ( $($arg:expr),* $(,)? )) => {{
-        let l = sluice::store::$m::$f(&$b.lite.write, $($arg),*).await;
-        let p = sluice::store::pg_rest::$m::$f(&$b.pg, $($arg),*).await;
+        let l = sluice::store::$m::$f(&$b.lite, $($arg),*).await;
+        let p = sluice::store::$m::$f(&$b.pg, $($arg),*).await;
         (l, p)
     }};
 }
@@ -223,7 +230,7 @@ pub async fn populate(b: &Both) -> Vec<i64> {
             .bind(token)
             .bind(user)
             .bind(team)
-            .execute(&b.lite.write)
+            .execute(&b.lite.sqlite().write)
             .await
             .unwrap();
         sqlx::query(sql)
@@ -235,7 +242,7 @@ pub async fn populate(b: &Both) -> Vec<i64> {
             .bind(token)
             .bind(user)
             .bind(team)
-            .execute(&b.pg)
+            .execute(&b.pool)
             .await
             .unwrap();
     }
@@ -526,6 +533,198 @@ pub fn request_rows() -> Vec<RequestRow> {
     rows
 }
 
+#[tokio::test]
+async fn reports_give_the_same_answers_for_every_grouping() {
+    let b = both().await;
+    populate(&b).await;
+    let rows = request_rows();
+    let (l, p) = pool_write_both!(b, requests::insert_batch(&rows));
+    l.unwrap();
+    p.unwrap();
+    // A batch written twice (a retried write) adds nothing to the spend by day.
+    let (l, p) = pool_write_both!(b, requests::insert_batch(&rows[..20]));
+    l.unwrap();
+    p.unwrap();
+    let day = |d: i64, h: u32| sluice::clock::db_time(at(h, 0) + chrono::Duration::days(d));
+    // Whole days only, partial edges around whole days, partial days only, within one
+    // day, and bounds that are not database times (read from the request log alone).
+    let ranges = [
+        (day(0, 3), day(1, 23)),
+        (day(0, 0), day(3, 0)),
+        (day(-1, 0), day(2, 0)),
+        (day(0, 3), day(2, 5)),
+        (day(0, 23), day(2, 1)),
+        (day(1, 2), day(1, 9)),
+        (day(2, 0), day(2, 0)),
+        ("2026-03-14".to_string(), "2026-03-16".to_string()),
+        (String::new(), "9".to_string()),
+    ];
+    for scope in [None, Some(1), Some(2)] {
+        for (from, to) in &ranges {
+            same("totals", read_both!(b, reports::totals(scope, from)));
+            same(
+                "top_tokens",
+                read_both!(b, reports::top_tokens(scope, from, 2)),
+            );
+            for by in GroupBy::ALL {
+                let spend = same("spend", read_both!(b, reports::spend(scope, by, from, to)));
+                if scope.is_none() && from == &day(0, 0) {
+                    assert!(!spend.is_empty(), "{by:?} has rows");
+                }
+            }
+        }
+    }
+    // Whole days are read from the rollup (a change there shows in the report), and a
+    // rollup rebuilt from the log is the one kept on write.
+    let whole = |pool| {
+        let (from, to) = (day(0, 0), day(3, 0));
+        async move {
+            store::pg::reports::spend(pool, None, GroupBy::Team, &from, &to)
+                .await
+                .unwrap()
+        }
+    };
+    let kept: Vec<(String, Option<i64>, i64)> =
+        sqlx::query_as("SELECT day, token_id, cost_micros FROM request_days ORDER BY 1, 2, 3")
+            .fetch_all(&b.pool)
+            .await
+            .unwrap();
+    let before = whole(&b.pool).await;
+    sqlx::query("UPDATE request_days SET cost_micros = cost_micros + 1")
+        .execute(&b.pool)
+        .await
+        .unwrap();
+    assert_ne!(
+        format!("{before:?}"),
+        format!("{:?}", whole(&b.pool).await),
+        "whole days come from request_days"
+    );
+    let mut conn = b.pool.acquire().await.unwrap();
+    store::pg::requests::rebuild_days(&mut conn).await.unwrap();
+    let rebuilt: Vec<(String, Option<i64>, i64)> =
+        sqlx::query_as("SELECT day, token_id, cost_micros FROM request_days ORDER BY 1, 2, 3")
+            .fetch_all(&b.pool)
+            .await
+            .unwrap();
+    assert_eq!(kept, rebuilt);
+    assert_eq!(format!("{before:?}"), format!("{:?}", whole(&b.pool).await));
+    drop(conn);
+    let days = same(
+        "spend by day",
+        read_both!(b, reports::spend(None, GroupBy::Day, "", "9")),
+    );
+    assert_eq!(
+        days.iter().map(|d| d.label.as_str()).collect::<Vec<_>>(),
+        ["2026-03-14", "2026-03-15", "2026-03-16"]
+    );
+    let filters = [
+        RequestFilter::default(),
+        RequestFilter {
+            team_id: Some(1),
+            ..Default::default()
+        },
+        RequestFilter {
+            token_id: Some(2),
+            user_id: Some(2),
+            ..Default::default()
+        },
+        RequestFilter {
+            model: Some("gpt-4o-mini".into()),
+            ..Default::default()
+        },
+        RequestFilter {
+            model: Some("gpt-4o-mini-2024".into()),
+            ..Default::default()
+        },
+        RequestFilter {
+            status: Some((4, true)),
+            ..Default::default()
+        },
+        RequestFilter {
+            status: Some((502, false)),
+            from: Some(day(0, 3)),
+            to: Some(day(1, 23)),
+            ..Default::default()
+        },
+    ];
+    for f in &filters {
+        for (limit, offset) in [(10, 0), (10, 10), (100, 55)] {
+            same(
+                "requests",
+                read_both!(b, reports::requests(f, limit, offset)),
+            );
+        }
+    }
+    b.lite.close().await;
+}
+
+#[tokio::test]
+async fn the_audit_filter_ignores_ascii_case_only_as_sqlite_like_does() {
+    let b = both().await;
+    let now = at(10, 0);
+    for action in [
+        "token.revoke",
+        "TOKEN.issue",
+        "tokens.x",
+        "a_b",
+        "axb",
+        "50%",
+        "500",
+        "émile.x",
+        "Émile.y",
+        "back\\slash",
+    ] {
+        let e = store::audit::AuditEntry {
+            actor: "root",
+            address: "",
+            action,
+            target: "t",
+            before: None,
+            after: None,
+        };
+        store::audit::record(&b.lite, &e, now).await.unwrap();
+        store::pg::audit::record(&b.pool, &b.lite.audit, &e, now)
+            .await
+            .unwrap();
+    }
+    let mut seen = Vec::new();
+    for filter in [
+        "token.", "Token.", "TOKEN", "a_", "50%", "é", "É", "back\\", "x",
+    ] {
+        let rows = same(
+            "audit",
+            read_both!(b, reports::audit(Some(filter), None, 50, 0)),
+        );
+        seen.push((
+            filter,
+            rows.iter().map(|r| r.action.clone()).collect::<Vec<_>>(),
+        ));
+    }
+    let expect = |f: &str| seen.iter().find(|(g, _)| *g == f).unwrap().1.clone();
+    assert_eq!(
+        expect("Token."),
+        ["TOKEN.issue", "token.revoke"],
+        "ASCII case ignored"
+    );
+    assert_eq!(expect("a_"), ["a_b"], "`_` is not a wildcard");
+    assert_eq!(expect("50%"), ["50%"], "`%` is not a wildcard");
+    assert_eq!(
+        expect("é"),
+        ["émile.x"],
+        "non-ASCII case is not folded (SQLite's LIKE)"
+    );
+    assert_eq!(expect("back\\"), ["back\\slash"]);
+    same(
+        "audit by actor",
+        read_both!(b, reports::audit(None, Some("root"), 3, 2)),
+    );
+    same(
+        "audit by another actor",
+        read_both!(b, reports::audit(None, Some("Root"), 3, 0)),
+    );
+    b.lite.close().await;
+}
+
 /// PostgreSQL's text cannot hold NUL ('\0'), SQLite's can. A lookup by text with a NUL
 /// finds nothing on both (no such row can be stored on PostgreSQL) instead of failing with
 /// a database error (a 500 on the sign-in form or a filter); a write of one is refused with
@@ -578,23 +777,23 @@ async fn text_with_a_nul_character_is_not_found_or_refused_by_name_never_a_datab
         write_both!(b, sessions::delete_attempts_of(&key)),
     );
     // Writes: refused by name on PostgreSQL.
-    let mut tx = b.pg.begin().await.unwrap();
+    let mut tx = b.pool.begin().await.unwrap();
     for (what, err) in [
         (
             "team",
-            store::pg_rest::tenants::create_team(&mut tx, nul, &budget(None, Reset::Never), now)
+            store::pg::tenants::create_team(&mut tx, nul, &budget(None, Reset::Never), now)
                 .await
                 .err(),
         ),
         (
             "token name",
-            store::pg_rest::token_admin::set_name(&mut tx, 1, nul)
+            store::pg::token_admin::set_name(&mut tx, 1, nul)
                 .await
                 .err(),
         ),
         (
             "admin",
-            store::pg_rest::admins::create(&mut tx, nul, "h", "admin", None, now)
+            store::pg::admins::create(&mut tx, nul, "h", "admin", None, now)
                 .await
                 .err(),
         ),

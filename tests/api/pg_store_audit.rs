@@ -206,7 +206,7 @@ fn legacy(prev: &str, f: [&str; 7]) -> String {
 /// `sluice migrate-store` does), then moves the id sequence past them.
 async fn copy_chain(b: &Both) {
     let rows = sqlx::query("SELECT id, actor, address, action, target, before, after, created_at, prev_hash, hash, chain FROM audit_log ORDER BY id")
-        .fetch_all(&b.lite.read)
+        .fetch_all(&b.lite.sqlite().read)
         .await
         .unwrap();
     for r in rows {
@@ -222,14 +222,14 @@ async fn copy_chain(b: &Both) {
             .bind(r.get::<String, _>("prev_hash"))
             .bind(r.get::<String, _>("hash"))
             .bind(r.get::<String, _>("chain"))
-            .execute(&b.pg)
+            .execute(&b.pool)
             .await
             .unwrap();
     }
     sqlx::query(
         "SELECT setval(pg_get_serial_sequence('audit_log', 'id'), (SELECT max(id) FROM audit_log))",
     )
-    .execute(&b.pg)
+    .execute(&b.pool)
     .await
     .unwrap();
 }
@@ -289,7 +289,7 @@ async fn a_chain_written_on_sqlite_verifies_on_postgres_after_a_row_for_row_copy
     ] {
         sqlx::query("INSERT INTO audit_log (id, actor, address, action, target, before, after, created_at, prev_hash, hash, chain) VALUES (?, 'cli', '', ?, ?, ?, ?, ?, ?, ?, 'sha256')")
             .bind(id).bind(action).bind(target).bind(before).bind(after).bind(t).bind(prev).bind(hash)
-            .execute(&b.lite.write).await.unwrap();
+            .execute(&b.lite.sqlite().write).await.unwrap();
     }
     let seal = AuditEntry {
         actor: "sluice",
@@ -299,7 +299,7 @@ async fn a_chain_written_on_sqlite_verifies_on_postgres_after_a_row_for_row_copy
         before: None,
         after: Some("{\"legacy_rows\":2}"),
     };
-    audit::record(&b.lite.write, &seal, at(8, 0)).await.unwrap();
+    audit::record(&b.lite, &seal, at(8, 0)).await.unwrap();
     for (i, e) in [
         entry("token.revoke"),
         AuditEntry {
@@ -323,53 +323,62 @@ async fn a_chain_written_on_sqlite_verifies_on_postgres_after_a_row_for_row_copy
     .iter()
     .enumerate()
     {
-        audit::record(&b.lite.write, e, at(9, i as u32))
-            .await
-            .unwrap();
+        audit::record(&b.lite, e, at(9, i as u32)).await.unwrap();
     }
-    let on_sqlite = audit::verify(&b.lite.read, &keys).await.unwrap();
+    let on_sqlite = audit::verify(&b.lite, &keys).await.unwrap();
     assert_eq!((on_sqlite.rows, &on_sqlite.broken), (7, &None));
 
     copy_chain(&b).await;
-    let on_pg = pg_audit::verify(&b.pg, &keys).await.unwrap();
+    let on_pg = pg_audit::verify(&b.pool, &keys).await.unwrap();
     assert_eq!(on_pg, on_sqlite, "the copy verifies the same");
-    let mut lite = b.lite.read.acquire().await.unwrap();
-    let mut pg = b.pg.acquire().await.unwrap();
+    let mut lite = b.lite.begin_read().await.unwrap();
+    let mut on_pg = b.pg.begin_read().await.unwrap();
     assert_eq!(
         audit::tip(&mut lite).await.unwrap(),
-        pg_audit::tip(&mut pg).await.unwrap()
+        audit::tip(&mut on_pg).await.unwrap()
     );
+    // A copied `audit.head_started` row names no head: on SQLite (one host) it still
+    // counts; on PostgreSQL each host's head counts only rows naming it, so the copy's
+    // hosts start heads of their own.
+    assert!(audit::head_started(&mut lite, "host:/dir")
+        .await
+        .unwrap()
+        .is_some());
     assert_eq!(
-        audit::head_started(&mut lite).await.unwrap(),
-        pg_audit::head_started(&mut pg).await.unwrap()
+        audit::head_started(&mut on_pg, "host:/dir").await.unwrap(),
+        None
     );
+    drop(on_pg);
+    let mut pg = b.pool.acquire().await.unwrap();
     let (rows, id, hash) = pg_audit::tip(&mut pg).await.unwrap();
     assert!(pg_audit::holds(&mut pg, rows, id, &hash).await.unwrap());
     assert_eq!(
-        pg_audit::signed_with(&b.pg, &keys).await.unwrap(),
+        pg_audit::signed_with(&b.pool, &keys).await.unwrap(),
         Some(true)
     );
     drop((lite, pg));
 
     // The chain goes on on PostgreSQL, and the same row appended on SQLite gets the same MAC.
     let next = entry("team.budget");
-    pg_audit::record(&b.pg, &keys, &next, at(11, 0))
+    pg_audit::record(&b.pool, &keys, &next, at(11, 0))
         .await
         .unwrap();
-    audit::record(&b.lite.write, &next, at(11, 0))
-        .await
-        .unwrap();
-    let st = pg_audit::verify(&b.pg, &keys).await.unwrap();
+    audit::record(&b.lite, &next, at(11, 0)).await.unwrap();
+    let st = pg_audit::verify(&b.pool, &keys).await.unwrap();
     assert_eq!((st.rows, &st.broken), (8, &None));
     assert_eq!(
         st,
-        audit::verify(&b.lite.read, &keys).await.unwrap(),
+        audit::verify(&b.lite, &keys).await.unwrap(),
         "both engines sign the same bytes alike"
     );
 
     // A legacy row edited in the copy is named as on SQLite.
-    as_attacker(&b.pg, "UPDATE audit_log SET target = 'team 2' WHERE id = 1").await;
-    let broken = pg_audit::verify(&b.pg, &keys)
+    as_attacker(
+        &b.pool,
+        "UPDATE audit_log SET target = 'team 2' WHERE id = 1",
+    )
+    .await;
+    let broken = pg_audit::verify(&b.pool, &keys)
         .await
         .unwrap()
         .broken

@@ -54,7 +54,7 @@ const RAW: &str =
 async fn a_request_log_batch_is_one_statement_idempotent_and_reads_as_on_sqlite() {
     let b = both().await;
     populate(&b).await;
-    count_statements(&b.pg, "requests").await;
+    count_statements(&b.pool, "requests").await;
     let mut rows = request_rows();
     rows.extend((0..240).map(|i| RequestRow {
         id: format!("bulk-{i}"),
@@ -71,7 +71,7 @@ async fn a_request_log_batch_is_one_statement_idempotent_and_reads_as_on_sqlite(
         pool_write_both!(b, requests::insert_batch(&rows)),
     );
     assert_eq!(
-        statements(&b.pg, "requests").await,
+        statements(&b.pool, "requests").await,
         1,
         "300 rows, one INSERT statement"
     );
@@ -91,9 +91,9 @@ async fn a_request_log_batch_is_one_statement_idempotent_and_reads_as_on_sqlite(
         "insert_batch again",
         pool_write_both!(b, requests::insert_batch(&again)),
     );
-    assert_eq!(statements(&b.pg, "requests").await, 2);
+    assert_eq!(statements(&b.pool, "requests").await, 2);
     let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM requests")
-        .fetch_one(&b.pg)
+        .fetch_one(&b.pool)
         .await
         .unwrap();
     assert_eq!(count, 301);
@@ -101,8 +101,11 @@ async fn a_request_log_batch_is_one_statement_idempotent_and_reads_as_on_sqlite(
         "insert_batch empty",
         pool_write_both!(b, requests::insert_batch(&[])),
     );
-    let lite: RawColumns = sqlx::query_as(RAW).fetch_all(&b.lite.read).await.unwrap();
-    let pg: RawColumns = sqlx::query_as(RAW).fetch_all(&b.pg).await.unwrap();
+    let lite: RawColumns = sqlx::query_as(RAW)
+        .fetch_all(&b.lite.sqlite().read)
+        .await
+        .unwrap();
+    let pg: RawColumns = sqlx::query_as(RAW).fetch_all(&b.pool).await.unwrap();
     assert_eq!(lite, pg, "every column as written");
     let filter = sluice::store::reports::RequestFilter::default();
     same(
@@ -144,17 +147,15 @@ fn keys_of(rows: &[(i64, Vec<u8>)]) -> Vec<u8> {
 async fn cache_batches_replace_and_tags_match_as_on_sqlite() {
     let b = both().await;
     populate(&b).await;
-    count_statements(&b.pg, "cache_entries").await;
+    count_statements(&b.pool, "cache_entries").await;
     let put = |entries: Vec<NewEntry>| {
-        let (lite, pg) = (b.lite.write.clone(), b.pg.clone());
+        let (lite, pg) = (b.lite.sqlite().write.clone(), b.pool.clone());
         async move {
             writer::once(&lite, |tx| sluice::store::cache::put_batch_tx(tx, &entries))
                 .await
                 .unwrap();
             let mut tx = pg.begin().await.unwrap();
-            pg::cache::put_batch_tx(&mut tx, &entries)
-                .await
-                .unwrap();
+            pg::cache::put_batch_tx(&mut tx, &entries).await.unwrap();
             tx.commit().await.unwrap();
         }
     };
@@ -167,7 +168,7 @@ async fn cache_batches_replace_and_tags_match_as_on_sqlite() {
     ])
     .await;
     assert_eq!(
-        statements(&b.pg, "cache_entries").await,
+        statements(&b.pool, "cache_entries").await,
         1,
         "one statement per batch"
     );
@@ -193,28 +194,28 @@ async fn cache_batches_replace_and_tags_match_as_on_sqlite() {
     // Hits, then a replacement: a new, newer id and the hit count starts over (SQLite's
     // INSERT OR REPLACE deletes and re-inserts).
     let seen = p.last().unwrap().0;
-    writer::once(&b.lite.write, |tx| {
+    writer::once(&b.lite.sqlite().write, |tx| {
         sluice::store::cache::count_hit_tx(tx, &[2; 32])
     })
     .await
     .unwrap();
-    pg::cache::count_hit_tx(&mut b.pg.acquire().await.unwrap(), &[2; 32])
+    pg::cache::count_hit_tx(&mut b.pool.acquire().await.unwrap(), &[2; 32])
         .await
         .unwrap();
     let hits = "SELECT hits FROM cache_entries WHERE key = $1";
     let lite_hits: i64 = sqlx::query_scalar(hits)
         .bind([2u8; 32].as_slice())
-        .fetch_one(&b.lite.read)
+        .fetch_one(&b.lite.sqlite().read)
         .await
         .unwrap();
     let pg_hits: i64 = sqlx::query_scalar(hits)
         .bind([2u8; 32].as_slice())
-        .fetch_one(&b.pg)
+        .fetch_one(&b.pool)
         .await
         .unwrap();
     assert_eq!((lite_hits, pg_hits), (1, 1));
     put(vec![new_entry(2, ",b,", "two again", 9)]).await;
-    let after = pg::cache::keys_after(&b.pg, seen, now).await.unwrap();
+    let after = pg::cache::keys_after(&b.pool, seen, now).await.unwrap();
     assert_eq!(
         keys_of(&after),
         [2],
@@ -222,12 +223,12 @@ async fn cache_batches_replace_and_tags_match_as_on_sqlite() {
     );
     let pg_hits: i64 = sqlx::query_scalar(hits)
         .bind([2u8; 32].as_slice())
-        .fetch_one(&b.pg)
+        .fetch_one(&b.pool)
         .await
         .unwrap();
     let lite_hits: i64 = sqlx::query_scalar(hits)
         .bind([2u8; 32].as_slice())
-        .fetch_one(&b.lite.read)
+        .fetch_one(&b.lite.sqlite().read)
         .await
         .unwrap();
     assert_eq!((lite_hits, pg_hits), (0, 0));
@@ -283,8 +284,8 @@ async fn cache_batches_replace_and_tags_match_as_on_sqlite() {
 async fn lingering_rows_are_written_in_batches_and_flushed() {
     let b = both().await;
     populate(&b).await;
-    count_statements(&b.pg, "requests").await;
-    let log = pg::lingering::Lingering::start(b.pg.clone(), "request log", |conn, rows| {
+    count_statements(&b.pool, "requests").await;
+    let log = pg::lingering::Lingering::start(b.pool.clone(), "request log", |conn, rows| {
         Box::pin(pg::requests::insert_batch_tx(conn, rows))
     });
     let rows = request_rows();
@@ -293,11 +294,11 @@ async fn lingering_rows_are_written_in_batches_and_flushed() {
     }
     log.flush().await;
     let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM requests")
-        .fetch_one(&b.pg)
+        .fetch_one(&b.pool)
         .await
         .unwrap();
     assert_eq!(count, rows.len() as i64, "every row written by the flush");
-    let n = statements(&b.pg, "requests").await;
+    let n = statements(&b.pool, "requests").await;
     assert!(
         n < rows.len() as i64 / 4,
         "{} rows took {n} statements: not batched",
@@ -316,7 +317,7 @@ async fn an_epoch_bump_is_heard_at_once_and_the_poll_survives_a_killed_listener(
     let b = both().await;
     populate(&b).await;
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let listener = pg::notify::listen(&b.pg, move |h| {
+    let listener = pg::notify::listen(&b.pool, move |h| {
         let _ = tx.send(h);
     });
     assert_eq!(
@@ -325,11 +326,11 @@ async fn an_epoch_bump_is_heard_at_once_and_the_poll_survives_a_killed_listener(
         "connected (everything dropped once)"
     );
     // A bump rolled back is never heard; the next committed one is.
-    let mut t = b.pg.begin().await.unwrap();
+    let mut t = b.pool.begin().await.unwrap();
     pg::tokens::bump_epoch(&mut t).await.unwrap();
     t.rollback().await.unwrap();
     let sent = Instant::now();
-    let mut t = b.pg.begin().await.unwrap();
+    let mut t = b.pool.begin().await.unwrap();
     assert!(pg::tokens::revoke(&mut t, 1, at(10, 0)).await.unwrap());
     t.commit().await.unwrap();
     assert_eq!(
@@ -341,10 +342,10 @@ async fn an_epoch_bump_is_heard_at_once_and_the_poll_survives_a_killed_listener(
         took < Duration::from_secs(1),
         "a revocation heard after {took:?}"
     );
-    let keys = pg::cache::delete_tag(&b.pg, "nothing").await.unwrap();
+    let keys = pg::cache::delete_tag(&b.pool, "nothing").await.unwrap();
     assert!(keys.is_empty());
     // Token edits notify too, and cache invalidations on their own payload.
-    let mut t = b.pg.begin().await.unwrap();
+    let mut t = b.pool.begin().await.unwrap();
     pg::token_admin::expire_at(&mut t, 2, at(11, 0))
         .await
         .unwrap();
@@ -354,15 +355,10 @@ async fn an_epoch_bump_is_heard_at_once_and_the_poll_survives_a_killed_listener(
         Some(Heard::Bumped(Epoch::Token))
     );
     let entries = vec![new_entry(7, ",t,", "a", 0)];
-    let mut t = b.pg.begin().await.unwrap();
-    pg::cache::put_batch_tx(&mut t, &entries)
-        .await
-        .unwrap();
+    let mut t = b.pool.begin().await.unwrap();
+    pg::cache::put_batch_tx(&mut t, &entries).await.unwrap();
     t.commit().await.unwrap();
-    assert_eq!(
-        pg::cache::delete_tag(&b.pg, "t").await.unwrap().len(),
-        1
-    );
+    assert_eq!(pg::cache::delete_tag(&b.pool, "t").await.unwrap().len(), 1);
     assert_eq!(
         heard(&mut rx, Duration::from_secs(5)).await,
         Some(Heard::Bumped(Epoch::Cache))
@@ -370,20 +366,20 @@ async fn an_epoch_bump_is_heard_at_once_and_the_poll_survives_a_killed_listener(
 
     // The listener's connection killed: the poll still sees every bump, and the listener
     // comes back (telling its callback to drop everything: it may have missed some).
-    let before = pg::tokens::epoch(&b.pg).await.unwrap();
+    let before = pg::tokens::epoch(&b.pool).await.unwrap();
     let killed: i64 = sqlx::query_scalar(
         "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity
          WHERE datname = current_database() AND query LIKE 'LISTEN%' AND pid <> pg_backend_pid()",
     )
-    .fetch_one(&b.pg)
+    .fetch_one(&b.pool)
     .await
     .unwrap();
     assert_eq!(killed, 1, "the listener's own connection");
-    let mut t = b.pg.begin().await.unwrap();
+    let mut t = b.pool.begin().await.unwrap();
     assert!(pg::tokens::revoke(&mut t, 2, at(10, 0)).await.unwrap());
     t.commit().await.unwrap();
     assert_eq!(
-        pg::tokens::epoch(&b.pg).await.unwrap(),
+        pg::tokens::epoch(&b.pool).await.unwrap(),
         before + 1,
         "the poll sees the bump"
     );
@@ -394,7 +390,7 @@ async fn an_epoch_bump_is_heard_at_once_and_the_poll_survives_a_killed_listener(
         assert!(Instant::now() < until, "the listener never came back");
         lost = heard(&mut rx, Duration::from_secs(30)).await == Some(Heard::Lost);
     }
-    let mut t = b.pg.begin().await.unwrap();
+    let mut t = b.pool.begin().await.unwrap();
     assert!(pg::tokens::revoke(&mut t, 3, at(10, 0)).await.unwrap());
     t.commit().await.unwrap();
     loop {
@@ -421,12 +417,12 @@ async fn cache_entries_become_visible_in_id_order_across_writers() {
     let b = both().await;
     let now = at(11, 0);
     // Host A writes and has not committed yet.
-    let mut a = b.pg.begin().await.unwrap();
+    let mut a = b.pool.begin().await.unwrap();
     pg::cache::put_batch_tx(&mut a, &[new_entry(1, ",", "a", 0)])
         .await
         .unwrap();
     // Host B writes meanwhile.
-    let pool = b.pg.clone();
+    let pool = b.pool.clone();
     let host_b = tokio::spawn(async move {
         let mut t = pool.begin().await.unwrap();
         pg::cache::put_batch_tx(&mut t, &[new_entry(2, ",", "b", 0)])
@@ -440,7 +436,7 @@ async fn cache_entries_become_visible_in_id_order_across_writers() {
         let waiting: i64 = sqlx::query_scalar(
             "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
         )
-        .fetch_one(&b.pg)
+        .fetch_one(&b.pool)
         .await
         .unwrap();
         if waiting > 0 || host_b.is_finished() {
@@ -450,11 +446,11 @@ async fn cache_entries_become_visible_in_id_order_across_writers() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // A reader polls now, then again after both committed.
-    let first = pg::cache::keys_after(&b.pg, 0, now).await.unwrap();
+    let first = pg::cache::keys_after(&b.pool, 0, now).await.unwrap();
     let seen = first.last().map_or(0, |(id, _)| *id);
     a.commit().await.unwrap();
     host_b.await.unwrap();
-    let second = pg::cache::keys_after(&b.pg, seen, now).await.unwrap();
+    let second = pg::cache::keys_after(&b.pool, seen, now).await.unwrap();
     let mut found = keys_of(&first);
     found.extend(keys_of(&second));
     found.sort();
@@ -471,26 +467,26 @@ async fn a_nul_in_one_row_does_not_fail_its_batch() {
     let mut rows = request_rows();
     rows[3].model = "gpt\0-4o".into();
     rows[4].cache_key = Some("ab\0cd".into());
-    pg_rest::requests::insert_batch(&b.pg, &rows).await.unwrap();
+    pg::requests::insert_batch(&b.pool, &rows).await.unwrap();
     let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM requests")
-        .fetch_one(&b.pg)
+        .fetch_one(&b.pool)
         .await
         .unwrap();
     assert_eq!(count, rows.len() as i64, "every row of the batch logged");
     let model: String = sqlx::query_scalar("SELECT model FROM requests WHERE id = $1")
         .bind(&rows[3].id)
-        .fetch_one(&b.pg)
+        .fetch_one(&b.pool)
         .await
         .unwrap();
     assert_eq!(model, "gpt\u{FFFD}-4o");
     let mut bad = new_entry(1, ",", "an answer with \0 in it", 0);
     bad.tags = ",t,".into();
-    let mut tx = b.pg.begin().await.unwrap();
-    pg_rest::cache::put_batch_tx(&mut tx, &[bad, new_entry(2, ",", "fine", 0)])
+    let mut tx = b.pool.begin().await.unwrap();
+    pg::cache::put_batch_tx(&mut tx, &[bad, new_entry(2, ",", "fine", 0)])
         .await
         .unwrap();
     tx.commit().await.unwrap();
-    let keys = pg_rest::cache::keys_after(&b.pg, 0, at(11, 0))
+    let keys = pg::cache::keys_after(&b.pool, 0, at(11, 0))
         .await
         .unwrap();
     assert_eq!(
@@ -507,7 +503,7 @@ async fn a_nul_in_one_row_does_not_fail_its_batch() {
 async fn two_hosts_logging_at_once_neither_deadlock_nor_miscount() {
     let b = both().await;
     populate(&b).await;
-    let url_pool = b.pg.clone();
+    let url_pool = b.pool.clone();
     let second = {
         let opts = (*url_pool.connect_options()).clone();
         sqlx::postgres::PgPoolOptions::new()
@@ -517,7 +513,7 @@ async fn two_hosts_logging_at_once_neither_deadlock_nor_miscount() {
             .unwrap()
     };
     let mut tasks = Vec::new();
-    for (h, pool) in [b.pg.clone(), second].into_iter().enumerate() {
+    for (h, pool) in [b.pool.clone(), second].into_iter().enumerate() {
         for w in 0..4 {
             let pool = pool.clone();
             tasks.push(tokio::spawn(async move {
@@ -543,7 +539,7 @@ async fn two_hosts_logging_at_once_neither_deadlock_nor_miscount() {
                     if (h + w + batch) % 2 == 0 {
                         rows.reverse();
                     }
-                    pg_rest::requests::insert_batch(&pool, &rows).await.unwrap();
+                    pg::requests::insert_batch(&pool, &rows).await.unwrap();
                 }
             }));
         }
@@ -553,13 +549,13 @@ async fn two_hosts_logging_at_once_neither_deadlock_nor_miscount() {
     }
     let (rows, spend): (i64, i64) =
         sqlx::query_as("SELECT COUNT(*), SUM(cost_micros)::BIGINT FROM requests")
-            .fetch_one(&b.pg)
+            .fetch_one(&b.pool)
             .await
             .unwrap();
     assert_eq!((rows, spend), (2 * 4 * 20 * 8, 2 * 4 * 20 * 8 * 10));
     let (days, day_spend): (i64, i64) =
         sqlx::query_as("SELECT SUM(requests)::BIGINT, SUM(cost_micros)::BIGINT FROM request_days")
-            .fetch_one(&b.pg)
+            .fetch_one(&b.pool)
             .await
             .unwrap();
     assert_eq!(

@@ -64,9 +64,7 @@ async fn spend_reports_over_millions_of_request_rows() {
     let (from, to) = ("2026-02-01T00:00:00.000Z", "2026-03-01T00:00:00.000Z");
     for by in GroupBy::ALL {
         let t = Instant::now();
-        let r = pg::reports::spend(&pool, None, by, from, to)
-            .await
-            .unwrap();
+        let r = pg::reports::spend(&pool, None, by, from, to).await.unwrap();
         println!(
             "spend by {:<6} month, whole days: {:>8.1?} ({} rows)",
             by.as_str(),

@@ -26,7 +26,7 @@ use crate::store::audit::{
 use crate::store::Result;
 
 /// The advisory lock of the chain's tip (an arbitrary constant: "sluice audit").
-const CHAIN_LOCK: i64 = 0x736c_7569_6365_0a01;
+pub(crate) const CHAIN_LOCK: i64 = 0x736c_7569_6365_0a01;
 
 /// The previous hash of the first row (as `store::audit`).
 const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -130,6 +130,8 @@ pub async fn append(
     .bind(KEYED)
     .execute(&mut *conn)
     .await?;
+    // Other hosts' heads follow on commit (`Db::hear_changes`); this host's at once.
+    super::notify::audit_appended(conn).await?;
     keys.appended();
     Ok(())
 }
@@ -244,14 +246,19 @@ pub async fn tip(conn: &mut PgConnection) -> Result<(i64, i64, String)> {
     ))
 }
 
-/// The newest `HEAD_STARTED` row: its id and time (`None`: no head was ever started).
-pub async fn head_started(conn: &mut PgConnection) -> Result<Option<(i64, String)>> {
-    Ok(sqlx::query_as(
-        "SELECT id, created_at FROM audit_log WHERE action = $1 ORDER BY id DESC LIMIT 1",
+/// The newest `HEAD_STARTED` row of the head `head` (see `store::audit::head_started`): its
+/// id and time. Such rows are few (one per head started or re-armed).
+pub async fn head_started(conn: &mut PgConnection, head: &str) -> Result<Option<(i64, String)>> {
+    let rows: Vec<(i64, String, Option<String>)> = sqlx::query_as(
+        "SELECT id, created_at, after FROM audit_log WHERE action = $1 ORDER BY id DESC",
     )
     .bind(HEAD_STARTED)
-    .fetch_optional(conn)
-    .await?)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .find(|(_, _, after)| crate::store::audit::started_here(after.as_deref(), head))
+        .map(|(id, at, _)| (id, at)))
 }
 
 /// Whether the database still holds an earlier head's newest row, with as many rows up to

@@ -55,6 +55,9 @@ impl Epoch {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Heard {
     Bumped(Epoch),
+    /// An audit row was appended (by any host): each host's audit head follows the chain
+    /// (`ops::audit_head`).
+    AuditAppended,
     /// The listening connection was (re)established: notifications may have been missed,
     /// so every epoch should be treated as bumped.
     Lost,
@@ -71,6 +74,20 @@ pub async fn bump(conn: &mut PgConnection, which: Epoch) -> Result<()> {
     .bind(which.payload())
     .execute(conn)
     .await?;
+    Ok(())
+}
+
+/// The payload of an audit append's notification (`audit_appended`).
+const AUDIT: &str = "audit";
+
+/// Notifies `CHANNEL` that an audit row was appended, sent when the caller's transaction
+/// commits (no counter: a missed one is made up by the next, or by `Heard::Lost`).
+pub async fn audit_appended(conn: &mut PgConnection) -> Result<()> {
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(CHANNEL)
+        .bind(AUDIT)
+        .execute(conn)
+        .await?;
     Ok(())
 }
 
@@ -132,6 +149,7 @@ async fn session(
             Err(e) => return e,
         };
         match next {
+            Some(n) if n.payload() == AUDIT => on(Heard::AuditAppended),
             Some(n) => match Epoch::parse(n.payload()) {
                 Some(e) => on(Heard::Bumped(e)),
                 None => on(Heard::Lost),

@@ -114,3 +114,10 @@ pub async fn epoch(pool: &PgPool) -> Result<i64> {
             .await?,
     )
 }
+
+/// How many tokens the database holds (revoked ones too).
+pub async fn count(pool: &PgPool) -> Result<i64> {
+    Ok(sqlx::query_scalar("SELECT COUNT(*) FROM tokens")
+        .fetch_one(pool)
+        .await?)
+}
