@@ -260,8 +260,9 @@ pub async fn reserve(
     r: &ReserveRequest<'_>,
     now: DateTime<Utc>,
 ) -> Result<std::result::Result<Reservation, Refusal>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("ledger"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(sqlite) => sqlite,
+        super::Backend::Postgres(pg) => return super::pg::ledger::reserve(pg, r, now).await,
     };
     let pool = &sqlite.write;
     writer::once(pool, |tx| reserve_tx(tx, r, now)).await
@@ -288,8 +289,11 @@ pub async fn settle(
     actual: i64,
     now: DateTime<Utc>,
 ) -> Result<Option<Settled>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("ledger"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(sqlite) => sqlite,
+        super::Backend::Postgres(pg) => {
+            return super::pg::ledger::settle(pg, request_id, actual, now).await
+        }
     };
     let pool = &sqlite.write;
     writer::once(pool, |tx| settle_tx(tx, request_id, actual, now)).await
@@ -312,6 +316,9 @@ pub enum Orphans<'a> {
 /// `cas::settle_tx`). Returns how many were settled.
 pub async fn settle_orphans(db: &super::Db, which: Orphans<'_>, now: DateTime<Utc>) -> Result<u64> {
     const COLUMNS: &str = "request_id, token_id, user_id, team_id, period, user_period, team_period, amount_micros, owner";
+    if let super::Backend::Postgres(pg) = &db.backend {
+        return super::pg::ledger::settle_orphans(pg, which, now).await;
+    }
     let (which_rows, owner) = match which {
         Orphans::OfOwner(owner) => ("owner = ?", Some(owner)),
         Orphans::LeaseExpired => (
@@ -385,8 +392,9 @@ pub async fn settle_orphans(db: &super::Db, which: Orphans<'_>, now: DateTime<Ut
 /// registered owner (alive, or back from a stall) may still settle them, whatever the
 /// clock of the process that prunes says.
 pub async fn prune_orphaned(db: &super::Db, before: DateTime<Utc>) -> Result<u64> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("ledger"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(sqlite) => sqlite,
+        super::Backend::Postgres(pg) => return super::pg::ledger::prune_orphaned(pg, before).await,
     };
     let pool = &sqlite.write;
     Ok(sqlx::query(
@@ -400,8 +408,11 @@ pub async fn prune_orphaned(db: &super::Db, before: DateTime<Utc>) -> Result<u64
 
 /// This process's open reservations: request id and deadline.
 pub async fn own_reservations(db: &super::Db, owner: &str) -> Result<Vec<(String, String)>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("ledger"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(sqlite) => sqlite,
+        super::Backend::Postgres(pg) => {
+            return super::pg::ledger::own_reservations(pg, owner).await
+        }
     };
     let pool = &sqlite.read;
     Ok(
@@ -418,6 +429,9 @@ pub async fn renew_leases(
     request_ids: &[String],
     deadline: DateTime<Utc>,
 ) -> Result<()> {
+    if let super::Backend::Postgres(pg) = &db.backend {
+        return super::pg::ledger::renew_leases(pg, request_ids, deadline).await;
+    }
     let deadline = db_time(deadline);
     let mut tx = db.begin().await?;
     for id in request_ids {
@@ -433,6 +447,9 @@ pub async fn renew_leases(
 
 /// The owner of a token, with each level's reset rule, read from the database.
 pub async fn owner_of(tx: &mut super::Tx, token_id: i64) -> Result<Owner> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::ledger::owner_of(conn, token_id).await;
+    }
     let row = sqlx::query(
         "SELECT t.id, u.id AS user_id, u.team_id, t.reset, u.reset AS user_reset, tm.reset AS team_reset
          FROM tokens t JOIN users u ON u.id = t.user_id JOIN teams tm ON tm.id = u.team_id WHERE t.id = ?",
@@ -460,6 +477,9 @@ pub async fn adjust(
     actor: &str,
     now: DateTime<Utc>,
 ) -> Result<()> {
+    if let super::Backend::Postgres(pg) = &db.backend {
+        return super::pg::ledger::adjust(pg, token_id, amount, reason, actor, now).await;
+    }
     let mut tx = db.begin().await?;
     let owner = owner_of(&mut tx, token_id).await?;
     let mut periods: [String; 3] = Default::default();
@@ -510,6 +530,9 @@ pub async fn set_limit(
     limit: Option<i64>,
     now: DateTime<Utc>,
 ) -> Result<()> {
+    if let Some((conn, keys)) = tx.pg() {
+        return super::pg::ledger::set_limit(conn, keys, level, id, reset, limit, now).await;
+    }
     let period = current_period(tx, level, id, reset, now).await?;
     sqlx::query(&SQL[level.idx()].set_limit)
         .bind(limit)
@@ -522,6 +545,9 @@ pub async fn set_limit(
 
 /// Raises a limited level's limit and remaining by `amount`; `false` if it has no limit.
 pub async fn top_up(tx: &mut super::Tx, level: Level, id: i64, amount: i64) -> Result<bool> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::ledger::top_up(conn, level, id, amount).await;
+    }
     Ok(sqlx::query(&SQL[level.idx()].top_up)
         .bind(amount)
         .bind(id)
@@ -541,8 +567,9 @@ pub struct Balance {
 }
 
 pub async fn balance(db: &super::Db, token_id: i64, now: DateTime<Utc>) -> Result<Balance> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("ledger"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(sqlite) => sqlite,
+        super::Backend::Postgres(pg) => return super::pg::ledger::balance(pg, token_id, now).await,
     };
     let pool = &sqlite.read;
     let row = sqlx::query("SELECT limit_micros, remaining_micros, reserved_micros, reset, period FROM tokens WHERE id = ?")
@@ -579,8 +606,9 @@ pub async fn balance(db: &super::Db, token_id: i64, now: DateTime<Utc>) -> Resul
 /// Levels whose `limit − remaining` differs from their ledger sum for the current period,
 /// described for a person (empty when the invariant holds everywhere).
 pub async fn invariant_violations(db: &super::Db) -> Result<Vec<String>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("ledger"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(sqlite) => sqlite,
+        super::Backend::Postgres(pg) => return super::pg::ledger::invariant_violations(pg).await,
     };
     let pool = &sqlite.read;
     let mut out = Vec::new();
@@ -609,8 +637,11 @@ pub async fn invariant_violations(db: &super::Db) -> Result<Vec<String>> {
 
 /// Reservations a process still holds.
 pub async fn open_reservations(db: &super::Db, owner: &str) -> Result<i64> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("ledger"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(sqlite) => sqlite,
+        super::Backend::Postgres(pg) => {
+            return super::pg::ledger::open_reservations(pg, owner).await
+        }
     };
     let pool = &sqlite.read;
     Ok(

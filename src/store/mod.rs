@@ -22,7 +22,6 @@ pub mod token_admin;
 pub mod tokens;
 pub mod writer;
 
-
 #[cfg(test)]
 mod tx_test;
 #[cfg(test)]

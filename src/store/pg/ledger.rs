@@ -34,7 +34,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, Row};
 
 use super::writer::{lock_rows, Locks, Writer};
-use super::{chain, transact, Body, PgDb};
+use super::{transact, Body, PgDb};
 use crate::clock::{db_time, Clock};
 use crate::quota::period::Reset;
 use crate::store::audit::{AuditEntry, AuditKeys};
@@ -118,7 +118,7 @@ async fn rollover(
         ))
     })?;
     let target = format!("{}:{id}", level.as_str());
-    chain::append(conn, keys, &period_reset_entry(&target, period), now).await?;
+    super::audit::append(conn, keys, &period_reset_entry(&target, period), now).await?;
     Ok(rolled)
 }
 
@@ -711,7 +711,7 @@ pub async fn adjust(
                 before: None,
                 after: Some(&after),
             };
-            chain::append(conn, keys, &entry, now).await
+            super::audit::append(conn, keys, &entry, now).await
         })
     })
     .await
