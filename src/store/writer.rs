@@ -201,6 +201,7 @@ impl Writer {
                     batches: s.batches,
                     jobs: s.jobs,
                     failed_batches: s.failed_batches,
+                    retries: s.retries,
                 }
             }
         }
@@ -256,6 +257,9 @@ pub struct Stats {
     pub batches: u64,
     pub jobs: u64,
     pub failed_batches: u64,
+    /// Batches run again after a serialization failure or deadlock (PostgreSQL; SQLite's
+    /// one writer meets neither).
+    pub retries: u64,
 }
 
 impl std::fmt::Debug for SqliteWriter {
@@ -298,6 +302,7 @@ impl SqliteWriter {
             batches: self.counters.batches.load(Relaxed),
             jobs: self.counters.jobs.load(Relaxed),
             failed_batches: self.counters.failed_batches.load(Relaxed),
+            retries: 0,
         }
     }
 

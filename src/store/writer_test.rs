@@ -137,7 +137,8 @@ async fn one_batch_admits_what_fits_and_refuses_the_rest_in_order() {
         Stats {
             batches: 2,
             jobs: 5,
-            failed_batches: 0
+            failed_batches: 0,
+            retries: 0
         }
     );
     // 350 − 100 − 100 − 100 = 50: r4 (100) is refused, r5 (50) still fits after it.

@@ -7,11 +7,10 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Duration, Utc};
 use sluice::clock::{Clock, ManualClock};
-use sluice::store::audit::AuditKeys;
 use sluice::store::ledger::{
     self, Level, Orphans, Owner, Refusal, Reservation, ReserveRequest, Settled,
 };
-use sluice::store::pg::{self, PgDb};
+use sluice::store::pg::PgDb;
 use sluice::store::processes::Me;
 use sluice::store::{processes, writer, Db};
 use tempfile::TempDir;
@@ -21,35 +20,30 @@ use crate::pg_server;
 
 pub type Outcome = std::result::Result<Reservation, Refusal>;
 
-/// One gateway process's view of a store: its database handle and its writer.
-pub enum Store {
-    Lite {
-        db: Db,
-        writer: writer::Writer,
-        dir: Arc<TempDir>,
-    },
-    Pg {
-        db: PgDb,
-        writer: pg::writer::Writer,
-        url: String,
-    },
+/// One gateway process's view of a store: its database handle and its writer, on either
+/// engine (`Db` dispatches; the body never asks which).
+pub struct Store {
+    pub db: Db,
+    pub writer: writer::Writer,
+    /// Where another process finds the same database.
+    place: Place,
 }
 
-pub fn audit_keys() -> Arc<AuditKeys> {
-    let master = sluice::secrets::MasterKey::from_hex(&"5a".repeat(32)).unwrap();
-    Arc::new(AuditKeys::derive(&master))
+#[derive(Clone)]
+enum Place {
+    Sqlite(Arc<TempDir>),
+    Postgres(String),
+}
+
+/// The master key every test process shares (on PostgreSQL all hosts must).
+pub fn master_key() -> sluice::secrets::MasterKey {
+    sluice::secrets::MasterKey::from_hex(&"5a".repeat(32)).unwrap()
 }
 
 impl Store {
     pub async fn sqlite() -> Store {
         let dir = Arc::new(tempfile::tempdir().unwrap());
-        Store::open_lite(dir).await
-    }
-
-    async fn open_lite(dir: Arc<TempDir>) -> Store {
-        let db = Db::open(&dir.path().join("money.db"), false).await.unwrap();
-        let writer = writer::Writer::start(&db);
-        Store::Lite { db, writer, dir }
+        Store::open(Place::Sqlite(dir)).await
     }
 
     pub async fn postgres() -> Store {
@@ -57,31 +51,37 @@ impl Store {
     }
 
     pub async fn open_pg(url: String) -> Store {
-        let db = PgDb::connect(&url, audit_keys()).await.unwrap();
-        let writer = pg::writer::Writer::start(&db);
-        Store::Pg { db, writer, url }
+        Store::open(Place::Postgres(url)).await
+    }
+
+    async fn open(place: Place) -> Store {
+        let db = match &place {
+            Place::Sqlite(dir) => Db::open(&dir.path().join("money.db"), false).await.unwrap(),
+            Place::Postgres(url) => Db::open_postgres(url, &master_key()).await.unwrap(),
+        };
+        let writer = writer::Writer::start(&db);
+        Store { db, writer, place }
     }
 
     /// Another process on the same database (its own pool and writer).
     pub async fn another(&self) -> Store {
-        match self {
-            Store::Lite { dir, .. } => Store::open_lite(dir.clone()).await,
-            Store::Pg { url, .. } => Store::open_pg(url.clone()).await,
-        }
+        Store::open(self.place.clone()).await
     }
 
     pub fn name(&self) -> &'static str {
-        match self {
-            Store::Lite { .. } => "sqlite",
-            Store::Pg { .. } => "postgres",
-        }
+        self.db.engine()
+    }
+
+    /// The PostgreSQL database, for the checks that are PostgreSQL's own.
+    pub fn pg(&self) -> &PgDb {
+        self.db.postgres().expect("a PostgreSQL store")
     }
 
     /// A team, user and token with these budgets (token, user, team).
     pub async fn owner(&self, levels: &[Budget; 3]) -> Owner {
-        match self {
-            Store::Lite { db, .. } => budget_owner(db, levels).await,
-            Store::Pg { db, .. } => pg_owner(db, levels).await,
+        match self.db.postgres() {
+            None => budget_owner(&self.db, levels).await,
+            Some(pg) => pg_owner(pg, levels).await,
         }
     }
 
@@ -100,10 +100,7 @@ impl Store {
             process,
             lease: Duration::minutes(10),
         };
-        match self {
-            Store::Lite { writer, .. } => ledger::reserve_via(writer, &req, clock).await,
-            Store::Pg { writer, .. } => pg::ledger::reserve_via(writer, &req, clock).await,
-        }
+        ledger::reserve_via(&self.writer, &req, clock).await
     }
 
     pub async fn settle(
@@ -112,64 +109,33 @@ impl Store {
         actual: i64,
         clock: Arc<dyn Clock>,
     ) -> sluice::store::Result<Option<Settled>> {
-        match self {
-            Store::Lite { writer, .. } => {
-                ledger::settle_via(writer, request_id.into(), actual, clock).await
-            }
-            Store::Pg { writer, .. } => {
-                pg::ledger::settle_via(writer, request_id.into(), actual, clock).await
-            }
-        }
+        ledger::settle_via(&self.writer, request_id.into(), actual, clock).await
     }
 
     pub async fn release(&self, request_id: &str, clock: Arc<dyn Clock>) -> Option<Settled> {
-        match self {
-            Store::Lite { writer, .. } => {
-                ledger::release_via(writer, request_id.into(), clock).await
-            }
-            Store::Pg { writer, .. } => {
-                pg::ledger::release_via(writer, request_id.into(), clock).await
-            }
-        }
-        .unwrap()
+        ledger::release_via(&self.writer, request_id.into(), clock)
+            .await
+            .unwrap()
     }
 
     pub async fn settle_orphans(&self, which: Orphans<'_>, now: DateTime<Utc>) -> u64 {
-        match self {
-            Store::Lite { db, .. } => ledger::settle_orphans(db, which, now).await,
-            Store::Pg { db, .. } => pg::ledger::settle_orphans(db, which, now).await,
-        }
-        .unwrap()
+        ledger::settle_orphans(&self.db, which, now).await.unwrap()
     }
 
     pub async fn heartbeat(&self, me: &Me, now: DateTime<Utc>) -> bool {
-        match self {
-            Store::Lite { db, .. } => processes::heartbeat(db, me, now).await,
-            Store::Pg { db, .. } => pg::processes::heartbeat(db, me, now).await,
-        }
-        .unwrap()
+        processes::heartbeat(&self.db, me, now).await.unwrap()
     }
 
     pub async fn dead_owners(&self, me: &Me, now: DateTime<Utc>) -> Vec<String> {
-        let mut dead = match self {
-            Store::Lite { db, .. } => processes::dead_owners(db, me, now).await,
-            Store::Pg { db, .. } => pg::processes::dead_owners(db, me, now).await,
-        }
-        .unwrap();
+        let mut dead = processes::dead_owners(&self.db, me, now).await.unwrap();
         dead.sort();
         dead
     }
 
     pub async fn adjust(&self, token_id: i64, amount: i64, now: DateTime<Utc>) {
-        match self {
-            Store::Lite { db, .. } => {
-                ledger::adjust(db, token_id, amount, "test", "admin", now).await
-            }
-            Store::Pg { db, .. } => {
-                pg::ledger::adjust(db, token_id, amount, "test", "admin", now).await
-            }
-        }
-        .unwrap()
+        ledger::adjust(&self.db, token_id, amount, "test", "admin", now)
+            .await
+            .unwrap()
     }
 
     /// Sets a level's limit as an admin edit does (in a transaction of its own).
@@ -181,76 +147,37 @@ impl Store {
         limit: Option<i64>,
         now: DateTime<Utc>,
     ) {
-        match self {
-            Store::Lite { db, .. } => {
-                let mut tx = db.begin().await.unwrap();
-                ledger::set_limit(&mut tx, level, id, reset, limit, now)
-                    .await
-                    .unwrap();
-                tx.commit().await.unwrap();
-            }
-            Store::Pg { db, .. } => {
-                let mut tx = db.pool.begin().await.unwrap();
-                pg::ledger::set_limit(&mut tx, &db.audit, level, id, reset, limit, now)
-                    .await
-                    .unwrap();
-                tx.commit().await.unwrap();
-            }
-        }
+        let mut tx = self.db.begin().await.unwrap();
+        ledger::set_limit(&mut tx, level, id, reset, limit, now)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
     }
 
     pub async fn top_up(&self, level: Level, id: i64, amount: i64) -> bool {
-        match self {
-            Store::Lite { db, .. } => {
-                let mut tx = db.begin().await.unwrap();
-                let done = ledger::top_up(&mut tx, level, id, amount).await.unwrap();
-                tx.commit().await.unwrap();
-                done
-            }
-            Store::Pg { db, .. } => {
-                let mut conn = db.pool.acquire().await.unwrap();
-                pg::ledger::top_up(&mut conn, level, id, amount)
-                    .await
-                    .unwrap()
-            }
-        }
+        let mut tx = self.db.begin().await.unwrap();
+        let done = ledger::top_up(&mut tx, level, id, amount).await.unwrap();
+        tx.commit().await.unwrap();
+        done
     }
 
     pub async fn violations(&self) -> Vec<String> {
-        match self {
-            Store::Lite { db, .. } => ledger::invariant_violations(db).await,
-            Store::Pg { db, .. } => pg::ledger::invariant_violations(db).await,
-        }
-        .unwrap()
+        ledger::invariant_violations(&self.db).await.unwrap()
     }
 
     /// One integer from `sql` (written in the SQL both engines read).
     pub async fn int(&self, sql: &str) -> i64 {
-        match self {
-            Store::Lite { db, .. } => sqlx::query_scalar::<_, Option<i64>>(sql)
-                .fetch_one(&db.sqlite().read)
-                .await
-                .unwrap(),
-            Store::Pg { db, .. } => sqlx::query_scalar::<_, Option<i64>>(sql)
-                .fetch_one(&db.pool)
-                .await
-                .unwrap(),
-        }
-        .unwrap_or(0)
+        crate::helpers::sql_int(&self.db, sql).await
     }
 
     /// One text from `sql`.
     pub async fn text(&self, sql: &str) -> String {
-        match self {
-            Store::Lite { db, .. } => sqlx::query_scalar::<_, String>(sql)
-                .fetch_one(&db.sqlite().read)
-                .await
-                .unwrap(),
-            Store::Pg { db, .. } => sqlx::query_scalar::<_, String>(sql)
-                .fetch_one(&db.pool)
-                .await
-                .unwrap(),
-        }
+        crate::helpers::sql_text(&self.db, sql).await
+    }
+
+    /// Runs one statement (written in the SQL both engines read).
+    pub async fn exec(&self, sql: &str) {
+        crate::helpers::sql_exec(&self.db, sql).await
     }
 
     /// (limit, remaining, reserved) of a level's row.
@@ -794,15 +721,7 @@ async fn refusal_writes_nothing(store: Store) {
         "UPDATE tokens SET revoked_at = '2026-12-01T00:00:00.000Z' WHERE id = {}",
         owner.token_id
     );
-    match &store {
-        Store::Lite { db, .. } => drop(
-            sqlx::query(&revoke)
-                .execute(&db.sqlite().write)
-                .await
-                .unwrap(),
-        ),
-        Store::Pg { db, .. } => drop(sqlx::query(&revoke).execute(&db.pool).await.unwrap()),
-    }
+    store.exec(&revoke).await;
     assert!(matches!(
         store
             .reserve(&owner, "y", 1, "p", clock.clone())
