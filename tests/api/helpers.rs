@@ -219,7 +219,8 @@ pub async fn scalar_on(db: &Db, sql: &str) -> i64 {
             .fetch_one(&db.sqlite().read)
             .await
             .expect(sql),
-        Some(pg) => sqlx::query_scalar::<_, i64>(sql)
+        // PostgreSQL's SUM of a BIGINT is a NUMERIC: the one value is cast back.
+        Some(pg) => sqlx::query_scalar::<_, i64>(&format!("SELECT CAST(({sql}) AS BIGINT)"))
             .fetch_one(&pg.pool)
             .await
             .expect(sql),
@@ -234,10 +235,12 @@ pub async fn sql_int(db: &Db, sql: &str) -> i64 {
             .fetch_one(&db.sqlite().read)
             .await
             .expect(sql),
-        Some(pg) => sqlx::query_scalar::<_, Option<i64>>(sql)
-            .fetch_one(&pg.pool)
-            .await
-            .expect(sql),
+        Some(pg) => {
+            sqlx::query_scalar::<_, Option<i64>>(&format!("SELECT CAST(({sql}) AS BIGINT)"))
+                .fetch_one(&pg.pool)
+                .await
+                .expect(sql)
+        }
     }
     .unwrap_or(0)
 }

@@ -28,6 +28,8 @@ mod lying_upstream;
 mod money;
 mod money_model;
 mod operations;
+mod pg_gateway;
+mod pg_gateway_app;
 mod pg_money;
 mod pg_money_bench;
 mod pg_money_model;

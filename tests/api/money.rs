@@ -18,6 +18,8 @@ use sluice::store::{processes, Db};
 use sqlx::Connection;
 
 use crate::helpers::*;
+use crate::on_both_engines;
+use crate::pg_gateway_app::{spawn_app_on, Engine};
 
 const PRICES: pricing::Prices = pricing::Prices {
     input: 150_000,
@@ -38,9 +40,8 @@ fn completion_worst(prompt: &str, max_tokens: i64, copies: i64) -> i64 {
     )
 }
 
-#[tokio::test]
-async fn best_of_is_priced_as_the_completions_the_upstream_bills() {
-    let app = spawn_app().await;
+async fn best_of_is_priced_as_the_completions_the_upstream_bills(engine: Engine) {
+    let app = spawn_app_on(engine, |_, _| {}).await;
     let prompt = "Write a haiku about budgets.";
     // Enough for three single completions, not for one request with best_of = 4.
     let budget = 3 * completion_worst(prompt, 100, 1);
@@ -93,6 +94,7 @@ async fn best_of_is_priced_as_the_completions_the_upstream_bills() {
             > 0
     );
 }
+on_both_engines!(best_of_is_priced_as_the_completions_the_upstream_bills);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_while_its_reservation_waits_is_charged_nothing() {
@@ -298,9 +300,8 @@ async fn the_sweep_releases_what_nobody_holds_and_renews_what_someone_does() {
 /// Attack finding: a client whose own deadline (`x-sluice-request-deadline-ms`) cuts an
 /// attempt off after the upstream had it pays its input, as when it disconnects — a short
 /// deadline is not a way to have the provider read a prompt for free.
-#[tokio::test]
-async fn a_deadline_that_cuts_the_upstream_off_charges_the_input() {
-    let app = spawn_app().await;
+async fn a_deadline_that_cuts_the_upstream_off_charges_the_input(engine: Engine) {
+    let app = spawn_app_on(engine, |_, _| {}).await;
     let (id, token) = app.token("fran", Some("1.00")).await;
     app.mock.state.sticky(
         KEY_A,
@@ -349,6 +350,7 @@ async fn a_deadline_that_cuts_the_upstream_off_charges_the_input() {
         input_cost
     );
 }
+on_both_engines!(a_deadline_that_cuts_the_upstream_off_charges_the_input);
 
 /// Attack finding: a client that leaves while its answer's settlement waits for the writer
 /// (the handler's future is dropped) — and the store then refuses that settlement — is
