@@ -379,7 +379,9 @@ async fn postgres_stopped_for_ten_seconds_under_load_answers_503_and_loses_nothi
     let other = other.lock().unwrap().clone();
     assert!(
         other.is_empty(),
-        "not a 200 or a 503 service_degraded: {other:?}"
+        "{} answers not a 200 or a 503 service_degraded, the first: {:?}",
+        other.len(),
+        other.first()
     );
     assert!(
         during > 0,
