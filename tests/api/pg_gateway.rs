@@ -39,6 +39,8 @@ pub struct PgHosts {
     pub db: Db,
     url: String,
     redis: RedisServer,
+    /// More config for every host.
+    extra: String,
 }
 
 /// The shared master key every host holds.
@@ -48,6 +50,11 @@ fn shared_key() -> sluice::secrets::MasterKey {
 
 /// Starts `n` gateway processes on the PostgreSQL database at `url`.
 pub async fn pg_hosts(n: usize, url: String) -> PgHosts {
+    pg_hosts_with(n, url, "").await
+}
+
+/// `pg_hosts` with `extra` appended to every host's config.
+pub async fn pg_hosts_with(n: usize, url: String, extra: &str) -> PgHosts {
     let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
     let redis = RedisServer::start().await;
     let db = Db::open_postgres(&url, &shared_key()).await.unwrap();
@@ -57,6 +64,7 @@ pub async fn pg_hosts(n: usize, url: String) -> PgHosts {
         db,
         url,
         redis,
+        extra: extra.to_string(),
     };
     for _ in 0..n {
         let host = fleet.start_host().await;
@@ -69,7 +77,7 @@ impl PgHosts {
     async fn start_host(&self) -> Host {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
-        let extra = format!("[redis]\nurl = \"{}\"\n", self.redis.url());
+        let extra = format!("[redis]\nurl = \"{}\"\n{}", self.redis.url(), self.extra);
         let sqlite = dir.path().join("never.db");
         let text = config_text(
             port,
@@ -408,4 +416,78 @@ async fn postgres_stopped_for_ten_seconds_under_load_answers_503_and_loses_nothi
         )
         .await;
     assert_invariant_on(&fleet.db).await;
+}
+
+/// Not a check: the request rate of two hosts with every feature on (Redis windows, budget
+/// reserve and settle, request log, cache lookup and write on a miss), on PostgreSQL and,
+/// for comparison in the same run, on one SQLite file shared by two processes. Run with
+/// `cargo test --release --test api pg_gateway::two_host_request_rate -- --ignored
+/// --nocapture`; set `SLUICE_PG_BENCH_URL` for a PostgreSQL of your own (fsync on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+async fn two_host_request_rate() {
+    const CLIENTS: usize = 32;
+    const SECONDS: u64 = 10;
+    let extra = "[cache]\nmode = \"all\"\n[queue]\nmax_in_flight = 4096\n";
+    let (_server, url, note) = match std::env::var("SLUICE_PG_BENCH_URL") {
+        Ok(url) => (None, url, "SLUICE_PG_BENCH_URL"),
+        Err(_) => {
+            let server = PgServer::start();
+            let url = server.database();
+            (Some(server), url, "harness server, fsync=off")
+        }
+    };
+    let fleet = pg_hosts_with(2, url, extra).await;
+    let (_, token) = fleet.token("bench", "1000000").await;
+    let urls: Vec<String> = fleet.hosts.iter().map(|h| h.gw.url.clone()).collect();
+    let pg = rate(&urls, &token, CLIENTS, SECONDS).await;
+    drop(fleet);
+    // The same two processes on one SQLite file.
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let redis = RedisServer::start().await;
+    let extra = format!("[redis]\nurl = \"{}\"\n{extra}", redis.url());
+    let a = crate::gateway_proc::start_gateway_full(dir.path(), &mock, &[], &extra).await;
+    let b = crate::gateway_proc::start_gateway_full(dir.path(), &mock, &[], &extra).await;
+    let (_, token) = crate::gateway_proc::db_and_token(dir.path(), "bench").await;
+    let lite = rate(&[a.url.clone(), b.url.clone()], &token, CLIENTS, SECONDS).await;
+    println!(
+        "two hosts, every feature, {CLIENTS} clients, {SECONDS} s ({note}): postgres {pg:.0} requests/s, one SQLite file {lite:.0} requests/s"
+    );
+}
+
+/// 200s per second from `clients` closed-loop clients spread over `urls`, each request
+/// unique (the cache misses and writes).
+async fn rate(urls: &[String], token: &str, clients: usize, seconds: u64) -> f64 {
+    let http = reqwest::Client::new();
+    let until = Instant::now() + Duration::from_secs(seconds);
+    let done = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let (http, token, done) = (http.clone(), token.to_string(), done.clone());
+        let base = urls[c % urls.len()].clone();
+        tasks.push(tokio::spawn(async move {
+            let mut k = 0;
+            while Instant::now() < until {
+                k += 1;
+                let body = serde_json::json!({"model": "gpt-4o-mini", "max_tokens": 50,
+                    "messages": [{"role": "user", "content": format!("question {c}-{k}: why does the engine light blink?")}]});
+                let resp = http
+                    .post(format!("{base}/v1/chat/completions"))
+                    .bearer_auth(&token)
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap_or_default());
+                let _ = resp.bytes().await;
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    let started = Instant::now();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
 }
