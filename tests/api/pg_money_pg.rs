@@ -26,6 +26,13 @@ fn budget(limit: Option<i64>) -> Budget {
     }
 }
 
+fn budget_daily(limit: i64) -> Budget {
+    Budget {
+        limit: Some(limit),
+        reset: "daily",
+    }
+}
+
 fn clock() -> Arc<dyn Clock> {
     Arc::new(ManualClock::new(at("2026-12-01T12:00:00Z")))
 }
@@ -354,4 +361,72 @@ async fn postgres_stopped_mid_load_fails_closed_and_everything_lands_after() {
             .await,
         admitted.len() as i64 * R / 2
     );
+}
+
+/// The money path's audit rows (a period rollover) and the admins' share one chain: both
+/// append through `pg::audit::append` under one advisory lock. The money path had an
+/// append of its own (`pg::chain`) under another lock, so a rollover and an admin action
+/// committing at once could both link to the same previous row (a fork `audit verify`
+/// reports as broken).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollovers_and_admin_actions_appending_at_once_keep_one_chain() {
+    let store = Arc::new(Store::postgres().await);
+    let clock = Arc::new(ManualClock::new(at("2026-12-01T12:00:00Z")));
+    let mut owners = Vec::new();
+    for _ in 0..8 {
+        owners.push(
+            pg_owner(
+                store.pg(),
+                &[budget_daily(1_000 * R), budget(None), budget(None)],
+            )
+            .await,
+        );
+    }
+    let admin = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let pg = store.pg();
+            for i in 0..200 {
+                let target = format!("user:{i}");
+                let entry = sluice::store::audit::AuditEntry {
+                    actor: "admin",
+                    address: "127.0.0.1",
+                    action: "user.update",
+                    target: &target,
+                    before: None,
+                    after: Some("x"),
+                };
+                pg::audit::record(&pg.pool, &pg.audit, &entry, chrono::Utc::now())
+                    .await
+                    .unwrap();
+            }
+        })
+    };
+    // Every day every token rolls over (one audit row each), while the admin appends.
+    for day in 0..10 {
+        let mut tasks = Vec::new();
+        for (i, owner) in owners.iter().enumerate() {
+            let (store, owner, clock) = (store.clone(), owner.clone(), clock.clone());
+            tasks.push(tokio::spawn(async move {
+                let id = format!("d{day}-{i}");
+                store
+                    .reserve(&owner, &id, R, "p", clock.clone())
+                    .await
+                    .unwrap()
+                    .unwrap();
+                store.settle(&id, R, clock).await.unwrap();
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        clock.advance(chrono::Duration::days(1));
+    }
+    admin.await.unwrap();
+    let chain = pg::audit::verify(&store.pg().pool, &store.pg().audit)
+        .await
+        .unwrap();
+    assert_eq!(chain.broken, None, "the chain forked");
+    assert!(chain.rows >= 200 + 8 * 9, "{} rows", chain.rows);
+    store.assert_settled().await;
 }
