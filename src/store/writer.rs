@@ -1,4 +1,6 @@
 //! Group commit: one thread writes the money path's transactions (and the request log's).
+//! `Writer` is the handle for either engine: on PostgreSQL it runs `pg::writer` instead
+//! (docs/DESIGN.md "Money on PostgreSQL"); the rest of this doc is the SQLite writer.
 //!
 //! Callers hand the writer a job — a closure over a `Tx` — and await its answer on a
 //! oneshot. The writer takes every job waiting (up to `MAX_BATCH`) and runs them one after
