@@ -415,6 +415,14 @@ async fn postgres_stopped_for_ten_seconds_under_load_answers_503_and_loses_nothi
             Duration::from_secs(60),
         )
         .await;
+    // The refusals are logged too: their rows waited for the database and landed after.
+    fleet
+        .wait_for(
+            "SELECT COUNT(*) FROM requests WHERE status = 503",
+            degraded.load(Ordering::Relaxed) as i64,
+            Duration::from_secs(60),
+        )
+        .await;
     assert_invariant_on(&fleet.db).await;
 }
 
