@@ -95,7 +95,10 @@ impl StoreError {
                 // PostgreSQL's class 08 (connection exception) and 57P0x (the server is
                 // shutting down or starting); SQLite's busy and locked.
                 db.code().is_some_and(|c| {
-                    c.starts_with("08") || c.starts_with("57P0") || c == "5" || c == "6"
+                    c.starts_with("08")
+                        || c.starts_with("57P0")
+                        || c.parse::<i32>()
+                            .is_ok_and(|n| n & 0xff == 5 || n & 0xff == 6)
                 })
             }
             _ => false,

@@ -403,3 +403,23 @@ async fn cached_statements_go_with_their_connection() {
     }
     panic!("the statement cache outlived its connection");
 }
+
+/// What the gateway answers 503 for (`StoreError::is_unavailable`): the database out of
+/// reach or busy, never a refusal of the operation itself.
+#[test]
+fn out_of_reach_is_told_from_a_refusal() {
+    use super::StoreError;
+    let busy = |code| StoreError::Sqlite {
+        code,
+        message: String::new(),
+    };
+    assert!(StoreError::Sql(sqlx::Error::PoolTimedOut).is_unavailable());
+    assert!(StoreError::Batch("commit failed".into()).is_unavailable());
+    assert!(StoreError::WriterGone.is_unavailable());
+    assert!(busy(5).is_unavailable(), "SQLITE_BUSY");
+    assert!(busy(517).is_unavailable(), "SQLITE_BUSY_SNAPSHOT");
+    assert!(busy(6).is_unavailable(), "SQLITE_LOCKED");
+    assert!(!busy(19).is_unavailable(), "a constraint is a refusal");
+    assert!(!StoreError::NotFound("token 7".into()).is_unavailable());
+    assert!(!StoreError::Conflict("taken".into()).is_unavailable());
+}
