@@ -414,9 +414,8 @@ async fn a_settlement_abandoned_mid_await_still_lands() {
 /// owner's live leases nor forget the orphan records a live (or stalled) owner may still
 /// settle — leases are judged by their owner's own clock, and orphan records of a
 /// registered owner are kept.
-#[tokio::test]
-async fn a_clock_days_ahead_neither_expires_leases_nor_forgets_orphans() {
-    let (_dir, db, clock, quota, owner) = quota_rig(Engine::Sqlite, 10_000).await;
+async fn a_clock_days_ahead_neither_expires_leases_nor_forgets_orphans(engine: Engine) {
+    let (_dir, db, clock, quota, owner) = quota_rig(engine, 10_000).await;
     let me = processes::Me::new(quota.process_id().to_string(), "here".into());
     processes::heartbeat(&db, &me, clock.now()).await.unwrap();
     let held = quota.reserve("live", &owner, 1_000).await.unwrap();
@@ -442,3 +441,4 @@ async fn a_clock_days_ahead_neither_expires_leases_nor_forgets_orphans() {
     );
     assert_invariant_on(&db).await;
 }
+on_both_engines!(a_clock_days_ahead_neither_expires_leases_nor_forgets_orphans);
