@@ -65,6 +65,10 @@ pub enum ApiError {
     UpstreamClientError,
     #[error("No upstream can serve this model right now (all routes are cooling down or failing). Try again in {retry_after} seconds.")]
     ServiceDegraded { retry_after: u64 },
+    /// The budget ledger's database cannot be reached: nothing was reserved, so nothing is
+    /// served (fail closed) and nothing charged.
+    #[error("The budget ledger cannot be reached right now; nothing was charged. Try again in {retry_after} seconds.")]
+    LedgerUnavailable { retry_after: u64 },
     /// The gateway is stopping and ended the request (see `pipeline::drain`).
     #[error("The gateway is shutting down; the request was ended. Retry it.")]
     ShuttingDown,
@@ -96,6 +100,7 @@ impl ApiError {
             ApiError::UpstreamError => StatusCode::BAD_GATEWAY,
             ApiError::UpstreamClientError => StatusCode::BAD_REQUEST,
             ApiError::ServiceDegraded { .. }
+            | ApiError::LedgerUnavailable { .. }
             | ApiError::UpstreamBusy { .. }
             | ApiError::QueueFull { .. }
             | ApiError::QueueTimeout { .. }
@@ -120,7 +125,9 @@ impl ApiError {
             }
             ApiError::UpstreamError => "upstream_error",
             ApiError::UpstreamClientError => "upstream_client_error",
-            ApiError::ServiceDegraded { .. } => "service_degraded",
+            ApiError::ServiceDegraded { .. } | ApiError::LedgerUnavailable { .. } => {
+                "service_degraded"
+            }
             ApiError::UpstreamBusy { .. } => "upstream_busy",
             ApiError::QueueFull { .. } => "queue_full",
             ApiError::QueueTimeout { .. } => "queue_timeout",
@@ -143,6 +150,7 @@ impl ApiError {
             }
             ApiError::UpstreamError
             | ApiError::ServiceDegraded { .. }
+            | ApiError::LedgerUnavailable { .. }
             | ApiError::UpstreamBusy { .. }
             | ApiError::QueueFull { .. }
             | ApiError::QueueTimeout { .. }
@@ -166,6 +174,7 @@ impl ApiError {
             | ApiError::RateLimited { .. } => "rate_limit_error",
             ApiError::UpstreamError | ApiError::Internal | ApiError::ClientGone => "api_error",
             ApiError::ServiceDegraded { .. }
+            | ApiError::LedgerUnavailable { .. }
             | ApiError::UpstreamBusy { .. }
             | ApiError::QueueFull { .. }
             | ApiError::QueueTimeout { .. }
@@ -177,6 +186,7 @@ impl ApiError {
         match self {
             ApiError::InsufficientQuota { retry_after } => *retry_after,
             ApiError::ServiceDegraded { retry_after }
+            | ApiError::LedgerUnavailable { retry_after }
             | ApiError::UpstreamBusy { retry_after }
             | ApiError::QueueFull { retry_after, .. }
             | ApiError::QueueTimeout { retry_after, .. }

@@ -132,7 +132,7 @@ impl Cache {
             cfg: cfg.clone(),
             embedder,
             db,
-            stored: Lingering::start(writer.clone(), "cache entries", store::cache::put_batch_tx),
+            stored: Lingering::start(writer.clone(), "cache entries", store::cache::PUT_BATCH),
             writer,
             lru: Mutex::new(LruCache::new(cap)),
             index: RwLock::new(HashMap::new()),
@@ -346,11 +346,7 @@ impl Cache {
     }
 
     pub async fn record_hit(&self, key: &Key) {
-        let key = *key;
-        let counted = self
-            .writer
-            .run(move |tx| store::cache::count_hit_tx(tx, &key))
-            .await;
+        let counted = store::cache::count_hit(&self.writer, key.to_vec()).await;
         if let Err(e) = counted {
             tracing::debug!(error = %e, "cache hit count failed");
         }

@@ -22,7 +22,7 @@ impl RequestLog {
             rows: Some(Lingering::start(
                 writer,
                 "request log rows",
-                requests::insert_batch_tx,
+                requests::LOG_BATCH,
             )),
         }
     }

@@ -194,6 +194,12 @@ impl From<QuotaError> for ApiError {
                 ApiError::InsufficientQuota { retry_after }
             }
             QuotaError::TokenGone => ApiError::InvalidApiKey,
+            // Nothing was reserved: the request is refused (fail closed), as a 503 the
+            // client may retry when the database is only out of reach for now.
+            QuotaError::Store(e) if e.is_unavailable() => {
+                tracing::warn!(error = %e, "the budget ledger cannot be reached; request refused");
+                ApiError::LedgerUnavailable { retry_after: 1 }
+            }
             QuotaError::Store(e) => {
                 tracing::error!(error = %e, "quota store failed");
                 ApiError::Internal

@@ -34,7 +34,7 @@ pub struct NewEntry {
 
 pub async fn get(db: &super::Db, key: &[u8], now: DateTime<Utc>) -> Result<Option<EntryRow>> {
     let sqlite = match &db.backend {
-        super::Backend::Sqlite(s) => s,
+        super::Backend::Sqlite(sqlite) => sqlite,
         super::Backend::Postgres(pg) => return super::pg::cache::get(&pg.pool, key, now).await,
     };
     let pool = &sqlite.read;
@@ -47,6 +47,19 @@ pub async fn get(db: &super::Db, key: &[u8], now: DateTime<Utc>) -> Result<Optio
 
 const PUT: &str = "INSERT OR REPLACE INTO cache_entries (key, scope, model, format, context_hash, vector, answer, input_tokens, output_tokens, tags, created_at, expires_at)
      VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+
+/// How cache entries' batches are written on each engine (`store::lingering`).
+pub const PUT_BATCH: super::lingering::BatchWrite<NewEntry> = super::lingering::BatchWrite {
+    sqlite: put_batch_tx,
+    pg: pg_put_batch,
+};
+
+fn pg_put_batch<'c>(
+    conn: &'c mut sqlx::PgConnection,
+    entries: &'c [NewEntry],
+) -> futures_util::future::BoxFuture<'c, Result<()>> {
+    Box::pin(super::pg::cache::put_batch_tx(conn, entries))
+}
 
 /// Stores entries inside a write batch (`store::lingering`): cache writes share the money
 /// path's transactions instead of taking the write connection away from them.
@@ -81,7 +94,7 @@ pub type IndexRow = (i64, Vec<u8>, Option<Vec<u8>>, Option<Vec<u8>>);
 /// indexes (keys present, semantic candidates) are built and kept fresh from.
 pub async fn index_rows(db: &super::Db, after: i64, now: DateTime<Utc>) -> Result<Vec<IndexRow>> {
     let sqlite = match &db.backend {
-        super::Backend::Sqlite(s) => s,
+        super::Backend::Sqlite(sqlite) => sqlite,
         super::Backend::Postgres(pg) => {
             return super::pg::cache::index_rows(&pg.pool, after, now).await
         }
@@ -104,7 +117,7 @@ pub async fn keys_after(
     now: DateTime<Utc>,
 ) -> Result<Vec<(i64, Vec<u8>)>> {
     let sqlite = match &db.backend {
-        super::Backend::Sqlite(s) => s,
+        super::Backend::Sqlite(sqlite) => sqlite,
         super::Backend::Postgres(pg) => {
             return super::pg::cache::keys_after(&pg.pool, after, now).await
         }
@@ -146,7 +159,7 @@ pub async fn delete_tag(db: &super::Db, tag: &str) -> Result<Vec<Vec<u8>>> {
 /// Deletes expired entries and, past `max_entries`, the oldest ones; returns how many.
 pub async fn evict(db: &super::Db, max_entries: u64, now: DateTime<Utc>) -> Result<u64> {
     let sqlite = match &db.backend {
-        super::Backend::Sqlite(s) => s,
+        super::Backend::Sqlite(sqlite) => sqlite,
         super::Backend::Postgres(pg) => {
             return super::pg::cache::evict(&pg.pool, max_entries, now).await
         }
@@ -175,7 +188,7 @@ pub async fn evict(db: &super::Db, max_entries: u64, now: DateTime<Utc>) -> Resu
 
 pub async fn epoch(db: &super::Db) -> Result<i64> {
     let sqlite = match &db.backend {
-        super::Backend::Sqlite(s) => s,
+        super::Backend::Sqlite(sqlite) => sqlite,
         super::Backend::Postgres(pg) => return super::pg::cache::epoch(&pg.pool).await,
     };
     let pool = &sqlite.read;
@@ -184,6 +197,17 @@ pub async fn epoch(db: &super::Db) -> Result<i64> {
             .fetch_one(pool)
             .await?,
     )
+}
+
+/// Counts a hit of the entry `key` through the writer: a job of the SQLite writer's next
+/// batch, or (PostgreSQL) one statement on the pool — it locks no budget row.
+pub async fn count_hit(writer: &super::writer::Writer, key: Vec<u8>) -> Result<()> {
+    match writer.engine() {
+        super::writer::Engine::Postgres(_, pool) => {
+            super::pg::cache::count_hit_tx(&mut *pool.acquire().await?, &key).await
+        }
+        super::writer::Engine::Sqlite(_) => writer.run(move |tx| count_hit_tx(tx, &key)).await,
+    }
 }
 
 /// Counts a hit inside a write batch (see `put_tx`).
@@ -206,7 +230,7 @@ pub async fn budget_remaining(
     now: DateTime<Utc>,
 ) -> Result<Option<i64>> {
     let sqlite = match &db.backend {
-        super::Backend::Sqlite(s) => s,
+        super::Backend::Sqlite(sqlite) => sqlite,
         super::Backend::Postgres(pg) => {
             return super::pg::cache::budget_remaining(&pg.pool, owner, now).await
         }

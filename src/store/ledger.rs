@@ -260,8 +260,9 @@ pub async fn reserve(
     r: &ReserveRequest<'_>,
     now: DateTime<Utc>,
 ) -> Result<std::result::Result<Reservation, Refusal>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("ledger"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(sqlite) => sqlite,
+        super::Backend::Postgres(pg) => return super::pg::ledger::reserve(pg, r, now).await,
     };
     let pool = &sqlite.write;
     writer::once(pool, |tx| reserve_tx(tx, r, now)).await
@@ -288,8 +289,11 @@ pub async fn settle(
     actual: i64,
     now: DateTime<Utc>,
 ) -> Result<Option<Settled>> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("ledger"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(sqlite) => sqlite,
+        super::Backend::Postgres(pg) => {
+            return super::pg::ledger::settle(pg, request_id, actual, now).await
+        }
     };
     let pool = &sqlite.write;
     writer::once(pool, |tx| settle_tx(tx, request_id, actual, now)).await
@@ -311,10 +315,10 @@ pub enum Orphans<'a> {
 /// an owner that was only stalled can still settle it at its actual cost later (see
 /// `cas::settle_tx`). Returns how many were settled.
 pub async fn settle_orphans(db: &super::Db, which: Orphans<'_>, now: DateTime<Utc>) -> Result<u64> {
+    const COLUMNS: &str = "request_id, token_id, user_id, team_id, period, user_period, team_period, amount_micros, owner";
     if let super::Backend::Postgres(pg) = &db.backend {
         return super::pg::ledger::settle_orphans(pg, which, now).await;
     }
-    const COLUMNS: &str = "request_id, token_id, user_id, team_id, period, user_period, team_period, amount_micros, owner";
     let (which_rows, owner) = match which {
         Orphans::OfOwner(owner) => ("owner = ?", Some(owner)),
         Orphans::LeaseExpired => (
@@ -389,7 +393,7 @@ pub async fn settle_orphans(db: &super::Db, which: Orphans<'_>, now: DateTime<Ut
 /// clock of the process that prunes says.
 pub async fn prune_orphaned(db: &super::Db, before: DateTime<Utc>) -> Result<u64> {
     let sqlite = match &db.backend {
-        super::Backend::Sqlite(s) => s,
+        super::Backend::Sqlite(sqlite) => sqlite,
         super::Backend::Postgres(pg) => return super::pg::ledger::prune_orphaned(pg, before).await,
     };
     let pool = &sqlite.write;
@@ -405,7 +409,7 @@ pub async fn prune_orphaned(db: &super::Db, before: DateTime<Utc>) -> Result<u64
 /// This process's open reservations: request id and deadline.
 pub async fn own_reservations(db: &super::Db, owner: &str) -> Result<Vec<(String, String)>> {
     let sqlite = match &db.backend {
-        super::Backend::Sqlite(s) => s,
+        super::Backend::Sqlite(sqlite) => sqlite,
         super::Backend::Postgres(pg) => {
             return super::pg::ledger::own_reservations(pg, owner).await
         }
@@ -564,7 +568,7 @@ pub struct Balance {
 
 pub async fn balance(db: &super::Db, token_id: i64, now: DateTime<Utc>) -> Result<Balance> {
     let sqlite = match &db.backend {
-        super::Backend::Sqlite(s) => s,
+        super::Backend::Sqlite(sqlite) => sqlite,
         super::Backend::Postgres(pg) => return super::pg::ledger::balance(pg, token_id, now).await,
     };
     let pool = &sqlite.read;
@@ -603,7 +607,7 @@ pub async fn balance(db: &super::Db, token_id: i64, now: DateTime<Utc>) -> Resul
 /// described for a person (empty when the invariant holds everywhere).
 pub async fn invariant_violations(db: &super::Db) -> Result<Vec<String>> {
     let sqlite = match &db.backend {
-        super::Backend::Sqlite(s) => s,
+        super::Backend::Sqlite(sqlite) => sqlite,
         super::Backend::Postgres(pg) => return super::pg::ledger::invariant_violations(pg).await,
     };
     let pool = &sqlite.read;
@@ -634,7 +638,7 @@ pub async fn invariant_violations(db: &super::Db) -> Result<Vec<String>> {
 /// Reservations a process still holds.
 pub async fn open_reservations(db: &super::Db, owner: &str) -> Result<i64> {
     let sqlite = match &db.backend {
-        super::Backend::Sqlite(s) => s,
+        super::Backend::Sqlite(sqlite) => sqlite,
         super::Backend::Postgres(pg) => {
             return super::pg::ledger::open_reservations(pg, owner).await
         }

@@ -5,14 +5,27 @@
 //! lingering, they share one commit with many others (and usually with the reservations of
 //! the same moment). Rows only wait in memory, so a crash loses at most `LINGER` of them;
 //! `flush` (at shutdown, and in tests) writes everything queued before it at once.
+//!
+//! On PostgreSQL the same collecting runs in `pg::lingering`, and each batch is one
+//! multi-row statement in a transaction of its own on the pool (`BatchWrite::pg`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::writer::{Tx, Writer};
+use super::pg::lingering::{Lingering as PgLingering, WriteBatch};
+use super::writer::{Engine, Tx, Writer};
 use super::Result;
+
+/// How one kind of row is written as a batch, on each engine (`requests::LOG_BATCH`,
+/// `cache::PUT_BATCH`).
+pub struct BatchWrite<T: 'static> {
+    /// Inside a job of the SQLite group-commit writer.
+    pub sqlite: fn(&mut Tx<'_>, &[T]) -> Result<()>,
+    /// Inside a PostgreSQL transaction of its own.
+    pub pg: WriteBatch<T>,
+}
 
 /// Items a batch takes at most.
 const BATCH: usize = 512;
@@ -28,38 +41,54 @@ enum Msg<T> {
 
 /// The handle; cheap to clone. The task ends when every handle is dropped.
 pub struct Lingering<T> {
-    tx: mpsc::Sender<Msg<T>>,
+    engine: Collector<T>,
+}
+
+enum Collector<T> {
+    Sqlite(mpsc::Sender<Msg<T>>),
+    Postgres(PgLingering<T>),
 }
 
 impl<T> Clone for Lingering<T> {
     fn clone(&self) -> Self {
         Self {
-            tx: self.tx.clone(),
+            engine: match &self.engine {
+                Collector::Sqlite(tx) => Collector::Sqlite(tx.clone()),
+                Collector::Postgres(l) => Collector::Postgres(l.clone()),
+            },
         }
     }
 }
 
 impl<T: Send + Sync + 'static> Lingering<T> {
     /// Starts the task; `what` names the rows in log lines, `write` writes one batch.
-    pub fn start(
-        writer: Writer,
-        what: &'static str,
-        write: fn(&mut Tx<'_>, &[T]) -> Result<()>,
-    ) -> Lingering<T> {
-        let (tx, rx) = mpsc::channel(QUEUE);
-        tokio::spawn(collect(writer, rx, what, write));
-        Lingering { tx }
+    pub fn start(writer: Writer, what: &'static str, write: BatchWrite<T>) -> Lingering<T> {
+        let engine = match writer.engine() {
+            Engine::Postgres(_, pool) => {
+                Collector::Postgres(PgLingering::start(pool.clone(), what, write.pg))
+            }
+            Engine::Sqlite(_) => {
+                let (tx, rx) = mpsc::channel(QUEUE);
+                tokio::spawn(collect(writer, rx, what, write.sqlite));
+                Collector::Sqlite(tx)
+            }
+        };
+        Lingering { engine }
     }
 
     /// Queues an item (waits only if the task is `QUEUE` items behind). The wait runs in a
     /// task of its own: a caller dropped meanwhile — a request whose client left while its
     /// row waited — does not take the item with it.
     pub async fn push(&self, item: T) -> bool {
-        match self.tx.try_send(Msg::Item(item)) {
+        let tx = match &self.engine {
+            Collector::Sqlite(tx) => tx,
+            Collector::Postgres(l) => return l.push(item).await,
+        };
+        match tx.try_send(Msg::Item(item)) {
             Ok(()) => true,
             Err(mpsc::error::TrySendError::Closed(_)) => false,
             Err(mpsc::error::TrySendError::Full(msg)) => {
-                let tx = self.tx.clone();
+                let tx = tx.clone();
                 let waiting = tokio::spawn(async move { tx.send(msg).await.is_ok() });
                 waiting.await.unwrap_or(false)
             }
@@ -68,8 +97,12 @@ impl<T: Send + Sync + 'static> Lingering<T> {
 
     /// Waits until every item queued before this call is written.
     pub async fn flush(&self) {
+        let tx = match &self.engine {
+            Collector::Sqlite(tx) => tx,
+            Collector::Postgres(l) => return l.flush().await,
+        };
         let (done, wait) = oneshot::channel();
-        if self.tx.send(Msg::Flush(done)).await.is_ok() {
+        if tx.send(Msg::Flush(done)).await.is_ok() {
             let _ = wait.await;
         }
     }

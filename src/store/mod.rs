@@ -73,6 +73,40 @@ impl StoreError {
     }
 }
 
+impl StoreError {
+    /// Whether the database was out of reach (a connection refused or cut, no connection
+    /// in time, a write batch whose BEGIN or COMMIT failed, SQLite busy past its timeout)
+    /// rather than refusing this operation: the caller may try again shortly. On the money
+    /// path nothing was reserved then (`quota::reservation`), and the gateway answers 503.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            StoreError::Sql(
+                sqlx::Error::Io(_)
+                | sqlx::Error::Tls(_)
+                | sqlx::Error::Protocol(_)
+                | sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::WorkerCrashed,
+            )
+            | StoreError::Batch(_)
+            | StoreError::WriterGone => true,
+            // SQLITE_BUSY and SQLITE_LOCKED (and their extended codes).
+            StoreError::Sqlite { code, .. } => code & 0xff == 5 || code & 0xff == 6,
+            StoreError::Sql(sqlx::Error::Database(db)) => {
+                // PostgreSQL's class 08 (connection exception) and 57P0x (the server is
+                // shutting down or starting); SQLite's busy and locked.
+                db.code().is_some_and(|c| {
+                    c.starts_with("08")
+                        || c.starts_with("57P0")
+                        || c.parse::<i32>()
+                            .is_ok_and(|n| n & 0xff == 5 || n & 0xff == 6)
+                })
+            }
+            _ => false,
+        }
+    }
+}
+
 pub type Result<T> = std::result::Result<T, StoreError>;
 
 /// The database, whichever engine holds it. Nothing above the store knows which: callers

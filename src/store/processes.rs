@@ -48,7 +48,7 @@ impl Me {
 /// another process pruned it as gone while this one stalled).
 pub async fn heartbeat(db: &super::Db, me: &Me, now: DateTime<Utc>) -> Result<bool> {
     let sqlite = match &db.backend {
-        super::Backend::Sqlite(s) => s,
+        super::Backend::Sqlite(sqlite) => sqlite,
         super::Backend::Postgres(pg) => return super::pg::processes::heartbeat(pg, me, now).await,
     };
     let pool = &sqlite.write;
@@ -79,8 +79,9 @@ pub async fn heartbeat(db: &super::Db, me: &Me, now: DateTime<Utc>) -> Result<bo
 /// Forgets every registration (a restored copy: the gateways registered in it ran on the
 /// database it was taken from, not on this one).
 pub async fn forget_all(db: &super::Db) -> Result<()> {
-    let super::Backend::Sqlite(sqlite) = &db.backend else {
-        return Err(super::StoreError::unsupported("processes"));
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(sqlite) => sqlite,
+        super::Backend::Postgres(pg) => return super::pg::processes::forget_all(pg).await,
     };
     sqlx::query("DELETE FROM processes")
         .execute(&sqlite.write)
@@ -90,7 +91,7 @@ pub async fn forget_all(db: &super::Db) -> Result<()> {
 
 pub async fn unregister(db: &super::Db, id: &str) -> Result<()> {
     let sqlite = match &db.backend {
-        super::Backend::Sqlite(s) => s,
+        super::Backend::Sqlite(sqlite) => sqlite,
         super::Backend::Postgres(pg) => return super::pg::processes::unregister(pg, id).await,
     };
     let pool = &sqlite.write;
@@ -104,7 +105,7 @@ pub async fn unregister(db: &super::Db, id: &str) -> Result<()> {
 /// Owners of reservations that are no longer running (see the module doc).
 pub async fn dead_owners(db: &super::Db, me: &Me, now: DateTime<Utc>) -> Result<Vec<String>> {
     let sqlite = match &db.backend {
-        super::Backend::Sqlite(s) => s,
+        super::Backend::Sqlite(sqlite) => sqlite,
         super::Backend::Postgres(pg) => {
             return super::pg::processes::dead_owners(pg, me, now).await
         }
@@ -141,7 +142,7 @@ pub async fn dead_owners(db: &super::Db, me: &Me, now: DateTime<Utc>) -> Result<
 /// whose pid is alive is kept, however stale its heartbeat.
 pub async fn prune(db: &super::Db, me: &Me, now: DateTime<Utc>) -> Result<()> {
     let sqlite = match &db.backend {
-        super::Backend::Sqlite(s) => s,
+        super::Backend::Sqlite(sqlite) => sqlite,
         super::Backend::Postgres(pg) => return super::pg::processes::prune(pg, me, now).await,
     };
     let pool = &sqlite.write;

@@ -36,6 +36,19 @@ const INSERT: &str = "INSERT OR IGNORE INTO requests (id, token_id, user_id, tea
                  cache_similarity, created_at)
              VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 
+/// How the request log's batches are written on each engine (`store::lingering`).
+pub const LOG_BATCH: super::lingering::BatchWrite<RequestRow> = super::lingering::BatchWrite {
+    sqlite: insert_batch_tx,
+    pg: pg_batch,
+};
+
+fn pg_batch<'c>(
+    conn: &'c mut sqlx::PgConnection,
+    rows: &'c [RequestRow],
+) -> futures_util::future::BoxFuture<'c, Result<()>> {
+    Box::pin(super::pg::requests::insert_batch_tx(conn, rows))
+}
+
 /// `insert_batch` inside a write transaction of the store writer (the gateway's path).
 pub fn insert_batch_tx(tx: &mut Tx<'_>, rows: &[RequestRow]) -> Result<()> {
     for r in rows {

@@ -1,4 +1,6 @@
 //! Group commit: one thread writes the money path's transactions (and the request log's).
+//! `Writer` is the handle for either engine: on PostgreSQL it runs `pg::writer` instead
+//! (docs/DESIGN.md "Money on PostgreSQL"); the rest of this doc is the SQLite writer.
 //!
 //! Callers hand the writer a job — a closure over a `Tx` — and await its answer on a
 //! oneshot. The writer takes every job waiting (up to `MAX_BATCH`) and runs them one after
@@ -154,9 +156,92 @@ where
     }
 }
 
-/// The handle callers use; cheap to clone. The thread ends when every handle is dropped.
-#[derive(Clone)]
+/// The group-commit writer of whichever engine holds the database; cheap to clone. The
+/// money path's jobs (`ledger::reserve_via`, `settle_via`, `release_via`), the request log
+/// and cache writes (`store::lingering`) and cache hit counts go through it, and nothing
+/// above the store knows which engine runs them:
+/// - SQLite: one thread over the one write connection (this module); lingering rows share
+///   the money path's transactions;
+/// - PostgreSQL: `pg::writer`'s task over a connection of its own, taking each batch's
+///   row locks in the one global order; lingering rows are written by `pg::lingering` in
+///   transactions of their own on the pool (they lock no budget row, so they need not wait
+///   for the money path's batches, nor make them wait).
+#[derive(Clone, Debug)]
 pub struct Writer {
+    engine: Engine,
+}
+
+#[derive(Clone, Debug)]
+pub(in crate::store) enum Engine {
+    Sqlite(SqliteWriter),
+    Postgres(super::pg::writer::Writer, sqlx::PgPool),
+}
+
+impl Writer {
+    /// Starts the writer of `db`'s engine (on PostgreSQL a task on the current runtime).
+    pub fn start(db: &super::Db) -> Writer {
+        let engine = match &db.backend {
+            super::Backend::Sqlite(sqlite) => Engine::Sqlite(SqliteWriter::start(sqlite)),
+            super::Backend::Postgres(pg) => {
+                Engine::Postgres(super::pg::writer::Writer::start(pg), pg.pool.clone())
+            }
+        };
+        Writer { engine }
+    }
+
+    pub(in crate::store) fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// What the writer has done so far.
+    pub fn stats(&self) -> Stats {
+        match &self.engine {
+            Engine::Sqlite(w) => w.stats(),
+            Engine::Postgres(w, _) => {
+                let s = w.stats();
+                Stats {
+                    batches: s.batches,
+                    jobs: s.jobs,
+                    failed_batches: s.failed_batches,
+                    retries: s.retries,
+                }
+            }
+        }
+    }
+
+    /// A SQLite job (see `SqliteWriter::run`); on another engine the caller is a store
+    /// function that has forgotten its PostgreSQL arm.
+    pub(in crate::store) async fn run<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnMut(&mut Tx<'_>) -> Result<T> + Send + 'static,
+    {
+        self.sqlite()?.run(f).await
+    }
+
+    /// A SQLite job skipped when its caller has gone (see `SqliteWriter::run_for_caller`).
+    pub(in crate::store) async fn run_for_caller<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnMut(&mut Tx<'_>) -> Result<T> + Send + 'static,
+    {
+        self.sqlite()?.run_for_caller(f).await
+    }
+
+    fn sqlite(&self) -> Result<&SqliteWriter> {
+        match &self.engine {
+            Engine::Sqlite(w) => Ok(w),
+            Engine::Postgres(..) => Err(StoreError::Batch(
+                "a SQLite write job was handed to the PostgreSQL writer".into(),
+            )),
+        }
+    }
+}
+
+/// The SQLite writer thread's handle; cheap to clone. The thread ends when every handle
+/// is dropped.
+#[derive(Clone)]
+pub(in crate::store) struct SqliteWriter {
     tx: mpsc::Sender<Box<dyn Job>>,
     counters: Arc<Counters>,
 }
@@ -174,24 +259,22 @@ pub struct Stats {
     pub batches: u64,
     pub jobs: u64,
     pub failed_batches: u64,
+    /// Batches run again after a serialization failure or deadlock (PostgreSQL; SQLite's
+    /// one writer meets neither).
+    pub retries: u64,
 }
 
-impl std::fmt::Debug for Writer {
+impl std::fmt::Debug for SqliteWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Writer").finish_non_exhaustive()
+        f.debug_struct("SqliteWriter").finish_non_exhaustive()
     }
 }
 
-impl Writer {
+impl SqliteWriter {
     /// Starts the writer thread over the database's write connection.
-    pub fn start(db: &super::Db) -> Writer {
+    fn start(sqlite: &super::SqlitePools) -> SqliteWriter {
         let (tx, rx) = mpsc::channel(QUEUE);
         let counters = Arc::new(Counters::default());
-        let super::Backend::Sqlite(sqlite) = &db.backend else {
-            // WIRING: the PostgreSQL writer (pg::writer) takes over here.
-            tracing::error!("the store writer is not wired for this engine");
-            return Writer { tx, counters };
-        };
         let pool = sqlite.write.clone();
         let seen = counters.clone();
         let started = std::thread::Builder::new()
@@ -213,7 +296,7 @@ impl Writer {
             // `rx` is gone with the closure: every call answers `WriterGone`.
             tracing::error!(error = %e, "the store writer thread could not start");
         }
-        Writer { tx, counters }
+        SqliteWriter { tx, counters }
     }
 
     pub fn stats(&self) -> Stats {
@@ -221,6 +304,7 @@ impl Writer {
             batches: self.counters.batches.load(Relaxed),
             jobs: self.counters.jobs.load(Relaxed),
             failed_batches: self.counters.failed_batches.load(Relaxed),
+            retries: 0,
         }
     }
 

@@ -137,7 +137,8 @@ async fn one_batch_admits_what_fits_and_refuses_the_rest_in_order() {
         Stats {
             batches: 2,
             jobs: 5,
-            failed_batches: 0
+            failed_batches: 0,
+            retries: 0
         }
     );
     // 350 − 100 − 100 − 100 = 50: r4 (100) is refused, r5 (50) still fits after it.
@@ -401,4 +402,24 @@ async fn cached_statements_go_with_their_connection() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     panic!("the statement cache outlived its connection");
+}
+
+/// What the gateway answers 503 for (`StoreError::is_unavailable`): the database out of
+/// reach or busy, never a refusal of the operation itself.
+#[test]
+fn out_of_reach_is_told_from_a_refusal() {
+    use super::StoreError;
+    let busy = |code| StoreError::Sqlite {
+        code,
+        message: String::new(),
+    };
+    assert!(StoreError::Sql(sqlx::Error::PoolTimedOut).is_unavailable());
+    assert!(StoreError::Batch("commit failed".into()).is_unavailable());
+    assert!(StoreError::WriterGone.is_unavailable());
+    assert!(busy(5).is_unavailable(), "SQLITE_BUSY");
+    assert!(busy(517).is_unavailable(), "SQLITE_BUSY_SNAPSHOT");
+    assert!(busy(6).is_unavailable(), "SQLITE_LOCKED");
+    assert!(!busy(19).is_unavailable(), "a constraint is a refusal");
+    assert!(!StoreError::NotFound("token 7".into()).is_unavailable());
+    assert!(!StoreError::Conflict("taken".into()).is_unavailable());
 }

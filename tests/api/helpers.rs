@@ -212,17 +212,84 @@ impl TestApp {
     }
 }
 
-/// The one integer `sql` selects from `pool`.
+/// The one integer `sql` selects, on whichever engine holds `db`.
 pub async fn scalar_on(db: &Db, sql: &str) -> i64 {
-    let pool = &db.sqlite().read;
-    sqlx::query_scalar::<_, i64>(sql)
-        .fetch_one(pool)
-        .await
-        .expect(sql)
+    match db.postgres() {
+        None => sqlx::query_scalar::<_, i64>(sql)
+            .fetch_one(&db.sqlite().read)
+            .await
+            .expect(sql),
+        // PostgreSQL's SUM of a BIGINT is a NUMERIC: the one value is cast back.
+        Some(pg) => sqlx::query_scalar::<_, i64>(&format!("SELECT CAST(({sql}) AS BIGINT)"))
+            .fetch_one(&pg.pool)
+            .await
+            .expect(sql),
+    }
 }
 
+/// The one integer (or NULL, read as 0) `sql` selects, on whichever engine holds `db`
+/// (`sql` is written in the SQL both read; a `SUM` is cast to `BIGINT` for PostgreSQL).
+pub async fn sql_int(db: &Db, sql: &str) -> i64 {
+    match db.postgres() {
+        None => sqlx::query_scalar::<_, Option<i64>>(sql)
+            .fetch_one(&db.sqlite().read)
+            .await
+            .expect(sql),
+        Some(pg) => {
+            sqlx::query_scalar::<_, Option<i64>>(&format!("SELECT CAST(({sql}) AS BIGINT)"))
+                .fetch_one(&pg.pool)
+                .await
+                .expect(sql)
+        }
+    }
+    .unwrap_or(0)
+}
+
+/// The one text `sql` selects, on whichever engine holds `db`.
+pub async fn sql_text(db: &Db, sql: &str) -> String {
+    match db.postgres() {
+        None => sqlx::query_scalar::<_, String>(sql)
+            .fetch_one(&db.sqlite().read)
+            .await
+            .expect(sql),
+        Some(pg) => sqlx::query_scalar::<_, String>(sql)
+            .fetch_one(&pg.pool)
+            .await
+            .expect(sql),
+    }
+}
+
+/// Runs one statement on whichever engine holds `db`.
+pub async fn sql_exec(db: &Db, sql: &str) {
+    match db.postgres() {
+        None => drop(
+            sqlx::query(sql)
+                .execute(&db.sqlite().write)
+                .await
+                .expect(sql),
+        ),
+        Some(pg) => drop(sqlx::query(sql).execute(&pg.pool).await.expect(sql)),
+    }
+}
+
+/// The rows `sql` selects, on whichever engine holds `db`.
+async fn rows_on<T>(db: &Db, sql: &str) -> Vec<T>
+where
+    T: Send + Unpin,
+    T: for<'r> sqlx::FromRow<'r, sqlx::sqlite::SqliteRow>,
+    T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>,
+{
+    match db.postgres() {
+        None => sqlx::query_as(sql).fetch_all(&db.sqlite().read).await,
+        Some(pg) => sqlx::query_as(sql).fetch_all(&pg.pool).await,
+    }
+    .expect(sql)
+}
+
+/// DESIGN.md's money invariant on whichever engine holds `db`: per level with a limit,
+/// `limit − remaining == Σ ledger` of its period and nothing reserved; the request log
+/// and the ledger agree on every request's cost; the database is sound.
 pub async fn assert_invariant_on(db: &Db) {
-    let pool = &db.sqlite().read;
     for (table, id_col, period_col) in [
         ("tokens", "token_id", "period"),
         ("users", "user_id", "user_period"),
@@ -230,11 +297,11 @@ pub async fn assert_invariant_on(db: &Db) {
     ] {
         let sql = format!(
             "SELECT t.id, t.limit_micros - t.remaining_micros, t.reserved_micros,
-                    COALESCE((SELECT SUM(l.amount_micros) FROM ledger l WHERE l.{id_col} = t.id AND l.{period_col} = t.period
-                              AND l.kind IN ('reserve', 'settle', 'adjust')), 0)
+                    CAST(COALESCE((SELECT SUM(l.amount_micros) FROM ledger l WHERE l.{id_col} = t.id AND l.{period_col} = t.period
+                              AND l.kind IN ('reserve', 'settle', 'adjust')), 0) AS BIGINT)
              FROM {table} t WHERE t.limit_micros IS NOT NULL"
         );
-        let rows: Vec<(i64, i64, i64, i64)> = sqlx::query_as(&sql).fetch_all(pool).await.unwrap();
+        let rows: Vec<(i64, i64, i64, i64)> = rows_on(db, &sql).await;
         for (id, used, reserved, ledger) in rows {
             assert_eq!(
                 used, ledger,
@@ -244,25 +311,20 @@ pub async fn assert_invariant_on(db: &Db) {
         }
     }
     // The request log and the ledger agree on what every request cost.
-    let disagree: Vec<(String, i64, i64)> = sqlx::query_as(
+    let disagree: Vec<(String, i64, i64)> = rows_on(
+        db,
         "SELECT r.id, r.cost_micros, l.total FROM requests r
-         JOIN (SELECT request_id, SUM(amount_micros) AS total FROM ledger
+         JOIN (SELECT request_id, CAST(SUM(amount_micros) AS BIGINT) AS total FROM ledger
                WHERE kind IN ('reserve', 'settle', 'absorbed') AND request_id IS NOT NULL GROUP BY request_id) l
            ON l.request_id = r.id
          WHERE r.cost_micros <> l.total",
     )
-    .fetch_all(pool)
-    .await
-    .unwrap();
+    .await;
     assert!(
         disagree.is_empty(),
         "request log ≠ ledger (id, log, ledger): {disagree:?}"
     );
-    let ok: String = sqlx::query_scalar("PRAGMA integrity_check")
-        .fetch_one(pool)
-        .await
-        .unwrap();
-    assert_eq!(ok, "ok");
+    assert_eq!(db.integrity_check().await.unwrap(), "ok");
 }
 
 /// `chat_body(max_tokens)`'s worst case at the test model's prices: the reserved input

@@ -18,6 +18,9 @@ use sluice::store::{processes, Db};
 use sqlx::Connection;
 
 use crate::helpers::*;
+use crate::on_both_engines;
+use crate::pg_gateway_app::{spawn_app_on, Engine};
+use crate::pg_money::{master_key, pg_owner};
 
 const PRICES: pricing::Prices = pricing::Prices {
     input: 150_000,
@@ -38,9 +41,8 @@ fn completion_worst(prompt: &str, max_tokens: i64, copies: i64) -> i64 {
     )
 }
 
-#[tokio::test]
-async fn best_of_is_priced_as_the_completions_the_upstream_bills() {
-    let app = spawn_app().await;
+async fn best_of_is_priced_as_the_completions_the_upstream_bills(engine: Engine) {
+    let app = spawn_app_on(engine, |_, _| {}).await;
     let prompt = "Write a haiku about budgets.";
     // Enough for three single completions, not for one request with best_of = 4.
     let budget = 3 * completion_worst(prompt, 100, 1);
@@ -93,6 +95,7 @@ async fn best_of_is_priced_as_the_completions_the_upstream_bills() {
             > 0
     );
 }
+on_both_engines!(best_of_is_priced_as_the_completions_the_upstream_bills);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_while_its_reservation_waits_is_charged_nothing() {
@@ -137,26 +140,38 @@ async fn a_client_that_leaves_while_its_reservation_waits_is_charged_nothing() {
 }
 
 /// A token with a daily budget of `limit`, its user and team unlimited, and a `Quota` over
-/// a fresh database at a fixed time.
-async fn quota_rig(limit: i64) -> (tempfile::TempDir, Db, Arc<ManualClock>, Arc<Quota>, Owner) {
+/// a fresh database (on `engine`) at a fixed time.
+async fn quota_rig(
+    engine: Engine,
+    limit: i64,
+) -> (tempfile::TempDir, Db, Arc<ManualClock>, Arc<Quota>, Owner) {
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(&dir.path().join("q.db"), false).await.unwrap();
     let unlimited = Budget {
         limit: None,
         reset: "never",
     };
-    let owner = budget_owner(
-        &db,
-        &[
-            Budget {
-                limit: Some(limit),
-                reset: "daily",
-            },
-            unlimited.clone(),
-            unlimited,
-        ],
-    )
-    .await;
+    let levels = [
+        Budget {
+            limit: Some(limit),
+            reset: "daily",
+        },
+        unlimited.clone(),
+        unlimited,
+    ];
+    let (db, owner) = match engine {
+        Engine::Sqlite => {
+            let db = Db::open(&dir.path().join("q.db"), false).await.unwrap();
+            let owner = budget_owner(&db, &levels).await;
+            (db, owner)
+        }
+        Engine::Postgres => {
+            let db = Db::open_postgres(&crate::pg_server::database(), &master_key())
+                .await
+                .unwrap();
+            let owner = pg_owner(db.postgres().unwrap(), &levels).await;
+            (db, owner)
+        }
+    };
     let clock = Arc::new(ManualClock::new(
         chrono::Utc.with_ymd_and_hms(2026, 12, 1, 12, 0, 0).unwrap(),
     ));
@@ -167,18 +182,26 @@ async fn quota_rig(limit: i64) -> (tempfile::TempDir, Db, Arc<ManualClock>, Arc<
 /// Makes the store refuse (or accept again) every settlement: a trigger on the
 /// reservation's delete, switched by a flag table.
 async fn refuse_settlements(db: &Db, refuse: bool) {
-    let statements: &[&str] = if refuse {
-        &[
+    let statements: &[&str] = match (refuse, db.postgres().is_some()) {
+        (false, _) => &["DELETE FROM disk_on_fire"],
+        (true, false) => &[
             "CREATE TABLE IF NOT EXISTS disk_on_fire (x)",
             "INSERT INTO disk_on_fire VALUES (1)",
             "CREATE TRIGGER IF NOT EXISTS no_settle BEFORE DELETE ON reservations
              WHEN (SELECT COUNT(*) FROM disk_on_fire) > 0 BEGIN SELECT RAISE(ABORT, 'disk on fire'); END",
-        ]
-    } else {
-        &["DELETE FROM disk_on_fire"]
+        ],
+        (true, true) => &[
+            "CREATE TABLE IF NOT EXISTS disk_on_fire (x INT)",
+            "INSERT INTO disk_on_fire VALUES (1)",
+            "CREATE OR REPLACE FUNCTION no_settle() RETURNS trigger AS $$ BEGIN
+                 IF (SELECT COUNT(*) FROM disk_on_fire) > 0 THEN RAISE EXCEPTION 'disk on fire'; END IF;
+                 RETURN OLD; END $$ LANGUAGE plpgsql",
+            "DROP TRIGGER IF EXISTS no_settle ON reservations",
+            "CREATE TRIGGER no_settle BEFORE DELETE ON reservations FOR EACH ROW EXECUTE FUNCTION no_settle()",
+        ],
     };
     for sql in statements {
-        sqlx::query(sql).execute(&db.sqlite().write).await.unwrap();
+        sql_exec(db, sql).await;
     }
 }
 
@@ -194,20 +217,24 @@ async fn settlements_landed(quota: &Quota) {
 }
 
 async fn token_row(db: &Db, id: i64) -> (i64, i64, i64) {
-    sqlx::query_as(
-        "SELECT limit_micros - remaining_micros, reserved_micros, (SELECT COUNT(*) FROM reservations) FROM tokens WHERE id = ?",
+    let used = sql_int(
+        db,
+        &format!("SELECT limit_micros - remaining_micros FROM tokens WHERE id = {id}"),
     )
-    .bind(id)
-    .fetch_one(&db.sqlite().read)
-    .await
-    .unwrap()
+    .await;
+    let reserved = sql_int(
+        db,
+        &format!("SELECT reserved_micros FROM tokens WHERE id = {id}"),
+    )
+    .await;
+    let open = sql_int(db, "SELECT COUNT(*) FROM reservations").await;
+    (used, reserved, open)
 }
 
 /// Item 5: a settlement that fails on a store error answers at once with the decided
 /// amounts and is retried in the background until it lands.
-#[tokio::test]
-async fn a_settlement_that_fails_is_retried_until_it_lands() {
-    let (_dir, db, _clock, quota, owner) = quota_rig(10_000).await;
+async fn a_settlement_that_fails_is_retried_until_it_lands(engine: Engine) {
+    let (_dir, db, _clock, quota, owner) = quota_rig(engine, 10_000).await;
     let held = quota.reserve("req-1", &owner, 1_000).await.unwrap();
     refuse_settlements(&db, true).await;
     let s = held.settle(300).await;
@@ -228,12 +255,12 @@ async fn a_settlement_that_fails_is_retried_until_it_lands() {
     );
     assert_invariant_on(&db).await;
 }
+on_both_engines!(a_settlement_that_fails_is_retried_until_it_lands);
 
 /// Item 2's sweep: a reservation of this process that no live request holds is released
 /// (nothing charged); one a live request holds keeps it, and its lease is renewed.
-#[tokio::test]
-async fn the_sweep_releases_what_nobody_holds_and_renews_what_someone_does() {
-    let (_dir, db, clock, quota, owner) = quota_rig(10_000).await;
+async fn the_sweep_releases_what_nobody_holds_and_renews_what_someone_does(engine: Engine) {
+    let (_dir, db, clock, quota, owner) = quota_rig(engine, 10_000).await;
     let held = quota.reserve("held", &owner, 1_000).await.unwrap();
     // A row of this process that no request holds (its holder vanished).
     let stray = ledger::ReserveRequest {
@@ -248,13 +275,11 @@ async fn the_sweep_releases_what_nobody_holds_and_renews_what_someone_does() {
         .unwrap()
         .unwrap();
     assert_eq!(token_row(&db, owner.token_id).await, (3_000, 3_000, 2));
-    let deadline = || async {
-        sqlx::query_scalar::<_, String>(
+    let deadline = || {
+        sql_text(
+            &db,
             "SELECT deadline FROM reservations WHERE request_id = 'held'",
         )
-        .fetch_one(&db.sqlite().read)
-        .await
-        .unwrap()
     };
     let before = deadline().await;
     // Six minutes on: the held lease has less than half its length left.
@@ -294,13 +319,13 @@ async fn the_sweep_releases_what_nobody_holds_and_renews_what_someone_does() {
     );
     assert_invariant_on(&db).await;
 }
+on_both_engines!(the_sweep_releases_what_nobody_holds_and_renews_what_someone_does);
 
 /// Attack finding: a client whose own deadline (`x-sluice-request-deadline-ms`) cuts an
 /// attempt off after the upstream had it pays its input, as when it disconnects — a short
 /// deadline is not a way to have the provider read a prompt for free.
-#[tokio::test]
-async fn a_deadline_that_cuts_the_upstream_off_charges_the_input() {
-    let app = spawn_app().await;
+async fn a_deadline_that_cuts_the_upstream_off_charges_the_input(engine: Engine) {
+    let app = spawn_app_on(engine, |_, _| {}).await;
     let (id, token) = app.token("fran", Some("1.00")).await;
     app.mock.state.sticky(
         KEY_A,
@@ -349,6 +374,7 @@ async fn a_deadline_that_cuts_the_upstream_off_charges_the_input() {
         input_cost
     );
 }
+on_both_engines!(a_deadline_that_cuts_the_upstream_off_charges_the_input);
 
 /// Attack finding: a client that leaves while its answer's settlement waits for the writer
 /// (the handler's future is dropped) — and the store then refuses that settlement — is
@@ -356,7 +382,7 @@ async fn a_deadline_that_cuts_the_upstream_off_charges_the_input() {
 /// sweep never takes the reservation meanwhile.
 #[tokio::test]
 async fn a_settlement_abandoned_mid_await_still_lands() {
-    let (_dir, db, clock, quota, owner) = quota_rig(10_000).await;
+    let (_dir, db, clock, quota, owner) = quota_rig(Engine::Sqlite, 10_000).await;
     let held = quota.reserve("req-1", &owner, 1_000).await.unwrap();
     refuse_settlements(&db, true).await;
     // The writer cannot run while we hold its connection: the settlement waits in it.
@@ -388,9 +414,8 @@ async fn a_settlement_abandoned_mid_await_still_lands() {
 /// owner's live leases nor forget the orphan records a live (or stalled) owner may still
 /// settle — leases are judged by their owner's own clock, and orphan records of a
 /// registered owner are kept.
-#[tokio::test]
-async fn a_clock_days_ahead_neither_expires_leases_nor_forgets_orphans() {
-    let (_dir, db, clock, quota, owner) = quota_rig(10_000).await;
+async fn a_clock_days_ahead_neither_expires_leases_nor_forgets_orphans(engine: Engine) {
+    let (_dir, db, clock, quota, owner) = quota_rig(engine, 10_000).await;
     let me = processes::Me::new(quota.process_id().to_string(), "here".into());
     processes::heartbeat(&db, &me, clock.now()).await.unwrap();
     let held = quota.reserve("live", &owner, 1_000).await.unwrap();
@@ -416,3 +441,4 @@ async fn a_clock_days_ahead_neither_expires_leases_nor_forgets_orphans() {
     );
     assert_invariant_on(&db).await;
 }
+on_both_engines!(a_clock_days_ahead_neither_expires_leases_nor_forgets_orphans);

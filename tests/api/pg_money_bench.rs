@@ -104,10 +104,7 @@ async fn pg_money_bench() {
     let pg = Arc::new(Store::open_pg(url).await);
     let lite = Arc::new(Store::sqlite().await);
     println!("reserve+settle pairs/s ({note}; SQLite synchronous=normal)");
-    let stats = || match &*pg {
-        Store::Pg { writer, .. } => writer.stats(),
-        Store::Lite { .. } => unreachable!(),
-    };
+    let stats = || pg.writer.stats();
     for callers in [1, 16, 64] {
         let before = stats();
         let p = pairs_per_second(&pg, callers).await;

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use sluice::clock::{Clock, ManualClock};
 use sluice::store::ledger::Owner;
 use sluice::store::pg::{self, PgDb};
+use sluice::store::writer::Writer;
 use sluice::store::StoreError;
 
 use crate::helpers::Budget;
@@ -25,15 +26,19 @@ fn budget(limit: Option<i64>) -> Budget {
     }
 }
 
+fn budget_daily(limit: i64) -> Budget {
+    Budget {
+        limit: Some(limit),
+        reset: "daily",
+    }
+}
+
 fn clock() -> Arc<dyn Clock> {
     Arc::new(ManualClock::new(at("2026-12-01T12:00:00Z")))
 }
 
-fn pg(store: &Store) -> (&PgDb, &pg::writer::Writer) {
-    match store {
-        Store::Pg { db, writer, .. } => (db, writer),
-        Store::Lite { .. } => unreachable!("a PostgreSQL store"),
-    }
+fn pg(store: &Store) -> (&PgDb, &Writer) {
+    (store.pg(), &store.writer)
 }
 
 /// 64 reservations and their settlements at once: far fewer transactions (batches) than
@@ -296,12 +301,22 @@ async fn postgres_stopped_mid_load_fails_closed_and_everything_lands_after() {
     )
     .await;
     server.stop();
-    let r = refused.clone();
-    wait_for(
-        "failed reservations",
-        Box::new(move || r.load(Ordering::Relaxed) >= 8),
-    )
-    .await;
+    // A reservation of the test's own, so the check does not depend on a caller being
+    // between its settlement and its next reservation when the server stopped (all eight
+    // may be in their settlement loops then: this waited for 8 refusals and timed out).
+    let started = Instant::now();
+    let probe = store
+        .reserve(&owner, "probe-during-outage", R, "p", clock.clone())
+        .await;
+    assert!(
+        matches!(probe, Err(StoreError::Sql(_) | StoreError::Batch(_))),
+        "a reservation while PostgreSQL is down: {probe:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "failing took {:?}",
+        started.elapsed()
+    );
     let during = pairs.load(Ordering::Relaxed);
     server.run();
     let p = pairs.clone();
@@ -321,7 +336,7 @@ async fn postgres_stopped_mid_load_fails_closed_and_everything_lands_after() {
     let mut released = 0;
     for (id, _) in pg::ledger::own_reservations(db, "p").await.unwrap() {
         assert!(!admitted.contains(&id), "{id} was settled by its caller");
-        pg::ledger::release_via(writer, id.into(), clock.clone())
+        sluice::store::ledger::release_via(writer, id.into(), clock.clone())
             .await
             .unwrap();
         released += 1;
@@ -538,5 +553,73 @@ async fn a_deadlock_with_an_admin_edit_is_retried_transparently() {
         .await
         .unwrap()
         .unwrap();
+    store.assert_settled().await;
+}
+
+/// The money path's audit rows (a period rollover) and the admins' share one chain: both
+/// append through `pg::audit::append` under one advisory lock. The money path had an
+/// append of its own (`pg::chain`) under another lock, so a rollover and an admin action
+/// committing at once could both link to the same previous row (a fork `audit verify`
+/// reports as broken).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollovers_and_admin_actions_appending_at_once_keep_one_chain() {
+    let store = Arc::new(Store::postgres().await);
+    let clock = Arc::new(ManualClock::new(at("2026-12-01T12:00:00Z")));
+    let mut owners = Vec::new();
+    for _ in 0..8 {
+        owners.push(
+            pg_owner(
+                store.pg(),
+                &[budget_daily(1_000 * R), budget(None), budget(None)],
+            )
+            .await,
+        );
+    }
+    let admin = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let pg = store.pg();
+            for i in 0..200 {
+                let target = format!("user:{i}");
+                let entry = sluice::store::audit::AuditEntry {
+                    actor: "admin",
+                    address: "127.0.0.1",
+                    action: "user.update",
+                    target: &target,
+                    before: None,
+                    after: Some("x"),
+                };
+                pg::audit::record(&pg.pool, &pg.audit, &entry, chrono::Utc::now())
+                    .await
+                    .unwrap();
+            }
+        })
+    };
+    // Every day every token rolls over (one audit row each), while the admin appends.
+    for day in 0..10 {
+        let mut tasks = Vec::new();
+        for (i, owner) in owners.iter().enumerate() {
+            let (store, owner, clock) = (store.clone(), owner.clone(), clock.clone());
+            tasks.push(tokio::spawn(async move {
+                let id = format!("d{day}-{i}");
+                store
+                    .reserve(&owner, &id, R, "p", clock.clone())
+                    .await
+                    .unwrap()
+                    .unwrap();
+                store.settle(&id, R, clock).await.unwrap();
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        clock.advance(chrono::Duration::days(1));
+    }
+    admin.await.unwrap();
+    let chain = pg::audit::verify(&store.pg().pool, &store.pg().audit)
+        .await
+        .unwrap();
+    assert_eq!(chain.broken, None, "the chain forked");
+    assert!(chain.rows >= 200 + 8 * 9, "{} rows", chain.rows);
     store.assert_settled().await;
 }

@@ -10,6 +10,8 @@ use sluice::mock::Script;
 use sluice::quota::{estimate, pricing};
 
 use crate::helpers::*;
+use crate::on_both_engines;
+use crate::pg_gateway_app::{spawn_app_on, spawn_app_on_full, Engine};
 
 const PRICES: pricing::Prices = pricing::Prices {
     input: 150_000,
@@ -44,9 +46,8 @@ async fn fire(app: &Arc<TestApp>, token: &str, n: usize, body: Value) -> Vec<(u1
     out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_budget_for_exactly_100_admits_exactly_100_of_200_concurrent() {
-    let app = Arc::new(spawn_app().await);
+async fn a_budget_for_exactly_100_admits_exactly_100_of_200_concurrent(engine: Engine) {
+    let app = Arc::new(spawn_app_on(engine, |_, _| {}).await);
     let input = reserved_input();
     let per_request = pricing::cost(
         pricing::Usage {
@@ -93,10 +94,10 @@ async fn a_budget_for_exactly_100_admits_exactly_100_of_200_concurrent() {
         .await;
     assert_eq!(spent, 100 * per_request);
 }
+on_both_engines!(a_budget_for_exactly_100_admits_exactly_100_of_200_concurrent);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_reservation_is_the_worst_case_and_refunds_are_exact() {
-    let app = Arc::new(spawn_app().await);
+async fn the_reservation_is_the_worst_case_and_refunds_are_exact(engine: Engine) {
+    let app = Arc::new(spawn_app_on(engine, |_, _| {}).await);
     let worst = pricing::cost(
         pricing::Usage {
             input: reserved_input(),
@@ -157,10 +158,10 @@ async fn the_reservation_is_the_worst_case_and_refunds_are_exact() {
         2 * worst - 2 * 17
     );
 }
+on_both_engines!(the_reservation_is_the_worst_case_and_refunds_are_exact);
 
-#[tokio::test]
-async fn insufficient_quota_tells_sdks_not_to_retry_and_when_the_budget_resets() {
-    let app = spawn_app().await;
+async fn insufficient_quota_tells_sdks_not_to_retry_and_when_the_budget_resets(engine: Engine) {
+    let app = spawn_app_on(engine, |_, _| {}).await;
     let (_, token) = app
         .issue(sluice::cli::IssueArgs {
             budget_usd: Some("0.000010"),
@@ -182,10 +183,10 @@ async fn insufficient_quota_tells_sdks_not_to_retry_and_when_the_budget_resets()
     );
     assert_eq!(app.mock.state.total_count(), 0);
 }
+on_both_engines!(insufficient_quota_tells_sdks_not_to_retry_and_when_the_budget_resets);
 
-#[tokio::test]
-async fn uneven_prices_stay_exact_over_hundreds_of_requests() {
-    let app = spawn_app_with(|s, _| {
+async fn uneven_prices_stay_exact_over_hundreds_of_requests(engine: Engine) {
+    let app = spawn_app_on(engine, |s, _| {
         s.models[0].input_usd_per_mtok = 0.13;
         s.models[0].output_usd_per_mtok = 0.37;
     })
@@ -246,10 +247,10 @@ async fn uneven_prices_stay_exact_over_hundreds_of_requests() {
         .await;
     assert_eq!(remaining, worst - cost);
 }
+on_both_engines!(uneven_prices_stay_exact_over_hundreds_of_requests);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn admin_edits_during_traffic_never_lose_spend() {
-    let app = Arc::new(spawn_app().await);
+async fn admin_edits_during_traffic_never_lose_spend(engine: Engine) {
+    let app = Arc::new(spawn_app_on(engine, |_, _| {}).await);
     let (id, token) = app.token("erin", Some("10")).await;
     let traffic = {
         let (app, token) = (app.clone(), token.clone());
@@ -281,11 +282,12 @@ async fn admin_edits_during_traffic_never_lose_spend() {
         50
     );
 }
+on_both_engines!(admin_edits_during_traffic_never_lose_spend);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_period_reset_under_load_splits_spend_between_the_periods() {
+async fn a_period_reset_under_load_splits_spend_between_the_periods(engine: Engine) {
     let clock = Arc::new(ManualClock::new(chrono::Utc::now()));
-    let app = Arc::new(spawn_app_full(|_, _| {}, Some(clock.clone() as Arc<dyn Clock>)).await);
+    let app =
+        Arc::new(spawn_app_on_full(engine, |_, _| {}, Some(clock.clone() as Arc<dyn Clock>)).await);
     let (id, token) = app
         .issue(sluice::cli::IssueArgs {
             budget_usd: Some("1"),
@@ -293,11 +295,11 @@ async fn a_period_reset_under_load_splits_spend_between_the_periods() {
             ..issue_args("fred")
         })
         .await;
-    let old_period: String =
-        sqlx::query_scalar(&format!("SELECT period FROM tokens WHERE id = {id}"))
-            .fetch_one(&app.db().sqlite().read)
-            .await
-            .unwrap();
+    let old_period = sql_text(
+        app.db(),
+        &format!("SELECT period FROM tokens WHERE id = {id}"),
+    )
+    .await;
     // 20 requests in flight across the boundary: they settle into the old period.
     app.mock.state.sticky(
         KEY_A,
@@ -320,20 +322,17 @@ async fn a_period_reset_under_load_splits_spend_between_the_periods() {
     let period_sum = |p: String| {
         let app = app.clone();
         async move {
-            sqlx::query_scalar::<_, i64>(&format!(
-                "SELECT COALESCE(SUM(amount_micros), 0) FROM ledger WHERE token_id = {id} AND period = ? AND kind IN ('reserve', 'settle')"
+            sql_int(app.db(), &format!(
+                "SELECT COALESCE(SUM(amount_micros), 0) FROM ledger WHERE token_id = {id} AND period = '{p}' AND kind IN ('reserve', 'settle')"
             ))
-            .bind(p)
-            .fetch_one(&app.db().sqlite().read)
             .await
-            .unwrap()
         }
     };
-    let new_period: String =
-        sqlx::query_scalar(&format!("SELECT period FROM tokens WHERE id = {id}"))
-            .fetch_one(&app.db().sqlite().read)
-            .await
-            .unwrap();
+    let new_period = sql_text(
+        app.db(),
+        &format!("SELECT period FROM tokens WHERE id = {id}"),
+    )
+    .await;
     assert_ne!(old_period, new_period);
     assert_eq!(period_sum(old_period).await, 20 * 17);
     assert_eq!(period_sum(new_period).await, 20 * 17);
@@ -350,10 +349,10 @@ async fn a_period_reset_under_load_splits_spend_between_the_periods() {
         "the daily token rolled over once, with an audit row"
     );
 }
+on_both_engines!(a_period_reset_under_load_splits_spend_between_the_periods);
 
-#[tokio::test]
-async fn the_user_and_team_budgets_cap_their_tokens() {
-    let app = spawn_app().await;
+async fn the_user_and_team_budgets_cap_their_tokens(engine: Engine) {
+    let app = spawn_app_on(engine, |_, _| {}).await;
     let now = chrono::Utc::now();
     sluice::cli::team_create(app.db(), "ops", Some("0.000100"), now)
         .await
@@ -397,10 +396,10 @@ async fn the_user_and_team_budgets_cap_their_tokens() {
     assert_eq!(resp["limit_usd"], "5.000000");
     assert_eq!(resp["reset"], "never");
 }
+on_both_engines!(the_user_and_team_budgets_cap_their_tokens);
 
-#[tokio::test]
-async fn past_the_alert_threshold_answers_warn_and_switch_to_the_downgrade_model() {
-    let app = spawn_app_with(|s, m| {
+async fn past_the_alert_threshold_answers_warn_and_switch_to_the_downgrade_model(engine: Engine) {
+    let app = spawn_app_on(engine, |s, m| {
         s.upstreams.push(upstream("b", KEY_B, m));
         let mut cheap = model("cheap", &["b"]);
         cheap.input_usd_per_mtok = 0.01;
@@ -445,3 +444,4 @@ async fn past_the_alert_threshold_answers_warn_and_switch_to_the_downgrade_model
     );
     app.assert_invariant().await;
 }
+on_both_engines!(past_the_alert_threshold_answers_warn_and_switch_to_the_downgrade_model);

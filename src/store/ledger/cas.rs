@@ -1,6 +1,8 @@
 //! The CAS inside a write transaction of the store writer (`store::writer`), through the
 //! raw handle (`store::raw`): what `reserve` and `settle` run, alone (`ledger::reserve`,
 //! `ledger::settle`) or batched with other requests' jobs (`reserve_via`, `settle_via`).
+//! On PostgreSQL the `_via` functions hand the job to `pg::ledger`'s (the writer is
+//! `pg::writer`'s); the `_tx` functions are SQLite's.
 
 use std::sync::{Arc, LazyLock};
 
@@ -14,7 +16,7 @@ use crate::clock::{db_time, Clock};
 use crate::quota::period::Reset;
 use crate::store::audit;
 use crate::store::raw::{self, Conn, Param};
-use crate::store::writer::{Tx, Writer};
+use crate::store::writer::{Engine, Tx, Writer};
 use crate::store::{Result, StoreError};
 
 /// `ledger_row` inside a raw-handle transaction (the reserve and settle path).
@@ -84,6 +86,9 @@ pub async fn reserve_via(
     r: &ReserveRequest<'_>,
     clock: Arc<dyn Clock>,
 ) -> Result<std::result::Result<Reservation, Refusal>> {
+    if let Engine::Postgres(pg, _) = writer.engine() {
+        return crate::store::pg::ledger::reserve_via(pg, r, clock).await;
+    }
     let request_id = r.request_id.to_string();
     let owner = r.owner.clone();
     let process = r.process.to_string();
@@ -264,6 +269,9 @@ pub async fn settle_via(
     actual: i64,
     clock: Arc<dyn Clock>,
 ) -> Result<Option<Settled>> {
+    if let Engine::Postgres(pg, _) = writer.engine() {
+        return crate::store::pg::ledger::settle_via(pg, request_id, actual, clock).await;
+    }
     writer
         .run(move |tx| settle_tx(tx, &request_id, actual, clock.now()))
         .await
@@ -321,6 +329,9 @@ pub async fn release_via(
     request_id: Arc<str>,
     clock: Arc<dyn Clock>,
 ) -> Result<Option<Settled>> {
+    if let Engine::Postgres(pg, _) = writer.engine() {
+        return crate::store::pg::ledger::release_via(pg, request_id, clock).await;
+    }
     writer
         .run(move |tx| settle_from(tx, &request_id, 0, clock.now(), false))
         .await

@@ -37,7 +37,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, Row};
 
 use super::writer::{lock_rows, Locks};
-use super::{chain, transact, PgDb};
+use super::{transact, PgDb};
 use crate::clock::db_time;
 use crate::quota::period::Reset;
 use crate::store::audit::{AuditEntry, AuditKeys};
@@ -122,7 +122,7 @@ async fn rollover(
         ))
     })?;
     let target = format!("{}:{id}", level.as_str());
-    chain::append(conn, keys, &period_reset_entry(&target, period), now).await?;
+    super::audit::append(conn, keys, &period_reset_entry(&target, period), now).await?;
     Ok(rolled)
 }
 
@@ -352,7 +352,7 @@ pub async fn adjust(
                 before: None,
                 after: Some(&after),
             };
-            chain::append(conn, keys, &entry, now).await
+            super::audit::append(conn, keys, &entry, now).await
         })
     })
     .await

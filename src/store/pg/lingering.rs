@@ -116,26 +116,40 @@ async fn once<T>(pool: &PgPool, items: &[T], write: WriteBatch<T>) -> Result<()>
     Ok(())
 }
 
-/// Writes one batch, retrying a failed write a few times before dropping it (a deadlock
-/// or a lost connection fails the whole transaction, so a retry writes it whole).
+/// How long a batch is retried while the database is out of reach (a restart, a failover)
+/// before its rows are dropped.
+const OUT_OF_REACH: Duration = Duration::from_secs(300);
+
+/// Writes one batch. While the database is out of reach (`StoreError::is_unavailable`) the
+/// batch is retried, with a pause growing to 5 s, for up to `OUT_OF_REACH`: the rows of
+/// requests answered just before an outage land once it returns (a deadlock or a lost
+/// connection fails the whole transaction, so a retry writes it whole). A batch the
+/// database refuses is tried 5 times before it is dropped.
 async fn store<T: Send + Sync + 'static>(
     pool: &PgPool,
     batch: Arc<[T]>,
     what: &'static str,
     write: WriteBatch<T>,
 ) {
-    for attempt in 0..5u64 {
-        match once(pool, &batch, write).await {
+    let since = tokio::time::Instant::now();
+    let mut refused = 0u64;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let e = match once(pool, &batch, write).await {
             Ok(()) => return,
-            Err(e) => {
-                tracing::error!(error = %e, what, items = batch.len(), attempt, "a lingering write failed; retrying");
-                tokio::time::sleep(Duration::from_millis(100 * (attempt + 1))).await;
+            Err(e) => e,
+        };
+        if e.is_unavailable() && since.elapsed() < OUT_OF_REACH {
+            tracing::warn!(error = %e, what, items = batch.len(), "the database is out of reach; the batch waits for it");
+        } else {
+            refused += 1;
+            if refused >= 5 {
+                tracing::error!(error = %e, what, items = batch.len(), "rows dropped after failed writes");
+                return;
             }
+            tracing::error!(error = %e, what, items = batch.len(), attempt = refused, "a lingering write failed; retrying");
         }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(5));
     }
-    tracing::error!(
-        what,
-        items = batch.len(),
-        "rows dropped after 5 failed writes"
-    );
 }

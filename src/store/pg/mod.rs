@@ -9,7 +9,6 @@
 pub mod admins;
 pub mod audit;
 pub mod cache;
-mod chain;
 pub mod directory;
 pub mod ledger;
 pub mod lingering;

@@ -34,6 +34,14 @@ pub async fn heartbeat(db: &PgDb, me: &Me, now: DateTime<Utc>) -> Result<bool> {
     Ok(created)
 }
 
+/// Forgets every registration (a restored copy: see `store::processes::forget_all`).
+pub async fn forget_all(db: &PgDb) -> Result<()> {
+    sqlx::query("DELETE FROM processes")
+        .execute(&db.pool)
+        .await?;
+    Ok(())
+}
+
 pub async fn unregister(db: &PgDb, id: &str) -> Result<()> {
     sqlx::query("DELETE FROM processes WHERE id = $1")
         .bind(id)
