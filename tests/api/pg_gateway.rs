@@ -1,6 +1,6 @@
 //! The gateway on PostgreSQL, end to end (issue 17): real `sluice serve` processes, each
 //! with a working directory of its own and no shared file ("hosts"), on one PostgreSQL
-//! database and one Redis, with the shared master key in `SLUICE_SECRET_KEY`; the only fake
+//! database and one Redis Cluster (three masters), with the shared master key in `SLUICE_SECRET_KEY`; the only fake
 //! is the upstream (`sluice mock`, in this process).
 //!
 //! - two hosts, 200 concurrent requests on a budget for 100 → exactly 100 served, charged
@@ -24,6 +24,7 @@ use crate::gateway_proc::{config_text, free_port, healthy, Gateway};
 use crate::helpers::*;
 use crate::pg_gateway_app::SHARED_KEY_HEX;
 use crate::pg_server::{self, PgServer};
+use crate::redis_topologies::RedisCluster;
 
 /// One gateway process and its own working directory (config, log, backup folder).
 pub struct Host {
@@ -31,14 +32,14 @@ pub struct Host {
     pub dir: TempDir,
 }
 
-/// Gateway processes on one PostgreSQL database and one Redis.
+/// Gateway processes on one PostgreSQL database and one Redis Cluster.
 pub struct PgHosts {
     pub mock: MockServer,
     pub hosts: Vec<Host>,
     /// The database, as a further host sees it (the test's own reads and the token).
     pub db: Db,
     url: String,
-    redis: RedisServer,
+    redis: RedisCluster,
     /// More config for every host.
     extra: String,
 }
@@ -56,7 +57,7 @@ pub async fn pg_hosts(n: usize, url: String) -> PgHosts {
 /// `pg_hosts` with `extra` appended to every host's config.
 pub async fn pg_hosts_with(n: usize, url: String, extra: &str) -> PgHosts {
     let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
-    let redis = RedisServer::start().await;
+    let redis = RedisCluster::start(3, 0).await;
     let db = Db::open_postgres(&url, &shared_key()).await.unwrap();
     let mut fleet = PgHosts {
         mock,
@@ -77,7 +78,11 @@ impl PgHosts {
     async fn start_host(&self) -> Host {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
-        let extra = format!("[redis]\nurl = \"{}\"\n{}", self.redis.url(), self.extra);
+        let extra = format!(
+            "[redis]\nurl = \"{}\"\ncluster = true\n{}",
+            self.redis.urls(),
+            self.extra
+        );
         let sqlite = dir.path().join("never.db");
         let text = config_text(
             port,
