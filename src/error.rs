@@ -80,6 +80,21 @@ pub enum ApiError {
 }
 
 impl ApiError {
+    /// A store error met before anything was reserved (the token lookup): the database out
+    /// of reach is the outage the ledger answers 503 for (fail closed; the client may retry),
+    /// anything else an internal error.
+    pub fn from_lookup(e: &crate::store::StoreError) -> ApiError {
+        if e.is_unavailable() {
+            tracing::warn!(error = %e, "the database cannot be reached; token lookup refused");
+            ApiError::LedgerUnavailable { retry_after: 1 }
+        } else {
+            tracing::error!(error = %e, "token lookup failed");
+            ApiError::Internal
+        }
+    }
+}
+
+impl ApiError {
     pub fn invalid(param: &'static str, message: impl Into<String>) -> Self {
         ApiError::InvalidRequest {
             message: message.into(),
