@@ -80,15 +80,15 @@ pub enum ApiError {
 }
 
 impl ApiError {
-    /// A store error met before anything was reserved (the token lookup): the database out
-    /// of reach is the outage the ledger answers 503 for (fail closed; the client may retry),
-    /// anything else an internal error.
-    pub fn from_lookup(e: &crate::store::StoreError) -> ApiError {
+    /// A store error met outside the money path (the token lookup, a balance read): the
+    /// database out of reach is the outage the ledger answers 503 for (the client may
+    /// retry), anything else an internal error. `what` names the operation in the log.
+    pub fn from_store(e: &crate::store::StoreError, what: &'static str) -> ApiError {
         if e.is_unavailable() {
-            tracing::warn!(error = %e, "the database cannot be reached; token lookup refused");
+            tracing::warn!(error = %e, what, "the database cannot be reached; request refused");
             ApiError::LedgerUnavailable { retry_after: 1 }
         } else {
-            tracing::error!(error = %e, "token lookup failed");
+            tracing::error!(error = %e, what, "store failed");
             ApiError::Internal
         }
     }

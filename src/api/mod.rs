@@ -48,7 +48,7 @@ pub(crate) async fn authenticated(
     {
         Ok(Some(a)) => Ok(a),
         Ok(None) => Err(ApiError::InvalidApiKey.render(format)),
-        Err(e) => Err(ApiError::from_lookup(&e).render(format)),
+        Err(e) => Err(ApiError::from_store(&e, "token lookup").render(format)),
     }
 }
 

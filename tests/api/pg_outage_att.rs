@@ -21,7 +21,8 @@ async fn send(req: reqwest::RequestBuilder) -> (u16, Value) {
 /// reconnection): the token lookup cannot reach the database. That is the same outage the
 /// reservation answers 503 `service_degraded` for, so the lookup must answer it too — on
 /// the pipeline's routes and on the routes outside it (`/v1/models`, `/v1/usage`) — not
-/// 500 `internal_error`. Before the fix: 500 `internal_error` on all three.
+/// 500 `internal_error`; nor `/v1/usage` for a cached token, whose balance read fails the
+/// same way. Before the fix: 500 `internal_error` on all four.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uncached_token_during_an_outage_is_503_not_500() {
     let server = Arc::new(PgServer::start());
@@ -50,6 +51,11 @@ async fn an_uncached_token_during_an_outage_is_503_not_500() {
             "usage",
             http.get(format!("{base}/v1/usage")).bearer_auth(&cold),
         ),
+        // A cached token: authenticated without the database, then its balance read.
+        (
+            "usage, cached",
+            http.get(format!("{base}/v1/usage")).bearer_auth(&warm),
+        ),
     ] {
         let (status, body) = send(req).await;
         seen.push((what, status, body["error"]["code"].clone()));
@@ -59,7 +65,7 @@ async fn an_uncached_token_during_an_outage_is_503_not_500() {
     for (what, status, code) in &seen {
         assert!(
             *status == 503 && code == "service_degraded",
-            "{what} with an uncached token while PostgreSQL is down: {status} {code}; all: {seen:?}"
+            "{what} while PostgreSQL is down: {status} {code}; all: {seen:?}"
         );
     }
     // Back: the same client is served.
