@@ -160,3 +160,69 @@ async fn bind_nul(conn: &mut sqlx::PgConnection) -> sluice::store::StoreError {
             .expect_err("PostgreSQL text holds no NUL"),
     )
 }
+
+/// Two hosts on one PostgreSQL, a daily budget, clocks 2 s apart at midnight: the host
+/// ahead rolls the token into the new day and spends in it; the host behind (still at
+/// 23:59:59) serves `/v1/usage` from `ledger::balance`. The CAS on the host behind keeps
+/// the newer period (`Reset::place`: a clock a little behind must not roll it back), so
+/// that is the budget it enforces — but `balance` called every period other than `now`'s
+/// "stale" and answered the full limit as remaining and the old day's ledger as spent:
+/// the client was told 10 000 left while the gateway refused anything above 7 000.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_a_little_behind_reports_the_balance_the_cas_enforces() {
+    use crate::pg_money::{clock_at, Store};
+    use sluice::clock::Clock;
+    use sluice::store::ledger::{self, ReserveRequest};
+    let ahead = Store::postgres().await;
+    let owner = ahead
+        .owner(&[
+            crate::helpers::Budget {
+                limit: Some(10_000),
+                reset: "daily",
+            },
+            crate::helpers::Budget {
+                limit: None,
+                reset: "never",
+            },
+            crate::helpers::Budget {
+                limit: None,
+                reset: "never",
+            },
+        ])
+        .await;
+    let clock_ahead: Arc<dyn Clock> = clock_at("2026-12-02T00:00:01Z");
+    let held = ahead
+        .reserve(&owner, "ahead-1", 3_000, "host-a", clock_ahead.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(held.token_remaining, Some(7_000));
+    // The host behind: what the CAS enforces at its time …
+    let behind_now = clock_at("2026-12-01T23:59:59Z").now();
+    let refused = ledger::reserve(
+        &ahead.db,
+        &ReserveRequest {
+            request_id: "behind-1",
+            owner: &owner,
+            amount: 7_001,
+            process: "host-b",
+            lease: chrono::Duration::seconds(60),
+        },
+        behind_now,
+    )
+    .await
+    .unwrap();
+    assert!(
+        refused.is_err(),
+        "the CAS enforces the newer period: {refused:?}"
+    );
+    // … and what `/v1/usage` tells the client there.
+    let b = ledger::balance(&ahead.db, owner.token_id, behind_now)
+        .await
+        .unwrap();
+    assert_eq!(
+        (b.limit, b.remaining, b.reserved),
+        (Some(10_000), Some(7_000), 3_000),
+        "the balance the host behind reports: {b:?}"
+    );
+}
