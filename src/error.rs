@@ -80,6 +80,21 @@ pub enum ApiError {
 }
 
 impl ApiError {
+    /// A store error met outside the money path (the token lookup, a balance read): the
+    /// database out of reach is the outage the ledger answers 503 for (the client may
+    /// retry), anything else an internal error. `what` names the operation in the log.
+    pub fn from_store(e: &crate::store::StoreError, what: &'static str) -> ApiError {
+        if e.is_unavailable() {
+            tracing::warn!(error = %e, what, "the database cannot be reached; request refused");
+            ApiError::LedgerUnavailable { retry_after: 1 }
+        } else {
+            tracing::error!(error = %e, what, "store failed");
+            ApiError::Internal
+        }
+    }
+}
+
+impl ApiError {
     pub fn invalid(param: &'static str, message: impl Into<String>) -> Self {
         ApiError::InvalidRequest {
             message: message.into(),

@@ -35,7 +35,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     .route("/metrics", web::get().to(health::metrics));
 }
 
-/// The token of a request to an endpoint outside the pipeline, or the 401/500 to answer.
+/// The token of a request to an endpoint outside the pipeline, or the 401/503/500 to answer.
 pub(crate) async fn authenticated(
     state: &AppState,
     req: &actix_web::HttpRequest,
@@ -48,7 +48,7 @@ pub(crate) async fn authenticated(
     {
         Ok(Some(a)) => Ok(a),
         Ok(None) => Err(ApiError::InvalidApiKey.render(format)),
-        Err(_) => Err(ApiError::Internal.render(format)),
+        Err(e) => Err(ApiError::from_store(&e, "token lookup").render(format)),
     }
 }
 

@@ -16,7 +16,7 @@ pub async fn usage(state: web::Data<AppState>, req: HttpRequest) -> HttpResponse
     };
     let balance = match ledger::balance(&state.db, auth.owner.token_id, now).await {
         Ok(b) => b,
-        Err(_) => return ApiError::Internal.render(WireFormat::OpenAi),
+        Err(e) => return ApiError::from_store(&e, "balance").render(WireFormat::OpenAi),
     };
     let reset = auth.owner.resets[0];
     let money = |m: Option<i64>| m.map(usd);

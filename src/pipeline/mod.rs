@@ -254,10 +254,7 @@ async fn run(
             .auth
             .authenticate(req.headers(), state.clock.now())
             .await
-            .map_err(|e| {
-                tracing::error!(error = %e, "token lookup failed");
-                ApiError::Internal
-            })?
+            .map_err(|e| ApiError::from_store(&e, "token lookup"))?
             .ok_or(ApiError::InvalidApiKey)?
     } else {
         TokenAuth::anonymous()

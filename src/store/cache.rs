@@ -222,8 +222,8 @@ pub fn count_hit_tx(tx: &mut Tx<'_>, key: &[u8]) -> Result<()> {
 /// The tightest remaining budget of a token, its user and its team, as a cache hit reports
 /// it in `x-sluice-budget-remaining-usd` (a hit costs nothing, so it is the balance as it
 /// stands; `None` when no level has a limit). A level whose period has passed but was not
-/// rolled over yet reads, as in `ledger::balance`, as its full limit. Read-only: the
-/// balances are the ledger's, never written here.
+/// rolled over yet (`Reset::place`, as the CAS and `ledger::balance` place it) reads as its
+/// full limit. Read-only: the balances are the ledger's, never written here.
 pub async fn budget_remaining(
     db: &super::Db,
     owner: &super::ledger::Owner,

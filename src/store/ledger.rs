@@ -579,15 +579,11 @@ pub async fn balance(db: &super::Db, token_id: i64, now: DateTime<Utc>) -> Resul
         .ok_or_else(|| StoreError::NotFound(format!("token {token_id}")))?;
     let limit: Option<i64> = row.get("limit_micros");
     let reset = Reset::parse(row.get::<&str, _>("reset")).unwrap_or(Reset::Never);
-    let current = reset.period_key(now);
-    let stale = row.get::<&str, _>("period") != current;
+    // The period the CAS would charge at `now` (`Reset::place`: a period another host whose
+    // clock is a little ahead already rolled into stays).
+    let (current, stale) = reset.place(row.get::<&str, _>("period"), now);
     let reserved: i64 = row.get("reserved_micros");
-    // A period that has not been rolled over yet is, to its holder, already fresh.
-    let remaining = if stale {
-        limit
-    } else {
-        row.get("remaining_micros")
-    };
+    let stored_remaining: Option<i64> = row.get("remaining_micros");
     let spent: i64 = sqlx::query_scalar(
         "SELECT COALESCE(SUM(amount_micros), 0) FROM ledger WHERE token_id = ? AND period = ? AND kind IN ('reserve', 'settle', 'adjust')",
     )
@@ -595,6 +591,13 @@ pub async fn balance(db: &super::Db, token_id: i64, now: DateTime<Utc>) -> Resul
     .bind(&current)
     .fetch_one(pool)
     .await?;
+    // A period that has not been rolled over yet is, to its holder, already what the
+    // rollover would make it: the limit less that period's ledger sum.
+    let remaining = if stale {
+        limit.map(|l| l - spent)
+    } else {
+        stored_remaining
+    };
     Ok(Balance {
         limit,
         remaining,

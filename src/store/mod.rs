@@ -93,14 +93,23 @@ impl StoreError {
             // SQLITE_BUSY and SQLITE_LOCKED (and their extended codes).
             StoreError::Sqlite { code, .. } => code & 0xff == 5 || code & 0xff == 6,
             StoreError::Sql(sqlx::Error::Database(db)) => {
-                // PostgreSQL's class 08 (connection exception) and 57P0x (the server is
-                // shutting down or starting); SQLite's busy and locked.
-                db.code().is_some_and(|c| {
-                    c.starts_with("08")
-                        || c.starts_with("57P0")
-                        || c.parse::<i32>()
-                            .is_ok_and(|n| n & 0xff == 5 || n & 0xff == 6)
-                })
+                let Some(code) = db.code() else {
+                    return false;
+                };
+                if db
+                    .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                    .is_some()
+                {
+                    // PostgreSQL's class 08 (connection exception), 57P0x (the server is
+                    // shutting down or starting) and 53300 (too many connections: the
+                    // server is full for now). Its codes are SQLSTATEs, never SQLite result
+                    // codes: 22021 (a NUL in text) is a refusal, though its low byte is 5.
+                    code.starts_with("08") || code.starts_with("57P0") || code == "53300"
+                } else {
+                    // SQLite's busy and locked (and their extended codes).
+                    code.parse::<i32>()
+                        .is_ok_and(|n| n & 0xff == 5 || n & 0xff == 6)
+                }
             }
             _ => false,
         }

@@ -38,6 +38,7 @@ mod pg_money;
 mod pg_money_bench;
 mod pg_money_model;
 mod pg_money_pg;
+mod pg_outage_att;
 mod pg_server;
 mod pg_store;
 mod pg_store_audit;

@@ -415,14 +415,11 @@ pub async fn balance(db: &PgDb, token_id: i64, now: DateTime<Utc>) -> Result<Bal
     .ok_or_else(|| StoreError::NotFound(format!("token {token_id}")))?;
     let limit: Option<i64> = row.try_get("limit_micros")?;
     let reset = Reset::parse(row.try_get::<&str, _>("reset")?).unwrap_or(Reset::Never);
-    let current = reset.period_key(now);
-    let stale = row.try_get::<&str, _>("period")? != current;
+    // The period the CAS would charge at `now` (`Reset::place`: a period another host whose
+    // clock is a little ahead already rolled into stays).
+    let (current, stale) = reset.place(row.try_get::<&str, _>("period")?, now);
     let reserved: i64 = row.try_get("reserved_micros")?;
-    let remaining = if stale {
-        limit
-    } else {
-        row.try_get("remaining_micros")?
-    };
+    let stored_remaining: Option<i64> = row.try_get("remaining_micros")?;
     let spent: i64 = sqlx::query_scalar(
         "SELECT COALESCE(SUM(amount_micros), 0)::BIGINT FROM ledger WHERE token_id = $1 AND period = $2 AND kind IN ('reserve', 'settle', 'adjust')",
     )
@@ -430,6 +427,13 @@ pub async fn balance(db: &PgDb, token_id: i64, now: DateTime<Utc>) -> Result<Bal
     .bind(&current)
     .fetch_one(&db.pool)
     .await?;
+    // Not rolled over yet: what the rollover would make it (the limit less that period's
+    // ledger sum).
+    let remaining = if stale {
+        limit.map(|l| l - spent)
+    } else {
+        stored_remaining
+    };
     Ok(Balance {
         limit,
         remaining,
