@@ -98,6 +98,8 @@ impl StoreError {
                 db.code().is_some_and(|c| {
                     c.starts_with("08")
                         || c.starts_with("57P0")
+                        // lock_not_available: a lock wait past `lock_timeout` (`Db::begin`).
+                        || c == "55P03"
                         || c.parse::<i32>()
                             .is_ok_and(|n| n & 0xff == 5 || n & 0xff == 6)
                 })
@@ -190,6 +192,10 @@ impl Tx {
 /// How long a writer waits for another process's lock before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The same wait on PostgreSQL, for the admin advisory lock and every lock after it in the
+/// transaction (`Db::begin`).
+const ADMIN_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '10s'";
+
 impl Db {
     /// Opens the database `[database] url` names (creating a SQLite file and its folder
     /// when missing) and migrates it.
@@ -198,7 +204,14 @@ impl Db {
             let key = crate::secrets::MasterKey::for_shared_database(
                 settings.database.key_file.as_deref(),
             )?;
-            return Db::open_postgres(url, &key).await;
+            let db = Db::open_postgres(url, &key).await?;
+            // A host with another key would sign rows no other host can verify (the first
+            // one at once: its audit head's start): refused before it writes anything.
+            if audit::signed_with(&db, &db.audit).await? == Some(false) {
+                db.close().await;
+                return Err(crate::secrets::SecretError::SharedKeyMismatch.into());
+            }
+            return Ok(db);
         }
         let synchronous_full = settings.quota.synchronous == "full";
         Db::open(&settings.database_path(), synchronous_full).await
@@ -318,6 +331,11 @@ impl Db {
             }),
             Backend::Postgres(p) => {
                 let mut tx = p.pool.begin().await?;
+                // Bounded like SQLite's busy timeout: a transaction stuck holding the lock
+                // (a frozen host, a connection idle in transaction) fails this one with
+                // `lock_not_available` (55P03, `is_unavailable`) instead of blocking every
+                // admin and CLI write on every host for ever.
+                sqlx::query(ADMIN_LOCK_TIMEOUT).execute(&mut *tx).await?;
                 sqlx::query("SELECT pg_advisory_xact_lock($1)")
                     .bind(pg::ADMIN_WRITE_LOCK)
                     .execute(&mut *tx)

@@ -486,9 +486,7 @@ async fn a_nul_in_one_row_does_not_fail_its_batch() {
         .await
         .unwrap();
     tx.commit().await.unwrap();
-    let keys = pg::cache::keys_after(&b.pool, 0, at(11, 0))
-        .await
-        .unwrap();
+    let keys = pg::cache::keys_after(&b.pool, 0, at(11, 0)).await.unwrap();
     assert_eq!(
         keys_of(&keys),
         [2],

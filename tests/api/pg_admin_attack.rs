@@ -1,0 +1,136 @@
+//! Attacks on the PostgreSQL admin path (issue 17): a host started with another master key
+//! than the one the shared audit chain is signed with, and an admin write transaction stuck
+//! while it holds the admin advisory lock.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sluice::mock::{MockConfig, MockServer};
+use sluice::secrets::MasterKey;
+use sluice::store::Db;
+use sqlx::Connection;
+
+use crate::gateway_proc::{free_port, write_config};
+use crate::pg_admin::MASTER_HEX;
+use crate::pg_server;
+
+const OTHER_HEX: &str = "a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5";
+
+/// A gateway started on a PostgreSQL database whose audit chain another key signed would
+/// append rows no other host can verify (the chain breaks for good at its first admin
+/// action): it must refuse to start, naming the key, and write nothing.
+#[tokio::test]
+async fn a_host_with_another_master_key_refuses_to_start_on_a_shared_database() {
+    let url = pg_server::database();
+    let key = MasterKey::from_hex(MASTER_HEX).unwrap();
+    let db = Db::open_postgres(&url, &key).await.unwrap();
+    sluice::cli::admin_create(
+        &db,
+        "root",
+        "admin",
+        None,
+        "a long enough password 1".into(),
+        chrono::Utc::now(),
+    )
+    .await
+    .unwrap();
+    let rows_before = sluice::store::audit::verify(&db, &db.audit)
+        .await
+        .unwrap()
+        .rows;
+    assert!(rows_before > 0);
+
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = write_config(dir.path(), &mock, port, "");
+    let log = dir.path().join("gateway.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["--config", config.to_str().unwrap(), "serve"])
+        .env("SLUICE_DATABASE_URL", &url)
+        .env("SLUICE_SECRET_KEY", OTHER_HEX)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let outcome = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Ok(status);
+        }
+        if reqwest::get(format!("http://127.0.0.1:{port}/healthz"))
+            .await
+            .is_ok_and(|r| r.status() == 200)
+        {
+            break Err("it serves");
+        }
+        if Instant::now() > deadline {
+            break Err("it neither served nor exited within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let status = outcome.unwrap_or_else(|why| {
+        panic!("a gateway holding another master key than the audit chain's: {why}\n{text}")
+    });
+    assert!(!status.success(), "{text}");
+    assert!(text.contains("key"), "the refusal names the key: {text}");
+    assert!(!text.contains(OTHER_HEX) && !text.contains(MASTER_HEX));
+    // Nothing was appended under the other key: the chain still verifies whole.
+    let after = sluice::store::audit::verify(&db, &db.audit).await.unwrap();
+    assert!(after.broken.is_none(), "{:?}", after.broken);
+}
+
+/// An admin write transaction stuck while holding the admin advisory lock (a host frozen
+/// mid-transaction, a connection left idle in transaction) must not block every admin and
+/// CLI write on every host for ever: the next writer gives up with an error the caller can
+/// retry, as SQLite's busy timeout does.
+#[tokio::test]
+async fn an_admin_write_gives_up_when_another_host_holds_the_admin_lock() {
+    let url = pg_server::database();
+    let key = MasterKey::from_hex(MASTER_HEX).unwrap();
+    let db = Db::open_postgres(&url, &key).await.unwrap();
+    // The stuck host: a transaction that took the admin lock and never ends.
+    let mut stuck = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut held = stuck.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(sluice::store::pg::ADMIN_WRITE_LOCK)
+        .execute(&mut *held)
+        .await
+        .unwrap();
+
+    let started = Instant::now();
+    let attempt = tokio::time::timeout(
+        Duration::from_secs(90),
+        sluice::cli::admin_create(
+            &db,
+            "root",
+            "admin",
+            None,
+            "a long enough password 1".into(),
+            chrono::Utc::now(),
+        ),
+    )
+    .await;
+    let waited = started.elapsed();
+    let result = attempt.unwrap_or_else(|_| {
+        panic!("the admin write still waits for the stuck host's lock after {waited:?}")
+    });
+    let err = result.expect_err("the write cannot have happened under the stuck lock");
+    eprintln!("gave up after {waited:?}: {err}");
+
+    // Once the stuck transaction ends, the write goes through.
+    held.rollback().await.unwrap();
+    sluice::cli::admin_create(
+        &db,
+        "root",
+        "admin",
+        None,
+        "a long enough password 1".into(),
+        chrono::Utc::now(),
+    )
+    .await
+    .unwrap();
+}
