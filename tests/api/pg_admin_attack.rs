@@ -134,3 +134,37 @@ async fn an_admin_write_gives_up_when_another_host_holds_the_admin_lock() {
     .await
     .unwrap();
 }
+
+/// The database password never reaches the operator's screen or logs, whichever way the
+/// URL carries it: in its user part, as sqlx's `?password=` parameter, or in a URL the
+/// masking cannot parse (a bad port, an unknown scheme).
+#[tokio::test]
+async fn the_database_password_is_masked_however_the_url_carries_it() {
+    const PW: &str = "hunter2-0123456789";
+    let dir = tempfile::tempdir().unwrap();
+    let key = crate::pg_admin::key_file(dir.path());
+    let config = dir.path().join("sluice.toml");
+    for url in [
+        format!("postgres://sluice:{PW}@127.0.0.1:1/sluice"),
+        format!("postgres://sluice@127.0.0.1:1/sluice?password={PW}"),
+        format!("postgresql://sluice@127.0.0.1:1/sluice?sslmode=disable&password={PW}"),
+        format!("postgres://sluice:{PW}@127.0.0.1:99999/sluice"),
+        format!("mysql://sluice:{PW}@127.0.0.1:99999/sluice"),
+    ] {
+        std::fs::write(
+            &config,
+            format!(
+                "[database]\nurl = \"{url}\"\nkey_file = \"{}\"\n",
+                key.display()
+            ),
+        )
+        .unwrap();
+        for args in [&["check-config"][..], &["migrate"][..]] {
+            let (_, out, err) = crate::pg_admin::sluice(&config, args, &[]);
+            assert!(
+                !out.contains(PW) && !err.contains(PW),
+                "`sluice {args:?}` on {url} shows the password:\n{out}\n{err}"
+            );
+        }
+    }
+}
