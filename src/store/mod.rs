@@ -95,13 +95,19 @@ impl StoreError {
             StoreError::Sql(sqlx::Error::Database(db)) => {
                 // PostgreSQL's class 08 (connection exception) and 57P0x (the server is
                 // shutting down or starting); SQLite's busy and locked.
+                // SQLite's numeric codes are read as such only from SQLite: a PostgreSQL
+                // SQLSTATE such as 22021 (a NUL in text) would pass for SQLITE_BUSY.
+                let sqlite = db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some();
                 db.code().is_some_and(|c| {
+                    if sqlite {
+                        return c
+                            .parse::<i32>()
+                            .is_ok_and(|n| n & 0xff == 5 || n & 0xff == 6);
+                    }
                     c.starts_with("08")
                         || c.starts_with("57P0")
                         // lock_not_available: a lock wait past `lock_timeout` (`Db::begin`).
                         || c == "55P03"
-                        || c.parse::<i32>()
-                            .is_ok_and(|n| n & 0xff == 5 || n & 0xff == 6)
                 })
             }
             _ => false,

@@ -168,3 +168,29 @@ async fn the_database_password_is_masked_however_the_url_carries_it() {
         }
     }
 }
+
+/// A statement PostgreSQL refuses for what it holds is a refusal, not an outage: SQLite's
+/// busy and locked codes (5 and 6 in the low byte) must not be read into PostgreSQL's
+/// five-digit SQLSTATEs — `22021` (a NUL in text: 22021 & 0xff = 5) would have the
+/// lingering writer hold its batch for five minutes as "out of reach", and the money path
+/// answer 503 for a request that cannot succeed.
+#[tokio::test]
+async fn a_postgres_refusal_whose_sqlstate_ends_like_sqlite_busy_is_not_an_outage() {
+    let url = pg_server::database();
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    let e = sqlx::query("SELECT $1::text")
+        .bind("a\0b")
+        .execute(&mut conn)
+        .await
+        .expect_err("PostgreSQL's text cannot hold NUL");
+    let code = e
+        .as_database_error()
+        .and_then(|d| d.code())
+        .map(|c| c.into_owned());
+    assert_eq!(code.as_deref(), Some("22021"), "{e}");
+    let e = sluice::store::StoreError::from(e);
+    assert!(
+        !e.is_unavailable(),
+        "{e} is read as the database out of reach"
+    );
+}
