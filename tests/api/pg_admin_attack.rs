@@ -83,6 +83,88 @@ async fn a_host_with_another_master_key_refuses_to_start_on_a_shared_database() 
     assert!(after.broken.is_none(), "{:?}", after.broken);
 }
 
+/// Starts `sluice serve` on `url` with master key `hex`; whether it served (`Ok`, the
+/// process left running in the returned child) or exited (`Err` with its log).
+async fn serve_with_key(
+    url: &str,
+    hex: &str,
+    mock: &MockServer,
+    dir: &std::path::Path,
+) -> (std::process::Child, Result<(), String>) {
+    let port = free_port();
+    let config = write_config(dir, mock, port, "");
+    let log = dir.join(format!("gateway-{port}.log"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["--config", config.to_str().unwrap(), "serve"])
+        .env("SLUICE_DATABASE_URL", url)
+        .env("SLUICE_SECRET_KEY", hex)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return (
+                child,
+                Err(std::fs::read_to_string(&log).unwrap_or_default()),
+            );
+        }
+        if reqwest::get(format!("http://127.0.0.1:{port}/healthz"))
+            .await
+            .is_ok_and(|r| r.status() == 200)
+        {
+            return (child, Ok(()));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "neither served nor exited in 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Two hosts holding different keys, started at once on a new shared database (an empty
+/// audit log: nothing to check a key against yet): whatever the interleaving, the audit
+/// chain must not end up signed by both — one of them refuses.
+#[tokio::test]
+async fn two_hosts_with_different_keys_started_at_once_do_not_fork_the_chain() {
+    let url = pg_server::database();
+    let k1 = MasterKey::from_hex(MASTER_HEX).unwrap();
+    let k2 = MasterKey::from_hex(OTHER_HEX).unwrap();
+    // Migrated before either host starts (as in pg_admin_hosts).
+    let db1 = Db::open_postgres(&url, &k1).await.unwrap();
+    let db2 = Db::open_postgres(&url, &k2).await.unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let ((mut a, ra), (mut b, rb)) = tokio::join!(
+        serve_with_key(&url, MASTER_HEX, &mock, dirs[0].path()),
+        serve_with_key(&url, OTHER_HEX, &mock, dirs[1].path()),
+    );
+    for c in [&mut a, &mut b] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let under1 = sluice::store::audit::verify(&db1, &db1.audit)
+        .await
+        .unwrap();
+    let under2 = sluice::store::audit::verify(&db2, &db2.audit)
+        .await
+        .unwrap();
+    eprintln!(
+        "host 1 served: {}, host 2 served: {}; rows {}",
+        ra.is_ok(),
+        rb.is_ok(),
+        under1.rows
+    );
+    assert!(
+        under1.broken.is_none() || under2.broken.is_none(),
+        "the chain is broken under either key: {:?} / {:?}",
+        under1.broken,
+        under2.broken
+    );
+}
+
 /// An admin write transaction stuck while holding the admin advisory lock (a host frozen
 /// mid-transaction, a connection left idle in transaction) must not block every admin and
 /// CLI write on every host for ever: the next writer gives up with an error the caller can
