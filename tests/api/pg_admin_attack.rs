@@ -276,3 +276,77 @@ async fn a_postgres_refusal_whose_sqlstate_ends_like_sqlite_busy_is_not_an_outag
         "{e} is read as the database out of reach"
     );
 }
+
+/// A revocation while every host's `LISTEN` connection has just been killed (the
+/// notification is lost): host B still refuses the token within a second, through the
+/// reconnection's "lost" and the epoch poll.
+#[tokio::test]
+async fn a_revocation_reaches_the_other_host_when_its_notification_is_lost() {
+    use serde_json::json;
+    let h = crate::pg_admin_hosts::two_hosts().await;
+    sluice::cli::admin_create(
+        &h.db,
+        "root",
+        "admin",
+        None,
+        crate::admin_helpers::PASSWORD.into(),
+        chrono::Utc::now(),
+    )
+    .await
+    .unwrap();
+    let admin = crate::pg_admin_hosts::login_at(&h.a.url, "root").await;
+    let (_, team) = admin
+        .post("/admin/api/v1/teams", &json!({"name": "red"}))
+        .await;
+    let (_, u) = admin
+        .post(
+            "/admin/api/v1/users",
+            &json!({"username": "rosa", "team_id": team["id"]}),
+        )
+        .await;
+    let (s, tok) = admin
+        .post("/admin/api/v1/tokens", &json!({"user_id": u["id"]}))
+        .await;
+    assert_eq!(s, 201, "{tok}");
+    let (id, text) = (
+        tok["id"].as_i64().unwrap(),
+        tok["token"].as_str().unwrap().to_string(),
+    );
+    use crate::pg_admin::models_status;
+    for _ in 0..3 {
+        assert_eq!(models_status(&h.b.url, &text).await, 200);
+    }
+    let t = Instant::now();
+    assert_eq!(models_status(&h.b.url, &text).await, 200);
+    let call = t.elapsed();
+    let pool = h.db.postgres().unwrap().pool.clone();
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND query ILIKE 'LISTEN%'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(!killed.is_empty(), "no listener connection found");
+    let (s, _) = admin
+        .post(&format!("/admin/api/v1/tokens/{id}/revoke"), &json!({}))
+        .await;
+    assert_eq!(s, 200);
+    let revoked_at = Instant::now();
+    loop {
+        if models_status(&h.b.url, &text).await == 401 {
+            break;
+        }
+        assert!(
+            revoked_at.elapsed() < Duration::from_secs(10),
+            "still served after 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let after = revoked_at.elapsed();
+    eprintln!(
+        "killed {} listeners; refused on B after {after:?} (one call {call:?})",
+        killed.len()
+    );
+    assert!(after <= Duration::from_secs(1) + call * 3, "{after:?}");
+}
