@@ -39,6 +39,8 @@ pub enum SecretError {
     Io(PathBuf, std::io::Error),
     #[error("on PostgreSQL every gateway must hold the same master key (it keys the audit chain all hosts append to): set {ENV} to 64 hex digits (`openssl rand -hex 32`), or put them in a 0600 file named by `[database] key_file`, the same on every host")]
     SharedKeyRequired,
+    #[error("the master key this gateway holds did not sign the audit chain of this PostgreSQL database: every host must hold the key the others hold (`{ENV}` or `[database] key_file`); a host with another key would append rows no other host can verify. If every host's key is right, the log was rewritten: look into it with the right key's `sluice audit verify`")]
+    SharedKeyMismatch,
     #[error("the key file {0} named by `[database] key_file` does not exist: create it once (`openssl rand -hex 32 > FILE; chmod 600 FILE`) and give every gateway host the same file")]
     SharedKeyMissing(PathBuf),
 }

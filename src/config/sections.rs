@@ -76,15 +76,37 @@ impl Default for DatabaseSettings {
 }
 
 impl DatabaseSettings {
-    /// The URL with its password (if any) masked.
+    /// The URL with its password (if any) masked: the user part's and any query parameter
+    /// naming one (sqlx reads `?password=`). A URL that does not parse shows its scheme
+    /// only: where its password would be is not known.
     pub fn masked_url(&self) -> String {
-        match url::Url::parse(&self.url) {
-            Ok(mut u) if u.password().is_some() => {
-                let _ = u.set_password(Some("****"));
-                u.to_string()
-            }
-            _ => self.url.clone(),
+        let Ok(mut u) = url::Url::parse(&self.url) else {
+            return match self.url.split_once("://") {
+                Some((scheme, _)) => format!("{scheme}://**** (not a valid URL)"),
+                None => "**** (not a valid URL)".into(),
+            };
+        };
+        if u.password().is_some() {
+            let _ = u.set_password(Some("****"));
         }
+        if u.query().is_some() {
+            let pairs: Vec<(String, String)> = u
+                .query_pairs()
+                .map(|(k, v)| {
+                    let secret = k.to_ascii_lowercase().contains("password");
+                    (
+                        k.into_owned(),
+                        if secret {
+                            "****".into()
+                        } else {
+                            v.into_owned()
+                        },
+                    )
+                })
+                .collect();
+            u.query_pairs_mut().clear().extend_pairs(pairs);
+        }
+        u.to_string()
     }
 }
 

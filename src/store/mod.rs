@@ -101,10 +101,15 @@ impl StoreError {
                     .is_some()
                 {
                     // PostgreSQL's class 08 (connection exception), 57P0x (the server is
-                    // shutting down or starting) and 53300 (too many connections: the
-                    // server is full for now). Its codes are SQLSTATEs, never SQLite result
-                    // codes: 22021 (a NUL in text) is a refusal, though its low byte is 5.
-                    code.starts_with("08") || code.starts_with("57P0") || code == "53300"
+                    // shutting down or starting), 53300 (too many connections: the server
+                    // is full for now) and 55P03 (lock_not_available: a lock wait past
+                    // `lock_timeout`, `Db::begin`). Its codes are SQLSTATEs, never SQLite
+                    // result codes: 22021 (a NUL in text) is a refusal, though its low byte
+                    // is 5.
+                    code.starts_with("08")
+                        || code.starts_with("57P0")
+                        || code == "53300"
+                        || code == "55P03"
                 } else {
                     // SQLite's busy and locked (and their extended codes).
                     code.parse::<i32>()
@@ -199,6 +204,10 @@ impl Tx {
 /// How long a writer waits for another process's lock before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The same wait on PostgreSQL, for the admin advisory lock and every lock after it in the
+/// transaction (`Db::begin`).
+const ADMIN_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '10s'";
+
 impl Db {
     /// Opens the database `[database] url` names (creating a SQLite file and its folder
     /// when missing) and migrates it.
@@ -207,7 +216,14 @@ impl Db {
             let key = crate::secrets::MasterKey::for_shared_database(
                 settings.database.key_file.as_deref(),
             )?;
-            return Db::open_postgres(url, &key).await;
+            let db = Db::open_postgres(url, &key).await?;
+            // A host with another key would sign rows no other host can verify (the first
+            // one at once: its audit head's start): refused before it writes anything.
+            if audit::signed_with(&db, &db.audit).await? == Some(false) {
+                db.close().await;
+                return Err(crate::secrets::SecretError::SharedKeyMismatch.into());
+            }
+            return Ok(db);
         }
         let synchronous_full = settings.quota.synchronous == "full";
         Db::open(&settings.database_path(), synchronous_full).await
@@ -327,6 +343,11 @@ impl Db {
             }),
             Backend::Postgres(p) => {
                 let mut tx = p.pool.begin().await?;
+                // Bounded like SQLite's busy timeout: a transaction stuck holding the lock
+                // (a frozen host, a connection idle in transaction) fails this one with
+                // `lock_not_available` (55P03, `is_unavailable`) instead of blocking every
+                // admin and CLI write on every host for ever.
+                sqlx::query(ADMIN_LOCK_TIMEOUT).execute(&mut *tx).await?;
                 sqlx::query("SELECT pg_advisory_xact_lock($1)")
                     .bind(pg::ADMIN_WRITE_LOCK)
                     .execute(&mut *tx)

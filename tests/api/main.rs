@@ -29,6 +29,7 @@ mod money;
 mod money_model;
 mod operations;
 mod pg_admin;
+mod pg_admin_attack;
 mod pg_admin_hosts;
 mod pg_cli;
 mod pg_cli_migrate;

@@ -19,15 +19,15 @@ use crate::pg_admin::{models_status, MASTER_HEX};
 use crate::pg_server;
 
 /// Two hosts on a fresh PostgreSQL database, and that database opened beside them.
-struct Hosts {
-    a: Gateway,
-    b: Gateway,
-    db: Db,
+pub(crate) struct Hosts {
+    pub a: Gateway,
+    pub b: Gateway,
+    pub db: Db,
     _dirs: [tempfile::TempDir; 2],
     _mock: MockServer,
 }
 
-async fn two_hosts() -> Hosts {
+pub(crate) async fn two_hosts() -> Hosts {
     let url = pg_server::database();
     let key = MasterKey::from_hex(MASTER_HEX).unwrap();
     // Migrated before either host starts, so the two never race to create the schema.

@@ -23,6 +23,8 @@ const FORBIDDEN: &[&str] = &[
     "PRAGMA",
     "VACUUM",
     ".sqlite()",
+    ".postgres()",
+    "pg::",
 ];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -40,17 +42,28 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 fn leaks(file: &str, text: &str) -> Vec<String> {
     let lines: Vec<&str> = text.lines().collect();
     let mut out = Vec::new();
+    // The closing line of the inline test module being skipped, if any.
+    let mut skipping: Option<String> = None;
     for (i, line) in lines.iter().enumerate() {
+        if let Some(end) = &skipping {
+            if line.trim_end() == end {
+                skipping = None;
+            }
+            continue;
+        }
         let code = line.trim_start();
-        // An inline test module runs to the end of the file (`#[cfg(test)] mod x;` only
-        // names another file, and the code after it is still production code).
-        if code.starts_with("#[cfg(test)]")
-            && lines.get(i + 1).is_some_and(|next| {
+        // An inline test module is skipped up to its closing brace at its own indentation
+        // (`#[cfg(test)] mod x;` only names another file, and the code after it is still
+        // production code; so is code after the module's closing brace).
+        if code.starts_with("#[cfg(test)]") {
+            if let Some(next) = lines.get(i + 1).filter(|next| {
                 let next = next.trim();
                 next.starts_with("mod ") && next.ends_with('{')
-            })
-        {
-            break;
+            }) {
+                let indent = &next[..next.len() - next.trim_start().len()];
+                skipping = Some(format!("{indent}}}"));
+                continue;
+            }
         }
         if code.starts_with("//") {
             continue;
@@ -114,4 +127,24 @@ fn the_guard_sees_what_it_must_and_spares_prose_and_unit_tests() {
         ["x.rs:2", "x.rs:2", "x.rs:3", "x.rs:3", "x.rs:4", "x.rs:5", "x.rs:9", "x.rs:9"],
         "{found:#?}"
     );
+}
+
+/// What the guard must also see (issue 17's PostgreSQL side): the test-only accessor for
+/// the PostgreSQL pool and the `pg` store modules named from above the store, and
+/// production code after an inline test module that closes before the end of the file.
+#[test]
+fn the_guard_sees_the_postgres_accessor_and_code_after_a_closed_test_module() {
+    let text = "fn a() { let p = &db.postgres().unwrap().pool; }\n\
+                fn b() { sluice::store::pg::audit::tip(c) }\n\
+                #[cfg(test)]\n\
+                mod tests {\n\
+                    fn t(c: &mut sqlx::SqliteConnection) {}\n\
+                }\n\
+                fn c() { q(\"DELETE FROM t\") }\n";
+    let found = leaks("x.rs", text);
+    let lines: Vec<&str> = found
+        .iter()
+        .map(|l| l.split(": ").next().unwrap())
+        .collect();
+    assert_eq!(lines, ["x.rs:1", "x.rs:2", "x.rs:7"], "{found:#?}");
 }

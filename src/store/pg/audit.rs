@@ -107,11 +107,26 @@ pub async fn append(
         .bind(CHAIN_LOCK)
         .execute(&mut *conn)
         .await?;
-    let prev: Option<String> =
-        sqlx::query_scalar("SELECT hash FROM audit_log ORDER BY id DESC LIMIT 1")
-            .fetch_optional(&mut *conn)
-            .await?;
-    let prev = prev.unwrap_or_else(|| GENESIS.to_string());
+    let tip = sqlx::query(
+        "SELECT actor, address, action, target, before, after, created_at, prev_hash, hash, chain
+         FROM audit_log ORDER BY id DESC LIMIT 1",
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
+    // Hosts share this chain: one holding another key (or two started at once on an empty
+    // log with different keys, before either could check at connect) would fork it for
+    // good. The tip must be signed with this host's key before anything is linked to it.
+    let prev = match &tip {
+        None => GENESIS.to_string(),
+        Some(r) => {
+            let (prev, hash, chain): (&str, &str, &str) =
+                (r.get("prev_hash"), r.get("hash"), r.get("chain"));
+            if chain == KEYED && row_mac(keys, prev, &entry_of(r), r.get("created_at")) != hash {
+                return Err(crate::secrets::SecretError::SharedKeyMismatch.into());
+            }
+            hash.to_string()
+        }
+    };
     let created_at = db_time(now);
     let hash = row_mac(keys, &prev, e, &created_at);
     sqlx::query(
