@@ -12,7 +12,7 @@
 
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
-use sqlx::Row;
+use sqlx::{ColumnIndex, Decode, Row, Type};
 
 use super::raw::Conn;
 use super::Result;
@@ -28,8 +28,12 @@ pub struct AuditEntry<'a> {
     pub after: Option<&'a str>,
 }
 
-/// The entry a stored audit row holds (borrowed from the row).
-fn entry_of(r: &sqlx::sqlite::SqliteRow) -> AuditEntry<'_> {
+/// The entry a stored audit row holds (borrowed from the row), on either engine.
+pub(super) fn entry_of<R: Row>(r: &R) -> AuditEntry<'_>
+where
+    for<'c> &'c str: ColumnIndex<R>,
+    for<'r> &'r str: Decode<'r, R::Database> + Type<R::Database>,
+{
     AuditEntry {
         actor: r.get("actor"),
         address: r.get("address"),
@@ -40,10 +44,11 @@ fn entry_of(r: &sqlx::sqlite::SqliteRow) -> AuditEntry<'_> {
     }
 }
 
-const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+/// The previous hash of the first row.
+pub(super) const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 /// `chain` of rows signed with the key; rows from before it are `LEGACY`.
 pub const KEYED: &str = "hmac-sha256";
-const LEGACY: &str = "sha256";
+pub(super) const LEGACY: &str = "sha256";
 /// Why a keyed row fails its MAC.
 pub const UNSIGNED: &str =
     "it was changed after it was written, or signed without the gateway's key";
@@ -103,7 +108,8 @@ impl AuditKeys {
         hex::encode(m.finalize().into_bytes())
     }
 
-    fn row_mac(&self, prev: &str, e: &AuditEntry<'_>, created_at: &str) -> String {
+    /// The row MAC: the field list `audit_mac` hands to `chain_mac`.
+    pub(super) fn row_mac(&self, prev: &str, e: &AuditEntry<'_>, created_at: &str) -> String {
         self.chain_mac(&[
             Some(prev.as_bytes()),
             Some(e.actor.as_bytes()),
@@ -146,7 +152,7 @@ impl AuditKeys {
 }
 
 /// The chain before keying: plain SHA-256, as the rows from before migration 0013 hold it.
-fn legacy_hash(prev: &str, e: &AuditEntry<'_>, created_at: &str) -> String {
+pub(super) fn legacy_hash(prev: &str, e: &AuditEntry<'_>, created_at: &str) -> String {
     let mut h = Sha256::new();
     for part in [
         prev,
@@ -264,6 +270,16 @@ pub async fn verify(db: &super::Db, keys: &AuditKeys) -> Result<ChainState> {
     let rows = sqlx::query("SELECT id, actor, address, action, target, before, after, created_at, prev_hash, hash, chain FROM audit_log ORDER BY id")
         .fetch_all(pool)
         .await?;
+    Ok(walk(&rows, keys))
+}
+
+/// Checks the rows of the whole chain, in id order, as they are stored (either engine).
+pub(super) fn walk<R: Row>(rows: &[R], keys: &AuditKeys) -> ChainState
+where
+    for<'c> &'c str: ColumnIndex<R>,
+    for<'r> &'r str: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+{
     let mut st = ChainState {
         rows: 0,
         last_id: 0,
@@ -272,7 +288,7 @@ pub async fn verify(db: &super::Db, keys: &AuditKeys) -> Result<ChainState> {
     };
     let (mut legacy, mut keyed) = (0i64, false);
     let mut first_legacy = None;
-    for r in &rows {
+    for r in rows {
         let id: i64 = r.get("id");
         let e = entry_of(r);
         let (stored_prev, stored, chain, created_at): (&str, &str, &str, &str) = (
@@ -304,7 +320,7 @@ pub async fn verify(db: &super::Db, keys: &AuditKeys) -> Result<ChainState> {
         };
         if let Some(why) = why {
             st.broken = Some(Broken { id, why });
-            return Ok(st);
+            return st;
         }
         st.rows += 1;
         st.last_id = id;
@@ -316,7 +332,7 @@ pub async fn verify(db: &super::Db, keys: &AuditKeys) -> Result<ChainState> {
             why: "unkeyed rows with no `audit.keyed` seal after them",
         });
     }
-    Ok(st)
+    st
 }
 
 /// Whether `keys` signed this log: `None` when it has no keyed row; else whether any keyed
@@ -338,18 +354,28 @@ pub async fn signed_with(db: &super::Db, keys: &AuditKeys) -> Result<Option<bool
     let mut any = false;
     while let Some(r) = rows.try_next().await? {
         any = true;
-        let e = entry_of(&r);
-        let (prev, stored, created_at): (&str, &str, &str) =
-            (r.get("prev_hash"), r.get("hash"), r.get("created_at"));
-        if keys.row_mac(prev, &e, created_at) == stored {
+        if signs(keys, &r) {
             return Ok(Some(true));
         }
     }
     Ok(any.then_some(false))
 }
 
+/// Whether `keys` signed the stored keyed row `r` (its MAC over its own stored previous
+/// hash, links aside), on either engine.
+pub(super) fn signs<R: Row>(keys: &AuditKeys, r: &R) -> bool
+where
+    for<'c> &'c str: ColumnIndex<R>,
+    for<'r> &'r str: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let e = entry_of(r);
+    let (prev, stored, created_at): (&str, &str, &str) =
+        (r.get("prev_hash"), r.get("hash"), r.get("created_at"));
+    keys.row_mac(prev, &e, created_at) == stored
+}
+
 /// Whether `e` is the seal of exactly `legacy` unkeyed rows.
-fn seals(e: &AuditEntry<'_>, legacy: i64) -> bool {
+pub(super) fn seals(e: &AuditEntry<'_>, legacy: i64) -> bool {
     e.action == SEAL
         && e.after
             .and_then(|a| serde_json::from_str::<serde_json::Value>(a).ok())

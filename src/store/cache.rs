@@ -246,8 +246,17 @@ pub async fn budget_remaining(
     .bind(owner.team_id)
     .fetch_all(pool)
     .await?;
-    Ok(rows
-        .into_iter()
+    Ok(tightest(rows, owner, now))
+}
+
+/// The tightest of the (level, limit, remaining, period) rows `budget_remaining` reads, on
+/// either engine.
+pub(super) fn tightest(
+    rows: Vec<(i64, Option<i64>, Option<i64>, String)>,
+    owner: &super::ledger::Owner,
+    now: DateTime<Utc>,
+) -> Option<i64> {
+    rows.into_iter()
         .filter_map(|(level, limit, remaining, period)| {
             let limit = limit?;
             // The first column names the level: token, user, team — the order of `resets`.
@@ -259,5 +268,5 @@ pub async fn budget_remaining(
                 remaining.unwrap_or(limit)
             })
         })
-        .min())
+        .min()
 }

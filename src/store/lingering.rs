@@ -9,6 +9,7 @@
 //! On PostgreSQL the same collecting runs in `pg::lingering`, and each batch is one
 //! multi-row statement in a transaction of its own on the pool (`BatchWrite::pg`).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,21 +42,13 @@ enum Msg<T> {
 
 /// The handle; cheap to clone. The task ends when every handle is dropped.
 pub struct Lingering<T> {
-    engine: Collector<T>,
-}
-
-enum Collector<T> {
-    Sqlite(mpsc::Sender<Msg<T>>),
-    Postgres(PgLingering<T>),
+    queue: Queue<T>,
 }
 
 impl<T> Clone for Lingering<T> {
     fn clone(&self) -> Self {
         Self {
-            engine: match &self.engine {
-                Collector::Sqlite(tx) => Collector::Sqlite(tx.clone()),
-                Collector::Postgres(l) => Collector::Postgres(l.clone()),
-            },
+            queue: self.queue.clone(),
         }
     }
 }
@@ -63,32 +56,66 @@ impl<T> Clone for Lingering<T> {
 impl<T: Send + Sync + 'static> Lingering<T> {
     /// Starts the task; `what` names the rows in log lines, `write` writes one batch.
     pub fn start(writer: Writer, what: &'static str, write: BatchWrite<T>) -> Lingering<T> {
-        let engine = match writer.engine() {
-            Engine::Postgres(_, pool) => {
-                Collector::Postgres(PgLingering::start(pool.clone(), what, write.pg))
-            }
+        let queue = match writer.engine() {
+            Engine::Postgres(_, pool) => PgLingering::start(pool.clone(), what, write.pg).queue,
             Engine::Sqlite(_) => {
-                let (tx, rx) = mpsc::channel(QUEUE);
-                tokio::spawn(collect(writer, rx, what, write.sqlite));
-                Collector::Sqlite(tx)
+                let write = write.sqlite;
+                Queue::start(move |batch| {
+                    let writer = writer.clone();
+                    async move { store(&writer, batch, what, write).await }
+                })
             }
         };
-        Lingering { engine }
+        Lingering { queue }
     }
 
     /// Queues an item (waits only if the task is `QUEUE` items behind). The wait runs in a
     /// task of its own: a caller dropped meanwhile — a request whose client left while its
     /// row waited — does not take the item with it.
     pub async fn push(&self, item: T) -> bool {
-        let tx = match &self.engine {
-            Collector::Sqlite(tx) => tx,
-            Collector::Postgres(l) => return l.push(item).await,
-        };
-        match tx.try_send(Msg::Item(item)) {
+        self.queue.push(item).await
+    }
+
+    /// Waits until every item queued before this call is written.
+    pub async fn flush(&self) {
+        self.queue.flush().await
+    }
+}
+
+/// The collecting task of either engine and its sending end: items are collected for up to
+/// `LINGER` (or `BATCH` of them, or until a flush) and each batch handed to the engine's
+/// `store`, the one thing that differs.
+pub(super) struct Queue<T> {
+    tx: mpsc::Sender<Msg<T>>,
+}
+
+impl<T> Clone for Queue<T> {
+    fn clone(&self) -> Self {
+        Self {
+            tx: self.tx.clone(),
+        }
+    }
+}
+
+impl<T: Send + Sync + 'static> Queue<T> {
+    /// Starts the task; `store` writes one batch (and retries it as its engine wants).
+    pub(super) fn start<F, W>(store: F) -> Queue<T>
+    where
+        F: FnMut(Arc<[T]>) -> W + Send + 'static,
+        W: Future<Output = ()> + Send + 'static,
+    {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        tokio::spawn(collect(rx, store));
+        Queue { tx }
+    }
+
+    /// Queues an item (see `Lingering::push`).
+    pub(super) async fn push(&self, item: T) -> bool {
+        match self.tx.try_send(Msg::Item(item)) {
             Ok(()) => true,
             Err(mpsc::error::TrySendError::Closed(_)) => false,
             Err(mpsc::error::TrySendError::Full(msg)) => {
-                let tx = tx.clone();
+                let tx = self.tx.clone();
                 let waiting = tokio::spawn(async move { tx.send(msg).await.is_ok() });
                 waiting.await.unwrap_or(false)
             }
@@ -96,24 +123,19 @@ impl<T: Send + Sync + 'static> Lingering<T> {
     }
 
     /// Waits until every item queued before this call is written.
-    pub async fn flush(&self) {
-        let tx = match &self.engine {
-            Collector::Sqlite(tx) => tx,
-            Collector::Postgres(l) => return l.flush().await,
-        };
+    pub(super) async fn flush(&self) {
         let (done, wait) = oneshot::channel();
-        if tx.send(Msg::Flush(done)).await.is_ok() {
+        if self.tx.send(Msg::Flush(done)).await.is_ok() {
             let _ = wait.await;
         }
     }
 }
 
-async fn collect<T: Send + Sync + 'static>(
-    writer: Writer,
-    mut rx: mpsc::Receiver<Msg<T>>,
-    what: &'static str,
-    write: fn(&mut Tx<'_>, &[T]) -> Result<()>,
-) {
+async fn collect<T, F, W>(mut rx: mpsc::Receiver<Msg<T>>, mut store: F)
+where
+    F: FnMut(Arc<[T]>) -> W,
+    W: Future<Output = ()>,
+{
     let mut batch: Vec<T> = Vec::with_capacity(BATCH);
     let mut waiting: Vec<oneshot::Sender<()>> = Vec::new();
     while let Some(first) = rx.recv().await {
@@ -136,7 +158,7 @@ async fn collect<T: Send + Sync + 'static>(
             };
         }
         if !batch.is_empty() {
-            store(&writer, Arc::from(std::mem::take(&mut batch)), what, write).await;
+            store(Arc::from(std::mem::take(&mut batch))).await;
             batch.reserve(BATCH);
         }
         for done in waiting.drain(..) {

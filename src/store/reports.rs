@@ -4,7 +4,7 @@
 //! restricts every query to one team.
 
 use serde::Serialize;
-use sqlx::{FromRow, QueryBuilder, Sqlite};
+use sqlx::{Database, Encode, FromRow, QueryBuilder, Sqlite, Type};
 
 use super::Result;
 
@@ -219,8 +219,21 @@ pub async fn requests(
             return super::pg::reports::requests(&pg.pool, f, limit, offset).await
         }
     };
-    let pool = &sqlite.read;
-    let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
+    let mut q: QueryBuilder<Sqlite> = requests_query(f, limit, offset);
+    Ok(q.build_query_as().fetch_all(&sqlite.read).await?)
+}
+
+/// The statement of `requests` on either engine: the same text, placeholders aside.
+pub(super) fn requests_query<'a, DB: Database>(
+    f: &RequestFilter,
+    limit: i64,
+    offset: i64,
+) -> QueryBuilder<'a, DB>
+where
+    i64: Encode<'a, DB> + Type<DB>,
+    String: Encode<'a, DB> + Type<DB>,
+{
+    let mut q = QueryBuilder::new(
         "SELECT r.id, r.created_at, tm.name AS team, u.username AS user, r.token_id, t.prefix, r.endpoint, r.model,
                 r.served_model, r.status, r.error_code, r.stream, r.attempts, r.input_tokens, r.output_tokens,
                 r.cost_micros, r.latency_ms, r.cache
@@ -259,10 +272,10 @@ pub async fn requests(
         q.push(" AND r.created_at < ").push_bind(v.clone());
     }
     q.push(" ORDER BY r.created_at DESC, r.id DESC LIMIT ")
-        .push_bind(limit + 1)
+        .push_bind(limit.saturating_add(1))
         .push(" OFFSET ")
         .push_bind(offset);
-    Ok(q.build_query_as().fetch_all(pool).await?)
+    q
 }
 
 #[derive(Debug, Clone, Serialize, FromRow)]

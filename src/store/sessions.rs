@@ -96,19 +96,16 @@ pub struct SessionRow {
 }
 
 pub async fn find_session(db: &super::Db, id_hash: &str) -> Result<Option<SessionRow>> {
-    let sqlite = match &db.backend {
-        super::Backend::Sqlite(s) => s,
-        super::Backend::Postgres(pg) => {
-            return super::pg::sessions::find_session(&pg.pool, id_hash).await
-        }
-    };
-    let pool = &sqlite.read;
-    let row: Option<(i64, String, String)> = sqlx::query_as(
-        "SELECT admin_id, created_at, last_seen_at FROM admin_sessions WHERE id_hash = ?",
-    )
-    .bind(id_hash)
-    .fetch_optional(pool)
-    .await?;
+    let row: Option<(i64, String, String)> =
+        match &db.backend {
+            super::Backend::Sqlite(sqlite) => sqlx::query_as(
+                "SELECT admin_id, created_at, last_seen_at FROM admin_sessions WHERE id_hash = ?",
+            )
+            .bind(id_hash)
+            .fetch_optional(&sqlite.read)
+            .await?,
+            super::Backend::Postgres(pg) => super::pg::sessions::session(&pg.pool, id_hash).await?,
+        };
     let Some((admin_id, created_at, last_seen_at)) = row else {
         return Ok(None);
     };

@@ -107,7 +107,8 @@ fn reset() -> impl Strategy<Value = &'static str> {
     ]
 }
 
-fn budget() -> impl Strategy<Value = Budget> {
+/// A level's budget (also `pg_money_model`'s).
+pub(crate) fn budget() -> impl Strategy<Value = Budget> {
     (
         prop_oneof![1 => Just(None), 3 => (300i64..2_000).prop_map(Some)],
         prop_oneof![
@@ -158,13 +159,7 @@ fn the_money_invariants_hold_in_every_schedule() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1000);
-    let seed: [u8; 32] = match std::env::var("SLUICE_MONEY_SEED") {
-        Ok(hex_seed) => hex::decode(hex_seed.trim())
-            .ok()
-            .and_then(|v| v.try_into().ok())
-            .expect("SLUICE_MONEY_SEED: 64 hex digits"),
-        Err(_) => rand::random(),
-    };
+    let seed = seed("SLUICE_MONEY_SEED", rand::random);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -192,6 +187,17 @@ fn the_money_invariants_hold_in_every_schedule() {
             "money invariant broken — replay with SLUICE_MONEY_SEED={}\n{e}",
             hex::encode(seed)
         );
+    }
+}
+
+/// The seed in `var` (64 hex digits), else `otherwise()` (also `pg_money_model`'s).
+pub(crate) fn seed(var: &str, otherwise: impl FnOnce() -> [u8; 32]) -> [u8; 32] {
+    match std::env::var(var) {
+        Ok(hex_seed) => hex::decode(hex_seed.trim())
+            .ok()
+            .and_then(|v| v.try_into().ok())
+            .unwrap_or_else(|| panic!("{var}: 64 hex digits")),
+        Err(_) => otherwise(),
     }
 }
 

@@ -75,11 +75,10 @@ pub(crate) async fn login_at(url: &str, user: &str) -> Session {
     s
 }
 
-#[tokio::test]
-async fn a_revocation_on_one_host_is_refused_on_the_other_within_a_second() {
-    let h = two_hosts().await;
+/// The admin `root` (password `PASSWORD`) both hosts sign in.
+async fn create_root(db: &Db) {
     sluice::cli::admin_create(
-        &h.db,
+        db,
         "root",
         "admin",
         None,
@@ -88,6 +87,12 @@ async fn a_revocation_on_one_host_is_refused_on_the_other_within_a_second() {
     )
     .await
     .unwrap();
+}
+
+#[tokio::test]
+async fn a_revocation_on_one_host_is_refused_on_the_other_within_a_second() {
+    let h = two_hosts().await;
+    create_root(&h.db).await;
     let admin = login_at(&h.a.url, "root").await;
     let (s, team) = admin
         .post("/admin/api/v1/teams", &json!({"name": "red"}))
@@ -144,16 +149,7 @@ async fn a_revocation_on_one_host_is_refused_on_the_other_within_a_second() {
 #[tokio::test]
 async fn guesses_at_either_host_count_toward_one_sign_in_lock() {
     let h = two_hosts().await;
-    sluice::cli::admin_create(
-        &h.db,
-        "root",
-        "admin",
-        None,
-        PASSWORD.into(),
-        chrono::Utc::now(),
-    )
-    .await
-    .unwrap();
+    create_root(&h.db).await;
     let http = client();
     let forms = [
         login_form_at(&http, &h.a.url).await,

@@ -19,6 +19,7 @@ use sluice::clock::{Clock, ManualClock};
 use sluice::store::ledger::{Orphans, LEVELS};
 
 use crate::helpers::Budget;
+use crate::money_model::{budget, seed};
 use crate::pg_money::{at, Store};
 
 #[derive(Debug, Clone)]
@@ -69,19 +70,6 @@ fn op() -> impl Strategy<Value = Op> {
         2 => prop_oneof![-3_000i64..3_000, 0i64..90_000_000].prop_map(|millis| Op::Step { millis }),
         1 => inst.prop_map(|inst| Op::Orphan { inst }),
     ]
-}
-
-fn budget() -> impl Strategy<Value = Budget> {
-    (
-        prop_oneof![1 => Just(None), 3 => (300i64..2_000).prop_map(Some)],
-        prop_oneof![
-            Just("daily"),
-            Just("weekly"),
-            Just("monthly"),
-            Just("never")
-        ],
-    )
-        .prop_map(|(limit, reset)| Budget { limit, reset })
 }
 
 #[derive(Debug, Clone)]
@@ -281,13 +269,7 @@ fn the_money_invariants_hold_on_postgres_in_every_schedule() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(24);
-    let seed: [u8; 32] = match std::env::var("SLUICE_PG_MONEY_SEED") {
-        Ok(hex_seed) => hex::decode(hex_seed.trim())
-            .ok()
-            .and_then(|v| v.try_into().ok())
-            .expect("SLUICE_PG_MONEY_SEED: 64 hex digits"),
-        Err(_) => [17; 32],
-    };
+    let seed = seed("SLUICE_PG_MONEY_SEED", || [17; 32]);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

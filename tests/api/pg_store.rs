@@ -84,11 +84,9 @@ macro_rules! read_both {
 /// As `read_both`, for a function that writes (through the `Db`).
 #[macro_export]
 macro_rules! pool_write_both {
-    ($b:expr, $m:ident :: $f:ident ( $($arg:expr),* $(,)? )) => {{
-        let l = sluice::store::$m::$f(&$b.lite, $($arg),*).await;
-        let p = sluice::store::$m::$f(&$b.pg, $($arg),*).await;
-        (l, p)
-    }};
+    ($($call:tt)*) => {
+        $crate::read_both!($($call)*)
+    };
 }
 
 /// Both results succeeded and are equal (compared by their `Debug` text: the row structs

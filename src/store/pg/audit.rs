@@ -14,78 +14,15 @@
 //!   Callers must run appends in READ COMMITTED transactions (the default).
 
 use chrono::{DateTime, Utc};
-use sha2::{Digest, Sha256};
-use sqlx::postgres::PgRow;
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{PgConnection, PgPool};
 
 use super::text;
 use crate::clock::db_time;
-use crate::store::audit::{
-    AuditEntry, AuditKeys, Broken, ChainState, HEAD_STARTED, KEYED, SEAL, UNSIGNED,
-};
+use crate::store::audit::{AuditEntry, AuditKeys, ChainState, GENESIS, HEAD_STARTED, KEYED};
 use crate::store::Result;
 
 /// The advisory lock of the chain's tip (an arbitrary constant: "sluice audit").
 pub(crate) const CHAIN_LOCK: i64 = 0x736c_7569_6365_0a01;
-
-/// The previous hash of the first row (as `store::audit`).
-const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
-/// `chain` of rows from before the chain was keyed (as `store::audit`).
-const LEGACY: &str = "sha256";
-
-fn entry_of(r: &PgRow) -> AuditEntry<'_> {
-    AuditEntry {
-        actor: r.get("actor"),
-        address: r.get("address"),
-        action: r.get("action"),
-        target: r.get("target"),
-        before: r.get("before"),
-        after: r.get("after"),
-    }
-}
-
-/// The row MAC: the field list `store::audit_mac` hands to `AuditKeys::chain_mac`.
-fn row_mac(keys: &AuditKeys, prev: &str, e: &AuditEntry<'_>, created_at: &str) -> String {
-    keys.chain_mac(&[
-        Some(prev.as_bytes()),
-        Some(e.actor.as_bytes()),
-        Some(e.address.as_bytes()),
-        Some(e.action.as_bytes()),
-        Some(e.target.as_bytes()),
-        e.before.map(str::as_bytes),
-        e.after.map(str::as_bytes),
-        Some(created_at.as_bytes()),
-    ])
-}
-
-/// The chain before keying (as `store::audit`'s `legacy_hash`): rows copied from an old
-/// SQLite database carry it.
-fn legacy_hash(prev: &str, e: &AuditEntry<'_>, created_at: &str) -> String {
-    let mut h = Sha256::new();
-    for part in [
-        prev,
-        e.actor,
-        e.address,
-        e.action,
-        e.target,
-        e.before.unwrap_or("\u{0}"),
-        e.after.unwrap_or("\u{0}"),
-        created_at,
-    ] {
-        h.update((part.len() as u64).to_be_bytes());
-        h.update(part.as_bytes());
-    }
-    hex::encode(h.finalize())
-}
-
-/// Whether `e` is the seal of exactly `legacy` unkeyed rows (as `store::audit`).
-fn seals(e: &AuditEntry<'_>, legacy: i64) -> bool {
-    e.action == SEAL
-        && e.after
-            .and_then(|a| serde_json::from_str::<serde_json::Value>(a).ok())
-            .and_then(|v| v.get("legacy_rows").and_then(|n| n.as_i64()))
-            == Some(legacy)
-}
 
 /// Appends one row inside the caller's transaction (READ COMMITTED), so the action and its
 /// audit row commit together or not at all. Waits for any other append until it commits.
@@ -128,7 +65,7 @@ pub async fn append(
         }
     };
     let created_at = db_time(now);
-    let hash = row_mac(keys, &prev, e, &created_at);
+    let hash = keys.row_mac(&prev, e, &created_at);
     sqlx::query(
         "INSERT INTO audit_log (actor, address, action, target, before, after, created_at, prev_hash, hash, chain)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
@@ -169,59 +106,7 @@ pub async fn verify(pool: &PgPool, keys: &AuditKeys) -> Result<ChainState> {
     let rows = sqlx::query("SELECT id, actor, address, action, target, before, after, created_at, prev_hash, hash, chain FROM audit_log ORDER BY id")
         .fetch_all(pool)
         .await?;
-    let mut st = ChainState {
-        rows: 0,
-        last_id: 0,
-        last_hash: GENESIS.to_string(),
-        broken: None,
-    };
-    let (mut legacy, mut keyed) = (0i64, false);
-    let mut first_legacy = None;
-    for r in &rows {
-        let id: i64 = r.get("id");
-        let e = entry_of(r);
-        let (stored_prev, stored, chain, created_at): (&str, &str, &str, &str) = (
-            r.get("prev_hash"),
-            r.get("hash"),
-            r.get("chain"),
-            r.get("created_at"),
-        );
-        let why = if stored_prev != st.last_hash {
-            Some("it does not link to the row before it (a row was removed or inserted)")
-        } else {
-            match chain {
-                LEGACY if keyed => Some("an unkeyed row after keyed ones"),
-                LEGACY => {
-                    legacy += 1;
-                    first_legacy.get_or_insert(id);
-                    (legacy_hash(&st.last_hash, &e, created_at) != stored)
-                        .then_some("it was changed after it was written")
-                }
-                KEYED if !keyed && legacy > 0 && !seals(&e, legacy) => {
-                    Some("the unkeyed rows before it are not sealed by an `audit.keyed` row")
-                }
-                KEYED => {
-                    keyed = true;
-                    (row_mac(keys, &st.last_hash, &e, created_at) != stored).then_some(UNSIGNED)
-                }
-                _ => Some("unknown chain kind"),
-            }
-        };
-        if let Some(why) = why {
-            st.broken = Some(Broken { id, why });
-            return Ok(st);
-        }
-        st.rows += 1;
-        st.last_id = id;
-        st.last_hash = stored.to_string();
-    }
-    if let (Some(id), false) = (first_legacy, keyed) {
-        st.broken = Some(Broken {
-            id,
-            why: "unkeyed rows with no `audit.keyed` seal after them",
-        });
-    }
-    Ok(st)
+    Ok(crate::store::audit::walk(&rows, keys))
 }
 
 /// Whether `keys` signed this log (as `store::audit::signed_with`).
@@ -235,10 +120,7 @@ pub async fn signed_with(pool: &PgPool, keys: &AuditKeys) -> Result<Option<bool>
     let mut any = false;
     while let Some(r) = rows.try_next().await? {
         any = true;
-        let e = entry_of(&r);
-        let (prev, stored, created_at): (&str, &str, &str) =
-            (r.get("prev_hash"), r.get("hash"), r.get("created_at"));
-        if row_mac(keys, prev, &e, created_at) == stored {
+        if crate::store::audit::signs(keys, &r) {
             return Ok(Some(true));
         }
     }

@@ -196,17 +196,5 @@ pub async fn budget_remaining(
     .bind(owner.team_id)
     .fetch_all(pool)
     .await?;
-    Ok(rows
-        .into_iter()
-        .filter_map(|(level, limit, remaining, period)| {
-            let limit = limit?;
-            let reset = *owner.resets.get(usize::try_from(level).ok()?)?;
-            let rolls_over = reset.place(&period, now).1;
-            Some(if rolls_over {
-                limit
-            } else {
-                remaining.unwrap_or(limit)
-            })
-        })
-        .min())
+    Ok(crate::store::cache::tightest(rows, owner, now))
 }

@@ -9,34 +9,22 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use sqlx::{PgConnection, PgPool};
-use tokio::sync::{mpsc, oneshot};
 
+use crate::store::lingering::Queue;
 use crate::store::Result;
-
-/// Items a batch takes at most.
-const BATCH: usize = 512;
-/// How many items may wait before `push` waits for the task.
-const QUEUE: usize = 10_000;
-/// How long a batch waits for more items before it is written.
-const LINGER: Duration = Duration::from_millis(25);
 
 /// Writes one batch inside the transaction it is given.
 pub type WriteBatch<T> = for<'c> fn(&'c mut PgConnection, &'c [T]) -> BoxFuture<'c, Result<()>>;
 
-enum Msg<T> {
-    Item(T),
-    Flush(oneshot::Sender<()>),
-}
-
 /// The handle; cheap to clone. The task ends when every handle is dropped.
 pub struct Lingering<T> {
-    tx: mpsc::Sender<Msg<T>>,
+    pub(in crate::store) queue: Queue<T>,
 }
 
 impl<T> Clone for Lingering<T> {
     fn clone(&self) -> Self {
         Self {
-            tx: self.tx.clone(),
+            queue: self.queue.clone(),
         }
     }
 }
@@ -44,68 +32,22 @@ impl<T> Clone for Lingering<T> {
 impl<T: Send + Sync + 'static> Lingering<T> {
     /// Starts the task; `what` names the rows in log lines, `write` writes one batch.
     pub fn start(pool: PgPool, what: &'static str, write: WriteBatch<T>) -> Lingering<T> {
-        let (tx, rx) = mpsc::channel(QUEUE);
-        tokio::spawn(collect(pool, rx, what, write));
-        Lingering { tx }
+        let queue = Queue::start(move |batch| {
+            let pool = pool.clone();
+            async move { store(&pool, batch, what, write).await }
+        });
+        Lingering { queue }
     }
 
     /// Queues an item (waits only if the task is `QUEUE` items behind), in a task of its
     /// own so a caller dropped meanwhile does not take the item with it.
     pub async fn push(&self, item: T) -> bool {
-        match self.tx.try_send(Msg::Item(item)) {
-            Ok(()) => true,
-            Err(mpsc::error::TrySendError::Closed(_)) => false,
-            Err(mpsc::error::TrySendError::Full(msg)) => {
-                let tx = self.tx.clone();
-                let waiting = tokio::spawn(async move { tx.send(msg).await.is_ok() });
-                waiting.await.unwrap_or(false)
-            }
-        }
+        self.queue.push(item).await
     }
 
     /// Waits until every item queued before this call is written.
     pub async fn flush(&self) {
-        let (done, wait) = oneshot::channel();
-        if self.tx.send(Msg::Flush(done)).await.is_ok() {
-            let _ = wait.await;
-        }
-    }
-}
-
-async fn collect<T: Send + Sync + 'static>(
-    pool: PgPool,
-    mut rx: mpsc::Receiver<Msg<T>>,
-    what: &'static str,
-    write: WriteBatch<T>,
-) {
-    let mut batch: Vec<T> = Vec::with_capacity(BATCH);
-    let mut waiting: Vec<oneshot::Sender<()>> = Vec::new();
-    while let Some(first) = rx.recv().await {
-        let until = tokio::time::Instant::now() + LINGER;
-        let mut next = Some(first);
-        while let Some(msg) = next.take() {
-            match msg {
-                Msg::Item(r) => batch.push(r),
-                Msg::Flush(done) => waiting.push(done),
-            }
-            if batch.len() >= BATCH || !waiting.is_empty() {
-                break;
-            }
-            next = match rx.try_recv() {
-                Ok(msg) => Some(msg),
-                Err(_) => tokio::time::timeout_at(until, rx.recv())
-                    .await
-                    .ok()
-                    .flatten(),
-            };
-        }
-        if !batch.is_empty() {
-            store(&pool, Arc::from(std::mem::take(&mut batch)), what, write).await;
-            batch.reserve(BATCH);
-        }
-        for done in waiting.drain(..) {
-            let _ = done.send(());
-        }
+        self.queue.flush().await
     }
 }
 

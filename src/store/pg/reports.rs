@@ -215,48 +215,7 @@ pub async fn requests(
     if texts.into_iter().flatten().any(|t| !text::storable(t)) {
         return Ok(Vec::new());
     }
-    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(
-        "SELECT r.id, r.created_at, tm.name AS team, u.username AS user, r.token_id, t.prefix, r.endpoint, r.model,
-                r.served_model, r.status, r.error_code, r.stream, r.attempts, r.input_tokens, r.output_tokens,
-                r.cost_micros, r.latency_ms, r.cache
-         FROM requests r LEFT JOIN tokens t ON t.id = r.token_id LEFT JOIN users u ON u.id = r.user_id
-              LEFT JOIN teams tm ON tm.id = r.team_id WHERE 1 = 1",
-    );
-    if let Some(v) = f.team_id {
-        q.push(" AND r.team_id = ").push_bind(v);
-    }
-    if let Some(v) = f.user_id {
-        q.push(" AND r.user_id = ").push_bind(v);
-    }
-    if let Some(v) = f.token_id {
-        q.push(" AND r.token_id = ").push_bind(v);
-    }
-    if let Some(v) = &f.model {
-        q.push(" AND (r.model = ")
-            .push_bind(v.clone())
-            .push(" OR r.served_model = ")
-            .push_bind(v.clone())
-            .push(")");
-    }
-    match f.status {
-        Some((code, false)) => {
-            q.push(" AND r.status = ").push_bind(code);
-        }
-        Some((class, true)) => {
-            q.push(" AND r.status / 100 = ").push_bind(class);
-        }
-        None => {}
-    }
-    if let Some(v) = &f.from {
-        q.push(" AND r.created_at >= ").push_bind(v.clone());
-    }
-    if let Some(v) = &f.to {
-        q.push(" AND r.created_at < ").push_bind(v.clone());
-    }
-    q.push(" ORDER BY r.created_at DESC, r.id DESC LIMIT ")
-        .push_bind(limit.saturating_add(1))
-        .push(" OFFSET ")
-        .push_bind(offset);
+    let mut q: QueryBuilder<Postgres> = crate::store::reports::requests_query(f, limit, offset);
     Ok(q.build_query_as().fetch_all(pool).await?)
 }
 

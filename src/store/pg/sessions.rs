@@ -6,7 +6,7 @@ use sqlx::{PgConnection, PgPool};
 
 use super::text;
 use crate::clock::db_time;
-use crate::store::sessions::{AdminRow, ApiKeyRow, SessionRow};
+use crate::store::sessions::{AdminRow, ApiKeyRow};
 use crate::store::Result;
 
 const ADMIN_COLS: &str = "a.id, a.username, a.role, a.team_id, a.password_hash, a.disabled";
@@ -62,24 +62,18 @@ pub async fn create_session(
     Ok(())
 }
 
-pub async fn find_session(pool: &PgPool, id_hash: &str) -> Result<Option<SessionRow>> {
+/// The (admin id, created at, last seen at) of a session (`store::sessions::find_session`
+/// reads its admin).
+pub async fn session(pool: &PgPool, id_hash: &str) -> Result<Option<(i64, String, String)>> {
     if !text::storable(id_hash) {
         return Ok(None);
     }
-    let row: Option<(i64, String, String)> = sqlx::query_as(
+    Ok(sqlx::query_as(
         "SELECT admin_id, created_at, last_seen_at FROM admin_sessions WHERE id_hash = $1",
     )
     .bind(id_hash)
     .fetch_optional(pool)
-    .await?;
-    let Some((admin_id, created_at, last_seen_at)) = row else {
-        return Ok(None);
-    };
-    Ok(admin_by_id(pool, admin_id).await?.map(|admin| SessionRow {
-        admin,
-        created_at,
-        last_seen_at,
-    }))
+    .await?)
 }
 
 pub async fn touch_session(pool: &PgPool, id_hash: &str, now: DateTime<Utc>) -> Result<()> {
