@@ -14,7 +14,7 @@
 //!   Callers must run appends in READ COMMITTED transactions (the default).
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgPool};
+use sqlx::{PgConnection, PgPool, Row};
 
 use super::text;
 use crate::clock::db_time;
@@ -56,9 +56,8 @@ pub async fn append(
     let prev = match &tip {
         None => GENESIS.to_string(),
         Some(r) => {
-            let (prev, hash, chain): (&str, &str, &str) =
-                (r.get("prev_hash"), r.get("hash"), r.get("chain"));
-            if chain == KEYED && row_mac(keys, prev, &entry_of(r), r.get("created_at")) != hash {
+            let (hash, chain): (&str, &str) = (r.get("hash"), r.get("chain"));
+            if chain == KEYED && !crate::store::audit::signs(keys, r) {
                 return Err(crate::secrets::SecretError::SharedKeyMismatch.into());
             }
             hash.to_string()
