@@ -131,24 +131,41 @@ async fn reserve_fast(
         .bind(r.owner.resets[2].as_str())
         .fetch_one(&mut *conn)
         .await?;
-    let (went, changed): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
+    let went: i64 = row.try_get(0)?;
     if went == 0 {
         return Ok(None);
     }
+    reserved(&row, 1, r, periods).map(Some)
+}
+
+/// The reservation a reserve statement made, read from its columns from `at` on: how many
+/// levels changed (all three, or the statement's locks were not what the CAS read: it is
+/// rolled back), then each level's remaining balance.
+fn reserved(
+    row: &sqlx::postgres::PgRow,
+    at: usize,
+    r: &ReserveRequest<'_>,
+    periods: [String; 3],
+) -> Result<Reservation> {
+    let changed: i64 = row.try_get(at)?;
     if changed != 3 {
         return Err(StoreError::Conflict(
             "a level changed under its row lock; the reservation is rolled back".into(),
         ));
     }
-    let left: [Option<i64>; 3] = [row.try_get(2)?, row.try_get(3)?, row.try_get(4)?];
-    Ok(Some(Reservation {
+    let left: [Option<i64>; 3] = [
+        row.try_get(at + 1)?,
+        row.try_get(at + 2)?,
+        row.try_get(at + 3)?,
+    ];
+    Ok(Reservation {
         request_id: r.request_id.into(),
         owner: r.owner.clone(),
         amount: r.amount,
         periods,
         remaining: left.into_iter().fold(None, tighter),
         token_remaining: left[0],
-    }))
+    })
 }
 
 /// The CAS inside the caller's transaction, at `now` (read inside it). The caller holds the
@@ -227,21 +244,7 @@ pub async fn reserve_tx(
         .bind(db_time(now + r.lease))
         .fetch_one(&mut *conn)
         .await?;
-    let changed: i64 = row.try_get(0)?;
-    if changed != 3 {
-        return Err(StoreError::Conflict(
-            "a level changed under its row lock; the reservation is rolled back".into(),
-        ));
-    }
-    let left: [Option<i64>; 3] = [row.try_get(1)?, row.try_get(2)?, row.try_get(3)?];
-    Ok(Ok(Reservation {
-        request_id: r.request_id.into(),
-        owner: r.owner.clone(),
-        amount: r.amount,
-        periods,
-        remaining: left.into_iter().fold(None, tighter),
-        token_remaining: left[0],
-    }))
+    reserved(&row, 0, r, periods).map(Ok)
 }
 
 /// The CAS in a transaction of its own (with retries); the gateway goes through the
