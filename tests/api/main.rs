@@ -35,6 +35,7 @@ mod pg_cli;
 mod pg_cli_migrate;
 mod pg_gateway;
 mod pg_gateway_app;
+mod pg_migrate_att;
 mod pg_money;
 mod pg_money_bench;
 mod pg_money_model;
