@@ -110,7 +110,14 @@ async fn sign_in(
     let (username, pw) = (field(body, "username"), field(body, "password"));
     let address = peer(req);
     let now = state.clock.now();
-    let username: String = username.chars().take(MAX_USERNAME).collect();
+    // Control characters stand as U+FFFD in what is recorded (throttle key, audit actor):
+    // no admin name holds one, and a NUL kept verbatim by SQLite could never be copied to
+    // PostgreSQL, whose text refuses it (`sluice migrate-store` failed on one such row).
+    let username: String = username
+        .chars()
+        .take(MAX_USERNAME)
+        .map(|c| if c.is_control() { '\u{FFFD}' } else { c })
+        .collect();
     // Counted before it is verified: concurrent attempts cannot all pass the limit.
     let attempt = match throttle::admit(&state.db, &username, &address, &*state.clock).await? {
         Admission::Admitted(a) => a,
