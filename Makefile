@@ -12,6 +12,7 @@ test-deps:
 test: test-deps
 	cargo build --locked
 	cargo test --locked --no-fail-fast
+	./scripts/test-postgres-pass.sh
 	SLUICE_BIN=target/debug/sluice ./tests/sdk/run.sh
 	SLUICE_BIN=target/debug/sluice ./tests/ui/run.sh
 

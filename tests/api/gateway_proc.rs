@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use sluice::mock::MockServer;
 
-use crate::helpers::{issue_args, KEY_A};
+use crate::helpers::{issue_args, test_engine, KEY_A};
+use crate::pg_gateway_app::{on_postgres, shared_key, Engine};
 
 pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -39,15 +40,44 @@ pub(crate) fn write_config(
     extra: &str,
 ) -> std::path::PathBuf {
     let path = dir.join(format!("sluice-{port}.toml"));
-    let text = config_text(
-        port,
-        &dir.join("sluice.db"),
-        &dir.join("backup"),
-        mock,
-        extra,
-    );
+    let sqlite = dir.join("sluice.db");
+    let mut text = config_text(port, &sqlite, &dir.join("backup"), mock, extra);
+    if test_engine() == Engine::Postgres {
+        let (url, key) = dir_postgres(dir);
+        text = text.replace(
+            &format!("url = \"sqlite://{}\"", sqlite.display()),
+            &format!("url = \"{url}\"\nkey_file = \"{}\"", key.display()),
+        );
+    }
     std::fs::write(&path, text).unwrap();
     path
+}
+
+/// On the suite's PostgreSQL pass, the database every gateway and reader of `dir` shares
+/// (as they share `dir/sluice.db` otherwise): a fresh one at first use, its URL kept in
+/// `dir/pg-url`; and the shared key's file.
+fn dir_postgres(dir: &std::path::Path) -> (String, std::path::PathBuf) {
+    let kept = dir.join("pg-url");
+    let key = dir.join("shared.key");
+    if let Ok(url) = std::fs::read_to_string(&kept) {
+        return (url, key);
+    }
+    let mut s = sluice::config::Settings::default();
+    on_postgres(&mut s, dir);
+    std::fs::write(&kept, &s.database.url).unwrap();
+    (s.database.url, key)
+}
+
+/// The database of the gateway(s) on `dir`, opened beside them (on the suite's engine).
+pub(crate) async fn open_dir_db(dir: &std::path::Path) -> sluice::store::Db {
+    match test_engine() {
+        Engine::Sqlite => sluice::store::Db::open(&dir.join("sluice.db"), false).await,
+        Engine::Postgres => {
+            let (url, _) = dir_postgres(dir);
+            sluice::store::Db::open_postgres(&url, &shared_key()).await
+        }
+    }
+    .unwrap()
 }
 
 /// A gateway's config: listening on `port`, its database at `db` and its backups in
@@ -107,12 +137,10 @@ pub(crate) async fn start_gateway_full(
     healthy(child, port, &log).await
 }
 
-/// The database of the gateway on `dir` (`dir/sluice.db`), opened beside the process, and a
+/// The database of the gateway on `dir` (`open_dir_db`), opened beside the process, and a
 /// token for `user` with a budget of $10 issued in it.
 pub(crate) async fn db_and_token(dir: &std::path::Path, user: &str) -> (sluice::store::Db, String) {
-    let db = sluice::store::Db::open(&dir.join("sluice.db"), false)
-        .await
-        .unwrap();
+    let db = open_dir_db(dir).await;
     let args = sluice::cli::IssueArgs {
         budget_usd: Some("10"),
         ..issue_args(user)

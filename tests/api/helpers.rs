@@ -1,5 +1,7 @@
-//! `spawn_app()`: the real application on a free port, a fresh SQLite file in a temp dir,
-//! and an in-process `sluice mock` upstream — one of each per test, so tests run in parallel.
+//! `spawn_app()`: the real application on a free port, a fresh database in a temp dir (a
+//! SQLite file, or with `TEST_STORE=postgres` a fresh database on the shared
+//! PostgreSQL server — `make test` runs the suite both ways), and an in-process `sluice
+//! mock` upstream — one of each per test, so tests run in parallel.
 
 use std::sync::Arc;
 
@@ -13,6 +15,8 @@ use sluice::startup::Application;
 use sluice::state::AppState;
 use sluice::store::ledger::Owner;
 use sluice::store::Db;
+
+use crate::pg_gateway_app::{on_postgres, Engine};
 
 /// The upstream keys of the test config: a canary that must never leak.
 pub const KEY_A: &str = "sk-upstream-canary-key-A-7f3a9c";
@@ -81,6 +85,18 @@ pub fn test_settings(dir: &std::path::Path, mock: &MockServer) -> Settings {
     s
 }
 
+/// The engine this run of the suite puts its apps on: `TEST_STORE=postgres` for
+/// PostgreSQL, SQLite otherwise. Tests that pin an engine (`on_both_engines!`, `pg_*`) or
+/// set `[database] url` themselves are not moved by it.
+pub fn test_engine() -> Engine {
+    static ENGINE: std::sync::OnceLock<Engine> = std::sync::OnceLock::new();
+    *ENGINE.get_or_init(|| match std::env::var("TEST_STORE").as_deref() {
+        Ok("postgres") => Engine::Postgres,
+        Ok("sqlite") | Err(_) => Engine::Sqlite,
+        Ok(other) => panic!("TEST_STORE={other}: expected sqlite or postgres"),
+    })
+}
+
 pub async fn spawn_app() -> TestApp {
     spawn_app_with(|_, _| {}).await
 }
@@ -96,6 +112,9 @@ pub async fn spawn_app_full(
     let dir = tempfile::tempdir().expect("temp dir");
     let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).expect("mock");
     let mut settings = test_settings(dir.path(), &mock);
+    if test_engine() == Engine::Postgres {
+        on_postgres(&mut settings, dir.path());
+    }
     tweak(&mut settings, &mock);
     let app = match clock {
         Some(c) => Application::build_with_clock(settings.clone(), c).await,
@@ -645,17 +664,33 @@ pub async fn budget_owner(db: &Db, levels: &[Budget; 3]) -> Owner {
     }
 }
 
-/// A config naming the test gateway's database and backup folder, for the real binary's
-/// CLI commands.
+/// A config naming the test gateway's database (on whichever engine it is) and backup
+/// folder, for the real binary's CLI commands.
 pub fn cli_config(app: &TestApp) -> std::path::PathBuf {
-    write_cli_config(
-        &app.dir.path().join("cli.toml"),
-        &app.settings.database_path(),
-        std::path::Path::new(&app.settings.backup.dir),
+    let path = app.dir.path().join("cli.toml");
+    if app.db().postgres().is_none() {
+        return write_cli_config(
+            &path,
+            &app.settings.database_path(),
+            std::path::Path::new(&app.settings.backup.dir),
+        );
+    }
+    let key = app.settings.database.key_file.as_ref().expect("a shared key file");
+    std::fs::write(
+        &path,
+        format!(
+            "[database]\nurl = \"{}\"\nkey_file = \"{}\"\n[backup]\ndir = \"{}\"\n",
+            app.settings.database.url,
+            key.display(),
+            app.settings.backup.dir
+        ),
     )
+    .unwrap();
+    path
 }
 
-/// Writes at `path` a config of only a database and a backup folder (what the CLI needs).
+/// Writes at `path` a config of only a SQLite database and a backup folder (what the CLI
+/// needs).
 pub fn write_cli_config(
     path: &std::path::Path,
     db: &std::path::Path,

@@ -42,6 +42,7 @@ mod pg_money_model;
 mod pg_money_pg;
 mod pg_outage_att;
 mod pg_server;
+mod pg_server_checks;
 mod pg_store;
 mod pg_store_audit;
 mod pg_store_log;

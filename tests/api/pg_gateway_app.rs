@@ -20,6 +20,11 @@ pub enum Engine {
 /// The master key every test host on one PostgreSQL database shares (hex).
 pub const SHARED_KEY_HEX: &str = "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a";
 
+/// The master key of `SHARED_KEY_HEX`, for opening a shared database beside its hosts.
+pub fn shared_key() -> sluice::secrets::MasterKey {
+    sluice::secrets::MasterKey::from_hex(SHARED_KEY_HEX).expect("the shared key is hex")
+}
+
 /// Points `s` at a fresh database on the shared PostgreSQL server, with the shared key in a
 /// key file of `dir` (mode 0600, as the gateway demands).
 pub fn on_postgres(s: &mut Settings, dir: &std::path::Path) {
@@ -54,10 +59,19 @@ pub async fn spawn_app_on_full(
 ) -> TestApp {
     spawn_app_full(
         |s, mock| {
-            if engine == Engine::Postgres {
-                let dir = std::path::PathBuf::from(&s.backup.dir);
-                let dir = dir.parent().unwrap().to_path_buf();
-                on_postgres(s, &dir);
+            // The suite-wide switch (`TEST_STORE`) has already chosen an engine for
+            // `s`; a test that names its engine gets that one whatever the switch says.
+            let dir = std::path::PathBuf::from(&s.backup.dir);
+            let dir = dir.parent().unwrap().to_path_buf();
+            match engine {
+                Engine::Postgres if !s.database.url.starts_with("postgres") => {
+                    on_postgres(s, &dir)
+                }
+                Engine::Postgres => {}
+                Engine::Sqlite => {
+                    s.database.url = format!("sqlite://{}", dir.join("sluice.db").display());
+                    s.database.key_file = None;
+                }
             }
             tweak(s, mock)
         },

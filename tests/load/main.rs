@@ -10,6 +10,12 @@ mod gateway_proc;
 #[allow(dead_code)]
 #[path = "../api/helpers.rs"]
 mod helpers;
+#[allow(dead_code)]
+#[path = "../api/pg_gateway_app.rs"]
+mod pg_gateway_app;
+#[allow(dead_code)]
+#[path = "../api/pg_server.rs"]
+mod pg_server;
 mod rig;
 
 mod admission;
