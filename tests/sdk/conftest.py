@@ -6,14 +6,22 @@ sub-token through the CLI. Everything is torn down at the end of the session.
 
 The binary is taken from $SLUICE_BIN, default <repo>/target/debug/sluice.
 This suite builds nothing: run `cargo build` first.
+
+The gateway's database is a SQLite file in the temp dir, or with
+TEST_STORE=postgres (the api suite's variable) a database on a throwaway
+PostgreSQL server of this session (scripts/pg-scratch.sh), the master key
+every PostgreSQL gateway needs in a 0600 `[database] key_file`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
+import shlex
 import signal
 import socket
+import sqlite3
 import subprocess
 import time
 import urllib.error
@@ -35,12 +43,15 @@ MOCK_TEXT = (
 MOCK_PROMPT_TOKENS = 12
 MOCK_COMPLETION_TOKENS = 24
 
+STORE = os.environ.get("TEST_STORE", "sqlite")
+PG_SCRATCH = REPO_ROOT / "scripts" / "pg-scratch.sh"
+
 CONFIG_TEMPLATE = """\
 [server]
 listen = "127.0.0.1:{gw_port}"
 
 [database]
-url = "sqlite://{db_path}"
+{database}
 
 [backup]
 dir = "{backup_dir}"
@@ -133,7 +144,7 @@ class Sluice:
     bin: Path
     workdir: Path
     config_path: Path
-    db_path: Path
+    db_path: Path  # the SQLite file (unused on PostgreSQL)
     gw_port: int
     mock_port: int
     gateway_log: Path
@@ -145,6 +156,10 @@ class Sluice:
     mock: subprocess.Popen | None = None
     # Every sub-token text issued during the session (for the leak check).
     issued_tokens: list[str] = field(default_factory=list)
+    store: str = "sqlite"
+    # The throwaway PostgreSQL server's folder (its data under data/), on PostgreSQL.
+    pg_dir: Path | None = None
+    pg_url: str = ""
 
     @property
     def base_url(self) -> str:
@@ -176,6 +191,49 @@ class Sluice:
     def stop_gateway(self) -> None:
         stop(self.gateway)
 
+    def query(self, sql: str) -> list[tuple[str, ...]]:
+        """Rows of one SELECT on the gateway's database, each value as text (NULL as "")."""
+        if self.store == "postgres":
+            res = subprocess.run(
+                ["psql", self.pg_url, "-v", "ON_ERROR_STOP=1", "-tAF", "\t", "-c", sql],
+                check=True, capture_output=True, text=True, timeout=60,
+            )
+            return [tuple(line.split("\t")) for line in res.stdout.splitlines() if line]
+        con = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True, timeout=10)
+        try:
+            return [tuple("" if v is None else str(v) for v in row) for row in con.execute(sql)]
+        finally:
+            con.close()
+
+    def store_files(self) -> list[Path]:
+        """Every file the store's data can be in: the SQLite file and its WAL, or the
+        PostgreSQL server's whole data folder after a CHECKPOINT (tables, WAL, indexes)."""
+        if self.store == "postgres":
+            subprocess.run(
+                ["psql", self.pg_url, "-v", "ON_ERROR_STOP=1", "-qc", "CHECKPOINT"],
+                check=True, capture_output=True, timeout=60,
+            )
+            return sorted(p for p in (self.pg_dir / "data").rglob("*") if p.is_file())
+        db = self.db_path
+        return [db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")]
+
+
+def start_postgres(owner_pid: int) -> tuple[Path, str]:
+    """A throwaway PostgreSQL server and an empty database on it (scripts/pg-scratch.sh):
+    its folder and the database's URL."""
+    res = subprocess.run(
+        [str(PG_SCRATCH), "start", str(owner_pid)], capture_output=True, text=True, timeout=180
+    )
+    if res.returncode != 0:
+        raise RuntimeError(f"pg-scratch.sh start failed ({res.returncode}):\n{res.stderr}")
+    values = dict(shlex.split(line)[0].split("=", 1) for line in res.stdout.splitlines() if line)
+    return Path(values["PG_SCRATCH_DIR"]), values["PG_SCRATCH_URL"]
+
+
+def stop_postgres(pg_dir: Path | None) -> None:
+    if pg_dir is not None:
+        subprocess.run([str(PG_SCRATCH), "stop", str(pg_dir)], timeout=120)
+
 
 @pytest.fixture(scope="session")
 def sluice(tmp_path_factory) -> Sluice:
@@ -190,13 +248,24 @@ def sluice(tmp_path_factory) -> Sluice:
     gw_port, mock_port = free_port(), free_port()
     while mock_port == gw_port:
         mock_port = free_port()
+    if STORE not in ("sqlite", "postgres"):
+        pytest.exit(f"TEST_STORE={STORE}: expected sqlite or postgres", returncode=2)
     db_path = workdir / "sluice.db"
+    pg_dir, pg_url = None, ""
+    if STORE == "postgres":
+        pg_dir, pg_url = start_postgres(os.getpid())
+        key_file = workdir / "master.key"
+        key_file.write_text(secrets.token_hex(32) + "\n")
+        key_file.chmod(0o600)
+        database = f'url = "{pg_url}"\nkey_file = "{key_file}"'
+    else:
+        database = f'url = "sqlite://{db_path}"'  # absolute path -> sqlite:///abs/path
     config_path = workdir / "sluice.toml"
     config_path.write_text(
         CONFIG_TEMPLATE.format(
             gw_port=gw_port,
             mock_port=mock_port,
-            db_path=db_path,  # absolute path -> sqlite:///abs/path
+            database=database,
             backup_dir=workdir / "backup",  # audit.head: never the repository's backup/
             upstream_key=UPSTREAM_KEY,
             anthropic_key=ANTHROPIC_UPSTREAM_KEY,
@@ -213,6 +282,9 @@ def sluice(tmp_path_factory) -> Sluice:
         gateway_log=workdir / "gateway.stderr.log",
         gateway_out=workdir / "gateway.stdout.log",
         mock_log=workdir / "mock.log",
+        store=STORE,
+        pg_dir=pg_dir,
+        pg_url=pg_url,
     )
 
     env = dict(os.environ)
@@ -230,6 +302,14 @@ def sluice(tmp_path_factory) -> Sluice:
             stdout=mock_fh, stderr=subprocess.STDOUT, env=env, cwd=workdir,
         )
         s.cli("migrate")
+        if STORE == "postgres":
+            # The suite runs on the engine it says: the tables are in PostgreSQL, no SQLite file.
+            res = subprocess.run(
+                ["psql", pg_url, "-tAc", "SELECT count(*) FROM information_schema.tables WHERE table_name = 'tokens'"],
+                capture_output=True, text=True, timeout=30, check=True,
+            )
+            assert res.stdout.strip() == "1", f"no tokens table on {pg_url}: {res.stdout!r}"
+            assert not db_path.exists(), f"{db_path} exists on TEST_STORE=postgres"
         s.gateway = subprocess.Popen(
             [str(bin_path), "--config", str(config_path), "serve"],
             stdout=gw_out, stderr=gw_err, env=env, cwd=workdir,
@@ -255,6 +335,7 @@ def sluice(tmp_path_factory) -> Sluice:
         stop(s.mock)
         for fh in (mock_fh, gw_err, gw_out):
             fh.close()
+        stop_postgres(s.pg_dir)
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """The official `openai` Python SDK against a real `sluice serve` + `sluice mock`.
 
-Tests run in file order; the last one stops the gateway and scans its log and
-database files for secrets, so it must stay last.
+Tests run in file order; the last two stop the gateway, scan its log and
+database files for secrets and check the money invariant, so they must stay last.
 """
 
 from __future__ import annotations
@@ -222,20 +222,61 @@ def _scan(files, needles):
 def test_zz_no_secrets_in_logs_or_database(sluice):
     assert len(sluice.issued_tokens) >= 2
     needles = _secret_needles(sluice)
-    db = sluice.db_path
-    db_files = [db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")]
     log_files = [sluice.gateway_log, sluice.gateway_out]
 
     # The request log line is written after the answer; give it a moment.
     time.sleep(0.3)
     log_text = sluice.gateway_log.read_text(errors="replace")
     assert '"request"' in log_text, "gateway wrote no request log lines (scan would be vacuous)"
-    assert db.exists() and db.stat().st_size > 0
 
-    found = _scan(log_files + db_files, needles)
-    assert not found, f"secrets found while running: {found}"
+    def scan_store_and_logs(when):
+        store_files = sluice.store_files()
+        # The scan reads where the rows are: the user every token was issued to is there.
+        assert _scan(store_files, {"user": b"alice"}), f"no stored row found in {sluice.store} files {when} (scan would be vacuous)"
+        found = _scan(log_files + store_files, needles)
+        assert not found, f"secrets found {when} ({sluice.store}): {found}"
 
+    scan_store_and_logs("while running")
     # Stop the gateway (flushes buffers, checkpoints the WAL) and scan again.
     sluice.stop_gateway()
-    found = _scan(log_files + db_files, needles)
-    assert not found, f"secrets found after shutdown: {found}"
+    scan_store_and_logs("after shutdown")
+
+
+def test_zzz_money_invariant_after_shutdown(sluice):
+    """CHECKS.md's invariant on the whole session's traffic, on whichever engine ran it:
+    per token, user and team with a limit, limit − remaining == the ledger of its period
+    and nothing reserved once the gateway stopped; every logged request's cost is its
+    ledger sum; and the check is not vacuous (money moved, requests were logged)."""
+    sluice.stop_gateway()
+    for table, id_col, period_col in (
+        ("tokens", "token_id", "period"),
+        ("users", "user_id", "user_period"),
+        ("teams", "team_id", "team_period"),
+    ):
+        rows = sluice.query(
+            f"""SELECT t.id, t.limit_micros - t.remaining_micros, t.reserved_micros,
+                       CAST(COALESCE((SELECT SUM(l.amount_micros) FROM ledger l
+                                      WHERE l.{id_col} = t.id AND l.{period_col} = t.period
+                                        AND l.kind IN ('reserve', 'settle', 'adjust')), 0) AS BIGINT)
+                FROM {table} t WHERE t.limit_micros IS NOT NULL"""
+        )
+        if table == "tokens":
+            assert rows, f"no token with a budget on {sluice.store} (check would be vacuous)"
+        for tid, used, reserved, ledger in rows:
+            assert used == ledger, f"{table} {tid}: limit − remaining {used} ≠ ledger {ledger} ({sluice.store})"
+            assert reserved == "0", f"{table} {tid}: {reserved} µ$ still reserved after shutdown ({sluice.store})"
+    disagree = sluice.query(
+        """SELECT r.id, r.cost_micros, l.total FROM requests r
+           JOIN (SELECT request_id, CAST(SUM(amount_micros) AS BIGINT) AS total FROM ledger
+                 WHERE kind IN ('reserve', 'settle', 'absorbed') AND request_id IS NOT NULL
+                 GROUP BY request_id) l ON l.request_id = r.id
+           WHERE r.cost_micros <> l.total"""
+    )
+    assert not disagree, f"request log ≠ ledger (id, log, ledger) on {sluice.store}: {disagree}"
+    [(charged, logged)] = sluice.query(
+        "SELECT (SELECT COUNT(*) FROM ledger WHERE kind = 'settle' AND amount_micros <> 0),"
+        " (SELECT COUNT(*) FROM requests WHERE status = 200 AND cost_micros > 0)"
+    )
+    assert int(charged) > 0 and int(logged) > 0, f"no money moved on {sluice.store} (check would be vacuous)"
+    if sluice.store == "sqlite":
+        assert sluice.query("PRAGMA integrity_check") == [("ok",)]
