@@ -5,6 +5,9 @@
 # playwright-core driving Debian's /usr/bin/chromium). Builds and installs nothing: run
 # `cargo build` and scripts/test-deps.sh first. Screenshots land in tests/ui/out/; with
 # SLUICE_UPDATE_SCREENSHOTS=1 the README's three are copied to docs/screenshots/.
+# The database is a SQLite file, or with TEST_STORE=postgres (the api suite's variable) one
+# on a throwaway PostgreSQL server (scripts/pg-scratch.sh), the master key in a 0600
+# `[database] key_file`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
@@ -13,9 +16,33 @@ BIN=$(realpath "${SLUICE_BIN:-target/debug/sluice}")
 [ -x /usr/bin/chromium ] || { echo "/usr/bin/chromium missing; run scripts/test-deps.sh" >&2; exit 2; }
 [ -d tests/ui/node_modules/playwright-core ] || { echo "run npm ci in tests/ui (scripts/test-deps.sh)" >&2; exit 2; }
 
+STORE=${TEST_STORE:-sqlite}
+case "$STORE" in sqlite | postgres) ;; *) echo "TEST_STORE=$STORE: expected sqlite or postgres" >&2; exit 2 ;; esac
+
 OUT="$ROOT/tests/ui/out"
 rm -rf "$OUT" && mkdir -p "$OUT"
 WORK=$(mktemp -d)
+PIDS=()
+PG_SCRATCH_DIR=""
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    cp "$WORK"/*.log "$OUT"/ 2>/dev/null || true
+    rm -rf "$WORK"
+    [ -z "$PG_SCRATCH_DIR" ] || "$ROOT/scripts/pg-scratch.sh" stop "$PG_SCRATCH_DIR"
+}
+trap cleanup EXIT
+
+if [ "$STORE" = postgres ]; then
+    # Assigned first, so a failed start stops the run (an eval of a failed $(…) would not).
+    pg_env=$("$ROOT/scripts/pg-scratch.sh" start $$)
+    eval "$pg_env"
+    (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$WORK/master.key")
+    DATABASE="url = \"$PG_SCRATCH_URL\"
+key_file = \"$WORK/master.key\""
+else
+    DATABASE="url = \"sqlite://$WORK/sluice.db\""
+fi
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
 GW_PORT=$(free_port)
 MOCK_PORT=$(free_port)
@@ -28,7 +55,7 @@ public_url = "http://127.0.0.1:$GW_PORT"
 workers = 2
 
 [database]
-url = "sqlite://$WORK/sluice.db"
+$DATABASE
 
 [backup]
 dir = "$WORK/backup"
@@ -57,18 +84,15 @@ for v in $(env | grep -o '^SLUICE_[A-Z_]*' || true); do
     case "$v" in SLUICE_BIN|SLUICE_UPDATE_SCREENSHOTS) ;; *) unset "$v" ;; esac
 done
 
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-    cp "$WORK"/*.log "$OUT"/ 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
 "$BIN" mock --listen "127.0.0.1:$MOCK_PORT" >"$WORK/mock.log" 2>&1 &
 PIDS+=($!)
 "$BIN" --config "$CONFIG" migrate >/dev/null
+if [ "$STORE" = postgres ]; then
+    # The run is on the engine it says: the tables are in PostgreSQL, no SQLite file.
+    [ "$(psql "$PG_SCRATCH_URL" -tAc "SELECT count(*) FROM information_schema.tables WHERE table_name = 'tokens'")" = 1 ] ||
+        { echo "no tokens table on $PG_SCRATCH_URL" >&2; exit 1; }
+    [ ! -e "$WORK/sluice.db" ] || { echo "$WORK/sluice.db exists on TEST_STORE=postgres" >&2; exit 1; }
+fi
 ADMIN_PASSWORD="ui-test-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 printf '%s\n' "$ADMIN_PASSWORD" | "$BIN" --config "$CONFIG" admin create --username admin --role admin --password-stdin >/dev/null
 "$BIN" --config "$CONFIG" serve >"$WORK/gateway.stdout.log" 2>"$WORK/gateway.stderr.log" &
