@@ -14,7 +14,9 @@ test: test-deps
 	cargo test --locked --no-fail-fast
 	./scripts/test-postgres-pass.sh
 	SLUICE_BIN=target/debug/sluice ./tests/sdk/run.sh
+	TEST_STORE=postgres SLUICE_BIN=target/debug/sluice ./tests/sdk/run.sh
 	SLUICE_BIN=target/debug/sluice ./tests/ui/run.sh
+	TEST_STORE=postgres SLUICE_BIN=target/debug/sluice ./tests/ui/run.sh
 
 bench:
 	cargo build --release --locked --bins --examples

@@ -28,7 +28,8 @@ fi
 
 # PostgreSQL (issue 17): the tests run `initdb` and `postgres` themselves on free ports (as
 # the `postgres` user when run as root: PostgreSQL refuses root), never the distribution's
-# service. `psql` creates each test's database.
+# service (tests/api/pg_server.rs; scripts/pg-scratch.sh for the SDK and browser suites).
+# `psql` creates each test's database.
 if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || ! command -v psql >/dev/null 2>&1; then
     apt_install postgresql postgresql-client
     $sudo systemctl disable --now postgresql >/dev/null 2>&1 || true

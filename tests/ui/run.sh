@@ -7,7 +7,7 @@
 # SLUICE_UPDATE_SCREENSHOTS=1 the README's three are copied to docs/screenshots/.
 # The database is a SQLite file, or with TEST_STORE=postgres (the api suite's variable) one
 # on a throwaway PostgreSQL server (scripts/pg-scratch.sh), the master key in a 0600
-# `[database] key_file`.
+# `[database] key_file`; its screenshots and logs go to tests/ui/out-postgres/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
@@ -20,6 +20,7 @@ STORE=${TEST_STORE:-sqlite}
 case "$STORE" in sqlite | postgres) ;; *) echo "TEST_STORE=$STORE: expected sqlite or postgres" >&2; exit 2 ;; esac
 
 OUT="$ROOT/tests/ui/out"
+[ "$STORE" = sqlite ] || OUT="$ROOT/tests/ui/out-$STORE"
 rm -rf "$OUT" && mkdir -p "$OUT"
 WORK=$(mktemp -d)
 PIDS=()
