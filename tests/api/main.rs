@@ -40,6 +40,7 @@ mod pg_money;
 mod pg_money_bench;
 mod pg_money_model;
 mod pg_money_pg;
+mod pg_nul_names;
 mod pg_outage_att;
 mod pg_server;
 mod pg_server_checks;
