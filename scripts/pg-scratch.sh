@@ -93,7 +93,7 @@ start() {
     for attempt in 1 2 3; do
         port=$(free_port)
         if as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 -s \
-            -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=200 -c shared_buffers=32MB -c fsync=off -c synchronous_commit=off -c full_page_writes=off" \
+            -o "-p $port -k '$dir' -c listen_addresses=127.0.0.1 -c max_connections=200 -c shared_buffers=32MB -c fsync=off -c synchronous_commit=off -c full_page_writes=off" \
             start >/dev/null 2>&1; then
             break
         fi

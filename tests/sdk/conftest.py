@@ -230,13 +230,26 @@ def start_postgres(owner_pid: int) -> tuple[Path, str]:
     return Path(values["PG_SCRATCH_DIR"]), values["PG_SCRATCH_URL"]
 
 
-def stop_postgres(pg_dir: Path | None) -> None:
-    if pg_dir is not None:
-        subprocess.run([str(PG_SCRATCH), "stop", str(pg_dir)], timeout=120)
+def stop_postgres(pg_dir: Path) -> None:
+    subprocess.run([str(PG_SCRATCH), "stop", str(pg_dir)], timeout=120)
 
 
 @pytest.fixture(scope="session")
-def sluice(tmp_path_factory) -> Sluice:
+def pg_scratch():
+    """With TEST_STORE=postgres, the session's throwaway PostgreSQL server: its folder and
+    the URL of an empty database on it; stopped and removed after the gateway."""
+    if STORE != "postgres":
+        yield None, ""
+        return
+    pg_dir, pg_url = start_postgres(os.getpid())
+    try:
+        yield pg_dir, pg_url
+    finally:
+        stop_postgres(pg_dir)
+
+
+@pytest.fixture(scope="session")
+def sluice(tmp_path_factory, pg_scratch) -> Sluice:
     bin_path = Path(os.environ.get("SLUICE_BIN", str(DEFAULT_BIN))).resolve()
     if not bin_path.is_file():
         pytest.exit(
@@ -251,9 +264,8 @@ def sluice(tmp_path_factory) -> Sluice:
     if STORE not in ("sqlite", "postgres"):
         pytest.exit(f"TEST_STORE={STORE}: expected sqlite or postgres", returncode=2)
     db_path = workdir / "sluice.db"
-    pg_dir, pg_url = None, ""
+    pg_dir, pg_url = pg_scratch
     if STORE == "postgres":
-        pg_dir, pg_url = start_postgres(os.getpid())
         key_file = workdir / "master.key"
         key_file.write_text(secrets.token_hex(32) + "\n")
         key_file.chmod(0o600)
@@ -335,7 +347,6 @@ def sluice(tmp_path_factory) -> Sluice:
         stop(s.mock)
         for fh in (mock_fh, gw_err, gw_out):
             fh.close()
-        stop_postgres(s.pg_dir)
 
 
 @pytest.fixture(scope="session")
