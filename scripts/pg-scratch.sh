@@ -28,7 +28,7 @@ bin_dir() {
             return 0
         fi
     fi
-    d=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -t/ -k4 -n | tail -n 1)
+    d=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -t/ -k5,5n | tail -n 1)
     if [ -n "$d" ] && [ -x "$d/postgres" ]; then
         echo "$d"
         return 0
