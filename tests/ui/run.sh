@@ -33,6 +33,9 @@ cleanup() {
     [ -z "$PG_SCRATCH_DIR" ] || "$ROOT/scripts/pg-scratch.sh" stop "$PG_SCRATCH_DIR"
 }
 trap cleanup EXIT
+# A signal ends the run through `exit`, so the EXIT trap runs (bash skips it when killed).
+trap 'exit 130' INT
+trap 'exit 143' TERM HUP
 
 if [ "$STORE" = postgres ]; then
     # Assigned first, so a failed start stops the run (an eval of a failed $(…) would not).
