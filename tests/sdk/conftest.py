@@ -92,6 +92,15 @@ input_usd_per_mtok = 0.02
 """
 
 
+def _interrupt(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+# SIGTERM ends the session as Ctrl-C does: through the fixtures' teardown, so the gateway,
+# the mock and the PostgreSQL server stop with it (Python would die without it).
+signal.signal(signal.SIGTERM, _interrupt)
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
