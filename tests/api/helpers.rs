@@ -675,7 +675,12 @@ pub fn cli_config(app: &TestApp) -> std::path::PathBuf {
             std::path::Path::new(&app.settings.backup.dir),
         );
     }
-    let key = app.settings.database.key_file.as_ref().expect("a shared key file");
+    let key = app
+        .settings
+        .database
+        .key_file
+        .as_ref()
+        .expect("a shared key file");
     std::fs::write(
         &path,
         format!(
@@ -717,4 +722,23 @@ pub fn retry_after(headers: &reqwest::header::HeaderMap) -> u64 {
         .unwrap()
         .parse()
         .unwrap()
+}
+
+/// `bytes` as a blob literal of the engine holding `db` (`x'…'` on SQLite, `'\x…'::bytea`
+/// on PostgreSQL), to compare a BLOB/BYTEA column with in SQL both read otherwise.
+pub fn sql_blob(db: &Db, bytes: &[u8]) -> String {
+    match db.postgres() {
+        None => format!("x'{}'", hex::encode(bytes)),
+        Some(_) => format!("'\\x{}'::bytea", hex::encode(bytes)),
+    }
+}
+
+/// The rows `sql` selects (tuples of integers and texts), on whichever engine holds `db`.
+pub async fn sql_rows<T>(db: &Db, sql: &str) -> Vec<T>
+where
+    T: Send + Unpin,
+    T: for<'r> sqlx::FromRow<'r, sqlx::sqlite::SqliteRow>,
+    T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>,
+{
+    rows_on(db, sql).await
 }
