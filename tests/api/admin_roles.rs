@@ -533,7 +533,7 @@ async fn every_admin_action_writes_exactly_one_audit_row_without_secrets() {
 }
 
 #[tokio::test]
-async fn audit_verify_names_a_row_edited_in_sqlite() {
+async fn audit_verify_names_a_row_edited_by_hand_in_the_database() {
     let w = world().await;
     let config = cli_config(&w.app);
     // Awaited, not blocking: a blocking wait would stall the in-process gateway's tasks.

@@ -446,6 +446,21 @@ async fn a_chain_rewritten_under_another_key_is_named_at_the_edited_row() {
     .await;
 }
 
+/// Red team: the whole chain rewritten under another key, from its first row, so that no
+/// row verifies under the gateway's key — what a host holding another key looks like on
+/// PostgreSQL, where such a host is refused when it opens the database. `sluice audit
+/// verify` with the right key must still run and name the rewrite, on both engines.
+#[tokio::test]
+async fn a_chain_rewritten_from_its_first_row_under_another_key_is_named() {
+    let rig = rig().await;
+    rewrite_chain(&mut rig.attacker().await, 1, &Rewrite::WrongKey([7; 32])).await;
+    let out = rig.verify().await;
+    assert!(!ok(&out), "a whole-chain rewrite passed verification");
+    let err = stderr(&out);
+    assert!(err.contains("broken at row 1"), "{err}");
+    assert!(err.contains("audit head mismatch"), "{err}");
+}
+
 #[tokio::test]
 async fn deleting_the_newest_rows_is_caught_by_the_head() {
     let rig = rig().await;
