@@ -1094,3 +1094,83 @@ async fn a_head_that_can_no_longer_be_written_raises_an_alert() {
     }
     panic!("no audit_head alert in 10 s while the head could not be written: {kinds:?}");
 }
+
+/// Red team: rows rewritten under another key behind a running gateway, then the next
+/// admin action. On SQLite it appends and the head's exporter, woken, refuses the chain
+/// and raises the `audit_head` alert. On PostgreSQL the append is refused (a tip this key
+/// did not sign stops every host's appends: fail closed) — and nothing woke the exporter,
+/// so no alert was raised: the operator saw only 500s. The alert must come on both.
+#[tokio::test]
+async fn a_chain_rewritten_behind_a_running_gateway_raises_the_alert() {
+    use sluice::config::{Secret, WebhookSettings};
+    let app = spawn_app_with(|s, m| {
+        s.alerts.webhooks = vec![WebhookSettings {
+            url: Secret(secrecy::SecretString::from(format!(
+                "{}/_mock/webhook",
+                m.base_url()
+            ))),
+            format: "generic".into(),
+        }];
+    })
+    .await;
+    make_login(&app, "root", "admin", None).await;
+    let admin = login(&app, "root").await;
+    for name in ["red", "blue"] {
+        let (s, team) = admin
+            .post("/admin/api/v1/teams", &json!({"name": name}))
+            .await;
+        assert_eq!(s, 201, "{team}");
+    }
+    let config = cli_config(&app);
+    let rig = Rig { app, admin, config };
+    rig.head_caught_up().await;
+    let target: i64 = rig
+        .app
+        .scalar("SELECT id FROM audit_log WHERE action = 'team.create' ORDER BY id LIMIT 1")
+        .await;
+    rewrite_chain(
+        &mut rig.attacker().await,
+        target,
+        &Rewrite::WrongKey([7; 32]),
+    )
+    .await;
+    let (status, v) = rig
+        .admin
+        .post("/admin/api/v1/teams", &json!({"name": "after"}))
+        .await;
+    match rig.app.db().postgres() {
+        None => assert_eq!(status, 201, "{v}"),
+        Some(_) => {
+            assert_eq!(status, 500, "{v}");
+            assert_eq!(v["error"]["code"], "internal_error", "{v}");
+            assert!(
+                v["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("nothing was changed")),
+                "{v}"
+            );
+        }
+    }
+    let mut kinds = Vec::new();
+    for _ in 0..400 {
+        kinds = rig
+            .app
+            .mock
+            .state
+            .stats("webhook")
+            .last_bodies
+            .iter()
+            .filter_map(|b| b["kind"].as_str().map(String::from))
+            .collect();
+        if kinds.iter().any(|k| k == "audit_head") {
+            rig.verify_fails_naming(
+                &format!("broken at row {target}"),
+                "the rewrite passed verification",
+            )
+            .await;
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("no audit_head alert in 10 s after the chain was rewritten: {kinds:?}");
+}
