@@ -328,7 +328,12 @@ async fn main() -> anyhow::Result<()> {
         println!("{}", rearmed?);
         return Ok(());
     }
-    let db = Db::connect(&settings).await?;
+    let db = match cli.command {
+        Command::Audit {
+            command: AuditCommand::Verify,
+        } => Db::connect_to_verify(&settings).await?,
+        _ => Db::connect(&settings).await?,
+    };
     match cli.command {
         Command::Migrate => println!(
             "database {} ({}) is up to date",

@@ -139,7 +139,8 @@ impl AuditKeys {
         m.verify_slice(&tag).is_ok()
     }
 
-    /// Called by `sluice_audit_mac` for each row it signs.
+    /// Called by `sluice_audit_mac` for each row it signs (and by PostgreSQL's append for
+    /// one it refuses over a tip this key did not sign, so the head's check runs).
     pub(crate) fn appended(&self) {
         self.appended.notify_one();
     }

@@ -212,18 +212,28 @@ impl Db {
     /// Opens the database `[database] url` names (creating a SQLite file and its folder
     /// when missing) and migrates it.
     pub async fn connect(settings: &crate::config::Settings) -> Result<Db> {
+        let db = Db::connect_to_verify(settings).await?;
+        // On PostgreSQL, a host with another key would sign rows no other host can verify
+        // (the first one at once: its audit head's start): refused before it writes
+        // anything.
+        if db.postgres().is_some() && audit::signed_with(&db, &db.audit).await? == Some(false) {
+            db.close().await;
+            return Err(crate::secrets::SecretError::SharedKeyMismatch.into());
+        }
+        Ok(db)
+    }
+
+    /// `connect` without its refusal of a key that signed no audit row, for `sluice audit
+    /// verify`, which appends nothing: a chain rewritten under another key from its first
+    /// row looks like a host of another key, and verify is how the operator with the right
+    /// key finds out which (it names the rows and the head that fail, and the key when
+    /// every one does).
+    pub async fn connect_to_verify(settings: &crate::config::Settings) -> Result<Db> {
         if let Some(url) = settings.database_postgres_url() {
             let key = crate::secrets::MasterKey::for_shared_database(
                 settings.database.key_file.as_deref(),
             )?;
-            let db = Db::open_postgres(url, &key).await?;
-            // A host with another key would sign rows no other host can verify (the first
-            // one at once: its audit head's start): refused before it writes anything.
-            if audit::signed_with(&db, &db.audit).await? == Some(false) {
-                db.close().await;
-                return Err(crate::secrets::SecretError::SharedKeyMismatch.into());
-            }
-            return Ok(db);
+            return Db::open_postgres(url, &key).await;
         }
         let synchronous_full = settings.quota.synchronous == "full";
         Db::open(&settings.database_path(), synchronous_full).await

@@ -622,8 +622,8 @@ async fn admin_api_keys_act_for_their_owner_and_are_refused_once_revoked() {
     );
     assert_eq!(
         app.scalar(&format!(
-            "SELECT COUNT(*) FROM admin_api_keys WHERE key_hash = x'{}'",
-            hex::encode(sluice::auth::token::hash(&key))
+            "SELECT COUNT(*) FROM admin_api_keys WHERE key_hash = {}",
+            sql_blob(app.db(), &sluice::auth::token::hash(&key))
         ))
         .await,
         1,
@@ -729,30 +729,19 @@ async fn older_parameters_are_rehashed_at_sign_in_and_a_short_legacy_password_st
     };
     let set = |h: String| format!("UPDATE admins SET password_hash = '{h}' WHERE id = {id}");
     let stored = format!("SELECT password_hash FROM admins WHERE id = {id}");
-    let stored = || sqlx::query_scalar::<_, String>(&stored).fetch_one(&app.db().sqlite().read);
-    sqlx::query(&set(old(PASSWORD)))
-        .execute(&app.db().sqlite().write)
-        .await
-        .unwrap();
+    let stored = || sql_text(app.db(), &stored);
+    sql_exec(app.db(), &set(old(PASSWORD))).await;
     login(&app, "root").await;
     assert!(
         stored()
             .await
-            .unwrap()
             .starts_with("$argon2id$v=19$m=19456,t=2,p=1$"),
         "rehashed with today's parameters"
     );
     let legacy = old("hunter22");
-    sqlx::query(&set(legacy.clone()))
-        .execute(&app.db().sqlite().write)
-        .await
-        .unwrap();
+    sql_exec(app.db(), &set(legacy.clone())).await;
     login_with(&app, "root", "hunter22").await;
-    assert_eq!(
-        stored().await.unwrap(),
-        legacy,
-        "kept until it can be rehashed"
-    );
+    assert_eq!(stored().await, legacy, "kept until it can be rehashed");
 }
 
 /// A successful sign-in takes back only its own attempt: the failures before it still

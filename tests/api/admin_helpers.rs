@@ -202,7 +202,7 @@ pub async fn state_counts(app: &TestApp) -> Vec<(String, i64)> {
         ("users", "SELECT COUNT(*) FROM users"),
         (
             "disabled users",
-            "SELECT COUNT(*) FROM users WHERE disabled = 1",
+            "SELECT COUNT(*) FROM users WHERE disabled = TRUE",
         ),
         ("tokens", "SELECT COUNT(*) FROM tokens"),
         (

@@ -6,16 +6,42 @@ use serde_json::{json, Value};
 use crate::admin_helpers::*;
 use crate::helpers::*;
 
-/// Writes request-log rows directly: (team, user, token, model, status, cost, day).
+/// Writes request-log rows through the store's batch writer (what the request log's task
+/// calls), so on PostgreSQL the spend-by-day rollup reports read follows them as it does
+/// the gateway's own rows: (team, user, token, model, status, cost, day).
 async fn seed(app: &TestApp, rows: &[(i64, i64, i64, &str, i64, i64, &str)]) {
-    for (i, (team, user, token, model, status, cost, day)) in rows.iter().enumerate() {
-        sqlx::query("INSERT INTO requests (id, token_id, user_id, team_id, endpoint, model, served_model, status, input_tokens, output_tokens, cost_micros, created_at)
-                     VALUES (?, ?, ?, ?, 'chat', ?, ?, ?, 10, 20, ?, ?)")
-            .bind(format!("req-{i}"))
-            .bind(token).bind(user).bind(team).bind(model).bind(model).bind(status).bind(cost)
-            .bind(format!("{day}T12:{:02}:{:02}.000Z", i / 60 % 60, i % 60))
-            .execute(&app.db().sqlite().write).await.unwrap();
-    }
+    let rows: Vec<_> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, (team, user, token, model, status, cost, day))| {
+            sluice::store::requests::RequestRow {
+                id: format!("req-{i}"),
+                token_id: Some(*token),
+                user_id: Some(*user),
+                team_id: Some(*team),
+                endpoint: "chat",
+                model: model.to_string(),
+                served_model: model.to_string(),
+                upstream: String::new(),
+                status: *status as u16,
+                error_code: None,
+                stream: false,
+                attempts: 0,
+                input_tokens: 10,
+                output_tokens: 20,
+                cost_micros: *cost,
+                latency_ms: 0,
+                ttfb_ms: None,
+                cache: "off",
+                cache_key: None,
+                cache_similarity: None,
+                created_at: format!("{day}T12:{:02}:{:02}.000Z", i / 60 % 60, i % 60),
+            }
+        })
+        .collect();
+    sluice::store::requests::insert_batch(app.db(), &rows)
+        .await
+        .expect("request rows written");
 }
 
 async fn setup() -> (TestApp, Session) {

@@ -5,6 +5,7 @@ use reqwest::Method;
 use serde_json::{json, Value};
 
 use crate::admin_helpers::*;
+use crate::audit_tamper::{Attacker, Tamper};
 use crate::helpers::*;
 
 struct World {
@@ -499,26 +500,24 @@ async fn every_admin_action_writes_exactly_one_audit_row_without_secrets() {
             }
         }
         assert_eq!(audit().await, n + 1, "{action}: exactly one row");
-        let row: (String, String, String, String) = sqlx::query_as(
+        let row: (String, String, String, String) = sql_rows(
+            w.app.db(),
             "SELECT actor, address, action, target FROM audit_log ORDER BY id DESC LIMIT 1",
         )
-        .fetch_one(&w.app.db().sqlite().read)
         .await
-        .unwrap();
+        .remove(0);
         assert_eq!(row.0, "root");
         assert_eq!(row.1, "127.0.0.1");
         assert_eq!(row.2, action);
         assert!(!row.3.is_empty() || action.starts_with("login"));
     }
     let dump: Vec<(Option<String>, Option<String>, String)> =
-        sqlx::query_as("SELECT before, after, target FROM audit_log")
-            .fetch_all(&w.app.db().sqlite().read)
-            .await
-            .unwrap();
-    let hashes: Vec<String> = sqlx::query_scalar("SELECT password_hash FROM admins")
-        .fetch_all(&w.app.db().sqlite().read)
+        sql_rows(w.app.db(), "SELECT before, after, target FROM audit_log").await;
+    let hashes: Vec<String> = sql_rows::<(String,)>(w.app.db(), "SELECT password_hash FROM admins")
         .await
-        .unwrap();
+        .into_iter()
+        .map(|(h,)| h)
+        .collect();
     for (b, a, t) in dump {
         let text = format!("{b:?}{a:?}{t}");
         for s in secrets.iter().chain(hashes.iter()) {
@@ -534,14 +533,9 @@ async fn every_admin_action_writes_exactly_one_audit_row_without_secrets() {
 }
 
 #[tokio::test]
-async fn audit_verify_names_a_row_edited_in_sqlite() {
+async fn audit_verify_names_a_row_edited_by_hand_in_the_database() {
     let w = world().await;
-    let db_path = w.app.dir.path().join("sluice.db");
-    let config = write_cli_config(
-        &w.app.dir.path().join("verify.toml"),
-        &db_path,
-        std::path::Path::new(&w.app.settings.backup.dir),
-    );
+    let config = cli_config(&w.app);
     // Awaited, not blocking: a blocking wait would stall the in-process gateway's tasks.
     let verify = || {
         tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
@@ -569,20 +563,19 @@ async fn audit_verify_names_a_row_edited_in_sqlite() {
         .scalar("SELECT id FROM audit_log WHERE action = 'user.create' ORDER BY id LIMIT 1")
         .await;
     // Only a hand edit can do this: the trigger refuses every UPDATE first.
-    let refused = sqlx::query("UPDATE audit_log SET actor = 'nobody' WHERE id = ?")
-        .bind(target)
-        .execute(&w.app.db().sqlite().write)
+    let mut c = Attacker::of(&w.app.settings).await;
+    let refused = c
+        .try_exec(&format!(
+            "UPDATE audit_log SET actor = 'nobody' WHERE id = {target}"
+        ))
         .await;
     assert!(refused.is_err(), "audit rows cannot be updated");
-    sqlx::query("DROP TRIGGER audit_no_update")
-        .execute(&w.app.db().sqlite().write)
-        .await
-        .unwrap();
-    sqlx::query("UPDATE audit_log SET after = '{\"username\":\"mallory\"}' WHERE id = ?")
-        .bind(target)
-        .execute(&w.app.db().sqlite().write)
-        .await
-        .unwrap();
+    c.lift_update_guard().await;
+    c.exec(&format!(
+        "UPDATE audit_log SET after = '{{\"username\":\"mallory\"}}' WHERE id = {target}"
+    ))
+    .await;
+    c.close().await;
     let bad = verify().await.unwrap();
     assert!(!bad.status.success());
     let err = String::from_utf8_lossy(&bad.stderr);
@@ -900,12 +893,12 @@ async fn an_admin_resets_a_password_and_changes_a_role_and_the_old_sessions_end(
             "{body}"
         );
     }
-    let row: (String, String) = sqlx::query_as(
+    let row: (String, String) = sql_rows(
+        w.app.db(),
         "SELECT action, after FROM audit_log WHERE action = 'admin.update' ORDER BY id LIMIT 1",
     )
-    .fetch_one(&w.app.db().sqlite().read)
     .await
-    .unwrap();
+    .remove(0);
     assert!(
         row.1.contains("password_reset") && !row.1.contains("$argon2"),
         "{row:?}"

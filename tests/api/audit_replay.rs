@@ -8,10 +8,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
-use sqlx::Connection;
 
-use crate::audit_tamper::{logged_gateway, logged_heads};
+use crate::audit_tamper::{logged_gateway, logged_heads, Attacker, Tamper};
 
 /// Waits (bounded) for the log line of the head with `rows` rows.
 async fn logged_head(log: &Path, rows: i64) -> Value {
@@ -31,7 +29,6 @@ async fn logged_head(log: &Path, rows: i64) -> Value {
 async fn a_head_rebuilt_from_the_log_does_not_hide_deleted_rows() {
     let lg = logged_gateway().await;
     let (dir, log) = (lg.dir.path(), &lg.log);
-    let db_path = dir.join("sluice.db");
     let config = dir.join(format!("sluice-{}.toml", lg.port));
     // The first head follows the token's row and the `audit.head_started` row.
     let early = logged_head(log, 2).await;
@@ -41,16 +38,11 @@ async fn a_head_rebuilt_from_the_log_does_not_hide_deleted_rows() {
     drop(lg.gw);
 
     // The attacker deletes the newest row and writes the head of that time, from the log.
-    let mut c = SqliteConnection::connect_with(&SqliteConnectOptions::new().filename(&db_path))
-        .await
-        .unwrap();
-    for sql in [
-        "DROP TRIGGER audit_no_delete",
-        "DELETE FROM audit_log WHERE id = (SELECT MAX(id) FROM audit_log)",
-    ] {
-        sqlx::query(sql).execute(&mut c).await.unwrap();
-    }
-    c.close().await.unwrap();
+    let mut c = Attacker::of_dir(dir).await;
+    c.lift_delete_guard().await;
+    c.exec("DELETE FROM audit_log WHERE id = (SELECT MAX(id) FROM audit_log)")
+        .await;
+    c.close().await;
     let rebuilt: serde_json::Map<String, Value> = ["rows", "last_id", "last_hash", "at", "mac"]
         .iter()
         .map(|f| (f.to_string(), early[*f].clone()))

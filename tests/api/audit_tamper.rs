@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
-use sqlx::{Connection, Row};
+use sqlx::postgres::{PgConnection, PgRow};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteRow};
+use sqlx::{Connection, FromRow};
 
 use crate::admin_helpers::*;
 use crate::helpers::*;
@@ -21,10 +22,6 @@ struct Rig {
 }
 
 impl Rig {
-    fn db_path(&self) -> PathBuf {
-        self.app.settings.database_path()
-    }
-
     fn head_path(&self) -> PathBuf {
         Path::new(&self.app.settings.backup.dir).join("audit.head")
     }
@@ -47,11 +44,9 @@ impl Rig {
         assert!(stderr(&out).contains(needle), "{}", stderr(&out));
     }
 
-    /// A plain SQLite connection: what someone holding only the file has.
-    async fn attacker(&self) -> SqliteConnection {
-        SqliteConnection::connect_with(&SqliteConnectOptions::new().filename(self.db_path()))
-            .await
-            .unwrap()
+    /// What someone holding the database but not the key has: a plain connection to it.
+    async fn attacker(&self) -> Attacker {
+        Attacker::of(&self.app.settings).await
     }
 
     async fn rows(&self) -> i64 {
@@ -123,27 +118,49 @@ fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
         .into()
 }
 
+/// An audit row as the attacker reads it: id, the fields the chain covers (actor, address,
+/// action, target, before, after, created_at) and its hash.
+type AuditRow = (
+    i64,
+    String,
+    String,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    String,
+    String,
+);
+
+/// The columns of `AuditRow`, in its order.
+const AUDIT_ROW: &str = "id, actor, address, action, target, before, after, created_at, hash";
+
+/// The chain's fields of `r`, in the chain's order.
+fn chain_fields(r: &AuditRow) -> [Option<&str>; 7] {
+    [
+        Some(r.1.as_str()),
+        Some(r.2.as_str()),
+        Some(r.3.as_str()),
+        Some(r.4.as_str()),
+        r.5.as_deref(),
+        r.6.as_deref(),
+        Some(r.7.as_str()),
+    ]
+}
+
 /// The row's fields as the chain covers them, length-prefixed (NULL as its own marker).
-fn encode(prev: &str, r: &sqlx::sqlite::SqliteRow) -> Vec<u8> {
+fn encode(prev: &str, r: &AuditRow) -> Vec<u8> {
     let mut out = Vec::new();
-    let mut field = |f: Option<String>| match f {
+    let mut field = |f: Option<&str>| match f {
         Some(s) => {
             out.extend((s.len() as u64).to_be_bytes());
             out.extend(s.as_bytes());
         }
         None => out.extend(u64::MAX.to_be_bytes()),
     };
-    field(Some(prev.to_string()));
-    for c in [
-        "actor",
-        "address",
-        "action",
-        "target",
-        "before",
-        "after",
-        "created_at",
-    ] {
-        field(r.get::<Option<String>, _>(c));
+    field(Some(prev));
+    for f in chain_fields(r) {
+        field(f);
     }
     out
 }
@@ -158,18 +175,165 @@ pub(crate) fn sha256_fields(prev: &str, fields: &[Option<&str>]) -> String {
     hex::encode(h.finalize())
 }
 
-fn sha256_row(prev: &str, r: &sqlx::sqlite::SqliteRow) -> String {
-    let cols = [
-        "actor",
-        "address",
-        "action",
-        "target",
-        "before",
-        "after",
-        "created_at",
-    ]
-    .map(|c| r.get::<Option<String>, _>(c));
-    sha256_fields(prev, &cols.each_ref().map(|c| c.as_deref()))
+fn sha256_row(prev: &str, r: &AuditRow) -> String {
+    sha256_fields(prev, &chain_fields(r))
+}
+
+/// What someone holding the database but not the key does to it, on either engine: the
+/// SQLite file opened with a plain connection, or PostgreSQL with the database's
+/// credentials. Statements take no parameters (values are written into them).
+pub(crate) trait Tamper {
+    fn on_postgres(&self) -> bool;
+
+    /// Runs `sql` (one statement or several); the database's refusal is the error.
+    async fn try_exec(&mut self, sql: &str) -> Result<(), sqlx::Error>;
+
+    /// The rows `sql` selects.
+    async fn fetch<T>(&mut self, sql: &str) -> Vec<T>
+    where
+        T: Send + Unpin,
+        T: for<'r> FromRow<'r, SqliteRow>,
+        T: for<'r> FromRow<'r, PgRow>;
+
+    async fn exec(&mut self, sql: &str) {
+        self.try_exec(sql).await.expect(sql)
+    }
+
+    /// Takes away what refuses an UPDATE of an audit row (SQLite's `audit_no_update`
+    /// trigger; PostgreSQL's `audit_append_only`, which refuses DELETE too).
+    async fn lift_update_guard(&mut self) {
+        match self.on_postgres() {
+            true => self.exec("ALTER TABLE audit_log DISABLE TRIGGER audit_append_only"),
+            false => self.exec("DROP TRIGGER IF EXISTS audit_no_update"),
+        }
+        .await
+    }
+
+    /// Takes away what refuses a DELETE of an audit row.
+    async fn lift_delete_guard(&mut self) {
+        match self.on_postgres() {
+            true => self.exec("ALTER TABLE audit_log DISABLE TRIGGER audit_append_only"),
+            false => self.exec("DROP TRIGGER IF EXISTS audit_no_delete"),
+        }
+        .await
+    }
+
+    /// Puts back what refuses a DELETE of an audit row, as the schema has it.
+    async fn restore_delete_guard(&mut self) {
+        match self.on_postgres() {
+            true => self.exec("ALTER TABLE audit_log ENABLE TRIGGER audit_append_only"),
+            false => self.exec("CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit_log BEGIN SELECT RAISE(ABORT, 'audit_log is append-only'); END"),
+        }
+        .await
+    }
+}
+
+impl Tamper for SqliteConnection {
+    fn on_postgres(&self) -> bool {
+        false
+    }
+
+    async fn try_exec(&mut self, sql: &str) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(sql).execute(self).await.map(drop)
+    }
+
+    async fn fetch<T>(&mut self, sql: &str) -> Vec<T>
+    where
+        T: Send + Unpin,
+        T: for<'r> FromRow<'r, SqliteRow>,
+        T: for<'r> FromRow<'r, PgRow>,
+    {
+        sqlx::query_as(sql).fetch_all(self).await.expect(sql)
+    }
+}
+
+impl Tamper for PgConnection {
+    fn on_postgres(&self) -> bool {
+        true
+    }
+
+    async fn try_exec(&mut self, sql: &str) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(sql).execute(self).await.map(drop)
+    }
+
+    async fn fetch<T>(&mut self, sql: &str) -> Vec<T>
+    where
+        T: Send + Unpin,
+        T: for<'r> FromRow<'r, SqliteRow>,
+        T: for<'r> FromRow<'r, PgRow>,
+    {
+        sqlx::query_as(sql).fetch_all(self).await.expect(sql)
+    }
+}
+
+/// A plain connection to a gateway's database, on its engine.
+pub(crate) enum Attacker {
+    Sqlite(SqliteConnection),
+    Postgres(PgConnection),
+}
+
+impl Attacker {
+    /// A connection to the database `settings` name.
+    pub(crate) async fn of(settings: &sluice::config::Settings) -> Attacker {
+        match settings.database_postgres_url() {
+            Some(url) => Attacker::Postgres(PgConnection::connect(url).await.unwrap()),
+            None => Attacker::Sqlite(
+                SqliteConnection::connect_with(
+                    &SqliteConnectOptions::new().filename(settings.database_path()),
+                )
+                .await
+                .unwrap(),
+            ),
+        }
+    }
+
+    /// A connection to the database of the gateway process(es) on `dir`
+    /// (`gateway_proc::write_config`: `dir/sluice.db`, or the PostgreSQL database whose URL
+    /// it keeps in `dir/pg-url`).
+    pub(crate) async fn of_dir(dir: &Path) -> Attacker {
+        match std::fs::read_to_string(dir.join("pg-url")) {
+            Ok(url) => Attacker::Postgres(PgConnection::connect(&url).await.unwrap()),
+            Err(_) => Attacker::Sqlite(
+                SqliteConnection::connect_with(
+                    &SqliteConnectOptions::new().filename(dir.join("sluice.db")),
+                )
+                .await
+                .unwrap(),
+            ),
+        }
+    }
+
+    pub(crate) async fn close(self) {
+        match self {
+            Attacker::Sqlite(c) => c.close().await.unwrap(),
+            Attacker::Postgres(c) => c.close().await.unwrap(),
+        }
+    }
+}
+
+impl Tamper for Attacker {
+    fn on_postgres(&self) -> bool {
+        matches!(self, Attacker::Postgres(_))
+    }
+
+    async fn try_exec(&mut self, sql: &str) -> Result<(), sqlx::Error> {
+        match self {
+            Attacker::Sqlite(c) => c.try_exec(sql).await,
+            Attacker::Postgres(c) => c.try_exec(sql).await,
+        }
+    }
+
+    async fn fetch<T>(&mut self, sql: &str) -> Vec<T>
+    where
+        T: Send + Unpin,
+        T: for<'r> FromRow<'r, SqliteRow>,
+        T: for<'r> FromRow<'r, PgRow>,
+    {
+        match self {
+            Attacker::Sqlite(c) => c.fetch(sql).await,
+            Attacker::Postgres(c) => c.fetch(sql).await,
+        }
+    }
 }
 
 pub(crate) enum Rewrite {
@@ -179,59 +343,42 @@ pub(crate) enum Rewrite {
 
 /// Edits row `from`'s `after`, then recomputes every hash from it on: the chain links up
 /// again, every hash is "right" — by the attacker's reckoning.
-pub(crate) async fn rewrite_chain(c: &mut SqliteConnection, from: i64, how: &Rewrite) {
-    sqlx::query("DROP TRIGGER IF EXISTS audit_no_update")
-        .execute(&mut *c)
-        .await
-        .unwrap();
-    sqlx::query("UPDATE audit_log SET after = '{\"username\":\"mallory\"}' WHERE id = ?")
-        .bind(from)
-        .execute(&mut *c)
-        .await
-        .unwrap();
-    let rows = sqlx::query("SELECT * FROM audit_log ORDER BY id")
-        .fetch_all(&mut *c)
-        .await
-        .unwrap();
+pub(crate) async fn rewrite_chain(c: &mut impl Tamper, from: i64, how: &Rewrite) {
+    c.lift_update_guard().await;
+    c.exec(&format!(
+        "UPDATE audit_log SET after = '{{\"username\":\"mallory\"}}' WHERE id = {from}"
+    ))
+    .await;
+    let rows: Vec<AuditRow> = c
+        .fetch(&format!("SELECT {AUDIT_ROW} FROM audit_log ORDER BY id"))
+        .await;
     let mut prev = "0".repeat(64);
     for r in &rows {
-        let id: i64 = r.get("id");
+        let id = r.0;
         if id >= from {
             let hash = match how {
                 Rewrite::Sha256 => sha256_row(&prev, r),
                 Rewrite::WrongKey(k) => hex::encode(hmac_sha256(k, &encode(&prev, r))),
             };
-            sqlx::query("UPDATE audit_log SET prev_hash = ?, hash = ? WHERE id = ?")
-                .bind(&prev)
-                .bind(&hash)
-                .bind(id)
-                .execute(&mut *c)
-                .await
-                .unwrap();
+            c.exec(&format!(
+                "UPDATE audit_log SET prev_hash = '{prev}', hash = '{hash}' WHERE id = {id}"
+            ))
+            .await;
             prev = hash;
         } else {
-            prev = r.get("hash");
+            prev = r.8.clone();
         }
     }
 }
 
 /// Drops the delete trigger, deletes the newest `n` rows, and puts the trigger back.
-async fn truncate(c: &mut SqliteConnection, n: i64) {
-    sqlx::query("DROP TRIGGER audit_no_delete")
-        .execute(&mut *c)
-        .await
-        .unwrap();
-    sqlx::query(
-        "DELETE FROM audit_log WHERE id IN (SELECT id FROM audit_log ORDER BY id DESC LIMIT ?)",
-    )
-    .bind(n)
-    .execute(&mut *c)
-    .await
-    .unwrap();
-    sqlx::query("CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit_log BEGIN SELECT RAISE(ABORT, 'audit_log is append-only'); END")
-        .execute(&mut *c)
-        .await
-        .unwrap();
+async fn truncate(c: &mut impl Tamper, n: i64) {
+    c.lift_delete_guard().await;
+    c.exec(&format!(
+        "DELETE FROM audit_log WHERE id IN (SELECT id FROM audit_log ORDER BY id DESC LIMIT {n})"
+    ))
+    .await;
+    c.restore_delete_guard().await;
 }
 
 async fn a_middle_row(rig: &Rig) -> i64 {
@@ -258,15 +405,11 @@ async fn a_row_edited_in_place_is_named() {
     let rig = rig().await;
     let target = a_middle_row(&rig).await;
     let mut c = rig.attacker().await;
-    sqlx::query("DROP TRIGGER audit_no_update")
-        .execute(&mut c)
-        .await
-        .unwrap();
-    sqlx::query("UPDATE audit_log SET actor = 'nobody' WHERE id = ?")
-        .bind(target)
-        .execute(&mut c)
-        .await
-        .unwrap();
+    c.lift_update_guard().await;
+    c.exec(&format!(
+        "UPDATE audit_log SET actor = 'nobody' WHERE id = {target}"
+    ))
+    .await;
     rig.verify_fails_naming(
         &format!("broken at row {target}"),
         "an edited row passed verification",
@@ -301,6 +444,21 @@ async fn a_chain_rewritten_under_another_key_is_named_at_the_edited_row() {
         "a rewrite under a guessed key passed verification",
     )
     .await;
+}
+
+/// Red team: the whole chain rewritten under another key, from its first row, so that no
+/// row verifies under the gateway's key — what a host holding another key looks like on
+/// PostgreSQL, where such a host is refused when it opens the database. `sluice audit
+/// verify` with the right key must still run and name the rewrite, on both engines.
+#[tokio::test]
+async fn a_chain_rewritten_from_its_first_row_under_another_key_is_named() {
+    let rig = rig().await;
+    rewrite_chain(&mut rig.attacker().await, 1, &Rewrite::WrongKey([7; 32])).await;
+    let out = rig.verify().await;
+    assert!(!ok(&out), "a whole-chain rewrite passed verification");
+    let err = stderr(&out);
+    assert!(err.contains("broken at row 1"), "{err}");
+    assert!(err.contains("audit head mismatch"), "{err}");
 }
 
 #[tokio::test]
@@ -366,11 +524,9 @@ async fn a_forged_head_is_caught() {
     // A head that matches the truncated database, signed with a key the attacker made up.
     let (rows, last_id, last_hash): (i64, i64, String) = {
         let mut c = rig.attacker().await;
-        let r = sqlx::query("SELECT (SELECT COUNT(*) FROM audit_log) AS n, id, hash FROM audit_log ORDER BY id DESC LIMIT 1")
-            .fetch_one(&mut c)
+        c.fetch("SELECT (SELECT COUNT(*) FROM audit_log) AS n, id, hash FROM audit_log ORDER BY id DESC LIMIT 1")
             .await
-            .unwrap();
-        (r.get("n"), r.get("id"), r.get("hash"))
+            .remove(0)
     };
     let at = "2026-12-01T00:00:00.000Z";
     let text = format!("sluice audit head v1\n{rows}\n{last_id}\n{last_hash}\n{at}");
@@ -445,9 +601,7 @@ pub(crate) struct LoggedGateway {
 pub(crate) async fn logged_gateway() -> LoggedGateway {
     let dir = tempfile::tempdir().unwrap();
     let mock = sluice::mock::MockServer::start("127.0.0.1:0", Default::default()).unwrap();
-    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
-        .await
-        .unwrap();
+    let db = crate::gateway_proc::open_dir_db(dir.path()).await;
     let issued = sluice::cli::token_issue(&db, &issue_args("eve"), chrono::Utc::now())
         .await
         .unwrap();
@@ -509,18 +663,21 @@ async fn a_gateway_process_logs_each_new_head_and_no_secret() {
     let head_path = gw.dir.path().join("backup/audit.head");
     let body = gw.refuse_the_key().await;
     assert!(body["error"]["message"].is_string(), "{body}");
+    // The new head follows the key's disabling (an `upstream.disable` row after the
+    // token's row and the `audit.head_started` row): the head of 2 rows the gateway wrote
+    // at its start is not the one asked for (the row may be written after the answer).
     let mut head = Value::Null;
     for _ in 0..200 {
         head = std::fs::read_to_string(&head_path)
             .ok()
             .and_then(|t| serde_json::from_str(&t).ok())
             .unwrap_or(Value::Null);
-        if head["rows"] == json!(2) && logged_heads(&log).iter().any(|h| h["rows"] == json!(2)) {
+        if head["rows"] == json!(3) && logged_heads(&log).iter().any(|h| h["rows"] == json!(3)) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    assert_eq!(head["rows"], json!(2), "{head}");
+    assert_eq!(head["rows"], json!(3), "{head}");
     let logged = logged_heads(&log);
     let last = logged.last().unwrap();
     for f in ["rows", "last_id", "last_hash", "at"] {
@@ -533,7 +690,12 @@ async fn a_gateway_process_logs_each_new_head_and_no_secret() {
     );
     assert_ne!(last["mac"], head["mac"]);
     let text = std::fs::read_to_string(&log).unwrap();
-    let master = std::fs::read_to_string(gw.dir.path().join("sluice.db.key")).unwrap();
+    // The master key: beside the SQLite file, or the shared key file of PostgreSQL's hosts.
+    let key_file = match crate::helpers::test_engine() {
+        crate::pg_gateway_app::Engine::Sqlite => "sluice.db.key",
+        crate::pg_gateway_app::Engine::Postgres => "shared.key",
+    };
+    let master = std::fs::read_to_string(gw.dir.path().join(key_file)).unwrap();
     for secret in [master.trim(), KEY_A, gw.token.as_str()] {
         assert!(!text.contains(secret), "a secret in the log");
     }
@@ -566,13 +728,10 @@ async fn replayed_swapped_or_renumbered_rows_are_caught() {
     let replayed = rig().await;
     let target = a_middle_row(&replayed).await;
     let mut c = replayed.attacker().await;
-    sqlx::query(&format!(
-        "INSERT INTO audit_log ({COLS}) SELECT {COLS} FROM audit_log WHERE id = ?"
+    c.exec(&format!(
+        "INSERT INTO audit_log ({COLS}) SELECT {COLS} FROM audit_log WHERE id = {target}"
     ))
-    .bind(target)
-    .execute(&mut c)
-    .await
-    .unwrap();
+    .await;
     let copy = replayed.app.scalar("SELECT MAX(id) FROM audit_log").await;
     let err = stderr(&replayed.verify().await);
     assert!(
@@ -589,12 +748,8 @@ async fn replayed_swapped_or_renumbered_rows_are_caught() {
 
     let renumbered = rig().await;
     let mut c = renumbered.attacker().await;
-    for sql in [
-        "DROP TRIGGER audit_no_update",
-        "UPDATE audit_log SET id = id + 1000",
-    ] {
-        sqlx::query(sql).execute(&mut c).await.unwrap();
-    }
+    c.lift_update_guard().await;
+    c.exec("UPDATE audit_log SET id = id + 1000").await;
     let err = stderr(&renumbered.verify().await);
     assert!(err.contains("audit head mismatch: hash"), "{err}");
     assert!(!err.contains("chain broken"), "{err}");
@@ -605,17 +760,14 @@ async fn rig_swapped() -> (Rig, i64) {
     let rig = rig().await;
     let a = a_middle_row(&rig).await;
     let mut c = rig.attacker().await;
-    sqlx::query("DROP TRIGGER audit_no_update")
-        .execute(&mut c)
-        .await
-        .unwrap();
+    c.lift_update_guard().await;
     // Through a spare id: move a aside, b into a, the saved a into b.
     for sql in [
-        "UPDATE audit_log SET id = -1 WHERE id = ?1",
-        "UPDATE audit_log SET id = ?1 WHERE id = ?1 + 1",
-        "UPDATE audit_log SET id = ?1 + 1 WHERE id = -1",
+        format!("UPDATE audit_log SET id = -1 WHERE id = {a}"),
+        format!("UPDATE audit_log SET id = {a} WHERE id = {a} + 1"),
+        format!("UPDATE audit_log SET id = {a} + 1 WHERE id = -1"),
     ] {
-        sqlx::query(sql).bind(a).execute(&mut c).await.unwrap();
+        c.exec(&sql).await;
     }
     (rig, a)
 }
@@ -713,9 +865,12 @@ async fn a_missing_head_is_started_again_only_by_the_operator() {
         stderr(&out)
     );
     assert!(!rig.head_path().exists(), "the CLI started a new head");
-    let (db, backup) = (rig.db_path(), rig.app.settings.backup.dir.clone());
+    let (db, backup) = (
+        rig.app.settings.database.clone(),
+        rig.app.settings.backup.dir.clone(),
+    );
     let second = spawn_app_with(move |s, _| {
-        s.database.url = format!("sqlite://{}", db.display());
+        s.database = db;
         s.backup.dir = backup;
     })
     .await;
@@ -746,12 +901,12 @@ async fn a_missing_head_is_started_again_only_by_the_operator() {
     assert!(said.contains("audit head started over"), "{said}");
     let out = rig.verify().await;
     assert!(ok(&out), "{}", stderr(&out));
-    let (actor, after): (String, String) = sqlx::query_as(
+    let (actor, after): (String, String) = sql_rows(
+        rig.app.db(),
         "SELECT actor, after FROM audit_log WHERE action = 'audit.head_started' ORDER BY id DESC LIMIT 1",
     )
-    .fetch_one(&mut rig.attacker().await)
     .await
-    .unwrap();
+    .remove(0);
     assert_eq!(actor, "cli");
     assert!(
         after.contains("backup folder restored from tape"),
@@ -781,11 +936,12 @@ async fn a_missing_head_is_started_again_only_by_the_operator() {
 #[tokio::test]
 async fn a_fresh_gateway_records_that_its_head_was_started() {
     let app = spawn_app().await;
-    let (actor, action): (String, String) =
-        sqlx::query_as("SELECT actor, action FROM audit_log ORDER BY id LIMIT 1")
-            .fetch_one(&app.state.db.sqlite().read)
-            .await
-            .unwrap();
+    let (actor, action): (String, String) = sql_rows(
+        app.db(),
+        "SELECT actor, action FROM audit_log ORDER BY id LIMIT 1",
+    )
+    .await
+    .remove(0);
     assert_eq!(
         (actor.as_str(), action.as_str()),
         ("system", "audit.head_started")
@@ -810,12 +966,19 @@ async fn removing_the_record_of_the_head_is_named() {
             )
             .await;
         let mut c = rig.attacker().await;
-        let sql = match how {
-            "delete" => "DROP TRIGGER audit_no_delete; DELETE FROM audit_log WHERE action = 'audit.head_started'",
-            _ => "DROP TRIGGER audit_no_update; UPDATE audit_log SET action = 'team.create' WHERE action = 'audit.head_started'",
-        };
-        sqlx::raw_sql(sql).execute(&mut c).await.unwrap();
-        drop(c);
+        match how {
+            "delete" => {
+                c.lift_delete_guard().await;
+                c.exec("DELETE FROM audit_log WHERE action = 'audit.head_started'")
+                    .await
+            }
+            _ => {
+                c.lift_update_guard().await;
+                c.exec("UPDATE audit_log SET action = 'team.create' WHERE action = 'audit.head_started'")
+                    .await
+            }
+        }
+        c.close().await;
         truncate_quietly(&rig).await;
         std::fs::remove_file(rig.head_path()).unwrap();
         let dir = Path::new(&rig.app.settings.backup.dir);
@@ -837,12 +1000,9 @@ async fn removing_the_record_of_the_head_is_named() {
 /// Deletes the newest row (the delete trigger may already be gone).
 async fn truncate_quietly(rig: &Rig) {
     let mut c = rig.attacker().await;
-    sqlx::raw_sql(
-        "DROP TRIGGER IF EXISTS audit_no_delete; DELETE FROM audit_log WHERE id = (SELECT MAX(id) FROM audit_log)",
-    )
-    .execute(&mut c)
-    .await
-    .unwrap();
+    c.lift_delete_guard().await;
+    c.exec("DELETE FROM audit_log WHERE id = (SELECT MAX(id) FROM audit_log)")
+        .await;
 }
 
 /// `sluice audit rearm` run with a key that did not sign the log (the operator's shell
@@ -933,4 +1093,84 @@ async fn a_head_that_can_no_longer_be_written_raises_an_alert() {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     panic!("no audit_head alert in 10 s while the head could not be written: {kinds:?}");
+}
+
+/// Red team: rows rewritten under another key behind a running gateway, then the next
+/// admin action. On SQLite it appends and the head's exporter, woken, refuses the chain
+/// and raises the `audit_head` alert. On PostgreSQL the append is refused (a tip this key
+/// did not sign stops every host's appends: fail closed) — and nothing woke the exporter,
+/// so no alert was raised: the operator saw only 500s. The alert must come on both.
+#[tokio::test]
+async fn a_chain_rewritten_behind_a_running_gateway_raises_the_alert() {
+    use sluice::config::{Secret, WebhookSettings};
+    let app = spawn_app_with(|s, m| {
+        s.alerts.webhooks = vec![WebhookSettings {
+            url: Secret(secrecy::SecretString::from(format!(
+                "{}/_mock/webhook",
+                m.base_url()
+            ))),
+            format: "generic".into(),
+        }];
+    })
+    .await;
+    make_login(&app, "root", "admin", None).await;
+    let admin = login(&app, "root").await;
+    for name in ["red", "blue"] {
+        let (s, team) = admin
+            .post("/admin/api/v1/teams", &json!({"name": name}))
+            .await;
+        assert_eq!(s, 201, "{team}");
+    }
+    let config = cli_config(&app);
+    let rig = Rig { app, admin, config };
+    rig.head_caught_up().await;
+    let target: i64 = rig
+        .app
+        .scalar("SELECT id FROM audit_log WHERE action = 'team.create' ORDER BY id LIMIT 1")
+        .await;
+    rewrite_chain(
+        &mut rig.attacker().await,
+        target,
+        &Rewrite::WrongKey([7; 32]),
+    )
+    .await;
+    let (status, v) = rig
+        .admin
+        .post("/admin/api/v1/teams", &json!({"name": "after"}))
+        .await;
+    match rig.app.db().postgres() {
+        None => assert_eq!(status, 201, "{v}"),
+        Some(_) => {
+            assert_eq!(status, 500, "{v}");
+            assert_eq!(v["error"]["code"], "internal_error", "{v}");
+            assert!(
+                v["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("nothing was changed")),
+                "{v}"
+            );
+        }
+    }
+    let mut kinds = Vec::new();
+    for _ in 0..400 {
+        kinds = rig
+            .app
+            .mock
+            .state
+            .stats("webhook")
+            .last_bodies
+            .iter()
+            .filter_map(|b| b["kind"].as_str().map(String::from))
+            .collect();
+        if kinds.iter().any(|k| k == "audit_head") {
+            rig.verify_fails_naming(
+                &format!("broken at row {target}"),
+                "the rewrite passed verification",
+            )
+            .await;
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("no audit_head alert in 10 s after the chain was rewritten: {kinds:?}");
 }

@@ -723,3 +723,22 @@ pub fn retry_after(headers: &reqwest::header::HeaderMap) -> u64 {
         .parse()
         .unwrap()
 }
+
+/// `bytes` as a blob literal of the engine holding `db` (`x'…'` on SQLite, `'\x…'::bytea`
+/// on PostgreSQL), to compare a BLOB/BYTEA column with in SQL both read otherwise.
+pub fn sql_blob(db: &Db, bytes: &[u8]) -> String {
+    match db.postgres() {
+        None => format!("x'{}'", hex::encode(bytes)),
+        Some(_) => format!("'\\x{}'::bytea", hex::encode(bytes)),
+    }
+}
+
+/// The rows `sql` selects (tuples of integers and texts), on whichever engine holds `db`.
+pub async fn sql_rows<T>(db: &Db, sql: &str) -> Vec<T>
+where
+    T: Send + Unpin,
+    T: for<'r> sqlx::FromRow<'r, sqlx::sqlite::SqliteRow>,
+    T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>,
+{
+    rows_on(db, sql).await
+}

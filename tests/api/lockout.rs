@@ -121,12 +121,11 @@ async fn the_cli_resets_a_password_ends_sessions_revokes_keys_and_unlocks() {
     assert_eq!(me_with_key(&app, &key).await, 401);
     assert_eq!(sign_in_status(&app, "root", PASSWORD).await, 401);
     assert_eq!(sign_in_status(&app, "root", NEW_PASSWORD).await, 303);
-    let after: String = sqlx::query_scalar(
+    let after = sql_text(
+        app.db(),
         "SELECT after FROM audit_log WHERE action = 'admin.password_reset' AND actor = 'cli'",
     )
-    .fetch_one(&app.db().sqlite().read)
-    .await
-    .unwrap();
+    .await;
     let after: serde_json::Value = serde_json::from_str(&after).unwrap();
     assert_eq!(after["sessions_ended"], json!(1), "{after}");
     assert_eq!(after["api_keys_revoked"], json!(1), "{after}");

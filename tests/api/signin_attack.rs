@@ -48,9 +48,7 @@ impl Rig {
             ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
         ];
         let gateway = start_gateway_full(dir.path(), &mock, &env, "").await;
-        let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
-            .await
-            .unwrap();
+        let db = crate::gateway_proc::open_dir_db(dir.path()).await;
         sluice::cli::admin_create(
             &db,
             "root",

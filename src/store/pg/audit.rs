@@ -58,6 +58,10 @@ pub async fn append(
         Some(r) => {
             let (hash, chain): (&str, &str) = (r.get("hash"), r.get("chain"));
             if chain == KEYED && !crate::store::audit::signs(keys, r) {
+                // Rows rewritten behind the hosts' backs (or a host of another key): the
+                // head's exporter is woken as by an append, so its check of the chain
+                // raises the `audit_head` alarm — a refused append alone tells no one.
+                keys.appended();
                 return Err(crate::secrets::SecretError::SharedKeyMismatch.into());
             }
             hash.to_string()
