@@ -73,9 +73,7 @@ pub async fn create_key(
     actor.require_write()?;
     actor.require_session("create API keys (the Account page does)")?;
     let name = k.name.unwrap_or_default();
-    if name.chars().count() > 100 {
-        return Err(AdminError::invalid("name: at most 100 characters"));
-    }
+    super::input::check_name(&name)?;
     let key = token::generate_admin_key();
     let now = state.clock.now();
     let mut tx = state.db.begin().await?;

@@ -170,9 +170,7 @@ pub async fn issue(state: &AppState, actor: &Actor, i: Issue) -> Result<Issued, 
         expires_at: expires,
     };
     let name = i.name.unwrap_or_default();
-    if name.chars().count() > 100 {
-        return Err(AdminError::invalid("name: at most 100 characters"));
-    }
+    super::input::check_name(&name)?;
     let new = token::generate();
     let mut tx = state.db.begin().await?;
     let user = directory::member(&mut tx, user_id)

@@ -1,11 +1,10 @@
 //! Free-text names an admin gives (a token's name, an admin API key's name) holding a NUL
-//! character, on both engines. PostgreSQL's `text` cannot hold NUL; SQLite can. Today
-//! SQLite stores the name (201) and PostgreSQL refuses it with a 409 `conflict` (store/pg/text.rs):
-//! the same request answers differently by engine, and the NUL kept in SQLite then stops
+//! character, on both engines. PostgreSQL's `text` cannot hold NUL; SQLite can. SQLite
+//! stored the name (201) and PostgreSQL refused it with a 409 `conflict` (store/pg/text.rs):
+//! the same request answered differently by engine, and the NUL kept in SQLite then stopped
 //! `sluice migrate-store` with "invalid byte sequence for encoding \"UTF8\": 0x00".
-//! The product should answer alike: a 400 naming the field, nothing stored, on both.
-//! Found by the SDK/browser PostgreSQL pass's probing (part D); the fix is in the admin
-//! files (part A), so the test is ignored until then.
+//! Fixed where every admin body is read (`admin::input`): a NUL anywhere is a 400 naming
+//! the field, on both engines.
 
 use serde_json::json;
 
@@ -13,7 +12,6 @@ use crate::admin_helpers::{login, make_login};
 use crate::pg_admin::{spawn_on, ENGINES};
 
 #[tokio::test]
-#[ignore = "finding: a NUL in a token or API key name is stored on SQLite (201) and refused on PostgreSQL (409); both should refuse it with 400 (admin files)"]
 async fn a_nul_in_a_token_or_key_name_is_refused_alike_on_both_engines() {
     for engine in ENGINES {
         let app = spawn_on(engine).await;
@@ -64,4 +62,36 @@ async fn a_nul_in_a_token_or_key_name_is_refused_alike_on_both_engines() {
             "{engine:?}: no key was made"
         );
     }
+}
+
+/// A search filter holding a NUL matches nothing on either engine (nothing stored holds
+/// one): the same answer on both, never an engine's error.
+#[tokio::test]
+async fn a_nul_in_a_search_filter_answers_alike_on_both_engines() {
+    let paths = [
+        "/admin/api/v1/requests?model=gpt%00x",
+        "/admin/api/v1/audit?action=token%00",
+        "/admin/api/v1/audit?actor=root%00",
+        "/admin/api/v1/reports/spend?by=model&model=a%00",
+    ];
+    let mut answers = Vec::new();
+    for engine in ENGINES {
+        let app = spawn_on(engine).await;
+        make_login(&app, "root", "admin", None).await;
+        let admin = login(&app, "root").await;
+        let mut these = Vec::new();
+        for path in paths {
+            let (status, body) = admin.get_json(path).await;
+            assert!(
+                status < 500 && status != 409,
+                "{engine:?} {path}: {status} {body}"
+            );
+            these.push((status, body));
+        }
+        answers.push(these);
+    }
+    assert_eq!(
+        answers[0], answers[1],
+        "SQLite's answers, then PostgreSQL's"
+    );
 }
