@@ -59,8 +59,12 @@ async fn an_exact_repeat_is_a_free_hit_and_logged_as_one() {
         "a hit costs nothing"
     );
     app.wait_for_log_rows(2).await;
-    let (cache, cost, key): (String, i64, Option<String>) =
-        sqlx::query_as("SELECT cache, cost_micros, cache_key FROM requests ORDER BY created_at DESC, rowid DESC LIMIT 1").fetch_one(&app.db().sqlite().read).await.unwrap();
+    // Request ids are UUIDv7, ordered by time: the last one is the hit.
+    let (cache, cost, key): (String, i64, Option<String>) = sql_row(
+        app.db(),
+        "SELECT cache, cost_micros, cache_key FROM requests ORDER BY created_at DESC, id DESC LIMIT 1",
+    )
+    .await;
     assert_eq!((cache.as_str(), cost), ("hit-exact", 0));
     assert_eq!(key.unwrap().len(), 16);
     app.assert_invariant().await;

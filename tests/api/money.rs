@@ -15,7 +15,6 @@ use sluice::quota::reservation::Quota;
 use sluice::quota::{estimate, pricing};
 use sluice::store::ledger::{self, Orphans, Owner};
 use sluice::store::{processes, Db};
-use sqlx::Connection;
 
 use crate::helpers::*;
 use crate::on_both_engines;
@@ -101,15 +100,8 @@ on_both_engines!(best_of_is_priced_as_the_completions_the_upstream_bills);
 async fn a_client_that_leaves_while_its_reservation_waits_is_charged_nothing() {
     let app = Arc::new(spawn_app().await);
     let (id, token) = app.token("dave", Some("1.00")).await;
-    // Another connection holds SQLite's write lock: the reservation waits in the writer.
-    let path = app.dir.path().join("sluice.db");
-    let mut blocker = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
-        .await
-        .unwrap();
-    sqlx::query("BEGIN IMMEDIATE")
-        .execute(&mut blocker)
-        .await
-        .unwrap();
+    // Another connection holds the database's writes: the reservation waits in the writer.
+    let blocker = hold_the_store(&app.settings.database.url).await;
     let impatient = reqwest::Client::builder()
         .timeout(Duration::from_millis(300))
         .build()
@@ -122,7 +114,7 @@ async fn a_client_that_leaves_while_its_reservation_waits_is_charged_nothing() {
         .await;
     assert!(gone.is_err(), "the client gave up before an answer");
     tokio::time::sleep(Duration::from_millis(200)).await;
-    sqlx::query("COMMIT").execute(&mut blocker).await.unwrap();
+    blocker.release().await;
     // Released (or never written) within seconds, without any restart.
     app.wait_settled().await;
     assert_eq!(
