@@ -788,9 +788,11 @@ impl HeldStore {
     /// Lets the gateway's writes through (commits the holding transaction).
     pub async fn release(self) {
         match self {
-            HeldStore::Sqlite(mut c) => drop(sqlx::query("COMMIT").execute(&mut c).await.unwrap()),
+            HeldStore::Sqlite(mut c) => {
+                sqlx::query("COMMIT").execute(&mut c).await.unwrap();
+            }
             HeldStore::Postgres(mut c) => {
-                drop(sqlx::query("COMMIT").execute(&mut c).await.unwrap())
+                sqlx::query("COMMIT").execute(&mut c).await.unwrap();
             }
         }
     }
