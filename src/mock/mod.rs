@@ -190,6 +190,11 @@ impl MockServer {
                 .route("/_mock/webhook", web::post().to(webhook))
         })
         .workers(workers)
+        // No 408 of its own: actix times a new connection's request head from its cached
+        // clock, which a worker thread starved on a loaded machine leaves seconds behind,
+        // so a gateway's first request could be refused at once. What the mock answers is
+        // what a test scripted.
+        .client_request_timeout(std::time::Duration::ZERO)
         .tcp_nodelay(true)
         .backlog(4096)
         .disable_signals()

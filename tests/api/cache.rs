@@ -59,8 +59,12 @@ async fn an_exact_repeat_is_a_free_hit_and_logged_as_one() {
         "a hit costs nothing"
     );
     app.wait_for_log_rows(2).await;
-    let (cache, cost, key): (String, i64, Option<String>) =
-        sqlx::query_as("SELECT cache, cost_micros, cache_key FROM requests ORDER BY created_at DESC, rowid DESC LIMIT 1").fetch_one(&app.db().sqlite().read).await.unwrap();
+    // Request ids are UUIDv7, ordered by time: the last one is the hit.
+    let (cache, cost, key): (String, i64, Option<String>) = sql_row(
+        app.db(),
+        "SELECT cache, cost_micros, cache_key FROM requests ORDER BY created_at DESC, id DESC LIMIT 1",
+    )
+    .await;
     assert_eq!((cache.as_str(), cost), ("hit-exact", 0));
     assert_eq!(key.unwrap().len(), 16);
     app.assert_invariant().await;
@@ -494,15 +498,21 @@ pub(crate) fn plan_of(
 }
 
 /// A miss is answered from memory (the keys present), so entries another replica stored
-/// must reach this replica's memory: they do at its next refresh (every second).
+/// must reach this replica's memory: they do at its next refresh (every second). The
+/// replicas share the suite's engine (a SQLite file, or a PostgreSQL database).
 #[tokio::test]
 async fn entries_another_replica_stored_are_found_after_its_next_refresh() {
+    use crate::pg_gateway_app::{shared_key, Engine};
     use sluice::cache::Cache;
 
     let dir = tempfile::tempdir().unwrap();
-    let db = sluice::store::Db::open(&dir.path().join("shared.db"), false)
-        .await
-        .unwrap();
+    let db = match test_engine() {
+        Engine::Sqlite => sluice::store::Db::open(&dir.path().join("shared.db"), false).await,
+        Engine::Postgres => {
+            sluice::store::Db::open_postgres(&crate::pg_server::database(), &shared_key()).await
+        }
+    }
+    .unwrap();
     let (a, b) = (cache_on(&db), cache_on(&db));
     let now = chrono::Utc::now();
     a.refresh(now).await.unwrap();

@@ -141,12 +141,14 @@ async fn an_out_of_range_cache_ttl_is_a_400_naming_it_in_the_clients_format() {
 async fn a_huge_token_ttl_is_held_to_the_largest_ttl_not_a_panic() {
     let app = spawn_app().await;
     let (id, token) = app.token("forever", None).await;
-    sqlx::query("UPDATE tokens SET cache_ttl_seconds = ? WHERE id = ?")
-        .bind(i64::MAX)
-        .bind(id)
-        .execute(&app.db().sqlite().write)
-        .await
-        .unwrap();
+    sql_exec(
+        app.db(),
+        &format!(
+            "UPDATE tokens SET cache_ttl_seconds = {} WHERE id = {id}",
+            i64::MAX
+        ),
+    )
+    .await;
     let r = app
         .chat(&token, &question("How long do entries live?"))
         .await;

@@ -133,12 +133,11 @@ async fn assert_departed(
             && app.scalar("SELECT COUNT(*) FROM requests").await >= 1
     })
     .await;
-    let (st, code, input, out, cost): (i64, Option<String>, i64, i64, i64) = sqlx::query_as(
+    let (st, code, input, out, cost): (i64, Option<String>, i64, i64, i64) = sql_row(
+        app.db(),
         "SELECT status, error_code, input_tokens, output_tokens, cost_micros FROM requests",
     )
-    .fetch_one(&app.db().sqlite().read)
-    .await
-    .unwrap();
+    .await;
     assert_eq!(
         (st, code.as_deref()),
         (status, Some("client_disconnected")),
@@ -360,14 +359,12 @@ async fn a_request_whose_client_leaves_while_its_answer_settles_is_logged_at_wha
     })
     .await;
     // Another writer holds the database while the upstream answers: the settlement waits.
-    let path = app.settings.database_path();
-    let mut other = hold_the_database(&path).await;
+    let other = hold_the_store(&app.settings.database.url).await;
     // Past the upstream's 1.5 s: the answer is in, its settlement blocked.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     drop(conn);
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    sqlx::query("COMMIT").execute(&mut other).await.unwrap();
-    drop(other);
+    other.release().await;
     until("the request was never settled and logged", async || {
         app.state.request_log.flush().await;
         app.scalar("SELECT COUNT(*) FROM reservations").await == 0
@@ -376,12 +373,11 @@ async fn a_request_whose_client_leaves_while_its_answer_settles_is_logged_at_wha
     .await;
     // Give a background settlement time to land too.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let rows: Vec<(i64, Option<String>, i64, i64, i64)> = sqlx::query_as(
+    let rows: Vec<(i64, Option<String>, i64, i64, i64)> = sql_rows(
+        app.db(),
         "SELECT status, error_code, input_tokens, output_tokens, cost_micros FROM requests",
     )
-    .fetch_all(&app.db().sqlite().read)
-    .await
-    .unwrap();
+    .await;
     eprintln!("rows: {rows:?}");
     assert_eq!(rows.len(), 1, "one row: {rows:?}");
     app.assert_invariant().await;
@@ -394,8 +390,7 @@ async fn a_request_whose_client_leaves_while_its_answer_settles_is_logged_at_wha
 async fn a_client_that_leaves_while_its_row_waits_for_the_log_still_has_its_row() {
     use futures_util::StreamExt;
     let app = spawn_app().await;
-    let path = app.settings.database_path();
-    let mut other = hold_the_database(&path).await;
+    let other = hold_the_store(&app.settings.database.url).await;
     // The log queues 10 000 rows and writes batches of up to 512: past that, rows wait.
     let total = 10_000 + 512 + 300;
     let http = reqwest::Client::builder()
@@ -421,8 +416,7 @@ async fn a_client_that_leaves_while_its_row_waits_for_the_log_still_has_its_row(
         .await;
     eprintln!("{left} of {total} clients gave up waiting");
     assert!(left > 0, "the log was never behind");
-    sqlx::query("COMMIT").execute(&mut other).await.unwrap();
-    drop(other);
+    other.release().await;
     let bound = Instant::now() + Duration::from_secs(60);
     loop {
         app.state.request_log.flush().await;

@@ -9,7 +9,7 @@
 
 use serde_json::{json, Value};
 
-use crate::helpers::{assert_cut_by_an_error_event, TestApp};
+use crate::helpers::{assert_cut_by_an_error_event, sql_row, TestApp};
 use crate::translate_wire::{app, run_case};
 
 const BEFORE: &str = "Torque the bolts to ";
@@ -347,14 +347,14 @@ async fn each_lie_ends_as_corrupt(upstream: &str) {
             );
             served += 1;
             app.wait_for_log_rows(served).await;
+            // Request ids are UUIDv7, ordered by time: the greatest is the last request's.
             let (status, code, input, output, cost): (i64, Option<String>, i64, i64, i64) =
-                sqlx::query_as(
+                sql_row(
+                    app.db(),
                     "SELECT status, error_code, input_tokens, output_tokens, cost_micros FROM requests
-                     ORDER BY rowid DESC LIMIT 1",
+                     ORDER BY id DESC LIMIT 1",
                 )
-                .fetch_one(&app.db().sqlite().read)
-                .await
-                .unwrap();
+                .await;
             assert_eq!(
                 (status, code.as_deref()),
                 (200, Some("upstream_error")),
@@ -470,12 +470,11 @@ async fn a_usage_of_the_wrong_type_in_an_answer_is_counted_not_read_as_zero() {
             assert_eq!(got["status"], 200, "{what}");
             served += 1;
             app.wait_for_log_rows(served).await;
-            let (input, output): (i64, i64) = sqlx::query_as(
-                "SELECT input_tokens, output_tokens FROM requests ORDER BY rowid DESC LIMIT 1",
+            let (input, output): (i64, i64) = sql_row(
+                app.db(),
+                "SELECT input_tokens, output_tokens FROM requests ORDER BY id DESC LIMIT 1",
             )
-            .fetch_one(&app.db().sqlite().read)
-            .await
-            .unwrap();
+            .await;
             assert!(input > 0, "input {input}: {what}");
             assert!(output > 0 && output != 40, "output {output}: {what}");
         }
@@ -518,12 +517,11 @@ async fn a_usage_missing_a_figure_is_counted_not_trusted() {
             assert_complete(&last, client, &what);
             served += 1;
             app.wait_for_log_rows(served).await;
-            let (code, input, output): (Option<String>, i64, i64) = sqlx::query_as(
-                "SELECT error_code, input_tokens, output_tokens FROM requests ORDER BY rowid DESC LIMIT 1",
+            let (code, input, output): (Option<String>, i64, i64) = sql_row(
+                app.db(),
+                "SELECT error_code, input_tokens, output_tokens FROM requests ORDER BY id DESC LIMIT 1",
             )
-            .fetch_one(&app.db().sqlite().read)
-            .await
-            .unwrap();
+            .await;
             assert_eq!(code, None, "{what}");
             assert!(
                 input > 0 && output > 1,

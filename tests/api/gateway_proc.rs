@@ -190,3 +190,11 @@ pub(crate) async fn ticks_in_a_second(pid: u32) -> u64 {
     tokio::time::sleep(Duration::from_secs(1)).await;
     cpu_ticks(pid) - before
 }
+
+/// The `[database] url` of the gateway(s) on `dir` (`write_config`), on the suite's engine.
+pub(crate) fn dir_database_url(dir: &std::path::Path) -> String {
+    match test_engine() {
+        Engine::Sqlite => format!("sqlite://{}", dir.join("sluice.db").display()),
+        Engine::Postgres => dir_postgres(dir).0,
+    }
+}

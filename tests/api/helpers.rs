@@ -733,7 +733,8 @@ pub fn sql_blob(db: &Db, bytes: &[u8]) -> String {
     }
 }
 
-/// The rows `sql` selects (tuples of integers and texts), on whichever engine holds `db`.
+/// The rows `sql` selects, on whichever engine holds `db` (`sql` in the SQL both read;
+/// columns as `i64`, `String`, `bool` or `Option` of them, which both decode alike).
 pub async fn sql_rows<T>(db: &Db, sql: &str) -> Vec<T>
 where
     T: Send + Unpin,
@@ -741,4 +742,67 @@ where
     T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>,
 {
     rows_on(db, sql).await
+}
+
+/// The one row `sql` selects, on whichever engine holds `db` (see `sql_rows`).
+pub async fn sql_row<T>(db: &Db, sql: &str) -> T
+where
+    T: Send + Unpin,
+    T: for<'r> sqlx::FromRow<'r, sqlx::sqlite::SqliteRow>,
+    T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>,
+{
+    let mut rows: Vec<T> = rows_on(db, sql).await;
+    assert_eq!(rows.len(), 1, "one row expected: {sql}");
+    rows.remove(0)
+}
+
+/// Another writer holding the database of `[database] url` (`hold_the_store`).
+pub enum HeldStore {
+    Sqlite(sqlx::SqliteConnection),
+    Postgres(sqlx::PgConnection),
+}
+
+/// Another writer on the database at `url` (a `[database] url`, on either engine), holding
+/// it until `release`: the gateway's writes wait on it, its plain reads do not. On SQLite
+/// its write lock (`hold_the_database`); on PostgreSQL every table of the schema locked in
+/// EXCLUSIVE mode, which only plain `SELECT`s pass.
+pub async fn hold_the_store(url: &str) -> HeldStore {
+    use sqlx::Connection;
+    let Some(path) = url.strip_prefix("sqlite://") else {
+        let mut other = sqlx::PgConnection::connect(url).await.unwrap();
+        // The gateway may be writing while the locks are taken one table after another: a
+        // deadlock with one of its transactions aborts ours, which is then taken again.
+        for _ in 0..20 {
+            sqlx::query("BEGIN").execute(&mut other).await.unwrap();
+            let locked = sqlx::query(
+                "DO $$ DECLARE t TEXT; BEGIN
+                   FOR t IN SELECT tablename FROM pg_tables WHERE schemaname = current_schema() ORDER BY tablename LOOP
+                     EXECUTE format('LOCK TABLE %I IN EXCLUSIVE MODE', t);
+                   END LOOP;
+                 END $$",
+            )
+            .execute(&mut other)
+            .await;
+            if locked.is_ok() {
+                return HeldStore::Postgres(other);
+            }
+            sqlx::query("ROLLBACK").execute(&mut other).await.unwrap();
+        }
+        panic!("the PostgreSQL tables could not be locked");
+    };
+    HeldStore::Sqlite(hold_the_database(std::path::Path::new(path)).await)
+}
+
+impl HeldStore {
+    /// Lets the gateway's writes through (commits the holding transaction).
+    pub async fn release(self) {
+        match self {
+            HeldStore::Sqlite(mut c) => {
+                sqlx::query("COMMIT").execute(&mut c).await.unwrap();
+            }
+            HeldStore::Postgres(mut c) => {
+                sqlx::query("COMMIT").execute(&mut c).await.unwrap();
+            }
+        }
+    }
 }

@@ -396,14 +396,14 @@ async fn running_out_of_open_files_does_not_open_the_upstreams_breaker() {
         let id = headers.get("x-request-id").unwrap().to_str().unwrap();
         let until = Instant::now() + BOUND;
         let row = loop {
-            let row: Option<(i64, i64, Option<String>, i64)> = sqlx::query_as(
-                "SELECT status, attempts, error_code, cost_micros FROM requests WHERE id = ?",
+            let rows: Vec<(i64, i64, Option<String>, i64)> = sql_rows(
+                &db,
+                &format!(
+                    "SELECT status, attempts, error_code, cost_micros FROM requests WHERE id = '{id}'"
+                ),
             )
-            .bind(id)
-            .fetch_optional(&db.sqlite().read)
-            .await
-            .unwrap();
-            if let Some(row) = row {
+            .await;
+            if let Some(row) = rows.into_iter().next() {
                 break row;
             }
             assert!(Instant::now() < until, "probe {i} has no request-log row");
@@ -437,10 +437,7 @@ async fn running_out_of_open_files_does_not_open_the_upstreams_breaker() {
     // The money is right: nothing left reserved, the invariant holds.
     let until = Instant::now() + BOUND;
     loop {
-        let open: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM reservations")
-            .fetch_one(&db.sqlite().read)
-            .await
-            .unwrap();
+        let open = scalar_on(&db, "SELECT COUNT(*) FROM reservations").await;
         if open == 0 {
             break;
         }

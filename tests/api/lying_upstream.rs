@@ -92,11 +92,11 @@ async fn cut_by_the_gateway(app: &TestApp, token: &str, message: &str) -> Vec<St
 /// connection closed.
 async fn settled_as_cut(app: &TestApp, id: i64) {
     app.wait_for_log_rows(1).await;
-    let (status, code, input, cost): (i64, Option<String>, i64, i64) =
-        sqlx::query_as("SELECT status, error_code, input_tokens, cost_micros FROM requests")
-            .fetch_one(&app.db().sqlite().read)
-            .await
-            .unwrap();
+    let (status, code, input, cost): (i64, Option<String>, i64, i64) = sql_row(
+        app.db(),
+        "SELECT status, error_code, input_tokens, cost_micros FROM requests",
+    )
+    .await;
     assert_eq!((status, code.as_deref()), (200, Some("upstream_error")));
     assert!(input > 0 && cost > 0, "input {input}, cost {cost}");
     app.assert_invariant().await;
@@ -329,11 +329,11 @@ async fn tiny_events_without_end_are_streamed_until_the_client_leaves() {
     }
     drop(body);
     app.wait_for_log_rows(1).await;
-    let (status, code, output): (i64, Option<String>, i64) =
-        sqlx::query_as("SELECT status, error_code, output_tokens FROM requests")
-            .fetch_one(&app.db().sqlite().read)
-            .await
-            .unwrap();
+    let (status, code, output): (i64, Option<String>, i64) = sql_row(
+        app.db(),
+        "SELECT status, error_code, output_tokens FROM requests",
+    )
+    .await;
     assert_eq!(
         (status, code.as_deref()),
         (200, Some("client_disconnected"))

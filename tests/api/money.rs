@@ -15,7 +15,6 @@ use sluice::quota::reservation::Quota;
 use sluice::quota::{estimate, pricing};
 use sluice::store::ledger::{self, Orphans, Owner};
 use sluice::store::{processes, Db};
-use sqlx::Connection;
 
 use crate::helpers::*;
 use crate::on_both_engines;
@@ -101,15 +100,8 @@ on_both_engines!(best_of_is_priced_as_the_completions_the_upstream_bills);
 async fn a_client_that_leaves_while_its_reservation_waits_is_charged_nothing() {
     let app = Arc::new(spawn_app().await);
     let (id, token) = app.token("dave", Some("1.00")).await;
-    // Another connection holds SQLite's write lock: the reservation waits in the writer.
-    let path = app.dir.path().join("sluice.db");
-    let mut blocker = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
-        .await
-        .unwrap();
-    sqlx::query("BEGIN IMMEDIATE")
-        .execute(&mut blocker)
-        .await
-        .unwrap();
+    // Another connection holds the database's writes: the reservation waits in the writer.
+    let blocker = hold_the_store(&app.settings.database.url).await;
     let impatient = reqwest::Client::builder()
         .timeout(Duration::from_millis(300))
         .build()
@@ -122,7 +114,7 @@ async fn a_client_that_leaves_while_its_reservation_waits_is_charged_nothing() {
         .await;
     assert!(gone.is_err(), "the client gave up before an answer");
     tokio::time::sleep(Duration::from_millis(200)).await;
-    sqlx::query("COMMIT").execute(&mut blocker).await.unwrap();
+    blocker.release().await;
     // Released (or never written) within seconds, without any restart.
     app.wait_settled().await;
     assert_eq!(
@@ -380,20 +372,46 @@ on_both_engines!(a_deadline_that_cuts_the_upstream_off_charges_the_input);
 /// (the handler's future is dropped) — and the store then refuses that settlement — is
 /// still charged what it was served: the settlement goes on in the background, and the
 /// sweep never takes the reservation meanwhile.
-#[tokio::test]
-async fn a_settlement_abandoned_mid_await_still_lands() {
-    let (_dir, db, clock, quota, owner) = quota_rig(Engine::Sqlite, 10_000).await;
+async fn a_settlement_abandoned_mid_await_still_lands(engine: Engine) {
+    let (_dir, db, clock, quota, owner) = quota_rig(engine, 10_000).await;
     let held = quota.reserve("req-1", &owner, 1_000).await.unwrap();
     refuse_settlements(&db, true).await;
-    // The writer cannot run while we hold its connection: the settlement waits in it.
-    let hold = db.sqlite().write.acquire().await.unwrap();
+    // The settlement cannot land while we hold the store: on SQLite the writer's one
+    // connection, on PostgreSQL every table (EXCLUSIVE: writes wait, plain reads pass).
+    let hold = match db.postgres() {
+        None => Ok(db.sqlite().write.acquire().await.unwrap()),
+        Some(pg) => {
+            let mut tx = pg.pool.begin().await.unwrap();
+            sqlx::query(
+                "LOCK TABLE tokens, users, teams, reservations, ledger, requests IN EXCLUSIVE MODE",
+            )
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+            Err(tx)
+        }
+    };
     let settling = tokio::spawn(async move { held.settle(300).await });
     for _ in 0..20 {
         tokio::task::yield_now().await;
     }
+    // On PostgreSQL: until the settlement's statement waits on the lock (bounded).
+    if db.postgres().is_some() {
+        let waiting = "SELECT COUNT(*) FROM pg_locks WHERE NOT granted
+                       AND database = (SELECT oid FROM pg_database WHERE datname = current_database())";
+        let mut polls = 0;
+        while sql_int(&db, waiting).await == 0 {
+            polls += 1;
+            assert!(polls < 500, "the settlement never waited on the store");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
     settling.abort();
     let _ = settling.await;
-    drop(hold);
+    match hold {
+        Ok(conn) => drop(conn),
+        Err(tx) => tx.commit().await.unwrap(),
+    }
     // The store refuses the settlement once; the owner's sweep must not take the
     // reservation for unheld meanwhile.
     tokio::time::sleep(Duration::from_millis(30)).await;
@@ -408,6 +426,20 @@ async fn a_settlement_abandoned_mid_await_still_lands() {
         "charged what was served"
     );
     assert_invariant_on(&db).await;
+}
+// One body, two stores, on a current-thread runtime (not `on_both_engines!`): the yields
+// above then run the settlement up to its wait before it is abandoned.
+mod a_settlement_abandoned_mid_await_still_lands {
+    use crate::pg_gateway_app::Engine;
+
+    #[tokio::test]
+    async fn sqlite() {
+        super::a_settlement_abandoned_mid_await_still_lands(Engine::Sqlite).await
+    }
+    #[tokio::test]
+    async fn postgres() {
+        super::a_settlement_abandoned_mid_await_still_lands(Engine::Postgres).await
+    }
 }
 
 /// Attack finding: a process whose clock is days ahead must neither expire another

@@ -87,10 +87,8 @@ async fn chat_is_forwarded_with_the_pool_key_and_logged() {
 
     app.wait_for_log_rows(1).await;
     let (token_id, status, model, upstream, input, output, cost): (i64, i64, String, String, i64, i64, i64) =
-        sqlx::query_as("SELECT token_id, status, model, upstream, input_tokens, output_tokens, cost_micros FROM requests")
-            .fetch_one(&app.db().sqlite().read)
-            .await
-            .unwrap();
+        sql_row(app.db(), "SELECT token_id, status, model, upstream, input_tokens, output_tokens, cost_micros FROM requests")
+            .await;
     assert_eq!(
         (token_id, status, model.as_str(), upstream.as_str()),
         (id, 200, "mini", "a")

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use sluice::mock::{MockConfig, MockServer, Script};
 use tokio::io::AsyncWriteExt;
 
-use crate::gateway_proc::{db_and_token, Gateway};
+use crate::gateway_proc::{db_and_token, dir_database_url, Gateway};
 use crate::helpers::*;
 use crate::processes::start_gateway_full;
 
@@ -222,12 +222,11 @@ async fn sigterm_with_stuck_and_slow_clients_exits_in_time_and_settles_everythin
         0,
         "nothing left to be settled as an orphan"
     );
-    let rows: Vec<(i64, Option<String>, i64, i64, i64)> = sqlx::query_as(
+    let rows: Vec<(i64, Option<String>, i64, i64, i64)> = sql_rows(
+        &db,
         "SELECT status, error_code, input_tokens, output_tokens, cost_micros FROM requests ORDER BY id",
     )
-    .fetch_all(&db.sqlite().read)
-    .await
-    .unwrap();
+    .await;
     let codes: Vec<(i64, Option<&str>)> = rows.iter().map(|r| (r.0, r.1.as_deref())).collect();
     assert_eq!(
         codes,
@@ -288,10 +287,7 @@ async fn a_stream_that_ends_within_the_grace_finishes_whole() {
     assert!(status.success(), "{status:?}");
     assert_invariant_on(&db).await;
     let (code, cost): (Option<String>, i64) =
-        sqlx::query_as("SELECT error_code, cost_micros FROM requests")
-            .fetch_one(&db.sqlite().read)
-            .await
-            .unwrap();
+        sql_row(&db, "SELECT error_code, cost_micros FROM requests").await;
     assert_eq!(code, None, "a complete stream");
     assert!(cost > 0);
 }
@@ -338,10 +334,7 @@ async fn sigint_after_sigterm_ends_the_grace_at_once() {
     assert!(!data.iter().any(|d| d == "[DONE]"), "never [DONE]");
     assert_invariant_on(&db).await;
     let rows: Vec<(i64, Option<String>)> =
-        sqlx::query_as("SELECT status, error_code FROM requests")
-            .fetch_all(&db.sqlite().read)
-            .await
-            .unwrap();
+        sql_rows(&db, "SELECT status, error_code FROM requests").await;
     assert_eq!(rows, [(200, Some("shutting_down".to_string()))]);
     assert_eq!(scalar_on(&db, "SELECT COUNT(*) FROM reservations").await, 0);
 }
@@ -362,18 +355,16 @@ async fn a_stream_ended_by_the_drain_settles_and_logs_even_when_the_store_is_slo
         "",
     )
     .await;
-    let path = dir.path().join("sluice.db");
     let (db, token) = db_and_token(dir.path(), "slowstore").await;
     script_slow_stream(&mock, "word ".repeat(3000));
     let reading = read_stream(&reqwest::Client::new(), &gateway.url, &token, 4000).await;
     started(&mock).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     // Another writer holds the database from before the grace ends until 5 s after it.
-    let mut other = hold_the_database(&path).await;
+    let other = hold_the_store(&dir_database_url(dir.path())).await;
     sigterm(&gateway);
     tokio::time::sleep(Duration::from_secs(6)).await;
-    sqlx::query("COMMIT").execute(&mut other).await.unwrap();
-    drop(other);
+    other.release().await;
     let status = exited(
         &mut gateway,
         Instant::now() + Duration::from_secs(30),
@@ -383,19 +374,13 @@ async fn a_stream_ended_by_the_drain_settles_and_logs_even_when_the_store_is_slo
     assert!(status.success(), "{status:?}");
     let _ = tokio::time::timeout(Duration::from_secs(10), reading).await;
     let rows: Vec<(i64, Option<String>, i64)> =
-        sqlx::query_as("SELECT status, error_code, cost_micros FROM requests")
-            .fetch_all(&db.sqlite().read)
-            .await
-            .unwrap();
-    let orphans: Vec<(String, i64)> =
-        sqlx::query_as("SELECT kind, amount_micros FROM ledger WHERE kind = 'orphan'")
-            .fetch_all(&db.sqlite().read)
-            .await
-            .unwrap();
-    let ledger: Vec<(String, i64)> = sqlx::query_as("SELECT kind, amount_micros FROM ledger")
-        .fetch_all(&db.sqlite().read)
-        .await
-        .unwrap();
+        sql_rows(&db, "SELECT status, error_code, cost_micros FROM requests").await;
+    let orphans: Vec<(String, i64)> = sql_rows(
+        &db,
+        "SELECT kind, amount_micros FROM ledger WHERE kind = 'orphan'",
+    )
+    .await;
+    let ledger: Vec<(String, i64)> = sql_rows(&db, "SELECT kind, amount_micros FROM ledger").await;
     eprintln!("rows {rows:?} orphans {orphans:?} ledger {ledger:?}");
     assert_eq!(rows.len(), 1, "one row for the stream: {rows:?}");
     assert_eq!(rows[0].1.as_deref(), Some("shutting_down"), "{rows:?}");
@@ -437,12 +422,7 @@ async fn sighup_does_not_stop_the_gateway() {
     assert_eq!(health.status(), 200);
     // The stream settles just after its last frame.
     let bound = Instant::now() + Duration::from_secs(10);
-    while sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM reservations")
-        .fetch_one(&db.sqlite().read)
-        .await
-        .unwrap()
-        > 0
-    {
+    while scalar_on(&db, "SELECT COUNT(*) FROM reservations").await > 0 {
         assert!(Instant::now() < bound, "the stream was never settled");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -32,10 +32,7 @@ fn gateway_side_open(r: &Rig, client: u16) -> bool {
 }
 
 async fn scalar(db: &sluice::store::Db, sql: &str) -> i64 {
-    sqlx::query_scalar::<_, i64>(sql)
-        .fetch_one(&db.sqlite().read)
-        .await
-        .expect(sql)
+    scalar_on(db, sql).await
 }
 
 struct Rig {
@@ -111,10 +108,7 @@ async fn assert_given_up(r: &Rig) {
         ticks_in_a_second(pid).await,
     );
     let (status, code): (i64, Option<String>) =
-        sqlx::query_as("SELECT status, error_code FROM requests")
-            .fetch_one(&r.db.sqlite().read)
-            .await
-            .unwrap();
+        sql_row(&r.db, "SELECT status, error_code FROM requests").await;
     assert_eq!(
         (status, code.as_deref()),
         (200, Some("client_disconnected"))
