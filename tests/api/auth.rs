@@ -67,10 +67,9 @@ async fn a_revoked_token_is_refused_within_a_second() {
     for t in [&token, &token2] {
         assert_eq!(app.chat(t, &chat_body(5)).await.status(), 200, "cached");
     }
-    // Revoke through a second connection to the file, as the CLI or another replica would.
-    let other = sluice::store::Db::open(&app.settings.database_path(), false)
-        .await
-        .unwrap();
+    // Revoke through a second connection to the database, as the CLI or another replica
+    // would.
+    let other = sluice::store::Db::connect(&app.settings).await.unwrap();
     let epoch = "SELECT value FROM meta WHERE key = 'token_epoch'";
     let before = app.scalar(epoch).await;
     sluice::cli::token_revoke(&other, id, chrono::Utc::now())

@@ -675,7 +675,12 @@ pub fn cli_config(app: &TestApp) -> std::path::PathBuf {
             std::path::Path::new(&app.settings.backup.dir),
         );
     }
-    let key = app.settings.database.key_file.as_ref().expect("a shared key file");
+    let key = app
+        .settings
+        .database
+        .key_file
+        .as_ref()
+        .expect("a shared key file");
     std::fs::write(
         &path,
         format!(
@@ -717,4 +722,15 @@ pub fn retry_after(headers: &reqwest::header::HeaderMap) -> u64 {
         .unwrap()
         .parse()
         .unwrap()
+}
+
+/// The rows `sql` selects, on whichever engine holds `db` (`sql` written in the SQL both
+/// read; a `SUM` cast to `BIGINT` for PostgreSQL).
+pub async fn sql_rows<T>(db: &Db, sql: &str) -> Vec<T>
+where
+    T: Send + Unpin,
+    T: for<'r> sqlx::FromRow<'r, sqlx::sqlite::SqliteRow>,
+    T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>,
+{
+    rows_on(db, sql).await
 }
