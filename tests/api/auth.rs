@@ -149,9 +149,25 @@ async fn secrets_never_reach_the_database_in_clear() {
     app.wait_for_log_rows(4).await;
     app.wait_settled().await;
     let hash_hex = hex::encode(sluice::auth::token::hash(&token));
-    for file in ["sluice.db", "sluice.db-wal"] {
-        let bytes = std::fs::read(app.dir.path().join(file)).unwrap_or_default();
-        let text = String::from_utf8_lossy(&bytes);
+    // The SQLite file and its log as bytes; on PostgreSQL every value of every table.
+    let held: Vec<(String, String)> = match postgres_contents(app.db()).await {
+        Some(text) => vec![("the PostgreSQL database".into(), text)],
+        None => ["sluice.db", "sluice.db-wal"]
+            .iter()
+            .map(|file| {
+                let bytes = std::fs::read(app.dir.path().join(file)).unwrap_or_default();
+                (
+                    file.to_string(),
+                    String::from_utf8_lossy(&bytes).into_owned(),
+                )
+            })
+            .collect(),
+    };
+    assert!(
+        held.iter().any(|(_, text)| text.contains("gpt-4o-mini")),
+        "the scan sees the request log"
+    );
+    for (file, text) in held {
         for secret in [
             &token[..],
             &token[token.len() - 12..],

@@ -328,6 +328,14 @@ async fn canaries_never_leak_at_trace_level() {
         .enumerate()
         .map(|(i, b)| (format!("response {i}"), b.into_bytes()))
         .collect();
+    // On PostgreSQL the database is no file of the folder: every value of every table.
+    if let Some(text) = postgres_contents(&db).await {
+        assert!(
+            text.contains("gpt-4o-mini"),
+            "the scan sees the request log"
+        );
+        haystacks.push(("the PostgreSQL database".into(), text.into_bytes()));
+    }
     for entry in std::fs::read_dir(dir.path()).unwrap() {
         let p = entry.unwrap().path();
         if p.is_file() && p.extension().is_none_or(|e| e != "toml") {
