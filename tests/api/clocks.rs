@@ -200,3 +200,53 @@ async fn two_gateways_with_skewed_clocks_share_one_limit() {
     );
     assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 20);
 }
+
+/// Two gateways on one database, the second's clock 45 s ahead (an NTP failure on one
+/// host): neither takes the other for gone while both beat. Requests on the gateway with
+/// the right clock, each held by the upstream across the other's orphan sweeps (every
+/// 5 s), are never orphaned — a heartbeat written by one clock must not be judged stale by
+/// another's — and every request is charged once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_whose_clock_runs_ahead_orphans_nothing_of_a_live_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let right = start(dir.path(), &mock, chrono::Duration::zero(), "").await;
+    let _ahead = start(dir.path(), &mock, chrono::Duration::seconds(45), "").await;
+    let db = open_dir_db(dir.path()).await;
+    let args = sluice::cli::IssueArgs {
+        budget_usd: Some("10"),
+        ..issue_args("olga")
+    };
+    let token = sluice::cli::token_issue(&db, &args, Utc::now())
+        .await
+        .unwrap()
+        .text;
+    mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            delay_ms: 7_000,
+            ..Default::default()
+        }),
+    );
+    let http = reqwest::Client::new();
+    let tasks: Vec<_> = (0..3)
+        .map(|_| {
+            let (http, url, token) = (http.clone(), right.url.clone(), token.clone());
+            tokio::spawn(async move { post(&http, &url, &token).await })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    let bound = std::time::Instant::now() + Duration::from_secs(30);
+    while sql_int(&db, "SELECT COUNT(*) FROM requests").await < 3 {
+        assert!(std::time::Instant::now() < bound, "the log rows never came");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        sql_int(&db, "SELECT COUNT(*) FROM ledger WHERE kind = 'orphan'").await,
+        0,
+        "live requests were settled as orphans by the gateway whose clock runs ahead"
+    );
+    assert_invariant_on(&db).await;
+}
