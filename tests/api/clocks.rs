@@ -250,3 +250,67 @@ async fn a_gateway_whose_clock_runs_ahead_orphans_nothing_of_a_live_one() {
     );
     assert_invariant_on(&db).await;
 }
+
+/// The other side of the same rule: a gateway whose clock runs a minute ahead is killed
+/// (`kill -9`) with requests in flight; the one with the right clock recovers its
+/// reservations as it would any crashed host's — on PostgreSQL once the heartbeat has not
+/// moved for 15 s, not once the real time has caught up with a stamp a minute in the future.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_gateway_whose_clock_ran_ahead_is_recovered_in_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let _right = start(dir.path(), &mock, chrono::Duration::zero(), "").await;
+    let mut ahead = start(dir.path(), &mock, chrono::Duration::seconds(60), "").await;
+    let db = open_dir_db(dir.path()).await;
+    let args = sluice::cli::IssueArgs {
+        budget_usd: Some("10"),
+        ..issue_args("pia")
+    };
+    let token = sluice::cli::token_issue(&db, &args, Utc::now())
+        .await
+        .unwrap()
+        .text;
+    mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            delay_ms: 60_000,
+            ..Default::default()
+        }),
+    );
+    let http = reqwest::Client::new();
+    let tasks: Vec<_> = (0..3)
+        .map(|_| {
+            let (http, url, token) = (http.clone(), ahead.url.clone(), token.clone());
+            tokio::spawn(async move { post(&http, &url, &token).await })
+        })
+        .collect();
+    let open = || sql_int(&db, "SELECT COUNT(*) FROM reservations");
+    let bound = std::time::Instant::now() + Duration::from_secs(20);
+    while open().await < 3 {
+        assert!(
+            std::time::Instant::now() < bound,
+            "the requests never reserved"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    ahead.child.kill().unwrap();
+    let _ = ahead.child.wait();
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 0, "cut by the kill");
+    }
+    // 15 s unmoved, found at a sweep 5 s apart, with room for a loaded machine; the stamp
+    // a minute ahead would take 75 s.
+    let bound = std::time::Instant::now() + Duration::from_secs(45);
+    while open().await > 0 {
+        assert!(
+            std::time::Instant::now() < bound,
+            "the crashed gateway's reservations are still held"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        sql_int(&db, "SELECT COUNT(*) FROM ledger WHERE kind = 'orphan'").await,
+        3
+    );
+    assert_invariant_on(&db).await;
+}
