@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 use sluice::mock::{MockConfig, MockServer, Script};
 use sluice::quota::pricing;
 
+use crate::gateway_proc::open_dir_db;
 use crate::helpers::*;
 use crate::processes::{start_gateway_full, Gateway};
 
@@ -68,9 +69,7 @@ async fn two_gateways_a_second_apart_straddle_a_day_boundary() {
     let offset_b = offset_a - chrono::Duration::seconds(1);
     let a = start(dir.path(), &mock, offset_a, "").await;
     let b = start(dir.path(), &mock, offset_b, "").await;
-    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
-        .await
-        .unwrap();
+    let db = open_dir_db(dir.path()).await;
     // Each request costs exactly its worst case; the budget covers 10 a day.
     let (input, per) = chat_worst_case(100);
     mock.state.sticky(
@@ -116,26 +115,28 @@ async fn two_gateways_a_second_apart_straddle_a_day_boundary() {
     );
     assert_eq!(ok, 20, "10 on each day, no more, no less");
     // Each period's spend within the limit; one reset into each period.
-    let by_day: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT period, SUM(amount_micros) FROM ledger WHERE token_id = ? AND kind IN ('reserve', 'settle', 'adjust') GROUP BY period ORDER BY period",
+    let by_day: Vec<(String, i64)> = sql_rows(
+        &db,
+        &format!(
+            "SELECT period, CAST(SUM(amount_micros) AS BIGINT) FROM ledger WHERE token_id = {} AND kind IN ('reserve', 'settle', 'adjust') GROUP BY period ORDER BY period",
+            token.id
+        ),
     )
-    .bind(token.id)
-    .fetch_all(&db.sqlite().read)
-    .await
-    .unwrap();
+    .await;
     let day = |d: DateTime<Utc>| d.format("%Y-%m-%d").to_string();
     let before = day(boundary - chrono::Duration::seconds(1));
     assert_eq!(
         by_day,
         [(before.clone(), 10 * per), (day(boundary), 10 * per)]
     );
-    let resets: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT after, COUNT(*) FROM audit_log WHERE action = 'budget.period_reset' AND target = ? GROUP BY after ORDER BY after",
+    let resets: Vec<(String, i64)> = sql_rows(
+        &db,
+        &format!(
+            "SELECT after, COUNT(*) FROM audit_log WHERE action = 'budget.period_reset' AND target = 'token:{}' GROUP BY after ORDER BY after",
+            token.id
+        ),
     )
-    .bind(format!("token:{}", token.id))
-    .fetch_all(&db.sqlite().read)
-    .await
-    .unwrap();
+    .await;
     assert_eq!(
         resets,
         [(before, 1), (day(boundary), 1)],
@@ -151,15 +152,17 @@ async fn two_gateways_with_skewed_clocks_share_one_limit() {
     let redis = RedisServer::start().await;
     let dir = tempfile::tempdir().unwrap();
     let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    // A generous Redis timeout (`gateway_fleet::TIMEOUT_MS`): a window call that outlives
+    // the default 50 ms on a loaded machine falls back to local windows, which admit the
+    // limit on each gateway — the documented fallback, not what this test is about.
     let extra = format!(
-        "[redis]\nurl = \"{}\"\n[ratelimit]\nwindow_seconds = 60\n",
-        redis.url()
+        "[redis]\nurl = \"{}\"\n[ratelimit]\nwindow_seconds = 60\nredis_timeout_ms = {}\n",
+        redis.url(),
+        crate::gateway_fleet::TIMEOUT_MS
     );
     let a = start(dir.path(), &mock, chrono::Duration::zero(), &extra).await;
     let b = start(dir.path(), &mock, chrono::Duration::seconds(45), &extra).await;
-    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
-        .await
-        .unwrap();
+    let db = open_dir_db(dir.path()).await;
     let args = sluice::cli::IssueArgs {
         rpm: Some(20),
         ..issue_args("carol")
@@ -180,10 +183,134 @@ async fn two_gateways_with_skewed_clocks_share_one_limit() {
     for t in tasks {
         statuses.push(t.await.unwrap());
     }
+    let mut logs = String::new();
+    for e in std::fs::read_dir(dir.path()).unwrap().flatten() {
+        if e.file_name().to_string_lossy().ends_with(".log") {
+            logs += &std::fs::read_to_string(e.path()).unwrap_or_default();
+        }
+    }
+    assert!(
+        !logs.contains("rate limiting degraded"),
+        "Redis outlived the timeout, the windows fell back to local ones:\n{logs}"
+    );
     assert_eq!(
         statuses.iter().filter(|s| **s == 200).count(),
         20,
         "{statuses:?}"
     );
     assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 20);
+}
+
+/// Two gateways on one database, the second's clock 45 s ahead (an NTP failure on one
+/// host): neither takes the other for gone while both beat. Requests on the gateway with
+/// the right clock, each held by the upstream across the other's orphan sweeps (every
+/// 5 s), are never orphaned — a heartbeat written by one clock must not be judged stale by
+/// another's — and every request is charged once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_whose_clock_runs_ahead_orphans_nothing_of_a_live_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let right = start(dir.path(), &mock, chrono::Duration::zero(), "").await;
+    let _ahead = start(dir.path(), &mock, chrono::Duration::seconds(45), "").await;
+    let db = open_dir_db(dir.path()).await;
+    let args = sluice::cli::IssueArgs {
+        budget_usd: Some("10"),
+        ..issue_args("olga")
+    };
+    let token = sluice::cli::token_issue(&db, &args, Utc::now())
+        .await
+        .unwrap()
+        .text;
+    mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            delay_ms: 7_000,
+            ..Default::default()
+        }),
+    );
+    let http = reqwest::Client::new();
+    let tasks: Vec<_> = (0..3)
+        .map(|_| {
+            let (http, url, token) = (http.clone(), right.url.clone(), token.clone());
+            tokio::spawn(async move { post(&http, &url, &token).await })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    let bound = std::time::Instant::now() + Duration::from_secs(30);
+    while sql_int(&db, "SELECT COUNT(*) FROM requests").await < 3 {
+        assert!(std::time::Instant::now() < bound, "the log rows never came");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        sql_int(&db, "SELECT COUNT(*) FROM ledger WHERE kind = 'orphan'").await,
+        0,
+        "live requests were settled as orphans by the gateway whose clock runs ahead"
+    );
+    assert_invariant_on(&db).await;
+}
+
+/// The other side of the same rule: a gateway whose clock runs a minute ahead is killed
+/// (`kill -9`) with requests in flight; the one with the right clock recovers its
+/// reservations as it would any crashed host's — on PostgreSQL once the heartbeat has not
+/// moved for 15 s, not once the real time has caught up with a stamp a minute in the future.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_gateway_whose_clock_ran_ahead_is_recovered_in_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let _right = start(dir.path(), &mock, chrono::Duration::zero(), "").await;
+    let mut ahead = start(dir.path(), &mock, chrono::Duration::seconds(60), "").await;
+    let db = open_dir_db(dir.path()).await;
+    let args = sluice::cli::IssueArgs {
+        budget_usd: Some("10"),
+        ..issue_args("pia")
+    };
+    let token = sluice::cli::token_issue(&db, &args, Utc::now())
+        .await
+        .unwrap()
+        .text;
+    mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            delay_ms: 60_000,
+            ..Default::default()
+        }),
+    );
+    let http = reqwest::Client::new();
+    let tasks: Vec<_> = (0..3)
+        .map(|_| {
+            let (http, url, token) = (http.clone(), ahead.url.clone(), token.clone());
+            tokio::spawn(async move { post(&http, &url, &token).await })
+        })
+        .collect();
+    let open = || sql_int(&db, "SELECT COUNT(*) FROM reservations");
+    let bound = std::time::Instant::now() + Duration::from_secs(20);
+    while open().await < 3 {
+        assert!(
+            std::time::Instant::now() < bound,
+            "the requests never reserved"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    ahead.child.kill().unwrap();
+    let _ = ahead.child.wait();
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 0, "cut by the kill");
+    }
+    // 15 s unmoved, found at a sweep 5 s apart, with room for a loaded machine; the stamp
+    // a minute ahead would take 75 s.
+    let bound = std::time::Instant::now() + Duration::from_secs(45);
+    while open().await > 0 {
+        assert!(
+            std::time::Instant::now() < bound,
+            "the crashed gateway's reservations are still held"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        sql_int(&db, "SELECT COUNT(*) FROM ledger WHERE kind = 'orphan'").await,
+        3
+    );
+    assert_invariant_on(&db).await;
 }

@@ -30,9 +30,7 @@ pub async fn fleet(n: usize, redis: &str) -> Fleet {
     for _ in 0..n {
         gateways.push(start_gateway_full(dir.path(), &mock, &[], &extra).await);
     }
-    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
-        .await
-        .unwrap();
+    let db = crate::gateway_proc::open_dir_db(dir.path()).await;
     Fleet {
         _dir: dir,
         _mock: mock,
@@ -72,11 +70,11 @@ impl Fleet {
     }
 
     pub async fn user_id(&self, token_id: i64) -> i64 {
-        sqlx::query_scalar("SELECT user_id FROM tokens WHERE id = ?")
-            .bind(token_id)
-            .fetch_one(&self.db.sqlite().write)
-            .await
-            .unwrap()
+        sql_int(
+            &self.db,
+            &format!("SELECT user_id FROM tokens WHERE id = {token_id}"),
+        )
+        .await
     }
 
     /// `n` requests at once, spread over every gateway: how many were admitted. Each is

@@ -806,3 +806,40 @@ impl HeldStore {
         }
     }
 }
+
+/// On PostgreSQL, everything the database holds, as a scan of a SQLite file sees it: every
+/// text-like value of every table as text, every `BYTEA` value as its raw bytes (read
+/// lossily), so a secret kept in clear in any column shows; `None` on SQLite, whose file
+/// (and `-wal`) a test reads itself.
+pub async fn postgres_contents(db: &Db) -> Option<String> {
+    let pool = &db.postgres()?.pool;
+    let columns: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT table_name::text, column_name::text, data_type::text FROM information_schema.columns
+         WHERE table_schema = current_schema() ORDER BY table_name, ordinal_position",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert!(!columns.is_empty(), "no table in the database");
+    let mut out = String::new();
+    for (table, column, kind) in columns {
+        let select = format!("SELECT \"{column}\" FROM \"{table}\" WHERE \"{column}\" IS NOT NULL");
+        if kind == "bytea" {
+            let values: Vec<Vec<u8>> = sqlx::query_scalar(&select).fetch_all(pool).await.unwrap();
+            for v in values {
+                out += &String::from_utf8_lossy(&v);
+                out.push('\n');
+            }
+        } else {
+            let select = format!(
+                "SELECT \"{column}\"::text FROM \"{table}\" WHERE \"{column}\" IS NOT NULL"
+            );
+            let values: Vec<String> = sqlx::query_scalar(&select).fetch_all(pool).await.unwrap();
+            for v in values {
+                out += &v;
+                out.push('\n');
+            }
+        }
+    }
+    Some(out)
+}

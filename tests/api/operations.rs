@@ -109,8 +109,10 @@ async fn every_alert_reaches_the_webhook_once_per_cooloff() {
         .await;
     app.chat(&limited, &chat_body(10)).await;
     // A failed backup: the scheduled one, due at start, cannot write into /proc (the
-    // gateway's own task raises it; nothing here does).
+    // gateway's own task raises it; nothing here does). On PostgreSQL no backup is
+    // scheduled (the server backs itself up), so none fails and none may be alerted.
     tokio::time::sleep(Duration::from_millis(800)).await;
+    let backup_failed = usize::from(app.db().backs_up_to_file());
     let received: Vec<Value> = app
         .mock
         .state
@@ -122,17 +124,17 @@ async fn every_alert_reaches_the_webhook_once_per_cooloff() {
         .iter()
         .map(|b| b["kind"].as_str().unwrap())
         .collect();
-    for kind in [
-        "budget_threshold",
-        "breaker_open",
-        "pool_empty",
-        "ratelimit_degraded",
-        "backup_failed",
+    for (kind, times) in [
+        ("budget_threshold", 1),
+        ("breaker_open", 1),
+        ("pool_empty", 1),
+        ("ratelimit_degraded", 1),
+        ("backup_failed", backup_failed),
     ] {
         assert_eq!(
             kinds.iter().filter(|k| **k == kind).count(),
-            1,
-            "{kind} exactly once in {kinds:?}"
+            times,
+            "{kind} {times} time(s) in {kinds:?}"
         );
     }
     let b = received
@@ -289,6 +291,68 @@ async fn backups_are_taken_on_schedule() {
         .unwrap();
     assert!(taken.is_some(), "due an hour after the last");
     assert_eq!(backups().len(), 2);
+}
+
+/// On PostgreSQL the server backs itself up (`pg_dump`, point-in-time recovery): with
+/// `[backup] interval_hours` set, the gateway schedules no file backup — none is written,
+/// none fails and no `backup_failed` is alerted — while a SQLite gateway started alike
+/// takes its backup at start; a backup asked for all the same refuses by name and leaves
+/// no file behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_no_file_backup_is_scheduled_nor_alerted() {
+    use crate::pg_gateway_app::{spawn_app_on, Engine};
+    let scheduled = |s: &mut sluice::config::Settings, m: &sluice::mock::MockServer| {
+        s.backup.interval_hours = 1;
+        s.alerts.webhooks = vec![WebhookSettings {
+            url: Secret(secrecy::SecretString::from(format!(
+                "{}/_mock/webhook",
+                m.base_url()
+            ))),
+            format: "generic".into(),
+        }];
+    };
+    let pg = spawn_app_on(Engine::Postgres, scheduled).await;
+    let lite = spawn_app_on(Engine::Sqlite, scheduled).await;
+    let files = |app: &TestApp| -> Vec<String> {
+        std::fs::read_dir(&app.settings.backup.dir)
+            .map(|d| {
+                d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .filter(|n| n.starts_with("sluice-"))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    // Both schedules start with their gateway: by the time SQLite's first backup is
+    // written, PostgreSQL's would have been tried.
+    let bound = std::time::Instant::now() + Duration::from_secs(20);
+    while files(&lite).is_empty() {
+        assert!(
+            std::time::Instant::now() < bound,
+            "no SQLite backup at start"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        files(&pg),
+        Vec::<String>::new(),
+        "a file backup on PostgreSQL"
+    );
+    let alerts = pg.mock.state.stats("webhook").last_bodies;
+    assert!(
+        alerts.iter().all(|b| b["kind"] != "backup_failed"),
+        "{alerts:?}"
+    );
+    let dir = std::path::Path::new(&pg.settings.backup.dir).join("asked");
+    let refused = sluice::ops::backup::backup_now(pg.db(), &dir, 3, chrono::Utc::now()).await;
+    let message = refused
+        .expect_err("a file backup of PostgreSQL")
+        .to_string();
+    assert!(message.contains("pg_dump"), "{message}");
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "a file left behind"
+    );
 }
 
 /// Backups written while the clock ran two days ahead (then corrected), and a stray

@@ -250,12 +250,11 @@ async fn a_key_refused_by_the_upstream_is_quarantined_with_an_audit_row() {
         assert!(std::time::Instant::now() < bound, "no audit row");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let rows: Vec<(String, String, Option<String>)> = sqlx::query_as(
+    let rows: Vec<(String, String, Option<String>)> = sql_rows(
+        app.db(),
         "SELECT action, target, after FROM audit_log WHERE action = 'upstream.disable'",
     )
-    .fetch_all(&app.db().sqlite().read)
-    .await
-    .unwrap();
+    .await;
     assert_eq!(
         rows,
         vec![(
@@ -778,9 +777,7 @@ async fn a_deadline_gone_before_any_attempt_raises_no_alert() {
     let dir = tempfile::tempdir().unwrap();
     let mock = sluice::mock::MockServer::start("127.0.0.1:0", Default::default()).unwrap();
     let gateway = crate::processes::start_gateway_full(dir.path(), &mock, &[], "").await;
-    let db = sluice::store::Db::open(&dir.path().join("sluice.db"), false)
-        .await
-        .unwrap();
+    let db = crate::gateway_proc::open_dir_db(dir.path()).await;
     let token = sluice::cli::token_issue(&db, &issue_args("ida"), chrono::Utc::now())
         .await
         .unwrap()

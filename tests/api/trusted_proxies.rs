@@ -35,13 +35,20 @@ async fn guess(
 
 /// The addresses of the `login.failed` audit rows at names starting with `prefix`.
 async fn failed_from(app: &TestApp, prefix: &str) -> Vec<String> {
-    sqlx::query_scalar(
-        "SELECT address FROM audit_log WHERE action = 'login.failed' AND actor LIKE ? || '%' ORDER BY id",
+    assert!(prefix
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '-'));
+    addresses(
+        app,
+        &format!("SELECT address FROM audit_log WHERE action = 'login.failed' AND actor LIKE '{prefix}%' ORDER BY id"),
     )
-    .bind(prefix)
-    .fetch_all(&app.state.db.sqlite().read)
     .await
-    .unwrap()
+}
+
+/// The addresses (one text column) `sql` selects from `app`'s database.
+async fn addresses(app: &TestApp, sql: &str) -> Vec<String> {
+    let rows: Vec<(String,)> = sql_rows(app.db(), sql).await;
+    rows.into_iter().map(|(a,)| a).collect()
 }
 
 /// Proxies are trusted, but not this socket's address: whatever `X-Forwarded-For` it sends,
@@ -130,24 +137,17 @@ async fn through_a_trusted_proxy_two_clients_are_throttled_apart() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 201);
-    let newest = |action: &'static str| {
-        let pool = app.state.db.sqlite().read.clone();
-        async move {
-            sqlx::query_scalar::<_, String>(
-                "SELECT address FROM audit_log WHERE action = ? ORDER BY id DESC LIMIT 1",
-            )
-            .bind(action)
-            .fetch_one(&pool)
-            .await
-            .unwrap()
-        }
-    };
-    assert_eq!(newest("team.create").await, "192.0.2.46");
-    let signed_in: Vec<String> =
-        sqlx::query_scalar("SELECT address FROM audit_log WHERE action = 'login.ok' ORDER BY id")
-            .fetch_all(&app.state.db.sqlite().read)
-            .await
-            .unwrap();
+    let newest = sql_text(
+        app.db(),
+        "SELECT address FROM audit_log WHERE action = 'team.create' ORDER BY id DESC LIMIT 1",
+    )
+    .await;
+    assert_eq!(newest, "192.0.2.46");
+    let signed_in = addresses(
+        &app,
+        "SELECT address FROM audit_log WHERE action = 'login.ok' ORDER BY id",
+    )
+    .await;
     assert_eq!(signed_in.first().map(String::as_str), Some("192.0.2.45"));
 }
 
