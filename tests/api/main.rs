@@ -49,6 +49,7 @@ mod pg_store;
 mod pg_store_audit;
 mod pg_store_log;
 mod pg_store_scale;
+mod pg_transient;
 mod processes;
 mod proxy;
 mod queue;
