@@ -34,6 +34,7 @@ mod pg_admin_hosts;
 mod pg_cli;
 mod pg_cli_migrate;
 mod pg_clock_skew;
+mod pg_edits_reach;
 mod pg_gateway;
 mod pg_gateway_app;
 mod pg_migrate_att;
