@@ -198,6 +198,28 @@ async fn limit_model_and_budget_edits_on_one_host_apply_on_the_other_within_a_se
         "a user budget raise",
         until_b(&h, &text, (200, ""), at).await,
     );
+
+    // The user's rpm and the token's tpm, set on A: B's windows apply them.
+    let (_, user, text) = served_token(&h, &admin, "user-rpm", json!({})).await;
+    let (s, body) = admin
+        .patch(&format!("/admin/api/v1/users/{user}"), &json!({"rpm": 1}))
+        .await;
+    assert_eq!(s, 200, "{body}");
+    let at = Instant::now();
+    within_a_second(
+        "a user rpm edit",
+        until_b(&h, &text, (429, "rate_limit_exceeded"), at).await,
+    );
+    let (id, _, text) = served_token(&h, &admin, "tpm", json!({})).await;
+    let (s, body) = admin
+        .patch(&format!("/admin/api/v1/tokens/{id}"), &json!({"tpm": 1}))
+        .await;
+    assert_eq!(s, 200, "{body}");
+    let at = Instant::now();
+    within_a_second(
+        "a tpm edit",
+        until_b(&h, &text, (429, "rate_limit_exceeded"), at).await,
+    );
 }
 
 /// The notification lost: B's listener connection killed just before the edit (it
