@@ -116,3 +116,80 @@ async fn a_host_whose_clock_runs_ahead_does_not_orphan_live_reservations() {
     assert_eq!(recover(&b, &host_b, behind).await, 1);
     a.assert_settled().await;
 }
+
+/// The same through real gateway processes: host B's whole clock runs two minutes ahead
+/// (libfaketime, as `clocks.rs` skews them) while host A holds a reservation for a request
+/// the upstream answers after 12 s. B's orphan recovery (at its start and every 5 s) must
+/// not take A for dead: no reservation of A's is settled as an orphan, and the request is
+/// charged once, at its actual cost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_two_minutes_ahead_leaves_a_live_hosts_reservation_alone() {
+    use sluice::mock::{MockConfig, MockServer, Script};
+
+    use crate::gateway_proc::start_gateway_full;
+    use crate::helpers::{chat_body, chat_worst_case, issue_args, sql_int, KEY_A};
+    use crate::pg_admin::MASTER_HEX;
+
+    let url = crate::pg_server::database();
+    let key = sluice::secrets::MasterKey::from_hex(MASTER_HEX).unwrap();
+    let db = sluice::store::Db::open_postgres(&url, &key).await.unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let (input, _) = chat_worst_case(100);
+    mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            prompt_tokens: Some(input),
+            completion_tokens: Some(10),
+            delay_ms: 12_000,
+            ..Default::default()
+        }),
+    );
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let env = [
+        ("SLUICE_DATABASE_URL", url.clone()),
+        ("SLUICE_SECRET_KEY", MASTER_HEX.to_string()),
+    ];
+    let env_a: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let a = start_gateway_full(dirs[0].path(), &mock, &env_a, "").await;
+    let args = sluice::cli::IssueArgs {
+        budget_usd: Some("5"),
+        ..issue_args("skew")
+    };
+    let token = sluice::cli::token_issue(&db, &args, Utc::now())
+        .await
+        .unwrap()
+        .text;
+    let request = {
+        let (url, token) = (a.url.clone(), token.clone());
+        tokio::spawn(async move {
+            let resp = reqwest::Client::new()
+                .post(format!("{url}/v1/chat/completions"))
+                .bearer_auth(&token)
+                .json(&chat_body(100))
+                .timeout(Duration::seconds(60).to_std().unwrap())
+                .send()
+                .await
+                .unwrap();
+            resp.status().as_u16()
+        })
+    };
+    // A's reservation is open before B starts.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while sql_int(&db, "SELECT COUNT(*) FROM reservations").await == 0 {
+        assert!(std::time::Instant::now() < until, "A never reserved");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let mut env_b: Vec<(&str, String)> = env.to_vec();
+    env_b.extend(crate::clocks::skewed(Duration::minutes(2)));
+    let env_b: Vec<(&str, &str)> = env_b.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let _b = start_gateway_full(dirs[1].path(), &mock, &env_b, "").await;
+    assert_eq!(request.await.unwrap(), 200);
+    let orphans = sql_int(&db, "SELECT COUNT(*) FROM ledger WHERE kind = 'orphan'").await;
+    assert_eq!(
+        orphans, 0,
+        "host B (2 min ahead) settled A's live reservation as an orphan"
+    );
+    assert_eq!(sql_int(&db, "SELECT COUNT(*) FROM orphaned").await, 0);
+    drop(a);
+    crate::helpers::assert_invariant_on(&db).await;
+}
