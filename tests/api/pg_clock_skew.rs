@@ -115,6 +115,38 @@ async fn a_host_whose_clock_runs_ahead_does_not_orphan_live_reservations() {
     );
     assert_eq!(recover(&b, &host_b, behind).await, 1);
     a.assert_settled().await;
+
+    // A host still running the previous version (a rolling upgrade) beats with the old
+    // statement, which names only `heartbeat_at`: it is stamped as seen all the same.
+    let host_d = Me::new("host-d".into(), "d".into());
+    processes::heartbeat(&a.db, &host_d, clock_a.now())
+        .await
+        .unwrap();
+    a.reserve(&owner, "held-by-d", R, "host-d", clock_a.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    a.age_heartbeat("host-d", 60.0).await;
+    sqlx::query(
+        "INSERT INTO processes (id, host, pid, pid_start, started_at, heartbeat_at) VALUES ('host-d', 'd', 1, NULL, $1, $1)
+         ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at",
+    )
+    .bind(sluice::clock::db_time(Utc::now() - Duration::days(3)))
+    .execute(&a.pg().pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        processes::dead_owners(&b.db, &host_b, Utc::now())
+            .await
+            .unwrap(),
+        Vec::<String>::new(),
+        "a host beating with the previous version's statement taken for dead"
+    );
+    a.settle("held-by-d", R, clock_a.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    a.assert_settled().await;
 }
 
 /// The same through real gateway processes: host B's whole clock runs two minutes ahead

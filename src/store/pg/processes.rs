@@ -5,7 +5,9 @@
 //! numbers).
 //!
 //! Both ends of that comparison are the database's clock, not the hosts': a beat stamps
-//! `seen_at = clock_timestamp()`, and the dead check and the prune compare it with
+//! `seen_at = clock_timestamp()` (a trigger on every write of `heartbeat_at`, so a host
+//! still running the previous version's heartbeat during a rolling upgrade is stamped
+//! too: `migrations/postgres/0002`), and the dead check and the prune compare it with
 //! `clock_timestamp()` (the `now` they take is not used here). Hosts' clocks may disagree
 //! by any amount — a host a minute or a day ahead does not take the others for dead and
 //! settle their live reservations as orphans (`pg_clock_skew`: it did, at 15 s ahead).
@@ -29,7 +31,7 @@ pub async fn heartbeat(db: &PgDb, me: &Me, now: DateTime<Utc>) -> Result<bool> {
     // updating transaction's id there).
     let created: bool = sqlx::query_scalar(
         "INSERT INTO processes (id, host, pid, pid_start, started_at, heartbeat_at) VALUES ($1, $2, $3, $4, $5, $5)
-         ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, seen_at = clock_timestamp()
+         ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at
          RETURNING xmax = 0",
     )
     .bind(&me.id)
