@@ -38,6 +38,8 @@ pub enum MigrateError {
 #[derive(Debug)]
 pub struct Migrated {
     pub tables: Vec<(String, u64)>,
+    /// Per table, text values that held a NUL byte and were copied with U+FFFD in its place.
+    pub replaced: Vec<(String, u64)>,
     pub tokens_checked: usize,
     pub audit_rows: i64,
     /// The master key file the gateways on PostgreSQL need (`[database] key_file`), when
@@ -49,6 +51,9 @@ impl std::fmt::Display for Migrated {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         for (table, n) in &self.tables {
             writeln!(f, "  {table:<15} {n} rows")?;
+        }
+        for (table, n) in &self.replaced {
+            writeln!(f, "  {table}: {n} text values held a NUL byte, which PostgreSQL's text cannot store; copied with U+FFFD in its place")?;
         }
         writeln!(
             f,
@@ -124,6 +129,7 @@ async fn copy(source: &Db, to: &str, key: &MasterKey) -> Result<Migrated, Migrat
             tokens_checked: store::tokens::count(&target).await? as usize,
             audit_rows: copy.rows,
             tables: copied.tables,
+            replaced: copied.replaced,
             key_file: None,
         })
     }

@@ -11,7 +11,21 @@
 //! definition) and the migration bookkeeping. Before the commit, every table is read back
 //! from both sides and compared — every balance, ledger row and audit hash value for value
 //! (the request log and cache by count and sums: they can be large).
+//!
+//! Memory stays bounded whatever the install's size: rows are streamed from SQLite (sqlx's
+//! SQLite worker hands them over a bounded channel) and written in chunks of at most
+//! `CHUNK` rows; the comparison streams both sides side by side in key order (the key of
+//! every compared table is an integer id, the same order on both engines), except the few
+//! small tables with text keys (`SORTED`), read whole and sorted alike.
+//!
+//! NUL: SQLite keeps a NUL byte inside text, PostgreSQL's text cannot hold one. An install
+//! written by an older version may have one in text of tables no MAC covers (a sign-in
+//! throttle key, a request-log field): it is copied with U+FFFD in its place — as the sign-in
+//! path records it today and as `pg::text` maps lookups — and the output says how many per
+//! table (`Copied::replaced`). In an audit row the MAC covers the original text, so it
+//! cannot be rewritten: the copy refuses, naming the row id (nothing is kept).
 
+use futures_util::TryStreamExt;
 use sqlx::postgres::PgRow;
 use sqlx::sqlite::SqliteRow;
 use sqlx::{PgConnection, Postgres, QueryBuilder, Row};
@@ -36,10 +50,20 @@ const TABLES: &[(&str, bool)] = &[
     ("cache_entries", false),
 ];
 
-/// What was copied: rows per table.
+/// Tables whose key is text: read whole and sorted alike on both sides for the comparison
+/// (SQLite orders a number stored in a text column before every text). Small by nature:
+/// `meta`'s counters, live sessions, reservations in flight, orphan records.
+const SORTED: &[&str] = &["meta", "admin_sessions", "reservations", "orphaned"];
+
+/// Rows read, written or compared at a time (the copy's memory bound).
+const CHUNK: usize = 1_000;
+
+/// What was copied: rows per table, and per table the text values that held a NUL byte and
+/// were copied with U+FFFD in its place (tables with none are not listed).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Copied {
     pub tables: Vec<(String, u64)>,
+    pub replaced: Vec<(String, u64)>,
 }
 
 /// One value, typed by its PostgreSQL column.
@@ -134,13 +158,13 @@ fn lite_expr(table: &str, col: &str, lite_cols: &[String]) -> Result<String> {
     }
 }
 
-/// The SQLite rows of `table`, PostgreSQL's columns, ordered by the first (the key of every
-/// copied table; some are `WITHOUT ROWID`).
-async fn lite_rows(
+/// The SQLite query reading `table`'s rows as PostgreSQL's columns, ordered by the first
+/// (the key of every copied table; some are `WITHOUT ROWID`).
+async fn lite_select(
     lite: &sqlx::SqlitePool,
     table: &str,
     cols: &[(String, Kind)],
-) -> Result<Vec<Vec<Val>>> {
+) -> Result<String> {
     let lite_cols: Vec<String> =
         sqlx::query_scalar(&format!("SELECT name FROM pragma_table_info('{table}')"))
             .fetch_all(lite)
@@ -149,43 +173,119 @@ async fn lite_rows(
         .iter()
         .map(|(c, _)| lite_expr(table, c, &lite_cols))
         .collect::<Result<Vec<_>>>()?;
-    let rows = sqlx::query(&format!(
+    Ok(format!(
         "SELECT {} FROM {table} ORDER BY 1",
         exprs.join(", ")
     ))
-    .fetch_all(lite)
-    .await?;
-    rows.iter()
-        .map(|r| {
-            cols.iter()
-                .enumerate()
-                .map(|(i, (_, k))| lite_val(r, i, *k))
-                .collect()
-        })
+}
+
+/// The PostgreSQL query reading `table` as `lite_select` reads SQLite's.
+fn pg_select(table: &str, cols: &[(String, Kind)]) -> String {
+    let names: Vec<String> = cols.iter().map(|(c, _)| format!("\"{c}\"")).collect();
+    format!("SELECT {} FROM {table} ORDER BY 1", names.join(", "))
+}
+
+/// One SQLite row as PostgreSQL's values, its text made storable there (see the module
+/// doc on NUL); returns how many values held a NUL.
+fn lite_row(table: &str, r: &SqliteRow, cols: &[(String, Kind)]) -> Result<(Vec<Val>, u64)> {
+    let mut row = cols
+        .iter()
+        .enumerate()
+        .map(|(i, (_, k))| lite_val(r, i, *k))
+        .collect::<Result<Vec<_>>>()?;
+    let mut replaced = 0;
+    for (i, v) in row.iter_mut().enumerate() {
+        let Val::Text(Some(text)) = v else { continue };
+        if !text.contains('\0') {
+            continue;
+        }
+        if table == "audit_log" {
+            let id = match r.try_get::<Option<i64>, _>(0) {
+                Ok(Some(id)) => id.to_string(),
+                _ => "?".into(),
+            };
+            return Err(StoreError::Conflict(format!(
+                "audit log row {id} holds a NUL byte in {}, which PostgreSQL's text cannot store, and its MAC covers the text as it is: it cannot be copied unchanged, so nothing was kept",
+                cols[i].0
+            )));
+        }
+        *text = text.replace('\0', "\u{FFFD}");
+        replaced += 1;
+    }
+    Ok((row, replaced))
+}
+
+fn pg_row(r: &PgRow, cols: &[(String, Kind)]) -> Result<Vec<Val>> {
+    cols.iter()
+        .enumerate()
+        .map(|(i, (_, k))| pg_val(r, i, *k))
         .collect()
 }
 
-/// The PostgreSQL rows of `table`, ordered as `lite_rows` orders SQLite's.
-async fn pg_rows(
+/// Copies `table` from SQLite into PostgreSQL, `CHUNK` rows at a time; returns (rows,
+/// text values whose NUL became U+FFFD).
+async fn copy_table(
+    lite: &sqlx::SqlitePool,
     conn: &mut PgConnection,
     table: &str,
     cols: &[(String, Kind)],
-) -> Result<Vec<Vec<Val>>> {
-    let names: Vec<String> = cols.iter().map(|(c, _)| format!("\"{c}\"")).collect();
-    let rows = sqlx::query(&format!(
-        "SELECT {} FROM {table} ORDER BY 1",
-        names.join(", ")
-    ))
-    .fetch_all(&mut *conn)
-    .await?;
-    rows.iter()
-        .map(|r| {
-            cols.iter()
-                .enumerate()
-                .map(|(i, (_, k))| pg_val(r, i, *k))
-                .collect()
-        })
-        .collect()
+) -> Result<(u64, u64)> {
+    let sql = lite_select(lite, table, cols).await?;
+    let mut stream = sqlx::query(&sql).fetch(lite);
+    let (mut rows, mut replaced) = (0u64, 0u64);
+    let mut chunk = Vec::with_capacity(CHUNK);
+    while let Some(r) = stream.try_next().await? {
+        let (row, n) = lite_row(table, &r, cols)?;
+        replaced += n;
+        chunk.push(row);
+        if chunk.len() == CHUNK {
+            insert(conn, table, cols, &chunk).await?;
+            rows += chunk.len() as u64;
+            chunk.clear();
+        }
+    }
+    insert(conn, table, cols, &chunk).await?;
+    rows += chunk.len() as u64;
+    Ok((rows, replaced))
+}
+
+/// Whether `table` holds the same rows on both sides (SQLite's read as `lite_row` copies
+/// them): streamed side by side in key order, or read whole and sorted (`SORTED`).
+async fn same_rows(
+    lite: &sqlx::SqlitePool,
+    conn: &mut PgConnection,
+    table: &str,
+    cols: &[(String, Kind)],
+) -> Result<bool> {
+    let lite_sql = lite_select(lite, table, cols).await?;
+    let pg_sql = pg_select(table, cols);
+    let mut a = sqlx::query(&lite_sql).fetch(lite);
+    let mut b = sqlx::query(&pg_sql).fetch(&mut *conn);
+    if SORTED.contains(&table) {
+        let key = |x: &Vec<Val>| format!("{:?}", x[0]);
+        let mut xs = Vec::new();
+        while let Some(r) = a.try_next().await? {
+            xs.push(lite_row(table, &r, cols)?.0);
+        }
+        let mut ys = Vec::new();
+        while let Some(r) = b.try_next().await? {
+            ys.push(pg_row(&r, cols)?);
+        }
+        xs.sort_by_key(key);
+        ys.sort_by_key(key);
+        return Ok(xs == ys);
+    }
+    loop {
+        match (a.try_next().await?, b.try_next().await?) {
+            (None, None) => return Ok(true),
+            (Some(x), Some(y)) => {
+                if lite_row(table, &x, cols)?.0 != pg_row(&y, cols)? {
+                    return Ok(false);
+                }
+            }
+            _ => return Ok(false),
+        }
+    }
 }
 
 /// Writes `rows` into `table` in multi-row `INSERT`s (PostgreSQL takes at most 65 535
@@ -196,9 +296,9 @@ async fn insert(
     cols: &[(String, Kind)],
     rows: &[Vec<Val>],
 ) -> Result<()> {
-    let per = (60_000 / cols.len().max(1)).clamp(1, 1000);
+    let per = (60_000 / cols.len().max(1)).clamp(1, CHUNK);
     let names: Vec<String> = cols.iter().map(|(c, _)| format!("\"{c}\"")).collect();
-    for chunk in rows.chunks(per) {
+    for chunk in rows.chunks(per).filter(|c| !c.is_empty()) {
         let mut q: QueryBuilder<Postgres> =
             QueryBuilder::new(format!("INSERT INTO {table} ({}) ", names.join(", ")));
         q.push_values(chunk, |mut b, row| {
@@ -296,34 +396,21 @@ pub async fn sqlite_to_postgres(from: &Db, to: &Db) -> Result<Copied> {
             )));
         }
     }
-    let mut copied = Vec::new();
+    let (mut copied, mut replaced) = (Vec::new(), Vec::new());
     for (table, _) in TABLES {
         let cols = pg_columns(&mut tx, table).await?;
-        let rows = lite_rows(lite, table, &cols).await?;
-        insert(&mut tx, table, &cols, &rows).await?;
+        let (rows, nul) = copy_table(lite, &mut tx, table, &cols).await?;
         move_sequence(&mut tx, table).await?;
-        copied.push((table.to_string(), rows.len() as u64));
+        copied.push((table.to_string(), rows));
+        if nul > 0 {
+            replaced.push((table.to_string(), nul));
+        }
     }
     super::pg::requests::rebuild_days(&mut tx).await?;
     for (table, row_for_row) in TABLES {
         let same = if *row_for_row {
             let cols = pg_columns(&mut tx, table).await?;
-            let mut a = lite_rows(lite, table, &cols).await?;
-            // Text keys: sorted alike on both sides, whatever the collations say.
-            if matches!(
-                *table,
-                "meta" | "admin_sessions" | "reservations" | "orphaned"
-            ) {
-                a.sort_by(|x, y| format!("{:?}", x[0]).cmp(&format!("{:?}", y[0])));
-            }
-            let mut b = pg_rows(&mut tx, table, &cols).await?;
-            if matches!(
-                *table,
-                "meta" | "admin_sessions" | "reservations" | "orphaned"
-            ) {
-                b.sort_by(|x, y| format!("{:?}", x[0]).cmp(&format!("{:?}", y[0])));
-            }
-            a == b
+            same_rows(lite, &mut tx, table, &cols).await?
         } else {
             sums_lite(lite, table).await? == sums_pg(&mut tx, table).await?
         };
@@ -334,5 +421,8 @@ pub async fn sqlite_to_postgres(from: &Db, to: &Db) -> Result<Copied> {
         }
     }
     tx.commit().await?;
-    Ok(Copied { tables: copied })
+    Ok(Copied {
+        tables: copied,
+        replaced,
+    })
 }

@@ -75,8 +75,9 @@ impl StoreError {
 
 impl StoreError {
     /// Whether the database was out of reach (a connection refused or cut, no connection
-    /// in time, a write batch whose BEGIN or COMMIT failed, SQLite busy past its timeout)
-    /// rather than refusing this operation: the caller may try again shortly. On the money
+    /// in time, a write batch whose BEGIN or COMMIT failed, SQLite busy past its timeout,
+    /// PostgreSQL's transient SQLSTATEs: `pg::is_transient`) rather than refusing this
+    /// operation: the caller may try again shortly. On the money
     /// path nothing was reserved then (`quota::reservation`), and the gateway answers 503.
     pub fn is_unavailable(&self) -> bool {
         match self {
@@ -100,16 +101,10 @@ impl StoreError {
                     .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
                     .is_some()
                 {
-                    // PostgreSQL's class 08 (connection exception), 57P0x (the server is
-                    // shutting down or starting), 53300 (too many connections: the server
-                    // is full for now) and 55P03 (lock_not_available: a lock wait past
-                    // `lock_timeout`, `Db::begin`). Its codes are SQLSTATEs, never SQLite
-                    // result codes: 22021 (a NUL in text) is a refusal, though its low byte
-                    // is 5.
-                    code.starts_with("08")
-                        || code.starts_with("57P0")
-                        || code == "53300"
-                        || code == "55P03"
+                    // PostgreSQL's SQLSTATEs for "not now" (`pg::is_transient`). Its codes
+                    // are SQLSTATEs, never SQLite result codes: 22021 (a NUL in text) is a
+                    // refusal, though its low byte is 5.
+                    pg::is_transient(&code)
                 } else {
                     // SQLite's busy and locked (and their extended codes).
                     code.parse::<i32>()

@@ -29,9 +29,6 @@ pub struct Me {
     pub pid: u32,
     /// The pid's start time (`/proc/<pid>/stat`), to tell a reused pid from this process.
     pub pid_start: Option<i64>,
-    /// The other processes' heartbeats as this one has watched them (PostgreSQL's
-    /// liveness: `pg::processes`), shared by this process's clones of `Me`.
-    pub(crate) beats: std::sync::Arc<super::pg::processes::Beats>,
 }
 
 impl Me {
@@ -42,7 +39,6 @@ impl Me {
             host,
             pid,
             pid_start: pid_start(i64::from(pid)),
-            beats: Default::default(),
         }
     }
 }

@@ -16,7 +16,7 @@ use crate::processes::{start_gateway_full, Gateway};
 
 /// The environment that runs a process `offset` ahead of the real clock (behind if
 /// negative).
-fn skewed(offset: chrono::Duration) -> Vec<(&'static str, String)> {
+pub(crate) fn skewed(offset: chrono::Duration) -> Vec<(&'static str, String)> {
     let lib = ["x86_64-linux-gnu", "aarch64-linux-gnu"]
         .iter()
         .map(|arch| format!("/usr/lib/{arch}/faketime/libfaketimeMT.so.1"))

@@ -28,6 +28,11 @@ pub(crate) struct Hosts {
 }
 
 pub(crate) async fn two_hosts() -> Hosts {
+    two_hosts_with("").await
+}
+
+/// `two_hosts` with `extra` appended to both hosts' config.
+pub(crate) async fn two_hosts_with(extra: &str) -> Hosts {
     let url = pg_server::database();
     let key = MasterKey::from_hex(MASTER_HEX).unwrap();
     // Migrated before either host starts, so the two never race to create the schema.
@@ -38,8 +43,8 @@ pub(crate) async fn two_hosts() -> Hosts {
         ("SLUICE_DATABASE_URL", url.as_str()),
         ("SLUICE_SECRET_KEY", MASTER_HEX),
     ];
-    let a = start_gateway_full(dirs[0].path(), &mock, &env, "").await;
-    let b = start_gateway_full(dirs[1].path(), &mock, &env, "").await;
+    let a = start_gateway_full(dirs[0].path(), &mock, &env, extra).await;
+    let b = start_gateway_full(dirs[1].path(), &mock, &env, extra).await;
     Hosts {
         a,
         b,
@@ -76,7 +81,7 @@ pub(crate) async fn login_at(url: &str, user: &str) -> Session {
 }
 
 /// The admin `root` (password `PASSWORD`) both hosts sign in.
-async fn create_root(db: &Db) {
+pub(crate) async fn create_root(db: &Db) {
     sluice::cli::admin_create(
         db,
         "root",

@@ -3,10 +3,10 @@
 //! it. One failed sign-in as `root\0x` on the SQLite install leaves the throttle key
 //! `user:root\0x` in `login_failures`, and the copy of that one row failed the whole
 //! migration with "invalid byte sequence for encoding UTF8: 0x00" — nobody can move the
-//! install to PostgreSQL while the row is there. Not fixed: mapping NUL to U+FFFD in
-//! `store::migrate::lite_val` (as `pg::text::key` does) was not enough — the same username
-//! is also in the `login.failed` audit row, whose MAC covers the original text, so the
-//! copy cannot simply rewrite it.
+//! install to PostgreSQL while the row is there. The sign-in path now records the username
+//! with U+FFFD in its place (so neither the throttle key nor the `login.failed` audit row
+//! holds a NUL); what an older version left is handled by the copy itself (NUL → U+FFFD
+//! outside the audit log, a refusal naming the row inside it): `pg_migrate_old`.
 
 use std::time::Duration;
 

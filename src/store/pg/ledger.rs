@@ -19,7 +19,7 @@
 //!      transaction is rolled back (never a partial reservation).
 //!
 //! Why READ COMMITTED is enough: every balance change is an `UPDATE` of the level's row, and
-//! PostgreSQL, when an `UPDATE` (or `SELECT … FOR UPDATE`) finds its row locked by another
+//! PostgreSQL, when an `UPDATE` (or `SELECT … FOR NO KEY UPDATE`) finds its row locked by another
 //! transaction, waits for that transaction to end and then evaluates its `WHERE` again on
 //! the newest committed version of the row (EvalPlanQual). So the check
 //! `remaining >= R` is always made against the balance every committed reservation left,
@@ -371,10 +371,12 @@ pub async fn set_limit(
     now: DateTime<Utc>,
 ) -> Result<()> {
     let (table, id_col, period_col) = TABLES[idx(level)];
-    sqlx::query(&format!("SELECT 1 FROM {table} WHERE id = $1 FOR UPDATE"))
-        .bind(id)
-        .execute(&mut *conn)
-        .await?;
+    sqlx::query(&format!(
+        "SELECT 1 FROM {table} WHERE id = $1 FOR NO KEY UPDATE"
+    ))
+    .bind(id)
+    .execute(&mut *conn)
+    .await?;
     let period = current_period(conn, keys, level, id, reset, now).await?;
     sqlx::query(&format!(
         "UPDATE {table} SET limit_micros = $1, remaining_micros = $1 - COALESCE((SELECT SUM(amount_micros) FROM ledger

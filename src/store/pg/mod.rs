@@ -86,15 +86,49 @@ pub fn is_retryable(e: &StoreError) -> bool {
     }
 }
 
+/// Whether a PostgreSQL SQLSTATE means "not now" rather than "no": the statement or
+/// session was stopped by something other than its own content, and the same operation may
+/// succeed shortly. `StoreError::is_unavailable` reads these as the database out of reach
+/// (503 `service_degraded` on the money path, a retried request-log batch); every other
+/// SQLSTATE is a refusal of this operation (a constraint, a NUL in text, a permission: a
+/// 4xx or a 500 that names a bug). Pinned against a real server's errors:
+/// `pg_transient::every_transient_postgres_error_is_unavailable_and_refusals_are_not`.
+///
+/// - class 08, connection exception (the connection failed or broke);
+/// - 57014 `query_canceled` (`statement_timeout`, `pg_cancel_backend`: a cancel, or a
+///   statement slower than the operator allows — a 500 before);
+/// - 57P0x: 57P01 `admin_shutdown` (also `pg_terminate_backend`), 57P02 `crash_shutdown`,
+///   57P03 `cannot_connect_now` (starting or in recovery), 57P04 `database_dropped`, 57P05
+///   `idle_session_timeout`; 25P03 `idle_in_transaction_session_timeout`;
+/// - 55P03 `lock_not_available` (a wait past `lock_timeout`, `Db::begin`);
+/// - class 40 once `transact` and the writer have spent their retries (40001
+///   serialization failure, 40P01 deadlock, 40003 statement completion unknown — the
+///   transaction was rolled back, nothing of it kept);
+/// - class 53, insufficient resources (53000, 53100 disk full, 53200 out of memory, 53300
+///   too many connections, 53400 configuration limit exceeded);
+/// - 58000 `system_error` and 58030 `io_error` (the server's own I/O failed).
+///
+/// A retry of these is the caller's (the client after `Retry-After`, `quota::reservation`'s
+/// settlement loop, `pg::lingering`); the writer does not rerun a job that met one (a
+/// statement timeout rerun at once meets the same load), it fails that job alone.
+pub fn is_transient(code: &str) -> bool {
+    code.starts_with("08")
+        || code.starts_with("53")
+        || code.starts_with("57P0")
+        || code.starts_with("40")
+        || matches!(code, "57014" | "25P03" | "55P03" | "58000" | "58030")
+}
+
 /// Whether `e` says the connection itself is unusable (the server went away, a network
-/// error, or the server said so: SQLSTATE class 08, connection exception, and 57P0x, the
-/// server shutting down): the connection is dropped and a new one opened for the next
+/// error, or the server said so: SQLSTATE class 08, connection exception, 57P0x, the
+/// server shutting down, and 25P03, a session ended for idling in a transaction): the
+/// connection is dropped and a new one opened for the next
 /// transaction.
 pub fn is_broken(e: &StoreError) -> bool {
     if let StoreError::Sql(sqlx::Error::Database(db)) = e {
         return db
             .code()
-            .is_some_and(|c| c.starts_with("08") || c.starts_with("57P0"));
+            .is_some_and(|c| c.starts_with("08") || c.starts_with("57P0") || c == "25P03");
     }
     matches!(
         e,

@@ -1,20 +1,20 @@
 //! Gateway processes sharing a PostgreSQL database, across hosts (`store::processes`'s
 //! functions, function for function). On PostgreSQL liveness is the heartbeat alone: a
-//! process is gone when its heartbeat has not moved for `STALE_AFTER`, or when it has no
-//! row — whatever its pid, which means nothing on another host (and hosts may share pid
-//! numbers). A process stalled past `STALE_AFTER` cannot be told from a crash: its
+//! process is gone when its heartbeat is older than `STALE_AFTER`, or when it has no row —
+//! whatever its pid, which means nothing on another host (and hosts may share pid
+//! numbers).
+//!
+//! Both ends of that comparison are the database's clock, not the hosts': a beat stamps
+//! `seen_at = clock_timestamp()` (a trigger on every write of `heartbeat_at`, so a host
+//! still running the previous version's heartbeat during a rolling upgrade is stamped
+//! too: `migrations/postgres/0002`), and the dead check and the prune compare it with
+//! `clock_timestamp()` (the `now` they take is not used here). Hosts' clocks may disagree
+//! by any amount — a host a minute or a day ahead does not take the others for dead and
+//! settle their live reservations as orphans (`pg_clock_skew`: it did, at 15 s ahead).
+//! `heartbeat_at` keeps the host's own time: leases are judged against it, both sides by
+//! the owner's clock (`ledger::settle_orphans`, `Orphans::LeaseExpired`). A process stalled past `STALE_AFTER` cannot be told from a crash: its
 //! reservations are settled as orphans by any surviving process, and its late settlements
 //! correct them (`ledger::settle_tx`); its next heartbeat registers it again.
-//!
-//! "Has not moved for `STALE_AFTER`" is measured by the watching process's own clock,
-//! from the moment it first saw the current value (`Beats`): a heartbeat is stamped by the
-//! beating host's clock, and comparing it with another host's clock took every live
-//! process for gone from a host whose clock ran 15 s ahead (its sweep orphaned their live
-//! reservations every 5 s, its prune deleted their rows), and kept a crashed one alive
-//! from a host whose clock lagged (`clocks::a_gateway_whose_clock_runs_ahead_orphans_…`).
-
-use std::collections::HashMap;
-use std::sync::Mutex;
 
 use chrono::{DateTime, Utc};
 
@@ -60,77 +60,33 @@ pub async fn unregister(db: &PgDb, id: &str) -> Result<()> {
     Ok(())
 }
 
-/// The other processes' heartbeats as one process has watched them: each one's latest
-/// value and when — by the watcher's clock — it first saw that value.
-#[derive(Debug, Default)]
-pub struct Beats(Mutex<HashMap<String, (String, DateTime<Utc>)>>);
-
-impl Beats {
-    /// Notes that `id`'s heartbeat reads `beat` at `now`; whether it has read so, unmoved,
-    /// for `STALE_AFTER` of this clock.
-    fn unmoved(&self, id: &str, beat: &str, now: DateTime<Utc>) -> bool {
-        // A panic elsewhere while the map was held leaves it whole (plain inserts).
-        let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let since = match seen.get(id) {
-            Some((value, since)) if value == beat => *since,
-            _ => {
-                seen.insert(id.to_string(), (beat.to_string(), now));
-                now
-            }
-        };
-        now - since >= STALE_AFTER
-    }
-
-    /// Forgets every process not in `ids` (their rows are gone).
-    fn keep_only(&self, ids: &[&str]) {
-        let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        seen.retain(|id, _| ids.contains(&id.as_str()));
-    }
-}
-
-/// Owners of open reservations (other than `me`) whose heartbeat has not moved for
-/// `STALE_AFTER` (by `me`'s clock) or who have no row at all.
-pub async fn dead_owners(db: &PgDb, me: &Me, now: DateTime<Utc>) -> Result<Vec<String>> {
-    let owners: Vec<(String, Option<String>)> = sqlx::query_as(
-        "SELECT DISTINCT r.owner, p.heartbeat_at FROM reservations r LEFT JOIN processes p ON p.id = r.owner
-         WHERE r.owner <> $1",
+/// Owners of open reservations (other than `me`) whose heartbeat is stale by the
+/// database's clock or who have no row at all. `_now` (this host's clock) is not used.
+pub async fn dead_owners(db: &PgDb, me: &Me, _now: DateTime<Utc>) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT DISTINCT r.owner FROM reservations r LEFT JOIN processes p ON p.id = r.owner
+         WHERE r.owner <> $1 AND (p.id IS NULL OR p.seen_at < clock_timestamp() - make_interval(secs => $2))",
     )
     .bind(&me.id)
+    .bind(stale_secs())
     .fetch_all(&db.pool)
-    .await?;
-    Ok(owners
-        .into_iter()
-        .filter(|(owner, beat)| match beat {
-            None => true,
-            Some(beat) => me.beats.unmoved(owner, beat, now),
-        })
-        .map(|(owner, _)| owner)
-        .collect())
+    .await?)
 }
 
-/// Removes the rows of processes whose heartbeat has not moved for `STALE_AFTER` (by
-/// `me`'s clock) and that hold no reservation any more.
-pub async fn prune(db: &PgDb, me: &Me, now: DateTime<Utc>) -> Result<()> {
-    let rows: Vec<(String, String)> =
-        sqlx::query_as("SELECT id, heartbeat_at FROM processes WHERE id <> $1")
-            .bind(&me.id)
-            .fetch_all(&db.pool)
-            .await?;
-    me.beats
-        .keep_only(&rows.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>());
-    for (id, beat) in rows {
-        if !me.beats.unmoved(&id, &beat, now) {
-            continue;
-        }
-        // Only the beat watched: one that lands meanwhile keeps the row.
-        sqlx::query(
-            "DELETE FROM processes WHERE id = $1 AND heartbeat_at = $2
-             AND NOT EXISTS (SELECT 1 FROM reservations r WHERE r.owner = processes.id)",
-        )
-        .bind(&id)
-        .bind(&beat)
-        .execute(&db.pool)
-        .await?;
-    }
+/// Removes process rows whose heartbeat is stale (by the database's clock) and that hold
+/// no reservation any more.
+pub async fn prune(db: &PgDb, _me: &Me, _now: DateTime<Utc>) -> Result<()> {
+    sqlx::query(
+        "DELETE FROM processes WHERE seen_at < clock_timestamp() - make_interval(secs => $1)
+         AND NOT EXISTS (SELECT 1 FROM reservations r WHERE r.owner = processes.id)",
+    )
+    .bind(stale_secs())
+    .execute(&db.pool)
+    .await?;
     Ok(())
+}
+
+/// `STALE_AFTER` in seconds, for `make_interval`.
+fn stale_secs() -> f64 {
+    STALE_AFTER.num_milliseconds() as f64 / 1000.0
 }

@@ -75,14 +75,24 @@ impl Locks {
 }
 
 /// Locks the budget rows of `locks` in the one global order: tokens, users, teams, each by
-/// id. `ORDER BY … FOR UPDATE` locks rows as they come out of the sort, and `UNION ALL`
-/// runs its branches one after another.
+/// id. `ORDER BY … FOR NO KEY UPDATE` locks rows as they come out of the sort, and `UNION
+/// ALL` runs its branches one after another.
+///
+/// Why `FOR NO KEY UPDATE` and not `FOR UPDATE`: the money path only ever changes non-key
+/// columns of these rows (balances, periods), which is exactly the lock its `UPDATE`s take
+/// anyway; it conflicts with itself, with every `UPDATE` and with `DELETE`, so two batches,
+/// an admin edit and a deletion still wait for each other as before. The only lock it lets
+/// through is `FOR KEY SHARE`, which a foreign-key check takes on the row it references: a
+/// token issued for a user or a user created in a team whose row a batch holds no longer
+/// waits for that batch (`pg_row_locks::a_money_batch_does_not_block_inserts_…`, 55P03
+/// under a 2 s lock timeout with `FOR UPDATE`). Every other `FOR NO KEY UPDATE` of the
+/// money path (`ledger/cas.rs`, `ledger::set_limit`) is the same lock on the same rows.
 const LOCK_ROWS: &str = "WITH held AS (
         SELECT token_id, user_id, team_id FROM reservations WHERE request_id = ANY($4)
         UNION ALL SELECT token_id, user_id, team_id FROM orphaned WHERE request_id = ANY($4))
-    SELECT 0 FROM (SELECT id FROM tokens WHERE id = ANY($1) OR id IN (SELECT token_id FROM held) ORDER BY id FOR UPDATE) t
-    UNION ALL SELECT 1 FROM (SELECT id FROM users WHERE id = ANY($2) OR id IN (SELECT user_id FROM held) ORDER BY id FOR UPDATE) u
-    UNION ALL SELECT 2 FROM (SELECT id FROM teams WHERE id = ANY($3) OR id IN (SELECT team_id FROM held) ORDER BY id FOR UPDATE) m";
+    SELECT 0 FROM (SELECT id FROM tokens WHERE id = ANY($1) OR id IN (SELECT token_id FROM held) ORDER BY id FOR NO KEY UPDATE) t
+    UNION ALL SELECT 1 FROM (SELECT id FROM users WHERE id = ANY($2) OR id IN (SELECT user_id FROM held) ORDER BY id FOR NO KEY UPDATE) u
+    UNION ALL SELECT 2 FROM (SELECT id FROM teams WHERE id = ANY($3) OR id IN (SELECT team_id FROM held) ORDER BY id FOR NO KEY UPDATE) m";
 
 /// Locks `locks`' rows inside the caller's transaction (see `LOCK_ROWS`).
 pub async fn lock_rows(conn: &mut PgConnection, locks: &Locks) -> Result<()> {

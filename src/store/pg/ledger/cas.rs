@@ -27,7 +27,7 @@ const LEVELS_STATE: &str =
         TRUE, FALSE, u.limit_micros, u.remaining_micros, u.period, u.reset,
         TRUE, FALSE, m.limit_micros, m.remaining_micros, m.period, m.reset
     FROM tokens t, users u, teams m WHERE t.id = $1 AND u.id = $2 AND m.id = $3
-    FOR UPDATE";
+    FOR NO KEY UPDATE";
 
 struct LevelState {
     exists: bool,
@@ -89,7 +89,7 @@ const RESERVE_FAST: &str = "WITH s AS (SELECT t.period = $7 AND u.period = $8 AN
                 AND (t.limit_micros IS NULL OR t.remaining_micros >= $1)
                 AND (u.limit_micros IS NULL OR u.remaining_micros >= $1)
                 AND (m.limit_micros IS NULL OR m.remaining_micros >= $1) AS go
-            FROM tokens t, users u, teams m WHERE t.id = $2 AND u.id = $3 AND m.id = $4 FOR UPDATE),
+            FROM tokens t, users u, teams m WHERE t.id = $2 AND u.id = $3 AND m.id = $4 FOR NO KEY UPDATE),
     ok AS (SELECT 1 FROM s WHERE go),
     t AS (UPDATE tokens SET remaining_micros = remaining_micros - $1, reserved_micros = reserved_micros + $1
             WHERE id = $2 AND EXISTS (SELECT 1 FROM ok) AND (limit_micros IS NULL OR remaining_micros >= $1)

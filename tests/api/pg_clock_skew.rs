@@ -1,0 +1,227 @@
+//! Hosts whose clocks disagree on one PostgreSQL database (issue 17): liveness is judged by
+//! the database's clock, so a host whose clock runs ahead does not take every other live
+//! host for dead and settle their live reservations as orphans; a host that really stopped
+//! beating is still found gone.
+
+use std::sync::Arc;
+
+use chrono::{Duration, Utc};
+use sluice::clock::{Clock, ManualClock};
+use sluice::store::ledger::{self, Orphans};
+use sluice::store::processes::{self, Me};
+
+use crate::helpers::Budget;
+use crate::pg_money::Store;
+
+const R: i64 = 1_000;
+
+/// What a host's orphan recovery does (`ops::housekeeping::recover_orphans`), at its clock.
+async fn recover(store: &Store, me: &Me, now: chrono::DateTime<Utc>) -> u64 {
+    let mut settled = 0;
+    for owner in processes::dead_owners(&store.db, me, now).await.unwrap() {
+        settled += ledger::settle_orphans(&store.db, Orphans::OfOwner(&owner), now)
+            .await
+            .unwrap();
+    }
+    settled
+        + ledger::settle_orphans(&store.db, Orphans::LeaseExpired, now)
+            .await
+            .unwrap()
+}
+
+/// Host A (true clock) beats and holds three live reservations; host B's clock runs a
+/// minute — then a day — ahead: B beats and recovers orphans, and settles none of A's.
+/// Host C, which beat once and then stopped, is found gone once its beat is older than the
+/// stale window by the database's clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_whose_clock_runs_ahead_does_not_orphan_live_reservations() {
+    let a = Store::postgres().await;
+    let b = a.another().await;
+    let owner = a
+        .owner(&[
+            Budget {
+                limit: Some(10 * R),
+                reset: "never",
+            },
+            Budget {
+                limit: None,
+                reset: "never",
+            },
+            Budget {
+                limit: None,
+                reset: "never",
+            },
+        ])
+        .await;
+    let host_a = Me::new("host-a".into(), "a".into());
+    let host_b = Me::new("host-b".into(), "b".into());
+    let clock_a: Arc<dyn Clock> = Arc::new(ManualClock::new(Utc::now()));
+    assert!(processes::heartbeat(&a.db, &host_a, clock_a.now())
+        .await
+        .unwrap());
+    for i in 0..3 {
+        a.reserve(&owner, &format!("live-{i}"), R, "host-a", clock_a.clone())
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    for ahead in [Duration::seconds(60), Duration::days(1)] {
+        let now_b = Utc::now() + ahead;
+        processes::heartbeat(&b.db, &host_b, now_b).await.unwrap();
+        assert_eq!(
+            processes::dead_owners(&b.db, &host_b, now_b).await.unwrap(),
+            Vec::<String>::new(),
+            "a host {ahead} ahead took a live host for dead"
+        );
+        assert_eq!(recover(&b, &host_b, now_b).await, 0, "{ahead} ahead");
+    }
+    assert_eq!(
+        a.level("tokens", owner.token_id).await,
+        (10 * R, 7 * R, 3 * R)
+    );
+    for i in 0..3 {
+        a.settle(&format!("live-{i}"), R / 2, clock_a.clone())
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    assert_eq!(
+        a.level("tokens", owner.token_id).await,
+        (10 * R, 10 * R - 3 * R / 2, 0),
+        "charged what was served, nothing as an orphan"
+    );
+    a.assert_settled().await;
+
+    // A host that stopped beating is still found gone — once its beat is older than the
+    // stale window by the database's clock, whatever the others' clocks say — and its
+    // reservation is settled as an orphan.
+    let host_c = Me::new("host-c".into(), "c".into());
+    processes::heartbeat(&a.db, &host_c, clock_a.now())
+        .await
+        .unwrap();
+    a.reserve(&owner, "held-by-c", R, "host-c", clock_a.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    let behind = Utc::now() - Duration::days(1);
+    assert_eq!(recover(&b, &host_b, behind).await, 0, "c beat just now");
+    a.age_heartbeat("host-c", 16.0).await;
+    assert_eq!(
+        processes::dead_owners(&b.db, &host_b, behind)
+            .await
+            .unwrap(),
+        ["host-c"],
+        "a host silent past the stale window, seen by a host a day behind"
+    );
+    assert_eq!(recover(&b, &host_b, behind).await, 1);
+    a.assert_settled().await;
+
+    // A host still running the previous version (a rolling upgrade) beats with the old
+    // statement, which names only `heartbeat_at`: it is stamped as seen all the same.
+    let host_d = Me::new("host-d".into(), "d".into());
+    processes::heartbeat(&a.db, &host_d, clock_a.now())
+        .await
+        .unwrap();
+    a.reserve(&owner, "held-by-d", R, "host-d", clock_a.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    a.age_heartbeat("host-d", 60.0).await;
+    sqlx::query(
+        "INSERT INTO processes (id, host, pid, pid_start, started_at, heartbeat_at) VALUES ('host-d', 'd', 1, NULL, $1, $1)
+         ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at",
+    )
+    .bind(sluice::clock::db_time(Utc::now() - Duration::days(3)))
+    .execute(&a.pg().pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        processes::dead_owners(&b.db, &host_b, Utc::now())
+            .await
+            .unwrap(),
+        Vec::<String>::new(),
+        "a host beating with the previous version's statement taken for dead"
+    );
+    a.settle("held-by-d", R, clock_a.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    a.assert_settled().await;
+}
+
+/// The same through real gateway processes: host B's whole clock runs two minutes ahead
+/// (libfaketime, as `clocks.rs` skews them) while host A holds a reservation for a request
+/// the upstream answers after 12 s. B's orphan recovery (at its start and every 5 s) must
+/// not take A for dead: no reservation of A's is settled as an orphan, and the request is
+/// charged once, at its actual cost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_two_minutes_ahead_leaves_a_live_hosts_reservation_alone() {
+    use sluice::mock::{MockConfig, MockServer, Script};
+
+    use crate::gateway_proc::start_gateway_full;
+    use crate::helpers::{chat_body, chat_worst_case, issue_args, sql_int, KEY_A};
+    use crate::pg_admin::MASTER_HEX;
+
+    let url = crate::pg_server::database();
+    let key = sluice::secrets::MasterKey::from_hex(MASTER_HEX).unwrap();
+    let db = sluice::store::Db::open_postgres(&url, &key).await.unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let (input, _) = chat_worst_case(100);
+    mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            prompt_tokens: Some(input),
+            completion_tokens: Some(10),
+            delay_ms: 12_000,
+            ..Default::default()
+        }),
+    );
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let env = [
+        ("SLUICE_DATABASE_URL", url.clone()),
+        ("SLUICE_SECRET_KEY", MASTER_HEX.to_string()),
+    ];
+    let env_a: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let a = start_gateway_full(dirs[0].path(), &mock, &env_a, "").await;
+    let args = sluice::cli::IssueArgs {
+        budget_usd: Some("5"),
+        ..issue_args("skew")
+    };
+    let token = sluice::cli::token_issue(&db, &args, Utc::now())
+        .await
+        .unwrap()
+        .text;
+    let request = {
+        let (url, token) = (a.url.clone(), token.clone());
+        tokio::spawn(async move {
+            let resp = reqwest::Client::new()
+                .post(format!("{url}/v1/chat/completions"))
+                .bearer_auth(&token)
+                .json(&chat_body(100))
+                .timeout(Duration::seconds(60).to_std().unwrap())
+                .send()
+                .await
+                .unwrap();
+            resp.status().as_u16()
+        })
+    };
+    // A's reservation is open before B starts.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while sql_int(&db, "SELECT COUNT(*) FROM reservations").await == 0 {
+        assert!(std::time::Instant::now() < until, "A never reserved");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let mut env_b: Vec<(&str, String)> = env.to_vec();
+    env_b.extend(crate::clocks::skewed(Duration::minutes(2)));
+    let env_b: Vec<(&str, &str)> = env_b.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let _b = start_gateway_full(dirs[1].path(), &mock, &env_b, "").await;
+    assert_eq!(request.await.unwrap(), 200);
+    let orphans = sql_int(&db, "SELECT COUNT(*) FROM ledger WHERE kind = 'orphan'").await;
+    assert_eq!(
+        orphans, 0,
+        "host B (2 min ahead) settled A's live reservation as an orphan"
+    );
+    assert_eq!(sql_int(&db, "SELECT COUNT(*) FROM orphaned").await, 0);
+    drop(a);
+    crate::helpers::assert_invariant_on(&db).await;
+}
