@@ -675,7 +675,12 @@ pub fn cli_config(app: &TestApp) -> std::path::PathBuf {
             std::path::Path::new(&app.settings.backup.dir),
         );
     }
-    let key = app.settings.database.key_file.as_ref().expect("a shared key file");
+    let key = app
+        .settings
+        .database
+        .key_file
+        .as_ref()
+        .expect("a shared key file");
     std::fs::write(
         &path,
         format!(

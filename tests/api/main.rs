@@ -41,6 +41,7 @@ mod pg_money_bench;
 mod pg_money_model;
 mod pg_money_pg;
 mod pg_outage_att;
+mod pg_round_trips;
 mod pg_server;
 mod pg_server_checks;
 mod pg_store;

@@ -64,9 +64,7 @@ pub async fn spawn_app_on_full(
             let dir = std::path::PathBuf::from(&s.backup.dir);
             let dir = dir.parent().unwrap().to_path_buf();
             match engine {
-                Engine::Postgres if !s.database.url.starts_with("postgres") => {
-                    on_postgres(s, &dir)
-                }
+                Engine::Postgres if !s.database.url.starts_with("postgres") => on_postgres(s, &dir),
                 Engine::Postgres => {}
                 Engine::Sqlite => {
                     s.database.url = format!("sqlite://{}", dir.join("sluice.db").display());

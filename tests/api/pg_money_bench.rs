@@ -40,6 +40,8 @@ async fn pairs_per_second(store: &Arc<Store>, callers: usize) -> f64 {
             .await;
         owners.push(sluice::store::ledger::Owner {
             team_id: first.team_id,
+            // The team's own reset rule (the owner's resets are the rows' rules).
+            resets: [o.resets[0], o.resets[1], first.resets[2]],
             ..o
         });
     }
