@@ -295,3 +295,136 @@ async fn a_batch_of_reservations_and_settlements_costs_a_few_round_trips_not_one
     assert_eq!(store.violations().await, Vec::<String>::new());
     store.assert_settled().await;
 }
+
+/// A reservation whose request id is already open makes the grouped statement fail (a
+/// unique violation): its batch runs again job by job, and that job fails alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_id_already_reserved_fails_alone_in_a_grouped_batch() {
+    let link = Link::start(&crate::pg_server::database()).await;
+    let store = Arc::new(Store::open_pg(link.url.clone()).await);
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let budget = Budget {
+        limit: Some(1_000_000),
+        reset: "monthly",
+    };
+    let owner = store
+        .owner(&[budget.clone(), budget.clone(), budget.clone()])
+        .await;
+    store
+        .reserve(&owner, "old", 1_000, "p", clock.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    let jobs: Vec<_> = (0..16)
+        .map(|k| {
+            let (store, owner, clock) = (store.clone(), owner.clone(), clock.clone());
+            // Job 0 is a batch alone; job 5, in the second batch, reuses `old`.
+            let id = if k == 5 {
+                "old".to_string()
+            } else {
+                format!("new-{k}")
+            };
+            Box::pin(async move { store.reserve(&owner, &id, 1_000, "p", clock).await })
+                as futures_util::future::BoxFuture<'static, _>
+        })
+        .collect();
+    let before = store.writer.stats();
+    let (outcomes, cost) = two_batches(&link, &store, jobs).await;
+    assert_eq!((cost.batches, cost.jobs), (2, 16));
+    for (k, o) in outcomes.iter().enumerate() {
+        match (k, o) {
+            (5, Err(sluice::store::StoreError::Sql(e))) => {
+                assert!(e.to_string().contains("duplicate key"), "{e}")
+            }
+            (5, other) => panic!("the reused id: {other:?}"),
+            (_, Ok(Ok(_))) => {}
+            (_, other) => panic!("job {k}: {other:?}"),
+        }
+    }
+    assert_eq!(store.writer.stats().failed_batches, before.failed_batches);
+    for k in (0..16).filter(|k| *k != 5) {
+        store
+            .settle(&format!("new-{k}"), 1_000, clock.clone())
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    store
+        .settle("old", 1_000, clock.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    // 16 × 1000 charged at every level, and the ledger agrees.
+    assert_eq!(
+        store.level("teams", owner.team_id).await,
+        (1_000_000, 1_000_000 - 16 * 1_000, 0)
+    );
+    store.assert_settled().await;
+}
+
+/// In one batch a settlement comes before the reservations (any order of one batch's
+/// jobs is a true history; this one lets a reservation use what a settlement frees): a
+/// team with room for one reservation settles one and admits the next in the same batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_one_batch_a_settlement_frees_what_a_reservation_then_takes() {
+    let link = Link::start(&crate::pg_server::database()).await;
+    let store = Arc::new(Store::open_pg(link.url.clone()).await);
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let one = Budget {
+        limit: Some(1_000),
+        reset: "monthly",
+    };
+    let none = Budget {
+        limit: None,
+        reset: "never",
+    };
+    let owner = store.owner(&[none.clone(), none.clone(), one]).await;
+    let other = store.owner(&[none.clone(), none.clone(), none]).await;
+    store
+        .reserve(&owner, "a", 1_000, "p", clock.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    let refused = store
+        .reserve(&owner, "b0", 1_000, "p", clock.clone())
+        .await
+        .unwrap();
+    assert!(
+        matches!(refused, Err(Refusal::Insufficient(Level::Team, _))),
+        "{refused:?}"
+    );
+    let (s1, c1, s2, c2) = (store.clone(), clock.clone(), store.clone(), clock.clone());
+    let (o1, o2) = (owner.clone(), other.clone());
+    let jobs: Vec<futures_util::future::BoxFuture<'static, String>> = vec![
+        Box::pin(async move {
+            let r = s1.reserve(&o2, "warm", 1, "p", c1).await.unwrap();
+            format!("{:?}", r.map(|r| r.amount))
+        }),
+        Box::pin(async move {
+            let r = s2.reserve(&o1, "b", 1_000, "p", c2).await.unwrap();
+            format!("{:?}", r.map(|r| r.amount))
+        }),
+        {
+            let (s, c) = (store.clone(), clock.clone());
+            Box::pin(async move {
+                let r = s.settle("a", 0, c).await.unwrap();
+                format!("{:?}", r.map(|r| r.charged))
+            })
+        },
+    ];
+    let (out, cost) = two_batches(&link, &store, jobs).await;
+    assert_eq!((cost.batches, cost.jobs), (2, 3));
+    assert_eq!(out, ["Ok(1)", "Ok(1000)", "Some(0)"]);
+    assert_eq!(store.level("teams", owner.team_id).await, (1_000, 0, 1_000));
+    store
+        .settle("b", 1_000, clock.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    store
+        .settle("warm", 1, clock.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    store.assert_settled().await;
+}
