@@ -193,6 +193,14 @@ impl Writer {
         &self.engine
     }
 
+    /// How many jobs wait for the writer to take them into a batch.
+    pub fn queued(&self) -> usize {
+        match &self.engine {
+            Engine::Sqlite(w) => w.tx.max_capacity() - w.tx.capacity(),
+            Engine::Postgres(w, _) => w.queued(),
+        }
+    }
+
     /// What the writer has done so far.
     pub fn stats(&self) -> Stats {
         match &self.engine {

@@ -45,6 +45,7 @@ mod pg_money_model;
 mod pg_money_pg;
 mod pg_nul_names;
 mod pg_outage_att;
+mod pg_round_trips;
 mod pg_row_locks;
 mod pg_server;
 mod pg_server_checks;

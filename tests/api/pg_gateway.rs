@@ -435,7 +435,10 @@ async fn postgres_stopped_for_ten_seconds_under_load_answers_503_and_loses_nothi
 /// reserve and settle, request log, cache lookup and write on a miss), on PostgreSQL and,
 /// for comparison in the same run, on one SQLite file shared by two processes. Run with
 /// `cargo test --release --test api pg_gateway::two_host_request_rate -- --ignored
-/// --nocapture`; set `SLUICE_PG_BENCH_URL` for a PostgreSQL of your own (fsync on).
+/// --nocapture`. Without `SLUICE_PG_BENCH_URL` it starts a PostgreSQL of its own with the
+/// durable defaults (`fsync = on`); the two hosts are measured on it directly and again
+/// through a link that holds every answer 0.5 ms (`SLUICE_PG_BENCH_RTT_US`: a remote
+/// database).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement: run with --ignored --nocapture"]
 async fn two_host_request_rate() {
@@ -445,15 +448,25 @@ async fn two_host_request_rate() {
     let (_server, url, note) = match std::env::var("SLUICE_PG_BENCH_URL") {
         Ok(url) => (None, url, "SLUICE_PG_BENCH_URL"),
         Err(_) => {
-            let server = PgServer::start();
+            let server = PgServer::start_durable();
             let url = server.database();
-            (Some(server), url, "harness server, fsync=off")
+            (Some(server), url, "a server of its own, fsync=on")
         }
     };
+    let rtt_us: u64 = std::env::var("SLUICE_PG_BENCH_RTT_US")
+        .map(|v| v.parse().expect("SLUICE_PG_BENCH_RTT_US: microseconds"))
+        .unwrap_or(500);
+    let far_url = crate::pg_money_bench::delayed_link(&url, Duration::from_micros(rtt_us));
     let fleet = pg_hosts_with(2, url, extra).await;
     let (_, token) = fleet.token("bench", "1000000").await;
     let urls: Vec<String> = fleet.hosts.iter().map(|h| h.gw.url.clone()).collect();
     let pg = rate(&urls, &token, CLIENTS, SECONDS).await;
+    drop(fleet);
+    // The same on the same database, every connection of both hosts through the link.
+    let fleet = pg_hosts_with(2, far_url, extra).await;
+    let (_, token) = fleet.token("bench-far", "1000000").await;
+    let urls: Vec<String> = fleet.hosts.iter().map(|h| h.gw.url.clone()).collect();
+    let far = rate(&urls, &token, CLIENTS, SECONDS).await;
     drop(fleet);
     // The same two processes on one SQLite file.
     let dir = tempfile::tempdir().unwrap();
@@ -465,7 +478,7 @@ async fn two_host_request_rate() {
     let (_, token) = crate::gateway_proc::db_and_token(dir.path(), "bench").await;
     let lite = rate(&[a.url.clone(), b.url.clone()], &token, CLIENTS, SECONDS).await;
     println!(
-        "two hosts, every feature, {CLIENTS} clients, {SECONDS} s ({note}): postgres {pg:.0} requests/s, one SQLite file {lite:.0} requests/s"
+        "two hosts, every feature, {CLIENTS} clients, {SECONDS} s ({note}): postgres {pg:.0} requests/s, postgres +{rtt_us} µs round trips {far:.0} requests/s, one SQLite file {lite:.0} requests/s"
     );
 }
 

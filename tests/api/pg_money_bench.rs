@@ -2,11 +2,10 @@
 //! 16 and 64 concurrent callers, next to SQLite's writer on the same machine. Not a check
 //! (benchmarks are never timed assertions): it prints its figures.
 //!
-//! `cargo test --test api pg_money_bench -- --ignored --nocapture`. Without
-//! `SLUICE_PG_BENCH_URL` it runs on a server of the harness, which runs with `fsync=off`;
-//! set it to a database of a server with `fsync = on` for the durable figure.
-//! `SLUICE_PG_BENCH_RTT_MS=n` puts a proxy in front of the server that holds every answer
-//! n ms (a remote database's round trip; Tokio's timers are 1 ms coarse).
+//! `cargo test --release --test api pg_money_bench -- --ignored --nocapture`. Without
+//! `SLUICE_PG_BENCH_URL` it starts a server of its own with PostgreSQL's durable defaults
+//! (`fsync = on`). It measures PostgreSQL directly and again through `delayed_link`, which
+//! holds every answer 0.5 ms (`SLUICE_PG_BENCH_RTT_US` microseconds): a remote database.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -40,6 +39,8 @@ async fn pairs_per_second(store: &Arc<Store>, callers: usize) -> f64 {
             .await;
         owners.push(sluice::store::ledger::Owner {
             team_id: first.team_id,
+            // The team's own reset rule (the owner's resets are the rows' rules).
+            resets: [o.resets[0], o.resets[1], first.resets[2]],
             ..o
         });
     }
@@ -86,66 +87,96 @@ async fn pg_money_bench() {
     let (_server, url, note) = match std::env::var("SLUICE_PG_BENCH_URL") {
         Ok(url) => (None, url, "SLUICE_PG_BENCH_URL"),
         Err(_) => {
-            let server = PgServer::start();
+            let server = PgServer::start_durable();
             let url = server.database();
-            (Some(server), url, "harness server, fsync=off")
+            (Some(server), url, "a server of its own, fsync=on")
         }
     };
-    let (url, note) = match std::env::var("SLUICE_PG_BENCH_RTT_MS") {
-        Ok(ms) => {
-            let ms: u64 = ms.parse().expect("SLUICE_PG_BENCH_RTT_MS: milliseconds");
-            (
-                slow_link(&url, Duration::from_millis(ms)).await,
-                format!("{note}, {ms} ms round trips"),
-            )
-        }
-        Err(_) => (url, note.to_string()),
-    };
+    let rtt_us: u64 = std::env::var("SLUICE_PG_BENCH_RTT_US")
+        .map(|v| v.parse().expect("SLUICE_PG_BENCH_RTT_US: microseconds"))
+        .unwrap_or(500);
+    let far_url = delayed_link(&url, Duration::from_micros(rtt_us));
     let pg = Arc::new(Store::open_pg(url).await);
+    let far = Arc::new(Store::open_pg(far_url).await);
     let lite = Arc::new(Store::sqlite().await);
-    println!("reserve+settle pairs/s ({note}; SQLite synchronous=normal)");
-    let stats = || pg.writer.stats();
+    println!(
+        "reserve+settle pairs/s ({note}; +{rtt_us} µs: through a link holding each answer that long; SQLite synchronous=normal)"
+    );
     for callers in [1, 16, 64] {
-        let before = stats();
-        let p = pairs_per_second(&pg, callers).await;
-        let after = stats();
+        let (p, p_batch) = measured(&pg, callers).await;
+        let (f, f_batch) = measured(&far, callers).await;
         let s = pairs_per_second(&lite, callers).await;
         println!(
-            "callers {callers:>3}: postgres {p:>8.0} ({:.1} jobs/batch, {} retries)   sqlite {s:>8.0}",
-            (after.jobs - before.jobs) as f64 / (after.batches - before.batches).max(1) as f64,
-            after.retries - before.retries
+            "callers {callers:>3}: postgres {p:>7.0} ({p_batch})   postgres +{rtt_us} µs {f:>7.0} ({f_batch})   sqlite {s:>7.0}"
         );
     }
 }
 
-/// A proxy to `url`'s server that holds every chunk the server sends for `rtt`: each round
-/// trip takes at least that long. Returns the URL through it.
-async fn slow_link(url: &str, rtt: Duration) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+/// Pairs per second on `store`, with the writer's jobs per batch and retries meanwhile.
+async fn measured(store: &Arc<Store>, callers: usize) -> (f64, String) {
+    let before = store.writer.stats();
+    let rate = pairs_per_second(store, callers).await;
+    let after = store.writer.stats();
+    let per_batch =
+        (after.jobs - before.jobs) as f64 / (after.batches - before.batches).max(1) as f64;
+    (
+        rate,
+        format!(
+            "{per_batch:.1} jobs/batch, {} retries",
+            after.retries - before.retries
+        ),
+    )
+}
+
+/// A forwarder to `url`'s server that delivers each chunk the server sends `rtt` after it
+/// arrived (a remote database's round trip; OS threads and `std::thread::sleep`, which on
+/// Linux oversleeps by tens of microseconds, where Tokio's timers round up to 1 ms).
+/// Returns the URL through it; it lives as long as the process.
+pub fn delayed_link(url: &str, rtt: Duration) -> String {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
     let mut target = url::Url::parse(url).unwrap();
     let server = format!("{}:{}", target.host_str().unwrap(), target.port().unwrap());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let upstream = tokio::net::TcpStream::connect(&server).await.unwrap();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { return };
+            let upstream = TcpStream::connect(&server).unwrap();
             client.set_nodelay(true).unwrap();
             upstream.set_nodelay(true).unwrap();
-            let (mut cr, mut cw) = client.into_split();
-            let (mut ur, mut uw) = upstream.into_split();
-            tokio::spawn(async move { tokio::io::copy(&mut cr, &mut uw).await });
-            tokio::spawn(async move {
+            let (mut cr, mut uw) = (client.try_clone().unwrap(), upstream.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut cr, &mut uw);
+                let _ = uw.shutdown(std::net::Shutdown::Write);
+            });
+            let (mut ur, mut cw) = (upstream, client);
+            let (tx, rx) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
+            std::thread::spawn(move || {
                 let mut buf = vec![0u8; 64 * 1024];
                 loop {
-                    let n = match ur.read(&mut buf).await {
+                    match ur.read(&mut buf) {
                         Ok(0) | Err(_) => return,
-                        Ok(n) => n,
-                    };
-                    tokio::time::sleep(rtt).await;
-                    if cw.write_all(&buf[..n]).await.is_err() {
+                        Ok(n) => {
+                            if tx.send((Instant::now(), buf[..n].to_vec())).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+            std::thread::spawn(move || {
+                for (at, chunk) in rx {
+                    let due = at + rtt;
+                    let now = Instant::now();
+                    if due > now {
+                        std::thread::sleep(due - now);
+                    }
+                    if cw.write_all(&chunk).is_err() {
                         return;
                     }
                 }
+                let _ = cw.shutdown(std::net::Shutdown::Write);
             });
         }
     });

@@ -27,6 +27,8 @@ pub struct PgServer {
     pub port: u16,
     dir: PathBuf,
     child: Mutex<Option<Child>>,
+    /// `fsync` on (the defaults): for the benchmarks' durable figures.
+    durable: bool,
 }
 
 /// What the spawning thread is asked to run.
@@ -142,6 +144,16 @@ fn remove_stale(base: &Path) {
 impl PgServer {
     /// A new server of this test's own, ready for connections.
     pub fn start() -> PgServer {
+        PgServer::start_with(false)
+    }
+
+    /// A new server with PostgreSQL's durable defaults (`fsync`, `synchronous_commit` and
+    /// `full_page_writes` on): what the benchmarks measure.
+    pub fn start_durable() -> PgServer {
+        PgServer::start_with(true)
+    }
+
+    fn start_with(durable: bool) -> PgServer {
         static N: AtomicU64 = AtomicU64::new(0);
         let base = std::env::temp_dir();
         remove_stale(&base);
@@ -171,6 +183,7 @@ impl PgServer {
             port: free_port(),
             dir,
             child: Mutex::new(None),
+            durable,
         };
         server.run();
         server
@@ -196,19 +209,21 @@ impl PgServer {
             .args(["-c", "listen_addresses=127.0.0.1"])
             .args(["-c", "max_connections=400"])
             .args(["-c", "shared_buffers=32MB"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        if !self.durable {
             // Test data is thrown away: durability to the disk is not what these tests are
             // about (the gateway's own crash tests kill the gateway, not the server).
-            .args([
+            cmd.args([
                 "-c",
                 "fsync=off",
                 "-c",
                 "synchronous_commit=off",
                 "-c",
                 "full_page_writes=off",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log);
+            ]);
+        }
         *self.child.lock().unwrap() = Some(spawn_lasting(cmd));
         let until = Instant::now() + Duration::from_secs(60);
         loop {

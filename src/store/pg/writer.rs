@@ -2,10 +2,15 @@
 //!
 //! Callers hand the writer a job — a closure over the transaction's connection, with the
 //! budget rows it will touch (`Locks`) — and await its answer on a oneshot. The writer takes
-//! every job waiting (up to `MAX_BATCH`) and runs them one after another in ONE transaction
-//! on its own connection, so a batch costs one BEGIN and one COMMIT round trip however many
-//! jobs it holds, and the jobs that arrive meanwhile form the next, larger batch: with
-//! 0.5 ms round trips a caller waits for about one batch, not for a queue of commits.
+//! every job waiting (up to `MAX_BATCH`) into ONE transaction on its own connection. The
+//! reservations and settlements of a batch (`run_grouped`) are decided together, one
+//! statement over arrays for all its settlements and one for all its reservations
+//! (`ledger::group`); only the jobs those leave undecided (a rollover due, a job that might
+//! fit where the grouped rule could not tell) and other jobs run one after another. So a
+//! batch costs a fixed handful of round trips — BEGIN, the locks, the two grouped
+//! statements, COMMIT — however many jobs it holds (`pg_round_trips` counts them), and the
+//! jobs that arrive meanwhile form the next, larger batch: with 0.5 ms round trips a caller
+//! waits for about one batch, not for a queue of commits or of statements.
 //!
 //! - Answers are sent only after COMMIT succeeded: no caller acts on a reservation that is
 //!   not in the database. When BEGIN or COMMIT fails (the server is unreachable) every job
@@ -15,7 +20,9 @@
 //!   rollover, which is true either way: `ledger::reserve_tx`). A job that fails spoils
 //!   the transaction (PostgreSQL aborts it): the batch is rolled back, that job keeps its
 //!   error, and the batch runs again without it — each rerun leaves out one more failed
-//!   job, so one bad job never fails the good jobs that shared its batch.
+//!   job, so one bad job never fails the good jobs that shared its batch. A grouped
+//!   statement that fails on an error of its own (a duplicate request id) spoils it the
+//!   same way: the batch runs again job by job, where the bad job fails alone.
 //! - A serialization failure (40001) or a deadlock (40P01) anywhere in the batch rolls it
 //!   back and runs the whole batch again after a jittered pause, up to `pg::MAX_ATTEMPTS`
 //!   times; the callers never see it.
@@ -39,6 +46,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::Connection;
 use tokio::sync::{mpsc, oneshot};
 
+use super::ledger::group::{self, Answer, Part};
 use super::{backoff, is_broken, is_retryable, Body, PgDb, MAX_ATTEMPTS};
 use crate::store::audit::AuditKeys;
 use crate::store::{Result, StoreError};
@@ -127,19 +135,44 @@ trait Job: Send {
     /// Runs it; its error, if any, is then in `error`.
     fn run<'a>(&'a mut self, conn: &'a mut PgConnection) -> Run<'a>;
     fn error(&self) -> Option<&StoreError>;
+    /// What a groupable job asks (`ledger::group`), unless it is out of this run.
+    fn part(&mut self) -> Option<Part>;
+    /// Takes the answer the grouped statements decided for it: it does not run on its own.
+    fn decide(&mut self, answer: Answer);
     /// Forgets the result of a run whose transaction was rolled back.
     fn reset(&mut self);
     /// Delivers the job's own result, or the batch's failure.
     fn finish(self: Box<Self>, batch: std::result::Result<(), &StoreError>);
 }
 
+/// How a job is grouped with its batch's others (`ledger::group`): what it asks, read when
+/// the batch runs, and how its result is read from the grouped answer (`None`: the answer
+/// is not of its kind; it then runs on its own).
+pub struct Group<T> {
+    pub part: Box<dyn FnMut() -> Part + Send>,
+    pub take: fn(Answer) -> Option<T>,
+}
+
 struct Call<T, F> {
     f: F,
+    group: Option<Group<T>>,
     locks: Locks,
     result: Option<Result<T>>,
     reply: oneshot::Sender<Result<T>>,
     for_caller: bool,
     gone: bool,
+}
+
+impl<T, F> Call<T, F> {
+    /// Whether its caller stopped waiting before it ran (`run_for_caller`): then it is
+    /// left out, with an error nobody reads.
+    fn left(&mut self) -> bool {
+        if !self.gone && self.for_caller && self.reply.is_closed() {
+            self.gone = true;
+            self.result = Some(Err(StoreError::Batch("the caller has gone".into())));
+        }
+        self.gone
+    }
 }
 
 impl<T: Send + 'static, F: JobFn<T>> Job for Call<T, F> {
@@ -151,9 +184,7 @@ impl<T: Send + 'static, F: JobFn<T>> Job for Call<T, F> {
     }
     fn run<'a>(&'a mut self, conn: &'a mut PgConnection) -> Run<'a> {
         Box::pin(async move {
-            if self.for_caller && self.reply.is_closed() {
-                self.gone = true;
-                self.result = Some(Err(StoreError::Batch("the caller has gone".into())));
+            if self.result.is_some() || self.left() {
                 return;
             }
             self.result = Some((self.f)(conn).await);
@@ -163,6 +194,17 @@ impl<T: Send + 'static, F: JobFn<T>> Job for Call<T, F> {
         match &self.result {
             Some(Err(e)) if !self.gone => Some(e),
             _ => None,
+        }
+    }
+    fn part(&mut self) -> Option<Part> {
+        if self.out() || self.left() {
+            return None;
+        }
+        self.group.as_mut().map(|g| (g.part)())
+    }
+    fn decide(&mut self, answer: Answer) {
+        if let Some(t) = self.group.as_ref().and_then(|g| (g.take)(answer)) {
+            self.result = Some(Ok(t));
         }
     }
     fn reset(&mut self) {
@@ -235,6 +277,11 @@ impl Writer {
         &self.audit
     }
 
+    /// How many jobs wait for the writer to take them into a batch.
+    pub fn queued(&self) -> usize {
+        self.tx.max_capacity() - self.tx.capacity()
+    }
+
     pub fn stats(&self) -> Stats {
         Stats {
             batches: self.counters.batches.load(Relaxed),
@@ -248,7 +295,20 @@ impl Writer {
     /// commit. `f` must write nothing unless it returns `Ok`, and may run again. The job
     /// runs even if the caller stops waiting (a settlement must land).
     pub async fn run<T: Send + 'static>(&self, locks: Locks, f: impl JobFn<T>) -> Result<T> {
-        self.submit(locks, f, false).await
+        self.submit(locks, None, f, false).await
+    }
+
+    /// Like `run` (`for_caller`: like `run_for_caller`), decided with the batch's other
+    /// grouped jobs in one statement when `group` can (`ledger::group`); `f` runs when it
+    /// cannot, or when the batch runs again job by job.
+    pub async fn run_grouped<T: Send + 'static>(
+        &self,
+        locks: Locks,
+        group: Group<T>,
+        f: impl JobFn<T>,
+        for_caller: bool,
+    ) -> Result<T> {
+        self.submit(locks, Some(group), f, for_caller).await
     }
 
     /// Like `run`, but skipped if its caller has stopped waiting before it runs.
@@ -257,18 +317,20 @@ impl Writer {
         locks: Locks,
         f: impl JobFn<T>,
     ) -> Result<T> {
-        self.submit(locks, f, true).await
+        self.submit(locks, None, f, true).await
     }
 
     async fn submit<T: Send + 'static>(
         &self,
         locks: Locks,
+        group: Option<Group<T>>,
         f: impl JobFn<T>,
         for_caller: bool,
     ) -> Result<T> {
         let (reply, answer) = oneshot::channel();
         let job = Box::new(Call {
             f,
+            group,
             locks,
             result: None,
             reply,
@@ -340,6 +402,9 @@ async fn connection<'a>(
 enum Stop {
     /// Job `i` failed on its own error: run again without it.
     Job(usize),
+    /// A grouped statement failed on an error of its own: run again job by job, so the job
+    /// that caused it fails alone.
+    Ungroup(StoreError),
     /// A serialization failure or deadlock: run the whole batch again.
     Retry(StoreError),
     /// BEGIN, the locks or COMMIT failed: the batch fails.
@@ -366,6 +431,7 @@ async fn batch(
     counters: &Counters,
 ) -> Result<()> {
     let mut attempt = 1;
+    let mut grouped = true;
     loop {
         for job in jobs.iter_mut() {
             job.reset();
@@ -383,7 +449,7 @@ async fn batch(
         // A server that stops answering (a network partition, a frozen host) must not hold
         // every caller forever: past `BATCH_TIMEOUT` the batch fails and its connection is
         // dropped (which ends the transaction on the server once it notices).
-        let run = match tokio::time::timeout(BATCH_TIMEOUT, once(conn, jobs)).await {
+        let run = match tokio::time::timeout(BATCH_TIMEOUT, once(conn, jobs, grouped)).await {
             Ok(run) => run,
             Err(_) => Err(Stop::Broken(StoreError::Batch(format!(
                 "no answer from the database within {BATCH_TIMEOUT:?}"
@@ -391,6 +457,10 @@ async fn batch(
         };
         match run {
             Ok(()) => return Ok(()),
+            Err(Stop::Ungroup(e)) => {
+                tracing::warn!(error = %e, "a grouped write statement failed; its batch runs again job by job");
+                grouped = false;
+            }
             Err(Stop::Job(i)) => {
                 tracing::warn!(error = ?jobs[i].error().map(ToString::to_string), "a write job failed; its batch runs again without it");
             }
@@ -409,8 +479,13 @@ async fn batch(
     }
 }
 
-/// One run: BEGIN, the locks, every job still in, COMMIT.
-async fn once(conn: &mut PgConnection, jobs: &mut [Box<dyn Job>]) -> std::result::Result<(), Stop> {
+/// One run: BEGIN, the locks, the grouped statements (`grouped`), every job still in and
+/// not decided by them, COMMIT.
+async fn once(
+    conn: &mut PgConnection,
+    jobs: &mut [Box<dyn Job>],
+    grouped: bool,
+) -> std::result::Result<(), Stop> {
     let mut tx = conn.begin().await.map_err(|e| stop(e.into()))?;
     let mut locks = Locks::default();
     for job in jobs.iter().filter(|j| !j.out()) {
@@ -418,6 +493,22 @@ async fn once(conn: &mut PgConnection, jobs: &mut [Box<dyn Job>]) -> std::result
     }
     let ran = async {
         lock_rows(&mut tx, &locks).await.map_err(stop)?;
+        if grouped {
+            let parts: Vec<Option<Part>> = jobs.iter_mut().map(|j| j.part()).collect();
+            if parts.iter().any(Option::is_some) {
+                let answers = group::run(&mut tx, &parts)
+                    .await
+                    .map_err(|e| match stop(e) {
+                        Stop::Batch(e) => Stop::Ungroup(e),
+                        s => s,
+                    })?;
+                for (job, answer) in jobs.iter_mut().zip(answers) {
+                    if let Some(answer) = answer {
+                        job.decide(answer);
+                    }
+                }
+            }
+        }
         for (i, job) in jobs.iter_mut().enumerate() {
             if job.out() {
                 continue;

@@ -8,12 +8,13 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, Row};
 
+use super::group::{Answer, Part};
 use super::{id_of, idx, owner_locks, rollover, tighter};
 use crate::clock::{db_time, Clock};
 use crate::quota::period::Reset;
 use crate::store::audit::AuditKeys;
 use crate::store::ledger::{Refusal, Reservation, ReserveRequest, Settled, LEVELS};
-use crate::store::pg::writer::{lock_rows, Locks, Writer};
+use crate::store::pg::writer::{lock_rows, Group, Locks, Writer};
 use crate::store::pg::{transact, Body, PgDb};
 use crate::store::{Result, StoreError};
 
@@ -297,26 +298,56 @@ pub async fn reserve_via(
     let process: Arc<str> = r.process.into();
     let (amount, lease) = (r.amount, r.lease);
     let keys = writer.audit().clone();
-    writer
-        .run_for_caller(owner_locks(r.owner), move |conn| {
-            let (request_id, owner, process, keys, clock) = (
-                request_id.clone(),
-                owner.clone(),
-                process.clone(),
-                keys.clone(),
-                clock.clone(),
-            );
-            Box::pin(async move {
-                let req = ReserveRequest {
-                    request_id: &request_id,
-                    owner: &owner,
+    let group = {
+        let (request_id, owner, process, clock) = (
+            request_id.clone(),
+            owner.clone(),
+            process.clone(),
+            clock.clone(),
+        );
+        Group {
+            part: Box::new(move || {
+                let now = clock.now();
+                Part::Reserve {
+                    request_id: request_id.clone(),
+                    owner: owner.clone(),
                     amount,
-                    process: &process,
-                    lease,
-                };
-                reserve_tx(conn, &keys, &req, clock.now()).await
-            }) as Body<'_, _>
-        })
+                    process: process.clone(),
+                    now,
+                    deadline: now + lease,
+                }
+            }),
+            take: |a| match a {
+                Answer::Reserve(r) => Some(r),
+                Answer::Settle(_) => None,
+            },
+        }
+    };
+    writer
+        .run_grouped(
+            owner_locks(r.owner),
+            group,
+            move |conn| {
+                let (request_id, owner, process, keys, clock) = (
+                    request_id.clone(),
+                    owner.clone(),
+                    process.clone(),
+                    keys.clone(),
+                    clock.clone(),
+                );
+                Box::pin(async move {
+                    let req = ReserveRequest {
+                        request_id: &request_id,
+                        owner: &owner,
+                        amount,
+                        process: &process,
+                        lease,
+                    };
+                    reserve_tx(conn, &keys, &req, clock.now()).await
+                }) as Body<'_, _>
+            },
+            true,
+        )
         .await
 }
 
@@ -421,12 +452,18 @@ pub async fn settle_via(
     actual: i64,
     clock: Arc<dyn Clock>,
 ) -> Result<Option<Settled>> {
+    let group = settle_group(request_id.clone(), actual, clock.clone(), true);
     writer
-        .run(request_locks(&request_id), move |conn| {
-            let (request_id, clock) = (request_id.clone(), clock.clone());
-            Box::pin(async move { settle_tx(conn, &request_id, actual, clock.now()).await })
-                as Body<'_, _>
-        })
+        .run_grouped(
+            request_locks(&request_id),
+            group,
+            move |conn| {
+                let (request_id, clock) = (request_id.clone(), clock.clone());
+                Box::pin(async move { settle_tx(conn, &request_id, actual, clock.now()).await })
+                    as Body<'_, _>
+            },
+            false,
+        )
         .await
 }
 
@@ -437,11 +474,38 @@ pub async fn release_via(
     request_id: Arc<str>,
     clock: Arc<dyn Clock>,
 ) -> Result<Option<Settled>> {
+    let group = settle_group(request_id.clone(), 0, clock.clone(), false);
     writer
-        .run(request_locks(&request_id), move |conn| {
-            let (request_id, clock) = (request_id.clone(), clock.clone());
-            Box::pin(async move { settle_from(conn, &request_id, 0, clock.now(), false).await })
-                as Body<'_, _>
-        })
+        .run_grouped(
+            request_locks(&request_id),
+            group,
+            move |conn| {
+                let (request_id, clock) = (request_id.clone(), clock.clone());
+                Box::pin(async move { settle_from(conn, &request_id, 0, clock.now(), false).await })
+                    as Body<'_, _>
+            },
+            false,
+        )
         .await
+}
+
+/// A settlement's part of its batch's grouped statement (`group::SETTLE_MANY`).
+fn settle_group(
+    request_id: Arc<str>,
+    actual: i64,
+    clock: Arc<dyn Clock>,
+    or_orphaned: bool,
+) -> Group<Option<Settled>> {
+    Group {
+        part: Box::new(move || Part::Settle {
+            request_id: request_id.clone(),
+            actual: actual.max(0),
+            now: clock.now(),
+            or_orphaned,
+        }),
+        take: |a| match a {
+            Answer::Settle(s) => Some(s),
+            Answer::Reserve(_) => None,
+        },
+    }
 }
