@@ -239,14 +239,41 @@ async fn copy_table(
         replaced += n;
         chunk.push(row);
         if chunk.len() == CHUNK {
-            insert(conn, table, cols, &chunk).await?;
+            insert(conn, table, cols, &chunk)
+                .await
+                .map_err(|e| collided(e, table, replaced))?;
             rows += chunk.len() as u64;
             chunk.clear();
         }
     }
-    insert(conn, table, cols, &chunk).await?;
+    insert(conn, table, cols, &chunk)
+        .await
+        .map_err(|e| collided(e, table, replaced))?;
     rows += chunk.len() as u64;
     Ok((rows, replaced))
+}
+
+/// A unique violation in a table where a NUL became U+FFFD: the mapped text now equals
+/// another row's (SQLite held both, one with a NUL, one with U+FFFD). Said as such rather
+/// than as PostgreSQL's bare "duplicate key value", so the operator knows what to rename.
+fn collided(e: StoreError, table: &str, replaced: u64) -> StoreError {
+    let unique = match &e {
+        StoreError::Sql(sqlx::Error::Database(d)) => d.code().as_deref() == Some("23505"),
+        _ => false,
+    };
+    if !unique || replaced == 0 {
+        return e;
+    }
+    let detail = match &e {
+        StoreError::Sql(sqlx::Error::Database(d)) => d
+            .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+            .and_then(|p| p.detail().map(str::to_string))
+            .unwrap_or_default(),
+        _ => String::new(),
+    };
+    StoreError::Conflict(format!(
+        "{table}: a text value whose NUL byte becomes U+FFFD on PostgreSQL then equals another row's, where each must be unique ({detail}): rename one of them on the SQLite database (the one with the NUL), then migrate again; nothing was kept"
+    ))
 }
 
 /// Whether `table` holds the same rows on both sides (SQLite's read as `lite_row` copies

@@ -38,6 +38,7 @@ mod pg_edits_reach;
 mod pg_gateway;
 mod pg_gateway_app;
 mod pg_migrate_att;
+mod pg_migrate_attadmin;
 mod pg_migrate_old;
 mod pg_money;
 mod pg_money_bench;
