@@ -95,3 +95,63 @@ async fn a_nul_in_a_search_filter_answers_alike_on_both_engines() {
         "SQLite's answers, then PostgreSQL's"
     );
 }
+
+/// Admin input that reaches the store outside a body (query strings, path segments), with a
+/// NUL or bytes that are not UTF-8: the same status and body on both engines, never an
+/// engine's error (s6-attadmin).
+#[tokio::test]
+async fn nul_and_invalid_utf8_outside_admin_bodies_answer_alike_on_both_engines() {
+    let json_paths = [
+        "/admin/api/v1/requests?status=2%00x",
+        "/admin/api/v1/requests?from=2026-11-01%00&to=2026-11-30",
+        "/admin/api/v1/requests?to=2026-11-30%00",
+        "/admin/api/v1/requests?model=gpt%FFx",
+        "/admin/api/v1/requests?model=%00&page=2",
+        "/admin/api/v1/audit?actor=%FF%FE",
+        "/admin/api/v1/audit?action=%00&page=1",
+        "/admin/api/v1/reports/spend?month=2026-11%00",
+        "/admin/api/v1/reports/spend?by=model%00",
+        "/admin/api/v1/reports/spend?by=user&format=csv%00",
+        "/admin/api/v1/users?team=1%00",
+        "/admin/api/v1/tokens?user=%00",
+        "/admin/api/v1/teams/1%00",
+    ];
+    let page_paths = [
+        "/admin/requests?model=a%00b",
+        "/admin/requests?status=%00",
+        "/admin/audit?actor=%00",
+        "/admin/reports?month=%00",
+        "/admin/reports.csv?month=2026-11&by=model%00",
+        "/admin/static/%00",
+        "/admin/upstreams/a%00/disable",
+    ];
+    let mut answers = Vec::new();
+    for engine in ENGINES {
+        let app = spawn_on(engine).await;
+        make_login(&app, "root", "admin", None).await;
+        let admin = login(&app, "root").await;
+        let mut these = Vec::new();
+        for path in json_paths {
+            let (status, body) = admin.get_json(path).await;
+            assert!(
+                status < 500 && status != 409,
+                "{engine:?} {path}: {status} {body}"
+            );
+            these.push((path, status, body));
+        }
+        for path in page_paths {
+            let status = admin.get(path).await.status().as_u16();
+            assert!(status < 500 && status != 409, "{engine:?} {path}: {status}");
+            these.push((path, status, serde_json::Value::Null));
+        }
+        let (status, body) = admin
+            .post("/admin/api/v1/upstreams/a%00/disable", &json!({}))
+            .await;
+        assert!(status < 500 && status != 409, "{engine:?}: {status} {body}");
+        these.push(("upstreams toggle", status, body));
+        answers.push(these);
+    }
+    for (a, b) in answers[0].iter().zip(&answers[1]) {
+        assert_eq!(a, b, "SQLite's answer, then PostgreSQL's");
+    }
+}
