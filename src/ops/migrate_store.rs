@@ -92,7 +92,17 @@ pub async fn migrate_store(
     let key_from_env = std::env::var(crate::secrets::ENV).is_ok_and(|v| !v.trim().is_empty());
     let key = MasterKey::for_database(&path)?;
     let source = Db::open(&path, false).await?;
+    // No write lands in the file from here until the copy is committed and checked
+    // (`store::migrate::hold_source`).
+    let held = match store::migrate::hold_source(&path).await {
+        Ok(held) => held,
+        Err(e) => {
+            source.close().await;
+            return Err(e.into());
+        }
+    };
     let result = copy(&source, to, &key).await;
+    held.release().await;
     source.close().await;
     let mut done = result?;
     done.key_file = (!key_from_env).then(|| crate::secrets::key_file_for(&path));

@@ -397,9 +397,38 @@ async fn sums_lite(lite: &sqlx::SqlitePool, table: &str) -> Result<(i64, i64)> {
     )
 }
 
+/// SQLite's write lock on the source file, held from before the source is verified until
+/// after the copy is committed and checked: every read of the copy and of its comparison
+/// then sees one state of the file, and a write meanwhile (a `sluice` command run against
+/// the file, a gateway whose heartbeat looked stale) waits and fails as busy instead of
+/// landing between a table's comparison and the commit, where the copy would have lost it
+/// while saying it verified everything.
+pub struct SourceHeld(sqlx::SqliteConnection);
+
+/// Takes the write lock on the SQLite file at `path` (`BEGIN IMMEDIATE`, waiting as a
+/// writer does for a write in progress).
+pub async fn hold_source(path: &std::path::Path) -> Result<SourceHeld> {
+    use sqlx::ConnectOptions;
+    let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(path)
+        .busy_timeout(std::time::Duration::from_secs(10))
+        .connect()
+        .await?;
+    sqlx::query("BEGIN IMMEDIATE").execute(&mut conn).await?;
+    Ok(SourceHeld(conn))
+}
+
+impl SourceHeld {
+    /// Lets writers in again (nothing was written under the lock).
+    pub async fn release(mut self) {
+        let _ = sqlx::query("ROLLBACK").execute(&mut self.0).await;
+        let _ = sqlx::Connection::close(self.0).await;
+    }
+}
+
 /// Copies every table of the SQLite database `from` into the empty PostgreSQL database `to`
 /// in one transaction, and compares both sides before it commits (see the module doc). The
-/// caller makes sure no gateway runs on `from`.
+/// caller makes sure no gateway runs on `from`, and holds its write lock (`hold_source`).
 pub async fn sqlite_to_postgres(from: &Db, to: &Db) -> Result<Copied> {
     let (Backend::Sqlite(lite), Backend::Postgres(pg)) = (&from.backend, &to.backend) else {
         return Err(StoreError::Conflict(
