@@ -76,6 +76,23 @@ pub async fn heartbeat(db: &super::Db, me: &Me, now: DateTime<Utc>) -> Result<bo
     Ok(true)
 }
 
+/// What keeps this process alive in the others' eyes besides its heartbeat, for as long as
+/// it lives: on PostgreSQL its liveness lock (`pg::processes::hold_liveness`: a paused host
+/// is not taken for gone); nothing on SQLite, where a live pid on this host says it.
+#[derive(Debug)]
+pub struct Liveness(#[allow(dead_code)] Option<super::pg::processes::Liveness>);
+
+/// Takes this process's liveness lock (PostgreSQL; nothing to do on SQLite); it is held
+/// until the returned value is dropped.
+pub async fn hold_liveness(db: &super::Db, me: &Me) -> Result<Liveness> {
+    match &db.backend {
+        super::Backend::Sqlite(_) => Ok(Liveness(None)),
+        super::Backend::Postgres(pg) => Ok(Liveness(Some(
+            super::pg::processes::hold_liveness(pg, me).await?,
+        ))),
+    }
+}
+
 /// Forgets every registration (a restored copy: the gateways registered in it ran on the
 /// database it was taken from, not on this one).
 pub async fn forget_all(db: &super::Db) -> Result<()> {
