@@ -8,8 +8,10 @@
 //!
 //! On this host a live pid always counts as alive, however stale its heartbeat: a process
 //! that was stopped (SIGSTOP, a frozen container, a disk stall) keeps its reservations.
-//! Across hosts a stall past `STALE_AFTER` cannot be told from a crash: its reservations
-//! are settled as orphans, and its late settlements correct them (`ledger::settle_tx`).
+//! Across hosts sharing a SQLite file a stall past `STALE_AFTER` cannot be told from a
+//! crash: its reservations are settled as orphans, and its late settlements correct them
+//! (`ledger::settle_tx`). On PostgreSQL each process also holds a liveness lock that a
+//! paused host keeps, so a stall is not taken for a crash there (`pg::processes`).
 //! The heartbeat is an upsert: a process whose row was pruned while it stalled registers
 //! again at its next beat, so its new reservations are never taken for orphans.
 
