@@ -82,16 +82,18 @@ pub async fn heartbeat(db: &super::Db, me: &Me, now: DateTime<Utc>) -> Result<bo
 /// it lives: on PostgreSQL its liveness lock (`pg::processes::hold_liveness`: a paused host
 /// is not taken for gone); nothing on SQLite, where a live pid on this host says it.
 #[derive(Debug)]
-pub struct Liveness(#[allow(dead_code)] Option<super::pg::processes::Liveness>);
+pub struct Liveness {
+    _held: Option<super::pg::processes::Liveness>,
+}
 
 /// Takes this process's liveness lock (PostgreSQL; nothing to do on SQLite); it is held
 /// until the returned value is dropped.
 pub async fn hold_liveness(db: &super::Db, me: &Me) -> Result<Liveness> {
     match &db.backend {
-        super::Backend::Sqlite(_) => Ok(Liveness(None)),
-        super::Backend::Postgres(pg) => Ok(Liveness(Some(
-            super::pg::processes::hold_liveness(pg, me).await?,
-        ))),
+        super::Backend::Sqlite(_) => Ok(Liveness { _held: None }),
+        super::Backend::Postgres(pg) => Ok(Liveness {
+            _held: Some(super::pg::processes::hold_liveness(pg, me).await?),
+        }),
     }
 }
 

@@ -166,7 +166,7 @@ const KEEPALIVES: (u32, u32, u32) = (10, 5, 4);
 /// taken again, waiting at most `RETAKE_MAX` between tries.
 const LOCK_CHECK: Duration = Duration::from_secs(2);
 const LOCK_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
-const RETAKE_MAX: Duration = Duration::from_secs(30);
+const RETAKE_MAX: Duration = Duration::from_secs(5);
 
 /// This process's liveness lock, held by a task of its own on one dedicated connection
 /// (see the module doc). Dropping it ends the task and the session, which frees the lock.
