@@ -166,3 +166,51 @@ async fn a_terminated_lock_session_is_taken_again() {
     assert!(store.release("r0", clock.clone()).await.is_some());
     store.assert_settled().await;
 }
+
+/// PostgreSQL restarted (an outage): every lock session ended with it and no host could
+/// beat meanwhile, so every heartbeat may be stale the moment it is back. A host must not
+/// be taken for gone before it could beat and take its lock again: nobody is gone until the
+/// server has been up for `STALE_AFTER`; then a host that still has not beaten is.
+///
+/// Known, not fixed (DESIGN "Liveness by heartbeat and lock"): today the first host back
+/// takes the others for gone. Gating on `pg_postmaster_start_time()` makes this pass, but
+/// then every test that expects a gone owner within 15 s of its server's start fails
+/// (the shared test server is started by the first test that needs it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known: a restart past the stale window orphans live hosts (DESIGN: Liveness by heartbeat and lock)"]
+async fn a_restarted_server_takes_no_host_for_gone_before_it_could_beat() {
+    let server = Arc::new(crate::pg_server::PgServer::start());
+    let store = Store::open_pg(server.database()).await;
+    let survivor = store.another().await;
+    let owner = store.owner(&budgets()).await;
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(chrono::Utc::now()));
+    let now = clock.now();
+    let host = Me::new("host".into(), "host-a".into());
+    let alive = Me::new("alive".into(), "host-b".into());
+    assert!(store.heartbeat(&host, now).await);
+    store
+        .reserve(&owner, "r0", R, "host", clock.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    let s = server.clone();
+    tokio::task::spawn_blocking(move || {
+        s.stop();
+        s.run();
+    })
+    .await
+    .unwrap();
+    // As if the outage had lasted a minute; the host has not beaten since it is back.
+    store.age_heartbeat("host", 60.0).await;
+    survivor.heartbeat(&alive, now).await;
+    assert_eq!(
+        survivor.dead_owners(&alive, now).await,
+        Vec::<String>::new(),
+        "a host taken for gone before it could beat after the database came back"
+    );
+    until(
+        "the silent host gone once the server is up for the window",
+        || async { survivor.dead_owners(&alive, now).await == ["host"] },
+    )
+    .await;
+}
