@@ -49,6 +49,8 @@ pub struct Application {
     server: Server,
     state: Arc<AppState>,
     drain: Drain,
+    /// Held until the process table is left (`run_until_stopped`).
+    liveness: processes::Liveness,
 }
 
 /// How long the workers get, after the shutdown ended the requests still running
@@ -112,6 +114,7 @@ impl Application {
         let me = processes::Me::new(uuid::Uuid::new_v4().simple().to_string(), hostname());
         let process_id = me.id.clone();
         processes::heartbeat(&db, &me, clock.now()).await?;
+        let liveness = processes::hold_liveness(&db, &me).await?;
 
         let catalog = Catalog::from_settings(&settings);
         let pool = Arc::new(Pool::new(&settings));
@@ -221,6 +224,7 @@ impl Application {
             server,
             state,
             drain,
+            liveness,
         })
     }
 
@@ -269,6 +273,7 @@ impl Application {
         state.request_log.flush().await;
         state.cache.flush().await;
         let _ = processes::unregister(&state.db, me).await;
+        drop(self.liveness);
         tracing::info!("sluice stopped");
         result
     }

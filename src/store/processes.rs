@@ -8,8 +8,10 @@
 //!
 //! On this host a live pid always counts as alive, however stale its heartbeat: a process
 //! that was stopped (SIGSTOP, a frozen container, a disk stall) keeps its reservations.
-//! Across hosts a stall past `STALE_AFTER` cannot be told from a crash: its reservations
-//! are settled as orphans, and its late settlements correct them (`ledger::settle_tx`).
+//! Across hosts sharing a SQLite file a stall past `STALE_AFTER` cannot be told from a
+//! crash: its reservations are settled as orphans, and its late settlements correct them
+//! (`ledger::settle_tx`). On PostgreSQL each process also holds a liveness lock that a
+//! paused host keeps, so a stall is not taken for a crash there (`pg::processes`).
 //! The heartbeat is an upsert: a process whose row was pruned while it stalled registers
 //! again at its next beat, so its new reservations are never taken for orphans.
 
@@ -74,6 +76,25 @@ pub async fn heartbeat(db: &super::Db, me: &Me, now: DateTime<Utc>) -> Result<bo
     .execute(pool)
     .await?;
     Ok(true)
+}
+
+/// What keeps this process alive in the others' eyes besides its heartbeat, for as long as
+/// it lives: on PostgreSQL its liveness lock (`pg::processes::hold_liveness`: a paused host
+/// is not taken for gone); nothing on SQLite, where a live pid on this host says it.
+#[derive(Debug)]
+pub struct Liveness {
+    _held: Option<super::pg::processes::Liveness>,
+}
+
+/// Takes this process's liveness lock (PostgreSQL; nothing to do on SQLite); it is held
+/// until the returned value is dropped.
+pub async fn hold_liveness(db: &super::Db, me: &Me) -> Result<Liveness> {
+    match &db.backend {
+        super::Backend::Sqlite(_) => Ok(Liveness { _held: None }),
+        super::Backend::Postgres(pg) => Ok(Liveness {
+            _held: Some(super::pg::processes::hold_liveness(pg, me).await?),
+        }),
+    }
 }
 
 /// Forgets every registration (a restored copy: the gateways registered in it ran on the

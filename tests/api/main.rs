@@ -37,6 +37,7 @@ mod pg_clock_skew;
 mod pg_edits_reach;
 mod pg_gateway;
 mod pg_gateway_app;
+mod pg_liveness;
 mod pg_migrate_att;
 mod pg_migrate_attadmin;
 mod pg_migrate_old;

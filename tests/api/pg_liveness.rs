@@ -1,0 +1,216 @@
+//! Liveness on PostgreSQL (CHECKS Q14, issue 17): a process is gone only when its heartbeat
+//! is stale by the database's clock AND no session holds its liveness lock
+//! (`store::pg::processes`). A paused host keeps its lock's session, so it keeps its
+//! reservations however stale its heartbeat; a process whose session ended is gone once its
+//! heartbeat is stale; a lock session ended by the server is taken again.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice::clock::{Clock, ManualClock};
+use sluice::store::ledger::Orphans;
+use sluice::store::pg::processes::liveness_session;
+use sluice::store::processes::{self, Me};
+
+use crate::helpers::Budget;
+use crate::pg_money::Store;
+
+const R: i64 = 1_000;
+
+fn budgets() -> [Budget; 3] {
+    [
+        Budget {
+            limit: Some(10 * R),
+            reset: "never",
+        },
+        Budget {
+            limit: None,
+            reset: "never",
+        },
+        Budget {
+            limit: None,
+            reset: "never",
+        },
+    ]
+}
+
+/// Polls `f` until it holds, for at most 30 s (a loaded machine: the server notices a
+/// closed session at its own pace).
+async fn until<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let bound = Instant::now() + Duration::from_secs(30);
+    while !f().await {
+        assert!(Instant::now() < bound, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Two processes with an open reservation each and a heartbeat an hour stale: the one whose
+/// lock session lives (a paused host) is not gone and keeps its row; the one whose session
+/// ended (a killed host) is gone, its reservation settled as an orphan, its row pruned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_heartbeat_is_gone_only_once_its_lock_session_ended() {
+    let store = Store::postgres().await;
+    let survivor = store.another().await;
+    let owner = store.owner(&budgets()).await;
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(chrono::Utc::now()));
+    let now = clock.now();
+    let paused = Me::new("paused".into(), "host-a".into());
+    let killed = Me::new("killed".into(), "host-b".into());
+    let alive = Me::new("alive".into(), "host-c".into());
+    for me in [&paused, &killed, &alive] {
+        assert!(store.heartbeat(me, now).await);
+    }
+    let paused_lock = processes::hold_liveness(&store.db, &paused).await.unwrap();
+    let killed_lock = processes::hold_liveness(&store.db, &killed).await.unwrap();
+    for (i, me) in [&paused, &killed].iter().enumerate() {
+        store
+            .reserve(&owner, &format!("r{i}"), R, &me.id, clock.clone())
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    store.age_heartbeat("paused", 3600.0).await;
+    store.age_heartbeat("killed", 3600.0).await;
+    assert_eq!(
+        survivor.dead_owners(&alive, now).await,
+        Vec::<String>::new(),
+        "a stale heartbeat whose lock is held is not gone"
+    );
+    drop(killed_lock);
+    let pg = store.db.postgres().unwrap();
+    until("the killed process's lock freed", || async {
+        liveness_session(pg, "killed").await.unwrap().is_none()
+    })
+    .await;
+    assert_eq!(survivor.dead_owners(&alive, now).await, ["killed"]);
+    assert_eq!(
+        survivor
+            .settle_orphans(Orphans::OfOwner("killed"), now)
+            .await,
+        1
+    );
+    // The paused process's reservation is settled by itself later; then both rows are
+    // stale and hold nothing, and only the one whose lock is free is pruned.
+    assert!(store.release("r0", clock.clone()).await.is_some());
+    processes::prune(&survivor.db, &alive, now).await.unwrap();
+    let mut left: Vec<String> = sqlx::query_scalar("SELECT id FROM processes")
+        .fetch_all(&pg.pool)
+        .await
+        .unwrap();
+    left.sort();
+    assert_eq!(left, ["alive", "paused"]);
+    assert_eq!(
+        store
+            .int("SELECT COUNT(*) FROM ledger WHERE kind = 'orphan'")
+            .await,
+        1
+    );
+    drop(paused_lock);
+    store.assert_settled().await;
+}
+
+/// The lock's session ended by the server (`pg_terminate_backend`): the process takes its
+/// lock again on a new session; meanwhile its heartbeat is fresh, so it is not gone; once
+/// the lock is back, a stale heartbeat does not make it gone either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminated_lock_session_is_taken_again() {
+    let store = Store::postgres().await;
+    let survivor = store.another().await;
+    let owner = store.owner(&budgets()).await;
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(chrono::Utc::now()));
+    let now = clock.now();
+    let me = Me::new("me".into(), "host-a".into());
+    let alive = Me::new("alive".into(), "host-b".into());
+    assert!(store.heartbeat(&me, now).await);
+    assert!(survivor.heartbeat(&alive, now).await);
+    let _lock = processes::hold_liveness(&store.db, &me).await.unwrap();
+    store
+        .reserve(&owner, "r0", R, "me", clock.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    let pg = store.db.postgres().unwrap();
+    let first = liveness_session(pg, "me")
+        .await
+        .unwrap()
+        .expect("lock held");
+    let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(first)
+        .fetch_one(&pg.pool)
+        .await
+        .unwrap();
+    assert!(ended);
+    assert_eq!(
+        survivor.dead_owners(&alive, now).await,
+        Vec::<String>::new(),
+        "a fresh heartbeat is alive without its lock"
+    );
+    until("the lock taken again on a new session", || async {
+        liveness_session(pg, "me")
+            .await
+            .unwrap()
+            .is_some_and(|pid| pid != first)
+    })
+    .await;
+    store.age_heartbeat("me", 3600.0).await;
+    assert_eq!(
+        survivor.dead_owners(&alive, now).await,
+        Vec::<String>::new(),
+        "the lock taken again keeps a stale process alive"
+    );
+    assert_eq!(store.int("SELECT COUNT(*) FROM reservations").await, 1);
+    assert!(store.release("r0", clock.clone()).await.is_some());
+    store.assert_settled().await;
+}
+
+/// PostgreSQL restarted (an outage): every lock session ended with it and no host could
+/// beat meanwhile, so every heartbeat may be stale the moment it is back. A host must not
+/// be taken for gone before it could beat and take its lock again: nobody is gone until the
+/// server has been up for `STALE_AFTER`; then a host that still has not beaten is.
+///
+/// Known, not fixed (DESIGN "Liveness by heartbeat and lock"): today the first host back
+/// takes the others for gone. Gating on `pg_postmaster_start_time()` makes this pass, but
+/// then every test that expects a gone owner within 15 s of its server's start fails
+/// (the shared test server is started by the first test that needs it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known: a restart past the stale window orphans live hosts (DESIGN: Liveness by heartbeat and lock)"]
+async fn a_restarted_server_takes_no_host_for_gone_before_it_could_beat() {
+    let server = Arc::new(crate::pg_server::PgServer::start());
+    let store = Store::open_pg(server.database()).await;
+    let survivor = store.another().await;
+    let owner = store.owner(&budgets()).await;
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(chrono::Utc::now()));
+    let now = clock.now();
+    let host = Me::new("host".into(), "host-a".into());
+    let alive = Me::new("alive".into(), "host-b".into());
+    assert!(store.heartbeat(&host, now).await);
+    store
+        .reserve(&owner, "r0", R, "host", clock.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    let s = server.clone();
+    tokio::task::spawn_blocking(move || {
+        s.stop();
+        s.run();
+    })
+    .await
+    .unwrap();
+    // As if the outage had lasted a minute; the host has not beaten since it is back.
+    store.age_heartbeat("host", 60.0).await;
+    survivor.heartbeat(&alive, now).await;
+    assert_eq!(
+        survivor.dead_owners(&alive, now).await,
+        Vec::<String>::new(),
+        "a host taken for gone before it could beat after the database came back"
+    );
+    until(
+        "the silent host gone once the server is up for the window",
+        || async { survivor.dead_owners(&alive, now).await == ["host"] },
+    )
+    .await;
+}
