@@ -278,6 +278,14 @@ impl PgServer {
         std::fs::read_to_string(self.dir.join(format!("log-{}", self.port))).unwrap_or_default()
     }
 
+    /// Waits until this server, started at `started`, has been up longer than the store's
+    /// stale-owner window (`store::processes::STALE_AFTER`).
+    pub fn wait_past_the_stale_window(&self, started: Instant) {
+        let window =
+            sluice::store::processes::STALE_AFTER.to_std().unwrap() + Duration::from_secs(1);
+        std::thread::sleep(window.saturating_sub(started.elapsed()));
+    }
+
     /// A new, empty database on this server; returns its URL.
     pub fn database(&self) -> String {
         static N: AtomicU64 = AtomicU64::new(0);
@@ -315,10 +323,18 @@ impl Drop for PgServer {
     }
 }
 
-/// The binary's shared server (started at first use).
+/// The binary's shared server (started at first use), handed out once it has been up for
+/// the stale-owner window: until then the store takes no process for gone (a beat counts as
+/// no older than the server's start: `pg::processes::dead_owners`), and tests that age a
+/// heartbeat by hand expect its owner gone at once.
 pub fn shared() -> &'static PgServer {
     static SHARED: OnceLock<PgServer> = OnceLock::new();
-    SHARED.get_or_init(PgServer::start)
+    SHARED.get_or_init(|| {
+        let started = Instant::now();
+        let server = PgServer::start();
+        server.wait_past_the_stale_window(started);
+        server
+    })
 }
 
 /// A new, empty database on the shared server.

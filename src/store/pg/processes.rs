@@ -115,12 +115,15 @@ pub async fn unregister(db: &PgDb, id: &str) -> Result<()> {
 
 /// Owners of open reservations (other than `me`) that are gone: whose heartbeat is stale
 /// by the database's clock, or who have no row at all, and whose liveness lock no session
-/// holds. `_now` (this host's clock) is not used.
+/// holds. `_now` (this host's clock) is not used. A beat counts as no older than the
+/// server's start: a restart ends every lock session and no host could beat while the
+/// server was down, so for `STALE_AFTER` after it nobody is taken for gone — every live
+/// host has beaten (and taken its lock again) by then.
 pub async fn dead_owners(db: &PgDb, me: &Me, _now: DateTime<Utc>) -> Result<Vec<String>> {
     Ok(sqlx::query_scalar(concat!(
         "WITH held AS (", held_keys!("$3"), ")
          SELECT DISTINCT r.owner FROM reservations r LEFT JOIN processes p ON p.id = r.owner
-         WHERE r.owner <> $1 AND (p.id IS NULL OR p.seen_at < clock_timestamp() - make_interval(secs => $2))
+         WHERE r.owner <> $1 AND (p.id IS NULL OR GREATEST(p.seen_at, pg_postmaster_start_time()) < clock_timestamp() - make_interval(secs => $2))
          AND ", key_of!("r.owner"), "::oid NOT IN (SELECT objid FROM held)"
     ))
     .bind(&me.id)
@@ -130,14 +133,15 @@ pub async fn dead_owners(db: &PgDb, me: &Me, _now: DateTime<Utc>) -> Result<Vec<
     .await?)
 }
 
-/// Removes process rows that are gone (stale heartbeat by the database's clock, liveness
-/// lock not held) and that hold no reservation any more.
+/// Removes process rows that are gone (stale heartbeat by the database's clock, counted
+/// from the server's start at the earliest as in `dead_owners`; liveness lock not held)
+/// and that hold no reservation any more.
 pub async fn prune(db: &PgDb, _me: &Me, _now: DateTime<Utc>) -> Result<()> {
     sqlx::query(concat!(
         "WITH held AS (",
         held_keys!("$2"),
         ")
-         DELETE FROM processes WHERE seen_at < clock_timestamp() - make_interval(secs => $1)
+         DELETE FROM processes WHERE GREATEST(seen_at, pg_postmaster_start_time()) < clock_timestamp() - make_interval(secs => $1)
          AND NOT EXISTS (SELECT 1 FROM reservations r WHERE r.owner = processes.id)
          AND ",
         key_of!("processes.id"),
