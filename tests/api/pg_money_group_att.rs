@@ -19,12 +19,12 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
-use sluice::clock::{Clock, SystemClock};
+use sluice::clock::{Clock, ManualClock, SystemClock};
 use sluice::quota::period::Reset;
 use sluice::store::ledger::{Level, Owner, Refusal, Settled};
 
 use crate::money_model::seed;
-use crate::pg_money::{Outcome, Store};
+use crate::pg_money::{at, Outcome, Store};
 use crate::pg_round_trips::Link;
 
 /// Tokens: 0, 1 on user 0; 2, 3 on user 1 (3 is revoked); all in one team.
@@ -41,6 +41,11 @@ struct Case {
     stale_period: bool,
     /// (token, amount, the owner's reset rule for the token is stale)
     jobs: Vec<(usize, i64, bool)>,
+    /// Each job's clock on either side of the month's end (per job: `late`), so one batch
+    /// holds jobs of both periods; refusals are then not checked (a rollover in the batch
+    /// raises a level's remaining).
+    boundary: bool,
+    late: Vec<bool>,
     /// Per job: settle at this per mille of the reservation, and maybe twice / a release.
     settles: Vec<(i64, u8)>,
 }
@@ -66,14 +71,27 @@ fn case() -> impl Strategy<Value = Case> {
         any::<bool>(),
         proptest::collection::vec((0usize..TOKENS, amount(), prop::bool::weighted(0.1)), 2..40),
         proptest::collection::vec((0i64..1_500, 0u8..4), 40),
+        prop::bool::weighted(0.3),
+        proptest::collection::vec(any::<bool>(), 40),
     )
         .prop_map(
-            |(token_limits, user_limits, team_limit, stale_period, jobs, settles)| Case {
+            |(
                 token_limits,
                 user_limits,
                 team_limit,
                 stale_period,
                 jobs,
+                settles,
+                boundary,
+                late,
+            )| Case {
+                token_limits,
+                user_limits,
+                team_limit,
+                stale_period,
+                jobs,
+                boundary,
+                late,
                 settles,
             },
         )
@@ -114,6 +132,10 @@ struct Env {
 }
 
 static NEXT: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(1);
+
+/// Round trips and jobs of the reservation batches (how grouped they ran).
+static TRIPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static JOBS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 const AT: &str = "2026-12-01T00:00:00.000Z";
 
@@ -220,14 +242,25 @@ async fn run_case(env: &Env, c: Case) -> Result<(), TestCaseError> {
         .iter()
         .enumerate()
         .map(|(n, &(k, amount, stale))| {
-            let (store, clock) = (env.store.clone(), clock.clone());
+            let store = env.store.clone();
+            let clock: Arc<dyn Clock> = match (c.boundary, c.late[n % c.late.len()]) {
+                (false, _) => clock.clone(),
+                (true, false) => Arc::new(ManualClock::new(at("2026-12-31T23:59:59.500Z"))),
+                (true, true) => Arc::new(ManualClock::new(at("2027-01-01T00:00:00.500Z"))),
+            };
             let o = owner(&tokens, &users, team, k, stale);
             let id = format!("g-{}-{n}", tokens[0]);
             Box::pin(async move { store.reserve(&o, &id, amount, "p", clock).await.unwrap() })
                 as BoxFuture<'static, Outcome>
         })
         .collect();
+    let trips = env.link.round_trips();
     let outcomes = one_batch(&env.link, store, jobs).await;
+    TRIPS.fetch_add(
+        env.link.round_trips() - trips,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    JOBS.fetch_add(c.jobs.len() as u64, std::sync::atomic::Ordering::Relaxed);
 
     // No level overdrawn, the ledger agrees.
     let v = store.violations().await;
@@ -261,6 +294,9 @@ async fn run_case(env: &Env, c: Case) -> Result<(), TestCaseError> {
                     k != REVOKED,
                     "job {n}: a revoked token refused for {level:?}"
                 );
+                if c.boundary {
+                    continue;
+                }
                 let (table, id) = match level {
                     Level::Token => ("tokens", tokens[k]),
                     Level::User => ("users", users[k / 2]),
@@ -349,7 +385,14 @@ async fn run_case(env: &Env, c: Case) -> Result<(), TestCaseError> {
     let v = store.violations().await;
     prop_assert!(v.is_empty(), "violations after the settlements: {v:?}");
     prop_assert_eq!(
-        int(store, "SELECT COUNT(*) FROM reservations").await,
+        int(
+            store,
+            &format!(
+                "SELECT COUNT(*) FROM reservations WHERE token_id IN ({}, {}, {}, {})",
+                tokens[0], tokens[1], tokens[2], tokens[3]
+            )
+        )
+        .await,
         Some(0)
     );
     Ok(())
@@ -382,6 +425,11 @@ fn grouped_reservations_never_overdraw_and_every_refusal_is_justified() {
     let mut runner =
         TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed));
     let result = runner.run(&case(), |c| env.rt.block_on(run_case(&env, c)));
+    println!(
+        "reservation batches: {} jobs in {} round trips",
+        JOBS.load(std::sync::atomic::Ordering::Relaxed),
+        TRIPS.load(std::sync::atomic::Ordering::Relaxed)
+    );
     if let Err(e) = result {
         panic!(
             "grouped money path broken — replay with SLUICE_PG_GROUP_SEED={}\n{e}",
@@ -405,6 +453,8 @@ async fn reservations_of_callers_gone_mid_queue_are_not_kept_even_beside_their_r
         team_limit: Some(1_000_000),
         stale_period: false,
         jobs: vec![],
+        boundary: false,
+        late: vec![],
         settles: vec![],
     };
     let (tokens, users, team) = world(&store, &c).await;
@@ -500,6 +550,106 @@ async fn reservations_of_callers_gone_mid_queue_are_not_kept_even_beside_their_r
     for id in &open {
         store
             .settle(id, 1_000, clock.clone())
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    store.assert_settled().await;
+}
+
+/// One request larger than its team has left (a client asking for a huge `max_tokens`: it
+/// is refused anyway) must not make the rest of its batch run step by step: the grouped
+/// statement's running sum counted the refused job's amount, so every later job of that
+/// team (and user, and token) "might fit" and was left to `reserve_tx` — a round trip or
+/// more per job, the ungrouped cost the grouping exists to remove, for every caller that
+/// shares a batch with one oversized request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_oversized_request_does_not_ungroup_the_rest_of_its_batch() {
+    let link = Link::start(&crate::pg_server::database()).await;
+    let store = Arc::new(Store::open_pg(link.url.clone()).await);
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let c = Case {
+        token_limits: [None; TOKENS],
+        user_limits: [None; 2],
+        team_limit: Some(1_000_000),
+        stale_period: false,
+        jobs: vec![],
+        boundary: false,
+        late: vec![],
+        settles: vec![],
+    };
+    let (tokens, users, team) = world(&store, &c).await;
+    for k in 0..TOKENS - 1 {
+        let o = owner(&tokens, &users, team, k, false);
+        let id = format!("warm-{k}");
+        store
+            .reserve(&o, &id, 0, "p", clock.clone())
+            .await
+            .unwrap()
+            .unwrap();
+        store.settle(&id, 0, clock.clone()).await.unwrap();
+    }
+    let spawn = |id: String, k: usize, amount: i64| {
+        let (store, clock) = (store.clone(), clock.clone());
+        let o = owner(&tokens, &users, team, k, false);
+        tokio::spawn(async move { store.reserve(&o, &id, amount, "p", clock).await.unwrap() })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let wait = |what: &str| {
+        assert!(std::time::Instant::now() < deadline, "timed out: {what}");
+    };
+    let (before, trips) = (store.writer.stats(), link.round_trips());
+    link.hold(true);
+    // A first batch alone, held; then the oversized job first in the next batch, and 40
+    // ordinary ones behind it.
+    let first = spawn("first".into(), 0, 1_000);
+    while store.writer.stats().jobs == before.jobs {
+        wait("the first batch");
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    let huge = spawn("huge".into(), 1, 2_000_000);
+    while store.writer.queued() < 1 {
+        wait("the oversized job queued");
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    let small: Vec<_> = (0..40)
+        .map(|i| spawn(format!("small-{i}"), i % 3, 1_000))
+        .collect();
+    while store.writer.queued() < 41 {
+        wait("the ordinary jobs queued");
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    link.hold(false);
+    assert!(first.await.unwrap().is_ok());
+    let refused = huge.await.unwrap();
+    assert!(
+        matches!(refused, Err(Refusal::Insufficient(Level::Team, _))),
+        "{refused:?}"
+    );
+    for s in small {
+        assert!(s.await.unwrap().is_ok());
+    }
+    let after = store.writer.stats();
+    let round_trips = link.round_trips() - trips;
+    assert_eq!(
+        (after.batches - before.batches, after.jobs - before.jobs),
+        (2, 42)
+    );
+    // BEGIN, the locks, the grouped settlements, the grouped reservations, COMMIT.
+    assert!(
+        round_trips <= 2 * 5,
+        "42 reservations in 2 batches took {round_trips} round trips (at most 10 expected)"
+    );
+    assert_eq!(
+        store.level("teams", team).await,
+        (1_000_000, 1_000_000 - 41 * 1_000, 41 * 1_000)
+    );
+    for id in ["first".to_string()]
+        .into_iter()
+        .chain((0..40).map(|i| format!("small-{i}")))
+    {
+        store
+            .settle(&id, 1_000, clock.clone())
             .await
             .unwrap()
             .unwrap();
