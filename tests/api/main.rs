@@ -43,6 +43,7 @@ mod pg_migrate_attadmin;
 mod pg_migrate_old;
 mod pg_money;
 mod pg_money_bench;
+mod pg_money_group_att;
 mod pg_money_model;
 mod pg_money_pg;
 mod pg_nul_names;

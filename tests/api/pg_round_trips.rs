@@ -130,7 +130,7 @@ impl Link {
         self.round_trips.load(Ordering::SeqCst)
     }
 
-    fn hold(&self, held: bool) {
+    pub fn hold(&self, held: bool) {
         self.gate.send_replace(!held);
     }
 }
