@@ -2,7 +2,7 @@
 
 use sluice::store::Db;
 
-use crate::pg_admin::sluice;
+use crate::pg_admin::{migrate_to_fresh_pg, pg_connect, sluice, spawn_migrate_store};
 use crate::pg_server;
 
 /// An older install could keep a team named `acme` + NUL (SQLite keeps the NUL; admin
@@ -26,21 +26,13 @@ async fn a_nul_mapped_onto_an_existing_name_refuses_naming_the_table_and_the_map
     .await
     .unwrap();
     db.close().await;
-    let from = format!("sqlite://{}", path.display());
-    let to = pg_server::database();
-    let (ok, out, err) = sluice(
-        &dir.path().join("none.toml"),
-        &["migrate-store", "--from", &from, "--to", &to],
-        &[],
-    );
+    let (ok, out, err, to) = migrate_to_fresh_pg(dir.path(), &path);
     assert!(!ok, "two teams of one name were copied: {out}");
     assert!(
         err.contains("teams") && err.contains("U+FFFD"),
         "the refusal names neither the table nor the NUL mapping: {err}"
     );
-    let mut pg = <sqlx::PgConnection as sqlx::Connection>::connect(&to)
-        .await
-        .unwrap();
+    let mut pg = pg_connect(&to).await;
     let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM teams")
         .fetch_one(&mut pg)
         .await
@@ -89,19 +81,9 @@ async fn a_copy_killed_midway_keeps_nothing_and_a_second_run_copies_every_row_on
     db.close().await;
     let from = format!("sqlite://{}", path.display());
     let to = pg_server::database();
-    let mut watch = <sqlx::PgConnection as sqlx::Connection>::connect(&to)
-        .await
-        .unwrap();
+    let mut watch = pg_connect(&to).await;
 
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("--config")
-        .arg(dir.path().join("none.toml"))
-        .args(["migrate-store", "--from", &from, "--to", &to])
-        .env_remove("SLUICE_SECRET_KEY")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_migrate_store(&dir.path().join("none.toml"), &from, &to, false);
     let deadline = Instant::now() + Duration::from_secs(240);
     loop {
         let inserting: i64 = sqlx::query_scalar(
@@ -127,7 +109,7 @@ async fn a_copy_killed_midway_keeps_nothing_and_a_second_run_copies_every_row_on
     child.kill().unwrap();
     child.wait().unwrap();
 
-    let (ok, out, err) = crate::pg_admin::sluice(
+    let (ok, out, err) = sluice(
         &dir.path().join("none.toml"),
         &["migrate-store", "--from", &from, "--to", &to],
         &[],
@@ -182,9 +164,7 @@ async fn a_write_to_the_source_during_the_comparison_is_not_lost_silently() {
     db.close().await;
     let from = format!("sqlite://{}", path.display());
     let to = pg_server::database();
-    let mut watch = <sqlx::PgConnection as sqlx::Connection>::connect(&to)
-        .await
-        .unwrap();
+    let mut watch = pg_connect(&to).await;
     let config = dir.path().join("sluice.toml");
     std::fs::write(
         &config,
@@ -196,15 +176,7 @@ async fn a_write_to_the_source_during_the_comparison_is_not_lost_silently() {
     .unwrap();
     let env = [];
 
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("--config")
-        .arg(&config)
-        .args(["migrate-store", "--from", &from, "--to", &to])
-        .env_remove("SLUICE_SECRET_KEY")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_migrate_store(&config, &from, &to, true);
     let deadline = Instant::now() + Duration::from_secs(240);
     loop {
         let comparing: i64 = sqlx::query_scalar(
@@ -230,7 +202,7 @@ async fn a_write_to_the_source_during_the_comparison_is_not_lost_silently() {
     }
     unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) };
     let (cli_ok, cli_out, cli_err) =
-        crate::pg_admin::sluice(&config, &["team", "create", "--name", "lost-team"], &env);
+        sluice(&config, &["team", "create", "--name", "lost-team"], &env);
     unsafe { libc::kill(child.id() as i32, libc::SIGCONT) };
     let out = child.wait_with_output().unwrap();
     let (stdout, stderr) = (
