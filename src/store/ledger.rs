@@ -169,6 +169,39 @@ pub struct ReserveRequest<'a> {
     pub lease: chrono::Duration,
 }
 
+/// A `ReserveRequest` that owns its parts, for a job that runs (maybe more than once)
+/// after its caller's borrow has ended; cheap to clone.
+#[derive(Clone)]
+pub(crate) struct OwnedReserve {
+    pub request_id: Arc<str>,
+    pub owner: Arc<Owner>,
+    pub amount: i64,
+    pub process: Arc<str>,
+    pub lease: chrono::Duration,
+}
+
+impl OwnedReserve {
+    pub(crate) fn new(r: &ReserveRequest<'_>) -> OwnedReserve {
+        OwnedReserve {
+            request_id: r.request_id.into(),
+            owner: Arc::new(r.owner.clone()),
+            amount: r.amount,
+            process: r.process.into(),
+            lease: r.lease,
+        }
+    }
+
+    pub(crate) fn request(&self) -> ReserveRequest<'_> {
+        ReserveRequest {
+            request_id: &self.request_id,
+            owner: &self.owner,
+            amount: self.amount,
+            process: &self.process,
+            lease: self.lease,
+        }
+    }
+}
+
 fn tighter(a: Option<i64>, b: Option<i64>) -> Option<i64> {
     match (a, b) {
         (Some(x), Some(y)) => Some(x.min(y)),

@@ -228,43 +228,32 @@ pub(crate) trait Tamper {
     }
 }
 
-impl Tamper for SqliteConnection {
-    fn on_postgres(&self) -> bool {
-        false
-    }
+/// `Tamper` on each engine's own connection: the same statements, run by its driver.
+macro_rules! tamper_on {
+    ($conn:ty, $on_postgres:expr) => {
+        impl Tamper for $conn {
+            fn on_postgres(&self) -> bool {
+                $on_postgres
+            }
 
-    async fn try_exec(&mut self, sql: &str) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql(sql).execute(self).await.map(drop)
-    }
+            async fn try_exec(&mut self, sql: &str) -> Result<(), sqlx::Error> {
+                sqlx::raw_sql(sql).execute(self).await.map(drop)
+            }
 
-    async fn fetch<T>(&mut self, sql: &str) -> Vec<T>
-    where
-        T: Send + Unpin,
-        T: for<'r> FromRow<'r, SqliteRow>,
-        T: for<'r> FromRow<'r, PgRow>,
-    {
-        sqlx::query_as(sql).fetch_all(self).await.expect(sql)
-    }
+            async fn fetch<T>(&mut self, sql: &str) -> Vec<T>
+            where
+                T: Send + Unpin,
+                T: for<'r> FromRow<'r, SqliteRow>,
+                T: for<'r> FromRow<'r, PgRow>,
+            {
+                sqlx::query_as(sql).fetch_all(self).await.expect(sql)
+            }
+        }
+    };
 }
 
-impl Tamper for PgConnection {
-    fn on_postgres(&self) -> bool {
-        true
-    }
-
-    async fn try_exec(&mut self, sql: &str) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql(sql).execute(self).await.map(drop)
-    }
-
-    async fn fetch<T>(&mut self, sql: &str) -> Vec<T>
-    where
-        T: Send + Unpin,
-        T: for<'r> FromRow<'r, SqliteRow>,
-        T: for<'r> FromRow<'r, PgRow>,
-    {
-        sqlx::query_as(sql).fetch_all(self).await.expect(sql)
-    }
-}
+tamper_on!(SqliteConnection, false);
+tamper_on!(PgConnection, true);
 
 /// A plain connection to a gateway's database, on its engine.
 pub(crate) enum Attacker {
@@ -1048,13 +1037,8 @@ async fn rearm_with_a_key_that_did_not_sign_the_log_is_refused() {
     assert!(ok(&rig.verify().await));
 }
 
-/// Someone with the backup folder puts a folder where the head's lock file is: from then on
-/// every export fails before it reads anything, the head stays where it was while rows are
-/// added (which that someone may then delete unseen by the gateway), and the gateway only
-/// logged an error — no `audit_head` alert, as a refused head raises. A head that can no
-/// longer be written is raised too.
-#[tokio::test]
-async fn a_head_that_can_no_longer_be_written_raises_an_alert() {
+/// An app whose alerts go to the mock's webhook (generic format), with `root` signed in.
+async fn alerting_app() -> (TestApp, Session) {
     use sluice::config::{Secret, WebhookSettings};
     let app = spawn_app_with(|s, m| {
         s.alerts.webhooks = vec![WebhookSettings {
@@ -1068,15 +1052,12 @@ async fn a_head_that_can_no_longer_be_written_raises_an_alert() {
     .await;
     make_login(&app, "root", "admin", None).await;
     let admin = login(&app, "root").await;
-    let dir = Path::new(&app.settings.backup.dir).to_path_buf();
-    let lock = dir.join("audit.head.lock");
-    assert!(lock.is_file(), "the gateway's first export made its lock");
-    std::fs::remove_file(&lock).unwrap();
-    std::fs::create_dir(&lock).unwrap();
-    let (s, _) = admin
-        .post("/admin/api/v1/teams", &json!({"name": "frozen"}))
-        .await;
-    assert_eq!(s, 201);
+    (app, admin)
+}
+
+/// Waits up to 10 s for an `audit_head` alert at the mock's webhook; fails saying `when`
+/// it was due, with the kinds that came.
+async fn audit_head_alert(app: &TestApp, when: &str) {
     let mut kinds = Vec::new();
     for _ in 0..400 {
         kinds = app
@@ -1092,7 +1073,27 @@ async fn a_head_that_can_no_longer_be_written_raises_an_alert() {
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    panic!("no audit_head alert in 10 s while the head could not be written: {kinds:?}");
+    panic!("no audit_head alert in 10 s {when}: {kinds:?}");
+}
+
+/// Someone with the backup folder puts a folder where the head's lock file is: from then on
+/// every export fails before it reads anything, the head stays where it was while rows are
+/// added (which that someone may then delete unseen by the gateway), and the gateway only
+/// logged an error — no `audit_head` alert, as a refused head raises. A head that can no
+/// longer be written is raised too.
+#[tokio::test]
+async fn a_head_that_can_no_longer_be_written_raises_an_alert() {
+    let (app, admin) = alerting_app().await;
+    let dir = Path::new(&app.settings.backup.dir).to_path_buf();
+    let lock = dir.join("audit.head.lock");
+    assert!(lock.is_file(), "the gateway's first export made its lock");
+    std::fs::remove_file(&lock).unwrap();
+    std::fs::create_dir(&lock).unwrap();
+    let (s, _) = admin
+        .post("/admin/api/v1/teams", &json!({"name": "frozen"}))
+        .await;
+    assert_eq!(s, 201);
+    audit_head_alert(&app, "while the head could not be written").await;
 }
 
 /// Red team: rows rewritten under another key behind a running gateway, then the next
@@ -1102,19 +1103,7 @@ async fn a_head_that_can_no_longer_be_written_raises_an_alert() {
 /// so no alert was raised: the operator saw only 500s. The alert must come on both.
 #[tokio::test]
 async fn a_chain_rewritten_behind_a_running_gateway_raises_the_alert() {
-    use sluice::config::{Secret, WebhookSettings};
-    let app = spawn_app_with(|s, m| {
-        s.alerts.webhooks = vec![WebhookSettings {
-            url: Secret(secrecy::SecretString::from(format!(
-                "{}/_mock/webhook",
-                m.base_url()
-            ))),
-            format: "generic".into(),
-        }];
-    })
-    .await;
-    make_login(&app, "root", "admin", None).await;
-    let admin = login(&app, "root").await;
+    let (app, admin) = alerting_app().await;
     for name in ["red", "blue"] {
         let (s, team) = admin
             .post("/admin/api/v1/teams", &json!({"name": name}))
@@ -1151,26 +1140,10 @@ async fn a_chain_rewritten_behind_a_running_gateway_raises_the_alert() {
             );
         }
     }
-    let mut kinds = Vec::new();
-    for _ in 0..400 {
-        kinds = rig
-            .app
-            .mock
-            .state
-            .stats("webhook")
-            .last_bodies
-            .iter()
-            .filter_map(|b| b["kind"].as_str().map(String::from))
-            .collect();
-        if kinds.iter().any(|k| k == "audit_head") {
-            rig.verify_fails_naming(
-                &format!("broken at row {target}"),
-                "the rewrite passed verification",
-            )
-            .await;
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("no audit_head alert in 10 s after the chain was rewritten: {kinds:?}");
+    audit_head_alert(&rig.app, "after the chain was rewritten").await;
+    rig.verify_fails_naming(
+        &format!("broken at row {target}"),
+        "the rewrite passed verification",
+    )
+    .await;
 }

@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use sluice::mock::{MockConfig, MockServer, Script};
 use sluice::quota::pricing;
 
-use crate::gateway_proc::open_dir_db;
+use crate::gateway_proc::{db_and_token, open_dir_db};
 use crate::helpers::*;
 use crate::processes::{start_gateway_full, Gateway};
 
@@ -50,6 +50,53 @@ async fn post(http: &reqwest::Client, url: &str, token: &str) -> u16 {
         .await
         .map(|r| r.status().as_u16())
         .unwrap_or(0)
+}
+
+/// Two gateways on one folder, the second's clock `ahead_s` seconds ahead; a token `name`
+/// with a $10 budget; the upstream holding every request `delay_ms`.
+struct Skewed {
+    _dir: tempfile::TempDir,
+    _mock: MockServer,
+    right: Gateway,
+    ahead: Gateway,
+    db: sluice::store::Db,
+    token: String,
+}
+
+impl Skewed {
+    async fn start(ahead_s: i64, name: &str, delay_ms: u64) -> Skewed {
+        let dir = tempfile::tempdir().unwrap();
+        let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+        let right = start(dir.path(), &mock, chrono::Duration::zero(), "").await;
+        let ahead = start(dir.path(), &mock, chrono::Duration::seconds(ahead_s), "").await;
+        let (db, token) = db_and_token(dir.path(), name).await;
+        mock.state.sticky(
+            KEY_A,
+            Some(Script {
+                delay_ms,
+                ..Default::default()
+            }),
+        );
+        Skewed {
+            _dir: dir,
+            _mock: mock,
+            right,
+            ahead,
+            db,
+            token,
+        }
+    }
+}
+
+/// Three requests with `token` to `gw`, in flight together: each one's status.
+fn three_requests(gw: &Gateway, token: &str) -> Vec<tokio::task::JoinHandle<u16>> {
+    let http = reqwest::Client::new();
+    (0..3)
+        .map(|_| {
+            let (http, url, token) = (http.clone(), gw.url.clone(), token.to_string());
+            tokio::spawn(async move { post(&http, &url, &token).await })
+        })
+        .collect()
 }
 
 /// Q12: two gateways on one database whose clocks are a second apart, traffic straddling a
@@ -208,47 +255,23 @@ async fn two_gateways_with_skewed_clocks_share_one_limit() {
 /// another's — and every request is charged once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_whose_clock_runs_ahead_orphans_nothing_of_a_live_one() {
-    let dir = tempfile::tempdir().unwrap();
-    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
-    let right = start(dir.path(), &mock, chrono::Duration::zero(), "").await;
-    let _ahead = start(dir.path(), &mock, chrono::Duration::seconds(45), "").await;
-    let db = open_dir_db(dir.path()).await;
-    let args = sluice::cli::IssueArgs {
-        budget_usd: Some("10"),
-        ..issue_args("olga")
-    };
-    let token = sluice::cli::token_issue(&db, &args, Utc::now())
-        .await
-        .unwrap()
-        .text;
-    mock.state.sticky(
-        KEY_A,
-        Some(Script {
-            delay_ms: 7_000,
-            ..Default::default()
-        }),
-    );
-    let http = reqwest::Client::new();
-    let tasks: Vec<_> = (0..3)
-        .map(|_| {
-            let (http, url, token) = (http.clone(), right.url.clone(), token.clone());
-            tokio::spawn(async move { post(&http, &url, &token).await })
-        })
-        .collect();
+    let skew = Skewed::start(45, "olga", 7_000).await;
+    let db = &skew.db;
+    let tasks = three_requests(&skew.right, &skew.token);
     for t in tasks {
         assert_eq!(t.await.unwrap(), 200);
     }
     let bound = std::time::Instant::now() + Duration::from_secs(30);
-    while sql_int(&db, "SELECT COUNT(*) FROM requests").await < 3 {
+    while sql_int(db, "SELECT COUNT(*) FROM requests").await < 3 {
         assert!(std::time::Instant::now() < bound, "the log rows never came");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(
-        sql_int(&db, "SELECT COUNT(*) FROM ledger WHERE kind = 'orphan'").await,
+        sql_int(db, "SELECT COUNT(*) FROM ledger WHERE kind = 'orphan'").await,
         0,
         "live requests were settled as orphans by the gateway whose clock runs ahead"
     );
-    assert_invariant_on(&db).await;
+    assert_invariant_on(db).await;
 }
 
 /// The other side of the same rule: a gateway whose clock runs a minute ahead is killed
@@ -257,34 +280,10 @@ async fn a_gateway_whose_clock_runs_ahead_orphans_nothing_of_a_live_one() {
 /// moved for 15 s, not once the real time has caught up with a stamp a minute in the future.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_gateway_whose_clock_ran_ahead_is_recovered_in_time() {
-    let dir = tempfile::tempdir().unwrap();
-    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
-    let _right = start(dir.path(), &mock, chrono::Duration::zero(), "").await;
-    let mut ahead = start(dir.path(), &mock, chrono::Duration::seconds(60), "").await;
-    let db = open_dir_db(dir.path()).await;
-    let args = sluice::cli::IssueArgs {
-        budget_usd: Some("10"),
-        ..issue_args("pia")
-    };
-    let token = sluice::cli::token_issue(&db, &args, Utc::now())
-        .await
-        .unwrap()
-        .text;
-    mock.state.sticky(
-        KEY_A,
-        Some(Script {
-            delay_ms: 60_000,
-            ..Default::default()
-        }),
-    );
-    let http = reqwest::Client::new();
-    let tasks: Vec<_> = (0..3)
-        .map(|_| {
-            let (http, url, token) = (http.clone(), ahead.url.clone(), token.clone());
-            tokio::spawn(async move { post(&http, &url, &token).await })
-        })
-        .collect();
-    let open = || sql_int(&db, "SELECT COUNT(*) FROM reservations");
+    let mut skew = Skewed::start(60, "pia", 60_000).await;
+    let db = &skew.db;
+    let tasks = three_requests(&skew.ahead, &skew.token);
+    let open = || sql_int(db, "SELECT COUNT(*) FROM reservations");
     let bound = std::time::Instant::now() + Duration::from_secs(20);
     while open().await < 3 {
         assert!(
@@ -293,8 +292,8 @@ async fn a_crashed_gateway_whose_clock_ran_ahead_is_recovered_in_time() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    ahead.child.kill().unwrap();
-    let _ = ahead.child.wait();
+    skew.ahead.child.kill().unwrap();
+    let _ = skew.ahead.child.wait();
     for t in tasks {
         assert_eq!(t.await.unwrap(), 0, "cut by the kill");
     }
@@ -309,8 +308,8 @@ async fn a_crashed_gateway_whose_clock_ran_ahead_is_recovered_in_time() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(
-        sql_int(&db, "SELECT COUNT(*) FROM ledger WHERE kind = 'orphan'").await,
+        sql_int(db, "SELECT COUNT(*) FROM ledger WHERE kind = 'orphan'").await,
         3
     );
-    assert_invariant_on(&db).await;
+    assert_invariant_on(db).await;
 }

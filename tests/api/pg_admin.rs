@@ -99,6 +99,60 @@ pub fn sluice(
     )
 }
 
+/// `sluice migrate-store` from the SQLite file `path` to a fresh PostgreSQL database, with
+/// no config (`none.toml` in `dir`): (succeeded, stdout, stderr, the database's URL).
+pub fn migrate_to_fresh_pg(
+    dir: &std::path::Path,
+    path: &std::path::Path,
+) -> (bool, String, String, String) {
+    let to = crate::pg_server::database();
+    let (ok, out, err) = sluice(
+        &dir.join("none.toml"),
+        &[
+            "migrate-store",
+            "--from",
+            &format!("sqlite://{}", path.display()),
+            "--to",
+            &to,
+        ],
+        &[],
+    );
+    (ok, out, err, to)
+}
+
+/// `sluice migrate-store --from from --to to` started with `config`; its output piped if
+/// `piped`, else dropped.
+pub fn spawn_migrate_store(
+    config: &std::path::Path,
+    from: &str,
+    to: &str,
+    piped: bool,
+) -> std::process::Child {
+    let stdio = || {
+        if piped {
+            std::process::Stdio::piped()
+        } else {
+            std::process::Stdio::null()
+        }
+    };
+    std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("--config")
+        .arg(config)
+        .args(["migrate-store", "--from", from, "--to", to])
+        .env_remove("SLUICE_SECRET_KEY")
+        .stdout(stdio())
+        .stderr(stdio())
+        .spawn()
+        .unwrap()
+}
+
+/// One connection to the PostgreSQL database at `url`.
+pub async fn pg_connect(url: &str) -> sqlx::PgConnection {
+    <sqlx::PgConnection as sqlx::Connection>::connect(url)
+        .await
+        .unwrap()
+}
+
 /// `GET /v1/models` with `token`: the status (auth only, no money path).
 pub async fn models_status(base: &str, token: &str) -> u16 {
     reqwest::Client::new()

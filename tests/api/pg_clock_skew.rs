@@ -10,7 +10,7 @@ use sluice::clock::{Clock, ManualClock};
 use sluice::store::ledger::{self, Orphans};
 use sluice::store::processes::{self, Me};
 
-use crate::helpers::Budget;
+use crate::pg_liveness::budgets;
 use crate::pg_money::Store;
 
 const R: i64 = 1_000;
@@ -37,22 +37,7 @@ async fn recover(store: &Store, me: &Me, now: chrono::DateTime<Utc>) -> u64 {
 async fn a_host_whose_clock_runs_ahead_does_not_orphan_live_reservations() {
     let a = Store::postgres().await;
     let b = a.another().await;
-    let owner = a
-        .owner(&[
-            Budget {
-                limit: Some(10 * R),
-                reset: "never",
-            },
-            Budget {
-                limit: None,
-                reset: "never",
-            },
-            Budget {
-                limit: None,
-                reset: "never",
-            },
-        ])
-        .await;
+    let owner = a.owner(&budgets()).await;
     let host_a = Me::new("host-a".into(), "a".into());
     let host_b = Me::new("host-b".into(), "b".into());
     let clock_a: Arc<dyn Clock> = Arc::new(ManualClock::new(Utc::now()));

@@ -100,6 +100,22 @@ fn within_a_second(what: &str, (after, call): (Duration, Duration)) {
     );
 }
 
+/// `body` PATCHed to `path` on host A: host B answers `want` for `token` within a second.
+async fn edit_reaches_b(
+    h: &Hosts,
+    admin: &Session,
+    path: &str,
+    body: Value,
+    token: &str,
+    want: (u16, &str),
+    what: &str,
+) {
+    let (s, answer) = admin.patch(path, &body).await;
+    assert_eq!(s, 200, "{answer}");
+    let at = Instant::now();
+    within_a_second(what, until_b(h, token, want, at).await);
+}
+
 /// Host B's LISTEN connection killed (`pg_terminate_backend`): returns how many.
 async fn kill_listeners(h: &Hosts) -> i64 {
     sluice_sql(
@@ -122,104 +138,82 @@ async fn limit_model_and_budget_edits_on_one_host_apply_on_the_other_within_a_se
 
     // Allowed models narrowed on A: B refuses the model.
     let (id, _, text) = served_token(&h, &admin, "models", json!({})).await;
-    let (s, body) = admin
-        .patch(
-            &format!("/admin/api/v1/tokens/{id}"),
-            &json!({"models": ["gpt-4o"]}),
-        )
-        .await;
-    assert_eq!(s, 200, "{body}");
-    let at = Instant::now();
-    within_a_second(
+    edit_reaches_b(
+        &h,
+        &admin,
+        &format!("/admin/api/v1/tokens/{id}"),
+        json!({"models": ["gpt-4o"]}),
+        &text,
+        (403, "model_not_allowed"),
         "a models edit",
-        until_b(&h, &text, (403, "model_not_allowed"), at).await,
-    );
+    )
+    .await;
 
     // An rpm limit set on A: B's window applies it.
     let (id, _, text) = served_token(&h, &admin, "rpm", json!({})).await;
-    let (s, body) = admin
-        .patch(&format!("/admin/api/v1/tokens/{id}"), &json!({"rpm": 1}))
-        .await;
-    assert_eq!(s, 200, "{body}");
-    let at = Instant::now();
-    within_a_second(
+    edit_reaches_b(
+        &h,
+        &admin,
+        &format!("/admin/api/v1/tokens/{id}"),
+        json!({"rpm": 1}),
+        &text,
+        (429, "rate_limit_exceeded"),
         "an rpm edit",
-        until_b(&h, &text, (429, "rate_limit_exceeded"), at).await,
-    );
+    )
+    .await;
 
-    // A budget cut on A: B refuses for lack of budget; raised again: B serves.
+    // A budget cut on A: B refuses for lack of budget; raised again: B serves. The token's
+    // budget, then the user's.
     let (id, user, text) = served_token(&h, &admin, "budget", json!({})).await;
-    let (s, body) = admin
-        .patch(
-            &format!("/admin/api/v1/tokens/{id}"),
-            &json!({"budget_usd": "0.000001"}),
+    for (level, path) in [
+        ("token", format!("/admin/api/v1/tokens/{id}")),
+        ("user", format!("/admin/api/v1/users/{user}")),
+    ] {
+        edit_reaches_b(
+            &h,
+            &admin,
+            &path,
+            json!({"budget_usd": "0.000001"}),
+            &text,
+            (429, "insufficient_quota"),
+            &format!("a {level} budget cut"),
         )
         .await;
-    assert_eq!(s, 200, "{body}");
-    let at = Instant::now();
-    within_a_second(
-        "a token budget cut",
-        until_b(&h, &text, (429, "insufficient_quota"), at).await,
-    );
-    let (s, body) = admin
-        .patch(
-            &format!("/admin/api/v1/tokens/{id}"),
-            &json!({"budget_usd": "5"}),
+        edit_reaches_b(
+            &h,
+            &admin,
+            &path,
+            json!({"budget_usd": "5"}),
+            &text,
+            (200, ""),
+            &format!("a {level} budget raise"),
         )
         .await;
-    assert_eq!(s, 200, "{body}");
-    let at = Instant::now();
-    within_a_second(
-        "a token budget raise",
-        until_b(&h, &text, (200, ""), at).await,
-    );
-    // The user's budget, cut and raised.
-    let (s, body) = admin
-        .patch(
-            &format!("/admin/api/v1/users/{user}"),
-            &json!({"budget_usd": "0.000001"}),
-        )
-        .await;
-    assert_eq!(s, 200, "{body}");
-    let at = Instant::now();
-    within_a_second(
-        "a user budget cut",
-        until_b(&h, &text, (429, "insufficient_quota"), at).await,
-    );
-    let (s, body) = admin
-        .patch(
-            &format!("/admin/api/v1/users/{user}"),
-            &json!({"budget_usd": "5"}),
-        )
-        .await;
-    assert_eq!(s, 200, "{body}");
-    let at = Instant::now();
-    within_a_second(
-        "a user budget raise",
-        until_b(&h, &text, (200, ""), at).await,
-    );
+    }
 
     // The user's rpm and the token's tpm, set on A: B's windows apply them.
     let (_, user, text) = served_token(&h, &admin, "user-rpm", json!({})).await;
-    let (s, body) = admin
-        .patch(&format!("/admin/api/v1/users/{user}"), &json!({"rpm": 1}))
-        .await;
-    assert_eq!(s, 200, "{body}");
-    let at = Instant::now();
-    within_a_second(
+    edit_reaches_b(
+        &h,
+        &admin,
+        &format!("/admin/api/v1/users/{user}"),
+        json!({"rpm": 1}),
+        &text,
+        (429, "rate_limit_exceeded"),
         "a user rpm edit",
-        until_b(&h, &text, (429, "rate_limit_exceeded"), at).await,
-    );
+    )
+    .await;
     let (id, _, text) = served_token(&h, &admin, "tpm", json!({})).await;
-    let (s, body) = admin
-        .patch(&format!("/admin/api/v1/tokens/{id}"), &json!({"tpm": 1}))
-        .await;
-    assert_eq!(s, 200, "{body}");
-    let at = Instant::now();
-    within_a_second(
+    edit_reaches_b(
+        &h,
+        &admin,
+        &format!("/admin/api/v1/tokens/{id}"),
+        json!({"tpm": 1}),
+        &text,
+        (429, "rate_limit_exceeded"),
         "a tpm edit",
-        until_b(&h, &text, (429, "rate_limit_exceeded"), at).await,
-    );
+    )
+    .await;
 }
 
 /// The notification lost: B's listener connection killed just before the edit (it
@@ -234,18 +228,16 @@ async fn with_the_notification_lost_the_epoch_poll_applies_an_edit_within_a_seco
 
     let (id, _, text) = served_token(&h, &admin, "killed", json!({})).await;
     assert!(kill_listeners(&h).await >= 1, "no LISTEN connection found");
-    let (s, body) = admin
-        .patch(
-            &format!("/admin/api/v1/tokens/{id}"),
-            &json!({"models": ["gpt-4o"]}),
-        )
-        .await;
-    assert_eq!(s, 200, "{body}");
-    let at = Instant::now();
-    within_a_second(
+    edit_reaches_b(
+        &h,
+        &admin,
+        &format!("/admin/api/v1/tokens/{id}"),
+        json!({"models": ["gpt-4o"]}),
+        &text,
+        (403, "model_not_allowed"),
         "an edit with the listeners killed",
-        until_b(&h, &text, (403, "model_not_allowed"), at).await,
-    );
+    )
+    .await;
 
     // No notification at all: the token row and the epoch changed in one transaction,
     // without pg_notify.

@@ -17,7 +17,8 @@ use crate::pg_money::Store;
 
 const R: i64 = 1_000;
 
-fn budgets() -> [Budget; 3] {
+/// A $10 token budget, the user's and the team's unlimited.
+pub(crate) fn budgets() -> [Budget; 3] {
     [
         Budget {
             limit: Some(10 * R),

@@ -14,8 +14,7 @@ use sluice::mock::{MockConfig, MockServer};
 
 use crate::admin_helpers::{client, login_form_at, post_login_at};
 use crate::gateway_proc::start_gateway_full;
-use crate::pg_admin::sluice;
-use crate::pg_server;
+use crate::pg_admin::{migrate_to_fresh_pg, pg_connect};
 
 #[tokio::test]
 async fn a_failed_sign_in_with_a_nul_in_the_username_does_not_block_migrate_store() {
@@ -69,21 +68,13 @@ async fn a_failed_sign_in_with_a_nul_in_the_username_does_not_block_migrate_stor
         "the anonymous username is recorded without its NUL"
     );
 
-    let from = format!("sqlite://{}", path.display());
-    let to = pg_server::database();
-    let (ok, out, err) = sluice(
-        &dir.path().join("none.toml"),
-        &["migrate-store", "--from", &from, "--to", &to],
-        &[],
-    );
+    let (ok, out, err, to) = migrate_to_fresh_pg(dir.path(), &path);
     assert!(
         ok,
         "migrate-store failed on one sign-in throttle row: {out}\n{err}"
     );
 
-    let mut pg = <sqlx::PgConnection as sqlx::Connection>::connect(&to)
-        .await
-        .unwrap();
+    let mut pg = pg_connect(&to).await;
     let keys: Vec<String> =
         sqlx::query_scalar("SELECT key FROM login_failures WHERE key LIKE 'user:%'")
             .fetch_all(&mut pg)

@@ -1,9 +1,39 @@
 //! Attacks on `sluice migrate-store`'s NUL → U+FFFD mapping (s6-attadmin).
 
+use std::time::{Duration, Instant};
+
 use sluice::store::Db;
 
-use crate::pg_admin::sluice;
+use crate::pg_admin::{migrate_to_fresh_pg, pg_connect, sluice, spawn_migrate_store};
 use crate::pg_server;
+
+/// Polls PostgreSQL every `every` until `sql` counts a session, while `child` (a
+/// `migrate-store`) runs: fails if it ends first, or after 240 s, saying what it was to be
+/// seen `doing`.
+async fn until_seen(
+    watch: &mut sqlx::PgConnection,
+    child: &mut std::process::Child,
+    sql: &str,
+    doing: &str,
+    every: Duration,
+) {
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        let seen: i64 = sqlx::query_scalar(sql)
+            .fetch_one(&mut *watch)
+            .await
+            .unwrap();
+        if seen > 0 {
+            return;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "migrate-store ended before it was seen {doing}"
+        );
+        assert!(Instant::now() < deadline, "never saw migrate-store {doing}");
+        tokio::time::sleep(every).await;
+    }
+}
 
 /// An older install could keep a team named `acme` + NUL (SQLite keeps the NUL; admin
 /// bodies refuse it only since this version), and a team named `acme` + U+FFFD is a name
@@ -26,21 +56,13 @@ async fn a_nul_mapped_onto_an_existing_name_refuses_naming_the_table_and_the_map
     .await
     .unwrap();
     db.close().await;
-    let from = format!("sqlite://{}", path.display());
-    let to = pg_server::database();
-    let (ok, out, err) = sluice(
-        &dir.path().join("none.toml"),
-        &["migrate-store", "--from", &from, "--to", &to],
-        &[],
-    );
+    let (ok, out, err, to) = migrate_to_fresh_pg(dir.path(), &path);
     assert!(!ok, "two teams of one name were copied: {out}");
     assert!(
         err.contains("teams") && err.contains("U+FFFD"),
         "the refusal names neither the table nor the NUL mapping: {err}"
     );
-    let mut pg = <sqlx::PgConnection as sqlx::Connection>::connect(&to)
-        .await
-        .unwrap();
+    let mut pg = pg_connect(&to).await;
     let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM teams")
         .fetch_one(&mut pg)
         .await
@@ -53,7 +75,6 @@ async fn a_nul_mapped_onto_an_existing_name_refuses_naming_the_table_and_the_map
 /// row once, the ledger and audit chain verified on PostgreSQL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_killed_midway_keeps_nothing_and_a_second_run_copies_every_row_once() {
-    use std::time::{Duration, Instant};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("sluice.db");
     let db = Db::open(&path, false).await.unwrap();
@@ -89,45 +110,22 @@ async fn a_copy_killed_midway_keeps_nothing_and_a_second_run_copies_every_row_on
     db.close().await;
     let from = format!("sqlite://{}", path.display());
     let to = pg_server::database();
-    let mut watch = <sqlx::PgConnection as sqlx::Connection>::connect(&to)
-        .await
-        .unwrap();
+    let mut watch = pg_connect(&to).await;
 
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("--config")
-        .arg(dir.path().join("none.toml"))
-        .args(["migrate-store", "--from", &from, "--to", &to])
-        .env_remove("SLUICE_SECRET_KEY")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(240);
-    loop {
-        let inserting: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND query LIKE 'INSERT INTO requests%'",
-        )
-        .fetch_one(&mut watch)
-        .await
-        .unwrap();
-        if inserting > 0 {
-            break;
-        }
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "migrate-store ended before it was seen copying the request log"
-        );
-        assert!(
-            Instant::now() < deadline,
-            "never saw the request log copied"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let mut child = spawn_migrate_store(&dir.path().join("none.toml"), &from, &to, false);
+    until_seen(
+        &mut watch,
+        &mut child,
+        "SELECT COUNT(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND query LIKE 'INSERT INTO requests%'",
+        "copying the request log",
+        Duration::from_millis(5),
+    )
+    .await;
     child.kill().unwrap();
     child.wait().unwrap();
 
-    let (ok, out, err) = crate::pg_admin::sluice(
+    let (ok, out, err) = sluice(
         &dir.path().join("none.toml"),
         &["migrate-store", "--from", &from, "--to", &to],
         &[],
@@ -155,7 +153,6 @@ async fn a_copy_killed_midway_keeps_nothing_and_a_second_run_copies_every_row_on
 /// running, the CLI runs, then it is resumed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_to_the_source_during_the_comparison_is_not_lost_silently() {
-    use std::time::{Duration, Instant};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("sluice.db");
     let db = Db::open(&path, false).await.unwrap();
@@ -182,9 +179,7 @@ async fn a_write_to_the_source_during_the_comparison_is_not_lost_silently() {
     db.close().await;
     let from = format!("sqlite://{}", path.display());
     let to = pg_server::database();
-    let mut watch = <sqlx::PgConnection as sqlx::Connection>::connect(&to)
-        .await
-        .unwrap();
+    let mut watch = pg_connect(&to).await;
     let config = dir.path().join("sluice.toml");
     std::fs::write(
         &config,
@@ -196,41 +191,20 @@ async fn a_write_to_the_source_during_the_comparison_is_not_lost_silently() {
     .unwrap();
     let env = [];
 
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("--config")
-        .arg(&config)
-        .args(["migrate-store", "--from", &from, "--to", &to])
-        .env_remove("SLUICE_SECRET_KEY")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(240);
-    loop {
-        let comparing: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND state = 'active'
-               AND query LIKE 'SELECT \"id\"%FROM audit_log ORDER BY 1'",
-        )
-        .fetch_one(&mut watch)
-        .await
-        .unwrap();
-        if comparing > 0 {
-            break;
-        }
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "migrate-store ended before it was seen comparing the audit log"
-        );
-        assert!(
-            Instant::now() < deadline,
-            "never saw the audit log compared"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    let mut child = spawn_migrate_store(&config, &from, &to, true);
+    until_seen(
+        &mut watch,
+        &mut child,
+        "SELECT COUNT(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND state = 'active'
+           AND query LIKE 'SELECT \"id\"%FROM audit_log ORDER BY 1'",
+        "comparing the audit log",
+        Duration::from_millis(2),
+    )
+    .await;
     unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) };
     let (cli_ok, cli_out, cli_err) =
-        crate::pg_admin::sluice(&config, &["team", "create", "--name", "lost-team"], &env);
+        sluice(&config, &["team", "create", "--name", "lost-team"], &env);
     unsafe { libc::kill(child.id() as i32, libc::SIGCONT) };
     let out = child.wait_with_output().unwrap();
     let (stdout, stderr) = (

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use sluice::store::audit::{self, AuditEntry};
 use sluice::store::Db;
 
-use crate::pg_admin::sluice;
+use crate::pg_admin::{migrate_to_fresh_pg, pg_connect, spawn_migrate_store};
 use crate::pg_server;
 
 /// A SQLite install as an older version could leave it: the schema of today, a
@@ -56,13 +56,7 @@ async fn nul_bytes_outside_the_audit_log_are_copied_as_u_fffd_and_said() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("sluice.db");
     old_install(&path, false).await;
-    let from = format!("sqlite://{}", path.display());
-    let to = pg_server::database();
-    let (ok, out, err) = sluice(
-        &dir.path().join("none.toml"),
-        &["migrate-store", "--from", &from, "--to", &to],
-        &[],
-    );
+    let (ok, out, err, to) = migrate_to_fresh_pg(dir.path(), &path);
     assert!(ok, "migrate-store failed: {out}\n{err}");
     for said in [
         "login_failures: 1 text values held a NUL byte",
@@ -74,9 +68,7 @@ async fn nul_bytes_outside_the_audit_log_are_copied_as_u_fffd_and_said() {
         );
     }
     assert!(out.contains("U+FFFD"), "{out}");
-    let mut pg = <sqlx::PgConnection as sqlx::Connection>::connect(&to)
-        .await
-        .unwrap();
+    let mut pg = pg_connect(&to).await;
     let key: String = sqlx::query_scalar("SELECT key FROM login_failures")
         .fetch_one(&mut pg)
         .await
@@ -98,13 +90,7 @@ async fn a_nul_byte_in_an_audit_row_refuses_the_copy_naming_the_row() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("sluice.db");
     old_install(&path, true).await;
-    let from = format!("sqlite://{}", path.display());
-    let to = pg_server::database();
-    let (ok, out, err) = sluice(
-        &dir.path().join("none.toml"),
-        &["migrate-store", "--from", &from, "--to", &to],
-        &[],
-    );
+    let (ok, out, err, to) = migrate_to_fresh_pg(dir.path(), &path);
     assert!(
         !ok,
         "migrate-store copied an audit row it cannot keep: {out}"
@@ -114,9 +100,7 @@ async fn a_nul_byte_in_an_audit_row_refuses_the_copy_naming_the_row() {
         "the refusal does not name the row: {err}"
     );
     assert!(!err.contains("invalid byte sequence"), "{err}");
-    let mut pg = <sqlx::PgConnection as sqlx::Connection>::connect(&to)
-        .await
-        .unwrap();
+    let mut pg = pg_connect(&to).await;
     let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM audit_log")
         .fetch_one(&mut pg)
         .await
@@ -159,15 +143,7 @@ async fn a_large_install_moves_with_bounded_memory() {
     let from = format!("sqlite://{}", path.display());
     let to = pg_server::database();
     let started = Instant::now();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("--config")
-        .arg(dir.path().join("none.toml"))
-        .args(["migrate-store", "--from", &from, "--to", &to])
-        .env_remove("SLUICE_SECRET_KEY")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_migrate_store(&dir.path().join("none.toml"), &from, &to, true);
     let status_file = format!("/proc/{}/status", child.id());
     let mut peak_kb = 0u64;
     let status = loop {
@@ -201,9 +177,7 @@ async fn a_large_install_moves_with_bounded_memory() {
     );
     assert!(status.success(), "migrate-store failed: {stdout}\n{stderr}");
     assert!(stdout.contains("requests        200000 rows"), "{stdout}");
-    let mut pg = <sqlx::PgConnection as sqlx::Connection>::connect(&to)
-        .await
-        .unwrap();
+    let mut pg = pg_connect(&to).await;
     let copied: (i64, i64) =
         sqlx::query_as("SELECT COUNT(*), SUM(cost_micros)::BIGINT FROM requests")
             .fetch_one(&mut pg)

@@ -8,15 +8,41 @@
 
 use serde_json::json;
 
-use crate::admin_helpers::{login, make_login};
-use crate::pg_admin::{spawn_on, ENGINES};
+use crate::admin_helpers::{login, make_login, Session};
+use crate::helpers::TestApp;
+use crate::pg_admin::{spawn_on, Engine, ENGINES};
+
+/// A new app on `engine` with `root` signed in.
+async fn root_on(engine: Engine) -> (TestApp, Session) {
+    let app = spawn_on(engine).await;
+    make_login(&app, "root", "admin", None).await;
+    let admin = login(&app, "root").await;
+    (app, admin)
+}
+
+/// Each of `paths` fetched as JSON by `admin`: never an engine's error (a 5xx, or the 409
+/// of a refused NUL); each path with its status and body.
+async fn json_answers<'p>(
+    engine: Engine,
+    admin: &Session,
+    paths: &[&'p str],
+) -> Vec<(&'p str, u16, serde_json::Value)> {
+    let mut these = Vec::new();
+    for &path in paths {
+        let (status, body) = admin.get_json(path).await;
+        assert!(
+            status < 500 && status != 409,
+            "{engine:?} {path}: {status} {body}"
+        );
+        these.push((path, status, body));
+    }
+    these
+}
 
 #[tokio::test]
 async fn a_nul_in_a_token_or_key_name_is_refused_alike_on_both_engines() {
     for engine in ENGINES {
-        let app = spawn_on(engine).await;
-        make_login(&app, "root", "admin", None).await;
-        let admin = login(&app, "root").await;
+        let (app, admin) = root_on(engine).await;
         let (token_id, _) = app.token("nelly", Some("5")).await;
         let user_id = app
             .scalar(&format!("SELECT user_id FROM tokens WHERE id = {token_id}"))
@@ -76,19 +102,8 @@ async fn a_nul_in_a_search_filter_answers_alike_on_both_engines() {
     ];
     let mut answers = Vec::new();
     for engine in ENGINES {
-        let app = spawn_on(engine).await;
-        make_login(&app, "root", "admin", None).await;
-        let admin = login(&app, "root").await;
-        let mut these = Vec::new();
-        for path in paths {
-            let (status, body) = admin.get_json(path).await;
-            assert!(
-                status < 500 && status != 409,
-                "{engine:?} {path}: {status} {body}"
-            );
-            these.push((status, body));
-        }
-        answers.push(these);
+        let (_app, admin) = root_on(engine).await;
+        answers.push(json_answers(engine, &admin, &paths).await);
     }
     assert_eq!(
         answers[0], answers[1],
@@ -127,18 +142,8 @@ async fn nul_and_invalid_utf8_outside_admin_bodies_answer_alike_on_both_engines(
     ];
     let mut answers = Vec::new();
     for engine in ENGINES {
-        let app = spawn_on(engine).await;
-        make_login(&app, "root", "admin", None).await;
-        let admin = login(&app, "root").await;
-        let mut these = Vec::new();
-        for path in json_paths {
-            let (status, body) = admin.get_json(path).await;
-            assert!(
-                status < 500 && status != 409,
-                "{engine:?} {path}: {status} {body}"
-            );
-            these.push((path, status, body));
-        }
+        let (_app, admin) = root_on(engine).await;
+        let mut these = json_answers(engine, &admin, &json_paths).await;
         for path in page_paths {
             let status = admin.get(path).await.status().as_u16();
             assert!(status < 500 && status != 409, "{engine:?} {path}: {status}");

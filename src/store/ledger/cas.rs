@@ -9,8 +9,8 @@ use std::sync::{Arc, LazyLock};
 use chrono::{DateTime, Utc};
 
 use super::{
-    period_reset_entry, tighter, Level, Owner, Refusal, Reservation, ReserveRequest, Settled,
-    INSERT_LEDGER, LEVELS, SQL,
+    period_reset_entry, tighter, Level, OwnedReserve, Owner, Refusal, Reservation, ReserveRequest,
+    Settled, INSERT_LEDGER, LEVELS, SQL,
 };
 use crate::clock::{db_time, Clock};
 use crate::quota::period::Reset;
@@ -89,21 +89,9 @@ pub async fn reserve_via(
     if let Engine::Postgres(pg, _) = writer.engine() {
         return crate::store::pg::ledger::reserve_via(pg, r, clock).await;
     }
-    let request_id = r.request_id.to_string();
-    let owner = r.owner.clone();
-    let process = r.process.to_string();
-    let (amount, lease) = (r.amount, r.lease);
+    let job = OwnedReserve::new(r);
     writer
-        .run_for_caller(move |tx| {
-            let req = ReserveRequest {
-                request_id: &request_id,
-                owner: &owner,
-                amount,
-                process: &process,
-                lease,
-            };
-            reserve_tx(tx, &req, clock.now())
-        })
+        .run_for_caller(move |tx| reserve_tx(tx, &job.request(), clock.now()))
         .await
 }
 

@@ -13,7 +13,7 @@ use super::{id_of, idx, owner_locks, rollover, tighter};
 use crate::clock::{db_time, Clock};
 use crate::quota::period::Reset;
 use crate::store::audit::AuditKeys;
-use crate::store::ledger::{Refusal, Reservation, ReserveRequest, Settled, LEVELS};
+use crate::store::ledger::{OwnedReserve, Refusal, Reservation, ReserveRequest, Settled, LEVELS};
 use crate::store::pg::writer::{lock_rows, Group, Locks, Writer};
 use crate::store::pg::{transact, Body, PgDb};
 use crate::store::{Result, StoreError};
@@ -258,28 +258,12 @@ pub async fn reserve(
     // The body may run again, and owns what it uses (see `transact`).
     let locks = Arc::new(owner_locks(r.owner));
     let keys = db.audit.clone();
-    let request_id: Arc<str> = r.request_id.into();
-    let owner = Arc::new(r.owner.clone());
-    let process: Arc<str> = r.process.into();
-    let (amount, lease) = (r.amount, r.lease);
+    let job = OwnedReserve::new(r);
     transact(&db.pool, move |conn| {
-        let (locks, keys, request_id, owner, process) = (
-            locks.clone(),
-            keys.clone(),
-            request_id.clone(),
-            owner.clone(),
-            process.clone(),
-        );
+        let (locks, keys, job) = (locks.clone(), keys.clone(), job.clone());
         Box::pin(async move {
             lock_rows(conn, &locks).await?;
-            let req = ReserveRequest {
-                request_id: &request_id,
-                owner: &owner,
-                amount,
-                process: &process,
-                lease,
-            };
-            reserve_tx(conn, &keys, &req, now).await
+            reserve_tx(conn, &keys, &job.request(), now).await
         })
     })
     .await
@@ -293,28 +277,20 @@ pub async fn reserve_via(
     r: &ReserveRequest<'_>,
     clock: Arc<dyn Clock>,
 ) -> Result<std::result::Result<Reservation, Refusal>> {
-    let request_id: Arc<str> = r.request_id.into();
-    let owner = Arc::new(r.owner.clone());
-    let process: Arc<str> = r.process.into();
-    let (amount, lease) = (r.amount, r.lease);
+    let job = OwnedReserve::new(r);
     let keys = writer.audit().clone();
     let group = {
-        let (request_id, owner, process, clock) = (
-            request_id.clone(),
-            owner.clone(),
-            process.clone(),
-            clock.clone(),
-        );
+        let (job, clock) = (job.clone(), clock.clone());
         Group {
             part: Box::new(move || {
                 let now = clock.now();
                 Part::Reserve {
-                    request_id: request_id.clone(),
-                    owner: owner.clone(),
-                    amount,
-                    process: process.clone(),
+                    request_id: job.request_id.clone(),
+                    owner: job.owner.clone(),
+                    amount: job.amount,
+                    process: job.process.clone(),
                     now,
-                    deadline: now + lease,
+                    deadline: now + job.lease,
                 }
             }),
             take: |a| match a {
@@ -328,23 +304,9 @@ pub async fn reserve_via(
             owner_locks(r.owner),
             group,
             move |conn| {
-                let (request_id, owner, process, keys, clock) = (
-                    request_id.clone(),
-                    owner.clone(),
-                    process.clone(),
-                    keys.clone(),
-                    clock.clone(),
-                );
-                Box::pin(async move {
-                    let req = ReserveRequest {
-                        request_id: &request_id,
-                        owner: &owner,
-                        amount,
-                        process: &process,
-                        lease,
-                    };
-                    reserve_tx(conn, &keys, &req, clock.now()).await
-                }) as Body<'_, _>
+                let (job, keys, clock) = (job.clone(), keys.clone(), clock.clone());
+                Box::pin(async move { reserve_tx(conn, &keys, &job.request(), clock.now()).await })
+                    as Body<'_, _>
             },
             true,
         )
