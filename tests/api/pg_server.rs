@@ -278,12 +278,12 @@ impl PgServer {
         std::fs::read_to_string(self.dir.join(format!("log-{}", self.port))).unwrap_or_default()
     }
 
-    /// Waits until this server, started at `started`, has been up longer than the store's
-    /// stale-owner window (`store::processes::STALE_AFTER`).
-    pub fn wait_past_the_stale_window(&self, started: Instant) {
-        let window =
-            sluice::store::processes::STALE_AFTER.to_std().unwrap() + Duration::from_secs(1);
-        std::thread::sleep(window.saturating_sub(started.elapsed()));
+    /// Waits, right after this server started, until it has been up longer than the
+    /// store's stale-owner window (`store::processes::STALE_AFTER`). The whole window: the
+    /// server's own start time is a little before `start` returned, never after.
+    pub fn wait_past_the_stale_window(&self) {
+        let window = sluice::store::processes::STALE_AFTER.to_std().unwrap();
+        std::thread::sleep(window + Duration::from_secs(1));
     }
 
     /// A new, empty database on this server; returns its URL.
@@ -330,9 +330,8 @@ impl Drop for PgServer {
 pub fn shared() -> &'static PgServer {
     static SHARED: OnceLock<PgServer> = OnceLock::new();
     SHARED.get_or_init(|| {
-        let started = Instant::now();
         let server = PgServer::start();
-        server.wait_past_the_stale_window(started);
+        server.wait_past_the_stale_window();
         server
     })
 }
