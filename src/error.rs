@@ -63,11 +63,11 @@ pub enum ApiError {
     /// The upstream refused the request as the client's fault; its own answer is passed on.
     #[error("The upstream rejected the request.")]
     UpstreamClientError,
-    #[error("No upstream can serve this model right now (all routes are cooling down or failing). Try again in {retry_after} seconds.")]
+    #[error("No upstream can serve this model right now (all routes are cooling down or failing). Try again in {}.", seconds(*.retry_after))]
     ServiceDegraded { retry_after: u64 },
     /// The budget ledger's database cannot be reached: nothing was reserved, so nothing is
     /// served (fail closed) and nothing charged.
-    #[error("The budget ledger cannot be reached right now; nothing was charged. Try again in {retry_after} seconds.")]
+    #[error("The budget ledger cannot be reached right now; nothing was charged. Try again in {}.", seconds(*.retry_after))]
     LedgerUnavailable { retry_after: u64 },
     /// The gateway is stopping and ended the request (see `pipeline::drain`).
     #[error("The gateway is shutting down; the request was ended. Retry it.")]
@@ -266,9 +266,28 @@ impl ApiError {
     }
 }
 
+/// `n` seconds in words, for "Try again in …" messages: "1 second", "7 seconds".
+pub fn seconds(n: u64) -> String {
+    if n == 1 {
+        "1 second".to_string()
+    } else {
+        format!("{n} seconds")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wait_of_one_second_is_said_in_the_singular() {
+        let one = ApiError::LedgerUnavailable { retry_after: 1 }.to_string();
+        assert!(one.ends_with("Try again in 1 second."), "{one}");
+        let two = ApiError::ServiceDegraded { retry_after: 2 }.to_string();
+        assert!(two.ends_with("Try again in 2 seconds."), "{two}");
+        let admin = crate::admin::error::AdminError::Throttled { retry_after: 1 }.to_string();
+        assert!(admin.ends_with("Try again in 1 second."), "{admin}");
+    }
 
     #[test]
     fn shapes_follow_the_wire_format() {

@@ -23,10 +23,10 @@ pub enum AdminError {
     Invalid(String),
     #[error("{0}")]
     Conflict(String),
-    #[error("Too many wrong passwords. Try again in {retry_after} seconds.")]
+    #[error("Too many wrong passwords. Try again in {}.", crate::error::seconds(*.retry_after))]
     Throttled { retry_after: u64 },
     /// Every password-hashing permit stayed taken (`auth::password::Passwords`).
-    #[error("Too many passwords are being checked right now. Try again in {retry_after} seconds.")]
+    #[error("Too many passwords are being checked right now. Try again in {}.", crate::error::seconds(*.retry_after))]
     Busy { retry_after: u64 },
     #[error("The request was too large.")]
     TooLarge,
