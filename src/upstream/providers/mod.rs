@@ -3,6 +3,7 @@
 //! of an answer, and the answer in the client's format.
 
 pub mod anthropic;
+pub mod canonical;
 pub mod openai;
 pub mod translate;
 

@@ -1,0 +1,317 @@
+//! The one internal form every wire format is translated through: a request, a whole
+//! answer and a stream event, each as plain data that names no provider. A client format
+//! has an adapter *in* (its request → `Request`) and *out* (`Answer` / `Event` → its
+//! answer and events); an upstream format has the reverse pair (`Request` → its request,
+//! its answer and events → `Answer` / `Event`). N client formats and M upstream formats
+//! then need N + M adapters, not N × M translators, and a new provider is one adapter.
+//!
+//! When the client's format and the upstream's are the same, the request and the answer
+//! pass through untouched (only the model and the output cap are rewritten): the internal
+//! form is for crossing formats, and a body that crosses none keeps every field the
+//! gateway does not know.
+//!
+//! The rule every adapter follows: every field and content block is carried faithfully or
+//! refused with a 400 naming it (`TranslateError`) — never dropped. A field of the client's
+//! format that has a counterpart here is read into it; one that has none is refused by the
+//! adapter in, unless it is at its default. A value here that the upstream's format cannot
+//! express is refused by the adapter out, naming the field as the client sent it
+//! (`Request::names` keeps the client's field names for that message).
+
+use serde_json::{Map, Value};
+
+/// A request in the internal form.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Request {
+    /// The client's model name; the adapter out writes the upstream model instead.
+    pub model: String,
+    /// System instructions (OpenAI `system`/`developer` messages, Anthropic `system`,
+    /// Responses `instructions`), in order, as text blocks (with cache marks).
+    pub system: Vec<Part>,
+    /// The conversation, oldest first. Consecutive messages of one role are kept apart;
+    /// an adapter out that needs them merged merges them.
+    pub messages: Vec<Message>,
+    pub tools: Vec<Tool>,
+    pub tool_choice: Option<ToolChoice>,
+    /// `false` when the client forbade parallel tool calls.
+    pub parallel_tool_calls: Option<bool>,
+    /// The output cap the client asked for, if any (the gateway decides the one sent).
+    pub max_output_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub stop: Vec<String>,
+    pub response_format: Option<ResponseFormat>,
+    pub reasoning: Option<Reasoning>,
+    pub stream: bool,
+    /// The client asked for the usage on its stream (OpenAI `stream_options.include_usage`;
+    /// always on for Anthropic and Responses clients).
+    pub include_usage: bool,
+    /// An end-user id for the provider's abuse monitoring (OpenAI `user`, Anthropic
+    /// `metadata.user_id`, Responses `user`/`safety_identifier`).
+    pub user: Option<String>,
+    /// Provider-neutral key/value metadata (OpenAI/Responses `metadata`).
+    pub metadata: Map<String, Value>,
+    /// Service tier, when the client named one (`auto`, `default`, `flex`, `priority`…).
+    pub service_tier: Option<String>,
+    /// Client field name → the name this form uses, for refusal messages that name what
+    /// the client sent (e.g. `max_completion_tokens` → `max_output_tokens`).
+    pub names: Vec<(&'static str, &'static str)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    User,
+    Assistant,
+    /// A tool's result (OpenAI `tool` message; Anthropic `tool_result` blocks in a user
+    /// message; Responses `function_call_output` items). Its parts are `ToolResult`s.
+    Tool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    pub role: Role,
+    pub content: Vec<Part>,
+    /// The speaker's name (OpenAI `name`), where a format has one.
+    pub name: Option<String>,
+}
+
+/// One piece of a message.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Part {
+    Text {
+        text: String,
+        /// Anthropic `cache_control` (prompt-cache breakpoint), carried where the upstream
+        /// has one and dropped only where caching is automatic (OpenAI), which changes no
+        /// answer.
+        cache: Option<CacheMark>,
+    },
+    Image {
+        source: Source,
+        /// OpenAI `detail` (`auto`, `low`, `high`).
+        detail: Option<String>,
+        cache: Option<CacheMark>,
+    },
+    /// A document (PDF…): Anthropic `document`, OpenAI `file`, Responses `input_file`.
+    File {
+        source: Source,
+        filename: Option<String>,
+        cache: Option<CacheMark>,
+    },
+    /// The model's own reasoning, returned so a multi-turn conversation keeps it.
+    /// `signature` is the provider's opaque proof (Anthropic `signature`, Responses
+    /// `encrypted_content`); a reasoning part without one cannot be sent back to a
+    /// provider that requires it.
+    Reasoning {
+        text: String,
+        signature: Option<String>,
+        /// Anthropic `redacted_thinking` data.
+        redacted: Option<String>,
+    },
+    /// A call the model made: `arguments` is the JSON text of the arguments as the model
+    /// wrote it (kept as text: a model may write invalid JSON and the client sees it as is).
+    ToolCall {
+        id: String,
+        name: String,
+        arguments: String,
+    },
+    ToolResult {
+        call_id: String,
+        /// Text and images; a plain string result is one `Text` part.
+        content: Vec<Part>,
+        is_error: bool,
+        cache: Option<CacheMark>,
+    },
+    /// The model declined to answer (OpenAI `refusal`, Responses `refusal` content).
+    Refusal { text: String },
+}
+
+/// Anthropic's prompt-cache breakpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheMark {
+    /// `5m` (the default) or `1h`.
+    pub ttl: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// An `http(s)` URL the provider fetches itself.
+    Url(String),
+    Base64 { media_type: String, data: String },
+    /// A provider-side file id (OpenAI `file_id`, Anthropic Files API); usable only on the
+    /// provider that issued it.
+    FileId(String),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tool {
+    pub name: String,
+    pub description: Option<String>,
+    /// The JSON Schema of the arguments.
+    pub parameters: Value,
+    /// OpenAI `strict` structured arguments.
+    pub strict: Option<bool>,
+    pub cache: Option<CacheMark>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    Auto,
+    /// The model must not call a tool.
+    None,
+    /// The model must call some tool.
+    Required,
+    /// The model must call this tool.
+    Named(String),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ResponseFormat {
+    Text,
+    /// Any JSON object.
+    JsonObject,
+    JsonSchema {
+        name: String,
+        schema: Value,
+        strict: Option<bool>,
+        description: Option<String>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reasoning {
+    /// OpenAI effort (`minimal`, `low`, `medium`, `high`).
+    pub effort: Option<String>,
+    /// Anthropic/Gemini thinking budget in tokens.
+    pub budget_tokens: Option<i64>,
+    /// Responses `reasoning.summary` (`auto`, `concise`, `detailed`).
+    pub summary: Option<String>,
+}
+
+/// A whole (non-streamed) answer in the internal form.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Answer {
+    /// The upstream's id for the answer.
+    pub id: String,
+    /// The model the upstream says answered.
+    pub model: String,
+    /// The answer's parts in order: text, reasoning, tool calls, refusals.
+    pub content: Vec<Part>,
+    pub finish: Finish,
+    pub usage: Option<Usage>,
+    /// Unix seconds the upstream gave, if any.
+    pub created: Option<i64>,
+}
+
+/// Why the answer ended.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Finish {
+    /// The model finished (OpenAI `stop`, Anthropic `end_turn`).
+    #[default]
+    Stop,
+    /// One of the client's stop sequences (Anthropic says which).
+    StopSequence(Option<String>),
+    /// The output cap.
+    Length,
+    ToolCalls,
+    /// A content filter stopped the answer.
+    ContentFilter,
+    /// The model refused (Anthropic `refusal`).
+    Refusal,
+    /// Anthropic `pause_turn` (a long server-tool turn paused).
+    Pause,
+    /// A reason this form has no name for, carried as the upstream wrote it.
+    Other(String),
+}
+
+/// Token figures as reported by the upstream. Each adapter in reads its format's names
+/// into these; `input` is all input tokens, cached and cache-written included (formats
+/// that report them apart — Anthropic — are summed by the adapter in).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub input: i64,
+    pub output: i64,
+    /// Part of `input` read from the provider's prompt cache.
+    pub cached_input: i64,
+    /// Part of `input` written to the prompt cache at the five-minute rate.
+    pub cache_write_5m: i64,
+    /// Part of `input` written to the prompt cache at the one-hour rate.
+    pub cache_write_1h: i64,
+    /// Part of `output` spent on reasoning.
+    pub reasoning: i64,
+}
+
+/// One stream event in the internal form. An adapter in turns each upstream event into
+/// zero or more of these; an adapter out turns each into zero or more client events.
+/// Content blocks are numbered from 0 in the order they start; text, reasoning and tool
+/// calls may interleave by index.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// The answer began (id and model as the upstream gave them).
+    Start {
+        id: String,
+        model: String,
+        created: Option<i64>,
+    },
+    /// A text block begins.
+    TextStart { index: usize },
+    TextDelta { index: usize, text: String },
+    /// A reasoning block begins.
+    ReasoningStart { index: usize },
+    ReasoningDelta { index: usize, text: String },
+    /// The reasoning block's signature (or redacted data), sent once before its end.
+    ReasoningSignature { index: usize, signature: String },
+    /// A tool call begins, with its id and name.
+    ToolCallStart {
+        index: usize,
+        id: String,
+        name: String,
+    },
+    /// A piece of the tool call's JSON arguments, as text.
+    ToolArgsDelta { index: usize, json: String },
+    RefusalDelta { index: usize, text: String },
+    /// The block `index` is complete.
+    BlockStop { index: usize },
+    /// Usage figures; a later one replaces the fields it carries (streams report input
+    /// first and output last, or all at the end).
+    Usage(Usage),
+    /// The answer finished for this reason (the usage may still follow).
+    Finish(Finish),
+    /// The upstream reported an error mid-stream: the stream ends with it, in the client's
+    /// format.
+    Error(ErrorInfo),
+    /// The upstream's end of stream (`[DONE]`, `message_stop`, `response.completed`, the
+    /// last Bedrock/Gemini event): the answer is complete.
+    Done,
+}
+
+/// An error as any format reports it: the adapter in reads the upstream's error body or
+/// event into it, the adapter out writes it in the client's format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorInfo {
+    /// The HTTP status it came with (a stream's error event: the status it stands for).
+    pub status: u16,
+    pub kind: ErrorKind,
+    pub message: String,
+    /// The upstream's own code or type string, kept for the client (`code`).
+    pub code: Option<String>,
+    /// The request field it names, if any.
+    pub param: Option<String>,
+}
+
+/// What went wrong, in the terms the retry tiers and the client formats share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    InvalidRequest,
+    Authentication,
+    PermissionDenied,
+    NotFound,
+    /// Too large a request.
+    RequestTooLarge,
+    /// A rate limit: worth retrying on another key or later.
+    RateLimited,
+    /// A quota or billing limit: not worth retrying on this key until it is topped up.
+    QuotaExhausted,
+    /// A content filter refused the request or the answer.
+    ContentFilter,
+    Overloaded,
+    Server,
+}
