@@ -65,6 +65,7 @@ mod reasoning;
 mod redis_topologies;
 mod redteam_probe;
 mod resilience;
+mod responses;
 mod retry_tiers;
 mod shutdown;
 mod signin_attack;

@@ -4,6 +4,7 @@
 
 pub mod anthropic;
 pub mod canonical;
+pub mod formats;
 pub mod openai;
 pub mod translate;
 
@@ -47,7 +48,36 @@ pub fn path(endpoint: Endpoint, p: Provider) -> Option<&'static str> {
         (Endpoint::Embeddings, Provider::Openai) => Some("/embeddings"),
         (Endpoint::Chat | Endpoint::Messages, Provider::Anthropic) => Some("/v1/messages"),
         (Endpoint::Completions | Endpoint::Embeddings, Provider::Anthropic) => None,
+        // Native on OpenAI; translated (through chat) everywhere else.
+        (Endpoint::Responses, Provider::Openai) => Some("/responses"),
+        (Endpoint::Responses, Provider::Anthropic) => Some("/v1/messages"),
     }
+}
+
+/// The body to send for a Responses API request: the native body to a provider that
+/// speaks the Responses API (`formats::responses::native`), else the request as chat
+/// completions, carried by the chat translation to the upstream's format.
+pub fn build_responses_request(
+    upstream: Provider,
+    body: &Map<String, Value>,
+    upstream_model: &str,
+    cap: Option<(&'static str, i64)>,
+    stream: bool,
+) -> Result<Vec<u8>, TranslateError> {
+    use formats::responses;
+    if responses::native(upstream) {
+        let out = responses::shape_request(body, upstream_model, cap.map(|(_, c)| c));
+        return Ok(serde_json::to_vec(&Value::Object(out)).unwrap_or_default());
+    }
+    let chat = responses::to_chat(body)?;
+    build_request(
+        WireFormat::OpenAi,
+        upstream,
+        &chat,
+        upstream_model,
+        cap,
+        stream,
+    )
 }
 
 /// The body to send to a `upstream` deployment for a request in the `client` format.

@@ -21,6 +21,7 @@ use serde_json::{json, Value};
 use crate::error::WireFormat;
 use crate::quota::estimate;
 use crate::quota::pricing::Usage;
+use crate::upstream::providers::formats::responses::stream as responses;
 use shape::{Body, Corrupt};
 
 /// Output text is counted (and let go of) in pieces of about this size, so a long stream
@@ -51,6 +52,16 @@ pub struct StreamConverter {
     error_sent: bool,
     anthropic_out: to_anthropic::State,
     openai_out: to_openai::State,
+    /// A Responses API client (`formats::responses::stream`): set by `responses`.
+    responses: Option<Box<ResponsesOut>>,
+}
+
+/// How a Responses client's stream is written.
+pub enum ResponsesOut {
+    /// The upstream speaks the Responses API: its events pass through (stamped).
+    Native(responses::Native),
+    /// The upstream's stream, read as chat chunks, is written as Responses events.
+    Chat(responses::ChatToResponses),
 }
 
 pub fn frame(event: Option<&str>, data: &str) -> Bytes {
@@ -102,7 +113,70 @@ impl StreamConverter {
             error_sent: false,
             anthropic_out: to_anthropic::State::default(),
             openai_out: to_openai::State::default(),
+            responses: None,
         }
+    }
+
+    /// Writes the stream for a Responses API client (see `ResponsesOut`); the usage chunk
+    /// of a chat upstream is then always read.
+    pub fn responses(mut self, out: ResponsesOut) -> Self {
+        self.include_usage = true;
+        self.responses = Some(Box::new(out));
+        self
+    }
+
+    /// A Responses client's final response object, once the stream completed.
+    pub fn completed_response(&mut self) -> Option<serde_json::Value> {
+        match self.responses.as_deref_mut()? {
+            ResponsesOut::Native(n) => n.completed.take(),
+            ResponsesOut::Chat(c) => c.completed.take(),
+        }
+    }
+
+    /// A Responses client's stream: native events pass through, others are read by the
+    /// format pair's own path into chat chunks and written as Responses events.
+    fn responses_event(&mut self, name: &str, data: &str, out: &mut Vec<Bytes>) {
+        let Some(mut r) = self.responses.take() else {
+            return;
+        };
+        match r.as_mut() {
+            ResponsesOut::Native(n) => match n.read(name, data) {
+                Ok(read) => {
+                    if let Some(t) = &read.text {
+                        self.note_text(t);
+                    }
+                    if let Some(u) = read.usage {
+                        self.input = Some(u.input);
+                        self.cached = u.cached_input;
+                        self.output = Some(u.output);
+                    }
+                    self.done |= read.done;
+                    self.error_sent |= read.failed;
+                    out.extend(read.frame);
+                }
+                Err(message) => {
+                    out.push(responses::error_frame(
+                        n.next_seq,
+                        message,
+                        "upstream_error",
+                    ));
+                    self.error_sent = true;
+                }
+            },
+            ResponsesOut::Chat(c) => {
+                let mut chat = Vec::new();
+                self.responses = None;
+                self.event(name, data, &mut chat);
+                for f in &chat {
+                    for line in std::str::from_utf8(f).unwrap_or("").lines() {
+                        if let Some(d) = line.strip_prefix("data: ") {
+                            c.push(d, out);
+                        }
+                    }
+                }
+            }
+        }
+        self.responses = Some(r);
     }
 
     /// Sets the most the converter keeps of one stream (`HOLD_LIMIT` by default).
@@ -160,6 +234,13 @@ impl StreamConverter {
 
     /// As `error_frame`, with this code (`shutting_down` when the gateway ends the stream).
     pub fn end_frame(&self, message: &str, code: &str) -> Option<Bytes> {
+        if let Some(r) = &self.responses {
+            let seq = match r.as_ref() {
+                ResponsesOut::Native(n) => n.next_seq,
+                ResponsesOut::Chat(c) => c.next_seq(),
+            };
+            return (!self.error_sent).then(|| responses::error_frame(seq, message, code));
+        }
         (!self.error_sent).then(|| error_event(self.client, message, code))
     }
 
@@ -172,6 +253,9 @@ impl StreamConverter {
         // An empty `data:` carries nothing.
         if data.trim().is_empty() {
             return;
+        }
+        if self.responses.is_some() {
+            return self.responses_event(name, data, out);
         }
         let read = match (self.upstream, self.client) {
             (WireFormat::OpenAi, WireFormat::OpenAi) => self.openai_to_openai(data, out),

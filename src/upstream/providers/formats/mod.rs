@@ -1,0 +1,3 @@
+//! One module per wire format (the adapters of `canonical`).
+
+pub mod responses;
