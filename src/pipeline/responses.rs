@@ -229,6 +229,18 @@ fn instructions(body: &Map<String, Value>) -> i64 {
 /// Function tools only: a built-in tool is refused by name (its calls are billed apart
 /// from tokens, which no reservation covers). Returns the tools' token count.
 fn validate_tools(body: &Map<String, Value>) -> Result<i64, ApiError> {
+    match body.get("tool_choice") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if matches!(s.as_str(), "auto" | "none" | "required") => {}
+        Some(c) if c.get("type").and_then(Value::as_str) == Some("function")
+            && c.get("name").is_some_and(Value::is_string) => {}
+        Some(_) => {
+            return Err(bad(
+                "tool_choice",
+                "`tool_choice` must be `auto`, `none`, `required` or {\"type\": \"function\", \"name\": …}",
+            ))
+        }
+    }
     let tools = match body.get("tools") {
         None | Some(Value::Null) => return Ok(0),
         Some(Value::Array(t)) => t,
@@ -251,18 +263,6 @@ fn validate_tools(body: &Map<String, Value>) -> Result<i64, ApiError> {
                 ))
             }
             None => return Err(bad("tools", format!("tools[{i}]: a tool needs a `type`"))),
-        }
-    }
-    match body.get("tool_choice") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) if matches!(s.as_str(), "auto" | "none" | "required") => {}
-        Some(c) if c.get("type").and_then(Value::as_str) == Some("function")
-            && c.get("name").is_some_and(Value::is_string) => {}
-        Some(_) => {
-            return Err(bad(
-                "tool_choice",
-                "`tool_choice` must be `auto`, `none`, `required` or {\"type\": \"function\", \"name\": …}",
-            ))
         }
     }
     Ok(estimate::count_value(&Value::Array(tools.clone())))

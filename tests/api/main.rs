@@ -66,6 +66,8 @@ mod redis_topologies;
 mod redteam_probe;
 mod resilience;
 mod responses;
+mod responses_attack;
+mod responses_streams;
 mod retry_tiers;
 mod shutdown;
 mod signin_attack;

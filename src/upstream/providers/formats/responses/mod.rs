@@ -182,7 +182,8 @@ pub fn to_chat(body: &Map<String, Value>) -> Result<Map<String, Value>, Translat
         if GATEWAY_FIELDS.contains(&k.as_str()) {
             continue;
         }
-        if !TRANSLATED.contains(&k.as_str()) && !v.is_null() {
+        let named = TRANSLATED.contains(&k.as_str()) || NOT_TRANSLATED.contains(&k.as_str());
+        if !named && !v.is_null() {
             return Err(TranslateError {
                 param: None,
                 message: format!("`{k}` cannot be served by this model's upstream (it does not speak the Responses API)."),
