@@ -256,10 +256,12 @@ fn validate_tools(body: &Map<String, Value>) -> Result<i64, ApiError> {
                     return Err(bad("tools", format!("tools[{i}]: `parameters` must be a JSON Schema object")));
                 }
             }
+            // Tools the client runs itself (Codex sends these): no hosted call to pay for.
+            Some(kind) if CLIENT_TOOLS.contains(&kind) => {}
             Some(other) => {
                 return Err(bad(
                     "tools",
-                    format!("tools[{i}]: the built-in tool `{other}` is not supported by Sluice; only `function` tools are"),
+                    format!("tools[{i}]: the built-in tool `{other}` is not supported by Sluice (its calls are billed apart from tokens); only tools the client runs are"),
                 ))
             }
             None => return Err(bad("tools", format!("tools[{i}]: a tool needs a `type`"))),
@@ -267,6 +269,21 @@ fn validate_tools(body: &Map<String, Value>) -> Result<i64, ApiError> {
     }
     Ok(estimate::count_value(&Value::Array(tools.clone())))
 }
+
+/// Tool types the client executes (besides `function`): the upstream only writes calls.
+const CLIENT_TOOLS: &[&str] = &["custom", "namespace", "local_shell", "shell", "apply_patch"];
+
+/// Input items of those tools: calls the model made and outputs the client sends back.
+const CLIENT_TOOL_ITEMS: &[&str] = &[
+    "custom_tool_call",
+    "custom_tool_call_output",
+    "local_shell_call",
+    "local_shell_call_output",
+    "shell_call",
+    "shell_call_output",
+    "apply_patch_call",
+    "apply_patch_call_output",
+];
 
 const PART_TYPES: &[&str] = &[
     "input_text",
@@ -351,6 +368,20 @@ fn validate_item<'a>(i: usize, item: &'a Value, calls: &mut Vec<&'a str>) -> Res
                     "input",
                     format!("input[{i}]: a `reasoning` item needs a `summary` array"),
                 ));
+            }
+        }
+        kind if CLIENT_TOOL_ITEMS.contains(&kind) => {
+            if let Some(call_id) = text("call_id") {
+                let output = kind.ends_with("_output");
+                if output && kind.starts_with("custom") && !calls.contains(&call_id) {
+                    return Err(bad(
+                        "input",
+                        format!("input[{i}]: no earlier call has the call_id `{call_id}`"),
+                    ));
+                }
+                if !output {
+                    calls.push(call_id);
+                }
             }
         }
         other => {

@@ -182,6 +182,21 @@ async fn bad_input_is_refused_naming_the_field_before_any_upstream() {
             "Anthropic",
         ),
         (
+            json!({"model": "claude", "input": "hi", "tools": [{"type": "custom", "name": "exec"}]}),
+            "tools",
+            "`custom`",
+        ),
+        (
+            json!({"model": "claude", "input": [{"type": "custom_tool_call", "call_id": "c1", "name": "exec", "input": "ls"}]}),
+            "input",
+            "`custom_tool_call`",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": [{"type": "custom_tool_call_output", "call_id": "c9", "output": "x"}]}),
+            "input",
+            "c9",
+        ),
+        (
             json!({"model": "claude", "input": [{"role": "user", "content": [{"type": "input_image", "file_id": "file_1"}]}]}),
             "input",
             "file_id",

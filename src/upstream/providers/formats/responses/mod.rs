@@ -211,6 +211,13 @@ pub fn to_chat(body: &Map<String, Value>) -> Result<Map<String, Value>, Translat
     }
     out.insert("messages".into(), Value::Array(messages));
     if let Some(Value::Array(tools)) = body.get("tools") {
+        if let Some(t) = tools
+            .iter()
+            .find(|t| t.get("type").and_then(Value::as_str) != Some("function"))
+        {
+            let kind = t.get("type").and_then(Value::as_str).unwrap_or("?");
+            return Err(refuse("tools", format!("tools of type `{kind}` cannot be served by this model's upstream; only `function` tools can")));
+        }
         let tools: Vec<Value> = tools
             .iter()
             .map(|t| {
