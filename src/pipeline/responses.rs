@@ -249,7 +249,7 @@ fn validate_tools(body: &Map<String, Value>) -> Result<i64, ApiError> {
     for (i, t) in tools.iter().enumerate() {
         match t.get("type").and_then(Value::as_str) {
             Some("function") => {
-                if !t.get("name").and_then(Value::as_str).is_some_and(|n| !n.is_empty()) {
+                if t.get("name").and_then(Value::as_str).is_none_or(str::is_empty) {
                     return Err(bad("tools", format!("tools[{i}]: a function tool needs a `name`")));
                 }
                 if t.get("parameters").is_some_and(|p| !(p.is_null() || p.is_object())) {

@@ -210,10 +210,10 @@ pub(super) fn serve(
         converter = converter.responses(if responses::native(provider) {
             ResponsesOut::Native(responses::stream::Native::new(ctx.stamp.clone()))
         } else {
-            ResponsesOut::Chat(responses::stream::ChatToResponses::new(
+            ResponsesOut::Chat(Box::new(responses::stream::ChatToResponses::new(
                 p.body.clone(),
                 ctx.stamp.clone(),
-            ))
+            )))
         });
     }
     let pump = Pump {

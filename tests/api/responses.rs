@@ -322,3 +322,47 @@ async fn a_function_tool_round_trip_natively() {
     assert_eq!(sent["input"][2]["type"], "function_call_output");
     app.assert_invariant().await;
 }
+
+#[tokio::test]
+async fn a_conversation_grown_past_the_models_input_cap_is_refused_whole_never_truncated() {
+    let app = spawn_app_with(|s, _| s.models[0].max_input_tokens = 150).await;
+    let (_, token) = app.token("ola", Some("10")).await;
+    let (_, mut last) = create(&app, &token, &ask()).await;
+    let mut refused = None;
+    for turn in 1..10 {
+        let body = json!({"model": "gpt-4o-mini", "input": "Tell me more.", "previous_response_id": last["id"]});
+        let sent_before = app.mock.state.total_count();
+        let (status, r) = create(&app, &token, &body).await;
+        if status == 400 {
+            assert_eq!(r["error"]["param"], "input", "{r}");
+            assert!(
+                r["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("accepts at most 150"),
+                "{r}"
+            );
+            assert_eq!(app.mock.state.total_count(), sent_before, "nothing sent");
+            refused = Some(turn);
+            break;
+        }
+        assert_eq!(status, 200, "{r}");
+        // Every turn sent carried the whole conversation from its first message.
+        let sent = app
+            .mock
+            .state
+            .stats(KEY_A)
+            .last_bodies
+            .back()
+            .unwrap()
+            .clone();
+        assert_eq!(sent["input"][0], json!({"role": "user", "content": ASK}));
+        assert_eq!(sent["input"].as_array().unwrap().len(), 1 + 2 * turn);
+        last = r;
+    }
+    assert!(
+        refused.is_some(),
+        "the chain outgrew 150 tokens within 10 turns"
+    );
+    app.assert_invariant().await;
+}

@@ -61,7 +61,7 @@ pub enum ResponsesOut {
     /// The upstream speaks the Responses API: its events pass through (stamped).
     Native(responses::Native),
     /// The upstream's stream, read as chat chunks, is written as Responses events.
-    Chat(responses::ChatToResponses),
+    Chat(Box<responses::ChatToResponses>),
 }
 
 pub fn frame(event: Option<&str>, data: &str) -> Bytes {
