@@ -4,17 +4,21 @@
 
 pub mod anthropic;
 pub mod canonical;
+mod dispatch;
+pub mod formats;
 pub mod openai;
 pub mod translate;
 
+pub use dispatch::{build_request, format_of, Format};
+
 use bytes::Bytes;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::config::Provider;
 use crate::error::WireFormat;
 use crate::pipeline::request::Endpoint;
 use crate::quota::pricing::Usage;
-use translate::{request, response, TranslateError};
+use translate::response;
 
 /// The most tokens one reported figure may hold. An upstream's usage is read through
 /// `tokens`: a figure that is not a count in 0..=this (a lying or broken upstream's
@@ -32,13 +36,6 @@ pub fn tokens(v: Option<&Value>) -> Option<i64> {
     Some(n.clamp(0, MAX_REPORTED_TOKENS))
 }
 
-pub fn format_of(p: Provider) -> WireFormat {
-    match p {
-        Provider::Openai => WireFormat::OpenAi,
-        Provider::Anthropic => WireFormat::Anthropic,
-    }
-}
-
 /// Where an endpoint's requests go on a provider; `None` when it has no such endpoint.
 pub fn path(endpoint: Endpoint, p: Provider) -> Option<&'static str> {
     match (endpoint, p) {
@@ -50,38 +47,9 @@ pub fn path(endpoint: Endpoint, p: Provider) -> Option<&'static str> {
     }
 }
 
-/// The body to send to a `upstream` deployment for a request in the `client` format.
-/// `cap` is the output cap and the field the upstream model takes it in (see
-/// `catalog::Route::cap_field`); it is sent under that name only.
-pub fn build_request(
-    client: WireFormat,
-    upstream: Provider,
-    body: &Map<String, Value>,
-    upstream_model: &str,
-    cap: Option<(&'static str, i64)>,
-    stream: bool,
-) -> Result<Vec<u8>, TranslateError> {
-    let cap_value = cap.map_or(0, |(_, c)| c);
-    let out = match (client, upstream) {
-        (WireFormat::OpenAi, Provider::Openai) => {
-            openai::shape_request(body, upstream_model, cap, stream)
-        }
-        (WireFormat::Anthropic, Provider::Anthropic) => {
-            anthropic::shape_request(body, upstream_model, cap)
-        }
-        (WireFormat::OpenAi, Provider::Anthropic) => {
-            request::openai_to_anthropic(body, upstream_model, cap_value, stream)?
-        }
-        (WireFormat::Anthropic, Provider::Openai) => {
-            let cap = cap.unwrap_or(("max_tokens", cap_value));
-            request::anthropic_to_openai(body, upstream_model, cap, stream)?
-        }
-    };
-    Ok(serde_json::to_vec(&Value::Object(out)).unwrap_or_default())
-}
-
 /// The usage an answer reports, else the generated text to count.
-pub fn answer_usage(upstream: WireFormat, v: &Value) -> Result<Usage, String> {
+pub fn answer_usage(upstream: impl Into<Format>, v: &Value) -> Result<Usage, String> {
+    let upstream = upstream.into().error_format();
     let usage = v.get("usage").and_then(|u| match upstream {
         WireFormat::OpenAi => openai::usage_of(u),
         WireFormat::Anthropic => anthropic::usage_of(u),
@@ -94,7 +62,13 @@ pub fn answer_usage(upstream: WireFormat, v: &Value) -> Result<Usage, String> {
 
 /// A non-streamed answer in the client's format: the upstream's bytes untouched when the
 /// formats match, translated otherwise.
-pub fn convert_answer(upstream: WireFormat, client: WireFormat, raw: Bytes, v: &Value) -> Bytes {
+pub fn convert_answer(
+    upstream: impl Into<Format>,
+    client: impl Into<Format>,
+    raw: Bytes,
+    v: &Value,
+) -> Bytes {
+    let (upstream, client) = (upstream.into().error_format(), client.into().error_format());
     let converted = match (upstream, client) {
         (WireFormat::Anthropic, WireFormat::OpenAi) => response::anthropic_answer_to_openai(v),
         (WireFormat::OpenAi, WireFormat::Anthropic) => response::openai_answer_to_anthropic(v),
@@ -106,7 +80,13 @@ pub fn convert_answer(upstream: WireFormat, client: WireFormat, raw: Bytes, v: &
 /// An upstream's client-error body in the client's format: untouched when it is already
 /// the client's format's error, rebuilt otherwise (the other format, an OpenAI-compatible
 /// server's own shape, a proxy's HTML page).
-pub fn convert_error(upstream: WireFormat, client: WireFormat, status: u16, raw: Bytes) -> Bytes {
+pub fn convert_error(
+    upstream: impl Into<Format>,
+    client: impl Into<Format>,
+    status: u16,
+    raw: Bytes,
+) -> Bytes {
+    let (upstream, client) = (upstream.into().error_format(), client.into().error_format());
     let v: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
     if upstream == client && is_error_of(client, &v) {
         return raw;

@@ -2,7 +2,6 @@
 //! error bodies (`response`), and streams event by event (`stream`). Fixtures under
 //! `tests/fixtures/{openai,anthropic}/` pin every case.
 
-pub mod request;
 pub mod response;
 pub mod stream;
 

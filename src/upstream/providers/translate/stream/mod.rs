@@ -21,6 +21,7 @@ use serde_json::{json, Value};
 use crate::error::WireFormat;
 use crate::quota::estimate;
 use crate::quota::pricing::Usage;
+use crate::upstream::providers::Format;
 use shape::{Body, Corrupt};
 
 /// Output text is counted (and let go of) in pieces of about this size, so a long stream
@@ -82,14 +83,14 @@ pub fn error_event(client: WireFormat, message: &str, code: &str) -> Bytes {
 
 impl StreamConverter {
     pub fn new(
-        upstream: WireFormat,
-        client: WireFormat,
+        upstream: impl Into<Format>,
+        client: impl Into<Format>,
         include_usage: bool,
         input_estimate: i64,
     ) -> Self {
         Self {
-            upstream,
-            client,
+            upstream: upstream.into().error_format(),
+            client: client.into().error_format(),
             include_usage,
             input_estimate,
             input: None,
