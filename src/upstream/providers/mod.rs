@@ -9,16 +9,12 @@ pub mod formats;
 pub mod openai;
 pub mod translate;
 
-pub use dispatch::{build_request, format_of, Format};
+pub use dispatch::{answer_usage, build_request, convert_answer, convert_error, format_of, Format};
 
-use bytes::Bytes;
 use serde_json::Value;
 
 use crate::config::Provider;
-use crate::error::WireFormat;
 use crate::pipeline::request::Endpoint;
-use crate::quota::pricing::Usage;
-use translate::response;
 
 /// The most tokens one reported figure may hold. An upstream's usage is read through
 /// `tokens`: a figure that is not a count in 0..=this (a lying or broken upstream's
@@ -44,67 +40,5 @@ pub fn path(endpoint: Endpoint, p: Provider) -> Option<&'static str> {
         (Endpoint::Embeddings, Provider::Openai) => Some("/embeddings"),
         (Endpoint::Chat | Endpoint::Messages, Provider::Anthropic) => Some("/v1/messages"),
         (Endpoint::Completions | Endpoint::Embeddings, Provider::Anthropic) => None,
-    }
-}
-
-/// The usage an answer reports, else the generated text to count.
-pub fn answer_usage(upstream: impl Into<Format>, v: &Value) -> Result<Usage, String> {
-    let upstream = upstream.into().error_format();
-    let usage = v.get("usage").and_then(|u| match upstream {
-        WireFormat::OpenAi => openai::usage_of(u),
-        WireFormat::Anthropic => anthropic::usage_of(u),
-    });
-    usage.ok_or_else(|| match upstream {
-        WireFormat::OpenAi => openai::answer_text(v),
-        WireFormat::Anthropic => anthropic::answer_text(v),
-    })
-}
-
-/// A non-streamed answer in the client's format: the upstream's bytes untouched when the
-/// formats match, translated otherwise.
-pub fn convert_answer(
-    upstream: impl Into<Format>,
-    client: impl Into<Format>,
-    raw: Bytes,
-    v: &Value,
-) -> Bytes {
-    let (upstream, client) = (upstream.into().error_format(), client.into().error_format());
-    let converted = match (upstream, client) {
-        (WireFormat::Anthropic, WireFormat::OpenAi) => response::anthropic_answer_to_openai(v),
-        (WireFormat::OpenAi, WireFormat::Anthropic) => response::openai_answer_to_anthropic(v),
-        _ => return raw,
-    };
-    Bytes::from(converted.to_string())
-}
-
-/// An upstream's client-error body in the client's format: untouched when it is already
-/// the client's format's error, rebuilt otherwise (the other format, an OpenAI-compatible
-/// server's own shape, a proxy's HTML page).
-pub fn convert_error(
-    upstream: impl Into<Format>,
-    client: impl Into<Format>,
-    status: u16,
-    raw: Bytes,
-) -> Bytes {
-    let (upstream, client) = (upstream.into().error_format(), client.into().error_format());
-    let v: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
-    if upstream == client && is_error_of(client, &v) {
-        return raw;
-    }
-    let converted = match client {
-        WireFormat::OpenAi => response::error_to_openai(status, &v),
-        WireFormat::Anthropic => response::error_to_anthropic(status, &v),
-    };
-    Bytes::from(converted.to_string())
-}
-
-/// True when `v` is an error body of `format`'s own shape, which its SDKs parse.
-fn is_error_of(format: WireFormat, v: &Value) -> bool {
-    let text = |p: &str| v.pointer(p).is_some_and(Value::is_string);
-    match format {
-        WireFormat::OpenAi => text("/error/message"),
-        WireFormat::Anthropic => {
-            v["type"] == "error" && text("/error/type") && text("/error/message")
-        }
     }
 }

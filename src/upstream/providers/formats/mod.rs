@@ -17,7 +17,7 @@ pub mod openai_chat;
 
 use serde_json::Value;
 
-use super::canonical::{CacheMark, Source};
+use super::canonical::{CacheMark, ErrorInfo, ErrorKind, Source};
 use super::translate::TranslateError;
 
 /// Where a reader's refusal message names the upstream (see the module doc).
@@ -95,4 +95,60 @@ pub fn cache_control(c: &CacheMark) -> Value {
         v["ttl"] = Value::String(ttl.clone());
     }
     v
+}
+
+/// The kind of error an HTTP status stands for.
+pub fn error_kind(status: u16) -> ErrorKind {
+    match status {
+        401 => ErrorKind::Authentication,
+        403 => ErrorKind::PermissionDenied,
+        404 => ErrorKind::NotFound,
+        413 => ErrorKind::RequestTooLarge,
+        429 => ErrorKind::RateLimited,
+        503 | 529 => ErrorKind::Overloaded,
+        400..=499 => ErrorKind::InvalidRequest,
+        _ => ErrorKind::Server,
+    }
+}
+
+/// The status an error kind stands for, where no HTTP status came with it (an error
+/// event in the middle of a stream).
+pub fn status_of(kind: ErrorKind) -> u16 {
+    match kind {
+        ErrorKind::InvalidRequest | ErrorKind::ContentFilter => 400,
+        ErrorKind::Authentication => 401,
+        ErrorKind::PermissionDenied => 403,
+        ErrorKind::NotFound => 404,
+        ErrorKind::RequestTooLarge => 413,
+        ErrorKind::RateLimited | ErrorKind::QuotaExhausted => 429,
+        ErrorKind::Overloaded => 529,
+        ErrorKind::Server => 500,
+    }
+}
+
+/// An upstream's error body, whatever its shape: its format's `error.message`, else a
+/// top-level `message` (vLLM) or `detail` (FastAPI servers); a body that is not JSON (a
+/// proxy's HTML page) is not shown to the client. `code` is the upstream's own code, else
+/// its error type. Both formats read errors alike: an OpenAI-compatible server or a proxy
+/// in front of either may answer in any of these shapes.
+pub fn read_error(status: u16, v: &Value) -> ErrorInfo {
+    let message = ["/error/message", "/message", "/detail"]
+        .iter()
+        .find_map(|p| v.pointer(p).and_then(Value::as_str))
+        .unwrap_or("The upstream rejected the request.");
+    ErrorInfo {
+        status,
+        kind: error_kind(status),
+        message: message.to_string(),
+        code: upstream_code(v),
+        param: None,
+    }
+}
+
+/// The upstream's own `code`, else its `type`.
+pub fn upstream_code(v: &Value) -> Option<String> {
+    ["/error/code", "/error/type", "/type"]
+        .iter()
+        .find_map(|p| v.pointer(p).and_then(Value::as_str))
+        .map(str::to_string)
 }
