@@ -88,9 +88,9 @@ pub struct Message {
     pub content: Vec<Part>,
     /// The speaker's name (OpenAI `name`), where a format has one.
     pub name: Option<String>,
-    /// The client wrote the content as one plain string, not as parts: a format that has
-    /// both shapes writes it back as a string, so a translated body reads as the client
-    /// wrote it (no answer changes either way).
+    /// The client wrote the content as one plain string, not as parts: an adapter out may
+    /// write it back as a string, so a translated body reads as the client wrote it (the
+    /// OpenAI adapter does; no answer changes either way).
     pub plain: bool,
 }
 

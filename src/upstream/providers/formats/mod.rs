@@ -152,3 +152,6 @@ pub fn upstream_code(v: &Value) -> Option<String> {
         .find_map(|p| v.pointer(p).and_then(Value::as_str))
         .map(str::to_string)
 }
+
+#[cfg(test)]
+mod props;

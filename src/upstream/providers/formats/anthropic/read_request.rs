@@ -300,11 +300,12 @@ fn message(m: &Value, out: &mut Vec<Message>) -> Result<(), TranslateError> {
                 // Tool results come first, each its own message, the user's own parts
                 // after them: a format with tool messages wants the results right after
                 // the calls they answer.
+                let result = tool_result(b)?;
                 out.push(Message {
                     role: Role::Tool,
-                    content: vec![tool_result(b)?],
+                    plain: matches!(result, Part::ToolResult { plain: true, .. }),
+                    content: vec![result],
                     name: None,
-                    plain: false,
                 });
             }
             (Role::User, _) => parts.push(user_part(b)?),

@@ -389,6 +389,37 @@ impl StreamConverter {
         Ok(())
     }
 
+    /// Accounting from the internal form's events, for an upstream format whose reader is
+    /// not read into typed shapes here (the OpenAI and Anthropic readers are, and keep
+    /// their own accounting, `note_openai_chunk` / `note_anthropic_event`). A format added
+    /// later calls this on its reader's events: every piece of output is counted, and a
+    /// usage event sets the figures it carries (input first, output last, or all at once).
+    #[allow(dead_code)] // the hook new upstream formats use; see the module doc
+    fn note_event(&mut self, e: &Event) {
+        match e {
+            Event::TextDelta { text, .. }
+            | Event::ReasoningDelta { text, .. }
+            | Event::RefusalDelta { text, .. } => self.note_text(text),
+            Event::ToolArgsDelta { json, .. } => self.note_text(json),
+            Event::ToolCallStart { id, name, .. } => {
+                self.note_text(id);
+                self.note_text(name);
+            }
+            Event::Usage(u) => {
+                if u.input > 0 || u.cached_input > 0 {
+                    self.input = Some(u.input);
+                    self.cached = u.cached_input;
+                }
+                if u.output > 0 {
+                    self.output = Some(u.output);
+                }
+            }
+            Event::Done => self.done = true,
+            Event::Error(_) => self.error_sent = true,
+            _ => {}
+        }
+    }
+
     /// The accounted usage in the internal form.
     fn accounted(&self) -> canonical::Usage {
         let u = self.usage();
@@ -489,5 +520,33 @@ mod tests {
         c.event("", &call(1, None, None, "x"), &mut out);
         c.event("", "[DONE]", &mut out);
         assert_eq!(out.len(), before);
+    }
+
+    /// The accounting a format added later uses: output counted from its events, usage
+    /// figures set as they come, the end and errors noted.
+    #[test]
+    fn the_internal_form_s_events_are_accounted() {
+        let mut c = StreamConverter::new(WireFormat::OpenAi, WireFormat::Anthropic, false, 10);
+        c.note_event(&Event::TextDelta {
+            index: 0,
+            text: "The engine light blinks. ".repeat(10),
+        });
+        let counted = c.usage();
+        assert_eq!(counted.input, 10, "the estimate until the upstream says");
+        assert!(counted.output > 0);
+        c.note_event(&Event::Usage(canonical::Usage {
+            input: 31,
+            cached_input: 4,
+            ..canonical::Usage::default()
+        }));
+        c.note_event(&Event::Usage(canonical::Usage {
+            output: 12,
+            ..canonical::Usage::default()
+        }));
+        let u = c.usage();
+        assert_eq!((u.input, u.cached_input, u.output), (31, 4, 12));
+        assert!(!c.done());
+        c.note_event(&Event::Done);
+        assert!(c.done());
     }
 }
