@@ -592,7 +592,7 @@ async fn finish(
     });
     if let Some(plan) = plan {
         // Stored in the client's format, off the request path.
-        let stored = if upstream == p.endpoint.format() {
+        let stored = if upstream == p.endpoint.format().into() {
             Some(answer)
         } else {
             serde_json::from_slice(&body).ok()

@@ -18,8 +18,8 @@ use crate::quota::estimate;
 use crate::quota::pricing::Usage;
 use crate::state::AppState;
 use crate::store::responses::{self as stored, StoredResponse};
+use crate::upstream::providers;
 use crate::upstream::providers::formats::responses::{self as formats, Stamp};
-use crate::upstream::providers::{self, translate};
 
 /// What the gateway knows of a Responses request beyond its body.
 #[derive(Debug, Clone)]
@@ -410,12 +410,12 @@ pub async fn answer(
             .ok_or_else(|| formats::answer_text(answer));
         (usage, answer.clone())
     } else {
-        let format = providers::format_of(upstream);
-        let usage = providers::answer_usage(format, answer);
-        let chat = match format {
-            WireFormat::Anthropic => translate::response::anthropic_answer_to_openai(answer),
-            WireFormat::OpenAi => answer.clone(),
-        };
+        // Through chat completions: the upstream's answer as a chat completion (the
+        // dispatch's adapters), then as a response object.
+        let usage = providers::answer_usage(upstream, answer);
+        let raw = bytes::Bytes::from(answer.to_string());
+        let chat = providers::convert_answer(upstream, WireFormat::OpenAi, raw, answer);
+        let chat: Value = serde_json::from_slice(&chat).unwrap_or(Value::Null);
         let ids = ctx.stamp.id.trim_start_matches("resp_");
         (usage, formats::from_chat(&p.body, &chat, ids))
     };
