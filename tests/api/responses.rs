@@ -366,3 +366,44 @@ async fn a_conversation_grown_past_the_models_input_cap_is_refused_whole_never_t
     );
     app.assert_invariant().await;
 }
+
+#[tokio::test]
+async fn a_retried_response_is_charged_once_and_a_failed_one_nothing() {
+    let app = spawn_app_with(|s, m| {
+        s.upstreams.push(upstream("b", KEY_B, m));
+        s.models[0].routes.push(sluice::config::RouteSettings {
+            upstream: "b".into(),
+            model: "gpt-4o-mini-upstream".into(),
+            output_cap_param: None,
+        });
+    })
+    .await;
+    let (token_id, token) = app.token("ola", Some("10")).await;
+    let unavailable = Script {
+        status: Some(503),
+        ..Script::default()
+    };
+    app.mock.state.script(KEY_A, [unavailable.clone()]);
+    app.mock.state.script(KEY_B, [unavailable.clone()]);
+    // CHECKS Q6 on this route: 503, 503 (each key once), then 200 after the backoff —
+    // one request-log row with 3 attempts, one charge.
+    let (status, r) = create(&app, &token, &ask()).await;
+    assert_eq!(status, 200, "{r}");
+    app.wait_for_log_rows(1).await;
+    assert_eq!(app.scalar("SELECT attempts FROM requests").await, 3);
+    assert_eq!(charged(&app, token_id).await, cost(12, 24));
+    // Every key failing: 502 in OpenAI's shape, nothing charged, nothing stored.
+    app.mock.state.sticky(
+        "*",
+        Some(Script {
+            status: Some(500),
+            ..Script::default()
+        }),
+    );
+    let (status, err) = create(&app, &token, &ask()).await;
+    assert_eq!(status, 502, "{err}");
+    assert_eq!(err["error"]["code"], "upstream_error");
+    assert_eq!(charged(&app, token_id).await, cost(12, 24));
+    assert_eq!(app.scalar("SELECT COUNT(*) FROM stored_responses").await, 1);
+    app.assert_invariant().await;
+}
