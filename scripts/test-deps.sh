@@ -45,7 +45,7 @@ if ! command -v strace >/dev/null 2>&1; then
     apt_install strace
 fi
 
-if ! python3 -c "import openai, anthropic, pytest" >/dev/null 2>&1; then
+if ! python3 -c "import openai, agents, anthropic, pytest" >/dev/null 2>&1; then
     python3 -m pip install --quiet --disable-pip-version-check -r tests/sdk/requirements.txt
 fi
 
@@ -60,4 +60,8 @@ if ! command -v npm >/dev/null 2>&1; then
 fi
 if [ ! -d tests/ui/node_modules/playwright-core ]; then
     (cd tests/ui && npm ci --no-audit --no-fund --loglevel=error)
+fi
+# Codex CLI for tests/sdk/test_api_responses_codex.py: its binary ships inside the package.
+if [ ! -x tests/sdk/codex/node_modules/.bin/codex ]; then
+    (cd tests/sdk/codex && npm ci --no-audit --no-fund --loglevel=error)
 fi

@@ -30,6 +30,13 @@ pub enum ApiError {
     ModelNotAllowed(String),
     #[error("The model `{0}` does not exist.")]
     ModelNotFound(String),
+    /// A stored response (`previous_response_id`, `GET`/`DELETE /v1/responses/{id}`) that
+    /// does not exist, expired, or belongs to another token: all answered alike.
+    #[error("Response with id '{id}' not found.")]
+    ResponseNotFound {
+        id: String,
+        param: Option<&'static str>,
+    },
     #[error("Request body is larger than the gateway accepts ({0} bytes).")]
     RequestTooLarge(usize),
     #[error("Budget exhausted: this token's remaining budget cannot cover the request's worst-case cost.")]
@@ -107,7 +114,7 @@ impl ApiError {
             ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::InvalidApiKey => StatusCode::UNAUTHORIZED,
             ApiError::ModelNotAllowed(_) => StatusCode::FORBIDDEN,
-            ApiError::ModelNotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::ModelNotFound(_) | ApiError::ResponseNotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::RequestTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::InsufficientQuota { .. }
             | ApiError::UpstreamRateLimited { .. }
@@ -133,6 +140,7 @@ impl ApiError {
             ApiError::InvalidApiKey => "invalid_api_key",
             ApiError::ModelNotAllowed(_) => "model_not_allowed",
             ApiError::ModelNotFound(_) => "model_not_found",
+            ApiError::ResponseNotFound { .. } => "not_found",
             ApiError::RequestTooLarge(_) => "request_too_large",
             ApiError::InsufficientQuota { .. } => "insufficient_quota",
             ApiError::UpstreamRateLimited { .. } | ApiError::RateLimited { .. } => {
@@ -182,7 +190,7 @@ impl ApiError {
             }
             ApiError::InvalidApiKey => "authentication_error",
             ApiError::ModelNotAllowed(_) => "permission_error",
-            ApiError::ModelNotFound(_) => "not_found_error",
+            ApiError::ModelNotFound(_) | ApiError::ResponseNotFound { .. } => "not_found_error",
             ApiError::RequestTooLarge(_) => "request_too_large",
             ApiError::InsufficientQuota { .. }
             | ApiError::UpstreamRateLimited { .. }
@@ -233,7 +241,11 @@ impl ApiError {
             WireFormat::OpenAi => json!({"error": {
                 "message": message,
                 "type": self.openai_type(),
-                "param": match self { ApiError::InvalidRequest { param, .. } => *param, _ => None },
+                "param": match self {
+                    ApiError::InvalidRequest { param, .. }
+                    | ApiError::ResponseNotFound { param, .. } => *param,
+                    _ => None,
+                },
                 "code": self.code(),
             }}),
             WireFormat::Anthropic => json!({"type": "error", "error": {

@@ -6,6 +6,7 @@ mod health;
 mod messages;
 mod models;
 mod queue;
+mod responses;
 mod usage;
 
 use actix_web::web;
@@ -26,6 +27,9 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         "/v1/messages/count_tokens",
         web::post().to(messages::count_tokens),
     )
+    .route("/v1/responses", web::post().to(responses::create))
+    .route("/v1/responses/{id}", web::get().to(responses::get))
+    .route("/v1/responses/{id}", web::delete().to(responses::delete))
     .route("/v1/models", web::get().to(models::list))
     .route("/v1/models/{id}", web::get().to(models::one))
     .route("/v1/usage", web::get().to(usage::usage))

@@ -104,6 +104,7 @@ const SECTIONS: &[&str] = &[
     "cache",
     "upstream",
     "backup",
+    "responses",
 ];
 /// `SLUICE_*` variables that are not section overrides.
 const NON_OVERRIDES: &[&str] = &[

@@ -105,6 +105,7 @@ pub struct Settings {
     pub upstream: UpstreamTimeouts,
     pub alerts: AlertSettings,
     pub backup: BackupSettings,
+    pub responses: ResponsesSettings,
     /// Not a config key: `serve --ladder`, for the benchmark only.
     #[serde(skip)]
     pub ladder: Ladder,

@@ -500,3 +500,17 @@ impl Default for BackupSettings {
         }
     }
 }
+
+/// `[responses]`: stored responses of the Responses API (`store`, `previous_response_id`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ResponsesSettings {
+    /// Stored responses older than this are swept (and no longer found); 0 keeps none.
+    pub retention_days: u32,
+}
+
+impl Default for ResponsesSettings {
+    fn default() -> Self {
+        Self { retention_days: 30 }
+    }
+}

@@ -1,5 +1,6 @@
 //! `sluice mock`: a scriptable fake upstream speaking OpenAI (`/v1/chat/completions`,
-//! `/v1/completions`, `/v1/embeddings`, `/v1/models`) and Anthropic (`/v1/messages`).
+//! `/v1/completions`, `/v1/embeddings`, `/v1/models`, the Responses API `/v1/responses`)
+//! and Anthropic (`/v1/messages`).
 //! Tests script, per upstream API key, the next answers (status, body, headers, delays,
 //! stream cuts) and read what it saw: per-key request counts, the highest concurrency, and
 //! the last request bodies, headers and arrival times. A script may also carry seeded,
@@ -8,6 +9,7 @@
 
 mod faults;
 mod responses;
+mod responses_api;
 
 use std::collections::{HashMap, VecDeque};
 use std::net::TcpListener;
@@ -182,6 +184,7 @@ impl MockServer {
                 .route("/v1/completions", web::post().to(upstream))
                 .route("/v1/embeddings", web::post().to(upstream))
                 .route("/v1/messages", web::post().to(upstream))
+                .route("/v1/responses", web::post().to(upstream))
                 .route("/v1/models", web::get().to(models))
                 .route("/_mock/script", web::post().to(control_script))
                 .route("/_mock/sticky", web::post().to(control_sticky))

@@ -95,17 +95,17 @@ impl SseEvent {
     }
 }
 
-struct Plan {
+pub(super) struct Plan {
     /// Call this tool instead of answering: the request offered tools and has no tool
     /// result yet (the first leg of a tool-use round trip).
-    tool: Option<String>,
-    text: String,
-    prompt: i64,
-    completion: i64,
+    pub(super) tool: Option<String>,
+    pub(super) text: String,
+    pub(super) prompt: i64,
+    pub(super) completion: i64,
     /// Of `completion`, the part spent reasoning (never shown as text).
-    reasoning: i64,
-    model: String,
-    id: String,
+    pub(super) reasoning: i64,
+    pub(super) model: String,
+    pub(super) id: String,
 }
 
 fn plan(cfg: &MockConfig, body: &Value, s: &Script) -> Plan {
@@ -204,6 +204,8 @@ pub(crate) async fn answer(
         return sse(resp, events, &s, guard);
     }
     match (path, stream) {
+        ("/v1/responses", false) => resp.json(super::responses_api::answer(&p, body)),
+        ("/v1/responses", true) => sse(resp, super::responses_api::events(&p, body, &s), &s, guard),
         ("/v1/embeddings", _) => resp.json(embeddings(body, &p)),
         ("/v1/messages", false) => resp.json(anthropic_message(&p)),
         ("/v1/messages", true) => sse(resp, anthropic_events(&p, &s), &s, guard),
@@ -233,6 +235,9 @@ fn now() -> i64 {
 pub const TOOL_ARGUMENTS: &str = r#"{"vin":"WVWZZZ1JZXW000001"}"#;
 
 fn tool_to_call(body: &Value) -> Option<String> {
+    if body.get("input").is_some() {
+        return super::responses_api::tool_to_call(body);
+    }
     let tool = body.pointer("/tools/0")?;
     let name = tool
         .pointer("/function/name")
@@ -475,11 +480,11 @@ fn anthropic_events(p: &Plan, s: &Script) -> Vec<Event> {
     out
 }
 
-struct Event {
-    name: Option<String>,
-    data: String,
+pub(super) struct Event {
+    pub(super) name: Option<String>,
+    pub(super) data: String,
     /// A content chunk (counted by `cut_after` / `stall_after`).
-    content: bool,
+    pub(super) content: bool,
 }
 
 impl Event {

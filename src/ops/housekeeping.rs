@@ -1,7 +1,8 @@
 //! Background tasks of a running gateway: the token-cache refresh (revocations within 1 s),
 //! the process heartbeat, settling reservations of processes that died, and the sweep of
 //! this process's own reservations (released when no live request holds them, leases
-//! renewed while one does), and the scheduled backup.
+//! renewed while one does), the scheduled backup, and the sweep of stored responses past
+//! their retention.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +30,7 @@ const BACKUP_POLL: Duration = Duration::from_secs(60);
 const COOLDOWN_SYNC: Duration = Duration::from_millis(250);
 
 pub fn spawn(state: Arc<AppState>, me: Me) {
+    tokio::spawn(sweep_stored_responses(state.clone()));
     if state.settings.backup.interval_hours > 0 && state.db.backs_up_to_file() {
         tokio::spawn(scheduled_backups(state.clone()));
     } else if state.settings.backup.interval_hours > 0 {
@@ -123,6 +125,24 @@ pub fn spawn(state: Arc<AppState>, me: Me) {
 
 /// Takes a backup whenever one is due (`ops::backup::backup_if_due`); a failure raises
 /// `backup_failed` and is tried again at the next check.
+/// How often stored responses past their retention are deleted.
+const RESPONSES_SWEEP: Duration = Duration::from_secs(600);
+
+/// Deletes stored responses older than `[responses] retention_days` (reads already ignore
+/// them: `pipeline::responses::oldest_kept`).
+async fn sweep_stored_responses(state: Arc<AppState>) {
+    let mut tick = tokio::time::interval(RESPONSES_SWEEP);
+    loop {
+        tick.tick().await;
+        let before = crate::pipeline::responses::oldest_kept(&state);
+        match crate::store::responses::sweep(&state.db, before).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(deleted = n, "stored responses past their retention swept"),
+            Err(e) => tracing::warn!(error = %e, "stored responses sweep failed"),
+        }
+    }
+}
+
 async fn scheduled_backups(state: Arc<AppState>) {
     let b = &state.settings.backup;
     // Ten years at most: chrono's durations end at about 292 million years.

@@ -271,14 +271,26 @@ async fn try_candidate(
         }
     }
     let path = providers::path(p.endpoint, dep.provider).unwrap_or_default();
-    let body = match providers::build_request(
-        p.endpoint.format(),
-        dep.provider,
-        &p.body,
-        &c.route.upstream_model,
-        p.cap.map(|(_, cap)| (c.route.cap_field(p.endpoint), cap)),
-        p.stream,
-    ) {
+    let cap = p.cap.map(|(_, cap)| (c.route.cap_field(p.endpoint), cap));
+    let built = if p.responses.is_some() {
+        providers::build_responses_request(
+            dep.provider,
+            &p.body,
+            &c.route.upstream_model,
+            cap,
+            p.stream,
+        )
+    } else {
+        providers::build_request(
+            p.endpoint.format(),
+            dep.provider,
+            &p.body,
+            &c.route.upstream_model,
+            cap,
+            p.stream,
+        )
+    };
+    let body = match built {
         Ok(b) => b,
         Err(e) => {
             run.untranslatable = Some(e);

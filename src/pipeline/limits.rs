@@ -110,6 +110,13 @@ pub fn body_numbers(endpoint: Endpoint, body: &Map<String, Value>) -> Result<(),
             integer_in(body, "top_k", 0, i64::from(u32::MAX))?;
             thinking_budget(body)
         }
+        Endpoint::Responses => {
+            // One answer per request: `n` is no Responses field, and would multiply
+            // output nobody priced.
+            integer_in(body, "n", 1, 1)?;
+            integer_in(body, "top_logprobs", 0, 20)?;
+            integer_in(body, "max_tool_calls", 1, i64::from(u32::MAX))
+        }
     }
 }
 

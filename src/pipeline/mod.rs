@@ -10,6 +10,7 @@ pub mod limits;
 pub mod queued;
 pub mod request;
 pub mod respond;
+pub mod responses;
 pub mod stream;
 
 use std::time::Instant;
@@ -264,8 +265,14 @@ async fn run(
     log.team_id = Some(auth.owner.team_id);
 
     // 2. Validate.
-    let raw = read_body(payload, req, state.settings.server.max_body_bytes).await?;
+    let mut raw = read_body(payload, req, state.settings.server.max_body_bytes).await?;
+    let mut conversation = None;
+    if endpoint == Endpoint::Responses {
+        let (expanded, ctx) = responses::expand(state, &auth, raw).await?;
+        (raw, conversation) = (expanded, Some(ctx));
+    }
     let mut prepared = request::prepare(endpoint, &raw, &auth, &state.catalog)?;
+    prepared.responses = conversation;
     let asked = limits::client_headers(req.headers(), auth.max_priority)?;
     prepared.anthropic_beta = providers::anthropic::beta_header(req.headers());
     if ladder.has(Ladder::All) {
@@ -568,12 +575,21 @@ async fn finish(
     let answer = s.answer.unwrap_or_default();
     let upstream = providers::format_of(state.catalog.deployments[s.route.deployment].provider);
     // An answer without usage is charged the counted input and the counted output.
-    let usage = providers::answer_usage(upstream, &answer).unwrap_or_else(|text| Usage {
+    let (usage, body) = match &p.responses {
+        Some(ctx) => {
+            let provider = state.catalog.deployments[s.route.deployment].provider;
+            responses::answer(state, p, ctx, provider, &answer).await
+        }
+        None => (
+            providers::answer_usage(upstream, &answer),
+            providers::convert_answer(upstream, p.endpoint.format(), raw, &answer),
+        ),
+    };
+    let usage = usage.unwrap_or_else(|text| Usage {
         input: p.input_tokens,
         cached_input: 0,
         output: estimate::count_text(&text),
     });
-    let body = providers::convert_answer(upstream, p.endpoint.format(), raw, &answer);
     if let Some(plan) = plan {
         // Stored in the client's format, off the request path.
         let stored = if upstream == p.endpoint.format().into() {

@@ -19,14 +19,17 @@ pub enum Endpoint {
     Embeddings,
     /// Anthropic's `/v1/messages`.
     Messages,
+    /// OpenAI's Responses API, `/v1/responses`.
+    Responses,
 }
 
 impl Endpoint {
-    pub const ALL: [Endpoint; 4] = [
+    pub const ALL: [Endpoint; 5] = [
         Endpoint::Chat,
         Endpoint::Completions,
         Endpoint::Embeddings,
         Endpoint::Messages,
+        Endpoint::Responses,
     ];
 
     pub fn name(self) -> &'static str {
@@ -35,6 +38,7 @@ impl Endpoint {
             Endpoint::Completions => "completions",
             Endpoint::Embeddings => "embeddings",
             Endpoint::Messages => "messages",
+            Endpoint::Responses => "responses",
         }
     }
 
@@ -71,6 +75,8 @@ pub struct Prepared {
     /// The client's `anthropic-beta` header, forwarded to Anthropic upstreams only
     /// (`providers::anthropic::beta_header`).
     pub anthropic_beta: Option<reqwest::header::HeaderValue>,
+    /// A Responses API request's id, `store` and whole conversation (`pipeline::responses`).
+    pub responses: Option<super::responses::Ctx>,
 }
 
 /// How many completions a request makes the upstream generate and bill: `n` (1..=16) and,
@@ -265,6 +271,7 @@ pub fn prepare(
                 ))
             }
         },
+        Endpoint::Responses => super::responses::validate(&body)?,
         Endpoint::Embeddings => match body.get("input") {
             Some(Value::String(s)) if !s.is_empty() => estimate::count_text(s),
             Some(Value::Array(a)) if !a.is_empty() => a
@@ -291,7 +298,7 @@ pub fn prepare(
         let field = match endpoint {
             Endpoint::Chat | Endpoint::Messages => "messages",
             Endpoint::Completions => "prompt",
-            Endpoint::Embeddings => "input",
+            Endpoint::Embeddings | Endpoint::Responses => "input",
         };
         return Err(ApiError::invalid(
             field,
@@ -352,11 +359,15 @@ pub fn prepare(
                 Some(v) => Ok(Some((field, v))),
             }
         };
-        let cap = match (cap_of("max_completion_tokens")?, cap_of("max_tokens")?) {
-            (Some(c), Some(m)) if m.1 < c.1 => m,
-            (Some(c), _) => c,
-            (None, Some(m)) => m,
-            (None, None) => ("max_tokens", model.max_output_tokens),
+        let cap = if endpoint == Endpoint::Responses {
+            cap_of("max_output_tokens")?.unwrap_or(("max_output_tokens", model.max_output_tokens))
+        } else {
+            match (cap_of("max_completion_tokens")?, cap_of("max_tokens")?) {
+                (Some(c), Some(m)) if m.1 < c.1 => m,
+                (Some(c), _) => c,
+                (None, Some(m)) => m,
+                (None, None) => ("max_tokens", model.max_output_tokens),
+            }
         };
         (Some(cap), n)
     };
@@ -371,5 +382,6 @@ pub fn prepare(
         n,
         input_tokens,
         anthropic_beta: None,
+        responses: None,
     })
 }

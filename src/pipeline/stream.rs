@@ -36,6 +36,8 @@ use crate::quota::reservation::Held;
 use crate::ratelimit::Booking;
 use crate::state::AppState;
 use crate::store::requests::RequestRow;
+use crate::upstream::providers::formats::responses;
+use crate::upstream::providers::translate::stream::ResponsesOut;
 use crate::upstream::providers::{self, translate::stream::StreamConverter};
 
 /// The error event of a stream the shutdown ended.
@@ -65,6 +67,8 @@ struct Pump {
     assembler: Option<Assembler>,
     /// The serving key's own token window.
     key_booking: Option<Booking>,
+    /// A Responses request's conversation: its response is stored when complete.
+    conversation: Option<super::responses::Ctx>,
 }
 
 /// Where a stream's frames go: the bounded channel the response body drains.
@@ -198,11 +202,25 @@ pub(super) fn serve(
     // One bound for every buffer of a stream: no event, held-back block or cached answer
     // may be larger than a whole non-streamed answer may be.
     let most = state.settings.upstream.max_response_bytes;
+    let mut converter =
+        StreamConverter::new(upstream_format, client, p.include_usage, p.input_tokens)
+            .hold_limit(most);
+    if let Some(ctx) = &p.responses {
+        let provider = state.catalog.deployments[s.route.deployment].provider;
+        converter = converter.responses(if responses::native(provider) {
+            ResponsesOut::Native(responses::stream::Native::new(ctx.stamp.clone()))
+        } else {
+            ResponsesOut::Chat(Box::new(responses::stream::ChatToResponses::new(
+                p.body.clone(),
+                ctx.stamp.clone(),
+            )))
+        });
+    }
     let pump = Pump {
         state,
         prices: s.model.prices,
-        converter: StreamConverter::new(upstream_format, client, p.include_usage, p.input_tokens)
-            .hold_limit(most),
+        converter,
+        conversation: p.responses.clone(),
         assembler: books.cache.as_ref().map(|_| Assembler::new(client, most)),
         books,
         key_booking: s.key_booking,
@@ -267,6 +285,13 @@ impl Pump {
                 Ok(Some(Ok(ev))) => ev,
             };
             self.converter.event(&event.event, &event.data, &mut frames);
+            // A complete response is stored before its last event reaches the client, so
+            // its id works as soon as the client has it.
+            if let Some(ctx) = &self.conversation {
+                if let Some(r) = self.converter.completed_response() {
+                    super::responses::keep(&self.state, ctx, &r).await;
+                }
+            }
             for f in frames.drain(..) {
                 if let Some(a) = self.assembler.as_mut() {
                     a.push(&f);
@@ -329,6 +354,7 @@ impl Pump {
             converter,
             assembler,
             mut key_booking,
+            conversation: _,
         } = self;
         let Books {
             held,

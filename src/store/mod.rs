@@ -17,6 +17,7 @@ pub mod processes;
 pub mod raw;
 pub mod reports;
 pub mod requests;
+pub mod responses;
 pub mod sessions;
 pub mod tenants;
 pub mod token_admin;

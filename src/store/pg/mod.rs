@@ -16,6 +16,7 @@ pub mod notify;
 pub mod processes;
 pub mod reports;
 pub mod requests;
+pub mod responses;
 pub mod sessions;
 pub mod tenants;
 pub mod text;

@@ -11,10 +11,12 @@ pub mod translate;
 
 pub use dispatch::{answer_usage, build_request, convert_answer, convert_error, format_of, Format};
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::config::Provider;
+use crate::error::WireFormat;
 use crate::pipeline::request::Endpoint;
+use translate::TranslateError;
 
 /// The most tokens one reported figure may hold. An upstream's usage is read through
 /// `tokens`: a figure that is not a count in 0..=this (a lying or broken upstream's
@@ -40,5 +42,34 @@ pub fn path(endpoint: Endpoint, p: Provider) -> Option<&'static str> {
         (Endpoint::Embeddings, Provider::Openai) => Some("/embeddings"),
         (Endpoint::Chat | Endpoint::Messages, Provider::Anthropic) => Some("/v1/messages"),
         (Endpoint::Completions | Endpoint::Embeddings, Provider::Anthropic) => None,
+        // Native on OpenAI; translated (through chat) everywhere else.
+        (Endpoint::Responses, Provider::Openai) => Some("/responses"),
+        (Endpoint::Responses, Provider::Anthropic) => Some("/v1/messages"),
     }
+}
+
+/// The body to send for a Responses API request: the native body to a provider that
+/// speaks the Responses API (`formats::responses::native`), else the request as chat
+/// completions, carried by the chat translation to the upstream's format.
+pub fn build_responses_request(
+    upstream: Provider,
+    body: &Map<String, Value>,
+    upstream_model: &str,
+    cap: Option<(&'static str, i64)>,
+    stream: bool,
+) -> Result<Vec<u8>, TranslateError> {
+    use formats::responses;
+    if responses::native(upstream) {
+        let out = responses::shape_request(body, upstream_model, cap.map(|(_, c)| c));
+        return Ok(serde_json::to_vec(&Value::Object(out)).unwrap_or_default());
+    }
+    let chat = responses::to_chat(body)?;
+    build_request(
+        WireFormat::OpenAi,
+        upstream,
+        &chat,
+        upstream_model,
+        cap,
+        stream,
+    )
 }

@@ -14,6 +14,7 @@
 
 pub mod anthropic;
 pub mod openai_chat;
+pub mod responses;
 
 use serde_json::Value;
 

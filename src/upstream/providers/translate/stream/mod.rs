@@ -22,6 +22,7 @@ use crate::quota::estimate;
 use crate::quota::pricing::Usage;
 use crate::upstream::providers::canonical::{self, Event};
 use crate::upstream::providers::formats::openai_chat::stream::{read_event, OpenAiEvent};
+use crate::upstream::providers::formats::responses::stream as responses;
 use crate::upstream::providers::formats::{anthropic, openai_chat};
 use crate::upstream::providers::Format;
 use shape::Body;
@@ -83,6 +84,16 @@ pub struct StreamConverter {
     error_sent: bool,
     reader: Reader,
     writer: Writer,
+    /// A Responses API client (`formats::responses::stream`): set by `responses`.
+    responses: Option<Box<ResponsesOut>>,
+}
+
+/// How a Responses client's stream is written.
+pub enum ResponsesOut {
+    /// The upstream speaks the Responses API: its events pass through (stamped).
+    Native(responses::Native),
+    /// The upstream's stream, read as chat chunks, is written as Responses events.
+    Chat(Box<responses::ChatToResponses>),
 }
 
 pub fn frame(event: Option<&str>, data: &str) -> Bytes {
@@ -143,7 +154,73 @@ impl StreamConverter {
                 }
                 Format::Anthropic => Writer::Anthropic(anthropic::EventWriter::default()),
             },
+            responses: None,
         }
+    }
+
+    /// Writes the stream for a Responses API client (see `ResponsesOut`); the usage chunk
+    /// of a chat upstream is then always read.
+    pub fn responses(mut self, out: ResponsesOut) -> Self {
+        self.include_usage = true;
+        if self.client == Format::OpenAiChat {
+            self.writer = Writer::OpenAiChat(openai_chat::EventWriter::new(true));
+        }
+        self.responses = Some(Box::new(out));
+        self
+    }
+
+    /// A Responses client's final response object, once the stream completed.
+    pub fn completed_response(&mut self) -> Option<serde_json::Value> {
+        match self.responses.as_deref_mut()? {
+            ResponsesOut::Native(n) => n.completed.take(),
+            ResponsesOut::Chat(c) => c.completed.take(),
+        }
+    }
+
+    /// A Responses client's stream: native events pass through, others are read by the
+    /// format pair's own path into chat chunks and written as Responses events.
+    fn responses_event(&mut self, name: &str, data: &str, out: &mut Vec<Bytes>) {
+        let Some(mut r) = self.responses.take() else {
+            return;
+        };
+        match r.as_mut() {
+            ResponsesOut::Native(n) => match n.read(name, data) {
+                Ok(read) => {
+                    if let Some(t) = &read.text {
+                        self.note_text(t);
+                    }
+                    if let Some(u) = read.usage {
+                        self.input = Some(u.input);
+                        self.cached = u.cached_input;
+                        self.output = Some(u.output);
+                    }
+                    self.done |= read.done;
+                    self.error_sent |= read.failed;
+                    out.extend(read.frame);
+                }
+                Err(message) => {
+                    out.push(responses::error_frame(
+                        n.next_seq,
+                        message,
+                        "upstream_error",
+                    ));
+                    self.error_sent = true;
+                }
+            },
+            ResponsesOut::Chat(c) => {
+                let mut chat = Vec::new();
+                self.responses = None;
+                self.event(name, data, &mut chat);
+                for f in &chat {
+                    for line in std::str::from_utf8(f).unwrap_or("").lines() {
+                        if let Some(d) = line.strip_prefix("data: ") {
+                            c.push(d, out);
+                        }
+                    }
+                }
+            }
+        }
+        self.responses = Some(r);
     }
 
     /// Sets the most the converter keeps of one stream (`HOLD_LIMIT` by default).
@@ -201,6 +278,13 @@ impl StreamConverter {
 
     /// As `error_frame`, with this code (`shutting_down` when the gateway ends the stream).
     pub fn end_frame(&self, message: &str, code: &str) -> Option<Bytes> {
+        if let Some(r) = &self.responses {
+            let seq = match r.as_ref() {
+                ResponsesOut::Native(n) => n.next_seq,
+                ResponsesOut::Chat(c) => c.next_seq(),
+            };
+            return (!self.error_sent).then(|| responses::error_frame(seq, message, code));
+        }
         (!self.error_sent).then(|| error_event(self.client, message, code))
     }
 
@@ -213,6 +297,9 @@ impl StreamConverter {
         // An empty `data:` carries nothing.
         if data.trim().is_empty() {
             return;
+        }
+        if self.responses.is_some() {
+            return self.responses_event(name, data, out);
         }
         let read = match (self.upstream, self.client) {
             (Format::OpenAiChat, Format::OpenAiChat) => self.openai_to_openai(data, out),

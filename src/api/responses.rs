@@ -1,0 +1,60 @@
+//! `POST /v1/responses` (the pipeline) and the stored responses' `GET` and `DELETE
+//! /v1/responses/{id}`, scoped to the token that made them.
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde_json::json;
+
+use crate::error::{ApiError, WireFormat};
+use crate::pipeline::{self, request::Endpoint, responses::oldest_kept};
+use crate::state::AppState;
+use crate::store::responses as stored;
+
+pub async fn create(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    body: web::Payload,
+) -> HttpResponse {
+    pipeline::handle(state, req, body, Endpoint::Responses).await
+}
+
+fn not_found(id: String) -> HttpResponse {
+    ApiError::ResponseNotFound { id, param: None }.render(WireFormat::OpenAi)
+}
+
+pub async fn get(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    id: web::Path<String>,
+) -> HttpResponse {
+    let auth = match super::authenticated(&state, &req, WireFormat::OpenAi).await {
+        Ok(a) => a,
+        Err(resp) => return resp,
+    };
+    let id = id.into_inner();
+    match stored::get(&state.db, &id, auth.owner.token_id, oldest_kept(&state)).await {
+        Ok(Some(row)) => HttpResponse::Ok()
+            .content_type("application/json")
+            .body(row.response),
+        Ok(None) => not_found(id),
+        Err(e) => ApiError::from_store(&e, "stored response").render(WireFormat::OpenAi),
+    }
+}
+
+pub async fn delete(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    id: web::Path<String>,
+) -> HttpResponse {
+    let auth = match super::authenticated(&state, &req, WireFormat::OpenAi).await {
+        Ok(a) => a,
+        Err(resp) => return resp,
+    };
+    let id = id.into_inner();
+    match stored::delete(&state.db, &id, auth.owner.token_id).await {
+        Ok(true) => {
+            HttpResponse::Ok().json(json!({"id": id, "object": "response", "deleted": true}))
+        }
+        Ok(false) => not_found(id),
+        Err(e) => ApiError::from_store(&e, "stored response").render(WireFormat::OpenAi),
+    }
+}

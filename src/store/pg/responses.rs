@@ -1,0 +1,70 @@
+//! Stored responses on PostgreSQL (see `store::responses`). An id holding a NUL cannot be
+//! stored, so it is not found without asking.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+
+use super::text;
+use crate::clock::db_time;
+use crate::store::responses::StoredResponse;
+use crate::store::Result;
+
+pub async fn put(pool: &PgPool, row: &StoredResponse) -> Result<()> {
+    text::check(&[
+        ("input", Some(&row.input)),
+        ("response", Some(&row.response)),
+    ])?;
+    sqlx::query("INSERT INTO stored_responses (id, token_id, created_at, input, response) VALUES ($1, $2, $3, $4, $5)")
+        .bind(&row.id)
+        .bind(row.token_id)
+        .bind(&row.created_at)
+        .bind(&row.input)
+        .bind(&row.response)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+pub async fn get(
+    pool: &PgPool,
+    id: &str,
+    token_id: i64,
+    since: DateTime<Utc>,
+) -> Result<Option<StoredResponse>> {
+    if !text::storable(id) {
+        return Ok(None);
+    }
+    Ok(sqlx::query_as(
+        "SELECT id, token_id, created_at, input, response FROM stored_responses WHERE id = $1 AND token_id = $2 AND created_at > $3",
+    )
+    .bind(id)
+    .bind(token_id)
+    .bind(db_time(since))
+    .fetch_optional(pool)
+    .await?)
+}
+
+pub async fn delete(pool: &PgPool, id: &str, token_id: i64) -> Result<bool> {
+    if !text::storable(id) {
+        return Ok(false);
+    }
+    Ok(
+        sqlx::query("DELETE FROM stored_responses WHERE id = $1 AND token_id = $2")
+            .bind(id)
+            .bind(token_id)
+            .execute(pool)
+            .await?
+            .rows_affected()
+            > 0,
+    )
+}
+
+pub async fn sweep(pool: &PgPool, before: DateTime<Utc>) -> Result<u64> {
+    Ok(
+        sqlx::query("DELETE FROM stored_responses WHERE created_at <= $1")
+            .bind(db_time(before))
+            .execute(pool)
+            .await?
+            .rows_affected(),
+    )
+}

@@ -1,0 +1,376 @@
+//! Hostile and unservable Responses requests: every one refused with a 400 (or 404 / 429)
+//! in OpenAI's error shape that names the problem, none reaching an upstream or charging
+//! anything; and the translated (non-native) path's answers and refusals.
+
+use serde_json::{json, Value};
+
+use crate::helpers::*;
+use crate::responses::{ask, charged, cost, create, output_text, ASK};
+use crate::responses_streams::app_with_claude;
+
+#[tokio::test]
+async fn bad_input_is_refused_naming_the_field_before_any_upstream() {
+    let app = app_with_claude().await;
+    let (token_id, token) = app.token("ola", Some("10")).await;
+    let huge = "word ".repeat(140_000);
+    let cases: Vec<(Value, &str, &str)> = vec![
+        (
+            json!({"model": "gpt-4o-mini"}),
+            "input",
+            "`input` is required",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": ""}),
+            "input",
+            "non-empty",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": []}),
+            "input",
+            "non-empty",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": 42}),
+            "input",
+            "non-empty",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": [7]}),
+            "input",
+            "input[0] must be an object",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": [{"type": "web_search_call", "id": "ws_1"}]}),
+            "input",
+            "`web_search_call`",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": [{"type": "item_reference", "id": "msg_1"}]}),
+            "input",
+            "`item_reference`",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": [{"role": "wizard", "content": "hi"}]}),
+            "input",
+            "`role`",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": [{"role": "user", "content": [{"type": "input_audio"}]}]}),
+            "input",
+            "input_audio",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": [{"role": "user", "content": "hi"},
+            {"type": "function_call_output", "call_id": "call_never", "output": "42"}]}),
+            "input",
+            "call_never",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": [{"type": "function_call", "call_id": 1, "name": "f", "arguments": "{}"}]}),
+            "input",
+            "call_id",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": "hi", "tools": [{"type": "web_search"}]}),
+            "tools",
+            "`web_search`",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": "hi", "tools": [{"type": "file_search", "vector_store_ids": ["vs"]}]}),
+            "tools",
+            "`file_search`",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": "hi", "tools": [{"type": "computer_use_preview"}]}),
+            "tools",
+            "`computer_use_preview`",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": "hi", "tools": [{"type": "function"}]}),
+            "tools",
+            "`name`",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": "hi", "tool_choice": {"type": "web_search"}}),
+            "tool_choice",
+            "tool_choice",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": "hi", "truncation": "auto"}),
+            "truncation",
+            "never drops",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": "hi", "background": true}),
+            "background",
+            "background",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": "hi", "conversation": "conv_1"}),
+            "conversation",
+            "previous_response_id",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": "hi", "max_output_tokens": 0}),
+            "max_output_tokens",
+            "at least 1",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": "hi", "max_output_tokens": 1_000_000}),
+            "max_output_tokens",
+            "at most 4096",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": "hi", "max_output_tokens": "many"}),
+            "max_output_tokens",
+            "integer",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": "hi", "n": 3}),
+            "n",
+            "n",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": "hi", "temperature": 9}),
+            "temperature",
+            "temperature",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": "hi", "store": "yes"}),
+            "store",
+            "boolean",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": "hi", "previous_response_id": 5}),
+            "previous_response_id",
+            "string",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": "hi", "text": {"format": {"type": "json_schema"}}}),
+            "text",
+            "schema",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": "hi", "include": "everything"}),
+            "include",
+            "array",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": huge}),
+            "input",
+            "accepts at most 128000",
+        ),
+        // What the translated path cannot express.
+        (
+            json!({"model": "claude", "input": "hi", "top_logprobs": 3}),
+            "top_logprobs",
+            "cannot be served",
+        ),
+        (
+            json!({"model": "claude", "input": "hi", "include": ["message.output_text.logprobs"]}),
+            "include",
+            "cannot be served",
+        ),
+        (
+            json!({"model": "claude", "input": "hi", "text": {"verbosity": "low"}}),
+            "text",
+            "verbosity",
+        ),
+        (
+            json!({"model": "claude", "input": "hi", "metadata": {"ticket": "42"}}),
+            "metadata",
+            "Anthropic",
+        ),
+        (
+            json!({"model": "claude", "input": "hi", "tools": [{"type": "custom", "name": "exec"}]}),
+            "tools",
+            "`custom`",
+        ),
+        (
+            json!({"model": "claude", "input": [{"type": "custom_tool_call", "call_id": "c1", "name": "exec", "input": "ls"}]}),
+            "input",
+            "`custom_tool_call`",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": [{"type": "custom_tool_call_output", "call_id": "c9", "output": "x"}]}),
+            "input",
+            "c9",
+        ),
+        (
+            json!({"model": "claude", "input": [{"role": "user", "content": [{"type": "input_image", "file_id": "file_1"}]}]}),
+            "input",
+            "file_id",
+        ),
+    ];
+    for (body, param, says) in cases {
+        let (status, err) = create(&app, &token, &body).await;
+        let shown = body.to_string().chars().take(160).collect::<String>();
+        assert_eq!(status, 400, "{shown}: {err}");
+        assert_eq!(err["error"]["type"], "invalid_request_error", "{shown}");
+        assert_eq!(err["error"]["param"], param, "{shown}: {err}");
+        let message = err["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{shown}: {message}");
+    }
+    assert_eq!(
+        app.mock.state.total_count(),
+        0,
+        "nothing reached an upstream"
+    );
+    assert_eq!(charged(&app, token_id).await, 0);
+    // Not JSON at all, and a body that is not an object.
+    for raw in ["{", "[1,2]", "\u{0}"] {
+        let resp = app
+            .http
+            .post(format!("{}/v1/responses", app.address))
+            .bearer_auth(&token)
+            .header("content-type", "application/json")
+            .body(raw)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 400, "{raw:?}");
+        let err: Value = resp.json().await.unwrap();
+        assert_eq!(err["error"]["type"], "invalid_request_error");
+    }
+    app.assert_invariant().await;
+}
+
+#[tokio::test]
+async fn an_unknown_token_and_an_exhausted_budget_answer_in_openais_shape() {
+    let app = spawn_app().await;
+    let (status, err) = create(&app, "sk-sl-unknown", &ask()).await;
+    assert_eq!(status, 401);
+    assert_eq!(err["error"]["code"], "invalid_api_key");
+    // A budget below the worst case of one request: 429 insufficient_quota, nothing sent.
+    let (token_id, token) = app.token("ola", Some("0.001")).await;
+    let (status, err) = create(&app, &token, &ask()).await;
+    assert_eq!(status, 429, "{err}");
+    assert_eq!(err["error"]["code"], "insufficient_quota");
+    assert_eq!(err["error"]["type"], "insufficient_quota");
+    assert_eq!(app.mock.state.total_count(), 0);
+    // Exactly the worst case is enough; what is left after it is not.
+    let worst = crate::responses::worst(&ask(), 4096);
+    let dollars = format!("{}.{:06}", worst / 1_000_000, worst % 1_000_000);
+    let (exact_id, exact) = app.token("kari", Some(&dollars)).await;
+    assert_eq!(create(&app, &exact, &ask()).await.0, 200);
+    let (status, _) = create(&app, &exact, &ask()).await;
+    assert_eq!(status, 429);
+    assert_eq!(charged(&app, exact_id).await, cost(12, 24));
+    assert_eq!(charged(&app, token_id).await, 0);
+    app.assert_invariant().await;
+}
+
+#[tokio::test]
+async fn a_translated_answer_is_a_response_object_charged_its_usage() {
+    let app = app_with_claude().await;
+    let (token_id, token) = app.token("ola", Some("10")).await;
+    let body = json!({"model": "claude", "instructions": "Be brief.", "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": ASK}]}],
+        "max_output_tokens": 300, "temperature": 0.5});
+    let (status, r) = create(&app, &token, &body).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["object"], "response");
+    assert_eq!(r["status"], "completed");
+    assert!(r["id"].as_str().unwrap().starts_with("resp_"));
+    assert_eq!(r["instructions"], "Be brief.");
+    assert_eq!(r["max_output_tokens"], 300);
+    assert_eq!(output_text(&r), sluice::mock::MockConfig::default().text);
+    assert_eq!(
+        r["usage"],
+        json!({"input_tokens": 12, "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": 24, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 36})
+    );
+    let sent = app
+        .mock
+        .state
+        .stats(KEY_B)
+        .last_bodies
+        .back()
+        .unwrap()
+        .clone();
+    assert_eq!(sent["model"], "claude-upstream");
+    assert_eq!(sent["max_tokens"], 300);
+    assert_eq!(sent["system"], "Be brief.");
+    assert_eq!(sent["messages"][0]["role"], "user");
+    assert_eq!(charged(&app, token_id).await, cost(12, 24));
+    // A conversation continued on another provider: the stored items become messages.
+    let follow = json!({"model": "gpt-4o-mini", "input": "Shorter?", "previous_response_id": r["id"], "stream": false});
+    let (status, _) = create(&app, &token, &follow).await;
+    assert_eq!(status, 200);
+    let sent = app
+        .mock
+        .state
+        .stats(KEY_A)
+        .last_bodies
+        .back()
+        .unwrap()
+        .clone();
+    assert_eq!(sent["input"].as_array().unwrap().len(), 3, "{sent}");
+    app.assert_invariant().await;
+}
+
+#[tokio::test]
+async fn a_translated_function_tool_round_trip() {
+    let app = app_with_claude().await;
+    let (_, token) = app.token("ola", None).await;
+    let tools = json!([{"type": "function", "name": "lookup_vehicle",
+        "parameters": {"type": "object", "properties": {"vin": {"type": "string"}}}}]);
+    let (status, r) = create(
+        &app,
+        &token,
+        &json!({"model": "claude", "input": "Which car?", "tools": tools}),
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
+    let call = r["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "function_call")
+        .unwrap()
+        .clone();
+    assert_eq!(call["name"], "lookup_vehicle");
+    let sent = app
+        .mock
+        .state
+        .stats(KEY_B)
+        .last_bodies
+        .back()
+        .unwrap()
+        .clone();
+    assert_eq!(sent["tools"][0]["name"], "lookup_vehicle");
+    let next = json!({"model": "claude", "tools": tools, "previous_response_id": r["id"],
+        "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "Golf"}]});
+    let (status, done) = create(&app, &token, &next).await;
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(done["output"][0]["type"], "message");
+    let sent = app
+        .mock
+        .state
+        .stats(KEY_B)
+        .last_bodies
+        .back()
+        .unwrap()
+        .clone();
+    let last = sent["messages"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["content"][0]["type"], "tool_result", "{sent}");
+    assert_eq!(last["content"][0]["tool_use_id"], call["call_id"]);
+    app.assert_invariant().await;
+}
+
+#[tokio::test]
+async fn an_upstream_client_error_reaches_the_client_in_openais_shape() {
+    let app = spawn_app().await;
+    let (token_id, token) = app.token("ola", Some("10")).await;
+    app.mock.state.script(KEY_A, [sluice::mock::Script {
+        status: Some(400),
+        body: Some(json!({"error": {"message": "Invalid schema for function", "type": "invalid_request_error", "param": "tools", "code": "invalid_function_parameters"}})),
+        ..Default::default()
+    }]);
+    let (status, err) = create(&app, &token, &ask()).await;
+    assert_eq!(status, 400);
+    assert_eq!(err["error"]["code"], "invalid_function_parameters");
+    assert_eq!(charged(&app, token_id).await, 0);
+    assert_eq!(app.scalar("SELECT COUNT(*) FROM stored_responses").await, 0);
+    app.assert_invariant().await;
+}
