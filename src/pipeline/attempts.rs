@@ -149,7 +149,7 @@ const LOCAL_RETRY_AFTER_SECONDS: u64 = 1;
 async fn attempt(
     state: &AppState,
     c: &Candidate,
-    path: &str,
+    url: Option<&reqwest::Url>,
     body: Vec<u8>,
     (stream, beta): (bool, Option<&reqwest::header::HeaderValue>),
     (started, deadline): (Instant, Instant),
@@ -160,7 +160,7 @@ async fn attempt(
     let sent = Instant::now();
     let resp = state
         .upstream
-        .post(dep, path, Bytes::from(body), deadline, beta)
+        .post(dep, url, Bytes::from(body), deadline, beta)
         .await;
     metrics::upstream_answer(dep.provider.as_str(), &dep.id, sent.elapsed().as_secs_f64());
     let resp = resp?;
@@ -270,14 +270,14 @@ async fn try_candidate(
             return Step::Next;
         }
     }
-    let path = providers::path(p.endpoint, dep.provider).unwrap_or_default();
+    let url = dep.url(c.route.target, p.endpoint, p.stream);
     let body = match providers::build_request(
         p.endpoint.format(),
         dep.provider,
         &p.body,
         &c.route.upstream_model,
         p.cap.map(|(_, cap)| (c.route.cap_field(p.endpoint), cap)),
-        p.stream,
+        (p.stream, dep.include_usage),
     ) {
         Ok(b) => b,
         Err(e) => {
@@ -305,7 +305,7 @@ async fn try_candidate(
     let err = match attempt(
         state,
         c,
-        path,
+        url,
         body,
         (p.stream, p.anthropic_beta.as_ref()),
         (started, deadline),

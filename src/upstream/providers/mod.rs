@@ -3,6 +3,7 @@
 //! of an answer, and the answer in the client's format.
 
 pub mod anthropic;
+pub mod azure;
 pub mod canonical;
 pub mod openai;
 pub mod translate;
@@ -10,10 +11,11 @@ pub mod translate;
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
-use crate::config::Provider;
+use crate::config::{AuthMode, Provider, UpstreamSettings};
 use crate::error::WireFormat;
 use crate::pipeline::request::Endpoint;
 use crate::quota::pricing::Usage;
+use crate::upstream::credential::Credential;
 use translate::{request, response, TranslateError};
 
 /// The most tokens one reported figure may hold. An upstream's usage is read through
@@ -34,49 +36,98 @@ pub fn tokens(v: Option<&Value>) -> Option<i64> {
 
 pub fn format_of(p: Provider) -> WireFormat {
     match p {
-        Provider::Openai => WireFormat::OpenAi,
+        Provider::Openai | Provider::AzureOpenai | Provider::OpenaiCompatible => WireFormat::OpenAi,
         Provider::Anthropic => WireFormat::Anthropic,
     }
 }
 
-/// Where an endpoint's requests go on a provider; `None` when it has no such endpoint.
+/// Where an endpoint's requests go on a provider, after its base URL; `None` when it has no
+/// such endpoint. Providers whose URL names the deployment or model (`url`) answer the
+/// path's last part only: what tells that the endpoint exists.
 pub fn path(endpoint: Endpoint, p: Provider) -> Option<&'static str> {
+    use Provider::{Anthropic, AzureOpenai, Openai, OpenaiCompatible};
     match (endpoint, p) {
-        (Endpoint::Chat | Endpoint::Messages, Provider::Openai) => Some("/chat/completions"),
-        (Endpoint::Completions, Provider::Openai) => Some("/completions"),
-        (Endpoint::Embeddings, Provider::Openai) => Some("/embeddings"),
-        (Endpoint::Chat | Endpoint::Messages, Provider::Anthropic) => Some("/v1/messages"),
-        (Endpoint::Completions | Endpoint::Embeddings, Provider::Anthropic) => None,
+        (Endpoint::Chat | Endpoint::Messages, Openai | AzureOpenai | OpenaiCompatible) => {
+            Some("/chat/completions")
+        }
+        (Endpoint::Completions, Openai | AzureOpenai | OpenaiCompatible) => Some("/completions"),
+        (Endpoint::Embeddings, Openai | AzureOpenai | OpenaiCompatible) => Some("/embeddings"),
+        (Endpoint::Chat | Endpoint::Messages, Anthropic) => Some("/v1/messages"),
+        (Endpoint::Completions | Endpoint::Embeddings, Anthropic) => None,
+    }
+}
+
+/// Whether a provider's URL names the route's deployment or model: then each route target
+/// has its own URLs (`catalog::Deployment::target`).
+pub fn target_in_url(p: Provider) -> bool {
+    matches!(p, Provider::AzureOpenai)
+}
+
+/// The URL an endpoint's request (streamed or not) goes to on an upstream, for a route whose
+/// target (Azure's deployment, a model in the path) is `target`. Built once at start.
+pub fn url(
+    u: &UpstreamSettings,
+    base: &str,
+    endpoint: Endpoint,
+    target: &str,
+    _stream: bool,
+) -> Option<reqwest::Url> {
+    let path = path(endpoint, u.provider)?;
+    match u.provider {
+        Provider::AzureOpenai => azure::url(u, base, endpoint, target),
+        Provider::Openai | Provider::Anthropic | Provider::OpenaiCompatible => {
+            reqwest::Url::parse(&format!("{base}{path}")).ok()
+        }
+    }
+}
+
+/// How a deployment authenticates: a header built once, none, or a hook run at send time.
+pub fn credential(u: &UpstreamSettings) -> Credential {
+    use reqwest::header::{HeaderName, AUTHORIZATION};
+    let key = u.api_key.expose();
+    match u.provider {
+        _ if u.quirks.auth == AuthMode::None => Credential::None,
+        Provider::Openai | Provider::OpenaiCompatible => {
+            Credential::header(AUTHORIZATION, &format!("Bearer {key}"))
+        }
+        Provider::Anthropic => Credential::header(HeaderName::from_static("x-api-key"), key),
+        Provider::AzureOpenai => azure::credential(u),
     }
 }
 
 /// The body to send to a `upstream` deployment for a request in the `client` format.
 /// `cap` is the output cap and the field the upstream model takes it in (see
 /// `catalog::Route::cap_field`); it is sent under that name only.
+///
+/// `include_usage` false (the upstream's `quirks.include_usage`): a stream's body carries no
+/// `stream_options` at all, for servers that refuse the field.
 pub fn build_request(
     client: WireFormat,
     upstream: Provider,
     body: &Map<String, Value>,
     upstream_model: &str,
     cap: Option<(&'static str, i64)>,
-    stream: bool,
+    (stream, include_usage): (bool, bool),
 ) -> Result<Vec<u8>, TranslateError> {
     let cap_value = cap.map_or(0, |(_, c)| c);
-    let out = match (client, upstream) {
-        (WireFormat::OpenAi, Provider::Openai) => {
+    let mut out = match (client, format_of(upstream)) {
+        (WireFormat::OpenAi, WireFormat::OpenAi) => {
             openai::shape_request(body, upstream_model, cap, stream)
         }
-        (WireFormat::Anthropic, Provider::Anthropic) => {
+        (WireFormat::Anthropic, WireFormat::Anthropic) => {
             anthropic::shape_request(body, upstream_model, cap)
         }
-        (WireFormat::OpenAi, Provider::Anthropic) => {
+        (WireFormat::OpenAi, WireFormat::Anthropic) => {
             request::openai_to_anthropic(body, upstream_model, cap_value, stream)?
         }
-        (WireFormat::Anthropic, Provider::Openai) => {
+        (WireFormat::Anthropic, WireFormat::OpenAi) => {
             let cap = cap.unwrap_or(("max_tokens", cap_value));
             request::anthropic_to_openai(body, upstream_model, cap, stream)?
         }
     };
+    if !include_usage && format_of(upstream) == WireFormat::OpenAi {
+        out.remove("stream_options");
+    }
     Ok(serde_json::to_vec(&Value::Object(out)).unwrap_or_default())
 }
 
