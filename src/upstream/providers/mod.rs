@@ -158,7 +158,10 @@ pub fn convert_answer(upstream: WireFormat, client: WireFormat, raw: Bytes, v: &
 /// the client's format's error, rebuilt otherwise (the other format, an OpenAI-compatible
 /// server's own shape, a proxy's HTML page).
 pub fn convert_error(upstream: WireFormat, client: WireFormat, status: u16, raw: Bytes) -> Bytes {
-    let v: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
+    let v: Value = serde_json::from_slice(&raw)
+        .ok()
+        .or_else(|| plain_text_error(&raw))
+        .unwrap_or(Value::Null);
     if upstream == client && is_error_of(client, &v) {
         return raw;
     }
@@ -169,6 +172,17 @@ pub fn convert_error(upstream: WireFormat, client: WireFormat, status: u16, raw:
     Bytes::from(converted.to_string())
 }
 
+/// A short plain-text error body (a server's "model not found") as `{"message": …}`; not
+/// an HTML page (a proxy's), which says nothing a client can use.
+fn plain_text_error(raw: &[u8]) -> Option<Value> {
+    let text = std::str::from_utf8(raw).ok()?.trim();
+    let plain = !text.is_empty()
+        && text.len() <= 1000
+        && !text.starts_with('<')
+        && !text.chars().any(char::is_control);
+    plain.then(|| serde_json::json!({ "message": text }))
+}
+
 /// True when `v` is an error body of `format`'s own shape, which its SDKs parse.
 fn is_error_of(format: WireFormat, v: &Value) -> bool {
     let text = |p: &str| v.pointer(p).is_some_and(Value::is_string);
@@ -177,5 +191,103 @@ fn is_error_of(format: WireFormat, v: &Value) -> bool {
         WireFormat::Anthropic => {
             v["type"] == "error" && text("/error/type") && text("/error/message")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// OpenAI-compatible servers' own error bodies, rebuilt in each client's format with the
+    /// server's message (the status is the caller's to keep).
+    #[test]
+    fn compatible_servers_error_bodies_reach_the_client_in_its_format() {
+        let shapes: [(&str, &[u8]); 5] = [
+            ("fastapi", br#"{"detail":"mock error 400"}"#),
+            ("ollama", br#"{"error":"mock error 400"}"#),
+            (
+                "vllm",
+                br#"{"object":"error","message":"mock error 400","type":"BadRequestError","param":null,"code":400}"#,
+            ),
+            ("text", b"mock error 400"),
+            (
+                "fastapi list",
+                br#"{"detail":[{"type":"missing","loc":["body","messages"],"msg":"mock error 400"}]}"#,
+            ),
+        ];
+        for (name, raw) in shapes {
+            let openai = convert_error(
+                WireFormat::OpenAi,
+                WireFormat::OpenAi,
+                400,
+                Bytes::from_static(raw),
+            );
+            let v: Value = serde_json::from_slice(&openai).unwrap();
+            assert_eq!(v["error"]["type"], "invalid_request_error", "{name}: {v}");
+            assert!(
+                v["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("mock error 400")),
+                "{name}: {v}"
+            );
+            let anthropic = convert_error(
+                WireFormat::OpenAi,
+                WireFormat::Anthropic,
+                400,
+                Bytes::from_static(raw),
+            );
+            let v: Value = serde_json::from_slice(&anthropic).unwrap();
+            assert_eq!(v["type"], "error", "{name}: {v}");
+            assert_eq!(v["error"]["type"], "invalid_request_error", "{name}: {v}");
+            assert!(
+                v["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("mock error 400")),
+                "{name}: {v}"
+            );
+        }
+        // A proxy's HTML page is no message for a client.
+        let html = convert_error(
+            WireFormat::OpenAi,
+            WireFormat::OpenAi,
+            404,
+            Bytes::from_static(b"<html><body>404 Not Found</body></html>"),
+        );
+        let v: Value = serde_json::from_slice(&html).unwrap();
+        assert!(
+            !v["error"]["message"].as_str().unwrap().contains('<'),
+            "{v}"
+        );
+    }
+
+    /// Azure's content-filter 400: an OpenAI client gets Azure's body as it is (with
+    /// `innererror.content_filter_result`); an Anthropic client an `invalid_request_error`
+    /// that says the content filter refused it.
+    #[test]
+    fn azure_content_filter_errors_name_the_filter() {
+        let raw = serde_json::to_vec(&crate::mock::azure::content_filter_error()).unwrap();
+        let openai = convert_error(
+            WireFormat::OpenAi,
+            WireFormat::OpenAi,
+            400,
+            Bytes::from(raw.clone()),
+        );
+        assert_eq!(openai, raw, "passed through untouched");
+        let anthropic = convert_error(
+            WireFormat::OpenAi,
+            WireFormat::Anthropic,
+            400,
+            Bytes::from(raw),
+        );
+        let v: Value = serde_json::from_slice(&anthropic).unwrap();
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+        assert_eq!(v["error"]["code"], "content_filter", "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("content management policy"),
+            "{v}"
+        );
     }
 }

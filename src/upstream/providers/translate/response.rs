@@ -194,11 +194,28 @@ pub fn openai_answer_to_anthropic(v: &Value) -> Value {
 /// The upstream's own words: its format's `error.message`, else a top-level `message`
 /// (vLLM) or `detail` (FastAPI servers); a body that is not JSON (a proxy's HTML page) is
 /// not shown to the client.
-fn upstream_message(v: &Value) -> &str {
-    ["/error/message", "/message", "/detail"]
+/// The message of an upstream's error body, whatever its shape: OpenAI's and Anthropic's
+/// `error.message`, vLLM's and Mistral's `message`, FastAPI's `detail` (a string, or a list
+/// of validation errors whose `msg`s are joined), Ollama's `error` string.
+fn upstream_message(v: &Value) -> std::borrow::Cow<'_, str> {
+    if let Some(m) = ["/error/message", "/message", "/detail", "/error"]
         .iter()
         .find_map(|p| v.pointer(p).and_then(Value::as_str))
-        .unwrap_or("The upstream rejected the request.")
+    {
+        return m.into();
+    }
+    let msgs: Vec<&str> = v
+        .get("detail")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|d| d.get("msg").and_then(Value::as_str))
+        .collect();
+    if msgs.is_empty() {
+        "The upstream rejected the request.".into()
+    } else {
+        msgs.join("; ").into()
+    }
 }
 
 /// OpenAI's error `type` for an Anthropic error `type`.
