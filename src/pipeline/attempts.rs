@@ -271,7 +271,7 @@ async fn try_candidate(
         }
     }
     let url = dep.url(c.route.target, p.endpoint, p.stream);
-    let body = match providers::build_request(
+    let body = match providers::build_request_with(
         p.endpoint.format(),
         dep.provider,
         &p.body,

@@ -12,6 +12,7 @@ mod audit_replay;
 mod audit_tamper;
 mod audit_upgrade;
 mod auth;
+mod azure;
 mod bad_input;
 mod cache;
 mod cache_guard;

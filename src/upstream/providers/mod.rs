@@ -98,10 +98,20 @@ pub fn credential(u: &UpstreamSettings) -> Credential {
 /// The body to send to a `upstream` deployment for a request in the `client` format.
 /// `cap` is the output cap and the field the upstream model takes it in (see
 /// `catalog::Route::cap_field`); it is sent under that name only.
-///
-/// `include_usage` false (the upstream's `quirks.include_usage`): a stream's body carries no
-/// `stream_options` at all, for servers that refuse the field.
 pub fn build_request(
+    client: WireFormat,
+    upstream: Provider,
+    body: &Map<String, Value>,
+    upstream_model: &str,
+    cap: Option<(&'static str, i64)>,
+    stream: bool,
+) -> Result<Vec<u8>, TranslateError> {
+    build_request_with(client, upstream, body, upstream_model, cap, (stream, true))
+}
+
+/// `build_request` for an upstream that may not take `stream_options`: with
+/// `include_usage` false (its `quirks.include_usage`), a stream's body carries none at all.
+pub fn build_request_with(
     client: WireFormat,
     upstream: Provider,
     body: &Map<String, Value>,
