@@ -18,6 +18,7 @@ mod cache;
 mod cache_guard;
 mod cache_precision;
 mod clocks;
+mod compatible;
 mod departures;
 mod event_shape;
 mod files;
