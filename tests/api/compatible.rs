@@ -309,11 +309,13 @@ fn the_config_names_what_each_kind_is_missing() {
         ..Default::default()
     };
     let check = |u: UpstreamSettings, route: Option<&str>| {
-        let mut s = Settings::default();
-        s.upstreams = vec![u];
         let mut m = model("m", &["u"]);
         m.routes[0].deployment = route.map(str::to_string);
-        s.models = vec![m];
+        let s = Settings {
+            upstreams: vec![u],
+            models: vec![m],
+            ..Default::default()
+        };
         s.validate().err().map(|e| e.to_string())
     };
     let no_version = check(base(Provider::AzureOpenai), None).unwrap();
