@@ -252,7 +252,7 @@ async fn the_mock_refuses_the_deployment_path_without_an_api_version_as_azure_do
 }
 
 #[tokio::test]
-async fn entra_tokens_are_fetched_once_sent_as_bearer_and_refreshed_before_they_expire() {
+async fn entra_tokens_are_fetched_once_for_concurrent_requests_and_sent_as_bearer() {
     let app = spawn_app_with(|s, m| {
         let mut u = azure("az", m, "2024-10-21");
         u.api_key = Secret::default();
@@ -556,4 +556,63 @@ routes = [{{ upstream = "az-entra", model = "gpt-4o-mini" }}]
             assert!(!log.contains(&piece), "the log contains `{piece}`");
         }
     }
+}
+
+/// The mock's seeded faults reach its Azure paths as every other path: a share of 1.0 of
+/// 503s answers every request 503.
+#[tokio::test]
+async fn the_mocks_faults_apply_to_its_azure_paths() {
+    let mock = MockServer::start("127.0.0.1:0", Default::default()).unwrap();
+    mock.state.sticky(
+        AZURE_KEY,
+        Some(Script {
+            faults: Some(sluice::mock::Faults {
+                seed: 7,
+                unavailable: 1.0,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    );
+    for path in [
+        format!("/openai/deployments/{DEPLOYMENT}/chat/completions?api-version=2024-10-21"),
+        "/openai/v1/chat/completions".to_string(),
+    ] {
+        let resp = reqwest::Client::new()
+            .post(format!("{}{path}", mock.base_url()))
+            .header("api-key", AZURE_KEY)
+            .json(&chat_body(8))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 503, "{path}");
+    }
+}
+
+/// A token endpoint that fails (503) is the upstream's trouble, not a refused key: the
+/// client gets a 502, the key stays enabled, and the next request fetches a token.
+#[tokio::test]
+async fn a_failing_token_endpoint_is_a_server_error_not_a_refused_key() {
+    let app = spawn_app_with(|s, m| {
+        let mut u = azure("az", m, "2024-10-21");
+        u.api_key = Secret::default();
+        u.entra = Some(entra(m, "app-4", ENTRA_SECRET));
+        only(s, u);
+    })
+    .await;
+    app.mock.state.script(
+        "entra-token:app-4",
+        [Script {
+            status: Some(503),
+            ..Default::default()
+        }],
+    );
+    let (_, token) = app.token("dev", Some("1.00")).await;
+    let resp = app.chat(&token, &chat_body(8)).await;
+    assert_eq!(resp.status(), 502);
+    assert_eq!(app.state.pool.disabled(0), None);
+    assert_eq!(app.mock.state.stats("entra:app-4").count, 0);
+    let resp = app.chat(&token, &chat_body(8)).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(app.mock.state.entra.issued(), 1);
 }
