@@ -567,7 +567,7 @@ fn final_error(state: &AppState, p: &Prepared, run: &mut Run) -> ApiError {
 
 /// An upstream client error (400/404/413/422) goes back to the client as it is, in the
 /// client's format.
-fn passthrough(err: UpstreamError, upstream: WireFormat, client: WireFormat) -> Failure {
+fn passthrough(err: UpstreamError, upstream: providers::Format, client: WireFormat) -> Failure {
     match err {
         UpstreamError::Status { status, body, .. } => {
             let body = providers::convert_error(upstream, client, status, body);

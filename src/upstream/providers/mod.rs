@@ -5,18 +5,21 @@
 pub mod anthropic;
 pub mod azure;
 pub mod canonical;
+mod dispatch;
+pub mod formats;
 pub mod openai;
 pub mod translate;
 
-use bytes::Bytes;
-use serde_json::{Map, Value};
+pub use dispatch::{
+    answer_usage, build_request, build_request_with, convert_answer, convert_error, format_of,
+    Format,
+};
+
+use serde_json::Value;
 
 use crate::config::{AuthMode, Provider, UpstreamSettings};
-use crate::error::WireFormat;
 use crate::pipeline::request::Endpoint;
-use crate::quota::pricing::Usage;
 use crate::upstream::credential::Credential;
-use translate::{request, response, TranslateError};
 
 /// The most tokens one reported figure may hold. An upstream's usage is read through
 /// `tokens`: a figure that is not a count in 0..=this (a lying or broken upstream's
@@ -32,13 +35,6 @@ pub fn tokens(v: Option<&Value>) -> Option<i64> {
         .or_else(|| v.as_u64().map(|_| i64::MAX))
         .or_else(|| v.as_f64().map(|f| f as i64))?;
     Some(n.clamp(0, MAX_REPORTED_TOKENS))
-}
-
-pub fn format_of(p: Provider) -> WireFormat {
-    match p {
-        Provider::Openai | Provider::AzureOpenai | Provider::OpenaiCompatible => WireFormat::OpenAi,
-        Provider::Anthropic => WireFormat::Anthropic,
-    }
 }
 
 /// Where an endpoint's requests go on a provider, after its base URL; `None` when it has no
@@ -95,118 +91,11 @@ pub fn credential(u: &UpstreamSettings) -> Credential {
     }
 }
 
-/// The body to send to a `upstream` deployment for a request in the `client` format.
-/// `cap` is the output cap and the field the upstream model takes it in (see
-/// `catalog::Route::cap_field`); it is sent under that name only.
-pub fn build_request(
-    client: WireFormat,
-    upstream: Provider,
-    body: &Map<String, Value>,
-    upstream_model: &str,
-    cap: Option<(&'static str, i64)>,
-    stream: bool,
-) -> Result<Vec<u8>, TranslateError> {
-    build_request_with(client, upstream, body, upstream_model, cap, (stream, true))
-}
-
-/// `build_request` for an upstream that may not take `stream_options`: with
-/// `include_usage` false (its `quirks.include_usage`), a stream's body carries none at all.
-pub fn build_request_with(
-    client: WireFormat,
-    upstream: Provider,
-    body: &Map<String, Value>,
-    upstream_model: &str,
-    cap: Option<(&'static str, i64)>,
-    (stream, include_usage): (bool, bool),
-) -> Result<Vec<u8>, TranslateError> {
-    let cap_value = cap.map_or(0, |(_, c)| c);
-    let mut out = match (client, format_of(upstream)) {
-        (WireFormat::OpenAi, WireFormat::OpenAi) => {
-            openai::shape_request(body, upstream_model, cap, stream)
-        }
-        (WireFormat::Anthropic, WireFormat::Anthropic) => {
-            anthropic::shape_request(body, upstream_model, cap)
-        }
-        (WireFormat::OpenAi, WireFormat::Anthropic) => {
-            request::openai_to_anthropic(body, upstream_model, cap_value, stream)?
-        }
-        (WireFormat::Anthropic, WireFormat::OpenAi) => {
-            let cap = cap.unwrap_or(("max_tokens", cap_value));
-            request::anthropic_to_openai(body, upstream_model, cap, stream)?
-        }
-    };
-    if !include_usage && format_of(upstream) == WireFormat::OpenAi {
-        out.remove("stream_options");
-    }
-    Ok(serde_json::to_vec(&Value::Object(out)).unwrap_or_default())
-}
-
-/// The usage an answer reports, else the generated text to count.
-pub fn answer_usage(upstream: WireFormat, v: &Value) -> Result<Usage, String> {
-    let usage = v.get("usage").and_then(|u| match upstream {
-        WireFormat::OpenAi => openai::usage_of(u),
-        WireFormat::Anthropic => anthropic::usage_of(u),
-    });
-    usage.ok_or_else(|| match upstream {
-        WireFormat::OpenAi => openai::answer_text(v),
-        WireFormat::Anthropic => anthropic::answer_text(v),
-    })
-}
-
-/// A non-streamed answer in the client's format: the upstream's bytes untouched when the
-/// formats match, translated otherwise.
-pub fn convert_answer(upstream: WireFormat, client: WireFormat, raw: Bytes, v: &Value) -> Bytes {
-    let converted = match (upstream, client) {
-        (WireFormat::Anthropic, WireFormat::OpenAi) => response::anthropic_answer_to_openai(v),
-        (WireFormat::OpenAi, WireFormat::Anthropic) => response::openai_answer_to_anthropic(v),
-        _ => return raw,
-    };
-    Bytes::from(converted.to_string())
-}
-
-/// An upstream's client-error body in the client's format: untouched when it is already
-/// the client's format's error, rebuilt otherwise (the other format, an OpenAI-compatible
-/// server's own shape, a proxy's HTML page).
-pub fn convert_error(upstream: WireFormat, client: WireFormat, status: u16, raw: Bytes) -> Bytes {
-    let v: Value = serde_json::from_slice(&raw)
-        .ok()
-        .or_else(|| plain_text_error(&raw))
-        .unwrap_or(Value::Null);
-    if upstream == client && is_error_of(client, &v) {
-        return raw;
-    }
-    let converted = match client {
-        WireFormat::OpenAi => response::error_to_openai(status, &v),
-        WireFormat::Anthropic => response::error_to_anthropic(status, &v),
-    };
-    Bytes::from(converted.to_string())
-}
-
-/// A short plain-text error body (a server's "model not found") as `{"message": …}`; not
-/// an HTML page (a proxy's), which says nothing a client can use.
-fn plain_text_error(raw: &[u8]) -> Option<Value> {
-    let text = std::str::from_utf8(raw).ok()?.trim();
-    let plain = !text.is_empty()
-        && text.len() <= 1000
-        && !text.starts_with('<')
-        && !text.chars().any(char::is_control);
-    plain.then(|| serde_json::json!({ "message": text }))
-}
-
-/// True when `v` is an error body of `format`'s own shape, which its SDKs parse.
-fn is_error_of(format: WireFormat, v: &Value) -> bool {
-    let text = |p: &str| v.pointer(p).is_some_and(Value::is_string);
-    match format {
-        WireFormat::OpenAi => text("/error/message"),
-        WireFormat::Anthropic => {
-            v["type"] == "error" && text("/error/type") && text("/error/message")
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::WireFormat;
+    use bytes::Bytes;
 
     /// OpenAI-compatible servers' own error bodies, rebuilt in each client's format with the
     /// server's message (the status is the caller's to keep).
