@@ -689,6 +689,7 @@ async fn serve_demo(mut settings: Settings) -> anyhow::Result<()> {
         max_concurrent: 0,
         max_queue: 0,
         allow_private_network: true,
+        ..Default::default()
     }];
     settings.models = ["gpt-4o-mini", "gpt-4o", "text-embedding-3-small"]
         .iter()
@@ -699,6 +700,7 @@ async fn serve_demo(mut settings: Settings) -> anyhow::Result<()> {
                 upstream: "mock".into(),
                 model: (*name).into(),
                 output_cap_param: None,
+                deployment: None,
             }],
             fallbacks: vec![],
             input_usd_per_mtok: 0.15,

@@ -42,7 +42,7 @@ pub fn list(state: &AppState, actor: &Actor) -> Result<Vec<UpstreamView>, AdminE
             let until = state.pool.cooling_until_ms(i);
             UpstreamView {
                 id: d.id.clone(),
-                provider: format!("{:?}", d.provider).to_lowercase(),
+                provider: d.provider.as_str().to_string(),
                 base_url: d.base_url.clone(),
                 key: d.api_key.masked(),
                 enabled: reason.is_none(),

@@ -168,6 +168,7 @@ fn add_env_upstreams(settings: &mut Settings, env: &BTreeMap<String, String>) {
             upstream: upstream.into(),
             model: name.into(),
             output_cap_param: None,
+            deployment: None,
         }],
         fallbacks: vec![],
         input_usd_per_mtok: input,
@@ -188,6 +189,7 @@ fn add_env_upstreams(settings: &mut Settings, env: &BTreeMap<String, String>) {
         max_concurrent: 0,
         max_queue: 0,
         allow_private_network: false,
+        ..Default::default()
     };
     if let Some(key) = env.get("OPENAI_API_KEY").filter(|k| !k.is_empty()) {
         settings.upstreams.push(upstream(

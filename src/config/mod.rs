@@ -69,6 +69,61 @@ pub fn mask_secret(s: &str) -> String {
 }
 
 /// An absent secret: empty.
+impl UpstreamSettings {
+    /// What each provider kind needs beyond a base URL: Azure an `api_version` and a key or
+    /// Entra credentials (whose token endpoint passes the URL guard too), every kind that
+    /// sends a key a key, and quirks only where they mean something.
+    fn check_kind(&self) -> Result<(), ConfigError> {
+        let id = &self.id;
+        let bad = |what: String| Err(ConfigError::Invalid(format!("upstream `{id}`: {what}")));
+        let keyless = self.quirks.auth == AuthMode::None;
+        match self.provider {
+            Provider::AzureOpenai => {
+                match self.api_version.as_deref() {
+                    None | Some("") => {
+                        return bad("azure_openai needs `api_version` (a dated version such as \
+                             \"2024-10-21\" for the deployment path, or \"v1\")"
+                            .into())
+                    }
+                    Some(v) if !v.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') => {
+                        return bad(format!("`api_version` {v:?} is not a version"))
+                    }
+                    Some(_) => {}
+                }
+                if let Some(e) = &self.entra {
+                    if e.tenant_id.is_empty()
+                        || e.client_id.is_empty()
+                        || e.client_secret.is_empty()
+                    {
+                        return bad("`entra` needs tenant_id, client_id and client_secret".into());
+                    }
+                    url_guard::check_base_url(&e.authority, self.allow_private_network).map_err(
+                        |err| {
+                            ConfigError::Invalid(format!("upstream `{id}`: entra.authority: {err}"))
+                        },
+                    )?;
+                } else if self.api_key.is_empty() && !keyless {
+                    return bad("azure_openai needs `api_key` or `entra`".into());
+                }
+            }
+            _ if self.entra.is_some() || self.api_version.is_some() => {
+                return bad("`entra` and `api_version` are for azure_openai upstreams".into())
+            }
+            Provider::Anthropic if self.quirks != Quirks::default() => {
+                return bad("`quirks` are for OpenAI-format upstreams".into())
+            }
+            _ if self.api_key.is_empty() && !keyless => {
+                return bad(
+                    "`api_key` is empty (a keyless local server: quirks = { auth = \"none\" })"
+                        .into(),
+                )
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
 impl Default for Secret {
     fn default() -> Self {
         Secret(SecretString::from(String::new()))
@@ -231,6 +286,7 @@ impl Settings {
             }
             url_guard::check_base_url(&u.base_url, u.allow_private_network)
                 .map_err(|e| ConfigError::UpstreamUrl(u.id.clone(), e))?;
+            u.check_kind()?;
         }
         let mut names = HashSet::new();
         for m in &self.models {
@@ -247,6 +303,20 @@ impl Settings {
                     return invalid(format!(
                         "model `{}` routes to unknown upstream `{}`",
                         m.name, r.upstream
+                    ));
+                }
+                let azure = self
+                    .upstreams
+                    .iter()
+                    .any(|u| u.id == r.upstream && u.provider == Provider::AzureOpenai);
+                if r.deployment
+                    .as_deref()
+                    .is_some_and(|d| d.is_empty() || !azure)
+                {
+                    return invalid(format!(
+                        "model `{}`: a route's `deployment` names an Azure deployment: only on an \
+                         azure_openai upstream, and not empty",
+                        m.name
                     ));
                 }
             }

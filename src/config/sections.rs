@@ -151,11 +151,16 @@ pub struct RedisSettings {
     pub master_password: Option<Secret>,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Hash)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
 pub enum Provider {
+    #[default]
     Openai,
     Anthropic,
+    /// Azure OpenAI: deployments in the path, `api-version`, `api-key` or Entra ID.
+    AzureOpenai,
+    /// vLLM, Ollama, llama.cpp, DeepSeek, Groq, Mistral: OpenAI's format with `quirks`.
+    OpenaiCompatible,
 }
 
 impl Provider {
@@ -163,16 +168,20 @@ impl Provider {
         match self {
             Provider::Openai => "openai",
             Provider::Anthropic => "anthropic",
+            Provider::AzureOpenai => "azure_openai",
+            Provider::OpenaiCompatible => "openai_compatible",
         }
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamSettings {
     pub id: String,
     pub provider: Provider,
     pub base_url: String,
+    /// Absent for a keyless local server (`quirks.auth = "none"`) or Azure with `entra`.
+    #[serde(default)]
     pub api_key: Secret,
     #[serde(default)]
     pub rpm_limit: u64,
@@ -184,13 +193,84 @@ pub struct UpstreamSettings {
     pub max_queue: u32,
     #[serde(default)]
     pub allow_private_network: bool,
+    /// `azure_openai`: a dated version (`2024-10-21`: the classic deployment path) or `v1`
+    /// (the v1 GA path, `/openai/v1/…`, no version); `preview` (v1 path) likewise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    /// `azure_openai`: Entra ID client credentials instead of the `api-key` header.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entra: Option<EntraSettings>,
+    /// OpenAI-format servers that differ from OpenAI (`openai_compatible` mostly).
+    #[serde(default)]
+    pub quirks: Quirks,
 }
 
+/// Entra ID (Azure AD) client credentials: a token from
+/// `{authority}/{tenant_id}/oauth2/v2.0/token` for `scope`, sent as `Authorization: Bearer`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EntraSettings {
+    pub tenant_id: String,
+    pub client_id: String,
+    pub client_secret: Secret,
+    #[serde(default = "default_entra_authority")]
+    pub authority: String,
+    #[serde(default = "default_entra_scope")]
+    pub scope: String,
+}
+
+fn default_entra_authority() -> String {
+    "https://login.microsoftonline.com".into()
+}
+fn default_entra_scope() -> String {
+    "https://cognitiveservices.azure.com/.default".into()
+}
+
+/// How an OpenAI-format server differs from OpenAI's API.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Quirks {
+    /// Ask streams for a usage chunk (`stream_options.include_usage`). `false` for servers
+    /// that refuse `stream_options`: nothing of it is sent, and the output is counted from
+    /// the deltas (a usage chunk the server sends anyway is still preferred).
+    pub include_usage: bool,
+    /// The field the output cap goes in for every route of this upstream (a route's own
+    /// `output_cap_param` wins); absent: `max_tokens` on `openai_compatible`, else by the
+    /// model's name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tokens_field: Option<OutputCapParam>,
+    /// `bearer` (`Authorization: Bearer <api_key>`) or `none` (no credential header at all:
+    /// a local server).
+    pub auth: AuthMode,
+}
+
+impl Default for Quirks {
+    fn default() -> Self {
+        Self {
+            include_usage: true,
+            max_tokens_field: None,
+            auth: AuthMode::Bearer,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuthMode {
+    #[default]
+    Bearer,
+    None,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteSettings {
     pub upstream: String,
     pub model: String,
+    /// `azure_openai`: the deployment's name (in the URL, and the body's `model` on the v1
+    /// path); absent, `model` is the deployment's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment: Option<String>,
     /// The body field that carries the output cap for this upstream model; absent, it
     /// follows from the model's name (`OutputCapParam::for_model`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,12 +1,15 @@
 //! `sluice mock`: a scriptable fake upstream speaking OpenAI (`/v1/chat/completions`,
-//! `/v1/completions`, `/v1/embeddings`, `/v1/models`, the Responses API `/v1/responses`)
-//! and Anthropic (`/v1/messages`).
+//! `/v1/completions`, `/v1/embeddings`, `/v1/models`, the Responses API `/v1/responses`),
+//! Anthropic (`/v1/messages`) and Azure OpenAI (`/openai/…` and an Entra ID token endpoint:
+//! `azure.rs`); OpenAI-compatible servers' quirks are script switches
+//! (`reject_stream_options`, `omit_usage`, `error_style`).
 //! Tests script, per upstream API key, the next answers (status, body, headers, delays,
 //! stream cuts) and read what it saw: per-key request counts, the highest concurrency, and
 //! the last request bodies, headers and arrival times. A script may also carry seeded,
 //! probabilistic faults (503s, stream cuts, malformed events) for soaks. Used in-process by
 //! tests and as a process by the demo and the benchmark (control API under `/_mock/`).
 
+pub mod azure;
 mod faults;
 mod responses;
 mod responses_api;
@@ -71,6 +74,8 @@ pub struct MockState {
     cfg: MockConfig,
     started: std::time::Instant,
     inner: Mutex<Inner>,
+    /// Azure's Entra ID token endpoint: what it issued (`azure.rs`).
+    pub entra: azure::EntraState,
 }
 
 impl MockState {
@@ -173,6 +178,7 @@ impl MockServer {
             cfg,
             started: std::time::Instant::now(),
             inner: Mutex::new(Inner::default()),
+            entra: azure::EntraState::default(),
         });
         let data = web::Data::from(state.clone());
         let server = HttpServer::new(move || {
@@ -191,6 +197,8 @@ impl MockServer {
                 .route("/_mock/stats", web::get().to(control_stats))
                 .route("/_mock/reset", web::post().to(control_reset))
                 .route("/_mock/webhook", web::post().to(webhook))
+                .route("/_mock/entra", web::post().to(control_entra))
+                .configure(azure::configure)
         })
         .workers(workers)
         // No 408 of its own: actix times a new connection's request head from its cached
@@ -224,7 +232,11 @@ impl MockServer {
 /// The upstream key a request was made with.
 fn key_of(req: &HttpRequest) -> String {
     let h = req.headers();
-    if let Some(v) = h.get("x-api-key").and_then(|v| v.to_str().ok()) {
+    if let Some(v) = h
+        .get("x-api-key")
+        .or_else(|| h.get("api-key"))
+        .and_then(|v| v.to_str().ok())
+    {
         return v.to_string();
     }
     h.get("authorization")
@@ -237,11 +249,9 @@ fn key_of(req: &HttpRequest) -> String {
         .unwrap_or_default()
 }
 
-async fn upstream(state: web::Data<MockState>, req: HttpRequest, body: web::Bytes) -> HttpResponse {
-    let key = key_of(&req);
-    let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let headers: Map<String, Value> = req
-        .headers()
+/// A request's headers as the statistics keep them.
+fn headers_of(req: &HttpRequest) -> Map<String, Value> {
+    req.headers()
         .iter()
         .map(|(k, v)| {
             (
@@ -249,8 +259,13 @@ async fn upstream(state: web::Data<MockState>, req: HttpRequest, body: web::Byte
                 Value::String(v.to_str().unwrap_or("").to_string()),
             )
         })
-        .collect();
-    let script = state.begin(&key, req.path(), headers, &parsed);
+        .collect()
+}
+
+async fn upstream(state: web::Data<MockState>, req: HttpRequest, body: web::Bytes) -> HttpResponse {
+    let key = key_of(&req);
+    let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let script = state.begin(&key, req.path(), headers_of(&req), &parsed);
     let guard = InFlightGuard {
         state: state.clone().into_inner(),
         key,
@@ -299,6 +314,17 @@ async fn control_sticky(state: web::Data<MockState>, body: web::Json<StickyReq>)
 async fn control_stats(state: web::Data<MockState>) -> HttpResponse {
     let keys = state.inner.lock().keys.clone();
     HttpResponse::Ok().json(serde_json::json!({"keys": keys}))
+}
+
+#[derive(Deserialize)]
+struct EntraReq {
+    expires_in: u64,
+}
+
+/// Sets the lifetime of the tokens the Entra ID endpoint issues next.
+async fn control_entra(state: web::Data<MockState>, body: web::Json<EntraReq>) -> HttpResponse {
+    state.entra.set_expires_in(body.expires_in);
+    HttpResponse::NoContent().finish()
 }
 
 async fn control_reset(state: web::Data<MockState>) -> HttpResponse {

@@ -67,6 +67,19 @@ pub struct Script {
     pub raw_bytes: Option<Vec<Vec<u8>>>,
     pub raw_repeat: u64,
     pub raw_hold: bool,
+    /// Azure's content filter: `prompt` answers Azure's 400 (`code: content_filter`);
+    /// `completion` answers with `finish_reason: "content_filter"` (streamed or not).
+    pub content_filter: Option<String>,
+    /// Answer 400 to a body carrying `stream_options`, as old vLLM and llama.cpp servers do.
+    pub reject_stream_options: bool,
+    /// The shape of an error answer's body (with a non-2xx `status` and no `body`):
+    /// `fastapi` (`{"detail": …}`), `ollama` (`{"error": "…"}`), `vllm` (`{"object":
+    /// "error", "message": …}`, Mistral's too), `text` (plain text), `azure` (Azure's 429
+    /// body); absent, OpenAI's or Anthropic's.
+    pub error_style: Option<String>,
+    /// Set by the Azure paths: answers carry Azure's filter verdicts.
+    #[serde(skip)]
+    pub azure: bool,
 }
 
 /// One scripted SSE event: `[event, data]` or a bare `data` payload.
@@ -106,6 +119,8 @@ pub(super) struct Plan {
     pub(super) reasoning: i64,
     pub(super) model: String,
     pub(super) id: String,
+    /// How a text answer ends: `stop`, or `content_filter` (`Script::content_filter`).
+    pub(super) finish: &'static str,
 }
 
 fn plan(cfg: &MockConfig, body: &Value, s: &Script) -> Plan {
@@ -123,6 +138,10 @@ fn plan(cfg: &MockConfig, body: &Value, s: &Script) -> Plan {
             .unwrap_or("mock-model")
             .to_string(),
         id: format!("{:016x}", rand::random::<u64>()),
+        finish: match s.content_filter.as_deref() {
+            Some("completion") => "content_filter",
+            _ => "stop",
+        },
     }
 }
 
@@ -168,6 +187,18 @@ pub(crate) async fn answer(
         return resp.json(b);
     }
     if !(200..300).contains(&status) {
+        let message = format!("mock error {status}");
+        match s.error_style.as_deref() {
+            Some("fastapi") => return resp.json(json!({"detail": message})),
+            Some("ollama") => return resp.json(json!({"error": message})),
+            Some("vllm") => {
+                return resp.json(json!({"object": "error", "message": message,
+                    "type": "BadRequestError", "param": null, "code": status}))
+            }
+            Some("text") => return resp.content_type("text/plain").body(message),
+            Some("azure") => return resp.json(super::azure::rate_limit_error()),
+            _ => {}
+        }
         let err = if anthropic {
             json!({"type": "error", "error": {"type": "api_error", "message": format!("mock error {status}")}})
         } else {
@@ -185,6 +216,14 @@ pub(crate) async fn answer(
         if let Err(problem) = check_anthropic(body) {
             return HttpResponse::BadRequest().json(json!({"type": "error", "error": {"type": "invalid_request_error", "message": problem}}));
         }
+    }
+    if s.reject_stream_options && body.get("stream_options").is_some() {
+        return HttpResponse::BadRequest().json(json!({"object": "error",
+            "message": "[{'type': 'extra_forbidden', 'loc': ('body', 'stream_options'), 'msg': 'Extra inputs are not permitted'}]",
+            "type": "BadRequestError", "param": null, "code": 400}));
+    }
+    if s.content_filter.as_deref() == Some("prompt") {
+        return HttpResponse::BadRequest().json(super::azure::content_filter_error());
     }
     if path == "/v1/chat/completions" && refuses_max_tokens(body) {
         return HttpResponse::BadRequest().json(json!({"error": {"message": "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
@@ -209,22 +248,39 @@ pub(crate) async fn answer(
         ("/v1/embeddings", _) => resp.json(embeddings(body, &p)),
         ("/v1/messages", false) => resp.json(anthropic_message(&p)),
         ("/v1/messages", true) => sse(resp, anthropic_events(&p, &s), &s, guard),
-        ("/v1/completions", false) => resp.json(openai_completion(&p, body)),
-        (_, false) => resp.json(openai_chat(&p, body)),
+        ("/v1/completions", false) => resp.json(without_usage(openai_completion(&p, body), &s)),
+        (_, false) => {
+            let mut answer = without_usage(openai_chat(&p, body), &s);
+            if s.azure {
+                answer["prompt_filter_results"] = super::azure::prompt_filter_results();
+            }
+            resp.json(answer)
+        }
         (_, true) => {
             let usage = body
                 .pointer("/stream_options/include_usage")
                 .and_then(Value::as_bool)
                 .unwrap_or(false)
                 && !s.omit_usage;
-            sse(
-                resp,
-                openai_chunks(&p, path == "/v1/completions", usage),
-                &s,
-                guard,
-            )
+            let mut events = openai_chunks(&p, path == "/v1/completions", usage);
+            if s.azure {
+                // Azure's first chunk: the prompt's filter verdict, no choices, no id.
+                events.insert(0, Event::data(json!({"choices": [], "created": 0, "id": "",
+                    "model": "", "object": "", "prompt_filter_results": super::azure::prompt_filter_results()})));
+            }
+            sse(resp, events, &s, guard)
         }
     }
+}
+
+/// An answer without its `usage` (`Script::omit_usage`: a server that reports none).
+fn without_usage(mut answer: Value, s: &Script) -> Value {
+    if s.omit_usage {
+        if let Some(o) = answer.as_object_mut() {
+            o.remove("usage");
+        }
+    }
+    answer
 }
 
 fn now() -> i64 {
@@ -284,7 +340,7 @@ fn openai_chat(p: &Plan, body: &Value) -> Value {
             Some(name) => json!({"index": i, "message": {"role": "assistant", "content": null, "refusal": null,
                 "tool_calls": [{"id": format!("call_{}", p.id), "type": "function", "function": {"name": name, "arguments": TOOL_ARGUMENTS}}]},
                 "logprobs": null, "finish_reason": "tool_calls"}),
-            None => json!({"index": i, "message": {"role": "assistant", "content": p.text, "refusal": null}, "logprobs": null, "finish_reason": "stop"}),
+            None => json!({"index": i, "message": {"role": "assistant", "content": p.text, "refusal": null}, "logprobs": null, "finish_reason": p.finish}),
         })
         .collect();
     json!({
@@ -382,7 +438,7 @@ fn openai_chunks(p: &Plan, legacy: bool, usage: bool) -> Vec<Event> {
             for piece in pieces(&p.text) {
                 out.push(chunk(choice(Some(&piece), None)).content());
             }
-            out.push(chunk(choice(None, Some("stop"))));
+            out.push(chunk(choice(None, Some(p.finish))));
         }
     }
     if usage {

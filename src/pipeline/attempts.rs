@@ -149,7 +149,7 @@ const LOCAL_RETRY_AFTER_SECONDS: u64 = 1;
 async fn attempt(
     state: &AppState,
     c: &Candidate,
-    path: &str,
+    url: Option<&reqwest::Url>,
     body: Vec<u8>,
     (stream, beta): (bool, Option<&reqwest::header::HeaderValue>),
     (started, deadline): (Instant, Instant),
@@ -160,7 +160,7 @@ async fn attempt(
     let sent = Instant::now();
     let resp = state
         .upstream
-        .post(dep, path, Bytes::from(body), deadline, beta)
+        .post(dep, url, Bytes::from(body), deadline, beta)
         .await;
     metrics::upstream_answer(dep.provider.as_str(), &dep.id, sent.elapsed().as_secs_f64());
     let resp = resp?;
@@ -270,7 +270,7 @@ async fn try_candidate(
             return Step::Next;
         }
     }
-    let path = providers::path(p.endpoint, dep.provider).unwrap_or_default();
+    let url = dep.url(c.route.target, p.endpoint, p.stream);
     let cap = p.cap.map(|(_, cap)| (c.route.cap_field(p.endpoint), cap));
     let built = if p.responses.is_some() {
         providers::build_responses_request(
@@ -281,13 +281,13 @@ async fn try_candidate(
             p.stream,
         )
     } else {
-        providers::build_request(
+        providers::build_request_with(
             p.endpoint.format(),
             dep.provider,
             &p.body,
             &c.route.upstream_model,
             cap,
-            p.stream,
+            (p.stream, dep.include_usage),
         )
     };
     let body = match built {
@@ -317,7 +317,7 @@ async fn try_candidate(
     let err = match attempt(
         state,
         c,
-        path,
+        url,
         body,
         (p.stream, p.anthropic_beta.as_ref()),
         (started, deadline),

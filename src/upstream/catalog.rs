@@ -5,11 +5,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use reqwest::header::{HeaderName, HeaderValue, AUTHORIZATION};
-
 use crate::config::{OutputCapParam, Provider, Secret, Settings, UpstreamSettings};
 use crate::pipeline::request::Endpoint;
 use crate::quota::pricing::Prices;
+use crate::upstream::credential::Credential;
 use crate::upstream::providers;
 
 #[derive(Debug)]
@@ -20,59 +19,78 @@ pub struct Deployment {
     pub base_url: String,
     pub api_key: Secret,
     pub allow_private: bool,
-    /// The URL of every path this provider serves, parsed once at start rather than on
-    /// every request.
-    urls: Vec<(&'static str, reqwest::Url)>,
-    /// The credential header (`Authorization: Bearer …` or `x-api-key`), built once and
-    /// marked sensitive so that no debug print shows it; `None` if the key is not a valid
-    /// header value (every call then fails as a request error).
-    credential: Option<(HeaderName, HeaderValue)>,
+    /// Streams ask for a usage chunk (`quirks.include_usage`).
+    pub include_usage: bool,
+    /// The URLs of every route target (`Route::target`): for most providers one, shared by
+    /// every route; where the URL names the deployment or model (Azure), one per name. Each
+    /// holds the URL of every endpoint, streamed and not, parsed once at start rather than
+    /// on every request.
+    targets: Vec<Target>,
+    /// How requests prove who they are (see `credential`): for most, one header built once
+    /// and marked sensitive so that no debug print shows it.
+    credential: Credential,
+}
+
+#[derive(Debug)]
+struct Target {
+    name: String,
+    urls: Vec<(Endpoint, bool, reqwest::Url)>,
 }
 
 impl Deployment {
     fn new(u: &UpstreamSettings) -> Deployment {
-        let base_url = u.base_url.trim_end_matches('/').to_string();
-        let urls = Endpoint::ALL
-            .iter()
-            .filter_map(|e| providers::path(*e, u.provider))
-            .filter_map(|p| Some((p, reqwest::Url::parse(&format!("{base_url}{p}")).ok()?)))
-            .collect();
-        let key = u.api_key.expose();
-        let credential = match u.provider {
-            Provider::Openai => (
-                AUTHORIZATION,
-                HeaderValue::from_str(&format!("Bearer {key}")),
-            ),
-            Provider::Anthropic => (
-                HeaderName::from_static("x-api-key"),
-                HeaderValue::from_str(key),
-            ),
-        };
-        let credential = match credential {
-            (name, Ok(mut value)) => {
-                value.set_sensitive(true);
-                Some((name, value))
-            }
-            (_, Err(_)) => None,
-        };
         Deployment {
             id: u.id.clone(),
             provider: u.provider,
-            base_url,
+            base_url: u.base_url.trim_end_matches('/').to_string(),
             api_key: u.api_key.clone(),
             allow_private: u.allow_private_network,
-            urls,
-            credential,
+            include_usage: u.quirks.include_usage,
+            targets: Vec::new(),
+            credential: providers::credential(u),
         }
     }
 
-    /// The URL of one of this provider's paths (see `providers::path`).
-    pub fn url(&self, path: &str) -> Option<&reqwest::Url> {
-        self.urls.iter().find(|(p, _)| *p == path).map(|(_, u)| u)
+    /// The index of a route target's URLs, made the first time it is named.
+    fn target(&mut self, u: &UpstreamSettings, name: &str) -> usize {
+        let name = if providers::target_in_url(u.provider) {
+            name
+        } else {
+            ""
+        };
+        if let Some(i) = self.targets.iter().position(|t| t.name == name) {
+            return i;
+        }
+        let urls = Endpoint::ALL
+            .iter()
+            .flat_map(|e| [(*e, false), (*e, true)])
+            .filter_map(|(e, stream)| {
+                Some((
+                    e,
+                    stream,
+                    providers::url(u, &self.base_url, e, name, stream)?,
+                ))
+            })
+            .collect();
+        self.targets.push(Target {
+            name: name.to_string(),
+            urls,
+        });
+        self.targets.len() - 1
     }
 
-    pub fn credential(&self) -> Option<&(HeaderName, HeaderValue)> {
-        self.credential.as_ref()
+    /// The URL a route's request to `endpoint` goes to (see `providers::url`).
+    pub fn url(&self, target: usize, endpoint: Endpoint, stream: bool) -> Option<&reqwest::Url> {
+        self.targets
+            .get(target)?
+            .urls
+            .iter()
+            .find(|(e, s, _)| *e == endpoint && *s == stream)
+            .map(|(_, _, u)| u)
+    }
+
+    pub fn credential(&self) -> &Credential {
+        &self.credential
     }
 }
 
@@ -80,8 +98,10 @@ impl Deployment {
 pub struct Route {
     /// Index into `Catalog::deployments`.
     pub deployment: usize,
-    /// The model name the upstream knows.
+    /// The model name the upstream knows (on Azure, the deployment's name).
     pub upstream_model: String,
+    /// Which of the deployment's URL sets this route's requests go to (`Deployment::url`).
+    pub target: usize,
     /// The body field this upstream model takes its output cap in (config
     /// `output_cap_param`, else by the model's name; always `max_tokens` on Anthropic).
     pub cap_param: OutputCapParam,
@@ -121,11 +141,12 @@ pub struct Catalog {
 impl Catalog {
     /// Built from validated settings.
     pub fn from_settings(s: &Settings) -> Catalog {
-        let deployments: Vec<Deployment> = s.upstreams.iter().map(Deployment::new).collect();
-        let index: HashMap<&str, usize> = deployments
+        let mut deployments: Vec<Deployment> = s.upstreams.iter().map(Deployment::new).collect();
+        let index: HashMap<&str, usize> = s
+            .upstreams
             .iter()
             .enumerate()
-            .map(|(i, d)| (d.id.as_str(), i))
+            .map(|(i, u)| (u.id.as_str(), i))
             .collect();
         let mut models = HashMap::new();
         let mut names = Vec::new();
@@ -137,14 +158,23 @@ impl Catalog {
                     .routes
                     .iter()
                     .filter_map(|r| {
-                        index.get(r.upstream.as_str()).map(|&d| Route {
+                        let &d = index.get(r.upstream.as_str())?;
+                        let u = &s.upstreams[d];
+                        // Azure's deployment: in the URL, and the body's model on the v1 path.
+                        let name = r.deployment.as_ref().unwrap_or(&r.model);
+                        let by_config = r.output_cap_param.or(u.quirks.max_tokens_field);
+                        Some(Route {
                             deployment: d,
-                            upstream_model: r.model.clone(),
-                            cap_param: match deployments[d].provider {
+                            upstream_model: name.clone(),
+                            target: deployments[d].target(u, name),
+                            cap_param: match u.provider {
                                 Provider::Anthropic => OutputCapParam::MaxTokens,
-                                Provider::Openai => r
-                                    .output_cap_param
-                                    .unwrap_or_else(|| OutputCapParam::for_model(&r.model)),
+                                Provider::OpenaiCompatible => {
+                                    by_config.unwrap_or(OutputCapParam::MaxTokens)
+                                }
+                                Provider::Openai | Provider::AzureOpenai => {
+                                    by_config.unwrap_or_else(|| OutputCapParam::for_model(&r.model))
+                                }
                             },
                         })
                     })
@@ -216,6 +246,7 @@ mod tests {
         let route = Route {
             deployment: 0,
             upstream_model: "o3".into(),
+            target: 0,
             cap_param: OutputCapParam::MaxCompletionTokens,
         };
         assert_eq!(route.cap_field(Endpoint::Chat), "max_completion_tokens");

@@ -12,6 +12,7 @@ use bytes::{Bytes, BytesMut};
 use reqwest::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 
 use super::catalog::Deployment;
+use super::credential::Credential;
 use super::url_guard::{GuardedResolver, SystemResolver};
 use super::UpstreamError;
 use crate::config::{Provider, UpstreamTimeouts};
@@ -64,14 +65,16 @@ impl UpstreamClient {
         })
     }
 
-    /// Sends one attempt and waits for the response headers: the first-byte timeout, or
-    /// less when the request's `deadline` comes first (then `UpstreamError::Deadline`).
-    /// Only the deployment's own key is sent: nothing of the client's credentials. The one
-    /// client header an upstream may see is `anthropic-beta`, and only an Anthropic one.
+    /// Sends one attempt to `url` (the route's, `Deployment::url`) and waits for the
+    /// response headers: the first-byte timeout, or less when the request's `deadline`
+    /// comes first (then `UpstreamError::Deadline`). A credential computed at send time
+    /// (`Credential::Hook`: a token fetched, a signature) is made within the same bound.
+    /// Only the deployment's own credential is sent: nothing of the client's. The one client
+    /// header an upstream may see is `anthropic-beta`, and only an Anthropic one.
     pub async fn post(
         &self,
         dep: &Deployment,
-        path: &str,
+        url: Option<&reqwest::Url>,
         body: Bytes,
         deadline: Instant,
         anthropic_beta: Option<&HeaderValue>,
@@ -81,16 +84,19 @@ impl UpstreamClient {
         } else {
             &self.public
         };
-        let (Some(url), Some((name, value))) = (dep.url(path), dep.credential()) else {
+        let Some(url) = url else {
             return Err(UpstreamError::Connect("request".into()));
         };
         let req = client
             .post(url.clone())
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
-            .header(name, value.clone())
             .body(body);
+        let req = match dep.credential() {
+            Credential::Static(name, value) => req.header(name, value.clone()),
+            Credential::None | Credential::Hook(_) => req,
+            Credential::Invalid => return Err(UpstreamError::Connect("request".into())),
+        };
         let req = match dep.provider {
-            Provider::Openai => req,
             Provider::Anthropic => {
                 let req = req.header("anthropic-version", ANTHROPIC_VERSION);
                 match anthropic_beta {
@@ -98,17 +104,30 @@ impl UpstreamClient {
                     None => req,
                 }
             }
+            Provider::Openai | Provider::AzureOpenai | Provider::OpenaiCompatible => req,
+        };
+        let Ok(req) = req.build() else {
+            return Err(UpstreamError::Connect("request".into()));
+        };
+        let send = async {
+            let req = match dep.credential() {
+                Credential::Hook(hook) => hook.authorize(client, req).await.map_err(Err)?,
+                _ => req,
+            };
+            client.execute(req).await.map_err(Ok)
         };
         let first_byte = Duration::from_millis(self.timeouts.first_byte_timeout_ms);
         let left = deadline.saturating_duration_since(Instant::now());
-        let resp = match tokio::time::timeout(first_byte.min(left), req.send()).await {
+        let resp = match tokio::time::timeout(first_byte.min(left), send).await {
             Err(_) if left < first_byte => return Err(UpstreamError::Deadline),
             Err(_) => return Err(UpstreamError::Timeout),
-            Ok(Err(e)) if e.is_timeout() => return Err(UpstreamError::Timeout),
+            // The credential could not be made (a token endpoint refused or unreachable).
+            Ok(Err(Err(e))) => return Err(e),
+            Ok(Err(Ok(e))) if e.is_timeout() => return Err(UpstreamError::Timeout),
             // The gateway's own descriptors or memory ran out: nothing reached the upstream,
             // and it says nothing of the upstream's health. Otherwise the error's text can
             // carry the URL; the caller logs only the deployment id.
-            Ok(Err(e)) => {
+            Ok(Err(Ok(e))) => {
                 return Err(match local_shortage(&e) {
                     Some(what) => UpstreamError::LocalResources(what),
                     None if e.is_connect() => UpstreamError::Connect("connect".into()),
@@ -121,13 +140,7 @@ impl UpstreamClient {
         if (200..300).contains(&status) {
             return Ok(resp);
         }
-        let retry_after = resp
-            .headers()
-            .get(RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .filter(|s| s.is_finite() && *s >= 0.0)
-            .map(Duration::from_secs_f64);
+        let retry_after = retry_after(resp.headers());
         // Error bodies are small; 64 KiB is plenty to classify them.
         let body = self.read_body(resp, 64 * 1024).await.unwrap_or_default();
         Err(UpstreamError::Status {
@@ -164,6 +177,20 @@ impl UpstreamClient {
             }
         }
     }
+}
+
+/// How long an upstream asked to be left alone: `retry-after-ms` (Azure's, and what the
+/// OpenAI SDKs read first) when present, else `Retry-After` in seconds.
+pub fn retry_after(h: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let number = |name| {
+        h.get(name)
+            .and_then(|v: &HeaderValue| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s >= 0.0 && *s < 1e12)
+    };
+    number("retry-after-ms")
+        .map(|ms| Duration::from_secs_f64(ms / 1000.0))
+        .or_else(|| number(RETRY_AFTER.as_str()).map(Duration::from_secs_f64))
 }
 
 /// What the gateway itself ran out of, when an outbound call failed for want of a local
@@ -238,6 +265,20 @@ mod tests {
                 Box::new(std::io::Error::from_raw_os_error(errno)),
             )),
         )
+    }
+
+    #[test]
+    fn retry_after_ms_comes_before_retry_after() {
+        let mut h = reqwest::header::HeaderMap::new();
+        assert_eq!(retry_after(&h), None);
+        h.insert(RETRY_AFTER, HeaderValue::from_static("2"));
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(2)));
+        h.insert("retry-after-ms", HeaderValue::from_static("1500"));
+        assert_eq!(retry_after(&h), Some(Duration::from_millis(1500)));
+        h.insert("retry-after-ms", HeaderValue::from_static("soon"));
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(2)));
+        h.insert(RETRY_AFTER, HeaderValue::from_static("1e300"));
+        assert_eq!(retry_after(&h), None, "no panic on an absurd wait");
     }
 
     #[test]

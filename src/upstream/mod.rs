@@ -5,6 +5,7 @@
 pub mod breaker;
 pub mod catalog;
 pub mod client;
+pub mod credential;
 pub mod gate;
 pub mod pool;
 pub mod providers;

@@ -148,9 +148,13 @@ impl Pool {
             ("x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"),
         ] {
             if get(remaining).and_then(|r| r.trim().parse::<u64>().ok()) == Some(0) {
-                if let Some(ms) = get(reset).and_then(parse_openai_duration_ms) {
-                    self.cool_until(d, now_ms + ms as i64);
-                }
+                // Azure sends the remaining counts without a reset: its windows are
+                // evaluated every 1 to 10 s, so the key rests a second and its next 429
+                // says how long (`retry-after-ms`).
+                let ms = get(reset)
+                    .and_then(parse_openai_duration_ms)
+                    .unwrap_or(AZURE_REST_MS);
+                self.cool_until(d, now_ms + ms as i64);
             }
         }
         for (remaining, reset) in [
@@ -183,6 +187,9 @@ impl Pool {
         }
     }
 }
+
+/// How long a key that reports nothing left, with no reset time, rests (Azure OpenAI).
+const AZURE_REST_MS: u64 = 1000;
 
 /// `20ms`, `1s`, `6m0s`, `1h2m3.5s` → milliseconds.
 pub fn parse_openai_duration_ms(s: &str) -> Option<u64> {
@@ -258,6 +265,7 @@ mod tests {
             max_concurrent: 0,
             max_queue: 0,
             allow_private_network: false,
+            ..Default::default()
         });
         let pool = Pool::new(&s);
         let mut h = HeaderMap::new();
@@ -265,5 +273,11 @@ mod tests {
         h.insert("x-ratelimit-reset-requests", "1.5s".parse().unwrap());
         pool.observe_headers(0, &h, 1_000);
         assert_eq!(pool.cooling_ms(0, 1_000), 1_500);
+        // Azure: the remaining counts only, no reset: a second's rest.
+        let mut azure = HeaderMap::new();
+        azure.insert("x-ratelimit-remaining-tokens", "0".parse().unwrap());
+        azure.insert("x-ratelimit-remaining-requests", "12".parse().unwrap());
+        pool.observe_headers(0, &azure, 10_000);
+        assert_eq!(pool.cooling_ms(0, 10_000), 1_000);
     }
 }

@@ -5,7 +5,7 @@
 //! |-----------------------------------------------|-----------------|---------------------------------------------------|
 //! | 429 rate limit                                | `RateLimited`   | key cools down (Retry-After, else 2^n s, capped); next key at once; all keys limited → 429 to the client |
 //! | 503, 529 overloaded                           | `Overloaded`    | key cools down; next key; none left → jittered backoff within the deadline and attempt cap, never inside a key's cooldown |
-//! | out of money: 429/403 `insufficient_quota` / billing, 402, a 400 whose error says so (Anthropic's "credit balance is too low", OpenAI's `billing_hard_limit_reached`) | `QuotaExhausted`| key disabled until re-enabled; alert; next key; never retried; the client never sees the upstream's billing text |
+//! | out of money: 429/403 `insufficient_quota` / billing (Azure: `QuotaExceeded`, "Out of call volume quota"), 402, a 400 whose error says so (Anthropic's "credit balance is too low", OpenAI's `billing_hard_limit_reached`) | `QuotaExhausted`| key disabled until re-enabled; alert; next key; never retried; the client never sees the upstream's billing text |
 //! | 500, 502, 504, 408, timeout, connection, garbage | `ServerError` | no retry on the same key; counts toward its breaker; next key / fallback |
 //! | 409 conflict                                  | `Conflict`      | transient (the SDKs retry it): next key; no cooldown, no breaker count |
 //! | the request's own deadline ran out mid-attempt | `OutOfTime`    | no breaker count (the client's limit), except 3 unanswered probes in a row re-open a half-open breaker; the counted input is charged; no more attempts |
@@ -68,9 +68,12 @@ fn out_of_money(status: u16, body: &[u8]) -> bool {
         402 => true,
         429 | 403 => {
             let b = String::from_utf8_lossy(&body[..body.len().min(4096)]).to_ascii_lowercase();
+            // Azure: "Out of call volume quota …" (403) and the `QuotaExceeded` code.
             b.contains("insufficient_quota")
                 || b.contains("billing")
                 || b.contains("credit balance")
+                || b.contains("out of call volume quota")
+                || b.contains("\"quotaexceeded\"")
         }
         400 => {
             let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
@@ -141,6 +144,20 @@ mod tests {
             classify(&status(400, &real.to_string())),
             Tier::QuotaExhausted
         );
+    }
+
+    /// Azure's quota signals: a 403 "Out of call volume quota" (the subscription's quota,
+    /// replenished later) and a `QuotaExceeded` code are out of money, not a refused key
+    /// and not a rate limit; its ordinary 429 — whose text links to a quota-increase page —
+    /// stays a rate limit.
+    #[test]
+    fn azure_quota_is_out_of_money_and_its_rate_limit_is_not() {
+        let out_of_volume = r#"{"error":{"code":"403","message":"Out of call volume quota for OpenAI API. Quota will be replenished in 2.12:34:56."}}"#;
+        assert_eq!(classify(&status(403, out_of_volume)), Tier::QuotaExhausted);
+        let exceeded = r#"{"error":{"code":"QuotaExceeded","message":"The monthly quota of this resource is used up."}}"#;
+        assert_eq!(classify(&status(429, exceeded)), Tier::QuotaExhausted);
+        let rate = crate::mock::azure::rate_limit_error().to_string();
+        assert_eq!(classify(&status(429, &rate)), Tier::RateLimited);
     }
 
     #[test]

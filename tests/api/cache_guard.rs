@@ -55,6 +55,7 @@ async fn two_formats() -> TestApp {
             upstream: "c".into(),
             model: "claude-upstream".into(),
             output_cap_param: None,
+            deployment: None,
         }];
         s.models.push(claude);
     })

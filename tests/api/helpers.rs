@@ -42,6 +42,7 @@ pub fn upstream(id: &str, key: &str, mock: &MockServer) -> UpstreamSettings {
         max_concurrent: 0,
         max_queue: 0,
         allow_private_network: true,
+        ..Default::default()
     }
 }
 
@@ -55,6 +56,7 @@ pub fn model(name: &str, upstreams: &[&str]) -> ModelSettings {
                 upstream: (*u).into(),
                 model: format!("{name}-upstream"),
                 output_cap_param: None,
+                deployment: None,
             })
             .collect(),
         fallbacks: vec![],

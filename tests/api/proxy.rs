@@ -265,6 +265,7 @@ async fn every_route_failing_is_a_502_and_costs_nothing() {
             upstream: "b".into(),
             model: "gpt-4o-mini-upstream".into(),
             output_cap_param: None,
+            deployment: None,
         });
     })
     .await;
@@ -316,6 +317,7 @@ async fn a_rate_limited_key_hands_over_to_the_next_one() {
             upstream: "b".into(),
             model: "gpt-4o-mini-upstream".into(),
             output_cap_param: None,
+            deployment: None,
         });
     })
     .await;

@@ -18,6 +18,7 @@ async fn app() -> TestApp {
             upstream: "a".into(),
             model: "my-deployment".into(),
             output_cap_param: Some(OutputCapParam::MaxCompletionTokens),
+            deployment: None,
         }];
         s.models.push(legacy);
     })

@@ -375,6 +375,7 @@ async fn a_retried_response_is_charged_once_and_a_failed_one_nothing() {
             upstream: "b".into(),
             model: "gpt-4o-mini-upstream".into(),
             output_cap_param: None,
+            deployment: None,
         });
     })
     .await;

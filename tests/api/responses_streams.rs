@@ -23,6 +23,7 @@ pub async fn app_with_claude() -> TestApp {
             upstream: "c".into(),
             model: "claude-upstream".into(),
             output_cap_param: None,
+            deployment: None,
         }];
         s.models.push(claude);
     })

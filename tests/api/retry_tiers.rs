@@ -260,6 +260,7 @@ async fn a_408_or_409_moves_on_to_the_next_key_like_the_sdks_retry_it() {
             upstream: "b".into(),
             model: "gpt-4o-mini-upstream".into(),
             output_cap_param: None,
+            deployment: None,
         });
     })
     .await;

@@ -84,7 +84,7 @@ async fn call_through_dns(
     let result = client
         .post(
             &catalog.deployments[0],
-            "/chat/completions",
+            catalog.deployments[0].url(0, sluice::pipeline::request::Endpoint::Chat, false),
             Bytes::from(body.to_string()),
             Instant::now() + Duration::from_secs(10),
             None,

@@ -36,6 +36,7 @@ DEFAULT_BIN = REPO_ROOT / "target" / "debug" / "sluice"
 
 UPSTREAM_KEY = "sk-upstream-canary-AAAA1111"
 ANTHROPIC_UPSTREAM_KEY = "sk-ant-upstream-canary-BBBB2222"
+AZURE_UPSTREAM_KEY = "az-upstream-canary-CCCC3333"
 MOCK_TEXT = (
     "Hello from the Sluice mock upstream. "
     "This answer is fixed so that tests can check every byte of it."
@@ -89,6 +90,20 @@ output_usd_per_mtok = 4.00
 name = "text-embedding-3-small"
 routes = [{{ upstream = "mock-a", model = "text-embedding-3-small" }}]
 input_usd_per_mtok = 0.02
+
+[[upstreams]]
+id = "mock-azure"
+provider = "azure_openai"
+base_url = "http://127.0.0.1:{mock_port}"
+api_version = "2024-10-21"
+api_key = "{azure_key}"
+allow_private_network = true
+
+[[models]]
+name = "azure-mini"
+routes = [{{ upstream = "mock-azure", model = "gpt-4o-mini", deployment = "sdk-deployment" }}]
+input_usd_per_mtok = 0.15
+output_usd_per_mtok = 0.60
 """
 
 
@@ -290,6 +305,7 @@ def sluice(tmp_path_factory, pg_scratch) -> Sluice:
             backup_dir=workdir / "backup",  # audit.head: never the repository's backup/
             upstream_key=UPSTREAM_KEY,
             anthropic_key=ANTHROPIC_UPSTREAM_KEY,
+            azure_key=AZURE_UPSTREAM_KEY,
         )
     )
 

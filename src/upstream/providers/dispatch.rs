@@ -64,7 +64,7 @@ impl From<Provider> for Format {
 /// The wire format a provider kind speaks.
 pub fn format_of(p: Provider) -> Format {
     match p {
-        Provider::Openai => Format::OpenAiChat,
+        Provider::Openai | Provider::AzureOpenai | Provider::OpenaiCompatible => Format::OpenAiChat,
         Provider::Anthropic => Format::Anthropic,
     }
 }
@@ -109,8 +109,21 @@ pub fn build_request(
     cap: Option<(&'static str, i64)>,
     stream: bool,
 ) -> Result<Vec<u8>, TranslateError> {
+    build_request_with(client, upstream, body, upstream_model, cap, (stream, true))
+}
+
+/// `build_request` for an upstream that may not take `stream_options`: with
+/// `include_usage` false (its `quirks.include_usage`), an OpenAI-format body carries none.
+pub fn build_request_with(
+    client: impl Into<Format>,
+    upstream: impl Into<Format>,
+    body: &Map<String, Value>,
+    upstream_model: &str,
+    cap: Option<(&'static str, i64)>,
+    (stream, include_usage): (bool, bool),
+) -> Result<Vec<u8>, TranslateError> {
     let (client, upstream) = (client.into(), upstream.into());
-    let out = if client == upstream {
+    let mut out = if client == upstream {
         match upstream {
             Format::OpenAiChat => openai::shape_request(body, upstream_model, cap, stream),
             Format::Anthropic => anthropic::shape_request(body, upstream_model, cap),
@@ -119,6 +132,9 @@ pub fn build_request(
         let r = read_request(client, upstream, body)?;
         write_request(upstream, &r, upstream_model, cap, stream)?
     };
+    if !include_usage && upstream == Format::OpenAiChat {
+        out.remove("stream_options");
+    }
     // A map of JSON values always serializes.
     Ok(serde_json::to_vec(&Value::Object(out)).unwrap_or_default())
 }
@@ -203,12 +219,26 @@ pub fn convert_error(
     raw: Bytes,
 ) -> Bytes {
     let (upstream, client) = (upstream.into(), client.into());
-    let v: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
+    let v: Value = serde_json::from_slice(&raw)
+        .ok()
+        .or_else(|| plain_text_error(&raw))
+        .unwrap_or(Value::Null);
     if upstream == client && is_error_of(client, &v) {
         return raw;
     }
     let e = read_error(upstream, status, &v);
     Bytes::from(write_error(client, &e).to_string())
+}
+
+/// A short plain-text error body (a server's "model not found") as `{"message": …}`; not
+/// an HTML page (a proxy's), which says nothing a client can use.
+fn plain_text_error(raw: &[u8]) -> Option<Value> {
+    let text = std::str::from_utf8(raw).ok()?.trim();
+    let plain = !text.is_empty()
+        && text.len() <= 1000
+        && !text.starts_with('<')
+        && !text.chars().any(char::is_control);
+    plain.then(|| serde_json::json!({ "message": text }))
 }
 
 /// True when `v` is an error body of `format`'s own shape, which its SDKs parse.

@@ -3,19 +3,24 @@
 //! of an answer, and the answer in the client's format.
 
 pub mod anthropic;
+pub mod azure;
 pub mod canonical;
 mod dispatch;
 pub mod formats;
 pub mod openai;
 pub mod translate;
 
-pub use dispatch::{answer_usage, build_request, convert_answer, convert_error, format_of, Format};
+pub use dispatch::{
+    answer_usage, build_request, build_request_with, convert_answer, convert_error, format_of,
+    Format,
+};
 
 use serde_json::{Map, Value};
 
-use crate::config::Provider;
+use crate::config::{AuthMode, Provider, UpstreamSettings};
 use crate::error::WireFormat;
 use crate::pipeline::request::Endpoint;
+use crate::upstream::credential::Credential;
 use translate::TranslateError;
 
 /// The most tokens one reported figure may hold. An upstream's usage is read through
@@ -34,17 +39,61 @@ pub fn tokens(v: Option<&Value>) -> Option<i64> {
     Some(n.clamp(0, MAX_REPORTED_TOKENS))
 }
 
-/// Where an endpoint's requests go on a provider; `None` when it has no such endpoint.
+/// Where an endpoint's requests go on a provider, after its base URL; `None` when it has no
+/// such endpoint. Providers whose URL names the deployment or model (`url`) answer the
+/// path's last part only: what tells that the endpoint exists.
 pub fn path(endpoint: Endpoint, p: Provider) -> Option<&'static str> {
+    use Provider::{Anthropic, AzureOpenai, Openai, OpenaiCompatible};
     match (endpoint, p) {
-        (Endpoint::Chat | Endpoint::Messages, Provider::Openai) => Some("/chat/completions"),
-        (Endpoint::Completions, Provider::Openai) => Some("/completions"),
-        (Endpoint::Embeddings, Provider::Openai) => Some("/embeddings"),
-        (Endpoint::Chat | Endpoint::Messages, Provider::Anthropic) => Some("/v1/messages"),
-        (Endpoint::Completions | Endpoint::Embeddings, Provider::Anthropic) => None,
+        (Endpoint::Chat | Endpoint::Messages, Openai | AzureOpenai | OpenaiCompatible) => {
+            Some("/chat/completions")
+        }
+        (Endpoint::Completions, Openai | AzureOpenai | OpenaiCompatible) => Some("/completions"),
+        (Endpoint::Embeddings, Openai | AzureOpenai | OpenaiCompatible) => Some("/embeddings"),
+        (Endpoint::Chat | Endpoint::Messages, Anthropic) => Some("/v1/messages"),
+        (Endpoint::Completions | Endpoint::Embeddings, Anthropic) => None,
         // Native on OpenAI; translated (through chat) everywhere else.
-        (Endpoint::Responses, Provider::Openai) => Some("/responses"),
-        (Endpoint::Responses, Provider::Anthropic) => Some("/v1/messages"),
+        (Endpoint::Responses, Openai) => Some("/responses"),
+        (Endpoint::Responses, Anthropic) => Some("/v1/messages"),
+        (Endpoint::Responses, AzureOpenai | OpenaiCompatible) => Some("/chat/completions"),
+    }
+}
+
+/// Whether a provider's URL names the route's deployment or model: then each route target
+/// has its own URLs (`catalog::Deployment::target`).
+pub fn target_in_url(p: Provider) -> bool {
+    matches!(p, Provider::AzureOpenai)
+}
+
+/// The URL an endpoint's request (streamed or not) goes to on an upstream, for a route whose
+/// target (Azure's deployment, a model in the path) is `target`. Built once at start.
+pub fn url(
+    u: &UpstreamSettings,
+    base: &str,
+    endpoint: Endpoint,
+    target: &str,
+    _stream: bool,
+) -> Option<reqwest::Url> {
+    let path = path(endpoint, u.provider)?;
+    match u.provider {
+        Provider::AzureOpenai => azure::url(u, base, endpoint, target),
+        Provider::Openai | Provider::Anthropic | Provider::OpenaiCompatible => {
+            reqwest::Url::parse(&format!("{base}{path}")).ok()
+        }
+    }
+}
+
+/// How a deployment authenticates: a header built once, none, or a hook run at send time.
+pub fn credential(u: &UpstreamSettings) -> Credential {
+    use reqwest::header::{HeaderName, AUTHORIZATION};
+    let key = u.api_key.expose();
+    match u.provider {
+        _ if u.quirks.auth == AuthMode::None => Credential::None,
+        Provider::Openai | Provider::OpenaiCompatible => {
+            Credential::header(AUTHORIZATION, &format!("Bearer {key}"))
+        }
+        Provider::Anthropic => Credential::header(HeaderName::from_static("x-api-key"), key),
+        Provider::AzureOpenai => azure::credential(u),
     }
 }
 
@@ -72,4 +121,104 @@ pub fn build_responses_request(
         cap,
         stream,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::WireFormat;
+    use bytes::Bytes;
+
+    /// OpenAI-compatible servers' own error bodies, rebuilt in each client's format with the
+    /// server's message (the status is the caller's to keep).
+    #[test]
+    fn compatible_servers_error_bodies_reach_the_client_in_its_format() {
+        let shapes: [(&str, &[u8]); 5] = [
+            ("fastapi", br#"{"detail":"mock error 400"}"#),
+            ("ollama", br#"{"error":"mock error 400"}"#),
+            (
+                "vllm",
+                br#"{"object":"error","message":"mock error 400","type":"BadRequestError","param":null,"code":400}"#,
+            ),
+            ("text", b"mock error 400"),
+            (
+                "fastapi list",
+                br#"{"detail":[{"type":"missing","loc":["body","messages"],"msg":"mock error 400"}]}"#,
+            ),
+        ];
+        for (name, raw) in shapes {
+            let openai = convert_error(
+                WireFormat::OpenAi,
+                WireFormat::OpenAi,
+                400,
+                Bytes::from_static(raw),
+            );
+            let v: Value = serde_json::from_slice(&openai).unwrap();
+            assert_eq!(v["error"]["type"], "invalid_request_error", "{name}: {v}");
+            assert!(
+                v["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("mock error 400")),
+                "{name}: {v}"
+            );
+            let anthropic = convert_error(
+                WireFormat::OpenAi,
+                WireFormat::Anthropic,
+                400,
+                Bytes::from_static(raw),
+            );
+            let v: Value = serde_json::from_slice(&anthropic).unwrap();
+            assert_eq!(v["type"], "error", "{name}: {v}");
+            assert_eq!(v["error"]["type"], "invalid_request_error", "{name}: {v}");
+            assert!(
+                v["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("mock error 400")),
+                "{name}: {v}"
+            );
+        }
+        // A proxy's HTML page is no message for a client.
+        let html = convert_error(
+            WireFormat::OpenAi,
+            WireFormat::OpenAi,
+            404,
+            Bytes::from_static(b"<html><body>404 Not Found</body></html>"),
+        );
+        let v: Value = serde_json::from_slice(&html).unwrap();
+        assert!(
+            !v["error"]["message"].as_str().unwrap().contains('<'),
+            "{v}"
+        );
+    }
+
+    /// Azure's content-filter 400: an OpenAI client gets Azure's body as it is (with
+    /// `innererror.content_filter_result`); an Anthropic client an `invalid_request_error`
+    /// that says the content filter refused it.
+    #[test]
+    fn azure_content_filter_errors_name_the_filter() {
+        let raw = serde_json::to_vec(&crate::mock::azure::content_filter_error()).unwrap();
+        let openai = convert_error(
+            WireFormat::OpenAi,
+            WireFormat::OpenAi,
+            400,
+            Bytes::from(raw.clone()),
+        );
+        assert_eq!(openai, raw, "passed through untouched");
+        let anthropic = convert_error(
+            WireFormat::OpenAi,
+            WireFormat::Anthropic,
+            400,
+            Bytes::from(raw),
+        );
+        let v: Value = serde_json::from_slice(&anthropic).unwrap();
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+        assert_eq!(v["error"]["code"], "content_filter", "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("content management policy"),
+            "{v}"
+        );
+    }
 }

@@ -133,16 +133,36 @@ pub fn status_of(kind: ErrorKind) -> u16 {
 /// its error type. Both formats read errors alike: an OpenAI-compatible server or a proxy
 /// in front of either may answer in any of these shapes.
 pub fn read_error(status: u16, v: &Value) -> ErrorInfo {
-    let message = ["/error/message", "/message", "/detail"]
-        .iter()
-        .find_map(|p| v.pointer(p).and_then(Value::as_str))
-        .unwrap_or("The upstream rejected the request.");
     ErrorInfo {
         status,
         kind: error_kind(status),
-        message: message.to_string(),
+        message: upstream_message(v),
         code: upstream_code(v),
         param: None,
+    }
+}
+
+/// The message of an upstream's error body, whatever its shape: OpenAI's and Anthropic's
+/// `error.message`, vLLM's and Mistral's `message`, FastAPI's `detail` (a string, or a list
+/// of validation errors whose `msg`s are joined), Ollama's `error` string.
+fn upstream_message(v: &Value) -> String {
+    if let Some(m) = ["/error/message", "/message", "/detail", "/error"]
+        .iter()
+        .find_map(|p| v.pointer(p).and_then(Value::as_str))
+    {
+        return m.to_string();
+    }
+    let msgs: Vec<&str> = v
+        .get("detail")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|d| d.get("msg").and_then(Value::as_str))
+        .collect();
+    if msgs.is_empty() {
+        "The upstream rejected the request.".into()
+    } else {
+        msgs.join("; ")
     }
 }
 

@@ -1,0 +1,356 @@
+//! Provider kind `openai_compatible` (vLLM, Ollama, llama.cpp, DeepSeek, Groq, Mistral)
+//! behind Sluice, with its quirks against the mock's switches: a server that refuses
+//! `stream_options` (usage then counted from the deltas, and a usage chunk the server sends
+//! anyway preferred), the output cap's field, no credential at all, and the servers' own
+//! error bodies rebuilt in each client's format with their status. Plus the config checks
+//! of both new kinds.
+
+use serde_json::{json, Value};
+use sluice::config::{AuthMode, OutputCapParam, Provider, Secret, Settings, UpstreamSettings};
+use sluice::mock::{MockServer, Script, SseEvent};
+use sluice::quota::pricing::{cost, Prices, Usage};
+
+use crate::azure::{anthropic_body, events, messages, spent};
+use crate::helpers::*;
+
+const KEY_C: &str = "sk-compat-canary-key-C-2b3c4d5e";
+
+fn compatible(id: &str, mock: &MockServer) -> UpstreamSettings {
+    let mut u = upstream(id, KEY_C, mock);
+    u.provider = Provider::OpenaiCompatible;
+    u
+}
+
+fn only(s: &mut Settings, u: UpstreamSettings, upstream_model: &str) {
+    let id = u.id.clone();
+    s.upstreams = vec![u];
+    let mut m = model("gpt-4o-mini", &[&id]);
+    m.routes[0].model = upstream_model.into();
+    s.models = vec![m];
+}
+
+fn prices() -> Prices {
+    Prices {
+        input: 150_000,
+        output: 600_000,
+        cached_input: 150_000,
+    }
+}
+
+/// The tokens the request log holds for the one request of a token.
+async fn logged_tokens(app: &TestApp, token_id: i64) -> (i64, i64) {
+    app.wait_for_log_rows(1).await;
+    let q = |col: &str| format!("SELECT {col} FROM requests WHERE token_id = {token_id}");
+    (
+        app.scalar(&q("input_tokens")).await,
+        app.scalar(&q("output_tokens")).await,
+    )
+}
+
+fn streamed(max_tokens: i64) -> Value {
+    let mut b = chat_body(max_tokens);
+    b["stream"] = json!(true);
+    b
+}
+
+#[tokio::test]
+async fn a_server_that_refuses_stream_options_is_sent_none_and_charged_what_was_counted() {
+    let app = spawn_app_with(|s, m| {
+        let mut quiet = compatible("quiet", m);
+        quiet.quirks.include_usage = false;
+        only(s, quiet, "llama-3.1-8b");
+        // The same server without the quirk, to show what the quirk is for.
+        s.upstreams.push(compatible("plain", m));
+        let mut plain = model("plain", &["plain"]);
+        plain.routes[0].model = "llama-3.1-8b".into();
+        s.models.push(plain);
+    })
+    .await;
+    app.mock.state.sticky(
+        KEY_C,
+        Some(Script {
+            reject_stream_options: true,
+            ..Default::default()
+        }),
+    );
+    let (_, other) = app.token("other", Some("1.00")).await;
+    let mut body = streamed(64);
+    body["model"] = json!("plain");
+    let refused = app.chat(&other, &body).await;
+    assert_eq!(refused.status(), 400, "an old vLLM refuses stream_options");
+    let v: Value = refused.json().await.unwrap();
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("stream_options"),
+        "{v}"
+    );
+
+    let (id, token) = app.token("dev", Some("1.00")).await;
+    let resp = app.chat(&token, &streamed(64)).await;
+    assert_eq!(resp.status(), 200);
+    let (data, _) = sse_data(resp).await;
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    assert_eq!(reassemble(&data), sluice::mock::MockConfig::default().text);
+    let sent = app
+        .mock
+        .state
+        .stats(KEY_C)
+        .last_bodies
+        .back()
+        .cloned()
+        .unwrap();
+    assert!(sent.get("stream_options").is_none(), "{sent}");
+    let (input, output) = logged_tokens(&app, id).await;
+    assert!(input > 0 && output > 0, "counted: {input} in, {output} out");
+    assert_ne!(
+        output, 24,
+        "the server reported nothing: the output was counted"
+    );
+    let expected = cost(
+        Usage {
+            input,
+            cached_input: 0,
+            output,
+        },
+        prices(),
+    );
+    assert_eq!(spent(&app, id).await, expected);
+}
+
+#[tokio::test]
+async fn a_usage_chunk_the_server_sends_anyway_is_preferred_over_the_count() {
+    let app = spawn_app_with(|s, m| {
+        let mut u = compatible("c", m);
+        u.quirks.include_usage = false;
+        only(s, u, "deepseek-chat");
+    })
+    .await;
+    let chunk = |delta: Value, finish: Value| {
+        SseEvent::Data(
+            json!({"id": "c1", "object": "chat.completion.chunk", "created": 1,
+            "model": "deepseek-chat", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}),
+        )
+    };
+    app.mock.state.script(
+        KEY_C,
+        [Script {
+            events: Some(vec![
+                chunk(
+                    json!({"role": "assistant", "content": "Hi there"}),
+                    Value::Null,
+                ),
+                chunk(json!({}), json!("stop")),
+                SseEvent::Data(
+                    json!({"id": "c1", "object": "chat.completion.chunk", "created": 1,
+                    "model": "deepseek-chat", "choices": [],
+                    "usage": {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}}),
+                ),
+                SseEvent::Data(json!("[DONE]")),
+            ]),
+            ..Default::default()
+        }],
+    );
+    let (id, token) = app.token("dev", Some("1.00")).await;
+    let resp = app.chat(&token, &streamed(64)).await;
+    assert_eq!(resp.status(), 200);
+    let _ = sse_data(resp).await;
+    assert_eq!(logged_tokens(&app, id).await, (7, 5));
+    let expected = cost(
+        Usage {
+            input: 7,
+            cached_input: 0,
+            output: 5,
+        },
+        prices(),
+    );
+    assert_eq!(spent(&app, id).await, expected);
+}
+
+#[tokio::test]
+async fn an_anthropic_client_streams_from_a_server_without_usage_and_is_told_the_count() {
+    let app = spawn_app_with(|s, m| {
+        let mut u = compatible("c", m);
+        u.quirks.include_usage = false;
+        only(s, u, "llama3");
+    })
+    .await;
+    app.mock.state.sticky(
+        KEY_C,
+        Some(Script {
+            reject_stream_options: true,
+            ..Default::default()
+        }),
+    );
+    let (id, token) = app.token("dev", Some("1.00")).await;
+    let evs = events(messages(&app, &token, &anthropic_body(true)).await).await;
+    assert_eq!(
+        evs.last().map(|(n, _)| n.as_str()),
+        Some("message_stop"),
+        "{evs:?}"
+    );
+    let delta = evs.iter().find(|(n, _)| n == "message_delta").unwrap();
+    let (_, output) = logged_tokens(&app, id).await;
+    assert_eq!(delta.1["usage"]["output_tokens"], output, "{delta:?}");
+    assert!(output > 0);
+    let (input, _) = logged_tokens(&app, id).await;
+    let expected = cost(
+        Usage {
+            input,
+            cached_input: 0,
+            output,
+        },
+        prices(),
+    );
+    assert_eq!(spent(&app, id).await, expected);
+}
+
+#[tokio::test]
+async fn the_output_cap_goes_in_the_field_the_server_takes() {
+    let app = spawn_app_with(|s, m| {
+        only(s, compatible("plain", m), "qwen3-32b");
+        let mut groq = compatible("groq", m);
+        groq.api_key = Secret(secrecy::SecretString::from("sk-groq-key-0000".to_string()));
+        groq.quirks.max_tokens_field = Some(OutputCapParam::MaxCompletionTokens);
+        s.upstreams.push(groq);
+        let mut g = model("groq", &["groq"]);
+        g.routes[0].model = "llama-3.3-70b".into();
+        s.models.push(g);
+    })
+    .await;
+    let (_, token) = app.token("dev", Some("1.00")).await;
+    assert_eq!(app.chat(&token, &chat_body(64)).await.status(), 200);
+    let sent = &app.mock.state.stats(KEY_C).last_bodies[0];
+    assert_eq!(sent["max_tokens"], 64, "{sent}");
+    assert!(sent.get("max_completion_tokens").is_none());
+    let mut body = chat_body(64);
+    body["model"] = json!("groq");
+    assert_eq!(app.chat(&token, &body).await.status(), 200);
+    let sent = &app.mock.state.stats("sk-groq-key-0000").last_bodies[0];
+    assert_eq!(sent["max_completion_tokens"], 64, "{sent}");
+    assert!(sent.get("max_tokens").is_none());
+}
+
+#[tokio::test]
+async fn a_local_server_without_auth_gets_no_credential_header() {
+    let app = spawn_app_with(|s, m| {
+        let mut u = compatible("ollama", m);
+        u.api_key = Secret::default();
+        u.quirks.auth = AuthMode::None;
+        only(s, u, "llama3.2");
+    })
+    .await;
+    let (_, token) = app.token("dev", Some("1.00")).await;
+    assert_eq!(app.chat(&token, &chat_body(64)).await.status(), 200);
+    let stats = app.mock.state.stats("");
+    assert_eq!(stats.count, 1);
+    let h = &stats.last_headers[0];
+    assert!(
+        h.get("authorization").is_none() && h.get("x-api-key").is_none(),
+        "{h:?}"
+    );
+}
+
+#[tokio::test]
+async fn each_servers_error_body_reaches_each_client_in_its_format_with_the_status() {
+    let app = spawn_app_with(|s, m| only(s, compatible("c", m), "mistral-small")).await;
+    let (id, token) = app.token("dev", Some("1.00")).await;
+    for style in ["fastapi", "ollama", "vllm", "text"] {
+        for status in [400u16, 404, 422] {
+            let script = Script {
+                status: Some(status),
+                error_style: Some(style.into()),
+                ..Default::default()
+            };
+            app.mock.state.script(KEY_C, [script.clone(), script]);
+            let resp = app.chat(&token, &chat_body(64)).await;
+            assert_eq!(resp.status(), status, "{style}");
+            let v: Value = resp.json().await.unwrap();
+            assert_eq!(
+                v["error"]["message"],
+                format!("mock error {status}"),
+                "{style}: {v}"
+            );
+            assert_eq!(v["error"]["type"], "invalid_request_error", "{style}: {v}");
+            let resp = messages(&app, &token, &anthropic_body(false)).await;
+            assert_eq!(resp.status(), status, "{style}");
+            let v: Value = resp.json().await.unwrap();
+            assert_eq!(v["type"], "error", "{style}: {v}");
+            assert_eq!(
+                v["error"]["message"],
+                format!("mock error {status}"),
+                "{style}: {v}"
+            );
+            let kind = if status == 404 {
+                "not_found_error"
+            } else {
+                "invalid_request_error"
+            };
+            assert_eq!(v["error"]["type"], kind, "{style}: {v}");
+        }
+    }
+    assert_eq!(
+        app.state.pool.disabled(0),
+        None,
+        "client errors leave the key alone"
+    );
+    assert_eq!(spent(&app, id).await, 0);
+}
+
+#[test]
+fn the_config_names_what_each_kind_is_missing() {
+    let mock_url = "https://example.com";
+    let base = |provider| UpstreamSettings {
+        id: "u".into(),
+        provider,
+        base_url: mock_url.into(),
+        api_key: Secret(secrecy::SecretString::from("k-123456789".to_string())),
+        ..Default::default()
+    };
+    let check = |u: UpstreamSettings, route: Option<&str>| {
+        let mut m = model("m", &["u"]);
+        m.routes[0].deployment = route.map(str::to_string);
+        let s = Settings {
+            upstreams: vec![u],
+            models: vec![m],
+            ..Default::default()
+        };
+        s.validate().err().map(|e| e.to_string())
+    };
+    let no_version = check(base(Provider::AzureOpenai), None).unwrap();
+    assert!(no_version.contains("api_version"), "{no_version}");
+    let mut az = base(Provider::AzureOpenai);
+    az.api_version = Some("2024-10-21".into());
+    assert_eq!(check(az.clone(), Some("dep")), None);
+    az.api_key = Secret::default();
+    let keyless = check(az, None).unwrap();
+    assert!(
+        keyless.contains("api_key") && keyless.contains("entra"),
+        "{keyless}"
+    );
+    let dep = check(base(Provider::Openai), Some("dep")).unwrap();
+    assert!(dep.contains("deployment"), "{dep}");
+    let mut ant = base(Provider::Anthropic);
+    ant.quirks.include_usage = false;
+    assert!(check(ant, None).unwrap().contains("quirks"));
+    let mut empty = base(Provider::OpenaiCompatible);
+    empty.api_key = Secret::default();
+    assert!(check(empty.clone(), None).unwrap().contains("api_key"));
+    empty.quirks.auth = AuthMode::None;
+    assert_eq!(check(empty, None), None);
+    let mut v = base(Provider::Openai);
+    v.api_version = Some("v1".into());
+    assert!(check(v, None).unwrap().contains("azure_openai"));
+    let toml = r#"
+[[upstreams]]
+id = "vllm"
+provider = "openai_compatible"
+base_url = "http://127.0.0.1:8000/v1"
+allow_private_network = true
+quirks = { include_usage = false, max_tokens_field = "max_tokens", auth = "none" }
+"#;
+    let s: Settings = toml::from_str(toml).unwrap();
+    assert!(!s.upstreams[0].quirks.include_usage);
+    assert_eq!(s.upstreams[0].quirks.auth, AuthMode::None);
+}
