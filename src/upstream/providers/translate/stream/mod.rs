@@ -315,7 +315,12 @@ impl StreamConverter {
                 }
             }
             Body::BlockDelta { delta, .. } => {
-                for t in [&delta.text, &delta.partial_json].into_iter().flatten() {
+                // Thinking is output Anthropic bills: a stream cut while the model thinks
+                // is charged what it thought.
+                for t in [&delta.text, &delta.partial_json, &delta.thinking]
+                    .into_iter()
+                    .flatten()
+                {
                     self.note_text(t);
                 }
             }
