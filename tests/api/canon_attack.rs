@@ -206,3 +206,153 @@ async fn thinking_received_before_a_cut_is_charged_as_output() {
     );
     app.assert_invariant().await;
 }
+
+/// An OpenAI SDK pointed at a Claude model marks a long prompt part for Anthropic's prompt
+/// cache (`cache_control` on a content part, as OpenRouter and LiteLLM take it). The
+/// internal form has a place for it (`Part::Text::cache`): it must reach the Anthropic
+/// upstream, or the request be refused naming it — never be dropped (the client would pay
+/// the uncached price on every call without a word).
+#[tokio::test]
+async fn a_cache_mark_on_an_openai_part_reaches_anthropic_or_is_refused() {
+    let app = app().await;
+    let (_, token) = app.token("part-cache", None).await;
+    let body = json!({"model": "claude", "max_tokens": 50,
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "A long manual of engine faults.", "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": "Why does the light blink?"}]}]});
+    let resp = app.chat(&token, &body).await;
+    let status = resp.status().as_u16();
+    let answer: Value = resp.json().await.unwrap();
+    if status == 400 {
+        assert!(
+            answer.to_string().contains("cache_control"),
+            "a refusal names the field: {answer}"
+        );
+        return;
+    }
+    assert_eq!(status, 200, "{answer}");
+    let stats = app.mock.state.stats(KEY_B);
+    let sent = stats.last_bodies.back().expect("the upstream was called");
+    assert_eq!(
+        sent["messages"][0]["content"][0]["cache_control"],
+        json!({"type": "ephemeral"}),
+        "{sent}"
+    );
+}
+
+/// A message-level field Anthropic does not define (`name`, or any other) is refused as
+/// Anthropic refuses it — the top-level fields are — not dropped on the way to an
+/// OpenAI-format upstream.
+#[tokio::test]
+async fn an_unknown_field_of_an_anthropic_message_is_refused_not_dropped() {
+    let app = app().await;
+    let (_, token) = app.token("msg-field", None).await;
+    let body = json!({"model": "gpt-4o-mini", "max_tokens": 50,
+        "messages": [{"role": "user", "content": "Why does the light blink?", "name": "mechanic_7"}]});
+    let resp = app
+        .http
+        .post(format!("{}/v1/messages", app.address))
+        .header("x-api-key", &token)
+        .header("anthropic-version", "2023-06-01")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let answer: Value = resp.json().await.unwrap();
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.to_string().contains("name"), "{answer}");
+    assert_eq!(app.mock.state.stats(KEY_A).count, 0, "nothing sent upstream");
+}
+
+/// A model's tool arguments hold an integer wider than 64 bits (an order number written as
+/// a JSON number). Crossing to an Anthropic client they are parsed into `input`, and the
+/// number must stay the number the model wrote.
+#[tokio::test]
+#[ignore = "finding: serde_json without arbitrary_precision reads an integer beyond 64 bits as an f64: \
+            an OpenAI answer's tool arguments {\"order\":123456789012345678901234567890} reach the \
+            Anthropic client as input {\"order\":1.2345678901234568e+29} (also in requests, and in \
+            every same-format body the gateway re-serializes); a fix is arbitrary_precision \
+            project-wide or keeping tool arguments as raw JSON text"]
+async fn a_wide_integer_in_tool_arguments_crosses_unaltered() {
+    let app = app().await;
+    let (_, token) = app.token("wide-int", None).await;
+    let args = r#"{"order":123456789012345678901234567890}"#;
+    app.mock.state.script(
+        KEY_A,
+        [Script {
+            body: Some(json!({"id": "chatcmpl-w", "object": "chat.completion", "created": 1, "model": "m",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": null,
+                    "tool_calls": [{"id": "call_1", "type": "function",
+                        "function": {"name": "lookup_order", "arguments": args}}]},
+                    "finish_reason": "tool_calls"}],
+                "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}})),
+            ..Default::default()
+        }],
+    );
+    let body = json!({"model": "gpt-4o-mini", "max_tokens": 50,
+        "tools": [{"name": "lookup_order", "input_schema": {"type": "object"}}],
+        "messages": [{"role": "user", "content": "Where is my order?"}]});
+    let resp = app
+        .http
+        .post(format!("{}/v1/messages", app.address))
+        .header("x-api-key", &token)
+        .header("anthropic-version", "2023-06-01")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    assert!(
+        text.contains("123456789012345678901234567890"),
+        "the order number was altered: {text}"
+    );
+}
+
+/// An OpenAI-compatible reasoning server (DeepSeek, vLLM's reasoning parser) streams its
+/// reasoning as `delta.reasoning_content` before the answer; it bills those tokens as
+/// output. A stream cut while the model reasons must be charged what was received.
+#[tokio::test]
+#[ignore = "finding: shape::Delta does not read `reasoning_content` (nor OpenRouter's `reasoning`), so \
+            the cut-stream count leaves it out: 100 deltas (1 601 tokens) of reasoning_content \
+            then a cut are charged 0 output tokens; fix: read them (leniently: a non-string must \
+            not make the event corrupt) and count them in note_openai_chunk"]
+async fn reasoning_content_received_before_a_cut_is_charged_as_output() {
+    let app = app().await;
+    let (_, token) = app.token("reasoning-cut", Some("10")).await;
+    let piece = "The engine light blinks when a cylinder misfires, so check the coils. ";
+    let deltas = 100;
+    let mut events = vec![SseEvent::Data(chunk(
+        json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}),
+    ))];
+    events.extend((0..deltas).map(|_| {
+        SseEvent::Data(chunk(
+            json!({"index": 0, "delta": {"reasoning_content": piece}, "finish_reason": null}),
+        ))
+    }));
+    let sent = events.len();
+    app.mock.state.script(
+        KEY_A,
+        [Script {
+            events: Some(events),
+            cut_after: Some(sent),
+            ..Default::default()
+        }],
+    );
+    let mut body = chat_body(4000);
+    body["stream"] = json!(true);
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    let _ = tokio::time::timeout(Duration::from_secs(60), resp.text())
+        .await
+        .expect("the stream ended");
+    app.wait_for_log_rows(1).await;
+    let output: i64 = app.scalar("SELECT output_tokens FROM requests").await;
+    let thought = sluice::quota::estimate::count_text(&piece.repeat(deltas));
+    assert!(
+        output >= thought / 2,
+        "{output} output tokens charged for {thought} tokens of reasoning received"
+    );
+    app.assert_invariant().await;
+}
