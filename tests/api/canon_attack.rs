@@ -314,10 +314,6 @@ async fn a_wide_integer_in_tool_arguments_crosses_unaltered() {
 /// reasoning as `delta.reasoning_content` before the answer; it bills those tokens as
 /// output. A stream cut while the model reasons must be charged what was received.
 #[tokio::test]
-#[ignore = "finding: shape::Delta does not read `reasoning_content` (nor OpenRouter's `reasoning`), so \
-            the cut-stream count leaves it out: 100 deltas (1 601 tokens) of reasoning_content \
-            then a cut are charged 0 output tokens; fix: read them (leniently: a non-string must \
-            not make the event corrupt) and count them in note_openai_chunk"]
 async fn reasoning_content_received_before_a_cut_is_charged_as_output() {
     let app = app().await;
     let (_, token) = app.token("reasoning-cut", Some("10")).await;

@@ -255,6 +255,10 @@ impl StreamConverter {
             if let Some(t) = &d.refusal {
                 self.note_text(t);
             }
+            // Reasoning is output the upstream bills (see `shape::Delta`).
+            for t in [&d.reasoning_content, &d.reasoning].into_iter().flatten() {
+                self.note_text(t);
+            }
             for tc in d.tool_calls.iter().flatten() {
                 if let Some(id) = &tc.id {
                     self.note_text(id);
