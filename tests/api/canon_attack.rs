@@ -193,11 +193,8 @@ async fn thinking_received_before_a_cut_is_charged_as_output() {
         .unwrap();
     assert!(!text.contains("message_stop"), "a cut stream");
     app.wait_for_log_rows(1).await;
-    let (input, output): (i64, i64) = sql_row(
-        app.db(),
-        "SELECT input_tokens, output_tokens FROM requests",
-    )
-    .await;
+    let (input, output): (i64, i64) =
+        sql_row(app.db(), "SELECT input_tokens, output_tokens FROM requests").await;
     let thought = sluice::quota::estimate::count_text(&piece.repeat(deltas));
     assert_eq!(input, 20);
     assert!(
@@ -262,7 +259,11 @@ async fn an_unknown_field_of_an_anthropic_message_is_refused_not_dropped() {
     let answer: Value = resp.json().await.unwrap();
     assert_eq!(status, 400, "{answer}");
     assert!(answer.to_string().contains("name"), "{answer}");
-    assert_eq!(app.mock.state.stats(KEY_A).count, 0, "nothing sent upstream");
+    assert_eq!(
+        app.mock.state.stats(KEY_A).count,
+        0,
+        "nothing sent upstream"
+    );
 }
 
 /// A model's tool arguments hold an integer wider than 64 bits (an order number written as
@@ -281,12 +282,14 @@ async fn a_wide_integer_in_tool_arguments_crosses_unaltered() {
     app.mock.state.script(
         KEY_A,
         [Script {
-            body: Some(json!({"id": "chatcmpl-w", "object": "chat.completion", "created": 1, "model": "m",
+            body: Some(
+                json!({"id": "chatcmpl-w", "object": "chat.completion", "created": 1, "model": "m",
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": null,
                     "tool_calls": [{"id": "call_1", "type": "function",
                         "function": {"name": "lookup_order", "arguments": args}}]},
                     "finish_reason": "tool_calls"}],
-                "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}})),
+                "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}}),
+            ),
             ..Default::default()
         }],
     );

@@ -106,8 +106,7 @@ fn cache_mark(p: &Value) -> Result<Option<CacheMark>, TranslateError> {
 /// internal form: refused, not dropped.
 fn check_part(p: &Value, allowed: &[&str]) -> Result<(), TranslateError> {
     for (k, v) in p.as_object().into_iter().flatten() {
-        if !(allowed.contains(&k.as_str()) || k == "type" || k == "cache_control" || v.is_null())
-        {
+        if !(allowed.contains(&k.as_str()) || k == "type" || k == "cache_control" || v.is_null()) {
             let kind = p.get("type").and_then(Value::as_str).unwrap_or("");
             return Err(refuse(
                 "messages",
