@@ -355,3 +355,80 @@ async fn reasoning_content_received_before_a_cut_is_charged_as_output() {
     );
     app.assert_invariant().await;
 }
+
+/// An Anthropic upstream streams a block that is not a client tool call (a server tool's
+/// `server_tool_use`, which the gateway never asked for) with `input_json_delta`s of its
+/// own: they must not be spliced into the OpenAI client's tool call 0, whose arguments
+/// would no longer be the JSON the model wrote.
+#[tokio::test]
+async fn arguments_of_a_block_that_is_no_tool_call_are_not_spliced_into_call_0() {
+    let app = app().await;
+    let (_, token) = app.token("server-tool", None).await;
+    let ev = |name: &str, data: Value| json!([name, data]);
+    let events = json!([
+        ev(
+            "message_start",
+            json!({"type": "message_start", "message": {"id": "msg_1", "type": "message",
+            "role": "assistant", "model": "claude", "content": [], "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": 20, "output_tokens": 1}}})
+        ),
+        ev(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0,
+            "content_block": {"type": "tool_use", "id": "toolu_1", "name": "lookup_vin", "input": {}}})
+        ),
+        ev(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "input_json_delta", "partial_json": "{\"vin\":\"WVW\"}"}})
+        ),
+        ev(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 0})
+        ),
+        ev(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 1,
+            "content_block": {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}}})
+        ),
+        ev(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": "{\"query\":\"vin\"}"}})
+        ),
+        ev(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 1})
+        ),
+        ev(
+            "message_delta",
+            json!({"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": null},
+            "usage": {"output_tokens": 12}})
+        ),
+        ev("message_stop", json!({"type": "message_stop"}))
+    ]);
+    let case = json!({"client": "openai", "request": {"max_tokens": 50, "stream": true,
+        "messages": [{"role": "user", "content": "Decode this VIN"}],
+        "tools": [{"type": "function", "function": {"name": "lookup_vin", "parameters": {"type": "object"}}}]},
+        "upstream": {"events": events}});
+    let got = run_case(&app, &token, "claude", &case).await;
+    assert_eq!(got["status"], 200, "{got}");
+    let mut args: std::collections::BTreeMap<i64, String> = Default::default();
+    for e in got["response"].as_array().unwrap() {
+        for tc in e[1]["choices"][0]["delta"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let i = tc["index"].as_i64().unwrap();
+            args.entry(i)
+                .or_default()
+                .push_str(tc["function"]["arguments"].as_str().unwrap_or(""));
+        }
+    }
+    assert_eq!(
+        args.get(&0).map(String::as_str),
+        Some("{\"vin\":\"WVW\"}"),
+        "{got}"
+    );
+}

@@ -387,7 +387,12 @@ impl EventWriter {
             Event::TextDelta { text, .. } => out.push(self.delta(json!({"content": text}))),
             Event::RefusalDelta { text, .. } => out.push(self.delta(json!({"refusal": text}))),
             Event::ToolArgsDelta { index, json } => {
-                let slot = self.tools.get(index).copied().unwrap_or(0);
+                // Only a block that started as a tool call has a tool-call index; the input
+                // of another (a server tool's block, whose start the reader did not pass
+                // either) is no part of any call the client sees, and never call 0's.
+                let Some(&slot) = self.tools.get(index) else {
+                    return;
+                };
                 out.push(self.delta(
                     json!({"tool_calls": [{"index": slot, "function": {"arguments": json}}]}),
                 ));
