@@ -17,6 +17,7 @@ mod bad_input;
 mod cache;
 mod cache_guard;
 mod cache_precision;
+mod canon_attack;
 mod clocks;
 mod compatible;
 mod departures;

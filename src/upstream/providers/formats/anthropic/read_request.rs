@@ -258,6 +258,20 @@ fn reasoning(b: &Value, kind: &str) -> Result<Part, TranslateError> {
 
 /// One message; tool results are split out into tool messages of their own, in order.
 fn message(m: &Value, out: &mut Vec<Message>) -> Result<(), TranslateError> {
+    // A message has a role and content only; anything else Anthropic refuses, and it
+    // would be dropped on the way.
+    if let Some(k) = m
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, _)| k)
+        .find(|k| !matches!(k.as_str(), "role" | "content"))
+    {
+        return Err(TranslateError {
+            param: Some("messages"),
+            message: format!("messages.{k}: Extra inputs are not permitted"),
+        });
+    }
     let role = match m.get("role").and_then(Value::as_str).unwrap_or("user") {
         "assistant" => Role::Assistant,
         "user" => Role::User,

@@ -9,7 +9,7 @@ use super::super::{
     data_url, integer, number, refuse, refuse_field, unset, TOOL_ERROR_MARK, UPSTREAM,
 };
 use crate::upstream::providers::canonical::{
-    Message, Part, Reasoning, Request, ResponseFormat, Role, Source, Tool, ToolChoice,
+    CacheMark, Message, Part, Reasoning, Request, ResponseFormat, Role, Source, Tool, ToolChoice,
 };
 use crate::upstream::providers::translate::TranslateError;
 
@@ -89,6 +89,43 @@ fn check_fields(body: &Map<String, Value>) -> Result<(), TranslateError> {
     Ok(())
 }
 
+/// A part's `cache_control` (Anthropic's prompt-cache mark, which OpenAI-format clients
+/// send to reach Anthropic models, as OpenRouter and LiteLLM take it) as the internal
+/// form's cache mark: carried where the upstream has one, never dropped silently.
+fn cache_mark(p: &Value) -> Result<Option<CacheMark>, TranslateError> {
+    match p.get("cache_control") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(c)) => Ok(Some(CacheMark {
+            ttl: c.get("ttl").and_then(Value::as_str).map(str::to_string),
+        })),
+        Some(_) => Err(refuse("messages", "`cache_control` must be an object")),
+    }
+}
+
+/// A part's fields besides `type`, `cache_control` and `allowed` have no place in the
+/// internal form: refused, not dropped.
+fn check_part(p: &Value, allowed: &[&str]) -> Result<(), TranslateError> {
+    for (k, v) in p.as_object().into_iter().flatten() {
+        if !(allowed.contains(&k.as_str()) || k == "type" || k == "cache_control" || v.is_null()) {
+            let kind = p.get("type").and_then(Value::as_str).unwrap_or("");
+            return Err(refuse(
+                "messages",
+                format!("`{k}` of a `{kind}` part cannot be sent to {UPSTREAM}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A text part with its cache mark.
+fn marked_text(p: &Value, t: &str) -> Result<Part, TranslateError> {
+    check_part(p, &["text"])?;
+    Ok(Part::Text {
+        text: t.to_string(),
+        cache: cache_mark(p)?,
+    })
+}
+
 /// A text-only content (system, developer, tool) as text parts.
 fn text_parts(content: &Value) -> Result<Vec<Part>, TranslateError> {
     match content {
@@ -97,11 +134,7 @@ fn text_parts(content: &Value) -> Result<Vec<Part>, TranslateError> {
             .iter()
             .map(
                 |p| match (p.get("type").and_then(Value::as_str), p.get("text")) {
-                    (Some("text"), Some(Value::String(t)))
-                        if p.as_object().is_some_and(|o| o.len() == 2) =>
-                    {
-                        Ok(text(t))
-                    }
+                    (Some("text"), Some(Value::String(t))) => marked_text(p, t),
                     _ => Err(refuse(
                         "messages",
                         format!("only text parts can be sent here to {UPSTREAM}"),
@@ -128,10 +161,11 @@ fn part(p: &Value) -> Result<Part, TranslateError> {
     let kind = p.get("type").and_then(Value::as_str).unwrap_or("");
     match kind {
         "text" => match p.get("text") {
-            Some(Value::String(t)) => Ok(text(t)),
+            Some(Value::String(t)) => marked_text(p, t),
             _ => Err(refuse("messages", "a text part needs a string `text`")),
         },
         "image_url" => {
+            check_part(p, &["image_url"])?;
             let Some(url) = p.pointer("/image_url/url").and_then(Value::as_str) else {
                 return Err(refuse(
                     "messages",
@@ -155,10 +189,12 @@ fn part(p: &Value) -> Result<Part, TranslateError> {
             Ok(Part::Image {
                 source,
                 detail,
-                cache: None,
+                cache: cache_mark(p)?,
             })
         }
         "file" => {
+            check_part(p, &["file"])?;
+            let cache = cache_mark(p)?;
             let file = p.get("file").and_then(Value::as_object);
             let filename = file
                 .and_then(|f| f.get("filename"))
@@ -168,7 +204,7 @@ fn part(p: &Value) -> Result<Part, TranslateError> {
                 return Ok(Part::File {
                     source: Source::FileId(id.to_string()),
                     filename,
-                    cache: None,
+                    cache,
                 });
             }
             let data = file
@@ -181,7 +217,7 @@ fn part(p: &Value) -> Result<Part, TranslateError> {
                         data: b64.to_string(),
                     },
                     filename,
-                    cache: None,
+                    cache,
                 }),
                 None => Err(refuse(
                     "messages",

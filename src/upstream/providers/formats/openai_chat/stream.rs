@@ -25,6 +25,11 @@ use crate::upstream::providers::translate::stream::shape::{
     self, Chunk, Content, Corrupt, Obj, StopReason, ToolCall,
 };
 
+/// What one call waiting for its name costs to keep besides its id (the writer counts a
+/// call once it started), and what one tool-call index remembered costs.
+const CALL_BYTES: usize = std::mem::size_of::<Call>() + 16;
+const SLOT_BYTES: usize = std::mem::size_of::<(i64, usize)>() + 16;
+
 struct Call {
     id: String,
     name: String,
@@ -46,7 +51,9 @@ pub struct EventReader {
     slots: HashMap<i64, usize>,
     notes: FinishNotes,
     finished: bool,
-    /// Bytes of arguments gathered for calls that wait for their names.
+    /// Bytes kept for calls that wait for their names (the call, its id and the arguments
+    /// gathered) and for every tool-call index seen: an upstream that opens call after call
+    /// and never names one grows it, and the stream is ended past the converter's limit.
     held_bytes: usize,
 }
 
@@ -114,7 +121,10 @@ impl EventReader {
             name: call.name.clone(),
         });
         let args = std::mem::take(&mut call.args);
-        self.held_bytes = self.held_bytes.saturating_sub(args.len());
+        // From here the writer keeps the call (and counts it).
+        self.held_bytes = self
+            .held_bytes
+            .saturating_sub(args.len() + CALL_BYTES + call.id.len());
         if !args.is_empty() {
             out.push(Event::ToolArgsDelta {
                 index: i,
@@ -165,8 +175,11 @@ impl EventReader {
         else {
             return;
         };
-        if let Some(r) = &choice.finish_reason {
-            self.notes.reason = Some(r.clone());
+        // `""` is no reason: Ollama, SGLang, LocalAI and some relays send it on every
+        // chunk before the last, which carries the real one.
+        let reason = choice.finish_reason.as_deref().filter(|r| !r.is_empty());
+        if let Some(r) = reason {
+            self.notes.reason = Some(r.to_string());
         }
         if let Some(StopReason::Text(seq)) = &choice.stop_reason {
             self.notes.sequence = Some(seq.clone());
@@ -211,7 +224,7 @@ impl EventReader {
                 self.tool_call(tc, out);
             }
         }
-        if choice.finish_reason.is_some() {
+        if reason.is_some() {
             self.finish(out);
         }
     }
@@ -238,6 +251,7 @@ impl EventReader {
                 c
             }
             None => {
+                self.held_bytes += CALL_BYTES + id.map_or(0, str::len);
                 self.calls.push(Call {
                     id: id.unwrap_or("").to_string(),
                     name: name.unwrap_or("").to_string(),
@@ -251,7 +265,9 @@ impl EventReader {
                 c
             }
         };
-        self.slots.insert(slot, call);
+        if self.slots.insert(slot, call).is_none() {
+            self.held_bytes += SLOT_BYTES;
+        }
         if let Some(args) = tc.function.as_ref().and_then(|f| non_empty(&f.arguments)) {
             match self.calls[call].block {
                 Some(i) => out.push(Event::ToolArgsDelta {
@@ -371,7 +387,12 @@ impl EventWriter {
             Event::TextDelta { text, .. } => out.push(self.delta(json!({"content": text}))),
             Event::RefusalDelta { text, .. } => out.push(self.delta(json!({"refusal": text}))),
             Event::ToolArgsDelta { index, json } => {
-                let slot = self.tools.get(index).copied().unwrap_or(0);
+                // Only a block that started as a tool call has a tool-call index; the input
+                // of another (a server tool's block, whose start the reader did not pass
+                // either) is no part of any call the client sees, and never call 0's.
+                let Some(&slot) = self.tools.get(index) else {
+                    return;
+                };
                 out.push(self.delta(
                     json!({"tool_calls": [{"index": slot, "function": {"arguments": json}}]}),
                 ));

@@ -342,6 +342,10 @@ impl StreamConverter {
             if let Some(t) = &d.refusal {
                 self.note_text(t);
             }
+            // Reasoning is output the upstream bills (see `shape::Delta`).
+            for t in [&d.reasoning_content, &d.reasoning].into_iter().flatten() {
+                self.note_text(t);
+            }
             for tc in d.tool_calls.iter().flatten() {
                 if let Some(id) = &tc.id {
                     self.note_text(id);
@@ -402,7 +406,12 @@ impl StreamConverter {
                 }
             }
             Body::BlockDelta { delta, .. } => {
-                for t in [&delta.text, &delta.partial_json].into_iter().flatten() {
+                // Thinking is output Anthropic bills: a stream cut while the model thinks
+                // is charged what it thought.
+                for t in [&delta.text, &delta.partial_json, &delta.thinking]
+                    .into_iter()
+                    .flatten()
+                {
                     self.note_text(t);
                 }
             }

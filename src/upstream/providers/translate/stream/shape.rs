@@ -178,6 +178,22 @@ pub struct Delta {
     pub refusal: Option<String>,
     #[serde(default)]
     pub tool_calls: Option<Vec<Obj<ToolCall>>>,
+    /// The model's reasoning, as DeepSeek and vLLM's reasoning parsers stream it
+    /// (`reasoning_content`) and OpenRouter (`reasoning`): output the upstream bills, so it
+    /// is counted when the usage never arrives. Read leniently (no client sees it through
+    /// the gateway's reading): anything but a string is no text, not a corrupt event.
+    #[serde(default, deserialize_with = "lenient_text")]
+    pub reasoning_content: Option<String>,
+    #[serde(default, deserialize_with = "lenient_text")]
+    pub reasoning: Option<String>,
+}
+
+/// A string, else nothing (whatever else is there).
+fn lenient_text<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Ok(match serde_json::Value::deserialize(d)? {
+        serde_json::Value::String(s) => Some(s),
+        _ => None,
+    })
 }
 
 /// A delta's `content`: a string, or (Mistral) an array of parts whose `text` parts are
