@@ -78,6 +78,9 @@ pub async fn expand(
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(ApiError::invalid("store", "`store` must be a boolean")),
     };
+    // A retention of 0 days keeps nothing: no conversation is written to wait for the
+    // sweep, and the client is told `store: false`.
+    ctx.stamp.store &= state.settings.responses.retention_days > 0;
     let previous = match body.get("previous_response_id") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
@@ -88,6 +91,21 @@ pub async fn expand(
             ))
         }
     };
+    // A continuation's own input is read as strictly as a first turn's (`validate`): one of
+    // another type is refused, never dropped for the stored conversation alone.
+    if previous.is_some() {
+        match body.get("input") {
+            None => {}
+            Some(Value::String(s)) if !s.is_empty() => {}
+            Some(Value::Array(a)) if !a.is_empty() => {}
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "input",
+                    "`input` must be a non-empty string or array of items",
+                ))
+            }
+        }
+    }
     let mut input = Vec::new();
     if let Some(id) = &previous {
         let row = stored::get(&state.db, id, auth.owner.token_id, oldest_kept(state))
@@ -120,6 +138,19 @@ pub async fn expand(
     body.insert("input".into(), Value::Array(ctx.input.clone()));
     body.remove("previous_response_id");
     let raw = serde_json::to_vec(&Value::Object(body)).unwrap_or_default();
+    // `server.max_body_bytes` bounds the conversation too: each turn under it must not
+    // build one past it (an image counts ~1 105 tokens whatever its bytes, so the input
+    // cap alone would let a chain be held, sent and stored at many times the limit).
+    let limit = state.settings.server.max_body_bytes;
+    if raw.len() > limit {
+        return Err(ApiError::invalid(
+            "input",
+            format!(
+                "The conversation continued from `previous_response_id` is {} bytes with this input; Sluice accepts at most {limit}.",
+                raw.len()
+            ),
+        ));
+    }
     Ok((raw.into(), ctx))
 }
 
@@ -317,6 +348,15 @@ fn validate_item<'a>(i: usize, item: &'a Value, calls: &mut Vec<&'a str>) -> Res
                                 format!(
                                     "input[{i}].content[{j}]: unsupported content type {kind:?}"
                                 ),
+                            ));
+                        }
+                        // The upstream fetches and reads the whole document (each page's
+                        // text and image charged as input) where the gateway sees a URL:
+                        // no input count, so no reservation, covers it.
+                        if kind == "input_file" && p.get("file_url").is_some_and(|u| !u.is_null()) {
+                            return Err(bad(
+                                "input",
+                                format!("input[{i}].content[{j}]: an `input_file` by `file_url` is not supported by Sluice (it cannot count the document to reserve for it); send `file_data`"),
                             ));
                         }
                     }

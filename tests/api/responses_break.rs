@@ -1,0 +1,190 @@
+//! Attacks on the Responses endpoint, its stored responses and its money: a continuation
+//! whose own `input` is of the wrong type, a conversation grown past the body limit by
+//! `previous_response_id`, a delete past the retention, and an input whose size the
+//! gateway cannot count.
+
+use std::sync::Arc;
+
+use serde_json::json;
+use sluice::clock::ManualClock;
+use sluice::mock::Script;
+
+use crate::helpers::*;
+use crate::responses::{ask, charged, create, fetch};
+
+/// A continuation's own `input` is read as strictly as a first turn's: a number, an object
+/// or an empty string is refused naming `input`, never dropped in favour of the stored
+/// conversation (which the upstream would then answer again, at the client's cost).
+#[tokio::test]
+async fn a_continuation_whose_input_is_not_items_is_refused_not_dropped() {
+    let app = spawn_app().await;
+    let (token_id, token) = app.token("ola", Some("10")).await;
+    let (status, first) = create(&app, &token, &ask()).await;
+    assert_eq!(status, 200, "{first}");
+    let id = first["id"].as_str().unwrap();
+    let spent = charged(&app, token_id).await;
+    let calls = app.mock.state.total_count();
+    for input in [
+        json!(42),
+        json!(true),
+        json!({"role": "user", "content": "And if it stays on?"}),
+        json!(""),
+    ] {
+        let body = json!({"model": "gpt-4o-mini", "input": input, "previous_response_id": id});
+        let (status, err) = create(&app, &token, &body).await;
+        assert_eq!(status, 400, "input {input}: {err}");
+        assert_eq!(err["error"]["type"], "invalid_request_error", "{err}");
+        assert_eq!(err["error"]["param"], "input", "input {input}: {err}");
+    }
+    assert_eq!(app.mock.state.total_count(), calls, "no upstream call");
+    assert_eq!(charged(&app, token_id).await, spent, "nothing charged");
+    assert_eq!(app.scalar("SELECT COUNT(*) FROM stored_responses").await, 1);
+    app.assert_invariant().await;
+}
+
+/// `server.max_body_bytes` bounds what one request makes the gateway hold, send upstream
+/// and store. A chain of turns, each under the limit, must not build a conversation past it:
+/// images count ~1 105 tokens whatever their bytes, so the input cap alone lets a chain
+/// carry a hundred bodies' worth of image data, held in memory, sent and stored again on
+/// every turn.
+#[tokio::test]
+async fn a_chain_cannot_grow_the_conversation_past_the_body_limit() {
+    const LIMIT: usize = 100_000;
+    let app = spawn_app_full(|s, _| s.server.max_body_bytes = LIMIT, None).await;
+    let (_, token) = app.token("ola", Some("10")).await;
+    let turn = |n: usize| {
+        let image = format!("data:image/png;base64,{}", "QUFB".repeat(15_000 + n));
+        json!([{"role": "user", "content": [
+            {"type": "input_text", "text": format!("Picture {n}: what is this warning light?")},
+            {"type": "input_image", "image_url": image}]}])
+    };
+    let (status, r) = create(
+        &app,
+        &token,
+        &json!({"model": "gpt-4o-mini", "input": turn(0)}),
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
+    let mut previous = r["id"].as_str().unwrap().to_string();
+    let mut refused = None;
+    for n in 1..6 {
+        let body =
+            json!({"model": "gpt-4o-mini", "input": turn(n), "previous_response_id": previous});
+        assert!(serde_json::to_vec(&body).unwrap().len() < LIMIT);
+        let (status, r) = create(&app, &token, &body).await;
+        if status != 200 {
+            refused = Some((n, status, r));
+            break;
+        }
+        previous = r["id"].as_str().unwrap().to_string();
+    }
+    let largest_sent = app
+        .mock
+        .state
+        .stats(KEY_A)
+        .last_bodies
+        .iter()
+        .map(|b| b.to_string().len())
+        .max()
+        .unwrap();
+    let largest_stored = app
+        .scalar("SELECT MAX(LENGTH(input)) FROM stored_responses")
+        .await;
+    let (n, status, err) = refused.unwrap_or_else(|| {
+        panic!(
+            "every turn answered 200: the upstream got bodies of up to {largest_sent} bytes \
+             and a stored row holds {largest_stored} bytes of input; max_body_bytes is {LIMIT}"
+        )
+    });
+    assert_eq!(n, 1, "the first turn that grows past the limit is refused: {err}");
+    assert_eq!(status, 400, "{err}");
+    assert_eq!(err["error"]["param"], "input", "{err}");
+    assert!(largest_sent < LIMIT, "sent upstream: {largest_sent} bytes");
+    assert!(
+        largest_stored < LIMIT as i64,
+        "stored: {largest_stored} bytes"
+    );
+    app.assert_invariant().await;
+}
+
+/// Past the retention a stored response is gone for every verb: `DELETE` answers 404 as
+/// `GET` does, not a 200 that says a response it would not show was there.
+#[tokio::test]
+async fn a_response_past_its_retention_is_not_found_by_delete_either() {
+    let clock = Arc::new(ManualClock::new(chrono::Utc::now()));
+    let app = spawn_app_full(|s, _| s.responses.retention_days = 2, Some(clock.clone())).await;
+    let (_, token) = app.token("ola", None).await;
+    let (_, r) = create(&app, &token, &ask()).await;
+    let id = r["id"].as_str().unwrap();
+    clock.advance(chrono::Duration::days(3));
+    let (get, _) = fetch(&app, reqwest::Method::GET, id, &token).await;
+    assert_eq!(get, 404);
+    let (status, body) = fetch(&app, reqwest::Method::DELETE, id, &token).await;
+    assert_eq!(status, 404, "DELETE after GET said 404: {body}");
+    assert_eq!(
+        body["error"]["message"],
+        format!("Response with id '{id}' not found.")
+    );
+}
+
+/// An input whose size the gateway cannot count is no input it can reserve for: an
+/// `input_file` by `file_url` is fetched and read by the upstream (every page's text and
+/// image charged as input) while the gateway counts the URL's few tokens. Refused naming
+/// `input`, as the translated path refuses it, never served to be absorbed.
+#[tokio::test]
+async fn a_file_by_url_that_the_gateway_cannot_count_is_refused() {
+    let app = spawn_app().await;
+    let (token_id, token) = app.token("ola", Some("10")).await;
+    // The upstream read a 300-page manual: 200 000 input tokens.
+    app.mock.state.script(
+        KEY_A,
+        [Script {
+            prompt_tokens: Some(200_000),
+            ..Script::default()
+        }],
+    );
+    let body = json!({"model": "gpt-4o-mini", "max_output_tokens": 100, "input": [
+        {"role": "user", "content": [
+            {"type": "input_text", "text": "Summarise the maintenance schedule."},
+            {"type": "input_file", "file_url": "https://example.com/manual.pdf"}]}]});
+    let (status, r) = create(&app, &token, &body).await;
+    app.wait_settled().await;
+    let absorbed = app
+        .scalar("SELECT COALESCE(SUM(amount_micros), 0) FROM ledger WHERE kind = 'absorbed'")
+        .await;
+    assert_eq!(
+        status,
+        400,
+        "served: charged {} micros, {absorbed} micros absorbed: {r}",
+        charged(&app, token_id).await
+    );
+    assert_eq!(r["error"]["param"], "input", "{r}");
+    assert!(
+        r["error"]["message"].as_str().unwrap().contains("file_url"),
+        "{r}"
+    );
+    assert_eq!(app.mock.state.total_count(), 0, "no upstream call");
+    assert_eq!(charged(&app, token_id).await, 0);
+    app.assert_invariant().await;
+}
+
+/// `retention_days = 0` keeps nothing (DESIGN's threat model: an operator who must keep
+/// no content sets a short retention): no conversation is written to the database to
+/// wait for the sweep, and no client is told `store: true` for an id that is never found.
+#[tokio::test]
+async fn a_retention_of_zero_days_stores_no_conversation() {
+    let app = spawn_app_full(|s, _| s.responses.retention_days = 0, None).await;
+    let (_, token) = app.token("ola", None).await;
+    let (status, r) = create(&app, &token, &ask()).await;
+    assert_eq!(status, 200, "{r}");
+    let id = r["id"].as_str().unwrap();
+    let (got, _) = fetch(&app, reqwest::Method::GET, id, &token).await;
+    let rows = app.scalar("SELECT COUNT(*) FROM stored_responses").await;
+    assert_eq!(
+        (r["store"].clone(), rows),
+        (json!(false), 0),
+        "answered store: {}, GET {got}, {rows} row(s) holding the conversation",
+        r["store"]
+    );
+    assert_eq!(got, 404);
+}
