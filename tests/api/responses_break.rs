@@ -5,12 +5,12 @@
 
 use std::sync::Arc;
 
-use serde_json::json;
+use serde_json::{json, Value};
 use sluice::clock::ManualClock;
 use sluice::mock::Script;
 
 use crate::helpers::*;
-use crate::responses::{ask, charged, create, fetch};
+use crate::responses::{ask, charged, cost, create, fetch};
 
 /// A continuation's own `input` is read as strictly as a first turn's: a number, an object
 /// or an empty string is refused naming `input`, never dropped in favour of the stored
@@ -96,7 +96,10 @@ async fn a_chain_cannot_grow_the_conversation_past_the_body_limit() {
              and a stored row holds {largest_stored} bytes of input; max_body_bytes is {LIMIT}"
         )
     });
-    assert_eq!(n, 1, "the first turn that grows past the limit is refused: {err}");
+    assert_eq!(
+        n, 1,
+        "the first turn that grows past the limit is refused: {err}"
+    );
     assert_eq!(status, 400, "{err}");
     assert_eq!(err["error"]["param"], "input", "{err}");
     assert!(largest_sent < LIMIT, "sent upstream: {largest_sent} bytes");
@@ -187,4 +190,76 @@ async fn a_retention_of_zero_days_stores_no_conversation() {
         r["store"]
     );
     assert_eq!(got, 404);
+}
+
+/// A native stream cut before `response.completed` is charged the input plus the output
+/// counted from what was received (DESIGN's cut-stream rule), whatever kind of delta
+/// carried it: a Codex `apply_patch` (a custom tool: `response.custom_tool_call_input.delta`)
+/// and raw reasoning text (`response.reasoning_text.delta`, gpt-oss on vLLM) are output the
+/// upstream bills as any other.
+#[tokio::test]
+async fn a_cut_native_stream_charges_custom_tool_input_and_reasoning_text_received() {
+    let app = spawn_app().await;
+    let (token_id, token) = app.token("ola", Some("10")).await;
+    let sse = |v: Value| format!("event: {}\ndata: {v}\n\n", v["type"].as_str().unwrap());
+    let open = json!({"id": "resp_up", "object": "response", "status": "in_progress",
+        "output": [], "model": "gpt-4o-mini-upstream"});
+    let mut pieces = vec![
+        sse(json!({"type": "response.created", "sequence_number": 0, "response": open})),
+        sse(
+            json!({"type": "response.output_item.added", "sequence_number": 1, "output_index": 0,
+            "item": {"type": "reasoning", "id": "rs_1", "summary": []}}),
+        ),
+    ];
+    let mut received = String::new();
+    let mut seq = 2;
+    for i in 0..100 {
+        let delta = format!("Step {i}: the patch must keep the blinking light's handler. ");
+        received.push_str(&delta);
+        pieces.push(sse(
+            json!({"type": "response.reasoning_text.delta", "sequence_number": seq,
+            "item_id": "rs_1", "output_index": 0, "content_index": 0, "delta": delta}),
+        ));
+        seq += 1;
+    }
+    pieces.push(sse(
+        json!({"type": "response.output_item.added", "sequence_number": seq,
+        "output_index": 1, "item": {"type": "custom_tool_call", "id": "ctc_1", "call_id": "call_1",
+        "name": "apply_patch", "input": ""}}),
+    ));
+    seq += 1;
+    for i in 0..100 {
+        let delta = format!("+    warning_light_{i}.blink(Duration::from_millis(500));\n");
+        received.push_str(&delta);
+        pieces.push(sse(json!({"type": "response.custom_tool_call_input.delta",
+            "sequence_number": seq, "item_id": "ctc_1", "output_index": 1, "delta": delta})));
+        seq += 1;
+    }
+    // Then the upstream's connection ends: no `response.completed`, no usage.
+    app.mock.state.script(
+        KEY_A,
+        [Script {
+            raw_stream: Some(pieces),
+            ..Script::default()
+        }],
+    );
+    let body = json!({"model": "gpt-4o-mini", "input": "Fix the blinking light.", "stream": true,
+        "tools": [{"type": "custom", "name": "apply_patch"}]});
+    let resp = app.post("/v1/responses", &token, &body).await;
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("custom_tool_call_input.delta"), "{text}");
+    app.wait_settled().await;
+    let counted = sluice::pipeline::responses::validate(body.as_object().unwrap()).unwrap();
+    let output = sluice::quota::estimate::count_text(&received);
+    assert!(output > 1_000, "{output}");
+    let charged = charged(&app, token_id).await;
+    assert!(
+        charged >= cost(counted, output) - 1,
+        "charged {charged} micros: the input alone is {}, with the {output} output tokens received {}",
+        cost(counted, 0),
+        cost(counted, output)
+    );
+    assert_eq!(app.scalar("SELECT COUNT(*) FROM stored_responses").await, 0);
+    app.assert_invariant().await;
 }
