@@ -263,3 +263,47 @@ async fn a_cut_native_stream_charges_custom_tool_input_and_reasoning_text_receiv
     assert_eq!(app.scalar("SELECT COUNT(*) FROM stored_responses").await, 0);
     app.assert_invariant().await;
 }
+
+/// A native answer without usage (a server behind an `openai` upstream that leaves it out)
+/// is charged the counted input and the counted output — all of it: a custom tool's input
+/// and reasoning text are output as a message's text is.
+#[tokio::test]
+async fn a_native_answer_without_usage_counts_custom_tool_input_and_reasoning_text() {
+    let app = spawn_app().await;
+    let (token_id, token) = app.token("ola", Some("10")).await;
+    let patch: String = (0..100)
+        .map(|i| format!("+    warning_light_{i}.blink(Duration::from_millis(500));\n"))
+        .collect();
+    let thought: String = (0..100)
+        .map(|i| format!("Step {i}: the patch must keep the blinking light's handler. "))
+        .collect();
+    app.mock.state.script(
+        KEY_A,
+        [Script {
+            body: Some(
+                json!({"id": "resp_up", "object": "response", "status": "completed",
+                "model": "gpt-4o-mini-upstream", "output": [
+                {"type": "reasoning", "id": "rs_1", "summary": [],
+                 "content": [{"type": "reasoning_text", "text": thought}]},
+                {"type": "custom_tool_call", "id": "ctc_1", "call_id": "call_1",
+                 "name": "apply_patch", "input": patch, "status": "completed"}]}),
+            ),
+            ..Script::default()
+        }],
+    );
+    let body = json!({"model": "gpt-4o-mini", "input": "Fix the blinking light.",
+        "tools": [{"type": "custom", "name": "apply_patch"}]});
+    let (status, r) = create(&app, &token, &body).await;
+    assert_eq!(status, 200, "{r}");
+    let counted = sluice::pipeline::responses::validate(body.as_object().unwrap()).unwrap();
+    let output = sluice::quota::estimate::count_text(&format!("{thought}{patch}"));
+    assert!(output > 1_000, "{output}");
+    let charged = charged(&app, token_id).await;
+    assert!(
+        charged >= cost(counted, output) - 1,
+        "charged {charged} micros: the input alone is {}, with the {output} output tokens answered {}",
+        cost(counted, 0),
+        cost(counted, output)
+    );
+    app.assert_invariant().await;
+}
