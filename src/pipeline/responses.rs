@@ -435,14 +435,14 @@ fn validate_item<'a>(i: usize, item: &'a Value, calls: &mut Vec<&'a str>) -> Res
 }
 
 /// A non-streamed answer for a Responses client: its usage (else the text to count) and
-/// the response object, stamped with the gateway's id and stored when asked.
-pub async fn answer(
-    state: &AppState,
+/// the response object, stamped with the gateway's id, for `keep` to store once the
+/// answer's cost is what a departure is charged (`pipeline::finish`).
+pub fn answer(
     p: &Prepared,
     ctx: &Ctx,
     upstream: Provider,
     answer: &Value,
-) -> (Result<Usage, String>, bytes::Bytes) {
+) -> (Result<Usage, String>, bytes::Bytes, Value) {
     let (usage, mut response) = if formats::native(upstream) {
         let usage = answer
             .get("usage")
@@ -460,8 +460,8 @@ pub async fn answer(
         (usage, formats::from_chat(&p.body, &chat, ids))
     };
     ctx.stamp.apply(&mut response);
-    keep(state, ctx, &response).await;
-    (usage, bytes::Bytes::from(response.to_string()))
+    let body = bytes::Bytes::from(response.to_string());
+    (usage, body, response)
 }
 
 /// Stores the response the client receives (when it asked for `store`, the default) before

@@ -307,3 +307,75 @@ async fn a_native_answer_without_usage_counts_custom_tool_input_and_reasoning_te
     );
     app.assert_invariant().await;
 }
+
+/// A non-streamed answer is in once the upstream has answered: a client that leaves while
+/// the gateway stores the response (`store`, the default) is charged the answer's usage,
+/// as one that leaves during the settlement is — not the input alone, which is what a
+/// departure before the answer costs. The store is held here by a lock on its table
+/// (PostgreSQL, so the ledger is not held with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_while_its_response_is_stored_is_charged_the_answer() {
+    use crate::pg_gateway_app::{spawn_app_on, Engine};
+    let app = spawn_app_on(Engine::Postgres, |_, _| {}).await;
+    let (token_id, token) = app.token("ola", Some("10")).await;
+    let pool = app.db().postgres().unwrap().pool.clone();
+    let mut lock = pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE stored_responses IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    // The client gives up once the upstream has answered and the store is waiting.
+    let client = reqwest::Client::new();
+    let (address, t) = (app.address.clone(), token.clone());
+    let call = tokio::spawn(async move {
+        client
+            .post(format!("{address}/v1/responses"))
+            .bearer_auth(t)
+            .json(&ask())
+            .timeout(std::time::Duration::from_secs(60))
+            .send()
+            .await
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while app.mock.state.total_count() == 0 {
+        assert!(std::time::Instant::now() < deadline, "no upstream call");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // The insert is waiting on the lock: then the client leaves.
+    let waiting = "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO stored_responses%'";
+    loop {
+        let n: i64 = sqlx::query_scalar(waiting).fetch_one(&pool).await.unwrap();
+        if n > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the insert never waited"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    call.abort();
+    let _ = call.await;
+    // The departure is recorded (its settlement lands) before the store is let go.
+    loop {
+        let settles = app
+            .scalar(&format!(
+                "SELECT COUNT(*) FROM ledger WHERE token_id = {token_id} AND kind = 'settle'"
+            ))
+            .await;
+        if settles > 0 || std::time::Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    lock.rollback().await.unwrap();
+    let charged = charged(&app, token_id).await;
+    let counted = sluice::pipeline::responses::validate(ask().as_object().unwrap()).unwrap();
+    assert_eq!(
+        charged,
+        cost(12, 24),
+        "the upstream answered 12 + 24 tokens; the input alone (counted {counted}) is {}",
+        cost(counted, 0)
+    );
+    app.assert_invariant().await;
+}
