@@ -30,9 +30,14 @@ pub struct Ctx {
     pub token_id: i64,
 }
 
-/// The oldest stored response still kept (`[responses] retention_days`).
+/// The oldest stored response still kept (`[responses] retention_days`); a retention
+/// longer than time goes back ("for ever") is the earliest instant there is, never an
+/// overflow (which panicked every read, continuation and sweep).
 pub fn oldest_kept(state: &AppState) -> DateTime<Utc> {
-    state.clock.now() - chrono::Duration::days(i64::from(state.settings.responses.retention_days))
+    let days = i64::from(state.settings.responses.retention_days);
+    chrono::Duration::try_days(days)
+        .and_then(|d| state.clock.now().checked_sub_signed(d))
+        .unwrap_or(DateTime::<Utc>::MIN_UTC)
 }
 
 /// A new response id: `resp_` and a UUIDv7 (unique across replicas).

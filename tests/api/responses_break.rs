@@ -379,3 +379,30 @@ async fn a_client_that_leaves_while_its_response_is_stored_is_charged_the_answer
     );
     app.assert_invariant().await;
 }
+
+/// An operator who means "keep them for ever" writes a large `retention_days`: every read
+/// (and every continuation, and the sweep) still works — the oldest kept instant is clamped
+/// to the earliest time there is, never a date arithmetic overflow.
+#[tokio::test]
+async fn a_huge_retention_keeps_responses_readable() {
+    let app = spawn_app_full(|s, _| s.responses.retention_days = u32::MAX, None).await;
+    let (_, token) = app.token("ola", None).await;
+    let (status, r) = create(&app, &token, &ask()).await;
+    assert_eq!(status, 200, "{r}");
+    let id = r["id"].as_str().unwrap();
+    let got = app
+        .http
+        .get(format!("{}/v1/responses/{id}", app.address))
+        .bearer_auth(&token)
+        .send()
+        .await;
+    let got = got.unwrap_or_else(|e| panic!("GET of a stored response: no answer ({e})"));
+    assert_eq!(got.status(), 200);
+    let body = json!({"model": "gpt-4o-mini", "input": "go on", "previous_response_id": id});
+    assert_eq!(create(&app, &token, &body).await.0, 200);
+    let before = sluice::pipeline::responses::oldest_kept(&app.state);
+    let swept = sluice::store::responses::sweep(app.db(), before)
+        .await
+        .unwrap();
+    assert_eq!(swept, 0);
+}
