@@ -123,12 +123,19 @@ pub async fn expand(
         let earlier: Vec<Value> = serde_json::from_str(&row.input).unwrap_or_default();
         let answer: Value = serde_json::from_str(&row.response).unwrap_or(Value::Null);
         input.extend(earlier);
+        // A reasoning item without its `encrypted_content` (the model reasoned unasked, so
+        // the upstream was not told to include it) is only an id the upstream never kept
+        // (`store: false`): sent back, OpenAI answers 404. It is left out.
         input.extend(
             answer
                 .get("output")
                 .and_then(Value::as_array)
                 .into_iter()
                 .flatten()
+                .filter(|i| {
+                    i.get("type").and_then(Value::as_str) != Some("reasoning")
+                        || i.get("encrypted_content").is_some_and(Value::is_string)
+                })
                 .cloned(),
         );
         ctx.stamp.previous_response_id = Some(id.clone());

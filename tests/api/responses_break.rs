@@ -406,3 +406,27 @@ async fn a_huge_retention_keeps_responses_readable() {
         .unwrap();
     assert_eq!(swept, 0);
 }
+
+/// A reasoning model reasons without being asked (`reasoning` left out: gpt-5's default
+/// effort). The upstream gets `store: false`, so its reasoning item comes back without
+/// `encrypted_content` unless `include` asks for it, and OpenAI answers a later turn that
+/// carries that item by id with a 404 ("Items are not persisted when `store` is set to
+/// false"). The second turn of such a conversation must still work.
+#[tokio::test]
+async fn a_conversation_with_unrequested_reasoning_can_be_continued() {
+    let app = spawn_app().await;
+    let (_, token) = app.token("ola", Some("10")).await;
+    let reasons = || Script {
+        reasoning_tokens: Some(64),
+        ..Script::default()
+    };
+    app.mock.state.script(KEY_A, [reasons(), reasons()]);
+    let (status, first) = create(&app, &token, &ask()).await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["output"][0]["type"], "reasoning", "{first}");
+    let body = json!({"model": "gpt-4o-mini", "input": "And if it stays on?",
+        "previous_response_id": first["id"]});
+    let (status, second) = create(&app, &token, &body).await;
+    assert_eq!(status, 200, "the second turn: {second}");
+    app.assert_invariant().await;
+}
