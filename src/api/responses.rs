@@ -50,7 +50,7 @@ pub async fn delete(
         Err(resp) => return resp,
     };
     let id = id.into_inner();
-    match stored::delete(&state.db, &id, auth.owner.token_id).await {
+    match stored::delete(&state.db, &id, auth.owner.token_id, oldest_kept(&state)).await {
         Ok(true) => {
             HttpResponse::Ok().json(json!({"id": id, "object": "response", "deleted": true}))
         }

@@ -229,6 +229,11 @@ pub(crate) async fn answer(
         return HttpResponse::BadRequest().json(json!({"error": {"message": "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
             "type": "invalid_request_error", "param": "max_tokens", "code": "unsupported_parameter"}}));
     }
+    if path == "/v1/responses" {
+        if let Some(err) = super::responses_api::unpersisted_reasoning(body) {
+            return HttpResponse::NotFound().json(err);
+        }
+    }
     if s.raw_stream.is_some() || s.raw_bytes.is_some() {
         let pieces = (s.raw_stream.unwrap_or_default().into_iter())
             .map(Bytes::from)

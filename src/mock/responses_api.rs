@@ -3,8 +3,9 @@
 //! openai-python SDK's `types/responses/*`). A request that offers function tools and has
 //! no `function_call_output` after the last function call is answered with a function call
 //! (the first leg of a tool round trip); otherwise with text. Reasoning tokens
-//! (`Script::reasoning_tokens`) add a `reasoning` item with `encrypted_content` before the
-//! answer. The same scripts and faults as the other formats apply (`responses::sse`).
+//! (`Script::reasoning_tokens`) add a `reasoning` item before the answer, with its
+//! `encrypted_content` when `include` asks for it; as OpenAI, a `store: false` request whose
+//! input carries a reasoning item without it is a 404 (the item is looked up by id). The same scripts and faults as the other formats apply (`responses::sse`).
 
 use serde_json::{json, Value};
 
@@ -41,10 +42,10 @@ fn usage(p: &Plan) -> Value {
 }
 
 /// The output items of the answer, complete.
-fn items(p: &Plan) -> Vec<Value> {
+fn items(p: &Plan, body: &Value) -> Vec<Value> {
     let mut out = Vec::new();
     if p.reasoning > 0 {
-        out.push(reasoning_item(p));
+        out.push(reasoning_item(p, body));
     }
     out.push(match &p.tool {
         Some(name) => function_item(p, name, TOOL_ARGUMENTS, "completed"),
@@ -53,9 +54,39 @@ fn items(p: &Plan) -> Vec<Value> {
     out
 }
 
-fn reasoning_item(p: &Plan) -> Value {
-    json!({"type": "reasoning", "id": format!("rs_{}", p.id), "summary": [],
-        "encrypted_content": format!("mock-encrypted-{}", p.id)})
+/// As OpenAI: the reasoning's `encrypted_content` only when `include` asks for it.
+fn reasoning_item(p: &Plan, body: &Value) -> Value {
+    let mut item = json!({"type": "reasoning", "id": format!("rs_{}", p.id), "summary": []});
+    let asked = body
+        .get("include")
+        .and_then(Value::as_array)
+        .is_some_and(|i| i.iter().any(|v| v == "reasoning.encrypted_content"));
+    if asked {
+        item["encrypted_content"] = json!(format!("mock-encrypted-{}", p.id));
+    }
+    item
+}
+
+/// OpenAI's 404 for a request with `store: false` whose input carries a reasoning item
+/// without its `encrypted_content`: the item is looked up by id, and nothing was persisted.
+pub(super) fn unpersisted_reasoning(body: &Value) -> Option<Value> {
+    if body.get("store").and_then(Value::as_bool) != Some(false) {
+        return None;
+    }
+    let id = body.get("input")?.as_array()?.iter().find_map(|i| {
+        (i.get("type").and_then(Value::as_str) == Some("reasoning")
+            && !i.get("encrypted_content").is_some_and(Value::is_string))
+        .then(|| {
+            i.get("id")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        })
+    })?;
+    Some(
+        json!({"error": {"message": format!("Item with id '{id}' not found. Items are not persisted when `store` is set to false. Try again with `store` set to true, or remove this item from your input."),
+        "type": "invalid_request_error", "param": "input", "code": null}}),
+    )
 }
 
 fn function_item(p: &Plan, name: &str, arguments: &str, status: &str) -> Value {
@@ -90,7 +121,7 @@ fn response(p: &Plan, body: &Value, status: &str, output: Vec<Value>, usage: Val
 }
 
 pub(super) fn answer(p: &Plan, body: &Value) -> Value {
-    response(p, body, "completed", items(p), usage(p))
+    response(p, body, "completed", items(p, body), usage(p))
 }
 
 /// The stream: `response.created`, `response.in_progress`, the items' events, and
@@ -114,7 +145,7 @@ pub(super) fn events(p: &Plan, body: &Value, s: &Script) -> Vec<Event> {
     ev("response.in_progress", json!({"response": open}), false);
     let mut index = 0;
     if p.reasoning > 0 {
-        let item = reasoning_item(p);
+        let item = reasoning_item(p, body);
         ev(
             "response.output_item.added",
             json!({"output_index": index, "item": item}),
@@ -195,7 +226,7 @@ pub(super) fn events(p: &Plan, body: &Value, s: &Script) -> Vec<Event> {
         }
     }
     let usage = if s.omit_usage { Value::Null } else { usage(p) };
-    let done = response(p, body, "completed", items(p), usage);
+    let done = response(p, body, "completed", items(p, body), usage);
     ev("response.completed", json!({"response": done}), false);
     out
 }

@@ -564,7 +564,7 @@ async fn finish(
     state: &AppState,
     p: &Prepared,
     s: Success,
-    held: crate::quota::reservation::Held,
+    mut held: crate::quota::reservation::Held,
     log: &mut RequestRow,
     auth: &TokenAuth,
     mut booking: Option<Booking>,
@@ -575,14 +575,16 @@ async fn finish(
     let answer = s.answer.unwrap_or_default();
     let upstream = providers::format_of(state.catalog.deployments[s.route.deployment].provider);
     // An answer without usage is charged the counted input and the counted output.
-    let (usage, body) = match &p.responses {
+    let (usage, body, to_keep) = match &p.responses {
         Some(ctx) => {
             let provider = state.catalog.deployments[s.route.deployment].provider;
-            responses::answer(state, p, ctx, provider, &answer).await
+            let (usage, body, response) = responses::answer(p, ctx, provider, &answer);
+            (usage, body, Some((ctx, response)))
         }
         None => (
             providers::answer_usage(upstream, &answer),
             providers::convert_answer(upstream, p.endpoint.format(), raw, &answer),
+            None,
         ),
     };
     let usage = usage.unwrap_or_else(|text| Usage {
@@ -621,6 +623,12 @@ async fn finish(
     log.input_tokens = usage.input;
     log.output_tokens = usage.output;
     log.cost_micros = held.cost_of(cost);
+    // A stored response is written before the answer, so its id works at once; a client
+    // that leaves while it is written is charged the answer, not the input alone.
+    if let Some((ctx, response)) = to_keep {
+        held.set_cost_if_dropped(cost);
+        responses::keep(state, ctx, &response).await;
+    }
     let settled = held.settle(cost).await;
     account(state, auth, settled.token_remaining, settled.absorbed);
     log.cost_micros = settled.charged + settled.absorbed;

@@ -30,9 +30,14 @@ pub struct Ctx {
     pub token_id: i64,
 }
 
-/// The oldest stored response still kept (`[responses] retention_days`).
+/// The oldest stored response still kept (`[responses] retention_days`); a retention
+/// longer than time goes back ("for ever") is the earliest instant there is, never an
+/// overflow (which panicked every read, continuation and sweep).
 pub fn oldest_kept(state: &AppState) -> DateTime<Utc> {
-    state.clock.now() - chrono::Duration::days(i64::from(state.settings.responses.retention_days))
+    let days = i64::from(state.settings.responses.retention_days);
+    chrono::Duration::try_days(days)
+        .and_then(|d| state.clock.now().checked_sub_signed(d))
+        .unwrap_or(DateTime::<Utc>::MIN_UTC)
 }
 
 /// A new response id: `resp_` and a UUIDv7 (unique across replicas).
@@ -78,6 +83,9 @@ pub async fn expand(
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(ApiError::invalid("store", "`store` must be a boolean")),
     };
+    // A retention of 0 days keeps nothing: no conversation is written to wait for the
+    // sweep, and the client is told `store: false`.
+    ctx.stamp.store &= state.settings.responses.retention_days > 0;
     let previous = match body.get("previous_response_id") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
@@ -88,6 +96,21 @@ pub async fn expand(
             ))
         }
     };
+    // A continuation's own input is read as strictly as a first turn's (`validate`): one of
+    // another type is refused, never dropped for the stored conversation alone.
+    if previous.is_some() {
+        match body.get("input") {
+            None => {}
+            Some(Value::String(s)) if !s.is_empty() => {}
+            Some(Value::Array(a)) if !a.is_empty() => {}
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "input",
+                    "`input` must be a non-empty string or array of items",
+                ))
+            }
+        }
+    }
     let mut input = Vec::new();
     if let Some(id) = &previous {
         let row = stored::get(&state.db, id, auth.owner.token_id, oldest_kept(state))
@@ -100,12 +123,19 @@ pub async fn expand(
         let earlier: Vec<Value> = serde_json::from_str(&row.input).unwrap_or_default();
         let answer: Value = serde_json::from_str(&row.response).unwrap_or(Value::Null);
         input.extend(earlier);
+        // A reasoning item without its `encrypted_content` (the model reasoned unasked, so
+        // the upstream was not told to include it) is only an id the upstream never kept
+        // (`store: false`): sent back, OpenAI answers 404. It is left out.
         input.extend(
             answer
                 .get("output")
                 .and_then(Value::as_array)
                 .into_iter()
                 .flatten()
+                .filter(|i| {
+                    i.get("type").and_then(Value::as_str) != Some("reasoning")
+                        || i.get("encrypted_content").is_some_and(Value::is_string)
+                })
                 .cloned(),
         );
         ctx.stamp.previous_response_id = Some(id.clone());
@@ -120,6 +150,19 @@ pub async fn expand(
     body.insert("input".into(), Value::Array(ctx.input.clone()));
     body.remove("previous_response_id");
     let raw = serde_json::to_vec(&Value::Object(body)).unwrap_or_default();
+    // `server.max_body_bytes` bounds the conversation too: each turn under it must not
+    // build one past it (an image counts ~1 105 tokens whatever its bytes, so the input
+    // cap alone would let a chain be held, sent and stored at many times the limit).
+    let limit = state.settings.server.max_body_bytes;
+    if raw.len() > limit {
+        return Err(ApiError::invalid(
+            "input",
+            format!(
+                "The conversation continued from `previous_response_id` is {} bytes with this input; Sluice accepts at most {limit}.",
+                raw.len()
+            ),
+        ));
+    }
     Ok((raw.into(), ctx))
 }
 
@@ -319,6 +362,15 @@ fn validate_item<'a>(i: usize, item: &'a Value, calls: &mut Vec<&'a str>) -> Res
                                 ),
                             ));
                         }
+                        // The upstream fetches and reads the whole document (each page's
+                        // text and image charged as input) where the gateway sees a URL:
+                        // no input count, so no reservation, covers it.
+                        if kind == "input_file" && p.get("file_url").is_some_and(|u| !u.is_null()) {
+                            return Err(bad(
+                                "input",
+                                format!("input[{i}].content[{j}]: an `input_file` by `file_url` is not supported by Sluice (it cannot count the document to reserve for it); send `file_data`"),
+                            ));
+                        }
                     }
                 }
                 _ => {
@@ -395,14 +447,14 @@ fn validate_item<'a>(i: usize, item: &'a Value, calls: &mut Vec<&'a str>) -> Res
 }
 
 /// A non-streamed answer for a Responses client: its usage (else the text to count) and
-/// the response object, stamped with the gateway's id and stored when asked.
-pub async fn answer(
-    state: &AppState,
+/// the response object, stamped with the gateway's id, for `keep` to store once the
+/// answer's cost is what a departure is charged (`pipeline::finish`).
+pub fn answer(
     p: &Prepared,
     ctx: &Ctx,
     upstream: Provider,
     answer: &Value,
-) -> (Result<Usage, String>, bytes::Bytes) {
+) -> (Result<Usage, String>, bytes::Bytes, Value) {
     let (usage, mut response) = if formats::native(upstream) {
         let usage = answer
             .get("usage")
@@ -420,8 +472,8 @@ pub async fn answer(
         (usage, formats::from_chat(&p.body, &chat, ids))
     };
     ctx.stamp.apply(&mut response);
-    keep(state, ctx, &response).await;
-    (usage, bytes::Bytes::from(response.to_string()))
+    let body = bytes::Bytes::from(response.to_string());
+    (usage, body, response)
 }
 
 /// Stores the response the client receives (when it asked for `store`, the default) before

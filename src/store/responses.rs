@@ -57,21 +57,25 @@ pub async fn get(
     .await?)
 }
 
-/// Deletes the row `id` if `token_id` made it; whether there was one.
-pub async fn delete(db: &super::Db, id: &str, token_id: i64) -> Result<bool> {
+/// Deletes the row `id` if `token_id` made it and it is younger than `since` (an older one
+/// is gone for every verb, as for `get`, swept yet or not); whether there was one.
+pub async fn delete(db: &super::Db, id: &str, token_id: i64, since: DateTime<Utc>) -> Result<bool> {
     let sqlite = match &db.backend {
         super::Backend::Sqlite(sqlite) => sqlite,
         super::Backend::Postgres(pg) => {
-            return super::pg::responses::delete(&pg.pool, id, token_id).await
+            return super::pg::responses::delete(&pg.pool, id, token_id, since).await
         }
     };
     Ok(
-        sqlx::query("DELETE FROM stored_responses WHERE id = ? AND token_id = ?")
-            .bind(id)
-            .bind(token_id)
-            .execute(&sqlite.write)
-            .await?
-            .rows_affected()
+        sqlx::query(
+            "DELETE FROM stored_responses WHERE id = ? AND token_id = ? AND created_at > ?",
+        )
+        .bind(id)
+        .bind(token_id)
+        .bind(db_time(since))
+        .execute(&sqlite.write)
+        .await?
+        .rows_affected()
             > 0,
     )
 }

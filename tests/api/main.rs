@@ -70,6 +70,7 @@ mod redteam_probe;
 mod resilience;
 mod responses;
 mod responses_attack;
+mod responses_break;
 mod responses_streams;
 mod retry_tiers;
 mod shutdown;

@@ -44,19 +44,20 @@ pub async fn get(
     .await?)
 }
 
-pub async fn delete(pool: &PgPool, id: &str, token_id: i64) -> Result<bool> {
+pub async fn delete(pool: &PgPool, id: &str, token_id: i64, since: DateTime<Utc>) -> Result<bool> {
     if !text::storable(id) {
         return Ok(false);
     }
-    Ok(
-        sqlx::query("DELETE FROM stored_responses WHERE id = $1 AND token_id = $2")
-            .bind(id)
-            .bind(token_id)
-            .execute(pool)
-            .await?
-            .rows_affected()
-            > 0,
+    Ok(sqlx::query(
+        "DELETE FROM stored_responses WHERE id = $1 AND token_id = $2 AND created_at > $3",
     )
+    .bind(id)
+    .bind(token_id)
+    .bind(db_time(since))
+    .execute(pool)
+    .await?
+    .rows_affected()
+        > 0)
 }
 
 pub async fn sweep(pool: &PgPool, before: DateTime<Utc>) -> Result<u64> {

@@ -124,14 +124,29 @@ pub fn answer_text(v: &Value) -> String {
                     }
                 }
             }
-            Some("function_call") => {
-                for f in ["name", "arguments"] {
+            Some("function_call" | "custom_tool_call") => {
+                for f in ["name", "arguments", "input"] {
                     if let Some(t) = item.get(f).and_then(Value::as_str) {
                         text.push_str(t);
                     }
                 }
             }
-            _ => {}
+            // Reasoning the upstream shows: its summary and raw text (gpt-oss on vLLM).
+            Some("reasoning") => {
+                for part in ["summary", "content"]
+                    .into_iter()
+                    .filter_map(|f| item.get(f).and_then(Value::as_array))
+                    .flatten()
+                {
+                    if let Some(t) = part.get("text").and_then(Value::as_str) {
+                        text.push_str(t);
+                    }
+                }
+            }
+            // The calls of the other tools the client runs (shell, apply_patch…): what the
+            // model wrote is the item's fields.
+            Some(_) => text.push_str(&item.to_string()),
+            None => {}
         }
     }
     text

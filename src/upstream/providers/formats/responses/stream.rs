@@ -77,7 +77,11 @@ impl Native {
             "response.output_text.delta"
             | "response.function_call_arguments.delta"
             | "response.refusal.delta"
-            | "response.reasoning_summary_text.delta" => {
+            | "response.reasoning_summary_text.delta"
+            // A custom tool's input (Codex's `apply_patch`) and raw reasoning text (gpt-oss
+            // on vLLM): output billed as any other, counted when the usage never comes.
+            | "response.custom_tool_call_input.delta"
+            | "response.reasoning_text.delta" => {
                 read.text = v.get("delta").and_then(Value::as_str).map(str::to_string);
             }
             "response.completed" | "response.incomplete" => {
