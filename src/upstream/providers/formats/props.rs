@@ -2,18 +2,20 @@
 //! request in the internal form that a format can express comes back the same when
 //! written in that format and read again; and a stream written in one format, read and
 //! written again for a client of the other, gives that client the same text, tool calls
-//! and usage.
+//! and usage — a Responses API client included (`responses::adapter::EventWriter`), whose
+//! final response object must say the same as its events.
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use serde_json::{json, Value};
 
+use super::responses::{adapter as responses, Stamp};
 use super::{anthropic, openai_chat};
 use crate::upstream::providers::canonical::{
     CacheMark, Event, Finish, Message, Part, Reasoning, Request, ResponseFormat, Role, Source,
     Tool, ToolChoice, Usage,
 };
-use crate::upstream::providers::translate::stream::StreamConverter;
+use crate::upstream::providers::translate::stream::{ResponsesOut, StreamConverter};
 use crate::upstream::providers::Format;
 
 const SEED: [u8; 32] = *b"sluice-canonical-props-seed-0001";
@@ -590,6 +592,59 @@ fn seen_by_openai_client(frames: &[(String, String)]) -> Seen {
     seen
 }
 
+/// What a Responses client makes of a stream: its events' text, calls and usage, and the
+/// same read from the final response object (which must agree).
+fn seen_by_responses_client(frames: &[(String, String)]) -> (Seen, Seen) {
+    let mut seen = Seen::default();
+    let mut final_seen = Seen::default();
+    // Output index → position in `seen.calls`.
+    let mut at = std::collections::BTreeMap::new();
+    for (seq, (name, data)) in frames.iter().enumerate() {
+        let v: Value = serde_json::from_str(data).unwrap_or(Value::Null);
+        assert_eq!(v["type"], name.as_str(), "{data}");
+        assert_eq!(v["sequence_number"], seq, "{data}");
+        match name.as_str() {
+            "response.output_text.delta" => {
+                seen.text.push_str(v["delta"].as_str().unwrap_or(""));
+            }
+            "response.output_item.added" if v["item"]["type"] == "function_call" => {
+                at.insert(v["output_index"].as_u64(), seen.calls.len());
+                let s = |k: &str| v["item"][k].as_str().unwrap_or("").to_string();
+                seen.calls.push((s("call_id"), s("name"), String::new()));
+            }
+            "response.function_call_arguments.delta" => {
+                if let Some(&i) = at.get(&v["output_index"].as_u64()) {
+                    seen.calls[i].2.push_str(v["delta"].as_str().unwrap_or(""));
+                }
+            }
+            "response.completed" | "response.incomplete" => {
+                let r = &v["response"];
+                let n = |k: &str| r["usage"][k].as_i64().unwrap_or(0);
+                seen.usage = (n("input_tokens"), n("output_tokens"));
+                final_seen.usage = seen.usage;
+                for item in r["output"].as_array().into_iter().flatten() {
+                    let s = |k: &str| item[k].as_str().unwrap_or("").to_string();
+                    match item["type"].as_str() {
+                        Some("message") => {
+                            for p in item["content"].as_array().into_iter().flatten() {
+                                final_seen.text.push_str(p["text"].as_str().unwrap_or(""));
+                            }
+                        }
+                        Some("function_call") => {
+                            final_seen
+                                .calls
+                                .push((s("call_id"), s("name"), s("arguments")))
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    (seen, final_seen)
+}
+
 #[test]
 fn a_stream_read_and_written_again_gives_the_client_the_same_answer() {
     let result = runner().run(&stream(), |(text, calls, usage)| {
@@ -605,6 +660,8 @@ fn a_stream_read_and_written_again_gives_the_client_the_same_answer() {
         for (upstream, client) in [
             (Format::OpenAiChat, Format::Anthropic),
             (Format::Anthropic, Format::OpenAiChat),
+            (Format::OpenAiChat, Format::Responses),
+            (Format::Anthropic, Format::Responses),
         ] {
             // The upstream's stream, written by its own format's writer.
             let mut frames = Vec::new();
@@ -617,8 +674,18 @@ fn a_stream_read_and_written_again_gives_the_client_the_same_answer() {
                     let mut w = anthropic::EventWriter::default();
                     evs.iter().for_each(|e| w.write(e, &mut frames));
                 }
+                Format::Responses => unreachable!("not an upstream of this test"),
             }
             let mut conv = StreamConverter::new(upstream, client, true, 7);
+            if client == Format::Responses {
+                let stamp = Stamp {
+                    id: "resp_p".into(),
+                    store: false,
+                    previous_response_id: None,
+                };
+                let w = responses::EventWriter::new(serde_json::Map::new(), stamp);
+                conv = conv.responses(ResponsesOut::Translated(Box::new(w)));
+            }
             let mut out = Vec::new();
             for (name, data) in split(&frames) {
                 conv.event(&name, &data, &mut out);
@@ -627,6 +694,11 @@ fn a_stream_read_and_written_again_gives_the_client_the_same_answer() {
             let got = match client {
                 Format::OpenAiChat => seen_by_openai_client(&split(&out)),
                 Format::Anthropic => seen_by_anthropic_client(&split(&out)),
+                Format::Responses => {
+                    let (events, response) = seen_by_responses_client(&split(&out));
+                    prop_assert_eq!(&response, &events, "the response object and its events");
+                    events
+                }
             };
             prop_assert_eq!(&got, &want, "{:?} → {:?}", upstream, client);
             let u = conv.usage();
