@@ -69,6 +69,7 @@ mod redteam_probe;
 mod resilience;
 mod responses;
 mod responses_attack;
+mod responses_reasoning;
 mod responses_streams;
 mod retry_tiers;
 mod shutdown;
