@@ -13,7 +13,6 @@ use crate::auth::TokenAuth;
 use crate::clock::db_time;
 use crate::config::Provider;
 use crate::error::ApiError;
-use crate::error::WireFormat;
 use crate::quota::estimate;
 use crate::quota::pricing::Usage;
 use crate::state::AppState;
@@ -462,14 +461,13 @@ pub fn answer(
             .ok_or_else(|| formats::answer_text(answer));
         (usage, answer.clone())
     } else {
-        // Through chat completions: the upstream's answer as a chat completion (the
-        // dispatch's adapters), then as a response object.
+        // Through the internal form: the upstream's answer read by its format's adapter,
+        // written as a response object. One it cannot read is an empty response (its
+        // usage, else nothing, is what is charged), as the upstream gave no answer.
         let usage = providers::answer_usage(upstream, answer);
-        let raw = bytes::Bytes::from(answer.to_string());
-        let chat = providers::convert_answer(upstream, WireFormat::OpenAi, raw, answer);
-        let chat: Value = serde_json::from_slice(&chat).unwrap_or(Value::Null);
+        let a = providers::read_answer(upstream, answer).unwrap_or_default();
         let ids = ctx.stamp.id.trim_start_matches("resp_");
-        (usage, formats::from_chat(&p.body, &chat, ids))
+        (usage, formats::adapter::write_answer(&a, &p.body, ids))
     };
     ctx.stamp.apply(&mut response);
     let body = bytes::Bytes::from(response.to_string());

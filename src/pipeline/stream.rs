@@ -210,7 +210,7 @@ pub(super) fn serve(
         converter = converter.responses(if responses::native(provider) {
             ResponsesOut::Native(responses::stream::Native::new(ctx.stamp.clone()))
         } else {
-            ResponsesOut::Chat(Box::new(responses::stream::ChatToResponses::new(
+            ResponsesOut::Translated(Box::new(responses::adapter::EventWriter::new(
                 p.body.clone(),
                 ctx.stamp.clone(),
             )))

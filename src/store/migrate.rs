@@ -10,12 +10,14 @@
 //! Not copied: `processes` (no gateway runs on the source: its rows are stale by
 //! definition) and the migration bookkeeping. Before the commit, every table is read back
 //! from both sides and compared — every balance, ledger row and audit hash value for value
-//! (the request log and cache by count and sums: they can be large).
+//! (the request log and cache by count and sums: they can be large), and every stored
+//! response of the Responses API (its conversation and answer as JSON text).
 //!
 //! Memory stays bounded whatever the install's size: rows are streamed from SQLite (sqlx's
 //! SQLite worker hands them over a bounded channel) and written in chunks of at most
 //! `CHUNK` rows; the comparison streams both sides side by side in key order (the key of
-//! every compared table is an integer id, the same order on both engines), except the few
+//! every compared table is an integer id, or `stored_responses`' text id ordered bytewise on
+//! both engines: the same order on both), except the few
 //! small tables with text keys (`SORTED`), read whole and sorted alike.
 //!
 //! NUL: SQLite keeps a NUL byte inside text, PostgreSQL's text cannot hold one. An install
@@ -48,6 +50,11 @@ const TABLES: &[(&str, bool)] = &[
     ("orphaned", true),
     ("audit_log", true),
     ("cache_entries", false),
+    // Compared value for value: a conversation is customer data the copy must not alter.
+    // Its text key is streamed in key order like the integer ones: every id is text the
+    // gateway wrote (`resp_…`), ordered bytewise on both sides (SQLite's BINARY, the
+    // column's `COLLATE "C"` on PostgreSQL), and the table can be large.
+    ("stored_responses", true),
 ];
 
 /// Tables whose key is text: read whole and sorted alike on both sides for the comparison

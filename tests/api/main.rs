@@ -71,6 +71,7 @@ mod resilience;
 mod responses;
 mod responses_attack;
 mod responses_break;
+mod responses_reasoning;
 mod responses_streams;
 mod retry_tiers;
 mod shutdown;

@@ -3,7 +3,8 @@
 //! sign-in, audit rows — copied into an empty PostgreSQL database by the real binary:
 //! refused while its gateway runs and into a database that is not empty; after it, every
 //! balance, ledger row and audit hash is equal on both sides, and a gateway started on the
-//! PostgreSQL copy knows the same tokens with the same remaining budgets.
+//! PostgreSQL copy knows the same tokens with the same remaining budgets, and serves the
+//! stored responses of the Responses API to the tokens that made them (and only to them).
 
 use std::time::Duration;
 
@@ -14,7 +15,7 @@ use sluice::store::{audit, directory, ledger, tokens, Db};
 
 use crate::admin_helpers::{client, login_form_at, post_login_at, PASSWORD};
 use crate::gateway_proc::{db_and_token, start_gateway_full};
-use crate::helpers::chat_body;
+use crate::helpers::{chat_body, KEY_A};
 use crate::pg_admin::{models_status, sluice};
 use crate::pg_server;
 
@@ -27,6 +28,30 @@ async fn usage(base: &str, token: &str) -> Value {
         .unwrap();
     assert_eq!(r.status(), 200);
     r.json().await.unwrap()
+}
+
+/// `POST /v1/responses` (stored, as by default); the response object.
+async fn respond(base: &str, token: &str, body: &Value) -> Value {
+    let r = reqwest::Client::new()
+        .post(format!("{base}/v1/responses"))
+        .bearer_auth(token)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    r.json().await.unwrap()
+}
+
+/// `GET /v1/responses/{id}`: (status, body).
+async fn stored(base: &str, token: &str, id: &str) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .get(format!("{base}/v1/responses/{id}"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
 }
 
 async fn chat(base: &str, token: &str) {
@@ -113,6 +138,26 @@ async fn a_sqlite_install_with_history_moves_to_postgres_verified_on_both_sides(
             .0,
         200
     );
+    // A stored conversation of two turns by the first token, one response by the second.
+    let first = respond(
+        &lite_gw.url,
+        &texts[0],
+        &json!({"model": "gpt-4o-mini", "input": "Why does the engine light blink?"}),
+    )
+    .await;
+    let turn = respond(
+        &lite_gw.url,
+        &texts[0],
+        &json!({"model": "gpt-4o-mini", "input": "And if it stays on?", "previous_response_id": first["id"]}),
+    )
+    .await;
+    let other = respond(
+        &lite_gw.url,
+        &texts[1],
+        &json!({"model": "gpt-4o-mini", "instructions": "Be brief.", "input": [{"role": "user", "content": "Tyre pressure?"}]}),
+    )
+    .await;
+    let conversations = [(0, &first), (0, &turn), (1, &other)];
     let revoked = texts.pop().unwrap();
     assert_eq!(
         admin
@@ -189,6 +234,7 @@ async fn a_sqlite_install_with_history_moves_to_postgres_verified_on_both_sides(
         "requests",
         "admin_sessions",
         "login_failures",
+        "stored_responses",
     ] {
         let line = out
             .lines()
@@ -245,4 +291,42 @@ async fn a_sqlite_install_with_history_moves_to_postgres_verified_on_both_sides(
         );
     }
     assert_eq!(models_status(&pg_gw.url, &revoked).await, 401);
+
+    // The stored responses: each read back whole by the token that made it, still not by
+    // another, and a conversation continues from the copy with its whole history.
+    for (owner, response) in conversations {
+        let id = response["id"].as_str().unwrap();
+        assert_eq!(
+            stored(&pg_gw.url, &texts[owner], id).await,
+            (200, response.clone())
+        );
+        let (s, body) = stored(&pg_gw.url, &texts[1 - owner], id).await;
+        assert_eq!(s, 404, "{body}");
+    }
+    let before_calls = mock.state.total_count();
+    let next = respond(
+        &pg_gw.url,
+        &texts[0],
+        &json!({"model": "gpt-4o-mini", "input": "Thanks.", "previous_response_id": turn["id"]}),
+    )
+    .await;
+    assert_eq!(next["previous_response_id"], turn["id"]);
+    assert_eq!(mock.state.total_count(), before_calls + 1);
+    let sent = mock.state.stats(KEY_A).last_bodies.back().cloned().unwrap();
+    let said: Vec<&str> = sent["input"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["role"] == "user")
+        .filter_map(|i| i["content"].as_str())
+        .collect();
+    assert_eq!(
+        said,
+        [
+            "Why does the engine light blink?",
+            "And if it stays on?",
+            "Thanks."
+        ],
+        "{sent}"
+    );
 }

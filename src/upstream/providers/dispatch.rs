@@ -26,6 +26,9 @@ pub enum Format {
     OpenAiChat,
     /// Anthropic Messages.
     Anthropic,
+    /// The OpenAI Responses API: a client format (`formats::responses::adapter`), and
+    /// the native upstream format of a provider that speaks it (its body passes through).
+    Responses,
 }
 
 impl Format {
@@ -34,6 +37,7 @@ impl Format {
         match self {
             Format::OpenAiChat => "an OpenAI-format model",
             Format::Anthropic => "an Anthropic model",
+            Format::Responses => "a Responses API model",
         }
     }
 
@@ -42,6 +46,7 @@ impl Format {
         match self {
             Format::OpenAiChat => WireFormat::OpenAi,
             Format::Anthropic => WireFormat::Anthropic,
+            Format::Responses => WireFormat::OpenAi,
         }
     }
 }
@@ -78,6 +83,8 @@ fn read_request(
     let read = match client {
         Format::OpenAiChat => formats::openai_chat::read_request(body),
         Format::Anthropic => formats::anthropic::read_request(body),
+        Format::Responses => formats::responses::adapter::check_upstream(body, upstream)
+            .and_then(|()| formats::responses::adapter::read_request(body)),
     };
     read.map_err(|mut e| {
         e.message = e.message.replace(UPSTREAM, upstream.model_noun());
@@ -95,6 +102,12 @@ fn write_request(
     match upstream {
         Format::OpenAiChat => formats::openai_chat::write_request(r, upstream_model, cap, stream),
         Format::Anthropic => formats::anthropic::write_request(r, upstream_model, cap, stream),
+        // A provider that speaks the Responses API is sent Responses clients' bodies only,
+        // which pass through (`build_request_with`).
+        Format::Responses => Err(TranslateError {
+            param: None,
+            message: "only a Responses API client can be served by a Responses API upstream".into(),
+        }),
     }
 }
 
@@ -127,6 +140,9 @@ pub fn build_request_with(
         match upstream {
             Format::OpenAiChat => openai::shape_request(body, upstream_model, cap, stream),
             Format::Anthropic => anthropic::shape_request(body, upstream_model, cap),
+            Format::Responses => {
+                formats::responses::shape_request(body, upstream_model, cap.map(|(_, c)| c))
+            }
         }
     } else {
         let r = read_request(client, upstream, body)?;
@@ -145,17 +161,22 @@ pub fn answer_usage(upstream: impl Into<Format>, v: &Value) -> Result<Usage, Str
     let usage = v.get("usage").and_then(|u| match upstream {
         Format::OpenAiChat => formats::openai_chat::read_usage(u),
         Format::Anthropic => formats::anthropic::read_usage(u),
+        Format::Responses => formats::responses::adapter::read_usage(u),
     });
     usage.map(Usage::from).ok_or_else(|| match upstream {
         Format::OpenAiChat => openai::answer_text(v),
         Format::Anthropic => anthropic::answer_text(v),
+        Format::Responses => formats::responses::answer_text(v),
     })
 }
 
-fn read_answer(upstream: Format, v: &Value) -> Result<Answer, Corrupt> {
-    match upstream {
+/// An upstream's answer in the internal form.
+pub fn read_answer(upstream: impl Into<Format>, v: &Value) -> Result<Answer, Corrupt> {
+    match upstream.into() {
         Format::OpenAiChat => formats::openai_chat::read_answer(v),
         Format::Anthropic => formats::anthropic::read_answer(v),
+        // Responses answers pass through to Responses clients only.
+        Format::Responses => Err(Corrupt::Shape),
     }
 }
 
@@ -163,6 +184,9 @@ fn write_answer(client: Format, a: &Answer) -> Value {
     match client {
         Format::OpenAiChat => formats::openai_chat::write_answer(a),
         Format::Anthropic => formats::anthropic::write_answer(a),
+        // The response object echoes the request, which the pipeline writes it with
+        // (`pipeline::responses::answer`); this one echoes the defaults.
+        Format::Responses => formats::responses::adapter::write_answer(a, &Map::new(), &a.id),
     }
 }
 
@@ -197,7 +221,7 @@ pub fn convert_answer(
 
 fn read_error(upstream: Format, status: u16, v: &Value) -> ErrorInfo {
     match upstream {
-        Format::OpenAiChat => formats::openai_chat::read_error(status, v),
+        Format::OpenAiChat | Format::Responses => formats::openai_chat::read_error(status, v),
         Format::Anthropic => formats::anthropic::read_error(status, v),
     }
 }
@@ -206,6 +230,7 @@ fn write_error(client: Format, e: &ErrorInfo) -> Value {
     match client {
         Format::OpenAiChat => formats::openai_chat::write_error(e),
         Format::Anthropic => formats::anthropic::write_error(e),
+        Format::Responses => formats::responses::adapter::write_error(e),
     }
 }
 
@@ -245,7 +270,7 @@ fn plain_text_error(raw: &[u8]) -> Option<Value> {
 fn is_error_of(format: Format, v: &Value) -> bool {
     let text = |p: &str| v.pointer(p).is_some_and(Value::is_string);
     match format {
-        Format::OpenAiChat => text("/error/message"),
+        Format::OpenAiChat | Format::Responses => text("/error/message"),
         Format::Anthropic => v["type"] == "error" && text("/error/type") && text("/error/message"),
     }
 }

@@ -12,13 +12,12 @@ pub mod translate;
 
 pub use dispatch::{
     answer_usage, build_request, build_request_with, convert_answer, convert_error, format_of,
-    Format,
+    read_answer, Format,
 };
 
 use serde_json::{Map, Value};
 
 use crate::config::{AuthMode, Provider, UpstreamSettings};
-use crate::error::WireFormat;
 use crate::pipeline::request::Endpoint;
 use crate::upstream::credential::Credential;
 use translate::TranslateError;
@@ -98,8 +97,8 @@ pub fn credential(u: &UpstreamSettings) -> Credential {
 }
 
 /// The body to send for a Responses API request: the native body to a provider that
-/// speaks the Responses API (`formats::responses::native`), else the request as chat
-/// completions, carried by the chat translation to the upstream's format.
+/// speaks the Responses API (`formats::responses::native`), else the request through the
+/// internal form in the upstream's format.
 pub fn build_responses_request(
     upstream: Provider,
     body: &Map<String, Value>,
@@ -107,20 +106,12 @@ pub fn build_responses_request(
     cap: Option<(&'static str, i64)>,
     stream: bool,
 ) -> Result<Vec<u8>, TranslateError> {
-    use formats::responses;
-    if responses::native(upstream) {
-        let out = responses::shape_request(body, upstream_model, cap.map(|(_, c)| c));
-        return Ok(serde_json::to_vec(&Value::Object(out)).unwrap_or_default());
-    }
-    let chat = responses::to_chat(body)?;
-    build_request(
-        WireFormat::OpenAi,
-        upstream,
-        &chat,
-        upstream_model,
-        cap,
-        stream,
-    )
+    let to = if formats::responses::native(upstream) {
+        Format::Responses
+    } else {
+        format_of(upstream)
+    };
+    build_request(Format::Responses, to, body, upstream_model, cap, stream)
 }
 
 #[cfg(test)]

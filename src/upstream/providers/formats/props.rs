@@ -1,19 +1,22 @@
 //! Property tests of the adapters (fixed seed, as `tests/api/translate_fuzz.rs`): a
 //! request in the internal form that a format can express comes back the same when
-//! written in that format and read again; and a stream written in one format, read and
+//! written in that format and read again (the Responses API, a client format only, by a
+//! writer of its items here); and a stream written in one format, read and
 //! written again for a client of the other, gives that client the same text, tool calls
-//! and usage.
+//! and usage — a Responses API client included (`responses::adapter::EventWriter`), whose
+//! final response object must say the same as its events.
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use serde_json::{json, Value};
 
+use super::responses::{adapter as responses, Stamp};
 use super::{anthropic, openai_chat};
 use crate::upstream::providers::canonical::{
     CacheMark, Event, Finish, Message, Part, Reasoning, Request, ResponseFormat, Role, Source,
     Tool, ToolChoice, Usage,
 };
-use crate::upstream::providers::translate::stream::StreamConverter;
+use crate::upstream::providers::translate::stream::{ResponsesOut, StreamConverter};
 use crate::upstream::providers::Format;
 
 const SEED: [u8; 32] = *b"sluice-canonical-props-seed-0001";
@@ -414,6 +417,301 @@ fn a_request_written_as_anthropic_reads_back_the_same() {
     }
 }
 
+/// An assistant turn a Responses body writes as items: text (one `message` item) or
+/// reasoning (a `reasoning` item), then function calls.
+fn responses_assistant() -> impl Strategy<Value = Message> {
+    (
+        prop_oneof![
+            prop::collection::vec(text(), 1..3).prop_map(|t| t
+                .into_iter()
+                .map(|t| plain_text(t, None))
+                .collect::<Vec<_>>()),
+            (text(), "[A-Za-z0-9+/]{4,16}").prop_map(|(text, sig)| vec![Part::Reasoning {
+                text,
+                signature: Some(sig),
+                redacted: None
+            }]),
+            Just(vec![]),
+        ],
+        prop::collection::vec(tool_call(), 0..3),
+    )
+        .prop_filter("an assistant turn says something", |(p, c)| {
+            !p.is_empty() || !c.is_empty()
+        })
+        .prop_map(|(mut content, calls)| {
+            content.extend(calls);
+            Message {
+                role: Role::Assistant,
+                content,
+                name: None,
+                plain: false,
+            }
+        })
+}
+
+/// Tool results as one Responses client writes them: plain `function_call_output`s.
+fn responses_results() -> impl Strategy<Value = Message> {
+    prop::collection::vec(("[a-z0-9_]{1,8}", text()), 1..3).prop_map(|rs| Message {
+        role: Role::Tool,
+        content: rs
+            .into_iter()
+            .map(|(id, t)| Part::ToolResult {
+                call_id: format!("call_{id}"),
+                content: vec![plain_text(t, None)],
+                is_error: false,
+                cache: None,
+                plain: true,
+            })
+            .collect(),
+        name: None,
+        plain: false,
+    })
+}
+
+/// A request a Responses body expresses in one way only.
+fn responses_request() -> impl Strategy<Value = Request> {
+    let exchange = (
+        user(false, true),
+        responses_assistant(),
+        prop::option::of(responses_results()),
+    )
+        .prop_map(|(u, a, t)| {
+            let mut out = vec![u, a];
+            out.extend(t);
+            out
+        });
+    (
+        prop::collection::vec(text(), 0..3),
+        prop::collection::vec(exchange, 0..3),
+        user(false, true),
+        (prop::option::of(unit()), prop::option::of(unit())),
+        (tools(false), choice(), prop::option::of(any::<bool>())),
+        (
+            prop::option::of(text()),
+            prop::option::of(prop_oneof![
+                Just("low".to_string()),
+                Just("high".to_string())
+            ]),
+            prop::option::of(Just("auto".to_string())),
+            any::<bool>(),
+            prop::option::of(prop_oneof![
+                Just(ResponseFormat::JsonObject),
+                text().prop_map(|name| ResponseFormat::JsonSchema {
+                    name,
+                    schema: json!({"type": "object"}),
+                    strict: Some(true),
+                    description: None
+                })
+            ]),
+            prop::option::of(text()),
+        ),
+    )
+        .prop_map(
+            |(
+                system,
+                exchanges,
+                last,
+                (temperature, top_p),
+                (tools, tool_choice, parallel_tool_calls),
+                (user, effort, summary, stream, response_format, ticket),
+            )| Request {
+                model: "m".into(),
+                system: system.into_iter().map(|t| plain_text(t, None)).collect(),
+                messages: exchanges.into_iter().flatten().chain([last]).collect(),
+                tools,
+                tool_choice,
+                parallel_tool_calls,
+                max_output_tokens: Some(64),
+                temperature,
+                top_p,
+                response_format,
+                reasoning: (effort.is_some() || summary.is_some()).then_some(Reasoning {
+                    effort,
+                    budget_tokens: None,
+                    summary,
+                }),
+                stream,
+                include_usage: true,
+                user,
+                metadata: ticket
+                    .map(|t| [("ticket".to_string(), json!(t))].into_iter().collect())
+                    .unwrap_or_default(),
+                service_tier: Some("flex".into()),
+                ..Request::default()
+            },
+        )
+}
+
+/// A content part as a Responses client writes it.
+fn responses_part(p: &Part, assistant: bool) -> Value {
+    let url = |s: &Source| match s {
+        Source::Url(u) => u.clone(),
+        Source::Base64 { media_type, data } => format!("data:{media_type};base64,{data}"),
+        Source::FileId(id) => id.clone(),
+    };
+    match p {
+        Part::Text { text, .. } if assistant => json!({"type": "output_text", "text": text}),
+        Part::Text { text, .. } => json!({"type": "input_text", "text": text}),
+        Part::Image { source, detail, .. } => {
+            let mut v = json!({"type": "input_image", "image_url": url(source)});
+            if let Some(d) = detail {
+                v["detail"] = json!(d);
+            }
+            v
+        }
+        Part::File {
+            source, filename, ..
+        } => {
+            let mut v = json!({"type": "input_file", "file_data": url(source)});
+            if let Some(n) = filename {
+                v["filename"] = json!(n);
+            }
+            v
+        }
+        other => panic!("not a content part of this test: {other:?}"),
+    }
+}
+
+/// The request as a Responses body (the test's writer: the format is a client format).
+fn responses_body(r: &Request) -> serde_json::Map<String, Value> {
+    let mut input = Vec::new();
+    let text_of = |p: &Part| match p {
+        Part::Text { text, .. } => text.clone(),
+        _ => String::new(),
+    };
+    for extra in r.system.iter().skip(1) {
+        input.push(json!({"role": "developer", "content": text_of(extra)}));
+    }
+    for m in &r.messages {
+        match m.role {
+            Role::User => {
+                let content = if m.plain {
+                    json!(text_of(&m.content[0]))
+                } else {
+                    Value::Array(m.content.iter().map(|p| responses_part(p, false)).collect())
+                };
+                input.push(json!({"role": "user", "content": content}));
+            }
+            Role::Assistant => {
+                let texts: Vec<Value> = m
+                    .content
+                    .iter()
+                    .filter(|p| matches!(p, Part::Text { .. }))
+                    .map(|p| responses_part(p, true))
+                    .collect();
+                if !texts.is_empty() {
+                    input.push(json!({"type": "message", "role": "assistant", "content": texts}));
+                }
+                for p in &m.content {
+                    match p {
+                        Part::Reasoning {
+                            text, signature, ..
+                        } => input.push(json!({"type": "reasoning", "id": "rs_1", "summary": [],
+                            "content": [{"type": "reasoning_text", "text": text}],
+                            "encrypted_content": signature})),
+                        Part::ToolCall {
+                            id,
+                            name,
+                            arguments,
+                        } => input.push(json!({"type": "function_call", "call_id": id,
+                            "name": name, "arguments": arguments})),
+                        _ => {}
+                    }
+                }
+            }
+            Role::Tool => {
+                for p in &m.content {
+                    if let Part::ToolResult {
+                        call_id, content, ..
+                    } = p
+                    {
+                        input.push(json!({"type": "function_call_output", "call_id": call_id,
+                            "output": text_of(&content[0])}));
+                    }
+                }
+            }
+        }
+    }
+    let mut b = json!({"model": r.model, "input": input, "max_output_tokens": r.max_output_tokens,
+        "stream": r.stream, "service_tier": r.service_tier});
+    if let Some(first) = r.system.first() {
+        b["instructions"] = json!(text_of(first));
+    }
+    if !r.tools.is_empty() {
+        b["tools"] = Value::Array(
+            r.tools
+                .iter()
+                .map(|t| {
+                    let mut v =
+                        json!({"type": "function", "name": t.name, "parameters": t.parameters});
+                    if let Some(d) = &t.description {
+                        v["description"] = json!(d);
+                    }
+                    v
+                })
+                .collect(),
+        );
+    }
+    if let Some(c) = &r.tool_choice {
+        b["tool_choice"] = match c {
+            ToolChoice::Auto => json!("auto"),
+            ToolChoice::None => json!("none"),
+            ToolChoice::Required => json!("required"),
+            ToolChoice::Named(n) => json!({"type": "function", "name": n}),
+        };
+    }
+    let put = |b: &mut Value, k: &str, v: Option<Value>| {
+        if let Some(v) = v {
+            b[k] = v;
+        }
+    };
+    put(
+        &mut b,
+        "parallel_tool_calls",
+        r.parallel_tool_calls.map(Value::from),
+    );
+    put(&mut b, "temperature", r.temperature.map(Value::from));
+    put(&mut b, "top_p", r.top_p.map(Value::from));
+    put(&mut b, "user", r.user.as_ref().map(|u| json!(u)));
+    if !r.metadata.is_empty() {
+        b["metadata"] = Value::Object(r.metadata.clone());
+    }
+    if let Some(x) = &r.reasoning {
+        b["reasoning"] = json!({"effort": x.effort, "summary": x.summary});
+    }
+    match &r.response_format {
+        Some(ResponseFormat::JsonObject) => b["text"] = json!({"format": {"type": "json_object"}}),
+        Some(ResponseFormat::JsonSchema {
+            name,
+            schema,
+            strict,
+            ..
+        }) => {
+            b["text"] = json!({"format": {"type": "json_schema", "name": name, "schema": schema,
+                "strict": strict}})
+        }
+        _ => {}
+    }
+    match b {
+        Value::Object(m) => m,
+        _ => unreachable!("built as an object"),
+    }
+}
+
+#[test]
+fn a_request_written_as_a_responses_body_reads_back_the_same() {
+    let result = runner().run(&responses_request(), |r| {
+        let body = responses_body(&r);
+        let back = responses::read_request(&body)
+            .map_err(|e| TestCaseError::fail(format!("refused: {e} — {body:?}")))?;
+        prop_assert_eq!(without_names(back), r);
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("the Responses reader lost something (seed {SEED:?}): {e}");
+    }
+}
+
 /// What a client makes of a stream: its text, its tool calls (id, name, arguments) and
 /// its usage (input, output).
 #[derive(Debug, Default, PartialEq)]
@@ -590,6 +888,59 @@ fn seen_by_openai_client(frames: &[(String, String)]) -> Seen {
     seen
 }
 
+/// What a Responses client makes of a stream: its events' text, calls and usage, and the
+/// same read from the final response object (which must agree).
+fn seen_by_responses_client(frames: &[(String, String)]) -> (Seen, Seen) {
+    let mut seen = Seen::default();
+    let mut final_seen = Seen::default();
+    // Output index → position in `seen.calls`.
+    let mut at = std::collections::BTreeMap::new();
+    for (seq, (name, data)) in frames.iter().enumerate() {
+        let v: Value = serde_json::from_str(data).unwrap_or(Value::Null);
+        assert_eq!(v["type"], name.as_str(), "{data}");
+        assert_eq!(v["sequence_number"], seq, "{data}");
+        match name.as_str() {
+            "response.output_text.delta" => {
+                seen.text.push_str(v["delta"].as_str().unwrap_or(""));
+            }
+            "response.output_item.added" if v["item"]["type"] == "function_call" => {
+                at.insert(v["output_index"].as_u64(), seen.calls.len());
+                let s = |k: &str| v["item"][k].as_str().unwrap_or("").to_string();
+                seen.calls.push((s("call_id"), s("name"), String::new()));
+            }
+            "response.function_call_arguments.delta" => {
+                if let Some(&i) = at.get(&v["output_index"].as_u64()) {
+                    seen.calls[i].2.push_str(v["delta"].as_str().unwrap_or(""));
+                }
+            }
+            "response.completed" | "response.incomplete" => {
+                let r = &v["response"];
+                let n = |k: &str| r["usage"][k].as_i64().unwrap_or(0);
+                seen.usage = (n("input_tokens"), n("output_tokens"));
+                final_seen.usage = seen.usage;
+                for item in r["output"].as_array().into_iter().flatten() {
+                    let s = |k: &str| item[k].as_str().unwrap_or("").to_string();
+                    match item["type"].as_str() {
+                        Some("message") => {
+                            for p in item["content"].as_array().into_iter().flatten() {
+                                final_seen.text.push_str(p["text"].as_str().unwrap_or(""));
+                            }
+                        }
+                        Some("function_call") => {
+                            final_seen
+                                .calls
+                                .push((s("call_id"), s("name"), s("arguments")))
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    (seen, final_seen)
+}
+
 #[test]
 fn a_stream_read_and_written_again_gives_the_client_the_same_answer() {
     let result = runner().run(&stream(), |(text, calls, usage)| {
@@ -605,6 +956,8 @@ fn a_stream_read_and_written_again_gives_the_client_the_same_answer() {
         for (upstream, client) in [
             (Format::OpenAiChat, Format::Anthropic),
             (Format::Anthropic, Format::OpenAiChat),
+            (Format::OpenAiChat, Format::Responses),
+            (Format::Anthropic, Format::Responses),
         ] {
             // The upstream's stream, written by its own format's writer.
             let mut frames = Vec::new();
@@ -617,8 +970,18 @@ fn a_stream_read_and_written_again_gives_the_client_the_same_answer() {
                     let mut w = anthropic::EventWriter::default();
                     evs.iter().for_each(|e| w.write(e, &mut frames));
                 }
+                Format::Responses => unreachable!("not an upstream of this test"),
             }
             let mut conv = StreamConverter::new(upstream, client, true, 7);
+            if client == Format::Responses {
+                let stamp = Stamp {
+                    id: "resp_p".into(),
+                    store: false,
+                    previous_response_id: None,
+                };
+                let w = responses::EventWriter::new(serde_json::Map::new(), stamp);
+                conv = conv.responses(ResponsesOut::Translated(Box::new(w)));
+            }
             let mut out = Vec::new();
             for (name, data) in split(&frames) {
                 conv.event(&name, &data, &mut out);
@@ -627,6 +990,11 @@ fn a_stream_read_and_written_again_gives_the_client_the_same_answer() {
             let got = match client {
                 Format::OpenAiChat => seen_by_openai_client(&split(&out)),
                 Format::Anthropic => seen_by_anthropic_client(&split(&out)),
+                Format::Responses => {
+                    let (events, response) = seen_by_responses_client(&split(&out));
+                    prop_assert_eq!(&response, &events, "the response object and its events");
+                    events
+                }
             };
             prop_assert_eq!(&got, &want, "{:?} → {:?}", upstream, client);
             let u = conv.usage();

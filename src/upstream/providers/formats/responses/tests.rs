@@ -1,5 +1,12 @@
-use super::stream::{ChatToResponses, Native};
+use super::adapter::{read_request, write_answer, EventWriter};
+use super::stream::Native;
 use super::*;
+use crate::config::Provider;
+use crate::upstream::providers::canonical::{
+    Answer, Finish, Message, Part, ResponseFormat, Role, Source, ToolChoice, Usage as Figures,
+};
+use crate::upstream::providers::translate::stream::{ResponsesOut, StreamConverter};
+use crate::upstream::providers::{build_request, Format};
 
 fn map(v: Value) -> Map<String, Value> {
     match v {
@@ -44,13 +51,20 @@ fn usage_is_read_with_cached_and_reasoning_inside_the_totals() {
     assert_eq!(usage_of(&Value::Null), None);
 }
 
+fn text(t: &str) -> Part {
+    Part::Text {
+        text: t.into(),
+        cache: None,
+    }
+}
+
 #[test]
-fn items_become_chat_messages_and_calls_join_one_assistant_turn() {
+fn items_are_read_into_the_internal_form_and_calls_join_one_assistant_turn() {
     let body = map(json!({"model": "m", "instructions": "Be brief.", "input": [
         {"role": "developer", "content": "Use metric units."},
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"},
             {"type": "input_image", "image_url": "https://x/y.png", "detail": "low"}]},
-        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "opaque"},
+        {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Think."}], "encrypted_content": "opaque"},
         {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
         {"type": "function_call", "call_id": "c2", "name": "g", "arguments": "{\"a\":1}"},
         {"type": "function_call_output", "call_id": "c1", "output": "one"},
@@ -59,34 +73,105 @@ fn items_become_chat_messages_and_calls_join_one_assistant_turn() {
         "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
         "tool_choice": {"type": "function", "name": "f"},
         "text": {"format": {"type": "json_schema", "name": "r", "schema": {"type": "object"}, "strict": true}}}));
-    let chat = to_chat(&body).unwrap();
-    let m = chat["messages"].as_array().unwrap();
-    assert_eq!(m[0], json!({"role": "system", "content": "Be brief."}));
+    let r = read_request(&body).unwrap();
+    assert_eq!(r.system, [text("Be brief."), text("Use metric units.")]);
+    let m = &r.messages;
+    assert_eq!(m.len(), 4, "{m:?}");
     assert_eq!(
-        m[1],
-        json!({"role": "system", "content": "Use metric units."})
+        m[0].content[1],
+        Part::Image {
+            source: Source::Url("https://x/y.png".into()),
+            detail: Some("low".into()),
+            cache: None
+        }
+    );
+    assert_eq!(m[1].role, Role::Assistant);
+    assert_eq!(
+        m[1].content[0],
+        Part::Reasoning {
+            text: "Think.".into(),
+            signature: Some("opaque".into()),
+            redacted: None
+        }
     );
     assert_eq!(
-        m[2]["content"][1],
-        json!({"type": "image_url", "image_url": {"url": "https://x/y.png", "detail": "low"}})
+        m[1].content.len(),
+        3,
+        "the reasoning and both calls: one turn"
     );
-    assert_eq!(m[3]["tool_calls"].as_array().unwrap().len(), 2, "{m:?}");
+    assert_eq!(m[2].role, Role::Tool);
+    assert_eq!(m[2].content.len(), 2);
     assert_eq!(
-        m[4],
-        json!({"role": "tool", "tool_call_id": "c1", "content": "one"})
+        m[3],
+        Message {
+            role: Role::Assistant,
+            content: vec![text("done")],
+            name: None,
+            plain: false
+        }
     );
-    assert_eq!(m[6], json!({"role": "assistant", "content": "done"}));
-    assert_eq!(m.len(), 7);
-    assert_eq!(chat["tools"][0]["function"]["name"], "f");
+    assert_eq!(r.tools[0].name, "f");
+    assert_eq!(r.tool_choice, Some(ToolChoice::Named("f".into())));
+    assert!(
+        matches!(r.response_format, Some(ResponseFormat::JsonSchema { ref name, .. }) if name == "r")
+    );
+}
+
+/// A reasoning item reaches an upstream that takes reasoning back (Anthropic: a thinking
+/// block with its signature) and is refused by name where chat completions have no place
+/// for it — never left out.
+#[test]
+fn reasoning_items_are_carried_or_refused_by_name_never_dropped() {
+    let body = map(json!({"model": "m", "input": [
+        {"role": "user", "content": "hi"},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "Hmm."}], "encrypted_content": "sig"},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "Hello."}]},
+        {"role": "user", "content": "and?"}]}));
+    let sent = build_request(
+        Format::Responses,
+        Provider::Anthropic,
+        &body,
+        "claude-up",
+        Some(("max_tokens", 100)),
+        false,
+    )
+    .unwrap();
+    let sent: Value = serde_json::from_slice(&sent).unwrap();
     assert_eq!(
-        chat["tool_choice"],
-        json!({"type": "function", "function": {"name": "f"}})
+        sent["messages"][1]["content"][0],
+        json!({"type": "thinking", "thinking": "Hmm.", "signature": "sig"}),
+        "{sent}"
     );
-    assert_eq!(chat["response_format"]["json_schema"]["name"], "r");
+    for chat in [Provider::AzureOpenai, Provider::OpenaiCompatible] {
+        let e = build_request(Format::Responses, chat, &body, "gpt", None, false).unwrap_err();
+        assert_eq!(e.param, Some("input"));
+        assert!(
+            e.message
+                .contains("input[1]: a `reasoning` item cannot be sent to an OpenAI-format model"),
+            "{}",
+            e.message
+        );
+    }
+    // Without its encrypted content, Anthropic cannot take it back either: refused.
+    let mut bare = body.clone();
+    bare["input"][1]
+        .as_object_mut()
+        .unwrap()
+        .remove("encrypted_content");
+    let e = build_request(
+        Format::Responses,
+        Provider::Anthropic,
+        &bare,
+        "c",
+        None,
+        false,
+    )
+    .unwrap_err();
+    assert!(e.message.contains("reasoning"), "{}", e.message);
 }
 
 #[test]
-fn what_chat_cannot_take_is_refused_by_name() {
+fn what_the_internal_form_cannot_take_is_refused_by_name() {
     for (body, param) in [
         (
             json!({"input": "hi", "top_logprobs": 2}),
@@ -106,30 +191,48 @@ fn what_chat_cannot_take_is_refused_by_name() {
         ),
         (json!({"input": "hi", "some_new_field": 1}), None),
     ] {
-        let e = to_chat(&map(body.clone())).unwrap_err();
+        let e = read_request(&map(body.clone())).unwrap_err();
         assert_eq!(e.param, param, "{body}: {}", e.message);
     }
 }
 
 #[test]
-fn a_chat_answer_becomes_a_response_object() {
-    let chat = json!({"id": "chatcmpl-1", "created": 7, "model": "up", "choices": [{"index": 0,
-        "message": {"role": "assistant", "content": "hello", "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
-        "finish_reason": "length"}],
-        "usage": {"prompt_tokens": 5, "completion_tokens": 7, "completion_tokens_details": {"reasoning_tokens": 2}}});
-    let mut r = from_chat(
+fn an_answer_becomes_a_response_object() {
+    let a = Answer {
+        id: "chatcmpl-1".into(),
+        model: "up".into(),
+        content: vec![
+            text("hel"),
+            text("lo"),
+            Part::ToolCall {
+                id: "call_1".into(),
+                name: "f".into(),
+                arguments: "{}".into(),
+            },
+        ],
+        finish: Finish::Length,
+        usage: Some(Figures {
+            input: 5,
+            output: 7,
+            reasoning: 2,
+            ..Figures::default()
+        }),
+        created: Some(7),
+    };
+    let mut r = write_answer(
+        &a,
         &map(json!({"input": "x", "max_output_tokens": 7})),
-        &chat,
         "gw",
     );
     stamp().apply(&mut r);
     assert_eq!(r["id"], "resp_gw");
     assert_eq!(r["previous_response_id"], "resp_before");
     assert_eq!(r["status"], "incomplete");
+    assert_eq!(r["max_output_tokens"], 7);
     assert_eq!(r["incomplete_details"]["reason"], "max_output_tokens");
     assert_eq!(r["output"][0]["content"][0]["text"], "hello");
     assert_eq!(r["output"][1]["call_id"], "call_1");
+    assert_eq!(r["output"][1]["id"], "fc_gw_0");
     assert_eq!(r["usage"]["total_tokens"], 12);
     assert_eq!(r["usage"]["output_tokens_details"]["reasoning_tokens"], 2);
 }
@@ -165,20 +268,25 @@ fn native_events_are_stamped_and_counted() {
     assert!(n.read("x", "{\"no\": \"type\"}").is_err());
 }
 
+/// An OpenAI-chat upstream's chunks, read into the internal form by its reader and
+/// written by the Responses writer: the events and sequence numbers the chat bridge wrote before it.
 #[test]
 fn chat_chunks_become_numbered_responses_events() {
-    let mut w = ChatToResponses::new(map(json!({"input": "x"})), stamp());
+    let w = EventWriter::new(map(json!({"input": "x"})), stamp());
+    let mut c = StreamConverter::new(Format::OpenAiChat, Format::OpenAiChat, false, 9)
+        .responses(ResponsesOut::Translated(Box::new(w)));
     let mut out = Vec::new();
-    for c in [
+    for chunk in [
         json!({"id": "c", "created": 1, "model": "up", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hel"}}]}),
         json!({"id": "c", "choices": [{"index": 0, "delta": {"content": "lo"}}]}),
         json!({"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "call_1", "function": {"name": "f", "arguments": "{\"a\""}}]}}]}),
         json!({"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": ":1}"}}]}, "finish_reason": "tool_calls"}]}),
         json!({"id": "c", "choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 3}}),
     ] {
-        w.push(&c.to_string(), &mut out);
+        c.event("", &chunk.to_string(), &mut out);
     }
-    assert!(w.push("[DONE]", &mut out));
+    c.event("", "[DONE]", &mut out);
+    assert!(c.done());
     let events: Vec<Value> = out
         .iter()
         .map(|f| {
@@ -210,11 +318,14 @@ fn chat_chunks_become_numbered_responses_events() {
     for (i, e) in events.iter().enumerate() {
         assert_eq!(e["sequence_number"], i);
     }
+    assert_eq!(events[0]["response"]["model"], "up");
+    assert!(events[0]["response"]["created_at"].as_i64() > Some(0));
     let done = &events.last().unwrap()["response"];
     assert_eq!(done["id"], "resp_gw");
     assert_eq!(done["output"][0]["content"][0]["text"], "Hello");
     assert_eq!(done["output"][1]["arguments"], "{\"a\":1}");
     assert_eq!(done["output"][1]["call_id"], "call_1");
     assert_eq!(done["usage"]["input_tokens"], 2);
-    assert_eq!(w.completed.as_ref(), Some(done));
+    assert_eq!(done["usage"]["output_tokens"], 3);
+    assert_eq!(c.completed_response().as_ref(), Some(done));
 }

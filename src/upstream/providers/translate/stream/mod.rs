@@ -22,6 +22,7 @@ use crate::quota::estimate;
 use crate::quota::pricing::Usage;
 use crate::upstream::providers::canonical::{self, Event};
 use crate::upstream::providers::formats::openai_chat::stream::{read_event, OpenAiEvent};
+use crate::upstream::providers::formats::responses::adapter as responses_adapter;
 use crate::upstream::providers::formats::responses::stream as responses;
 use crate::upstream::providers::formats::{anthropic, openai_chat};
 use crate::upstream::providers::Format;
@@ -45,6 +46,7 @@ enum Reader {
 enum Writer {
     OpenAiChat(openai_chat::EventWriter),
     Anthropic(anthropic::EventWriter),
+    Responses(Box<responses_adapter::EventWriter>),
 }
 
 impl Writer {
@@ -52,12 +54,13 @@ impl Writer {
         match self {
             Writer::OpenAiChat(w) => w.write(e, out),
             Writer::Anthropic(w) => w.write(e, out),
+            Writer::Responses(w) => w.write(e, out),
         }
     }
 
     fn held_bytes(&self) -> usize {
         match self {
-            Writer::OpenAiChat(_) => 0,
+            Writer::OpenAiChat(_) | Writer::Responses(_) => 0,
             Writer::Anthropic(w) => w.held_bytes(),
         }
     }
@@ -84,16 +87,18 @@ pub struct StreamConverter {
     error_sent: bool,
     reader: Reader,
     writer: Writer,
-    /// A Responses API client (`formats::responses::stream`): set by `responses`.
-    responses: Option<Box<ResponsesOut>>,
+    /// A Responses client of an upstream that speaks the Responses API
+    /// (`formats::responses::stream`): set by `responses`.
+    responses: Option<Box<responses::Native>>,
 }
 
 /// How a Responses client's stream is written.
 pub enum ResponsesOut {
     /// The upstream speaks the Responses API: its events pass through (stamped).
     Native(responses::Native),
-    /// The upstream's stream, read as chat chunks, is written as Responses events.
-    Chat(Box<responses::ChatToResponses>),
+    /// The upstream's stream, read by its format's reader, is written as Responses events
+    /// from the internal form.
+    Translated(Box<responses_adapter::EventWriter>),
 }
 
 pub fn frame(event: Option<&str>, data: &str) -> Bytes {
@@ -120,6 +125,9 @@ pub fn error_event(client: impl Into<Format>, message: &str, code: &str) -> Byte
             Some("error"),
             &json!({"type": "error", "error": {"type": "api_error", "message": message, "code": code}}).to_string(),
         ),
+        // A stream that ends before its first event (a converter writes its own with the
+        // next sequence number: `StreamConverter::end_frame`).
+        Format::Responses => responses::error_frame(0, message, code),
     }
 }
 
@@ -145,11 +153,15 @@ impl StreamConverter {
             done: false,
             error_sent: false,
             reader: match upstream {
-                Format::OpenAiChat => Reader::OpenAiChat(openai_chat::EventReader::default()),
+                // A Responses upstream's native events are read by `responses::Native`.
+                Format::OpenAiChat | Format::Responses => {
+                    Reader::OpenAiChat(openai_chat::EventReader::default())
+                }
                 Format::Anthropic => Reader::Anthropic(anthropic::EventReader),
             },
             writer: match client {
-                Format::OpenAiChat => {
+                // A Responses client's writer comes with its request (`responses`).
+                Format::OpenAiChat | Format::Responses => {
                     Writer::OpenAiChat(openai_chat::EventWriter::new(include_usage))
                 }
                 Format::Anthropic => Writer::Anthropic(anthropic::EventWriter::default()),
@@ -158,33 +170,37 @@ impl StreamConverter {
         }
     }
 
-    /// Writes the stream for a Responses API client (see `ResponsesOut`); the usage chunk
-    /// of a chat upstream is then always read.
+    /// Writes the stream for a Responses API client (see `ResponsesOut`).
     pub fn responses(mut self, out: ResponsesOut) -> Self {
         self.include_usage = true;
-        if self.client == Format::OpenAiChat {
-            self.writer = Writer::OpenAiChat(openai_chat::EventWriter::new(true));
+        match out {
+            ResponsesOut::Native(n) => self.responses = Some(Box::new(n)),
+            ResponsesOut::Translated(w) => {
+                self.client = Format::Responses;
+                self.writer = Writer::Responses(w);
+            }
         }
-        self.responses = Some(Box::new(out));
         self
     }
 
     /// A Responses client's final response object, once the stream completed.
     pub fn completed_response(&mut self) -> Option<serde_json::Value> {
-        match self.responses.as_deref_mut()? {
-            ResponsesOut::Native(n) => n.completed.take(),
-            ResponsesOut::Chat(c) => c.completed.take(),
+        if let Some(n) = self.responses.as_deref_mut() {
+            return n.completed.take();
+        }
+        match &mut self.writer {
+            Writer::Responses(w) => w.completed.take(),
+            _ => None,
         }
     }
 
-    /// A Responses client's stream: native events pass through, others are read by the
-    /// format pair's own path into chat chunks and written as Responses events.
+    /// A native Responses stream: each event passes through, stamped and accounted.
     fn responses_event(&mut self, name: &str, data: &str, out: &mut Vec<Bytes>) {
-        let Some(mut r) = self.responses.take() else {
+        let Some(mut n) = self.responses.take() else {
             return;
         };
-        match r.as_mut() {
-            ResponsesOut::Native(n) => match n.read(name, data) {
+        {
+            match n.read(name, data) {
                 Ok(read) => {
                     if let Some(t) = &read.text {
                         self.note_text(t);
@@ -206,21 +222,9 @@ impl StreamConverter {
                     ));
                     self.error_sent = true;
                 }
-            },
-            ResponsesOut::Chat(c) => {
-                let mut chat = Vec::new();
-                self.responses = None;
-                self.event(name, data, &mut chat);
-                for f in &chat {
-                    for line in std::str::from_utf8(f).unwrap_or("").lines() {
-                        if let Some(d) = line.strip_prefix("data: ") {
-                            c.push(d, out);
-                        }
-                    }
-                }
             }
         }
-        self.responses = Some(r);
+        self.responses = Some(n);
     }
 
     /// Sets the most the converter keeps of one stream (`HOLD_LIMIT` by default).
@@ -278,14 +282,19 @@ impl StreamConverter {
 
     /// As `error_frame`, with this code (`shutting_down` when the gateway ends the stream).
     pub fn end_frame(&self, message: &str, code: &str) -> Option<Bytes> {
-        if let Some(r) = &self.responses {
-            let seq = match r.as_ref() {
-                ResponsesOut::Native(n) => n.next_seq,
-                ResponsesOut::Chat(c) => c.next_seq(),
-            };
-            return (!self.error_sent).then(|| responses::error_frame(seq, message, code));
+        (!self.error_sent).then(|| self.client_error(message, code))
+    }
+
+    /// An error event in the client's format; a Responses client's with the next sequence
+    /// number of its stream.
+    fn client_error(&self, message: &str, code: &str) -> Bytes {
+        if let Some(n) = &self.responses {
+            return responses::error_frame(n.next_seq, message, code);
         }
-        (!self.error_sent).then(|| error_event(self.client, message, code))
+        match &self.writer {
+            Writer::Responses(w) => responses::error_frame(w.next_seq(), message, code),
+            _ => error_event(self.client, message, code),
+        }
     }
 
     /// Takes one upstream event and appends what the client must receive to `out`.
@@ -310,17 +319,12 @@ impl StreamConverter {
         // (see `shape`) — is a piece of the answer or of its usage it cannot pass on or
         // count: the stream ends here as an error, not as a complete answer with a hole.
         if let Err(corrupt) = read {
-            out.push(error_event(
-                self.client,
-                corrupt.message(),
-                "upstream_error",
-            ));
+            out.push(self.client_error(corrupt.message(), "upstream_error"));
             self.error_sent = true;
             return;
         }
         if self.held_bytes() > self.hold_limit && !self.error_sent {
-            out.push(error_event(
-                self.client,
+            out.push(self.client_error(
                 "The upstream held back more of the answer than the gateway keeps; the stream was ended by the gateway.",
                 "upstream_error",
             ));
