@@ -46,6 +46,12 @@ impl EntraState {
     pub fn refused(&self) -> u64 {
         self.refused.load(std::sync::atomic::Ordering::Relaxed)
     }
+    /// Refuses every token issued so far, as Azure refuses a token before the expiry its
+    /// endpoint announced (revoked, or a host whose monotonic clock stood still while it
+    /// was suspended); tokens issued later are accepted.
+    pub fn revoke_all(&self) {
+        self.tokens.lock().clear();
+    }
     pub fn set_expires_in(&self, seconds: u64) {
         self.expires_in
             .store(seconds, std::sync::atomic::Ordering::Relaxed);
