@@ -99,13 +99,14 @@ pub fn credential(u: &UpstreamSettings) -> Credential {
 
 /// The body to send for a Responses API request: the native body to a provider that
 /// speaks the Responses API (`formats::responses::native`), else the request as chat
-/// completions, carried by the chat translation to the upstream's format.
+/// completions, carried by the chat translation to the upstream's format — without
+/// `stream_options` for a server that refuses them (`include_usage`, as `build_request_with`).
 pub fn build_responses_request(
     upstream: Provider,
     body: &Map<String, Value>,
     upstream_model: &str,
     cap: Option<(&'static str, i64)>,
-    stream: bool,
+    (stream, include_usage): (bool, bool),
 ) -> Result<Vec<u8>, TranslateError> {
     use formats::responses;
     if responses::native(upstream) {
@@ -113,13 +114,13 @@ pub fn build_responses_request(
         return Ok(serde_json::to_vec(&Value::Object(out)).unwrap_or_default());
     }
     let chat = responses::to_chat(body)?;
-    build_request(
+    build_request_with(
         WireFormat::OpenAi,
         upstream,
         &chat,
         upstream_model,
         cap,
-        stream,
+        (stream, include_usage),
     )
 }
 
