@@ -64,7 +64,11 @@ async fn a_token_azure_refuses_early_is_replaced_not_the_deployment_disabled() {
         "the deployment was disabled for a stale cached token (client got {status}: {text})"
     );
     assert_eq!(status, 200, "{text}");
-    assert_eq!(app.mock.state.entra.issued(), 2, "a fresh token was fetched");
+    assert_eq!(
+        app.mock.state.entra.issued(),
+        2,
+        "a fresh token was fetched"
+    );
     // And it keeps serving.
     assert_eq!(app.chat(&token, &chat_body(8)).await.status(), 200);
 }
@@ -133,7 +137,11 @@ async fn a_hanging_token_refresh_does_not_hold_requests_while_the_token_is_valid
         vec![200, 200, 200],
         "requests in the refresh window with a valid token failed after {took:?}"
     );
-    assert_eq!(app.mock.state.entra.refused(), 0, "no expired token was sent");
+    assert_eq!(
+        app.mock.state.entra.refused(),
+        0,
+        "no expired token was sent"
+    );
     assert_eq!(app.state.pool.disabled(0), None);
 }
 
