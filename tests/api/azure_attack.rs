@@ -237,3 +237,130 @@ async fn a_deployment_named_dot_dot_is_refused_not_sent_elsewhere() {
         }
     }
 }
+
+fn quiet_compatible(s: &mut Settings, m: &MockServer) {
+    let mut u = upstream("quiet", KEY_C, m);
+    u.provider = Provider::OpenaiCompatible;
+    u.quirks.include_usage = false;
+    s.upstreams = vec![u];
+    let mut mdl = model("gpt-4o-mini", &["quiet"]);
+    mdl.routes[0].model = "llama-3.1-8b".into();
+    s.models = vec![mdl];
+}
+
+/// An OpenAI client that asks for the usage chunk (`stream_options.include_usage`) of a
+/// server that refuses `stream_options`: the gateway strips the option and counts the
+/// output; the client is told what it was charged, as an Anthropic client is.
+#[tokio::test]
+async fn an_openai_client_asking_for_usage_from_a_server_without_it_gets_the_count() {
+    let app = spawn_app_with(quiet_compatible).await;
+    app.mock.state.sticky(
+        KEY_C,
+        Some(Script {
+            reject_stream_options: true,
+            ..Default::default()
+        }),
+    );
+    let (id, token) = app.token("dev", Some("1.00")).await;
+    let mut body = chat_body(64);
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    let (data, _) = sse_data(resp).await;
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    app.wait_settled().await;
+    app.wait_for_log_rows(1).await;
+    let q = |c: &str| format!("SELECT {c} FROM requests WHERE token_id = {id}");
+    let (input, output) = (
+        app.scalar(&q("input_tokens")).await,
+        app.scalar(&q("output_tokens")).await,
+    );
+    let usage: Vec<Value> = data
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter(|v| v["usage"].is_object())
+        .collect();
+    assert_eq!(
+        usage.len(),
+        1,
+        "one usage chunk (charged {input} in, {output} out); chunks: {data:?}"
+    );
+    assert_eq!(usage[0]["usage"]["completion_tokens"], output);
+    assert_eq!(usage[0]["usage"]["prompt_tokens"], input);
+}
+
+/// A long answer from a server that never reports usage, streamed and not: the charge is
+/// the counted output, never zero.
+#[tokio::test]
+async fn a_long_answer_without_usage_is_charged_its_counted_output() {
+    let app = spawn_app_with(quiet_compatible).await;
+    let long = "The engine light blinks when a cylinder misfires. ".repeat(200);
+    app.mock.state.sticky(
+        KEY_C,
+        Some(Script {
+            reject_stream_options: true,
+            omit_usage: true,
+            text: Some(long.clone()),
+            ..Default::default()
+        }),
+    );
+    for stream in [false, true] {
+        let (id, token) = app.token(&format!("dev-{stream}"), Some("1.00")).await;
+        let mut body = chat_body(4000);
+        body["stream"] = json!(stream);
+        let resp = app.chat(&token, &body).await;
+        assert_eq!(resp.status(), 200);
+        let _ = resp.bytes().await.unwrap();
+        app.wait_settled().await;
+        let n = if stream { 2 } else { 1 };
+        app.wait_for_log_rows(n).await;
+        let output = app
+            .scalar(&format!(
+                "SELECT output_tokens FROM requests WHERE token_id = {id}"
+            ))
+            .await;
+        // 200 sentences of ~10 tokens.
+        assert!(
+            output >= 1000,
+            "stream {stream}: charged {output} output tokens"
+        );
+    }
+}
+
+/// A compatible server's error body that is huge, HTML, or JSON of no known shape: the
+/// client gets its status and an error in its format.
+#[tokio::test]
+async fn odd_error_bodies_keep_the_status_and_the_clients_format() {
+    let app = spawn_app_with(quiet_compatible).await;
+    let (_, token) = app.token("dev", Some("1.00")).await;
+    let bodies = [
+        format!("{{\"detail\": \"{}\"}}", "x".repeat(200_000)),
+        format!("<html><body>{}</body></html>", "<p>bad</p>".repeat(20_000)),
+        "[1, 2, 3]".to_string(),
+        "{\"error\": {\"message\": 42}}".to_string(),
+        "line one\nline two".to_string(),
+    ];
+    for raw in bodies {
+        for status in [400u16, 404, 422] {
+            let s = Script {
+                status: Some(status),
+                raw_body: Some(raw.clone()),
+                ..Default::default()
+            };
+            app.mock.state.script(KEY_C, [s.clone(), s]);
+            let resp = app.chat(&token, &chat_body(8)).await;
+            assert_eq!(resp.status(), status, "{}", &raw[..20.min(raw.len())]);
+            let v: Value = resp.json().await.expect("JSON");
+            assert!(v["error"]["message"].is_string(), "{v}");
+            assert!(v.to_string().len() < 10_000, "a bounded message");
+            let resp =
+                crate::azure::messages(&app, &token, &crate::azure::anthropic_body(false)).await;
+            assert_eq!(resp.status(), status);
+            let v: Value = resp.json().await.expect("JSON");
+            assert_eq!(v["type"], "error", "{v}");
+            assert!(v["error"]["message"].is_string(), "{v}");
+        }
+    }
+    assert_eq!(app.state.pool.disabled(0), None);
+}
