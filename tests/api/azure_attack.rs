@@ -1,8 +1,9 @@
 //! Attacks on the provider kinds `azure_openai` and `openai_compatible` and the
 //! per-provider transport: the Entra ID token source under a token Azure refuses early and
 //! a token endpoint that hangs while the current token is still good, the Responses route
-//! to a server that refuses `stream_options`, and deployment names that are path segments
-//! the URL builder drops.
+//! to a server that refuses `stream_options`, deployment names that are path segments the
+//! URL builder drops, the usage an OpenAI client asked for from a server that sends none,
+//! long answers without usage, odd error bodies, and a first token fetch that hangs.
 
 use std::time::Duration;
 
@@ -363,4 +364,44 @@ async fn odd_error_bodies_keep_the_status_and_the_clients_format() {
         }
     }
     assert_eq!(app.state.pool.disabled(0), None);
+}
+
+/// A token endpoint that never answers the first fetch (no token to fall back on): the
+/// request ends at its first-byte bound as a server error — not held past it, the key not
+/// disabled — and the next request, once the endpoint answers, is served.
+#[tokio::test]
+async fn a_hanging_first_token_fetch_ends_at_the_first_byte_bound() {
+    let app = spawn_app_with(|s, m| {
+        only(s, entra_upstream(m, "app-first"));
+        s.upstream.first_byte_timeout_ms = 2_000;
+    })
+    .await;
+    app.mock.state.script(
+        "entra-token:app-first",
+        [Script {
+            delay_ms: 120_000,
+            ..Default::default()
+        }],
+    );
+    let (_, token) = app.token("dev", Some("1.00")).await;
+    let resp = tokio::time::timeout(Duration::from_secs(60), app.chat(&token, &chat_body(8)))
+        .await
+        .expect("the request was held past its first-byte bound by a minute");
+    assert!(
+        matches!(resp.status().as_u16(), 502 | 504),
+        "{}",
+        resp.status()
+    );
+    assert_eq!(app.state.pool.disabled(0), None);
+    assert_eq!(app.mock.state.stats("entra:app-first").count, 0);
+    // The breaker may rest the key a moment: poll.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = app.chat(&token, &chat_body(8)).await;
+        if r.status() == 200 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{}", r.status());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
