@@ -405,3 +405,24 @@ async fn a_hanging_first_token_fetch_ends_at_the_first_byte_bound() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// A token service that writes `expires_in` as a fraction (`2.5`) or a fractional string:
+/// the token lives that long, not the hour the gateway assumed when it could not read a
+/// whole number — no expired token reaches Azure.
+#[tokio::test]
+async fn a_fractional_expires_in_is_read_not_taken_for_an_hour() {
+    let app = spawn_app_with(|s, m| only(s, entra_upstream(m, "app-frac"))).await;
+    app.mock.state.entra.set_expires_in(3);
+    *app.mock.state.entra.expires_in_written.lock() = Some(json!(3.0));
+    let (_, token) = app.token("dev", Some("5.00")).await;
+    assert_eq!(app.chat(&token, &chat_body(8)).await.status(), 200);
+    // Past the token's life (3 s), with room for a loaded machine.
+    tokio::time::sleep(Duration::from_millis(4_500)).await;
+    assert_eq!(app.chat(&token, &chat_body(8)).await.status(), 200);
+    assert_eq!(
+        app.mock.state.entra.refused(),
+        0,
+        "an expired token was sent ({} tokens fetched)",
+        app.mock.state.entra.issued()
+    );
+}
