@@ -239,13 +239,16 @@ impl Inner {
             .get("access_token")
             .and_then(serde_json::Value::as_str)
             .ok_or_else(|| unreachable("no access_token"))?;
-        // Entra's v2 endpoint sends a number; v1 sent a string.
+        // Entra's v2 endpoint sends a number; v1 sent a string; other token services a
+        // fraction. A negative one is the shortest life; only an absent or unreadable one
+        // is taken for Entra's hour (a token Azure refuses earlier is replaced on its 401).
         let lifetime = v
             .get("expires_in")
-            .and_then(|e| e.as_u64().or_else(|| e.as_str()?.trim().parse().ok()))
-            .unwrap_or(3600)
-            .clamp(1, 24 * 3600);
-        let lifetime = Duration::from_secs(lifetime);
+            .and_then(|e| e.as_f64().or_else(|| e.as_str()?.trim().parse().ok()))
+            .filter(|s: &f64| s.is_finite())
+            .unwrap_or(3600.0)
+            .clamp(1.0, 24.0 * 3600.0);
+        let lifetime = Duration::from_secs_f64(lifetime);
         let early = (lifetime / 5).min(Duration::from_secs(300));
         let mut header = HeaderValue::from_str(&format!("Bearer {token}"))
             .map_err(|_| unreachable("access_token is not a header value"))?;
