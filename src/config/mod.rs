@@ -319,6 +319,17 @@ impl Settings {
                         m.name
                     ));
                 }
+                // One path segment of Azure's URL: `.` and `..` are dropped by the URL
+                // builder, which sent a chat request to deployment `chat`, operation
+                // `completions`. Azure's names have neither.
+                let name = r.deployment.as_deref().unwrap_or(&r.model);
+                if azure && matches!(name, "." | "..") {
+                    return invalid(format!(
+                        "model `{}`: the Azure deployment name {name:?} (a route's `deployment`, \
+                         else its `model`) is no deployment name",
+                        m.name
+                    ));
+                }
             }
             price_micros("input_usd_per_mtok", &m.name, m.input_usd_per_mtok)?;
             price_micros("output_usd_per_mtok", &m.name, m.output_usd_per_mtok)?;

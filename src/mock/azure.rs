@@ -26,6 +26,9 @@ pub struct EntraState {
     issued: std::sync::atomic::AtomicU64,
     /// Requests that came with a token the mock did not issue or that had expired.
     refused: std::sync::atomic::AtomicU64,
+    /// `expires_in` as the next answers write it, when not the lifetime as an integer (a
+    /// string, a fraction: what other token services send).
+    pub expires_in_written: Mutex<Option<Value>>,
 }
 
 impl Default for EntraState {
@@ -35,6 +38,7 @@ impl Default for EntraState {
             expires_in: std::sync::atomic::AtomicU64::new(3599),
             issued: std::sync::atomic::AtomicU64::new(0),
             refused: std::sync::atomic::AtomicU64::new(0),
+            expires_in_written: Mutex::new(None),
         }
     }
 }
@@ -45,6 +49,12 @@ impl EntraState {
     }
     pub fn refused(&self) -> u64 {
         self.refused.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    /// Refuses every token issued so far, as Azure refuses a token before the expiry its
+    /// endpoint announced (revoked, or a host whose monotonic clock stood still while it
+    /// was suspended); tokens issued later are accepted.
+    pub fn revoke_all(&self) {
+        self.tokens.lock().clear();
     }
     pub fn set_expires_in(&self, seconds: u64) {
         self.expires_in
@@ -215,7 +225,13 @@ async fn token(
         token.clone(),
         (client, Instant::now() + Duration::from_secs(lifetime)),
     );
-    HttpResponse::Ok().json(json!({"token_type": "Bearer", "expires_in": lifetime,
+    let written = state
+        .entra
+        .expires_in_written
+        .lock()
+        .clone()
+        .unwrap_or(json!(lifetime));
+    HttpResponse::Ok().json(json!({"token_type": "Bearer", "expires_in": written,
         "ext_expires_in": lifetime, "access_token": token}))
 }
 

@@ -278,7 +278,7 @@ async fn try_candidate(
             &p.body,
             &c.route.upstream_model,
             cap,
-            p.stream,
+            (p.stream, dep.include_usage),
         )
     } else {
         providers::build_request_with(

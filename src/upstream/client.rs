@@ -110,11 +110,24 @@ impl UpstreamClient {
             return Err(UpstreamError::Connect("request".into()));
         };
         let send = async {
-            let req = match dep.credential() {
-                Credential::Hook(hook) => hook.authorize(client, req).await.map_err(Err)?,
-                _ => req,
+            let Credential::Hook(hook) = dep.credential() else {
+                return client.execute(req).await.map_err(Ok);
             };
-            client.execute(req).await.map_err(Ok)
+            let again = req.try_clone();
+            let req = hook.authorize(client, req).await.map_err(Err)?;
+            let sent = req.headers().clone();
+            let resp = client.execute(req).await.map_err(Ok)?;
+            match again {
+                // A computed credential refused: once more with a new one (a cached token
+                // the far side no longer takes is no refused key; a second 401 is).
+                Some(again) if resp.status() == reqwest::StatusCode::UNAUTHORIZED => {
+                    hook.refused(&sent);
+                    drop(resp);
+                    let req = hook.authorize(client, again).await.map_err(Err)?;
+                    client.execute(req).await.map_err(Ok)
+                }
+                _ => Ok(resp),
+            }
         };
         let first_byte = Duration::from_millis(self.timeouts.first_byte_timeout_ms);
         let left = deadline.saturating_duration_since(Instant::now());

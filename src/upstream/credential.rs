@@ -24,6 +24,13 @@ pub trait Authorize: Send + Sync + std::fmt::Debug {
         http: &'a reqwest::Client,
         req: reqwest::Request,
     ) -> Pin<Box<dyn Future<Output = Result<reqwest::Request, UpstreamError>> + Send + 'a>>;
+
+    /// The far side answered 401 to a request sent with these headers: a cached credential
+    /// among them is dropped, so that the next `authorize` makes a new one (`post` then
+    /// sends the request once more). A token can be refused before the expiry announced
+    /// with it (revoked; a host whose monotonic clock stood still while it was suspended):
+    /// that is no refused key. Default: nothing cached.
+    fn refused(&self, _sent: &reqwest::header::HeaderMap) {}
 }
 
 #[derive(Debug, Clone)]

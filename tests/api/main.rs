@@ -13,6 +13,7 @@ mod audit_tamper;
 mod audit_upgrade;
 mod auth;
 mod azure;
+mod azure_attack;
 mod bad_input;
 mod cache;
 mod cache_guard;

@@ -34,6 +34,10 @@ pub fn url(
         Endpoint::Embeddings => &["embeddings"],
     };
     let version = u.api_version.as_deref()?;
+    // One path segment: the URL builder drops `.` and `..` (refused at load too).
+    if matches!(deployment, "." | "..") {
+        return None;
+    }
     let mut url = reqwest::Url::parse(base).ok()?;
     {
         let mut path = url.path_segments_mut().ok()?;
@@ -64,19 +68,29 @@ pub fn credential(u: &UpstreamSettings) -> Credential {
 /// The most a token endpoint's answer may be: a token is a few kilobytes.
 const TOKEN_BODY_LIMIT: usize = 64 * 1024;
 
+/// How long a refresh made in the background may take before it is given up (and the next
+/// request starts another).
+const REFRESH_BOUND: Duration = Duration::from_secs(30);
+
 /// An Entra ID access token for one app registration, fetched with the client-credentials
 /// flow and cached. It is refreshed early — when less than a fifth of its lifetime or five
-/// minutes (whichever is less) is left — by one request at a time: the others wait for that
-/// fetch rather than each asking. If a refresh fails while the old token is still valid, the
-/// old one is used. Token lifetimes are the far side's wall time, so they are measured on
-/// the monotonic clock, not the gateway's `Clock`.
+/// minutes (whichever is less) is left — in the background, one fetch at a time, while
+/// requests go on with the old token, still valid: a token endpoint that fails or hangs
+/// then holds no request. Only requests that have no valid token wait, for one fetch
+/// between them rather than each asking. A token Azure refuses (`Authorize::refused`) is
+/// dropped so that the next request fetches another. Token lifetimes are the far side's
+/// wall time, so they are measured on the monotonic clock, not the gateway's `Clock`.
 pub struct EntraToken {
+    inner: std::sync::Arc<Inner>,
+}
+
+struct Inner {
     url: reqwest::Url,
     client_id: String,
     client_secret: Secret,
     scope: String,
     current: RwLock<Option<Token>>,
-    refreshing: tokio::sync::Mutex<()>,
+    refreshing: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 #[derive(Clone)]
@@ -89,8 +103,8 @@ struct Token {
 impl std::fmt::Debug for EntraToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EntraToken")
-            .field("url", &self.url.as_str())
-            .field("client_id", &self.client_id)
+            .field("url", &self.inner.url.as_str())
+            .field("client_id", &self.inner.client_id)
             .finish_non_exhaustive()
     }
 }
@@ -106,48 +120,64 @@ impl EntraToken {
             "token",
         ]);
         Some(EntraToken {
-            url,
-            client_id: e.client_id.clone(),
-            client_secret: e.client_secret.clone(),
-            scope: e.scope.clone(),
-            current: RwLock::new(None),
-            refreshing: tokio::sync::Mutex::new(()),
+            inner: std::sync::Arc::new(Inner {
+                url,
+                client_id: e.client_id.clone(),
+                client_secret: e.client_secret.clone(),
+                scope: e.scope.clone(),
+                current: RwLock::new(None),
+                refreshing: std::sync::Arc::new(tokio::sync::Mutex::new(())),
+            }),
         })
     }
 
     /// The token endpoint's URL (checked against the SSRF guard at load).
     pub fn endpoint(&self) -> &reqwest::Url {
-        &self.url
-    }
-
-    fn fresh(&self) -> Option<HeaderValue> {
-        let now = Instant::now();
-        self.current
-            .read()
-            .as_ref()
-            .filter(|t| now < t.refresh_at)
-            .map(|t| t.header.clone())
+        &self.inner.url
     }
 
     /// The `Authorization` value to send now.
     pub async fn bearer(&self, http: &reqwest::Client) -> Result<HeaderValue, UpstreamError> {
-        if let Some(h) = self.fresh() {
+        let inner = &self.inner;
+        let now = Instant::now();
+        let current = inner.current.read().clone();
+        if let Some(t) = current {
+            if now < t.refresh_at {
+                return Ok(t.header);
+            }
+            if now < t.expires_at {
+                // Still valid: replaced in the background, this request not held by it.
+                if let Ok(one) = inner.refreshing.clone().try_lock_owned() {
+                    let (inner, http) = (inner.clone(), http.clone());
+                    tokio::spawn(async move {
+                        let _one = one;
+                        if inner.fresh().is_some() {
+                            return;
+                        }
+                        match tokio::time::timeout(REFRESH_BOUND, inner.fetch(&http)).await {
+                            Ok(Ok(t)) => *inner.current.write() = Some(t),
+                            Ok(Err(e)) => tracing::warn!(error = %e, "Entra ID token refresh failed; the current token is still valid"),
+                            Err(_) => tracing::warn!("Entra ID token refresh got no answer; the current token is still valid"),
+                        }
+                    });
+                }
+                return Ok(t.header);
+            }
+        }
+        let _one = inner.refreshing.lock().await;
+        // Another request may have fetched one while this one waited.
+        if let Some(h) = inner.fresh() {
             return Ok(h);
         }
-        let _one = self.refreshing.lock().await;
-        // Another request may have refreshed it while this one waited.
-        if let Some(h) = self.fresh() {
-            return Ok(h);
-        }
-        match self.fetch(http).await {
+        match inner.fetch(http).await {
             Ok(t) => {
                 let h = t.header.clone();
-                *self.current.write() = Some(t);
+                *inner.current.write() = Some(t);
                 Ok(h)
             }
             Err(e) => {
                 let now = Instant::now();
-                let old = self.current.read().clone().filter(|t| now < t.expires_at);
+                let old = inner.current.read().clone().filter(|t| now < t.expires_at);
                 match old {
                     Some(t) => {
                         tracing::warn!(error = %e, "Entra ID token refresh failed; the current token is still valid");
@@ -157,6 +187,17 @@ impl EntraToken {
                 }
             }
         }
+    }
+}
+
+impl Inner {
+    fn fresh(&self) -> Option<HeaderValue> {
+        let now = Instant::now();
+        self.current
+            .read()
+            .as_ref()
+            .filter(|t| now < t.refresh_at)
+            .map(|t| t.header.clone())
     }
 
     async fn fetch(&self, http: &reqwest::Client) -> Result<Token, UpstreamError> {
@@ -198,13 +239,16 @@ impl EntraToken {
             .get("access_token")
             .and_then(serde_json::Value::as_str)
             .ok_or_else(|| unreachable("no access_token"))?;
-        // Entra's v2 endpoint sends a number; v1 sent a string.
+        // Entra's v2 endpoint sends a number; v1 sent a string; other token services a
+        // fraction. A negative one is the shortest life; only an absent or unreadable one
+        // is taken for Entra's hour (a token Azure refuses earlier is replaced on its 401).
         let lifetime = v
             .get("expires_in")
-            .and_then(|e| e.as_u64().or_else(|| e.as_str()?.trim().parse().ok()))
-            .unwrap_or(3600)
-            .clamp(1, 24 * 3600);
-        let lifetime = Duration::from_secs(lifetime);
+            .and_then(|e| e.as_f64().or_else(|| e.as_str()?.trim().parse().ok()))
+            .filter(|s: &f64| s.is_finite())
+            .unwrap_or(3600.0)
+            .clamp(1.0, 24.0 * 3600.0);
+        let lifetime = Duration::from_secs_f64(lifetime);
         let early = (lifetime / 5).min(Duration::from_secs(300));
         let mut header = HeaderValue::from_str(&format!("Bearer {token}"))
             .map_err(|_| unreachable("access_token is not a header value"))?;
@@ -239,6 +283,16 @@ impl Authorize for EntraToken {
             req.headers_mut().insert(AUTHORIZATION, bearer);
             Ok(req)
         })
+    }
+
+    fn refused(&self, sent: &reqwest::header::HeaderMap) {
+        let mut current = self.inner.current.write();
+        if current
+            .as_ref()
+            .is_some_and(|t| sent.get(AUTHORIZATION) == Some(&t.header))
+        {
+            *current = None;
+        }
     }
 }
 

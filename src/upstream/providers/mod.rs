@@ -98,20 +98,28 @@ pub fn credential(u: &UpstreamSettings) -> Credential {
 
 /// The body to send for a Responses API request: the native body to a provider that
 /// speaks the Responses API (`formats::responses::native`), else the request through the
-/// internal form in the upstream's format.
+/// internal form in the upstream's format — without `stream_options` for a server that
+/// refuses them (`include_usage`, as `build_request_with`).
 pub fn build_responses_request(
     upstream: Provider,
     body: &Map<String, Value>,
     upstream_model: &str,
     cap: Option<(&'static str, i64)>,
-    stream: bool,
+    (stream, include_usage): (bool, bool),
 ) -> Result<Vec<u8>, TranslateError> {
     let to = if formats::responses::native(upstream) {
         Format::Responses
     } else {
         format_of(upstream)
     };
-    build_request(Format::Responses, to, body, upstream_model, cap, stream)
+    build_request_with(
+        Format::Responses,
+        to,
+        body,
+        upstream_model,
+        cap,
+        (stream, include_usage),
+    )
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@
 pub mod shape;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::quota::estimate;
 use crate::quota::pricing::Usage;
@@ -90,6 +90,9 @@ pub struct StreamConverter {
     /// A Responses client of an upstream that speaks the Responses API
     /// (`formats::responses::stream`): set by `responses`.
     responses: Option<Box<responses::Native>>,
+    /// The first OpenAI chunk's `id`, `created` and `model`, for a usage chunk the gateway
+    /// writes itself (`openai_to_openai`).
+    first_chunk: Option<Value>,
 }
 
 /// How a Responses client's stream is written.
@@ -167,6 +170,7 @@ impl StreamConverter {
                 Format::Anthropic => Writer::Anthropic(anthropic::EventWriter::default()),
             },
             responses: None,
+            first_chunk: None,
         }
     }
 
@@ -374,8 +378,29 @@ impl StreamConverter {
     fn openai_to_openai(&mut self, data: &str, out: &mut Vec<Bytes>) -> Result<(), Corrupt> {
         if data == "[DONE]" {
             self.done = true;
+            // The client asked for the usage chunk and the server sent none (it refuses
+            // `stream_options`: `quirks.include_usage = false`): it is told what it is
+            // charged, the counted figures, as an Anthropic client is.
+            if self.include_usage && self.output.is_none() {
+                let u = self.usage();
+                let first = self.first_chunk.take().unwrap_or(Value::Null);
+                out.push(frame(
+                    None,
+                    &json!({"id": first["id"], "object": "chat.completion.chunk",
+                        "created": first["created"], "model": first["model"], "choices": [],
+                        "usage": {"prompt_tokens": u.input, "completion_tokens": u.output,
+                            "total_tokens": u.input.saturating_add(u.output),
+                            "prompt_tokens_details": {"cached_tokens": u.cached_input}}})
+                    .to_string(),
+                ));
+            }
             out.push(frame(None, data));
             return Ok(());
+        }
+        if self.include_usage && self.first_chunk.is_none() {
+            self.first_chunk = serde_json::from_str::<Value>(data)
+                .ok()
+                .map(|v| json!({"id": v["id"], "created": v["created"], "model": v["model"]}));
         }
         let c = match read_event(data)? {
             OpenAiEvent::Chunk(c) => c,
