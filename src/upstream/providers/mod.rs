@@ -4,6 +4,7 @@
 
 pub mod anthropic;
 pub mod canonical;
+pub mod formats;
 pub mod openai;
 pub mod translate;
 

@@ -11,7 +11,7 @@
 //! read once into the typed fields of `shape`: one that is not JSON, or not in its format's
 //! shape, ends the stream with the gateway's error event (`upstream_error`).
 
-mod shape;
+pub mod shape;
 mod to_anthropic;
 mod to_openai;
 
