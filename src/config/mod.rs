@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize, Serializer};
 
+use crate::upstream::providers::gemini;
 use crate::upstream::url_guard::{self, UrlGuardError};
 
 mod ladder;
@@ -122,6 +123,32 @@ fn price_micros(field: &str, model: &str, usd: f64) -> Result<i64, ConfigError> 
 }
 
 impl Settings {
+    /// What one upstream's provider requires of it (a `gemini` upstream: its credential,
+    /// Vertex settings, service-account file and token endpoint, and its models' names).
+    fn check_provider(&self, u: &UpstreamSettings) -> Result<(), ConfigError> {
+        let fail = |why: String| ConfigError::Invalid(format!("upstream `{}`: {why}", u.id));
+        if u.provider != Provider::Gemini {
+            if u.vertex.is_some() {
+                return Err(fail("`vertex` is for `provider = \"gemini\"` only".into()));
+            }
+            if u.base_url.is_empty() {
+                return Err(fail("`base_url` is required".into()));
+            }
+            return Ok(());
+        }
+        let models: Vec<&str> = (self.models.iter().flat_map(|m| &m.routes))
+            .filter(|r| r.upstream == u.id)
+            .map(|r| r.model.as_str())
+            .collect();
+        gemini::check(u, &models).map_err(fail)?;
+        if let Some(v) = &u.vertex {
+            let account = gemini::token::ServiceAccount::load(&v.credentials_file).map_err(fail)?;
+            url_guard::check_base_url(&account.token_uri, u.allow_private_network)
+                .map_err(|e| fail(format!("the service account's token_uri: {e}")))?;
+        }
+        Ok(())
+    }
+
     /// Checks every cross-reference, every price and every upstream URL.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |m: String| Err(ConfigError::Invalid(m));
@@ -228,7 +255,8 @@ impl Settings {
             if u.id.is_empty() || !ids.insert(u.id.as_str()) {
                 return invalid(format!("upstream id `{}` is empty or repeated", u.id));
             }
-            url_guard::check_base_url(&u.base_url, u.allow_private_network)
+            self.check_provider(u)?;
+            url_guard::check_base_url(&u.effective_base_url(), u.allow_private_network)
                 .map_err(|e| ConfigError::UpstreamUrl(u.id.clone(), e))?;
         }
         let mut names = HashSet::new();

@@ -156,6 +156,8 @@ pub struct RedisSettings {
 pub enum Provider {
     Openai,
     Anthropic,
+    /// Google's `generateContent`: the Gemini API (`api_key`) or Vertex AI (`vertex`).
+    Gemini,
 }
 
 impl Provider {
@@ -163,6 +165,7 @@ impl Provider {
         match self {
             Provider::Openai => "openai",
             Provider::Anthropic => "anthropic",
+            Provider::Gemini => "gemini",
         }
     }
 }
@@ -172,8 +175,17 @@ impl Provider {
 pub struct UpstreamSettings {
     pub id: String,
     pub provider: Provider,
+    /// Required, except for `gemini`, whose default is Google's (see
+    /// `upstream::providers::gemini::default_base_url`).
+    #[serde(default)]
     pub base_url: String,
+    /// Required, except for a `gemini` upstream on Vertex AI (`vertex`), which signs in
+    /// with a service account instead.
+    #[serde(default)]
     pub api_key: Secret,
+    /// `gemini` on Vertex AI: `vertex = { project, location, credentials_file }`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vertex: Option<VertexSettings>,
     #[serde(default)]
     pub rpm_limit: u64,
     #[serde(default)]
@@ -184,6 +196,29 @@ pub struct UpstreamSettings {
     pub max_queue: u32,
     #[serde(default)]
     pub allow_private_network: bool,
+}
+
+impl UpstreamSettings {
+    /// `base_url`, or the provider's default when it has one and none is given.
+    pub fn effective_base_url(&self) -> String {
+        match (self.provider, self.base_url.is_empty()) {
+            (Provider::Gemini, true) => {
+                crate::upstream::providers::gemini::default_base_url(self.vertex.as_ref())
+            }
+            _ => self.base_url.clone(),
+        }
+    }
+}
+
+/// A Vertex AI project and region, and the service-account JSON key file to sign in with
+/// (its private key stays in that file and in memory; only the path is shown).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct VertexSettings {
+    pub project: String,
+    /// A region (`us-central1`, `europe-west4`…) or `global`.
+    pub location: String,
+    pub credentials_file: std::path::PathBuf,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -1,5 +1,6 @@
 //! `sluice mock`: a scriptable fake upstream speaking OpenAI (`/v1/chat/completions`,
-//! `/v1/completions`, `/v1/embeddings`, `/v1/models`) and Anthropic (`/v1/messages`).
+//! `/v1/completions`, `/v1/embeddings`, `/v1/models`), Anthropic (`/v1/messages`) and
+//! Google's Gemini API and Vertex AI with its token endpoint (`gemini.rs`).
 //! Tests script, per upstream API key, the next answers (status, body, headers, delays,
 //! stream cuts) and read what it saw: per-key request counts, the highest concurrency, and
 //! the last request bodies, headers and arrival times. A script may also carry seeded,
@@ -7,6 +8,7 @@
 //! tests and as a process by the demo and the benchmark (control API under `/_mock/`).
 
 mod faults;
+mod gemini;
 mod responses;
 
 use std::collections::{HashMap, VecDeque};
@@ -63,6 +65,7 @@ struct Inner {
     sticky: HashMap<String, Script>,
     keys: HashMap<String, KeyStats>,
     dice: faults::FaultDice,
+    gemini: gemini::GeminiState,
 }
 
 pub struct MockState {
@@ -188,6 +191,7 @@ impl MockServer {
                 .route("/_mock/stats", web::get().to(control_stats))
                 .route("/_mock/reset", web::post().to(control_reset))
                 .route("/_mock/webhook", web::post().to(webhook))
+                .configure(gemini::configure)
         })
         .workers(workers)
         // No 408 of its own: actix times a new connection's request head from its cached

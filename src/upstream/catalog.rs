@@ -7,10 +7,12 @@ use std::sync::Arc;
 
 use reqwest::header::{HeaderName, HeaderValue, AUTHORIZATION};
 
-use crate::config::{OutputCapParam, Provider, Secret, Settings, UpstreamSettings};
+use crate::clock::SystemClock;
+use crate::config::{OutputCapParam, Provider, Secret, Settings, UpstreamSettings, VertexSettings};
 use crate::pipeline::request::Endpoint;
 use crate::quota::pricing::Prices;
 use crate::upstream::providers;
+use crate::upstream::providers::gemini::{self, token::TokenSource};
 
 #[derive(Debug)]
 pub struct Deployment {
@@ -27,11 +29,14 @@ pub struct Deployment {
     /// marked sensitive so that no debug print shows it; `None` if the key is not a valid
     /// header value (every call then fails as a request error).
     credential: Option<(HeaderName, HeaderValue)>,
+    /// A `gemini` upstream on Vertex AI: the project and region, and the service account's
+    /// tokens (the credential then comes from here, per attempt).
+    pub vertex: Option<(VertexSettings, Arc<TokenSource>)>,
 }
 
 impl Deployment {
     fn new(u: &UpstreamSettings) -> Deployment {
-        let base_url = u.base_url.trim_end_matches('/').to_string();
+        let base_url = u.effective_base_url().trim_end_matches('/').to_string();
         let urls = Endpoint::ALL
             .iter()
             .filter_map(|e| providers::path(*e, u.provider))
@@ -47,6 +52,10 @@ impl Deployment {
                 HeaderName::from_static("x-api-key"),
                 HeaderValue::from_str(key),
             ),
+            Provider::Gemini => (
+                HeaderName::from_static("x-goog-api-key"),
+                HeaderValue::from_str(key),
+            ),
         };
         let credential = match credential {
             (name, Ok(mut value)) => {
@@ -55,6 +64,14 @@ impl Deployment {
             }
             (_, Err(_)) => None,
         };
+        // Checked at load; a file gone since makes every attempt fail as a 401 naming it.
+        let vertex = u.vertex.as_ref().map(|v| {
+            let account = gemini::token::ServiceAccount::load(&v.credentials_file);
+            (
+                v.clone(),
+                Arc::new(TokenSource::new(account, Arc::new(SystemClock))),
+            )
+        });
         Deployment {
             id: u.id.clone(),
             provider: u.provider,
@@ -63,6 +80,7 @@ impl Deployment {
             allow_private: u.allow_private_network,
             urls,
             credential,
+            vertex,
         }
     }
 
@@ -141,7 +159,7 @@ impl Catalog {
                             deployment: d,
                             upstream_model: r.model.clone(),
                             cap_param: match deployments[d].provider {
-                                Provider::Anthropic => OutputCapParam::MaxTokens,
+                                Provider::Anthropic | Provider::Gemini => OutputCapParam::MaxTokens,
                                 Provider::Openai => r
                                     .output_cap_param
                                     .unwrap_or_else(|| OutputCapParam::for_model(&r.model)),

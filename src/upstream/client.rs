@@ -9,9 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use reqwest::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use reqwest::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 
 use super::catalog::Deployment;
+use super::providers::formats::gemini as gemini_format;
 use super::url_guard::{GuardedResolver, SystemResolver};
 use super::UpstreamError;
 use crate::config::{Provider, UpstreamTimeouts};
@@ -81,16 +82,29 @@ impl UpstreamClient {
         } else {
             &self.public
         };
-        let (Some(url), Some((name, value))) = (dep.url(path), dep.credential()) else {
-            return Err(UpstreamError::Connect("request".into()));
+        let url = match dep.url(path) {
+            Some(url) => url.clone(),
+            // Gemini's paths carry the model (`providers::gemini::path`): built per call.
+            None if dep.provider == Provider::Gemini => {
+                reqwest::Url::parse(&format!("{}{path}", dep.base_url))
+                    .map_err(|_| UpstreamError::Connect("request".into()))?
+            }
+            None => return Err(UpstreamError::Connect("request".into())),
+        };
+        let credential = match &dep.vertex {
+            Some((_, tokens)) => (AUTHORIZATION, tokens.bearer(client).await?),
+            None => dep
+                .credential()
+                .cloned()
+                .ok_or_else(|| UpstreamError::Connect("request".into()))?,
         };
         let req = client
-            .post(url.clone())
+            .post(url)
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
-            .header(name, value.clone())
+            .header(credential.0, credential.1)
             .body(body);
         let req = match dep.provider {
-            Provider::Openai => req,
+            Provider::Openai | Provider::Gemini => req,
             Provider::Anthropic => {
                 let req = req.header("anthropic-version", ANTHROPIC_VERSION);
                 match anthropic_beta {
@@ -130,6 +144,13 @@ impl UpstreamClient {
             .map(Duration::from_secs_f64);
         // Error bodies are small; 64 KiB is plenty to classify them.
         let body = self.read_body(resp, 64 * 1024).await.unwrap_or_default();
+        // Google sends the wait in the body (`RetryInfo.retryDelay`), not in a header.
+        let retry_after = match (retry_after, dep.provider) {
+            (None, Provider::Gemini) => serde_json::from_slice(&body)
+                .ok()
+                .and_then(|v| gemini_format::retry_delay(&v)),
+            (r, _) => r,
+        };
         Err(UpstreamError::Status {
             status,
             body,

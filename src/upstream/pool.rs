@@ -258,6 +258,7 @@ mod tests {
             max_concurrent: 0,
             max_queue: 0,
             allow_private_network: false,
+            vertex: None,
         });
         let pool = Pool::new(&s);
         let mut h = HeaderMap::new();

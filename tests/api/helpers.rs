@@ -42,6 +42,7 @@ pub fn upstream(id: &str, key: &str, mock: &MockServer) -> UpstreamSettings {
         max_concurrent: 0,
         max_queue: 0,
         allow_private_network: true,
+        vertex: None,
     }
 }
 

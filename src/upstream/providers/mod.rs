@@ -5,6 +5,7 @@
 pub mod anthropic;
 pub mod canonical;
 pub mod formats;
+pub mod gemini;
 pub mod openai;
 pub mod translate;
 
@@ -37,6 +38,9 @@ pub fn format_of(p: Provider) -> WireFormat {
     match p {
         Provider::Openai => WireFormat::OpenAi,
         Provider::Anthropic => WireFormat::Anthropic,
+        // Not reached until the canonical dispatch serves Gemini: `path` gives it no
+        // endpoint yet, so no request is routed to it.
+        Provider::Gemini => WireFormat::OpenAi,
     }
 }
 
@@ -48,6 +52,9 @@ pub fn path(endpoint: Endpoint, p: Provider) -> Option<&'static str> {
         (Endpoint::Embeddings, Provider::Openai) => Some("/embeddings"),
         (Endpoint::Chat | Endpoint::Messages, Provider::Anthropic) => Some("/v1/messages"),
         (Endpoint::Completions | Endpoint::Embeddings, Provider::Anthropic) => None,
+        // The model is in a Gemini URL (`gemini::path`), built per request once the
+        // canonical dispatch translates to Gemini; until then no route goes to it.
+        (_, Provider::Gemini) => None,
     }
 }
 
@@ -76,6 +83,12 @@ pub fn build_request(
         (WireFormat::Anthropic, Provider::Openai) => {
             let cap = cap.unwrap_or(("max_tokens", cap_value));
             request::anthropic_to_openai(body, upstream_model, cap, stream)?
+        }
+        (_, Provider::Gemini) => {
+            return Err(TranslateError {
+                param: None,
+                message: "Gemini upstreams are not served yet.".into(),
+            })
         }
     };
     Ok(serde_json::to_vec(&Value::Object(out)).unwrap_or_default())
