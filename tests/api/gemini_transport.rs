@@ -302,6 +302,44 @@ async fn fifty_concurrent_requests_share_one_token_exchange() {
     );
 }
 
+/// A token endpoint that fails while many wait: they share the one failure, not queue up
+/// one exchange each behind it.
+#[tokio::test]
+async fn requests_waiting_on_a_failing_exchange_share_its_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let sa = service_account(dir.path(), &mock, None);
+    mock.state.sticky(
+        "token",
+        Some(Script {
+            status: Some(500),
+            delay_ms: 300,
+            ..Script::default()
+        }),
+    );
+    let source = Arc::new(token::TokenSource::new(
+        token::ServiceAccount::load(&sa),
+        Arc::new(sluice::clock::SystemClock),
+    ));
+    let http = reqwest::Client::new();
+    let calls = (0..20).map(|_| {
+        let (source, http) = (source.clone(), http.clone());
+        tokio::spawn(async move { source.bearer(&http).await })
+    });
+    for r in futures_util::future::join_all(calls).await {
+        let err = r.unwrap().unwrap_err();
+        assert!(
+            matches!(err, UpstreamError::Status { status: 503, .. }),
+            "{err:?}"
+        );
+    }
+    assert_eq!(mock.state.stats("token").count, 1);
+    // A request after the failure tries again.
+    mock.state.sticky("token", None);
+    assert!(source.bearer(&http).await.is_ok());
+    assert_eq!(mock.state.stats("token").count, 2);
+}
+
 #[tokio::test]
 async fn a_token_is_refreshed_five_minutes_before_it_expires_and_after_it_expired() {
     let dir = tempfile::tempdir().unwrap();

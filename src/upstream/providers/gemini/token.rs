@@ -5,7 +5,8 @@
 //!
 //! One refresh at a time: a request that finds the token stale takes the refresh lock; the
 //! others that arrive meanwhile wait on the lock and then find the fresh token, so fifty
-//! concurrent requests cost one exchange, not fifty. A failed exchange fails the attempt
+//! concurrent requests cost one exchange, not fifty — and when it failed, they share the
+//! failure rather than each trying again in turn. A failed exchange fails the attempt
 //! as the upstream's: the token endpoint refusing the account (4xx: a revoked or deleted
 //! key) as a 401 (the key is disabled, an alert goes out), the endpoint unreachable or
 //! failing (5xx, 429, timeout) as a 503 (the key cools down, another serves).
@@ -13,6 +14,7 @@
 //! Neither the private key nor a token is ever logged: the key lives in `EncodingKey`
 //! (no `Debug` of its bytes), the token in a `HeaderValue` marked sensitive.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -133,7 +135,19 @@ pub struct TokenSource {
     account: Result<ServiceAccount, String>,
     clock: Arc<dyn Clock>,
     current: parking_lot::RwLock<Option<Token>>,
-    refresh: tokio::sync::Mutex<()>,
+    /// Held by the one refresh in flight; holds the last exchange's failure.
+    refresh: tokio::sync::Mutex<LastExchange>,
+    /// How many exchanges have finished (`LastExchange::seq`, readable without the lock).
+    exchanges: std::sync::atomic::AtomicU64,
+}
+
+/// The last exchange: its number, and its failure if it failed. A caller that waited for
+/// the lock while an exchange ran shares its outcome: a failing token endpoint is asked
+/// once by all who were waiting, not once each, one after another.
+#[derive(Default)]
+struct LastExchange {
+    seq: u64,
+    failure: Option<(u16, Bytes)>,
 }
 
 impl std::fmt::Debug for TokenSource {
@@ -158,7 +172,8 @@ impl TokenSource {
             account,
             clock,
             current: parking_lot::RwLock::new(None),
-            refresh: tokio::sync::Mutex::new(()),
+            refresh: tokio::sync::Mutex::new(LastExchange::default()),
+            exchanges: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -168,11 +183,28 @@ impl TokenSource {
         if let Some(h) = self.fresh() {
             return Ok(h);
         }
-        let _one = self.refresh.lock().await;
+        let seen = self.exchanges.load(Ordering::Acquire);
+        let mut last = self.refresh.lock().await;
         if let Some(h) = self.fresh() {
             return Ok(h);
         }
-        let token = self.exchange(http).await?;
+        if last.seq != seen {
+            if let Some((status, body)) = &last.failure {
+                return Err(UpstreamError::Status {
+                    status: *status,
+                    body: body.clone(),
+                    retry_after: None,
+                });
+            }
+        }
+        let result = self.exchange(http).await;
+        last.seq += 1;
+        self.exchanges.store(last.seq, Ordering::Release);
+        last.failure = match &result {
+            Err(UpstreamError::Status { status, body, .. }) => Some((*status, body.clone())),
+            _ => None,
+        };
+        let token = result?;
         let header = token.header.clone();
         *self.current.write() = Some(token);
         Ok(header)
