@@ -22,6 +22,7 @@ mod event_shape;
 mod files;
 mod fuzz;
 mod gateway_fleet;
+mod gemini_fuzz;
 mod gemini_transport;
 mod local_resources;
 mod lockout;
