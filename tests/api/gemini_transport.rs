@@ -636,3 +636,68 @@ fn googles_default_base_urls() {
         "/v1/projects/p/locations/global/publishers/google/models/gemini-2.5-pro:streamGenerateContent?alt=sse"
     );
 }
+
+/// The mock's scripted faults reach Gemini streams as they reach the other formats: a cut
+/// leaves the reader without its end, a malformed event is corrupt, a seeded 503 is
+/// Google's UNAVAILABLE.
+#[tokio::test]
+async fn the_mocks_faults_apply_to_gemini_streams() {
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let s = settings(gemini_upstream(&mock, None));
+    mock.state.script(
+        API_KEY,
+        [Script {
+            cut_after: Some(2),
+            ..Script::default()
+        }],
+    );
+    let resp = call(&s, true).await.unwrap();
+    let mut got = Vec::new();
+    let mut body = resp.bytes_stream();
+    while let Some(Ok(chunk)) = body.next().await {
+        got.extend_from_slice(&chunk);
+    }
+    let text = String::from_utf8(got).unwrap();
+    assert_eq!(text.matches("data: ").count(), 2, "{text}");
+    assert!(!text.contains("finishReason"), "{text}");
+
+    mock.state.script(
+        API_KEY,
+        [Script {
+            corrupt_after: Some(1),
+            ..Script::default()
+        }],
+    );
+    let resp = call(&s, true).await.unwrap();
+    let text = String::from_utf8(resp.bytes().await.unwrap().to_vec()).unwrap();
+    let mut reader = format::EventReader::new();
+    let results: Vec<_> = text
+        .split("\n\n")
+        .filter_map(|b| b.strip_prefix("data: "))
+        .map(|d| reader.read("", d, &mut Vec::new()))
+        .collect();
+    assert!(results.iter().any(Result::is_err), "{text}");
+
+    let faults = sluice::mock::Faults {
+        seed: 7,
+        unavailable: 1.0,
+        ..Default::default()
+    };
+    mock.state.script(
+        API_KEY,
+        [Script {
+            faults: Some(faults),
+            ..Script::default()
+        }],
+    );
+    let err = call(&s, true).await.unwrap_err();
+    let UpstreamError::Status { status, body, .. } = &err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(*status, 503);
+    assert_eq!(
+        format::read_error(503, &serde_json::from_slice(body).unwrap()).kind,
+        canonical::ErrorKind::Overloaded
+    );
+    assert_eq!(classify(&err), Tier::Overloaded);
+}
