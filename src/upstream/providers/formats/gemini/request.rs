@@ -111,6 +111,10 @@ fn contents(r: &Request) -> Result<Vec<Value>, TranslateError> {
             Role::User | Role::Tool => "user",
         };
         let parts = message_parts(r, m, &mut names)?;
+        if parts.is_empty() {
+            // Nothing to say (an empty assistant turn): Google refuses a turn without parts.
+            continue;
+        }
         match out.last_mut() {
             Some((last, ps)) if *last == role => ps.extend(parts),
             _ => out.push((role, parts)),
@@ -156,6 +160,12 @@ fn message_parts<'a>(
                 }
                 parts.push(v);
                 continue;
+            }
+            // Google refuses an empty text part; one carrying a signature stays.
+            Part::Text { text, .. } | Part::Refusal { text }
+                if text.is_empty() && pending.is_none() =>
+            {
+                continue
             }
             Part::Text { text, .. } | Part::Refusal { text } => json!({ "text": text }),
             Part::Image { source, detail, .. } => {

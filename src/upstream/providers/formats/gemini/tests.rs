@@ -600,3 +600,26 @@ fn googles_errors_map_to_the_kinds_the_retry_tiers_use() {
     }
     assert_eq!(read_error(502, &json!("<html>")).kind, ErrorKind::Server);
 }
+
+/// Google refuses an empty text part ("empty text parameter") and a turn without parts;
+/// OpenAI clients send an assistant turn with empty content when it only called tools.
+#[test]
+fn empty_text_and_empty_turns_are_not_sent() {
+    let r = Request {
+        messages: vec![
+            user(vec![text("hi"), text("")]),
+            Message {
+                role: Role::Assistant,
+                content: vec![text("")],
+                name: None,
+            },
+            user(vec![text("again")]),
+        ],
+        ..Request::default()
+    };
+    let body = write_request(&r, "m", None, false).unwrap();
+    assert_eq!(
+        body["contents"],
+        json!([{"role": "user", "parts": [{"text": "hi"}, {"text": "again"}]}])
+    );
+}
