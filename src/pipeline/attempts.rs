@@ -270,7 +270,7 @@ async fn try_candidate(
             return Step::Next;
         }
     }
-    let path = providers::path(p.endpoint, dep.provider).unwrap_or_default();
+    let path = providers::call_path(p.endpoint, dep, &c.route.upstream_model, p.stream);
     let body = match providers::build_request(
         p.endpoint.format(),
         dep.provider,
@@ -305,7 +305,7 @@ async fn try_candidate(
     let err = match attempt(
         state,
         c,
-        path,
+        &path,
         body,
         (p.stream, p.anthropic_beta.as_ref()),
         (started, deadline),
@@ -567,7 +567,7 @@ fn final_error(state: &AppState, p: &Prepared, run: &mut Run) -> ApiError {
 
 /// An upstream client error (400/404/413/422) goes back to the client as it is, in the
 /// client's format.
-fn passthrough(err: UpstreamError, upstream: WireFormat, client: WireFormat) -> Failure {
+fn passthrough(err: UpstreamError, upstream: providers::Format, client: WireFormat) -> Failure {
     match err {
         UpstreamError::Status { status, body, .. } => {
             let body = providers::convert_error(upstream, client, status, body);

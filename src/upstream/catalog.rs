@@ -39,6 +39,7 @@ impl Deployment {
         let base_url = u.effective_base_url().trim_end_matches('/').to_string();
         let urls = Endpoint::ALL
             .iter()
+            .filter(|_| u.provider != Provider::Gemini) // per call: `providers::call_path`
             .filter_map(|e| providers::path(*e, u.provider))
             .filter_map(|p| Some((p, reqwest::Url::parse(&format!("{base_url}{p}")).ok()?)))
             .collect();

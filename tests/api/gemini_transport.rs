@@ -89,6 +89,7 @@ fn request() -> canonical::Request {
                 cache: None,
             }],
             name: None,
+            plain: false,
         }],
         reasoning: Some(canonical::Reasoning {
             effort: None,

@@ -23,6 +23,7 @@ mod files;
 mod fuzz;
 mod gateway_fleet;
 mod gemini_fuzz;
+mod gemini_gateway;
 mod gemini_transport;
 mod local_resources;
 mod lockout;

@@ -5,7 +5,7 @@ use sha2::{Digest, Sha256};
 
 use crate::upstream::providers::canonical::{Answer, Finish, Part, Usage};
 use crate::upstream::providers::tokens;
-use crate::upstream::providers::translate::stream::shape::Corrupt;
+use crate::upstream::providers::translate::stream::Corrupt;
 
 /// A whole answer. The first candidate is the answer (the gateway never asks for more);
 /// a prompt blocked by a safety filter (`promptFeedback.blockReason`, no candidate) is an
@@ -162,4 +162,21 @@ pub(super) fn finish_of(reason: Option<&Value>, called: bool) -> Finish {
 
 pub(super) fn text(v: Option<&Value>) -> Option<String> {
     v.and_then(Value::as_str).map(str::to_string)
+}
+
+/// The text of an answer without usage, to count: every text part of the first candidate.
+pub fn answer_text(v: &Value) -> String {
+    let parts = v
+        .pointer("/candidates/0/content/parts")
+        .and_then(Value::as_array);
+    let mut text = String::new();
+    for p in parts.into_iter().flatten() {
+        if let Some(t) = p.get("text").and_then(Value::as_str) {
+            text.push_str(t);
+        }
+        if let Some(c) = p.get("functionCall") {
+            text.push_str(&c.to_string());
+        }
+    }
+    text
 }

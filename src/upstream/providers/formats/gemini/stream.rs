@@ -8,7 +8,7 @@ use serde_json::Value;
 use super::answer::{blocked, call_id, call_prefix, finish_of, parts_of, read_usage, text};
 use super::error::read_error;
 use crate::upstream::providers::canonical::{Event, Finish};
-use crate::upstream::providers::translate::stream::shape::Corrupt;
+use crate::upstream::providers::translate::stream::Corrupt;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Open {

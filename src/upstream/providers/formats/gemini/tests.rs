@@ -27,6 +27,7 @@ fn user(parts: Vec<Part>) -> Message {
         role: Role::User,
         content: parts,
         name: None,
+        plain: false,
     }
 }
 
@@ -76,6 +77,7 @@ fn roundtrip_request() -> Request {
                     },
                 ],
                 name: None,
+                plain: false,
             },
             Message {
                 role: Role::Tool,
@@ -84,8 +86,10 @@ fn roundtrip_request() -> Request {
                     content: vec![text("18C")],
                     is_error: false,
                     cache: None,
+                    plain: false,
                 }],
                 name: None,
+                plain: false,
             },
             Message {
                 role: Role::Tool,
@@ -94,8 +98,10 @@ fn roundtrip_request() -> Request {
                     content: vec![text("station offline")],
                     is_error: true,
                     cache: None,
+                    plain: false,
                 }],
                 name: None,
+                plain: false,
             },
         ],
         tools: vec![Tool {
@@ -147,8 +153,10 @@ fn a_tool_result_for_an_unknown_call_id_is_refused_naming_the_id() {
             content: vec![text("x")],
             is_error: false,
             cache: None,
+            plain: false,
         }],
         name: None,
+        plain: false,
     });
     let e = write_request(&r, "m", None, false).unwrap_err();
     assert_eq!(e.param, Some("tool_call_id"));
@@ -165,6 +173,7 @@ fn a_reused_call_id_names_the_nearest_call_before_its_result() {
             arguments: "{}".into(),
         }],
         name: None,
+        plain: false,
     };
     let result = || Message {
         role: Role::Tool,
@@ -173,8 +182,10 @@ fn a_reused_call_id_names_the_nearest_call_before_its_result() {
             content: vec![text("ok")],
             is_error: false,
             cache: None,
+            plain: false,
         }],
         name: None,
+        plain: false,
     };
     let r = Request {
         messages: vec![
@@ -225,6 +236,7 @@ fn what_gemini_cannot_express_is_refused_naming_the_clients_field() {
                     role: Role::User,
                     content: vec![text("hi")],
                     name: Some("bob".into()),
+                    plain: false,
                 }],
                 ..base()
             },
@@ -275,6 +287,7 @@ fn what_gemini_cannot_express_is_refused_naming_the_clients_field() {
                         redacted: Some("x".into()),
                     }],
                     name: None,
+                    plain: false,
                 }],
                 ..base()
             },
@@ -398,6 +411,7 @@ fn function_calls_get_ids_stable_for_the_answer_and_unique_across_answers() {
                 role: Role::Assistant,
                 content: a.content.clone(),
                 name: None,
+                plain: false,
             },
             Message {
                 role: Role::Tool,
@@ -406,8 +420,10 @@ fn function_calls_get_ids_stable_for_the_answer_and_unique_across_answers() {
                     content: vec![text("2C")],
                     is_error: false,
                     cache: None,
+                    plain: false,
                 }],
                 name: None,
+                plain: false,
             },
         ],
         ..Request::default()
@@ -534,11 +550,11 @@ fn a_stream_error_chunk_and_garbage_are_told_apart() {
     let mut r = EventReader::new();
     assert!(matches!(
         r.read("", "{\"candidates\": [", &mut out),
-        Err(crate::upstream::providers::translate::stream::shape::Corrupt::Json)
+        Err(crate::upstream::providers::translate::stream::Corrupt::Json)
     ));
     assert!(matches!(
         r.read("", "[1,2]", &mut out),
-        Err(crate::upstream::providers::translate::stream::shape::Corrupt::Shape)
+        Err(crate::upstream::providers::translate::stream::Corrupt::Shape)
     ));
     let err = fixture("error_vertex_unavailable.json")[0].clone();
     r.read("", &err.to_string(), &mut out).unwrap();
@@ -612,6 +628,7 @@ fn empty_text_and_empty_turns_are_not_sent() {
                 role: Role::Assistant,
                 content: vec![text("")],
                 name: None,
+                plain: false,
             },
             user(vec![text("again")]),
         ],
