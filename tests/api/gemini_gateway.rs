@@ -25,8 +25,11 @@ fn gemini(id: &str, key: &str, mock: &MockServer) -> sluice::config::UpstreamSet
 /// 0.075 cached in, 0.60 out per million.
 async fn app() -> TestApp {
     spawn_app_with(|s, mock| {
-        let sa_dir = std::env::temp_dir().join(format!("sluice-sa-{}", mock.port));
-        std::fs::create_dir_all(&sa_dir).unwrap();
+        // The app's own temp dir (the backup folder's parent), removed with the app.
+        let sa_dir = std::path::Path::new(&s.backup.dir)
+            .parent()
+            .unwrap()
+            .to_path_buf();
         let mut sa: Value = serde_json::from_str(
             &std::fs::read_to_string(format!("{FIXTURES}/test-service-account.json")).unwrap(),
         )
