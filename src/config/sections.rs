@@ -161,6 +161,8 @@ pub enum Provider {
     AzureOpenai,
     /// vLLM, Ollama, llama.cpp, DeepSeek, Groq, Mistral: OpenAI's format with `quirks`.
     OpenaiCompatible,
+    /// Google's `generateContent`: the Gemini API (`api_key`) or Vertex AI (`vertex`).
+    Gemini,
 }
 
 impl Provider {
@@ -170,6 +172,7 @@ impl Provider {
             Provider::Anthropic => "anthropic",
             Provider::AzureOpenai => "azure_openai",
             Provider::OpenaiCompatible => "openai_compatible",
+            Provider::Gemini => "gemini",
         }
     }
 }
@@ -179,10 +182,17 @@ impl Provider {
 pub struct UpstreamSettings {
     pub id: String,
     pub provider: Provider,
+    /// Required, except for `gemini`, whose default is Google's (see
+    /// `upstream::providers::gemini::default_base_url`).
+    #[serde(default)]
     pub base_url: String,
-    /// Absent for a keyless local server (`quirks.auth = "none"`) or Azure with `entra`.
+    /// Absent for a keyless local server (`quirks.auth = "none"`), Azure with `entra`, or
+    /// a `gemini` upstream on Vertex AI (`vertex`), which signs in with a service account.
     #[serde(default)]
     pub api_key: Secret,
+    /// `gemini` on Vertex AI: `vertex = { project, location, credentials_file }`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vertex: Option<VertexSettings>,
     #[serde(default)]
     pub rpm_limit: u64,
     #[serde(default)]
@@ -203,6 +213,29 @@ pub struct UpstreamSettings {
     /// OpenAI-format servers that differ from OpenAI (`openai_compatible` mostly).
     #[serde(default)]
     pub quirks: Quirks,
+}
+
+impl UpstreamSettings {
+    /// `base_url`, or the provider's default when it has one and none is given.
+    pub fn effective_base_url(&self) -> String {
+        match (self.provider, self.base_url.is_empty()) {
+            (Provider::Gemini, true) => {
+                crate::upstream::providers::gemini::default_base_url(self.vertex.as_ref())
+            }
+            _ => self.base_url.clone(),
+        }
+    }
+}
+
+/// A Vertex AI project and region, and the service-account JSON key file to sign in with
+/// (its private key stays in that file and in memory; only the path is shown).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct VertexSettings {
+    pub project: String,
+    /// A region (`us-central1`, `europe-west4`…) or `global`.
+    pub location: String,
+    pub credentials_file: std::path::PathBuf,
 }
 
 /// Entra ID (Azure AD) client credentials: a token from

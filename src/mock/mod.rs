@@ -1,7 +1,8 @@
 //! `sluice mock`: a scriptable fake upstream speaking OpenAI (`/v1/chat/completions`,
 //! `/v1/completions`, `/v1/embeddings`, `/v1/models`, the Responses API `/v1/responses`),
-//! Anthropic (`/v1/messages`) and Azure OpenAI (`/openai/…` and an Entra ID token endpoint:
-//! `azure.rs`); OpenAI-compatible servers' quirks are script switches
+//! Anthropic (`/v1/messages`), Azure OpenAI (`/openai/…` and an Entra ID token endpoint:
+//! `azure.rs`) and Google's Gemini API and Vertex AI with its token endpoint (`gemini.rs`);
+//! OpenAI-compatible servers' quirks are script switches
 //! (`reject_stream_options`, `omit_usage`, `error_style`).
 //! Tests script, per upstream API key, the next answers (status, body, headers, delays,
 //! stream cuts) and read what it saw: per-key request counts, the highest concurrency, and
@@ -11,6 +12,7 @@
 
 pub mod azure;
 mod faults;
+mod gemini;
 mod responses;
 mod responses_api;
 
@@ -68,6 +70,7 @@ struct Inner {
     sticky: HashMap<String, Script>,
     keys: HashMap<String, KeyStats>,
     dice: faults::FaultDice,
+    gemini: gemini::GeminiState,
 }
 
 pub struct MockState {
@@ -199,6 +202,7 @@ impl MockServer {
                 .route("/_mock/webhook", web::post().to(webhook))
                 .route("/_mock/entra", web::post().to(control_entra))
                 .configure(azure::configure)
+                .configure(gemini::configure)
         })
         .workers(workers)
         // No 408 of its own: actix times a new connection's request head from its cached

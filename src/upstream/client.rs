@@ -13,6 +13,7 @@ use reqwest::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 
 use super::catalog::Deployment;
 use super::credential::Credential;
+use super::providers::formats::gemini as gemini_format;
 use super::url_guard::{GuardedResolver, SystemResolver};
 use super::UpstreamError;
 use crate::config::{Provider, UpstreamTimeouts};
@@ -104,7 +105,10 @@ impl UpstreamClient {
                     None => req,
                 }
             }
-            Provider::Openai | Provider::AzureOpenai | Provider::OpenaiCompatible => req,
+            Provider::Openai
+            | Provider::AzureOpenai
+            | Provider::OpenaiCompatible
+            | Provider::Gemini => req,
         };
         let Ok(req) = req.build() else {
             return Err(UpstreamError::Connect("request".into()));
@@ -143,6 +147,13 @@ impl UpstreamClient {
         let retry_after = retry_after(resp.headers());
         // Error bodies are small; 64 KiB is plenty to classify them.
         let body = self.read_body(resp, 64 * 1024).await.unwrap_or_default();
+        // Google sends the wait in the body (`RetryInfo.retryDelay`), not in a header.
+        let retry_after = match (retry_after, dep.provider) {
+            (None, Provider::Gemini) => serde_json::from_slice(&body)
+                .ok()
+                .and_then(|v| gemini_format::retry_delay(&v)),
+            (r, _) => r,
+        };
         Err(UpstreamError::Status {
             status,
             body,

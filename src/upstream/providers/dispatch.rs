@@ -26,6 +26,10 @@ pub enum Format {
     OpenAiChat,
     /// Anthropic Messages.
     Anthropic,
+    /// Google's `generateContent` (Gemini API and Vertex AI): an upstream format only, no
+    /// client speaks it to the gateway; where a function needs a client format for it, it
+    /// takes OpenAI's.
+    Gemini,
 }
 
 impl Format {
@@ -34,13 +38,14 @@ impl Format {
         match self {
             Format::OpenAiChat => "an OpenAI-format model",
             Format::Anthropic => "an Anthropic model",
+            Format::Gemini => "a Gemini model",
         }
     }
 
     /// The error shape a client of this format reads.
     pub fn error_format(self) -> WireFormat {
         match self {
-            Format::OpenAiChat => WireFormat::OpenAi,
+            Format::OpenAiChat | Format::Gemini => WireFormat::OpenAi,
             Format::Anthropic => WireFormat::Anthropic,
         }
     }
@@ -66,6 +71,7 @@ pub fn format_of(p: Provider) -> Format {
     match p {
         Provider::Openai | Provider::AzureOpenai | Provider::OpenaiCompatible => Format::OpenAiChat,
         Provider::Anthropic => Format::Anthropic,
+        Provider::Gemini => Format::Gemini,
     }
 }
 
@@ -76,7 +82,7 @@ fn read_request(
     body: &Map<String, Value>,
 ) -> Result<Request, TranslateError> {
     let read = match client {
-        Format::OpenAiChat => formats::openai_chat::read_request(body),
+        Format::OpenAiChat | Format::Gemini => formats::openai_chat::read_request(body),
         Format::Anthropic => formats::anthropic::read_request(body),
     };
     read.map_err(|mut e| {
@@ -95,6 +101,7 @@ fn write_request(
     match upstream {
         Format::OpenAiChat => formats::openai_chat::write_request(r, upstream_model, cap, stream),
         Format::Anthropic => formats::anthropic::write_request(r, upstream_model, cap, stream),
+        Format::Gemini => formats::gemini::write_request(r, upstream_model, cap, stream),
     }
 }
 
@@ -123,10 +130,11 @@ pub fn build_request_with(
     (stream, include_usage): (bool, bool),
 ) -> Result<Vec<u8>, TranslateError> {
     let (client, upstream) = (client.into(), upstream.into());
-    let mut out = if client == upstream {
+    let mut out = if client == upstream && upstream != Format::Gemini {
         match upstream {
             Format::OpenAiChat => openai::shape_request(body, upstream_model, cap, stream),
             Format::Anthropic => anthropic::shape_request(body, upstream_model, cap),
+            Format::Gemini => unreachable_same_format(),
         }
     } else {
         let r = read_request(client, upstream, body)?;
@@ -142,13 +150,15 @@ pub fn build_request_with(
 /// The usage an answer reports, else the generated text to count.
 pub fn answer_usage(upstream: impl Into<Format>, v: &Value) -> Result<Usage, String> {
     let upstream = upstream.into();
-    let usage = v.get("usage").and_then(|u| match upstream {
-        Format::OpenAiChat => formats::openai_chat::read_usage(u),
-        Format::Anthropic => formats::anthropic::read_usage(u),
-    });
+    let usage = match upstream {
+        Format::OpenAiChat => v.get("usage").and_then(formats::openai_chat::read_usage),
+        Format::Anthropic => v.get("usage").and_then(formats::anthropic::read_usage),
+        Format::Gemini => v.get("usageMetadata").and_then(formats::gemini::read_usage),
+    };
     usage.map(Usage::from).ok_or_else(|| match upstream {
         Format::OpenAiChat => openai::answer_text(v),
         Format::Anthropic => anthropic::answer_text(v),
+        Format::Gemini => formats::gemini::answer_text(v),
     })
 }
 
@@ -156,12 +166,13 @@ fn read_answer(upstream: Format, v: &Value) -> Result<Answer, Corrupt> {
     match upstream {
         Format::OpenAiChat => formats::openai_chat::read_answer(v),
         Format::Anthropic => formats::anthropic::read_answer(v),
+        Format::Gemini => formats::gemini::read_answer(v),
     }
 }
 
 fn write_answer(client: Format, a: &Answer) -> Value {
     match client {
-        Format::OpenAiChat => formats::openai_chat::write_answer(a),
+        Format::OpenAiChat | Format::Gemini => formats::openai_chat::write_answer(a),
         Format::Anthropic => formats::anthropic::write_answer(a),
     }
 }
@@ -199,12 +210,13 @@ fn read_error(upstream: Format, status: u16, v: &Value) -> ErrorInfo {
     match upstream {
         Format::OpenAiChat => formats::openai_chat::read_error(status, v),
         Format::Anthropic => formats::anthropic::read_error(status, v),
+        Format::Gemini => formats::gemini::read_error(status, v),
     }
 }
 
 fn write_error(client: Format, e: &ErrorInfo) -> Value {
     match client {
-        Format::OpenAiChat => formats::openai_chat::write_error(e),
+        Format::OpenAiChat | Format::Gemini => formats::openai_chat::write_error(e),
         Format::Anthropic => formats::anthropic::write_error(e),
     }
 }
@@ -247,5 +259,13 @@ fn is_error_of(format: Format, v: &Value) -> bool {
     match format {
         Format::OpenAiChat => text("/error/message"),
         Format::Anthropic => v["type"] == "error" && text("/error/type") && text("/error/message"),
+        Format::Gemini => false,
     }
+}
+
+/// The same-format fast path never holds Gemini (no client speaks it; `build_request`
+/// sends it through the internal form): an empty body, which no upstream takes, rather
+/// than a panic.
+fn unreachable_same_format() -> Map<String, Value> {
+    Map::new()
 }

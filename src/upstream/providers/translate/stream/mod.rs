@@ -23,7 +23,7 @@ use crate::quota::pricing::Usage;
 use crate::upstream::providers::canonical::{self, Event};
 use crate::upstream::providers::formats::openai_chat::stream::{read_event, OpenAiEvent};
 use crate::upstream::providers::formats::responses::stream as responses;
-use crate::upstream::providers::formats::{anthropic, openai_chat};
+use crate::upstream::providers::formats::{anthropic, gemini, openai_chat};
 use crate::upstream::providers::Format;
 use shape::Body;
 pub use shape::Corrupt;
@@ -39,6 +39,7 @@ pub const HOLD_LIMIT: usize = 16 * 1024 * 1024;
 enum Reader {
     OpenAiChat(openai_chat::EventReader),
     Anthropic(anthropic::EventReader),
+    Gemini(gemini::EventReader),
 }
 
 /// The client format's writer (used across formats only).
@@ -112,7 +113,7 @@ pub fn frame(event: Option<&str>, data: &str) -> Bytes {
 /// An error event in `client`'s format, ending a stream that cannot complete.
 pub fn error_event(client: impl Into<Format>, message: &str, code: &str) -> Bytes {
     match client.into() {
-        Format::OpenAiChat => frame(
+        Format::OpenAiChat | Format::Gemini => frame(
             None,
             &json!({"error": {"message": message, "type": "server_error", "param": null, "code": code}}).to_string(),
         ),
@@ -147,9 +148,11 @@ impl StreamConverter {
             reader: match upstream {
                 Format::OpenAiChat => Reader::OpenAiChat(openai_chat::EventReader::default()),
                 Format::Anthropic => Reader::Anthropic(anthropic::EventReader),
+                Format::Gemini => Reader::Gemini(gemini::EventReader::new()),
             },
             writer: match client {
-                Format::OpenAiChat => {
+                // No client speaks Gemini (`Format::Gemini`).
+                Format::OpenAiChat | Format::Gemini => {
                     Writer::OpenAiChat(openai_chat::EventWriter::new(include_usage))
                 }
                 Format::Anthropic => Writer::Anthropic(anthropic::EventWriter::default()),
@@ -304,7 +307,7 @@ impl StreamConverter {
         let read = match (self.upstream, self.client) {
             (Format::OpenAiChat, Format::OpenAiChat) => self.openai_to_openai(data, out),
             (Format::Anthropic, Format::Anthropic) => self.anthropic_to_anthropic(name, data, out),
-            _ => self.across(data, out),
+            _ => self.across(name, data, out),
         };
         // An event the gateway cannot read — not JSON, or JSON not in its format's shape
         // (see `shape`) — is a piece of the answer or of its usage it cannot pass on or
@@ -441,14 +444,14 @@ impl StreamConverter {
     fn held_bytes(&self) -> usize {
         let reader = match &self.reader {
             Reader::OpenAiChat(r) => r.held_bytes(),
-            Reader::Anthropic(_) => 0,
+            Reader::Anthropic(_) | Reader::Gemini(_) => 0,
         };
         reader + self.writer.held_bytes()
     }
 
     /// An upstream event through the internal form: read (and accounted) by the upstream
     /// format's reader, written by the client format's writer.
-    fn across(&mut self, data: &str, out: &mut Vec<Bytes>) -> Result<(), Corrupt> {
+    fn across(&mut self, name: &str, data: &str, out: &mut Vec<Bytes>) -> Result<(), Corrupt> {
         let mut events = Vec::new();
         match &mut self.reader {
             Reader::OpenAiChat(r) => {
@@ -469,6 +472,12 @@ impl StreamConverter {
                 r.event(&e, &mut events);
                 self.note_anthropic_event(&e);
             }
+            Reader::Gemini(r) => {
+                r.read(name, data, &mut events)?;
+                for e in &events {
+                    self.note_event(e);
+                }
+            }
         }
         for e in &events {
             self.forward(e, out);
@@ -481,7 +490,6 @@ impl StreamConverter {
     /// their own accounting, `note_openai_chunk` / `note_anthropic_event`). A format added
     /// later calls this on its reader's events: every piece of output is counted, and a
     /// usage event sets the figures it carries (input first, output last, or all at once).
-    #[allow(dead_code)] // the hook new upstream formats use; see the module doc
     fn note_event(&mut self, e: &Event) {
         match e {
             Event::TextDelta { text, .. }
