@@ -135,7 +135,10 @@ pub struct CacheMark {
 pub enum Source {
     /// An `http(s)` URL the provider fetches itself.
     Url(String),
-    Base64 { media_type: String, data: String },
+    Base64 {
+        media_type: String,
+        data: String,
+    },
     /// A provider-side file id (OpenAI `file_id`, Anthropic Files API); usable only on the
     /// provider that issued it.
     FileId(String),
@@ -252,13 +255,26 @@ pub enum Event {
         created: Option<i64>,
     },
     /// A text block begins.
-    TextStart { index: usize },
-    TextDelta { index: usize, text: String },
+    TextStart {
+        index: usize,
+    },
+    TextDelta {
+        index: usize,
+        text: String,
+    },
     /// A reasoning block begins.
-    ReasoningStart { index: usize },
-    ReasoningDelta { index: usize, text: String },
+    ReasoningStart {
+        index: usize,
+    },
+    ReasoningDelta {
+        index: usize,
+        text: String,
+    },
     /// The reasoning block's signature (or redacted data), sent once before its end.
-    ReasoningSignature { index: usize, signature: String },
+    ReasoningSignature {
+        index: usize,
+        signature: String,
+    },
     /// A tool call begins, with its id and name.
     ToolCallStart {
         index: usize,
@@ -266,10 +282,18 @@ pub enum Event {
         name: String,
     },
     /// A piece of the tool call's JSON arguments, as text.
-    ToolArgsDelta { index: usize, json: String },
-    RefusalDelta { index: usize, text: String },
+    ToolArgsDelta {
+        index: usize,
+        json: String,
+    },
+    RefusalDelta {
+        index: usize,
+        text: String,
+    },
     /// The block `index` is complete.
-    BlockStop { index: usize },
+    BlockStop {
+        index: usize,
+    },
     /// Usage figures; a later one replaces the fields it carries (streams report input
     /// first and output last, or all at the end).
     Usage(Usage),

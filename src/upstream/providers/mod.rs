@@ -3,7 +3,9 @@
 //! of an answer, and the answer in the client's format.
 
 pub mod anthropic;
+pub mod bedrock;
 pub mod canonical;
+pub mod formats;
 pub mod openai;
 pub mod translate;
 

@@ -21,7 +21,8 @@ use serde_json::{json, Value};
 use crate::error::WireFormat;
 use crate::quota::estimate;
 use crate::quota::pricing::Usage;
-use shape::{Body, Corrupt};
+use shape::Body;
+pub use shape::Corrupt;
 
 /// Output text is counted (and let go of) in pieces of about this size, so a long stream
 /// keeps no more than this of its text.
