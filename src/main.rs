@@ -689,6 +689,10 @@ async fn serve_demo(mut settings: Settings) -> anyhow::Result<()> {
         max_concurrent: 0,
         max_queue: 0,
         allow_private_network: true,
+        region: None,
+        access_key_id: None,
+        secret_access_key: None,
+        session_token: None,
     }];
     settings.models = ["gpt-4o-mini", "gpt-4o", "text-embedding-3-small"]
         .iter()

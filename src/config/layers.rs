@@ -187,6 +187,10 @@ fn add_env_upstreams(settings: &mut Settings, env: &BTreeMap<String, String>) {
         max_concurrent: 0,
         max_queue: 0,
         allow_private_network: false,
+        region: None,
+        access_key_id: None,
+        secret_access_key: None,
+        session_token: None,
     };
     if let Some(key) = env.get("OPENAI_API_KEY").filter(|k| !k.is_empty()) {
         settings.upstreams.push(upstream(

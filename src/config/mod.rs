@@ -228,7 +228,9 @@ impl Settings {
             if u.id.is_empty() || !ids.insert(u.id.as_str()) {
                 return invalid(format!("upstream id `{}` is empty or repeated", u.id));
             }
-            url_guard::check_base_url(&u.base_url, u.allow_private_network)
+            crate::upstream::providers::bedrock::check(u)
+                .map_err(|e| ConfigError::Invalid(format!("upstream `{}`: {e}", u.id)))?;
+            url_guard::check_base_url(&u.effective_base_url(), u.allow_private_network)
                 .map_err(|e| ConfigError::UpstreamUrl(u.id.clone(), e))?;
         }
         let mut names = HashSet::new();

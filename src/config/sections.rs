@@ -156,6 +156,8 @@ pub struct RedisSettings {
 pub enum Provider {
     Openai,
     Anthropic,
+    /// AWS Bedrock's Converse API (`upstream::providers::bedrock`).
+    Bedrock,
 }
 
 impl Provider {
@@ -163,6 +165,7 @@ impl Provider {
         match self {
             Provider::Openai => "openai",
             Provider::Anthropic => "anthropic",
+            Provider::Bedrock => "bedrock",
         }
     }
 }
@@ -172,8 +175,21 @@ impl Provider {
 pub struct UpstreamSettings {
     pub id: String,
     pub provider: Provider,
+    /// Required, except for `bedrock`, whose default is its region's runtime endpoint.
+    #[serde(default)]
     pub base_url: String,
+    /// The key; for `bedrock`, a Bedrock API key (sent as a bearer token) instead of SigV4.
+    #[serde(default)]
     pub api_key: Secret,
+    /// `bedrock` only: the AWS region and SigV4 credentials (`providers::bedrock::check`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_key_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_access_key: Option<Secret>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_token: Option<Secret>,
     #[serde(default)]
     pub rpm_limit: u64,
     #[serde(default)]
@@ -184,6 +200,18 @@ pub struct UpstreamSettings {
     pub max_queue: u32,
     #[serde(default)]
     pub allow_private_network: bool,
+}
+
+impl UpstreamSettings {
+    /// `base_url`, or for `bedrock` without one, its region's runtime endpoint.
+    pub fn effective_base_url(&self) -> String {
+        match (self.provider, self.region.as_deref()) {
+            (Provider::Bedrock, Some(region)) if self.base_url.is_empty() => {
+                crate::upstream::providers::bedrock::default_base_url(region)
+            }
+            _ => self.base_url.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -27,11 +27,14 @@ pub struct Deployment {
     /// marked sensitive so that no debug print shows it; `None` if the key is not a valid
     /// header value (every call then fails as a request error).
     credential: Option<(HeaderName, HeaderValue)>,
+    /// A `bedrock` deployment's credentials (SigV4 or a Bedrock API key), which sign each
+    /// request's exact bytes instead of being one fixed header.
+    pub bedrock: Option<providers::bedrock::Auth>,
 }
 
 impl Deployment {
     fn new(u: &UpstreamSettings) -> Deployment {
-        let base_url = u.base_url.trim_end_matches('/').to_string();
+        let base_url = u.effective_base_url().trim_end_matches('/').to_string();
         let urls = Endpoint::ALL
             .iter()
             .filter_map(|e| providers::path(*e, u.provider))
@@ -43,7 +46,7 @@ impl Deployment {
                 AUTHORIZATION,
                 HeaderValue::from_str(&format!("Bearer {key}")),
             ),
-            Provider::Anthropic => (
+            Provider::Anthropic | Provider::Bedrock => (
                 HeaderName::from_static("x-api-key"),
                 HeaderValue::from_str(key),
             ),
@@ -55,6 +58,8 @@ impl Deployment {
             }
             (_, Err(_)) => None,
         };
+        // Bedrock signs each request instead (`bedrock` below).
+        let credential = credential.filter(|_| u.provider != Provider::Bedrock);
         Deployment {
             id: u.id.clone(),
             provider: u.provider,
@@ -63,6 +68,10 @@ impl Deployment {
             allow_private: u.allow_private_network,
             urls,
             credential,
+            bedrock: match u.provider {
+                Provider::Bedrock => providers::bedrock::Auth::of(u),
+                _ => None,
+            },
         }
     }
 
@@ -141,7 +150,9 @@ impl Catalog {
                             deployment: d,
                             upstream_model: r.model.clone(),
                             cap_param: match deployments[d].provider {
-                                Provider::Anthropic => OutputCapParam::MaxTokens,
+                                Provider::Anthropic | Provider::Bedrock => {
+                                    OutputCapParam::MaxTokens
+                                }
                                 Provider::Openai => r
                                     .output_cap_param
                                     .unwrap_or_else(|| OutputCapParam::for_model(&r.model)),

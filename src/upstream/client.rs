@@ -6,12 +6,13 @@
 //! outbound client: the cache embedder and the alert webhooks use it too.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::{Bytes, BytesMut};
 use reqwest::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 
 use super::catalog::Deployment;
+use super::providers;
 use super::url_guard::{GuardedResolver, SystemResolver};
 use super::UpstreamError;
 use crate::config::{Provider, UpstreamTimeouts};
@@ -81,16 +82,30 @@ impl UpstreamClient {
         } else {
             &self.public
         };
-        let (Some(url), Some((name, value))) = (dep.url(path), dep.credential()) else {
-            return Err(UpstreamError::Connect("request".into()));
+        let req = match (dep.provider, &dep.bedrock) {
+            // Bedrock: the path names the model (`bedrock::path`) and each request is signed.
+            (Provider::Bedrock, Some(auth)) => providers::bedrock::request(
+                client,
+                auth,
+                &dep.base_url,
+                path,
+                body,
+                SystemTime::now(),
+            )
+            .ok_or_else(|| UpstreamError::Connect("request".into()))?,
+            _ => {
+                let (Some(url), Some((name, value))) = (dep.url(path), dep.credential()) else {
+                    return Err(UpstreamError::Connect("request".into()));
+                };
+                client
+                    .post(url.clone())
+                    .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+                    .header(name, value.clone())
+                    .body(body)
+            }
         };
-        let req = client
-            .post(url.clone())
-            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
-            .header(name, value.clone())
-            .body(body);
         let req = match dep.provider {
-            Provider::Openai => req,
+            Provider::Openai | Provider::Bedrock => req,
             Provider::Anthropic => {
                 let req = req.header("anthropic-version", ANTHROPIC_VERSION);
                 match anthropic_beta {
@@ -128,8 +143,13 @@ impl UpstreamClient {
             .and_then(|v| v.trim().parse::<f64>().ok())
             .filter(|s| s.is_finite() && *s >= 0.0)
             .map(Duration::from_secs_f64);
+        let error_type = resp.headers().get("x-amzn-errortype").cloned();
         // Error bodies are small; 64 KiB is plenty to classify them.
         let body = self.read_body(resp, 64 * 1024).await.unwrap_or_default();
+        let body = match dep.provider {
+            Provider::Bedrock => providers::bedrock::typed_error_body(error_type.as_ref(), body),
+            _ => body,
+        };
         Err(UpstreamError::Status {
             status,
             body,

@@ -258,6 +258,10 @@ mod tests {
             max_concurrent: 0,
             max_queue: 0,
             allow_private_network: false,
+            region: None,
+            access_key_id: None,
+            secret_access_key: None,
+            session_token: None,
         });
         let pool = Pool::new(&s);
         let mut h = HeaderMap::new();

@@ -42,6 +42,10 @@ pub fn upstream(id: &str, key: &str, mock: &MockServer) -> UpstreamSettings {
         max_concurrent: 0,
         max_queue: 0,
         allow_private_network: true,
+        region: None,
+        access_key_id: None,
+        secret_access_key: None,
+        session_token: None,
     }
 }
 

@@ -38,6 +38,9 @@ pub fn format_of(p: Provider) -> WireFormat {
     match p {
         Provider::Openai => WireFormat::OpenAi,
         Provider::Anthropic => WireFormat::Anthropic,
+        // Not reached: `path` gives Bedrock no endpoint until the canonical dispatch serves
+        // it, so `attempts::candidates` skips its routes. Converse is closest to Anthropic.
+        Provider::Bedrock => WireFormat::Anthropic,
     }
 }
 
@@ -49,6 +52,9 @@ pub fn path(endpoint: Endpoint, p: Provider) -> Option<&'static str> {
         (Endpoint::Embeddings, Provider::Openai) => Some("/embeddings"),
         (Endpoint::Chat | Endpoint::Messages, Provider::Anthropic) => Some("/v1/messages"),
         (Endpoint::Completions | Endpoint::Embeddings, Provider::Anthropic) => None,
+        // Bedrock's path names the model (`bedrock::path`); served once the canonical
+        // dispatch routes requests through `formats::bedrock`.
+        (_, Provider::Bedrock) => None,
     }
 }
 
@@ -77,6 +83,12 @@ pub fn build_request(
         (WireFormat::Anthropic, Provider::Openai) => {
             let cap = cap.unwrap_or(("max_tokens", cap_value));
             request::anthropic_to_openai(body, upstream_model, cap, stream)?
+        }
+        (_, Provider::Bedrock) => {
+            return Err(TranslateError {
+                param: None,
+                message: "Bedrock upstreams are served through the canonical dispatch".into(),
+            })
         }
     };
     Ok(serde_json::to_vec(&Value::Object(out)).unwrap_or_default())

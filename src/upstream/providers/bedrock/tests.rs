@@ -1,0 +1,160 @@
+//! The transport's pieces: config checks, paths, credentials, typed errors.
+
+use super::*;
+use crate::config::Secret;
+use secrecy::SecretString;
+
+fn bedrock() -> UpstreamSettings {
+    UpstreamSettings {
+        id: "br".into(),
+        provider: Provider::Bedrock,
+        base_url: String::new(),
+        api_key: Secret::default(),
+        region: Some("us-east-1".into()),
+        access_key_id: Some("AKIDEXAMPLE".into()),
+        secret_access_key: Some(Secret(SecretString::from(
+            "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY",
+        ))),
+        session_token: None,
+        rpm_limit: 0,
+        tpm_limit: 0,
+        max_concurrent: 0,
+        max_queue: 0,
+        allow_private_network: false,
+    }
+}
+
+#[test]
+fn config_needs_a_region_and_exactly_one_kind_of_credentials() {
+    assert_eq!(check(&bedrock()), Ok(()));
+    assert_eq!(
+        bedrock().effective_base_url(),
+        "https://bedrock-runtime.us-east-1.amazonaws.com"
+    );
+
+    let mut bearer = bedrock();
+    bearer.access_key_id = None;
+    bearer.secret_access_key = None;
+    bearer.api_key = Secret(SecretString::from("bedrock-api-key-abc"));
+    assert_eq!(check(&bearer), Ok(()));
+
+    let cases: Vec<(Box<dyn Fn(&mut UpstreamSettings)>, &str)> = vec![
+        (Box::new(|u| u.region = None), "needs `region`"),
+        (
+            Box::new(|u| u.region = Some("us east 1".into())),
+            "needs `region`",
+        ),
+        (Box::new(|u| u.secret_access_key = None), "go together"),
+        (
+            Box::new(|u| u.api_key = Secret(SecretString::from("k"))),
+            "not both",
+        ),
+        (
+            Box::new(|u| {
+                u.access_key_id = None;
+                u.secret_access_key = None;
+            }),
+            "needs credentials",
+        ),
+    ];
+    for (edit, want) in cases {
+        let mut u = bedrock();
+        edit(&mut u);
+        let err = check(&u).unwrap_err();
+        assert!(err.contains(want), "{err}");
+    }
+    let mut token_with_key = bearer.clone();
+    token_with_key.session_token = Some(Secret(SecretString::from("t")));
+    assert!(check(&token_with_key).unwrap_err().contains("SigV4 only"));
+
+    let mut openai = bedrock();
+    openai.provider = Provider::Openai;
+    openai.base_url = "https://api.openai.com/v1".into();
+    assert!(check(&openai).unwrap_err().contains("bedrock\" only"));
+}
+
+#[test]
+fn the_config_printout_masks_the_secret_and_the_token() {
+    let mut u = bedrock();
+    u.session_token = Some(Secret(SecretString::from("FwoGZXIvYXdzEXAMPLETOKEN")));
+    let printed = format!("{u:?} {}", toml::to_string(&u).unwrap());
+    assert!(!printed.contains("wJalrXUtnFEMI"), "{printed}");
+    assert!(!printed.contains("FwoGZXIvYXdz"), "{printed}");
+}
+
+#[test]
+fn the_model_id_is_one_encoded_path_segment() {
+    assert_eq!(
+        path("anthropic.claude-3-5-sonnet-20240620-v1:0", false),
+        "/model/anthropic.claude-3-5-sonnet-20240620-v1%3A0/converse"
+    );
+    assert_eq!(
+        path("arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.anthropic.claude-3-haiku-20240307-v1:0", true),
+        "/model/arn%3Aaws%3Abedrock%3Aus-east-1%3A123456789012%3Ainference-profile%2Fus.anthropic.claude-3-haiku-20240307-v1%3A0/converse-stream"
+    );
+    assert_eq!(
+        path("../../admin", false),
+        "/model/..%2F..%2Fadmin/converse"
+    );
+}
+
+#[test]
+fn sigv4_credentials_sign_with_service_bedrock_and_the_region() {
+    let auth = Auth::of(&bedrock()).unwrap();
+    let h = auth
+        .headers(
+            "https://bedrock-runtime.us-east-1.amazonaws.com/model/m/converse",
+            b"{}",
+            SystemTime::now(),
+        )
+        .unwrap();
+    let authz = h
+        .iter()
+        .find(|(n, _)| n == AUTHORIZATION)
+        .unwrap()
+        .1
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        authz.starts_with("AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/"),
+        "{authz}"
+    );
+    assert!(authz.contains("/us-east-1/bedrock/aws4_request"), "{authz}");
+    assert!(
+        authz.contains("SignedHeaders=content-type;host;x-amz-date"),
+        "{authz}"
+    );
+    assert!(h.iter().all(|(_, v)| v.is_sensitive()));
+    assert!(!format!("{auth:?}").contains("wJalr"));
+
+    let mut bearer = bedrock();
+    bearer.access_key_id = None;
+    bearer.secret_access_key = None;
+    bearer.api_key = Secret(SecretString::from("bedrock-api-key-abc"));
+    let h = Auth::of(&bearer)
+        .unwrap()
+        .headers("https://x/model/m/converse", b"{}", SystemTime::now())
+        .unwrap();
+    assert_eq!(h[0].1.to_str().unwrap(), "Bearer bedrock-api-key-abc");
+}
+
+#[test]
+fn the_error_type_header_types_the_body_for_the_retry_tiers() {
+    let ty = HeaderValue::from_static(
+        "ServiceQuotaExceededException:http://internal.amazon.com/coral/com.amazon.bedrock/",
+    );
+    let body = typed_error_body(Some(&ty), Bytes::from_static(br#"{"message":"quota"}"#));
+    assert_eq!(tier(&body), Some(Tier::QuotaExhausted));
+    assert_eq!(tier(br#"{"code":"ThrottlingException"}"#), None);
+    assert_eq!(
+        typed_error_body(None, Bytes::from_static(b"x")),
+        Bytes::from_static(b"x")
+    );
+    // A non-JSON body still gets its type.
+    let body = typed_error_body(
+        Some(&HeaderValue::from_static("ThrottlingException")),
+        Bytes::from_static(b"<html>"),
+    );
+    assert_eq!(tier(&body), Some(Tier::RateLimited));
+}
