@@ -1,6 +1,7 @@
 //! Integration tests: the real application over HTTP, real SQLite, the in-process mock.
 
 mod admin_helpers;
+mod bedrock;
 mod gateway_proc;
 mod helpers;
 
