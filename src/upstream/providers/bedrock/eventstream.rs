@@ -156,6 +156,69 @@ fn frame_of(m: &Message) -> Result<Frame, CorruptFrame> {
     }
 }
 
+/// The message a stream of frames ends with when it cannot go on (the client gets it in
+/// the gateway's `upstream_error` event).
+pub const CORRUPT: &str =
+    "The upstream sent an event-stream frame that failed its checks; the stream was ended by the gateway.";
+pub const TOO_LARGE: &str =
+    "The upstream sent an event larger than the gateway accepts; the stream was ended by the gateway.";
+pub const BROKE: &str = "The upstream stream broke off.";
+
+/// An HTTP body's frames as (type, payload) pairs, the way the stream pump reads SSE
+/// events: an exception frame keeps its `…Exception` type (the format's reader turns it
+/// into an error event), an error frame becomes an `internalServerException` carrying its
+/// code and message. The stream ends with `Err(message)` on a corrupt frame, a frame over
+/// `max_bytes`, a body that ends inside a frame, or a transport error.
+pub fn events<S, E>(
+    body: S,
+    max_bytes: usize,
+) -> impl futures_util::Stream<Item = Result<(String, String), &'static str>> + Send + 'static
+where
+    S: futures_util::Stream<Item = Result<bytes::Bytes, E>> + Send + Unpin + 'static,
+    E: Send + 'static,
+{
+    async_stream::stream! {
+        use futures_util::StreamExt;
+        let mut body = body;
+        let mut decoder = Decoder::new();
+        let mut frames = Vec::new();
+        loop {
+            let Some(chunk) = body.next().await else {
+                if decoder.finish().is_err() {
+                    yield Err(BROKE);
+                }
+                return;
+            };
+            let Ok(chunk) = chunk else {
+                yield Err(BROKE);
+                return;
+            };
+            let pushed = decoder.push(&chunk, &mut frames);
+            for f in frames.drain(..) {
+                if f.data.len() > max_bytes {
+                    yield Err(TOO_LARGE);
+                    return;
+                }
+                yield Ok(match f.kind {
+                    FrameKind::Error => (
+                        "internalServerException".to_string(),
+                        serde_json::json!({ "message": f.data, "code": f.name }).to_string(),
+                    ),
+                    _ => (f.name, f.data),
+                });
+            }
+            if pushed.is_err() {
+                yield Err(CORRUPT);
+                return;
+            }
+            if decoder.buf.len() > max_bytes.saturating_add(PRELUDE) {
+                yield Err(TOO_LARGE);
+                return;
+            }
+        }
+    }
+}
+
 /// Encodes one frame as Bedrock sends it (the mock's side, and tests').
 pub fn encode(kind: FrameKind, name: &str, data: &str) -> Vec<u8> {
     use aws_smithy_types::event_stream::Header;
@@ -260,6 +323,43 @@ mod tests {
         let mut d = Decoder::new();
         d.push(&bytes[..5], &mut Vec::new()).unwrap();
         assert!(d.finish().is_err());
+    }
+
+    fn run(bytes: Vec<u8>, max: usize) -> Vec<Result<(String, String), &'static str>> {
+        let chunks: Vec<Result<bytes::Bytes, ()>> = bytes
+            .chunks(5)
+            .map(|c| Ok(bytes::Bytes::copy_from_slice(c)))
+            .collect();
+        let s = events(futures_util::stream::iter(chunks), max);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(futures_util::StreamExt::collect::<Vec<_>>(Box::pin(s)))
+    }
+
+    #[test]
+    fn the_pump_gets_pairs_then_one_error_that_ends_the_stream() {
+        let mut bytes = two_frames();
+        bytes.extend(encode(FrameKind::Error, "InternalFailure", "boom"));
+        let got = run(bytes.clone(), 1 << 20);
+        assert_eq!(got.len(), 3);
+        assert_eq!(
+            got[0],
+            Ok(("messageStart".into(), r#"{"role":"assistant"}"#.into()))
+        );
+        assert_eq!(got[1].as_ref().unwrap().0, "throttlingException");
+        assert_eq!(got[2].as_ref().unwrap().0, "internalServerException");
+        assert!(got[2].as_ref().unwrap().1.contains("InternalFailure"));
+
+        let n = bytes.len();
+        bytes[n - 1] ^= 1;
+        let got = run(bytes.clone(), 1 << 20);
+        assert_eq!(got.last(), Some(&Err(CORRUPT)));
+        assert_eq!(
+            run(bytes[..n - 2].to_vec(), 1 << 20).last(),
+            Some(&Err(BROKE))
+        );
+        assert_eq!(run(two_frames(), 4).last(), Some(&Err(TOO_LARGE)));
     }
 
     #[test]
