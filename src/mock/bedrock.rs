@@ -19,16 +19,15 @@ use std::time::{Duration, SystemTime};
 use actix_web::{HttpRequest, HttpResponse};
 use serde_json::{json, Value};
 
-use super::{MockConfig, Script, SseEvent};
+use super::{InFlightGuard, MockConfig, Script, SseEvent};
 use crate::upstream::providers::bedrock::eventstream::{encode, FrameKind};
 use crate::upstream::providers::bedrock::sigv4::{BodyHashHeader, Signer};
 
+/// A refused call: the status, Bedrock's error type and its message.
+pub(super) type Refusal = (u16, &'static str, &'static str);
+
 /// The key a Bedrock call is counted under, or the 403 its `Authorization` earns.
-pub(super) fn key_of(
-    cfg: &MockConfig,
-    req: &HttpRequest,
-    body: &[u8],
-) -> Result<String, HttpResponse> {
+pub(super) fn key_of(cfg: &MockConfig, req: &HttpRequest, body: &[u8]) -> Result<String, Refusal> {
     let h = |n: &str| {
         req.headers()
             .get(n)
@@ -40,7 +39,7 @@ pub(super) fn key_of(
         return Ok(key.to_string());
     }
     let Some(rest) = authz.strip_prefix("AWS4-HMAC-SHA256 Credential=") else {
-        return Err(error(
+        return Err((
             403,
             "UnrecognizedClientException",
             "The security token included in the request is invalid.",
@@ -58,7 +57,7 @@ pub(super) fn key_of(
             .next()
             .is_some_and(|s| s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()));
     if !well_formed {
-        return Err(error(
+        return Err((
             403,
             "IncompleteSignatureException",
             "The Authorization header is malformed.",
@@ -67,7 +66,7 @@ pub(super) fn key_of(
     let key = scope[0].to_string();
     if let Some(secret) = &cfg.bedrock_secret {
         let Some(time) = amz_time(h("x-amz-date")) else {
-            return Err(error(
+            return Err((
                 403,
                 "IncompleteSignatureException",
                 "x-amz-date is missing or malformed.",
@@ -92,7 +91,7 @@ pub(super) fn key_of(
             .and_then(|added| added.into_iter().find(|(n, _)| *n == "authorization"))
             .map(|(_, v)| v);
         if expected.as_deref() != Some(authz) {
-            return Err(error(
+            return Err((
                 403,
                 "InvalidSignatureException",
                 "The request signature we calculated does not match the signature you provided.",
@@ -148,11 +147,13 @@ fn tool_to_call(body: &Value) -> Option<String> {
 }
 
 /// Answers one Converse or ConverseStream call as `script` says.
+/// `guard` holds the key's in-flight count until the answer (or the stream) ends.
 pub(super) async fn answer(
     cfg: &MockConfig,
     stream: bool,
     body: &Value,
     script: Script,
+    guard: InFlightGuard,
 ) -> HttpResponse {
     if script.delay_ms > 0 {
         tokio::time::sleep(Duration::from_millis(script.delay_ms)).await;
@@ -265,6 +266,7 @@ pub(super) async fn answer(
     }
     let chunk_delay = Duration::from_millis(script.chunk_delay_ms);
     let body = async_stream::stream! {
+        let _guard = guard;
         for f in frames {
             if !chunk_delay.is_zero() {
                 tokio::time::sleep(chunk_delay).await;

@@ -273,7 +273,7 @@ async fn bedrock_upstream(
     };
     let key = match bedrock::key_of(&state.cfg, &req, &body) {
         Ok(k) => k,
-        Err(resp) => return resp,
+        Err((status, ty, message)) => return bedrock::error(status, ty, message),
     };
     let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let headers: Map<String, Value> = req
@@ -287,11 +287,11 @@ async fn bedrock_upstream(
         })
         .collect();
     let script = state.begin(&key, req.path(), headers, &parsed);
-    let _guard = InFlightGuard {
+    let guard = InFlightGuard {
         state: state.clone().into_inner(),
         key,
     };
-    bedrock::answer(&state.cfg, stream, &parsed, script).await
+    bedrock::answer(&state.cfg, stream, &parsed, script, guard).await
 }
 
 /// A webhook receiver for alert tests: bodies are kept under the key `webhook`.

@@ -38,7 +38,8 @@ fn config_needs_a_region_and_exactly_one_kind_of_credentials() {
     bearer.api_key = Secret(SecretString::from("bedrock-api-key-abc"));
     assert_eq!(check(&bearer), Ok(()));
 
-    let cases: Vec<(Box<dyn Fn(&mut UpstreamSettings)>, &str)> = vec![
+    type Edit = Box<dyn Fn(&mut UpstreamSettings)>;
+    let cases: Vec<(Edit, &str)> = vec![
         (Box::new(|u| u.region = None), "needs `region`"),
         (
             Box::new(|u| u.region = Some("us east 1".into())),
@@ -157,4 +158,55 @@ fn the_error_type_header_types_the_body_for_the_retry_tiers() {
         Bytes::from_static(b"<html>"),
     );
     assert_eq!(tier(&body), Some(Tier::RateLimited));
+}
+
+#[test]
+fn both_config_blocks_load_validate_and_print_masked() {
+    let text = r#"
+[[upstreams]]
+id = "bedrock-sigv4"
+provider = "bedrock"
+region = "eu-central-1"
+access_key_id = "AKIAIOSFODNN7EXAMPLE"
+secret_access_key = "${AWS_SECRET}"
+session_token = "${AWS_TOKEN}"
+
+[[upstreams]]
+id = "bedrock-key"
+provider = "bedrock"
+region = "us-west-2"
+api_key = "${BEDROCK_KEY}"
+
+[[models]]
+name = "claude-sonnet"
+routes = [{ upstream = "bedrock-sigv4", model = "anthropic.claude-3-5-sonnet-20240620-v1:0" },
+          { upstream = "bedrock-key", model = "us.anthropic.claude-3-5-sonnet-20240620-v1:0" }]
+"#;
+    let env: std::collections::BTreeMap<String, String> = [
+        ("AWS_SECRET", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"),
+        ("AWS_TOKEN", "FwoGZXIvYXdzEXAMPLETOKENVALUE"),
+        ("BEDROCK_KEY", "ABSKQmVkcm9ja0FQSUtleS1example"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let s = crate::config::load_from(Some(text), &env).unwrap();
+    s.validate().unwrap();
+    assert_eq!(
+        s.upstreams[0].effective_base_url(),
+        "https://bedrock-runtime.eu-central-1.amazonaws.com"
+    );
+    let printed = s.to_masked_toml();
+    for secret in ["wJalrXUtnFEMI", "FwoGZXIvYXdz", "ABSKQmVkcm9ja"] {
+        assert!(!printed.contains(secret), "{printed}");
+    }
+    let bad = text.replace("region = \"us-west-2\"\n", "");
+    let err = crate::config::load_from(Some(&bad), &env)
+        .and_then(|s| s.validate())
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("upstream `bedrock-key`: provider \"bedrock\" needs `region`"),
+        "{err}"
+    );
 }
