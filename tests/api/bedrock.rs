@@ -146,3 +146,76 @@ async fn a_converse_stream_is_framed_and_read_and_a_corrupt_frame_refused() {
         "messageStart and two deltas before the corrupt frame"
     );
 }
+
+/// Through `UpstreamClient::post`, the gateway's one way to an upstream: the Bedrock
+/// deployment built from config signs each call (the mock verifies it), and the error type
+/// Bedrock puts in `x-amzn-ErrorType` decides the retry tier over the status.
+#[tokio::test]
+async fn the_gateways_client_signs_and_types_bedrock_errors() {
+    use sluice::config::Settings;
+    use sluice::upstream::catalog::Catalog;
+    use sluice::upstream::client::UpstreamClient;
+    use sluice::upstream::retry::{classify, Tier};
+    use std::time::{Duration, Instant};
+
+    let mock = mock();
+    let mut settings = Settings::default();
+    let mut right = settings_with(&mock, "br-right", "the-right-secret");
+    right.access_key_id = Some("AKIDRIGHT".into());
+    let mut wrong = settings_with(&mock, "br-wrong", "a-wrong-secret");
+    wrong.access_key_id = Some("AKIDWRONG".into());
+    settings.upstreams = vec![right, wrong];
+    settings.validate().unwrap();
+    let catalog = Catalog::from_settings(&settings);
+    let client = UpstreamClient::new(&settings.upstream).unwrap();
+    let path = bedrock::path("anthropic.claude-3-haiku-20240307-v1:0", false);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let post = |i: usize| {
+        client.post(
+            &catalog.deployments[i],
+            &path,
+            Bytes::from(hello().to_string()),
+            deadline,
+            None,
+        )
+    };
+
+    let resp = post(0).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(converse::read_answer(&v).unwrap().finish, Finish::ToolCalls);
+    let seen = mock.state.stats("AKIDRIGHT");
+    let authz = seen.last_headers[0]["authorization"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(authz.contains("/us-east-1/bedrock/aws4_request"), "{authz}");
+
+    assert_eq!(classify(&post(1).await.unwrap_err()), Tier::AuthFailed);
+
+    let typed = |status: u16, ty: &str| Script {
+        status: Some(status),
+        headers: vec![(
+            "x-amzn-ErrorType".into(),
+            format!("{ty}:http://internal.amazon.com/coral/com.amazon.bedrock/"),
+        )],
+        ..Script::default()
+    };
+    for (status, ty, tier) in [
+        (400, "ServiceQuotaExceededException", Tier::QuotaExhausted),
+        (429, "ThrottlingException", Tier::RateLimited),
+        (429, "ModelNotReadyException", Tier::Overloaded),
+        (400, "ValidationException", Tier::ClientError),
+    ] {
+        mock.state.script("AKIDRIGHT", [typed(status, ty)]);
+        let err = post(0).await.unwrap_err();
+        assert_eq!(classify(&err), tier, "{ty}");
+    }
+}
+
+fn settings_with(mock: &MockServer, id: &str, secret: &str) -> UpstreamSettings {
+    let mut u = settings(secret);
+    u.id = id.into();
+    u.base_url = mock.base_url();
+    u
+}
