@@ -443,3 +443,80 @@ fn bedrock_errors_map_to_the_retry_kinds() {
     }
     assert_eq!(read_error(429, &json!({})).kind, ErrorKind::RateLimited);
 }
+
+#[test]
+fn arbitrary_payloads_never_panic_the_reader_or_the_answer() {
+    let mut seed = 0x2545_f491_u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let leaves = [
+        json!(null),
+        json!(0),
+        json!(-1),
+        json!(u64::MAX),
+        json!(1.5),
+        json!("s"),
+        json!(true),
+        json!([]),
+        json!({}),
+    ];
+    let keys = [
+        "contentBlockIndex",
+        "delta",
+        "start",
+        "toolUse",
+        "text",
+        "input",
+        "reasoningContent",
+        "signature",
+        "redactedContent",
+        "stopReason",
+        "usage",
+        "inputTokens",
+        "outputTokens",
+        "output",
+        "message",
+        "content",
+        "toolUseId",
+        "name",
+        "reasoningText",
+        "message",
+    ];
+    fn build(depth: u32, next: &mut dyn FnMut() -> u64, leaves: &[Value], keys: &[&str]) -> Value {
+        if depth == 0 || next() % 3 == 0 {
+            return leaves[(next() % leaves.len() as u64) as usize].clone();
+        }
+        let mut m = serde_json::Map::new();
+        for _ in 0..(next() % 4) {
+            let k = keys[(next() % keys.len() as u64) as usize];
+            m.insert(k.into(), build(depth - 1, next, leaves, keys));
+        }
+        Value::Object(m)
+    }
+    let names = [
+        "messageStart",
+        "contentBlockStart",
+        "contentBlockDelta",
+        "contentBlockStop",
+        "messageStop",
+        "metadata",
+        "throttlingException",
+        "other",
+    ];
+    for _ in 0..3000 {
+        let mut reader = EventReader::new();
+        let mut out = Vec::new();
+        for _ in 0..6 {
+            let v = build(5, &mut next, &leaves, &keys);
+            let name = names[(next() % names.len() as u64) as usize];
+            let _ = reader.read(name, &v.to_string(), &mut out);
+        }
+        let v = build(6, &mut next, &leaves, &keys);
+        let _ = read_answer(&v);
+        let _ = read_error(400, &v);
+    }
+}
