@@ -487,7 +487,7 @@ fn arbitrary_payloads_never_panic_the_reader_or_the_answer() {
         "message",
     ];
     fn build(depth: u32, next: &mut dyn FnMut() -> u64, leaves: &[Value], keys: &[&str]) -> Value {
-        if depth == 0 || next() % 3 == 0 {
+        if depth == 0 || next().is_multiple_of(3) {
             return leaves[(next() % leaves.len() as u64) as usize].clone();
         }
         let mut m = serde_json::Map::new();
