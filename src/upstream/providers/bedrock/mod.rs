@@ -38,7 +38,8 @@ pub fn check(u: &UpstreamSettings) -> Result<(), String> {
                     .into(),
             );
         }
-        if u.base_url.is_empty() {
+        // Other kinds with a default endpoint decide for themselves.
+        if u.base_url.is_empty() && matches!(u.provider, Provider::Openai | Provider::Anthropic) {
             return Err("base_url is required".into());
         }
         return Ok(());
