@@ -72,6 +72,12 @@ fn config_needs_a_region_and_exactly_one_kind_of_credentials() {
     openai.provider = Provider::Openai;
     openai.base_url = "https://api.openai.com/v1".into();
     assert!(check(&openai).unwrap_err().contains("bedrock\" only"));
+    openai.region = None;
+    openai.access_key_id = None;
+    openai.secret_access_key = None;
+    assert_eq!(check(&openai), Ok(()));
+    openai.base_url = String::new();
+    assert_eq!(check(&openai), Err("base_url is required".into()));
 }
 
 #[test]
