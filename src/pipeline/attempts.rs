@@ -19,6 +19,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use super::request::Prepared;
 use super::Failure;
+use crate::config::Provider;
 use crate::error::{ApiError, WireFormat};
 use crate::ops::metrics;
 use crate::ratelimit::{Booking, WindowSpec};
@@ -270,7 +271,12 @@ async fn try_candidate(
             return Step::Next;
         }
     }
-    let path = providers::path(p.endpoint, dep.provider).unwrap_or_default();
+    let path = match dep.provider {
+        Provider::Bedrock => providers::bedrock::path(&c.route.upstream_model, p.stream),
+        _ => providers::path(p.endpoint, dep.provider)
+            .unwrap_or_default()
+            .to_string(),
+    };
     let body = match providers::build_request(
         p.endpoint.format(),
         dep.provider,
@@ -305,7 +311,7 @@ async fn try_candidate(
     let err = match attempt(
         state,
         c,
-        path,
+        &path,
         body,
         (p.stream, p.anthropic_beta.as_ref()),
         (started, deadline),
@@ -567,7 +573,7 @@ fn final_error(state: &AppState, p: &Prepared, run: &mut Run) -> ApiError {
 
 /// An upstream client error (400/404/413/422) goes back to the client as it is, in the
 /// client's format.
-fn passthrough(err: UpstreamError, upstream: WireFormat, client: WireFormat) -> Failure {
+fn passthrough(err: UpstreamError, upstream: providers::Format, client: WireFormat) -> Failure {
     match err {
         UpstreamError::Status { status, body, .. } => {
             let body = providers::convert_error(upstream, client, status, body);

@@ -576,7 +576,7 @@ async fn finish(
     let body = providers::convert_answer(upstream, p.endpoint.format(), raw, &answer);
     if let Some(plan) = plan {
         // Stored in the client's format, off the request path.
-        let stored = if upstream == p.endpoint.format() {
+        let stored = if upstream == p.endpoint.format().into() {
             Some(answer)
         } else {
             serde_json::from_slice(&body).ok()

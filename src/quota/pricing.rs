@@ -19,6 +19,19 @@ pub struct Usage {
     pub output: i64,
 }
 
+/// The one place an upstream's reported usage (the internal form's, whatever the wire
+/// format) becomes what is priced: cache writes are input at the input price, reasoning
+/// is output.
+impl From<crate::upstream::providers::canonical::Usage> for Usage {
+    fn from(u: crate::upstream::providers::canonical::Usage) -> Self {
+        Usage {
+            input: u.input,
+            cached_input: u.cached_input,
+            output: u.output,
+        }
+    }
+}
+
 const PER_MTOK: i128 = 1_000_000;
 
 /// The cost of `usage`, rounded up once. i128 inside: no overflow for any token count.

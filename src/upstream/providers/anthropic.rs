@@ -1,10 +1,10 @@
-//! The Anthropic Messages wire format: shaping a request that stays in this format, and
-//! reading usage from answers and stream events.
+//! The Anthropic Messages wire format where no translation is needed: shaping a request
+//! that stays in this format (the same-format path), the `anthropic-beta` header, the
+//! text of an answer to count, and the error type of a status. Translation is
+//! `formats::anthropic`.
 
 use reqwest::header::HeaderValue;
 use serde_json::{Map, Value};
-
-use crate::quota::pricing::Usage;
 
 /// An Anthropic body for an Anthropic upstream: the client's fields, the upstream's model
 /// name and the reserved output cap.
@@ -28,35 +28,6 @@ pub fn shape_request(
 pub fn beta_header(headers: &actix_web::http::header::HeaderMap) -> Option<HeaderValue> {
     let v = headers.get("anthropic-beta")?;
     HeaderValue::from_bytes(v.as_bytes()).ok()
-}
-
-/// Usage from an Anthropic `usage` object. Anthropic counts cache reads and cache writes
-/// apart from `input_tokens`; Sluice's input is all three, cache reads priced as cached.
-/// `None` (the output is then counted) when it is not an object or a figure is there but
-/// not a number: no count the gateway can charge, and not to be read as 0.
-pub fn usage_of(u: &Value) -> Option<Usage> {
-    const FIGURES: [&str; 4] = [
-        "input_tokens",
-        "output_tokens",
-        "cache_read_input_tokens",
-        "cache_creation_input_tokens",
-    ];
-    if !u.is_object()
-        || FIGURES
-            .iter()
-            .any(|k| u.get(*k).is_some_and(|v| !v.is_null() && !v.is_number()))
-    {
-        return None;
-    }
-    let n = |k: &str| super::tokens(u.get(k)).unwrap_or(0);
-    let cached = n("cache_read_input_tokens");
-    Some(Usage {
-        input: n("input_tokens")
-            .saturating_add(cached)
-            .saturating_add(n("cache_creation_input_tokens")),
-        cached_input: cached,
-        output: n("output_tokens"),
-    })
 }
 
 /// The generated text of a Messages answer (for counting when usage is missing).

@@ -38,6 +38,12 @@ pub struct Request {
     pub max_output_tokens: Option<i64>,
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
+    /// Anthropic/Gemini `top_k`.
+    pub top_k: Option<i64>,
+    /// OpenAI/Gemini sampling seed.
+    pub seed: Option<i64>,
+    pub frequency_penalty: Option<f64>,
+    pub presence_penalty: Option<f64>,
     pub stop: Vec<String>,
     pub response_format: Option<ResponseFormat>,
     pub reasoning: Option<Reasoning>,
@@ -57,6 +63,16 @@ pub struct Request {
     pub names: Vec<(&'static str, &'static str)>,
 }
 
+impl Request {
+    /// The client's name of a field of this form (see `names`), else `default`.
+    pub fn client_name(&self, field: &str, default: &'static str) -> &'static str {
+        self.names
+            .iter()
+            .find(|(_, ours)| *ours == field)
+            .map_or(default, |(theirs, _)| theirs)
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
     User,
@@ -72,6 +88,10 @@ pub struct Message {
     pub content: Vec<Part>,
     /// The speaker's name (OpenAI `name`), where a format has one.
     pub name: Option<String>,
+    /// The client wrote the content as one plain string, not as parts: an adapter out may
+    /// write it back as a string, so a translated body reads as the client wrote it (the
+    /// OpenAI adapter does; no answer changes either way).
+    pub plain: bool,
 }
 
 /// One piece of a message.
@@ -119,6 +139,8 @@ pub enum Part {
         content: Vec<Part>,
         is_error: bool,
         cache: Option<CacheMark>,
+        /// The client wrote the result as one plain string (see `Message::plain`).
+        plain: bool,
     },
     /// The model declined to answer (OpenAI `refusal`, Responses `refusal` content).
     Refusal { text: String },

@@ -1,9 +1,8 @@
-//! The OpenAI wire format (also vLLM, Ollama, llama.cpp): shaping a request that stays in
-//! this format, and reading usage from answers and stream chunks.
+//! The OpenAI wire format (also vLLM, Ollama, llama.cpp) where no translation is needed:
+//! shaping a request that stays in this format (the same-format path), and the text of an
+//! answer, to count when it reports no usage. Translation is `formats::openai_chat`.
 
 use serde_json::{Map, Value};
-
-use crate::quota::pricing::Usage;
 
 /// Top-level body fields some SDKs and proxies use to pick an upstream or a key. Sluice
 /// routes only by its config, so they are dropped rather than forwarded.
@@ -47,30 +46,6 @@ pub fn ask_for_usage(out: &mut Map<String, Value>) {
     if let Value::Object(o) = opts {
         o.insert("include_usage".into(), Value::Bool(true));
     }
-}
-
-/// Usage from an OpenAI `usage` object; `None` (the output is then counted) when it is not
-/// an object or a figure is there but not a number — a `"completion_tokens": "40"` is no
-/// count the gateway can charge, and must not be read as 0.
-pub fn usage_of(u: &Value) -> Option<Usage> {
-    const FIGURES: [&str; 3] = [
-        "/prompt_tokens",
-        "/completion_tokens",
-        "/prompt_tokens_details/cached_tokens",
-    ];
-    if !u.is_object()
-        || FIGURES
-            .iter()
-            .any(|p| u.pointer(p).is_some_and(|v| !v.is_null() && !v.is_number()))
-    {
-        return None;
-    }
-    let n = |p: &str| super::tokens(u.pointer(p)).unwrap_or(0);
-    Some(Usage {
-        input: n("/prompt_tokens"),
-        cached_input: n("/prompt_tokens_details/cached_tokens"),
-        output: n("/completion_tokens"),
-    })
 }
 
 /// The generated text of a chat or completions answer (for counting when usage is missing).
@@ -127,9 +102,6 @@ mod tests {
         let out = shape_request(&m, "gpt-x", Some(("max_tokens", 10)), true);
         assert_eq!(out["model"], "gpt-x");
         assert_eq!(out["stream_options"]["include_usage"], true);
-        let u = usage_of(&json!({"prompt_tokens": 3, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 2}})).unwrap();
-        assert_eq!((u.input, u.cached_input, u.output), (3, 2, 5));
-        assert!(usage_of(&json!({"prompt_tokens": 3, "completion_tokens": "5"})).is_none());
         let t = answer_text(&json!({"choices": [{"delta": {"content": "Hel"}}]}));
         assert_eq!(t, "Hel");
     }

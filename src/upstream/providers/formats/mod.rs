@@ -1,4 +1,158 @@
-//! One module per wire format, each an adapter to and from the internal form
-//! (`providers::canonical`).
+//! One adapter per wire format, each to and from the internal form (`canonical`). A format
+//! module has, as it applies, a client side — `read_request` (its request → `Request`),
+//! `write_answer`, `EventWriter`, `write_error` — and an upstream side — `write_request`
+//! (`Request` → its request), `read_answer`, `EventReader`, `read_error`, `read_usage`.
+//! The dispatch (`providers::dispatch`) joins a client side to an upstream side; a body
+//! that crosses no format never comes here.
+//!
+//! The rule both sides keep: every field and content block is carried faithfully or
+//! refused with a 400 naming it (`TranslateError`) — never dropped. A client-side reader
+//! refuses what the internal form has no place for; an upstream-side writer refuses what
+//! its format cannot express. A reader's refusal names the upstream it was read for: it
+//! writes `UPSTREAM` where the message names it, and the dispatch puts the upstream's
+//! name there (`Format::model_noun`).
 
+pub mod anthropic;
 pub mod bedrock;
+pub mod openai_chat;
+
+use serde_json::Value;
+
+use super::canonical::{CacheMark, ErrorInfo, ErrorKind, Source};
+use super::translate::TranslateError;
+
+/// Where a reader's refusal message names the upstream (see the module doc).
+pub const UPSTREAM: &str = "{upstream}";
+
+/// The line that marks an OpenAI tool message as a failed tool call: Anthropic's
+/// `tool_result.is_error`, which OpenAI's tool messages have no field for. Written by the
+/// OpenAI adapter out and read back by the OpenAI adapter in.
+pub const TOOL_ERROR_MARK: &str = "[tool_result is_error=true]\n";
+
+pub fn refuse(param: &'static str, message: impl Into<String>) -> TranslateError {
+    TranslateError {
+        param: Some(param),
+        message: message.into(),
+    }
+}
+
+/// A field that has no counterpart on the other side (`upstream`: "an Anthropic model",
+/// or `UPSTREAM` from a reader).
+pub fn refuse_field(field: &'static str, upstream: &str) -> TranslateError {
+    refuse(
+        field,
+        format!("`{field}` cannot be sent to {upstream}, and Sluice does not drop it."),
+    )
+}
+
+/// True when a field is absent or holds its default (which the other side has anyway).
+pub fn unset(v: Option<&Value>, default: &Value) -> bool {
+    match v {
+        None | Some(Value::Null) => true,
+        Some(v) => v == default || (v.is_number() && v.as_f64() == default.as_f64()),
+    }
+}
+
+/// A `data:` URL's media type and base64 payload.
+pub fn data_url(url: &str) -> Option<(&str, &str)> {
+    url.strip_prefix("data:")?.split_once(";base64,")
+}
+
+/// A source as a `data:` URL or the URL itself (`None` for a provider file id).
+pub fn source_url(s: &Source) -> Option<String> {
+    match s {
+        Source::Url(u) => Some(u.clone()),
+        Source::Base64 { media_type, data } => Some(format!("data:{media_type};base64,{data}")),
+        Source::FileId(_) => None,
+    }
+}
+
+/// A field that must be a number when set.
+pub fn number(v: Option<&Value>, param: &'static str) -> Result<Option<f64>, TranslateError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(n) => n
+            .as_f64()
+            .map(Some)
+            .ok_or_else(|| refuse(param, format!("`{param}` must be a number"))),
+    }
+}
+
+/// An integer field when set.
+pub fn integer(v: Option<&Value>, param: &'static str) -> Result<Option<i64>, TranslateError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(n) => n
+            .as_i64()
+            .map(Some)
+            .ok_or_else(|| refuse(param, format!("`{param}` must be an integer"))),
+    }
+}
+
+/// Anthropic's `cache_control` for a cache mark.
+pub fn cache_control(c: &CacheMark) -> Value {
+    let mut v = serde_json::json!({"type": "ephemeral"});
+    if let Some(ttl) = &c.ttl {
+        v["ttl"] = Value::String(ttl.clone());
+    }
+    v
+}
+
+/// The kind of error an HTTP status stands for.
+pub fn error_kind(status: u16) -> ErrorKind {
+    match status {
+        401 => ErrorKind::Authentication,
+        403 => ErrorKind::PermissionDenied,
+        404 => ErrorKind::NotFound,
+        413 => ErrorKind::RequestTooLarge,
+        429 => ErrorKind::RateLimited,
+        503 | 529 => ErrorKind::Overloaded,
+        400..=499 => ErrorKind::InvalidRequest,
+        _ => ErrorKind::Server,
+    }
+}
+
+/// The status an error kind stands for, where no HTTP status came with it (an error
+/// event in the middle of a stream).
+pub fn status_of(kind: ErrorKind) -> u16 {
+    match kind {
+        ErrorKind::InvalidRequest | ErrorKind::ContentFilter => 400,
+        ErrorKind::Authentication => 401,
+        ErrorKind::PermissionDenied => 403,
+        ErrorKind::NotFound => 404,
+        ErrorKind::RequestTooLarge => 413,
+        ErrorKind::RateLimited | ErrorKind::QuotaExhausted => 429,
+        ErrorKind::Overloaded => 529,
+        ErrorKind::Server => 500,
+    }
+}
+
+/// An upstream's error body, whatever its shape: its format's `error.message`, else a
+/// top-level `message` (vLLM) or `detail` (FastAPI servers); a body that is not JSON (a
+/// proxy's HTML page) is not shown to the client. `code` is the upstream's own code, else
+/// its error type. Both formats read errors alike: an OpenAI-compatible server or a proxy
+/// in front of either may answer in any of these shapes.
+pub fn read_error(status: u16, v: &Value) -> ErrorInfo {
+    let message = ["/error/message", "/message", "/detail"]
+        .iter()
+        .find_map(|p| v.pointer(p).and_then(Value::as_str))
+        .unwrap_or("The upstream rejected the request.");
+    ErrorInfo {
+        status,
+        kind: error_kind(status),
+        message: message.to_string(),
+        code: upstream_code(v),
+        param: None,
+    }
+}
+
+/// The upstream's own `code`, else its `type`.
+pub fn upstream_code(v: &Value) -> Option<String> {
+    ["/error/code", "/error/type", "/type"]
+        .iter()
+        .find_map(|p| v.pointer(p).and_then(Value::as_str))
+        .map(str::to_string)
+}
+
+#[cfg(test)]
+mod props;

@@ -1,9 +1,8 @@
-//! OpenAI ↔ Anthropic translation, in one place: requests (`request`), whole answers and
-//! error bodies (`response`), and streams event by event (`stream`). Fixtures under
-//! `tests/fixtures/{openai,anthropic}/` pin every case.
+//! What translation between formats shares: the refusal (`TranslateError`) and the stream
+//! converter (`stream`), which joins an upstream format's event reader to a client
+//! format's event writer. The adapters themselves are `formats/`, the dispatch
+//! `dispatch.rs`; fixtures under `tests/fixtures/{openai,anthropic}/` pin every case.
 
-pub mod request;
-pub mod response;
 pub mod stream;
 
 /// A request the other side cannot express; refused with a 400 naming the field (`param`;

@@ -14,7 +14,7 @@ mod events;
 mod read;
 
 pub use events::EventReader;
-pub use read::{error_type, read_answer, read_error, read_usage};
+pub use read::{answer_text, error_type, read_answer, read_error, read_usage};
 
 use serde_json::{json, Map, Value};
 
@@ -245,6 +245,7 @@ fn blocks(m: &Message) -> Result<Vec<Value>, TranslateError> {
                 content,
                 is_error,
                 cache,
+                ..
             } => {
                 let mut parts = Vec::new();
                 for c in content {

@@ -180,3 +180,13 @@ pub(super) fn exception_status(name: &str) -> u16 {
         _ => 500,
     }
 }
+
+/// The text of an answer, to count when it reports no usage.
+pub fn answer_text(v: &Value) -> String {
+    v.pointer("/output/message/content")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|b| b.get("text").and_then(Value::as_str))
+        .collect()
+}

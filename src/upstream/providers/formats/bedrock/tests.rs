@@ -43,6 +43,7 @@ fn round_trip_request() -> Request {
                     },
                 ],
                 name: None,
+                plain: false,
             },
             Message {
                 role: Role::Assistant,
@@ -59,6 +60,7 @@ fn round_trip_request() -> Request {
                     },
                 ],
                 name: None,
+                plain: false,
             },
             Message {
                 role: Role::Tool,
@@ -66,9 +68,11 @@ fn round_trip_request() -> Request {
                     call_id: "tooluse_1".into(),
                     content: vec![text("12 C, rain")],
                     is_error: false,
+                    plain: false,
                     cache: None,
                 }],
                 name: None,
+                plain: false,
             },
             Message {
                 role: Role::User,
@@ -84,6 +88,7 @@ fn round_trip_request() -> Request {
                     },
                 ],
                 name: None,
+                plain: false,
             },
         ],
         tools: vec![Tool {
@@ -135,6 +140,7 @@ fn simple() -> Request {
             role: Role::User,
             content: vec![text("hi")],
             name: None,
+            plain: false,
         }],
         ..Request::default()
     }
@@ -217,6 +223,7 @@ fn consecutive_user_turns_are_merged_and_tool_errors_flagged() {
             arguments: "{}".into(),
         }],
         name: None,
+        plain: false,
     });
     r.messages.push(Message {
         role: Role::Tool,
@@ -225,13 +232,16 @@ fn consecutive_user_turns_are_merged_and_tool_errors_flagged() {
             content: vec![text("boom")],
             is_error: true,
             cache: None,
+            plain: false,
         }],
         name: None,
+        plain: false,
     });
     r.messages.push(Message {
         role: Role::User,
         content: vec![text("again")],
         name: None,
+        plain: false,
     });
     let got = write_request(&r, CLAUDE, None, true).unwrap();
     let msgs = got["messages"].as_array().unwrap();

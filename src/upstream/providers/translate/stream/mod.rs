@@ -2,25 +2,28 @@
 //! its formats: the usage the upstream reported and the text it produced (to count when
 //! the usage never arrives).
 //!
-//! OpenAI → Anthropic client (`to_anthropic`): `message_start` carries the input estimate
-//! (the real figure comes last in OpenAI streams), `message_delta.usage` the actual input
-//! and output. Anthropic → OpenAI client (`to_openai`): deltas become
-//! `chat.completion.chunk`s; the usage chunk is sent only when the client asked for it.
-//! Either way an upstream's mid-stream error event reaches the client as its own format's
-//! error event, and the stream ends there. Every event, translated or passed through, is
-//! read once into the typed fields of `shape`: one that is not JSON, or not in its format's
-//! shape, ends the stream with the gateway's error event (`upstream_error`).
+//! Same format: each event passes as it came (read once for the accounting). Across
+//! formats: the upstream format's `EventReader` turns each event into the internal form's
+//! events (`canonical::Event`) and the client format's `EventWriter` writes those. The
+//! converter owns the usage: the writer is told the accounted figures (an `Event::Usage`)
+//! before the start and before the end, so `message_start` carries the input estimate and
+//! the end the actual figures (or the count). Either way an upstream's mid-stream error
+//! event reaches the client as its own format's error event, and the stream ends there.
+//! Every event is read once into the typed fields of `shape`: one that is not JSON, or not
+//! in its format's shape, ends the stream with the gateway's error event
+//! (`upstream_error`).
 
-mod shape;
-mod to_anthropic;
-mod to_openai;
+pub mod shape;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use serde_json::{json, Value};
+use serde_json::json;
 
-use crate::error::WireFormat;
 use crate::quota::estimate;
 use crate::quota::pricing::Usage;
+use crate::upstream::providers::canonical::{self, Event};
+use crate::upstream::providers::formats::openai_chat::stream::{read_event, OpenAiEvent};
+use crate::upstream::providers::formats::{anthropic, bedrock, openai_chat};
+use crate::upstream::providers::Format;
 use shape::Body;
 pub use shape::Corrupt;
 
@@ -31,9 +34,38 @@ const COUNT_EVERY: usize = 64 * 1024;
 /// The default of `StreamConverter::hold_limit`.
 pub const HOLD_LIMIT: usize = 16 * 1024 * 1024;
 
+/// The upstream format's reader (used across formats only).
+enum Reader {
+    OpenAiChat(openai_chat::EventReader),
+    Anthropic(anthropic::EventReader),
+    Bedrock(bedrock::EventReader),
+}
+
+/// The client format's writer (used across formats only).
+enum Writer {
+    OpenAiChat(openai_chat::EventWriter),
+    Anthropic(anthropic::EventWriter),
+}
+
+impl Writer {
+    fn write(&mut self, e: &Event, out: &mut Vec<Bytes>) {
+        match self {
+            Writer::OpenAiChat(w) => w.write(e, out),
+            Writer::Anthropic(w) => w.write(e, out),
+        }
+    }
+
+    fn held_bytes(&self) -> usize {
+        match self {
+            Writer::OpenAiChat(_) => 0,
+            Writer::Anthropic(w) => w.held_bytes(),
+        }
+    }
+}
+
 pub struct StreamConverter {
-    upstream: WireFormat,
-    client: WireFormat,
+    upstream: Format,
+    client: Format,
     include_usage: bool,
     input_estimate: i64,
     input: Option<i64>,
@@ -50,8 +82,8 @@ pub struct StreamConverter {
     /// The upstream's own error event was passed on: the stream ends with it, and needs
     /// no error of the gateway's after it.
     error_sent: bool,
-    anthropic_out: to_anthropic::State,
-    openai_out: to_openai::State,
+    reader: Reader,
+    writer: Writer,
 }
 
 pub fn frame(event: Option<&str>, data: &str) -> Bytes {
@@ -68,13 +100,14 @@ pub fn frame(event: Option<&str>, data: &str) -> Bytes {
 }
 
 /// An error event in `client`'s format, ending a stream that cannot complete.
-pub fn error_event(client: WireFormat, message: &str, code: &str) -> Bytes {
-    match client {
-        WireFormat::OpenAi => frame(
+pub fn error_event(client: impl Into<Format>, message: &str, code: &str) -> Bytes {
+    match client.into() {
+        // Bedrock is never a client's format; OpenAI's shape stands in.
+        Format::OpenAiChat | Format::Bedrock => frame(
             None,
             &json!({"error": {"message": message, "type": "server_error", "param": null, "code": code}}).to_string(),
         ),
-        WireFormat::Anthropic => frame(
+        Format::Anthropic => frame(
             Some("error"),
             &json!({"type": "error", "error": {"type": "api_error", "message": message, "code": code}}).to_string(),
         ),
@@ -83,11 +116,12 @@ pub fn error_event(client: WireFormat, message: &str, code: &str) -> Bytes {
 
 impl StreamConverter {
     pub fn new(
-        upstream: WireFormat,
-        client: WireFormat,
+        upstream: impl Into<Format>,
+        client: impl Into<Format>,
         include_usage: bool,
         input_estimate: i64,
     ) -> Self {
+        let (upstream, client) = (upstream.into(), client.into());
         Self {
             upstream,
             client,
@@ -101,8 +135,19 @@ impl StreamConverter {
             hold_limit: HOLD_LIMIT,
             done: false,
             error_sent: false,
-            anthropic_out: to_anthropic::State::default(),
-            openai_out: to_openai::State::default(),
+            reader: match upstream {
+                Format::OpenAiChat => Reader::OpenAiChat(openai_chat::EventReader::default()),
+                Format::Anthropic => Reader::Anthropic(anthropic::EventReader),
+                Format::Bedrock => Reader::Bedrock(bedrock::EventReader::new()),
+            },
+            writer: match client {
+                Format::OpenAiChat => {
+                    Writer::OpenAiChat(openai_chat::EventWriter::new(include_usage))
+                }
+                Format::Anthropic => Writer::Anthropic(anthropic::EventWriter::default()),
+                // Never a client's format.
+                Format::Bedrock => Writer::OpenAiChat(openai_chat::EventWriter::new(include_usage)),
+            },
         }
     }
 
@@ -175,12 +220,9 @@ impl StreamConverter {
             return;
         }
         let read = match (self.upstream, self.client) {
-            (WireFormat::OpenAi, WireFormat::OpenAi) => self.openai_to_openai(data, out),
-            (WireFormat::Anthropic, WireFormat::Anthropic) => {
-                self.anthropic_to_anthropic(name, data, out)
-            }
-            (WireFormat::OpenAi, WireFormat::Anthropic) => self.openai_to_anthropic(data, out),
-            (WireFormat::Anthropic, WireFormat::OpenAi) => self.anthropic_to_openai(data, out),
+            (Format::OpenAiChat, Format::OpenAiChat) => self.openai_to_openai(data, out),
+            (Format::Anthropic, Format::Anthropic) => self.anthropic_to_anthropic(name, data, out),
+            _ => self.across(name, data, out),
         };
         // An event the gateway cannot read — not JSON, or JSON not in its format's shape
         // (see `shape`) — is a piece of the answer or of its usage it cannot pass on or
@@ -194,7 +236,7 @@ impl StreamConverter {
             self.error_sent = true;
             return;
         }
-        if self.anthropic_out.held_bytes > self.hold_limit && !self.error_sent {
+        if self.held_bytes() > self.hold_limit && !self.error_sent {
             out.push(error_event(
                 self.client,
                 "The upstream held back more of the answer than the gateway keeps; the stream was ended by the gateway.",
@@ -245,7 +287,7 @@ impl StreamConverter {
             out.push(frame(None, data));
             return Ok(());
         }
-        let c = match openai_event(data)? {
+        let c = match read_event(data)? {
             OpenAiEvent::Chunk(c) => c,
             OpenAiEvent::Error { error, raw } => {
                 self.error_sent = true;
@@ -311,60 +353,121 @@ impl StreamConverter {
         out.push(frame(Some(if name.is_empty() { kind } else { name }), data));
         Ok(())
     }
-}
 
-/// An OpenAI-format upstream event: a chunk, or a mid-stream error.
-enum OpenAiEvent<'a> {
-    Chunk(shape::Obj<shape::Chunk<'a>>),
-    /// The error in OpenAI's shape; `raw` when the upstream's own body already is.
-    Error {
-        error: Value,
-        raw: bool,
-    },
-}
+    /// Bytes held for the client across formats (calls waiting for their names, blocks
+    /// waiting behind a live one).
+    fn held_bytes(&self) -> usize {
+        let reader = match &self.reader {
+            Reader::OpenAiChat(r) => r.held_bytes(),
+            Reader::Anthropic(_) | Reader::Bedrock(_) => 0,
+        };
+        reader + self.writer.held_bytes()
+    }
 
-/// Reads an OpenAI-format event. An error chunk is recognised also when its other fields
-/// would not pass as a chunk's (its shape is the error's, read apart).
-fn openai_event(data: &str) -> Result<OpenAiEvent<'_>, Corrupt> {
-    let chunk = shape::parse::<shape::Obj<shape::Chunk>>(data);
-    if let Ok(c) = &chunk {
-        if c.error.is_none() {
-            return chunk.map(OpenAiEvent::Chunk);
+    /// An upstream event through the internal form: read (and accounted) by the upstream
+    /// format's reader, written by the client format's writer.
+    fn across(&mut self, name: &str, data: &str, out: &mut Vec<Bytes>) -> Result<(), Corrupt> {
+        let mut events = Vec::new();
+        match &mut self.reader {
+            Reader::OpenAiChat(r) => {
+                if data == "[DONE]" {
+                    r.done(&mut events);
+                } else {
+                    match read_event(data)? {
+                        OpenAiEvent::Chunk(c) => {
+                            r.chunk(&c, &mut events);
+                            self.note_openai_chunk(&c);
+                        }
+                        OpenAiEvent::Error { error, .. } => r.error(&error, &mut events),
+                    }
+                }
+            }
+            Reader::Anthropic(r) => {
+                let e = shape::anthropic_event(data)?;
+                r.event(&e, &mut events);
+                self.note_anthropic_event(&e);
+            }
+            Reader::Bedrock(r) => {
+                r.read(name, data, &mut events)?;
+                for e in &events {
+                    self.note_event(e);
+                }
+            }
+        }
+        for e in &events {
+            self.forward(e, out);
+        }
+        Ok(())
+    }
+
+    /// Accounting from the internal form's events, for an upstream format whose reader is
+    /// not read into typed shapes here (the OpenAI and Anthropic readers are, and keep
+    /// their own accounting, `note_openai_chunk` / `note_anthropic_event`). A format added
+    /// later calls this on its reader's events: every piece of output is counted, and a
+    /// usage event sets the figures it carries (input first, output last, or all at once).
+    fn note_event(&mut self, e: &Event) {
+        match e {
+            Event::TextDelta { text, .. }
+            | Event::ReasoningDelta { text, .. }
+            | Event::RefusalDelta { text, .. } => self.note_text(text),
+            Event::ToolArgsDelta { json, .. } => self.note_text(json),
+            Event::ToolCallStart { id, name, .. } => {
+                self.note_text(id);
+                self.note_text(name);
+            }
+            Event::Usage(u) => {
+                if u.input > 0 || u.cached_input > 0 {
+                    self.input = Some(u.input);
+                    self.cached = u.cached_input;
+                }
+                if u.output > 0 {
+                    self.output = Some(u.output);
+                }
+            }
+            Event::Done => self.done = true,
+            Event::Error(_) => self.error_sent = true,
+            _ => {}
         }
     }
-    let as_error = serde_json::from_str::<Value>(data).ok().and_then(|v| {
-        let raw = v.get("error").is_some_and(Value::is_object);
-        openai_error(&v).map(|error| OpenAiEvent::Error { error, raw })
-    });
-    match as_error {
-        Some(e) => Ok(e),
-        None => chunk.map(OpenAiEvent::Chunk),
-    }
-}
 
-/// An OpenAI-format mid-stream error in OpenAI's shape: a data chunk `{"error": {…}}`, or
-/// `{"error": "<text>", "error_type": "…"}` as Hugging Face TGI sends it (reshaped, its
-/// `error_type` as the code). `None` for any other chunk.
-fn openai_error(v: &Value) -> Option<Value> {
-    match v.get("error")? {
-        Value::Object(_) => Some(v.clone()),
-        Value::String(message) => {
-            let code = v
-                .get("error_type")
-                .filter(|c| c.is_string())
-                .cloned()
-                .unwrap_or(json!("upstream_error"));
-            Some(
-                json!({"error": {"message": message, "type": "server_error", "param": null, "code": code}}),
-            )
+    /// The accounted usage in the internal form.
+    fn accounted(&self) -> canonical::Usage {
+        let u = self.usage();
+        canonical::Usage {
+            input: u.input,
+            cached_input: u.cached_input,
+            output: u.output,
+            ..canonical::Usage::default()
         }
-        _ => None,
+    }
+
+    fn forward(&mut self, e: &Event, out: &mut Vec<Bytes>) {
+        match e {
+            // The converter owns the usage (see the module doc).
+            Event::Usage(_) => return,
+            Event::Start { .. } => {
+                let estimate = canonical::Usage {
+                    input: self.input_estimate,
+                    ..canonical::Usage::default()
+                };
+                self.writer.write(&Event::Usage(estimate), out);
+            }
+            Event::Done => {
+                self.done = true;
+                let usage = self.accounted();
+                self.writer.write(&Event::Usage(usage), out);
+            }
+            Event::Error(_) => self.error_sent = true,
+            _ => {}
+        }
+        self.writer.write(e, out);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::WireFormat;
 
     fn chunk(content: &str) -> String {
         json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
@@ -418,7 +521,7 @@ mod tests {
             assert!(events < 20_000, "never ended");
             c.event("", &call(1, None, None, "\"xxxxxxxxxx\","), &mut out);
         }
-        assert!(c.anthropic_out.held_bytes > 100_000);
+        assert!(c.held_bytes() > 100_000);
         let last = String::from_utf8_lossy(out.last().unwrap()).to_string();
         assert!(last.starts_with("event: error\n"), "{last}");
         assert!(last.contains("upstream_error"), "{last}");
@@ -427,5 +530,33 @@ mod tests {
         c.event("", &call(1, None, None, "x"), &mut out);
         c.event("", "[DONE]", &mut out);
         assert_eq!(out.len(), before);
+    }
+
+    /// The accounting a format added later uses: output counted from its events, usage
+    /// figures set as they come, the end and errors noted.
+    #[test]
+    fn the_internal_form_s_events_are_accounted() {
+        let mut c = StreamConverter::new(WireFormat::OpenAi, WireFormat::Anthropic, false, 10);
+        c.note_event(&Event::TextDelta {
+            index: 0,
+            text: "The engine light blinks. ".repeat(10),
+        });
+        let counted = c.usage();
+        assert_eq!(counted.input, 10, "the estimate until the upstream says");
+        assert!(counted.output > 0);
+        c.note_event(&Event::Usage(canonical::Usage {
+            input: 31,
+            cached_input: 4,
+            ..canonical::Usage::default()
+        }));
+        c.note_event(&Event::Usage(canonical::Usage {
+            output: 12,
+            ..canonical::Usage::default()
+        }));
+        let u = c.usage();
+        assert_eq!((u.input, u.cached_input, u.output), (31, 4, 12));
+        assert!(!c.done());
+        c.note_event(&Event::Done);
+        assert!(c.done());
     }
 }

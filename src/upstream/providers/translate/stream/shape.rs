@@ -331,8 +331,10 @@ pub enum Body {
     },
     MessageDelta(Obj<MessageDelta>, Option<Obj<AnthropicUsage>>),
     MessageStop,
+    /// `content_block_stop` (an index of the wrong shape reads as 0: nothing depends on it).
+    BlockStop(i64),
     Error(ErrorBody),
-    /// `ping`, `content_block_stop`, and types the gateway does not know: nothing read.
+    /// `ping`, and types the gateway does not know: nothing read.
     Other,
 }
 
@@ -364,6 +366,12 @@ pub struct BlockDelta {
     pub text: Option<String>,
     #[serde(default)]
     pub partial_json: Option<String>,
+    /// A `thinking_delta`'s text.
+    #[serde(default)]
+    pub thinking: Option<String>,
+    /// A `signature_delta`'s signature.
+    #[serde(default)]
+    pub signature: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -391,7 +399,7 @@ pub struct AnthropicUsage {
 
 impl AnthropicUsage {
     /// (input, cached input): Sluice's input is Anthropic's input plus cache reads and
-    /// writes, cache reads priced as cached (as `anthropic::usage_of`).
+    /// writes, cache reads priced as cached (as `formats::anthropic::read_usage`).
     pub fn input(&self) -> (i64, i64) {
         let cached = figure(self.cache_read_input_tokens);
         let input = figure(self.input_tokens)
@@ -450,6 +458,9 @@ pub fn anthropic_event(data: &str) -> Result<Event<'_>, Corrupt> {
         }
         "message_delta" => Body::MessageDelta(required(raw.delta)?, optional(raw.usage)?),
         "message_stop" => Body::MessageStop,
+        "content_block_stop" => {
+            Body::BlockStop(optional::<i64>(raw.index).ok().flatten().unwrap_or(0))
+        }
         "error" => Body::Error(
             raw.error
                 .and_then(|e| serde_json::from_str::<Obj<ErrorBody>>(e.get()).ok())

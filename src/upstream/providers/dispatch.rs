@@ -1,0 +1,244 @@
+//! The dispatch between wire formats: which adapter reads a client's request and which
+//! writes it for the upstream, through the internal form (`canonical`). A body whose
+//! client and upstream speak the same format never builds the internal form: it passes
+//! untouched but for the model and the output cap (the same-format fast path).
+//!
+//! Adding a format: a variant of `Format`, its adapter module under `formats/`, and one
+//! match arm in each function here (and in `translate::stream` for its events).
+
+use bytes::Bytes;
+use serde_json::{Map, Value};
+
+use super::canonical::{Answer, ErrorInfo, ErrorKind, Request};
+use super::formats::{self, UPSTREAM};
+use super::translate::stream::Corrupt;
+use super::translate::TranslateError;
+use super::{anthropic, openai};
+use crate::config::Provider;
+use crate::error::WireFormat;
+use crate::quota::pricing::Usage;
+
+/// The wire format a client speaks to the gateway, or an upstream speaks to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Format {
+    /// OpenAI chat completions (also `/v1/completions` and `/v1/embeddings` on the same
+    /// upstreams, which only ever pass through).
+    OpenAiChat,
+    /// Anthropic Messages.
+    Anthropic,
+    /// AWS Bedrock Converse: an upstream format only (no client speaks it to the gateway).
+    Bedrock,
+}
+
+impl Format {
+    /// How a refusal names an upstream of this format ("cannot be sent to …").
+    pub fn model_noun(self) -> &'static str {
+        match self {
+            Format::OpenAiChat => "an OpenAI-format model",
+            Format::Anthropic => "an Anthropic model",
+            Format::Bedrock => "a Bedrock model",
+        }
+    }
+
+    /// The error shape a client of this format reads.
+    pub fn error_format(self) -> WireFormat {
+        match self {
+            Format::OpenAiChat => WireFormat::OpenAi,
+            Format::Anthropic => WireFormat::Anthropic,
+            // Never a client's format; an error about it is written in OpenAI's shape.
+            Format::Bedrock => WireFormat::OpenAi,
+        }
+    }
+}
+
+impl From<WireFormat> for Format {
+    fn from(w: WireFormat) -> Self {
+        match w {
+            WireFormat::OpenAi => Format::OpenAiChat,
+            WireFormat::Anthropic => Format::Anthropic,
+        }
+    }
+}
+
+impl From<Provider> for Format {
+    fn from(p: Provider) -> Self {
+        format_of(p)
+    }
+}
+
+/// The wire format a provider kind speaks.
+pub fn format_of(p: Provider) -> Format {
+    match p {
+        Provider::Openai => Format::OpenAiChat,
+        Provider::Anthropic => Format::Anthropic,
+        Provider::Bedrock => Format::Bedrock,
+    }
+}
+
+/// A client's request in the internal form; a refusal names the upstream it was read for.
+fn read_request(
+    client: Format,
+    upstream: Format,
+    body: &Map<String, Value>,
+) -> Result<Request, TranslateError> {
+    let read = match client {
+        Format::OpenAiChat => formats::openai_chat::read_request(body),
+        Format::Anthropic => formats::anthropic::read_request(body),
+        // No client speaks Converse to the gateway (`From<WireFormat>` never makes it).
+        Format::Bedrock => formats::openai_chat::read_request(body),
+    };
+    read.map_err(|mut e| {
+        e.message = e.message.replace(UPSTREAM, upstream.model_noun());
+        e
+    })
+}
+
+fn write_request(
+    upstream: Format,
+    r: &Request,
+    upstream_model: &str,
+    cap: Option<(&'static str, i64)>,
+    stream: bool,
+) -> Result<Map<String, Value>, TranslateError> {
+    match upstream {
+        Format::OpenAiChat => formats::openai_chat::write_request(r, upstream_model, cap, stream),
+        Format::Anthropic => formats::anthropic::write_request(r, upstream_model, cap, stream),
+        Format::Bedrock => formats::bedrock::write_request(r, upstream_model, cap, stream),
+    }
+}
+
+/// The body to send to an `upstream` deployment for a request in the `client` format.
+/// `cap` is the output cap and the field the upstream model takes it in (see
+/// `catalog::Route::cap_field`); it is sent under that name only.
+pub fn build_request(
+    client: impl Into<Format>,
+    upstream: impl Into<Format>,
+    body: &Map<String, Value>,
+    upstream_model: &str,
+    cap: Option<(&'static str, i64)>,
+    stream: bool,
+) -> Result<Vec<u8>, TranslateError> {
+    let (client, upstream) = (client.into(), upstream.into());
+    let out = if client == upstream {
+        match upstream {
+            Format::OpenAiChat => openai::shape_request(body, upstream_model, cap, stream),
+            Format::Anthropic => anthropic::shape_request(body, upstream_model, cap),
+            // Not reached: no client speaks Converse; read and written like any crossing.
+            Format::Bedrock => {
+                let r = read_request(client, upstream, body)?;
+                write_request(upstream, &r, upstream_model, cap, stream)?
+            }
+        }
+    } else {
+        let r = read_request(client, upstream, body)?;
+        write_request(upstream, &r, upstream_model, cap, stream)?
+    };
+    // A map of JSON values always serializes.
+    Ok(serde_json::to_vec(&Value::Object(out)).unwrap_or_default())
+}
+
+/// The usage an answer reports, else the generated text to count.
+pub fn answer_usage(upstream: impl Into<Format>, v: &Value) -> Result<Usage, String> {
+    let upstream = upstream.into();
+    let usage = v.get("usage").and_then(|u| match upstream {
+        Format::OpenAiChat => formats::openai_chat::read_usage(u),
+        Format::Anthropic => formats::anthropic::read_usage(u),
+        Format::Bedrock => formats::bedrock::read_usage(u),
+    });
+    usage.map(Usage::from).ok_or_else(|| match upstream {
+        Format::OpenAiChat => openai::answer_text(v),
+        Format::Anthropic => anthropic::answer_text(v),
+        Format::Bedrock => formats::bedrock::answer_text(v),
+    })
+}
+
+fn read_answer(upstream: Format, v: &Value) -> Result<Answer, Corrupt> {
+    match upstream {
+        Format::OpenAiChat => formats::openai_chat::read_answer(v),
+        Format::Anthropic => formats::anthropic::read_answer(v),
+        Format::Bedrock => formats::bedrock::read_answer(v),
+    }
+}
+
+fn write_answer(client: Format, a: &Answer) -> Value {
+    match client {
+        Format::OpenAiChat => formats::openai_chat::write_answer(a),
+        Format::Anthropic => formats::anthropic::write_answer(a),
+        // Never a client's format.
+        Format::Bedrock => formats::openai_chat::write_answer(a),
+    }
+}
+
+/// A non-streamed answer in the client's format: the upstream's bytes untouched when the
+/// formats match, through the internal form otherwise. An answer the upstream's adapter
+/// cannot read becomes an error in the client's format.
+pub fn convert_answer(
+    upstream: impl Into<Format>,
+    client: impl Into<Format>,
+    raw: Bytes,
+    v: &Value,
+) -> Bytes {
+    let (upstream, client) = (upstream.into(), client.into());
+    if upstream == client {
+        return raw;
+    }
+    let out = match read_answer(upstream, v) {
+        Ok(a) => write_answer(client, &a),
+        Err(c) => write_error(
+            client,
+            &ErrorInfo {
+                status: 502,
+                kind: ErrorKind::Server,
+                message: c.message().to_string(),
+                code: Some("upstream_error".into()),
+                param: None,
+            },
+        ),
+    };
+    Bytes::from(out.to_string())
+}
+
+fn read_error(upstream: Format, status: u16, v: &Value) -> ErrorInfo {
+    match upstream {
+        Format::OpenAiChat => formats::openai_chat::read_error(status, v),
+        Format::Anthropic => formats::anthropic::read_error(status, v),
+        Format::Bedrock => formats::bedrock::read_error(status, v),
+    }
+}
+
+fn write_error(client: Format, e: &ErrorInfo) -> Value {
+    match client {
+        Format::OpenAiChat => formats::openai_chat::write_error(e),
+        Format::Anthropic => formats::anthropic::write_error(e),
+        // Never a client's format.
+        Format::Bedrock => formats::openai_chat::write_error(e),
+    }
+}
+
+/// An upstream's client-error body in the client's format: untouched when it is already
+/// the client's format's error, rebuilt otherwise (the other format, an OpenAI-compatible
+/// server's own shape, a proxy's HTML page).
+pub fn convert_error(
+    upstream: impl Into<Format>,
+    client: impl Into<Format>,
+    status: u16,
+    raw: Bytes,
+) -> Bytes {
+    let (upstream, client) = (upstream.into(), client.into());
+    let v: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
+    if upstream == client && is_error_of(client, &v) {
+        return raw;
+    }
+    let e = read_error(upstream, status, &v);
+    Bytes::from(write_error(client, &e).to_string())
+}
+
+/// True when `v` is an error body of `format`'s own shape, which its SDKs parse.
+fn is_error_of(format: Format, v: &Value) -> bool {
+    let text = |p: &str| v.pointer(p).is_some_and(Value::is_string);
+    match format {
+        Format::OpenAiChat => text("/error/message"),
+        Format::Anthropic => v["type"] == "error" && text("/error/type") && text("/error/message"),
+        Format::Bedrock => false,
+    }
+}

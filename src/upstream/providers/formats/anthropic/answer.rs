@@ -1,0 +1,200 @@
+//! Whole answers, usage and error bodies in Anthropic's Messages format, to and from the
+//! internal form. Ids, tool call ids and the upstream's `model` value are kept as they
+//! came; `stop_reason` ↔ `Finish` as `openai_chat::answer` describes.
+
+use serde_json::{json, Value};
+
+use crate::upstream::providers::canonical::{Answer, ErrorInfo, Finish, Part, Usage};
+use crate::upstream::providers::translate::stream::Corrupt;
+use crate::upstream::providers::{anthropic, tokens};
+
+/// The internal form's finish for an Anthropic `stop_reason` and `stop_sequence`.
+pub fn read_finish(reason: Option<&str>, sequence: Option<&str>) -> Finish {
+    match reason.unwrap_or("end_turn") {
+        "end_turn" => Finish::Stop,
+        "max_tokens" | "model_context_window_exceeded" => Finish::Length,
+        "tool_use" => Finish::ToolCalls,
+        "refusal" => Finish::Refusal,
+        "stop_sequence" => Finish::StopSequence(sequence.map(str::to_string)),
+        "pause_turn" => Finish::Pause,
+        other => Finish::Other(other.to_string()),
+    }
+}
+
+/// Anthropic's `stop_reason` and `stop_sequence` for a finish.
+pub fn write_finish(f: &Finish) -> (&'static str, Value) {
+    match f {
+        Finish::Length => ("max_tokens", Value::Null),
+        Finish::ToolCalls => ("tool_use", Value::Null),
+        Finish::ContentFilter | Finish::Refusal => ("refusal", Value::Null),
+        Finish::StopSequence(Some(s)) => ("stop_sequence", json!(s)),
+        Finish::StopSequence(None) => ("stop_sequence", Value::Null),
+        Finish::Pause => ("pause_turn", Value::Null),
+        Finish::Stop | Finish::Other(_) => ("end_turn", Value::Null),
+    }
+}
+
+/// Usage from an Anthropic `usage` object. Anthropic counts cache reads and cache writes
+/// apart from `input_tokens`; the internal form's input is all three. `None` (the output
+/// is then counted) when it is not an object or a figure is there but not a number: no
+/// count the gateway can charge, and not to be read as 0.
+pub fn read_usage(u: &Value) -> Option<Usage> {
+    const FIGURES: [&str; 4] = [
+        "input_tokens",
+        "output_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_input_tokens",
+    ];
+    if !u.is_object()
+        || FIGURES
+            .iter()
+            .any(|k| u.get(*k).is_some_and(|v| !v.is_null() && !v.is_number()))
+    {
+        return None;
+    }
+    let n = |p: &str| tokens(u.pointer(p)).unwrap_or(0);
+    let cached = n("/cache_read_input_tokens");
+    let written = n("/cache_creation_input_tokens");
+    // The split of the writes by lifetime, where Anthropic gives it.
+    let hour = n("/cache_creation/ephemeral_1h_input_tokens").min(written);
+    Some(Usage {
+        input: n("/input_tokens")
+            .saturating_add(cached)
+            .saturating_add(written),
+        output: n("/output_tokens"),
+        cached_input: cached,
+        cache_write_5m: written - hour,
+        cache_write_1h: hour,
+        reasoning: 0,
+    })
+}
+
+/// Anthropic usage figures: input without the cache reads and writes, which are apart.
+pub fn write_usage(u: &Usage) -> Value {
+    let written = u.cache_write_5m.saturating_add(u.cache_write_1h);
+    json!({"input_tokens": u.input.saturating_sub(u.cached_input).saturating_sub(written).max(0),
+        "output_tokens": u.output, "cache_read_input_tokens": u.cached_input,
+        "cache_creation_input_tokens": written})
+}
+
+/// An Anthropic answer in the internal form.
+pub fn read_answer(v: &Value) -> Result<Answer, Corrupt> {
+    let mut content = Vec::new();
+    for b in v
+        .get("content")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let s = |k: &str| b.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+        match b.get("type").and_then(Value::as_str) {
+            Some("text") => content.push(Part::Text {
+                text: s("text"),
+                cache: None,
+            }),
+            Some("tool_use") => content.push(Part::ToolCall {
+                id: s("id"),
+                name: s("name"),
+                arguments: b
+                    .get("input")
+                    .map_or_else(|| "{}".to_string(), Value::to_string),
+            }),
+            Some("thinking") => content.push(Part::Reasoning {
+                text: s("thinking"),
+                signature: b
+                    .get("signature")
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
+                redacted: None,
+            }),
+            Some("redacted_thinking") => content.push(Part::Reasoning {
+                text: String::new(),
+                signature: None,
+                redacted: Some(s("data")),
+            }),
+            _ => {}
+        }
+    }
+    Ok(Answer {
+        id: v
+            .get("id")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
+        model: v
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
+        content,
+        finish: read_finish(
+            v.get("stop_reason").and_then(Value::as_str),
+            v.get("stop_sequence").and_then(Value::as_str),
+        ),
+        usage: v.get("usage").and_then(read_usage),
+        created: None,
+    })
+}
+
+/// Tool call arguments as an Anthropic `input` object. Arguments that are not a JSON
+/// object are kept as text under `_arguments` rather than lost.
+pub fn tool_input(args: &str) -> Value {
+    if args.trim().is_empty() {
+        return json!({});
+    }
+    match serde_json::from_str::<Value>(args) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => json!({"_arguments": args}),
+    }
+}
+
+/// An answer as an Anthropic `message`. A refusal's text is text.
+pub fn write_answer(a: &Answer) -> Value {
+    let content: Vec<Value> = a
+        .content
+        .iter()
+        .filter_map(|p| match p {
+            Part::Text { text, .. } | Part::Refusal { text } if !text.is_empty() => {
+                Some(json!({"type": "text", "text": text}))
+            }
+            Part::ToolCall {
+                id,
+                name,
+                arguments,
+            } => Some(
+                json!({"type": "tool_use", "id": id, "name": name, "input": tool_input(arguments)}),
+            ),
+            Part::Reasoning {
+                text,
+                signature,
+                redacted,
+            } => Some(match redacted {
+                Some(data) => json!({"type": "redacted_thinking", "data": data}),
+                None => json!({"type": "thinking", "thinking": text, "signature": signature}),
+            }),
+            _ => None,
+        })
+        .collect();
+    let (stop_reason, stop_sequence) = write_finish(&a.finish);
+    json!({
+        "id": a.id,
+        "type": "message",
+        "role": "assistant",
+        "model": a.model,
+        "content": content,
+        "stop_reason": stop_reason,
+        "stop_sequence": stop_sequence,
+        "usage": write_usage(&a.usage.unwrap_or_default()),
+    })
+}
+
+/// An upstream's error body: whatever its shape, read by `super::super::read_error`.
+pub fn read_error(status: u16, body: &Value) -> ErrorInfo {
+    super::super::read_error(status, body)
+}
+
+/// An error in Anthropic's shape, with the upstream's code in `error.code`.
+pub fn write_error(e: &ErrorInfo) -> Value {
+    json!({"type": "error", "error": {"type": anthropic::error_type(e.status),
+        "message": e.message, "code": e.code.as_deref().unwrap_or("upstream_error")}})
+}

@@ -1,0 +1,247 @@
+//! Whole answers, usage and error bodies in OpenAI's chat format, to and from the internal
+//! form. Ids, tool call ids and the upstream's `model` value are kept as they came.
+//!
+//! Finish reasons: `length` ↔ `Length`, `tool_calls` ↔ `ToolCalls` (also tool calls that
+//! came with `stop`, as some OpenAI-compatible servers send them), `content_filter` ↔
+//! `ContentFilter` / `Refusal`, and `stop` ↔ `Stop`, or `StopSequence` when the upstream
+//! names the sequence — OpenAI-compatible servers (vLLM) put it in the choice's
+//! `stop_reason`, which is also where an OpenAI client finds another format's stop
+//! sequence. `Pause` (a long server-tool turn Anthropic paused) is `stop`: OpenAI has no
+//! such state.
+
+use serde_json::{json, Map, Value};
+
+use crate::upstream::providers::canonical::{Answer, ErrorInfo, Finish, Part, Usage};
+use crate::upstream::providers::openai::content_text;
+use crate::upstream::providers::tokens;
+use crate::upstream::providers::translate::stream::Corrupt;
+
+/// What decides the internal form's finish from an OpenAI choice (streamed or whole).
+#[derive(Debug, Default, Clone)]
+pub struct FinishNotes {
+    pub reason: Option<String>,
+    /// The matched stop string, when the upstream reports it (vLLM's `stop_reason`).
+    pub sequence: Option<String>,
+    pub tool_calls: bool,
+    pub refusal: bool,
+}
+
+impl FinishNotes {
+    pub fn finish(&self) -> Finish {
+        match self.reason.as_deref().unwrap_or("stop") {
+            "length" => Finish::Length,
+            "tool_calls" | "function_call" => Finish::ToolCalls,
+            "content_filter" => Finish::ContentFilter,
+            _ if self.tool_calls => Finish::ToolCalls,
+            _ if self.refusal => Finish::Refusal,
+            _ if self.sequence.is_some() => Finish::StopSequence(self.sequence.clone()),
+            "stop" => Finish::Stop,
+            other => Finish::Other(other.to_string()),
+        }
+    }
+}
+
+/// OpenAI's `finish_reason` for a finish, and the matched stop sequence (`stop_reason`).
+pub fn finish_reason(f: &Finish) -> (&'static str, Option<&str>) {
+    match f {
+        Finish::Length => ("length", None),
+        Finish::ToolCalls => ("tool_calls", None),
+        Finish::ContentFilter | Finish::Refusal => ("content_filter", None),
+        Finish::StopSequence(s) => ("stop", s.as_deref()),
+        Finish::Stop | Finish::Pause | Finish::Other(_) => ("stop", None),
+    }
+}
+
+/// An OpenAI choice's finish fields.
+pub fn write_finish(choice: &mut Map<String, Value>, f: &Finish) {
+    let (reason, sequence) = finish_reason(f);
+    choice.insert("finish_reason".into(), json!(reason));
+    if let Some(s) = sequence {
+        choice.insert("stop_reason".into(), json!(s));
+    }
+}
+
+/// Usage from an OpenAI `usage` object; `None` (the output is then counted) when it is not
+/// an object or a figure is there but not a number — a `"completion_tokens": "40"` is no
+/// count the gateway can charge, and must not be read as 0.
+pub fn read_usage(u: &Value) -> Option<Usage> {
+    const FIGURES: [&str; 4] = [
+        "/prompt_tokens",
+        "/completion_tokens",
+        "/prompt_tokens_details/cached_tokens",
+        "/completion_tokens_details/reasoning_tokens",
+    ];
+    if !u.is_object()
+        || FIGURES
+            .iter()
+            .any(|p| u.pointer(p).is_some_and(|v| !v.is_null() && !v.is_number()))
+    {
+        return None;
+    }
+    let n = |p: &str| tokens(u.pointer(p)).unwrap_or(0);
+    Some(Usage {
+        input: n("/prompt_tokens"),
+        cached_input: n("/prompt_tokens_details/cached_tokens"),
+        output: n("/completion_tokens"),
+        reasoning: n("/completion_tokens_details/reasoning_tokens"),
+        ..Usage::default()
+    })
+}
+
+/// OpenAI usage figures (input includes cache reads and writes).
+pub fn write_usage(u: &Usage) -> Value {
+    json!({"prompt_tokens": u.input, "completion_tokens": u.output,
+        "total_tokens": u.input.saturating_add(u.output),
+        "prompt_tokens_details": {"cached_tokens": u.cached_input}})
+}
+
+/// An OpenAI answer in the internal form. The request asked for one choice: the one with
+/// index 0 is the answer.
+pub fn read_answer(v: &Value) -> Result<Answer, Corrupt> {
+    let choice = v
+        .get("choices")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .find(|c| c.get("index").and_then(Value::as_i64).unwrap_or(0) == 0)
+        .unwrap_or(&Value::Null);
+    let mut notes = FinishNotes {
+        reason: choice
+            .get("finish_reason")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        sequence: choice
+            .get("stop_reason")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        ..FinishNotes::default()
+    };
+    let mut content = Vec::new();
+    if let Some(t) = content_text(choice.pointer("/message/content")).filter(|t| !t.is_empty()) {
+        content.push(Part::Text {
+            text: t,
+            cache: None,
+        });
+    }
+    if let Some(t) = content_text(choice.pointer("/message/refusal")).filter(|t| !t.is_empty()) {
+        content.push(Part::Refusal { text: t });
+        notes.refusal = true;
+    }
+    for tc in choice
+        .pointer("/message/tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let s = |p: &str| tc.pointer(p).and_then(Value::as_str).unwrap_or("");
+        let args = tc.pointer("/function/arguments").and_then(Value::as_str);
+        content.push(Part::ToolCall {
+            id: s("/id").to_string(),
+            name: s("/function/name").to_string(),
+            arguments: args.unwrap_or("{}").to_string(),
+        });
+        notes.tool_calls = true;
+    }
+    Ok(Answer {
+        id: v
+            .get("id")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
+        model: v
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
+        content,
+        finish: notes.finish(),
+        usage: v.get("usage").and_then(read_usage),
+        created: v.get("created").and_then(Value::as_i64),
+    })
+}
+
+/// An answer as an OpenAI `chat.completion`. Reasoning has no place in it (an OpenAI
+/// client does not see it from OpenAI either).
+pub fn write_answer(a: &Answer) -> Value {
+    let mut text = String::new();
+    let mut refusal = String::new();
+    let mut tool_calls = Vec::new();
+    for p in &a.content {
+        match p {
+            Part::Text { text: t, .. } => text.push_str(t),
+            Part::Refusal { text: t } => refusal.push_str(t),
+            Part::ToolCall {
+                id,
+                name,
+                arguments,
+            } => tool_calls.push(json!({"id": id, "type": "function",
+                "function": {"name": name, "arguments": arguments}})),
+            _ => {}
+        }
+    }
+    // No text with tool calls or a refusal is `null`, as OpenAI sends it.
+    let no_text = text.is_empty()
+        && (!tool_calls.is_empty() || matches!(a.finish, Finish::Refusal | Finish::ContentFilter));
+    let mut message =
+        json!({"role": "assistant", "content": if no_text { Value::Null } else { json!(text) }});
+    if !refusal.is_empty() {
+        message["refusal"] = json!(refusal);
+    }
+    if !tool_calls.is_empty() {
+        message["tool_calls"] = Value::Array(tool_calls);
+    }
+    let mut choice = Map::new();
+    choice.insert("index".into(), json!(0));
+    choice.insert("message".into(), message);
+    choice.insert("logprobs".into(), Value::Null);
+    write_finish(&mut choice, &a.finish);
+    json!({
+        "id": a.id,
+        "object": "chat.completion",
+        "created": a.created.unwrap_or_else(|| chrono::Utc::now().timestamp()),
+        "model": a.model,
+        "choices": [choice],
+        "usage": write_usage(&a.usage.unwrap_or_default()),
+    })
+}
+
+/// OpenAI's error `type` for a status.
+fn error_type(status: u16) -> &'static str {
+    if status == 429 {
+        "requests"
+    } else if status >= 500 {
+        "server_error"
+    } else {
+        "invalid_request_error"
+    }
+}
+
+/// An upstream's error body: whatever its shape, read by `super::super::read_error`.
+pub fn read_error(status: u16, body: &Value) -> ErrorInfo {
+    super::super::read_error(status, body)
+}
+
+/// An error in OpenAI's shape: the message kept, the type from the status, `code` the
+/// upstream's own code or error type (`upstream_error` when it gave neither).
+pub fn write_error(e: &ErrorInfo) -> Value {
+    json!({"error": {"message": e.message, "type": error_type(e.status), "param": e.param,
+        "code": e.code.as_deref().unwrap_or("upstream_error")}})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_figures_are_read_or_left_to_the_count() {
+        let u = read_usage(&json!({"prompt_tokens": 3, "completion_tokens": 5,
+            "prompt_tokens_details": {"cached_tokens": 2},
+            "completion_tokens_details": {"reasoning_tokens": 1}}))
+        .unwrap();
+        assert_eq!(
+            (u.input, u.cached_input, u.output, u.reasoning),
+            (3, 2, 5, 1)
+        );
+        assert!(read_usage(&json!({"prompt_tokens": 3, "completion_tokens": "5"})).is_none());
+    }
+}
