@@ -23,14 +23,6 @@ use crate::upstream::providers::canonical::{
 };
 use crate::upstream::providers::translate::TranslateError;
 
-/// The client's name for a field of the internal form (`Request::names`), for messages.
-fn client_name(r: &Request, ours: &'static str) -> &'static str {
-    r.names
-        .iter()
-        .find(|(_, o)| *o == ours)
-        .map_or(ours, |(client, _)| *client)
-}
-
 fn refuse(param: &'static str, message: impl Into<String>) -> TranslateError {
     TranslateError {
         param: Some(param),
@@ -119,17 +111,17 @@ fn refuse_unexpressible(r: &Request) -> Result<(), TranslateError> {
     match &r.response_format {
         None | Some(ResponseFormat::Text) => {}
         Some(_) => {
-            let name = client_name(r, "response_format");
+            let name = r.client_name("response_format", "response_format");
             return Err(refuse(name, format!("`{name}` (JSON output) cannot be sent to a Bedrock model: Converse has no structured-output switch")));
         }
     }
     if r.parallel_tool_calls == Some(false) {
-        let name = client_name(r, "parallel_tool_calls");
+        let name = r.client_name("parallel_tool_calls", "parallel_tool_calls");
         return Err(refuse(name, format!("`{name}: false` cannot be sent to a Bedrock model: Converse cannot forbid parallel tool calls")));
     }
     if let Some(tier) = &r.service_tier {
         if !matches!(tier.as_str(), "auto" | "default") {
-            let name = client_name(r, "service_tier");
+            let name = r.client_name("service_tier", "service_tier");
             return Err(refuse(
                 name,
                 format!("`{name}: {tier}` cannot be sent to a Bedrock model"),
@@ -338,7 +330,7 @@ fn tool_config(r: &Request) -> Result<Option<Value>, TranslateError> {
             .as_ref()
             .is_some_and(|c| *c != ToolChoice::Auto && *c != ToolChoice::None)
         {
-            let name = client_name(r, "tool_choice");
+            let name = r.client_name("tool_choice", "tool_choice");
             return Err(refuse(
                 name,
                 format!("`{name}` names a tool but no tools were given"),
@@ -364,7 +356,7 @@ fn tool_config(r: &Request) -> Result<Option<Value>, TranslateError> {
         Some(ToolChoice::Required) => config["toolChoice"] = json!({ "any": {} }),
         Some(ToolChoice::Named(n)) => config["toolChoice"] = json!({ "tool": { "name": n } }),
         Some(ToolChoice::None) => {
-            let name = client_name(r, "tool_choice");
+            let name = r.client_name("tool_choice", "tool_choice");
             return Err(refuse(name, format!("`{name}: none` cannot be sent to a Bedrock model: Converse cannot forbid tool calls while tools are declared")));
         }
     }
@@ -391,7 +383,7 @@ fn thinking(
     reasoning: &Reasoning,
     upstream_model: &str,
 ) -> Result<Value, TranslateError> {
-    let name = client_name(r, "reasoning");
+    let name = r.client_name("reasoning", "reasoning");
     let claude = upstream_model.contains("anthropic.claude");
     match reasoning.budget_tokens {
         Some(budget) if claude && reasoning.summary.is_none() => {
