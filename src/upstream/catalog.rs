@@ -22,7 +22,7 @@ pub struct Deployment {
     /// Streams ask for a usage chunk (`quirks.include_usage`).
     pub include_usage: bool,
     /// The URLs of every route target (`Route::target`): for most providers one, shared by
-    /// every route; where the URL names the deployment or model (Azure, Gemini), one per name. Each
+    /// every route; where the URL names the deployment or model (Azure, Gemini, Bedrock), one per name. Each
     /// holds the URL of every endpoint, streamed and not, parsed once at start rather than
     /// on every request.
     targets: Vec<Target>,
@@ -168,7 +168,9 @@ impl Catalog {
                             upstream_model: name.clone(),
                             target: deployments[d].target(u, name),
                             cap_param: match u.provider {
-                                Provider::Anthropic | Provider::Gemini => OutputCapParam::MaxTokens,
+                                Provider::Anthropic | Provider::Gemini | Provider::Bedrock => {
+                                    OutputCapParam::MaxTokens
+                                }
                                 Provider::OpenaiCompatible => {
                                     by_config.unwrap_or(OutputCapParam::MaxTokens)
                                 }

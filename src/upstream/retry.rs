@@ -48,16 +48,23 @@ pub fn classify(err: &UpstreamError) -> Tier {
         }
         UpstreamError::Deadline => Tier::OutOfTime,
         UpstreamError::LocalResources(_) => Tier::LocalResources,
-        UpstreamError::Status { status, body, .. } => match *status {
-            s if out_of_money(s, body) => Tier::QuotaExhausted,
-            429 => Tier::RateLimited,
-            503 | 529 => Tier::Overloaded,
-            401 | 403 => Tier::AuthFailed,
-            408 => Tier::ServerError,
-            409 => Tier::Conflict,
-            400..=499 => Tier::ClientError,
-            _ => Tier::ServerError,
-        },
+        // A typed Bedrock error (`x-amzn-ErrorType`) is classified by its type first.
+        UpstreamError::Status { status, body, .. } => {
+            super::providers::bedrock::tier(body).unwrap_or_else(|| by_status(*status, body))
+        }
+    }
+}
+
+fn by_status(status: u16, body: &[u8]) -> Tier {
+    match status {
+        s if out_of_money(s, body) => Tier::QuotaExhausted,
+        429 => Tier::RateLimited,
+        503 | 529 => Tier::Overloaded,
+        401 | 403 => Tier::AuthFailed,
+        408 => Tier::ServerError,
+        409 => Tier::Conflict,
+        400..=499 => Tier::ClientError,
+        _ => Tier::ServerError,
     }
 }
 
@@ -142,6 +149,31 @@ mod tests {
             status: s,
             body: Bytes::from(body.to_string()),
             retry_after: None,
+        }
+    }
+
+    #[test]
+    fn bedrock_errors_are_classified_by_their_type() {
+        // As the gateway's client leaves them: the `x-amzn-ErrorType` header's type in
+        // `__type`. ServiceQuotaExceededException is a 400 and ModelNotReadyException a 429,
+        // so the status alone would pass the quota error to the client and cool the key
+        // down for a model that is loading.
+        let typed = |ty: &str| {
+            format!(
+                r#"{{"message":"m","__type":"{ty}:http://internal.amazon.com/coral/com.amazon.bedrock/"}}"#
+            )
+        };
+        for (s, ty, tier) in [
+            (400, "ServiceQuotaExceededException", Tier::QuotaExhausted),
+            (429, "ThrottlingException", Tier::RateLimited),
+            (429, "ModelNotReadyException", Tier::Overloaded),
+            (503, "ServiceUnavailableException", Tier::Overloaded),
+            (408, "ModelTimeoutException", Tier::ServerError),
+            (400, "ValidationException", Tier::ClientError),
+            (403, "AccessDeniedException", Tier::AuthFailed),
+            (404, "ResourceNotFoundException", Tier::ClientError),
+        ] {
+            assert_eq!(classify(&status(s, &typed(ty))), tier, "{ty}");
         }
     }
 

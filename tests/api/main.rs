@@ -1,6 +1,8 @@
 //! Integration tests: the real application over HTTP, real SQLite, the in-process mock.
 
 mod admin_helpers;
+mod bedrock;
+mod bedrock_gateway;
 mod gateway_proc;
 mod helpers;
 

@@ -99,6 +99,18 @@ name = "gemini-mock"
 routes = [{{ upstream = "mock-gemini", model = "gemini-mock-upstream" }}]
 input_usd_per_mtok = 0.30
 output_usd_per_mtok = 2.50
+id = "mock-bedrock"
+provider = "bedrock"
+region = "us-east-1"
+base_url = "http://127.0.0.1:{mock_port}"
+api_key = "bedrock-sdk-key"
+allow_private_network = true
+
+[[models]]
+name = "claude-bedrock"
+routes = [{{ upstream = "mock-bedrock", model = "anthropic.claude-3-5-sonnet-20240620-v1:0" }}]
+input_usd_per_mtok = 3.0
+output_usd_per_mtok = 15.0
 
 [[models]]
 name = "text-embedding-3-small"

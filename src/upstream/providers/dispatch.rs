@@ -30,6 +30,8 @@ pub enum Format {
     /// client speaks it to the gateway; where a function needs a client format for it, it
     /// takes OpenAI's.
     Gemini,
+    /// AWS Bedrock Converse: an upstream format only, like Gemini.
+    Bedrock,
 }
 
 impl Format {
@@ -39,13 +41,15 @@ impl Format {
             Format::OpenAiChat => "an OpenAI-format model",
             Format::Anthropic => "an Anthropic model",
             Format::Gemini => "a Gemini model",
+            Format::Bedrock => "a Bedrock model",
         }
     }
 
     /// The error shape a client of this format reads.
     pub fn error_format(self) -> WireFormat {
         match self {
-            Format::OpenAiChat | Format::Gemini => WireFormat::OpenAi,
+            // Gemini and Bedrock are never a client's format: OpenAI's stands in.
+            Format::OpenAiChat | Format::Gemini | Format::Bedrock => WireFormat::OpenAi,
             Format::Anthropic => WireFormat::Anthropic,
         }
     }
@@ -72,6 +76,7 @@ pub fn format_of(p: Provider) -> Format {
         Provider::Openai | Provider::AzureOpenai | Provider::OpenaiCompatible => Format::OpenAiChat,
         Provider::Anthropic => Format::Anthropic,
         Provider::Gemini => Format::Gemini,
+        Provider::Bedrock => Format::Bedrock,
     }
 }
 
@@ -82,7 +87,10 @@ fn read_request(
     body: &Map<String, Value>,
 ) -> Result<Request, TranslateError> {
     let read = match client {
-        Format::OpenAiChat | Format::Gemini => formats::openai_chat::read_request(body),
+        // No client speaks Gemini or Converse (`From<WireFormat>` never makes them).
+        Format::OpenAiChat | Format::Gemini | Format::Bedrock => {
+            formats::openai_chat::read_request(body)
+        }
         Format::Anthropic => formats::anthropic::read_request(body),
     };
     read.map_err(|mut e| {
@@ -102,6 +110,7 @@ fn write_request(
         Format::OpenAiChat => formats::openai_chat::write_request(r, upstream_model, cap, stream),
         Format::Anthropic => formats::anthropic::write_request(r, upstream_model, cap, stream),
         Format::Gemini => formats::gemini::write_request(r, upstream_model, cap, stream),
+        Format::Bedrock => formats::bedrock::write_request(r, upstream_model, cap, stream),
     }
 }
 
@@ -130,15 +139,18 @@ pub fn build_request_with(
     (stream, include_usage): (bool, bool),
 ) -> Result<Vec<u8>, TranslateError> {
     let (client, upstream) = (client.into(), upstream.into());
-    let mut out = if client == upstream && upstream != Format::Gemini {
-        match upstream {
-            Format::OpenAiChat => openai::shape_request(body, upstream_model, cap, stream),
-            Format::Anthropic => anthropic::shape_request(body, upstream_model, cap),
-            Format::Gemini => unreachable_same_format(),
+    let mut out = match upstream {
+        Format::OpenAiChat if client == upstream => {
+            openai::shape_request(body, upstream_model, cap, stream)
         }
-    } else {
-        let r = read_request(client, upstream, body)?;
-        write_request(upstream, &r, upstream_model, cap, stream)?
+        Format::Anthropic if client == upstream => {
+            anthropic::shape_request(body, upstream_model, cap)
+        }
+        // Crossing formats, and the upstream-only formats (Gemini, Bedrock) always.
+        _ => {
+            let r = read_request(client, upstream, body)?;
+            write_request(upstream, &r, upstream_model, cap, stream)?
+        }
     };
     if !include_usage && upstream == Format::OpenAiChat {
         out.remove("stream_options");
@@ -154,11 +166,13 @@ pub fn answer_usage(upstream: impl Into<Format>, v: &Value) -> Result<Usage, Str
         Format::OpenAiChat => v.get("usage").and_then(formats::openai_chat::read_usage),
         Format::Anthropic => v.get("usage").and_then(formats::anthropic::read_usage),
         Format::Gemini => v.get("usageMetadata").and_then(formats::gemini::read_usage),
+        Format::Bedrock => v.get("usage").and_then(formats::bedrock::read_usage),
     };
     usage.map(Usage::from).ok_or_else(|| match upstream {
         Format::OpenAiChat => openai::answer_text(v),
         Format::Anthropic => anthropic::answer_text(v),
         Format::Gemini => formats::gemini::answer_text(v),
+        Format::Bedrock => formats::bedrock::answer_text(v),
     })
 }
 
@@ -167,12 +181,16 @@ fn read_answer(upstream: Format, v: &Value) -> Result<Answer, Corrupt> {
         Format::OpenAiChat => formats::openai_chat::read_answer(v),
         Format::Anthropic => formats::anthropic::read_answer(v),
         Format::Gemini => formats::gemini::read_answer(v),
+        Format::Bedrock => formats::bedrock::read_answer(v),
     }
 }
 
 fn write_answer(client: Format, a: &Answer) -> Value {
     match client {
-        Format::OpenAiChat | Format::Gemini => formats::openai_chat::write_answer(a),
+        // Never a client's format: OpenAI's stands in.
+        Format::OpenAiChat | Format::Gemini | Format::Bedrock => {
+            formats::openai_chat::write_answer(a)
+        }
         Format::Anthropic => formats::anthropic::write_answer(a),
     }
 }
@@ -211,12 +229,16 @@ fn read_error(upstream: Format, status: u16, v: &Value) -> ErrorInfo {
         Format::OpenAiChat => formats::openai_chat::read_error(status, v),
         Format::Anthropic => formats::anthropic::read_error(status, v),
         Format::Gemini => formats::gemini::read_error(status, v),
+        Format::Bedrock => formats::bedrock::read_error(status, v),
     }
 }
 
 fn write_error(client: Format, e: &ErrorInfo) -> Value {
     match client {
-        Format::OpenAiChat | Format::Gemini => formats::openai_chat::write_error(e),
+        // Never a client's format: OpenAI's stands in.
+        Format::OpenAiChat | Format::Gemini | Format::Bedrock => {
+            formats::openai_chat::write_error(e)
+        }
         Format::Anthropic => formats::anthropic::write_error(e),
     }
 }
@@ -259,13 +281,6 @@ fn is_error_of(format: Format, v: &Value) -> bool {
     match format {
         Format::OpenAiChat => text("/error/message"),
         Format::Anthropic => v["type"] == "error" && text("/error/type") && text("/error/message"),
-        Format::Gemini => false,
+        Format::Gemini | Format::Bedrock => false,
     }
-}
-
-/// The same-format fast path never holds Gemini (no client speaks it; `build_request`
-/// sends it through the internal form): an empty body, which no upstream takes, rather
-/// than a panic.
-fn unreachable_same_format() -> Map<String, Value> {
-    Map::new()
 }

@@ -617,8 +617,8 @@ fn a_stream_read_and_written_again_gives_the_client_the_same_answer() {
                     let mut w = anthropic::EventWriter::default();
                     evs.iter().for_each(|e| w.write(e, &mut frames));
                 }
-                // Not in the pairs above: no Gemini writer (an upstream format only).
-                Format::Gemini => {}
+                // Not in the pairs above: no Gemini or Bedrock writer (upstream formats only).
+                Format::Gemini | Format::Bedrock => {}
             }
             let mut conv = StreamConverter::new(upstream, client, true, 7);
             let mut out = Vec::new();
@@ -630,6 +630,7 @@ fn a_stream_read_and_written_again_gives_the_client_the_same_answer() {
                 // No client speaks Gemini: its streams reach clients as OpenAI's.
                 Format::OpenAiChat | Format::Gemini => seen_by_openai_client(&split(&out)),
                 Format::Anthropic => seen_by_anthropic_client(&split(&out)),
+                Format::Bedrock => unreachable!("never a client's format"),
             };
             prop_assert_eq!(&got, &want, "{:?} → {:?}", upstream, client);
             let u = conv.usage();

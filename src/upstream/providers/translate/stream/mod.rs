@@ -23,7 +23,7 @@ use crate::quota::pricing::Usage;
 use crate::upstream::providers::canonical::{self, Event};
 use crate::upstream::providers::formats::openai_chat::stream::{read_event, OpenAiEvent};
 use crate::upstream::providers::formats::responses::stream as responses;
-use crate::upstream::providers::formats::{anthropic, gemini, openai_chat};
+use crate::upstream::providers::formats::{anthropic, bedrock, gemini, openai_chat};
 use crate::upstream::providers::Format;
 use shape::Body;
 pub use shape::Corrupt;
@@ -40,6 +40,7 @@ enum Reader {
     OpenAiChat(openai_chat::EventReader),
     Anthropic(anthropic::EventReader),
     Gemini(gemini::EventReader),
+    Bedrock(bedrock::EventReader),
 }
 
 /// The client format's writer (used across formats only).
@@ -113,7 +114,8 @@ pub fn frame(event: Option<&str>, data: &str) -> Bytes {
 /// An error event in `client`'s format, ending a stream that cannot complete.
 pub fn error_event(client: impl Into<Format>, message: &str, code: &str) -> Bytes {
     match client.into() {
-        Format::OpenAiChat | Format::Gemini => frame(
+        // Gemini and Bedrock are never a client's format; OpenAI's shape stands in.
+        Format::OpenAiChat | Format::Gemini | Format::Bedrock => frame(
             None,
             &json!({"error": {"message": message, "type": "server_error", "param": null, "code": code}}).to_string(),
         ),
@@ -149,10 +151,11 @@ impl StreamConverter {
                 Format::OpenAiChat => Reader::OpenAiChat(openai_chat::EventReader::default()),
                 Format::Anthropic => Reader::Anthropic(anthropic::EventReader),
                 Format::Gemini => Reader::Gemini(gemini::EventReader::new()),
+                Format::Bedrock => Reader::Bedrock(bedrock::EventReader::new()),
             },
             writer: match client {
-                // No client speaks Gemini (`Format::Gemini`).
-                Format::OpenAiChat | Format::Gemini => {
+                // No client speaks Gemini or Bedrock: OpenAI's writer stands in.
+                Format::OpenAiChat | Format::Gemini | Format::Bedrock => {
                     Writer::OpenAiChat(openai_chat::EventWriter::new(include_usage))
                 }
                 Format::Anthropic => Writer::Anthropic(anthropic::EventWriter::default()),
@@ -444,7 +447,7 @@ impl StreamConverter {
     fn held_bytes(&self) -> usize {
         let reader = match &self.reader {
             Reader::OpenAiChat(r) => r.held_bytes(),
-            Reader::Anthropic(_) | Reader::Gemini(_) => 0,
+            Reader::Anthropic(_) | Reader::Gemini(_) | Reader::Bedrock(_) => 0,
         };
         reader + self.writer.held_bytes()
     }
@@ -472,11 +475,14 @@ impl StreamConverter {
                 r.event(&e, &mut events);
                 self.note_anthropic_event(&e);
             }
+            // Formats read only through the internal form: accounted from its events.
             Reader::Gemini(r) => {
                 r.read(name, data, &mut events)?;
-                for e in &events {
-                    self.note_event(e);
-                }
+                events.iter().for_each(|e| self.note_event(e));
+            }
+            Reader::Bedrock(r) => {
+                r.read(name, data, &mut events)?;
+                events.iter().for_each(|e| self.note_event(e));
             }
         }
         for e in &events {
