@@ -99,6 +99,8 @@ name = "gemini-mock"
 routes = [{{ upstream = "mock-gemini", model = "gemini-mock-upstream" }}]
 input_usd_per_mtok = 0.30
 output_usd_per_mtok = 2.50
+
+[[upstreams]]
 id = "mock-bedrock"
 provider = "bedrock"
 region = "us-east-1"
