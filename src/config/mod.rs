@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize, Serializer};
 
+use crate::upstream::providers::{bedrock, gemini};
 use crate::upstream::url_guard::{self, UrlGuardError};
 
 mod ladder;
@@ -68,15 +69,37 @@ pub fn mask_secret(s: &str) -> String {
     }
 }
 
-/// An absent secret: empty.
 impl UpstreamSettings {
-    /// What each provider kind needs beyond a base URL: Azure an `api_version` and a key or
-    /// Entra credentials (whose token endpoint passes the URL guard too), every kind that
-    /// sends a key a key, and quirks only where they mean something.
-    fn check_kind(&self) -> Result<(), ConfigError> {
+    /// What each provider kind needs beyond a base URL: a base URL where the kind has no
+    /// default, Azure an `api_version` and a key or Entra credentials (whose token endpoint
+    /// passes the URL guard too), Gemini a key or Vertex AI's service account (likewise) and
+    /// model names fit for its URL path (`models`: those its routes send), Bedrock a region
+    /// and one kind of credentials, every kind that sends a key a key, and each kind's
+    /// fields and quirks only where they mean something.
+    fn check_kind(&self, models: &[&str]) -> Result<(), ConfigError> {
         let id = &self.id;
-        let bad = |what: String| Err(ConfigError::Invalid(format!("upstream `{id}`: {what}")));
+        let fail = |why: String| ConfigError::Invalid(format!("upstream `{id}`: {why}"));
+        let bad = |what: String| Err(fail(what));
         let keyless = self.quirks.auth == AuthMode::None;
+        let aws = self.region.is_some()
+            || self.access_key_id.is_some()
+            || self.secret_access_key.is_some()
+            || self.session_token.is_some();
+        // Gemini and Bedrock have default endpoints (`effective_base_url`).
+        let defaulted = matches!(self.provider, Provider::Gemini | Provider::Bedrock);
+        if self.base_url.is_empty() && !defaulted {
+            return bad("`base_url` is required".into());
+        }
+        if self.vertex.is_some() && self.provider != Provider::Gemini {
+            return bad("`vertex` is for `provider = \"gemini\"` only".into());
+        }
+        if aws && self.provider != Provider::Bedrock {
+            return bad(
+                "region, access_key_id, secret_access_key and session_token are for \
+                 provider \"bedrock\" only"
+                    .into(),
+            );
+        }
         match self.provider {
             Provider::AzureOpenai => {
                 match self.api_version.as_deref() {
@@ -109,8 +132,20 @@ impl UpstreamSettings {
             _ if self.entra.is_some() || self.api_version.is_some() => {
                 return bad("`entra` and `api_version` are for azure_openai upstreams".into())
             }
-            Provider::Anthropic if self.quirks != Quirks::default() => {
+            Provider::Anthropic | Provider::Gemini | Provider::Bedrock
+                if self.quirks != Quirks::default() =>
+            {
                 return bad("`quirks` are for OpenAI-format upstreams".into())
+            }
+            Provider::Bedrock => bedrock::check(self).map_err(fail)?,
+            Provider::Gemini => {
+                gemini::check(self, models).map_err(fail)?;
+                if let Some(v) = &self.vertex {
+                    let account =
+                        gemini::token::ServiceAccount::load(&v.credentials_file).map_err(fail)?;
+                    url_guard::check_base_url(&account.token_uri, self.allow_private_network)
+                        .map_err(|e| fail(format!("the service account's token_uri: {e}")))?;
+                }
             }
             _ if self.api_key.is_empty() && !keyless => {
                 return bad(
@@ -124,6 +159,7 @@ impl UpstreamSettings {
     }
 }
 
+/// An absent secret: empty.
 impl Default for Secret {
     fn default() -> Self {
         Secret(SecretString::from(String::new()))
@@ -284,9 +320,13 @@ impl Settings {
             if u.id.is_empty() || !ids.insert(u.id.as_str()) {
                 return invalid(format!("upstream id `{}` is empty or repeated", u.id));
             }
-            url_guard::check_base_url(&u.base_url, u.allow_private_network)
+            let models: Vec<&str> = (self.models.iter().flat_map(|m| &m.routes))
+                .filter(|r| r.upstream == u.id)
+                .map(|r| r.model.as_str())
+                .collect();
+            u.check_kind(&models)?;
+            url_guard::check_base_url(&u.effective_base_url(), u.allow_private_network)
                 .map_err(|e| ConfigError::UpstreamUrl(u.id.clone(), e))?;
-            u.check_kind()?;
         }
         let mut names = HashSet::new();
         for m in &self.models {

@@ -161,6 +161,10 @@ pub enum Provider {
     AzureOpenai,
     /// vLLM, Ollama, llama.cpp, DeepSeek, Groq, Mistral: OpenAI's format with `quirks`.
     OpenaiCompatible,
+    /// Google's `generateContent`: the Gemini API (`api_key`) or Vertex AI (`vertex`).
+    Gemini,
+    /// AWS Bedrock's Converse API (`upstream::providers::bedrock`).
+    Bedrock,
 }
 
 impl Provider {
@@ -170,6 +174,8 @@ impl Provider {
             Provider::Anthropic => "anthropic",
             Provider::AzureOpenai => "azure_openai",
             Provider::OpenaiCompatible => "openai_compatible",
+            Provider::Gemini => "gemini",
+            Provider::Bedrock => "bedrock",
         }
     }
 }
@@ -179,10 +185,28 @@ impl Provider {
 pub struct UpstreamSettings {
     pub id: String,
     pub provider: Provider,
+    /// Required, except for `gemini` and `bedrock`, whose defaults are Google's and the
+    /// region's runtime endpoint (`effective_base_url`).
+    #[serde(default)]
     pub base_url: String,
-    /// Absent for a keyless local server (`quirks.auth = "none"`) or Azure with `entra`.
+    /// Absent for a keyless local server (`quirks.auth = "none"`), Azure with `entra`, a
+    /// `gemini` upstream on Vertex AI (`vertex`), which signs in with a service account, or
+    /// a `bedrock` upstream signing with SigV4; on `bedrock`, a Bedrock API key (sent as a
+    /// bearer token) instead of SigV4.
     #[serde(default)]
     pub api_key: Secret,
+    /// `gemini` on Vertex AI: `vertex = { project, location, credentials_file }`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vertex: Option<VertexSettings>,
+    /// `bedrock` only: the AWS region and SigV4 credentials (`providers::bedrock::check`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_key_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_access_key: Option<Secret>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_token: Option<Secret>,
     #[serde(default)]
     pub rpm_limit: u64,
     #[serde(default)]
@@ -203,6 +227,31 @@ pub struct UpstreamSettings {
     /// OpenAI-format servers that differ from OpenAI (`openai_compatible` mostly).
     #[serde(default)]
     pub quirks: Quirks,
+}
+
+impl UpstreamSettings {
+    /// `base_url`, or the provider's default when it has one and none is given: Google's
+    /// for `gemini`, the region's runtime endpoint for `bedrock`.
+    pub fn effective_base_url(&self) -> String {
+        use crate::upstream::providers::{bedrock, gemini};
+        match (self.provider, self.region.as_deref()) {
+            _ if !self.base_url.is_empty() => self.base_url.clone(),
+            (Provider::Gemini, _) => gemini::default_base_url(self.vertex.as_ref()),
+            (Provider::Bedrock, Some(region)) => bedrock::default_base_url(region),
+            _ => self.base_url.clone(),
+        }
+    }
+}
+
+/// A Vertex AI project and region, and the service-account JSON key file to sign in with
+/// (its private key stays in that file and in memory; only the path is shown).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct VertexSettings {
+    pub project: String,
+    /// A region (`us-central1`, `europe-west4`…) or `global`.
+    pub location: String,
+    pub credentials_file: std::path::PathBuf,
 }
 
 /// Entra ID (Azure AD) client credentials: a token from

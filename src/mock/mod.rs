@@ -1,7 +1,8 @@
 //! `sluice mock`: a scriptable fake upstream speaking OpenAI (`/v1/chat/completions`,
 //! `/v1/completions`, `/v1/embeddings`, `/v1/models`, the Responses API `/v1/responses`),
-//! Anthropic (`/v1/messages`) and Azure OpenAI (`/openai/…` and an Entra ID token endpoint:
-//! `azure.rs`); OpenAI-compatible servers' quirks are script switches
+//! Anthropic (`/v1/messages`), Azure OpenAI (`/openai/…` and an Entra ID token endpoint:
+//! `azure.rs`) and Google's Gemini API and Vertex AI with its token endpoint (`gemini.rs`);
+//! OpenAI-compatible servers' quirks are script switches
 //! (`reject_stream_options`, `omit_usage`, `error_style`).
 //! Tests script, per upstream API key, the next answers (status, body, headers, delays,
 //! stream cuts) and read what it saw: per-key request counts, the highest concurrency, and
@@ -10,7 +11,9 @@
 //! tests and as a process by the demo and the benchmark (control API under `/_mock/`).
 
 pub mod azure;
+mod bedrock;
 mod faults;
+mod gemini;
 mod responses;
 mod responses_api;
 
@@ -36,6 +39,8 @@ pub struct MockConfig {
     pub prompt_tokens: i64,
     pub completion_tokens: i64,
     pub workers: usize,
+    /// With a secret, the Bedrock side verifies each SigV4 signature (`mock/bedrock.rs`).
+    pub bedrock_secret: Option<String>,
 }
 
 impl Default for MockConfig {
@@ -45,6 +50,7 @@ impl Default for MockConfig {
             prompt_tokens: 12,
             completion_tokens: 24,
             workers: 1,
+            bedrock_secret: None,
         }
     }
 }
@@ -68,6 +74,7 @@ struct Inner {
     sticky: HashMap<String, Script>,
     keys: HashMap<String, KeyStats>,
     dice: faults::FaultDice,
+    gemini: gemini::GeminiState,
 }
 
 pub struct MockState {
@@ -192,6 +199,7 @@ impl MockServer {
                 .route("/v1/messages", web::post().to(upstream))
                 .route("/v1/responses", web::post().to(upstream))
                 .route("/v1/models", web::get().to(models))
+                .route("/model/{id}/{op}", web::post().to(bedrock_upstream))
                 .route("/_mock/script", web::post().to(control_script))
                 .route("/_mock/sticky", web::post().to(control_sticky))
                 .route("/_mock/stats", web::get().to(control_stats))
@@ -199,6 +207,7 @@ impl MockServer {
                 .route("/_mock/webhook", web::post().to(webhook))
                 .route("/_mock/entra", web::post().to(control_entra))
                 .configure(azure::configure)
+                .configure(gemini::configure)
         })
         .workers(workers)
         // No 408 of its own: actix times a new connection's request head from its cached
@@ -271,6 +280,40 @@ async fn upstream(state: web::Data<MockState>, req: HttpRequest, body: web::Byte
         key,
     };
     responses::answer(&state.cfg, req.path(), &req, &parsed, script, guard).await
+}
+
+/// Bedrock's Converse (`op` = `converse`) and ConverseStream (`converse-stream`).
+async fn bedrock_upstream(
+    state: web::Data<MockState>,
+    req: HttpRequest,
+    body: web::Bytes,
+) -> HttpResponse {
+    let stream = match req.match_info().get("op") {
+        Some("converse") => false,
+        Some("converse-stream") => true,
+        _ => return bedrock::error(404, "UnknownOperationException", "Unknown operation."),
+    };
+    let key = match bedrock::key_of(&state.cfg, &req, &body) {
+        Ok(k) => k,
+        Err((status, ty, message)) => return bedrock::error(status, ty, message),
+    };
+    let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let headers: Map<String, Value> = req
+        .headers()
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().to_string(),
+                Value::String(v.to_str().unwrap_or("").to_string()),
+            )
+        })
+        .collect();
+    let script = state.begin(&key, req.path(), headers, &parsed);
+    let guard = InFlightGuard {
+        state: state.clone().into_inner(),
+        key,
+    };
+    bedrock::answer(&state.cfg, stream, &parsed, script, guard).await
 }
 
 /// A webhook receiver for alert tests: bodies are kept under the key `webhook`.

@@ -44,6 +44,9 @@ pub struct Script {
     /// Reasoning tokens (OpenAI reasoning models): reported inside `completion_tokens`, as
     /// OpenAI bills them, and under `completion_tokens_details.reasoning_tokens`.
     pub reasoning_tokens: Option<i64>,
+    /// Prompt tokens read from the provider's cache (Gemini `cachedContentTokenCount`,
+    /// part of the prompt's count).
+    pub cached_tokens: Option<i64>,
     /// Stream without the usage chunk even when asked for it.
     pub omit_usage: bool,
     /// A streamed answer made of exactly these SSE events, in either wire format, instead
@@ -91,7 +94,7 @@ pub enum SseEvent {
 }
 
 impl SseEvent {
-    fn event(&self) -> Event {
+    pub(super) fn event(&self) -> Event {
         let text = |v: &Value| match v {
             Value::String(s) => s.clone(),
             other => other.to_string(),
@@ -549,14 +552,14 @@ pub(super) struct Event {
 }
 
 impl Event {
-    fn data(v: Value) -> Event {
+    pub(super) fn data(v: Value) -> Event {
         Event {
             name: None,
             data: v.to_string(),
             content: false,
         }
     }
-    fn content(mut self) -> Event {
+    pub(super) fn content(mut self) -> Event {
         self.content = true;
         self
     }
@@ -568,7 +571,7 @@ impl Event {
     }
 }
 
-fn sse(
+pub(super) fn sse(
     mut resp: actix_web::HttpResponseBuilder,
     events: Vec<Event>,
     s: &Script,

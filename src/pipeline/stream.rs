@@ -30,6 +30,7 @@ use super::respond;
 use crate::auth::TokenAuth;
 use crate::cache::replay::Assembler;
 use crate::cache::Plan;
+use crate::config::Provider;
 use crate::queue::Slot;
 use crate::quota::pricing::{self, Prices};
 use crate::quota::reservation::Held;
@@ -58,7 +59,53 @@ pub struct Books {
     pub cache: Option<Plan>,
 }
 
+/// How an upstream frames its stream events: SSE (OpenAI, Anthropic), or AWS's binary
+/// event stream (Bedrock, `providers::bedrock::eventstream`). Either way the converter
+/// gets (event type, payload) pairs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    Sse,
+    AwsEventStream,
+}
+
+impl Framing {
+    fn of(p: Provider) -> Framing {
+        match p {
+            Provider::Bedrock => Framing::AwsEventStream,
+            _ => Framing::Sse,
+        }
+    }
+}
+
+/// The upstream's events as (type, payload) pairs; an item `Err(message)` ends the stream
+/// with that message in the client's error event.
+type Events = std::pin::Pin<
+    Box<dyn futures_util::Stream<Item = Result<(String, String), &'static str>> + Send>,
+>;
+
+fn events(framing: Framing, upstream: reqwest::Response, most: usize) -> Events {
+    match framing {
+        Framing::AwsEventStream => Box::pin(providers::bedrock::eventstream::events(
+            upstream.bytes_stream(),
+            most,
+        )),
+        Framing::Sse => Box::pin(EventCap::new(upstream.bytes_stream(), most).eventsource().map(
+            |e| match e {
+                Ok(ev) => Ok((ev.event, ev.data)),
+                Err(EventStreamError::Transport(BodyError::TooLarge(_))) => Err(
+                    "The upstream sent an event larger than the gateway accepts; the stream was ended by the gateway.",
+                ),
+                Err(EventStreamError::Transport(BodyError::NotUtf8)) => Err(
+                    "The upstream sent an event that is not UTF-8 text; the stream was ended by the gateway.",
+                ),
+                Err(_) => Err("The upstream stream broke off."),
+            },
+        )),
+    }
+}
+
 struct Pump {
+    framing: Framing,
     state: web::Data<AppState>,
     books: Books,
     prices: Prices,
@@ -196,8 +243,8 @@ pub(super) fn serve(
     sink: ClientSink,
     admission: Slot,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
-    let upstream_format =
-        providers::format_of(state.catalog.deployments[s.route.deployment].provider);
+    let provider = state.catalog.deployments[s.route.deployment].provider;
+    let upstream_format = providers::format_of(provider);
     let client = p.endpoint.format();
     // One bound for every buffer of a stream: no event, held-back block or cached answer
     // may be larger than a whole non-streamed answer may be.
@@ -217,6 +264,7 @@ pub(super) fn serve(
         });
     }
     let pump = Pump {
+        framing: Framing::of(provider),
         state,
         prices: s.model.prices,
         converter,
@@ -237,7 +285,7 @@ impl Pump {
     async fn run(mut self, upstream: reqwest::Response, sink: ClientSink) {
         let idle = stall_limit(&self.state);
         let most = self.state.settings.upstream.max_response_bytes;
-        let mut events = EventCap::new(upstream.bytes_stream(), most).eventsource();
+        let mut events = events(self.framing, upstream, most);
         let mut client_gone = false;
         // The shutdown ended the stream (see `pipeline::drain`).
         let mut drained = false;
@@ -266,25 +314,13 @@ impl Pump {
                     }
                     break;
                 }
-                Ok(Some(Err(EventStreamError::Transport(BodyError::TooLarge(_))))) => {
-                    failure = Some(
-                        "The upstream sent an event larger than the gateway accepts; the stream was ended by the gateway.",
-                    );
-                    break;
-                }
-                Ok(Some(Err(EventStreamError::Transport(BodyError::NotUtf8)))) => {
-                    failure = Some(
-                        "The upstream sent an event that is not UTF-8 text; the stream was ended by the gateway.",
-                    );
-                    break;
-                }
-                Ok(Some(Err(_))) => {
-                    failure = Some("The upstream stream broke off.");
+                Ok(Some(Err(message))) => {
+                    failure = Some(message);
                     break;
                 }
                 Ok(Some(Ok(ev))) => ev,
             };
-            self.converter.event(&event.event, &event.data, &mut frames);
+            self.converter.event(&event.0, &event.1, &mut frames);
             // A complete response is stored before its last event reaches the client, so
             // its id works as soon as the client has it.
             if let Some(ctx) = &self.conversation {
@@ -348,6 +384,7 @@ impl Pump {
     /// wait would then be lost.
     async fn settle(self, failed: bool, ending: Option<&'static str>) {
         let Pump {
+            framing: _,
             state,
             books,
             prices,

@@ -22,7 +22,7 @@ pub struct Deployment {
     /// Streams ask for a usage chunk (`quirks.include_usage`).
     pub include_usage: bool,
     /// The URLs of every route target (`Route::target`): for most providers one, shared by
-    /// every route; where the URL names the deployment or model (Azure), one per name. Each
+    /// every route; where the URL names the deployment or model (Azure, Gemini, Bedrock), one per name. Each
     /// holds the URL of every endpoint, streamed and not, parsed once at start rather than
     /// on every request.
     targets: Vec<Target>,
@@ -42,7 +42,7 @@ impl Deployment {
         Deployment {
             id: u.id.clone(),
             provider: u.provider,
-            base_url: u.base_url.trim_end_matches('/').to_string(),
+            base_url: u.effective_base_url().trim_end_matches('/').to_string(),
             api_key: u.api_key.clone(),
             allow_private: u.allow_private_network,
             include_usage: u.quirks.include_usage,
@@ -168,7 +168,9 @@ impl Catalog {
                             upstream_model: name.clone(),
                             target: deployments[d].target(u, name),
                             cap_param: match u.provider {
-                                Provider::Anthropic => OutputCapParam::MaxTokens,
+                                Provider::Anthropic | Provider::Gemini | Provider::Bedrock => {
+                                    OutputCapParam::MaxTokens
+                                }
                                 Provider::OpenaiCompatible => {
                                     by_config.unwrap_or(OutputCapParam::MaxTokens)
                                 }

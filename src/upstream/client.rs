@@ -13,6 +13,8 @@ use reqwest::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 
 use super::catalog::Deployment;
 use super::credential::Credential;
+use super::providers::bedrock;
+use super::providers::formats::gemini as gemini_format;
 use super::url_guard::{GuardedResolver, SystemResolver};
 use super::UpstreamError;
 use crate::config::{Provider, UpstreamTimeouts};
@@ -104,7 +106,11 @@ impl UpstreamClient {
                     None => req,
                 }
             }
-            Provider::Openai | Provider::AzureOpenai | Provider::OpenaiCompatible => req,
+            Provider::Openai
+            | Provider::AzureOpenai
+            | Provider::OpenaiCompatible
+            | Provider::Gemini
+            | Provider::Bedrock => req,
         };
         let Ok(req) = req.build() else {
             return Err(UpstreamError::Connect("request".into()));
@@ -154,8 +160,28 @@ impl UpstreamClient {
             return Ok(resp);
         }
         let retry_after = retry_after(resp.headers());
+        let error_type = resp.headers().get("x-amzn-errortype").cloned();
         // Error bodies are small; 64 KiB is plenty to classify them.
         let body = self.read_body(resp, 64 * 1024).await.unwrap_or_default();
+        let (body, retry_after) = match dep.provider {
+            // Google sends the wait in the body (`RetryInfo.retryDelay`), not in a header.
+            Provider::Gemini => {
+                let in_body = || {
+                    serde_json::from_slice(&body)
+                        .ok()
+                        .and_then(|v| gemini_format::retry_delay(&v))
+                };
+                let wait = retry_after.or_else(in_body);
+                (body, wait)
+            }
+            // Bedrock names the error in `x-amzn-ErrorType`: copied into the body as
+            // `__type`, so the retry tiers and the adapter read one place.
+            Provider::Bedrock => (
+                bedrock::typed_error_body(error_type.as_ref(), body),
+                retry_after,
+            ),
+            _ => (body, retry_after),
+        };
         Err(UpstreamError::Status {
             status,
             body,

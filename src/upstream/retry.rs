@@ -5,7 +5,7 @@
 //! |-----------------------------------------------|-----------------|---------------------------------------------------|
 //! | 429 rate limit                                | `RateLimited`   | key cools down (Retry-After, else 2^n s, capped); next key at once; all keys limited → 429 to the client |
 //! | 503, 529 overloaded                           | `Overloaded`    | key cools down; next key; none left → jittered backoff within the deadline and attempt cap, never inside a key's cooldown |
-//! | out of money: 429/403 `insufficient_quota` / billing (Azure: `QuotaExceeded`, "Out of call volume quota"), 402, a 400 whose error says so (Anthropic's "credit balance is too low", OpenAI's `billing_hard_limit_reached`) | `QuotaExhausted`| key disabled until re-enabled; alert; next key; never retried; the client never sees the upstream's billing text |
+//! | out of money: 429/403 `insufficient_quota` / billing (Azure: `QuotaExceeded`, "Out of call volume quota"; Google: a per-day or zero-limit `QuotaFailure`), 402, a 400 whose error says so (Anthropic's "credit balance is too low", OpenAI's `billing_hard_limit_reached`) | `QuotaExhausted`| key disabled until re-enabled; alert; next key; never retried; the client never sees the upstream's billing text |
 //! | 500, 502, 504, 408, timeout, connection, garbage | `ServerError` | no retry on the same key; counts toward its breaker; next key / fallback |
 //! | 409 conflict                                  | `Conflict`      | transient (the SDKs retry it): next key; no cooldown, no breaker count |
 //! | the request's own deadline ran out mid-attempt | `OutOfTime`    | no breaker count (the client's limit), except 3 unanswered probes in a row re-open a half-open breaker; the counted input is charged; no more attempts |
@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use rand::Rng;
 
+use super::providers::formats::gemini;
 use super::UpstreamError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,16 +48,23 @@ pub fn classify(err: &UpstreamError) -> Tier {
         }
         UpstreamError::Deadline => Tier::OutOfTime,
         UpstreamError::LocalResources(_) => Tier::LocalResources,
-        UpstreamError::Status { status, body, .. } => match *status {
-            s if out_of_money(s, body) => Tier::QuotaExhausted,
-            429 => Tier::RateLimited,
-            503 | 529 => Tier::Overloaded,
-            401 | 403 => Tier::AuthFailed,
-            408 => Tier::ServerError,
-            409 => Tier::Conflict,
-            400..=499 => Tier::ClientError,
-            _ => Tier::ServerError,
-        },
+        // A typed Bedrock error (`x-amzn-ErrorType`) is classified by its type first.
+        UpstreamError::Status { status, body, .. } => {
+            super::providers::bedrock::tier(body).unwrap_or_else(|| by_status(*status, body))
+        }
+    }
+}
+
+fn by_status(status: u16, body: &[u8]) -> Tier {
+    match status {
+        s if out_of_money(s, body) => Tier::QuotaExhausted,
+        429 => Tier::RateLimited,
+        503 | 529 => Tier::Overloaded,
+        401 | 403 => Tier::AuthFailed,
+        408 => Tier::ServerError,
+        409 => Tier::Conflict,
+        400..=499 => Tier::ClientError,
+        _ => Tier::ServerError,
     }
 }
 
@@ -67,6 +75,11 @@ fn out_of_money(status: u16, body: &[u8]) -> bool {
     match status {
         402 => true,
         429 | 403 => {
+            // Google's RESOURCE_EXHAUSTED says "billing details" on every rate limit: its
+            // QuotaFailure detail decides (`formats::gemini::is_quota`).
+            if let Some(google) = google_exhausted(body) {
+                return gemini::is_quota(&google);
+            }
             let b = String::from_utf8_lossy(&body[..body.len().min(4096)]).to_ascii_lowercase();
             // Azure: "Out of call volume quota …" (403) and the `QuotaExceeded` code.
             b.contains("insufficient_quota")
@@ -101,6 +114,16 @@ fn out_of_money(status: u16, body: &[u8]) -> bool {
     }
 }
 
+/// A Google `RESOURCE_EXHAUSTED` error body (plain, or Vertex's array of one), parsed.
+fn google_exhausted(body: &[u8]) -> Option<serde_json::Value> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let err = match &v {
+        serde_json::Value::Array(a) => a.first()?.get("error")?,
+        _ => v.get("error")?,
+    };
+    (err.get("status")? == "RESOURCE_EXHAUSTED").then_some(v)
+}
+
 /// A key's cooldown after its `streak`-th consecutive rate limit: the upstream's
 /// `Retry-After` when given, else 2^(streak−1) seconds; never above `cap`.
 pub fn cooldown(retry_after: Option<Duration>, streak: u32, cap: Duration) -> Duration {
@@ -126,6 +149,31 @@ mod tests {
             status: s,
             body: Bytes::from(body.to_string()),
             retry_after: None,
+        }
+    }
+
+    #[test]
+    fn bedrock_errors_are_classified_by_their_type() {
+        // As the gateway's client leaves them: the `x-amzn-ErrorType` header's type in
+        // `__type`. ServiceQuotaExceededException is a 400 and ModelNotReadyException a 429,
+        // so the status alone would pass the quota error to the client and cool the key
+        // down for a model that is loading.
+        let typed = |ty: &str| {
+            format!(
+                r#"{{"message":"m","__type":"{ty}:http://internal.amazon.com/coral/com.amazon.bedrock/"}}"#
+            )
+        };
+        for (s, ty, tier) in [
+            (400, "ServiceQuotaExceededException", Tier::QuotaExhausted),
+            (429, "ThrottlingException", Tier::RateLimited),
+            (429, "ModelNotReadyException", Tier::Overloaded),
+            (503, "ServiceUnavailableException", Tier::Overloaded),
+            (408, "ModelTimeoutException", Tier::ServerError),
+            (400, "ValidationException", Tier::ClientError),
+            (403, "AccessDeniedException", Tier::AuthFailed),
+            (404, "ResourceNotFoundException", Tier::ClientError),
+        ] {
+            assert_eq!(classify(&status(s, &typed(ty))), tier, "{ty}");
         }
     }
 
@@ -216,6 +264,28 @@ mod tests {
                 "{client}"
             );
         }
+    }
+
+    /// Google answers a per-minute rate limit with RESOURCE_EXHAUSTED whose message says
+    /// "check your plan and billing details": only its QuotaFailure detail tells a spent
+    /// daily quota from a rate limit (`providers::formats::gemini::is_quota`).
+    #[test]
+    fn a_gemini_rate_limit_that_mentions_billing_is_a_rate_limit_not_a_spent_quota() {
+        let fixture = |name: &str| {
+            std::fs::read_to_string(format!(
+                "{}/tests/fixtures/gemini/{name}",
+                env!("CARGO_MANIFEST_DIR")
+            ))
+            .unwrap()
+        };
+        assert_eq!(
+            classify(&status(429, &fixture("error_rate_limited.json"))),
+            Tier::RateLimited
+        );
+        assert_eq!(
+            classify(&status(429, &fixture("error_quota_per_day.json"))),
+            Tier::QuotaExhausted
+        );
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Integration tests: the real application over HTTP, real SQLite, the in-process mock.
 
 mod admin_helpers;
+mod bedrock;
+mod bedrock_gateway;
 mod gateway_proc;
 mod helpers;
 
@@ -26,6 +28,9 @@ mod event_shape;
 mod files;
 mod fuzz;
 mod gateway_fleet;
+mod gemini_fuzz;
+mod gemini_gateway;
+mod gemini_transport;
 mod local_resources;
 mod lockout;
 mod lying_upstream;

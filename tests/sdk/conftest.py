@@ -37,6 +37,7 @@ DEFAULT_BIN = REPO_ROOT / "target" / "debug" / "sluice"
 UPSTREAM_KEY = "sk-upstream-canary-AAAA1111"
 ANTHROPIC_UPSTREAM_KEY = "sk-ant-upstream-canary-BBBB2222"
 AZURE_UPSTREAM_KEY = "az-upstream-canary-CCCC3333"
+GEMINI_UPSTREAM_KEY = "gem-upstream-canary-DDDD4444"
 MOCK_TEXT = (
     "Hello from the Sluice mock upstream. "
     "This answer is fixed so that tests can check every byte of it."
@@ -85,6 +86,33 @@ name = "claude-mock"
 routes = [{{ upstream = "mock-claude", model = "claude-mock-upstream" }}]
 input_usd_per_mtok = 0.80
 output_usd_per_mtok = 4.00
+
+[[upstreams]]
+id = "mock-gemini"
+provider = "gemini"
+base_url = "http://127.0.0.1:{mock_port}"
+api_key = "{gemini_key}"
+allow_private_network = true
+
+[[models]]
+name = "gemini-mock"
+routes = [{{ upstream = "mock-gemini", model = "gemini-mock-upstream" }}]
+input_usd_per_mtok = 0.30
+output_usd_per_mtok = 2.50
+
+[[upstreams]]
+id = "mock-bedrock"
+provider = "bedrock"
+region = "us-east-1"
+base_url = "http://127.0.0.1:{mock_port}"
+api_key = "bedrock-sdk-key"
+allow_private_network = true
+
+[[models]]
+name = "claude-bedrock"
+routes = [{{ upstream = "mock-bedrock", model = "anthropic.claude-3-5-sonnet-20240620-v1:0" }}]
+input_usd_per_mtok = 3.0
+output_usd_per_mtok = 15.0
 
 [[models]]
 name = "text-embedding-3-small"
@@ -306,6 +334,7 @@ def sluice(tmp_path_factory, pg_scratch) -> Sluice:
             upstream_key=UPSTREAM_KEY,
             anthropic_key=ANTHROPIC_UPSTREAM_KEY,
             azure_key=AZURE_UPSTREAM_KEY,
+            gemini_key=GEMINI_UPSTREAM_KEY,
         )
     )
 

@@ -29,6 +29,12 @@ pub enum Format {
     /// The OpenAI Responses API: a client format (`formats::responses::adapter`), and
     /// the native upstream format of a provider that speaks it (its body passes through).
     Responses,
+    /// Google's `generateContent` (Gemini API and Vertex AI): an upstream format only, no
+    /// client speaks it to the gateway; where a function needs a client format for it, it
+    /// takes OpenAI's.
+    Gemini,
+    /// AWS Bedrock Converse: an upstream format only, like Gemini.
+    Bedrock,
 }
 
 impl Format {
@@ -38,13 +44,16 @@ impl Format {
             Format::OpenAiChat => "an OpenAI-format model",
             Format::Anthropic => "an Anthropic model",
             Format::Responses => "a Responses API model",
+            Format::Gemini => "a Gemini model",
+            Format::Bedrock => "a Bedrock model",
         }
     }
 
     /// The error shape a client of this format reads.
     pub fn error_format(self) -> WireFormat {
         match self {
-            Format::OpenAiChat => WireFormat::OpenAi,
+            // Gemini and Bedrock are never a client's format: OpenAI's stands in.
+            Format::OpenAiChat | Format::Gemini | Format::Bedrock => WireFormat::OpenAi,
             Format::Anthropic => WireFormat::Anthropic,
             Format::Responses => WireFormat::OpenAi,
         }
@@ -71,6 +80,8 @@ pub fn format_of(p: Provider) -> Format {
     match p {
         Provider::Openai | Provider::AzureOpenai | Provider::OpenaiCompatible => Format::OpenAiChat,
         Provider::Anthropic => Format::Anthropic,
+        Provider::Gemini => Format::Gemini,
+        Provider::Bedrock => Format::Bedrock,
     }
 }
 
@@ -81,7 +92,10 @@ fn read_request(
     body: &Map<String, Value>,
 ) -> Result<Request, TranslateError> {
     let read = match client {
-        Format::OpenAiChat => formats::openai_chat::read_request(body),
+        // No client speaks Gemini or Converse (`From<WireFormat>` never makes them).
+        Format::OpenAiChat | Format::Gemini | Format::Bedrock => {
+            formats::openai_chat::read_request(body)
+        }
         Format::Anthropic => formats::anthropic::read_request(body),
         Format::Responses => formats::responses::adapter::check_upstream(body, upstream)
             .and_then(|()| formats::responses::adapter::read_request(body)),
@@ -108,6 +122,8 @@ fn write_request(
             param: None,
             message: "only a Responses API client can be served by a Responses API upstream".into(),
         }),
+        Format::Gemini => formats::gemini::write_request(r, upstream_model, cap, stream),
+        Format::Bedrock => formats::bedrock::write_request(r, upstream_model, cap, stream),
     }
 }
 
@@ -136,17 +152,21 @@ pub fn build_request_with(
     (stream, include_usage): (bool, bool),
 ) -> Result<Vec<u8>, TranslateError> {
     let (client, upstream) = (client.into(), upstream.into());
-    let mut out = if client == upstream {
-        match upstream {
-            Format::OpenAiChat => openai::shape_request(body, upstream_model, cap, stream),
-            Format::Anthropic => anthropic::shape_request(body, upstream_model, cap),
-            Format::Responses => {
-                formats::responses::shape_request(body, upstream_model, cap.map(|(_, c)| c))
-            }
+    let mut out = match upstream {
+        Format::OpenAiChat if client == upstream => {
+            openai::shape_request(body, upstream_model, cap, stream)
         }
-    } else {
-        let r = read_request(client, upstream, body)?;
-        write_request(upstream, &r, upstream_model, cap, stream)?
+        Format::Anthropic if client == upstream => {
+            anthropic::shape_request(body, upstream_model, cap)
+        }
+        Format::Responses if client == upstream => {
+            formats::responses::shape_request(body, upstream_model, cap.map(|(_, c)| c))
+        }
+        // Crossing formats, and the upstream-only formats (Gemini, Bedrock) always.
+        _ => {
+            let r = read_request(client, upstream, body)?;
+            write_request(upstream, &r, upstream_model, cap, stream)?
+        }
     };
     if !include_usage && upstream == Format::OpenAiChat {
         out.remove("stream_options");
@@ -158,15 +178,19 @@ pub fn build_request_with(
 /// The usage an answer reports, else the generated text to count.
 pub fn answer_usage(upstream: impl Into<Format>, v: &Value) -> Result<Usage, String> {
     let upstream = upstream.into();
-    let usage = v.get("usage").and_then(|u| match upstream {
-        Format::OpenAiChat => formats::openai_chat::read_usage(u),
-        Format::Anthropic => formats::anthropic::read_usage(u),
-        Format::Responses => formats::responses::adapter::read_usage(u),
-    });
+    let usage = match upstream {
+        Format::OpenAiChat => v.get("usage").and_then(formats::openai_chat::read_usage),
+        Format::Anthropic => v.get("usage").and_then(formats::anthropic::read_usage),
+        Format::Responses => v.get("usage").and_then(formats::responses::adapter::read_usage),
+        Format::Gemini => v.get("usageMetadata").and_then(formats::gemini::read_usage),
+        Format::Bedrock => v.get("usage").and_then(formats::bedrock::read_usage),
+    };
     usage.map(Usage::from).ok_or_else(|| match upstream {
         Format::OpenAiChat => openai::answer_text(v),
         Format::Anthropic => anthropic::answer_text(v),
         Format::Responses => formats::responses::answer_text(v),
+        Format::Gemini => formats::gemini::answer_text(v),
+        Format::Bedrock => formats::bedrock::answer_text(v),
     })
 }
 
@@ -177,12 +201,17 @@ pub fn read_answer(upstream: impl Into<Format>, v: &Value) -> Result<Answer, Cor
         Format::Anthropic => formats::anthropic::read_answer(v),
         // Responses answers pass through to Responses clients only.
         Format::Responses => Err(Corrupt::Shape),
+        Format::Gemini => formats::gemini::read_answer(v),
+        Format::Bedrock => formats::bedrock::read_answer(v),
     }
 }
 
 fn write_answer(client: Format, a: &Answer) -> Value {
     match client {
-        Format::OpenAiChat => formats::openai_chat::write_answer(a),
+        // Never a client's format: OpenAI's stands in.
+        Format::OpenAiChat | Format::Gemini | Format::Bedrock => {
+            formats::openai_chat::write_answer(a)
+        }
         Format::Anthropic => formats::anthropic::write_answer(a),
         // The response object echoes the request, which the pipeline writes it with
         // (`pipeline::responses::answer`); this one echoes the defaults.
@@ -223,12 +252,17 @@ fn read_error(upstream: Format, status: u16, v: &Value) -> ErrorInfo {
     match upstream {
         Format::OpenAiChat | Format::Responses => formats::openai_chat::read_error(status, v),
         Format::Anthropic => formats::anthropic::read_error(status, v),
+        Format::Gemini => formats::gemini::read_error(status, v),
+        Format::Bedrock => formats::bedrock::read_error(status, v),
     }
 }
 
 fn write_error(client: Format, e: &ErrorInfo) -> Value {
     match client {
-        Format::OpenAiChat => formats::openai_chat::write_error(e),
+        // Never a client's format: OpenAI's stands in.
+        Format::OpenAiChat | Format::Gemini | Format::Bedrock => {
+            formats::openai_chat::write_error(e)
+        }
         Format::Anthropic => formats::anthropic::write_error(e),
         Format::Responses => formats::responses::adapter::write_error(e),
     }
@@ -272,5 +306,6 @@ fn is_error_of(format: Format, v: &Value) -> bool {
     match format {
         Format::OpenAiChat | Format::Responses => text("/error/message"),
         Format::Anthropic => v["type"] == "error" && text("/error/type") && text("/error/message"),
+        Format::Gemini | Format::Bedrock => false,
     }
 }

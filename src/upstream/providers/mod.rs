@@ -4,9 +4,11 @@
 
 pub mod anthropic;
 pub mod azure;
+pub mod bedrock;
 pub mod canonical;
 mod dispatch;
 pub mod formats;
+pub mod gemini;
 pub mod openai;
 pub mod translate;
 
@@ -42,7 +44,7 @@ pub fn tokens(v: Option<&Value>) -> Option<i64> {
 /// such endpoint. Providers whose URL names the deployment or model (`url`) answer the
 /// path's last part only: what tells that the endpoint exists.
 pub fn path(endpoint: Endpoint, p: Provider) -> Option<&'static str> {
-    use Provider::{Anthropic, AzureOpenai, Openai, OpenaiCompatible};
+    use Provider::{Anthropic, AzureOpenai, Bedrock, Gemini, Openai, OpenaiCompatible};
     match (endpoint, p) {
         (Endpoint::Chat | Endpoint::Messages, Openai | AzureOpenai | OpenaiCompatible) => {
             Some("/chat/completions")
@@ -55,27 +57,40 @@ pub fn path(endpoint: Endpoint, p: Provider) -> Option<&'static str> {
         (Endpoint::Responses, Openai) => Some("/responses"),
         (Endpoint::Responses, Anthropic) => Some("/v1/messages"),
         (Endpoint::Responses, AzureOpenai | OpenaiCompatible) => Some("/chat/completions"),
+        // The model is in a Gemini or Bedrock URL (`gemini::url`, `bedrock::url`); the
+        // Responses API goes through chat.
+        (Endpoint::Chat | Endpoint::Messages | Endpoint::Responses, Gemini) => {
+            Some(":generateContent")
+        }
+        (Endpoint::Chat | Endpoint::Messages | Endpoint::Responses, Bedrock) => Some("/converse"),
+        (Endpoint::Completions | Endpoint::Embeddings, Gemini | Bedrock) => None,
     }
 }
 
 /// Whether a provider's URL names the route's deployment or model: then each route target
 /// has its own URLs (`catalog::Deployment::target`).
 pub fn target_in_url(p: Provider) -> bool {
-    matches!(p, Provider::AzureOpenai)
+    matches!(
+        p,
+        Provider::AzureOpenai | Provider::Gemini | Provider::Bedrock
+    )
 }
 
 /// The URL an endpoint's request (streamed or not) goes to on an upstream, for a route whose
-/// target (Azure's deployment, a model in the path) is `target`. Built once at start.
+/// target (Azure's deployment, the model in Gemini's and Bedrock's paths) is `target`.
+/// Built once at start.
 pub fn url(
     u: &UpstreamSettings,
     base: &str,
     endpoint: Endpoint,
     target: &str,
-    _stream: bool,
+    stream: bool,
 ) -> Option<reqwest::Url> {
     let path = path(endpoint, u.provider)?;
     match u.provider {
         Provider::AzureOpenai => azure::url(u, base, endpoint, target),
+        Provider::Gemini => gemini::url(u.vertex.as_ref(), base, target, stream),
+        Provider::Bedrock => bedrock::url(base, target, stream),
         Provider::Openai | Provider::Anthropic | Provider::OpenaiCompatible => {
             reqwest::Url::parse(&format!("{base}{path}")).ok()
         }
@@ -93,6 +108,8 @@ pub fn credential(u: &UpstreamSettings) -> Credential {
         }
         Provider::Anthropic => Credential::header(HeaderName::from_static("x-api-key"), key),
         Provider::AzureOpenai => azure::credential(u),
+        Provider::Gemini => gemini::credential(u),
+        Provider::Bedrock => bedrock::credential(u),
     }
 }
 

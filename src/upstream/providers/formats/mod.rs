@@ -13,6 +13,8 @@
 //! name there (`Format::model_noun`).
 
 pub mod anthropic;
+pub mod bedrock;
+pub mod gemini;
 pub mod openai_chat;
 pub mod responses;
 

@@ -24,7 +24,7 @@ use crate::upstream::providers::canonical::{self, Event};
 use crate::upstream::providers::formats::openai_chat::stream::{read_event, OpenAiEvent};
 use crate::upstream::providers::formats::responses::adapter as responses_adapter;
 use crate::upstream::providers::formats::responses::stream as responses;
-use crate::upstream::providers::formats::{anthropic, openai_chat};
+use crate::upstream::providers::formats::{anthropic, bedrock, gemini, openai_chat};
 use crate::upstream::providers::Format;
 use shape::Body;
 pub use shape::Corrupt;
@@ -40,6 +40,8 @@ pub const HOLD_LIMIT: usize = 16 * 1024 * 1024;
 enum Reader {
     OpenAiChat(openai_chat::EventReader),
     Anthropic(anthropic::EventReader),
+    Gemini(gemini::EventReader),
+    Bedrock(bedrock::EventReader),
 }
 
 /// The client format's writer (used across formats only).
@@ -120,7 +122,8 @@ pub fn frame(event: Option<&str>, data: &str) -> Bytes {
 /// An error event in `client`'s format, ending a stream that cannot complete.
 pub fn error_event(client: impl Into<Format>, message: &str, code: &str) -> Bytes {
     match client.into() {
-        Format::OpenAiChat => frame(
+        // Gemini and Bedrock are never a client's format; OpenAI's shape stands in.
+        Format::OpenAiChat | Format::Gemini | Format::Bedrock => frame(
             None,
             &json!({"error": {"message": message, "type": "server_error", "param": null, "code": code}}).to_string(),
         ),
@@ -161,10 +164,13 @@ impl StreamConverter {
                     Reader::OpenAiChat(openai_chat::EventReader::default())
                 }
                 Format::Anthropic => Reader::Anthropic(anthropic::EventReader),
+                Format::Gemini => Reader::Gemini(gemini::EventReader::new()),
+                Format::Bedrock => Reader::Bedrock(bedrock::EventReader::new()),
             },
             writer: match client {
-                // A Responses client's writer comes with its request (`responses`).
-                Format::OpenAiChat | Format::Responses => {
+                // A Responses client's writer comes with its request (`responses`); no client
+                // speaks Gemini or Bedrock: OpenAI's writer stands in.
+                Format::OpenAiChat | Format::Responses | Format::Gemini | Format::Bedrock => {
                     Writer::OpenAiChat(openai_chat::EventWriter::new(include_usage))
                 }
                 Format::Anthropic => Writer::Anthropic(anthropic::EventWriter::default()),
@@ -317,7 +323,7 @@ impl StreamConverter {
         let read = match (self.upstream, self.client) {
             (Format::OpenAiChat, Format::OpenAiChat) => self.openai_to_openai(data, out),
             (Format::Anthropic, Format::Anthropic) => self.anthropic_to_anthropic(name, data, out),
-            _ => self.across(data, out),
+            _ => self.across(name, data, out),
         };
         // An event the gateway cannot read — not JSON, or JSON not in its format's shape
         // (see `shape`) — is a piece of the answer or of its usage it cannot pass on or
@@ -479,14 +485,14 @@ impl StreamConverter {
     fn held_bytes(&self) -> usize {
         let reader = match &self.reader {
             Reader::OpenAiChat(r) => r.held_bytes(),
-            Reader::Anthropic(_) => 0,
+            Reader::Anthropic(_) | Reader::Gemini(_) | Reader::Bedrock(_) => 0,
         };
         reader + self.writer.held_bytes()
     }
 
     /// An upstream event through the internal form: read (and accounted) by the upstream
     /// format's reader, written by the client format's writer.
-    fn across(&mut self, data: &str, out: &mut Vec<Bytes>) -> Result<(), Corrupt> {
+    fn across(&mut self, name: &str, data: &str, out: &mut Vec<Bytes>) -> Result<(), Corrupt> {
         let mut events = Vec::new();
         match &mut self.reader {
             Reader::OpenAiChat(r) => {
@@ -507,6 +513,15 @@ impl StreamConverter {
                 r.event(&e, &mut events);
                 self.note_anthropic_event(&e);
             }
+            // Formats read only through the internal form: accounted from its events.
+            Reader::Gemini(r) => {
+                r.read(name, data, &mut events)?;
+                events.iter().for_each(|e| self.note_event(e));
+            }
+            Reader::Bedrock(r) => {
+                r.read(name, data, &mut events)?;
+                events.iter().for_each(|e| self.note_event(e));
+            }
         }
         for e in &events {
             self.forward(e, out);
@@ -519,7 +534,6 @@ impl StreamConverter {
     /// their own accounting, `note_openai_chunk` / `note_anthropic_event`). A format added
     /// later calls this on its reader's events: every piece of output is counted, and a
     /// usage event sets the figures it carries (input first, output last, or all at once).
-    #[allow(dead_code)] // the hook new upstream formats use; see the module doc
     fn note_event(&mut self, e: &Event) {
         match e {
             Event::TextDelta { text, .. }
