@@ -108,6 +108,19 @@ pub async fn spawn_app() -> TestApp {
     spawn_app_with(|_, _| {}).await
 }
 
+/// An app with an Anthropic model `claude` (upstream `c`, key B, on the same mock, serving
+/// `claude-upstream`) beside the OpenAI `gpt-4o-mini`.
+pub async fn spawn_app_with_claude() -> TestApp {
+    spawn_app_with(|s, m| {
+        let mut c = upstream("c", KEY_B, m);
+        c.provider = Provider::Anthropic;
+        c.base_url = m.base_url();
+        s.upstreams.push(c);
+        s.models.push(model("claude", &["c"]));
+    })
+    .await
+}
+
 pub async fn spawn_app_with(tweak: impl FnOnce(&mut Settings, &MockServer)) -> TestApp {
     spawn_app_full(tweak, None).await
 }

@@ -6,11 +6,10 @@ use serde_json::{json, Value};
 
 use crate::helpers::*;
 use crate::responses::{ask, charged, cost, create, function_call, last_sent, output_text, ASK};
-use crate::responses_streams::app_with_claude;
 
 #[tokio::test]
 async fn bad_input_is_refused_naming_the_field_before_any_upstream() {
-    let app = app_with_claude().await;
+    let app = spawn_app_with_claude().await;
     let (token_id, token) = app.token("ola", Some("10")).await;
     let huge = "word ".repeat(140_000);
     let cases: Vec<(Value, &str, &str)> = vec![
@@ -262,7 +261,7 @@ async fn an_unknown_token_and_an_exhausted_budget_answer_in_openais_shape() {
 
 #[tokio::test]
 async fn a_translated_answer_is_a_response_object_charged_its_usage() {
-    let app = app_with_claude().await;
+    let app = spawn_app_with_claude().await;
     let (token_id, token) = app.token("ola", Some("10")).await;
     let body = json!({"model": "claude", "instructions": "Be brief.", "input": [
         {"role": "user", "content": [{"type": "input_text", "text": ASK}]}],
@@ -297,7 +296,7 @@ async fn a_translated_answer_is_a_response_object_charged_its_usage() {
 
 #[tokio::test]
 async fn a_translated_function_tool_round_trip() {
-    let app = app_with_claude().await;
+    let app = spawn_app_with_claude().await;
     let (_, token) = app.token("ola", None).await;
     let tools = json!([{"type": "function", "name": "lookup_vehicle",
         "parameters": {"type": "object", "properties": {"vin": {"type": "string"}}}}]);

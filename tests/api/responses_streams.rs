@@ -5,25 +5,10 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sluice::config::Provider;
 use sluice::mock::{MockConfig, Script};
 
 use crate::helpers::*;
 use crate::responses::{ask, charged, cost, function_call, get, output_text};
-
-/// `claude` routed to an Anthropic upstream (key B) on the same mock.
-pub async fn app_with_claude() -> TestApp {
-    spawn_app_with(|s, m| {
-        let mut c = upstream("c", KEY_B, m);
-        c.provider = Provider::Anthropic;
-        c.base_url = m.base_url();
-        s.upstreams.push(c);
-        let mut claude = model("claude", &["c"]);
-        claude.routes = vec![route("c", "claude-upstream")];
-        s.models.push(claude);
-    })
-    .await
-}
 
 /// The events of a Responses stream: (event name, data).
 pub async fn events(resp: reqwest::Response) -> Vec<(String, Value)> {
@@ -114,7 +99,7 @@ async fn a_native_stream_passes_the_events_with_the_gateways_id_and_is_stored() 
 
 #[tokio::test]
 async fn a_translated_stream_writes_the_responses_events_from_anthropic() {
-    let app = app_with_claude().await;
+    let app = spawn_app_with_claude().await;
     let (token_id, token) = app.token("ola", Some("10")).await;
     let body =
         json!({"model": "claude", "input": "Why?", "stream": true, "max_output_tokens": 300});
@@ -140,7 +125,7 @@ async fn a_translated_stream_writes_the_responses_events_from_anthropic() {
 
 #[tokio::test]
 async fn a_streamed_function_call_both_ways() {
-    let app = app_with_claude().await;
+    let app = spawn_app_with_claude().await;
     let (_, token) = app.token("ola", None).await;
     let tools = json!([{"type": "function", "name": "lookup_vehicle",
         "parameters": {"type": "object", "properties": {"vin": {"type": "string"}}}}]);
@@ -211,7 +196,7 @@ async fn a_stream_the_client_leaves_is_charged_what_it_received() {
 
 #[tokio::test]
 async fn a_stream_the_upstream_cuts_ends_with_an_error_event() {
-    let app = app_with_claude().await;
+    let app = spawn_app_with_claude().await;
     let (_, token) = app.token("ola", Some("10")).await;
     for (key, model) in [(KEY_A, "gpt-4o-mini"), (KEY_B, "claude")] {
         app.mock.state.script(
