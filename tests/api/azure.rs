@@ -17,7 +17,7 @@ pub(crate) const AZURE_KEY: &str = "az-upstream-canary-key-5e6f7a8b9c";
 /// The Entra app's client secret: a canary too.
 const ENTRA_SECRET: &str = "entra-client-secret-canary-0a1b2c3d";
 /// The Azure deployment the test model routes to (the mock echoes it as `model`).
-const DEPLOYMENT: &str = "prod-gpt4o-mini";
+pub(crate) const DEPLOYMENT: &str = "prod-gpt4o-mini";
 
 /// Every wait here is bounded by this, far above what a correct gateway needs.
 const BOUND: Duration = Duration::from_secs(30);
@@ -30,7 +30,7 @@ pub(crate) fn azure(id: &str, mock: &MockServer, api_version: &str) -> UpstreamS
     u
 }
 
-fn entra(mock: &MockServer, client_id: &str, secret: &str) -> EntraSettings {
+pub(crate) fn entra(mock: &MockServer, client_id: &str, secret: &str) -> EntraSettings {
     EntraSettings {
         tenant_id: "tenant-0123".into(),
         client_id: client_id.into(),
@@ -41,7 +41,7 @@ fn entra(mock: &MockServer, client_id: &str, secret: &str) -> EntraSettings {
 }
 
 /// `gpt-4o-mini` served by `u` alone, at the deployment `DEPLOYMENT`.
-fn only(s: &mut Settings, u: UpstreamSettings) {
+pub(crate) fn only(s: &mut Settings, u: UpstreamSettings) {
     let id = u.id.clone();
     s.upstreams = vec![u];
     let mut m = model("gpt-4o-mini", &[&id]);
@@ -82,17 +82,6 @@ pub(crate) async fn spent(app: &TestApp, token_id: i64) -> i64 {
     assert_eq!(spent, logged, "the ledger and the request log agree");
     app.assert_invariant().await;
     spent
-}
-
-pub(crate) async fn messages(app: &TestApp, token: &str, body: &Value) -> reqwest::Response {
-    app.http
-        .post(format!("{}/v1/messages", app.address))
-        .header("x-api-key", token)
-        .header("anthropic-version", "2023-06-01")
-        .json(body)
-        .send()
-        .await
-        .expect("request sent")
 }
 
 pub(crate) fn anthropic_body(stream: bool) -> Value {
@@ -178,7 +167,7 @@ async fn an_anthropic_client_reaches_azure_with_tools_streamed_and_not() {
         "input_schema": {"type": "object", "properties": {"vin": {"type": "string"}}}});
     let mut body = anthropic_body(false);
     body["tools"] = json!([anthropic_tool]);
-    let resp = messages(&app, &token, &body).await;
+    let resp = app.messages(&token, &body).await;
     assert_eq!(resp.status(), 200);
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["type"], "message", "{v}");
@@ -190,7 +179,7 @@ async fn an_anthropic_client_reaches_azure_with_tools_streamed_and_not() {
     assert_eq!(v["usage"]["output_tokens"], 24);
 
     body["stream"] = json!(true);
-    let resp = messages(&app, &token, &body).await;
+    let resp = app.messages(&token, &body).await;
     assert_eq!(resp.status(), 200);
     let evs = events(resp).await;
     let names: Vec<&str> = evs.iter().map(|(n, _)| n.as_str()).collect();
@@ -433,7 +422,7 @@ async fn a_prompt_azures_content_filter_blocks_is_a_400_naming_the_filter_in_eac
         sluice::mock::azure::content_filter_error(),
         "Azure's body, as it is"
     );
-    let resp = messages(&app, &token, &anthropic_body(false)).await;
+    let resp = app.messages(&token, &anthropic_body(false)).await;
     assert_eq!(resp.status(), 400);
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["type"], "error");
@@ -469,13 +458,14 @@ async fn an_answer_azures_filter_cut_ends_as_content_filter_or_refusal() {
             .any(|d| d.contains(r#""finish_reason":"content_filter""#)),
         "{data:?}"
     );
-    let v: Value = messages(&app, &token, &anthropic_body(false))
+    let v: Value = app
+        .messages(&token, &anthropic_body(false))
         .await
         .json()
         .await
         .unwrap();
     assert_eq!(v["stop_reason"], "refusal", "{v}");
-    let evs = events(messages(&app, &token, &anthropic_body(true)).await).await;
+    let evs = events(app.messages(&token, &anthropic_body(true)).await).await;
     let delta = evs
         .iter()
         .find(|(n, _)| n == "message_delta")

@@ -7,39 +7,21 @@
 
 use std::time::Duration;
 
-use secrecy::SecretString;
 use serde_json::{json, Value};
-use sluice::config::{EntraSettings, Provider, Secret, Settings, UpstreamSettings};
+use sluice::config::{Provider, Secret, Settings, UpstreamSettings};
 use sluice::mock::{MockServer, Script};
 
+use crate::azure::{azure, entra, only};
+use crate::compatible::{self, refuses_stream_options, KEY_C};
 use crate::helpers::*;
 
 const ENTRA_SECRET: &str = "entra-attack-secret-canary-9f8e7d";
-const DEPLOYMENT: &str = "prod-gpt4o-mini";
-const KEY_C: &str = "sk-compat-attack-key-4d5e6f7a";
 
 fn entra_upstream(mock: &MockServer, client_id: &str) -> UpstreamSettings {
-    let mut u = upstream("az", "", mock);
-    u.provider = Provider::AzureOpenai;
-    u.base_url = mock.base_url();
-    u.api_version = Some("2024-10-21".into());
+    let mut u = azure("az", mock, "2024-10-21");
     u.api_key = Secret::default();
-    u.entra = Some(EntraSettings {
-        tenant_id: "tenant-0123".into(),
-        client_id: client_id.into(),
-        client_secret: Secret(SecretString::from(ENTRA_SECRET.to_string())),
-        authority: mock.base_url(),
-        scope: "https://cognitiveservices.azure.com/.default".into(),
-    });
+    u.entra = Some(entra(mock, client_id, ENTRA_SECRET));
     u
-}
-
-fn only(s: &mut Settings, u: UpstreamSettings) {
-    let id = u.id.clone();
-    s.upstreams = vec![u];
-    let mut m = model("gpt-4o-mini", &[&id]);
-    m.routes[0].deployment = Some(DEPLOYMENT.into());
-    s.models = vec![m];
 }
 
 /// Azure refuses a token before the expiry its endpoint announced — revoked, or cached by
@@ -150,23 +132,8 @@ async fn a_hanging_token_refresh_does_not_hold_requests_while_the_token_is_valid
 /// reaches such a server through chat; it must not send `stream_options` either.
 #[tokio::test]
 async fn the_responses_route_sends_no_stream_options_to_a_server_that_refuses_them() {
-    let app = spawn_app_with(|s, m| {
-        let mut u = upstream("quiet", KEY_C, m);
-        u.provider = Provider::OpenaiCompatible;
-        u.quirks.include_usage = false;
-        s.upstreams = vec![u];
-        let mut mdl = model("gpt-4o-mini", &["quiet"]);
-        mdl.routes[0].model = "llama-3.1-8b".into();
-        s.models = vec![mdl];
-    })
-    .await;
-    app.mock.state.sticky(
-        KEY_C,
-        Some(Script {
-            reject_stream_options: true,
-            ..Default::default()
-        }),
-    );
+    let app = spawn_app_with(quiet_compatible).await;
+    refuses_stream_options(&app);
     let (id, token) = app.token("dev", Some("1.00")).await;
     let resp = app
         .post(
@@ -239,14 +206,11 @@ async fn a_deployment_named_dot_dot_is_refused_not_sent_elsewhere() {
     }
 }
 
+/// `gpt-4o-mini` served by an OpenAI-compatible server that sends no usage.
 fn quiet_compatible(s: &mut Settings, m: &MockServer) {
-    let mut u = upstream("quiet", KEY_C, m);
-    u.provider = Provider::OpenaiCompatible;
+    let mut u = compatible::compatible("quiet", m);
     u.quirks.include_usage = false;
-    s.upstreams = vec![u];
-    let mut mdl = model("gpt-4o-mini", &["quiet"]);
-    mdl.routes[0].model = "llama-3.1-8b".into();
-    s.models = vec![mdl];
+    compatible::only(s, u, "llama-3.1-8b");
 }
 
 /// An OpenAI client that asks for the usage chunk (`stream_options.include_usage`) of a
@@ -255,13 +219,7 @@ fn quiet_compatible(s: &mut Settings, m: &MockServer) {
 #[tokio::test]
 async fn an_openai_client_asking_for_usage_from_a_server_without_it_gets_the_count() {
     let app = spawn_app_with(quiet_compatible).await;
-    app.mock.state.sticky(
-        KEY_C,
-        Some(Script {
-            reject_stream_options: true,
-            ..Default::default()
-        }),
-    );
+    refuses_stream_options(&app);
     let (id, token) = app.token("dev", Some("1.00")).await;
     let mut body = chat_body(64);
     body["stream"] = json!(true);
@@ -355,8 +313,9 @@ async fn odd_error_bodies_keep_the_status_and_the_clients_format() {
             let v: Value = resp.json().await.expect("JSON");
             assert!(v["error"]["message"].is_string(), "{v}");
             assert!(v.to_string().len() < 10_000, "a bounded message");
-            let resp =
-                crate::azure::messages(&app, &token, &crate::azure::anthropic_body(false)).await;
+            let resp = app
+                .messages(&token, &crate::azure::anthropic_body(false))
+                .await;
             assert_eq!(resp.status(), status);
             let v: Value = resp.json().await.expect("JSON");
             assert_eq!(v["type"], "error", "{v}");

@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
-use sluice::config::{Provider, RouteSettings};
 
 use crate::helpers::*;
 
@@ -43,28 +42,9 @@ fn cache_of(r: &reqwest::Response) -> String {
         .unwrap_or_default()
 }
 
-/// An app with an Anthropic model `claude` beside the OpenAI `gpt-4o-mini`.
-async fn two_formats() -> TestApp {
-    spawn_app_with(|s, m| {
-        let mut c = upstream("c", KEY_B, m);
-        c.provider = Provider::Anthropic;
-        c.base_url = m.base_url();
-        s.upstreams.push(c);
-        let mut claude = model("claude", &["c"]);
-        claude.routes = vec![RouteSettings {
-            upstream: "c".into(),
-            model: "claude-upstream".into(),
-            output_cap_param: None,
-            deployment: None,
-        }];
-        s.models.push(claude);
-    })
-    .await
-}
-
 #[tokio::test]
 async fn an_out_of_range_cache_ttl_is_a_400_naming_it_in_the_clients_format() {
-    let app = two_formats().await;
+    let app = spawn_app_with_claude().await;
     let (_, token) = app.token("ttl", None).await;
     for ttl in [
         "9223372036854775807",
@@ -309,7 +289,7 @@ fn assert_same_headers(
 /// token's window, the request id — in both formats, whole and streamed.
 #[tokio::test]
 async fn a_hit_carries_the_headers_of_a_proxied_answer() {
-    let app = two_formats().await;
+    let app = spawn_app_with_claude().await;
     let (_, token) = app
         .issue(sluice::cli::IssueArgs {
             budget_usd: Some("5"),
@@ -360,7 +340,7 @@ async fn a_hit_carries_the_headers_of_a_proxied_answer() {
 /// request that asks for it, nor the other way round.
 #[tokio::test]
 async fn answers_made_under_other_anthropic_beta_flags_are_not_hits() {
-    let app = two_formats().await;
+    let app = spawn_app_with_claude().await;
     let (_, token) = app.token("beta", None).await;
     let body = claude_question("Summarise the attached notes.", false);
     let beta = [("anthropic-beta", "files-api-2025-04-14")];

@@ -8,26 +8,7 @@ use serde_json::{json, Value};
 use sluice::mock::{Script, SseEvent};
 
 use crate::helpers::*;
-use crate::translate_wire::{app, run_case};
-
-fn chunk(choice: Value) -> Value {
-    json!({"id": "chatcmpl-a", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [choice]})
-}
-
-fn usage_chunk() -> Value {
-    json!({"id": "chatcmpl-a", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [],
-        "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}})
-}
-
-fn of_type<'v>(events: &'v Value, kind: &str) -> Vec<&'v Value> {
-    events
-        .as_array()
-        .expect("a stream")
-        .iter()
-        .filter(|e| e[0] == kind)
-        .map(|e| &e[1])
-        .collect()
-}
+use crate::translate_wire::{app, chunk, of_type, run_case, usage_chunk};
 
 /// Ollama (before 0.1.39), SGLang 0.4.3, LocalAI and several relays send
 /// `"finish_reason": ""` on every chunk before the last, which carries the real reason.
@@ -117,23 +98,13 @@ async fn calls_that_are_never_named_are_cut_at_the_cap() {
     );
     let body = json!({"model": "gpt-4o-mini", "max_tokens": 100, "stream": true,
         "messages": [{"role": "user", "content": "Why does the engine light blink?"}]});
-    let resp = app
-        .http
-        .post(format!("{}/v1/messages", app.address))
-        .header("x-api-key", &token)
-        .header("anthropic-version", "2023-06-01")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = app.messages(&token, &body).await;
     assert_eq!(resp.status(), 200);
     let text = tokio::time::timeout(Duration::from_secs(60), resp.text())
         .await
         .expect("the gateway ended the stream at its cap (the idle timeout is 300 s)")
         .unwrap();
-    let last = text.trim_end().rsplit("\n\n").next().unwrap();
-    assert!(last.starts_with("event: error\n"), "{last}");
-    assert!(last.contains("held back more"), "{last}");
+    assert_ended_held_back(&text);
 }
 
 /// An Anthropic upstream thinks (extended thinking) for a long while and the stream breaks
@@ -177,15 +148,7 @@ async fn thinking_received_before_a_cut_is_charged_as_output() {
     let body = json!({"model": "claude", "max_tokens": 4000, "stream": true,
         "thinking": {"type": "enabled", "budget_tokens": 2000},
         "messages": [{"role": "user", "content": "Why does the engine light blink?"}]});
-    let resp = app
-        .http
-        .post(format!("{}/v1/messages", app.address))
-        .header("x-api-key", &token)
-        .header("anthropic-version", "2023-06-01")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = app.messages(&token, &body).await;
     assert_eq!(resp.status(), 200);
     let text = tokio::time::timeout(Duration::from_secs(60), resp.text())
         .await
@@ -246,15 +209,7 @@ async fn an_unknown_field_of_an_anthropic_message_is_refused_not_dropped() {
     let (_, token) = app.token("msg-field", None).await;
     let body = json!({"model": "gpt-4o-mini", "max_tokens": 50,
         "messages": [{"role": "user", "content": "Why does the light blink?", "name": "mechanic_7"}]});
-    let resp = app
-        .http
-        .post(format!("{}/v1/messages", app.address))
-        .header("x-api-key", &token)
-        .header("anthropic-version", "2023-06-01")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = app.messages(&token, &body).await;
     let status = resp.status().as_u16();
     let answer: Value = resp.json().await.unwrap();
     assert_eq!(status, 400, "{answer}");
@@ -296,15 +251,7 @@ async fn a_wide_integer_in_tool_arguments_crosses_unaltered() {
     let body = json!({"model": "gpt-4o-mini", "max_tokens": 50,
         "tools": [{"name": "lookup_order", "input_schema": {"type": "object"}}],
         "messages": [{"role": "user", "content": "Where is my order?"}]});
-    let resp = app
-        .http
-        .post(format!("{}/v1/messages", app.address))
-        .header("x-api-key", &token)
-        .header("anthropic-version", "2023-06-01")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = app.messages(&token, &body).await;
     assert_eq!(resp.status(), 200);
     let text = resp.text().await.unwrap();
     assert!(

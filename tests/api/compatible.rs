@@ -10,18 +10,19 @@ use sluice::config::{AuthMode, OutputCapParam, Provider, Secret, Settings, Upstr
 use sluice::mock::{MockServer, Script, SseEvent};
 use sluice::quota::pricing::{cost, Prices, Usage};
 
-use crate::azure::{anthropic_body, events, messages, spent};
+use crate::azure::{anthropic_body, events, spent};
 use crate::helpers::*;
 
-const KEY_C: &str = "sk-compat-canary-key-C-2b3c4d5e";
+pub(crate) const KEY_C: &str = "sk-compat-canary-key-C-2b3c4d5e";
 
-fn compatible(id: &str, mock: &MockServer) -> UpstreamSettings {
+pub(crate) fn compatible(id: &str, mock: &MockServer) -> UpstreamSettings {
     let mut u = upstream(id, KEY_C, mock);
     u.provider = Provider::OpenaiCompatible;
     u
 }
 
-fn only(s: &mut Settings, u: UpstreamSettings, upstream_model: &str) {
+/// `gpt-4o-mini` served by `u` alone, as `upstream_model`.
+pub(crate) fn only(s: &mut Settings, u: UpstreamSettings, upstream_model: &str) {
     let id = u.id.clone();
     s.upstreams = vec![u];
     let mut m = model("gpt-4o-mini", &[&id]);
@@ -29,12 +30,30 @@ fn only(s: &mut Settings, u: UpstreamSettings, upstream_model: &str) {
     s.models = vec![m];
 }
 
-fn prices() -> Prices {
-    Prices {
+/// The server behind `KEY_C` refuses `stream_options` (a 400), as an old vLLM does.
+pub(crate) fn refuses_stream_options(app: &TestApp) {
+    app.mock.state.sticky(
+        KEY_C,
+        Some(Script {
+            reject_stream_options: true,
+            ..Default::default()
+        }),
+    );
+}
+
+/// The token was charged `input` and `output` tokens at the test prices.
+async fn assert_charged(app: &TestApp, token_id: i64, input: i64, output: i64) {
+    let prices = Prices {
         input: 150_000,
         output: 600_000,
         cached_input: 150_000,
-    }
+    };
+    let usage = Usage {
+        input,
+        cached_input: 0,
+        output,
+    };
+    assert_eq!(spent(app, token_id).await, cost(usage, prices));
 }
 
 /// The tokens the request log holds for the one request of a token.
@@ -66,13 +85,7 @@ async fn a_server_that_refuses_stream_options_is_sent_none_and_charged_what_was_
         s.models.push(plain);
     })
     .await;
-    app.mock.state.sticky(
-        KEY_C,
-        Some(Script {
-            reject_stream_options: true,
-            ..Default::default()
-        }),
-    );
+    refuses_stream_options(&app);
     let (_, other) = app.token("other", Some("1.00")).await;
     let mut body = streamed(64);
     body["model"] = json!("plain");
@@ -108,15 +121,7 @@ async fn a_server_that_refuses_stream_options_is_sent_none_and_charged_what_was_
         output, 24,
         "the server reported nothing: the output was counted"
     );
-    let expected = cost(
-        Usage {
-            input,
-            cached_input: 0,
-            output,
-        },
-        prices(),
-    );
-    assert_eq!(spent(&app, id).await, expected);
+    assert_charged(&app, id, input, output).await;
 }
 
 #[tokio::test]
@@ -157,15 +162,7 @@ async fn a_usage_chunk_the_server_sends_anyway_is_preferred_over_the_count() {
     assert_eq!(resp.status(), 200);
     let _ = sse_data(resp).await;
     assert_eq!(logged_tokens(&app, id).await, (7, 5));
-    let expected = cost(
-        Usage {
-            input: 7,
-            cached_input: 0,
-            output: 5,
-        },
-        prices(),
-    );
-    assert_eq!(spent(&app, id).await, expected);
+    assert_charged(&app, id, 7, 5).await;
 }
 
 #[tokio::test]
@@ -176,15 +173,9 @@ async fn an_anthropic_client_streams_from_a_server_without_usage_and_is_told_the
         only(s, u, "llama3");
     })
     .await;
-    app.mock.state.sticky(
-        KEY_C,
-        Some(Script {
-            reject_stream_options: true,
-            ..Default::default()
-        }),
-    );
+    refuses_stream_options(&app);
     let (id, token) = app.token("dev", Some("1.00")).await;
-    let evs = events(messages(&app, &token, &anthropic_body(true)).await).await;
+    let evs = events(app.messages(&token, &anthropic_body(true)).await).await;
     assert_eq!(
         evs.last().map(|(n, _)| n.as_str()),
         Some("message_stop"),
@@ -195,15 +186,7 @@ async fn an_anthropic_client_streams_from_a_server_without_usage_and_is_told_the
     assert_eq!(delta.1["usage"]["output_tokens"], output, "{delta:?}");
     assert!(output > 0);
     let (input, _) = logged_tokens(&app, id).await;
-    let expected = cost(
-        Usage {
-            input,
-            cached_input: 0,
-            output,
-        },
-        prices(),
-    );
-    assert_eq!(spent(&app, id).await, expected);
+    assert_charged(&app, id, input, output).await;
 }
 
 #[tokio::test]
@@ -273,7 +256,7 @@ async fn each_servers_error_body_reaches_each_client_in_its_format_with_the_stat
                 "{style}: {v}"
             );
             assert_eq!(v["error"]["type"], "invalid_request_error", "{style}: {v}");
-            let resp = messages(&app, &token, &anthropic_body(false)).await;
+            let resp = app.messages(&token, &anthropic_body(false)).await;
             assert_eq!(resp.status(), status, "{style}");
             let v: Value = resp.json().await.unwrap();
             assert_eq!(v["type"], "error", "{style}: {v}");

@@ -46,18 +46,23 @@ pub fn upstream(id: &str, key: &str, mock: &MockServer) -> UpstreamSettings {
     }
 }
 
+/// A route to `upstream`'s `model`.
+pub fn route(upstream: &str, model: &str) -> RouteSettings {
+    RouteSettings {
+        upstream: upstream.into(),
+        model: model.into(),
+        output_cap_param: None,
+        deployment: None,
+    }
+}
+
 pub fn model(name: &str, upstreams: &[&str]) -> ModelSettings {
     ModelSettings {
         name: name.into(),
         aliases: vec![],
         routes: upstreams
             .iter()
-            .map(|u| RouteSettings {
-                upstream: (*u).into(),
-                model: format!("{name}-upstream"),
-                output_cap_param: None,
-                deployment: None,
-            })
+            .map(|u| route(u, &format!("{name}-upstream")))
             .collect(),
         fallbacks: vec![],
         input_usd_per_mtok: 0.15,
@@ -101,6 +106,19 @@ pub fn test_engine() -> Engine {
 
 pub async fn spawn_app() -> TestApp {
     spawn_app_with(|_, _| {}).await
+}
+
+/// An app with an Anthropic model `claude` (upstream `c`, key B, on the same mock, serving
+/// `claude-upstream`) beside the OpenAI `gpt-4o-mini`.
+pub async fn spawn_app_with_claude() -> TestApp {
+    spawn_app_with(|s, m| {
+        let mut c = upstream("c", KEY_B, m);
+        c.provider = Provider::Anthropic;
+        c.base_url = m.base_url();
+        s.upstreams.push(c);
+        s.models.push(model("claude", &["c"]));
+    })
+    .await
 }
 
 pub async fn spawn_app_with(tweak: impl FnOnce(&mut Settings, &MockServer)) -> TestApp {
@@ -183,6 +201,18 @@ impl TestApp {
 
     pub async fn chat(&self, token: &str, body: &Value) -> reqwest::Response {
         self.post("/v1/chat/completions", token, body).await
+    }
+
+    /// An Anthropic Messages request, with the key in `x-api-key` as Anthropic's SDKs send it.
+    pub async fn messages(&self, token: &str, body: &Value) -> reqwest::Response {
+        self.http
+            .post(format!("{}/v1/messages", self.address))
+            .header("x-api-key", token)
+            .header("anthropic-version", "2023-06-01")
+            .json(body)
+            .send()
+            .await
+            .expect("request sent")
     }
 
     /// Waits until the request log holds `n` rows (it is written off the request path).
@@ -518,6 +548,14 @@ pub fn assert_cut_by_an_error_event<'f>(
     }
     assert_eq!(last[1]["error"]["code"], "upstream_error", "{what}");
     last
+}
+
+/// An Anthropic stream's text ended by the gateway's error event because it held back
+/// more of a tool call than its cap.
+pub fn assert_ended_held_back(text: &str) {
+    let last = text.trim_end().rsplit("\n\n").next().unwrap();
+    assert!(last.starts_with("event: error\n"), "{last}");
+    assert!(last.contains("held back more"), "{last}");
 }
 
 /// A real `redis-server` on a free port, stopped when dropped.

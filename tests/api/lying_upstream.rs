@@ -179,23 +179,13 @@ async fn arguments_held_back_for_ever_are_cut_at_the_cap() {
     );
     let body = json!({"model": "gpt-4o-mini", "max_tokens": 100, "stream": true,
         "messages": [{"role": "user", "content": "Why does the engine light blink?"}]});
-    let resp = app
-        .http
-        .post(format!("{}/v1/messages", app.address))
-        .header("x-api-key", &token)
-        .header("anthropic-version", "2023-06-01")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = app.messages(&token, &body).await;
     assert_eq!(resp.status(), 200);
     let text = tokio::time::timeout(BOUND, resp.text())
         .await
         .expect("the gateway ended the stream")
         .unwrap();
-    let last = text.trim_end().rsplit("\n\n").next().unwrap();
-    assert!(last.starts_with("event: error\n"), "{last}");
-    assert!(last.contains("held back more"), "{last}");
+    assert_ended_held_back(&text);
     assert!(!text.contains("message_stop"));
     settled_as_cut(&app, id).await;
 }

@@ -34,6 +34,33 @@ pub async fn fetch(app: &TestApp, method: reqwest::Method, id: &str, token: &str
     (status, resp.json().await.expect("a JSON body"))
 }
 
+/// A stored response as `GET /v1/responses/{id}` answers it.
+pub async fn get(app: &TestApp, id: &str, token: &str) -> (u16, Value) {
+    fetch(app, reqwest::Method::GET, id, token).await
+}
+
+/// The body the upstream behind `key` received last.
+pub fn last_sent(app: &TestApp, key: &str) -> Value {
+    app.mock
+        .state
+        .stats(key)
+        .last_bodies
+        .back()
+        .cloned()
+        .expect("a request reached the upstream")
+}
+
+/// A response object's function call item.
+pub fn function_call(r: &Value) -> Value {
+    r["output"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|i| i["type"] == "function_call")
+        .cloned()
+        .expect("a function_call item")
+}
+
 /// The text of a response object's message items.
 pub fn output_text(r: &Value) -> String {
     let mut t = String::new();
@@ -123,14 +150,7 @@ async fn reasoning_tokens_are_charged_and_the_upstream_is_asked_for_encrypted_re
     assert_eq!(r["output"][0]["type"], "reasoning");
     assert!(r["output"][0]["encrypted_content"].is_string());
     assert_eq!(r["usage"]["output_tokens_details"]["reasoning_tokens"], 100);
-    let sent = app
-        .mock
-        .state
-        .stats(KEY_A)
-        .last_bodies
-        .back()
-        .unwrap()
-        .clone();
+    let sent = last_sent(&app, KEY_A);
     assert_eq!(sent["include"], json!(["reasoning.encrypted_content"]));
     assert_eq!(sent["max_output_tokens"], 500);
     assert_eq!(charged(&app, token_id).await, cost(12, 124));
@@ -144,7 +164,7 @@ async fn a_stored_response_is_read_and_deleted_by_its_token_only() {
     let (_, theirs) = app.token("kari", None).await;
     let (_, r) = create(&app, &mine, &ask()).await;
     let id = r["id"].as_str().unwrap();
-    let (status, got) = fetch(&app, reqwest::Method::GET, id, &mine).await;
+    let (status, got) = get(&app, id, &mine).await;
     assert_eq!(status, 200);
     assert_eq!(got, r, "GET answers the response as it was given");
     // Another token: not found, as a missing id is; it cannot delete it either.
@@ -157,7 +177,7 @@ async fn a_stored_response_is_read_and_deleted_by_its_token_only() {
             format!("Response with id '{id}' not found.")
         );
     }
-    let (status, missing) = fetch(&app, reqwest::Method::GET, "resp_nope", &mine).await;
+    let (status, missing) = get(&app, "resp_nope", &mine).await;
     assert_eq!(status, 404);
     assert_eq!(missing["error"]["code"], "not_found");
     let (status, del) = fetch(&app, reqwest::Method::DELETE, id, &mine).await;
@@ -166,13 +186,10 @@ async fn a_stored_response_is_read_and_deleted_by_its_token_only() {
         del,
         json!({"id": id, "object": "response", "deleted": true})
     );
-    assert_eq!(fetch(&app, reqwest::Method::GET, id, &mine).await.0, 404);
+    assert_eq!(get(&app, id, &mine).await.0, 404);
     assert_eq!(fetch(&app, reqwest::Method::DELETE, id, &mine).await.0, 404);
     // Without a token: 401 in OpenAI's shape.
-    assert_eq!(
-        fetch(&app, reqwest::Method::GET, id, "sk-sl-nope").await.0,
-        401
-    );
+    assert_eq!(get(&app, id, "sk-sl-nope").await.0, 401);
 }
 
 #[tokio::test]
@@ -185,13 +202,7 @@ async fn store_false_keeps_nothing() {
     assert_eq!(status, 200);
     assert_eq!(r["store"], false);
     assert_eq!(app.scalar("SELECT COUNT(*) FROM stored_responses").await, 0);
-    let (status, _) = fetch(
-        &app,
-        reqwest::Method::GET,
-        r["id"].as_str().unwrap(),
-        &token,
-    )
-    .await;
+    let (status, _) = get(&app, r["id"].as_str().unwrap(), &token).await;
     assert_eq!(status, 404);
 }
 
@@ -206,14 +217,7 @@ async fn previous_response_id_sends_the_whole_conversation_and_reserves_for_it()
     assert_eq!(status, 200, "{second}");
     assert_eq!(second["previous_response_id"], first_id);
     assert_ne!(second["id"], first["id"]);
-    let sent = app
-        .mock
-        .state
-        .stats(KEY_A)
-        .last_bodies
-        .back()
-        .unwrap()
-        .clone();
+    let sent = last_sent(&app, KEY_A);
     assert!(sent.get("previous_response_id").is_none(), "{sent}");
     assert_eq!(sent["store"], false);
     let input = sent["input"].as_array().unwrap();
@@ -232,14 +236,7 @@ async fn previous_response_id_sends_the_whole_conversation_and_reserves_for_it()
     let third =
         json!({"model": "gpt-4o-mini", "input": "Thanks", "previous_response_id": second["id"]});
     assert_eq!(create(&app, &token, &third).await.0, 200);
-    let sent = app
-        .mock
-        .state
-        .stats(KEY_A)
-        .last_bodies
-        .back()
-        .unwrap()
-        .clone();
+    let sent = last_sent(&app, KEY_A);
     assert_eq!(sent["input"].as_array().unwrap().len(), 5);
     app.assert_invariant().await;
 }
@@ -278,9 +275,9 @@ async fn stored_responses_past_their_retention_are_gone() {
     let (_, r) = create(&app, &token, &ask()).await;
     let id = r["id"].as_str().unwrap();
     clock.advance(chrono::Duration::days(1));
-    assert_eq!(fetch(&app, reqwest::Method::GET, id, &token).await.0, 200);
+    assert_eq!(get(&app, id, &token).await.0, 200);
     clock.advance(chrono::Duration::days(1) + chrono::Duration::seconds(1));
-    assert_eq!(fetch(&app, reqwest::Method::GET, id, &token).await.0, 404);
+    assert_eq!(get(&app, id, &token).await.0, 404);
     let body = json!({"model": "gpt-4o-mini", "input": "go on", "previous_response_id": id});
     assert_eq!(create(&app, &token, &body).await.0, 404);
     // The sweep deletes the row itself.
@@ -310,14 +307,7 @@ async fn a_function_tool_round_trip_natively() {
     let (status, done) = create(&app, &token, &next).await;
     assert_eq!(status, 200, "{done}");
     assert_eq!(done["output"][0]["type"], "message");
-    let sent = app
-        .mock
-        .state
-        .stats(KEY_A)
-        .last_bodies
-        .back()
-        .unwrap()
-        .clone();
+    let sent = last_sent(&app, KEY_A);
     assert_eq!(sent["input"][1]["type"], "function_call");
     assert_eq!(sent["input"][2]["type"], "function_call_output");
     app.assert_invariant().await;
@@ -348,14 +338,7 @@ async fn a_conversation_grown_past_the_models_input_cap_is_refused_whole_never_t
         }
         assert_eq!(status, 200, "{r}");
         // Every turn sent carried the whole conversation from its first message.
-        let sent = app
-            .mock
-            .state
-            .stats(KEY_A)
-            .last_bodies
-            .back()
-            .unwrap()
-            .clone();
+        let sent = last_sent(&app, KEY_A);
         assert_eq!(sent["input"][0], json!({"role": "user", "content": ASK}));
         assert_eq!(sent["input"].as_array().unwrap().len(), 1 + 2 * turn);
         last = r;
@@ -371,12 +354,7 @@ async fn a_conversation_grown_past_the_models_input_cap_is_refused_whole_never_t
 async fn a_retried_response_is_charged_once_and_a_failed_one_nothing() {
     let app = spawn_app_with(|s, m| {
         s.upstreams.push(upstream("b", KEY_B, m));
-        s.models[0].routes.push(sluice::config::RouteSettings {
-            upstream: "b".into(),
-            model: "gpt-4o-mini-upstream".into(),
-            output_cap_param: None,
-            deployment: None,
-        });
+        s.models[0].routes.push(route("b", "gpt-4o-mini-upstream"));
     })
     .await;
     let (token_id, token) = app.token("ola", Some("10")).await;

@@ -5,12 +5,11 @@
 use serde_json::{json, Value};
 
 use crate::helpers::*;
-use crate::responses::{ask, charged, cost, create, output_text, ASK};
-use crate::responses_streams::app_with_claude;
+use crate::responses::{ask, charged, cost, create, function_call, last_sent, output_text, ASK};
 
 #[tokio::test]
 async fn bad_input_is_refused_naming_the_field_before_any_upstream() {
-    let app = app_with_claude().await;
+    let app = spawn_app_with_claude().await;
     let (token_id, token) = app.token("ola", Some("10")).await;
     let huge = "word ".repeat(140_000);
     let cases: Vec<(Value, &str, &str)> = vec![
@@ -262,7 +261,7 @@ async fn an_unknown_token_and_an_exhausted_budget_answer_in_openais_shape() {
 
 #[tokio::test]
 async fn a_translated_answer_is_a_response_object_charged_its_usage() {
-    let app = app_with_claude().await;
+    let app = spawn_app_with_claude().await;
     let (token_id, token) = app.token("ola", Some("10")).await;
     let body = json!({"model": "claude", "instructions": "Be brief.", "input": [
         {"role": "user", "content": [{"type": "input_text", "text": ASK}]}],
@@ -280,14 +279,7 @@ async fn a_translated_answer_is_a_response_object_charged_its_usage() {
         json!({"input_tokens": 12, "input_tokens_details": {"cached_tokens": 0},
         "output_tokens": 24, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 36})
     );
-    let sent = app
-        .mock
-        .state
-        .stats(KEY_B)
-        .last_bodies
-        .back()
-        .unwrap()
-        .clone();
+    let sent = last_sent(&app, KEY_B);
     assert_eq!(sent["model"], "claude-upstream");
     assert_eq!(sent["max_tokens"], 300);
     assert_eq!(sent["system"], "Be brief.");
@@ -297,21 +289,14 @@ async fn a_translated_answer_is_a_response_object_charged_its_usage() {
     let follow = json!({"model": "gpt-4o-mini", "input": "Shorter?", "previous_response_id": r["id"], "stream": false});
     let (status, _) = create(&app, &token, &follow).await;
     assert_eq!(status, 200);
-    let sent = app
-        .mock
-        .state
-        .stats(KEY_A)
-        .last_bodies
-        .back()
-        .unwrap()
-        .clone();
+    let sent = last_sent(&app, KEY_A);
     assert_eq!(sent["input"].as_array().unwrap().len(), 3, "{sent}");
     app.assert_invariant().await;
 }
 
 #[tokio::test]
 async fn a_translated_function_tool_round_trip() {
-    let app = app_with_claude().await;
+    let app = spawn_app_with_claude().await;
     let (_, token) = app.token("ola", None).await;
     let tools = json!([{"type": "function", "name": "lookup_vehicle",
         "parameters": {"type": "object", "properties": {"vin": {"type": "string"}}}}]);
@@ -322,36 +307,16 @@ async fn a_translated_function_tool_round_trip() {
     )
     .await;
     assert_eq!(status, 200, "{r}");
-    let call = r["output"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|i| i["type"] == "function_call")
-        .unwrap()
-        .clone();
+    let call = function_call(&r);
     assert_eq!(call["name"], "lookup_vehicle");
-    let sent = app
-        .mock
-        .state
-        .stats(KEY_B)
-        .last_bodies
-        .back()
-        .unwrap()
-        .clone();
+    let sent = last_sent(&app, KEY_B);
     assert_eq!(sent["tools"][0]["name"], "lookup_vehicle");
     let next = json!({"model": "claude", "tools": tools, "previous_response_id": r["id"],
         "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "Golf"}]});
     let (status, done) = create(&app, &token, &next).await;
     assert_eq!(status, 200, "{done}");
     assert_eq!(done["output"][0]["type"], "message");
-    let sent = app
-        .mock
-        .state
-        .stats(KEY_B)
-        .last_bodies
-        .back()
-        .unwrap()
-        .clone();
+    let sent = last_sent(&app, KEY_B);
     let last = sent["messages"].as_array().unwrap().last().unwrap().clone();
     assert_eq!(last["content"][0]["type"], "tool_result", "{sent}");
     assert_eq!(last["content"][0]["tool_use_id"], call["call_id"]);

@@ -10,7 +10,7 @@ use sluice::clock::ManualClock;
 use sluice::mock::Script;
 
 use crate::helpers::*;
-use crate::responses::{ask, charged, cost, create, fetch};
+use crate::responses::{ask, charged, cost, create, fetch, get};
 
 /// A continuation's own `input` is read as strictly as a first turn's: a number, an object
 /// or an empty string is refused naming `input`, never dropped in favour of the stored
@@ -120,8 +120,7 @@ async fn a_response_past_its_retention_is_not_found_by_delete_either() {
     let (_, r) = create(&app, &token, &ask()).await;
     let id = r["id"].as_str().unwrap();
     clock.advance(chrono::Duration::days(3));
-    let (get, _) = fetch(&app, reqwest::Method::GET, id, &token).await;
-    assert_eq!(get, 404);
+    assert_eq!(get(&app, id, &token).await.0, 404);
     let (status, body) = fetch(&app, reqwest::Method::DELETE, id, &token).await;
     assert_eq!(status, 404, "DELETE after GET said 404: {body}");
     assert_eq!(
@@ -181,7 +180,7 @@ async fn a_retention_of_zero_days_stores_no_conversation() {
     let (status, r) = create(&app, &token, &ask()).await;
     assert_eq!(status, 200, "{r}");
     let id = r["id"].as_str().unwrap();
-    let (got, _) = fetch(&app, reqwest::Method::GET, id, &token).await;
+    let (got, _) = get(&app, id, &token).await;
     let rows = app.scalar("SELECT COUNT(*) FROM stored_responses").await;
     assert_eq!(
         (r["store"].clone(), rows),

@@ -6,11 +6,11 @@
 //! nothing. The chat-completions bridge before left the item out silently.
 
 use serde_json::{json, Value};
-use sluice::config::{Provider, RouteSettings};
+use sluice::config::Provider;
 use sluice::mock::Script;
 
 use crate::helpers::*;
-use crate::responses::{ask, charged, create};
+use crate::responses::{ask, charged, create, last_sent};
 
 /// The OpenAI-compatible upstream's key.
 const KEY_C: &str = "sk-upstream-canary-key-C-9a8b7c";
@@ -28,26 +28,11 @@ async fn app() -> TestApp {
             u.base_url = m.base_url();
             s.upstreams.push(u);
             let mut md = model(model_name, &[name]);
-            md.routes = vec![RouteSettings {
-                upstream: name.into(),
-                model: upstream_model.into(),
-                output_cap_param: None,
-                deployment: None,
-            }];
+            md.routes = vec![route(name, upstream_model)];
             s.models.push(md);
         }
     })
     .await
-}
-
-fn last_sent(app: &TestApp, key: &str) -> Value {
-    app.mock
-        .state
-        .stats(key)
-        .last_bodies
-        .back()
-        .cloned()
-        .expect("a request reached the upstream")
 }
 
 #[tokio::test]

@@ -5,30 +5,10 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sluice::config::{Provider, RouteSettings};
 use sluice::mock::{MockConfig, Script};
 
 use crate::helpers::*;
-use crate::responses::{ask, charged, cost, fetch, output_text};
-
-/// `claude` routed to an Anthropic upstream (key B) on the same mock.
-pub async fn app_with_claude() -> TestApp {
-    spawn_app_with(|s, m| {
-        let mut c = upstream("c", KEY_B, m);
-        c.provider = Provider::Anthropic;
-        c.base_url = m.base_url();
-        s.upstreams.push(c);
-        let mut claude = model("claude", &["c"]);
-        claude.routes = vec![RouteSettings {
-            upstream: "c".into(),
-            model: "claude-upstream".into(),
-            output_cap_param: None,
-            deployment: None,
-        }];
-        s.models.push(claude);
-    })
-    .await
-}
+use crate::responses::{ask, charged, cost, function_call, get, output_text};
 
 /// The events of a Responses stream: (event name, data).
 pub async fn events(resp: reqwest::Response) -> Vec<(String, Value)> {
@@ -85,6 +65,27 @@ fn deltas(ev: &[(String, Value)], kind: &str) -> String {
         .collect()
 }
 
+/// A stream of the mock's answer: its text in the deltas and the final response, its
+/// usage charged, and the response stored as the stream ended it.
+async fn assert_answered_charged_and_stored(
+    app: &TestApp,
+    token_id: i64,
+    token: &str,
+    ev: &[(String, Value)],
+    done: &Value,
+) {
+    let text = MockConfig::default().text;
+    assert_eq!(deltas(ev, "response.output_text.delta"), text);
+    assert_eq!(output_text(done), text);
+    assert_eq!(done["usage"]["input_tokens"], 12);
+    assert_eq!(done["usage"]["output_tokens"], 24);
+    assert_eq!(charged(app, token_id).await, cost(12, 24));
+    let (status, stored) = get(app, done["id"].as_str().unwrap(), token).await;
+    assert_eq!(status, 200);
+    assert_eq!(&stored, done);
+    app.assert_invariant().await;
+}
+
 #[tokio::test]
 async fn a_native_stream_passes_the_events_with_the_gateways_id_and_is_stored() {
     let app = spawn_app().await;
@@ -93,27 +94,12 @@ async fn a_native_stream_passes_the_events_with_the_gateways_id_and_is_stored() 
     body["stream"] = json!(true);
     let ev = stream(&app, &token, &body).await;
     let done = check_stream(&ev);
-    let text = MockConfig::default().text;
-    assert_eq!(deltas(&ev, "response.output_text.delta"), text);
-    assert_eq!(output_text(&done), text);
-    assert_eq!(done["usage"]["input_tokens"], 12);
-    assert_eq!(done["usage"]["output_tokens"], 24);
-    assert_eq!(charged(&app, token_id).await, cost(12, 24));
-    let (status, stored) = fetch(
-        &app,
-        reqwest::Method::GET,
-        done["id"].as_str().unwrap(),
-        &token,
-    )
-    .await;
-    assert_eq!(status, 200);
-    assert_eq!(stored, done);
-    app.assert_invariant().await;
+    assert_answered_charged_and_stored(&app, token_id, &token, &ev, &done).await;
 }
 
 #[tokio::test]
 async fn a_translated_stream_writes_the_responses_events_from_anthropic() {
-    let app = app_with_claude().await;
+    let app = spawn_app_with_claude().await;
     let (token_id, token) = app.token("ola", Some("10")).await;
     let body =
         json!({"model": "claude", "input": "Why?", "stream": true, "max_output_tokens": 300});
@@ -130,31 +116,16 @@ async fn a_translated_stream_writes_the_responses_events_from_anthropic() {
     ] {
         assert!(names.contains(&kind), "{kind} in {names:?}");
     }
-    let text = MockConfig::default().text;
-    assert_eq!(deltas(&ev, "response.output_text.delta"), text);
-    assert_eq!(output_text(&done), text);
-    assert_eq!(done["usage"]["input_tokens"], 12);
-    assert_eq!(done["usage"]["output_tokens"], 24);
     assert_eq!(
         app.mock.state.stats(KEY_B).last_paths.back().unwrap(),
         "/v1/messages"
     );
-    assert_eq!(charged(&app, token_id).await, cost(12, 24));
-    let (status, stored) = fetch(
-        &app,
-        reqwest::Method::GET,
-        done["id"].as_str().unwrap(),
-        &token,
-    )
-    .await;
-    assert_eq!(status, 200);
-    assert_eq!(stored, done);
-    app.assert_invariant().await;
+    assert_answered_charged_and_stored(&app, token_id, &token, &ev, &done).await;
 }
 
 #[tokio::test]
 async fn a_streamed_function_call_both_ways() {
-    let app = app_with_claude().await;
+    let app = spawn_app_with_claude().await;
     let (_, token) = app.token("ola", None).await;
     let tools = json!([{"type": "function", "name": "lookup_vehicle",
         "parameters": {"type": "object", "properties": {"vin": {"type": "string"}}}}]);
@@ -164,13 +135,7 @@ async fn a_streamed_function_call_both_ways() {
         let done = check_stream(&ev);
         let args = deltas(&ev, "response.function_call_arguments.delta");
         assert_eq!(args, r#"{"vin":"WVWZZZ1JZXW000001"}"#, "{model}");
-        let call = done["output"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|i| i["type"] == "function_call")
-            .unwrap()
-            .clone();
+        let call = function_call(&done);
         assert_eq!(call["name"], "lookup_vehicle", "{model}");
         assert_eq!(call["arguments"], args.as_str(), "{model}");
         let fin = ev
@@ -231,7 +196,7 @@ async fn a_stream_the_client_leaves_is_charged_what_it_received() {
 
 #[tokio::test]
 async fn a_stream_the_upstream_cuts_ends_with_an_error_event() {
-    let app = app_with_claude().await;
+    let app = spawn_app_with_claude().await;
     let (_, token) = app.token("ola", Some("10")).await;
     for (key, model) in [(KEY_A, "gpt-4o-mini"), (KEY_B, "claude")] {
         app.mock.state.script(

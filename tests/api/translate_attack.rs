@@ -6,27 +6,7 @@
 use serde_json::{json, Value};
 
 use crate::helpers::assert_cut_by_an_error_event;
-use crate::translate_wire::{app, run_case};
-
-fn chunk(choice: Value) -> Value {
-    json!({"id": "chatcmpl-a", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [choice]})
-}
-
-fn usage_chunk() -> Value {
-    json!({"id": "chatcmpl-a", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [],
-        "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}})
-}
-
-/// The `[event, data]` pairs of one event type.
-fn of_type<'v>(events: &'v Value, kind: &str) -> Vec<&'v Value> {
-    events
-        .as_array()
-        .expect("a stream")
-        .iter()
-        .filter(|e| e[0] == kind)
-        .map(|e| &e[1])
-        .collect()
-}
+use crate::translate_wire::{app, chunk, of_type, run_case, usage_chunk};
 
 /// Some OpenAI-compatible servers send a tool call's id first and its name in a later
 /// chunk. The Anthropic client's `tool_use` block must carry the name, not `""`.

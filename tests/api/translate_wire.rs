@@ -20,6 +20,28 @@ use crate::translate::{cases, normalise};
 /// Client headers an upstream may see (everything else of the client's stays behind).
 const FORWARDED: &[&str] = &["anthropic-beta"];
 
+/// An OpenAI stream chunk with one choice.
+pub(crate) fn chunk(choice: Value) -> Value {
+    json!({"id": "chatcmpl-a", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [choice]})
+}
+
+/// The usage chunk that ends an OpenAI stream asked for usage.
+pub(crate) fn usage_chunk() -> Value {
+    json!({"id": "chatcmpl-a", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}})
+}
+
+/// The data of the `[event, data]` pairs (as `run_case` records a stream) of one event type.
+pub(crate) fn of_type<'v>(events: &'v Value, kind: &str) -> Vec<&'v Value> {
+    events
+        .as_array()
+        .expect("a stream")
+        .iter()
+        .filter(|e| e[0] == kind)
+        .map(|e| &e[1])
+        .collect()
+}
+
 fn sse_events(text: &str) -> Value {
     let mut out = Vec::new();
     for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {

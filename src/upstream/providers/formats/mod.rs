@@ -18,9 +18,9 @@ pub mod gemini;
 pub mod openai_chat;
 pub mod responses;
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
-use super::canonical::{CacheMark, ErrorInfo, ErrorKind, Source};
+use super::canonical::{CacheMark, ErrorInfo, ErrorKind, Source, Tool};
 use super::translate::TranslateError;
 
 /// Where a reader's refusal message names the upstream (see the module doc).
@@ -88,6 +88,65 @@ pub fn integer(v: Option<&Value>, param: &'static str) -> Result<Option<i64>, Tr
             .as_i64()
             .map(Some)
             .ok_or_else(|| refuse(param, format!("`{param}` must be an integer"))),
+    }
+}
+
+/// A string field, `""` when absent or not a string (an id or name the internal form
+/// requires, left for the upstream to judge).
+pub fn string(v: &Value, key: &str) -> String {
+    v.get(key).and_then(Value::as_str).unwrap_or("").to_string()
+}
+
+/// A string field when set.
+pub fn opt_string(v: &Value, key: &str) -> Option<String> {
+    v.get(key).and_then(Value::as_str).map(str::to_string)
+}
+
+/// An array of strings (`stop`, `stop_sequences`); `None` when it is not one.
+pub fn string_array(v: &Value) -> Option<Vec<String>> {
+    v.as_array()?
+        .iter()
+        .map(|s| s.as_str().map(str::to_string))
+        .collect()
+}
+
+/// An array field's items, none when it is absent or null; refused when not an array.
+pub fn array_field<'a>(
+    body: &'a Map<String, Value>,
+    key: &'static str,
+) -> Result<&'a [Value], TranslateError> {
+    match body.get(key) {
+        None | Some(Value::Null) => Ok(&[]),
+        Some(Value::Array(a)) => Ok(a),
+        Some(_) => Err(refuse(key, format!("`{key}` must be an array"))),
+    }
+}
+
+/// A function tool's definition (`name`, `description`, `parameters`, `strict`), as OpenAI
+/// chat nests it under `function` and the Responses API writes it flat.
+pub fn function_tool(def: &Value) -> Tool {
+    Tool {
+        name: string(def, "name"),
+        description: opt_string(def, "description"),
+        parameters: def.get("parameters").cloned().unwrap_or(Value::Null),
+        strict: def.get("strict").and_then(Value::as_bool),
+        cache: None,
+    }
+}
+
+/// A usage object whose figures (JSON pointers) are numbers where present: a figure that
+/// is there but not a number is no count the gateway can charge, and not to be read as 0.
+pub fn usage_readable(u: &Value, figures: &[&str]) -> bool {
+    u.is_object()
+        && !figures
+            .iter()
+            .any(|p| u.pointer(p).is_some_and(|v| !v.is_null() && !v.is_number()))
+}
+
+/// The cache mark of a `cache_control` object (the reverse of `cache_control`).
+pub fn cache_mark_of(c: &Map<String, Value>) -> CacheMark {
+    CacheMark {
+        ttl: c.get("ttl").and_then(Value::as_str).map(str::to_string),
     }
 }
 

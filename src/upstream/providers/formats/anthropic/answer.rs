@@ -4,6 +4,7 @@
 
 use serde_json::{json, Value};
 
+use super::super::{opt_string, string, usage_readable};
 use crate::upstream::providers::canonical::{Answer, ErrorInfo, Finish, Part, Usage};
 use crate::upstream::providers::translate::stream::Corrupt;
 use crate::upstream::providers::{anthropic, tokens};
@@ -40,16 +41,12 @@ pub fn write_finish(f: &Finish) -> (&'static str, Value) {
 /// count the gateway can charge, and not to be read as 0.
 pub fn read_usage(u: &Value) -> Option<Usage> {
     const FIGURES: [&str; 4] = [
-        "input_tokens",
-        "output_tokens",
-        "cache_read_input_tokens",
-        "cache_creation_input_tokens",
+        "/input_tokens",
+        "/output_tokens",
+        "/cache_read_input_tokens",
+        "/cache_creation_input_tokens",
     ];
-    if !u.is_object()
-        || FIGURES
-            .iter()
-            .any(|k| u.get(*k).is_some_and(|v| !v.is_null() && !v.is_number()))
-    {
+    if !usage_readable(u, &FIGURES) {
         return None;
     }
     let n = |p: &str| tokens(u.pointer(p)).unwrap_or(0);
@@ -86,7 +83,7 @@ pub fn read_answer(v: &Value) -> Result<Answer, Corrupt> {
         .into_iter()
         .flatten()
     {
-        let s = |k: &str| b.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+        let s = |k: &str| string(b, k);
         match b.get("type").and_then(Value::as_str) {
             Some("text") => content.push(Part::Text {
                 text: s("text"),
@@ -101,10 +98,7 @@ pub fn read_answer(v: &Value) -> Result<Answer, Corrupt> {
             }),
             Some("thinking") => content.push(Part::Reasoning {
                 text: s("thinking"),
-                signature: b
-                    .get("signature")
-                    .and_then(Value::as_str)
-                    .map(str::to_string),
+                signature: opt_string(b, "signature"),
                 redacted: None,
             }),
             Some("redacted_thinking") => content.push(Part::Reasoning {
@@ -116,16 +110,8 @@ pub fn read_answer(v: &Value) -> Result<Answer, Corrupt> {
         }
     }
     Ok(Answer {
-        id: v
-            .get("id")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string(),
-        model: v
-            .get("model")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string(),
+        id: string(v, "id"),
+        model: string(v, "model"),
         content,
         finish: read_finish(
             v.get("stop_reason").and_then(Value::as_str),

@@ -6,7 +6,10 @@
 
 use serde_json::{Map, Value};
 
-use super::super::{integer, number, refuse, refuse_field, unset, UPSTREAM};
+use super::super::{
+    array_field, cache_mark_of, integer, number, opt_string, refuse, refuse_field, string,
+    string_array, unset, UPSTREAM,
+};
 use crate::upstream::providers::canonical::{
     CacheMark, Message, Part, Reasoning, Request, Role, Source, Tool, ToolChoice,
 };
@@ -85,10 +88,9 @@ fn check_block(b: &Value, allowed: &[&str]) -> Result<(), TranslateError> {
 }
 
 fn cache(b: &Value) -> Option<CacheMark> {
-    let c = b.get("cache_control").filter(|c| c.is_object())?;
-    Some(CacheMark {
-        ttl: c.get("ttl").and_then(Value::as_str).map(str::to_string),
-    })
+    b.get("cache_control")
+        .and_then(Value::as_object)
+        .map(cache_mark_of)
 }
 
 fn text_part(b: &Value) -> Result<Part, TranslateError> {
@@ -213,11 +215,7 @@ fn tool_result(b: &Value) -> Result<Part, TranslateError> {
         Some(_) => return Err(refuse("messages", "`is_error` must be a boolean")),
     };
     Ok(Part::ToolResult {
-        call_id: b
-            .get("tool_use_id")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string(),
+        call_id: string(b, "tool_use_id"),
         content,
         is_error,
         cache: cache(b),
@@ -227,10 +225,9 @@ fn tool_result(b: &Value) -> Result<Part, TranslateError> {
 
 fn tool_call(b: &Value) -> Result<Part, TranslateError> {
     check_block(b, &["id", "name", "input"])?;
-    let s = |k: &str| b.get(k).and_then(Value::as_str).unwrap_or("").to_string();
     Ok(Part::ToolCall {
-        id: s("id"),
-        name: s("name"),
+        id: string(b, "id"),
+        name: string(b, "name"),
         arguments: b
             .get("input")
             .map_or_else(|| "{}".to_string(), Value::to_string),
@@ -374,13 +371,7 @@ fn system(body: &Map<String, Value>) -> Result<Vec<Part>, TranslateError> {
 }
 
 fn tools(body: &Map<String, Value>) -> Result<Vec<Tool>, TranslateError> {
-    let Some(tools) = body.get("tools").filter(|t| !t.is_null()) else {
-        return Ok(vec![]);
-    };
-    let tools = tools
-        .as_array()
-        .ok_or_else(|| refuse("tools", "`tools` must be an array"))?;
-    tools
+    array_field(body, "tools")?
         .iter()
         .map(|t| {
             if !matches!(t.get("type").and_then(Value::as_str), None | Some("custom")) {
@@ -401,15 +392,8 @@ fn tools(body: &Map<String, Value>) -> Result<Vec<Tool>, TranslateError> {
                 }
             }
             Ok(Tool {
-                name: t
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string(),
-                description: t
-                    .get("description")
-                    .and_then(Value::as_str)
-                    .map(str::to_string),
+                name: string(t, "name"),
+                description: opt_string(t, "description"),
                 parameters: t.get("input_schema").cloned().unwrap_or(Value::Null),
                 strict: None,
                 cache: cache(t),
@@ -427,12 +411,7 @@ fn tool_choice(body: &Map<String, Value>, r: &mut Request) -> Result<(), Transla
         Some("auto") => ToolChoice::Auto,
         Some("any") => ToolChoice::Required,
         Some("none") => ToolChoice::None,
-        Some("tool") => ToolChoice::Named(
-            tc.get("name")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string(),
-        ),
+        Some("tool") => ToolChoice::Named(string(tc, "name")),
         _ => return Err(refuse("tool_choice", "unknown tool_choice type")),
     });
     match tc.get("disable_parallel_tool_use") {
@@ -500,17 +479,12 @@ pub fn read_request(body: &Map<String, Value>) -> Result<Request, TranslateError
     r.top_k = integer(body.get("top_k"), "top_k")?;
     r.stop = match body.get("stop_sequences") {
         None | Some(Value::Null) => vec![],
-        Some(Value::Array(a)) if a.iter().all(Value::is_string) => a
-            .iter()
-            .filter_map(Value::as_str)
-            .map(str::to_string)
-            .collect(),
-        Some(_) => {
-            return Err(refuse(
+        Some(v) => string_array(v).ok_or_else(|| {
+            refuse(
                 "stop_sequences",
                 "`stop_sequences` must be an array of strings",
-            ))
-        }
+            )
+        })?,
     };
     r.tools = tools(body)?;
     tool_choice(body, &mut r)?;

@@ -11,6 +11,7 @@
 
 use serde_json::{json, Map, Value};
 
+use super::super::{opt_string, string, usage_readable};
 use crate::upstream::providers::canonical::{Answer, ErrorInfo, Finish, Part, Usage};
 use crate::upstream::providers::openai::content_text;
 use crate::upstream::providers::tokens;
@@ -71,11 +72,7 @@ pub fn read_usage(u: &Value) -> Option<Usage> {
         "/prompt_tokens_details/cached_tokens",
         "/completion_tokens_details/reasoning_tokens",
     ];
-    if !u.is_object()
-        || FIGURES
-            .iter()
-            .any(|p| u.pointer(p).is_some_and(|v| !v.is_null() && !v.is_number()))
-    {
+    if !usage_readable(u, &FIGURES) {
         return None;
     }
     let n = |p: &str| tokens(u.pointer(p)).unwrap_or(0);
@@ -106,14 +103,8 @@ pub fn read_answer(v: &Value) -> Result<Answer, Corrupt> {
         .find(|c| c.get("index").and_then(Value::as_i64).unwrap_or(0) == 0)
         .unwrap_or(&Value::Null);
     let mut notes = FinishNotes {
-        reason: choice
-            .get("finish_reason")
-            .and_then(Value::as_str)
-            .map(str::to_string),
-        sequence: choice
-            .get("stop_reason")
-            .and_then(Value::as_str)
-            .map(str::to_string),
+        reason: opt_string(choice, "finish_reason"),
+        sequence: opt_string(choice, "stop_reason"),
         ..FinishNotes::default()
     };
     let mut content = Vec::new();
@@ -143,16 +134,8 @@ pub fn read_answer(v: &Value) -> Result<Answer, Corrupt> {
         notes.tool_calls = true;
     }
     Ok(Answer {
-        id: v
-            .get("id")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string(),
-        model: v
-            .get("model")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string(),
+        id: string(v, "id"),
+        model: string(v, "model"),
         content,
         finish: notes.finish(),
         usage: v.get("usage").and_then(read_usage),

@@ -6,7 +6,8 @@
 use serde_json::{Map, Value};
 
 use super::super::{
-    data_url, integer, number, refuse, refuse_field, unset, TOOL_ERROR_MARK, UPSTREAM,
+    array_field, cache_mark_of, data_url, function_tool, integer, number, opt_string, refuse,
+    refuse_field, string, string_array, unset, TOOL_ERROR_MARK, UPSTREAM,
 };
 use crate::upstream::providers::canonical::{
     CacheMark, Message, Part, Reasoning, Request, ResponseFormat, Role, Source, Tool, ToolChoice,
@@ -95,9 +96,7 @@ fn check_fields(body: &Map<String, Value>) -> Result<(), TranslateError> {
 fn cache_mark(p: &Value) -> Result<Option<CacheMark>, TranslateError> {
     match p.get("cache_control") {
         None | Some(Value::Null) => Ok(None),
-        Some(Value::Object(c)) => Ok(Some(CacheMark {
-            ttl: c.get("ttl").and_then(Value::as_str).map(str::to_string),
-        })),
+        Some(Value::Object(c)) => Ok(Some(cache_mark_of(c))),
         Some(_) => Err(refuse("messages", "`cache_control` must be an object")),
     }
 }
@@ -303,11 +302,7 @@ fn tool_result(m: &Value) -> Result<Part, TranslateError> {
         }
     }
     Ok(Part::ToolResult {
-        call_id: m
-            .get("tool_call_id")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string(),
+        call_id: string(m, "tool_call_id"),
         plain: content.is_string(),
         content: parts,
         is_error,
@@ -374,13 +369,7 @@ fn messages(body: &Map<String, Value>, r: &mut Request) -> Result<(), TranslateE
 }
 
 fn tools(body: &Map<String, Value>) -> Result<Vec<Tool>, TranslateError> {
-    let Some(tools) = body.get("tools").filter(|t| !t.is_null()) else {
-        return Ok(vec![]);
-    };
-    let tools = tools
-        .as_array()
-        .ok_or_else(|| refuse("tools", "`tools` must be an array"))?;
-    tools
+    array_field(body, "tools")?
         .iter()
         .map(|t| {
             let f = t
@@ -392,20 +381,7 @@ fn tools(body: &Map<String, Value>) -> Result<Vec<Tool>, TranslateError> {
                     format!("only function tools can be sent to {UPSTREAM}"),
                 ));
             };
-            Ok(Tool {
-                name: f
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string(),
-                description: f
-                    .get("description")
-                    .and_then(Value::as_str)
-                    .map(str::to_string),
-                parameters: f.get("parameters").cloned().unwrap_or(Value::Null),
-                strict: f.get("strict").and_then(Value::as_bool),
-                cache: None,
-            })
+            Ok(function_tool(f))
         })
         .collect()
 }
@@ -457,17 +433,10 @@ fn response_format(body: &Map<String, Value>) -> Result<Option<ResponseFormat>, 
         Some("json_schema") => {
             let s = f.get("json_schema").ok_or_else(bad)?;
             ResponseFormat::JsonSchema {
-                name: s
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string(),
+                name: string(s, "name"),
                 schema: s.get("schema").cloned().unwrap_or(Value::Null),
                 strict: s.get("strict").and_then(Value::as_bool),
-                description: s
-                    .get("description")
-                    .and_then(Value::as_str)
-                    .map(str::to_string),
+                description: opt_string(s, "description"),
             }
         }
         _ => return Err(bad()),
@@ -478,15 +447,8 @@ fn stop(body: &Map<String, Value>) -> Result<Vec<String>, TranslateError> {
     match body.get("stop") {
         None | Some(Value::Null) => Ok(vec![]),
         Some(Value::String(s)) => Ok(vec![s.clone()]),
-        Some(Value::Array(a)) if a.iter().all(Value::is_string) => Ok(a
-            .iter()
-            .filter_map(Value::as_str)
-            .map(str::to_string)
-            .collect()),
-        Some(_) => Err(refuse(
-            "stop",
-            "`stop` must be a string or an array of strings",
-        )),
+        Some(v) => string_array(v)
+            .ok_or_else(|| refuse("stop", "`stop` must be a string or an array of strings")),
     }
 }
 

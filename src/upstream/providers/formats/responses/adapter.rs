@@ -12,12 +12,12 @@
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
-use super::super::{data_url, refuse, UPSTREAM};
+use super::super::{data_url, function_tool, refuse, UPSTREAM};
 use super::stream::error_frame;
 use super::{echo, Stamp, GATEWAY_FIELDS};
 use crate::upstream::providers::canonical::{
     Answer, ErrorInfo, Event, Finish, Message, Part, Reasoning, Request, ResponseFormat, Role,
-    Source, Tool, ToolChoice, Usage,
+    Source, ToolChoice, Usage,
 };
 use crate::upstream::providers::translate::stream::frame;
 use crate::upstream::providers::translate::TranslateError;
@@ -197,20 +197,7 @@ fn read_tools(body: &Map<String, Value>, r: &mut Request) -> Result<(), Translat
                 let kind = t.get("type").and_then(Value::as_str).unwrap_or("?");
                 return Err(refuse("tools", format!("tools of type `{kind}` cannot be served by this model's upstream; only `function` tools can")));
             }
-            r.tools.push(Tool {
-                name: t
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_string(),
-                description: t
-                    .get("description")
-                    .and_then(Value::as_str)
-                    .map(str::to_string),
-                parameters: t.get("parameters").cloned().unwrap_or(Value::Null),
-                strict: t.get("strict").and_then(Value::as_bool),
-                cache: None,
-            });
+            r.tools.push(function_tool(t));
         }
     }
     r.tool_choice = match body.get("tool_choice") {
