@@ -181,7 +181,9 @@ pub fn answer_usage(upstream: impl Into<Format>, v: &Value) -> Result<Usage, Str
     let usage = match upstream {
         Format::OpenAiChat => v.get("usage").and_then(formats::openai_chat::read_usage),
         Format::Anthropic => v.get("usage").and_then(formats::anthropic::read_usage),
-        Format::Responses => v.get("usage").and_then(formats::responses::adapter::read_usage),
+        Format::Responses => v
+            .get("usage")
+            .and_then(formats::responses::adapter::read_usage),
         Format::Gemini => v.get("usageMetadata").and_then(formats::gemini::read_usage),
         Format::Bedrock => v.get("usage").and_then(formats::bedrock::read_usage),
     };
