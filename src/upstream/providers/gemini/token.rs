@@ -39,6 +39,9 @@ pub const GRANT_TYPE: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
 pub const REFRESH_EARLY: chrono::Duration = chrono::Duration::minutes(5);
 /// The longest the token endpoint may take.
 const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(30);
+/// The most of the token endpoint's answer read: Google's is well under 4 KiB; a longer
+/// one is not buffered whole (the exchange fails as the endpoint's 503).
+const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
 /// A service-account key file, read and checked once at load.
 pub struct ServiceAccount {
@@ -164,7 +167,8 @@ impl std::fmt::Debug for TokenSource {
 #[derive(Deserialize)]
 struct TokenAnswer {
     access_token: String,
-    expires_in: Option<i64>,
+    /// Seconds; a JSON number, which OAuth does not require to be whole.
+    expires_in: Option<f64>,
 }
 
 impl TokenSource {
@@ -242,7 +246,10 @@ impl TokenSource {
             Err(_) => return Err(failed(503, "the token endpoint could not be reached")),
         };
         let status = resp.status().as_u16();
-        let body = resp.bytes().await.unwrap_or_default();
+        let body = match read_capped(resp).await {
+            Some(body) => body,
+            None => return Err(failed(503, "the token endpoint's answer is too large")),
+        };
         if !(200..300).contains(&status) {
             // The OAuth error code (`invalid_grant`…) says why; its description can quote
             // the account, never the key, but is not passed on: the code is enough.
@@ -266,13 +273,37 @@ impl TokenSource {
                 )
             })?;
         header.set_sensitive(true);
-        let lifetime =
-            chrono::Duration::seconds(answer.expires_in.unwrap_or(3600).clamp(0, 86_400));
+        let seconds = answer.expires_in.unwrap_or(3600.0);
+        let seconds = if seconds.is_finite() {
+            seconds.clamp(0.0, 86_400.0) as i64
+        } else {
+            0
+        };
+        let lifetime = chrono::Duration::seconds(seconds);
         Ok(Token {
             header,
             refresh_at: now + lifetime - REFRESH_EARLY,
         })
     }
+}
+
+/// The answer's body, at most `MAX_ANSWER_BYTES` of it: `None` when it is longer (the
+/// connection is dropped there). A body that breaks off reads as what arrived.
+async fn read_capped(mut resp: reqwest::Response) -> Option<Bytes> {
+    if resp
+        .content_length()
+        .is_some_and(|n| n > MAX_ANSWER_BYTES as u64)
+    {
+        return None;
+    }
+    let mut body = bytes::BytesMut::new();
+    while let Ok(Some(chunk)) = resp.chunk().await {
+        if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+            return None;
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Some(body.freeze())
 }
 
 /// Vertex AI's credential hook (`Credential::Hook`): the bearer token added at send time.

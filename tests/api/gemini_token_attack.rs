@@ -1,0 +1,139 @@
+//! Attacks on Vertex AI's token source (`upstream::providers::gemini::token`) from a
+//! token endpoint that does not behave: it answers over raw TCP, so the test controls
+//! every byte it sends and sees how many the gateway took.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use sluice::upstream::providers::gemini::token;
+use sluice::upstream::UpstreamError;
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gemini");
+
+/// A one-connection-at-a-time token endpoint answering 200 with `head` then `pad` bytes
+/// of JSON whitespace (a body of `head.len() + pad` bytes, declared in Content-Length);
+/// the counter holds how many body bytes were written before the reader went away.
+async fn endpoint(head: String, pad: usize) -> (String, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let written = Arc::new(AtomicUsize::new(0));
+    let w = written.clone();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let w = w.clone();
+            let head = head.clone();
+            tokio::spawn(async move {
+                // The request: read until the headers and the form body are in (small).
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut got = Vec::new();
+                loop {
+                    let Ok(n) = sock.read(&mut buf).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                    if let Some(end) = got.windows(4).position(|x| x == b"\r\n\r\n") {
+                        let text = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+                        let len = text
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse::<usize>().ok())
+                            .unwrap_or(0);
+                        if got.len() >= end + 4 + len {
+                            break;
+                        }
+                    }
+                }
+                let total = head.len() + pad;
+                let start = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {total}\r\n\r\n{head}"
+                );
+                if sock.write_all(start.as_bytes()).await.is_err() {
+                    return;
+                }
+                w.fetch_add(head.len(), Ordering::SeqCst);
+                let chunk = vec![b' '; 64 * 1024];
+                let mut left = pad;
+                while left > 0 {
+                    let n = left.min(chunk.len());
+                    if sock.write_all(&chunk[..n]).await.is_err() {
+                        return;
+                    }
+                    w.fetch_add(n, Ordering::SeqCst);
+                    left -= n;
+                }
+                let _ = sock.flush().await;
+            });
+        }
+    });
+    (format!("http://{addr}/token"), written)
+}
+
+fn source(dir: &std::path::Path, token_uri: &str) -> token::TokenSource {
+    let text = std::fs::read_to_string(format!("{FIXTURES}/test-service-account.json")).unwrap();
+    let mut sa: Value = serde_json::from_str(&text).unwrap();
+    sa["token_uri"] = json!(token_uri);
+    let path = dir.join("sa.json");
+    std::fs::write(&path, sa.to_string()).unwrap();
+    token::TokenSource::new(
+        token::ServiceAccount::load(&path),
+        Arc::new(sluice::clock::SystemClock),
+    )
+}
+
+/// The token endpoint's answer is read with a cap: an answer of 64 MiB (a valid token
+/// followed by whitespace) is not buffered whole — the gateway stops reading it and the
+/// exchange fails as the upstream's 503.
+#[tokio::test]
+async fn a_huge_token_answer_is_not_read_whole() {
+    const PAD: usize = 64 * 1024 * 1024;
+    let dir = tempfile::tempdir().unwrap();
+    let head = json!({"access_token": "ya29.tok", "expires_in": 3600}).to_string();
+    let (uri, written) = endpoint(head.clone(), PAD).await;
+    let source = source(dir.path(), &uri);
+    let http = reqwest::Client::new();
+    let got = tokio::time::timeout(Duration::from_secs(60), source.bearer(&http))
+        .await
+        .expect("the exchange ends");
+    // Give the writer time to notice the closed connection.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut last = usize::MAX;
+    while std::time::Instant::now() < deadline {
+        let now = written.load(Ordering::SeqCst);
+        if now == last || now >= head.len() + PAD {
+            break;
+        }
+        last = now;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let took = written.load(Ordering::SeqCst);
+    assert!(
+        took < 16 * 1024 * 1024,
+        "the gateway read {took} bytes of the token endpoint's answer (outcome ok: {})",
+        got.is_ok()
+    );
+    assert!(
+        matches!(got, Err(UpstreamError::Status { status: 503, .. })),
+        "{got:?}"
+    );
+}
+
+/// A fractional `expires_in` (a JSON number OAuth does not forbid) is a lifetime, not a
+/// reason to refuse a good token: every Vertex request would fail while the endpoint
+/// answers so.
+#[tokio::test]
+async fn a_fractional_expires_in_is_a_lifetime() {
+    let dir = tempfile::tempdir().unwrap();
+    let head = json!({"access_token": "ya29.tok", "expires_in": 3599.5}).to_string();
+    let (uri, _) = endpoint(head, 0).await;
+    let source = source(dir.path(), &uri);
+    let http = reqwest::Client::new();
+    let got = source.bearer(&http).await;
+    assert_eq!(got.expect("a token").to_str().unwrap(), "Bearer ya29.tok");
+}
