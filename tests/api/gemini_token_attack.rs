@@ -137,3 +137,68 @@ async fn a_fractional_expires_in_is_a_lifetime() {
     let got = source.bearer(&http).await;
     assert_eq!(got.expect("a token").to_str().unwrap(), "Bearer ya29.tok");
 }
+
+/// Two calls of one function in one turn, their results sent back in the other order:
+/// Gemini pairs a turn's function responses with its calls by name and position (the
+/// ids are the gateway's, not Gemini's), so the responses must go in the calls' order —
+/// else the first call gets the second's result, silently.
+#[tokio::test]
+async fn two_calls_of_one_function_get_their_own_results() {
+    use crate::helpers::*;
+    use sluice::config::Provider;
+    let app = spawn_app_with(|s, mock| {
+        let mut u = upstream("g", "gem-key-g-0123456789", mock);
+        u.provider = Provider::Gemini;
+        u.base_url = mock.base_url();
+        s.upstreams.push(u);
+        s.models.push(model("gem", &["g"]));
+    })
+    .await;
+    let (_, token) = app.token("tools", None).await;
+    let tools = json!([{"type": "function", "function": {"name": "decode_vin",
+        "parameters": {"type": "object", "properties": {"vin": {"type": "string"}}}}}]);
+    let call = |id: &str, vin: &str| {
+        json!({"id": id, "type": "function",
+            "function": {"name": "decode_vin", "arguments": json!({"vin": vin}).to_string()}})
+    };
+    let messages = json!([
+        {"role": "user", "content": "Decode both VINs"},
+        {"role": "assistant", "content": null,
+            "tool_calls": [call("call_a", "AAA"), call("call_b", "BBB")]},
+        {"role": "tool", "tool_call_id": "call_b", "content": "result of BBB"},
+        {"role": "tool", "tool_call_id": "call_a", "content": "result of AAA"},
+    ]);
+    let resp = app
+        .chat(
+            &token,
+            &json!({"model": "gem", "messages": messages, "tools": tools}),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let sent = app
+        .mock
+        .state
+        .stats("gem-key-g-0123456789")
+        .last_bodies
+        .back()
+        .unwrap()
+        .clone();
+    let calls = &sent["contents"][1]["parts"];
+    assert_eq!(calls[0]["functionCall"]["args"]["vin"], "AAA", "{sent}");
+    let results = &sent["contents"][2]["parts"];
+    assert_eq!(
+        results[0]["functionResponse"]["response"]["output"], "result of AAA",
+        "the first call's result goes first: {sent}"
+    );
+    assert_eq!(
+        results[1]["functionResponse"]["response"]["output"], "result of BBB",
+        "{sent}"
+    );
+    for r in results.as_array().unwrap() {
+        assert_eq!(
+            r.as_object().unwrap().len(),
+            1,
+            "only the response is sent: {r}"
+        );
+    }
+}
