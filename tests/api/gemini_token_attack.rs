@@ -202,3 +202,42 @@ async fn two_calls_of_one_function_get_their_own_results() {
         );
     }
 }
+
+/// A token that lives less than the five minutes it is refreshed early by (an endpoint
+/// answering `expires_in: 120`): the callers that waited while it was fetched use it —
+/// it has not expired — rather than each fetching another, one after the other.
+#[tokio::test]
+async fn callers_waiting_on_a_short_lived_token_share_it() {
+    use sluice::mock::{MockConfig, MockServer, Script};
+    const EMAIL: &str = "sluice-test@sluice-test.iam.gserviceaccount.com";
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    mock.state
+        .register_vertex_account(
+            EMAIL,
+            &std::fs::read_to_string(format!("{FIXTURES}/test-service-account.pub.pem")).unwrap(),
+            Some(Duration::from_secs(120)),
+        )
+        .unwrap();
+    mock.state.sticky(
+        "token",
+        Some(Script {
+            delay_ms: 200,
+            ..Script::default()
+        }),
+    );
+    let source = Arc::new(source(dir.path(), &format!("{}/token", mock.base_url())));
+    let http = reqwest::Client::new();
+    let calls = (0..20).map(|_| {
+        let (source, http) = (source.clone(), http.clone());
+        tokio::spawn(async move { source.bearer(&http).await })
+    });
+    for r in futures_util::future::join_all(calls).await {
+        assert!(r.unwrap().is_ok());
+    }
+    assert_eq!(
+        mock.state.stats("token").count,
+        1,
+        "one exchange for the callers that arrived together"
+    );
+}

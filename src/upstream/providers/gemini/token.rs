@@ -134,6 +134,9 @@ struct Token {
     header: HeaderValue,
     /// When to stop using it (its expiry less `REFRESH_EARLY`).
     refresh_at: DateTime<Utc>,
+    /// When it expires: a caller that waited on the exchange that fetched it uses it
+    /// until then, even when it lives less than `REFRESH_EARLY`.
+    expires_at: DateTime<Utc>,
 }
 
 /// Vertex AI's bearer tokens for one service account.
@@ -202,6 +205,12 @@ impl TokenSource {
                     body: body.clone(),
                     retry_after: None,
                 });
+            }
+            // The exchange waited on succeeded with a token that lives less than
+            // `REFRESH_EARLY`: it is shared while it is valid, not fetched again by each.
+            let now = self.clock.now();
+            if let Some(t) = self.current.read().as_ref().filter(|t| now < t.expires_at) {
+                return Ok(t.header.clone());
             }
         }
         let result = self.exchange(http).await;
@@ -283,6 +292,7 @@ impl TokenSource {
         Ok(Token {
             header,
             refresh_at: now + lifetime - REFRESH_EARLY,
+            expires_at: now + lifetime,
         })
     }
 }
