@@ -241,3 +241,74 @@ async fn callers_waiting_on_a_short_lived_token_share_it() {
         "one exchange for the callers that arrived together"
     );
 }
+
+/// Sampling fields a client sets — OpenAI's `seed`, `frequency_penalty`,
+/// `presence_penalty`, Anthropic's `top_k` — reach a Gemini or Bedrock model or are
+/// refused naming them: never dropped on the way, which would answer as if unasked.
+#[tokio::test]
+async fn sampling_fields_are_sent_or_refused_never_dropped() {
+    use crate::helpers::*;
+    use sluice::config::{Provider, Secret};
+    let app = spawn_app_with(|s, mock| {
+        let mut g = upstream("g", "gem-key-g-0123456789", mock);
+        g.provider = Provider::Gemini;
+        g.base_url = mock.base_url();
+        let b = sluice::config::UpstreamSettings {
+            id: "br".into(),
+            provider: Provider::Bedrock,
+            base_url: mock.base_url(),
+            api_key: Secret::default(),
+            region: Some("us-east-1".into()),
+            access_key_id: Some("AKIDA".into()),
+            secret_access_key: Some(Secret(secrecy::SecretString::from("bedrock-test-secret"))),
+            allow_private_network: true,
+            ..sluice::config::UpstreamSettings::default()
+        };
+        s.upstreams.extend([g, b]);
+        s.models.push(model("gem", &["g"]));
+        let mut m = model("brm", &["br"]);
+        for r in &mut m.routes {
+            r.model = "anthropic.claude-3-5-sonnet-20240620-v1:0".into();
+        }
+        s.models.push(m);
+    })
+    .await;
+    let (_, token) = app.token("u", None).await;
+    let mut dropped = Vec::new();
+    for (model, key) in [("gem", "gem-key-g-0123456789"), ("brm", "AKIDA")] {
+        for (anthropic, field, value) in [
+            (false, "seed", json!(4242)),
+            (false, "frequency_penalty", json!(1.25)),
+            (false, "presence_penalty", json!(1.75)),
+            (true, "top_k", json!(7)),
+        ] {
+            let mut body = json!({"model": model, "max_tokens": 50,
+                "messages": [{"role": "user", "content": "hi"}]});
+            body[field] = value.clone();
+            let before = app.mock.state.stats(key).count;
+            let resp = if anthropic {
+                app.messages(&token, &body).await
+            } else {
+                app.chat(&token, &body).await
+            };
+            let status = resp.status().as_u16();
+            let text = resp.text().await.unwrap();
+            if status == 400 {
+                assert!(text.contains(field), "{model} {field}: {text}");
+                continue;
+            }
+            assert_eq!(status, 200, "{model} {field}: {text}");
+            let stats = app.mock.state.stats(key);
+            assert_eq!(stats.count, before + 1);
+            let sent = stats.last_bodies.back().unwrap().to_string();
+            if !sent.contains(&value.to_string()) {
+                dropped.push(format!("{model}: {field}={value} not in {sent}"));
+            }
+        }
+    }
+    assert!(
+        dropped.is_empty(),
+        "dropped silently:\n{}",
+        dropped.join("\n")
+    );
+}

@@ -346,6 +346,19 @@ fn generation_config(r: &Request, cap: Option<(&'static str, i64)>) -> Map<Strin
     if let Some(p) = r.top_p {
         c.insert("topP".into(), json!(p));
     }
+    // Gemini's `GenerationConfig` takes these under its own names: never dropped.
+    if let Some(k) = r.top_k {
+        c.insert("topK".into(), json!(k));
+    }
+    if let Some(seed) = r.seed {
+        c.insert("seed".into(), json!(seed));
+    }
+    if let Some(p) = r.frequency_penalty {
+        c.insert("frequencyPenalty".into(), json!(p));
+    }
+    if let Some(p) = r.presence_penalty {
+        c.insert("presencePenalty".into(), json!(p));
+    }
     if !r.stop.is_empty() {
         c.insert("stopSequences".into(), json!(r.stop));
     }
