@@ -312,3 +312,75 @@ async fn sampling_fields_are_sent_or_refused_never_dropped() {
         dropped.join("\n")
     );
 }
+
+/// A Gemini stream whose final `usageMetadata` comes in a chunk of its own after the
+/// `finishReason` chunk is charged that usage, as when it rides on the finish chunk —
+/// not the gateway's estimate, which knows nothing of the thinking tokens.
+#[tokio::test]
+#[ignore = "finding: the Gemini EventReader ends the answer (Done) on the finishReason chunk and the converter drops every later event, so a usageMetadata that follows it is never read: the stream is charged the estimate (prompt estimate + counted text, no thoughts); accepting it needs the converter (translate/stream) to take a usage after Done or the reader to defer Done to end of body"]
+async fn usage_after_the_finish_chunk_is_charged() {
+    use crate::helpers::*;
+    use sluice::config::Provider;
+    use sluice::mock::{Script, SseEvent};
+    const KEY: &str = "gem-key-g-0123456789";
+    let app = spawn_app_with(|s, mock| {
+        let mut u = upstream("g", KEY, mock);
+        u.provider = Provider::Gemini;
+        u.base_url = mock.base_url();
+        s.upstreams.push(u);
+        s.models.push(model("gem", &["g"]));
+    })
+    .await;
+    let usage = json!({"promptTokenCount": 1000, "candidatesTokenCount": 10,
+        "thoughtsTokenCount": 4000, "totalTokenCount": 5010});
+    let text = |t: &str| {
+        json!({"candidates": [{"content": {"role": "model", "parts": [{"text": t}]}, "index": 0}],
+        "responseId": "r1", "modelVersion": "gemini-2.5-flash"})
+    };
+    let mut finish = text(" world");
+    finish["candidates"][0]["finishReason"] = json!("STOP");
+    let mut together = finish.clone();
+    together["usageMetadata"] = usage.clone();
+    let scripts = [
+        vec![text("Hello"), together],
+        vec![
+            text("Hello"),
+            finish,
+            json!({"usageMetadata": usage, "responseId": "r1"}),
+        ],
+    ];
+    let mut spent = Vec::new();
+    for (n, events) in scripts.into_iter().enumerate() {
+        let (id, token) = app.token(&format!("u{n}"), Some("1")).await;
+        app.mock.state.script(
+            KEY,
+            [Script {
+                events: Some(events.into_iter().map(SseEvent::Data).collect()),
+                ..Script::default()
+            }],
+        );
+        let resp = app
+            .chat(
+                &token,
+                &json!({"model": "gem", "stream": true,
+                    "messages": [{"role": "user", "content": "hi"}]}),
+            )
+            .await;
+        assert_eq!(resp.status(), 200);
+        let body = resp.text().await.unwrap();
+        assert!(body.contains("[DONE]"), "{body}");
+        app.wait_settled().await;
+        spent.push(
+            app.scalar(&format!(
+                "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
+            ))
+            .await,
+        );
+    }
+    assert_eq!(
+        spent[1], spent[0],
+        "usage after the finish chunk charged {} micro-dollars, on it {}",
+        spent[1], spent[0]
+    );
+    app.assert_invariant().await;
+}
