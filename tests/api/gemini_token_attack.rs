@@ -384,3 +384,63 @@ async fn usage_after_the_finish_chunk_is_charged() {
     );
     app.assert_invariant().await;
 }
+
+/// Bedrock's `metadata` (the usage) before `messageStop`: the answer still ends with its
+/// stop reason for the client, and the usage is charged.
+#[tokio::test]
+async fn bedrock_metadata_before_message_stop_keeps_the_finish() {
+    use crate::helpers::*;
+    use sluice::config::{Provider, Secret};
+    use sluice::mock::{Script, SseEvent};
+    let app = spawn_app_with(|s, mock| {
+        s.upstreams.push(sluice::config::UpstreamSettings {
+            id: "br".into(),
+            provider: Provider::Bedrock,
+            base_url: mock.base_url(),
+            api_key: Secret::default(),
+            region: Some("us-east-1".into()),
+            access_key_id: Some("AKIDA".into()),
+            secret_access_key: Some(Secret(secrecy::SecretString::from("bedrock-test-secret"))),
+            allow_private_network: true,
+            ..sluice::config::UpstreamSettings::default()
+        });
+        let mut m = model("brm", &["br"]);
+        for r in &mut m.routes {
+            r.model = "anthropic.claude-3-5-sonnet-20240620-v1:0".into();
+        }
+        s.models.push(m);
+    })
+    .await;
+    let (_, token) = app.token("u", None).await;
+    let ev = |name: &str, v: Value| SseEvent::Named(name.into(), v);
+    app.mock.state.script(
+        "AKIDA",
+        [Script {
+            events: Some(vec![
+                ev("messageStart", json!({"role": "assistant"})),
+                ev(
+                    "contentBlockDelta",
+                    json!({"contentBlockIndex": 0, "delta": {"text": "Hello"}}),
+                ),
+                ev("contentBlockStop", json!({"contentBlockIndex": 0})),
+                ev(
+                    "metadata",
+                    json!({"usage": {"inputTokens": 12, "outputTokens": 24, "totalTokens": 36},
+                        "metrics": {"latencyMs": 10}}),
+                ),
+                ev("messageStop", json!({"stopReason": "end_turn"})),
+            ]),
+            ..Script::default()
+        }],
+    );
+    let resp = app
+        .chat(
+            &token,
+            &json!({"model": "brm", "stream": true,
+                "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let body = resp.text().await.unwrap();
+    assert!(body.contains("\"finish_reason\":\"stop\""), "{body}");
+}
