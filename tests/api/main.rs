@@ -30,6 +30,7 @@ mod fuzz;
 mod gateway_fleet;
 mod gemini_fuzz;
 mod gemini_gateway;
+mod gemini_token_attack;
 mod gemini_transport;
 mod local_resources;
 mod lockout;

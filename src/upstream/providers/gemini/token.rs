@@ -39,6 +39,9 @@ pub const GRANT_TYPE: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
 pub const REFRESH_EARLY: chrono::Duration = chrono::Duration::minutes(5);
 /// The longest the token endpoint may take.
 const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(30);
+/// The most of the token endpoint's answer read: Google's is well under 4 KiB; a longer
+/// one is not buffered whole (the exchange fails as the endpoint's 503).
+const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
 /// A service-account key file, read and checked once at load.
 pub struct ServiceAccount {
@@ -131,6 +134,9 @@ struct Token {
     header: HeaderValue,
     /// When to stop using it (its expiry less `REFRESH_EARLY`).
     refresh_at: DateTime<Utc>,
+    /// When it expires: a caller that waited on the exchange that fetched it uses it
+    /// until then, even when it lives less than `REFRESH_EARLY`.
+    expires_at: DateTime<Utc>,
 }
 
 /// Vertex AI's bearer tokens for one service account.
@@ -164,7 +170,8 @@ impl std::fmt::Debug for TokenSource {
 #[derive(Deserialize)]
 struct TokenAnswer {
     access_token: String,
-    expires_in: Option<i64>,
+    /// Seconds; a JSON number, which OAuth does not require to be whole.
+    expires_in: Option<f64>,
 }
 
 impl TokenSource {
@@ -198,6 +205,12 @@ impl TokenSource {
                     body: body.clone(),
                     retry_after: None,
                 });
+            }
+            // The exchange waited on succeeded with a token that lives less than
+            // `REFRESH_EARLY`: it is shared while it is valid, not fetched again by each.
+            let now = self.clock.now();
+            if let Some(t) = self.current.read().as_ref().filter(|t| now < t.expires_at) {
+                return Ok(t.header.clone());
             }
         }
         let result = self.exchange(http).await;
@@ -242,7 +255,10 @@ impl TokenSource {
             Err(_) => return Err(failed(503, "the token endpoint could not be reached")),
         };
         let status = resp.status().as_u16();
-        let body = resp.bytes().await.unwrap_or_default();
+        let body = match read_capped(resp).await {
+            Some(body) => body,
+            None => return Err(failed(503, "the token endpoint's answer is too large")),
+        };
         if !(200..300).contains(&status) {
             // The OAuth error code (`invalid_grant`…) says why; its description can quote
             // the account, never the key, but is not passed on: the code is enough.
@@ -266,13 +282,38 @@ impl TokenSource {
                 )
             })?;
         header.set_sensitive(true);
-        let lifetime =
-            chrono::Duration::seconds(answer.expires_in.unwrap_or(3600).clamp(0, 86_400));
+        let seconds = answer.expires_in.unwrap_or(3600.0);
+        let seconds = if seconds.is_finite() {
+            seconds.clamp(0.0, 86_400.0) as i64
+        } else {
+            0
+        };
+        let lifetime = chrono::Duration::seconds(seconds);
         Ok(Token {
             header,
             refresh_at: now + lifetime - REFRESH_EARLY,
+            expires_at: now + lifetime,
         })
     }
+}
+
+/// The answer's body, at most `MAX_ANSWER_BYTES` of it: `None` when it is longer (the
+/// connection is dropped there). A body that breaks off reads as what arrived.
+async fn read_capped(mut resp: reqwest::Response) -> Option<Bytes> {
+    if resp
+        .content_length()
+        .is_some_and(|n| n > MAX_ANSWER_BYTES as u64)
+    {
+        return None;
+    }
+    let mut body = bytes::BytesMut::new();
+    while let Ok(Some(chunk)) = resp.chunk().await {
+        if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+            return None;
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Some(body.freeze())
 }
 
 /// Vertex AI's credential hook (`Credential::Hook`): the bearer token added at send time.

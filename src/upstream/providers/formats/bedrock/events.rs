@@ -28,6 +28,10 @@ pub struct EventReader {
     /// Bedrock's block index → (ours, what it is).
     blocks: HashMap<u64, (usize, Block)>,
     started: bool,
+    /// `messageStop` came (the finish is out).
+    stopped: bool,
+    /// `metadata` came before `messageStop`: the answer ends at `messageStop`.
+    metadata_seen: bool,
 }
 
 impl EventReader {
@@ -116,12 +120,21 @@ impl EventReader {
                     .and_then(Value::as_str)
                     .ok_or(Corrupt::Shape)?;
                 out.push(Event::Finish(finish_of(reason)));
+                self.stopped = true;
+                if self.metadata_seen {
+                    out.push(Event::Done);
+                }
             }
+            // The usage; it ends the answer once the finish is out (Bedrock sends it after
+            // `messageStop`; one sent before waits for it, so the stop reason is not lost).
             "metadata" => {
                 if let Some(u) = v.get("usage") {
                     out.push(Event::Usage(read_usage(u).ok_or(Corrupt::Shape)?));
                 }
-                out.push(Event::Done);
+                self.metadata_seen = true;
+                if self.stopped {
+                    out.push(Event::Done);
+                }
             }
             exception if exception.ends_with("Exception") => {
                 // The payload names no type; the frame's header does.

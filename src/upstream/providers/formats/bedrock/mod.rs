@@ -115,6 +115,23 @@ fn refuse_unexpressible(r: &Request) -> Result<(), TranslateError> {
             return Err(refuse(name, format!("`{name}` (JSON output) cannot be sent to a Bedrock model: Converse has no structured-output switch")));
         }
     }
+    // Converse's `inferenceConfig` has no top-k, seed or penalties (a model's own fields
+    // would go in `additionalModelRequestFields`, differently per model): refused, not
+    // dropped.
+    for (set, field) in [
+        (r.top_k.is_some(), "top_k"),
+        (r.seed.is_some(), "seed"),
+        (r.frequency_penalty.is_some(), "frequency_penalty"),
+        (r.presence_penalty.is_some(), "presence_penalty"),
+    ] {
+        if set {
+            let name = r.client_name(field, field);
+            return Err(refuse(
+                name,
+                format!("`{name}` cannot be sent to a Bedrock model: Converse has no such setting, and Sluice does not drop it"),
+            ));
+        }
+    }
     if r.parallel_tool_calls == Some(false) {
         let name = r.client_name("parallel_tool_calls", "parallel_tool_calls");
         return Err(refuse(name, format!("`{name}: false` cannot be sent to a Bedrock model: Converse cannot forbid parallel tool calls")));

@@ -100,7 +100,12 @@ pub(super) fn refuse(r: &Request, field: &'static str, why: &str) -> TranslateEr
 fn contents(r: &Request) -> Result<Vec<Value>, TranslateError> {
     // Call id → function name, as of each point of the conversation: a later call that
     // reuses an id (another answer's) names the results after it.
-    let mut names: HashMap<&str, &str> = HashMap::new();
+    // Each with its call's ordinal in the conversation: a turn's function responses go in
+    // the order of the calls they answer, since Gemini pairs them by name and position
+    // (two calls of one function would otherwise swap results when the client answers
+    // them in another order).
+    let mut names: HashMap<&str, (&str, usize)> = HashMap::new();
+    let mut calls = 0;
     let mut out: Vec<(&'static str, Vec<Value>)> = Vec::new();
     for m in &r.messages {
         if m.name.is_some() {
@@ -110,7 +115,7 @@ fn contents(r: &Request) -> Result<Vec<Value>, TranslateError> {
             Role::Assistant => "model",
             Role::User | Role::Tool => "user",
         };
-        let parts = message_parts(r, m, &mut names)?;
+        let parts = message_parts(r, m, &mut names, &mut calls)?;
         if parts.is_empty() {
             // Nothing to say (an empty assistant turn): Google refuses a turn without parts.
             continue;
@@ -122,14 +127,40 @@ fn contents(r: &Request) -> Result<Vec<Value>, TranslateError> {
     }
     Ok(out
         .into_iter()
-        .map(|(role, parts)| json!({ "role": role, "parts": parts }))
+        .map(|(role, mut parts)| {
+            order_responses(&mut parts);
+            json!({ "role": role, "parts": parts })
+        })
         .collect())
 }
+
+/// The turn's `functionResponse` parts, in their places among its parts, sorted by the
+/// ordinal of the call each answers (stable: results of one call keep their order); the
+/// ordinal (`ORDER`) is removed.
+fn order_responses(parts: &mut [Value]) {
+    let ord = |v: &Value| v.get(ORDER).and_then(Value::as_u64);
+    let slots: Vec<usize> = (0..parts.len())
+        .filter(|&i| ord(&parts[i]).is_some())
+        .collect();
+    let mut responses: Vec<Value> = slots.iter().map(|&i| parts[i].take()).collect();
+    responses.sort_by_key(|v| ord(v));
+    for (i, mut v) in slots.into_iter().zip(responses) {
+        if let Some(o) = v.as_object_mut() {
+            o.remove(ORDER);
+        }
+        parts[i] = v;
+    }
+}
+
+/// The key a `functionResponse` part carries its call's ordinal under until its turn is
+/// complete (`order_responses`); never sent.
+const ORDER: &str = "\u{0}order";
 
 fn message_parts<'a>(
     r: &Request,
     m: &'a Message,
-    names: &mut HashMap<&'a str, &'a str>,
+    names: &mut HashMap<&'a str, (&'a str, usize)>,
+    calls: &mut usize,
 ) -> Result<Vec<Value>, TranslateError> {
     let mut parts = Vec::new();
     // A signature read from a non-thought part, waiting for the part it belongs on.
@@ -181,7 +212,8 @@ fn message_parts<'a>(
                 name,
                 arguments,
             } => {
-                names.insert(id, name);
+                names.insert(id, (name, *calls));
+                *calls += 1;
                 let args: Value = match serde_json::from_str(arguments) {
                     Ok(v @ Value::Object(_)) => v,
                     _ => {
@@ -200,7 +232,7 @@ fn message_parts<'a>(
                 is_error,
                 ..
             } => {
-                let Some(name) = names.get(call_id.as_str()) else {
+                let Some(&(name, ordinal)) = names.get(call_id.as_str()) else {
                     return Err(TranslateError {
                         param: Some("tool_call_id"),
                         message: format!(
@@ -211,7 +243,8 @@ fn message_parts<'a>(
                 let text = result_text(r, content)?;
                 // Google's convention: the output under `output`, a failure under `error`.
                 let key = if *is_error { "error" } else { "output" };
-                json!({ "functionResponse": { "name": name, "response": { key: text } } })
+                json!({ "functionResponse": { "name": name, "response": { key: text } },
+                    ORDER: ordinal })
             }
         };
         if let Some(s) = pending.take() {
@@ -312,6 +345,19 @@ fn generation_config(r: &Request, cap: Option<(&'static str, i64)>) -> Map<Strin
     }
     if let Some(p) = r.top_p {
         c.insert("topP".into(), json!(p));
+    }
+    // Gemini's `GenerationConfig` takes these under its own names: never dropped.
+    if let Some(k) = r.top_k {
+        c.insert("topK".into(), json!(k));
+    }
+    if let Some(seed) = r.seed {
+        c.insert("seed".into(), json!(seed));
+    }
+    if let Some(p) = r.frequency_penalty {
+        c.insert("frequencyPenalty".into(), json!(p));
+    }
+    if let Some(p) = r.presence_penalty {
+        c.insert("presencePenalty".into(), json!(p));
     }
     if !r.stop.is_empty() {
         c.insert("stopSequences".into(), json!(r.stop));
