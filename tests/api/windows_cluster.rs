@@ -347,9 +347,20 @@ async fn a_master_failover_falls_back_and_returns_to_the_cluster() {
         assert!(answered > 0);
     }
     // And exact across both: a token of the same user (same slot, the promoted master).
-    let t = fleet.token("gus", 10).await;
-    assert_eq!(fleet.burst(&t.text, 30).await, 10);
-    assert_eq!(zcard(&cluster, &token_rq_key(user, t.id)).await, 10);
+    // On a loaded machine a command of the failover's last moments can time out and send a
+    // gateway to its local fallback for the hold period after the check above (a fresh-clone
+    // CI run once admitted 20 of 30), so each try takes a fresh token until a burst is exact.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let (admitted, booked) = loop {
+        let t = fleet.token("gus", 10).await;
+        let admitted = fleet.burst(&t.text, 30).await;
+        let booked = zcard(&cluster, &token_rq_key(user, t.id)).await;
+        if (admitted, booked) == (10, 10) || std::time::Instant::now() > deadline {
+            break (admitted, booked);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    assert_eq!((admitted, booked), (10, 10), "{}", fleet.logs());
     fleet.assert_no_panic();
 }
 
