@@ -511,3 +511,52 @@ async fn an_early_running_usage_does_not_price_a_cut_gemini_stream() {
     );
     app.assert_invariant().await;
 }
+
+/// CHECKS Q5: a stream whose usage says 0 is charged 0. A Gemini stream that ends normally
+/// with `usageMetadata` of 0 prompt and 0 candidate tokens is the upstream's word.
+#[tokio::test]
+#[ignore = "finding: note_event only takes a Usage event's input when input or cached_input > 0 and its output when output > 0, so a usage of zeros is ignored and the stream is charged the estimate (prompt estimate + counted text) instead of 0 (CHECKS Q5); Bedrock goes through the same note_event"]
+async fn a_gemini_stream_whose_usage_says_zero_is_charged_zero() {
+    use crate::helpers::*;
+    use sluice::config::Provider;
+    use sluice::mock::{Script, SseEvent};
+    const KEY: &str = "gem-key-g-0123456789";
+    let app = spawn_app_with(|s, mock| {
+        let mut u = upstream("g", KEY, mock);
+        u.provider = Provider::Gemini;
+        u.base_url = mock.base_url();
+        s.upstreams.push(u);
+        s.models.push(model("gem", &["g"]));
+    })
+    .await;
+    let (id, token) = app.token("zero-usage", Some("1")).await;
+    let mut finish = json!({"candidates": [{"content": {"role": "model", "parts": [{"text": "Hello world"}]},
+        "index": 0, "finishReason": "STOP"}], "responseId": "r1", "modelVersion": "gemini-2.5-flash"});
+    finish["usageMetadata"] =
+        json!({"promptTokenCount": 0, "candidatesTokenCount": 0, "totalTokenCount": 0});
+    app.mock.state.script(
+        KEY,
+        [Script {
+            events: Some(vec![SseEvent::Data(finish)]),
+            ..Script::default()
+        }],
+    );
+    let resp = app
+        .chat(
+            &token,
+            &json!({"model": "gem", "stream": true,
+                "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let body = resp.text().await.unwrap();
+    assert!(body.contains("[DONE]"), "{body}");
+    app.wait_settled().await;
+    let spent = app
+        .scalar(&format!(
+            "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
+        ))
+        .await;
+    assert_eq!(spent, 0, "a usage of zeros charged {spent} micro-dollars");
+    app.assert_invariant().await;
+}
