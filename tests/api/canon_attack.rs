@@ -379,3 +379,55 @@ async fn arguments_of_a_block_that_is_no_tool_call_are_not_spliced_into_call_0()
         "{got}"
     );
 }
+
+/// vLLM with `continuous_usage_stats` (and relays that copy it) put a running `usage` on
+/// every chunk; an early chunk's figure is not the answer's usage. A stream whose first
+/// chunk says `completion_tokens: 1`, then sends 100 chunks of text and breaks before its
+/// final usage and `[DONE]`, must be charged by the cut rule (input plus the output counted
+/// from the deltas received), not the 1 token of the first chunk.
+#[tokio::test]
+#[ignore = "finding: note_openai_chunk takes any chunk's usage as the upstream's final usage, so a cut stream that carried a running usage early is charged that early figure (1 output token) for the text received after it; the cut rule (DESIGN Streams) is bypassed on every OpenAI-format upstream"]
+async fn an_early_running_usage_does_not_price_a_cut_openai_stream() {
+    let app = app().await;
+    let (_, token) = app.token("early-usage", Some("10")).await;
+    let piece = "The engine light blinks when a cylinder misfires, so check the coils. ";
+    let mut first = chunk(
+        json!({"index": 0, "delta": {"role": "assistant", "content": "Hello."}, "finish_reason": null}),
+    );
+    first["usage"] = json!({"prompt_tokens": 20, "completion_tokens": 1, "total_tokens": 21});
+    let deltas = 100;
+    let mut events = vec![SseEvent::Data(first)];
+    events.extend((0..deltas).map(|_| {
+        SseEvent::Data(chunk(
+            json!({"index": 0, "delta": {"content": piece}, "finish_reason": null}),
+        ))
+    }));
+    let sent = events.len();
+    app.mock.state.script(
+        KEY_A,
+        [Script {
+            events: Some(events),
+            cut_after: Some(sent),
+            ..Default::default()
+        }],
+    );
+    let body = json!({"model": "gpt-4o-mini", "stream": true,
+        "messages": [{"role": "user", "content": "Why does the engine light blink?"}]});
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    let text = tokio::time::timeout(Duration::from_secs(60), resp.text())
+        .await
+        .expect("the stream ended")
+        .unwrap();
+    assert!(!text.contains("[DONE]"), "a cut stream");
+    app.wait_for_log_rows(1).await;
+    let (input, output): (i64, i64) =
+        sql_row(app.db(), "SELECT input_tokens, output_tokens FROM requests").await;
+    let received = sluice::quota::estimate::count_text(&piece.repeat(deltas));
+    assert_eq!(input, 20);
+    assert!(
+        output >= received / 2,
+        "{output} output tokens charged for {received} tokens of text received"
+    );
+    app.assert_invariant().await;
+}

@@ -444,3 +444,119 @@ async fn bedrock_metadata_before_message_stop_keeps_the_finish() {
     let body = resp.text().await.unwrap();
     assert!(body.contains("\"finish_reason\":\"stop\""), "{body}");
 }
+
+/// Gemini puts a running `usageMetadata` on every chunk; one early chunk's figure is not the
+/// answer's usage. A stream that sends `candidatesTokenCount: 1` on its first chunk, then
+/// 100 chunks of text and breaks before any `finishReason` must be charged by the cut rule
+/// (input plus the output counted from the deltas received), not the 1 output token the
+/// first chunk reported — a hostile (or merely cut) upstream would otherwise stream any
+/// amount of text for one token.
+#[tokio::test]
+#[ignore = "finding: the converter's note_event takes any Usage event as the upstream's final usage, and the Gemini reader emits one per chunk with usageMetadata, so a cut stream is charged the early running figure (1 output token) for the 100 chunks of text received after it; the cut rule (DESIGN Streams) is bypassed"]
+async fn an_early_running_usage_does_not_price_a_cut_gemini_stream() {
+    use crate::helpers::*;
+    use sluice::config::Provider;
+    use sluice::mock::{Script, SseEvent};
+    const KEY: &str = "gem-key-g-0123456789";
+    let app = spawn_app_with(|s, mock| {
+        let mut u = upstream("g", KEY, mock);
+        u.provider = Provider::Gemini;
+        u.base_url = mock.base_url();
+        s.upstreams.push(u);
+        s.models.push(model("gem", &["g"]));
+    })
+    .await;
+    let (_, token) = app.token("early-usage", Some("10")).await;
+    let piece = "The engine light blinks when a cylinder misfires, so check the coils. ";
+    let text = |t: &str| {
+        json!({"candidates": [{"content": {"role": "model", "parts": [{"text": t}]}, "index": 0}],
+        "responseId": "r1", "modelVersion": "gemini-2.5-flash"})
+    };
+    let mut first = text("Hello.");
+    first["usageMetadata"] =
+        json!({"promptTokenCount": 20, "candidatesTokenCount": 1, "totalTokenCount": 21});
+    let deltas = 100;
+    let mut events = vec![SseEvent::Data(first)];
+    events.extend((0..deltas).map(|_| SseEvent::Data(text(piece))));
+    let sent = events.len();
+    app.mock.state.script(
+        KEY,
+        [Script {
+            events: Some(events),
+            cut_after: Some(sent),
+            ..Script::default()
+        }],
+    );
+    let resp = app
+        .chat(
+            &token,
+            &json!({"model": "gem", "stream": true,
+                "messages": [{"role": "user", "content": "Why does the engine light blink?"}]}),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let body = tokio::time::timeout(Duration::from_secs(60), resp.text())
+        .await
+        .expect("the stream ended")
+        .unwrap();
+    assert!(!body.contains("[DONE]"), "a cut stream: {body}");
+    app.wait_for_log_rows(1).await;
+    let (input, output): (i64, i64) =
+        sql_row(app.db(), "SELECT input_tokens, output_tokens FROM requests").await;
+    let received = sluice::quota::estimate::count_text(&piece.repeat(deltas));
+    assert_eq!(input, 20);
+    assert!(
+        output >= received / 2,
+        "{output} output tokens charged for {received} tokens of text received"
+    );
+    app.assert_invariant().await;
+}
+
+/// CHECKS Q5: a stream whose usage says 0 is charged 0. A Gemini stream that ends normally
+/// with `usageMetadata` of 0 prompt and 0 candidate tokens is the upstream's word.
+#[tokio::test]
+#[ignore = "finding: note_event only takes a Usage event's input when input or cached_input > 0 and its output when output > 0, so a usage of zeros is ignored and the stream is charged the estimate (prompt estimate + counted text) instead of 0 (CHECKS Q5); Bedrock goes through the same note_event"]
+async fn a_gemini_stream_whose_usage_says_zero_is_charged_zero() {
+    use crate::helpers::*;
+    use sluice::config::Provider;
+    use sluice::mock::{Script, SseEvent};
+    const KEY: &str = "gem-key-g-0123456789";
+    let app = spawn_app_with(|s, mock| {
+        let mut u = upstream("g", KEY, mock);
+        u.provider = Provider::Gemini;
+        u.base_url = mock.base_url();
+        s.upstreams.push(u);
+        s.models.push(model("gem", &["g"]));
+    })
+    .await;
+    let (id, token) = app.token("zero-usage", Some("1")).await;
+    let mut finish = json!({"candidates": [{"content": {"role": "model", "parts": [{"text": "Hello world"}]},
+        "index": 0, "finishReason": "STOP"}], "responseId": "r1", "modelVersion": "gemini-2.5-flash"});
+    finish["usageMetadata"] =
+        json!({"promptTokenCount": 0, "candidatesTokenCount": 0, "totalTokenCount": 0});
+    app.mock.state.script(
+        KEY,
+        [Script {
+            events: Some(vec![SseEvent::Data(finish)]),
+            ..Script::default()
+        }],
+    );
+    let resp = app
+        .chat(
+            &token,
+            &json!({"model": "gem", "stream": true,
+                "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let body = resp.text().await.unwrap();
+    assert!(body.contains("[DONE]"), "{body}");
+    app.wait_settled().await;
+    let spent = app
+        .scalar(&format!(
+            "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
+        ))
+        .await;
+    assert_eq!(spent, 0, "a usage of zeros charged {spent} micro-dollars");
+    app.assert_invariant().await;
+}
