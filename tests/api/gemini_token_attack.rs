@@ -452,7 +452,6 @@ async fn bedrock_metadata_before_message_stop_keeps_the_finish() {
 /// first chunk reported — a hostile (or merely cut) upstream would otherwise stream any
 /// amount of text for one token.
 #[tokio::test]
-#[ignore = "finding: the converter's note_event takes any Usage event as the upstream's final usage, and the Gemini reader emits one per chunk with usageMetadata, so a cut stream is charged the early running figure (1 output token) for the 100 chunks of text received after it; the cut rule (DESIGN Streams) is bypassed"]
 async fn an_early_running_usage_does_not_price_a_cut_gemini_stream() {
     use crate::helpers::*;
     use sluice::config::Provider;

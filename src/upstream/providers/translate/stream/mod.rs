@@ -272,9 +272,15 @@ impl StreamConverter {
         Usage {
             input: self.input.unwrap_or(self.input_estimate),
             cached_input: self.cached,
-            output: self
-                .output
-                .unwrap_or_else(|| self.counted + estimate::count_text(&self.text)),
+            // A figure reported before the stream completed may be a running one (Gemini's
+            // every chunk, vLLM's continuous usage): on a cut stream it is a floor, and the
+            // output received counts if it is more.
+            output: match self.output {
+                Some(reported) if self.done => reported,
+                reported => reported
+                    .unwrap_or(0)
+                    .max(self.counted + estimate::count_text(&self.text)),
+            },
         }
     }
 
@@ -682,10 +688,14 @@ mod tests {
             output: 12,
             ..canonical::Usage::default()
         }));
+        // Before the end a reported output is a floor: the output received counts if more.
         let u = c.usage();
-        assert_eq!((u.input, u.cached_input, u.output), (31, 4, 12));
+        assert_eq!((u.input, u.cached_input), (31, 4));
+        assert_eq!(u.output, counted.output.max(12));
         assert!(!c.done());
         c.note_event(&Event::Done);
         assert!(c.done());
+        let u = c.usage();
+        assert_eq!((u.input, u.cached_input, u.output), (31, 4, 12));
     }
 }
