@@ -10,7 +10,8 @@
 //!
 //! Scripts apply as elsewhere: `status` answers Bedrock's error (body `{"message"}`, type in
 //! `x-amzn-ErrorType`), `text` / token figures shape the answer, `cut_after` ends the stream
-//! after that many text deltas, `corrupt_after` sends a frame with a broken CRC there, and
+//! after that many text deltas, `stall_after` stops sending there (the connection kept),
+//! `corrupt_after` sends a frame with a broken CRC there, and
 //! `events` (`[type, payload]` pairs) replaces the built-in stream — a type ending in
 //! `Exception` is sent as an exception frame (a mid-stream error).
 
@@ -175,10 +176,16 @@ pub(super) async fn answer(
         return resp;
     }
     let text = script.text.clone().unwrap_or_else(|| cfg.text.clone());
-    let input = script.prompt_tokens.unwrap_or(cfg.prompt_tokens);
-    let output = script.completion_tokens.unwrap_or(cfg.completion_tokens);
-    let usage =
-        json!({ "inputTokens": input, "outputTokens": output, "totalTokens": input + output });
+    // As Bedrock reports them: `inputTokens` without the prompt cache's reads, which
+    // `cacheReadInputTokens` carries; reasoning inside `outputTokens`.
+    let cached = script.cached_tokens.unwrap_or(0);
+    let input = script.prompt_tokens.unwrap_or(cfg.prompt_tokens) - cached;
+    let output = script.completion_tokens.unwrap_or(cfg.completion_tokens)
+        + script.reasoning_tokens.unwrap_or(0);
+    let mut usage = json!({ "inputTokens": input, "outputTokens": output, "totalTokens": input + cached + output });
+    if cached > 0 {
+        usage["cacheReadInputTokens"] = json!(cached);
+    }
     let tool = tool_to_call(body);
     if !stream {
         let mut content = vec![json!({ "text": text })];
@@ -200,6 +207,8 @@ pub(super) async fn answer(
         }));
     }
     let mut frames: Vec<Vec<u8>> = Vec::new();
+    // `stall_after`: the frame before which the stream stops sending (the connection kept).
+    let mut stall_at = None;
     let event = |name: &str, data: Value| encode(FrameKind::Event, name, &data.to_string());
     if let Some(events) = &script.events {
         for e in events {
@@ -224,6 +233,9 @@ pub(super) async fn answer(
         for piece in super::pieces(&text) {
             if script.cut_after == Some(deltas) {
                 break;
+            }
+            if script.stall_after == Some(deltas) {
+                stall_at = Some(frames.len());
             }
             if script.corrupt_after == Some(deltas) {
                 let mut bad = event(
@@ -267,9 +279,12 @@ pub(super) async fn answer(
     let chunk_delay = Duration::from_millis(script.chunk_delay_ms);
     let body = async_stream::stream! {
         let _guard = guard;
-        for f in frames {
+        for (i, f) in frames.into_iter().enumerate() {
             if !chunk_delay.is_zero() {
                 tokio::time::sleep(chunk_delay).await;
+            }
+            if stall_at == Some(i) {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
             }
             yield Ok::<_, actix_web::Error>(actix_web::web::Bytes::from(f));
         }

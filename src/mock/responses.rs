@@ -44,8 +44,11 @@ pub struct Script {
     /// Reasoning tokens (OpenAI reasoning models): reported inside `completion_tokens`, as
     /// OpenAI bills them, and under `completion_tokens_details.reasoning_tokens`.
     pub reasoning_tokens: Option<i64>,
-    /// Prompt tokens read from the provider's cache (Gemini `cachedContentTokenCount`,
-    /// part of the prompt's count).
+    /// Prompt tokens read from the provider's cache, part of the prompt's count, reported
+    /// as each format does: OpenAI's `prompt_tokens_details.cached_tokens` (and the
+    /// Responses API's `input_tokens_details`), Anthropic's `cache_read_input_tokens` and
+    /// Bedrock's `cacheReadInputTokens` (both beside an input figure without them),
+    /// Gemini's `cachedContentTokenCount`.
     pub cached_tokens: Option<i64>,
     /// Stream without the usage chunk even when asked for it.
     pub omit_usage: bool,
@@ -120,6 +123,8 @@ pub(super) struct Plan {
     pub(super) completion: i64,
     /// Of `completion`, the part spent reasoning (never shown as text).
     pub(super) reasoning: i64,
+    /// Of `prompt`, the part read from the provider's cache.
+    pub(super) cached: i64,
     pub(super) model: String,
     pub(super) id: String,
     /// How a text answer ends: `stop`, or `content_filter` (`Script::content_filter`).
@@ -135,6 +140,7 @@ fn plan(cfg: &MockConfig, body: &Value, s: &Script) -> Plan {
         completion: s.completion_tokens.unwrap_or(cfg.completion_tokens) * n
             + s.reasoning_tokens.unwrap_or(0),
         reasoning: s.reasoning_tokens.unwrap_or(0),
+        cached: s.cached_tokens.unwrap_or(0),
         model: body
             .get("model")
             .and_then(Value::as_str)
@@ -328,6 +334,18 @@ fn openai_usage(p: &Plan) -> Value {
     if p.reasoning > 0 {
         u["completion_tokens_details"] = json!({"reasoning_tokens": p.reasoning});
     }
+    if p.cached > 0 {
+        u["prompt_tokens_details"] = json!({"cached_tokens": p.cached});
+    }
+    u
+}
+
+/// An Anthropic `usage` object: `input_tokens` counts what was not read from the cache.
+fn anthropic_usage(p: &Plan, output: i64) -> Value {
+    let mut u = json!({"input_tokens": p.prompt - p.cached, "output_tokens": output});
+    if p.cached > 0 {
+        u["cache_read_input_tokens"] = json!(p.cached);
+    }
     u
 }
 
@@ -478,7 +496,7 @@ fn anthropic_message(p: &Plan) -> Value {
         "id": format!("msg_{}", p.id), "type": "message", "role": "assistant", "model": p.model,
         "content": content,
         "stop_reason": stop, "stop_sequence": null,
-        "usage": {"input_tokens": p.prompt, "output_tokens": p.completion}
+        "usage": anthropic_usage(p, p.completion)
     })
 }
 
@@ -493,7 +511,7 @@ fn anthropic_events(p: &Plan, s: &Script) -> Vec<Event> {
             "message_start",
             json!({"type": "message_start", "message": {"id": format!("msg_{}", p.id), "type": "message", "role": "assistant",
             "model": p.model, "content": [], "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": p.prompt, "output_tokens": 1}}}),
+            "usage": anthropic_usage(p, 1)}}),
         ),
         ev("ping", json!({"type": "ping"})),
     ];

@@ -34,7 +34,7 @@ pub(super) fn tool_to_call(body: &Value) -> Option<String> {
 fn usage(p: &Plan) -> Value {
     json!({
         "input_tokens": p.prompt,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": p.cached},
         "output_tokens": p.completion,
         "output_tokens_details": {"reasoning_tokens": p.reasoning},
         "total_tokens": p.prompt + p.completion,
