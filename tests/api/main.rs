@@ -37,6 +37,7 @@ mod lockout;
 mod lying_upstream;
 mod money;
 mod money_model;
+mod money_routes;
 mod operations;
 mod pg_admin;
 mod pg_admin_attack;
