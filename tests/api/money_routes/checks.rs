@@ -74,6 +74,7 @@ pub async fn run(gw: &Gateway, route: Route, check: Check) {
         Check::Answer => answer(gw, route, &cell, false).await,
         Check::Stream => answer(gw, route, &cell, true).await,
         Check::Reservation => reservation(gw, route, &cell).await,
+        Check::Overrun => overrun(gw, route, &cell).await,
         Check::Departure => departure(gw, route, &cell).await,
         Check::UpstreamError => upstream_error(gw, route, &cell).await,
         Check::Retry => retry(gw, route, &cell).await,
@@ -195,6 +196,61 @@ async fn reservation(gw: &Gateway, route: Route, cell: &str) {
     assert_eq!(spent(app, id, cell).await, DEFAULT_COST, "{cell}");
 }
 
+/// `usage_script` under a cap of 200: the reservation (chat: 35 × 0.15 + 200 × 0.60 =
+/// 125.25 → 126; responses: 32 → 124.8 → 125) is below its cost, 180.
+async fn overrun(gw: &Gateway, route: Route, cell: &str) {
+    let app = &gw.app;
+    // A stream without usage is charged its counted figures, which the reservation covers.
+    let streams: &[bool] = match gw.kind {
+        Kind::CompatibleNoUsage => &[false],
+        _ => &[false, true],
+    };
+    for &stream in streams {
+        let (id, token) = app.token("overrun", Some("1.00")).await;
+        app.mock.state.script(&cells::key("main"), [usage_script()]);
+        let resp = cells::send(
+            app,
+            route,
+            &token,
+            &cells::body(route, MODEL, PROMPT, 200, stream),
+        )
+        .await;
+        assert_eq!(resp.status(), 200, "{cell} (stream: {stream})");
+        let _ = resp.text().await;
+        let reserved = worst_case(route, 200);
+        app.wait_settled().await;
+        let charged = app
+            .scalar(&format!(
+                "SELECT limit_micros - remaining_micros FROM tokens WHERE id = {id}"
+            ))
+            .await;
+        assert_eq!(
+            charged, reserved,
+            "{cell} (stream: {stream}): the reservation, no more"
+        );
+        let absorbed = app
+            .scalar(&format!(
+                "SELECT COALESCE(SUM(amount_micros), 0) FROM ledger WHERE token_id = {id} AND kind = 'absorbed'"
+            ))
+            .await;
+        assert_eq!(
+            absorbed,
+            USAGE_COST - reserved,
+            "{cell} (stream: {stream}): the rest absorbed"
+        );
+        app.wait_for_log_rows(1).await;
+        let logged = app
+            .scalar(&format!(
+                "SELECT COALESCE(SUM(cost_micros), 0) FROM requests WHERE token_id = {id}"
+            ))
+            .await;
+        assert_eq!(
+            logged, USAGE_COST,
+            "{cell} (stream: {stream}): the log says the whole cost"
+        );
+    }
+}
+
 async fn departure(gw: &Gateway, route: Route, cell: &str) {
     let app = &gw.app;
     let (id, token) = app.token("leaves", Some("1.00")).await;
@@ -245,7 +301,12 @@ async fn departure(gw: &Gateway, route: Route, cell: &str) {
 async fn upstream_error(gw: &Gateway, route: Route, cell: &str) {
     let app = &gw.app;
     let main = cells::key("main");
-    for (status, expected) in [(400, 400), (500, 502)] {
+    for (status, expected, stream) in [
+        (400, 400, false),
+        (400, 400, true),
+        (500, 502, false),
+        (500, 502, true),
+    ] {
         let (id, token) = app.token("refused", Some("1.00")).await;
         app.mock.state.script(
             &main,
@@ -259,10 +320,14 @@ async fn upstream_error(gw: &Gateway, route: Route, cell: &str) {
             app,
             route,
             &token,
-            &cells::body(route, MODEL, PROMPT, 200, false),
+            &cells::body(route, MODEL, PROMPT, 200, stream),
         )
         .await;
-        assert_eq!(resp.status(), expected, "{cell}: upstream {status}");
+        assert_eq!(
+            resp.status(),
+            expected,
+            "{cell}: upstream {status} (stream: {stream})"
+        );
         let v: Value = resp.json().await.unwrap();
         if status == 400 {
             // The client's fault, passed on in the client's format with the upstream's words.
@@ -271,20 +336,27 @@ async fn upstream_error(gw: &Gateway, route: Route, cell: &str) {
                 _ => "mock error 400",
             };
             let message = cells::error_message(route, &v).unwrap_or_default();
-            assert!(message.contains(words), "{cell}: upstream 400: {v}");
+            assert!(
+                message.contains(words),
+                "{cell}: upstream 400 (stream: {stream}): {v}"
+            );
         } else {
             assert_eq!(
                 cells::error_code(route, &v).as_deref(),
                 Some("upstream_error"),
-                "{cell}: upstream {status}: {v}"
+                "{cell}: upstream {status} (stream: {stream}): {v}"
             );
         }
         assert_eq!(
             app.mock.state.stats(&main).count,
             before + 1,
-            "{cell}: upstream {status}: one attempt"
+            "{cell}: upstream {status} (stream: {stream}): one attempt"
         );
-        assert_eq!(spent(app, id, cell).await, 0, "{cell}: upstream {status}");
+        assert_eq!(
+            spent(app, id, cell).await,
+            0,
+            "{cell}: upstream {status} (stream: {stream})"
+        );
     }
     let (id, token) = app.token("cut", Some("1.00")).await;
     for stream in [false, true] {

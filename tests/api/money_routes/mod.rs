@@ -9,8 +9,7 @@
 //!
 //! One gateway per kind serves every route; one test per kind runs its cells in turn, and
 //! every assertion names its cell (`route × kind × check`). Cells that cannot apply are in
-//! `SKIPS` with the reason; cells that fail on today's code are in `FINDINGS`, left out of
-//! the per-kind tests and run by the ignored test `findings`.
+//! `SKIPS` with the reason.
 
 mod cells;
 mod checks;
@@ -38,6 +37,9 @@ pub enum Check {
     /// The reservation is the worst case: one micro-dollar less is refused, the worst case
     /// passes, and the upstream is sent exactly the reserved cap.
     Reservation,
+    /// A usage past the reservation (an input estimate too low) charges the reservation;
+    /// the rest is an `absorbed` row, and the request log has the whole cost.
+    Overrun,
     /// A client that leaves mid-stream is charged what was received.
     Departure,
     /// An upstream 4xx, 5xx or a connection cut before any byte charges nothing.
@@ -48,10 +50,11 @@ pub enum Check {
     CacheHit,
 }
 
-pub const CHECKS: [Check; 7] = [
+pub const CHECKS: [Check; 8] = [
     Check::Answer,
     Check::Stream,
     Check::Reservation,
+    Check::Overrun,
     Check::Departure,
     Check::UpstreamError,
     Check::Retry,
@@ -66,10 +69,6 @@ const SKIPS: &[(Option<Route>, Option<Kind>, Check, &str)] = &[(
     "the Responses API has no response cache (docs/DESIGN.md, \"The Responses API\")",
 )];
 
-/// Cells that fail on today's code, each with what fails: run by `findings` (ignored), left
-/// out of the per-kind tests. A fix moves its cell out of this list.
-const FINDINGS: &[(Route, Kind, Check, &str)] = &[];
-
 fn skipped(route: Route, kind: Kind, check: Check) -> Option<&'static str> {
     SKIPS
         .iter()
@@ -79,18 +78,12 @@ fn skipped(route: Route, kind: Kind, check: Check) -> Option<&'static str> {
         .map(|s| s.3)
 }
 
-fn finding(route: Route, kind: Kind, check: Check) -> bool {
-    FINDINGS
-        .iter()
-        .any(|(r, k, c, _)| (*r, *k, *c) == (route, kind, check))
-}
-
-/// Every cell of `kind` that applies and is not a finding, on one gateway.
+/// Every cell of `kind` that applies, on one gateway.
 async fn run_kind(kind: Kind) {
     let gw = cells::Gateway::start(kind).await;
     for route in ROUTES {
         for check in CHECKS {
-            if skipped(route, kind, check).is_some() || finding(route, kind, check) {
+            if skipped(route, kind, check).is_some() {
                 continue;
             }
             checks::run(&gw, route, check).await;
@@ -131,15 +124,4 @@ async fn gemini() {
 #[tokio::test]
 async fn bedrock() {
     run_kind(Kind::Bedrock).await;
-}
-
-/// The cells in `FINDINGS`, each on a gateway of its own: they fail until fixed.
-#[tokio::test]
-#[ignore = "findings: the cells listed in money_routes::FINDINGS fail on today's code"]
-async fn findings() {
-    for (route, kind, check, what) in FINDINGS {
-        eprintln!("{route:?} × {kind:?} × {check:?}: {what}");
-        let gw = cells::Gateway::start(*kind).await;
-        checks::run(&gw, *route, *check).await;
-    }
 }
