@@ -75,6 +75,7 @@ pub async fn run(gw: &Gateway, route: Route, check: Check) {
         Check::Stream => answer(gw, route, &cell, true).await,
         Check::Reservation => reservation(gw, route, &cell).await,
         Check::Overrun => overrun(gw, route, &cell).await,
+        Check::UsageMissing => usage_missing(gw, route, &cell).await,
         Check::Departure => departure(gw, route, &cell).await,
         Check::UpstreamError => upstream_error(gw, route, &cell).await,
         Check::Retry => retry(gw, route, &cell).await,
@@ -249,6 +250,47 @@ async fn overrun(gw: &Gateway, route: Route, cell: &str) {
             "{cell} (stream: {stream}): the log says the whole cost"
         );
     }
+}
+
+/// A stream whose upstream reports no usage at all (`omit_usage`): charged the counted
+/// input and the tokenizer's count of the text (chat: 2.55 + 13.8 = 16.35 → 17), or the
+/// upstream's input figure when one came (Anthropic's `message_start`: 12 → 1.8 + 13.8 =
+/// 15.6 → 16).
+async fn usage_missing(gw: &Gateway, route: Route, cell: &str) {
+    let app = &gw.app;
+    let (id, token) = app.token("unreported", Some("1.00")).await;
+    app.mock.state.script(
+        &cells::key("main"),
+        [Script {
+            omit_usage: true,
+            ..Script::default()
+        }],
+    );
+    let resp = cells::send(
+        app,
+        route,
+        &token,
+        &cells::body(route, MODEL, PROMPT, 200, true),
+    )
+    .await;
+    assert_eq!(resp.status(), 200, "{cell}");
+    let frames = frames(resp).await;
+    // ConverseStream ends with its `metadata` event (the usage): without it the stream is
+    // incomplete, ended with the gateway's error — and charged by the same count.
+    assert_eq!(
+        cells::completed(route, &frames),
+        gw.kind != Kind::Bedrock,
+        "{cell}: {frames:?}"
+    );
+    let input = match gw.kind {
+        Kind::Anthropic => 12,
+        _ => counted_input(route),
+    };
+    assert_eq!(
+        spent(app, id, cell).await,
+        cost(input, TEXT_TOKENS),
+        "{cell}"
+    );
 }
 
 async fn departure(gw: &Gateway, route: Route, cell: &str) {

@@ -40,6 +40,8 @@ pub enum Check {
     /// A usage past the reservation (an input estimate too low) charges the reservation;
     /// the rest is an `absorbed` row, and the request log has the whole cost.
     Overrun,
+    /// A stream whose upstream reports no usage is charged what was counted.
+    UsageMissing,
     /// A client that leaves mid-stream is charged what was received.
     Departure,
     /// An upstream 4xx, 5xx or a connection cut before any byte charges nothing.
@@ -50,11 +52,12 @@ pub enum Check {
     CacheHit,
 }
 
-pub const CHECKS: [Check; 8] = [
+pub const CHECKS: [Check; 9] = [
     Check::Answer,
     Check::Stream,
     Check::Reservation,
     Check::Overrun,
+    Check::UsageMissing,
     Check::Departure,
     Check::UpstreamError,
     Check::Retry,
