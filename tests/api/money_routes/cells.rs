@@ -43,14 +43,14 @@ pub fn key(upstream: &str) -> String {
     format!("key-{upstream}")
 }
 
-/// The retry check's model on `route`: its one upstream `retry-<route>-1`, then its
-/// fallback's, `retry-<route>-2`.
-pub fn retry_model(route: Route) -> String {
-    format!("m-retry-{route:?}")
+/// The retry check's model on `route`, streamed or not: its one upstream
+/// `retry-<route>-<stream>-1`, then its fallback's, `…-2` (each used by one request).
+pub fn retry_model(route: Route, stream: bool) -> String {
+    format!("m-retry-{route:?}-{stream}")
 }
 
-pub fn retry_upstreams(route: Route) -> [String; 2] {
-    [1, 2].map(|n| format!("retry-{route:?}-{n}"))
+pub fn retry_upstreams(route: Route, stream: bool) -> [String; 2] {
+    [1, 2].map(|n| format!("retry-{route:?}-{stream}-{n}"))
 }
 
 fn upstream_of(kind: Kind, id: &str, mock: &MockServer) -> UpstreamSettings {
@@ -124,17 +124,19 @@ fn configure(s: &mut Settings, mock: &MockServer, kind: Kind, cut_port: u16) {
         .replace(&mock.port.to_string(), &cut_port.to_string());
     s.upstreams = vec![upstream_of(kind, "main", mock), cut];
     s.models = vec![priced(MODEL, &["main"]), priced(CUT_MODEL, &["cut"])];
-    for route in super::ROUTES {
-        let [first, second] = retry_upstreams(route);
+    for (route, stream) in super::ROUTES
+        .into_iter()
+        .flat_map(|r| [(r, false), (r, true)])
+    {
+        let [first, second] = retry_upstreams(route, stream);
         s.upstreams.push(upstream_of(kind, &first, mock));
         s.upstreams.push(upstream_of(kind, &second, mock));
-        let mut m = priced(&retry_model(route), &[&first]);
-        m.fallbacks = vec![format!("{}-fallback", retry_model(route))];
+        let name = retry_model(route, stream);
+        let mut m = priced(&name, &[&first]);
+        m.fallbacks = vec![format!("{name}-fallback")];
         s.models.push(m);
-        s.models.push(priced(
-            &format!("{}-fallback", retry_model(route)),
-            &[&second],
-        ));
+        s.models
+            .push(priced(&format!("{name}-fallback"), &[&second]));
     }
     // A route's failures must not open its breaker for the cells after it.
     s.breaker.failure_threshold = 1000;

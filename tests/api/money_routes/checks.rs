@@ -426,47 +426,66 @@ async fn upstream_error(gw: &Gateway, route: Route, cell: &str) {
 
 async fn retry(gw: &Gateway, route: Route, cell: &str) {
     let app = &gw.app;
-    let [first, second] = cells::retry_upstreams(route).map(|u| cells::key(&u));
     // Each route's first attempt fails its own way: a rate limit, an overload, a crash.
     let status = match route {
         Route::Chat => 429,
         Route::Messages => 503,
         Route::Responses => 500,
     };
-    app.mock.state.script(
-        &first,
-        [Script {
-            status: Some(status),
-            headers: vec![("Retry-After".into(), "30".into())],
-            ..Script::default()
-        }],
-    );
-    let (id, token) = app.token("retried", Some("1.00")).await;
-    let model = cells::retry_model(route);
-    let resp = cells::send(
-        app,
-        route,
-        &token,
-        &cells::body(route, &model, PROMPT, 200, false),
-    )
-    .await;
-    assert_eq!(resp.status(), 200, "{cell}: after a {status}");
-    let counts = (
-        app.mock.state.stats(&first).count,
-        app.mock.state.stats(&second).count,
-    );
-    assert_eq!(counts, (1, 1), "{cell}: one attempt each");
-    assert_eq!(
-        spent(app, id, cell).await,
-        DEFAULT_COST,
-        "{cell}: charged once"
-    );
-    let rows = app
-        .scalar(&format!(
-            "SELECT COUNT(*) FROM ledger WHERE token_id = {id} AND kind = 'reserve'"
-        ))
+    for stream in [false, true] {
+        let [first, second] = cells::retry_upstreams(route, stream).map(|u| cells::key(&u));
+        app.mock.state.script(
+            &first,
+            [Script {
+                status: Some(status),
+                headers: vec![("Retry-After".into(), "30".into())],
+                ..Script::default()
+            }],
+        );
+        let (id, token) = app.token("retried", Some("1.00")).await;
+        let model = cells::retry_model(route, stream);
+        let resp = cells::send(
+            app,
+            route,
+            &token,
+            &cells::body(route, &model, PROMPT, 200, stream),
+        )
         .await;
-    assert_eq!(rows, 1, "{cell}: one reservation");
+        let what = format!("{cell} (stream: {stream}) after a {status}");
+        assert_eq!(resp.status(), 200, "{what}");
+        if stream {
+            assert!(cells::completed(route, &frames(resp).await), "{what}");
+        }
+        let counts = (
+            app.mock.state.stats(&first).count,
+            app.mock.state.stats(&second).count,
+        );
+        assert_eq!(counts, (1, 1), "{what}: one attempt each");
+        // A stream without usage is charged its counted figures (responses: 2.1 + 13.8 →
+        // 16), any other the mock's default usage.
+        let expected = if stream && gw.kind == Kind::CompatibleNoUsage {
+            cost(counted_input(route), TEXT_TOKENS)
+        } else {
+            DEFAULT_COST
+        };
+        assert_eq!(
+            spent(app, id, &what).await,
+            expected,
+            "{what}: charged once"
+        );
+        let reservations = app
+            .scalar(&format!(
+                "SELECT COUNT(*) FROM ledger WHERE token_id = {id} AND kind = 'reserve'"
+            ))
+            .await;
+        assert_eq!(reservations, 1, "{what}: one reservation");
+        let logged = app
+            .scalar(&format!(
+                "SELECT attempts FROM requests WHERE token_id = {id}"
+            ))
+            .await;
+        assert_eq!(logged, 2, "{what}: one log row, two attempts");
+    }
 }
 
 async fn cache_hit(gw: &Gateway, route: Route, cell: &str) {
