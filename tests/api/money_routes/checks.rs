@@ -490,33 +490,58 @@ async fn retry(gw: &Gateway, route: Route, cell: &str) {
 
 async fn cache_hit(gw: &Gateway, route: Route, cell: &str) {
     let app = &gw.app;
-    let (id, token) = app.token("cached", Some("1.00")).await;
-    let mut body = cells::body(route, MODEL, &format!("{PROMPT} ({route:?})"), 200, false);
-    body["temperature"] = json!(0);
-    let entries = app.scalar("SELECT COUNT(*) FROM cache_entries").await;
-    let resp = cells::send(app, route, &token, &body).await;
-    assert_eq!(resp.status(), 200, "{cell}");
-    assert_eq!(resp.headers()["x-sluice-cache"], "miss", "{cell}");
-    let first: Value = resp.json().await.unwrap();
-    app.wait_for_cache_entries(entries + 1).await;
-    let calls = app.mock.state.stats(&cells::key("main")).count;
-    let resp = cells::send(app, route, &token, &body).await;
-    assert_eq!(resp.status(), 200, "{cell}");
-    assert_eq!(resp.headers()["x-sluice-cache"], "hit-exact", "{cell}");
-    let again: Value = resp.json().await.unwrap();
-    assert_eq!(
-        cells::answer_text(route, &again),
-        cells::answer_text(route, &first),
-        "{cell}"
-    );
-    assert_eq!(
-        app.mock.state.stats(&cells::key("main")).count,
-        calls,
-        "{cell}: the hit reached no upstream"
-    );
-    assert_eq!(
-        spent(app, id, cell).await,
-        DEFAULT_COST,
-        "{cell}: the hit cost nothing"
-    );
+    for stream in [false, true] {
+        let what = format!("{cell} (stream: {stream})");
+        let (id, token) = app.token("cached", Some("1.00")).await;
+        let prompt = format!("{PROMPT} ({route:?}, {stream})");
+        let mut body = cells::body(route, MODEL, &prompt, 200, stream);
+        body["temperature"] = json!(0);
+        let entries = app.scalar("SELECT COUNT(*) FROM cache_entries").await;
+        let resp = cells::send(app, route, &token, &body).await;
+        assert_eq!(resp.status(), 200, "{what}");
+        assert_eq!(resp.headers()["x-sluice-cache"], "miss", "{what}");
+        let first = answer_of(route, resp, stream, &what).await;
+        // The miss pays its usage (a stream without one pays its count, which the stream
+        // check pins: this prompt is longer).
+        let paid = spent(app, id, &what).await;
+        if !(stream && gw.kind == Kind::CompatibleNoUsage) {
+            assert_eq!(paid, DEFAULT_COST, "{what}: the miss");
+        }
+        app.wait_for_cache_entries(entries + 1).await;
+        let calls = app.mock.state.stats(&cells::key("main")).count;
+        let resp = cells::send(app, route, &token, &body).await;
+        assert_eq!(resp.status(), 200, "{what}");
+        assert_eq!(resp.headers()["x-sluice-cache"], "hit-exact", "{what}");
+        assert_eq!(answer_of(route, resp, stream, &what).await, first, "{what}");
+        assert_eq!(
+            app.mock.state.stats(&cells::key("main")).count,
+            calls,
+            "{what}: the hit reached no upstream"
+        );
+        assert_eq!(
+            spent(app, id, &what).await,
+            paid,
+            "{what}: the hit cost nothing"
+        );
+        let hit = app
+            .scalar(&format!(
+                "SELECT cost_micros FROM requests WHERE token_id = {id} AND cache = 'hit-exact'"
+            ))
+            .await;
+        assert_eq!(hit, 0, "{what}: the hit's log row");
+    }
+}
+
+/// The answer text of a whole answer or a complete stream.
+async fn answer_of(route: Route, resp: reqwest::Response, stream: bool, what: &str) -> String {
+    if stream {
+        let frames = frames(resp).await;
+        assert!(cells::completed(route, &frames), "{what}: {frames:?}");
+        return frames
+            .iter()
+            .filter_map(|f| cells::delta_text(route, f))
+            .collect();
+    }
+    let v: Value = resp.json().await.unwrap();
+    cells::answer_text(route, &v).unwrap_or_else(|| panic!("{what}: {v}"))
 }
