@@ -76,6 +76,8 @@ pub async fn run(gw: &Gateway, route: Route, check: Check) {
         Check::Reservation => reservation(gw, route, &cell).await,
         Check::Overrun => overrun(gw, route, &cell).await,
         Check::UsageMissing => usage_missing(gw, route, &cell).await,
+        Check::ZeroAnswer => zero_usage(gw, route, &cell, false).await,
+        Check::ZeroStream => zero_usage(gw, route, &cell, true).await,
         Check::Departure => departure(gw, route, &cell).await,
         Check::UpstreamError => upstream_error(gw, route, &cell).await,
         Check::Retry => retry(gw, route, &cell).await,
@@ -291,6 +293,36 @@ async fn usage_missing(gw: &Gateway, route: Route, cell: &str) {
         cost(input, TEXT_TOKENS),
         "{cell}"
     );
+}
+
+/// An answer or a stream whose upstream reports a usage of zeros: charged 0 (CHECKS Q5).
+async fn zero_usage(gw: &Gateway, route: Route, cell: &str, stream: bool) {
+    let app = &gw.app;
+    let (id, token) = app.token("zero", Some("1.00")).await;
+    app.mock.state.script(
+        &cells::key("main"),
+        [Script {
+            prompt_tokens: Some(0),
+            completion_tokens: Some(0),
+            ..Script::default()
+        }],
+    );
+    let resp = cells::send(
+        app,
+        route,
+        &token,
+        &cells::body(route, MODEL, PROMPT, 200, stream),
+    )
+    .await;
+    assert_eq!(resp.status(), 200, "{cell}");
+    answer_of(route, resp, stream, cell).await;
+    // A stream without usage has nothing to say zero: it is charged its count.
+    let expected = if stream && gw.kind == Kind::CompatibleNoUsage {
+        cost(counted_input(route), TEXT_TOKENS)
+    } else {
+        0
+    };
+    assert_eq!(spent(app, id, cell).await, expected, "{cell}");
 }
 
 async fn departure(gw: &Gateway, route: Route, cell: &str) {
