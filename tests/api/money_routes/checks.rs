@@ -6,15 +6,15 @@ use serde_json::{json, Value};
 use sluice::mock::Script;
 
 use super::cells::{self, Gateway, Kind, CUT_MODEL, MODEL};
-use super::{Check, Route};
+use super::{counted, Check, Route};
 use crate::helpers::*;
 
 /// Every request's one user turn.
-const PROMPT: &str = "Why does the engine light blink?";
+pub(super) const PROMPT: &str = "Why does the engine light blink?";
 
 /// The usage the mock reports for the answer and stream checks: 1000 prompt tokens of
 /// which 600 read from the cache, 24 visible output tokens and 100 of reasoning.
-fn usage_script() -> Script {
+pub(super) fn usage_script() -> Script {
     Script {
         prompt_tokens: Some(1000),
         cached_tokens: Some(600),
@@ -33,7 +33,7 @@ const DEFAULT_COST: i64 = 17;
 
 /// The tokenizer's count of `PROMPT`'s request on each route (its framing differs): the
 /// input a stream without usage, or one its client left, is charged.
-fn counted_input(route: Route) -> i64 {
+pub(super) fn counted_input(route: Route) -> i64 {
     match route {
         Route::Chat | Route::Messages => 17,
         Route::Responses => 14,
@@ -41,7 +41,7 @@ fn counted_input(route: Route) -> i64 {
 }
 
 /// The tokenizer's count of the mock's whole answer text.
-const TEXT_TOKENS: i64 = 23;
+pub(super) const TEXT_TOKENS: i64 = 23;
 
 /// The tokens the gateway reserves for `PROMPT`'s input on `route`: the count × 1.10
 /// rounded up, + 16 (DESIGN's margin): 17 → 35, 14 → 32.
@@ -51,12 +51,12 @@ fn reserved_input(route: Route) -> i64 {
 
 /// The worst case of `max` output tokens on `route`: its reserved input at 0.15 plus `max`
 /// at 0.60, rounded up (chat with 100: 5.25 + 60 → 66).
-fn worst_case(route: Route, max: i64) -> i64 {
+pub(super) fn worst_case(route: Route, max: i64) -> i64 {
     cost(reserved_input(route), max)
 }
 
 /// `input` and `output` tokens at 0.15 and 0.60, rounded up.
-fn cost(input: i64, output: i64) -> i64 {
+pub(super) fn cost(input: i64, output: i64) -> i64 {
     (input * 150_000 + output * 600_000 + 999_999) / 1_000_000
 }
 
@@ -64,9 +64,9 @@ fn cost(input: i64, output: i64) -> i64 {
 const MAX: i64 = 100;
 
 /// The mock's pieces a leaving client reads: "Hello ", "from ", "the ", "Sluice ", "mock ".
-const RECEIVED: usize = 5;
+pub(super) const RECEIVED: usize = 5;
 /// The tokenizer's count of those pieces' text, "Hello from the Sluice mock ".
-const RECEIVED_TOKENS: i64 = 8;
+pub(super) const RECEIVED_TOKENS: i64 = 8;
 
 pub async fn run(gw: &Gateway, route: Route, check: Check) {
     let cell = format!("{route:?} × {:?} × {check:?}", gw.kind);
@@ -75,10 +75,10 @@ pub async fn run(gw: &Gateway, route: Route, check: Check) {
         Check::Stream => answer(gw, route, &cell, true).await,
         Check::Reservation => reservation(gw, route, &cell).await,
         Check::Overrun => overrun(gw, route, &cell).await,
-        Check::UsageMissing => usage_missing(gw, route, &cell).await,
-        Check::ZeroAnswer => zero_usage(gw, route, &cell, false).await,
-        Check::ZeroStream => zero_usage(gw, route, &cell, true).await,
-        Check::Departure => departure(gw, route, &cell).await,
+        Check::UsageMissing => counted::usage_missing(gw, route, &cell).await,
+        Check::ZeroAnswer => counted::zero_usage(gw, route, &cell, false).await,
+        Check::ZeroStream => counted::zero_usage(gw, route, &cell, true).await,
+        Check::Departure => counted::departure(gw, route, &cell).await,
         Check::UpstreamError => upstream_error(gw, route, &cell).await,
         Check::Retry => retry(gw, route, &cell).await,
         Check::CacheHit => cache_hit(gw, route, &cell).await,
@@ -87,7 +87,7 @@ pub async fn run(gw: &Gateway, route: Route, check: Check) {
 }
 
 /// What the token has spent once nothing is reserved; its request-log rows agree.
-async fn spent(app: &TestApp, token_id: i64, cell: &str) -> i64 {
+pub(super) async fn spent(app: &TestApp, token_id: i64, cell: &str) -> i64 {
     app.wait_settled().await;
     app.state.request_log.flush().await;
     let spent = app
@@ -108,7 +108,7 @@ async fn spent(app: &TestApp, token_id: i64, cell: &str) -> i64 {
 }
 
 /// Reads a stream whole into its events.
-async fn frames(resp: reqwest::Response) -> Vec<cells::Frame> {
+pub(super) async fn frames(resp: reqwest::Response) -> Vec<cells::Frame> {
     let mut buf = resp.text().await.expect("the stream is read whole");
     buf.push_str("\n\n");
     cells::take_frames(&mut buf)
@@ -252,136 +252,6 @@ async fn overrun(gw: &Gateway, route: Route, cell: &str) {
             "{cell} (stream: {stream}): the log says the whole cost"
         );
     }
-}
-
-/// A stream whose upstream reports no usage at all (`omit_usage`): charged the counted
-/// input and the tokenizer's count of the text (chat: 2.55 + 13.8 = 16.35 → 17), or the
-/// upstream's input figure when one came (Anthropic's `message_start`: 12 → 1.8 + 13.8 =
-/// 15.6 → 16).
-async fn usage_missing(gw: &Gateway, route: Route, cell: &str) {
-    let app = &gw.app;
-    let (id, token) = app.token("unreported", Some("1.00")).await;
-    app.mock.state.script(
-        &cells::key("main"),
-        [Script {
-            omit_usage: true,
-            ..Script::default()
-        }],
-    );
-    let resp = cells::send(
-        app,
-        route,
-        &token,
-        &cells::body(route, MODEL, PROMPT, 200, true),
-    )
-    .await;
-    assert_eq!(resp.status(), 200, "{cell}");
-    let frames = frames(resp).await;
-    let text: String = frames
-        .iter()
-        .filter_map(|f| cells::delta_text(route, f))
-        .collect();
-    assert_eq!(text, sluice::mock::MockConfig::default().text, "{cell}");
-    // ConverseStream ends with its `metadata` event (the usage): a stream without it may be
-    // taken for cut after `messageStop` (ended with the gateway's error) or for complete —
-    // either way charged by the same count. Every other format completes.
-    if !cells::completed(route, &frames) {
-        assert_eq!(gw.kind, Kind::Bedrock, "{cell}: {frames:?}");
-        assert_eq!(
-            frames
-                .last()
-                .and_then(|f| cells::stream_error_code(route, f))
-                .as_deref(),
-            Some("upstream_error"),
-            "{cell}: {frames:?}"
-        );
-    }
-    let input = match gw.kind {
-        Kind::Anthropic => 12,
-        _ => counted_input(route),
-    };
-    assert_eq!(
-        spent(app, id, cell).await,
-        cost(input, TEXT_TOKENS),
-        "{cell}"
-    );
-}
-
-/// An answer or a stream whose upstream reports a usage of zeros: charged 0 (CHECKS Q5).
-async fn zero_usage(gw: &Gateway, route: Route, cell: &str, stream: bool) {
-    let app = &gw.app;
-    let (id, token) = app.token("zero", Some("1.00")).await;
-    app.mock.state.script(
-        &cells::key("main"),
-        [Script {
-            prompt_tokens: Some(0),
-            completion_tokens: Some(0),
-            ..Script::default()
-        }],
-    );
-    let resp = cells::send(
-        app,
-        route,
-        &token,
-        &cells::body(route, MODEL, PROMPT, 200, stream),
-    )
-    .await;
-    assert_eq!(resp.status(), 200, "{cell}");
-    answer_of(route, resp, stream, cell).await;
-    // A stream without usage has nothing to say zero: it is charged its count.
-    let expected = if stream && gw.kind == Kind::CompatibleNoUsage {
-        cost(counted_input(route), TEXT_TOKENS)
-    } else {
-        0
-    };
-    assert_eq!(spent(app, id, cell).await, expected, "{cell}");
-}
-
-async fn departure(gw: &Gateway, route: Route, cell: &str) {
-    let app = &gw.app;
-    let (id, token) = app.token("leaves", Some("1.00")).await;
-    app.mock.state.script(
-        &cells::key("main"),
-        [Script {
-            stall_after: Some(RECEIVED),
-            ..Script::default()
-        }],
-    );
-    let mut resp = cells::send(
-        app,
-        route,
-        &token,
-        &cells::body(route, MODEL, PROMPT, 200, true),
-    )
-    .await;
-    assert_eq!(resp.status(), 200, "{cell}");
-    let want: String =
-        sluice::mock::pieces(&sluice::mock::MockConfig::default().text)[..RECEIVED].concat();
-    let (mut buf, mut text) = (String::new(), String::new());
-    let bound = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while text != want {
-        assert!(std::time::Instant::now() < bound, "{cell}: got {text:?}");
-        let chunk = resp.chunk().await.unwrap().expect("the stream goes on");
-        buf.push_str(std::str::from_utf8(&chunk).unwrap());
-        for f in cells::take_frames(&mut buf) {
-            text.extend(cells::delta_text(route, &f));
-        }
-    }
-    drop(resp);
-    let charged = spent(app, id, cell).await;
-    // The counted input (chat: 17 × 0.15 + 8 × 0.60 = 7.35 → 8), or the upstream's own
-    // figure when it came before the text: Anthropic's `message_start` says 12 (1.8 + 4.8
-    // = 6.6 → 7).
-    let input = match gw.kind {
-        Kind::Anthropic => 12,
-        _ => counted_input(route),
-    };
-    let expected = cost(input, RECEIVED_TOKENS);
-    assert_eq!(charged, expected, "{cell}: input + the output received");
-    assert!(
-        charged < worst_case(route, 200),
-        "{cell}: never the full max"
-    );
 }
 
 async fn upstream_error(gw: &Gateway, route: Route, cell: &str) {
@@ -577,7 +447,12 @@ async fn cache_hit(gw: &Gateway, route: Route, cell: &str) {
 }
 
 /// The answer text of a whole answer or a complete stream.
-async fn answer_of(route: Route, resp: reqwest::Response, stream: bool, what: &str) -> String {
+pub(super) async fn answer_of(
+    route: Route,
+    resp: reqwest::Response,
+    stream: bool,
+    what: &str,
+) -> String {
     if stream {
         let frames = frames(resp).await;
         assert!(cells::completed(route, &frames), "{what}: {frames:?}");

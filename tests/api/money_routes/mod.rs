@@ -14,6 +14,7 @@
 
 mod cells;
 mod checks;
+mod counted;
 
 use cells::Kind;
 
