@@ -84,7 +84,10 @@ fn codex_turn(model: &str, stream: bool) -> Value {
         "parallel_tool_calls": true,
         "tools": [{"type": "function", "name": "exec_command", "strict": true,
             "description": "Runs a command.",
-            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}],
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}},
+            {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.",
+             "tools": [{"type": "function", "name": "spawn_agent", "strict": false,
+                "parameters": {"type": "object"}}]}],
         "input": [
             {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are a coding agent."}]},
             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What is in the screenshot?"},
@@ -100,10 +103,10 @@ fn codex_turn(model: &str, stream: bool) -> Value {
 /// What each kind drops of `codex_turn`, as `x-sluice-dropped` names it.
 fn codex_drops(model: &str) -> &'static str {
     match model {
-        "az" | "oc" => "client_metadata, prompt_cache_key, reasoning.summary",
+        "az" | "oc" => "client_metadata, prompt_cache_key, tools[].namespace, reasoning.summary",
         // Gemini shows thought summaries: `reasoning.summary` is carried.
-        "ge" => "client_metadata, prompt_cache_key, tools[].strict, input_image.detail",
-        _ => "client_metadata, prompt_cache_key, reasoning.summary, tools[].strict, input_image.detail",
+        "ge" => "client_metadata, prompt_cache_key, tools[].namespace, tools[].strict, input_image.detail",
+        _ => "client_metadata, prompt_cache_key, tools[].namespace, reasoning.summary, tools[].strict, input_image.detail",
     }
 }
 

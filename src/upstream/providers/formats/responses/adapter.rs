@@ -208,6 +208,15 @@ fn text(s: &str) -> Part {
 fn read_tools(body: &Map<String, Value>, r: &mut Request) -> Result<(), TranslateError> {
     if let Some(Value::Array(tools)) = body.get("tools") {
         for t in tools {
+            // Codex's optional tool groups (its sub-agent tools, `multi_agent_v1`): a
+            // namespaced call has no counterpart in any other format, and refusing the
+            // group refuses every Codex request. Left out, and announced.
+            if t.get("type").and_then(Value::as_str) == Some("namespace") {
+                if !r.dropped.contains(&"tools[].namespace") {
+                    r.dropped.push("tools[].namespace");
+                }
+                continue;
+            }
             if t.get("type").and_then(Value::as_str) != Some("function") {
                 let kind = t.get("type").and_then(Value::as_str).unwrap_or("?");
                 return Err(refuse("tools", format!("tools of type `{kind}` cannot be served by this model's upstream; only `function` tools can")));

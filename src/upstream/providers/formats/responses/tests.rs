@@ -347,7 +347,10 @@ fn codex_body() -> Map<String, Value> {
         "tool_choice": "auto",
         "parallel_tool_calls": true,
         "tools": [{"type": "function", "name": "exec_command", "strict": true,
-            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}],
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}},
+            {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.",
+             "tools": [{"type": "function", "name": "spawn_agent", "strict": false,
+                "parameters": {"type": "object"}}]}],
         "input": [
             {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are Codex."}]},
             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "List the files."},
@@ -381,17 +384,28 @@ fn what_codex_sends_reaches_every_translated_upstream_with_its_drops_named() {
     for (to, want) in [
         (
             Provider::AzureOpenai,
-            vec!["client_metadata", "prompt_cache_key", "reasoning.summary"],
+            vec![
+                "client_metadata",
+                "prompt_cache_key",
+                "tools[].namespace",
+                "reasoning.summary",
+            ],
         ),
         (
             Provider::OpenaiCompatible,
-            vec!["client_metadata", "prompt_cache_key", "reasoning.summary"],
+            vec![
+                "client_metadata",
+                "prompt_cache_key",
+                "tools[].namespace",
+                "reasoning.summary",
+            ],
         ),
         (
             Provider::Anthropic,
             vec![
                 "client_metadata",
                 "prompt_cache_key",
+                "tools[].namespace",
                 "reasoning.summary",
                 "tools[].strict",
                 "input_image.detail",
@@ -402,6 +416,7 @@ fn what_codex_sends_reaches_every_translated_upstream_with_its_drops_named() {
             vec![
                 "client_metadata",
                 "prompt_cache_key",
+                "tools[].namespace",
                 "tools[].strict",
                 "input_image.detail",
             ],
@@ -411,6 +426,7 @@ fn what_codex_sends_reaches_every_translated_upstream_with_its_drops_named() {
             vec![
                 "client_metadata",
                 "prompt_cache_key",
+                "tools[].namespace",
                 "reasoning.summary",
                 "tools[].strict",
                 "input_image.detail",
@@ -420,7 +436,13 @@ fn what_codex_sends_reaches_every_translated_upstream_with_its_drops_named() {
         let (sent, dropped) = built(to, &body);
         assert_eq!(dropped, want, "{to:?}");
         let text = sent.to_string();
-        for gone in ["s-1", "r-1", "client_metadata", "prompt_cache_key"] {
+        for gone in [
+            "s-1",
+            "r-1",
+            "client_metadata",
+            "prompt_cache_key",
+            "spawn_agent",
+        ] {
             assert!(!text.contains(gone), "{to:?} was sent {gone}: {text}");
         }
         assert!(
