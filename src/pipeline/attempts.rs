@@ -94,8 +94,9 @@ pub struct Success {
     pub slot: Option<OwnedSemaphorePermit>,
     /// This key's own token window, to correct to the usage when the answer is settled.
     pub key_booking: Option<Booking>,
-    /// The client fields left out of the upstream's request (`x-sluice-dropped`).
-    pub dropped: Vec<&'static str>,
+    /// The client fields left out of the upstream's request (`x-sluice-dropped`); a boxed
+    /// slice, as every served answer carries this struct by value.
+    pub dropped: Box<[&'static str]>,
 }
 
 /// The body for candidate `c`'s upstream, and the client fields it leaves out.
@@ -217,7 +218,7 @@ async fn attempt(
         in_flight,
         slot: None,
         key_booking: None,
-        dropped: Vec::new(),
+        dropped: Box::default(),
     };
     if stream {
         return Ok(success(None, None, Some(resp)));
@@ -350,7 +351,7 @@ async fn try_candidate(
             state.pool.succeeded(d);
             s.slot = slot;
             s.key_booking = key_booking;
-            s.dropped = dropped;
+            s.dropped = dropped.into_boxed_slice();
             return Step::Served(s);
         }
         Err(e) => e,

@@ -147,7 +147,7 @@ fn hints_the_other_side_has_no_place_for_are_dropped_and_named() {
             Some(("max_tokens", 10)),
             (false, true),
         )
-        .expect(&case.display().to_string());
+        .unwrap_or_else(|e| panic!("{}: {e:?}", case.display()));
         let want: Vec<&str> = v["dropped"]
             .as_array()
             .unwrap()
