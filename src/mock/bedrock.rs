@@ -187,11 +187,13 @@ pub(super) async fn answer(
         usage["cacheReadInputTokens"] = json!(cached);
     }
     let tool = tool_to_call(body);
+    let args = script.tool_arguments.as_deref().unwrap_or("{}");
     if !stream {
         let mut content = vec![json!({ "text": text })];
         if let Some(name) = &tool {
             content.push(
-                json!({ "toolUse": { "toolUseId": "tooluse_mock_1", "name": name, "input": {} } }),
+                json!({ "toolUse": { "toolUseId": "tooluse_mock_1", "name": name,
+                    "input": serde_json::from_str::<Value>(args).unwrap_or_default() } }),
             );
         }
         let stop = if tool.is_some() {
@@ -258,7 +260,7 @@ pub(super) async fn answer(
                 frames.push(event("contentBlockStart", json!({ "contentBlockIndex": 1, "start": { "toolUse": { "toolUseId": "tooluse_mock_1", "name": name } } })));
                 frames.push(event(
                     "contentBlockDelta",
-                    json!({ "contentBlockIndex": 1, "delta": { "toolUse": { "input": "{}" } } }),
+                    json!({ "contentBlockIndex": 1, "delta": { "toolUse": { "input": args } } }),
                 ));
                 frames.push(event("contentBlockStop", json!({ "contentBlockIndex": 1 })));
             }

@@ -209,7 +209,7 @@ async fn answer(
         && body.pointer("/generationConfig/thinkingConfig/includeThoughts") == Some(&json!(true)))
     .then(|| json!({"text": "Thinking it over.", "thought": true}));
     let call = tool_to_call(body).map(|name| {
-        json!({"functionCall": {"name": name, "args": serde_json::from_str::<Value>(super::responses::TOOL_ARGUMENTS).unwrap_or_default()},
+        json!({"functionCall": {"name": name, "args": serde_json::from_str::<Value>(s.tool_arguments.as_deref().unwrap_or(super::responses::TOOL_ARGUMENTS)).unwrap_or_default()},
             "thoughtSignature": "bW9jay1zaWduYXR1cmU="})
     });
     let chunk = |parts: Vec<Value>, last: bool| {

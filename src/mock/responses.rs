@@ -52,6 +52,10 @@ pub struct Script {
     pub cached_tokens: Option<i64>,
     /// Stream without the usage chunk even when asked for it.
     pub omit_usage: bool,
+    /// The JSON arguments of the tool call the mock makes when the request offers tools
+    /// (default `TOOL_ARGUMENTS`; Bedrock's default is `{}`): a real agent's tool, such as
+    /// Codex's `exec_command` with a `cmd`, run by the client.
+    pub tool_arguments: Option<String>,
     /// A streamed answer made of exactly these SSE events, in either wire format, instead
     /// of the built-in one: each is a `data` payload or an `[event, data]` pair; a payload
     /// that is not a string is sent as its JSON text. `cut_after` / `stall_after` count
@@ -118,6 +122,8 @@ pub(super) struct Plan {
     /// Call this tool instead of answering: the request offered tools and has no tool
     /// result yet (the first leg of a tool-use round trip).
     pub(super) tool: Option<String>,
+    /// The tool call's JSON arguments (`Script::tool_arguments`).
+    pub(super) tool_args: String,
     pub(super) text: String,
     pub(super) prompt: i64,
     pub(super) completion: i64,
@@ -135,6 +141,10 @@ fn plan(cfg: &MockConfig, body: &Value, s: &Script) -> Plan {
     let n = body.get("n").and_then(Value::as_i64).unwrap_or(1).max(1);
     Plan {
         tool: tool_to_call(body),
+        tool_args: s
+            .tool_arguments
+            .clone()
+            .unwrap_or_else(|| TOOL_ARGUMENTS.to_string()),
         text: s.text.clone().unwrap_or_else(|| cfg.text.clone()),
         prompt: s.prompt_tokens.unwrap_or(cfg.prompt_tokens),
         completion: s.completion_tokens.unwrap_or(cfg.completion_tokens) * n
@@ -364,7 +374,7 @@ fn openai_chat(p: &Plan, body: &Value) -> Value {
     let choices: Vec<Value> = (0..n)
         .map(|i| match &p.tool {
             Some(name) => json!({"index": i, "message": {"role": "assistant", "content": null, "refusal": null,
-                "tool_calls": [{"id": format!("call_{}", p.id), "type": "function", "function": {"name": name, "arguments": TOOL_ARGUMENTS}}]},
+                "tool_calls": [{"id": format!("call_{}", p.id), "type": "function", "function": {"name": name, "arguments": p.tool_args}}]},
                 "logprobs": null, "finish_reason": "tool_calls"}),
             None => json!({"index": i, "message": {"role": "assistant", "content": p.text, "refusal": null}, "logprobs": null, "finish_reason": p.finish}),
         })
@@ -453,7 +463,7 @@ fn openai_chunks(p: &Plan, legacy: bool, usage: bool) -> Vec<Event> {
         (Some(name), false) => {
             out.push(chunk(json!({"index": 0, "delta": {"tool_calls": [{"index": 0, "id": format!("call_{}", p.id), "type": "function",
                 "function": {"name": name, "arguments": ""}}]}, "logprobs": null, "finish_reason": null})));
-            let (a, b) = TOOL_ARGUMENTS.split_at(TOOL_ARGUMENTS.len() / 2);
+            let (a, b) = p.tool_args.split_at(p.tool_args.len() / 2);
             for part in [a, b] {
                 out.push(chunk(json!({"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": part}}]},
                     "logprobs": null, "finish_reason": null})).content());
@@ -484,7 +494,7 @@ fn openai_chunks(p: &Plan, legacy: bool, usage: bool) -> Vec<Event> {
 fn anthropic_message(p: &Plan) -> Value {
     let (content, stop) = match &p.tool {
         Some(name) => {
-            let input: Value = serde_json::from_str(TOOL_ARGUMENTS).unwrap_or_default();
+            let input: Value = serde_json::from_str(&p.tool_args).unwrap_or_default();
             (
                 json!([{"type": "tool_use", "id": format!("toolu_{}", p.id), "name": name, "input": input}]),
                 "tool_use",
@@ -519,7 +529,7 @@ fn anthropic_events(p: &Plan, s: &Script) -> Vec<Event> {
         Some(name) => {
             out.push(ev("content_block_start", json!({"type": "content_block_start", "index": 0,
                 "content_block": {"type": "tool_use", "id": format!("toolu_{}", p.id), "name": name, "input": {}}})));
-            let (a, b) = TOOL_ARGUMENTS.split_at(TOOL_ARGUMENTS.len() / 2);
+            let (a, b) = p.tool_args.split_at(p.tool_args.len() / 2);
             for part in [a, b] {
                 let mut e = ev(
                     "content_block_delta",

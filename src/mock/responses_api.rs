@@ -9,7 +9,7 @@
 
 use serde_json::{json, Value};
 
-use super::responses::{pieces, Event, Plan, Script, TOOL_ARGUMENTS};
+use super::responses::{pieces, Event, Plan, Script};
 
 /// The tool to call: the request offered a function tool and its last input item is not
 /// a tool's output.
@@ -48,7 +48,7 @@ fn items(p: &Plan, body: &Value) -> Vec<Value> {
         out.push(reasoning_item(p, body));
     }
     out.push(match &p.tool {
-        Some(name) => function_item(p, name, TOOL_ARGUMENTS, "completed"),
+        Some(name) => function_item(p, name, &p.tool_args, "completed"),
         None => message_item(p, &p.text, "completed"),
     });
     out
@@ -167,7 +167,7 @@ pub(super) fn events(p: &Plan, body: &Value, s: &Script) -> Vec<Event> {
                 json!({"output_index": index, "item": item}),
                 false,
             );
-            let (a, b) = TOOL_ARGUMENTS.split_at(TOOL_ARGUMENTS.len() / 2);
+            let (a, b) = p.tool_args.split_at(p.tool_args.len() / 2);
             for part in [a, b] {
                 ev(
                     "response.function_call_arguments.delta",
@@ -177,10 +177,10 @@ pub(super) fn events(p: &Plan, body: &Value, s: &Script) -> Vec<Event> {
             }
             ev(
                 "response.function_call_arguments.done",
-                json!({"item_id": id, "output_index": index, "name": name, "arguments": TOOL_ARGUMENTS}),
+                json!({"item_id": id, "output_index": index, "name": name, "arguments": p.tool_args}),
                 false,
             );
-            let done = function_item(p, name, TOOL_ARGUMENTS, "completed");
+            let done = function_item(p, name, &p.tool_args, "completed");
             ev(
                 "response.output_item.done",
                 json!({"output_index": index, "item": done}),

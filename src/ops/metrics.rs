@@ -26,6 +26,7 @@ pub const ALERTS: &str = "gateway_alerts_total";
 pub const TOKEN_BUDGET_USED: &str = "gateway_token_budget_used_ratio";
 pub const PASSWORD_VERIFICATIONS: &str = "gateway_password_verifications_total";
 pub const PASSWORD_BUSY: &str = "gateway_password_hashing_busy_total";
+pub const TRANSLATION_DROPPED: &str = "gateway_translation_dropped_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0,
@@ -98,6 +99,10 @@ fn describe() {
         PASSWORD_BUSY,
         "Password checks refused with 429 because every hashing permit stayed taken."
     );
+    describe_counter!(
+        TRANSLATION_DROPPED,
+        "Answers whose upstream request left out a client field (a hint the upstream has no place for), by the field's name as the client sent it."
+    );
     // Shown from the start (0), so a scrape can tell "none yet" from "not counted".
     counter!(PASSWORD_VERIFICATIONS).absolute(0);
     counter!(PASSWORD_BUSY).absolute(0);
@@ -140,6 +145,13 @@ pub fn password_verified() {
 
 pub fn password_busy() {
     counter!(PASSWORD_BUSY).increment(1);
+}
+
+/// One answer whose upstream request left these client fields out (a fixed set of names).
+pub fn dropped(fields: &[&'static str]) {
+    for f in fields {
+        counter!(TRANSLATION_DROPPED, "field" => *f).increment(1);
+    }
 }
 
 pub fn alert(kind: &'static str) {

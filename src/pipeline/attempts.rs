@@ -27,7 +27,7 @@ use crate::store::audit::{self, AuditEntry};
 use crate::upstream::breaker::Permit;
 use crate::upstream::catalog::{Model, Route};
 use crate::upstream::pool::{Disabled, InFlight};
-use crate::upstream::providers::{self, translate::TranslateError};
+use crate::upstream::providers::{self, translate::TranslateError, Built};
 use crate::upstream::retry::{self, Tier};
 use crate::upstream::UpstreamError;
 
@@ -94,6 +94,46 @@ pub struct Success {
     pub slot: Option<OwnedSemaphorePermit>,
     /// This key's own token window, to correct to the usage when the answer is settled.
     pub key_booking: Option<Booking>,
+    /// The client fields left out of the upstream's request (`x-sluice-dropped`); a boxed
+    /// slice, as every served answer carries this struct by value.
+    pub dropped: Box<[&'static str]>,
+}
+
+/// The body for candidate `c`'s upstream, and the client fields it leaves out.
+fn build(state: &AppState, p: &Prepared, c: &Candidate) -> Result<Built, TranslateError> {
+    let dep = &state.catalog.deployments[c.route.deployment];
+    let cap = p.cap.map(|(_, cap)| (c.route.cap_field(p.endpoint), cap));
+    if p.responses.is_some() {
+        providers::build_responses_request(
+            dep.provider,
+            &p.body,
+            &c.route.upstream_model,
+            cap,
+            (p.stream, dep.include_usage),
+        )
+    } else {
+        providers::build_request_with(
+            p.endpoint.format(),
+            dep.provider,
+            &p.body,
+            &c.route.upstream_model,
+            cap,
+            (p.stream, dep.include_usage),
+        )
+    }
+}
+
+/// What the first candidate's upstream would leave out of the request: the announcement
+/// of a stream whose headers leave before a route is taken (a queued stream).
+pub fn dropped_first(
+    state: &AppState,
+    p: &Prepared,
+    candidates: &[Candidate],
+) -> Vec<&'static str> {
+    candidates
+        .first()
+        .and_then(|c| build(state, p, c).ok())
+        .map_or_else(Vec::new, |b| b.dropped)
 }
 
 pub enum Outcome {
@@ -178,6 +218,7 @@ async fn attempt(
         in_flight,
         slot: None,
         key_booking: None,
+        dropped: Box::default(),
     };
     if stream {
         return Ok(success(None, None, Some(resp)));
@@ -271,27 +312,8 @@ async fn try_candidate(
         }
     }
     let url = dep.url(c.route.target, p.endpoint, p.stream);
-    let cap = p.cap.map(|(_, cap)| (c.route.cap_field(p.endpoint), cap));
-    let built = if p.responses.is_some() {
-        providers::build_responses_request(
-            dep.provider,
-            &p.body,
-            &c.route.upstream_model,
-            cap,
-            (p.stream, dep.include_usage),
-        )
-    } else {
-        providers::build_request_with(
-            p.endpoint.format(),
-            dep.provider,
-            &p.body,
-            &c.route.upstream_model,
-            cap,
-            (p.stream, dep.include_usage),
-        )
-    };
-    let body = match built {
-        Ok(b) => b,
+    let (body, dropped) = match build(state, p, c) {
+        Ok(b) => (b.body, b.dropped),
         Err(e) => {
             run.untranslatable = Some(e);
             return Step::Next;
@@ -329,6 +351,7 @@ async fn try_candidate(
             state.pool.succeeded(d);
             s.slot = slot;
             s.key_booking = key_booking;
+            s.dropped = dropped.into_boxed_slice();
             return Step::Served(s);
         }
         Err(e) => e,

@@ -37,7 +37,7 @@ pub async fn answer(
             .ok()
             .flatten();
     let mut resp = HttpResponse::Ok();
-    respond::gateway_headers(&mut resp, &log.id, "cache", remaining, log.cache, auth);
+    respond::gateway_headers(&mut resp, &log.id, "cache", remaining, log.cache, auth, &[]);
     resp.insert_header(("x-sluice-queue-wait-ms", "0"));
     if p.stream {
         let frames = replay::frames(p.endpoint.format(), &hit.entry.answer, p.include_usage);

@@ -642,6 +642,7 @@ async fn finish(
         settled.remaining,
         log.cache,
         auth,
+        &s.dropped,
     );
     Ok(resp.body(body))
 }

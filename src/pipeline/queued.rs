@@ -33,7 +33,13 @@ pub struct Waiting {
 
 pub fn start(state: &web::Data<AppState>, w: Waiting, drain: Drain) -> HttpResponse {
     let (sink, body) = sse_channel(stall_limit(state), drain);
-    let mut resp = sse_response(&w.books.log, w.books.held.remaining(), &w.books.auth);
+    let dropped = super::attempts::dropped_first(state, &w.prepared, &w.candidates);
+    let mut resp = sse_response(
+        &w.books.log,
+        w.books.held.remaining(),
+        &w.books.auth,
+        &dropped,
+    );
     tokio::spawn(wait_then_serve(state.clone(), w, sink));
     resp.streaming(body)
 }

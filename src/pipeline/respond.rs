@@ -19,6 +19,8 @@ pub fn request_id(resp: &mut HttpResponse, id: &str) {
     }
 }
 
+/// The headers of every answer; `dropped` names the client fields the upstream's request
+/// left out (hints and bookkeeping, `dispatch::fit`): announced, and counted.
 pub fn gateway_headers(
     resp: &mut HttpResponseBuilder,
     id: &str,
@@ -26,12 +28,17 @@ pub fn gateway_headers(
     remaining: Option<i64>,
     cache: &str,
     auth: &TokenAuth,
+    dropped: &[&'static str],
 ) {
     resp.insert_header(("x-request-id", id));
     resp.insert_header(("x-sluice-upstream", upstream));
     resp.insert_header(("x-sluice-cache", cache));
     if let Some(r) = remaining {
         resp.insert_header(("x-sluice-budget-remaining-usd", pricing::usd(r)));
+    }
+    if !dropped.is_empty() {
+        resp.insert_header(("x-sluice-dropped", dropped.join(", ")));
+        crate::ops::metrics::dropped(dropped);
     }
     if auth.past_threshold() {
         let warning = format!("{}% of this token's budget is used", auth.percent_used());

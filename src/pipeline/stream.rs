@@ -204,6 +204,7 @@ pub(super) fn sse_response(
     log: &RequestRow,
     remaining: Option<i64>,
     auth: &TokenAuth,
+    dropped: &[&'static str],
 ) -> actix_web::HttpResponseBuilder {
     let mut resp = HttpResponse::Ok();
     resp.content_type("text/event-stream")
@@ -215,6 +216,7 @@ pub(super) fn sse_response(
         remaining,
         log.cache,
         auth,
+        dropped,
     );
     resp
 }
@@ -228,7 +230,7 @@ pub fn start(
     drain: Drain,
 ) -> HttpResponse {
     let (sink, body) = sse_channel(stall_limit(state), drain);
-    let mut resp = sse_response(&books.log, books.held.remaining(), &books.auth);
+    let mut resp = sse_response(&books.log, books.held.remaining(), &books.auth, &s.dropped);
     tokio::spawn(serve(state.clone(), p, s, books, sink, admission));
     resp.streaming(body)
 }

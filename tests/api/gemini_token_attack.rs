@@ -244,7 +244,8 @@ async fn callers_waiting_on_a_short_lived_token_share_it() {
 
 /// Sampling fields a client sets — OpenAI's `seed`, `frequency_penalty`,
 /// `presence_penalty`, Anthropic's `top_k` — reach a Gemini or Bedrock model or are
-/// refused naming them: never dropped on the way, which would answer as if unasked.
+/// refused naming them: never dropped silently on the way, which would answer as if
+/// unasked (a drop must be announced in `x-sluice-dropped`; none of these is a hint).
 #[tokio::test]
 async fn sampling_fields_are_sent_or_refused_never_dropped() {
     use crate::helpers::*;
@@ -292,6 +293,17 @@ async fn sampling_fields_are_sent_or_refused_never_dropped() {
                 app.chat(&token, &body).await
             };
             let status = resp.status().as_u16();
+            let announced: Vec<String> = resp
+                .headers()
+                .get("x-sluice-dropped")
+                .map(|v| {
+                    v.to_str()
+                        .unwrap()
+                        .split(", ")
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default();
             let text = resp.text().await.unwrap();
             if status == 400 {
                 assert!(text.contains(field), "{model} {field}: {text}");
@@ -301,14 +313,19 @@ async fn sampling_fields_are_sent_or_refused_never_dropped() {
             let stats = app.mock.state.stats(key);
             assert_eq!(stats.count, before + 1);
             let sent = stats.last_bodies.back().unwrap().to_string();
-            if !sent.contains(&value.to_string()) {
-                dropped.push(format!("{model}: {field}={value} not in {sent}"));
+            // Left out is allowed only when announced (`x-sluice-dropped`), and only a
+            // field that was left out is announced.
+            let left_out = !sent.contains(&value.to_string());
+            if left_out != announced.iter().any(|a| a == field) {
+                dropped.push(format!(
+                    "{model}: {field}={value} announced as dropped {announced:?}, sent {sent}"
+                ));
             }
         }
     }
     assert!(
         dropped.is_empty(),
-        "dropped silently:\n{}",
+        "dropped silently, or announced and sent:\n{}",
         dropped.join("\n")
     );
 }

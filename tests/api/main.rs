@@ -21,6 +21,7 @@ mod cache;
 mod cache_guard;
 mod cache_precision;
 mod canon_attack;
+mod clients_translated;
 mod clocks;
 mod compatible;
 mod departures;

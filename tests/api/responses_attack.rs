@@ -176,11 +176,6 @@ async fn bad_input_is_refused_naming_the_field_before_any_upstream() {
             "verbosity",
         ),
         (
-            json!({"model": "claude", "input": "hi", "metadata": {"ticket": "42"}}),
-            "metadata",
-            "Anthropic",
-        ),
-        (
             json!({"model": "claude", "input": "hi", "tools": [{"type": "custom", "name": "exec"}]}),
             "tools",
             "`custom`",

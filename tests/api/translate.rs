@@ -133,6 +133,39 @@ fn what_the_other_side_cannot_express_is_refused_naming_the_field() {
     );
 }
 
+/// `openai/drops/*.json`: a hint an Anthropic upstream has no place for (a `strict` tool, a
+/// speaker's `name`, an image's `detail`), left out and named as the client sent it — the
+/// `x-sluice-dropped` list — and absent from the body sent.
+#[test]
+fn hints_the_other_side_has_no_place_for_are_dropped_and_named() {
+    for (case, v) in cases("openai/drops") {
+        let built = providers::build_request_with(
+            WireFormat::OpenAi,
+            Provider::Anthropic,
+            &body(&v),
+            "c",
+            Some(("max_tokens", 10)),
+            (false, true),
+        )
+        .unwrap_or_else(|e| panic!("{}: {e:?}", case.display()));
+        let want: Vec<&str> = v["dropped"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_str().unwrap())
+            .collect();
+        assert_eq!(built.dropped, want, "{}", case.display());
+        let sent: Value = serde_json::from_slice(&built.body).unwrap();
+        for gone in ["\"strict\"", "\"name\":\"ann\"", "\"detail\""] {
+            assert!(
+                !sent.to_string().contains(gone),
+                "{}: {sent}",
+                case.display()
+            );
+        }
+    }
+}
+
 #[test]
 fn answers_translate_both_ways_with_usage() {
     for (case, v) in cases("anthropic/answers") {

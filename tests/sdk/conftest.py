@@ -48,91 +48,107 @@ MOCK_COMPLETION_TOKENS = 24
 STORE = os.environ.get("TEST_STORE", "sqlite")
 PG_SCRATCH = REPO_ROOT / "scripts" / "pg-scratch.sh"
 
-CONFIG_TEMPLATE = """\
-[server]
-listen = "127.0.0.1:{gw_port}"
+COMPAT_UPSTREAM_KEY = "sk-compat-upstream-canary-EEEE5555"
+BEDROCK_UPSTREAM_KEY = "bedrock-sdk-key"
 
-[database]
-{database}
 
-[backup]
-dir = "{backup_dir}"
+@dataclass(frozen=True)
+class Model:
+    """A model the gateway serves: its name, the upstream's model, prices per million."""
 
-[ratelimit]
-window_seconds = 2
+    name: str
+    upstream_model: str
+    input_usd: float
+    output_usd: float | None = None
+    # Azure OpenAI: the deployment the route calls.
+    deployment: str | None = None
 
-[[upstreams]]
-id = "mock-a"
-provider = "openai"
-base_url = "http://127.0.0.1:{mock_port}/v1"
-api_key = "{upstream_key}"
-allow_private_network = true
 
-[[models]]
-name = "gpt-4o-mini"
-routes = [{{ upstream = "mock-a", model = "gpt-4o-mini" }}]
-input_usd_per_mtok = 0.15
-output_usd_per_mtok = 0.60
+@dataclass(frozen=True)
+class Upstream:
+    """One upstream of the session's config, on the session's `sluice mock`.
 
-[[upstreams]]
-id = "mock-claude"
-provider = "anthropic"
-base_url = "http://127.0.0.1:{mock_port}"
-api_key = "{anthropic_key}"
-allow_private_network = true
+    `path` is what its `base_url` adds to the mock's address (`/v1` for OpenAI-format
+    kinds, as their SDKs take it); `settings` are the kind's own config keys. Adding a
+    provider kind to every SDK test is one row of `UPSTREAMS`."""
 
-[[models]]
-name = "claude-mock"
-routes = [{{ upstream = "mock-claude", model = "claude-mock-upstream" }}]
-input_usd_per_mtok = 0.80
-output_usd_per_mtok = 4.00
+    id: str
+    kind: str
+    key: str
+    models: tuple[Model, ...]
+    path: str = ""
+    settings: tuple[tuple[str, str], ...] = ()
 
-[[upstreams]]
-id = "mock-gemini"
-provider = "gemini"
-base_url = "http://127.0.0.1:{mock_port}"
-api_key = "{gemini_key}"
-allow_private_network = true
+    @property
+    def model(self) -> str:
+        """The upstream's chat model (its first)."""
+        return self.models[0].name
 
-[[models]]
-name = "gemini-mock"
-routes = [{{ upstream = "mock-gemini", model = "gemini-mock-upstream" }}]
-input_usd_per_mtok = 0.30
-output_usd_per_mtok = 2.50
 
-[[upstreams]]
-id = "mock-bedrock"
-provider = "bedrock"
-region = "us-east-1"
-base_url = "http://127.0.0.1:{mock_port}"
-api_key = "bedrock-sdk-key"
-allow_private_network = true
+UPSTREAMS = (
+    Upstream("mock-a", "openai", UPSTREAM_KEY, path="/v1", models=(
+        Model("gpt-4o-mini", "gpt-4o-mini", 0.15, 0.60),
+        Model("text-embedding-3-small", "text-embedding-3-small", 0.02),
+    )),
+    Upstream("mock-claude", "anthropic", ANTHROPIC_UPSTREAM_KEY, models=(
+        Model("claude-mock", "claude-mock-upstream", 0.80, 4.00),
+    )),
+    Upstream("mock-gemini", "gemini", GEMINI_UPSTREAM_KEY, models=(
+        Model("gemini-mock", "gemini-mock-upstream", 0.30, 2.50),
+    )),
+    Upstream("mock-bedrock", "bedrock", BEDROCK_UPSTREAM_KEY, settings=(("region", "us-east-1"),), models=(
+        Model("claude-bedrock", "anthropic.claude-3-5-sonnet-20240620-v1:0", 3.0, 15.0),
+    )),
+    Upstream("mock-azure", "azure_openai", AZURE_UPSTREAM_KEY, settings=(("api_version", "2024-10-21"),), models=(
+        Model("azure-mini", "gpt-4o-mini", 0.15, 0.60, deployment="sdk-deployment"),
+    )),
+    Upstream("mock-compat", "openai_compatible", COMPAT_UPSTREAM_KEY, path="/v1", models=(
+        Model("compat-mini", "compat-mini-upstream", 0.15, 0.60),
+    )),
+)
 
-[[models]]
-name = "claude-bedrock"
-routes = [{{ upstream = "mock-bedrock", model = "anthropic.claude-3-5-sonnet-20240620-v1:0" }}]
-input_usd_per_mtok = 3.0
-output_usd_per_mtok = 15.0
 
-[[models]]
-name = "text-embedding-3-small"
-routes = [{{ upstream = "mock-a", model = "text-embedding-3-small" }}]
-input_usd_per_mtok = 0.02
+def upstream_of(kind: str) -> Upstream:
+    return next(u for u in UPSTREAMS if u.kind == kind)
 
-[[upstreams]]
-id = "mock-azure"
-provider = "azure_openai"
-base_url = "http://127.0.0.1:{mock_port}"
-api_version = "2024-10-21"
-api_key = "{azure_key}"
-allow_private_network = true
 
-[[models]]
-name = "azure-mini"
-routes = [{{ upstream = "mock-azure", model = "gpt-4o-mini", deployment = "sdk-deployment" }}]
-input_usd_per_mtok = 0.15
-output_usd_per_mtok = 0.60
-"""
+# The kinds a Responses API request reaches through the internal form (translated).
+TRANSLATED_KINDS = ("azure_openai", "openai_compatible", "gemini", "bedrock")
+
+
+def config_text(gw_port: int, mock_port: int, database: str, backup_dir: Path) -> str:
+    """The session's config: the server, the store, and every row of `UPSTREAMS`."""
+    out = [
+        f'[server]\nlisten = "127.0.0.1:{gw_port}"\n',
+        f"[database]\n{database}\n",
+        f'[backup]\ndir = "{backup_dir}"\n',
+        "[ratelimit]\nwindow_seconds = 2\n",
+    ]
+    for u in UPSTREAMS:
+        lines = [
+            "[[upstreams]]",
+            f'id = "{u.id}"',
+            f'provider = "{u.kind}"',
+            f'base_url = "http://127.0.0.1:{mock_port}{u.path}"',
+            f'api_key = "{u.key}"',
+            "allow_private_network = true",
+            *(f'{k} = "{v}"' for k, v in u.settings),
+        ]
+        out.append("\n".join(lines) + "\n")
+        for m in u.models:
+            route = f'upstream = "{u.id}", model = "{m.upstream_model}"'
+            if m.deployment:
+                route += f', deployment = "{m.deployment}"'
+            lines = [
+                "[[models]]",
+                f'name = "{m.name}"',
+                f"routes = [{{ {route} }}]",
+                f"input_usd_per_mtok = {m.input_usd}",
+            ]
+            if m.output_usd is not None:
+                lines.append(f"output_usd_per_mtok = {m.output_usd}")
+            out.append("\n".join(lines) + "\n")
+    return "\n".join(out)
 
 
 def _interrupt(signum, _frame):
@@ -326,16 +342,7 @@ def sluice(tmp_path_factory, pg_scratch) -> Sluice:
         database = f'url = "sqlite://{db_path}"'  # absolute path -> sqlite:///abs/path
     config_path = workdir / "sluice.toml"
     config_path.write_text(
-        CONFIG_TEMPLATE.format(
-            gw_port=gw_port,
-            mock_port=mock_port,
-            database=database,
-            backup_dir=workdir / "backup",  # audit.head: never the repository's backup/
-            upstream_key=UPSTREAM_KEY,
-            anthropic_key=ANTHROPIC_UPSTREAM_KEY,
-            azure_key=AZURE_UPSTREAM_KEY,
-            gemini_key=GEMINI_UPSTREAM_KEY,
-        )
+        config_text(gw_port, mock_port, database, workdir / "backup")  # audit.head: never the repository's backup/
     )
 
     s = Sluice(

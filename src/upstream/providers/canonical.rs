@@ -11,7 +11,11 @@
 //! gateway does not know.
 //!
 //! The rule every adapter follows: every field and content block is carried faithfully or
-//! refused with a 400 naming it (`TranslateError`) — never dropped. A field of the client's
+//! refused with a 400 naming it (`TranslateError`) — never dropped silently. The one
+//! exception is named: hints and the client's bookkeeping that change neither what the
+//! answer means nor its shape (a reasoning summary where the upstream has none, `strict`
+//! tools where it cannot guarantee them, an image's `detail`, a speaker's `name`, prompt
+//! cache keys) are left out and listed in `Request::dropped`, which the client is told. A field of the client's
 //! format that has a counterpart here is read into it; one that has none is refused by the
 //! adapter in, unless it is at its default. A value here that the upstream's format cannot
 //! express is refused by the adapter out, naming the field as the client sent it
@@ -61,6 +65,10 @@ pub struct Request {
     /// Client field name → the name this form uses, for refusal messages that name what
     /// the client sent (e.g. `max_completion_tokens` → `max_output_tokens`).
     pub names: Vec<(&'static str, &'static str)>,
+    /// Client fields (as the client named them) left out of what the upstream is sent:
+    /// hints and the client's own bookkeeping, which change neither what the answer means
+    /// nor its shape (`dispatch::fit`). The gateway announces them (`x-sluice-dropped`).
+    pub dropped: Vec<&'static str>,
 }
 
 impl Request {
@@ -80,6 +88,9 @@ pub enum Role {
     /// A tool's result (OpenAI `tool` message; Anthropic `tool_result` blocks in a user
     /// message; Responses `function_call_output` items). Its parts are `ToolResult`s.
     Tool,
+    /// A system (or developer) message after the conversation began, kept at its place
+    /// (the leading ones are `Request::system`). Its parts are text.
+    System,
 }
 
 #[derive(Debug, Clone, PartialEq)]

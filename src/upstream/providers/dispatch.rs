@@ -9,7 +9,7 @@
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
-use super::canonical::{Answer, ErrorInfo, ErrorKind, Request};
+use super::canonical::{Answer, ErrorInfo, ErrorKind, Message, Part, Request, Role};
 use super::formats::{self, UPSTREAM};
 use super::translate::stream::Corrupt;
 use super::translate::TranslateError;
@@ -106,6 +106,94 @@ fn read_request(
     })
 }
 
+/// How a system message in the middle of a conversation reaches an upstream with one
+/// system slot: a user turn at its place, its text marked as the system's words (as
+/// Anthropic's own agent, Claude Code, sends its mid-conversation reminders). Moving it
+/// into the system slot would take it out of time: the model would read "approval mode
+/// is now never" as if it had held from the start.
+pub const SYSTEM_MARK: (&str, &str) = ("<system-reminder>\n", "\n</system-reminder>");
+
+/// Fits a request to what `upstream` can express without changing what the answer means
+/// or its shape: the hints it has no place for are taken out and named, as the client
+/// named them, in `Request::dropped` — a reasoning summary where the upstream writes none,
+/// `strict` tools where it cannot guarantee schema-exact arguments, an image's `detail`
+/// and a speaker's `name` where it has neither — and a mid-conversation system message
+/// becomes a marked user turn where the only system slot is at the start (`SYSTEM_MARK`).
+/// What would change the answer (a JSON schema, `tool_choice: none` where it cannot be
+/// forbidden, `n`, logprobs…) is left for the writer to refuse.
+fn fit(upstream: Format, r: &mut Request) {
+    let mut dropped = Vec::new();
+    // Gemini shows the thoughts' summaries (`includeThoughts`); the others write none.
+    if upstream != Format::Gemini {
+        let summary = r.client_name("reasoning.summary", "reasoning.summary");
+        if let Some(x) = r.reasoning.as_mut() {
+            if x.summary.take().is_some() {
+                dropped.push(summary);
+            }
+            if x.effort.is_none() && x.budget_tokens.is_none() {
+                r.reasoning = None;
+            }
+        }
+    }
+    if upstream == Format::OpenAiChat {
+        r.dropped.extend(dropped);
+        return;
+    }
+    let mut strict = false;
+    for t in &mut r.tools {
+        strict |= t.strict.take() == Some(true);
+    }
+    if strict {
+        dropped.push(r.client_name("tools.strict", "tools[].function.strict"));
+    }
+    let (mut detail, mut name) = (false, false);
+    for m in &mut r.messages {
+        name |= m.name.take().is_some();
+        for p in &mut m.content {
+            let parts = match p {
+                Part::ToolResult { content, .. } => content.iter_mut().collect(),
+                other => vec![other],
+            };
+            for p in parts {
+                if let Part::Image { detail: d, .. } = p {
+                    detail |= d.take().is_some_and(|d| d != "auto");
+                }
+            }
+        }
+        if m.role == Role::System {
+            *m = system_turn(m);
+        }
+    }
+    if detail {
+        dropped.push(r.client_name("detail", "image_url.detail"));
+    }
+    if name {
+        dropped.push(r.client_name("name", "messages[].name"));
+    }
+    r.dropped.extend(dropped);
+}
+
+/// A mid-conversation system message as a user turn marked as the system's words.
+fn system_turn(m: &Message) -> Message {
+    let content = m
+        .content
+        .iter()
+        .map(|p| match p {
+            Part::Text { text, cache } => Part::Text {
+                text: format!("{}{text}{}", SYSTEM_MARK.0, SYSTEM_MARK.1),
+                cache: cache.clone(),
+            },
+            other => other.clone(),
+        })
+        .collect();
+    Message {
+        role: Role::User,
+        content,
+        name: None,
+        plain: false,
+    }
+}
+
 fn write_request(
     upstream: Format,
     r: &Request,
@@ -138,7 +226,15 @@ pub fn build_request(
     cap: Option<(&'static str, i64)>,
     stream: bool,
 ) -> Result<Vec<u8>, TranslateError> {
-    build_request_with(client, upstream, body, upstream_model, cap, (stream, true))
+    build_request_with(client, upstream, body, upstream_model, cap, (stream, true)).map(|b| b.body)
+}
+
+/// A request built for an upstream: its body, and the client fields left out of it
+/// (`Request::dropped`, announced to the client as `x-sluice-dropped`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Built {
+    pub body: Vec<u8>,
+    pub dropped: Vec<&'static str>,
 }
 
 /// `build_request` for an upstream that may not take `stream_options`: with
@@ -150,8 +246,9 @@ pub fn build_request_with(
     upstream_model: &str,
     cap: Option<(&'static str, i64)>,
     (stream, include_usage): (bool, bool),
-) -> Result<Vec<u8>, TranslateError> {
+) -> Result<Built, TranslateError> {
     let (client, upstream) = (client.into(), upstream.into());
+    let mut dropped = Vec::new();
     let mut out = match upstream {
         Format::OpenAiChat if client == upstream => {
             openai::shape_request(body, upstream_model, cap, stream)
@@ -164,7 +261,10 @@ pub fn build_request_with(
         }
         // Crossing formats, and the upstream-only formats (Gemini, Bedrock) always.
         _ => {
-            let r = read_request(client, upstream, body)?;
+            let mut r = read_request(client, upstream, body)?;
+            fit(upstream, &mut r);
+            dropped = std::mem::take(&mut r.dropped);
+            dropped.dedup();
             write_request(upstream, &r, upstream_model, cap, stream)?
         }
     };
@@ -172,7 +272,10 @@ pub fn build_request_with(
         out.remove("stream_options");
     }
     // A map of JSON values always serializes.
-    Ok(serde_json::to_vec(&Value::Object(out)).unwrap_or_default())
+    Ok(Built {
+        body: serde_json::to_vec(&Value::Object(out)).unwrap_or_default(),
+        dropped,
+    })
 }
 
 /// The usage an answer reports, else the generated text to count.

@@ -14,7 +14,7 @@ pub mod translate;
 
 pub use dispatch::{
     answer_usage, build_request, build_request_with, convert_answer, convert_error, format_of,
-    read_answer, Format,
+    read_answer, Built, Format,
 };
 
 use serde_json::{Map, Value};
@@ -123,7 +123,7 @@ pub fn build_responses_request(
     upstream_model: &str,
     cap: Option<(&'static str, i64)>,
     (stream, include_usage): (bool, bool),
-) -> Result<Vec<u8>, TranslateError> {
+) -> Result<Built, TranslateError> {
     let to = if formats::responses::native(upstream) {
         Format::Responses
     } else {

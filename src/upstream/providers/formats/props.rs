@@ -584,6 +584,9 @@ fn responses_body(r: &Request) -> serde_json::Map<String, Value> {
     }
     for m in &r.messages {
         match m.role {
+            Role::System => {
+                input.push(json!({"role": "developer", "content": text_of(&m.content[0])}));
+            }
             Role::User => {
                 let content = if m.plain {
                     json!(text_of(&m.content[0]))
@@ -704,7 +707,11 @@ fn a_request_written_as_a_responses_body_reads_back_the_same() {
         let body = responses_body(&r);
         let back = responses::read_request(&body)
             .map_err(|e| TestCaseError::fail(format!("refused: {e} — {body:?}")))?;
-        prop_assert_eq!(without_names(back), r);
+        // `metadata` stays with the response object the gateway serves and stores: it is
+        // accepted and not carried to the upstream.
+        let mut want = r;
+        want.metadata.clear();
+        prop_assert_eq!(without_names(back), want);
         Ok(())
     });
     if let Err(e) = result {

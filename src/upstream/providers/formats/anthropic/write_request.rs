@@ -145,7 +145,8 @@ fn messages(messages: &[Message]) -> Result<Vec<Value>, TranslateError> {
         }
         let role = match m.role {
             Role::Assistant => "assistant",
-            Role::User | Role::Tool => "user",
+            // A system turn reaches here marked as a user's (`dispatch::fit`).
+            Role::User | Role::Tool | Role::System => "user",
         };
         let blocks = m.content.iter().map(block).collect::<Result<Vec<_>, _>>()?;
         push_turn(&mut out, role, blocks);

@@ -179,7 +179,8 @@ fn messages(r: &Request) -> Result<Vec<Value>, TranslateError> {
         }
         let role = match m.role {
             Role::Assistant => "assistant",
-            Role::User | Role::Tool => "user",
+            // A system turn reaches here marked as a user's (`dispatch::fit`).
+            Role::User | Role::Tool | Role::System => "user",
         };
         let blocks = blocks(m)?;
         match out.last_mut() {

@@ -113,7 +113,8 @@ fn contents(r: &Request) -> Result<Vec<Value>, TranslateError> {
         }
         let role = match m.role {
             Role::Assistant => "model",
-            Role::User | Role::Tool => "user",
+            // A system turn reaches here marked as a user's (`dispatch::fit`).
+            Role::User | Role::Tool | Role::System => "user",
         };
         let parts = message_parts(r, m, &mut names, &mut calls)?;
         if parts.is_empty() {

@@ -128,6 +128,11 @@ fn message(m: &Message, out: &mut Vec<Value>) -> Result<(), TranslateError> {
             }
             return Ok(());
         }
+        // In place: chat completions take system messages anywhere in the conversation.
+        Role::System => {
+            let parts = m.content.iter().map(part).collect::<Result<Vec<_>, _>>()?;
+            json!({"role": "system", "content": text_content(parts)})
+        }
         Role::User => {
             if m.content.is_empty() {
                 return Ok(());
@@ -186,12 +191,6 @@ fn check_unexpressible(r: &Request) -> Result<(), TranslateError> {
             return Err(refuse(
                 r.client_name("reasoning", "reasoning"),
                 "extended thinking cannot be sent to an OpenAI-format model (its answer has no thinking blocks)",
-            ));
-        }
-        if reasoning.summary.is_some() {
-            return Err(refuse_field(
-                r.client_name("reasoning.summary", "reasoning"),
-                UPSTREAM,
             ));
         }
     }

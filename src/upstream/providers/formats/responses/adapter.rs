@@ -29,9 +29,14 @@ const NOT_TRANSLATED: &[&str] = &[
     "include",
     "top_logprobs",
     "max_tool_calls",
-    "prompt_cache_key",
     "safety_identifier",
 ];
+
+/// Request fields that are the client's own bookkeeping or a caching hint: not sent to a
+/// translated upstream, and named in `Request::dropped`. `metadata` belongs to the
+/// response object the gateway serves and stores (echoed there), so it is not sent either
+/// and loses nothing.
+const NOT_SENT: &[&str] = &["client_metadata", "prompt_cache_key"];
 
 /// Fields read into the internal form (or, `truncation`, the gateway's own: it never
 /// truncates).
@@ -65,8 +70,15 @@ fn served(field: &str) -> TranslateError {
 
 /// A Responses request (already validated, input expanded) in the internal form.
 pub fn read_request(body: &Map<String, Value>) -> Result<Request, TranslateError> {
+    let mut dropped = Vec::new();
     for (k, v) in body {
         if GATEWAY_FIELDS.contains(&k.as_str()) || READ.contains(&k.as_str()) {
+            continue;
+        }
+        if let Some(name) = NOT_SENT.iter().find(|n| **n == k) {
+            if !v.is_null() {
+                dropped.push(*name);
+            }
             continue;
         }
         if NOT_TRANSLATED.contains(&k.as_str()) {
@@ -96,6 +108,13 @@ pub fn read_request(body: &Map<String, Value>) -> Result<Request, TranslateError
             .to_string(),
         stream: body.get("stream").and_then(Value::as_bool).unwrap_or(false),
         include_usage: true,
+        dropped,
+        // The client's names of the fields an upstream may drop or refuse.
+        names: vec![
+            ("tools[].strict", "tools.strict"),
+            ("input_image.detail", "detail"),
+            ("text", "response_format"),
+        ],
         ..Request::default()
     };
     if let Some(i) = body.get("instructions").and_then(Value::as_str) {
@@ -130,9 +149,6 @@ pub fn read_request(body: &Map<String, Value>) -> Result<Request, TranslateError
         .get("service_tier")
         .and_then(Value::as_str)
         .map(str::to_string);
-    if let Some(m) = body.get("metadata").and_then(Value::as_object) {
-        r.metadata = m.clone();
-    }
     if let Some(x) = body.get("reasoning").filter(|x| !x.is_null()) {
         let s = |k: &str| x.get(k).and_then(Value::as_str).map(str::to_string);
         let reasoning = Reasoning {
@@ -143,7 +159,6 @@ pub fn read_request(body: &Map<String, Value>) -> Result<Request, TranslateError
         if reasoning.effort.is_some() || reasoning.summary.is_some() {
             r.reasoning = Some(reasoning);
             r.names.push(("reasoning", "reasoning"));
-            r.names.push(("reasoning", "reasoning.summary"));
         }
     }
     if let Some(t) = body.get("text").filter(|t| !t.is_null()) {
@@ -193,6 +208,15 @@ fn text(s: &str) -> Part {
 fn read_tools(body: &Map<String, Value>, r: &mut Request) -> Result<(), TranslateError> {
     if let Some(Value::Array(tools)) = body.get("tools") {
         for t in tools {
+            // Codex's optional tool groups (its sub-agent tools, `multi_agent_v1`): a
+            // namespaced call has no counterpart in any other format, and refusing the
+            // group refuses every Codex request. Left out, and announced.
+            if t.get("type").and_then(Value::as_str) == Some("namespace") {
+                if !r.dropped.contains(&"tools[].namespace") {
+                    r.dropped.push("tools[].namespace");
+                }
+                continue;
+            }
             if t.get("type").and_then(Value::as_str) != Some("function") {
                 let kind = t.get("type").and_then(Value::as_str).unwrap_or("?");
                 return Err(refuse("tools", format!("tools of type `{kind}` cannot be served by this model's upstream; only `function` tools can")));
@@ -272,12 +296,9 @@ fn read_item(i: usize, item: &Value, r: &mut Request) -> Result<(), TranslateErr
                     r.system.extend(content);
                     return Ok(());
                 }
-                "system" | "developer" => {
-                    return Err(refuse(
-                        "input",
-                        format!("input[{i}]: a `{role}` message after the conversation began cannot be served by this model's upstream; put it in `instructions`"),
-                    ))
-                }
+                // Kept at its place: Codex tells the model of changes (approval mode,
+                // environment) this way in the middle of a conversation.
+                "system" | "developer" => Role::System,
                 "assistant" => Role::Assistant,
                 _ => Role::User,
             };

@@ -329,3 +329,199 @@ fn chat_chunks_become_numbered_responses_events() {
     assert_eq!(done["usage"]["output_tokens"], 3);
     assert_eq!(c.completed_response().as_ref(), Some(done));
 }
+
+/// What Codex CLI sends on a first turn (0.169, trimmed): bookkeeping (`client_metadata`,
+/// `prompt_cache_key`, `metadata`), a reasoning summary request, `strict` function tools,
+/// developer messages before the user's, and a developer message mid-conversation (an
+/// environment update after a tool call).
+fn codex_body() -> Map<String, Value> {
+    map(json!({
+        "model": "m",
+        "client_metadata": {"session_id": "s-1"},
+        "metadata": {"run": "r-1"},
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "s-1",
+        "reasoning": {"summary": "auto"},
+        "store": false,
+        "stream": true,
+        "tool_choice": "auto",
+        "parallel_tool_calls": true,
+        "tools": [{"type": "function", "name": "exec_command", "strict": true,
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}},
+            {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.",
+             "tools": [{"type": "function", "name": "spawn_agent", "strict": false,
+                "parameters": {"type": "object"}}]}],
+        "input": [
+            {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are Codex."}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "List the files."},
+                {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo=", "detail": "high"}]},
+            {"type": "function_call", "call_id": "call_1", "name": "exec_command", "arguments": "{\"cmd\":\"ls\"}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "a.txt"},
+            {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Approval mode is now never."}]},
+            {"type": "message", "role": "user", "content": "Go on."}
+        ]
+    }))
+}
+
+fn built(to: Provider, body: &Map<String, Value>) -> (Value, Vec<&'static str>) {
+    let b = crate::upstream::providers::build_responses_request(
+        to,
+        body,
+        "up",
+        Some(("max_tokens", 100)),
+        (true, true),
+    )
+    .unwrap_or_else(|e| panic!("{to:?}: {e:?}"));
+    (serde_json::from_slice(&b.body).unwrap(), b.dropped)
+}
+
+/// Codex's request reaches every translated upstream: the hints the upstream has no place
+/// for are dropped and named (`x-sluice-dropped`), the bookkeeping is not sent, nothing
+/// else is lost.
+#[test]
+fn what_codex_sends_reaches_every_translated_upstream_with_its_drops_named() {
+    let body = codex_body();
+    for (to, want) in [
+        (
+            Provider::AzureOpenai,
+            vec![
+                "client_metadata",
+                "prompt_cache_key",
+                "tools[].namespace",
+                "reasoning.summary",
+            ],
+        ),
+        (
+            Provider::OpenaiCompatible,
+            vec![
+                "client_metadata",
+                "prompt_cache_key",
+                "tools[].namespace",
+                "reasoning.summary",
+            ],
+        ),
+        (
+            Provider::Anthropic,
+            vec![
+                "client_metadata",
+                "prompt_cache_key",
+                "tools[].namespace",
+                "reasoning.summary",
+                "tools[].strict",
+                "input_image.detail",
+            ],
+        ),
+        (
+            Provider::Gemini,
+            vec![
+                "client_metadata",
+                "prompt_cache_key",
+                "tools[].namespace",
+                "tools[].strict",
+                "input_image.detail",
+            ],
+        ),
+        (
+            Provider::Bedrock,
+            vec![
+                "client_metadata",
+                "prompt_cache_key",
+                "tools[].namespace",
+                "reasoning.summary",
+                "tools[].strict",
+                "input_image.detail",
+            ],
+        ),
+    ] {
+        let (sent, dropped) = built(to, &body);
+        assert_eq!(dropped, want, "{to:?}");
+        let text = sent.to_string();
+        for gone in [
+            "s-1",
+            "r-1",
+            "client_metadata",
+            "prompt_cache_key",
+            "spawn_agent",
+        ] {
+            assert!(!text.contains(gone), "{to:?} was sent {gone}: {text}");
+        }
+        assert!(
+            text.contains("Approval mode is now never."),
+            "{to:?}: {text}"
+        );
+    }
+}
+
+/// A developer message after the conversation began keeps its place: a system message
+/// where chat completions have one in place; elsewhere (one system slot only) a user turn
+/// at that place, marked as the system's words.
+#[test]
+fn a_mid_conversation_developer_message_keeps_its_place() {
+    let body = codex_body();
+    let (chat, _) = built(Provider::OpenaiCompatible, &body);
+    let roles: Vec<&str> = chat["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        roles,
+        ["system", "user", "assistant", "tool", "system", "user"]
+    );
+    assert_eq!(
+        chat["messages"][4]["content"],
+        "Approval mode is now never."
+    );
+    let marked = "<system-reminder>\nApproval mode is now never.\n</system-reminder>";
+    let (claude, _) = built(Provider::Anthropic, &body);
+    assert_eq!(claude["system"], "You are Codex.", "{claude}");
+    let last = &claude["messages"][2];
+    assert_eq!(last["role"], "user");
+    assert_eq!(
+        last["content"][1],
+        json!({"type": "text", "text": marked}),
+        "{claude}"
+    );
+    let (gemini, _) = built(Provider::Gemini, &body);
+    let parts = &gemini["contents"][2]["parts"];
+    assert_eq!(parts[1], json!({"text": marked}), "{gemini}");
+    let (bedrock, _) = built(Provider::Bedrock, &body);
+    assert_eq!(
+        bedrock["messages"][2]["content"][1],
+        json!({"text": marked}),
+        "{bedrock}"
+    );
+}
+
+/// Only hints are dropped: a `strict: false` tool, an `auto` image and no summary drop
+/// nothing, and what changes the answer's shape is still refused by name.
+#[test]
+fn only_hints_are_dropped_and_shape_changes_are_still_refused() {
+    let body = map(json!({"model": "m", "input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "hi"},
+        {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo=", "detail": "auto"}]}],
+        "tools": [{"type": "function", "name": "f", "strict": false, "parameters": {"type": "object"}}]}));
+    for to in [
+        Provider::Anthropic,
+        Provider::Gemini,
+        Provider::Bedrock,
+        Provider::AzureOpenai,
+    ] {
+        assert_eq!(built(to, &body).1, Vec::<&str>::new(), "{to:?}");
+    }
+    let mut schema = body.clone();
+    schema.insert(
+        "text".into(),
+        json!({"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}),
+    );
+    let e = crate::upstream::providers::build_responses_request(
+        Provider::Anthropic,
+        &schema,
+        "up",
+        Some(("max_tokens", 100)),
+        (false, true),
+    )
+    .unwrap_err();
+    assert_eq!(e.param, Some("text"), "{e:?}");
+}

@@ -1,0 +1,303 @@
+//! Real agent clients on translated upstreams: what Codex CLI and the OpenAI Agents SDK
+//! send — bookkeeping (`client_metadata`, `prompt_cache_key`, `metadata`), a reasoning
+//! summary request, `strict` tools, images with `detail`, developer messages in the middle
+//! of a conversation — reaches `azure_openai`, `openai_compatible`, `anthropic`, `gemini`
+//! and `bedrock` models. A hint the upstream has no place for is dropped and announced
+//! (`x-sluice-dropped`, `gateway_translation_dropped_total`); what changes the answer is
+//! still refused by name.
+
+use serde_json::{json, Value};
+use sluice::config::{Provider, Secret, UpstreamSettings};
+
+use crate::helpers::*;
+use crate::responses::fetch;
+
+const KEY_AZ: &str = "az-clients-key-0123456789";
+const KEY_OC: &str = "oc-clients-key-0123456789";
+const KEY_CL: &str = "cl-clients-key-0123456789";
+const KEY_GE: &str = "ge-clients-key-0123456789";
+/// The Bedrock upstream's access key id (the mock keys its statistics by it).
+const KEY_BR: &str = "AKIDCLIENTS";
+
+/// Every translated kind, each its own key on the mock: (model, key).
+const MODELS: [(&str, &str); 5] = [
+    ("az", KEY_AZ),
+    ("oc", KEY_OC),
+    ("cl", KEY_CL),
+    ("ge", KEY_GE),
+    ("br", KEY_BR),
+];
+
+async fn app() -> TestApp {
+    spawn_app_with(|s, mock| {
+        let mut az = upstream("az", KEY_AZ, mock);
+        az.provider = Provider::AzureOpenai;
+        az.base_url = mock.base_url();
+        az.api_version = Some("2024-10-21".into());
+        let mut oc = upstream("oc", KEY_OC, mock);
+        oc.provider = Provider::OpenaiCompatible;
+        let mut cl = upstream("cl", KEY_CL, mock);
+        cl.provider = Provider::Anthropic;
+        cl.base_url = mock.base_url();
+        let mut ge = upstream("ge", KEY_GE, mock);
+        ge.provider = Provider::Gemini;
+        ge.base_url = mock.base_url();
+        let br = UpstreamSettings {
+            id: "br".into(),
+            provider: Provider::Bedrock,
+            base_url: mock.base_url(),
+            api_key: Secret::default(),
+            region: Some("us-east-1".into()),
+            access_key_id: Some(KEY_BR.into()),
+            secret_access_key: Some(Secret(secrecy::SecretString::from("bedrock-test-secret"))),
+            allow_private_network: true,
+            ..UpstreamSettings::default()
+        };
+        s.upstreams.extend([az, oc, cl, ge, br]);
+        for (name, _) in MODELS {
+            let mut m = model(name, &[name]);
+            if name == "az" {
+                m.routes[0].deployment = Some("clients-deployment".into());
+            }
+            if name == "br" {
+                m.routes[0].model = "anthropic.claude-3-5-sonnet-20240620-v1:0".into();
+            }
+            s.models.push(m);
+        }
+    })
+    .await
+}
+
+/// What Codex CLI 0.169 sends on a turn after a tool call (trimmed): bookkeeping, a
+/// reasoning summary request, a `strict` tool, an image with `detail`, developer messages
+/// first and one in the middle.
+fn codex_turn(model: &str, stream: bool) -> Value {
+    json!({
+        "model": model,
+        "client_metadata": {"session_id": "codex-session-1"},
+        "metadata": {"ticket": "T-42"},
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "codex-session-1",
+        "reasoning": {"summary": "auto"},
+        "stream": stream,
+        "tool_choice": "auto",
+        "parallel_tool_calls": true,
+        "tools": [{"type": "function", "name": "exec_command", "strict": true,
+            "description": "Runs a command.",
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}},
+            {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.",
+             "tools": [{"type": "function", "name": "spawn_agent", "strict": false,
+                "parameters": {"type": "object"}}]}],
+        "input": [
+            {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are a coding agent."}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What is in the screenshot?"},
+                {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo=", "detail": "high"}]},
+            {"type": "function_call", "call_id": "call_1", "name": "exec_command", "arguments": "{\"cmd\":\"ls\"}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "shot.png"},
+            {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Approval mode is now never."}]},
+            {"type": "message", "role": "user", "content": "Go on."}
+        ]
+    })
+}
+
+/// What each kind drops of `codex_turn`, as `x-sluice-dropped` names it.
+fn codex_drops(model: &str) -> &'static str {
+    match model {
+        "az" | "oc" => "client_metadata, prompt_cache_key, tools[].namespace, reasoning.summary",
+        // Gemini shows thought summaries: `reasoning.summary` is carried.
+        "ge" => "client_metadata, prompt_cache_key, tools[].namespace, tools[].strict, input_image.detail",
+        _ => "client_metadata, prompt_cache_key, tools[].namespace, reasoning.summary, tools[].strict, input_image.detail",
+    }
+}
+
+fn dropped_header(resp: &reqwest::Response) -> Option<String> {
+    resp.headers()
+        .get("x-sluice-dropped")
+        .map(|v| v.to_str().unwrap().to_string())
+}
+
+/// The last body the mock saw with `key`.
+fn last_body(app: &TestApp, key: &str) -> Value {
+    app.mock
+        .state
+        .stats(key)
+        .last_bodies
+        .back()
+        .cloned()
+        .expect("the upstream was called")
+}
+
+#[tokio::test]
+async fn a_codex_turn_reaches_every_translated_kind_with_its_drops_announced() {
+    let app = app().await;
+    let (_, token) = app.token("codex", None).await;
+    for (model, key) in MODELS {
+        let resp = app
+            .post("/v1/responses", &token, &codex_turn(model, false))
+            .await;
+        let status = resp.status().as_u16();
+        let dropped = dropped_header(&resp);
+        let answer: Value = resp.json().await.unwrap();
+        assert_eq!(status, 200, "{model}: {answer}");
+        assert_eq!(dropped.as_deref(), Some(codex_drops(model)), "{model}");
+        // The mock calls the tool or answers text, as its format sees the turn end.
+        assert_eq!(answer["status"], "completed", "{model}: {answer}");
+        let first = &answer["output"][0];
+        assert!(
+            first["type"] == "message" || first["name"] == "exec_command",
+            "{model}: {answer}"
+        );
+        // `metadata` is the response object's own: echoed, and kept with the stored copy.
+        assert_eq!(answer["metadata"], json!({"ticket": "T-42"}), "{model}");
+        let id = answer["id"].as_str().unwrap();
+        let (status, stored) = fetch(&app, reqwest::Method::GET, id, &token).await;
+        assert_eq!(status, 200, "{model}: {stored}");
+        assert_eq!(stored["metadata"], json!({"ticket": "T-42"}), "{model}");
+        // Nothing of the client's bookkeeping reaches the upstream.
+        let sent = last_body(&app, key).to_string();
+        for gone in [
+            "codex-session-1",
+            "T-42",
+            "client_metadata",
+            "prompt_cache_key",
+        ] {
+            assert!(!sent.contains(gone), "{model} was sent {gone}: {sent}");
+        }
+        assert!(
+            sent.contains("Approval mode is now never."),
+            "{model}: {sent}"
+        );
+    }
+    app.assert_invariant().await;
+}
+
+#[tokio::test]
+async fn a_streamed_codex_turn_announces_its_drops_before_the_first_event() {
+    let app = app().await;
+    let (_, token) = app.token("codex-stream", None).await;
+    for (model, _) in MODELS {
+        let resp = app
+            .post("/v1/responses", &token, &codex_turn(model, true))
+            .await;
+        assert_eq!(resp.status(), 200, "{model}");
+        assert_eq!(
+            dropped_header(&resp).as_deref(),
+            Some(codex_drops(model)),
+            "{model}"
+        );
+        let text = resp.text().await.unwrap();
+        assert!(
+            text.contains("event: response.completed"),
+            "{model}: {text}"
+        );
+        assert!(
+            text.contains("\"metadata\":{\"ticket\":\"T-42\"}"),
+            "{model}: {text}"
+        );
+    }
+    app.wait_settled().await;
+    app.assert_invariant().await;
+}
+
+/// A developer message after the conversation began keeps its place: a system message in
+/// place on chat completions; a user turn at that place, marked as the system's words,
+/// where the only system slot is the first (Anthropic, Gemini, Bedrock).
+#[tokio::test]
+async fn a_mid_conversation_developer_message_keeps_its_place_upstream() {
+    let app = app().await;
+    let (_, token) = app.token("dev-msg", None).await;
+    let marked = "<system-reminder>\nApproval mode is now never.\n</system-reminder>";
+    for (model, key) in MODELS {
+        let resp = app
+            .post("/v1/responses", &token, &codex_turn(model, false))
+            .await;
+        assert_eq!(resp.status(), 200, "{model}");
+        let sent = last_body(&app, key);
+        match model {
+            "az" | "oc" => {
+                let m = sent["messages"].as_array().unwrap();
+                let roles: Vec<&str> = m.iter().map(|m| m["role"].as_str().unwrap()).collect();
+                assert_eq!(
+                    roles,
+                    ["system", "user", "assistant", "tool", "system", "user"]
+                );
+                assert_eq!(m[4]["content"], "Approval mode is now never.");
+            }
+            "cl" => {
+                assert_eq!(sent["system"], "You are a coding agent.", "{sent}");
+                assert_eq!(sent["messages"][2]["content"][1]["text"], marked, "{sent}");
+            }
+            "ge" => assert_eq!(sent["contents"][2]["parts"][1]["text"], marked, "{sent}"),
+            _ => assert_eq!(sent["messages"][2]["content"][1]["text"], marked, "{sent}"),
+        }
+    }
+}
+
+/// A chat client's hints on a Gemini model — `strict` tools (the Agents SDK's default),
+/// an image's `detail`, a speaker's `name` — are dropped, announced and counted; a request
+/// without them announces nothing.
+#[tokio::test]
+async fn a_chat_clients_hints_on_gemini_are_dropped_announced_and_counted() {
+    let app = app().await;
+    let (_, token) = app.token("hints", None).await;
+    let body = json!({"model": "ge", "max_tokens": 50,
+        "tools": [{"type": "function", "function": {"name": "lookup_vehicle", "strict": true,
+            "parameters": {"type": "object", "properties": {"vin": {"type": "string"}},
+                "required": ["vin"], "additionalProperties": false}}}],
+        "messages": [{"role": "user", "name": "mechanic_7", "content": [
+            {"type": "text", "text": "Which car is this?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo=", "detail": "low"}}]}]});
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        dropped_header(&resp).as_deref(),
+        Some("tools[].function.strict, image_url.detail, messages[].name")
+    );
+    let sent = last_body(&app, KEY_GE).to_string();
+    assert!(
+        !sent.contains("mechanic_7") && !sent.contains("strict"),
+        "{sent}"
+    );
+    let metrics = app
+        .http
+        .get(format!("{}/metrics", app.address))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for field in [
+        "tools[].function.strict",
+        "image_url.detail",
+        "messages[].name",
+    ] {
+        let line = format!("gateway_translation_dropped_total{{field=\"{field}\"}}");
+        assert!(metrics.contains(&line), "{line} not in:\n{metrics}");
+    }
+    let plain = json!({"model": "ge", "max_tokens": 50,
+        "messages": [{"role": "user", "content": "Which car is this?"}]});
+    let resp = app.chat(&token, &plain).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(dropped_header(&resp), None);
+}
+
+/// What changes the answer's shape is still refused by name, on every kind that cannot
+/// express it: a JSON schema output where the upstream has none (Anthropic, Bedrock).
+#[tokio::test]
+async fn a_json_schema_output_is_still_refused_by_name() {
+    let app = app().await;
+    let (_, token) = app.token("schema", None).await;
+    for model in ["cl", "br"] {
+        let body = json!({"model": model, "input": "hi",
+            "text": {"format": {"type": "json_schema", "name": "car", "schema": {"type": "object"}}}});
+        let resp = app.post("/v1/responses", &token, &body).await;
+        let status = resp.status().as_u16();
+        let err: Value = resp.json().await.unwrap();
+        assert_eq!(status, 400, "{model}: {err}");
+        assert_eq!(err["error"]["param"], "text", "{model}: {err}");
+    }
+    for (_, key) in MODELS {
+        assert_eq!(app.mock.state.stats(key).count, 0, "{key}");
+    }
+}
