@@ -28,6 +28,22 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 pub use faults::Faults;
+
+/// A token endpoint's scripted answer, when the script gives one: `raw_body` verbatim or
+/// `body` as JSON, with the script's status (default 200) — a failing endpoint, garbage,
+/// an `expires_in` of 0. `None`: the endpoint answers as it normally would.
+pub(crate) fn scripted_token_answer(script: &Script) -> Option<HttpResponse> {
+    let status = actix_web::http::StatusCode::from_u16(script.status.unwrap_or(200)).ok()?;
+    match (&script.raw_body, &script.body) {
+        (Some(raw), _) => Some(
+            HttpResponse::build(status)
+                .content_type("application/json")
+                .body(raw.clone()),
+        ),
+        (None, Some(body)) => Some(HttpResponse::build(status).json(body)),
+        (None, None) => None,
+    }
+}
 pub use responses::{pieces, Script, SseEvent};
 
 /// How many request bodies and header sets are kept per key.

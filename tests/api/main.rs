@@ -87,6 +87,7 @@ mod slow_reader;
 mod ssrf;
 mod store_boundary;
 mod streams;
+mod token_source;
 mod translate;
 mod translate_attack;
 mod translate_fuzz;
