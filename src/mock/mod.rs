@@ -11,7 +11,7 @@
 //! tests and as a process by the demo and the benchmark (control API under `/_mock/`).
 
 pub mod azure;
-mod bedrock;
+pub mod bedrock;
 mod faults;
 mod gemini;
 mod responses;
@@ -99,6 +99,9 @@ pub struct MockState {
     inner: Mutex<Inner>,
     /// Azure's Entra ID token endpoint: what it issued (`azure.rs`).
     pub entra: azure::EntraState,
+    /// AWS credentials registered per access key id, whose SigV4 signatures are verified
+    /// (`bedrock.rs`).
+    pub bedrock: bedrock::BedrockKeys,
 }
 
 impl MockState {
@@ -202,6 +205,7 @@ impl MockServer {
             started: std::time::Instant::now(),
             inner: Mutex::new(Inner::default()),
             entra: azure::EntraState::default(),
+            bedrock: bedrock::BedrockKeys::default(),
         });
         let data = web::Data::from(state.clone());
         let server = HttpServer::new(move || {
@@ -309,7 +313,7 @@ async fn bedrock_upstream(
         Some("converse-stream") => true,
         _ => return bedrock::error(404, "UnknownOperationException", "Unknown operation."),
     };
-    let key = match bedrock::key_of(&state.cfg, &req, &body) {
+    let key = match bedrock::key_of(&state.cfg, &state.bedrock, &req, &body) {
         Ok(k) => k,
         Err((status, ty, message)) => return bedrock::error(status, ty, message),
     };

@@ -2,6 +2,7 @@
 
 mod admin_helpers;
 mod bedrock;
+mod bedrock_auth;
 mod bedrock_gateway;
 mod gateway_proc;
 mod helpers;
