@@ -175,18 +175,26 @@ mod tests {
 
     #[test]
     fn the_token_endpoint_is_the_tenants() {
-        let t = EntraExchange::new(&EntraSettings {
+        let e = EntraSettings {
             tenant_id: "tenant-1".into(),
             client_id: "app".into(),
             client_secret: Secret(secrecy::SecretString::from("s3cret-value")),
             authority: "https://login.microsoftonline.com/".into(),
             scope: "https://cognitiveservices.azure.com/.default".into(),
-        })
-        .unwrap();
+        };
+        let t = EntraExchange::new(&e).unwrap();
         assert_eq!(
             t.endpoint().as_str(),
             "https://login.microsoftonline.com/tenant-1/oauth2/v2.0/token"
         );
         assert!(!format!("{t:?}").contains("s3cret"));
+        // The deployment's credential: the token source over it, redacted as well.
+        let mut u = azure("2024-10-21");
+        u.entra = Some(e);
+        let printed = format!("{:?}", credential(&u));
+        assert!(
+            printed.contains("TokenSource") && !printed.contains("s3cret"),
+            "{printed}"
+        );
     }
 }
