@@ -173,7 +173,7 @@ async fn call(
 
 /// The client-credentials token endpoint: a token for any client whose secret is not
 /// `REFUSED_SECRET`, living `expires_in` seconds. Scripts for `entra-token:<client id>`
-/// (a 503, a delay) apply as to any request.
+/// (a 503, a delay, a `body` or `raw_body` answered as it is) apply as to any request.
 async fn token(
     state: web::Data<MockState>,
     req: HttpRequest,
@@ -195,6 +195,9 @@ async fn token(
     state.end(&key);
     if script.delay_ms > 0 {
         tokio::time::sleep(Duration::from_millis(script.delay_ms)).await;
+    }
+    if let Some(scripted) = super::scripted_token_answer(&script) {
+        return scripted;
     }
     if let Some(status) = script.status.filter(|s| !(200..300).contains(s)) {
         return azure_error(

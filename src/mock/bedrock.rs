@@ -4,9 +4,13 @@
 //!
 //! The caller's key is the SigV4 access key id (or the Bedrock API key of a bearer call),
 //! so scripts and stats work per key as for the other formats. A SigV4 `Authorization`
-//! header must have AWS's shape (service `bedrock`); with `MockConfig::bedrock_secret`
-//! set, the signature is recomputed with `aws-sigv4` over the request as received and a
-//! mismatch answers 403 `InvalidSignatureException`, so a signing bug fails a test.
+//! header must have AWS's shape (service `bedrock`). The signature is verified — recomputed
+//! with `aws-sigv4` over the request as received (its raw path, its headers, its body) and
+//! a mismatch answered 403 `InvalidSignatureException` as AWS does — for an access key id
+//! registered with its secret (`BedrockKeys::register`, optionally with the session token
+//! its temporary credentials carry: then a request without that `x-amz-security-token`,
+//! or with it unsigned, is refused), and for every key when `MockConfig::bedrock_secret`
+//! is set. A signing bug fails a test.
 //!
 //! Scripts apply as elsewhere: `status` answers Bedrock's error (body `{"message"}`, type in
 //! `x-amzn-ErrorType`), `text` / token figures shape the answer, `cut_after` ends the stream
@@ -15,6 +19,7 @@
 //! `events` (`[type, payload]` pairs) replaces the built-in stream — a type ending in
 //! `Exception` is sent as an exception frame (a mid-stream error).
 
+use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use actix_web::{HttpRequest, HttpResponse};
@@ -27,8 +32,28 @@ use crate::upstream::providers::bedrock::sigv4::{BodyHashHeader, Signer};
 /// A refused call: the status, Bedrock's error type and its message.
 pub(super) type Refusal = (u16, &'static str, &'static str);
 
+/// The AWS credentials the mock knows: access key id → (secret, session token).
+#[derive(Debug, Default)]
+pub struct BedrockKeys(parking_lot::Mutex<HashMap<String, (String, Option<String>)>>);
+
+impl BedrockKeys {
+    /// Signatures made with `access_key_id` are verified against `secret`; with a
+    /// `session_token` (temporary credentials), the request must carry it, signed.
+    pub fn register(&self, access_key_id: &str, secret: &str, session_token: Option<&str>) {
+        self.0.lock().insert(
+            access_key_id.to_string(),
+            (secret.to_string(), session_token.map(str::to_string)),
+        );
+    }
+}
+
 /// The key a Bedrock call is counted under, or the 403 its `Authorization` earns.
-pub(super) fn key_of(cfg: &MockConfig, req: &HttpRequest, body: &[u8]) -> Result<String, Refusal> {
+pub(super) fn key_of(
+    cfg: &MockConfig,
+    keys: &BedrockKeys,
+    req: &HttpRequest,
+    body: &[u8],
+) -> Result<String, Refusal> {
     let h = |n: &str| {
         req.headers()
             .get(n)
@@ -65,7 +90,29 @@ pub(super) fn key_of(cfg: &MockConfig, req: &HttpRequest, body: &[u8]) -> Result
         ));
     }
     let key = scope[0].to_string();
-    if let Some(secret) = &cfg.bedrock_secret {
+    let sent_token = req
+        .headers()
+        .get("x-amz-security-token")
+        .and_then(|v| v.to_str().ok());
+    let registered = keys.0.lock().get(&key).cloned();
+    let known = match registered {
+        Some((secret, Some(token))) => {
+            if sent_token != Some(token.as_str()) {
+                return Err((
+                    403,
+                    "UnrecognizedClientException",
+                    "The security token included in the request is invalid.",
+                ));
+            }
+            Some((secret, Some(token)))
+        }
+        Some((secret, None)) => Some((secret, sent_token.map(str::to_string))),
+        None => cfg
+            .bedrock_secret
+            .clone()
+            .map(|secret| (secret, sent_token.map(str::to_string))),
+    };
+    if let Some((secret, token)) = known {
         let Some(time) = amz_time(h("x-amz-date")) else {
             return Err((
                 403,
@@ -73,11 +120,9 @@ pub(super) fn key_of(cfg: &MockConfig, req: &HttpRequest, body: &[u8]) -> Result
                 "x-amz-date is missing or malformed.",
             ));
         };
-        let token = req
-            .headers()
-            .get("x-amz-security-token")
-            .and_then(|v| v.to_str().ok());
-        let signer = Signer::new(&key, secret, token, scope[2], "bedrock");
+        // With a token expected, it must be among the signed headers: the signature is
+        // recomputed with it, as AWS does.
+        let signer = Signer::new(&key, &secret, token.as_deref(), scope[2], "bedrock");
         let url = format!("http://{}{}", h("host"), req.uri());
         let expected = signer
             .sign(

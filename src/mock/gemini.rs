@@ -341,11 +341,11 @@ async fn token(
     if script.delay_ms > 0 {
         tokio::time::sleep(Duration::from_millis(script.delay_ms)).await;
     }
+    if let Some(scripted) = super::scripted_token_answer(&script) {
+        return scripted;
+    }
     if let Some(code) = script.status.filter(|c| !(200..300).contains(c)) {
-        return match &script.body {
-            Some(b) => HttpResponse::build(status(code)).json(b),
-            None => oauth_error(code, "internal_failure", "mock token endpoint failure"),
-        };
+        return oauth_error(code, "internal_failure", "mock token endpoint failure");
     }
     if form.grant_type != "urn:ietf:params:oauth:grant-type:jwt-bearer" {
         return oauth_error(400, "unsupported_grant_type", "Invalid grant_type");

@@ -11,7 +11,7 @@
 //! tests and as a process by the demo and the benchmark (control API under `/_mock/`).
 
 pub mod azure;
-mod bedrock;
+pub mod bedrock;
 mod faults;
 mod gemini;
 mod responses;
@@ -28,6 +28,22 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 pub use faults::Faults;
+
+/// A token endpoint's scripted answer, when the script gives one: `raw_body` verbatim or
+/// `body` as JSON, with the script's status (default 200) — a failing endpoint, garbage,
+/// an `expires_in` of 0. `None`: the endpoint answers as it normally would.
+pub(crate) fn scripted_token_answer(script: &Script) -> Option<HttpResponse> {
+    let status = actix_web::http::StatusCode::from_u16(script.status.unwrap_or(200)).ok()?;
+    match (&script.raw_body, &script.body) {
+        (Some(raw), _) => Some(
+            HttpResponse::build(status)
+                .content_type("application/json")
+                .body(raw.clone()),
+        ),
+        (None, Some(body)) => Some(HttpResponse::build(status).json(body)),
+        (None, None) => None,
+    }
+}
 pub use responses::{pieces, Script, SseEvent};
 
 /// How many request bodies and header sets are kept per key.
@@ -83,6 +99,9 @@ pub struct MockState {
     inner: Mutex<Inner>,
     /// Azure's Entra ID token endpoint: what it issued (`azure.rs`).
     pub entra: azure::EntraState,
+    /// AWS credentials registered per access key id, whose SigV4 signatures are verified
+    /// (`bedrock.rs`).
+    pub bedrock: bedrock::BedrockKeys,
 }
 
 impl MockState {
@@ -186,6 +205,7 @@ impl MockServer {
             started: std::time::Instant::now(),
             inner: Mutex::new(Inner::default()),
             entra: azure::EntraState::default(),
+            bedrock: bedrock::BedrockKeys::default(),
         });
         let data = web::Data::from(state.clone());
         let server = HttpServer::new(move || {
@@ -293,7 +313,7 @@ async fn bedrock_upstream(
         Some("converse-stream") => true,
         _ => return bedrock::error(404, "UnknownOperationException", "Unknown operation."),
     };
-    let key = match bedrock::key_of(&state.cfg, &req, &body) {
+    let key = match bedrock::key_of(&state.cfg, &state.bedrock, &req, &body) {
         Ok(k) => k,
         Err((status, ty, message)) => return bedrock::error(status, ty, message),
     };

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use reqwest::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use reqwest::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 
 use super::catalog::Deployment;
 use super::credential::Credential;
@@ -89,48 +89,34 @@ impl UpstreamClient {
         let Some(url) = url else {
             return Err(UpstreamError::Connect("request".into()));
         };
-        let req = client
-            .post(url.clone())
-            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
-            .body(body);
-        let req = match dep.credential() {
-            Credential::Static(name, value) => req.header(name, value.clone()),
-            Credential::None | Credential::Hook(_) => req,
-            Credential::Invalid => return Err(UpstreamError::Connect("request".into())),
+        // A cached credential (a bearer token) may be refused before its time and is then
+        // replaced once: only for it is the body kept for a second request.
+        let hook = match dep.credential() {
+            Credential::Hook(hook) => Some(hook),
+            _ => None,
         };
-        let req = match dep.provider {
-            Provider::Anthropic => {
-                let req = req.header("anthropic-version", ANTHROPIC_VERSION);
-                match anthropic_beta {
-                    Some(beta) => req.header("anthropic-beta", beta.clone()),
-                    None => req,
-                }
-            }
-            Provider::Openai
-            | Provider::AzureOpenai
-            | Provider::OpenaiCompatible
-            | Provider::Gemini
-            | Provider::Bedrock => req,
-        };
-        let Ok(req) = req.build() else {
-            return Err(UpstreamError::Connect("request".into()));
-        };
+        let again = hook.filter(|h| h.cached()).map(|_| body.clone());
+        let req = request(client, dep, url, body, anthropic_beta)?;
         let send = async {
-            let Credential::Hook(hook) = dep.credential() else {
+            let Some(hook) = hook else {
                 return client.execute(req).await.map_err(Ok);
             };
-            let again = req.try_clone();
             let req = hook.authorize(client, req).await.map_err(Err)?;
-            let sent = req.headers().clone();
+            // The value sent, to tell the hook which token a 401 was for: a shared
+            // `HeaderValue` (a reference count), not a copy of the headers.
+            let sent = again
+                .as_ref()
+                .and(req.headers().get(AUTHORIZATION).cloned());
             let resp = client.execute(req).await.map_err(Ok)?;
-            match again {
-                // A computed credential refused: once more with a new one (a cached token
-                // the far side no longer takes is no refused key; a second 401 is).
-                Some(again) if resp.status() == reqwest::StatusCode::UNAUTHORIZED => {
+            match (again, sent) {
+                // A cached credential refused: once more with a new one (a token the far
+                // side no longer takes is no refused key; a second 401 is).
+                (Some(body), Some(sent)) if resp.status() == reqwest::StatusCode::UNAUTHORIZED => {
                     hook.refused(&sent);
                     drop(resp);
-                    let req = hook.authorize(client, again).await.map_err(Err)?;
-                    client.execute(req).await.map_err(Ok)
+                    let again = request(client, dep, url, body, anthropic_beta).map_err(Err)?;
+                    let again = hook.authorize(client, again).await.map_err(Err)?;
+                    client.execute(again).await.map_err(Ok)
                 }
                 _ => Ok(resp),
             }
@@ -216,6 +202,42 @@ impl UpstreamClient {
             }
         }
     }
+}
+
+/// The request `post` sends: JSON `body` to `url` with the deployment's static credential
+/// (a computed one is added by its hook) and its provider's headers.
+fn request(
+    client: &reqwest::Client,
+    dep: &Deployment,
+    url: &reqwest::Url,
+    body: Bytes,
+    anthropic_beta: Option<&HeaderValue>,
+) -> Result<reqwest::Request, UpstreamError> {
+    let req = client
+        .post(url.clone())
+        .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+        .body(body);
+    let req = match dep.credential() {
+        Credential::Static(name, value) => req.header(name, value.clone()),
+        Credential::None | Credential::Hook(_) => req,
+        Credential::Invalid => return Err(UpstreamError::Connect("request".into())),
+    };
+    let req = match dep.provider {
+        Provider::Anthropic => {
+            let req = req.header("anthropic-version", ANTHROPIC_VERSION);
+            match anthropic_beta {
+                Some(beta) => req.header("anthropic-beta", beta.clone()),
+                None => req,
+            }
+        }
+        Provider::Openai
+        | Provider::AzureOpenai
+        | Provider::OpenaiCompatible
+        | Provider::Gemini
+        | Provider::Bedrock => req,
+    };
+    req.build()
+        .map_err(|_| UpstreamError::Connect("request".into()))
 }
 
 /// How long an upstream asked to be left alone: `retry-after-ms` (Azure's, and what the

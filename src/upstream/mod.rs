@@ -17,7 +17,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 /// One failed upstream attempt.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum UpstreamError {
     #[error("upstream did not answer within the first-byte timeout")]
     Timeout,

@@ -271,13 +271,7 @@ mod tests {
     /// daily quota from a rate limit (`providers::formats::gemini::is_quota`).
     #[test]
     fn a_gemini_rate_limit_that_mentions_billing_is_a_rate_limit_not_a_spent_quota() {
-        let fixture = |name: &str| {
-            std::fs::read_to_string(format!(
-                "{}/tests/fixtures/gemini/{name}",
-                env!("CARGO_MANIFEST_DIR")
-            ))
-            .unwrap()
-        };
+        let fixture = |name| crate::upstream::providers::formats::fixtures::text("gemini", name);
         assert_eq!(
             classify(&status(429, &fixture("error_rate_limited.json"))),
             Tier::RateLimited

@@ -2,6 +2,7 @@
 
 mod admin_helpers;
 mod bedrock;
+mod bedrock_auth;
 mod bedrock_gateway;
 mod gateway_proc;
 mod helpers;
@@ -89,6 +90,7 @@ mod slow_reader;
 mod ssrf;
 mod store_boundary;
 mod streams;
+mod token_source;
 mod translate;
 mod translate_attack;
 mod translate_fuzz;

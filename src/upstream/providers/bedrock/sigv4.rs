@@ -121,7 +121,7 @@ mod tests {
     //! `Authorization` header must equal the published one byte for byte.
 
     use super::*;
-    use std::path::PathBuf;
+    use crate::upstream::providers::formats::fixtures;
     use std::time::Duration;
 
     struct Case {
@@ -136,13 +136,8 @@ mod tests {
         authorization: String,
     }
 
-    fn dir(case: &str) -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join(format!("tests/fixtures/bedrock/sigv4/{case}"))
-    }
-
     fn load(case: &str) -> Case {
-        let read = |f: &str| std::fs::read_to_string(dir(case).join(f)).unwrap();
+        let read = |f: &str| fixtures::text("bedrock", &format!("sigv4/{case}/{f}"));
         let context: serde_json::Value = serde_json::from_str(&read("context.json")).unwrap();
         assert_eq!(context["region"], "us-east-1");
         assert_eq!(context["service"], "service");

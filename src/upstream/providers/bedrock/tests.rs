@@ -228,3 +228,63 @@ routes = [{ upstream = "bedrock-sigv4", model = "anthropic.claude-3-5-sonnet-202
         "{err}"
     );
 }
+
+/// SigV4 for an inference-profile ARN, computed here step by step as AWS documents it
+/// ("Create a canonical request": for every service but S3 the canonical URI is the path
+/// as sent, each segment URI-encoded once more, so `%3A` becomes `%253A` and `%2F`
+/// `%252F`), independently of `aws-sigv4`: the signer's output must be this signature.
+/// A path signed as decoded, or encoded once only, gives another and AWS answers 403.
+#[test]
+fn an_inference_profile_arn_is_signed_over_the_double_encoded_path() {
+    use hmac::{Hmac, Mac};
+    use sha2::{Digest, Sha256};
+    const ARN: &str = "arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.anthropic.claude-3-5-sonnet-20240620-v1:0";
+    const HOST: &str = "bedrock-runtime.us-east-1.amazonaws.com";
+    let secret = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY";
+    let body = br#"{"messages":[]}"#;
+    // 2024-06-20T12:00:00Z
+    let time = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_718_884_800);
+    let url = format!("https://{HOST}{}", path(ARN, true));
+
+    let hmac = |key: &[u8], data: &str| {
+        let mut m = Hmac::<Sha256>::new_from_slice(key).unwrap();
+        m.update(data.as_bytes());
+        m.finalize().into_bytes().to_vec()
+    };
+    let canonical = [
+        "POST",
+        "/model/arn%253Aaws%253Abedrock%253Aus-east-1%253A123456789012%253Ainference-profile%252Fus.anthropic.claude-3-5-sonnet-20240620-v1%253A0/converse-stream",
+        "",
+        "content-type:application/json",
+        &format!("host:{HOST}"),
+        "x-amz-date:20240620T120000Z",
+        "",
+        "content-type;host;x-amz-date",
+        &hex::encode(Sha256::digest(body)),
+    ]
+    .join("\n");
+    let to_sign = [
+        "AWS4-HMAC-SHA256",
+        "20240620T120000Z",
+        "20240620/us-east-1/bedrock/aws4_request",
+        &hex::encode(Sha256::digest(canonical.as_bytes())),
+    ]
+    .join("\n");
+    let key = ["20240620", "us-east-1", "bedrock", "aws4_request"]
+        .iter()
+        .fold(format!("AWS4{secret}").into_bytes(), |k, part| {
+            hmac(&k, part)
+        });
+    let expected = format!(
+        "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20240620/us-east-1/bedrock/aws4_request, \
+         SignedHeaders=content-type;host;x-amz-date, Signature={}",
+        hex::encode(hmac(&key, &to_sign))
+    );
+
+    let signed = sigv4(&bedrock())
+        .unwrap()
+        .headers(&url, body, time)
+        .unwrap();
+    let authz = signed.iter().find(|(n, _)| n == AUTHORIZATION).unwrap();
+    assert_eq!(authz.1.to_str().unwrap(), expected);
+}

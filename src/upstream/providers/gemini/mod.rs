@@ -10,7 +10,8 @@
 //! Streams use `:streamGenerateContent?alt=sse`. The model is part of the path, so each
 //! route's model has its own URLs (`url`, built once at start by `catalog::Deployment`).
 //! The Gemini API's key is a static `x-goog-api-key` header; Vertex AI's token is a
-//! credential hook (`token::TokenSource`), fetched and refreshed at send time.
+//! credential hook (`credential::token::TokenSource` over `token::Vertex`), fetched and
+//! refreshed at send time.
 
 pub mod token;
 
@@ -64,7 +65,7 @@ pub fn url(
 /// every attempt fail as a 401 naming it.
 pub fn credential(u: &UpstreamSettings) -> Credential {
     match &u.vertex {
-        Some(v) => Credential::Hook(Arc::new(token::TokenSource::new(
+        Some(v) => Credential::Hook(Arc::new(token::source(
             token::ServiceAccount::load(&v.credentials_file),
             Arc::new(SystemClock),
         ))),

@@ -5,15 +5,7 @@ use serde_json::{json, Value};
 
 use super::*;
 use crate::upstream::providers::canonical::*;
-
-fn fixture(name: &str) -> Value {
-    let path = format!(
-        "{}/tests/fixtures/gemini/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
+use crate::upstream::providers::formats::fixtures;
 
 fn text(t: &str) -> Part {
     Part::Text {
@@ -140,7 +132,10 @@ fn a_request_with_media_thoughts_and_a_tool_round_trip_is_the_golden_body() {
         false,
     )
     .unwrap();
-    assert_eq!(Value::Object(body), fixture("request_tools_roundtrip.json"));
+    assert_eq!(
+        Value::Object(body),
+        fixtures::json("gemini", "request_tools_roundtrip.json")
+    );
 }
 
 #[test]
@@ -313,7 +308,7 @@ fn what_gemini_cannot_express_is_refused_naming_the_clients_field() {
 
 #[test]
 fn usage_counts_thoughts_as_output_and_cached_tokens_inside_the_input() {
-    let a = read_answer(&fixture("answer_thinking.json")).unwrap();
+    let a = read_answer(&fixtures::json("gemini", "answer_thinking.json")).unwrap();
     assert_eq!(
         a.usage,
         Some(Usage {
@@ -361,7 +356,7 @@ fn usage_counts_thoughts_as_output_and_cached_tokens_inside_the_input() {
 
 #[test]
 fn function_calls_get_ids_stable_for_the_answer_and_unique_across_answers() {
-    let v = fixture("answer_function_calls.json");
+    let v = fixtures::json("gemini", "answer_function_calls.json");
     let a = read_answer(&v).unwrap();
     assert_eq!(a.finish, Finish::ToolCalls);
     assert_eq!(a.created, Some(1_748_779_200));
@@ -441,7 +436,7 @@ fn function_calls_get_ids_stable_for_the_answer_and_unique_across_answers() {
 
 #[test]
 fn a_prompt_blocked_by_safety_is_a_content_filter_finish() {
-    let a = read_answer(&fixture("answer_blocked_prompt.json")).unwrap();
+    let a = read_answer(&fixtures::json("gemini", "answer_blocked_prompt.json")).unwrap();
     assert_eq!(a.finish, Finish::ContentFilter);
     assert!(a.content.is_empty());
     assert_eq!(a.usage.map(|u| u.input), Some(9));
@@ -475,7 +470,7 @@ fn answers_in_no_known_shape_are_corrupt_not_cut() {
 
 #[test]
 fn a_stream_of_thoughts_text_and_a_call_reads_into_ordered_events_with_usage_last() {
-    let chunks = fixture("stream_text_and_call.json");
+    let chunks = fixtures::json("gemini", "stream_text_and_call.json");
     let mut reader = EventReader::new();
     let mut out = Vec::new();
     for c in chunks.as_array().unwrap() {
@@ -556,7 +551,7 @@ fn a_stream_error_chunk_and_garbage_are_told_apart() {
         r.read("", "[1,2]", &mut out),
         Err(crate::upstream::providers::translate::stream::Corrupt::Shape)
     ));
-    let err = fixture("error_vertex_unavailable.json")[0].clone();
+    let err = fixtures::json("gemini", "error_vertex_unavailable.json")[0].clone();
     r.read("", &err.to_string(), &mut out).unwrap();
     assert!(
         matches!(
@@ -569,7 +564,7 @@ fn a_stream_error_chunk_and_garbage_are_told_apart() {
         ),
         "{out:?}"
     );
-    let blocked = fixture("answer_blocked_prompt.json");
+    let blocked = fixtures::json("gemini", "answer_blocked_prompt.json");
     let mut out = Vec::new();
     EventReader::new()
         .read("", &blocked.to_string(), &mut out)
@@ -580,21 +575,27 @@ fn a_stream_error_chunk_and_garbage_are_told_apart() {
 
 #[test]
 fn googles_errors_map_to_the_kinds_the_retry_tiers_use() {
-    let rate = fixture("error_rate_limited.json");
+    let rate = fixtures::json("gemini", "error_rate_limited.json");
     assert_eq!(read_error(429, &rate).kind, ErrorKind::RateLimited);
     assert_eq!(retry_delay(&rate), Some(std::time::Duration::from_secs(38)));
     assert!(
         !is_quota(&rate),
         "a per-minute limit that says 'billing details' is not out of money"
     );
-    let quota = fixture("error_quota_per_day.json");
+    let quota = fixtures::json("gemini", "error_quota_per_day.json");
     assert_eq!(read_error(429, &quota).kind, ErrorKind::QuotaExhausted);
-    let bad = read_error(400, &fixture("error_invalid_argument.json"));
+    let bad = read_error(
+        400,
+        &fixtures::json("gemini", "error_invalid_argument.json"),
+    );
     assert_eq!(
         (bad.kind, bad.code.as_deref()),
         (ErrorKind::InvalidRequest, Some("INVALID_ARGUMENT"))
     );
-    let vertex = read_error(503, &fixture("error_vertex_unavailable.json"));
+    let vertex = read_error(
+        503,
+        &fixtures::json("gemini", "error_vertex_unavailable.json"),
+    );
     assert_eq!(
         (vertex.kind, vertex.message.as_str()),
         (

@@ -3,7 +3,10 @@
 //! compute it at send time (`Hook`): a bearer token fetched and refreshed (Azure's Entra ID,
 //! Vertex AI's service account), a signature over the request (AWS SigV4). A hook gets the
 //! request as it will be sent and returns it with its credential added, so a signature can
-//! cover the URL, the headers and the body.
+//! cover the URL, the headers and the body. Bearer tokens from a token endpoint are one
+//! type for every issuer, `token::TokenSource`, with one set of failure rules.
+
+pub mod token;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -25,12 +28,17 @@ pub trait Authorize: Send + Sync + std::fmt::Debug {
         req: reqwest::Request,
     ) -> Pin<Box<dyn Future<Output = Result<reqwest::Request, UpstreamError>> + Send + 'a>>;
 
-    /// The far side answered 401 to a request sent with these headers: a cached credential
-    /// among them is dropped, so that the next `authorize` makes a new one (`post` then
-    /// sends the request once more). A token can be refused before the expiry announced
-    /// with it (revoked; a host whose monotonic clock stood still while it was suspended):
-    /// that is no refused key. Default: nothing cached.
-    fn refused(&self, _sent: &reqwest::header::HeaderMap) {}
+    /// The far side answered 401 to a request sent with this `Authorization` value: a
+    /// cached credential that is this one is dropped, so that the next `authorize` makes a
+    /// new one (`post` then sends the request once more). A token can be refused before the
+    /// expiry announced with it (revoked early): that is no refused key. Default: nothing
+    /// cached, and `post` sends no second request.
+    fn refused(&self, _sent: &HeaderValue) {}
+
+    /// Whether a 401 is worth one more try with a new credential (`refused` drops one).
+    fn cached(&self) -> bool {
+        false
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -1,0 +1,398 @@
+//! An OAuth bearer token fetched from a token endpoint, cached and refreshed: Azure's Entra
+//! ID (client-credentials form) and Vertex AI (a service account's signed JWT) are the same
+//! mechanism with a different request, so the request is a strategy (`Exchange`) and
+//! everything else — the cache, the refresh, the failure rules — is `TokenSource`, once.
+//!
+//! Timing. A token announced to live L is used until L less a twentieth (at most 30 s),
+//! so none expires in flight, and replaced from L less a fifth (at most five minutes) on:
+//! in that window the request that notices starts the exchange in the background and every
+//! request goes on with the current token. Only requests with no usable token wait, on
+//! the one exchange in flight. Times are the gateway's `Clock` (a host that was suspended
+//! sees its tokens expired, not hours younger).
+//!
+//! Failure rules, the same for every issuer:
+//! - the token endpoint refuses the credentials (400/401/403: a wrong secret, a revoked or
+//!   deleted key) or the local credential cannot make a request (an unreadable key file):
+//!   a 401 for the deployment — the `AuthFailed` tier: the key is disabled, an alert goes
+//!   out, the next key serves;
+//! - the endpoint cannot be reached, times out (`EXCHANGE_BOUND`), fails (429, 5xx) or
+//!   answers something unusable (not JSON, no `access_token`, a token that is no header
+//!   value, an `expires_in` of zero, negative or not a number, an answer over 64 KiB): a
+//!   connection error — the `ServerError` tier: it counts toward the deployment's breaker
+//!   and the next deployment or fallback serves; with none left the client gets 502
+//!   `upstream_error`. The upstream is unusable, not its key.
+//! - every request that waited on an exchange shares its outcome: a failing endpoint is
+//!   asked once by all who were waiting, not once each in turn; the next request after
+//!   the failure asks again.
+//! - a refresh that fails while the current token is usable leaves it in use (logged).
+//! - a token the upstream answers 401 to (`refused`) is dropped, so that `client::post`'s
+//!   one retry fetches another; a second 401 is the upstream's answer (never a loop).
+//!
+//! No secret is logged or printed: the exchange's `Debug` shows no key, the token lives in
+//! a `HeaderValue` marked sensitive, and the endpoint's own words (which can name the
+//! tenant or the account) are reduced to its OAuth error code.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use std::future::Future;
+use std::pin::Pin;
+
+use bytes::{Bytes, BytesMut};
+use chrono::{DateTime, Utc};
+use reqwest::header::{HeaderValue, AUTHORIZATION};
+
+use super::Authorize;
+use crate::clock::Clock;
+use crate::upstream::UpstreamError;
+
+/// The longest one exchange may take, in the background or not.
+pub const EXCHANGE_BOUND: Duration = Duration::from_secs(30);
+/// The most of a token endpoint's answer read: a token is a few kilobytes.
+const MAX_ANSWER_BYTES: usize = 64 * 1024;
+/// The longest lifetime believed: a longer announced one is cut to this.
+const MAX_LIFETIME: f64 = 24.0 * 3600.0;
+/// The lifetime of a token whose answer gives none (OAuth's `expires_in` is optional;
+/// Entra and Google issue tokens of an hour).
+const DEFAULT_LIFETIME: f64 = 3600.0;
+
+/// How one issuer's token is asked for.
+pub trait Exchange: Send + Sync + std::fmt::Debug + 'static {
+    /// Who issues the token, for messages: "Entra ID", "Vertex AI".
+    fn issuer(&self) -> &'static str;
+
+    /// The token request made at `now` (the caller adds the time bound and sends it), or
+    /// why the local credential cannot make one.
+    fn request(
+        &self,
+        http: &reqwest::Client,
+        now: DateTime<Utc>,
+    ) -> Result<reqwest::RequestBuilder, String>;
+}
+
+#[derive(Clone)]
+struct Token {
+    /// `Bearer …`, marked sensitive.
+    header: HeaderValue,
+    /// From when it is replaced in the background.
+    refresh_at: DateTime<Utc>,
+    /// Until when it is sent.
+    use_until: DateTime<Utc>,
+}
+
+/// The last exchange: its number, and its failure if it failed (shared by its waiters).
+#[derive(Default)]
+struct LastExchange {
+    seq: u64,
+    failure: Option<UpstreamError>,
+}
+
+struct Inner {
+    exchange: Box<dyn Exchange>,
+    clock: Arc<dyn Clock>,
+    current: parking_lot::RwLock<Option<Token>>,
+    /// Held by the one exchange in flight.
+    last: Arc<tokio::sync::Mutex<LastExchange>>,
+    /// `LastExchange::seq`, readable without the lock.
+    exchanges: AtomicU64,
+}
+
+/// A cached bearer token from one issuer (see the module doc for the rules).
+#[derive(Clone)]
+pub struct TokenSource {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for TokenSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenSource")
+            .field("exchange", &self.inner.exchange)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TokenSource {
+    pub fn new(exchange: Box<dyn Exchange>, clock: Arc<dyn Clock>) -> TokenSource {
+        TokenSource {
+            inner: Arc::new(Inner {
+                exchange,
+                clock,
+                current: parking_lot::RwLock::new(None),
+                last: Arc::new(tokio::sync::Mutex::new(LastExchange::default())),
+                exchanges: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The `Authorization` value to send now.
+    pub async fn bearer(&self, http: &reqwest::Client) -> Result<HeaderValue, UpstreamError> {
+        let inner = &self.inner;
+        let now = inner.clock.now();
+        let current = inner.current.read().clone();
+        if let Some(t) = current.filter(|t| now < t.use_until) {
+            if now >= t.refresh_at {
+                self.refresh_in_background(http);
+            }
+            return Ok(t.header);
+        }
+        let seen = inner.exchanges.load(Ordering::Acquire);
+        let mut last = inner.last.lock().await;
+        // An exchange finished while this request waited: its token, or its failure.
+        if let Some(h) = inner.usable() {
+            return Ok(h);
+        }
+        if last.seq != seen {
+            if let Some(e) = &last.failure {
+                return Err(e.clone());
+            }
+        }
+        inner.run(http, &mut last).await.map(|t| t.header)
+    }
+
+    /// The upstream answered 401 to a request sent with `sent`: if that is the cached
+    /// token, it is dropped so that the next `bearer` fetches another.
+    pub fn refused(&self, sent: &HeaderValue) {
+        let mut current = self.inner.current.write();
+        if current.as_ref().is_some_and(|t| t.header == *sent) {
+            *current = None;
+        }
+    }
+
+    /// Starts one exchange unless one is in flight; nobody waits for it.
+    fn refresh_in_background(&self, http: &reqwest::Client) {
+        let Ok(mut last) = self.inner.last.clone().try_lock_owned() else {
+            return;
+        };
+        let (inner, http) = (self.inner.clone(), http.clone());
+        tokio::spawn(async move {
+            let now = inner.clock.now();
+            // Replaced meanwhile by a request that found no usable token.
+            if inner
+                .current
+                .read()
+                .as_ref()
+                .is_some_and(|t| now < t.refresh_at)
+            {
+                return;
+            }
+            if let Err(e) = inner.run(&http, &mut last).await {
+                tracing::warn!(issuer = inner.exchange.issuer(), error = %e,
+                    "token refresh failed; the current token is still used while valid");
+            }
+        });
+    }
+}
+
+/// The bearer token added at send time; a refused one dropped for `post`'s one retry.
+impl Authorize for TokenSource {
+    fn authorize<'a>(
+        &'a self,
+        http: &'a reqwest::Client,
+        mut req: reqwest::Request,
+    ) -> Pin<Box<dyn Future<Output = Result<reqwest::Request, UpstreamError>> + Send + 'a>> {
+        Box::pin(async move {
+            let bearer = self.bearer(http).await?;
+            req.headers_mut().insert(AUTHORIZATION, bearer);
+            Ok(req)
+        })
+    }
+
+    fn refused(&self, sent: &HeaderValue) {
+        TokenSource::refused(self, sent);
+    }
+
+    fn cached(&self) -> bool {
+        true
+    }
+}
+
+impl Inner {
+    fn usable(&self) -> Option<HeaderValue> {
+        let now = self.clock.now();
+        self.current
+            .read()
+            .as_ref()
+            .filter(|t| now < t.use_until)
+            .map(|t| t.header.clone())
+    }
+
+    /// One exchange, under the lock: its outcome is recorded for the waiters.
+    async fn run(
+        &self,
+        http: &reqwest::Client,
+        last: &mut LastExchange,
+    ) -> Result<Token, UpstreamError> {
+        let result = match tokio::time::timeout(EXCHANGE_BOUND, self.fetch(http)).await {
+            Ok(r) => r,
+            Err(_) => Err(self.unavailable("the token endpoint did not answer in time")),
+        };
+        last.seq += 1;
+        self.exchanges.store(last.seq, Ordering::Release);
+        last.failure = result.as_ref().err().cloned();
+        if let Ok(t) = &result {
+            *self.current.write() = Some(t.clone());
+        }
+        result
+    }
+
+    async fn fetch(&self, http: &reqwest::Client) -> Result<Token, UpstreamError> {
+        let asked = self.clock.now();
+        let req = self
+            .exchange
+            .request(http, asked)
+            .map_err(|why| self.refused(&why))?;
+        let resp = req
+            .timeout(EXCHANGE_BOUND)
+            .send()
+            .await
+            .map_err(|_| self.unavailable("the token endpoint could not be reached"))?;
+        let status = resp.status().as_u16();
+        let body = read_capped(resp)
+            .await
+            .ok_or_else(|| self.unavailable("the token endpoint's answer is too large or cut"))?;
+        if matches!(status, 400 | 401 | 403) {
+            let code = oauth_code(&body).unwrap_or_else(|| format!("HTTP {status}"));
+            return Err(self.refused(&format!(
+                "the token endpoint refused the credentials ({code})"
+            )));
+        }
+        if !(200..300).contains(&status) {
+            return Err(self.unavailable(&format!("the token endpoint answered {status}")));
+        }
+        let (token, lifetime) = read_answer(&body).map_err(|what| self.unavailable(what))?;
+        let mut header = HeaderValue::from_str(&format!("Bearer {token}"))
+            .map_err(|_| self.unavailable("the access token is not a header value"))?;
+        header.set_sensitive(true);
+        let life = chrono::Duration::milliseconds((lifetime * 1000.0) as i64);
+        let early = (life / 5).min(chrono::Duration::minutes(5));
+        let margin = (life / 20).min(chrono::Duration::seconds(30));
+        Ok(Token {
+            header,
+            refresh_at: asked + life - early,
+            use_until: asked + life - margin,
+        })
+    }
+
+    /// The credentials refused: a 401 for the deployment.
+    fn refused(&self, why: &str) -> UpstreamError {
+        let message = format!("{} access token: {why}.", self.exchange.issuer());
+        let body = serde_json::json!({"error": {"code": 401, "status": "UNAUTHENTICATED",
+            "message": message}});
+        UpstreamError::Status {
+            status: 401,
+            body: Bytes::from(body.to_string()),
+            retry_after: None,
+        }
+    }
+
+    /// The token endpoint unusable: a connection error for the deployment.
+    fn unavailable(&self, why: &str) -> UpstreamError {
+        UpstreamError::Connect(format!("{} access token: {why}", self.exchange.issuer()))
+    }
+}
+
+/// The OAuth error code of a refusal (`invalid_client`, `invalid_grant`…), when it is one:
+/// the description beside it can name the tenant or the account and is not passed on.
+fn oauth_code(body: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let code = v.get("error")?.as_str()?;
+    let plain = !code.is_empty()
+        && code.len() <= 64
+        && code.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
+    plain.then(|| code.to_string())
+}
+
+/// The token and its lifetime in seconds from a 200 answer. `expires_in` is a JSON number
+/// (Entra's v2 and Google's), a string (Entra's v1) or absent (an hour); a fraction is
+/// a lifetime too. One of zero or less, or unreadable, is an unusable answer: a token
+/// that cannot be cached would cost an exchange per request.
+fn read_answer(body: &[u8]) -> Result<(String, f64), &'static str> {
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        access_token: Option<String>,
+        expires_in: Option<serde_json::Value>,
+    }
+    let v: Answer = serde_json::from_slice(body).map_err(|_| "the answer is not JSON")?;
+    let token = v
+        .access_token
+        .filter(|t| !t.is_empty())
+        .ok_or("the answer holds no access token")?;
+    let lifetime = match v.expires_in {
+        None | Some(serde_json::Value::Null) => DEFAULT_LIFETIME,
+        Some(e) => e
+            .as_f64()
+            .or_else(|| e.as_str()?.trim().parse().ok())
+            .filter(|s: &f64| s.is_finite() && *s > 0.0)
+            .ok_or("the answer's expires_in is not a positive number of seconds")?,
+    };
+    Ok((token, lifetime.min(MAX_LIFETIME)))
+}
+
+/// The answer's body, at most `MAX_ANSWER_BYTES` of it: `None` when it is longer (the
+/// connection is dropped there) or breaks off.
+async fn read_capped(mut resp: reqwest::Response) -> Option<Bytes> {
+    if resp
+        .content_length()
+        .is_some_and(|n| n > MAX_ANSWER_BYTES as u64)
+    {
+        return None;
+    }
+    let mut body = BytesMut::new();
+    while let Some(chunk) = resp.chunk().await.ok()? {
+        if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+            return None;
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Some(body.freeze())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_is_read_or_refused_as_unusable() {
+        let read = |s: &str| read_answer(s.as_bytes());
+        assert_eq!(
+            read(r#"{"access_token":"t","expires_in":3599}"#),
+            Ok(("t".into(), 3599.0))
+        );
+        assert_eq!(
+            read(r#"{"access_token":"t","expires_in":"2.5"}"#),
+            Ok(("t".into(), 2.5))
+        );
+        assert_eq!(read(r#"{"access_token":"t"}"#), Ok(("t".into(), 3600.0)));
+        assert_eq!(
+            read(r#"{"access_token":"t","expires_in":1e12}"#),
+            Ok(("t".into(), MAX_LIFETIME))
+        );
+        for bad in [
+            r#"{"access_token":"t","expires_in":0}"#,
+            r#"{"access_token":"t","expires_in":-60}"#,
+            r#"{"access_token":"t","expires_in":"soon"}"#,
+            r#"{"access_token":"t","expires_in":true}"#,
+            r#"{"access_token":""}"#,
+            r#"{"token_type":"Bearer"}"#,
+            r#"<html>"#,
+            r#"[]"#,
+        ] {
+            assert!(read(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn only_a_plain_oauth_code_is_passed_on() {
+        assert_eq!(
+            oauth_code(br#"{"error":"invalid_grant","error_description":"key 1234"}"#),
+            Some("invalid_grant".into())
+        );
+        assert_eq!(
+            oauth_code(br#"{"error":"AADSTS7000215: Invalid client secret"}"#),
+            None
+        );
+        assert_eq!(oauth_code(br#"{"error":{"code":1}}"#), None);
+        assert_eq!(oauth_code(b"nope"), None);
+    }
+}

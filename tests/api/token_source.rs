@@ -1,0 +1,385 @@
+//! The one token source (`upstream::credential::token::TokenSource`) under the same attacks
+//! for both issuers — Azure's Entra ID (client-credentials) and Vertex AI (a service
+//! account's signed JWT) — through the gateway to the mock's token endpoints: an endpoint
+//! that fails, hangs, answers garbage or a lifetime of zero or less; a token the upstream
+//! refuses (one refresh, one retry, never a loop); many requests at expiry (one exchange).
+//! The failure rules are one set: a refused credential disables the key, an unusable
+//! endpoint is a server error that counts toward the breaker and lets the next
+//! deployment serve.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use sluice::config::{Provider, Secret, Settings, VertexSettings};
+use sluice::mock::{MockServer, Script};
+use sluice::upstream::pool::Disabled;
+
+use crate::azure::{azure, entra};
+use crate::helpers::*;
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gemini");
+const EMAIL: &str = "sluice-test@sluice-test.iam.gserviceaccount.com";
+const ENTRA_SECRET: &str = "entra-token-source-secret-canary-42";
+const CLIENT: &str = "app-ts";
+
+#[derive(Clone, Copy, Debug)]
+enum Issuer {
+    Entra,
+    Vertex,
+}
+
+const BOTH: [Issuer; 2] = [Issuer::Entra, Issuer::Vertex];
+
+impl Issuer {
+    /// The mock's script and stats key of the token endpoint.
+    fn token_key(self) -> &'static str {
+        match self {
+            Issuer::Entra => "entra-token:app-ts",
+            Issuer::Vertex => "token",
+        }
+    }
+
+    /// The mock's stats key of the calls the deployment makes with its tokens.
+    fn upstream_key(self) -> &'static str {
+        match self {
+            Issuer::Entra => "entra:app-ts",
+            Issuer::Vertex => EMAIL,
+        }
+    }
+
+    /// Every token issued so far no longer taken by the upstream.
+    fn revoke_all(self, mock: &MockServer) {
+        match self {
+            Issuer::Entra => mock.state.entra.revoke_all(),
+            Issuer::Vertex => mock.state.expire_vertex_tokens(),
+        }
+    }
+
+    /// The lifetime of the tokens issued from now on.
+    fn set_lifetime(self, mock: &MockServer, seconds: u64) {
+        match self {
+            Issuer::Entra => mock.state.entra.set_expires_in(seconds),
+            Issuer::Vertex => {
+                let pem =
+                    std::fs::read_to_string(format!("{FIXTURES}/test-service-account.pub.pem"))
+                        .unwrap();
+                mock.state
+                    .register_vertex_account(EMAIL, &pem, Some(Duration::from_secs(seconds)))
+                    .unwrap();
+            }
+        }
+    }
+}
+
+/// The gateway with `gpt-4o-mini` served by one deployment of `issuer` (deployment 0),
+/// `tweak` applied last; the folder holds the service-account file.
+async fn app(
+    issuer: Issuer,
+    tweak: impl FnOnce(&mut Settings, &MockServer),
+) -> (TestApp, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let sa_path = dir.path().join("sa.json");
+    let app = spawn_app_with(move |s, m| {
+        let u = match issuer {
+            Issuer::Entra => {
+                let mut u = azure("tok", m, "2024-10-21");
+                u.api_key = Secret::default();
+                u.entra = Some(entra(m, CLIENT, ENTRA_SECRET));
+                u
+            }
+            Issuer::Vertex => {
+                let text = std::fs::read_to_string(format!("{FIXTURES}/test-service-account.json"))
+                    .unwrap();
+                let mut sa: Value = serde_json::from_str(&text).unwrap();
+                sa["token_uri"] = json!(format!("{}/token", m.base_url()));
+                std::fs::write(&sa_path, sa.to_string()).unwrap();
+                Issuer::Vertex.set_lifetime(m, 3600);
+                let mut u = upstream("tok", "unused", m);
+                u.provider = Provider::Gemini;
+                u.base_url = m.base_url();
+                u.api_key = Secret::default();
+                u.vertex = Some(VertexSettings {
+                    project: "sluice-test".into(),
+                    location: "us-central1".into(),
+                    credentials_file: sa_path,
+                });
+                u
+            }
+        };
+        s.upstreams = vec![u];
+        let mut gpt = model("gpt-4o-mini", &["tok"]);
+        if matches!(issuer, Issuer::Entra) {
+            gpt.routes[0].deployment = Some("prod-gpt4o-mini".into());
+        }
+        s.models = vec![gpt];
+        tweak(s, m);
+    })
+    .await;
+    (app, dir)
+}
+
+fn exchanges(app: &TestApp, issuer: Issuer) -> u64 {
+    app.mock.state.stats(issuer.token_key()).count
+}
+
+fn upstream_calls(app: &TestApp, issuer: Issuer) -> u64 {
+    app.mock.state.stats(issuer.upstream_key()).count
+}
+
+/// A 502 `upstream_error` in OpenAI's shape, naming no secret.
+async fn assert_upstream_error(resp: reqwest::Response, issuer: Issuer) {
+    let status = resp.status();
+    let text = resp.text().await.unwrap();
+    assert_eq!(status, 502, "{issuer:?}: {text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["error"]["code"], "upstream_error", "{issuer:?}: {text}");
+    assert!(
+        !text.contains(ENTRA_SECRET) && !text.contains("PRIVATE KEY"),
+        "{text}"
+    );
+}
+
+/// Answers a token endpoint can give that leave the deployment without a usable token:
+/// each is a server error for the request (502 with no other deployment), the key is not
+/// disabled, nothing reaches the upstream, and the next request is served.
+#[tokio::test]
+async fn an_unusable_token_answer_is_a_server_error_not_a_refused_key() {
+    let unusable = [
+        Script {
+            status: Some(500),
+            ..Script::default()
+        },
+        Script {
+            status: Some(429),
+            ..Script::default()
+        },
+        Script {
+            raw_body: Some("<html>not a token</html>".into()),
+            ..Script::default()
+        },
+        Script {
+            body: Some(json!({"token_type": "Bearer"})),
+            ..Script::default()
+        },
+        Script {
+            body: Some(json!({"access_token": "tok-zero", "expires_in": 0})),
+            ..Script::default()
+        },
+        Script {
+            body: Some(json!({"access_token": "tok-past", "expires_in": -300})),
+            ..Script::default()
+        },
+        Script {
+            body: Some(json!({"access_token": "bad\ntoken", "expires_in": 3600})),
+            ..Script::default()
+        },
+    ];
+    for issuer in BOTH {
+        let (app, _dir) = app(issuer, |s, _| s.breaker.failure_threshold = 100).await;
+        let (id, token) = app.token("dev", Some("1.00")).await;
+        for (i, answer) in unusable.iter().enumerate() {
+            app.mock.state.script(issuer.token_key(), [answer.clone()]);
+            let resp = app.chat(&token, &chat_body(8)).await;
+            assert_upstream_error(resp, issuer).await;
+            assert_eq!(
+                exchanges(&app, issuer),
+                i as u64 + 1,
+                "{issuer:?} {answer:?}"
+            );
+            assert_eq!(app.state.pool.disabled(0), None, "{issuer:?} {answer:?}");
+            assert_eq!(upstream_calls(&app, issuer), 0, "{issuer:?} {answer:?}");
+        }
+        // Room for the mock's whole answer: charged its usage, nothing absorbed.
+        let resp = app.chat(&token, &chat_body(64)).await;
+        assert_eq!(resp.status(), 200, "{issuer:?}");
+        let usage = resp.json::<Value>().await.unwrap()["usage"].clone();
+        assert_eq!(upstream_calls(&app, issuer), 1);
+        let spent = crate::azure::spent(&app, id).await;
+        let cost = sluice::quota::pricing::cost(
+            sluice::quota::pricing::Usage {
+                input: usage["prompt_tokens"].as_i64().unwrap(),
+                cached_input: 0,
+                output: usage["completion_tokens"].as_i64().unwrap(),
+            },
+            sluice::quota::pricing::Prices {
+                input: 150_000,
+                output: 600_000,
+                cached_input: 150_000,
+            },
+        );
+        assert_eq!(spent, cost, "{issuer:?}: the failures cost nothing");
+    }
+}
+
+/// A failing token endpoint counts toward the deployment's breaker and the fallback model
+/// serves meanwhile: after the threshold the endpoint is not asked any more.
+#[tokio::test]
+async fn a_failing_token_endpoint_opens_the_breaker_and_the_fallback_serves() {
+    for issuer in BOTH {
+        let (app, _dir) = app(issuer, |s, m| {
+            s.breaker.failure_threshold = 3;
+            s.upstreams.push(upstream("backup", KEY_B, m));
+            s.models[0].fallbacks = vec!["backup-model".into()];
+            s.models.push(model("backup-model", &["backup"]));
+        })
+        .await;
+        app.mock.state.sticky(
+            issuer.token_key(),
+            Some(Script {
+                status: Some(503),
+                ..Script::default()
+            }),
+        );
+        let (_, token) = app.token("dev", Some("1.00")).await;
+        for n in 1..=5u64 {
+            let resp = app.chat(&token, &chat_body(8)).await;
+            assert_eq!(resp.status(), 200, "{issuer:?} request {n}");
+            assert_eq!(resp.headers()["x-sluice-upstream"], "backup", "{issuer:?}");
+            assert_eq!(exchanges(&app, issuer), n.min(3), "{issuer:?} request {n}");
+        }
+        assert_eq!(app.state.pool.disabled(0), None, "{issuer:?}");
+        assert_eq!(app.mock.state.stats(KEY_B).count, 5);
+        app.assert_invariant().await;
+    }
+}
+
+/// A token endpoint that does not answer: the request ends at its first-byte bound as a
+/// server error, the key stays enabled, and the next request exchanges anew.
+#[tokio::test]
+async fn a_hanging_token_endpoint_ends_at_the_first_byte_bound() {
+    for issuer in BOTH {
+        let (app, _dir) = app(issuer, |s, _| {
+            s.breaker.failure_threshold = 100;
+            s.upstream.first_byte_timeout_ms = 1_500;
+        })
+        .await;
+        app.mock.state.script(
+            issuer.token_key(),
+            [Script {
+                delay_ms: 120_000,
+                ..Script::default()
+            }],
+        );
+        let (_, token) = app.token("dev", Some("1.00")).await;
+        let resp = tokio::time::timeout(Duration::from_secs(60), app.chat(&token, &chat_body(8)))
+            .await
+            .expect("the request was held past its first-byte bound");
+        let status = resp.status().as_u16();
+        assert!(matches!(status, 502 | 504), "{issuer:?}: {status}");
+        assert_eq!(app.state.pool.disabled(0), None);
+        let resp = app.chat(&token, &chat_body(8)).await;
+        assert_eq!(resp.status(), 200, "{issuer:?}");
+        assert_eq!(exchanges(&app, issuer), 2, "{issuer:?}");
+    }
+}
+
+/// The token endpoint refusing the credentials is a refused key: disabled, an auth
+/// failure, the endpoint's own words not passed to the client.
+#[tokio::test]
+async fn a_refused_credential_disables_the_key() {
+    for issuer in BOTH {
+        let (app, _dir) = app(issuer, |_, _| {}).await;
+        app.mock.state.script(
+            issuer.token_key(),
+            [Script {
+                status: Some(401),
+                body: Some(json!({"error": "invalid_client",
+                    "error_description": "AADSTS7000215: Invalid client secret for tenant-0123."})),
+                ..Script::default()
+            }],
+        );
+        let (_, token) = app.token("dev", Some("1.00")).await;
+        let resp = app.chat(&token, &chat_body(8)).await;
+        let text = resp.text().await.unwrap();
+        assert!(
+            !text.contains("AADSTS") && !text.contains("tenant-0123"),
+            "{text}"
+        );
+        assert_eq!(
+            app.state.pool.disabled(0),
+            Some(Disabled::Auth),
+            "{issuer:?}"
+        );
+        assert_eq!(upstream_calls(&app, issuer), 0);
+    }
+}
+
+/// A token the upstream refuses before its time is replaced: one new exchange and one
+/// retry, the client served, the key kept. Twenty requests refused at once share that
+/// one exchange. An upstream that refuses every token gets exactly two calls per request
+/// (the retry is one, never a loop) and the key is disabled.
+#[tokio::test]
+async fn a_refused_token_is_replaced_once_and_never_in_a_loop() {
+    for issuer in BOTH {
+        let (app, _dir) = app(issuer, |_, _| {}).await;
+        let (_, token) = app.token("dev", Some("5.00")).await;
+        assert_eq!(app.chat(&token, &chat_body(8)).await.status(), 200);
+        assert_eq!(exchanges(&app, issuer), 1);
+
+        issuer.revoke_all(&app.mock);
+        let body = chat_body(8);
+        let all = futures_util::future::join_all((0..20).map(|_| app.chat(&token, &body))).await;
+        for r in all {
+            assert_eq!(r.status(), 200, "{issuer:?}");
+        }
+        assert_eq!(
+            exchanges(&app, issuer),
+            2,
+            "{issuer:?}: one exchange for all"
+        );
+        assert_eq!(app.state.pool.disabled(0), None, "{issuer:?}");
+
+        let before = upstream_calls(&app, issuer);
+        app.mock.state.sticky(
+            issuer.upstream_key(),
+            Some(Script {
+                status: Some(401),
+                ..Script::default()
+            }),
+        );
+        let resp = app.chat(&token, &chat_body(8)).await;
+        assert_upstream_error(resp, issuer).await;
+        assert_eq!(upstream_calls(&app, issuer) - before, 2, "{issuer:?}");
+        assert_eq!(exchanges(&app, issuer), 3, "{issuer:?}");
+        assert_eq!(
+            app.state.pool.disabled(0),
+            Some(Disabled::Auth),
+            "{issuer:?}"
+        );
+        app.assert_invariant().await;
+    }
+}
+
+/// Many requests arriving when the token has expired wait on one exchange.
+#[tokio::test]
+async fn requests_at_expiry_share_one_exchange() {
+    for issuer in BOTH {
+        let (app, _dir) = app(issuer, |_, _| {}).await;
+        issuer.set_lifetime(&app.mock, 2);
+        let (_, token) = app.token("dev", Some("5.00")).await;
+        assert_eq!(app.chat(&token, &chat_body(8)).await.status(), 200);
+        assert_eq!(exchanges(&app, issuer), 1);
+        issuer.set_lifetime(&app.mock, 3600);
+        // Past the two seconds the token lives: time passing, not a condition awaited.
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        // The exchange takes a moment, so that the requests arrive while it is in flight.
+        app.mock.state.script(
+            issuer.token_key(),
+            [Script {
+                delay_ms: 300,
+                ..Script::default()
+            }],
+        );
+        let body = chat_body(8);
+        let all = futures_util::future::join_all((0..20).map(|_| app.chat(&token, &body))).await;
+        for r in all {
+            assert_eq!(r.status(), 200, "{issuer:?}");
+        }
+        assert_eq!(exchanges(&app, issuer), 2, "{issuer:?}");
+        assert_eq!(
+            upstream_calls(&app, issuer),
+            21,
+            "no expired token sent, none refused"
+        );
+    }
+}
