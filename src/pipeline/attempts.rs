@@ -123,17 +123,23 @@ fn build(state: &AppState, p: &Prepared, c: &Candidate) -> Result<Built, Transla
     }
 }
 
-/// What the first candidate's upstream would leave out of the request: the announcement
-/// of a stream whose headers leave before a route is taken (a queued stream).
-pub fn dropped_first(
+/// What any candidate's upstream would leave out of the request: the announcement of a
+/// stream whose headers leave before a route is taken (a queued stream), which any of
+/// them may serve.
+pub fn dropped_by_any(
     state: &AppState,
     p: &Prepared,
     candidates: &[Candidate],
 ) -> Vec<&'static str> {
-    candidates
-        .first()
-        .and_then(|c| build(state, p, c).ok())
-        .map_or_else(Vec::new, |b| b.dropped)
+    let mut out: Vec<&'static str> = Vec::new();
+    for built in candidates.iter().filter_map(|c| build(state, p, c).ok()) {
+        for field in built.dropped {
+            if !out.contains(&field) {
+                out.push(field);
+            }
+        }
+    }
+    out
 }
 
 pub enum Outcome {

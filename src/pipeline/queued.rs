@@ -33,7 +33,7 @@ pub struct Waiting {
 
 pub fn start(state: &web::Data<AppState>, w: Waiting, drain: Drain) -> HttpResponse {
     let (sink, body) = sse_channel(stall_limit(state), drain);
-    let dropped = super::attempts::dropped_first(state, &w.prepared, &w.candidates);
+    let dropped = super::attempts::dropped_by_any(state, &w.prepared, &w.candidates);
     let mut resp = sse_response(
         &w.books.log,
         w.books.held.remaining(),

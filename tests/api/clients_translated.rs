@@ -29,43 +29,45 @@ const MODELS: [(&str, &str); 5] = [
 ];
 
 async fn app() -> TestApp {
-    spawn_app_with(|s, mock| {
-        let mut az = upstream("az", KEY_AZ, mock);
-        az.provider = Provider::AzureOpenai;
-        az.base_url = mock.base_url();
-        az.api_version = Some("2024-10-21".into());
-        let mut oc = upstream("oc", KEY_OC, mock);
-        oc.provider = Provider::OpenaiCompatible;
-        let mut cl = upstream("cl", KEY_CL, mock);
-        cl.provider = Provider::Anthropic;
-        cl.base_url = mock.base_url();
-        let mut ge = upstream("ge", KEY_GE, mock);
-        ge.provider = Provider::Gemini;
-        ge.base_url = mock.base_url();
-        let br = UpstreamSettings {
-            id: "br".into(),
-            provider: Provider::Bedrock,
-            base_url: mock.base_url(),
-            api_key: Secret::default(),
-            region: Some("us-east-1".into()),
-            access_key_id: Some(KEY_BR.into()),
-            secret_access_key: Some(Secret(secrecy::SecretString::from("bedrock-test-secret"))),
-            allow_private_network: true,
-            ..UpstreamSettings::default()
-        };
-        s.upstreams.extend([az, oc, cl, ge, br]);
-        for (name, _) in MODELS {
-            let mut m = model(name, &[name]);
-            if name == "az" {
-                m.routes[0].deployment = Some("clients-deployment".into());
-            }
-            if name == "br" {
-                m.routes[0].model = "anthropic.claude-3-5-sonnet-20240620-v1:0".into();
-            }
-            s.models.push(m);
+    spawn_app_with(kinds).await
+}
+
+/// Every translated kind behind the gateway, a model per kind named after it.
+fn kinds(s: &mut sluice::config::Settings, mock: &sluice::mock::MockServer) {
+    let mut az = upstream("az", KEY_AZ, mock);
+    az.provider = Provider::AzureOpenai;
+    az.base_url = mock.base_url();
+    az.api_version = Some("2024-10-21".into());
+    let mut oc = upstream("oc", KEY_OC, mock);
+    oc.provider = Provider::OpenaiCompatible;
+    let mut cl = upstream("cl", KEY_CL, mock);
+    cl.provider = Provider::Anthropic;
+    cl.base_url = mock.base_url();
+    let mut ge = upstream("ge", KEY_GE, mock);
+    ge.provider = Provider::Gemini;
+    ge.base_url = mock.base_url();
+    let br = UpstreamSettings {
+        id: "br".into(),
+        provider: Provider::Bedrock,
+        base_url: mock.base_url(),
+        api_key: Secret::default(),
+        region: Some("us-east-1".into()),
+        access_key_id: Some(KEY_BR.into()),
+        secret_access_key: Some(Secret(secrecy::SecretString::from("bedrock-test-secret"))),
+        allow_private_network: true,
+        ..UpstreamSettings::default()
+    };
+    s.upstreams.extend([az, oc, cl, ge, br]);
+    for (name, _) in MODELS {
+        let mut m = model(name, &[name]);
+        if name == "az" {
+            m.routes[0].deployment = Some("clients-deployment".into());
         }
-    })
-    .await
+        if name == "br" {
+            m.routes[0].model = "anthropic.claude-3-5-sonnet-20240620-v1:0".into();
+        }
+        s.models.push(m);
+    }
 }
 
 /// What Codex CLI 0.169 sends on a turn after a tool call (trimmed): bookkeeping, a
@@ -300,4 +302,46 @@ async fn a_json_schema_output_is_still_refused_by_name() {
     for (_, key) in MODELS {
         assert_eq!(app.mock.state.stats(key).count, 0, "{key}");
     }
+}
+
+/// A queued stream's headers leave before a route is taken, so its announcement names what
+/// any candidate would drop: here the first route keeps `strict` and its fallback (Gemini)
+/// drops it — the stream may be served by either.
+#[tokio::test]
+async fn a_queued_stream_announces_what_any_of_its_routes_would_drop() {
+    let app = spawn_app_with(|s, mock| {
+        kinds(s, mock);
+        let mut m = model("oc-then-ge", &["oc"]);
+        m.fallbacks = vec!["ge".into()];
+        s.models.push(m);
+        s.queue.max_in_flight = 1;
+        s.queue.reserved = sluice::config::ReservedSlots {
+            critical: 0,
+            high: 0,
+            normal: 0,
+            low: 0,
+        };
+        s.queue.max_wait_seconds = 60;
+    })
+    .await;
+    let (_, token) = app.token("queued", None).await;
+    let held = app.state.queue.admit(1, 0).await.expect("the free slot");
+    let body = json!({"model": "oc-then-ge", "max_tokens": 50, "stream": true,
+        "tools": [{"type": "function", "function": {"name": "lookup_vehicle", "strict": true,
+            "parameters": {"type": "object", "properties": {"vin": {"type": "string"}}}}}],
+        "messages": [{"role": "user", "content": "Which car is this?"}]});
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        dropped_header(&resp).as_deref(),
+        Some("tools[].function.strict")
+    );
+    drop(held);
+    let text = resp.text().await.unwrap();
+    assert!(
+        text.trim_end().ends_with("data: [DONE]"),
+        "{}",
+        &text[text.len().saturating_sub(600)..]
+    );
+    app.assert_invariant().await;
 }
