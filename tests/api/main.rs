@@ -86,6 +86,7 @@ mod signin_attack;
 mod slow_reader;
 mod ssrf;
 mod store_boundary;
+mod stream_usage;
 mod streams;
 mod translate;
 mod translate_attack;
