@@ -236,4 +236,6 @@ pub fn upstream_code(v: &Value) -> Option<String> {
 }
 
 #[cfg(test)]
+mod fixtures;
+#[cfg(test)]
 mod props;

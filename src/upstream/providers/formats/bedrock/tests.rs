@@ -5,14 +5,7 @@ use serde_json::{json, Value};
 
 use super::*;
 use crate::upstream::providers::canonical::{Answer, ErrorKind, Event, Finish, Reported, Usage};
-
-fn fixture(path: &str) -> String {
-    let p = format!(
-        "{}/tests/fixtures/bedrock/{path}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p}: {e}"))
-}
+use crate::upstream::providers::formats::fixtures;
 
 fn text(t: &str) -> Part {
     Part::Text {
@@ -126,7 +119,7 @@ fn a_tools_round_trip_request_is_the_documented_converse_body() {
         false,
     )
     .unwrap();
-    let want: Value = serde_json::from_str(&fixture("requests/tools_round_trip.json")).unwrap();
+    let want: Value = fixtures::json("bedrock", "requests/tools_round_trip.json");
     assert_eq!(Value::Object(got), want);
 }
 
@@ -254,7 +247,7 @@ fn consecutive_user_turns_are_merged_and_tool_errors_flagged() {
 
 #[test]
 fn a_converse_answer_reads_into_the_internal_form() {
-    let v: Value = serde_json::from_str(&fixture("answers/tool_use.json")).unwrap();
+    let v: Value = fixtures::json("bedrock", "answers/tool_use.json");
     let a: Answer = read_answer(&v).unwrap();
     assert!(a.id.starts_with("bedrock-"));
     assert_eq!(a.finish, Finish::ToolCalls);
@@ -286,7 +279,7 @@ fn a_converse_answer_reads_into_the_internal_form() {
             reasoning: 0
         })
     );
-    let v: Value = serde_json::from_str(&fixture("answers/text.json")).unwrap();
+    let v: Value = fixtures::json("bedrock", "answers/text.json");
     let a = read_answer(&v).unwrap();
     assert_eq!(a.finish, Finish::Stop);
     assert_eq!(a.usage.map(|u| (u.input, u.output)), Some((12, 9)));
@@ -328,7 +321,7 @@ fn a_malformed_answer_is_corrupt_not_a_panic() {
 fn a_converse_stream_reads_into_events() {
     let mut reader = EventReader::new();
     let mut events = Vec::new();
-    for line in fixture("streams/tool_use.jsonl").lines() {
+    for line in fixtures::text("bedrock", "streams/tool_use.jsonl").lines() {
         let l: Value = serde_json::from_str(line).unwrap();
         reader
             .read(

@@ -5,14 +5,10 @@ use serde_json::{json, Value};
 
 use super::*;
 use crate::upstream::providers::canonical::*;
+use crate::upstream::providers::formats::fixtures;
 
 fn fixture(name: &str) -> Value {
-    let path = format!(
-        "{}/tests/fixtures/gemini/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+    fixtures::json("gemini", name)
 }
 
 fn text(t: &str) -> Part {
