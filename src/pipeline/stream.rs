@@ -8,7 +8,10 @@
 //! the body of such a connection) — then it drops the upstream response, which closes that
 //! connection and cancels generation, and settles the reservation: the upstream's usage
 //! when it arrived, else the counted input plus the output counted with the tokenizer from
-//! the deltas received. A stream that breaks ends with an error event and no `[DONE]` /
+//! the deltas received (the exact rule: `translate::stream`'s module doc). After the
+//! upstream's finish, its body's end, break or stall completes the stream (Gemini has no
+//! end event; the usage may follow the finish). A stream that breaks before its finish
+//! ends with an error event and no `[DONE]` /
 //! `message_stop`; a stream given up on a stalled client ends its body with an error, so the
 //! connection is cut rather than closed as if complete.
 
