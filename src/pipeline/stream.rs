@@ -40,6 +40,7 @@ use crate::quota::reservation::Held;
 use crate::ratelimit::Booking;
 use crate::state::AppState;
 use crate::store::requests::RequestRow;
+use crate::upstream::providers::bedrock::eventstream::BROKE;
 use crate::upstream::providers::formats::responses;
 use crate::upstream::providers::translate::stream::ResponsesOut;
 use crate::upstream::providers::{self, translate::stream::StreamConverter};
@@ -101,7 +102,7 @@ fn events(framing: Framing, upstream: reqwest::Response, most: usize) -> Events 
                 Err(EventStreamError::Transport(BodyError::NotUtf8)) => Err(
                     "The upstream sent an event that is not UTF-8 text; the stream was ended by the gateway.",
                 ),
-                Err(_) => Err("The upstream stream broke off."),
+                Err(_) => Err(BROKE),
             },
         )),
     }
@@ -322,8 +323,15 @@ impl Pump {
                     );
                     break;
                 }
+                // A break is its body's end; an event it cannot read (too large, not UTF-8,
+                // a frame failing its checks) a cut, also after the finish: it may be the
+                // usage.
                 Ok(Some(Err(message))) => {
-                    failure = self.end(&mut frames, message);
+                    failure = if message == BROKE {
+                        self.end(&mut frames, message)
+                    } else {
+                        Some(message)
+                    };
                     break;
                 }
                 Ok(Some(Ok(ev))) => ev,

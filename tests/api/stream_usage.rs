@@ -8,7 +8,7 @@
 //! `translate::stream`'s module doc for the rule.
 
 use serde_json::{json, Value};
-use sluice::config::{Provider, Secret, UpstreamSettings};
+use sluice::config::{Provider, Secret, Settings, UpstreamSettings};
 use sluice::mock::{Script, SseEvent};
 
 use crate::helpers::*;
@@ -221,7 +221,7 @@ fn bedrock(key_id: &str, base_url: String) -> UpstreamSettings {
 }
 
 /// One app with a model per upstream format, priced 3 / 15 USD per million tokens.
-async fn app_with(idle_ms: Option<u64>) -> TestApp {
+async fn app_with(tweak: impl FnOnce(&mut Settings)) -> TestApp {
     spawn_app_with(|s, mock| {
         let mut openai = upstream("oa", Up::OpenAi.key(), mock);
         openai.provider = Provider::OpenaiCompatible;
@@ -248,15 +248,13 @@ async fn app_with(idle_ms: Option<u64>) -> TestApp {
             m.output_usd_per_mtok = 15.0;
             s.models.push(m);
         }
-        if let Some(ms) = idle_ms {
-            s.upstream.stream_idle_timeout_ms = ms;
-        }
+        tweak(s);
     })
     .await
 }
 
 async fn app() -> TestApp {
-    app_with(None).await
+    app_with(|_| {}).await
 }
 
 /// The cost of a usage at the test prices, rounded up once.
@@ -385,6 +383,51 @@ async fn a_final_usage_of_zeros_is_charged_zero() {
         .await;
         c.complete(&format!("{up:?}"));
         c.exactly(&format!("{up:?}"), 0, 0);
+    }
+    app.assert_invariant().await;
+}
+
+/// The same through an Anthropic client (`/v1/messages`): its `message_delta` tells the
+/// zeros it is charged, and `message_stop` ends its stream.
+#[tokio::test]
+async fn an_anthropic_client_is_charged_a_final_usage_of_zeros() {
+    let app = app().await;
+    for up in ALL {
+        let (id, token) = app.token(&format!("za-{up:?}"), Some("1")).await;
+        app.mock
+            .state
+            .script(up.key(), [scripted(up, &usual(up, Some((0, 0))))]);
+        let resp = app
+            .messages(
+                &token,
+                &json!({"model": up.model(), "stream": true, "max_tokens": 100,
+                    "messages": [{"role": "user", "content": "hi"}]}),
+            )
+            .await;
+        assert_eq!(resp.status(), 200, "{up:?}");
+        let body = resp.text().await.unwrap();
+        let events: Vec<Value> = body
+            .split("\n\n")
+            .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect();
+        assert_eq!(
+            events.last().unwrap()["type"],
+            "message_stop",
+            "{up:?}: {body}"
+        );
+        let delta = events
+            .iter()
+            .find(|e| e["type"] == "message_delta")
+            .unwrap_or_else(|| panic!("{up:?}: {body}"));
+        assert_eq!(delta["usage"]["output_tokens"], 0, "{up:?}: {body}");
+        app.wait_settled().await;
+        let spent = app
+            .scalar(&format!(
+                "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
+            ))
+            .await;
+        assert_eq!(spent, 0, "{up:?}");
     }
     app.assert_invariant().await;
 }
@@ -523,7 +566,7 @@ async fn a_body_cut_after_the_usage_that_followed_the_finish_is_complete_and_cha
 /// ends the wait, and the stream is complete and charged that usage.
 #[tokio::test]
 async fn a_body_held_open_after_the_finish_completes_at_the_idle_timeout() {
-    let app = app_with(Some(1500)).await;
+    let app = app_with(|s| s.upstream.stream_idle_timeout_ms = 1500).await;
     for (up, pieces) in [
         (
             Up::OpenAi,
@@ -551,6 +594,31 @@ async fn a_body_held_open_after_the_finish_completes_at_the_idle_timeout() {
         c.complete(&what);
         c.exactly(&what, 1000, 40);
     }
+    app.assert_invariant().await;
+}
+
+/// An event the gateway cannot read after the finish — here one larger than it accepts —
+/// may be the usage: the stream is cut (an error event, logged as an upstream error) and
+/// charged the usage reported with the finish.
+#[tokio::test]
+async fn an_event_too_large_after_the_finish_cuts_the_stream() {
+    let app = app_with(|s| s.upstream.max_response_bytes = 64 * 1024).await;
+    let mut events = events(Up::Gemini, &[Piece::Text, Piece::Finish(Some((7, 40)))]);
+    events.push(SseEvent::Data(
+        json!({"usageMetadata": {"promptTokenCount": 7, "candidatesTokenCount": 40},
+            "padding": "x".repeat(128 * 1024)}),
+    ));
+    let script = Script {
+        events: Some(events),
+        ..Script::default()
+    };
+    let c = stream(&app, Up::Gemini, "too-large", script, 4096).await;
+    let last: Value = serde_json::from_str(c.data.last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "upstream_error", "{:?}", c.data);
+    assert!(!c.data.iter().any(|d| d == "[DONE]"), "{:?}", c.data);
+    assert_eq!(c.logged.3.as_deref(), Some("upstream_error"));
+    assert_eq!((c.logged.0, c.logged.1), (7, 40));
+    assert_eq!((c.spent, c.absorbed), (cost(7, 40), 0));
     app.assert_invariant().await;
 }
 
