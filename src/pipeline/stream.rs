@@ -8,7 +8,10 @@
 //! the body of such a connection) — then it drops the upstream response, which closes that
 //! connection and cancels generation, and settles the reservation: the upstream's usage
 //! when it arrived, else the counted input plus the output counted with the tokenizer from
-//! the deltas received. A stream that breaks ends with an error event and no `[DONE]` /
+//! the deltas received (the exact rule: `translate::stream`'s module doc). After the
+//! upstream's finish, its body's end, break or stall completes the stream (Gemini has no
+//! end event; the usage may follow the finish). A stream that breaks before its finish
+//! ends with an error event and no `[DONE]` /
 //! `message_stop`; a stream given up on a stalled client ends its body with an error, so the
 //! connection is cut rather than closed as if complete.
 
@@ -37,6 +40,7 @@ use crate::quota::reservation::Held;
 use crate::ratelimit::Booking;
 use crate::state::AppState;
 use crate::store::requests::RequestRow;
+use crate::upstream::providers::bedrock::eventstream::BROKE;
 use crate::upstream::providers::formats::responses;
 use crate::upstream::providers::translate::stream::ResponsesOut;
 use crate::upstream::providers::{self, translate::stream::StreamConverter};
@@ -98,7 +102,7 @@ fn events(framing: Framing, upstream: reqwest::Response, most: usize) -> Events 
                 Err(EventStreamError::Transport(BodyError::NotUtf8)) => Err(
                     "The upstream sent an event that is not UTF-8 text; the stream was ended by the gateway.",
                 ),
-                Err(_) => Err("The upstream stream broke off."),
+                Err(_) => Err(BROKE),
             },
         )),
     }
@@ -304,41 +308,41 @@ impl Pump {
                 _ = &mut shutdown => { drained = true; break; }
                 n = tokio::time::timeout(idle, events.next()) => n,
             };
+            // The upstream's body ended, broke off or stalled: after its finish that is
+            // the stream's end (`StreamConverter::end`), before it a cut.
             let event = match next {
                 Err(_) => {
-                    failure =
-                        Some("The upstream stopped sending; the stream was ended by the gateway.");
+                    failure = self.end(
+                        &mut frames,
+                        "The upstream stopped sending; the stream was ended by the gateway.",
+                    );
                     break;
                 }
                 Ok(None) => {
-                    if !self.converter.done() {
-                        failure = Some("The upstream ended the stream before it was complete.");
-                    }
+                    failure = self.end(
+                        &mut frames,
+                        "The upstream ended the stream before it was complete.",
+                    );
                     break;
                 }
+                // A break is its body's end; an event it cannot read (too large, not UTF-8,
+                // a frame failing its checks) a cut, also after the finish: it may be the
+                // usage.
                 Ok(Some(Err(message))) => {
-                    failure = Some(message);
+                    failure = if message == BROKE {
+                        self.end(&mut frames, message)
+                    } else {
+                        Some(message)
+                    };
                     break;
                 }
                 Ok(Some(Ok(ev))) => ev,
             };
             self.converter.event(&event.0, &event.1, &mut frames);
-            // A complete response is stored before its last event reaches the client, so
-            // its id works as soon as the client has it.
-            if let Some(ctx) = &self.conversation {
-                if let Some(r) = self.converter.completed_response() {
-                    super::responses::keep(&self.state, ctx, &r).await;
-                }
-            }
-            for f in frames.drain(..) {
-                if let Some(a) = self.assembler.as_mut() {
-                    a.push(&f);
-                }
-                if !sink.send(f).await {
-                    drained = sink.drain.is_draining();
-                    client_gone = !drained;
-                    break 'read;
-                }
+            if !self.pass(&mut frames, &sink).await {
+                drained = sink.drain.is_draining();
+                client_gone = !drained;
+                break 'read;
             }
             // The upstream's own error event ended the client's stream: stop reading.
             if self.converter.upstream_failed() {
@@ -350,6 +354,11 @@ impl Pump {
             if self.converter.done() {
                 break;
             }
+        }
+        // The closing events of a stream its body's end completed.
+        if !frames.is_empty() && !client_gone && !drained && !self.pass(&mut frames, &sink).await {
+            drained = sink.drain.is_draining();
+            client_gone = !drained;
         }
         // The shutdown ended it (also one blocked on its client): the error event if the
         // client has room for it, at once, else a cut connection; charged as a cut stream.
@@ -374,6 +383,32 @@ impl Pump {
             _ => None,
         };
         self.settle(failure.is_some(), ending).await;
+    }
+
+    /// The upstream's body ended (or broke off, or stalled): `None` when that completed the
+    /// stream (its closing events are in `frames`), else the failure, `message`.
+    fn end(&mut self, frames: &mut Vec<Bytes>, message: &'static str) -> Option<&'static str> {
+        (!self.converter.end(frames)).then_some(message)
+    }
+
+    /// Hands the converter's frames to the client (and the cache's assembler); false when
+    /// the client is gone. A complete response is stored before its last event reaches the
+    /// client, so its id works as soon as the client has it.
+    async fn pass(&mut self, frames: &mut Vec<Bytes>, sink: &ClientSink) -> bool {
+        if let Some(ctx) = &self.conversation {
+            if let Some(r) = self.converter.completed_response() {
+                super::responses::keep(&self.state, ctx, &r).await;
+            }
+        }
+        for f in frames.drain(..) {
+            if let Some(a) = self.assembler.as_mut() {
+                a.push(&f);
+            }
+            if !sink.send(f).await {
+                return false;
+            }
+        }
+        true
     }
 
     /// `failed`: the stream did not complete (never cached); `ending`: the log row's code.

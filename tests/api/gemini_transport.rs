@@ -210,13 +210,21 @@ async fn the_gemini_api_gets_the_key_in_its_header_and_the_model_in_the_path() {
         })
         .collect();
     assert_eq!(text, MockConfig::default().text);
-    assert_eq!(ev.last(), Some(&Event::Done));
+    // Gemini has no end-of-stream event (its body's end is the end): the finish, then the
+    // usage.
     assert!(
-        ev.contains(&Event::Usage(canonical::Usage {
-            input: 12,
-            output: 24,
-            ..Default::default()
-        })),
+        ev.contains(&Event::Finish(canonical::Finish::Stop)),
+        "{ev:?}"
+    );
+    assert_eq!(
+        ev.last(),
+        Some(&Event::Usage(canonical::Reported::whole(
+            canonical::Usage {
+                input: 12,
+                output: 24,
+                ..Default::default()
+            }
+        ))),
         "{ev:?}"
     );
     assert_eq!(
@@ -259,7 +267,10 @@ async fn vertex_signs_in_with_the_service_account_and_calls_the_project_path() {
         .await
         .unwrap();
     let ev = events(resp).await;
-    assert_eq!(ev.last(), Some(&Event::Done));
+    assert!(
+        ev.contains(&Event::Finish(canonical::Finish::Stop)),
+        "{ev:?}"
+    );
     assert_eq!(mock.state.stats("token").count, 1);
     assert_eq!(
         mock.state.stats(EMAIL).last_headers[1]["authorization"],

@@ -89,6 +89,7 @@ mod signin_attack;
 mod slow_reader;
 mod ssrf;
 mod store_boundary;
+mod stream_usage;
 mod streams;
 mod token_source;
 mod translate;

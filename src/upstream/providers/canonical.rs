@@ -275,6 +275,66 @@ pub struct Usage {
     pub reasoning: i64,
 }
 
+/// The usage one stream event reported. A side the event did not carry is `None`: absent,
+/// never a zero, for a zero is a figure (a stream whose usage says 0 costs 0), while
+/// Anthropic's `message_start` reports the input with a placeholder output and its
+/// `message_delta` the output alone.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reported {
+    /// `input`, `cached_input` and the cache writes of `Usage`.
+    pub input: Option<Input>,
+    /// `output` and `reasoning` of `Usage`.
+    pub output: Option<Output>,
+}
+
+/// The input side of a `Usage`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Input {
+    pub input: i64,
+    pub cached_input: i64,
+    pub cache_write_5m: i64,
+    pub cache_write_1h: i64,
+}
+
+/// The output side of a `Usage`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Output {
+    pub output: i64,
+    pub reasoning: i64,
+}
+
+impl Reported {
+    /// Both sides of `u`.
+    pub fn whole(u: Usage) -> Reported {
+        Reported {
+            input: Some(Input {
+                input: u.input,
+                cached_input: u.cached_input,
+                cache_write_5m: u.cache_write_5m,
+                cache_write_1h: u.cache_write_1h,
+            }),
+            output: Some(Output {
+                output: u.output,
+                reasoning: u.reasoning,
+            }),
+        }
+    }
+
+    /// `u` with the sides reported here replaced.
+    pub fn apply(&self, u: &mut Usage) {
+        if let Some(i) = self.input {
+            u.input = i.input;
+            u.cached_input = i.cached_input;
+            u.cache_write_5m = i.cache_write_5m;
+            u.cache_write_1h = i.cache_write_1h;
+        }
+        if let Some(o) = self.output {
+            u.output = o.output;
+            u.reasoning = o.reasoning;
+        }
+    }
+}
+
 /// One stream event in the internal form. An adapter in turns each upstream event into
 /// zero or more of these; an adapter out turns each into zero or more client events.
 /// Content blocks are numbered from 0 in the order they start; text, reasoning and tool
@@ -327,9 +387,9 @@ pub enum Event {
     BlockStop {
         index: usize,
     },
-    /// Usage figures; a later one replaces the fields it carries (streams report input
+    /// Usage figures; a later one replaces the sides it carries (streams report input
     /// first and output last, or all at the end).
-    Usage(Usage),
+    Usage(Reported),
     /// The answer finished for this reason (the usage may still follow).
     Finish(Finish),
     /// The upstream reported an error mid-stream: the stream ends with it, in the client's

@@ -248,13 +248,3 @@ pub fn error_message(route: Route, v: &Value) -> Option<String> {
     }
     v.pointer("/error/message")?.as_str().map(str::to_string)
 }
-
-/// The code of a stream's error event in `route`'s format (the Responses API's `error`
-/// event carries it at the top).
-pub fn stream_error_code(route: Route, (name, data): &Frame) -> Option<String> {
-    match route {
-        Route::Responses if data["type"] == "error" => data["code"].as_str().map(str::to_string),
-        Route::Messages if name != "error" => None,
-        _ => error_code(route, data),
-    }
-}

@@ -9,8 +9,7 @@
 //!
 //! One gateway per kind serves every route; one test per kind runs its cells in turn, and
 //! every assertion names its cell (`route × kind × check`). Cells that cannot apply are in
-//! `SKIPS` with the reason; cells that fail on today's code are in `FINDINGS`, left out of
-//! the per-kind tests and run by the ignored test `findings`.
+//! `SKIPS` with the reason.
 
 mod cells;
 mod checks;
@@ -80,48 +79,6 @@ const SKIPS: &[(Option<Route>, Option<Kind>, Check, &str)] = &[(
     "the Responses API has no response cache (docs/DESIGN.md, \"The Responses API\")",
 )];
 
-/// Cells that fail on today's code, and what fails: run by `findings` (ignored), left out
-/// of the per-kind tests. A fix moves its cell out of this list.
-const FINDINGS: &[(Route, Kind, Check, &str)] = &[
-    (Route::Chat, Kind::Gemini, Check::ZeroStream, ZERO_GEMINI),
-    (
-        Route::Messages,
-        Kind::Gemini,
-        Check::ZeroStream,
-        ZERO_GEMINI,
-    ),
-    (
-        Route::Responses,
-        Kind::Gemini,
-        Check::ZeroStream,
-        ZERO_GEMINI,
-    ),
-    (Route::Chat, Kind::Bedrock, Check::ZeroStream, ZERO_BEDROCK),
-    (
-        Route::Messages,
-        Kind::Bedrock,
-        Check::ZeroStream,
-        ZERO_BEDROCK,
-    ),
-    (
-        Route::Responses,
-        Kind::Bedrock,
-        Check::ZeroStream,
-        ZERO_BEDROCK,
-    ),
-];
-
-const ZERO_GEMINI: &str = "a Gemini stream whose usageMetadata says 0 is charged its counted \
-    figures (17 micro-dollars), not 0 — as gemini_token_attack::a_gemini_stream_whose_usage_says_zero_is_charged_zero";
-const ZERO_BEDROCK: &str = "a Bedrock stream whose metadata usage says 0 is charged its counted \
-    figures (17 micro-dollars), not 0; OpenAI-format and Anthropic streams of zeros are charged 0";
-
-fn finding(route: Route, kind: Kind, check: Check) -> bool {
-    FINDINGS
-        .iter()
-        .any(|(r, k, c, _)| (*r, *k, *c) == (route, kind, check))
-}
-
 fn skipped(route: Route, kind: Kind, check: Check) -> Option<&'static str> {
     SKIPS
         .iter()
@@ -131,12 +88,12 @@ fn skipped(route: Route, kind: Kind, check: Check) -> Option<&'static str> {
         .map(|s| s.3)
 }
 
-/// Every cell of `kind` that applies and is not a finding, on one gateway.
+/// Every cell of `kind` that applies, on one gateway.
 async fn run_kind(kind: Kind) {
     let gw = cells::Gateway::start(kind).await;
     for route in ROUTES {
         for check in CHECKS {
-            if skipped(route, kind, check).is_some() || finding(route, kind, check) {
+            if skipped(route, kind, check).is_some() {
                 continue;
             }
             checks::run(&gw, route, check).await;
@@ -177,22 +134,4 @@ async fn gemini() {
 #[tokio::test]
 async fn bedrock() {
     run_kind(Kind::Bedrock).await;
-}
-
-/// The cells in `FINDINGS`, each on a gateway of its own: fails, naming every cell that
-/// still fails, until all are fixed.
-#[tokio::test]
-#[ignore = "finding: the cells in money_routes::FINDINGS (a Gemini or Bedrock stream whose usage says 0 is charged its count)"]
-async fn findings() {
-    let mut failing = Vec::new();
-    for (route, kind, check, what) in FINDINGS {
-        let cell = tokio::spawn(async move {
-            let gw = cells::Gateway::start(*kind).await;
-            checks::run(&gw, *route, *check).await;
-        });
-        if cell.await.is_err() {
-            failing.push(format!("{route:?} × {kind:?} × {check:?}: {what}"));
-        }
-    }
-    assert!(failing.is_empty(), "still failing:\n{}", failing.join("\n"));
 }

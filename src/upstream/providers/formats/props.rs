@@ -13,8 +13,8 @@ use serde_json::{json, Value};
 use super::responses::{adapter as responses, Stamp};
 use super::{anthropic, openai_chat};
 use crate::upstream::providers::canonical::{
-    CacheMark, Event, Finish, Message, Part, Reasoning, Request, ResponseFormat, Role, Source,
-    Tool, ToolChoice, Usage,
+    CacheMark, Event, Finish, Message, Part, Reasoning, Reported, Request, ResponseFormat, Role,
+    Source, Tool, ToolChoice, Usage,
 };
 use crate::upstream::providers::translate::stream::{ResponsesOut, StreamConverter};
 use crate::upstream::providers::Format;
@@ -761,10 +761,10 @@ fn stream() -> impl Strategy<Value = (Vec<String>, Vec<CallPieces>, Usage)> {
 
 fn events(text: &[String], calls: &[CallPieces], usage: Usage) -> Vec<Event> {
     let mut out = vec![
-        Event::Usage(Usage {
+        Event::Usage(Reported::whole(Usage {
             input: usage.input,
             ..Usage::default()
-        }),
+        })),
         Event::Start {
             id: "id".into(),
             model: "m".into(),
@@ -797,7 +797,7 @@ fn events(text: &[String], calls: &[CallPieces], usage: Usage) -> Vec<Event> {
     } else {
         Finish::ToolCalls
     }));
-    out.push(Event::Usage(usage));
+    out.push(Event::Usage(Reported::whole(usage)));
     out.push(Event::Done);
     out
 }

@@ -16,7 +16,9 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::answer::{read_finish, write_finish, write_usage};
-use crate::upstream::providers::canonical::{ErrorInfo, ErrorKind, Event, Usage};
+use crate::upstream::providers::canonical::{
+    ErrorInfo, ErrorKind, Event, Input, Output, Reported, Usage,
+};
 use crate::upstream::providers::formats::status_of;
 use crate::upstream::providers::translate::stream::frame;
 use crate::upstream::providers::translate::stream::shape::{self, Body, Corrupt};
@@ -43,6 +45,16 @@ fn error_kind(kind: &str) -> ErrorKind {
     }
 }
 
+/// The input side of an Anthropic usage.
+fn input_of(u: &shape::AnthropicUsage) -> Input {
+    let (input, cached_input) = u.input();
+    Input {
+        input,
+        cached_input,
+        ..Input::default()
+    }
+}
+
 impl EventReader {
     pub fn read(&mut self, _name: &str, data: &str, out: &mut Vec<Event>) -> Result<(), Corrupt> {
         let e = shape::anthropic_event(data)?;
@@ -59,12 +71,12 @@ impl EventReader {
                     model: m.model.clone().unwrap_or_default(),
                     created: None,
                 });
+                // Its `output_tokens` is a placeholder (0 or 1) before the real count in
+                // `message_delta`: only the input is reported here.
                 if let Some(u) = m.usage.as_ref().filter(|u| u.input_tokens.is_some()) {
-                    let (input, cached) = u.input();
-                    out.push(Event::Usage(Usage {
-                        input,
-                        cached_input: cached,
-                        ..Usage::default()
+                    out.push(Event::Usage(Reported {
+                        input: Some(input_of(u)),
+                        output: None,
                     }));
                 }
             }
@@ -110,11 +122,18 @@ impl EventReader {
                     d.stop_reason.as_deref(),
                     d.stop_sequence.as_deref(),
                 )));
-                if let Some(o) = u.as_ref().and_then(|u| u.output_tokens) {
-                    out.push(Event::Usage(Usage {
-                        output: o.0,
-                        ..Usage::default()
-                    }));
+                // Cumulative figures; the input ones only where this event carries them.
+                if let Some(u) = u {
+                    let r = Reported {
+                        input: u.input_tokens.is_some().then(|| input_of(u)),
+                        output: u.output_tokens.map(|o| Output {
+                            output: o.0,
+                            reasoning: 0,
+                        }),
+                    };
+                    if r != Reported::default() {
+                        out.push(Event::Usage(r));
+                    }
                 }
             }
             Body::MessageStop => out.push(Event::Done),
@@ -430,7 +449,7 @@ impl EventWriter {
                 self.flush(out);
                 self.finish = Some(f.clone());
             }
-            Event::Usage(u) => self.usage = *u,
+            Event::Usage(u) => u.apply(&mut self.usage),
             Event::Done => {
                 if !self.started {
                     return;

@@ -6,14 +6,17 @@
 //! with its first `contentBlockDelta`; the reader starts those blocks itself. Bedrock's
 //! `contentBlockIndex` is renumbered in the order blocks start, as the internal form
 //! numbers them. The usage comes in the last event, `metadata`, after `messageStop`: that
-//! event ends the answer (`Done`).
+//! event ends the answer (`Done`). A `metadata` sent before `messageStop` is held and told
+//! after the finish, where a final usage belongs (one before the finish is a running
+//! figure to the converter); a stream whose body ends after `messageStop` without
+//! `metadata` is complete too (`StreamConverter::end`).
 
 use std::collections::HashMap;
 
 use serde_json::Value;
 
 use super::read::{exception_status, finish_of, read_error, read_usage};
-use crate::upstream::providers::canonical::Event;
+use crate::upstream::providers::canonical::{Event, Reported};
 use crate::upstream::providers::translate::stream::Corrupt;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +35,8 @@ pub struct EventReader {
     stopped: bool,
     /// `metadata` came before `messageStop`: the answer ends at `messageStop`.
     metadata_seen: bool,
+    /// The usage of a `metadata` that came before `messageStop`, told after the finish.
+    held_usage: Option<Reported>,
 }
 
 impl EventReader {
@@ -121,6 +126,9 @@ impl EventReader {
                     .ok_or(Corrupt::Shape)?;
                 out.push(Event::Finish(finish_of(reason)));
                 self.stopped = true;
+                if let Some(u) = self.held_usage.take() {
+                    out.push(Event::Usage(u));
+                }
                 if self.metadata_seen {
                     out.push(Event::Done);
                 }
@@ -129,7 +137,12 @@ impl EventReader {
             // `messageStop`; one sent before waits for it, so the stop reason is not lost).
             "metadata" => {
                 if let Some(u) = v.get("usage") {
-                    out.push(Event::Usage(read_usage(u).ok_or(Corrupt::Shape)?));
+                    let u = Reported::whole(read_usage(u).ok_or(Corrupt::Shape)?);
+                    if self.stopped {
+                        out.push(Event::Usage(u));
+                    } else {
+                        self.held_usage = Some(u);
+                    }
                 }
                 self.metadata_seen = true;
                 if self.stopped {

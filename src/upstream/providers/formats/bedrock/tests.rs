@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 
 use super::*;
-use crate::upstream::providers::canonical::{Answer, ErrorKind, Event, Finish, Usage};
+use crate::upstream::providers::canonical::{Answer, ErrorKind, Event, Finish, Reported, Usage};
 use crate::upstream::providers::formats::fixtures;
 
 fn text(t: &str) -> Part {
@@ -370,11 +370,11 @@ fn a_converse_stream_reads_into_events() {
             },
             Event::BlockStop { index: 2 },
             Event::Finish(Finish::ToolCalls),
-            Event::Usage(Usage {
+            Event::Usage(Reported::whole(Usage {
                 input: 25,
                 output: 31,
                 ..Usage::default()
-            }),
+            })),
             Event::Done,
         ]
     );

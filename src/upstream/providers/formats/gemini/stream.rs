@@ -1,19 +1,37 @@
 //! `streamGenerateContent?alt=sse`: each SSE `data:` is a whole `GenerateContentResponse`
-//! holding the next pieces of the first candidate; the chunk with the `finishReason`
-//! carries the final `usageMetadata` and is the last (Gemini has no end-of-stream event).
-//! Function calls arrive whole, one part each.
+//! holding the next pieces of the first candidate. The chunk with the `finishReason` ends
+//! the answer (`Finish`); its `usageMetadata` — or a later chunk's, which some servers send
+//! on its own — is the final usage (each chunk before it may carry a running one). Gemini
+//! has no end-of-stream event: the stream is over when its body ends, which the converter
+//! sees (`StreamConverter::end`), so this reader never says `Done`; after the finish it
+//! reads only usage. Function calls arrive whole, one part each.
 
 use serde_json::Value;
 
 use super::answer::{blocked, call_id, call_prefix, finish_of, parts_of, read_usage, text};
 use super::error::read_error;
-use crate::upstream::providers::canonical::{Event, Finish};
+use crate::upstream::providers::canonical::{Event, Finish, Reported};
+use crate::upstream::providers::tokens;
 use crate::upstream::providers::translate::stream::Corrupt;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Open {
     Text,
     Reasoning,
+}
+
+/// The sides a chunk's `usageMetadata` reports: the input where `promptTokenCount` is, the
+/// output where `candidatesTokenCount` or `thoughtsTokenCount` is. A running usage often
+/// has the prompt's count alone: its output is absent, not 0.
+fn reported(u: &Value) -> Option<Reported> {
+    let whole = Reported::whole(read_usage(u)?);
+    let has = |k: &str| tokens(u.get(k)).is_some();
+    Some(Reported {
+        input: whole.input.filter(|_| has("promptTokenCount")),
+        output: whole
+            .output
+            .filter(|_| has("candidatesTokenCount") || has("thoughtsTokenCount")),
+    })
 }
 
 /// Reads one stream's chunks, in order, into internal events.
@@ -26,7 +44,10 @@ pub struct EventReader {
     calls: usize,
     /// The call-id prefix, fixed by the first chunk (its `responseId`).
     prefix: String,
-    done: bool,
+    /// The finish came: later chunks carry nothing but usage.
+    finished: bool,
+    /// The upstream's error event came: nothing after it is read.
+    failed: bool,
 }
 
 impl EventReader {
@@ -46,7 +67,13 @@ impl EventReader {
         if !v.is_object() {
             return Err(Corrupt::Shape);
         }
-        if self.done {
+        if self.failed {
+            return Ok(());
+        }
+        if self.finished {
+            if let Some(u) = v.get("usageMetadata").and_then(reported) {
+                out.push(Event::Usage(u));
+            }
             return Ok(());
         }
         if v.get("error").is_some_and(Value::is_object) {
@@ -56,7 +83,7 @@ impl EventReader {
                 .and_then(|c| u16::try_from(c).ok())
                 .unwrap_or(500);
             out.push(Event::Error(read_error(status, &v)));
-            self.done = true;
+            self.failed = true;
             return Ok(());
         }
         if !self.started {
@@ -86,17 +113,13 @@ impl EventReader {
         } else if blocked(&v) {
             finish = Some(Finish::ContentFilter);
         }
-        let ended = finish.is_some();
         if let Some(f) = finish {
             self.close(out);
             out.push(Event::Finish(f));
+            self.finished = true;
         }
-        if let Some(u) = v.get("usageMetadata").and_then(read_usage) {
+        if let Some(u) = v.get("usageMetadata").and_then(reported) {
             out.push(Event::Usage(u));
-        }
-        if ended {
-            out.push(Event::Done);
-            self.done = true;
         }
         Ok(())
     }

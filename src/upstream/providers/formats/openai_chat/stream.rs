@@ -405,7 +405,7 @@ impl EventWriter {
                 write_finish(&mut choice, f);
                 out.push(self.chunk(Value::Object(choice)));
             }
-            Event::Usage(u) => self.usage = *u,
+            Event::Usage(u) => u.apply(&mut self.usage),
             Event::Done => {
                 if self.include_usage {
                     out.push(frame(None, &json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created,

@@ -649,7 +649,8 @@ pub struct EventWriter {
     /// Open tool calls by the internal form's block index.
     calls: Vec<(usize, Open)>,
     finish: Option<Finish>,
-    usage: Value,
+    /// The figures told so far (`null` in the response until the first).
+    usage: Option<Usage>,
     item_ids: String,
     pub completed: Option<Value>,
 }
@@ -668,7 +669,7 @@ impl EventWriter {
             message: None,
             calls: Vec::new(),
             finish: None,
-            usage: Value::Null,
+            usage: None,
             item_ids,
             completed: None,
         }
@@ -693,7 +694,7 @@ impl EventWriter {
                 self.created,
                 self.done_items.clone(),
                 self.finish.as_ref(),
-                self.usage.clone(),
+                self.usage.as_ref().map_or(Value::Null, usage_json),
             )
         } else {
             let mut r = response_object(
@@ -937,7 +938,7 @@ impl EventWriter {
                     out,
                 );
             }
-            Event::Usage(u) => self.usage = usage_json(u),
+            Event::Usage(r) => r.apply(self.usage.get_or_insert_with(Usage::default)),
             Event::Finish(f) => self.finish = Some(f.clone()),
             Event::Error(e) => {
                 let seq = self.seq;

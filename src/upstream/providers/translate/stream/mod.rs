@@ -12,6 +12,25 @@
 //! Every event is read once into the typed fields of `shape`: one that is not JSON, or not
 //! in its format's shape, ends the stream with the gateway's error event
 //! (`upstream_error`).
+//!
+//! When a stream is complete, and what it costs:
+//! - It is *complete* once the upstream sent its finish (OpenAI's `finish_reason`,
+//!   Anthropic's `message_delta`, Gemini's `finishReason`, Bedrock's `messageStop`,
+//!   Responses' `response.completed`) and then its end: its end-of-stream event (`[DONE]`,
+//!   `message_stop`, Bedrock's `metadata`) or, for every format, the end of its body —
+//!   Gemini has no end event, and some OpenAI-compatible servers send no `[DONE]`. The
+//!   pump tells the converter when the body ended, broke off or stalled (`end`); after a
+//!   finish that completes the stream, and the client gets its closing events then — no
+//!   later than the upstream ended. A stream that ends before its finish is *cut*, and so
+//!   is one with an event the gateway cannot read, before or after the finish (it may be
+//!   the usage): the client gets an error event.
+//! - Its *price* is the usage the upstream reported with or after its finish, zeros
+//!   included (a side absent from a report is not a zero, see `canonical::Reported`); the
+//!   last report wins. A usage reported only before the finish may be a running figure
+//!   (Gemini's every chunk, vLLM's continuous usage): its output is a floor, and the output
+//!   counted from the text received counts if it is more. Without any usage, the input
+//!   estimate and the counted output. A reported input is taken wherever it comes (it is
+//!   known from the start).
 
 pub mod shape;
 
@@ -20,7 +39,7 @@ use serde_json::{json, Value};
 
 use crate::quota::estimate;
 use crate::quota::pricing::Usage;
-use crate::upstream::providers::canonical::{self, Event};
+use crate::upstream::providers::canonical::{self, Event, Reported};
 use crate::upstream::providers::formats::openai_chat::stream::{read_event, OpenAiEvent};
 use crate::upstream::providers::formats::responses::adapter as responses_adapter;
 use crate::upstream::providers::formats::responses::stream as responses;
@@ -76,6 +95,10 @@ pub struct StreamConverter {
     input: Option<i64>,
     cached: i64,
     output: Option<i64>,
+    /// `output` was reported with or after the finish: the stream's price, not a floor.
+    output_final: bool,
+    /// The upstream sent its finish: the answer is whole, the usage may still follow.
+    finished: bool,
     /// The output text received and not yet counted (see `note_text`).
     text: String,
     /// Tokens of the output text already counted.
@@ -153,6 +176,8 @@ impl StreamConverter {
             input: None,
             cached: 0,
             output: None,
+            output_final: false,
+            finished: false,
             text: String::new(),
             counted: 0,
             hold_limit: HOLD_LIMIT,
@@ -215,12 +240,14 @@ impl StreamConverter {
                     if let Some(t) = &read.text {
                         self.note_text(t);
                     }
+                    // `response.completed` is the finish, the end and the usage.
+                    self.finished |= read.done;
+                    self.done |= read.done;
                     if let Some(u) = read.usage {
                         self.input = Some(u.input);
                         self.cached = u.cached_input;
-                        self.output = Some(u.output);
+                        self.report_output(u.output);
                     }
-                    self.done |= read.done;
                     self.error_sent |= read.failed;
                     out.extend(read.frame);
                 }
@@ -261,27 +288,55 @@ impl StreamConverter {
         self.text = rest;
     }
 
-    /// The upstream signalled a complete answer (`[DONE]` / `message_stop`).
+    /// The stream is complete (see the module doc): nothing after this is the client's.
     pub fn done(&self) -> bool {
         self.done
     }
 
-    /// What to charge: the upstream's figures where they arrived, else the counted input and
-    /// the output counted from the text received.
+    /// The upstream's body ended — cleanly, broken off, or stalled past the idle timeout.
+    /// True when the stream is complete: its end-of-stream event came, or its finish did,
+    /// and then the client's closing events (the usage, `[DONE]`, `message_stop`,
+    /// `response.completed`) are appended to `out`. False for a cut stream.
+    pub fn end(&mut self, out: &mut Vec<Bytes>) -> bool {
+        if self.done {
+            return true;
+        }
+        // A native Responses stream finishes with its end (`response.completed`).
+        if self.error_sent || !self.finished || self.responses.is_some() {
+            return false;
+        }
+        match (self.upstream, self.client) {
+            (Format::OpenAiChat, Format::OpenAiChat) => self.openai_done(out),
+            (Format::Anthropic, Format::Anthropic) => {
+                self.done = true;
+                out.push(frame(Some("message_stop"), r#"{"type":"message_stop"}"#));
+            }
+            _ => self.forward(&Event::Done, out),
+        }
+        true
+    }
+
+    /// What to charge (see the module doc): the usage reported with or after the finish,
+    /// else a running output as a floor under the output counted from the text received,
+    /// and the reported input, else its estimate.
     pub fn usage(&self) -> Usage {
         Usage {
             input: self.input.unwrap_or(self.input_estimate),
             cached_input: self.cached,
-            // A figure reported before the stream completed may be a running one (Gemini's
-            // every chunk, vLLM's continuous usage): on a cut stream it is a floor, and the
-            // output received counts if it is more.
             output: match self.output {
-                Some(reported) if self.done => reported,
+                Some(reported) if self.output_final => reported,
                 reported => reported
                     .unwrap_or(0)
                     .max(self.counted + estimate::count_text(&self.text)),
             },
         }
+    }
+
+    /// An output figure the upstream reported: the price when it came with or after the
+    /// finish, a floor before it.
+    fn report_output(&mut self, output: i64) {
+        self.output = Some(output);
+        self.output_final = self.finished;
     }
 
     /// The upstream sent an error event, which the client received in its format: the
@@ -334,6 +389,7 @@ impl StreamConverter {
         // An event the gateway cannot read — not JSON, or JSON not in its format's shape
         // (see `shape`) — is a piece of the answer or of its usage it cannot pass on or
         // count: the stream ends here as an error, not as a complete answer with a hole.
+        // Also after the finish: the event may be the usage, which then goes uncounted.
         if let Err(corrupt) = read {
             out.push(self.client_error(corrupt.message(), "upstream_error"));
             self.error_sent = true;
@@ -351,6 +407,15 @@ impl StreamConverter {
     /// Accounting of an OpenAI chunk: the text it carries (counted when no usage comes)
     /// and its usage.
     fn note_openai_chunk(&mut self, c: &shape::Chunk) {
+        // The answer is the choice with index 0 (see `openai_chat::stream`); a chunk that
+        // finishes it and carries the usage (vLLM's continuous usage) carries the final one.
+        self.finished |= c.choices.iter().flatten().any(|choice| {
+            choice.index.unwrap_or(0) == 0
+                && choice
+                    .finish_reason
+                    .as_deref()
+                    .is_some_and(|r| !r.is_empty())
+        });
         for choice in c.choices.iter().flatten() {
             if let Some(t) = &choice.text {
                 self.note_text(t);
@@ -383,30 +448,36 @@ impl StreamConverter {
         if let Some((input, cached, output)) = c.usage.as_ref().and_then(|u| u.figures()) {
             self.input = Some(input);
             self.cached = cached;
-            self.output = Some(output);
+            self.report_output(output);
         }
+    }
+
+    /// The end of an OpenAI stream for an OpenAI client: `[DONE]`, the upstream's or the
+    /// gateway's (a server that sends none, see `end`).
+    fn openai_done(&mut self, out: &mut Vec<Bytes>) {
+        self.done = true;
+        // The client asked for the usage chunk and the server sent none (it refuses
+        // `stream_options`: `quirks.include_usage = false`): it is told what it is
+        // charged, the counted figures, as an Anthropic client is.
+        if self.include_usage && self.output.is_none() {
+            let u = self.usage();
+            let first = self.first_chunk.take().unwrap_or(Value::Null);
+            out.push(frame(
+                None,
+                &json!({"id": first["id"], "object": "chat.completion.chunk",
+                    "created": first["created"], "model": first["model"], "choices": [],
+                    "usage": {"prompt_tokens": u.input, "completion_tokens": u.output,
+                        "total_tokens": u.input.saturating_add(u.output),
+                        "prompt_tokens_details": {"cached_tokens": u.cached_input}}})
+                .to_string(),
+            ));
+        }
+        out.push(frame(None, "[DONE]"));
     }
 
     fn openai_to_openai(&mut self, data: &str, out: &mut Vec<Bytes>) -> Result<(), Corrupt> {
         if data == "[DONE]" {
-            self.done = true;
-            // The client asked for the usage chunk and the server sent none (it refuses
-            // `stream_options`: `quirks.include_usage = false`): it is told what it is
-            // charged, the counted figures, as an Anthropic client is.
-            if self.include_usage && self.output.is_none() {
-                let u = self.usage();
-                let first = self.first_chunk.take().unwrap_or(Value::Null);
-                out.push(frame(
-                    None,
-                    &json!({"id": first["id"], "object": "chat.completion.chunk",
-                        "created": first["created"], "model": first["model"], "choices": [],
-                        "usage": {"prompt_tokens": u.input, "completion_tokens": u.output,
-                            "total_tokens": u.input.saturating_add(u.output),
-                            "prompt_tokens_details": {"cached_tokens": u.cached_input}}})
-                    .to_string(),
-                ));
-            }
-            out.push(frame(None, data));
+            self.openai_done(out);
             return Ok(());
         }
         if self.include_usage && self.first_chunk.is_none() {
@@ -456,10 +527,13 @@ impl StreamConverter {
                     self.note_text(t);
                 }
             }
-            Body::MessageDelta(_, Some(u)) => {
-                // Cumulative figures; the input ones only where this event carries them.
+            // The finish, with the final figures: cumulative, the input ones only where this
+            // event carries them.
+            Body::MessageDelta(_, u) => {
+                self.finished = true;
+                let Some(u) = u else { return };
                 if let Some(o) = u.output_tokens {
-                    self.output = Some(o.0);
+                    self.report_output(o.0);
                 }
                 if u.input_tokens.is_some() {
                     let (input, cached) = u.input();
@@ -538,8 +612,9 @@ impl StreamConverter {
     /// Accounting from the internal form's events, for an upstream format whose reader is
     /// not read into typed shapes here (the OpenAI and Anthropic readers are, and keep
     /// their own accounting, `note_openai_chunk` / `note_anthropic_event`). A format added
-    /// later calls this on its reader's events: every piece of output is counted, and a
-    /// usage event sets the figures it carries (input first, output last, or all at once).
+    /// later calls this on its reader's events: every piece of output is counted, the
+    /// finish noted, and a usage event sets the sides it reports — zeros too (input first,
+    /// output last, or all at once).
     fn note_event(&mut self, e: &Event) {
         match e {
             Event::TextDelta { text, .. }
@@ -550,15 +625,16 @@ impl StreamConverter {
                 self.note_text(id);
                 self.note_text(name);
             }
-            Event::Usage(u) => {
-                if u.input > 0 || u.cached_input > 0 {
-                    self.input = Some(u.input);
-                    self.cached = u.cached_input;
+            Event::Usage(r) => {
+                if let Some(i) = r.input {
+                    self.input = Some(i.input);
+                    self.cached = i.cached_input;
                 }
-                if u.output > 0 {
-                    self.output = Some(u.output);
+                if let Some(o) = r.output {
+                    self.report_output(o.output);
                 }
             }
+            Event::Finish(_) => self.finished = true,
             Event::Done => self.done = true,
             Event::Error(_) => self.error_sent = true,
             _ => {}
@@ -585,12 +661,14 @@ impl StreamConverter {
                     input: self.input_estimate,
                     ..canonical::Usage::default()
                 };
-                self.writer.write(&Event::Usage(estimate), out);
+                self.writer
+                    .write(&Event::Usage(Reported::whole(estimate)), out);
             }
             Event::Done => {
                 self.done = true;
                 let usage = self.accounted();
-                self.writer.write(&Event::Usage(usage), out);
+                self.writer
+                    .write(&Event::Usage(Reported::whole(usage)), out);
             }
             Event::Error(_) => self.error_sent = true,
             _ => {}
@@ -600,102 +678,4 @@ impl StreamConverter {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::error::WireFormat;
-
-    fn chunk(content: &str) -> String {
-        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
-            "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": null}]})
-        .to_string()
-    }
-
-    /// An endless stream of small events keeps no more than `COUNT_EVERY` of its text, and
-    /// the count of what it let go of is the count of the whole, give or take a token per
-    /// piece.
-    #[test]
-    fn a_long_stream_keeps_little_of_its_text_and_counts_all_of_it() {
-        let piece = "The engine light blinks when a cylinder misfires. ";
-        let n = 20_000;
-        for client in [WireFormat::OpenAi, WireFormat::Anthropic] {
-            let mut c = StreamConverter::new(WireFormat::OpenAi, client, false, 10);
-            let mut out = Vec::new();
-            for _ in 0..n {
-                c.event("", &chunk(piece), &mut out);
-                out.clear();
-                assert!(c.text.len() <= COUNT_EVERY + piece.len());
-            }
-            let whole = estimate::count_text(&piece.repeat(n));
-            let pieces = (piece.len() * n / COUNT_EVERY) as i64 + 1;
-            let got = c.usage().output;
-            assert!(
-                (got - whole).abs() <= pieces,
-                "{got} counted, {whole} in the whole text"
-            );
-        }
-    }
-
-    /// A second tool call held back behind a live one, its arguments growing for ever: the
-    /// converter ends the stream with an error event once it holds more than its limit.
-    #[test]
-    fn arguments_held_back_past_the_limit_end_the_stream_with_an_error() {
-        let call = |index: i64, id: Option<&str>, name: Option<&str>, args: &str| {
-            json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
-                "choices": [{"index": 0, "delta": {"tool_calls": [{"index": index, "id": id, "type": "function",
-                    "function": {"name": name, "arguments": args}}]}, "finish_reason": null}]})
-            .to_string()
-        };
-        let mut c = StreamConverter::new(WireFormat::OpenAi, WireFormat::Anthropic, false, 10)
-            .hold_limit(100_000);
-        let mut out = Vec::new();
-        c.event("", &call(0, Some("call_1"), Some("live"), "{"), &mut out);
-        c.event("", &call(1, Some("call_2"), Some("held"), "{"), &mut out);
-        let mut events = 0;
-        while !c.upstream_failed() {
-            events += 1;
-            assert!(events < 20_000, "never ended");
-            c.event("", &call(1, None, None, "\"xxxxxxxxxx\","), &mut out);
-        }
-        assert!(c.held_bytes() > 100_000);
-        let last = String::from_utf8_lossy(out.last().unwrap()).to_string();
-        assert!(last.starts_with("event: error\n"), "{last}");
-        assert!(last.contains("upstream_error"), "{last}");
-        // Nothing after the error.
-        let before = out.len();
-        c.event("", &call(1, None, None, "x"), &mut out);
-        c.event("", "[DONE]", &mut out);
-        assert_eq!(out.len(), before);
-    }
-
-    /// The accounting a format added later uses: output counted from its events, usage
-    /// figures set as they come, the end and errors noted.
-    #[test]
-    fn the_internal_form_s_events_are_accounted() {
-        let mut c = StreamConverter::new(WireFormat::OpenAi, WireFormat::Anthropic, false, 10);
-        c.note_event(&Event::TextDelta {
-            index: 0,
-            text: "The engine light blinks. ".repeat(10),
-        });
-        let counted = c.usage();
-        assert_eq!(counted.input, 10, "the estimate until the upstream says");
-        assert!(counted.output > 0);
-        c.note_event(&Event::Usage(canonical::Usage {
-            input: 31,
-            cached_input: 4,
-            ..canonical::Usage::default()
-        }));
-        c.note_event(&Event::Usage(canonical::Usage {
-            output: 12,
-            ..canonical::Usage::default()
-        }));
-        // Before the end a reported output is a floor: the output received counts if more.
-        let u = c.usage();
-        assert_eq!((u.input, u.cached_input), (31, 4));
-        assert_eq!(u.output, counted.output.max(12));
-        assert!(!c.done());
-        c.note_event(&Event::Done);
-        assert!(c.done());
-        let u = c.usage();
-        assert_eq!((u.input, u.cached_input, u.output), (31, 4, 12));
-    }
-}
+mod tests;

@@ -1,0 +1,712 @@
+//! A stream is charged what its upstream reported, wherever in the stream it said it —
+//! table-driven over the upstream formats (OpenAI, Anthropic, Gemini, Bedrock; the
+//! Responses API apart), each scripted on the mock and reached by an OpenAI client that
+//! asked for the usage chunk. A usage of zeros costs 0; a usage after the finish (in an
+//! event of its own, before a body that ends, breaks or stalls) is the price; a usage
+//! reported twice costs the last; a usage over the reservation is charged the reservation
+//! with the rest absorbed; a finish without any usage is charged the estimate. See
+//! `translate::stream`'s module doc for the rule.
+
+use serde_json::{json, Value};
+use sluice::config::{Provider, Secret, Settings, UpstreamSettings};
+use sluice::mock::{Script, SseEvent};
+
+use crate::helpers::*;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Up {
+    OpenAi,
+    Anthropic,
+    Gemini,
+    Bedrock,
+}
+
+const ALL: [Up; 4] = [Up::OpenAi, Up::Anthropic, Up::Gemini, Up::Bedrock];
+const TEXT: &str = "Hello world";
+
+impl Up {
+    fn model(self) -> &'static str {
+        match self {
+            Up::OpenAi => "m-openai",
+            Up::Anthropic => "m-anthropic",
+            Up::Gemini => "m-gemini",
+            Up::Bedrock => "m-bedrock",
+        }
+    }
+
+    /// The key the mock scripts this upstream by (Bedrock's: the access key id).
+    fn key(self) -> &'static str {
+        match self {
+            Up::OpenAi => "sk-stream-usage-openai-0123",
+            Up::Anthropic => "sk-stream-usage-anthropic-0123",
+            Up::Gemini => "gem-stream-usage-0123456789",
+            Up::Bedrock => "AKIDSTREAMUSAGE",
+        }
+    }
+}
+
+/// A piece of a scripted stream, written in each format's own events.
+#[derive(Debug, Clone, Copy)]
+enum Piece {
+    Text,
+    /// A text delta carrying a running usage (vLLM's continuous usage, Gemini's every
+    /// chunk; Anthropic's `message_start` input; Bedrock has none).
+    RunningText(i64, i64),
+    /// The finish, with the final usage on it where the format can put it there.
+    Finish(Option<(i64, i64)>),
+    /// A usage in an event of its own (OpenAI's usage chunk, Gemini's usage-only chunk,
+    /// Bedrock's `metadata`; Anthropic has none after `message_delta`).
+    Usage(i64, i64),
+    /// The format's end-of-stream event (`[DONE]`, `message_stop`; none in Gemini and
+    /// Bedrock).
+    End,
+}
+
+fn events(up: Up, pieces: &[Piece]) -> Vec<SseEvent> {
+    let mut out = Vec::new();
+    let named = |n: &str, v: Value| SseEvent::Named(n.into(), v);
+    match up {
+        Up::OpenAi => {
+            let chunk = |choices: Value, usage: Option<(i64, i64)>| {
+                let mut c = json!({"id": "c1", "object": "chat.completion.chunk", "created": 1,
+                    "model": "m", "choices": choices});
+                if let Some((i, o)) = usage {
+                    c["usage"] =
+                        json!({"prompt_tokens": i, "completion_tokens": o, "total_tokens": i + o});
+                }
+                SseEvent::Data(c)
+            };
+            let text = json!([{"index": 0, "delta": {"content": TEXT}, "finish_reason": null}]);
+            for p in pieces {
+                out.push(match *p {
+                    Piece::Text => chunk(text.clone(), None),
+                    Piece::RunningText(i, o) => chunk(text.clone(), Some((i, o))),
+                    Piece::Finish(u) => chunk(
+                        json!([{"index": 0, "delta": {}, "finish_reason": "stop"}]),
+                        u,
+                    ),
+                    Piece::Usage(i, o) => chunk(json!([]), Some((i, o))),
+                    Piece::End => SseEvent::Data(json!("[DONE]")),
+                });
+            }
+        }
+        Up::Anthropic => {
+            let input = pieces.iter().find_map(|p| match p {
+                Piece::RunningText(i, _) => Some(*i),
+                _ => None,
+            });
+            let mut usage = json!({"output_tokens": 1});
+            if let Some(i) = input {
+                usage["input_tokens"] = json!(i);
+            }
+            out.push(named(
+                "message_start",
+                json!({"type": "message_start", "message": {"id": "msg_1", "type": "message",
+                    "role": "assistant", "model": "claude", "content": [], "stop_reason": null,
+                    "usage": usage}}),
+            ));
+            out.push(named(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+            ));
+            for p in pieces {
+                match *p {
+                    Piece::Text | Piece::RunningText(..) => out.push(named(
+                        "content_block_delta",
+                        json!({"type": "content_block_delta", "index": 0,
+                            "delta": {"type": "text_delta", "text": TEXT}}),
+                    )),
+                    Piece::Finish(u) => {
+                        out.push(named(
+                            "content_block_stop",
+                            json!({"type": "content_block_stop", "index": 0}),
+                        ));
+                        let mut d = json!({"type": "message_delta",
+                            "delta": {"stop_reason": "end_turn", "stop_sequence": null}});
+                        if let Some((i, o)) = u {
+                            d["usage"] = json!({"input_tokens": i, "output_tokens": o});
+                        }
+                        out.push(named("message_delta", d));
+                    }
+                    Piece::Usage(..) => {
+                        unreachable!("Anthropic reports no usage after message_delta")
+                    }
+                    Piece::End => out.push(named("message_stop", json!({"type": "message_stop"}))),
+                }
+            }
+        }
+        Up::Gemini => {
+            let usage = |i: i64, o: i64| json!({"promptTokenCount": i, "candidatesTokenCount": o, "totalTokenCount": i + o});
+            let text = json!({"candidates": [{"content": {"role": "model", "parts": [{"text": TEXT}]}, "index": 0}],
+                "responseId": "r1", "modelVersion": "gemini-2.5-flash"});
+            for p in pieces {
+                match *p {
+                    Piece::Text => out.push(SseEvent::Data(text.clone())),
+                    Piece::RunningText(i, o) => {
+                        let mut t = text.clone();
+                        t["usageMetadata"] = usage(i, o);
+                        out.push(SseEvent::Data(t));
+                    }
+                    Piece::Finish(u) => {
+                        let mut f = json!({"candidates": [{"content": {"role": "model", "parts": []},
+                            "index": 0, "finishReason": "STOP"}], "responseId": "r1"});
+                        if let Some((i, o)) = u {
+                            f["usageMetadata"] = usage(i, o);
+                        }
+                        out.push(SseEvent::Data(f));
+                    }
+                    Piece::Usage(i, o) => out.push(SseEvent::Data(
+                        json!({"usageMetadata": usage(i, o), "responseId": "r1"}),
+                    )),
+                    Piece::End => unreachable!("Gemini has no end-of-stream event"),
+                }
+            }
+        }
+        Up::Bedrock => {
+            out.push(named("messageStart", json!({"role": "assistant"})));
+            for p in pieces {
+                match *p {
+                    Piece::Text => out.push(named(
+                        "contentBlockDelta",
+                        json!({"contentBlockIndex": 0, "delta": {"text": TEXT}}),
+                    )),
+                    Piece::Finish(u) => {
+                        assert!(u.is_none(), "Bedrock's usage is its own event");
+                        out.push(named("contentBlockStop", json!({"contentBlockIndex": 0})));
+                        out.push(named("messageStop", json!({"stopReason": "end_turn"})));
+                    }
+                    Piece::Usage(i, o) => out.push(named(
+                        "metadata",
+                        json!({"usage": {"inputTokens": i, "outputTokens": o, "totalTokens": i + o},
+                            "metrics": {"latencyMs": 1}}),
+                    )),
+                    Piece::RunningText(..) | Piece::End => {
+                        unreachable!("Bedrock has no running usage and no end event")
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The usual stream of `up` with this final usage, where the format puts it.
+fn usual(up: Up, usage: Option<(i64, i64)>) -> Vec<Piece> {
+    match (up, usage) {
+        (Up::OpenAi, Some((i, o))) => vec![
+            Piece::Text,
+            Piece::Finish(None),
+            Piece::Usage(i, o),
+            Piece::End,
+        ],
+        (Up::OpenAi | Up::Anthropic, u) => vec![Piece::Text, Piece::Finish(u), Piece::End],
+        (Up::Gemini, u) => vec![Piece::Text, Piece::Finish(u)],
+        (Up::Bedrock, Some((i, o))) => vec![Piece::Text, Piece::Finish(None), Piece::Usage(i, o)],
+        (Up::Bedrock, None) => vec![Piece::Text, Piece::Finish(None)],
+    }
+}
+
+fn bedrock(key_id: &str, base_url: String) -> UpstreamSettings {
+    UpstreamSettings {
+        id: "br".into(),
+        provider: Provider::Bedrock,
+        base_url,
+        api_key: Secret::default(),
+        region: Some("us-east-1".into()),
+        access_key_id: Some(key_id.into()),
+        secret_access_key: Some(Secret(secrecy::SecretString::from("bedrock-test-secret"))),
+        allow_private_network: true,
+        ..UpstreamSettings::default()
+    }
+}
+
+/// One app with a model per upstream format, priced 3 / 15 USD per million tokens.
+async fn app_with(tweak: impl FnOnce(&mut Settings)) -> TestApp {
+    spawn_app_with(|s, mock| {
+        let mut openai = upstream("oa", Up::OpenAi.key(), mock);
+        openai.provider = Provider::OpenaiCompatible;
+        let mut anthropic = upstream("an", Up::Anthropic.key(), mock);
+        anthropic.provider = Provider::Anthropic;
+        anthropic.base_url = mock.base_url();
+        let mut gemini = upstream("ge", Up::Gemini.key(), mock);
+        gemini.provider = Provider::Gemini;
+        gemini.base_url = mock.base_url();
+        s.upstreams.extend([
+            openai,
+            anthropic,
+            gemini,
+            bedrock(Up::Bedrock.key(), mock.base_url()),
+        ]);
+        for (up, id) in [
+            (Up::OpenAi, "oa"),
+            (Up::Anthropic, "an"),
+            (Up::Gemini, "ge"),
+            (Up::Bedrock, "br"),
+        ] {
+            let mut m = model(up.model(), &[id]);
+            m.input_usd_per_mtok = 3.0;
+            m.output_usd_per_mtok = 15.0;
+            s.models.push(m);
+        }
+        tweak(s);
+    })
+    .await
+}
+
+async fn app() -> TestApp {
+    app_with(|_| {}).await
+}
+
+/// The cost of a usage at the test prices, rounded up once.
+fn cost(input: i64, output: i64) -> i64 {
+    (input * 3_000_000 + output * 15_000_000 + 999_999) / 1_000_000
+}
+
+/// What one streamed request did: the client's `data:` payloads, and from the books the
+/// token's spend, the request log's (input, output, cost, error code) and the absorbed sum.
+struct Charged {
+    data: Vec<String>,
+    spent: i64,
+    logged: (i64, i64, i64, Option<String>),
+    absorbed: i64,
+}
+
+impl Charged {
+    /// The client's stream ended complete: its last payload is `[DONE]`, after a usage
+    /// chunk that tells the logged figures, and it holds no error.
+    fn complete(&self, what: &str) {
+        assert_eq!(
+            self.data.last().map(String::as_str),
+            Some("[DONE]"),
+            "{what}: {:?}",
+            self.data
+        );
+        assert!(
+            !self.data.iter().any(|d| d.contains("\"error\"")),
+            "{what}: {:?}",
+            self.data
+        );
+        let usage = self
+            .data
+            .iter()
+            .rev()
+            .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+            .find(|v| v["usage"].is_object())
+            .unwrap_or_else(|| panic!("{what}: no usage chunk in {:?}", self.data));
+        assert_eq!(
+            (
+                usage["usage"]["prompt_tokens"].as_i64(),
+                usage["usage"]["completion_tokens"].as_i64()
+            ),
+            (Some(self.logged.0), Some(self.logged.1)),
+            "{what}: the client is told what it is charged"
+        );
+        assert_eq!(self.logged.3, None, "{what}: logged as complete");
+    }
+
+    /// Charged exactly this usage, which the reservation covered.
+    fn exactly(&self, what: &str, input: i64, output: i64) {
+        assert_eq!((self.logged.0, self.logged.1), (input, output), "{what}");
+        assert_eq!(
+            (self.logged.2, self.spent, self.absorbed),
+            (cost(input, output), cost(input, output), 0),
+            "{what}"
+        );
+    }
+}
+
+async fn stream(app: &TestApp, up: Up, user: &str, script: Script, max_tokens: i64) -> Charged {
+    let (id, token) = app.token(user, Some("1")).await;
+    app.mock.state.script(up.key(), [script]);
+    let resp = app
+        .chat(
+            &token,
+            &json!({"model": up.model(), "stream": true, "max_tokens": max_tokens,
+                "stream_options": {"include_usage": true},
+                "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    assert_eq!(resp.status(), 200, "{up:?}");
+    let (data, whole) = sse_data(resp).await;
+    assert!(whole, "{up:?}: the body ends cleanly");
+    app.wait_settled().await;
+    let row = format!("FROM requests WHERE token_id = {id}");
+    for _ in 0..500 {
+        if app.scalar(&format!("SELECT COUNT(*) {row}")).await == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let logged: (i64, i64, i64, Option<String>) = sql_row(
+        app.db(),
+        &format!("SELECT input_tokens, output_tokens, cost_micros, error_code {row}"),
+    )
+    .await;
+    let spent = app
+        .scalar(&format!(
+            "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
+        ))
+        .await;
+    let absorbed = app
+        .scalar(&format!(
+            "SELECT CAST(COALESCE(SUM(amount_micros), 0) AS BIGINT) FROM ledger
+             WHERE kind = 'absorbed' AND token_id = {id}"
+        ))
+        .await;
+    Charged {
+        data,
+        spent,
+        logged,
+        absorbed,
+    }
+}
+
+fn scripted(up: Up, pieces: &[Piece]) -> Script {
+    Script {
+        events: Some(events(up, pieces)),
+        ..Script::default()
+    }
+}
+
+/// CHECKS Q5: a stream whose final usage says 0 is charged 0, in every format.
+#[tokio::test]
+async fn a_final_usage_of_zeros_is_charged_zero() {
+    let app = app().await;
+    for up in ALL {
+        let c = stream(
+            &app,
+            up,
+            &format!("z-{up:?}"),
+            scripted(up, &usual(up, Some((0, 0)))),
+            100,
+        )
+        .await;
+        c.complete(&format!("{up:?}"));
+        c.exactly(&format!("{up:?}"), 0, 0);
+    }
+    app.assert_invariant().await;
+}
+
+/// The same through an Anthropic client (`/v1/messages`): its `message_delta` tells the
+/// zeros it is charged, and `message_stop` ends its stream.
+#[tokio::test]
+async fn an_anthropic_client_is_charged_a_final_usage_of_zeros() {
+    let app = app().await;
+    for up in ALL {
+        let (id, token) = app.token(&format!("za-{up:?}"), Some("1")).await;
+        app.mock
+            .state
+            .script(up.key(), [scripted(up, &usual(up, Some((0, 0))))]);
+        let resp = app
+            .messages(
+                &token,
+                &json!({"model": up.model(), "stream": true, "max_tokens": 100,
+                    "messages": [{"role": "user", "content": "hi"}]}),
+            )
+            .await;
+        assert_eq!(resp.status(), 200, "{up:?}");
+        let body = resp.text().await.unwrap();
+        let events: Vec<Value> = body
+            .split("\n\n")
+            .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect();
+        assert_eq!(
+            events.last().unwrap()["type"],
+            "message_stop",
+            "{up:?}: {body}"
+        );
+        let delta = events
+            .iter()
+            .find(|e| e["type"] == "message_delta")
+            .unwrap_or_else(|| panic!("{up:?}: {body}"));
+        assert_eq!(delta["usage"]["output_tokens"], 0, "{up:?}: {body}");
+        app.wait_settled().await;
+        let spent = app
+            .scalar(&format!(
+                "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
+            ))
+            .await;
+        assert_eq!(spent, 0, "{up:?}");
+    }
+    app.assert_invariant().await;
+}
+
+/// A usage in an event of its own after the finish (and, for OpenAI, no `[DONE]` after
+/// it: some compatible servers send none) is read before the stream completes, and is
+/// its price.
+#[tokio::test]
+async fn a_usage_after_the_finish_is_the_price() {
+    let app = app().await;
+    for (up, pieces) in [
+        (
+            Up::OpenAi,
+            vec![
+                Piece::Text,
+                Piece::Finish(None),
+                Piece::Usage(7, 4000),
+                Piece::End,
+            ],
+        ),
+        (
+            Up::OpenAi,
+            vec![Piece::Text, Piece::Finish(None), Piece::Usage(7, 4000)],
+        ),
+        (
+            Up::Gemini,
+            vec![Piece::Text, Piece::Finish(None), Piece::Usage(7, 4000)],
+        ),
+        (
+            Up::Bedrock,
+            vec![Piece::Text, Piece::Finish(None), Piece::Usage(7, 4000)],
+        ),
+        // Anthropic's usage rides on its finish; a server that sends no `message_stop`.
+        (
+            Up::Anthropic,
+            vec![Piece::Text, Piece::Finish(Some((7, 4000)))],
+        ),
+    ] {
+        let what = format!("{up:?} {pieces:?}");
+        let c = stream(
+            &app,
+            up,
+            &format!("a-{}", what.len()),
+            scripted(up, &pieces),
+            4096,
+        )
+        .await;
+        c.complete(&what);
+        c.exactly(&what, 7, 4000);
+    }
+    app.assert_invariant().await;
+}
+
+/// A running usage, then the final one: the last wins, never summed with the first.
+#[tokio::test]
+async fn a_usage_reported_twice_costs_the_last() {
+    let app = app().await;
+    for (up, pieces) in [
+        (
+            Up::OpenAi,
+            vec![
+                Piece::RunningText(1000, 1),
+                Piece::Finish(Some((1000, 30))),
+                Piece::Usage(1000, 40),
+                Piece::End,
+            ],
+        ),
+        (
+            Up::Gemini,
+            vec![
+                Piece::RunningText(1000, 1),
+                Piece::Finish(Some((1000, 30))),
+                Piece::Usage(1000, 40),
+            ],
+        ),
+        (
+            Up::Anthropic,
+            vec![
+                Piece::RunningText(1000, 1),
+                Piece::Finish(Some((1000, 40))),
+                Piece::End,
+            ],
+        ),
+    ] {
+        let what = format!("{up:?}");
+        let c = stream(&app, up, &format!("t-{what}"), scripted(up, &pieces), 4096).await;
+        c.complete(&what);
+        c.exactly(&what, 1000, 40);
+    }
+    app.assert_invariant().await;
+}
+
+/// The body breaks after the finish and its usage, where `[DONE]`, `message_stop` or a
+/// later chunk would come: the answer was whole, so the client's stream completes and the
+/// reported usage is the price. (The mock cuts no scripted Bedrock stream; its `metadata`
+/// is its end.)
+#[tokio::test]
+async fn a_body_cut_after_the_usage_that_followed_the_finish_is_complete_and_charged_it() {
+    let app = app().await;
+    for (up, pieces) in [
+        (
+            Up::OpenAi,
+            vec![
+                Piece::Text,
+                Piece::Finish(None),
+                Piece::Usage(1000, 40),
+                Piece::End,
+            ],
+        ),
+        (
+            Up::Gemini,
+            vec![
+                Piece::Text,
+                Piece::Finish(None),
+                Piece::Usage(1000, 40),
+                Piece::Usage(1, 1),
+            ],
+        ),
+        (
+            Up::Anthropic,
+            vec![Piece::Text, Piece::Finish(Some((1000, 40))), Piece::End],
+        ),
+    ] {
+        let what = format!("{up:?}");
+        let mut script = scripted(up, &pieces);
+        // Broken where the last event would come.
+        script.cut_after = Some(script.events.as_ref().unwrap().len() - 1);
+        let c = stream(&app, up, &format!("c-{what}"), script, 4096).await;
+        c.complete(&what);
+        c.exactly(&what, 1000, 40);
+    }
+    app.assert_invariant().await;
+}
+
+/// An upstream that finished, told its usage and then holds its body open: the idle timer
+/// ends the wait, and the stream is complete and charged that usage.
+#[tokio::test]
+async fn a_body_held_open_after_the_finish_completes_at_the_idle_timeout() {
+    let app = app_with(|s| s.upstream.stream_idle_timeout_ms = 1500).await;
+    for (up, pieces) in [
+        (
+            Up::OpenAi,
+            vec![
+                Piece::Text,
+                Piece::Finish(None),
+                Piece::Usage(1000, 40),
+                Piece::Text,
+            ],
+        ),
+        (
+            Up::Gemini,
+            vec![
+                Piece::Text,
+                Piece::Finish(Some((1000, 40))),
+                Piece::Usage(1000, 40),
+            ],
+        ),
+    ] {
+        let what = format!("{up:?}");
+        let mut script = scripted(up, &pieces);
+        // Held before its last event, for an hour.
+        script.stall_after = Some(script.events.as_ref().unwrap().len() - 1);
+        let c = stream(&app, up, &format!("s-{what}"), script, 4096).await;
+        c.complete(&what);
+        c.exactly(&what, 1000, 40);
+    }
+    app.assert_invariant().await;
+}
+
+/// An event the gateway cannot read after the finish — here one larger than it accepts —
+/// may be the usage: the stream is cut (an error event, logged as an upstream error) and
+/// charged the usage reported with the finish.
+#[tokio::test]
+async fn an_event_too_large_after_the_finish_cuts_the_stream() {
+    let app = app_with(|s| s.upstream.max_response_bytes = 64 * 1024).await;
+    let mut events = events(Up::Gemini, &[Piece::Text, Piece::Finish(Some((7, 40)))]);
+    events.push(SseEvent::Data(
+        json!({"usageMetadata": {"promptTokenCount": 7, "candidatesTokenCount": 40},
+            "padding": "x".repeat(128 * 1024)}),
+    ));
+    let script = Script {
+        events: Some(events),
+        ..Script::default()
+    };
+    let c = stream(&app, Up::Gemini, "too-large", script, 4096).await;
+    let last: Value = serde_json::from_str(c.data.last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "upstream_error", "{:?}", c.data);
+    assert!(!c.data.iter().any(|d| d == "[DONE]"), "{:?}", c.data);
+    assert_eq!(c.logged.3.as_deref(), Some("upstream_error"));
+    assert_eq!((c.logged.0, c.logged.1), (7, 40));
+    assert_eq!((c.spent, c.absorbed), (cost(7, 40), 0));
+    app.assert_invariant().await;
+}
+
+/// A finish without any usage (and, where the format has one, with its end event): the
+/// estimate — the output counted from the text received — as before.
+#[tokio::test]
+async fn a_finish_without_usage_is_charged_the_estimate() {
+    let app = app().await;
+    let counted = sluice::quota::estimate::count_text(TEXT);
+    for up in ALL {
+        let what = format!("{up:?}");
+        let c = stream(
+            &app,
+            up,
+            &format!("n-{what}"),
+            scripted(up, &usual(up, None)),
+            100,
+        )
+        .await;
+        c.complete(&what);
+        let (input, output, cost_micros, _) = c.logged;
+        assert_eq!(output, counted, "{what}");
+        assert!(input > 0, "{what}: the input estimate");
+        assert_eq!(
+            (c.spent, cost_micros),
+            (cost(input, output), cost(input, output)),
+            "{what}"
+        );
+    }
+    app.assert_invariant().await;
+}
+
+/// A usage over the reservation (an output far past the cap the upstream was sent): the
+/// token is charged its reservation, the rest is absorbed (DESIGN "Settlement"), and the
+/// log keeps the reported figures.
+#[tokio::test]
+async fn a_usage_over_the_reservation_is_charged_the_reservation_and_the_rest_absorbed() {
+    let app = app().await;
+    for up in ALL {
+        let what = format!("{up:?}");
+        let c = stream(
+            &app,
+            up,
+            &format!("o-{what}"),
+            scripted(up, &usual(up, Some((1000, 5000)))),
+            10,
+        )
+        .await;
+        c.complete(&what);
+        let full = cost(1000, 5000);
+        assert_eq!((c.logged.0, c.logged.1), (1000, 5000), "{what}");
+        assert!(c.spent < full, "{what}: charged {} of {full}", c.spent);
+        assert_eq!(c.spent + c.absorbed, full, "{what}");
+        assert_eq!(c.logged.2, full, "{what}: the log keeps the whole cost");
+    }
+    app.assert_invariant().await;
+}
+
+/// The Responses API upstream reports its usage in `response.completed`, its finish and
+/// end: zeros are charged zero there too.
+#[tokio::test]
+async fn a_responses_stream_whose_usage_says_zero_is_charged_zero() {
+    let app = spawn_app().await;
+    let (id, token) = app.token("r0", Some("1")).await;
+    app.mock.state.script(
+        KEY_A,
+        [Script {
+            prompt_tokens: Some(0),
+            completion_tokens: Some(0),
+            ..Script::default()
+        }],
+    );
+    let resp = app
+        .post(
+            "/v1/responses",
+            &token,
+            &json!({"model": "gpt-4o-mini", "input": "hi", "stream": true}),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let body = resp.text().await.unwrap();
+    assert!(body.contains("response.completed"), "{body}");
+    app.wait_settled().await;
+    let spent = app
+        .scalar(&format!(
+            "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
+        ))
+        .await;
+    assert_eq!(spent, 0);
+    app.assert_invariant().await;
+}
