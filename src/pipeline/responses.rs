@@ -182,6 +182,37 @@ fn bad(param: &'static str, message: impl Into<String>) -> ApiError {
     ApiError::invalid(param, message)
 }
 
+/// OpenAI's limits on `metadata`, which the gateway echoes and stores with the response
+/// (and a translated upstream never sees): at most 16 pairs, keys of at most 64
+/// characters, values strings of at most 512.
+fn check_metadata(m: &Map<String, Value>) -> Result<(), ApiError> {
+    if m.len() > 16 {
+        return Err(bad(
+            "metadata",
+            format!("`metadata` has {} pairs; at most 16 are allowed", m.len()),
+        ));
+    }
+    for (k, v) in m {
+        if k.chars().count() > 64 {
+            return Err(bad(
+                "metadata",
+                "`metadata` keys are at most 64 characters long",
+            ));
+        }
+        match v.as_str() {
+            Some(s) if s.chars().count() <= 512 => {}
+            Some(_) => {
+                return Err(bad(
+                    "metadata",
+                    "`metadata` values are at most 512 characters long",
+                ))
+            }
+            None => return Err(bad("metadata", "`metadata` values must be strings")),
+        }
+    }
+    Ok(())
+}
+
 /// Validates a Responses body and counts its input tokens.
 pub fn validate(body: &Map<String, Value>) -> Result<i64, ApiError> {
     for (field, why) in REFUSED {
@@ -208,6 +239,9 @@ pub fn validate(body: &Map<String, Value>) -> Result<i64, ApiError> {
         if body.get(f).is_some_and(|v| !(v.is_null() || v.is_object())) {
             return Err(bad(f, format!("`{f}` must be an object")));
         }
+    }
+    if let Some(m) = body.get("metadata").and_then(Value::as_object) {
+        check_metadata(m)?;
     }
     if body.get("include").is_some_and(|v| {
         !(v.is_null() || v.as_array().is_some_and(|a| a.iter().all(Value::is_string)))

@@ -345,3 +345,46 @@ async fn a_queued_stream_announces_what_any_of_its_routes_would_drop() {
     );
     app.assert_invariant().await;
 }
+
+/// `metadata` is the response object's own, kept with the stored copy: OpenAI's limits
+/// hold (at most 16 pairs, keys of at most 64 characters, string values of at most 512),
+/// refused with a 400 naming `metadata` before any upstream is asked — else a client
+/// stores whatever a body may hold with every response, on every kind.
+#[tokio::test]
+async fn responses_metadata_over_openais_limits_is_refused_by_name() {
+    let app = app().await;
+    let (_, token) = app.token("metadata-limits", None).await;
+    let many: serde_json::Map<String, Value> =
+        (0..17).map(|i| (format!("k{i}"), json!("v"))).collect();
+    let cases = [
+        ("17 pairs", Value::Object(many)),
+        ("a 65-character key", json!({ "k".repeat(65): "v" })),
+        ("a 513-character value", json!({"k": "v".repeat(513)})),
+        (
+            "a value that is no string",
+            json!({"k": {"nested": "x".repeat(400)}}),
+        ),
+    ];
+    for (model, _) in MODELS {
+        for (what, metadata) in &cases {
+            let body = json!({"model": model, "input": "hi", "metadata": metadata});
+            let resp = app.post("/v1/responses", &token, &body).await;
+            let status = resp.status().as_u16();
+            let err: Value = resp.json().await.unwrap();
+            assert_eq!(status, 400, "{model}, {what}: {err}");
+            assert_eq!(err["error"]["param"], "metadata", "{model}, {what}: {err}");
+        }
+    }
+    for (_, key) in MODELS {
+        assert_eq!(app.mock.state.stats(key).count, 0, "{key}");
+    }
+    // At the limits it is served and kept whole.
+    let full: serde_json::Map<String, Value> = (0..16)
+        .map(|i| (format!("{i:0>64}"), json!("v".repeat(512))))
+        .collect();
+    let body = json!({"model": "cl", "input": "hi", "metadata": full.clone()});
+    let resp = app.post("/v1/responses", &token, &body).await;
+    assert_eq!(resp.status(), 200);
+    let answer: Value = resp.json().await.unwrap();
+    assert_eq!(answer["metadata"], Value::Object(full));
+}
