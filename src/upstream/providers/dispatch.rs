@@ -173,6 +173,18 @@ fn fit(upstream: Format, r: &mut Request) {
     r.dropped.extend(dropped);
 }
 
+/// `text` with the mark's own tags written as entities, so that a message holding them
+/// (a quoted file, an environment dump) can neither end its mark early — what follows
+/// would read as the user's words — nor open another.
+fn unmarked(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.contains("system-reminder>") {
+        return text.into();
+    }
+    text.replace("</system-reminder>", "&lt;/system-reminder&gt;")
+        .replace("<system-reminder>", "&lt;system-reminder&gt;")
+        .into()
+}
+
 /// A mid-conversation system message as a user turn marked as the system's words.
 fn system_turn(m: &Message) -> Message {
     let content = m
@@ -180,7 +192,7 @@ fn system_turn(m: &Message) -> Message {
         .iter()
         .map(|p| match p {
             Part::Text { text, cache } => Part::Text {
-                text: format!("{}{text}{}", SYSTEM_MARK.0, SYSTEM_MARK.1),
+                text: format!("{}{}{}", SYSTEM_MARK.0, unmarked(text), SYSTEM_MARK.1),
                 cache: cache.clone(),
             },
             other => other.clone(),
