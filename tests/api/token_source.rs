@@ -383,3 +383,41 @@ async fn requests_at_expiry_share_one_exchange() {
         );
     }
 }
+
+/// Many requests arriving when the token has expired and the exchange fails: they wait on
+/// one exchange and all share its failure (a 502 each, nothing charged, every hold
+/// released) — the failing endpoint is asked once, not once per waiting request.
+#[tokio::test]
+async fn requests_at_expiry_share_one_failing_exchange() {
+    for issuer in BOTH {
+        let (app, _dir) = app(issuer, |s, _| s.breaker.failure_threshold = 1_000).await;
+        issuer.set_lifetime(&app.mock, 2);
+        let (id, token) = app.token("dev", Some("5.00")).await;
+        // Room for the mock's whole answer: nothing absorbed, the log and ledger agree.
+        assert_eq!(app.chat(&token, &chat_body(64)).await.status(), 200);
+        let spent_before = crate::azure::spent(&app, id).await;
+        assert_eq!(exchanges(&app, issuer), 1);
+        // Past the two seconds the token lives: time passing, not a condition awaited.
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        // A slow failure, so that every request arrives while it is in flight.
+        app.mock.state.sticky(
+            issuer.token_key(),
+            Some(Script {
+                status: Some(503),
+                delay_ms: 2_000,
+                ..Script::default()
+            }),
+        );
+        let body = chat_body(8);
+        let all = futures_util::future::join_all((0..20).map(|_| app.chat(&token, &body))).await;
+        for r in all {
+            assert_upstream_error(r, issuer).await;
+        }
+        assert_eq!(exchanges(&app, issuer), 2, "{issuer:?}");
+        assert_eq!(upstream_calls(&app, issuer), 1, "{issuer:?}");
+        assert_eq!(app.state.pool.disabled(0), None, "{issuer:?}");
+        app.wait_settled().await;
+        assert_eq!(crate::azure::spent(&app, id).await, spent_before, "{issuer:?}");
+        app.assert_invariant().await;
+    }
+}
