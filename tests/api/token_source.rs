@@ -421,3 +421,35 @@ async fn requests_at_expiry_share_one_failing_exchange() {
         app.assert_invariant().await;
     }
 }
+
+/// A stream whose token the upstream refuses is sent again whole with a new one: the
+/// retried request carries the same body as the refused one (a large one too), and the
+/// client gets one complete stream, charged once.
+#[tokio::test]
+async fn a_refused_token_on_a_stream_resends_the_whole_body() {
+    for issuer in BOTH {
+        let (app, _dir) = app(issuer, |_, _| {}).await;
+        let (id, token) = app.token("dev", Some("5.00")).await;
+        assert_eq!(app.chat(&token, &chat_body(64)).await.status(), 200);
+        issuer.revoke_all(&app.mock);
+        let before = upstream_calls(&app, issuer);
+        let big = "engine light ".repeat(20_000);
+        let body = json!({"model": "gpt-4o-mini", "max_tokens": 64, "stream": true,
+            "stream_options": {"include_usage": true},
+            "messages": [{"role": "user", "content": big}]});
+        let resp = app.chat(&token, &body).await;
+        assert_eq!(resp.status(), 200, "{issuer:?}");
+        let text = resp.text().await.unwrap();
+        assert!(text.trim_end().ends_with("data: [DONE]"), "{issuer:?}");
+        // The mock records only the call it served (the refused one is turned away at
+        // its token check): that one carries the whole conversation.
+        assert_eq!(upstream_calls(&app, issuer) - before, 1, "{issuer:?}");
+        assert_eq!(exchanges(&app, issuer), 2, "{issuer:?}");
+        let stats = app.mock.state.stats(issuer.upstream_key());
+        let retried = stats.last_bodies.back().unwrap().to_string();
+        assert!(retried.contains(&big), "{issuer:?}");
+        assert_eq!(app.state.pool.disabled(0), None, "{issuer:?}");
+        let spent = crate::azure::spent(&app, id).await;
+        assert!(spent > 0, "{issuer:?}");
+    }
+}
