@@ -277,3 +277,40 @@ async fn a_wrong_secret_is_a_refused_key_and_a_clear_error_for_the_client() {
     assert!(v["error"]["message"].is_string(), "{v}");
     app.assert_invariant().await;
 }
+
+/// A model id with characters beyond `:` and `/` — a space, a `%`, a `+`, non-ASCII — and
+/// one that tries to climb out of its segment (`../`) is one percent-encoded segment of
+/// `/model/…/converse`, signed so that AWS's verification passes; nothing reaches another
+/// path.
+#[tokio::test]
+async fn odd_model_ids_stay_one_segment_and_verify() {
+    let ids = [
+        ("spaced", "my model v1:0", "/model/my%20model%20v1%3A0"),
+        ("percent", "m%2F..%2Fx+1", "/model/m%252F..%252Fx%2B1"),
+        ("unicode", "modèle-é", "/model/mod%C3%A8le-%C3%A9"),
+        ("climb", "../../admin", "/model/..%2F..%2Fadmin"),
+    ];
+    let app = app(|s, m| {
+        m.state.bedrock.register("AKIDODD", SECRET, None);
+        s.upstreams = vec![sigv4("br", "AKIDODD", SECRET, m)];
+        s.models = ids
+            .iter()
+            .map(|(name, id, _)| bedrock_model(name, &["br"], id))
+            .collect();
+    })
+    .await;
+    let (_, token) = app.token("u", Some("10")).await;
+    for (name, _, path) in ids {
+        for stream in [false, true] {
+            let resp = app
+                .post("/v1/chat/completions", &token, &chat(name, stream))
+                .await;
+            assert_eq!(resp.status(), 200, "{name} stream={stream}");
+            answer_text(resp, stream).await;
+            let op = if stream { "converse-stream" } else { "converse" };
+            let seen = app.mock.state.stats("AKIDODD");
+            assert_eq!(seen.last_paths.back().unwrap(), &format!("{path}/{op}"), "{name}");
+        }
+    }
+    app.assert_invariant().await;
+}
