@@ -307,9 +307,17 @@ async fn odd_model_ids_stay_one_segment_and_verify() {
                 .await;
             assert_eq!(resp.status(), 200, "{name} stream={stream}");
             answer_text(resp, stream).await;
-            let op = if stream { "converse-stream" } else { "converse" };
+            let op = if stream {
+                "converse-stream"
+            } else {
+                "converse"
+            };
             let seen = app.mock.state.stats("AKIDODD");
-            assert_eq!(seen.last_paths.back().unwrap(), &format!("{path}/{op}"), "{name}");
+            assert_eq!(
+                seen.last_paths.back().unwrap(),
+                &format!("{path}/{op}"),
+                "{name}"
+            );
         }
     }
     app.assert_invariant().await;

@@ -417,7 +417,11 @@ async fn requests_at_expiry_share_one_failing_exchange() {
         assert_eq!(upstream_calls(&app, issuer), 1, "{issuer:?}");
         assert_eq!(app.state.pool.disabled(0), None, "{issuer:?}");
         app.wait_settled().await;
-        assert_eq!(crate::azure::spent(&app, id).await, spent_before, "{issuer:?}");
+        assert_eq!(
+            crate::azure::spent(&app, id).await,
+            spent_before,
+            "{issuer:?}"
+        );
         app.assert_invariant().await;
     }
 }

@@ -164,7 +164,12 @@ pub fn path(model_id: &str, stream: bool) -> String {
 }
 
 /// The URL of a Converse call to `model_id` (streamed or not) at `base`.
+/// None for an id that is no path segment of its own: empty, or a dot-segment (`.`,
+/// `..`), which a URL parser resolves, encoded or not, to another path.
 pub fn url(base: &str, model_id: &str, stream: bool) -> Option<reqwest::Url> {
+    if matches!(model_id, "" | "." | "..") {
+        return None;
+    }
     reqwest::Url::parse(&format!("{base}{}", path(model_id, stream))).ok()
 }
 

@@ -288,3 +288,25 @@ fn an_inference_profile_arn_is_signed_over_the_double_encoded_path() {
     let authz = signed.iter().find(|(n, _)| n == AUTHORIZATION).unwrap();
     assert_eq!(authz.1.to_str().unwrap(), expected);
 }
+
+/// A model id of dots only (`.`, `..`) is a dot-segment, which a URL parser resolves
+/// (encoded or not): the call would leave `/model/` for `/converse` or `/model/converse`.
+/// No such URL is made.
+#[test]
+fn a_dot_segment_model_id_makes_no_url() {
+    for id in [".", ".."] {
+        for stream in [false, true] {
+            if let Some(u) = url(
+                "https://bedrock-runtime.us-east-1.amazonaws.com",
+                id,
+                stream,
+            ) {
+                assert!(
+                    u.path().starts_with("/model/") && u.path().matches('/').count() == 3,
+                    "{id:?} reaches {}",
+                    u.path()
+                );
+            }
+        }
+    }
+}
