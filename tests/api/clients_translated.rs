@@ -424,3 +424,35 @@ async fn a_developer_message_cannot_close_its_system_mark_early() {
         );
     }
 }
+
+/// Images on an Anthropic model: Anthropic bills an image by its pixels, up to ~1 600
+/// input tokens (a 1092×1092 image; `detail` is dropped there, it picks the resolution
+/// itself), while the reservation counts every image as 1 105 (OpenAI's high-detail tile
+/// set). A request of many images and a one-token answer costs more than it reserved: the
+/// token is charged the reservation and the rest is absorbed — the gateway pays for it.
+#[tokio::test]
+#[ignore = "finding: the input estimate counts an image as 1 105 tokens (quota::estimate::PER_IMAGE, OpenAI's tiles) on every route; Anthropic, Bedrock's Claude and Gemini's tiles bill up to ~1 600, so 20 images with max_tokens 1 absorb ~30% of their input cost"]
+async fn many_images_on_anthropic_are_reserved_for_what_anthropic_bills() {
+    let app = app().await;
+    let (_, token) = app.token("images", Some("10.00")).await;
+    let images: Vec<Value> = (0..20)
+        .map(|_| json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo=", "detail": "high"}}))
+        .collect();
+    let body = json!({"model": "cl", "max_tokens": 1,
+        "messages": [{"role": "user", "content": images}]});
+    app.mock.state.script(
+        KEY_CL,
+        [sluice::mock::Script {
+            prompt_tokens: Some(20 * 1_600),
+            completion_tokens: Some(1),
+            ..sluice::mock::Script::default()
+        }],
+    );
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    app.wait_settled().await;
+    let absorbed = app
+        .scalar("SELECT COALESCE(SUM(amount_micros), 0) FROM ledger WHERE kind = 'absorbed'")
+        .await;
+    assert_eq!(absorbed, 0, "the gateway absorbed {absorbed} micro-USD");
+}
