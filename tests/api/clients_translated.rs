@@ -456,3 +456,54 @@ async fn many_images_on_anthropic_are_reserved_for_what_anthropic_bills() {
         .await;
     assert_eq!(absorbed, 0, "the gateway absorbed {absorbed} micro-USD");
 }
+
+/// After a failed first route, the answer names what the serving route dropped, not what
+/// the failed one would have: Gemini (drops `strict`) failing to chat completions (keeps
+/// it) announces nothing; the other way round announces `strict` — streamed and not.
+#[tokio::test]
+async fn a_fallback_announces_the_serving_routes_drops() {
+    let app = spawn_app_with(|s, mock| {
+        kinds(s, mock);
+        let mut m = model("ge-then-oc", &["ge"]);
+        m.fallbacks = vec!["oc".into()];
+        s.models.push(m);
+        let mut m = model("oc-then-ge", &["oc"]);
+        m.fallbacks = vec!["ge".into()];
+        s.models.push(m);
+        s.breaker.failure_threshold = 1_000;
+    })
+    .await;
+    let (_, token) = app.token("fallback-drops", None).await;
+    for (name, failing, want) in [
+        ("ge-then-oc", KEY_GE, None),
+        ("oc-then-ge", KEY_OC, Some("tools[].function.strict")),
+    ] {
+        app.mock.state.sticky(
+            failing,
+            Some(sluice::mock::Script {
+                status: Some(500),
+                ..sluice::mock::Script::default()
+            }),
+        );
+        for stream in [false, true] {
+            let body = json!({"model": name, "max_tokens": 50, "stream": stream,
+                "tools": [{"type": "function", "function": {"name": "lookup_vehicle", "strict": true,
+                    "parameters": {"type": "object", "properties": {"vin": {"type": "string"}}}}}],
+                "messages": [{"role": "user", "content": "Which car is this?"}]});
+            let resp = app.chat(&token, &body).await;
+            assert_eq!(resp.status(), 200, "{name} stream={stream}");
+            assert_eq!(
+                dropped_header(&resp).as_deref(),
+                want,
+                "{name} stream={stream}"
+            );
+            resp.text().await.unwrap();
+        }
+        assert!(
+            app.mock.state.stats(failing).count >= 2,
+            "{name}: no first try"
+        );
+        app.mock.state.sticky(failing, None);
+    }
+    app.assert_invariant().await;
+}
