@@ -2,7 +2,8 @@
 //! stream. Nothing is reserved or charged; the request still counted in its request window,
 //! and its token windows go back to 0 (its booking, dropped unrecorded: a hit consumed no
 //! provider tokens). A hit carries every header a proxied answer carries (DESIGN "Wire
-//! formats"): the budget left as it stands, and a queue wait of 0 — it never queued.
+//! formats"): the budget left as it stands, a queue wait of 0 — it never queued — and
+//! `x-sluice-dropped`, what the replayed answer's routes leave out.
 
 use actix_web::HttpResponse;
 use bytes::Bytes;
@@ -36,8 +37,14 @@ pub async fn answer(
             .map_err(|e| tracing::warn!(error = %e, "budget read for a cache hit failed"))
             .ok()
             .flatten();
+    // The replayed answer was built without what its route dropped, and the hit cannot
+    // tell which route served it: what any of them would drop, as a queued stream says.
+    let candidates = super::attempts::candidates(state, p);
+    let dropped = super::attempts::dropped_by_any(state, p, &candidates);
     let mut resp = HttpResponse::Ok();
-    respond::gateway_headers(&mut resp, &log.id, "cache", remaining, log.cache, auth, &[]);
+    respond::gateway_headers(
+        &mut resp, &log.id, "cache", remaining, log.cache, auth, &dropped,
+    );
     resp.insert_header(("x-sluice-queue-wait-ms", "0"));
     if p.stream {
         let frames = replay::frames(p.endpoint.format(), &hit.entry.answer, p.include_usage);

@@ -507,3 +507,38 @@ async fn a_fallback_announces_the_serving_routes_drops() {
     }
     app.assert_invariant().await;
 }
+
+/// A cache hit replays an answer built without the hints its route dropped: it says so as
+/// the answer it replays did (what any of the model's routes would drop — the hit cannot
+/// tell which served it), streamed and not; a client told `strict` held on the first
+/// answer is not told otherwise by its repeat.
+#[tokio::test]
+async fn a_cache_hit_announces_the_drops_of_the_answer_it_replays() {
+    let app = app().await;
+    let (_, token) = app.token("cache-drops", None).await;
+    // `stream` is no part of the cache key: the stream replays the first answer.
+    for (stream, n, cache) in [
+        (false, 1, "miss"),
+        (false, 2, "hit-exact"),
+        (true, 3, "hit-exact"),
+    ] {
+        let body = json!({"model": "ge", "max_tokens": 50, "temperature": 0, "stream": stream,
+            "tools": [{"type": "function", "function": {"name": "lookup_vehicle", "strict": true,
+                "parameters": {"type": "object", "properties": {"vin": {"type": "string"}}}}}],
+            "messages": [{"role": "user", "content": "Which car is this?"}]});
+        let resp = app.chat(&token, &body).await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(
+            resp.headers()["x-sluice-cache"],
+            cache,
+            "stream={stream} #{n}"
+        );
+        assert_eq!(
+            dropped_header(&resp).as_deref(),
+            Some("tools[].function.strict"),
+            "stream={stream} #{n} ({cache})"
+        );
+        resp.text().await.unwrap();
+        app.wait_settled().await;
+    }
+}
