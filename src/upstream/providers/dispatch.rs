@@ -173,16 +173,33 @@ fn fit(upstream: Format, r: &mut Request) {
     r.dropped.extend(dropped);
 }
 
-/// `text` with the mark's own tags written as entities, so that a message holding them
-/// (a quoted file, an environment dump) can neither end its mark early — what follows
-/// would read as the user's words — nor open another.
+/// `text` with the mark's own tags made inert — the `<` of every `<system-reminder` and
+/// `</system-reminder`, in any case, written as `&lt;` — so that a message holding them
+/// (a quoted file, an environment dump) can neither end its mark early (what follows
+/// would read as the user's words) nor open another.
 fn unmarked(text: &str) -> std::borrow::Cow<'_, str> {
-    if !text.contains("system-reminder>") {
+    const TAG: &[u8] = b"system-reminder";
+    let bytes = text.as_bytes();
+    let opens_tag = |i: usize| {
+        let rest = &bytes[i + 1..];
+        let rest = rest.strip_prefix(b"/").unwrap_or(rest);
+        rest.len() >= TAG.len() && rest[..TAG.len()].eq_ignore_ascii_case(TAG)
+    };
+    let at: Vec<usize> = (0..bytes.len())
+        .filter(|&i| bytes[i] == b'<' && opens_tag(i))
+        .collect();
+    if at.is_empty() {
         return text.into();
     }
-    text.replace("</system-reminder>", "&lt;/system-reminder&gt;")
-        .replace("<system-reminder>", "&lt;system-reminder&gt;")
-        .into()
+    let mut out = String::with_capacity(text.len() + 3 * at.len());
+    let mut from = 0;
+    for i in at {
+        out.push_str(&text[from..i]);
+        out.push_str("&lt;");
+        from = i + 1;
+    }
+    out.push_str(&text[from..]);
+    out.into()
 }
 
 /// A mid-conversation system message as a user turn marked as the system's words.
