@@ -710,3 +710,87 @@ async fn a_responses_stream_whose_usage_says_zero_is_charged_zero() {
     assert_eq!(spent, 0);
     app.assert_invariant().await;
 }
+
+/// The text the client received after its finish (`finish_reason`), and in all.
+fn text_after_finish(data: &[String]) -> (String, String) {
+    let (mut after, mut all, mut finished) = (String::new(), String::new(), false);
+    for v in data
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+    {
+        for c in v["choices"].as_array().into_iter().flatten() {
+            let t = c["delta"]["content"].as_str().unwrap_or("");
+            all.push_str(t);
+            if finished {
+                after.push_str(t);
+            }
+            finished |= c["finish_reason"].is_string();
+        }
+    }
+    (after, all)
+}
+
+/// A lying upstream finishes, reports a tiny usage, and then goes on sending text: the
+/// answer was whole at the finish, so nothing after it reaches the client — else the client
+/// would hold many more tokens than the reported usage it is charged (the price, see the
+/// module doc of `translate::stream`).
+#[tokio::test]
+async fn text_after_the_finish_does_not_reach_the_client_uncharged() {
+    let app = app().await;
+    let more = vec![Piece::Text; 200];
+    let mut broken = Vec::new();
+    for (up, pieces) in [
+        (
+            Up::OpenAi,
+            [
+                vec![Piece::Text, Piece::Finish(None), Piece::Usage(5, 1)],
+                more.clone(),
+                vec![Piece::End],
+            ]
+            .concat(),
+        ),
+        (
+            Up::Anthropic,
+            [
+                vec![Piece::Text, Piece::Finish(Some((5, 1)))],
+                more.clone(),
+                vec![Piece::End],
+            ]
+            .concat(),
+        ),
+        (
+            Up::Gemini,
+            [vec![Piece::Text, Piece::Finish(Some((5, 1)))], more.clone()].concat(),
+        ),
+        (
+            Up::Bedrock,
+            [
+                vec![Piece::Text, Piece::Finish(None)],
+                more.clone(),
+                vec![Piece::Usage(5, 1)],
+            ]
+            .concat(),
+        ),
+    ] {
+        let what = format!("{up:?}");
+        let c = stream(
+            &app,
+            up,
+            &format!("after-{what}"),
+            scripted(up, &pieces),
+            4096,
+        )
+        .await;
+        let (after, all) = text_after_finish(&c.data);
+        if !after.is_empty() || (c.logged.0, c.logged.1) != (5, 1) {
+            broken.push(format!(
+                "{what}: {} bytes of text after the finish (of {} received), charged {:?}",
+                after.len(),
+                all.len(),
+                (c.logged.0, c.logged.1)
+            ));
+        }
+    }
+    assert!(broken.is_empty(), "{broken:#?}");
+    app.assert_invariant().await;
+}

@@ -63,6 +63,18 @@ enum Reader {
     Bedrock(bedrock::EventReader),
 }
 
+/// Keeps of a reader's events only what may follow the finish — the usage, the end, an
+/// error — once the finish came (`finished`: before these events, or among them): the
+/// answer is whole then, and more of it would reach the client uncharged, for the usage
+/// reported with or after the finish is the price (see the module doc).
+fn after_finish(events: &mut Vec<Event>, mut finished: bool) {
+    events.retain(|e| {
+        let keep = !finished || matches!(e, Event::Usage(_) | Event::Done | Event::Error(_));
+        finished |= matches!(e, Event::Finish(_));
+        keep
+    });
+}
+
 /// The client format's writer (used across formats only).
 enum Writer {
     OpenAiChat(openai_chat::EventWriter),
@@ -409,6 +421,9 @@ impl StreamConverter {
     fn note_openai_chunk(&mut self, c: &shape::Chunk) {
         // The answer is the choice with index 0 (see `openai_chat::stream`); a chunk that
         // finishes it and carries the usage (vLLM's continuous usage) carries the final one.
+        // What a later chunk says of that choice is not the client's (`openai_to_openai`):
+        // not counted either.
+        let was_finished = self.finished;
         self.finished |= c.choices.iter().flatten().any(|choice| {
             choice.index.unwrap_or(0) == 0
                 && choice
@@ -417,6 +432,9 @@ impl StreamConverter {
                     .is_some_and(|r| !r.is_empty())
         });
         for choice in c.choices.iter().flatten() {
+            if was_finished && choice.index.unwrap_or(0) == 0 {
+                continue;
+            }
             if let Some(t) = &choice.text {
                 self.note_text(t);
             }
@@ -485,6 +503,7 @@ impl StreamConverter {
                 .ok()
                 .map(|v| json!({"id": v["id"], "created": v["created"], "model": v["model"]}));
         }
+        let was_finished = self.finished;
         let c = match read_event(data)? {
             OpenAiEvent::Chunk(c) => c,
             OpenAiEvent::Error { error, raw } => {
@@ -500,6 +519,26 @@ impl StreamConverter {
             }
         };
         self.note_openai_chunk(&c);
+        // After the finish the answer (choice 0) is whole: more of it — text, a second
+        // finish — is not passed on (nor counted), else the client would hold more than the
+        // usage reported with the finish, its price. Other choices (`n` > 1) and the usage
+        // still pass.
+        if was_finished
+            && c.choices
+                .iter()
+                .flatten()
+                .any(|choice| choice.index.unwrap_or(0) == 0)
+        {
+            let mut v: Value = serde_json::from_str(data).map_err(|_| Corrupt::Json)?;
+            if let Some(choices) = v.get_mut("choices").and_then(Value::as_array_mut) {
+                choices.retain(|choice| choice["index"].as_i64().unwrap_or(0) != 0);
+                if choices.is_empty() && (c.usage.is_none() || !self.include_usage) {
+                    return Ok(());
+                }
+            }
+            out.push(frame(None, &v.to_string()));
+            return Ok(());
+        }
         let usage_only = c.choices.as_ref().is_none_or(Vec::is_empty) && c.usage.is_some();
         if !usage_only || self.include_usage {
             out.push(frame(None, data));
@@ -517,6 +556,9 @@ impl StreamConverter {
                     self.cached = cached;
                 }
             }
+            // After the finish (`message_delta`) the answer is whole: a later block is not
+            // passed on (`after_finish`) nor counted.
+            Body::BlockDelta { .. } if self.finished => {}
             Body::BlockDelta { delta, .. } => {
                 // Thinking is output Anthropic bills: a stream cut while the model thinks
                 // is charged what it thought.
@@ -554,7 +596,16 @@ impl StreamConverter {
         out: &mut Vec<Bytes>,
     ) -> Result<(), Corrupt> {
         let e = shape::anthropic_event(data)?;
+        let was_finished = self.finished;
         self.note_anthropic_event(&e);
+        if was_finished
+            && matches!(
+                e.body,
+                Body::BlockStart { .. } | Body::BlockDelta { .. } | Body::BlockStop(_)
+            )
+        {
+            return Ok(());
+        }
         let kind = if e.kind.is_empty() { "ping" } else { &e.kind };
         out.push(frame(Some(if name.is_empty() { kind } else { name }), data));
         Ok(())
@@ -574,6 +625,7 @@ impl StreamConverter {
     /// format's reader, written by the client format's writer.
     fn across(&mut self, name: &str, data: &str, out: &mut Vec<Bytes>) -> Result<(), Corrupt> {
         let mut events = Vec::new();
+        let finished = self.finished;
         match &mut self.reader {
             Reader::OpenAiChat(r) => {
                 if data == "[DONE]" {
@@ -596,13 +648,16 @@ impl StreamConverter {
             // Formats read only through the internal form: accounted from its events.
             Reader::Gemini(r) => {
                 r.read(name, data, &mut events)?;
+                after_finish(&mut events, finished);
                 events.iter().for_each(|e| self.note_event(e));
             }
             Reader::Bedrock(r) => {
                 r.read(name, data, &mut events)?;
+                after_finish(&mut events, finished);
                 events.iter().for_each(|e| self.note_event(e));
             }
         }
+        after_finish(&mut events, finished);
         for e in &events {
             self.forward(e, out);
         }
