@@ -794,3 +794,89 @@ async fn text_after_the_finish_does_not_reach_the_client_uncharged() {
     assert!(broken.is_empty(), "{broken:#?}");
     app.assert_invariant().await;
 }
+
+/// A Responses client of a translated upstream whose final usage comes after the finish
+/// (and, for Gemini, a running one before it): `response.completed` is written once, after
+/// that usage, and tells what the client is charged — the last report.
+#[tokio::test]
+async fn a_responses_client_gets_one_completed_with_the_usage_after_the_finish() {
+    let app = app().await;
+    let mut broken = Vec::new();
+    for (up, pieces) in [
+        (
+            Up::OpenAi,
+            vec![
+                Piece::Text,
+                Piece::Finish(Some((3, 2))),
+                Piece::Usage(1000, 40),
+                Piece::End,
+            ],
+        ),
+        (
+            Up::Anthropic,
+            vec![Piece::Text, Piece::Finish(Some((1000, 40))), Piece::End],
+        ),
+        (
+            Up::Gemini,
+            vec![
+                Piece::RunningText(1000, 1),
+                Piece::Finish(Some((3, 2))),
+                Piece::Usage(1000, 40),
+            ],
+        ),
+        (
+            Up::Bedrock,
+            vec![Piece::Text, Piece::Finish(None), Piece::Usage(1000, 40)],
+        ),
+    ] {
+        let what = format!("{up:?}");
+        let (id, token) = app.token(&format!("resp-{what}"), Some("1")).await;
+        app.mock.state.script(up.key(), [scripted(up, &pieces)]);
+        let resp = app
+            .post(
+                "/v1/responses",
+                &token,
+                &json!({"model": up.model(), "input": "hi", "stream": true, "max_output_tokens": 4096}),
+            )
+            .await;
+        assert_eq!(resp.status(), 200, "{what}");
+        let body = resp.text().await.expect("the body ends cleanly");
+        let data: Vec<String> = body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .map(str::to_string)
+            .collect();
+        app.wait_settled().await;
+        let completed: Vec<Value> = data
+            .iter()
+            .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+            .filter(|v| v["type"] == "response.completed")
+            .collect();
+        let spent = app
+            .scalar(&format!(
+                "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
+            ))
+            .await;
+        let told = completed.first().map(|c| {
+            (
+                c["response"]["usage"]["input_tokens"].as_i64(),
+                c["response"]["usage"]["output_tokens"].as_i64(),
+            )
+        });
+        if completed.len() != 1
+            || told != Some((Some(1000), Some(40)))
+            || spent != cost(1000, 40)
+            || data.last().and_then(|d| serde_json::from_str::<Value>(d).ok())
+                != completed.first().cloned()
+        {
+            broken.push(format!(
+                "{what}: {} response.completed, told {told:?}, spent {spent} (want {}), last {:?}",
+                completed.len(),
+                cost(1000, 40),
+                data.last()
+            ));
+        }
+    }
+    assert!(broken.is_empty(), "{broken:#?}");
+    app.assert_invariant().await;
+}
