@@ -880,3 +880,30 @@ async fn a_responses_client_gets_one_completed_with_the_usage_after_the_finish()
     assert!(broken.is_empty(), "{broken:#?}");
     app.assert_invariant().await;
 }
+
+/// After its finish and usage, an upstream keeps its body open with an endless run of SSE
+/// comments (keep-alives): they carry no event, so they do not hold the idle timer off —
+/// the stream completes at the idle timeout, charged the usage.
+#[tokio::test]
+async fn keep_alive_comments_after_the_finish_do_not_hold_the_stream_open() {
+    let app = app_with(|s| s.upstream.stream_idle_timeout_ms = 1500).await;
+    let data = |v: Value| format!("data: {v}\n\n");
+    let script = Script {
+        raw_stream: Some(vec![
+            data(json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                "choices": [{"index": 0, "delta": {"content": TEXT}, "finish_reason": null}]})),
+            data(json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})),
+            data(json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                "choices": [], "usage": {"prompt_tokens": 1000, "completion_tokens": 40, "total_tokens": 1040}})),
+            ": keep-alive\n\n".to_string(),
+        ]),
+        raw_repeat: 50_000,
+        raw_hold: true,
+        ..Script::default()
+    };
+    let c = stream(&app, Up::OpenAi, "comments", script, 4096).await;
+    c.complete("comments");
+    c.exactly("comments", 1000, 40);
+    app.assert_invariant().await;
+}
