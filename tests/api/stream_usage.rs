@@ -907,3 +907,110 @@ async fn keep_alive_comments_after_the_finish_do_not_hold_the_stream_open() {
     c.exactly("comments", 1000, 40);
     app.assert_invariant().await;
 }
+
+/// The client leaves after the finish, while the upstream holds its body before the usage
+/// (and the end): the stream is settled once, as a departure, charged the input reported
+/// before the finish (or the estimate) and the output counted from the text received.
+#[tokio::test]
+async fn a_client_leaving_after_the_finish_before_the_usage_is_settled_once_at_the_count() {
+    let app = app().await;
+    let counted = sluice::quota::estimate::count_text(&TEXT.repeat(3));
+    for (up, pieces) in [
+        (
+            Up::OpenAi,
+            vec![
+                Piece::RunningText(1000, 1),
+                Piece::Text,
+                Piece::Text,
+                Piece::Finish(None),
+                Piece::Usage(1000, 40),
+                Piece::End,
+            ],
+        ),
+        (
+            Up::Gemini,
+            vec![
+                Piece::RunningText(1000, 1),
+                Piece::Text,
+                Piece::Text,
+                Piece::Finish(None),
+                Piece::Usage(1000, 40),
+            ],
+        ),
+        // (The mock holds no scripted Bedrock stream.)
+    ] {
+        let what = format!("{up:?}");
+        let (id, token) = app.token(&format!("leave-{what}"), Some("1")).await;
+        let mut script = scripted(up, &pieces);
+        let all = script.events.as_ref().unwrap();
+        // Held for an hour right after the finish.
+        let finish = all.iter().rposition(|e| match e {
+            SseEvent::Data(v) => {
+                v["choices"][0]["finish_reason"].is_string()
+                    || v["candidates"][0]["finishReason"].is_string()
+            }
+            SseEvent::Named(..) => false,
+        });
+        script.stall_after = Some(finish.unwrap() + 1);
+        app.mock.state.script(up.key(), [script]);
+        let resp = app
+            .chat(
+                &token,
+                &json!({"model": up.model(), "stream": true, "max_tokens": 4096,
+                    "stream_options": {"include_usage": true},
+                    "messages": [{"role": "user", "content": "hi"}]}),
+            )
+            .await;
+        assert_eq!(resp.status(), 200, "{what}");
+        let mut body = resp.bytes_stream();
+        let mut seen = String::new();
+        while !seen.contains("finish_reason\":\"") {
+            let chunk = tokio::time::timeout(
+                std::time::Duration::from_secs(30),
+                futures_util::StreamExt::next(&mut body),
+            )
+            .await
+            .expect("the finish comes")
+            .expect("the body is open")
+            .unwrap();
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        drop(body);
+        let row = format!("FROM requests WHERE token_id = {id}");
+        for _ in 0..1500 {
+            if app.scalar(&format!("SELECT COUNT(*) {row}")).await == 1 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        app.wait_settled().await;
+        let logged: (i64, i64, i64, Option<String>) = sql_row(
+            app.db(),
+            &format!("SELECT input_tokens, output_tokens, cost_micros, error_code {row}"),
+        )
+        .await;
+        assert_eq!(
+            logged.3.as_deref(),
+            Some("client_disconnected"),
+            "{what}: {logged:?}"
+        );
+        assert_eq!(logged.1, counted, "{what}: the counted output");
+        assert_eq!(logged.0, 1000, "{what}: the input reported before the finish");
+        let settles = app
+            .scalar(&format!(
+                "SELECT COUNT(*) FROM ledger WHERE kind = 'settle' AND token_id = {id}"
+            ))
+            .await;
+        let spent = app
+            .scalar(&format!(
+                "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
+            ))
+            .await;
+        assert_eq!(
+            (settles, spent),
+            (1, cost(logged.0, logged.1)),
+            "{what}: settled once"
+        );
+    }
+    app.assert_invariant().await;
+}
