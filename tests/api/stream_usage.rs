@@ -866,7 +866,9 @@ async fn a_responses_client_gets_one_completed_with_the_usage_after_the_finish()
         if completed.len() != 1
             || told != Some((Some(1000), Some(40)))
             || spent != cost(1000, 40)
-            || data.last().and_then(|d| serde_json::from_str::<Value>(d).ok())
+            || data
+                .last()
+                .and_then(|d| serde_json::from_str::<Value>(d).ok())
                 != completed.first().cloned()
         {
             broken.push(format!(
@@ -890,12 +892,18 @@ async fn keep_alive_comments_after_the_finish_do_not_hold_the_stream_open() {
     let data = |v: Value| format!("data: {v}\n\n");
     let script = Script {
         raw_stream: Some(vec![
-            data(json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
-                "choices": [{"index": 0, "delta": {"content": TEXT}, "finish_reason": null}]})),
-            data(json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
-                "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})),
-            data(json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
-                "choices": [], "usage": {"prompt_tokens": 1000, "completion_tokens": 40, "total_tokens": 1040}})),
+            data(
+                json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                "choices": [{"index": 0, "delta": {"content": TEXT}, "finish_reason": null}]}),
+            ),
+            data(
+                json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+            ),
+            data(
+                json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                "choices": [], "usage": {"prompt_tokens": 1000, "completion_tokens": 40, "total_tokens": 1040}}),
+            ),
             ": keep-alive\n\n".to_string(),
         ]),
         raw_repeat: 50_000,
@@ -995,7 +1003,10 @@ async fn a_client_leaving_after_the_finish_before_the_usage_is_settled_once_at_t
             "{what}: {logged:?}"
         );
         assert_eq!(logged.1, counted, "{what}: the counted output");
-        assert_eq!(logged.0, 1000, "{what}: the input reported before the finish");
+        assert_eq!(
+            logged.0, 1000,
+            "{what}: the input reported before the finish"
+        );
         let settles = app
             .scalar(&format!(
                 "SELECT COUNT(*) FROM ledger WHERE kind = 'settle' AND token_id = {id}"
@@ -1012,5 +1023,70 @@ async fn a_client_leaving_after_the_finish_before_the_usage_is_settled_once_at_t
             "{what}: settled once"
         );
     }
+    app.assert_invariant().await;
+}
+
+/// A running usage only before the finish (vLLM's continuous usage on its text chunks, none
+/// on the finish chunk), the output it says far under the text received: the stream is
+/// charged the counted output (the running figure is a floor), and the client that asked
+/// for the usage is told that, in a last usage chunk — not left with the running figure as
+/// the last it saw.
+#[tokio::test]
+async fn a_running_usage_under_the_count_is_not_the_last_usage_the_client_is_told() {
+    let app = app().await;
+    let counted = sluice::quota::estimate::count_text(&TEXT.repeat(4));
+    let mut broken = Vec::new();
+    for (up, pieces) in [
+        (
+            Up::OpenAi,
+            vec![
+                Piece::RunningText(1000, 1),
+                Piece::RunningText(1000, 1),
+                Piece::RunningText(1000, 1),
+                Piece::RunningText(1000, 1),
+                Piece::Finish(None),
+                Piece::End,
+            ],
+        ),
+        (
+            Up::OpenAi,
+            vec![
+                Piece::RunningText(1000, 1),
+                Piece::RunningText(1000, 1),
+                Piece::RunningText(1000, 1),
+                Piece::RunningText(1000, 1),
+                Piece::Finish(None),
+            ],
+        ),
+        (
+            Up::Gemini,
+            vec![
+                Piece::RunningText(1000, 1),
+                Piece::RunningText(1000, 1),
+                Piece::RunningText(1000, 1),
+                Piece::RunningText(1000, 1),
+                Piece::Finish(None),
+            ],
+        ),
+    ] {
+        let what = format!("{up:?} {}", pieces.len());
+        let c = stream(
+            &app,
+            up,
+            &format!("run-{}", broken.len() + pieces.len()),
+            scripted(up, &pieces),
+            4096,
+        )
+        .await;
+        let result = std::panic::catch_unwind(|| {
+            c.complete(&what);
+            c.exactly(&what, 1000, counted);
+        });
+        if let Err(e) = result {
+            let msg = e.downcast_ref::<String>().cloned().unwrap_or_default();
+            broken.push(format!("{what}: {msg}"));
+        }
+    }
+    assert!(broken.is_empty(), "{broken:#?}");
     app.assert_invariant().await;
 }

@@ -475,9 +475,10 @@ impl StreamConverter {
     fn openai_done(&mut self, out: &mut Vec<Bytes>) {
         self.done = true;
         // The client asked for the usage chunk and the server sent none (it refuses
-        // `stream_options`: `quirks.include_usage = false`): it is told what it is
-        // charged, the counted figures, as an Anthropic client is.
-        if self.include_usage && self.output.is_none() {
+        // `stream_options`: `quirks.include_usage = false`), or only running ones before
+        // its finish (a floor under the count, vLLM's continuous usage): it is told what
+        // it is charged, the counted figures, as an Anthropic client is.
+        if self.include_usage && !self.output_final {
             let u = self.usage();
             let first = self.first_chunk.take().unwrap_or(Value::Null);
             out.push(frame(
