@@ -1090,3 +1090,85 @@ async fn a_running_usage_under_the_count_is_not_the_last_usage_the_client_is_tol
     assert!(broken.is_empty(), "{broken:#?}");
     app.assert_invariant().await;
 }
+
+/// After its finish (and usage) an upstream sends small events without end — Anthropic's
+/// `ping`, OpenAI's usage chunk again and again — and never ends its body (the mock sends
+/// no raw Gemini stream). The answer is whole: the
+/// gateway waits for the end no longer than the idle timeout after the finish, and the
+/// client's stream completes, charged the last usage — not held open as long as the
+/// upstream likes (the client never getting its `[DONE]`, the reservation never settled).
+#[tokio::test]
+async fn endless_small_events_after_the_finish_do_not_hold_the_stream_open() {
+    let app = app_with(|s| s.upstream.stream_idle_timeout_ms = 1500).await;
+    let data = |v: Value| format!("data: {v}\n\n");
+    let named = |n: &str, v: Value| format!("event: {n}\ndata: {v}\n\n");
+    let openai_usage = json!({"id": "c1", "object": "chat.completion.chunk", "created": 1,
+        "model": "m", "choices": [], "usage": {"prompt_tokens": 1000, "completion_tokens": 40,
+        "total_tokens": 1040}});
+    for (up, pieces) in [
+        (
+            Up::Anthropic,
+            vec![
+                named(
+                    "message_start",
+                    json!({"type": "message_start", "message": {"id": "msg_1",
+                    "type": "message", "role": "assistant", "model": "claude", "content": [],
+                    "stop_reason": null, "usage": {"input_tokens": 1000, "output_tokens": 1}}}),
+                ),
+                named(
+                    "content_block_start",
+                    json!({"type": "content_block_start", "index": 0,
+                    "content_block": {"type": "text", "text": ""}}),
+                ),
+                named(
+                    "content_block_delta",
+                    json!({"type": "content_block_delta", "index": 0,
+                    "delta": {"type": "text_delta", "text": TEXT}}),
+                ),
+                named(
+                    "content_block_stop",
+                    json!({"type": "content_block_stop", "index": 0}),
+                ),
+                named(
+                    "message_delta",
+                    json!({"type": "message_delta",
+                    "delta": {"stop_reason": "end_turn", "stop_sequence": null},
+                    "usage": {"output_tokens": 40}}),
+                ),
+                named("ping", json!({"type": "ping"})),
+            ],
+        ),
+        (
+            Up::OpenAi,
+            vec![
+                data(
+                    json!({"id": "c1", "object": "chat.completion.chunk", "created": 1,
+                    "model": "m", "choices": [{"index": 0, "delta": {"content": TEXT},
+                    "finish_reason": null}]}),
+                ),
+                data(
+                    json!({"id": "c1", "object": "chat.completion.chunk", "created": 1,
+                    "model": "m", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+                ),
+                data(openai_usage),
+            ],
+        ),
+    ] {
+        let what = format!("{up:?}");
+        let script = Script {
+            raw_stream: Some(pieces),
+            raw_repeat: 1 << 40,
+            raw_hold: true,
+            ..Script::default()
+        };
+        let c = tokio::time::timeout(
+            std::time::Duration::from_secs(60),
+            stream(&app, up, &format!("endless-{what}"), script, 4096),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{what}: the stream did not complete in 60 s"));
+        c.complete(&what);
+        c.exactly(&what, 1000, 40);
+    }
+    app.assert_invariant().await;
+}

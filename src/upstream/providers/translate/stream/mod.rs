@@ -305,6 +305,24 @@ impl StreamConverter {
         self.done
     }
 
+    /// The upstream sent its finish: the answer is whole, its usage or end may follow.
+    pub fn finished(&self) -> bool {
+        self.finished
+    }
+
+    /// What the stream has told so far of the answer and its usage: the same after an event
+    /// that told nothing new (a `ping`, a repeated usage), so the pump sees an upstream that
+    /// keeps sending after its finish but says nothing (`pipeline::stream`).
+    pub fn progress(&self) -> (i64, usize, Option<i64>, i64, Option<i64>) {
+        (
+            self.counted,
+            self.text.len(),
+            self.input,
+            self.cached,
+            self.output,
+        )
+    }
+
     /// The upstream's body ended — cleanly, broken off, or stalled past the idle timeout.
     /// True when the stream is complete: its end-of-stream event came, or its finish did,
     /// and then the client's closing events (the usage, `[DONE]`, `message_stop`,
