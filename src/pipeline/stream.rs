@@ -42,7 +42,7 @@ use crate::state::AppState;
 use crate::store::requests::RequestRow;
 use crate::upstream::providers::bedrock::eventstream::BROKE;
 use crate::upstream::providers::formats::responses;
-use crate::upstream::providers::translate::stream::ResponsesOut;
+use crate::upstream::providers::translate::stream::{Progress, ResponsesOut};
 use crate::upstream::providers::{self, translate::stream::StreamConverter};
 
 /// The error event of a stream the shutdown ended.
@@ -302,7 +302,7 @@ impl Pump {
         let shutdown = drain.started();
         tokio::pin!(shutdown);
         // After the finish: since when the upstream told nothing new (see below).
-        let mut quiet: Option<(Instant, (i64, usize, Option<i64>, i64, Option<i64>))> = None;
+        let mut quiet: Option<(Instant, Progress)> = None;
         'read: loop {
             // After its finish an upstream that sends on but tells nothing new — pings,
             // the same usage again — is idle: its events do not hold the stream open past

@@ -55,6 +55,9 @@ const COUNT_EVERY: usize = 64 * 1024;
 /// The default of `StreamConverter::hold_limit`.
 pub const HOLD_LIMIT: usize = 16 * 1024 * 1024;
 
+/// What a stream told so far (`StreamConverter::progress`): compared, never read.
+pub type Progress = (i64, usize, Option<i64>, i64, Option<i64>);
+
 /// The upstream format's reader (used across formats only).
 enum Reader {
     OpenAiChat(openai_chat::EventReader),
@@ -313,7 +316,7 @@ impl StreamConverter {
     /// What the stream has told so far of the answer and its usage: the same after an event
     /// that told nothing new (a `ping`, a repeated usage), so the pump sees an upstream that
     /// keeps sending after its finish but says nothing (`pipeline::stream`).
-    pub fn progress(&self) -> (i64, usize, Option<i64>, i64, Option<i64>) {
+    pub fn progress(&self) -> Progress {
         (
             self.counted,
             self.text.len(),
