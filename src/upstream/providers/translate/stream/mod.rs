@@ -21,7 +21,9 @@
 //!   Gemini has no end event, and some OpenAI-compatible servers send no `[DONE]`. The
 //!   pump tells the converter when the body ended, broke off or stalled (`end`); after a
 //!   finish that completes the stream, and the client gets its closing events then — no
-//!   later than the upstream ended. A stream that ends before its finish is *cut*, and so
+//!   later than the upstream ended (or went an idle timeout after its finish without
+//!   telling anything new, `progress`). After the finish the answer is whole: more of it is
+//!   neither passed on nor counted. A stream that ends before its finish is *cut*, and so
 //!   is one with an event the gateway cannot read, before or after the finish (it may be
 //!   the usage): the client gets an error event.
 //! - Its *price* is the usage the upstream reported with or after its finish, zeros
