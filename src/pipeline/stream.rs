@@ -42,7 +42,7 @@ use crate::state::AppState;
 use crate::store::requests::RequestRow;
 use crate::upstream::providers::bedrock::eventstream::BROKE;
 use crate::upstream::providers::formats::responses;
-use crate::upstream::providers::translate::stream::ResponsesOut;
+use crate::upstream::providers::translate::stream::{Progress, ResponsesOut};
 use crate::upstream::providers::{self, translate::stream::StreamConverter};
 
 /// The error event of a stream the shutdown ended.
@@ -301,12 +301,28 @@ impl Pump {
         let drain = sink.drain.clone();
         let shutdown = drain.started();
         tokio::pin!(shutdown);
+        // After the finish: since when the upstream told nothing new (see below).
+        let mut quiet: Option<(Instant, Progress)> = None;
         'read: loop {
+            // After its finish an upstream that sends on but tells nothing new — pings,
+            // the same usage again — is idle: its events do not hold the stream open past
+            // the idle timeout, which then completes it.
+            let wait = match &quiet {
+                Some((since, _)) => idle.saturating_sub(since.elapsed()),
+                None => idle,
+            };
+            if wait.is_zero() {
+                failure = self.end(
+                    &mut frames,
+                    "The upstream stopped sending; the stream was ended by the gateway.",
+                );
+                break;
+            }
             let next = tokio::select! {
                 biased;
                 _ = sink.closed() => { client_gone = true; break; }
                 _ = &mut shutdown => { drained = true; break; }
-                n = tokio::time::timeout(idle, events.next()) => n,
+                n = tokio::time::timeout(wait, events.next()) => n,
             };
             // The upstream's body ended, broke off or stalled: after its finish that is
             // the stream's end (`StreamConverter::end`), before it a cut.
@@ -339,6 +355,12 @@ impl Pump {
                 Ok(Some(Ok(ev))) => ev,
             };
             self.converter.event(&event.0, &event.1, &mut frames);
+            if self.converter.finished() {
+                let told = self.converter.progress();
+                if quiet.as_ref().is_none_or(|(_, before)| *before != told) {
+                    quiet = Some((Instant::now(), told));
+                }
+            }
             if !self.pass(&mut frames, &sink).await {
                 drained = sink.drain.is_draining();
                 client_gone = !drained;

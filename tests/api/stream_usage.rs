@@ -710,3 +710,465 @@ async fn a_responses_stream_whose_usage_says_zero_is_charged_zero() {
     assert_eq!(spent, 0);
     app.assert_invariant().await;
 }
+
+/// The text the client received after its finish (`finish_reason`), and in all.
+fn text_after_finish(data: &[String]) -> (String, String) {
+    let (mut after, mut all, mut finished) = (String::new(), String::new(), false);
+    for v in data
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+    {
+        for c in v["choices"].as_array().into_iter().flatten() {
+            let t = c["delta"]["content"].as_str().unwrap_or("");
+            all.push_str(t);
+            if finished {
+                after.push_str(t);
+            }
+            finished |= c["finish_reason"].is_string();
+        }
+    }
+    (after, all)
+}
+
+/// A lying upstream finishes, reports a tiny usage, and then goes on sending text: the
+/// answer was whole at the finish, so nothing after it reaches the client — else the client
+/// would hold many more tokens than the reported usage it is charged (the price, see the
+/// module doc of `translate::stream`).
+#[tokio::test]
+async fn text_after_the_finish_does_not_reach_the_client_uncharged() {
+    let app = app().await;
+    let more = vec![Piece::Text; 200];
+    let mut broken = Vec::new();
+    for (up, pieces) in [
+        (
+            Up::OpenAi,
+            [
+                vec![Piece::Text, Piece::Finish(None), Piece::Usage(5, 1)],
+                more.clone(),
+                vec![Piece::End],
+            ]
+            .concat(),
+        ),
+        (
+            Up::Anthropic,
+            [
+                vec![Piece::Text, Piece::Finish(Some((5, 1)))],
+                more.clone(),
+                vec![Piece::End],
+            ]
+            .concat(),
+        ),
+        (
+            Up::Gemini,
+            [vec![Piece::Text, Piece::Finish(Some((5, 1)))], more.clone()].concat(),
+        ),
+        (
+            Up::Bedrock,
+            [
+                vec![Piece::Text, Piece::Finish(None)],
+                more.clone(),
+                vec![Piece::Usage(5, 1)],
+            ]
+            .concat(),
+        ),
+    ] {
+        let what = format!("{up:?}");
+        let c = stream(
+            &app,
+            up,
+            &format!("after-{what}"),
+            scripted(up, &pieces),
+            4096,
+        )
+        .await;
+        let (after, all) = text_after_finish(&c.data);
+        if !after.is_empty() || (c.logged.0, c.logged.1) != (5, 1) {
+            broken.push(format!(
+                "{what}: {} bytes of text after the finish (of {} received), charged {:?}",
+                after.len(),
+                all.len(),
+                (c.logged.0, c.logged.1)
+            ));
+        }
+    }
+    assert!(broken.is_empty(), "{broken:#?}");
+    app.assert_invariant().await;
+}
+
+/// A Responses client of a translated upstream whose final usage comes after the finish
+/// (and, for Gemini, a running one before it): `response.completed` is written once, after
+/// that usage, and tells what the client is charged — the last report.
+#[tokio::test]
+async fn a_responses_client_gets_one_completed_with_the_usage_after_the_finish() {
+    let app = app().await;
+    let mut broken = Vec::new();
+    for (up, pieces) in [
+        (
+            Up::OpenAi,
+            vec![
+                Piece::Text,
+                Piece::Finish(Some((3, 2))),
+                Piece::Usage(1000, 40),
+                Piece::End,
+            ],
+        ),
+        (
+            Up::Anthropic,
+            vec![Piece::Text, Piece::Finish(Some((1000, 40))), Piece::End],
+        ),
+        (
+            Up::Gemini,
+            vec![
+                Piece::RunningText(1000, 1),
+                Piece::Finish(Some((3, 2))),
+                Piece::Usage(1000, 40),
+            ],
+        ),
+        (
+            Up::Bedrock,
+            vec![Piece::Text, Piece::Finish(None), Piece::Usage(1000, 40)],
+        ),
+    ] {
+        let what = format!("{up:?}");
+        let (id, token) = app.token(&format!("resp-{what}"), Some("1")).await;
+        app.mock.state.script(up.key(), [scripted(up, &pieces)]);
+        let resp = app
+            .post(
+                "/v1/responses",
+                &token,
+                &json!({"model": up.model(), "input": "hi", "stream": true, "max_output_tokens": 4096}),
+            )
+            .await;
+        assert_eq!(resp.status(), 200, "{what}");
+        let body = resp.text().await.expect("the body ends cleanly");
+        let data: Vec<String> = body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .map(str::to_string)
+            .collect();
+        app.wait_settled().await;
+        let completed: Vec<Value> = data
+            .iter()
+            .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+            .filter(|v| v["type"] == "response.completed")
+            .collect();
+        let spent = app
+            .scalar(&format!(
+                "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
+            ))
+            .await;
+        let told = completed.first().map(|c| {
+            (
+                c["response"]["usage"]["input_tokens"].as_i64(),
+                c["response"]["usage"]["output_tokens"].as_i64(),
+            )
+        });
+        if completed.len() != 1
+            || told != Some((Some(1000), Some(40)))
+            || spent != cost(1000, 40)
+            || data
+                .last()
+                .and_then(|d| serde_json::from_str::<Value>(d).ok())
+                != completed.first().cloned()
+        {
+            broken.push(format!(
+                "{what}: {} response.completed, told {told:?}, spent {spent} (want {}), last {:?}",
+                completed.len(),
+                cost(1000, 40),
+                data.last()
+            ));
+        }
+    }
+    assert!(broken.is_empty(), "{broken:#?}");
+    app.assert_invariant().await;
+}
+
+/// After its finish and usage, an upstream keeps its body open with an endless run of SSE
+/// comments (keep-alives): they carry no event, so they do not hold the idle timer off —
+/// the stream completes at the idle timeout, charged the usage.
+#[tokio::test]
+async fn keep_alive_comments_after_the_finish_do_not_hold_the_stream_open() {
+    let app = app_with(|s| s.upstream.stream_idle_timeout_ms = 1500).await;
+    let data = |v: Value| format!("data: {v}\n\n");
+    let script = Script {
+        raw_stream: Some(vec![
+            data(
+                json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                "choices": [{"index": 0, "delta": {"content": TEXT}, "finish_reason": null}]}),
+            ),
+            data(
+                json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+            ),
+            data(
+                json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                "choices": [], "usage": {"prompt_tokens": 1000, "completion_tokens": 40, "total_tokens": 1040}}),
+            ),
+            ": keep-alive\n\n".to_string(),
+        ]),
+        raw_repeat: 50_000,
+        raw_hold: true,
+        ..Script::default()
+    };
+    let c = stream(&app, Up::OpenAi, "comments", script, 4096).await;
+    c.complete("comments");
+    c.exactly("comments", 1000, 40);
+    app.assert_invariant().await;
+}
+
+/// The client leaves after the finish, while the upstream holds its body before the usage
+/// (and the end): the stream is settled once, as a departure, charged the input reported
+/// before the finish (or the estimate) and the output counted from the text received.
+#[tokio::test]
+async fn a_client_leaving_after_the_finish_before_the_usage_is_settled_once_at_the_count() {
+    let app = app().await;
+    let counted = sluice::quota::estimate::count_text(&TEXT.repeat(3));
+    for (up, pieces) in [
+        (
+            Up::OpenAi,
+            vec![
+                Piece::RunningText(1000, 1),
+                Piece::Text,
+                Piece::Text,
+                Piece::Finish(None),
+                Piece::Usage(1000, 40),
+                Piece::End,
+            ],
+        ),
+        (
+            Up::Gemini,
+            vec![
+                Piece::RunningText(1000, 1),
+                Piece::Text,
+                Piece::Text,
+                Piece::Finish(None),
+                Piece::Usage(1000, 40),
+            ],
+        ),
+        // (The mock holds no scripted Bedrock stream.)
+    ] {
+        let what = format!("{up:?}");
+        let (id, token) = app.token(&format!("leave-{what}"), Some("1")).await;
+        let mut script = scripted(up, &pieces);
+        let all = script.events.as_ref().unwrap();
+        // Held for an hour right after the finish.
+        let finish = all.iter().rposition(|e| match e {
+            SseEvent::Data(v) => {
+                v["choices"][0]["finish_reason"].is_string()
+                    || v["candidates"][0]["finishReason"].is_string()
+            }
+            SseEvent::Named(..) => false,
+        });
+        script.stall_after = Some(finish.unwrap() + 1);
+        app.mock.state.script(up.key(), [script]);
+        let resp = app
+            .chat(
+                &token,
+                &json!({"model": up.model(), "stream": true, "max_tokens": 4096,
+                    "stream_options": {"include_usage": true},
+                    "messages": [{"role": "user", "content": "hi"}]}),
+            )
+            .await;
+        assert_eq!(resp.status(), 200, "{what}");
+        let mut body = resp.bytes_stream();
+        let mut seen = String::new();
+        while !seen.contains("finish_reason\":\"") {
+            let chunk = tokio::time::timeout(
+                std::time::Duration::from_secs(30),
+                futures_util::StreamExt::next(&mut body),
+            )
+            .await
+            .expect("the finish comes")
+            .expect("the body is open")
+            .unwrap();
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        drop(body);
+        let row = format!("FROM requests WHERE token_id = {id}");
+        for _ in 0..1500 {
+            if app.scalar(&format!("SELECT COUNT(*) {row}")).await == 1 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        app.wait_settled().await;
+        let logged: (i64, i64, i64, Option<String>) = sql_row(
+            app.db(),
+            &format!("SELECT input_tokens, output_tokens, cost_micros, error_code {row}"),
+        )
+        .await;
+        assert_eq!(
+            logged.3.as_deref(),
+            Some("client_disconnected"),
+            "{what}: {logged:?}"
+        );
+        assert_eq!(logged.1, counted, "{what}: the counted output");
+        assert_eq!(
+            logged.0, 1000,
+            "{what}: the input reported before the finish"
+        );
+        let settles = app
+            .scalar(&format!(
+                "SELECT COUNT(*) FROM ledger WHERE kind = 'settle' AND token_id = {id}"
+            ))
+            .await;
+        let spent = app
+            .scalar(&format!(
+                "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
+            ))
+            .await;
+        assert_eq!(
+            (settles, spent),
+            (1, cost(logged.0, logged.1)),
+            "{what}: settled once"
+        );
+    }
+    app.assert_invariant().await;
+}
+
+/// A running usage only before the finish (vLLM's continuous usage on its text chunks, none
+/// on the finish chunk), the output it says far under the text received: the stream is
+/// charged the counted output (the running figure is a floor), and the client that asked
+/// for the usage is told that, in a last usage chunk — not left with the running figure as
+/// the last it saw.
+#[tokio::test]
+async fn a_running_usage_under_the_count_is_not_the_last_usage_the_client_is_told() {
+    let app = app().await;
+    let counted = sluice::quota::estimate::count_text(&TEXT.repeat(4));
+    let mut broken = Vec::new();
+    for (up, pieces) in [
+        (
+            Up::OpenAi,
+            vec![
+                Piece::RunningText(1000, 1),
+                Piece::RunningText(1000, 1),
+                Piece::RunningText(1000, 1),
+                Piece::RunningText(1000, 1),
+                Piece::Finish(None),
+                Piece::End,
+            ],
+        ),
+        (
+            Up::OpenAi,
+            vec![
+                Piece::RunningText(1000, 1),
+                Piece::RunningText(1000, 1),
+                Piece::RunningText(1000, 1),
+                Piece::RunningText(1000, 1),
+                Piece::Finish(None),
+            ],
+        ),
+        (
+            Up::Gemini,
+            vec![
+                Piece::RunningText(1000, 1),
+                Piece::RunningText(1000, 1),
+                Piece::RunningText(1000, 1),
+                Piece::RunningText(1000, 1),
+                Piece::Finish(None),
+            ],
+        ),
+    ] {
+        let what = format!("{up:?} {}", pieces.len());
+        let c = stream(
+            &app,
+            up,
+            &format!("run-{}", broken.len() + pieces.len()),
+            scripted(up, &pieces),
+            4096,
+        )
+        .await;
+        let result = std::panic::catch_unwind(|| {
+            c.complete(&what);
+            c.exactly(&what, 1000, counted);
+        });
+        if let Err(e) = result {
+            let msg = e.downcast_ref::<String>().cloned().unwrap_or_default();
+            broken.push(format!("{what}: {msg}"));
+        }
+    }
+    assert!(broken.is_empty(), "{broken:#?}");
+    app.assert_invariant().await;
+}
+
+/// After its finish (and usage) an upstream sends small events without end — Anthropic's
+/// `ping`, OpenAI's usage chunk again and again — and never ends its body (the mock sends
+/// no raw Gemini stream). The answer is whole: the
+/// gateway waits for the end no longer than the idle timeout after the finish, and the
+/// client's stream completes, charged the last usage — not held open as long as the
+/// upstream likes (the client never getting its `[DONE]`, the reservation never settled).
+#[tokio::test]
+async fn endless_small_events_after_the_finish_do_not_hold_the_stream_open() {
+    let app = app_with(|s| s.upstream.stream_idle_timeout_ms = 1500).await;
+    let data = |v: Value| format!("data: {v}\n\n");
+    let named = |n: &str, v: Value| format!("event: {n}\ndata: {v}\n\n");
+    let openai_usage = json!({"id": "c1", "object": "chat.completion.chunk", "created": 1,
+        "model": "m", "choices": [], "usage": {"prompt_tokens": 1000, "completion_tokens": 40,
+        "total_tokens": 1040}});
+    for (up, pieces) in [
+        (
+            Up::Anthropic,
+            vec![
+                named(
+                    "message_start",
+                    json!({"type": "message_start", "message": {"id": "msg_1",
+                    "type": "message", "role": "assistant", "model": "claude", "content": [],
+                    "stop_reason": null, "usage": {"input_tokens": 1000, "output_tokens": 1}}}),
+                ),
+                named(
+                    "content_block_start",
+                    json!({"type": "content_block_start", "index": 0,
+                    "content_block": {"type": "text", "text": ""}}),
+                ),
+                named(
+                    "content_block_delta",
+                    json!({"type": "content_block_delta", "index": 0,
+                    "delta": {"type": "text_delta", "text": TEXT}}),
+                ),
+                named(
+                    "content_block_stop",
+                    json!({"type": "content_block_stop", "index": 0}),
+                ),
+                named(
+                    "message_delta",
+                    json!({"type": "message_delta",
+                    "delta": {"stop_reason": "end_turn", "stop_sequence": null},
+                    "usage": {"output_tokens": 40}}),
+                ),
+                named("ping", json!({"type": "ping"})),
+            ],
+        ),
+        (
+            Up::OpenAi,
+            vec![
+                data(
+                    json!({"id": "c1", "object": "chat.completion.chunk", "created": 1,
+                    "model": "m", "choices": [{"index": 0, "delta": {"content": TEXT},
+                    "finish_reason": null}]}),
+                ),
+                data(
+                    json!({"id": "c1", "object": "chat.completion.chunk", "created": 1,
+                    "model": "m", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+                ),
+                data(openai_usage),
+            ],
+        ),
+    ] {
+        let what = format!("{up:?}");
+        let script = Script {
+            raw_stream: Some(pieces),
+            raw_repeat: 1 << 40,
+            raw_hold: true,
+            ..Script::default()
+        };
+        let c = tokio::time::timeout(
+            std::time::Duration::from_secs(60),
+            stream(&app, up, &format!("endless-{what}"), script, 4096),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{what}: the stream did not complete in 60 s"));
+        c.complete(&what);
+        c.exactly(&what, 1000, 40);
+    }
+    app.assert_invariant().await;
+}

@@ -21,7 +21,9 @@
 //!   Gemini has no end event, and some OpenAI-compatible servers send no `[DONE]`. The
 //!   pump tells the converter when the body ended, broke off or stalled (`end`); after a
 //!   finish that completes the stream, and the client gets its closing events then — no
-//!   later than the upstream ended. A stream that ends before its finish is *cut*, and so
+//!   later than the upstream ended (or went an idle timeout after its finish without
+//!   telling anything new, `progress`). After the finish the answer is whole: more of it is
+//!   neither passed on nor counted. A stream that ends before its finish is *cut*, and so
 //!   is one with an event the gateway cannot read, before or after the finish (it may be
 //!   the usage): the client gets an error event.
 //! - Its *price* is the usage the upstream reported with or after its finish, zeros
@@ -55,12 +57,27 @@ const COUNT_EVERY: usize = 64 * 1024;
 /// The default of `StreamConverter::hold_limit`.
 pub const HOLD_LIMIT: usize = 16 * 1024 * 1024;
 
+/// What a stream told so far (`StreamConverter::progress`): compared, never read.
+pub type Progress = (i64, usize, Option<i64>, i64, Option<i64>);
+
 /// The upstream format's reader (used across formats only).
 enum Reader {
     OpenAiChat(openai_chat::EventReader),
     Anthropic(anthropic::EventReader),
     Gemini(gemini::EventReader),
     Bedrock(bedrock::EventReader),
+}
+
+/// Keeps of a reader's events only what may follow the finish — the usage, the end, an
+/// error — once the finish came (`finished`: before these events, or among them): the
+/// answer is whole then, and more of it would reach the client uncharged, for the usage
+/// reported with or after the finish is the price (see the module doc).
+fn after_finish(events: &mut Vec<Event>, mut finished: bool) {
+    events.retain(|e| {
+        let keep = !finished || matches!(e, Event::Usage(_) | Event::Done | Event::Error(_));
+        finished |= matches!(e, Event::Finish(_));
+        keep
+    });
 }
 
 /// The client format's writer (used across formats only).
@@ -293,6 +310,24 @@ impl StreamConverter {
         self.done
     }
 
+    /// The upstream sent its finish: the answer is whole, its usage or end may follow.
+    pub fn finished(&self) -> bool {
+        self.finished
+    }
+
+    /// What the stream has told so far of the answer and its usage: the same after an event
+    /// that told nothing new (a `ping`, a repeated usage), so the pump sees an upstream that
+    /// keeps sending after its finish but says nothing (`pipeline::stream`).
+    pub fn progress(&self) -> Progress {
+        (
+            self.counted,
+            self.text.len(),
+            self.input,
+            self.cached,
+            self.output,
+        )
+    }
+
     /// The upstream's body ended — cleanly, broken off, or stalled past the idle timeout.
     /// True when the stream is complete: its end-of-stream event came, or its finish did,
     /// and then the client's closing events (the usage, `[DONE]`, `message_stop`,
@@ -409,6 +444,9 @@ impl StreamConverter {
     fn note_openai_chunk(&mut self, c: &shape::Chunk) {
         // The answer is the choice with index 0 (see `openai_chat::stream`); a chunk that
         // finishes it and carries the usage (vLLM's continuous usage) carries the final one.
+        // What a later chunk says of that choice is not the client's (`openai_to_openai`):
+        // not counted either.
+        let was_finished = self.finished;
         self.finished |= c.choices.iter().flatten().any(|choice| {
             choice.index.unwrap_or(0) == 0
                 && choice
@@ -417,6 +455,9 @@ impl StreamConverter {
                     .is_some_and(|r| !r.is_empty())
         });
         for choice in c.choices.iter().flatten() {
+            if was_finished && choice.index.unwrap_or(0) == 0 {
+                continue;
+            }
             if let Some(t) = &choice.text {
                 self.note_text(t);
             }
@@ -457,9 +498,10 @@ impl StreamConverter {
     fn openai_done(&mut self, out: &mut Vec<Bytes>) {
         self.done = true;
         // The client asked for the usage chunk and the server sent none (it refuses
-        // `stream_options`: `quirks.include_usage = false`): it is told what it is
-        // charged, the counted figures, as an Anthropic client is.
-        if self.include_usage && self.output.is_none() {
+        // `stream_options`: `quirks.include_usage = false`), or only running ones before
+        // its finish (a floor under the count, vLLM's continuous usage): it is told what
+        // it is charged, the counted figures, as an Anthropic client is.
+        if self.include_usage && !self.output_final {
             let u = self.usage();
             let first = self.first_chunk.take().unwrap_or(Value::Null);
             out.push(frame(
@@ -485,6 +527,7 @@ impl StreamConverter {
                 .ok()
                 .map(|v| json!({"id": v["id"], "created": v["created"], "model": v["model"]}));
         }
+        let was_finished = self.finished;
         let c = match read_event(data)? {
             OpenAiEvent::Chunk(c) => c,
             OpenAiEvent::Error { error, raw } => {
@@ -500,6 +543,26 @@ impl StreamConverter {
             }
         };
         self.note_openai_chunk(&c);
+        // After the finish the answer (choice 0) is whole: more of it — text, a second
+        // finish — is not passed on (nor counted), else the client would hold more than the
+        // usage reported with the finish, its price. Other choices (`n` > 1) and the usage
+        // still pass.
+        if was_finished
+            && c.choices
+                .iter()
+                .flatten()
+                .any(|choice| choice.index.unwrap_or(0) == 0)
+        {
+            let mut v: Value = serde_json::from_str(data).map_err(|_| Corrupt::Json)?;
+            if let Some(choices) = v.get_mut("choices").and_then(Value::as_array_mut) {
+                choices.retain(|choice| choice["index"].as_i64().unwrap_or(0) != 0);
+                if choices.is_empty() && (c.usage.is_none() || !self.include_usage) {
+                    return Ok(());
+                }
+            }
+            out.push(frame(None, &v.to_string()));
+            return Ok(());
+        }
         let usage_only = c.choices.as_ref().is_none_or(Vec::is_empty) && c.usage.is_some();
         if !usage_only || self.include_usage {
             out.push(frame(None, data));
@@ -517,6 +580,9 @@ impl StreamConverter {
                     self.cached = cached;
                 }
             }
+            // After the finish (`message_delta`) the answer is whole: a later block is not
+            // passed on (`after_finish`) nor counted.
+            Body::BlockDelta { .. } if self.finished => {}
             Body::BlockDelta { delta, .. } => {
                 // Thinking is output Anthropic bills: a stream cut while the model thinks
                 // is charged what it thought.
@@ -554,7 +620,16 @@ impl StreamConverter {
         out: &mut Vec<Bytes>,
     ) -> Result<(), Corrupt> {
         let e = shape::anthropic_event(data)?;
+        let was_finished = self.finished;
         self.note_anthropic_event(&e);
+        if was_finished
+            && matches!(
+                e.body,
+                Body::BlockStart { .. } | Body::BlockDelta { .. } | Body::BlockStop(_)
+            )
+        {
+            return Ok(());
+        }
         let kind = if e.kind.is_empty() { "ping" } else { &e.kind };
         out.push(frame(Some(if name.is_empty() { kind } else { name }), data));
         Ok(())
@@ -574,6 +649,7 @@ impl StreamConverter {
     /// format's reader, written by the client format's writer.
     fn across(&mut self, name: &str, data: &str, out: &mut Vec<Bytes>) -> Result<(), Corrupt> {
         let mut events = Vec::new();
+        let finished = self.finished;
         match &mut self.reader {
             Reader::OpenAiChat(r) => {
                 if data == "[DONE]" {
@@ -596,13 +672,16 @@ impl StreamConverter {
             // Formats read only through the internal form: accounted from its events.
             Reader::Gemini(r) => {
                 r.read(name, data, &mut events)?;
+                after_finish(&mut events, finished);
                 events.iter().for_each(|e| self.note_event(e));
             }
             Reader::Bedrock(r) => {
                 r.read(name, data, &mut events)?;
+                after_finish(&mut events, finished);
                 events.iter().for_each(|e| self.note_event(e));
             }
         }
+        after_finish(&mut events, finished);
         for e in &events {
             self.forward(e, out);
         }
