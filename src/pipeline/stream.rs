@@ -301,11 +301,11 @@ impl Pump {
         let drain = sink.drain.clone();
         let shutdown = drain.started();
         tokio::pin!(shutdown);
-        // After the finish: since when the upstream told nothing new (see below).
+        // After the finish: since when the upstream told no more of the answer (see below).
         let mut quiet: Option<(Instant, Progress)> = None;
         'read: loop {
-            // After its finish an upstream that sends on but tells nothing new — pings,
-            // the same usage again — is idle: its events do not hold the stream open past
+            // After its finish an upstream that sends on but tells no more of the answer —
+            // pings, a usage again, new or not — is idle: its events do not hold the stream open past
             // the idle timeout, which then completes it.
             let wait = match &quiet {
                 Some((since, _)) => idle.saturating_sub(since.elapsed()),

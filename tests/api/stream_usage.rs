@@ -1172,3 +1172,50 @@ async fn endless_small_events_after_the_finish_do_not_hold_the_stream_open() {
     }
     app.assert_invariant().await;
 }
+
+/// After its finish a lying upstream tells a new usage every 50 ms for 100 s, never the
+/// same twice, and never ends its body: only the answer's own text holds the stream open
+/// after the finish, so the gateway waits no longer than the idle timeout after the last
+/// of it, then completes the stream, charged the last usage it read and told the client.
+#[tokio::test]
+async fn usage_that_keeps_changing_after_the_finish_does_not_hold_the_stream_open() {
+    let app = app_with(|s| s.upstream.stream_idle_timeout_ms = 1500).await;
+    let chunk = |choices: Value, usage: Value| {
+        SseEvent::Data(
+            json!({"id": "c1", "object": "chat.completion.chunk", "created": 1,
+            "model": "m", "choices": choices, "usage": usage}),
+        )
+    };
+    let mut events = vec![
+        chunk(
+            json!([{"index": 0, "delta": {"content": TEXT}, "finish_reason": null}]),
+            Value::Null,
+        ),
+        chunk(
+            json!([{"index": 0, "delta": {}, "finish_reason": "stop"}]),
+            Value::Null,
+        ),
+    ];
+    events.extend((0..2000).map(|i| {
+        chunk(
+            json!([]),
+            json!({"prompt_tokens": 1000, "completion_tokens": 40 + i, "total_tokens": 1040 + i}),
+        )
+    }));
+    let script = Script {
+        events: Some(events),
+        chunk_delay_ms: 50,
+        ..Script::default()
+    };
+    let c = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        stream(&app, Up::OpenAi, "changing", script, 4096),
+    )
+    .await
+    .expect("the stream completes: changing usage after the finish does not hold it open");
+    c.complete("changing");
+    let output = c.logged.1;
+    assert!((40..2040).contains(&output), "{output}");
+    c.exactly("changing", 1000, output);
+    app.assert_invariant().await;
+}

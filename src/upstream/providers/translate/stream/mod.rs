@@ -22,7 +22,7 @@
 //!   pump tells the converter when the body ended, broke off or stalled (`end`); after a
 //!   finish that completes the stream, and the client gets its closing events then — no
 //!   later than the upstream ended (or went an idle timeout after its finish without
-//!   telling anything new, `progress`). After the finish the answer is whole: more of it is
+//!   telling more of the answer, `progress`: a usage, new or not, is not more of it). After the finish the answer is whole: more of it is
 //!   neither passed on nor counted. A stream that ends before its finish is *cut*, and so
 //!   is one with an event the gateway cannot read, before or after the finish (it may be
 //!   the usage): the client gets an error event.
@@ -57,8 +57,9 @@ const COUNT_EVERY: usize = 64 * 1024;
 /// The default of `StreamConverter::hold_limit`.
 pub const HOLD_LIMIT: usize = 16 * 1024 * 1024;
 
-/// What a stream told so far (`StreamConverter::progress`): compared, never read.
-pub type Progress = (i64, usize, Option<i64>, i64, Option<i64>);
+/// How much of the answer a stream told so far (`StreamConverter::progress`): compared,
+/// never read.
+pub type Progress = (i64, usize);
 
 /// The upstream format's reader (used across formats only).
 enum Reader {
@@ -315,17 +316,13 @@ impl StreamConverter {
         self.finished
     }
 
-    /// What the stream has told so far of the answer and its usage: the same after an event
-    /// that told nothing new (a `ping`, a repeated usage), so the pump sees an upstream that
-    /// keeps sending after its finish but says nothing (`pipeline::stream`).
+    /// How much of the answer the stream has told so far: the same after an event that
+    /// told none of it (a `ping`, a usage, new or repeated), so the pump sees an upstream
+    /// that keeps sending after its finish without more of the answer (`pipeline::stream`).
+    /// A usage is not progress: one that changes forever would hold the stream open as
+    /// long as the upstream likes; the text of the other choices (`n` > 1) is.
     pub fn progress(&self) -> Progress {
-        (
-            self.counted,
-            self.text.len(),
-            self.input,
-            self.cached,
-            self.output,
-        )
+        (self.counted, self.text.len())
     }
 
     /// The upstream's body ended — cleanly, broken off, or stalled past the idle timeout.
