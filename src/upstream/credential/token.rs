@@ -17,7 +17,7 @@
 //!   out, the next key serves;
 //! - the endpoint cannot be reached, times out (`EXCHANGE_BOUND`), fails (429, 5xx) or
 //!   answers something unusable (not JSON, no `access_token`, a token that is no header
-//!   value, an `expires_in` of zero, negative or not a number, an answer over 64 KiB): a
+//!   value, an `expires_in` under a second or not a number, an answer over 64 KiB): a
 //!   connection error — the `ServerError` tier: it counts toward the deployment's breaker
 //!   and the next deployment or fallback serves; with none left the client gets 502
 //!   `upstream_error`. The upstream is unusable, not its key.
@@ -53,6 +53,10 @@ pub const EXCHANGE_BOUND: Duration = Duration::from_secs(30);
 const MAX_ANSWER_BYTES: usize = 64 * 1024;
 /// The longest lifetime believed: a longer announced one is cut to this.
 const MAX_LIFETIME: f64 = 24.0 * 3600.0;
+/// The shortest lifetime taken: a token endpoint that announces less (a millisecond) is
+/// broken the way one announcing zero is — each request would need a token of its own, an
+/// exchange per request. From a second up, the exchanges are bounded by time, not by load.
+const MIN_LIFETIME: f64 = 1.0;
 /// The lifetime of a token whose answer gives none (OAuth's `expires_in` is optional;
 /// Entra and Google issue tokens of an hour).
 const DEFAULT_LIFETIME: f64 = 3600.0;
@@ -305,8 +309,9 @@ fn oauth_code(body: &[u8]) -> Option<String> {
 
 /// The token and its lifetime in seconds from a 200 answer. `expires_in` is a JSON number
 /// (Entra's v2 and Google's), a string (Entra's v1) or absent (an hour); a fraction is
-/// a lifetime too. One of zero or less, or unreadable, is an unusable answer: a token
-/// that cannot be cached would cost an exchange per request.
+/// a lifetime too. One under a second (`MIN_LIFETIME`: zero or less included), or
+/// unreadable, is an unusable answer: a token that cannot be cached would cost an exchange
+/// per request.
 fn read_answer(body: &[u8]) -> Result<(String, f64), &'static str> {
     #[derive(serde::Deserialize)]
     struct Answer {
@@ -323,8 +328,8 @@ fn read_answer(body: &[u8]) -> Result<(String, f64), &'static str> {
         Some(e) => e
             .as_f64()
             .or_else(|| e.as_str()?.trim().parse().ok())
-            .filter(|s: &f64| s.is_finite() && *s > 0.0)
-            .ok_or("the answer's expires_in is not a positive number of seconds")?,
+            .filter(|s: &f64| s.is_finite() && *s >= MIN_LIFETIME)
+            .ok_or("the answer's expires_in is not a number of seconds of at least one")?,
     };
     Ok((token, lifetime.min(MAX_LIFETIME)))
 }
@@ -363,6 +368,10 @@ mod tests {
             read(r#"{"access_token":"t","expires_in":"2.5"}"#),
             Ok(("t".into(), 2.5))
         );
+        assert_eq!(
+            read(r#"{"access_token":"t","expires_in":1}"#),
+            Ok(("t".into(), 1.0))
+        );
         assert_eq!(read(r#"{"access_token":"t"}"#), Ok(("t".into(), 3600.0)));
         assert_eq!(
             read(r#"{"access_token":"t","expires_in":1e12}"#),
@@ -370,6 +379,8 @@ mod tests {
         );
         for bad in [
             r#"{"access_token":"t","expires_in":0}"#,
+            r#"{"access_token":"t","expires_in":0.001}"#,
+            r#"{"access_token":"t","expires_in":"0.5"}"#,
             r#"{"access_token":"t","expires_in":-60}"#,
             r#"{"access_token":"t","expires_in":"soon"}"#,
             r#"{"access_token":"t","expires_in":true}"#,
