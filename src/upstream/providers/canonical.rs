@@ -79,6 +79,13 @@ impl Request {
             .find(|(_, ours)| *ours == field)
             .map_or(default, |(theirs, _)| theirs)
     }
+
+    /// Names a client field as left out (`dropped`), once however often it is met.
+    pub fn drop_field(&mut self, name: &'static str) {
+        if !self.dropped.contains(&name) {
+            self.dropped.push(name);
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

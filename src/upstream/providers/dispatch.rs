@@ -122,21 +122,20 @@ pub const SYSTEM_MARK: (&str, &str) = ("<system-reminder>\n", "\n</system-remind
 /// What would change the answer (a JSON schema, `tool_choice: none` where it cannot be
 /// forbidden, `n`, logprobs…) is left for the writer to refuse.
 fn fit(upstream: Format, r: &mut Request) {
-    let mut dropped = Vec::new();
     // Gemini shows the thoughts' summaries (`includeThoughts`); the others write none.
     if upstream != Format::Gemini {
         let summary = r.client_name("reasoning.summary", "reasoning.summary");
         if let Some(x) = r.reasoning.as_mut() {
-            if x.summary.take().is_some() {
-                dropped.push(summary);
-            }
+            let had = x.summary.take().is_some();
             if x.effort.is_none() && x.budget_tokens.is_none() {
                 r.reasoning = None;
+            }
+            if had {
+                r.drop_field(summary);
             }
         }
     }
     if upstream == Format::OpenAiChat {
-        r.dropped.extend(dropped);
         return;
     }
     let mut strict = false;
@@ -144,7 +143,7 @@ fn fit(upstream: Format, r: &mut Request) {
         strict |= t.strict.take() == Some(true);
     }
     if strict {
-        dropped.push(r.client_name("tools.strict", "tools[].function.strict"));
+        r.drop_field(r.client_name("tools.strict", "tools[].function.strict"));
     }
     let (mut detail, mut name) = (false, false);
     for m in &mut r.messages {
@@ -165,12 +164,11 @@ fn fit(upstream: Format, r: &mut Request) {
         }
     }
     if detail {
-        dropped.push(r.client_name("detail", "image_url.detail"));
+        r.drop_field(r.client_name("detail", "image_url.detail"));
     }
     if name {
-        dropped.push(r.client_name("name", "messages[].name"));
+        r.drop_field(r.client_name("name", "messages[].name"));
     }
-    r.dropped.extend(dropped);
 }
 
 /// `text` with the mark's own tags made inert — the `<` of every `<system-reminder` and
@@ -293,7 +291,6 @@ pub fn build_request_with(
             let mut r = read_request(client, upstream, body)?;
             fit(upstream, &mut r);
             dropped = std::mem::take(&mut r.dropped);
-            dropped.dedup();
             write_request(upstream, &r, upstream_model, cap, stream)?
         }
     };

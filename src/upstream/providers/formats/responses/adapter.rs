@@ -212,9 +212,7 @@ fn read_tools(body: &Map<String, Value>, r: &mut Request) -> Result<(), Translat
             // namespaced call has no counterpart in any other format, and refusing the
             // group refuses every Codex request. Left out, and announced.
             if t.get("type").and_then(Value::as_str) == Some("namespace") {
-                if !r.dropped.contains(&"tools[].namespace") {
-                    r.dropped.push("tools[].namespace");
-                }
+                r.drop_field("tools[].namespace");
                 continue;
             }
             if t.get("type").and_then(Value::as_str) != Some("function") {
