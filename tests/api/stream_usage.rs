@@ -60,6 +60,8 @@ enum Piece {
     /// The format's end-of-stream event (`[DONE]`, `message_stop`; none in Gemini and
     /// Bedrock).
     End,
+    /// Text of a choice the client did not ask for (OpenAI's `index` 1; only OpenAI).
+    OtherChoiceText,
 }
 
 fn events(up: Up, pieces: &[Piece]) -> Vec<SseEvent> {
@@ -87,6 +89,10 @@ fn events(up: Up, pieces: &[Piece]) -> Vec<SseEvent> {
                     ),
                     Piece::Usage(i, o) => chunk(json!([]), Some((i, o))),
                     Piece::End => SseEvent::Data(json!("[DONE]")),
+                    Piece::OtherChoiceText => chunk(
+                        json!([{"index": 1, "delta": {"content": TEXT}, "finish_reason": null}]),
+                        None,
+                    ),
                 });
             }
         }
@@ -128,8 +134,10 @@ fn events(up: Up, pieces: &[Piece]) -> Vec<SseEvent> {
                         }
                         out.push(named("message_delta", d));
                     }
-                    Piece::Usage(..) => {
-                        unreachable!("Anthropic reports no usage after message_delta")
+                    Piece::Usage(..) | Piece::OtherChoiceText => {
+                        unreachable!(
+                            "Anthropic reports no usage after message_delta, has one choice"
+                        )
                     }
                     Piece::End => out.push(named("message_stop", json!({"type": "message_stop"}))),
                 }
@@ -158,7 +166,9 @@ fn events(up: Up, pieces: &[Piece]) -> Vec<SseEvent> {
                     Piece::Usage(i, o) => out.push(SseEvent::Data(
                         json!({"usageMetadata": usage(i, o), "responseId": "r1"}),
                     )),
-                    Piece::End => unreachable!("Gemini has no end-of-stream event"),
+                    Piece::End | Piece::OtherChoiceText => {
+                        unreachable!("Gemini has no end-of-stream event; one candidate here")
+                    }
                 }
             }
         }
@@ -180,8 +190,8 @@ fn events(up: Up, pieces: &[Piece]) -> Vec<SseEvent> {
                         json!({"usage": {"inputTokens": i, "outputTokens": o, "totalTokens": i + o},
                             "metrics": {"latencyMs": 1}}),
                     )),
-                    Piece::RunningText(..) | Piece::End => {
-                        unreachable!("Bedrock has no running usage and no end event")
+                    Piece::RunningText(..) | Piece::End | Piece::OtherChoiceText => {
+                        unreachable!("Bedrock has no running usage, no end event, one choice")
                     }
                 }
             }
@@ -202,7 +212,7 @@ fn usual(up: Up, usage: Option<(i64, i64)>) -> Vec<Piece> {
         (Up::OpenAi | Up::Anthropic, u) => vec![Piece::Text, Piece::Finish(u), Piece::End],
         (Up::Gemini, u) => vec![Piece::Text, Piece::Finish(u)],
         (Up::Bedrock, Some((i, o))) => vec![Piece::Text, Piece::Finish(None), Piece::Usage(i, o)],
-        (Up::Bedrock, None) => vec![Piece::Text, Piece::Finish(None)],
+        (Up::Bedrock, None) => unreachable!("a Bedrock stream without its usage is cut"),
     }
 }
 
@@ -622,13 +632,14 @@ async fn an_event_too_large_after_the_finish_cuts_the_stream() {
     app.assert_invariant().await;
 }
 
-/// A finish without any usage (and, where the format has one, with its end event): the
-/// estimate — the output counted from the text received — as before.
+/// A finish without any usage, with its format's end event (Bedrock's is its usage, so
+/// a Bedrock stream without one is cut: `a_finish_whose_usage_and_end_never_came_is_a_cut`):
+/// the estimate — the output counted from the text received — as before.
 #[tokio::test]
 async fn a_finish_without_usage_is_charged_the_estimate() {
     let app = app().await;
     let counted = sluice::quota::estimate::count_text(TEXT);
-    for up in ALL {
+    for up in [Up::OpenAi, Up::Anthropic, Up::Gemini] {
         let what = format!("{up:?}");
         let c = stream(
             &app,
@@ -1049,16 +1060,6 @@ async fn a_running_usage_under_the_count_is_not_the_last_usage_the_client_is_tol
             ],
         ),
         (
-            Up::OpenAi,
-            vec![
-                Piece::RunningText(1000, 1),
-                Piece::RunningText(1000, 1),
-                Piece::RunningText(1000, 1),
-                Piece::RunningText(1000, 1),
-                Piece::Finish(None),
-            ],
-        ),
-        (
             Up::Gemini,
             vec![
                 Piece::RunningText(1000, 1),
@@ -1217,5 +1218,226 @@ async fn usage_that_keeps_changing_after_the_finish_does_not_hold_the_stream_ope
     let output = c.logged.1;
     assert!((40..2040).contains(&output), "{output}");
     c.exactly("changing", 1000, output);
+    app.assert_invariant().await;
+}
+
+/// A ConverseStream whose `metadata` (the usage) comes before `messageStop`, and then more
+/// text: that usage was not the whole answer's. It is a floor under the output counted
+/// from the text the client received, never the price of text it does not cover.
+#[tokio::test]
+async fn a_bedrock_usage_followed_by_more_text_is_a_floor_under_the_count() {
+    let app = app().await;
+    let pieces = [
+        vec![Piece::Text, Piece::Usage(1000, 1)],
+        vec![Piece::Text; 50],
+        vec![Piece::Finish(None)],
+    ]
+    .concat();
+    let c = stream(
+        &app,
+        Up::Bedrock,
+        "early-metadata",
+        scripted(Up::Bedrock, &pieces),
+        4096,
+    )
+    .await;
+    let (_, all) = text_after_finish(&c.data);
+    assert_eq!(all, TEXT.repeat(51), "the client got every delta");
+    let counted = sluice::quota::estimate::count_text(&all);
+    assert!(counted > 1, "{counted}");
+    c.complete("bedrock");
+    c.exactly("bedrock", 1000, counted);
+    app.assert_invariant().await;
+}
+
+/// After the final usage the answer and its price are told: text of another choice (one
+/// the client never asked for) that a lying upstream sends then neither reaches the client
+/// uncharged nor holds the stream open past the idle timeout.
+#[tokio::test]
+async fn text_of_another_choice_after_the_final_usage_is_not_passed_on() {
+    let app = app_with(|s| s.upstream.stream_idle_timeout_ms = 1500).await;
+    let pieces = [
+        vec![Piece::Text, Piece::Finish(None), Piece::Usage(5, 1)],
+        vec![Piece::OtherChoiceText; 100],
+        vec![Piece::End],
+    ]
+    .concat();
+    let c = stream(
+        &app,
+        Up::OpenAi,
+        "other-choice",
+        scripted(Up::OpenAi, &pieces),
+        4096,
+    )
+    .await;
+    let (after, all) = text_after_finish(&c.data);
+    assert_eq!((after.as_str(), all.as_str()), ("", TEXT), "{:?}", c.data);
+    c.complete("other choice");
+    c.exactly("other choice", 5, 1);
+
+    // Endless: one such chunk every 50 ms for 100 s, never an end.
+    let mut script = scripted(
+        Up::OpenAi,
+        &[
+            vec![Piece::Text, Piece::Finish(None), Piece::Usage(5, 1)],
+            vec![Piece::OtherChoiceText; 2000],
+        ]
+        .concat(),
+    );
+    script.chunk_delay_ms = 50;
+    let c = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        stream(&app, Up::OpenAi, "other-choice-endless", script, 4096),
+    )
+    .await
+    .expect("another choice's text after the final usage does not hold the stream open");
+    c.complete("endless other choice");
+    c.exactly("endless other choice", 5, 1);
+    app.assert_invariant().await;
+}
+
+/// Reports after the finish are totals of the same answer: a later, lower one (a lying or
+/// confused upstream's zeros after the real figures) does not lower the price — the most
+/// reported after the finish is charged, per side. The client's last usage chunk tells
+/// what it is charged.
+#[tokio::test]
+async fn a_lower_usage_after_the_final_one_does_not_lower_the_price() {
+    let app = app().await;
+    for (up, pieces) in [
+        (
+            Up::OpenAi,
+            vec![
+                Piece::Text,
+                Piece::Finish(Some((1000, 800))),
+                Piece::Usage(0, 0),
+                Piece::End,
+            ],
+        ),
+        (
+            Up::OpenAi,
+            vec![
+                Piece::Text,
+                Piece::Finish(None),
+                Piece::Usage(1000, 800),
+                Piece::Usage(1000, 3),
+                Piece::End,
+            ],
+        ),
+        (
+            Up::Gemini,
+            vec![
+                Piece::Text,
+                Piece::Finish(Some((1000, 800))),
+                Piece::Usage(0, 0),
+            ],
+        ),
+        (
+            Up::Bedrock,
+            vec![
+                Piece::Text,
+                Piece::Finish(None),
+                Piece::Usage(1000, 800),
+                Piece::Usage(0, 0),
+            ],
+        ),
+        (
+            Up::Anthropic,
+            vec![
+                Piece::Text,
+                Piece::Finish(Some((1000, 800))),
+                Piece::Finish(Some((0, 0))),
+                Piece::End,
+            ],
+        ),
+    ] {
+        let what = format!("{up:?} {pieces:?}");
+        let c = stream(
+            &app,
+            up,
+            &format!("low-{}", what.len()),
+            scripted(up, &pieces),
+            4096,
+        )
+        .await;
+        c.complete(&what);
+        c.exactly(&what, 1000, 800);
+    }
+    // An Anthropic client of an Anthropic upstream: the events pass as they came, but not
+    // a second `message_delta` that would tell it less than it is charged.
+    let (id, token) = app.token("low-anthropic-native", Some("1")).await;
+    let pieces = [
+        Piece::Text,
+        Piece::Finish(Some((1000, 800))),
+        Piece::Finish(Some((0, 0))),
+        Piece::End,
+    ];
+    app.mock
+        .state
+        .script(Up::Anthropic.key(), [scripted(Up::Anthropic, &pieces)]);
+    let resp = app
+        .messages(
+            &token,
+            &json!({"model": Up::Anthropic.model(), "stream": true, "max_tokens": 4096,
+                "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let body = resp.text().await.unwrap();
+    let deltas: Vec<Value> = body
+        .split("\n\n")
+        .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter(|v| v["type"] == "message_delta")
+        .collect();
+    assert_eq!(deltas.len(), 1, "{body}");
+    assert_eq!(deltas[0]["usage"]["output_tokens"], 800, "{body}");
+    app.wait_settled().await;
+    let spent = app
+        .scalar(&format!(
+            "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
+        ))
+        .await;
+    assert_eq!(spent, cost(1000, 800));
+    app.assert_invariant().await;
+}
+
+/// A format whose stream ends with an end event after its usage (OpenAI's usage chunk
+/// and `[DONE]`, Anthropic's `message_delta` usage and `message_stop`, Bedrock's `metadata`)
+/// whose body ends after the finish with neither the usage nor the end: the usage was
+/// lost on the way — the stream is cut (CHECKS Q5: an error ending, not `[DONE]`), charged
+/// the estimate. Gemini has no end event: its finish and the body's end complete it.
+#[tokio::test]
+async fn a_finish_whose_usage_and_end_never_came_is_a_cut() {
+    let app = app().await;
+    for (up, pieces) in [
+        (Up::OpenAi, vec![Piece::Text, Piece::Finish(None)]),
+        (Up::Anthropic, vec![Piece::Text, Piece::Finish(None)]),
+        (Up::Bedrock, vec![Piece::Text, Piece::Finish(None)]),
+    ] {
+        let what = format!("{up:?}");
+        let c = stream(
+            &app,
+            up,
+            &format!("lost-{what}"),
+            scripted(up, &pieces),
+            100,
+        )
+        .await;
+        let last: Value = serde_json::from_str(c.data.last().unwrap()).unwrap();
+        assert_eq!(
+            last["error"]["code"], "upstream_error",
+            "{what}: {:?}",
+            c.data
+        );
+        assert!(
+            !c.data.iter().any(|d| d == "[DONE]"),
+            "{what}: {:?}",
+            c.data
+        );
+        assert_eq!(c.logged.3.as_deref(), Some("upstream_error"), "{what}");
+        let counted = sluice::quota::estimate::count_text(TEXT);
+        assert_eq!(c.logged.1, counted, "{what}");
+        assert_eq!(c.spent, cost(c.logged.0, counted), "{what}");
+    }
     app.assert_invariant().await;
 }

@@ -8,8 +8,10 @@
 //! numbers them. The usage comes in the last event, `metadata`, after `messageStop`: that
 //! event ends the answer (`Done`). A `metadata` sent before `messageStop` is held and told
 //! after the finish, where a final usage belongs (one before the finish is a running
-//! figure to the converter); a stream whose body ends after `messageStop` without
-//! `metadata` is complete too (`StreamConverter::end`).
+//! figure to the converter) — unless more of the answer came after it: then it was not
+//! the whole answer's usage, and it is told before the finish, a floor under the count. A
+//! stream whose body ends after `messageStop` without `metadata` lost its usage: it is cut
+//! (`StreamConverter::end`).
 
 use std::collections::HashMap;
 
@@ -37,6 +39,8 @@ pub struct EventReader {
     metadata_seen: bool,
     /// The usage of a `metadata` that came before `messageStop`, told after the finish.
     held_usage: Option<Reported>,
+    /// More of the answer came after the held usage: it is told before the finish.
+    answer_after_held: bool,
 }
 
 impl EventReader {
@@ -54,6 +58,9 @@ impl EventReader {
         })?;
         if !v.is_object() {
             return Err(Corrupt::Shape);
+        }
+        if self.held_usage.is_some() && name.starts_with("contentBlock") {
+            self.answer_after_held = true;
         }
         match name {
             "messageStart" => self.start(out),
@@ -124,11 +131,15 @@ impl EventReader {
                     .get("stopReason")
                     .and_then(Value::as_str)
                     .ok_or(Corrupt::Shape)?;
+                let held = self.held_usage.take();
+                let (floor, last) = match self.answer_after_held {
+                    true => (held, None),
+                    false => (None, held),
+                };
+                out.extend(floor.map(Event::Usage));
                 out.push(Event::Finish(finish_of(reason)));
                 self.stopped = true;
-                if let Some(u) = self.held_usage.take() {
-                    out.push(Event::Usage(u));
-                }
+                out.extend(last.map(Event::Usage));
                 if self.metadata_seen {
                     out.push(Event::Done);
                 }

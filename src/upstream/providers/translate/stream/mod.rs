@@ -20,15 +20,21 @@
 //!   `message_stop`, Bedrock's `metadata`) or, for every format, the end of its body —
 //!   Gemini has no end event, and some OpenAI-compatible servers send no `[DONE]`. The
 //!   pump tells the converter when the body ended, broke off or stalled (`end`); after a
-//!   finish that completes the stream, and the client gets its closing events then — no
-//!   later than the upstream ended (or went an idle timeout after its finish without
-//!   telling more of the answer, `progress`: a usage, new or not, is not more of it). After the finish the answer is whole: more of it is
-//!   neither passed on nor counted. A stream that ends before its finish is *cut*, and so
-//!   is one with an event the gateway cannot read, before or after the finish (it may be
-//!   the usage): the client gets an error event.
+//!   finish and its usage that completes the stream, and the client gets its closing
+//!   events then — no later than the upstream ended (or went an idle timeout after its
+//!   finish without telling more of the answer, `progress`: a usage, new or not, is not
+//!   more of it). In a format whose usage comes before its end event (all but Gemini), a
+//!   body that ends after the finish with neither is *cut*: the usage was lost on the way.
+//!   After the finish the answer is whole: more of it is neither passed on nor counted,
+//!   and once a usage came with or after the finish, nothing but a higher usage is (the
+//!   text of another choice included). A stream that ends before its finish is *cut*, and
+//!   so is one with an event the gateway cannot read, before or after the finish (it may
+//!   be the usage): the client gets an error event.
 //! - Its *price* is the usage the upstream reported with or after its finish, zeros
-//!   included (a side absent from a report is not a zero, see `canonical::Reported`); the
-//!   last report wins. A usage reported only before the finish may be a running figure
+//!   included (a side absent from a report is not a zero, see `canonical::Reported`).
+//!   Reports after the finish are totals of one answer: the most of them is charged, per
+//!   side (a later, lower one does not lower it; one report of zeros costs 0), never a
+//!   sum. A usage reported only before the finish may be a running figure
 //!   (Gemini's every chunk, vLLM's continuous usage): its output is a floor, and the output
 //!   counted from the text received counts if it is more. Without any usage, the input
 //!   estimate and the counted output. A reported input is taken wherever it comes (it is
@@ -112,6 +118,8 @@ pub struct StreamConverter {
     input_estimate: i64,
     input: Option<i64>,
     cached: i64,
+    /// `input` was reported with or after the finish: a later report only raises it.
+    input_final: bool,
     output: Option<i64>,
     /// `output` was reported with or after the finish: the stream's price, not a floor.
     output_final: bool,
@@ -194,6 +202,7 @@ impl StreamConverter {
             input: None,
             cached: 0,
             output: None,
+            input_final: false,
             output_final: false,
             finished: false,
             text: String::new(),
@@ -262,8 +271,7 @@ impl StreamConverter {
                     self.finished |= read.done;
                     self.done |= read.done;
                     if let Some(u) = read.usage {
-                        self.input = Some(u.input);
-                        self.cached = u.cached_input;
+                        self.report_input(u.input, u.cached_input);
                         self.report_output(u.output);
                     }
                     self.error_sent |= read.failed;
@@ -337,6 +345,11 @@ impl StreamConverter {
         if self.error_sent || !self.finished || self.responses.is_some() {
             return false;
         }
+        // Every format but Gemini sends its usage before its end event: a finish followed
+        // by neither lost its usage on the way (see the module doc).
+        if !self.output_final && self.upstream != Format::Gemini {
+            return false;
+        }
         match (self.upstream, self.client) {
             (Format::OpenAiChat, Format::OpenAiChat) => self.openai_done(out),
             (Format::Anthropic, Format::Anthropic) => {
@@ -365,10 +378,24 @@ impl StreamConverter {
     }
 
     /// An output figure the upstream reported: the price when it came with or after the
-    /// finish, a floor before it.
+    /// finish (the most of such reports), a floor before it.
     fn report_output(&mut self, output: i64) {
-        self.output = Some(output);
+        self.output = match self.output {
+            Some(o) if self.output_final => Some(o.max(output)),
+            _ => Some(output),
+        };
         self.output_final = self.finished;
+    }
+
+    /// An input figure the upstream reported (with the cached part of it): taken wherever
+    /// it comes, but after the finish only a higher one replaces one reported there.
+    fn report_input(&mut self, input: i64, cached: i64) {
+        if self.input_final && self.input.is_some_and(|i| i >= input) {
+            return;
+        }
+        self.input = Some(input);
+        self.cached = cached;
+        self.input_final = self.finished;
     }
 
     /// The upstream sent an error event, which the client received in its format: the
@@ -442,8 +469,10 @@ impl StreamConverter {
         // The answer is the choice with index 0 (see `openai_chat::stream`); a chunk that
         // finishes it and carries the usage (vLLM's continuous usage) carries the final one.
         // What a later chunk says of that choice is not the client's (`openai_to_openai`):
-        // not counted either.
+        // not counted either; nor, once the usage came with or after the finish, is the
+        // text of any choice (see the module doc).
         let was_finished = self.finished;
+        let priced = self.output_final;
         self.finished |= c.choices.iter().flatten().any(|choice| {
             choice.index.unwrap_or(0) == 0
                 && choice
@@ -452,7 +481,7 @@ impl StreamConverter {
                     .is_some_and(|r| !r.is_empty())
         });
         for choice in c.choices.iter().flatten() {
-            if was_finished && choice.index.unwrap_or(0) == 0 {
+            if priced || (was_finished && choice.index.unwrap_or(0) == 0) {
                 continue;
             }
             if let Some(t) = &choice.text {
@@ -484,8 +513,7 @@ impl StreamConverter {
             }
         }
         if let Some((input, cached, output)) = c.usage.as_ref().and_then(|u| u.figures()) {
-            self.input = Some(input);
-            self.cached = cached;
+            self.report_input(input, cached);
             self.report_output(output);
         }
     }
@@ -525,6 +553,7 @@ impl StreamConverter {
                 .map(|v| json!({"id": v["id"], "created": v["created"], "model": v["model"]}));
         }
         let was_finished = self.finished;
+        let (priced, charged) = (self.output_final, self.usage());
         let c = match read_event(data)? {
             OpenAiEvent::Chunk(c) => c,
             OpenAiEvent::Error { error, raw } => {
@@ -540,6 +569,18 @@ impl StreamConverter {
             }
         };
         self.note_openai_chunk(&c);
+        // Once the usage came with or after the finish, the answer and its price are told:
+        // only a usage that raises the price passes (without choices), so the client's last
+        // usage chunk is what it is charged.
+        if priced {
+            if !self.include_usage || self.usage() == charged {
+                return Ok(());
+            }
+            let mut v: Value = serde_json::from_str(data).map_err(|_| Corrupt::Json)?;
+            v["choices"] = json!([]);
+            out.push(frame(None, &v.to_string()));
+            return Ok(());
+        }
         // After the finish the answer (choice 0) is whole: more of it — text, a second
         // finish — is not passed on (nor counted), else the client would hold more than the
         // usage reported with the finish, its price. Other choices (`n` > 1) and the usage
@@ -573,8 +614,7 @@ impl StreamConverter {
             Body::MessageStart(m) => {
                 if let Some(u) = m.usage.as_ref().filter(|u| u.input_tokens.is_some()) {
                     let (input, cached) = u.input();
-                    self.input = Some(input);
-                    self.cached = cached;
+                    self.report_input(input, cached);
                 }
             }
             // After the finish (`message_delta`) the answer is whole: a later block is not
@@ -600,8 +640,7 @@ impl StreamConverter {
                 }
                 if u.input_tokens.is_some() {
                     let (input, cached) = u.input();
-                    self.input = Some(input);
-                    self.cached = cached;
+                    self.report_input(input, cached);
                 }
             }
             Body::MessageStop => self.done = true,
@@ -617,13 +656,16 @@ impl StreamConverter {
         out: &mut Vec<Bytes>,
     ) -> Result<(), Corrupt> {
         let e = shape::anthropic_event(data)?;
-        let was_finished = self.finished;
+        let (was_finished, charged) = (self.finished, self.usage());
         self.note_anthropic_event(&e);
+        // After the finish the answer is whole (no more blocks), and a second finish passes
+        // only if it raised the price: the client's last usage is what it is charged.
         if was_finished
-            && matches!(
-                e.body,
-                Body::BlockStart { .. } | Body::BlockDelta { .. } | Body::BlockStop(_)
-            )
+            && match e.body {
+                Body::BlockStart { .. } | Body::BlockDelta { .. } | Body::BlockStop(_) => true,
+                Body::MessageDelta(..) => self.usage() == charged,
+                _ => false,
+            }
         {
             return Ok(());
         }
@@ -703,8 +745,7 @@ impl StreamConverter {
             }
             Event::Usage(r) => {
                 if let Some(i) = r.input {
-                    self.input = Some(i.input);
-                    self.cached = i.cached_input;
+                    self.report_input(i.input, i.cached_input);
                 }
                 if let Some(o) = r.output {
                     self.report_output(o.output);
