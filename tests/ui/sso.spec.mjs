@@ -20,6 +20,8 @@ function groups(list) {
 
 /** Through the gateway's SSO button and the provider's login (and consent) pages. */
 async function signIn(page) {
+  // A live session would send /admin/login on to the dashboard: this is a fresh sign-in.
+  await page.context().clearCookies({ name: "sluice_session" });
   await page.goto(`${BASE}/admin/login`);
   await page.click("#sso-login");
   await page.waitForURL((u) => u.href.startsWith(IDP) || u.href.startsWith(BASE), { timeout: 30000 });
