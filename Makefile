@@ -17,6 +17,8 @@ test: test-deps
 	TEST_STORE=postgres SLUICE_BIN=target/debug/sluice ./tests/sdk/run.sh
 	SLUICE_BIN=target/debug/sluice ./tests/ui/run.sh
 	TEST_STORE=postgres SLUICE_BIN=target/debug/sluice ./tests/ui/run.sh
+	SLUICE_BIN=target/debug/sluice ./tests/ui/sso.sh
+	TEST_STORE=postgres SLUICE_BIN=target/debug/sluice ./tests/ui/sso.sh
 
 bench:
 	cargo build --release --locked --bins --examples

@@ -61,6 +61,10 @@ fi
 if [ ! -d tests/ui/node_modules/playwright-core ]; then
     (cd tests/ui && npm ci --no-audit --no-fund --loglevel=error)
 fi
+# oidc-provider, the OpenID provider of the single sign-on browser test (tests/ui/sso.sh).
+if [ ! -d tests/oidc/node_modules/oidc-provider ]; then
+    (cd tests/oidc && npm ci --no-audit --no-fund --loglevel=error)
+fi
 # Codex CLI for tests/sdk/test_api_responses_codex.py: its binary ships inside the package.
 if [ ! -x tests/sdk/codex/node_modules/.bin/codex ]; then
     (cd tests/sdk/codex && npm ci --no-audit --no-fund --loglevel=error)

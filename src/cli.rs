@@ -327,6 +327,22 @@ pub async fn admin_create(
     Ok(id)
 }
 
+/// Marks a login break-glass: its password still signs in when `[oidc] password_login =
+/// false` (`admin::login`), and each such sign-in is audited as `login.break_glass`.
+pub async fn admin_break_glass(db: &Db, id: i64, now: DateTime<Utc>) -> Result<(), CliError> {
+    let mut tx = db.begin().await?;
+    crate::store::oidc::set_break_glass(&mut tx, id).await?;
+    let after = json!({"break_glass": true}).to_string();
+    audit::append(
+        &mut tx,
+        &audit_entry("admin.break_glass", &format!("admin:{id}"), Some(&after)),
+        now,
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
 /// The login named `username`, or an error naming it.
 async fn login_named(db: &Db, username: &str) -> Result<i64, CliError> {
     sessions::admin_by_name(db, username)

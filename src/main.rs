@@ -118,6 +118,9 @@ enum AdminCommand {
         /// Read the password from standard input (else SLUICE_ADMIN_PASSWORD, else one is generated and printed).
         #[arg(long)]
         password_stdin: bool,
+        /// May sign in with its password even when `[oidc] password_login = false`.
+        #[arg(long)]
+        break_glass: bool,
     },
     /// Lift the sign-in lock on a login's name (after someone guessed at it).
     Unlock {
@@ -376,12 +379,17 @@ async fn main() -> anyhow::Result<()> {
                     role,
                     team,
                     password_stdin,
+                    break_glass,
                 },
         } => {
             let (pw, generated) = new_password(password_stdin)?;
             let id =
                 cli::admin_create(&db, &username, &role, team.as_deref(), pw.clone(), now).await?;
             println!("admin {username} ({role}) created (id {id})");
+            if break_glass {
+                cli::admin_break_glass(&db, id, now).await?;
+                println!("{username} is a break-glass login: its password works even with [oidc] password_login = false");
+            }
             if generated {
                 println!("password (shown once): {pw}");
             }

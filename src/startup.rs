@@ -9,6 +9,7 @@ use actix_web::dev::{Server, Service};
 use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::{web, App, HttpServer};
 
+use crate::auth::oidc::Sso;
 use crate::auth::password::Passwords;
 use crate::auth::Authenticator;
 use crate::cache::Cache;
@@ -42,6 +43,8 @@ pub enum StartupError {
     Redis(String),
     #[error("cannot build the upstream client: {0}")]
     Client(#[from] reqwest::Error),
+    #[error("cannot set up single sign-on: {0}")]
+    Sso(String),
 }
 
 pub struct Application {
@@ -125,7 +128,12 @@ impl Application {
         } else {
             RequestLog::off()
         };
+        let sso = match &settings.oidc {
+            Some(o) => Some(Sso::new(o.clone()).map_err(StartupError::Sso)?),
+            None => None,
+        };
         let state = Arc::new(AppState {
+            sso,
             auth: Authenticator::new(db.clone()),
             passwords: Passwords::default(),
             quota: Quota::with_writer(writer.clone(), clock.clone(), process_id),
@@ -146,6 +154,9 @@ impl Application {
             db,
             settings: Arc::new(settings),
         });
+        if let Some(sso) = &state.sso {
+            sso.spawn_discovery();
+        }
         state.auth.refresh().await?;
         state.cache.refresh(state.clock.now()).await?;
         housekeeping::recover_orphans(&state, &me).await?;

@@ -33,4 +33,6 @@ pub struct AppState {
     pub queue: Arc<Queue>,
     pub cache: Arc<Cache>,
     pub alerts: Arc<Alerter>,
+    /// Single sign-on for the admin UI, when `[oidc]` is configured.
+    pub sso: Option<Arc<crate::auth::oidc::Sso>>,
 }

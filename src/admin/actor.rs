@@ -58,11 +58,27 @@ pub struct Actor {
     pub team_id: Option<i64>,
     pub address: String,
     pub via: Via,
+    /// The name audit rows carry: the username, and for a single sign-on login its
+    /// provider's subject and issuer too.
+    pub audit_name: String,
+    /// Signed in by single sign-on (a login with a provider identity).
+    pub sso: bool,
+}
+
+/// How audit rows name a single sign-on login: the readable name, the subject, the issuer.
+pub fn sso_audit_name(name: &str, issuer: &str, subject: &str) -> String {
+    format!("{name} (oidc sub={subject} iss={issuer})")
 }
 
 impl Actor {
     pub fn from_row(row: AdminRow, address: String, via: Via) -> Option<Actor> {
+        let audit_name = match (&row.oidc_issuer, &row.oidc_subject) {
+            (Some(iss), Some(sub)) => sso_audit_name(&row.username, iss, sub),
+            _ => row.username.clone(),
+        };
         Some(Actor {
+            audit_name,
+            sso: row.oidc_subject.is_some(),
             role: Role::parse(&row.role)?,
             id: row.id,
             username: row.username,
@@ -166,7 +182,7 @@ impl Actor {
         now: DateTime<Utc>,
     ) -> Result<(), AdminError> {
         let entry = AuditEntry {
-            actor: &self.username,
+            actor: &self.audit_name,
             address: &self.address,
             action,
             target,

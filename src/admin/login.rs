@@ -23,10 +23,50 @@ const MAX_USERNAME: usize = 128;
 
 #[derive(Template)]
 #[template(path = "admin/login.html")]
-struct LoginPage {
+pub(super) struct LoginPage {
     csrf: String,
     error: Option<String>,
+    /// The single sign-on button's label, when `[oidc]` is configured.
+    sso: Option<String>,
+    /// Whether the password form is offered.
+    password: bool,
+    /// After an SSO login signed out: the provider's RP-initiated logout link.
+    end_session: Option<String>,
 }
+
+impl LoginPage {
+    /// The page as this gateway offers it: the SSO button when `[oidc]` is set, the password
+    /// form unless `password_login = false` (then only at `?break-glass`).
+    pub(super) fn new(
+        state: &AppState,
+        req: &HttpRequest,
+        csrf: String,
+        error: Option<String>,
+    ) -> Self {
+        let query = req.query_string();
+        let flag =
+            |name: &str| url::form_urlencoded::parse(query.as_bytes()).any(|(k, _)| k == name);
+        let sso = state.sso.as_ref();
+        LoginPage {
+            csrf,
+            error,
+            sso: sso.map(|s| s.settings.label.clone()),
+            password: password_login(state) || flag("break-glass"),
+            end_session: sso
+                .filter(|_| flag("signed-out"))
+                .and_then(|s| s.end_session_url())
+                .map(|u| u.to_string()),
+        }
+    }
+}
+
+/// Whether password sign-in is open to every login (else to break-glass logins only).
+fn password_login(state: &AppState) -> bool {
+    state.sso.as_ref().is_none_or(|s| s.settings.password_login)
+}
+
+pub const PASSWORD_OFF: &str = "Password sign-in is switched off: sign in with single sign-on. \
+     (Only a break-glass login may use a password.)";
 
 pub async fn form(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
     let secure = session::secure(&state.settings.server.public_url);
@@ -38,10 +78,7 @@ pub async fn form(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse 
     }
     let pre = session::new_secret();
     let mut resp = render(
-        &LoginPage {
-            csrf: csrf::token_for(&pre),
-            error: None,
-        },
+        &LoginPage::new(&state, &req, csrf::token_for(&pre), None),
         200,
     );
     let _ = resp.add_cookie(&session::cookie(
@@ -62,15 +99,16 @@ pub async fn submit(
         .cookie(session::login_cookie_name(secure))
         .map(|c| c.value().to_string());
     let again = |error: String, status: u16| {
-        let page = LoginPage {
-            csrf: pre.as_deref().map(csrf::token_for).unwrap_or_default(),
-            error: Some(error),
-        };
+        let csrf = pre.as_deref().map(csrf::token_for).unwrap_or_default();
+        let mut page = LoginPage::new(&state, &req, csrf, Some(error));
+        // A refused break-glass attempt is shown its form again.
+        page.password = true;
         render(&page, status)
     };
     let resp = match sign_in(&req, &state, &body, pre.as_deref(), secure).await {
         Ok(resp) => resp,
         // The same page, status and body for every wrong username/password pair.
+        Err(AdminError::Unauthorized) if !password_login(&state) => again(PASSWORD_OFF.into(), 403),
         Err(AdminError::Unauthorized) => again("Invalid username or password.".into(), 401),
         Err(e @ (AdminError::Throttled { retry_after } | AdminError::Busy { retry_after })) => {
             let mut resp = again(e.to_string(), 429);
@@ -137,7 +175,12 @@ async fn sign_in(
             return Err(e.into());
         }
     };
-    let Some(admin) = admin.filter(|a| verified && !a.disabled) else {
+    // A single sign-on login has no password; with password sign-in switched off only a
+    // break-glass login may use one. Both answer as a wrong password would.
+    let open = |a: &sessions::AdminRow| {
+        a.oidc_subject.is_none() && (password_login(state) || a.break_glass)
+    };
+    let Some(admin) = admin.filter(|a| verified && !a.disabled && open(a)) else {
         // The attempt stays recorded: it is one of the window's failures.
         let mut tx = state.db.begin().await?;
         audit(&mut tx, &username, &address, "login.failed", now).await?;
@@ -170,7 +213,12 @@ async fn sign_in(
     sessions::create_session(&mut tx, &session::id_hash(&id), admin.id, &address, now).await?;
     // Sessions nobody can use any more are swept here, so the table stays small.
     sessions::prune_sessions(&mut tx, now - session::IDLE, now - session::ABSOLUTE).await?;
-    audit(&mut tx, &admin.username, &address, "login.ok", now).await?;
+    let action = if admin.break_glass && !password_login(state) {
+        "login.break_glass"
+    } else {
+        "login.ok"
+    };
+    audit(&mut tx, &admin.username, &address, action, now).await?;
     tx.commit().await?;
     let mut resp = see_other("/admin/");
     let _ = resp.add_cookie(&session::cookie(session::cookie_name(secure), id, secure));
@@ -214,24 +262,29 @@ pub async fn logout(
     actor.audit(&mut tx, "logout", "", None, None, now).await?;
     tx.commit().await?;
     let secure = session::secure(&state.settings.server.public_url);
+    // A single sign-on login is offered the provider's own sign-out on the next page.
+    let to = match &state.sso {
+        Some(_) if actor.sso => "/admin/login?signed-out",
+        _ => "/admin/login",
+    };
     let mut resp = if req.headers().contains_key("hx-request") {
         HttpResponse::Ok()
-            .insert_header(("HX-Redirect", "/admin/login"))
+            .insert_header(("HX-Redirect", to))
             .finish()
     } else {
-        see_other("/admin/login")
+        see_other(to)
     };
     let _ = resp.add_cookie(&session::removal(session::cookie_name(secure), secure));
     Ok(resp)
 }
 
-fn see_other(to: &str) -> HttpResponse {
+pub(super) fn see_other(to: &str) -> HttpResponse {
     HttpResponse::SeeOther()
         .insert_header((header::LOCATION, to))
         .finish()
 }
 
-fn render(page: &LoginPage, status: u16) -> HttpResponse {
+pub(super) fn render(page: &LoginPage, status: u16) -> HttpResponse {
     let status = actix_web::http::StatusCode::from_u16(status).unwrap_or_default();
     match page.render() {
         Ok(body) => with_headers(
@@ -243,7 +296,7 @@ fn render(page: &LoginPage, status: u16) -> HttpResponse {
     }
 }
 
-fn with_headers(mut resp: HttpResponse) -> HttpResponse {
+pub(super) fn with_headers(mut resp: HttpResponse) -> HttpResponse {
     for (k, v) in [
         ("cache-control", "no-store"),
         ("x-frame-options", "DENY"),

@@ -16,6 +16,7 @@ pub mod error;
 pub mod guard;
 pub mod input;
 pub mod login;
+pub mod oidc;
 pub mod reports;
 pub mod requests;
 pub mod teams;
@@ -36,6 +37,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/admin/login", web::get().to(login::form))
         .route("/admin/login", web::post().to(login::submit))
         .route("/admin/static/{file}", web::get().to(assets::serve))
+        .configure(oidc::configure)
         .service(
             web::scope("/admin")
                 .wrap(from_fn(guard::guard))

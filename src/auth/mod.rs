@@ -8,6 +8,7 @@
 //! fallback. Expiry is checked against the clock on every request.
 
 pub mod csrf;
+pub mod oidc;
 pub mod password;
 pub mod session;
 pub mod throttle;

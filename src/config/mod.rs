@@ -13,11 +13,13 @@ use crate::upstream::url_guard::{self, UrlGuardError};
 
 mod ladder;
 mod layers;
+mod oidc;
 mod redis;
 mod sections;
 
 pub use ladder::Ladder;
 pub use layers::{load, load_from};
+pub use oidc::{Grant, OidcRole, OidcSettings, CALLBACK_PATH};
 pub use redis::RedisTopology;
 pub use sections::*;
 
@@ -197,6 +199,8 @@ pub struct Settings {
     pub alerts: AlertSettings,
     pub backup: BackupSettings,
     pub responses: ResponsesSettings,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oidc: Option<OidcSettings>,
     /// Not a config key: `serve --ladder`, for the benchmark only.
     #[serde(skip)]
     pub ladder: Ladder,
@@ -227,6 +231,9 @@ impl Settings {
             .map_err(ConfigError::Invalid)?;
         if self.server.max_body_bytes < 1024 {
             return invalid("server.max_body_bytes must be at least 1024".into());
+        }
+        if let Some(oidc) = &self.oidc {
+            oidc.validate()?;
         }
         if !self.database.url.starts_with("sqlite://") && self.database_postgres_url().is_none() {
             return invalid(format!(

@@ -12,6 +12,7 @@ pub mod directory;
 pub mod ledger;
 pub mod lingering;
 pub mod migrate;
+pub mod oidc;
 pub mod pg;
 pub mod processes;
 pub mod raw;

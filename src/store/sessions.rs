@@ -17,9 +17,15 @@ pub struct AdminRow {
     pub team_id: Option<i64>,
     pub password_hash: String,
     pub disabled: bool,
+    /// The provider and subject of a login made by single sign-on (it has no password).
+    pub oidc_issuer: Option<String>,
+    pub oidc_subject: Option<String>,
+    /// May sign in with its password when `[oidc] password_login = false`.
+    pub break_glass: bool,
 }
 
-const ADMIN_COLS: &str = "a.id, a.username, a.role, a.team_id, a.password_hash, a.disabled";
+const ADMIN_COLS: &str =
+    "a.id, a.username, a.role, a.team_id, a.password_hash, a.disabled, a.oidc_issuer, a.oidc_subject, a.break_glass";
 
 pub async fn admin_by_name(db: &super::Db, username: &str) -> Result<Option<AdminRow>> {
     let sqlite = match &db.backend {

@@ -6,6 +6,7 @@ mod bedrock_auth;
 mod bedrock_gateway;
 mod gateway_proc;
 mod helpers;
+mod oidc_issuer;
 
 mod account;
 mod admin;
@@ -87,6 +88,7 @@ mod retry_tiers;
 mod shutdown;
 mod signin_attack;
 mod slow_reader;
+mod sso;
 mod ssrf;
 mod store_boundary;
 mod stream_usage;

@@ -13,6 +13,7 @@ pub mod directory;
 pub mod ledger;
 pub mod lingering;
 pub mod notify;
+pub mod oidc;
 pub mod processes;
 pub mod reports;
 pub mod requests;

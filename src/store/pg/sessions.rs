@@ -9,7 +9,8 @@ use crate::clock::db_time;
 use crate::store::sessions::{AdminRow, ApiKeyRow};
 use crate::store::Result;
 
-const ADMIN_COLS: &str = "a.id, a.username, a.role, a.team_id, a.password_hash, a.disabled";
+const ADMIN_COLS: &str =
+    "a.id, a.username, a.role, a.team_id, a.password_hash, a.disabled, a.oidc_issuer, a.oidc_subject, a.break_glass";
 
 pub async fn admin_by_name(pool: &PgPool, username: &str) -> Result<Option<AdminRow>> {
     if !text::storable(username) {

@@ -1,0 +1,348 @@
+//! Single sign-on routes (`auth::oidc` does the protocol):
+//! - `GET /admin/oidc/login` sends the browser to the provider, with the flow cookie;
+//! - `GET /admin/oidc/callback` finishes: the provider's identity is mapped to a role and
+//!   team by `[[oidc.roles]]` (the first matching row), the login keyed by issuer + subject
+//!   is made at the first sign-in and its role and team rewritten at every one, and a
+//!   session starts. No matching row: refused with a page saying so; no login is made, and
+//!   an existing one loses its sessions (it lost its group at the provider). A login an
+//!   admin disabled in Sluice stays disabled. Every sign-in and every refusal is audited,
+//!   naming the provider's subject and issuer when the ID token was good.
+
+use actix_web::cookie::{Cookie, SameSite};
+use actix_web::{web, HttpRequest, HttpResponse};
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use super::actor::{peer, sso_audit_name};
+use super::error::AdminError;
+use super::login::{self, LoginPage};
+use crate::auth::oidc::{self, Identity, Sso, SsoError};
+use crate::auth::{csrf, session};
+use crate::state::AppState;
+use crate::store::oidc::{self as store, NewSsoAdmin};
+use crate::store::{sessions, tenants};
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.route("/admin/oidc/login", web::get().to(begin))
+        .route("/admin/oidc/callback", web::get().to(callback));
+}
+
+async fn begin(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
+    let Some(sso) = state.sso.as_ref() else {
+        return refused(&state, &req, AdminError::NotFound.to_string(), 404);
+    };
+    match sso.begin(state.clock.now()) {
+        Ok((url, flow)) => {
+            let secure = session::secure(&state.settings.server.public_url);
+            let mut resp = login::see_other(url.as_str());
+            let _ = resp.add_cookie(&flow_cookie(flow, secure));
+            login::with_headers(resp)
+        }
+        Err(e) => refused(&state, &req, e.to_string(), 503),
+    }
+}
+
+#[derive(Deserialize)]
+struct Callback {
+    code: Option<String>,
+    state: Option<String>,
+    error: Option<String>,
+    error_description: Option<String>,
+}
+
+async fn callback(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
+    let Some(sso) = state.sso.as_ref() else {
+        return refused(&state, &req, AdminError::NotFound.to_string(), 404);
+    };
+    let secure = session::secure(&state.settings.server.public_url);
+    let address = peer(&req);
+    let now = state.clock.now();
+    let q = web::Query::<Callback>::from_query(req.query_string())
+        .map(|q| q.into_inner())
+        .unwrap_or(Callback {
+            code: None,
+            state: None,
+            error: None,
+            error_description: None,
+        });
+    let result = match (&q.error, &q.code, &q.state) {
+        (Some(e), _, _) => Err(SsoError::Provider(format!(
+            "{e}{}",
+            q.error_description
+                .as_deref()
+                .map(|d| format!(" ({d})"))
+                .unwrap_or_default()
+        ))),
+        (None, Some(code), Some(st)) => {
+            let flow = req.cookie(oidc::flow_cookie_name(secure));
+            sso.finish(flow.as_ref().map(|c| c.value()), st, code, now)
+                .await
+        }
+        _ => Err(SsoError::Flow),
+    };
+    let mut resp = match result {
+        Ok(identity) => match sign_in(&req, &state, sso, &identity, &address, now).await {
+            Ok(resp) => resp,
+            Err(Refusal::Page(msg, status)) => refused(&state, &req, msg, status),
+            Err(Refusal::Error(e)) => e.page(),
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, address, "single sign-on refused");
+            let status = match e {
+                SsoError::Unavailable => 503,
+                SsoError::Flow => 400,
+                SsoError::Provider(_) | SsoError::Token(_) => 401,
+            };
+            let detail = json!({"reason": e.to_string()}).to_string();
+            if let Err(e) = audit(
+                &state,
+                "oidc",
+                &address,
+                "login.sso_refused",
+                "",
+                &detail,
+                now,
+            )
+            .await
+            {
+                return e.page();
+            }
+            refused(&state, &req, e.to_string(), status)
+        }
+    };
+    let _ = resp.add_cookie(&removal(secure));
+    resp
+}
+
+enum Refusal {
+    Page(String, u16),
+    Error(AdminError),
+}
+
+impl<E: Into<AdminError>> From<E> for Refusal {
+    fn from(e: E) -> Self {
+        Refusal::Error(e.into())
+    }
+}
+
+async fn sign_in(
+    req: &HttpRequest,
+    state: &AppState,
+    sso: &Sso,
+    who: &Identity,
+    address: &str,
+    now: DateTime<Utc>,
+) -> Result<HttpResponse, Refusal> {
+    let actor = sso_audit_name(&who.name, &who.issuer, &who.subject);
+    let grant = sso.settings.grant(&who.claims);
+    let mut tx = state.db.begin().await?;
+    let existing = store::admin_by_identity(&mut tx, &who.issuer, &who.subject).await?;
+    let Some(grant) = grant else {
+        // Removed from every mapped group: the login (if any) keeps no session.
+        if let Some(a) = &existing {
+            sessions::delete_sessions_of(&mut tx, a.id, None).await?;
+        }
+        let detail = json!({"reason": "no [[oidc.roles]] row matches"}).to_string();
+        append(
+            &mut tx,
+            &actor,
+            address,
+            "login.sso_refused",
+            "",
+            &detail,
+            now,
+        )
+        .await?;
+        tx.commit().await?;
+        return Err(Refusal::Page(
+            format!(
+                "You signed in at the identity provider as {}, but none of your groups or claims \
+                 grants a role in Sluice. Ask an administrator to add you to a mapped group.",
+                who.name
+            ),
+            403,
+        ));
+    };
+    let team_id = match &grant.team {
+        Some(team) => match tenants::team_id(&mut tx, team).await? {
+            Some(id) => Some(id),
+            None => {
+                let detail = json!({"reason": format!("team `{team}` does not exist")}).to_string();
+                append(
+                    &mut tx,
+                    &actor,
+                    address,
+                    "login.sso_refused",
+                    "",
+                    &detail,
+                    now,
+                )
+                .await?;
+                tx.commit().await?;
+                return Err(Refusal::Page(
+                    format!("Your group makes you a lead of team `{team}`, which does not exist in Sluice. Ask an administrator to create it."),
+                    403,
+                ));
+            }
+        },
+        None => None,
+    };
+    let (id, before) = match &existing {
+        Some(a) if a.disabled => {
+            let detail = json!({"reason": "login disabled in Sluice"}).to_string();
+            append(
+                &mut tx,
+                &actor,
+                address,
+                "login.sso_refused",
+                &format!("admin:{}", a.id),
+                &detail,
+                now,
+            )
+            .await?;
+            tx.commit().await?;
+            return Err(Refusal::Page(
+                "Your Sluice login is disabled. Ask an administrator.".into(),
+                403,
+            ));
+        }
+        Some(a) => {
+            if a.role != grant.role || a.team_id != team_id {
+                store::set_grant(&mut tx, a.id, &grant.role, team_id).await?;
+            }
+            let before = json!({"role": a.role, "team_id": a.team_id}).to_string();
+            (a.id, Some(before))
+        }
+        None => {
+            let username = free_username(&mut tx, who).await?;
+            let new = NewSsoAdmin {
+                username: &username,
+                issuer: &who.issuer,
+                subject: &who.subject,
+                role: &grant.role,
+                team_id,
+            };
+            (store::create_sso_admin(&mut tx, &new, now).await?, None)
+        }
+    };
+    let after = json!({"role": grant.role, "team_id": team_id}).to_string();
+    let sid = session::new_secret();
+    let secure = session::secure(&state.settings.server.public_url);
+    if let Some(old) = req.cookie(session::cookie_name(secure)) {
+        // A session id presented at login is never kept (fixation).
+        sessions::delete_session(&mut tx, &session::id_hash(old.value())).await?;
+    }
+    sessions::create_session(&mut tx, &session::id_hash(&sid), id, address, now).await?;
+    sessions::prune_sessions(&mut tx, now - session::IDLE, now - session::ABSOLUTE).await?;
+    let entry = crate::store::audit::AuditEntry {
+        actor: &actor,
+        address,
+        action: "login.sso",
+        target: &format!("admin:{id}"),
+        before: before.as_deref(),
+        after: Some(&after),
+    };
+    crate::store::audit::append(&mut tx, &entry, now).await?;
+    tx.commit().await?;
+    // A page, not a redirect: the browser arrives here from the provider's site, and a
+    // redirect would carry that cross-site origin on, so the SameSite=Strict session cookie
+    // would not be sent with `/admin/`. The page's own navigation is same-site.
+    let mut resp = login::with_headers(
+        HttpResponse::Ok()
+            .content_type("text/html; charset=utf-8")
+            .body(
+                "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+                 <meta http-equiv=\"refresh\" content=\"0;url=/admin/\"><title>Signed in · Sluice</title></head>\
+                 <body><p>Signed in. <a href=\"/admin/\">Continue to Sluice</a>.</p></body></html>",
+            ),
+    );
+    let _ = resp.add_cookie(&session::cookie(session::cookie_name(secure), sid, secure));
+    Ok(resp)
+}
+
+/// The login's name: the provider's readable name, or with a suffix from the identity when
+/// another login holds it (a local login named like the person keeps its name).
+async fn free_username(tx: &mut crate::store::Tx, who: &Identity) -> Result<String, Refusal> {
+    let name: String = who
+        .name
+        .chars()
+        .take(100)
+        .map(|c| if c.is_control() { '\u{FFFD}' } else { c })
+        .collect();
+    if !crate::store::directory::username_taken(tx, &name).await? {
+        return Ok(name);
+    }
+    let tag = hex::encode(Sha256::digest(format!("{}\n{}", who.issuer, who.subject)));
+    Ok(format!("{name}~{}", &tag[..8]))
+}
+
+fn refused(state: &AppState, req: &HttpRequest, msg: String, status: u16) -> HttpResponse {
+    let pre = session::new_secret();
+    let page = LoginPage::new(state, req, csrf::token_for(&pre), Some(msg));
+    let secure = session::secure(&state.settings.server.public_url);
+    let mut resp = login::render(&page, status);
+    let _ = resp.add_cookie(&session::cookie(
+        session::login_cookie_name(secure),
+        pre,
+        secure,
+    ));
+    resp
+}
+
+/// The flow cookie is `SameSite=Lax`: it must come back on the provider's redirect, a
+/// top-level navigation from another site (a `Strict` cookie would not).
+fn flow_cookie(value: String, secure: bool) -> Cookie<'static> {
+    Cookie::build(oidc::flow_cookie_name(secure), value)
+        .path("/")
+        .http_only(true)
+        .same_site(SameSite::Lax)
+        .secure(secure)
+        .max_age(actix_web::cookie::time::Duration::seconds(
+            oidc::FLOW_LIFETIME.as_secs() as i64,
+        ))
+        .finish()
+}
+
+fn removal(secure: bool) -> Cookie<'static> {
+    let mut c = flow_cookie(String::new(), secure);
+    c.make_removal();
+    c
+}
+
+async fn audit(
+    state: &AppState,
+    actor: &str,
+    address: &str,
+    action: &str,
+    target: &str,
+    after: &str,
+    now: DateTime<Utc>,
+) -> Result<(), AdminError> {
+    let mut tx = state.db.begin().await?;
+    append(&mut tx, actor, address, action, target, after, now).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+async fn append(
+    tx: &mut crate::store::Tx,
+    actor: &str,
+    address: &str,
+    action: &str,
+    target: &str,
+    after: &str,
+    now: DateTime<Utc>,
+) -> Result<(), AdminError> {
+    let entry = crate::store::audit::AuditEntry {
+        actor,
+        address,
+        action,
+        target,
+        before: None,
+        after: Some(after),
+    };
+    crate::store::audit::append(tx, &entry, now).await?;
+    Ok(())
+}

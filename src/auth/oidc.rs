@@ -1,0 +1,326 @@
+//! OpenID Connect for the admin UI: the authorization code flow with PKCE, on the
+//! `openidconnect` crate over the gateway's reqwest.
+//!
+//! - The provider's metadata and signing keys come from discovery (`/.well-known/openid-
+//!   configuration` under the issuer, whose document must name the same issuer). A provider
+//!   that cannot be reached at start does not stop the gateway: discovery is retried every
+//!   few seconds, SSO answers 503 until it succeeds, and it is re-read every 15 minutes
+//!   afterwards (the provider's key rotation), keeping the last good copy on failure.
+//! - `begin` sends the browser to the provider with a fresh `state`, `nonce` and PKCE
+//!   challenge; the three secrets travel in one short-lived (10 min) HttpOnly cookie, MACed
+//!   under a key derived from the client secret, so every replica can read it and only the
+//!   browser that began the sign-in can finish it.
+//! - `finish` checks the `state` against that cookie, trades the code (with the PKCE
+//!   verifier and the client secret) for tokens, and accepts the ID token only with a good
+//!   signature from the provider's keys, our client id in `aud`, the discovered issuer in
+//!   `iss`, the cookie's `nonce`, and `exp` / `iat` within `clock_skew_seconds` of now.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use hmac::{Hmac, Mac};
+use openidconnect::core::{
+    CoreAuthenticationFlow, CoreClient, CoreGenderClaim, CoreJweContentEncryptionAlgorithm,
+    CoreJwsSigningAlgorithm,
+};
+use openidconnect::{
+    AdditionalClaims, AuthorizationCode, ClientId, ClientSecret, CsrfToken, IdToken, IssuerUrl,
+    Nonce, PkceCodeChallenge, PkceCodeVerifier, ProviderMetadataWithLogout, RedirectUrl, Scope,
+    TokenResponse,
+};
+use parking_lot::RwLock;
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+use url::Url;
+
+use crate::config::OidcSettings;
+
+/// How long a begun sign-in may take at the provider.
+pub const FLOW_LIFETIME: Duration = Duration::from_secs(600);
+/// Re-read the discovery document (and the signing keys) this often.
+const REDISCOVER: Duration = Duration::from_secs(15 * 60);
+/// Retry a failed discovery after this long (the provider may be briefly down).
+const RETRY: Duration = Duration::from_secs(3);
+
+pub fn flow_cookie_name(secure: bool) -> &'static str {
+    if secure {
+        "__Host-sluice_oidc"
+    } else {
+        "sluice_oidc"
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SsoError {
+    #[error("Single sign-on is not available yet: the identity provider could not be reached. Try again in a moment.")]
+    Unavailable,
+    #[error("This sign-in was not started in this browser, or it has expired. Start again.")]
+    Flow,
+    #[error("The identity provider refused the sign-in: {0}")]
+    Provider(String),
+    #[error("The identity provider's answer was refused: {0}")]
+    Token(String),
+}
+
+/// Every claim of a verified ID token, for the `[[oidc.roles]]` mapping.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct AllClaims {
+    #[serde(flatten)]
+    pub rest: serde_json::Map<String, serde_json::Value>,
+}
+impl AdditionalClaims for AllClaims {}
+
+type FullIdToken =
+    IdToken<AllClaims, CoreGenderClaim, CoreJweContentEncryptionAlgorithm, CoreJwsSigningAlgorithm>;
+
+/// Who the provider says signed in.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub issuer: String,
+    pub subject: String,
+    /// A name for people to read: `email`, else `preferred_username`, else the subject.
+    pub name: String,
+    pub claims: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The client for one flow step, from the metadata discovered last.
+macro_rules! client {
+    ($sso:expr, $meta:expr) => {
+        CoreClient::from_provider_metadata(
+            $meta,
+            ClientId::new($sso.settings.client_id.clone()),
+            Some(ClientSecret::new(
+                $sso.settings.client_secret.expose().to_string(),
+            )),
+        )
+        .set_redirect_uri($sso.redirect.clone())
+    };
+}
+
+pub struct Sso {
+    pub settings: OidcSettings,
+    redirect: RedirectUrl,
+    http: reqwest::Client,
+    metadata: RwLock<Option<ProviderMetadataWithLogout>>,
+    flow_key: [u8; 32],
+}
+
+impl Sso {
+    pub fn new(settings: OidcSettings) -> Result<Arc<Sso>, String> {
+        let redirect = RedirectUrl::new(settings.redirect_url.clone())
+            .map_err(|e| format!("[oidc] redirect_url: {e}"))?;
+        // No redirects: a provider's endpoint that redirects is refused, not followed
+        // (the crate's advice, against SSRF through a metadata document).
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| format!("[oidc] HTTP client: {e}"))?;
+        let flow_key = hkdf_key(settings.client_secret.expose());
+        Ok(Arc::new(Sso {
+            settings,
+            redirect,
+            http,
+            metadata: RwLock::new(None),
+            flow_key,
+        }))
+    }
+
+    /// Discovery now, then again until it succeeds, then every `REDISCOVER`.
+    pub fn spawn_discovery(self: &Arc<Self>) {
+        let sso = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                let Some(s) = sso.upgrade() else { return };
+                let wait = match s.discover().await {
+                    Ok(()) => REDISCOVER,
+                    Err(e) => {
+                        tracing::error!(issuer = %s.settings.issuer, error = %e, "OIDC discovery failed; single sign-on waits for it");
+                        RETRY
+                    }
+                };
+                drop(s);
+                tokio::time::sleep(wait).await;
+            }
+        });
+    }
+
+    pub async fn discover(&self) -> Result<(), String> {
+        let issuer = IssuerUrl::new(self.settings.issuer.clone()).map_err(|e| e.to_string())?;
+        let meta = ProviderMetadataWithLogout::discover_async(issuer, &self.http)
+            .await
+            .map_err(|e| error_chain(&e))?;
+        *self.metadata.write() = Some(meta);
+        Ok(())
+    }
+
+    pub fn ready(&self) -> bool {
+        self.metadata.read().is_some()
+    }
+
+    fn metadata(&self) -> Result<ProviderMetadataWithLogout, SsoError> {
+        self.metadata.read().clone().ok_or(SsoError::Unavailable)
+    }
+
+    /// Where to send the browser, and the flow cookie's value.
+    pub fn begin(&self, now: DateTime<Utc>) -> Result<(Url, String), SsoError> {
+        let client = client!(self, self.metadata()?);
+        let (challenge, verifier) = PkceCodeChallenge::new_random_sha256();
+        let mut req = client
+            .authorize_url(
+                CoreAuthenticationFlow::AuthorizationCode,
+                CsrfToken::new_random,
+                Nonce::new_random,
+            )
+            .set_pkce_challenge(challenge);
+        for scope in &self.settings.scopes {
+            req = req.add_scope(Scope::new(scope.clone()));
+        }
+        let (url, state, nonce) = req.url();
+        let expires = now.timestamp() + FLOW_LIFETIME.as_secs() as i64;
+        let body = format!(
+            "{expires}.{}.{}.{}",
+            state.secret(),
+            nonce.secret(),
+            verifier.secret()
+        );
+        let mac = hex::encode(self.mac(&body));
+        Ok((url, format!("{body}.{mac}")))
+    }
+
+    /// Checks the callback against the flow cookie, trades the code and verifies the ID token.
+    pub async fn finish(
+        &self,
+        cookie: Option<&str>,
+        state: &str,
+        code: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Identity, SsoError> {
+        let (nonce, verifier) = self.open_flow(cookie, state, now)?;
+        let meta = self.metadata()?;
+        let issuer = meta.issuer().to_string();
+        let client = client!(self, meta);
+        let token = client
+            .exchange_code(AuthorizationCode::new(code.to_string()))
+            .map_err(|e| SsoError::Provider(e.to_string()))?
+            .set_pkce_verifier(PkceCodeVerifier::new(verifier))
+            .request_async(&self.http)
+            .await
+            .map_err(|e| SsoError::Provider(error_chain(&e)))?;
+        let id_token = token
+            .id_token()
+            .ok_or_else(|| SsoError::Token("no ID token in the token response".into()))?;
+        let full: FullIdToken = id_token
+            .to_string()
+            .parse()
+            .map_err(|e: serde_json::Error| SsoError::Token(e.to_string()))?;
+        let skew = chrono::Duration::seconds(self.settings.clock_skew_seconds as i64);
+        let verifier = client
+            .id_token_verifier()
+            // `exp` is compared with this time: a token is taken up to `skew` past its expiry.
+            .set_time_fn(move || now - skew)
+            .set_issue_time_verifier_fn(move |iat| {
+                if iat > now + skew {
+                    Err(format!("issued in the future ({iat})"))
+                } else {
+                    Ok(())
+                }
+            });
+        let claims = full
+            .claims(&verifier, &Nonce::new(nonce))
+            .map_err(|e| SsoError::Token(e.to_string()))?;
+        let subject = claims.subject().to_string();
+        let name = claims
+            .email()
+            .map(|e| e.to_string())
+            .or_else(|| claims.preferred_username().map(|u| u.to_string()))
+            .unwrap_or_else(|| subject.clone());
+        Ok(Identity {
+            issuer,
+            subject,
+            name,
+            claims: claims.additional_claims().rest.clone(),
+        })
+    }
+
+    /// The provider's `end_session_endpoint` (RP-initiated logout), when it has one.
+    pub fn end_session_url(&self) -> Option<Url> {
+        let meta = self.metadata.read();
+        let end = meta
+            .as_ref()?
+            .additional_metadata()
+            .end_session_endpoint
+            .clone()?;
+        let mut url = end.url().clone();
+        url.query_pairs_mut()
+            .append_pair("client_id", &self.settings.client_id);
+        Some(url)
+    }
+
+    /// The (nonce, PKCE verifier) of the flow cookie, if it is ours, unexpired, and began
+    /// the sign-in that `state` names.
+    fn open_flow(
+        &self,
+        cookie: Option<&str>,
+        state: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(String, String), SsoError> {
+        let cookie = cookie.ok_or(SsoError::Flow)?;
+        let (body, mac) = cookie.rsplit_once('.').ok_or(SsoError::Flow)?;
+        let mac = hex::decode(mac).map_err(|_| SsoError::Flow)?;
+        let mut m = self.mac_state();
+        m.update(body.as_bytes());
+        m.verify_slice(&mac).map_err(|_| SsoError::Flow)?;
+        let mut parts = body.splitn(4, '.');
+        let (Some(expires), Some(s), Some(nonce), Some(verifier)) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(SsoError::Flow);
+        };
+        let expires: i64 = expires.parse().map_err(|_| SsoError::Flow)?;
+        // Compared in constant time: the state is the cookie's binding to the callback.
+        let same = s.len() == state.len()
+            && s.bytes()
+                .zip(state.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0;
+        if !same || now.timestamp() > expires {
+            return Err(SsoError::Flow);
+        }
+        Ok((nonce.to_string(), verifier.to_string()))
+    }
+
+    fn mac_state(&self) -> Hmac<Sha256> {
+        // HMAC takes a key of any length: `new_from_slice` cannot fail.
+        Hmac::<Sha256>::new_from_slice(&self.flow_key).expect("HMAC takes a key of any length")
+    }
+
+    fn mac(&self, body: &str) -> Vec<u8> {
+        let mut m = self.mac_state();
+        m.update(body.as_bytes());
+        m.finalize().into_bytes().to_vec()
+    }
+}
+
+/// The flow cookie's MAC key: HKDF of the client secret, which every replica holds.
+fn hkdf_key(secret: &str) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    // 32 bytes is far below HKDF-SHA256's limit (255 × 32): `expand` cannot fail.
+    hkdf::Hkdf::<Sha256>::new(Some(b"sluice-oidc-flow"), secret.as_bytes())
+        .expand(b"flow cookie", &mut out)
+        .expect("32 bytes is a valid HKDF-SHA256 length");
+    out
+}
+
+/// An error and its sources on one line (the crate's top-level messages are terse).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}

@@ -1,0 +1,545 @@
+//! Single sign-on against a provider the test controls (`oidc_issuer`): the gateway's own
+//! checks of the callback and the ID token, the role mapping at every sign-in, and password
+//! sign-in switched off with a break-glass login. (`tests/ui/sso.spec.mjs` signs in through
+//! the real `oidc-provider` in Chromium.)
+
+use secrecy::SecretString;
+use serde_json::{json, Value};
+use sluice::config::{OidcRole, OidcSettings, Secret};
+
+use crate::admin_helpers::{
+    client, cookie_value, find_between, login_form, make_login, post_login, set_cookies, PASSWORD,
+};
+use crate::helpers::{spawn_app_with, sql_text, TestApp};
+use crate::oidc_issuer::{sign, Issuer};
+
+const CLIENT: &str = "sluice-test";
+
+fn role(value: &str, role: &str, team: Option<&str>) -> OidcRole {
+    OidcRole {
+        claim: "groups".into(),
+        value: value.into(),
+        role: role.into(),
+        team: team.map(str::to_string),
+    }
+}
+
+async fn gateway(issuer: &Issuer, password_login: bool) -> TestApp {
+    let issuer_url = issuer.url.clone();
+    let app = spawn_app_with(move |s, _| {
+        s.oidc = Some(OidcSettings {
+            issuer: issuer_url,
+            client_id: CLIENT.into(),
+            client_secret: Secret(SecretString::from("client-secret-for-tests")),
+            redirect_url: "http://127.0.0.1:9/admin/oidc/callback".into(),
+            password_login,
+            scopes: vec!["email".into()],
+            clock_skew_seconds: 60,
+            label: "Sign in with Test ID".into(),
+            roles: vec![
+                role("llm-admins", "admin", None),
+                role("llm-lead-*", "lead", Some("*")),
+                role("finance", "finance", None),
+            ],
+        });
+    })
+    .await;
+    // Discovery runs beside the start: wait for the sign-in link to lead to the provider.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let r = client()
+            .get(format!("{}/admin/oidc/login", app.address))
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 303 {
+            break;
+        }
+        assert_eq!(r.status(), 503, "SSO not yet discovered answers 503");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "discovery never finished"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    app
+}
+
+/// A begun sign-in: the flow cookie, and the `state` and `nonce` sent to the provider.
+struct Begun {
+    cookie: String,
+    state: String,
+    nonce: String,
+    location: String,
+}
+
+async fn begin(app: &TestApp) -> Begun {
+    let r = client()
+        .get(format!("{}/admin/oidc/login", app.address))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    let location = r.headers()["location"].to_str().unwrap().to_string();
+    let cookies = set_cookies(r.headers());
+    let flow = cookie_value(&cookies, "sluice_oidc").expect("flow cookie");
+    let flow_attrs = cookies
+        .iter()
+        .find(|c| c.starts_with("sluice_oidc="))
+        .unwrap();
+    assert!(flow_attrs.contains("HttpOnly"), "{flow_attrs}");
+    let url = url::Url::parse(&location).unwrap();
+    let q = |k: &str| {
+        url.query_pairs()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.into_owned())
+            .unwrap_or_else(|| panic!("no {k} in {location}"))
+    };
+    assert_eq!(q("code_challenge_method"), "S256");
+    assert_eq!(q("client_id"), CLIENT);
+    Begun {
+        cookie: format!("sluice_oidc={flow}"),
+        state: q("state"),
+        nonce: q("nonce"),
+        location,
+    }
+}
+
+async fn callback(app: &TestApp, cookie: Option<&str>, state: &str) -> reqwest::Response {
+    let mut req = client().get(format!(
+        "{}/admin/oidc/callback?code=code-1&state={state}",
+        app.address
+    ));
+    if let Some(c) = cookie {
+        req = req.header("cookie", c);
+    }
+    req.send().await.unwrap()
+}
+
+/// Signs in with the claims `edit` makes of the standard ones; the response.
+async fn sign_in_with(
+    app: &TestApp,
+    issuer: &Issuer,
+    sub: &str,
+    edit: impl FnOnce(&mut Value),
+) -> reqwest::Response {
+    let b = begin(app).await;
+    let mut claims = issuer.claims(CLIENT, sub, &b.nonce);
+    edit(&mut claims);
+    issuer.answer_with(sign(&claims));
+    callback(app, Some(&b.cookie), &b.state).await
+}
+
+fn session_of(r: &reqwest::Response) -> Option<String> {
+    cookie_value(&set_cookies(r.headers()), "sluice_session")
+}
+
+async fn me(app: &TestApp, session: &str) -> (u16, Value) {
+    let r = client()
+        .get(format!("{}/admin/api/v1/me", app.address))
+        .header("cookie", format!("sluice_session={session}"))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+async fn refused(r: reqwest::Response, status: u16, says: &str) {
+    assert_eq!(r.status(), status);
+    assert!(
+        session_of(&r).is_none(),
+        "a refused sign-in gets no session"
+    );
+    let body = r.text().await.unwrap();
+    assert!(body.contains(says), "{says:?} not in {body}");
+}
+
+#[tokio::test]
+async fn a_person_in_the_admin_group_lands_as_admin_and_the_audit_log_names_the_subject_and_issuer()
+{
+    let issuer = Issuer::start().await;
+    let app = gateway(&issuer, true).await;
+    let r = sign_in_with(&app, &issuer, "u-1001", |c| {
+        c["groups"] = json!(["staff", "llm-admins"]);
+    })
+    .await;
+    assert_eq!(r.status(), 200);
+    let session = session_of(&r).expect("a session");
+    let body = r.text().await.unwrap();
+    assert!(body.contains("url=/admin/"), "{body}");
+    let (status, me_) = me(&app, &session).await;
+    assert_eq!(status, 200);
+    assert_eq!(me_["role"], "admin");
+    assert_eq!(me_["username"], "u-1001@example.com");
+    // The token request carried the PKCE verifier and the client's credentials.
+    let sent = issuer.token_requests.lock().unwrap().join("\n");
+    assert!(sent.contains("code_verifier="), "{sent}");
+    // Every action of the SSO admin names the provider's subject and issuer.
+    let http = client();
+    let page = http
+        .get(format!("{}/admin/", app.address))
+        .header("cookie", format!("sluice_session={session}"))
+        .send()
+        .await
+        .unwrap();
+    let csrf = find_between(&page.text().await.unwrap(), "\"x-csrf-token\": \"", "\"").unwrap();
+    let r = http
+        .post(format!("{}/admin/api/v1/teams", app.address))
+        .header("cookie", format!("sluice_session={session}"))
+        .header("x-csrf-token", csrf)
+        .json(&json!({"name": "search"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    let actor = sql_text(
+        app.db(),
+        "SELECT actor FROM audit_log WHERE action = 'team.create'",
+    )
+    .await;
+    let expected = format!("u-1001@example.com (oidc sub=u-1001 iss={})", issuer.url);
+    assert_eq!(actor, expected);
+    let signed_in = sql_text(
+        app.db(),
+        "SELECT actor FROM audit_log WHERE action = 'login.sso'",
+    )
+    .await;
+    assert_eq!(signed_in, expected);
+}
+
+#[tokio::test]
+async fn a_tampered_token_a_wrong_nonce_a_wrong_issuer_and_an_expired_token_are_refused() {
+    let issuer = Issuer::start().await;
+    let app = gateway(&issuer, true).await;
+    let admins = |c: &mut Value| c["groups"] = json!(["llm-admins"]);
+
+    // Tampered: the payload changed after signing (now claims another subject).
+    let b = begin(&app).await;
+    let mut claims = issuer.claims(CLIENT, "u-1", &b.nonce);
+    admins(&mut claims);
+    let token = sign(&claims);
+    let mut parts: Vec<String> = token.split('.').map(str::to_string).collect();
+    claims["sub"] = json!("u-root");
+    parts[1] = base64_url(&serde_json::to_vec(&claims).unwrap());
+    issuer.answer_with(parts.join("."));
+    refused(
+        callback(&app, Some(&b.cookie), &b.state).await,
+        401,
+        "refused",
+    )
+    .await;
+
+    // The nonce of another sign-in.
+    let other = begin(&app).await;
+    let b = begin(&app).await;
+    let r = sign_in_with_nonce(&app, &issuer, &b, &other.nonce).await;
+    refused(r, 401, "nonce").await;
+
+    // Another issuer in `iss`.
+    let r = sign_in_with(&app, &issuer, "u-1", |c| {
+        admins(c);
+        c["iss"] = json!("https://evil.example.com");
+    })
+    .await;
+    refused(r, 401, "refused").await;
+
+    // Another audience.
+    let r = sign_in_with(&app, &issuer, "u-1", |c| {
+        admins(c);
+        c["aud"] = json!("another-client");
+    })
+    .await;
+    refused(r, 401, "refused").await;
+
+    // Expired past the allowed clock skew (60 s)...
+    let r = sign_in_with(&app, &issuer, "u-1", |c| {
+        admins(c);
+        let now = chrono::Utc::now().timestamp();
+        c["iat"] = json!(now - 600);
+        c["exp"] = json!(now - 120);
+    })
+    .await;
+    refused(r, 401, "expired").await;
+    // ...and issued well in the future.
+    let r = sign_in_with(&app, &issuer, "u-1", |c| {
+        admins(c);
+        let now = chrono::Utc::now().timestamp();
+        c["iat"] = json!(now + 600);
+        c["exp"] = json!(now + 900);
+    })
+    .await;
+    refused(r, 401, "future").await;
+
+    // Unsigned (`alg: none`).
+    let b = begin(&app).await;
+    let mut claims = issuer.claims(CLIENT, "u-1", &b.nonce);
+    admins(&mut claims);
+    let none = format!(
+        "{}.{}.",
+        base64_url(br#"{"alg":"none","typ":"JWT"}"#),
+        base64_url(&serde_json::to_vec(&claims).unwrap())
+    );
+    issuer.answer_with(none);
+    refused(
+        callback(&app, Some(&b.cookie), &b.state).await,
+        401,
+        "refused",
+    )
+    .await;
+
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM admins WHERE oidc_subject IS NOT NULL")
+            .await,
+        0
+    );
+    assert!(
+        app.scalar("SELECT COUNT(*) FROM audit_log WHERE action = 'login.sso_refused'")
+            .await
+            >= 7
+    );
+
+    // Within the skew, an expired token still passes (the provider's clock may lag ours).
+    let r = sign_in_with(&app, &issuer, "u-1", |c| {
+        admins(c);
+        let now = chrono::Utc::now().timestamp();
+        c["iat"] = json!(now - 300);
+        c["exp"] = json!(now - 20);
+    })
+    .await;
+    assert_eq!(r.status(), 200);
+}
+
+async fn sign_in_with_nonce(
+    app: &TestApp,
+    issuer: &Issuer,
+    b: &Begun,
+    nonce: &str,
+) -> reqwest::Response {
+    let mut claims = issuer.claims(CLIENT, "u-1", nonce);
+    claims["groups"] = json!(["llm-admins"]);
+    issuer.answer_with(sign(&claims));
+    callback(app, Some(&b.cookie), &b.state).await
+}
+
+#[tokio::test]
+async fn a_callback_from_another_browser_or_with_a_forged_flow_cookie_is_refused() {
+    let issuer = Issuer::start().await;
+    let app = gateway(&issuer, true).await;
+    let mine = begin(&app).await;
+    let theirs = begin(&app).await;
+    let claims = |nonce: &str| {
+        let mut c = issuer.claims(CLIENT, "u-2", nonce);
+        c["groups"] = json!(["llm-admins"]);
+        sign(&c)
+    };
+    // No flow cookie (another browser), or another sign-in's cookie for this state.
+    issuer.answer_with(claims(&mine.nonce));
+    refused(
+        callback(&app, None, &mine.state).await,
+        400,
+        "not started in this browser",
+    )
+    .await;
+    refused(
+        callback(&app, Some(&theirs.cookie), &mine.state).await,
+        400,
+        "not started in this browser",
+    )
+    .await;
+    // A flow cookie whose MAC does not hold (its nonce swapped for another).
+    let forged = mine.cookie.replace(&mine.nonce, &theirs.nonce);
+    refused(
+        callback(&app, Some(&forged), &mine.state).await,
+        400,
+        "not started in this browser",
+    )
+    .await;
+    // The provider's own refusal is shown, not followed.
+    let r = client()
+        .get(format!(
+            "{}/admin/oidc/callback?error=access_denied&error_description=User%20cancelled&state={}",
+            app.address, mine.state
+        ))
+        .header("cookie", &mine.cookie)
+        .send()
+        .await
+        .unwrap();
+    refused(r, 401, "access_denied (User cancelled)").await;
+    // Nothing was asked of the token endpoint for any of them.
+    assert!(issuer.token_requests.lock().unwrap().is_empty());
+    assert!(mine.location.starts_with(&format!("{}/auth?", issuer.url)));
+}
+
+#[tokio::test]
+async fn the_role_is_derived_again_at_every_sign_in_and_no_matching_group_is_refused_without_an_account(
+) {
+    let issuer = Issuer::start().await;
+    let app = gateway(&issuer, true).await;
+    let r = sign_in_with(&app, &issuer, "u-3", |c| {
+        c["groups"] = json!(["llm-lead-search"])
+    })
+    .await;
+    refused(r, 403, "team `search`, which does not exist").await;
+
+    let admin = make_login(&app, "root", "admin", None).await;
+    assert!(admin > 0);
+    let mut tx = app.db().begin().await.unwrap();
+    sluice::store::tenants::ensure_team(&mut tx, "search", chrono::Utc::now())
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    let r = sign_in_with(&app, &issuer, "u-3", |c| {
+        c["groups"] = json!(["llm-lead-search"])
+    })
+    .await;
+    assert_eq!(r.status(), 200);
+    let lead_session = session_of(&r).unwrap();
+    let (_, me_) = me(&app, &lead_session).await;
+    assert_eq!(me_["role"], "lead");
+    assert!(me_["team_id"].is_i64());
+
+    // Moved to the admin group at the provider: admin at the next sign-in, same login.
+    let r = sign_in_with(&app, &issuer, "u-3", |c| {
+        c["groups"] = json!(["llm-admins"])
+    })
+    .await;
+    let s2 = session_of(&r).unwrap();
+    let (_, me_) = me(&app, &s2).await;
+    assert_eq!(me_["role"], "admin");
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM admins WHERE oidc_subject = 'u-3'")
+            .await,
+        1
+    );
+
+    // Removed from every mapped group: refused, and the login's sessions end.
+    let r = sign_in_with(&app, &issuer, "u-3", |c| c["groups"] = json!(["staff"])).await;
+    refused(r, 403, "none of your groups").await;
+    assert_eq!(me(&app, &s2).await.0, 401);
+    assert_eq!(me(&app, &lead_session).await.0, 401);
+
+    // Someone never mapped gets no login at all.
+    let r = sign_in_with(&app, &issuer, "u-4", |c| c["groups"] = json!(["staff"])).await;
+    refused(r, 403, "none of your groups").await;
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM admins WHERE oidc_subject = 'u-4'")
+            .await,
+        0
+    );
+
+    // An SSO login has no password: password sign-in under its name is refused.
+    let http = client();
+    let (pre, csrf) = login_form(&app, &http).await;
+    let r = post_login(&app, &http, &pre, &csrf, "u-3@example.com", "", None).await;
+    assert_eq!(r.status(), 401);
+}
+
+#[tokio::test]
+async fn with_password_sign_in_switched_off_only_a_break_glass_login_may_use_a_password() {
+    let issuer = Issuer::start().await;
+    let app = gateway(&issuer, false).await;
+    let id = make_login(&app, "ops", "admin", None).await;
+    make_login(&app, "glass", "admin", None).await;
+    let glass = sluice::store::sessions::admin_by_name(app.db(), "glass")
+        .await
+        .unwrap()
+        .unwrap();
+    sluice::cli::admin_break_glass(app.db(), glass.id, chrono::Utc::now())
+        .await
+        .unwrap();
+    assert!(id > 0);
+
+    // The sign-in page offers single sign-on only.
+    let http = client();
+    let page = http
+        .get(format!("{}/admin/login", app.address))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    let body = page.text().await.unwrap();
+    assert!(body.contains("Sign in with Test ID"));
+    assert!(!body.contains("id=\"password-login\""), "{body}");
+
+    // The break-glass form is at ?break-glass; an ordinary login's right password is refused.
+    let r = http
+        .get(format!("{}/admin/login?break-glass", app.address))
+        .send()
+        .await
+        .unwrap();
+    let pre = cookie_value(&set_cookies(r.headers()), "sluice_login").unwrap();
+    let csrf = find_between(
+        &r.text().await.unwrap(),
+        "name=\"csrf_token\" value=\"",
+        "\"",
+    )
+    .unwrap();
+    let r = post_login(&app, &http, &pre, &csrf, "ops", PASSWORD, None).await;
+    refused(r, 403, "Password sign-in is switched off").await;
+    let r = post_login(&app, &http, &pre, &csrf, "glass", "wrong password", None).await;
+    refused(r, 403, "Password sign-in is switched off").await;
+    let r = post_login(&app, &http, &pre, &csrf, "glass", PASSWORD, None).await;
+    assert_eq!(r.status(), 303);
+    assert!(session_of(&r).is_some());
+    assert_eq!(
+        app.scalar(
+            "SELECT COUNT(*) FROM audit_log WHERE action = 'login.break_glass' AND actor = 'glass'"
+        )
+        .await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn an_issuer_whose_discovery_names_another_issuer_is_never_used() {
+    let issuer = Issuer::start_claiming(Some("https://id.example.com")).await;
+    let issuer_url = issuer.url.clone();
+    let app = spawn_app_with(move |s, _| {
+        s.oidc = Some(OidcSettings {
+            issuer: issuer_url,
+            client_id: CLIENT.into(),
+            client_secret: Secret(SecretString::from("client-secret-for-tests")),
+            redirect_url: "http://127.0.0.1:9/admin/oidc/callback".into(),
+            password_login: true,
+            scopes: vec![],
+            clock_skew_seconds: 60,
+            label: "SSO".into(),
+            roles: vec![role("llm-admins", "admin", None)],
+        });
+    })
+    .await;
+    // The gateway serves on; SSO says it is unavailable, and the password form still works.
+    for _ in 0..3 {
+        let r = client()
+            .get(format!("{}/admin/oidc/login", app.address))
+            .send()
+            .await
+            .unwrap();
+        refused(r, 503, "not available yet").await;
+    }
+    let http = client();
+    let (pre, csrf) = login_form(&app, &http).await;
+    make_login(&app, "root", "admin", None).await;
+    let r = post_login(&app, &http, &pre, &csrf, "root", PASSWORD, None).await;
+    assert_eq!(r.status(), 303);
+}
+
+/// Base64url without padding (JWT segments).
+fn base64_url(bytes: &[u8]) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..=chunk.len() {
+            out.push(ABC[((n >> (18 - 6 * i)) & 63) as usize] as char);
+        }
+    }
+    out
+}
