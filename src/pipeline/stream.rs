@@ -258,6 +258,12 @@ pub(super) fn serve(
     let mut converter =
         StreamConverter::new(upstream_format, client, p.include_usage, p.input_tokens)
             .hold_limit(most);
+    // A server the gateway does not ask for its usage (`quirks.include_usage = false`).
+    if upstream_format == providers::Format::OpenAiChat
+        && !state.catalog.deployments[s.route.deployment].include_usage
+    {
+        converter = converter.usage_not_asked();
+    }
     if let Some(ctx) = &p.responses {
         let provider = state.catalog.deployments[s.route.deployment].provider;
         converter = converter.responses(if responses::native(provider) {

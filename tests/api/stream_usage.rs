@@ -1349,6 +1349,40 @@ async fn a_lower_usage_after_the_final_one_does_not_lower_the_price() {
                 Piece::End,
             ],
         ),
+        // Two `metadata` before `messageStop`, nothing of the answer between them.
+        (
+            Up::Bedrock,
+            vec![
+                Piece::Text,
+                Piece::Usage(1000, 800),
+                Piece::Usage(0, 0),
+                Piece::Finish(None),
+            ],
+        ),
+        // An input reported before the finish is the prompt's: not lowered after it.
+        (
+            Up::Anthropic,
+            vec![
+                Piece::RunningText(1000, 1),
+                Piece::Finish(Some((0, 800))),
+                Piece::End,
+            ],
+        ),
+        (
+            Up::Gemini,
+            vec![Piece::RunningText(1000, 1), Piece::Finish(Some((0, 800)))],
+        ),
+        // Each side at its most: the client's last usage chunk is the gateway's.
+        (
+            Up::OpenAi,
+            vec![
+                Piece::Text,
+                Piece::Finish(None),
+                Piece::Usage(900, 800),
+                Piece::Usage(1000, 3),
+                Piece::End,
+            ],
+        ),
     ] {
         let what = format!("{up:?} {pieces:?}");
         let c = stream(
@@ -1439,5 +1473,53 @@ async fn a_finish_whose_usage_and_end_never_came_is_a_cut() {
         assert_eq!(c.logged.1, counted, "{what}");
         assert_eq!(c.spent, cost(c.logged.0, counted), "{what}");
     }
+    app.assert_invariant().await;
+}
+
+/// An `n` > 1 stream from a server that puts a running usage on its chunks (vLLM's
+/// continuous usage): the usage on the chunk that finishes choice 0 is no final word while
+/// choice 1 still streams — its text reaches the client, and the last usage chunk prices it.
+#[tokio::test]
+async fn another_choice_still_streaming_after_a_usage_on_the_finish_reaches_the_client() {
+    let app = app().await;
+    let pieces = [
+        Piece::Text,
+        Piece::Finish(Some((5, 1))),
+        Piece::OtherChoiceText,
+        Piece::OtherChoiceText,
+        Piece::Usage(5, 9),
+        Piece::End,
+    ];
+    let c = stream(&app, Up::OpenAi, "n2", scripted(Up::OpenAi, &pieces), 4096).await;
+    let (after, _) = text_after_finish(&c.data);
+    assert_eq!(after, TEXT.repeat(2), "{:?}", c.data);
+    c.complete("n2");
+    c.exactly("n2", 5, 9);
+    app.assert_invariant().await;
+}
+
+/// A server the gateway does not ask for its usage (`quirks.include_usage = false`) that
+/// sends no `[DONE]` either: its finish and the body's end complete the stream (no usage was
+/// lost: none was asked for), charged the count.
+#[tokio::test]
+async fn a_server_not_asked_for_usage_completes_at_its_finish_and_the_body_end() {
+    let app = app_with(|s| {
+        let oa = s.upstreams.iter_mut().find(|u| u.id == "oa").unwrap();
+        oa.quirks.include_usage = false;
+    })
+    .await;
+    let pieces = [Piece::Text, Piece::Finish(None)];
+    let c = stream(
+        &app,
+        Up::OpenAi,
+        "no-usage-asked",
+        scripted(Up::OpenAi, &pieces),
+        100,
+    )
+    .await;
+    c.complete("no usage asked");
+    let counted = sluice::quota::estimate::count_text(TEXT);
+    assert_eq!(c.logged.1, counted);
+    assert_eq!(c.spent, cost(c.logged.0, counted));
     app.assert_invariant().await;
 }

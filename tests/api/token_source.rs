@@ -457,3 +457,26 @@ async fn a_refused_token_on_a_stream_resends_the_whole_body() {
         assert!(spent > 0, "{issuer:?}");
     }
 }
+
+/// A token endpoint that announces a second's lifetime and takes longer than that to
+/// answer: the token's life ended on the way, so it cannot be cached — an unusable answer
+/// (the upstream's breaker counts it), not an exchange for every request.
+#[tokio::test]
+async fn a_token_whose_life_ended_on_the_way_is_unusable() {
+    for issuer in BOTH {
+        let (app, _dir) = app(issuer, |_, _| {}).await;
+        issuer.set_lifetime(&app.mock, 1);
+        app.mock.state.sticky(
+            issuer.token_key(),
+            Some(Script {
+                delay_ms: 1_200,
+                ..Script::default()
+            }),
+        );
+        let (_, token) = app.token("dev", Some("5.00")).await;
+        let resp = app.chat(&token, &chat_body(8)).await;
+        assert_upstream_error(resp, issuer).await;
+        assert_eq!(upstream_calls(&app, issuer), 0, "{issuer:?}");
+        app.assert_invariant().await;
+    }
+}

@@ -271,10 +271,16 @@ impl Inner {
         let life = chrono::Duration::milliseconds((lifetime * 1000.0) as i64);
         let early = (life / 5).min(chrono::Duration::minutes(5));
         let margin = (life / 20).min(chrono::Duration::seconds(30));
+        let use_until = asked + life - margin;
+        // Counted from the asking: a token whose life ended on the way (a slow endpoint
+        // announcing a second) cannot be cached either — an exchange per request.
+        if use_until <= self.clock.now() {
+            return Err(self.unavailable("the token's lifetime ended before its answer arrived"));
+        }
         Ok(Token {
             header,
             refresh_at: asked + life - early,
-            use_until: asked + life - margin,
+            use_until,
         })
     }
 

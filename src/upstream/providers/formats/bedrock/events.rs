@@ -37,10 +37,12 @@ pub struct EventReader {
     stopped: bool,
     /// `metadata` came before `messageStop`: the answer ends at `messageStop`.
     metadata_seen: bool,
-    /// The usage of a `metadata` that came before `messageStop`, told after the finish.
-    held_usage: Option<Reported>,
-    /// More of the answer came after the held usage: it is told before the finish.
-    answer_after_held: bool,
+    /// The usages of `metadata` events that came before `messageStop` and after the last
+    /// of the answer: told after the finish (the converter charges the most of them).
+    held: Vec<Reported>,
+    /// Such usages with more of the answer after them: running figures, told before the
+    /// finish (floors under the count).
+    floors: Vec<Reported>,
 }
 
 impl EventReader {
@@ -59,8 +61,8 @@ impl EventReader {
         if !v.is_object() {
             return Err(Corrupt::Shape);
         }
-        if self.held_usage.is_some() && name.starts_with("contentBlock") {
-            self.answer_after_held = true;
+        if matches!(name, "contentBlockStart" | "contentBlockDelta") {
+            self.floors.append(&mut self.held);
         }
         match name {
             "messageStart" => self.start(out),
@@ -131,15 +133,10 @@ impl EventReader {
                     .get("stopReason")
                     .and_then(Value::as_str)
                     .ok_or(Corrupt::Shape)?;
-                let held = self.held_usage.take();
-                let (floor, last) = match self.answer_after_held {
-                    true => (held, None),
-                    false => (None, held),
-                };
-                out.extend(floor.map(Event::Usage));
+                out.extend(self.floors.drain(..).map(Event::Usage));
                 out.push(Event::Finish(finish_of(reason)));
                 self.stopped = true;
-                out.extend(last.map(Event::Usage));
+                out.extend(self.held.drain(..).map(Event::Usage));
                 if self.metadata_seen {
                     out.push(Event::Done);
                 }
@@ -152,7 +149,7 @@ impl EventReader {
                     if self.stopped {
                         out.push(Event::Usage(u));
                     } else {
-                        self.held_usage = Some(u);
+                        self.held.push(u);
                     }
                 }
                 self.metadata_seen = true;

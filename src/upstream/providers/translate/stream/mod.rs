@@ -24,21 +24,23 @@
 //!   events then — no later than the upstream ended (or went an idle timeout after its
 //!   finish without telling more of the answer, `progress`: a usage, new or not, is not
 //!   more of it). In a format whose usage comes before its end event (all but Gemini), a
-//!   body that ends after the finish with neither is *cut*: the usage was lost on the way.
+//!   body that ends after the finish with neither is *cut*: the usage was lost on the way
+//!   (unless the gateway never asked for it: `usage_not_asked`).
 //!   After the finish the answer is whole: more of it is neither passed on nor counted,
-//!   and once a usage came with or after the finish, nothing but a higher usage is (the
-//!   text of another choice included). A stream that ends before its finish is *cut*, and
+//!   and once an OpenAI upstream's usage came after the finish in a chunk of its own,
+//!   nothing but a higher usage is (the text of another choice included). A stream that ends before its finish is *cut*, and
 //!   so is one with an event the gateway cannot read, before or after the finish (it may
 //!   be the usage): the client gets an error event.
 //! - Its *price* is the usage the upstream reported with or after its finish, zeros
 //!   included (a side absent from a report is not a zero, see `canonical::Reported`).
 //!   Reports after the finish are totals of one answer: the most of them is charged, per
 //!   side (a later, lower one does not lower it; one report of zeros costs 0), never a
-//!   sum. A usage reported only before the finish may be a running figure
+//!   sum. An input is known from the first event: the most reported counts wherever
+//!   it came, and so does the most of its uncached part. A usage reported only before the
+//!   finish may be a running figure
 //!   (Gemini's every chunk, vLLM's continuous usage): its output is a floor, and the output
 //!   counted from the text received counts if it is more. Without any usage, the input
-//!   estimate and the counted output. A reported input is taken wherever it comes (it is
-//!   known from the start).
+//!   estimate and the counted output.
 
 pub mod shape;
 
@@ -118,13 +120,17 @@ pub struct StreamConverter {
     input_estimate: i64,
     input: Option<i64>,
     cached: i64,
-    /// `input` was reported with or after the finish: a later report only raises it.
-    input_final: bool,
     output: Option<i64>,
     /// `output` was reported with or after the finish: the stream's price, not a floor.
     output_final: bool,
     /// The upstream sent its finish: the answer is whole, the usage may still follow.
     finished: bool,
+    /// An OpenAI upstream's usage came after the finish in a chunk of its own (its last
+    /// usage chunk): the answer and its price are told, no choice's text is more of it.
+    told: bool,
+    /// The gateway asked the upstream for its usage (false: an OpenAI-compatible server
+    /// with `quirks.include_usage = false`): a finish without one lost nothing.
+    usage_asked: bool,
     /// The output text received and not yet counted (see `note_text`).
     text: String,
     /// Tokens of the output text already counted.
@@ -202,7 +208,8 @@ impl StreamConverter {
             input: None,
             cached: 0,
             output: None,
-            input_final: false,
+            told: false,
+            usage_asked: true,
             output_final: false,
             finished: false,
             text: String::new(),
@@ -290,6 +297,12 @@ impl StreamConverter {
         self.responses = Some(n);
     }
 
+    /// The upstream was not asked for its usage (`usage_asked`).
+    pub fn usage_not_asked(mut self) -> Self {
+        self.usage_asked = false;
+        self
+    }
+
     /// Sets the most the converter keeps of one stream (`HOLD_LIMIT` by default).
     pub fn hold_limit(mut self, bytes: usize) -> Self {
         self.hold_limit = bytes;
@@ -347,7 +360,7 @@ impl StreamConverter {
         }
         // Every format but Gemini sends its usage before its end event: a finish followed
         // by neither lost its usage on the way (see the module doc).
-        if !self.output_final && self.upstream != Format::Gemini {
+        if !self.output_final && self.usage_asked && self.upstream != Format::Gemini {
             return false;
         }
         match (self.upstream, self.client) {
@@ -387,15 +400,19 @@ impl StreamConverter {
         self.output_final = self.finished;
     }
 
-    /// An input figure the upstream reported (with the cached part of it): taken wherever
-    /// it comes, but after the finish only a higher one replaces one reported there.
+    /// An input figure the upstream reported, with the cached part of it. The input is
+    /// known from the first event: every report is a total of the same prompt, so the most
+    /// reported counts, wherever it came — and so does the most reported of its uncached
+    /// part, for a later report with more input but more of it cached would lower the
+    /// price too.
     fn report_input(&mut self, input: i64, cached: i64) {
-        if self.input_final && self.input.is_some_and(|i| i >= input) {
-            return;
-        }
-        self.input = Some(input);
-        self.cached = cached;
-        self.input_final = self.finished;
+        let cached = cached.clamp(0, input.max(0));
+        let (total, fresh) = match self.input {
+            None => (input, input - cached),
+            Some(had) => (had.max(input), (had - self.cached).max(input - cached)),
+        };
+        self.input = Some(total);
+        self.cached = (total - fresh).max(0);
     }
 
     /// The upstream sent an error event, which the client received in its format: the
@@ -469,10 +486,10 @@ impl StreamConverter {
         // The answer is the choice with index 0 (see `openai_chat::stream`); a chunk that
         // finishes it and carries the usage (vLLM's continuous usage) carries the final one.
         // What a later chunk says of that choice is not the client's (`openai_to_openai`):
-        // not counted either; nor, once the usage came with or after the finish, is the
-        // text of any choice (see the module doc).
+        // not counted either; nor, once the usage came after the finish in a chunk of its
+        // own, is the text of any choice (see the module doc).
         let was_finished = self.finished;
-        let priced = self.output_final;
+        let told = self.told;
         self.finished |= c.choices.iter().flatten().any(|choice| {
             choice.index.unwrap_or(0) == 0
                 && choice
@@ -481,7 +498,7 @@ impl StreamConverter {
                     .is_some_and(|r| !r.is_empty())
         });
         for choice in c.choices.iter().flatten() {
-            if priced || (was_finished && choice.index.unwrap_or(0) == 0) {
+            if told || (was_finished && choice.index.unwrap_or(0) == 0) {
                 continue;
             }
             if let Some(t) = &choice.text {
@@ -515,6 +532,9 @@ impl StreamConverter {
         if let Some((input, cached, output)) = c.usage.as_ref().and_then(|u| u.figures()) {
             self.report_input(input, cached);
             self.report_output(output);
+            // A usage on a chunk with choices may be a running one (vLLM's continuous
+            // usage: another choice of an `n` > 1 stream may still be streaming).
+            self.told |= self.finished && c.choices.as_ref().is_none_or(Vec::is_empty);
         }
     }
 
@@ -527,19 +547,25 @@ impl StreamConverter {
         // its finish (a floor under the count, vLLM's continuous usage): it is told what
         // it is charged, the counted figures, as an Anthropic client is.
         if self.include_usage && !self.output_final {
-            let u = self.usage();
-            let first = self.first_chunk.take().unwrap_or(Value::Null);
-            out.push(frame(
-                None,
-                &json!({"id": first["id"], "object": "chat.completion.chunk",
-                    "created": first["created"], "model": first["model"], "choices": [],
-                    "usage": {"prompt_tokens": u.input, "completion_tokens": u.output,
-                        "total_tokens": u.input.saturating_add(u.output),
-                        "prompt_tokens_details": {"cached_tokens": u.cached_input}}})
-                .to_string(),
-            ));
+            out.push(self.usage_chunk());
         }
         out.push(frame(None, "[DONE]"));
+    }
+
+    /// A usage chunk of the gateway's own telling what the stream is charged, under the
+    /// first chunk's `id`, `created` and `model`.
+    fn usage_chunk(&self) -> Bytes {
+        let u = self.usage();
+        let first = self.first_chunk.as_ref().unwrap_or(&Value::Null);
+        frame(
+            None,
+            &json!({"id": first["id"], "object": "chat.completion.chunk",
+                "created": first["created"], "model": first["model"], "choices": [],
+                "usage": {"prompt_tokens": u.input, "completion_tokens": u.output,
+                    "total_tokens": u.input.saturating_add(u.output),
+                    "prompt_tokens_details": {"cached_tokens": u.cached_input}}})
+            .to_string(),
+        )
     }
 
     fn openai_to_openai(&mut self, data: &str, out: &mut Vec<Bytes>) -> Result<(), Corrupt> {
@@ -553,7 +579,7 @@ impl StreamConverter {
                 .map(|v| json!({"id": v["id"], "created": v["created"], "model": v["model"]}));
         }
         let was_finished = self.finished;
-        let (priced, charged) = (self.output_final, self.usage());
+        let (told, charged) = (self.told, self.usage());
         let c = match read_event(data)? {
             OpenAiEvent::Chunk(c) => c,
             OpenAiEvent::Error { error, raw } => {
@@ -569,16 +595,13 @@ impl StreamConverter {
             }
         };
         self.note_openai_chunk(&c);
-        // Once the usage came with or after the finish, the answer and its price are told:
-        // only a usage that raises the price passes (without choices), so the client's last
-        // usage chunk is what it is charged.
-        if priced {
-            if !self.include_usage || self.usage() == charged {
-                return Ok(());
+        // Once the usage came after the finish, the answer and its price are told: only a
+        // usage that raises the price is told again — the gateway's own chunk of what it
+        // charges, so the client's last usage chunk is that (a side may have gone down).
+        if told {
+            if self.include_usage && self.usage() != charged {
+                out.push(self.usage_chunk());
             }
-            let mut v: Value = serde_json::from_str(data).map_err(|_| Corrupt::Json)?;
-            v["choices"] = json!([]);
-            out.push(frame(None, &v.to_string()));
             return Ok(());
         }
         // After the finish the answer (choice 0) is whole: more of it — text, a second
@@ -602,7 +625,16 @@ impl StreamConverter {
             return Ok(());
         }
         let usage_only = c.choices.as_ref().is_none_or(Vec::is_empty) && c.usage.is_some();
-        if !usage_only || self.include_usage {
+        if usage_only && !self.include_usage {
+            return Ok(());
+        }
+        // The usage after the finish, where it says less than is charged on a side (a usage
+        // on the finish chunk said more): the client is told the gateway's figures.
+        let u = self.usage();
+        let reported = c.usage.as_ref().and_then(|r| r.figures());
+        if usage_only && self.finished && reported != Some((u.input, u.cached_input, u.output)) {
+            out.push(self.usage_chunk());
+        } else {
             out.push(frame(None, data));
         }
         Ok(())
@@ -656,16 +688,20 @@ impl StreamConverter {
         out: &mut Vec<Bytes>,
     ) -> Result<(), Corrupt> {
         let e = shape::anthropic_event(data)?;
-        let (was_finished, charged) = (self.finished, self.usage());
+        let was_finished = self.finished;
         self.note_anthropic_event(&e);
-        // After the finish the answer is whole (no more blocks), and a second finish passes
-        // only if it raised the price: the client's last usage is what it is charged.
+        // After the finish the answer is whole: no more blocks, no second start or finish
+        // (a second `message_delta` could tell the client less than it is charged; a
+        // higher usage in one is charged, not told).
         if was_finished
-            && match e.body {
-                Body::BlockStart { .. } | Body::BlockDelta { .. } | Body::BlockStop(_) => true,
-                Body::MessageDelta(..) => self.usage() == charged,
-                _ => false,
-            }
+            && matches!(
+                e.body,
+                Body::BlockStart { .. }
+                    | Body::BlockDelta { .. }
+                    | Body::BlockStop(_)
+                    | Body::MessageStart(_)
+                    | Body::MessageDelta(..)
+            )
         {
             return Ok(());
         }

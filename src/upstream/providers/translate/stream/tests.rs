@@ -432,3 +432,21 @@ fn an_unreadable_event_after_the_finish_cuts_the_stream() {
     assert!(!c.end(&mut out));
     assert_eq!(c.usage().output, estimate::count_text(TEXT));
 }
+
+/// A later report with more input but more of it cached would lower the price: the most
+/// reported input and the most of its uncached part count, each on its own.
+#[test]
+fn more_input_more_of_it_cached_does_not_lower_the_price() {
+    let mut c = StreamConverter::new(WireFormat::OpenAi, WireFormat::Anthropic, false, 10);
+    c.note_event(&Event::Finish(canonical::Finish::Stop));
+    for (input, cached_input, output) in [(10_000, 0, 100), (10_001, 10_001, 0)] {
+        c.note_event(&Event::Usage(Reported::whole(canonical::Usage {
+            input,
+            cached_input,
+            output,
+            ..canonical::Usage::default()
+        })));
+    }
+    let u = c.usage();
+    assert_eq!((u.input, u.cached_input, u.output), (10_001, 1, 100));
+}
