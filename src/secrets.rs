@@ -17,6 +17,8 @@ use rand::RngCore;
 use secrecy::{ExposeSecret, SecretBox};
 use sha2::Sha256;
 
+pub mod seal;
+
 /// The environment variable that carries the master key (it wins over the key file).
 pub const ENV: &str = "SLUICE_SECRET_KEY";
 const LEN: usize = 32;
