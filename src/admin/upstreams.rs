@@ -33,13 +33,13 @@ pub fn list(state: &AppState, actor: &Actor) -> Result<Vec<UpstreamView>, AdminE
     actor.require_admin()?;
     let now_ms = state.clock.now().timestamp_millis();
     Ok(state
-        .catalog
+        .catalog()
         .deployments
         .iter()
         .enumerate()
         .map(|(i, d)| {
-            let reason = state.pool.disabled(i);
-            let until = state.pool.cooling_until_ms(i);
+            let reason = state.pool().disabled(i);
+            let until = state.pool().cooling_until_ms(i);
             UpstreamView {
                 id: d.id.clone(),
                 provider: d.provider.as_str().to_string(),
@@ -54,8 +54,8 @@ pub fn list(state: &AppState, actor: &Actor) -> Result<Vec<UpstreamView>, AdminE
                             .map(crate::clock::db_time)
                     })
                     .flatten(),
-                in_flight: state.pool.in_flight(i),
-                breaker: state.pool.breakers[i].state().as_str(),
+                in_flight: state.pool().in_flight(i),
+                breaker: state.pool().breakers[i].state().as_str(),
             }
         })
         .collect())
@@ -70,20 +70,20 @@ pub async fn set_enabled(
 ) -> Result<UpstreamView, AdminError> {
     actor.require_admin()?;
     let d = state
-        .catalog
+        .catalog()
         .deployments
         .iter()
         .position(|d| d.id == id)
         .ok_or(AdminError::NotFound)?;
     let before = state
-        .pool
+        .pool()
         .disabled(d)
         .map(|r| r.as_str())
         .unwrap_or("enabled");
     if enable {
-        state.pool.enable(d);
+        state.pool().enable(d);
     } else {
-        state.pool.disable(d, Disabled::Admin);
+        state.pool().disable(d, Disabled::Admin);
     }
     let after = if enable {
         "enabled"

@@ -124,12 +124,18 @@ mod tests {
         assert_eq!(s.open("upstream:b", &sealed), Err(SealError::DoesNotOpen));
         // Another master key: refused.
         let other = Sealer::new(&key("cd"));
-        assert_eq!(other.open("upstream:a", &sealed), Err(SealError::DoesNotOpen));
+        assert_eq!(
+            other.open("upstream:a", &sealed),
+            Err(SealError::DoesNotOpen)
+        );
         // Altered: refused; truncated: refused.
         let mut bad = sealed.clone();
         bad[NONCE_LEN] ^= 1;
         assert_eq!(s.open("upstream:a", &bad), Err(SealError::DoesNotOpen));
-        assert_eq!(s.open("upstream:a", &sealed[..5]), Err(SealError::DoesNotOpen));
+        assert_eq!(
+            s.open("upstream:a", &sealed[..5]),
+            Err(SealError::DoesNotOpen)
+        );
     }
 
     #[test]

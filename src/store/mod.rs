@@ -11,6 +11,7 @@ pub mod cache;
 pub mod directory;
 pub mod ledger;
 pub mod lingering;
+pub mod managed;
 pub mod migrate;
 pub mod pg;
 pub mod processes;
@@ -128,6 +129,8 @@ pub struct Db {
     backend: Backend,
     /// The audit chain's keys (its write connections hold them too: `audit_mac`).
     pub audit: Arc<audit::AuditKeys>,
+    /// Seals and opens the upstream keys stored here (`managed`).
+    pub seal: Arc<crate::secrets::seal::Sealer>,
 }
 
 #[derive(Clone, Debug)]
@@ -216,6 +219,10 @@ impl Db {
             db.close().await;
             return Err(crate::secrets::SecretError::SharedKeyMismatch.into());
         }
+        if let Err(e) = managed::check_master_key(&db).await {
+            db.close().await;
+            return Err(e);
+        }
         Ok(db)
     }
 
@@ -244,6 +251,7 @@ impl Db {
         Ok(Db {
             backend: Backend::Postgres(pg),
             audit: keys,
+            seal: Arc::new(crate::secrets::seal::Sealer::new(key)),
         })
     }
 
@@ -254,9 +262,10 @@ impl Db {
             crate::private_fs::create_dir_all(dir)?;
         }
         private_files(path)?;
-        let keys = Arc::new(audit::AuditKeys::derive(
-            &crate::secrets::MasterKey::for_database(path)?,
-        ));
+        let master = crate::secrets::MasterKey::for_database(path)?;
+        let keys = Arc::new(audit::AuditKeys::derive(&master));
+        let seal = Arc::new(crate::secrets::seal::Sealer::new(&master));
+        drop(master);
         let signer = keys.clone();
         let opts = SqliteConnectOptions::from_str("sqlite://")?
             .filename(path)
@@ -306,6 +315,7 @@ impl Db {
         Ok(Db {
             backend: Backend::Sqlite(SqlitePools { write, read }),
             audit: keys,
+            seal,
         })
     }
 
@@ -484,6 +494,8 @@ pub enum Change {
     Tokens,
     /// Cache entries were invalidated.
     Cache,
+    /// Managed upstream keys, deployments or models changed: rebuild the catalog.
+    Catalog,
     /// Changes may have been missed (the listener (re)connected): treat everything as
     /// changed.
     Unknown,
@@ -506,6 +518,7 @@ impl Db {
                 on(match h {
                     Heard::Bumped(Epoch::Token) => Change::Tokens,
                     Heard::Bumped(Epoch::Cache) => Change::Cache,
+                    Heard::Bumped(Epoch::Catalog) => Change::Catalog,
                     // Another host's audit row: this host's head exporter follows it.
                     Heard::AuditAppended => return keys.appended(),
                     Heard::Lost => {
