@@ -21,6 +21,7 @@ pub mod requests;
 pub mod teams;
 pub mod token_ops;
 pub mod tokens;
+pub mod upstream_ops;
 pub mod upstreams;
 pub mod user_ops;
 pub mod users;

@@ -1,7 +1,8 @@
 //! Upstream keys and their live state on this replica: enabled, disabled (and why), cooling
 //! down until when, requests in flight. Keys are shown masked (last 4 characters) and never
-//! returned whole. Admins may disable and re-enable a key; the state is this process's
-//! (each replica keeps its own pool state, as the request path does).
+//! returned whole. Admins may disable and re-enable a key: a key added in the admin
+//! (`upstream_ops`) for every replica, a key of the config file on this replica only (each
+//! replica keeps its own pool state, as the request path does).
 
 use actix_web::{web, HttpResponse};
 use askama::Template;
@@ -18,6 +19,8 @@ use crate::upstream::pool::Disabled;
 #[derive(Debug, Serialize)]
 pub struct UpstreamView {
     pub id: String,
+    /// `config` (read-only here) or `admin` (added in the UI or API).
+    pub source: &'static str,
     pub provider: String,
     pub base_url: String,
     pub key: String,
@@ -32,16 +35,23 @@ pub struct UpstreamView {
 pub fn list(state: &AppState, actor: &Actor) -> Result<Vec<UpstreamView>, AdminError> {
     actor.require_admin()?;
     let now_ms = state.clock.now().timestamp_millis();
-    Ok(state
-        .catalog()
+    let live = state.live.snapshot();
+    let (catalog, pool) = (&live.catalog, &live.pool);
+    Ok(catalog
         .deployments
         .iter()
         .enumerate()
+        .filter(|(i, _)| !catalog.retired[*i])
         .map(|(i, d)| {
-            let reason = state.pool().disabled(i);
-            let until = state.pool().cooling_until_ms(i);
+            let reason = if d.usable {
+                pool.disabled(i)
+            } else {
+                Some(Disabled::Admin)
+            };
+            let until = pool.cooling_until_ms(i);
             UpstreamView {
                 id: d.id.clone(),
+                source: if d.managed { "admin" } else { "config" },
                 provider: d.provider.as_str().to_string(),
                 base_url: d.base_url.clone(),
                 key: d.api_key.masked(),
@@ -54,8 +64,8 @@ pub fn list(state: &AppState, actor: &Actor) -> Result<Vec<UpstreamView>, AdminE
                             .map(crate::clock::db_time)
                     })
                     .flatten(),
-                in_flight: state.pool().in_flight(i),
-                breaker: state.pool().breakers[i].state().as_str(),
+                in_flight: pool.in_flight(i),
+                breaker: pool.breakers[i].state().as_str(),
             }
         })
         .collect())
@@ -69,12 +79,12 @@ pub async fn set_enabled(
     enable: bool,
 ) -> Result<UpstreamView, AdminError> {
     actor.require_admin()?;
-    let d = state
-        .catalog()
-        .deployments
-        .iter()
-        .position(|d| d.id == id)
-        .ok_or(AdminError::NotFound)?;
+    let catalog = state.catalog();
+    let d = catalog.position(id).ok_or(AdminError::NotFound)?;
+    if catalog.deployments[d].managed {
+        super::upstream_ops::set_enabled(state, actor, id, enable).await?;
+        return view(state, actor, id);
+    }
     let before = state
         .pool()
         .disabled(d)
@@ -112,6 +122,11 @@ pub async fn set_enabled(
         )
         .await?;
     tx.commit().await?;
+    view(state, actor, id)
+}
+
+/// One upstream as `list` shows it.
+pub fn view(state: &AppState, actor: &Actor, id: &str) -> Result<UpstreamView, AdminError> {
     list(state, actor)?
         .into_iter()
         .find(|u| u.id == id)
