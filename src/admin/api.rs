@@ -259,7 +259,11 @@ async fn upstreams_toggle(
 }
 
 async fn upstreams_add(actor: Actor, state: web::Data<AppState>, Input(t): Input<Value>) -> Res {
-    let id = t.get("id").and_then(Value::as_str).unwrap_or_default().to_string();
+    let id = t
+        .get("id")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
     upstream_ops::add(&state, &actor, t).await?;
     created(json!(upstreams::view(&state, &actor, &id)?))
 }

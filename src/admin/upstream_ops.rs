@@ -29,8 +29,15 @@ const TEST_TIMEOUT: Duration = Duration::from_secs(15);
 /// One change, applied to the managed rows before it is checked and stored.
 enum Change {
     Add(UpstreamRow),
-    Key { id: String, sealed: Vec<u8>, last4: String },
-    Enabled { id: String, enabled: bool },
+    Key {
+        id: String,
+        sealed: Vec<u8>,
+        last4: String,
+    },
+    Enabled {
+        id: String,
+        enabled: bool,
+    },
     Delete(String),
     PutModel(ModelRow),
     DeleteModel(String),
@@ -54,13 +61,25 @@ async fn apply(
     let mut ups = managed::upstreams(&state.db).await?;
     let mut models = managed::models(&state.db).await?;
     match &change {
+        Change::Add(row) if ups.iter().any(|r| r.id == row.id) => {
+            return Err(AdminError::Conflict(format!(
+                "An upstream `{}` exists already.",
+                row.id
+            )))
+        }
         Change::Add(row) => ups.push(row.clone()),
         Change::Key { id, sealed, .. } => {
-            let row = ups.iter_mut().find(|r| &r.id == id).ok_or(AdminError::NotFound)?;
+            let row = ups
+                .iter_mut()
+                .find(|r| &r.id == id)
+                .ok_or(AdminError::NotFound)?;
             row.key_sealed = sealed.clone();
         }
         Change::Enabled { id, enabled } => {
-            let row = ups.iter_mut().find(|r| &r.id == id).ok_or(AdminError::NotFound)?;
+            let row = ups
+                .iter_mut()
+                .find(|r| &r.id == id)
+                .ok_or(AdminError::NotFound)?;
             row.enabled = *enabled;
         }
         Change::Delete(id) => {
@@ -87,13 +106,13 @@ async fn apply(
     let at = crate::clock::db_time(now);
     let mut tx = state.db.begin().await?;
     let found = match &change {
-        Change::Add(row) => managed::insert_upstream(&mut tx, row, &at).await.map(|_| true)?,
+        Change::Add(row) => managed::insert_upstream(&mut tx, row, &at)
+            .await
+            .map(|_| true)?,
         Change::Key { id, sealed, last4 } => {
             managed::set_key(&mut tx, id, sealed, last4, &at).await?
         }
-        Change::Enabled { id, enabled } => {
-            managed::set_enabled(&mut tx, id, *enabled, &at).await?
-        }
+        Change::Enabled { id, enabled } => managed::set_enabled(&mut tx, id, *enabled, &at).await?,
         Change::Delete(id) => managed::delete_upstream(&mut tx, id).await?,
         Change::PutModel(row) => managed::put_model(&mut tx, row, &at).await.map(|_| true)?,
         Change::DeleteModel(name) => managed::delete_model(&mut tx, name).await?,
@@ -156,13 +175,19 @@ pub async fn add(state: &AppState, actor: &Actor, table: Value) -> Result<(), Ad
         "provider": u.provider.as_str(), "base_url": u.base_url, "key": row.key_last4,
     });
     let target = format!("upstream:{}", u.id);
-    apply(state, actor, Change::Add(row), ("upstream.add", target, None, Some(after))).await
+    apply(
+        state,
+        actor,
+        Change::Add(row),
+        ("upstream.add", target, None, Some(after)),
+    )
+    .await
 }
 
 fn managed_row<'a>(rows: &'a [UpstreamRow], id: &str) -> Result<&'a UpstreamRow, AdminError> {
-    rows.iter().find(|r| r.id == id).ok_or_else(|| {
-        AdminError::NotFound
-    })
+    rows.iter()
+        .find(|r| r.id == id)
+        .ok_or_else(|| AdminError::NotFound)
 }
 
 /// A managed upstream's id, or why it cannot be changed here.
@@ -181,7 +206,12 @@ async fn managed_one(state: &AppState, id: &str) -> Result<UpstreamRow, AdminErr
 
 /// Replaces the key: requests from now on go out with the new one; those already sent
 /// finish with the old one, which is not kept.
-pub async fn rotate(state: &AppState, actor: &Actor, id: &str, key: &str) -> Result<(), AdminError> {
+pub async fn rotate(
+    state: &AppState,
+    actor: &Actor,
+    id: &str,
+    key: &str,
+) -> Result<(), AdminError> {
     actor.require_admin()?;
     if key.trim().is_empty() {
         return Err(AdminError::invalid("`api_key` is required."));
@@ -211,7 +241,11 @@ pub async fn set_enabled(
     let old = managed_one(state, id).await?;
     let word = |e: bool| if e { "enabled" } else { "disabled by an admin" };
     let audit = (
-        if enabled { "upstream.enable" } else { "upstream.disable" },
+        if enabled {
+            "upstream.enable"
+        } else {
+            "upstream.disable"
+        },
         format!("upstream:{id}"),
         Some(json!({ "state": word(old.enabled) })),
         Some(json!({ "state": word(enabled) })),
@@ -295,7 +329,11 @@ pub async fn test(state: &AppState, actor: &Actor, id: &str) -> Result<Tested, A
         .await;
     let elapsed_ms = started.elapsed().as_millis() as u64;
     let (ok, status, message) = match sent {
-        Ok(resp) => (true, Some(resp.status().as_u16()), "The upstream answered.".to_string()),
+        Ok(resp) => (
+            true,
+            Some(resp.status().as_u16()),
+            "The upstream answered.".to_string(),
+        ),
         Err(crate::upstream::UpstreamError::Status { status, .. }) => (
             false,
             Some(status),
@@ -325,7 +363,9 @@ pub async fn put_model(
 ) -> Result<(), AdminError> {
     actor.require_admin()?;
     if name.trim().is_empty() || name.len() > 128 {
-        return Err(AdminError::invalid("A model name must be 1 to 128 characters."));
+        return Err(AdminError::invalid(
+            "A model name must be 1 to 128 characters.",
+        ));
     }
     if let Some(o) = table.as_object_mut() {
         o.insert("name".into(), json!(name));

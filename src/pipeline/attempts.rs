@@ -296,10 +296,7 @@ async fn try_candidate(
         tracing::warn!(upstream = %dep.id, "retry budget spent; not retrying on this key");
         return Step::Next;
     }
-    let (rpm, tpm) = (
-        state.settings.upstreams[d].rpm_limit,
-        state.settings.upstreams[d].tpm_limit,
-    );
+    let (rpm, tpm) = (dep.rpm_limit, dep.tpm_limit);
     // The key's window, booked at the worst case; dropped, the booking corrects it to what
     // it recorded: 0 unless this attempt is answered.
     let mut key_booking = None;

@@ -30,6 +30,9 @@ pub struct Deployment {
     pub base_url: String,
     pub api_key: Secret,
     pub allow_private: bool,
+    /// The key's own request and token windows (`rpm_limit`, `tpm_limit`; 0 = none).
+    pub rpm_limit: u64,
+    pub tpm_limit: u64,
     /// Streams ask for a usage chunk (`quirks.include_usage`).
     pub include_usage: bool,
     /// The URLs of every route target (`Route::target`): for most providers one, shared by
@@ -58,6 +61,8 @@ impl Deployment {
             base_url: u.effective_base_url().trim_end_matches('/').to_string(),
             api_key: u.api_key.clone(),
             allow_private: u.allow_private_network,
+            rpm_limit: u.rpm_limit,
+            tpm_limit: u.tpm_limit,
             include_usage: u.quirks.include_usage,
             targets: Vec::new(),
             credential: providers::credential(u),

@@ -68,9 +68,14 @@ pub fn effective(
     let mut s = file.clone();
     let mut which = Managed::default();
     for row in upstreams {
-        let mut u: UpstreamSettings = serde_json::from_str(&row.settings)
-            .map_err(|e| LiveError::Stored(format!("upstream `{}`", row.id), e.to_string()))?;
-        u.id = row.id.clone();
+        let stored = |e: serde_json::Error| {
+            LiveError::Stored(format!("upstream `{}`", row.id), e.to_string())
+        };
+        let mut table: serde_json::Value = serde_json::from_str(&row.settings).map_err(stored)?;
+        if let Some(o) = table.as_object_mut() {
+            o.insert("id".into(), row.id.clone().into());
+        }
+        let mut u: UpstreamSettings = serde_json::from_value(table).map_err(stored)?;
         let key = sealer
             .open_text(&key_purpose(&row.id), &row.key_sealed)
             .map_err(|_| LiveError::Sealed(row.id.clone()))?;
