@@ -37,6 +37,7 @@ mod gemini_transport;
 mod local_resources;
 mod lockout;
 mod lying_upstream;
+mod managed_apply;
 mod managed_keys;
 mod money;
 mod money_model;
