@@ -54,6 +54,17 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 .route("/audit", web::get().to(audit::page))
                 .route("/audit/verify", web::get().to(audit::verify))
                 .route("/upstreams", web::get().to(upstreams::page))
+                .route("/upstreams", web::post().to(upstreams::add_html))
+                .route("/models", web::post().to(upstreams::model_html))
+                .route(
+                    "/upstreams/{id}/rotate",
+                    web::post().to(upstreams::rotate_html),
+                )
+                .route("/upstreams/{id}/test", web::post().to(upstreams::test_html))
+                .route(
+                    "/upstreams/{id}/delete",
+                    web::post().to(upstreams::delete_html),
+                )
                 .route(
                     "/upstreams/{id}/{action}",
                     web::post().to(upstreams::toggle),

@@ -12,6 +12,7 @@ use serde_json::json;
 
 use super::actor::Actor;
 use super::error::AdminError;
+use super::input::Input;
 use super::view::{self, Chrome};
 use crate::state::AppState;
 use crate::upstream::pool::Disabled;
@@ -138,6 +139,53 @@ pub fn view(state: &AppState, actor: &Actor, id: &str) -> Result<UpstreamView, A
 struct UpstreamsPage {
     c: Chrome,
     ups: Vec<UpstreamView>,
+    models: Vec<ModelLine>,
+}
+
+#[derive(Template)]
+#[template(path = "admin/_models_table.html")]
+struct ModelsTable {
+    models: Vec<ModelLine>,
+}
+
+/// A model as the page lists it.
+struct ModelLine {
+    name: String,
+    routes: String,
+    input: String,
+    output: String,
+}
+
+fn model_lines(state: &AppState, actor: &Actor) -> Result<Vec<ModelLine>, AdminError> {
+    let usd = |v: &serde_json::Value| {
+        format!(
+            "${}",
+            crate::quota::pricing::usd(v.as_i64().unwrap_or_default())
+        )
+    };
+    Ok(super::upstream_ops::models(state, actor)?
+        .iter()
+        .map(|m| ModelLine {
+            name: m["name"].as_str().unwrap_or_default().to_string(),
+            routes: m["routes"]
+                .as_array()
+                .map(|r| {
+                    r.iter()
+                        .map(|r| {
+                            format!(
+                                "{} → {}",
+                                r["upstream"].as_str().unwrap_or_default(),
+                                r["model"].as_str().unwrap_or_default()
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                })
+                .unwrap_or_default(),
+            input: usd(&m["input_micros_per_mtok"]),
+            output: usd(&m["output_micros_per_mtok"]),
+        })
+        .collect())
 }
 
 #[derive(Template)]
@@ -151,6 +199,7 @@ pub async fn page(actor: Actor, state: web::Data<AppState>) -> Result<HttpRespon
     view::html(&UpstreamsPage {
         c: Chrome::new(&actor, "upstreams"),
         ups,
+        models: model_lines(&state, &actor)?,
     })
 }
 
@@ -176,5 +225,114 @@ pub async fn toggle(
             ups: list(&state, &actor)?,
         },
         &msg,
+    )
+}
+
+fn table_with(state: &AppState, actor: &Actor, msg: &str) -> Result<HttpResponse, AdminError> {
+    view::html_with_flash(
+        &UpstreamsTable {
+            ups: list(state, actor)?,
+        },
+        msg,
+    )
+}
+
+/// The "Add a key" form.
+#[derive(Debug, serde::Deserialize)]
+pub struct KeyForm {
+    id: String,
+    provider: String,
+    base_url: String,
+    api_key: String,
+    #[serde(default)]
+    allow_private_network: Option<String>,
+}
+
+pub async fn add_html(
+    actor: Actor,
+    state: web::Data<AppState>,
+    Input(f): Input<KeyForm>,
+) -> Result<HttpResponse, AdminError> {
+    let table = json!({
+        "id": f.id, "provider": f.provider, "base_url": f.base_url, "api_key": f.api_key,
+        "allow_private_network": f.allow_private_network.is_some(),
+    });
+    super::upstream_ops::add(&state, &actor, table).await?;
+    table_with(&state, &actor, &format!("Upstream {} added.", f.id))
+}
+
+#[derive(Debug, serde::Deserialize)]
+pub struct RotateForm {
+    api_key: String,
+}
+
+pub async fn rotate_html(
+    actor: Actor,
+    state: web::Data<AppState>,
+    id: web::Path<String>,
+    Input(f): Input<RotateForm>,
+) -> Result<HttpResponse, AdminError> {
+    super::upstream_ops::rotate(&state, &actor, &id, &f.api_key).await?;
+    table_with(&state, &actor, &format!("Key of upstream {id} rotated."))
+}
+
+pub async fn delete_html(
+    actor: Actor,
+    state: web::Data<AppState>,
+    id: web::Path<String>,
+) -> Result<HttpResponse, AdminError> {
+    super::upstream_ops::delete(&state, &actor, &id).await?;
+    table_with(&state, &actor, &format!("Upstream {id} deleted."))
+}
+
+pub async fn test_html(
+    actor: Actor,
+    state: web::Data<AppState>,
+    id: web::Path<String>,
+) -> Result<HttpResponse, AdminError> {
+    let t = super::upstream_ops::test(&state, &actor, &id).await?;
+    let verdict = if t.ok { "works" } else { "failed" };
+    let msg = format!(
+        "Test of {}: {verdict}. {} ({} ms, model {}).",
+        t.id, t.message, t.elapsed_ms, t.model
+    );
+    table_with(&state, &actor, &msg)
+}
+
+/// The "Add or change a model" form: one route and its prices.
+#[derive(Debug, serde::Deserialize)]
+pub struct ModelForm {
+    name: String,
+    upstream: String,
+    model: String,
+    input_usd_per_mtok: String,
+    output_usd_per_mtok: String,
+}
+
+pub async fn model_html(
+    actor: Actor,
+    state: web::Data<AppState>,
+    Input(f): Input<ModelForm>,
+) -> Result<HttpResponse, AdminError> {
+    let price = |field: &str, v: &str| {
+        v.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|p| p.is_finite() && *p >= 0.0)
+            .ok_or_else(|| {
+                AdminError::invalid(format!("`{field}` must be a price in USD, e.g. 0.15."))
+            })
+    };
+    let table = json!({
+        "routes": [{"upstream": f.upstream, "model": f.model}],
+        "input_usd_per_mtok": price("input_usd_per_mtok", &f.input_usd_per_mtok)?,
+        "output_usd_per_mtok": price("output_usd_per_mtok", &f.output_usd_per_mtok)?,
+    });
+    super::upstream_ops::put_model(&state, &actor, &f.name, table).await?;
+    view::html_with_flash(
+        &ModelsTable {
+            models: model_lines(&state, &actor)?,
+        },
+        &format!("Model {} saved.", f.name),
     )
 }
