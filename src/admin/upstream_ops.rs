@@ -184,23 +184,17 @@ pub async fn add(state: &AppState, actor: &Actor, table: Value) -> Result<(), Ad
     .await
 }
 
-fn managed_row<'a>(rows: &'a [UpstreamRow], id: &str) -> Result<&'a UpstreamRow, AdminError> {
-    rows.iter()
-        .find(|r| r.id == id)
-        .ok_or_else(|| AdminError::NotFound)
-}
-
 /// A managed upstream's id, or why it cannot be changed here.
 async fn managed_one(state: &AppState, id: &str) -> Result<UpstreamRow, AdminError> {
     let rows = managed::upstreams(&state.db).await?;
-    match managed_row(&rows, id) {
-        Ok(r) => Ok(r.clone()),
-        Err(_) if state.live.file().upstreams.iter().any(|u| u.id == id) => Err(
+    match rows.into_iter().find(|r| r.id == id) {
+        Some(r) => Ok(r),
+        None if state.live.file().upstreams.iter().any(|u| u.id == id) => Err(
             AdminError::Conflict(format!(
                 "Upstream `{id}` comes from the config file and is read-only here; change it in the file (SIGHUP reloads it)."
             )),
         ),
-        Err(e) => Err(e),
+        None => Err(AdminError::NotFound),
     }
 }
 
