@@ -51,7 +51,7 @@ pub fn spawn(state: Arc<AppState>, me: Me) {
             crate::store::backup::NO_FILE_BACKUP
         );
     }
-    if state.windows.uses_redis() && !state.pool().is_empty() {
+    if state.windows.uses_redis() {
         tokio::spawn(share_cooldowns(state.clone()));
     }
     let c = state.clone();
@@ -251,23 +251,27 @@ pub async fn sweep_own(
 /// Publishes this replica's key cooldowns to Redis and adopts the other replicas', so a
 /// key that answered 429 rests on every replica, not only the one that saw it.
 async fn share_cooldowns(state: Arc<AppState>) {
-    let ids: Vec<String> = state
-        .catalog()
-        .deployments
-        .iter()
-        .map(|d| d.id.clone())
-        .collect();
-    let mut published = vec![0i64; ids.len()];
+    let mut published: Vec<i64> = Vec::new();
     let mut tick = tokio::time::interval(COOLDOWN_SYNC);
     loop {
         tick.tick().await;
         let Some(redis) = state.windows.redis() else {
             continue;
         };
+        // The catalog of the moment: deployments added since (managed keys, SIGHUP) are
+        // shared too; positions never change, so `published` only grows.
+        let live = state.live.snapshot();
+        let ids: Vec<String> = live
+            .catalog
+            .deployments
+            .iter()
+            .map(|d| d.id.clone())
+            .collect();
+        published.resize(ids.len(), 0);
         let now = state.clock.now().timestamp_millis();
         let mut publish = Vec::new();
         for (d, id) in ids.iter().enumerate() {
-            let until = state.pool().cooling_until_ms(d);
+            let until = live.pool.cooling_until_ms(d);
             if until > now && until > published[d] {
                 publish.push((id.clone(), until, (until - now) as u64));
                 published[d] = until;
@@ -277,7 +281,7 @@ async fn share_cooldowns(state: Arc<AppState>) {
             Ok(values) => {
                 for (d, v) in values.into_iter().enumerate() {
                     if let Some(until) = v.filter(|u| *u > now) {
-                        state.pool().cool_until(d, until);
+                        live.pool.cool_until(d, until);
                         published[d] = published[d].max(until);
                     }
                 }

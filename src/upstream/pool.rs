@@ -97,10 +97,6 @@ impl Pool {
         pool
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.members.is_empty()
-    }
-
     pub fn disabled(&self, d: usize) -> Option<Disabled> {
         match self.members[d].disabled.load(Ordering::Relaxed) {
             1 => Some(Disabled::Quota),
@@ -277,11 +273,6 @@ mod tests {
 
     #[test]
     fn a_key_reporting_nothing_left_rests_until_its_reset() {
-        let pool = Pool::new(&Settings {
-            upstreams: vec![],
-            ..Settings::default()
-        });
-        assert!(pool.is_empty());
         let mut s = Settings::default();
         s.upstreams.push(crate::config::UpstreamSettings {
             id: "a".into(),
