@@ -355,4 +355,84 @@ mod tests {
         assert_eq!(route.cap_field(Endpoint::Chat), "max_completion_tokens");
         assert_eq!(route.cap_field(Endpoint::Completions), "max_tokens");
     }
+
+    fn settings(upstreams: &[&str], model_routes: &[&str]) -> Settings {
+        let mut s = Settings::default();
+        for id in upstreams {
+            s.upstreams.push(UpstreamSettings {
+                id: id.to_string(),
+                provider: Provider::Openai,
+                base_url: "https://api.openai.com/v1".into(),
+                api_key: crate::config::Secret(secrecy::SecretString::from("sk-test-key-123456")),
+                ..Default::default()
+            });
+        }
+        s.models.push(crate::config::ModelSettings {
+            name: "m".into(),
+            aliases: vec![],
+            routes: model_routes
+                .iter()
+                .map(|u| crate::config::RouteSettings {
+                    upstream: u.to_string(),
+                    model: "m".into(),
+                    ..Default::default()
+                })
+                .collect(),
+            fallbacks: vec![],
+            input_usd_per_mtok: 1.0,
+            output_usd_per_mtok: 2.0,
+            cached_input_usd_per_mtok: None,
+            max_output_tokens: 16,
+            max_input_tokens: 1000,
+            cache_similarity_threshold: None,
+            cache_ignore_identifiers: None,
+        });
+        s
+    }
+
+    /// An index means the same deployment in every catalog of the process: a removed one
+    /// is retired in place (its requests in flight still find it), a new one is appended,
+    /// and one that comes back takes its old place.
+    #[test]
+    fn a_rebuild_keeps_every_deployment_at_its_position() {
+        let first = Catalog::from_settings(&settings(&["a", "b"], &["a", "b"]));
+        let second = Catalog::rebuild(
+            &settings(&["c", "b"], &["c", "b"]),
+            &Managed::default(),
+            Some(&first),
+        );
+        let ids: Vec<&str> = second.deployments.iter().map(|d| d.id.as_str()).collect();
+        assert_eq!(ids, ["a", "b", "c"]);
+        assert_eq!(second.retired, [true, false, false]);
+        assert!(!second.usable(0) && second.usable(1) && second.usable(2));
+        assert_eq!(second.position("a"), None);
+        assert_eq!(second.position("c"), Some(2));
+        let routes: Vec<usize> = second
+            .model("m")
+            .unwrap()
+            .routes
+            .iter()
+            .map(|r| r.deployment)
+            .collect();
+        assert_eq!(routes, [2, 1]);
+        let disabled = Managed {
+            ids: ["a".to_string()].into(),
+            disabled: ["a".to_string()].into(),
+        };
+        let third = Catalog::rebuild(&settings(&["a", "b"], &["a"]), &disabled, Some(&second));
+        assert_eq!(third.position("a"), Some(0));
+        assert_eq!(third.retired, [false, false, true]);
+        assert!(third.deployments[0].managed);
+        assert!(!third.usable(0), "disabled by an admin");
+        // The pool carries its entries by position: state set before is there after.
+        let pool = crate::upstream::pool::Pool::new(&settings(&["a", "b"], &["a", "b"]));
+        pool.cool_until(1, i64::MAX);
+        let carried = crate::upstream::pool::Pool::carried(
+            Some(&pool),
+            &second,
+            &settings(&["c", "b"], &["c"]),
+        );
+        assert_eq!(carried.cooling_until_ms(1), i64::MAX);
+        assert_eq!(carried.cooling_until_ms(2), 0);
+    }
 }

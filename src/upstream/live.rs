@@ -94,9 +94,14 @@ pub fn effective(
         s.upstreams.push(u);
     }
     for row in models {
-        let mut m: ModelSettings = serde_json::from_str(&row.settings)
-            .map_err(|e| LiveError::Stored(format!("model `{}`", row.name), e.to_string()))?;
-        m.name = row.name.clone();
+        let stored = |e: serde_json::Error| {
+            LiveError::Stored(format!("model `{}`", row.name), e.to_string())
+        };
+        let mut table: serde_json::Value = serde_json::from_str(&row.settings).map_err(stored)?;
+        if let Some(o) = table.as_object_mut() {
+            o.insert("name".into(), row.name.clone().into());
+        }
+        let m: ModelSettings = serde_json::from_value(table).map_err(stored)?;
         match s.models.iter_mut().find(|f| f.name == m.name) {
             Some(f) => *f = m,
             None => s.models.push(m),
@@ -242,4 +247,92 @@ pub fn restart_needed(old: &Settings, new: &Settings) -> Vec<String> {
     keys.sort();
     keys.dedup();
     keys
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::secrets::MasterKey;
+
+    fn file() -> Settings {
+        let mut s: Settings = toml::from_str(
+            r#"
+[[upstreams]]
+id = "a"
+provider = "openai"
+base_url = "https://api.openai.com/v1"
+api_key = "sk-config-key-0001"
+[[models]]
+name = "m"
+routes = [{ upstream = "a", model = "m" }]
+input_usd_per_mtok = 1.0
+"#,
+        )
+        .unwrap();
+        s.server.listen = "127.0.0.1:0".into();
+        s
+    }
+
+    fn row(sealer: &Sealer, id: &str, key: &str) -> UpstreamRow {
+        UpstreamRow {
+            id: id.into(),
+            settings: r#"{"provider":"openai","base_url":"https://api.openai.com/v1"}"#.into(),
+            key_sealed: sealer.seal(&key_purpose(id), key.as_bytes()),
+            key_last4: last4(key),
+            enabled: true,
+        }
+    }
+
+    #[test]
+    fn managed_rows_merge_into_the_file_and_a_managed_model_overrides_the_files() {
+        let sealer = Sealer::new(&MasterKey::from_hex(&"ab".repeat(32)).unwrap());
+        let model = ModelRow {
+            name: "m".into(),
+            settings: r#"{"routes":[{"upstream":"k","model":"m"}],"input_usd_per_mtok":3.0}"#
+                .into(),
+        };
+        let (s, which) = effective(
+            &file(),
+            &[row(&sealer, "k", "sk-managed-0001")],
+            &[model],
+            &sealer,
+        )
+        .unwrap();
+        assert_eq!(s.upstreams.len(), 2);
+        assert_eq!(s.upstreams[1].api_key.expose(), "sk-managed-0001");
+        assert!(which.ids.contains("k") && !which.ids.contains("a"));
+        assert_eq!(s.models.len(), 1);
+        assert_eq!(s.models[0].input_usd_per_mtok, 3.0);
+        // An id of the file: refused, named.
+        let err = effective(
+            &file(),
+            &[row(&sealer, "a", "sk-managed-0001")],
+            &[],
+            &sealer,
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("upstream `a` is in the config file"),
+            "{err}"
+        );
+        // A sealed key moved to another row does not open there.
+        let mut moved = row(&sealer, "k", "sk-managed-0001");
+        moved.id = "j".into();
+        let err = effective(&file(), &[moved], &[], &sealer).unwrap_err();
+        assert!(
+            matches!(err, LiveError::Sealed(ref id) if id == "j"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_reload_names_the_sections_that_wait_for_a_restart() {
+        let old = file();
+        let mut new = file();
+        new.models[0].input_usd_per_mtok = 9.0;
+        assert!(restart_needed(&old, &new).is_empty());
+        new.server.listen = "127.0.0.1:1".into();
+        assert_eq!(restart_needed(&old, &new), ["server"]);
+    }
 }
