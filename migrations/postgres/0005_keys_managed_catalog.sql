@@ -1,5 +1,5 @@
 -- Upstream keys, deployments and models managed in the admin UI and API (see the SQLite
--- migration 0015_keys_managed_catalog.sql for what each column holds).
+-- migration 0016_keys_managed_catalog.sql for what each column holds).
 CREATE TABLE managed_upstreams (
     id          TEXT COLLATE "C" PRIMARY KEY,
     settings    TEXT NOT NULL,

@@ -293,3 +293,29 @@ async fn sighup_applies_a_new_model_without_dropping_a_stream_and_a_bad_file_cha
     }
     assert_eq!(ask_at(&g.url, &token, "hup-model").await.0, 200);
 }
+
+/// `sluice migrate-store` copies the managed keys and models: the sealed bytes open on
+/// PostgreSQL under the same master key, and the catalog built there serves them.
+#[tokio::test]
+async fn pg_managed_keys_and_models_survive_migrate_store() {
+    let app = crate::pg_gateway_app::spawn_app_on(Engine::Sqlite, |_, _| {}).await;
+    let s = admin(&app).await;
+    add_managed(&app, &s, KEY_1).await;
+    let key =
+        sluice::secrets::MasterKey::load_or_create(&app.dir.path().join("sluice.db.key")).unwrap();
+    let pg = sluice::store::Db::open_postgres(&crate::pg_server::database(), &key)
+        .await
+        .unwrap();
+    sluice::store::migrate::sqlite_to_postgres(app.db(), &pg)
+        .await
+        .unwrap();
+    let live = sluice::upstream::live::Live::start(&pg, std::sync::Arc::new(app.settings.clone()))
+        .await
+        .unwrap();
+    let catalog = live.catalog();
+    let d = catalog
+        .position("m1")
+        .expect("the managed upstream was copied");
+    assert_eq!(catalog.deployments[d].api_key.expose(), KEY_1);
+    assert_eq!(catalog.model("managed").unwrap().prices.input, 1_000_000);
+}
