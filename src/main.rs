@@ -310,7 +310,7 @@ async fn main() -> anyhow::Result<()> {
             tracing::warn!(?ladder, "benchmark ladder: stages after this one are OFF (no auth below `auth`); never run this in production");
         }
         settings.ladder = ladder;
-        return serve(settings).await;
+        return serve(settings, cli.config.clone()).await;
     }
     settings.validate()?;
     if let Command::Restore { file } = &cli.command {
@@ -579,22 +579,35 @@ async fn token_command(
     Ok(())
 }
 
-async fn serve(settings: Settings) -> anyhow::Result<()> {
+async fn serve(settings: Settings, config: Option<std::path::PathBuf>) -> anyhow::Result<()> {
     sluice::ops::fd_limit::raise();
     let app = Application::build(settings).await?;
     tracing::info!(port = app.port(), "sluice listening");
-    run_until_signalled(app).await
+    let reload = reloader(&app, config);
+    run_until_signalled(app, Some(reload)).await
+}
+
+/// SIGHUP's action: the config file `config` read again (`ops::reload`).
+fn reloader(app: &Application, config: Option<std::path::PathBuf>) -> Reload {
+    let state = app.state();
+    Box::new(move || {
+        let state = state.clone();
+        let config = config.clone();
+        tokio::spawn(async move {
+            sluice::ops::reload::reload_config(&state, config.as_deref()).await;
+        });
+    })
 }
 
 /// Serves until a signal: SIGTERM stops gracefully (requests and streams get
 /// `server.shutdown_timeout_seconds`, then the ones still running are ended and settled);
 /// SIGINT and SIGQUIT end them at once (settled all the same), also when they come during
 /// the grace a SIGTERM gave (an operator's Ctrl-C, a supervisor escalating), and so does a
-/// second SIGTERM. See `startup::Shutdown`.
-async fn run_until_signalled(app: Application) -> anyhow::Result<()> {
+/// second SIGTERM. See `startup::Shutdown`. SIGHUP runs `reload`.
+async fn run_until_signalled(app: Application, reload: Option<Reload>) -> anyhow::Result<()> {
     let shutdown = app.shutdown();
     tokio::spawn(async move {
-        let mut signals = StopSignals::new();
+        let mut signals = StopSignals::new(reload);
         let grace = match signals.next().await {
             Stop::Graceful => shutdown.timeout(),
             Stop::Now => std::time::Duration::ZERO,
@@ -627,16 +640,20 @@ enum Stop {
 
 /// The stop signals, listened for from the start to the end of the process (once one is
 /// handled here the default action — ending the process — is gone for good, so every
-/// later one must be heard too). SIGHUP is heard too, and does not stop anything: its
-/// default action would end the process at once, nothing settled, on a `systemctl
-/// reload`; reloading the configuration on it is not built yet, and the log says so.
+/// later one must be heard too). SIGHUP is heard too, and does not stop anything: it
+/// reloads the config file (`reload`; without one, as in the demo, the log says it is not
+/// reloaded).
 struct StopSignals {
     #[cfg(unix)]
     unix: Option<[tokio::signal::unix::Signal; 4]>,
+    reload: Option<Reload>,
 }
 
+/// What SIGHUP runs.
+type Reload = Box<dyn Fn() + Send>;
+
 impl StopSignals {
-    fn new() -> Self {
+    fn new(reload: Option<Reload>) -> Self {
         #[cfg(unix)]
         {
             use tokio::signal::unix::{signal, SignalKind};
@@ -651,15 +668,16 @@ impl StopSignals {
             match listen() {
                 Ok(signals) => Self {
                     unix: Some(signals),
+                    reload,
                 },
                 Err(e) => {
                     tracing::error!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops the gateway");
-                    Self { unix: None }
+                    Self { unix: None, reload }
                 }
             }
         }
         #[cfg(not(unix))]
-        Self {}
+        Self { reload }
     }
 
     /// Waits for the next stop signal.
@@ -672,7 +690,10 @@ impl StopSignals {
                     _ = int.recv() => Stop::Now,
                     _ = quit.recv() => Stop::Now,
                     _ = hup.recv() => {
-                        tracing::warn!("SIGHUP: reloading the configuration is not supported yet; still serving on the configuration read at start");
+                        match &self.reload {
+                            Some(reload) => reload(),
+                            None => tracing::warn!("SIGHUP: this gateway has no config file to reload; still serving the configuration read at start"),
+                        }
                         continue;
                     }
                 };
@@ -753,5 +774,5 @@ async fn serve_demo(mut settings: Settings) -> anyhow::Result<()> {
         token.text
     );
     println!("         -H 'content-type: application/json' -d '{{\"model\":\"gpt-4o-mini\",\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'");
-    run_until_signalled(app).await
+    run_until_signalled(app, None).await
 }

@@ -17,6 +17,8 @@ use rand::RngCore;
 use secrecy::{ExposeSecret, SecretBox};
 use sha2::Sha256;
 
+pub mod seal;
+
 /// The environment variable that carries the master key (it wins over the key file).
 pub const ENV: &str = "SLUICE_SECRET_KEY";
 const LEN: usize = 32;
@@ -41,6 +43,8 @@ pub enum SecretError {
     SharedKeyRequired,
     #[error("the master key this gateway holds did not sign the audit chain of this PostgreSQL database: every host must hold the key the others hold (`{ENV}` or `[database] key_file`); a host with another key would append rows no other host can verify. If every host's key is right, the log was rewritten: look into it with the right key's `sluice audit verify`")]
     SharedKeyMismatch,
+    #[error("the master key does not open the stored upstream keys: {0}. Start with the key the database was sealed under ({ENV} or the key file); after `sluice secrets rotate`, with the new one")]
+    SealedUnderAnotherKey(String),
     #[error("the key file {0} named by `[database] key_file` does not exist: create it once (`openssl rand -hex 32 > FILE; chmod 600 FILE`) and give every gateway host the same file")]
     SharedKeyMissing(PathBuf),
 }

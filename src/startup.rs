@@ -26,9 +26,8 @@ use crate::state::AppState;
 use crate::store::ledger::{self, Orphans};
 use crate::store::writer::Writer;
 use crate::store::{processes, Db, StoreError};
-use crate::upstream::catalog::Catalog;
 use crate::upstream::client::UpstreamClient;
-use crate::upstream::pool::Pool;
+use crate::upstream::live::Live;
 use crate::{admin, api, pipeline};
 
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +44,8 @@ pub enum StartupError {
     Client(#[from] reqwest::Error),
     #[error("cannot set up single sign-on: {0}")]
     Sso(String),
+    #[error(transparent)]
+    Catalog(#[from] crate::upstream::live::LiveError),
 }
 
 pub struct Application {
@@ -119,8 +120,7 @@ impl Application {
         processes::heartbeat(&db, &me, clock.now()).await?;
         let liveness = processes::hold_liveness(&db, &me).await?;
 
-        let catalog = Catalog::from_settings(&settings);
-        let pool = Arc::new(Pool::new(&settings));
+        let live = Arc::new(Live::start(&db, Arc::new(settings.clone())).await?);
         // One group-commit writer for the money path and the request log.
         let writer = Writer::start(&db);
         let request_log = if settings.ladder.has(Ladder::Log) {
@@ -138,8 +138,7 @@ impl Application {
             passwords: Passwords::default(),
             quota: Quota::with_writer(writer.clone(), clock.clone(), process_id),
             upstream: Arc::new(UpstreamClient::new(&settings.upstream)?),
-            catalog: Arc::new(catalog),
-            pool,
+            live,
             request_log,
             windows: windows(&settings).await?,
             queue: Queue::new(&settings.queue),

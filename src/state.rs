@@ -15,6 +15,7 @@ use crate::ratelimit::Windows;
 use crate::store::Db;
 use crate::upstream::catalog::Catalog;
 use crate::upstream::client::UpstreamClient;
+use crate::upstream::live::Live;
 use crate::upstream::pool::Pool;
 
 pub struct AppState {
@@ -25,8 +26,8 @@ pub struct AppState {
     /// Every argon2 hash and verification of the admin surface, at most `PERMITS` at once.
     pub passwords: Passwords,
     pub quota: Arc<Quota>,
-    pub catalog: Arc<Catalog>,
-    pub pool: Arc<Pool>,
+    /// The catalog and key pool in use, swapped whole when they change (`upstream::live`).
+    pub live: Arc<Live>,
     pub upstream: Arc<UpstreamClient>,
     pub request_log: RequestLog,
     pub windows: Arc<Windows>,
@@ -35,4 +36,17 @@ pub struct AppState {
     pub alerts: Arc<Alerter>,
     /// Single sign-on for the admin UI, when `[oidc]` is configured.
     pub sso: Option<Arc<crate::auth::oidc::Sso>>,
+}
+
+impl AppState {
+    /// The catalog of the moment; a request keeps the one it started with.
+    pub fn catalog(&self) -> Arc<Catalog> {
+        self.live.catalog()
+    }
+
+    /// The key pool of the moment. Its entries are shared with every later pool, and it
+    /// has an entry for every deployment of any earlier catalog.
+    pub fn pool(&self) -> Arc<Pool> {
+        self.live.pool()
+    }
 }

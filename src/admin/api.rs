@@ -4,7 +4,7 @@
 //! sk-sl-admin-…`). Token texts appear only in the answers to issue and rotate.
 
 use actix_web::{web, HttpResponse};
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::actor::Actor;
 use super::error::AdminError;
@@ -12,7 +12,7 @@ use super::input::Input;
 use super::reports::{self, ReportQuery};
 use super::requests::{self, RequestQuery};
 use super::token_ops::{self, Edit, Issue, Issued, Rotate, TopUp};
-use super::{account, audit, cache, dashboard, teams, upstreams, user_ops as users};
+use super::{account, audit, cache, dashboard, teams, upstream_ops, upstreams, user_ops as users};
 use crate::state::AppState;
 
 type Res = Result<HttpResponse, AdminError>;
@@ -39,7 +39,14 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .route("/requests", web::get().to(requests_list))
             .route("/audit", web::get().to(audit_list))
             .route("/upstreams", web::get().to(upstreams_list))
+            .route("/upstreams", web::post().to(upstreams_add))
+            .route("/upstreams/{id}", web::delete().to(upstreams_delete))
+            .route("/upstreams/{id}/rotate", web::post().to(upstreams_rotate))
+            .route("/upstreams/{id}/test", web::post().to(upstreams_test))
             .route("/upstreams/{id}/{action}", web::post().to(upstreams_toggle))
+            .route("/models", web::get().to(models_list))
+            .route("/models/{name}", web::put().to(models_put))
+            .route("/models/{name}", web::delete().to(models_delete))
             .route("/keys", web::post().to(keys_create))
             .route("/cache/invalidate", web::post().to(cache_invalidate)),
     );
@@ -249,6 +256,61 @@ async fn upstreams_toggle(
     ok(json!(
         upstreams::set_enabled(&state, &actor, &id, enable).await?
     ))
+}
+
+async fn upstreams_add(actor: Actor, state: web::Data<AppState>, Input(t): Input<Value>) -> Res {
+    let id = t
+        .get("id")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    upstream_ops::add(&state, &actor, t).await?;
+    created(json!(upstreams::view(&state, &actor, &id)?))
+}
+
+#[derive(serde::Deserialize)]
+struct NewKey {
+    api_key: String,
+}
+
+async fn upstreams_rotate(
+    actor: Actor,
+    state: web::Data<AppState>,
+    id: web::Path<String>,
+    Input(k): Input<NewKey>,
+) -> Res {
+    upstream_ops::rotate(&state, &actor, &id, &k.api_key).await?;
+    ok(json!(upstreams::view(&state, &actor, &id)?))
+}
+
+async fn upstreams_test(actor: Actor, state: web::Data<AppState>, id: web::Path<String>) -> Res {
+    ok(json!(upstream_ops::test(&state, &actor, &id).await?))
+}
+
+async fn upstreams_delete(actor: Actor, state: web::Data<AppState>, id: web::Path<String>) -> Res {
+    upstream_ops::delete(&state, &actor, &id).await?;
+    ok(json!({"id": id.into_inner(), "deleted": true}))
+}
+
+async fn models_list(actor: Actor, state: web::Data<AppState>) -> Res {
+    ok(json!({"models": upstream_ops::models(&state, &actor)?}))
+}
+
+async fn models_put(
+    actor: Actor,
+    state: web::Data<AppState>,
+    name: web::Path<String>,
+    Input(t): Input<Value>,
+) -> Res {
+    upstream_ops::put_model(&state, &actor, &name, t).await?;
+    let models = upstream_ops::models(&state, &actor)?;
+    let m = models.into_iter().find(|m| m["name"] == name.as_str());
+    ok(m.ok_or(AdminError::NotFound)?)
+}
+
+async fn models_delete(actor: Actor, state: web::Data<AppState>, name: web::Path<String>) -> Res {
+    upstream_ops::delete_model(&state, &actor, &name).await?;
+    ok(json!({"name": name.into_inner(), "deleted": true}))
 }
 
 async fn cache_invalidate(

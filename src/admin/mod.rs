@@ -22,6 +22,7 @@ pub mod requests;
 pub mod teams;
 pub mod token_ops;
 pub mod tokens;
+pub mod upstream_ops;
 pub mod upstreams;
 pub mod user_ops;
 pub mod users;
@@ -55,6 +56,17 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 .route("/audit", web::get().to(audit::page))
                 .route("/audit/verify", web::get().to(audit::verify))
                 .route("/upstreams", web::get().to(upstreams::page))
+                .route("/upstreams", web::post().to(upstreams::add_html))
+                .route("/models", web::post().to(upstreams::model_html))
+                .route(
+                    "/upstreams/{id}/rotate",
+                    web::post().to(upstreams::rotate_html),
+                )
+                .route("/upstreams/{id}/test", web::post().to(upstreams::test_html))
+                .route(
+                    "/upstreams/{id}/delete",
+                    web::post().to(upstreams::delete_html),
+                )
                 .route(
                     "/upstreams/{id}/{action}",
                     web::post().to(upstreams::toggle),

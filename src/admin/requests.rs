@@ -160,7 +160,7 @@ pub async fn page(
         c: Chrome::new(&actor, "requests"),
         teams: directory::teams(&state.db, actor.scope()).await?,
         members: directory::members(&state.db, actor.scope()).await?,
-        models: state.catalog.names.clone(),
+        models: state.catalog().names.clone(),
         q,
         f,
         prev,

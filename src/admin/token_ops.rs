@@ -119,7 +119,7 @@ fn check_limits(state: &AppState, actor: &Actor, l: &Limits) -> Result<(), Admin
         ));
     }
     for m in l.models.iter().flatten().chain(l.downgrade_model.iter()) {
-        if state.catalog.model(m).is_none() {
+        if state.catalog().model(m).is_none() {
             return Err(AdminError::invalid(format!(
                 "model `{m}` is not configured"
             )));

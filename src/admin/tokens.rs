@@ -64,7 +64,7 @@ async fn table(state: &AppState, actor: &Actor, oob: bool) -> Result<TokensTable
     Ok(TokensTable {
         c: Chrome::new(actor, "tokens"),
         tokens: token_ops::list(state, actor, None).await?,
-        models: state.catalog.names.clone(),
+        models: state.catalog().names.clone(),
         now: crate::clock::db_time(state.clock.now()),
         oob,
     })
@@ -80,7 +80,7 @@ pub async fn page(
         c: Chrome::new(&actor, "tokens"),
         tokens: token_ops::list(&state, &actor, q.user).await?,
         members: members.into_iter().filter(|m| !m.disabled).collect(),
-        models: state.catalog.names.clone(),
+        models: state.catalog().names.clone(),
         now: crate::clock::db_time(state.clock.now()),
         filter_user: q.user,
         oob: false,

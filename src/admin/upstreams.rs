@@ -1,7 +1,8 @@
 //! Upstream keys and their live state on this replica: enabled, disabled (and why), cooling
 //! down until when, requests in flight. Keys are shown masked (last 4 characters) and never
-//! returned whole. Admins may disable and re-enable a key; the state is this process's
-//! (each replica keeps its own pool state, as the request path does).
+//! returned whole. Admins may disable and re-enable a key: a key added in the admin
+//! (`upstream_ops`) for every replica, a key of the config file on this replica only (each
+//! replica keeps its own pool state, as the request path does).
 
 use actix_web::{web, HttpResponse};
 use askama::Template;
@@ -11,6 +12,7 @@ use serde_json::json;
 
 use super::actor::Actor;
 use super::error::AdminError;
+use super::input::Input;
 use super::view::{self, Chrome};
 use crate::state::AppState;
 use crate::upstream::pool::Disabled;
@@ -18,6 +20,8 @@ use crate::upstream::pool::Disabled;
 #[derive(Debug, Serialize)]
 pub struct UpstreamView {
     pub id: String,
+    /// `config` (read-only here) or `admin` (added in the UI or API).
+    pub source: &'static str,
     pub provider: String,
     pub base_url: String,
     pub key: String,
@@ -32,16 +36,23 @@ pub struct UpstreamView {
 pub fn list(state: &AppState, actor: &Actor) -> Result<Vec<UpstreamView>, AdminError> {
     actor.require_admin()?;
     let now_ms = state.clock.now().timestamp_millis();
-    Ok(state
-        .catalog
+    let live = state.live.snapshot();
+    let (catalog, pool) = (&live.catalog, &live.pool);
+    Ok(catalog
         .deployments
         .iter()
         .enumerate()
+        .filter(|(i, _)| !catalog.retired[*i])
         .map(|(i, d)| {
-            let reason = state.pool.disabled(i);
-            let until = state.pool.cooling_until_ms(i);
+            let reason = if d.usable {
+                pool.disabled(i)
+            } else {
+                Some(Disabled::Admin)
+            };
+            let until = pool.cooling_until_ms(i);
             UpstreamView {
                 id: d.id.clone(),
+                source: if d.managed { "admin" } else { "config" },
                 provider: d.provider.as_str().to_string(),
                 base_url: d.base_url.clone(),
                 key: d.api_key.masked(),
@@ -54,8 +65,8 @@ pub fn list(state: &AppState, actor: &Actor) -> Result<Vec<UpstreamView>, AdminE
                             .map(crate::clock::db_time)
                     })
                     .flatten(),
-                in_flight: state.pool.in_flight(i),
-                breaker: state.pool.breakers[i].state().as_str(),
+                in_flight: pool.in_flight(i),
+                breaker: pool.breakers[i].state().as_str(),
             }
         })
         .collect())
@@ -69,21 +80,21 @@ pub async fn set_enabled(
     enable: bool,
 ) -> Result<UpstreamView, AdminError> {
     actor.require_admin()?;
-    let d = state
-        .catalog
-        .deployments
-        .iter()
-        .position(|d| d.id == id)
-        .ok_or(AdminError::NotFound)?;
+    let catalog = state.catalog();
+    let d = catalog.position(id).ok_or(AdminError::NotFound)?;
+    if catalog.deployments[d].managed {
+        super::upstream_ops::set_enabled(state, actor, id, enable).await?;
+        return view(state, actor, id);
+    }
     let before = state
-        .pool
+        .pool()
         .disabled(d)
         .map(|r| r.as_str())
         .unwrap_or("enabled");
     if enable {
-        state.pool.enable(d);
+        state.pool().enable(d);
     } else {
-        state.pool.disable(d, Disabled::Admin);
+        state.pool().disable(d, Disabled::Admin);
     }
     let after = if enable {
         "enabled"
@@ -112,6 +123,11 @@ pub async fn set_enabled(
         )
         .await?;
     tx.commit().await?;
+    view(state, actor, id)
+}
+
+/// One upstream as `list` shows it.
+pub fn view(state: &AppState, actor: &Actor, id: &str) -> Result<UpstreamView, AdminError> {
     list(state, actor)?
         .into_iter()
         .find(|u| u.id == id)
@@ -123,6 +139,53 @@ pub async fn set_enabled(
 struct UpstreamsPage {
     c: Chrome,
     ups: Vec<UpstreamView>,
+    models: Vec<ModelLine>,
+}
+
+#[derive(Template)]
+#[template(path = "admin/_models_table.html")]
+struct ModelsTable {
+    models: Vec<ModelLine>,
+}
+
+/// A model as the page lists it.
+struct ModelLine {
+    name: String,
+    routes: String,
+    input: String,
+    output: String,
+}
+
+fn model_lines(state: &AppState, actor: &Actor) -> Result<Vec<ModelLine>, AdminError> {
+    let usd = |v: &serde_json::Value| {
+        format!(
+            "${}",
+            crate::quota::pricing::usd(v.as_i64().unwrap_or_default())
+        )
+    };
+    Ok(super::upstream_ops::models(state, actor)?
+        .iter()
+        .map(|m| ModelLine {
+            name: m["name"].as_str().unwrap_or_default().to_string(),
+            routes: m["routes"]
+                .as_array()
+                .map(|r| {
+                    r.iter()
+                        .map(|r| {
+                            format!(
+                                "{} → {}",
+                                r["upstream"].as_str().unwrap_or_default(),
+                                r["model"].as_str().unwrap_or_default()
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                })
+                .unwrap_or_default(),
+            input: usd(&m["input_micros_per_mtok"]),
+            output: usd(&m["output_micros_per_mtok"]),
+        })
+        .collect())
 }
 
 #[derive(Template)]
@@ -136,6 +199,7 @@ pub async fn page(actor: Actor, state: web::Data<AppState>) -> Result<HttpRespon
     view::html(&UpstreamsPage {
         c: Chrome::new(&actor, "upstreams"),
         ups,
+        models: model_lines(&state, &actor)?,
     })
 }
 
@@ -161,5 +225,114 @@ pub async fn toggle(
             ups: list(&state, &actor)?,
         },
         &msg,
+    )
+}
+
+fn table_with(state: &AppState, actor: &Actor, msg: &str) -> Result<HttpResponse, AdminError> {
+    view::html_with_flash(
+        &UpstreamsTable {
+            ups: list(state, actor)?,
+        },
+        msg,
+    )
+}
+
+/// The "Add a key" form.
+#[derive(Debug, serde::Deserialize)]
+pub struct KeyForm {
+    id: String,
+    provider: String,
+    base_url: String,
+    api_key: String,
+    #[serde(default)]
+    allow_private_network: Option<String>,
+}
+
+pub async fn add_html(
+    actor: Actor,
+    state: web::Data<AppState>,
+    Input(f): Input<KeyForm>,
+) -> Result<HttpResponse, AdminError> {
+    let table = json!({
+        "id": f.id, "provider": f.provider, "base_url": f.base_url, "api_key": f.api_key,
+        "allow_private_network": f.allow_private_network.is_some(),
+    });
+    super::upstream_ops::add(&state, &actor, table).await?;
+    table_with(&state, &actor, &format!("Upstream {} added.", f.id))
+}
+
+#[derive(Debug, serde::Deserialize)]
+pub struct RotateForm {
+    api_key: String,
+}
+
+pub async fn rotate_html(
+    actor: Actor,
+    state: web::Data<AppState>,
+    id: web::Path<String>,
+    Input(f): Input<RotateForm>,
+) -> Result<HttpResponse, AdminError> {
+    super::upstream_ops::rotate(&state, &actor, &id, &f.api_key).await?;
+    table_with(&state, &actor, &format!("Key of upstream {id} rotated."))
+}
+
+pub async fn delete_html(
+    actor: Actor,
+    state: web::Data<AppState>,
+    id: web::Path<String>,
+) -> Result<HttpResponse, AdminError> {
+    super::upstream_ops::delete(&state, &actor, &id).await?;
+    table_with(&state, &actor, &format!("Upstream {id} deleted."))
+}
+
+pub async fn test_html(
+    actor: Actor,
+    state: web::Data<AppState>,
+    id: web::Path<String>,
+) -> Result<HttpResponse, AdminError> {
+    let t = super::upstream_ops::test(&state, &actor, &id).await?;
+    let verdict = if t.ok { "works" } else { "failed" };
+    let msg = format!(
+        "Test of {}: {verdict}. {} ({} ms, model {}).",
+        t.id, t.message, t.elapsed_ms, t.model
+    );
+    table_with(&state, &actor, &msg)
+}
+
+/// The "Add or change a model" form: one route and its prices.
+#[derive(Debug, serde::Deserialize)]
+pub struct ModelForm {
+    name: String,
+    upstream: String,
+    model: String,
+    input_usd_per_mtok: String,
+    output_usd_per_mtok: String,
+}
+
+pub async fn model_html(
+    actor: Actor,
+    state: web::Data<AppState>,
+    Input(f): Input<ModelForm>,
+) -> Result<HttpResponse, AdminError> {
+    let price = |field: &str, v: &str| {
+        v.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|p| p.is_finite() && *p >= 0.0)
+            .ok_or_else(|| {
+                AdminError::invalid(format!("`{field}` must be a price in USD, e.g. 0.15."))
+            })
+    };
+    let table = json!({
+        "routes": [{"upstream": f.upstream, "model": f.model}],
+        "input_usd_per_mtok": price("input_usd_per_mtok", &f.input_usd_per_mtok)?,
+        "output_usd_per_mtok": price("output_usd_per_mtok", &f.output_usd_per_mtok)?,
+    });
+    super::upstream_ops::put_model(&state, &actor, &f.name, table).await?;
+    view::html_with_flash(
+        &ModelsTable {
+            models: model_lines(&state, &actor)?,
+        },
+        &format!("Model {} saved.", f.name),
     )
 }

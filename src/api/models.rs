@@ -18,7 +18,8 @@ pub async fn list(state: web::Data<AppState>, req: HttpRequest) -> HttpResponse 
         Ok(a) => a,
         Err(resp) => return resp,
     };
-    let names = state.catalog.names.iter().filter(|n| auth.allows(n, n));
+    let catalog = state.catalog();
+    let names = catalog.names.iter().filter(|n| auth.allows(n, n));
     let body = if anthropic {
         let data: Vec<_> = names
             .map(|n| json!({"type": "model", "id": n, "display_name": n, "created_at": "2024-01-01T00:00:00Z"}))
@@ -49,11 +50,8 @@ pub async fn one(
         Ok(a) => a,
         Err(resp) => return resp,
     };
-    let Some(model) = state
-        .catalog
-        .model(&id)
-        .filter(|m| auth.allows(&id, &m.name))
-    else {
+    let catalog = state.catalog();
+    let Some(model) = catalog.model(&id).filter(|m| auth.allows(&id, &m.name)) else {
         return ApiError::ModelNotFound(id.into_inner()).render(format);
     };
     if anthropic {

@@ -244,10 +244,12 @@ impl Authenticator {
 
     /// Follows changes other hosts commit as they are heard (`Db::hear_changes`): a token
     /// change drops this cache at once instead of at the next poll; `on_cache` runs for a
-    /// cache invalidation. The poll (`refresh`) goes on regardless, as the fallback.
+    /// cache invalidation, `on_catalog` for a change to the managed keys and models. The
+    /// poll (`refresh`) goes on regardless, as the fallback.
     pub fn hear_changes(
         self: &Arc<Self>,
         on_cache: impl Fn() + Send + Sync + 'static,
+        on_catalog: impl Fn() + Send + Sync + 'static,
     ) -> Option<tokio::task::JoinHandle<()>> {
         let me = Arc::downgrade(self);
         self.db.hear_changes(move |change| {
@@ -257,6 +259,9 @@ impl Authenticator {
             }
             if matches!(change, Change::Cache | Change::Unknown) {
                 on_cache();
+            }
+            if matches!(change, Change::Catalog | Change::Unknown) {
+                on_catalog();
             }
         })
     }

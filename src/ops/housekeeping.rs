@@ -29,6 +29,18 @@ const BACKUP_POLL: Duration = Duration::from_secs(60);
 /// How often replicas exchange key cooldowns through Redis.
 const COOLDOWN_SYNC: Duration = Duration::from_millis(250);
 
+/// Rebuilds the catalog if the managed keys or models changed (`upstream::live`); a
+/// rebuild that fails keeps the catalog in use, and says why.
+async fn follow_catalog(state: &AppState) {
+    match state.live.refresh(&state.db).await {
+        Ok(true) => tracing::info!("upstream catalog rebuilt: the managed keys or models changed"),
+        Ok(false) => {}
+        Err(e) => {
+            tracing::error!(error = %e, "the managed keys or models changed but the catalog could not be rebuilt; still serving the one in use")
+        }
+    }
+}
+
 pub fn spawn(state: Arc<AppState>, me: Me) {
     tokio::spawn(sweep_stored_responses(state.clone()));
     if state.settings.backup.interval_hours > 0 && state.db.backs_up_to_file() {
@@ -39,17 +51,32 @@ pub fn spawn(state: Arc<AppState>, me: Me) {
             crate::store::backup::NO_FILE_BACKUP
         );
     }
-    if state.windows.uses_redis() && !state.pool.is_empty() {
+    if state.windows.uses_redis() {
         tokio::spawn(share_cooldowns(state.clone()));
     }
     let c = state.clone();
-    state.auth.hear_changes(move || {
-        let c = c.clone();
-        tokio::spawn(async move {
-            if let Err(e) = c.cache.refresh(c.clock.now()).await {
-                tracing::warn!(error = %e, "cache refresh failed");
-            }
-        });
+    let k = state.clone();
+    state.auth.hear_changes(
+        move || {
+            let c = c.clone();
+            tokio::spawn(async move {
+                if let Err(e) = c.cache.refresh(c.clock.now()).await {
+                    tracing::warn!(error = %e, "cache refresh failed");
+                }
+            });
+        },
+        move || {
+            let k = k.clone();
+            tokio::spawn(async move { follow_catalog(&k).await });
+        },
+    );
+    let k = state.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(AUTH_POLL);
+        loop {
+            tick.tick().await;
+            follow_catalog(&k).await;
+        }
     });
     let s = state.clone();
     tokio::spawn(async move {
@@ -224,23 +251,27 @@ pub async fn sweep_own(
 /// Publishes this replica's key cooldowns to Redis and adopts the other replicas', so a
 /// key that answered 429 rests on every replica, not only the one that saw it.
 async fn share_cooldowns(state: Arc<AppState>) {
-    let ids: Vec<String> = state
-        .catalog
-        .deployments
-        .iter()
-        .map(|d| d.id.clone())
-        .collect();
-    let mut published = vec![0i64; ids.len()];
+    let mut published: Vec<i64> = Vec::new();
     let mut tick = tokio::time::interval(COOLDOWN_SYNC);
     loop {
         tick.tick().await;
         let Some(redis) = state.windows.redis() else {
             continue;
         };
+        // The catalog of the moment: deployments added since (managed keys, SIGHUP) are
+        // shared too; positions never change, so `published` only grows.
+        let live = state.live.snapshot();
+        let ids: Vec<String> = live
+            .catalog
+            .deployments
+            .iter()
+            .map(|d| d.id.clone())
+            .collect();
+        published.resize(ids.len(), 0);
         let now = state.clock.now().timestamp_millis();
         let mut publish = Vec::new();
         for (d, id) in ids.iter().enumerate() {
-            let until = state.pool.cooling_until_ms(d);
+            let until = live.pool.cooling_until_ms(d);
             if until > now && until > published[d] {
                 publish.push((id.clone(), until, (until - now) as u64));
                 published[d] = until;
@@ -250,7 +281,7 @@ async fn share_cooldowns(state: Arc<AppState>) {
             Ok(values) => {
                 for (d, v) in values.into_iter().enumerate() {
                     if let Some(until) = v.filter(|u| *u > now) {
-                        state.pool.cool_until(d, until);
+                        live.pool.cool_until(d, until);
                         published[d] = published[d].max(until);
                     }
                 }

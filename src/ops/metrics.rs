@@ -161,20 +161,25 @@ pub fn alert(kind: &'static str) {
 /// Gauges computed at scrape time, then the rendered text.
 pub fn render(state: &AppState) -> String {
     let now_ms = state.clock.now().timestamp_millis();
-    for (d, dep) in state.catalog.deployments.iter().enumerate() {
-        gauge!(BREAKER_STATE, "upstream" => dep.id.clone())
-            .set(state.pool.breakers[d].state().gauge());
+    let live = state.live.snapshot();
+    let (catalog, pool) = (&live.catalog, &live.pool);
+    for (d, dep) in catalog.deployments.iter().enumerate() {
+        if catalog.retired[d] {
+            continue;
+        }
+        gauge!(BREAKER_STATE, "upstream" => dep.id.clone()).set(pool.breakers[d].state().gauge());
     }
-    for name in &state.catalog.names {
-        if let Some(m) = state.catalog.model(name) {
+    for name in &catalog.names {
+        if let Some(m) = catalog.model(name) {
             let available = m
                 .routes
                 .iter()
                 .filter(|r| {
                     let d = r.deployment;
-                    !state.pool.is_disabled(d)
-                        && state.pool.cooling_ms(d, now_ms) == 0
-                        && state.pool.breakers[d].state() != crate::upstream::breaker::State::Open
+                    catalog.usable(d)
+                        && !pool.is_disabled(d)
+                        && pool.cooling_ms(d, now_ms) == 0
+                        && pool.breakers[d].state() != crate::upstream::breaker::State::Open
                 })
                 .count();
             gauge!(KEYPOOL_AVAILABLE, "model" => name.clone()).set(available as f64);

@@ -8,4 +8,5 @@ pub mod housekeeping;
 pub mod memory;
 pub mod metrics;
 pub mod migrate_store;
+pub mod reload;
 pub mod request_log;

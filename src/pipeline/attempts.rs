@@ -40,14 +40,17 @@ pub struct Candidate {
 /// The routes that may serve a request, in the order they are tried.
 pub fn candidates(state: &AppState, p: &Prepared) -> Vec<Candidate> {
     let mut out = Vec::with_capacity(p.model.routes.len());
-    let turn = state.pool.next_turn();
+    let turn = state.pool().next_turn();
     let mut push_model = |m: &Arc<Model>| {
         let start = out.len();
         let n = m.routes.len().max(1);
         for r in &m.routes {
             // A route whose provider has no such endpoint (embeddings on Anthropic) is skipped.
-            if providers::path(p.endpoint, state.catalog.deployments[r.deployment].provider)
-                .is_some()
+            if providers::path(
+                p.endpoint,
+                state.catalog().deployments[r.deployment].provider,
+            )
+            .is_some()
             {
                 out.push(Candidate {
                     model: m.clone(),
@@ -61,7 +64,7 @@ pub fn candidates(state: &AppState, p: &Prepared) -> Vec<Candidate> {
             .enumerate()
             .map(|(i, c)| {
                 (
-                    state.pool.in_flight(c.route.deployment),
+                    state.pool().in_flight(c.route.deployment),
                     (i + n - turn % n) % n,
                     c,
                 )
@@ -72,7 +75,7 @@ pub fn candidates(state: &AppState, p: &Prepared) -> Vec<Candidate> {
     };
     push_model(&p.model);
     for f in &p.model.fallbacks {
-        if let Some(m) = state.catalog.model(f) {
+        if let Some(m) = state.catalog().model(f) {
             push_model(m);
         }
     }
@@ -101,7 +104,7 @@ pub struct Success {
 
 /// The body for candidate `c`'s upstream, and the client fields it leaves out.
 fn build(state: &AppState, p: &Prepared, c: &Candidate) -> Result<Built, TranslateError> {
-    let dep = &state.catalog.deployments[c.route.deployment];
+    let dep = &state.catalog().deployments[c.route.deployment];
     let cap = p.cap.map(|(_, cap)| (c.route.cap_field(p.endpoint), cap));
     if p.responses.is_some() {
         providers::build_responses_request(
@@ -201,8 +204,8 @@ async fn attempt(
     (started, deadline): (Instant, Instant),
 ) -> Result<Success, UpstreamError> {
     let d = c.route.deployment;
-    let dep = &state.catalog.deployments[d];
-    let in_flight = state.pool.enter(d);
+    let dep = &state.catalog().deployments[d];
+    let in_flight = state.pool().enter(d);
     let sent = Instant::now();
     let resp = state
         .upstream
@@ -211,7 +214,7 @@ async fn attempt(
     metrics::upstream_answer(dep.provider.as_str(), &dep.id, sent.elapsed().as_secs_f64());
     let resp = resp?;
     state
-        .pool
+        .pool()
         .observe_headers(d, resp.headers(), state.clock.now().timestamp_millis());
     let ttfb_ms = started.elapsed().as_millis() as i64;
     let success = |body, answer, response| Success {
@@ -241,10 +244,10 @@ async fn attempt(
 
 /// Disables a key after a quota or auth failure: an alert, and an audit row.
 fn disable_key(state: &AppState, d: usize, why: Disabled) {
-    if !state.pool.disable(d, why) {
+    if !state.pool().disable(d, why) {
         return;
     }
-    let id = state.catalog.deployments[d].id.clone();
+    let id = state.catalog().deployments[d].id.clone();
     state.alerts.raise(
         "key_disabled",
         &id,
@@ -278,24 +281,22 @@ async fn try_candidate(
 ) -> Step {
     let (request_id, deadline, started) = ctx;
     let d = c.route.deployment;
-    let dep = &state.catalog.deployments[d];
+    let dep = &state.catalog().deployments[d];
+    let pool = state.pool();
     // Every early return below drops the permit, which abandons it (frees a probe slot);
     // a client leaving once the call is sent frees it too, as a probe left unanswered.
-    let mut permit = match state.pool.breakers[d].permit() {
+    let mut permit = match pool.breakers[d].permit() {
         Ok(permit) => permit,
         Err(after) => {
             run.wait(after);
             return Step::Next;
         }
     };
-    if run.attempts > 0 && !state.pool.budgets[d].try_retry() {
+    if run.attempts > 0 && !state.pool().budgets[d].try_retry() {
         tracing::warn!(upstream = %dep.id, "retry budget spent; not retrying on this key");
         return Step::Next;
     }
-    let (rpm, tpm) = (
-        state.settings.upstreams[d].rpm_limit,
-        state.settings.upstreams[d].tpm_limit,
-    );
+    let (rpm, tpm) = (dep.rpm_limit, dep.tpm_limit);
     // The key's window, booked at the worst case; dropped, the booking corrects it to what
     // it recorded: 0 unless this attempt is answered.
     let mut key_booking = None;
@@ -308,7 +309,7 @@ async fn try_candidate(
             .await;
         key_booking = booking;
         if decision.refused.is_some() {
-            state.pool.cool_down(
+            state.pool().cool_down(
                 d,
                 state.clock.now().timestamp_millis(),
                 decision.retry_after,
@@ -325,7 +326,7 @@ async fn try_candidate(
             return Step::Next;
         }
     };
-    let slot = match state.pool.gates[d].enter(deadline).await {
+    let slot = match state.pool().gates[d].enter(deadline).await {
         Ok(s) => s,
         Err(_) => {
             run.busy = true;
@@ -333,7 +334,7 @@ async fn try_candidate(
         }
     };
     if run.attempts == 0 {
-        state.pool.budgets[d].first_attempt();
+        state.pool().budgets[d].first_attempt();
     }
     run.attempts += 1;
     // A request dropped while the key works has used its input there.
@@ -354,7 +355,7 @@ async fn try_candidate(
     {
         Ok(mut s) => {
             permit.success();
-            state.pool.succeeded(d);
+            state.pool().succeeded(d);
             s.slot = slot;
             s.key_booking = key_booking;
             s.dropped = dropped.into_boxed_slice();
@@ -379,7 +380,7 @@ async fn try_candidate(
             if tier == Tier::RateLimited {
                 metrics::upstream_429(&dep.id);
             }
-            let streak = state.pool.rate_limited(d);
+            let streak = state.pool().rate_limited(d);
             let retry_after = if let UpstreamError::Status { retry_after, .. } = &err {
                 *retry_after
             } else {
@@ -391,7 +392,7 @@ async fn try_candidate(
                 Duration::from_secs(state.settings.retry.max_cooldown_seconds),
             );
             state
-                .pool
+                .pool()
                 .cool_down(d, state.clock.now().timestamp_millis(), cool);
             run.wait(cool);
             if tier == Tier::Overloaded {
@@ -458,7 +459,7 @@ fn breaker_failure(state: &AppState, d: usize, permit: Permit<'_>) {
 fn breaker_opened(state: &AppState, d: usize) {
     state.alerts.raise(
         "breaker_open",
-        &state.catalog.deployments[d].id,
+        &state.catalog().deployments[d].id,
         "circuit breaker opened after repeated failures",
     );
 }
@@ -499,7 +500,7 @@ pub async fn call(
             if !ready(state, &candidates[i], &mut run) {
                 // An overloaded key whose rest another request lengthened meanwhile is
                 // waited for again in the next round (within the deadline), not given up.
-                if round > 1 && !state.pool.is_disabled(candidates[i].route.deployment) {
+                if round > 1 && !off(state, candidates[i].route.deployment) {
                     run.overloaded.push(i);
                 }
                 continue;
@@ -533,12 +534,19 @@ fn called(result: Outcome, run: &Run) -> Called {
 fn ready(state: &AppState, c: &Candidate, run: &mut Run) -> bool {
     let d = c.route.deployment;
     let cooling = state
-        .pool
+        .pool()
         .cooling_ms(d, state.clock.now().timestamp_millis());
     if cooling > 0 {
         run.wait(Duration::from_millis(cooling));
     }
-    !state.pool.is_disabled(d) && cooling == 0
+    !off(state, d) && cooling == 0
+}
+
+/// Whether deployment `d` takes no new attempt: disabled on this replica (quota, refused
+/// key, an admin's switch), or, in the catalog of the moment, disabled by an admin for
+/// every replica or removed (its requests in flight finish; no new one starts).
+fn off(state: &AppState, d: usize) -> bool {
+    state.pool().is_disabled(d) || !state.catalog().usable(d)
 }
 
 /// How long to wait before another round, if one is worth it: only overloaded keys are
@@ -563,7 +571,7 @@ fn next_round(
         .iter()
         .map(|&i| {
             state
-                .pool
+                .pool()
                 .cooling_ms(candidates[i].route.deployment, now_ms)
         })
         .min()

@@ -271,7 +271,7 @@ async fn run(
         let (expanded, ctx) = responses::expand(state, &auth, raw).await?;
         (raw, conversation) = (expanded, Some(ctx));
     }
-    let mut prepared = request::prepare(endpoint, &raw, &auth, &state.catalog)?;
+    let mut prepared = request::prepare(endpoint, &raw, &auth, &state.catalog())?;
     prepared.responses = conversation;
     let asked = limits::client_headers(req.headers(), auth.max_priority)?;
     prepared.anthropic_beta = providers::anthropic::beta_header(req.headers());
@@ -419,7 +419,7 @@ async fn run(
             return Err(failure);
         }
     };
-    log.upstream = state.catalog.deployments[success.route.deployment]
+    log.upstream = state.catalog().deployments[success.route.deployment]
         .id
         .clone();
     log.served_model = success.model.name.clone();
@@ -527,10 +527,11 @@ fn soft_limit(state: &AppState, auth: &TokenAuth, p: &mut Prepared) {
     if !auth.past_threshold() {
         return;
     }
+    let catalog = state.catalog();
     let Some(to) = auth
         .downgrade_model
         .as_deref()
-        .and_then(|m| state.catalog.model(m))
+        .and_then(|m| catalog.model(m))
     else {
         return;
     };
@@ -573,11 +574,11 @@ async fn finish(
     let mut key_booking = s.key_booking;
     let raw = s.body.unwrap_or_default();
     let answer = s.answer.unwrap_or_default();
-    let upstream = providers::format_of(state.catalog.deployments[s.route.deployment].provider);
+    let upstream = providers::format_of(state.catalog().deployments[s.route.deployment].provider);
     // An answer without usage is charged the counted input and the counted output.
     let (usage, body, to_keep) = match &p.responses {
         Some(ctx) => {
-            let provider = state.catalog.deployments[s.route.deployment].provider;
+            let provider = state.catalog().deployments[s.route.deployment].provider;
             let (usage, body, response) = responses::answer(p, ctx, provider, &answer);
             (usage, body, Some((ctx, response)))
         }

@@ -249,7 +249,7 @@ pub(super) fn serve(
     sink: ClientSink,
     admission: Slot,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
-    let provider = state.catalog.deployments[s.route.deployment].provider;
+    let provider = state.catalog().deployments[s.route.deployment].provider;
     let upstream_format = providers::format_of(provider);
     let client = p.endpoint.format();
     // One bound for every buffer of a stream: no event, held-back block or cached answer
@@ -265,7 +265,7 @@ pub(super) fn serve(
         converter = converter.usage_not_asked();
     }
     if let Some(ctx) = &p.responses {
-        let provider = state.catalog.deployments[s.route.deployment].provider;
+        let provider = state.catalog().deployments[s.route.deployment].provider;
         converter = converter.responses(if responses::native(provider) {
             ResponsesOut::Native(responses::stream::Native::new(ctx.stamp.clone()))
         } else {

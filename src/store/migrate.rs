@@ -55,12 +55,25 @@ const TABLES: &[(&str, bool)] = &[
     // gateway wrote (`resp_…`), ordered bytewise on both sides (SQLite's BINARY, the
     // column's `COLLATE "C"` on PostgreSQL), and the table can be large.
     ("stored_responses", true),
+    // Managed upstream keys (sealed: copied as bytes, they open under the same master key
+    // the audit chain already requires), managed models, and the seal's check value.
+    ("managed_upstreams", true),
+    ("managed_models", true),
+    ("seal_check", true),
 ];
 
 /// Tables whose key is text: read whole and sorted alike on both sides for the comparison
 /// (SQLite orders a number stored in a text column before every text). Small by nature:
-/// `meta`'s counters, live sessions, reservations in flight, orphan records.
-const SORTED: &[&str] = &["meta", "admin_sessions", "reservations", "orphaned"];
+/// `meta`'s counters, live sessions, reservations in flight, orphan records, the managed
+/// upstreams and models.
+const SORTED: &[&str] = &[
+    "meta",
+    "admin_sessions",
+    "reservations",
+    "orphaned",
+    "managed_upstreams",
+    "managed_models",
+];
 
 /// Rows read, written or compared at a time (the copy's memory bound).
 const CHUNK: usize = 1_000;

@@ -11,6 +11,7 @@ pub mod cache;
 pub mod directory;
 pub mod ledger;
 pub mod lingering;
+pub mod managed;
 pub mod migrate;
 pub mod oidc;
 pub mod pg;
@@ -129,6 +130,8 @@ pub struct Db {
     backend: Backend,
     /// The audit chain's keys (its write connections hold them too: `audit_mac`).
     pub audit: Arc<audit::AuditKeys>,
+    /// Seals and opens the upstream keys stored here (`managed`).
+    pub seal: Arc<crate::secrets::seal::Sealer>,
 }
 
 #[derive(Clone, Debug)]
@@ -217,6 +220,10 @@ impl Db {
             db.close().await;
             return Err(crate::secrets::SecretError::SharedKeyMismatch.into());
         }
+        if let Err(e) = managed::check_master_key(&db).await {
+            db.close().await;
+            return Err(e);
+        }
         Ok(db)
     }
 
@@ -245,6 +252,7 @@ impl Db {
         Ok(Db {
             backend: Backend::Postgres(pg),
             audit: keys,
+            seal: Arc::new(crate::secrets::seal::Sealer::new(key)),
         })
     }
 
@@ -255,9 +263,10 @@ impl Db {
             crate::private_fs::create_dir_all(dir)?;
         }
         private_files(path)?;
-        let keys = Arc::new(audit::AuditKeys::derive(
-            &crate::secrets::MasterKey::for_database(path)?,
-        ));
+        let master = crate::secrets::MasterKey::for_database(path)?;
+        let keys = Arc::new(audit::AuditKeys::derive(&master));
+        let seal = Arc::new(crate::secrets::seal::Sealer::new(&master));
+        drop(master);
         let signer = keys.clone();
         let opts = SqliteConnectOptions::from_str("sqlite://")?
             .filename(path)
@@ -307,6 +316,7 @@ impl Db {
         Ok(Db {
             backend: Backend::Sqlite(SqlitePools { write, read }),
             audit: keys,
+            seal,
         })
     }
 
@@ -485,6 +495,8 @@ pub enum Change {
     Tokens,
     /// Cache entries were invalidated.
     Cache,
+    /// Managed upstream keys, deployments or models changed: rebuild the catalog.
+    Catalog,
     /// Changes may have been missed (the listener (re)connected): treat everything as
     /// changed.
     Unknown,
@@ -507,6 +519,7 @@ impl Db {
                 on(match h {
                     Heard::Bumped(Epoch::Token) => Change::Tokens,
                     Heard::Bumped(Epoch::Cache) => Change::Cache,
+                    Heard::Bumped(Epoch::Catalog) => Change::Catalog,
                     // Another host's audit row: this host's head exporter follows it.
                     Heard::AuditAppended => return keys.appended(),
                     Heard::Lost => {

@@ -1,6 +1,13 @@
 //! The configured deployments (one key at one base URL) and models (a name, its aliases, its
-//! routes to deployments, its fallbacks, prices and caps), resolved once at start into
-//! indexes so the request path does no string matching beyond one hash lookup.
+//! routes to deployments, its fallbacks, prices and caps), resolved into indexes so the
+//! request path does no string matching beyond one hash lookup.
+//!
+//! A catalog is rebuilt whenever the managed keys and models change or the config file is
+//! reloaded (`upstream::live`), and a request keeps the one it started with. So that an
+//! index means the same deployment in every catalog of the process, a rebuild keeps every
+//! deployment id at its position (`Catalog::rebuild`): new ids are appended, and a removed
+//! one stays as a retired entry that no route names and no new attempt picks, which lets the
+//! requests in flight on it finish.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,11 +21,18 @@ use crate::upstream::providers;
 #[derive(Debug)]
 pub struct Deployment {
     pub id: String,
+    /// Added in the admin UI or API (stored sealed in the database), not from the config file.
+    pub managed: bool,
+    /// `false` once an admin disabled it (every replica), or when it was removed.
+    pub usable: bool,
     pub provider: Provider,
     /// Without a trailing slash; paths are appended as the provider's SDK would.
     pub base_url: String,
     pub api_key: Secret,
     pub allow_private: bool,
+    /// The key's own request and token windows (`rpm_limit`, `tpm_limit`; 0 = none).
+    pub rpm_limit: u64,
+    pub tpm_limit: u64,
     /// Streams ask for a usage chunk (`quirks.include_usage`).
     pub include_usage: bool,
     /// The URLs of every route target (`Route::target`): for most providers one, shared by
@@ -38,13 +52,17 @@ struct Target {
 }
 
 impl Deployment {
-    fn new(u: &UpstreamSettings) -> Deployment {
+    fn new(u: &UpstreamSettings, managed: bool, usable: bool) -> Deployment {
         Deployment {
             id: u.id.clone(),
+            managed,
+            usable,
             provider: u.provider,
             base_url: u.effective_base_url().trim_end_matches('/').to_string(),
             api_key: u.api_key.clone(),
             allow_private: u.allow_private_network,
+            rpm_limit: u.rpm_limit,
+            tpm_limit: u.tpm_limit,
             include_usage: u.quirks.include_usage,
             targets: Vec::new(),
             credential: providers::credential(u),
@@ -132,7 +150,10 @@ pub struct Model {
 
 #[derive(Debug, Default)]
 pub struct Catalog {
-    pub deployments: Vec<Deployment>,
+    /// Every deployment this process has known, at a fixed position (see the module doc);
+    /// `retired` ones are no longer configured.
+    pub deployments: Vec<Arc<Deployment>>,
+    pub retired: Vec<bool>,
     models: HashMap<String, Arc<Model>>,
     /// Canonical names in config order, for `/v1/models`.
     pub names: Vec<String>,
@@ -141,13 +162,38 @@ pub struct Catalog {
 impl Catalog {
     /// Built from validated settings.
     pub fn from_settings(s: &Settings) -> Catalog {
-        let mut deployments: Vec<Deployment> = s.upstreams.iter().map(Deployment::new).collect();
-        let index: HashMap<&str, usize> = s
-            .upstreams
-            .iter()
-            .enumerate()
-            .map(|(i, u)| (u.id.as_str(), i))
-            .collect();
+        Catalog::rebuild(s, &Managed::default(), None)
+    }
+
+    /// Built from validated settings, keeping every deployment of `previous` at its
+    /// position (those no longer in `s` retired), `managed` telling which upstreams came
+    /// from the database and which of those are disabled.
+    pub fn rebuild(s: &Settings, managed: &Managed, previous: Option<&Catalog>) -> Catalog {
+        let mut slots: Vec<Slot> = previous
+            .map(|p| p.deployments.iter().map(|d| Slot::Old(d.clone())).collect())
+            .unwrap_or_default();
+        let mut index: HashMap<&str, usize> = HashMap::new();
+        for u in &s.upstreams {
+            let d = Deployment::new(
+                u,
+                managed.ids.contains(&u.id),
+                !managed.disabled.contains(&u.id),
+            );
+            let at = slots.iter().position(|x| x.id() == u.id);
+            let i = match at {
+                Some(i) => {
+                    slots[i] = Slot::New(d);
+                    i
+                }
+                None => {
+                    slots.push(Slot::New(d));
+                    slots.len() - 1
+                }
+            };
+            index.insert(u.id.as_str(), i);
+        }
+        let by_id: HashMap<&str, &UpstreamSettings> =
+            s.upstreams.iter().map(|u| (u.id.as_str(), u)).collect();
         let mut models = HashMap::new();
         let mut names = Vec::new();
         for m in &s.models {
@@ -159,14 +205,14 @@ impl Catalog {
                     .iter()
                     .filter_map(|r| {
                         let &d = index.get(r.upstream.as_str())?;
-                        let u = &s.upstreams[d];
+                        let u = by_id.get(r.upstream.as_str())?;
                         // Azure's deployment: in the URL, and the body's model on the v1 path.
                         let name = r.deployment.as_ref().unwrap_or(&r.model);
                         let by_config = r.output_cap_param.or(u.quirks.max_tokens_field);
                         Some(Route {
                             deployment: d,
                             upstream_model: name.clone(),
-                            target: deployments[d].target(u, name),
+                            target: slots[d].fresh()?.target(u, name),
                             cap_param: match u.provider {
                                 Provider::Anthropic | Provider::Gemini | Provider::Bedrock => {
                                     OutputCapParam::MaxTokens
@@ -197,16 +243,71 @@ impl Catalog {
             }
             names.push(m.name.clone());
         }
+        let retired = slots.iter().map(|x| matches!(x, Slot::Old(_))).collect();
         Catalog {
-            deployments,
+            deployments: slots.into_iter().map(Slot::into_arc).collect(),
+            retired,
             models,
             names,
         }
     }
 
+    /// Whether a new attempt may go to deployment `d`: configured, and not disabled by an
+    /// admin.
+    pub fn usable(&self, d: usize) -> bool {
+        !self.retired.get(d).copied().unwrap_or(true)
+            && self.deployments.get(d).is_some_and(|x| x.usable)
+    }
+
+    /// The position of the configured (not retired) deployment `id`.
+    pub fn position(&self, id: &str) -> Option<usize> {
+        self.deployments
+            .iter()
+            .enumerate()
+            .position(|(i, d)| d.id == id && !self.retired[i])
+    }
+
     /// A model by its name or one of its aliases.
     pub fn model(&self, name: &str) -> Option<&Arc<Model>> {
         self.models.get(name)
+    }
+}
+
+/// Which upstreams of a settings tree were added in the admin (the rest came from the
+/// config file), and which of those an admin disabled.
+#[derive(Debug, Default, Clone)]
+pub struct Managed {
+    pub ids: std::collections::HashSet<String>,
+    pub disabled: std::collections::HashSet<String>,
+}
+
+/// A position while a catalog is built: a deployment of the previous catalog (retired
+/// unless the new settings name it again) or one built now.
+enum Slot {
+    Old(Arc<Deployment>),
+    New(Deployment),
+}
+
+impl Slot {
+    fn id(&self) -> &str {
+        match self {
+            Slot::Old(d) => &d.id,
+            Slot::New(d) => &d.id,
+        }
+    }
+
+    fn fresh(&mut self) -> Option<&mut Deployment> {
+        match self {
+            Slot::New(d) => Some(d),
+            Slot::Old(_) => None,
+        }
+    }
+
+    fn into_arc(self) -> Arc<Deployment> {
+        match self {
+            Slot::Old(d) => d,
+            Slot::New(d) => Arc::new(d),
+        }
     }
 }
 
@@ -253,5 +354,85 @@ mod tests {
         };
         assert_eq!(route.cap_field(Endpoint::Chat), "max_completion_tokens");
         assert_eq!(route.cap_field(Endpoint::Completions), "max_tokens");
+    }
+
+    fn settings(upstreams: &[&str], model_routes: &[&str]) -> Settings {
+        let mut s = Settings::default();
+        for id in upstreams {
+            s.upstreams.push(UpstreamSettings {
+                id: id.to_string(),
+                provider: Provider::Openai,
+                base_url: "https://api.openai.com/v1".into(),
+                api_key: crate::config::Secret(secrecy::SecretString::from("sk-test-key-123456")),
+                ..Default::default()
+            });
+        }
+        s.models.push(crate::config::ModelSettings {
+            name: "m".into(),
+            aliases: vec![],
+            routes: model_routes
+                .iter()
+                .map(|u| crate::config::RouteSettings {
+                    upstream: u.to_string(),
+                    model: "m".into(),
+                    ..Default::default()
+                })
+                .collect(),
+            fallbacks: vec![],
+            input_usd_per_mtok: 1.0,
+            output_usd_per_mtok: 2.0,
+            cached_input_usd_per_mtok: None,
+            max_output_tokens: 16,
+            max_input_tokens: 1000,
+            cache_similarity_threshold: None,
+            cache_ignore_identifiers: None,
+        });
+        s
+    }
+
+    /// An index means the same deployment in every catalog of the process: a removed one
+    /// is retired in place (its requests in flight still find it), a new one is appended,
+    /// and one that comes back takes its old place.
+    #[test]
+    fn a_rebuild_keeps_every_deployment_at_its_position() {
+        let first = Catalog::from_settings(&settings(&["a", "b"], &["a", "b"]));
+        let second = Catalog::rebuild(
+            &settings(&["c", "b"], &["c", "b"]),
+            &Managed::default(),
+            Some(&first),
+        );
+        let ids: Vec<&str> = second.deployments.iter().map(|d| d.id.as_str()).collect();
+        assert_eq!(ids, ["a", "b", "c"]);
+        assert_eq!(second.retired, [true, false, false]);
+        assert!(!second.usable(0) && second.usable(1) && second.usable(2));
+        assert_eq!(second.position("a"), None);
+        assert_eq!(second.position("c"), Some(2));
+        let routes: Vec<usize> = second
+            .model("m")
+            .unwrap()
+            .routes
+            .iter()
+            .map(|r| r.deployment)
+            .collect();
+        assert_eq!(routes, [2, 1]);
+        let disabled = Managed {
+            ids: ["a".to_string()].into(),
+            disabled: ["a".to_string()].into(),
+        };
+        let third = Catalog::rebuild(&settings(&["a", "b"], &["a"]), &disabled, Some(&second));
+        assert_eq!(third.position("a"), Some(0));
+        assert_eq!(third.retired, [false, false, true]);
+        assert!(third.deployments[0].managed);
+        assert!(!third.usable(0), "disabled by an admin");
+        // The pool carries its entries by position: state set before is there after.
+        let pool = crate::upstream::pool::Pool::new(&settings(&["a", "b"], &["a", "b"]));
+        pool.cool_until(1, i64::MAX);
+        let carried = crate::upstream::pool::Pool::carried(
+            Some(&pool),
+            &second,
+            &settings(&["c", "b"], &["c"]),
+        );
+        assert_eq!(carried.cooling_until_ms(1), i64::MAX);
+        assert_eq!(carried.cooling_until_ms(2), 0);
     }
 }

@@ -7,6 +7,7 @@ pub mod catalog;
 pub mod client;
 pub mod credential;
 pub mod gate;
+pub mod live;
 pub mod pool;
 pub mod providers;
 pub mod retry;

@@ -4,6 +4,11 @@
 //! learned from the upstream's own rate-limit headers (a key that reports no requests left
 //! is rested until its reset instead of being sent into a 429), and, with Redis, shared
 //! with the other replicas (`ops::housekeeping`).
+//!
+//! The state is indexed by a deployment's position in the catalog, which never changes
+//! for a deployment id within the process (`catalog::Catalog::rebuild`). When the catalog
+//! is rebuilt, the next pool takes over every entry of the last one (`Pool::carried`): the
+//! entries are shared, so cooldowns, breakers and the requests in flight carry across.
 
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -12,6 +17,7 @@ use std::time::Duration;
 use reqwest::header::HeaderMap;
 
 use super::breaker::Breaker;
+use super::catalog::Catalog;
 use super::gate::Gate;
 use super::retry::RetryBudget;
 use crate::config::Settings;
@@ -43,34 +49,52 @@ struct Member {
 }
 
 pub struct Pool {
-    members: Vec<Member>,
+    members: Vec<Arc<Member>>,
     /// Rotates which of equally idle keys goes first, so load spreads across a pool.
     turn: std::sync::atomic::AtomicUsize,
-    pub breakers: Vec<Breaker>,
-    pub gates: Vec<Gate>,
-    pub budgets: Vec<RetryBudget>,
+    pub breakers: Vec<Arc<Breaker>>,
+    pub gates: Vec<Arc<Gate>>,
+    pub budgets: Vec<Arc<RetryBudget>>,
 }
 
 impl Pool {
     pub fn new(settings: &Settings) -> Self {
-        let n = settings.upstreams.len();
-        Self {
-            members: (0..n).map(|_| Member::default()).collect(),
-            turn: std::sync::atomic::AtomicUsize::new(0),
-            breakers: (0..n).map(|_| Breaker::new(&settings.breaker)).collect(),
-            gates: settings
-                .upstreams
-                .iter()
-                .map(|u| Gate::new(u.max_concurrent, u.max_queue))
-                .collect(),
-            budgets: (0..n)
-                .map(|_| RetryBudget::new(settings.retry.budget_ratio))
-                .collect(),
-        }
+        Pool::carried(None, &Catalog::from_settings(settings), settings)
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.members.is_empty()
+    /// The pool for `catalog`: the entries of `previous` at their positions (the same
+    /// deployments: positions are kept), fresh ones for deployments new to this process.
+    /// A deployment's concurrency limits are read when it first appears.
+    pub fn carried(previous: Option<&Pool>, catalog: &Catalog, settings: &Settings) -> Self {
+        let kept = previous.map_or(0, |p| p.members.len());
+        let mut pool = match previous {
+            Some(p) => Pool {
+                members: p.members.clone(),
+                turn: std::sync::atomic::AtomicUsize::new(p.turn.load(Ordering::Relaxed)),
+                breakers: p.breakers.clone(),
+                gates: p.gates.clone(),
+                budgets: p.budgets.clone(),
+            },
+            None => Pool {
+                members: Vec::new(),
+                turn: std::sync::atomic::AtomicUsize::new(0),
+                breakers: Vec::new(),
+                gates: Vec::new(),
+                budgets: Vec::new(),
+            },
+        };
+        for d in catalog.deployments.iter().skip(kept) {
+            let u = settings.upstreams.iter().find(|u| u.id == d.id);
+            pool.members.push(Arc::default());
+            pool.breakers
+                .push(Arc::new(Breaker::new(&settings.breaker)));
+            pool.gates.push(Arc::new(u.map_or(Gate::new(0, 0), |u| {
+                Gate::new(u.max_concurrent, u.max_queue)
+            })));
+            pool.budgets
+                .push(Arc::new(RetryBudget::new(settings.retry.budget_ratio)));
+        }
+        pool
     }
 
     pub fn disabled(&self, d: usize) -> Option<Disabled> {
@@ -249,11 +273,6 @@ mod tests {
 
     #[test]
     fn a_key_reporting_nothing_left_rests_until_its_reset() {
-        let pool = Pool::new(&Settings {
-            upstreams: vec![],
-            ..Settings::default()
-        });
-        assert!(pool.is_empty());
         let mut s = Settings::default();
         s.upstreams.push(crate::config::UpstreamSettings {
             id: "a".into(),

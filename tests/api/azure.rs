@@ -351,7 +351,7 @@ async fn a_refused_entra_secret_disables_the_key_and_tells_the_client_nothing_of
         "{text}"
     );
     assert_eq!(
-        app.state.pool.disabled(0),
+        app.state.pool().disabled(0),
         Some(sluice::upstream::pool::Disabled::Auth)
     );
     assert_eq!(
@@ -433,7 +433,7 @@ async fn a_prompt_azures_content_filter_blocks_is_a_400_naming_the_filter_in_eac
         .unwrap()
         .contains("content management policy"));
     assert_eq!(app.mock.state.stats(AZURE_KEY).count, 2, "no retry");
-    assert_eq!(app.state.pool.disabled(0), None);
+    assert_eq!(app.state.pool().disabled(0), None);
     assert_eq!(spent(&app, id).await, 0);
 }
 
@@ -614,7 +614,7 @@ async fn a_failing_token_endpoint_is_a_server_error_not_a_refused_key() {
     let (_, token) = app.token("dev", Some("1.00")).await;
     let resp = app.chat(&token, &chat_body(8)).await;
     assert_eq!(resp.status(), 502);
-    assert_eq!(app.state.pool.disabled(0), None);
+    assert_eq!(app.state.pool().disabled(0), None);
     assert_eq!(app.mock.state.stats("entra:app-4").count, 0);
     let resp = app.chat(&token, &chat_body(8)).await;
     assert_eq!(resp.status(), 200);

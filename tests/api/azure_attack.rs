@@ -42,7 +42,7 @@ async fn a_token_azure_refuses_early_is_replaced_not_the_deployment_disabled() {
     let status = second.status();
     let text = second.text().await.unwrap();
     assert_eq!(
-        app.state.pool.disabled(0),
+        app.state.pool().disabled(0),
         None,
         "the deployment was disabled for a stale cached token (client got {status}: {text})"
     );
@@ -73,7 +73,7 @@ async fn a_fresh_token_azure_refuses_still_disables_the_deployment() {
     let resp = app.chat(&token, &chat_body(8)).await;
     assert_eq!(resp.status(), 502);
     assert_eq!(
-        app.state.pool.disabled(0),
+        app.state.pool().disabled(0),
         Some(sluice::upstream::pool::Disabled::Auth)
     );
     assert!(
@@ -125,7 +125,7 @@ async fn a_hanging_token_refresh_does_not_hold_requests_while_the_token_is_valid
         0,
         "no expired token was sent"
     );
-    assert_eq!(app.state.pool.disabled(0), None);
+    assert_eq!(app.state.pool().disabled(0), None);
 }
 
 /// `quirks.include_usage = false`: the server refuses `stream_options`. The Responses route
@@ -322,7 +322,7 @@ async fn odd_error_bodies_keep_the_status_and_the_clients_format() {
             assert!(v["error"]["message"].is_string(), "{v}");
         }
     }
-    assert_eq!(app.state.pool.disabled(0), None);
+    assert_eq!(app.state.pool().disabled(0), None);
 }
 
 /// A token endpoint that never answers the first fetch (no token to fall back on): the
@@ -351,7 +351,7 @@ async fn a_hanging_first_token_fetch_ends_at_the_first_byte_bound() {
         "{}",
         resp.status()
     );
-    assert_eq!(app.state.pool.disabled(0), None);
+    assert_eq!(app.state.pool().disabled(0), None);
     assert_eq!(app.mock.state.stats("entra:app-first").count, 0);
     // The breaker may rest the key a moment: poll.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);

@@ -181,8 +181,8 @@ async fn a_session_token_is_sent_and_signed() {
     assert_eq!(resp.status(), 502);
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["error"]["code"], "upstream_error", "{v}");
-    assert_eq!(app.state.pool.disabled(0), Some(Disabled::Auth));
-    assert_eq!(app.state.pool.disabled(1), None);
+    assert_eq!(app.state.pool().disabled(0), Some(Disabled::Auth));
+    assert_eq!(app.state.pool().disabled(1), None);
     app.assert_invariant().await;
 }
 
@@ -238,7 +238,7 @@ async fn a_wrong_secret_is_a_refused_key_and_a_clear_error_for_the_client() {
     let (_, token) = app.token("u", Some("10")).await;
     // Until the wrong key has been tried once, the pool may pick either.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while app.state.pool.disabled(0).is_none() {
+    while app.state.pool().disabled(0).is_none() {
         assert!(
             std::time::Instant::now() < deadline,
             "the wrong key was never tried"
@@ -249,8 +249,8 @@ async fn a_wrong_secret_is_a_refused_key_and_a_clear_error_for_the_client() {
         assert_eq!(resp.status(), 200);
         assert_eq!(resp.headers()["x-sluice-upstream"], "br-right");
     }
-    assert_eq!(app.state.pool.disabled(0), Some(Disabled::Auth));
-    assert_eq!(app.state.pool.disabled(1), None);
+    assert_eq!(app.state.pool().disabled(0), Some(Disabled::Auth));
+    assert_eq!(app.state.pool().disabled(1), None);
 
     let resp = app
         .post("/v1/chat/completions", &token, &chat("claude-alone", false))
@@ -266,7 +266,7 @@ async fn a_wrong_secret_is_a_refused_key_and_a_clear_error_for_the_client() {
         !text.contains("Signature") && !text.contains(SECRET),
         "{text}"
     );
-    assert_eq!(app.state.pool.disabled(2), Some(Disabled::Auth));
+    assert_eq!(app.state.pool().disabled(2), Some(Disabled::Auth));
 
     let resp = anthropic(&app, &token, "claude-alone", true).await;
     let status = resp.status().as_u16();

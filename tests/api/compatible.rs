@@ -274,7 +274,7 @@ async fn each_servers_error_body_reaches_each_client_in_its_format_with_the_stat
         }
     }
     assert_eq!(
-        app.state.pool.disabled(0),
+        app.state.pool().disabled(0),
         None,
         "client errors leave the key alone"
     );

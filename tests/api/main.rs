@@ -38,6 +38,8 @@ mod gemini_transport;
 mod local_resources;
 mod lockout;
 mod lying_upstream;
+mod managed_apply;
+mod managed_keys;
 mod money;
 mod money_model;
 mod money_routes;

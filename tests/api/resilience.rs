@@ -60,7 +60,7 @@ pub(crate) async fn open_key_a_breaker(app: &TestApp, token: &str) -> Vec<u16> {
     for _ in 0..3 {
         answers.push(app.chat(token, &chat_body(10)).await.status().as_u16());
     }
-    assert_eq!(app.state.pool.breakers[0].state(), State::Open);
+    assert_eq!(app.state.pool().breakers[0].state(), State::Open);
     answers
 }
 
@@ -222,7 +222,7 @@ async fn a_key_out_of_quota_is_never_tried_again_until_re_enabled() {
         assert_eq!(app.chat(&token, &chat_body(10)).await.status(), 200);
     }
     assert_eq!(app.mock.state.stats(KEY_A).count, 1);
-    app.state.pool.enable(0);
+    app.state.pool().enable(0);
     let mut served_by_a = false;
     for _ in 0..4 {
         let resp = app.chat(&token, &chat_body(10)).await;
@@ -313,7 +313,7 @@ async fn an_open_breaker_fails_fast_without_an_upstream_call() {
         5,
         "each fast failure logged with no attempt"
     );
-    assert_eq!(app.state.pool.breakers[0].state(), State::Open);
+    assert_eq!(app.state.pool().breakers[0].state(), State::Open);
 }
 
 #[tokio::test]
@@ -329,13 +329,13 @@ async fn the_breaker_probes_after_its_open_time_closes_and_reopens() {
     // The probe fails: open again.
     assert_eq!(app.chat(&token, &chat_body(10)).await.status(), 502);
     assert_eq!(app.mock.state.stats(KEY_A).count, 4);
-    assert_eq!(app.state.pool.breakers[0].state(), State::Open);
+    assert_eq!(app.state.pool().breakers[0].state(), State::Open);
     tokio::time::sleep(Duration::from_millis(1100)).await;
     app.mock.state.sticky(KEY_A, None);
     assert_eq!(app.chat(&token, &chat_body(10)).await.status(), 200);
-    assert_eq!(app.state.pool.breakers[0].state(), State::HalfOpen);
+    assert_eq!(app.state.pool().breakers[0].state(), State::HalfOpen);
     assert_eq!(app.chat(&token, &chat_body(10)).await.status(), 200);
-    assert_eq!(app.state.pool.breakers[0].state(), State::Closed);
+    assert_eq!(app.state.pool().breakers[0].state(), State::Closed);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -402,9 +402,9 @@ async fn short_deadlines_cannot_keep_a_healthy_key_shut() {
             ..Default::default()
         }),
     );
-    while app.state.pool.breakers[0].state() == State::Open {
+    while app.state.pool().breakers[0].state() == State::Open {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        app.state.pool.breakers[0]
+        app.state.pool().breakers[0]
             .permit()
             .map(|p| p.abandon())
             .ok();
@@ -421,7 +421,7 @@ async fn short_deadlines_cannot_keep_a_healthy_key_shut() {
             .unwrap();
         assert_ne!(resp.status(), 200);
         assert_ne!(
-            app.state.pool.breakers[0].state(),
+            app.state.pool().breakers[0].state(),
             State::Open,
             "a client's short deadline re-opened a healthy key"
         );
@@ -482,7 +482,7 @@ async fn probes_that_never_get_an_answer_reopen_the_breaker() {
         Some((503, Some("service_degraded".into()))),
         "answered at once without an upstream call"
     );
-    assert_eq!(app.state.pool.breakers[0].state(), State::Open);
+    assert_eq!(app.state.pool().breakers[0].state(), State::Open);
 }
 
 #[tokio::test]
@@ -493,7 +493,7 @@ async fn rate_limits_never_open_the_breaker() {
     for _ in 0..10 {
         assert_eq!(app.chat(&token, &chat_body(10)).await.status(), 429);
     }
-    assert_eq!(app.state.pool.breakers[0].state(), State::Closed);
+    assert_eq!(app.state.pool().breakers[0].state(), State::Closed);
     assert_eq!(app.mock.state.stats(KEY_A).count, 10);
 }
 
@@ -734,7 +734,7 @@ async fn cooldowns_are_shared_between_replicas_through_redis() {
     // Replicas exchange cooldowns every 250 ms: wait until B has heard of A's.
     poll_until("the other replica rests key a", || {
         b_state
-            .pool
+            .pool()
             .cooling_ms(0, chrono::Utc::now().timestamp_millis())
             > 0
     })

@@ -88,7 +88,7 @@ async fn an_anthropic_key_out_of_credit_is_disabled_and_never_shown_to_the_clien
         1,
         "a key out of credit is not tried again"
     );
-    assert_eq!(app.state.pool.disabled(1), Some(Disabled::Quota));
+    assert_eq!(app.state.pool().disabled(1), Some(Disabled::Quota));
 
     // With no other route, the client gets the gateway's own error, not the operator's bill.
     let resp = app.chat(&token, &asking("solo")).await;
@@ -98,7 +98,7 @@ async fn an_anthropic_key_out_of_credit_is_disabled_and_never_shown_to_the_clien
         !text.contains("credit") && !text.contains("billing"),
         "the operator's billing text stays inside: {text}"
     );
-    assert_eq!(app.state.pool.disabled(2), Some(Disabled::Quota));
+    assert_eq!(app.state.pool().disabled(2), Some(Disabled::Quota));
 }
 
 #[tokio::test]
@@ -118,7 +118,7 @@ async fn a_400_that_merely_mentions_billing_is_still_the_clients_error() {
     );
     let resp = app.chat(&token, &asking("solo")).await;
     assert_eq!(resp.status(), 400, "passed through");
-    assert_eq!(app.state.pool.disabled(2), None);
+    assert_eq!(app.state.pool().disabled(2), None);
 }
 
 #[tokio::test]
@@ -246,7 +246,7 @@ async fn attempts_stop_at_the_request_deadline() {
         assert_eq!(app.mock.state.stats(KEY_A).count, n, "one attempt each");
     }
     assert_eq!(
-        app.state.pool.breakers[0].state(),
+        app.state.pool().breakers[0].state(),
         State::Closed,
         "the client's short deadline is not the upstream's failure"
     );
@@ -275,7 +275,7 @@ async fn a_408_or_409_moves_on_to_the_next_key_like_the_sdks_retry_it() {
         assert!(app.mock.state.stats(KEY_A).count >= 3, "a was tried");
         if code == 409 {
             assert_eq!(
-                app.state.pool.breakers[0].state(),
+                app.state.pool().breakers[0].state(),
                 State::Closed,
                 "a conflict is no breaker failure"
             );

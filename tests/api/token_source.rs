@@ -186,7 +186,7 @@ async fn an_unusable_token_answer_is_a_server_error_not_a_refused_key() {
                 i as u64 + 1,
                 "{issuer:?} {answer:?}"
             );
-            assert_eq!(app.state.pool.disabled(0), None, "{issuer:?} {answer:?}");
+            assert_eq!(app.state.pool().disabled(0), None, "{issuer:?} {answer:?}");
             assert_eq!(upstream_calls(&app, issuer), 0, "{issuer:?} {answer:?}");
         }
         // Room for the mock's whole answer: charged its usage, nothing absorbed.
@@ -237,7 +237,7 @@ async fn a_failing_token_endpoint_opens_the_breaker_and_the_fallback_serves() {
             assert_eq!(resp.headers()["x-sluice-upstream"], "backup", "{issuer:?}");
             assert_eq!(exchanges(&app, issuer), n.min(3), "{issuer:?} request {n}");
         }
-        assert_eq!(app.state.pool.disabled(0), None, "{issuer:?}");
+        assert_eq!(app.state.pool().disabled(0), None, "{issuer:?}");
         assert_eq!(app.mock.state.stats(KEY_B).count, 5);
         app.assert_invariant().await;
     }
@@ -266,7 +266,7 @@ async fn a_hanging_token_endpoint_ends_at_the_first_byte_bound() {
             .expect("the request was held past its first-byte bound");
         let status = resp.status().as_u16();
         assert!(matches!(status, 502 | 504), "{issuer:?}: {status}");
-        assert_eq!(app.state.pool.disabled(0), None);
+        assert_eq!(app.state.pool().disabled(0), None);
         let resp = app.chat(&token, &chat_body(8)).await;
         assert_eq!(resp.status(), 200, "{issuer:?}");
         assert_eq!(exchanges(&app, issuer), 2, "{issuer:?}");
@@ -296,7 +296,7 @@ async fn a_refused_credential_disables_the_key() {
             "{text}"
         );
         assert_eq!(
-            app.state.pool.disabled(0),
+            app.state.pool().disabled(0),
             Some(Disabled::Auth),
             "{issuer:?}"
         );
@@ -327,7 +327,7 @@ async fn a_refused_token_is_replaced_once_and_never_in_a_loop() {
             2,
             "{issuer:?}: one exchange for all"
         );
-        assert_eq!(app.state.pool.disabled(0), None, "{issuer:?}");
+        assert_eq!(app.state.pool().disabled(0), None, "{issuer:?}");
 
         let before = upstream_calls(&app, issuer);
         app.mock.state.sticky(
@@ -342,7 +342,7 @@ async fn a_refused_token_is_replaced_once_and_never_in_a_loop() {
         assert_eq!(upstream_calls(&app, issuer) - before, 2, "{issuer:?}");
         assert_eq!(exchanges(&app, issuer), 3, "{issuer:?}");
         assert_eq!(
-            app.state.pool.disabled(0),
+            app.state.pool().disabled(0),
             Some(Disabled::Auth),
             "{issuer:?}"
         );
@@ -415,7 +415,7 @@ async fn requests_at_expiry_share_one_failing_exchange() {
         }
         assert_eq!(exchanges(&app, issuer), 2, "{issuer:?}");
         assert_eq!(upstream_calls(&app, issuer), 1, "{issuer:?}");
-        assert_eq!(app.state.pool.disabled(0), None, "{issuer:?}");
+        assert_eq!(app.state.pool().disabled(0), None, "{issuer:?}");
         app.wait_settled().await;
         assert_eq!(
             crate::azure::spent(&app, id).await,
@@ -452,7 +452,7 @@ async fn a_refused_token_on_a_stream_resends_the_whole_body() {
         let stats = app.mock.state.stats(issuer.upstream_key());
         let retried = stats.last_bodies.back().unwrap().to_string();
         assert!(retried.contains(&big), "{issuer:?}");
-        assert_eq!(app.state.pool.disabled(0), None, "{issuer:?}");
+        assert_eq!(app.state.pool().disabled(0), None, "{issuer:?}");
         let spent = crate::azure::spent(&app, id).await;
         assert!(spent > 0, "{issuer:?}");
     }

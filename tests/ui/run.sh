@@ -113,8 +113,8 @@ for _ in $(seq 1 100); do
 done
 
 cd tests/ui
-BASE_URL="http://127.0.0.1:$GW_PORT" ADMIN_PASSWORD="$ADMIN_PASSWORD" OUT_DIR="$OUT" SLUICE_BIN="$BIN" SLUICE_CONFIG_FILE="$CONFIG" \
-    node --test --test-concurrency=1 admin.spec.mjs && status=0 || status=$?
+BASE_URL="http://127.0.0.1:$GW_PORT" MOCK_URL="http://127.0.0.1:$MOCK_PORT" ADMIN_PASSWORD="$ADMIN_PASSWORD" OUT_DIR="$OUT" SLUICE_BIN="$BIN" SLUICE_CONFIG_FILE="$CONFIG" \
+    node --test --test-concurrency=1 admin.spec.mjs keys.spec.mjs && status=0 || status=$?
 if [ "$status" -eq 0 ] && [ "${SLUICE_UPDATE_SCREENSHOTS:-}" = "1" ]; then
     mkdir -p "$ROOT/docs/screenshots"
     cp "$OUT/dashboard.png" "$OUT/tokens.png" "$OUT/reports.png" "$ROOT/docs/screenshots/"

@@ -12,6 +12,7 @@ pub mod cache;
 pub mod directory;
 pub mod ledger;
 pub mod lingering;
+pub mod managed;
 pub mod notify;
 pub mod oidc;
 pub mod processes;

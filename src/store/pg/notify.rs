@@ -26,6 +26,8 @@ pub enum Epoch {
     Token,
     /// `cache_epoch`: cache entries were invalidated.
     Cache,
+    /// `catalog_epoch`: upstream keys, deployments or models managed in the admin changed.
+    Catalog,
 }
 
 impl Epoch {
@@ -33,6 +35,7 @@ impl Epoch {
         match self {
             Epoch::Token => "token_epoch",
             Epoch::Cache => "cache_epoch",
+            Epoch::Catalog => "catalog_epoch",
         }
     }
 
@@ -41,11 +44,12 @@ impl Epoch {
         match self {
             Epoch::Token => "token",
             Epoch::Cache => "cache",
+            Epoch::Catalog => "catalog",
         }
     }
 
     fn parse(payload: &str) -> Option<Epoch> {
-        [Epoch::Token, Epoch::Cache]
+        [Epoch::Token, Epoch::Cache, Epoch::Catalog]
             .into_iter()
             .find(|e| e.payload() == payload)
     }

@@ -1,0 +1,31 @@
+//! `SIGHUP`: the config file is read again and its `[[upstreams]]` and `[[models]]` apply at
+//! once, as an admin change does (`upstream::live`). A file that does not read or validate
+//! leaves everything as it was, and the log says why. Every other setting is read at start
+//! only (the listen address, the database, limits, Redis…): the log names the sections that
+//! changed and wait for a restart.
+
+use std::path::Path;
+
+use crate::state::AppState;
+
+pub async fn reload_config(state: &AppState, file: Option<&Path>) {
+    let new = match crate::config::load(file) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "SIGHUP: the config file does not read; still serving the configuration in use");
+            return;
+        }
+    };
+    match state.live.reload_file(&state.db, new).await {
+        Ok(ignored) if ignored.is_empty() => {
+            tracing::info!("SIGHUP: config reloaded; upstreams and models applied")
+        }
+        Ok(ignored) => tracing::warn!(
+            sections = %ignored.join(", "),
+            "SIGHUP: config reloaded; upstreams and models applied, but these sections changed and are read at start only: restart to apply them"
+        ),
+        Err(e) => {
+            tracing::error!(error = %e, "SIGHUP: the new config is not valid; still serving the configuration in use")
+        }
+    }
+}
