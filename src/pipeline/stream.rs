@@ -249,8 +249,9 @@ pub(super) fn serve(
     sink: ClientSink,
     admission: Slot,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
-    let provider = state.catalog().deployments[s.route.deployment].provider;
-    let upstream_format = providers::format_of(provider);
+    let catalog = state.catalog();
+    let deployment = &catalog.deployments[s.route.deployment];
+    let upstream_format = providers::format_of(deployment.provider);
     let client = p.endpoint.format();
     // One bound for every buffer of a stream: no event, held-back block or cached answer
     // may be larger than a whole non-streamed answer may be.
@@ -259,14 +260,11 @@ pub(super) fn serve(
         StreamConverter::new(upstream_format, client, p.include_usage, p.input_tokens)
             .hold_limit(most);
     // A server the gateway does not ask for its usage (`quirks.include_usage = false`).
-    if upstream_format == providers::Format::OpenAiChat
-        && !state.catalog.deployments[s.route.deployment].include_usage
-    {
+    if upstream_format == providers::Format::OpenAiChat && !deployment.include_usage {
         converter = converter.usage_not_asked();
     }
     if let Some(ctx) = &p.responses {
-        let provider = state.catalog().deployments[s.route.deployment].provider;
-        converter = converter.responses(if responses::native(provider) {
+        converter = converter.responses(if responses::native(deployment.provider) {
             ResponsesOut::Native(responses::stream::Native::new(ctx.stamp.clone()))
         } else {
             ResponsesOut::Translated(Box::new(responses::adapter::EventWriter::new(
@@ -276,7 +274,7 @@ pub(super) fn serve(
         });
     }
     let pump = Pump {
-        framing: Framing::of(provider),
+        framing: Framing::of(deployment.provider),
         state,
         prices: s.model.prices,
         converter,
