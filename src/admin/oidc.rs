@@ -67,14 +67,30 @@ async fn callback(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse 
             error: None,
             error_description: None,
         });
+    // Anyone can call this address with any query: what no verified sign-in flow vouches
+    // for (a provider's `error`, a missing or forged flow cookie) is logged, not audited —
+    // the audit log is never trimmed, and is no one's to fill — and the page shows only a
+    // plain OAuth error code, never the caller's text.
+    let vouched = q.error.is_none();
     let result = match (&q.error, &q.code, &q.state) {
-        (Some(e), _, _) => Err(SsoError::Provider(format!(
-            "{e}{}",
-            q.error_description
-                .as_deref()
-                .map(|d| format!(" ({d})"))
-                .unwrap_or_default()
-        ))),
+        (Some(e), _, _) => {
+            let plain = !e.is_empty()
+                && e.len() <= 64
+                && e.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
+            tracing::warn!(
+                error = e.chars().take(64).collect::<String>(),
+                description = q
+                    .error_description
+                    .as_deref()
+                    .map(|d| d.chars().take(200).collect::<String>()),
+                "the identity provider refused a sign-in"
+            );
+            Err(SsoError::Provider(if plain {
+                e.clone()
+            } else {
+                "an error it did not name plainly".into()
+            }))
+        }
         (None, Some(code), Some(st)) => {
             let flow = req.cookie(oidc::flow_cookie_name(secure));
             sso.finish(flow.as_ref().map(|c| c.value()), st, code, now)
@@ -96,24 +112,40 @@ async fn callback(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse 
                 SsoError::Provider(_) | SsoError::Token(_) => 401,
             };
             let detail = json!({"reason": e.to_string()}).to_string();
-            if let Err(e) = audit(
-                &state,
-                "oidc",
-                &address,
-                "login.sso_refused",
-                "",
-                &detail,
-                now,
-            )
-            .await
-            {
-                return e.page();
+            let vouched = vouched && !matches!(e, SsoError::Flow);
+            if vouched {
+                if let Err(e) = audit(
+                    &state,
+                    "oidc",
+                    &address,
+                    "login.sso_refused",
+                    "",
+                    &detail,
+                    now,
+                )
+                .await
+                {
+                    return e.page();
+                }
             }
             refused(&state, &req, e.to_string(), status)
         }
     };
     let _ = resp.add_cookie(&removal(secure));
     resp
+}
+
+/// Ends every way in of a login whose grant the provider took away: its sessions and its
+/// API keys (a key would otherwise keep the old role for ever, the person never needing to
+/// sign in again).
+async fn end_access(
+    tx: &mut crate::store::Tx,
+    admin_id: i64,
+    now: DateTime<Utc>,
+) -> Result<(), AdminError> {
+    sessions::delete_sessions_of(tx, admin_id, None).await?;
+    sessions::revoke_api_keys_of(tx, admin_id, now).await?;
+    Ok(())
 }
 
 enum Refusal {
@@ -140,9 +172,9 @@ async fn sign_in(
     let mut tx = state.db.begin().await?;
     let existing = store::admin_by_identity(&mut tx, &who.issuer, &who.subject).await?;
     let Some(grant) = grant else {
-        // Removed from every mapped group: the login (if any) keeps no session.
+        // Removed from every mapped group: the login (if any) keeps no way in.
         if let Some(a) = &existing {
-            sessions::delete_sessions_of(&mut tx, a.id, None).await?;
+            end_access(&mut tx, a.id, now).await?;
         }
         let detail = json!({"reason": "no [[oidc.roles]] row matches"}).to_string();
         append(
@@ -169,6 +201,11 @@ async fn sign_in(
         Some(team) => match tenants::team_id(&mut tx, team).await? {
             Some(id) => Some(id),
             None => {
+                // The provider no longer grants what the login holds (the new grant cannot
+                // be given): it keeps no way in with the old one either.
+                if let Some(a) = &existing {
+                    end_access(&mut tx, a.id, now).await?;
+                }
                 let detail = json!({"reason": format!("team `{team}` does not exist")}).to_string();
                 append(
                     &mut tx,

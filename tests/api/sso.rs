@@ -8,7 +8,8 @@ use serde_json::{json, Value};
 use sluice::config::{OidcRole, OidcSettings, Secret};
 
 use crate::admin_helpers::{
-    client, cookie_value, find_between, login_form, make_login, post_login, set_cookies, PASSWORD,
+    client, cookie_value, find_between, key_of, login_form, make_login, me_with_key, post_login,
+    set_cookies, Session, PASSWORD,
 };
 use crate::helpers::{spawn_app_with, sql_text, TestApp};
 use crate::oidc_issuer::{sign, Issuer};
@@ -143,6 +144,16 @@ async fn me(app: &TestApp, session: &str) -> (u16, Value) {
         .unwrap();
     let status = r.status().as_u16();
     (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// The browser holding SSO session `id`, as the admin helpers drive one.
+fn browser(app: &TestApp, id: &str) -> Session {
+    Session {
+        address: app.address.clone(),
+        id: id.to_string(),
+        csrf: sluice::auth::csrf::token_for(id),
+        http: client(),
+    }
 }
 
 async fn refused(r: reqwest::Response, status: u16, says: &str) {
@@ -365,7 +376,35 @@ async fn a_callback_from_another_browser_or_with_a_forged_flow_cookie_is_refused
         .send()
         .await
         .unwrap();
-    refused(r, 401, "access_denied (User cancelled)").await;
+    refused(r, 401, "access_denied").await;
+    // Anyone can call the callback: what no verified flow vouches for — a provider's error,
+    // a missing or forged flow cookie — writes no audit row, and the caller's text is not
+    // shown on the gateway's page.
+    let audited = "SELECT COUNT(*) FROM audit_log WHERE action = 'login.sso_refused'";
+    let before = app.scalar(audited).await;
+    for _ in 0..5 {
+        let r = client()
+            .get(format!(
+                "{}/admin/oidc/callback?error=access_denied&error_description=Call%20+1-555-PHISH",
+                app.address
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401);
+        assert!(!r.text().await.unwrap().contains("PHISH"));
+        let r = client()
+            .get(format!("{}/admin/oidc/callback", app.address))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400);
+    }
+    assert_eq!(
+        app.scalar(audited).await,
+        before,
+        "no audit row from anyone's query"
+    );
     // Nothing was asked of the token endpoint for any of them.
     assert!(issuer.token_requests.lock().unwrap().is_empty());
     assert!(mine.location.starts_with(&format!("{}/auth?", issuer.url)));
@@ -414,11 +453,40 @@ async fn the_role_is_derived_again_at_every_sign_in_and_no_matching_group_is_ref
         1
     );
 
-    // Removed from every mapped group: refused, and the login's sessions end.
+    // An API key made while admin: it must not outlive the grant.
+    let key = key_of(&browser(&app, &s2), "ci").await;
+    assert_eq!(me_with_key(&app, &key).await, 200);
+
+    // Removed from every mapped group: refused, and the login's sessions and keys end.
     let r = sign_in_with(&app, &issuer, "u-3", |c| c["groups"] = json!(["staff"])).await;
     refused(r, 403, "none of your groups").await;
     assert_eq!(me(&app, &s2).await.0, 401);
     assert_eq!(me(&app, &lead_session).await.0, 401);
+    assert_eq!(
+        me_with_key(&app, &key).await,
+        401,
+        "the admin API key ended"
+    );
+
+    // Moved to a group whose team Sluice lacks: the new grant cannot be given, and the old
+    // one ends with everything it opened.
+    let r = sign_in_with(&app, &issuer, "u-3", |c| {
+        c["groups"] = json!(["llm-admins"])
+    })
+    .await;
+    let s3 = session_of(&r).unwrap();
+    let key = key_of(&browser(&app, &s3), "ci-2").await;
+    let r = sign_in_with(&app, &issuer, "u-3", |c| {
+        c["groups"] = json!(["llm-lead-nowhere"])
+    })
+    .await;
+    refused(r, 403, "team `nowhere`, which does not exist").await;
+    assert_eq!(me(&app, &s3).await.0, 401);
+    assert_eq!(
+        me_with_key(&app, &key).await,
+        401,
+        "the admin API key ended"
+    );
 
     // Someone never mapped gets no login at all.
     let r = sign_in_with(&app, &issuer, "u-4", |c| c["groups"] = json!(["staff"])).await;
