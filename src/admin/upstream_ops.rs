@@ -163,7 +163,8 @@ fn view_of(key: &str) -> Value {
 pub async fn add(state: &AppState, actor: &Actor, table: Value) -> Result<(), AdminError> {
     actor.require_admin()?;
     let u = parse_upstream(table)?;
-    let key = u.api_key.expose();
+    // A key pasted with its line's end is the key, not a header value that fails every call.
+    let key = u.api_key.expose().trim();
     let row = UpstreamRow {
         id: u.id.clone(),
         settings: stored_settings(&u),
@@ -207,7 +208,8 @@ pub async fn rotate(
     key: &str,
 ) -> Result<(), AdminError> {
     actor.require_admin()?;
-    if key.trim().is_empty() {
+    let key = key.trim();
+    if key.is_empty() {
         return Err(AdminError::invalid("`api_key` is required."));
     }
     let old = managed_one(state, id).await?;

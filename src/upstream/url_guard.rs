@@ -27,6 +27,8 @@ pub enum UrlGuardError {
     Scheme,
     #[error("base_url must not carry a user name or password")]
     UserInfo,
+    #[error("base_url must not carry a query or a fragment (`?`, `#`): the paths the gateway appends would end up in it")]
+    QueryOrFragment,
     #[error(
         "base_url points at a metadata, link-local, unspecified, multicast or reserved address"
     )]
@@ -53,6 +55,10 @@ pub fn check_base_url(raw: &str, allow_private: bool) -> Result<(), UrlGuardErro
     }
     if !url.username().is_empty() || url.password().is_some() {
         return Err(UrlGuardError::UserInfo);
+    }
+    // `…/internal/action#` + `/chat/completions` would reach `/internal/action` itself.
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(UrlGuardError::QueryOrFragment);
     }
     check_host(&url, allow_private)
 }

@@ -7,6 +7,9 @@ fn refuses_ssrf_targets() {
     use UrlGuardError::*;
     let cases = [
         ("http://169.254.169.254/latest", Forbidden),
+        ("https://api.example.com/v1?x=1", QueryOrFragment),
+        ("https://api.example.com/internal/action#", QueryOrFragment),
+        ("https://api.example.com/v1?", QueryOrFragment),
         ("http://0.0.0.0:80/v1", Forbidden),
         ("http://[fe80::1]/v1", Forbidden),
         ("http://[fd00:ec2::254]/", Forbidden),

@@ -407,3 +407,56 @@ async fn only_an_admin_manages_keys_and_a_bad_table_is_named() {
         "{body}"
     );
 }
+
+/// A key pasted with the line's end (or spaces) around it is the key, not an invalid header
+/// that fails every call; and a base URL carrying a query or a fragment — which would cut
+/// off the path the gateway appends (`…/internal/action#` + `/chat/completions`) — is named
+/// and refused.
+#[tokio::test]
+async fn a_pasted_key_is_trimmed_and_a_base_url_with_a_query_or_fragment_is_refused() {
+    let app = spawn_app().await;
+    let s = admin(&app).await;
+    let (_, token) = app.token("ann", None).await;
+    let (status, body) = s
+        .post(
+            "/admin/api/v1/upstreams",
+            &table(&app, "pasted", &format!("  {KEY_1}\n")),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["key"], "****WXYZ");
+    let (status, body) = s
+        .send(
+            reqwest::Method::PUT,
+            "/admin/api/v1/models/pasted",
+            &priced(&["pasted"], 1.0, 2.0),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = ask(&app, &token, "pasted").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(used(&app, KEY_1), 1, "the trimmed key served the request");
+    let (status, body) = s
+        .post(
+            "/admin/api/v1/upstreams/pasted/rotate",
+            &json!({"api_key": format!("{KEY_2}\r\n")}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = ask(&app, &token, "pasted").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        used(&app, KEY_2),
+        1,
+        "the trimmed new key served the request"
+    );
+
+    for (id, tail) in [("q", "/v1?x=1"), ("f", "/internal/action#")] {
+        let mut t = table(&app, id, KEY_1);
+        t["base_url"] = json!(format!("{}{tail}", app.mock.base_url()));
+        let (status, body) = s.post("/admin/api/v1/upstreams", &t).await;
+        assert_eq!(status, 400, "{body}");
+        assert!(body.to_string().contains("query or a fragment"), "{body}");
+    }
+    app.assert_invariant().await;
+}
