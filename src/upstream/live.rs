@@ -192,6 +192,7 @@ impl Live {
         let old = self.current.load_full();
         let catalog = Catalog::rebuild(&settings, &which, Some(&old.catalog));
         let pool = Pool::carried(Some(&old.pool), &catalog, &settings);
+        forget_replaced_keys(&old.catalog, &catalog, &pool);
         self.current.store(Arc::new(Snapshot {
             catalog: Arc::new(catalog),
             pool: Arc::new(pool),
@@ -219,6 +220,7 @@ impl Live {
         let old = self.current.load_full();
         let catalog = Catalog::rebuild(&settings, &which, Some(&old.catalog));
         let pool = Pool::carried(Some(&old.pool), &catalog, &settings);
+        forget_replaced_keys(&old.catalog, &catalog, &pool);
         let ignored = restart_needed(&self.file(), &new);
         *self.file.lock() = Arc::new(new);
         self.current.store(Arc::new(Snapshot {
@@ -226,6 +228,16 @@ impl Live {
             pool: Arc::new(pool),
         }));
         Ok(ignored)
+    }
+}
+
+/// Positions are kept across rebuilds: where a deployment's key changed, the pool forgets
+/// what it learned from the old one (`Pool::key_replaced`).
+fn forget_replaced_keys(old: &Catalog, new: &Catalog, pool: &Pool) {
+    for (i, (o, n)) in old.deployments.iter().zip(&new.deployments).enumerate() {
+        if o.api_key.expose() != n.api_key.expose() {
+            pool.key_replaced(i);
+        }
     }
 }
 

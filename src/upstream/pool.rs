@@ -156,6 +156,21 @@ impl Pool {
         self.members[d].streak.store(0, Ordering::Relaxed);
     }
 
+    /// The deployment's key was replaced (a rotation, a SIGHUP with another key): what the
+    /// pool learned from the old key — refused (401/403), out of quota, cooling down after
+    /// its 429s — is not the new key's. An admin's disabling stays.
+    pub fn key_replaced(&self, d: usize) {
+        let m = &self.members[d];
+        let learned = [1, 2];
+        let _ = m
+            .disabled
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                learned.contains(&v).then_some(0)
+            });
+        m.cooling_until_ms.store(0, Ordering::Relaxed);
+        m.streak.store(0, Ordering::Relaxed);
+    }
+
     pub fn succeeded(&self, d: usize) {
         self.members[d].streak.store(0, Ordering::Relaxed);
     }

@@ -460,3 +460,53 @@ async fn a_pasted_key_is_trimmed_and_a_base_url_with_a_query_or_fragment_is_refu
     }
     app.assert_invariant().await;
 }
+
+/// A key the upstream refused (401) is taken out of the pool; rotating in a good key brings
+/// the upstream back at once — what the pool learned of the old key is not the new one's.
+#[tokio::test]
+async fn a_rotation_brings_back_an_upstream_whose_old_key_was_refused() {
+    let app = spawn_app().await;
+    let s = admin(&app).await;
+    let (_, token) = app.token("ann", None).await;
+    let (status, body) = s
+        .post("/admin/api/v1/upstreams", &table(&app, "solo", KEY_1))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = s
+        .send(
+            reqwest::Method::PUT,
+            "/admin/api/v1/models/solo",
+            &priced(&["solo"], 1.0, 2.0),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    app.mock.state.sticky(
+        KEY_1,
+        Some(sluice::mock::Script {
+            status: Some(401),
+            ..sluice::mock::Script::default()
+        }),
+    );
+    let (status, _) = ask(&app, &token, "solo").await;
+    assert_ne!(status, 200, "the refused key fails");
+    let (_, list) = s.get_json("/admin/api/v1/upstreams").await;
+    let solo = list["upstreams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["id"] == "solo")
+        .cloned()
+        .unwrap();
+    assert_eq!(solo["enabled"], false, "taken out of the pool: {solo}");
+    let (status, body) = s
+        .post(
+            "/admin/api/v1/upstreams/solo/rotate",
+            &json!({"api_key": KEY_2}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = ask(&app, &token, "solo").await;
+    assert_eq!(status, 200, "the new key serves at once: {body}");
+    assert_eq!(used(&app, KEY_2), 1);
+    app.assert_invariant().await;
+}
