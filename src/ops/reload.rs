@@ -9,14 +9,11 @@ use std::path::Path;
 use crate::state::AppState;
 
 pub async fn reload_config(state: &AppState, file: Option<&Path>) {
-    let new = match crate::config::load(file) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(error = %e, "SIGHUP: the config file does not read; still serving the configuration in use");
-            return;
-        }
-    };
-    match state.live.reload_file(&state.db, new).await {
+    match state
+        .live
+        .reload_file(&state.db, || crate::config::load(file))
+        .await
+    {
         Ok(ignored) if ignored.is_empty() => {
             tracing::info!("SIGHUP: config reloaded; upstreams and models applied")
         }
@@ -24,6 +21,9 @@ pub async fn reload_config(state: &AppState, file: Option<&Path>) {
             sections = %ignored.join(", "),
             "SIGHUP: config reloaded; upstreams and models applied, but these sections changed and are read at start only: restart to apply them"
         ),
+        Err(e @ crate::upstream::live::LiveError::Unreadable(_)) => {
+            tracing::error!(error = %e, "SIGHUP: the config file does not read; still serving the configuration in use")
+        }
         Err(e) => {
             tracing::error!(error = %e, "SIGHUP: the new config is not valid; still serving the configuration in use")
         }

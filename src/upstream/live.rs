@@ -35,6 +35,9 @@ pub enum LiveError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// The file itself did not read (`SIGHUP`), as against a merged catalog not valid.
+    #[error("{0}")]
+    Unreadable(ConfigError),
     #[error("the master key does not open the stored key of upstream `{0}` (its row was altered, or moved from another row)")]
     Sealed(String),
     #[error("the stored settings of {0} do not read: {1}")]
@@ -214,8 +217,16 @@ impl Live {
     /// Takes a re-read config file (`SIGHUP`): its upstreams and models apply at once if
     /// the merged catalog validates; otherwise the file in use stays. Other settings are
     /// read at start only: the ones that differ are named (`restart_needed`).
-    pub async fn reload_file(&self, db: &Db, new: Settings) -> Result<Vec<String>, LiveError> {
+    ///
+    /// The file is read (`load`) under the rebuild lock: of two `SIGHUP`s close together,
+    /// the later reads the file last and applies last — an older read never wins.
+    pub async fn reload_file(
+        &self,
+        db: &Db,
+        load: impl FnOnce() -> Result<Settings, ConfigError>,
+    ) -> Result<Vec<String>, LiveError> {
         let _one = self.rebuilding.lock().await;
+        let new = load().map_err(LiveError::Unreadable)?;
         let (settings, which) = Self::read(db, &new).await?;
         let old = self.current.load_full();
         let catalog = Catalog::rebuild(&settings, &which, Some(&old.catalog));
