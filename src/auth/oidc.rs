@@ -236,11 +236,24 @@ impl Sso {
             .map(|e| e.to_string())
             .or_else(|| claims.preferred_username().map(|u| u.to_string()))
             .unwrap_or_else(|| subject.clone());
+        // The crate parses the standard claims out of the rest: put back those a mapping
+        // may name — `email` only when the provider says it verified it (else anyone could
+        // claim an address of the mapped domain at a provider that lets users set theirs).
+        let mut map = claims.additional_claims().rest.clone();
+        map.insert("sub".into(), subject.clone().into());
+        if let Some(u) = claims.preferred_username() {
+            map.insert("preferred_username".into(), u.to_string().into());
+        }
+        if claims.email_verified() == Some(true) {
+            if let Some(e) = claims.email() {
+                map.insert("email".into(), e.to_string().into());
+            }
+        }
         Ok(Identity {
             issuer,
             subject,
             name,
-            claims: claims.additional_claims().rest.clone(),
+            claims: map,
         })
     }
 

@@ -41,6 +41,12 @@ async fn gateway(issuer: &Issuer, password_login: bool) -> TestApp {
                 role("llm-admins", "admin", None),
                 role("llm-lead-*", "lead", Some("*")),
                 role("finance", "finance", None),
+                OidcRole {
+                    claim: "email".into(),
+                    value: "*@finance.example".into(),
+                    role: "finance".into(),
+                    team: None,
+                },
             ],
         });
     })
@@ -610,4 +616,27 @@ fn base64_url(bytes: &[u8]) -> String {
         }
     }
     out
+}
+
+/// A standard claim can be mapped — `email`, the usual way for Google Workspace, which sends
+/// no groups — but only when the provider verified it: an unverified address of the mapped
+/// domain grants nothing.
+#[tokio::test]
+async fn a_verified_email_can_be_mapped_and_an_unverified_one_grants_nothing() {
+    let issuer = Issuer::start().await;
+    let app = gateway(&issuer, true).await;
+    let r = sign_in_with(&app, &issuer, "u-9", |c| {
+        c["email"] = json!("mallory@finance.example");
+        c["email_verified"] = json!(false);
+    })
+    .await;
+    refused(r, 403, "none of your groups").await;
+    let r = sign_in_with(&app, &issuer, "u-8", |c| {
+        c["email"] = json!("bob@finance.example");
+        c["email_verified"] = json!(true);
+    })
+    .await;
+    assert_eq!(r.status(), 200);
+    let (_, me_) = me(&app, &session_of(&r).unwrap()).await;
+    assert_eq!(me_["role"], "finance", "{me_}");
 }
