@@ -148,6 +148,31 @@ async fn end_access(
     Ok(())
 }
 
+/// A sign-in refused with a 403 `page`: audited (`login.sso_refused` with `why`, by `who` =
+/// (actor, address, target)) in the transaction, which commits with what it did before.
+async fn refuse(
+    mut tx: crate::store::Tx,
+    who: (&str, &str, &str),
+    why: &str,
+    page: String,
+    now: DateTime<Utc>,
+) -> Result<Refusal, AdminError> {
+    let (actor, address, target) = who;
+    let detail = json!({ "reason": why }).to_string();
+    append(
+        &mut tx,
+        actor,
+        address,
+        "login.sso_refused",
+        target,
+        &detail,
+        now,
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(Refusal::Page(page, 403))
+}
+
 enum Refusal {
     Page(String, u16),
     Error(AdminError),
@@ -176,26 +201,13 @@ async fn sign_in(
         if let Some(a) = &existing {
             end_access(&mut tx, a.id, now).await?;
         }
-        let detail = json!({"reason": "no [[oidc.roles]] row matches"}).to_string();
-        append(
-            &mut tx,
-            &actor,
-            address,
-            "login.sso_refused",
-            "",
-            &detail,
-            now,
-        )
-        .await?;
-        tx.commit().await?;
-        return Err(Refusal::Page(
-            format!(
-                "You signed in at the identity provider as {}, but none of your groups or claims \
-                 grants a role in Sluice. Ask an administrator to add you to a mapped group.",
-                who.name
-            ),
-            403,
-        ));
+        let page = format!(
+            "You signed in at the identity provider as {}, but none of your groups or claims \
+             grants a role in Sluice. Ask an administrator to add you to a mapped group.",
+            who.name
+        );
+        let why = "no [[oidc.roles]] row matches";
+        return Err(refuse(tx, (&actor, address, ""), why, page, now).await?);
     };
     let team_id = match &grant.team {
         Some(team) => match tenants::team_id(&mut tx, team).await? {
@@ -206,44 +218,19 @@ async fn sign_in(
                 if let Some(a) = &existing {
                     end_access(&mut tx, a.id, now).await?;
                 }
-                let detail = json!({"reason": format!("team `{team}` does not exist")}).to_string();
-                append(
-                    &mut tx,
-                    &actor,
-                    address,
-                    "login.sso_refused",
-                    "",
-                    &detail,
-                    now,
-                )
-                .await?;
-                tx.commit().await?;
-                return Err(Refusal::Page(
-                    format!("Your group makes you a lead of team `{team}`, which does not exist in Sluice. Ask an administrator to create it."),
-                    403,
-                ));
+                let page = format!("Your group makes you a lead of team `{team}`, which does not exist in Sluice. Ask an administrator to create it.");
+                let why = format!("team `{team}` does not exist");
+                return Err(refuse(tx, (&actor, address, ""), &why, page, now).await?);
             }
         },
         None => None,
     };
     let (id, before) = match &existing {
         Some(a) if a.disabled => {
-            let detail = json!({"reason": "login disabled in Sluice"}).to_string();
-            append(
-                &mut tx,
-                &actor,
-                address,
-                "login.sso_refused",
-                &format!("admin:{}", a.id),
-                &detail,
-                now,
-            )
-            .await?;
-            tx.commit().await?;
-            return Err(Refusal::Page(
-                "Your Sluice login is disabled. Ask an administrator.".into(),
-                403,
-            ));
+            let page = "Your Sluice login is disabled. Ask an administrator.".to_string();
+            let target = format!("admin:{}", a.id);
+            let why = "login disabled in Sluice";
+            return Err(refuse(tx, (&actor, address, &target), why, page, now).await?);
         }
         Some(a) => {
             if a.role != grant.role || a.team_id != team_id {

@@ -36,6 +36,14 @@ fn priced(routes: &[&str], input: f64, output: f64) -> Value {
     })
 }
 
+/// Saves model `name` through the admin API; it must be taken. Returns the answer.
+async fn put_model(s: &Session, name: &str, table: &Value) -> Value {
+    let path = format!("/admin/api/v1/models/{name}");
+    let (status, body) = s.send(reqwest::Method::PUT, &path, table).await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
 async fn ask(app: &TestApp, token: &str, model: &str) -> (u16, Value) {
     let r = app
         .chat(token, &json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}))
@@ -59,14 +67,7 @@ async fn a_key_added_through_the_api_serves_the_next_request_and_shows_only_its_
     assert_eq!(status, 201, "{body}");
     assert_eq!(body["key"], "****WXYZ");
     assert_eq!(body["source"], "admin");
-    let (status, body) = s
-        .send(
-            reqwest::Method::PUT,
-            "/admin/api/v1/models/managed",
-            &priced(&["m1"], 1.0, 2.0),
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
+    put_model(&s, "managed", &priced(&["m1"], 1.0, 2.0)).await;
     let (status, body) = ask(&app, &token, "managed").await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(used(&app, KEY_1), 1, "the managed key served the request");
@@ -116,14 +117,7 @@ async fn a_key_is_rotated_under_load_with_no_failed_request_and_the_old_one_is_n
             .0,
         201
     );
-    let put = s
-        .send(
-            reqwest::Method::PUT,
-            "/admin/api/v1/models/managed",
-            &priced(&["m1"], 1.0, 2.0),
-        )
-        .await;
-    assert_eq!(put.0, 200, "{}", put.1);
+    put_model(&s, "managed", &priced(&["m1"], 1.0, 2.0)).await;
     // Slow answers, so requests are in flight on the old key when it is rotated.
     app.mock.state.sticky(
         KEY_1,
@@ -195,14 +189,7 @@ async fn a_disabled_key_is_never_used_again_and_a_deleted_one_is_gone() {
             201
         );
     }
-    let put = s
-        .send(
-            reqwest::Method::PUT,
-            "/admin/api/v1/models/managed",
-            &priced(&["m1", "m2"], 1.0, 2.0),
-        )
-        .await;
-    assert_eq!(put.0, 200, "{}", put.1);
+    put_model(&s, "managed", &priced(&["m1", "m2"], 1.0, 2.0)).await;
     let (status, body) = s
         .post("/admin/api/v1/upstreams/m1/disable", &json!({}))
         .await;
@@ -224,14 +211,7 @@ async fn a_disabled_key_is_never_used_again_and_a_deleted_one_is_gone() {
         .await;
     assert_eq!(status, 400, "{body}");
     assert!(body.to_string().contains("unknown upstream `m1`"), "{body}");
-    let put = s
-        .send(
-            reqwest::Method::PUT,
-            "/admin/api/v1/models/managed",
-            &priced(&["m2"], 1.0, 2.0),
-        )
-        .await;
-    assert_eq!(put.0, 200, "{}", put.1);
+    put_model(&s, "managed", &priced(&["m2"], 1.0, 2.0)).await;
     let (status, body) = s
         .send(
             reqwest::Method::DELETE,
@@ -275,14 +255,7 @@ async fn test_shows_success_against_the_mock_and_a_clear_failure_for_a_refused_k
     // No model routes to it yet: test says so.
     let (status, body) = s.post("/admin/api/v1/upstreams/m1/test", &json!({})).await;
     assert_eq!(status, 409, "{body}");
-    let put = s
-        .send(
-            reqwest::Method::PUT,
-            "/admin/api/v1/models/managed",
-            &priced(&["m1"], 1.0, 2.0),
-        )
-        .await;
-    assert_eq!(put.0, 200, "{}", put.1);
+    put_model(&s, "managed", &priced(&["m1"], 1.0, 2.0)).await;
     let (status, body) = s.post("/admin/api/v1/upstreams/m1/test", &json!({})).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["ok"], true, "{body}");
@@ -322,27 +295,13 @@ async fn a_price_changed_through_the_api_prices_the_next_request_and_not_an_earl
         json!({"routes": [{"upstream": "a", "model": "gpt-4o-mini-upstream"}], "aliases": ["mini"],
                "input_usd_per_mtok": input, "output_usd_per_mtok": output})
     };
-    let put = s
-        .send(
-            reqwest::Method::PUT,
-            "/admin/api/v1/models/gpt-4o-mini",
-            &mini(10.0, 20.0),
-        )
-        .await;
-    assert_eq!(put.0, 200, "{}", put.1);
-    assert_eq!(put.1["input_micros_per_mtok"], 10_000_000);
+    let put = put_model(&s, "gpt-4o-mini", &mini(10.0, 20.0)).await;
+    assert_eq!(put["input_micros_per_mtok"], 10_000_000);
     assert_eq!(ask(&app, &token, "gpt-4o-mini").await.0, 200);
     app.wait_for_log_rows(1).await;
     let first = app.scalar("SELECT cost_micros FROM requests").await;
     assert!(first > 0);
-    let put = s
-        .send(
-            reqwest::Method::PUT,
-            "/admin/api/v1/models/gpt-4o-mini",
-            &mini(30.0, 60.0),
-        )
-        .await;
-    assert_eq!(put.0, 200, "{}", put.1);
+    put_model(&s, "gpt-4o-mini", &mini(30.0, 60.0)).await;
     assert_eq!(ask(&app, &token, "gpt-4o-mini").await.0, 200);
     app.wait_for_log_rows(2).await;
     let costs: Vec<(i64,)> =
@@ -425,14 +384,7 @@ async fn a_pasted_key_is_trimmed_and_a_base_url_with_a_query_or_fragment_is_refu
         .await;
     assert_eq!(status, 201, "{body}");
     assert_eq!(body["key"], "****WXYZ");
-    let (status, body) = s
-        .send(
-            reqwest::Method::PUT,
-            "/admin/api/v1/models/pasted",
-            &priced(&["pasted"], 1.0, 2.0),
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
+    put_model(&s, "pasted", &priced(&["pasted"], 1.0, 2.0)).await;
     let (status, body) = ask(&app, &token, "pasted").await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(used(&app, KEY_1), 1, "the trimmed key served the request");
@@ -472,14 +424,7 @@ async fn a_rotation_brings_back_an_upstream_whose_old_key_was_refused() {
         .post("/admin/api/v1/upstreams", &table(&app, "solo", KEY_1))
         .await;
     assert_eq!(status, 201, "{body}");
-    let (status, body) = s
-        .send(
-            reqwest::Method::PUT,
-            "/admin/api/v1/models/solo",
-            &priced(&["solo"], 1.0, 2.0),
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
+    put_model(&s, "solo", &priced(&["solo"], 1.0, 2.0)).await;
     app.mock.state.sticky(
         KEY_1,
         Some(sluice::mock::Script {
