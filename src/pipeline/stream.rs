@@ -260,7 +260,7 @@ pub(super) fn serve(
             .hold_limit(most);
     // A server the gateway does not ask for its usage (`quirks.include_usage = false`).
     if upstream_format == providers::Format::OpenAiChat
-        && !state.catalog.deployments[s.route.deployment].include_usage
+        && !state.catalog().deployments[s.route.deployment].include_usage
     {
         converter = converter.usage_not_asked();
     }
