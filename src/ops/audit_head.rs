@@ -289,6 +289,14 @@ pub async fn rearm(
     Ok(Rearmed { kept, head })
 }
 
+/// Signs the head again under the new master key after `sluice secrets rotate` (`db` is
+/// opened under it): the chain was verified, with this head, under the old key just
+/// before it was signed again, so the head is rewritten over the chain as it is now.
+pub async fn resign(db: &Db, dir: &Path, now: DateTime<Utc>) -> Result<Head, HeadError> {
+    let _lock = lock(dir).await?;
+    write_head(db, dir, now).await
+}
+
 /// The head as a structured log line: no secret in it (its `mac` is a signature in the
 /// log's own domain, `Head::log_mac`).
 fn log(h: &Head, keys: &AuditKeys, file_written: bool) {
