@@ -150,3 +150,83 @@ async fn rewrite(
     sqlx::query(&trigger).execute(&mut *conn).await?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::managed::UpstreamRow;
+
+    fn key(hex: &str) -> MasterKey {
+        MasterKey::from_hex(&hex.repeat(32)).unwrap()
+    }
+
+    /// After a rotation the chain verifies under the new key only, the sealed key and the
+    /// check value open under the new key only, and the audit log refuses UPDATE again —
+    /// its trigger put back as it was.
+    #[tokio::test]
+    async fn everything_moves_to_the_new_key_and_the_log_is_append_only_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.db");
+        let old = key("ab");
+        let db = Db::open_with_key(&path, false, &old).await.unwrap();
+        let now = chrono::Utc::now();
+        let mut tx = db.begin().await.unwrap();
+        let row = UpstreamRow {
+            id: "u".into(),
+            settings: "{}".into(),
+            key_sealed: db.seal.seal(&key_purpose("u"), b"sk-secret"),
+            key_last4: "cret".into(),
+            enabled: true,
+        };
+        managed::insert_upstream(&mut tx, &row, "t").await.unwrap();
+        managed::put_seal_check(&mut tx, &db.seal.check_value())
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        for action in ["one", "two", "three"] {
+            let e = AuditEntry {
+                actor: "t",
+                address: "",
+                action,
+                target: "x",
+                before: None,
+                after: None,
+            };
+            audit::record(&db, &e, now).await.unwrap();
+        }
+        let trigger = "SELECT sql FROM sqlite_master WHERE name = 'audit_no_update'";
+        let before: String = sqlx::query_scalar(trigger)
+            .fetch_one(&db.sqlite().read)
+            .await
+            .unwrap();
+        let new = key("cd");
+        let done = rotate(&db, &new, "cli (t)", now).await.unwrap();
+        assert_eq!((done.upstream_keys, done.audit_rows), (1, 4));
+        let after: String = sqlx::query_scalar(trigger)
+            .fetch_one(&db.sqlite().read)
+            .await
+            .unwrap();
+        assert_eq!(before, after);
+        let refused = sqlx::query("UPDATE audit_log SET actor = 'x'")
+            .execute(&db.sqlite().write)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains("append-only"), "{refused}");
+        let new_keys = AuditKeys::derive(&new);
+        let st = audit::verify(&db, &new_keys).await.unwrap();
+        assert_eq!((st.rows, st.broken), (4, None));
+        assert!(audit::verify(&db, &db.audit)
+            .await
+            .unwrap()
+            .broken
+            .is_some());
+        let sealed = &managed::upstreams(&db).await.unwrap()[0].key_sealed;
+        let opened = Sealer::new(&new).open(&key_purpose("u"), sealed).unwrap();
+        assert_eq!(opened, b"sk-secret");
+        assert!(db.seal.open(&key_purpose("u"), sealed).is_err());
+        let check = managed::seal_check(&db).await.unwrap().unwrap();
+        assert!(Sealer::new(&new).opens_check(&check).is_ok());
+        assert!(db.seal.opens_check(&check).is_err());
+    }
+}

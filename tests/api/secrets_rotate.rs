@@ -241,6 +241,11 @@ async fn after_rotate_the_new_key_serves_the_managed_key_and_the_old_one_is_refu
     assert!(out.status.success(), "{}", stderr(&out));
     let log = audit_rows_text(dir.path()).await;
     assert!(log.contains("secrets.rotate"), "{log}");
+    // The log's append-only guard is back after the rewrite.
+    let mut c = Attacker::of_dir(dir.path()).await;
+    let refused = c.try_exec("UPDATE audit_log SET actor = 'x'").await;
+    assert!(refused.unwrap_err().to_string().contains("append-only"));
+    c.close().await;
 
     let text = contents(dir.path(), NEW_KEY_HEX).await;
     assert!(text.contains("LMNO"), "the scan sees the managed row");
