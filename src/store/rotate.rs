@@ -160,16 +160,9 @@ mod tests {
         MasterKey::from_hex(&hex.repeat(32)).unwrap()
     }
 
-    /// After a rotation the chain verifies under the new key only, the sealed key and the
-    /// check value open under the new key only, and the audit log refuses UPDATE again —
-    /// its trigger put back as it was.
-    #[tokio::test]
-    async fn everything_moves_to_the_new_key_and_the_log_is_append_only_again() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("r.db");
-        let old = key("ab");
-        let db = Db::open_with_key(&path, false, &old).await.unwrap();
-        let now = chrono::Utc::now();
+    /// A database with one sealed key and three audit rows, under the key `ab`.
+    async fn seeded(path: &std::path::Path) -> Db {
+        let db = Db::open_with_key(path, false, &key("ab")).await.unwrap();
         let mut tx = db.begin().await.unwrap();
         let row = UpstreamRow {
             id: "u".into(),
@@ -192,8 +185,73 @@ mod tests {
                 before: None,
                 after: None,
             };
-            audit::record(&db, &e, now).await.unwrap();
+            audit::record(&db, &e, chrono::Utc::now()).await.unwrap();
         }
+        db
+    }
+
+    /// What a refused rotation must leave as it was: the rows, the sealed key, the check.
+    async fn state(db: &Db) -> (Vec<(String, String)>, Vec<u8>, Vec<u8>) {
+        let rows = sqlx::query_as("SELECT action, hash FROM audit_log ORDER BY id")
+            .fetch_all(&db.sqlite().read)
+            .await
+            .unwrap();
+        let sealed = managed::upstreams(db).await.unwrap()[0].key_sealed.clone();
+        (
+            rows,
+            sealed,
+            managed::seal_check(db).await.unwrap().unwrap(),
+        )
+    }
+
+    /// The chain is checked again inside the transaction, after the `secrets.rotate` row
+    /// was appended: a break found there rolls that row back with everything else. So does
+    /// a sealed key that does not open (here: another row's sealed value).
+    #[tokio::test]
+    async fn a_refusal_inside_the_transaction_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = seeded(&dir.path().join("r.db")).await;
+        let was = state(&db).await;
+        sqlx::raw_sql(
+            "DROP TRIGGER audit_no_update; UPDATE audit_log SET actor = 'forged' WHERE id = 2",
+        )
+        .execute(&db.sqlite().write)
+        .await
+        .unwrap();
+        let tampered = state(&db).await;
+        let err = rotate(&db, &key("cd"), "t", chrono::Utc::now()).await;
+        assert!(
+            matches!(err, Err(Refused::Chain(Broken { id: 2, .. }))),
+            "{err:?}"
+        );
+        assert_eq!(state(&db).await, tampered);
+        assert_eq!(tampered.1, was.1);
+
+        let dir = tempfile::tempdir().unwrap();
+        let db = seeded(&dir.path().join("s.db")).await;
+        let moved = db.seal.seal(&key_purpose("other"), b"sk-other");
+        sqlx::query("UPDATE managed_upstreams SET key_sealed = ?")
+            .bind(&moved)
+            .execute(&db.sqlite().write)
+            .await
+            .unwrap();
+        let was = state(&db).await;
+        let err = rotate(&db, &key("cd"), "t", chrono::Utc::now()).await;
+        assert!(
+            matches!(err, Err(Refused::Sealed(ref id, _)) if id == "u"),
+            "{err:?}"
+        );
+        assert_eq!(state(&db).await, was);
+    }
+
+    /// After a rotation the chain verifies under the new key only, the sealed key and the
+    /// check value open under the new key only, and the audit log refuses UPDATE again —
+    /// its trigger put back as it was.
+    #[tokio::test]
+    async fn everything_moves_to_the_new_key_and_the_log_is_append_only_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = seeded(&dir.path().join("r.db")).await;
+        let now = chrono::Utc::now();
         let trigger = "SELECT sql FROM sqlite_master WHERE name = 'audit_no_update'";
         let before: String = sqlx::query_scalar(trigger)
             .fetch_one(&db.sqlite().read)

@@ -79,7 +79,7 @@ fn write_key(path: &Path, hex: &str) {
 
 /// The CLI on `dir`'s database (the config of `write_config`), with `env`.
 fn cli(dir: &Path, mock: &sluice::mock::MockServer, args: &[&str], env: &[(&str, &str)]) -> Output {
-    let config = write_config(dir, mock, free_port(), "");
+    let config = write_config(dir, mock, 0, "");
     Command::new(env!("CARGO_BIN_EXE_sluice"))
         .arg("--config")
         .arg(&config)
@@ -334,4 +334,31 @@ async fn the_new_key_comes_from_exactly_one_place() {
         &[("SLUICE_NEW_SECRET_KEY", NEW_KEY_HEX)],
     );
     assert!(out.status.success(), "{}", stderr(&out));
+}
+
+/// The newest audit rows deleted (the chain itself still links): the signed head shows it,
+/// and rotation refuses rather than sign a new head over the shortened log.
+#[tokio::test]
+async fn a_log_whose_newest_rows_were_deleted_is_not_re_signed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = sluice::mock::MockServer::start("127.0.0.1:0", sluice::mock::MockConfig::default())
+        .unwrap();
+    seed(dir.path(), &mock).await;
+    let g = start_gateway_full(dir.path(), &mock, &[], "").await;
+    stop(g);
+    let out = cli(dir.path(), &mock, &["audit", "verify"], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut c = Attacker::of_dir(dir.path()).await;
+    c.lift_delete_guard().await;
+    c.exec("DELETE FROM audit_log WHERE id = (SELECT MAX(id) FROM audit_log)")
+        .await;
+    c.restore_delete_guard().await;
+    c.close().await;
+    let new_key = dir.path().join("new.key");
+    write_key(&new_key, NEW_KEY_HEX);
+    let out = rotate(dir.path(), &mock, &new_key);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("audit head mismatch"), "{err}");
+    assert!(err.contains("rows were deleted"), "{err}");
 }
