@@ -96,14 +96,11 @@ async fn rotate_db(
     let report = audit_head::verify(db, dir).await?;
     // A log no head was ever started over (a database no gateway served) has none yet.
     let unstarted = report.head == Found::Missing && report.started.is_none();
-    let problems: Vec<String> = match unstarted {
-        true => report
-            .problems()
-            .into_iter()
-            .filter(|p| !p.starts_with("audit head missing"))
-            .collect(),
-        false => report.problems(),
-    };
+    let problems: Vec<String> = report
+        .problems()
+        .into_iter()
+        .filter(|p| !(unstarted && p.starts_with("audit head missing")))
+        .collect();
     if !problems.is_empty() {
         return Err(RotateError::Unverified(problems));
     }

@@ -175,9 +175,12 @@ pub async fn running_in(tx: &mut super::Tx, host: &str, now: DateTime<Utc>) -> R
     let stale = db_time(now - STALE_AFTER);
     Ok(rows
         .into_iter()
-        .filter(|(h, pid, started, beat)| match h == host {
-            true => same_process_alive(*pid, *started),
-            false => beat.as_str() >= stale.as_str(),
+        .filter(|(h, pid, started, beat)| {
+            if h == host {
+                same_process_alive(*pid, *started)
+            } else {
+                beat.as_str() >= stale.as_str()
+            }
         })
         .map(|(h, pid, ..)| format!("{h} pid {pid}"))
         .collect())

@@ -326,12 +326,23 @@ async fn the_new_key_comes_from_exactly_one_place() {
     let out = rotate(dir.path(), &mock, &open);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("open to others"), "{}", stderr(&out));
-    // Through the environment instead: done.
+    // Through the environment instead: done. No gateway ever served this database, so no
+    // head was started: rotation starts it (recorded in the log) under the new key.
     let out = cli(
         dir.path(),
         &mock,
         &["secrets", "rotate"],
         &[("SLUICE_NEW_SECRET_KEY", NEW_KEY_HEX)],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(audit_rows_text(dir.path())
+        .await
+        .contains("audit.head_started"));
+    let out = cli(
+        dir.path(),
+        &mock,
+        &["audit", "verify"],
+        &[("SLUICE_SECRET_KEY", NEW_KEY_HEX)],
     );
     assert!(out.status.success(), "{}", stderr(&out));
 }
