@@ -93,6 +93,11 @@ enum Command {
         #[command(subcommand)]
         command: AuditCommand,
     },
+    /// The master key (upstream keys sealed in the database, the audit chain's key).
+    Secrets {
+        #[command(subcommand)]
+        command: SecretsCommand,
+    },
     /// A scriptable fake OpenAI + Anthropic upstream for tests and demos.
     Mock {
         #[arg(long, default_value = "127.0.0.1:9090")]
@@ -225,6 +230,20 @@ enum CacheCommand {
 }
 
 #[derive(Subcommand)]
+enum SecretsCommand {
+    /// Re-encrypt every stored upstream key and re-sign the audit log (checked first under
+    /// the current key) and its head under a new master key, in one transaction; refused
+    /// while a gateway runs on the database. The current key is read as the gateway reads
+    /// it; the new one from --new-key-file or SLUICE_NEW_SECRET_KEY. Key files are never
+    /// written: put the new key in place afterwards.
+    Rotate {
+        /// A 0600 file of 64 hex characters (`openssl rand -hex 32 > FILE; chmod 600 FILE`).
+        #[arg(long)]
+        new_key_file: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
 enum AuditCommand {
     /// Check every row, the keyed chain and the signed head (`audit.head` in the backup
     /// folder); exits non-zero naming the first bad row or the head mismatch.
@@ -329,6 +348,19 @@ async fn main() -> anyhow::Result<()> {
         let rearmed = cli::audit_rearm(&db, &dir, &why, "before-restore", now).await;
         db.close().await;
         println!("{}", rearmed?);
+        return Ok(());
+    }
+    if let Command::Secrets {
+        command: SecretsCommand::Rotate { new_key_file },
+    } = &cli.command
+    {
+        let new = sluice::secrets::MasterKey::new_for_rotation(new_key_file.as_deref())?;
+        let done = sluice::ops::rotate::rotate(&settings, &new, now).await?;
+        println!(
+            "rotated to the new master key: {} upstream keys sealed again, {} audit rows signed again, the audit head signed again",
+            done.upstream_keys, done.audit_rows
+        );
+        println!("now put the new key where the gateway reads it ({} or the key file), then start the gateways; keep the old key with the backups made before (they open only under it)", sluice::secrets::ENV);
         return Ok(());
     }
     let db = match cli.command {
@@ -448,6 +480,7 @@ async fn main() -> anyhow::Result<()> {
         | Command::CheckConfig
         | Command::Mock { .. }
         | Command::MigrateStore { .. }
+        | Command::Secrets { .. }
         | Command::Restore { .. } => {}
     }
     cli::export_audit_head(&db, std::path::Path::new(&settings.backup.dir), now).await;

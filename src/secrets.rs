@@ -21,6 +21,9 @@ pub mod seal;
 
 /// The environment variable that carries the master key (it wins over the key file).
 pub const ENV: &str = "SLUICE_SECRET_KEY";
+/// The environment variable that carries the new master key of `sluice secrets rotate`
+/// (or its `--new-key-file`).
+pub const NEW_ENV: &str = "SLUICE_NEW_SECRET_KEY";
 const LEN: usize = 32;
 
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +48,10 @@ pub enum SecretError {
     SharedKeyMismatch,
     #[error("the master key does not open the stored upstream keys: {0}. Start with the key the database was sealed under ({ENV} or the key file); after `sluice secrets rotate`, with the new one")]
     SealedUnderAnotherKey(String),
+    #[error("give the new master key either in {NEW_ENV} (64 hex characters) or as `--new-key-file FILE` (a 0600 file of 64 hex characters, `openssl rand -hex 32 > FILE; chmod 600 FILE`), not both")]
+    NewKeySource,
+    #[error("the new master key is the current one: nothing would change")]
+    SameKey,
     #[error("the key file {0} named by `[database] key_file` does not exist: create it once (`openssl rand -hex 32 > FILE; chmod 600 FILE`) and give every gateway host the same file")]
     SharedKeyMissing(PathBuf),
 }
@@ -130,6 +137,27 @@ impl MasterKey {
                 None => Err(SecretError::SharedKeyRequired),
             },
         }
+    }
+
+    /// The new key of `sluice secrets rotate`: from `file` (which must exist, with the
+    /// checks of every key file) or from `SLUICE_NEW_SECRET_KEY` — exactly one of them.
+    pub fn new_for_rotation(file: Option<&Path>) -> Result<MasterKey, SecretError> {
+        let env = std::env::var(NEW_ENV).ok().filter(|v| !v.trim().is_empty());
+        match (file, env) {
+            (Some(path), None) if !path.exists() => Err(SecretError::Io(
+                path.to_path_buf(),
+                std::io::ErrorKind::NotFound.into(),
+            )),
+            (Some(path), None) => MasterKey::load_or_create(path),
+            (None, Some(v)) => MasterKey::from_hex(&v).ok_or(SecretError::BadEnv),
+            _ => Err(SecretError::NewKeySource),
+        }
+    }
+
+    /// Whether `other` is this very key (compared through a subkey, never the key itself).
+    pub fn same_as(&self, other: &MasterKey) -> bool {
+        const PROBE: &str = "sluice/same-key-probe/v1";
+        self.subkey(PROBE).bytes() == other.subkey(PROBE).bytes()
     }
 
     pub fn from_hex(text: &str) -> Option<MasterKey> {

@@ -115,7 +115,10 @@ impl Application {
         estimate::init();
         metrics::install();
         let db = Db::connect(&settings).await?;
-        let me = processes::Me::new(uuid::Uuid::new_v4().simple().to_string(), hostname());
+        let me = processes::Me::new(
+            uuid::Uuid::new_v4().simple().to_string(),
+            processes::this_host(),
+        );
         let process_id = me.id.clone();
         processes::heartbeat(&db, &me, clock.now()).await?;
         let liveness = processes::hold_liveness(&db, &me).await?;
@@ -336,10 +339,4 @@ fn stalled_clients_time_out(conn: &dyn std::any::Any, stall: Duration) {
     }
     #[cfg(not(any(target_os = "linux", target_os = "android")))]
     let _ = (conn, stall);
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/etc/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "localhost".into())
 }

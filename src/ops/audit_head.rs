@@ -289,6 +289,29 @@ pub async fn rearm(
     Ok(Rearmed { kept, head })
 }
 
+/// Signs the head again under the new master key after `sluice secrets rotate` (`db` is
+/// opened under it): the chain was verified, with this head, under the old key just
+/// before it was signed again, so the head is rewritten over the chain as it is now. A
+/// log no head was ever started over gets its `audit.head_started` row first, as at a
+/// gateway's first start (a head missing later is then an alarm).
+pub async fn resign(db: &Db, dir: &Path, now: DateTime<Utc>) -> Result<Head, HeadError> {
+    let _lock = lock(dir).await?;
+    let mut conn = db.begin_read_after_writes().await?;
+    let started = audit::head_started(&mut conn, &head_id(dir)).await?;
+    drop(conn);
+    if started.is_none() {
+        mark_start(
+            db,
+            dir,
+            SYSTEM,
+            "the first head, at `sluice secrets rotate`",
+            now,
+        )
+        .await?;
+    }
+    write_head(db, dir, now).await
+}
+
 /// The head as a structured log line: no secret in it (its `mac` is a signature in the
 /// log's own domain, `Head::log_mac`).
 fn log(h: &Head, keys: &AuditKeys, file_written: bool) {

@@ -10,3 +10,4 @@ pub mod metrics;
 pub mod migrate_store;
 pub mod reload;
 pub mod request_log;
+pub mod rotate;

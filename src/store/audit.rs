@@ -336,6 +336,55 @@ where
     st
 }
 
+/// One audit row's new links: its id, previous hash and hash under the new key.
+pub(super) type Relinked = (i64, String, String);
+
+/// The chain signed under a new key (`resign`): the rows whose links change, and how many
+/// rows it has.
+pub(super) struct Resigned {
+    pub relinked: Vec<Relinked>,
+    pub rows: i64,
+}
+
+/// The chain `rows` (all of it, in id order) signed again under `new`, after it verified
+/// whole under `old` (`sluice secrets rotate`): each keyed row's new previous hash and MAC,
+/// for the rows whose links change, and the row count; or the first row that does not
+/// verify. The legacy prefix (plain SHA-256) keeps its hashes: they involve no key, and
+/// nothing before them changes.
+pub(super) fn resign<R: Row>(
+    rows: &[R],
+    old: &AuditKeys,
+    new: &AuditKeys,
+) -> std::result::Result<Resigned, Broken>
+where
+    for<'c> &'c str: ColumnIndex<R>,
+    for<'r> &'r str: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let st = walk(rows, old);
+    if let Some(b) = st.broken {
+        return Err(b);
+    }
+    let mut prev = GENESIS.to_string();
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        let (chain, stored, created_at): (&str, &str, &str) =
+            (r.get("chain"), r.get("hash"), r.get("created_at"));
+        let hash = match chain {
+            KEYED => new.row_mac(&prev, &entry_of(r), created_at),
+            _ => stored.to_string(),
+        };
+        if hash != stored || prev != r.get::<&str, _>("prev_hash") {
+            out.push((r.get("id"), prev, hash.clone()));
+        }
+        prev = hash;
+    }
+    Ok(Resigned {
+        relinked: out,
+        rows: st.rows,
+    })
+}
+
 /// Whether `keys` signed this log: `None` when it has no keyed row; else whether any keyed
 /// row's MAC (over its own stored previous hash, links aside) verifies under them. Newest
 /// first, so an intact log answers at its first row; `false` only when not one row does,

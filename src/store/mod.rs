@@ -20,6 +20,7 @@ pub mod raw;
 pub mod reports;
 pub mod requests;
 pub mod responses;
+pub mod rotate;
 pub mod sessions;
 pub mod tenants;
 pub mod token_admin;
@@ -212,7 +213,28 @@ impl Db {
     /// Opens the database `[database] url` names (creating a SQLite file and its folder
     /// when missing) and migrates it.
     pub async fn connect(settings: &crate::config::Settings) -> Result<Db> {
-        let db = Db::connect_to_verify(settings).await?;
+        Db::connect_to_verify(settings).await?.checked().await
+    }
+
+    /// `connect` under the master key `key` instead of the one the settings name (the new
+    /// key, right after `sluice secrets rotate`), with the same checks.
+    pub async fn connect_with_key(
+        settings: &crate::config::Settings,
+        key: &crate::secrets::MasterKey,
+    ) -> Result<Db> {
+        let db = match settings.database_postgres_url() {
+            Some(url) => Db::open_postgres(url, key).await?,
+            None => {
+                let synchronous_full = settings.quota.synchronous == "full";
+                Db::open_with_key(&settings.database_path(), synchronous_full, key).await?
+            }
+        };
+        db.checked().await
+    }
+
+    /// The checks of `connect` on an opened database: closed and refused if it fails them.
+    async fn checked(self) -> Result<Db> {
+        let db = self;
         // On PostgreSQL, a host with another key would sign rows no other host can verify
         // (the first one at once: its audit head's start): refused before it writes
         // anything.
@@ -259,14 +281,22 @@ impl Db {
     /// Opens (creating the file and its folder when missing) and migrates the SQLite
     /// database at `path`.
     pub async fn open(path: &Path, synchronous_full: bool) -> Result<Db> {
+        let master = crate::secrets::MasterKey::for_database(path)?;
+        Db::open_with_key(path, synchronous_full, &master).await
+    }
+
+    /// `open` under the master key `master`, whatever the environment or the key file say.
+    pub async fn open_with_key(
+        path: &Path,
+        synchronous_full: bool,
+        master: &crate::secrets::MasterKey,
+    ) -> Result<Db> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             crate::private_fs::create_dir_all(dir)?;
         }
         private_files(path)?;
-        let master = crate::secrets::MasterKey::for_database(path)?;
-        let keys = Arc::new(audit::AuditKeys::derive(&master));
-        let seal = Arc::new(crate::secrets::seal::Sealer::new(&master));
-        drop(master);
+        let keys = Arc::new(audit::AuditKeys::derive(master));
+        let seal = Arc::new(crate::secrets::seal::Sealer::new(master));
         let signer = keys.clone();
         let opts = SqliteConnectOptions::from_str("sqlite://")?
             .filename(path)

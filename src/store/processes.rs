@@ -159,6 +159,40 @@ pub async fn dead_owners(db: &super::Db, me: &Me, now: DateTime<Utc>) -> Result<
         .collect())
 }
 
+/// The gateways running on the database, read inside `tx` (for commands that must run
+/// alone, `sluice secrets rotate`), each as `host pid N`: on this host (`host`) a live
+/// pid that is still the process that registered; on another, a heartbeat within
+/// `STALE_AFTER` of `now`. On PostgreSQL, as its liveness rules say (`pg::processes`).
+pub async fn running_in(tx: &mut super::Tx, host: &str, now: DateTime<Utc>) -> Result<Vec<String>> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::processes::running_in(conn).await;
+    }
+    type ProcRow = (String, i64, Option<i64>, String);
+    let rows: Vec<ProcRow> =
+        sqlx::query_as("SELECT host, pid, pid_start, heartbeat_at FROM processes ORDER BY id")
+            .fetch_all(tx.sqlite()?)
+            .await?;
+    let stale = db_time(now - STALE_AFTER);
+    Ok(rows
+        .into_iter()
+        .filter(|(h, pid, started, beat)| {
+            if h == host {
+                same_process_alive(*pid, *started)
+            } else {
+                beat.as_str() >= stale.as_str()
+            }
+        })
+        .map(|(h, pid, ..)| format!("{h} pid {pid}"))
+        .collect())
+}
+
+/// This host's name, as gateways register under it (`/etc/hostname`).
+pub fn this_host() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
+}
+
 /// Removes process rows that are gone and hold nothing any more. A process on this host
 /// whose pid is alive is kept, however stale its heartbeat.
 pub async fn prune(db: &super::Db, me: &Me, now: DateTime<Utc>) -> Result<()> {

@@ -87,6 +87,7 @@ mod responses_break;
 mod responses_reasoning;
 mod responses_streams;
 mod retry_tiers;
+mod secrets_rotate;
 mod shutdown;
 mod signin_attack;
 mod slow_reader;

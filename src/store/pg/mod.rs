@@ -19,6 +19,7 @@ pub mod processes;
 pub mod reports;
 pub mod requests;
 pub mod responses;
+pub mod rotate;
 pub mod sessions;
 pub mod tenants;
 pub mod text;

@@ -133,6 +133,27 @@ pub async fn dead_owners(db: &PgDb, me: &Me, _now: DateTime<Utc>) -> Result<Vec<
     .await?)
 }
 
+/// The gateways running on the database (as `store::processes::running_in`): those whose
+/// liveness lock is held, or whose heartbeat is within `STALE_AFTER` by the database's
+/// clock (a process killed a moment ago counts until then: its row cannot tell).
+pub async fn running_in(conn: &mut PgConnection) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(concat!(
+        "WITH held AS (",
+        held_keys!("$2"),
+        ")
+         SELECT host || ' pid ' || pid FROM processes
+         WHERE seen_at >= clock_timestamp() - make_interval(secs => $1)
+            OR ",
+        key_of!("processes.id"),
+        "::oid IN (SELECT objid FROM held)
+         ORDER BY id"
+    ))
+    .bind(stale_secs())
+    .bind(LIVENESS_NS)
+    .fetch_all(conn)
+    .await?)
+}
+
 /// Removes process rows that are gone (stale heartbeat by the database's clock, counted
 /// from the server's start at the earliest as in `dead_owners`; liveness lock not held)
 /// and that hold no reservation any more.
