@@ -56,11 +56,12 @@ pub fn check_base_url(raw: &str, allow_private: bool) -> Result<(), UrlGuardErro
     if !url.username().is_empty() || url.password().is_some() {
         return Err(UrlGuardError::UserInfo);
     }
+    check_host(&url, allow_private)?;
     // `…/internal/action#` + `/chat/completions` would reach `/internal/action` itself.
     if url.query().is_some() || url.fragment().is_some() {
         return Err(UrlGuardError::QueryOrFragment);
     }
-    check_host(&url, allow_private)
+    Ok(())
 }
 
 /// Checks an alert webhook URL: http(s), and never a metadata, link-local or reserved
