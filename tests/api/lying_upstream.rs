@@ -215,7 +215,11 @@ async fn a_stream_longer_than_the_cache_keeps_is_served_whole_and_not_cached() {
         let resp = app.chat(&token, &ask(text)).await;
         assert_eq!(resp.status(), 200);
         assert_eq!(resp.headers()["x-sluice-cache"], "miss", "request {i}");
-        let (data, whole) = sse_data(resp).await;
+        // 100 000 one-word chunks: a converter that did work per chunk in proportion to
+        // the text so far took minutes here (a hang, not a failure, before the bound).
+        let (data, whole) = tokio::time::timeout(Duration::from_secs(60), sse_data(resp))
+            .await
+            .expect("a long stream is served in linear time");
         assert!(whole);
         assert_eq!(data.last().unwrap(), "[DONE]");
         assert_eq!(reassemble(&data), *text);

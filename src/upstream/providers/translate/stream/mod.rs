@@ -579,7 +579,11 @@ impl StreamConverter {
                 .map(|v| json!({"id": v["id"], "created": v["created"], "model": v["model"]}));
         }
         let was_finished = self.finished;
-        let (told, charged) = (self.told, self.usage());
+        // Counting the text not yet counted costs up to `COUNT_EVERY` bytes of tokenizing:
+        // done only where a figure is needed, never per chunk (it made a long stream
+        // quadratic: 500 KB of one-word chunks took minutes).
+        let told = self.told;
+        let charged = told.then(|| self.usage());
         let c = match read_event(data)? {
             OpenAiEvent::Chunk(c) => c,
             OpenAiEvent::Error { error, raw } => {
@@ -599,7 +603,7 @@ impl StreamConverter {
         // usage that raises the price is told again — the gateway's own chunk of what it
         // charges, so the client's last usage chunk is that (a side may have gone down).
         if told {
-            if self.include_usage && self.usage() != charged {
+            if self.include_usage && Some(self.usage()) != charged {
                 out.push(self.usage_chunk());
             }
             return Ok(());
@@ -630,9 +634,11 @@ impl StreamConverter {
         }
         // The usage after the finish, where it says less than is charged on a side (a usage
         // on the finish chunk said more): the client is told the gateway's figures.
-        let u = self.usage();
-        let reported = c.usage.as_ref().and_then(|r| r.figures());
-        if usage_only && self.finished && reported != Some((u.input, u.cached_input, u.output)) {
+        let differs = || {
+            let u = self.usage();
+            c.usage.as_ref().and_then(|r| r.figures()) != Some((u.input, u.cached_input, u.output))
+        };
+        if usage_only && self.finished && differs() {
             out.push(self.usage_chunk());
         } else {
             out.push(frame(None, data));
