@@ -12,6 +12,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 pub struct Gate {
     slots: Option<Arc<Semaphore>>,
     waiting: AtomicU32,
+    max_concurrent: u32,
     max_queue: u32,
 }
 
@@ -33,8 +34,15 @@ impl Gate {
         Self {
             slots,
             waiting: AtomicU32::new(0),
+            max_concurrent,
             max_queue,
         }
+    }
+
+    /// Whether this gate was made for these limits (a reload that changes them makes a new
+    /// gate: `Pool::carried`).
+    pub fn has_limits(&self, max_concurrent: u32, max_queue: u32) -> bool {
+        (self.max_concurrent, self.max_queue) == (max_concurrent, max_queue)
     }
 
     /// A slot (`None` when the deployment has no gate), or `Busy`.

@@ -64,7 +64,8 @@ impl Pool {
 
     /// The pool for `catalog`: the entries of `previous` at their positions (the same
     /// deployments: positions are kept), fresh ones for deployments new to this process.
-    /// A deployment's concurrency limits are read when it first appears.
+    /// A deployment's concurrency gate is made when it first appears, and again when its
+    /// limits change.
     pub fn carried(previous: Option<&Pool>, catalog: &Catalog, settings: &Settings) -> Self {
         let kept = previous.map_or(0, |p| p.members.len());
         let mut pool = match previous {
@@ -83,14 +84,28 @@ impl Pool {
                 budgets: Vec::new(),
             },
         };
+        let limits = |id: &str| {
+            settings
+                .upstreams
+                .iter()
+                .find(|u| u.id == id)
+                .map_or((0, 0), |u| (u.max_concurrent, u.max_queue))
+        };
+        // A kept deployment whose limits changed (a reloaded file) gets a new gate: the
+        // requests admitted from now on wait on the new limits, those in flight finish
+        // holding their slot of the old one.
+        for (gate, d) in pool.gates.iter_mut().zip(&catalog.deployments) {
+            let (concurrent, queue) = limits(&d.id);
+            if !gate.has_limits(concurrent, queue) {
+                *gate = Arc::new(Gate::new(concurrent, queue));
+            }
+        }
         for d in catalog.deployments.iter().skip(kept) {
-            let u = settings.upstreams.iter().find(|u| u.id == d.id);
+            let (concurrent, queue) = limits(&d.id);
             pool.members.push(Arc::default());
             pool.breakers
                 .push(Arc::new(Breaker::new(&settings.breaker)));
-            pool.gates.push(Arc::new(u.map_or(Gate::new(0, 0), |u| {
-                Gate::new(u.max_concurrent, u.max_queue)
-            })));
+            pool.gates.push(Arc::new(Gate::new(concurrent, queue)));
             pool.budgets
                 .push(Arc::new(RetryBudget::new(settings.retry.budget_ratio)));
         }
@@ -286,21 +301,39 @@ mod tests {
         assert_eq!(parse_openai_duration_ms("soon"), None);
     }
 
-    #[test]
-    fn a_key_reporting_nothing_left_rests_until_its_reset() {
+    fn one_upstream(max_concurrent: u32, max_queue: u32) -> Settings {
         let mut s = Settings::default();
         s.upstreams.push(crate::config::UpstreamSettings {
             id: "a".into(),
             provider: crate::config::Provider::Openai,
             base_url: "https://api.openai.com/v1".into(),
             api_key: crate::config::Secret(secrecy::SecretString::from("k")),
-            rpm_limit: 0,
-            tpm_limit: 0,
-            max_concurrent: 0,
-            max_queue: 0,
-            allow_private_network: false,
+            max_concurrent,
+            max_queue,
             ..Default::default()
         });
+        s
+    }
+
+    /// A reload that changes a kept upstream's `max_concurrent` / `max_queue` takes effect
+    /// (the gate was carried over as it was, the new limits ignored); one that changes
+    /// neither keeps the gate, and the slots in flight with it.
+    #[test]
+    fn a_reload_that_changes_the_limits_changes_the_gate() {
+        let before = one_upstream(1, 0);
+        let catalog = Catalog::from_settings(&before);
+        let pool = Pool::carried(None, &catalog, &before);
+        assert!(pool.gates[0].has_limits(1, 0));
+        let same = Pool::carried(Some(&pool), &catalog, &before);
+        assert!(Arc::ptr_eq(&same.gates[0], &pool.gates[0]));
+        let after = one_upstream(4, 2);
+        let changed = Pool::carried(Some(&pool), &Catalog::from_settings(&after), &after);
+        assert!(changed.gates[0].has_limits(4, 2));
+    }
+
+    #[test]
+    fn a_key_reporting_nothing_left_rests_until_its_reset() {
+        let s = one_upstream(0, 0);
         let pool = Pool::new(&s);
         let mut h = HeaderMap::new();
         h.insert("x-ratelimit-remaining-requests", "0".parse().unwrap());
