@@ -1,10 +1,12 @@
 //! Upstream keys and models managed in the admin UI and API (issue 19): add, rotate a key,
 //! disable and enable, delete, test; add, change and delete models. Admins only. Each
-//! change is checked against the whole catalog first (the same `Settings::validate` as the
-//! config file, `upstream::live::effective`), commits with its audit row and a bump of
-//! `catalog_epoch`, and is applied on this replica before the answer (the others follow
-//! within the poll, or at once on PostgreSQL). Keys are sealed before they reach the store
-//! and shown afterwards by their last 4 characters only; the audit rows carry those.
+//! change reads the managed rows under the catalog's write lock, is checked against the
+//! whole catalog it makes (the same `Settings::validate` as the config file,
+//! `upstream::live::effective`), commits with its audit row and a bump of `catalog_epoch`
+//! in that one transaction, and is applied on this replica before the answer (the others
+//! follow within the poll, or at once on PostgreSQL). Keys are sealed before they reach the
+//! store, bound to their row (`UpstreamRow::purpose`), and shown afterwards by their last
+//! 4 characters only; the audit rows carry those.
 //!
 //! Upstreams of the config file are read-only here (their enable switch stays this
 //! replica's, as before); a model added here under a config model's name overrides it
@@ -12,6 +14,7 @@
 
 use std::time::{Duration, Instant};
 
+use secrecy::ExposeSecret;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
@@ -19,29 +22,44 @@ use super::actor::Actor;
 use super::error::AdminError;
 use crate::config::{ModelSettings, UpstreamSettings};
 use crate::state::AppState;
-use crate::store::managed::{self, key_purpose, ModelRow, UpstreamRow};
-use crate::upstream::live::{effective, last4, stored_settings, LiveError};
+use crate::store::managed::{self, ModelRow, UpstreamRow};
+use crate::upstream::live::{effective, stored_settings, LiveError};
 use crate::upstream::providers;
 
 /// How long "test" waits for the upstream's answer.
 const TEST_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// One change, applied to the managed rows before it is checked and stored.
+/// One change an admin asks for, made to the managed rows as they stand under the lock.
 enum Change {
-    Add(UpstreamRow),
+    Add(Box<UpstreamSettings>),
     Key {
         id: String,
-        sealed: Vec<u8>,
-        last4: String,
+        key: String,
     },
     Enabled {
         id: String,
         enabled: bool,
     },
     Delete(String),
+    PutModel {
+        row: ModelRow,
+        before: Option<Value>,
+        after: Value,
+    },
+    DeleteModel(String),
+}
+
+/// The store write a change makes.
+enum Write {
+    Insert(UpstreamRow),
+    Update(UpstreamRow),
+    Delete(String),
     PutModel(ModelRow),
     DeleteModel(String),
 }
+
+/// An audit row's action, target, before and after.
+type Audit = (&'static str, String, Option<Value>, Option<Value>);
 
 fn refuse(e: LiveError) -> AdminError {
     match e {
@@ -50,72 +68,138 @@ fn refuse(e: LiveError) -> AdminError {
     }
 }
 
-/// Checks the catalog `change` would make, stores it with its audit row, and applies it
-/// here.
-async fn apply(
+/// The managed upstream `id` among `rows`, or why it cannot be changed here.
+fn managed_one<'a>(
     state: &AppState,
-    actor: &Actor,
-    change: Change,
-    audit: (&str, String, Option<Value>, Option<Value>),
-) -> Result<(), AdminError> {
-    let mut ups = managed::upstreams(&state.db).await?;
-    let mut models = managed::models(&state.db).await?;
-    match &change {
-        Change::Add(row) if ups.iter().any(|r| r.id == row.id) => {
-            return Err(AdminError::Conflict(format!(
-                "An upstream `{}` exists already.",
-                row.id
-            )))
+    rows: &'a mut [UpstreamRow],
+    id: &str,
+) -> Result<&'a mut UpstreamRow, AdminError> {
+    match rows.iter_mut().find(|r| r.id == id) {
+        Some(r) => Ok(r),
+        None if state.live.file().upstreams.iter().any(|u| u.id == id) => Err(
+            AdminError::Conflict(format!(
+                "Upstream `{id}` comes from the config file and is read-only here; change it in the file (SIGHUP reloads it)."
+            )),
+        ),
+        None => Err(AdminError::NotFound),
+    }
+}
+
+/// Reads the managed rows under the catalog's write lock, makes `change` to them, checks
+/// the whole catalog they make (the same `Settings::validate` as the config file), stores
+/// the change with its audit row and a bump of `catalog_epoch`, and applies it here. Read,
+/// check and write are one transaction: two admins' changes are checked one after the
+/// other, never each against a catalog without the other's.
+async fn apply(state: &AppState, actor: &Actor, change: Change) -> Result<(), AdminError> {
+    let seal = &state.db.seal;
+    let now = state.clock.now();
+    let mut tx = state.db.begin().await?;
+    managed::lock(&mut tx).await?;
+    let mut ups = managed::upstreams_in(&mut tx).await?;
+    let mut models = managed::models_in(&mut tx).await?;
+    let word = |e: bool| if e { "enabled" } else { "disabled by an admin" };
+    let (write, audit): (Write, Audit) = match change {
+        Change::Add(u) => {
+            if u.allow_private_network && !state.settings.upstream.managed_allow_private_network {
+                return Err(AdminError::invalid(
+                    "`allow_private_network` is not allowed for upstreams added here: set `upstream.managed_allow_private_network = true` in the config file to allow it, or add the upstream in the config file.",
+                ));
+            }
+            if ups.iter().any(|r| r.id == u.id) {
+                return Err(AdminError::Conflict(format!(
+                    "An upstream `{}` exists already.",
+                    u.id
+                )));
+            }
+            // A key pasted with its line's end is the key, not a header value that fails
+            // every call.
+            let key = u.api_key.expose().trim();
+            let row = UpstreamRow::sealed(&u.id, stored_settings(&u), true, key, seal);
+            let after = json!({
+                "provider": u.provider.as_str(), "base_url": u.base_url, "key": row.key_last4,
+            });
+            ups.push(row.clone());
+            let target = format!("upstream:{}", u.id);
+            (
+                Write::Insert(row),
+                ("upstream.add", target, None, Some(after)),
+            )
         }
-        Change::Add(row) => ups.push(row.clone()),
-        Change::Key { id, sealed, .. } => {
-            let row = ups
-                .iter_mut()
-                .find(|r| &r.id == id)
-                .ok_or(AdminError::NotFound)?;
-            row.key_sealed = sealed.clone();
+        Change::Key { id, key } => {
+            let row = managed_one(state, &mut ups, &id)?;
+            let before = json!({ "key": row.key_last4 });
+            row.seal_key(&key, seal);
+            let after = json!({ "key": row.key_last4 });
+            let audit = (
+                "upstream.rotate_key",
+                format!("upstream:{id}"),
+                Some(before),
+                Some(after),
+            );
+            (Write::Update(row.clone()), audit)
         }
         Change::Enabled { id, enabled } => {
-            let row = ups
-                .iter_mut()
-                .find(|r| &r.id == id)
-                .ok_or(AdminError::NotFound)?;
-            row.enabled = *enabled;
+            let row = managed_one(state, &mut ups, &id)?;
+            // The switch is sealed with the key (`UpstreamRow::purpose`): the key is sealed
+            // again under the new one.
+            let key = row
+                .open_key(seal)
+                .map_err(|_| refuse(LiveError::Sealed(id.clone())))?;
+            let before = json!({ "state": word(row.enabled) });
+            row.enabled = enabled;
+            row.seal_key(key.expose_secret(), seal);
+            let action = if enabled {
+                "upstream.enable"
+            } else {
+                "upstream.disable"
+            };
+            let after = json!({ "state": word(enabled) });
+            let audit = (action, format!("upstream:{id}"), Some(before), Some(after));
+            (Write::Update(row.clone()), audit)
         }
         Change::Delete(id) => {
-            let before = ups.len();
-            ups.retain(|r| &r.id != id);
-            if ups.len() == before {
-                return Err(AdminError::NotFound);
-            }
+            let before = json!({ "key": managed_one(state, &mut ups, &id)?.key_last4 });
+            ups.retain(|r| r.id != id);
+            let audit = (
+                "upstream.delete",
+                format!("upstream:{id}"),
+                Some(before),
+                None,
+            );
+            (Write::Delete(id), audit)
         }
-        Change::PutModel(row) => {
+        Change::PutModel { row, before, after } => {
             models.retain(|m| m.name != row.name);
             models.push(row.clone());
+            let target = format!("model:{}", row.name);
+            (
+                Write::PutModel(row),
+                ("model.put", target, before, Some(after)),
+            )
         }
         Change::DeleteModel(name) => {
             let before = models.len();
-            models.retain(|m| &m.name != name);
+            models.retain(|m| m.name != name);
             if models.len() == before {
                 return Err(AdminError::NotFound);
             }
+            let target = format!("model:{name}");
+            (
+                Write::DeleteModel(name),
+                ("model.delete", target, None, None),
+            )
         }
-    }
-    effective(&state.live.file(), &ups, &models, &state.db.seal).map_err(refuse)?;
-    let now = state.clock.now();
+    };
+    effective(&state.live.file(), &ups, &models, seal).map_err(refuse)?;
     let at = crate::clock::db_time(now);
-    let mut tx = state.db.begin().await?;
-    let found = match &change {
-        Change::Add(row) => managed::insert_upstream(&mut tx, row, &at)
+    let found = match &write {
+        Write::Insert(row) => managed::insert_upstream(&mut tx, row, &at)
             .await
             .map(|_| true)?,
-        Change::Key { id, sealed, last4 } => {
-            managed::set_key(&mut tx, id, sealed, last4, &at).await?
-        }
-        Change::Enabled { id, enabled } => managed::set_enabled(&mut tx, id, *enabled, &at).await?,
-        Change::Delete(id) => managed::delete_upstream(&mut tx, id).await?,
-        Change::PutModel(row) => managed::put_model(&mut tx, row, &at).await.map(|_| true)?,
-        Change::DeleteModel(name) => managed::delete_model(&mut tx, name).await?,
+        Write::Update(row) => managed::update_upstream(&mut tx, row, &at).await?,
+        Write::Delete(id) => managed::delete_upstream(&mut tx, id).await?,
+        Write::PutModel(row) => managed::put_model(&mut tx, row, &at).await.map(|_| true)?,
+        Write::DeleteModel(name) => managed::delete_model(&mut tx, name).await?,
     };
     if !found {
         return Err(AdminError::NotFound);
@@ -156,47 +240,9 @@ pub fn parse_upstream(table: Value) -> Result<UpstreamSettings, AdminError> {
     Ok(u)
 }
 
-fn view_of(key: &str) -> Value {
-    json!({ "key": last4(key) })
-}
-
 pub async fn add(state: &AppState, actor: &Actor, table: Value) -> Result<(), AdminError> {
     actor.require_admin()?;
-    let u = parse_upstream(table)?;
-    // A key pasted with its line's end is the key, not a header value that fails every call.
-    let key = u.api_key.expose().trim();
-    let row = UpstreamRow {
-        id: u.id.clone(),
-        settings: stored_settings(&u),
-        key_sealed: state.db.seal.seal(&key_purpose(&u.id), key.as_bytes()),
-        key_last4: last4(key),
-        enabled: true,
-    };
-    let after = json!({
-        "provider": u.provider.as_str(), "base_url": u.base_url, "key": row.key_last4,
-    });
-    let target = format!("upstream:{}", u.id);
-    apply(
-        state,
-        actor,
-        Change::Add(row),
-        ("upstream.add", target, None, Some(after)),
-    )
-    .await
-}
-
-/// A managed upstream's id, or why it cannot be changed here.
-async fn managed_one(state: &AppState, id: &str) -> Result<UpstreamRow, AdminError> {
-    let rows = managed::upstreams(&state.db).await?;
-    match rows.into_iter().find(|r| r.id == id) {
-        Some(r) => Ok(r),
-        None if state.live.file().upstreams.iter().any(|u| u.id == id) => Err(
-            AdminError::Conflict(format!(
-                "Upstream `{id}` comes from the config file and is read-only here; change it in the file (SIGHUP reloads it)."
-            )),
-        ),
-        None => Err(AdminError::NotFound),
-    }
+    apply(state, actor, Change::Add(Box::new(parse_upstream(table)?))).await
 }
 
 /// Replaces the key: requests from now on go out with the new one; those already sent
@@ -212,19 +258,11 @@ pub async fn rotate(
     if key.is_empty() {
         return Err(AdminError::invalid("`api_key` is required."));
     }
-    let old = managed_one(state, id).await?;
     let change = Change::Key {
         id: id.to_string(),
-        sealed: state.db.seal.seal(&key_purpose(id), key.as_bytes()),
-        last4: last4(key),
+        key: key.to_string(),
     };
-    let audit = (
-        "upstream.rotate_key",
-        format!("upstream:{id}"),
-        Some(json!({ "key": old.key_last4 })),
-        Some(view_of(key)),
-    );
-    apply(state, actor, change, audit).await
+    apply(state, actor, change).await
 }
 
 pub async fn set_enabled(
@@ -234,35 +272,16 @@ pub async fn set_enabled(
     enabled: bool,
 ) -> Result<(), AdminError> {
     actor.require_admin()?;
-    let old = managed_one(state, id).await?;
-    let word = |e: bool| if e { "enabled" } else { "disabled by an admin" };
-    let audit = (
-        if enabled {
-            "upstream.enable"
-        } else {
-            "upstream.disable"
-        },
-        format!("upstream:{id}"),
-        Some(json!({ "state": word(old.enabled) })),
-        Some(json!({ "state": word(enabled) })),
-    );
     let change = Change::Enabled {
         id: id.to_string(),
         enabled,
     };
-    apply(state, actor, change, audit).await
+    apply(state, actor, change).await
 }
 
 pub async fn delete(state: &AppState, actor: &Actor, id: &str) -> Result<(), AdminError> {
     actor.require_admin()?;
-    let old = managed_one(state, id).await?;
-    let audit = (
-        "upstream.delete",
-        format!("upstream:{id}"),
-        Some(json!({ "key": old.key_last4 })),
-        None,
-    );
-    apply(state, actor, Change::Delete(id.to_string()), audit).await
+    apply(state, actor, Change::Delete(id.to_string())).await
 }
 
 /// What "test" found.
@@ -383,14 +402,12 @@ pub async fn put_model(
         name: name.to_string(),
         settings,
     };
-    let audit = ("model.put", format!("model:{name}"), before, Some(after));
-    apply(state, actor, Change::PutModel(row), audit).await
+    apply(state, actor, Change::PutModel { row, before, after }).await
 }
 
 pub async fn delete_model(state: &AppState, actor: &Actor, name: &str) -> Result<(), AdminError> {
     actor.require_admin()?;
-    let audit = ("model.delete", format!("model:{name}"), None, None);
-    apply(state, actor, Change::DeleteModel(name.to_string()), audit).await
+    apply(state, actor, Change::DeleteModel(name.to_string())).await
 }
 
 /// A model as the API shows it.

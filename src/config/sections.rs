@@ -570,6 +570,11 @@ pub struct UpstreamTimeouts {
     pub stream_idle_timeout_ms: u64,
     /// Largest non-streamed upstream body read into memory.
     pub max_response_bytes: usize,
+    /// Whether an upstream added in the admin UI or API may set `allow_private_network`
+    /// (a local model server). Off, an admin session reaches public addresses only: it
+    /// cannot turn the gateway — its requests, or the "test" button — on the internal
+    /// network. Upstreams of the config file are not concerned.
+    pub managed_allow_private_network: bool,
 }
 
 impl Default for UpstreamTimeouts {
@@ -579,6 +584,7 @@ impl Default for UpstreamTimeouts {
             first_byte_timeout_ms: 60_000,
             stream_idle_timeout_ms: 60_000,
             max_response_bytes: 16 * 1024 * 1024,
+            managed_allow_private_network: false,
         }
     }
 }

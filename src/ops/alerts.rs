@@ -2,7 +2,8 @@
 //! DingTalk, WeCom): breaker opened, a pool with no key left, an upstream key disabled, a
 //! token past its alert threshold, rate limiting degraded, a backup failed, the audit head
 //! refused or unwritable, the gateway out of its own descriptors or memory on an upstream
-//! connect (`local_resources`). Each alert is
+//! connect (`local_resources`), stored keys or models that no longer build a catalog
+//! (`catalog_stale`). Each alert is
 //! logged; webhooks get at most one per condition per cool-off window, sent by a
 //! background task with retries — never on, and never failing, a request.
 

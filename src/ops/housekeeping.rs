@@ -9,11 +9,13 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use crate::ops::metrics;
 use crate::quota::reservation::{Quota, RESERVATION_LEASE};
 use crate::state::AppState;
 use crate::store::ledger::{self, Orphans};
 use crate::store::processes::{self, Me};
 use crate::store::Db;
+use crate::upstream::live::Refreshed;
 
 const AUTH_POLL: Duration = Duration::from_millis(250);
 const HEARTBEAT: Duration = Duration::from_secs(5);
@@ -30,15 +32,25 @@ const BACKUP_POLL: Duration = Duration::from_secs(60);
 const COOLDOWN_SYNC: Duration = Duration::from_millis(250);
 
 /// Rebuilds the catalog if the managed keys or models changed (`upstream::live`); a
-/// rebuild that fails keeps the catalog in use, and says why.
+/// rebuild that fails keeps the catalog in use, is tried again at every poll, and is
+/// alerted once per reason (`catalog_stale`).
 async fn follow_catalog(state: &AppState) {
     match state.live.refresh(&state.db).await {
-        Ok(true) => tracing::info!("upstream catalog rebuilt: the managed keys or models changed"),
-        Ok(false) => {}
-        Err(e) => {
-            tracing::error!(error = %e, "the managed keys or models changed but the catalog could not be rebuilt; still serving the one in use")
+        Refreshed::Rebuilt => {
+            tracing::info!("upstream catalog rebuilt: the managed keys or models changed")
+        }
+        Refreshed::Unchanged => {}
+        Refreshed::Failed { error, news } => {
+            if news {
+                state.alerts.raise(
+                    "catalog_stale",
+                    "catalog",
+                    &format!("The managed keys or models changed but the catalog could not be rebuilt; still serving the one in use: {error}"),
+                );
+            }
         }
     }
+    metrics::catalog_stale(state.live.stale());
 }
 
 pub fn spawn(state: Arc<AppState>, me: Me) {

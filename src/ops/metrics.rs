@@ -27,6 +27,7 @@ pub const TOKEN_BUDGET_USED: &str = "gateway_token_budget_used_ratio";
 pub const PASSWORD_VERIFICATIONS: &str = "gateway_password_verifications_total";
 pub const PASSWORD_BUSY: &str = "gateway_password_hashing_busy_total";
 pub const TRANSLATION_DROPPED: &str = "gateway_translation_dropped_total";
+pub const CATALOG_STALE: &str = "gateway_catalog_stale";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0,
@@ -91,6 +92,10 @@ fn describe() {
     );
     describe_counter!(ABSORBED, "Micro-dollars of actual cost above a reservation, absorbed by the gateway (never charged to a token).");
     describe_counter!(ALERTS, "Alerts raised, by kind.");
+    describe_gauge!(
+        CATALOG_STALE,
+        "1 while the stored keys and models cannot be built into a catalog and the one in use stays."
+    );
     describe_counter!(
         PASSWORD_VERIFICATIONS,
         "argon2id password verifications run (sign-in and password change; an unknown user's counts too)."
@@ -152,6 +157,10 @@ pub fn dropped(fields: &[&'static str]) {
     for f in fields {
         counter!(TRANSLATION_DROPPED, "field" => *f).increment(1);
     }
+}
+
+pub fn catalog_stale(stale: bool) {
+    gauge!(CATALOG_STALE).set(if stale { 1.0 } else { 0.0 });
 }
 
 pub fn alert(kind: &'static str) {

@@ -1,10 +1,16 @@
 //! Upstream keys, deployments and models managed in the admin UI and API (issue 19), and
 //! the sealed check value that tells a wrong master key at start. Keys are stored sealed
-//! (`secrets::seal`, the purpose `upstream:<id>` as associated data) with their last 4
+//! (`secrets::seal`, the row itself as associated data: `UpstreamRow::purpose`) with their last 4
 //! characters; every change bumps `catalog_epoch`, which every replica polls (and, on
 //! PostgreSQL, hears at once) to rebuild its catalog.
 
+use secrecy::SecretString;
+
 use super::Result;
+use crate::secrets::seal::{SealError, Sealer};
+
+const UPSTREAMS: &str = "SELECT id, settings, key_sealed, key_last4, enabled FROM managed_upstreams ORDER BY created_at, id";
+const MODELS: &str = "SELECT name, settings FROM managed_models ORDER BY name";
 
 /// One managed upstream as stored: its `[[upstreams]]` table as JSON without the key, the
 /// key sealed, its last 4 characters, and whether it takes requests.
@@ -24,9 +30,48 @@ pub struct ModelRow {
     pub settings: String,
 }
 
-/// The associated data a key of upstream `id` is sealed under.
-pub fn key_purpose(id: &str) -> String {
-    format!("upstream:{id}")
+impl UpstreamRow {
+    /// A row with `key` sealed under its contents (`purpose`).
+    pub fn sealed(id: &str, settings: String, enabled: bool, key: &str, seal: &Sealer) -> Self {
+        let mut row = UpstreamRow {
+            id: id.to_string(),
+            settings,
+            key_sealed: Vec::new(),
+            key_last4: String::new(),
+            enabled,
+        };
+        row.seal_key(key, seal);
+        row
+    }
+
+    /// The associated data the key is sealed under: everything the row says about where
+    /// and whether the key goes — its id, enabled switch and settings (`base_url` among
+    /// them). Someone who can write the database but has no master key can neither move a
+    /// sealed key to another row nor point its row elsewhere (a `base_url` of theirs would
+    /// receive it) nor re-enable a disabled one: the key no longer opens, and the catalog
+    /// is not rebuilt (`upstream::live`). Restoring a whole earlier row is not detected
+    /// here; the audit log records every change made through Sluice.
+    pub fn purpose(&self) -> String {
+        format!(
+            "upstream:{}\n{}\n{}",
+            self.id, self.enabled as u8, self.settings
+        )
+    }
+
+    pub fn open_key(&self, seal: &Sealer) -> std::result::Result<SecretString, SealError> {
+        seal.open_text(&self.purpose(), &self.key_sealed)
+    }
+
+    /// Seals `key` into the row as it stands (after any change of `enabled`).
+    pub fn seal_key(&mut self, key: &str, seal: &Sealer) {
+        self.key_sealed = seal.seal(&self.purpose(), key.as_bytes());
+        self.key_last4 = last4(key);
+    }
+}
+
+/// The last 4 characters of a key, as every page and answer shows it.
+pub fn last4(key: &str) -> String {
+    crate::config::Secret(SecretString::from(key)).masked()
 }
 
 /// The sealed check value, if one was stored.
@@ -72,11 +117,7 @@ pub async fn upstreams(db: &super::Db) -> Result<Vec<UpstreamRow>> {
         super::Backend::Sqlite(s) => s,
         super::Backend::Postgres(pg) => return super::pg::managed::upstreams(&pg.pool).await,
     };
-    Ok(sqlx::query_as(
-        "SELECT id, settings, key_sealed, key_last4, enabled FROM managed_upstreams ORDER BY created_at, id",
-    )
-    .fetch_all(&sqlite.read)
-    .await?)
+    Ok(sqlx::query_as(UPSTREAMS).fetch_all(&sqlite.read).await?)
 }
 
 /// Every managed upstream, read inside `tx` (to re-seal them all, `sluice secrets rotate`).
@@ -84,11 +125,26 @@ pub async fn upstreams_in(tx: &mut super::Tx) -> Result<Vec<UpstreamRow>> {
     if let Some((conn, _)) = tx.pg() {
         return super::pg::managed::upstreams_in(conn).await;
     }
-    Ok(sqlx::query_as(
-        "SELECT id, settings, key_sealed, key_last4, enabled FROM managed_upstreams ORDER BY created_at, id",
-    )
-    .fetch_all(tx.sqlite()?)
-    .await?)
+    Ok(sqlx::query_as(UPSTREAMS).fetch_all(tx.sqlite()?).await?)
+}
+
+/// Takes the managed catalog's write lock for `tx`: admin changes (and `sluice secrets
+/// rotate`) read, check and write the rows one at a time, so two changes checked apart
+/// cannot commit a catalog neither was checked against. SQLite's `BEGIN IMMEDIATE` is that
+/// lock already; PostgreSQL's plain reads are not blocked.
+pub async fn lock(tx: &mut super::Tx) -> Result<()> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::managed::lock(conn).await;
+    }
+    Ok(())
+}
+
+/// Every managed model, read inside `tx`.
+pub async fn models_in(tx: &mut super::Tx) -> Result<Vec<ModelRow>> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::managed::models_in(conn).await;
+    }
+    Ok(sqlx::query_as(MODELS).fetch_all(tx.sqlite()?).await?)
 }
 
 pub async fn models(db: &super::Db) -> Result<Vec<ModelRow>> {
@@ -96,11 +152,7 @@ pub async fn models(db: &super::Db) -> Result<Vec<ModelRow>> {
         super::Backend::Sqlite(s) => s,
         super::Backend::Postgres(pg) => return super::pg::managed::models(&pg.pool).await,
     };
-    Ok(
-        sqlx::query_as("SELECT name, settings FROM managed_models ORDER BY name")
-            .fetch_all(&sqlite.read)
-            .await?,
-    )
+    Ok(sqlx::query_as(MODELS).fetch_all(&sqlite.read).await?)
 }
 
 /// Adds an upstream; a `Conflict` if its id is taken.
@@ -131,44 +183,24 @@ pub async fn insert_upstream(tx: &mut super::Tx, row: &UpstreamRow, now: &str) -
     Ok(())
 }
 
-/// Replaces an upstream's key (sealed) and its last 4; `false` if there is no such row.
-pub async fn set_key(
-    tx: &mut super::Tx,
-    id: &str,
-    sealed: &[u8],
-    last4: &str,
-    now: &str,
-) -> Result<bool> {
+/// Writes an upstream's key (sealed), its last 4 and its switch; `false` if there is no
+/// such row.
+pub async fn update_upstream(tx: &mut super::Tx, row: &UpstreamRow, now: &str) -> Result<bool> {
     if let Some((conn, _)) = tx.pg() {
-        return super::pg::managed::set_key(conn, id, sealed, last4, now).await;
+        return super::pg::managed::update_upstream(conn, row, now).await;
     }
     Ok(sqlx::query(
-        "UPDATE managed_upstreams SET key_sealed = ?, key_last4 = ?, updated_at = ? WHERE id = ?",
+        "UPDATE managed_upstreams SET key_sealed = ?, key_last4 = ?, enabled = ?, updated_at = ? WHERE id = ?",
     )
-    .bind(sealed)
-    .bind(last4)
+    .bind(&row.key_sealed)
+    .bind(&row.key_last4)
+    .bind(row.enabled)
     .bind(now)
-    .bind(id)
+    .bind(&row.id)
     .execute(tx.sqlite()?)
     .await?
     .rows_affected()
         == 1)
-}
-
-pub async fn set_enabled(tx: &mut super::Tx, id: &str, enabled: bool, now: &str) -> Result<bool> {
-    if let Some((conn, _)) = tx.pg() {
-        return super::pg::managed::set_enabled(conn, id, enabled, now).await;
-    }
-    Ok(
-        sqlx::query("UPDATE managed_upstreams SET enabled = ?, updated_at = ? WHERE id = ?")
-            .bind(enabled)
-            .bind(now)
-            .bind(id)
-            .execute(tx.sqlite()?)
-            .await?
-            .rows_affected()
-            == 1,
-    )
 }
 
 pub async fn delete_upstream(tx: &mut super::Tx, id: &str) -> Result<bool> {

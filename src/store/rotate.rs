@@ -16,7 +16,7 @@
 use chrono::{DateTime, Utc};
 
 use super::audit::{self, AuditEntry, AuditKeys, Broken, Relinked, Resigned};
-use super::managed::{self, key_purpose};
+use super::managed;
 use super::{Db, Result, StoreError};
 use crate::secrets::seal::Sealer;
 use crate::secrets::MasterKey;
@@ -61,10 +61,11 @@ pub async fn rotate(
     if !running.is_empty() {
         return Err(Refused::Running(running.join(", ")));
     }
+    managed::lock(&mut tx).await?;
     let upstreams = managed::upstreams_in(&mut tx).await?;
     let mut resealed = Vec::with_capacity(upstreams.len());
     for u in &upstreams {
-        let purpose = key_purpose(&u.id);
+        let purpose = u.purpose();
         let clear = db
             .seal
             .open(&purpose, &u.key_sealed)
@@ -155,6 +156,7 @@ async fn rewrite(
 mod tests {
     use super::*;
     use crate::store::managed::UpstreamRow;
+    use secrecy::ExposeSecret;
 
     fn key(hex: &str) -> MasterKey {
         MasterKey::from_hex(&hex.repeat(32)).unwrap()
@@ -164,13 +166,7 @@ mod tests {
     async fn seeded(path: &std::path::Path) -> Db {
         let db = Db::open_with_key(path, false, &key("ab")).await.unwrap();
         let mut tx = db.begin().await.unwrap();
-        let row = UpstreamRow {
-            id: "u".into(),
-            settings: "{}".into(),
-            key_sealed: db.seal.seal(&key_purpose("u"), b"sk-secret"),
-            key_last4: "cret".into(),
-            enabled: true,
-        };
+        let row = UpstreamRow::sealed("u", "{}".into(), true, "sk-secret", &db.seal);
         managed::insert_upstream(&mut tx, &row, "t").await.unwrap();
         managed::put_seal_check(&mut tx, &db.seal.check_value())
             .await
@@ -229,7 +225,8 @@ mod tests {
 
         let dir = tempfile::tempdir().unwrap();
         let db = seeded(&dir.path().join("s.db")).await;
-        let moved = db.seal.seal(&key_purpose("other"), b"sk-other");
+        let moved =
+            UpstreamRow::sealed("other", "{}".into(), true, "sk-other", &db.seal).key_sealed;
         sqlx::query("UPDATE managed_upstreams SET key_sealed = ?")
             .bind(&moved)
             .execute(&db.sqlite().write)
@@ -279,10 +276,10 @@ mod tests {
             .unwrap()
             .broken
             .is_some());
-        let sealed = &managed::upstreams(&db).await.unwrap()[0].key_sealed;
-        let opened = Sealer::new(&new).open(&key_purpose("u"), sealed).unwrap();
-        assert_eq!(opened, b"sk-secret");
-        assert!(db.seal.open(&key_purpose("u"), sealed).is_err());
+        let row = &managed::upstreams(&db).await.unwrap()[0];
+        let opened = row.open_key(&Sealer::new(&new)).unwrap();
+        assert_eq!(opened.expose_secret(), "sk-secret");
+        assert!(row.open_key(&db.seal).is_err());
         let check = managed::seal_check(&db).await.unwrap().unwrap();
         assert!(Sealer::new(&new).opens_check(&check).is_ok());
         assert!(db.seal.opens_check(&check).is_err());

@@ -26,7 +26,7 @@ use super::catalog::{Catalog, Managed};
 use super::pool::Pool;
 use crate::config::{ConfigError, ModelSettings, Secret, Settings, UpstreamSettings};
 use crate::secrets::seal::Sealer;
-use crate::store::managed::{self, key_purpose, ModelRow, UpstreamRow};
+use crate::store::managed::{self, ModelRow, UpstreamRow};
 use crate::store::{Db, StoreError};
 
 #[derive(Debug, thiserror::Error)]
@@ -58,6 +58,21 @@ pub struct Live {
     epoch: AtomicI64,
     /// One rebuild at a time, so an older read never replaces a newer catalog.
     rebuilding: tokio::sync::Mutex<()>,
+    /// Why the stored catalog could not be built, while it cannot (`Refreshed::Failed`).
+    failing: parking_lot::Mutex<Option<String>>,
+}
+
+/// What a poll of `catalog_epoch` did.
+#[derive(Debug)]
+pub enum Refreshed {
+    Unchanged,
+    Rebuilt,
+    /// The catalog in use stays; the next poll tries again. `news`: the first failure, or
+    /// another reason than the last (the caller alerts once, not every poll).
+    Failed {
+        error: LiveError,
+        news: bool,
+    },
 }
 
 /// The settings a catalog is built from: the file's, with the managed upstreams (keys
@@ -79,8 +94,8 @@ pub fn effective(
             o.insert("id".into(), row.id.clone().into());
         }
         let mut u: UpstreamSettings = serde_json::from_value(table).map_err(stored)?;
-        let key = sealer
-            .open_text(&key_purpose(&row.id), &row.key_sealed)
+        let key = row
+            .open_key(sealer)
             .map_err(|_| LiveError::Sealed(row.id.clone()))?;
         u.api_key = Secret(key);
         if s.upstreams.iter().any(|f| f.id == u.id) {
@@ -125,18 +140,27 @@ pub fn stored_settings(u: &UpstreamSettings) -> String {
     v.to_string()
 }
 
-/// The last 4 characters of a key, as every page and answer shows it.
-pub fn last4(key: &str) -> String {
-    Secret(secrecy::SecretString::from(key)).masked()
-}
-
 impl Live {
     /// The catalog of `file` and the managed rows. The master key is checked first: a key
     /// that does not open the database's sealed values stops the start
     /// (`store::managed::check_master_key`, in `Db::connect`).
+    ///
+    /// Stored rows that do not make a valid catalog (altered in the database, or refused
+    /// by a config file that changed since) do not stop the start: the gateway serves the
+    /// config file's catalog, says why, and the first poll tries the rows again and alerts
+    /// (`Refreshed::Failed`).
     pub async fn start(db: &Db, file: Arc<Settings>) -> Result<Live, LiveError> {
-        let epoch = managed::epoch(db).await?;
-        let (settings, which) = Self::read(db, &file).await?;
+        let mut epoch = managed::epoch(db).await?;
+        let (settings, which) = match Self::read(db, &file).await {
+            Ok(read) => read,
+            Err(e @ LiveError::Store(_)) => return Err(e),
+            Err(e) => {
+                tracing::error!(error = %e, "the managed keys and models do not make a valid catalog: serving the config file's alone until they do");
+                // No epoch is "applied": the first poll rebuilds.
+                epoch = i64::MIN;
+                effective(&file, &[], &[], &db.seal)?
+            }
+        };
         let catalog = Catalog::rebuild(&settings, &which, None);
         let pool = Pool::carried(None, &catalog, &settings);
         Ok(Live {
@@ -147,6 +171,7 @@ impl Live {
             file: parking_lot::Mutex::new(file),
             epoch: AtomicI64::new(epoch),
             rebuilding: tokio::sync::Mutex::new(()),
+            failing: parking_lot::Mutex::new(None),
         })
     }
 
@@ -174,44 +199,56 @@ impl Live {
     }
 
     /// Rebuilds from the database and the file settings in use; on an error the catalog
-    /// in use stays.
+    /// in use stays, and the epoch stays unapplied: every poll tries again.
     pub async fn rebuild(&self, db: &Db) -> Result<(), LiveError> {
         let _one = self.rebuilding.lock().await;
         // Read before the rows: a change committed after this read bumps it again, and the
         // next poll rebuilds once more.
         let epoch = managed::epoch(db).await?;
         let file = self.file();
-        let (settings, which) = match Self::read(db, &file).await {
-            Ok(read) => read,
-            Err(e) => {
-                // Not retried at every poll (and logged each time) unless the database
-                // could not be read: the next change bumps the epoch again.
-                if !matches!(e, LiveError::Store(_)) {
-                    self.epoch.store(epoch, Ordering::Release);
-                }
-                return Err(e);
-            }
-        };
+        let (settings, which) = Self::read(db, &file).await?;
+        self.swap(&settings, &which);
+        self.epoch.store(epoch, Ordering::Release);
+        *self.failing.lock() = None;
+        Ok(())
+    }
+
+    /// Builds the catalog and pool of `settings`, carrying the pool's state over.
+    fn swap(&self, settings: &Settings, which: &Managed) {
         let old = self.current.load_full();
-        let catalog = Catalog::rebuild(&settings, &which, Some(&old.catalog));
-        let pool = Pool::carried(Some(&old.pool), &catalog, &settings);
+        let catalog = Catalog::rebuild(settings, which, Some(&old.catalog));
+        let pool = Pool::carried(Some(&old.pool), &catalog, settings);
         forget_replaced_keys(&old.catalog, &catalog, &pool);
         self.current.store(Arc::new(Snapshot {
             catalog: Arc::new(catalog),
             pool: Arc::new(pool),
         }));
-        self.epoch.store(epoch, Ordering::Release);
-        Ok(())
     }
 
-    /// Polls `catalog_epoch`; rebuilds when it moved. Returns whether it did.
-    pub async fn refresh(&self, db: &Db) -> Result<bool, LiveError> {
-        let now = managed::epoch(db).await?;
+    /// Polls `catalog_epoch`; rebuilds when it moved, or when the last rebuild failed.
+    pub async fn refresh(&self, db: &Db) -> Refreshed {
+        let now = match managed::epoch(db).await {
+            Ok(now) => now,
+            Err(e) => return self.failed(e.into()),
+        };
         if now == self.epoch.load(Ordering::Acquire) {
-            return Ok(false);
+            return Refreshed::Unchanged;
         }
-        self.rebuild(db).await?;
-        Ok(true)
+        match self.rebuild(db).await {
+            Ok(()) => Refreshed::Rebuilt,
+            Err(e) => self.failed(e),
+        }
+    }
+
+    fn failed(&self, error: LiveError) -> Refreshed {
+        let why = error.to_string();
+        let news = self.failing.lock().replace(why.clone()).as_ref() != Some(&why);
+        Refreshed::Failed { error, news }
+    }
+
+    /// Whether the catalog in use is behind the stored one (a rebuild failing).
+    pub fn stale(&self) -> bool {
+        self.failing.lock().is_some()
     }
 
     /// Takes a re-read config file (`SIGHUP`): its upstreams and models apply at once if
@@ -228,16 +265,9 @@ impl Live {
         let _one = self.rebuilding.lock().await;
         let new = load().map_err(LiveError::Unreadable)?;
         let (settings, which) = Self::read(db, &new).await?;
-        let old = self.current.load_full();
-        let catalog = Catalog::rebuild(&settings, &which, Some(&old.catalog));
-        let pool = Pool::carried(Some(&old.pool), &catalog, &settings);
-        forget_replaced_keys(&old.catalog, &catalog, &pool);
+        self.swap(&settings, &which);
         let ignored = restart_needed(&self.file(), &new);
         *self.file.lock() = Arc::new(new);
-        self.current.store(Arc::new(Snapshot {
-            catalog: Arc::new(catalog),
-            pool: Arc::new(pool),
-        }));
         Ok(ignored)
     }
 }
@@ -297,13 +327,8 @@ input_usd_per_mtok = 1.0
     }
 
     fn row(sealer: &Sealer, id: &str, key: &str) -> UpstreamRow {
-        UpstreamRow {
-            id: id.into(),
-            settings: r#"{"provider":"openai","base_url":"https://api.openai.com/v1"}"#.into(),
-            key_sealed: sealer.seal(&key_purpose(id), key.as_bytes()),
-            key_last4: last4(key),
-            enabled: true,
-        }
+        let settings = r#"{"provider":"openai","base_url":"https://api.openai.com/v1"}"#;
+        UpstreamRow::sealed(id, settings.into(), true, key, sealer)
     }
 
     #[test]
@@ -347,6 +372,33 @@ input_usd_per_mtok = 1.0
             matches!(err, LiveError::Sealed(ref id) if id == "j"),
             "{err}"
         );
+    }
+
+    /// Someone who can write the database but holds no master key: a row pointed at their
+    /// own server (the key would go there) or a disabled key switched back on no longer
+    /// opens — the catalog refuses it — while the row as Sluice wrote it does.
+    #[test]
+    fn a_sealed_key_opens_only_in_the_row_it_was_sealed_in() {
+        let sealer = Sealer::new(&MasterKey::from_hex(&"ab".repeat(32)).unwrap());
+        let good = row(&sealer, "k", "sk-managed-0001");
+        assert!(effective(&file(), std::slice::from_ref(&good), &[], &sealer).is_ok());
+        let mut elsewhere = good.clone();
+        elsewhere.settings = elsewhere
+            .settings
+            .replace("https://api.openai.com/v1", "https://attacker.example/v1");
+        let mut disabled = good.clone();
+        disabled.enabled = false;
+        disabled.seal_key("sk-managed-0001", &sealer);
+        let mut switched_on = disabled.clone();
+        switched_on.enabled = true;
+        assert!(effective(&file(), &[disabled], &[], &sealer).is_ok());
+        for (what, tampered) in [("base_url", elsewhere), ("enabled", switched_on)] {
+            let err = effective(&file(), &[tampered], &[], &sealer).unwrap_err();
+            assert!(
+                matches!(err, LiveError::Sealed(ref id) if id == "k"),
+                "{what}: {err}"
+            );
+        }
     }
 
     #[test]

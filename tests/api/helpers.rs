@@ -81,6 +81,8 @@ pub fn test_settings(dir: &std::path::Path, mock: &MockServer) -> Settings {
     let mut s = Settings::default();
     s.server.listen = "127.0.0.1:0".into();
     s.server.workers = 2;
+    // The mock is on loopback: managed upstreams on it opt in, as config ones do.
+    s.upstream.managed_allow_private_network = true;
     s.database.url = format!("sqlite://{}", dir.join("sluice.db").display());
     // The audit head lives in the backup folder: each test's own, never the repository's.
     s.backup.dir = dir.join("backup").display().to_string();

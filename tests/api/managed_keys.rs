@@ -455,3 +455,196 @@ async fn a_rotation_brings_back_an_upstream_whose_old_key_was_refused() {
     assert_eq!(used(&app, KEY_2), 1);
     app.assert_invariant().await;
 }
+
+/// Waits (5 s at most) until `cond` holds.
+async fn eventually(what: &str, cond: impl Fn() -> bool) {
+    for _ in 0..250 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("{what} never came");
+}
+
+/// Bumps `catalog_epoch` as an admin change does, without one (the stored rows changed
+/// under the gateway).
+async fn bump_epoch(app: &TestApp) {
+    let mut tx = app.db().begin().await.unwrap();
+    sluice::store::managed::bump_epoch(&mut tx).await.unwrap();
+    tx.commit().await.unwrap();
+}
+
+/// Two admins at once, each change valid alone: one deletes an upstream, the other routes
+/// a new model to it. They are checked one after the other: exactly one is taken, and the
+/// stored catalog stays one the gateway can build. (Checked apart, both were taken: a
+/// model routed to nothing was stored, and every replica's rebuild failed from then on.)
+#[tokio::test]
+async fn two_changes_at_once_are_checked_one_after_the_other() {
+    let app = spawn_app().await;
+    let s = admin(&app).await;
+    for i in 0..12 {
+        let created = s
+            .post("/admin/api/v1/upstreams", &table(&app, "x", KEY_1))
+            .await;
+        assert_eq!(created.0, 201, "{}", created.1);
+        let model = format!("race{i}");
+        let (none, path, routes) = (
+            json!({}),
+            format!("/admin/api/v1/models/{model}"),
+            priced(&["x"], 1.0, 2.0),
+        );
+        let (deleted, routed) = tokio::join!(
+            s.send(reqwest::Method::DELETE, "/admin/api/v1/upstreams/x", &none),
+            s.send(reqwest::Method::PUT, &path, &routes),
+        );
+        assert!(
+            (deleted.0 == 200) != (routed.0 == 200),
+            "round {i}: delete {deleted:?}, route {routed:?}"
+        );
+        let ups = sluice::store::managed::upstreams(app.db()).await.unwrap();
+        let models = sluice::store::managed::models(app.db()).await.unwrap();
+        sluice::upstream::live::effective(&app.state.live.file(), &ups, &models, &app.db().seal)
+            .unwrap_or_else(|e| panic!("round {i}: the stored catalog does not build: {e}"));
+        if routed.0 == 200 {
+            assert_eq!(s.send(reqwest::Method::DELETE, &path, &none).await.0, 200);
+            let gone = s.send(reqwest::Method::DELETE, "/admin/api/v1/upstreams/x", &none);
+            assert_eq!(gone.await.0, 200);
+        }
+    }
+    assert!(!app.state.live.stale());
+}
+
+/// Someone who can write the database but holds no master key points a managed upstream
+/// at their own server. The key is sealed with its row: in the altered row it does not
+/// open, so no catalog sends it there — the one in use stays, the gateway says so — and
+/// every poll tries again: the row put back applies with no further change. (Before, the
+/// key opened wherever its row pointed; and a rebuild that failed was not tried again
+/// until the next admin change.)
+#[tokio::test]
+async fn a_row_altered_in_the_database_sends_its_key_nowhere_and_is_retried_until_it_reads() {
+    let app = spawn_app().await;
+    let s = admin(&app).await;
+    let (_, token) = app.token("ann", None).await;
+    let created = s
+        .post("/admin/api/v1/upstreams", &table(&app, "m1", KEY_1))
+        .await;
+    assert_eq!(created.0, 201, "{}", created.1);
+    put_model(&s, "managed", &priced(&["m1"], 1.0, 2.0)).await;
+    assert_eq!(ask(&app, &token, "managed").await.0, 200);
+    let thief = sluice::mock::MockServer::start("127.0.0.1:0", Default::default()).unwrap();
+    let stored = sql_text(
+        app.db(),
+        "SELECT settings FROM managed_upstreams WHERE id = 'm1'",
+    )
+    .await;
+    let altered = stored.replace(&app.mock.base_url(), &thief.base_url());
+    assert_ne!(altered, stored);
+    let set = |v: &str| format!("UPDATE managed_upstreams SET settings = '{v}' WHERE id = 'm1'");
+    sql_exec(app.db(), &set(&altered)).await;
+    bump_epoch(&app).await;
+    eventually("the refused rebuild", || app.state.live.stale()).await;
+    for _ in 0..3 {
+        assert_eq!(ask(&app, &token, "managed").await.0, 200);
+    }
+    assert_eq!(
+        thief.state.stats(KEY_1).count,
+        0,
+        "the key went where the altered row said"
+    );
+    assert_eq!(used(&app, KEY_1), 4);
+    // A gateway starting now serves the config file's catalog rather than not starting.
+    let other = sluice::startup::Application::build(app.settings.clone())
+        .await
+        .expect("a gateway starts beside rows it cannot read");
+    assert!(other.state().catalog().model("managed").is_none());
+    assert!(other.state().catalog().model("gpt-4o-mini").is_some());
+    sql_exec(app.db(), &set(&stored)).await;
+    eventually("the rows read again", || !app.state.live.stale()).await;
+    assert_eq!(ask(&app, &token, "managed").await.0, 200);
+    assert_eq!(used(&app, KEY_1), 5);
+    app.assert_invariant().await;
+}
+
+/// A disabled key switched back on in the database alone does not open: the switch is
+/// sealed with it. Through the admin API it is sealed again and serves.
+#[tokio::test]
+async fn a_key_enabled_in_the_database_alone_stays_unused() {
+    let app = spawn_app().await;
+    let s = admin(&app).await;
+    let (_, token) = app.token("ann", None).await;
+    for (id, key) in [("m1", KEY_1), ("m2", KEY_2)] {
+        let created = s
+            .post("/admin/api/v1/upstreams", &table(&app, id, key))
+            .await;
+        assert_eq!(created.0, 201, "{}", created.1);
+    }
+    put_model(&s, "managed", &priced(&["m1", "m2"], 1.0, 2.0)).await;
+    let off = s
+        .post("/admin/api/v1/upstreams/m1/disable", &json!({}))
+        .await;
+    assert_eq!(off.0, 200, "{}", off.1);
+    let on = if app.db().postgres().is_some() {
+        "TRUE"
+    } else {
+        "1"
+    };
+    sql_exec(
+        app.db(),
+        &format!("UPDATE managed_upstreams SET enabled = {on} WHERE id = 'm1'"),
+    )
+    .await;
+    bump_epoch(&app).await;
+    eventually("the refused rebuild", || app.state.live.stale()).await;
+    for _ in 0..4 {
+        assert_eq!(ask(&app, &token, "managed").await.0, 200);
+    }
+    assert_eq!(
+        used(&app, KEY_1),
+        0,
+        "a key switched on in the database alone served"
+    );
+    // The admin's own switch: refused while the row does not open (it is not theirs).
+    sql_exec(
+        app.db(),
+        "UPDATE managed_upstreams SET enabled = NOT enabled WHERE id = 'm1'",
+    )
+    .await;
+    eventually("the rows read again", || !app.state.live.stale()).await;
+    let on = s
+        .post("/admin/api/v1/upstreams/m1/enable", &json!({}))
+        .await;
+    assert_eq!(on.0, 200, "{}", on.1);
+    let before = used(&app, KEY_1);
+    for _ in 0..4 {
+        assert_eq!(ask(&app, &token, "managed").await.0, 200);
+    }
+    assert!(
+        used(&app, KEY_1) > before,
+        "the key enabled by an admin serves"
+    );
+}
+
+/// With `upstream.managed_allow_private_network` off (the default), an upstream added here
+/// cannot opt in to private addresses: an admin session cannot point the gateway (or its
+/// "test" button) at the internal network. A public one is still taken.
+#[tokio::test]
+async fn an_upstream_added_here_reaches_private_addresses_only_where_the_file_allows() {
+    let app = spawn_app_with(|s, _| s.upstream.managed_allow_private_network = false).await;
+    let s = admin(&app).await;
+    let (status, body) = s
+        .post("/admin/api/v1/upstreams", &table(&app, "m1", KEY_1))
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.to_string().contains("managed_allow_private_network"),
+        "{body}"
+    );
+    let (_, list) = s.get_json("/admin/api/v1/upstreams").await;
+    assert!(!list.to_string().contains("m1"), "{list}");
+    let public = json!({
+        "id": "m2", "provider": "openai", "base_url": "https://api.openai.com/v1", "api_key": KEY_2,
+    });
+    let (status, body) = s.post("/admin/api/v1/upstreams", &public).await;
+    assert_eq!(status, 201, "{body}");
+}

@@ -30,16 +30,13 @@ async fn seed(dir: &Path, mock: &sluice::mock::MockServer) -> String {
         "api_key": MANAGED_KEY, "allow_private_network": true,
     }))
     .unwrap();
-    let row = sluice::store::managed::UpstreamRow {
-        id: "m1".into(),
-        settings: sluice::upstream::live::stored_settings(&u),
-        key_sealed: db.seal.seal(
-            &sluice::store::managed::key_purpose("m1"),
-            MANAGED_KEY.as_bytes(),
-        ),
-        key_last4: "LMNO".into(),
-        enabled: true,
-    };
+    let row = sluice::store::managed::UpstreamRow::sealed(
+        "m1",
+        sluice::upstream::live::stored_settings(&u),
+        true,
+        MANAGED_KEY,
+        &db.seal,
+    );
     let mut m = model("managed", &["m1"]);
     m.routes[0].model = "managed-upstream".into();
     let mut tx = db.begin().await.unwrap();

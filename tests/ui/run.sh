@@ -64,6 +64,10 @@ $DATABASE
 [backup]
 dir = "$WORK/backup"
 
+[upstream]
+# The keys page adds an upstream on the mock, on loopback.
+managed_allow_private_network = true
+
 [[upstreams]]
 id = "mock-a"
 provider = "openai"

@@ -42,12 +42,23 @@ pub async fn upstreams_in(conn: &mut PgConnection) -> Result<Vec<UpstreamRow>> {
     Ok(sqlx::query_as(UPSTREAMS).fetch_all(conn).await?)
 }
 
+const MODELS: &str = "SELECT name, settings FROM managed_models ORDER BY name";
+
 pub async fn models(pool: &PgPool) -> Result<Vec<ModelRow>> {
-    Ok(
-        sqlx::query_as("SELECT name, settings FROM managed_models ORDER BY name")
-            .fetch_all(pool)
-            .await?,
-    )
+    Ok(sqlx::query_as(MODELS).fetch_all(pool).await?)
+}
+
+pub async fn models_in(conn: &mut PgConnection) -> Result<Vec<ModelRow>> {
+    Ok(sqlx::query_as(MODELS).fetch_all(conn).await?)
+}
+
+/// EXCLUSIVE blocks every other writer of the table and every other taker of this lock,
+/// not plain reads (`store::managed::lock`).
+pub async fn lock(conn: &mut PgConnection) -> Result<()> {
+    sqlx::query("LOCK TABLE managed_upstreams IN EXCLUSIVE MODE")
+        .execute(conn)
+        .await?;
+    Ok(())
 }
 
 pub async fn insert_upstream(conn: &mut PgConnection, row: &UpstreamRow, now: &str) -> Result<()> {
@@ -74,48 +85,26 @@ pub async fn insert_upstream(conn: &mut PgConnection, row: &UpstreamRow, now: &s
     Ok(())
 }
 
-pub async fn set_key(
+pub async fn update_upstream(
     conn: &mut PgConnection,
-    id: &str,
-    sealed: &[u8],
-    last4: &str,
+    row: &UpstreamRow,
     now: &str,
 ) -> Result<bool> {
-    if !text::storable(id) {
+    if !text::storable(&row.id) {
         return Ok(false);
     }
     Ok(sqlx::query(
-        "UPDATE managed_upstreams SET key_sealed = $1, key_last4 = $2, updated_at = $3 WHERE id = $4",
+        "UPDATE managed_upstreams SET key_sealed = $1, key_last4 = $2, enabled = $3, updated_at = $4 WHERE id = $5",
     )
-    .bind(sealed)
-    .bind(last4)
+    .bind(&row.key_sealed)
+    .bind(&row.key_last4)
+    .bind(row.enabled)
     .bind(now)
-    .bind(id)
+    .bind(&row.id)
     .execute(conn)
     .await?
     .rows_affected()
         == 1)
-}
-
-pub async fn set_enabled(
-    conn: &mut PgConnection,
-    id: &str,
-    enabled: bool,
-    now: &str,
-) -> Result<bool> {
-    if !text::storable(id) {
-        return Ok(false);
-    }
-    Ok(
-        sqlx::query("UPDATE managed_upstreams SET enabled = $1, updated_at = $2 WHERE id = $3")
-            .bind(enabled)
-            .bind(now)
-            .bind(id)
-            .execute(conn)
-            .await?
-            .rows_affected()
-            == 1,
-    )
 }
 
 pub async fn delete_upstream(conn: &mut PgConnection, id: &str) -> Result<bool> {
