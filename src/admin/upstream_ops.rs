@@ -1,9 +1,9 @@
 //! Upstream keys and models managed in the admin UI and API (issue 19): add, rotate a key,
 //! disable and enable, delete, test; add, change and delete models. Admins only. Each
-//! change reads the managed rows under the catalog's write lock, is checked against the
-//! whole catalog it makes (the same `Settings::validate` as the config file,
-//! `upstream::live::effective`), commits with its audit row and a bump of `catalog_epoch`
-//! in that one transaction, and is applied on this replica before the answer (the others
+//! change reads the managed rows inside one write transaction (`Db::begin`: admin writes
+//! run one at a time on both engines), is checked against the whole catalog it makes (the
+//! same `Settings::validate` as the config file, `upstream::live::effective`), commits with
+//! its audit row and a bump of `catalog_epoch` in that one transaction, and is applied on this replica before the answer (the others
 //! follow within the poll, or at once on PostgreSQL). Keys are sealed before they reach the
 //! store, bound to their row (`UpstreamRow::purpose`), and shown afterwards by their last
 //! 4 characters only; the audit rows carry those.
@@ -29,7 +29,7 @@ use crate::upstream::providers;
 /// How long "test" waits for the upstream's answer.
 const TEST_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// One change an admin asks for, made to the managed rows as they stand under the lock.
+/// One change an admin asks for, made to the managed rows as they stand in its transaction.
 enum Change {
     Add(Box<UpstreamSettings>),
     Key {
@@ -85,16 +85,17 @@ fn managed_one<'a>(
     }
 }
 
-/// Reads the managed rows under the catalog's write lock, makes `change` to them, checks
-/// the whole catalog they make (the same `Settings::validate` as the config file), stores
-/// the change with its audit row and a bump of `catalog_epoch`, and applies it here. Read,
+/// Reads the managed rows in a write transaction (admin writes run one at a time), makes
+/// `change` to them, checks the whole catalog they make (the same `Settings::validate` as
+/// the config file), stores the change with its audit row and a bump of `catalog_epoch`, and applies it here. Read,
 /// check and write are one transaction: two admins' changes are checked one after the
 /// other, never each against a catalog without the other's.
 async fn apply(state: &AppState, actor: &Actor, change: Change) -> Result<(), AdminError> {
     let seal = &state.db.seal;
     let now = state.clock.now();
+    // A write transaction is the lock: `BEGIN IMMEDIATE` on SQLite, the admin advisory
+    // lock on PostgreSQL (`Db::begin`).
     let mut tx = state.db.begin().await?;
-    managed::lock(&mut tx).await?;
     let mut ups = managed::upstreams_in(&mut tx).await?;
     let mut models = managed::models_in(&mut tx).await?;
     let word = |e: bool| if e { "enabled" } else { "disabled by an admin" };

@@ -128,17 +128,6 @@ pub async fn upstreams_in(tx: &mut super::Tx) -> Result<Vec<UpstreamRow>> {
     Ok(sqlx::query_as(UPSTREAMS).fetch_all(tx.sqlite()?).await?)
 }
 
-/// Takes the managed catalog's write lock for `tx`: admin changes (and `sluice secrets
-/// rotate`) read, check and write the rows one at a time, so two changes checked apart
-/// cannot commit a catalog neither was checked against. SQLite's `BEGIN IMMEDIATE` is that
-/// lock already; PostgreSQL's plain reads are not blocked.
-pub async fn lock(tx: &mut super::Tx) -> Result<()> {
-    if let Some((conn, _)) = tx.pg() {
-        return super::pg::managed::lock(conn).await;
-    }
-    Ok(())
-}
-
 /// Every managed model, read inside `tx`.
 pub async fn models_in(tx: &mut super::Tx) -> Result<Vec<ModelRow>> {
     if let Some((conn, _)) = tx.pg() {

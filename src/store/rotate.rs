@@ -61,7 +61,6 @@ pub async fn rotate(
     if !running.is_empty() {
         return Err(Refused::Running(running.join(", ")));
     }
-    managed::lock(&mut tx).await?;
     let upstreams = managed::upstreams_in(&mut tx).await?;
     let mut resealed = Vec::with_capacity(upstreams.len());
     for u in &upstreams {

@@ -52,15 +52,6 @@ pub async fn models_in(conn: &mut PgConnection) -> Result<Vec<ModelRow>> {
     Ok(sqlx::query_as(MODELS).fetch_all(conn).await?)
 }
 
-/// EXCLUSIVE blocks every other writer of the table and every other taker of this lock,
-/// not plain reads (`store::managed::lock`).
-pub async fn lock(conn: &mut PgConnection) -> Result<()> {
-    sqlx::query("LOCK TABLE managed_upstreams IN EXCLUSIVE MODE")
-        .execute(conn)
-        .await?;
-    Ok(())
-}
-
 pub async fn insert_upstream(conn: &mut PgConnection, row: &UpstreamRow, now: &str) -> Result<()> {
     text::check(&[("id", Some(&row.id)), ("settings", Some(&row.settings))])?;
     let done = sqlx::query(
