@@ -337,7 +337,7 @@ pub async fn test(state: &AppState, actor: &Actor, id: &str) -> Result<Tested, A
         .upstream
         .post(
             &dep,
-            dep.url(route.target, endpoint, false),
+            dep.url(&route, endpoint, false),
             built.body.into(),
             started + TEST_TIMEOUT,
             None,

@@ -263,7 +263,8 @@ pub async fn sweep_own(
 /// Publishes this replica's key cooldowns to Redis and adopts the other replicas', so a
 /// key that answered 429 rests on every replica, not only the one that saw it.
 async fn share_cooldowns(state: Arc<AppState>) {
-    let mut published: Vec<i64> = Vec::new();
+    // Per position: the shared name it was published under, and the latest until.
+    let mut published: Vec<(String, i64)> = Vec::new();
     let mut tick = tokio::time::interval(COOLDOWN_SYNC);
     loop {
         tick.tick().await;
@@ -271,22 +272,29 @@ async fn share_cooldowns(state: Arc<AppState>) {
             continue;
         };
         // The catalog of the moment: deployments added since (managed keys, SIGHUP) are
-        // shared too; positions never change, so `published` only grows.
+        // shared too; positions never change, so `published` only grows. A cooldown is
+        // shared under the upstream's id and its key (`Deployment::shared_name`): a key
+        // rotated since does not get the old one's cooldown back from the others.
         let live = state.live.snapshot();
         let ids: Vec<String> = live
             .catalog
             .deployments
             .iter()
-            .map(|d| d.id.clone())
+            .map(|d| d.shared_name())
             .collect();
-        published.resize(ids.len(), 0);
+        published.resize(ids.len(), (String::new(), 0));
+        for (p, id) in published.iter_mut().zip(&ids) {
+            if p.0 != *id {
+                *p = (id.clone(), 0);
+            }
+        }
         let now = state.clock.now().timestamp_millis();
         let mut publish = Vec::new();
         for (d, id) in ids.iter().enumerate() {
             let until = live.pool.cooling_until_ms(d);
-            if until > now && until > published[d] {
+            if until > now && until > published[d].1 {
                 publish.push((id.clone(), until, (until - now) as u64));
-                published[d] = until;
+                published[d].1 = until;
             }
         }
         match redis.sync_cooldowns(&publish, &ids).await {
@@ -294,7 +302,7 @@ async fn share_cooldowns(state: Arc<AppState>) {
                 for (d, v) in values.into_iter().enumerate() {
                     if let Some(until) = v.filter(|u| *u > now) {
                         live.pool.cool_until(d, until);
-                        published[d] = published[d].max(until);
+                        published[d].1 = published[d].1.max(until);
                     }
                 }
             }

@@ -25,7 +25,7 @@ use crate::ratelimit::{Booking, WindowSpec};
 use crate::state::AppState;
 use crate::store::audit::{self, AuditEntry};
 use crate::upstream::breaker::Permit;
-use crate::upstream::catalog::{Model, Route};
+use crate::upstream::catalog::{Deployment, Model, Route};
 use crate::upstream::pool::{Disabled, InFlight};
 use crate::upstream::providers::{self, translate::TranslateError, Built};
 use crate::upstream::retry::{self, Tier};
@@ -40,17 +40,15 @@ pub struct Candidate {
 /// The routes that may serve a request, in the order they are tried.
 pub fn candidates(state: &AppState, p: &Prepared) -> Vec<Candidate> {
     let mut out = Vec::with_capacity(p.model.routes.len());
-    let turn = state.pool().next_turn();
+    let live = state.live.snapshot();
+    let turn = live.pool.next_turn();
     let mut push_model = |m: &Arc<Model>| {
         let start = out.len();
         let n = m.routes.len().max(1);
         for r in &m.routes {
             // A route whose provider has no such endpoint (embeddings on Anthropic) is skipped.
-            if providers::path(
-                p.endpoint,
-                state.catalog().deployments[r.deployment].provider,
-            )
-            .is_some()
+            if providers::path(p.endpoint, live.catalog.deployments[r.deployment].provider)
+                .is_some()
             {
                 out.push(Candidate {
                     model: m.clone(),
@@ -64,7 +62,7 @@ pub fn candidates(state: &AppState, p: &Prepared) -> Vec<Candidate> {
             .enumerate()
             .map(|(i, c)| {
                 (
-                    state.pool().in_flight(c.route.deployment),
+                    live.pool.in_flight(c.route.deployment),
                     (i + n - turn % n) % n,
                     c,
                 )
@@ -75,7 +73,7 @@ pub fn candidates(state: &AppState, p: &Prepared) -> Vec<Candidate> {
     };
     push_model(&p.model);
     for f in &p.model.fallbacks {
-        if let Some(m) = state.catalog().model(f) {
+        if let Some(m) = live.catalog.model(f) {
             push_model(m);
         }
     }
@@ -88,6 +86,9 @@ pub fn candidates(state: &AppState, p: &Prepared) -> Vec<Candidate> {
 pub struct Success {
     pub model: Arc<Model>,
     pub route: Route,
+    /// The deployment as the attempt used it (its provider reads the answer): the catalog
+    /// may have been rebuilt since.
+    pub dep: Arc<Deployment>,
     pub body: Option<Bytes>,
     /// The parsed non-streamed answer.
     pub answer: Option<serde_json::Value>,
@@ -103,8 +104,7 @@ pub struct Success {
 }
 
 /// The body for candidate `c`'s upstream, and the client fields it leaves out.
-fn build(state: &AppState, p: &Prepared, c: &Candidate) -> Result<Built, TranslateError> {
-    let dep = &state.catalog().deployments[c.route.deployment];
+fn build(dep: &Deployment, p: &Prepared, c: &Candidate) -> Result<Built, TranslateError> {
     let cap = p.cap.map(|(_, cap)| (c.route.cap_field(p.endpoint), cap));
     if p.responses.is_some() {
         providers::build_responses_request(
@@ -135,7 +135,11 @@ pub fn dropped_by_any(
     candidates: &[Candidate],
 ) -> Vec<&'static str> {
     let mut out: Vec<&'static str> = Vec::new();
-    for built in candidates.iter().filter_map(|c| build(state, p, c).ok()) {
+    let catalog = state.catalog();
+    let built = candidates
+        .iter()
+        .filter_map(|c| build(&catalog.deployments[c.route.deployment], p, c).ok());
+    for built in built {
         for field in built.dropped {
             if !out.contains(&field) {
                 out.push(field);
@@ -145,6 +149,9 @@ pub fn dropped_by_any(
     out
 }
 
+// Served is the common outcome, moved once to its caller: boxing it would cost every
+// request an allocation to save stack bytes on the rare failure.
+#[allow(clippy::large_enum_variant)]
 pub enum Outcome {
     Served(Success),
     Failed(Failure),
@@ -183,6 +190,7 @@ impl Run {
     }
 }
 
+#[allow(clippy::large_enum_variant)] // as `Outcome`
 enum Step {
     Served(Success),
     ClientError(Failure),
@@ -197,14 +205,13 @@ const LOCAL_RETRY_AFTER_SECONDS: u64 = 1;
 
 async fn attempt(
     state: &AppState,
-    c: &Candidate,
+    (c, dep): (&Candidate, &Arc<Deployment>),
     url: Option<&reqwest::Url>,
     body: Vec<u8>,
     (stream, beta): (bool, Option<&reqwest::header::HeaderValue>),
     (started, deadline): (Instant, Instant),
 ) -> Result<Success, UpstreamError> {
     let d = c.route.deployment;
-    let dep = &state.catalog().deployments[d];
     let in_flight = state.pool().enter(d);
     let sent = Instant::now();
     let resp = state
@@ -220,6 +227,7 @@ async fn attempt(
     let success = |body, answer, response| Success {
         model: c.model.clone(),
         route: c.route.clone(),
+        dep: dep.clone(),
         body,
         answer,
         response,
@@ -281,7 +289,9 @@ async fn try_candidate(
 ) -> Step {
     let (request_id, deadline, started) = ctx;
     let d = c.route.deployment;
-    let dep = &state.catalog().deployments[d];
+    // One deployment for the whole attempt (key, URL, body, the answer's reading), the one
+    // of the moment: a key rotated since the request started is not sent.
+    let dep = state.catalog().deployments[d].clone();
     let pool = state.pool();
     // Every early return below drops the permit, which abandons it (frees a probe slot);
     // a client leaving once the call is sent frees it too, as a probe left unanswered.
@@ -318,8 +328,8 @@ async fn try_candidate(
             return Step::Next;
         }
     }
-    let url = dep.url(c.route.target, p.endpoint, p.stream);
-    let (body, dropped) = match build(state, p, c) {
+    let url = dep.url(&c.route, p.endpoint, p.stream);
+    let (body, dropped) = match build(&dep, p, c) {
         Ok(b) => (b.body, b.dropped),
         Err(e) => {
             run.untranslatable = Some(e);
@@ -345,7 +355,7 @@ async fn try_candidate(
     permit.sent();
     let err = match attempt(
         state,
-        c,
+        (c, &dep),
         url,
         body,
         (p.stream, p.anthropic_beta.as_ref()),
@@ -375,6 +385,15 @@ async fn try_candidate(
     }
     run.only_rate_limited &= tier == Tier::RateLimited;
     run.only_cooling &= matches!(tier, Tier::RateLimited | Tier::Overloaded);
+    // The key was replaced while the call was out (a rotation, an admin's enable): what
+    // its answer says — cool down, disable, a breaker failure — is not the new key's.
+    if !still_in_use(state, &dep) && tier != Tier::ClientError && tier != Tier::LocalResources {
+        permit.abandon();
+        if matches!(tier, Tier::RateLimited | Tier::Overloaded) {
+            run.overloaded.push(i);
+        }
+        return Step::Next;
+    }
     match tier {
         Tier::RateLimited | Tier::Overloaded => {
             if tier == Tier::RateLimited {
@@ -448,6 +467,18 @@ async fn try_candidate(
         }
     }
     Step::Next
+}
+
+/// Whether `dep`'s key is still the one its deployment sends (`Deployment::sealing` tells
+/// an admin's action on a managed key).
+fn still_in_use(state: &AppState, dep: &Deployment) -> bool {
+    let catalog = state.catalog();
+    catalog
+        .position(&dep.id)
+        .map(|d| &catalog.deployments[d])
+        .is_some_and(|now| {
+            now.sealing == dep.sealing && now.api_key.expose() == dep.api_key.expose()
+        })
 }
 
 fn breaker_failure(state: &AppState, d: usize, permit: Permit<'_>) {

@@ -419,9 +419,7 @@ async fn run(
             return Err(failure);
         }
     };
-    log.upstream = state.catalog().deployments[success.route.deployment]
-        .id
-        .clone();
+    log.upstream = success.dep.id.clone();
     log.served_model = success.model.name.clone();
     if prepared.stream {
         let books = stream::Books {
@@ -574,12 +572,11 @@ async fn finish(
     let mut key_booking = s.key_booking;
     let raw = s.body.unwrap_or_default();
     let answer = s.answer.unwrap_or_default();
-    let upstream = providers::format_of(state.catalog().deployments[s.route.deployment].provider);
+    let upstream = providers::format_of(s.dep.provider);
     // An answer without usage is charged the counted input and the counted output.
     let (usage, body, to_keep) = match &p.responses {
         Some(ctx) => {
-            let provider = state.catalog().deployments[s.route.deployment].provider;
-            let (usage, body, response) = responses::answer(p, ctx, provider, &answer);
+            let (usage, body, response) = responses::answer(p, ctx, s.dep.provider, &answer);
             (usage, body, Some((ctx, response)))
         }
         None => (

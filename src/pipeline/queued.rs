@@ -134,7 +134,7 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
     };
     match result {
         Ok(s) => {
-            books.log.upstream = state.catalog().deployments[s.route.deployment].id.clone();
+            books.log.upstream = s.dep.id.clone();
             books.log.served_model = s.model.name.clone();
             stream::serve(state, &prepared, s, books, sink, slot).await;
         }

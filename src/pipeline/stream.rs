@@ -249,8 +249,7 @@ pub(super) fn serve(
     sink: ClientSink,
     admission: Slot,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
-    let catalog = state.catalog();
-    let deployment = &catalog.deployments[s.route.deployment];
+    let deployment = &s.dep;
     let upstream_format = providers::format_of(deployment.provider);
     let client = p.endpoint.format();
     // One bound for every buffer of a stream: no event, held-back block or cached answer

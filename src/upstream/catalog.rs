@@ -25,6 +25,11 @@ pub struct Deployment {
     pub managed: bool,
     /// `false` once an admin disabled it (every replica), or when it was removed.
     pub usable: bool,
+    /// A managed upstream's key as sealed (a hash of it; 0 for the file's): every admin
+    /// change of the row — rotate, enable, disable — seals the key again under a fresh
+    /// nonce, so a new value tells every replica the admin acted on it (`live`: what the
+    /// pool learned of the key is then forgotten, as for a new key).
+    pub sealing: u64,
     pub provider: Provider,
     /// Without a trailing slash; paths are appended as the provider's SDK would.
     pub base_url: String,
@@ -52,11 +57,12 @@ struct Target {
 }
 
 impl Deployment {
-    fn new(u: &UpstreamSettings, managed: bool, usable: bool) -> Deployment {
+    fn new(u: &UpstreamSettings, managed: bool, usable: bool, sealing: u64) -> Deployment {
         Deployment {
             id: u.id.clone(),
             managed,
             usable,
+            sealing,
             provider: u.provider,
             base_url: u.effective_base_url().trim_end_matches('/').to_string(),
             api_key: u.api_key.clone(),
@@ -97,10 +103,20 @@ impl Deployment {
         self.targets.len() - 1
     }
 
-    /// The URL a route's request to `endpoint` goes to (see `providers::url`).
-    pub fn url(&self, target: usize, endpoint: Endpoint, stream: bool) -> Option<&reqwest::Url> {
+    /// The URL `route`'s request to `endpoint` goes to (see `providers::url`). The route may
+    /// come from an earlier catalog than this deployment (a request that started before a
+    /// rebuild, which numbers targets anew): its index is used when it still names the
+    /// route's model, else the target is found by that name — never another model's URL.
+    pub fn url(&self, route: &Route, endpoint: Endpoint, stream: bool) -> Option<&reqwest::Url> {
+        let name = if providers::target_in_url(self.provider) {
+            route.upstream_model.as_str()
+        } else {
+            ""
+        };
         self.targets
-            .get(target)?
+            .get(route.target)
+            .filter(|t| t.name == name)
+            .or_else(|| self.targets.iter().find(|t| t.name == name))?
             .urls
             .iter()
             .find(|(e, s, _)| *e == endpoint && *s == stream)
@@ -109,6 +125,16 @@ impl Deployment {
 
     pub fn credential(&self) -> &Credential {
         &self.credential
+    }
+
+    /// The name replicas share this key's state under (its cooldown in Redis): the
+    /// upstream's id and a short digest of its key and sealing, so a rotated key starts
+    /// clean everywhere. 32 bits of a keyed digest of a high-entropy key tell nothing of it.
+    pub fn shared_name(&self) -> String {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (self.api_key.expose(), self.sealing).hash(&mut h);
+        format!("{}:{:08x}", self.id, h.finish() as u32)
     }
 }
 
@@ -178,6 +204,7 @@ impl Catalog {
                 u,
                 managed.ids.contains(&u.id),
                 !managed.disabled.contains(&u.id),
+                managed.sealings.get(&u.id).copied().unwrap_or(0),
             );
             let at = slots.iter().position(|x| x.id() == u.id);
             let i = match at {
@@ -279,6 +306,8 @@ impl Catalog {
 pub struct Managed {
     pub ids: std::collections::HashSet<String>,
     pub disabled: std::collections::HashSet<String>,
+    /// Each managed upstream's `Deployment::sealing`.
+    pub sealings: HashMap<String, u64>,
 }
 
 /// A position while a catalog is built: a deployment of the previous catalog (retired
@@ -356,6 +385,54 @@ mod tests {
         assert_eq!(route.cap_field(Endpoint::Completions), "max_tokens");
     }
 
+    /// A request prepared before a rebuild keeps its route; the rebuild numbers the
+    /// deployment's URL targets anew (a model added before the others in order moves them).
+    /// The old route still reaches its own model's URL, never the one now at its index
+    /// (which served another model, at another price).
+    #[test]
+    fn a_route_from_an_earlier_catalog_reaches_its_own_models_url() {
+        let gemini = |models: &[(&str, &str)]| {
+            let mut s = settings(&[], &[]);
+            s.models.clear();
+            s.upstreams.push(UpstreamSettings {
+                id: "g".into(),
+                provider: Provider::Gemini,
+                base_url: "https://generativelanguage.googleapis.com".into(),
+                api_key: crate::config::Secret(secrecy::SecretString::from("AIza-test-key-1234")),
+                ..Default::default()
+            });
+            let mut base = settings(&[], &[]).models.remove(0);
+            for (name, upstream_model) in models {
+                base.name = name.to_string();
+                base.routes = vec![crate::config::RouteSettings {
+                    upstream: "g".into(),
+                    model: upstream_model.to_string(),
+                    ..Default::default()
+                }];
+                s.models.push(base.clone());
+            }
+            s
+        };
+        let before = Catalog::from_settings(&gemini(&[("b", "gemini-flash"), ("c", "gemini-pro")]));
+        let route = before.model("b").unwrap().routes[0].clone();
+        let after = Catalog::rebuild(
+            &gemini(&[
+                ("a", "gemini-pro"),
+                ("b", "gemini-flash"),
+                ("c", "gemini-pro"),
+            ]),
+            &Managed::default(),
+            Some(&before),
+        );
+        let url = after.deployments[route.deployment]
+            .url(&route, Endpoint::Chat, false)
+            .unwrap()
+            .to_string();
+        assert!(url.contains("/models/gemini-flash:"), "{url}");
+        let moved = after.model("b").unwrap().routes[0].target;
+        assert_ne!(moved, route.target, "the test must move the target");
+    }
+
     fn settings(upstreams: &[&str], model_routes: &[&str]) -> Settings {
         let mut s = Settings::default();
         for id in upstreams {
@@ -418,6 +495,7 @@ mod tests {
         let disabled = Managed {
             ids: ["a".to_string()].into(),
             disabled: ["a".to_string()].into(),
+            ..Managed::default()
         };
         let third = Catalog::rebuild(&settings(&["a", "b"], &["a"]), &disabled, Some(&second));
         assert_eq!(third.position("a"), Some(0));

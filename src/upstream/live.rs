@@ -106,6 +106,9 @@ pub fn effective(
             .into());
         }
         which.ids.insert(u.id.clone());
+        which
+            .sealings
+            .insert(u.id.clone(), sealing(&row.key_sealed));
         if !row.enabled {
             which.disabled.insert(u.id.clone());
         }
@@ -175,9 +178,14 @@ impl Live {
         })
     }
 
+    /// The rows are read in one snapshot: an upstream and the model routed to it, added
+    /// by two changes between the two reads, would otherwise read as a model routed to
+    /// nothing (a false `catalog_stale`).
     async fn read(db: &Db, file: &Settings) -> Result<(Settings, Managed), LiveError> {
-        let ups = managed::upstreams(db).await?;
-        let models = managed::models(db).await?;
+        let mut tx = db.begin_read().await?;
+        let ups = managed::upstreams_in(&mut tx).await?;
+        let models = managed::models_in(&mut tx).await?;
+        tx.rollback().await?;
         effective(file, &ups, &models, &db.seal)
     }
 
@@ -272,11 +280,21 @@ impl Live {
     }
 }
 
-/// Positions are kept across rebuilds: where a deployment's key changed, the pool forgets
-/// what it learned from the old one (`Pool::key_replaced`).
+/// `Deployment::sealing` of a sealed key.
+fn sealing(sealed: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    sealed.hash(&mut h);
+    h.finish()
+}
+
+/// Positions are kept across rebuilds: where a deployment's key changed, or an admin acted
+/// on a managed one (rotated, enabled, disabled it: sealed again), the pool forgets what it
+/// learned from the key (`Pool::key_replaced`) — on every replica, so an admin's "enable"
+/// lifts a key refused earlier (401) wherever it was refused.
 fn forget_replaced_keys(old: &Catalog, new: &Catalog, pool: &Pool) {
     for (i, (o, n)) in old.deployments.iter().zip(&new.deployments).enumerate() {
-        if o.api_key.expose() != n.api_key.expose() {
+        if o.api_key.expose() != n.api_key.expose() || o.sealing != n.sealing {
             pool.key_replaced(i);
         }
     }

@@ -129,7 +129,7 @@ async fn call(s: &Settings, stream: bool) -> Result<reqwest::Response, UpstreamE
 fn url_of(catalog: &Catalog, stream: bool) -> reqwest::Url {
     let route = &catalog.model("gem").unwrap().routes[0];
     catalog.deployments[route.deployment]
-        .url(route.target, Endpoint::Chat, stream)
+        .url(route, Endpoint::Chat, stream)
         .unwrap()
         .clone()
 }

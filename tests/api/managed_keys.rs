@@ -648,3 +648,185 @@ async fn an_upstream_added_here_reaches_private_addresses_only_where_the_file_al
     let (status, body) = s.post("/admin/api/v1/upstreams", &public).await;
     assert_eq!(status, 201, "{body}");
 }
+
+/// A managed key the provider refused (401) is taken out of the pool by every replica that
+/// saw the refusal. Once the provider takes it again, an admin's "enable" brings it back on
+/// every replica, not only the one that took the click (which did not either: the row was
+/// enabled already, so nothing changed).
+#[tokio::test]
+async fn enabling_a_refused_key_brings_it_back_on_every_replica() {
+    let app = spawn_app().await;
+    let other = sluice::startup::Application::build(app.settings.clone())
+        .await
+        .unwrap();
+    let other_url = format!("http://127.0.0.1:{}/v1/chat/completions", other.port());
+    tokio::spawn(other.run_until_stopped());
+    let s = admin(&app).await;
+    let (_, token) = app.token("ann", None).await;
+    let created = s
+        .post("/admin/api/v1/upstreams", &table(&app, "solo", KEY_1))
+        .await;
+    assert_eq!(created.0, 201, "{}", created.1);
+    put_model(&s, "solo", &priced(&["solo"], 1.0, 2.0)).await;
+    let body =
+        json!({"model": "solo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16});
+    let ask_other = || async {
+        let r = app
+            .http
+            .post(&other_url)
+            .bearer_auth(&token)
+            .json(&body)
+            .send()
+            .await;
+        r.unwrap().status().as_u16()
+    };
+    let mut tries = 0;
+    while ask_other().await == 404 {
+        tries += 1;
+        assert!(tries < 250, "the other replica never applied the model");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let refused = sluice::mock::Script {
+        status: Some(401),
+        ..sluice::mock::Script::default()
+    };
+    app.mock.state.sticky(KEY_1, Some(refused));
+    assert_ne!(ask(&app, &token, "solo").await.0, 200);
+    assert_ne!(ask_other().await, 200);
+    app.mock.state.sticky(KEY_1, None);
+    assert_ne!(
+        ask(&app, &token, "solo").await.0,
+        200,
+        "still out of the pool"
+    );
+    let on = s
+        .post("/admin/api/v1/upstreams/solo/enable", &json!({}))
+        .await;
+    assert_eq!(on.0, 200, "{}", on.1);
+    assert_eq!(
+        ask(&app, &token, "solo").await.0,
+        200,
+        "back on this replica"
+    );
+    let mut tries = 0;
+    while ask_other().await != 200 {
+        tries += 1;
+        assert!(
+            tries < 100,
+            "the other replica kept the key out of its pool"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    app.assert_invariant().await;
+}
+
+/// A key rotated while a request on the old one is out: the old key's refusal (401) comes
+/// back after the rotation. It says nothing of the new key, which keeps serving (it was
+/// taken out of the pool: the answer landed on the position the new key now holds).
+#[tokio::test]
+async fn the_old_keys_refusal_arriving_after_a_rotation_leaves_the_new_key_serving() {
+    let app = spawn_app().await;
+    let s = admin(&app).await;
+    let (_, token) = app.token("ann", None).await;
+    let created = s
+        .post("/admin/api/v1/upstreams", &table(&app, "solo", KEY_1))
+        .await;
+    assert_eq!(created.0, 201, "{}", created.1);
+    put_model(&s, "solo", &priced(&["solo"], 1.0, 2.0)).await;
+    let late_refusal = Script {
+        status: Some(401),
+        delay_ms: 600,
+        ..Script::default()
+    };
+    app.mock.state.sticky(KEY_1, Some(late_refusal));
+    let out = tokio::spawn({
+        let (url, token) = (
+            format!("{}/v1/chat/completions", app.address),
+            token.clone(),
+        );
+        let body = json!({"model": "solo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16});
+        async move {
+            let r = reqwest::Client::new()
+                .post(url)
+                .bearer_auth(token)
+                .json(&body)
+                .send()
+                .await;
+            r.unwrap().status().as_u16()
+        }
+    });
+    while app.mock.state.stats(KEY_1).in_flight == 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let rotated = s
+        .post(
+            "/admin/api/v1/upstreams/solo/rotate",
+            &json!({"api_key": KEY_2}),
+        )
+        .await;
+    assert_eq!(rotated.0, 200, "{}", rotated.1);
+    assert_ne!(out.await.unwrap(), 200, "the old key was refused");
+    for _ in 0..3 {
+        assert_eq!(ask(&app, &token, "solo").await.0, 200, "the new key serves");
+    }
+    assert_eq!(used(&app, KEY_2), 3);
+    app.assert_invariant().await;
+}
+
+/// Replicas share key cooldowns through Redis. A managed key told to rest for an hour (429
+/// `Retry-After: 3600`) is rotated: the new key serves at once and stays serving — the old
+/// key's cooldown, still in Redis, does not come back to it at the next exchange (it did:
+/// cooldowns were shared by upstream id, whatever its key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_key_does_not_get_the_old_keys_shared_cooldown_back() {
+    let redis = RedisServer::start().await;
+    let url = redis.url();
+    let app = spawn_app_with(move |s, _| {
+        s.redis = Some(sluice::config::RedisSettings {
+            url: sluice::config::Secret(secrecy::SecretString::from(url)),
+            ..Default::default()
+        });
+    })
+    .await;
+    let s = admin(&app).await;
+    let (_, token) = app.token("ann", None).await;
+    let created = s
+        .post("/admin/api/v1/upstreams", &table(&app, "solo", KEY_1))
+        .await;
+    assert_eq!(created.0, 201, "{}", created.1);
+    put_model(&s, "solo", &priced(&["solo"], 1.0, 2.0)).await;
+    let rest = Script {
+        status: Some(429),
+        headers: vec![("Retry-After".into(), "3600".into())],
+        ..Script::default()
+    };
+    app.mock.state.script(KEY_1, [rest]);
+    assert_ne!(ask(&app, &token, "solo").await.0, 200, "the only key rests");
+    let d = app.state.catalog().position("solo").unwrap();
+    let pattern = format!("*{}", app.state.catalog().deployments[d].shared_name());
+    let mut tries = 0;
+    while redis
+        .cli(&["KEYS", &pattern])
+        .await
+        .unwrap_or_default()
+        .trim()
+        .is_empty()
+    {
+        tries += 1;
+        assert!(tries < 250, "the cooldown was never shared");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let rotated = s
+        .post(
+            "/admin/api/v1/upstreams/solo/rotate",
+            &json!({"api_key": KEY_2}),
+        )
+        .await;
+    assert_eq!(rotated.0, 200, "{}", rotated.1);
+    // Several exchanges (every 250 ms) with the old cooldown still in Redis.
+    for _ in 0..6 {
+        assert_eq!(ask(&app, &token, "solo").await.0, 200, "the new key serves");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert_eq!(used(&app, KEY_2), 6);
+}

@@ -81,10 +81,11 @@ async fn call_through_dns(
     let client = UpstreamClient::with_resolver(&UpstreamTimeouts::default(), dns.clone()).unwrap();
     let body = json!({"model": "gpt-4o-mini-upstream", "max_tokens": 5,
                       "messages": [{"role": "user", "content": "hi"}]});
+    let route = &catalog.model("gpt-4o-mini").unwrap().routes[0];
     let result = client
         .post(
             &catalog.deployments[0],
-            catalog.deployments[0].url(0, sluice::pipeline::request::Endpoint::Chat, false),
+            catalog.deployments[0].url(route, sluice::pipeline::request::Endpoint::Chat, false),
             Bytes::from(body.to_string()),
             Instant::now() + Duration::from_secs(10),
             None,
