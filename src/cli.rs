@@ -301,6 +301,19 @@ pub async fn admin_create(
     pw: String,
     now: DateTime<Utc>,
 ) -> Result<i64, CliError> {
+    admin_create_with(db, (username, role, team), pw, false, now).await
+}
+
+/// `sluice admin create`: a login of `(username, role, team)`. A break-glass one's password
+/// still signs in when `[oidc] password_login = false` (`admin::login`; each such sign-in
+/// is audited as `login.break_glass`). One transaction: a login is never left half made.
+pub async fn admin_create_with(
+    db: &Db,
+    (username, role, team): (&str, &str, Option<&str>),
+    pw: String,
+    break_glass: bool,
+    now: DateTime<Utc>,
+) -> Result<i64, CliError> {
     if !matches!(role, "admin" | "lead" | "finance") {
         return Err(CliError::Invalid(
             "--role must be admin, lead or finance".into(),
@@ -316,7 +329,12 @@ pub async fn admin_create(
         None => None,
     };
     let id = admins::create(&mut tx, username, &hash, role, team_id, now).await?;
-    let after = json!({"username": username, "role": role, "team_id": team_id}).to_string();
+    if break_glass {
+        crate::store::oidc::set_break_glass(&mut tx, id).await?;
+    }
+    let after =
+        json!({"username": username, "role": role, "team_id": team_id, "break_glass": break_glass})
+            .to_string();
     audit::append(
         &mut tx,
         &audit_entry("admin.create", &format!("admin:{id}"), Some(&after)),
@@ -325,22 +343,6 @@ pub async fn admin_create(
     .await?;
     tx.commit().await?;
     Ok(id)
-}
-
-/// Marks a login break-glass: its password still signs in when `[oidc] password_login =
-/// false` (`admin::login`), and each such sign-in is audited as `login.break_glass`.
-pub async fn admin_break_glass(db: &Db, id: i64, now: DateTime<Utc>) -> Result<(), CliError> {
-    let mut tx = db.begin().await?;
-    crate::store::oidc::set_break_glass(&mut tx, id).await?;
-    let after = json!({"break_glass": true}).to_string();
-    audit::append(
-        &mut tx,
-        &audit_entry("admin.break_glass", &format!("admin:{id}"), Some(&after)),
-        now,
-    )
-    .await?;
-    tx.commit().await?;
-    Ok(())
 }
 
 /// The login named `username`, or an error naming it.

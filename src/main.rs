@@ -415,11 +415,10 @@ async fn main() -> anyhow::Result<()> {
                 },
         } => {
             let (pw, generated) = new_password(password_stdin)?;
-            let id =
-                cli::admin_create(&db, &username, &role, team.as_deref(), pw.clone(), now).await?;
+            let who = (username.as_str(), role.as_str(), team.as_deref());
+            let id = cli::admin_create_with(&db, who, pw.clone(), break_glass, now).await?;
             println!("admin {username} ({role}) created (id {id})");
             if break_glass {
-                cli::admin_break_glass(&db, id, now).await?;
                 println!("{username} is a break-glass login: its password works even with [oidc] password_login = false");
             }
             if generated {

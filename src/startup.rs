@@ -122,6 +122,9 @@ impl Application {
         let process_id = me.id.clone();
         processes::heartbeat(&db, &me, clock.now()).await?;
         let liveness = processes::hold_liveness(&db, &me).await?;
+        // Registered as running, `sluice secrets rotate` no longer starts; one that
+        // committed since `Db::connect` checked the key is seen now.
+        crate::store::managed::check_master_key_locked(&db).await?;
 
         let live = Arc::new(Live::start(&db, Arc::new(settings.clone())).await?);
         // One group-commit writer for the money path and the request log.

@@ -5,8 +5,10 @@
 //!   is made at the first sign-in and its role and team rewritten at every one, and a
 //!   session starts. No matching row: refused with a page saying so; no login is made, and
 //!   an existing one loses its sessions (it lost its group at the provider). A login an
-//!   admin disabled in Sluice stays disabled. Every sign-in and every refusal is audited,
-//!   naming the provider's subject and issuer when the ID token was good.
+//!   admin disabled in Sluice stays disabled. Every sign-in, every refusal of an identity
+//!   the provider vouched for, and every ID token failing its checks is audited (naming
+//!   the provider's subject and issuer when the token was good); what anyone can send —
+//!   a forged flow, a provider `error`, a code the provider would not exchange — is logged.
 
 use actix_web::cookie::{Cookie, SameSite};
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -112,7 +114,11 @@ async fn callback(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse 
                 SsoError::Provider(_) | SsoError::Token(_) => 401,
             };
             let detail = json!({"reason": e.to_string()}).to_string();
-            let vouched = vouched && !matches!(e, SsoError::Flow);
+            // A flow cookie is anyone's for the asking, so it vouches for nothing: only a
+            // token the provider issued — a real sign-in there — that then failed its
+            // checks is audited. A code the provider would not exchange (junk, replayed,
+            // expired) is logged.
+            let vouched = vouched && matches!(e, SsoError::Token(_));
             if vouched {
                 if let Err(e) = audit(
                     &state,
@@ -193,10 +199,10 @@ async fn sign_in(
     now: DateTime<Utc>,
 ) -> Result<HttpResponse, Refusal> {
     let actor = sso_audit_name(&who.name, &who.issuer, &who.subject);
-    let grant = sso.settings.grant(&who.claims);
+    let grants = sso.settings.grants(&who.claims);
     let mut tx = state.db.begin().await?;
     let existing = store::admin_by_identity(&mut tx, &who.issuer, &who.subject).await?;
-    let Some(grant) = grant else {
+    if grants.is_empty() {
         // Removed from every mapped group: the login (if any) keeps no way in.
         if let Some(a) = &existing {
             end_access(&mut tx, a.id, now).await?;
@@ -207,23 +213,46 @@ async fn sign_in(
             who.name
         );
         let why = "no [[oidc.roles]] row matches";
-        return Err(refuse(tx, (&actor, address, ""), why, page, now).await?);
-    };
-    let team_id = match &grant.team {
-        Some(team) => match tenants::team_id(&mut tx, team).await? {
-            Some(id) => Some(id),
-            None => {
-                // The provider no longer grants what the login holds (the new grant cannot
-                // be given): it keeps no way in with the old one either.
-                if let Some(a) = &existing {
-                    end_access(&mut tx, a.id, now).await?;
+        let target = existing
+            .as_ref()
+            .map(|a| format!("admin:{}", a.id))
+            .unwrap_or_default();
+        return Err(refuse(tx, (&actor, address, &target), why, page, now).await?);
+    }
+    // The first grant Sluice can give: a lead's team must exist here.
+    let mut given = None;
+    let mut missing = None;
+    for g in grants {
+        match &g.team {
+            Some(team) => match tenants::team_id(&mut tx, team).await? {
+                Some(id) => {
+                    given = Some((g, Some(id)));
+                    break;
                 }
-                let page = format!("Your group makes you a lead of team `{team}`, which does not exist in Sluice. Ask an administrator to create it.");
-                let why = format!("team `{team}` does not exist");
-                return Err(refuse(tx, (&actor, address, ""), &why, page, now).await?);
+                None => {
+                    missing.get_or_insert_with(|| team.clone());
+                }
+            },
+            None => {
+                given = Some((g, None));
+                break;
             }
-        },
-        None => None,
+        }
+    }
+    let Some((grant, team_id)) = given else {
+        // The provider no longer grants what the login holds (the new grant cannot be
+        // given): it keeps no way in with the old one either.
+        if let Some(a) = &existing {
+            end_access(&mut tx, a.id, now).await?;
+        }
+        let team = missing.unwrap_or_default();
+        let page = format!("Your group makes you a lead of team `{team}`, which does not exist in Sluice. Ask an administrator to create it.");
+        let why = format!("team `{team}` does not exist");
+        let target = existing
+            .as_ref()
+            .map(|a| format!("admin:{}", a.id))
+            .unwrap_or_default();
+        return Err(refuse(tx, (&actor, address, &target), &why, page, now).await?);
     };
     let (id, before) = match &existing {
         Some(a) if a.disabled => {
@@ -289,12 +318,8 @@ async fn sign_in(
 /// The login's name: the provider's readable name, or with a suffix from the identity when
 /// another login holds it (a local login named like the person keeps its name).
 async fn free_username(tx: &mut crate::store::Tx, who: &Identity) -> Result<String, Refusal> {
-    let name: String = who
-        .name
-        .chars()
-        .take(100)
-        .map(|c| if c.is_control() { '\u{FFFD}' } else { c })
-        .collect();
+    // `who.name` is readable already (`auth::oidc::readable`).
+    let name = who.name.clone();
     if !crate::store::directory::username_taken(tx, &name).await? {
         return Ok(name);
     }

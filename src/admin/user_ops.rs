@@ -325,6 +325,14 @@ pub async fn update_login(
         ));
     }
     actor.require_admin()?;
+    // The break-glass login outlives every other way in (single sign-on off or down): a
+    // password set here would outlive its setter's removal at the provider.
+    if before.break_glass && p.password.is_some() {
+        return Err(AdminError::Forbidden(
+            "The break-glass login's password is set from the CLI: `sluice admin reset-password`."
+                .into(),
+        ));
+    }
     let role = match &p.role {
         Some(r) => {
             Role::parse(r).ok_or_else(|| AdminError::invalid("role: lead, finance or admin"))?

@@ -79,9 +79,30 @@ type FullIdToken =
 pub struct Identity {
     pub issuer: String,
     pub subject: String,
-    /// A name for people to read: `email`, else `preferred_username`, else the subject.
+    /// A name for people to read (`readable`): the verified `email`, else
+    /// `preferred_username`, else the subject.
     pub name: String,
     pub claims: serde_json::Map<String, serde_json::Value>,
+}
+
+/// A provider's name claim as Sluice shows and stores it: at most 100 characters, without
+/// control or bidirectional-override characters (a NUL, a line break or a right-to-left
+/// override would garble or forge an audit row), nor the parentheses the audit name puts
+/// the subject and issuer in.
+fn readable(name: &str) -> String {
+    name.chars()
+        .take(100)
+        .map(|c| match c {
+            '(' => '[',
+            ')' => ']',
+            c if c.is_control()
+                || matches!(c, '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}') =>
+            {
+                '\u{FFFD}'
+            }
+            c => c,
+        })
+        .collect()
 }
 
 /// The client for one flow step, from the metadata discovered last.
@@ -231,10 +252,27 @@ impl Sso {
             .claims(&verifier, &Nonce::new(nonce))
             .map_err(|e| SsoError::Token(e.to_string()))?;
         let subject = claims.subject().to_string();
-        let name = claims
+        // OpenID Connect: at most 255 ASCII characters. Anything else would reach the
+        // store (which refuses a NUL) and the audit rows.
+        if subject.is_empty()
+            || subject.len() > 255
+            || !subject.bytes().all(|b| b.is_ascii_graphic())
+        {
+            return Err(SsoError::Token(
+                "the `sub` claim is not a valid subject".into(),
+            ));
+        }
+        // The name people read (a new login's username, the audit rows): an email only
+        // where the provider verified it — else an insider could take a colleague's
+        // address as their login's name first.
+        let verified_email = claims
             .email()
-            .map(|e| e.to_string())
+            .filter(|_| claims.email_verified() == Some(true))
+            .map(|e| e.to_string());
+        let name = verified_email
             .or_else(|| claims.preferred_username().map(|u| u.to_string()))
+            .map(|n| readable(&n))
+            .filter(|n| !n.trim().is_empty())
             .unwrap_or_else(|| subject.clone());
         // The crate parses the standard claims out of the rest: put back those a mapping
         // may name — `email` only when the provider says it verified it (else anyone could

@@ -127,26 +127,33 @@ impl OidcSettings {
         Ok(())
     }
 
-    /// The first row the claims match, in the config's order (put the strongest first).
-    pub fn grant(&self, claims: &serde_json::Map<String, serde_json::Value>) -> Option<Grant> {
-        self.roles.iter().find_map(|r| {
-            let values: Vec<&str> = match claims.get(&r.claim)? {
-                serde_json::Value::String(s) => vec![s.as_str()],
-                serde_json::Value::Array(a) => a.iter().filter_map(|v| v.as_str()).collect(),
-                _ => return None,
+    /// Every grant the claims match, in the config's order (put the strongest first), and
+    /// within a row in the claim's order. The first one Sluice can give wins
+    /// (`admin::oidc`: a lead's team must exist) — a later value or row still grants where
+    /// an earlier one names a team Sluice does not have.
+    pub fn grants(&self, claims: &serde_json::Map<String, serde_json::Value>) -> Vec<Grant> {
+        let mut out = Vec::new();
+        for r in &self.roles {
+            let values: Vec<&str> = match claims.get(&r.claim) {
+                Some(serde_json::Value::String(s)) => vec![s.as_str()],
+                Some(serde_json::Value::Array(a)) => a.iter().filter_map(|v| v.as_str()).collect(),
+                _ => continue,
             };
-            values.iter().find_map(|v| {
-                let matched = matches(&r.value, v)?;
+            for v in values {
+                let Some(matched) = matches(&r.value, v) else {
+                    continue;
+                };
                 let team = match r.team.as_deref() {
                     Some("*") => Some(matched.to_string()),
                     other => other.map(str::to_string),
                 };
-                Some(Grant {
+                out.push(Grant {
                     role: r.role.clone(),
                     team,
-                })
-            })
-        })
+                });
+            }
+        }
+        out
     }
 }
 
@@ -214,7 +221,7 @@ mod tests {
             row("hd", "example.com", "finance", None),
         ]);
         s.validate().unwrap();
-        let g = |v| s.grant(&claims(v));
+        let g = |v| s.grants(&claims(v)).into_iter().next();
         assert_eq!(
             g(serde_json::json!({"groups": ["x", "llm-lead-search", "llm-admins"]})),
             Some(Grant {
@@ -238,6 +245,12 @@ mod tests {
         );
         assert_eq!(g(serde_json::json!({"groups": ["llm-admins-not"]})), None);
         assert_eq!(g(serde_json::json!({"groups": 7})), None);
+        // Every match, in order: a lead of two teams, then finance.
+        let all = s.grants(&claims(serde_json::json!({
+            "groups": ["llm-lead-old", "llm-lead-search"], "hd": "example.com"
+        })));
+        let teams: Vec<_> = all.iter().map(|g| g.team.as_deref()).collect();
+        assert_eq!(teams, [Some("old"), Some("search"), None]);
     }
 
     #[test]

@@ -108,10 +108,13 @@ pub struct LoginRow {
     pub team: Option<String>,
     pub disabled: bool,
     pub created_at: String,
+    /// Kept for when single sign-on fails (`sluice admin create --break-glass`): its
+    /// password is the CLI's to set.
+    pub break_glass: bool,
 }
 
 const LOGIN_SELECT: &str =
-    "SELECT a.id, a.username, a.role, a.team_id, tm.name AS team, a.disabled, a.created_at
+    "SELECT a.id, a.username, a.role, a.team_id, tm.name AS team, a.disabled, a.created_at, a.break_glass
      FROM admins a LEFT JOIN teams tm ON tm.id = a.team_id";
 
 pub async fn logins(db: &super::Db, scope: Option<i64>) -> Result<Vec<LoginRow>> {

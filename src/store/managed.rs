@@ -262,21 +262,43 @@ pub async fn epoch(db: &super::Db) -> Result<i64> {
 /// wrong key could misread, so the check value is then sealed again under this key (a
 /// SQLite database whose key file was lost before any key was added keeps starting).
 pub async fn check_master_key(db: &super::Db) -> Result<()> {
-    if seal_check(db).await?.is_none() {
-        let mut tx = db.begin().await?;
-        put_seal_check(&mut tx, &db.seal.check_value()).await?;
-        tx.commit().await?;
-    }
-    let Some(check) = seal_check(db).await? else {
-        return Err(super::StoreError::NotFound("the sealed check value".into()));
-    };
-    if let Err(e) = db.seal.opens_check(&check) {
-        if !upstreams(db).await?.is_empty() {
-            return Err(crate::secrets::SecretError::SealedUnderAnotherKey(e.to_string()).into());
+    // Read only when the key opens the check (a read-only database, every CLI command).
+    if let Some(check) = seal_check(db).await? {
+        if db.seal.opens_check(&check).is_ok() {
+            return Ok(());
         }
-        let mut tx = db.begin().await?;
-        replace_seal_check(&mut tx, &db.seal.check_value()).await?;
-        tx.commit().await?;
     }
+    check_master_key_locked(db).await
+}
+
+/// `check_master_key` in one write transaction, so it runs after any `sluice secrets
+/// rotate` under way (admin writes run one at a time): the gateway calls it again once it
+/// is registered as running (`startup`), which the rotation refuses to run beside — a
+/// gateway that passed the first check under the old key just before a rotation committed
+/// stops here, rather than sealing new keys under a key the database no longer uses.
+pub async fn check_master_key_locked(db: &super::Db) -> Result<()> {
+    let mut tx = db.begin().await?;
+    let check = match tx.pg() {
+        Some((conn, _)) => super::pg::managed::seal_check_in(conn).await?,
+        None => {
+            sqlx::query_scalar("SELECT sealed FROM seal_check WHERE id = 1")
+                .fetch_optional(tx.sqlite()?)
+                .await?
+        }
+    };
+    match check {
+        None => put_seal_check(&mut tx, &db.seal.check_value()).await?,
+        Some(check) => {
+            if let Err(e) = db.seal.opens_check(&check) {
+                if !upstreams_in(&mut tx).await?.is_empty() {
+                    return Err(
+                        crate::secrets::SecretError::SealedUnderAnotherKey(e.to_string()).into(),
+                    );
+                }
+                replace_seal_check(&mut tx, &db.seal.check_value()).await?;
+            }
+        }
+    }
+    tx.commit().await?;
     Ok(())
 }

@@ -240,6 +240,27 @@ mod tests {
         assert_eq!(state(&db).await, was);
     }
 
+    /// A gateway that passed the key check under the old key just before a rotation
+    /// committed: its check once registered as running (`startup`) stops it.
+    #[tokio::test]
+    async fn a_gateway_opened_under_the_old_key_is_stopped_by_its_check_after_a_rotation() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("g.db");
+        let gateway = seeded(&path).await;
+        managed::check_master_key_locked(&gateway).await.unwrap();
+        let cli = Db::open_with_key(&path, false, &key("ab")).await.unwrap();
+        rotate(&cli, &key("cd"), "t", chrono::Utc::now())
+            .await
+            .unwrap();
+        let err = managed::check_master_key_locked(&gateway)
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("the master key does not open"),
+            "{err}"
+        );
+    }
+
     /// After a rotation the chain verifies under the new key only, the sealed key and the
     /// check value open under the new key only, and the audit log refuses UPDATE again —
     /// its trigger put back as it was.

@@ -95,16 +95,23 @@ impl Issuer {
         }
     }
 
+    /// Every code refused (`invalid_grant`), as for a code the provider never issued.
+    pub fn answer_nothing(&self) {
+        *self.next.lock().unwrap() = None;
+    }
+
     /// The ID token the next code is traded for.
     pub fn answer_with(&self, id_token: String) {
         *self.next.lock().unwrap() = Some(id_token);
     }
 
-    /// Standard claims for `sub` with `nonce`, from this issuer, for `aud`, valid 5 minutes.
+    /// Standard claims for `sub` with `nonce`, from this issuer, for `aud`, valid 5 minutes,
+    /// with a verified email.
     pub fn claims(&self, aud: &str, sub: &str, nonce: &str) -> Value {
         let now = chrono::Utc::now().timestamp();
         json!({"iss": self.issuer, "aud": aud, "sub": sub, "nonce": nonce,
-               "iat": now, "exp": now + 300, "email": format!("{sub}@example.com")})
+               "iat": now, "exp": now + 300, "email": format!("{sub}@example.com"),
+               "email_verified": true})
     }
 }
 

@@ -414,6 +414,21 @@ async fn a_callback_from_another_browser_or_with_a_forged_flow_cookie_is_refused
     // Nothing was asked of the token endpoint for any of them.
     assert!(issuer.token_requests.lock().unwrap().is_empty());
     assert!(mine.location.starts_with(&format!("{}/auth?", issuer.url)));
+    // A flow cookie is anyone's for the asking: a good flow with a code the provider will
+    // not exchange (junk) is refused and logged, not audited (it was: one signed row per
+    // anonymous try, for ever).
+    issuer.answer_nothing();
+    for _ in 0..3 {
+        let b = begin(&app).await;
+        let r = callback(&app, Some(&b.cookie), &b.state).await;
+        assert_eq!(r.status(), 401);
+    }
+    assert_eq!(issuer.token_requests.lock().unwrap().len(), 3);
+    assert_eq!(
+        app.scalar(audited).await,
+        before,
+        "no audit row from a junk code"
+    );
 }
 
 #[tokio::test]
@@ -435,8 +450,10 @@ async fn the_role_is_derived_again_at_every_sign_in_and_no_matching_group_is_ref
         .unwrap();
     tx.commit().await.unwrap();
 
+    // A first value naming a team Sluice does not have does not hide a later one that
+    // does (it refused the person, and revoked their keys).
     let r = sign_in_with(&app, &issuer, "u-3", |c| {
-        c["groups"] = json!(["llm-lead-search"])
+        c["groups"] = json!(["llm-lead-old", "llm-lead-search"])
     })
     .await;
     assert_eq!(r.status(), 200);
@@ -515,13 +532,13 @@ async fn with_password_sign_in_switched_off_only_a_break_glass_login_may_use_a_p
     let issuer = Issuer::start().await;
     let app = gateway(&issuer, false).await;
     let id = make_login(&app, "ops", "admin", None).await;
-    make_login(&app, "glass", "admin", None).await;
+    let who = ("glass", "admin", None);
+    sluice::cli::admin_create_with(app.db(), who, PASSWORD.into(), true, chrono::Utc::now())
+        .await
+        .unwrap();
     let glass = sluice::store::sessions::admin_by_name(app.db(), "glass")
         .await
         .unwrap()
-        .unwrap();
-    sluice::cli::admin_break_glass(app.db(), glass.id, chrono::Utc::now())
-        .await
         .unwrap();
     assert!(id > 0);
 
@@ -564,6 +581,28 @@ async fn with_password_sign_in_switched_off_only_a_break_glass_login_may_use_a_p
         .await,
         1
     );
+    // Its password is the CLI's to set: an admin in the browser cannot give it one that
+    // would outlive their own removal at the provider.
+    let r = sign_in_with(&app, &issuer, "u-50", |c| {
+        c["groups"] = json!(["llm-admins"])
+    })
+    .await;
+    let sso_admin = browser(&app, &session_of(&r).expect("an SSO admin"));
+    let path = format!("/admin/api/v1/logins/{}", glass.id);
+    let (status, body) = sso_admin
+        .send(
+            reqwest::Method::PATCH,
+            &path,
+            &json!({"password": "a-new-password-of-mine"}),
+        )
+        .await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body.to_string().contains("sluice admin reset-password"),
+        "{body}"
+    );
+    let r = post_login(&app, &http, &pre, &csrf, "glass", PASSWORD, None).await;
+    assert_eq!(r.status(), 303, "the CLI's password still opens it");
 }
 
 #[tokio::test]
@@ -639,4 +678,51 @@ async fn a_verified_email_can_be_mapped_and_an_unverified_one_grants_nothing() {
     assert_eq!(r.status(), 200);
     let (_, me_) = me(&app, &session_of(&r).unwrap()).await;
     assert_eq!(me_["role"], "finance", "{me_}");
+}
+
+/// The provider's name claims are the user's to set. An unverified email does not name the
+/// login (an insider could take a colleague's address first); a name with a NUL, a line
+/// break, a right-to-left override or the audit name's own parentheses is stored and
+/// audited cleaned (a NUL failed the sign-in on PostgreSQL — a 500 — and the rest forged
+/// or garbled audit rows); a subject that is not one (control characters, too long) is
+/// refused.
+#[tokio::test]
+async fn the_providers_name_claims_are_cleaned_and_an_unverified_email_names_no_one() {
+    let issuer = Issuer::start().await;
+    let app = gateway(&issuer, true).await;
+    let r = sign_in_with(&app, &issuer, "u-20", |c| {
+        c["groups"] = json!(["llm-admins"]);
+        c["email"] = json!("root@example.com");
+        c["email_verified"] = json!(false);
+        c["preferred_username"] = json!("mallory");
+    })
+    .await;
+    assert_eq!(r.status(), 200);
+    let (_, me_) = me(&app, &session_of(&r).unwrap()).await;
+    assert_eq!(me_["username"], "mallory", "{me_}");
+    let r = sign_in_with(&app, &issuer, "u-21", |c| {
+        c["groups"] = json!(["llm-admins"]);
+        c.as_object_mut().unwrap().remove("email");
+        c["preferred_username"] = json!("eve\u{0}\n\u{202E}x (oidc sub=alice iss=x)");
+    })
+    .await;
+    assert_eq!(r.status(), 200);
+    let (_, me_) = me(&app, &session_of(&r).unwrap()).await;
+    let name = me_["username"].as_str().unwrap().to_string();
+    assert!(
+        !name
+            .chars()
+            .any(|c| c.is_control() || c == '\u{202E}' || c == '('),
+        "{name:?}"
+    );
+    let actor = sql_text(
+        app.db(),
+        "SELECT actor FROM audit_log WHERE action = 'login.sso' AND actor LIKE '%sub=u-21 %'",
+    )
+    .await;
+    assert_eq!(actor.matches("(oidc sub=").count(), 1, "{actor:?}");
+    for sub in ["bad\u{1}sub".to_string(), "s".repeat(256)] {
+        let r = sign_in_with(&app, &issuer, &sub, |c| c["groups"] = json!(["llm-admins"])).await;
+        refused(r, 401, "not a valid subject").await;
+    }
 }

@@ -14,7 +14,7 @@ const provider = new Provider(`http://127.0.0.1:${port}`, {
     grant_types: ["authorization_code"],
     response_types: ["code"],
   }],
-  claims: { email: ["email"], groups: ["groups"] },
+  claims: { email: ["email", "email_verified"], groups: ["groups"] },
   scopes: ["openid", "email", "groups"],
   // The groups in the ID token itself (not only at the userinfo endpoint).
   conformIdTokenClaims: false,
@@ -25,6 +25,8 @@ const provider = new Provider(`http://127.0.0.1:${port}`, {
     claims: async () => ({
       sub: id,
       email: `${id}@example.com`,
+      // Sluice names a login by its email only where the provider verified it.
+      email_verified: true,
       groups: JSON.parse(readFileSync(accounts, "utf8"))[id] ?? [],
     }),
   }),

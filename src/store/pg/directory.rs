@@ -52,7 +52,7 @@ pub async fn member(conn: &mut PgConnection, id: i64) -> Result<Option<MemberRow
 }
 
 const LOGIN_SELECT: &str =
-    "SELECT a.id, a.username, a.role, a.team_id, tm.name AS team, a.disabled, a.created_at
+    "SELECT a.id, a.username, a.role, a.team_id, tm.name AS team, a.disabled, a.created_at, a.break_glass
      FROM admins a LEFT JOIN teams tm ON tm.id = a.team_id";
 
 pub async fn logins(pool: &PgPool, scope: Option<i64>) -> Result<Vec<LoginRow>> {

@@ -16,6 +16,14 @@ pub async fn seal_check(pool: &PgPool) -> Result<Option<Vec<u8>>> {
     )
 }
 
+pub async fn seal_check_in(conn: &mut PgConnection) -> Result<Option<Vec<u8>>> {
+    Ok(
+        sqlx::query_scalar("SELECT sealed FROM seal_check WHERE id = 1")
+            .fetch_optional(conn)
+            .await?,
+    )
+}
+
 pub async fn put_seal_check(conn: &mut PgConnection, sealed: &[u8]) -> Result<()> {
     sqlx::query("INSERT INTO seal_check (id, sealed) VALUES (1, $1) ON CONFLICT (id) DO NOTHING")
         .bind(sealed)
