@@ -7,39 +7,11 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
 BIN=$(realpath "${SLUICE_BIN:-target/debug/sluice}")
-[ -x "$BIN" ] || { echo "sluice binary not found at $BIN; run cargo build" >&2; exit 2; }
-[ -x /usr/bin/chromium ] || { echo "/usr/bin/chromium missing; run scripts/test-deps.sh" >&2; exit 2; }
-[ -d tests/ui/node_modules/playwright-core ] || { echo "run npm ci in tests/ui (scripts/test-deps.sh)" >&2; exit 2; }
-[ -d tests/oidc/node_modules/oidc-provider ] || { echo "run npm ci in tests/oidc (scripts/test-deps.sh)" >&2; exit 2; }
-
 STORE=${TEST_STORE:-sqlite}
-case "$STORE" in sqlite | postgres) ;; *) echo "TEST_STORE=$STORE: expected sqlite or postgres" >&2; exit 2 ;; esac
 OUT="$ROOT/tests/ui/out-sso-$STORE"
-rm -rf "$OUT" && mkdir -p "$OUT"
-WORK=$(mktemp -d)
-PIDS=()
-PG_SCRATCH_DIR=""
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-    cp "$WORK"/*.log "$OUT"/ 2>/dev/null || true
-    rm -rf "$WORK"
-    [ -z "$PG_SCRATCH_DIR" ] || "$ROOT/scripts/pg-scratch.sh" stop "$PG_SCRATCH_DIR"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM HUP
-
-if [ "$STORE" = postgres ]; then
-    pg_env=$("$ROOT/scripts/pg-scratch.sh" start $$)
-    eval "$pg_env"
-    (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$WORK/master.key")
-    DATABASE="url = \"$PG_SCRATCH_URL\"
-key_file = \"$WORK/master.key\""
-else
-    DATABASE="url = \"sqlite://$WORK/sluice.db\""
-fi
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+# shellcheck source=tests/ui/lib.sh
+source "$ROOT/tests/ui/lib.sh"
+[ -d tests/oidc/node_modules/oidc-provider ] || { echo "run npm ci in tests/oidc (scripts/test-deps.sh)" >&2; exit 2; }
 GW_PORT=$(free_port)
 IDP_PORT=$(free_port)
 while [ "$IDP_PORT" = "$GW_PORT" ]; do IDP_PORT=$(free_port); done
