@@ -5,7 +5,10 @@
 //!   configuration` under the issuer, whose document must name the same issuer). A provider
 //!   that cannot be reached at start does not stop the gateway: discovery is retried every
 //!   few seconds, SSO answers 503 until it succeeds, and it is re-read every 15 minutes
-//!   afterwards (the provider's key rotation), keeping the last good copy on failure.
+//!   afterwards (the provider's key rotation), keeping the last good copy on failure. An ID
+//!   token signed by a key the copy does not hold (a rotation that took effect at once,
+//!   as Keycloak's does) makes one re-read at once — at most every `UNKNOWN_KEY_REREAD` —
+//!   and the token is checked again against the new keys.
 //! - `begin` sends the browser to the provider with a fresh `state`, `nonce` and PKCE
 //!   challenge; the three secrets travel in one short-lived (10 min) HttpOnly cookie, MACed
 //!   under a key derived from the client secret, so every replica can read it and only the
@@ -25,9 +28,9 @@ use openidconnect::core::{
     CoreJwsSigningAlgorithm,
 };
 use openidconnect::{
-    AdditionalClaims, AuthorizationCode, ClientId, ClientSecret, CsrfToken, IdToken, IssuerUrl,
-    Nonce, PkceCodeChallenge, PkceCodeVerifier, ProviderMetadataWithLogout, RedirectUrl, Scope,
-    TokenResponse,
+    AdditionalClaims, AuthorizationCode, ClaimsVerificationError, ClientId, ClientSecret,
+    CsrfToken, IdToken, IssuerUrl, Nonce, PkceCodeChallenge, PkceCodeVerifier,
+    ProviderMetadataWithLogout, RedirectUrl, Scope, SignatureVerificationError, TokenResponse,
 };
 use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
@@ -42,6 +45,9 @@ pub const FLOW_LIFETIME: Duration = Duration::from_secs(600);
 const REDISCOVER: Duration = Duration::from_secs(15 * 60);
 /// Retry a failed discovery after this long (the provider may be briefly down).
 const RETRY: Duration = Duration::from_secs(3);
+/// The least time between two re-reads for a token signed by a key not held: anyone can
+/// make such a token, and each re-read is a call to the provider.
+const UNKNOWN_KEY_REREAD: Duration = Duration::from_secs(30);
 
 pub fn flow_cookie_name(secure: bool) -> &'static str {
     if secure {
@@ -124,6 +130,8 @@ pub struct Sso {
     redirect: RedirectUrl,
     http: reqwest::Client,
     metadata: RwLock<Option<ProviderMetadataWithLogout>>,
+    /// When a token signed by an unknown key last made a re-read (`UNKNOWN_KEY_REREAD`).
+    reread: parking_lot::Mutex<Option<std::time::Instant>>,
     flow_key: [u8; 32],
 }
 
@@ -144,6 +152,7 @@ impl Sso {
             redirect,
             http,
             metadata: RwLock::new(None),
+            reread: parking_lot::Mutex::new(None),
             flow_key,
         }))
     }
@@ -174,6 +183,16 @@ impl Sso {
             .map_err(|e| error_chain(&e))?;
         *self.metadata.write() = Some(meta);
         Ok(())
+    }
+
+    /// Whether a token with an unknown key may make a re-read now (and marks it made).
+    fn may_reread(&self) -> bool {
+        let mut last = self.reread.lock();
+        if last.is_some_and(|t| t.elapsed() < UNKNOWN_KEY_REREAD) {
+            return false;
+        }
+        *last = Some(std::time::Instant::now());
+        true
     }
 
     pub fn ready(&self) -> bool {
@@ -237,20 +256,36 @@ impl Sso {
             .parse()
             .map_err(|e: serde_json::Error| SsoError::Token(e.to_string()))?;
         let skew = chrono::Duration::seconds(self.settings.clock_skew_seconds as i64);
-        let verifier = client
-            .id_token_verifier()
-            // `exp` is compared with this time: a token is taken up to `skew` past its expiry.
-            .set_time_fn(move || now - skew)
-            .set_issue_time_verifier_fn(move |iat| {
-                if iat > now + skew {
-                    Err(format!("issued in the future ({iat})"))
-                } else {
-                    Ok(())
-                }
-            });
-        let claims = full
-            .claims(&verifier, &Nonce::new(nonce))
-            .map_err(|e| SsoError::Token(e.to_string()))?;
+        // The checks, for a client of the metadata in use (a macro: the client's type is
+        // the crate's typestate generics).
+        macro_rules! check {
+            ($client:expr) => {
+                $client
+                    .id_token_verifier()
+                    // `exp` is compared with this time: a token is taken up to `skew` past
+                    // its expiry.
+                    .set_time_fn(move || now - skew)
+                    .set_issue_time_verifier_fn(move |iat| {
+                        if iat > now + skew {
+                            Err(format!("issued in the future ({iat})"))
+                        } else {
+                            Ok(())
+                        }
+                    })
+            };
+        }
+        let fresh;
+        let claims = match full.claims(&check!(client), &Nonce::new(nonce.clone())) {
+            Err(ClaimsVerificationError::SignatureVerification(
+                SignatureVerificationError::NoMatchingKey,
+            )) if self.may_reread() => {
+                self.discover().await.map_err(SsoError::Token)?;
+                fresh = client!(self, self.metadata()?);
+                full.claims(&check!(fresh), &Nonce::new(nonce))
+            }
+            checked => checked,
+        }
+        .map_err(|e| SsoError::Token(e.to_string()))?;
         let subject = claims.subject().to_string();
         // OpenID Connect: at most 255 ASCII characters. Anything else would reach the
         // store (which refuses a NUL) and the audit rows.

@@ -15,6 +15,7 @@ pub struct Issuer {
     pub issuer: String,
     next: Arc<Mutex<Option<String>>>,
     pub token_requests: Arc<Mutex<Vec<String>>>,
+    jwks: Arc<Mutex<Value>>,
 }
 
 pub fn private_key_pem() -> String {
@@ -40,6 +41,8 @@ impl Issuer {
         let next = Arc::new(Mutex::new(None::<String>));
         let token_requests = Arc::new(Mutex::new(Vec::new()));
         let jwks: Value = serde_json::from_str(include_str!("../fixtures/oidc/jwks.json")).unwrap();
+        let jwks = Arc::new(Mutex::new(jwks));
+        let served = jwks.clone();
         let discovery = json!({
             "issuer": issuer,
             "authorization_endpoint": format!("{url}/auth"),
@@ -57,14 +60,14 @@ impl Issuer {
                     return;
                 };
                 let (next, tokens, jwks, discovery) =
-                    (n2.clone(), t2.clone(), jwks.clone(), discovery.clone());
+                    (n2.clone(), t2.clone(), served.clone(), discovery.clone());
                 tokio::spawn(async move {
                     let Some((path, body)) = read_request(&mut sock).await else {
                         return;
                     };
                     let (status, out) = match path.split('?').next().unwrap_or("") {
                         "/.well-known/openid-configuration" => (200, discovery),
-                        "/jwks" => (200, jwks),
+                        "/jwks" => (200, jwks.lock().unwrap().clone()),
                         "/token" => {
                             tokens.lock().unwrap().push(body);
                             match next.lock().unwrap().take() {
@@ -92,7 +95,14 @@ impl Issuer {
             issuer,
             next,
             token_requests,
+            jwks,
         }
+    }
+
+    /// Publishes the signing key under `kid` from now on (a provider's key rotation; the
+    /// key itself stays, so `sign_as` signs for it).
+    pub fn rotate_to(&self, kid: &str) {
+        self.jwks.lock().unwrap()["keys"][0]["kid"] = json!(kid);
     }
 
     /// Every code refused (`invalid_grant`), as for a code the provider never issued.
@@ -116,9 +126,14 @@ impl Issuer {
 }
 
 pub fn sign(claims: &Value) -> String {
+    sign_as(claims, "test-1")
+}
+
+/// Signed with the fixture's key, named `kid` in the header.
+pub fn sign_as(claims: &Value, kid: &str) -> String {
     let key = jsonwebtoken::EncodingKey::from_rsa_pem(private_key_pem().as_bytes()).unwrap();
     let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256);
-    header.kid = Some("test-1".into());
+    header.kid = Some(kid.into());
     jsonwebtoken::encode(&header, claims, &key).unwrap()
 }
 

@@ -12,7 +12,7 @@ use crate::admin_helpers::{
     set_cookies, Session, PASSWORD,
 };
 use crate::helpers::{spawn_app_with, sql_text, TestApp};
-use crate::oidc_issuer::{sign, Issuer};
+use crate::oidc_issuer::{sign, sign_as, Issuer};
 
 const CLIENT: &str = "sluice-test";
 
@@ -725,4 +725,31 @@ async fn the_providers_name_claims_are_cleaned_and_an_unverified_email_names_no_
         let r = sign_in_with(&app, &issuer, &sub, |c| c["groups"] = json!(["llm-admins"])).await;
         refused(r, 401, "not a valid subject").await;
     }
+}
+
+/// The provider rotates its signing key and uses the new one at once (Keycloak does): the
+/// first ID token under it makes the gateway read the keys again, and the sign-in passes —
+/// not refused until the next scheduled re-read, 15 minutes later. A second unknown key
+/// within the re-read interval is refused without another call.
+#[tokio::test]
+async fn a_token_signed_by_a_key_rotated_in_since_discovery_is_checked_against_the_new_keys() {
+    let issuer = Issuer::start().await;
+    let app = gateway(&issuer, true).await;
+    issuer.rotate_to("test-2");
+    let b = begin(&app).await;
+    let mut claims = issuer.claims(CLIENT, "u-60", &b.nonce);
+    claims["groups"] = json!(["llm-admins"]);
+    issuer.answer_with(sign_as(&claims, "test-2"));
+    let r = callback(&app, Some(&b.cookie), &b.state).await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let b = begin(&app).await;
+    let mut claims = issuer.claims(CLIENT, "u-61", &b.nonce);
+    claims["groups"] = json!(["llm-admins"]);
+    issuer.answer_with(sign_as(&claims, "test-3"));
+    refused(
+        callback(&app, Some(&b.cookie), &b.state).await,
+        401,
+        "refused",
+    )
+    .await;
 }
