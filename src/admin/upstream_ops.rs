@@ -32,20 +32,10 @@ const TEST_TIMEOUT: Duration = Duration::from_secs(15);
 /// One change an admin asks for, made to the managed rows as they stand in its transaction.
 enum Change {
     Add(Box<UpstreamSettings>),
-    Key {
-        id: String,
-        key: String,
-    },
-    Enabled {
-        id: String,
-        enabled: bool,
-    },
+    Key { id: String, key: String },
+    Enabled { id: String, enabled: bool },
     Delete(String),
-    PutModel {
-        row: ModelRow,
-        before: Option<Value>,
-        after: Value,
-    },
+    PutModel(ModelRow),
     DeleteModel(String),
 }
 
@@ -169,14 +159,23 @@ async fn apply(state: &AppState, actor: &Actor, change: Change) -> Result<(), Ad
             );
             (Write::Delete(id), audit)
         }
-        Change::PutModel { row, before, after } => {
+        Change::PutModel(row) => {
+            // What it replaces, as stored (read in this transaction), else the file's.
+            let before = match models.iter().find(|m| m.name == row.name) {
+                Some(old) => stored_model(old).map(|m| model_view(&m)),
+                None => state
+                    .live
+                    .file()
+                    .models
+                    .iter()
+                    .find(|m| m.name == row.name)
+                    .map(model_view),
+            };
+            let after = stored_model(&row).map(|m| model_view(&m));
             models.retain(|m| m.name != row.name);
             models.push(row.clone());
             let target = format!("model:{}", row.name);
-            (
-                Write::PutModel(row),
-                ("model.put", target, before, Some(after)),
-            )
+            (Write::PutModel(row), ("model.put", target, before, after))
         }
         Change::DeleteModel(name) => {
             let before = models.len();
@@ -388,27 +387,36 @@ pub async fn put_model(
     }
     let m: ModelSettings = serde_json::from_value(table)
         .map_err(|e| AdminError::invalid(format!("The model does not read: {e}.")))?;
-    let before = state
-        .catalog()
-        .model(name)
-        .map(|m| json!({"input_micros_per_mtok": m.prices.input, "output_micros_per_mtok": m.prices.output}));
     let settings = serde_json::to_string(&m).map_err(|_| AdminError::Internal)?;
-    let (input, output, _) = crate::config::Settings::prices(&m);
-    let after = json!({
-        "routes": m.routes.iter().map(|r| format!("{}:{}", r.upstream, r.model)).collect::<Vec<_>>(),
-        "fallbacks": m.fallbacks,
-        "input_micros_per_mtok": input, "output_micros_per_mtok": output,
-    });
     let row = ModelRow {
         name: name.to_string(),
         settings,
     };
-    apply(state, actor, Change::PutModel { row, before, after }).await
+    apply(state, actor, Change::PutModel(row)).await
 }
 
 pub async fn delete_model(state: &AppState, actor: &Actor, name: &str) -> Result<(), AdminError> {
     actor.require_admin()?;
     apply(state, actor, Change::DeleteModel(name.to_string())).await
+}
+
+/// A stored model row's settings (its name is the row's).
+fn stored_model(row: &ModelRow) -> Option<ModelSettings> {
+    let mut table: Value = serde_json::from_str(&row.settings).ok()?;
+    table
+        .as_object_mut()?
+        .insert("name".into(), json!(row.name));
+    serde_json::from_value(table).ok()
+}
+
+/// A model as its audit rows show it: routes, fallbacks and prices.
+fn model_view(m: &ModelSettings) -> Value {
+    let (input, output, _) = crate::config::Settings::prices(m);
+    json!({
+        "routes": m.routes.iter().map(|r| format!("{}:{}", r.upstream, r.model)).collect::<Vec<_>>(),
+        "fallbacks": m.fallbacks,
+        "input_micros_per_mtok": input, "output_micros_per_mtok": output,
+    })
 }
 
 /// A model as the API shows it.

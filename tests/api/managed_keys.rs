@@ -312,6 +312,21 @@ async fn a_price_changed_through_the_api_prices_the_next_request_and_not_an_earl
         first * 3,
         "the next request is priced at the new price"
     );
+    // Each change's audit row says what it replaced, read with it: the config's model at
+    // first, then the stored override — routes and prices, before and after.
+    let rows: Vec<(String, String)> = sql_rows(
+        app.db(),
+        "SELECT before, after FROM audit_log WHERE action = 'model.put' ORDER BY id",
+    )
+    .await;
+    let price =
+        |text: &str| serde_json::from_str::<Value>(text).unwrap()["input_micros_per_mtok"].clone();
+    assert_eq!(price(&rows[0].0), 150_000, "{rows:?}");
+    assert_eq!(
+        (price(&rows[1].0), price(&rows[1].1)),
+        (json!(10_000_000), json!(30_000_000))
+    );
+    assert!(rows[1].0.contains("a:gpt-4o-mini-upstream"), "{rows:?}");
     // Deleting the override brings back the config's prices.
     let (status, _) = s
         .send(
