@@ -44,6 +44,23 @@ async fn put_model(s: &Session, name: &str, table: &Value) -> Value {
     body
 }
 
+/// Adds managed upstream `id` on the test's mock with `key` through the admin API; it must
+/// be taken.
+async fn add_upstream(app: &TestApp, s: &Session, id: &str, key: &str) {
+    let (status, body) = s
+        .post("/admin/api/v1/upstreams", &table(app, id, key))
+        .await;
+    assert_eq!(status, 201, "{body}");
+}
+
+/// Managed upstreams `m1` (`KEY_1`) and `m2` (`KEY_2`), and model `managed` routed to both.
+async fn two_keys(app: &TestApp, s: &Session) {
+    for (id, key) in [("m1", KEY_1), ("m2", KEY_2)] {
+        add_upstream(app, s, id, key).await;
+    }
+    put_model(s, "managed", &priced(&["m1", "m2"], 1.0, 2.0)).await;
+}
+
 async fn ask(app: &TestApp, token: &str, model: &str) -> (u16, Value) {
     let r = app
         .chat(token, &json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}))
@@ -111,12 +128,7 @@ async fn a_key_is_rotated_under_load_with_no_failed_request_and_the_old_one_is_n
     let app = Arc::new(spawn_app().await);
     let s = admin(&app).await;
     let (_, token) = app.token("ann", None).await;
-    assert_eq!(
-        s.post("/admin/api/v1/upstreams", &table(&app, "m1", KEY_1))
-            .await
-            .0,
-        201
-    );
+    add_upstream(&app, &s, "m1", KEY_1).await;
     put_model(&s, "managed", &priced(&["m1"], 1.0, 2.0)).await;
     // Slow answers, so requests are in flight on the old key when it is rotated.
     app.mock.state.sticky(
@@ -181,15 +193,7 @@ async fn a_disabled_key_is_never_used_again_and_a_deleted_one_is_gone() {
     let app = spawn_app().await;
     let s = admin(&app).await;
     let (_, token) = app.token("ann", None).await;
-    for (id, key) in [("m1", KEY_1), ("m2", KEY_2)] {
-        assert_eq!(
-            s.post("/admin/api/v1/upstreams", &table(&app, id, key))
-                .await
-                .0,
-            201
-        );
-    }
-    put_model(&s, "managed", &priced(&["m1", "m2"], 1.0, 2.0)).await;
+    two_keys(&app, &s).await;
     let (status, body) = s
         .post("/admin/api/v1/upstreams/m1/disable", &json!({}))
         .await;
@@ -246,12 +250,7 @@ async fn a_disabled_key_is_never_used_again_and_a_deleted_one_is_gone() {
 async fn test_shows_success_against_the_mock_and_a_clear_failure_for_a_refused_key() {
     let app = spawn_app().await;
     let s = admin(&app).await;
-    assert_eq!(
-        s.post("/admin/api/v1/upstreams", &table(&app, "m1", KEY_3))
-            .await
-            .0,
-        201
-    );
+    add_upstream(&app, &s, "m1", KEY_3).await;
     // No model routes to it yet: test says so.
     let (status, body) = s.post("/admin/api/v1/upstreams/m1/test", &json!({})).await;
     assert_eq!(status, 409, "{body}");
@@ -435,10 +434,7 @@ async fn a_rotation_brings_back_an_upstream_whose_old_key_was_refused() {
     let app = spawn_app().await;
     let s = admin(&app).await;
     let (_, token) = app.token("ann", None).await;
-    let (status, body) = s
-        .post("/admin/api/v1/upstreams", &table(&app, "solo", KEY_1))
-        .await;
-    assert_eq!(status, 201, "{body}");
+    add_upstream(&app, &s, "solo", KEY_1).await;
     put_model(&s, "solo", &priced(&["solo"], 1.0, 2.0)).await;
     app.mock.state.sticky(
         KEY_1,
@@ -499,10 +495,7 @@ async fn two_changes_at_once_are_checked_one_after_the_other() {
     let app = spawn_app().await;
     let s = admin(&app).await;
     for i in 0..12 {
-        let created = s
-            .post("/admin/api/v1/upstreams", &table(&app, "x", KEY_1))
-            .await;
-        assert_eq!(created.0, 201, "{}", created.1);
+        add_upstream(&app, &s, "x", KEY_1).await;
         let model = format!("race{i}");
         let (none, path, routes) = (
             json!({}),
@@ -541,10 +534,7 @@ async fn a_row_altered_in_the_database_sends_its_key_nowhere_and_is_retried_unti
     let app = spawn_app().await;
     let s = admin(&app).await;
     let (_, token) = app.token("ann", None).await;
-    let created = s
-        .post("/admin/api/v1/upstreams", &table(&app, "m1", KEY_1))
-        .await;
-    assert_eq!(created.0, 201, "{}", created.1);
+    add_upstream(&app, &s, "m1", KEY_1).await;
     put_model(&s, "managed", &priced(&["m1"], 1.0, 2.0)).await;
     assert_eq!(ask(&app, &token, "managed").await.0, 200);
     let thief = sluice::mock::MockServer::start("127.0.0.1:0", Default::default()).unwrap();
@@ -588,13 +578,7 @@ async fn a_key_enabled_in_the_database_alone_stays_unused() {
     let app = spawn_app().await;
     let s = admin(&app).await;
     let (_, token) = app.token("ann", None).await;
-    for (id, key) in [("m1", KEY_1), ("m2", KEY_2)] {
-        let created = s
-            .post("/admin/api/v1/upstreams", &table(&app, id, key))
-            .await;
-        assert_eq!(created.0, 201, "{}", created.1);
-    }
-    put_model(&s, "managed", &priced(&["m1", "m2"], 1.0, 2.0)).await;
+    two_keys(&app, &s).await;
     let off = s
         .post("/admin/api/v1/upstreams/m1/disable", &json!({}))
         .await;
@@ -678,10 +662,7 @@ async fn enabling_a_refused_key_brings_it_back_on_every_replica() {
     tokio::spawn(other.run_until_stopped());
     let s = admin(&app).await;
     let (_, token) = app.token("ann", None).await;
-    let created = s
-        .post("/admin/api/v1/upstreams", &table(&app, "solo", KEY_1))
-        .await;
-    assert_eq!(created.0, 201, "{}", created.1);
+    add_upstream(&app, &s, "solo", KEY_1).await;
     put_model(&s, "solo", &priced(&["solo"], 1.0, 2.0)).await;
     let body =
         json!({"model": "solo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16});
@@ -743,10 +724,7 @@ async fn the_old_keys_refusal_arriving_after_a_rotation_leaves_the_new_key_servi
     let app = spawn_app().await;
     let s = admin(&app).await;
     let (_, token) = app.token("ann", None).await;
-    let created = s
-        .post("/admin/api/v1/upstreams", &table(&app, "solo", KEY_1))
-        .await;
-    assert_eq!(created.0, 201, "{}", created.1);
+    add_upstream(&app, &s, "solo", KEY_1).await;
     put_model(&s, "solo", &priced(&["solo"], 1.0, 2.0)).await;
     let late_refusal = Script {
         status: Some(401),
@@ -805,10 +783,7 @@ async fn a_rotated_key_does_not_get_the_old_keys_shared_cooldown_back() {
     .await;
     let s = admin(&app).await;
     let (_, token) = app.token("ann", None).await;
-    let created = s
-        .post("/admin/api/v1/upstreams", &table(&app, "solo", KEY_1))
-        .await;
-    assert_eq!(created.0, 201, "{}", created.1);
+    add_upstream(&app, &s, "solo", KEY_1).await;
     put_model(&s, "solo", &priced(&["solo"], 1.0, 2.0)).await;
     let rest = Script {
         status: Some(429),
