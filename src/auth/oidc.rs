@@ -279,7 +279,9 @@ impl Sso {
             Err(ClaimsVerificationError::SignatureVerification(
                 SignatureVerificationError::NoMatchingKey,
             )) if self.may_reread() => {
-                self.discover().await.map_err(SsoError::Token)?;
+                // The provider could not be read: its fault, not the token's (logged, not
+                // audited as a token failing its checks).
+                self.discover().await.map_err(SsoError::Provider)?;
                 fresh = client!(self, self.metadata()?);
                 full.claims(&check!(fresh), &Nonce::new(nonce))
             }
@@ -308,7 +310,7 @@ impl Sso {
             .or_else(|| claims.preferred_username().map(|u| u.to_string()))
             .map(|n| readable(&n))
             .filter(|n| !n.trim().is_empty())
-            .unwrap_or_else(|| subject.clone());
+            .unwrap_or_else(|| readable(&subject));
         // The crate parses the standard claims out of the rest: put back those a mapping
         // may name — `email` only when the provider says it verified it (else anyone could
         // claim an address of the mapped domain at a provider that lets users set theirs).

@@ -290,8 +290,14 @@ async fn try_candidate(
     let (request_id, deadline, started) = ctx;
     let d = c.route.deployment;
     // One deployment for the whole attempt (key, URL, body, the answer's reading), the one
-    // of the moment: a key rotated since the request started is not sent.
+    // of the moment (taken before the attempt's gates): a key rotated before this attempt
+    // began is not sent.
     let dep = state.catalog().deployments[d].clone();
+    // The route's model is no longer served there (a model edited since the request was
+    // prepared): nothing to send, and no verdict on the upstream, which is healthy.
+    let Some(url) = dep.url(&c.route, p.endpoint, p.stream) else {
+        return Step::Next;
+    };
     let pool = state.pool();
     // Every early return below drops the permit, which abandons it (frees a probe slot);
     // a client leaving once the call is sent frees it too, as a probe left unanswered.
@@ -328,7 +334,6 @@ async fn try_candidate(
             return Step::Next;
         }
     }
-    let url = dep.url(&c.route, p.endpoint, p.stream);
     let (body, dropped) = match build(&dep, p, c) {
         Ok(b) => (b.body, b.dropped),
         Err(e) => {
@@ -356,7 +361,7 @@ async fn try_candidate(
     let err = match attempt(
         state,
         (c, &dep),
-        url,
+        Some(url),
         body,
         (p.stream, p.anthropic_beta.as_ref()),
         (started, deadline),

@@ -30,8 +30,15 @@ pub enum SealError {
     NotText,
 }
 
-/// Seals and opens values under the upstream-keys subkey.
-pub struct Sealer(Aes256Gcm);
+/// Seals and opens values under the upstream-keys subkey; tags keys under another.
+pub struct Sealer {
+    aead: Aes256Gcm,
+    /// `TAG_LABEL`'s subkey, for `tag`.
+    tags: [u8; 32],
+}
+
+/// The subkey of key tags (`Sealer::tag`).
+const TAG_LABEL: &str = "sluice/key-tags/v1";
 
 impl std::fmt::Debug for Sealer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -42,14 +49,32 @@ impl std::fmt::Debug for Sealer {
 impl Sealer {
     pub fn new(master: &MasterKey) -> Sealer {
         let sub = master.subkey(LABEL);
-        Sealer(Aes256Gcm::new(Key::<Aes256Gcm>::from_slice(sub.bytes())))
+        let mut tags = [0u8; 32];
+        tags.copy_from_slice(master.subkey(TAG_LABEL).bytes());
+        Sealer {
+            aead: Aes256Gcm::new(Key::<Aes256Gcm>::from_slice(sub.bytes())),
+            tags,
+        }
+    }
+
+    /// A 32-bit tag of `data` (an upstream key) that every replica with the master key
+    /// computes alike and no one without it can compute: HMAC-SHA256 under its own subkey,
+    /// so a tag in Redis confirms no guess of a weak key (`Deployment::shared_name`).
+    pub fn tag(&self, data: &[u8]) -> u32 {
+        use hmac::Mac;
+        // Cannot fail: HMAC takes a key of any length.
+        let mut mac = <hmac::Hmac<sha2::Sha256> as Mac>::new_from_slice(&self.tags)
+            .expect("HMAC takes any key length");
+        mac.update(data);
+        let out = mac.finalize().into_bytes();
+        u32::from_be_bytes([out[0], out[1], out[2], out[3]])
     }
 
     /// `clear` sealed for `purpose` under a fresh random nonce.
     pub fn seal(&self, purpose: &str, clear: &[u8]) -> Vec<u8> {
         let nonce = Aes256Gcm::generate_nonce(&mut OsRng);
         let sealed = self
-            .0
+            .aead
             .encrypt(
                 &nonce,
                 Payload {
@@ -71,7 +96,7 @@ impl Sealer {
             return Err(SealError::DoesNotOpen);
         }
         let (nonce, body) = sealed.split_at(NONCE_LEN);
-        self.0
+        self.aead
             .decrypt(
                 Nonce::from_slice(nonce),
                 Payload {
@@ -142,6 +167,16 @@ mod tests {
     fn every_seal_takes_a_fresh_nonce() {
         let s = Sealer::new(&key("ab"));
         assert_ne!(s.seal("p", b"same"), s.seal("p", b"same"));
+    }
+
+    /// Replicas with the master key tag a key alike; without it the tag cannot be made
+    /// (another master key tags otherwise), so a tag confirms no guess of the key.
+    #[test]
+    fn a_tag_is_the_master_keys_to_make() {
+        let (a, b) = (Sealer::new(&key("ab")), Sealer::new(&key("cd")));
+        assert_eq!(a.tag(b"sk-key"), Sealer::new(&key("ab")).tag(b"sk-key"));
+        assert_ne!(a.tag(b"sk-key"), b.tag(b"sk-key"));
+        assert_ne!(a.tag(b"sk-key"), a.tag(b"sk-kez"));
     }
 
     #[test]

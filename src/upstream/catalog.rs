@@ -25,11 +25,14 @@ pub struct Deployment {
     pub managed: bool,
     /// `false` once an admin disabled it (every replica), or when it was removed.
     pub usable: bool,
-    /// A managed upstream's key as sealed (a hash of it; 0 for the file's): every admin
-    /// change of the row — rotate, enable, disable — seals the key again under a fresh
-    /// nonce, so a new value tells every replica the admin acted on it (`live`: what the
-    /// pool learned of the key is then forgotten, as for a new key).
+    /// A managed upstream's sealing (its nonce's first bytes; 0 for the file's): every
+    /// admin change of the row — rotate, enable, disable — seals the key again under a
+    /// fresh nonce, so a new value tells every replica the admin acted on it (`live`: what
+    /// the pool learned of the key is then forgotten, as for a new key).
     pub sealing: u64,
+    /// A keyed tag of the key and its sealing (`Sealer::tag`; 0 in a catalog built
+    /// without the database's sealer): the name replicas share its state under.
+    shared_tag: u32,
     pub provider: Provider,
     /// Without a trailing slash; paths are appended as the provider's SDK would.
     pub base_url: String,
@@ -57,12 +60,18 @@ struct Target {
 }
 
 impl Deployment {
-    fn new(u: &UpstreamSettings, managed: bool, usable: bool, sealing: u64) -> Deployment {
+    fn new(
+        u: &UpstreamSettings,
+        managed: bool,
+        usable: bool,
+        (sealing, shared_tag): (u64, u32),
+    ) -> Deployment {
         Deployment {
             id: u.id.clone(),
             managed,
             usable,
             sealing,
+            shared_tag,
             provider: u.provider,
             base_url: u.effective_base_url().trim_end_matches('/').to_string(),
             api_key: u.api_key.clone(),
@@ -128,13 +137,10 @@ impl Deployment {
     }
 
     /// The name replicas share this key's state under (its cooldown in Redis): the
-    /// upstream's id and a short digest of its key and sealing, so a rotated key starts
-    /// clean everywhere. 32 bits of a keyed digest of a high-entropy key tell nothing of it.
+    /// upstream's id and the keyed tag of its key and sealing, so a rotated key starts
+    /// clean everywhere, and the name tells whoever reads Redis nothing of the key.
     pub fn shared_name(&self) -> String {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        (self.api_key.expose(), self.sealing).hash(&mut h);
-        format!("{}:{:08x}", self.id, h.finish() as u32)
+        format!("{}:{:08x}", self.id, self.shared_tag)
     }
 }
 
@@ -204,7 +210,10 @@ impl Catalog {
                 u,
                 managed.ids.contains(&u.id),
                 !managed.disabled.contains(&u.id),
-                managed.sealings.get(&u.id).copied().unwrap_or(0),
+                (
+                    managed.sealings.get(&u.id).copied().unwrap_or(0),
+                    managed.shared_tags.get(&u.id).copied().unwrap_or(0),
+                ),
             );
             let at = slots.iter().position(|x| x.id() == u.id);
             let i = match at {
@@ -308,6 +317,8 @@ pub struct Managed {
     pub disabled: std::collections::HashSet<String>,
     /// Each managed upstream's `Deployment::sealing`.
     pub sealings: HashMap<String, u64>,
+    /// Every upstream's `Deployment::shared_tag`.
+    pub shared_tags: HashMap<String, u32>,
 }
 
 /// A position while a catalog is built: a deployment of the previous catalog (retired

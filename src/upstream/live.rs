@@ -129,6 +129,12 @@ pub fn effective(
         }
     }
     s.validate()?;
+    for u in &s.upstreams {
+        let sealing = which.sealings.get(&u.id).copied().unwrap_or(0);
+        let mut tagged = u.api_key.expose().as_bytes().to_vec();
+        tagged.extend_from_slice(&sealing.to_le_bytes());
+        which.shared_tags.insert(u.id.clone(), sealer.tag(&tagged));
+    }
     Ok((s, which))
 }
 
@@ -240,6 +246,9 @@ impl Live {
             Err(e) => return self.failed(e.into()),
         };
         if now == self.epoch.load(Ordering::Acquire) {
+            // Built from the latest rows: a failure before (a read that failed once, a
+            // database failing over) is over.
+            *self.failing.lock() = None;
             return Refreshed::Unchanged;
         }
         match self.rebuild(db).await {
@@ -280,12 +289,13 @@ impl Live {
     }
 }
 
-/// `Deployment::sealing` of a sealed key.
+/// `Deployment::sealing` of a sealed key: the first 8 bytes of its nonce, fresh and random
+/// at every sealing, and read alike by every replica.
 fn sealing(sealed: &[u8]) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    sealed.hash(&mut h);
-    h.finish()
+    sealed
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u64::from_le_bytes)
 }
 
 /// Positions are kept across rebuilds: where a deployment's key changed, or an admin acted

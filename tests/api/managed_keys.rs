@@ -820,3 +820,15 @@ async fn a_rotated_key_does_not_get_the_old_keys_shared_cooldown_back() {
     }
     assert_eq!(used(&app, KEY_2), 6);
 }
+
+/// A failed read of the catalog's epoch (a database failing over, a busy file) is a
+/// failure while it lasts, not after: the next good poll, with nothing changed, clears it
+/// (it stayed "stale", alerting and with the gauge at 1, until the next admin change).
+#[tokio::test]
+async fn a_failed_poll_is_stale_only_while_it_fails() {
+    let app = spawn_app().await;
+    sql_exec(app.db(), "ALTER TABLE meta RENAME TO meta_away").await;
+    eventually("the failed poll", || app.state.live.stale()).await;
+    sql_exec(app.db(), "ALTER TABLE meta_away RENAME TO meta").await;
+    eventually("the good poll", || !app.state.live.stale()).await;
+}

@@ -721,6 +721,19 @@ async fn the_providers_name_claims_are_cleaned_and_an_unverified_email_names_no_
     )
     .await;
     assert_eq!(actor.matches("(oidc sub=").count(), 1, "{actor:?}");
+    // No name claim at all: the subject names the login, cut to 100 characters too.
+    let long = "s".repeat(200);
+    let r = sign_in_with(&app, &issuer, &long, |c| {
+        c["groups"] = json!(["llm-admins"]);
+        c.as_object_mut().unwrap().remove("email");
+    })
+    .await;
+    let (_, me_) = me(&app, &session_of(&r).unwrap()).await;
+    assert_eq!(
+        me_["username"].as_str().unwrap().chars().count(),
+        100,
+        "{me_}"
+    );
     for sub in ["bad\u{1}sub".to_string(), "s".repeat(256)] {
         let r = sign_in_with(&app, &issuer, &sub, |c| c["groups"] = json!(["llm-admins"])).await;
         refused(r, 401, "not a valid subject").await;
