@@ -348,6 +348,28 @@ async fn try_candidate(
             return Step::Next;
         }
     };
+    // The gate may have waited up to the deadline: a key rotated, disabled or deleted
+    // meanwhile must not go out. The attempt goes on with the deployment of the moment.
+    let fresh;
+    let (dep, url, body, dropped) = if still_in_use(state, &dep) {
+        (&dep, url, body, dropped)
+    } else {
+        let catalog = state.catalog();
+        if !catalog.usable(d) {
+            return Step::Next;
+        }
+        fresh = catalog.deployments[d].clone();
+        let Some(url) = fresh.url(&c.route, p.endpoint, p.stream) else {
+            return Step::Next;
+        };
+        match build(&fresh, p, c) {
+            Ok(b) => (&fresh, url, b.body, b.dropped),
+            Err(e) => {
+                run.untranslatable = Some(e);
+                return Step::Next;
+            }
+        }
+    };
     if run.attempts == 0 {
         state.pool().budgets[d].first_attempt();
     }
@@ -360,7 +382,7 @@ async fn try_candidate(
     permit.sent();
     let err = match attempt(
         state,
-        (c, &dep),
+        (c, dep),
         Some(url),
         body,
         (p.stream, p.anthropic_beta.as_ref()),
@@ -392,7 +414,7 @@ async fn try_candidate(
     run.only_cooling &= matches!(tier, Tier::RateLimited | Tier::Overloaded);
     // The key was replaced while the call was out (a rotation, an admin's enable): what
     // its answer says — cool down, disable, a breaker failure — is not the new key's.
-    if !still_in_use(state, &dep) && tier != Tier::ClientError && tier != Tier::LocalResources {
+    if !still_in_use(state, dep) && tier != Tier::ClientError && tier != Tier::LocalResources {
         permit.abandon();
         if matches!(tier, Tier::RateLimited | Tier::Overloaded) {
             run.overloaded.push(i);

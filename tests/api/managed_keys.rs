@@ -832,3 +832,90 @@ async fn a_failed_poll_is_stale_only_while_it_fails() {
     sql_exec(app.db(), "ALTER TABLE meta_away RENAME TO meta").await;
     eventually("the good poll", || !app.state.live.stale()).await;
 }
+
+/// A request waiting at a managed upstream's concurrency gate while the admin rotates its
+/// key goes out with the new key, and one waiting while the upstream is disabled does not
+/// go out at all (the attempt took its deployment before the gate, so after a wait of up
+/// to the deadline the old key was sent — and its refusal then taught the pool nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waiting_at_the_gate_does_not_send_a_key_replaced_meanwhile() {
+    let app = spawn_app().await;
+    let s = admin(&app).await;
+    let (_, token) = app.token("ann", None).await;
+    let mut t = table(&app, "solo", KEY_1);
+    t["max_concurrent"] = json!(1);
+    t["max_queue"] = json!(4);
+    let (status, body) = s.post("/admin/api/v1/upstreams", &t).await;
+    assert_eq!(status, 201, "{body}");
+    put_model(&s, "solo", &priced(&["solo"], 1.0, 2.0)).await;
+    let slow = || Script {
+        delay_ms: 1_500,
+        ..Script::default()
+    };
+    app.mock.state.script(KEY_1, [slow()]);
+    let send = || {
+        let url = format!("{}/v1/chat/completions", app.address);
+        let token = token.clone();
+        let body = json!({"model": "solo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16});
+        tokio::spawn(async move {
+            let r = reqwest::Client::new()
+                .post(url)
+                .bearer_auth(token)
+                .json(&body)
+                .send()
+                .await;
+            r.unwrap().status().as_u16()
+        })
+    };
+    let first = send();
+    while app.mock.state.stats(KEY_1).in_flight == 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let waiting = send();
+    // The second request is at the gate (the first holds the only slot).
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let rotated = s
+        .post(
+            "/admin/api/v1/upstreams/solo/rotate",
+            &json!({"api_key": KEY_2}),
+        )
+        .await;
+    assert_eq!(rotated.0, 200, "{}", rotated.1);
+    assert_eq!(
+        first.await.unwrap(),
+        200,
+        "the call out when the key changed is answered"
+    );
+    assert_eq!(waiting.await.unwrap(), 200, "the waiting request is served");
+    assert_eq!(
+        used(&app, KEY_1),
+        1,
+        "the old key went out once, before the rotation"
+    );
+    assert_eq!(
+        used(&app, KEY_2),
+        1,
+        "the waiting request went out with the new key"
+    );
+
+    // Disabled while a request waits: it is not sent at all.
+    app.mock.state.script(KEY_2, [slow()]);
+    let first = send();
+    while app.mock.state.stats(KEY_2).in_flight == 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let waiting = send();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let off = s
+        .post("/admin/api/v1/upstreams/solo/disable", &json!({}))
+        .await;
+    assert_eq!(off.0, 200, "{}", off.1);
+    assert_eq!(first.await.unwrap(), 200);
+    assert_ne!(waiting.await.unwrap(), 200, "nothing left to serve it");
+    assert_eq!(
+        used(&app, KEY_2),
+        2,
+        "the disabled key was not sent again (one each before)"
+    );
+    app.assert_invariant().await;
+}
