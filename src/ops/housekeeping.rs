@@ -299,9 +299,17 @@ async fn share_cooldowns(state: Arc<AppState>) {
         }
         match redis.sync_cooldowns(&publish, &ids).await {
             Ok(values) => {
+                // A key rotated during the exchange: what Redis holds under its old name is
+                // not the new key's to take (the pool's members outlive the snapshot).
+                let current = state.live.snapshot();
                 for (d, v) in values.into_iter().enumerate() {
-                    if let Some(until) = v.filter(|u| *u > now) {
-                        live.pool.cool_until(d, until);
+                    let same_key = current
+                        .catalog
+                        .deployments
+                        .get(d)
+                        .is_some_and(|dep| dep.shared_name() == ids[d]);
+                    if let Some(until) = v.filter(|u| *u > now && same_key) {
+                        current.pool.cool_until(d, until);
                         published[d].1 = published[d].1.max(until);
                     }
                 }
