@@ -138,6 +138,19 @@ pub fn effective(
     Ok((s, which))
 }
 
+/// `file` without the models the admin changed (and without them as anyone's fallback):
+/// served as the file says, such a model would be charged the file's price and sent along
+/// the file's routes — the ones the admin moved it away from.
+fn without_models(file: &Settings, changed: &[ModelRow]) -> Settings {
+    let gone = |name: &String| changed.iter().any(|m| &m.name == name);
+    let mut s = file.clone();
+    s.models.retain(|m| !gone(&m.name));
+    for m in &mut s.models {
+        m.fallbacks.retain(|f| !gone(f));
+    }
+    s
+}
+
 /// The JSON a managed upstream's settings are stored as: its table without the key (and
 /// without the id, which is the row's).
 pub fn stored_settings(u: &UpstreamSettings) -> String {
@@ -156,18 +169,19 @@ impl Live {
     ///
     /// Stored rows that do not make a valid catalog (altered in the database, or refused
     /// by a config file that changed since) do not stop the start: the gateway serves the
-    /// config file's catalog, says why, and the first poll tries the rows again and alerts
-    /// (`Refreshed::Failed`).
+    /// config file's catalog without the models the admin changed, says why, and the first
+    /// poll tries the rows again and alerts (`Refreshed::Failed`).
     pub async fn start(db: &Db, file: Arc<Settings>) -> Result<Live, LiveError> {
         let mut epoch = managed::epoch(db).await?;
         let (settings, which) = match Self::read(db, &file).await {
             Ok(read) => read,
             Err(e @ LiveError::Store(_)) => return Err(e),
             Err(e) => {
-                tracing::error!(error = %e, "the managed keys and models do not make a valid catalog: serving the config file's alone until they do");
+                tracing::error!(error = %e, "the managed keys and models do not make a valid catalog: serving the config file's alone, without the models changed in the admin, until they do");
                 // No epoch is "applied": the first poll rebuilds.
                 epoch = i64::MIN;
-                effective(&file, &[], &[], &db.seal)?
+                let changed = managed::models(db).await?;
+                effective(&without_models(&file, &changed), &[], &[], &db.seal)?
             }
         };
         let catalog = Catalog::rebuild(&settings, &which, None);

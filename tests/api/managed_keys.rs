@@ -919,3 +919,35 @@ async fn a_request_waiting_at_the_gate_does_not_send_a_key_replaced_meanwhile() 
     );
     app.assert_invariant().await;
 }
+
+/// A gateway starting beside managed rows that do not build serves the config file's
+/// catalog without the file models the admin changed: such a model served as the file
+/// says would be charged the file's price and sent along the routes the admin moved it
+/// away from (it was, at the file's price).
+#[tokio::test]
+async fn a_gateway_starting_beside_unreadable_rows_withholds_the_file_models_they_change() {
+    let app = spawn_app().await;
+    let s = admin(&app).await;
+    add_upstream(&app, &s, "m1", KEY_1).await;
+    put_model(&s, "gpt-4o-mini", &priced(&["m1"], 5.0, 6.0)).await;
+    let off = if app.db().postgres().is_some() {
+        "FALSE"
+    } else {
+        "0"
+    };
+    // Switched off in the database alone: the key no longer opens, the rows do not build.
+    sql_exec(
+        app.db(),
+        &format!("UPDATE managed_upstreams SET enabled = {off} WHERE id = 'm1'"),
+    )
+    .await;
+    let other = sluice::startup::Application::build(app.settings.clone())
+        .await
+        .expect("a gateway starts beside rows it cannot read");
+    let catalog = other.state().catalog();
+    assert!(
+        catalog.model("gpt-4o-mini").is_none() && catalog.model("mini").is_none(),
+        "the changed model is withheld, not served at the file's price"
+    );
+    assert!(catalog.model("text-embedding-3-small").is_some());
+}
