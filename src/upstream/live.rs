@@ -109,7 +109,14 @@ pub fn effective(
         which
             .sealings
             .insert(u.id.clone(), sealing(&row.key_sealed));
-        if !row.enabled {
+        // Private addresses are the file's to allow, now as when the row was added: a row
+        // that opted in while the file allowed it rests while the file does not.
+        let private_refused =
+            u.allow_private_network && !file.upstream.managed_allow_private_network;
+        if private_refused {
+            tracing::warn!(upstream = %u.id, "not used: it reaches private addresses, which upstream.managed_allow_private_network no longer allows");
+        }
+        if !row.enabled || private_refused {
             which.disabled.insert(u.id.clone());
         }
         s.upstreams.push(u);

@@ -648,6 +648,35 @@ async fn an_upstream_added_here_reaches_private_addresses_only_where_the_file_al
     assert_eq!(status, 201, "{body}");
 }
 
+/// Turning `upstream.managed_allow_private_network` off takes the access back from the
+/// upstreams added while it was on: a gateway whose file says off sends them nothing (they
+/// kept reaching the internal network until deleted).
+#[tokio::test]
+async fn a_file_that_stops_allowing_private_addresses_rests_the_upstreams_added_before() {
+    let app = spawn_app().await;
+    let s = admin(&app).await;
+    let (_, token) = app.token("ann", None).await;
+    add_upstream(&app, &s, "m1", KEY_1).await;
+    put_model(&s, "managed", &priced(&["m1"], 1.0, 2.0)).await;
+    assert_eq!(ask(&app, &token, "managed").await.0, 200);
+    let mut stricter = app.settings.clone();
+    stricter.upstream.managed_allow_private_network = false;
+    let other = sluice::startup::Application::build(stricter).await.unwrap();
+    let other_url = format!("http://127.0.0.1:{}/v1/chat/completions", other.port());
+    tokio::spawn(other.run_until_stopped());
+    let r = app
+        .http
+        .post(&other_url)
+        .bearer_auth(&token)
+        .json(&json!({"model": "managed", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}))
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(r.status(), 200);
+    assert_eq!(used(&app, KEY_1), 1, "the private address got nothing more");
+    app.assert_invariant().await;
+}
+
 /// A managed key the provider refused (401) is taken out of the pool by every replica that
 /// saw the refusal. Once the provider takes it again, an admin's "enable" brings it back on
 /// every replica, not only the one that took the click (which did not either: the row was
