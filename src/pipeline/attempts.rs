@@ -504,7 +504,9 @@ fn still_in_use(state: &AppState, dep: &Deployment) -> bool {
         .position(&dep.id)
         .map(|d| &catalog.deployments[d])
         .is_some_and(|now| {
-            now.sealing == dep.sealing && now.api_key.expose() == dep.api_key.expose()
+            now.sealing == dep.sealing
+                && now.shared_tag() == dep.shared_tag()
+                && now.api_key.expose() == dep.api_key.expose()
         })
 }
 

@@ -139,6 +139,11 @@ impl Deployment {
     /// The name replicas share this key's state under (its cooldown in Redis): the
     /// upstream's id and the keyed tag of its key and sealing, so a rotated key starts
     /// clean everywhere, and the name tells whoever reads Redis nothing of the key.
+    /// The keyed tag of every credential the deployment sends, and its sealing.
+    pub fn shared_tag(&self) -> u32 {
+        self.shared_tag
+    }
+
     pub fn shared_name(&self) -> String {
         format!("{}:{:08x}", self.id, self.shared_tag)
     }

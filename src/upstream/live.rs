@@ -138,11 +138,42 @@ pub fn effective(
     s.validate()?;
     for u in &s.upstreams {
         let sealing = which.sealings.get(&u.id).copied().unwrap_or(0);
-        let mut tagged = u.api_key.expose().as_bytes().to_vec();
+        let mut tagged = credentials(u);
         tagged.extend_from_slice(&sealing.to_le_bytes());
         which.shared_tags.insert(u.id.clone(), sealer.tag(&tagged));
     }
     Ok((s, which))
+}
+
+/// Every field an upstream's calls are authorized with, each length-prefixed: a SIGHUP that
+/// changes a Bedrock secret, an Entra client secret or a Vertex service account (with the
+/// same `api_key`) is a new key too — what the pool learned of the old one is forgotten and
+/// its cooldowns are not shared to the new one.
+fn credentials(u: &UpstreamSettings) -> Vec<u8> {
+    fn secret(s: Option<&Secret>) -> &str {
+        s.map_or("", |s| s.expose())
+    }
+    let entra = u.entra.as_ref();
+    let vertex = u
+        .vertex
+        .as_ref()
+        .map(|v| v.credentials_file.to_string_lossy());
+    let fields = [
+        u.api_key.expose(),
+        u.access_key_id.as_deref().unwrap_or(""),
+        secret(u.secret_access_key.as_ref()),
+        secret(u.session_token.as_ref()),
+        entra.map_or("", |e| e.tenant_id.as_str()),
+        entra.map_or("", |e| e.client_id.as_str()),
+        secret(entra.map(|e| &e.client_secret)),
+        vertex.as_deref().unwrap_or(""),
+    ];
+    let mut out = Vec::new();
+    for f in fields {
+        out.extend_from_slice(&(f.len() as u64).to_le_bytes());
+        out.extend_from_slice(f.as_bytes());
+    }
+    out
 }
 
 /// `file` without the models the admin changed (and without them as anyone's fallback):
@@ -325,7 +356,10 @@ fn sealing(sealed: &[u8]) -> u64 {
 /// lifts a key refused earlier (401) wherever it was refused.
 fn forget_replaced_keys(old: &Catalog, new: &Catalog, pool: &Pool) {
     for (i, (o, n)) in old.deployments.iter().zip(&new.deployments).enumerate() {
-        if o.api_key.expose() != n.api_key.expose() || o.sealing != n.sealing {
+        if o.api_key.expose() != n.api_key.expose()
+            || o.sealing != n.sealing
+            || o.shared_tag() != n.shared_tag()
+        {
             pool.key_replaced(i);
         }
     }
@@ -448,6 +482,36 @@ input_usd_per_mtok = 1.0
                 "{what}: {err}"
             );
         }
+    }
+
+    /// A credential other than `api_key` changed by a reload (a Bedrock secret, an Entra
+    /// client secret) makes a new tag: the pool forgets the old credential's lessons, and
+    /// its shared cooldowns are not the new one's.
+    #[test]
+    fn every_credential_field_is_part_of_the_keys_tag() {
+        let sealer = Sealer::new(&MasterKey::from_hex(&"ab".repeat(32)).unwrap());
+        let tag = |s: &Settings| effective(s, &[], &[], &sealer).unwrap().1.shared_tags["a"];
+        let base = file();
+        let secret = |v: &str| Some(Secret(secrecy::SecretString::from(v)));
+        let mut bedrock = base.clone();
+        let u = &mut bedrock.upstreams[0];
+        u.provider = crate::config::Provider::Bedrock;
+        u.base_url = String::new();
+        u.api_key = Secret::default();
+        u.region = Some("us-east-1".into());
+        u.access_key_id = Some("AKIDEXAMPLE".into());
+        u.secret_access_key = secret("old-secret");
+        let mut rotated = bedrock.clone();
+        rotated.upstreams[0].secret_access_key = secret("new-secret");
+        let mut token = bedrock.clone();
+        token.upstreams[0].session_token = secret("old-secret");
+        let tags = [tag(&base), tag(&bedrock), tag(&rotated), tag(&token)];
+        for (i, a) in tags.iter().enumerate() {
+            for b in &tags[i + 1..] {
+                assert_ne!(a, b, "{tags:?}");
+            }
+        }
+        assert_eq!(tag(&rotated), tag(&rotated.clone()), "a tag is stable");
     }
 
     #[test]
