@@ -15,7 +15,6 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::json;
-use sha2::{Digest, Sha256};
 
 use super::actor::{peer, sso_audit_name};
 use super::error::AdminError;
@@ -323,8 +322,20 @@ async fn free_username(tx: &mut crate::store::Tx, who: &Identity) -> Result<Stri
     if !crate::store::directory::username_taken(tx, &name).await? {
         return Ok(name);
     }
-    let tag = hex::encode(Sha256::digest(format!("{}\n{}", who.issuer, who.subject)));
-    Ok(format!("{name}~{}", &tag[..8]))
+    // Someone may have taken the tagged name too (knowing the subject): a longer tag then.
+    for len in [8, 16, 64] {
+        let tagged = format!(
+            "{name}~{}",
+            oidc::identity_tag(&who.issuer, &who.subject, len)
+        );
+        if !crate::store::directory::username_taken(tx, &tagged).await? {
+            return Ok(tagged);
+        }
+    }
+    Err(Refusal::Page(
+        format!("no free login name for `{name}`: ask an admin"),
+        409,
+    ))
 }
 
 fn refused(state: &AppState, req: &HttpRequest, msg: String, status: u16) -> HttpResponse {

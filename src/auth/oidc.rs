@@ -91,6 +91,14 @@ pub struct Identity {
     pub claims: serde_json::Map<String, serde_json::Value>,
 }
 
+/// The first `len` hex digits of a digest of the identity (issuer and subject): a suffix
+/// that tells two logins of one name apart, the same at every sign-in.
+pub fn identity_tag(issuer: &str, subject: &str, len: usize) -> String {
+    use sha2::Digest;
+    let tag = hex::encode(sha2::Sha256::digest(format!("{issuer}\n{subject}")));
+    tag[..len.min(tag.len())].to_string()
+}
+
 /// A provider's name claim as Sluice shows and stores it: at most 100 characters, without
 /// control or bidirectional-override characters (a NUL, a line break or a right-to-left
 /// override would garble or forge an audit row), nor the parentheses the audit name puts
@@ -102,13 +110,31 @@ fn readable(name: &str) -> String {
             '(' => '[',
             ')' => ']',
             c if c.is_control()
-                || matches!(c, '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}') =>
+                || matches!(c, '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+                || invisible(c) =>
             {
                 '\u{FFFD}'
             }
             c => c,
         })
         .collect()
+}
+
+/// Characters that show nothing (zero-width, soft hyphen, word joiner, byte-order mark,
+/// the Arabic letter mark, line and paragraph separators): in a name they make two logins
+/// look alike, or a name look empty.
+fn invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00AD}'
+            | '\u{061C}'
+            | '\u{180E}'
+            | '\u{200B}'..='\u{200D}'
+            | '\u{2028}'
+            | '\u{2029}'
+            | '\u{2060}'..='\u{2064}'
+            | '\u{FEFF}'
+    )
 }
 
 /// The client for one flow step, from the metadata discovered last.
@@ -306,9 +332,18 @@ impl Sso {
             .email()
             .filter(|_| claims.email_verified() == Some(true))
             .map(|e| e.to_string());
+        // A username the provider lets its user choose may not pass for an address:
+        // one shaped like an email gets the identity's tag (`bob@corp.com~1a2b3c4d`).
+        let chosen = |u: &str| {
+            let u = readable(u);
+            match u.contains('@') {
+                true => format!("{u}~{}", identity_tag(&issuer, &subject, 8)),
+                false => u,
+            }
+        };
         let name = verified_email
-            .or_else(|| claims.preferred_username().map(|u| u.to_string()))
             .map(|n| readable(&n))
+            .or_else(|| claims.preferred_username().map(|u| chosen(u)))
             .filter(|n| !n.trim().is_empty())
             .unwrap_or_else(|| readable(&subject));
         // The crate parses the standard claims out of the rest: put back those a mapping

@@ -734,6 +734,29 @@ async fn the_providers_name_claims_are_cleaned_and_an_unverified_email_names_no_
         100,
         "{me_}"
     );
+    // A chosen username shaped like an address does not pass for one (it took the name a
+    // colleague's verified email would get), and invisible characters are shown as such.
+    let r = sign_in_with(&app, &issuer, "u-22", |c| {
+        c["groups"] = json!(["llm-admins"]);
+        c.as_object_mut().unwrap().remove("email");
+        c["preferred_username"] = json!("bob@example.com");
+    })
+    .await;
+    let (_, me_) = me(&app, &session_of(&r).unwrap()).await;
+    let name = me_["username"].as_str().unwrap();
+    assert!(name.starts_with("bob@example.com~"), "{me_}");
+    let r = sign_in_with(&app, &issuer, "u-23", |c| {
+        c["groups"] = json!(["llm-admins"]);
+        c.as_object_mut().unwrap().remove("email");
+        c["preferred_username"] = json!("ro\u{200B}ot\u{FEFF}\u{2028}");
+    })
+    .await;
+    let (_, me_) = me(&app, &session_of(&r).unwrap()).await;
+    let name = me_["username"].as_str().unwrap();
+    assert!(
+        !name.contains(['\u{200B}', '\u{FEFF}', '\u{2028}']),
+        "{name:?}"
+    );
     for sub in ["bad\u{1}sub".to_string(), "s".repeat(256)] {
         let r = sign_in_with(&app, &issuer, &sub, |c| c["groups"] = json!(["llm-admins"])).await;
         refused(r, 401, "not a valid subject").await;
