@@ -51,11 +51,26 @@ pub fn read_usage(u: &Value) -> Option<Usage> {
     }
     let f = |k: &str| n(k).unwrap_or(0);
     let thoughts = f("thoughtsTokenCount");
+    // Per-modality counts of the prompt (cached ones included, as in its total) and of
+    // the candidates (thoughts are apart from them, and text).
+    let modality = |details: &str, m: &str| {
+        u.get(details)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|d| d.get("modality").and_then(Value::as_str) == Some(m))
+            .filter_map(|d| tokens(d.get("tokenCount")))
+            .fold(0i64, i64::saturating_add)
+    };
     Some(Usage {
-        input: f("promptTokenCount") + f("toolUsePromptTokenCount"),
-        output: f("candidatesTokenCount") + thoughts,
+        input: f("promptTokenCount").saturating_add(f("toolUsePromptTokenCount")),
+        output: f("candidatesTokenCount").saturating_add(thoughts),
         cached_input: f("cachedContentTokenCount"),
         reasoning: thoughts,
+        audio_input: modality("promptTokensDetails", "AUDIO"),
+        image_input: modality("promptTokensDetails", "IMAGE"),
+        audio_output: modality("candidatesTokensDetails", "AUDIO"),
+        image_output: modality("candidatesTokensDetails", "IMAGE"),
         ..Usage::default()
     })
 }
