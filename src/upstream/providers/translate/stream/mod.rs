@@ -439,8 +439,10 @@ impl StreamConverter {
     /// An input side the upstream reported. The input is known from the first event:
     /// every report is a total of the same prompt, so the most reported counts, wherever
     /// it came — and so does the most reported of its uncached part, for a later report
-    /// with more input but more of it cached would lower the price too. The parts priced
-    /// above plain input (cache writes, audio, images) count at the most reported of each.
+    /// with more input but more of it cached would lower the price too. The cache writes
+    /// count at the most reported of them in all, the most reported of the one-hour ones
+    /// among them (Anthropic's `message_delta` repeats the writes' total without its split
+    /// by lifetime: that is no five-minute write), audio and images at the most reported.
     fn report_input(&mut self, i: Input) {
         let cached = i.cached_input.clamp(0, i.input.max(0));
         let (total, fresh, had) = match self.input {
@@ -451,11 +453,13 @@ impl StreamConverter {
                 had,
             ),
         };
+        let written = |x: &Input| x.cache_write_5m.saturating_add(x.cache_write_1h);
+        let hour = had.cache_write_1h.max(i.cache_write_1h);
         self.input = Some(Input {
             input: total,
             cached_input: (total - fresh).max(0),
-            cache_write_5m: had.cache_write_5m.max(i.cache_write_5m),
-            cache_write_1h: had.cache_write_1h.max(i.cache_write_1h),
+            cache_write_5m: written(&had).max(written(&i)) - hour,
+            cache_write_1h: hour,
             audio_input: had.audio_input.max(i.audio_input),
             image_input: had.image_input.max(i.image_input),
         });
