@@ -29,7 +29,7 @@ pub struct Prices {
 impl Prices {
     /// Input and output prices, every other kind at the price it defaults to (see
     /// `config::parse_prices`), web search free.
-    pub fn plain(input: i64, output: i64) -> Prices {
+    pub const fn plain(input: i64, output: i64) -> Prices {
         Prices {
             input,
             output,

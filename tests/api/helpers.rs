@@ -397,15 +397,11 @@ pub fn chat_worst_case(max_tokens: i64) -> (i64, i64) {
         None,
     );
     let input = sluice::quota::pricing::input_with_margin(counted, 1.10, 16);
-    let prices = sluice::quota::pricing::Prices {
-        input: 150_000,
-        output: 600_000,
-        cached_input: 150_000,
-    };
+    let prices = sluice::quota::pricing::Prices::plain(150_000, 600_000);
     let usage = sluice::quota::pricing::Usage {
         input,
-        cached_input: 0,
         output: max_tokens,
+        ..Default::default()
     };
     (input, sluice::quota::pricing::cost(usage, prices))
 }

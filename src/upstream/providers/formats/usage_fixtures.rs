@@ -56,14 +56,21 @@ fn jsonl(provider: &str, path: &str) -> Vec<(String, String)> {
         .lines()
         .map(|l| {
             let v: Value = serde_json::from_str(l).unwrap();
-            (v["event"].as_str().unwrap().to_string(), v["data"].to_string())
+            (
+                v["event"].as_str().unwrap().to_string(),
+                v["data"].to_string(),
+            )
         })
         .collect()
 }
 
 #[test]
 fn openai_chat_usage_with_cached_audio_and_reasoning_is_priced_part_by_part() {
-    let u = answer_usage(Format::OpenAiChat, &fixtures::json("openai", "usage/chat.json")).unwrap();
+    let u = answer_usage(
+        Format::OpenAiChat,
+        &fixtures::json("openai", "usage/chat.json"),
+    )
+    .unwrap();
     // prompt_tokens includes the cached and audio ones, completion_tokens the reasoning
     // and audio ones.
     assert_eq!(
@@ -125,19 +132,26 @@ fn responses_usage_counts_its_web_search_calls() {
     // 1000×1.1 + 4000×0.275 + 800×4.4 + 2 × 10 000 = 1100 + 1100 + 3520 + 20 000.
     assert_eq!(cost(u, p), 25_720);
     // Streamed: `response.completed` carries the same response object.
-    let completed = serde_json::json!({"type": "response.completed", "sequence_number": 1, "response": v});
+    let completed =
+        serde_json::json!({"type": "response.completed", "sequence_number": 1, "response": v});
     let mut n = super::responses::stream::Native::new(super::responses::Stamp {
         id: "resp_gateway".into(),
         store: false,
         previous_response_id: None,
     });
-    let read = n.read("response.completed", &completed.to_string()).unwrap();
+    let read = n
+        .read("response.completed", &completed.to_string())
+        .unwrap();
     assert_eq!(read.usage, Some(u));
 }
 
 #[test]
 fn anthropic_usage_with_both_cache_write_lifetimes_and_web_search_is_exact() {
-    let u = answer_usage(Format::Anthropic, &fixtures::json("anthropic", "usage/message.json")).unwrap();
+    let u = answer_usage(
+        Format::Anthropic,
+        &fixtures::json("anthropic", "usage/message.json"),
+    )
+    .unwrap();
     // input_tokens excludes the cache reads and writes: 1000 + 20 000 + 5 000 in all.
     assert_eq!(u.input, 26_000);
     assert_eq!(
@@ -167,7 +181,11 @@ fn anthropic_usage_with_both_cache_write_lifetimes_and_web_search_is_exact() {
 
 #[test]
 fn gemini_usage_by_modality_with_cache_and_thoughts_is_exact() {
-    let u = answer_usage(Format::Gemini, &fixtures::json("gemini", "usage/answer.json")).unwrap();
+    let u = answer_usage(
+        Format::Gemini,
+        &fixtures::json("gemini", "usage/answer.json"),
+    )
+    .unwrap();
     // Thoughts are apart from the candidates' count; the cached audio is priced as cached.
     assert_eq!(
         u.parts(),
@@ -201,7 +219,11 @@ fn gemini_usage_by_modality_with_cache_and_thoughts_is_exact() {
 
 #[test]
 fn bedrock_usage_with_cache_reads_and_writes_is_exact() {
-    let u = answer_usage(Format::Bedrock, &fixtures::json("bedrock", "usage/converse.json")).unwrap();
+    let u = answer_usage(
+        Format::Bedrock,
+        &fixtures::json("bedrock", "usage/converse.json"),
+    )
+    .unwrap();
     assert_eq!(
         u.parts(),
         Parts {
