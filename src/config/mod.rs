@@ -566,6 +566,26 @@ output_usd_per_mtok = 0.6
         );
     }
 
+    /// The example config (with its price keys and `[finance]`) loads and validates.
+    #[test]
+    fn the_example_config_loads() {
+        let text = include_str!("../../sluice.example.toml");
+        let keys = [
+            ("OPENAI_API_KEY", "k"),
+            ("ANTHROPIC_API_KEY", "k"),
+            ("AZURE_OPENAI_API_KEY", "k"),
+        ];
+        let s = load_from(Some(text), &env(&keys)).unwrap();
+        s.validate().unwrap();
+        assert_eq!(s.finance.max_server_tool_calls, 5);
+        let haiku = s.models.iter().find(|m| m.name == "claude-haiku").unwrap();
+        let p = Settings::prices(haiku);
+        assert_eq!(
+            (p.cache_write_1h, p.web_search_per_1k_calls),
+            (1_600_000, 10_000_000)
+        );
+    }
+
     #[test]
     fn every_kind_has_its_price_key_and_its_default() {
         let model = |extra: &str| {
