@@ -411,12 +411,37 @@ fn stored_model(row: &ModelRow) -> Option<ModelSettings> {
 
 /// A model as its audit rows show it: routes, fallbacks and prices.
 fn model_view(m: &ModelSettings) -> Value {
-    let (input, output, _) = crate::config::Settings::prices(m);
-    json!({
+    let p = crate::config::Settings::prices(m);
+    let mut view = json!({
         "routes": m.routes.iter().map(|r| format!("{}:{}", r.upstream, r.model)).collect::<Vec<_>>(),
         "fallbacks": m.fallbacks,
-        "input_micros_per_mtok": input, "output_micros_per_mtok": output,
-    })
+    });
+    if let Some(v) = view.as_object_mut() {
+        v.extend(price_fields(&p));
+    }
+    view
+}
+
+/// A model's prices as the API and the audit rows show them: every kind, in micro-dollars
+/// per million tokens (web search per 1 000 calls).
+fn price_fields(p: &crate::quota::pricing::Prices) -> serde_json::Map<String, Value> {
+    let fields = [
+        ("input_micros_per_mtok", p.input),
+        ("output_micros_per_mtok", p.output),
+        ("cached_input_micros_per_mtok", p.cached_input),
+        ("cache_write_5m_micros_per_mtok", p.cache_write_5m),
+        ("cache_write_1h_micros_per_mtok", p.cache_write_1h),
+        ("reasoning_micros_per_mtok", p.reasoning),
+        ("audio_input_micros_per_mtok", p.audio_input),
+        ("audio_output_micros_per_mtok", p.audio_output),
+        ("image_input_micros_per_mtok", p.image_input),
+        ("image_output_micros_per_mtok", p.image_output),
+        ("web_search_micros_per_1k_calls", p.web_search_per_1k_calls),
+    ];
+    fields
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), json!(v)))
+        .collect()
 }
 
 /// A model as the API shows it.
@@ -428,16 +453,17 @@ pub fn models(state: &AppState, actor: &Actor) -> Result<Vec<Value>, AdminError>
         .iter()
         .filter_map(|n| catalog.model(n))
         .map(|m| {
-            json!({
+            let mut view = json!({
                 "name": m.name,
                 "routes": m.routes.iter().map(|r| json!({
                     "upstream": catalog.deployments[r.deployment].id, "model": r.upstream_model,
                 })).collect::<Vec<_>>(),
                 "fallbacks": m.fallbacks,
-                "input_micros_per_mtok": m.prices.input,
-                "output_micros_per_mtok": m.prices.output,
-                "cached_input_micros_per_mtok": m.prices.cached_input,
-            })
+            });
+            if let Some(v) = view.as_object_mut() {
+                v.extend(price_fields(&m.prices));
+            }
+            view
         })
         .collect())
 }

@@ -307,6 +307,26 @@ pub struct ModelForm {
     model: String,
     input_usd_per_mtok: String,
     output_usd_per_mtok: String,
+    /// The other kinds' prices (`config::PRICE_KEYS`): left empty, a kind takes its
+    /// default (`config::parse_prices`).
+    #[serde(default)]
+    cached_input_usd_per_mtok: String,
+    #[serde(default)]
+    cache_write_5m_usd_per_mtok: String,
+    #[serde(default)]
+    cache_write_1h_usd_per_mtok: String,
+    #[serde(default)]
+    reasoning_usd_per_mtok: String,
+    #[serde(default)]
+    audio_input_usd_per_mtok: String,
+    #[serde(default)]
+    audio_output_usd_per_mtok: String,
+    #[serde(default)]
+    image_input_usd_per_mtok: String,
+    #[serde(default)]
+    image_output_usd_per_mtok: String,
+    #[serde(default)]
+    web_search_usd_per_1k_calls: String,
 }
 
 pub async fn model_html(
@@ -323,11 +343,35 @@ pub async fn model_html(
                 AdminError::invalid(format!("`{field}` must be a price in USD, e.g. 0.15."))
             })
     };
-    let table = json!({
+    let mut table = json!({
         "routes": [{"upstream": f.upstream, "model": f.model}],
         "input_usd_per_mtok": price("input_usd_per_mtok", &f.input_usd_per_mtok)?,
         "output_usd_per_mtok": price("output_usd_per_mtok", &f.output_usd_per_mtok)?,
     });
+    for (key, v) in [
+        ("cached_input_usd_per_mtok", &f.cached_input_usd_per_mtok),
+        (
+            "cache_write_5m_usd_per_mtok",
+            &f.cache_write_5m_usd_per_mtok,
+        ),
+        (
+            "cache_write_1h_usd_per_mtok",
+            &f.cache_write_1h_usd_per_mtok,
+        ),
+        ("reasoning_usd_per_mtok", &f.reasoning_usd_per_mtok),
+        ("audio_input_usd_per_mtok", &f.audio_input_usd_per_mtok),
+        ("audio_output_usd_per_mtok", &f.audio_output_usd_per_mtok),
+        ("image_input_usd_per_mtok", &f.image_input_usd_per_mtok),
+        ("image_output_usd_per_mtok", &f.image_output_usd_per_mtok),
+        (
+            "web_search_usd_per_1k_calls",
+            &f.web_search_usd_per_1k_calls,
+        ),
+    ] {
+        if !v.trim().is_empty() {
+            table[key] = json!(price(key, v)?);
+        }
+    }
     super::upstream_ops::put_model(&state, &actor, &f.name, table).await?;
     view::html_with_flash(
         &ModelsTable {

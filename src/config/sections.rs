@@ -375,6 +375,24 @@ pub struct ModelSettings {
     pub output_usd_per_mtok: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cached_input_usd_per_mtok: Option<f64>,
+    /// The prices of the other token kinds and of web search; each defaults as
+    /// `config::parse_prices` says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write_5m_usd_per_mtok: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write_1h_usd_per_mtok: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_usd_per_mtok: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audio_input_usd_per_mtok: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audio_output_usd_per_mtok: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_input_usd_per_mtok: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_output_usd_per_mtok: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub web_search_usd_per_1k_calls: Option<f64>,
     #[serde(default = "default_max_output")]
     pub max_output_tokens: u32,
     #[serde(default = "default_max_input")]
@@ -385,6 +403,27 @@ pub struct ModelSettings {
     /// Overrides `cache.ignore_identifiers` for this model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_ignore_identifiers: Option<bool>,
+}
+
+impl ModelSettings {
+    /// The price this model's config gives under `key` (one of `config::PRICE_KEYS`), if
+    /// any: how `config::parse_prices` reads a `[[models]]` entry.
+    pub fn price(&self, key: &str) -> Option<f64> {
+        match key {
+            "input_usd_per_mtok" => Some(self.input_usd_per_mtok),
+            "output_usd_per_mtok" => Some(self.output_usd_per_mtok),
+            "cached_input_usd_per_mtok" => self.cached_input_usd_per_mtok,
+            "cache_write_5m_usd_per_mtok" => self.cache_write_5m_usd_per_mtok,
+            "cache_write_1h_usd_per_mtok" => self.cache_write_1h_usd_per_mtok,
+            "reasoning_usd_per_mtok" => self.reasoning_usd_per_mtok,
+            "audio_input_usd_per_mtok" => self.audio_input_usd_per_mtok,
+            "audio_output_usd_per_mtok" => self.audio_output_usd_per_mtok,
+            "image_input_usd_per_mtok" => self.image_input_usd_per_mtok,
+            "image_output_usd_per_mtok" => self.image_output_usd_per_mtok,
+            "web_search_usd_per_1k_calls" => self.web_search_usd_per_1k_calls,
+            _ => None,
+        }
+    }
 }
 
 fn default_max_output() -> u32 {
@@ -647,5 +686,22 @@ pub struct ResponsesSettings {
 impl Default for ResponsesSettings {
     fn default() -> Self {
         Self { retention_days: 30 }
+    }
+}
+
+/// `[finance]`: how spend is bounded and priced beyond the models' prices.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FinanceSettings {
+    /// The most server-tool calls (web searches) a request may make when the client sets
+    /// no cap of its own: sent upstream as the tool's `max_uses`, and reserved for.
+    pub max_server_tool_calls: u32,
+}
+
+impl Default for FinanceSettings {
+    fn default() -> Self {
+        Self {
+            max_server_tool_calls: 5,
+        }
     }
 }

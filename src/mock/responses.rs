@@ -730,8 +730,13 @@ fn check_anthropic(body: &Value) -> Result<(), String> {
         .into_iter()
         .flatten()
     {
+        // A server tool (`web_search_20250305`, …) has a versioned `type` and no schema.
+        let server = t
+            .get("type")
+            .and_then(Value::as_str)
+            .is_some_and(|k| k != "custom");
         if !t.get("name").is_some_and(Value::is_string)
-            || !t.get("input_schema").is_some_and(Value::is_object)
+            || !(server || t.get("input_schema").is_some_and(Value::is_object))
         {
             return Err("tools: each tool needs a name and an input_schema".into());
         }

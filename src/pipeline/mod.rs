@@ -6,6 +6,7 @@ pub mod attempts;
 pub mod cached;
 pub mod drain;
 pub mod event_cap;
+pub mod kinds;
 pub mod limits;
 pub mod queued;
 pub mod request;
@@ -272,6 +273,11 @@ async fn run(
         (raw, conversation) = (expanded, Some(ctx));
     }
     let mut prepared = request::prepare(endpoint, &raw, &auth, &state.catalog())?;
+    prepared.kinds = kinds::read(
+        endpoint,
+        &mut prepared.body,
+        state.settings.finance.max_server_tool_calls,
+    )?;
     prepared.responses = conversation;
     let asked = limits::client_headers(req.headers(), auth.max_priority)?;
     prepared.anthropic_beta = providers::anthropic::beta_header(req.headers());
@@ -537,8 +543,10 @@ fn soft_limit(state: &AppState, auth: &TokenAuth, p: &mut Prepared) {
     p.model = to.clone();
 }
 
-/// The worst-case cost: the margin-padded input and the full output cap (× n), priced at
-/// the dearest model that may serve.
+/// The worst-case cost: the margin-padded input at the dearest input price the request may
+/// be billed (cache writes and audio only when it asks for them, `kinds`), the full output
+/// cap (× n) at the dearest output price, and the web-search fee for every call it may
+/// make — priced at the dearest model that may serve.
 fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Candidate]) -> i64 {
     let q = &state.settings.quota;
     let usage = Usage {
@@ -547,12 +555,22 @@ fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Ca
             q.input_margin_ratio,
             q.input_margin_tokens,
         ),
-        cached_input: 0,
         output: p.cap.map(|(_, c)| c).unwrap_or(0).saturating_mul(p.n),
+        web_search_calls: p.kinds.web_search_calls,
+        ..Usage::default()
     };
-    let mut worst = pricing::cost(usage, p.model.prices);
+    let worst_at = |prices: pricing::Prices| {
+        let dearest = pricing::Prices {
+            input: prices.dearest_input(p.kinds.input),
+            output: prices.dearest_output(p.kinds.audio_output),
+            web_search_per_1k_calls: prices.web_search_per_1k_calls,
+            ..pricing::Prices::default()
+        };
+        pricing::cost(usage, dearest)
+    };
+    let mut worst = worst_at(p.model.prices);
     for c in candidates {
-        worst = worst.max(pricing::cost(usage, c.model.prices));
+        worst = worst.max(worst_at(c.model.prices));
     }
     worst
 }
@@ -587,8 +605,8 @@ async fn finish(
     };
     let usage = usage.unwrap_or_else(|text| Usage {
         input: p.input_tokens,
-        cached_input: 0,
         output: estimate::count_text(&text),
+        ..Usage::default()
     });
     if let Some(plan) = plan {
         // Stored in the client's format, off the request path.
@@ -620,6 +638,7 @@ async fn finish(
     // departure writes (`Open`) must say that cost, not the input alone.
     log.input_tokens = usage.input;
     log.output_tokens = usage.output;
+    log.kinds = usage.parts();
     log.cost_micros = held.cost_of(cost);
     // A stored response is written before the answer, so its id works at once; a client
     // that leaves while it is written is charged the answer, not the input alone.

@@ -77,6 +77,8 @@ pub struct Prepared {
     pub anthropic_beta: Option<reqwest::header::HeaderValue>,
     /// A Responses API request's id, `store` and whole conversation (`pipeline::responses`).
     pub responses: Option<super::responses::Ctx>,
+    /// What the request may be billed for beyond plain tokens (`pipeline::kinds`).
+    pub kinds: super::kinds::Kinds,
 }
 
 /// How many completions a request makes the upstream generate and bill: `n` (1..=16) and,
@@ -383,5 +385,6 @@ pub fn prepare(
         input_tokens,
         anthropic_beta: None,
         responses: None,
+        kinds: super::kinds::Kinds::default(),
     })
 }

@@ -489,10 +489,7 @@ pub fn answer(
     answer: &Value,
 ) -> (Result<Usage, String>, bytes::Bytes, Value) {
     let (usage, mut response) = if formats::native(upstream) {
-        let usage = answer
-            .get("usage")
-            .and_then(formats::usage_of)
-            .ok_or_else(|| formats::answer_text(answer));
+        let usage = formats::response_usage(answer).ok_or_else(|| formats::answer_text(answer));
         (usage, answer.clone())
     } else {
         // Through the internal form: the upstream's answer read by its format's adapter,

@@ -487,6 +487,7 @@ impl Pump {
         log.cost_micros = held.cost_of(cost);
         log.input_tokens = usage.input;
         log.output_tokens = usage.output;
+        log.kinds = usage.parts();
         log.latency_ms = started.elapsed().as_millis() as i64;
         log.status = 200;
         log.error_code = ending;

@@ -4,6 +4,7 @@
 use super::raw::Param;
 use super::writer::Tx;
 use super::Result;
+use crate::quota::pricing::Parts;
 
 #[derive(Debug, Clone, Default)]
 pub struct RequestRow {
@@ -29,12 +30,34 @@ pub struct RequestRow {
     pub cache_key: Option<String>,
     pub cache_similarity: Option<f64>,
     pub created_at: String,
+    /// The tokens priced apart, by kind (`pricing::Usage::parts`): the columns after
+    /// `created_at` (`INSERT`); fresh input and text output are the rest of the
+    /// totals.
+    pub kinds: Parts,
 }
 
+/// The per-kind figures of a row, in the order of their columns in `INSERT` (and in
+/// `pg::requests`).
+pub fn kind_values(k: &Parts) -> [i64; 9] {
+    [
+        k.cached_input,
+        k.cache_write_5m,
+        k.cache_write_1h,
+        k.reasoning,
+        k.audio_input,
+        k.audio_output,
+        k.image_input,
+        k.image_output,
+        k.web_search_calls,
+    ]
+}
+
+/// The SQLite insert of one row.
 const INSERT: &str = "INSERT OR IGNORE INTO requests (id, token_id, user_id, team_id, endpoint, model, served_model, upstream, status,
                  error_code, stream, attempts, input_tokens, output_tokens, cost_micros, latency_ms, ttfb_ms, cache, cache_key,
-                 cache_similarity, created_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+                 cache_similarity, created_at, cached_input_tokens, cache_write_5m_tokens, cache_write_1h_tokens, reasoning_tokens,
+                 audio_input_tokens, audio_output_tokens, image_input_tokens, image_output_tokens, web_search_calls)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 
 /// How the request log's batches are written on each engine (`store::lingering`).
 pub const LOG_BATCH: super::lingering::BatchWrite<RequestRow> = super::lingering::BatchWrite {
@@ -52,32 +75,31 @@ fn pg_batch<'c>(
 /// `insert_batch` inside a write transaction of the store writer (the gateway's path).
 pub fn insert_batch_tx(tx: &mut Tx<'_>, rows: &[RequestRow]) -> Result<()> {
     for r in rows {
-        tx.execute(
-            INSERT,
-            &[
-                r.id.as_str().into(),
-                r.token_id.into(),
-                r.user_id.into(),
-                r.team_id.into(),
-                r.endpoint.into(),
-                r.model.as_str().into(),
-                r.served_model.as_str().into(),
-                r.upstream.as_str().into(),
-                i64::from(r.status).into(),
-                r.error_code.into(),
-                i64::from(r.stream).into(),
-                i64::from(r.attempts).into(),
-                r.input_tokens.into(),
-                r.output_tokens.into(),
-                r.cost_micros.into(),
-                r.latency_ms.into(),
-                r.ttfb_ms.into(),
-                r.cache.into(),
-                r.cache_key.as_deref().into(),
-                r.cache_similarity.map_or(Param::Null, Param::Real),
-                r.created_at.as_str().into(),
-            ],
-        )?;
+        let mut params = vec![
+            r.id.as_str().into(),
+            r.token_id.into(),
+            r.user_id.into(),
+            r.team_id.into(),
+            r.endpoint.into(),
+            r.model.as_str().into(),
+            r.served_model.as_str().into(),
+            r.upstream.as_str().into(),
+            i64::from(r.status).into(),
+            r.error_code.into(),
+            i64::from(r.stream).into(),
+            i64::from(r.attempts).into(),
+            r.input_tokens.into(),
+            r.output_tokens.into(),
+            r.cost_micros.into(),
+            r.latency_ms.into(),
+            r.ttfb_ms.into(),
+            r.cache.into(),
+            r.cache_key.as_deref().into(),
+            r.cache_similarity.map_or(Param::Null, Param::Real),
+            r.created_at.as_str().into(),
+        ];
+        params.extend(kind_values(&r.kinds).map(Param::from));
+        tx.execute(INSERT, &params)?;
     }
     for (token, at) in last_used(rows) {
         tx.execute(
@@ -107,35 +129,32 @@ pub async fn insert_batch(db: &super::Db, rows: &[RequestRow]) -> Result<()> {
     }
     let mut tx = db.begin().await?;
     for r in rows {
-        sqlx::query(
-            "INSERT OR IGNORE INTO requests (id, token_id, user_id, team_id, endpoint, model, served_model, upstream, status,
-                 error_code, stream, attempts, input_tokens, output_tokens, cost_micros, latency_ms, ttfb_ms, cache, cache_key,
-                 cache_similarity, created_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(&r.id)
-        .bind(r.token_id)
-        .bind(r.user_id)
-        .bind(r.team_id)
-        .bind(r.endpoint)
-        .bind(&r.model)
-        .bind(&r.served_model)
-        .bind(&r.upstream)
-        .bind(r.status)
-        .bind(r.error_code)
-        .bind(r.stream)
-        .bind(r.attempts)
-        .bind(r.input_tokens)
-        .bind(r.output_tokens)
-        .bind(r.cost_micros)
-        .bind(r.latency_ms)
-        .bind(r.ttfb_ms)
-        .bind(r.cache)
-        .bind(&r.cache_key)
-        .bind(r.cache_similarity)
-        .bind(&r.created_at)
-        .execute(tx.sqlite()?)
-        .await?;
+        let mut q = sqlx::query(INSERT)
+            .bind(&r.id)
+            .bind(r.token_id)
+            .bind(r.user_id)
+            .bind(r.team_id)
+            .bind(r.endpoint)
+            .bind(&r.model)
+            .bind(&r.served_model)
+            .bind(&r.upstream)
+            .bind(r.status)
+            .bind(r.error_code)
+            .bind(r.stream)
+            .bind(r.attempts)
+            .bind(r.input_tokens)
+            .bind(r.output_tokens)
+            .bind(r.cost_micros)
+            .bind(r.latency_ms)
+            .bind(r.ttfb_ms)
+            .bind(r.cache)
+            .bind(&r.cache_key)
+            .bind(r.cache_similarity)
+            .bind(&r.created_at);
+        for v in kind_values(&r.kinds) {
+            q = q.bind(v);
+        }
+        q.execute(tx.sqlite()?).await?;
     }
     for (token, at) in last_used(rows) {
         sqlx::query("UPDATE tokens SET last_used_at = ? WHERE id = ?")

@@ -238,7 +238,7 @@ impl Catalog {
         let mut models = HashMap::new();
         let mut names = Vec::new();
         for m in &s.models {
-            let (input, output, cached_input) = Settings::prices(m);
+            let prices = Settings::prices(m);
             let model = Arc::new(Model {
                 name: m.name.clone(),
                 routes: m
@@ -269,11 +269,7 @@ impl Catalog {
                     })
                     .collect(),
                 fallbacks: m.fallbacks.clone(),
-                prices: Prices {
-                    input,
-                    output,
-                    cached_input,
-                },
+                prices,
                 max_output_tokens: i64::from(m.max_output_tokens),
                 max_input_tokens: i64::from(m.max_input_tokens),
                 cache_similarity_threshold: m.cache_similarity_threshold,
@@ -475,6 +471,14 @@ mod tests {
             input_usd_per_mtok: 1.0,
             output_usd_per_mtok: 2.0,
             cached_input_usd_per_mtok: None,
+            cache_write_5m_usd_per_mtok: None,
+            cache_write_1h_usd_per_mtok: None,
+            reasoning_usd_per_mtok: None,
+            audio_input_usd_per_mtok: None,
+            audio_output_usd_per_mtok: None,
+            image_input_usd_per_mtok: None,
+            image_output_usd_per_mtok: None,
+            web_search_usd_per_1k_calls: None,
             max_output_tokens: 16,
             max_input_tokens: 1000,
             cache_similarity_threshold: None,

@@ -54,14 +54,10 @@ pub(crate) fn default_cost() -> i64 {
     sluice::quota::pricing::cost(
         sluice::quota::pricing::Usage {
             input: 12,
-            cached_input: 0,
             output: 24,
+            ..Default::default()
         },
-        sluice::quota::pricing::Prices {
-            input: 150_000,
-            output: 600_000,
-            cached_input: 150_000,
-        },
+        sluice::quota::pricing::Prices::plain(150_000, 600_000),
     )
 }
 

@@ -43,15 +43,11 @@ pub(crate) fn refuses_stream_options(app: &TestApp) {
 
 /// The token was charged `input` and `output` tokens at the test prices.
 async fn assert_charged(app: &TestApp, token_id: i64, input: i64, output: i64) {
-    let prices = Prices {
-        input: 150_000,
-        output: 600_000,
-        cached_input: 150_000,
-    };
+    let prices = Prices::plain(150_000, 600_000);
     let usage = Usage {
         input,
-        cached_input: 0,
         output,
+        ..Default::default()
     };
     assert_eq!(spent(app, token_id).await, cost(usage, prices));
 }

@@ -68,6 +68,14 @@ pub fn model(name: &str, upstreams: &[&str]) -> ModelSettings {
         input_usd_per_mtok: 0.15,
         output_usd_per_mtok: 0.60,
         cached_input_usd_per_mtok: None,
+        cache_write_5m_usd_per_mtok: None,
+        cache_write_1h_usd_per_mtok: None,
+        reasoning_usd_per_mtok: None,
+        audio_input_usd_per_mtok: None,
+        audio_output_usd_per_mtok: None,
+        image_input_usd_per_mtok: None,
+        image_output_usd_per_mtok: None,
+        web_search_usd_per_1k_calls: None,
         max_output_tokens: 4096,
         max_input_tokens: 128_000,
         cache_similarity_threshold: None,
@@ -389,15 +397,11 @@ pub fn chat_worst_case(max_tokens: i64) -> (i64, i64) {
         None,
     );
     let input = sluice::quota::pricing::input_with_margin(counted, 1.10, 16);
-    let prices = sluice::quota::pricing::Prices {
-        input: 150_000,
-        output: 600_000,
-        cached_input: 150_000,
-    };
+    let prices = sluice::quota::pricing::Prices::plain(150_000, 600_000);
     let usage = sluice::quota::pricing::Usage {
         input,
-        cached_input: 0,
         output: max_tokens,
+        ..Default::default()
     };
     (input, sluice::quota::pricing::cost(usage, prices))
 }

@@ -347,6 +347,60 @@ async fn a_price_changed_through_the_api_prices_the_next_request_and_not_an_earl
     app.assert_invariant().await;
 }
 
+/// A managed model takes every kind's price key, as a `[[models]]` entry does; the API
+/// shows each kind in micro-dollars (defaults filled in), and a bad one is named.
+#[tokio::test]
+async fn a_managed_model_takes_every_kind_s_price_and_the_api_shows_it() {
+    let app = spawn_app().await;
+    let s = admin(&app).await;
+    let mut sonnet = priced(&["a"], 3.0, 15.0);
+    for (k, v) in [
+        ("cached_input_usd_per_mtok", 0.3),
+        ("cache_write_5m_usd_per_mtok", 3.75),
+        ("cache_write_1h_usd_per_mtok", 6.0),
+        ("audio_input_usd_per_mtok", 40.0),
+        ("web_search_usd_per_1k_calls", 10.0),
+    ] {
+        sonnet[k] = json!(v);
+    }
+    let put = put_model(&s, "sonnet", &sonnet).await;
+    let (_, models) = s.get_json("/admin/api/v1/models").await;
+    let listed = models["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "sonnet")
+        .cloned()
+        .unwrap();
+    for m in [&put, &listed] {
+        for (k, v) in [
+            ("input_micros_per_mtok", 3_000_000),
+            ("output_micros_per_mtok", 15_000_000),
+            ("cached_input_micros_per_mtok", 300_000),
+            ("cache_write_5m_micros_per_mtok", 3_750_000),
+            ("cache_write_1h_micros_per_mtok", 6_000_000),
+            ("reasoning_micros_per_mtok", 15_000_000),
+            ("audio_input_micros_per_mtok", 40_000_000),
+            ("audio_output_micros_per_mtok", 15_000_000),
+            ("image_input_micros_per_mtok", 3_000_000),
+            ("image_output_micros_per_mtok", 15_000_000),
+            ("web_search_micros_per_1k_calls", 10_000_000),
+        ] {
+            assert_eq!(m[k], v, "{k}: {m}");
+        }
+    }
+    let mut bad = priced(&["a"], 3.0, 15.0);
+    bad["cache_write_1h_usd_per_mtok"] = json!(-1.0);
+    let (status, body) = s
+        .send(reqwest::Method::PUT, "/admin/api/v1/models/bad", &bad)
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.to_string().contains("cache_write_1h_usd_per_mtok"),
+        "{body}"
+    );
+}
+
 #[tokio::test]
 async fn only_an_admin_manages_keys_and_a_bad_table_is_named() {
     let app = spawn_app().await;

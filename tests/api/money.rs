@@ -21,11 +21,7 @@ use crate::on_both_engines;
 use crate::pg_gateway_app::{spawn_app_on, Engine};
 use crate::pg_money::{master_key, pg_owner};
 
-const PRICES: pricing::Prices = pricing::Prices {
-    input: 150_000,
-    output: 600_000,
-    cached_input: 150_000,
-};
+const PRICES: pricing::Prices = pricing::Prices::plain(150_000, 600_000);
 
 /// The worst case of a `/v1/completions` request for `prompt` with `max_tokens` × `copies`.
 fn completion_worst(prompt: &str, max_tokens: i64, copies: i64) -> i64 {
@@ -33,8 +29,8 @@ fn completion_worst(prompt: &str, max_tokens: i64, copies: i64) -> i64 {
     pricing::cost(
         pricing::Usage {
             input,
-            cached_input: 0,
             output: max_tokens * copies,
+            ..Default::default()
         },
         PRICES,
     )

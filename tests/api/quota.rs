@@ -13,11 +13,7 @@ use crate::helpers::*;
 use crate::on_both_engines;
 use crate::pg_gateway_app::{spawn_app_on, spawn_app_on_full, Engine};
 
-const PRICES: pricing::Prices = pricing::Prices {
-    input: 150_000,
-    output: 600_000,
-    cached_input: 150_000,
-};
+const PRICES: pricing::Prices = pricing::Prices::plain(150_000, 600_000);
 
 /// The reserved input tokens of `chat_body`.
 fn reserved_input() -> i64 {
@@ -52,8 +48,8 @@ async fn a_budget_for_exactly_100_admits_exactly_100_of_200_concurrent(engine: E
     let per_request = pricing::cost(
         pricing::Usage {
             input,
-            cached_input: 0,
             output: 100,
+            ..Default::default()
         },
         PRICES,
     );
@@ -101,8 +97,8 @@ async fn the_reservation_is_the_worst_case_and_refunds_are_exact(engine: Engine)
     let worst = pricing::cost(
         pricing::Usage {
             input: reserved_input(),
-            cached_input: 0,
             output: 100,
+            ..Default::default()
         },
         PRICES,
     );
@@ -191,11 +187,7 @@ async fn uneven_prices_stay_exact_over_hundreds_of_requests(engine: Engine) {
         s.models[0].output_usd_per_mtok = 0.37;
     })
     .await;
-    let prices = pricing::Prices {
-        input: 130_000,
-        output: 370_000,
-        cached_input: 130_000,
-    };
+    let prices = pricing::Prices::plain(130_000, 370_000);
     app.mock.state.sticky(
         KEY_A,
         Some(Script {
@@ -207,8 +199,8 @@ async fn uneven_prices_stay_exact_over_hundreds_of_requests(engine: Engine) {
     let cost = pricing::cost(
         pricing::Usage {
             input: 7,
-            cached_input: 0,
             output: 11,
+            ..Default::default()
         },
         prices,
     );
@@ -216,8 +208,8 @@ async fn uneven_prices_stay_exact_over_hundreds_of_requests(engine: Engine) {
     let worst = pricing::cost(
         pricing::Usage {
             input: reserved_input(),
-            cached_input: 0,
             output: 11,
+            ..Default::default()
         },
         prices,
     );

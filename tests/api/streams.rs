@@ -118,14 +118,10 @@ async fn a_cut_stream_ends_in_an_error_and_is_charged_for_what_was_produced() {
     let want = pricing::cost(
         pricing::Usage {
             input,
-            cached_input: 0,
             output: estimate::count_text(&received),
+            ..Default::default()
         },
-        pricing::Prices {
-            input: 150_000,
-            output: 600_000,
-            cached_input: 150_000,
-        },
+        pricing::Prices::plain(150_000, 600_000),
     );
     assert_eq!(
         app.scalar(&format!(
@@ -212,11 +208,7 @@ async fn a_client_that_leaves_mid_stream_is_charged_for_what_it_got_and_the_upst
         &[json!({"role": "user", "content": "Why does the engine light blink?"})],
         None,
     );
-    let prices = pricing::Prices {
-        input: 150_000,
-        output: 600_000,
-        cached_input: 150_000,
-    };
+    let prices = pricing::Prices::plain(150_000, 600_000);
     let pieces = sluice::mock::pieces(&sluice::mock::MockConfig::default().text);
     let counted = |k: usize| estimate::count_text(&pieces[..k].concat());
     app.wait_for_log_rows(1).await;
@@ -227,8 +219,8 @@ async fn a_client_that_leaves_mid_stream_is_charged_for_what_it_got_and_the_upst
     let expected = pricing::cost(
         pricing::Usage {
             input,
-            cached_input: 0,
             output: counted(received),
+            ..Default::default()
         },
         prices,
     );

@@ -198,14 +198,10 @@ async fn an_unusable_token_answer_is_a_server_error_not_a_refused_key() {
         let cost = sluice::quota::pricing::cost(
             sluice::quota::pricing::Usage {
                 input: usage["prompt_tokens"].as_i64().unwrap(),
-                cached_input: 0,
                 output: usage["completion_tokens"].as_i64().unwrap(),
+                ..Default::default()
             },
-            sluice::quota::pricing::Prices {
-                input: 150_000,
-                output: 600_000,
-                cached_input: 150_000,
-            },
+            sluice::quota::pricing::Prices::plain(150_000, 600_000),
         );
         assert_eq!(spent, cost, "{issuer:?}: the failures cost nothing");
     }

@@ -8,7 +8,7 @@
 use sqlx::{PgConnection, PgPool};
 
 use super::text;
-use crate::store::requests::RequestRow;
+use crate::store::requests::{kind_values, RequestRow};
 use crate::store::Result;
 
 /// The batch, and what it adds to `request_days`, in one statement. Only rows really
@@ -17,10 +17,14 @@ use crate::store::Result;
 const INSERT: &str = "WITH ins AS (
        INSERT INTO requests (id, token_id, user_id, team_id, endpoint, model, served_model, upstream, status,
             error_code, stream, attempts, input_tokens, output_tokens, cost_micros, latency_ms, ttfb_ms, cache, cache_key,
-            cache_similarity, created_at)
+            cache_similarity, created_at, cached_input_tokens, cache_write_5m_tokens, cache_write_1h_tokens,
+            reasoning_tokens, audio_input_tokens, audio_output_tokens, image_input_tokens, image_output_tokens,
+            web_search_calls)
        SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::text[], $6::text[], $7::text[],
             $8::text[], $9::bigint[], $10::text[], $11::boolean[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[],
-            $16::bigint[], $17::bigint[], $18::text[], $19::text[], $20::float8[], $21::text[])
+            $16::bigint[], $17::bigint[], $18::text[], $19::text[], $20::float8[], $21::text[], $22::bigint[],
+            $23::bigint[], $24::bigint[], $25::bigint[], $26::bigint[], $27::bigint[], $28::bigint[], $29::bigint[],
+            $30::bigint[])
        ON CONFLICT (id) DO NOTHING
        RETURNING created_at, token_id, user_id, team_id, model, served_model, status, input_tokens, output_tokens, cost_micros)
      INSERT INTO request_days AS d (day, token_id, user_id, team_id, model, requests, errors, input_tokens, output_tokens, cost_micros)
@@ -74,7 +78,7 @@ pub async fn insert_batch_tx(conn: &mut PgConnection, rows: &[RequestRow]) -> Re
             .collect::<Vec<String>>()
     };
     let num = |f: fn(&RequestRow) -> Option<i64>| rows.iter().map(f).collect::<Vec<Option<i64>>>();
-    sqlx::query(INSERT)
+    let mut q = sqlx::query(INSERT)
         .bind(col(|r| r.id.clone()))
         .bind(num(|r| r.token_id))
         .bind(num(|r| r.user_id))
@@ -99,9 +103,16 @@ pub async fn insert_batch_tx(conn: &mut PgConnection, rows: &[RequestRow]) -> Re
                 .collect::<Vec<_>>(),
         )
         .bind(rows.iter().map(|r| r.cache_similarity).collect::<Vec<_>>())
-        .bind(col(|r| r.created_at.clone()))
-        .execute(&mut *conn)
-        .await?;
+        .bind(col(|r| r.created_at.clone()));
+    // One array per kind column, in `kind_values`' order.
+    for k in 0..9 {
+        q = q.bind(
+            rows.iter()
+                .map(|r| kind_values(&r.kinds)[k])
+                .collect::<Vec<i64>>(),
+        );
+    }
+    q.execute(&mut *conn).await?;
     let (ids, ats): (Vec<i64>, Vec<&str>) = last_used(rows).into_iter().unzip();
     if !ids.is_empty() {
         sqlx::query(LAST_USED)

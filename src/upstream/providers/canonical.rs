@@ -280,6 +280,18 @@ pub struct Usage {
     pub cache_write_1h: i64,
     /// Part of `output` spent on reasoning.
     pub reasoning: i64,
+    /// Part of `input` that was audio (OpenAI `prompt_tokens_details.audio_tokens`, Gemini's
+    /// `AUDIO` modality).
+    pub audio_input: i64,
+    /// Part of `input` that was images (Gemini's `IMAGE` modality).
+    pub image_input: i64,
+    /// Part of `output` that was audio.
+    pub audio_output: i64,
+    /// Part of `output` that was images.
+    pub image_output: i64,
+    /// Server-side web-search calls (Anthropic `server_tool_use.web_search_requests`, the
+    /// Responses API's `web_search_call` items), billed per call.
+    pub web_search_calls: i64,
 }
 
 /// The usage one stream event reported. A side the event did not carry is `None`: absent,
@@ -288,9 +300,9 @@ pub struct Usage {
 /// `message_delta` the output alone.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Reported {
-    /// `input`, `cached_input` and the cache writes of `Usage`.
+    /// `input` and its parts (cache reads and writes, audio, images).
     pub input: Option<Input>,
-    /// `output` and `reasoning` of `Usage`.
+    /// `output`, its parts (reasoning, audio, images) and the web-search calls.
     pub output: Option<Output>,
 }
 
@@ -301,6 +313,8 @@ pub struct Input {
     pub cached_input: i64,
     pub cache_write_5m: i64,
     pub cache_write_1h: i64,
+    pub audio_input: i64,
+    pub image_input: i64,
 }
 
 /// The output side of a `Usage`.
@@ -308,6 +322,21 @@ pub struct Input {
 pub struct Output {
     pub output: i64,
     pub reasoning: i64,
+    pub audio_output: i64,
+    pub image_output: i64,
+    pub web_search_calls: i64,
+}
+
+impl Usage {
+    /// `self` with its input side replaced by `i`.
+    pub fn with_input(mut self, i: Input) -> Usage {
+        Reported {
+            input: Some(i),
+            output: None,
+        }
+        .apply(&mut self);
+        self
+    }
 }
 
 impl Reported {
@@ -319,10 +348,15 @@ impl Reported {
                 cached_input: u.cached_input,
                 cache_write_5m: u.cache_write_5m,
                 cache_write_1h: u.cache_write_1h,
+                audio_input: u.audio_input,
+                image_input: u.image_input,
             }),
             output: Some(Output {
                 output: u.output,
                 reasoning: u.reasoning,
+                audio_output: u.audio_output,
+                image_output: u.image_output,
+                web_search_calls: u.web_search_calls,
             }),
         }
     }
@@ -334,10 +368,15 @@ impl Reported {
             u.cached_input = i.cached_input;
             u.cache_write_5m = i.cache_write_5m;
             u.cache_write_1h = i.cache_write_1h;
+            u.audio_input = i.audio_input;
+            u.image_input = i.image_input;
         }
         if let Some(o) = self.output {
             u.output = o.output;
             u.reasoning = o.reasoning;
+            u.audio_output = o.audio_output;
+            u.image_output = o.image_output;
+            u.web_search_calls = o.web_search_calls;
         }
     }
 }

@@ -310,9 +310,11 @@ pub fn answer_usage(upstream: impl Into<Format>, v: &Value) -> Result<Usage, Str
     let usage = match upstream {
         Format::OpenAiChat => v.get("usage").and_then(formats::openai_chat::read_usage),
         Format::Anthropic => v.get("usage").and_then(formats::anthropic::read_usage),
-        Format::Responses => v
-            .get("usage")
-            .and_then(formats::responses::adapter::read_usage),
+        // Its web-search calls are output items, not usage figures.
+        Format::Responses => {
+            return formats::responses::response_usage(v)
+                .ok_or_else(|| formats::responses::answer_text(v))
+        }
         Format::Gemini => v.get("usageMetadata").and_then(formats::gemini::read_usage),
         Format::Bedrock => v.get("usage").and_then(formats::bedrock::read_usage),
     };

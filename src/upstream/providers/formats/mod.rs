@@ -239,3 +239,5 @@ pub fn upstream_code(v: &Value) -> Option<String> {
 pub(crate) mod fixtures;
 #[cfg(test)]
 mod props;
+#[cfg(test)]
+mod usage_fixtures;

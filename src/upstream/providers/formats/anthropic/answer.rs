@@ -5,7 +5,7 @@
 use serde_json::{json, Value};
 
 use super::super::{opt_string, string, usage_readable};
-use crate::upstream::providers::canonical::{Answer, ErrorInfo, Finish, Part, Usage};
+use crate::upstream::providers::canonical::{Answer, ErrorInfo, Finish, Input, Part, Usage};
 use crate::upstream::providers::translate::stream::Corrupt;
 use crate::upstream::providers::{anthropic, tokens};
 
@@ -40,30 +40,48 @@ pub fn write_finish(f: &Finish) -> (&'static str, Value) {
 /// is then counted) when it is not an object or a figure is there but not a number: no
 /// count the gateway can charge, and not to be read as 0.
 pub fn read_usage(u: &Value) -> Option<Usage> {
-    const FIGURES: [&str; 4] = [
+    const FIGURES: [&str; 7] = [
         "/input_tokens",
         "/output_tokens",
         "/cache_read_input_tokens",
         "/cache_creation_input_tokens",
+        "/cache_creation/ephemeral_5m_input_tokens",
+        "/cache_creation/ephemeral_1h_input_tokens",
+        "/server_tool_use/web_search_requests",
     ];
     if !usage_readable(u, &FIGURES) {
         return None;
     }
     let n = |p: &str| tokens(u.pointer(p)).unwrap_or(0);
+    Some(
+        Usage {
+            output: n("/output_tokens"),
+            web_search_calls: n("/server_tool_use/web_search_requests"),
+            ..Usage::default()
+        }
+        .with_input(input_of(&n)),
+    )
+}
+
+/// The input side of an Anthropic usage, each figure read by `n` (0 when absent): input
+/// is `input_tokens` plus the cache reads and writes, which Anthropic counts apart. The
+/// writes are split by lifetime where `cache_creation` gives it; writes it does not
+/// split are five-minute ones (the default lifetime), and a split that says more than
+/// `cache_creation_input_tokens` counts.
+pub fn input_of(n: &dyn Fn(&str) -> i64) -> Input {
     let cached = n("/cache_read_input_tokens");
-    let written = n("/cache_creation_input_tokens");
-    // The split of the writes by lifetime, where Anthropic gives it.
-    let hour = n("/cache_creation/ephemeral_1h_input_tokens").min(written);
-    Some(Usage {
+    let hour = n("/cache_creation/ephemeral_1h_input_tokens");
+    let five = n("/cache_creation/ephemeral_5m_input_tokens");
+    let written = n("/cache_creation_input_tokens").max(five.saturating_add(hour));
+    Input {
         input: n("/input_tokens")
             .saturating_add(cached)
             .saturating_add(written),
-        output: n("/output_tokens"),
         cached_input: cached,
         cache_write_5m: written - hour,
         cache_write_1h: hour,
-        reasoning: 0,
-    })
+        ..Input::default()
+    }
 }
 
 /// Anthropic usage figures: input without the cache reads and writes, which are apart.

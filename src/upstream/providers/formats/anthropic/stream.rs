@@ -16,9 +16,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::answer::{read_finish, write_finish, write_usage};
-use crate::upstream::providers::canonical::{
-    ErrorInfo, ErrorKind, Event, Input, Output, Reported, Usage,
-};
+use crate::upstream::providers::canonical::{ErrorInfo, ErrorKind, Event, Reported, Usage};
 use crate::upstream::providers::formats::status_of;
 use crate::upstream::providers::translate::stream::frame;
 use crate::upstream::providers::translate::stream::shape::{self, Body, Corrupt};
@@ -45,16 +43,6 @@ fn error_kind(kind: &str) -> ErrorKind {
     }
 }
 
-/// The input side of an Anthropic usage.
-fn input_of(u: &shape::AnthropicUsage) -> Input {
-    let (input, cached_input) = u.input();
-    Input {
-        input,
-        cached_input,
-        ..Input::default()
-    }
-}
-
 impl EventReader {
     pub fn read(&mut self, _name: &str, data: &str, out: &mut Vec<Event>) -> Result<(), Corrupt> {
         let e = shape::anthropic_event(data)?;
@@ -75,7 +63,7 @@ impl EventReader {
                 // `message_delta`: only the input is reported here.
                 if let Some(u) = m.usage.as_ref().filter(|u| u.input_tokens.is_some()) {
                     out.push(Event::Usage(Reported {
-                        input: Some(input_of(u)),
+                        input: Some(u.input()),
                         output: None,
                     }));
                 }
@@ -125,11 +113,8 @@ impl EventReader {
                 // Cumulative figures; the input ones only where this event carries them.
                 if let Some(u) = u {
                     let r = Reported {
-                        input: u.input_tokens.is_some().then(|| input_of(u)),
-                        output: u.output_tokens.map(|o| Output {
-                            output: o.0,
-                            reasoning: 0,
-                        }),
+                        input: u.input_tokens.is_some().then(|| u.input()),
+                        output: u.output(),
                     };
                     if r != Reported::default() {
                         out.push(Event::Usage(r));

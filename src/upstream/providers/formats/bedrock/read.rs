@@ -31,8 +31,7 @@ pub fn read_usage(u: &Value) -> Option<Usage> {
         output,
         cached_input: read,
         cache_write_5m: write,
-        cache_write_1h: 0,
-        reasoning: 0,
+        ..Usage::default()
     })
 }
 

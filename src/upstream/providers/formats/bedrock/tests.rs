@@ -275,8 +275,7 @@ fn a_converse_answer_reads_into_the_internal_form() {
             output: 58,
             cached_input: 1000,
             cache_write_5m: 200,
-            cache_write_1h: 0,
-            reasoning: 0
+            ..Usage::default()
         })
     );
     let v: Value = fixtures::json("bedrock", "answers/text.json");

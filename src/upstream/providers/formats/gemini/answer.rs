@@ -51,11 +51,31 @@ pub fn read_usage(u: &Value) -> Option<Usage> {
     }
     let f = |k: &str| n(k).unwrap_or(0);
     let thoughts = f("thoughtsTokenCount");
+    // Per-modality counts of the prompt and of the candidates (thoughts are apart from
+    // them). The prompt's include its cached tokens, which `cacheTokensDetails` counts by
+    // modality: a cached audio token is priced as cached, once.
+    let modality = |details: &str, m: &str| {
+        u.get(details)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|d| d.get("modality").and_then(Value::as_str) == Some(m))
+            .filter_map(|d| tokens(d.get("tokenCount")))
+            .fold(0i64, i64::saturating_add)
+    };
     Some(Usage {
-        input: f("promptTokenCount") + f("toolUsePromptTokenCount"),
-        output: f("candidatesTokenCount") + thoughts,
+        input: f("promptTokenCount").saturating_add(f("toolUsePromptTokenCount")),
+        output: f("candidatesTokenCount").saturating_add(thoughts),
         cached_input: f("cachedContentTokenCount"),
         reasoning: thoughts,
+        audio_input: (modality("promptTokensDetails", "AUDIO")
+            - modality("cacheTokensDetails", "AUDIO"))
+        .max(0),
+        image_input: (modality("promptTokensDetails", "IMAGE")
+            - modality("cacheTokensDetails", "IMAGE"))
+        .max(0),
+        audio_output: modality("candidatesTokensDetails", "AUDIO"),
+        image_output: modality("candidatesTokensDetails", "IMAGE"),
         ..Usage::default()
     })
 }

@@ -66,21 +66,27 @@ pub fn write_finish(choice: &mut Map<String, Value>, f: &Finish) {
 /// an object or a figure is there but not a number — a `"completion_tokens": "40"` is no
 /// count the gateway can charge, and must not be read as 0.
 pub fn read_usage(u: &Value) -> Option<Usage> {
-    const FIGURES: [&str; 4] = [
+    const FIGURES: [&str; 6] = [
         "/prompt_tokens",
         "/completion_tokens",
         "/prompt_tokens_details/cached_tokens",
+        "/prompt_tokens_details/audio_tokens",
         "/completion_tokens_details/reasoning_tokens",
+        "/completion_tokens_details/audio_tokens",
     ];
     if !usage_readable(u, &FIGURES) {
         return None;
     }
     let n = |p: &str| tokens(u.pointer(p)).unwrap_or(0);
+    // `prompt_tokens` includes the cached and audio ones, `completion_tokens` the
+    // reasoning and audio ones: the details are parts of the totals.
     Some(Usage {
         input: n("/prompt_tokens"),
         cached_input: n("/prompt_tokens_details/cached_tokens"),
+        audio_input: n("/prompt_tokens_details/audio_tokens"),
         output: n("/completion_tokens"),
         reasoning: n("/completion_tokens_details/reasoning_tokens"),
+        audio_output: n("/completion_tokens_details/audio_tokens"),
         ..Usage::default()
     })
 }

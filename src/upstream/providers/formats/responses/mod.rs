@@ -98,7 +98,29 @@ pub fn usage_of(u: &Value) -> Option<Usage> {
         input: n("/input_tokens"),
         cached_input: n("/input_tokens_details/cached_tokens"),
         output: n("/output_tokens"),
+        reasoning: n("/output_tokens_details/reasoning_tokens"),
+        ..Usage::default()
     })
+}
+
+/// Usage of a whole Responses `response` object: its `usage`, and its `web_search_call`
+/// output items, each a call billed per call (the usage object does not count them).
+pub fn response_usage(response: &Value) -> Option<Usage> {
+    let mut u = usage_of(response.get("usage")?)?;
+    u.web_search_calls = web_search_calls(response);
+    Some(u)
+}
+
+/// How many `web_search_call` items a response's `output` holds.
+pub fn web_search_calls(response: &Value) -> i64 {
+    let calls = response
+        .get("output")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|item| item.get("type").and_then(Value::as_str) == Some("web_search_call"))
+        .count();
+    i64::try_from(calls).unwrap_or(i64::MAX)
 }
 
 /// The generated text of a response (counted when its usage is missing).

@@ -11,7 +11,7 @@
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use super::{usage_of, Stamp};
+use super::{response_usage, Stamp};
 use crate::quota::pricing::Usage;
 use crate::upstream::providers::translate::stream::frame;
 
@@ -80,7 +80,7 @@ impl Native {
                 read.text = v.get("delta").and_then(Value::as_str).map(str::to_string);
             }
             "response.completed" | "response.incomplete" => {
-                read.usage = v.pointer("/response/usage").and_then(usage_of);
+                read.usage = v.get("response").and_then(response_usage);
                 read.done = true;
                 self.completed = v.get("response").cloned();
             }

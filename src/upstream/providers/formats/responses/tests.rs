@@ -44,7 +44,9 @@ fn usage_is_read_with_cached_and_reasoning_inside_the_totals() {
         Some(Usage {
             input: 100,
             cached_input: 40,
-            output: 30
+            output: 30,
+            reasoning: 20,
+            ..Usage::default()
         })
     );
     assert_eq!(usage_of(&json!({"input_tokens": "lots"})), None);

@@ -49,7 +49,7 @@ use serde_json::{json, Value};
 
 use crate::quota::estimate;
 use crate::quota::pricing::Usage;
-use crate::upstream::providers::canonical::{self, Event, Reported};
+use crate::upstream::providers::canonical::{self, Event, Input, Output, Reported};
 use crate::upstream::providers::formats::openai_chat::stream::{read_event, OpenAiEvent};
 use crate::upstream::providers::formats::responses::adapter as responses_adapter;
 use crate::upstream::providers::formats::responses::stream as responses;
@@ -118,9 +118,10 @@ pub struct StreamConverter {
     client: Format,
     include_usage: bool,
     input_estimate: i64,
-    input: Option<i64>,
-    cached: i64,
-    output: Option<i64>,
+    /// The input side as reported (see `report_input`).
+    input: Option<Input>,
+    /// The output side as reported (see `report_output`).
+    output: Option<Output>,
     /// `output` was reported with or after the finish: the stream's price, not a floor.
     output_final: bool,
     /// The upstream sent its finish: the answer is whole, the usage may still follow.
@@ -206,7 +207,6 @@ impl StreamConverter {
             include_usage,
             input_estimate,
             input: None,
-            cached: 0,
             output: None,
             told: false,
             usage_asked: true,
@@ -278,8 +278,7 @@ impl StreamConverter {
                     self.finished |= read.done;
                     self.done |= read.done;
                     if let Some(u) = read.usage {
-                        self.report_input(u.input, u.cached_input);
-                        self.report_output(u.output);
+                        self.report(u);
                     }
                     self.error_sent |= read.failed;
                     out.extend(read.frame);
@@ -378,41 +377,92 @@ impl StreamConverter {
     /// else a running output as a floor under the output counted from the text received,
     /// and the reported input, else its estimate.
     pub fn usage(&self) -> Usage {
+        let i = self.input.unwrap_or(Input {
+            input: self.input_estimate,
+            ..Input::default()
+        });
+        let o = self.output.unwrap_or_default();
+        let output = match self.output {
+            Some(reported) if self.output_final => reported.output,
+            reported => reported
+                .map_or(0, |r| r.output)
+                .max(self.counted + estimate::count_text(&self.text)),
+        };
         Usage {
-            input: self.input.unwrap_or(self.input_estimate),
-            cached_input: self.cached,
-            output: match self.output {
-                Some(reported) if self.output_final => reported,
-                reported => reported
-                    .unwrap_or(0)
-                    .max(self.counted + estimate::count_text(&self.text)),
-            },
+            input: i.input,
+            cached_input: i.cached_input,
+            cache_write_5m: i.cache_write_5m,
+            cache_write_1h: i.cache_write_1h,
+            audio_input: i.audio_input,
+            image_input: i.image_input,
+            output,
+            reasoning: o.reasoning,
+            audio_output: o.audio_output,
+            image_output: o.image_output,
+            web_search_calls: o.web_search_calls,
         }
     }
 
-    /// An output figure the upstream reported: the price when it came with or after the
-    /// finish (the most of such reports), a floor before it.
-    fn report_output(&mut self, output: i64) {
+    /// Both sides of a whole usage the upstream reported.
+    fn report(&mut self, u: Usage) {
+        let r = Reported::whole(u.into());
+        self.report_sides(&r);
+    }
+
+    /// The sides a usage event carries.
+    fn report_sides(&mut self, r: &Reported) {
+        if let Some(i) = r.input {
+            self.report_input(i);
+        }
+        if let Some(o) = r.output {
+            self.report_output(o);
+        }
+    }
+
+    /// An output side the upstream reported: the price when it came with or after the
+    /// finish (the most of such reports, figure by figure: each is a total of one answer),
+    /// a floor before it.
+    fn report_output(&mut self, o: Output) {
         self.output = match self.output {
-            Some(o) if self.output_final => Some(o.max(output)),
-            _ => Some(output),
+            Some(had) if self.output_final => Some(Output {
+                output: had.output.max(o.output),
+                reasoning: had.reasoning.max(o.reasoning),
+                audio_output: had.audio_output.max(o.audio_output),
+                image_output: had.image_output.max(o.image_output),
+                web_search_calls: had.web_search_calls.max(o.web_search_calls),
+            }),
+            _ => Some(o),
         };
         self.output_final = self.finished;
     }
 
-    /// An input figure the upstream reported, with the cached part of it. The input is
-    /// known from the first event: every report is a total of the same prompt, so the most
-    /// reported counts, wherever it came — and so does the most reported of its uncached
-    /// part, for a later report with more input but more of it cached would lower the
-    /// price too.
-    fn report_input(&mut self, input: i64, cached: i64) {
-        let cached = cached.clamp(0, input.max(0));
-        let (total, fresh) = match self.input {
-            None => (input, input - cached),
-            Some(had) => (had.max(input), (had - self.cached).max(input - cached)),
+    /// An input side the upstream reported. The input is known from the first event:
+    /// every report is a total of the same prompt, so the most reported counts, wherever
+    /// it came — and so does the most reported of its uncached part, for a later report
+    /// with more input but more of it cached would lower the price too. The cache writes
+    /// count at the most reported of them in all, the most reported of the one-hour ones
+    /// among them (Anthropic's `message_delta` repeats the writes' total without its split
+    /// by lifetime: that is no five-minute write), audio and images at the most reported.
+    fn report_input(&mut self, i: Input) {
+        let cached = i.cached_input.clamp(0, i.input.max(0));
+        let (total, fresh, had) = match self.input {
+            None => (i.input, i.input - cached, Input::default()),
+            Some(had) => (
+                had.input.max(i.input),
+                (had.input - had.cached_input).max(i.input - cached),
+                had,
+            ),
         };
-        self.input = Some(total);
-        self.cached = (total - fresh).max(0);
+        let written = |x: &Input| x.cache_write_5m.saturating_add(x.cache_write_1h);
+        let hour = had.cache_write_1h.max(i.cache_write_1h);
+        self.input = Some(Input {
+            input: total,
+            cached_input: (total - fresh).max(0),
+            cache_write_5m: written(&had).max(written(&i)) - hour,
+            cache_write_1h: hour,
+            audio_input: had.audio_input.max(i.audio_input),
+            image_input: had.image_input.max(i.image_input),
+        });
     }
 
     /// The upstream sent an error event, which the client received in its format: the
@@ -529,8 +579,8 @@ impl StreamConverter {
                 }
             }
         }
-        if let Some((input, cached, output)) = c.usage.as_ref().and_then(|u| u.figures()) {
-            self.report_input(input, cached);
+        if let Some((input, output)) = c.usage.as_ref().and_then(|u| u.figures()) {
+            self.report_input(input);
             self.report_output(output);
             // A usage on a chunk with choices may be a running one (vLLM's continuous
             // usage: another choice of an `n` > 1 stream may still be streaming).
@@ -636,7 +686,11 @@ impl StreamConverter {
         // on the finish chunk said more): the client is told the gateway's figures.
         let differs = || {
             let u = self.usage();
-            c.usage.as_ref().and_then(|r| r.figures()) != Some((u.input, u.cached_input, u.output))
+            c.usage
+                .as_ref()
+                .and_then(|r| r.figures())
+                .map(|(i, o)| (i.input, i.cached_input, o.output))
+                != Some((u.input, u.cached_input, u.output))
         };
         if usage_only && self.finished && differs() {
             out.push(self.usage_chunk());
@@ -651,8 +705,7 @@ impl StreamConverter {
         match &e.body {
             Body::MessageStart(m) => {
                 if let Some(u) = m.usage.as_ref().filter(|u| u.input_tokens.is_some()) {
-                    let (input, cached) = u.input();
-                    self.report_input(input, cached);
+                    self.report_input(u.input());
                 }
             }
             // After the finish (`message_delta`) the answer is whole: a later block is not
@@ -673,12 +726,11 @@ impl StreamConverter {
             Body::MessageDelta(_, u) => {
                 self.finished = true;
                 let Some(u) = u else { return };
-                if let Some(o) = u.output_tokens {
-                    self.report_output(o.0);
+                if let Some(o) = u.output() {
+                    self.report_output(o);
                 }
                 if u.input_tokens.is_some() {
-                    let (input, cached) = u.input();
-                    self.report_input(input, cached);
+                    self.report_input(u.input());
                 }
             }
             Body::MessageStop => self.done = true,
@@ -785,14 +837,7 @@ impl StreamConverter {
                 self.note_text(id);
                 self.note_text(name);
             }
-            Event::Usage(r) => {
-                if let Some(i) = r.input {
-                    self.report_input(i.input, i.cached_input);
-                }
-                if let Some(o) = r.output {
-                    self.report_output(o.output);
-                }
-            }
+            Event::Usage(r) => self.report_sides(r),
             Event::Finish(_) => self.finished = true,
             Event::Done => self.done = true,
             Event::Error(_) => self.error_sent = true,
@@ -802,13 +847,7 @@ impl StreamConverter {
 
     /// The accounted usage in the internal form.
     fn accounted(&self) -> canonical::Usage {
-        let u = self.usage();
-        canonical::Usage {
-            input: u.input,
-            cached_input: u.cached_input,
-            output: u.output,
-            ..canonical::Usage::default()
-        }
+        self.usage().into()
     }
 
     fn forward(&mut self, e: &Event, out: &mut Vec<Bytes>) {

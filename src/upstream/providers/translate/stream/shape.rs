@@ -20,6 +20,7 @@ use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::upstream::providers::canonical::{Input, Output};
 use crate::upstream::providers::MAX_REPORTED_TOKENS;
 
 /// Why an event could not be read.
@@ -286,23 +287,46 @@ pub struct OpenAiUsage {
     pub completion_tokens: Option<Tokens>,
     #[serde(default)]
     pub prompt_tokens_details: Option<Obj<PromptDetails>>,
+    #[serde(default)]
+    pub completion_tokens_details: Option<Obj<CompletionDetails>>,
 }
 
 #[derive(Deserialize)]
 pub struct PromptDetails {
     #[serde(default)]
     pub cached_tokens: Option<Tokens>,
+    #[serde(default)]
+    pub audio_tokens: Option<Tokens>,
+}
+
+#[derive(Deserialize)]
+pub struct CompletionDetails {
+    #[serde(default)]
+    pub reasoning_tokens: Option<Tokens>,
+    #[serde(default)]
+    pub audio_tokens: Option<Tokens>,
 }
 
 impl OpenAiUsage {
-    /// (input, cached input, output); none unless both counts are there.
-    pub fn figures(&self) -> Option<(i64, i64, i64)> {
-        let cached = figure(
-            self.prompt_tokens_details
-                .as_ref()
-                .and_then(|d| d.cached_tokens),
-        );
-        Some((self.prompt_tokens?.0, cached, self.completion_tokens?.0))
+    /// Both sides, the details as parts of the totals (as `openai_chat::read_usage`);
+    /// none unless both totals are there.
+    pub fn figures(&self) -> Option<(Input, Output)> {
+        let prompt = self.prompt_tokens_details.as_ref();
+        let completion = self.completion_tokens_details.as_ref();
+        Some((
+            Input {
+                input: self.prompt_tokens?.0,
+                cached_input: figure(prompt.and_then(|d| d.cached_tokens)),
+                audio_input: figure(prompt.and_then(|d| d.audio_tokens)),
+                ..Input::default()
+            },
+            Output {
+                output: self.completion_tokens?.0,
+                reasoning: figure(completion.and_then(|d| d.reasoning_tokens)),
+                audio_output: figure(completion.and_then(|d| d.audio_tokens)),
+                ..Output::default()
+            },
+        ))
     }
 }
 
@@ -411,17 +435,60 @@ pub struct AnthropicUsage {
     pub cache_read_input_tokens: Option<Tokens>,
     #[serde(default)]
     pub cache_creation_input_tokens: Option<Tokens>,
+    #[serde(default)]
+    pub cache_creation: Option<Obj<CacheCreation>>,
+    #[serde(default)]
+    pub server_tool_use: Option<Obj<ServerToolUse>>,
+}
+
+/// Anthropic's split of the cache writes by lifetime.
+#[derive(Deserialize)]
+pub struct CacheCreation {
+    #[serde(default)]
+    pub ephemeral_5m_input_tokens: Option<Tokens>,
+    #[serde(default)]
+    pub ephemeral_1h_input_tokens: Option<Tokens>,
+}
+
+/// Anthropic's count of server-tool calls.
+#[derive(Deserialize)]
+pub struct ServerToolUse {
+    #[serde(default)]
+    pub web_search_requests: Option<Tokens>,
 }
 
 impl AnthropicUsage {
-    /// (input, cached input): Sluice's input is Anthropic's input plus cache reads and
-    /// writes, cache reads priced as cached (as `formats::anthropic::read_usage`).
-    pub fn input(&self) -> (i64, i64) {
-        let cached = figure(self.cache_read_input_tokens);
-        let input = figure(self.input_tokens)
-            .saturating_add(cached)
-            .saturating_add(figure(self.cache_creation_input_tokens));
-        (input, cached)
+    /// The input side: Sluice's input is Anthropic's input plus cache reads and writes,
+    /// each a part of it (by `formats::anthropic::input_of`, as a whole answer's usage).
+    pub fn input(&self) -> Input {
+        let creation = self.cache_creation.as_ref();
+        crate::upstream::providers::formats::anthropic::input_of(&|p: &str| {
+            figure(match p {
+                "/input_tokens" => self.input_tokens,
+                "/cache_read_input_tokens" => self.cache_read_input_tokens,
+                "/cache_creation_input_tokens" => self.cache_creation_input_tokens,
+                "/cache_creation/ephemeral_5m_input_tokens" => {
+                    creation.and_then(|c| c.ephemeral_5m_input_tokens)
+                }
+                "/cache_creation/ephemeral_1h_input_tokens" => {
+                    creation.and_then(|c| c.ephemeral_1h_input_tokens)
+                }
+                _ => None,
+            })
+        })
+    }
+
+    /// The output side, with the web-search calls (cumulative, as the output).
+    pub fn output(&self) -> Option<Output> {
+        Some(Output {
+            output: self.output_tokens?.0,
+            web_search_calls: figure(
+                self.server_tool_use
+                    .as_ref()
+                    .and_then(|s| s.web_search_requests),
+            ),
+            ..Output::default()
+        })
     }
 }
 
@@ -498,7 +565,11 @@ mod tests {
     fn figures_are_numbers_clamped_and_nothing_else() {
         let u: Obj<OpenAiUsage> =
             serde_json::from_str(r#"{"prompt_tokens": 1e30, "completion_tokens": -4}"#).unwrap();
-        assert_eq!(u.figures(), Some((MAX_REPORTED_TOKENS, 0, 0)));
+        let (i, o) = u.figures().unwrap();
+        assert_eq!(
+            (i.input, i.cached_input, o.output),
+            (MAX_REPORTED_TOKENS, 0, 0)
+        );
         for partial in [
             r#"{"prompt_tokens": 9}"#,
             r#"{"prompt_tokens": 9, "completion_tokens": null}"#,

@@ -82,7 +82,7 @@ fn output(n: i64) -> Reported {
         input: None,
         output: Some(canonical::Output {
             output: n,
-            reasoning: 0,
+            ..canonical::Output::default()
         }),
     }
 }

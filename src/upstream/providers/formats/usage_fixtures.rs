@@ -1,0 +1,245 @@
+//! Every provider's documented usage object (`tests/fixtures/<provider>/usage/`), whole
+//! and streamed, read into the priced parts and priced to the micro-dollar by hand.
+
+use serde_json::Value;
+
+use super::fixtures;
+use crate::quota::pricing::{cost, Parts, Prices, Usage};
+use crate::upstream::providers::translate::stream::StreamConverter;
+use crate::upstream::providers::{answer_usage, Format};
+
+/// Sonnet's prices: 3 / 3.75 (5 m write) / 6 (1 h write) / 0.30 (read) / 15 USD per Mtok,
+/// 10 USD per 1 000 searches.
+fn sonnet() -> Prices {
+    Prices {
+        cached_input: 300_000,
+        cache_write_5m: 3_750_000,
+        cache_write_1h: 6_000_000,
+        web_search_per_1k_calls: 10_000_000,
+        ..Prices::plain(3_000_000, 15_000_000)
+    }
+}
+
+/// The usage a stream fixture (an array of `[event, data]` pairs or data payloads, as the
+/// mock's `events` script) is charged, read by the converter from `upstream` for `client`.
+fn streamed(upstream: Format, client: Format, events: &[(String, String)]) -> Usage {
+    let mut c = StreamConverter::new(upstream, client, true, 1);
+    let mut out = Vec::new();
+    for (name, data) in events {
+        c.event(name, data, &mut out);
+    }
+    assert!(c.end(&mut out), "the stream completes");
+    c.usage()
+}
+
+/// A JSON stream fixture as (event name, data) pairs.
+fn events(provider: &str, path: &str) -> Vec<(String, String)> {
+    let text = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let Value::Array(items) = fixtures::json(provider, path) else {
+        panic!("{path}: not an array")
+    };
+    items
+        .iter()
+        .map(|e| match e {
+            Value::Array(pair) => (text(&pair[0]), text(&pair[1])),
+            data => (String::new(), text(data)),
+        })
+        .collect()
+}
+
+/// Bedrock's stream fixture (one `{"event", "data"}` per line).
+fn jsonl(provider: &str, path: &str) -> Vec<(String, String)> {
+    fixtures::text(provider, path)
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            (
+                v["event"].as_str().unwrap().to_string(),
+                v["data"].to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn openai_chat_usage_with_cached_audio_and_reasoning_is_priced_part_by_part() {
+    let u = answer_usage(
+        Format::OpenAiChat,
+        &fixtures::json("openai", "usage/chat.json"),
+    )
+    .unwrap();
+    // prompt_tokens includes the cached and audio ones, completion_tokens the reasoning
+    // and audio ones.
+    assert_eq!(
+        u.parts(),
+        Parts {
+            fresh_input: 881,
+            cached_input: 1025,
+            audio_input: 100,
+            text_output: 58,
+            reasoning: 192,
+            audio_output: 50,
+            ..Parts::default()
+        }
+    );
+    let p = Prices {
+        cached_input: 1_250_000,
+        audio_input: 40_000_000,
+        audio_output: 80_000_000,
+        ..Prices::plain(2_500_000, 10_000_000)
+    };
+    // 881×2.5 + 1025×1.25 + 100×40 + 58×10 + 192×10 + 50×80
+    // = 2202.5 + 1281.25 + 4000 + 580 + 1920 + 4000 = 13 983.75 → 13 984.
+    assert_eq!(cost(u, p), 13_984);
+    let s = streamed(
+        Format::OpenAiChat,
+        Format::OpenAiChat,
+        &events("openai", "usage/chat.stream.json"),
+    );
+    assert_eq!(s, u, "streamed as whole");
+    // Through the internal form to an Anthropic client, the same.
+    let s = streamed(
+        Format::OpenAiChat,
+        Format::Anthropic,
+        &events("openai", "usage/chat.stream.json"),
+    );
+    assert_eq!(s, u);
+}
+
+#[test]
+fn responses_usage_counts_its_web_search_calls() {
+    let v = fixtures::json("openai", "usage/responses.json");
+    let u = answer_usage(Format::Responses, &v).unwrap();
+    assert_eq!(
+        u.parts(),
+        Parts {
+            fresh_input: 1000,
+            cached_input: 4000,
+            text_output: 288,
+            reasoning: 512,
+            web_search_calls: 2,
+            ..Parts::default()
+        }
+    );
+    let p = Prices {
+        cached_input: 275_000,
+        web_search_per_1k_calls: 10_000_000,
+        ..Prices::plain(1_100_000, 4_400_000)
+    };
+    // 1000×1.1 + 4000×0.275 + 800×4.4 + 2 × 10 000 = 1100 + 1100 + 3520 + 20 000.
+    assert_eq!(cost(u, p), 25_720);
+    // Streamed: `response.completed` carries the same response object.
+    let completed =
+        serde_json::json!({"type": "response.completed", "sequence_number": 1, "response": v});
+    let mut n = super::responses::stream::Native::new(super::responses::Stamp {
+        id: "resp_gateway".into(),
+        store: false,
+        previous_response_id: None,
+    });
+    let read = n
+        .read("response.completed", &completed.to_string())
+        .unwrap();
+    assert_eq!(read.usage, Some(u));
+}
+
+#[test]
+fn anthropic_usage_with_both_cache_write_lifetimes_and_web_search_is_exact() {
+    let u = answer_usage(
+        Format::Anthropic,
+        &fixtures::json("anthropic", "usage/message.json"),
+    )
+    .unwrap();
+    // input_tokens excludes the cache reads and writes: 1000 + 20 000 + 5 000 in all.
+    assert_eq!(u.input, 26_000);
+    assert_eq!(
+        u.parts(),
+        Parts {
+            fresh_input: 1000,
+            cached_input: 20_000,
+            cache_write_5m: 2000,
+            cache_write_1h: 3000,
+            text_output: 500,
+            web_search_calls: 2,
+            ..Parts::default()
+        }
+    );
+    // 1000×3 + 20 000×0.30 + 2000×3.75 + 3000×6 + 500×15 + 2 × 10 000
+    // = 3000 + 6000 + 7500 + 18 000 + 7500 + 20 000.
+    assert_eq!(cost(u, sonnet()), 62_000);
+    for client in [Format::Anthropic, Format::OpenAiChat] {
+        let s = streamed(
+            Format::Anthropic,
+            client,
+            &events("anthropic", "usage/message.stream.json"),
+        );
+        assert_eq!(s, u, "streamed to {client:?}");
+    }
+}
+
+#[test]
+fn gemini_usage_by_modality_with_cache_and_thoughts_is_exact() {
+    let u = answer_usage(
+        Format::Gemini,
+        &fixtures::json("gemini", "usage/answer.json"),
+    )
+    .unwrap();
+    // Thoughts are apart from the candidates' count; the cached audio is priced as cached.
+    assert_eq!(
+        u.parts(),
+        Parts {
+            fresh_input: 200,
+            cached_input: 800,
+            audio_input: 100,
+            image_input: 100,
+            text_output: 250,
+            reasoning: 150,
+            image_output: 50,
+            ..Parts::default()
+        }
+    );
+    let p = Prices {
+        cached_input: 75_000,
+        audio_input: 1_000_000,
+        image_output: 30_000_000,
+        ..Prices::plain(300_000, 2_500_000)
+    };
+    // 200×0.3 + 800×0.075 + 100×1 + 100×0.3 + 250×2.5 + 150×2.5 + 50×30
+    // = 60 + 60 + 100 + 30 + 625 + 375 + 1500.
+    assert_eq!(cost(u, p), 2_750);
+    let s = streamed(
+        Format::Gemini,
+        Format::OpenAiChat,
+        &events("gemini", "usage/answer.stream.json"),
+    );
+    assert_eq!(s, u);
+}
+
+#[test]
+fn bedrock_usage_with_cache_reads_and_writes_is_exact() {
+    let u = answer_usage(
+        Format::Bedrock,
+        &fixtures::json("bedrock", "usage/converse.json"),
+    )
+    .unwrap();
+    assert_eq!(
+        u.parts(),
+        Parts {
+            fresh_input: 320,
+            cached_input: 1000,
+            cache_write_5m: 200,
+            text_output: 58,
+            ..Parts::default()
+        }
+    );
+    // 320×3 + 1000×0.30 + 200×3.75 + 58×15 = 960 + 300 + 750 + 870.
+    assert_eq!(cost(u, sonnet()), 2_880);
+    let s = streamed(
+        Format::Bedrock,
+        Format::OpenAiChat,
+        &jsonl("bedrock", "usage/converse_stream.jsonl"),
+    );
+    assert_eq!(s, u);
+}

@@ -1,0 +1,378 @@
+//! Every token kind priced exactly, through the real gateway and the mock: the providers'
+//! documented usage objects (`tests/fixtures/<provider>/usage/`), whole and streamed, to
+//! OpenAI and Anthropic clients, are charged their hand-computed figure to the micro-dollar
+//! and logged by kind; the reservation is the worst case the request may cause (one micro
+//! short is refused before anything reaches the upstream).
+
+use serde_json::{json, Value};
+use sluice::config::Provider;
+use sluice::mock::{Script, SseEvent};
+use sluice::quota::estimate;
+use sluice::quota::pricing::{self, Prices, Usage};
+
+use crate::helpers::*;
+
+const ANTHROPIC_KEY: &str = "sk-token-kinds-anthropic-0123";
+const OPENAI_KEY: &str = "sk-token-kinds-openai-0123";
+
+/// `tests/fixtures/<provider>/usage/<name>` as JSON.
+fn fixture(provider: &str, name: &str) -> Value {
+    let p = format!(
+        "{}/tests/fixtures/{provider}/usage/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    serde_json::from_str(&std::fs::read_to_string(&p).expect(&p)).expect(&p)
+}
+
+/// A stream fixture (`[event, data]` pairs or data payloads) as the mock's events.
+fn stream_events(provider: &str, name: &str) -> Vec<SseEvent> {
+    let Value::Array(items) = fixture(provider, name) else {
+        panic!("{name}: not an array")
+    };
+    items
+        .into_iter()
+        .map(|e| match e {
+            Value::Array(mut pair) => {
+                let data = pair.pop().unwrap();
+                SseEvent::Named(pair[0].as_str().unwrap().into(), data)
+            }
+            data => SseEvent::Data(data),
+        })
+        .collect()
+}
+
+/// Claude Sonnet at 3 / 3.75 (5 m write) / 6 (1 h write) / 0.30 (read) / 15 USD per Mtok,
+/// 10 USD per 1 000 searches; an OpenAI audio model at 2.5 / 1.25 (cached) / 40 (audio in)
+/// / 10 / 80 (audio out).
+async fn app() -> TestApp {
+    spawn_app_with(|s, mock| {
+        let mut an = upstream("an", ANTHROPIC_KEY, mock);
+        an.provider = Provider::Anthropic;
+        an.base_url = mock.base_url();
+        let oa = upstream("oa", OPENAI_KEY, mock);
+        s.upstreams.extend([an, oa]);
+        let mut sonnet = model("sonnet", &["an"]);
+        sonnet.input_usd_per_mtok = 3.0;
+        sonnet.output_usd_per_mtok = 15.0;
+        sonnet.cached_input_usd_per_mtok = Some(0.30);
+        sonnet.cache_write_5m_usd_per_mtok = Some(3.75);
+        sonnet.cache_write_1h_usd_per_mtok = Some(6.0);
+        sonnet.web_search_usd_per_1k_calls = Some(10.0);
+        sonnet.max_output_tokens = 8192;
+        let mut audio = model("gpt-audio", &["oa"]);
+        audio.input_usd_per_mtok = 2.5;
+        audio.cached_input_usd_per_mtok = Some(1.25);
+        audio.audio_input_usd_per_mtok = Some(40.0);
+        audio.output_usd_per_mtok = 10.0;
+        audio.audio_output_usd_per_mtok = Some(80.0);
+        audio.max_output_tokens = 8192;
+        s.models.extend([sonnet, audio]);
+    })
+    .await
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Client {
+    OpenAi,
+    Anthropic,
+}
+
+/// What one request was charged: the token's spend, the absorbed sum and the request
+/// log's cost and per-kind columns.
+#[derive(Debug, PartialEq, Eq)]
+struct Charged {
+    spent: i64,
+    absorbed: i64,
+    logged_cost: i64,
+    /// cached, 5 m writes, 1 h writes, reasoning, audio in, audio out, web searches.
+    kinds: (i64, i64, i64, i64, i64, i64, i64),
+}
+
+/// Sends `body` as `client`, streamed or not, with a fresh token of 1 USD; the upstream
+/// answers `script`.
+async fn charged(
+    app: &TestApp,
+    client: Client,
+    key: &str,
+    script: Script,
+    mut body: Value,
+    stream: bool,
+) -> Charged {
+    let (id, token) = app
+        .token(&format!("{client:?}-{stream}-{key}"), Some("1"))
+        .await;
+    app.mock.state.script(key, [script]);
+    body["stream"] = json!(stream);
+    if stream && client == Client::OpenAi {
+        body["stream_options"] = json!({"include_usage": true});
+    }
+    let resp = match client {
+        Client::OpenAi => app.chat(&token, &body).await,
+        Client::Anthropic => app.messages(&token, &body).await,
+    };
+    let status = resp.status();
+    let text = resp.text().await.unwrap();
+    assert_eq!(status, 200, "{client:?} stream={stream}: {text}");
+    assert!(
+        !text.contains("\"error\""),
+        "{client:?} stream={stream}: {text}"
+    );
+    app.wait_settled().await;
+    let row = format!("FROM requests WHERE token_id = {id}");
+    for _ in 0..500 {
+        if app.scalar(&format!("SELECT COUNT(*) {row}")).await == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let (logged_cost, cached, w5, w1, reasoning, audio_in, audio_out, searches): (
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+    ) = sql_row(
+        app.db(),
+        &format!(
+            "SELECT cost_micros, cached_input_tokens, cache_write_5m_tokens, cache_write_1h_tokens,
+                    reasoning_tokens, audio_input_tokens, audio_output_tokens, web_search_calls {row}"
+        ),
+    )
+    .await;
+    Charged {
+        spent: app
+            .scalar(&format!(
+                "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
+            ))
+            .await,
+        absorbed: app
+            .scalar(&format!(
+                "SELECT CAST(COALESCE(SUM(amount_micros), 0) AS BIGINT) FROM ledger
+                 WHERE kind = 'absorbed' AND token_id = {id}"
+            ))
+            .await,
+        logged_cost,
+        kinds: (cached, w5, w1, reasoning, audio_in, audio_out, searches),
+    }
+}
+
+/// Anthropic's usage with reads, both write lifetimes and two web searches: 1000 × 3 +
+/// 20 000 × 0.30 + 2000 × 3.75 + 3000 × 6 + 500 × 15 + 2 × 10 000 = 62 000 micros, the
+/// same whole or streamed, to an Anthropic or an OpenAI client.
+#[tokio::test]
+async fn anthropic_cache_writes_of_both_lifetimes_and_web_searches_are_charged_exactly() {
+    let app = app().await;
+    let expected = Charged {
+        spent: 62_000,
+        absorbed: 0,
+        logged_cost: 62_000,
+        kinds: (20_000, 2_000, 3_000, 0, 0, 0, 2),
+    };
+    for client in [Client::Anthropic, Client::OpenAi] {
+        for stream in [false, true] {
+            let script = if stream {
+                Script {
+                    events: Some(stream_events("anthropic", "message.stream.json")),
+                    ..Script::default()
+                }
+            } else {
+                Script {
+                    body: Some(fixture("anthropic", "message.json")),
+                    ..Script::default()
+                }
+            };
+            let mark = json!({"type": "ephemeral", "ttl": "1h"});
+            let body = match client {
+                Client::Anthropic => json!({"model": "sonnet", "max_tokens": 8000,
+                    "system": [{"type": "text", "text": "You are terse.", "cache_control": mark}],
+                    "tools": [{"type": "web_search_20250305", "name": "web_search"}],
+                    "messages": [{"role": "user", "content": "What is Sluice?"}]}),
+                Client::OpenAi => json!({"model": "sonnet", "max_tokens": 8000,
+                    "messages": [{"role": "user", "content": [{"type": "text",
+                        "text": "What is Sluice?", "cache_control": mark}]}]}),
+            };
+            let c = charged(&app, client, ANTHROPIC_KEY, script, body, stream).await;
+            assert_eq!(c, expected, "{client:?} stream={stream}");
+            if client == Client::Anthropic {
+                // The web-search tool went upstream with the gateway's cap on its calls.
+                let sent = app
+                    .mock
+                    .state
+                    .stats(ANTHROPIC_KEY)
+                    .last_bodies
+                    .back()
+                    .cloned();
+                assert_eq!(sent.unwrap()["tools"][0]["max_uses"], 5);
+            }
+        }
+    }
+    app.assert_invariant().await;
+}
+
+/// OpenAI's usage with cached and audio input, reasoning and audio output: 881 × 2.5 +
+/// 1025 × 1.25 + 100 × 40 + 58 × 10 + 192 × 10 + 50 × 80 = 13 983.75 → 13 984 micros,
+/// the same whole or streamed, to an OpenAI or an Anthropic client.
+#[tokio::test]
+async fn openai_cached_audio_and_reasoning_tokens_are_charged_exactly() {
+    let app = app().await;
+    let expected = Charged {
+        spent: 13_984,
+        absorbed: 0,
+        logged_cost: 13_984,
+        kinds: (1_025, 0, 0, 192, 100, 50, 0),
+    };
+    for client in [Client::OpenAi, Client::Anthropic] {
+        for stream in [false, true] {
+            let script = if stream {
+                Script {
+                    events: Some(stream_events("openai", "chat.stream.json")),
+                    ..Script::default()
+                }
+            } else {
+                Script {
+                    body: Some(fixture("openai", "chat.json")),
+                    ..Script::default()
+                }
+            };
+            let body = match client {
+                Client::OpenAi => json!({"model": "gpt-audio", "max_tokens": 2000,
+                    "modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"},
+                    "messages": [{"role": "user", "content": "Say hello."}]}),
+                Client::Anthropic => json!({"model": "gpt-audio", "max_tokens": 2000,
+                    "messages": [{"role": "user", "content": "Say hello."}]}),
+            };
+            let c = charged(&app, client, OPENAI_KEY, script, body, stream).await;
+            assert_eq!(c, expected, "{client:?} stream={stream}");
+        }
+    }
+    app.assert_invariant().await;
+}
+
+/// The reservation of `body` (a Messages request) as the gateway computes it: the counted
+/// input with the default margin at `input_price`, `max_tokens` at `output_price`, and
+/// `calls` web searches.
+fn worst_case(body: &Value, input_price: i64, output_price: i64, calls: i64, fee: i64) -> i64 {
+    let messages = body["messages"].as_array().unwrap();
+    let mut counted = estimate::chat_input(messages, body.get("tools"));
+    if let Some(system) = body.get("system") {
+        counted += estimate::count_value(system);
+    }
+    let usage = Usage {
+        input: pricing::input_with_margin(counted, 1.10, 16),
+        output: body["max_tokens"].as_i64().unwrap(),
+        web_search_calls: calls,
+        ..Usage::default()
+    };
+    pricing::cost(
+        usage,
+        Prices {
+            input: input_price,
+            output: output_price,
+            web_search_per_1k_calls: fee,
+            ..Prices::default()
+        },
+    )
+}
+
+/// A request with a budget one micro short of its worst case is refused with
+/// `insufficient_quota` before anything reaches the upstream; with exactly the worst case
+/// it is served. The worst case prices the input at the one-hour cache-write rate only
+/// when the request marks a one-hour breakpoint, audio only when audio is asked for, and
+/// reserves the web-search fee for every call the tool may make.
+#[tokio::test]
+async fn the_reservation_covers_the_dearest_kind_the_request_may_cause_to_the_micro() {
+    let app = app().await;
+    let searching = json!({"model": "sonnet", "max_tokens": 100,
+        "system": [{"type": "text", "text": "You are terse.",
+            "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+        "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 3}],
+        "messages": [{"role": "user", "content": "What is Sluice?"}]});
+    // Input at 6 (one-hour writes), output at 15, 3 searches at 10 000 micros each.
+    let worst = worst_case(&searching, 6_000_000, 15_000_000, 3, 10_000_000);
+    assert!(worst > 30_000, "the searches are reserved: {worst}");
+    let plain = json!({"model": "sonnet", "max_tokens": 100,
+        "system": [{"type": "text", "text": "You are terse."}],
+        "messages": [{"role": "user", "content": "What is Sluice?"}]});
+    let audio = json!({"model": "gpt-audio", "max_tokens": 100,
+        "modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"},
+        "messages": [{"role": "user", "content": "Say hello."}]});
+    // Audio in at 40, audio out at 80.
+    let audio_worst = worst_case(&audio, 40_000_000, 80_000_000, 0, 0);
+    let answer = Script {
+        body: Some(fixture("anthropic", "message.json")),
+        ..Script::default()
+    };
+    for (client, key, body, worst) in [
+        (Client::Anthropic, ANTHROPIC_KEY, &searching, worst),
+        (Client::OpenAi, OPENAI_KEY, &audio, audio_worst),
+    ] {
+        let before = app.mock.state.stats(key).count;
+        let (_, short) = app
+            .token(&format!("short-{key}"), Some(&pricing::usd(worst - 1)))
+            .await;
+        let resp = match client {
+            Client::OpenAi => app.chat(&short, body).await,
+            Client::Anthropic => app.messages(&short, body).await,
+        };
+        assert_eq!(resp.status(), 429, "{client:?}");
+        let err: Value = resp.json().await.unwrap();
+        assert!(
+            err.to_string().contains("insufficient_quota"),
+            "{client:?}: {err}"
+        );
+        assert_eq!(
+            app.mock.state.stats(key).count,
+            before,
+            "nothing sent upstream"
+        );
+        // Exactly the worst case is enough.
+        let (_, exact) = app
+            .token(&format!("exact-{key}"), Some(&pricing::usd(worst)))
+            .await;
+        let script = if client == Client::Anthropic {
+            answer.clone()
+        } else {
+            Script {
+                body: Some(fixture("openai", "chat.json")),
+                ..Script::default()
+            }
+        };
+        app.mock.state.script(key, [script]);
+        let resp = match client {
+            Client::OpenAi => app.chat(&exact, body).await,
+            Client::Anthropic => app.messages(&exact, body).await,
+        };
+        assert_eq!(resp.status(), 200, "{client:?}");
+        assert_eq!(app.mock.state.stats(key).count, before + 1);
+    }
+    // Without a cache mark or a search tool the same budget buys the plain request: the
+    // dearer rates are reserved only when asked for.
+    let plain_worst = worst_case(&plain, 3_000_000, 15_000_000, 0, 0);
+    assert!(plain_worst < worst);
+    let (_, token) = app.token("plain", Some(&pricing::usd(plain_worst))).await;
+    app.mock.state.script(ANTHROPIC_KEY, [answer]);
+    assert_eq!(app.messages(&token, &plain).await.status(), 200);
+    app.assert_invariant().await;
+}
+
+/// OpenAI's `web_search_options` makes searches the gateway cannot cap: refused naming it.
+#[tokio::test]
+async fn a_web_search_the_gateway_cannot_cap_is_refused_naming_the_field() {
+    let app = app().await;
+    let (_, token) = app.token("search", Some("1")).await;
+    let resp = app
+        .chat(
+            &token,
+            &json!({"model": "gpt-audio", "max_tokens": 10, "web_search_options": {},
+                "messages": [{"role": "user", "content": "news?"}]}),
+        )
+        .await;
+    assert_eq!(resp.status(), 400);
+    let err: Value = resp.json().await.unwrap();
+    assert_eq!(err["error"]["param"], "web_search_options", "{err}");
+    assert_eq!(app.mock.state.stats(OPENAI_KEY).count, 0);
+    app.assert_invariant().await;
+}
