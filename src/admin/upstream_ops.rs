@@ -23,6 +23,7 @@ use super::error::AdminError;
 use crate::config::{ModelSettings, UpstreamSettings};
 use crate::state::AppState;
 use crate::store::managed::{self, ModelRow, UpstreamRow};
+use crate::store::prices::{self, PriceRow};
 use crate::upstream::live::{effective, stored_settings, LiveError};
 use crate::upstream::providers;
 
@@ -32,11 +33,20 @@ const TEST_TIMEOUT: Duration = Duration::from_secs(15);
 /// One change an admin asks for, made to the managed rows as they stand in its transaction.
 enum Change {
     Add(Box<UpstreamSettings>),
-    Key { id: String, key: String },
-    Enabled { id: String, enabled: bool },
+    Key {
+        id: String,
+        key: String,
+    },
+    Enabled {
+        id: String,
+        enabled: bool,
+    },
     Delete(String),
-    PutModel(ModelRow),
+    /// A model, and the price its edit appends (`price_ops`).
+    PutModel(ModelRow, Option<PriceRow>),
     DeleteModel(String),
+    /// A price appended to a model's schedule.
+    Price(PriceRow),
 }
 
 /// The store write a change makes.
@@ -44,8 +54,9 @@ enum Write {
     Insert(UpstreamRow),
     Update(UpstreamRow),
     Delete(String),
-    PutModel(ModelRow),
+    PutModel(ModelRow, Option<PriceRow>),
     DeleteModel(String),
+    Price(PriceRow),
 }
 
 /// An audit row's action, target, before and after.
@@ -88,6 +99,7 @@ async fn apply(state: &AppState, actor: &Actor, change: Change) -> Result<(), Ad
     let mut tx = state.db.begin().await?;
     let mut ups = managed::upstreams_in(&mut tx).await?;
     let mut models = managed::models_in(&mut tx).await?;
+    let mut price_rows = prices::all_in(&mut tx).await?;
     let word = |e: bool| if e { "enabled" } else { "disabled by an admin" };
     let (write, audit): (Write, Audit) = match change {
         Change::Add(u) => {
@@ -159,7 +171,7 @@ async fn apply(state: &AppState, actor: &Actor, change: Change) -> Result<(), Ad
             );
             (Write::Delete(id), audit)
         }
-        Change::PutModel(row) => {
+        Change::PutModel(row, price) => {
             // What it replaces, as stored (read in this transaction), else the file's.
             let before = match models.iter().find(|m| m.name == row.name) {
                 Some(old) => stored_model(old).map(|m| model_view(&m)),
@@ -171,11 +183,26 @@ async fn apply(state: &AppState, actor: &Actor, change: Change) -> Result<(), Ad
                     .find(|m| m.name == row.name)
                     .map(model_view),
             };
-            let after = stored_model(&row).map(|m| model_view(&m));
+            let mut after = stored_model(&row).map(|m| model_view(&m));
+            if let (Some(a), Some(p)) = (after.as_mut(), &price) {
+                a["price"] = super::price_ops::row_view(p);
+                price_rows.push(p.clone());
+            }
             models.retain(|m| m.name != row.name);
             models.push(row.clone());
             let target = format!("model:{}", row.name);
-            (Write::PutModel(row), ("model.put", target, before, after))
+            (
+                Write::PutModel(row, price),
+                ("model.put", target, before, after),
+            )
+        }
+        Change::Price(row) => {
+            // What was to be in force from that instant without this row.
+            let before = super::price_ops::in_force_view(state, &row.model, &row.effective_from);
+            let after = Some(super::price_ops::row_view(&row));
+            price_rows.push(row.clone());
+            let target = format!("model:{}", row.model);
+            (Write::Price(row), ("model.price", target, before, after))
         }
         Change::DeleteModel(name) => {
             let before = models.len();
@@ -190,7 +217,7 @@ async fn apply(state: &AppState, actor: &Actor, change: Change) -> Result<(), Ad
             )
         }
     };
-    effective(&state.live.file(), &ups, &models, seal).map_err(refuse)?;
+    effective(&state.live.file(), (&ups, &models, &price_rows), seal, now).map_err(refuse)?;
     let at = crate::clock::db_time(now);
     let found = match &write {
         Write::Insert(row) => managed::insert_upstream(&mut tx, row, &at)
@@ -198,7 +225,14 @@ async fn apply(state: &AppState, actor: &Actor, change: Change) -> Result<(), Ad
             .map(|_| true)?,
         Write::Update(row) => managed::update_upstream(&mut tx, row, &at).await?,
         Write::Delete(id) => managed::delete_upstream(&mut tx, id).await?,
-        Write::PutModel(row) => managed::put_model(&mut tx, row, &at).await.map(|_| true)?,
+        Write::PutModel(row, price) => {
+            managed::put_model(&mut tx, row, &at).await?;
+            if let Some(p) = price {
+                prices::append(&mut tx, p).await?;
+            }
+            true
+        }
+        Write::Price(row) => prices::append(&mut tx, row).await.map(|_| true)?,
         Write::DeleteModel(name) => managed::delete_model(&mut tx, name).await?,
     };
     if !found {
@@ -370,6 +404,9 @@ pub async fn test(state: &AppState, actor: &Actor, id: &str) -> Result<Tested, A
 }
 
 /// A model as an admin sets it: its `[[models]]` table, as JSON (the name from the path).
+/// Its price keys are not kept in the table: they are appended to the model's price
+/// history (`model_prices`), effective from `effective_from` (absent: now), never in the
+/// past.
 pub async fn put_model(
     state: &AppState,
     actor: &Actor,
@@ -382,17 +419,49 @@ pub async fn put_model(
             "A model name must be 1 to 128 characters.",
         ));
     }
-    if let Some(o) = table.as_object_mut() {
-        o.insert("name".into(), json!(name));
-    }
-    let m: ModelSettings = serde_json::from_value(table)
+    let effective_from = match table.as_object_mut() {
+        Some(o) => {
+            o.insert("name".into(), json!(name));
+            o.remove("effective_from")
+        }
+        None => None,
+    };
+    let mut m: ModelSettings = serde_json::from_value(table)
         .map_err(|e| AdminError::invalid(format!("The model does not read: {e}.")))?;
+    if !m.prices.is_empty() {
+        return Err(AdminError::invalid(format!(
+            "`prices`: a dated price is appended with `effective_from` here or POST /admin/api/v1/models/{name}/prices."
+        )));
+    }
+    let price = match std::mem::take(&mut m.price) {
+        keys if keys.is_empty() => None,
+        keys => Some(super::price_ops::row(
+            state,
+            actor,
+            name,
+            &keys,
+            effective_from,
+        )?),
+    };
     let settings = serde_json::to_string(&m).map_err(|_| AdminError::Internal)?;
     let row = ModelRow {
         name: name.to_string(),
         settings,
     };
-    apply(state, actor, Change::PutModel(row)).await
+    apply(state, actor, Change::PutModel(row, price)).await
+}
+
+/// Appends a price to a model's schedule (`price_ops::row` reads it).
+pub async fn put_price(
+    state: &AppState,
+    actor: &Actor,
+    name: &str,
+    body: Value,
+) -> Result<PriceRow, AdminError> {
+    actor.require_admin()?;
+    let row = super::price_ops::edit(state, actor, name, body)?;
+    apply(state, actor, Change::Price(row.clone())).await?;
+    Ok(row)
 }
 
 pub async fn delete_model(state: &AppState, actor: &Actor, name: &str) -> Result<(), AdminError> {
@@ -409,34 +478,45 @@ fn stored_model(row: &ModelRow) -> Option<ModelSettings> {
     serde_json::from_value(table).ok()
 }
 
-/// A model as its audit rows show it: routes, fallbacks and prices.
+/// A model as its audit rows show it: routes, fallbacks and its config price (a price
+/// appended with the change is added as `price`).
 fn model_view(m: &ModelSettings) -> Value {
-    let (input, output, _) = crate::config::Settings::prices(m);
-    json!({
+    let mut v = json!({
         "routes": m.routes.iter().map(|r| format!("{}:{}", r.upstream, r.model)).collect::<Vec<_>>(),
         "fallbacks": m.fallbacks,
-        "input_micros_per_mtok": input, "output_micros_per_mtok": output,
-    })
+    });
+    if let Ok(Some(p)) = m.price.prices(&m.name) {
+        v["input_micros_per_mtok"] = json!(p.input);
+        v["output_micros_per_mtok"] = json!(p.output);
+    }
+    if m.free {
+        v["free"] = json!(true);
+    }
+    v
 }
 
-/// A model as the API shows it.
+/// A model as the API shows it, with its price in force now (its first route's: routes
+/// differ only where the bundled table prices them) and where that price comes from.
 pub fn models(state: &AppState, actor: &Actor) -> Result<Vec<Value>, AdminError> {
     actor.require_admin()?;
     let catalog = state.catalog();
+    let now = state.clock.now();
     Ok(catalog
         .names
         .iter()
         .filter_map(|n| catalog.model(n))
         .map(|m| {
+            let price = m.routes.first().and_then(|r| r.schedule.in_force(now));
             json!({
                 "name": m.name,
                 "routes": m.routes.iter().map(|r| json!({
                     "upstream": catalog.deployments[r.deployment].id, "model": r.upstream_model,
                 })).collect::<Vec<_>>(),
                 "fallbacks": m.fallbacks,
-                "input_micros_per_mtok": m.prices.input,
-                "output_micros_per_mtok": m.prices.output,
-                "cached_input_micros_per_mtok": m.prices.cached_input,
+                "input_micros_per_mtok": price.map(|(_, d)| d.prices.input),
+                "output_micros_per_mtok": price.map(|(_, d)| d.prices.output),
+                "cached_input_micros_per_mtok": price.map(|(_, d)| d.prices.cached_input),
+                "price_source": price.map(|(s, _)| s.as_str()),
             })
         })
         .collect())

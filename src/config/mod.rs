@@ -14,12 +14,14 @@ use crate::upstream::url_guard::{self, UrlGuardError};
 mod ladder;
 mod layers;
 mod oidc;
+mod prices;
 mod redis;
 mod sections;
 
 pub use ladder::Ladder;
 pub use layers::{load, load_from};
 pub use oidc::{Grant, OidcRole, OidcSettings, CALLBACK_PATH};
+pub use prices::parse_effective;
 pub use redis::RedisTopology;
 pub use sections::*;
 
@@ -206,17 +208,6 @@ pub struct Settings {
     pub ladder: Ladder,
 }
 
-/// Integer micro-dollars per million tokens from a config price in USD per million tokens.
-fn price_micros(field: &str, model: &str, usd: f64) -> Result<i64, ConfigError> {
-    if !usd.is_finite() || !(0.0..=1_000_000.0).contains(&usd) {
-        return Err(ConfigError::Invalid(format!(
-            "model `{model}`: `{field}` must be between 0 and 1000000"
-        )));
-    }
-    // Prices are written with at most 6 decimals; rounding removes the binary-float noise.
-    Ok((usd * 1_000_000.0).round() as i64)
-}
-
 impl Settings {
     /// Checks every cross-reference, every price and every upstream URL.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -378,11 +369,7 @@ impl Settings {
                     ));
                 }
             }
-            price_micros("input_usd_per_mtok", &m.name, m.input_usd_per_mtok)?;
-            price_micros("output_usd_per_mtok", &m.name, m.output_usd_per_mtok)?;
-            if let Some(c) = m.cached_input_usd_per_mtok {
-                price_micros("cached_input_usd_per_mtok", &m.name, c)?;
-            }
+            m.config_prices()?;
             if m.max_output_tokens == 0 || m.max_input_tokens == 0 {
                 return invalid(format!("model `{}`: token caps must be positive", m.name));
             }
@@ -406,17 +393,6 @@ impl Settings {
             }
         }
         Ok(())
-    }
-
-    /// Prices of a model in micro-dollars per million tokens: (input, output, cached input).
-    pub fn prices(m: &ModelSettings) -> (i64, i64, i64) {
-        let p = |v: f64| (v * 1_000_000.0).round() as i64;
-        let input = p(m.input_usd_per_mtok);
-        (
-            input,
-            p(m.output_usd_per_mtok),
-            m.cached_input_usd_per_mtok.map(p).unwrap_or(input),
-        )
     }
 
     /// The PostgreSQL URL, when `[database] url` names one (`postgres://` or
@@ -511,7 +487,14 @@ output_usd_per_mtok = 0.6
 "#;
         let s = load_from(Some(text), &env(&[])).unwrap();
         s.validate().unwrap();
-        assert_eq!(Settings::prices(&s.models[0]), (150_000, 600_000, 150_000));
+        assert_eq!(
+            s.models[0].price.prices("m").unwrap(),
+            Some(crate::quota::pricing::Prices {
+                input: 150_000,
+                output: 600_000,
+                cached_input: 150_000
+            })
+        );
     }
 
     #[test]

@@ -369,12 +369,17 @@ pub struct ModelSettings {
     pub routes: Vec<RouteSettings>,
     #[serde(default)]
     pub fallbacks: Vec<String>,
-    #[serde(default)]
-    pub input_usd_per_mtok: f64,
-    #[serde(default)]
-    pub output_usd_per_mtok: f64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cached_input_usd_per_mtok: Option<f64>,
+    /// The price keys at the model's top level: in force from the beginning (until a
+    /// dated entry of `prices` replaces them).
+    #[serde(flatten)]
+    pub price: PriceKeys,
+    /// `[[models.prices]]`: prices from a date on (`effective`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prices: Vec<DatedPrices>,
+    /// Costs nothing, said on purpose: without a price a model is refused
+    /// (`Settings::check_priced`), never priced at zero.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub free: bool,
     #[serde(default = "default_max_output")]
     pub max_output_tokens: u32,
     #[serde(default = "default_max_input")]
@@ -385,6 +390,63 @@ pub struct ModelSettings {
     /// Overrides `cache.ignore_identifiers` for this model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_ignore_identifiers: Option<bool>,
+}
+
+/// A price in USD as the config writes it: a number (`0.15`) or a decimal string (`"0.15"`,
+/// read exactly, as the bundled table's are).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(
+    untagged,
+    expecting = "a price in USD: a number (0.15) or a decimal string (\"0.15\")"
+)]
+pub enum Usd {
+    Text(String),
+    Number(f64),
+}
+
+impl From<f64> for Usd {
+    fn from(v: f64) -> Self {
+        Usd::Number(v)
+    }
+}
+
+/// The price keys of one price: a model's top level, a dated entry (`DatedPrices`), an admin
+/// edit and a bundled table entry all hold these, and all are read by one function
+/// (`PriceKeys::prices`). A new kind of price is one more key here.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+pub struct PriceKeys {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_usd_per_mtok: Option<Usd>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_usd_per_mtok: Option<Usd>,
+    /// Absent: the input price (cached input never costs more than input).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_input_usd_per_mtok: Option<Usd>,
+}
+
+impl PriceKeys {
+    /// Input and output prices in USD per million tokens.
+    pub fn usd(input: f64, output: f64) -> PriceKeys {
+        PriceKeys {
+            input_usd_per_mtok: Some(input.into()),
+            output_usd_per_mtok: Some(output.into()),
+            cached_input_usd_per_mtok: None,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        *self == PriceKeys::default()
+    }
+}
+
+/// `[[models.prices]]`: a price in force from `effective` (`2026-03-01`, midnight UTC, or an
+/// RFC 3339 instant) until a later entry.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatedPrices {
+    pub effective: String,
+    #[serde(flatten)]
+    pub keys: PriceKeys,
 }
 
 fn default_max_output() -> u32 {

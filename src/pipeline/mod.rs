@@ -52,6 +52,8 @@ pub async fn handle(
     endpoint: Endpoint,
 ) -> HttpResponse {
     let started = Instant::now();
+    // The request's instant: its log row's and the one its prices are read at.
+    let started_at = state.clock.now();
     // Owns the log row while the stages run: if actix-web drops this future (the client
     // closed its connection while a stage waited — in the queue, on the upstream), the
     // guard writes the row of a departure.
@@ -61,7 +63,7 @@ pub async fn handle(
         log: RequestRow {
             id: new_request_id(),
             endpoint: endpoint.name(),
-            created_at: db_time(state.clock.now()),
+            created_at: db_time(started_at),
             cache: "off",
             ..RequestRow::default()
         },
@@ -80,7 +82,7 @@ pub async fn handle(
             payload,
             endpoint,
             (&mut open.log, &mut open.extras),
-            started,
+            (started, started_at),
             &drain,
         ) => r,
         _ = drain.started() => Err(ApiError::ShuttingDown.into()),
@@ -245,7 +247,7 @@ async fn run(
     payload: web::Payload,
     endpoint: Endpoint,
     (log, extras): (&mut RequestRow, &mut Extras),
-    started: Instant,
+    (started, started_at): (Instant, chrono::DateTime<chrono::Utc>),
     drain: &Drain,
 ) -> Result<Reply, Failure> {
     let ladder = state.settings.ladder;
@@ -271,7 +273,7 @@ async fn run(
         let (expanded, ctx) = responses::expand(state, &auth, raw).await?;
         (raw, conversation) = (expanded, Some(ctx));
     }
-    let mut prepared = request::prepare(endpoint, &raw, &auth, &state.catalog())?;
+    let mut prepared = request::prepare(endpoint, &raw, &auth, &state.catalog(), started_at)?;
     prepared.responses = conversation;
     let asked = limits::client_headers(req.headers(), auth.max_priority)?;
     prepared.anthropic_beta = providers::anthropic::beta_header(req.headers());
@@ -381,13 +383,7 @@ async fn run(
         }
     };
     // From here on the upstream may be working: a client that leaves pays for its input.
-    let input_cost = pricing::cost(
-        Usage {
-            input: prepared.input_tokens,
-            ..Usage::default()
-        },
-        prepared.model.prices,
-    );
+    let input_cost = attempts::input_cost(&prepared, &candidates);
     held.set_cost_if_dropped(input_cost);
     // The row of a departure from here on says so (`Open`); every outcome below rewrites it.
     log.input_tokens = prepared.input_tokens;
@@ -538,7 +534,7 @@ fn soft_limit(state: &AppState, auth: &TokenAuth, p: &mut Prepared) {
 }
 
 /// The worst-case cost: the margin-padded input and the full output cap (× n), priced at
-/// the dearest model that may serve.
+/// the dearest route that may serve, each at its price in force when the request started.
 fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Candidate]) -> i64 {
     let q = &state.settings.quota;
     let usage = Usage {
@@ -550,11 +546,11 @@ fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Ca
         cached_input: 0,
         output: p.cap.map(|(_, c)| c).unwrap_or(0).saturating_mul(p.n),
     };
-    let mut worst = pricing::cost(usage, p.model.prices);
-    for c in candidates {
-        worst = worst.max(pricing::cost(usage, c.model.prices));
-    }
-    worst
+    candidates
+        .iter()
+        .map(|c| pricing::cost(usage, c.prices))
+        .max()
+        .unwrap_or(0)
 }
 
 /// A non-streamed answer: price it from its usage, settle, answer with the upstream's bytes.
@@ -606,7 +602,7 @@ async fn finish(
             });
         }
     }
-    let cost = pricing::cost(usage, s.model.prices);
+    let cost = pricing::cost(usage, s.prices);
     // The request's windows and the serving key's, corrected off the path when dropped.
     let used = usage.input + usage.output;
     for b in [booking.as_mut(), key_booking.as_mut()]

@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use chrono::{DateTime, Utc};
+
 use serde_json::{Map, Value};
 
 use crate::auth::TokenAuth;
@@ -77,6 +79,9 @@ pub struct Prepared {
     pub anthropic_beta: Option<reqwest::header::HeaderValue>,
     /// A Responses API request's id, `store` and whole conversation (`pipeline::responses`).
     pub responses: Option<super::responses::Ctx>,
+    /// When the request started: it is priced at the prices in force then, for its
+    /// reservation and its settlement alike, whichever route serves it.
+    pub started_at: DateTime<Utc>,
 }
 
 /// How many completions a request makes the upstream generate and bill: `n` (1..=16) and,
@@ -154,6 +159,7 @@ pub fn prepare(
     raw: &[u8],
     auth: &TokenAuth,
     catalog: &Catalog,
+    started_at: DateTime<Utc>,
 ) -> Result<Prepared, ApiError> {
     let value: Value = serde_json::from_slice(raw).map_err(|e| ApiError::InvalidRequest {
         message: format!("The request body is not valid JSON: {e}"),
@@ -383,5 +389,6 @@ pub fn prepare(
         input_tokens,
         anthropic_beta: None,
         responses: None,
+        started_at,
     })
 }
