@@ -13,6 +13,7 @@ use super::error::AdminError;
 use crate::clock::db_time;
 use crate::config::{parse_effective, PriceKeys};
 use crate::quota::pricing::Prices;
+use crate::quota::schedule::Appended;
 use crate::state::AppState;
 use crate::store::prices::{prices_json, PriceRow};
 
@@ -72,9 +73,11 @@ pub fn row(
                 "`effective_from` {s:?} is not a date (2026-03-01), an RFC 3339 instant or \"now\"."
             ))
         })?,
-        Some(other) => return Err(AdminError::invalid(format!(
+        Some(other) => {
+            return Err(AdminError::invalid(format!(
             "`effective_from` {other} is not a date (2026-03-01), an RFC 3339 instant or \"now\"."
-        ))),
+        )))
+        }
     };
     // Stored to the millisecond, compared as stored.
     let from_ms = db_time(from);
@@ -86,7 +89,7 @@ pub fn row(
     Ok(PriceRow {
         model: model.to_string(),
         effective_from: from_ms,
-        prices: prices_json(&prices),
+        prices: prices_json(Some(&prices)),
         created_by: actor.audit_name.clone(),
         created_at: db_time(now),
     })
@@ -102,17 +105,57 @@ fn prices_view(p: &Prices) -> Value {
 
 /// An appended row as the audit log and the API show it.
 pub fn row_view(row: &PriceRow) -> Value {
-    let mut v = row
-        .dated()
-        .map(|d| prices_view(&d.prices))
-        .unwrap_or_else(|| json!({}));
+    let mut v = match row.appended() {
+        Some(Appended {
+            prices: Some(p), ..
+        }) => prices_view(&p),
+        _ => json!({"withdrawn": true}),
+    };
     v["effective_from"] = json!(row.effective_from);
     v
 }
 
-/// The price `model` (its first route) would have at `at` without the edit, and its source.
-pub fn in_force_view(state: &AppState, model: &str, at: &str) -> Option<Value> {
-    let at: DateTime<Utc> = parse_effective(at)?;
+/// Whether `row` would only repeat the admin price in force at its instant (an edit that
+/// saves a model unchanged): then nothing is appended.
+pub fn repeats(rows: &[PriceRow], row: &PriceRow) -> bool {
+    let Some(new) = row.appended() else {
+        return false;
+    };
+    rows.iter()
+        .filter(|r| r.model == row.model)
+        .filter_map(|r| r.appended())
+        .filter(|a| a.from <= new.from)
+        .max_by_key(|a| a.from)
+        .is_some_and(|a| a.prices == new.prices)
+}
+
+/// The row that ends `model`'s admin prices at `now` (its model is deleted in the admin,
+/// and its config or bundled price applies again), when `rows` give it one in force then.
+pub fn withdrawal(
+    rows: &[PriceRow],
+    model: &str,
+    now: DateTime<Utc>,
+    actor: &Actor,
+) -> Option<PriceRow> {
+    let last = rows
+        .iter()
+        .filter(|r| r.model == model)
+        .filter_map(|r| r.appended())
+        .filter(|a| a.from <= now)
+        .max_by_key(|a| a.from)?;
+    last.prices?;
+    Some(PriceRow {
+        model: model.to_string(),
+        effective_from: db_time(now),
+        prices: prices_json(None),
+        created_by: actor.audit_name.clone(),
+        created_at: db_time(now),
+    })
+}
+
+/// A model's price in force at `at` (its first route's) and its source, as audit rows show
+/// what an edit replaced.
+pub fn price_fields(state: &AppState, model: &str, at: DateTime<Utc>) -> Option<Value> {
     let catalog = state.catalog();
     let (source, d) = catalog
         .model(model)?

@@ -43,19 +43,23 @@ enum Change {
     },
     Delete(String),
     /// A model, and the price its edit appends (`price_ops`).
-    PutModel(ModelRow, Option<PriceRow>),
+    PutModel(ModelWrite<ModelRow>),
     DeleteModel(String),
     /// A price appended to a model's schedule.
     Price(PriceRow),
 }
+
+/// The writes of `Change::PutModel` and `Write::DeleteModel`: the model row, and the
+/// price row appended with it (its price; for a deletion, the end of its admin prices).
+type ModelWrite<T> = (T, Option<PriceRow>);
 
 /// The store write a change makes.
 enum Write {
     Insert(UpstreamRow),
     Update(UpstreamRow),
     Delete(String),
-    PutModel(ModelRow, Option<PriceRow>),
-    DeleteModel(String),
+    PutModel(ModelWrite<ModelRow>),
+    DeleteModel(ModelWrite<String>),
     Price(PriceRow),
 }
 
@@ -171,7 +175,7 @@ async fn apply(state: &AppState, actor: &Actor, change: Change) -> Result<(), Ad
             );
             (Write::Delete(id), audit)
         }
-        Change::PutModel(row, price) => {
+        Change::PutModel((row, price)) => {
             // What it replaces, as stored (read in this transaction), else the file's.
             let before = match models.iter().find(|m| m.name == row.name) {
                 Some(old) => stored_model(old).map(|m| model_view(&m)),
@@ -183,22 +187,27 @@ async fn apply(state: &AppState, actor: &Actor, change: Change) -> Result<(), Ad
                     .find(|m| m.name == row.name)
                     .map(model_view),
             };
-            let mut after = stored_model(&row).map(|m| model_view(&m));
-            if let (Some(a), Some(p)) = (after.as_mut(), &price) {
-                a["price"] = super::price_ops::row_view(p);
-                price_rows.push(p.clone());
-            }
+            // Prices: the one in force now, and the one appended (else the same).
+            let in_force = super::price_ops::price_fields(state, &row.name, now);
+            let price = price.filter(|p| !super::price_ops::repeats(&price_rows, p));
+            let before = before.map(|b| with_price(b, in_force.clone()));
+            let after = stored_model(&row).map(|m| {
+                let appended = price.as_ref().map(super::price_ops::row_view);
+                with_price(model_view(&m), appended.or(in_force))
+            });
+            price_rows.extend(price.clone());
             models.retain(|m| m.name != row.name);
             models.push(row.clone());
             let target = format!("model:{}", row.name);
             (
-                Write::PutModel(row, price),
+                Write::PutModel((row, price)),
                 ("model.put", target, before, after),
             )
         }
         Change::Price(row) => {
             // What was to be in force from that instant without this row.
-            let before = super::price_ops::in_force_view(state, &row.model, &row.effective_from);
+            let at = crate::config::parse_effective(&row.effective_from).unwrap_or(now);
+            let before = super::price_ops::price_fields(state, &row.model, at);
             let after = Some(super::price_ops::row_view(&row));
             price_rows.push(row.clone());
             let target = format!("model:{}", row.model);
@@ -210,9 +219,12 @@ async fn apply(state: &AppState, actor: &Actor, change: Change) -> Result<(), Ad
             if models.len() == before {
                 return Err(AdminError::NotFound);
             }
+            // Its admin prices end with it: a config model it overrode has its own again.
+            let ended = super::price_ops::withdrawal(&price_rows, &name, now, actor);
+            price_rows.extend(ended.clone());
             let target = format!("model:{name}");
             (
-                Write::DeleteModel(name),
+                Write::DeleteModel((name, ended)),
                 ("model.delete", target, None, None),
             )
         }
@@ -225,7 +237,7 @@ async fn apply(state: &AppState, actor: &Actor, change: Change) -> Result<(), Ad
             .map(|_| true)?,
         Write::Update(row) => managed::update_upstream(&mut tx, row, &at).await?,
         Write::Delete(id) => managed::delete_upstream(&mut tx, id).await?,
-        Write::PutModel(row, price) => {
+        Write::PutModel((row, price)) => {
             managed::put_model(&mut tx, row, &at).await?;
             if let Some(p) = price {
                 prices::append(&mut tx, p).await?;
@@ -233,7 +245,12 @@ async fn apply(state: &AppState, actor: &Actor, change: Change) -> Result<(), Ad
             true
         }
         Write::Price(row) => prices::append(&mut tx, row).await.map(|_| true)?,
-        Write::DeleteModel(name) => managed::delete_model(&mut tx, name).await?,
+        Write::DeleteModel((name, ended)) => {
+            if let Some(p) = ended {
+                prices::append(&mut tx, p).await?;
+            }
+            managed::delete_model(&mut tx, name).await?
+        }
     };
     if !found {
         return Err(AdminError::NotFound);
@@ -448,7 +465,7 @@ pub async fn put_model(
         name: name.to_string(),
         settings,
     };
-    apply(state, actor, Change::PutModel(row, price)).await
+    apply(state, actor, Change::PutModel((row, price))).await
 }
 
 /// Appends a price to a model's schedule (`price_ops::row` reads it).
@@ -478,8 +495,15 @@ fn stored_model(row: &ModelRow) -> Option<ModelSettings> {
     serde_json::from_value(table).ok()
 }
 
-/// A model as its audit rows show it: routes, fallbacks and its config price (a price
-/// appended with the change is added as `price`).
+/// An audit view with a price's fields added.
+fn with_price(mut view: Value, price: Option<Value>) -> Value {
+    if let (Some(v), Some(Value::Object(p))) = (view.as_object_mut(), price) {
+        v.extend(p);
+    }
+    view
+}
+
+/// A model as its audit rows show it: routes, fallbacks and its config price.
 fn model_view(m: &ModelSettings) -> Value {
     let mut v = json!({
         "routes": m.routes.iter().map(|r| format!("{}:{}", r.upstream, r.model)).collect::<Vec<_>>(),

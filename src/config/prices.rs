@@ -162,6 +162,7 @@ impl Settings {
 mod tests {
     use super::*;
     use crate::config::load_from;
+    use crate::quota::schedule::Appended;
 
     fn settings(model: &str) -> Settings {
         let text = format!(
@@ -236,13 +237,13 @@ mod tests {
         // An admin row prices it.
         let admin: AdminPrices = [(
             "house-llm".to_string(),
-            vec![Dated {
+            vec![Appended {
                 from: now(),
-                prices: Prices {
+                prices: Some(Prices {
                     input: 1,
                     output: 2,
                     cached_input: 1,
-                },
+                }),
             }],
         )]
         .into();

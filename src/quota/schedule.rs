@@ -38,19 +38,27 @@ impl Source {
     }
 }
 
-/// The admin layer of every model: its appended rows by model name, each list by date.
-pub type AdminPrices = HashMap<String, Vec<Dated>>;
+/// An admin's row: a price from `from` on, or (`None`) the end of the model's admin prices
+/// there — its model was deleted in the admin, and its config or bundled price applies again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    pub from: DateTime<Utc>,
+    pub prices: Option<Prices>,
+}
+
+/// The admin layer of every model: its appended rows by model name.
+pub type AdminPrices = HashMap<String, Vec<Appended>>;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Schedule {
-    admin: Vec<Dated>,
+    admin: Vec<Appended>,
     config: Vec<Dated>,
     bundled: Arc<[Dated]>,
 }
 
 impl Schedule {
     /// A schedule of its three layers (each sorted here by date).
-    pub fn new(mut admin: Vec<Dated>, mut config: Vec<Dated>, bundled: Arc<[Dated]>) -> Self {
+    pub fn new(mut admin: Vec<Appended>, mut config: Vec<Dated>, bundled: Arc<[Dated]>) -> Self {
         admin.sort_by_key(|d| d.from);
         config.sort_by_key(|d| d.from);
         Schedule {
@@ -68,8 +76,15 @@ impl Schedule {
 
     /// The price in force at `t` and its layer.
     pub fn in_force(&self, t: DateTime<Utc>) -> Option<(Source, Dated)> {
+        let admin = self.admin.iter().rev().find(|a| a.from <= t);
+        if let Some(&Appended {
+            from,
+            prices: Some(prices),
+        }) = admin
+        {
+            return Some((Source::Admin, Dated { from, prices }));
+        }
         [
-            (Source::Admin, &self.admin[..]),
             (Source::Config, &self.config[..]),
             (Source::Bundled, &self.bundled[..]),
         ]
@@ -132,8 +147,15 @@ mod tests {
             from: DateTime::<Utc>::MIN_UTC,
             prices: dated("2020-01-01T00:00:00Z", 10).prices,
         }];
+        let admin = |from: &str, input: Option<i64>| Appended {
+            from: at(from),
+            prices: input.map(|i| dated(from, i).prices),
+        };
         let s = Schedule::new(
-            vec![dated("2026-06-01T00:00:00Z", 50)],
+            vec![
+                admin("2026-07-01T00:00:00Z", None),
+                admin("2026-06-01T00:00:00Z", Some(50)),
+            ],
             config,
             bundled.clone(),
         );
@@ -141,6 +163,9 @@ mod tests {
         assert_eq!((source, d.prices.input), (Source::Config, 10));
         let (source, d) = s.in_force(at("2026-06-01T00:00:00Z")).unwrap();
         assert_eq!((source, d.prices.input), (Source::Admin, 50));
+        // Withdrawn (its model deleted in the admin): the config's price again.
+        let (source, d) = s.in_force(at("2026-07-01T00:00:00Z")).unwrap();
+        assert_eq!((source, d.prices.input), (Source::Config, 10));
         // A dated config price only: before it, the bundled one.
         let s = Schedule::new(vec![], vec![dated("2026-03-01T00:00:00Z", 7)], bundled);
         assert_eq!(

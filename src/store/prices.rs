@@ -7,12 +7,13 @@ use serde_json::json;
 
 use super::Result;
 use crate::quota::pricing::Prices;
-use crate::quota::schedule::{AdminPrices, Dated};
+use crate::quota::schedule::{AdminPrices, Appended};
 
 pub(crate) const ALL: &str = "SELECT model, effective_from, prices, created_by, created_at FROM model_prices ORDER BY model, effective_from";
 
 /// One appended price. `prices` is JSON: integer micro-dollars per million tokens by kind
-/// (`{"input":150000,"output":600000,"cached_input":75000}`).
+/// (`{"input":150000,"output":600000,"cached_input":75000}`), or `null` where the model's
+/// admin prices end (its model deleted in the admin: `Appended`).
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct PriceRow {
     pub model: String,
@@ -22,16 +23,26 @@ pub struct PriceRow {
     pub created_at: String,
 }
 
-/// The stored form of a price.
-pub fn prices_json(p: &Prices) -> String {
-    json!({"input": p.input, "output": p.output, "cached_input": p.cached_input}).to_string()
+/// The stored form of a price (`None`: the end of the model's admin prices).
+pub fn prices_json(p: Option<&Prices>) -> String {
+    match p {
+        Some(p) => json!({"input": p.input, "output": p.output, "cached_input": p.cached_input})
+            .to_string(),
+        None => "null".into(),
+    }
 }
 
 impl PriceRow {
     /// The row as its model's schedule holds it; `None` when it does not read (a row not
     /// written by Sluice).
-    pub fn dated(&self) -> Option<Dated> {
+    pub fn appended(&self) -> Option<Appended> {
+        let from = DateTime::parse_from_rfc3339(&self.effective_from)
+            .ok()?
+            .with_timezone(&Utc);
         let v: serde_json::Value = serde_json::from_str(&self.prices).ok()?;
+        if v.is_null() {
+            return Some(Appended { from, prices: None });
+        }
         let kind = |k: &str| v.get(k).and_then(|x| x.as_i64()).filter(|m| *m >= 0);
         let input = kind("input")?;
         let prices = Prices {
@@ -39,10 +50,10 @@ impl PriceRow {
             output: kind("output")?,
             cached_input: kind("cached_input").unwrap_or(input),
         };
-        let from = DateTime::parse_from_rfc3339(&self.effective_from)
-            .ok()?
-            .with_timezone(&Utc);
-        Some(Dated { from, prices })
+        Some(Appended {
+            from,
+            prices: Some(prices),
+        })
     }
 }
 
@@ -51,7 +62,7 @@ impl PriceRow {
 pub fn admin_prices(rows: &[PriceRow]) -> std::result::Result<AdminPrices, String> {
     let mut out = AdminPrices::new();
     for r in rows {
-        let d = r.dated().ok_or_else(|| {
+        let d = r.appended().ok_or_else(|| {
             format!(
                 "the price of model `{}` effective {} does not read",
                 r.model, r.effective_from

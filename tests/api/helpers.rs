@@ -65,9 +65,9 @@ pub fn model(name: &str, upstreams: &[&str]) -> ModelSettings {
             .map(|u| route(u, &format!("{name}-upstream")))
             .collect(),
         fallbacks: vec![],
-        input_usd_per_mtok: 0.15,
-        output_usd_per_mtok: 0.60,
-        cached_input_usd_per_mtok: None,
+        price: sluice::config::PriceKeys::usd(0.15, 0.60),
+        prices: vec![],
+        free: false,
         max_output_tokens: 4096,
         max_input_tokens: 128_000,
         cache_similarity_threshold: None,
