@@ -143,7 +143,8 @@ impl Settings {
     pub fn check_priced(&self, admin: &AdminPrices, now: DateTime<Utc>) -> Result<(), ConfigError> {
         for m in &self.models {
             for r in &m.routes {
-                let name = r.deployment.as_ref().unwrap_or(&r.model);
+                // The model a route serves (on Azure, not its deployment's name).
+                let name = &r.model;
                 if m.schedule(admin, name).rates_at(now).is_none() {
                     return Err(ConfigError::Invalid(format!(
                         "model `{}` has no price in force: set input_usd_per_mtok and \
