@@ -249,3 +249,34 @@ async fn a_model_without_a_price_stops_the_start_by_name_and_a_free_one_costs_no
     assert_eq!(cost, 0);
     app.assert_invariant().await;
 }
+
+/// A fallback is priced by the model that served, at its own schedule: here the bundled
+/// table's figure for its upstream model, matched without its date suffix.
+#[tokio::test]
+async fn a_fallback_is_charged_its_own_bundled_price() {
+    let app = spawn_app_with(|s, m| {
+        s.upstreams.push(upstream("b", KEY_B, m));
+        let mut bundled = model("bundled-mini", &["b"]);
+        bundled.routes = vec![route("b", "gpt-4.1-mini-2025-04-14")];
+        bundled.price = PriceKeys::default();
+        s.models.push(bundled);
+        s.models[0].fallbacks = vec!["bundled-mini".into()];
+    })
+    .await;
+    let (_, token) = app.token("ann", Some("1")).await;
+    app.mock.state.script(
+        KEY_A,
+        [sluice::mock::Script {
+            status: Some(500),
+            ..Default::default()
+        }],
+    );
+    let resp = app.chat(&token, &ask()).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers().get("x-sluice-upstream").unwrap(), "b");
+    app.wait_for_log_rows(1).await;
+    let (tokens, cost) = logged(&app, 0).await;
+    // gpt-4.1-mini: $0.40 in, $1.60 out per million tokens (the bundled table).
+    assert_eq!(cost, priced(tokens, (400_000, 1_600_000)));
+    app.assert_invariant().await;
+}
