@@ -311,6 +311,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if let Command::CheckConfig = cli.command {
         settings.validate()?;
+        // The admins' prices are in the database: a model of the file needs a price of
+        // its own, a bundled one or `free = true`.
+        settings.check_priced(&Default::default(), chrono::Utc::now())?;
         print!("{}", settings.to_masked_toml());
         eprintln!(
             "config ok: {} upstreams, {} models",
@@ -764,17 +767,9 @@ async fn serve_demo(mut settings: Settings) -> anyhow::Result<()> {
                 deployment: None,
             }],
             fallbacks: vec![],
-            input_usd_per_mtok: 0.15,
-            output_usd_per_mtok: 0.60,
-            cached_input_usd_per_mtok: None,
-            cache_write_5m_usd_per_mtok: None,
-            cache_write_1h_usd_per_mtok: None,
-            reasoning_usd_per_mtok: None,
-            audio_input_usd_per_mtok: None,
-            audio_output_usd_per_mtok: None,
-            image_input_usd_per_mtok: None,
-            image_output_usd_per_mtok: None,
-            web_search_usd_per_1k_calls: None,
+            price: sluice::config::PriceKeys::usd(0.15, 0.60),
+            prices: vec![],
+            free: false,
             max_output_tokens: 4096,
             max_input_tokens: 128_000,
             cache_similarity_threshold: None,

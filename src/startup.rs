@@ -126,7 +126,7 @@ impl Application {
         // committed since `Db::connect` checked the key is seen now.
         crate::store::managed::check_master_key_locked(&db).await?;
 
-        let live = Arc::new(Live::start(&db, Arc::new(settings.clone())).await?);
+        let live = Arc::new(Live::start(&db, Arc::new(settings.clone()), clock.clone()).await?);
         // One group-commit writer for the money path and the request log.
         let writer = Writer::start(&db);
         let request_log = if settings.ladder.has(Ladder::Log) {

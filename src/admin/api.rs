@@ -47,6 +47,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .route("/models", web::get().to(models_list))
             .route("/models/{name}", web::put().to(models_put))
             .route("/models/{name}", web::delete().to(models_delete))
+            .route("/models/{name}/prices", web::get().to(prices_list))
+            .route("/models/{name}/prices", web::post().to(prices_add))
             .route("/keys", web::post().to(keys_create))
             .route("/cache/invalidate", web::post().to(cache_invalidate)),
     );
@@ -311,6 +313,20 @@ async fn models_put(
 async fn models_delete(actor: Actor, state: web::Data<AppState>, name: web::Path<String>) -> Res {
     upstream_ops::delete_model(&state, &actor, &name).await?;
     ok(json!({"name": name.into_inner(), "deleted": true}))
+}
+
+async fn prices_list(actor: Actor, state: web::Data<AppState>, name: web::Path<String>) -> Res {
+    ok(super::price_ops::history(&state, &actor, &name).await?)
+}
+
+async fn prices_add(
+    actor: Actor,
+    state: web::Data<AppState>,
+    name: web::Path<String>,
+    Input(t): Input<Value>,
+) -> Res {
+    let row = upstream_ops::put_price(&state, &actor, &name, t).await?;
+    created(super::price_ops::row_view(&row))
 }
 
 async fn cache_invalidate(

@@ -17,6 +17,7 @@ pub mod guard;
 pub mod input;
 pub mod login;
 pub mod oidc;
+pub mod price_ops;
 pub mod reports;
 pub mod requests;
 pub mod teams;

@@ -23,6 +23,7 @@ use super::error::AdminError;
 use crate::config::{ModelSettings, UpstreamSettings};
 use crate::state::AppState;
 use crate::store::managed::{self, ModelRow, UpstreamRow};
+use crate::store::prices::{self, PriceRow};
 use crate::upstream::live::{effective, stored_settings, LiveError};
 use crate::upstream::providers;
 
@@ -32,20 +33,34 @@ const TEST_TIMEOUT: Duration = Duration::from_secs(15);
 /// One change an admin asks for, made to the managed rows as they stand in its transaction.
 enum Change {
     Add(Box<UpstreamSettings>),
-    Key { id: String, key: String },
-    Enabled { id: String, enabled: bool },
+    Key {
+        id: String,
+        key: String,
+    },
+    Enabled {
+        id: String,
+        enabled: bool,
+    },
     Delete(String),
-    PutModel(ModelRow),
+    /// A model, and the price its edit appends (`price_ops`).
+    PutModel(ModelWrite<ModelRow>),
     DeleteModel(String),
+    /// A price appended to a model's schedule.
+    Price(PriceRow),
 }
+
+/// The writes of `Change::PutModel` and `Write::DeleteModel`: the model row, and the
+/// price row appended with it (its price; for a deletion, the end of its admin prices).
+type ModelWrite<T> = (T, Option<PriceRow>);
 
 /// The store write a change makes.
 enum Write {
     Insert(UpstreamRow),
     Update(UpstreamRow),
     Delete(String),
-    PutModel(ModelRow),
-    DeleteModel(String),
+    PutModel(ModelWrite<ModelRow>),
+    DeleteModel(ModelWrite<String>),
+    Price(PriceRow),
 }
 
 /// An audit row's action, target, before and after.
@@ -88,6 +103,7 @@ async fn apply(state: &AppState, actor: &Actor, change: Change) -> Result<(), Ad
     let mut tx = state.db.begin().await?;
     let mut ups = managed::upstreams_in(&mut tx).await?;
     let mut models = managed::models_in(&mut tx).await?;
+    let mut price_rows = prices::all_in(&mut tx).await?;
     let word = |e: bool| if e { "enabled" } else { "disabled by an admin" };
     let (write, audit): (Write, Audit) = match change {
         Change::Add(u) => {
@@ -159,7 +175,7 @@ async fn apply(state: &AppState, actor: &Actor, change: Change) -> Result<(), Ad
             );
             (Write::Delete(id), audit)
         }
-        Change::PutModel(row) => {
+        Change::PutModel((row, price)) => {
             // What it replaces, as stored (read in this transaction), else the file's.
             let before = match models.iter().find(|m| m.name == row.name) {
                 Some(old) => stored_model(old).map(|m| model_view(&m)),
@@ -171,11 +187,31 @@ async fn apply(state: &AppState, actor: &Actor, change: Change) -> Result<(), Ad
                     .find(|m| m.name == row.name)
                     .map(model_view),
             };
-            let after = stored_model(&row).map(|m| model_view(&m));
+            // Prices: the one in force now, and the one appended (else the same).
+            let in_force = super::price_ops::price_fields(state, &row.name, now);
+            let price = price.filter(|p| !super::price_ops::repeats(&price_rows, p));
+            let before = before.map(|b| with_price(b, in_force.clone()));
+            let after = stored_model(&row).map(|m| {
+                let appended = price.as_ref().map(super::price_ops::row_view);
+                with_price(model_view(&m), appended.or(in_force))
+            });
+            price_rows.extend(price.clone());
             models.retain(|m| m.name != row.name);
             models.push(row.clone());
             let target = format!("model:{}", row.name);
-            (Write::PutModel(row), ("model.put", target, before, after))
+            (
+                Write::PutModel((row, price)),
+                ("model.put", target, before, after),
+            )
+        }
+        Change::Price(row) => {
+            // What was to be in force from that instant without this row.
+            let at = crate::config::parse_effective(&row.effective_from).unwrap_or(now);
+            let before = super::price_ops::price_fields(state, &row.model, at);
+            let after = Some(super::price_ops::row_view(&row));
+            price_rows.push(row.clone());
+            let target = format!("model:{}", row.model);
+            (Write::Price(row), ("model.price", target, before, after))
         }
         Change::DeleteModel(name) => {
             let before = models.len();
@@ -183,14 +219,17 @@ async fn apply(state: &AppState, actor: &Actor, change: Change) -> Result<(), Ad
             if models.len() == before {
                 return Err(AdminError::NotFound);
             }
+            // Its admin prices end with it: a config model it overrode has its own again.
+            let ended = super::price_ops::withdrawal(&price_rows, &name, now, actor);
+            price_rows.extend(ended.clone());
             let target = format!("model:{name}");
             (
-                Write::DeleteModel(name),
+                Write::DeleteModel((name, ended)),
                 ("model.delete", target, None, None),
             )
         }
     };
-    effective(&state.live.file(), &ups, &models, seal).map_err(refuse)?;
+    effective(&state.live.file(), (&ups, &models, &price_rows), seal, now).map_err(refuse)?;
     let at = crate::clock::db_time(now);
     let found = match &write {
         Write::Insert(row) => managed::insert_upstream(&mut tx, row, &at)
@@ -198,8 +237,20 @@ async fn apply(state: &AppState, actor: &Actor, change: Change) -> Result<(), Ad
             .map(|_| true)?,
         Write::Update(row) => managed::update_upstream(&mut tx, row, &at).await?,
         Write::Delete(id) => managed::delete_upstream(&mut tx, id).await?,
-        Write::PutModel(row) => managed::put_model(&mut tx, row, &at).await.map(|_| true)?,
-        Write::DeleteModel(name) => managed::delete_model(&mut tx, name).await?,
+        Write::PutModel((row, price)) => {
+            managed::put_model(&mut tx, row, &at).await?;
+            if let Some(p) = price {
+                prices::append(&mut tx, p).await?;
+            }
+            true
+        }
+        Write::Price(row) => prices::append(&mut tx, row).await.map(|_| true)?,
+        Write::DeleteModel((name, ended)) => {
+            if let Some(p) = ended {
+                prices::append(&mut tx, p).await?;
+            }
+            managed::delete_model(&mut tx, name).await?
+        }
     };
     if !found {
         return Err(AdminError::NotFound);
@@ -370,6 +421,9 @@ pub async fn test(state: &AppState, actor: &Actor, id: &str) -> Result<Tested, A
 }
 
 /// A model as an admin sets it: its `[[models]]` table, as JSON (the name from the path).
+/// Its price keys are not kept in the table: they are appended to the model's price
+/// history (`model_prices`), effective from `effective_from` (absent: now), never in the
+/// past.
 pub async fn put_model(
     state: &AppState,
     actor: &Actor,
@@ -382,17 +436,49 @@ pub async fn put_model(
             "A model name must be 1 to 128 characters.",
         ));
     }
-    if let Some(o) = table.as_object_mut() {
-        o.insert("name".into(), json!(name));
-    }
-    let m: ModelSettings = serde_json::from_value(table)
+    let effective_from = match table.as_object_mut() {
+        Some(o) => {
+            o.insert("name".into(), json!(name));
+            o.remove("effective_from")
+        }
+        None => None,
+    };
+    let mut m: ModelSettings = serde_json::from_value(table)
         .map_err(|e| AdminError::invalid(format!("The model does not read: {e}.")))?;
+    if !m.prices.is_empty() {
+        return Err(AdminError::invalid(format!(
+            "`prices`: a dated price is appended with `effective_from` here or POST /admin/api/v1/models/{name}/prices."
+        )));
+    }
+    let price = match std::mem::take(&mut m.price) {
+        keys if keys.is_empty() => None,
+        keys => Some(super::price_ops::row(
+            state,
+            actor,
+            name,
+            &keys,
+            effective_from,
+        )?),
+    };
     let settings = serde_json::to_string(&m).map_err(|_| AdminError::Internal)?;
     let row = ModelRow {
         name: name.to_string(),
         settings,
     };
-    apply(state, actor, Change::PutModel(row)).await
+    apply(state, actor, Change::PutModel((row, price))).await
+}
+
+/// Appends a price to a model's schedule (`price_ops::row` reads it).
+pub async fn put_price(
+    state: &AppState,
+    actor: &Actor,
+    name: &str,
+    body: Value,
+) -> Result<PriceRow, AdminError> {
+    actor.require_admin()?;
+    let row = super::price_ops::edit(state, actor, name, body)?;
+    apply(state, actor, Change::Price(row.clone())).await?;
+    Ok(row)
 }
 
 pub async fn delete_model(state: &AppState, actor: &Actor, name: &str) -> Result<(), AdminError> {
@@ -407,19 +493,6 @@ fn stored_model(row: &ModelRow) -> Option<ModelSettings> {
         .as_object_mut()?
         .insert("name".into(), json!(row.name));
     serde_json::from_value(table).ok()
-}
-
-/// A model as its audit rows show it: routes, fallbacks and prices.
-fn model_view(m: &ModelSettings) -> Value {
-    let p = crate::config::Settings::prices(m);
-    let mut view = json!({
-        "routes": m.routes.iter().map(|r| format!("{}:{}", r.upstream, r.model)).collect::<Vec<_>>(),
-        "fallbacks": m.fallbacks,
-    });
-    if let Some(v) = view.as_object_mut() {
-        v.extend(price_fields(&p));
-    }
-    view
 }
 
 /// A model's prices as the API and the audit rows show them: every kind, in micro-dollars
@@ -444,15 +517,41 @@ fn price_fields(p: &crate::quota::pricing::Prices) -> serde_json::Map<String, Va
         .collect()
 }
 
-/// A model as the API shows it.
+/// An audit view with a price's fields added.
+fn with_price(mut view: Value, price: Option<Value>) -> Value {
+    if let (Some(v), Some(Value::Object(p))) = (view.as_object_mut(), price) {
+        v.extend(p);
+    }
+    view
+}
+
+/// A model as its audit rows show it: routes, fallbacks and its config price.
+fn model_view(m: &ModelSettings) -> Value {
+    let mut v = json!({
+        "routes": m.routes.iter().map(|r| format!("{}:{}", r.upstream, r.model)).collect::<Vec<_>>(),
+        "fallbacks": m.fallbacks,
+    });
+    if let (Ok(Some(p)), Some(o)) = (m.price.prices(&m.name), v.as_object_mut()) {
+        o.extend(price_fields(&p));
+    }
+    if m.free {
+        v["free"] = json!(true);
+    }
+    v
+}
+
+/// A model as the API shows it, with its price in force now (its first route's: routes
+/// differ only where the bundled table prices them) and where that price comes from.
 pub fn models(state: &AppState, actor: &Actor) -> Result<Vec<Value>, AdminError> {
     actor.require_admin()?;
     let catalog = state.catalog();
+    let now = state.clock.now();
     Ok(catalog
         .names
         .iter()
         .filter_map(|n| catalog.model(n))
         .map(|m| {
+            let price = m.routes.first().and_then(|r| r.schedule.in_force(now));
             let mut view = json!({
                 "name": m.name,
                 "routes": m.routes.iter().map(|r| json!({
@@ -460,8 +559,9 @@ pub fn models(state: &AppState, actor: &Actor) -> Result<Vec<Value>, AdminError>
                 })).collect::<Vec<_>>(),
                 "fallbacks": m.fallbacks,
             });
-            if let Some(v) = view.as_object_mut() {
-                v.extend(price_fields(&m.prices));
+            if let (Some(v), Some((source, d))) = (view.as_object_mut(), price) {
+                v.extend(price_fields(&d.prices));
+                v.insert("price_source".into(), json!(source.as_str()));
             }
             view
         })

@@ -154,6 +154,8 @@ struct ModelLine {
     routes: String,
     input: String,
     output: String,
+    /// Where the price in force comes from: admin, config or bundled.
+    source: String,
 }
 
 fn model_lines(state: &AppState, actor: &Actor) -> Result<Vec<ModelLine>, AdminError> {
@@ -184,6 +186,7 @@ fn model_lines(state: &AppState, actor: &Actor) -> Result<Vec<ModelLine>, AdminE
                 .unwrap_or_default(),
             input: usd(&m["input_micros_per_mtok"]),
             output: usd(&m["output_micros_per_mtok"]),
+            source: m["price_source"].as_str().unwrap_or_default().to_string(),
         })
         .collect())
 }
@@ -299,7 +302,8 @@ pub async fn test_html(
     table_with(&state, &actor, &msg)
 }
 
-/// The "Add or change a model" form: one route and its prices.
+/// The "Add or change a model" form: one route and its prices, appended to the model's
+/// price history from `effective_from` (blank: now).
 #[derive(Debug, serde::Deserialize)]
 pub struct ModelForm {
     name: String,
@@ -307,8 +311,8 @@ pub struct ModelForm {
     model: String,
     input_usd_per_mtok: String,
     output_usd_per_mtok: String,
-    /// The other kinds' prices (`config::PRICE_KEYS`): left empty, a kind takes its
-    /// default (`config::parse_prices`).
+    /// The other kinds' prices : left empty, a kind takes its
+    /// default (`PriceKeys::prices`).
     #[serde(default)]
     cached_input_usd_per_mtok: String,
     #[serde(default)]
@@ -327,6 +331,8 @@ pub struct ModelForm {
     image_output_usd_per_mtok: String,
     #[serde(default)]
     web_search_usd_per_1k_calls: String,
+    #[serde(default)]
+    effective_from: String,
 }
 
 pub async fn model_html(
@@ -334,19 +340,11 @@ pub async fn model_html(
     state: web::Data<AppState>,
     Input(f): Input<ModelForm>,
 ) -> Result<HttpResponse, AdminError> {
-    let price = |field: &str, v: &str| {
-        v.trim()
-            .parse::<f64>()
-            .ok()
-            .filter(|p| p.is_finite() && *p >= 0.0)
-            .ok_or_else(|| {
-                AdminError::invalid(format!("`{field}` must be a price in USD, e.g. 0.15."))
-            })
-    };
+    // Decimal strings, read exactly (`config::Usd`); a blank date is now.
     let mut table = json!({
         "routes": [{"upstream": f.upstream, "model": f.model}],
-        "input_usd_per_mtok": price("input_usd_per_mtok", &f.input_usd_per_mtok)?,
-        "output_usd_per_mtok": price("output_usd_per_mtok", &f.output_usd_per_mtok)?,
+        "input_usd_per_mtok": f.input_usd_per_mtok.trim(),
+        "output_usd_per_mtok": f.output_usd_per_mtok.trim(),
     });
     for (key, v) in [
         ("cached_input_usd_per_mtok", &f.cached_input_usd_per_mtok),
@@ -369,8 +367,11 @@ pub async fn model_html(
         ),
     ] {
         if !v.trim().is_empty() {
-            table[key] = json!(price(key, v)?);
+            table[key] = json!(v.trim());
         }
+    }
+    if !f.effective_from.trim().is_empty() {
+        table["effective_from"] = json!(f.effective_from.trim());
     }
     super::upstream_ops::put_model(&state, &actor, &f.name, table).await?;
     view::html_with_flash(

@@ -8,19 +8,20 @@ use std::path::PathBuf;
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize, Serializer};
 
-use crate::quota::pricing::Prices;
 use crate::upstream::providers::{bedrock, gemini};
 use crate::upstream::url_guard::{self, UrlGuardError};
 
 mod ladder;
 mod layers;
 mod oidc;
+mod prices;
 mod redis;
 mod sections;
 
 pub use ladder::Ladder;
 pub use layers::{load, load_from};
 pub use oidc::{Grant, OidcRole, OidcSettings, CALLBACK_PATH};
+pub use prices::parse_effective;
 pub use redis::RedisTopology;
 pub use sections::*;
 
@@ -208,65 +209,6 @@ pub struct Settings {
     pub ladder: Ladder,
 }
 
-/// The most a config price may be, in USD per million tokens (or per 1 000 calls).
-const MAX_PRICE_USD: f64 = 1_000_000.0;
-const MAX_PRICE_MICROS: i64 = 1_000_000_000_000;
-
-/// Integer micro-dollars per million tokens from a config price in USD per million tokens.
-fn price_micros(field: &str, model: &str, usd: f64) -> Result<i64, ConfigError> {
-    if !usd.is_finite() || !(0.0..=MAX_PRICE_USD).contains(&usd) {
-        return Err(ConfigError::Invalid(format!(
-            "model `{model}`: `{field}` must be between 0 and 1000000"
-        )));
-    }
-    // Prices are written with at most 6 decimals; rounding removes the binary-float noise.
-    Ok((usd * 1_000_000.0).round() as i64)
-}
-
-/// Every price key of a `[[models]]` entry (and of a dated price entry).
-pub const PRICE_KEYS: [&str; 11] = [
-    "input_usd_per_mtok",
-    "output_usd_per_mtok",
-    "cached_input_usd_per_mtok",
-    "cache_write_5m_usd_per_mtok",
-    "cache_write_1h_usd_per_mtok",
-    "reasoning_usd_per_mtok",
-    "audio_input_usd_per_mtok",
-    "audio_output_usd_per_mtok",
-    "image_input_usd_per_mtok",
-    "image_output_usd_per_mtok",
-    "web_search_usd_per_1k_calls",
-];
-
-/// A model's prices from its price keys (`get` gives the value under a key of
-/// `PRICE_KEYS`, `None` when absent), each checked; the one place they are read, for
-/// `[[models]]` and dated price entries alike. A kind without a price of its own is billed
-/// at the price it falls under otherwise: cached input, 5-minute cache writes, audio and
-/// image input at the input price; 1-hour writes at the 5-minute price; reasoning, audio
-/// and image output at the output price. Web search without a price is free (0): a
-/// provider that bills it must be priced in config.
-pub fn parse_prices(model: &str, get: impl Fn(&str) -> Option<f64>) -> Result<Prices, ConfigError> {
-    let read = |key: &str| get(key).map(|v| price_micros(key, model, v)).transpose();
-    let or = |key: &str, default: i64| read(key).map(|v| v.unwrap_or(default));
-    let input = or("input_usd_per_mtok", 0)?;
-    let output = or("output_usd_per_mtok", 0)?;
-    let cache_write_5m = or("cache_write_5m_usd_per_mtok", input)?;
-    Ok(Prices {
-        input,
-        output,
-        cached_input: or("cached_input_usd_per_mtok", input)?,
-        cache_write_5m,
-        cache_write_1h: or("cache_write_1h_usd_per_mtok", cache_write_5m)?,
-        reasoning: or("reasoning_usd_per_mtok", output)?,
-        audio_input: or("audio_input_usd_per_mtok", input)?,
-        audio_output: or("audio_output_usd_per_mtok", output)?,
-        image_input: or("image_input_usd_per_mtok", input)?,
-        image_output: or("image_output_usd_per_mtok", output)?,
-        // USD per 1 000 calls → micro-dollars per 1 000 calls, as the token prices.
-        web_search_per_1k_calls: or("web_search_usd_per_1k_calls", 0)?,
-    })
-}
-
 impl Settings {
     /// Checks every cross-reference, every price and every upstream URL.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -428,7 +370,7 @@ impl Settings {
                     ));
                 }
             }
-            parse_prices(&m.name, |k| m.price(k))?;
+            m.config_prices()?;
             if m.max_output_tokens == 0 || m.max_input_tokens == 0 {
                 return invalid(format!("model `{}`: token caps must be positive", m.name));
             }
@@ -452,20 +394,6 @@ impl Settings {
             }
         }
         Ok(())
-    }
-
-    /// Prices of a model in micro-dollars per million tokens (`parse_prices`). Settings
-    /// are validated before any model is priced (`validate` parses the same keys), so a
-    /// price out of range never reaches here; were one to, the model is priced at the
-    /// most any price may be rather than at zero.
-    pub fn prices(m: &ModelSettings) -> Prices {
-        parse_prices(&m.name, |k| m.price(k)).unwrap_or_else(|_| {
-            let most = MAX_PRICE_MICROS;
-            Prices {
-                web_search_per_1k_calls: most,
-                ..Prices::plain(most, most)
-            }
-        })
     }
 
     /// The PostgreSQL URL, when `[database] url` names one (`postgres://` or
@@ -492,6 +420,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+    use crate::quota::pricing::Prices;
 
     fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs
@@ -561,8 +490,8 @@ output_usd_per_mtok = 0.6
         let s = load_from(Some(text), &env(&[])).unwrap();
         s.validate().unwrap();
         assert_eq!(
-            Settings::prices(&s.models[0]),
-            Prices::plain(150_000, 600_000)
+            s.models[0].price.prices("m").unwrap(),
+            Some(Prices::plain(150_000, 600_000))
         );
     }
 
@@ -579,7 +508,7 @@ output_usd_per_mtok = 0.6
         s.validate().unwrap();
         assert_eq!(s.finance.max_server_tool_calls, 5);
         let haiku = s.models.iter().find(|m| m.name == "claude-haiku").unwrap();
-        let p = Settings::prices(haiku);
+        let p = haiku.price.prices("claude-haiku").unwrap().unwrap();
         assert_eq!(
             (p.cache_write_1h, p.web_search_per_1k_calls),
             (1_600_000, 10_000_000)
@@ -605,7 +534,7 @@ output_usd_per_mtok = 0.6
         let s = load_from(Some(&all), &env(&[])).unwrap();
         s.validate().unwrap();
         assert_eq!(
-            Settings::prices(&s.models[0]),
+            s.models[0].price.prices("m").unwrap().unwrap(),
             Prices {
                 input: 3_000_000,
                 output: 15_000_000,
@@ -626,7 +555,7 @@ output_usd_per_mtok = 0.6
             &env(&[]),
         )
         .unwrap();
-        let p = Settings::prices(&s.models[0]);
+        let p = s.models[0].price.prices("m").unwrap().unwrap();
         assert_eq!((p.cache_write_5m, p.cache_write_1h), (3_750_000, 3_750_000));
         assert_eq!(p.web_search_per_1k_calls, 0);
         // A bad price names its key.

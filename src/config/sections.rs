@@ -369,30 +369,17 @@ pub struct ModelSettings {
     pub routes: Vec<RouteSettings>,
     #[serde(default)]
     pub fallbacks: Vec<String>,
-    #[serde(default)]
-    pub input_usd_per_mtok: f64,
-    #[serde(default)]
-    pub output_usd_per_mtok: f64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cached_input_usd_per_mtok: Option<f64>,
-    /// The prices of the other token kinds and of web search; each defaults as
-    /// `config::parse_prices` says.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cache_write_5m_usd_per_mtok: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cache_write_1h_usd_per_mtok: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reasoning_usd_per_mtok: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub audio_input_usd_per_mtok: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub audio_output_usd_per_mtok: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image_input_usd_per_mtok: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image_output_usd_per_mtok: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub web_search_usd_per_1k_calls: Option<f64>,
+    /// The price keys at the model's top level: in force from the beginning (until a
+    /// dated entry of `prices` replaces them).
+    #[serde(flatten)]
+    pub price: PriceKeys,
+    /// `[[models.prices]]`: prices from a date on (`effective`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prices: Vec<DatedPrices>,
+    /// Costs nothing, said on purpose: without a price a model is refused
+    /// (`Settings::check_priced`), never priced at zero.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub free: bool,
     #[serde(default = "default_max_output")]
     pub max_output_tokens: u32,
     #[serde(default = "default_max_input")]
@@ -405,25 +392,96 @@ pub struct ModelSettings {
     pub cache_ignore_identifiers: Option<bool>,
 }
 
-impl ModelSettings {
-    /// The price this model's config gives under `key` (one of `config::PRICE_KEYS`), if
-    /// any: how `config::parse_prices` reads a `[[models]]` entry.
-    pub fn price(&self, key: &str) -> Option<f64> {
-        match key {
-            "input_usd_per_mtok" => Some(self.input_usd_per_mtok),
-            "output_usd_per_mtok" => Some(self.output_usd_per_mtok),
-            "cached_input_usd_per_mtok" => self.cached_input_usd_per_mtok,
-            "cache_write_5m_usd_per_mtok" => self.cache_write_5m_usd_per_mtok,
-            "cache_write_1h_usd_per_mtok" => self.cache_write_1h_usd_per_mtok,
-            "reasoning_usd_per_mtok" => self.reasoning_usd_per_mtok,
-            "audio_input_usd_per_mtok" => self.audio_input_usd_per_mtok,
-            "audio_output_usd_per_mtok" => self.audio_output_usd_per_mtok,
-            "image_input_usd_per_mtok" => self.image_input_usd_per_mtok,
-            "image_output_usd_per_mtok" => self.image_output_usd_per_mtok,
-            "web_search_usd_per_1k_calls" => self.web_search_usd_per_1k_calls,
-            _ => None,
+/// A price in USD as the config writes it: a number (`0.15`) or a decimal string (`"0.15"`,
+/// read exactly, as the bundled table's are).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(
+    untagged,
+    expecting = "a price in USD: a number (0.15) or a decimal string (\"0.15\")"
+)]
+pub enum Usd {
+    Text(String),
+    Number(f64),
+}
+
+impl From<f64> for Usd {
+    fn from(v: f64) -> Self {
+        Usd::Number(v)
+    }
+}
+
+/// The price keys of one price: a model's top level, a dated entry (`DatedPrices`), an admin
+/// edit and a bundled table entry all hold these, and all are read by one function
+/// (`PriceKeys::prices`). A new kind of price is one more key here.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+pub struct PriceKeys {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_usd_per_mtok: Option<Usd>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_usd_per_mtok: Option<Usd>,
+    /// Absent: the input price (cached input never costs more than input).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_input_usd_per_mtok: Option<Usd>,
+    /// The prices of the other token kinds and of web search; each defaults as
+    /// `PriceKeys::prices` says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write_5m_usd_per_mtok: Option<Usd>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write_1h_usd_per_mtok: Option<Usd>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_usd_per_mtok: Option<Usd>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audio_input_usd_per_mtok: Option<Usd>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audio_output_usd_per_mtok: Option<Usd>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_input_usd_per_mtok: Option<Usd>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_output_usd_per_mtok: Option<Usd>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub web_search_usd_per_1k_calls: Option<Usd>,
+}
+
+impl PriceKeys {
+    /// Input and output prices in USD per million tokens.
+    pub fn usd(input: f64, output: f64) -> PriceKeys {
+        PriceKeys {
+            input_usd_per_mtok: Some(input.into()),
+            output_usd_per_mtok: Some(output.into()),
+            ..PriceKeys::default()
         }
     }
+
+    pub fn is_empty(&self) -> bool {
+        *self == PriceKeys::default()
+    }
+
+    /// Every key's value, in the order of the fields.
+    pub fn values(&self) -> [&Option<Usd>; 11] {
+        [
+            &self.input_usd_per_mtok,
+            &self.output_usd_per_mtok,
+            &self.cached_input_usd_per_mtok,
+            &self.cache_write_5m_usd_per_mtok,
+            &self.cache_write_1h_usd_per_mtok,
+            &self.reasoning_usd_per_mtok,
+            &self.audio_input_usd_per_mtok,
+            &self.audio_output_usd_per_mtok,
+            &self.image_input_usd_per_mtok,
+            &self.image_output_usd_per_mtok,
+            &self.web_search_usd_per_1k_calls,
+        ]
+    }
+}
+
+/// `[[models.prices]]`: a price in force from `effective` (`2026-03-01`, midnight UTC, or an
+/// RFC 3339 instant) until a later entry.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatedPrices {
+    pub effective: String,
+    #[serde(flatten)]
+    pub keys: PriceKeys,
 }
 
 fn default_max_output() -> u32 {

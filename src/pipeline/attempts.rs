@@ -21,6 +21,7 @@ use super::request::Prepared;
 use super::Failure;
 use crate::error::{ApiError, WireFormat};
 use crate::ops::metrics;
+use crate::quota::pricing::{self, Prices, Usage};
 use crate::ratelimit::{Booking, WindowSpec};
 use crate::state::AppState;
 use crate::store::audit::{self, AuditEntry};
@@ -35,9 +36,28 @@ use crate::upstream::UpstreamError;
 pub struct Candidate {
     pub model: Arc<Model>,
     pub route: Route,
+    /// The route's prices in force when the request started (`Prepared::started_at`).
+    pub prices: Prices,
 }
 
-/// The routes that may serve a request, in the order they are tried.
+/// What a request that reached the upstream costs if its client leaves before the answer:
+/// its counted input, at the dearest candidate's price.
+pub fn input_cost(p: &Prepared, candidates: &[Candidate]) -> i64 {
+    let input = Usage {
+        input: p.input_tokens,
+        ..Usage::default()
+    };
+    candidates
+        .iter()
+        .map(|c| pricing::cost(input, c.prices))
+        .max()
+        .unwrap_or(0)
+}
+
+/// The routes that may serve a request, in the order they are tried, each with its price
+/// at the request's start. A route without one there is left out, never served at zero
+/// (none is: a catalog is built only when every route has a price from then on,
+/// `Settings::check_priced`).
 pub fn candidates(state: &AppState, p: &Prepared) -> Vec<Candidate> {
     let mut out = Vec::with_capacity(p.model.routes.len());
     let live = state.live.snapshot();
@@ -48,12 +68,19 @@ pub fn candidates(state: &AppState, p: &Prepared) -> Vec<Candidate> {
         for r in &m.routes {
             // A route whose provider has no such endpoint (embeddings on Anthropic) is skipped.
             if providers::path(p.endpoint, live.catalog.deployments[r.deployment].provider)
-                .is_some()
+                .is_none()
             {
-                out.push(Candidate {
+                continue;
+            }
+            match r.schedule.rates_at(p.started_at) {
+                Some(prices) => out.push(Candidate {
                     model: m.clone(),
                     route: r.clone(),
-                });
+                    prices,
+                }),
+                None => {
+                    tracing::error!(model = %m.name, upstream_model = %r.upstream_model, "a route has no price in force: left out")
+                }
             }
         }
         // Least in flight first; among equals, a rotating start spreads load over the pool.
@@ -86,6 +113,8 @@ pub fn candidates(state: &AppState, p: &Prepared) -> Vec<Candidate> {
 pub struct Success {
     pub model: Arc<Model>,
     pub route: Route,
+    /// The route's prices at the request's start: what the answer is settled at.
+    pub prices: Prices,
     /// The deployment as the attempt used it (its provider reads the answer): the catalog
     /// may have been rebuilt since.
     pub dep: Arc<Deployment>,
@@ -227,6 +256,7 @@ async fn attempt(
     let success = |body, answer, response| Success {
         model: c.model.clone(),
         route: c.route.clone(),
+        prices: c.prices,
         dep: dep.clone(),
         body,
         answer,

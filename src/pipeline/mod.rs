@@ -53,6 +53,8 @@ pub async fn handle(
     endpoint: Endpoint,
 ) -> HttpResponse {
     let started = Instant::now();
+    // The request's instant: its log row's and the one its prices are read at.
+    let started_at = state.clock.now();
     // Owns the log row while the stages run: if actix-web drops this future (the client
     // closed its connection while a stage waited — in the queue, on the upstream), the
     // guard writes the row of a departure.
@@ -62,7 +64,7 @@ pub async fn handle(
         log: RequestRow {
             id: new_request_id(),
             endpoint: endpoint.name(),
-            created_at: db_time(state.clock.now()),
+            created_at: db_time(started_at),
             cache: "off",
             ..RequestRow::default()
         },
@@ -81,7 +83,7 @@ pub async fn handle(
             payload,
             endpoint,
             (&mut open.log, &mut open.extras),
-            started,
+            (started, started_at),
             &drain,
         ) => r,
         _ = drain.started() => Err(ApiError::ShuttingDown.into()),
@@ -246,7 +248,7 @@ async fn run(
     payload: web::Payload,
     endpoint: Endpoint,
     (log, extras): (&mut RequestRow, &mut Extras),
-    started: Instant,
+    (started, started_at): (Instant, chrono::DateTime<chrono::Utc>),
     drain: &Drain,
 ) -> Result<Reply, Failure> {
     let ladder = state.settings.ladder;
@@ -272,7 +274,7 @@ async fn run(
         let (expanded, ctx) = responses::expand(state, &auth, raw).await?;
         (raw, conversation) = (expanded, Some(ctx));
     }
-    let mut prepared = request::prepare(endpoint, &raw, &auth, &state.catalog())?;
+    let mut prepared = request::prepare(endpoint, &raw, &auth, &state.catalog(), started_at)?;
     prepared.kinds = kinds::read(
         endpoint,
         &mut prepared.body,
@@ -387,13 +389,7 @@ async fn run(
         }
     };
     // From here on the upstream may be working: a client that leaves pays for its input.
-    let input_cost = pricing::cost(
-        Usage {
-            input: prepared.input_tokens,
-            ..Usage::default()
-        },
-        prepared.model.prices,
-    );
+    let input_cost = attempts::input_cost(&prepared, &candidates);
     held.set_cost_if_dropped(input_cost);
     // The row of a departure from here on says so (`Open`); every outcome below rewrites it.
     log.input_tokens = prepared.input_tokens;
@@ -546,7 +542,8 @@ fn soft_limit(state: &AppState, auth: &TokenAuth, p: &mut Prepared) {
 /// The worst-case cost: the margin-padded input at the dearest input price the request may
 /// be billed (cache writes and audio only when it asks for them, `kinds`), the full output
 /// cap (× n) at the dearest output price, and the web-search fee for every call it may
-/// make — priced at the dearest model that may serve.
+/// make — priced at the dearest route that may serve, each at its price in force when the
+/// request started.
 fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Candidate]) -> i64 {
     let q = &state.settings.quota;
     let usage = Usage {
@@ -568,11 +565,11 @@ fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Ca
         };
         pricing::cost(usage, dearest)
     };
-    let mut worst = worst_at(p.model.prices);
-    for c in candidates {
-        worst = worst.max(worst_at(c.model.prices));
-    }
-    worst
+    candidates
+        .iter()
+        .map(|c| worst_at(c.prices))
+        .max()
+        .unwrap_or(0)
 }
 
 /// A non-streamed answer: price it from its usage, settle, answer with the upstream's bytes.
@@ -624,7 +621,7 @@ async fn finish(
             });
         }
     }
-    let cost = pricing::cost(usage, s.model.prices);
+    let cost = pricing::cost(usage, s.prices);
     // The request's windows and the serving key's, corrected off the path when dropped.
     let used = usage.input + usage.output;
     for b in [booking.as_mut(), key_booking.as_mut()]

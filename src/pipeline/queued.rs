@@ -16,7 +16,6 @@ use super::request::Prepared;
 use super::stream::{self, sse_channel, sse_response, stall_limit, Books, ClientSink};
 use crate::error::ApiError;
 use crate::queue::Ticket;
-use crate::quota::pricing::{self, Usage};
 use crate::state::AppState;
 use crate::upstream::providers::translate::stream::error_event;
 
@@ -92,13 +91,7 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
             return end(&state, books, e, NOTHING).await;
         }
     };
-    let input_cost = pricing::cost(
-        Usage {
-            input: prepared.input_tokens,
-            ..Usage::default()
-        },
-        prepared.model.prices,
-    );
+    let input_cost = attempts::input_cost(&prepared, &candidates);
     books.held.set_cost_if_dropped(input_cost);
     if let Some(b) = books.booking.as_mut() {
         b.used(prepared.input_tokens);

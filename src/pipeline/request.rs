@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use chrono::{DateTime, Utc};
+
 use serde_json::{Map, Value};
 
 use crate::auth::TokenAuth;
@@ -79,6 +81,9 @@ pub struct Prepared {
     pub responses: Option<super::responses::Ctx>,
     /// What the request may be billed for beyond plain tokens (`pipeline::kinds`).
     pub kinds: super::kinds::Kinds,
+    /// When the request started: it is priced at the prices in force then, for its
+    /// reservation and its settlement alike, whichever route serves it.
+    pub started_at: DateTime<Utc>,
 }
 
 /// How many completions a request makes the upstream generate and bill: `n` (1..=16) and,
@@ -156,6 +161,7 @@ pub fn prepare(
     raw: &[u8],
     auth: &TokenAuth,
     catalog: &Catalog,
+    started_at: DateTime<Utc>,
 ) -> Result<Prepared, ApiError> {
     let value: Value = serde_json::from_slice(raw).map_err(|e| ApiError::InvalidRequest {
         message: format!("The request body is not valid JSON: {e}"),
@@ -386,5 +392,6 @@ pub fn prepare(
         anthropic_beta: None,
         responses: None,
         kinds: super::kinds::Kinds::default(),
+        started_at,
     })
 }

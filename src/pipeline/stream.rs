@@ -275,7 +275,7 @@ pub(super) fn serve(
     let pump = Pump {
         framing: Framing::of(deployment.provider),
         state,
-        prices: s.model.prices,
+        prices: s.prices,
         converter,
         conversation: p.responses.clone(),
         assembler: books.cache.as_ref().map(|_| Assembler::new(client, most)),

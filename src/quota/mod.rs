@@ -4,8 +4,10 @@
 
 pub mod estimate;
 pub mod period;
+pub mod price_table;
 pub mod pricing;
 pub mod reservation;
+pub mod schedule;
 pub mod tokenizer;
 
 #[derive(Debug, thiserror::Error)]

@@ -6,7 +6,7 @@
 //! formula on the worst case.
 
 /// A model's prices in micro-dollars per million tokens (web search: per 1 000 calls).
-/// The config's defaults (`config::parse_prices`) fill a kind the provider does not price
+/// The config's defaults (`PriceKeys::prices`) fill a kind the provider does not price
 /// apart with the price it is billed at otherwise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Prices {
@@ -28,7 +28,7 @@ pub struct Prices {
 
 impl Prices {
     /// Input and output prices, every other kind at the price it defaults to (see
-    /// `config::parse_prices`), web search free.
+    /// `PriceKeys::prices`), web search free.
     pub const fn plain(input: i64, output: i64) -> Prices {
         Prices {
             input,

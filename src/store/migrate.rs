@@ -60,6 +60,8 @@ const TABLES: &[(&str, bool)] = &[
     ("managed_upstreams", true),
     ("managed_models", true),
     ("seal_check", true),
+    // Prices admins appended: compared value for value (they price the ledger's rows).
+    ("model_prices", true),
 ];
 
 /// Tables whose key is text: read whole and sorted alike on both sides for the comparison

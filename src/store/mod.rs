@@ -15,6 +15,7 @@ pub mod managed;
 pub mod migrate;
 pub mod oidc;
 pub mod pg;
+pub mod prices;
 pub mod processes;
 pub mod raw;
 pub mod reports;

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use crate::config::{OutputCapParam, Provider, Secret, Settings, UpstreamSettings};
 use crate::pipeline::request::Endpoint;
-use crate::quota::pricing::Prices;
+use crate::quota::schedule::{AdminPrices, Schedule};
 use crate::upstream::credential::Credential;
 use crate::upstream::providers;
 
@@ -160,6 +160,9 @@ pub struct Route {
     /// The body field this upstream model takes its output cap in (config
     /// `output_cap_param`, else by the model's name; always `max_tokens` on Anthropic).
     pub cap_param: OutputCapParam,
+    /// What a request served here costs at each instant: its model's admin and config
+    /// prices, else the bundled table's for `upstream_model` (`quota::schedule`).
+    pub schedule: Arc<Schedule>,
 }
 
 impl Route {
@@ -178,7 +181,6 @@ pub struct Model {
     pub name: String,
     pub routes: Vec<Route>,
     pub fallbacks: Vec<String>,
-    pub prices: Prices,
     pub max_output_tokens: i64,
     pub max_input_tokens: i64,
     pub cache_similarity_threshold: Option<f64>,
@@ -238,7 +240,6 @@ impl Catalog {
         let mut models = HashMap::new();
         let mut names = Vec::new();
         for m in &s.models {
-            let prices = Settings::prices(m);
             let model = Arc::new(Model {
                 name: m.name.clone(),
                 routes: m
@@ -252,6 +253,7 @@ impl Catalog {
                         let by_config = r.output_cap_param.or(u.quirks.max_tokens_field);
                         Some(Route {
                             deployment: d,
+                            schedule: Arc::new(m.schedule(&managed.prices, &r.model)),
                             upstream_model: name.clone(),
                             target: slots[d].fresh()?.target(u, name),
                             cap_param: match u.provider {
@@ -269,7 +271,6 @@ impl Catalog {
                     })
                     .collect(),
                 fallbacks: m.fallbacks.clone(),
-                prices,
                 max_output_tokens: i64::from(m.max_output_tokens),
                 max_input_tokens: i64::from(m.max_input_tokens),
                 cache_similarity_threshold: m.cache_similarity_threshold,
@@ -320,6 +321,8 @@ pub struct Managed {
     pub sealings: HashMap<String, u64>,
     /// Every upstream's `Deployment::shared_tag`.
     pub shared_tags: HashMap<String, u32>,
+    /// The prices admins appended (`model_prices`), by model.
+    pub prices: AdminPrices,
 }
 
 /// A position while a catalog is built: a deployment of the previous catalog (retired
@@ -392,6 +395,7 @@ mod tests {
             upstream_model: "o3".into(),
             target: 0,
             cap_param: OutputCapParam::MaxCompletionTokens,
+            schedule: Arc::default(),
         };
         assert_eq!(route.cap_field(Endpoint::Chat), "max_completion_tokens");
         assert_eq!(route.cap_field(Endpoint::Completions), "max_tokens");
@@ -468,17 +472,9 @@ mod tests {
                 })
                 .collect(),
             fallbacks: vec![],
-            input_usd_per_mtok: 1.0,
-            output_usd_per_mtok: 2.0,
-            cached_input_usd_per_mtok: None,
-            cache_write_5m_usd_per_mtok: None,
-            cache_write_1h_usd_per_mtok: None,
-            reasoning_usd_per_mtok: None,
-            audio_input_usd_per_mtok: None,
-            audio_output_usd_per_mtok: None,
-            image_input_usd_per_mtok: None,
-            image_output_usd_per_mtok: None,
-            web_search_usd_per_1k_calls: None,
+            price: crate::config::PriceKeys::usd(1.0, 2.0),
+            prices: vec![],
+            free: false,
             max_output_tokens: 16,
             max_input_tokens: 1000,
             cache_similarity_threshold: None,

@@ -24,9 +24,13 @@ use arc_swap::ArcSwap;
 
 use super::catalog::{Catalog, Managed};
 use super::pool::Pool;
+use chrono::{DateTime, Utc};
+
+use crate::clock::Clock;
 use crate::config::{ConfigError, ModelSettings, Secret, Settings, UpstreamSettings};
 use crate::secrets::seal::Sealer;
 use crate::store::managed::{self, ModelRow, UpstreamRow};
+use crate::store::prices::{self, PriceRow};
 use crate::store::{Db, StoreError};
 
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +64,8 @@ pub struct Live {
     rebuilding: tokio::sync::Mutex<()>,
     /// Why the stored catalog could not be built, while it cannot (`Refreshed::Failed`).
     failing: parking_lot::Mutex<Option<String>>,
+    /// The instant a rebuild checks every model has a price in force at.
+    clock: Arc<dyn Clock>,
 }
 
 /// What a poll of `catalog_epoch` did.
@@ -76,12 +82,14 @@ pub enum Refreshed {
 }
 
 /// The settings a catalog is built from: the file's, with the managed upstreams (keys
-/// opened) and models merged in, validated; and which upstreams are managed.
+/// opened) and models merged in, validated, every model with a price in force at `now`
+/// (`Settings::check_priced`, the admins' `prices` included); and which upstreams are
+/// managed, with the admins' prices.
 pub fn effective(
     file: &Settings,
-    upstreams: &[UpstreamRow],
-    models: &[ModelRow],
+    (upstreams, models, prices): (&[UpstreamRow], &[ModelRow], &[PriceRow]),
     sealer: &Sealer,
+    now: DateTime<Utc>,
 ) -> Result<(Settings, Managed), LiveError> {
     let mut s = file.clone();
     let mut which = Managed::default();
@@ -136,6 +144,9 @@ pub fn effective(
         }
     }
     s.validate()?;
+    which.prices =
+        prices::admin_prices(prices).map_err(|e| LiveError::Stored("model_prices".into(), e))?;
+    s.check_priced(&which.prices, now)?;
     for u in &s.upstreams {
         let sealing = which.sealings.get(&u.id).copied().unwrap_or(0);
         let mut tagged = credentials(u);
@@ -209,9 +220,13 @@ impl Live {
     /// by a config file that changed since) do not stop the start: the gateway serves the
     /// config file's catalog without the models the admin changed, says why, and the first
     /// poll tries the rows again and alerts (`Refreshed::Failed`).
-    pub async fn start(db: &Db, file: Arc<Settings>) -> Result<Live, LiveError> {
+    pub async fn start(
+        db: &Db,
+        file: Arc<Settings>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Live, LiveError> {
         let mut epoch = managed::epoch(db).await?;
-        let (settings, which) = match Self::read(db, &file).await {
+        let (settings, which) = match Self::read(db, &file, clock.now()).await {
             Ok(read) => read,
             Err(e @ LiveError::Store(_)) => return Err(e),
             Err(e) => {
@@ -219,7 +234,13 @@ impl Live {
                 // No epoch is "applied": the first poll rebuilds.
                 epoch = i64::MIN;
                 let changed = managed::models(db).await?;
-                effective(&without_models(&file, &changed), &[], &[], &db.seal)?
+                let prices = prices::all(db).await?;
+                effective(
+                    &without_models(&file, &changed),
+                    (&[], &[], &prices),
+                    &db.seal,
+                    clock.now(),
+                )?
             }
         };
         let catalog = Catalog::rebuild(&settings, &which, None);
@@ -233,18 +254,24 @@ impl Live {
             epoch: AtomicI64::new(epoch),
             rebuilding: tokio::sync::Mutex::new(()),
             failing: parking_lot::Mutex::new(None),
+            clock,
         })
     }
 
     /// The rows are read in one snapshot: an upstream and the model routed to it, added
     /// by two changes between the two reads, would otherwise read as a model routed to
     /// nothing (a false `catalog_stale`).
-    async fn read(db: &Db, file: &Settings) -> Result<(Settings, Managed), LiveError> {
+    async fn read(
+        db: &Db,
+        file: &Settings,
+        now: DateTime<Utc>,
+    ) -> Result<(Settings, Managed), LiveError> {
         let mut tx = db.begin_read().await?;
         let ups = managed::upstreams_in(&mut tx).await?;
         let models = managed::models_in(&mut tx).await?;
+        let prices = prices::all_in(&mut tx).await?;
         tx.rollback().await?;
-        effective(file, &ups, &models, &db.seal)
+        effective(file, (&ups, &models, &prices), &db.seal, now)
     }
 
     pub fn snapshot(&self) -> Arc<Snapshot> {
@@ -272,7 +299,7 @@ impl Live {
         // next poll rebuilds once more.
         let epoch = managed::epoch(db).await?;
         let file = self.file();
-        let (settings, which) = Self::read(db, &file).await?;
+        let (settings, which) = Self::read(db, &file, self.clock.now()).await?;
         self.swap(&settings, &which);
         self.epoch.store(epoch, Ordering::Release);
         *self.failing.lock() = None;
@@ -333,7 +360,7 @@ impl Live {
     ) -> Result<Vec<String>, LiveError> {
         let _one = self.rebuilding.lock().await;
         let new = load().map_err(LiveError::Unreadable)?;
-        let (settings, which) = Self::read(db, &new).await?;
+        let (settings, which) = Self::read(db, &new, self.clock.now()).await?;
         self.swap(&settings, &which);
         let ignored = restart_needed(&self.file(), &new);
         *self.file.lock() = Arc::new(new);
@@ -402,6 +429,7 @@ api_key = "sk-config-key-0001"
 name = "m"
 routes = [{ upstream = "a", model = "m" }]
 input_usd_per_mtok = 1.0
+output_usd_per_mtok = 2.0
 "#,
         )
         .unwrap();
@@ -419,27 +447,27 @@ input_usd_per_mtok = 1.0
         let sealer = Sealer::new(&MasterKey::from_hex(&"ab".repeat(32)).unwrap());
         let model = ModelRow {
             name: "m".into(),
-            settings: r#"{"routes":[{"upstream":"k","model":"m"}],"input_usd_per_mtok":3.0}"#
+            settings: r#"{"routes":[{"upstream":"k","model":"m"}],"input_usd_per_mtok":3.0,"output_usd_per_mtok":4.0}"#
                 .into(),
         };
         let (s, which) = effective(
             &file(),
-            &[row(&sealer, "k", "sk-managed-0001")],
-            &[model],
+            (&[row(&sealer, "k", "sk-managed-0001")], &[model], &[]),
             &sealer,
+            chrono::Utc::now(),
         )
         .unwrap();
         assert_eq!(s.upstreams.len(), 2);
         assert_eq!(s.upstreams[1].api_key.expose(), "sk-managed-0001");
         assert!(which.ids.contains("k") && !which.ids.contains("a"));
         assert_eq!(s.models.len(), 1);
-        assert_eq!(s.models[0].input_usd_per_mtok, 3.0);
+        assert_eq!(s.models[0].price.input_usd_per_mtok, Some(3.0.into()));
         // An id of the file: refused, named.
         let err = effective(
             &file(),
-            &[row(&sealer, "a", "sk-managed-0001")],
-            &[],
+            (&[row(&sealer, "a", "sk-managed-0001")], &[], &[]),
             &sealer,
+            chrono::Utc::now(),
         )
         .unwrap_err();
         assert!(
@@ -450,7 +478,8 @@ input_usd_per_mtok = 1.0
         // A sealed key moved to another row does not open there.
         let mut moved = row(&sealer, "k", "sk-managed-0001");
         moved.id = "j".into();
-        let err = effective(&file(), &[moved], &[], &sealer).unwrap_err();
+        let err =
+            effective(&file(), (&[moved], &[], &[]), &sealer, chrono::Utc::now()).unwrap_err();
         assert!(
             matches!(err, LiveError::Sealed(ref id) if id == "j"),
             "{err}"
@@ -464,7 +493,14 @@ input_usd_per_mtok = 1.0
     fn a_sealed_key_opens_only_in_the_row_it_was_sealed_in() {
         let sealer = Sealer::new(&MasterKey::from_hex(&"ab".repeat(32)).unwrap());
         let good = row(&sealer, "k", "sk-managed-0001");
-        assert!(effective(&file(), std::slice::from_ref(&good), &[], &sealer).is_ok());
+        let now = chrono::Utc::now();
+        assert!(effective(
+            &file(),
+            (std::slice::from_ref(&good), &[], &[]),
+            &sealer,
+            now
+        )
+        .is_ok());
         let mut elsewhere = good.clone();
         elsewhere.settings = elsewhere
             .settings
@@ -474,9 +510,9 @@ input_usd_per_mtok = 1.0
         disabled.seal_key("sk-managed-0001", &sealer);
         let mut switched_on = disabled.clone();
         switched_on.enabled = true;
-        assert!(effective(&file(), &[disabled], &[], &sealer).is_ok());
+        assert!(effective(&file(), (&[disabled], &[], &[]), &sealer, now).is_ok());
         for (what, tampered) in [("base_url", elsewhere), ("enabled", switched_on)] {
-            let err = effective(&file(), &[tampered], &[], &sealer).unwrap_err();
+            let err = effective(&file(), (&[tampered], &[], &[]), &sealer, now).unwrap_err();
             assert!(
                 matches!(err, LiveError::Sealed(ref id) if id == "k"),
                 "{what}: {err}"
@@ -490,7 +526,12 @@ input_usd_per_mtok = 1.0
     #[test]
     fn every_credential_field_is_part_of_the_keys_tag() {
         let sealer = Sealer::new(&MasterKey::from_hex(&"ab".repeat(32)).unwrap());
-        let tag = |s: &Settings| effective(s, &[], &[], &sealer).unwrap().1.shared_tags["a"];
+        let tag = |s: &Settings| {
+            effective(s, (&[], &[], &[]), &sealer, chrono::Utc::now())
+                .unwrap()
+                .1
+                .shared_tags["a"]
+        };
         let base = file();
         let secret = |v: &str| Some(Secret(secrecy::SecretString::from(v)));
         let mut bedrock = base.clone();
@@ -518,7 +559,7 @@ input_usd_per_mtok = 1.0
     fn a_reload_names_the_sections_that_wait_for_a_restart() {
         let old = file();
         let mut new = file();
-        new.models[0].input_usd_per_mtok = 9.0;
+        new.models[0].price.input_usd_per_mtok = Some(9.0.into());
         assert!(restart_needed(&old, &new).is_empty());
         new.server.listen = "127.0.0.1:1".into();
         assert_eq!(restart_needed(&old, &new), ["server"]);

@@ -36,8 +36,7 @@ async fn app() -> TestApp {
         for r in &mut m.routes {
             r.model = MODEL_ID.into();
         }
-        m.input_usd_per_mtok = 3.0;
-        m.output_usd_per_mtok = 15.0;
+        m.price = sluice::config::PriceKeys::usd(3.0, 15.0);
         s.models = vec![m];
     })
     .await

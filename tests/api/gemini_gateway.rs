@@ -60,7 +60,7 @@ async fn app() -> TestApp {
             ("vgem", &["v"][..]),
         ] {
             let mut m = model(name, routes);
-            m.cached_input_usd_per_mtok = Some(0.075);
+            m.price.cached_input_usd_per_mtok = Some(0.075.into());
             s.models.push(m);
         }
     })

@@ -73,6 +73,7 @@ mod pg_store_audit;
 mod pg_store_log;
 mod pg_store_scale;
 mod pg_transient;
+mod price_history;
 mod processes;
 mod proxy;
 mod queue;

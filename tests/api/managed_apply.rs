@@ -309,13 +309,20 @@ async fn pg_managed_keys_and_models_survive_migrate_store() {
     sluice::store::migrate::sqlite_to_postgres(app.db(), &pg)
         .await
         .unwrap();
-    let live = sluice::upstream::live::Live::start(&pg, std::sync::Arc::new(app.settings.clone()))
-        .await
-        .unwrap();
+    let live = sluice::upstream::live::Live::start(
+        &pg,
+        std::sync::Arc::new(app.settings.clone()),
+        std::sync::Arc::new(sluice::clock::SystemClock),
+    )
+    .await
+    .unwrap();
     let catalog = live.catalog();
     let d = catalog
         .position("m1")
         .expect("the managed upstream was copied");
     assert_eq!(catalog.deployments[d].api_key.expose(), KEY_1);
-    assert_eq!(catalog.model("managed").unwrap().prices.input, 1_000_000);
+    // Its price, appended to `model_prices` by the edit, came over with it.
+    let route = &catalog.model("managed").unwrap().routes[0];
+    let price = route.schedule.rates_at(chrono::Utc::now()).unwrap();
+    assert_eq!(price.input, 1_000_000);
 }

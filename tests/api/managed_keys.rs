@@ -566,8 +566,14 @@ async fn two_changes_at_once_are_checked_one_after_the_other() {
         );
         let ups = sluice::store::managed::upstreams(app.db()).await.unwrap();
         let models = sluice::store::managed::models(app.db()).await.unwrap();
-        sluice::upstream::live::effective(&app.state.live.file(), &ups, &models, &app.db().seal)
-            .unwrap_or_else(|e| panic!("round {i}: the stored catalog does not build: {e}"));
+        let prices = sluice::store::prices::all(app.db()).await.unwrap();
+        sluice::upstream::live::effective(
+            &app.state.live.file(),
+            (&ups, &models, &prices),
+            &app.db().seal,
+            chrono::Utc::now(),
+        )
+        .unwrap_or_else(|e| panic!("round {i}: the stored catalog does not build: {e}"));
         if routed.0 == 200 {
             assert_eq!(s.send(reqwest::Method::DELETE, &path, &none).await.0, 200);
             let gone = s.send(reqwest::Method::DELETE, "/admin/api/v1/upstreams/x", &none);

@@ -183,8 +183,7 @@ on_both_engines!(insufficient_quota_tells_sdks_not_to_retry_and_when_the_budget_
 
 async fn uneven_prices_stay_exact_over_hundreds_of_requests(engine: Engine) {
     let app = spawn_app_on(engine, |s, _| {
-        s.models[0].input_usd_per_mtok = 0.13;
-        s.models[0].output_usd_per_mtok = 0.37;
+        s.models[0].price = sluice::config::PriceKeys::usd(0.13, 0.37);
     })
     .await;
     let prices = pricing::Prices::plain(130_000, 370_000);
@@ -394,8 +393,7 @@ async fn past_the_alert_threshold_answers_warn_and_switch_to_the_downgrade_model
     let app = spawn_app_on(engine, |s, m| {
         s.upstreams.push(upstream("b", KEY_B, m));
         let mut cheap = model("cheap", &["b"]);
-        cheap.input_usd_per_mtok = 0.01;
-        cheap.output_usd_per_mtok = 0.02;
+        cheap.price = sluice::config::PriceKeys::usd(0.01, 0.02);
         s.models.push(cheap);
     })
     .await;

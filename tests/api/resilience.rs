@@ -168,8 +168,7 @@ async fn a_500_moves_on_to_the_fallback_on_the_other_provider() {
         c.base_url = m.base_url();
         s.upstreams.push(c);
         let mut claude = model("claude", &["c"]);
-        claude.input_usd_per_mtok = 3.0;
-        claude.output_usd_per_mtok = 15.0;
+        claude.price = sluice::config::PriceKeys::usd(3.0, 15.0);
         s.models.push(claude);
         s.models[0].fallbacks = vec!["claude".into()];
     })

@@ -254,8 +254,7 @@ async fn app_with(tweak: impl FnOnce(&mut Settings)) -> TestApp {
             (Up::Bedrock, "br"),
         ] {
             let mut m = model(up.model(), &[id]);
-            m.input_usd_per_mtok = 3.0;
-            m.output_usd_per_mtok = 15.0;
+            m.price = sluice::config::PriceKeys::usd(3.0, 15.0);
             s.models.push(m);
         }
         tweak(s);

@@ -59,7 +59,8 @@ class Model:
     name: str
     upstream_model: str
     input_usd: float
-    output_usd: float | None = None
+    # A price names its output too (0 for an embedding model): none at all is refused.
+    output_usd: float
     # Azure OpenAI: the deployment the route calls.
     deployment: str | None = None
 
@@ -88,7 +89,7 @@ class Upstream:
 UPSTREAMS = (
     Upstream("mock-a", "openai", UPSTREAM_KEY, path="/v1", models=(
         Model("gpt-4o-mini", "gpt-4o-mini", 0.15, 0.60),
-        Model("text-embedding-3-small", "text-embedding-3-small", 0.02),
+        Model("text-embedding-3-small", "text-embedding-3-small", 0.02, 0.0),
     )),
     Upstream("mock-claude", "anthropic", ANTHROPIC_UPSTREAM_KEY, models=(
         Model("claude-mock", "claude-mock-upstream", 0.80, 4.00),
@@ -144,9 +145,8 @@ def config_text(gw_port: int, mock_port: int, database: str, backup_dir: Path) -
                 f'name = "{m.name}"',
                 f"routes = [{{ {route} }}]",
                 f"input_usd_per_mtok = {m.input_usd}",
+                f"output_usd_per_mtok = {m.output_usd}",
             ]
-            if m.output_usd is not None:
-                lines.append(f"output_usd_per_mtok = {m.output_usd}")
             out.append("\n".join(lines) + "\n")
     return "\n".join(out)
 

@@ -54,6 +54,7 @@ output_usd_per_mtok = 0.60
 name = "text-embedding-3-small"
 routes = [{ upstream = "mock-a", model = "text-embedding-3-small" }]
 input_usd_per_mtok = 0.02
+output_usd_per_mtok = 0
 TOML
 
 # Only the config file decides (no stray SLUICE_* overrides from the caller).

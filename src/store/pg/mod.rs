@@ -15,6 +15,7 @@ pub mod lingering;
 pub mod managed;
 pub mod notify;
 pub mod oidc;
+pub mod prices;
 pub mod processes;
 pub mod reports;
 pub mod requests;

@@ -32,9 +32,8 @@ pub const CUT_MODEL: &str = "m-cut";
 /// out — micro-dollars per token 0.15, 0.075 and 0.60, so costs round up.
 fn priced(name: &str, upstreams: &[&str]) -> sluice::config::ModelSettings {
     let mut m = model(name, upstreams);
-    m.input_usd_per_mtok = 0.15;
-    m.cached_input_usd_per_mtok = Some(0.075);
-    m.output_usd_per_mtok = 0.60;
+    m.price = sluice::config::PriceKeys::usd(0.15, 0.60);
+    m.price.cached_input_usd_per_mtok = Some(0.075.into());
     m
 }
 

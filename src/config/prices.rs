@@ -1,0 +1,328 @@
+//! Reading prices: one function (`PriceKeys::prices`) for a model's top-level keys, its
+//! dated entries, an admin's edit and the bundled table's entries; the config layer of a
+//! model's schedule; and the rule that a model without a price in force is refused, never
+//! priced at zero (`Settings::check_priced`).
+
+use chrono::{DateTime, NaiveDate, Utc};
+
+use super::{ConfigError, ModelSettings, PriceKeys, Settings, Usd};
+use crate::quota::price_table;
+use crate::quota::pricing::{parse_usd, Prices};
+use crate::quota::schedule::{AdminPrices, Dated, Schedule};
+
+/// The largest price accepted, in USD per million tokens.
+const MAX_USD: i64 = 1_000_000;
+
+impl Usd {
+    /// Integer micro-dollars: a decimal string exactly (`pricing::parse_usd`), a number
+    /// rounded to 6 decimals (which removes the binary float's noise).
+    pub fn micros(&self, field: &str, model: &str) -> Result<i64, ConfigError> {
+        let micros = match self {
+            Usd::Text(s) => parse_usd(s),
+            Usd::Number(v) if v.is_finite() && *v >= 0.0 && *v <= MAX_USD as f64 => {
+                Some((v * 1_000_000.0).round() as i64)
+            }
+            Usd::Number(_) => None,
+        };
+        micros.filter(|m| *m <= MAX_USD * 1_000_000).ok_or_else(|| {
+            ConfigError::Invalid(format!(
+                "model `{model}`: `{field}` must be a price in USD from 0 to {MAX_USD}, \
+                     with at most 6 decimals"
+            ))
+        })
+    }
+}
+
+impl PriceKeys {
+    /// The price these keys give, in micro-dollars per million tokens; `None` when no key
+    /// is set. A price names its input and its output (0 written out where nothing is
+    /// charged, as for an embedding model's output): a missing one is an error, never 0.
+    /// A kind without a price of its own is billed at the price it falls under otherwise:
+    /// cached input, 5-minute cache writes, audio and image input at the input price;
+    /// 1-hour writes at the 5-minute price; reasoning, audio and image output at the output
+    /// price. Web search without a price is free (0): a provider that bills it must be
+    /// priced.
+    pub fn prices(&self, model: &str) -> Result<Option<Prices>, ConfigError> {
+        if self.is_empty() {
+            return Ok(None);
+        }
+        let need = |v: &Option<Usd>, field: &str| match v {
+            Some(v) => v.micros(field, model),
+            None => Err(ConfigError::Invalid(format!(
+                "model `{model}`: a price needs `{field}` (write 0 where nothing is charged)"
+            ))),
+        };
+        let or = |v: &Option<Usd>, field: &str, default: i64| match v {
+            Some(v) => v.micros(field, model),
+            None => Ok(default),
+        };
+        let input = need(&self.input_usd_per_mtok, "input_usd_per_mtok")?;
+        let output = need(&self.output_usd_per_mtok, "output_usd_per_mtok")?;
+        let cache_write_5m = or(
+            &self.cache_write_5m_usd_per_mtok,
+            "cache_write_5m_usd_per_mtok",
+            input,
+        )?;
+        Ok(Some(Prices {
+            input,
+            output,
+            cached_input: or(
+                &self.cached_input_usd_per_mtok,
+                "cached_input_usd_per_mtok",
+                input,
+            )?,
+            cache_write_5m,
+            cache_write_1h: or(
+                &self.cache_write_1h_usd_per_mtok,
+                "cache_write_1h_usd_per_mtok",
+                cache_write_5m,
+            )?,
+            reasoning: or(
+                &self.reasoning_usd_per_mtok,
+                "reasoning_usd_per_mtok",
+                output,
+            )?,
+            audio_input: or(
+                &self.audio_input_usd_per_mtok,
+                "audio_input_usd_per_mtok",
+                input,
+            )?,
+            audio_output: or(
+                &self.audio_output_usd_per_mtok,
+                "audio_output_usd_per_mtok",
+                output,
+            )?,
+            image_input: or(
+                &self.image_input_usd_per_mtok,
+                "image_input_usd_per_mtok",
+                input,
+            )?,
+            image_output: or(
+                &self.image_output_usd_per_mtok,
+                "image_output_usd_per_mtok",
+                output,
+            )?,
+            // USD per 1 000 calls → micro-dollars per 1 000 calls, as the token prices.
+            web_search_per_1k_calls: or(
+                &self.web_search_usd_per_1k_calls,
+                "web_search_usd_per_1k_calls",
+                0,
+            )?,
+        }))
+    }
+}
+
+/// An effective date: `2026-03-01` (midnight UTC) or an RFC 3339 instant.
+pub fn parse_effective(s: &str) -> Option<DateTime<Utc>> {
+    let s = s.trim();
+    if let Ok(d) = NaiveDate::parse_from_str(s, "%Y-%m-%d") {
+        return Some(d.and_hms_opt(0, 0, 0)?.and_utc());
+    }
+    DateTime::parse_from_rfc3339(s)
+        .ok()
+        .map(|t| t.with_timezone(&Utc))
+}
+
+impl ModelSettings {
+    /// The config file's layer of this model's schedule: the top-level price from the
+    /// beginning, each `[[models.prices]]` from its date, or zero from the beginning when
+    /// `free = true`. Errors name the model and the key.
+    pub fn config_prices(&self) -> Result<Vec<Dated>, ConfigError> {
+        let name = &self.name;
+        let invalid = |why: String| Err(ConfigError::Invalid(format!("model `{name}`: {why}")));
+        let top = self.price.prices(name)?;
+        if self.free {
+            if top.is_some() || !self.prices.is_empty() {
+                return invalid("`free = true` and a price: say one".into());
+            }
+            return Ok(vec![Dated {
+                from: DateTime::<Utc>::MIN_UTC,
+                prices: Prices::default(),
+            }]);
+        }
+        let mut out: Vec<Dated> = top
+            .map(|prices| Dated {
+                from: DateTime::<Utc>::MIN_UTC,
+                prices,
+            })
+            .into_iter()
+            .collect();
+        for entry in &self.prices {
+            let Some(from) = parse_effective(&entry.effective) else {
+                return invalid(format!(
+                    "`effective = {:?}` in [[models.prices]] is not a date (2026-03-01) or an \
+                     RFC 3339 instant",
+                    entry.effective
+                ));
+            };
+            let Some(prices) = entry.keys.prices(name)? else {
+                return invalid(format!(
+                    "the [[models.prices]] entry effective {:?} has no price keys",
+                    entry.effective
+                ));
+            };
+            if out.iter().any(|d| d.from == from) {
+                return invalid(format!(
+                    "two [[models.prices]] entries are effective {:?}",
+                    entry.effective
+                ));
+            }
+            out.push(Dated { from, prices });
+        }
+        out.sort_by_key(|d| d.from);
+        Ok(out)
+    }
+
+    /// The schedule of this model's route to `upstream_model`: `admin` (this model's
+    /// appended rows), the config layer, and the bundled table's entries for that name.
+    pub fn schedule(&self, admin: &AdminPrices, upstream_model: &str) -> Schedule {
+        Schedule::new(
+            admin.get(&self.name).cloned().unwrap_or_default(),
+            // Validated before a catalog is built (`Settings::validate`): an error here
+            // would have stopped it, so none is left to be dropped.
+            self.config_prices().unwrap_or_default(),
+            price_table::bundled().for_upstream_model(upstream_model),
+        )
+    }
+}
+
+impl Settings {
+    /// Every route of every model has a price in force at `now` — from an admin, the
+    /// config file or the bundled table — or its model says `free = true`. A model
+    /// without one is refused, named, rather than served at zero.
+    pub fn check_priced(&self, admin: &AdminPrices, now: DateTime<Utc>) -> Result<(), ConfigError> {
+        for m in &self.models {
+            for r in &m.routes {
+                // The model a route serves (on Azure, not its deployment's name).
+                let name = &r.model;
+                if m.schedule(admin, name).rates_at(now).is_none() {
+                    return Err(ConfigError::Invalid(format!(
+                        "model `{}` has no price in force: set input_usd_per_mtok and \
+                         output_usd_per_mtok (or [[models.prices]]), or free = true; the \
+                         bundled price table has no entry for its upstream model `{name}`",
+                        m.name
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::load_from;
+    use crate::quota::schedule::Appended;
+
+    fn settings(model: &str) -> Settings {
+        let text = format!(
+            "[[upstreams]]\nid = \"a\"\nprovider = \"openai\"\nbase_url = \"https://api.openai.com/v1\"\n\
+             api_key = \"k\"\n[[models]]\n{model}"
+        );
+        load_from(Some(&text), &Default::default()).unwrap()
+    }
+
+    fn now() -> DateTime<Utc> {
+        parse_effective("2026-12-02T12:00:00Z").unwrap()
+    }
+
+    #[test]
+    fn top_level_and_dated_prices_read_through_one_function() {
+        let s = settings(
+            "name = \"m\"\nroutes = [{ upstream = \"a\", model = \"mine\" }]\n\
+             input_usd_per_mtok = 0.15\noutput_usd_per_mtok = \"0.60\"\n\
+             [[models.prices]]\neffective = \"2026-03-15\"\ninput_usd_per_mtok = \"0.2\"\n\
+             output_usd_per_mtok = 0.8\ncached_input_usd_per_mtok = \"0.1\"\n",
+        );
+        s.validate().unwrap();
+        let layer = s.models[0].config_prices().unwrap();
+        assert_eq!(layer.len(), 2);
+        assert_eq!(layer[0].prices, Prices::plain(150_000, 600_000));
+        assert_eq!(layer[1].from, parse_effective("2026-03-15").unwrap());
+        assert_eq!(layer[1].prices.cached_input, 100_000);
+        let sched = s.models[0].schedule(&AdminPrices::default(), "mine");
+        let at = |t: &str| sched.rates_at(parse_effective(t).unwrap()).unwrap().input;
+        assert_eq!(at("2026-03-14T23:59:59.999Z"), 150_000);
+        assert_eq!(at("2026-03-15T00:00:00Z"), 200_000);
+    }
+
+    #[test]
+    fn a_model_without_a_price_is_refused_by_name_unless_free() {
+        let unpriced =
+            settings("name = \"house-llm\"\nroutes = [{ upstream = \"a\", model = \"llama\" }]\n");
+        unpriced.validate().unwrap();
+        let err = unpriced
+            .check_priced(&AdminPrices::default(), now())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("model `house-llm` has no price"), "{err}");
+        let free = settings(
+            "name = \"house-llm\"\nfree = true\nroutes = [{ upstream = \"a\", model = \"llama\" }]\n",
+        );
+        free.check_priced(&AdminPrices::default(), now()).unwrap();
+        assert_eq!(
+            free.models[0]
+                .schedule(&AdminPrices::default(), "llama")
+                .rates_at(now()),
+            Some(Prices::default())
+        );
+        // A bundled upstream model needs no config price.
+        let bundled = settings("name = \"mini\"\nroutes = [{ upstream = \"a\", model = \"gpt-4o-mini-2024-07-18\" }]\n");
+        bundled
+            .check_priced(&AdminPrices::default(), now())
+            .unwrap();
+        // A dated config price only from the future: nothing in force now.
+        let later = settings(
+            "name = \"later\"\nroutes = [{ upstream = \"a\", model = \"llama\" }]\n\
+             [[models.prices]]\neffective = \"2027-01-01\"\ninput_usd_per_mtok = 1\noutput_usd_per_mtok = 1\n",
+        );
+        assert!(later.check_priced(&AdminPrices::default(), now()).is_err());
+        // An admin row prices it.
+        let admin: AdminPrices = [(
+            "house-llm".to_string(),
+            vec![Appended {
+                from: now(),
+                prices: Some(Prices::plain(1, 2)),
+            }],
+        )]
+        .into();
+        unpriced.check_priced(&admin, now()).unwrap();
+    }
+
+    #[test]
+    fn half_a_price_or_a_bad_date_is_refused_naming_the_key() {
+        for (model, why) in [
+            (
+                "name = \"m\"\nroutes = [{ upstream = \"a\", model = \"x\" }]\ninput_usd_per_mtok = 1\n",
+                "needs `output_usd_per_mtok`",
+            ),
+            (
+                "name = \"m\"\nroutes = [{ upstream = \"a\", model = \"x\" }]\ninput_usd_per_mtok = 1\n\
+                 output_usd_per_mtok = -1\n",
+                "`output_usd_per_mtok` must be a price",
+            ),
+            (
+                "name = \"m\"\nroutes = [{ upstream = \"a\", model = \"x\" }]\n\
+                 input_usd_per_mtok = \"0.0000001\"\noutput_usd_per_mtok = 1\n",
+                "`input_usd_per_mtok` must be a price",
+            ),
+            (
+                "name = \"m\"\nroutes = [{ upstream = \"a\", model = \"x\" }]\n[[models.prices]]\n\
+                 effective = \"March\"\ninput_usd_per_mtok = 1\noutput_usd_per_mtok = 1\n",
+                "`effective = \"March\"`",
+            ),
+            (
+                "name = \"m\"\nfree = true\nroutes = [{ upstream = \"a\", model = \"x\" }]\n\
+                 input_usd_per_mtok = 1\noutput_usd_per_mtok = 1\n",
+                "`free = true` and a price",
+            ),
+        ] {
+            let err = settings(model).validate().unwrap_err().to_string();
+            assert!(err.contains(why), "{why}: {err}");
+        }
+        let typo = "[[upstreams]]\nid = \"a\"\nprovider = \"openai\"\nbase_url = \"https://x.example\"\n\
+                    api_key = \"k\"\n[[models]]\nname = \"m\"\nroutes = []\ninput_usd_per_mtk = 1\n";
+        assert!(load_from(Some(typo), &Default::default()).is_err());
+    }
+}

@@ -1,0 +1,302 @@
+//! The bundled default price table (`price_table.toml`, embedded in the binary): the
+//! providers' public prices of the common OpenAI, Anthropic and Gemini models, each entry
+//! dated (`effective`), with the day it was read (`as_of`) and where (`source_url`). It
+//! prices a route only where neither an admin nor the config file prices its model
+//! (`schedule`). An upstream model name matches an entry's `model` as written, else with a
+//! trailing date suffix removed (`gpt-4o-mini-2024-07-18`, `claude-sonnet-4-20250514`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, OnceLock};
+
+use chrono::NaiveDate;
+use serde::Deserialize;
+
+use super::schedule::Dated;
+use crate::config::{ConfigError, PriceKeys, Usd};
+
+const TABLE: &str = include_str!("price_table.toml");
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    prices: Vec<RawEntry>,
+}
+
+#[derive(Deserialize)]
+struct RawEntry {
+    provider: String,
+    model: String,
+    effective: String,
+    as_of: String,
+    source_url: String,
+    #[serde(flatten)]
+    keys: PriceKeys,
+    /// Any other key: refused by name (a misspelt kind would otherwise be dropped).
+    #[serde(flatten)]
+    unknown: BTreeMap<String, toml::Value>,
+}
+
+/// One entry of the table, read.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub provider: String,
+    pub model: String,
+    pub dated: Dated,
+    pub as_of: NaiveDate,
+    pub source_url: String,
+}
+
+#[derive(Debug, Default)]
+pub struct Table {
+    pub entries: Vec<Entry>,
+    by_model: HashMap<String, Arc<[Dated]>>,
+}
+
+/// The embedded table, read once. It is part of the binary and its unit test reads it
+/// (`the_bundled_table_parses_and_every_entry_is_sourced`): a table that does not read
+/// fails the build's tests, not a gateway.
+pub fn bundled() -> &'static Table {
+    static TABLE_READ: OnceLock<Table> = OnceLock::new();
+    TABLE_READ.get_or_init(|| {
+        parse(TABLE).unwrap_or_else(|e| {
+            tracing::error!(error = %e, "the bundled price table does not read: no bundled prices");
+            Table::default()
+        })
+    })
+}
+
+fn invalid(why: String) -> ConfigError {
+    ConfigError::Invalid(format!("bundled price table: {why}"))
+}
+
+/// Reads a table in `price_table.toml`'s format.
+pub fn parse(text: &str) -> Result<Table, ConfigError> {
+    let file: File = toml::from_str(text).map_err(|e| invalid(e.to_string()))?;
+    let mut table = Table::default();
+    let mut by_model: HashMap<String, Vec<Dated>> = HashMap::new();
+    for raw in file.prices {
+        let name = &raw.model;
+        if let Some(key) = raw.unknown.keys().next() {
+            return Err(invalid(format!("`{name}`: unknown key `{key}`")));
+        }
+        let decimal = raw
+            .keys
+            .values()
+            .into_iter()
+            .flatten()
+            .all(|v| matches!(v, Usd::Text(_)));
+        if !decimal {
+            return Err(invalid(format!(
+                "`{name}`: prices are decimal strings, not numbers"
+            )));
+        }
+        let prices = raw
+            .keys
+            .prices(name)?
+            .ok_or_else(|| invalid(format!("`{name}` has no price")))?;
+        let from = crate::config::parse_effective(&raw.effective)
+            .ok_or_else(|| invalid(format!("`{name}`: effective {:?}", raw.effective)))?;
+        let as_of = NaiveDate::parse_from_str(&raw.as_of, "%Y-%m-%d")
+            .map_err(|_| invalid(format!("`{name}`: as_of {:?}", raw.as_of)))?;
+        if !raw.source_url.starts_with("https://") || raw.provider.is_empty() {
+            return Err(invalid(format!(
+                "`{name}` needs a provider and an https source_url"
+            )));
+        }
+        let dated = Dated { from, prices };
+        let same_day = by_model.entry(name.clone()).or_default();
+        if same_day.iter().any(|d| d.from == from) {
+            return Err(invalid(format!(
+                "`{name}` has two entries effective {from}"
+            )));
+        }
+        same_day.push(dated);
+        table.entries.push(Entry {
+            provider: raw.provider,
+            model: raw.model,
+            dated,
+            as_of,
+            source_url: raw.source_url,
+        });
+    }
+    table.by_model = by_model
+        .into_iter()
+        .map(|(k, mut v)| {
+            v.sort_by_key(|d| d.from);
+            (k, Arc::from(v))
+        })
+        .collect();
+    Ok(table)
+}
+
+impl Table {
+    /// The dated prices of an upstream model name: its own entries, else those of the name
+    /// without its date suffix; empty when neither is in the table.
+    pub fn for_upstream_model(&self, name: &str) -> Arc<[Dated]> {
+        self.by_model
+            .get(name)
+            .or_else(|| self.by_model.get(without_date_suffix(name)?))
+            .cloned()
+            .unwrap_or_else(|| Arc::from([]))
+    }
+}
+
+/// `name` without a trailing `-YYYY-MM-DD` or `-YYYYMMDD`; `None` when it has neither.
+pub fn without_date_suffix(name: &str) -> Option<&str> {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let (head, tail) = name.rsplit_once('-')?;
+    if tail.len() == 8 && digits(tail) {
+        return Some(head);
+    }
+    // `-YYYY-MM-DD`: the last three dash-separated parts are 4, 2 and 2 digits.
+    let (rest, day) = (head, tail);
+    let (rest, month) = rest.rsplit_once('-')?;
+    let (base, year) = rest.rsplit_once('-')?;
+    let dated = year.len() == 4 && month.len() == 2 && day.len() == 2;
+    (dated && digits(year) && digits(month) && digits(day) && !base.is_empty()).then_some(base)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::pricing::Prices;
+    use super::*;
+
+    #[test]
+    fn the_bundled_table_parses_and_every_entry_is_sourced() {
+        let t = parse(TABLE).expect("the bundled table reads");
+        assert!(t.entries.len() >= 25, "{}", t.entries.len());
+        for e in &t.entries {
+            assert!(e.source_url.starts_with("https://"), "{}", e.model);
+            assert!(
+                e.as_of >= NaiveDate::from_ymd_opt(2024, 1, 1).unwrap(),
+                "{}",
+                e.model
+            );
+            assert!(
+                e.dated.prices.input > 0 && e.dated.prices.output >= 0,
+                "{}",
+                e.model
+            );
+            assert!(
+                e.dated.from.date_naive() <= e.as_of,
+                "{}: read before it took effect",
+                e.model
+            );
+        }
+        for provider in ["openai", "anthropic", "gemini"] {
+            assert!(
+                t.entries.iter().any(|e| e.provider == provider),
+                "{provider}"
+            );
+        }
+        assert_eq!(bundled().entries.len(), t.entries.len());
+    }
+
+    #[test]
+    fn spot_figures_in_micros_per_million_tokens() {
+        let t = bundled();
+        let now = chrono::Utc::now();
+        let at = |m: &str| {
+            let s = crate::quota::schedule::Schedule::new(vec![], vec![], t.for_upstream_model(m));
+            s.rates_at(now).unwrap_or_else(|| panic!("{m} is bundled"))
+        };
+        assert_eq!(
+            at("gpt-4o-mini"),
+            Prices {
+                cached_input: 75_000,
+                ..Prices::plain(150_000, 600_000)
+            }
+        );
+        assert_eq!(
+            at("claude-sonnet-4-5"),
+            Prices {
+                cached_input: 300_000,
+                cache_write_5m: 3_750_000,
+                cache_write_1h: 6_000_000,
+                web_search_per_1k_calls: 10_000_000,
+                ..Prices::plain(3_000_000, 15_000_000)
+            }
+        );
+        // o3 after its price cut of 2025-06-10.
+        assert_eq!(at("o3").input, 2_000_000);
+        // Gemini without a published cache price here: cached input at the input price.
+        assert_eq!(at("gemini-2.5-flash").cached_input, 300_000);
+        let haiku = at("claude-3-5-haiku");
+        assert_eq!(
+            (haiku.cache_write_5m, haiku.cache_write_1h),
+            (1_000_000, 1_600_000)
+        );
+    }
+
+    #[test]
+    fn a_dated_upstream_name_matches_its_undated_entry() {
+        let t = bundled();
+        assert_eq!(
+            without_date_suffix("gpt-4o-mini-2024-07-18"),
+            Some("gpt-4o-mini")
+        );
+        assert_eq!(
+            without_date_suffix("claude-sonnet-4-20250514"),
+            Some("claude-sonnet-4")
+        );
+        assert_eq!(without_date_suffix("gpt-4o-mini"), None);
+        assert_eq!(without_date_suffix("o3-mini"), None);
+        assert_eq!(without_date_suffix("model-12345678x"), None);
+        assert_eq!(without_date_suffix("-2024-07-18"), None);
+        assert_eq!(
+            t.for_upstream_model("gpt-4o-mini-2024-07-18"),
+            t.for_upstream_model("gpt-4o-mini")
+        );
+        assert_eq!(
+            t.for_upstream_model("claude-3-5-haiku-20241022"),
+            t.for_upstream_model("claude-3-5-haiku")
+        );
+        // A snapshot with its own entry keeps it: the first gpt-4o is not priced as gpt-4o.
+        assert_eq!(
+            t.for_upstream_model("gpt-4o-2024-05-13")[0].prices.input,
+            5_000_000
+        );
+        assert_eq!(
+            t.for_upstream_model("gpt-4o-2024-08-06")[0].prices.input,
+            2_500_000
+        );
+        assert!(t.for_upstream_model("gpt-4o-mini-upstream").is_empty());
+        assert!(t.for_upstream_model("my-llama").is_empty());
+    }
+
+    #[test]
+    fn a_table_with_a_float_an_unknown_key_or_no_source_is_refused() {
+        let entry = |extra: &str| {
+            format!(
+                "[[prices]]\nprovider = \"openai\"\nmodel = \"m\"\neffective = \"2025-01-01\"\n\
+                 as_of = \"2025-02-01\"\nsource_url = \"https://example.com/p\"\n{extra}"
+            )
+        };
+        let good = entry("input_usd_per_mtok = \"1\"\noutput_usd_per_mtok = \"2\"\n");
+        assert_eq!(
+            parse(&good).unwrap().entries[0].dated.prices.output,
+            2_000_000
+        );
+        for (bad, why) in [
+            (
+                entry("input_usd_per_mtok = 1.0\noutput_usd_per_mtok = \"2\"\n"),
+                "decimal strings",
+            ),
+            (
+                entry(
+                    "input_usd_per_mtok = \"1\"\noutput_usd_per_mtok = \"2\"\nvideo_usd = \"1\"\n",
+                ),
+                "unknown key `video_usd`",
+            ),
+            (entry("input_usd_per_mtok = \"1\"\n"), "output_usd_per_mtok"),
+            (
+                good.replace("https://example.com/p", "ftp://x"),
+                "source_url",
+            ),
+            (good.replace("as_of = \"2025-02-01\"\n", ""), "as_of"),
+        ] {
+            let err = parse(&bad).unwrap_err().to_string();
+            assert!(err.contains(why), "{why}: {err}");
+        }
+    }
+}

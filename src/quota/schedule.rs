@@ -1,0 +1,176 @@
+//! A route's prices over time. Three layers, in precedence order: prices an admin appended
+//! (`model_prices`, per model), the config file's (a model's top-level keys from the
+//! beginning, its `[[models.prices]]` from their dates, or `free = true`: zero from the
+//! beginning), and the bundled table's (`price_table`, matched by the route's upstream model
+//! name). At an instant the first layer with a price in force there decides, and within it
+//! the latest entry whose `effective` is at or before the instant. A request is priced at
+//! `rates_at(its start)`, fixed with it for the reservation and the settlement alike.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+
+use super::pricing::Prices;
+
+/// A price in force from `from` until a later entry of its layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dated {
+    pub from: DateTime<Utc>,
+    pub prices: Prices,
+}
+
+/// Where a price in force came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Admin,
+    Config,
+    Bundled,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Admin => "admin",
+            Source::Config => "config",
+            Source::Bundled => "bundled",
+        }
+    }
+}
+
+/// An admin's row: a price from `from` on, or (`None`) the end of the model's admin prices
+/// there — its model was deleted in the admin, and its config or bundled price applies again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    pub from: DateTime<Utc>,
+    pub prices: Option<Prices>,
+}
+
+/// The admin layer of every model: its appended rows by model name.
+pub type AdminPrices = HashMap<String, Vec<Appended>>;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Schedule {
+    admin: Vec<Appended>,
+    config: Vec<Dated>,
+    bundled: Arc<[Dated]>,
+}
+
+impl Schedule {
+    /// A schedule of its three layers (each sorted here by date).
+    pub fn new(mut admin: Vec<Appended>, mut config: Vec<Dated>, bundled: Arc<[Dated]>) -> Self {
+        admin.sort_by_key(|d| d.from);
+        config.sort_by_key(|d| d.from);
+        Schedule {
+            admin,
+            config,
+            bundled,
+        }
+    }
+
+    /// The price in force at `t`, or `None` when no layer has one (refused at start:
+    /// `Settings::check_priced`).
+    pub fn rates_at(&self, t: DateTime<Utc>) -> Option<Prices> {
+        self.in_force(t).map(|(_, d)| d.prices)
+    }
+
+    /// The price in force at `t` and its layer.
+    pub fn in_force(&self, t: DateTime<Utc>) -> Option<(Source, Dated)> {
+        let admin = self.admin.iter().rev().find(|a| a.from <= t);
+        if let Some(&Appended {
+            from,
+            prices: Some(prices),
+        }) = admin
+        {
+            return Some((Source::Admin, Dated { from, prices }));
+        }
+        [
+            (Source::Config, &self.config[..]),
+            (Source::Bundled, &self.bundled[..]),
+        ]
+        .into_iter()
+        .find_map(|(source, layer)| latest(layer, t).map(|d| (source, d)))
+    }
+}
+
+/// The latest entry of a date-sorted layer effective at or before `t`.
+fn latest(layer: &[Dated], t: DateTime<Utc>) -> Option<Dated> {
+    layer.iter().rev().find(|d| d.from <= t).copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    fn dated(from: &str, input: i64) -> Dated {
+        Dated {
+            from: at(from),
+            prices: Prices {
+                cached_input: input / 2,
+                ..Prices::plain(input, input * 4)
+            },
+        }
+    }
+
+    #[test]
+    fn the_latest_entry_effective_at_or_before_the_instant_wins() {
+        let s = Schedule::new(
+            vec![],
+            vec![
+                dated("2026-03-15T00:00:00Z", 200),
+                dated("2026-03-01T00:00:00Z", 100),
+            ],
+            Arc::from([]),
+        );
+        assert_eq!(s.rates_at(at("2026-02-28T23:59:59Z")), None);
+        assert_eq!(s.rates_at(at("2026-03-01T00:00:00Z")).unwrap().input, 100);
+        assert_eq!(s.rates_at(at("2026-03-14T23:59:59Z")).unwrap().input, 100);
+        assert_eq!(s.rates_at(at("2026-03-15T00:00:00Z")).unwrap().input, 200);
+        assert_eq!(s.rates_at(at("2030-01-01T00:00:00Z")).unwrap().input, 200);
+    }
+
+    #[test]
+    fn admin_then_config_then_bundled() {
+        let bundled: Arc<[Dated]> = Arc::from([dated("2024-01-01T00:00:00Z", 1)]);
+        let only_bundled = Schedule::new(vec![], vec![], bundled.clone());
+        assert_eq!(
+            only_bundled.in_force(at("2026-01-01T00:00:00Z")).unwrap().0,
+            Source::Bundled
+        );
+        // A config price from the beginning hides the bundled one at every instant.
+        let config = vec![Dated {
+            from: DateTime::<Utc>::MIN_UTC,
+            prices: dated("2020-01-01T00:00:00Z", 10).prices,
+        }];
+        let admin = |from: &str, input: Option<i64>| Appended {
+            from: at(from),
+            prices: input.map(|i| dated(from, i).prices),
+        };
+        let s = Schedule::new(
+            vec![
+                admin("2026-07-01T00:00:00Z", None),
+                admin("2026-06-01T00:00:00Z", Some(50)),
+            ],
+            config,
+            bundled.clone(),
+        );
+        let (source, d) = s.in_force(at("2026-05-31T00:00:00Z")).unwrap();
+        assert_eq!((source, d.prices.input), (Source::Config, 10));
+        let (source, d) = s.in_force(at("2026-06-01T00:00:00Z")).unwrap();
+        assert_eq!((source, d.prices.input), (Source::Admin, 50));
+        // Withdrawn (its model deleted in the admin): the config's price again.
+        let (source, d) = s.in_force(at("2026-07-01T00:00:00Z")).unwrap();
+        assert_eq!((source, d.prices.input), (Source::Config, 10));
+        // A dated config price only: before it, the bundled one.
+        let s = Schedule::new(vec![], vec![dated("2026-03-01T00:00:00Z", 7)], bundled);
+        assert_eq!(
+            s.in_force(at("2026-02-01T00:00:00Z")).unwrap().0,
+            Source::Bundled
+        );
+        assert_eq!(s.rates_at(at("2026-03-02T00:00:00Z")).unwrap().input, 7);
+    }
+}
