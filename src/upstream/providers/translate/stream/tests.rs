@@ -175,6 +175,56 @@ fn the_most_usage_after_the_finish_wins() {
     assert_eq!((u.input, u.output), (7, 40));
 }
 
+/// Every part follows the rule of its side: output parts and web searches reported before
+/// the finish are replaced by the ones with or after it, and the most of those counts, part
+/// by part; cache writes count at the most reported in all, with the most reported one-hour
+/// part among them (a later total without the split is no five-minute write).
+#[test]
+fn every_part_of_the_usage_follows_its_side_s_rule() {
+    let mut c = StreamConverter::new(WireFormat::OpenAi, WireFormat::Anthropic, false, 10);
+    let report = |c: &mut StreamConverter, u: canonical::Usage| {
+        c.note_event(&Event::Usage(Reported::whole(u)));
+    };
+    report(
+        &mut c,
+        canonical::Usage {
+            input: 100,
+            cache_write_5m: 20,
+            cache_write_1h: 30,
+            audio_input: 5,
+            output: 90,
+            reasoning: 80,
+            web_search_calls: 9,
+            ..canonical::Usage::default()
+        },
+    );
+    c.note_event(&Event::Finish(canonical::Finish::Stop));
+    for (writes, reasoning, calls) in [(50, 10, 2), (40, 12, 1)] {
+        report(
+            &mut c,
+            canonical::Usage {
+                input: 100,
+                cache_write_5m: writes,
+                output: 30,
+                reasoning,
+                web_search_calls: calls,
+                ..canonical::Usage::default()
+            },
+        );
+    }
+    let u = c.usage();
+    assert_eq!(
+        (u.cache_write_5m, u.cache_write_1h, u.audio_input),
+        (20, 30, 5),
+        "the writes' split and the audio input are kept"
+    );
+    assert_eq!(
+        (u.output, u.reasoning, u.web_search_calls),
+        (30, 12, 2),
+        "the running output side is replaced; after the finish the most of each part"
+    );
+}
+
 /// How a scripted stream's usage is reported.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Report {
