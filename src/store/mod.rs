@@ -22,6 +22,8 @@ pub mod requests;
 pub mod responses;
 pub mod rotate;
 pub mod sessions;
+pub mod spend;
+pub mod tags;
 pub mod tenants;
 pub mod token_admin;
 pub mod tokens;

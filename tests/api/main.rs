@@ -96,6 +96,7 @@ mod ssrf;
 mod store_boundary;
 mod stream_usage;
 mod streams;
+mod tags;
 mod token_source;
 mod translate;
 mod translate_attack;

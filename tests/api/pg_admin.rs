@@ -428,6 +428,7 @@ fn request(
         cache_key: None,
         cache_similarity: None,
         created_at: format!("{day}T12:{:02}:{:02}.000Z", i / 60 % 60, i % 60),
+        tags: String::new(),
     }
 }
 
