@@ -215,7 +215,8 @@ pub fn parse_reset(s: Option<&str>, default: Reset) -> Result<Reset, AdminError>
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/teams", web::get().to(page))
         .route("/teams", web::post().to(create_html))
-        .route("/teams/{id}/budget", web::post().to(budget_html));
+        .route("/teams/{id}/budget", web::post().to(budget_html))
+        .route("/teams/{id}/tags", web::post().to(tags_html));
 }
 
 #[derive(Template)]
@@ -268,6 +269,23 @@ async fn budget_html(
 ) -> Result<HttpResponse, AdminError> {
     let row = set_budget(&state, &actor, id.into_inner(), b).await?;
     table(&state, &actor, &format!("Budget of {} updated.", row.name)).await
+}
+
+#[derive(Debug, Deserialize)]
+pub struct TeamTags {
+    /// Empty or absent: none.
+    #[serde(default, deserialize_with = "de::opt_text")]
+    pub tags: Option<String>,
+}
+
+async fn tags_html(
+    actor: Actor,
+    state: web::Data<AppState>,
+    id: web::Path<i64>,
+    Input(t): Input<TeamTags>,
+) -> Result<HttpResponse, AdminError> {
+    let row = set_tags(&state, &actor, id.into_inner(), t.tags.as_deref()).await?;
+    table(&state, &actor, &format!("Tags of {} updated.", row.name)).await
 }
 
 /// A lead may only hand out budget inside their team's: with a team limit, a budget they set

@@ -608,7 +608,8 @@ async fn every_dimension_and_a_pair_give_the_same_rows_as_json_and_csv_and_filte
         .collect();
     let has = |g: &Gen, tag: &str| g.10.split(',').any(|t| t == tag);
     let model = |g: &Gen| if g.5.is_empty() { g.4 } else { g.5 };
-    let cases: Vec<(&str, Box<dyn Fn(&Gen) -> bool>)> = vec![
+    type Keep = Box<dyn Fn(&Gen) -> bool>;
+    let cases: Vec<(&str, Keep)> = vec![
         ("team=1", Box::new(|g: &Gen| g.1 == 1)),
         ("user=2", Box::new(|g: &Gen| g.2 == 2)),
         ("token=1", Box::new(|g: &Gen| g.3 == 1)),

@@ -348,3 +348,93 @@ async fn spend_by_tag_has_an_untagged_row_and_sums_to_the_total_and_the_ledger()
     assert_eq!(prod.map(|r| r["requests"].clone()), Some(json!(1)));
     app.assert_invariant().await;
 }
+
+#[tokio::test]
+async fn the_admin_pages_set_default_tags_and_the_reports_page_groups_by_them() {
+    let app = spawn_app().await;
+    let root = admin(&app).await;
+    let r = root
+        .htmx_form("/admin/teams", &[("name", "blue"), ("tags", "env:dev")])
+        .await;
+    assert_eq!(r.status(), 200);
+    let (_, teams) = root.get_json("/admin/api/v1/teams").await;
+    let blue = teams["teams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "blue")
+        .unwrap()
+        .clone();
+    assert_eq!(blue["tags"], "env:dev");
+    let tid = blue["id"].as_i64().unwrap();
+    let r = root
+        .htmx_form(
+            &format!("/admin/teams/{tid}/tags"),
+            &[("tags", "env:qa,cc:1")],
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap().contains("cc:1,env:qa"));
+    let r = root
+        .htmx_form(
+            &format!("/admin/teams/{tid}/tags"),
+            &[("tags", "env:qa,env:dev")],
+        )
+        .await;
+    assert_eq!(r.status(), 400, "the page refuses a duplicate key too");
+
+    let (_, user) = root
+        .post(
+            "/admin/api/v1/users",
+            &json!({"username": "bo", "team_id": tid}),
+        )
+        .await;
+    let uid = user["id"].as_i64().unwrap().to_string();
+    let r = root
+        .htmx_form(
+            "/admin/tokens",
+            &[("user_id", uid.as_str()), ("tags", "project:apollo")],
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let (_, toks) = root.get_json("/admin/api/v1/tokens").await;
+    let id = toks["tokens"][0]["id"].as_i64().unwrap();
+    assert_eq!(toks["tokens"][0]["tags"], "project:apollo");
+    let r = root
+        .htmx_form(
+            &format!("/admin/tokens/{id}/limits"),
+            &[("max_priority", "2"), ("tags", "project:zeus")],
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let (_, toks) = root.get_json("/admin/api/v1/tokens").await;
+    assert_eq!(toks["tokens"][0]["tags"], "project:zeus");
+    let (s, rotated) = root
+        .post(&format!("/admin/api/v1/tokens/{id}/rotate"), &json!({}))
+        .await;
+    assert_eq!(
+        (s, rotated["tags"].as_str()),
+        (201, Some("project:zeus")),
+        "a rotated token keeps its tags"
+    );
+    let text = rotated["token"].as_str().unwrap();
+    assert_eq!(app.chat(text, &chat_body(8)).await.status(), 200);
+    assert_eq!(row_tags(&app, 1).await, "cc:1,env:qa,project:zeus");
+
+    let page = root
+        .get("/admin/reports?group_by=tag:project,model&tag=env:qa")
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("value=\"tag:project,model\""),
+        "the grouping is kept"
+    );
+    assert!(page.contains("value=\"env:qa\""), "the filter is kept");
+    assert!(page.contains("<th scope=\"col\">tag:project</th><th scope=\"col\">model</th>"));
+    assert!(
+        page.contains("<th scope=\"row\">zeus</th><td>gpt-4o-mini</td>"),
+        "{page}"
+    );
+}
