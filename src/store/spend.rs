@@ -137,16 +137,19 @@ where
     let needs = |f: &dyn Fn(&Dim) -> bool| q.group_by.iter().any(f);
     let time = needs(&|d| d.is_time());
     let tagged = needs(&|d| matches!(d, Dim::Tag(_))) || !q.filters.tags.is_empty();
+    // The ids are grouped as `+id`, an expression: SQLite then reads the day range in key
+    // order and groups in a temporary table, instead of walking the `(team_id, day)` index
+    // for the grouping's order and looking every row up (ten times slower over a year).
     let cols = [
         ("day", time, "''"),
-        ("team_id", needs(&|d| *d == Dim::Team), "CAST(0 AS BIGINT)"),
+        ("+team_id", needs(&|d| *d == Dim::Team), "CAST(0 AS BIGINT)"),
         (
-            "user_id",
+            "+user_id",
             needs(&|d| matches!(d, Dim::User | Dim::Token)),
             "CAST(0 AS BIGINT)",
         ),
         (
-            "token_id",
+            "+token_id",
             needs(&|d| *d == Dim::Token),
             "CAST(0 AS BIGINT)",
         ),
