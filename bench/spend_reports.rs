@@ -170,7 +170,9 @@ async fn main() {
         (day("2026-11-01"), day("2026-12-01")),
     );
     let tag = |k: &str| Dim::Tag(k.to_string());
-    let kinds: Vec<(&str, (NaiveDate, NaiveDate), Vec<Dim>, Filters)> = vec![
+    /// A report kind: its name, range, grouping and filters.
+    type Kind = (&'static str, (NaiveDate, NaiveDate), Vec<Dim>, Filters);
+    let kinds: Vec<Kind> = vec![
         ("month by team", month, vec![Dim::Team], Filters::default()),
         ("month by user", month, vec![Dim::User], Filters::default()),
         (
