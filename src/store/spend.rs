@@ -328,3 +328,61 @@ pub async fn report(db: &super::Db, q: &SpendQuery) -> Result<Vec<Group>> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(day: &str, tags: &str) -> Summed {
+        Summed {
+            day: day.into(),
+            team_id: 1,
+            user_id: 2,
+            token_id: 3,
+            model: "m".into(),
+            upstream: "u".into(),
+            tags: tags.into(),
+            requests: 1,
+            input_tokens: 0,
+            output_tokens: 0,
+            cost_micros: 0,
+        }
+    }
+
+    #[test]
+    fn dimensions_parse_by_name_and_tag_keys_by_the_tag_rules() {
+        for name in [
+            "team",
+            "user",
+            "token",
+            "model",
+            "upstream",
+            "day",
+            "week",
+            "month",
+            "tag:project",
+        ] {
+            assert_eq!(Dim::parse(name).map(|d| d.name()), Some(name.to_string()));
+        }
+        for bad in ["planet", "tag:", "tag:a b", "tag:a:b", "Team"] {
+            assert_eq!(Dim::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn weeks_are_iso_and_a_missing_tag_key_is_untagged() {
+        let n = Names::default();
+        let r = row("2027-01-01", "env:prod");
+        let tags = Tags::stored(&r.tags);
+        assert_eq!(key(&Dim::Week, &r, &tags, &n), "2026-W53");
+        assert_eq!(key(&Dim::Month, &r, &tags, &n), "2027-01");
+        assert_eq!(key(&Dim::Tag("env".into()), &r, &tags, &n), "prod");
+        assert_eq!(key(&Dim::Tag("project".into()), &r, &tags, &n), UNTAGGED);
+        assert_eq!(key(&Dim::Team, &r, &tags, &n), "no team");
+        assert!(matches(&tags, &[("env".into(), "prod".into())]));
+        assert!(
+            !matches(&tags, &[("env".into(), "Prod".into())]),
+            "tags are case-sensitive"
+        );
+    }
+}
