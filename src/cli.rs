@@ -8,9 +8,11 @@ use serde_json::json;
 
 use crate::auth::{password, throttle, token};
 use crate::ops::audit_head::{self, Exported, HeadError};
+use crate::pipeline::tags::Tags;
 use crate::quota::period::Reset;
 use crate::quota::pricing;
 use crate::store::audit::{self, AuditEntry};
+use crate::store::tags::{self as tag_store, Owner};
 use crate::store::tenants::{self, NewBudget, NewUser, DEFAULT_TEAM};
 use crate::store::{admins, ledger, sessions, tokens, Db, StoreError};
 
@@ -68,16 +70,63 @@ pub async fn team_create(
     budget_usd: Option<&str>,
     now: DateTime<Utc>,
 ) -> Result<i64, CliError> {
+    team_create_tagged(db, name, budget_usd, None, now).await
+}
+
+/// Default tags given on the command line (`--tags k:v,…`), canonical.
+fn default_tags(text: Option<&str>) -> Result<String, CliError> {
+    Tags::parse(text.unwrap_or(""))
+        .map(|t| t.canonical())
+        .map_err(|e| CliError::Invalid(format!("--tags: {e}")))
+}
+
+/// `team create --tags`: a team with default tags for its requests.
+pub async fn team_create_tagged(
+    db: &Db,
+    name: &str,
+    budget_usd: Option<&str>,
+    tags: Option<&str>,
+    now: DateTime<Utc>,
+) -> Result<i64, CliError> {
     let b = NewBudget {
         limit_micros: budget(budget_usd)?,
         reset: Reset::Monthly,
     };
+    let tags = default_tags(tags)?;
     let mut tx = db.begin().await?;
     let id = tenants::create_team(&mut tx, name, &b, now).await?;
-    let after = json!({"name": name, "limit_micros": b.limit_micros}).to_string();
+    if !tags.is_empty() {
+        tag_store::set(&mut tx, Owner::Team(id), &tags).await?;
+    }
+    let after = json!({"name": name, "limit_micros": b.limit_micros, "tags": tags}).to_string();
     audit::append(
         &mut tx,
         &audit_entry("team.create", &format!("team:{id}"), Some(&after)),
+        now,
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(id)
+}
+
+/// `team edit NAME --tags k:v,…` (empty clears them); running gateways follow within a
+/// second (the token epoch moves).
+pub async fn team_edit_tags(
+    db: &Db,
+    name: &str,
+    tags: &str,
+    now: DateTime<Utc>,
+) -> Result<i64, CliError> {
+    let tags = default_tags(Some(tags))?;
+    let mut tx = db.begin().await?;
+    let id = tenants::team_id(&mut tx, name)
+        .await?
+        .ok_or_else(|| CliError::Invalid(format!("no team named `{name}`")))?;
+    tag_store::set(&mut tx, Owner::Team(id), &tags).await?;
+    let after = json!({"tags": tags}).to_string();
+    audit::append(
+        &mut tx,
+        &audit_entry("team.tags", &format!("team:{id}"), Some(&after)),
         now,
     )
     .await?;
@@ -143,6 +192,17 @@ pub async fn token_issue(
     a: &IssueArgs<'_>,
     now: DateTime<Utc>,
 ) -> Result<Issued, CliError> {
+    token_issue_tagged(db, a, None, now).await
+}
+
+/// `token issue --tags`: a token with default tags for its requests.
+pub async fn token_issue_tagged(
+    db: &Db,
+    a: &IssueArgs<'_>,
+    tags: Option<&str>,
+    now: DateTime<Utc>,
+) -> Result<Issued, CliError> {
+    let tags = default_tags(tags)?;
     let limit = budget(a.budget_usd)?;
     let reset = reset(a.reset, Reset::Never)?;
     let expires = a
@@ -203,8 +263,11 @@ pub async fn token_issue(
         expires_at: expires,
     };
     let id = tokens::insert(&mut tx, &row, now).await?;
+    if !tags.is_empty() {
+        tag_store::set(&mut tx, Owner::Token(id), &tags).await?;
+    }
     let after = json!({"user_id": user_id, "prefix": new.display_prefix, "limit_micros": limit, "reset": reset.as_str(),
-        "rpm": a.rpm, "tpm": a.tpm, "models": models, "expires_at": expires}).to_string();
+        "rpm": a.rpm, "tpm": a.tpm, "models": models, "expires_at": expires, "tags": tags}).to_string();
     audit::append(
         &mut tx,
         &audit_entry("token.issue", &format!("token:{id}"), Some(&after)),

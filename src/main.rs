@@ -149,6 +149,16 @@ enum TeamCommand {
         name: String,
         #[arg(long)]
         budget_usd: Option<String>,
+        /// Default tags of the team's requests: key:value,key:value (at most 10).
+        #[arg(long)]
+        tags: Option<String>,
+    },
+    /// Change a team's default tags (an empty --tags clears them).
+    Edit {
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        tags: String,
     },
 }
 
@@ -193,6 +203,9 @@ enum TokenCommand {
         max_priority: i64,
         #[arg(long)]
         downgrade_model: Option<String>,
+        /// Default tags of the token's requests: key:value,key:value (at most 10).
+        #[arg(long)]
+        tags: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -379,10 +392,22 @@ async fn main() -> anyhow::Result<()> {
             db.engine()
         ),
         Command::Team {
-            command: TeamCommand::Create { name, budget_usd },
+            command:
+                TeamCommand::Create {
+                    name,
+                    budget_usd,
+                    tags,
+                },
         } => {
-            let id = cli::team_create(&db, &name, budget_usd.as_deref(), now).await?;
+            let (budget, tags) = (budget_usd.as_deref(), tags.as_deref());
+            let id = cli::team_create_tagged(&db, &name, budget, tags, now).await?;
             println!("team {name} created (id {id})");
+        }
+        Command::Team {
+            command: TeamCommand::Edit { name, tags },
+        } => {
+            let id = cli::team_edit_tags(&db, &name, &tags, now).await?;
+            println!("team {name} (id {id}) updated");
         }
         Command::User {
             command:
@@ -523,6 +548,7 @@ async fn token_command(
             models,
             max_priority,
             downgrade_model,
+            tags,
             json,
         } => {
             let args = IssueArgs {
@@ -536,7 +562,7 @@ async fn token_command(
                 max_priority,
                 downgrade_model: downgrade_model.as_deref(),
             };
-            let t = cli::token_issue(db, &args, now).await?;
+            let t = cli::token_issue_tagged(db, &args, tags.as_deref(), now).await?;
             let budget = t.limit_micros.map(pricing::usd);
             if json {
                 println!(

@@ -88,10 +88,10 @@ async fn teams_budget(
     actor: Actor,
     state: web::Data<AppState>,
     id: web::Path<i64>,
-    Input(b): Input<teams::TeamBudget>,
+    Input(p): Input<teams::TeamPatch>,
 ) -> Res {
     ok(json!(
-        teams::set_budget(&state, &actor, id.into_inner(), b).await?
+        teams::patch(&state, &actor, id.into_inner(), p).await?
     ))
 }
 
@@ -212,14 +212,13 @@ struct SpendQuery {
 
 async fn spend(actor: Actor, state: web::Data<AppState>, q: web::Query<SpendQuery>) -> Res {
     let r = reports::report(&state, &actor, &q.q).await?;
-    if q.format.as_deref() == Some("csv") {
-        return Ok(reports::csv_response(&r));
+    match q.format.as_deref() {
+        Some("csv") => Ok(reports::csv_response(&r)),
+        None | Some("json") => ok(reports::to_json(&r)),
+        Some(other) => Err(AdminError::invalid(format!(
+            "format: json or csv, not `{other}`"
+        ))),
     }
-    ok(json!({
-        "month": r.month, "by": r.by, "rows": r.rows,
-        "total_micros": r.total_micros, "total_requests": r.total_requests,
-        "days": r.days.iter().map(|(d, s)| json!({"day": d.format("%Y-%m-%d").to_string(), "spend_micros": s})).collect::<Vec<_>>(),
-    }))
 }
 
 async fn requests_list(

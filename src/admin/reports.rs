@@ -1,6 +1,10 @@
-//! Spend reports for a chosen month, grouped by token, user, team, model or day; a
-//! spend-per-day chart drawn on the server as inline SVG; and CSV of exactly the rows the
-//! table shows (one function produces both).
+//! Spend reports over whole UTC days — `from`/`to` (`[from, to)`, `YYYY-MM-DD`) or a
+//! `month` — grouped by one or more of team, user, token, model, upstream, `tag:<key>`,
+//! day, week and month (`group_by=tag:project,model`; the older `by=` names one), and
+//! filtered by the same names (`team=<id>`, `user=<id>`, `token=<id>`, `model=`,
+//! `upstream=`, `tag=key:value[,key:value]`); a spend-per-day chart drawn on the server as
+//! inline SVG. One function (`report`) feeds the JSON API, the CSV and the page, read from
+//! the rollup (`store::spend`).
 
 use actix_web::http::header;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -12,28 +16,205 @@ use super::actor::Actor;
 use super::error::AdminError;
 use super::input::de;
 use super::view::{self, filters, Chrome};
+use crate::pipeline::tags::Tags;
 use crate::quota::pricing;
 use crate::state::AppState;
-use crate::store::reports::{self, GroupBy, SpendRow};
+use crate::store::spend::{self, Dim, Filters, Group, SpendQuery};
+
+/// The longest report range: ten years of days.
+const MAX_DAYS: i64 = 3660;
+/// At most this many dimensions at once.
+const MAX_DIMS: usize = 4;
 
 #[derive(Debug, Default, Deserialize)]
 pub struct ReportQuery {
-    /// `YYYY-MM`; default: the current month (UTC).
+    /// `YYYY-MM`; default: the current month (UTC). `from`/`to` win when given.
     #[serde(default, deserialize_with = "de::opt_text")]
     pub month: Option<String>,
-    /// token (default), user, team, model or day.
+    /// One dimension (the older name of `group_by`).
     #[serde(default, deserialize_with = "de::opt_text")]
     pub by: Option<String>,
+    #[serde(default, deserialize_with = "de::opt_text")]
+    pub group_by: Option<String>,
+    /// `YYYY-MM-DD`, the first day in the report.
+    #[serde(default, deserialize_with = "de::opt_text")]
+    pub from: Option<String>,
+    /// `YYYY-MM-DD`, the first day after it.
+    #[serde(default, deserialize_with = "de::opt_text")]
+    pub to: Option<String>,
+    #[serde(default, deserialize_with = "de::opt_text")]
+    pub team: Option<String>,
+    #[serde(default, deserialize_with = "de::opt_text")]
+    pub user: Option<String>,
+    #[serde(default, deserialize_with = "de::opt_text")]
+    pub token: Option<String>,
+    #[serde(default, deserialize_with = "de::opt_text")]
+    pub model: Option<String>,
+    #[serde(default, deserialize_with = "de::opt_text")]
+    pub upstream: Option<String>,
+    #[serde(default, deserialize_with = "de::opt_text")]
+    pub tag: Option<String>,
 }
 
 pub struct Report {
-    pub month: String,
-    pub by: GroupBy,
-    pub rows: Vec<SpendRow>,
+    pub from: NaiveDate,
+    pub to: NaiveDate,
+    /// The month asked for, when the range is one (`month=`).
+    pub month: Option<String>,
+    pub group_by: Vec<Dim>,
+    pub rows: Vec<Group>,
     pub total_micros: i64,
     pub total_requests: i64,
-    /// Spend per day of the month, every day present.
+    /// Spend per day of the range, every day present.
     pub days: Vec<(NaiveDate, i64)>,
+    /// The query string that gives this report again (for the CSV link).
+    pub query: String,
+    /// Asked with the older `by=`: JSON rows in their older shape (no `keys`).
+    pub legacy: bool,
+}
+
+impl Report {
+    /// The dimension names, joined by `,` (as `group_by` takes them).
+    pub fn by(&self) -> String {
+        let names: Vec<String> = self.group_by.iter().map(Dim::name).collect();
+        names.join(",")
+    }
+
+    /// What the report covers, for headings and file names.
+    pub fn span(&self) -> String {
+        match &self.month {
+            Some(m) => m.clone(),
+            None => format!("{}..{}", self.from, self.to),
+        }
+    }
+}
+
+/// One row's label: its keys joined by ` / `.
+pub fn label(g: &Group) -> String {
+    g.keys.join(" / ")
+}
+
+fn day(name: &str, s: &str) -> Result<NaiveDate, AdminError> {
+    let shaped = s.len() == 10 && s.as_bytes().get(4) == Some(&b'-');
+    NaiveDate::parse_from_str(s, "%Y-%m-%d")
+        .ok()
+        .filter(|_| shaped)
+        .ok_or_else(|| AdminError::invalid(format!("{name}: `{s}` is not YYYY-MM-DD")))
+}
+
+fn id(name: &str, s: &Option<String>) -> Result<Option<i64>, AdminError> {
+    s.as_deref()
+        .map(|v| {
+            v.parse()
+                .map_err(|_| AdminError::invalid(format!("{name}: `{v}` is not an id")))
+        })
+        .transpose()
+}
+
+fn dims(q: &ReportQuery) -> Result<Vec<Dim>, AdminError> {
+    const DIMS: &str = "team, user, token, model, upstream, tag:<key>, day, week or month";
+    let text = q.group_by.as_deref().or(q.by.as_deref()).unwrap_or("token");
+    let mut out: Vec<Dim> = Vec::new();
+    for name in text.split(',').map(str::trim) {
+        let d = Dim::parse(name).ok_or_else(|| {
+            AdminError::invalid(format!("group_by: `{name}` is not one of {DIMS}"))
+        })?;
+        if out.contains(&d) {
+            return Err(AdminError::invalid(format!(
+                "group_by: `{name}` appears twice"
+            )));
+        }
+        out.push(d);
+    }
+    if out.len() > MAX_DIMS {
+        return Err(AdminError::invalid(format!(
+            "group_by: at most {MAX_DIMS} dimensions"
+        )));
+    }
+    Ok(out)
+}
+
+/// The range: `from`/`to` when given (both), else the month (default: this one).
+fn range(
+    state: &AppState,
+    q: &ReportQuery,
+) -> Result<(NaiveDate, NaiveDate, Option<String>), AdminError> {
+    match (&q.from, &q.to) {
+        (Some(f), Some(t)) => {
+            let (from, to) = (day("from", f)?, day("to", t)?);
+            if to <= from || (to - from).num_days() > MAX_DAYS {
+                return Err(AdminError::invalid(format!(
+                    "to must be after from, by at most {MAX_DAYS} days"
+                )));
+            }
+            Ok((from, to, None))
+        }
+        (None, None) => {
+            let month = q
+                .month
+                .clone()
+                .unwrap_or_else(|| state.clock.now().format("%Y-%m").to_string());
+            let (first, _, _) = view::month_range(&month)?;
+            let next = first
+                .checked_add_months(chrono::Months::new(1))
+                .ok_or_else(|| AdminError::invalid("month out of range"))?;
+            Ok((first, next, Some(month)))
+        }
+        _ => Err(AdminError::invalid("from and to go together")),
+    }
+}
+
+/// The filters; a lead's view is limited to their team by `scope` as well.
+fn filters_of(q: &ReportQuery) -> Result<Filters, AdminError> {
+    let tags = match &q.tag {
+        None => Vec::new(),
+        Some(t) => {
+            let parsed = Tags::parse(t).map_err(|e| AdminError::invalid(format!("tag: {e}")))?;
+            parsed
+                .canonical()
+                .split(',')
+                .filter_map(|p| p.split_once(':'))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        }
+    };
+    Ok(Filters {
+        team: id("team", &q.team)?,
+        user: id("user", &q.user)?,
+        token: id("token", &q.token)?,
+        model: q.model.clone(),
+        upstream: q.upstream.clone(),
+        tags,
+    })
+}
+
+/// The query string of a report, from what was asked (URL-encoded).
+fn query_string(
+    q: &ReportQuery,
+    month: &Option<String>,
+    r: (&NaiveDate, &NaiveDate),
+    by: &str,
+) -> String {
+    let mut pairs: Vec<(&str, String)> = match month {
+        Some(m) => vec![("month", m.clone())],
+        None => vec![("from", r.0.to_string()), ("to", r.1.to_string())],
+    };
+    pairs.push(("group_by", by.to_string()));
+    for (k, v) in [
+        ("team", &q.team),
+        ("user", &q.user),
+        ("token", &q.token),
+        ("model", &q.model),
+        ("upstream", &q.upstream),
+        ("tag", &q.tag),
+    ] {
+        if let Some(v) = v {
+            pairs.push((k, v.clone()));
+        }
+    }
+    let mut ser = url::form_urlencoded::Serializer::new(String::new());
+    ser.extend_pairs(pairs);
+    ser.finish()
 }
 
 pub async fn report(
@@ -41,50 +222,81 @@ pub async fn report(
     actor: &Actor,
     q: &ReportQuery,
 ) -> Result<Report, AdminError> {
-    let month = q
-        .month
-        .clone()
-        .unwrap_or_else(|| state.clock.now().format("%Y-%m").to_string());
-    let by = match q.by.as_deref() {
-        None => GroupBy::Token,
-        Some(b) => GroupBy::parse(b)
-            .ok_or_else(|| AdminError::invalid("by: token, user, team, model or day"))?,
+    let group_by = dims(q)?;
+    let (from, to, month) = range(state, q)?;
+    let mut sq = SpendQuery {
+        from,
+        to,
+        group_by,
+        filters: filters_of(q)?,
+        scope: actor.scope(),
     };
-    let (first, from, to) = view::month_range(&month)?;
-    let scope = actor.scope();
-    let rows = reports::spend(&state.db, scope, by, &from, &to).await?;
-    let per_day = reports::spend(&state.db, scope, GroupBy::Day, &from, &to).await?;
+    let rows = spend::report(&state.db, &sq).await?;
+    let group_by = std::mem::replace(&mut sq.group_by, vec![Dim::Day]);
+    let per_day = spend::report(&state.db, &sq).await?;
     let mut days = Vec::new();
-    let mut d = first;
-    while d.month() == first.month() {
+    let mut d = from;
+    while d < to {
         let key = d.format("%Y-%m-%d").to_string();
         let spend = per_day
             .iter()
-            .find(|r| r.label == key)
+            .find(|r| r.keys.first() == Some(&key))
             .map_or(0, |r| r.spend_micros);
         days.push((d, spend));
         d += Duration::days(1);
     }
+    let by: Vec<String> = group_by.iter().map(Dim::name).collect();
+    let query = query_string(q, &month, (&from, &to), &by.join(","));
     Ok(Report {
         total_micros: rows.iter().map(|r| r.spend_micros).sum(),
         total_requests: rows.iter().map(|r| r.requests).sum(),
+        from,
+        to,
         month,
-        by,
+        group_by,
         rows,
         days,
+        query,
+        legacy: q.group_by.is_none() && q.by.is_some(),
     })
 }
 
-/// The CSV of a report: the table's columns and rows, nothing more.
+/// The report as JSON: its rows (each with its `keys` in `group_by` order and their
+/// `label`; asked with `by=`, the label only, as before), totals and the spend of every day.
+pub fn to_json(r: &Report) -> serde_json::Value {
+    let rows: Vec<serde_json::Value> = r
+        .rows
+        .iter()
+        .map(|g| {
+            let mut row = serde_json::json!({"label": label(g), "requests": g.requests,
+                "input_tokens": g.input_tokens, "output_tokens": g.output_tokens, "spend_micros": g.spend_micros});
+            if !r.legacy {
+                row["keys"] = serde_json::json!(g.keys);
+            }
+            row
+        })
+        .collect();
+    let group_by: Vec<String> = r.group_by.iter().map(Dim::name).collect();
+    serde_json::json!({
+        "month": r.month, "from": r.from.to_string(), "to": r.to.to_string(),
+        "by": r.by(), "group_by": group_by, "rows": rows,
+        "total_micros": r.total_micros, "total_requests": r.total_requests,
+        "days": r.days.iter().map(|(d, s)| serde_json::json!({"day": d.format("%Y-%m-%d").to_string(), "spend_micros": s})).collect::<Vec<_>>(),
+    })
+}
+
+/// The CSV of a report: one column per dimension, then the sums; the table's rows.
 pub fn to_csv(r: &Report) -> String {
+    let head: Vec<String> = r.group_by.iter().map(|d| csv_cell(&d.name())).collect();
     let mut out = format!(
         "{},requests,input_tokens,output_tokens,spend_usd\n",
-        r.by.as_str()
+        head.join(",")
     );
     for row in &r.rows {
+        let keys: Vec<String> = row.keys.iter().map(|k| csv_cell(k)).collect();
         out.push_str(&format!(
             "{},{},{},{},{}\n",
-            csv_cell(&row.label),
+            keys.join(","),
             row.requests,
             row.input_tokens,
             row.output_tokens,
@@ -170,8 +382,8 @@ struct ReportsPage {
     c: Chrome,
     r: Report,
     chart: Chart,
-    groups: [GroupBy; 5],
     csv_link: String,
+    q: ReportQuery,
 }
 
 #[derive(Template)]
@@ -183,7 +395,7 @@ struct ReportFragment {
 }
 
 fn csv_link(r: &Report) -> String {
-    format!("/admin/reports.csv?month={}&by={}", r.month, r.by.as_str())
+    format!("/admin/reports.csv?{}", r.query)
 }
 
 pub async fn page(
@@ -192,6 +404,7 @@ pub async fn page(
     req: HttpRequest,
     q: web::Query<ReportQuery>,
 ) -> Result<HttpResponse, AdminError> {
+    let q = q.into_inner();
     let r = report(&state, &actor, &q).await?;
     let chart = chart(&r.days);
     let csv_link = csv_link(&r);
@@ -202,20 +415,20 @@ pub async fn page(
         c: Chrome::new(&actor, "reports"),
         r,
         chart,
-        groups: GroupBy::ALL,
         csv_link,
+        q,
     })
 }
 
 pub fn csv_response(r: &Report) -> HttpResponse {
+    let by = r.by().replace([':', ','], "-");
     HttpResponse::Ok()
         .content_type("text/csv; charset=utf-8")
         .insert_header((
             header::CONTENT_DISPOSITION,
             format!(
-                "attachment; filename=\"sluice-spend-{}-by-{}.csv\"",
-                r.month,
-                r.by.as_str()
+                "attachment; filename=\"sluice-spend-{}-by-{by}.csv\"",
+                r.span().replace("..", "-to-")
             ),
         ))
         .body(to_csv(r))

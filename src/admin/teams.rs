@@ -8,11 +8,13 @@ use serde_json::json;
 use super::actor::{Actor, Role};
 use super::error::AdminError;
 use super::input::{de, Input};
+use super::token_ops::default_tags;
 use super::view::{self, filters, Chrome};
 use crate::quota::period::Reset;
 use crate::state::AppState;
 use crate::store::directory::{self, TeamRow};
 use crate::store::ledger::{self, Level};
+use crate::store::tags::{self as tag_store, Owner};
 use crate::store::tenants::{self, NewBudget};
 use crate::store::tokens;
 
@@ -24,6 +26,9 @@ pub struct NewTeam {
     pub budget_usd: Option<String>,
     #[serde(default, deserialize_with = "de::opt_text")]
     pub reset: Option<String>,
+    /// Default tags of the team's requests, `key:value,key:value` (`pipeline::tags`).
+    #[serde(default, deserialize_with = "de::opt_text")]
+    pub tags: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -31,6 +36,17 @@ pub struct TeamBudget {
     /// Empty or absent: no limit.
     #[serde(default, deserialize_with = "de::opt_text")]
     pub budget_usd: Option<String>,
+}
+
+/// The JSON API's edit of a team: `tags` alone changes only the tags (empty clears them);
+/// otherwise the budget is set as `TeamBudget` says (absent or empty: no limit), and the
+/// tags too when given.
+#[derive(Debug, Deserialize)]
+pub struct TeamPatch {
+    #[serde(default, deserialize_with = "de::patch_text")]
+    pub budget_usd: Option<Option<String>>,
+    #[serde(default, deserialize_with = "de::patch_text")]
+    pub tags: Option<Option<String>>,
 }
 
 pub async fn list(state: &AppState, actor: &Actor) -> Result<Vec<TeamRow>, AdminError> {
@@ -46,6 +62,7 @@ pub async fn create(state: &AppState, actor: &Actor, t: NewTeam) -> Result<TeamR
     actor.require_admin()?;
     let name = t.name.unwrap_or_default();
     view::check_name("name", &name)?;
+    let tags = default_tags(t.tags.as_deref())?;
     let reset = parse_reset(t.reset.as_deref(), Reset::Monthly)?;
     let budget = NewBudget {
         limit_micros: view::opt_usd("budget_usd", t.budget_usd.as_deref())?,
@@ -54,7 +71,10 @@ pub async fn create(state: &AppState, actor: &Actor, t: NewTeam) -> Result<TeamR
     let now = state.clock.now();
     let mut tx = state.db.begin().await?;
     let id = tenants::create_team(&mut tx, &name, &budget, now).await?;
-    let after = json!({"name": name, "limit_micros": budget.limit_micros, "reset": reset.as_str()})
+    if !tags.is_empty() {
+        tag_store::set(&mut tx, Owner::Team(id), &tags).await?;
+    }
+    let after = json!({"name": name, "limit_micros": budget.limit_micros, "reset": reset.as_str(), "tags": tags})
         .to_string();
     actor
         .audit(
@@ -118,6 +138,69 @@ pub async fn set_budget(
     Ok(row)
 }
 
+/// A team's default tags (admins only): stored canonical, the auth caches told (the
+/// token epoch moves, `store::tags`), one audit row.
+pub async fn set_tags(
+    state: &AppState,
+    actor: &Actor,
+    id: i64,
+    tags: Option<&str>,
+) -> Result<TeamRow, AdminError> {
+    actor.see_team(id)?;
+    if actor.role == Role::Lead {
+        return Err(AdminError::Forbidden(
+            "Only an admin can change a team's tags.".into(),
+        ));
+    }
+    actor.require_admin()?;
+    let tags = default_tags(tags)?;
+    let now = state.clock.now();
+    let mut tx = state.db.begin().await?;
+    let before = directory::team(&mut tx, id)
+        .await?
+        .ok_or(AdminError::NotFound)?;
+    tag_store::set(&mut tx, Owner::Team(id), &tags).await?;
+    let (b, a) = (
+        json!({"tags": before.tags}).to_string(),
+        json!({"tags": tags}).to_string(),
+    );
+    actor
+        .audit(
+            &mut tx,
+            "team.tags",
+            &format!("team:{id}"),
+            Some(&b),
+            Some(&a),
+            now,
+        )
+        .await?;
+    let row = directory::team(&mut tx, id)
+        .await?
+        .ok_or(AdminError::NotFound)?;
+    tx.commit().await?;
+    Ok(row)
+}
+
+/// The JSON API's team edit (`TeamPatch`).
+pub async fn patch(
+    state: &AppState,
+    actor: &Actor,
+    id: i64,
+    p: TeamPatch,
+) -> Result<TeamRow, AdminError> {
+    let mut row = None;
+    if p.budget_usd.is_some() || p.tags.is_none() {
+        let b = TeamBudget {
+            budget_usd: p.budget_usd.flatten(),
+        };
+        row = Some(set_budget(state, actor, id, b).await?);
+    }
+    if let Some(t) = &p.tags {
+        row = Some(set_tags(state, actor, id, t.as_deref()).await?);
+    }
+    row.ok_or(AdminError::NotFound)
+}
+
 pub fn parse_reset(s: Option<&str>, default: Reset) -> Result<Reset, AdminError> {
     match s {
         None => Ok(default),
@@ -132,7 +215,8 @@ pub fn parse_reset(s: Option<&str>, default: Reset) -> Result<Reset, AdminError>
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/teams", web::get().to(page))
         .route("/teams", web::post().to(create_html))
-        .route("/teams/{id}/budget", web::post().to(budget_html));
+        .route("/teams/{id}/budget", web::post().to(budget_html))
+        .route("/teams/{id}/tags", web::post().to(tags_html));
 }
 
 #[derive(Template)]
@@ -185,6 +269,23 @@ async fn budget_html(
 ) -> Result<HttpResponse, AdminError> {
     let row = set_budget(&state, &actor, id.into_inner(), b).await?;
     table(&state, &actor, &format!("Budget of {} updated.", row.name)).await
+}
+
+#[derive(Debug, Deserialize)]
+pub struct TeamTags {
+    /// Empty or absent: none.
+    #[serde(default, deserialize_with = "de::opt_text")]
+    pub tags: Option<String>,
+}
+
+async fn tags_html(
+    actor: Actor,
+    state: web::Data<AppState>,
+    id: web::Path<i64>,
+    Input(t): Input<TeamTags>,
+) -> Result<HttpResponse, AdminError> {
+    let row = set_tags(&state, &actor, id.into_inner(), t.tags.as_deref()).await?;
+    table(&state, &actor, &format!("Tags of {} updated.", row.name)).await
 }
 
 /// A lead may only hand out budget inside their team's: with a team limit, a budget they set

@@ -13,10 +13,12 @@ use super::input::de;
 use super::teams::{check_within_team, parse_reset};
 use super::view;
 use crate::auth::token;
+use crate::pipeline::tags::Tags;
 use crate::quota::period::Reset;
 use crate::state::AppState;
 use crate::store::directory;
 use crate::store::ledger::{self, Level};
+use crate::store::tags::{self as tag_store, Owner};
 use crate::store::token_admin::{self, Limits, TokenRow};
 use crate::store::tokens::{self, NewTokenRow};
 
@@ -48,6 +50,9 @@ pub struct Issue {
     pub max_priority: Option<i64>,
     #[serde(default, deserialize_with = "de::opt_text")]
     pub downgrade_model: Option<String>,
+    /// Default tags, `key:value,key:value` (`pipeline::tags`).
+    #[serde(default, deserialize_with = "de::opt_text")]
+    pub tags: Option<String>,
 }
 
 /// An edit of a live token: absent fields stay, empty ones are cleared.
@@ -72,6 +77,9 @@ pub struct Edit {
     pub max_priority: Option<i64>,
     #[serde(default, deserialize_with = "de::patch_text")]
     pub downgrade_model: Option<Option<String>>,
+    /// Default tags; empty clears them.
+    #[serde(default, deserialize_with = "de::patch_text")]
+    pub tags: Option<Option<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -128,6 +136,13 @@ fn check_limits(state: &AppState, actor: &Actor, l: &Limits) -> Result<(), Admin
     Ok(())
 }
 
+/// Default tags as given by an admin, in canonical form (`pipeline::tags`'s rules).
+pub fn default_tags(text: Option<&str>) -> Result<String, AdminError> {
+    Tags::parse(text.unwrap_or(""))
+        .map(|t| t.canonical())
+        .map_err(|e| AdminError::invalid(format!("tags: {e}")))
+}
+
 /// The token, if the actor may see it (another team's token does not exist for a lead).
 async fn visible(
     tx: &mut crate::store::Tx,
@@ -171,6 +186,7 @@ pub async fn issue(state: &AppState, actor: &Actor, i: Issue) -> Result<Issued, 
     };
     let name = i.name.unwrap_or_default();
     super::input::check_name(&name)?;
+    let tags = default_tags(i.tags.as_deref())?;
     let new = token::generate();
     let mut tx = state.db.begin().await?;
     let user = directory::member(&mut tx, user_id)
@@ -194,8 +210,11 @@ pub async fn issue(state: &AppState, actor: &Actor, i: Issue) -> Result<Issued, 
     };
     let id = tokens::insert(&mut tx, &row, now).await?;
     token_admin::set_name(&mut tx, id, &name).await?;
+    if !tags.is_empty() {
+        tag_store::set(&mut tx, Owner::Token(id), &tags).await?;
+    }
     let after = json!({"user_id": user_id, "prefix": new.display_prefix, "name": name, "limit_micros": limit,
-        "reset": reset.as_str(), "limits": limits}).to_string();
+        "reset": reset.as_str(), "limits": limits, "tags": tags}).to_string();
     let row = audited(tx, actor, "token.issue", id, None, Some(&after), now).await?;
     Ok(Issued {
         row,
@@ -283,6 +302,9 @@ pub async fn rotate(
     };
     let new_id = tokens::insert(&mut tx, &row, now).await?;
     token_admin::set_name(&mut tx, new_id, &old.name).await?;
+    if !old.tags.is_empty() {
+        tag_store::set(&mut tx, Owner::Token(new_id), &old.tags).await?;
+    }
     token_admin::expire_at(&mut tx, id, now + Duration::seconds(overlap)).await?;
     let after = json!({"new_token_id": new_id, "new_prefix": new.display_prefix, "overlap_seconds": overlap, "limit_micros": limit}).to_string();
     let before = json!({"prefix": old.prefix, "expires_at": old.expires_at}).to_string();
@@ -345,6 +367,11 @@ pub async fn edit(
     check_limits(state, actor, &limits)?;
     token_admin::set_limits(&mut tx, id, &limits).await?;
     let mut after = json!({"limits": limits});
+    if let Some(t) = &e.tags {
+        let tags = default_tags(t.as_deref())?;
+        tag_store::set(&mut tx, Owner::Token(id), &tags).await?;
+        after["tags"] = json!(tags);
+    }
     if let Some(b) = &e.budget_usd {
         let limit = view::opt_usd("budget_usd", b.as_deref())?;
         check_within_team(
@@ -358,7 +385,8 @@ pub async fn edit(
         after["limit_micros"] = json!(limit);
     }
     let snap = json!({"rpm": before.rpm, "tpm": before.tpm, "models": before.models(), "max_priority": before.max_priority,
-        "downgrade_model": before.downgrade_model, "expires_at": before.expires_at, "limit_micros": before.limit_micros}).to_string();
+        "downgrade_model": before.downgrade_model, "expires_at": before.expires_at, "limit_micros": before.limit_micros,
+        "tags": before.tags}).to_string();
     let row = audited(
         tx,
         actor,

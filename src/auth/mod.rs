@@ -48,6 +48,10 @@ pub struct TokenAuth {
     pub downgrade_model: Option<String>,
     /// This token's default cache TTL (else the config's).
     pub cache_ttl_seconds: Option<i64>,
+    /// The token's and its team's default tags, canonical (`pipeline::tags`); a request's
+    /// own tags are merged over them.
+    pub tags: String,
+    pub team_tags: String,
     /// The token's remaining balance as last seen by this process (for the soft limit;
     /// the hard limit is always the CAS).
     remaining_hint: AtomicI64,
@@ -83,6 +87,8 @@ impl TokenAuth {
             alert_percent: row.alert_percent,
             downgrade_model: row.downgrade_model,
             cache_ttl_seconds: row.cache_ttl_seconds,
+            tags: row.tags,
+            team_tags: row.team_tags,
             remaining_hint: AtomicI64::new(row.remaining_micros.unwrap_or(i64::MAX)),
             alerted: AtomicBool::new(false),
             expires_at: row
@@ -118,6 +124,8 @@ impl TokenAuth {
                     alert_percent: 100,
                     downgrade_model: None,
                     cache_ttl_seconds: None,
+                    tags: String::new(),
+                    team_tags: String::new(),
                     remaining_hint: AtomicI64::new(i64::MAX),
                     alerted: AtomicBool::new(false),
                     expires_at: None,

@@ -13,6 +13,7 @@ pub mod request;
 pub mod respond;
 pub mod responses;
 pub mod stream;
+pub mod tags;
 
 use std::time::Instant;
 
@@ -282,6 +283,7 @@ async fn run(
     )?;
     prepared.responses = conversation;
     let asked = limits::client_headers(req.headers(), auth.max_priority)?;
+    log.tags = tags::resolve(req.headers(), &auth.tags, &auth.team_tags)?.canonical();
     prepared.anthropic_beta = providers::anthropic::beta_header(req.headers());
     if ladder.has(Ladder::All) {
         soft_limit(state, &auth, &mut prepared);

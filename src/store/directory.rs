@@ -11,6 +11,8 @@ use super::{Result, StoreError};
 pub struct TeamRow {
     pub id: i64,
     pub name: String,
+    /// Default tags, canonical (`pipeline::tags`).
+    pub tags: String,
     pub limit_micros: Option<i64>,
     pub remaining_micros: Option<i64>,
     pub reserved_micros: i64,
@@ -21,7 +23,7 @@ pub struct TeamRow {
     pub created_at: String,
 }
 
-const TEAM_SELECT: &str = "SELECT tm.id, tm.name, tm.limit_micros, tm.remaining_micros, tm.reserved_micros, tm.reset, tm.period,
+const TEAM_SELECT: &str = "SELECT tm.id, tm.name, tm.tags, tm.limit_micros, tm.remaining_micros, tm.reserved_micros, tm.reset, tm.period,
         COALESCE((SELECT SUM(l.amount_micros) FROM ledger l WHERE l.team_id = tm.id AND l.team_period = tm.period
                   AND l.kind IN ('reserve', 'settle', 'adjust')), 0) - tm.reserved_micros AS spent_micros,
         (SELECT COUNT(*) FROM users u WHERE u.team_id = tm.id) AS members, tm.created_at

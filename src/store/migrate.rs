@@ -6,7 +6,7 @@
 //! `INSERT`s, each value decoded by the PostgreSQL column's type (SQLite's 0/1 become
 //! booleans). Ids are kept; identity sequences are moved past them; an `id` SQLite's table
 //! lacks is its rowid (`login_failures`, `cache_entries`); `meta` (which the PostgreSQL migration seeds) is overwritten; the
-//! spend-by-day rollup is rebuilt from the copied request log (`pg::requests::rebuild_days`).
+//! spend-by-day rollups are rebuilt from the copied request log (`pg::requests::rebuild_days`).
 //! Not copied: `processes` (no gateway runs on the source: its rows are stale by
 //! definition) and the migration bookkeeping. Before the commit, every table is read back
 //! from both sides and compared — every balance, ledger row and audit hash value for value

@@ -23,6 +23,8 @@ pub mod requests;
 pub mod responses;
 pub mod rotate;
 pub mod sessions;
+pub mod spend;
+pub mod tags;
 pub mod tenants;
 pub mod token_admin;
 pub mod tokens;

@@ -30,6 +30,8 @@ pub struct RequestRow {
     pub cache_key: Option<String>,
     pub cache_similarity: Option<f64>,
     pub created_at: String,
+    /// The request's tags, canonical (`pipeline::tags`); empty for none.
+    pub tags: String,
     /// The tokens priced apart, by kind (`pricing::Usage::parts`): the columns after
     /// `created_at` (`INSERT`); fresh input and text output are the rest of the
     /// totals.
@@ -55,9 +57,20 @@ pub fn kind_values(k: &Parts) -> [i64; 9] {
 /// The SQLite insert of one row.
 const INSERT: &str = "INSERT OR IGNORE INTO requests (id, token_id, user_id, team_id, endpoint, model, served_model, upstream, status,
                  error_code, stream, attempts, input_tokens, output_tokens, cost_micros, latency_ms, ttfb_ms, cache, cache_key,
-                 cache_similarity, created_at, cached_input_tokens, cache_write_5m_tokens, cache_write_1h_tokens, reasoning_tokens,
-                 audio_input_tokens, audio_output_tokens, image_input_tokens, image_output_tokens, web_search_calls)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+                 cache_similarity, created_at, tags, cached_input_tokens, cache_write_5m_tokens, cache_write_1h_tokens,
+                 reasoning_tokens, audio_input_tokens, audio_output_tokens, image_input_tokens, image_output_tokens,
+                 web_search_calls)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+
+/// What one logged request adds to its day's row of the spend rollup (`store::spend`).
+const ROLLUP: &str = "INSERT INTO spend_days (day, team_id, user_id, token_id, model, served_model, upstream, tags,
+                 requests, errors, input_tokens, output_tokens, cost_micros)
+             VALUES (substr(?1, 1, 10), ?2, ?3, ?4, ?5, ?6, ?7, ?8, 1, ?9, ?10, ?11, ?12)
+             ON CONFLICT (day, team_id, user_id, token_id, model, served_model, upstream, tags) DO UPDATE SET
+                 requests = requests + 1, errors = errors + excluded.errors,
+                 input_tokens = input_tokens + excluded.input_tokens,
+                 output_tokens = output_tokens + excluded.output_tokens,
+                 cost_micros = cost_micros + excluded.cost_micros";
 
 /// How the request log's batches are written on each engine (`store::lingering`).
 pub const LOG_BATCH: super::lingering::BatchWrite<RequestRow> = super::lingering::BatchWrite {
@@ -72,7 +85,9 @@ fn pg_batch<'c>(
     Box::pin(super::pg::requests::insert_batch_tx(conn, rows))
 }
 
-/// `insert_batch` inside a write transaction of the store writer (the gateway's path).
+/// `insert_batch` inside a write transaction of the store writer (the gateway's path). A
+/// row already logged (the same id) is skipped and adds nothing to the rollup; a row of an
+/// unauthenticated request (no token) is logged but belongs to no report.
 pub fn insert_batch_tx(tx: &mut Tx<'_>, rows: &[RequestRow]) -> Result<()> {
     for r in rows {
         let mut params = vec![
@@ -97,9 +112,29 @@ pub fn insert_batch_tx(tx: &mut Tx<'_>, rows: &[RequestRow]) -> Result<()> {
             r.cache_key.as_deref().into(),
             r.cache_similarity.map_or(Param::Null, Param::Real),
             r.created_at.as_str().into(),
+            r.tags.as_str().into(),
         ];
         params.extend(kind_values(&r.kinds).map(Param::from));
-        tx.execute(INSERT, &params)?;
+        let inserted = tx.execute(INSERT, &params)?;
+        if let (1, Some(token)) = (inserted, r.token_id) {
+            tx.execute(
+                ROLLUP,
+                &[
+                    r.created_at.as_str().into(),
+                    r.team_id.unwrap_or(0).into(),
+                    r.user_id.unwrap_or(0).into(),
+                    token.into(),
+                    r.model.as_str().into(),
+                    r.served_model.as_str().into(),
+                    r.upstream.as_str().into(),
+                    r.tags.as_str().into(),
+                    i64::from(!(200..300).contains(&r.status)).into(),
+                    r.input_tokens.into(),
+                    r.output_tokens.into(),
+                    r.cost_micros.into(),
+                ],
+            )?;
+        }
     }
     for (token, at) in last_used(rows) {
         tx.execute(
@@ -150,11 +185,29 @@ pub async fn insert_batch(db: &super::Db, rows: &[RequestRow]) -> Result<()> {
             .bind(r.cache)
             .bind(&r.cache_key)
             .bind(r.cache_similarity)
-            .bind(&r.created_at);
+            .bind(&r.created_at)
+            .bind(&r.tags);
         for v in kind_values(&r.kinds) {
             q = q.bind(v);
         }
-        q.execute(tx.sqlite()?).await?;
+        let inserted = q.execute(tx.sqlite()?).await?.rows_affected();
+        if let (1, Some(token)) = (inserted, r.token_id) {
+            sqlx::query(ROLLUP)
+                .bind(&r.created_at)
+                .bind(r.team_id.unwrap_or(0))
+                .bind(r.user_id.unwrap_or(0))
+                .bind(token)
+                .bind(&r.model)
+                .bind(&r.served_model)
+                .bind(&r.upstream)
+                .bind(&r.tags)
+                .bind(i64::from(!(200..300).contains(&r.status)))
+                .bind(r.input_tokens)
+                .bind(r.output_tokens)
+                .bind(r.cost_micros)
+                .execute(tx.sqlite()?)
+                .await?;
+        }
     }
     for (token, at) in last_used(rows) {
         sqlx::query("UPDATE tokens SET last_used_at = ? WHERE id = ?")

@@ -76,6 +76,9 @@ pub struct TokenAuthRow {
     pub user_reset: String,
     pub team_reset: String,
     pub expires_at: Option<String>,
+    /// The token's and its team's default tags, canonical (`pipeline::tags`).
+    pub tags: String,
+    pub team_tags: String,
 }
 
 /// A live token (not revoked, user not disabled) by hash. Expiry is checked by the caller
@@ -89,7 +92,7 @@ pub async fn find_auth(db: &super::Db, hash: &TokenHash) -> Result<Option<TokenA
     Ok(sqlx::query_as(
         "SELECT t.id, t.user_id, u.team_id, t.prefix, t.models, t.rpm, t.tpm, u.rpm AS user_rpm, u.tpm AS user_tpm,
                 t.max_priority, t.downgrade_model, t.alert_percent, t.limit_micros, t.remaining_micros, t.cache_ttl_seconds, t.reset,
-                u.reset AS user_reset, tm.reset AS team_reset, t.expires_at
+                u.reset AS user_reset, tm.reset AS team_reset, t.expires_at, t.tags, tm.tags AS team_tags
          FROM tokens t JOIN users u ON u.id = t.user_id JOIN teams tm ON tm.id = u.team_id
          WHERE t.token_hash = ? AND t.revoked_at IS NULL AND u.disabled = 0",
     )

@@ -37,6 +37,7 @@ async fn seed(app: &TestApp, rows: &[(i64, i64, i64, &str, i64, i64, &str)]) {
                 cache_similarity: None,
                 created_at: format!("{day}T12:{:02}:{:02}.000Z", i / 60 % 60, i % 60),
                 kinds: Default::default(),
+                tags: String::new(),
             }
         })
         .collect();
@@ -333,4 +334,354 @@ async fn the_dashboard_counts_today_and_this_month() {
         .await
         .unwrap();
     assert!(frag.contains("25.0%"), "{frag}");
+}
+
+/// One generated request-log row: (id, team, user, token, model, served, upstream, status,
+/// cost, day, tags); `token == 0` is an unauthenticated request.
+type Gen = (
+    String,
+    i64,
+    i64,
+    i64,
+    &'static str,
+    &'static str,
+    &'static str,
+    i64,
+    i64,
+    String,
+    &'static str,
+);
+
+/// A seeded random workload over both teams, both tokens, three models (with fallbacks
+/// and unanswered requests), two upstreams, three statuses, a few tag sets and 37 days from 2026-12-28,
+/// with some ids repeated (a row logged twice counts once) and some rows without a token.
+fn workload(seed: u64, n: usize) -> Vec<Gen> {
+    let mut x = seed.max(1);
+    let mut next = move |m: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % m
+    };
+    let models = [
+        ("gpt-4o-mini", "gpt-4o-mini"),
+        ("gpt-4o-mini", "gpt-4o"),
+        ("gpt-4o", "gpt-4o"),
+        ("text-embedding-3-small", "text-embedding-3-small"),
+        ("gpt-4o", ""),
+    ];
+    let tags = [
+        "",
+        "project:apollo",
+        "env:prod,project:apollo",
+        "project:zeus",
+        "env:dev",
+        "env:prod,project:Apollo",
+        "owner:a_b,project:zeus",
+    ];
+    let start = chrono::NaiveDate::from_ymd_opt(2026, 12, 28).unwrap();
+    (0..n)
+        .map(|i| {
+            let who = next(2) as i64 + 1;
+            let token = if next(20) == 0 { 0 } else { who };
+            let (model, served) = models[next(models.len() as u64) as usize];
+            let day = start + chrono::Duration::days(next(37) as i64);
+            let id = if i > 0 && next(10) == 0 {
+                format!("gen-{}", next(i as u64))
+            } else {
+                format!("gen-{i}")
+            };
+            (
+                id,
+                who,
+                who,
+                token,
+                model,
+                served,
+                ["a", "b", ""][next(3) as usize],
+                [200, 200, 200, 429, 502][next(5) as usize],
+                next(5000) as i64,
+                day.to_string(),
+                tags[next(tags.len() as u64) as usize],
+            )
+        })
+        .collect()
+}
+
+async fn write_workload(app: &TestApp, rows: &[Gen]) {
+    let rows: Vec<_> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, g)| sluice::store::requests::RequestRow {
+            id: g.0.clone(),
+            token_id: (g.3 != 0).then_some(g.3),
+            user_id: (g.3 != 0).then_some(g.2),
+            team_id: (g.3 != 0).then_some(g.1),
+            endpoint: "chat",
+            model: g.4.to_string(),
+            served_model: g.5.to_string(),
+            upstream: g.6.to_string(),
+            status: g.7 as u16,
+            input_tokens: g.8 % 97,
+            output_tokens: g.8 % 13,
+            cost_micros: g.8,
+            cache: "off",
+            created_at: format!("{}T{:02}:{:02}:00.000Z", g.9, i % 24, i % 60),
+            tags: g.10.to_string(),
+            ..Default::default()
+        })
+        .collect();
+    for chunk in rows.chunks(97) {
+        sluice::store::requests::insert_batch(app.db(), chunk)
+            .await
+            .expect("request rows written");
+    }
+}
+
+/// The rows that count: the first of each id, with a token.
+fn logged(rows: &[Gen]) -> Vec<Gen> {
+    let mut seen = std::collections::HashSet::new();
+    rows.iter()
+        .filter(|g| seen.insert(g.0.clone()))
+        .filter(|g| g.3 != 0)
+        .cloned()
+        .collect()
+}
+
+#[tokio::test]
+async fn the_rollup_equals_a_recomputation_from_the_request_log_after_a_mixed_workload() {
+    let (app, admin) = setup().await;
+    let rows = workload(0x5eed_1234, 900);
+    write_workload(&app, &rows).await;
+    // And some through the gateway itself, tagged and not.
+    let (_, t) = app.token("gwuser", None).await;
+    for tags in ["project:apollo", ""] {
+        let r = app
+            .http
+            .post(format!("{}/v1/chat/completions", app.address))
+            .bearer_auth(&t)
+            .header("x-sluice-tags", tags)
+            .json(&chat_body(8))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    app.state.request_log.flush().await;
+    // (the key's eight columns joined, then the five sums)
+    type Row = (String, i64, i64, i64, i64, i64);
+    let key = |day: &str, team: &str, user: &str| {
+        format!(
+            "{day} || '|' || CAST({team} AS TEXT) || '|' || CAST({user} AS TEXT) || '|' || CAST(token_id AS TEXT)
+             || '|' || model || '|' || served_model || '|' || upstream || '|' || tags"
+        )
+    };
+    let rollup: Vec<Row> = sql_rows(
+        app.db(),
+        &format!(
+            "SELECT {} AS k, requests, errors, input_tokens, output_tokens, cost_micros
+             FROM spend_days ORDER BY k",
+            key("day", "team_id", "user_id")
+        ),
+    )
+    .await;
+    let recomputed: Vec<Row> = sql_rows(
+        app.db(),
+        &format!(
+            "SELECT {} AS k, CAST(COUNT(*) AS BIGINT),
+                CAST(SUM(CASE WHEN status BETWEEN 200 AND 299 THEN 0 ELSE 1 END) AS BIGINT),
+                CAST(SUM(input_tokens) AS BIGINT), CAST(SUM(output_tokens) AS BIGINT), CAST(SUM(cost_micros) AS BIGINT)
+             FROM requests WHERE token_id IS NOT NULL GROUP BY k ORDER BY k",
+            key("substr(created_at, 1, 10)", "COALESCE(team_id, 0)", "COALESCE(user_id, 0)")
+        ),
+    )
+    .await;
+    assert!(rollup.len() > 100);
+    assert_eq!(rollup, recomputed);
+
+    // Every report over the whole span adds up to the request log's total.
+    let total = app
+        .scalar(
+            "SELECT CAST(SUM(cost_micros) AS BIGINT) FROM requests WHERE token_id IS NOT NULL
+             AND created_at >= '2026-09-01' AND created_at < '2027-03-01'",
+        )
+        .await;
+    for by in [
+        "team",
+        "tag:project",
+        "model,upstream",
+        "week",
+        "month,tag:env",
+    ] {
+        let (s, v) = admin
+            .get_json(&format!(
+                "/admin/api/v1/reports/spend?from=2026-09-01&to=2027-03-01&group_by={by}"
+            ))
+            .await;
+        assert_eq!(s, 200, "{by}: {v}");
+        let sum: i64 = v["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["spend_micros"].as_i64().unwrap())
+            .sum();
+        assert_eq!(
+            (sum, v["total_micros"].as_i64().unwrap()),
+            (total, total),
+            "{by}"
+        );
+    }
+    app.assert_invariant().await;
+}
+
+#[tokio::test]
+async fn every_dimension_and_a_pair_give_the_same_rows_as_json_and_csv_and_filters_match() {
+    let (app, admin) = setup().await;
+    let rows = workload(77, 600);
+    write_workload(&app, &rows).await;
+    // The generated days start on 2026-12-28: January holds only generated rows.
+    let range = "from=2027-01-01&to=2027-02-01";
+    for by in [
+        "team",
+        "user",
+        "token",
+        "model",
+        "upstream",
+        "tag:project",
+        "day",
+        "week",
+        "month",
+        "tag:project,model",
+        "team,day",
+    ] {
+        let q = format!("/admin/api/v1/reports/spend?{range}&group_by={by}");
+        let (s, json) = admin.get_json(&q).await;
+        assert_eq!(s, 200, "{by}: {json}");
+        let r = admin.get(&format!("{q}&format=csv")).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["content-type"], "text/csv; charset=utf-8");
+        let csv = r.text().await.unwrap();
+        let lines: Vec<&str> = csv.lines().collect();
+        assert_eq!(
+            lines[0],
+            format!("{by},requests,input_tokens,output_tokens,spend_usd"),
+            "{by}"
+        );
+        let expected: Vec<String> = json["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let keys: Vec<&str> = r["keys"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|k| k.as_str().unwrap())
+                    .collect();
+                format!(
+                    "{},{},{},{},{}",
+                    keys.join(","),
+                    r["requests"],
+                    r["input_tokens"],
+                    r["output_tokens"],
+                    sluice::quota::pricing::usd(r["spend_micros"].as_i64().unwrap())
+                )
+            })
+            .collect();
+        assert!(!expected.is_empty(), "{by}");
+        assert_eq!(lines[1..].to_vec(), expected, "{by}");
+        let page = admin
+            .get(&format!("/admin/reports?{range}&group_by={by}"))
+            .await
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            page.contains(&format!("value=\"{by}\"")),
+            "{by}: the page keeps the grouping"
+        );
+    }
+
+    // Filters, against the same sums computed here from the generated rows.
+    let january: Vec<Gen> = logged(&rows)
+        .into_iter()
+        .filter(|g| g.9.as_str() >= "2027-01-01" && g.9.as_str() < "2027-02-01")
+        .collect();
+    let has = |g: &Gen, tag: &str| g.10.split(',').any(|t| t == tag);
+    let model = |g: &Gen| if g.5.is_empty() { g.4 } else { g.5 };
+    type Keep = Box<dyn Fn(&Gen) -> bool>;
+    let cases: Vec<(&str, Keep)> = vec![
+        ("team=1", Box::new(|g: &Gen| g.1 == 1)),
+        ("user=2", Box::new(|g: &Gen| g.2 == 2)),
+        ("token=1", Box::new(|g: &Gen| g.3 == 1)),
+        (
+            "model=gpt-4o",
+            Box::new(move |g: &Gen| model(g) == "gpt-4o"),
+        ),
+        ("upstream=b", Box::new(|g: &Gen| g.6 == "b")),
+        (
+            "tag=project:apollo",
+            Box::new(move |g: &Gen| has(g, "project:apollo")),
+        ),
+        (
+            "tag=owner:a_b",
+            Box::new(move |g: &Gen| has(g, "owner:a_b")),
+        ),
+        (
+            "tag=env:prod,project:apollo&team=2",
+            Box::new(move |g: &Gen| has(g, "env:prod") && has(g, "project:apollo") && g.1 == 2),
+        ),
+    ];
+    for (f, keep) in cases {
+        let want: i64 = january.iter().filter(|g| keep(g)).map(|g| g.8).sum();
+        let n = january.iter().filter(|g| keep(g)).count() as i64;
+        let (s, v) = admin
+            .get_json(&format!(
+                "/admin/api/v1/reports/spend?{range}&group_by=model&{f}"
+            ))
+            .await;
+        assert_eq!(s, 200, "{f}: {v}");
+        assert_eq!(
+            (v["total_micros"].as_i64(), v["total_requests"].as_i64()),
+            (Some(want), Some(n)),
+            "{f}"
+        );
+    }
+
+    for bad in [
+        "group_by=planet",
+        "group_by=tag:a%20b",
+        "group_by=team,team",
+        "from=2026-10-01",
+        "from=2026-10-05&to=2026-10-01",
+        "from=2026-10-1&to=2026-11-01",
+        "team=abc",
+        "tag=a:b:c",
+        "format=xml",
+    ] {
+        let (s, _) = admin
+            .get_json(&format!("/admin/api/v1/reports/spend?{bad}"))
+            .await;
+        assert_eq!(s, 400, "{bad}");
+    }
+
+    let lead = login(&app, "lena").await;
+    let (_, v) = lead
+        .get_json(&format!(
+            "/admin/api/v1/reports/spend?{range}&group_by=team,tag:project"
+        ))
+        .await;
+    let teams: std::collections::BTreeSet<&str> = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["keys"][0].as_str().unwrap())
+        .collect();
+    assert_eq!(teams.into_iter().collect::<Vec<_>>(), ["red"]);
+    let (_, v) = lead
+        .get_json(&format!(
+            "/admin/api/v1/reports/spend?{range}&group_by=team&team=2"
+        ))
+        .await;
+    assert_eq!(v["rows"], json!([]), "another team's filter finds nothing");
 }

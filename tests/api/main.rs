@@ -97,6 +97,7 @@ mod ssrf;
 mod store_boundary;
 mod stream_usage;
 mod streams;
+mod tags;
 mod token_kinds;
 mod token_source;
 mod translate;

@@ -429,6 +429,7 @@ fn request(
         cache_similarity: None,
         created_at: format!("{day}T12:{:02}:{:02}.000Z", i / 60 % 60, i % 60),
         kinds: Default::default(),
+        tags: String::new(),
     }
 }
 

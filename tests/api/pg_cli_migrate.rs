@@ -66,12 +66,35 @@ async fn chat(base: &str, token: &str) {
 }
 
 /// What both sides must agree on, read through the store.
+async fn spend_picture(db: &Db) -> Vec<sluice::store::spend::Group> {
+    use sluice::store::spend::{self, Dim, SpendQuery};
+    let day = |s| chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d").unwrap();
+    let q = SpendQuery {
+        from: day("2000-01-01"),
+        to: day("2100-01-01"),
+        group_by: vec![
+            Dim::Day,
+            Dim::Token,
+            Dim::Model,
+            Dim::Upstream,
+            Dim::Tag("env".into()),
+        ],
+        filters: Default::default(),
+        scope: None,
+    };
+    let rows = spend::report(db, &q).await.unwrap();
+    assert!(rows.iter().any(|r| r.keys[4] == "prod"), "{rows:?}");
+    rows
+}
+
 async fn picture(db: &Db) -> Vec<String> {
     let mut out = vec![
         format!("{:?}", tokens::list(db).await.unwrap()),
         format!("{:?}", directory::teams(db, None).await.unwrap()),
         format!("{:?}", directory::members(db, None).await.unwrap()),
         format!("{:?}", directory::logins(db, None).await.unwrap()),
+        // The spend rollup, rebuilt on the copy, by every column it keeps (tags too).
+        format!("{:?}", spend_picture(db).await),
     ];
     let chain = audit::verify(db, &db.audit).await.unwrap();
     assert_eq!(chain.broken, None);
@@ -99,7 +122,7 @@ async fn a_sqlite_install_with_history_moves_to_postgres_verified_on_both_sides(
     let (s, team) = admin
         .post(
             "/admin/api/v1/teams",
-            &json!({"name": "red", "budget_usd": "30"}),
+            &json!({"name": "red", "budget_usd": "30", "tags": "env:prod"}),
         )
         .await;
     assert_eq!(s, 201, "{team}");

@@ -527,6 +527,7 @@ pub fn request_rows() -> Vec<RequestRow> {
             cache_similarity: (i % 3 == 2).then_some(0.5 + i as f64 / 1000.0),
             created_at: sluice::clock::db_time(at(0, 0) + chrono::Duration::minutes(71 * i)),
             kinds: Default::default(),
+            tags: String::new(),
         });
     }
     rows

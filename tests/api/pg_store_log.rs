@@ -60,6 +60,7 @@ async fn a_request_log_batch_is_one_statement_idempotent_and_reads_as_on_sqlite(
         id: format!("bulk-{i}"),
         token_id: Some(1 + i % 3),
         created_at: sluice::clock::db_time(at(12, (i % 60) as u32)),
+        tags: String::new(),
         endpoint: "embeddings",
         status: 200,
         cache: "off",
@@ -81,6 +82,7 @@ async fn a_request_log_batch_is_one_statement_idempotent_and_reads_as_on_sqlite(
         id: "late".into(),
         token_id: Some(2),
         created_at: sluice::clock::db_time(at(5, 0)),
+        tags: String::new(),
         endpoint: "chat",
         status: 200,
         cache: "off",
@@ -530,6 +532,7 @@ async fn two_hosts_logging_at_once_neither_deadlock_nor_miscount() {
                                 cost_micros: 10,
                                 cache: "off",
                                 created_at: sluice::clock::db_time(at(10, (i * 7) as u32)),
+                                tags: String::new(),
                                 ..Default::default()
                             }
                         })

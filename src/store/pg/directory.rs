@@ -7,7 +7,7 @@ use super::text;
 use crate::store::directory::{LoginEdit, LoginRow, MemberEdit, MemberRow, TeamRow};
 use crate::store::{Result, StoreError};
 
-const TEAM_SELECT: &str = "SELECT tm.id, tm.name, tm.limit_micros, tm.remaining_micros, tm.reserved_micros, tm.reset, tm.period,
+const TEAM_SELECT: &str = "SELECT tm.id, tm.name, tm.tags, tm.limit_micros, tm.remaining_micros, tm.reserved_micros, tm.reset, tm.period,
         COALESCE((SELECT SUM(l.amount_micros) FROM ledger l WHERE l.team_id = tm.id AND l.team_period = tm.period
                   AND l.kind IN ('reserve', 'settle', 'adjust')), 0)::BIGINT - tm.reserved_micros AS spent_micros,
         (SELECT COUNT(*) FROM users u WHERE u.team_id = tm.id) AS members, tm.created_at

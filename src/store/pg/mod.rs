@@ -22,6 +22,7 @@ pub mod requests;
 pub mod responses;
 pub mod rotate;
 pub mod sessions;
+pub mod tags;
 pub mod tenants;
 pub mod text;
 pub mod token_admin;

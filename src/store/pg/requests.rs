@@ -2,8 +2,9 @@
 //! FROM unnest(…)` over one array per column — one statement and one round trip whatever
 //! its size — idempotent on the request id (`ON CONFLICT DO NOTHING`, SQLite's `INSERT OR
 //! IGNORE`), and one `UPDATE … FROM unnest(…)` for the tokens' `last_used_at`. The same
-//! statement adds the rows it inserted to the spend-by-day rollup `request_days`, which
-//! spend reports read (`pg::reports`).
+//! statement adds the rows it inserted to the spend-by-day rollups: `request_days`, which
+//! the dashboard reads (`pg::reports`), and `spend_days`, which spend reports read
+//! (`store::spend`).
 
 use sqlx::{PgConnection, PgPool};
 
@@ -11,40 +12,67 @@ use super::text;
 use crate::store::requests::{kind_values, RequestRow};
 use crate::store::Result;
 
-/// The batch, and what it adds to `request_days`, in one statement. Only rows really
+/// The batch, and what it adds to `request_days` and `spend_days` (`store::spend`), in one
+/// statement. Only rows really
 /// inserted count (`RETURNING` leaves out the ones already logged); the day rows are
 /// upserted in key order, so two hosts' batches lock them in the same order.
 const INSERT: &str = "WITH ins AS (
        INSERT INTO requests (id, token_id, user_id, team_id, endpoint, model, served_model, upstream, status,
             error_code, stream, attempts, input_tokens, output_tokens, cost_micros, latency_ms, ttfb_ms, cache, cache_key,
-            cache_similarity, created_at, cached_input_tokens, cache_write_5m_tokens, cache_write_1h_tokens,
+            cache_similarity, created_at, tags, cached_input_tokens, cache_write_5m_tokens, cache_write_1h_tokens,
             reasoning_tokens, audio_input_tokens, audio_output_tokens, image_input_tokens, image_output_tokens,
             web_search_calls)
        SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::text[], $6::text[], $7::text[],
             $8::text[], $9::bigint[], $10::text[], $11::boolean[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[],
-            $16::bigint[], $17::bigint[], $18::text[], $19::text[], $20::float8[], $21::text[], $22::bigint[],
+            $16::bigint[], $17::bigint[], $18::text[], $19::text[], $20::float8[], $21::text[], $22::text[],
             $23::bigint[], $24::bigint[], $25::bigint[], $26::bigint[], $27::bigint[], $28::bigint[], $29::bigint[],
-            $30::bigint[])
+            $30::bigint[], $31::bigint[])
        ON CONFLICT (id) DO NOTHING
-       RETURNING created_at, token_id, user_id, team_id, model, served_model, status, input_tokens, output_tokens, cost_micros)
-     INSERT INTO request_days AS d (day, token_id, user_id, team_id, model, requests, errors, input_tokens, output_tokens, cost_micros)
-     SELECT substr(created_at, 1, 10), token_id, user_id, team_id,
-            CASE WHEN served_model <> '' THEN served_model ELSE model END,
-            COUNT(*), COUNT(*) FILTER (WHERE status NOT BETWEEN 200 AND 299),
+       RETURNING created_at, token_id, user_id, team_id, model, served_model, upstream, status, input_tokens,
+            output_tokens, cost_micros, tags),
+     days AS (
+       INSERT INTO request_days AS d (day, token_id, user_id, team_id, model, requests, errors, input_tokens, output_tokens, cost_micros)
+       SELECT substr(created_at, 1, 10), token_id, user_id, team_id,
+              CASE WHEN served_model <> '' THEN served_model ELSE model END,
+              COUNT(*), COUNT(*) FILTER (WHERE status NOT BETWEEN 200 AND 299),
+              SUM(input_tokens), SUM(output_tokens), SUM(cost_micros)
+       FROM ins GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2, 3, 4, 5
+       ON CONFLICT (day, token_id, user_id, team_id, model) DO UPDATE SET
+              requests = d.requests + EXCLUDED.requests, errors = d.errors + EXCLUDED.errors,
+              input_tokens = d.input_tokens + EXCLUDED.input_tokens,
+              output_tokens = d.output_tokens + EXCLUDED.output_tokens,
+              cost_micros = d.cost_micros + EXCLUDED.cost_micros)
+     INSERT INTO spend_days AS s (day, team_id, user_id, token_id, model, served_model, upstream, tags,
+            requests, errors, input_tokens, output_tokens, cost_micros)
+     SELECT substr(created_at, 1, 10), COALESCE(team_id, 0), COALESCE(user_id, 0), token_id, model, served_model,
+            upstream, tags, COUNT(*), COUNT(*) FILTER (WHERE status NOT BETWEEN 200 AND 299),
             SUM(input_tokens), SUM(output_tokens), SUM(cost_micros)
-     FROM ins GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2, 3, 4, 5
-     ON CONFLICT (day, token_id, user_id, team_id, model) DO UPDATE SET
-            requests = d.requests + EXCLUDED.requests, errors = d.errors + EXCLUDED.errors,
-            input_tokens = d.input_tokens + EXCLUDED.input_tokens,
-            output_tokens = d.output_tokens + EXCLUDED.output_tokens,
-            cost_micros = d.cost_micros + EXCLUDED.cost_micros";
+     FROM ins WHERE token_id IS NOT NULL GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8
+     ON CONFLICT (day, team_id, user_id, token_id, model, served_model, upstream, tags) DO UPDATE SET
+            requests = s.requests + EXCLUDED.requests, errors = s.errors + EXCLUDED.errors,
+            input_tokens = s.input_tokens + EXCLUDED.input_tokens,
+            output_tokens = s.output_tokens + EXCLUDED.output_tokens,
+            cost_micros = s.cost_micros + EXCLUDED.cost_micros";
 
-/// `request_days` rebuilt from the request log (after rows were copied in by other means
-/// than `insert_batch_tx`: `sluice migrate-store`).
+/// `request_days` and `spend_days` rebuilt from the request log (after rows were copied in
+/// by other means than `insert_batch_tx`: `sluice migrate-store`).
 pub async fn rebuild_days(conn: &mut PgConnection) -> Result<()> {
     sqlx::query("DELETE FROM request_days")
         .execute(&mut *conn)
         .await?;
+    sqlx::query("DELETE FROM spend_days")
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query(
+        "INSERT INTO spend_days (day, team_id, user_id, token_id, model, served_model, upstream, tags,
+                                 requests, errors, input_tokens, output_tokens, cost_micros)
+         SELECT substr(created_at, 1, 10), COALESCE(team_id, 0), COALESCE(user_id, 0), token_id, model, served_model,
+                upstream, tags, COUNT(*), COUNT(*) FILTER (WHERE status NOT BETWEEN 200 AND 299),
+                SUM(input_tokens), SUM(output_tokens), SUM(cost_micros)
+         FROM requests WHERE token_id IS NOT NULL GROUP BY 1, 2, 3, 4, 5, 6, 7, 8",
+    )
+    .execute(&mut *conn)
+    .await?;
     sqlx::query(
         "INSERT INTO request_days (day, token_id, user_id, team_id, model, requests, errors, input_tokens, output_tokens, cost_micros)
          SELECT substr(created_at, 1, 10), token_id, user_id, team_id,
@@ -103,7 +131,8 @@ pub async fn insert_batch_tx(conn: &mut PgConnection, rows: &[RequestRow]) -> Re
                 .collect::<Vec<_>>(),
         )
         .bind(rows.iter().map(|r| r.cache_similarity).collect::<Vec<_>>())
-        .bind(col(|r| r.created_at.clone()));
+        .bind(col(|r| r.created_at.clone()))
+        .bind(col(|r| r.tags.clone()));
     // One array per kind column, in `kind_values`' order.
     for k in 0..9 {
         q = q.bind(

@@ -53,7 +53,7 @@ pub async fn find_auth(pool: &PgPool, hash: &TokenHash) -> Result<Option<TokenAu
     Ok(sqlx::query_as(
         "SELECT t.id, t.user_id, u.team_id, t.prefix, t.models, t.rpm, t.tpm, u.rpm AS user_rpm, u.tpm AS user_tpm,
                 t.max_priority, t.downgrade_model, t.alert_percent, t.limit_micros, t.remaining_micros, t.cache_ttl_seconds, t.reset,
-                u.reset AS user_reset, tm.reset AS team_reset, t.expires_at
+                u.reset AS user_reset, tm.reset AS team_reset, t.expires_at, t.tags, tm.tags AS team_tags
          FROM tokens t JOIN users u ON u.id = t.user_id JOIN teams tm ON tm.id = u.team_id
          WHERE t.token_hash = $1 AND t.revoked_at IS NULL AND NOT u.disabled",
     )
