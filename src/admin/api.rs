@@ -36,6 +36,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .route("/tokens/{id}/rotate", web::post().to(tokens_rotate))
             .route("/tokens/{id}/top-up", web::post().to(tokens_top_up))
             .route("/reports/spend", web::get().to(spend))
+            .route("/reports/reconciliation", web::get().to(reconciliation))
             .route("/requests", web::get().to(requests_list))
             .route("/audit", web::get().to(audit_list))
             .route("/upstreams", web::get().to(upstreams_list))
@@ -218,6 +219,15 @@ async fn spend(actor: Actor, state: web::Data<AppState>, q: web::Query<SpendQuer
         "total_micros": r.total_micros, "total_requests": r.total_requests,
         "days": r.days.iter().map(|(d, s)| json!({"day": d.format("%Y-%m-%d").to_string(), "spend_micros": s})).collect::<Vec<_>>(),
     }))
+}
+
+/// The last reconciliation (`null` before the first) and its rows.
+async fn reconciliation(actor: Actor, state: web::Data<AppState>) -> Res {
+    let last = super::finance::last_run(&state, &actor).await?;
+    ok(match last {
+        Some((run, rows)) => json!({"reconciliation": run, "rows": rows}),
+        None => json!({"reconciliation": null, "rows": []}),
+    })
 }
 
 async fn requests_list(

@@ -199,6 +199,7 @@ pub struct Settings {
     pub alerts: AlertSettings,
     pub backup: BackupSettings,
     pub responses: ResponsesSettings,
+    pub finance: FinanceSettings,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oidc: Option<OidcSettings>,
     /// Not a config key: `serve --ladder`, for the benchmark only.
@@ -254,6 +255,7 @@ impl Settings {
         if !matches!(self.quota.synchronous.as_str(), "normal" | "full") {
             return invalid("quota.synchronous must be \"normal\" or \"full\"".into());
         }
+        self.finance.validate()?;
         if self.quota.alert_threshold_percent > 100 {
             return invalid("quota.alert_threshold_percent must be at most 100".into());
         }

@@ -60,6 +60,9 @@ const TABLES: &[(&str, bool)] = &[
     ("managed_upstreams", true),
     ("managed_models", true),
     ("seal_check", true),
+    // Reconciliation runs and their rows (`store::finance`).
+    ("reconciliations", true),
+    ("reconciliation_rows", true),
 ];
 
 /// Tables whose key is text: read whole and sorted alike on both sides for the comparison

@@ -15,6 +15,9 @@ pub struct RequestRow {
     pub model: String,
     pub served_model: String,
     pub upstream: String,
+    /// The model name the upstream was sent (the route's `model`): what the provider bills
+    /// it under (`finance::reconcile`).
+    pub upstream_model: String,
     pub status: u16,
     pub error_code: Option<&'static str>,
     pub stream: bool,
@@ -33,8 +36,8 @@ pub struct RequestRow {
 
 const INSERT: &str = "INSERT OR IGNORE INTO requests (id, token_id, user_id, team_id, endpoint, model, served_model, upstream, status,
                  error_code, stream, attempts, input_tokens, output_tokens, cost_micros, latency_ms, ttfb_ms, cache, cache_key,
-                 cache_similarity, created_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+                 cache_similarity, created_at, upstream_model)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 
 /// How the request log's batches are written on each engine (`store::lingering`).
 pub const LOG_BATCH: super::lingering::BatchWrite<RequestRow> = super::lingering::BatchWrite {
@@ -76,6 +79,7 @@ pub fn insert_batch_tx(tx: &mut Tx<'_>, rows: &[RequestRow]) -> Result<()> {
                 r.cache_key.as_deref().into(),
                 r.cache_similarity.map_or(Param::Null, Param::Real),
                 r.created_at.as_str().into(),
+                r.upstream_model.as_str().into(),
             ],
         )?;
     }
@@ -110,8 +114,8 @@ pub async fn insert_batch(db: &super::Db, rows: &[RequestRow]) -> Result<()> {
         sqlx::query(
             "INSERT OR IGNORE INTO requests (id, token_id, user_id, team_id, endpoint, model, served_model, upstream, status,
                  error_code, stream, attempts, input_tokens, output_tokens, cost_micros, latency_ms, ttfb_ms, cache, cache_key,
-                 cache_similarity, created_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                 cache_similarity, created_at, upstream_model)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&r.id)
         .bind(r.token_id)
@@ -134,6 +138,7 @@ pub async fn insert_batch(db: &super::Db, rows: &[RequestRow]) -> Result<()> {
         .bind(&r.cache_key)
         .bind(r.cache_similarity)
         .bind(&r.created_at)
+        .bind(&r.upstream_model)
         .execute(tx.sqlite()?)
         .await?;
     }

@@ -78,6 +78,7 @@ mod proxy;
 mod queue;
 mod quota;
 mod reasoning;
+mod reconcile;
 mod redis_topologies;
 mod redteam_probe;
 mod resilience;

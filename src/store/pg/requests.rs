@@ -17,10 +17,10 @@ use crate::store::Result;
 const INSERT: &str = "WITH ins AS (
        INSERT INTO requests (id, token_id, user_id, team_id, endpoint, model, served_model, upstream, status,
             error_code, stream, attempts, input_tokens, output_tokens, cost_micros, latency_ms, ttfb_ms, cache, cache_key,
-            cache_similarity, created_at)
+            cache_similarity, created_at, upstream_model)
        SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::text[], $6::text[], $7::text[],
             $8::text[], $9::bigint[], $10::text[], $11::boolean[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[],
-            $16::bigint[], $17::bigint[], $18::text[], $19::text[], $20::float8[], $21::text[])
+            $16::bigint[], $17::bigint[], $18::text[], $19::text[], $20::float8[], $21::text[], $22::text[])
        ON CONFLICT (id) DO NOTHING
        RETURNING created_at, token_id, user_id, team_id, model, served_model, status, input_tokens, output_tokens, cost_micros)
      INSERT INTO request_days AS d (day, token_id, user_id, team_id, model, requests, errors, input_tokens, output_tokens, cost_micros)
@@ -100,6 +100,7 @@ pub async fn insert_batch_tx(conn: &mut PgConnection, rows: &[RequestRow]) -> Re
         )
         .bind(rows.iter().map(|r| r.cache_similarity).collect::<Vec<_>>())
         .bind(col(|r| r.created_at.clone()))
+        .bind(col(|r| r.upstream_model.clone()))
         .execute(&mut *conn)
         .await?;
     let (ids, ats): (Vec<i64>, Vec<&str>) = last_used(rows).into_iter().unzip();
