@@ -390,3 +390,25 @@ async fn an_unreadable_export_exits_2_naming_the_problem() {
     let runs = crate::helpers::scalar_on(app.db(), "SELECT COUNT(*) FROM reconciliations").await;
     assert_eq!(runs, 0);
 }
+
+/// The provider bills a request under the model name the upstream was sent (the route's
+/// `model`), not the name the client asked for: the request log keeps it, streamed or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_request_log_keeps_the_model_the_upstream_was_sent() {
+    let app = crate::helpers::spawn_app().await;
+    let (_, token) = app.token("dev", None).await;
+    let mut body = crate::helpers::chat_body(10);
+    body["model"] = json!("mini");
+    assert_eq!(app.chat(&token, &body).await.status(), 200);
+    body["stream"] = json!(true);
+    let streamed = app.chat(&token, &body).await;
+    assert_eq!(streamed.status(), 200);
+    streamed.text().await.unwrap();
+    app.wait_for_log_rows(2).await;
+    let sent = crate::helpers::sql_text(
+        app.db(),
+        "SELECT MIN(upstream_model) || ' ' || MAX(upstream_model) FROM requests",
+    )
+    .await;
+    assert_eq!(sent, "gpt-4o-mini-upstream gpt-4o-mini-upstream");
+}
