@@ -1,8 +1,10 @@
 //! Finance: Sluice's figures held against the providers' bills (`reconcile`, from the cost
-//! exports read by `exports`, amounts exact by `decimal`).
+//! exports read by `exports`, amounts exact by `decimal`), and budgets projected forward
+//! (`forecast`).
 
 pub mod decimal;
 pub mod exports;
+pub mod forecast;
 pub mod reconcile;
 pub mod run;
 
