@@ -37,6 +37,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .route("/tokens/{id}/top-up", web::post().to(tokens_top_up))
             .route("/reports/spend", web::get().to(spend))
             .route("/reports/reconciliation", web::get().to(reconciliation))
+            .route("/reports/forecast", web::get().to(forecast))
             .route("/requests", web::get().to(requests_list))
             .route("/audit", web::get().to(audit_list))
             .route("/upstreams", web::get().to(upstreams_list))
@@ -228,6 +229,14 @@ async fn reconciliation(actor: Actor, state: web::Data<AppState>) -> Res {
         Some((run, rows)) => json!({"reconciliation": run, "rows": rows}),
         None => json!({"reconciliation": null, "rows": []}),
     })
+}
+
+/// Every budget in the caller's reach with its burn rate and projected exhaustion
+/// (`finance::budgets`); a lead sees their own team's.
+async fn forecast(actor: Actor, state: web::Data<AppState>) -> Res {
+    let now = state.clock.now();
+    let budgets = crate::finance::budgets::forecasts(&state.db, actor.scope(), now).await?;
+    ok(json!({"as_of": now.date_naive().to_string(), "budgets": budgets}))
 }
 
 async fn requests_list(

@@ -143,3 +143,37 @@ pub async fn last(db: &super::Db) -> Result<Option<(Reconciliation, Vec<Reconcil
         .await?;
     Ok(Some((run, rows)))
 }
+
+/// Spend of one token (with its user and team) on one UTC day.
+#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
+pub struct TokenDay {
+    pub token_id: i64,
+    pub user_id: Option<i64>,
+    pub team_id: Option<i64>,
+    /// `YYYY-MM-DD` (UTC).
+    pub day: String,
+    /// Σ `cost_micros` (absorbed amounts included: a forecast errs early, not late).
+    pub cost_micros: i64,
+}
+
+const SPEND_BY_TOKEN_DAY: &str =
+    "SELECT token_id, user_id, team_id, substr(created_at, 1, 10) AS day,
+        SUM(cost_micros) AS cost_micros
+     FROM requests WHERE created_at >= ?1 AND created_at < ?2 AND token_id IS NOT NULL
+     GROUP BY token_id, user_id, team_id, substr(created_at, 1, 10) ORDER BY 1, 4";
+
+/// Spend in `[from, to)` (database times) by token and day — the one question forecasts
+/// ask of the request log (users and teams are sums of their tokens' rows).
+pub async fn spend_by_token_day(db: &super::Db, from: &str, to: &str) -> Result<Vec<TokenDay>> {
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => {
+            return super::pg::finance::spend_by_token_day(&pg.pool, from, to).await
+        }
+    };
+    Ok(sqlx::query_as(SPEND_BY_TOKEN_DAY)
+        .bind(from)
+        .bind(to)
+        .fetch_all(&sqlite.read)
+        .await?)
+}

@@ -29,6 +29,7 @@ mod compatible;
 mod departures;
 mod event_shape;
 mod files;
+mod forecast;
 mod fuzz;
 mod gateway_fleet;
 mod gemini_fuzz;

@@ -78,3 +78,20 @@ pub async fn last(pool: &PgPool) -> Result<Option<(Reconciliation, Vec<Reconcili
         .await?;
     Ok(Some((run, rows)))
 }
+
+pub async fn spend_by_token_day(
+    pool: &PgPool,
+    from: &str,
+    to: &str,
+) -> Result<Vec<crate::store::finance::TokenDay>> {
+    Ok(sqlx::query_as(
+        "SELECT token_id, user_id, team_id, substr(created_at, 1, 10) AS day,
+                SUM(cost_micros)::BIGINT AS cost_micros
+         FROM requests WHERE created_at >= $1 AND created_at < $2 AND token_id IS NOT NULL
+         GROUP BY token_id, user_id, team_id, substr(created_at, 1, 10) ORDER BY 1, 4",
+    )
+    .bind(from)
+    .bind(to)
+    .fetch_all(pool)
+    .await?)
+}

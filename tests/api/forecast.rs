@@ -1,0 +1,129 @@
+//! Budget forecasts (issue 20, item 5) through `/admin/api/v1/reports/forecast`: the last
+//! 28 days of a token's spend seeded through the request-log writer, projected forward by
+//! `finance::forecast` (whose estimator has its own unit tests on synthetic histories).
+
+use chrono::{Duration, Utc};
+use serde_json::{json, Value};
+use sluice::store::requests::{self, RequestRow};
+
+use crate::admin_helpers::{login, make_login};
+use crate::helpers::{issue_args, spawn_app, TestApp};
+
+/// `cost` micro-dollars of spend by `token` (of `user` in `team`) on each of the last 28 days.
+async fn seed(app: &TestApp, (token, user, team): (i64, i64, i64), cost: i64) {
+    let today = Utc::now().date_naive();
+    let rows: Vec<RequestRow> = (1..=28)
+        .map(|back| {
+            let at = (today - Duration::days(back))
+                .and_hms_opt(10, 0, 0)
+                .unwrap()
+                .and_utc();
+            RequestRow {
+                id: format!("req-{token}-{back}"),
+                token_id: Some(token),
+                user_id: Some(user),
+                team_id: Some(team),
+                endpoint: "chat",
+                model: "gpt-4o-mini".into(),
+                served_model: "gpt-4o-mini".into(),
+                upstream: "a".into(),
+                status: 200,
+                cost_micros: cost,
+                cache: "miss",
+                created_at: sluice::clock::db_time(at),
+                ..Default::default()
+            }
+        })
+        .collect();
+    requests::insert_batch(app.db(), &rows).await.unwrap();
+}
+
+fn budget<'a>(report: &'a Value, kind: &str, id: i64) -> &'a Value {
+    report["budgets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["kind"] == kind && b["id"] == id)
+        .unwrap_or_else(|| panic!("no {kind} {id} in {report}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_burning_a_dollar_a_day_is_projected_to_run_out_on_its_day() {
+    let app = spawn_app().await;
+    let (burning, _) = app
+        .issue(sluice::cli::IssueArgs {
+            budget_usd: Some("10"),
+            reset: Some("never"),
+            ..issue_args("ann")
+        })
+        .await;
+    let (idle, _) = app
+        .issue(sluice::cli::IssueArgs {
+            budget_usd: Some("10"),
+            reset: Some("monthly"),
+            ..issue_args("bob")
+        })
+        .await;
+    let (unlimited, _) = app.issue(issue_args("cid")).await;
+    let user = crate::helpers::scalar_on(
+        app.db(),
+        &format!("SELECT user_id FROM tokens WHERE id = {burning}"),
+    )
+    .await;
+    let team = crate::helpers::scalar_on(
+        app.db(),
+        &format!("SELECT team_id FROM users WHERE id = {user}"),
+    )
+    .await;
+    seed(&app, (burning, user, team), 1_000_000).await;
+    seed(&app, (unlimited, user, team), 5_000_000).await;
+
+    make_login(&app, "fin", "finance", None).await;
+    let fin = login(&app, "fin").await;
+    let (status, report) = fin.get_json("/admin/api/v1/reports/forecast").await;
+    assert_eq!(status, 200, "{report}");
+    let today = Utc::now().date_naive();
+    assert_eq!(report["as_of"], json!(today.to_string()));
+
+    let b = budget(&report, "token", burning);
+    assert_eq!(b["remaining_micros"], json!(10_000_000));
+    assert_eq!(b["history"].as_array().unwrap().len(), 28);
+    assert!(b["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|d| d["spend_micros"] == 1_000_000));
+    assert_eq!(b["projected"][0]["spend_micros"], json!(1_000_000));
+    // 10 USD at 1 USD a day, today counted: the tenth day.
+    assert_eq!(
+        b["exhausts_on"],
+        json!((today + Duration::days(9)).to_string())
+    );
+    assert_eq!(b["resets_on"], Value::Null);
+
+    let idle = budget(&report, "token", idle);
+    assert_eq!(idle["exhausts_on"], Value::Null, "no spend, no exhaustion");
+    assert!(idle["resets_on"].is_string());
+    assert!(
+        !report["budgets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|b| b["kind"] == "token" && b["id"] == unlimited),
+        "a token without a budget has nothing to run out"
+    );
+
+    // A lead of another team sees none of it.
+    make_login(&app, "lead", "lead", Some("elsewhere")).await;
+    let lead = login(&app, "lead").await;
+    let (status, theirs) = lead.get_json("/admin/api/v1/reports/forecast").await;
+    assert_eq!(status, 200);
+    assert!(
+        !theirs["budgets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|b| b["kind"] == "token"),
+        "{theirs}"
+    );
+}
