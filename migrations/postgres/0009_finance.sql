@@ -28,3 +28,11 @@ CREATE TABLE reconciliation_rows (
     flagged          BOOLEAN NOT NULL
 );
 CREATE INDEX reconciliation_rows_run ON reconciliation_rows(run_id);
+
+CREATE TABLE finance_notices (
+    kind        TEXT COLLATE "C" NOT NULL,
+    subject     TEXT COLLATE "C" NOT NULL,
+    day         TEXT COLLATE "C" NOT NULL,
+    created_at  TEXT COLLATE "C" NOT NULL,
+    PRIMARY KEY (kind, subject, day)
+);

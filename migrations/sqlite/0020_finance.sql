@@ -33,3 +33,13 @@ CREATE TABLE reconciliation_rows (
     flagged          INTEGER NOT NULL
 );
 CREATE INDEX reconciliation_rows_run ON reconciliation_rows(run_id);
+
+-- Alerts finance sends at most once per subject and day across every replica
+-- (`budget_exhaustion_forecast`): the first replica to insert the row sends it.
+CREATE TABLE finance_notices (
+    kind        TEXT NOT NULL,
+    subject     TEXT NOT NULL,                      -- token:ID, user:ID, team:ID
+    day         TEXT NOT NULL,                      -- YYYY-MM-DD (UTC)
+    created_at  TEXT NOT NULL,
+    PRIMARY KEY (kind, subject, day)
+);

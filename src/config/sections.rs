@@ -663,6 +663,9 @@ pub struct FinanceSettings {
     pub reconcile_threshold_usd: f64,
     /// … and this percentage of the provider's figure.
     pub reconcile_threshold_pct: f64,
+    /// `budget_exhaustion_forecast` is raised for a budget projected to run out within
+    /// this many days (0: never).
+    pub forecast_alert_days: u32,
 }
 
 impl Default for FinanceSettings {
@@ -670,6 +673,7 @@ impl Default for FinanceSettings {
         Self {
             reconcile_threshold_usd: 1.0,
             reconcile_threshold_pct: 2.0,
+            forecast_alert_days: 7,
         }
     }
 }

@@ -2,6 +2,7 @@
 //! exports read by `exports`, amounts exact by `decimal`), and budgets projected forward
 //! (`forecast`).
 
+pub mod alerts;
 pub mod budgets;
 pub mod decimal;
 pub mod exports;

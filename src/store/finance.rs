@@ -177,3 +177,42 @@ pub async fn spend_by_token_day(db: &super::Db, from: &str, to: &str) -> Result<
         .fetch_all(&sqlite.read)
         .await?)
 }
+
+/// Records that `kind` was sent about `subject` on `day`; `false` when some replica already
+/// had (the primary key decides, so exactly one replica sends it).
+pub async fn note_once(
+    db: &super::Db,
+    kind: &str,
+    subject: &str,
+    day: &str,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<bool> {
+    let mut tx = db.begin().await?;
+    let at = crate::clock::db_time(now);
+    let inserted = if let Some((conn, _)) = tx.pg() {
+        sqlx::query(
+            "INSERT INTO finance_notices (kind, subject, day, created_at) VALUES ($1, $2, $3, $4)
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(kind)
+        .bind(subject)
+        .bind(day)
+        .bind(&at)
+        .execute(conn)
+        .await?
+        .rows_affected()
+    } else {
+        sqlx::query(
+            "INSERT OR IGNORE INTO finance_notices (kind, subject, day, created_at) VALUES (?, ?, ?, ?)",
+        )
+        .bind(kind)
+        .bind(subject)
+        .bind(day)
+        .bind(&at)
+        .execute(tx.sqlite()?)
+        .await?
+        .rows_affected()
+    };
+    tx.commit().await?;
+    Ok(inserted == 1)
+}

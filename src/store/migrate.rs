@@ -8,7 +8,7 @@
 //! lacks is its rowid (`login_failures`, `cache_entries`); `meta` (which the PostgreSQL migration seeds) is overwritten; the
 //! spend-by-day rollup is rebuilt from the copied request log (`pg::requests::rebuild_days`).
 //! Not copied: `processes` (no gateway runs on the source: its rows are stale by
-//! definition) and the migration bookkeeping. Before the commit, every table is read back
+//! definition), `finance_notices` (which alerts went out today: at worst one is sent again) and the migration bookkeeping. Before the commit, every table is read back
 //! from both sides and compared — every balance, ledger row and audit hash value for value
 //! (the request log and cache by count and sums: they can be large), and every stored
 //! response of the Responses API (its conversation and answer as JSON text).

@@ -127,3 +127,78 @@ async fn a_budget_burning_a_dollar_a_day_is_projected_to_run_out_on_its_day() {
         "{theirs}"
     );
 }
+
+/// A budget due to run out within `[finance] forecast_alert_days` raises
+/// `budget_exhaustion_forecast` at the webhooks once per day, whichever replica checks:
+/// the notice row decides; one running out later raises nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_running_out_within_the_alert_days_is_raised_once_a_day() {
+    use sluice::config::{Secret, WebhookSettings};
+    let app = crate::helpers::spawn_app_with(|s, m| {
+        s.alerts.webhooks = vec![WebhookSettings {
+            url: Secret(secrecy::SecretString::from(format!(
+                "{}/_mock/webhook",
+                m.base_url()
+            ))),
+            format: "generic".into(),
+        }];
+    })
+    .await;
+    let (soon, _) = app
+        .issue(sluice::cli::IssueArgs {
+            budget_usd: Some("5"),
+            reset: Some("never"),
+            ..issue_args("ann")
+        })
+        .await;
+    let (later, _) = app
+        .issue(sluice::cli::IssueArgs {
+            budget_usd: Some("50"),
+            reset: Some("never"),
+            ..issue_args("bob")
+        })
+        .await;
+    for token in [soon, later] {
+        let user = crate::helpers::scalar_on(
+            app.db(),
+            &format!("SELECT user_id FROM tokens WHERE id = {token}"),
+        )
+        .await;
+        seed(&app, (token, user, 1), 1_000_000).await;
+    }
+    // The gateway's own hourly check may have run already: between it and these two, the
+    // second finds today's notice taken.
+    sluice::finance::alerts::check(&app.state).await.unwrap();
+    assert_eq!(sluice::finance::alerts::check(&app.state).await.unwrap(), 0);
+    let subject = format!("token:{soon}");
+    let today = Utc::now().date_naive().to_string();
+    assert!(
+        !sluice::store::finance::note_once(
+            app.db(),
+            "budget_exhaustion_forecast",
+            &subject,
+            &today,
+            Utc::now()
+        )
+        .await
+        .unwrap(),
+        "another replica finds it sent"
+    );
+    let mut seen = Vec::new();
+    for _ in 0..200 {
+        seen = app
+            .mock
+            .state
+            .stats("webhook")
+            .last_bodies
+            .iter()
+            .filter(|b| b["kind"] == "budget_exhaustion_forecast")
+            .map(|b| b["subject"].as_str().unwrap_or_default().to_string())
+            .collect();
+        if !seen.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert_eq!(seen, vec![subject], "only the budget due within 7 days");
+}
