@@ -113,6 +113,24 @@ async fn a_budget_burning_a_dollar_a_day_is_projected_to_run_out_on_its_day() {
         "a token without a budget has nothing to run out"
     );
 
+    // The finance page charts it: 28 days spent, 7 projected, and the day it runs out.
+    let html = fin.get("/admin/finance").await.text().await.unwrap();
+    let at = html
+        .find(&format!("data-kind=\"token\" data-id=\"{burning}\""))
+        .unwrap_or_else(|| panic!("{html}"));
+    let article = &html[at..at + html[at..].find("</article>").unwrap()];
+    let due = (today + Duration::days(9)).to_string();
+    assert!(
+        article.contains(&format!("<strong class=\"exhausts\">{due}</strong>")),
+        "{article}"
+    );
+    assert_eq!(
+        article.matches("class=\"bar projected\"").count(),
+        7,
+        "{article}"
+    );
+    assert_eq!(article.matches("class=\"bar\"").count(), 28, "{article}");
+
     // A lead of another team sees none of it.
     make_login(&app, "lead", "lead", Some("elsewhere")).await;
     let lead = login(&app, "lead").await;
