@@ -34,12 +34,13 @@ CREATE TABLE reconciliation_rows (
 );
 CREATE INDEX reconciliation_rows_run ON reconciliation_rows(run_id);
 
--- Alerts finance sends at most once per subject and day across every replica
--- (`budget_exhaustion_forecast`): the first replica to insert the row sends it.
+-- Alerts finance sends at most once per subject and day (the digest: per team and ISO
+-- week) across every replica (`budget_exhaustion_forecast`, `weekly_digest`): the first
+-- replica to insert the row sends it.
 CREATE TABLE finance_notices (
     kind        TEXT NOT NULL,
     subject     TEXT NOT NULL,                      -- token:ID, user:ID, team:ID
-    day         TEXT NOT NULL,                      -- YYYY-MM-DD (UTC)
+    day         TEXT NOT NULL,                      -- YYYY-MM-DD (UTC); the digest: YYYY-Www
     created_at  TEXT NOT NULL,
     PRIMARY KEY (kind, subject, day)
 );

@@ -5,6 +5,7 @@
 pub mod alerts;
 pub mod budgets;
 pub mod decimal;
+pub mod digest;
 pub mod exports;
 pub mod forecast;
 pub mod reconcile;

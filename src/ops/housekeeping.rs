@@ -168,14 +168,18 @@ pub fn spawn(state: Arc<AppState>, me: Me) {
 /// How often budgets are projected for `budget_exhaustion_forecast`.
 const FORECAST_CHECK: Duration = Duration::from_secs(3600);
 
-/// Raises `budget_exhaustion_forecast` for budgets about to run out (`finance::alerts`);
-/// every replica checks, one sends per subject and day.
+/// Raises `budget_exhaustion_forecast` for budgets about to run out (`finance::alerts`)
+/// and sends last week's digest per team (`finance::digest`); every replica checks, one
+/// sends per subject and day (digest: per team and week).
 async fn forecast_alerts(state: Arc<AppState>) {
     let mut tick = tokio::time::interval(FORECAST_CHECK);
     loop {
         tick.tick().await;
         if let Err(e) = crate::finance::alerts::check(&state).await {
             tracing::warn!(error = %e, "budget forecast check failed");
+        }
+        if let Err(e) = crate::finance::digest::send(&state).await {
+            tracing::warn!(error = %e, "weekly digest failed");
         }
     }
 }

@@ -27,6 +27,7 @@ mod clients_translated;
 mod clocks;
 mod compatible;
 mod departures;
+mod digest;
 mod event_shape;
 mod files;
 mod forecast;
