@@ -520,3 +520,50 @@ pub async fn export_audit_head(db: &Db, dir: &Path, now: DateTime<Utc>) {
         Err(e) => eprintln!("warning: the audit head was not written: {e}"),
     }
 }
+
+/// `sluice reconcile`'s report: a table, or with `json` the run and its rows as JSON.
+pub fn reconcile_report(r: &crate::finance::run::Run, json: bool) -> String {
+    if json {
+        return json!({"reconciliation": r.run, "rows": r.rows}).to_string();
+    }
+    let run = &r.run;
+    let mut out = format!(
+        "reconciliation {} ({} export {}, {} to {}): {} of {} rows flagged (threshold {} USD and {}.{:02} %)\n",
+        run.id,
+        run.provider,
+        run.source,
+        run.first_day,
+        run.last_day,
+        run.flagged,
+        r.rows.len(),
+        pricing::usd(run.threshold_micros),
+        run.threshold_pct_bp / 100,
+        run.threshold_pct_bp % 100
+    );
+    out.push_str(&format!(
+        "  {:<10}  {:<28} {:<20} {:>16} {:>16} {:>16}\n",
+        "day", "model", "account", "sluice_usd", "provider_usd", "difference_usd"
+    ));
+    for row in &r.rows {
+        out.push_str(&format!(
+            "{} {:<10}  {:<28} {:<20} {:>16} {:>16} {:>16}\n",
+            if row.flagged { "!" } else { " " },
+            row.day,
+            row.model,
+            row.account,
+            pricing::usd(row.sluice_micros),
+            pricing::usd(row.provider_micros),
+            pricing::usd(row.diff_micros)
+        ));
+    }
+    out.push_str(&format!(
+        "  {:<10}  {:<28} {:<20} {:>16} {:>16} {:>16}\n",
+        "total",
+        "",
+        "",
+        pricing::usd(run.sluice_micros),
+        pricing::usd(run.provider_micros),
+        pricing::usd(run.sluice_micros.saturating_sub(run.provider_micros))
+    ));
+    out
+}

@@ -10,6 +10,7 @@ pub mod client_addr;
 pub mod clock;
 pub mod config;
 pub mod error;
+pub mod finance;
 pub mod mock;
 pub mod ops;
 pub mod pipeline;

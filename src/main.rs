@@ -11,6 +11,7 @@ use sluice::cli::{self, BudgetChange, IssueArgs, UserArgs};
 use sluice::config::{
     self, Ladder, ModelSettings, Provider, RouteSettings, Secret, Settings, UpstreamSettings,
 };
+use sluice::finance::run::Export;
 use sluice::mock::{MockConfig, MockServer};
 use sluice::quota::pricing;
 use sluice::startup::Application;
@@ -97,6 +98,17 @@ enum Command {
     Secrets {
         #[command(subcommand)]
         command: SecretsCommand,
+    },
+    /// Compare a provider's cost export with Sluice's spend per day, model and account;
+    /// stores the run. Exits 0 when every row matches, 3 when a row is past the threshold
+    /// (and raises `reconcile_mismatch`), 2 when the file cannot be read.
+    Reconcile {
+        #[arg(long, value_enum)]
+        provider: Export,
+        /// The export: OpenAI's Costs API JSON, Anthropic's Cost Report JSON.
+        file: PathBuf,
+        #[arg(long)]
+        json: bool,
     },
     /// A scriptable fake OpenAI + Anthropic upstream for tests and demos.
     Mock {
@@ -379,6 +391,15 @@ async fn main() -> anyhow::Result<()> {
         println!("now put the new key where the gateway reads it ({} or the key file), then start the gateways; keep the old key with the backups made before (they open only under it)", sluice::secrets::ENV);
         return Ok(());
     }
+    if let Command::Reconcile {
+        provider,
+        file,
+        json,
+    } = &cli.command
+    {
+        let code = reconcile(&settings, *provider, file, *json, now).await?;
+        std::process::exit(code);
+    }
     let db = match cli.command {
         Command::Audit {
             command: AuditCommand::Verify,
@@ -508,11 +529,56 @@ async fn main() -> anyhow::Result<()> {
         | Command::Mock { .. }
         | Command::MigrateStore { .. }
         | Command::Secrets { .. }
+        | Command::Reconcile { .. }
         | Command::Restore { .. } => {}
     }
     cli::export_audit_head(&db, std::path::Path::new(&settings.backup.dir), now).await;
     db.close().await;
     Ok(())
+}
+
+/// `sluice reconcile`: the report printed, `reconcile_mismatch` sent when a row is flagged;
+/// the exit code (0 all match, 2 unreadable export, 3 flagged).
+async fn reconcile(
+    settings: &Settings,
+    export: Export,
+    file: &std::path::Path,
+    json: bool,
+    now: chrono::DateTime<chrono::Utc>,
+) -> anyhow::Result<i32> {
+    use sluice::finance::FinanceError;
+    let db = Db::connect(settings).await?;
+    let done = sluice::finance::run::reconcile_file(&db, settings, export, file, "cli", now).await;
+    let dir = std::path::Path::new(&settings.backup.dir);
+    let r = match done {
+        Ok(r) => r,
+        Err(FinanceError::Unreadable(why)) => {
+            db.close().await;
+            eprintln!("error: {why}");
+            return Ok(2);
+        }
+        Err(e) => {
+            db.close().await;
+            return Err(e.into());
+        }
+    };
+    cli::export_audit_head(&db, dir, now).await;
+    db.close().await;
+    print!("{}", cli::reconcile_report(&r, json));
+    if r.run.flagged == 0 {
+        return Ok(0);
+    }
+    let message = format!(
+        "{} of {} rows of the {} export {} differ from Sluice's spend past the threshold (reconciliation {})",
+        r.run.flagged,
+        r.rows.len(),
+        r.run.provider,
+        r.run.source,
+        r.run.id
+    );
+    let subject = format!("reconciliation:{}", r.run.id);
+    sluice::ops::alerts::send_now(&settings.alerts, "reconcile_mismatch", &subject, &message).await;
+    Ok(3)
 }
 
 /// A new admin password: from standard input, else `SLUICE_ADMIN_PASSWORD`, else a

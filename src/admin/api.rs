@@ -36,6 +36,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .route("/tokens/{id}/rotate", web::post().to(tokens_rotate))
             .route("/tokens/{id}/top-up", web::post().to(tokens_top_up))
             .route("/reports/spend", web::get().to(spend))
+            .route("/reports/reconciliation", web::get().to(reconciliation))
+            .route("/reports/forecast", web::get().to(forecast))
             .route("/requests", web::get().to(requests_list))
             .route("/audit", web::get().to(audit_list))
             .route("/upstreams", web::get().to(upstreams_list))
@@ -219,6 +221,23 @@ async fn spend(actor: Actor, state: web::Data<AppState>, q: web::Query<SpendQuer
             "format: json or csv, not `{other}`"
         ))),
     }
+}
+
+/// The last reconciliation (`null` before the first) and its rows.
+async fn reconciliation(actor: Actor, state: web::Data<AppState>) -> Res {
+    let last = super::finance::last_run(&state, &actor).await?;
+    ok(match last {
+        Some((run, rows)) => json!({"reconciliation": run, "rows": rows}),
+        None => json!({"reconciliation": null, "rows": []}),
+    })
+}
+
+/// Every budget in the caller's reach with its burn rate and projected exhaustion
+/// (`finance::budgets`); a lead sees their own team's.
+async fn forecast(actor: Actor, state: web::Data<AppState>) -> Res {
+    let now = state.clock.now();
+    let budgets = crate::finance::budgets::forecasts(&state.db, actor.scope(), now).await?;
+    ok(json!({"as_of": now.date_naive().to_string(), "budgets": budgets}))
 }
 
 async fn requests_list(

@@ -13,6 +13,7 @@ pub mod audit;
 pub mod cache;
 pub mod dashboard;
 pub mod error;
+pub mod finance;
 pub mod guard;
 pub mod input;
 pub mod login;
@@ -55,6 +56,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 .route("/reports", web::get().to(reports::page))
                 .route("/reports.csv", web::get().to(reports::csv))
                 .route("/audit", web::get().to(audit::page))
+                .route("/finance", web::get().to(finance::page))
                 .route("/audit/verify", web::get().to(audit::verify))
                 .route("/upstreams", web::get().to(upstreams::page))
                 .route("/upstreams", web::post().to(upstreams::add_html))

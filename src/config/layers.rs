@@ -105,6 +105,7 @@ const SECTIONS: &[&str] = &[
     "upstream",
     "backup",
     "responses",
+    "finance",
 ];
 /// `SLUICE_*` variables that are not section overrides.
 const NON_OVERRIDES: &[&str] = &[

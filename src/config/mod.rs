@@ -246,6 +246,7 @@ impl Settings {
         if !matches!(self.quota.synchronous.as_str(), "normal" | "full") {
             return invalid("quota.synchronous must be \"normal\" or \"full\"".into());
         }
+        self.finance.validate()?;
         if self.quota.alert_threshold_percent > 100 {
             return invalid("quota.alert_threshold_percent must be at most 100".into());
         }

@@ -227,6 +227,11 @@ pub struct UpstreamSettings {
     /// OpenAI-format servers that differ from OpenAI (`openai_compatible` mostly).
     #[serde(default)]
     pub quirks: Quirks,
+    /// The provider's account this key bills to, as its cost export names it (an OpenAI
+    /// project or API key id, an Anthropic workspace id): `sluice reconcile` compares
+    /// per account. Absent: the account `*` (every key no other upstream names).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_account: Option<String>,
 }
 
 impl UpstreamSettings {
@@ -747,19 +752,61 @@ impl Default for ResponsesSettings {
     }
 }
 
-/// `[finance]`: how spend is bounded and priced beyond the models' prices.
+/// `[finance]`: how spend is bounded and priced beyond the models' prices, and
+/// reconciliation against the provider's bill (`sluice reconcile`).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FinanceSettings {
     /// The most server-tool calls (web searches) a request may make when the client sets
     /// no cap of its own: sent upstream as the tool's `max_uses`, and reserved for.
     pub max_server_tool_calls: u32,
+    /// A (day, model, account) row is flagged when its difference exceeds both this …
+    pub reconcile_threshold_usd: f64,
+    /// … and this percentage of the provider's figure.
+    pub reconcile_threshold_pct: f64,
+    /// `budget_exhaustion_forecast` is raised for a budget projected to run out within
+    /// this many days (0: never).
+    pub forecast_alert_days: u32,
 }
 
 impl Default for FinanceSettings {
     fn default() -> Self {
         Self {
             max_server_tool_calls: 5,
+            reconcile_threshold_usd: 1.0,
+            reconcile_threshold_pct: 2.0,
+            forecast_alert_days: 7,
         }
+    }
+}
+
+impl FinanceSettings {
+    fn in_range(field: &str, v: f64, max: f64) -> Result<(), super::ConfigError> {
+        if v.is_finite() && (0.0..=max).contains(&v) {
+            return Ok(());
+        }
+        Err(super::ConfigError::Invalid(format!(
+            "finance.{field} must be between 0 and {max}"
+        )))
+    }
+
+    pub fn validate(&self) -> Result<(), super::ConfigError> {
+        Self::in_range("reconcile_threshold_usd", self.reconcile_threshold_usd, 1e9)?;
+        Self::in_range(
+            "reconcile_threshold_pct",
+            self.reconcile_threshold_pct,
+            1000.0,
+        )
+    }
+
+    /// The absolute threshold in micro-dollars (written with at most 6 decimals: rounding
+    /// removes the binary-float noise, as for prices).
+    pub fn threshold_micros(&self) -> i64 {
+        (self.reconcile_threshold_usd * 1_000_000.0).round() as i64
+    }
+
+    /// The relative threshold in basis points (2 % = 200).
+    pub fn threshold_bp(&self) -> i64 {
+        (self.reconcile_threshold_pct * 100.0).round() as i64
     }
 }

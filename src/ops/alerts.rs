@@ -3,7 +3,8 @@
 //! token past its alert threshold, rate limiting degraded, a backup failed, the audit head
 //! refused or unwritable, the gateway out of its own descriptors or memory on an upstream
 //! connect (`local_resources`), stored keys or models that no longer build a catalog
-//! (`catalog_stale`). Each alert is
+//! (`catalog_stale`), a reconciliation past its threshold (`reconcile_mismatch`, sent by
+//! `sluice reconcile` itself: `send_now`). Each alert is
 //! logged; webhooks get at most one per condition per cool-off window, sent by a
 //! background task with retries — never on, and never failing, a request.
 
@@ -115,21 +116,60 @@ async fn deliver(
     };
     while let Some(alert) = rx.recv().await {
         for hook in &hooks {
-            let payload = body(&hook.format, &alert);
-            for attempt in 0..ATTEMPTS {
-                match client.post(hook.url.expose()).json(&payload).send().await {
-                    Ok(r) if r.status().is_success() => break,
-                    outcome => {
-                        let why = outcome
-                            .map(|r| r.status().to_string())
-                            .unwrap_or_else(|_| "unreachable".into());
-                        tracing::warn!(kind = alert.kind, attempt, why = %why, "alert webhook failed");
-                        if attempt + 1 < ATTEMPTS {
-                            tokio::time::sleep(Duration::from_millis(500 << attempt)).await;
-                        }
-                    }
+            post(&client, hook, &alert).await;
+        }
+    }
+}
+
+/// Posts `alert` to `hook`, retried with backoff; `false` when every attempt failed.
+async fn post(client: &reqwest::Client, hook: &WebhookSettings, alert: &Alert) -> bool {
+    let payload = body(&hook.format, alert);
+    for attempt in 0..ATTEMPTS {
+        match client.post(hook.url.expose()).json(&payload).send().await {
+            Ok(r) if r.status().is_success() => return true,
+            outcome => {
+                let why = outcome
+                    .map(|r| r.status().to_string())
+                    .unwrap_or_else(|_| "unreachable".into());
+                tracing::warn!(kind = alert.kind, attempt, why = %why, "alert webhook failed");
+                if attempt + 1 < ATTEMPTS {
+                    tokio::time::sleep(Duration::from_millis(500 << attempt)).await;
                 }
             }
         }
     }
+    false
+}
+
+/// Raises an alert from a command that ends right after (`sluice reconcile`): logged and
+/// posted to every webhook before it returns, not queued for a background task the process
+/// would not wait for. How many webhooks took it.
+pub async fn send_now(
+    cfg: &AlertSettings,
+    kind: &'static str,
+    subject: &str,
+    message: &str,
+) -> usize {
+    tracing::warn!(target: "sluice::alert", kind, subject, message, "alert");
+    let client = match guarded(true, Arc::new(SystemResolver))
+        .timeout(Duration::from_secs(5))
+        .build()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "alert webhooks unreachable: cannot build an HTTP client");
+            return 0;
+        }
+    };
+    let alert = Alert {
+        kind,
+        subject: subject.to_string(),
+        message: message.to_string(),
+        at: chrono::Utc::now(),
+    };
+    let mut sent = 0;
+    for hook in &cfg.webhooks {
+        sent += usize::from(post(&client, hook, &alert).await);
+    }
+    sent
 }

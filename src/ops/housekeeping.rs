@@ -55,6 +55,7 @@ async fn follow_catalog(state: &AppState) {
 
 pub fn spawn(state: Arc<AppState>, me: Me) {
     tokio::spawn(sweep_stored_responses(state.clone()));
+    tokio::spawn(forecast_alerts(state.clone()));
     if state.settings.backup.interval_hours > 0 && state.db.backs_up_to_file() {
         tokio::spawn(scheduled_backups(state.clone()));
     } else if state.settings.backup.interval_hours > 0 {
@@ -164,6 +165,30 @@ pub fn spawn(state: Arc<AppState>, me: Me) {
 
 /// Takes a backup whenever one is due (`ops::backup::backup_if_due`); a failure raises
 /// `backup_failed` and is tried again at the next check.
+/// How often budgets are projected for `budget_exhaustion_forecast` (and the weekly digest
+/// looked at), and how long after start the first time.
+const FORECAST_CHECK: Duration = Duration::from_secs(3600);
+const FORECAST_FIRST: Duration = Duration::from_secs(300);
+
+/// Raises `budget_exhaustion_forecast` for budgets about to run out (`finance::alerts`)
+/// and sends last week's digest per team (`finance::digest`); every replica checks, one
+/// sends per subject and day (digest: per team and week).
+async fn forecast_alerts(state: Arc<AppState>) {
+    // The first check waits a while: a digest is read in several queries, which must not
+    // straddle the writes of a start-up (a restore, a migration, a test seeding its log).
+    let first = tokio::time::Instant::now() + FORECAST_FIRST;
+    let mut tick = tokio::time::interval_at(first, FORECAST_CHECK);
+    loop {
+        tick.tick().await;
+        if let Err(e) = crate::finance::alerts::check(&state).await {
+            tracing::warn!(error = %e, "budget forecast check failed");
+        }
+        if let Err(e) = crate::finance::digest::send(&state).await {
+            tracing::warn!(error = %e, "weekly digest failed");
+        }
+    }
+}
+
 /// How often stored responses past their retention are deleted.
 const RESPONSES_SWEEP: Duration = Duration::from_secs(600);
 

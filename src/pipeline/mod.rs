@@ -425,6 +425,7 @@ async fn run(
     };
     log.upstream = success.dep.id.clone();
     log.served_model = success.model.name.clone();
+    log.upstream_model = success.route.upstream_model.clone();
     if prepared.stream {
         let books = stream::Books {
             held,

@@ -129,6 +129,7 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
         Ok(s) => {
             books.log.upstream = s.dep.id.clone();
             books.log.served_model = s.model.name.clone();
+            books.log.upstream_model = s.route.upstream_model.clone();
             stream::serve(state, &prepared, s, books, sink, slot).await;
         }
         Err((error, cut_by_deadline)) => {

@@ -8,7 +8,7 @@
 //! lacks is its rowid (`login_failures`, `cache_entries`); `meta` (which the PostgreSQL migration seeds) is overwritten; the
 //! spend-by-day rollups are rebuilt from the copied request log (`pg::requests::rebuild_days`).
 //! Not copied: `processes` (no gateway runs on the source: its rows are stale by
-//! definition) and the migration bookkeeping. Before the commit, every table is read back
+//! definition), `finance_notices` (which alerts went out today: at worst one is sent again) and the migration bookkeeping. Before the commit, every table is read back
 //! from both sides and compared — every balance, ledger row and audit hash value for value
 //! (the request log and cache by count and sums: they can be large), and every stored
 //! response of the Responses API (its conversation and answer as JSON text).
@@ -62,6 +62,9 @@ const TABLES: &[(&str, bool)] = &[
     ("seal_check", true),
     // Prices admins appended: compared value for value (they price the ledger's rows).
     ("model_prices", true),
+    // Reconciliation runs and their rows (`store::finance`).
+    ("reconciliations", true),
+    ("reconciliation_rows", true),
 ];
 
 /// Tables whose key is text: read whole and sorted alike on both sides for the comparison

@@ -9,6 +9,7 @@ mod audit_mac;
 pub mod backup;
 pub mod cache;
 pub mod directory;
+pub mod finance;
 pub mod ledger;
 pub mod lingering;
 pub mod managed;

@@ -16,6 +16,9 @@ pub struct RequestRow {
     pub model: String,
     pub served_model: String,
     pub upstream: String,
+    /// The model name the upstream was sent (the route's `model`): what the provider bills
+    /// it under (`finance::reconcile`).
+    pub upstream_model: String,
     pub status: u16,
     pub error_code: Option<&'static str>,
     pub stream: bool,
@@ -57,10 +60,10 @@ pub fn kind_values(k: &Parts) -> [i64; 9] {
 /// The SQLite insert of one row.
 const INSERT: &str = "INSERT OR IGNORE INTO requests (id, token_id, user_id, team_id, endpoint, model, served_model, upstream, status,
                  error_code, stream, attempts, input_tokens, output_tokens, cost_micros, latency_ms, ttfb_ms, cache, cache_key,
-                 cache_similarity, created_at, tags, cached_input_tokens, cache_write_5m_tokens, cache_write_1h_tokens,
+                 cache_similarity, created_at, tags, upstream_model, cached_input_tokens, cache_write_5m_tokens, cache_write_1h_tokens,
                  reasoning_tokens, audio_input_tokens, audio_output_tokens, image_input_tokens, image_output_tokens,
                  web_search_calls)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 
 /// What one logged request adds to its day's row of the spend rollup (`store::spend`).
 const ROLLUP: &str = "INSERT INTO spend_days (day, team_id, user_id, token_id, model, served_model, upstream, tags,
@@ -113,6 +116,7 @@ pub fn insert_batch_tx(tx: &mut Tx<'_>, rows: &[RequestRow]) -> Result<()> {
             r.cache_similarity.map_or(Param::Null, Param::Real),
             r.created_at.as_str().into(),
             r.tags.as_str().into(),
+            r.upstream_model.as_str().into(),
         ];
         params.extend(kind_values(&r.kinds).map(Param::from));
         let inserted = tx.execute(INSERT, &params)?;
@@ -186,7 +190,8 @@ pub async fn insert_batch(db: &super::Db, rows: &[RequestRow]) -> Result<()> {
             .bind(&r.cache_key)
             .bind(r.cache_similarity)
             .bind(&r.created_at)
-            .bind(&r.tags);
+            .bind(&r.tags)
+            .bind(&r.upstream_model);
         for v in kind_values(&r.kinds) {
             q = q.bind(v);
         }

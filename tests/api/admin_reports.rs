@@ -23,6 +23,7 @@ async fn seed(app: &TestApp, rows: &[(i64, i64, i64, &str, i64, i64, &str)]) {
                 model: model.to_string(),
                 served_model: model.to_string(),
                 upstream: String::new(),
+                upstream_model: String::new(),
                 status: *status as u16,
                 error_code: None,
                 stream: false,

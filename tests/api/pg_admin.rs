@@ -415,6 +415,7 @@ fn request(
         model: model.into(),
         served_model: model.into(),
         upstream: "a".into(),
+        upstream_model: String::new(),
         status,
         error_code: None,
         stream: false,

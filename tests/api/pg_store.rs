@@ -513,6 +513,7 @@ pub fn request_rows() -> Vec<RequestRow> {
                 String::new()
             },
             upstream: "a".into(),
+            upstream_model: String::new(),
             status: [200, 200, 429, 502, 200][(i % 5) as usize],
             error_code: (i % 5 == 2).then_some("rate_limit_exceeded"),
             stream: i % 2 == 0,

@@ -10,6 +10,7 @@ pub mod admins;
 pub mod audit;
 pub mod cache;
 pub mod directory;
+pub mod finance;
 pub mod ledger;
 pub mod lingering;
 pub mod managed;

@@ -19,14 +19,14 @@ use crate::store::Result;
 const INSERT: &str = "WITH ins AS (
        INSERT INTO requests (id, token_id, user_id, team_id, endpoint, model, served_model, upstream, status,
             error_code, stream, attempts, input_tokens, output_tokens, cost_micros, latency_ms, ttfb_ms, cache, cache_key,
-            cache_similarity, created_at, tags, cached_input_tokens, cache_write_5m_tokens, cache_write_1h_tokens,
+            cache_similarity, created_at, tags, upstream_model, cached_input_tokens, cache_write_5m_tokens, cache_write_1h_tokens,
             reasoning_tokens, audio_input_tokens, audio_output_tokens, image_input_tokens, image_output_tokens,
             web_search_calls)
        SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::text[], $6::text[], $7::text[],
             $8::text[], $9::bigint[], $10::text[], $11::boolean[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[],
             $16::bigint[], $17::bigint[], $18::text[], $19::text[], $20::float8[], $21::text[], $22::text[],
-            $23::bigint[], $24::bigint[], $25::bigint[], $26::bigint[], $27::bigint[], $28::bigint[], $29::bigint[],
-            $30::bigint[], $31::bigint[])
+            $23::text[], $24::bigint[], $25::bigint[], $26::bigint[], $27::bigint[], $28::bigint[], $29::bigint[],
+            $30::bigint[], $31::bigint[], $32::bigint[])
        ON CONFLICT (id) DO NOTHING
        RETURNING created_at, token_id, user_id, team_id, model, served_model, upstream, status, input_tokens,
             output_tokens, cost_micros, tags),
@@ -132,7 +132,8 @@ pub async fn insert_batch_tx(conn: &mut PgConnection, rows: &[RequestRow]) -> Re
         )
         .bind(rows.iter().map(|r| r.cache_similarity).collect::<Vec<_>>())
         .bind(col(|r| r.created_at.clone()))
-        .bind(col(|r| r.tags.clone()));
+        .bind(col(|r| r.tags.clone()))
+        .bind(col(|r| r.upstream_model.clone()));
     // One array per kind column, in `kind_values`' order.
     for k in 0..9 {
         q = q.bind(

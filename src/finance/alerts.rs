@@ -1,0 +1,41 @@
+//! `budget_exhaustion_forecast`: a budget projected (`budgets`) to run out within `[finance]
+//! forecast_alert_days` is raised through the alert webhooks at most once per subject and
+//! UTC day across every replica (`store::finance::note_once` decides which replica sends).
+
+use crate::state::AppState;
+use crate::store::{finance, StoreError};
+
+pub const KIND: &str = "budget_exhaustion_forecast";
+
+/// Checks every budget now; how many alerts this replica raised.
+pub async fn check(state: &AppState) -> Result<usize, StoreError> {
+    let days = i64::from(state.settings.finance.forecast_alert_days);
+    if days == 0 {
+        return Ok(0);
+    }
+    let now = state.clock.now();
+    let today = now.date_naive();
+    let horizon = (today + chrono::Duration::days(days)).to_string();
+    let mut raised = 0;
+    for b in super::budgets::forecasts(&state.db, None, now).await? {
+        let Some(on) = b.exhausts_on.as_deref() else {
+            continue;
+        };
+        if on > horizon.as_str() {
+            continue;
+        }
+        let subject = format!("{}:{}", b.kind, b.id);
+        if !finance::note_once(&state.db, KIND, &subject, &today.to_string(), now).await? {
+            continue;
+        }
+        let message = format!(
+            "the budget of {} {} ({} USD left) is projected to run out on {on}",
+            b.kind,
+            b.name,
+            crate::quota::pricing::usd(b.remaining_micros)
+        );
+        state.alerts.raise(KIND, &subject, &message);
+        raised += 1;
+    }
+    Ok(raised)
+}

@@ -1,0 +1,91 @@
+//! Providers' cost exports read into one form: a `Line` per (UTC day, model, account)
+//! figure, amounts in exact micro-dollars (`finance::decimal`). A file that cannot be read
+//! is an `ExportError` naming the problem and where it is (a line and column from the JSON
+//! parser, or the field's path).
+
+pub mod anthropic;
+pub mod openai;
+
+use chrono::NaiveDate;
+
+/// One figure of a provider's bill.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Line {
+    pub day: NaiveDate,
+    /// The model as the provider names it.
+    pub model: String,
+    /// The account ids this figure could belong to, most specific first (an OpenAI API key
+    /// id, then its project; an Anthropic workspace); empty for the organisation's default.
+    pub accounts: Vec<String>,
+    pub micros: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ExportError(pub String);
+
+impl ExportError {
+    pub fn at(path: &str, what: impl std::fmt::Display) -> ExportError {
+        ExportError(format!("{path}: {what}"))
+    }
+}
+
+/// The JSON documents in `text`: one page, several pages one after another (as saved from
+/// a paginated API, one per line or not), or an array of pages.
+pub(crate) fn pages<'a, P: serde::Deserialize<'a>>(text: &'a str) -> Result<Vec<P>, ExportError> {
+    let bad = |e: serde_json::Error| ExportError(format!("not a cost export: {e}"));
+    let pages: Vec<P> = if text.trim_start().starts_with('[') {
+        serde_json::from_str(text).map_err(bad)?
+    } else {
+        serde_json::Deserializer::from_str(text)
+            .into_iter::<P>()
+            .collect::<Result<_, _>>()
+            .map_err(bad)?
+    };
+    if pages.is_empty() {
+        return Err(ExportError("not a cost export: the file is empty".into()));
+    }
+    Ok(pages)
+}
+
+/// `gpt-4o-mini-2024-07-18` and `claude-3-5-haiku-20241022` name the model of the route
+/// `gpt-4o-mini` / `claude-3-5-haiku`: a trailing snapshot date is not part of the name
+/// reconciliation compares (a provider bills the snapshot an alias resolved to).
+pub fn base_model(name: &str) -> &str {
+    let b = name.as_bytes();
+    let digits = |s: &[u8]| s.iter().all(u8::is_ascii_digit);
+    let n = b.len();
+    // -YYYY-MM-DD
+    if n > 11
+        && b[n - 11] == b'-'
+        && digits(&b[n - 10..n - 6])
+        && b[n - 6] == b'-'
+        && digits(&b[n - 5..n - 3])
+        && b[n - 3] == b'-'
+        && digits(&b[n - 2..])
+    {
+        return &name[..n - 11];
+    }
+    // -YYYYMMDD
+    if n > 9 && b[n - 9] == b'-' && digits(&b[n - 8..]) && (b[n - 8] == b'1' || b[n - 8] == b'2') {
+        return &name[..n - 9];
+    }
+    name
+}
+
+#[cfg(test)]
+mod tests {
+    use super::base_model;
+
+    #[test]
+    fn snapshot_dates_are_not_part_of_the_name() {
+        assert_eq!(base_model("gpt-4o-mini-2024-07-18"), "gpt-4o-mini");
+        assert_eq!(base_model("claude-3-5-haiku-20241022"), "claude-3-5-haiku");
+        assert_eq!(base_model("gpt-4o-mini"), "gpt-4o-mini");
+        assert_eq!(base_model("o1"), "o1");
+        assert_eq!(
+            base_model("text-embedding-3-small"),
+            "text-embedding-3-small"
+        );
+    }
+}

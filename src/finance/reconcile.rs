@@ -1,0 +1,239 @@
+//! Sluice's spend next to the provider's bill, per (UTC day, model, account).
+//!
+//! The Sluice side is Σ `cost_micros` of the request log (absorbed amounts included: the
+//! provider billed them) by day, the model the upstream was sent and the account its
+//! deployment bills to (`[[upstreams]] provider_account`, absent = `*`). The provider side
+//! is the export's figures by day, model and account: a figure's account is the first of its
+//! ids (API key, project, workspace) some upstream of that provider names, else `*`. Models
+//! are compared without a trailing snapshot date (`exports::base_model`). Only the days the
+//! export covers (its first to its last) are compared; inside them a key on one side only
+//! has 0 on the other.
+//!
+//! A row is flagged when |Sluice − provider| exceeds both `[finance]
+//! reconcile_threshold_usd` and `reconcile_threshold_pct` of the provider's figure, compared
+//! exactly in integers: |d| > T and |d| × 10 000 > bp × |provider|.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use chrono::NaiveDate;
+
+use super::exports::{base_model, Line};
+use crate::store::finance::{ReconciliationRow, UpstreamSpend};
+
+/// The account of a deployment that names none, and of figures no deployment claims.
+pub const ANY_ACCOUNT: &str = "*";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Thresholds {
+    pub micros: i64,
+    /// Basis points of the provider's figure (2 % = 200).
+    pub bp: i64,
+}
+
+/// Whether a difference of `diff` against the provider's `provider` is past both thresholds.
+pub fn flagged(diff: i64, provider: i64, t: Thresholds) -> bool {
+    let d = i128::from(diff).abs();
+    d > i128::from(t.micros) && d * 10_000 > i128::from(t.bp) * i128::from(provider).abs()
+}
+
+/// The accounts the reconciled provider's deployments bill to.
+#[derive(Debug, Default)]
+pub struct Accounts {
+    /// Deployment id → its account (`*` when it names none).
+    by_upstream: HashMap<String, String>,
+    claimed: HashSet<String>,
+}
+
+impl Accounts {
+    /// From the reconciled provider's deployments: (id, `provider_account`).
+    pub fn new(upstreams: impl IntoIterator<Item = (String, Option<String>)>) -> Accounts {
+        let mut a = Accounts::default();
+        for (id, account) in upstreams {
+            let account = account.unwrap_or_else(|| ANY_ACCOUNT.to_string());
+            a.claimed.insert(account.clone());
+            a.by_upstream.insert(id, account);
+        }
+        a
+    }
+
+    /// A figure's account: the first of its ids a deployment names, else `*`.
+    fn of_line(&self, ids: &[String]) -> String {
+        ids.iter()
+            .find(|id| self.claimed.contains(id.as_str()))
+            .cloned()
+            .unwrap_or_else(|| ANY_ACCOUNT.to_string())
+    }
+}
+
+/// The days an export covers: its first and last.
+pub fn days(lines: &[Line]) -> Option<(NaiveDate, NaiveDate)> {
+    let first = lines.iter().map(|l| l.day).min()?;
+    let last = lines.iter().map(|l| l.day).max()?;
+    Some((first, last))
+}
+
+/// One row per (day, model, account) either side has, in that order.
+pub fn compare(
+    lines: &[Line],
+    spend: &[UpstreamSpend],
+    accounts: &Accounts,
+    t: Thresholds,
+) -> Vec<ReconciliationRow> {
+    let Some((first, last)) = days(lines) else {
+        return Vec::new();
+    };
+    let (first, last) = (first.to_string(), last.to_string());
+    // Σ in i128: (Sluice, provider) per key.
+    let mut cells: BTreeMap<(String, String, String), (i128, i128)> = BTreeMap::new();
+    for s in spend {
+        let Some(account) = accounts.by_upstream.get(&s.upstream) else {
+            continue; // another provider's deployment (or one no longer configured)
+        };
+        if s.day < first || s.day > last {
+            continue;
+        }
+        let key = (
+            s.day.clone(),
+            base_model(&s.model).to_string(),
+            account.clone(),
+        );
+        cells.entry(key).or_default().0 += i128::from(s.cost_micros);
+    }
+    for l in lines {
+        let key = (
+            l.day.to_string(),
+            base_model(&l.model).to_string(),
+            accounts.of_line(&l.accounts),
+        );
+        cells.entry(key).or_default().1 += i128::from(l.micros);
+    }
+    // A sum past ±9.2 × 10^12 USD is not a bill: held at the i64 bounds.
+    let clamp = |v: i128| i64::try_from(v).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX });
+    cells
+        .into_iter()
+        .map(|((day, model, account), (sluice, provider))| {
+            let (sluice, provider) = (clamp(sluice), clamp(provider));
+            let diff = clamp(i128::from(sluice) - i128::from(provider));
+            ReconciliationRow {
+                day,
+                model,
+                account,
+                sluice_micros: sluice,
+                provider_micros: provider,
+                diff_micros: diff,
+                flagged: flagged(diff, provider, t),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Thresholds = Thresholds {
+        micros: 1_000_000,
+        bp: 200,
+    };
+
+    #[test]
+    fn both_thresholds_must_be_passed() {
+        // $10 billed: 2 % is $0.20, the $1.00 floor decides.
+        assert!(!flagged(1_000_000, 10_000_000, T));
+        assert!(!flagged(-999_999, 10_000_000, T));
+        assert!(flagged(1_000_001, 10_000_000, T));
+        assert!(flagged(-1_000_001, 10_000_000, T));
+        // $100 billed: 2 % is $2.00, which decides.
+        assert!(!flagged(2_000_000, 100_000_000, T));
+        assert!(flagged(2_000_001, 100_000_000, T));
+        // Nothing billed: any difference over the floor.
+        assert!(flagged(1_000_001, 0, T));
+    }
+
+    fn day(d: u32) -> NaiveDate {
+        NaiveDate::from_ymd_opt(2026, 3, d).unwrap()
+    }
+
+    #[test]
+    fn figures_meet_by_day_model_and_account() {
+        let accounts = Accounts::new([
+            ("a".to_string(), Some("proj_a".to_string())),
+            ("b".to_string(), None),
+        ]);
+        let spend = vec![
+            UpstreamSpend {
+                day: "2026-03-01".into(),
+                upstream: "a".into(),
+                model: "gpt-4o-mini".into(),
+                cost_micros: 5_000_000,
+            },
+            UpstreamSpend {
+                day: "2026-03-01".into(),
+                upstream: "b".into(),
+                model: "gpt-4o-mini".into(),
+                cost_micros: 3_000_000,
+            },
+            // Another provider's deployment, and a day outside the export: not compared.
+            UpstreamSpend {
+                day: "2026-03-01".into(),
+                upstream: "claude".into(),
+                model: "claude-3-5-haiku".into(),
+                cost_micros: 7,
+            },
+            UpstreamSpend {
+                day: "2026-03-05".into(),
+                upstream: "a".into(),
+                model: "gpt-4o-mini".into(),
+                cost_micros: 7,
+            },
+        ];
+        let line = |d, model: &str, ids: &[&str], micros| Line {
+            day: day(d),
+            model: model.into(),
+            accounts: ids.iter().map(|s| s.to_string()).collect(),
+            micros,
+        };
+        let lines = vec![
+            line(1, "gpt-4o-mini-2024-07-18", &["key_x", "proj_a"], 2_000_000),
+            line(1, "gpt-4o-mini-2024-07-18", &["proj_a"], 3_000_000),
+            line(1, "gpt-4o-mini-2024-07-18", &["proj_unknown"], 3_000_000),
+            line(2, "gpt-4o", &[], 9_000_000),
+        ];
+        let rows = compare(&lines, &spend, &accounts, T);
+        let got: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                (
+                    r.day.as_str(),
+                    r.model.as_str(),
+                    r.account.as_str(),
+                    r.sluice_micros,
+                    r.provider_micros,
+                    r.flagged,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (
+                    "2026-03-01",
+                    "gpt-4o-mini",
+                    "*",
+                    3_000_000,
+                    3_000_000,
+                    false
+                ),
+                (
+                    "2026-03-01",
+                    "gpt-4o-mini",
+                    "proj_a",
+                    5_000_000,
+                    5_000_000,
+                    false
+                ),
+                ("2026-03-02", "gpt-4o", "*", 0, 9_000_000, true),
+            ]
+        );
+    }
+}

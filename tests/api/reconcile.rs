@@ -1,0 +1,414 @@
+//! `sluice reconcile` (issue 20, item 4): a provider's cost export held against the request
+//! log per (day, model, account). Sluice's side is seeded through the store's request-log
+//! writer over 3 days × 2 models × 2 accounts; the export is built from the same figures,
+//! so exactly the cells made to differ are flagged.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+use chrono::{NaiveDate, TimeZone, Utc};
+use serde_json::{json, Value};
+use sluice::store::requests::{self, RequestRow};
+
+use crate::admin_helpers::{login, make_login};
+use crate::helpers::{cli_config, spawn_app_with, TestApp};
+
+const MODELS: [&str; 2] = ["gpt-4o-mini", "gpt-4o"];
+/// Deployment → the OpenAI project its key bills to (`b` names none: account `*`).
+const UPSTREAMS: [(&str, Option<&str>); 2] = [("a", Some("proj_a")), ("b", None)];
+
+fn day(d: u32) -> NaiveDate {
+    NaiveDate::from_ymd_opt(2026, 3, d).unwrap()
+}
+
+/// Sluice's spend in one cell, in micro-dollars: distinct per cell, not round.
+fn cell(d: u32, m: usize, u: usize) -> i64 {
+    1_000_000 * i64::from(d) + 100_000 * m as i64 + 10_000 * u as i64 + 1_234
+}
+
+/// The request log: each cell as two requests (their sum is the cell), plus an Anthropic
+/// deployment's request that an OpenAI reconciliation must leave out.
+async fn seed(app: &TestApp) {
+    let mut rows = Vec::new();
+    for d in 1..=3 {
+        for (m, model) in MODELS.iter().enumerate() {
+            for (u, (upstream, _)) in UPSTREAMS.iter().enumerate() {
+                let total = cell(d, m, u);
+                for (i, cost) in [total / 3, total - total / 3].into_iter().enumerate() {
+                    let at =
+                        Utc.from_utc_datetime(&day(d).and_hms_opt(9 + i as u32, 30, 0).unwrap());
+                    rows.push(RequestRow {
+                        id: format!("req-{d}-{m}-{u}-{i}"),
+                        endpoint: "chat",
+                        model: format!("alias-of-{model}"),
+                        served_model: format!("alias-of-{model}"),
+                        upstream: (*upstream).into(),
+                        upstream_model: (*model).into(),
+                        status: 200,
+                        cost_micros: cost,
+                        cache: "miss",
+                        created_at: sluice::clock::db_time(at),
+                        ..Default::default()
+                    });
+                }
+            }
+        }
+    }
+    rows.push(RequestRow {
+        id: "req-claude".into(),
+        endpoint: "messages",
+        model: "claude".into(),
+        served_model: "claude".into(),
+        upstream: "c".into(),
+        upstream_model: "claude-3-5-haiku".into(),
+        status: 200,
+        cost_micros: 7_000_000,
+        cache: "miss",
+        created_at: sluice::clock::db_time(
+            Utc.from_utc_datetime(&day(2).and_hms_opt(12, 0, 0).unwrap()),
+        ),
+        ..Default::default()
+    });
+    requests::insert_batch(app.db(), &rows).await.unwrap();
+}
+
+/// Micro-dollars as the decimal text OpenAI writes (`1.001234`).
+fn usd_text(micros: i64) -> String {
+    sluice::quota::pricing::usd(micros)
+}
+
+/// An OpenAI Costs API export of the seeded figures, each cell split into an input and an
+/// output line item of the dated snapshot, plus `delta(d, m, u)` on the output line; two
+/// pages, as a paginated download saves them.
+fn openai_export(delta: impl Fn(u32, usize, usize) -> i64) -> String {
+    let mut pages = Vec::new();
+    for d in 1..=3 {
+        let start = Utc
+            .from_utc_datetime(&day(d).and_hms_opt(0, 0, 0).unwrap())
+            .timestamp();
+        let mut results = Vec::new();
+        for (m, model) in MODELS.iter().enumerate() {
+            for (u, (_, project)) in UPSTREAMS.iter().enumerate() {
+                let total = cell(d, m, u) + delta(d, m, u);
+                let input = total / 4;
+                for (kind, micros) in [("input", input), ("output", total - input)] {
+                    let value: Value = serde_json::from_str(&usd_text(micros)).unwrap();
+                    results.push(json!({
+                        "object": "organization.costs.result",
+                        "amount": {"value": value, "currency": "usd"},
+                        "line_item": format!("{model}-2024-07-18, {kind}"),
+                        "project_id": project,
+                    }));
+                }
+            }
+        }
+        pages.push(json!({"object": "bucket", "start_time": start, "end_time": start + 86_400, "results": results}));
+    }
+    let page = |data: &[Value], more: bool| json!({"object": "page", "data": data, "has_more": more, "next_page": if more { json!("page_2") } else { Value::Null }});
+    format!(
+        "{}\n{}\n",
+        page(&pages[..2], true),
+        page(&pages[2..], false)
+    )
+}
+
+/// The CLI's config: the test database, the two OpenAI deployments (one naming its project),
+/// an Anthropic one, and the mock's webhook for alerts.
+fn config(app: &TestApp) -> PathBuf {
+    let path = cli_config(app);
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    let base = app.mock.base_url();
+    for (id, account) in UPSTREAMS {
+        text.push_str(&format!(
+            "\n[[upstreams]]\nid = \"{id}\"\nprovider = \"openai\"\nbase_url = \"{base}/v1\"\napi_key = \"sk-test\"\nallow_private_network = true\n"
+        ));
+        if let Some(a) = account {
+            text.push_str(&format!("provider_account = \"{a}\"\n"));
+        }
+    }
+    text.push_str(&format!(
+        "\n[[upstreams]]\nid = \"c\"\nprovider = \"anthropic\"\nbase_url = \"{base}\"\napi_key = \"sk-test\"\nallow_private_network = true\nprovider_account = \"wrkspc_1\"\n"
+    ));
+    text.push_str(&format!(
+        "\n[alerts]\nwebhooks = [{{ url = \"{base}/_mock/webhook\", format = \"generic\" }}]\n"
+    ));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn reconcile(config: &Path, provider: &str, file: &Path, json: bool) -> Output {
+    let mut args = vec![
+        "--config",
+        config.to_str().unwrap(),
+        "reconcile",
+        "--provider",
+        provider,
+        file.to_str().unwrap(),
+    ];
+    if json {
+        args.push("--json");
+    }
+    std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// (day, model, account) of every flagged row of a JSON report.
+fn flagged(report: &Value) -> Vec<(String, String, String)> {
+    report["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["flagged"] == json!(true))
+        .map(|r| {
+            let s = |k: &str| r[k].as_str().unwrap().to_string();
+            (s("day"), s("model"), s("account"))
+        })
+        .collect()
+}
+
+async fn webhook_kinds(app: &TestApp) -> Vec<String> {
+    app.mock
+        .state
+        .stats("webhook")
+        .last_bodies
+        .iter()
+        .filter_map(|b| b["kind"].as_str().map(String::from))
+        .collect()
+}
+
+async fn app() -> TestApp {
+    let app = spawn_app_with(|_, _| {}).await;
+    seed(&app).await;
+    app
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_differing_in_exactly_two_cells_flags_exactly_those_two() {
+    let app = app().await;
+    let config = config(&app);
+    let file = app.dir.path().join("costs.json");
+    // Day 2, gpt-4o, project proj_a billed $1.000001 more; day 3, gpt-4o-mini, account *
+    // billed $5 less. Everything else to the micro-dollar.
+    std::fs::write(
+        &file,
+        openai_export(|d, m, u| match (d, m, u) {
+            (2, 1, 0) => 1_000_001,
+            (3, 0, 1) => -5_000_000,
+            _ => 0,
+        }),
+    )
+    .unwrap();
+
+    let out = reconcile(&config, "openai", &file, false);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let table = text(&out.stdout);
+    assert!(table.contains("2 of 12 rows flagged"), "{table}");
+    assert!(table.contains("proj_a"), "{table}");
+    assert!(
+        !table.contains("claude"),
+        "another provider's spend is not compared: {table}"
+    );
+    // The alert reached the webhook before the command ended.
+    assert!(
+        webhook_kinds(&app)
+            .await
+            .iter()
+            .any(|k| k == "reconcile_mismatch"),
+        "{:?}",
+        webhook_kinds(&app).await
+    );
+
+    let out = reconcile(&config, "openai", &file, true);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let expected = vec![
+        (
+            "2026-03-02".to_string(),
+            "gpt-4o".to_string(),
+            "proj_a".to_string(),
+        ),
+        (
+            "2026-03-03".to_string(),
+            "gpt-4o-mini".to_string(),
+            "*".to_string(),
+        ),
+    ];
+    assert_eq!(flagged(&report), expected);
+    let rows = report["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 12);
+    let d2 = rows
+        .iter()
+        .find(|r| r["day"] == "2026-03-02" && r["model"] == "gpt-4o" && r["account"] == "proj_a")
+        .unwrap();
+    assert_eq!(d2["sluice_micros"], json!(cell(2, 1, 0)));
+    assert_eq!(d2["provider_micros"], json!(cell(2, 1, 0) + 1_000_001));
+    assert_eq!(d2["diff_micros"], json!(-1_000_001));
+    let total: i64 = (1..=3)
+        .flat_map(|d| (0..2).flat_map(move |m| (0..2).map(move |u| cell(d, m, u))))
+        .sum();
+    assert_eq!(report["reconciliation"]["sluice_micros"], json!(total));
+    assert_eq!(
+        report["reconciliation"]["provider_micros"],
+        json!(total + 1_000_001 - 5_000_000)
+    );
+
+    // Stored, audited, and shown to finance on the page and in the JSON API.
+    let audited = crate::helpers::scalar_on(
+        app.db(),
+        "SELECT COUNT(*) FROM audit_log WHERE action = 'finance.reconcile'",
+    )
+    .await;
+    assert_eq!(audited, 2);
+    make_login(&app, "fin", "finance", None).await;
+    let fin = login(&app, "fin").await;
+    let (status, api) = fin.get_json("/admin/api/v1/reports/reconciliation").await;
+    assert_eq!(status, 200, "{api}");
+    assert_eq!(api["reconciliation"]["flagged"], json!(2));
+    assert_eq!(api["reconciliation"]["provider"], json!("openai"));
+    assert_eq!(api["reconciliation"]["source"], json!("costs.json"));
+    assert_eq!(flagged(&api), expected);
+    let page = fin.get("/admin/finance").await;
+    assert_eq!(page.status(), 200);
+    let html = page.text().await.unwrap();
+    assert!(
+        html.contains("<strong id=\"flagged-count\">2</strong> of 12 rows flagged"),
+        "{html}"
+    );
+    assert_eq!(html.matches("<tr class=\"flagged\">").count(), 2, "{html}");
+    assert!(html.contains("-1.000001"), "{html}");
+
+    // A lead sees neither (as for the audit log: it does not exist for them).
+    make_login(&app, "lead", "lead", Some("t1")).await;
+    let lead = login(&app, "lead").await;
+    assert_eq!(lead.get("/admin/finance").await.status(), 404);
+    let (status, _) = lead.get_json("/admin/api/v1/reports/reconciliation").await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_difference_one_micro_under_the_threshold_is_not_flagged() {
+    let app = app().await;
+    let config = config(&app);
+    let file = app.dir.path().join("costs.json");
+    // $0.999999 and exactly $1.00 (the threshold is passed only when exceeded).
+    std::fs::write(
+        &file,
+        openai_export(|d, m, u| match (d, m, u) {
+            (1, 0, 0) => 999_999,
+            (2, 1, 1) => -1_000_000,
+            _ => 0,
+        }),
+    )
+    .unwrap();
+    let out = reconcile(&config, "openai", &file, true);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(flagged(&report).is_empty(), "{report}");
+    assert_eq!(report["reconciliation"]["flagged"], json!(0));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!webhook_kinds(&app)
+        .await
+        .iter()
+        .any(|k| k == "reconcile_mismatch"));
+
+    // Anthropic's report, in cents as decimal strings, matching Sluice's Anthropic spend.
+    let report = json!({"data": [{"starting_at": "2026-03-02T00:00:00Z", "ending_at": "2026-03-03T00:00:00Z",
+        "results": [
+            {"currency": "USD", "amount": "400", "workspace_id": "wrkspc_1", "cost_type": "tokens",
+             "model": "claude-3-5-haiku-20241022", "token_type": "uncached_input_tokens"},
+            {"currency": "USD", "amount": "300.00", "workspace_id": "wrkspc_1", "cost_type": "tokens",
+             "model": "claude-3-5-haiku-20241022", "token_type": "output_tokens"}]}],
+        "has_more": false, "next_page": null});
+    let file = app.dir.path().join("anthropic.json");
+    std::fs::write(&file, report.to_string()).unwrap();
+    let out = reconcile(&config, "anthropic", &file, true);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        report["rows"],
+        json!([{"day": "2026-03-02", "model": "claude-3-5-haiku", "account": "wrkspc_1",
+                "sluice_micros": 7_000_000, "provider_micros": 7_000_000, "diff_micros": 0, "flagged": false}])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_export_exits_2_naming_the_problem() {
+    let app = app().await;
+    let config = config(&app);
+    let dir = app.dir.path();
+    let good = openai_export(|_, _, _| 0);
+    let cases: Vec<(&str, &str, String, &str)> = vec![
+        ("openai", "truncated.json", good[..good.len() / 2].to_string(), "line "),
+        ("openai", "amount.json", good.replacen("\"value\":", "\"value\":\"1,5\",\"x\":", 1), "amount.value"),
+        ("openai", "items.json", good.replacen("\"line_item\":", "\"line_item\":null,\"y\":", 1), "line_item"),
+        ("openai", "empty.json", String::new(), "empty"),
+        ("anthropic", "cents.json", r#"{"data":[{"starting_at":"2026-03-02T00:00:00Z","results":[{"amount":"12e","currency":"USD","model":"m"}]}]}"#.into(), "data[0].results[0].amount"),
+        ("anthropic", "binary.json", "\u{0}\u{1}".into(), "not a cost export"),
+    ];
+    for (provider, name, body, needle) in cases {
+        let file = dir.join(name);
+        std::fs::write(&file, body).unwrap();
+        let out = reconcile(&config, provider, &file, false);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+        assert!(err.contains(needle), "{name}: expected `{needle}` in {err}");
+        assert!(err.contains(name), "{name}: the file is named: {err}");
+    }
+    let out = reconcile(&config, "openai", &dir.join("missing.json"), false);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("cannot read"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Nothing was stored.
+    let runs = crate::helpers::scalar_on(app.db(), "SELECT COUNT(*) FROM reconciliations").await;
+    assert_eq!(runs, 0);
+}
+
+/// The provider bills a request under the model name the upstream was sent (the route's
+/// `model`), not the name the client asked for: the request log keeps it, streamed or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_request_log_keeps_the_model_the_upstream_was_sent() {
+    let app = crate::helpers::spawn_app().await;
+    let (_, token) = app.token("dev", None).await;
+    let mut body = crate::helpers::chat_body(10);
+    body["model"] = json!("mini");
+    assert_eq!(app.chat(&token, &body).await.status(), 200);
+    body["stream"] = json!(true);
+    let streamed = app.chat(&token, &body).await;
+    assert_eq!(streamed.status(), 200);
+    streamed.text().await.unwrap();
+    app.wait_for_log_rows(2).await;
+    let sent = crate::helpers::sql_text(
+        app.db(),
+        "SELECT MIN(upstream_model) || ' ' || MAX(upstream_model) FROM requests",
+    )
+    .await;
+    assert_eq!(sent, "gpt-4o-mini-upstream gpt-4o-mini-upstream");
+}
