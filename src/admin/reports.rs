@@ -178,12 +178,20 @@ fn filters_of(q: &ReportQuery) -> Result<Filters, AdminError> {
                 .collect()
         }
     };
+    // A NUL cannot be in a name (PostgreSQL's text cannot hold one): refused alike on
+    // both engines rather than a store error on one.
+    let name = |field: &str, v: &Option<String>| match v {
+        Some(v) if v.contains('\0') => Err(AdminError::invalid(format!(
+            "{field}: a NUL character is not allowed"
+        ))),
+        _ => Ok(v.clone()),
+    };
     Ok(Filters {
         team: id("team", &q.team)?,
         user: id("user", &q.user)?,
         token: id("token", &q.token)?,
-        model: q.model.clone(),
-        upstream: q.upstream.clone(),
+        model: name("model", &q.model)?,
+        upstream: name("upstream", &q.upstream)?,
         tags,
     })
 }

@@ -109,6 +109,10 @@ input_usd_per_mtok = 0.15
 output_usd_per_mtok = 0.60
 [backup]
 dir = "{backup}"
+# The mock is on loopback: managed upstreams on it opt in, as config ones do. `extra`'s
+# bare keys land in this table (`stream_idle_timeout_ms = …`).
+[upstream]
+managed_allow_private_network = true
 {extra}
 "#,
         db = db.display(),

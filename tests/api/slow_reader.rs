@@ -55,7 +55,8 @@ async fn rig(stall_ms: u64) -> Rig {
             ..Default::default()
         }),
     );
-    let extra = format!("[upstream]\nstream_idle_timeout_ms = {stall_ms}\n");
+    // Bare: `config_text` ends in its `[upstream]` table.
+    let extra = format!("stream_idle_timeout_ms = {stall_ms}\n");
     let gateway =
         start_gateway_full(dir.path(), &mock, &[("SLUICE_SERVER_WORKERS", "2")], &extra).await;
     let (db, token) = db_and_token(dir.path(), "slow").await;
