@@ -107,12 +107,11 @@ name = "gpt-4o-mini"
 routes = [{{ upstream = "a", model = "gpt-4o-mini" }}]
 input_usd_per_mtok = 0.15
 output_usd_per_mtok = 0.60
-[backup]
-dir = "{backup}"
-# The mock is on loopback: managed upstreams on it opt in, as config ones do. `extra`'s
-# bare keys land in this table (`stream_idle_timeout_ms = …`).
+# The mock is on loopback: managed upstreams on it opt in, as config ones do.
 [upstream]
 managed_allow_private_network = true
+[backup]
+dir = "{backup}"
 {extra}
 "#,
         db = db.display(),

@@ -55,10 +55,13 @@ async fn rig(stall_ms: u64) -> Rig {
             ..Default::default()
         }),
     );
-    // Bare: `config_text` ends in its `[upstream]` table.
-    let extra = format!("stream_idle_timeout_ms = {stall_ms}\n");
-    let gateway =
-        start_gateway_full(dir.path(), &mock, &[("SLUICE_SERVER_WORKERS", "2")], &extra).await;
+    // `config_text` has its own `[upstream]` table: the timeout comes as an override.
+    let stall = stall_ms.to_string();
+    let env = [
+        ("SLUICE_SERVER_WORKERS", "2"),
+        ("SLUICE_UPSTREAM_STREAM_IDLE_TIMEOUT_MS", stall.as_str()),
+    ];
+    let gateway = start_gateway_full(dir.path(), &mock, &env, "").await;
     let (db, token) = db_and_token(dir.path(), "slow").await;
     Rig {
         _dir: dir,
