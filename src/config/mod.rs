@@ -496,6 +496,17 @@ output_usd_per_mtok = 0.6
         );
     }
 
+    /// A forecast horizon past a year is refused at load: near `u32::MAX` days it was past
+    /// the calendar's end, and the hourly forecast check stopped at its first date.
+    #[test]
+    fn a_forecast_horizon_past_a_year_is_refused() {
+        for (days, ok) in [(366, true), (367, false), (200_000_000, false)] {
+            let text = format!("[finance]\nforecast_alert_days = {days}\n");
+            let s = load_from(Some(&text), &env(&[])).unwrap();
+            assert_eq!(s.validate().is_ok(), ok, "{days}");
+        }
+    }
+
     /// The example config (with its price keys and `[finance]`) loads and validates.
     #[test]
     fn the_example_config_loads() {

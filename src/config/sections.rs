@@ -796,7 +796,15 @@ impl FinanceSettings {
             "reconcile_threshold_pct",
             self.reconcile_threshold_pct,
             1000.0,
-        )
+        )?;
+        // A horizon past a year forecasts nothing more, and one near u32::MAX days is past
+        // the calendar's end: the hourly check would stop at its first date.
+        if self.forecast_alert_days > 366 {
+            return Err(super::ConfigError::Invalid(
+                "finance.forecast_alert_days must be between 0 and 366".into(),
+            ));
+        }
+        Ok(())
     }
 
     /// The absolute threshold in micro-dollars (written with at most 6 decimals: rounding

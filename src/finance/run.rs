@@ -81,11 +81,11 @@ pub async fn reconcile_file(
     };
     let accounts = Accounts::new(deployments(db, settings, export.provider()).await?);
     let from = crate::clock::db_time(first.and_time(chrono::NaiveTime::MIN).and_utc());
-    let to = crate::clock::db_time(
-        (last + Duration::days(1))
-            .and_time(chrono::NaiveTime::MIN)
-            .and_utc(),
-    );
+    // A day at the calendar's end (a hostile `start_time`) has no next day.
+    let next = last.checked_add_signed(Duration::days(1)).ok_or_else(|| {
+        FinanceError::Unreadable(format!("{}: a day past the calendar's end", file.display()))
+    })?;
+    let to = crate::clock::db_time(next.and_time(chrono::NaiveTime::MIN).and_utc());
     let spend = finance::spend_by_upstream(db, &from, &to).await?;
     let t = Thresholds {
         micros: settings.finance.threshold_micros(),

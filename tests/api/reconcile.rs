@@ -369,6 +369,11 @@ async fn an_unreadable_export_exits_2_naming_the_problem() {
         ("openai", "empty.json", String::new(), "empty"),
         ("anthropic", "cents.json", r#"{"data":[{"starting_at":"2026-03-02T00:00:00Z","results":[{"amount":"12e","currency":"USD","model":"m"}]}]}"#.into(), "data[0].results[0].amount"),
         ("anthropic", "binary.json", "\u{0}\u{1}".into(), "not a cost export"),
+        // The calendar's last day: it has no next day (the run panicked computing one).
+        ("openai", "end.json", json!({"object": "page", "has_more": false, "data": [{"object": "bucket",
+            "start_time": 8_210_266_876_799_i64, "end_time": 8_210_266_876_799_i64, "results": [{"object": "organization.costs.result",
+            "amount": {"value": 0.06, "currency": "usd"}, "line_item": "gpt-4o-mini, input", "project_id": "p"}]}]}).to_string(),
+            "calendar's end"),
     ];
     for (provider, name, body, needle) in cases {
         let file = dir.join(name);
