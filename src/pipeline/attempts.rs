@@ -21,6 +21,7 @@ use super::request::Prepared;
 use super::Failure;
 use crate::error::{ApiError, WireFormat};
 use crate::ops::metrics;
+use crate::quota::images::Rule;
 use crate::quota::pricing::{self, Prices, Usage};
 use crate::ratelimit::{Booking, WindowSpec};
 use crate::state::AppState;
@@ -38,18 +39,22 @@ pub struct Candidate {
     pub route: Route,
     /// The route's prices in force when the request started (`Prepared::started_at`).
     pub prices: Prices,
+    /// How the route's provider turns the request's images into tokens.
+    pub image_rule: Rule,
 }
 
 /// What a request that reached the upstream costs if its client leaves before the answer:
 /// its counted input, at the dearest candidate's price.
 pub fn input_cost(p: &Prepared, candidates: &[Candidate]) -> i64 {
-    let input = Usage {
-        input: p.input_tokens,
-        ..Usage::default()
-    };
     candidates
         .iter()
-        .map(|c| pricing::cost(input, c.prices))
+        .map(|c| {
+            let input = Usage {
+                input: p.input_on(c.image_rule),
+                ..Usage::default()
+            };
+            pricing::cost(input, c.prices)
+        })
         .max()
         .unwrap_or(0)
 }
@@ -67,9 +72,8 @@ pub fn candidates(state: &AppState, p: &Prepared) -> Vec<Candidate> {
         let n = m.routes.len().max(1);
         for r in &m.routes {
             // A route whose provider has no such endpoint (embeddings on Anthropic) is skipped.
-            if providers::path(p.endpoint, live.catalog.deployments[r.deployment].provider)
-                .is_none()
-            {
+            let provider = live.catalog.deployments[r.deployment].provider;
+            if providers::path(p.endpoint, provider).is_none() {
                 continue;
             }
             match r.schedule.rates_at(p.started_at) {
@@ -77,6 +81,7 @@ pub fn candidates(state: &AppState, p: &Prepared) -> Vec<Candidate> {
                     model: m.clone(),
                     route: r.clone(),
                     prices,
+                    image_rule: Rule::of(provider, &[&r.upstream_model, &m.name]),
                 }),
                 None => {
                     tracing::error!(model = %m.name, upstream_model = %r.upstream_model, "a route has no price in force: left out")
@@ -130,6 +135,16 @@ pub struct Success {
     /// The client fields left out of the upstream's request (`x-sluice-dropped`); a boxed
     /// slice, as every served answer carries this struct by value.
     pub dropped: Box<[&'static str]>,
+}
+
+impl Success {
+    /// How the serving route's provider turns the request's images into tokens.
+    pub fn image_rule(&self) -> Rule {
+        Rule::of(
+            self.dep.provider,
+            &[&self.route.upstream_model, &self.model.name],
+        )
+    }
 }
 
 /// The body for candidate `c`'s upstream, and the client fields it leaves out.

@@ -549,17 +549,18 @@ fn soft_limit(state: &AppState, auth: &TokenAuth, p: &mut Prepared) {
 /// request started.
 fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Candidate]) -> i64 {
     let q = &state.settings.quota;
-    let usage = Usage {
-        input: pricing::input_with_margin(
-            p.input_tokens,
-            q.input_margin_ratio,
-            q.input_margin_tokens,
-        ),
-        output: p.cap.map(|(_, c)| c).unwrap_or(0).saturating_mul(p.n),
-        web_search_calls: p.kinds.web_search_calls,
-        ..Usage::default()
-    };
-    let worst_at = |prices: pricing::Prices| {
+    let worst_at = |c: &attempts::Candidate| {
+        let usage = Usage {
+            input: pricing::input_with_margin(
+                p.input_on(c.image_rule),
+                q.input_margin_ratio,
+                q.input_margin_tokens,
+            ),
+            output: p.cap.map(|(_, c)| c).unwrap_or(0).saturating_mul(p.n),
+            web_search_calls: p.kinds.web_search_calls,
+            ..Usage::default()
+        };
+        let prices = c.prices;
         let dearest = pricing::Prices {
             input: prices.dearest_input(p.kinds.input),
             output: prices.dearest_output(p.kinds.audio_output),
@@ -568,11 +569,7 @@ fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Ca
         };
         pricing::cost(usage, dearest)
     };
-    candidates
-        .iter()
-        .map(|c| worst_at(c.prices))
-        .max()
-        .unwrap_or(0)
+    candidates.iter().map(worst_at).max().unwrap_or(0)
 }
 
 /// A non-streamed answer: price it from its usage, settle, answer with the upstream's bytes.
@@ -587,6 +584,7 @@ async fn finish(
     mut booking: Option<Booking>,
     plan: Option<crate::cache::Plan>,
 ) -> Result<HttpResponse, Failure> {
+    let image_rule = s.image_rule();
     let mut key_booking = s.key_booking;
     let raw = s.body.unwrap_or_default();
     let answer = s.answer.unwrap_or_default();
@@ -604,7 +602,7 @@ async fn finish(
         ),
     };
     let usage = usage.unwrap_or_else(|text| Usage {
-        input: p.input_tokens,
+        input: p.input_on(image_rule),
         output: estimate::count_text(&text),
         ..Usage::default()
     });

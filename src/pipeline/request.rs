@@ -11,6 +11,7 @@ use serde_json::{Map, Value};
 use crate::auth::TokenAuth;
 use crate::error::{ApiError, WireFormat};
 use crate::quota::estimate;
+use crate::quota::images::{Images, Rule};
 use crate::upstream::catalog::{Catalog, Model};
 use crate::upstream::providers::openai::ROUTING_FIELDS;
 
@@ -81,9 +82,21 @@ pub struct Prepared {
     pub responses: Option<super::responses::Ctx>,
     /// What the request may be billed for beyond plain tokens (`pipeline::kinds`).
     pub kinds: super::kinds::Kinds,
+    /// The request's images, which each route's provider bills by its own rule.
+    pub images: Images,
     /// When the request started: it is priced at the prices in force then, for its
     /// reservation and its settlement alike, whichever route serves it.
     pub started_at: DateTime<Utc>,
+}
+
+impl Prepared {
+    /// The counted input on a route whose provider reads images by `rule`: the estimate
+    /// plus what its images may cost there beyond the estimate's flat figure. What money
+    /// uses (the reservation, a client's early leaving, an answer without usage).
+    pub fn input_on(&self, rule: Rule) -> i64 {
+        self.input_tokens
+            .saturating_add(self.images.beyond_estimate(rule))
+    }
 }
 
 /// How many completions a request makes the upstream generate and bill: `n` (1..=16) and,
@@ -379,6 +392,7 @@ pub fn prepare(
         };
         (Some(cap), n)
     };
+    let images = Images::read(&body);
     Ok(Prepared {
         endpoint,
         requested_model,
@@ -392,6 +406,7 @@ pub fn prepare(
         anthropic_beta: None,
         responses: None,
         kinds: super::kinds::Kinds::default(),
+        images,
         started_at,
     })
 }

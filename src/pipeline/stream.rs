@@ -255,9 +255,13 @@ pub(super) fn serve(
     // One bound for every buffer of a stream: no event, held-back block or cached answer
     // may be larger than a whole non-streamed answer may be.
     let most = state.settings.upstream.max_response_bytes;
-    let mut converter =
-        StreamConverter::new(upstream_format, client, p.include_usage, p.input_tokens)
-            .hold_limit(most);
+    let mut converter = StreamConverter::new(
+        upstream_format,
+        client,
+        p.include_usage,
+        p.input_on(s.image_rule()),
+    )
+    .hold_limit(most);
     // A server the gateway does not ask for its usage (`quirks.include_usage = false`).
     if upstream_format == providers::Format::OpenAiChat && !deployment.include_usage {
         converter = converter.usage_not_asked();

@@ -34,8 +34,10 @@ pub fn count_text(text: &str) -> i64 {
 /// Per-message framing tokens, as OpenAI documents for its chat format.
 const PER_MESSAGE: i64 = 4;
 const PER_REPLY: i64 = 3;
-/// What an image may cost at most in the input (a high-detail 2048×768 tile set).
-const PER_IMAGE: i64 = 1105;
+/// What the estimate counts an image at (a high-detail 2048 × 4096 image on gpt-4o): rate
+/// windows and the context check use it; the money path adds what each route's provider
+/// may bill beyond it (`images::Images::beyond_estimate`).
+pub(crate) const PER_IMAGE: i64 = 1105;
 
 /// Counts every string in a JSON value (message content, tool arguments, tool schemas).
 pub fn count_value(v: &Value) -> i64 {

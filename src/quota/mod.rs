@@ -1,8 +1,9 @@
-//! Budgets: what a request may cost at worst (`pricing`, `estimate`), which period a
+//! Budgets: what a request may cost at worst (`pricing`, `estimate`, `images`), which period a
 //! balance belongs to (`period`), and the reservation that holds the money between the
 //! CAS and the settlement (`reservation`). The CAS itself is `store::ledger`.
 
 pub mod estimate;
+pub mod images;
 pub mod period;
 pub mod price_table;
 pub mod pricing;

@@ -433,7 +433,6 @@ async fn a_developer_message_cannot_close_its_system_mark_early() {
 /// set). A request of many images and a one-token answer costs more than it reserved: the
 /// token is charged the reservation and the rest is absorbed — the gateway pays for it.
 #[tokio::test]
-#[ignore = "finding: the input estimate counts an image as 1 105 tokens (quota::estimate::PER_IMAGE, OpenAI's tiles) on every route; Anthropic, Bedrock's Claude and Gemini's tiles bill up to ~1 600, so 20 images with max_tokens 1 absorb ~30% of their input cost"]
 async fn many_images_on_anthropic_are_reserved_for_what_anthropic_bills() {
     let app = app().await;
     let (_, token) = app.token("images", Some("10.00")).await;
@@ -457,6 +456,51 @@ async fn many_images_on_anthropic_are_reserved_for_what_anthropic_bills() {
         .scalar("SELECT COALESCE(SUM(amount_micros), 0) FROM ledger WHERE kind = 'absorbed'")
         .await;
     assert_eq!(absorbed, 0, "the gateway absorbed {absorbed} micro-USD");
+}
+
+/// A PNG's signature and header chunk, base64: what a size is read from (the pixels and
+/// the CRC are not).
+fn png_header(w: u32, h: u32) -> String {
+    use base64::Engine;
+    let mut b = b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR".to_vec();
+    b.extend(w.to_be_bytes());
+    b.extend(h.to_be_bytes());
+    b.extend([8, 2, 0, 0, 0, 0, 0, 0, 0]);
+    base64::engine::general_purpose::STANDARD.encode(b)
+}
+
+/// gpt-4o-mini bills an image at 2 833 tokens plus 5 667 per 512 px tile (OpenAI's vision
+/// guide: the multiplied figures keep its price per image near gpt-4o's): a 2 048 × 768
+/// image is 8 tiles, 48 169 tokens, forty times the flat estimate. Read from the image's
+/// header, the reservation covers it and nothing is absorbed.
+#[tokio::test]
+async fn images_are_reserved_for_what_the_serving_model_bills_for_their_size() {
+    let app = spawn_app().await;
+    let (_, token) = app.token("mini-images", Some("10.00")).await;
+    let url = format!("data:image/png;base64,{}", png_header(2048, 768));
+    let body = json!({"model": "gpt-4o-mini", "max_tokens": 1, "messages": [{"role": "user",
+        "content": [{"type": "image_url", "image_url": {"url": url, "detail": "high"}},
+            {"type": "image_url", "image_url": {"url": url}}]}]});
+    app.mock.state.script(
+        KEY_A,
+        [sluice::mock::Script {
+            prompt_tokens: Some(2 * (2_833 + 8 * 5_667) + 20),
+            completion_tokens: Some(1),
+            ..sluice::mock::Script::default()
+        }],
+    );
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    app.wait_settled().await;
+    let absorbed = app
+        .scalar("SELECT COALESCE(SUM(amount_micros), 0) FROM ledger WHERE kind = 'absorbed'")
+        .await;
+    assert_eq!(absorbed, 0, "the gateway absorbed {absorbed} micro-USD");
+    // Charged exactly the reported usage: ⌈96 358 × 0.15 + 1 × 0.60⌉ = ⌈14 454.3⌉ µ$.
+    let spent = app
+        .scalar("SELECT SUM(amount_micros) FROM ledger WHERE kind IN ('reserve', 'settle')")
+        .await;
+    assert_eq!(spent, 14_455);
 }
 
 /// After a failed first route, the answer names what the serving route dropped, not what
