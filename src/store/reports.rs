@@ -203,6 +203,43 @@ pub struct RequestLine {
     pub cost_micros: i64,
     pub latency_ms: i64,
     pub cache: String,
+    /// The model name the upstream billed the request under, and the request's tags.
+    pub upstream_model: String,
+    pub tags: String,
+    /// The parts of the totals priced apart (`pricing::Usage::parts`) and the web searches.
+    pub cached_input_tokens: i64,
+    pub cache_write_5m_tokens: i64,
+    pub cache_write_1h_tokens: i64,
+    pub reasoning_tokens: i64,
+    pub audio_input_tokens: i64,
+    pub audio_output_tokens: i64,
+    pub image_input_tokens: i64,
+    pub image_output_tokens: i64,
+    pub web_search_calls: i64,
+}
+
+impl RequestLine {
+    /// The kinds priced apart that the request had, for the request log's page
+    /// ("cached 200 · 1 h write 3 000 · 2 searches"); empty for plain tokens.
+    pub fn kinds(&self) -> String {
+        let parts = [
+            ("cached", self.cached_input_tokens),
+            ("5 m write", self.cache_write_5m_tokens),
+            ("1 h write", self.cache_write_1h_tokens),
+            ("reasoning", self.reasoning_tokens),
+            ("audio in", self.audio_input_tokens),
+            ("audio out", self.audio_output_tokens),
+            ("image in", self.image_input_tokens),
+            ("image out", self.image_output_tokens),
+            ("searches", self.web_search_calls),
+        ];
+        parts
+            .iter()
+            .filter(|(_, n)| *n != 0)
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect::<Vec<_>>()
+            .join(" · ")
+    }
 }
 
 /// One page of the request log, newest first; `limit + 1` rows are read so the caller can
@@ -236,7 +273,9 @@ where
     let mut q = QueryBuilder::new(
         "SELECT r.id, r.created_at, tm.name AS team, u.username AS user, r.token_id, t.prefix, r.endpoint, r.model,
                 r.served_model, r.status, r.error_code, r.stream, r.attempts, r.input_tokens, r.output_tokens,
-                r.cost_micros, r.latency_ms, r.cache
+                r.cost_micros, r.latency_ms, r.cache, r.upstream_model, r.tags, r.cached_input_tokens,
+                r.cache_write_5m_tokens, r.cache_write_1h_tokens, r.reasoning_tokens, r.audio_input_tokens,
+                r.audio_output_tokens, r.image_input_tokens, r.image_output_tokens, r.web_search_calls
          FROM requests r LEFT JOIN tokens t ON t.id = r.token_id LEFT JOIN users u ON u.id = r.user_id
               LEFT JOIN teams tm ON tm.id = r.team_id WHERE 1 = 1",
     );

@@ -210,6 +210,34 @@ async fn anthropic_cache_writes_of_both_lifetimes_and_web_searches_are_charged_e
         }
     }
     app.assert_invariant().await;
+    // The request log shows finance each kind priced apart, in its API and on its page.
+    crate::admin_helpers::make_login(&app, "root", "admin", None).await;
+    let admin = crate::admin_helpers::login(&app, "root").await;
+    let (status, log) = admin.get_json("/admin/api/v1/requests?model=sonnet").await;
+    assert_eq!(status, 200);
+    let rows = log["requests"].as_array().unwrap();
+    assert_eq!(rows.len(), 4);
+    for r in rows {
+        let kinds = [
+            "cached_input_tokens",
+            "cache_write_5m_tokens",
+            "cache_write_1h_tokens",
+        ];
+        let got: Vec<_> = kinds.iter().map(|k| r[k].as_i64()).collect();
+        assert_eq!(got, [Some(20_000), Some(2_000), Some(3_000)], "{r}");
+        assert_eq!(r["web_search_calls"], 2, "{r}");
+        assert_eq!(r["cost_micros"], 62_000, "{r}");
+    }
+    let page = admin
+        .get("/admin/requests?model=sonnet")
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("cached 20000 · 5 m write 2000 · 1 h write 3000 · searches 2"),
+        "{page}"
+    );
 }
 
 /// OpenAI's usage with cached and audio input, reasoning and audio output: 881 × 2.5 +
