@@ -325,6 +325,32 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4_000))]
+        /// Hostile bytes behind every format's signature: a size or none, never a panic
+        /// (a header a client controls must not take a worker down), and every rule's
+        /// figure for any size is positive and at most its largest.
+        #[test]
+        fn any_header_is_read_without_a_panic(
+            magic in 0usize..8,
+            tail in proptest::collection::vec(proptest::num::u8::ANY, 0..300),
+            w in 1u32..=u32::MAX,
+            h in 1u32..=u32::MAX,
+        ) {
+            const MAGIC: [&[u8]; 8] = [b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF89a",
+                b"RIFF\0\0\0\0WEBP", b"BM", b"\0\0\x01\0", b"8BPS", b"\0\0\0\x0cjP  "];
+            let mut bytes = MAGIC[magic].to_vec();
+            bytes.extend(tail);
+            let _ = size_of(&base64::engine::general_purpose::STANDARD.encode(bytes));
+            for rule in [Rule::Claude, Rule::Tiles { base: 2_833, tile: 5_667 },
+                Rule::Patches { milli: 2_460 }, Rule::Gemini, Rule::Unknown] {
+                let sized = rule.tokens(Image { size: Some((w, h)), low_detail: false });
+                let largest = rule.tokens(Image { size: None, low_detail: false });
+                proptest::prop_assert!(sized > 0 && sized <= largest, "{rule:?} {w}×{h}: {sized} > {largest}");
+            }
+        }
+    }
+
     #[test]
     fn only_what_a_rule_adds_past_the_flat_estimate_is_added() {
         let d = png(100, 100);
