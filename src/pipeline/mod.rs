@@ -276,11 +276,7 @@ async fn run(
         (raw, conversation) = (expanded, Some(ctx));
     }
     let mut prepared = request::prepare(endpoint, &raw, &auth, &state.catalog(), started_at)?;
-    prepared.kinds = kinds::read(
-        endpoint,
-        &mut prepared.body,
-        state.settings.finance.max_server_tool_calls,
-    )?;
+    prepared.kinds = kinds::read(endpoint, &mut prepared.body, &state.settings.finance)?;
     prepared.responses = conversation;
     let asked = limits::client_headers(req.headers(), auth.max_priority)?;
     log.tags = tags::resolve(req.headers(), &auth.tags, &auth.team_tags)?.canonical();
@@ -546,12 +542,13 @@ fn soft_limit(state: &AppState, auth: &TokenAuth, p: &mut Prepared) {
 /// be billed (cache writes and audio only when it asks for them, `kinds`), the full output
 /// cap (× n) at the dearest output price, and the web-search fee for every call it may
 /// make — priced at the dearest route that may serve, each at its price in force when the
-/// request started.
+/// request started. The input its server tools' results may add (`kinds`) is input too,
+/// margin and all.
 fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Candidate]) -> i64 {
     let q = &state.settings.quota;
     let usage = Usage {
         input: pricing::input_with_margin(
-            p.input_tokens,
+            p.input_tokens.saturating_add(p.kinds.server_tool_input),
             q.input_margin_ratio,
             q.input_margin_tokens,
         ),
