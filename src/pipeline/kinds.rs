@@ -212,7 +212,11 @@ mod tests {
 
     #[test]
     fn unboundable_server_tools_and_dearer_tiers_are_refused() {
-        for tool in ["code_execution_20250825", "tool_search_tool_bm25_20251119", "x_20300101"] {
+        for tool in [
+            "code_execution_20250825",
+            "tool_search_tool_bm25_20251119",
+            "x_20300101",
+        ] {
             let (k, _) = read_json(
                 Endpoint::Messages,
                 json!({"tools": [{"type": tool, "name": "t"}]}),

@@ -8,6 +8,7 @@ pub mod drain;
 pub mod event_cap;
 pub mod kinds;
 pub mod limits;
+mod long_context;
 pub mod queued;
 pub mod request;
 pub mod respond;
@@ -335,6 +336,7 @@ async fn run(
         }
         .into());
     }
+    long_context::check(&prepared, &candidates, reserved_input(state, &prepared))?;
     let worst = reservation_amount(state, &prepared, &candidates);
     let mut held = if ladder.has(Ladder::Quota) {
         state
@@ -545,13 +547,8 @@ fn soft_limit(state: &AppState, auth: &TokenAuth, p: &mut Prepared) {
 /// request started. The input its server tools' results may add (`kinds`) is input too,
 /// margin and all.
 fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Candidate]) -> i64 {
-    let q = &state.settings.quota;
     let usage = Usage {
-        input: pricing::input_with_margin(
-            p.input_tokens.saturating_add(p.kinds.server_tool_input),
-            q.input_margin_ratio,
-            q.input_margin_tokens,
-        ),
+        input: reserved_input(state, p),
         output: p.cap.map(|(_, c)| c).unwrap_or(0).saturating_mul(p.n),
         web_search_calls: p.kinds.web_search_calls,
         ..Usage::default()
@@ -570,6 +567,17 @@ fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Ca
         .map(|c| worst_at(c.prices))
         .max()
         .unwrap_or(0)
+}
+
+/// The input a request reserves for: counted, plus what its server tools may add, with
+/// the configured margin.
+fn reserved_input(state: &AppState, p: &Prepared) -> i64 {
+    let q = &state.settings.quota;
+    pricing::input_with_margin(
+        p.input_tokens.saturating_add(p.kinds.server_tool_input),
+        q.input_margin_ratio,
+        q.input_margin_tokens,
+    )
 }
 
 /// A non-streamed answer: price it from its usage, settle, answer with the upstream's bytes.

@@ -27,7 +27,13 @@ async fn app() -> TestApp {
         sonnet.price.output_usd_per_mtok = Some(15.0.into());
         sonnet.price.web_search_usd_per_1k_calls = Some(10.0.into());
         sonnet.max_output_tokens = 8192;
-        s.models.push(sonnet);
+        // The same, served by a model Anthropic bills at a dearer tier above 200 000
+        // input tokens (the bundled table's `long_context_above_tokens`).
+        let mut long = sonnet.clone();
+        long.name = "sonnet-long".into();
+        long.routes = vec![route("an", "claude-sonnet-4-5-20250929")];
+        long.max_input_tokens = 1_000_000;
+        s.models.extend([sonnet, long]);
     })
     .await
 }
@@ -97,9 +103,19 @@ async fn tool_results_billed_as_input_are_reserved_and_charged_exactly() {
     );
     assert_eq!(expected, 204_500);
     assert_eq!(spent_and_absorbed(&app, id).await, (expected, 0));
-    let sent = app.mock.state.stats(KEY).last_bodies.back().cloned().unwrap();
+    let sent = app
+        .mock
+        .state
+        .stats(KEY)
+        .last_bodies
+        .back()
+        .cloned()
+        .unwrap();
     assert_eq!(sent["tools"][1]["max_uses"], 1, "{sent}");
-    assert!(sent["tools"][1]["max_content_tokens"].as_i64().is_some(), "{sent}");
+    assert!(
+        sent["tools"][1]["max_content_tokens"].as_i64().is_some(),
+        "{sent}"
+    );
     // Without caps of its own the fetch tool gets the gateway's.
     let (_, token) = app.token("fetch", Some("1")).await;
     app.mock.state.script(
@@ -113,7 +129,14 @@ async fn tool_results_billed_as_input_are_reserved_and_charged_exactly() {
         "tools": [{"type": "web_fetch_20250910", "name": "web_fetch"}],
         "messages": [{"role": "user", "content": "Read https://example.com"}]});
     assert_eq!(app.messages(&token, &body).await.status(), 200);
-    let sent = app.mock.state.stats(KEY).last_bodies.back().cloned().unwrap();
+    let sent = app
+        .mock
+        .state
+        .stats(KEY)
+        .last_bodies
+        .back()
+        .cloned()
+        .unwrap();
     assert_eq!(sent["tools"][0]["max_uses"], 5, "{sent}");
     assert_eq!(sent["tools"][0]["max_content_tokens"], 25_000, "{sent}");
     app.assert_invariant().await;
@@ -365,5 +388,33 @@ async fn a_whole_answer_pays_for_the_searches_it_shows() {
         sonnet_prices(),
     );
     assert_eq!(spent_and_absorbed(&app, id).await, (expected, 0));
+    app.assert_invariant().await;
+}
+
+/// A prompt that may pass a model's long-context threshold (200 000 input tokens on Claude
+/// Sonnet 4.5, reserved input with its margin) is refused naming the input's field: the
+/// dearer tier is not priced. Below it the same model serves.
+#[tokio::test]
+async fn a_prompt_past_the_long_context_tier_is_refused_naming_the_input() {
+    let app = app().await;
+    let (_, token) = app.token("long", Some("100")).await;
+    let ask = |words: usize| {
+        json!({"model": "sonnet-long", "max_tokens": 10,
+            "messages": [{"role": "user", "content": "hi ".repeat(words)}]})
+    };
+    let resp = app.chat(&token, &ask(190_000)).await;
+    assert_eq!(resp.status(), 400);
+    let err: Value = resp.json().await.unwrap();
+    assert_eq!(err["error"]["param"], "messages", "{err}");
+    refused_naming(app.messages(&token, &ask(190_000)).await, "messages").await;
+    assert_eq!(app.mock.state.stats(KEY).count, 0, "nothing sent upstream");
+    app.mock.state.script(
+        KEY,
+        [Script {
+            body: Some(answer(100_000, 10, 0, json!([]))),
+            ..Script::default()
+        }],
+    );
+    assert_eq!(app.messages(&token, &ask(100_000)).await.status(), 200);
     app.assert_invariant().await;
 }

@@ -719,10 +719,10 @@ impl StreamConverter {
             // After the finish (`message_delta`) the answer is whole: a later block is not
             // passed on (`after_finish`) nor counted.
             Body::BlockDelta { .. } | Body::BlockStart { .. } if self.finished => {}
-            Body::BlockStart { block, .. } => {
-                if anthropic::is_web_search_call(&block.kind, block.name.as_deref()) {
-                    self.searches_seen += 1;
-                }
+            Body::BlockStart { block, .. }
+                if anthropic::is_web_search_call(&block.kind, block.name.as_deref()) =>
+            {
+                self.searches_seen += 1;
             }
             Body::BlockDelta { delta, .. } => {
                 // Thinking is output Anthropic bills: a stream cut while the model thinks
