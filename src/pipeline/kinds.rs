@@ -2,10 +2,10 @@
 //! from the client's body so the reservation covers it (`pipeline::reservation_amount`):
 //! prompt-cache writes (a `cache_control` mark anywhere; one-hour ones with
 //! `ttl: "1h"`), audio in or out, and Anthropic's server tools: web searches (billed per
-//! call) and web fetches, whose results come back to the model as input. What the gateway
-//! cannot bound is refused: a search or fetch without a cap gets the gateway's, code
-//! execution (billed per container-hour), MCP servers, server tools it does not know and
-//! service tiers priced apart are refused with a 400 naming the field.
+//! call) and web fetches, whose results come back to the model as input. A search or
+//! fetch without a cap gets the gateway's; what the gateway cannot bound — code execution
+//! (billed per container-hour), MCP servers, server tools it does not know, service tiers
+//! priced apart — is refused with a 400 naming the field.
 
 use serde_json::{Map, Value};
 
