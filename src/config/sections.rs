@@ -760,6 +760,10 @@ pub struct FinanceSettings {
     /// The most server-tool calls (web searches) a request may make when the client sets
     /// no cap of its own: sent upstream as the tool's `max_uses`, and reserved for.
     pub max_server_tool_calls: u32,
+    /// The input tokens one web-search or web-fetch call may add (its results, which come
+    /// back to the model as input): reserved per call, and a fetch's `max_content_tokens`
+    /// when the client sets none.
+    pub server_tool_input_tokens_per_call: u32,
     /// A (day, model, account) row is flagged when its difference exceeds both this …
     pub reconcile_threshold_usd: f64,
     /// … and this percentage of the provider's figure.
@@ -773,6 +777,7 @@ impl Default for FinanceSettings {
     fn default() -> Self {
         Self {
             max_server_tool_calls: 5,
+            server_tool_input_tokens_per_call: 25_000,
             reconcile_threshold_usd: 1.0,
             reconcile_threshold_pct: 2.0,
             forecast_alert_days: 7,

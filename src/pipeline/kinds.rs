@@ -1,16 +1,23 @@
 //! What a request may make the upstream bill beyond plain input and output tokens, read
 //! from the client's body so the reservation covers it (`pipeline::reservation_amount`):
 //! prompt-cache writes (a `cache_control` mark anywhere; one-hour ones with
-//! `ttl: "1h"`), audio in or out, and server-side web searches, billed per call. A web
-//! search the gateway cannot cap is refused: the reservation must bound every call.
+//! `ttl: "1h"`), audio in or out, and Anthropic's server tools: web searches (billed per
+//! call) and web fetches, whose results come back to the model as input. A search or
+//! fetch without a cap gets the gateway's; what the gateway cannot bound — code execution
+//! (billed per container-hour), MCP servers, server tools it does not know, service tiers
+//! priced apart — is refused with a 400 naming the field.
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
+
+mod server_tools;
 
 use super::request::Endpoint;
+use crate::config::FinanceSettings;
 use crate::error::ApiError;
 use crate::quota::pricing::InputKinds;
 
-/// The kinds a request may be billed for, and the most web-search calls it may make.
+/// The kinds a request may be billed for, the most web-search calls it may make, and the
+/// most input its server tools may add.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Kinds {
     pub input: InputKinds,
@@ -18,21 +25,19 @@ pub struct Kinds {
     pub audio_output: bool,
     /// The most web-search calls the upstream may make and bill.
     pub web_search_calls: i64,
+    /// The most input tokens the server tools' results may add (searches and fetches,
+    /// each call its allowance): reserved on top of the counted input.
+    pub server_tool_input: i64,
 }
 
-/// Anthropic's web-search server tool (`web_search_20250305` and later versions).
-fn is_web_search(tool: &Value) -> bool {
-    tool.get("type")
-        .and_then(Value::as_str)
-        .is_some_and(|t| t.starts_with("web_search_"))
-}
-
-/// Reads the kinds of `body`; an Anthropic web-search tool without `max_uses` gets
-/// `max_calls` (the `[finance] max_server_tool_calls`) as its cap, sent upstream with it.
+/// Reads the kinds of `body`. An Anthropic web-search or web-fetch tool without
+/// `max_uses` gets `[finance] max_server_tool_calls` as its cap, a web fetch without
+/// `max_content_tokens` gets `[finance] server_tool_input_tokens_per_call`, both sent
+/// upstream with it.
 pub fn read(
     endpoint: Endpoint,
     body: &mut Map<String, Value>,
-    max_calls: u32,
+    finance: &FinanceSettings,
 ) -> Result<Kinds, ApiError> {
     let mut kinds = Kinds::default();
     for v in body.values() {
@@ -44,6 +49,7 @@ pub fn read(
             .and_then(Value::as_array)
             .is_some_and(|m| m.iter().any(|x| x.as_str() == Some("audio")));
     kinds.input.audio |= kinds.audio_output;
+    service_tier(endpoint, body)?;
     if endpoint == Endpoint::Chat && !body.get("web_search_options").is_none_or(Value::is_null) {
         return Err(ApiError::invalid(
             "web_search_options",
@@ -52,37 +58,32 @@ pub fn read(
         ));
     }
     if endpoint == Endpoint::Messages {
-        kinds.web_search_calls = web_search_caps(body, max_calls)?;
+        server_tools::read(body, finance, &mut kinds)?;
     }
     Ok(kinds)
 }
 
-/// The sum of the web-search tools' caps, each `max_uses` (a positive integer) or, when
-/// absent, `max_calls`, written into the tool.
-fn web_search_caps(body: &mut Map<String, Value>, max_calls: u32) -> Result<i64, ApiError> {
-    let Some(Value::Array(tools)) = body.get_mut("tools") else {
-        return Ok(0);
+/// Service tiers are priced apart from the standard rates the gateway prices at
+/// (`priority` ~1.7–2×, OpenAI's `flex` half, `scale` prepaid): only the standard tier is
+/// accepted, so the ledger is the bill. OpenAI's `auto` and `default` and Anthropic's `auto`
+/// and `standard_only` are the standard tier for an account without a priority commitment.
+fn service_tier(endpoint: Endpoint, body: &Map<String, Value>) -> Result<(), ApiError> {
+    let allowed: &[&str] = match endpoint {
+        Endpoint::Messages => &["auto", "standard_only"],
+        _ => &["auto", "default"],
     };
-    let mut calls = 0i64;
-    for tool in tools.iter_mut().filter(|t| is_web_search(t)) {
-        let Some(t) = tool.as_object_mut() else {
-            continue;
-        };
-        let cap = match t.get("max_uses") {
-            None | Some(Value::Null) => {
-                t.insert("max_uses".into(), json!(max_calls));
-                i64::from(max_calls)
-            }
-            Some(v) => v.as_i64().filter(|n| *n >= 1).ok_or_else(|| {
-                ApiError::invalid(
-                    "tools",
-                    "a web-search tool's `max_uses` must be a positive integer",
-                )
-            })?,
-        };
-        calls = calls.saturating_add(cap);
+    match body.get("service_tier") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(t)) if allowed.contains(&t.as_str()) => Ok(()),
+        Some(_) => Err(ApiError::invalid(
+            "service_tier",
+            format!(
+                "`service_tier` must be {}: other tiers are billed at other rates than the \
+                 ones this gateway charges",
+                allowed.join(" or ")
+            ),
+        )),
     }
-    Ok(calls)
 }
 
 /// Notes the cache marks and audio parts anywhere under `v`.
@@ -109,12 +110,13 @@ fn marks(v: &Value, kinds: &mut InputKinds) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn read_json(endpoint: Endpoint, body: Value) -> (Result<Kinds, ApiError>, Value) {
         let Value::Object(mut m) = body else {
             panic!("not an object")
         };
-        let r = read(endpoint, &mut m, 5);
+        let r = read(endpoint, &mut m, &FinanceSettings::default());
         (r, Value::Object(m))
     }
 
@@ -161,7 +163,8 @@ mod tests {
             Endpoint::Messages,
             json!({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}),
         );
-        assert_eq!(k.unwrap().web_search_calls, 5);
+        let k = k.unwrap();
+        assert_eq!((k.web_search_calls, k.server_tool_input), (5, 5 * 25_000));
         assert_eq!(body["tools"][0]["max_uses"], 5);
         // The client's own cap is kept and reserved for.
         let (k, body) = read_json(
@@ -169,7 +172,8 @@ mod tests {
             json!({"tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 2},
                 {"name": "f", "input_schema": {}}]}),
         );
-        assert_eq!(k.unwrap().web_search_calls, 2);
+        let k = k.unwrap();
+        assert_eq!((k.web_search_calls, k.server_tool_input), (2, 2 * 25_000));
         assert_eq!(body["tools"][0]["max_uses"], 2);
         let (k, _) = read_json(
             Endpoint::Messages,
@@ -181,5 +185,71 @@ mod tests {
             json!({"messages": [], "web_search_options": {}}),
         );
         assert_eq!(param(k), Some("web_search_options"));
+    }
+
+    #[test]
+    fn web_fetch_is_capped_in_calls_and_content() {
+        let (k, body) = read_json(
+            Endpoint::Messages,
+            json!({"tools": [{"type": "web_fetch_20250910", "name": "web_fetch"}]}),
+        );
+        let k = k.unwrap();
+        assert_eq!((k.web_search_calls, k.server_tool_input), (0, 5 * 25_000));
+        assert_eq!(body["tools"][0]["max_uses"], 5);
+        assert_eq!(body["tools"][0]["max_content_tokens"], 25_000);
+        let (k, _) = read_json(
+            Endpoint::Messages,
+            json!({"tools": [{"type": "web_fetch_20250910", "name": "web_fetch",
+                "max_uses": 2, "max_content_tokens": 1000}]}),
+        );
+        assert_eq!(k.unwrap().server_tool_input, 2000);
+        let (k, _) = read_json(
+            Endpoint::Messages,
+            json!({"tools": [{"type": "web_fetch_20250910", "max_content_tokens": "lots"}]}),
+        );
+        assert_eq!(param(k), Some("tools"));
+    }
+
+    #[test]
+    fn unboundable_server_tools_and_dearer_tiers_are_refused() {
+        for tool in [
+            "code_execution_20250825",
+            "tool_search_tool_bm25_20251119",
+            "x_20300101",
+        ] {
+            let (k, _) = read_json(
+                Endpoint::Messages,
+                json!({"tools": [{"type": tool, "name": "t"}]}),
+            );
+            assert_eq!(param(k), Some("tools"), "{tool}");
+        }
+        let (k, _) = read_json(
+            Endpoint::Messages,
+            json!({"mcp_servers": [{"type": "url", "url": "https://x", "name": "x"}]}),
+        );
+        assert_eq!(param(k), Some("mcp_servers"));
+        let (k, _) = read_json(
+            Endpoint::Messages,
+            json!({"mcp_servers": [], "tools": [{"type": "bash_20250124", "name": "bash"},
+                {"type": "custom", "name": "f", "input_schema": {}}]}),
+        );
+        assert_eq!(k.unwrap(), Kinds::default());
+        for (endpoint, tier, ok) in [
+            (Endpoint::Chat, "priority", false),
+            (Endpoint::Chat, "flex", false),
+            (Endpoint::Responses, "scale", false),
+            (Endpoint::Messages, "priority", false),
+            (Endpoint::Messages, "default", false),
+            (Endpoint::Chat, "default", true),
+            (Endpoint::Responses, "auto", true),
+            (Endpoint::Messages, "standard_only", true),
+        ] {
+            let (k, _) = read_json(endpoint, json!({"service_tier": tier}));
+            if ok {
+                assert!(k.is_ok(), "{tier}");
+            } else {
+                assert_eq!(param(k), Some("service_tier"), "{tier}");
+            }
+        }
     }
 }

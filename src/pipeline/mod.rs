@@ -8,6 +8,7 @@ pub mod drain;
 pub mod event_cap;
 pub mod kinds;
 pub mod limits;
+mod long_context;
 pub mod queued;
 pub mod request;
 pub mod respond;
@@ -276,11 +277,7 @@ async fn run(
         (raw, conversation) = (expanded, Some(ctx));
     }
     let mut prepared = request::prepare(endpoint, &raw, &auth, &state.catalog(), started_at)?;
-    prepared.kinds = kinds::read(
-        endpoint,
-        &mut prepared.body,
-        state.settings.finance.max_server_tool_calls,
-    )?;
+    prepared.kinds = kinds::read(endpoint, &mut prepared.body, &state.settings.finance)?;
     prepared.responses = conversation;
     let asked = limits::client_headers(req.headers(), auth.max_priority)?;
     log.tags = tags::resolve(req.headers(), &auth.tags, &auth.team_tags)?.canonical();
@@ -339,6 +336,9 @@ async fn run(
         }
         .into());
     }
+    long_context::check(&prepared, &candidates, |c| {
+        reserved_input(state, &prepared, c.image_rule)
+    })?;
     let worst = reservation_amount(state, &prepared, &candidates);
     let mut held = if ladder.has(Ladder::Quota) {
         state
@@ -546,16 +546,12 @@ fn soft_limit(state: &AppState, auth: &TokenAuth, p: &mut Prepared) {
 /// be billed (cache writes and audio only when it asks for them, `kinds`), the full output
 /// cap (× n) at the dearest output price, and the web-search fee for every call it may
 /// make — priced at the dearest route that may serve, each at its price in force when the
-/// request started.
+/// request started. The input its server tools' results may add (`kinds`) is input too,
+/// margin and all.
 fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Candidate]) -> i64 {
-    let q = &state.settings.quota;
     let worst_at = |c: &attempts::Candidate| {
         let usage = Usage {
-            input: pricing::input_with_margin(
-                p.input_on(c.image_rule),
-                q.input_margin_ratio,
-                q.input_margin_tokens,
-            ),
+            input: reserved_input(state, p, c.image_rule),
             output: p.cap.map(|(_, c)| c).unwrap_or(0).saturating_mul(p.n),
             web_search_calls: p.kinds.web_search_calls,
             ..Usage::default()
@@ -570,6 +566,17 @@ fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Ca
         pricing::cost(usage, dearest)
     };
     candidates.iter().map(worst_at).max().unwrap_or(0)
+}
+
+/// The input a request reserves for on a route reading images by `rule`: counted (its
+/// images by that rule), plus what its server tools may add, with the configured margin.
+fn reserved_input(state: &AppState, p: &Prepared, rule: crate::quota::images::Rule) -> i64 {
+    let q = &state.settings.quota;
+    pricing::input_with_margin(
+        p.input_on(rule).saturating_add(p.kinds.server_tool_input),
+        q.input_margin_ratio,
+        q.input_margin_tokens,
+    )
 }
 
 /// A non-streamed answer: price it from its usage, settle, answer with the upstream's bytes.

@@ -27,6 +27,15 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
+    /// The body field that carries the input (named by a refusal of its size).
+    pub fn input_field(self) -> &'static str {
+        match self {
+            Endpoint::Chat | Endpoint::Messages => "messages",
+            Endpoint::Completions => "prompt",
+            Endpoint::Embeddings | Endpoint::Responses => "input",
+        }
+    }
+
     pub const ALL: [Endpoint; 5] = [
         Endpoint::Chat,
         Endpoint::Completions,
@@ -316,13 +325,8 @@ pub fn prepare(
         },
     };
     if input_tokens > model.max_input_tokens {
-        let field = match endpoint {
-            Endpoint::Chat | Endpoint::Messages => "messages",
-            Endpoint::Completions => "prompt",
-            Endpoint::Embeddings | Endpoint::Responses => "input",
-        };
         return Err(ApiError::invalid(
-            field,
+            endpoint.input_field(),
             format!(
                 "The input is about {input_tokens} tokens; `{}` accepts at most {}.",
                 model.name, model.max_input_tokens

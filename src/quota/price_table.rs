@@ -29,6 +29,11 @@ struct RawEntry {
     effective: String,
     as_of: String,
     source_url: String,
+    /// Prompts above this many input tokens are billed at a dearer tier the table does not
+    /// price (Claude Sonnet 4 / 4.5, Gemini 2.5 Pro: 200 000): such requests are refused
+    /// (`pipeline::long_context`).
+    #[serde(default)]
+    long_context_above_tokens: Option<i64>,
     #[serde(flatten)]
     keys: PriceKeys,
     /// Any other key: refused by name (a misspelt kind would otherwise be dropped).
@@ -50,6 +55,9 @@ pub struct Entry {
 pub struct Table {
     pub entries: Vec<Entry>,
     by_model: HashMap<String, Arc<[Dated]>>,
+    /// Per model, the input above which its provider bills a dearer tier (the least of
+    /// its entries').
+    long_context: HashMap<String, i64>,
 }
 
 /// The embedded table, read once. It is part of the binary and its unit test reads it
@@ -103,6 +111,15 @@ pub fn parse(text: &str) -> Result<Table, ConfigError> {
                 "`{name}` needs a provider and an https source_url"
             )));
         }
+        if let Some(above) = raw.long_context_above_tokens {
+            if above < 1 {
+                return Err(invalid(format!(
+                    "`{name}`: long_context_above_tokens must be positive"
+                )));
+            }
+            let least = table.long_context.entry(name.clone()).or_insert(above);
+            *least = (*least).min(above);
+        }
         let dated = Dated { from, prices };
         let same_day = by_model.entry(name.clone()).or_default();
         if same_day.iter().any(|d| d.from == from) {
@@ -138,6 +155,15 @@ impl Table {
             .or_else(|| self.by_model.get(without_date_suffix(name)?))
             .cloned()
             .unwrap_or_else(|| Arc::from([]))
+    }
+
+    /// The input above which the provider bills `name` (an upstream model name, or it
+    /// without its date suffix) at a dearer long-context tier; `None` when it has none.
+    pub fn long_context_above(&self, name: &str) -> Option<i64> {
+        self.long_context
+            .get(name)
+            .or_else(|| self.long_context.get(without_date_suffix(name)?))
+            .copied()
     }
 }
 
@@ -190,6 +216,31 @@ mod tests {
             );
         }
         assert_eq!(bundled().entries.len(), t.entries.len());
+    }
+
+    #[test]
+    fn long_context_tiers_follow_the_upstream_model() {
+        let t = bundled();
+        for m in [
+            "claude-sonnet-4-5-20250929",
+            "claude-sonnet-4",
+            "gemini-2.5-pro",
+        ] {
+            assert_eq!(t.long_context_above(m), Some(200_000), "{m}");
+        }
+        assert_eq!(t.long_context_above("gpt-4o"), None);
+        let entry = |above: &str| {
+            format!(
+                "[[prices]]\nprovider = \"x\"\nmodel = \"m\"\neffective = \"2025-01-01\"\n\
+                 as_of = \"2025-01-02\"\nsource_url = \"https://x\"\n\
+                 long_context_above_tokens = {above}\ninput_usd_per_mtok = \"1\"\noutput_usd_per_mtok = \"1\"\n"
+            )
+        };
+        assert_eq!(
+            parse(&entry("10")).unwrap().long_context_above("m"),
+            Some(10)
+        );
+        assert!(parse(&entry("0")).is_err());
     }
 
     #[test]

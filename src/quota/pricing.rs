@@ -246,7 +246,11 @@ pub fn cost(usage: Usage, p: Prices) -> i64 {
 pub fn input_with_margin(counted: i64, ratio: f64, extra_tokens: u32) -> i64 {
     // Ratio in thousandths keeps the margin in integer arithmetic.
     let permille = (ratio * 1000.0).round() as i64;
-    (counted.max(0) * permille + 999) / 1000 + i64::from(extra_tokens)
+    // Saturating: a client's tool caps may make `counted` as large as i64 allows.
+    let padded = i128::from(counted.max(0)) * i128::from(permille.max(0)) + 999;
+    i64::try_from(padded / 1000)
+        .unwrap_or(i64::MAX)
+        .saturating_add(i64::from(extra_tokens))
 }
 
 /// Formats micro-dollars with six decimals, as `x-sluice-budget-remaining-usd` wants.

@@ -92,6 +92,7 @@ mod responses_reasoning;
 mod responses_streams;
 mod retry_tiers;
 mod secrets_rotate;
+mod server_tools;
 mod shutdown;
 mod signin_attack;
 mod slow_reader;

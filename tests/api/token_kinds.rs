@@ -280,8 +280,9 @@ async fn openai_cached_audio_and_reasoning_tokens_are_charged_exactly() {
 }
 
 /// The reservation of `body` (a Messages request) as the gateway computes it: the counted
-/// input with the default margin at `input_price`, `max_tokens` at `output_price`, and
-/// `calls` web searches.
+/// input with the default margin at `input_price` — the results of `calls` web searches
+/// (25 000 tokens each, `[finance] server_tool_input_tokens_per_call`) count as input —
+/// `max_tokens` at `output_price`, and the searches' fee.
 fn worst_case(body: &Value, input_price: i64, output_price: i64, calls: i64, fee: i64) -> i64 {
     let messages = body["messages"].as_array().unwrap();
     let mut counted = estimate::chat_input(messages, body.get("tools"));
@@ -289,7 +290,7 @@ fn worst_case(body: &Value, input_price: i64, output_price: i64, calls: i64, fee
         counted += estimate::count_value(system);
     }
     let usage = Usage {
-        input: pricing::input_with_margin(counted, 1.10, 16),
+        input: pricing::input_with_margin(counted + calls * 25_000, 1.10, 16),
         output: body["max_tokens"].as_i64().unwrap(),
         web_search_calls: calls,
         ..Usage::default()

@@ -309,7 +309,7 @@ pub fn answer_usage(upstream: impl Into<Format>, v: &Value) -> Result<Usage, Str
     let upstream = upstream.into();
     let usage = match upstream {
         Format::OpenAiChat => v.get("usage").and_then(formats::openai_chat::read_usage),
-        Format::Anthropic => v.get("usage").and_then(formats::anthropic::read_usage),
+        Format::Anthropic => formats::anthropic::answer_usage(v),
         // Its web-search calls are output items, not usage figures.
         Format::Responses => {
             return formats::responses::response_usage(v)

@@ -243,3 +243,36 @@ fn bedrock_usage_with_cache_reads_and_writes_is_exact() {
     );
     assert_eq!(s, u);
 }
+
+/// Cached audio is cached input (OpenAI's `cached_tokens_details.audio_tokens`, part of
+/// both `cached_tokens` and `audio_tokens`): priced once, at the cached price, and the
+/// audio part is the uncached audio only — whole and streamed.
+#[test]
+fn openai_cached_audio_is_priced_once() {
+    let usage = serde_json::json!({"prompt_tokens": 2006, "completion_tokens": 10,
+        "prompt_tokens_details": {"cached_tokens": 1025, "audio_tokens": 100,
+            "cached_tokens_details": {"text_tokens": 985, "audio_tokens": 40}}});
+    let answer = serde_json::json!({"id": "c", "object": "chat.completion", "created": 1,
+        "model": "gpt-audio", "choices": [{"index": 0, "finish_reason": "stop",
+            "message": {"role": "assistant", "content": "Hi"}}], "usage": usage});
+    let u = answer_usage(Format::OpenAiChat, &answer).unwrap();
+    let parts = u.parts();
+    assert_eq!(
+        (parts.cached_input, parts.audio_input, parts.fresh_input),
+        (1025, 60, 921)
+    );
+    let chunk = |body: Value| (String::new(), body.to_string());
+    let events = [
+        chunk(
+            serde_json::json!({"id": "c", "object": "chat.completion.chunk", "created": 1,
+            "model": "gpt-audio", "choices": [{"index": 0, "delta": {"content": "Hi"},
+                "finish_reason": "stop"}]}),
+        ),
+        chunk(
+            serde_json::json!({"id": "c", "object": "chat.completion.chunk", "created": 1,
+            "model": "gpt-audio", "choices": [], "usage": usage}),
+        ),
+        (String::new(), "[DONE]".to_string()),
+    ];
+    assert_eq!(streamed(Format::OpenAiChat, Format::OpenAiChat, &events), u);
+}

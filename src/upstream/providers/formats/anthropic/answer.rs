@@ -63,6 +63,33 @@ pub fn read_usage(u: &Value) -> Option<Usage> {
     )
 }
 
+/// A whole answer's usage (`read_usage` of its `usage`), its web searches at least the
+/// `server_tool_use` blocks it shows: each search the model made is billed, and an answer
+/// that reports fewer is not believed.
+pub fn answer_usage(answer: &Value) -> Option<Usage> {
+    let mut usage = read_usage(answer.get("usage")?)?;
+    let shown = answer
+        .get("content")
+        .and_then(Value::as_array)
+        .map_or(0, |blocks| {
+            blocks
+                .iter()
+                .filter(|b| {
+                    let s = |k: &str| b.get(k).and_then(Value::as_str);
+                    is_web_search_call(s("type").unwrap_or(""), s("name"))
+                })
+                .count()
+        });
+    let shown = i64::try_from(shown).unwrap_or(i64::MAX);
+    usage.web_search_calls = usage.web_search_calls.max(shown);
+    Some(usage)
+}
+
+/// A content block that is a web search the model made (billed per call).
+pub fn is_web_search_call(kind: &str, name: Option<&str>) -> bool {
+    kind == "server_tool_use" && name == Some("web_search")
+}
+
 /// The input side of an Anthropic usage, each figure read by `n` (0 when absent): input
 /// is `input_tokens` plus the cache reads and writes, which Anthropic counts apart. The
 /// writes are split by lifetime where `cache_creation` gives it; writes it does not

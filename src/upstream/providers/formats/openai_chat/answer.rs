@@ -66,11 +66,12 @@ pub fn write_finish(choice: &mut Map<String, Value>, f: &Finish) {
 /// an object or a figure is there but not a number — a `"completion_tokens": "40"` is no
 /// count the gateway can charge, and must not be read as 0.
 pub fn read_usage(u: &Value) -> Option<Usage> {
-    const FIGURES: [&str; 6] = [
+    const FIGURES: [&str; 7] = [
         "/prompt_tokens",
         "/completion_tokens",
         "/prompt_tokens_details/cached_tokens",
         "/prompt_tokens_details/audio_tokens",
+        "/prompt_tokens_details/cached_tokens_details/audio_tokens",
         "/completion_tokens_details/reasoning_tokens",
         "/completion_tokens_details/audio_tokens",
     ];
@@ -79,16 +80,27 @@ pub fn read_usage(u: &Value) -> Option<Usage> {
     }
     let n = |p: &str| tokens(u.pointer(p)).unwrap_or(0);
     // `prompt_tokens` includes the cached and audio ones, `completion_tokens` the
-    // reasoning and audio ones: the details are parts of the totals.
+    // reasoning and audio ones: the details are parts of the totals. Cached audio is in
+    // both `cached_tokens` and `audio_tokens`: it is cached input, the audio part is the
+    // rest (`uncached_audio`).
     Some(Usage {
         input: n("/prompt_tokens"),
         cached_input: n("/prompt_tokens_details/cached_tokens"),
-        audio_input: n("/prompt_tokens_details/audio_tokens"),
+        audio_input: uncached_audio(
+            n("/prompt_tokens_details/audio_tokens"),
+            n("/prompt_tokens_details/cached_tokens_details/audio_tokens"),
+        ),
         output: n("/completion_tokens"),
         reasoning: n("/completion_tokens_details/reasoning_tokens"),
         audio_output: n("/completion_tokens_details/audio_tokens"),
         ..Usage::default()
     })
+}
+
+/// The audio input priced as audio: OpenAI's `audio_tokens` less the cached ones
+/// (`cached_tokens_details.audio_tokens`), which are priced once, as cached input.
+pub fn uncached_audio(audio: i64, cached_audio: i64) -> i64 {
+    audio.saturating_sub(cached_audio.max(0)).max(0)
 }
 
 /// OpenAI usage figures (input includes cache reads and writes).

@@ -31,6 +31,9 @@
 //!   nothing but a higher usage is (the text of another choice included). A stream that ends before its finish is *cut*, and
 //!   so is one with an event the gateway cannot read, before or after the finish (it may
 //!   be the usage): the client gets an error event.
+//! - Anthropic web searches are charged at the most of those reported and of the
+//!   `server_tool_use` blocks named `web_search` seen before the finish: a search the
+//!   model started is billed even when the stream is cut before the usage.
 //! - Its *price* is the usage the upstream reported with or after its finish, zeros
 //!   included (a side absent from a report is not a zero, see `canonical::Reported`).
 //!   Reports after the finish are totals of one answer: the most of them is charged, per
@@ -136,6 +139,10 @@ pub struct StreamConverter {
     text: String,
     /// Tokens of the output text already counted.
     counted: i64,
+    /// Anthropic web searches the model started (`server_tool_use` blocks named
+    /// `web_search`) before the finish: each is billed even when the stream is cut before
+    /// the usage that counts them, so the calls charged are at least these.
+    searches_seen: i64,
     /// The most this converter keeps of a stream (held blocks, arguments): past it the
     /// stream ends with an error event.
     hold_limit: usize,
@@ -214,6 +221,7 @@ impl StreamConverter {
             finished: false,
             text: String::new(),
             counted: 0,
+            searches_seen: 0,
             hold_limit: HOLD_LIMIT,
             done: false,
             error_sent: false,
@@ -399,7 +407,7 @@ impl StreamConverter {
             reasoning: o.reasoning,
             audio_output: o.audio_output,
             image_output: o.image_output,
-            web_search_calls: o.web_search_calls,
+            web_search_calls: o.web_search_calls.max(self.searches_seen),
         }
     }
 
@@ -710,7 +718,12 @@ impl StreamConverter {
             }
             // After the finish (`message_delta`) the answer is whole: a later block is not
             // passed on (`after_finish`) nor counted.
-            Body::BlockDelta { .. } if self.finished => {}
+            Body::BlockDelta { .. } | Body::BlockStart { .. } if self.finished => {}
+            Body::BlockStart { block, .. }
+                if anthropic::is_web_search_call(&block.kind, block.name.as_deref()) =>
+            {
+                self.searches_seen += 1;
+            }
             Body::BlockDelta { delta, .. } => {
                 // Thinking is output Anthropic bills: a stream cut while the model thinks
                 // is charged what it thought.

@@ -21,6 +21,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::upstream::providers::canonical::{Input, Output};
+use crate::upstream::providers::formats::openai_chat;
 use crate::upstream::providers::MAX_REPORTED_TOKENS;
 
 /// Why an event could not be read.
@@ -297,6 +298,15 @@ pub struct PromptDetails {
     pub cached_tokens: Option<Tokens>,
     #[serde(default)]
     pub audio_tokens: Option<Tokens>,
+    /// The cached tokens by modality: the cached audio is part of `audio_tokens` too.
+    #[serde(default)]
+    pub cached_tokens_details: Option<Obj<CachedDetails>>,
+}
+
+#[derive(Deserialize)]
+pub struct CachedDetails {
+    #[serde(default)]
+    pub audio_tokens: Option<Tokens>,
 }
 
 #[derive(Deserialize)]
@@ -317,7 +327,14 @@ impl OpenAiUsage {
             Input {
                 input: self.prompt_tokens?.0,
                 cached_input: figure(prompt.and_then(|d| d.cached_tokens)),
-                audio_input: figure(prompt.and_then(|d| d.audio_tokens)),
+                audio_input: openai_chat::uncached_audio(
+                    figure(prompt.and_then(|d| d.audio_tokens)),
+                    figure(
+                        prompt
+                            .and_then(|d| d.cached_tokens_details.as_ref())
+                            .and_then(|c| c.audio_tokens),
+                    ),
+                ),
                 ..Input::default()
             },
             Output {

@@ -1,0 +1,420 @@
+//! What a request can make the upstream bill beyond what its tokens say up front: Anthropic
+//! server tools whose results come back as input (web search, web fetch) are reserved for
+//! and charged exactly; the ones whose cost the gateway cannot bound (code execution,
+//! MCP servers, tools it does not know) and the dearer service tiers are refused naming
+//! the field; a stream cut after a web search still pays for the search.
+
+use serde_json::{json, Value};
+use sluice::config::Provider;
+use sluice::mock::{Script, SseEvent};
+use sluice::quota::estimate;
+use sluice::quota::pricing::{self, Prices, Usage};
+
+use crate::helpers::*;
+
+const KEY: &str = "sk-server-tools-anthropic-0123";
+
+/// Claude Sonnet at 3 / 15 USD per Mtok, 10 USD per 1 000 searches, over an Anthropic
+/// upstream (the mock), plus the default OpenAI model.
+async fn app() -> TestApp {
+    spawn_app_with(|s, mock| {
+        let mut an = upstream("an", KEY, mock);
+        an.provider = Provider::Anthropic;
+        an.base_url = mock.base_url();
+        s.upstreams.push(an);
+        let mut sonnet = model("sonnet", &["an"]);
+        sonnet.price.input_usd_per_mtok = Some(3.0.into());
+        sonnet.price.output_usd_per_mtok = Some(15.0.into());
+        sonnet.price.web_search_usd_per_1k_calls = Some(10.0.into());
+        sonnet.max_output_tokens = 8192;
+        // The same, served by a model Anthropic bills at a dearer tier above 200 000
+        // input tokens (the bundled table's `long_context_above_tokens`).
+        let mut long = sonnet.clone();
+        long.name = "sonnet-long".into();
+        long.routes = vec![route("an", "claude-sonnet-4-5-20250929")];
+        long.max_input_tokens = 1_000_000;
+        s.models.extend([sonnet, long]);
+    })
+    .await
+}
+
+fn sonnet_prices() -> Prices {
+    Prices {
+        web_search_per_1k_calls: 10_000_000,
+        ..Prices::plain(3_000_000, 15_000_000)
+    }
+}
+
+/// The token's spend and what the gateway absorbed for it.
+async fn spent_and_absorbed(app: &TestApp, id: i64) -> (i64, i64) {
+    app.wait_settled().await;
+    let spent = app
+        .scalar(&format!(
+            "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
+        ))
+        .await;
+    let absorbed = app
+        .scalar(&format!(
+            "SELECT CAST(COALESCE(SUM(amount_micros), 0) AS BIGINT) FROM ledger
+             WHERE kind = 'absorbed' AND token_id = {id}"
+        ))
+        .await;
+    (spent, absorbed)
+}
+
+/// An Anthropic answer whose input grew by the pages the tools brought back.
+fn answer(input: i64, output: i64, searches: i64, content: Value) -> Value {
+    json!({"id": "msg_tools", "type": "message", "role": "assistant", "model": "sonnet",
+        "content": content, "stop_reason": "end_turn", "stop_sequence": null,
+        "usage": {"input_tokens": input, "output_tokens": output,
+            "server_tool_use": {"web_search_requests": searches}}})
+}
+
+/// Search results and fetched pages are billed as input: a request whose input grew from
+/// a few tokens to 60 000 by two searches and a fetch is charged exactly its priced usage,
+/// and its reservation covered it (nothing absorbed). The fetch tool went upstream capped
+/// in calls and in content.
+#[tokio::test]
+async fn tool_results_billed_as_input_are_reserved_and_charged_exactly() {
+    let app = app().await;
+    let (id, token) = app.token("search", Some("1")).await;
+    let text = json!([{"type": "text", "text": "Found it."}]);
+    app.mock.state.script(
+        KEY,
+        [Script {
+            body: Some(answer(60_000, 300, 2, text)),
+            ..Script::default()
+        }],
+    );
+    let body = json!({"model": "sonnet", "max_tokens": 1000,
+        "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 2},
+            {"type": "web_fetch_20250910", "name": "web_fetch", "max_uses": 1}],
+        "messages": [{"role": "user", "content": "What is Sluice?"}]});
+    let resp = app.messages(&token, &body).await;
+    assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+    let expected = pricing::cost(
+        Usage {
+            input: 60_000,
+            output: 300,
+            web_search_calls: 2,
+            ..Usage::default()
+        },
+        sonnet_prices(),
+    );
+    assert_eq!(expected, 204_500);
+    assert_eq!(spent_and_absorbed(&app, id).await, (expected, 0));
+    let sent = app
+        .mock
+        .state
+        .stats(KEY)
+        .last_bodies
+        .back()
+        .cloned()
+        .unwrap();
+    assert_eq!(sent["tools"][1]["max_uses"], 1, "{sent}");
+    assert!(
+        sent["tools"][1]["max_content_tokens"].as_i64().is_some(),
+        "{sent}"
+    );
+    // Without caps of its own the fetch tool gets the gateway's.
+    let (_, token) = app.token("fetch", Some("1")).await;
+    app.mock.state.script(
+        KEY,
+        [Script {
+            body: Some(answer(100, 10, 0, json!([]))),
+            ..Script::default()
+        }],
+    );
+    let body = json!({"model": "sonnet", "max_tokens": 10,
+        "tools": [{"type": "web_fetch_20250910", "name": "web_fetch"}],
+        "messages": [{"role": "user", "content": "Read https://example.com"}]});
+    assert_eq!(app.messages(&token, &body).await.status(), 200);
+    let sent = app
+        .mock
+        .state
+        .stats(KEY)
+        .last_bodies
+        .back()
+        .cloned()
+        .unwrap();
+    assert_eq!(sent["tools"][0]["max_uses"], 5, "{sent}");
+    assert_eq!(sent["tools"][0]["max_content_tokens"], 25_000, "{sent}");
+    app.assert_invariant().await;
+}
+
+/// The reservation of a search: the input allowance per call at the input price, on top
+/// of the counted input — one micro short is refused before the upstream sees anything.
+#[tokio::test]
+async fn each_search_reserves_its_input_allowance() {
+    let app = app().await;
+    let body = json!({"model": "sonnet", "max_tokens": 100,
+        "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 3}],
+        "messages": [{"role": "user", "content": "What is Sluice?"}]});
+    let counted = estimate::chat_input(body["messages"].as_array().unwrap(), body.get("tools"));
+    let worst = pricing::cost(
+        Usage {
+            input: pricing::input_with_margin(counted + 3 * 25_000, 1.10, 16),
+            output: 100,
+            web_search_calls: 3,
+            ..Usage::default()
+        },
+        sonnet_prices(),
+    );
+    let (_, short) = app.token("short", Some(&pricing::usd(worst - 1))).await;
+    assert_eq!(app.messages(&short, &body).await.status(), 429);
+    assert_eq!(app.mock.state.stats(KEY).count, 0, "nothing sent upstream");
+    let (_, exact) = app.token("exact", Some(&pricing::usd(worst))).await;
+    app.mock.state.script(
+        KEY,
+        [Script {
+            body: Some(answer(100, 10, 0, json!([]))),
+            ..Script::default()
+        }],
+    );
+    assert_eq!(app.messages(&exact, &body).await.status(), 200);
+    app.assert_invariant().await;
+}
+
+/// A 400 in Anthropic's format whose message names `field`.
+async fn refused_naming(resp: reqwest::Response, field: &str) {
+    assert_eq!(resp.status(), 400);
+    let err: Value = resp.json().await.unwrap();
+    assert_eq!(err["type"], "error", "{err}");
+    assert_eq!(err["error"]["type"], "invalid_request_error", "{err}");
+    let message = err["error"]["message"].as_str().unwrap_or("");
+    assert!(message.contains(&format!("`{field}`")), "{err}");
+}
+
+/// Code execution (billed per container-hour), MCP servers (their results billed as
+/// input, unbounded) and server tools the gateway does not know are refused naming the
+/// field; the client-run tools (bash, text editor, computer use, memory) pass.
+#[tokio::test]
+async fn server_tools_whose_cost_cannot_be_bounded_are_refused_naming_the_field() {
+    let app = app().await;
+    let (_, token) = app.token("tools", Some("1")).await;
+    let ask = |extra: Value| {
+        let mut b = json!({"model": "sonnet", "max_tokens": 10,
+            "messages": [{"role": "user", "content": "hi"}]});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    for tool in [
+        json!({"type": "code_execution_20250825", "name": "code_execution"}),
+        json!({"type": "tool_search_tool_regex_20251119", "name": "tool_search"}),
+        json!({"type": "some_new_tool_20300101", "name": "x"}),
+    ] {
+        let resp = app.messages(&token, &ask(json!({"tools": [tool]}))).await;
+        refused_naming(resp, "tools").await;
+    }
+    let mcp = json!({"mcp_servers": [{"type": "url", "url": "https://mcp.example.com/sse",
+        "name": "x"}]});
+    refused_naming(app.messages(&token, &ask(mcp)).await, "mcp_servers").await;
+    assert_eq!(app.mock.state.stats(KEY).count, 0, "nothing sent upstream");
+    let client_tools = json!({"tools": [
+        {"type": "bash_20250124", "name": "bash"},
+        {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"},
+        {"type": "computer_20250124", "name": "computer", "display_width_px": 1024,
+            "display_height_px": 768},
+        {"type": "memory_20250818", "name": "memory"}]});
+    app.mock.state.script(
+        KEY,
+        [Script {
+            body: Some(answer(100, 10, 0, json!([]))),
+            ..Script::default()
+        }],
+    );
+    assert_eq!(app.messages(&token, &ask(client_tools)).await.status(), 200);
+    app.assert_invariant().await;
+}
+
+/// `service_tier: "priority"` (OpenAI's and Anthropic's dearer tier) and OpenAI's `flex` /
+/// `scale` are refused naming `service_tier`; `auto`, `default` and `standard_only` pass.
+#[tokio::test]
+async fn a_service_tier_priced_apart_is_refused_naming_it() {
+    let app = app().await;
+    let (_, token) = app.token("tiers", Some("1")).await;
+    for tier in ["priority", "flex", "scale", "batch"] {
+        let resp = app
+            .chat(
+                &token,
+                &json!({"model": "gpt-4o-mini", "max_tokens": 10, "service_tier": tier,
+                    "messages": [{"role": "user", "content": "hi"}]}),
+            )
+            .await;
+        assert_eq!(resp.status(), 400, "{tier}");
+        let err: Value = resp.json().await.unwrap();
+        assert_eq!(err["error"]["param"], "service_tier", "{tier}: {err}");
+    }
+    let resp = app
+        .messages(
+            &token,
+            &json!({"model": "sonnet", "max_tokens": 10, "service_tier": "priority",
+                "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    refused_naming(resp, "service_tier").await;
+    assert_eq!(app.mock.state.stats(KEY).count, 0, "nothing sent upstream");
+    for tier in ["auto", "default"] {
+        let resp = app
+            .chat(
+                &token,
+                &json!({"model": "gpt-4o-mini", "max_tokens": 10, "service_tier": tier,
+                    "messages": [{"role": "user", "content": "hi"}]}),
+            )
+            .await;
+        assert_eq!(resp.status(), 200, "{tier}");
+    }
+    for tier in ["auto", "standard_only"] {
+        app.mock.state.script(
+            KEY,
+            [Script {
+                body: Some(answer(100, 10, 0, json!([]))),
+                ..Script::default()
+            }],
+        );
+        let resp = app
+            .messages(
+                &token,
+                &json!({"model": "sonnet", "max_tokens": 10, "service_tier": tier,
+                    "messages": [{"role": "user", "content": "hi"}]}),
+            )
+            .await;
+        assert_eq!(resp.status(), 200, "{tier}");
+    }
+    app.assert_invariant().await;
+}
+
+/// The events of a search the model started: its `server_tool_use` block, whole.
+fn search_block(index: i64) -> Vec<SseEvent> {
+    let e = |name: &str, data: Value| SseEvent::Named(name.into(), data);
+    vec![
+        e(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": index, "content_block":
+                {"type": "server_tool_use", "id": format!("srvtoolu_{index}"),
+                 "name": "web_search", "input": {}}}),
+        ),
+        e(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": index, "delta":
+                {"type": "input_json_delta", "partial_json": "{\"query\": \"sluice\"}"}}),
+        ),
+        e(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
+        ),
+    ]
+}
+
+/// A stream cut after the model made a search (its `server_tool_use` block went by, the
+/// final usage with `web_search_requests` never came) pays the search's fee: the calls
+/// charged are the most of those counted and those reported.
+#[tokio::test]
+async fn a_stream_cut_after_a_search_pays_for_the_search() {
+    let app = app().await;
+    let (id, token) = app.token("cut", Some("1")).await;
+    let mut events = vec![SseEvent::Named(
+        "message_start".into(),
+        json!({"type": "message_start", "message": {"id": "msg_cut", "type": "message",
+            "role": "assistant", "model": "sonnet", "content": [], "stop_reason": null,
+            "stop_sequence": null, "usage": {"input_tokens": 100, "output_tokens": 1}}}),
+    )];
+    events.extend(search_block(0));
+    events.extend(search_block(1));
+    let sent = events.len();
+    events.push(SseEvent::Named(
+        "message_delta".into(),
+        json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+            "usage": {"output_tokens": 50}}),
+    ));
+    app.mock.state.script(
+        KEY,
+        [Script {
+            events: Some(events),
+            cut_after: Some(sent),
+            ..Script::default()
+        }],
+    );
+    let body = json!({"model": "sonnet", "max_tokens": 1000, "stream": true,
+        "tools": [{"type": "web_search_20250305", "name": "web_search"}],
+        "messages": [{"role": "user", "content": "What is Sluice?"}]});
+    let resp = app.messages(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    let _ = resp.text().await;
+    let output = estimate::count_text(&"{\"query\": \"sluice\"}".repeat(2));
+    let expected = pricing::cost(
+        Usage {
+            input: 100,
+            output,
+            web_search_calls: 2,
+            ..Usage::default()
+        },
+        sonnet_prices(),
+    );
+    assert_eq!(spent_and_absorbed(&app, id).await, (expected, 0));
+    app.assert_invariant().await;
+}
+
+/// A whole answer that shows its searches but reports fewer is charged the searches shown.
+#[tokio::test]
+async fn a_whole_answer_pays_for_the_searches_it_shows() {
+    let app = app().await;
+    let (id, token) = app.token("whole", Some("1")).await;
+    let search = |i: i64| {
+        json!({"type": "server_tool_use", "id": format!("srvtoolu_{i}"), "name": "web_search",
+            "input": {"query": "sluice"}})
+    };
+    let content = json!([search(0), search(1), {"type": "text", "text": "Found it."}]);
+    app.mock.state.script(
+        KEY,
+        [Script {
+            body: Some(answer(1_000, 100, 0, content)),
+            ..Script::default()
+        }],
+    );
+    let body = json!({"model": "sonnet", "max_tokens": 1000,
+        "tools": [{"type": "web_search_20250305", "name": "web_search"}],
+        "messages": [{"role": "user", "content": "What is Sluice?"}]});
+    assert_eq!(app.messages(&token, &body).await.status(), 200);
+    let expected = pricing::cost(
+        Usage {
+            input: 1_000,
+            output: 100,
+            web_search_calls: 2,
+            ..Usage::default()
+        },
+        sonnet_prices(),
+    );
+    assert_eq!(spent_and_absorbed(&app, id).await, (expected, 0));
+    app.assert_invariant().await;
+}
+
+/// A prompt that may pass a model's long-context threshold (200 000 input tokens on Claude
+/// Sonnet 4.5, reserved input with its margin) is refused naming the input's field: the
+/// dearer tier is not priced. Below it the same model serves.
+#[tokio::test]
+async fn a_prompt_past_the_long_context_tier_is_refused_naming_the_input() {
+    let app = app().await;
+    let (_, token) = app.token("long", Some("100")).await;
+    let ask = |words: usize| {
+        json!({"model": "sonnet-long", "max_tokens": 10,
+            "messages": [{"role": "user", "content": "hi ".repeat(words)}]})
+    };
+    let resp = app.chat(&token, &ask(190_000)).await;
+    assert_eq!(resp.status(), 400);
+    let err: Value = resp.json().await.unwrap();
+    assert_eq!(err["error"]["param"], "messages", "{err}");
+    refused_naming(app.messages(&token, &ask(190_000)).await, "messages").await;
+    assert_eq!(app.mock.state.stats(KEY).count, 0, "nothing sent upstream");
+    app.mock.state.script(
+        KEY,
+        [Script {
+            body: Some(answer(100_000, 10, 0, json!([]))),
+            ..Script::default()
+        }],
+    );
+    assert_eq!(app.messages(&token, &ask(100_000)).await.status(), 200);
+    app.assert_invariant().await;
+}
