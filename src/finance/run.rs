@@ -39,6 +39,7 @@ impl Export {
     /// The export's figures, or why the text is not one.
     pub fn read(self, text: &str) -> Result<Vec<Line>, FinanceError> {
         match self {
+            Export::Openai if exports::openai_csv::is_csv(text) => exports::openai_csv::read(text),
             Export::Openai => exports::openai::read(text),
             Export::Anthropic => exports::anthropic::read(text),
         }

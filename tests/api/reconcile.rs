@@ -113,6 +113,32 @@ fn openai_export(delta: impl Fn(u32, usize, usize) -> i64) -> String {
     )
 }
 
+/// The same figures as OpenAI's usage dashboard exports them ("Cost data", grouped by line
+/// item, CSV): a header of the Costs API's flattened columns, ISO days, quoted line items.
+fn openai_dashboard_csv(delta: impl Fn(u32, usize, usize) -> i64) -> String {
+    let mut out = String::from(
+        "start_time,end_time,amount_value,amount_currency,line_item,project_id,organization_id,project_name,organization_name\n",
+    );
+    for d in 1..=3 {
+        for (m, model) in MODELS.iter().enumerate() {
+            for (u, (_, project)) in UPSTREAMS.iter().enumerate() {
+                let total = cell(d, m, u) + delta(d, m, u);
+                let input = total / 4;
+                for (kind, micros) in [("input", input), ("output", total - input)] {
+                    out.push_str(&format!(
+                        "{},{},{},usd,\"{model}-2024-07-18, {kind}\",{},org_1,,Acme\n",
+                        day(d),
+                        day(d + 1),
+                        usd_text(micros),
+                        project.unwrap_or("")
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
 /// The CLI's config: the test database, the two OpenAI deployments (one naming its project),
 /// an Anthropic one, and the mock's webhook for alerts.
 fn config(app: &TestApp) -> PathBuf {
@@ -296,6 +322,45 @@ async fn an_export_differing_in_exactly_two_cells_flags_exactly_those_two() {
     assert_eq!(lead.get("/admin/finance").await.status(), 404);
     let (status, _) = lead.get_json("/admin/api/v1/reports/reconciliation").await;
     assert_eq!(status, 404);
+}
+
+/// The dashboard's CSV export reconciles like the Costs API's JSON: the same two cells
+/// flagged, nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboards_csv_export_flags_exactly_the_two_cells_that_differ() {
+    let app = app().await;
+    let config = config(&app);
+    let file = app.dir.path().join("costs.csv");
+    std::fs::write(
+        &file,
+        openai_dashboard_csv(|d, m, u| match (d, m, u) {
+            (2, 1, 0) => 1_000_001,
+            (3, 0, 1) => -5_000_000,
+            _ => 0,
+        }),
+    )
+    .unwrap();
+    let out = reconcile(&config, "openai", &file, true);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        flagged(&report),
+        vec![
+            ("2026-03-02".into(), "gpt-4o".into(), "proj_a".into()),
+            ("2026-03-03".into(), "gpt-4o-mini".into(), "*".into()),
+        ]
+    );
+    assert_eq!(report["rows"].as_array().map(Vec::len), Some(12));
+    // Unchanged, it is clean.
+    std::fs::write(&file, openai_dashboard_csv(|_, _, _| 0)).unwrap();
+    let out = reconcile(&config, "openai", &file, false);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,6 +5,7 @@
 
 pub mod anthropic;
 pub mod openai;
+pub mod openai_csv;
 
 use chrono::NaiveDate;
 
