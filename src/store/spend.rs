@@ -18,7 +18,7 @@ use serde::Serialize;
 use sqlx::{Database, Encode, FromRow, QueryBuilder, Type};
 
 use super::Result;
-use crate::pipeline::tags::{self, Tags};
+use crate::tags::{self, Tags};
 
 /// The label of a request without the tag key a report groups by.
 pub const UNTAGGED: &str = "(untagged)";
