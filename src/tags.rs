@@ -92,6 +92,19 @@ impl Tags {
         Ok(self)
     }
 
+    /// `self` (a request's own tags) added to `fixed` (the admin's defaults): a key of
+    /// `fixed` may be repeated with its value but not given another one.
+    pub fn beside(self, fixed: &Tags) -> Result<Tags, TagError> {
+        for (k, v) in &self.0 {
+            if fixed.get(k).is_some_and(|f| f != v) {
+                return Err(TagError(format!(
+                    "the tag key `{k}` is set by the admin on the token or team and cannot be changed"
+                )));
+            }
+        }
+        self.over(fixed)
+    }
+
     pub fn canonical(&self) -> String {
         let pairs: Vec<String> = self.0.iter().map(|(k, v)| format!("{k}:{v}")).collect();
         pairs.join(",")

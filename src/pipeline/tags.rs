@@ -8,9 +8,9 @@ use crate::tags::{TagError, Tags};
 
 pub const HEADER: &str = "x-sluice-tags";
 
-/// The tags of one request: the header's over the token's over the team's defaults (both
-/// stored canonical). A bad header, or more than `MAX_TAGS` after the merge, is a 400
-/// naming the header.
+/// The tags of one request: the header's added to the token's over the team's defaults
+/// (both stored canonical). A bad header, a header value for a key the token or team sets,
+/// or more than `MAX_TAGS` after the merge, is a 400 naming the header.
 pub fn resolve(headers: &HeaderMap, token: &str, team: &str) -> Result<Tags, ApiError> {
     let bad = |e: TagError| ApiError::invalid(HEADER, format!("{HEADER}: {e}."));
     let asked = match headers.get(HEADER) {
@@ -24,27 +24,53 @@ pub fn resolve(headers: &HeaderMap, token: &str, team: &str) -> Result<Tags, Api
             Tags::parse(text).map_err(bad)?
         }
     };
-    asked
-        .over(&Tags::stored(token))
-        .and_then(|t| t.over(&Tags::stored(team)))
-        .map_err(bad)
+    // The token's defaults over the team's: both are the admin's, which the header may add
+    // to but not override (it would move spend to another cost centre).
+    let fixed = Tags::stored(token).over(&Tags::stored(team)).map_err(bad)?;
+    asked.beside(&fixed).map_err(bad)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_header_wins_over_the_token_over_the_team() {
+    fn header(text: &'static str) -> HeaderMap {
         let mut h = HeaderMap::new();
         h.insert(
             actix_web::http::header::HeaderName::from_static(HEADER),
-            actix_web::http::header::HeaderValue::from_static("env:test"),
+            actix_web::http::header::HeaderValue::from_static(text),
         );
-        let t = resolve(&h, "env:prod,owner:ops", "env:dev,cc:42").unwrap();
-        assert_eq!(t.canonical(), "cc:42,env:test,owner:ops");
+        h
+    }
+
+    #[test]
+    fn the_header_adds_keys_and_the_token_wins_over_the_team() {
+        let t = resolve(&header("proj:x"), "env:prod,owner:ops", "env:dev,cc:42").unwrap();
+        assert_eq!(t.canonical(), "cc:42,env:prod,owner:ops,proj:x");
         let none = resolve(&HeaderMap::new(), "", "env:dev").unwrap();
         assert_eq!(none.canonical(), "env:dev");
+    }
+
+    #[test]
+    fn the_header_cannot_override_a_key_the_admin_set() {
+        for (h, token, team) in [
+            ("env:test", "env:prod,owner:ops", "cc:42"),
+            ("cc:43", "env:prod", "cc:42"),
+            ("cc:43", "", "cc:42"),
+        ] {
+            let err = resolve(&header(h), token, team).unwrap_err();
+            assert_eq!(err.status(), 400, "{h}");
+            let key = h.split(':').next().unwrap();
+            let text = format!("{err:?}");
+            assert!(
+                text.contains(HEADER) && text.contains(&format!("`{key}`")),
+                "{text}"
+            );
+        }
+        // Repeating the admin's value is no override; the token's value is the one that
+        // stands over the team's.
+        let t = resolve(&header("env:prod,cc:42"), "env:prod", "cc:42,env:dev").unwrap();
+        assert_eq!(t.canonical(), "cc:42,env:prod");
     }
 
     #[test]

@@ -108,7 +108,7 @@ async fn row_tags(app: &TestApp, n: i64) -> String {
 }
 
 #[tokio::test]
-async fn the_header_wins_over_the_token_which_wins_over_the_team() {
+async fn the_header_adds_keys_and_the_token_wins_over_the_team() {
     let app = spawn_app().await;
     let now = chrono::Utc::now();
     sluice::cli::team_create_tagged(app.db(), "core", None, Some("env:dev,cc:4711"), now)
@@ -136,12 +136,12 @@ async fn the_header_wins_over_the_token_which_wins_over_the_team() {
         &app,
         "/v1/chat/completions",
         &t.text,
-        b"env:test",
+        b"env:prod,proj:x",
         &chat_body(16),
     )
     .await;
     assert_eq!(r.status(), 200);
-    assert_eq!(row_tags(&app, 1).await, "cc:4711,env:test,owner:ana");
+    assert_eq!(row_tags(&app, 1).await, "cc:4711,env:prod,owner:ana,proj:x");
     assert_eq!(app.chat(&t.text, &chat_body(16)).await.status(), 200);
     assert_eq!(row_tags(&app, 2).await, "cc:4711,env:prod,owner:ana");
     // An empty header is no tags of its own.
@@ -437,4 +437,74 @@ async fn the_admin_pages_set_default_tags_and_the_reports_page_groups_by_them() 
         page.contains("<th scope=\"row\">zeus</th><td>gpt-4o-mini</td>"),
         "{page}"
     );
+}
+
+#[tokio::test]
+async fn the_header_cannot_move_spend_off_the_admins_tags() {
+    let app = spawn_app_with_claude().await;
+    let now = chrono::Utc::now();
+    sluice::cli::team_create_tagged(app.db(), "core", None, Some("cc:4711"), now)
+        .await
+        .unwrap();
+    let user = sluice::cli::UserArgs {
+        username: "ana",
+        team: Some("core"),
+        rpm: None,
+        tpm: None,
+        budget_usd: None,
+        reset: None,
+    };
+    sluice::cli::user_create(app.db(), &user, now)
+        .await
+        .unwrap();
+    let args = IssueArgs {
+        budget_usd: Some("1"),
+        ..issue_args("ana")
+    };
+    let t = sluice::cli::token_issue_tagged(app.db(), &args, Some("env:prod"), now)
+        .await
+        .unwrap();
+    let anthropic = json!({"model": "claude", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]});
+    for (header, key) in [("cc:9999", "cc"), ("env:test,proj:x", "env")] {
+        let r = tagged(
+            &app,
+            "/v1/chat/completions",
+            &t.text,
+            header.as_bytes(),
+            &chat_body(16),
+        )
+        .await;
+        assert_eq!(r.status(), 400, "{header}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["param"], "x-sluice-tags", "{v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(&format!("`{key}`")), "{msg}");
+
+        let r = tagged(&app, "/v1/messages", &t.text, header.as_bytes(), &anthropic).await;
+        assert_eq!(r.status(), 400, "{header}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["type"], "error", "{v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains("x-sluice-tags") && msg.contains(&format!("`{key}`")),
+            "{msg}"
+        );
+    }
+    assert_eq!(
+        app.mock.state.total_count(),
+        0,
+        "nothing reached the upstream"
+    );
+    // The admin's own value repeated is no override.
+    let r = tagged(
+        &app,
+        "/v1/chat/completions",
+        &t.text,
+        b"cc:4711",
+        &chat_body(16),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(row_tags(&app, 1).await, "cc:4711,env:prod");
+    app.assert_invariant().await;
 }
