@@ -86,52 +86,52 @@ async fn subjects(
             continue;
         }
         let reset = Reset::parse(&t.reset).unwrap_or(Reset::Never);
-        // A level not yet rolled into this period has spent nothing of it.
-        let spent = if t.period == reset.period_key(now) {
-            t.spent_micros
-        } else {
-            0
-        };
         out.push(Subject {
             kind: "token",
             id: t.id,
             name: format!("{}… ({})", t.prefix, t.user),
             limit,
-            spent,
+            spent: in_period(t.spent_micros, &t.period, reset, now),
             reset,
         });
     }
     for u in directory::members(db, scope).await? {
         if let Some(limit) = u.limit_micros {
+            let reset = Reset::parse(&u.reset).unwrap_or(Reset::Never);
             out.push(Subject {
                 kind: "user",
                 id: u.id,
                 name: u.username,
                 limit,
-                spent: u.spent_micros,
-                reset: Reset::parse(&u.reset).unwrap_or(Reset::Never),
+                spent: in_period(u.spent_micros, &u.period, reset, now),
+                reset,
             });
         }
     }
     for t in teams {
         if let Some(limit) = t.limit_micros {
             let reset = Reset::parse(&t.reset).unwrap_or(Reset::Never);
-            let spent = if t.period == reset.period_key(now) {
-                t.spent_micros
-            } else {
-                0
-            };
             out.push(Subject {
                 kind: "team",
                 id: t.id,
                 name: t.name,
                 limit,
-                spent,
+                spent: in_period(t.spent_micros, &t.period, reset, now),
                 reset,
             });
         }
     }
     Ok(out)
+}
+
+/// A level's spend as of `now`: a level not yet rolled into the current period (no request
+/// since it ended) has spent nothing of it; its stored spend is the last period's.
+fn in_period(spent: i64, period: &str, reset: Reset, now: DateTime<Utc>) -> i64 {
+    if period == reset.period_key(now) {
+        spent
+    } else {
+        0
+    }
 }
 
 /// The subject's spend on each of the 28 days from `first`.

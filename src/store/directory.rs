@@ -63,13 +63,16 @@ pub struct MemberRow {
     pub rpm: Option<i64>,
     pub tpm: Option<i64>,
     pub limit_micros: Option<i64>,
+    /// The spend of `period` (the last one rolled into); a later period has spent nothing.
     pub spent_micros: i64,
     pub reset: String,
+    #[serde(skip_serializing)]
+    pub period: String,
     pub tokens: i64,
     pub created_at: String,
 }
 
-const MEMBER_SELECT: &str = "SELECT u.id, u.username, u.team_id, tm.name AS team, u.disabled, u.rpm, u.tpm, u.limit_micros, u.reset,
+const MEMBER_SELECT: &str = "SELECT u.id, u.username, u.team_id, tm.name AS team, u.disabled, u.rpm, u.tpm, u.limit_micros, u.reset, u.period,
         COALESCE((SELECT SUM(l.amount_micros) FROM ledger l WHERE l.user_id = u.id AND l.user_period = u.period
                   AND l.kind IN ('reserve', 'settle', 'adjust')), 0) - u.reserved_micros AS spent_micros,
         (SELECT COUNT(*) FROM tokens t WHERE t.user_id = u.id AND t.revoked_at IS NULL) AS tokens, u.created_at

@@ -31,6 +31,7 @@ mod digest;
 mod event_shape;
 mod files;
 mod forecast;
+mod forecast_periods;
 mod fuzz;
 mod gateway_fleet;
 mod gemini_fuzz;
