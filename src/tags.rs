@@ -12,6 +12,9 @@
 use std::collections::BTreeMap;
 
 pub const MAX_TAGS: usize = 10;
+/// The value the spend rollup gives a key past its daily bound of distinct values
+/// (`store::tag_bound`). Outside the charset, so no request's value can be it.
+pub const OTHER: &str = "(other)";
 pub const MAX_LEN: usize = 64;
 
 /// A validated set of tags, ordered by key (one value per key).
@@ -43,6 +46,11 @@ impl Tags {
     /// Parses `key:value,key:value`; surrounding spaces of a pair are ignored, and an
     /// empty text is no tags.
     pub fn parse(text: &str) -> Result<Tags, TagError> {
+        Tags::parse_as(text, false)
+    }
+
+    /// `parse`, where a stored rollup text may also hold `OTHER` as a value.
+    fn parse_as(text: &str, stored: bool) -> Result<Tags, TagError> {
         let mut tags = BTreeMap::new();
         if text.trim().is_empty() {
             return Ok(Tags(tags));
@@ -59,7 +67,7 @@ impl Tags {
                 )));
             };
             for (what, s) in [("key", key), ("value", value)] {
-                if !is_word(s) {
+                if !is_word(s) && !(stored && what == "value" && s == OTHER) {
                     return Err(TagError(format!(
                         "the tag {what} {} must be 1 to {MAX_LEN} of A-Z a-z 0-9 . _ -",
                         describe(s)
@@ -76,7 +84,22 @@ impl Tags {
     /// Text stored before it was written by `canonical` is parsed leniently: anything that
     /// does not parse counts as no tags (only validated text is ever written).
     pub fn stored(text: &str) -> Tags {
-        Tags::parse(text).unwrap_or_default()
+        Tags::parse_as(text, true).unwrap_or_default()
+    }
+
+    /// The pairs, ordered by key.
+    pub fn pairs(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    /// The same tags with the value of each of `keys` replaced by `OTHER`.
+    pub fn rolled_up(mut self, keys: &[String]) -> Tags {
+        for k in keys {
+            if let Some(v) = self.0.get_mut(k) {
+                *v = OTHER.to_string();
+            }
+        }
+        self
     }
 
     /// `self` over `under`, key by key; more than `MAX_TAGS` in the result is refused.
@@ -134,6 +157,16 @@ mod tests {
         assert_eq!(Tags::parse(&ten.join(",")).unwrap().0.len(), 10);
         let long = "v".repeat(64);
         assert!(Tags::parse(&format!("k:{long}")).is_ok());
+    }
+
+    #[test]
+    fn a_rolled_up_value_reads_back_from_the_store_but_never_from_a_request() {
+        let t = Tags::parse("a:1,trace:x")
+            .unwrap()
+            .rolled_up(&["trace".into()]);
+        assert_eq!(t.canonical(), "a:1,trace:(other)");
+        assert_eq!(Tags::stored(&t.canonical()).get("trace"), Some(OTHER));
+        assert!(Tags::parse(&t.canonical()).is_err());
     }
 
     #[test]

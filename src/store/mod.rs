@@ -25,6 +25,7 @@ pub mod responses;
 pub mod rotate;
 pub mod sessions;
 pub mod spend;
+pub mod tag_bound;
 pub mod tags;
 pub mod tenants;
 pub mod token_admin;

@@ -101,6 +101,7 @@ mod ssrf;
 mod store_boundary;
 mod stream_usage;
 mod streams;
+mod tag_bound;
 mod tags;
 mod token_kinds;
 mod token_source;
