@@ -508,3 +508,88 @@ async fn the_header_cannot_move_spend_off_the_admins_tags() {
     assert_eq!(row_tags(&app, 1).await, "cc:4711,env:prod");
     app.assert_invariant().await;
 }
+
+/// Team tags that with a token's would pass ten are refused when they are set — on the
+/// token's issue or edit, and on the team's create or edit — not on every later request
+/// with a 400 about a header the client never sent. A team edit of budget and tags is one
+/// change: a bad tag leaves the budget as it was.
+#[tokio::test]
+async fn default_tags_that_would_pass_ten_are_refused_when_set() {
+    let app = spawn_app().await;
+    let root = admin(&app).await;
+    let six: Vec<String> = (0..6).map(|i| format!("t{i}:v")).collect();
+    let five: Vec<String> = (0..5).map(|i| format!("k{i}:v")).collect();
+    let (s, team) = root
+        .post(
+            "/admin/api/v1/teams",
+            &json!({"name": "red", "tags": six.join(",")}),
+        )
+        .await;
+    assert_eq!(s, 201, "{team}");
+    let tid = team["id"].as_i64().unwrap();
+    let (s, _) = root
+        .post(
+            "/admin/api/v1/users",
+            &json!({"username": "rosa", "team_id": tid}),
+        )
+        .await;
+    assert_eq!(s, 201);
+    let (s, v) = root
+        .post(
+            "/admin/api/v1/tokens",
+            &json!({"user_id": 1, "tags": five.join(",")}),
+        )
+        .await;
+    assert_eq!(s, 400, "{v}");
+    assert!(v.to_string().contains("tags"), "{v}");
+    let (s, tok) = root
+        .post(
+            "/admin/api/v1/tokens",
+            &json!({"user_id": 1, "tags": "k0:v,k1:v,k2:v,k3:v"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{tok}");
+    let id = tok["id"].as_i64().unwrap();
+    let (s, v) = root
+        .patch(
+            &format!("/admin/api/v1/tokens/{id}"),
+            &json!({"tags": five.join(",")}),
+        )
+        .await;
+    assert_eq!(s, 400, "{v}");
+    let seven: Vec<String> = (0..7).map(|i| format!("t{i}:v")).collect();
+    let (s, v) = root
+        .patch(
+            &format!("/admin/api/v1/teams/{tid}"),
+            &json!({"tags": seven.join(",")}),
+        )
+        .await;
+    assert_eq!(s, 400, "{v}");
+    // Budget and a bad tag text together: refused as a whole.
+    let (s, v) = root
+        .patch(
+            &format!("/admin/api/v1/teams/{tid}"),
+            &json!({"budget_usd": "5", "tags": "a:b:c"}),
+        )
+        .await;
+    assert_eq!(s, 400, "{v}");
+    let (_, teams) = root.get_json("/admin/api/v1/teams").await;
+    let red = teams["teams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] == tid)
+        .cloned()
+        .unwrap();
+    assert_eq!(red["limit_micros"], Value::Null, "{red}");
+    assert_eq!(red["tags"], six.join(","));
+    // The CLI refuses alike.
+    let now = chrono::Utc::now();
+    let err = sluice::cli::team_edit_tags(app.db(), "red", &seven.join(","), now)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("tags"), "{err}");
+    // What is left still serves: the token's 4 and the team's 6.
+    let text = tok["token"].as_str().unwrap();
+    assert_eq!(app.chat(text, &chat_body(16)).await.status(), 200);
+}
