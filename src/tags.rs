@@ -67,7 +67,8 @@ impl Tags {
                 )));
             };
             for (what, s) in [("key", key), ("value", value)] {
-                if !is_word(s) && !(stored && what == "value" && s == OTHER) {
+                let rolled_up = stored && what == "value" && s == OTHER;
+                if !(is_word(s) || rolled_up) {
                     return Err(TagError(format!(
                         "the tag {what} {} must be 1 to {MAX_LEN} of A-Z a-z 0-9 . _ -",
                         describe(s)
