@@ -1,5 +1,5 @@
 //! Every budget's forecast: tokens, users and teams with a limit, each with its last 28 days
-//! of spend from the request log (`store::finance::spend_by_token_day`) run through
+//! of spend from the daily rollup (`store::finance::spend_by_token_day`) run through
 //! `forecast`. A subject's history starts on its first day of spend in the window; one
 //! whose first spend falls in the window's first week is taken as older than the window
 //! (a weekday pattern may well start with idle days).
@@ -58,8 +58,7 @@ pub async fn forecasts(
 ) -> Result<Vec<BudgetForecast>, StoreError> {
     let today = now.date_naive();
     let first = today - Duration::days(WINDOW as i64);
-    let at = |d: NaiveDate| crate::clock::db_time(d.and_time(chrono::NaiveTime::MIN).and_utc());
-    let rows = finance::spend_by_token_day(db, &at(first), &at(today)).await?;
+    let rows = finance::spend_by_token_day(db, first, today).await?;
     let subjects = subjects(db, scope, now).await?;
     Ok(subjects
         .into_iter()

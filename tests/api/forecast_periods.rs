@@ -75,3 +75,61 @@ async fn a_user_is_forecast_on_the_current_periods_spend_only() {
     assert_eq!(mine.exhausts_on, None, "{mine:?}");
     assert_eq!(sluice::finance::alerts::check(&app.state).await.unwrap(), 0);
 }
+
+/// Forecasts read the daily rollup (`spend_days`), not the request log: the same figures,
+/// day by day, as the request log's sums — and still there once the log's rows are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forecasts_read_the_rollup_whose_figures_equal_the_request_logs() {
+    let app = crate::helpers::spawn_app().await;
+    let (token, _) = app
+        .issue(sluice::cli::IssueArgs {
+            budget_usd: Some("100"),
+            reset: Some("never"),
+            ..issue_args("ann")
+        })
+        .await;
+    let user = crate::helpers::scalar_on(
+        app.db(),
+        &format!("SELECT user_id FROM tokens WHERE id = {token}"),
+    )
+    .await;
+    crate::forecast::seed(&app, (token, user, 1), 1_234_567).await;
+    let now = Utc::now();
+    let find = |all: Vec<sluice::finance::budgets::BudgetForecast>| {
+        all.into_iter()
+            .find(|b| b.kind == "token" && b.id == token)
+            .expect("the token's budget")
+    };
+    let before = find(
+        sluice::finance::budgets::forecasts(app.db(), None, now)
+            .await
+            .unwrap(),
+    );
+    for d in &before.history {
+        let logged = crate::helpers::scalar_on(
+            app.db(),
+            &format!(
+                "SELECT CAST(COALESCE(SUM(cost_micros), 0) AS BIGINT) FROM requests
+                 WHERE token_id = {token} AND substr(created_at, 1, 10) = '{}'",
+                d.day
+            ),
+        )
+        .await;
+        assert_eq!(d.spend_micros, logged, "{}", d.day);
+    }
+    assert_eq!(
+        before.history.iter().map(|d| d.spend_micros).sum::<i64>(),
+        28 * 1_234_567
+    );
+    crate::helpers::sql_exec(app.db(), "DELETE FROM requests").await;
+    let after = find(
+        sluice::finance::budgets::forecasts(app.db(), None, now)
+            .await
+            .unwrap(),
+    );
+    let spend = |f: &sluice::finance::budgets::BudgetForecast| {
+        f.history.iter().map(|d| d.spend_micros).collect::<Vec<_>>()
+    };
+    assert_eq!(spend(&after), spend(&before));
+    assert_eq!(after.exhausts_on, before.exhausts_on);
+}
