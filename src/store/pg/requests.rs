@@ -13,7 +13,7 @@ use crate::store::requests::{kind_values, RequestRow};
 use crate::store::Result;
 
 /// The batch, and what it adds to `request_days` and `spend_days` (`store::spend`, its tags
-/// bounded: `$33`, `store::tag_bound`), in one statement. Only rows really
+/// bounded: `$33`–`$35`, `store::tag_bound`), in one statement. Only rows really
 /// inserted count (`RETURNING` leaves out the ones already logged); the day rows are
 /// upserted in key order, so two hosts' batches lock them in the same order.
 const INSERT: &str = "WITH ins AS (
@@ -28,7 +28,7 @@ const INSERT: &str = "WITH ins AS (
             $23::text[], $24::bigint[], $25::bigint[], $26::bigint[], $27::bigint[], $28::bigint[], $29::bigint[],
             $30::bigint[], $31::bigint[], $32::bigint[])
        ON CONFLICT (id) DO NOTHING
-       RETURNING id, created_at, token_id, user_id, team_id, model, served_model, upstream, status, input_tokens,
+       RETURNING created_at, token_id, user_id, team_id, model, served_model, upstream, status, input_tokens,
             output_tokens, cost_micros, tags),
      days AS (
        INSERT INTO request_days AS d (day, token_id, user_id, team_id, model, requests, errors, input_tokens, output_tokens, cost_micros)
@@ -47,8 +47,8 @@ const INSERT: &str = "WITH ins AS (
      SELECT substr(created_at, 1, 10), COALESCE(team_id, 0), COALESCE(user_id, 0), token_id, model, served_model,
             upstream, b.tags, COUNT(*), COUNT(*) FILTER (WHERE status NOT BETWEEN 200 AND 299),
             SUM(input_tokens), SUM(output_tokens), SUM(cost_micros)
-     FROM ins JOIN (SELECT DISTINCT ON (id) id, tags FROM unnest($1::text[], $33::text[]) AS b(id, tags)) b
-          ON b.id = ins.id
+     FROM ins JOIN unnest($33::text[], $34::text[], $35::text[]) AS b(day, logged, tags)
+          ON b.day = substr(ins.created_at, 1, 10) AND b.logged = ins.tags
      WHERE token_id IS NOT NULL GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8
      ON CONFLICT (day, team_id, user_id, token_id, model, served_model, upstream, tags) DO UPDATE SET
             requests = s.requests + EXCLUDED.requests, errors = s.errors + EXCLUDED.errors,
@@ -144,8 +144,9 @@ pub async fn insert_batch_tx(conn: &mut PgConnection, rows: &[RequestRow]) -> Re
                 .collect::<Vec<i64>>(),
         );
     }
-    // The rollup's tags, bounded (`store::tag_bound`), as one more array.
-    q = q.bind(super::tag_bound::bounded(&mut *conn, rows).await?);
+    // The rollup's tags, bounded (`store::tag_bound`): (day, logged tags) → rolled-up tags.
+    let [days, logged, rolled] = super::tag_bound::bounded(&mut *conn, rows).await?;
+    q = q.bind(days).bind(logged).bind(rolled);
     q.execute(&mut *conn).await?;
     let (ids, ats): (Vec<i64>, Vec<&str>) = last_used(rows).into_iter().unzip();
     if !ids.is_empty() {

@@ -2,7 +2,7 @@
 //! statement admits a batch's new (day, key, value)s while their key has room and answers
 //! which of the batch's values are admitted, now or before.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 
 use sqlx::PgConnection;
 
@@ -23,43 +23,49 @@ const ADMIT: &str = "WITH cand AS (SELECT DISTINCT d, k, v FROM unnest($1::text[
      UNION ALL
      SELECT s.day, s.key, s.value FROM spend_tag_values s JOIN cand c ON s.day = c.d AND s.key = c.k AND s.value = c.v";
 
-/// The rollup's tag text of each row of the batch, in order (rows without a token, which
-/// the rollup leaves out, keep theirs).
-pub async fn bounded(conn: &mut PgConnection, rows: &[RequestRow]) -> Result<Vec<String>> {
-    let parsed: Vec<Tags> = rows.iter().map(|r| Tags::stored(&r.tags)).collect();
+/// The rollup's tag text of the batch's rows with a token (the rollup leaves the others
+/// out): (day, tags as logged, tags as rolled up), one per distinct (day, tags) — the rolled
+/// text is a function of those two, so the statement joins on them (not on the request id,
+/// which a batch may repeat with other content).
+pub async fn bounded(conn: &mut PgConnection, rows: &[RequestRow]) -> Result<[Vec<String>; 3]> {
+    let mut seen: BTreeSet<(&str, &str)> = BTreeSet::new();
+    for r in rows.iter().filter(|r| r.token_id.is_some()) {
+        seen.insert((day(&r.created_at), r.tags.as_str()));
+    }
+    let parsed: Vec<(&str, &str, Tags)> = seen
+        .into_iter()
+        .map(|(d, t)| (d, t, Tags::stored(t)))
+        .collect();
     let (mut days, mut keys, mut values) = (Vec::new(), Vec::new(), Vec::new());
-    for (r, tags) in rows.iter().zip(&parsed) {
-        if r.token_id.is_none() {
-            continue;
-        }
+    for (d, _, tags) in &parsed {
         for (k, v) in tags.pairs() {
-            days.push(day(&r.created_at).to_string());
+            days.push(d.to_string());
             keys.push(k.to_string());
             values.push(v.to_string());
         }
     }
-    if days.is_empty() {
-        return Ok(rows.iter().map(|r| r.tags.clone()).collect());
+    let admitted: HashSet<(String, String, String)> = if days.is_empty() {
+        HashSet::new()
+    } else {
+        sqlx::query_as(ADMIT)
+            .bind(days)
+            .bind(keys)
+            .bind(values)
+            .fetch_all(&mut *conn)
+            .await?
+            .into_iter()
+            .collect()
+    };
+    let mut out: [Vec<String>; 3] = Default::default();
+    for (d, text, tags) in parsed {
+        let over: Vec<String> = tags
+            .pairs()
+            .filter(|(k, v)| !admitted.contains(&(d.to_string(), k.to_string(), v.to_string())))
+            .map(|(k, _)| k.to_string())
+            .collect();
+        out[0].push(d.to_string());
+        out[1].push(text.to_string());
+        out[2].push(rolled(tags, text, over));
     }
-    let admitted: HashSet<(String, String, String)> = sqlx::query_as(ADMIT)
-        .bind(days)
-        .bind(keys)
-        .bind(values)
-        .fetch_all(&mut *conn)
-        .await?
-        .into_iter()
-        .collect();
-    Ok(rows
-        .iter()
-        .zip(parsed)
-        .map(|(r, tags)| {
-            let d = day(&r.created_at);
-            let over: Vec<String> = tags
-                .pairs()
-                .filter(|(k, v)| !admitted.contains(&(d.to_string(), k.to_string(), v.to_string())))
-                .map(|(k, _)| k.to_string())
-                .collect();
-            rolled(tags, &r.tags, over)
-        })
-        .collect())
+    Ok(out)
 }
