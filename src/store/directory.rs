@@ -167,9 +167,12 @@ pub struct MemberEdit {
     pub tpm: Option<i64>,
 }
 
+/// A member's edit; a move to a team whose tags and the member's tokens' would pass ten
+/// together is refused (`store::tags`).
 pub async fn update_member(tx: &mut super::Tx, id: i64, e: &MemberEdit) -> Result<()> {
     if let Some((conn, _)) = tx.pg() {
-        return super::pg::directory::update_member(conn, id, e).await;
+        super::pg::directory::update_member(conn, id, e).await?;
+        return super::tags::user_fits(tx, id).await;
     }
     let done =
         sqlx::query("UPDATE users SET team_id = ?, disabled = ?, rpm = ?, tpm = ? WHERE id = ?")
@@ -184,7 +187,7 @@ pub async fn update_member(tx: &mut super::Tx, id: i64, e: &MemberEdit) -> Resul
     if done == 0 {
         return Err(StoreError::NotFound(format!("user {id}")));
     }
-    Ok(())
+    super::tags::user_fits(tx, id).await
 }
 
 pub struct LoginEdit<'a> {

@@ -16,6 +16,12 @@ const OF_TOKEN: [&str; 2] = [
     "SELECT t.tags, tm.tags FROM tokens t JOIN users u ON u.id = t.user_id JOIN teams tm ON tm.id = u.team_id
      WHERE t.id = $1",
 ];
+const OF_USER: [&str; 2] = [
+    "SELECT t.tags, tm.tags FROM tokens t JOIN users u ON u.id = t.user_id JOIN teams tm ON tm.id = u.team_id
+     WHERE u.id = ? AND t.revoked_at IS NULL",
+    "SELECT t.tags, tm.tags FROM tokens t JOIN users u ON u.id = t.user_id JOIN teams tm ON tm.id = u.team_id
+     WHERE u.id = $1 AND t.revoked_at IS NULL",
+];
 const OF_TEAM: [&str; 2] = [
     "SELECT t.tags, tm.tags FROM tokens t JOIN users u ON u.id = t.user_id JOIN teams tm ON tm.id = u.team_id
      WHERE u.team_id = ? AND t.revoked_at IS NULL",
@@ -48,16 +54,22 @@ pub async fn set(tx: &mut super::Tx, owner: Owner, tags: &str) -> Result<()> {
     if done == 0 {
         return Err(StoreError::NotFound(format!("{what} {id}")));
     }
-    fits(tx, owner).await?;
-    bump_epoch(tx).await
-}
-
-/// Whether every token `owner`'s tags reach still fits `MAX_TAGS` with its team's.
-async fn fits(tx: &mut super::Tx, owner: Owner) -> Result<()> {
-    let (sql, id) = match owner {
+    let reach = match owner {
         Owner::Token(id) => (OF_TOKEN, id),
         Owner::Team(id) => (OF_TEAM, id),
     };
+    fits(tx, reach).await?;
+    bump_epoch(tx).await
+}
+
+/// After a user moved to another team: their live tokens' tags still fit with the new
+/// team's (`directory::update_member`, in its transaction).
+pub async fn user_fits(tx: &mut super::Tx, user_id: i64) -> Result<()> {
+    fits(tx, (OF_USER, user_id)).await
+}
+
+/// Whether every token the query reaches still fits `MAX_TAGS` with its team's tags.
+async fn fits(tx: &mut super::Tx, (sql, id): ([&str; 2], i64)) -> Result<()> {
     let pairs: Vec<(String, String)> = if let Some((conn, _)) = tx.pg() {
         sqlx::query_as(sql[1]).bind(id).fetch_all(conn).await?
     } else {

@@ -593,3 +593,53 @@ async fn default_tags_that_would_pass_ten_are_refused_when_set() {
     let text = tok["token"].as_str().unwrap();
     assert_eq!(app.chat(text, &chat_body(16)).await.status(), 200);
 }
+
+/// Moving a user to a team whose tags and the user's tokens' would pass ten together is
+/// refused alike: the move, not every later request, is what fails.
+#[tokio::test]
+async fn a_user_is_not_moved_where_their_tokens_tags_would_pass_ten() {
+    let app = spawn_app().await;
+    let root = admin(&app).await;
+    let six: Vec<String> = (0..6).map(|i| format!("t{i}:v")).collect();
+    let five: Vec<String> = (0..5).map(|i| format!("k{i}:v")).collect();
+    let (_, red) = root
+        .post(
+            "/admin/api/v1/teams",
+            &json!({"name": "red", "tags": six.join(",")}),
+        )
+        .await;
+    let (_, blue) = root
+        .post("/admin/api/v1/teams", &json!({"name": "blue"}))
+        .await;
+    let (s, user) = root
+        .post(
+            "/admin/api/v1/users",
+            &json!({"username": "rosa", "team_id": blue["id"]}),
+        )
+        .await;
+    assert_eq!(s, 201, "{user}");
+    let uid = user["id"].as_i64().unwrap();
+    let (s, tok) = root
+        .post(
+            "/admin/api/v1/tokens",
+            &json!({"user_id": uid, "tags": five.join(",")}),
+        )
+        .await;
+    assert_eq!(s, 201, "{tok}");
+    let (s, v) = root
+        .patch(
+            &format!("/admin/api/v1/users/{uid}"),
+            &json!({"team_id": red["id"]}),
+        )
+        .await;
+    assert_eq!(s, 400, "{v}");
+    assert!(v.to_string().contains("tags"), "{v}");
+    let team = sql_text(
+        app.db(),
+        &format!(
+            "SELECT tm.name FROM users u JOIN teams tm ON tm.id = u.team_id WHERE u.id = {uid}"
+        ),
+    )
+    .await;
+    assert_eq!(team, "blue");
+}
