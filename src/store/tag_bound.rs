@@ -18,10 +18,11 @@ use super::raw::Param;
 use super::writer::Tx;
 use super::Result;
 
-/// Admits (day, key, value) when the day's key has room; whether it is admitted (now or before).
+/// Admits (day, key, value) while the day's key has room (a known value is left as it is) …
 const ADMIT: &str = "INSERT OR IGNORE INTO spend_tag_values (day, key, value)
      SELECT ?1, ?2, ?3 WHERE (SELECT COUNT(*) FROM spend_tag_values WHERE day = ?1 AND key = ?2)
                              < (SELECT max_values FROM spend_tag_bound)";
+/// … and whether it is admitted, now or before.
 const ADMITTED: &str =
     "SELECT COUNT(*) FROM spend_tag_values WHERE day = ?1 AND key = ?2 AND value = ?3";
 
