@@ -8,13 +8,13 @@ use serde_json::json;
 
 use crate::auth::{password, throttle, token};
 use crate::ops::audit_head::{self, Exported, HeadError};
-use crate::pipeline::tags::Tags;
 use crate::quota::period::Reset;
 use crate::quota::pricing;
 use crate::store::audit::{self, AuditEntry};
 use crate::store::tags::{self as tag_store, Owner};
 use crate::store::tenants::{self, NewBudget, NewUser, DEFAULT_TEAM};
 use crate::store::{admins, ledger, sessions, tokens, Db, StoreError};
+use crate::tags::Tags;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {

@@ -22,4 +22,5 @@ pub mod secrets;
 pub mod startup;
 pub mod state;
 pub mod store;
+pub mod tags;
 pub mod upstream;

@@ -138,6 +138,7 @@ impl From<StoreError> for AdminError {
         match e {
             StoreError::NotFound(_) => AdminError::NotFound,
             StoreError::Conflict(m) => AdminError::Conflict(m),
+            StoreError::Invalid(m) => AdminError::invalid(m),
             other => {
                 tracing::error!(error = %other, "admin store error");
                 AdminError::Internal

@@ -16,10 +16,10 @@ use super::actor::Actor;
 use super::error::AdminError;
 use super::input::de;
 use super::view::{self, filters, Chrome};
-use crate::pipeline::tags::Tags;
 use crate::quota::pricing;
 use crate::state::AppState;
 use crate::store::spend::{self, Dim, Filters, Group, SpendQuery};
+use crate::tags::Tags;
 
 /// The longest report range: ten years of days.
 const MAX_DAYS: i64 = 3660;

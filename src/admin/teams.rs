@@ -93,6 +93,17 @@ pub async fn create(state: &AppState, actor: &Actor, t: NewTeam) -> Result<TeamR
     Ok(row)
 }
 
+/// Who may edit a team's budget or tags: admins only (a lead of the team is told so).
+fn may_edit(actor: &Actor, id: i64, what: &str) -> Result<(), AdminError> {
+    actor.see_team(id)?;
+    if actor.role == Role::Lead {
+        return Err(AdminError::Forbidden(format!(
+            "Only an admin can change a team's {what}."
+        )));
+    }
+    actor.require_admin()
+}
+
 /// A team's budget: only admins; spend is kept (the new remaining is the new limit minus
 /// this period's ledger sum).
 pub async fn set_budget(
@@ -101,41 +112,7 @@ pub async fn set_budget(
     id: i64,
     b: TeamBudget,
 ) -> Result<TeamRow, AdminError> {
-    actor.see_team(id)?;
-    if actor.role == Role::Lead {
-        return Err(AdminError::Forbidden(
-            "Only an admin can change a team's budget.".into(),
-        ));
-    }
-    actor.require_admin()?;
-    let limit = view::opt_usd("budget_usd", b.budget_usd.as_deref())?;
-    let now = state.clock.now();
-    let mut tx = state.db.begin().await?;
-    let before = directory::team(&mut tx, id)
-        .await?
-        .ok_or(AdminError::NotFound)?;
-    let reset = Reset::parse(&before.reset).unwrap_or(Reset::Monthly);
-    ledger::set_limit(&mut tx, Level::Team, id, reset, limit, now).await?;
-    tokens::bump_epoch(&mut tx).await?;
-    let (b, a) = (
-        json!({"limit_micros": before.limit_micros}).to_string(),
-        json!({"limit_micros": limit}).to_string(),
-    );
-    actor
-        .audit(
-            &mut tx,
-            "budget.set_limit",
-            &format!("team:{id}"),
-            Some(&b),
-            Some(&a),
-            now,
-        )
-        .await?;
-    let row = directory::team(&mut tx, id)
-        .await?
-        .ok_or(AdminError::NotFound)?;
-    tx.commit().await?;
-    Ok(row)
+    edit(state, actor, id, Some(b.budget_usd), None).await
 }
 
 /// A team's default tags (admins only): stored canonical, the auth caches told (the
@@ -146,59 +123,83 @@ pub async fn set_tags(
     id: i64,
     tags: Option<&str>,
 ) -> Result<TeamRow, AdminError> {
-    actor.see_team(id)?;
-    if actor.role == Role::Lead {
-        return Err(AdminError::Forbidden(
-            "Only an admin can change a team's tags.".into(),
-        ));
-    }
-    actor.require_admin()?;
-    let tags = default_tags(tags)?;
-    let now = state.clock.now();
-    let mut tx = state.db.begin().await?;
-    let before = directory::team(&mut tx, id)
-        .await?
-        .ok_or(AdminError::NotFound)?;
-    tag_store::set(&mut tx, Owner::Team(id), &tags).await?;
-    let (b, a) = (
-        json!({"tags": before.tags}).to_string(),
-        json!({"tags": tags}).to_string(),
-    );
-    actor
-        .audit(
-            &mut tx,
-            "team.tags",
-            &format!("team:{id}"),
-            Some(&b),
-            Some(&a),
-            now,
-        )
-        .await?;
-    let row = directory::team(&mut tx, id)
-        .await?
-        .ok_or(AdminError::NotFound)?;
-    tx.commit().await?;
-    Ok(row)
+    edit(state, actor, id, None, Some(tags)).await
 }
 
-/// The JSON API's team edit (`TeamPatch`).
+/// The JSON API's team edit (`TeamPatch`): budget and tags in one transaction, so a
+/// refused part leaves the other as it was.
 pub async fn patch(
     state: &AppState,
     actor: &Actor,
     id: i64,
     p: TeamPatch,
 ) -> Result<TeamRow, AdminError> {
-    let mut row = None;
-    if p.budget_usd.is_some() || p.tags.is_none() {
-        let b = TeamBudget {
-            budget_usd: p.budget_usd.flatten(),
-        };
-        row = Some(set_budget(state, actor, id, b).await?);
+    let budget = (p.budget_usd.is_some() || p.tags.is_none()).then(|| p.budget_usd.flatten());
+    edit(
+        state,
+        actor,
+        id,
+        budget,
+        p.tags.as_ref().map(Option::as_deref),
+    )
+    .await
+}
+
+/// Sets what is given — the budget (`Some(None)`: no limit) and the tags (`Some(None)`:
+/// none) — validated first, then in one transaction with one audit row each.
+async fn edit(
+    state: &AppState,
+    actor: &Actor,
+    id: i64,
+    budget: Option<Option<String>>,
+    tags: Option<Option<&str>>,
+) -> Result<TeamRow, AdminError> {
+    may_edit(actor, id, if budget.is_some() { "budget" } else { "tags" })?;
+    let limit = match &budget {
+        Some(b) => Some(view::opt_usd("budget_usd", b.as_deref())?),
+        None => None,
+    };
+    let tags = tags.map(default_tags).transpose()?;
+    let now = state.clock.now();
+    let mut tx = state.db.begin().await?;
+    let before = directory::team(&mut tx, id)
+        .await?
+        .ok_or(AdminError::NotFound)?;
+    let target = format!("team:{id}");
+    if let Some(limit) = limit {
+        let reset = Reset::parse(&before.reset).unwrap_or(Reset::Monthly);
+        ledger::set_limit(&mut tx, Level::Team, id, reset, limit, now).await?;
+        tokens::bump_epoch(&mut tx).await?;
+        let (b, a) = (
+            json!({"limit_micros": before.limit_micros}).to_string(),
+            json!({"limit_micros": limit}).to_string(),
+        );
+        actor
+            .audit(
+                &mut tx,
+                "budget.set_limit",
+                &target,
+                Some(&b),
+                Some(&a),
+                now,
+            )
+            .await?;
     }
-    if let Some(t) = &p.tags {
-        row = Some(set_tags(state, actor, id, t.as_deref()).await?);
+    if let Some(tags) = tags {
+        tag_store::set(&mut tx, Owner::Team(id), &tags).await?;
+        let (b, a) = (
+            json!({"tags": before.tags}).to_string(),
+            json!({"tags": tags}).to_string(),
+        );
+        actor
+            .audit(&mut tx, "team.tags", &target, Some(&b), Some(&a), now)
+            .await?;
     }
-    row.ok_or(AdminError::NotFound)
+    let row = directory::team(&mut tx, id)
+        .await?
+        .ok_or(AdminError::NotFound)?;
+    tx.commit().await?;
+    Ok(row)
 }
 
 pub fn parse_reset(s: Option<&str>, default: Reset) -> Result<Reset, AdminError> {

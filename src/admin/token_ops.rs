@@ -13,7 +13,6 @@ use super::input::de;
 use super::teams::{check_within_team, parse_reset};
 use super::view;
 use crate::auth::token;
-use crate::pipeline::tags::Tags;
 use crate::quota::period::Reset;
 use crate::state::AppState;
 use crate::store::directory;
@@ -21,6 +20,7 @@ use crate::store::ledger::{self, Level};
 use crate::store::tags::{self as tag_store, Owner};
 use crate::store::token_admin::{self, Limits, TokenRow};
 use crate::store::tokens::{self, NewTokenRow};
+use crate::tags::Tags;
 
 /// Longest rotation overlap: 30 days.
 pub const MAX_OVERLAP_SECONDS: i64 = 30 * 24 * 3600;

@@ -771,6 +771,9 @@ pub struct FinanceSettings {
     /// `budget_exhaustion_forecast` is raised for a budget projected to run out within
     /// this many days (0: never).
     pub forecast_alert_days: u32,
+    /// The spend rollup keeps at most this many distinct values of one tag key per UTC day;
+    /// later values are rolled up under `(other)` (`store::tag_bound`).
+    pub max_tag_values_per_day: u32,
 }
 
 impl Default for FinanceSettings {
@@ -781,6 +784,7 @@ impl Default for FinanceSettings {
             reconcile_threshold_usd: 1.0,
             reconcile_threshold_pct: 2.0,
             forecast_alert_days: 7,
+            max_tag_values_per_day: 1000,
         }
     }
 }
@@ -807,6 +811,11 @@ impl FinanceSettings {
         if self.forecast_alert_days > 366 {
             return Err(super::ConfigError::Invalid(
                 "finance.forecast_alert_days must be between 0 and 366".into(),
+            ));
+        }
+        if !(1..=1_000_000).contains(&self.max_tag_values_per_day) {
+            return Err(super::ConfigError::Invalid(
+                "finance.max_tag_values_per_day must be between 1 and 1000000".into(),
             ));
         }
         Ok(())

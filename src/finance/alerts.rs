@@ -1,7 +1,10 @@
 //! `budget_exhaustion_forecast`: a budget projected (`budgets`) to run out within `[finance]
 //! forecast_alert_days` is raised through the alert webhooks at most once per subject and
-//! UTC day across every replica (`store::finance::note_once` decides which replica sends).
+//! UTC day across every replica (`store::finance::note_once` decides which replica sends);
+//! one already exhausted, once per subject, budget period and limit — it stays exhausted until the
+//! period resets, and a daily repeat of the same news is noise.
 
+use crate::quota::period::Reset;
 use crate::state::AppState;
 use crate::store::{finance, StoreError};
 
@@ -25,7 +28,14 @@ pub async fn check(state: &AppState) -> Result<usize, StoreError> {
             continue;
         }
         let subject = format!("{}:{}", b.kind, b.id);
-        if !finance::note_once(&state.db, KIND, &subject, &today.to_string(), now).await? {
+        let when = if b.remaining_micros <= 0 {
+            let reset = Reset::parse(&b.reset).unwrap_or(Reset::Never);
+            // The limit is in the key: a raised budget that runs out again is news.
+            format!("exhausted {} {}", reset.period_key(now), b.limit_micros)
+        } else {
+            today.to_string()
+        };
+        if !finance::note_once(&state.db, KIND, &subject, &when, now).await? {
             continue;
         }
         let message = format!(

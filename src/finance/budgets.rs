@@ -1,5 +1,5 @@
 //! Every budget's forecast: tokens, users and teams with a limit, each with its last 28 days
-//! of spend from the request log (`store::finance::spend_by_token_day`) run through
+//! of spend from the daily rollup (`store::finance::spend_by_token_day`) run through
 //! `forecast`. A subject's history starts on its first day of spend in the window; one
 //! whose first spend falls in the window's first week is taken as older than the window
 //! (a weekday pattern may well start with idle days).
@@ -58,8 +58,7 @@ pub async fn forecasts(
 ) -> Result<Vec<BudgetForecast>, StoreError> {
     let today = now.date_naive();
     let first = today - Duration::days(WINDOW as i64);
-    let at = |d: NaiveDate| crate::clock::db_time(d.and_time(chrono::NaiveTime::MIN).and_utc());
-    let rows = finance::spend_by_token_day(db, &at(first), &at(today)).await?;
+    let rows = finance::spend_by_token_day(db, first, today).await?;
     let subjects = subjects(db, scope, now).await?;
     Ok(subjects
         .into_iter()
@@ -86,52 +85,52 @@ async fn subjects(
             continue;
         }
         let reset = Reset::parse(&t.reset).unwrap_or(Reset::Never);
-        // A level not yet rolled into this period has spent nothing of it.
-        let spent = if t.period == reset.period_key(now) {
-            t.spent_micros
-        } else {
-            0
-        };
         out.push(Subject {
             kind: "token",
             id: t.id,
             name: format!("{}… ({})", t.prefix, t.user),
             limit,
-            spent,
+            spent: in_period(t.spent_micros, &t.period, reset, now),
             reset,
         });
     }
     for u in directory::members(db, scope).await? {
         if let Some(limit) = u.limit_micros {
+            let reset = Reset::parse(&u.reset).unwrap_or(Reset::Never);
             out.push(Subject {
                 kind: "user",
                 id: u.id,
                 name: u.username,
                 limit,
-                spent: u.spent_micros,
-                reset: Reset::parse(&u.reset).unwrap_or(Reset::Never),
+                spent: in_period(u.spent_micros, &u.period, reset, now),
+                reset,
             });
         }
     }
     for t in teams {
         if let Some(limit) = t.limit_micros {
             let reset = Reset::parse(&t.reset).unwrap_or(Reset::Never);
-            let spent = if t.period == reset.period_key(now) {
-                t.spent_micros
-            } else {
-                0
-            };
             out.push(Subject {
                 kind: "team",
                 id: t.id,
                 name: t.name,
                 limit,
-                spent,
+                spent: in_period(t.spent_micros, &t.period, reset, now),
                 reset,
             });
         }
     }
     Ok(out)
+}
+
+/// A level's spend as of `now`: a level not yet rolled into the current period (no request
+/// since it ended) has spent nothing of it; its stored spend is the last period's.
+fn in_period(spent: i64, period: &str, reset: Reset, now: DateTime<Utc>) -> i64 {
+    if period == reset.period_key(now) {
+        spent
+    } else {
+        0
+    }
 }
 
 /// The subject's spend on each of the 28 days from `first`.

@@ -30,8 +30,7 @@ pub async fn send(state: &AppState) -> Result<usize, StoreError> {
     let iso = from.iso_week();
     let week = format!("{}-W{:02}", iso.year(), iso.week());
     let at = |d: NaiveDate| crate::clock::db_time(d.and_time(chrono::NaiveTime::MIN).and_utc());
-    let days =
-        finance::spend_by_token_day(&state.db, &at(from - Duration::days(28)), &at(to)).await?;
+    let days = finance::spend_by_token_day(&state.db, from - Duration::days(28), to).await?;
     let labels: HashMap<i64, String> = tokens::list(&state.db)
         .await?
         .into_iter()

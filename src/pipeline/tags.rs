@@ -1,118 +1,16 @@
-//! Attribution tags: `x-sluice-tags: key:value,key:value` on a request, merged over the
-//! token's and the team's default tags (the header wins, then the token, then the team,
-//! key by key). Keys and values are 1 to 64 bytes of `A-Z a-z 0-9 . _ -`; at most
-//! `MAX_TAGS` pairs, before and after the merge. The canonical text — pairs sorted by key,
-//! `key:value` joined by `,`, empty for none — is what the request log, the token and team
-//! rows and the spend rollup store, so a report can parse it back with the same rules.
-//!
-//! Checked byte by byte (no regex): the charset has no `:` or `,`, so the text splits
-//! unambiguously.
-
-use std::collections::BTreeMap;
+//! The request's tags: `x-sluice-tags` parsed with the rules of `crate::tags` and merged
+//! over the token's and the team's default tags.
 
 use actix_web::http::header::HeaderMap;
 
 use crate::error::ApiError;
+use crate::tags::{TagError, Tags};
 
 pub const HEADER: &str = "x-sluice-tags";
-pub const MAX_TAGS: usize = 10;
-pub const MAX_LEN: usize = 64;
 
-/// A validated set of tags, ordered by key (one value per key).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Tags(BTreeMap<String, String>);
-
-/// Why a tag text was refused (the message names the offending piece).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct TagError(String);
-
-/// Whether `s` may be a tag key or value.
-pub fn is_word(s: &str) -> bool {
-    (1..=MAX_LEN).contains(&s.len())
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-}
-
-fn describe(s: &str) -> String {
-    // The offending text is echoed only when it is short and printable.
-    if s.len() <= MAX_LEN && s.bytes().all(|b| b.is_ascii_graphic()) {
-        format!("`{s}`")
-    } else {
-        format!("of {} bytes", s.len())
-    }
-}
-
-impl Tags {
-    /// Parses `key:value,key:value`; surrounding spaces of a pair are ignored, and an
-    /// empty text is no tags.
-    pub fn parse(text: &str) -> Result<Tags, TagError> {
-        let mut tags = BTreeMap::new();
-        if text.trim().is_empty() {
-            return Ok(Tags(tags));
-        }
-        for pair in text.split(',') {
-            let pair = pair.trim();
-            if tags.len() == MAX_TAGS {
-                return Err(TagError(format!("at most {MAX_TAGS} tags")));
-            }
-            let Some((key, value)) = pair.split_once(':') else {
-                return Err(TagError(format!(
-                    "the tag {} is not `key:value`",
-                    describe(pair)
-                )));
-            };
-            for (what, s) in [("key", key), ("value", value)] {
-                if !is_word(s) {
-                    return Err(TagError(format!(
-                        "the tag {what} {} must be 1 to {MAX_LEN} of A-Z a-z 0-9 . _ -",
-                        describe(s)
-                    )));
-                }
-            }
-            if tags.insert(key.to_string(), value.to_string()).is_some() {
-                return Err(TagError(format!("the tag key `{key}` appears twice")));
-            }
-        }
-        Ok(Tags(tags))
-    }
-
-    /// Text stored before it was written by `canonical` is parsed leniently: anything that
-    /// does not parse counts as no tags (only validated text is ever written).
-    pub fn stored(text: &str) -> Tags {
-        Tags::parse(text).unwrap_or_default()
-    }
-
-    /// `self` over `under`, key by key; more than `MAX_TAGS` in the result is refused.
-    pub fn over(mut self, under: &Tags) -> Result<Tags, TagError> {
-        for (k, v) in &under.0 {
-            self.0.entry(k.clone()).or_insert_with(|| v.clone());
-        }
-        if self.0.len() > MAX_TAGS {
-            return Err(TagError(format!(
-                "at most {MAX_TAGS} tags, with the token's and the team's default tags counted"
-            )));
-        }
-        Ok(self)
-    }
-
-    pub fn canonical(&self) -> String {
-        let pairs: Vec<String> = self.0.iter().map(|(k, v)| format!("{k}:{v}")).collect();
-        pairs.join(",")
-    }
-
-    pub fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).map(String::as_str)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
-
-/// The tags of one request: the header's over the token's over the team's defaults (both
-/// stored canonical). A bad header, or more than `MAX_TAGS` after the merge, is a 400
-/// naming the header.
+/// The tags of one request: the header's added to the token's over the team's defaults
+/// (both stored canonical). A bad header, a header value for a key the token or team sets,
+/// or more than `MAX_TAGS` after the merge, is a 400 naming the header.
 pub fn resolve(headers: &HeaderMap, token: &str, team: &str) -> Result<Tags, ApiError> {
     let bad = |e: TagError| ApiError::invalid(HEADER, format!("{HEADER}: {e}."));
     let asked = match headers.get(HEADER) {
@@ -126,60 +24,53 @@ pub fn resolve(headers: &HeaderMap, token: &str, team: &str) -> Result<Tags, Api
             Tags::parse(text).map_err(bad)?
         }
     };
-    asked
-        .over(&Tags::stored(token))
-        .and_then(|t| t.over(&Tags::stored(team)))
-        .map_err(bad)
+    // The token's defaults over the team's: both are the admin's, which the header may add
+    // to but not override (it would move spend to another cost centre).
+    let fixed = Tags::stored(token).over(&Tags::stored(team)).map_err(bad)?;
+    asked.beside(&fixed).map_err(bad)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn good_tags_parse_to_their_canonical_text() {
-        let t = Tags::parse(" project:apollo , env:prod,a.b_c-9:X").unwrap();
-        assert_eq!(t.canonical(), "a.b_c-9:X,env:prod,project:apollo");
-        assert_eq!(t.get("env"), Some("prod"));
-        assert!(Tags::parse("").unwrap().is_empty());
-        assert!(Tags::parse("   ").unwrap().is_empty());
-        let ten: Vec<String> = (0..10).map(|i| format!("k{i}:v")).collect();
-        assert_eq!(Tags::parse(&ten.join(",")).unwrap().0.len(), 10);
-        let long = "v".repeat(64);
-        assert!(Tags::parse(&format!("k:{long}")).is_ok());
-    }
-
-    #[test]
-    fn bad_tags_are_refused() {
-        let eleven: Vec<String> = (0..11).map(|i| format!("k{i}:v")).collect();
-        let long = format!("k:{}", "v".repeat(65));
-        for bad in [
-            eleven.join(","),
-            long,
-            "a:b:c".into(),
-            "a:1,a:2".into(),
-            "k:caf\u{e9}".into(),
-            ":v".into(),
-            "k:".into(),
-            "novalue".into(),
-            "a:1,".into(),
-            "a b:1".into(),
-        ] {
-            assert!(Tags::parse(&bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn the_header_wins_over_the_token_over_the_team() {
+    fn header(text: &'static str) -> HeaderMap {
         let mut h = HeaderMap::new();
         h.insert(
             actix_web::http::header::HeaderName::from_static(HEADER),
-            actix_web::http::header::HeaderValue::from_static("env:test"),
+            actix_web::http::header::HeaderValue::from_static(text),
         );
-        let t = resolve(&h, "env:prod,owner:ops", "env:dev,cc:42").unwrap();
-        assert_eq!(t.canonical(), "cc:42,env:test,owner:ops");
+        h
+    }
+
+    #[test]
+    fn the_header_adds_keys_and_the_token_wins_over_the_team() {
+        let t = resolve(&header("proj:x"), "env:prod,owner:ops", "env:dev,cc:42").unwrap();
+        assert_eq!(t.canonical(), "cc:42,env:prod,owner:ops,proj:x");
         let none = resolve(&HeaderMap::new(), "", "env:dev").unwrap();
         assert_eq!(none.canonical(), "env:dev");
+    }
+
+    #[test]
+    fn the_header_cannot_override_a_key_the_admin_set() {
+        for (h, token, team) in [
+            ("env:test", "env:prod,owner:ops", "cc:42"),
+            ("cc:43", "env:prod", "cc:42"),
+            ("cc:43", "", "cc:42"),
+        ] {
+            let err = resolve(&header(h), token, team).unwrap_err();
+            assert_eq!(err.status(), 400, "{h}");
+            let key = h.split(':').next().unwrap();
+            let text = format!("{err:?}");
+            assert!(
+                text.contains(HEADER) && text.contains(&format!("`{key}`")),
+                "{text}"
+            );
+        }
+        // Repeating the admin's value is no override; the token's value is the one that
+        // stands over the team's.
+        let t = resolve(&header("env:prod,cc:42"), "env:prod", "cc:42,env:dev").unwrap();
+        assert_eq!(t.canonical(), "cc:42,env:prod");
     }
 
     #[test]

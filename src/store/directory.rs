@@ -63,13 +63,16 @@ pub struct MemberRow {
     pub rpm: Option<i64>,
     pub tpm: Option<i64>,
     pub limit_micros: Option<i64>,
+    /// The spend of `period` (the last one rolled into); a later period has spent nothing.
     pub spent_micros: i64,
     pub reset: String,
+    #[serde(skip_serializing)]
+    pub period: String,
     pub tokens: i64,
     pub created_at: String,
 }
 
-const MEMBER_SELECT: &str = "SELECT u.id, u.username, u.team_id, tm.name AS team, u.disabled, u.rpm, u.tpm, u.limit_micros, u.reset,
+const MEMBER_SELECT: &str = "SELECT u.id, u.username, u.team_id, tm.name AS team, u.disabled, u.rpm, u.tpm, u.limit_micros, u.reset, u.period,
         COALESCE((SELECT SUM(l.amount_micros) FROM ledger l WHERE l.user_id = u.id AND l.user_period = u.period
                   AND l.kind IN ('reserve', 'settle', 'adjust')), 0) - u.reserved_micros AS spent_micros,
         (SELECT COUNT(*) FROM tokens t WHERE t.user_id = u.id AND t.revoked_at IS NULL) AS tokens, u.created_at
@@ -164,9 +167,12 @@ pub struct MemberEdit {
     pub tpm: Option<i64>,
 }
 
+/// A member's edit; a move to a team whose tags and the member's tokens' would pass ten
+/// together is refused (`store::tags`).
 pub async fn update_member(tx: &mut super::Tx, id: i64, e: &MemberEdit) -> Result<()> {
     if let Some((conn, _)) = tx.pg() {
-        return super::pg::directory::update_member(conn, id, e).await;
+        super::pg::directory::update_member(conn, id, e).await?;
+        return super::tags::user_fits(tx, id).await;
     }
     let done =
         sqlx::query("UPDATE users SET team_id = ?, disabled = ?, rpm = ?, tpm = ? WHERE id = ?")
@@ -181,7 +187,7 @@ pub async fn update_member(tx: &mut super::Tx, id: i64, e: &MemberEdit) -> Resul
     if done == 0 {
         return Err(StoreError::NotFound(format!("user {id}")));
     }
-    Ok(())
+    super::tags::user_fits(tx, id).await
 }
 
 pub struct LoginEdit<'a> {

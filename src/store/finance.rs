@@ -2,6 +2,7 @@
 //! one question reconciliation asks of the request log, kept in one function so it can be
 //! answered from a rollup later — and the stored reconciliation runs.
 
+use chrono::NaiveDate;
 use serde::Serialize;
 use sqlx::FromRow;
 
@@ -156,19 +157,26 @@ pub struct TokenDay {
     pub cost_micros: i64,
 }
 
+/// From the daily rollup (`spend_days`, kept on write with the request rows: the same sums,
+/// read per day instead of per request); `0` there is "no user / team".
 const SPEND_BY_TOKEN_DAY: &str =
-    "SELECT token_id, user_id, team_id, substr(created_at, 1, 10) AS day,
-        SUM(cost_micros) AS cost_micros
-     FROM requests WHERE created_at >= ?1 AND created_at < ?2 AND token_id IS NOT NULL
-     GROUP BY token_id, user_id, team_id, substr(created_at, 1, 10) ORDER BY 1, 4";
+    "SELECT token_id, NULLIF(user_id, 0) AS user_id, NULLIF(team_id, 0) AS team_id, day,
+        CAST(SUM(cost_micros) AS BIGINT) AS cost_micros
+     FROM spend_days WHERE day >= ?1 AND day < ?2
+     GROUP BY token_id, user_id, team_id, day ORDER BY 1, 4";
 
-/// Spend in `[from, to)` (database times) by token and day — the one question forecasts
-/// ask of the request log (users and teams are sums of their tokens' rows).
-pub async fn spend_by_token_day(db: &super::Db, from: &str, to: &str) -> Result<Vec<TokenDay>> {
+/// Spend on the UTC days `[from, to)` by token and day — the one question forecasts and
+/// the digest ask (users and teams are sums of their tokens' rows).
+pub async fn spend_by_token_day(
+    db: &super::Db,
+    from: NaiveDate,
+    to: NaiveDate,
+) -> Result<Vec<TokenDay>> {
+    let (from, to) = (from.to_string(), to.to_string());
     let sqlite = match &db.backend {
         super::Backend::Sqlite(s) => s,
         super::Backend::Postgres(pg) => {
-            return super::pg::finance::spend_by_token_day(&pg.pool, from, to).await
+            return super::pg::finance::spend_by_token_day(&pg.pool, &from, &to).await
         }
     };
     Ok(sqlx::query_as(SPEND_BY_TOKEN_DAY)

@@ -25,6 +25,7 @@ pub mod responses;
 pub mod rotate;
 pub mod sessions;
 pub mod spend;
+pub mod tag_bound;
 pub mod tags;
 pub mod tenants;
 pub mod token_admin;
@@ -58,6 +59,9 @@ pub enum StoreError {
     NotFound(String),
     #[error("{0}")]
     Conflict(String),
+    /// A change the store refuses as it stands (it names the field): a 400 at the edge.
+    #[error("{0}")]
+    Invalid(String),
     /// A statement run through the raw handle (`raw`) failed.
     #[error("database error: {message} (code {code})")]
     Sqlite { code: i32, message: String },

@@ -65,7 +65,8 @@ const INSERT: &str = "INSERT OR IGNORE INTO requests (id, token_id, user_id, tea
                  web_search_calls)
              VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 
-/// What one logged request adds to its day's row of the spend rollup (`store::spend`).
+/// What one logged request adds to its day's row of the spend rollup (`store::spend`), its
+/// tags bounded (`store::tag_bound`).
 const ROLLUP: &str = "INSERT INTO spend_days (day, team_id, user_id, token_id, model, served_model, upstream, tags,
                  requests, errors, input_tokens, output_tokens, cost_micros)
              VALUES (substr(?1, 1, 10), ?2, ?3, ?4, ?5, ?6, ?7, ?8, 1, ?9, ?10, ?11, ?12)
@@ -121,6 +122,7 @@ pub fn insert_batch_tx(tx: &mut Tx<'_>, rows: &[RequestRow]) -> Result<()> {
         params.extend(kind_values(&r.kinds).map(Param::from));
         let inserted = tx.execute(INSERT, &params)?;
         if let (1, Some(token)) = (inserted, r.token_id) {
+            let tags = super::tag_bound::bounded_tx(tx, &r.created_at, &r.tags)?;
             tx.execute(
                 ROLLUP,
                 &[
@@ -131,7 +133,7 @@ pub fn insert_batch_tx(tx: &mut Tx<'_>, rows: &[RequestRow]) -> Result<()> {
                     r.model.as_str().into(),
                     r.served_model.as_str().into(),
                     r.upstream.as_str().into(),
-                    r.tags.as_str().into(),
+                    tags.as_str().into(),
                     i64::from(!(200..300).contains(&r.status)).into(),
                     r.input_tokens.into(),
                     r.output_tokens.into(),
@@ -197,6 +199,7 @@ pub async fn insert_batch(db: &super::Db, rows: &[RequestRow]) -> Result<()> {
         }
         let inserted = q.execute(tx.sqlite()?).await?.rows_affected();
         if let (1, Some(token)) = (inserted, r.token_id) {
+            let tags = super::tag_bound::bounded(tx.sqlite()?, &r.created_at, &r.tags).await?;
             sqlx::query(ROLLUP)
                 .bind(&r.created_at)
                 .bind(r.team_id.unwrap_or(0))
@@ -205,7 +208,7 @@ pub async fn insert_batch(db: &super::Db, rows: &[RequestRow]) -> Result<()> {
                 .bind(&r.model)
                 .bind(&r.served_model)
                 .bind(&r.upstream)
-                .bind(&r.tags)
+                .bind(&tags)
                 .bind(i64::from(!(200..300).contains(&r.status)))
                 .bind(r.input_tokens)
                 .bind(r.output_tokens)

@@ -18,9 +18,10 @@ use serde::Serialize;
 use sqlx::{Database, Encode, FromRow, QueryBuilder, Type};
 
 use super::Result;
-use crate::pipeline::tags::{self, Tags};
+use crate::tags::{self, Tags};
 
-/// The label of a request without the tag key a report groups by.
+/// The label of a request without the tag key a report groups by. (A value past the
+/// rollup's daily bound reads as `tags::OTHER`, `(other)`: `store::tag_bound`.)
 pub const UNTAGGED: &str = "(untagged)";
 
 /// A dimension a report groups or filters by.

@@ -10,7 +10,7 @@ use crate::admin_helpers::{login, make_login};
 use crate::helpers::{issue_args, spawn_app, TestApp};
 
 /// `cost` micro-dollars of spend by `token` (of `user` in `team`) on each of the last 28 days.
-async fn seed(app: &TestApp, (token, user, team): (i64, i64, i64), cost: i64) {
+pub(crate) async fn seed(app: &TestApp, (token, user, team): (i64, i64, i64), cost: i64) {
     let today = Utc::now().date_naive();
     let rows: Vec<RequestRow> = (1..=28)
         .map(|back| {

@@ -482,3 +482,87 @@ async fn the_request_log_keeps_the_model_the_upstream_was_sent() {
     .await;
     assert_eq!(sent, "gpt-4o-mini-upstream gpt-4o-mini-upstream");
 }
+
+/// A saved first page of a paginated download (`has_more: true`) is not the month: the run
+/// exits 2 naming `has_more` and stores nothing; the same page saved twice counts once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_incomplete_or_repeated_export_is_not_reported_clean() {
+    let app = app().await;
+    let config = config(&app);
+    let dir = app.dir.path();
+    let export = openai_export(|_, _, _| 0);
+    let pages: Vec<&str> = export.lines().collect();
+    let first = dir.join("first-page.json");
+    std::fs::write(&first, pages[0]).unwrap();
+    let out = reconcile(&config, "openai", &first, true);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{}{err}", text(&out.stdout));
+    assert!(err.contains("has_more"), "{err}");
+    let runs = crate::helpers::scalar_on(app.db(), "SELECT COUNT(*) FROM reconciliations").await;
+    assert_eq!(runs, 0, "nothing stored");
+
+    // Page one saved twice, then page two: every figure once, nothing flagged.
+    let twice = dir.join("twice.json");
+    std::fs::write(
+        &twice,
+        format!("{}\n{}\n{}\n", pages[0], pages[0], pages[1]),
+    )
+    .unwrap();
+    let out = reconcile(&config, "openai", &twice, true);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(flagged(&report).is_empty(), "{report}");
+
+    // A bucket given twice with different figures cannot be told apart: refused.
+    let other = openai_export(|d, _, _| if d == 1 { 5 } else { 0 });
+    let clash = dir.join("clash.json");
+    std::fs::write(
+        &clash,
+        format!("{}\n{}\n", other.lines().next().unwrap(), export),
+    )
+    .unwrap();
+    let out = reconcile(&config, "openai", &clash, true);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("twice"), "{err}");
+}
+
+/// Anthropic's report bills web search as its own row (`cost_type: web_search`, no model);
+/// Sluice folds the fee into the model's cost. The row is folded into the bucket's model, so
+/// a day with searches compares like with like.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_search_rows_fold_into_the_models_figure() {
+    let app = app().await;
+    let config = config(&app);
+    let report = json!({"data": [{"starting_at": "2026-03-02T00:00:00Z", "ending_at": "2026-03-03T00:00:00Z",
+        "results": [
+            {"currency": "USD", "amount": "400", "workspace_id": "wrkspc_1", "cost_type": "tokens",
+             "model": "claude-3-5-haiku-20241022", "token_type": "uncached_input_tokens"},
+            {"currency": "USD", "amount": "200.00", "workspace_id": "wrkspc_1", "cost_type": "tokens",
+             "model": "claude-3-5-haiku-20241022", "token_type": "output_tokens"},
+            {"currency": "USD", "amount": "100", "workspace_id": "wrkspc_1", "cost_type": "web_search",
+             "model": null}]}],
+        "has_more": false, "next_page": null});
+    let file = app.dir.path().join("searches.json");
+    std::fs::write(&file, report.to_string()).unwrap();
+    let out = reconcile(&config, "anthropic", &file, true);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        report["rows"],
+        json!([{"day": "2026-03-02", "model": "claude-3-5-haiku", "account": "wrkspc_1",
+                "sluice_micros": 7_000_000, "provider_micros": 7_000_000, "diff_micros": 0, "flagged": false}])
+    );
+}

@@ -108,7 +108,7 @@ async fn row_tags(app: &TestApp, n: i64) -> String {
 }
 
 #[tokio::test]
-async fn the_header_wins_over_the_token_which_wins_over_the_team() {
+async fn the_header_adds_keys_and_the_token_wins_over_the_team() {
     let app = spawn_app().await;
     let now = chrono::Utc::now();
     sluice::cli::team_create_tagged(app.db(), "core", None, Some("env:dev,cc:4711"), now)
@@ -136,12 +136,12 @@ async fn the_header_wins_over_the_token_which_wins_over_the_team() {
         &app,
         "/v1/chat/completions",
         &t.text,
-        b"env:test",
+        b"env:prod,proj:x",
         &chat_body(16),
     )
     .await;
     assert_eq!(r.status(), 200);
-    assert_eq!(row_tags(&app, 1).await, "cc:4711,env:test,owner:ana");
+    assert_eq!(row_tags(&app, 1).await, "cc:4711,env:prod,owner:ana,proj:x");
     assert_eq!(app.chat(&t.text, &chat_body(16)).await.status(), 200);
     assert_eq!(row_tags(&app, 2).await, "cc:4711,env:prod,owner:ana");
     // An empty header is no tags of its own.
@@ -437,4 +437,209 @@ async fn the_admin_pages_set_default_tags_and_the_reports_page_groups_by_them() 
         page.contains("<th scope=\"row\">zeus</th><td>gpt-4o-mini</td>"),
         "{page}"
     );
+}
+
+#[tokio::test]
+async fn the_header_cannot_move_spend_off_the_admins_tags() {
+    let app = spawn_app_with_claude().await;
+    let now = chrono::Utc::now();
+    sluice::cli::team_create_tagged(app.db(), "core", None, Some("cc:4711"), now)
+        .await
+        .unwrap();
+    let user = sluice::cli::UserArgs {
+        username: "ana",
+        team: Some("core"),
+        rpm: None,
+        tpm: None,
+        budget_usd: None,
+        reset: None,
+    };
+    sluice::cli::user_create(app.db(), &user, now)
+        .await
+        .unwrap();
+    let args = IssueArgs {
+        budget_usd: Some("1"),
+        ..issue_args("ana")
+    };
+    let t = sluice::cli::token_issue_tagged(app.db(), &args, Some("env:prod"), now)
+        .await
+        .unwrap();
+    let anthropic = json!({"model": "claude", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]});
+    for (header, key) in [("cc:9999", "cc"), ("env:test,proj:x", "env")] {
+        let r = tagged(
+            &app,
+            "/v1/chat/completions",
+            &t.text,
+            header.as_bytes(),
+            &chat_body(16),
+        )
+        .await;
+        assert_eq!(r.status(), 400, "{header}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["param"], "x-sluice-tags", "{v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(&format!("`{key}`")), "{msg}");
+
+        let r = tagged(&app, "/v1/messages", &t.text, header.as_bytes(), &anthropic).await;
+        assert_eq!(r.status(), 400, "{header}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["type"], "error", "{v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains("x-sluice-tags") && msg.contains(&format!("`{key}`")),
+            "{msg}"
+        );
+    }
+    assert_eq!(
+        app.mock.state.total_count(),
+        0,
+        "nothing reached the upstream"
+    );
+    // The admin's own value repeated is no override.
+    let r = tagged(
+        &app,
+        "/v1/chat/completions",
+        &t.text,
+        b"cc:4711",
+        &chat_body(16),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(row_tags(&app, 1).await, "cc:4711,env:prod");
+    app.assert_invariant().await;
+}
+
+/// Team tags that with a token's would pass ten are refused when they are set — on the
+/// token's issue or edit, and on the team's create or edit — not on every later request
+/// with a 400 about a header the client never sent. A team edit of budget and tags is one
+/// change: a bad tag leaves the budget as it was.
+#[tokio::test]
+async fn default_tags_that_would_pass_ten_are_refused_when_set() {
+    let app = spawn_app().await;
+    let root = admin(&app).await;
+    let six: Vec<String> = (0..6).map(|i| format!("t{i}:v")).collect();
+    let five: Vec<String> = (0..5).map(|i| format!("k{i}:v")).collect();
+    let (s, team) = root
+        .post(
+            "/admin/api/v1/teams",
+            &json!({"name": "red", "tags": six.join(",")}),
+        )
+        .await;
+    assert_eq!(s, 201, "{team}");
+    let tid = team["id"].as_i64().unwrap();
+    let (s, _) = root
+        .post(
+            "/admin/api/v1/users",
+            &json!({"username": "rosa", "team_id": tid}),
+        )
+        .await;
+    assert_eq!(s, 201);
+    let (s, v) = root
+        .post(
+            "/admin/api/v1/tokens",
+            &json!({"user_id": 1, "tags": five.join(",")}),
+        )
+        .await;
+    assert_eq!(s, 400, "{v}");
+    assert!(v.to_string().contains("tags"), "{v}");
+    let (s, tok) = root
+        .post(
+            "/admin/api/v1/tokens",
+            &json!({"user_id": 1, "tags": "k0:v,k1:v,k2:v,k3:v"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{tok}");
+    let id = tok["id"].as_i64().unwrap();
+    let (s, v) = root
+        .patch(
+            &format!("/admin/api/v1/tokens/{id}"),
+            &json!({"tags": five.join(",")}),
+        )
+        .await;
+    assert_eq!(s, 400, "{v}");
+    let seven: Vec<String> = (0..7).map(|i| format!("t{i}:v")).collect();
+    let (s, v) = root
+        .patch(
+            &format!("/admin/api/v1/teams/{tid}"),
+            &json!({"tags": seven.join(",")}),
+        )
+        .await;
+    assert_eq!(s, 400, "{v}");
+    // Budget and a bad tag text together: refused as a whole.
+    let (s, v) = root
+        .patch(
+            &format!("/admin/api/v1/teams/{tid}"),
+            &json!({"budget_usd": "5", "tags": "a:b:c"}),
+        )
+        .await;
+    assert_eq!(s, 400, "{v}");
+    let (_, teams) = root.get_json("/admin/api/v1/teams").await;
+    let red = teams["teams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] == tid)
+        .cloned()
+        .unwrap();
+    assert_eq!(red["limit_micros"], Value::Null, "{red}");
+    assert_eq!(red["tags"], six.join(","));
+    // The CLI refuses alike.
+    let now = chrono::Utc::now();
+    let err = sluice::cli::team_edit_tags(app.db(), "red", &seven.join(","), now)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("tags"), "{err}");
+    // What is left still serves: the token's 4 and the team's 6.
+    let text = tok["token"].as_str().unwrap();
+    assert_eq!(app.chat(text, &chat_body(16)).await.status(), 200);
+}
+
+/// Moving a user to a team whose tags and the user's tokens' would pass ten together is
+/// refused alike: the move, not every later request, is what fails.
+#[tokio::test]
+async fn a_user_is_not_moved_where_their_tokens_tags_would_pass_ten() {
+    let app = spawn_app().await;
+    let root = admin(&app).await;
+    let six: Vec<String> = (0..6).map(|i| format!("t{i}:v")).collect();
+    let five: Vec<String> = (0..5).map(|i| format!("k{i}:v")).collect();
+    let (_, red) = root
+        .post(
+            "/admin/api/v1/teams",
+            &json!({"name": "red", "tags": six.join(",")}),
+        )
+        .await;
+    let (_, blue) = root
+        .post("/admin/api/v1/teams", &json!({"name": "blue"}))
+        .await;
+    let (s, user) = root
+        .post(
+            "/admin/api/v1/users",
+            &json!({"username": "rosa", "team_id": blue["id"]}),
+        )
+        .await;
+    assert_eq!(s, 201, "{user}");
+    let uid = user["id"].as_i64().unwrap();
+    let (s, tok) = root
+        .post(
+            "/admin/api/v1/tokens",
+            &json!({"user_id": uid, "tags": five.join(",")}),
+        )
+        .await;
+    assert_eq!(s, 201, "{tok}");
+    let (s, v) = root
+        .patch(
+            &format!("/admin/api/v1/users/{uid}"),
+            &json!({"team_id": red["id"]}),
+        )
+        .await;
+    assert_eq!(s, 400, "{v}");
+    assert!(v.to_string().contains("tags"), "{v}");
+    let team = sql_text(
+        app.db(),
+        &format!(
+            "SELECT tm.name FROM users u JOIN teams tm ON tm.id = u.team_id WHERE u.id = {uid}"
+        ),
+    )
+    .await;
+    assert_eq!(team, "blue");
 }

@@ -3,19 +3,19 @@
 //! decimal string in cents: "123.45" is $1.2345), `currency`, `model` and `cost_type`
 //! (when grouped by `description`) and `workspace_id` (when grouped by it; null is the
 //! default workspace). A non-token cost (`web_search`, `code_execution`) names no model: it
-//! is its own row, under its cost type.
+//! is its own row, under its cost type — except web search, folded into the model (see
+//! `fold_search`).
+
+use std::collections::BTreeSet;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{pages, ExportError, Line};
+use super::{self as exports, walk, ExportError, Line};
 use crate::finance::decimal;
 
-#[derive(Deserialize)]
-struct Page<'a> {
-    #[serde(borrow)]
-    data: Vec<Bucket<'a>>,
-}
+/// The report's cost type of a web search.
+const WEB_SEARCH: &str = "web_search";
 
 #[derive(Deserialize)]
 struct Bucket<'a> {
@@ -35,25 +35,59 @@ struct Cost<'a> {
 }
 
 pub fn read(text: &str) -> Result<Vec<Line>, ExportError> {
-    let mut lines = Vec::new();
-    for (p, page) in pages::<Page>(text)?.into_iter().enumerate() {
-        for (i, bucket) in page.data.into_iter().enumerate() {
-            let at = format!("page {}, data[{i}]", p + 1);
-            let day = chrono::DateTime::parse_from_rfc3339(&bucket.starting_at)
-                .map_err(|_| {
-                    ExportError::at(
-                        &format!("{at}.starting_at"),
-                        format!("`{}` is not an RFC 3339 time", bucket.starting_at),
-                    )
-                })?
-                .with_timezone(&chrono::Utc)
-                .date_naive();
-            for (j, cost) in bucket.results.into_iter().enumerate() {
-                lines.push(line(&format!("{at}.results[{j}]"), day, cost)?);
+    walk::<Bucket>(text)
+}
+
+impl exports::Bucket for Bucket<'_> {
+    fn start(&self) -> String {
+        self.starting_at.clone()
+    }
+
+    fn lines(self, at: &str) -> Result<Vec<Line>, ExportError> {
+        let day = chrono::DateTime::parse_from_rfc3339(&self.starting_at)
+            .map_err(|_| {
+                ExportError::at(
+                    &format!("{at}.starting_at"),
+                    format!("`{}` is not an RFC 3339 time", self.starting_at),
+                )
+            })?
+            .with_timezone(&chrono::Utc)
+            .date_naive();
+        let mut lines = Vec::new();
+        let mut searches = Vec::new();
+        // (workspace, model) of the figures that name a model.
+        let mut models: BTreeSet<(Vec<String>, String)> = BTreeSet::new();
+        for (j, cost) in self.results.into_iter().enumerate() {
+            let named = cost.model.is_some();
+            let search = !named && cost.cost_type.as_deref() == Some(WEB_SEARCH);
+            let line = line(&format!("{at}.results[{j}]"), day, cost)?;
+            if named {
+                models.insert((line.accounts.clone(), line.model.clone()));
+            }
+            if search {
+                searches.push(line);
+            } else {
+                lines.push(line);
             }
         }
+        lines.extend(searches.into_iter().map(|s| fold_search(s, &models)));
+        Ok(lines)
     }
-    Ok(lines)
+}
+
+/// Sluice prices a web search into the cost of the model that ran it; the report gives it
+/// its own row naming no model. The row is folded into its bucket's model in the same
+/// workspace when there is exactly one; with several, each one's share is not in the
+/// report, so it stays its own row (`web_search`) and shows as a difference.
+fn fold_search(search: Line, models: &BTreeSet<(Vec<String>, String)>) -> Line {
+    let mut mine = models.iter().filter(|(a, _)| *a == search.accounts);
+    match (mine.next(), mine.next()) {
+        (Some((_, model)), None) => Line {
+            model: model.clone(),
+            ..search
+        },
+        _ => search,
+    }
 }
 
 fn line(at: &str, day: chrono::NaiveDate, cost: Cost) -> Result<Line, ExportError> {
@@ -116,6 +150,22 @@ mod tests {
         assert_eq!(lines[1].micros, 500_000);
         assert_eq!(lines[1].model, "web_search");
         assert!(lines[1].accounts.is_empty());
+    }
+
+    #[test]
+    fn a_web_search_row_folds_into_the_model_of_its_workspace() {
+        let page = PAGE.replace("\"workspace_id\":null", "\"workspace_id\":\"wrkspc_1\"");
+        let lines = read(&page).unwrap();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[1].model, "claude-sonnet-4-20250514");
+        assert_eq!(lines[1].micros, 500_000);
+        // Two models in the workspace: the report does not say whose searches they were.
+        let two = page.replace(
+            "{\"currency\":\"USD\",\"amount\":\"50\"",
+            "{\"currency\":\"USD\",\"amount\":\"1\",\"workspace_id\":\"wrkspc_1\",\"model\":\"claude-opus-4\"},{\"currency\":\"USD\",\"amount\":\"50\"",
+        );
+        let lines = read(&two).unwrap();
+        assert_eq!(lines.last().unwrap().model, "web_search");
     }
 
     #[test]

@@ -1,13 +1,17 @@
 //! Providers' cost exports read into one form: a `Line` per (UTC day, model, account)
 //! figure, amounts in exact micro-dollars (`finance::decimal`). A file that cannot be read
 //! is an `ExportError` naming the problem and where it is (a line and column from the JSON
-//! parser, or the field's path).
+//! parser, or the field's path). Both providers page their exports alike (`data[]` of time
+//! buckets, `has_more`); `walk` reads the pages, each provider's module its bucket.
 
 pub mod anthropic;
 pub mod openai;
 pub mod openai_csv;
 
+use std::collections::HashMap;
+
 use chrono::NaiveDate;
+use serde::Deserialize;
 
 /// One figure of a provider's bill.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,9 +35,65 @@ impl ExportError {
     }
 }
 
+/// One page of a paginated cost export: its buckets, and whether the API had more.
+#[derive(Deserialize)]
+struct Page<B> {
+    data: Vec<B>,
+    has_more: Option<bool>,
+}
+
+/// A provider's bucket (one time slice of a page) as the walker reads it.
+pub(crate) trait Bucket {
+    /// The bucket's start as the export writes it: two buckets with one start are one.
+    fn start(&self) -> String;
+    /// Its figures; `at` is its path in the file, for errors.
+    fn lines(self, at: &str) -> Result<Vec<Line>, ExportError>;
+}
+
+/// Every figure of the pages in `text` (`pages`). A download whose last page says
+/// `has_more: true` is incomplete: comparing it would report the missing days' spend as
+/// clean, so it is refused. A bucket given twice — a page saved twice — counts once when its
+/// figures are the same and is refused when they differ (which one is the bill?).
+pub(crate) fn walk<'a, B>(text: &'a str) -> Result<Vec<Line>, ExportError>
+where
+    B: Bucket + Deserialize<'a>,
+{
+    let pages = pages::<Page<B>>(text)?;
+    if pages.last().and_then(|p| p.has_more) == Some(true) {
+        return Err(ExportError(format!(
+            "page {}: `has_more` is true — the export is incomplete; save every page of the download (the last one says `has_more: false`)",
+            pages.len()
+        )));
+    }
+    let mut seen: HashMap<String, Vec<Line>> = HashMap::new();
+    let mut lines = Vec::new();
+    for (p, page) in pages.into_iter().enumerate() {
+        for (i, bucket) in page.data.into_iter().enumerate() {
+            let at = format!("page {}, data[{i}]", p + 1);
+            let start = bucket.start();
+            let figures = bucket.lines(&at)?;
+            match seen.get(&start) {
+                Some(before) if *before == figures => continue,
+                Some(_) => {
+                    return Err(ExportError::at(
+                        &at,
+                        format!(
+                            "the bucket starting at {start} appears twice with different figures"
+                        ),
+                    ))
+                }
+                None => {}
+            }
+            lines.extend(figures.iter().cloned());
+            seen.insert(start, figures);
+        }
+    }
+    Ok(lines)
+}
+
 /// The JSON documents in `text`: one page, several pages one after another (as saved from
 /// a paginated API, one per line or not), or an array of pages.
-pub(crate) fn pages<'a, P: serde::Deserialize<'a>>(text: &'a str) -> Result<Vec<P>, ExportError> {
+fn pages<'a, P: Deserialize<'a>>(text: &'a str) -> Result<Vec<P>, ExportError> {
     let bad = |e: serde_json::Error| ExportError(format!("not a cost export: {e}"));
     let pages: Vec<P> = if text.trim_start().starts_with('[') {
         serde_json::from_str(text).map_err(bad)?

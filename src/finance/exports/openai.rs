@@ -7,14 +7,8 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{pages, ExportError, Line};
+use super::{self as exports, walk, ExportError, Line};
 use crate::finance::decimal;
-
-#[derive(Deserialize)]
-struct Page<'a> {
-    #[serde(borrow)]
-    data: Vec<Bucket<'a>>,
-}
 
 #[derive(Deserialize)]
 struct Bucket<'a> {
@@ -40,20 +34,24 @@ struct Amount<'a> {
 }
 
 pub fn read(text: &str) -> Result<Vec<Line>, ExportError> {
-    let mut lines = Vec::new();
-    for (p, page) in pages::<Page>(text)?.into_iter().enumerate() {
-        for (i, bucket) in page.data.into_iter().enumerate() {
-            let at = format!("page {}, data[{i}]", p + 1);
-            let day = chrono::DateTime::from_timestamp(bucket.start_time, 0)
-                .ok_or_else(|| ExportError::at(&format!("{at}.start_time"), "not a time"))?
-                .date_naive();
-            for (j, cost) in bucket.results.into_iter().enumerate() {
-                let at = format!("{at}.results[{j}]");
-                lines.push(line(&at, day, cost)?);
-            }
-        }
+    walk::<Bucket>(text)
+}
+
+impl exports::Bucket for Bucket<'_> {
+    fn start(&self) -> String {
+        self.start_time.to_string()
     }
-    Ok(lines)
+
+    fn lines(self, at: &str) -> Result<Vec<Line>, ExportError> {
+        let day = chrono::DateTime::from_timestamp(self.start_time, 0)
+            .ok_or_else(|| ExportError::at(&format!("{at}.start_time"), "not a time"))?
+            .date_naive();
+        self.results
+            .into_iter()
+            .enumerate()
+            .map(|(j, cost)| line(&format!("{at}.results[{j}]"), day, cost))
+            .collect()
+    }
 }
 
 fn line(at: &str, day: chrono::NaiveDate, cost: Cost) -> Result<Line, ExportError> {
@@ -127,8 +125,24 @@ mod tests {
             ]
         );
         // Two pages one after another, and an array of them, read alike.
-        assert_eq!(read(&format!("{PAGE}\n{PAGE}")).unwrap().len(), 4);
-        assert_eq!(read(&format!("[{PAGE},{PAGE}]")).unwrap().len(), 4);
+        let next = PAGE.replace("1730419200", "1730505600");
+        assert_eq!(read(&format!("{PAGE}\n{next}")).unwrap().len(), 4);
+        assert_eq!(read(&format!("[{PAGE},{next}]")).unwrap().len(), 4);
+    }
+
+    #[test]
+    fn an_incomplete_or_repeated_download_is_caught() {
+        let first = PAGE.replace("\"has_more\":false", "\"has_more\":true");
+        let e = read(&first).unwrap_err().to_string();
+        assert!(e.contains("has_more"), "{e}");
+        // The first page, then the last: complete.
+        let next = PAGE.replace("1730419200", "1730505600");
+        assert_eq!(read(&format!("{first}\n{next}")).unwrap().len(), 4);
+        // The same page twice counts once; the same bucket with other figures is refused.
+        assert_eq!(read(&format!("{first}\n{PAGE}")).unwrap().len(), 2);
+        let other = PAGE.replace("0.06", "0.07");
+        let e = read(&format!("{first}\n{other}")).unwrap_err().to_string();
+        assert!(e.contains("page 2, data[0]") && e.contains("twice"), "{e}");
     }
 
     #[test]

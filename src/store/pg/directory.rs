@@ -29,7 +29,7 @@ pub async fn team(conn: &mut PgConnection, id: i64) -> Result<Option<TeamRow>> {
         .await?)
 }
 
-const MEMBER_SELECT: &str = "SELECT u.id, u.username, u.team_id, tm.name AS team, u.disabled, u.rpm, u.tpm, u.limit_micros, u.reset,
+const MEMBER_SELECT: &str = "SELECT u.id, u.username, u.team_id, tm.name AS team, u.disabled, u.rpm, u.tpm, u.limit_micros, u.reset, u.period,
         COALESCE((SELECT SUM(l.amount_micros) FROM ledger l WHERE l.user_id = u.id AND l.user_period = u.period
                   AND l.kind IN ('reserve', 'settle', 'adjust')), 0)::BIGINT - u.reserved_micros AS spent_micros,
         (SELECT COUNT(*) FROM tokens t WHERE t.user_id = u.id AND t.revoked_at IS NULL) AS tokens, u.created_at

@@ -79,16 +79,17 @@ pub async fn last(pool: &PgPool) -> Result<Option<(Reconciliation, Vec<Reconcili
     Ok(Some((run, rows)))
 }
 
+/// `store::finance::spend_by_token_day`: from the daily rollup, on the days `[from, to)`.
 pub async fn spend_by_token_day(
     pool: &PgPool,
     from: &str,
     to: &str,
 ) -> Result<Vec<crate::store::finance::TokenDay>> {
     Ok(sqlx::query_as(
-        "SELECT token_id, user_id, team_id, substr(created_at, 1, 10) AS day,
+        "SELECT token_id, NULLIF(user_id, 0) AS user_id, NULLIF(team_id, 0) AS team_id, day,
                 SUM(cost_micros)::BIGINT AS cost_micros
-         FROM requests WHERE created_at >= $1 AND created_at < $2 AND token_id IS NOT NULL
-         GROUP BY token_id, user_id, team_id, substr(created_at, 1, 10) ORDER BY 1, 4",
+         FROM spend_days WHERE day >= $1 AND day < $2
+         GROUP BY token_id, user_id, team_id, day ORDER BY 1, 4",
     )
     .bind(from)
     .bind(to)

@@ -23,6 +23,7 @@ pub mod requests;
 pub mod responses;
 pub mod rotate;
 pub mod sessions;
+pub mod tag_bound;
 pub mod tags;
 pub mod tenants;
 pub mod text;

@@ -12,8 +12,8 @@ use super::text;
 use crate::store::requests::{kind_values, RequestRow};
 use crate::store::Result;
 
-/// The batch, and what it adds to `request_days` and `spend_days` (`store::spend`), in one
-/// statement. Only rows really
+/// The batch, and what it adds to `request_days` and `spend_days` (`store::spend`, its tags
+/// bounded: `$33`–`$35`, `store::tag_bound`), in one statement. Only rows really
 /// inserted count (`RETURNING` leaves out the ones already logged); the day rows are
 /// upserted in key order, so two hosts' batches lock them in the same order.
 const INSERT: &str = "WITH ins AS (
@@ -45,9 +45,11 @@ const INSERT: &str = "WITH ins AS (
      INSERT INTO spend_days AS s (day, team_id, user_id, token_id, model, served_model, upstream, tags,
             requests, errors, input_tokens, output_tokens, cost_micros)
      SELECT substr(created_at, 1, 10), COALESCE(team_id, 0), COALESCE(user_id, 0), token_id, model, served_model,
-            upstream, tags, COUNT(*), COUNT(*) FILTER (WHERE status NOT BETWEEN 200 AND 299),
+            upstream, b.tags, COUNT(*), COUNT(*) FILTER (WHERE status NOT BETWEEN 200 AND 299),
             SUM(input_tokens), SUM(output_tokens), SUM(cost_micros)
-     FROM ins WHERE token_id IS NOT NULL GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8
+     FROM ins JOIN unnest($33::text[], $34::text[], $35::text[]) AS b(day, logged, tags)
+          ON b.day = substr(ins.created_at, 1, 10) AND b.logged = ins.tags
+     WHERE token_id IS NOT NULL GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8
      ON CONFLICT (day, team_id, user_id, token_id, model, served_model, upstream, tags) DO UPDATE SET
             requests = s.requests + EXCLUDED.requests, errors = s.errors + EXCLUDED.errors,
             input_tokens = s.input_tokens + EXCLUDED.input_tokens,
@@ -142,6 +144,9 @@ pub async fn insert_batch_tx(conn: &mut PgConnection, rows: &[RequestRow]) -> Re
                 .collect::<Vec<i64>>(),
         );
     }
+    // The rollup's tags, bounded (`store::tag_bound`): (day, logged tags) → rolled-up tags.
+    let [days, logged, rolled] = super::tag_bound::bounded(&mut *conn, rows).await?;
+    q = q.bind(days).bind(logged).bind(rolled);
     q.execute(&mut *conn).await?;
     let (ids, ats): (Vec<i64>, Vec<&str>) = last_used(rows).into_iter().unzip();
     if !ids.is_empty() {
