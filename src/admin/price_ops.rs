@@ -59,7 +59,7 @@ pub fn row(
     effective_from: Option<Value>,
 ) -> Result<PriceRow, AdminError> {
     let prices = keys
-        .prices(model)
+        .partial(model)
         .map_err(|e| AdminError::invalid(e.to_string()))?
         .ok_or_else(|| {
             AdminError::invalid("A price needs `input_usd_per_mtok` and `output_usd_per_mtok`.")
@@ -108,7 +108,7 @@ pub fn row_view(row: &PriceRow) -> Value {
     let mut v = match row.appended() {
         Some(Appended {
             prices: Some(p), ..
-        }) => prices_view(&p),
+        }) => prices_view(&p.prices),
         _ => json!({"withdrawn": true}),
     };
     v["effective_from"] = json!(row.effective_from);

@@ -253,7 +253,7 @@ impl Catalog {
                         let by_config = r.output_cap_param.or(u.quirks.max_tokens_field);
                         Some(Route {
                             deployment: d,
-                            schedule: Arc::new(m.schedule(&managed.prices, &r.model)),
+                            schedule: Arc::new(m.schedule(&managed.prices, &r.model, u.provider)),
                             upstream_model: name.clone(),
                             target: slots[d].fresh()?.target(u, name),
                             cap_param: match u.provider {

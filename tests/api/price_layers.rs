@@ -1,0 +1,105 @@
+//! Price layers that never under-price a kind (issue 20, findings 2, 5 and 12): a kind a
+//! config or admin price leaves out is billed at the bundled entry's price for the route's
+//! upstream model, else — on a route Anthropic bills — at Anthropic's multipliers of the
+//! input price; charged to the micro against hand-computed figures.
+
+use serde_json::{json, Value};
+use sluice::config::{PriceKeys, Provider};
+use sluice::mock::Script;
+
+use crate::helpers::*;
+
+const CLAUDE_KEY: &str = "sk-price-layers-anthropic-0123";
+
+/// `tests/fixtures/anthropic/usage/<name>` as JSON.
+fn fixture(name: &str) -> Value {
+    let p = format!(
+        "{}/tests/fixtures/anthropic/usage/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    serde_json::from_str(&std::fs::read_to_string(&p).expect(&p)).expect(&p)
+}
+
+/// Two models priced in the config with input (3 USD) and output (15 USD) only, as every
+/// config written before cache writes and searches had prices: `listed` routed to a
+/// Claude model the bundled table prices, `unlisted` to one it does not.
+async fn app() -> TestApp {
+    spawn_app_with(|s, mock| {
+        let mut c = upstream("c", CLAUDE_KEY, mock);
+        c.provider = Provider::Anthropic;
+        c.base_url = mock.base_url();
+        s.upstreams.push(c);
+        for (name, upstream_model) in [
+            ("listed", "claude-sonnet-4-5-20250929"),
+            ("unlisted", "claude-private-1"),
+        ] {
+            let mut m = model(name, &["c"]);
+            m.routes = vec![route("c", upstream_model)];
+            m.price = PriceKeys::usd(3.0, 15.0);
+            m.max_output_tokens = 8192;
+            s.models.push(m);
+        }
+    })
+    .await
+}
+
+/// What the token of one request was charged, and the request log's cost.
+async fn charged(app: &TestApp, model: &str, script: Script, body: &Value) -> (i64, i64) {
+    let (id, token) = app.token(model, Some("1")).await;
+    app.mock.state.script(CLAUDE_KEY, [script]);
+    let mut body = body.clone();
+    body["model"] = json!(model);
+    let resp = app.messages(&token, &body).await;
+    let status = resp.status();
+    let text = resp.text().await.unwrap();
+    assert_eq!(status, 200, "{model}: {text}");
+    app.wait_settled().await;
+    let row = format!("FROM requests WHERE token_id = {id}");
+    for _ in 0..500 {
+        if app.scalar(&format!("SELECT COUNT(*) {row}")).await == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let spent = app
+        .scalar(&format!(
+            "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
+        ))
+        .await;
+    (
+        spent,
+        app.scalar(&format!("SELECT cost_micros {row}")).await,
+    )
+}
+
+/// A Messages request marking a one-hour cache write and offering web search.
+fn searching() -> Value {
+    json!({"max_tokens": 8000,
+        "system": [{"type": "text", "text": "You are terse.",
+            "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+        "tools": [{"type": "web_search_20250305", "name": "web_search"}],
+        "messages": [{"role": "user", "content": "What is Sluice?"}]})
+}
+
+/// The usage of `message.json` (1000 fresh, 20 000 read, 2000 5 m writes, 3000 1 h writes,
+/// 500 out, 2 searches) on a price of input 3 and output 15 only: reads 0.30, 5 m writes
+/// 3.75, 1 h writes 6 and searches 10 per 1 000 — the bundled entry's for the listed
+/// model, Anthropic's 0.1× / 1.25× / 2× / $10 for the unlisted one, the same figures:
+/// 1000 × 3 + 20 000 × 0.30 + 2000 × 3.75 + 3000 × 6 + 500 × 15 + 2 × 10 000 = 62 000.
+/// (Before the layers were filled: reads and writes at 3 and searches free, 85 500.)
+#[tokio::test]
+async fn a_config_price_of_input_and_output_only_bills_cache_writes_and_searches_at_their_price() {
+    let app = app().await;
+    for model in ["listed", "unlisted"] {
+        let whole = Script {
+            body: Some(fixture("message.json")),
+            ..Script::default()
+        };
+        assert_eq!(
+            charged(&app, model, whole, &searching()).await,
+            (62_000, 62_000),
+            "{model}"
+        );
+    }
+    app.assert_invariant().await;
+}
