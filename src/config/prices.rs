@@ -191,8 +191,9 @@ impl ModelSettings {
         upstream_model: &str,
         provider: Provider,
     ) -> Schedule {
+        let rows = admin.get(&self.name).map(Vec::as_slice).unwrap_or_default();
         Schedule::new(
-            admin.get(&self.name).cloned().unwrap_or_default(),
+            rows.iter().map(|a| a.for_route(upstream_model)).collect(),
             // Validated before a catalog is built (`Settings::validate`): an error here
             // would have stopped it, so none is left to be dropped.
             self.config_prices().unwrap_or_default(),
@@ -205,7 +206,8 @@ impl ModelSettings {
 impl Settings {
     /// Every route of every model has a price in force at `now` — from an admin, the
     /// config file or the bundled table — or its model says `free = true`. A model
-    /// without one is refused, named, rather than served at zero.
+    /// without one is refused, named, rather than served at zero. An admin price set for
+    /// other upstream models than a route serves is warned of.
     pub fn check_priced(&self, admin: &AdminPrices, now: DateTime<Utc>) -> Result<(), ConfigError> {
         for m in &self.models {
             for r in &m.routes {
@@ -218,7 +220,14 @@ impl Settings {
                     // Validated: a route names a configured upstream. The provider only
                     // fills kinds; whether a price is in force does not depend on it.
                     .map_or(Provider::default(), |u| u.provider);
-                if m.schedule(admin, name, provider).rates_at(now).is_none() {
+                let schedule = m.schedule(admin, name, provider);
+                if let Some(set_for) = schedule.admin_set_aside(now) {
+                    // At every start and rebuild: the model was re-pointed since its admin
+                    // price was set.
+                    tracing::warn!(model = %m.name, upstream_model = %name, set_for = ?set_for,
+                        "the admin price in force was set for other upstream models: not applied to this route (its config or bundled price is)");
+                }
+                if schedule.rates_at(now).is_none() {
                     return Err(ConfigError::Invalid(format!(
                         "model `{}` has no price in force: set input_usd_per_mtok and \
                          output_usd_per_mtok (or [[models.prices]]), or free = true; the \
@@ -307,6 +316,7 @@ mod tests {
             vec![Appended {
                 from: now(),
                 prices: Some(Partial::whole(Prices::plain(1, 2))),
+                set_for: None,
             }],
         )]
         .into();

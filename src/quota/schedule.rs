@@ -62,10 +62,35 @@ impl Source {
 
 /// An admin's row: a price from `from` on, or (`None`) the end of the model's admin prices
 /// there — its model was deleted in the admin, and its config or bundled price applies again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Appended {
     pub from: DateTime<Utc>,
     pub prices: Option<Partial>,
+    /// The upstream models the model's routes served when the price was set; `None` on a
+    /// withdrawal or a row written before they were recorded (it prices every route).
+    pub set_for: Option<Vec<String>>,
+}
+
+impl Appended {
+    /// Whether this row speaks for a route serving `upstream_model`: a price set for
+    /// other upstream models does not (the model was re-pointed since).
+    pub fn applies_to(&self, upstream_model: &str) -> bool {
+        self.set_for
+            .as_ref()
+            .is_none_or(|s| s.iter().any(|m| m == upstream_model))
+    }
+
+    /// The row a route serving `upstream_model` holds: a price set for another upstream
+    /// model ends the admin prices there instead (keeping `set_for`, which a withdrawal
+    /// has not: `Schedule::admin_set_aside`), so the model's config or bundled price
+    /// applies — never a price chosen for a cheaper model.
+    pub fn for_route(&self, upstream_model: &str) -> Appended {
+        let mut a = self.clone();
+        if !a.applies_to(upstream_model) {
+            a.prices = None;
+        }
+        a
+    }
 }
 
 /// The admin layer of every model: its appended rows by model name.
@@ -103,6 +128,13 @@ impl Schedule {
     /// `Settings::check_priced`).
     pub fn rates_at(&self, t: DateTime<Utc>) -> Option<Prices> {
         self.in_force(t).map(|(_, d)| d.prices)
+    }
+
+    /// The upstream models the admin price in force at `t` was set for, when it is set
+    /// aside on this route (`Appended::for_route`): shown where prices are, and warned of.
+    pub fn admin_set_aside(&self, t: DateTime<Utc>) -> Option<&[String]> {
+        let a = self.admin.iter().rev().find(|a| a.from <= t)?;
+        a.prices.is_none().then_some(a.set_for.as_deref()).flatten()
     }
 
     /// The price in force at `t` and the layer that decides it: that layer's price, each
@@ -188,6 +220,7 @@ mod tests {
         let admin = |from: &str, input: Option<i64>| Appended {
             from: at(from),
             prices: input.map(|i| dated(from, i).partial()),
+            set_for: None,
         };
         let s = Schedule::new(
             vec![

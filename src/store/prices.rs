@@ -28,11 +28,14 @@ pub struct PriceRow {
 /// The stored form of a price (`None`: the end of the model's admin prices): input,
 /// output and the kinds it states only — a kind it leaves out is filled from the route's
 /// lower layers (`quota::fill`), so it is not written as its default.
-pub fn prices_json(p: Option<&Partial>) -> String {
+/// `set_for` are the upstream models the model's routes serve: the price applies to those
+/// only (`Appended::set_for`).
+pub fn prices_json(p: Option<&Partial>, set_for: &[String]) -> String {
     let Some(p) = p else {
         return "null".into();
     };
-    let mut v = json!({"input": p.prices.input, "output": p.prices.output});
+    let mut v = json!({"input": p.prices.input, "output": p.prices.output,
+        "upstream_models": set_for});
     for k in Kind::ALL.into_iter().filter(|k| p.stated.has(*k)) {
         v[k.key()] = json!(k.get(&p.prices));
     }
@@ -48,7 +51,11 @@ impl PriceRow {
             .with_timezone(&Utc);
         let v: serde_json::Value = serde_json::from_str(&self.prices).ok()?;
         if v.is_null() {
-            return Some(Appended { from, prices: None });
+            return Some(Appended {
+                from,
+                prices: None,
+                set_for: None,
+            });
         }
         let kind = |k: &str| v.get(k).and_then(|x| x.as_i64()).filter(|m| *m >= 0);
         let mut p = Partial {
@@ -61,12 +68,17 @@ impl PriceRow {
                 p.stated = p.stated.with(k);
             }
         }
+        let set_for = match v.get("upstream_models") {
+            None => None,
+            Some(names) => Some(serde_json::from_value(names.clone()).ok()?),
+        };
         Some(Appended {
             from,
             prices: Some(Partial {
                 prices: p.fill(false),
                 stated: p.stated,
             }),
+            set_for,
         })
     }
 }

@@ -1,12 +1,18 @@
-//! Price layers that never under-price a kind (issue 20, findings 2, 5 and 12): a kind a
+//! Price layers that never under-price a kind (issue 20, findings 2 and 12): a kind a
 //! config or admin price leaves out is billed at the bundled entry's price for the route's
 //! upstream model, else — on a route Anthropic bills — at Anthropic's multipliers of the
-//! input price; charged to the micro against hand-computed figures.
+//! input price, charged to the micro against hand-computed figures; an admin price prices
+//! only the upstream model it was set for.
 
+use std::sync::Arc;
+
+use chrono::{Duration, Utc};
 use serde_json::{json, Value};
+use sluice::clock::{Clock, ManualClock};
 use sluice::config::{PriceKeys, Provider};
 use sluice::mock::Script;
 
+use crate::admin_helpers::{login, make_login};
 use crate::helpers::*;
 
 const CLAUDE_KEY: &str = "sk-price-layers-anthropic-0123";
@@ -101,5 +107,71 @@ async fn a_config_price_of_input_and_output_only_bills_cache_writes_and_searches
             "{model}"
         );
     }
+    app.assert_invariant().await;
+}
+
+/// An admin price is set for the upstream model the route served then: once the config
+/// file re-points the model at another (dearer) upstream model, the old admin price no
+/// longer applies — the config's price does — and the prices API says why.
+#[tokio::test]
+async fn an_admin_price_set_for_one_upstream_model_does_not_price_another() {
+    let clock = Arc::new(ManualClock::new(Utc::now()));
+    let app = spawn_app_full(|_, _| {}, Some(clock.clone() as Arc<dyn Clock>)).await;
+    let (_, token) = app.token("ann", Some("10")).await;
+    make_login(&app, "root", "admin", None).await;
+    let admin = login(&app, "root").await;
+    let path = "/admin/api/v1/models/gpt-4o-mini/prices";
+    let (status, body) = admin
+        .post(
+            path,
+            &json!({"input_usd_per_mtok": "1.5", "output_usd_per_mtok": "3"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    clock.advance(Duration::milliseconds(5));
+
+    // The file re-points the model at a dearer upstream model with its own price.
+    let mut file = (*app.state.live.file()).clone();
+    let m = file
+        .models
+        .iter_mut()
+        .find(|m| m.name == "gpt-4o-mini")
+        .unwrap();
+    m.routes = vec![route("a", "gpt-dearer")];
+    m.price = PriceKeys::usd(5.0, 15.0);
+    app.state
+        .live
+        .reload_file(&app.state.db, || Ok(file))
+        .await
+        .unwrap();
+
+    let ask = json!({"model": "gpt-4o-mini", "max_tokens": 64,
+        "messages": [{"role": "user", "content": "hi"}]});
+    assert_eq!(app.chat(&token, &ask).await.status(), 200);
+    app.wait_for_log_rows(1).await;
+    let (input, output, cost): (i64, i64, i64) = sql_row(
+        app.db(),
+        "SELECT input_tokens, output_tokens, cost_micros FROM requests",
+    )
+    .await;
+    assert_eq!(
+        cost,
+        (input * 5_000_000 + output * 15_000_000 + 999_999) / 1_000_000,
+        "priced from the config, not the admin price set for `gpt-4o-mini-upstream`"
+    );
+    let (_, history) = admin.get_json(path).await;
+    let route = &history["routes"][0];
+    assert_eq!(route["in_force"]["source"], "config", "{history}");
+    assert!(
+        route["admin_price_not_applied"]
+            .as_str()
+            .is_some_and(|s| s.contains("gpt-4o-mini-upstream")),
+        "{history}"
+    );
+    assert_eq!(
+        history["admin_prices"][0]["upstream_models"],
+        json!(["gpt-4o-mini-upstream"]),
+        "{history}"
+    );
     app.assert_invariant().await;
 }
