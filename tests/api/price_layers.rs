@@ -4,13 +4,14 @@
 //! input price, charged to the micro against hand-computed figures; an admin price prices
 //! only the upstream model it was set for.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use chrono::{Duration, Utc};
 use serde_json::{json, Value};
 use sluice::clock::{Clock, ManualClock};
 use sluice::config::{PriceKeys, Provider};
-use sluice::mock::Script;
+use sluice::mock::{Script, SseEvent};
 
 use crate::admin_helpers::{login, make_login};
 use crate::helpers::*;
@@ -51,7 +52,9 @@ async fn app() -> TestApp {
 
 /// What the token of one request was charged, and the request log's cost.
 async fn charged(app: &TestApp, model: &str, script: Script, body: &Value) -> (i64, i64) {
-    let (id, token) = app.token(model, Some("1")).await;
+    static SENT: AtomicUsize = AtomicUsize::new(0);
+    let n = SENT.fetch_add(1, Ordering::Relaxed);
+    let (id, token) = app.token(&format!("{model}-{n}"), Some("1")).await;
     app.mock.state.script(CLAUDE_KEY, [script]);
     let mut body = body.clone();
     body["model"] = json!(model);
@@ -172,6 +175,80 @@ async fn an_admin_price_set_for_one_upstream_model_does_not_price_another() {
         history["admin_prices"][0]["upstream_models"],
         json!(["gpt-4o-mini-upstream"]),
         "{history}"
+    );
+    app.assert_invariant().await;
+}
+
+/// Cache writes the upstream does not split by lifetime (`cache_creation_input_tokens`
+/// without `cache_creation`: Bedrock, older API versions) on a request that marked a
+/// one-hour write are priced at the one-hour rate, the worst case: 1000 × 3 + 5000 × 6 +
+/// 500 × 15 = 40 500 micros (at the five-minute rate, 29 250). Without a
+/// one-hour mark they are five-minute writes: 1000 × 3 + 5000 × 3.75 + 500 × 15 = 29 250.
+#[tokio::test]
+async fn unsplit_cache_writes_of_a_request_marking_a_one_hour_write_are_priced_at_the_hour_rate() {
+    let app = app().await;
+    let mut answer = fixture("message.json");
+    answer["usage"] = json!({"input_tokens": 1000, "cache_creation_input_tokens": 5000,
+        "output_tokens": 500});
+    let script = || Script {
+        body: Some(answer.clone()),
+        ..Script::default()
+    };
+    let hour = json!({"max_tokens": 8000,
+        "system": [{"type": "text", "text": "You are terse.",
+            "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+        "messages": [{"role": "user", "content": "What is Sluice?"}]});
+    assert_eq!(
+        charged(&app, "listed", script(), &hour).await,
+        (40_500, 40_500)
+    );
+    // Streamed: `message_start` and `message_delta` both without the split.
+    let usage = json!({"input_tokens": 1000, "cache_creation_input_tokens": 5000,
+        "output_tokens": 500});
+    let mut start = answer.clone();
+    start["content"] = json!([]);
+    let events = vec![
+        SseEvent::Named(
+            "message_start".into(),
+            json!({"type": "message_start", "message": start}),
+        ),
+        SseEvent::Named(
+            "content_block_start".into(),
+            json!({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "text", "text": ""}}),
+        ),
+        SseEvent::Named(
+            "content_block_delta".into(),
+            json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "text_delta", "text": "Sluice is a gateway."}}),
+        ),
+        SseEvent::Named(
+            "content_block_stop".into(),
+            json!({"type": "content_block_stop", "index": 0}),
+        ),
+        SseEvent::Named(
+            "message_delta".into(),
+            json!({"type": "message_delta", "usage": usage,
+                "delta": {"stop_reason": "end_turn", "stop_sequence": null}}),
+        ),
+        SseEvent::Named("message_stop".into(), json!({"type": "message_stop"})),
+    ];
+    let streamed = Script {
+        events: Some(events),
+        ..Script::default()
+    };
+    let mut hour_streamed = hour.clone();
+    hour_streamed["stream"] = json!(true);
+    assert_eq!(
+        charged(&app, "unlisted", streamed, &hour_streamed).await,
+        (40_500, 40_500),
+        "streamed"
+    );
+    let mut five = hour.clone();
+    five["system"][0]["cache_control"] = json!({"type": "ephemeral"});
+    assert_eq!(
+        charged(&app, "unlisted", script(), &five).await,
+        (29_250, 29_250)
     );
     app.assert_invariant().await;
 }
