@@ -35,10 +35,9 @@ pub fn edit(
     body: Value,
 ) -> Result<PriceRow, AdminError> {
     let catalog = state.catalog();
-    let name = catalog
-        .model(model)
-        .map(|m| m.name.clone())
-        .ok_or(AdminError::NotFound)?;
+    let m = catalog.model(model).ok_or(AdminError::NotFound)?;
+    let set_for: Vec<String> = m.routes.iter().map(|r| r.model.clone()).collect();
+    let name = m.name.clone();
     let e: Edit = serde_json::from_value(body)
         .map_err(|e| AdminError::invalid(format!("The price does not read: {e}.")))?;
     if e.keys.is_empty() {
@@ -46,20 +45,21 @@ pub fn edit(
             "A price needs `input_usd_per_mtok` and `output_usd_per_mtok`.",
         ));
     }
-    row(state, actor, &name, &e.keys, e.effective_from)
+    row(state, actor, (&name, &set_for), &e.keys, e.effective_from)
 }
 
 /// The row appending `keys` to `model`'s prices from `effective_from` (absent or "now":
-/// the edit's instant). A date in the past is refused, naming the field.
+/// the edit's instant), set for the upstream models its routes serve (`set_for`). A date
+/// in the past is refused, naming the field.
 pub fn row(
     state: &AppState,
     actor: &Actor,
-    model: &str,
+    (model, set_for): (&str, &[String]),
     keys: &PriceKeys,
     effective_from: Option<Value>,
 ) -> Result<PriceRow, AdminError> {
     let prices = keys
-        .prices(model)
+        .partial(model)
         .map_err(|e| AdminError::invalid(e.to_string()))?
         .ok_or_else(|| {
             AdminError::invalid("A price needs `input_usd_per_mtok` and `output_usd_per_mtok`.")
@@ -89,7 +89,7 @@ pub fn row(
     Ok(PriceRow {
         model: model.to_string(),
         effective_from: from_ms,
-        prices: prices_json(Some(&prices)),
+        prices: prices_json(Some(&prices), set_for),
         created_by: actor.audit_name.clone(),
         created_at: db_time(now),
     })
@@ -103,20 +103,29 @@ fn prices_view(p: &Prices) -> Value {
     })
 }
 
-/// An appended row as the audit log and the API show it.
+/// An appended row as the audit log and the API show it, with the upstream models it was
+/// set for.
 pub fn row_view(row: &PriceRow) -> Value {
     let mut v = match row.appended() {
         Some(Appended {
-            prices: Some(p), ..
-        }) => prices_view(&p),
+            prices: Some(p),
+            set_for,
+            ..
+        }) => {
+            let mut v = prices_view(&p.prices);
+            if let Some(set_for) = set_for {
+                v["upstream_models"] = json!(set_for);
+            }
+            v
+        }
         _ => json!({"withdrawn": true}),
     };
     v["effective_from"] = json!(row.effective_from);
     v
 }
 
-/// Whether `row` would only repeat the admin price in force at its instant (an edit that
-/// saves a model unchanged): then nothing is appended.
+/// Whether `row` would only repeat the admin price in force at its instant, set for the
+/// same upstream models (an edit that saves a model unchanged): then nothing is appended.
 pub fn repeats(rows: &[PriceRow], row: &PriceRow) -> bool {
     let Some(new) = row.appended() else {
         return false;
@@ -126,7 +135,26 @@ pub fn repeats(rows: &[PriceRow], row: &PriceRow) -> bool {
         .filter_map(|r| r.appended())
         .filter(|a| a.from <= new.from)
         .max_by_key(|a| a.from)
-        .is_some_and(|a| a.prices == new.prices)
+        .is_some_and(|a| a.prices == new.prices && a.set_for == new.set_for)
+}
+
+/// Why an admin price does not price a route: it was set for other upstream models.
+pub fn not_applied(set_for: &[String], upstream_model: &str) -> String {
+    format!(
+        "the admin price in force was set for upstream model(s) {}; this route serves `{}`: \
+         its config or bundled price applies until a price is set again",
+        set_for.join(", "),
+        upstream_model
+    )
+}
+
+/// `model`'s admin row in force at `at` (a price or a withdrawal).
+fn admin_in_force(rows: &[PriceRow], model: &str, at: DateTime<Utc>) -> Option<Appended> {
+    rows.iter()
+        .filter(|r| r.model == model)
+        .filter_map(|r| r.appended())
+        .filter(|a| a.from <= at)
+        .max_by_key(|a| a.from)
 }
 
 /// The row that ends `model`'s admin prices at `now` (its model is deleted in the admin,
@@ -137,17 +165,11 @@ pub fn withdrawal(
     now: DateTime<Utc>,
     actor: &Actor,
 ) -> Option<PriceRow> {
-    let last = rows
-        .iter()
-        .filter(|r| r.model == model)
-        .filter_map(|r| r.appended())
-        .filter(|a| a.from <= now)
-        .max_by_key(|a| a.from)?;
-    last.prices?;
+    admin_in_force(rows, model, now)?.prices?;
     Some(PriceRow {
         model: model.to_string(),
         effective_from: db_time(now),
-        prices: prices_json(None),
+        prices: prices_json(None, &[]),
         created_by: actor.audit_name.clone(),
         created_at: db_time(now),
     })
@@ -186,6 +208,9 @@ pub async fn history(state: &AppState, actor: &Actor, model: &str) -> Result<Val
             if let Some((source, d)) = r.schedule.in_force(now) {
                 v["in_force"] = prices_view(&d.prices);
                 v["in_force"]["source"] = json!(source.as_str());
+            }
+            if let Some(set_for) = r.schedule.admin_set_aside(now) {
+                v["admin_price_not_applied"] = json!(not_applied(set_for, &r.model));
             }
             v
         })

@@ -452,13 +452,17 @@ pub async fn put_model(
     }
     let price = match std::mem::take(&mut m.price) {
         keys if keys.is_empty() => None,
-        keys => Some(super::price_ops::row(
-            state,
-            actor,
-            name,
-            &keys,
-            effective_from,
-        )?),
+        keys => {
+            // Set for the upstream models the model serves once this edit applies.
+            let set_for: Vec<String> = m.routes.iter().map(|r| r.model.clone()).collect();
+            Some(super::price_ops::row(
+                state,
+                actor,
+                (name, &set_for),
+                &keys,
+                effective_from,
+            )?)
+        }
     };
     let settings = serde_json::to_string(&m).map_err(|_| AdminError::Internal)?;
     let row = ModelRow {
@@ -562,6 +566,13 @@ pub fn models(state: &AppState, actor: &Actor) -> Result<Vec<Value>, AdminError>
             if let (Some(v), Some((source, d))) = (view.as_object_mut(), price) {
                 v.extend(price_fields(&d.prices));
                 v.insert("price_source".into(), json!(source.as_str()));
+            }
+            let set_aside = m.routes.first().and_then(|r| {
+                let set_for = r.schedule.admin_set_aside(now)?;
+                Some(super::price_ops::not_applied(set_for, &r.model))
+            });
+            if let (Some(v), Some(why)) = (view.as_object_mut(), set_aside) {
+                v.insert("admin_price_not_applied".into(), json!(why));
             }
             view
         })

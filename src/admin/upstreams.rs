@@ -186,7 +186,10 @@ fn model_lines(state: &AppState, actor: &Actor) -> Result<Vec<ModelLine>, AdminE
                 .unwrap_or_default(),
             input: usd(&m["input_micros_per_mtok"]),
             output: usd(&m["output_micros_per_mtok"]),
-            source: m["price_source"].as_str().unwrap_or_default().to_string(),
+            source: match m["admin_price_not_applied"].as_str() {
+                Some(why) => format!("{} ({why})", m["price_source"].as_str().unwrap_or_default()),
+                None => m["price_source"].as_str().unwrap_or_default().to_string(),
+            },
         })
         .collect())
 }

@@ -5,7 +5,8 @@
 
 use chrono::{DateTime, NaiveDate, Utc};
 
-use super::{ConfigError, ModelSettings, PriceKeys, Settings, Usd};
+use super::{ConfigError, ModelSettings, PriceKeys, Provider, Settings, Usd};
+use crate::quota::fill::{billed_by_anthropic, Kind, Partial, Stated};
 use crate::quota::price_table;
 use crate::quota::pricing::{parse_usd, Prices};
 use crate::quota::schedule::{AdminPrices, Dated, Schedule};
@@ -34,15 +35,18 @@ impl Usd {
 }
 
 impl PriceKeys {
-    /// The price these keys give, in micro-dollars per million tokens; `None` when no key
-    /// is set. A price names its input and its output (0 written out where nothing is
-    /// charged, as for an embedding model's output): a missing one is an error, never 0.
-    /// A kind without a price of its own is billed at the price it falls under otherwise:
-    /// cached input, 5-minute cache writes, audio and image input at the input price;
-    /// 1-hour writes at the 5-minute price; reasoning, audio and image output at the output
-    /// price. Web search without a price is free (0): a provider that bills it must be
-    /// priced.
+    /// The price these keys give, in micro-dollars per million tokens, every kind they do
+    /// not state at the price it falls under within the price (`fill::Kind`); `None` when
+    /// no key is set. On a route, such a kind is taken from a lower layer first
+    /// (`schedule`): this is the price as the keys alone say it.
     pub fn prices(&self, model: &str) -> Result<Option<Prices>, ConfigError> {
+        Ok(self.partial(model)?.map(|p| p.fill(false)))
+    }
+
+    /// The price these keys state and which kinds they state. A price names its input and
+    /// its output (0 written out where nothing is charged, as for an embedding model's
+    /// output): a missing one is an error, never 0. Every other kind is optional.
+    pub fn partial(&self, model: &str) -> Result<Option<Partial>, ConfigError> {
         if self.is_empty() {
             return Ok(None);
         }
@@ -52,62 +56,69 @@ impl PriceKeys {
                 "model `{model}`: a price needs `{field}` (write 0 where nothing is charged)"
             ))),
         };
-        let or = |v: &Option<Usd>, field: &str, default: i64| match v {
-            Some(v) => v.micros(field, model),
-            None => Ok(default),
-        };
         let input = need(&self.input_usd_per_mtok, "input_usd_per_mtok")?;
         let output = need(&self.output_usd_per_mtok, "output_usd_per_mtok")?;
-        let cache_write_5m = or(
-            &self.cache_write_5m_usd_per_mtok,
-            "cache_write_5m_usd_per_mtok",
-            input,
-        )?;
-        Ok(Some(Prices {
-            input,
-            output,
-            cached_input: or(
+        let mut p = Partial {
+            prices: Prices::plain(input, output),
+            stated: Stated::default(),
+        };
+        // USD per 1 000 web-search calls → micro-dollars per 1 000 calls, as the tokens'.
+        for (kind, value, field) in [
+            (
+                Kind::CachedInput,
                 &self.cached_input_usd_per_mtok,
                 "cached_input_usd_per_mtok",
-                input,
-            )?,
-            cache_write_5m,
-            cache_write_1h: or(
+            ),
+            (
+                Kind::CacheWrite5m,
+                &self.cache_write_5m_usd_per_mtok,
+                "cache_write_5m_usd_per_mtok",
+            ),
+            (
+                Kind::CacheWrite1h,
                 &self.cache_write_1h_usd_per_mtok,
                 "cache_write_1h_usd_per_mtok",
-                cache_write_5m,
-            )?,
-            reasoning: or(
+            ),
+            (
+                Kind::Reasoning,
                 &self.reasoning_usd_per_mtok,
                 "reasoning_usd_per_mtok",
-                output,
-            )?,
-            audio_input: or(
+            ),
+            (
+                Kind::AudioInput,
                 &self.audio_input_usd_per_mtok,
                 "audio_input_usd_per_mtok",
-                input,
-            )?,
-            audio_output: or(
+            ),
+            (
+                Kind::AudioOutput,
                 &self.audio_output_usd_per_mtok,
                 "audio_output_usd_per_mtok",
-                output,
-            )?,
-            image_input: or(
+            ),
+            (
+                Kind::ImageInput,
                 &self.image_input_usd_per_mtok,
                 "image_input_usd_per_mtok",
-                input,
-            )?,
-            image_output: or(
+            ),
+            (
+                Kind::ImageOutput,
                 &self.image_output_usd_per_mtok,
                 "image_output_usd_per_mtok",
-                output,
-            )?,
-            // USD per 1 000 calls → micro-dollars per 1 000 calls, as the token prices.
-            web_search_per_1k_calls: or(
+            ),
+            (
+                Kind::WebSearch,
                 &self.web_search_usd_per_1k_calls,
                 "web_search_usd_per_1k_calls",
-                0,
-            )?,
+            ),
+        ] {
+            if let Some(v) = value {
+                kind.set(&mut p.prices, v.micros(field, model)?);
+                p.stated = p.stated.with(kind);
+            }
+        }
+        // The kinds not stated at their within-price default, as `prices` shows them.
+        Ok(Some(Partial {
+            prices: p.fill(false),
+            stated: p.stated,
         }))
     }
 }
@@ -130,21 +141,19 @@ impl ModelSettings {
     pub fn config_prices(&self) -> Result<Vec<Dated>, ConfigError> {
         let name = &self.name;
         let invalid = |why: String| Err(ConfigError::Invalid(format!("model `{name}`: {why}")));
-        let top = self.price.prices(name)?;
+        let top = self.price.partial(name)?;
         if self.free {
             if top.is_some() || !self.prices.is_empty() {
                 return invalid("`free = true` and a price: say one".into());
             }
-            return Ok(vec![Dated {
-                from: DateTime::<Utc>::MIN_UTC,
-                prices: Prices::default(),
-            }]);
+            // Every kind stated at zero: nothing is filled from a lower layer.
+            return Ok(vec![Dated::new(
+                DateTime::<Utc>::MIN_UTC,
+                Partial::whole(Prices::default()),
+            )]);
         }
         let mut out: Vec<Dated> = top
-            .map(|prices| Dated {
-                from: DateTime::<Utc>::MIN_UTC,
-                prices,
-            })
+            .map(|p| Dated::new(DateTime::<Utc>::MIN_UTC, p))
             .into_iter()
             .collect();
         for entry in &self.prices {
@@ -155,7 +164,7 @@ impl ModelSettings {
                     entry.effective
                 ));
             };
-            let Some(prices) = entry.keys.prices(name)? else {
+            let Some(prices) = entry.keys.partial(name)? else {
                 return invalid(format!(
                     "the [[models.prices]] entry effective {:?} has no price keys",
                     entry.effective
@@ -167,35 +176,58 @@ impl ModelSettings {
                     entry.effective
                 ));
             }
-            out.push(Dated { from, prices });
+            out.push(Dated::new(from, prices));
         }
         out.sort_by_key(|d| d.from);
         Ok(out)
     }
 
-    /// The schedule of this model's route to `upstream_model`: `admin` (this model's
-    /// appended rows), the config layer, and the bundled table's entries for that name.
-    pub fn schedule(&self, admin: &AdminPrices, upstream_model: &str) -> Schedule {
+    /// The schedule of this model's route to `upstream_model` on a `provider` upstream:
+    /// `admin` (this model's appended rows), the config layer, and the bundled table's
+    /// entries for that name; Anthropic's rule fills what none states on a route it bills.
+    pub fn schedule(
+        &self,
+        admin: &AdminPrices,
+        upstream_model: &str,
+        provider: Provider,
+    ) -> Schedule {
+        let rows = admin.get(&self.name).map(Vec::as_slice).unwrap_or_default();
         Schedule::new(
-            admin.get(&self.name).cloned().unwrap_or_default(),
+            rows.iter().map(|a| a.for_route(upstream_model)).collect(),
             // Validated before a catalog is built (`Settings::validate`): an error here
             // would have stopped it, so none is left to be dropped.
             self.config_prices().unwrap_or_default(),
             price_table::bundled().for_upstream_model(upstream_model),
         )
+        .billed_by_anthropic(billed_by_anthropic(provider, upstream_model))
     }
 }
 
 impl Settings {
     /// Every route of every model has a price in force at `now` — from an admin, the
     /// config file or the bundled table — or its model says `free = true`. A model
-    /// without one is refused, named, rather than served at zero.
+    /// without one is refused, named, rather than served at zero. An admin price set for
+    /// other upstream models than a route serves is warned of.
     pub fn check_priced(&self, admin: &AdminPrices, now: DateTime<Utc>) -> Result<(), ConfigError> {
         for m in &self.models {
             for r in &m.routes {
                 // The model a route serves (on Azure, not its deployment's name).
                 let name = &r.model;
-                if m.schedule(admin, name).rates_at(now).is_none() {
+                let provider = self
+                    .upstreams
+                    .iter()
+                    .find(|u| u.id == r.upstream)
+                    // Validated: a route names a configured upstream. The provider only
+                    // fills kinds; whether a price is in force does not depend on it.
+                    .map_or(Provider::default(), |u| u.provider);
+                let schedule = m.schedule(admin, name, provider);
+                if let Some(set_for) = schedule.admin_set_aside(now) {
+                    // At every start and rebuild: the model was re-pointed since its admin
+                    // price was set.
+                    tracing::warn!(model = %m.name, upstream_model = %name, set_for = ?set_for,
+                        "the admin price in force was set for other upstream models: not applied to this route (its config or bundled price is)");
+                }
+                if schedule.rates_at(now).is_none() {
                     return Err(ConfigError::Invalid(format!(
                         "model `{}` has no price in force: set input_usd_per_mtok and \
                          output_usd_per_mtok (or [[models.prices]]), or free = true; the \
@@ -241,7 +273,7 @@ mod tests {
         assert_eq!(layer[0].prices, Prices::plain(150_000, 600_000));
         assert_eq!(layer[1].from, parse_effective("2026-03-15").unwrap());
         assert_eq!(layer[1].prices.cached_input, 100_000);
-        let sched = s.models[0].schedule(&AdminPrices::default(), "mine");
+        let sched = s.models[0].schedule(&AdminPrices::default(), "mine", Provider::Openai);
         let at = |t: &str| sched.rates_at(parse_effective(t).unwrap()).unwrap().input;
         assert_eq!(at("2026-03-14T23:59:59.999Z"), 150_000);
         assert_eq!(at("2026-03-15T00:00:00Z"), 200_000);
@@ -263,7 +295,7 @@ mod tests {
         free.check_priced(&AdminPrices::default(), now()).unwrap();
         assert_eq!(
             free.models[0]
-                .schedule(&AdminPrices::default(), "llama")
+                .schedule(&AdminPrices::default(), "llama", Provider::Openai)
                 .rates_at(now()),
             Some(Prices::default())
         );
@@ -283,11 +315,86 @@ mod tests {
             "house-llm".to_string(),
             vec![Appended {
                 from: now(),
-                prices: Some(Prices::plain(1, 2)),
+                prices: Some(Partial::whole(Prices::plain(1, 2))),
+                set_for: None,
             }],
         )]
         .into();
         unpriced.check_priced(&admin, now()).unwrap();
+    }
+
+    /// A route's prices at `now`, its model configured by `model` on an Anthropic upstream.
+    fn anthropic_route(model: &str) -> Prices {
+        let text = format!(
+            "[[upstreams]]\nid = \"c\"\nprovider = \"anthropic\"\n\
+             base_url = \"https://api.anthropic.com\"\napi_key = \"k\"\n[[models]]\n{model}"
+        );
+        let s = load_from(Some(&text), &Default::default()).unwrap();
+        s.validate().unwrap();
+        s.check_priced(&AdminPrices::default(), now()).unwrap();
+        let m = &s.models[0];
+        m.schedule(
+            &AdminPrices::default(),
+            &m.routes[0].model,
+            Provider::Anthropic,
+        )
+        .rates_at(now())
+        .unwrap()
+    }
+
+    #[test]
+    fn kinds_a_config_price_leaves_out_come_from_the_bundled_entry_or_anthropics_rule() {
+        // Input and output only, for a bundled upstream model (dated name): the cache and
+        // search prices are the bundled entry's, not the input price and zero.
+        let p = anthropic_route(
+            "name = \"sonnet\"\nroutes = [{ upstream = \"c\", model = \"claude-sonnet-4-5-20250929\" }]\n\
+             input_usd_per_mtok = 3\noutput_usd_per_mtok = 15\n",
+        );
+        assert_eq!(
+            (
+                p.cached_input,
+                p.cache_write_5m,
+                p.cache_write_1h,
+                p.web_search_per_1k_calls
+            ),
+            (300_000, 3_750_000, 6_000_000, 10_000_000)
+        );
+        assert_eq!(
+            (p.input, p.output, p.reasoning),
+            (3_000_000, 15_000_000, 15_000_000)
+        );
+        // A Claude model the table does not know: Anthropic's multipliers of its input
+        // price (0.1×, 1.25×, 2×, $10 per 1 000 searches); a kind it states stays.
+        let p = anthropic_route(
+            "name = \"next\"\nroutes = [{ upstream = \"c\", model = \"claude-next-7\" }]\n\
+             input_usd_per_mtok = \"2.000001\"\noutput_usd_per_mtok = 10\n\
+             cached_input_usd_per_mtok = \"0.25\"\n",
+        );
+        assert_eq!(
+            (
+                p.cached_input,
+                p.cache_write_5m,
+                p.cache_write_1h,
+                p.web_search_per_1k_calls
+            ),
+            // 1.25 × 2 000 001 = 2 500 001.25, rounded up.
+            (250_000, 2_500_002, 4_000_002, 10_000_000)
+        );
+        // Free stays free for every kind.
+        let p = anthropic_route(
+            "name = \"gift\"\nfree = true\nroutes = [{ upstream = \"c\", model = \"claude-sonnet-4-5\" }]\n",
+        );
+        assert_eq!(p, Prices::default());
+        // Elsewhere, a kind nobody states falls under its price within the price.
+        let s = settings(
+            "name = \"m\"\nroutes = [{ upstream = \"a\", model = \"llama\" }]\n\
+             input_usd_per_mtok = 1\noutput_usd_per_mtok = 2\n",
+        );
+        let p = s.models[0]
+            .schedule(&AdminPrices::default(), "llama", Provider::Openai)
+            .rates_at(now())
+            .unwrap();
+        assert_eq!(p, Prices::plain(1_000_000, 2_000_000));
     }
 
     #[test]

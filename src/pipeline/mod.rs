@@ -608,11 +608,13 @@ async fn finish(
             None,
         ),
     };
-    let usage = usage.unwrap_or_else(|text| Usage {
-        input: p.input_on(image_rule),
-        output: estimate::count_text(&text),
-        ..Usage::default()
-    });
+    let usage = usage
+        .unwrap_or_else(|text| Usage {
+            input: p.input_on(image_rule),
+            output: estimate::count_text(&text),
+            ..Usage::default()
+        })
+        .at_worst_lifetime(p.kinds.input);
     if let Some(plan) = plan {
         // Stored in the client's format, off the request path.
         let stored = if upstream == p.endpoint.format().into() {

@@ -35,7 +35,7 @@ use crate::cache::replay::Assembler;
 use crate::cache::Plan;
 use crate::config::Provider;
 use crate::queue::Slot;
-use crate::quota::pricing::{self, Prices};
+use crate::quota::pricing::{self, InputKinds, Prices};
 use crate::quota::reservation::Held;
 use crate::ratelimit::Booking;
 use crate::state::AppState;
@@ -113,6 +113,9 @@ struct Pump {
     state: web::Data<AppState>,
     books: Books,
     prices: Prices,
+    /// The cache writes the request marked: unsplit writes are priced at the worst
+    /// lifetime it allows (`Usage::at_worst_lifetime`).
+    may: InputKinds,
     converter: StreamConverter,
     /// Rebuilds the answer the client received, for the cache.
     assembler: Option<Assembler>,
@@ -280,6 +283,7 @@ pub(super) fn serve(
         framing: Framing::of(deployment.provider),
         state,
         prices: s.prices,
+        may: p.kinds.input,
         converter,
         conversation: p.responses.clone(),
         assembler: books.cache.as_ref().map(|_| Assembler::new(client, most)),
@@ -454,6 +458,7 @@ impl Pump {
             state,
             books,
             prices,
+            may,
             converter,
             assembler,
             mut key_booking,
@@ -467,7 +472,7 @@ impl Pump {
             mut booking,
             cache,
         } = books;
-        let usage = converter.usage();
+        let usage = converter.usage().at_worst_lifetime(may);
         let cost = pricing::cost(usage, prices);
         // Every window the request booked, corrected (off this path) to what was counted.
         let used = usage.input + usage.output;

@@ -3,6 +3,7 @@
 //! CAS and the settlement (`reservation`). The CAS itself is `store::ledger`.
 
 pub mod estimate;
+pub mod fill;
 pub mod images;
 pub mod period;
 pub mod price_table;

@@ -100,7 +100,7 @@ pub fn parse(text: &str) -> Result<Table, ConfigError> {
         }
         let prices = raw
             .keys
-            .prices(name)?
+            .partial(name)?
             .ok_or_else(|| invalid(format!("`{name}` has no price")))?;
         let from = crate::config::parse_effective(&raw.effective)
             .ok_or_else(|| invalid(format!("`{name}`: effective {:?}", raw.effective)))?;
@@ -120,7 +120,7 @@ pub fn parse(text: &str) -> Result<Table, ConfigError> {
             let least = table.long_context.entry(name.clone()).or_insert(above);
             *least = (*least).min(above);
         }
-        let dated = Dated { from, prices };
+        let dated = Dated::new(from, prices);
         let same_day = by_model.entry(name.clone()).or_default();
         if same_day.iter().any(|d| d.from == from) {
             return Err(invalid(format!(

@@ -94,6 +94,8 @@ pub struct Usage {
     pub cached_input: i64,
     pub cache_write_5m: i64,
     pub cache_write_1h: i64,
+    /// Part of `cache_write_5m` the upstream did not split by lifetime.
+    pub cache_write_unsplit: i64,
     pub audio_input: i64,
     pub image_input: i64,
     pub output: i64,
@@ -134,6 +136,21 @@ fn split<const N: usize>(total: i64, parts: [i64; N]) -> ([i64; N], i64) {
 }
 
 impl Usage {
+    /// The usage to price for a request that may cause the writes `may` says: writes the
+    /// upstream did not split by lifetime are one-hour writes when the request marked any
+    /// one-hour write (the worst case: they may all be), five-minute ones otherwise.
+    pub fn at_worst_lifetime(mut self, may: InputKinds) -> Usage {
+        if may.cache_write_1h {
+            let moved = self
+                .cache_write_unsplit
+                .clamp(0, self.cache_write_5m.max(0));
+            self.cache_write_5m -= moved;
+            self.cache_write_1h = self.cache_write_1h.saturating_add(moved);
+        }
+        self.cache_write_unsplit = 0;
+        self
+    }
+
     /// The disjoint parts: input into cached, 5-minute writes, 1-hour writes, audio,
     /// image (each clamped, in that order, to what the earlier ones left of `input`) and
     /// fresh — the rest; output into reasoning, audio, image and text likewise. An
@@ -179,6 +196,7 @@ impl From<crate::upstream::providers::canonical::Usage> for Usage {
             cached_input: u.cached_input,
             cache_write_5m: u.cache_write_5m,
             cache_write_1h: u.cache_write_1h,
+            cache_write_unsplit: u.cache_write_unsplit,
             audio_input: u.audio_input,
             image_input: u.image_input,
             output: u.output,
@@ -198,6 +216,7 @@ impl From<Usage> for crate::upstream::providers::canonical::Usage {
             cached_input: u.cached_input,
             cache_write_5m: u.cache_write_5m,
             cache_write_1h: u.cache_write_1h,
+            cache_write_unsplit: u.cache_write_unsplit,
             audio_input: u.audio_input,
             image_input: u.image_input,
             output: u.output,
@@ -285,6 +304,27 @@ pub fn parse_usd(s: &str) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unsplit_writes_are_one_hour_writes_when_the_request_marked_one() {
+        let u = Usage {
+            input: 100,
+            cache_write_5m: 50,
+            cache_write_1h: 10,
+            cache_write_unsplit: 40,
+            ..Usage::default()
+        };
+        let hour = InputKinds {
+            cache_write_1h: true,
+            ..InputKinds::default()
+        };
+        let at = |may| {
+            let u = u.at_worst_lifetime(may);
+            (u.cache_write_5m, u.cache_write_1h, u.cache_write_unsplit)
+        };
+        assert_eq!(at(hour), (10, 50, 0));
+        assert_eq!(at(InputKinds::default()), (50, 10, 0));
+    }
     use proptest::prelude::*;
 
     fn mini() -> Prices {
@@ -444,6 +484,7 @@ mod tests {
                 cached_input: c,
                 cache_write_5m: w5,
                 cache_write_1h: w1,
+                cache_write_unsplit: 0,
                 audio_input: ai,
                 image_input: ii,
                 output: o,

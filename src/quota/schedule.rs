@@ -2,22 +2,44 @@
 //! (`model_prices`, per model), the config file's (a model's top-level keys from the
 //! beginning, its `[[models.prices]]` from their dates, or `free = true`: zero from the
 //! beginning), and the bundled table's (`price_table`, matched by the route's upstream model
-//! name). At an instant the first layer with a price in force there decides, and within it
-//! the latest entry whose `effective` is at or before the instant. A request is priced at
-//! `rates_at(its start)`, fixed with it for the reservation and the settlement alike.
+//! name). At an instant the first layer with a price in force there decides (within it the
+//! latest entry whose `effective` is at or before the instant); a kind that price does not
+//! state is taken from the next layer in force that states it, else filled as `fill` says.
+//! A request is priced at `rates_at(its start)`, fixed with it for the reservation and the
+//! settlement alike.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
+use super::fill::{Partial, Stated};
 use super::pricing::Prices;
 
-/// A price in force from `from` until a later entry of its layer.
+/// A price in force from `from` until a later entry of its layer: `prices` with every kind
+/// it does not state at the price it falls under within it, `stated` the kinds it names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Dated {
     pub from: DateTime<Utc>,
     pub prices: Prices,
+    pub stated: Stated,
+}
+
+impl Dated {
+    pub fn new(from: DateTime<Utc>, p: Partial) -> Dated {
+        Dated {
+            from,
+            prices: p.prices,
+            stated: p.stated,
+        }
+    }
+
+    pub fn partial(&self) -> Partial {
+        Partial {
+            prices: self.prices,
+            stated: self.stated,
+        }
+    }
 }
 
 /// Where a price in force came from.
@@ -40,10 +62,35 @@ impl Source {
 
 /// An admin's row: a price from `from` on, or (`None`) the end of the model's admin prices
 /// there — its model was deleted in the admin, and its config or bundled price applies again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Appended {
     pub from: DateTime<Utc>,
-    pub prices: Option<Prices>,
+    pub prices: Option<Partial>,
+    /// The upstream models the model's routes served when the price was set; `None` on a
+    /// withdrawal or a row written before they were recorded (it prices every route).
+    pub set_for: Option<Vec<String>>,
+}
+
+impl Appended {
+    /// Whether this row speaks for a route serving `upstream_model`: a price set for
+    /// other upstream models does not (the model was re-pointed since).
+    pub fn applies_to(&self, upstream_model: &str) -> bool {
+        self.set_for
+            .as_ref()
+            .is_none_or(|s| s.iter().any(|m| m == upstream_model))
+    }
+
+    /// The row a route serving `upstream_model` holds: a price set for another upstream
+    /// model ends the admin prices there instead (keeping `set_for`, which a withdrawal
+    /// has not: `Schedule::admin_set_aside`), so the model's config or bundled price
+    /// applies — never a price chosen for a cheaper model.
+    pub fn for_route(&self, upstream_model: &str) -> Appended {
+        let mut a = self.clone();
+        if !a.applies_to(upstream_model) {
+            a.prices = None;
+        }
+        a
+    }
 }
 
 /// The admin layer of every model: its appended rows by model name.
@@ -54,6 +101,8 @@ pub struct Schedule {
     admin: Vec<Appended>,
     config: Vec<Dated>,
     bundled: Arc<[Dated]>,
+    /// Anthropic bills the route: its rule fills the kinds no layer states (`fill`).
+    anthropic: bool,
 }
 
 impl Schedule {
@@ -65,7 +114,14 @@ impl Schedule {
             admin,
             config,
             bundled,
+            anthropic: false,
         }
+    }
+
+    /// This schedule, on a route Anthropic bills (`fill::billed_by_anthropic`) or not.
+    pub fn billed_by_anthropic(mut self, yes: bool) -> Self {
+        self.anthropic = yes;
+        self
     }
 
     /// The price in force at `t`, or `None` when no layer has one (refused at start:
@@ -74,22 +130,36 @@ impl Schedule {
         self.in_force(t).map(|(_, d)| d.prices)
     }
 
-    /// The price in force at `t` and its layer.
+    /// The upstream models the admin price in force at `t` was set for, when it is set
+    /// aside on this route (`Appended::for_route`): shown where prices are, and warned of.
+    pub fn admin_set_aside(&self, t: DateTime<Utc>) -> Option<&[String]> {
+        let a = self.admin.iter().rev().find(|a| a.from <= t)?;
+        a.prices.is_none().then_some(a.set_for.as_deref()).flatten()
+    }
+
+    /// The price in force at `t` and the layer that decides it: that layer's price, each
+    /// kind it does not state from the next layer in force that does, the rest filled
+    /// (`Partial::fill`). `from` is the deciding entry's.
     pub fn in_force(&self, t: DateTime<Utc>) -> Option<(Source, Dated)> {
-        let admin = self.admin.iter().rev().find(|a| a.from <= t);
-        if let Some(&Appended {
-            from,
-            prices: Some(prices),
-        }) = admin
-        {
-            return Some((Source::Admin, Dated { from, prices }));
-        }
-        [
-            (Source::Config, &self.config[..]),
-            (Source::Bundled, &self.bundled[..]),
+        let admin = self
+            .admin
+            .iter()
+            .rev()
+            .find(|a| a.from <= t)
+            .and_then(|a| a.prices.map(|p| Dated::new(a.from, p)));
+        let mut layers = [
+            (Source::Admin, admin),
+            (Source::Config, latest(&self.config, t)),
+            (Source::Bundled, latest(&self.bundled, t)),
         ]
         .into_iter()
-        .find_map(|(source, layer)| latest(layer, t).map(|d| (source, d)))
+        .filter_map(|(source, d)| d.map(|d| (source, d)));
+        let (source, top) = layers.next()?;
+        let merged = layers.fold(top.partial(), |p, (_, lower)| p.under(&lower.partial()));
+        Some((
+            source,
+            Dated::new(top.from, Partial::whole(merged.fill(self.anthropic))),
+        ))
     }
 }
 
@@ -113,6 +183,7 @@ mod tests {
                 cached_input: input / 2,
                 ..Prices::plain(input, input * 4)
             },
+            stated: Stated::default().with(crate::quota::fill::Kind::CachedInput),
         }
     }
 
@@ -144,11 +215,12 @@ mod tests {
         // A config price from the beginning hides the bundled one at every instant.
         let config = vec![Dated {
             from: DateTime::<Utc>::MIN_UTC,
-            prices: dated("2020-01-01T00:00:00Z", 10).prices,
+            ..dated("2020-01-01T00:00:00Z", 10)
         }];
         let admin = |from: &str, input: Option<i64>| Appended {
             from: at(from),
-            prices: input.map(|i| dated(from, i).prices),
+            prices: input.map(|i| dated(from, i).partial()),
+            set_for: None,
         };
         let s = Schedule::new(
             vec![

@@ -6,14 +6,16 @@ use chrono::{DateTime, Utc};
 use serde_json::json;
 
 use super::Result;
+use crate::quota::fill::{Kind, Partial, Stated};
 use crate::quota::pricing::Prices;
 use crate::quota::schedule::{AdminPrices, Appended};
 
 pub(crate) const ALL: &str = "SELECT model, effective_from, prices, created_by, created_at FROM model_prices ORDER BY model, effective_from";
 
 /// One appended price. `prices` is JSON: integer micro-dollars per million tokens by kind
-/// (`{"input":150000,"output":600000,"cached_input":75000}`), or `null` where the model's
-/// admin prices end (its model deleted in the admin: `Appended`).
+/// stated (`{"input":150000,"output":600000,"cached_input":75000}`), or `null` where the
+/// model's admin prices end (its model deleted in the admin: `Appended`). Rows written
+/// before a kind could be left out carry every kind: they state them all.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct PriceRow {
     pub model: String,
@@ -23,19 +25,21 @@ pub struct PriceRow {
     pub created_at: String,
 }
 
-/// The stored form of a price (`None`: the end of the model's admin prices).
-pub fn prices_json(p: Option<&Prices>) -> String {
-    match p {
-        Some(p) => json!({
-            "input": p.input, "output": p.output, "cached_input": p.cached_input,
-            "cache_write_5m": p.cache_write_5m, "cache_write_1h": p.cache_write_1h,
-            "reasoning": p.reasoning, "audio_input": p.audio_input,
-            "audio_output": p.audio_output, "image_input": p.image_input,
-            "image_output": p.image_output, "web_search_per_1k_calls": p.web_search_per_1k_calls,
-        })
-        .to_string(),
-        None => "null".into(),
+/// The stored form of a price (`None`: the end of the model's admin prices): input,
+/// output and the kinds it states only — a kind it leaves out is filled from the route's
+/// lower layers (`quota::fill`), so it is not written as its default.
+/// `set_for` are the upstream models the model's routes serve: the price applies to those
+/// only (`Appended::set_for`).
+pub fn prices_json(p: Option<&Partial>, set_for: &[String]) -> String {
+    let Some(p) = p else {
+        return "null".into();
+    };
+    let mut v = json!({"input": p.prices.input, "output": p.prices.output,
+        "upstream_models": set_for});
+    for k in Kind::ALL.into_iter().filter(|k| p.stated.has(*k)) {
+        v[k.key()] = json!(k.get(&p.prices));
     }
+    v.to_string()
 }
 
 impl PriceRow {
@@ -47,30 +51,34 @@ impl PriceRow {
             .with_timezone(&Utc);
         let v: serde_json::Value = serde_json::from_str(&self.prices).ok()?;
         if v.is_null() {
-            return Some(Appended { from, prices: None });
+            return Some(Appended {
+                from,
+                prices: None,
+                set_for: None,
+            });
         }
         let kind = |k: &str| v.get(k).and_then(|x| x.as_i64()).filter(|m| *m >= 0);
-        // A kind missing from the row (written before it had a price of its own) falls
-        // under the price it defaults to, as a config price without its key.
-        let input = kind("input")?;
-        let output = kind("output")?;
-        let cache_write_5m = kind("cache_write_5m").unwrap_or(input);
-        let prices = Prices {
-            input,
-            output,
-            cached_input: kind("cached_input").unwrap_or(input),
-            cache_write_5m,
-            cache_write_1h: kind("cache_write_1h").unwrap_or(cache_write_5m),
-            reasoning: kind("reasoning").unwrap_or(output),
-            audio_input: kind("audio_input").unwrap_or(input),
-            audio_output: kind("audio_output").unwrap_or(output),
-            image_input: kind("image_input").unwrap_or(input),
-            image_output: kind("image_output").unwrap_or(output),
-            web_search_per_1k_calls: kind("web_search_per_1k_calls").unwrap_or(0),
+        let mut p = Partial {
+            prices: Prices::plain(kind("input")?, kind("output")?),
+            stated: Stated::default(),
+        };
+        for k in Kind::ALL {
+            if let Some(m) = kind(k.key()) {
+                k.set(&mut p.prices, m);
+                p.stated = p.stated.with(k);
+            }
+        }
+        let set_for = match v.get("upstream_models") {
+            None => None,
+            Some(names) => Some(serde_json::from_value(names.clone()).ok()?),
         };
         Some(Appended {
             from,
-            prices: Some(prices),
+            prices: Some(Partial {
+                prices: p.fill(false),
+                stated: p.stated,
+            }),
+            set_for,
         })
     }
 }

@@ -155,6 +155,9 @@ pub struct Route {
     pub deployment: usize,
     /// The model name the upstream knows (on Azure, the deployment's name).
     pub upstream_model: String,
+    /// The model the route serves, which prices go by (on Azure, not the deployment's
+    /// name): the bundled entry's name, and the one an admin price is set for.
+    pub model: String,
     /// Which of the deployment's URL sets this route's requests go to (`Deployment::url`).
     pub target: usize,
     /// The body field this upstream model takes its output cap in (config
@@ -253,8 +256,9 @@ impl Catalog {
                         let by_config = r.output_cap_param.or(u.quirks.max_tokens_field);
                         Some(Route {
                             deployment: d,
-                            schedule: Arc::new(m.schedule(&managed.prices, &r.model)),
+                            schedule: Arc::new(m.schedule(&managed.prices, &r.model, u.provider)),
                             upstream_model: name.clone(),
+                            model: r.model.clone(),
                             target: slots[d].fresh()?.target(u, name),
                             cap_param: match u.provider {
                                 Provider::Anthropic | Provider::Gemini | Provider::Bedrock => {
@@ -393,6 +397,7 @@ mod tests {
         let route = Route {
             deployment: 0,
             upstream_model: "o3".into(),
+            model: "o3".into(),
             target: 0,
             cap_param: OutputCapParam::MaxCompletionTokens,
             schedule: Arc::default(),

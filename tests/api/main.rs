@@ -77,6 +77,7 @@ mod pg_store_log;
 mod pg_store_scale;
 mod pg_transient;
 mod price_history;
+mod price_layers;
 mod processes;
 mod proxy;
 mod queue;

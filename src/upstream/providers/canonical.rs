@@ -278,6 +278,9 @@ pub struct Usage {
     pub cache_write_5m: i64,
     /// Part of `input` written to the prompt cache at the one-hour rate.
     pub cache_write_1h: i64,
+    /// Part of `cache_write_5m` the upstream reported without a split by lifetime
+    /// (Bedrock, Anthropic without `cache_creation`): one-hour writes for all we know.
+    pub cache_write_unsplit: i64,
     /// Part of `output` spent on reasoning.
     pub reasoning: i64,
     /// Part of `input` that was audio (OpenAI `prompt_tokens_details.audio_tokens`, Gemini's
@@ -313,6 +316,7 @@ pub struct Input {
     pub cached_input: i64,
     pub cache_write_5m: i64,
     pub cache_write_1h: i64,
+    pub cache_write_unsplit: i64,
     pub audio_input: i64,
     pub image_input: i64,
 }
@@ -348,6 +352,7 @@ impl Reported {
                 cached_input: u.cached_input,
                 cache_write_5m: u.cache_write_5m,
                 cache_write_1h: u.cache_write_1h,
+                cache_write_unsplit: u.cache_write_unsplit,
                 audio_input: u.audio_input,
                 image_input: u.image_input,
             }),
@@ -368,6 +373,7 @@ impl Reported {
             u.cached_input = i.cached_input;
             u.cache_write_5m = i.cache_write_5m;
             u.cache_write_1h = i.cache_write_1h;
+            u.cache_write_unsplit = i.cache_write_unsplit;
             u.audio_input = i.audio_input;
             u.image_input = i.image_input;
         }

@@ -93,7 +93,9 @@ pub fn is_web_search_call(kind: &str, name: Option<&str>) -> bool {
 /// The input side of an Anthropic usage, each figure read by `n` (0 when absent): input
 /// is `input_tokens` plus the cache reads and writes, which Anthropic counts apart. The
 /// writes are split by lifetime where `cache_creation` gives it; writes it does not
-/// split are five-minute ones (the default lifetime), and a split that says more than
+/// split are five-minute ones (the default lifetime) noted as unsplit — the settlement
+/// prices them at the one-hour rate when the request marked a one-hour write
+/// (`pricing::Usage::at_worst_lifetime`) — and a split that says more than
 /// `cache_creation_input_tokens` counts.
 pub fn input_of(n: &dyn Fn(&str) -> i64) -> Input {
     let cached = n("/cache_read_input_tokens");
@@ -107,6 +109,7 @@ pub fn input_of(n: &dyn Fn(&str) -> i64) -> Input {
         cached_input: cached,
         cache_write_5m: written - hour,
         cache_write_1h: hour,
+        cache_write_unsplit: written - hour - five,
         ..Input::default()
     }
 }

@@ -31,6 +31,8 @@ pub fn read_usage(u: &Value) -> Option<Usage> {
         output,
         cached_input: read,
         cache_write_5m: write,
+        // Bedrock does not split its writes by lifetime.
+        cache_write_unsplit: write,
         ..Usage::default()
     })
 }

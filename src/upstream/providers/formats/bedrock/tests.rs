@@ -267,7 +267,8 @@ fn a_converse_answer_reads_into_the_internal_form() {
             },
         ]
     );
-    // inputTokens excludes the cache: 320 + 1000 read + 200 written.
+    // inputTokens excludes the cache: 320 + 1000 read + 200 written (not split by
+    // lifetime: one-hour writes when the request marked one).
     assert_eq!(
         a.usage,
         Some(Usage {
@@ -275,6 +276,7 @@ fn a_converse_answer_reads_into_the_internal_form() {
             output: 58,
             cached_input: 1000,
             cache_write_5m: 200,
+            cache_write_unsplit: 200,
             ..Usage::default()
         })
     );

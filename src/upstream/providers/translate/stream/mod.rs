@@ -401,6 +401,7 @@ impl StreamConverter {
             cached_input: i.cached_input,
             cache_write_5m: i.cache_write_5m,
             cache_write_1h: i.cache_write_1h,
+            cache_write_unsplit: i.cache_write_unsplit,
             audio_input: i.audio_input,
             image_input: i.image_input,
             output,
@@ -463,11 +464,19 @@ impl StreamConverter {
         };
         let written = |x: &Input| x.cache_write_5m.saturating_add(x.cache_write_1h);
         let hour = had.cache_write_1h.max(i.cache_write_1h);
+        let five = written(&had).max(written(&i)) - hour;
+        // Unsplit: what no report split. A report with the split (`message_start`) says
+        // 0, and the `message_delta` repeating the total without it does not undo that.
+        let unsplit = match self.input {
+            None => i.cache_write_unsplit,
+            Some(_) => had.cache_write_unsplit.min(i.cache_write_unsplit),
+        };
         self.input = Some(Input {
             input: total,
             cached_input: (total - fresh).max(0),
-            cache_write_5m: written(&had).max(written(&i)) - hour,
+            cache_write_5m: five,
             cache_write_1h: hour,
+            cache_write_unsplit: unsplit.clamp(0, five),
             audio_input: had.audio_input.max(i.audio_input),
             image_input: had.image_input.max(i.image_input),
         });

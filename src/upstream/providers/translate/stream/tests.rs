@@ -500,3 +500,40 @@ fn more_input_more_of_it_cached_does_not_lower_the_price() {
     let u = c.usage();
     assert_eq!((u.input, u.cached_input, u.output), (10_001, 1, 100));
 }
+
+/// Writes count as unsplit by lifetime only where no report split them: Anthropic's
+/// `message_start` splits them and its `message_delta` repeats the total without the
+/// split (nothing unsplit); a stream that never splits them (Bedrock, older versions)
+/// leaves them all unsplit.
+#[test]
+fn cache_writes_are_unsplit_only_where_no_report_split_them() {
+    let unsplit = |first: canonical::Usage| {
+        let mut c = StreamConverter::new(WireFormat::OpenAi, WireFormat::Anthropic, false, 10);
+        let repeat = canonical::Usage {
+            input: 100,
+            cache_write_5m: 50,
+            cache_write_unsplit: 50,
+            output: 3,
+            ..canonical::Usage::default()
+        };
+        for u in [first, repeat] {
+            c.note_event(&Event::Usage(Reported::whole(u)));
+        }
+        let u = c.usage();
+        (u.cache_write_5m, u.cache_write_1h, u.cache_write_unsplit)
+    };
+    let split = canonical::Usage {
+        input: 100,
+        cache_write_5m: 20,
+        cache_write_1h: 30,
+        ..canonical::Usage::default()
+    };
+    assert_eq!(unsplit(split), (20, 30, 0));
+    let never = canonical::Usage {
+        input: 100,
+        cache_write_5m: 50,
+        cache_write_unsplit: 50,
+        ..canonical::Usage::default()
+    };
+    assert_eq!(unsplit(never), (50, 0, 50));
+}
