@@ -9,6 +9,7 @@ pub mod cli;
 pub mod client_addr;
 pub mod clock;
 pub mod config;
+pub mod endpoint;
 pub mod error;
 pub mod finance;
 pub mod mock;

@@ -1,21 +1,15 @@
-//! The `sluice` command line. Parsing only; the work is in the library.
+//! The `sluice` command line: the arguments parsed and each command handed to its
+//! implementation under `sluice::cli`.
 
-use std::io::Read;
 use std::path::PathBuf;
 
-use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
-use secrecy::SecretString;
 
-use sluice::cli::{self, BudgetChange, IssueArgs, UserArgs};
-use sluice::config::{
-    self, Ladder, ModelSettings, Provider, RouteSettings, Secret, Settings, UpstreamSettings,
-};
+use sluice::cli::token_commands::BudgetFlags;
+use sluice::cli::{self, IssueArgs, UserArgs};
+use sluice::config::{self, Ladder};
 use sluice::finance::run::Export;
-use sluice::mock::{MockConfig, MockServer};
-use sluice::quota::pricing;
-use sluice::startup::Application;
-use sluice::store::{tokens, Db};
+use sluice::store::Db;
 
 #[derive(Parser)]
 #[command(
@@ -296,12 +290,6 @@ fn init_tracing() {
         .init();
 }
 
-fn usd_arg(s: &str) -> anyhow::Result<i64> {
-    let (neg, digits) = s.strip_prefix('-').map_or((false, s), |d| (true, d));
-    let m = pricing::parse_usd(digits).with_context(|| format!("`{s}` is not a USD amount"))?;
-    Ok(if neg { -m } else { m })
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     init_tracing();
@@ -313,83 +301,34 @@ async fn main() -> anyhow::Result<()> {
         text,
     } = &cli.command
     {
-        let mut cfg = MockConfig {
-            workers: *workers,
-            ..MockConfig::default()
-        };
-        if let Some(t) = text {
-            cfg.text = t.clone();
-        }
-        let mock = MockServer::start(listen, cfg)?;
-        println!("sluice mock listening on {}", mock.base_url());
-        tokio::signal::ctrl_c().await?;
-        return Ok(());
+        return cli::mock::run(listen, *workers, text.as_deref()).await;
     }
     if let Command::MigrateStore { from, to } = &cli.command {
-        let done = sluice::ops::migrate_store::migrate_store(from, to, now).await?;
-        println!("copied {from} into the PostgreSQL database:\n{done}");
-        return Ok(());
+        return cli::store_copy::migrate_store(from, to, now).await;
     }
     let settings = config::load(cli.config.as_deref())?;
     if let Command::Serve { demo: true, .. } = cli.command {
-        return serve_demo(settings).await;
+        return cli::demo::serve_demo(settings).await;
     }
     if let Command::CheckConfig = cli.command {
-        settings.validate()?;
-        // The admins' prices are in the database: a model of the file needs a price of
-        // its own, a bundled one or `free = true`.
-        settings.check_priced(&Default::default(), chrono::Utc::now())?;
-        print!("{}", settings.to_masked_toml());
-        eprintln!(
-            "config ok: {} upstreams, {} models",
-            settings.upstreams.len(),
-            settings.models.len()
-        );
-        return Ok(());
+        return cli::check_config::check_config(&settings);
     }
     if let Command::Serve {
         demo: false,
         ladder,
     } = cli.command
     {
-        let mut settings = settings;
-        if ladder != Ladder::All {
-            tracing::warn!(?ladder, "benchmark ladder: stages after this one are OFF (no auth below `auth`); never run this in production");
-        }
-        settings.ladder = ladder;
-        return serve(settings, cli.config.clone()).await;
+        return cli::serve::serve(settings, ladder, cli.config.clone()).await;
     }
     settings.validate()?;
     if let Command::Restore { file } = &cli.command {
-        let target = sluice::ops::backup::restore_target(&settings)?;
-        let r = sluice::ops::backup::restore(file, &target, now).await?;
-        println!(
-            "restored {} into {}: integrity {}, ledger invariant holds for {} tokens",
-            file.display(),
-            target.display(),
-            r.integrity,
-            r.tokens_checked
-        );
-        let dir = PathBuf::from(&settings.backup.dir);
-        let db = Db::connect(&settings).await?;
-        let why = format!("restore of {}", file.display());
-        let rearmed = cli::audit_rearm(&db, &dir, &why, "before-restore", now).await;
-        db.close().await;
-        println!("{}", rearmed?);
-        return Ok(());
+        return cli::backup::restore(&settings, file, now).await;
     }
     if let Command::Secrets {
         command: SecretsCommand::Rotate { new_key_file },
     } = &cli.command
     {
-        let new = sluice::secrets::MasterKey::new_for_rotation(new_key_file.as_deref())?;
-        let done = sluice::ops::rotate::rotate(&settings, &new, now).await?;
-        println!(
-            "rotated to the new master key: {} upstream keys sealed again, {} audit rows signed again, the audit head signed again",
-            done.upstream_keys, done.audit_rows
-        );
-        println!("now put the new key where the gateway reads it ({} or the key file), then start the gateways; keep the old key with the backups made before (they open only under it)", sluice::secrets::ENV);
-        return Ok(());
+        return cli::rotate::rotate(&settings, new_key_file.as_deref(), now).await;
     }
     if let Command::Reconcile {
         provider,
@@ -397,7 +336,7 @@ async fn main() -> anyhow::Result<()> {
         json,
     } = &cli.command
     {
-        let code = reconcile(&settings, *provider, file, *json, now).await?;
+        let code = cli::reconcile::run(&settings, *provider, file, *json, now).await?;
         std::process::exit(code);
     }
     let db = match cli.command {
@@ -421,15 +360,11 @@ async fn main() -> anyhow::Result<()> {
                 },
         } => {
             let (budget, tags) = (budget_usd.as_deref(), tags.as_deref());
-            let id = cli::team_create_tagged(&db, &name, budget, tags, now).await?;
-            println!("team {name} created (id {id})");
+            cli::tenant_commands::team_create(&db, &name, budget, tags, now).await?;
         }
         Command::Team {
             command: TeamCommand::Edit { name, tags },
-        } => {
-            let id = cli::team_edit_tags(&db, &name, &tags, now).await?;
-            println!("team {name} (id {id}) updated");
-        }
+        } => cli::tenant_commands::team_edit(&db, &name, &tags, now).await?,
         Command::User {
             command:
                 UserCommand::Create {
@@ -449,8 +384,7 @@ async fn main() -> anyhow::Result<()> {
                 budget_usd: budget_usd.as_deref(),
                 reset: reset.as_deref(),
             };
-            let id = cli::user_create(&db, &args, now).await?;
-            println!("user {username} created (id {id})");
+            cli::tenant_commands::user_create(&db, &args, now).await?;
         }
         Command::Token { command } => token_command(&db, command, now).await?,
         Command::Admin {
@@ -463,67 +397,29 @@ async fn main() -> anyhow::Result<()> {
                     break_glass,
                 },
         } => {
-            let (pw, generated) = new_password(password_stdin)?;
             let who = (username.as_str(), role.as_str(), team.as_deref());
-            let id = cli::admin_create_with(&db, who, pw.clone(), break_glass, now).await?;
-            println!("admin {username} ({role}) created (id {id})");
-            if break_glass {
-                println!("{username} is a break-glass login: its password works even with [oidc] password_login = false");
-            }
-            if generated {
-                println!("password (shown once): {pw}");
-            }
+            cli::admin_commands::create(&db, who, password_stdin, break_glass, now).await?;
         }
         Command::Admin {
             command: AdminCommand::Unlock { username },
-        } => {
-            let n = cli::admin_unlock(&db, &username, now).await?;
-            println!("{username} unlocked ({n} counted sign-in attempts forgotten)");
-        }
+        } => cli::admin_commands::unlock(&db, &username, now).await?,
         Command::Admin {
             command:
                 AdminCommand::ResetPassword {
                     username,
                     password_stdin,
                 },
-        } => {
-            let (pw, generated) = new_password(password_stdin)?;
-            cli::admin_reset_password(&db, &username, pw.clone(), now).await?;
-            println!("password of {username} reset; its sessions ended and API keys revoked");
-            if generated {
-                println!("password (shown once): {pw}");
-            }
-        }
-        Command::Backup { to } => {
-            let dir = to.unwrap_or_else(|| PathBuf::from(&settings.backup.dir));
-            let path = sluice::ops::backup::backup_now_locked(&db, &dir, settings.backup.keep, now)
-                .await?;
-            println!("backup written to {}", path.display());
-        }
+        } => cli::admin_commands::reset_password(&db, &username, password_stdin, now).await?,
+        Command::Backup { to } => cli::backup::backup_now(&db, &settings, to, now).await?,
         Command::Cache {
             command: CacheCommand::Invalidate { tag },
-        } => {
-            let n = sluice::store::cache::delete_tag(&db, &tag).await?.len();
-            println!("{n} cache entries tagged {tag} deleted");
-        }
+        } => cli::cache::invalidate(&db, &tag).await?,
         Command::Audit {
             command: AuditCommand::Verify,
-        } => {
-            let dir = PathBuf::from(&settings.backup.dir);
-            let verdict = cli::audit_verify(&db, &dir).await;
-            db.close().await;
-            println!("{}", verdict?);
-            return Ok(());
-        }
+        } => return cli::audit_commands::verify(db, &settings).await,
         Command::Audit {
             command: AuditCommand::Rearm { reason },
-        } => {
-            let dir = PathBuf::from(&settings.backup.dir);
-            let rearmed = cli::audit_rearm(&db, &dir, &reason, "before-rearm", now).await;
-            db.close().await;
-            println!("{}", rearmed?);
-            return Ok(());
-        }
+        } => return cli::audit_commands::rearm(db, &settings, &reason, now).await,
         Command::Serve { .. }
         | Command::CheckConfig
         | Command::Mock { .. }
@@ -537,72 +433,13 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `sluice reconcile`: the report printed, `reconcile_mismatch` sent when a row is flagged;
-/// the exit code (0 all match, 2 unreadable export, 3 flagged).
-async fn reconcile(
-    settings: &Settings,
-    export: Export,
-    file: &std::path::Path,
-    json: bool,
-    now: chrono::DateTime<chrono::Utc>,
-) -> anyhow::Result<i32> {
-    use sluice::finance::FinanceError;
-    let db = Db::connect(settings).await?;
-    let done = sluice::finance::run::reconcile_file(&db, settings, export, file, "cli", now).await;
-    let dir = std::path::Path::new(&settings.backup.dir);
-    let r = match done {
-        Ok(r) => r,
-        Err(FinanceError::Unreadable(why)) => {
-            db.close().await;
-            eprintln!("error: {why}");
-            return Ok(2);
-        }
-        Err(e) => {
-            db.close().await;
-            return Err(e.into());
-        }
-    };
-    cli::export_audit_head(&db, dir, now).await;
-    db.close().await;
-    print!("{}", cli::reconcile_report(&r, json));
-    if r.run.flagged == 0 {
-        return Ok(0);
-    }
-    let message = format!(
-        "{} of {} rows of the {} export {} differ from Sluice's spend past the threshold (reconciliation {})",
-        r.run.flagged,
-        r.rows.len(),
-        r.run.provider,
-        r.run.source,
-        r.run.id
-    );
-    let subject = format!("reconciliation:{}", r.run.id);
-    sluice::ops::alerts::send_now(&settings.alerts, "reconcile_mismatch", &subject, &message).await;
-    Ok(3)
-}
-
-/// A new admin password: from standard input, else `SLUICE_ADMIN_PASSWORD`, else a
-/// generated one (the flag says whether to print it).
-fn new_password(stdin: bool) -> anyhow::Result<(String, bool)> {
-    Ok(if stdin {
-        let mut s = String::new();
-        std::io::stdin().read_to_string(&mut s)?;
-        (s.trim_end_matches(['\n', '\r']).to_string(), false)
-    } else if let Ok(p) = std::env::var("SLUICE_ADMIN_PASSWORD") {
-        (p, false)
-    } else {
-        (
-            sluice::auth::token::generate().text[6..30].to_string(),
-            true,
-        )
-    })
-}
-
+/// The token commands, each handed to `cli::token_commands`.
 async fn token_command(
     db: &Db,
     command: TokenCommand,
     now: chrono::DateTime<chrono::Utc>,
 ) -> anyhow::Result<()> {
+    use cli::token_commands as tokens;
     match command {
         TokenCommand::Issue {
             user,
@@ -628,54 +465,10 @@ async fn token_command(
                 max_priority,
                 downgrade_model: downgrade_model.as_deref(),
             };
-            let t = cli::token_issue_tagged(db, &args, tags.as_deref(), now).await?;
-            let budget = t.limit_micros.map(pricing::usd);
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({"id": t.id, "token": t.text, "user": user, "budget_usd": budget})
-                );
-            } else {
-                println!(
-                    "token {} issued for {user} (budget: {})",
-                    t.id,
-                    budget.as_deref().unwrap_or("unlimited")
-                );
-                println!("{}", t.text);
-                eprintln!("This is the only time the token is shown.");
-            }
+            tokens::issue(db, &args, tags.as_deref(), json, now).await
         }
-        TokenCommand::Revoke { id } => {
-            cli::token_revoke(db, id, now).await?;
-            println!("token {id} revoked");
-        }
-        TokenCommand::List { json } => {
-            let rows = tokens::list(db).await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&rows)?);
-            } else {
-                println!(
-                    "{:>5}  {:<10} {:<16} {:<12} {:>14} {:>14}  state",
-                    "id", "prefix", "user", "team", "limit", "spent"
-                );
-                for r in rows {
-                    let limit = r
-                        .limit_micros
-                        .map(pricing::usd)
-                        .unwrap_or_else(|| "unlimited".into());
-                    let state = if r.revoked { "revoked" } else { "active" };
-                    println!(
-                        "{:>5}  {:<10} {:<16} {:<12} {:>14} {:>14}  {state}",
-                        r.id,
-                        r.prefix,
-                        r.user,
-                        r.team,
-                        limit,
-                        pricing::usd(r.spent_micros)
-                    );
-                }
-            }
-        }
+        TokenCommand::Revoke { id } => tokens::revoke(db, id, now).await,
+        TokenCommand::List { json } => tokens::list(db, json).await,
         TokenCommand::Budget {
             id,
             limit_usd,
@@ -683,223 +476,13 @@ async fn token_command(
             adjust_usd,
             reason,
         } => {
-            let change = match (limit_usd, top_up_usd, adjust_usd) {
-                (Some(l), None, None) => BudgetChange::Limit(if l == "none" {
-                    None
-                } else {
-                    Some(usd_arg(&l)?)
-                }),
-                (None, Some(t), None) => BudgetChange::TopUp(usd_arg(&t)?),
-                (None, None, Some(a)) => {
-                    let reason = reason.context("--adjust-usd needs --reason")?;
-                    BudgetChange::Adjust {
-                        micros: usd_arg(&a)?,
-                        reason,
-                    }
-                }
-                _ => bail!("give exactly one of --limit-usd, --top-up-usd, --adjust-usd"),
+            let flags = BudgetFlags {
+                limit_usd,
+                top_up_usd,
+                adjust_usd,
+                reason,
             };
-            cli::token_budget(db, id, change, now).await?;
-            println!("token {id} budget updated");
+            tokens::budget(db, id, flags, now).await
         }
     }
-    Ok(())
-}
-
-async fn serve(settings: Settings, config: Option<std::path::PathBuf>) -> anyhow::Result<()> {
-    sluice::ops::fd_limit::raise();
-    let app = Application::build(settings).await?;
-    tracing::info!(port = app.port(), "sluice listening");
-    let reload = reloader(&app, config);
-    run_until_signalled(app, Some(reload)).await
-}
-
-/// SIGHUP's action: the config file `config` read again (`ops::reload`).
-fn reloader(app: &Application, config: Option<std::path::PathBuf>) -> Reload {
-    let state = app.state();
-    Box::new(move || {
-        let state = state.clone();
-        let config = config.clone();
-        tokio::spawn(async move {
-            sluice::ops::reload::reload_config(&state, config.as_deref()).await;
-        });
-    })
-}
-
-/// Serves until a signal: SIGTERM stops gracefully (requests and streams get
-/// `server.shutdown_timeout_seconds`, then the ones still running are ended and settled);
-/// SIGINT and SIGQUIT end them at once (settled all the same), also when they come during
-/// the grace a SIGTERM gave (an operator's Ctrl-C, a supervisor escalating), and so does a
-/// second SIGTERM. See `startup::Shutdown`. SIGHUP runs `reload`.
-async fn run_until_signalled(app: Application, reload: Option<Reload>) -> anyhow::Result<()> {
-    let shutdown = app.shutdown();
-    tokio::spawn(async move {
-        let mut signals = StopSignals::new(reload);
-        let grace = match signals.next().await {
-            Stop::Graceful => shutdown.timeout(),
-            Stop::Now => std::time::Duration::ZERO,
-        };
-        tracing::info!(
-            grace_seconds = grace.as_secs(),
-            "shutdown: no longer accepting connections"
-        );
-        if !grace.is_zero() {
-            let now = shutdown.clone();
-            tokio::spawn(async move {
-                signals.next().await;
-                tracing::info!("shutdown: a second signal ends the grace");
-                now.end_now();
-            });
-        }
-        shutdown.stop(grace).await;
-    });
-    app.run_until_stopped().await?;
-    Ok(())
-}
-
-/// What a stop signal asks for.
-enum Stop {
-    /// SIGTERM: the configured grace.
-    Graceful,
-    /// SIGINT, SIGQUIT: no grace.
-    Now,
-}
-
-/// The stop signals, listened for from the start to the end of the process (once one is
-/// handled here the default action — ending the process — is gone for good, so every
-/// later one must be heard too). SIGHUP is heard too, and does not stop anything: it
-/// reloads the config file (`reload`; without one, as in the demo, the log says it is not
-/// reloaded).
-struct StopSignals {
-    #[cfg(unix)]
-    unix: Option<[tokio::signal::unix::Signal; 4]>,
-    reload: Option<Reload>,
-}
-
-/// What SIGHUP runs.
-type Reload = Box<dyn Fn() + Send>;
-
-impl StopSignals {
-    fn new(reload: Option<Reload>) -> Self {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{signal, SignalKind};
-            let listen = || {
-                Ok::<_, std::io::Error>([
-                    signal(SignalKind::terminate())?,
-                    signal(SignalKind::interrupt())?,
-                    signal(SignalKind::quit())?,
-                    signal(SignalKind::hangup())?,
-                ])
-            };
-            match listen() {
-                Ok(signals) => Self {
-                    unix: Some(signals),
-                    reload,
-                },
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops the gateway");
-                    Self { unix: None, reload }
-                }
-            }
-        }
-        #[cfg(not(unix))]
-        Self { reload }
-    }
-
-    /// Waits for the next stop signal.
-    async fn next(&mut self) -> Stop {
-        #[cfg(unix)]
-        if let Some([term, int, quit, hup]) = self.unix.as_mut() {
-            loop {
-                return tokio::select! {
-                    _ = term.recv() => Stop::Graceful,
-                    _ = int.recv() => Stop::Now,
-                    _ = quit.recv() => Stop::Now,
-                    _ = hup.recv() => {
-                        match &self.reload {
-                            Some(reload) => reload(),
-                            None => tracing::warn!("SIGHUP: this gateway has no config file to reload; still serving the configuration read at start"),
-                        }
-                        continue;
-                    }
-                };
-            }
-        }
-        let _ = tokio::signal::ctrl_c().await;
-        Stop::Now
-    }
-}
-
-/// `serve --demo`: the gateway with an in-process mock upstream, an admin and a token.
-async fn serve_demo(mut settings: Settings) -> anyhow::Result<()> {
-    sluice::ops::fd_limit::raise();
-    let mock = MockServer::start("127.0.0.1:0", MockConfig::default())?;
-    settings.upstreams = vec![UpstreamSettings {
-        id: "mock".into(),
-        provider: Provider::Openai,
-        base_url: format!("{}/v1", mock.base_url()),
-        api_key: Secret(SecretString::from("sk-mock-demo-key")),
-        rpm_limit: 0,
-        tpm_limit: 0,
-        max_concurrent: 0,
-        max_queue: 0,
-        allow_private_network: true,
-        ..Default::default()
-    }];
-    settings.models = ["gpt-4o-mini", "gpt-4o", "text-embedding-3-small"]
-        .iter()
-        .map(|name| ModelSettings {
-            name: (*name).into(),
-            aliases: vec![],
-            routes: vec![RouteSettings {
-                upstream: "mock".into(),
-                model: (*name).into(),
-                output_cap_param: None,
-                deployment: None,
-            }],
-            fallbacks: vec![],
-            price: sluice::config::PriceKeys::usd(0.15, 0.60),
-            prices: vec![],
-            free: false,
-            max_output_tokens: 4096,
-            max_input_tokens: 128_000,
-            cache_similarity_threshold: None,
-            cache_ignore_identifiers: None,
-        })
-        .collect();
-    settings.validate()?;
-    let db = Db::connect(&settings).await?;
-    let now = chrono::Utc::now();
-    let pw = sluice::auth::token::generate().text[6..30].to_string();
-    let admin = cli::admin_create(&db, "admin", "admin", None, pw.clone(), now).await;
-    let args = IssueArgs {
-        user: "demo",
-        budget_usd: Some("5"),
-        reset: Some("monthly"),
-        expires: None,
-        rpm: None,
-        tpm: None,
-        models: None,
-        max_priority: 2,
-        downgrade_model: None,
-    };
-    let token = cli::token_issue(&db, &args, now).await?;
-    db.close().await;
-    let app = Application::build(settings).await?;
-    let url = format!("http://127.0.0.1:{}", app.port());
-    println!(
-        "Sluice demo at {url} (mock upstream at {})",
-        mock.base_url()
-    );
-    if admin.is_ok() {
-        println!("  admin login: admin / {pw}   (shown once)");
-    }
-    println!("  demo token (5 USD/month, shown once): {}", token.text);
-    println!(
-        "  try: curl {url}/v1/chat/completions -H 'Authorization: Bearer {}' \\",
-        token.text
-    );
-    println!("         -H 'content-type: application/json' -d '{{\"model\":\"gpt-4o-mini\",\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'");
-    run_until_signalled(app, None).await
 }

@@ -2,17 +2,21 @@
 
 use std::sync::Arc;
 
+use chrono::{DateTime, Utc};
+
 use crate::auth::password::Passwords;
 use crate::auth::Authenticator;
 use crate::cache::Cache;
 use crate::clock::Clock;
 use crate::config::Settings;
 use crate::ops::alerts::Alerter;
+use crate::ops::metrics;
 use crate::ops::request_log::RequestLog;
 use crate::queue::Queue;
 use crate::quota::reservation::Quota;
 use crate::ratelimit::Windows;
-use crate::store::Db;
+use crate::store::ledger::Balance;
+use crate::store::{self, Db, StoreError};
 use crate::upstream::catalog::Catalog;
 use crate::upstream::client::UpstreamClient;
 use crate::upstream::live::Live;
@@ -48,5 +52,29 @@ impl AppState {
     /// has an entry for every deployment of any earlier catalog.
     pub fn pool(&self) -> Arc<Pool> {
         self.live.pool()
+    }
+
+    /// A token's budget as the ledger has it now (`GET /v1/usage`).
+    pub async fn balance(&self, token_id: i64, now: DateTime<Utc>) -> Result<Balance, StoreError> {
+        store::ledger::balance(&self.db, token_id, now).await
+    }
+
+    /// Whether every migration this binary knows is applied (`/readyz`); an error when the
+    /// database does not answer.
+    pub async fn migrations_applied(&self) -> Result<bool, StoreError> {
+        store::migrations_applied(&self.db).await
+    }
+
+    /// `/metrics`: the scrape-time gauges from this moment's catalog, pool, queue and
+    /// windows, then every metric in Prometheus's text format.
+    pub fn metrics_text(&self) -> String {
+        let live = self.live.snapshot();
+        let depth = self.queue.depth();
+        metrics::render(&metrics::Scrape {
+            now_ms: self.clock.now().timestamp_millis(),
+            live: &live,
+            queue_depth: &depth,
+            ratelimit_degraded: self.windows.degraded(),
+        })
     }
 }

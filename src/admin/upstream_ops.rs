@@ -372,7 +372,7 @@ pub async fn test(state: &AppState, actor: &Actor, id: &str) -> Result<Tested, A
         "messages".into(),
         json!([{"role": "user", "content": "Reply with one word."}]),
     );
-    let endpoint = crate::pipeline::request::Endpoint::Chat;
+    let endpoint = crate::endpoint::Endpoint::Chat;
     let built = providers::build_request_with(
         endpoint.format(),
         dep.provider,

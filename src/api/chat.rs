@@ -2,7 +2,8 @@
 
 use actix_web::{web, HttpRequest, HttpResponse};
 
-use crate::pipeline::{self, request::Endpoint};
+use crate::endpoint::Endpoint;
+use crate::pipeline;
 use crate::state::AppState;
 
 pub async fn chat_completions(

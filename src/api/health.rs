@@ -5,16 +5,14 @@
 use actix_web::{web, HttpResponse};
 use serde_json::json;
 
-use crate::ops::metrics;
 use crate::state::AppState;
-use crate::store;
 
 pub async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(json!({"status": "ok"}))
 }
 
 pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
-    let migrated = store::migrations_applied(&state.db).await;
+    let migrated = state.migrations_applied().await;
     let db = migrated.is_ok();
     let migrations_ok = migrated.unwrap_or(false);
     let redis = state.windows.redis_ready().await;
@@ -36,5 +34,5 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
 pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
-        .body(metrics::render(&state))
+        .body(state.metrics_text())
 }

@@ -4,8 +4,9 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::{json, Value};
 
+use crate::endpoint::Endpoint;
 use crate::error::{ApiError, WireFormat};
-use crate::pipeline::{self, request::Endpoint};
+use crate::pipeline;
 use crate::quota::estimate;
 use crate::state::AppState;
 

@@ -4,8 +4,9 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::json;
 
+use crate::endpoint::Endpoint;
 use crate::error::{ApiError, WireFormat};
-use crate::pipeline::{self, request::Endpoint, responses::oldest_kept};
+use crate::pipeline::{self, responses::oldest_kept};
 use crate::state::AppState;
 use crate::store::responses as stored;
 

@@ -6,7 +6,6 @@ use serde_json::json;
 use crate::error::{ApiError, WireFormat};
 use crate::quota::pricing::usd;
 use crate::state::AppState;
-use crate::store::ledger;
 
 pub async fn usage(state: web::Data<AppState>, req: HttpRequest) -> HttpResponse {
     let now = state.clock.now();
@@ -14,7 +13,7 @@ pub async fn usage(state: web::Data<AppState>, req: HttpRequest) -> HttpResponse
         Ok(a) => a,
         Err(resp) => return resp,
     };
-    let balance = match ledger::balance(&state.db, auth.owner.token_id, now).await {
+    let balance = match state.balance(auth.owner.token_id, now).await {
         Ok(b) => b,
         Err(e) => return ApiError::from_store(&e, "balance").render(WireFormat::OpenAi),
     };

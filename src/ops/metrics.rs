@@ -9,7 +9,7 @@ use metrics::{
 };
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::state::AppState;
+use crate::upstream::live::Snapshot;
 
 pub const REQUESTS: &str = "gateway_requests_total";
 pub const REQUEST_DURATION: &str = "gateway_request_duration_seconds";
@@ -167,11 +167,19 @@ pub fn alert(kind: &'static str) {
     counter!(ALERTS, "kind" => kind).increment(1);
 }
 
+/// What the scrape-time gauges are computed from, handed in by the caller (this module
+/// stays below `state`, which reaches it through the alerts and the request log).
+pub struct Scrape<'a> {
+    pub now_ms: i64,
+    pub live: &'a Snapshot,
+    pub queue_depth: &'a [usize],
+    pub ratelimit_degraded: bool,
+}
+
 /// Gauges computed at scrape time, then the rendered text.
-pub fn render(state: &AppState) -> String {
-    let now_ms = state.clock.now().timestamp_millis();
-    let live = state.live.snapshot();
-    let (catalog, pool) = (&live.catalog, &live.pool);
+pub fn render(scrape: &Scrape<'_>) -> String {
+    let now_ms = scrape.now_ms;
+    let (catalog, pool) = (&scrape.live.catalog, &scrape.live.pool);
     for (d, dep) in catalog.deployments.iter().enumerate() {
         if catalog.retired[d] {
             continue;
@@ -194,9 +202,9 @@ pub fn render(state: &AppState) -> String {
             gauge!(KEYPOOL_AVAILABLE, "model" => name.clone()).set(available as f64);
         }
     }
-    for (i, depth) in state.queue.depth().iter().enumerate() {
+    for (i, depth) in scrape.queue_depth.iter().enumerate() {
         gauge!(QUEUE_DEPTH, "priority" => (i + 1).to_string()).set(*depth as f64);
     }
-    gauge!(RATELIMIT_DEGRADED).set(if state.windows.degraded() { 1.0 } else { 0.0 });
+    gauge!(RATELIMIT_DEGRADED).set(if scrape.ratelimit_degraded { 1.0 } else { 0.0 });
     install().map(PrometheusHandle::render).unwrap_or_default()
 }

@@ -11,8 +11,8 @@ use serde_json::{Map, Value};
 
 mod server_tools;
 
-use super::request::Endpoint;
 use crate::config::FinanceSettings;
+use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::quota::pricing::InputKinds;
 

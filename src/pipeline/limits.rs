@@ -8,7 +8,8 @@
 use actix_web::http::header::HeaderMap;
 use serde_json::{Map, Value};
 
-use super::request::{number_in, Endpoint};
+use super::request::number_in;
+use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 
 /// What the client asked for in its `x-sluice-*` headers, parsed once.

@@ -24,6 +24,7 @@ use futures_util::StreamExt;
 use crate::auth::TokenAuth;
 use crate::clock::db_time;
 use crate::config::Ladder;
+use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::ops::metrics;
 use crate::queue::Admit;
@@ -36,7 +37,7 @@ use crate::store::requests::RequestRow;
 use crate::upstream::providers;
 use attempts::{Outcome, Success};
 use drain::Drain;
-use request::{Endpoint, Prepared};
+use request::Prepared;
 
 /// Request ids are UUIDv7: unique across replicas and sortable by time.
 pub fn new_request_id() -> String {

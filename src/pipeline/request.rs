@@ -9,59 +9,12 @@ use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
 
 use crate::auth::TokenAuth;
-use crate::error::{ApiError, WireFormat};
+use crate::endpoint::Endpoint;
+use crate::error::ApiError;
 use crate::quota::estimate;
 use crate::quota::images::{Images, Rule};
 use crate::upstream::catalog::{Catalog, Model};
 use crate::upstream::providers::openai::ROUTING_FIELDS;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    Chat,
-    Completions,
-    Embeddings,
-    /// Anthropic's `/v1/messages`.
-    Messages,
-    /// OpenAI's Responses API, `/v1/responses`.
-    Responses,
-}
-
-impl Endpoint {
-    /// The body field that carries the input (named by a refusal of its size).
-    pub fn input_field(self) -> &'static str {
-        match self {
-            Endpoint::Chat | Endpoint::Messages => "messages",
-            Endpoint::Completions => "prompt",
-            Endpoint::Embeddings | Endpoint::Responses => "input",
-        }
-    }
-
-    pub const ALL: [Endpoint; 5] = [
-        Endpoint::Chat,
-        Endpoint::Completions,
-        Endpoint::Embeddings,
-        Endpoint::Messages,
-        Endpoint::Responses,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Endpoint::Chat => "chat.completions",
-            Endpoint::Completions => "completions",
-            Endpoint::Embeddings => "embeddings",
-            Endpoint::Messages => "messages",
-            Endpoint::Responses => "responses",
-        }
-    }
-
-    /// The wire format the client speaks on this endpoint.
-    pub fn format(self) -> WireFormat {
-        match self {
-            Endpoint::Messages => WireFormat::Anthropic,
-            _ => WireFormat::OpenAi,
-        }
-    }
-}
 
 /// Most completions one request may ask for (`n`); each is priced as a completion.
 pub const MAX_N: i64 = 16;

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::config::{OutputCapParam, Provider, Secret, Settings, UpstreamSettings};
-use crate::pipeline::request::Endpoint;
+use crate::endpoint::Endpoint;
 use crate::quota::schedule::{AdminPrices, Schedule};
 use crate::upstream::credential::Credential;
 use crate::upstream::providers;

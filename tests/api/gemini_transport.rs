@@ -13,8 +13,8 @@ use serde_json::{json, Value};
 
 use sluice::clock::{Clock, ManualClock};
 use sluice::config::{Provider, Secret, Settings, UpstreamTimeouts, VertexSettings};
+use sluice::endpoint::Endpoint;
 use sluice::mock::{MockConfig, MockServer, Script};
-use sluice::pipeline::request::Endpoint;
 use sluice::upstream::catalog::Catalog;
 use sluice::upstream::client::UpstreamClient;
 use sluice::upstream::providers::canonical::{self, Event, Message, Part, Role};

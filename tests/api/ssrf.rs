@@ -85,7 +85,7 @@ async fn call_through_dns(
     let result = client
         .post(
             &catalog.deployments[0],
-            catalog.deployments[0].url(route, sluice::pipeline::request::Endpoint::Chat, false),
+            catalog.deployments[0].url(route, sluice::endpoint::Endpoint::Chat, false),
             Bytes::from(body.to_string()),
             Instant::now() + Duration::from_secs(10),
             None,

@@ -13,7 +13,7 @@ use reqwest::header::HeaderName;
 
 use crate::clock::SystemClock;
 use crate::config::{EntraSettings, Secret, UpstreamSettings};
-use crate::pipeline::request::Endpoint;
+use crate::endpoint::Endpoint;
 use crate::upstream::credential::token::{Exchange, TokenSource};
 use crate::upstream::credential::Credential;
 

@@ -20,7 +20,7 @@ pub use dispatch::{
 use serde_json::{Map, Value};
 
 use crate::config::{AuthMode, Provider, UpstreamSettings};
-use crate::pipeline::request::Endpoint;
+use crate::endpoint::Endpoint;
 use crate::upstream::credential::Credential;
 use translate::TranslateError;
 

@@ -1,5 +1,22 @@
 //! What the CLI commands do (`main.rs` only parses arguments). Every command that changes
-//! something runs in one `BEGIN IMMEDIATE` transaction with its audit row.
+//! something runs in one `BEGIN IMMEDIATE` transaction with its audit row. The modules
+//! below are the commands' own work and what they print; this file is what they change.
+
+pub mod admin_commands;
+pub mod audit_commands;
+pub mod backup;
+pub mod cache;
+pub mod check_config;
+pub mod demo;
+pub mod mock;
+pub mod prompt;
+pub mod reconcile;
+pub mod rotate;
+pub mod serve;
+pub mod signals;
+pub mod store_copy;
+pub mod tenant_commands;
+pub mod token_commands;
 
 use std::path::Path;
 
