@@ -505,6 +505,22 @@ output_usd_per_mtok = 0.6
             let s = load_from(Some(&text), &env(&[])).unwrap();
             assert_eq!(s.validate().is_ok(), ok, "{days}");
         }
+        // The server tools' defaults: their product is reserved, so both are bounded.
+        for (knob, value, ok) in [
+            ("max_server_tool_calls", 100_u64, true),
+            ("max_server_tool_calls", 101, false),
+            ("max_server_tool_calls", 0, false),
+            ("server_tool_input_tokens_per_call", 1_000_000, true),
+            (
+                "server_tool_input_tokens_per_call",
+                4_000_000_000_u64,
+                false,
+            ),
+        ] {
+            let text = format!("[finance]\n{knob} = {value}\n");
+            let s = load_from(Some(&text), &env(&[])).unwrap();
+            assert_eq!(s.validate().is_ok(), ok, "{knob} = {value}");
+        }
     }
 
     /// The example config (with its price keys and `[finance]`) loads and validates.

@@ -813,6 +813,18 @@ impl FinanceSettings {
                 "finance.forecast_alert_days must be between 0 and 366".into(),
             ));
         }
+        // The server tools' defaults stay within what a request may set itself
+        // (`pipeline::kinds::server_tools`): their product is reserved as input.
+        if !(1..=100).contains(&self.max_server_tool_calls) {
+            return Err(super::ConfigError::Invalid(
+                "finance.max_server_tool_calls must be between 1 and 100".into(),
+            ));
+        }
+        if !(1..=1_000_000).contains(&self.server_tool_input_tokens_per_call) {
+            return Err(super::ConfigError::Invalid(
+                "finance.server_tool_input_tokens_per_call must be between 1 and 1000000".into(),
+            ));
+        }
         if !(1..=1_000_000).contains(&self.max_tag_values_per_day) {
             return Err(super::ConfigError::Invalid(
                 "finance.max_tag_values_per_day must be between 1 and 1000000".into(),

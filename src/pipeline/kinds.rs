@@ -188,6 +188,26 @@ mod tests {
     }
 
     #[test]
+    fn caps_past_what_a_request_can_use_are_refused_not_reserved_to_overflow() {
+        // A cap near i64::MAX would reserve i64::MAX micro-dollars and overflow every
+        // level's balance beside it: refused, naming the tools.
+        for tool in [
+            json!({"type": "web_search_20250305", "name": "web_search", "max_uses": i64::MAX}),
+            json!({"type": "web_fetch_20250910", "name": "web_fetch", "max_uses": 101}),
+            json!({"type": "web_fetch_20250910", "name": "web_fetch", "max_content_tokens": i64::MAX}),
+        ] {
+            let (k, _) = read_json(Endpoint::Messages, json!({"tools": [tool]}));
+            assert_eq!(param(k), Some("tools"), "{tool}");
+        }
+        let (k, _) = read_json(
+            Endpoint::Messages,
+            json!({"tools": [{"type": "web_fetch_20250910", "name": "web_fetch",
+                "max_uses": 100, "max_content_tokens": 1_000_000}]}),
+        );
+        assert_eq!(k.unwrap().server_tool_input, 100_000_000);
+    }
+
+    #[test]
     fn web_fetch_is_capped_in_calls_and_content() {
         let (k, body) = read_json(
             Endpoint::Messages,

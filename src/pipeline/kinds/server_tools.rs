@@ -46,16 +46,17 @@ pub fn read(
             Some(k) => k.to_string(),
         };
         if kind.starts_with("web_search_") {
-            let calls = cap(t, "max_uses", finance.max_server_tool_calls)?;
+            let calls = cap(t, "max_uses", finance.max_server_tool_calls, MOST_USES)?;
             let input = calls.saturating_mul(i64::from(finance.server_tool_input_tokens_per_call));
             kinds.web_search_calls = kinds.web_search_calls.saturating_add(calls);
             kinds.server_tool_input = kinds.server_tool_input.saturating_add(input);
         } else if kind.starts_with("web_fetch_") {
-            let calls = cap(t, "max_uses", finance.max_server_tool_calls)?;
+            let calls = cap(t, "max_uses", finance.max_server_tool_calls, MOST_USES)?;
             let page = cap(
                 t,
                 "max_content_tokens",
                 finance.server_tool_input_tokens_per_call,
+                MOST_CONTENT_TOKENS,
             )?;
             let input = calls.saturating_mul(page);
             kinds.server_tool_input = kinds.server_tool_input.saturating_add(input);
@@ -81,19 +82,30 @@ pub fn read(
     Ok(())
 }
 
-/// The tool's `field`, a positive integer, or — absent — `default`, written into the tool
-/// so the upstream keeps to what was reserved.
-fn cap(t: &mut Map<String, Value>, field: &str, default: u32) -> Result<i64, ApiError> {
+/// The most calls one server tool may be given (`max_uses`), and the most tokens a fetched
+/// page may bring (`max_content_tokens`, past any model's context): a cap beyond them would
+/// make the reservation saturate at `i64::MAX` and overflow every balance beside it.
+const MOST_USES: i64 = 100;
+const MOST_CONTENT_TOKENS: i64 = 1_000_000;
+
+/// The tool's `field`, an integer in 1 ..= `most`, or — absent — `default`, written into
+/// the tool so the upstream keeps to what was reserved.
+fn cap(t: &mut Map<String, Value>, field: &str, default: u32, most: i64) -> Result<i64, ApiError> {
     match t.get(field) {
         None | Some(Value::Null) => {
             t.insert(field.into(), json!(default));
             Ok(i64::from(default))
         }
-        Some(v) => v.as_i64().filter(|n| *n >= 1).ok_or_else(|| {
-            ApiError::invalid(
-                "tools",
-                format!("`tools`: a server tool's `{field}` must be a positive integer"),
-            )
-        }),
+        Some(v) => v
+            .as_i64()
+            .filter(|n| (1..=most).contains(n))
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "tools",
+                    format!(
+                        "`tools`: a server tool's `{field}` must be an integer from 1 to {most}"
+                    ),
+                )
+            }),
     }
 }
