@@ -81,7 +81,7 @@ pub fn candidates(state: &AppState, p: &Prepared) -> Vec<Candidate> {
                     model: m.clone(),
                     route: r.clone(),
                     prices,
-                    image_rule: Rule::of(provider, &[&r.upstream_model, &m.name]),
+                    image_rule: Rule::of(provider, &[&r.model, &r.upstream_model, &m.name]),
                 }),
                 None => {
                     tracing::error!(model = %m.name, upstream_model = %r.upstream_model, "a route has no price in force: left out")
@@ -142,7 +142,11 @@ impl Success {
     pub fn image_rule(&self) -> Rule {
         Rule::of(
             self.dep.provider,
-            &[&self.route.upstream_model, &self.model.name],
+            &[
+                &self.route.model,
+                &self.route.upstream_model,
+                &self.model.name,
+            ],
         )
     }
 }

@@ -120,15 +120,15 @@ fn size_of(b64: &str) -> Option<(u32, u32)> {
 
 impl Rule {
     /// The rule of a route: by its provider (Anthropic's API serves only Claude), else by
-    /// the model names it goes by — the upstream's first, then the gateway's (an Azure
-    /// deployment's name says nothing of its model).
+    /// the model names it goes by — the route's model (on Azure, not the deployment's
+    /// name), the upstream's, then the gateway's; the first a family is known by decides.
     pub fn of(provider: Provider, names: &[&str]) -> Rule {
         if provider == Provider::Anthropic {
             return Rule::Claude;
         }
         names
             .iter()
-            .map(|n| by_name(&n.to_ascii_lowercase()))
+            .map(|n| by_name(bare(&n.to_ascii_lowercase())))
             .find(|r| *r != Rule::Unknown)
             .unwrap_or(if provider == Provider::Gemini {
                 Rule::Gemini
@@ -202,15 +202,25 @@ fn fit(w: u32, h: u32, edge: u32) -> (i64, i64) {
     ((w * e / long).max(1), (h * e / long).max(1))
 }
 
+/// A model name without what routers and fine-tunes put around it: `openai/gpt-4o-mini`
+/// (OpenRouter, LiteLLM) and `ft:gpt-4o-mini-2024-07-18:org::id` are `gpt-4o-mini…`.
+fn bare(name: &str) -> &str {
+    let name = name.strip_prefix("ft:").unwrap_or(name);
+    name.rsplit('/').next().unwrap_or(name)
+}
+
 /// OpenAI's and Google's model families by name; more specific names first.
 fn by_name(name: &str) -> Rule {
-    const PATCHES: &[(&str, i64)] = &[
-        ("gpt-4.1-mini", 1_620),
-        ("gpt-4.1-nano", 2_460),
-        ("gpt-5-mini", 1_620),
-        ("gpt-5-nano", 2_460),
-        ("o4-mini", 1_720),
-    ];
+    // gpt-4.1 and gpt-5 (5.1, …) minis and nanos bill by patches whatever their version.
+    if name.starts_with("gpt-4.1") || name.starts_with("gpt-5") {
+        if name.contains("-nano") {
+            return Rule::Patches { milli: 2_460 };
+        }
+        if name.contains("-mini") {
+            return Rule::Patches { milli: 1_620 };
+        }
+    }
+    const PATCHES: &[(&str, i64)] = &[("o4-mini", 1_720)];
     const TILES_85: &[&str] = &[
         "gpt-4o",
         "chatgpt-4o",
@@ -306,6 +316,20 @@ mod tests {
         assert_eq!(at(gpt4o, None, false), 85 + 8 * 170);
         let mini = Rule::of(Provider::AzureOpenai, &["prod-deployment", "gpt-4o-mini"]);
         assert_eq!(at(mini, Some((2048, 768)), false), 2_833 + 8 * 5_667);
+        // Behind a router's vendor prefix, as a fine-tune, or named by the route's model.
+        for names in [
+            &["openai/gpt-4o-mini"][..],
+            &["ft:gpt-4o-mini-2024-07-18:org::abc"],
+            &["gpt-4o-mini", "prod-east", "fast"],
+        ] {
+            let rule = Rule::of(Provider::OpenaiCompatible, names);
+            assert_eq!(at(rule, None, false), 2_833 + 8 * 5_667, "{names:?}");
+        }
+        // A later gpt-5's mini bills by patches, not by the gpt-5 tiles.
+        assert_eq!(
+            Rule::of(Provider::Openai, &["gpt-5.1-mini"]),
+            Rule::Patches { milli: 1_620 }
+        );
         // gpt-4.1-mini: 1 024² is 1 024 patches × 1.62; past 1 536 patches, 1 536.
         let patches = Rule::of(Provider::Openai, &["gpt-4.1-mini"]);
         assert_eq!(at(patches, Some((1024, 1024)), false), 1_659);
