@@ -79,7 +79,7 @@ impl Kind {
     /// input, cache writes, audio and image input at the input price (1-hour writes at the
     /// 5-minute price); reasoning, audio and image output at the output price; web search
     /// free (0).
-    fn within_price(self, p: &Prices) -> i64 {
+    pub(crate) fn within_price(self, p: &Prices) -> i64 {
         match self {
             Kind::CachedInput | Kind::CacheWrite5m | Kind::AudioInput | Kind::ImageInput => p.input,
             Kind::CacheWrite1h => p.cache_write_5m,

@@ -72,6 +72,9 @@ impl PriceRow {
             None => None,
             Some(names) => Some(serde_json::from_value(names.clone()).ok()?),
         };
+        if set_for.is_none() {
+            p.stated = stated_by_an_old_row(&p.prices);
+        }
         Some(Appended {
             from,
             prices: Some(Partial {
@@ -81,6 +84,19 @@ impl PriceRow {
             set_for,
         })
     }
+}
+
+/// What a row written before kinds could be left out (it has no `upstream_models`) states:
+/// it carries every kind, those the admin left out at their within-price default (cache
+/// writes at the input price, searches at 0), which would hide the lower layers' figures —
+/// a Claude model's searches would be free. A kind at that default is taken as not stated;
+/// a free price (input and output 0) states every kind.
+fn stated_by_an_old_row(full: &Prices) -> Stated {
+    let free = full.input == 0 && full.output == 0;
+    Kind::ALL
+        .into_iter()
+        .filter(|k| free || k.get(full) != k.within_price(full))
+        .fold(Stated::default(), Stated::with)
 }
 
 /// The admin layer of every model's schedule. A row that does not read is an error naming
@@ -143,4 +159,45 @@ pub(crate) fn conflict_unless(done: bool, row: &PriceRow) -> Result<()> {
         "model `{}` has a price effective {} already",
         row.model, row.effective_from
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(prices: serde_json::Value) -> PriceRow {
+        PriceRow {
+            model: "sonnet".into(),
+            effective_from: "2026-01-01T00:00:00Z".into(),
+            prices: prices.to_string(),
+            created_by: "admin".into(),
+            created_at: "2026-01-01T00:00:00Z".into(),
+        }
+    }
+
+    fn stated(r: &PriceRow) -> Vec<Kind> {
+        let p = r.appended().unwrap().prices.unwrap();
+        Kind::ALL.into_iter().filter(|k| p.stated.has(*k)).collect()
+    }
+
+    /// A row of the first admin-price format carries every kind, the ones the admin left
+    /// out at their old within-price defaults: those are not stated, so the bundled entry
+    /// or Anthropic's rule prices them (searches not free, 1-hour writes not at input).
+    #[test]
+    fn an_old_rows_defaults_do_not_hide_the_lower_layers() {
+        let old = json!({"input": 3_000_000, "output": 15_000_000, "cached_input": 300_000,
+            "cache_write_5m": 3_000_000, "cache_write_1h": 3_000_000, "reasoning": 15_000_000,
+            "audio_input": 3_000_000, "audio_output": 15_000_000, "image_input": 3_000_000,
+            "image_output": 15_000_000, "web_search_per_1k_calls": 0});
+        assert_eq!(stated(&row(old.clone())), vec![Kind::CachedInput]);
+        // A free price stays free in every kind.
+        let free = json!({"input": 0, "output": 0, "cached_input": 0, "cache_write_5m": 0,
+            "cache_write_1h": 0, "reasoning": 0, "audio_input": 0, "audio_output": 0,
+            "image_input": 0, "image_output": 0, "web_search_per_1k_calls": 0});
+        assert_eq!(stated(&row(free)), Kind::ALL.to_vec());
+        // A row of today's format states what it carries, defaults included.
+        let mut new = old;
+        new["upstream_models"] = json!(["claude-sonnet-4-5"]);
+        assert_eq!(stated(&row(new)), Kind::ALL.to_vec());
+    }
 }
