@@ -141,11 +141,14 @@ impl Schedule {
     /// kind it does not state from the next layer in force that does, the rest filled
     /// (`Partial::fill`). `from` is the deciding entry's.
     pub fn in_force(&self, t: DateTime<Utc>) -> Option<(Source, Dated)> {
+        // A row set aside here (set for other upstream models) is passed over, not taken
+        // as a withdrawal: a later-dated price for the model's old upstream must not end
+        // the price the admin set for this one.
         let admin = self
             .admin
             .iter()
             .rev()
-            .find(|a| a.from <= t)
+            .find(|a| a.from <= t && !(a.prices.is_none() && a.set_for.is_some()))
             .and_then(|a| a.prices.map(|p| Dated::new(a.from, p)));
         let mut layers = [
             (Source::Admin, admin),
@@ -244,5 +247,41 @@ mod tests {
             Source::Bundled
         );
         assert_eq!(s.rates_at(at("2026-03-02T00:00:00Z")).unwrap().input, 7);
+    }
+
+    /// Day 0: a price for upstream X from day 10. Day 1: the model re-pointed at Y, a
+    /// price for Y from then. On day 10 the route serving Y keeps Y's price: X's row is
+    /// passed over, not read as the end of the admin's prices. With no row for Y, the
+    /// config's price applies (an admin price chosen for another model never does).
+    #[test]
+    fn a_price_set_for_another_upstream_model_is_passed_over_not_a_withdrawal() {
+        let config = vec![dated("2020-01-01T00:00:00Z", 10)];
+        let admin = |from: &str, input: i64, set_for: &str| Appended {
+            from: at(from),
+            prices: Some(dated(from, input).partial()),
+            set_for: Some(vec![set_for.to_string()]),
+        };
+        let rows = [
+            admin("2026-03-10T00:00:00Z", 30, "x"),
+            admin("2026-03-01T00:00:00Z", 70, "y"),
+        ];
+        let on_y = Schedule::new(
+            rows.iter().map(|a| a.for_route("y")).collect(),
+            config.clone(),
+            Arc::from([]),
+        );
+        let (source, d) = on_y.in_force(at("2026-03-11T00:00:00Z")).unwrap();
+        assert_eq!((source, d.prices.input), (Source::Admin, 70));
+        assert_eq!(
+            on_y.admin_set_aside(at("2026-03-11T00:00:00Z")),
+            Some(&["x".to_string()][..])
+        );
+        let on_z = Schedule::new(
+            rows.iter().map(|a| a.for_route("z")).collect(),
+            config,
+            Arc::from([]),
+        );
+        let (source, d) = on_z.in_force(at("2026-03-11T00:00:00Z")).unwrap();
+        assert_eq!((source, d.prices.input), (Source::Config, 10));
     }
 }
