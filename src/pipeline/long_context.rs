@@ -19,7 +19,10 @@ pub fn check(
 ) -> Result<(), ApiError> {
     let table = price_table::bundled();
     let past = candidates.iter().find_map(|c| {
-        let above = table.long_context_above(&c.route.upstream_model)?;
+        let above = [&c.route.model, &c.route.upstream_model]
+            .into_iter()
+            .filter_map(|name| table.long_context_above(name))
+            .min()?;
         let input = input(c);
         (input > above).then_some((input, above))
     });

@@ -159,11 +159,25 @@ impl Table {
 
     /// The input above which the provider bills `name` (an upstream model name, or it
     /// without its date suffix) at a dearer long-context tier; `None` when it has none.
+    /// A name that only contains a tiered model's (Bedrock's
+    /// `anthropic.claude-sonnet-4-5-20250929-v1:0`, Vertex's `claude-sonnet-4-5@20250929`,
+    /// a router's `google/gemini-2.5-pro-preview`) has its threshold too — the least of
+    /// those it contains: refusing a prompt a cheaper tier would have taken is the safe
+    /// side of a tier the gateway does not price.
     pub fn long_context_above(&self, name: &str) -> Option<i64> {
-        self.long_context
+        if let Some(above) = self
+            .long_context
             .get(name)
             .or_else(|| self.long_context.get(without_date_suffix(name)?))
-            .copied()
+        {
+            return Some(*above);
+        }
+        let name = name.to_ascii_lowercase();
+        self.long_context
+            .iter()
+            .filter(|(tiered, _)| name.contains(tiered.as_str()))
+            .map(|(_, above)| *above)
+            .min()
     }
 }
 
@@ -229,6 +243,14 @@ mod tests {
             assert_eq!(t.long_context_above(m), Some(200_000), "{m}");
         }
         assert_eq!(t.long_context_above("gpt-4o"), None);
+        for m in [
+            "anthropic.claude-sonnet-4-5-20250929-v1:0",
+            "us.anthropic.claude-sonnet-4-20250514-v1:0",
+            "claude-sonnet-4-5@20250929",
+            "google/gemini-2.5-pro-preview-06-05",
+        ] {
+            assert_eq!(t.long_context_above(m), Some(200_000), "{m}");
+        }
         let entry = |above: &str| {
             format!(
                 "[[prices]]\nprovider = \"x\"\nmodel = \"m\"\neffective = \"2025-01-01\"\n\
