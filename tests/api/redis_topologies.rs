@@ -65,6 +65,16 @@ async fn node_cli(port: u16, password: Option<&str>, args: &[&str]) -> Option<St
     }
 }
 
+/// `n` distinct free ports: every listener is held until all are chosen, so none repeats.
+pub(crate) fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}
+
 fn spawn(dir: &std::path::Path, port: u16, extra: &[&str]) -> RedisServer {
     let child = std::process::Command::new("redis-server")
         .current_dir(dir)
@@ -108,8 +118,10 @@ impl RedisCluster {
         let turn = RIGS.acquire().await.expect("never closed");
         let dir = tempfile::tempdir().unwrap();
         let mut nodes = Vec::new();
-        for _ in 0..masters * (1 + replicas) {
-            let port = free_port();
+        let count = masters * (1 + replicas);
+        let ports = free_ports(2 * count);
+        for pair in ports.chunks(2) {
+            let (port, bus) = (pair[0], pair[1]);
             let conf = format!("nodes-{port}.conf");
             nodes.push(spawn(
                 dir.path(),
@@ -117,6 +129,10 @@ impl RedisCluster {
                 &[
                     "--cluster-enabled",
                     "yes",
+                    // Named, not the implicit port + 10 000: an ephemeral port above 55 535
+                    // has no such bus port and the node would exit at start.
+                    "--cluster-port",
+                    &bus.to_string(),
                     "--cluster-config-file",
                     &conf,
                     "--cluster-node-timeout",

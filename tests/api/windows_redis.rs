@@ -276,16 +276,20 @@ struct ClusterNode {
 impl ClusterNode {
     async fn start() -> Option<ClusterNode> {
         let dir = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let [port, bus] = crate::redis_topologies::free_ports(2)[..] else {
+            unreachable!("two ports asked for")
+        };
         let child = std::process::Command::new("redis-server")
             .current_dir(dir.path())
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
-            .args(["--cluster-enabled", "yes"])
+            // The bus port named: the implicit port + 10 000 does not exist above 55 535.
+            .args([
+                "--cluster-enabled",
+                "yes",
+                "--cluster-port",
+                &bus.to_string(),
+            ])
             .stdout(std::process::Stdio::null())
             .spawn()
             .ok()?;
