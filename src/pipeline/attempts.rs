@@ -21,7 +21,6 @@ use super::request::Prepared;
 use super::Failure;
 use crate::error::{ApiError, WireFormat};
 use crate::ops::metrics;
-use crate::quota::images::Rule;
 use crate::quota::pricing::{self, Prices, Usage};
 use crate::ratelimit::{Booking, WindowSpec};
 use crate::state::AppState;
@@ -39,8 +38,6 @@ pub struct Candidate {
     pub route: Route,
     /// The route's prices in force when the request started (`Prepared::started_at`).
     pub prices: Prices,
-    /// How the route's provider turns the request's images into tokens.
-    pub image_rule: Rule,
 }
 
 /// What a request that reached the upstream costs if its client leaves before the answer:
@@ -50,7 +47,7 @@ pub fn input_cost(p: &Prepared, candidates: &[Candidate]) -> i64 {
         .iter()
         .map(|c| {
             let input = Usage {
-                input: p.input_on(c.image_rule),
+                input: p.input_on(c.route.image_rule),
                 ..Usage::default()
             };
             pricing::cost(input, c.prices)
@@ -81,7 +78,6 @@ pub fn candidates(state: &AppState, p: &Prepared) -> Vec<Candidate> {
                     model: m.clone(),
                     route: r.clone(),
                     prices,
-                    image_rule: Rule::of(provider, &[&r.model, &r.upstream_model, &m.name]),
                 }),
                 None => {
                     tracing::error!(model = %m.name, upstream_model = %r.upstream_model, "a route has no price in force: left out")
@@ -135,20 +131,6 @@ pub struct Success {
     /// The client fields left out of the upstream's request (`x-sluice-dropped`); a boxed
     /// slice, as every served answer carries this struct by value.
     pub dropped: Box<[&'static str]>,
-}
-
-impl Success {
-    /// How the serving route's provider turns the request's images into tokens.
-    pub fn image_rule(&self) -> Rule {
-        Rule::of(
-            self.dep.provider,
-            &[
-                &self.route.model,
-                &self.route.upstream_model,
-                &self.model.name,
-            ],
-        )
-    }
 }
 
 /// The body for candidate `c`'s upstream, and the client fields it leaves out.

@@ -8,7 +8,6 @@
 use super::attempts::Candidate;
 use super::request::Prepared;
 use crate::error::ApiError;
-use crate::quota::price_table;
 
 /// Refuses `p` when its reserved input on a candidate (`input`) passes that candidate's
 /// long-context threshold, naming the field that carries the input.
@@ -17,12 +16,8 @@ pub fn check(
     candidates: &[Candidate],
     input: impl Fn(&Candidate) -> i64,
 ) -> Result<(), ApiError> {
-    let table = price_table::bundled();
     let past = candidates.iter().find_map(|c| {
-        let above = [&c.route.model, &c.route.upstream_model]
-            .into_iter()
-            .filter_map(|name| table.long_context_above(name))
-            .min()?;
+        let above = c.route.long_context_above?;
         let input = input(c);
         (input > above).then_some((input, above))
     });

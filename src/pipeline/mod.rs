@@ -338,7 +338,7 @@ async fn run(
         .into());
     }
     long_context::check(&prepared, &candidates, |c| {
-        reserved_input(state, &prepared, c.image_rule)
+        reserved_input(state, &prepared, c.route.image_rule)
     })?;
     let worst = reservation_amount(state, &prepared, &candidates);
     let mut held = if ladder.has(Ladder::Quota) {
@@ -552,7 +552,7 @@ fn soft_limit(state: &AppState, auth: &TokenAuth, p: &mut Prepared) {
 fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Candidate]) -> i64 {
     let worst_at = |c: &attempts::Candidate| {
         let usage = Usage {
-            input: reserved_input(state, p, c.image_rule),
+            input: reserved_input(state, p, c.route.image_rule),
             output: p.cap.map(|(_, c)| c).unwrap_or(0).saturating_mul(p.n),
             web_search_calls: p.kinds.web_search_calls,
             ..Usage::default()
@@ -592,7 +592,7 @@ async fn finish(
     mut booking: Option<Booking>,
     plan: Option<crate::cache::Plan>,
 ) -> Result<HttpResponse, Failure> {
-    let image_rule = s.image_rule();
+    let image_rule = s.route.image_rule;
     let mut key_booking = s.key_booking;
     let raw = s.body.unwrap_or_default();
     let answer = s.answer.unwrap_or_default();

@@ -14,6 +14,8 @@ use std::sync::Arc;
 
 use crate::config::{OutputCapParam, Provider, Secret, Settings, UpstreamSettings};
 use crate::endpoint::Endpoint;
+use crate::quota::images::Rule;
+use crate::quota::price_table;
 use crate::quota::schedule::{AdminPrices, Schedule};
 use crate::upstream::credential::Credential;
 use crate::upstream::providers;
@@ -166,6 +168,12 @@ pub struct Route {
     /// What a request served here costs at each instant: its model's admin and config
     /// prices, else the bundled table's for `upstream_model` (`quota::schedule`).
     pub schedule: Arc<Schedule>,
+    /// How the provider turns a request's images into tokens here, decided once when the
+    /// catalog is built rather than from the names on every request.
+    pub image_rule: Rule,
+    /// The input above which the provider bills this route at a dearer long-context tier
+    /// (the least of the route's model's and upstream model's; bundled table), if any.
+    pub long_context_above: Option<i64>,
 }
 
 impl Route {
@@ -254,9 +262,15 @@ impl Catalog {
                         // Azure's deployment: in the URL, and the body's model on the v1 path.
                         let name = r.deployment.as_ref().unwrap_or(&r.model);
                         let by_config = r.output_cap_param.or(u.quirks.max_tokens_field);
+                        let table = price_table::bundled();
                         Some(Route {
                             deployment: d,
                             schedule: Arc::new(m.schedule(&managed.prices, &r.model, u.provider)),
+                            image_rule: Rule::of(u.provider, &[&r.model, name, &m.name]),
+                            long_context_above: [&r.model, name]
+                                .into_iter()
+                                .filter_map(|n| table.long_context_above(n))
+                                .min(),
                             upstream_model: name.clone(),
                             model: r.model.clone(),
                             target: slots[d].fresh()?.target(u, name),
@@ -401,6 +415,8 @@ mod tests {
             target: 0,
             cap_param: OutputCapParam::MaxCompletionTokens,
             schedule: Arc::default(),
+            image_rule: Rule::Unknown,
+            long_context_above: None,
         };
         assert_eq!(route.cap_field(Endpoint::Chat), "max_completion_tokens");
         assert_eq!(route.cap_field(Endpoint::Completions), "max_tokens");

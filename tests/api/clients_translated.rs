@@ -503,6 +503,47 @@ async fn images_are_reserved_for_what_the_serving_model_bills_for_their_size() {
     assert_eq!(spent, 14_455);
 }
 
+/// On Azure the deployment's name says nothing of the model behind it: the image rule
+/// follows the route's `model`. A gateway model `team-vision` served by the deployment
+/// `prod-deployment` of gpt-4o-mini reserves gpt-4o-mini's 48 169 tokens for a 2 048 × 768
+/// image, and nothing is absorbed when the upstream bills them.
+#[tokio::test]
+async fn an_azure_deployment_reserves_images_by_its_routes_model() {
+    let app = spawn_app_with(|s, mock| {
+        kinds(s, mock);
+        let mut m = model("team-vision", &["az"]);
+        m.routes[0].model = "gpt-4o-mini".into();
+        m.routes[0].deployment = Some("prod-deployment".into());
+        s.models.push(m);
+    })
+    .await;
+    let (_, token) = app.token("azure-images", Some("10.00")).await;
+    let url = format!("data:image/png;base64,{}", png_header(2048, 768));
+    let body = json!({"model": "team-vision", "max_tokens": 1, "messages": [{"role": "user",
+        "content": [{"type": "image_url", "image_url": {"url": url, "detail": "high"}}]}]});
+    app.mock.state.script(
+        KEY_AZ,
+        [sluice::mock::Script {
+            prompt_tokens: Some(2_833 + 8 * 5_667 + 20),
+            completion_tokens: Some(1),
+            ..sluice::mock::Script::default()
+        }],
+    );
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    app.wait_settled().await;
+    let absorbed = app
+        .scalar("SELECT COALESCE(SUM(amount_micros), 0) FROM ledger WHERE kind = 'absorbed'")
+        .await;
+    assert_eq!(absorbed, 0, "the gateway absorbed {absorbed} micro-USD");
+    // ⌈48 189 × 0.15 + 1 × 0.60⌉ = ⌈7 228.95⌉ µ$.
+    let spent = app
+        .scalar("SELECT SUM(amount_micros) FROM ledger WHERE kind IN ('reserve', 'settle')")
+        .await;
+    assert_eq!(spent, 7_229);
+    app.assert_invariant().await;
+}
+
 /// After a failed first route, the answer names what the serving route dropped, not what
 /// the failed one would have: Gemini (drops `strict`) failing to chat completions (keeps
 /// it) announces nothing; the other way round announces `strict` — streamed and not.
