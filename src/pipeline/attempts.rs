@@ -50,7 +50,7 @@ pub fn input_cost(p: &Prepared, candidates: &[Candidate]) -> i64 {
                 input: p.input_on(c.route.image_rule),
                 ..Usage::default()
             };
-            pricing::cost(input, c.prices)
+            pricing::cost(input, c.prices.for_input(input.input, c.route.long_context))
         })
         .max()
         .unwrap_or(0)

@@ -1,13 +1,16 @@
 //! Long-context tiers: some models cost more per token once a prompt passes a threshold
 //! (Claude Sonnet 4 / 4.5 and Gemini 2.5 Pro above 200 000 input tokens, the bundled price
-//! table's `long_context_above_tokens`). The gateway prices the standard tier only, so a
-//! request whose reserved input — counted, server-tool allowance and margin — passes the
-//! threshold of any model that may serve it is refused: it can never be billed the dearer
-//! tier at the standard price.
+//! table's `long_context_above_tokens`). A request whose reserved input — counted,
+//! server-tool allowance and margin — passes the threshold of any model that may serve it
+//! is refused: its reservation, at standard rates, could not cover the dearer tier. The
+//! provider's tokenizer may still count past it what the gateway's counted below (Claude's
+//! counts more than o200k): such an answer is priced at the tier's rates, and what passes
+//! the reservation is absorbed and shown as such, never lost from the ledger.
 
 use super::attempts::Candidate;
 use super::request::Prepared;
 use crate::error::ApiError;
+use crate::quota::pricing::{self, LongTier, Prices, Usage};
 
 /// Refuses `p` when its reserved input on a candidate (`input`) passes that candidate's
 /// long-context threshold, naming the field that carries the input.
@@ -17,7 +20,7 @@ pub fn check(
     input: impl Fn(&Candidate) -> i64,
 ) -> Result<(), ApiError> {
     let past = candidates.iter().find_map(|c| {
-        let above = c.route.long_context_above?;
+        let above = c.route.long_context?.above;
         let input = input(c);
         (input > above).then_some((input, above))
     });
@@ -34,4 +37,19 @@ pub fn check(
         )),
         None => Ok(()),
     }
+}
+
+/// What `usage` costs at `prices`: at the route's long-context `tier` when the reported
+/// input passes its threshold (warned: the estimate fell short of the provider's count).
+pub fn priced(usage: Usage, prices: Prices, tier: Option<LongTier>) -> i64 {
+    let billed = prices.for_input(usage.input, tier);
+    if billed != prices {
+        tracing::warn!(
+            input = usage.input,
+            threshold = tier.map_or(0, |t| t.above),
+            "an answer reported input past its model's long-context threshold: priced at the \
+             dearer tier"
+        );
+    }
+    pricing::cost(usage, billed)
 }

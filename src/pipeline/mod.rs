@@ -564,7 +564,7 @@ fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Ca
             web_search_per_1k_calls: prices.web_search_per_1k_calls,
             ..pricing::Prices::default()
         };
-        pricing::cost(usage, dearest)
+        pricing::cost(usage, dearest.for_input(usage.input, c.route.long_context))
     };
     candidates.iter().map(worst_at).max().unwrap_or(0)
 }
@@ -632,7 +632,7 @@ async fn finish(
             });
         }
     }
-    let cost = pricing::cost(usage, s.prices);
+    let cost = long_context::priced(usage, s.prices, s.route.long_context);
     // The request's windows and the serving key's, corrected off the path when dropped.
     let used = usage.input + usage.output;
     for b in [booking.as_mut(), key_booking.as_mut()]

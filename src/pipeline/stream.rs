@@ -28,6 +28,7 @@ use tokio::sync::mpsc;
 use super::attempts::Success;
 use super::drain::Drain;
 use super::event_cap::{BodyError, EventCap};
+use super::long_context;
 use super::request::Prepared;
 use super::respond;
 use crate::auth::TokenAuth;
@@ -35,7 +36,7 @@ use crate::cache::replay::Assembler;
 use crate::cache::Plan;
 use crate::config::Provider;
 use crate::queue::Slot;
-use crate::quota::pricing::{self, InputKinds, Prices};
+use crate::quota::pricing::{InputKinds, LongTier, Prices};
 use crate::quota::reservation::Held;
 use crate::ratelimit::Booking;
 use crate::state::AppState;
@@ -113,6 +114,8 @@ struct Pump {
     state: web::Data<AppState>,
     books: Books,
     prices: Prices,
+    /// The serving route's long-context tier: it prices an answer reported past it.
+    long_context: Option<LongTier>,
     /// The cache writes the request marked: unsplit writes are priced at the worst
     /// lifetime it allows (`Usage::at_worst_lifetime`).
     may: InputKinds,
@@ -283,6 +286,7 @@ pub(super) fn serve(
         framing: Framing::of(deployment.provider),
         state,
         prices: s.prices,
+        long_context: s.route.long_context,
         may: p.kinds.input,
         converter,
         conversation: p.responses.clone(),
@@ -458,6 +462,7 @@ impl Pump {
             state,
             books,
             prices,
+            long_context,
             may,
             converter,
             assembler,
@@ -473,7 +478,7 @@ impl Pump {
             cache,
         } = books;
         let usage = converter.usage().at_worst_lifetime(may);
-        let cost = pricing::cost(usage, prices);
+        let cost = long_context::priced(usage, prices, long_context);
         // Every window the request booked, corrected (off this path) to what was counted.
         let used = usage.input + usage.output;
         for b in [booking.as_mut(), key_booking.as_mut()]

@@ -11,6 +11,7 @@ use std::sync::{Arc, OnceLock};
 use chrono::NaiveDate;
 use serde::Deserialize;
 
+use super::pricing::{parse_usd, LongTier};
 use super::schedule::Dated;
 use crate::config::{ConfigError, PriceKeys, Usd};
 
@@ -29,11 +30,17 @@ struct RawEntry {
     effective: String,
     as_of: String,
     source_url: String,
-    /// Prompts above this many input tokens are billed at a dearer tier the table does not
-    /// price (Claude Sonnet 4 / 4.5, Gemini 2.5 Pro: 200 000): such requests are refused
-    /// (`pipeline::long_context`).
+    /// Prompts above this many input tokens are billed at a dearer tier (Claude Sonnet 4 /
+    /// 4.5, Gemini 2.5 Pro: 200 000): reserved input past it is refused
+    /// (`pipeline::long_context`), reported input past it is priced at the tier's rates.
     #[serde(default)]
     long_context_above_tokens: Option<i64>,
+    /// The tier's factors on every input and every output rate, decimal strings ("2",
+    /// "1.5"); both required with a threshold.
+    #[serde(default)]
+    long_context_input_multiplier: Option<String>,
+    #[serde(default)]
+    long_context_output_multiplier: Option<String>,
     #[serde(flatten)]
     keys: PriceKeys,
     /// Any other key: refused by name (a misspelt kind would otherwise be dropped).
@@ -55,9 +62,8 @@ pub struct Entry {
 pub struct Table {
     pub entries: Vec<Entry>,
     by_model: HashMap<String, Arc<[Dated]>>,
-    /// Per model, the input above which its provider bills a dearer tier (the least of
-    /// its entries').
-    long_context: HashMap<String, i64>,
+    /// Per model, its long-context tier (the lowest threshold of its entries').
+    long_context: HashMap<String, LongTier>,
 }
 
 /// The embedded table, read once. It is part of the binary and its unit test reads it
@@ -111,14 +117,11 @@ pub fn parse(text: &str) -> Result<Table, ConfigError> {
                 "`{name}` needs a provider and an https source_url"
             )));
         }
-        if let Some(above) = raw.long_context_above_tokens {
-            if above < 1 {
-                return Err(invalid(format!(
-                    "`{name}`: long_context_above_tokens must be positive"
-                )));
+        if let Some(tier) = long_tier(name, &raw)? {
+            let least = table.long_context.entry(name.clone()).or_insert(tier);
+            if tier.above < least.above {
+                *least = tier;
             }
-            let least = table.long_context.entry(name.clone()).or_insert(above);
-            *least = (*least).min(above);
         }
         let dated = Dated::new(from, prices);
         let same_day = by_model.entry(name.clone()).or_default();
@@ -157,27 +160,65 @@ impl Table {
             .unwrap_or_else(|| Arc::from([]))
     }
 
-    /// The input above which the provider bills `name` (an upstream model name, or it
-    /// without its date suffix) at a dearer long-context tier; `None` when it has none.
-    /// A name that only contains a tiered model's (Bedrock's
-    /// `anthropic.claude-sonnet-4-5-20250929-v1:0`, Vertex's `claude-sonnet-4-5@20250929`,
-    /// a router's `google/gemini-2.5-pro-preview`) has its threshold too — the least of
-    /// those it contains: refusing a prompt a cheaper tier would have taken is the safe
-    /// side of a tier the gateway does not price.
-    pub fn long_context_above(&self, name: &str) -> Option<i64> {
-        if let Some(above) = self
+    /// The long-context tier the provider bills `name` (an upstream model name, or it
+    /// without its date suffix) at; `None` when it has none. A name that only contains a
+    /// tiered model's (Bedrock's `anthropic.claude-sonnet-4-5-20250929-v1:0`, Vertex's
+    /// `claude-sonnet-4-5@20250929`, a router's `google/gemini-2.5-pro-preview`) has its
+    /// tier too — the lowest threshold of those it contains: refusing a prompt a cheaper
+    /// tier would have taken is the safe side.
+    pub fn long_context(&self, name: &str) -> Option<LongTier> {
+        if let Some(tier) = self
             .long_context
             .get(name)
             .or_else(|| self.long_context.get(without_date_suffix(name)?))
         {
-            return Some(*above);
+            return Some(*tier);
         }
         let name = name.to_ascii_lowercase();
         self.long_context
             .iter()
             .filter(|(tiered, _)| name.contains(tiered.as_str()))
-            .map(|(_, above)| *above)
-            .min()
+            .map(|(_, tier)| *tier)
+            .min_by_key(|t| t.above)
+    }
+}
+
+/// An entry's long-context tier: a positive threshold with both factors (each at least 1,
+/// in thousandths), or none of the three.
+fn long_tier(name: &str, raw: &RawEntry) -> Result<Option<LongTier>, ConfigError> {
+    let factor = |v: &Option<String>, field: &str| {
+        v.as_deref()
+            .and_then(parse_usd)
+            .filter(|m| *m >= 1_000_000 && m % 1_000 == 0)
+            .map(|m| m / 1_000)
+            .ok_or_else(|| {
+                invalid(format!(
+                    "`{name}`: a long-context tier needs `{field}`, a decimal string of at \
+                     least 1 with at most 3 decimals"
+                ))
+            })
+    };
+    match raw.long_context_above_tokens {
+        None if raw.long_context_input_multiplier.is_none()
+            && raw.long_context_output_multiplier.is_none() =>
+        {
+            Ok(None)
+        }
+        Some(above) if above >= 1 => Ok(Some(LongTier {
+            above,
+            input_permille: factor(
+                &raw.long_context_input_multiplier,
+                "long_context_input_multiplier",
+            )?,
+            output_permille: factor(
+                &raw.long_context_output_multiplier,
+                "long_context_output_multiplier",
+            )?,
+        })),
+        _ => Err(invalid(format!(
+            "`{name}`: long_context_above_tokens must be a positive integer, set with its \
+             multipliers"
+        ))),
     }
 }
 
@@ -235,34 +276,59 @@ mod tests {
     #[test]
     fn long_context_tiers_follow_the_upstream_model() {
         let t = bundled();
+        let tier = LongTier {
+            above: 200_000,
+            input_permille: 2_000,
+            output_permille: 1_500,
+        };
         for m in [
             "claude-sonnet-4-5-20250929",
             "claude-sonnet-4",
             "gemini-2.5-pro",
         ] {
-            assert_eq!(t.long_context_above(m), Some(200_000), "{m}");
+            assert_eq!(t.long_context(m), Some(tier), "{m}");
         }
-        assert_eq!(t.long_context_above("gpt-4o"), None);
+        assert_eq!(t.long_context("gpt-4o"), None);
         for m in [
             "anthropic.claude-sonnet-4-5-20250929-v1:0",
             "us.anthropic.claude-sonnet-4-20250514-v1:0",
             "claude-sonnet-4-5@20250929",
             "google/gemini-2.5-pro-preview-06-05",
         ] {
-            assert_eq!(t.long_context_above(m), Some(200_000), "{m}");
+            assert_eq!(t.long_context(m), Some(tier), "{m}");
         }
-        let entry = |above: &str| {
+        let entry = |tier: &str| {
             format!(
                 "[[prices]]\nprovider = \"x\"\nmodel = \"m\"\neffective = \"2025-01-01\"\n\
                  as_of = \"2025-01-02\"\nsource_url = \"https://x\"\n\
-                 long_context_above_tokens = {above}\ninput_usd_per_mtok = \"1\"\noutput_usd_per_mtok = \"1\"\n"
+                 {tier}\ninput_usd_per_mtok = \"1\"\noutput_usd_per_mtok = \"1\"\n"
             )
         };
+        let both =
+            "long_context_input_multiplier = \"2.125\"\nlong_context_output_multiplier = \"1\"";
         assert_eq!(
-            parse(&entry("10")).unwrap().long_context_above("m"),
-            Some(10)
+            parse(&entry(&format!("long_context_above_tokens = 10\n{both}")))
+                .unwrap()
+                .long_context("m"),
+            Some(LongTier {
+                above: 10,
+                input_permille: 2_125,
+                output_permille: 1_000
+            })
         );
-        assert!(parse(&entry("0")).is_err());
+        for bad in [
+            format!("long_context_above_tokens = 0\n{both}"),
+            "long_context_above_tokens = 10".into(),
+            both.into(),
+            "long_context_above_tokens = 10\nlong_context_input_multiplier = \"0.5\"\n\
+             long_context_output_multiplier = \"1\""
+                .into(),
+            "long_context_above_tokens = 10\nlong_context_input_multiplier = \"2.0001\"\n\
+             long_context_output_multiplier = \"1\""
+                .into(),
+        ] {
+            assert!(parse(&entry(&bad)).is_err(), "{bad}");
+        }
     }
 
     #[test]

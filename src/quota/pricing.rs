@@ -75,6 +75,46 @@ impl Prices {
     }
 }
 
+/// A long-context tier: once a request's whole input (fresh, cached, cache writes, audio,
+/// images) passes `above` tokens, the provider bills every token of it at dearer rates —
+/// each input kind × `input_permille` / 1 000, each output kind × `output_permille` / 1 000
+/// (Claude Sonnet 4 / 4.5 and Gemini 2.5 Pro: 2× and 1.5× above 200 000).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LongTier {
+    pub above: i64,
+    pub input_permille: i64,
+    pub output_permille: i64,
+}
+
+impl Prices {
+    /// The prices a request of `input` tokens is billed at: these, or past `tier`'s
+    /// threshold its rates. A rate the factor makes fractional is rounded up to the next
+    /// micro-dollar per million tokens (never below the bill); per-call fees are unchanged.
+    pub fn for_input(self, input: i64, tier: Option<LongTier>) -> Prices {
+        let Some(t) = tier.filter(|t| input > t.above) else {
+            return self;
+        };
+        let by = |rate: i64, permille: i64| {
+            let scaled = i128::from(rate.max(0)) * i128::from(permille.max(0));
+            i64::try_from((scaled + 999) / 1000).unwrap_or(i64::MAX)
+        };
+        let (i, o) = (t.input_permille, t.output_permille);
+        Prices {
+            input: by(self.input, i),
+            cached_input: by(self.cached_input, i),
+            cache_write_5m: by(self.cache_write_5m, i),
+            cache_write_1h: by(self.cache_write_1h, i),
+            audio_input: by(self.audio_input, i),
+            image_input: by(self.image_input, i),
+            output: by(self.output, o),
+            reasoning: by(self.reasoning, o),
+            audio_output: by(self.audio_output, o),
+            image_output: by(self.image_output, o),
+            web_search_per_1k_calls: self.web_search_per_1k_calls,
+        }
+    }
+}
+
 /// What a request may make the upstream bill beyond plain input, read from the request
 /// (`pipeline::kinds`): prompt-cache writes at each lifetime, audio in or out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -366,6 +406,49 @@ mod tests {
             i64::MAX,
             "saturates"
         );
+    }
+
+    /// Past a long-context tier every token of the request is billed at the tier's rates
+    /// (Anthropic: 250 000 in, 2 000 out on Sonnet 4 cost 1.50 + 0.045 USD), cache reads
+    /// and writes counting towards the threshold and scaled alike; at the threshold itself
+    /// the standard rates hold.
+    #[test]
+    fn past_a_long_context_tier_every_token_is_billed_at_its_rates() {
+        let sonnet = Prices {
+            cache_write_5m: 3_750_000,
+            cached_input: 300_000,
+            web_search_per_1k_calls: 10_000_000,
+            ..Prices::plain(3_000_000, 15_000_000)
+        };
+        let long = LongTier {
+            above: 200_000,
+            input_permille: 2_000,
+            output_permille: 1_500,
+        };
+        let tier = Some(long);
+        let io = |input, cached_input| Usage {
+            input,
+            cached_input,
+            output: 2_000,
+            web_search_calls: 1,
+            ..Usage::default()
+        };
+        let at = |u: Usage| cost(u, sonnet.for_input(u.input, tier));
+        // 250 000 × 6 + 2 000 × 22.50 + 10 000 (one search, unscaled).
+        assert_eq!(at(io(250_000, 0)), 1_500_000 + 45_000 + 10_000);
+        // 200 000 × 3 + 2 000 × 15 + 10 000: not past it.
+        assert_eq!(at(io(200_000, 0)), 600_000 + 30_000 + 10_000);
+        // Cache reads count towards the threshold and are doubled: 150 000 reads at 0.60,
+        // 60 000 fresh at 6.
+        assert_eq!(at(io(210_000, 150_000)), 90_000 + 360_000 + 45_000 + 10_000);
+        assert_eq!(
+            sonnet.for_input(i64::MAX, None),
+            sonnet,
+            "no tier, no change"
+        );
+        // A factor that makes a rate fractional rounds the rate up: 0.000001 × 1.5.
+        let tiny = Prices::plain(1, 1).for_input(2, Some(LongTier { above: 1, ..long }));
+        assert_eq!((tiny.input, tiny.output), (2, 2));
     }
 
     /// Claude Sonnet: 3 USD per Mtok input, 3.75 five-minute writes, 6 one-hour writes,

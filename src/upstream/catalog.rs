@@ -16,6 +16,7 @@ use crate::config::{OutputCapParam, Provider, Secret, Settings, UpstreamSettings
 use crate::endpoint::Endpoint;
 use crate::quota::images::Rule;
 use crate::quota::price_table;
+use crate::quota::pricing::LongTier;
 use crate::quota::schedule::{AdminPrices, Schedule};
 use crate::upstream::credential::Credential;
 use crate::upstream::providers;
@@ -171,9 +172,9 @@ pub struct Route {
     /// How the provider turns a request's images into tokens here, decided once when the
     /// catalog is built rather than from the names on every request.
     pub image_rule: Rule,
-    /// The input above which the provider bills this route at a dearer long-context tier
-    /// (the least of the route's model's and upstream model's; bundled table), if any.
-    pub long_context_above: Option<i64>,
+    /// The dearer tier the provider bills this route's long prompts at (the route's model's
+    /// or upstream model's in the bundled table, the lower threshold), if any.
+    pub long_context: Option<LongTier>,
 }
 
 impl Route {
@@ -267,10 +268,10 @@ impl Catalog {
                             deployment: d,
                             schedule: Arc::new(m.schedule(&managed.prices, &r.model, u.provider)),
                             image_rule: Rule::of(u.provider, &[&r.model, name, &m.name]),
-                            long_context_above: [&r.model, name]
+                            long_context: [&r.model, name]
                                 .into_iter()
-                                .filter_map(|n| table.long_context_above(n))
-                                .min(),
+                                .filter_map(|n| table.long_context(n))
+                                .min_by_key(|t| t.above),
                             upstream_model: name.clone(),
                             model: r.model.clone(),
                             target: slots[d].fresh()?.target(u, name),
@@ -416,7 +417,7 @@ mod tests {
             cap_param: OutputCapParam::MaxCompletionTokens,
             schedule: Arc::default(),
             image_rule: Rule::Unknown,
-            long_context_above: None,
+            long_context: None,
         };
         assert_eq!(route.cap_field(Endpoint::Chat), "max_completion_tokens");
         assert_eq!(route.cap_field(Endpoint::Completions), "max_tokens");

@@ -40,6 +40,7 @@ mod gemini_token_attack;
 mod gemini_transport;
 mod local_resources;
 mod lockout;
+mod long_context_tier;
 mod lying_upstream;
 mod managed_apply;
 mod managed_keys;

@@ -1,0 +1,78 @@
+//! Long-context tiers at settlement: the gateway refuses a prompt whose reserved input may
+//! pass a model's long-context threshold, but the provider's tokenizer can count past it
+//! what the gateway counted below. Such an answer is priced at the tier's rates (Claude
+//! Sonnet 4.5: every token at 2× input and 1.5× output), streamed or not, and what passes
+//! the reservation is absorbed, so the ledger is the bill.
+
+use serde_json::json;
+use sluice::config::Provider;
+use sluice::mock::Script;
+
+use crate::helpers::*;
+
+const KEY: &str = "sk-long-context-tier-anthropic-0123";
+
+/// `sonnet-4-5` at 3 / 15 USD per Mtok, served as `claude-sonnet-4-5-20250929` by Anthropic
+/// (the mock), whose bundled entry marks the tier above 200 000 input tokens.
+async fn app() -> TestApp {
+    spawn_app_with(|s, mock| {
+        let mut an = upstream("an", KEY, mock);
+        an.provider = Provider::Anthropic;
+        an.base_url = mock.base_url();
+        s.upstreams.push(an);
+        let mut m = model("sonnet-4-5", &["an"]);
+        m.routes = vec![route("an", "claude-sonnet-4-5-20250929")];
+        m.price.input_usd_per_mtok = Some(3.0.into());
+        m.price.output_usd_per_mtok = Some(15.0.into());
+        m.max_input_tokens = 1_000_000;
+        s.models.push(m);
+    })
+    .await
+}
+
+#[tokio::test]
+async fn an_answer_reported_past_the_tier_is_priced_at_its_rates_and_the_rest_absorbed() {
+    let app = app().await;
+    for (n, stream) in [(1, false), (2, true)] {
+        let (id, token) = app.token(&format!("long-{stream}"), Some("100")).await;
+        app.mock.state.script(
+            KEY,
+            [Script {
+                prompt_tokens: Some(210_000),
+                completion_tokens: Some(10),
+                ..Script::default()
+            }],
+        );
+        let body = json!({"model": "sonnet-4-5", "max_tokens": 10, "stream": stream,
+            "messages": [{"role": "user", "content": "Summarise the attached corpus."}]});
+        let resp = app.messages(&token, &body).await;
+        assert_eq!(resp.status(), 200, "stream={stream}");
+        resp.text().await.unwrap();
+        app.wait_settled().await;
+        let (charged, absorbed) = (
+            app.scalar(&format!(
+                "SELECT 100000000 - remaining_micros FROM tokens WHERE id = {id}"
+            ))
+            .await,
+            app.scalar(&format!(
+                "SELECT CAST(COALESCE(SUM(amount_micros), 0) AS BIGINT) FROM ledger
+                 WHERE kind = 'absorbed' AND token_id = {id}"
+            ))
+            .await,
+        );
+        // 210 000 × 6 + 10 × 22.50 micro-dollars per token-million: what Anthropic bills.
+        assert_eq!(charged + absorbed, 1_260_225, "stream={stream}");
+        assert!(
+            absorbed > 0,
+            "stream={stream}: the reservation covered a small prompt"
+        );
+        app.wait_for_log_rows(n).await;
+        let logged = app
+            .scalar(&format!(
+                "SELECT cost_micros FROM requests WHERE token_id = {id}"
+            ))
+            .await;
+        assert_eq!(logged, 1_260_225, "stream={stream}");
+    }
+    app.assert_invariant().await;
+}
