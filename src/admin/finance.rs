@@ -2,8 +2,8 @@
 //! (`sluice reconcile` stores it), every (day, model, account) row with the flagged ones
 //! marked — and every budget's forecast: a chart of its last 28 days of spend and the next 7
 //! projected, and the day it is expected to run out (`finance::budgets`). A read for admins
-//! and finance; a lead does not see it (404, like the audit log; leads read their team's
-//! forecasts at `/admin/api/v1/reports/forecast`).
+//! and finance; a lead sees their own team's forecasts only — the reconciliation is of the
+//! whole provider account, which a lead does not see (as the audit log).
 
 use actix_web::{web, HttpResponse};
 use askama::Template;
@@ -29,6 +29,8 @@ pub async fn last_run(
 #[template(path = "admin/finance.html")]
 struct FinancePage {
     c: Chrome,
+    /// The caller may see the reconciliation (not a lead).
+    reconciles: bool,
     last: Option<(Reconciliation, Vec<ReconciliationRow>)>,
     budgets: Vec<BudgetView>,
 }
@@ -72,7 +74,11 @@ impl FinancePage {
 }
 
 pub async fn page(actor: Actor, state: web::Data<AppState>) -> Result<HttpResponse, AdminError> {
-    let last = last_run(&state, &actor).await?;
+    let reconciles = actor.require_global_reader().is_ok();
+    let last = match reconciles {
+        true => last_run(&state, &actor).await?,
+        false => None,
+    };
     let now = state.clock.now();
     let budgets = budgets::forecasts(&state.db, actor.scope(), now)
         .await?
@@ -81,6 +87,7 @@ pub async fn page(actor: Actor, state: web::Data<AppState>) -> Result<HttpRespon
         .collect();
     view::html(&FinancePage {
         c: Chrome::new(&actor, "finance"),
+        reconciles,
         last,
         budgets,
     })

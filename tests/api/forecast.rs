@@ -144,6 +144,14 @@ async fn a_budget_burning_a_dollar_a_day_is_projected_to_run_out_on_its_day() {
             .any(|b| b["kind"] == "token"),
         "{theirs}"
     );
+    // Their page charts their own team's budgets only, and no reconciliation.
+    let page = lead.get("/admin/finance").await;
+    assert_eq!(page.status(), 200);
+    let html = page.text().await.unwrap();
+    assert!(html.contains("Forecasts of team budgets"), "{html}");
+    assert!(!html.contains("Reconciliation"), "{html}");
+    assert!(!html.contains("data-kind=\"token\""), "{html}");
+    assert!(html.contains("of your team has a budget"), "{html}");
 }
 
 /// A budget due to run out within `[finance] forecast_alert_days` raises
