@@ -489,18 +489,24 @@ async fn images_are_reserved_for_what_the_serving_model_bills_for_their_size() {
             ..sluice::mock::Script::default()
         }],
     );
-    let resp = app.chat(&token, &body).await;
+    // Charged exactly the reported usage: ⌈96 358 × 0.15 + 1 × 0.60⌉ = ⌈14 454.3⌉ µ$.
+    charged_exactly(&app, &token, &body, 14_455).await;
+}
+
+/// Sends `body`, and checks the token was charged `micros` and the gateway absorbed nothing.
+async fn charged_exactly(app: &TestApp, token: &str, body: &Value, micros: i64) {
+    let resp = app.chat(token, body).await;
     assert_eq!(resp.status(), 200);
     app.wait_settled().await;
     let absorbed = app
         .scalar("SELECT COALESCE(SUM(amount_micros), 0) FROM ledger WHERE kind = 'absorbed'")
         .await;
     assert_eq!(absorbed, 0, "the gateway absorbed {absorbed} micro-USD");
-    // Charged exactly the reported usage: ⌈96 358 × 0.15 + 1 × 0.60⌉ = ⌈14 454.3⌉ µ$.
     let spent = app
         .scalar("SELECT SUM(amount_micros) FROM ledger WHERE kind IN ('reserve', 'settle')")
         .await;
-    assert_eq!(spent, 14_455);
+    assert_eq!(spent, micros);
+    app.assert_invariant().await;
 }
 
 /// On Azure the deployment's name says nothing of the model behind it: the image rule
@@ -529,19 +535,8 @@ async fn an_azure_deployment_reserves_images_by_its_routes_model() {
             ..sluice::mock::Script::default()
         }],
     );
-    let resp = app.chat(&token, &body).await;
-    assert_eq!(resp.status(), 200);
-    app.wait_settled().await;
-    let absorbed = app
-        .scalar("SELECT COALESCE(SUM(amount_micros), 0) FROM ledger WHERE kind = 'absorbed'")
-        .await;
-    assert_eq!(absorbed, 0, "the gateway absorbed {absorbed} micro-USD");
     // ⌈48 189 × 0.15 + 1 × 0.60⌉ = ⌈7 228.95⌉ µ$.
-    let spent = app
-        .scalar("SELECT SUM(amount_micros) FROM ledger WHERE kind IN ('reserve', 'settle')")
-        .await;
-    assert_eq!(spent, 7_229);
-    app.assert_invariant().await;
+    charged_exactly(&app, &token, &body, 7_229).await;
 }
 
 /// After a failed first route, the answer names what the serving route dropped, not what

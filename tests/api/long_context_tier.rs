@@ -5,30 +5,9 @@
 //! the reservation is absorbed, so the ledger is the bill.
 
 use serde_json::json;
-use sluice::config::Provider;
 use sluice::mock::Script;
 
-use crate::helpers::*;
-
-const KEY: &str = "sk-long-context-tier-anthropic-0123";
-
-/// `sonnet-4-5` at 3 / 15 USD per Mtok, served as `claude-sonnet-4-5-20250929` by Anthropic
-/// (the mock), whose bundled entry marks the tier above 200 000 input tokens.
-async fn app() -> TestApp {
-    spawn_app_with(|s, mock| {
-        let mut an = upstream("an", KEY, mock);
-        an.provider = Provider::Anthropic;
-        an.base_url = mock.base_url();
-        s.upstreams.push(an);
-        let mut m = model("sonnet-4-5", &["an"]);
-        m.routes = vec![route("an", "claude-sonnet-4-5-20250929")];
-        m.price.input_usd_per_mtok = Some(3.0.into());
-        m.price.output_usd_per_mtok = Some(15.0.into());
-        m.max_input_tokens = 1_000_000;
-        s.models.push(m);
-    })
-    .await
-}
+use crate::server_tools::{app, KEY};
 
 #[tokio::test]
 async fn an_answer_reported_past_the_tier_is_priced_at_its_rates_and_the_rest_absorbed() {
@@ -43,7 +22,7 @@ async fn an_answer_reported_past_the_tier_is_priced_at_its_rates_and_the_rest_ab
                 ..Script::default()
             }],
         );
-        let body = json!({"model": "sonnet-4-5", "max_tokens": 10, "stream": stream,
+        let body = json!({"model": "sonnet-long", "max_tokens": 10, "stream": stream,
             "messages": [{"role": "user", "content": "Summarise the attached corpus."}]});
         let resp = app.messages(&token, &body).await;
         assert_eq!(resp.status(), 200, "stream={stream}");

@@ -12,11 +12,11 @@ use sluice::quota::pricing::{self, Prices, Usage};
 
 use crate::helpers::*;
 
-const KEY: &str = "sk-server-tools-anthropic-0123";
+pub(crate) const KEY: &str = "sk-server-tools-anthropic-0123";
 
 /// Claude Sonnet at 3 / 15 USD per Mtok, 10 USD per 1 000 searches, over an Anthropic
 /// upstream (the mock), plus the default OpenAI model.
-async fn app() -> TestApp {
+pub(crate) async fn app() -> TestApp {
     spawn_app_with(|s, mock| {
         let mut an = upstream("an", KEY, mock);
         an.provider = Provider::Anthropic;
