@@ -50,7 +50,7 @@ pub fn input_cost(p: &Prepared, candidates: &[Candidate]) -> i64 {
         .iter()
         .map(|c| {
             let input = Usage {
-                input: p.input_on(c.image_rule),
+                input: p.input_on(c.image_rule, c.model.max_input_tokens),
                 ..Usage::default()
             };
             pricing::cost(input, c.prices)

@@ -1,7 +1,8 @@
 //! Long-context tiers: some models cost more per token once a prompt passes a threshold
 //! (Claude Sonnet 4 / 4.5 and Gemini 2.5 Pro above 200 000 input tokens, the bundled price
 //! table's `long_context_above_tokens`). The gateway prices the standard tier only, so a
-//! request whose reserved input — counted, server-tool allowance and margin — passes the
+//! request whose reserved input — counted, server-tool allowance and margin, its documents
+//! as `quota::documents` sizes them (one of unknown size: the model's whole input) — passes the
 //! threshold of any model that may serve it is refused: it can never be billed the dearer
 //! tier at the standard price.
 
@@ -31,8 +32,9 @@ pub fn check(
             p.endpoint.input_field(),
             format!(
                 "`{}` may reach {input} tokens (counted, with the gateway's margin and \
-                 server-tool allowance); `{}` bills prompts above {above} tokens at a dearer \
-                 tier this gateway does not price. Shorten the input.",
+                 server-tool allowance; a PDF at its pages, a document by URL or file id at \
+                 the model's whole input); `{}` bills prompts above {above} tokens at a \
+                 dearer tier this gateway does not price. Shorten the input.",
                 p.endpoint.input_field(),
                 p.requested_model
             ),
