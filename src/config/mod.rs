@@ -516,6 +516,9 @@ output_usd_per_mtok = 0.6
                 4_000_000_000_u64,
                 false,
             ),
+            ("document_tokens_per_page", 100_000, true),
+            ("document_tokens_per_page", 100_001, false),
+            ("document_tokens_per_page", 0, false),
         ] {
             let text = format!("[finance]\n{knob} = {value}\n");
             let s = load_from(Some(&text), &env(&[])).unwrap();

@@ -764,6 +764,9 @@ pub struct FinanceSettings {
     /// back to the model as input): reserved per call, and a fetch's `max_content_tokens`
     /// when the client sets none.
     pub server_tool_input_tokens_per_call: u32,
+    /// The input tokens one page of an inline PDF may be billed (its text and an image of
+    /// the page; Anthropic documents 1 500–3 000): reserved per page (`quota::documents`).
+    pub document_tokens_per_page: u32,
     /// A (day, model, account) row is flagged when its difference exceeds both this …
     pub reconcile_threshold_usd: f64,
     /// … and this percentage of the provider's figure.
@@ -781,6 +784,7 @@ impl Default for FinanceSettings {
         Self {
             max_server_tool_calls: 5,
             server_tool_input_tokens_per_call: 25_000,
+            document_tokens_per_page: 3_000,
             reconcile_threshold_usd: 1.0,
             reconcile_threshold_pct: 2.0,
             forecast_alert_days: 7,
@@ -823,6 +827,12 @@ impl FinanceSettings {
         if !(1..=1_000_000).contains(&self.server_tool_input_tokens_per_call) {
             return Err(super::ConfigError::Invalid(
                 "finance.server_tool_input_tokens_per_call must be between 1 and 1000000".into(),
+            ));
+        }
+        // Reserved per page: a page is never free, and no provider bills one near 100 000.
+        if !(1..=100_000).contains(&self.document_tokens_per_page) {
+            return Err(super::ConfigError::Invalid(
+                "finance.document_tokens_per_page must be between 1 and 100000".into(),
             ));
         }
         if !(1..=1_000_000).contains(&self.max_tag_values_per_day) {

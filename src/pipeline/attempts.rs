@@ -47,7 +47,7 @@ pub fn input_cost(p: &Prepared, candidates: &[Candidate]) -> i64 {
         .iter()
         .map(|c| {
             let input = Usage {
-                input: p.input_on(c.route.image_rule),
+                input: p.input_on(c.route.image_rule, c.model.max_input_tokens),
                 ..Usage::default()
             };
             pricing::cost(input, c.prices.for_input(input.input, c.route.long_context))

@@ -1,11 +1,12 @@
 //! Long-context tiers: some models cost more per token once a prompt passes a threshold
 //! (Claude Sonnet 4 / 4.5 and Gemini 2.5 Pro above 200 000 input tokens, the bundled price
 //! table's `long_context_above_tokens`). A request whose reserved input — counted,
-//! server-tool allowance and margin — passes the threshold of any model that may serve it
-//! is refused: its reservation, at standard rates, could not cover the dearer tier. The
-//! provider's tokenizer may still count past it what the gateway's counted below (Claude's
-//! counts more than o200k): such an answer is priced at the tier's rates, and what passes
-//! the reservation is absorbed and shown as such, never lost from the ledger.
+//! server-tool allowance and margin, its documents as `quota::documents` sizes them (one of
+//! unknown size: the model's whole input) — passes the threshold of any model that may
+//! serve it is refused: its reservation, at standard rates, could not cover the dearer
+//! tier. The provider's tokenizer may still count past it what the gateway's counted below
+//! (Claude's counts more than o200k): such an answer is priced at the tier's rates, and
+//! what passes the reservation is absorbed and shown as such, never lost from the ledger.
 
 use super::attempts::Candidate;
 use super::request::Prepared;
@@ -29,8 +30,9 @@ pub fn check(
             p.endpoint.input_field(),
             format!(
                 "`{}` may reach {input} tokens (counted, with the gateway's margin and \
-                 server-tool allowance); `{}` bills prompts above {above} tokens at a dearer \
-                 tier this gateway does not price. Shorten the input.",
+                 server-tool allowance; a PDF at its pages, a document by URL or file id at \
+                 the model's whole input); `{}` bills prompts above {above} tokens at a \
+                 dearer tier this gateway does not price. Shorten the input.",
                 p.endpoint.input_field(),
                 p.requested_model
             ),

@@ -279,6 +279,10 @@ async fn run(
     }
     let mut prepared = request::prepare(endpoint, &raw, &auth, &state.catalog(), started_at)?;
     prepared.kinds = kinds::read(endpoint, &mut prepared.body, &state.settings.finance)?;
+    prepared.documents = crate::quota::documents::Documents::read(
+        &prepared.body,
+        state.settings.finance.document_tokens_per_page,
+    );
     prepared.responses = conversation;
     let asked = limits::client_headers(req.headers(), auth.max_priority)?;
     log.tags = tags::resolve(req.headers(), &auth.tags, &auth.team_tags)?.canonical();
@@ -338,7 +342,7 @@ async fn run(
         .into());
     }
     long_context::check(&prepared, &candidates, |c| {
-        reserved_input(state, &prepared, c.route.image_rule)
+        reserved_input(state, &prepared, c)
     })?;
     let worst = reservation_amount(state, &prepared, &candidates);
     let mut held = if ladder.has(Ladder::Quota) {
@@ -552,7 +556,7 @@ fn soft_limit(state: &AppState, auth: &TokenAuth, p: &mut Prepared) {
 fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Candidate]) -> i64 {
     let worst_at = |c: &attempts::Candidate| {
         let usage = Usage {
-            input: reserved_input(state, p, c.route.image_rule),
+            input: reserved_input(state, p, c),
             output: p.cap.map(|(_, c)| c).unwrap_or(0).saturating_mul(p.n),
             web_search_calls: p.kinds.web_search_calls,
             ..Usage::default()
@@ -569,12 +573,14 @@ fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Ca
     candidates.iter().map(worst_at).max().unwrap_or(0)
 }
 
-/// The input a request reserves for on a route reading images by `rule`: counted (its
-/// images by that rule), plus what its server tools may add, with the configured margin.
-fn reserved_input(state: &AppState, p: &Prepared, rule: crate::quota::images::Rule) -> i64 {
+/// The input a request reserves for on a candidate: counted (its images by the route's
+/// rule, its documents for the candidate's model), plus what its server tools may add,
+/// with the configured margin.
+fn reserved_input(state: &AppState, p: &Prepared, c: &attempts::Candidate) -> i64 {
     let q = &state.settings.quota;
     pricing::input_with_margin(
-        p.input_on(rule).saturating_add(p.kinds.server_tool_input),
+        p.input_on(c.route.image_rule, c.model.max_input_tokens)
+            .saturating_add(p.kinds.server_tool_input),
         q.input_margin_ratio,
         q.input_margin_tokens,
     )
@@ -592,7 +598,7 @@ async fn finish(
     mut booking: Option<Booking>,
     plan: Option<crate::cache::Plan>,
 ) -> Result<HttpResponse, Failure> {
-    let image_rule = s.route.image_rule;
+    let (image_rule, max_input) = (s.route.image_rule, s.model.max_input_tokens);
     let mut key_booking = s.key_booking;
     let raw = s.body.unwrap_or_default();
     let answer = s.answer.unwrap_or_default();
@@ -611,7 +617,7 @@ async fn finish(
     };
     let usage = usage
         .unwrap_or_else(|text| Usage {
-            input: p.input_on(image_rule),
+            input: p.input_on(image_rule, max_input),
             output: estimate::count_text(&text),
             ..Usage::default()
         })

@@ -11,6 +11,7 @@ use serde_json::{Map, Value};
 use crate::auth::TokenAuth;
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
+use crate::quota::documents::Documents;
 use crate::quota::estimate;
 use crate::quota::images::{Images, Rule};
 use crate::upstream::catalog::{Catalog, Model};
@@ -46,18 +47,26 @@ pub struct Prepared {
     pub kinds: super::kinds::Kinds,
     /// The request's images, which each route's provider bills by its own rule.
     pub images: Images,
+    /// The request's documents: PDFs by their pages, others of unknown size (read with
+    /// `[finance] document_tokens_per_page` once the settings are at hand, `pipeline`).
+    pub documents: Documents,
     /// When the request started: it is priced at the prices in force then, for its
     /// reservation and its settlement alike, whichever route serves it.
     pub started_at: DateTime<Utc>,
 }
 
 impl Prepared {
-    /// The counted input on a route whose provider reads images by `rule`: the estimate
-    /// plus what its images may cost there beyond the estimate's flat figure. What money
-    /// uses (the reservation, a client's early leaving, an answer without usage).
-    pub fn input_on(&self, rule: Rule) -> i64 {
-        self.input_tokens
-            .saturating_add(self.images.beyond_estimate(rule))
+    /// The counted input on a route whose provider reads images by `rule`, of a model
+    /// accepting `max_input` tokens: the estimate plus what its images may cost there
+    /// beyond the estimate's flat figure, plus its documents (PDF pages at the per-page
+    /// maximum; a document of unknown size: at least `max_input`). What money uses (the
+    /// reservation, the long-context check, a client's early leaving, an answer without
+    /// usage).
+    pub fn input_on(&self, rule: Rule, max_input: i64) -> i64 {
+        let counted = self
+            .input_tokens
+            .saturating_add(self.images.beyond_estimate(rule));
+        self.documents.input(counted, max_input)
     }
 }
 
@@ -364,6 +373,7 @@ pub fn prepare(
         responses: None,
         kinds: super::kinds::Kinds::default(),
         images,
+        documents: Documents::default(),
         started_at,
     })
 }

@@ -265,7 +265,7 @@ pub(super) fn serve(
         upstream_format,
         client,
         p.include_usage,
-        p.input_on(s.route.image_rule),
+        p.input_on(s.route.image_rule, s.model.max_input_tokens),
     )
     .hold_limit(most);
     // A server the gateway does not ask for its usage (`quirks.include_usage = false`).

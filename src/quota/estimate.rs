@@ -39,7 +39,8 @@ const PER_REPLY: i64 = 3;
 /// may bill beyond it (`images::Images::beyond_estimate`).
 pub(crate) const PER_IMAGE: i64 = 1105;
 
-/// Counts every string in a JSON value (message content, tool arguments, tool schemas).
+/// Counts every string in a JSON value (message content, tool arguments, tool schemas);
+/// images at `PER_IMAGE`, documents without their payload (`documents`).
 pub fn count_value(v: &Value) -> i64 {
     match v {
         Value::String(s) => count_text(s),
@@ -51,6 +52,14 @@ pub fn count_value(v: &Value) -> i64 {
             );
             if is_image {
                 return PER_IMAGE;
+            }
+            // A document's bytes or reference are sized by `documents`, not counted as
+            // text: only its title, context, file name or plain-text source are.
+            if let Some(text) = super::documents::without_payload(map) {
+                return text
+                    .iter()
+                    .map(|(k, v)| count_text(k).min(2) + count_value(v))
+                    .sum();
             }
             map.iter()
                 .map(|(k, v)| count_text(k).min(2) + count_value(v))

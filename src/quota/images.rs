@@ -299,6 +299,13 @@ mod tests {
         let broken =
             one(json!({"type": "image", "source": {"type": "base64", "data": "iVBORw0KGgo="}}));
         assert_eq!(broken.size, None);
+        // Anthropic by URL or by an uploaded file's id: no size either.
+        for source in [
+            json!({"type": "url", "url": "https://x/y.png"}),
+            json!({"type": "file", "file_id": "file_011"}),
+        ] {
+            assert_eq!(one(json!({"type": "image", "source": source})).size, None);
+        }
     }
 
     #[test]

@@ -1,10 +1,12 @@
-//! Budgets: what a request may cost at worst (`pricing`, `estimate`, `images`), which period a
-//! balance belongs to (`period`), and the reservation that holds the money between the
+//! Budgets: what a request may cost at worst (`pricing`, `estimate`, `images`, `documents`),
+//! which period a balance belongs to (`period`), and the reservation that holds the money between the
 //! CAS and the settlement (`reservation`). The CAS itself is `store::ledger`.
 
+pub mod documents;
 pub mod estimate;
 pub mod fill;
 pub mod images;
+mod pdf;
 pub mod period;
 pub mod price_table;
 pub mod pricing;

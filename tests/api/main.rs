@@ -28,6 +28,7 @@ mod clocks;
 mod compatible;
 mod departures;
 mod digest;
+mod documents;
 mod event_shape;
 mod files;
 mod forecast;

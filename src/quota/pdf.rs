@@ -1,0 +1,263 @@
+//! How many pages a PDF has, read from its bytes without parsing it: a provider bills a
+//! PDF by the page (each page's text and an image of it), so its pages are what the
+//! reservation needs.
+//!
+//! Why not a PDF crate: `lopdf` and its kin parse every object (and inflate streams) to
+//! answer one number, a large dependency and a large attack surface for a request's
+//! bytes. A page is an object whose dictionary says `/Type /Page`, and the page tree's
+//! root says `/Count N`: this module counts the first and reads the second in one linear
+//! pass, bounded by the bytes (no allocation beyond the `/Kids` references it keeps).
+//! The count is meant never to be lower than what a provider's parser finds, so
+//! whatever could hide pages from such a pass makes the PDF unreadable (`None`) instead
+//! — and an unreadable PDF is reserved at the model's whole input (`documents`):
+//! - page objects inside compressed object streams (`/ObjStm`, and `/XRef` streams,
+//!   whose entries may point into object streams without naming them): not visible;
+//! - a page tree that references one node twice (its pages would be counted once per
+//!   reference), or whose `/Kids` is not an inline array of references;
+//! - no `%PDF-` header in the first KiB, or no page at all.
+//!
+//! Names are compared after their `#xx` escapes are decoded (`/P#61ge` is `/Page`), and
+//! every occurrence counts, wherever it is (a comment, a string, a stream's bytes): a
+//! decoy can only raise the count. `/Count` is taken at its largest (an outline's count
+//! too): a parser that believes the root's `/Count` sees no more pages than that.
+
+use std::collections::HashSet;
+
+/// The pages of the PDF in `bytes`, or `None` when they cannot be read soundly.
+pub fn pages(bytes: &[u8]) -> Option<i64> {
+    let head = &bytes[..bytes.len().min(1024)];
+    if !head.windows(5).any(|w| w == b"%PDF-") {
+        return None;
+    }
+    let mut page_objects: i64 = 0;
+    let mut most_counted: i64 = 0;
+    let mut kids: HashSet<u64> = HashSet::new();
+    let mut i = 0;
+    while let Some(at) = bytes[i..].iter().position(|&b| b == b'/') {
+        let (name, end) = name_at(bytes, i + at + 1);
+        i = end;
+        match name.as_slice() {
+            b"Page" => page_objects = page_objects.saturating_add(1),
+            b"ObjStm" | b"XRef" => return None,
+            b"Count" => {
+                if let Some((n, end)) = integer_at(bytes, i) {
+                    most_counted = most_counted.max(n);
+                    i = end;
+                }
+            }
+            b"Kids" => {
+                let end = kids_at(bytes, i, &mut kids)?;
+                i = end;
+            }
+            _ => {}
+        }
+    }
+    let pages = page_objects.max(most_counted);
+    (pages > 0).then_some(pages)
+}
+
+/// PDF whitespace (ISO 32000 7.2.2).
+fn is_space(b: u8) -> bool {
+    matches!(b, b'\0' | b'\t' | b'\n' | b'\x0c' | b'\r' | b' ')
+}
+
+fn is_delimiter(b: u8) -> bool {
+    matches!(
+        b,
+        b'(' | b')' | b'<' | b'>' | b'[' | b']' | b'{' | b'}' | b'/' | b'%'
+    )
+}
+
+/// The name starting at `start` (after its `/`), `#xx` escapes decoded, and where it
+/// ends. Only its first 16 bytes are kept: every name compared is shorter.
+fn name_at(bytes: &[u8], start: usize) -> (Vec<u8>, usize) {
+    let mut name = Vec::new();
+    let mut i = start;
+    while let Some(&b) = bytes.get(i) {
+        if is_space(b) || is_delimiter(b) {
+            break;
+        }
+        let hex = |j: usize| bytes.get(j).and_then(|c| (*c as char).to_digit(16));
+        let (byte, width) = match (b, hex(i + 1), hex(i + 2)) {
+            (b'#', Some(h), Some(l)) => ((h * 16 + l) as u8, 3),
+            _ => (b, 1),
+        };
+        if name.len() < 16 {
+            name.push(byte);
+        }
+        i += width;
+    }
+    (name, i)
+}
+
+/// Past whitespace and comments from `i`.
+fn skip_space(bytes: &[u8], mut i: usize) -> usize {
+    while let Some(&b) = bytes.get(i) {
+        if is_space(b) {
+            i += 1;
+        } else if b == b'%' {
+            while bytes.get(i).is_some_and(|&c| c != b'\n' && c != b'\r') {
+                i += 1;
+            }
+        } else {
+            break;
+        }
+    }
+    i
+}
+
+/// A non-negative integer after whitespace from `i` (capped, never overflowing), and
+/// where it ends.
+fn integer_at(bytes: &[u8], i: usize) -> Option<(i64, usize)> {
+    let mut i = skip_space(bytes, i);
+    if bytes.get(i) == Some(&b'+') {
+        i += 1;
+    }
+    let start = i;
+    let mut n: i64 = 0;
+    while let Some(d) = bytes.get(i).filter(|b| b.is_ascii_digit()) {
+        n = n
+            .saturating_mul(10)
+            .saturating_add(i64::from(d - b'0'))
+            .min(1_000_000_000);
+        i += 1;
+    }
+    (i > start).then_some((n, i))
+}
+
+/// A `/Kids` array from `i`: `[n g R …]`, each object number recorded; `None` when it is
+/// not an inline array of references or an object is referenced a second time.
+fn kids_at(bytes: &[u8], i: usize, seen: &mut HashSet<u64>) -> Option<usize> {
+    let mut i = skip_space(bytes, i);
+    if bytes.get(i) != Some(&b'[') {
+        return None;
+    }
+    i += 1;
+    loop {
+        i = skip_space(bytes, i);
+        if bytes.get(i) == Some(&b']') {
+            return Some(i + 1);
+        }
+        let (object, end) = integer_at(bytes, i)?;
+        let (_generation, end) = integer_at(bytes, end)?;
+        let end = skip_space(bytes, end);
+        if bytes.get(end) != Some(&b'R') {
+            return None;
+        }
+        if !seen.insert(object as u64) {
+            return None;
+        }
+        i = end + 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A PDF whose page tree is `tree` and whose objects after it are `pages`.
+    fn doc(tree: &str, pages: &[&str]) -> Vec<u8> {
+        let mut out = format!(
+            "%PDF-1.7\n1 0 obj << /Type /Catalog /Pages 2 0 R >> endobj\n2 0 obj {tree} endobj\n"
+        );
+        for (i, p) in pages.iter().enumerate() {
+            out.push_str(&format!("{} 0 obj {p} endobj\n", i + 3));
+        }
+        out.push_str("trailer << /Root 1 0 R >>\n%%EOF\n");
+        out.into_bytes()
+    }
+
+    const PAGE: &str = "<< /Type /Page /Parent 2 0 R >>";
+
+    #[test]
+    fn pages_are_counted_and_the_tree_is_not_a_page() {
+        let three = doc(
+            "<< /Type /Pages /Kids [3 0 R 4 0 R 5 0 R] /Count 3 >>",
+            &[PAGE; 3],
+        );
+        assert_eq!(pages(&three), Some(3));
+        // No spaces, escaped names, a comment before the count: the same pages.
+        let tight = doc(
+            "<</Type/Pages/Kids[3 0 R\n4 0 R]/Count % two\n 2>>",
+            &["<</Type/P#61ge/Parent 2 0 R>>", "<</Type /Page#73x>>"],
+        );
+        assert_eq!(pages(&tight), Some(2), "/Page#73x is /Pagesx, not a page");
+        // A root that counts more pages than there are objects: the count.
+        let counted = doc("<< /Type /Pages /Kids [3 0 R] /Count 40 >>", &[PAGE]);
+        assert_eq!(pages(&counted), Some(40));
+    }
+
+    #[test]
+    fn what_could_hide_pages_makes_the_pdf_unreadable() {
+        let cases: [(&str, Vec<u8>); 7] = [
+            ("no header", b"1 0 obj << /Type /Page >> endobj".to_vec()),
+            ("no page", doc("<< /Type /Pages /Kids [] /Count 0 >>", &[])),
+            (
+                "object streams",
+                doc(
+                    "<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+                    &[PAGE, "<< /Type /Obj#53tm /N 9 /First 40 >>"],
+                ),
+            ),
+            (
+                "xref streams",
+                doc("<< /Kids [3 0 R] >>", &[PAGE, "<< /Type /XRef >>"]),
+            ),
+            (
+                "a page referenced twice",
+                doc(
+                    "<< /Type /Pages /Kids [3 0 R 3 0 R 3 0 R] /Count 1 >>",
+                    &[PAGE],
+                ),
+            ),
+            (
+                "a shared node",
+                doc(
+                    "<< /Type /Pages /Kids [3 0 R 3 0 R] /Count 1 >>",
+                    &["<< /Type /Pages /Kids [4 0 R] >>", PAGE],
+                ),
+            ),
+            (
+                "indirect kids",
+                doc("<< /Type /Pages /Kids 9 0 R /Count 1 >>", &[PAGE]),
+            ),
+        ];
+        for (what, bytes) in cases {
+            assert_eq!(pages(&bytes), None, "{what}");
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4_000))]
+        /// Hostile bytes — random, or the tokens this pass looks for cut and shuffled
+        /// together — are read without a panic, and a page object added anywhere never
+        /// lowers the count.
+        #[test]
+        fn any_bytes_are_read_without_a_panic(
+            pieces in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::collection::vec(proptest::num::u8::ANY, 0..40),
+                    proptest::sample::select(vec![
+                        b"/Page".to_vec(), b"/Pages".to_vec(), b"/Count".to_vec(),
+                        b" 99999999999999999999".to_vec(), b"/Kids [".to_vec(), b" 3 0 R".to_vec(),
+                        b"]".to_vec(), b"%".to_vec(), b"#".to_vec(), b"#4".to_vec(), b"/P#61ge".to_vec(),
+                        b"\n".to_vec(), b"/ObjStm".to_vec(), b"<<".to_vec(), b"(".to_vec(),
+                    ]),
+                ],
+                0..60,
+            ),
+        ) {
+            let mut bytes = b"%PDF-1.4\n".to_vec();
+            bytes.extend(pieces.concat());
+            let before = pages(&bytes);
+            if let Some(n) = before {
+                proptest::prop_assert!(n > 0);
+            }
+            bytes.extend(b"\n99 0 obj << /Type /Page >> endobj\n");
+            let after = pages(&bytes);
+            if let (Some(b), Some(a)) = (before, after) {
+                proptest::prop_assert!(a >= b, "{a} < {b}");
+            }
+        }
+    }
+}
