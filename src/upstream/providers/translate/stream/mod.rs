@@ -450,8 +450,9 @@ impl StreamConverter {
     /// it came — and so does the most reported of its uncached part, for a later report
     /// with more input but more of it cached would lower the price too. The cache writes
     /// count at the most reported of them in all, the most reported of the one-hour ones
-    /// among them (Anthropic's `message_delta` repeats the writes' total without its split
-    /// by lifetime: that is no five-minute write), audio and images at the most reported.
+    /// among them, and as unsplit what the largest split did not cover (Anthropic's
+    /// `message_delta` repeats the writes' total without its split by lifetime: that is
+    /// no five-minute write), audio and images at the most reported.
     fn report_input(&mut self, i: Input) {
         let cached = i.cached_input.clamp(0, i.input.max(0));
         let (total, fresh, had) = match self.input {
@@ -464,13 +465,14 @@ impl StreamConverter {
         };
         let written = |x: &Input| x.cache_write_5m.saturating_add(x.cache_write_1h);
         let hour = had.cache_write_1h.max(i.cache_write_1h);
-        let five = written(&had).max(written(&i)) - hour;
-        // Unsplit: what no report split. A report with the split (`message_start`) says
-        // 0, and the `message_delta` repeating the total without it does not undo that.
-        let unsplit = match self.input {
-            None => i.cache_write_unsplit,
-            Some(_) => had.cache_write_unsplit.min(i.cache_write_unsplit),
-        };
+        let all = written(&had).max(written(&i));
+        let five = all - hour;
+        // Unsplit: the most written in all beyond the largest split total any report gave
+        // (a report's split is its writes less its own unsplit part). The `message_delta`
+        // repeating `message_start`'s total adds nothing unsplit; a larger total there adds
+        // the difference, priced per the request's marks (`Usage::at_worst_lifetime`).
+        let split = |x: &Input| written(x) - x.cache_write_unsplit;
+        let unsplit = all - split(&had).max(split(&i));
         self.input = Some(Input {
             input: total,
             cached_input: (total - fresh).max(0),
