@@ -117,6 +117,8 @@ struct Pump {
     /// lifetime it allows (`Usage::at_worst_lifetime`).
     may: InputKinds,
     converter: StreamConverter,
+    /// The serving upstream's kind: whose answers name a tier to check (`kinds::served_tier`).
+    provider: Provider,
     /// Rebuilds the answer the client received, for the cache.
     assembler: Option<Assembler>,
     /// The serving key's own token window.
@@ -285,6 +287,7 @@ pub(super) fn serve(
         prices: s.prices,
         may: p.kinds.input,
         converter,
+        provider: deployment.provider,
         conversation: p.responses.clone(),
         assembler: books.cache.as_ref().map(|_| Assembler::new(client, most)),
         books,
@@ -460,6 +463,7 @@ impl Pump {
             prices,
             may,
             converter,
+            provider,
             assembler,
             mut key_booking,
             conversation: _,
@@ -472,6 +476,7 @@ impl Pump {
             mut booking,
             cache,
         } = books;
+        super::kinds::served_tier(provider, &log.upstream, converter.served_tier());
         let usage = converter.usage().at_worst_lifetime(may);
         let cost = pricing::cost(usage, prices);
         // Every window the request booked, corrected (off this path) to what was counted.

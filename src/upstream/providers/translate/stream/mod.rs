@@ -57,7 +57,7 @@ use crate::upstream::providers::formats::openai_chat::stream::{read_event, OpenA
 use crate::upstream::providers::formats::responses::adapter as responses_adapter;
 use crate::upstream::providers::formats::responses::stream as responses;
 use crate::upstream::providers::formats::{anthropic, bedrock, gemini, openai_chat};
-use crate::upstream::providers::Format;
+use crate::upstream::providers::{tier, Format};
 use shape::Body;
 pub use shape::Corrupt;
 
@@ -146,6 +146,9 @@ pub struct StreamConverter {
     /// The most this converter keeps of a stream (held blocks, arguments): past it the
     /// stream ends with an error event.
     hold_limit: usize,
+    /// The service tier the upstream says it served at (`tier::served`), from the first
+    /// event that names one.
+    served_tier: Option<String>,
     done: bool,
     /// The upstream's own error event was passed on: the stream ends with it, and needs
     /// no error of the gateway's after it.
@@ -223,6 +226,7 @@ impl StreamConverter {
             counted: 0,
             searches_seen: 0,
             hold_limit: HOLD_LIMIT,
+            served_tier: None,
             done: false,
             error_sent: false,
             reader: match upstream {
@@ -484,6 +488,11 @@ impl StreamConverter {
         });
     }
 
+    /// The service tier the upstream says it served the stream at, if it named one.
+    pub fn served_tier(&self) -> Option<&str> {
+        self.served_tier.as_deref()
+    }
+
     /// The upstream sent an error event, which the client received in its format: the
     /// stream is over.
     pub fn upstream_failed(&self) -> bool {
@@ -522,6 +531,12 @@ impl StreamConverter {
         // An empty `data:` carries nothing.
         if data.trim().is_empty() {
             return;
+        }
+        // Every OpenAI chunk names the tier: read once, only from an event that names it.
+        if self.served_tier.is_none() && data.contains("\"service_tier\"") {
+            self.served_tier = serde_json::from_str::<Value>(data)
+                .ok()
+                .and_then(|v| tier::served(&v).map(str::to_string));
         }
         if self.responses.is_some() {
             return self.responses_event(name, data, out);
