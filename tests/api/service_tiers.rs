@@ -65,6 +65,21 @@ async fn the_standard_tier_is_sent_where_the_client_named_none_or_auto() {
         assert_eq!(r.status(), 200, "{tier:?}");
         assert_eq!(sent_tier(&app, KEY_A), "default", "messages→a {tier:?}");
     }
+    // The Responses API, served natively by OpenAI, and translated to Anthropic.
+    for (model, key, want) in [
+        ("gpt-4o-mini", KEY_A, "default"),
+        ("sonnet", AN, "standard_only"),
+    ] {
+        for tier in [None, Some("auto")] {
+            let mut body = json!({"model": model, "input": "hi", "max_output_tokens": 16});
+            if let Some(t) = tier {
+                body["service_tier"] = json!(t);
+            }
+            let r = app.post("/v1/responses", &token, &body).await;
+            assert_eq!(r.status(), 200, "{model} {tier:?}");
+            assert_eq!(sent_tier(&app, key), want, "responses→{model} {tier:?}");
+        }
+    }
     app.assert_invariant().await;
 }
 
