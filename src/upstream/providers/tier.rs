@@ -72,6 +72,24 @@ pub fn priced_apart(tier: &str) -> Option<&'static str> {
     }
 }
 
+/// The tier priced apart a stream event's text says it was served at, if any. A
+/// Responses stream's `response.created` echoes the tier asked for and its
+/// `response.completed` names the one served, so no event stands for the stream; an
+/// event naming the standard tier as the providers write it (every OpenAI chunk does) is
+/// passed over without being parsed.
+pub fn priced_apart_in(data: &str) -> Option<String> {
+    const STANDARD: [&str; 2] = [
+        "\"service_tier\":\"default\"",
+        "\"service_tier\":\"standard\"",
+    ];
+    if !data.contains("\"service_tier\"") || STANDARD.iter().any(|s| data.contains(s)) {
+        return None;
+    }
+    let v: Value = serde_json::from_str(data).ok()?;
+    let tier = served(&v)?;
+    priced_apart(tier).map(|_| tier.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,6 +117,22 @@ mod tests {
         );
         assert_eq!(
             served(&json!({"service_tier": "default"})).and_then(priced_apart),
+            None
+        );
+    }
+
+    #[test]
+    fn a_stream_event_names_a_tier_priced_apart_wherever_it_comes() {
+        let completed = json!({"type": "response.completed",
+            "response": {"id": "r", "service_tier": "priority"}});
+        assert_eq!(
+            priced_apart_in(&completed.to_string()).as_deref(),
+            Some("priority")
+        );
+        let created = json!({"type": "response.created", "response": {"service_tier": "auto"}});
+        assert_eq!(priced_apart_in(&created.to_string()), None);
+        assert_eq!(
+            priced_apart_in(r#"{"service_tier":"default","choices":[]}"#),
             None
         );
     }

@@ -146,8 +146,7 @@ pub struct StreamConverter {
     /// The most this converter keeps of a stream (held blocks, arguments): past it the
     /// stream ends with an error event.
     hold_limit: usize,
-    /// The service tier the upstream says it served at (`tier::served`), from the first
-    /// event that names one.
+    /// A service tier priced apart the upstream says it served at (`note_tier`).
     served_tier: Option<String>,
     done: bool,
     /// The upstream's own error event was passed on: the stream ends with it, and needs
@@ -488,9 +487,18 @@ impl StreamConverter {
         });
     }
 
-    /// The service tier the upstream says it served the stream at, if it named one.
+    /// The first service tier priced apart (`tier::priced_apart`) an event of the stream
+    /// says it was served at.
     pub fn served_tier(&self) -> Option<&str> {
         self.served_tier.as_deref()
+    }
+
+    /// Notes the first tier priced apart an event names (`tier::priced_apart_in`): any
+    /// event may be the one that tells, so each is looked at until one does.
+    fn note_tier(&mut self, data: &str) {
+        if self.served_tier.is_none() {
+            self.served_tier = tier::priced_apart_in(data);
+        }
     }
 
     /// The upstream sent an error event, which the client received in its format: the
@@ -532,12 +540,7 @@ impl StreamConverter {
         if data.trim().is_empty() {
             return;
         }
-        // Every OpenAI chunk names the tier: read once, only from an event that names it.
-        if self.served_tier.is_none() && data.contains("\"service_tier\"") {
-            self.served_tier = serde_json::from_str::<Value>(data)
-                .ok()
-                .and_then(|v| tier::served(&v).map(str::to_string));
-        }
+        self.note_tier(data);
         if self.responses.is_some() {
             return self.responses_event(name, data, out);
         }
