@@ -38,9 +38,10 @@ pub struct TeamBudget {
     pub budget_usd: Option<String>,
 }
 
-/// The JSON API's edit of a team: `tags` alone changes only the tags (empty clears them);
-/// otherwise the budget is set as `TeamBudget` says (absent or empty: no limit), and the
-/// tags too when given.
+/// The JSON API's edit of a team: each field given is set, each absent one kept —
+/// `budget_usd` (null or empty: no limit) and `tags` (null or empty: none). A body with
+/// neither is refused: it would change nothing, and reading it as "no limit" once cleared
+/// budgets by accident.
 #[derive(Debug, Deserialize)]
 pub struct TeamPatch {
     #[serde(default, deserialize_with = "de::patch_text")]
@@ -134,12 +135,16 @@ pub async fn patch(
     id: i64,
     p: TeamPatch,
 ) -> Result<TeamRow, AdminError> {
-    let budget = (p.budget_usd.is_some() || p.tags.is_none()).then(|| p.budget_usd.flatten());
+    if p.budget_usd.is_none() && p.tags.is_none() {
+        return Err(AdminError::invalid(
+            "The body changes nothing: give `budget_usd` (null for no limit), `tags` or both.",
+        ));
+    }
     edit(
         state,
         actor,
         id,
-        budget,
+        p.budget_usd,
         p.tags.as_ref().map(Option::as_deref),
     )
     .await

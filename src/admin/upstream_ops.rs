@@ -375,7 +375,7 @@ pub async fn test(state: &AppState, actor: &Actor, id: &str) -> Result<Tested, A
     let endpoint = crate::endpoint::Endpoint::Chat;
     let built = providers::build_request_with(
         endpoint.format(),
-        dep.provider,
+        providers::Destination::of(dep.provider, endpoint),
         &body,
         &route.upstream_model,
         Some((route.cap_field(endpoint), 1)),

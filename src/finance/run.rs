@@ -36,8 +36,10 @@ impl Export {
         }
     }
 
-    /// The export's figures, or why the text is not one.
+    /// The export's figures, or why the text is not one. A leading UTF-8 byte-order mark
+    /// (a spreadsheet's "CSV UTF-8" writes one) is no part of the first column's name.
     pub fn read(self, text: &str) -> Result<Vec<Line>, FinanceError> {
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         match self {
             Export::Openai if exports::openai_csv::is_csv(text) => exports::openai_csv::read(text),
             Export::Openai => exports::openai::read(text),

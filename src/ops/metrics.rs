@@ -28,6 +28,7 @@ pub const PASSWORD_VERIFICATIONS: &str = "gateway_password_verifications_total";
 pub const PASSWORD_BUSY: &str = "gateway_password_hashing_busy_total";
 pub const TRANSLATION_DROPPED: &str = "gateway_translation_dropped_total";
 pub const CATALOG_STALE: &str = "gateway_catalog_stale";
+pub const SERVED_TIER: &str = "gateway_upstream_service_tier_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0,
@@ -108,6 +109,10 @@ fn describe() {
         TRANSLATION_DROPPED,
         "Answers whose upstream request left out a client field (a hint the upstream has no place for), by the field's name as the client sent it."
     );
+    describe_counter!(
+        SERVED_TIER,
+        "Answers an OpenAI or Anthropic upstream says it served at a service tier other than the standard one the ledger prices (billed apart), by upstream and tier."
+    );
     // Shown from the start (0), so a scrape can tell "none yet" from "not counted".
     counter!(PASSWORD_VERIFICATIONS).absolute(0);
     counter!(PASSWORD_BUSY).absolute(0);
@@ -157,6 +162,12 @@ pub fn dropped(fields: &[&'static str]) {
     for f in fields {
         counter!(TRANSLATION_DROPPED, "field" => *f).increment(1);
     }
+}
+
+/// One answer served at a tier priced apart from the standard rates (a fixed set of labels,
+/// `providers::tier::priced_apart`).
+pub fn served_tier(upstream: &str, tier: &'static str) {
+    counter!(SERVED_TIER, "upstream" => upstream.to_string(), "tier" => tier).increment(1);
 }
 
 pub fn catalog_stale(stale: bool) {

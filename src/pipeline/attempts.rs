@@ -147,7 +147,7 @@ fn build(dep: &Deployment, p: &Prepared, c: &Candidate) -> Result<Built, Transla
     } else {
         providers::build_request_with(
             p.endpoint.format(),
-            dep.provider,
+            providers::Destination::of(dep.provider, p.endpoint),
             &p.body,
             &c.route.upstream_model,
             cap,

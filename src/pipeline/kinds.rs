@@ -11,10 +11,11 @@ use serde_json::{Map, Value};
 
 mod server_tools;
 
-use crate::config::FinanceSettings;
+use crate::config::{FinanceSettings, Provider};
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::quota::pricing::InputKinds;
+use crate::upstream::providers;
 
 /// The kinds a request may be billed for, the most web-search calls it may make, and the
 /// most input its server tools may add.
@@ -84,6 +85,26 @@ fn service_tier(endpoint: Endpoint, body: &Map<String, Value>) -> Result<(), Api
             ),
         )),
     }
+}
+
+/// An answer `provider`'s upstream says it served at `served`: a tier priced apart from
+/// the standard rates the ledger charged (the request was sent the standard tier,
+/// `providers::tier`, so the provider overrode it) is logged as a warning and counted
+/// (`gateway_upstream_service_tier_total`). The request row has no place for it; the
+/// difference shows in `sluice reconcile` too.
+pub fn served_tier(provider: Provider, upstream: &str, served: Option<&str>) {
+    let Some(tier) = served
+        .filter(|_| providers::tier::pinned(provider))
+        .and_then(providers::tier::priced_apart)
+    else {
+        return;
+    };
+    tracing::warn!(
+        upstream,
+        tier,
+        "an answer was served at a service tier billed apart from the standard rates the ledger charged; check the provider project's default tier"
+    );
+    crate::ops::metrics::served_tier(upstream, tier);
 }
 
 /// Notes the cache marks and audio parts anywhere under `v`.

@@ -603,6 +603,7 @@ async fn finish(
     let raw = s.body.unwrap_or_default();
     let answer = s.answer.unwrap_or_default();
     let upstream = providers::format_of(s.dep.provider);
+    kinds::served_tier(s.dep.provider, &s.dep.id, providers::tier::served(&answer));
     // An answer without usage is charged the counted input and the counted output.
     let (usage, body, to_keep) = match &p.responses {
         Some(ctx) => {

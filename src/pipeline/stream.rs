@@ -120,6 +120,8 @@ struct Pump {
     /// lifetime it allows (`Usage::at_worst_lifetime`).
     may: InputKinds,
     converter: StreamConverter,
+    /// The serving upstream's kind: whose answers name a tier to check (`kinds::served_tier`).
+    provider: Provider,
     /// Rebuilds the answer the client received, for the cache.
     assembler: Option<Assembler>,
     /// The serving key's own token window.
@@ -289,6 +291,7 @@ pub(super) fn serve(
         long_context: s.route.long_context,
         may: p.kinds.input,
         converter,
+        provider: deployment.provider,
         conversation: p.responses.clone(),
         assembler: books.cache.as_ref().map(|_| Assembler::new(client, most)),
         books,
@@ -465,6 +468,7 @@ impl Pump {
             long_context,
             may,
             converter,
+            provider,
             assembler,
             mut key_booking,
             conversation: _,
@@ -477,6 +481,7 @@ impl Pump {
             mut booking,
             cache,
         } = books;
+        super::kinds::served_tier(provider, &log.upstream, converter.served_tier());
         let usage = converter.usage().at_worst_lifetime(may);
         let cost = long_context::priced(usage, prices, long_context);
         // Every window the request booked, corrected (off this path) to what was counted.

@@ -97,6 +97,7 @@ mod responses_streams;
 mod retry_tiers;
 mod secrets_rotate;
 mod server_tools;
+mod service_tiers;
 mod shutdown;
 mod signin_attack;
 mod slow_reader;

@@ -643,3 +643,34 @@ async fn a_user_is_not_moved_where_their_tokens_tags_would_pass_ten() {
     .await;
     assert_eq!(team, "blue");
 }
+
+/// A team PATCH sets the budget only when `budget_usd` is in the body: `{}` is refused
+/// (naming the body) and leaves the budget, `{"tags": …}` changes the tags alone, and
+/// `{"budget_usd": null}` is what clears the budget.
+#[tokio::test]
+async fn a_team_patch_without_budget_usd_leaves_the_budget() {
+    let app = spawn_app().await;
+    let root = admin(&app).await;
+    let (s, team) = root
+        .post(
+            "/admin/api/v1/teams",
+            &json!({"name": "red", "budget_usd": "25"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{team}");
+    let path = format!("/admin/api/v1/teams/{}", team["id"]);
+    let (s, v) = root.patch(&path, &json!({})).await;
+    assert_eq!(s, 400, "{v}");
+    assert!(v.to_string().contains("body"), "{v}");
+    let (s, v) = root.patch(&path, &json!({"tags": "env:dev"})).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        (v["limit_micros"].as_i64(), v["tags"].as_str()),
+        (Some(25_000_000), Some("env:dev"))
+    );
+    let (_, teams) = root.get_json("/admin/api/v1/teams").await;
+    assert_eq!(teams["teams"][0]["limit_micros"], 25_000_000, "{teams}");
+    let (s, v) = root.patch(&path, &json!({"budget_usd": null})).await;
+    assert_eq!((s, &v["limit_micros"]), (200, &Value::Null), "{v}");
+    assert_eq!(v["tags"], "env:dev", "{v}");
+}

@@ -20,6 +20,7 @@ const WEB_SEARCH: &str = "web_search";
 #[derive(Deserialize)]
 struct Bucket<'a> {
     starting_at: String,
+    ending_at: Option<String>,
     #[serde(borrow)]
     results: Vec<Cost<'a>>,
 }
@@ -41,6 +42,10 @@ pub fn read(text: &str) -> Result<Vec<Line>, ExportError> {
 impl exports::Bucket for Bucket<'_> {
     fn start(&self) -> String {
         self.starting_at.clone()
+    }
+
+    fn end(&self) -> Option<String> {
+        self.ending_at.clone()
     }
 
     fn lines(self, at: &str) -> Result<Vec<Line>, ExportError> {
@@ -166,6 +171,26 @@ mod tests {
         );
         let lines = read(&two).unwrap();
         assert_eq!(lines.last().unwrap().model, "web_search");
+    }
+
+    /// As OpenAI's: a page saying `has_more` whose successor (the page starting at its
+    /// last bucket's `ending_at`) is not in the file is named.
+    #[test]
+    fn a_missing_middle_page_is_named() {
+        let page = |from: &str, to: &str, more: bool| {
+            PAGE.replace("2025-08-02T00:00:00Z", to)
+                .replace("2025-08-01T00:00:00Z", from)
+                .replace("\"has_more\":false", &format!("\"has_more\":{more}"))
+        };
+        let one = page("2025-08-01T00:00:00Z", "2025-08-02T00:00:00Z", true);
+        let two = page("2025-08-02T00:00:00Z", "2025-08-03T00:00:00Z", true);
+        let three = page("2025-08-03T00:00:00Z", "2025-08-04T00:00:00Z", false);
+        assert!(read(&format!("{one}\n{two}\n{three}")).is_ok());
+        let e = read(&format!("{one}\n{three}")).unwrap_err().to_string();
+        assert!(
+            e.starts_with("page 1:") && e.contains("2025-08-02T00:00:00Z"),
+            "{e}"
+        );
     }
 
     #[test]

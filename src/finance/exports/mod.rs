@@ -2,7 +2,8 @@
 //! figure, amounts in exact micro-dollars (`finance::decimal`). A file that cannot be read
 //! is an `ExportError` naming the problem and where it is (a line and column from the JSON
 //! parser, or the field's path). Both providers page their exports alike (`data[]` of time
-//! buckets, `has_more`); `walk` reads the pages, each provider's module its bucket.
+//! buckets, `has_more`); `walk` reads the pages and checks that none is missing, each
+//! provider's module its bucket.
 
 pub mod anthropic;
 pub mod openai;
@@ -46,6 +47,9 @@ struct Page<B> {
 pub(crate) trait Bucket {
     /// The bucket's start as the export writes it: two buckets with one start are one.
     fn start(&self) -> String;
+    /// Its end, written as the starts are (the next bucket's start), when the export gives
+    /// it: how a page's successor is known (`successors`).
+    fn end(&self) -> Option<String>;
     /// Its figures; `at` is its path in the file, for errors.
     fn lines(self, at: &str) -> Result<Vec<Line>, ExportError>;
 }
@@ -65,6 +69,7 @@ where
             pages.len()
         )));
     }
+    let continuity = successors(&pages);
     let mut seen: HashMap<String, Vec<Line>> = HashMap::new();
     let mut lines = Vec::new();
     for (p, page) in pages.into_iter().enumerate() {
@@ -88,7 +93,38 @@ where
             seen.insert(start, figures);
         }
     }
+    continuity?;
     Ok(lines)
+}
+
+/// Every page that says `has_more` has its successor in the file: a page whose first
+/// bucket starts where its last bucket ends. Both providers' daily buckets are
+/// consecutive, days without spend included, and a page ends on a bucket, so a missing
+/// middle page shows as a gap here — where it would otherwise read as days without spend
+/// and flag them. The cursor (`next_page`) cannot tell: a page does not carry the cursor
+/// it was fetched with. A page may be given twice (its successor is anywhere in the
+/// file); a page without buckets or an end makes no claim. Checked after the buckets, so a bucket given twice with other
+/// figures is named as such first.
+fn successors<B: Bucket>(pages: &[Page<B>]) -> Result<(), ExportError> {
+    let starts: Vec<String> = pages
+        .iter()
+        .filter_map(|p| p.data.first().map(Bucket::start))
+        .collect();
+    for (i, page) in pages.iter().enumerate() {
+        if page.has_more != Some(true) {
+            continue;
+        }
+        let Some(end) = page.data.last().and_then(Bucket::end) else {
+            continue;
+        };
+        if !starts.contains(&end) {
+            return Err(ExportError(format!(
+                "page {}: `has_more` is true but no page of the file starts at {end}, where it ends — a page of the download is missing; save every page",
+                i + 1
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The JSON documents in `text`: one page, several pages one after another (as saved from

@@ -13,6 +13,7 @@ use crate::finance::decimal;
 #[derive(Deserialize)]
 struct Bucket<'a> {
     start_time: i64,
+    end_time: Option<i64>,
     #[serde(borrow)]
     results: Vec<Cost<'a>>,
 }
@@ -40,6 +41,10 @@ pub fn read(text: &str) -> Result<Vec<Line>, ExportError> {
 impl exports::Bucket for Bucket<'_> {
     fn start(&self) -> String {
         self.start_time.to_string()
+    }
+
+    fn end(&self) -> Option<String> {
+        self.end_time.map(|t| t.to_string())
     }
 
     fn lines(self, at: &str) -> Result<Vec<Line>, ExportError> {
@@ -139,10 +144,34 @@ mod tests {
         let next = PAGE.replace("1730419200", "1730505600");
         assert_eq!(read(&format!("{first}\n{next}")).unwrap().len(), 4);
         // The same page twice counts once; the same bucket with other figures is refused.
-        assert_eq!(read(&format!("{first}\n{PAGE}")).unwrap().len(), 2);
+        assert_eq!(read(&format!("{first}\n{first}\n{next}")).unwrap().len(), 4);
         let other = PAGE.replace("0.06", "0.07");
         let e = read(&format!("{first}\n{other}")).unwrap_err().to_string();
         assert!(e.contains("page 2, data[0]") && e.contains("twice"), "{e}");
+    }
+
+    /// A page that says `has_more` is followed, somewhere in the file, by the page that
+    /// starts where it ends (each page's buckets are consecutive days, empty ones
+    /// included): a middle page missing is named, not read as days without spend.
+    #[test]
+    fn a_missing_middle_page_is_named() {
+        let day = |n: i64| (1730419200 + 86_400 * n).to_string();
+        let page = |n: i64, more: bool| {
+            PAGE.replace("1730505600", &day(n + 1))
+                .replace("1730419200", &day(n))
+                .replace("\"has_more\":false", &format!("\"has_more\":{more}"))
+        };
+        let (one, two, three) = (page(0, true), page(1, true), page(2, false));
+        assert_eq!(read(&format!("{one}\n{two}\n{three}")).unwrap().len(), 6);
+        let e = read(&format!("{one}\n{three}")).unwrap_err().to_string();
+        assert!(e.starts_with("page 1:") && e.contains(&day(1)), "{e}");
+        // A page saved twice is still followed by its successor.
+        assert_eq!(
+            read(&format!("{one}\n{one}\n{two}\n{three}"))
+                .unwrap()
+                .len(),
+            6
+        );
     }
 
     #[test]

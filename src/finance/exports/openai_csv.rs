@@ -158,6 +158,18 @@ mod tests {
         assert_eq!(read(&iso).unwrap(), lines);
     }
 
+    /// A spreadsheet saved as "CSV UTF-8" starts with a byte-order mark: the header still
+    /// reads, and so does a JSON export with one.
+    #[test]
+    fn a_leading_byte_order_mark_is_no_part_of_the_header() {
+        use crate::finance::run::Export;
+        let bom = format!("\u{feff}{CSV}");
+        assert_eq!(bom.as_bytes()[..3], [0xEF, 0xBB, 0xBF]);
+        assert_eq!(Export::Openai.read(&bom).unwrap(), read(CSV).unwrap());
+        let page = r#"{"data":[],"has_more":false}"#;
+        assert!(Export::Openai.read(&format!("\u{feff}{page}")).is_ok());
+    }
+
     #[test]
     fn a_bad_file_names_its_problem() {
         let e = |text: &str| read(text).unwrap_err().to_string();

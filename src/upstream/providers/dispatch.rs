@@ -253,7 +253,51 @@ pub fn build_request(
     cap: Option<(&'static str, i64)>,
     stream: bool,
 ) -> Result<Vec<u8>, TranslateError> {
+    let upstream: Format = upstream.into();
     build_request_with(client, upstream, body, upstream_model, cap, (stream, true)).map(|b| b.body)
+}
+
+/// Where a body goes: the upstream's format, and whether it is told the standard service
+/// tier where the client named none or `auto` (`Destination::of`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Destination {
+    pub format: Format,
+    pub standard_tier: bool,
+}
+
+impl Destination {
+    /// A request to `endpoint` on a `provider` upstream: told the standard tier where the
+    /// provider's default may be dearer (`tier::pinned`) and the endpoint takes a tier —
+    /// chat, messages and responses; embeddings and legacy completions take none.
+    pub fn of(provider: Provider, endpoint: crate::endpoint::Endpoint) -> Destination {
+        use crate::endpoint::Endpoint as E;
+        Destination {
+            format: format_of(provider),
+            standard_tier: super::tier::pinned(provider)
+                && matches!(endpoint, E::Chat | E::Messages | E::Responses),
+        }
+    }
+}
+
+impl From<Format> for Destination {
+    fn from(format: Format) -> Self {
+        Destination {
+            format,
+            standard_tier: false,
+        }
+    }
+}
+
+impl From<WireFormat> for Destination {
+    fn from(w: WireFormat) -> Self {
+        Format::from(w).into()
+    }
+}
+
+impl From<Provider> for Destination {
+    fn from(p: Provider) -> Self {
+        format_of(p).into()
+    }
 }
 
 /// A request built for an upstream: its body, and the client fields left out of it
@@ -268,13 +312,14 @@ pub struct Built {
 /// `include_usage` false (its `quirks.include_usage`), an OpenAI-format body carries none.
 pub fn build_request_with(
     client: impl Into<Format>,
-    upstream: impl Into<Format>,
+    upstream: impl Into<Destination>,
     body: &Map<String, Value>,
     upstream_model: &str,
     cap: Option<(&'static str, i64)>,
     (stream, include_usage): (bool, bool),
 ) -> Result<Built, TranslateError> {
-    let (client, upstream) = (client.into(), upstream.into());
+    let (client, to) = (client.into(), upstream.into());
+    let upstream = to.format;
     let mut dropped = Vec::new();
     let mut out = match upstream {
         Format::OpenAiChat if client == upstream => {
@@ -296,6 +341,9 @@ pub fn build_request_with(
     };
     if !include_usage && upstream == Format::OpenAiChat {
         out.remove("stream_options");
+    }
+    if to.standard_tier {
+        super::tier::pin(upstream, &mut out);
     }
     // A map of JSON values always serializes.
     Ok(Built {

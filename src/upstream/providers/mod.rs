@@ -10,11 +10,12 @@ mod dispatch;
 pub mod formats;
 pub mod gemini;
 pub mod openai;
+pub mod tier;
 pub mod translate;
 
 pub use dispatch::{
     answer_usage, build_request, build_request_with, convert_answer, convert_error, format_of,
-    read_answer, Built, Format,
+    read_answer, Built, Destination, Format,
 };
 
 use serde_json::{Map, Value};
@@ -131,7 +132,10 @@ pub fn build_responses_request(
     };
     build_request_with(
         Format::Responses,
-        to,
+        Destination {
+            format: to,
+            standard_tier: tier::pinned(upstream),
+        },
         body,
         upstream_model,
         cap,

@@ -57,7 +57,7 @@ use crate::upstream::providers::formats::openai_chat::stream::{read_event, OpenA
 use crate::upstream::providers::formats::responses::adapter as responses_adapter;
 use crate::upstream::providers::formats::responses::stream as responses;
 use crate::upstream::providers::formats::{anthropic, bedrock, gemini, openai_chat};
-use crate::upstream::providers::Format;
+use crate::upstream::providers::{tier, Format};
 use shape::Body;
 pub use shape::Corrupt;
 
@@ -146,6 +146,8 @@ pub struct StreamConverter {
     /// The most this converter keeps of a stream (held blocks, arguments): past it the
     /// stream ends with an error event.
     hold_limit: usize,
+    /// A service tier priced apart the upstream says it served at (`note_tier`).
+    served_tier: Option<String>,
     done: bool,
     /// The upstream's own error event was passed on: the stream ends with it, and needs
     /// no error of the gateway's after it.
@@ -223,6 +225,7 @@ impl StreamConverter {
             counted: 0,
             searches_seen: 0,
             hold_limit: HOLD_LIMIT,
+            served_tier: None,
             done: false,
             error_sent: false,
             reader: match upstream {
@@ -450,8 +453,9 @@ impl StreamConverter {
     /// it came — and so does the most reported of its uncached part, for a later report
     /// with more input but more of it cached would lower the price too. The cache writes
     /// count at the most reported of them in all, the most reported of the one-hour ones
-    /// among them (Anthropic's `message_delta` repeats the writes' total without its split
-    /// by lifetime: that is no five-minute write), audio and images at the most reported.
+    /// among them, and as unsplit what the largest split did not cover (Anthropic's
+    /// `message_delta` repeats the writes' total without its split by lifetime: that is
+    /// no five-minute write), audio and images at the most reported.
     fn report_input(&mut self, i: Input) {
         let cached = i.cached_input.clamp(0, i.input.max(0));
         let (total, fresh, had) = match self.input {
@@ -464,13 +468,14 @@ impl StreamConverter {
         };
         let written = |x: &Input| x.cache_write_5m.saturating_add(x.cache_write_1h);
         let hour = had.cache_write_1h.max(i.cache_write_1h);
-        let five = written(&had).max(written(&i)) - hour;
-        // Unsplit: what no report split. A report with the split (`message_start`) says
-        // 0, and the `message_delta` repeating the total without it does not undo that.
-        let unsplit = match self.input {
-            None => i.cache_write_unsplit,
-            Some(_) => had.cache_write_unsplit.min(i.cache_write_unsplit),
-        };
+        let all = written(&had).max(written(&i));
+        let five = all - hour;
+        // Unsplit: the most written in all beyond the largest split total any report gave
+        // (a report's split is its writes less its own unsplit part). The `message_delta`
+        // repeating `message_start`'s total adds nothing unsplit; a larger total there adds
+        // the difference, priced per the request's marks (`Usage::at_worst_lifetime`).
+        let split = |x: &Input| written(x) - x.cache_write_unsplit;
+        let unsplit = all - split(&had).max(split(&i));
         self.input = Some(Input {
             input: total,
             cached_input: (total - fresh).max(0),
@@ -480,6 +485,20 @@ impl StreamConverter {
             audio_input: had.audio_input.max(i.audio_input),
             image_input: had.image_input.max(i.image_input),
         });
+    }
+
+    /// The first service tier priced apart (`tier::priced_apart`) an event of the stream
+    /// says it was served at.
+    pub fn served_tier(&self) -> Option<&str> {
+        self.served_tier.as_deref()
+    }
+
+    /// Notes the first tier priced apart an event names (`tier::priced_apart_in`): any
+    /// event may be the one that tells, so each is looked at until one does.
+    fn note_tier(&mut self, data: &str) {
+        if self.served_tier.is_none() {
+            self.served_tier = tier::priced_apart_in(data);
+        }
     }
 
     /// The upstream sent an error event, which the client received in its format: the
@@ -521,6 +540,7 @@ impl StreamConverter {
         if data.trim().is_empty() {
             return;
         }
+        self.note_tier(data);
         if self.responses.is_some() {
             return self.responses_event(name, data, out);
         }

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::error::WireFormat;
+use crate::quota::pricing;
 
 fn chunk(content: &str) -> String {
     json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
@@ -536,4 +537,64 @@ fn cache_writes_are_unsplit_only_where_no_report_split_them() {
         ..canonical::Usage::default()
     };
     assert_eq!(unsplit(never), (50, 0, 50));
+}
+
+/// Anthropic's `message_start` splits the writes by lifetime (200 five-minute, 300
+/// one-hour) and its `message_delta` reports a larger total without the split (800): the
+/// 300 no report split are priced per the request's marks — at the one-hour rate when it
+/// marked a one-hour write — as a whole answer's would be, never as five-minute writes.
+#[test]
+fn a_larger_unsplit_total_after_the_split_is_priced_per_the_marks() {
+    let e = |name: &'static str, v: Value| (name, v.to_string());
+    let events = vec![
+        e(
+            "message_start",
+            json!({"type": "message_start", "message": {"id": "msg_1", "type": "message",
+                "role": "assistant", "model": "claude", "content": [],
+                "usage": {"input_tokens": 1000, "output_tokens": 1,
+                    "cache_creation_input_tokens": 500,
+                    "cache_creation": {"ephemeral_5m_input_tokens": 200,
+                        "ephemeral_1h_input_tokens": 300}}}}),
+        ),
+        e(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        ),
+        e(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": TEXT}}),
+        ),
+        e(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 0}),
+        ),
+        e(
+            "message_delta",
+            json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null},
+                "usage": {"input_tokens": 1000, "output_tokens": 100,
+                    "cache_creation_input_tokens": 800}}),
+        ),
+        e("message_stop", json!({"type": "message_stop"})),
+    ];
+    let (complete, usage, _) = through(Format::Anthropic, WireFormat::Anthropic, &events);
+    assert!(complete);
+    // Claude Sonnet: 3 USD input, 3.75 / 6 USD five-minute / one-hour writes, 15 USD output.
+    let prices = pricing::Prices {
+        cache_write_5m: 3_750_000,
+        cache_write_1h: 6_000_000,
+        ..pricing::Prices::plain(3_000_000, 15_000_000)
+    };
+    let marked = |hour: bool| pricing::InputKinds {
+        cache_write_5m: true,
+        cache_write_1h: hour,
+        ..pricing::InputKinds::default()
+    };
+    // 1000 fresh × 3 + 200 × 3.75 + 600 × 6 + 100 × 15 = 3000 + 750 + 3600 + 1500.
+    let hour = usage.at_worst_lifetime(marked(true));
+    assert_eq!((hour.cache_write_5m, hour.cache_write_1h), (200, 600));
+    assert_eq!(pricing::cost(hour, prices), 8_850);
+    // Without a one-hour mark the 300 are five-minute writes: 500 × 3.75 + 300 × 6.
+    let five = usage.at_worst_lifetime(marked(false));
+    assert_eq!((five.cache_write_5m, five.cache_write_1h), (500, 300));
+    assert_eq!(pricing::cost(five, prices), 3000 + 1875 + 1800 + 1500);
 }
