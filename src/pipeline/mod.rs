@@ -337,8 +337,13 @@ async fn run(
         }
         .into());
     }
+    // Each sampling step is priced apart: the tier applies when one step's context passes
+    // the threshold, and the largest is the last (`kinds::Turn`).
     long_context::check(&prepared, &candidates, |c| {
-        reserved_input(state, &prepared, c.image_rule)
+        prepared.kinds.server_tools.last_step(
+            first_step(state, &prepared, c.image_rule),
+            prepared.output_cap(),
+        )
     })?;
     let worst = reservation_amount(state, &prepared, &candidates);
     let mut held = if ladder.has(Ladder::Quota) {
@@ -547,13 +552,15 @@ fn soft_limit(state: &AppState, auth: &TokenAuth, p: &mut Prepared) {
 /// be billed (cache writes and audio only when it asks for them, `kinds`), the full output
 /// cap (× n) at the dearest output price, and the web-search fee for every call it may
 /// make — priced at the dearest route that may serve, each at its price in force when the
-/// request started. The input its server tools' results may add (`kinds`) is input too,
-/// margin and all.
+/// request started. A server-tool turn is billed every step's context as input
+/// (`kinds::Turn`): the margin-padded input once per step, plus the results and output
+/// the later steps re-read.
 fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Candidate]) -> i64 {
     let worst_at = |c: &attempts::Candidate| {
+        let first = first_step(state, p, c.image_rule);
         let usage = Usage {
-            input: reserved_input(state, p, c.image_rule),
-            output: p.cap.map(|(_, c)| c).unwrap_or(0).saturating_mul(p.n),
+            input: p.kinds.server_tools.billed_input(first, p.output_cap()),
+            output: p.output_cap(),
             web_search_calls: p.kinds.web_search_calls,
             ..Usage::default()
         };
@@ -569,12 +576,13 @@ fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Ca
     candidates.iter().map(worst_at).max().unwrap_or(0)
 }
 
-/// The input a request reserves for on a route reading images by `rule`: counted (its
-/// images by that rule), plus what its server tools may add, with the configured margin.
-fn reserved_input(state: &AppState, p: &Prepared, rule: crate::quota::images::Rule) -> i64 {
+/// The input a request's first (or only) step reserves for on a route reading images by
+/// `rule`: counted (its images by that rule), with the configured margin. Server-tool
+/// results and output re-read by later steps are the provider's own tokens: no margin.
+fn first_step(state: &AppState, p: &Prepared, rule: crate::quota::images::Rule) -> i64 {
     let q = &state.settings.quota;
     pricing::input_with_margin(
-        p.input_on(rule).saturating_add(p.kinds.server_tool_input),
+        p.input_on(rule),
         q.input_margin_ratio,
         q.input_margin_tokens,
     )

@@ -52,6 +52,11 @@ pub struct Prepared {
 }
 
 impl Prepared {
+    /// The most output the request may be billed: its cap × n (0 without a cap).
+    pub fn output_cap(&self) -> i64 {
+        self.cap.map_or(0, |(_, c)| c).saturating_mul(self.n)
+    }
+
     /// The counted input on a route whose provider reads images by `rule`: the estimate
     /// plus what its images may cost there beyond the estimate's flat figure. What money
     /// uses (the reservation, a client's early leaving, an answer without usage).

@@ -77,7 +77,7 @@ pub(crate) fn answer(input: i64, output: i64, searches: i64, content: Value) -> 
 #[tokio::test]
 async fn tool_results_billed_as_input_are_reserved_and_charged_exactly() {
     let app = app().await;
-    let (id, token) = app.token("search", Some("1")).await;
+    let (id, token) = app.token("search", Some("10")).await;
     let text = json!([{"type": "text", "text": "Found it."}]);
     app.mock.state.script(
         KEY,
@@ -117,7 +117,7 @@ async fn tool_results_billed_as_input_are_reserved_and_charged_exactly() {
         "{sent}"
     );
     // Without caps of its own the fetch tool gets the gateway's.
-    let (_, token) = app.token("fetch", Some("1")).await;
+    let (_, token) = app.token("fetch", Some("10")).await;
     app.mock.state.script(
         KEY,
         [Script {
@@ -317,7 +317,7 @@ pub(crate) fn search_block(index: i64) -> Vec<SseEvent> {
 #[tokio::test]
 async fn a_stream_cut_after_a_search_pays_for_the_search() {
     let app = app().await;
-    let (id, token) = app.token("cut", Some("1")).await;
+    let (id, token) = app.token("cut", Some("10")).await;
     let mut events = vec![SseEvent::Named(
         "message_start".into(),
         json!({"type": "message_start", "message": {"id": "msg_cut", "type": "message",
@@ -365,7 +365,7 @@ async fn a_stream_cut_after_a_search_pays_for_the_search() {
 #[tokio::test]
 async fn a_whole_answer_pays_for_the_searches_it_shows() {
     let app = app().await;
-    let (id, token) = app.token("whole", Some("1")).await;
+    let (id, token) = app.token("whole", Some("10")).await;
     let search = |i: i64| {
         json!({"type": "server_tool_use", "id": format!("srvtoolu_{i}"), "name": "web_search",
             "input": {"query": "sluice"}})
