@@ -605,7 +605,8 @@ async fn finish(
     let raw = s.body.unwrap_or_default();
     let answer = s.answer.unwrap_or_default();
     let upstream = providers::format_of(s.dep.provider);
-    // An answer without usage is charged the counted input and the counted output.
+    // An answer without usage is charged the counted input and the counted output — of a
+    // server-tool turn, every step's input and every search allowed (`kinds::Turn`).
     let (usage, body, to_keep) = match &p.responses {
         Some(ctx) => {
             let (usage, body, response) = responses::answer(p, ctx, s.dep.provider, &answer);
@@ -619,8 +620,9 @@ async fn finish(
     };
     let usage = usage
         .unwrap_or_else(|text| Usage {
-            input: p.input_on(image_rule),
+            input: (p.kinds.server_tools).billed_input(p.input_on(image_rule), p.output_cap()),
             output: estimate::count_text(&text),
+            web_search_calls: p.kinds.web_search_calls,
             ..Usage::default()
         })
         .at_worst_lifetime(p.kinds.input);

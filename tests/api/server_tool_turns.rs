@@ -33,7 +33,12 @@ async fn a_turn_that_bills_each_steps_whole_context_is_reserved_and_charged_exac
     app.mock.state.script(
         KEY,
         [Script {
-            body: Some(answer(billed, 1000, 5, json!([{"type": "text", "text": "Found."}]))),
+            body: Some(answer(
+                billed,
+                1000,
+                5,
+                json!([{"type": "text", "text": "Found."}]),
+            )),
             ..Script::default()
         }],
     );
@@ -76,7 +81,7 @@ fn left_cost(first: i64) -> i64 {
 /// Waits (bounded) until the mock has had `n` requests.
 async fn upstream_had(app: &TestApp, n: u64) {
     for _ in 0..500 {
-        if app.mock.state.stats(KEY).count as u64 >= n {
+        if app.mock.state.stats(KEY).count >= n {
             return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -138,6 +143,40 @@ async fn a_server_tool_stream_whose_client_leaves_after_the_first_bytes_pays_wha
     }
     assert_eq!(spent_and_absorbed(&app, id).await, (left_cost(5), 0));
     app.mock.state.sticky(KEY, None);
+    app.assert_invariant().await;
+}
+
+/// A whole answer to a server-tool request that carries no usage: the turn ran (its answer
+/// is whole) and nothing says how far: charged as a client that left it is, with the
+/// output its text counts.
+#[tokio::test]
+async fn a_server_tool_answer_without_usage_pays_what_may_have_run() {
+    let app = app().await;
+    let (id, token) = app.token("no-usage", Some("1")).await;
+    let mut unreported = answer(0, 0, 0, json!([{"type": "text", "text": "Found it."}]));
+    unreported.as_object_mut().unwrap().remove("usage");
+    app.mock.state.script(
+        KEY,
+        [Script {
+            body: Some(unreported),
+            ..Script::default()
+        }],
+    );
+    let body = two_searches(false);
+    assert_eq!(app.messages(&token, &body).await.status(), 200);
+    let counted = estimate::chat_input(body["messages"].as_array().unwrap(), body.get("tools"));
+    let output = estimate::count_text("Found it.");
+    // As `left_cost`, with the output counted (one rounding for the whole).
+    let expected = pricing::cost(
+        Usage {
+            input: 3 * counted + 25_000 * (2 + 1) + 2 * 100,
+            output,
+            web_search_calls: 2,
+            ..Usage::default()
+        },
+        sonnet_prices(),
+    );
+    assert_eq!(spent_and_absorbed(&app, id).await, (expected, 0));
     app.assert_invariant().await;
 }
 
