@@ -41,13 +41,20 @@ pub struct Candidate {
 }
 
 /// What a request that reached the upstream costs if its client leaves before the answer:
-/// its counted input, at the dearest candidate's price.
+/// its counted input, at the dearest candidate's price. A server-tool turn may have run
+/// whole meanwhile (the upstream goes on without its client): every step's input
+/// (`kinds::Turn::billed_input` of the counted input) and every search it was allowed.
 pub fn input_cost(p: &Prepared, candidates: &[Candidate]) -> i64 {
     candidates
         .iter()
         .map(|c| {
+            let turn = p.kinds.server_tools;
             let input = Usage {
-                input: p.input_on(c.route.image_rule, c.model.max_input_tokens),
+                input: turn.billed_input(
+                    p.input_on(c.route.image_rule, c.model.max_input_tokens),
+                    p.output_cap(),
+                ),
+                web_search_calls: p.kinds.web_search_calls,
                 ..Usage::default()
             };
             pricing::cost(input, c.prices.for_input(input.input, c.route.long_context))

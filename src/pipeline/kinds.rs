@@ -10,6 +10,9 @@
 use serde_json::{Map, Value};
 
 mod server_tools;
+mod turn;
+
+pub use turn::Turn;
 
 use crate::config::{FinanceSettings, Provider};
 use crate::endpoint::Endpoint;
@@ -26,9 +29,9 @@ pub struct Kinds {
     pub audio_output: bool,
     /// The most web-search calls the upstream may make and bill.
     pub web_search_calls: i64,
-    /// The most input tokens the server tools' results may add (searches and fetches,
-    /// each call its allowance): reserved on top of the counted input.
-    pub server_tool_input: i64,
+    /// The server tools' calls and the input their results may bring back (searches and
+    /// fetches, each call its allowance): every step of the turn is billed its context.
+    pub server_tools: Turn,
 }
 
 /// Reads the kinds of `body`. An Anthropic web-search or web-fetch tool without
@@ -185,7 +188,7 @@ mod tests {
             json!({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}),
         );
         let k = k.unwrap();
-        assert_eq!((k.web_search_calls, k.server_tool_input), (5, 5 * 25_000));
+        assert_eq!((k.web_search_calls, k.server_tools.pages), (5, 5 * 25_000));
         assert_eq!(body["tools"][0]["max_uses"], 5);
         // The client's own cap is kept and reserved for.
         let (k, body) = read_json(
@@ -194,7 +197,7 @@ mod tests {
                 {"name": "f", "input_schema": {}}]}),
         );
         let k = k.unwrap();
-        assert_eq!((k.web_search_calls, k.server_tool_input), (2, 2 * 25_000));
+        assert_eq!((k.web_search_calls, k.server_tools.pages), (2, 2 * 25_000));
         assert_eq!(body["tools"][0]["max_uses"], 2);
         let (k, _) = read_json(
             Endpoint::Messages,
@@ -225,7 +228,7 @@ mod tests {
             json!({"tools": [{"type": "web_fetch_20250910", "name": "web_fetch",
                 "max_uses": 100, "max_content_tokens": 1_000_000}]}),
         );
-        assert_eq!(k.unwrap().server_tool_input, 100_000_000);
+        assert_eq!(k.unwrap().server_tools.pages, 100_000_000);
     }
 
     #[test]
@@ -235,7 +238,7 @@ mod tests {
             json!({"tools": [{"type": "web_fetch_20250910", "name": "web_fetch"}]}),
         );
         let k = k.unwrap();
-        assert_eq!((k.web_search_calls, k.server_tool_input), (0, 5 * 25_000));
+        assert_eq!((k.web_search_calls, k.server_tools.pages), (0, 5 * 25_000));
         assert_eq!(body["tools"][0]["max_uses"], 5);
         assert_eq!(body["tools"][0]["max_content_tokens"], 25_000);
         let (k, _) = read_json(
@@ -243,7 +246,7 @@ mod tests {
             json!({"tools": [{"type": "web_fetch_20250910", "name": "web_fetch",
                 "max_uses": 2, "max_content_tokens": 1000}]}),
         );
-        assert_eq!(k.unwrap().server_tool_input, 2000);
+        assert_eq!(k.unwrap().server_tools.pages, 2000);
         let (k, _) = read_json(
             Endpoint::Messages,
             json!({"tools": [{"type": "web_fetch_20250910", "max_content_tokens": "lots"}]}),

@@ -1,12 +1,14 @@
 //! Long-context tiers: some models cost more per token once a prompt passes a threshold
 //! (Claude Sonnet 4 / 4.5 and Gemini 2.5 Pro above 200 000 input tokens, the bundled price
-//! table's `long_context_above_tokens`). A request whose reserved input — counted,
-//! server-tool allowance and margin, its documents as `quota::documents` sizes them (one of
-//! unknown size: the model's whole input) — passes the threshold of any model that may
-//! serve it is refused: its reservation, at standard rates, could not cover the dearer
-//! tier. The provider's tokenizer may still count past it what the gateway's counted below
-//! (Claude's counts more than o200k): such an answer is priced at the tier's rates, and
-//! what passes the reservation is absorbed and shown as such, never lost from the ledger.
+//! table's `long_context_above_tokens`). A request whose largest step's input — counted
+//! with the margin, its documents as `quota::documents` sizes them (one of unknown size: the
+//! model's whole input); in a server-tool turn the last sampling step, which also reads
+//! every call's result and the output before it (`kinds::Turn::last_step`) — passes the
+//! threshold of any model that may serve it is refused: its reservation, at standard rates,
+//! could not cover the dearer tier. The provider's tokenizer may still count past it what
+//! the gateway's counted below (Claude's counts more than o200k): such an answer is priced
+//! at the tier's rates, and what passes the reservation is absorbed and shown as such,
+//! never lost from the ledger.
 
 use super::attempts::Candidate;
 use super::request::Prepared;
@@ -29,10 +31,11 @@ pub fn check(
         Some((input, above)) => Err(ApiError::invalid(
             p.endpoint.input_field(),
             format!(
-                "`{}` may reach {input} tokens (counted, with the gateway's margin and \
-                 server-tool allowance; a PDF at its pages, a document by URL or file id at \
-                 the model's whole input); `{}` bills prompts above {above} tokens at a \
-                 dearer tier this gateway does not price. Shorten the input.",
+                "`{}` may reach {input} tokens (counted, with the gateway's margin; a PDF at \
+                 its pages, a document by URL or file id at the model's whole input; in a \
+                 server-tool turn's last step, with every result and the output before it); \
+                 `{}` bills prompts above {above} tokens at a dearer tier this gateway does \
+                 not price. Shorten the input.",
                 p.endpoint.input_field(),
                 p.requested_model
             ),

@@ -341,8 +341,13 @@ async fn run(
         }
         .into());
     }
+    // Each sampling step is priced apart: the tier applies when one step's context passes
+    // the threshold, and the largest is the last (`kinds::Turn`).
     long_context::check(&prepared, &candidates, |c| {
-        reserved_input(state, &prepared, c)
+        prepared
+            .kinds
+            .server_tools
+            .last_step(first_step(state, &prepared, c), prepared.output_cap())
     })?;
     let worst = reservation_amount(state, &prepared, &candidates);
     let mut held = if ladder.has(Ladder::Quota) {
@@ -551,13 +556,15 @@ fn soft_limit(state: &AppState, auth: &TokenAuth, p: &mut Prepared) {
 /// be billed (cache writes and audio only when it asks for them, `kinds`), the full output
 /// cap (× n) at the dearest output price, and the web-search fee for every call it may
 /// make — priced at the dearest route that may serve, each at its price in force when the
-/// request started. The input its server tools' results may add (`kinds`) is input too,
-/// margin and all.
+/// request started. A server-tool turn is billed every step's context as input
+/// (`kinds::Turn`): the margin-padded input once per step, plus the results and output
+/// the later steps re-read.
 fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Candidate]) -> i64 {
     let worst_at = |c: &attempts::Candidate| {
+        let first = first_step(state, p, c);
         let usage = Usage {
-            input: reserved_input(state, p, c),
-            output: p.cap.map(|(_, c)| c).unwrap_or(0).saturating_mul(p.n),
+            input: p.kinds.server_tools.billed_input(first, p.output_cap()),
+            output: p.output_cap(),
             web_search_calls: p.kinds.web_search_calls,
             ..Usage::default()
         };
@@ -573,14 +580,14 @@ fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Ca
     candidates.iter().map(worst_at).max().unwrap_or(0)
 }
 
-/// The input a request reserves for on a candidate: counted (its images by the route's
-/// rule, its documents for the candidate's model), plus what its server tools may add,
-/// with the configured margin.
-fn reserved_input(state: &AppState, p: &Prepared, c: &attempts::Candidate) -> i64 {
+/// The input a request's first (or only) step reserves for on a candidate: counted (its
+/// images by the route's rule, its documents for the candidate's model), with the
+/// configured margin. Server-tool results and output re-read by later steps are the
+/// provider's own tokens: no margin.
+fn first_step(state: &AppState, p: &Prepared, c: &attempts::Candidate) -> i64 {
     let q = &state.settings.quota;
     pricing::input_with_margin(
-        p.input_on(c.route.image_rule, c.model.max_input_tokens)
-            .saturating_add(p.kinds.server_tool_input),
+        p.input_on(c.route.image_rule, c.model.max_input_tokens),
         q.input_margin_ratio,
         q.input_margin_tokens,
     )
@@ -604,7 +611,8 @@ async fn finish(
     let answer = s.answer.unwrap_or_default();
     let upstream = providers::format_of(s.dep.provider);
     kinds::served_tier(s.dep.provider, &s.dep.id, providers::tier::served(&answer));
-    // An answer without usage is charged the counted input and the counted output.
+    // An answer without usage is charged the counted input and the counted output — of a
+    // server-tool turn, every step's input and every search allowed (`kinds::Turn`).
     let (usage, body, to_keep) = match &p.responses {
         Some(ctx) => {
             let (usage, body, response) = responses::answer(p, ctx, s.dep.provider, &answer);
@@ -618,8 +626,10 @@ async fn finish(
     };
     let usage = usage
         .unwrap_or_else(|text| Usage {
-            input: p.input_on(image_rule, max_input),
+            input: (p.kinds.server_tools)
+                .billed_input(p.input_on(image_rule, max_input), p.output_cap()),
             output: estimate::count_text(&text),
+            web_search_calls: p.kinds.web_search_calls,
             ..Usage::default()
         })
         .at_worst_lifetime(p.kinds.input);

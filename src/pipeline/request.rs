@@ -56,6 +56,11 @@ pub struct Prepared {
 }
 
 impl Prepared {
+    /// The most output the request may be billed: its cap × n (0 without a cap).
+    pub fn output_cap(&self) -> i64 {
+        self.cap.map_or(0, |(_, c)| c).saturating_mul(self.n)
+    }
+
     /// The counted input on a route whose provider reads images by `rule`, of a model
     /// accepting `max_input` tokens: the estimate plus what its images may cost there
     /// beyond the estimate's flat figure, plus its documents (PDF pages at the per-page

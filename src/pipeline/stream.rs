@@ -28,6 +28,7 @@ use tokio::sync::mpsc;
 use super::attempts::Success;
 use super::drain::Drain;
 use super::event_cap::{BodyError, EventCap};
+use super::kinds::Turn;
 use super::long_context;
 use super::request::Prepared;
 use super::respond;
@@ -36,7 +37,7 @@ use crate::cache::replay::Assembler;
 use crate::cache::Plan;
 use crate::config::Provider;
 use crate::queue::Slot;
-use crate::quota::pricing::{InputKinds, LongTier, Prices};
+use crate::quota::pricing::{InputKinds, LongTier, Prices, Usage};
 use crate::quota::reservation::Held;
 use crate::ratelimit::Booking;
 use crate::state::AppState;
@@ -128,6 +129,9 @@ struct Pump {
     key_booking: Option<Booking>,
     /// A Responses request's conversation: its response is stored when complete.
     conversation: Option<super::responses::Ctx>,
+    /// A server-tool turn (its calls, the searches it may make, its output cap): without
+    /// its usage it is charged as if run whole (`left_turn`).
+    turn: (Turn, i64, i64),
 }
 
 /// Where a stream's frames go: the bounded channel the response body drains.
@@ -296,6 +300,11 @@ pub(super) fn serve(
         assembler: books.cache.as_ref().map(|_| Assembler::new(client, most)),
         books,
         key_booking: s.key_booking,
+        turn: (
+            p.kinds.server_tools,
+            p.kinds.web_search_calls,
+            p.output_cap(),
+        ),
     };
     async move {
         let _held = (s.in_flight, s.slot, admission);
@@ -314,6 +323,10 @@ impl Pump {
         // The shutdown ended the stream (see `pipeline::drain`).
         let mut drained = false;
         let mut failure: Option<&'static str> = None;
+        // The upstream itself broke the stream off (its body's end or break before the
+        // finish, its error event): it ran no further than what was seen. Any other end
+        // without usage (the gateway leaving, or a finish without it) may have run more.
+        let mut upstream_ended = false;
         let mut frames = Vec::with_capacity(4);
         // One wait on the shutdown for the whole stream, not one per event.
         let drain = sink.drain.clone();
@@ -353,6 +366,7 @@ impl Pump {
                     break;
                 }
                 Ok(None) => {
+                    upstream_ended = true;
                     failure = self.end(
                         &mut frames,
                         "The upstream ended the stream before it was complete.",
@@ -364,6 +378,7 @@ impl Pump {
                 // usage.
                 Ok(Some(Err(message))) => {
                     failure = if message == BROKE {
+                        upstream_ended = true;
                         self.end(&mut frames, message)
                     } else {
                         Some(message)
@@ -386,6 +401,7 @@ impl Pump {
             }
             // The upstream's own error event ended the client's stream: stop reading.
             if self.converter.upstream_failed() {
+                upstream_ended = true;
                 failure = Some("The upstream sent an error event mid-stream.");
                 break;
             }
@@ -422,7 +438,8 @@ impl Pump {
             (_, None, true) => Some("client_disconnected"),
             _ => None,
         };
-        self.settle(failure.is_some(), ending).await;
+        let all_seen = failure.is_some() && upstream_ended;
+        self.settle(failure.is_some(), ending, !all_seen).await;
     }
 
     /// The upstream's body ended (or broke off, or stalled): `None` when that completed the
@@ -451,7 +468,10 @@ impl Pump {
         true
     }
 
-    /// `failed`: the stream did not complete (never cached); `ending`: the log row's code.
+    /// `failed`: the stream did not complete (never cached); `ending`: the log row's code;
+    /// `may_have_run_on`: the upstream did not break the stream off itself — the gateway
+    /// left it (the client left, a stall, a corrupt event, the shutdown) or it finished —
+    /// so without its usage a server-tool turn is charged as if run whole.
     ///
     /// The row is recorded before the settlement is awaited: its cost is decided here (the
     /// settlement charges the same, capped at the reservation with the excess absorbed),
@@ -459,7 +479,7 @@ impl Pump {
     /// task — but the task itself may not outlive a slow store at the shutdown (its worker
     /// is stopped `startup::SETTLE_MARGIN` after the drain), and a row written after the
     /// wait would then be lost.
-    async fn settle(self, failed: bool, ending: Option<&'static str>) {
+    async fn settle(self, failed: bool, ending: Option<&'static str>, may_have_run_on: bool) {
         let Pump {
             framing: _,
             state,
@@ -472,6 +492,7 @@ impl Pump {
             assembler,
             mut key_booking,
             conversation: _,
+            turn,
         } = self;
         let Books {
             held,
@@ -482,7 +503,10 @@ impl Pump {
             cache,
         } = books;
         super::kinds::served_tier(provider, &log.upstream, converter.served_tier());
-        let usage = converter.usage().at_worst_lifetime(may);
+        let mut usage = converter.usage().at_worst_lifetime(may);
+        if may_have_run_on && !converter.usage_final() {
+            usage = left_turn(usage, turn);
+        }
         let cost = long_context::priced(usage, prices, long_context);
         // Every window the request booked, corrected (off this path) to what was counted.
         let used = usage.input + usage.output;
@@ -514,4 +538,17 @@ impl Pump {
         let s = held.settle(cost).await;
         super::account(&state, &auth, s.token_remaining, s.absorbed);
     }
+}
+
+/// A server-tool turn without its usage that the upstream did not break off itself (`turn`:
+/// its calls, the searches it may make, its output cap): the upstream may have run it
+/// whole, and bills it so — every step's input from the first step's as reported (or
+/// counted), and every search allowed (`attempts::input_cost`, for a client that leaves
+/// before the stream; `pipeline::finish`, for a whole answer without usage).
+fn left_turn(mut usage: Usage, (turn, searches, output): (Turn, i64, i64)) -> Usage {
+    if turn.calls > 0 {
+        usage.input = turn.billed_input(usage.input, output).max(usage.input);
+        usage.web_search_calls = usage.web_search_calls.max(searches);
+    }
+    usage
 }

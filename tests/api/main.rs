@@ -96,6 +96,7 @@ mod responses_reasoning;
 mod responses_streams;
 mod retry_tiers;
 mod secrets_rotate;
+mod server_tool_turns;
 mod server_tools;
 mod service_tiers;
 mod shutdown;

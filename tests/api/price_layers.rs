@@ -54,7 +54,7 @@ async fn app() -> TestApp {
 async fn charged(app: &TestApp, model: &str, script: Script, body: &Value) -> (i64, i64) {
     static SENT: AtomicUsize = AtomicUsize::new(0);
     let n = SENT.fetch_add(1, Ordering::Relaxed);
-    let (id, token) = app.token(&format!("{model}-{n}"), Some("1")).await;
+    let (id, token) = app.token(&format!("{model}-{n}"), Some("10")).await;
     app.mock.state.script(CLAUDE_KEY, [script]);
     let mut body = body.clone();
     body["model"] = json!(model);
@@ -72,7 +72,7 @@ async fn charged(app: &TestApp, model: &str, script: Script, body: &Value) -> (i
     }
     let spent = app
         .scalar(&format!(
-            "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
+            "SELECT limit_micros - remaining_micros FROM tokens WHERE id = {id}"
         ))
         .await;
     (

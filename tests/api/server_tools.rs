@@ -38,7 +38,7 @@ pub(crate) async fn app() -> TestApp {
     .await
 }
 
-fn sonnet_prices() -> Prices {
+pub(crate) fn sonnet_prices() -> Prices {
     Prices {
         web_search_per_1k_calls: 10_000_000,
         ..Prices::plain(3_000_000, 15_000_000)
@@ -46,11 +46,11 @@ fn sonnet_prices() -> Prices {
 }
 
 /// The token's spend and what the gateway absorbed for it.
-async fn spent_and_absorbed(app: &TestApp, id: i64) -> (i64, i64) {
+pub(crate) async fn spent_and_absorbed(app: &TestApp, id: i64) -> (i64, i64) {
     app.wait_settled().await;
     let spent = app
         .scalar(&format!(
-            "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
+            "SELECT limit_micros - remaining_micros FROM tokens WHERE id = {id}"
         ))
         .await;
     let absorbed = app
@@ -63,7 +63,7 @@ async fn spent_and_absorbed(app: &TestApp, id: i64) -> (i64, i64) {
 }
 
 /// An Anthropic answer whose input grew by the pages the tools brought back.
-fn answer(input: i64, output: i64, searches: i64, content: Value) -> Value {
+pub(crate) fn answer(input: i64, output: i64, searches: i64, content: Value) -> Value {
     json!({"id": "msg_tools", "type": "message", "role": "assistant", "model": "sonnet",
         "content": content, "stop_reason": "end_turn", "stop_sequence": null,
         "usage": {"input_tokens": input, "output_tokens": output,
@@ -77,7 +77,7 @@ fn answer(input: i64, output: i64, searches: i64, content: Value) -> Value {
 #[tokio::test]
 async fn tool_results_billed_as_input_are_reserved_and_charged_exactly() {
     let app = app().await;
-    let (id, token) = app.token("search", Some("1")).await;
+    let (id, token) = app.token("search", Some("10")).await;
     let text = json!([{"type": "text", "text": "Found it."}]);
     app.mock.state.script(
         KEY,
@@ -117,7 +117,7 @@ async fn tool_results_billed_as_input_are_reserved_and_charged_exactly() {
         "{sent}"
     );
     // Without caps of its own the fetch tool gets the gateway's.
-    let (_, token) = app.token("fetch", Some("1")).await;
+    let (_, token) = app.token("fetch", Some("10")).await;
     app.mock.state.script(
         KEY,
         [Script {
@@ -142,8 +142,10 @@ async fn tool_results_billed_as_input_are_reserved_and_charged_exactly() {
     app.assert_invariant().await;
 }
 
-/// The reservation of a search: the input allowance per call at the input price, on top
-/// of the counted input — one micro short is refused before the upstream sees anything.
+/// The reservation of a turn with 3 searches: 4 sampling steps, each billed its whole
+/// context — the margin-padded counted input, the results of the searches before it (the
+/// allowance per call) and the output written before it (at most the cap) — at the input
+/// price; one micro short is refused before the upstream sees anything.
 #[tokio::test]
 async fn each_search_reserves_its_input_allowance() {
     let app = app().await;
@@ -151,9 +153,10 @@ async fn each_search_reserves_its_input_allowance() {
         "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 3}],
         "messages": [{"role": "user", "content": "What is Sluice?"}]});
     let counted = estimate::chat_input(body["messages"].as_array().unwrap(), body.get("tools"));
+    let first = pricing::input_with_margin(counted, 1.10, 16);
     let worst = pricing::cost(
         Usage {
-            input: pricing::input_with_margin(counted + 3 * 25_000, 1.10, 16),
+            input: 4 * first + 25_000 * (3 + 2 + 1) + 3 * 100,
             output: 100,
             web_search_calls: 3,
             ..Usage::default()
@@ -287,7 +290,7 @@ async fn a_service_tier_priced_apart_is_refused_naming_it() {
 }
 
 /// The events of a search the model started: its `server_tool_use` block, whole.
-fn search_block(index: i64) -> Vec<SseEvent> {
+pub(crate) fn search_block(index: i64) -> Vec<SseEvent> {
     let e = |name: &str, data: Value| SseEvent::Named(name.into(), data);
     vec![
         e(
@@ -314,7 +317,7 @@ fn search_block(index: i64) -> Vec<SseEvent> {
 #[tokio::test]
 async fn a_stream_cut_after_a_search_pays_for_the_search() {
     let app = app().await;
-    let (id, token) = app.token("cut", Some("1")).await;
+    let (id, token) = app.token("cut", Some("10")).await;
     let mut events = vec![SseEvent::Named(
         "message_start".into(),
         json!({"type": "message_start", "message": {"id": "msg_cut", "type": "message",
@@ -357,20 +360,26 @@ async fn a_stream_cut_after_a_search_pays_for_the_search() {
     app.assert_invariant().await;
 }
 
-/// A whole answer that shows its searches but reports fewer is charged the searches shown.
+/// A whole answer that shows its searches but reports none (no `server_tool_use` in its
+/// usage) is charged the searches shown.
 #[tokio::test]
 async fn a_whole_answer_pays_for_the_searches_it_shows() {
     let app = app().await;
-    let (id, token) = app.token("whole", Some("1")).await;
+    let (id, token) = app.token("whole", Some("10")).await;
     let search = |i: i64| {
         json!({"type": "server_tool_use", "id": format!("srvtoolu_{i}"), "name": "web_search",
             "input": {"query": "sluice"}})
     };
     let content = json!([search(0), search(1), {"type": "text", "text": "Found it."}]);
+    let mut unreported = answer(1_000, 100, 0, content);
+    unreported["usage"]
+        .as_object_mut()
+        .unwrap()
+        .remove("server_tool_use");
     app.mock.state.script(
         KEY,
         [Script {
-            body: Some(answer(1_000, 100, 0, content)),
+            body: Some(unreported),
             ..Script::default()
         }],
     );

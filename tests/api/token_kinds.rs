@@ -99,7 +99,7 @@ async fn charged(
     stream: bool,
 ) -> Charged {
     let (id, token) = app
-        .token(&format!("{client:?}-{stream}-{key}"), Some("1"))
+        .token(&format!("{client:?}-{stream}-{key}"), Some("10"))
         .await;
     app.mock.state.script(key, [script]);
     body["stream"] = json!(stream);
@@ -145,7 +145,7 @@ async fn charged(
     Charged {
         spent: app
             .scalar(&format!(
-                "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
+                "SELECT limit_micros - remaining_micros FROM tokens WHERE id = {id}"
             ))
             .await,
         absorbed: app
@@ -280,9 +280,10 @@ async fn openai_cached_audio_and_reasoning_tokens_are_charged_exactly() {
 }
 
 /// The reservation of `body` (a Messages request) as the gateway computes it: the counted
-/// input with the default margin at `input_price` — the results of `calls` web searches
-/// (25 000 tokens each, `[finance] server_tool_input_tokens_per_call`) count as input —
-/// `max_tokens` at `output_price`, and the searches' fee.
+/// input with the default margin at `input_price` — with `calls` web searches, once per
+/// sampling step (`calls + 1`), with each search's results (25 000 tokens,
+/// `[finance] server_tool_input_tokens_per_call`) and the output re-read by every step
+/// after it — `max_tokens` at `output_price`, and the searches' fee.
 fn worst_case(body: &Value, input_price: i64, output_price: i64, calls: i64, fee: i64) -> i64 {
     let messages = body["messages"].as_array().unwrap();
     let mut counted = estimate::chat_input(messages, body.get("tools"));
@@ -290,7 +291,9 @@ fn worst_case(body: &Value, input_price: i64, output_price: i64, calls: i64, fee
         counted += estimate::count_value(system);
     }
     let usage = Usage {
-        input: pricing::input_with_margin(counted + calls * 25_000, 1.10, 16),
+        input: (calls + 1) * pricing::input_with_margin(counted, 1.10, 16)
+            + 25_000 * calls * (calls + 1) / 2
+            + calls * body["max_tokens"].as_i64().unwrap(),
         output: body["max_tokens"].as_i64().unwrap(),
         web_search_calls: calls,
         ..Usage::default()

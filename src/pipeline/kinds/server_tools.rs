@@ -3,12 +3,14 @@
 //! `memory_*`: the model writes a call, the client runs it) cost tokens only. Server tools
 //! run at Anthropic: a web search is billed per call and its results come back as input;
 //! a web fetch brings a page back as input. Both are capped here (`max_uses`, and a
-//! fetch's `max_content_tokens`) so the reservation bounds them. Code execution (billed per
+//! fetch's `max_content_tokens`) so the reservation bounds them; every sampling step of
+//! the turn re-reads the results before it (`turn`). Code execution (billed per
 //! container-hour), MCP servers (tool results of any size, as input) and any server tool
 //! not known here cannot be bounded: refused.
 
 use serde_json::{json, Map, Value};
 
+use super::turn::Turn;
 use super::Kinds;
 use crate::config::FinanceSettings;
 use crate::error::ApiError;
@@ -36,6 +38,8 @@ pub fn read(
     let Some(Value::Array(tools)) = body.get_mut("tools") else {
         return Ok(());
     };
+    // Each server tool's (calls, page per call): the turn they make (`turn`).
+    let mut calls_and_pages = Vec::new();
     for tool in tools.iter_mut() {
         let Some(t) = tool.as_object_mut() else {
             continue;
@@ -47,9 +51,9 @@ pub fn read(
         };
         if kind.starts_with("web_search_") {
             let calls = cap(t, "max_uses", finance.max_server_tool_calls, MOST_USES)?;
-            let input = calls.saturating_mul(i64::from(finance.server_tool_input_tokens_per_call));
+            let page = i64::from(finance.server_tool_input_tokens_per_call);
             kinds.web_search_calls = kinds.web_search_calls.saturating_add(calls);
-            kinds.server_tool_input = kinds.server_tool_input.saturating_add(input);
+            calls_and_pages.push((calls, page));
         } else if kind.starts_with("web_fetch_") {
             let calls = cap(t, "max_uses", finance.max_server_tool_calls, MOST_USES)?;
             let page = cap(
@@ -58,8 +62,7 @@ pub fn read(
                 finance.server_tool_input_tokens_per_call,
                 MOST_CONTENT_TOKENS,
             )?;
-            let input = calls.saturating_mul(page);
-            kinds.server_tool_input = kinds.server_tool_input.saturating_add(input);
+            calls_and_pages.push((calls, page));
         } else if kind.starts_with("code_execution_") {
             return Err(ApiError::invalid(
                 "tools",
@@ -79,6 +82,7 @@ pub fn read(
             ));
         }
     }
+    kinds.server_tools = Turn::of(calls_and_pages);
     Ok(())
 }
 

@@ -63,31 +63,44 @@ pub fn read_usage(u: &Value) -> Option<Usage> {
     )
 }
 
-/// A whole answer's usage (`read_usage` of its `usage`), its web searches at least the
-/// `server_tool_use` blocks it shows: each search the model made is billed, and an answer
-/// that reports fewer is not believed.
+/// A whole answer's usage (`read_usage` of its `usage`). Its web searches are the
+/// upstream's count (`server_tool_use.web_search_requests`, what it bills) where it gives
+/// one, else the `server_tool_use` blocks it shows less those answered with an error
+/// result (a search past `max_uses`, not billed).
 pub fn answer_usage(answer: &Value) -> Option<Usage> {
     let mut usage = read_usage(answer.get("usage")?)?;
-    let shown = answer
-        .get("content")
-        .and_then(Value::as_array)
-        .map_or(0, |blocks| {
-            blocks
-                .iter()
-                .filter(|b| {
-                    let s = |k: &str| b.get(k).and_then(Value::as_str);
-                    is_web_search_call(s("type").unwrap_or(""), s("name"))
-                })
-                .count()
-        });
-    let shown = i64::try_from(shown).unwrap_or(i64::MAX);
-    usage.web_search_calls = usage.web_search_calls.max(shown);
+    if answer
+        .pointer("/usage/server_tool_use/web_search_requests")
+        .is_some()
+    {
+        return Some(usage);
+    }
+    let blocks = answer.get("content").and_then(Value::as_array);
+    let count = |is: &dyn Fn(&Value) -> bool| {
+        let n = blocks.map_or(0, |b| b.iter().filter(|b| is(b)).count());
+        i64::try_from(n).unwrap_or(i64::MAX)
+    };
+    fn text<'a>(b: &'a Value, k: &str) -> Option<&'a str> {
+        b.get(k).and_then(Value::as_str)
+    }
+    let made = count(&|b| is_web_search_call(text(b, "type").unwrap_or(""), text(b, "name")));
+    let failed = count(&|b| {
+        let content = b.get("content").and_then(|c| text(c, "type"));
+        is_search_error(text(b, "type").unwrap_or(""), content)
+    });
+    usage.web_search_calls = made.saturating_sub(failed).max(0);
     Some(usage)
 }
 
 /// A content block that is a web search the model made (billed per call).
 pub fn is_web_search_call(kind: &str, name: Option<&str>) -> bool {
     kind == "server_tool_use" && name == Some("web_search")
+}
+
+/// A content block that is a web search's error result (`content` an object of type
+/// `web_search_tool_result_error`, e.g. `max_uses_exceeded`): that search is not billed.
+pub fn is_search_error(kind: &str, content_type: Option<&str>) -> bool {
+    kind == "web_search_tool_result" && content_type == Some("web_search_tool_result_error")
 }
 
 /// The input side of an Anthropic usage, each figure read by `n` (0 when absent): input

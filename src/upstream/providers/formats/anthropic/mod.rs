@@ -6,8 +6,8 @@ pub mod stream;
 mod write_request;
 
 pub use answer::{
-    answer_usage, input_of, is_web_search_call, read_answer, read_error, read_usage, write_answer,
-    write_error,
+    answer_usage, input_of, is_search_error, is_web_search_call, read_answer, read_error,
+    read_usage, write_answer, write_error,
 };
 pub use read_request::read_request;
 pub use stream::{EventReader, EventWriter};

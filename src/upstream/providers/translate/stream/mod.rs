@@ -140,9 +140,12 @@ pub struct StreamConverter {
     /// Tokens of the output text already counted.
     counted: i64,
     /// Anthropic web searches the model started (`server_tool_use` blocks named
-    /// `web_search`) before the finish: each is billed even when the stream is cut before
-    /// the usage that counts them, so the calls charged are at least these.
+    /// `web_search`) before the finish, less those answered with an error result (not
+    /// billed): each is billed even when the stream is cut before the usage that counts
+    /// them, so without a report these are the calls charged.
     searches_seen: i64,
+    /// The finish carried the upstream's count of web searches: that count is charged.
+    searches_reported: bool,
     /// The most this converter keeps of a stream (held blocks, arguments): past it the
     /// stream ends with an error event.
     hold_limit: usize,
@@ -224,6 +227,7 @@ impl StreamConverter {
             text: String::new(),
             counted: 0,
             searches_seen: 0,
+            searches_reported: false,
             hold_limit: HOLD_LIMIT,
             served_tier: None,
             done: false,
@@ -411,8 +415,18 @@ impl StreamConverter {
             reasoning: o.reasoning,
             audio_output: o.audio_output,
             image_output: o.image_output,
-            web_search_calls: o.web_search_calls.max(self.searches_seen),
+            web_search_calls: if self.searches_reported {
+                o.web_search_calls
+            } else {
+                o.web_search_calls.max(self.searches_seen)
+            },
         }
+    }
+
+    /// The usage the upstream reported with or after its finish came: `usage` is its
+    /// price, not a count of what was seen.
+    pub fn usage_final(&self) -> bool {
+        self.output.is_some() && self.output_final
     }
 
     /// Both sides of a whole usage the upstream reported.
@@ -753,6 +767,13 @@ impl StreamConverter {
             {
                 self.searches_seen += 1;
             }
+            // A search past `max_uses` (or failed) is answered with an error result and not
+            // billed: its `server_tool_use` block came before it.
+            Body::BlockStart { block, .. }
+                if anthropic::is_search_error(&block.kind, block.content_type().as_deref()) =>
+            {
+                self.searches_seen = (self.searches_seen - 1).max(0);
+            }
             Body::BlockDelta { delta, .. } => {
                 // Thinking is output Anthropic bills: a stream cut while the model thinks
                 // is charged what it thought.
@@ -768,6 +789,10 @@ impl StreamConverter {
             Body::MessageDelta(_, u) => {
                 self.finished = true;
                 let Some(u) = u else { return };
+                self.searches_reported |= u
+                    .server_tool_use
+                    .as_ref()
+                    .is_some_and(|s| s.web_search_requests.is_some());
                 if let Some(o) = u.output() {
                     self.report_output(o);
                 }

@@ -413,6 +413,26 @@ pub struct Block {
     pub id: Option<String>,
     #[serde(default)]
     pub name: Option<String>,
+    /// A tool result's content, unread: only a web search's error result is looked into
+    /// (`Block::content_type`).
+    #[serde(default)]
+    pub content: Option<Box<RawValue>>,
+}
+
+#[derive(Deserialize)]
+struct Typed {
+    #[serde(default, rename = "type")]
+    kind: Option<String>,
+}
+
+impl Block {
+    /// The `type` of the block's content when it is an object (an error result's), else
+    /// `None` (a list of results, or no content).
+    pub fn content_type(&self) -> Option<String> {
+        let raw = self.content.as_ref()?;
+        let Obj(t): Obj<Typed> = serde_json::from_str(raw.get()).ok()?;
+        t.kind
+    }
 }
 
 #[derive(Deserialize)]
