@@ -161,24 +161,36 @@ impl Table {
     }
 
     /// The long-context tier the provider bills `name` (an upstream model name, or it
-    /// without its date suffix) at; `None` when it has none. A name that only contains a
-    /// tiered model's (Bedrock's `anthropic.claude-sonnet-4-5-20250929-v1:0`, Vertex's
-    /// `claude-sonnet-4-5@20250929`, a router's `google/gemini-2.5-pro-preview`) has its
-    /// tier too — the lowest threshold of those it contains: refusing a prompt a cheaper
-    /// tier would have taken is the safe side.
+    /// without its date suffix) at; `None` when it has none. A bundled model decides for
+    /// itself, tier or none. A name that only contains bundled models' (Bedrock's
+    /// `anthropic.claude-sonnet-4-5-20250929-v1:0`, Vertex's `claude-sonnet-4-5@20250929`,
+    /// a router's `google/gemini-2.5-pro-preview`) has the lowest threshold of those it
+    /// contains — refusing a prompt a cheaper tier would have taken is the safe side —
+    /// counting only the most specific: `anthropic.claude-sonnet-4-6-v1:0` is the flat
+    /// Sonnet 4.6, not the tiered `claude-sonnet-4` it also contains.
     pub fn long_context(&self, name: &str) -> Option<LongTier> {
-        if let Some(tier) = self
-            .long_context
-            .get(name)
-            .or_else(|| self.long_context.get(without_date_suffix(name)?))
-        {
-            return Some(*tier);
+        let own = |model: &str| {
+            self.by_model
+                .contains_key(model)
+                .then(|| self.long_context.get(model).copied())
+        };
+        if let Some(tier) = own(name).or_else(|| own(without_date_suffix(name)?)) {
+            return tier;
         }
         let name = name.to_ascii_lowercase();
-        self.long_context
-            .iter()
-            .filter(|(tiered, _)| name.contains(tiered.as_str()))
-            .map(|(_, tier)| *tier)
+        let held: Vec<&str> = self
+            .by_model
+            .keys()
+            .map(String::as_str)
+            .filter(|model| name.contains(model))
+            .collect();
+        held.iter()
+            .filter(|model| {
+                !held
+                    .iter()
+                    .any(|other| other.len() > model.len() && other.contains(**model))
+            })
+            .filter_map(|model| self.long_context.get(*model).copied())
             .min_by_key(|t| t.above)
     }
 }
@@ -289,6 +301,27 @@ mod tests {
             assert_eq!(t.long_context(m), Some(tier), "{m}");
         }
         assert_eq!(t.long_context("gpt-4o"), None);
+        // Claude 4.6 and later are flat over their 1M window: a name holding an untiered
+        // model (`claude-sonnet-4-6`) is not given the tier of a shorter one it contains
+        // (`claude-sonnet-4`), whether it is the bundled name or a cloud's spelling of it.
+        for m in [
+            "claude-sonnet-4-6",
+            "claude-sonnet-4-6-20260217",
+            "anthropic.claude-sonnet-4-6-v1:0",
+            "claude-sonnet-4-6@20260217",
+            "claude-opus-4-6",
+            "claude-sonnet-5-5",
+        ] {
+            assert_eq!(t.long_context(m), None, "{m}");
+        }
+        let haiku = LongTier {
+            above: 100_000,
+            input_permille: 5_000,
+            output_permille: 5_000,
+        };
+        for m in ["claude-haiku-5-5", "anthropic.claude-haiku-5-5"] {
+            assert_eq!(t.long_context(m), Some(haiku), "{m}");
+        }
         for m in [
             "anthropic.claude-sonnet-4-5-20250929-v1:0",
             "us.anthropic.claude-sonnet-4-20250514-v1:0",
@@ -360,6 +393,29 @@ mod tests {
         assert_eq!(at("o3").input, 2_000_000);
         // Gemini without a published cache price here: cached input at the input price.
         assert_eq!(at("gemini-2.5-flash").cached_input, 300_000);
+        // Opus 5.5's cache reads are 0.05× input, not Anthropic's usual 0.1×.
+        assert_eq!(
+            at("claude-opus-5-5"),
+            Prices {
+                cached_input: 200_000,
+                cache_write_5m: 5_000_000,
+                cache_write_1h: 8_000_000,
+                web_search_per_1k_calls: 10_000_000,
+                ..Prices::plain(4_000_000, 20_000_000)
+            }
+        );
+        let fable = at("claude-fable-5-1");
+        assert_eq!(
+            (fable.input, fable.cached_input, fable.output),
+            (10_000_000, 250_000, 50_000_000)
+        );
+        // Haiku 5.5's lower tier, to the micro-dollar (its 5m write is 0.125).
+        let h55 = at("claude-haiku-5-5");
+        assert_eq!(
+            (h55.input, h55.cached_input, h55.cache_write_5m, h55.output),
+            (100_000, 10_000, 125_000, 500_000)
+        );
+        assert_eq!(at("claude-sonnet-4-6-20260217").cache_write_1h, 6_000_000);
         let haiku = at("claude-3-5-haiku");
         assert_eq!(
             (haiku.cache_write_5m, haiku.cache_write_1h),
