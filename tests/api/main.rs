@@ -104,6 +104,7 @@ mod store_boundary;
 mod stream_usage;
 mod streams;
 mod tag_bound;
+mod tag_flood;
 mod tags;
 mod token_kinds;
 mod token_source;
