@@ -115,7 +115,7 @@ impl Application {
         estimate::init();
         metrics::install();
         let db = Db::connect(&settings).await?;
-        crate::store::tag_bound::set_bound(&db, settings.finance.max_tag_values_per_day).await?;
+        crate::store::tag_bound::set_bound(&db, &settings.finance).await?;
         let me = processes::Me::new(
             uuid::Uuid::new_v4().simple().to_string(),
             processes::this_host(),

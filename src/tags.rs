@@ -12,8 +12,9 @@
 use std::collections::BTreeMap;
 
 pub const MAX_TAGS: usize = 10;
-/// The value the spend rollup gives a key past its daily bound of distinct values
-/// (`store::tag_bound`). Outside the charset, so no request's value can be it.
+/// The value the spend rollup gives a key past its daily bound of distinct values, and the
+/// key (with this value) it gives the keys past its daily bound of distinct keys
+/// (`store::tag_bound`). Outside the charset, so no request's tag can be it.
 pub const OTHER: &str = "(other)";
 pub const MAX_LEN: usize = 64;
 
@@ -49,7 +50,7 @@ impl Tags {
         Tags::parse_as(text, false)
     }
 
-    /// `parse`, where a stored rollup text may also hold `OTHER` as a value.
+    /// `parse`, where a stored rollup text may also hold `OTHER` as a key or value.
     fn parse_as(text: &str, stored: bool) -> Result<Tags, TagError> {
         let mut tags = BTreeMap::new();
         if text.trim().is_empty() {
@@ -67,7 +68,7 @@ impl Tags {
                 )));
             };
             for (what, s) in [("key", key), ("value", value)] {
-                let rolled_up = stored && what == "value" && s == OTHER;
+                let rolled_up = stored && s == OTHER;
                 if !(is_word(s) || rolled_up) {
                     return Err(TagError(format!(
                         "the tag {what} {} must be 1 to {MAX_LEN} of A-Z a-z 0-9 . _ -",
@@ -93,12 +94,18 @@ impl Tags {
         self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
     }
 
-    /// The same tags with the value of each of `keys` replaced by `OTHER`.
-    pub fn rolled_up(mut self, keys: &[String]) -> Tags {
-        for k in keys {
+    /// The same tags with the value of each of `values` replaced by `OTHER`, and the pairs
+    /// of `keys` replaced by one `OTHER:OTHER`.
+    pub fn rolled_up(mut self, values: &[String], keys: &[String]) -> Tags {
+        for k in values {
             if let Some(v) = self.0.get_mut(k) {
                 *v = OTHER.to_string();
             }
+        }
+        let before = self.0.len();
+        self.0.retain(|k, _| !keys.contains(k));
+        if self.0.len() < before {
+            self.0.insert(OTHER.to_string(), OTHER.to_string());
         }
         self
     }
@@ -164,9 +171,16 @@ mod tests {
     fn a_rolled_up_value_reads_back_from_the_store_but_never_from_a_request() {
         let t = Tags::parse("a:1,trace:x")
             .unwrap()
-            .rolled_up(&["trace".into()]);
+            .rolled_up(&["trace".into()], &[]);
         assert_eq!(t.canonical(), "a:1,trace:(other)");
         assert_eq!(Tags::stored(&t.canonical()).get("trace"), Some(OTHER));
+        assert!(Tags::parse(&t.canonical()).is_err());
+        // Keys past the bound are one `(other):(other)` pair.
+        let t = Tags::parse("a:1,b:2,c:3")
+            .unwrap()
+            .rolled_up(&["a".into()], &["b".into(), "c".into()]);
+        assert_eq!(t.canonical(), "(other):(other),a:(other)");
+        assert_eq!(Tags::stored(&t.canonical()).get(OTHER), Some(OTHER));
         assert!(Tags::parse(&t.canonical()).is_err());
     }
 

@@ -511,6 +511,9 @@ output_usd_per_mtok = 0.6
             ("max_server_tool_calls", 101, false),
             ("max_server_tool_calls", 0, false),
             ("server_tool_input_tokens_per_call", 1_000_000, true),
+            ("max_tag_keys_per_day", 10_000, true),
+            ("max_tag_keys_per_day", 10_001, false),
+            ("max_tag_keys_per_day", 0, false),
             (
                 "server_tool_input_tokens_per_call",
                 4_000_000_000_u64,

@@ -777,6 +777,9 @@ pub struct FinanceSettings {
     /// The spend rollup keeps at most this many distinct values of one tag key per UTC day;
     /// later values are rolled up under `(other)` (`store::tag_bound`).
     pub max_tag_values_per_day: u32,
+    /// … and at most this many distinct tag keys per UTC day and tenant; later keys are
+    /// rolled up as the key `(other)`.
+    pub max_tag_keys_per_day: u32,
 }
 
 impl Default for FinanceSettings {
@@ -789,6 +792,7 @@ impl Default for FinanceSettings {
             reconcile_threshold_pct: 2.0,
             forecast_alert_days: 7,
             max_tag_values_per_day: 1000,
+            max_tag_keys_per_day: 100,
         }
     }
 }
@@ -838,6 +842,11 @@ impl FinanceSettings {
         if !(1..=1_000_000).contains(&self.max_tag_values_per_day) {
             return Err(super::ConfigError::Invalid(
                 "finance.max_tag_values_per_day must be between 1 and 1000000".into(),
+            ));
+        }
+        if !(1..=10_000).contains(&self.max_tag_keys_per_day) {
+            return Err(super::ConfigError::Invalid(
+                "finance.max_tag_keys_per_day must be between 1 and 10000".into(),
             ));
         }
         Ok(())

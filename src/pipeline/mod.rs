@@ -285,7 +285,8 @@ async fn run(
     );
     prepared.responses = conversation;
     let asked = limits::client_headers(req.headers(), auth.max_priority)?;
-    log.tags = tags::resolve(req.headers(), &auth.tags, &auth.team_tags)?.canonical();
+    let (all_tags, fixed_tags) = tags::resolve(req.headers(), &auth.tags, &auth.team_tags)?;
+    (log.tags, log.fixed_tags) = (all_tags.canonical(), fixed_tags.canonical());
     prepared.anthropic_beta = providers::anthropic::beta_header(req.headers());
     if ladder.has(Ladder::All) {
         soft_limit(state, &auth, &mut prepared);

@@ -9,9 +9,11 @@ use crate::tags::{TagError, Tags};
 pub const HEADER: &str = "x-sluice-tags";
 
 /// The tags of one request: the header's added to the token's over the team's defaults
-/// (both stored canonical). A bad header, a header value for a key the token or team sets,
-/// or more than `MAX_TAGS` after the merge, is a 400 naming the header.
-pub fn resolve(headers: &HeaderMap, token: &str, team: &str) -> Result<Tags, ApiError> {
+/// (both stored canonical), and those defaults alone (the admin's pairs, which the spend
+/// rollup's bound leaves alone: `store::tag_bound`). A bad header, a header value for a key
+/// the token or team sets, or more than `MAX_TAGS` after the merge, is a 400 naming the
+/// header.
+pub fn resolve(headers: &HeaderMap, token: &str, team: &str) -> Result<(Tags, Tags), ApiError> {
     let bad = |e: TagError| ApiError::invalid(HEADER, format!("{HEADER}: {e}."));
     let asked = match headers.get(HEADER) {
         None => Tags::default(),
@@ -27,7 +29,8 @@ pub fn resolve(headers: &HeaderMap, token: &str, team: &str) -> Result<Tags, Api
     // The token's defaults over the team's: both are the admin's, which the header may add
     // to but not override (it would move spend to another cost centre).
     let fixed = Tags::stored(token).over(&Tags::stored(team)).map_err(bad)?;
-    asked.beside(&fixed).map_err(bad)
+    let all = asked.beside(&fixed).map_err(bad)?;
+    Ok((all, fixed))
 }
 
 #[cfg(test)]
@@ -45,9 +48,10 @@ mod tests {
 
     #[test]
     fn the_header_adds_keys_and_the_token_wins_over_the_team() {
-        let t = resolve(&header("proj:x"), "env:prod,owner:ops", "env:dev,cc:42").unwrap();
+        let (t, fixed) = resolve(&header("proj:x"), "env:prod,owner:ops", "env:dev,cc:42").unwrap();
         assert_eq!(t.canonical(), "cc:42,env:prod,owner:ops,proj:x");
-        let none = resolve(&HeaderMap::new(), "", "env:dev").unwrap();
+        assert_eq!(fixed.canonical(), "cc:42,env:prod,owner:ops");
+        let (none, _) = resolve(&HeaderMap::new(), "", "env:dev").unwrap();
         assert_eq!(none.canonical(), "env:dev");
     }
 
@@ -69,7 +73,7 @@ mod tests {
         }
         // Repeating the admin's value is no override; the token's value is the one that
         // stands over the team's.
-        let t = resolve(&header("env:prod,cc:42"), "env:prod", "cc:42,env:dev").unwrap();
+        let (t, _) = resolve(&header("env:prod,cc:42"), "env:prod", "cc:42,env:dev").unwrap();
         assert_eq!(t.canonical(), "cc:42,env:prod");
     }
 

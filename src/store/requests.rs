@@ -35,6 +35,9 @@ pub struct RequestRow {
     pub created_at: String,
     /// The request's tags, canonical (`pipeline::tags`); empty for none.
     pub tags: String,
+    /// The admin's tags among them (the token's over the team's defaults), canonical: the
+    /// rollup's bound never counts nor rolls up these pairs (`store::tag_bound`).
+    pub fixed_tags: String,
     /// The tokens priced apart, by kind (`pricing::Usage::parts`): the columns after
     /// `created_at` (`INSERT`); fresh input and text output are the rest of the
     /// totals.
@@ -122,7 +125,7 @@ pub fn insert_batch_tx(tx: &mut Tx<'_>, rows: &[RequestRow]) -> Result<()> {
         params.extend(kind_values(&r.kinds).map(Param::from));
         let inserted = tx.execute(INSERT, &params)?;
         if let (1, Some(token)) = (inserted, r.token_id) {
-            let tags = super::tag_bound::bounded_tx(tx, &r.created_at, &r.tags)?;
+            let tags = super::tag_bound::bounded_tx(tx, r)?;
             tx.execute(
                 ROLLUP,
                 &[
@@ -199,7 +202,7 @@ pub async fn insert_batch(db: &super::Db, rows: &[RequestRow]) -> Result<()> {
         }
         let inserted = q.execute(tx.sqlite()?).await?.rows_affected();
         if let (1, Some(token)) = (inserted, r.token_id) {
-            let tags = super::tag_bound::bounded(tx.sqlite()?, &r.created_at, &r.tags).await?;
+            let tags = super::tag_bound::bounded(tx.sqlite()?, r).await?;
             sqlx::query(ROLLUP)
                 .bind(&r.created_at)
                 .bind(r.team_id.unwrap_or(0))

@@ -347,12 +347,13 @@ impl Live {
         self.failing.lock().is_some()
     }
 
-    /// Takes a re-read config file (`SIGHUP`): its upstreams and models apply at once if
-    /// the merged catalog validates; otherwise the file in use stays. Other settings are
-    /// read at start only: the ones that differ are named (`restart_needed`).
+    /// Takes a re-read config file (`SIGHUP`): its upstreams and models, and the spend
+    /// rollup's tag bounds (`[finance]`, `store::tag_bound`), apply at once if the merged
+    /// settings validate; otherwise the file in use stays. Other settings are read at start
+    /// only: the ones that differ are named (`restart_needed`).
     ///
-    /// The file is read (`load`) under the rebuild lock: of two `SIGHUP`s close together,
-    /// the later reads the file last and applies last — an older read never wins.
+    /// The file is read (`load`) and applied under the rebuild lock: of two `SIGHUP`s close
+    /// together, the later reads the file last and applies last — an older read never wins.
     pub async fn reload_file(
         &self,
         db: &Db,
@@ -361,6 +362,7 @@ impl Live {
         let _one = self.rebuilding.lock().await;
         let new = load().map_err(LiveError::Unreadable)?;
         let (settings, which) = Self::read(db, &new, self.clock.now()).await?;
+        crate::store::tag_bound::set_bound(db, &new.finance).await?;
         self.swap(&settings, &which);
         let ignored = restart_needed(&self.file(), &new);
         *self.file.lock() = Arc::new(new);
@@ -395,11 +397,18 @@ fn forget_replaced_keys(old: &Catalog, new: &Catalog, pool: &Pool) {
 /// The sections of `new` that differ from `old` outside `[[upstreams]]` and `[[models]]`:
 /// read at start only, so they wait for a restart.
 pub fn restart_needed(old: &Settings, new: &Settings) -> Vec<String> {
-    let (Ok(serde_json::Value::Object(a)), Ok(serde_json::Value::Object(b))) =
+    let (Ok(serde_json::Value::Object(mut a)), Ok(serde_json::Value::Object(mut b))) =
         (serde_json::to_value(old), serde_json::to_value(new))
     else {
         return Vec::new();
     };
+    // The tag bounds apply on reload (`reload_file`): they alone do not wait for a restart.
+    for side in [&mut a, &mut b] {
+        if let Some(serde_json::Value::Object(f)) = side.get_mut("finance") {
+            f.remove("max_tag_values_per_day");
+            f.remove("max_tag_keys_per_day");
+        }
+    }
     let mut keys: Vec<String> = a
         .keys()
         .chain(b.keys())
@@ -560,7 +569,12 @@ output_usd_per_mtok = 2.0
         let old = file();
         let mut new = file();
         new.models[0].price.input_usd_per_mtok = Some(9.0.into());
+        new.finance.max_tag_values_per_day = 7;
+        new.finance.max_tag_keys_per_day = 9;
         assert!(restart_needed(&old, &new).is_empty());
+        new.finance.forecast_alert_days = 1;
+        assert_eq!(restart_needed(&old, &new), ["finance"]);
+        new.finance.forecast_alert_days = old.finance.forecast_alert_days;
         new.server.listen = "127.0.0.1:1".into();
         assert_eq!(restart_needed(&old, &new), ["server"]);
     }

@@ -39,6 +39,7 @@ async fn seed(app: &TestApp, rows: &[(i64, i64, i64, &str, i64, i64, &str)]) {
                 created_at: format!("{day}T12:{:02}:{:02}.000Z", i / 60 % 60, i % 60),
                 kinds: Default::default(),
                 tags: String::new(),
+                fixed_tags: String::new(),
             }
         })
         .collect();

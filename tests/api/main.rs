@@ -108,6 +108,8 @@ mod store_boundary;
 mod stream_usage;
 mod streams;
 mod tag_bound;
+mod tag_flood;
+mod tag_reload;
 mod tags;
 mod token_kinds;
 mod token_source;

@@ -431,6 +431,7 @@ fn request(
         created_at: format!("{day}T12:{:02}:{:02}.000Z", i / 60 % 60, i % 60),
         kinds: Default::default(),
         tags: String::new(),
+        fixed_tags: String::new(),
     }
 }
 

@@ -529,6 +529,7 @@ pub fn request_rows() -> Vec<RequestRow> {
             created_at: sluice::clock::db_time(at(0, 0) + chrono::Duration::minutes(71 * i)),
             kinds: Default::default(),
             tags: String::new(),
+            fixed_tags: String::new(),
         });
     }
     rows

@@ -7,7 +7,8 @@ use chrono::{NaiveDate, TimeZone, Utc};
 use sluice::store::requests::{self, RequestRow};
 use sluice::store::spend::{self, Dim, Filters, SpendQuery};
 
-use crate::helpers::{scalar_on, spawn_app_with};
+use crate::helpers::{scalar_on, spawn_app_with, test_engine};
+use crate::pg_gateway_app::Engine;
 
 const BOUND: u32 = 5;
 
@@ -85,4 +86,125 @@ async fn more_distinct_tag_values_than_the_bound_roll_up_under_other_and_still_s
     assert_eq!(by_project.len(), 1, "{by_project:?}");
     assert_eq!(by_project[0].keys, ["apollo"]);
     assert_eq!(by_project[0].spend_micros, total);
+}
+
+/// A row of `token` on March `d` at second `s`, with `tags` and `cost`.
+fn row(token: i64, d: u32, s: u32, tags: String, cost: i64) -> RequestRow {
+    let at = Utc.from_utc_datetime(&day(d).and_hms_opt(10, s / 60, s % 60).unwrap());
+    RequestRow {
+        id: format!("req-{d}-{s}"),
+        token_id: Some(token),
+        endpoint: "chat",
+        model: "gpt-4o-mini".into(),
+        served_model: "gpt-4o-mini".into(),
+        upstream: "a".into(),
+        status: 200,
+        cost_micros: cost,
+        cache: "miss",
+        created_at: sluice::clock::db_time(at),
+        tags,
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_distinct_tag_keys_than_the_bound_roll_up_as_the_key_other_and_still_sum() {
+    let app = spawn_app_with(|s, _| s.finance.max_tag_keys_per_day = 4).await;
+    let (token, _) = app.token("ann", None).await;
+    // Ten fresh keys per request: without a bound on keys, one rollup row per request.
+    let rows: Vec<RequestRow> = (0..30)
+        .map(|i| {
+            let tags: Vec<String> = (0..10).map(|k| format!("k{:03}:v", i * 10 + k)).collect();
+            row(token, 1, i, tags.join(","), 100 + i64::from(i))
+        })
+        .collect();
+    for chunk in rows.chunks(7) {
+        requests::insert_batch(app.db(), chunk).await.unwrap();
+    }
+    let db = app.db();
+    let total = scalar_on(db, "SELECT CAST(SUM(cost_micros) AS BIGINT) FROM requests").await;
+    assert_eq!(
+        scalar_on(db, "SELECT COUNT(*) FROM spend_days").await,
+        2,
+        "the first request's keys (4 admitted, 6 as `(other)`) and every later one's as `(other)`"
+    );
+    for key in ["k000", "k005", "k100"] {
+        let q = SpendQuery {
+            from: day(1),
+            to: day(2),
+            group_by: vec![Dim::Tag(key.into())],
+            filters: Filters::default(),
+            scope: None,
+        };
+        let by_key = spend::report(db, &q).await.unwrap();
+        let sum: i64 = by_key.iter().map(|g| g.spend_micros).sum();
+        assert_eq!(sum, total, "{key}: {by_key:?}");
+    }
+}
+
+/// Text the tag rules would refuse (a NUL, non-ASCII, quotes, an escaped comma) still
+/// reaches the rollup whole: its sum is the request log's, row for row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rollup_sums_to_the_log_whatever_the_logged_tag_text() {
+    let app = spawn_app_with(|s, _| s.finance.max_tag_values_per_day = BOUND).await;
+    let (token, _) = app.token("ann", None).await;
+    let odd = [
+        "k:a\0b",
+        "k:caf\u{e9}",
+        "k:\"q\"",
+        "a:1\\,b:2",
+        "k:'; DROP TABLE requests; --",
+        "",
+        "env:prod,k:\u{1F600}",
+        "env:prod,trace:ok",
+    ];
+    let rows: Vec<RequestRow> = odd
+        .iter()
+        .enumerate()
+        .map(|(i, t)| row(token, 1, i as u32, (*t).to_string(), 10 + i as i64))
+        .collect();
+    requests::insert_batch(app.db(), &rows).await.unwrap();
+    let db = app.db();
+    let logged = scalar_on(db, "SELECT CAST(SUM(cost_micros) AS BIGINT) FROM requests").await;
+    let rolled = scalar_on(
+        db,
+        "SELECT CAST(SUM(cost_micros) AS BIGINT) FROM spend_days",
+    )
+    .await;
+    assert_eq!(rolled, logged);
+    let n = scalar_on(db, "SELECT CAST(SUM(requests) AS BIGINT) FROM spend_days").await;
+    assert_eq!(n, odd.len() as i64);
+}
+
+/// Two PostgreSQL hosts admitting the same fresh value at once: the one that waits on the
+/// other's insert still finds the value admitted (under the bound, it keeps its own row).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_a_value_admitted_by_a_concurrent_writer_is_not_rolled_up() {
+    if test_engine() != Engine::Postgres {
+        return;
+    }
+    let app = spawn_app_with(|s, _| s.finance.max_tag_values_per_day = BOUND).await;
+    let (token, _) = app.token("ann", None).await;
+    let pool = app.db().postgres().unwrap().pool.clone();
+    let first = row(token, 1, 0, "trace:same".into(), 5);
+    let second = row(token, 1, 1, "trace:same".into(), 5);
+    let mut a = pool.begin().await.unwrap();
+    let out = sluice::store::pg::tag_bound::bounded(&mut a, &[first])
+        .await
+        .unwrap();
+    assert_eq!(out[1], ["trace:same"]);
+    let b = tokio::spawn(async move {
+        let mut b = pool.begin().await.unwrap();
+        let out = sluice::store::pg::tag_bound::bounded(&mut b, &[second])
+            .await
+            .unwrap();
+        b.commit().await.unwrap();
+        out
+    });
+    // The second waits on the first's uncommitted row …
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(!b.is_finished(), "the second writer did not wait");
+    a.commit().await.unwrap();
+    // … and, once it is committed, reads it as admitted.
+    assert_eq!(b.await.unwrap()[1], ["trace:same"]);
 }

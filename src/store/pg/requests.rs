@@ -13,9 +13,12 @@ use crate::store::requests::{kind_values, RequestRow};
 use crate::store::Result;
 
 /// The batch, and what it adds to `request_days` and `spend_days` (`store::spend`, its tags
-/// bounded: `$33`–`$35`, `store::tag_bound`), in one statement. Only rows really
-/// inserted count (`RETURNING` leaves out the ones already logged); the day rows are
-/// upserted in key order, so two hosts' batches lock them in the same order.
+/// bounded: `$33`–`$34`, by request id, `store::tag_bound`), in one statement. Only rows
+/// really inserted count (`RETURNING` leaves out the ones already logged); the day rows are
+/// upserted in key order, so two hosts' batches lock them in the same order. The bounded
+/// text is joined on the id, never on the logged text (which the log may store otherwise:
+/// `pg::text`), and a row without one keeps its logged text rather than drop out of the
+/// rollup; the statement answers the counts `insert_batch_tx` checks.
 const INSERT: &str = "WITH ins AS (
        INSERT INTO requests (id, token_id, user_id, team_id, endpoint, model, served_model, upstream, status,
             error_code, stream, attempts, input_tokens, output_tokens, cost_micros, latency_ms, ttfb_ms, cache, cache_key,
@@ -28,7 +31,7 @@ const INSERT: &str = "WITH ins AS (
             $23::text[], $24::bigint[], $25::bigint[], $26::bigint[], $27::bigint[], $28::bigint[], $29::bigint[],
             $30::bigint[], $31::bigint[], $32::bigint[])
        ON CONFLICT (id) DO NOTHING
-       RETURNING created_at, token_id, user_id, team_id, model, served_model, upstream, status, input_tokens,
+       RETURNING id, created_at, token_id, user_id, team_id, model, served_model, upstream, status, input_tokens,
             output_tokens, cost_micros, tags),
      days AS (
        INSERT INTO request_days AS d (day, token_id, user_id, team_id, model, requests, errors, input_tokens, output_tokens, cost_micros)
@@ -41,20 +44,23 @@ const INSERT: &str = "WITH ins AS (
               requests = d.requests + EXCLUDED.requests, errors = d.errors + EXCLUDED.errors,
               input_tokens = d.input_tokens + EXCLUDED.input_tokens,
               output_tokens = d.output_tokens + EXCLUDED.output_tokens,
-              cost_micros = d.cost_micros + EXCLUDED.cost_micros)
-     INSERT INTO spend_days AS s (day, team_id, user_id, token_id, model, served_model, upstream, tags,
-            requests, errors, input_tokens, output_tokens, cost_micros)
-     SELECT substr(created_at, 1, 10), COALESCE(team_id, 0), COALESCE(user_id, 0), token_id, model, served_model,
-            upstream, b.tags, COUNT(*), COUNT(*) FILTER (WHERE status NOT BETWEEN 200 AND 299),
-            SUM(input_tokens), SUM(output_tokens), SUM(cost_micros)
-     FROM ins JOIN unnest($33::text[], $34::text[], $35::text[]) AS b(day, logged, tags)
-          ON b.day = substr(ins.created_at, 1, 10) AND b.logged = ins.tags
-     WHERE token_id IS NOT NULL GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8
-     ON CONFLICT (day, team_id, user_id, token_id, model, served_model, upstream, tags) DO UPDATE SET
-            requests = s.requests + EXCLUDED.requests, errors = s.errors + EXCLUDED.errors,
-            input_tokens = s.input_tokens + EXCLUDED.input_tokens,
-            output_tokens = s.output_tokens + EXCLUDED.output_tokens,
-            cost_micros = s.cost_micros + EXCLUDED.cost_micros";
+              cost_micros = d.cost_micros + EXCLUDED.cost_micros),
+     b AS (SELECT * FROM unnest($33::text[], $34::text[]) AS b(id, tags)),
+     tagged AS (SELECT ins.*, b.tags AS bounded FROM ins LEFT JOIN b ON b.id = ins.id WHERE ins.token_id IS NOT NULL),
+     spend AS (
+       INSERT INTO spend_days AS s (day, team_id, user_id, token_id, model, served_model, upstream, tags,
+              requests, errors, input_tokens, output_tokens, cost_micros)
+       SELECT substr(created_at, 1, 10), COALESCE(team_id, 0), COALESCE(user_id, 0), token_id, model, served_model,
+              upstream, COALESCE(bounded, tags), COUNT(*), COUNT(*) FILTER (WHERE status NOT BETWEEN 200 AND 299),
+              SUM(input_tokens), SUM(output_tokens), SUM(cost_micros)
+       FROM tagged GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8
+       ON CONFLICT (day, team_id, user_id, token_id, model, served_model, upstream, tags) DO UPDATE SET
+              requests = s.requests + EXCLUDED.requests, errors = s.errors + EXCLUDED.errors,
+              input_tokens = s.input_tokens + EXCLUDED.input_tokens,
+              output_tokens = s.output_tokens + EXCLUDED.output_tokens,
+              cost_micros = s.cost_micros + EXCLUDED.cost_micros)
+     SELECT (SELECT COUNT(*) FROM ins WHERE token_id IS NOT NULL), (SELECT COUNT(*) FROM tagged),
+            (SELECT COUNT(bounded) FROM tagged)";
 
 /// `request_days` and `spend_days` rebuilt from the request log (after rows were copied in
 /// by other means than `insert_batch_tx`: `sluice migrate-store`).
@@ -144,10 +150,26 @@ pub async fn insert_batch_tx(conn: &mut PgConnection, rows: &[RequestRow]) -> Re
                 .collect::<Vec<i64>>(),
         );
     }
-    // The rollup's tags, bounded (`store::tag_bound`): (day, logged tags) → rolled-up tags.
-    let [days, logged, rolled] = super::tag_bound::bounded(&mut *conn, rows).await?;
-    q = q.bind(days).bind(logged).bind(rolled);
-    q.execute(&mut *conn).await?;
+    // The rollup's tags, bounded (`store::tag_bound`): request id → rolled-up tags.
+    let [ids, rolled] = super::tag_bound::bounded(&mut *conn, rows).await?;
+    let counts = q.bind(ids).bind(rolled).fetch_one(&mut *conn).await?;
+    let count = |i: usize| sqlx::Row::try_get::<i64, _>(&counts, i);
+    let (logged, summed, bounded) = (count(0)?, count(1)?, count(2)?);
+    // Every logged row is summed into the rollup exactly once (a twice-joined row would
+    // count its spend twice: the batch is refused, nothing of it kept) …
+    if summed != logged {
+        return Err(crate::store::StoreError::Batch(format!(
+            "the spend rollup would sum {summed} rows of the {logged} logged"
+        )));
+    }
+    // … and one that missed its bounded text is summed under its logged text.
+    if bounded != logged {
+        tracing::error!(
+            logged,
+            bounded,
+            "spend rollup: rows summed under their logged tags, past the tag bound"
+        );
+    }
     let (ids, ats): (Vec<i64>, Vec<&str>) = last_used(rows).into_iter().unzip();
     if !ids.is_empty() {
         sqlx::query(LAST_USED)

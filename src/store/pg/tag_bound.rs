@@ -1,71 +1,133 @@
 //! The spend rollup's bound on tag cardinality on PostgreSQL (see `store::tag_bound`): one
-//! statement admits a batch's new (day, key, value)s while their key has room and answers
-//! which of the batch's values are admitted, now or before.
+//! statement admits a batch's new (day, scope, key)s while their tenant's day has room, a
+//! second its new values of the admitted keys while their key has room; each answers which
+//! of the batch's are admitted, now or before.
+//!
+//! A place another host admits at the same moment is still ours: its insert conflicts, and
+//! `ON CONFLICT DO UPDATE … RETURNING` (unlike `DO NOTHING`) waits for that host's commit
+//! and returns the row, which the statement's snapshot read would not see.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, HashSet};
 
 use sqlx::PgConnection;
 
+use super::text;
 use crate::store::requests::RequestRow;
-use crate::store::tag_bound::{day, rolled};
+use crate::store::tag_bound::Asked;
 use crate::store::Result;
-use crate::tags::Tags;
 
-const ADMIT: &str = "WITH cand AS (SELECT DISTINCT d, k, v FROM unnest($1::text[], $2::text[], $3::text[]) AS c(d, k, v)),
-     fresh AS (SELECT c.d, c.k, c.v, ROW_NUMBER() OVER (PARTITION BY c.d, c.k ORDER BY c.v) AS n FROM cand c
-               WHERE NOT EXISTS (SELECT 1 FROM spend_tag_values s WHERE s.day = c.d AND s.key = c.k AND s.value = c.v)),
-     room AS (SELECT f.d, f.k, f.v FROM fresh f
-              WHERE f.n <= (SELECT max_values FROM spend_tag_bound)
-                           - (SELECT COUNT(*) FROM spend_tag_values s WHERE s.day = f.d AND s.key = f.k)),
-     added AS (INSERT INTO spend_tag_values (day, key, value) SELECT d, k, v FROM room ORDER BY d, k, v
-               ON CONFLICT DO NOTHING RETURNING day, key, value)
-     SELECT day, key, value FROM added
+const ADMIT_KEYS: &str = "WITH cand AS (SELECT d, s, k, bool_or(a) AS a
+                   FROM unnest($1::text[], $2::text[], $3::text[], $4::boolean[]) AS c(d, s, k, a) GROUP BY d, s, k),
+     fresh AS (SELECT c.d, c.s, c.k, ROW_NUMBER() OVER (PARTITION BY c.d, c.s ORDER BY c.k) AS n FROM cand c
+               WHERE c.a AND NOT EXISTS (SELECT 1 FROM spend_tag_keys t WHERE t.day = c.d AND t.scope = c.s AND t.key = c.k)),
+     room AS (SELECT f.d, f.s, f.k FROM fresh f
+              WHERE f.n <= (SELECT max_keys FROM spend_tag_bound)
+                           - (SELECT COUNT(*) FROM spend_tag_keys t WHERE t.day = f.d AND t.scope = f.s)),
+     added AS (INSERT INTO spend_tag_keys (day, scope, key) SELECT d, s, k FROM room ORDER BY d, s, k
+               ON CONFLICT (day, scope, key) DO UPDATE SET key = EXCLUDED.key RETURNING day, scope, key)
+     SELECT day, scope, key FROM added
      UNION ALL
-     SELECT s.day, s.key, s.value FROM spend_tag_values s JOIN cand c ON s.day = c.d AND s.key = c.k AND s.value = c.v";
+     SELECT t.day, t.scope, t.key FROM spend_tag_keys t JOIN cand c ON t.day = c.d AND t.scope = c.s AND t.key = c.k";
 
-/// The rollup's tag text of the batch's rows with a token (the rollup leaves the others
-/// out): (day, tags as logged, tags as rolled up), one per distinct (day, tags) — the rolled
-/// text is a function of those two, so the statement joins on them (not on the request id,
-/// which a batch may repeat with other content).
-pub async fn bounded(conn: &mut PgConnection, rows: &[RequestRow]) -> Result<[Vec<String>; 3]> {
-    let mut seen: BTreeSet<(&str, &str)> = BTreeSet::new();
+const ADMIT_VALUES: &str = "WITH cand AS (SELECT d, s, k, v, bool_or(a) AS a
+                   FROM unnest($1::text[], $2::text[], $3::text[], $4::boolean[], $5::text[]) AS c(d, s, k, a, v)
+                   GROUP BY d, s, k, v),
+     fresh AS (SELECT c.d, c.s, c.k, c.v, ROW_NUMBER() OVER (PARTITION BY c.d, c.s, c.k ORDER BY c.v) AS n FROM cand c
+               WHERE c.a AND NOT EXISTS (SELECT 1 FROM spend_tag_values t
+                                         WHERE t.day = c.d AND t.scope = c.s AND t.key = c.k AND t.value = c.v)),
+     room AS (SELECT f.d, f.s, f.k, f.v FROM fresh f
+              WHERE f.n <= (SELECT max_values FROM spend_tag_bound)
+                           - (SELECT COUNT(*) FROM spend_tag_values t WHERE t.day = f.d AND t.scope = f.s AND t.key = f.k)),
+     added AS (INSERT INTO spend_tag_values (day, scope, key, value) SELECT d, s, k, v FROM room ORDER BY d, s, k, v
+               ON CONFLICT (day, scope, key, value) DO UPDATE SET value = EXCLUDED.value RETURNING day, scope, key, value)
+     SELECT day, scope, key, value FROM added
+     UNION ALL
+     SELECT t.day, t.scope, t.key, t.value FROM spend_tag_values t
+            JOIN cand c ON t.day = c.d AND t.scope = c.s AND t.key = c.k AND t.value = c.v";
+
+/// One (day, scope, key, admits, value) per counted pair of the batch's rows.
+type Cand = (String, String, String, bool, String);
+
+/// The rollup's tag text of each of the batch's rows with a token (the rollup leaves the
+/// others out), by request id as the log stores it: (ids, rolled-up tags). A batch may log
+/// an id twice; the log keeps its first row, and so does this.
+pub async fn bounded(conn: &mut PgConnection, rows: &[RequestRow]) -> Result<[Vec<String>; 2]> {
+    let mut asked: BTreeMap<String, (&RequestRow, Asked)> = BTreeMap::new();
     for r in rows.iter().filter(|r| r.token_id.is_some()) {
-        seen.insert((day(&r.created_at), r.tags.as_str()));
+        let id = text::key(&r.id).into_owned();
+        asked.entry(id).or_insert_with(|| (r, Asked::of(r)));
     }
-    let parsed: Vec<(&str, &str, Tags)> = seen
-        .into_iter()
-        .map(|(d, t)| (d, t, Tags::stored(t)))
+    let cands: Vec<Cand> = asked
+        .values()
+        .flat_map(|(_, a)| {
+            a.counted().map(|(k, v)| {
+                let d = text::key(&a.day).into_owned();
+                (d, a.scope.clone(), k.to_string(), a.admits, v.to_string())
+            })
+        })
         .collect();
-    let (mut days, mut keys, mut values) = (Vec::new(), Vec::new(), Vec::new());
-    for (d, _, tags) in &parsed {
-        for (k, v) in tags.pairs() {
-            days.push(d.to_string());
-            keys.push(k.to_string());
-            values.push(v.to_string());
-        }
-    }
-    let admitted: HashSet<(String, String, String)> = if days.is_empty() {
-        HashSet::new()
-    } else {
-        sqlx::query_as(ADMIT)
-            .bind(days)
-            .bind(keys)
-            .bind(values)
-            .fetch_all(&mut *conn)
-            .await?
-            .into_iter()
-            .collect()
-    };
-    let mut out: [Vec<String>; 3] = Default::default();
-    for (d, text, tags) in parsed {
-        let over: Vec<String> = tags
-            .pairs()
-            .filter(|(k, v)| !admitted.contains(&(d.to_string(), k.to_string(), v.to_string())))
-            .map(|(k, _)| k.to_string())
-            .collect();
-        out[0].push(d.to_string());
-        out[1].push(text.to_string());
-        out[2].push(rolled(tags, text, over));
+    let keys: HashSet<(String, String, String)> = admit(conn, ADMIT_KEYS, &cands, false)
+        .await?
+        .into_iter()
+        .map(|(d, s, k, _)| (d, s, k))
+        .collect();
+    let open: Vec<Cand> = cands
+        .into_iter()
+        .filter(|(d, s, k, _, _)| keys.contains(&(d.clone(), s.clone(), k.clone())))
+        .collect();
+    let values: HashSet<(String, String, String, String)> = admit(conn, ADMIT_VALUES, &open, true)
+        .await?
+        .into_iter()
+        .collect();
+    let mut out: [Vec<String>; 2] = Default::default();
+    for (id, (r, a)) in asked {
+        let d = text::key(&a.day).into_owned();
+        let rolled = a.rolled(&r.tags, |k, v| {
+            let key = (d.clone(), a.scope.clone(), k.to_string());
+            let admitted = keys.contains(&key);
+            (
+                admitted,
+                admitted && values.contains(&(key.0, key.1, key.2, v.to_string())),
+            )
+        });
+        out[0].push(id);
+        out[1].push(text::key(&rolled).into_owned());
     }
     Ok(out)
+}
+
+/// Runs `sql` over `cands` (with their values when `with_values`): what is admitted, as
+/// (day, scope, key, value) (value empty for keys).
+async fn admit(
+    conn: &mut PgConnection,
+    sql: &'static str,
+    cands: &[Cand],
+    with_values: bool,
+) -> Result<Vec<(String, String, String, String)>> {
+    if cands.is_empty() {
+        return Ok(Vec::new());
+    }
+    let col = |f: fn(&Cand) -> &String| cands.iter().map(|c| f(c).clone()).collect::<Vec<_>>();
+    let q = sqlx::query(sql)
+        .bind(col(|c| &c.0))
+        .bind(col(|c| &c.1))
+        .bind(col(|c| &c.2))
+        .bind(cands.iter().map(|c| c.3).collect::<Vec<bool>>());
+    let q = if with_values {
+        q.bind(col(|c| &c.4))
+    } else {
+        q
+    };
+    let rows = q.fetch_all(conn).await?;
+    rows.iter()
+        .map(|row| {
+            use sqlx::Row;
+            let value = if with_values {
+                row.try_get(3)?
+            } else {
+                String::new()
+            };
+            Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?, value))
+        })
+        .collect()
 }

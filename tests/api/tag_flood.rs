@@ -1,0 +1,125 @@
+//! The spend rollup's tag bound cannot be flooded across tenants: a team's admin-set tags
+//! are never rolled up, header values are bounded per team, and a request that costs
+//! nothing (refused, failed) admits no new value (`store::tag_bound`).
+
+use chrono::Utc;
+use sluice::cli::IssueArgs;
+
+use crate::helpers::*;
+
+const BOUND: u32 = 3;
+
+async fn team(app: &TestApp, name: &str, tags: Option<&str>) {
+    sluice::cli::team_create_tagged(app.db(), name, None, tags, Utc::now())
+        .await
+        .unwrap();
+}
+
+/// A user of `team` and a token of theirs with `budget`.
+async fn member(app: &TestApp, team: &str, user: &str, budget: &str) -> String {
+    let now = Utc::now();
+    let args = sluice::cli::UserArgs {
+        username: user,
+        team: Some(team),
+        rpm: None,
+        tpm: None,
+        budget_usd: None,
+        reset: None,
+    };
+    sluice::cli::user_create(app.db(), &args, now)
+        .await
+        .unwrap();
+    let args = IssueArgs {
+        budget_usd: Some(budget),
+        ..issue_args(user)
+    };
+    sluice::cli::token_issue_tagged(app.db(), &args, None, now)
+        .await
+        .unwrap()
+        .text
+}
+
+async fn tagged(app: &TestApp, token: &str, tags: &str) -> u16 {
+    app.http
+        .post(format!("{}/v1/chat/completions", app.address))
+        .bearer_auth(token)
+        .header("x-sluice-tags", tags)
+        .json(&chat_body(16))
+        .send()
+        .await
+        .expect("request sent")
+        .status()
+        .as_u16()
+}
+
+/// The rollup's tag texts of the requests of `user`.
+async fn rolled_tags(app: &TestApp, user: &str) -> Vec<String> {
+    let sql = format!(
+        "SELECT DISTINCT s.tags FROM spend_days s JOIN users u ON u.id = s.user_id
+         WHERE u.username = '{user}' ORDER BY 1"
+    );
+    match app.db().postgres() {
+        Some(pg) => sqlx::query_scalar(&sql).fetch_all(&pg.pool).await.unwrap(),
+        None => sqlx::query_scalar(&sql)
+            .fetch_all(&app.db().sqlite().read)
+            .await
+            .unwrap(),
+    }
+}
+
+#[tokio::test]
+async fn another_teams_flood_of_header_values_moves_no_admin_tag_nor_header_value_to_other() {
+    let app = spawn_app_with(|s, _| s.finance.max_tag_values_per_day = BOUND).await;
+    team(&app, "core", Some("cc:42")).await;
+    team(&app, "flood", None).await;
+    team(&app, "third", None).await;
+    let ana = member(&app, "core", "ana", "1").await;
+    let bo = member(&app, "flood", "bo", "1").await;
+    let cy = member(&app, "third", "cy", "1").await;
+    // After midnight, one team sends more values of `cc` than the bound …
+    for i in 0..2 * BOUND {
+        assert_eq!(tagged(&app, &bo, &format!("cc:x{i}")).await, 200);
+    }
+    // … and neither another team's admin-set `cc:42` nor its own header value moves.
+    assert_eq!(app.chat(&ana, &chat_body(16)).await.status(), 200);
+    assert_eq!(tagged(&app, &cy, "cc:y").await, 200);
+    app.wait_for_log_rows(i64::from(2 * BOUND) + 2).await;
+    assert_eq!(rolled_tags(&app, "ana").await, ["cc:42"]);
+    assert_eq!(rolled_tags(&app, "cy").await, ["cc:y"]);
+    // The flooding team's own values are bounded.
+    let bos = rolled_tags(&app, "bo").await;
+    assert_eq!(bos.len(), BOUND as usize + 1, "{bos:?}");
+    assert!(bos.contains(&"cc:(other)".to_string()), "{bos:?}");
+}
+
+#[tokio::test]
+async fn refused_requests_admit_no_tag_values() {
+    let app = spawn_app_with(|s, _| s.finance.max_tag_values_per_day = BOUND).await;
+    team(&app, "core", None).await;
+    let ana = member(&app, "core", "ana", "1").await;
+    let broke = member(&app, "core", "bo", "0").await;
+    // A token that can spend nothing sends more values than the bound: each is refused
+    // (429, charged 0) and logged with its tags …
+    for i in 0..2 * BOUND {
+        assert_eq!(tagged(&app, &broke, &format!("proj:z{i}")).await, 429);
+    }
+    // … and its team's paying request still gets its value's own row.
+    assert_eq!(tagged(&app, &ana, "proj:real").await, 200);
+    app.wait_for_log_rows(i64::from(2 * BOUND) + 1).await;
+    assert_eq!(rolled_tags(&app, "ana").await, ["proj:real"]);
+    // Its own rows roll up: as `proj:(other)`, or as `(other):(other)` where no paying
+    // request had admitted the key `proj` yet (on SQLite, row by row).
+    let bos = rolled_tags(&app, "bo").await;
+    assert!(
+        bos.iter()
+            .all(|t| t == "proj:(other)" || t == "(other):(other)"),
+        "{bos:?}"
+    );
+    let total = app
+        .scalar("SELECT CAST(COALESCE(SUM(cost_micros), 0) AS BIGINT) FROM requests")
+        .await;
+    let rolled = app
+        .scalar("SELECT CAST(COALESCE(SUM(cost_micros), 0) AS BIGINT) FROM spend_days")
+        .await;
+    assert_eq!(rolled, total);
+}
