@@ -276,3 +276,18 @@ fn openai_cached_audio_is_priced_once() {
     ];
     assert_eq!(streamed(Format::OpenAiChat, Format::OpenAiChat, &events), u);
 }
+
+/// A `web_search_requests` written as `null` is no count: the searches the answer shows are
+/// charged, as when the field is absent.
+#[test]
+fn a_null_search_count_is_no_report() {
+    let search = |i: u32| {
+        serde_json::json!({"type": "server_tool_use", "id": format!("srvtoolu_{i}"),
+            "name": "web_search", "input": {"query": "sluice"}})
+    };
+    let answer = serde_json::json!({"type": "message", "content": [search(0), search(1)],
+        "usage": {"input_tokens": 10, "output_tokens": 5,
+            "server_tool_use": {"web_search_requests": null}}});
+    let u = answer_usage(Format::Anthropic, &answer).unwrap();
+    assert_eq!(u.web_search_calls, 2);
+}

@@ -69,9 +69,10 @@ pub fn read_usage(u: &Value) -> Option<Usage> {
 /// result (a search past `max_uses`, not billed).
 pub fn answer_usage(answer: &Value) -> Option<Usage> {
     let mut usage = read_usage(answer.get("usage")?)?;
+    // A count only: `null` is no report (the blocks shown are charged).
     if answer
         .pointer("/usage/server_tool_use/web_search_requests")
-        .is_some()
+        .is_some_and(Value::is_number)
     {
         return Some(usage);
     }
