@@ -9,9 +9,10 @@ CREATE TABLE spend_tag_keys (
     PRIMARY KEY (day, scope, key)
 );
 
+-- `scope` defaults to '' for the previous version's writes during a rolling upgrade.
 CREATE TABLE spend_tag_values (
     day    TEXT COLLATE "C" NOT NULL,
-    scope  TEXT COLLATE "C" NOT NULL,
+    scope  TEXT COLLATE "C" NOT NULL DEFAULT '',
     key    TEXT COLLATE "C" NOT NULL,
     value  TEXT COLLATE "C" NOT NULL,
     PRIMARY KEY (day, scope, key, value)

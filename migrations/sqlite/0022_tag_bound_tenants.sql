@@ -12,9 +12,11 @@ CREATE TABLE spend_tag_keys (
     PRIMARY KEY (day, scope, key)
 ) WITHOUT ROWID;
 
+-- `scope` defaults to '' so the previous version, still running during a rolling upgrade and
+-- writing (day, key, value), admits under no tenant instead of failing.
 CREATE TABLE spend_tag_values (
     day    TEXT NOT NULL,
-    scope  TEXT NOT NULL,
+    scope  TEXT NOT NULL DEFAULT '',
     key    TEXT NOT NULL,
     value  TEXT NOT NULL,
     PRIMARY KEY (day, scope, key, value)

@@ -208,3 +208,22 @@ async fn pg_a_value_admitted_by_a_concurrent_writer_is_not_rolled_up() {
     // … and, once it is committed, reads it as admitted.
     assert_eq!(b.await.unwrap()[1], ["trace:same"]);
 }
+
+/// During a rolling upgrade the previous version still admits tag values as (day, key,
+/// value), without a tenant: its writes land under the empty scope rather than failing the
+/// request log's batch (PostgreSQL) or being skipped (SQLite's `INSERT OR IGNORE`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_previous_versions_tag_admission_still_writes() {
+    let app = spawn_app_with(|_, _| {}).await;
+    crate::helpers::sql_exec(
+        app.db(),
+        "INSERT INTO spend_tag_values (day, key, value) VALUES ('2026-03-01', 'cc', '42')",
+    )
+    .await;
+    let admitted = scalar_on(
+        app.db(),
+        "SELECT COUNT(*) FROM spend_tag_values WHERE scope = '' AND key = 'cc'",
+    )
+    .await;
+    assert_eq!(admitted, 1);
+}
