@@ -44,6 +44,18 @@ pub fn check(
     }
 }
 
+/// How much more a provider's tokenizer may count than the gateway's (o200k) estimate, in
+/// percent: Claude's counts up to ~1.35× o200k on code and non-English text (more with its
+/// newer tokenizer), Gemini's less. A reservation whose input could pass a tier's threshold
+/// counted so is priced at the tier, so a prompt the provider counts past it is covered.
+const PROVIDER_COUNTS_UP_TO_PERCENT: i64 = 150;
+
+/// The most input a provider may count for `input` of the gateway's estimate.
+pub fn provider_may_count(input: i64) -> i64 {
+    let most = i128::from(input.max(0)) * i128::from(PROVIDER_COUNTS_UP_TO_PERCENT) / 100;
+    i64::try_from(most).unwrap_or(i64::MAX)
+}
+
 /// What `usage` costs at `prices`: at the route's long-context `tier` when the reported
 /// input passes its threshold (warned: the estimate fell short of the provider's count).
 pub fn priced(usage: Usage, prices: Prices, tier: Option<LongTier>) -> i64 {

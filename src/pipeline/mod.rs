@@ -576,7 +576,8 @@ fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Ca
             web_search_per_1k_calls: prices.web_search_per_1k_calls,
             ..pricing::Prices::default()
         };
-        pricing::cost(usage, dearest.for_input(usage.input, c.route.long_context))
+        let tier_at = long_context::provider_may_count(usage.input);
+        pricing::cost(usage, dearest.for_input(tier_at, c.route.long_context))
     };
     candidates.iter().map(worst_at).max().unwrap_or(0)
 }

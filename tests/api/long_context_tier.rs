@@ -55,3 +55,48 @@ async fn an_answer_reported_past_the_tier_is_priced_at_its_rates_and_the_rest_ab
     }
     app.assert_invariant().await;
 }
+
+/// A prompt counted below the threshold but within the provider tokenizer's reach of it
+/// (Claude's counts up to ~1.35× o200k) is reserved at the tier's rates: when the provider
+/// then reports it past the threshold, the reservation holds the dearer rates for the input
+/// it counted, and only what the provider counted beyond the reserved input is absorbed —
+/// not the whole jump of the tier.
+#[tokio::test]
+async fn a_prompt_the_providers_tokenizer_may_count_past_the_tier_is_reserved_at_its_rates() {
+    let app = app().await;
+    let (id, token) = app.token("near-tier", Some("100")).await;
+    app.mock.state.script(
+        KEY,
+        [Script {
+            prompt_tokens: Some(210_000),
+            completion_tokens: Some(10),
+            ..Script::default()
+        }],
+    );
+    // ~150 000 tokens counted, ~165 000 reserved with the margin: under 200 000.
+    let body = json!({"model": "sonnet-long", "max_tokens": 10,
+        "messages": [{"role": "user", "content": "hi ".repeat(150_000)}]});
+    let resp = app.messages(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    resp.text().await.unwrap();
+    app.wait_settled().await;
+    let (charged, absorbed) = (
+        app.scalar(&format!(
+            "SELECT 100000000 - remaining_micros FROM tokens WHERE id = {id}"
+        ))
+        .await,
+        app.scalar(&format!(
+            "SELECT CAST(COALESCE(SUM(amount_micros), 0) AS BIGINT) FROM ledger
+             WHERE kind = 'absorbed' AND token_id = {id}"
+        ))
+        .await,
+    );
+    assert_eq!(charged + absorbed, 1_260_225);
+    // The reservation (all of it charged) priced its ≥ 150 000 input tokens at 6 USD per
+    // Mtok, the tier's, not at 3.
+    assert!(
+        charged >= 150_000 * 6,
+        "charged {charged}, absorbed {absorbed}"
+    );
+    app.assert_invariant().await;
+}
