@@ -99,8 +99,10 @@ enum Command {
     Reconcile {
         #[arg(long, value_enum)]
         provider: Export,
-        /// The export: OpenAI's Costs API JSON, Anthropic's Cost Report JSON.
-        file: PathBuf,
+        /// The export: OpenAI's Costs API JSON (or the dashboard's cost CSV), Anthropic's
+        /// Cost Report JSON. A download's pages saved a file each are given together.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
         #[arg(long)]
         json: bool,
     },
@@ -332,11 +334,11 @@ async fn main() -> anyhow::Result<()> {
     }
     if let Command::Reconcile {
         provider,
-        file,
+        files,
         json,
     } = &cli.command
     {
-        let code = cli::reconcile::run(&settings, *provider, file, *json, now).await?;
+        let code = cli::reconcile::run(&settings, *provider, files, *json, now).await?;
         std::process::exit(code);
     }
     let db = match cli.command {

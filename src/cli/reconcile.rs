@@ -1,6 +1,6 @@
 //! `sluice reconcile`: a provider's cost export against Sluice's spend, its exit code.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
 
@@ -14,12 +14,12 @@ use crate::store::Db;
 pub async fn run(
     settings: &Settings,
     export: Export,
-    file: &Path,
+    files: &[PathBuf],
     json: bool,
     now: DateTime<Utc>,
 ) -> anyhow::Result<i32> {
     let db = Db::connect(settings).await?;
-    let done = crate::finance::run::reconcile_file(&db, settings, export, file, "cli", now).await;
+    let done = crate::finance::run::reconcile_file(&db, settings, export, files, "cli", now).await;
     let dir = Path::new(&settings.backup.dir);
     let r = match done {
         Ok(r) => r,

@@ -1,7 +1,7 @@
 //! One `sluice reconcile` run: the export read, compared with the request log, and stored
 //! with its audit row in one transaction.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Duration, Utc};
 use serde_json::json;
@@ -36,10 +36,9 @@ impl Export {
         }
     }
 
-    /// The export's figures, or why the text is not one. A leading UTF-8 byte-order mark
-    /// (a spreadsheet's "CSV UTF-8" writes one) is no part of the first column's name.
+    /// The export's figures, or why the text is not one.
     pub fn read(self, text: &str) -> Result<Vec<Line>, FinanceError> {
-        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+        let text = unmarked(text);
         match self {
             Export::Openai if exports::openai_csv::is_csv(text) => exports::openai_csv::read(text),
             Export::Openai => exports::openai::read(text),
@@ -55,38 +54,58 @@ pub struct Run {
     pub rows: Vec<ReconciliationRow>,
 }
 
-/// Reads `file` as `export`, compares it and stores the run (audited as `actor`).
+/// Reads `files` as `export` — one download: a paginated JSON export's pages may be saved a
+/// file each, read together as if concatenated (so a page's successor may be in the next
+/// file); a CSV is read one at a time — compares it and stores the run (audited as `actor`).
 pub async fn reconcile_file(
     db: &Db,
     settings: &Settings,
     export: Export,
-    file: &Path,
+    files: &[PathBuf],
     actor: &str,
     now: DateTime<Utc>,
 ) -> Result<Run, FinanceError> {
-    let bytes = std::fs::read(file)
-        .map_err(|e| FinanceError::Unreadable(format!("cannot read {}: {e}", file.display())))?;
-    let text = String::from_utf8(bytes).map_err(|e| {
-        FinanceError::Unreadable(format!(
-            "{}: not UTF-8 text (byte {})",
-            file.display(),
-            e.utf8_error().valid_up_to()
-        ))
-    })?;
+    let names: Vec<String> = files
+        .iter()
+        .map(|f| {
+            f.file_name().map_or_else(
+                || f.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            )
+        })
+        .collect();
+    let file = files
+        .iter()
+        .map(|f| f.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut texts = Vec::with_capacity(files.len());
+    for f in files {
+        texts.push(read_text(f)?);
+    }
+    if texts.len() > 1
+        && texts
+            .iter()
+            .any(|t| exports::openai_csv::is_csv(unmarked(t)))
+    {
+        return Err(FinanceError::Unreadable(format!(
+            "{file}: a CSV export is read one at a time (only JSON pages are read together)"
+        )));
+    }
+    let joined: Vec<&str> = texts.iter().map(|t| unmarked(t)).collect();
     let lines = export
-        .read(&text)
-        .map_err(|e| FinanceError::Unreadable(format!("{}: {e}", file.display())))?;
+        .read(&joined.join("\n"))
+        .map_err(|e| FinanceError::Unreadable(format!("{file}: {e}")))?;
     let Some((first, last)) = reconcile::days(&lines) else {
         return Err(FinanceError::Unreadable(format!(
-            "{}: the export holds no cost figures",
-            file.display()
+            "{file}: the export holds no cost figures"
         )));
     };
     let accounts = Accounts::new(deployments(db, settings, export.provider()).await?);
     let from = crate::clock::db_time(first.and_time(chrono::NaiveTime::MIN).and_utc());
     // A day at the calendar's end (a hostile `start_time`) has no next day.
     let next = last.checked_add_signed(Duration::days(1)).ok_or_else(|| {
-        FinanceError::Unreadable(format!("{}: a day past the calendar's end", file.display()))
+        FinanceError::Unreadable(format!("{file}: a day past the calendar's end"))
     })?;
     let to = crate::clock::db_time(next.and_time(chrono::NaiveTime::MIN).and_utc());
     let spend = finance::spend_by_upstream(db, &from, &to).await?;
@@ -102,10 +121,7 @@ pub async fn reconcile_file(
     let mut run = Reconciliation {
         id: 0,
         provider: export.as_str().into(),
-        source: file
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
+        source: names.join(", "),
         first_day: first.to_string(),
         last_day: last.to_string(),
         threshold_micros: t.micros,
@@ -134,6 +150,25 @@ pub async fn reconcile_file(
     audit::append(&mut tx, &entry, now).await?;
     tx.commit().await?;
     Ok(Run { run, rows })
+}
+
+/// `file`'s text, or why it cannot be read.
+fn read_text(file: &Path) -> Result<String, FinanceError> {
+    let bytes = std::fs::read(file)
+        .map_err(|e| FinanceError::Unreadable(format!("cannot read {}: {e}", file.display())))?;
+    String::from_utf8(bytes).map_err(|e| {
+        FinanceError::Unreadable(format!(
+            "{}: not UTF-8 text (byte {})",
+            file.display(),
+            e.utf8_error().valid_up_to()
+        ))
+    })
+}
+
+/// `text` without a leading UTF-8 byte-order mark (a spreadsheet's "CSV UTF-8" writes one:
+/// it is no part of the first column's name).
+fn unmarked(text: &str) -> &str {
+    text.strip_prefix('\u{feff}').unwrap_or(text)
 }
 
 /// The deployments of `provider`, from the config file and the admin's managed ones: (id,

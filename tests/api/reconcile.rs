@@ -570,3 +570,59 @@ async fn web_search_rows_fold_into_the_models_figure() {
                 "sluice_micros": 7_000_000, "provider_micros": 7_000_000, "diff_micros": 0, "flagged": false}])
     );
 }
+
+/// The Costs API's pages saved one file each are read as one download: given together they
+/// reconcile like the single file; the first alone is incomplete (exit 2); a CSV is read
+/// beside them only one at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_saved_as_several_files_are_read_as_one_download() {
+    let app = app().await;
+    let config = config(&app);
+    let export = openai_export(|_, _, _| 0);
+    let mut pages = export.lines();
+    let (first, second) = (
+        app.dir.path().join("p1.json"),
+        app.dir.path().join("p2.json"),
+    );
+    std::fs::write(&first, pages.next().unwrap()).unwrap();
+    std::fs::write(&second, pages.next().unwrap()).unwrap();
+    let run = |files: &[&Path]| {
+        let mut args = vec![
+            "--config",
+            config.to_str().unwrap(),
+            "reconcile",
+            "--provider",
+            "openai",
+        ];
+        args.extend(files.iter().map(|f| f.to_str().unwrap()));
+        args.push("--json");
+        std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = run(&[&first, &second]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["rows"].as_array().unwrap().len(), 12);
+    assert_eq!(
+        report["reconciliation"]["source"],
+        json!("p1.json, p2.json")
+    );
+    let out = run(&[&first]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stderr).contains("has_more"),
+        "{}",
+        text(&out.stderr)
+    );
+    let csv = app.dir.path().join("costs.csv");
+    std::fs::write(&csv, openai_dashboard_csv(|_, _, _| 0)).unwrap();
+    let out = run(&[&csv, &second]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("one at a time"),
+        "{}",
+        text(&out.stderr)
+    );
+}
