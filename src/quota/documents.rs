@@ -5,7 +5,7 @@
 //! `[finance] document_tokens_per_page`, and a document whose size the gateway cannot know
 //! — by URL or provider file id, or bytes whose pages it cannot read — at the whole input
 //! the serving model accepts (`max_input_tokens`). A plain-text document is text: the
-//! token estimate counts it (`estimate::count_value`), as it counts a document's title,
+//! token estimate counts it (`estimate::count_message`), as it counts a document's title,
 //! context and file name; only the payload sized here is left out of the estimate.
 //!
 //! The parts: Anthropic `{"type": "document", "source": {...}}` (`base64` sized, `text` /
