@@ -291,7 +291,7 @@ pub fn validate(body: &Map<String, Value>) -> Result<i64, ApiError> {
     let mut tokens = 3 + instructions(body) + tools;
     for (i, item) in items.iter().enumerate() {
         validate_item(i, item, &mut calls)?;
-        tokens += 4 + estimate::count_value(item);
+        tokens += 4 + estimate::count_message(item);
     }
     Ok(tokens)
 }

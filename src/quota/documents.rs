@@ -5,20 +5,21 @@
 //! `[finance] document_tokens_per_page`, and a document whose size the gateway cannot know
 //! — by URL or provider file id, or bytes whose pages it cannot read — at the whole input
 //! the serving model accepts (`max_input_tokens`). A plain-text document is text: the
-//! token estimate counts it (`estimate::count_value`), as it counts a document's title,
+//! token estimate counts it (`estimate::count_message`), as it counts a document's title,
 //! context and file name; only the payload sized here is left out of the estimate.
 //!
 //! The parts: Anthropic `{"type": "document", "source": {...}}` (`base64` sized, `text` /
 //! `content` counted as text, `url` / `file` unknown), OpenAI chat `{"type": "file",
 //! "file": {"file_data" | "file_id", "filename"}}` and Responses `{"type": "input_file",
-//! "file_data" | "file_id" | "file_url"}`, wherever they are in the body (a tool result's
-//! content too).
+//! "file_data" | "file_id" | "file_url"}`, at content-block positions only (`parts`: a
+//! tool result's content too); elsewhere a document-shaped object is text to the provider
+//! and to the estimate.
 
 use base64::engine::{general_purpose::GeneralPurpose, DecodePaddingMode, GeneralPurposeConfig};
 use base64::Engine;
 use serde_json::{Map, Value};
 
-use super::pdf;
+use super::{parts, pdf};
 
 /// The documents of a request; `Documents::default()` for a request without any.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -42,29 +43,24 @@ enum Payload<'a> {
 }
 
 impl Documents {
-    /// The documents anywhere in a request body.
+    /// The documents at the content-block positions of a request body (`parts`).
     pub fn read(body: &Map<String, Value>, per_page: u32) -> Documents {
         let mut out = Documents {
             per_page: i64::from(per_page),
             ..Documents::default()
         };
-        body.values().for_each(|v| out.collect(v));
+        parts::each(body, &mut |part| out.size(part));
         out
     }
 
-    fn collect(&mut self, v: &Value) {
-        match v {
-            Value::Object(o) => match payload(o) {
-                Some(Payload::Inline(data)) => match decode(data).as_deref().and_then(pdf::pages) {
-                    Some(pages) => self.pages = self.pages.saturating_add(pages),
-                    None => self.unknown_size = true,
-                },
-                Some(Payload::Unknown) => self.unknown_size = true,
-                Some(Payload::Text) => {}
-                None => o.values().for_each(|x| self.collect(x)),
+    fn size(&mut self, part: &Map<String, Value>) {
+        match payload(part) {
+            Some(Payload::Inline(data)) => match decode(data).as_deref().and_then(pdf::pages) {
+                Some(pages) => self.pages = self.pages.saturating_add(pages),
+                None => self.unknown_size = true,
             },
-            Value::Array(a) => a.iter().for_each(|x| self.collect(x)),
-            _ => {}
+            Some(Payload::Unknown) => self.unknown_size = true,
+            Some(Payload::Text) | None => {}
         }
     }
 
@@ -205,6 +201,23 @@ mod tests {
             read(json!([{"type": "text", "text": "hi"}])).input(5, 128_000),
             5
         );
+    }
+
+    #[test]
+    fn a_document_shape_outside_the_content_is_no_document() {
+        let shaped = json!({"type": "document", "source": {"type": "url", "url": "https://x"}});
+        let body = json!({"tools": [{"input_schema": {"default": shaped}}], "messages": [
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": shaped}]}]});
+        assert_eq!(
+            Documents::read(body.as_object().unwrap(), 3_000).input(5, 128_000),
+            5
+        );
+        let body = json!({"messages": [{"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t", "content": [shaped]}]}]});
+        assert!(Documents::read(body.as_object().unwrap(), 3_000).unknown_size);
+        let body = json!({"input": [{"type": "function_call_output", "call_id": "c",
+            "output": [{"type": "input_file", "file_id": "f"}]}]});
+        assert!(Documents::read(body.as_object().unwrap(), 3_000).unknown_size);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use std::sync::OnceLock;
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::tokenizer::Counter;
 
@@ -39,40 +39,77 @@ const PER_REPLY: i64 = 3;
 /// may bill beyond it (`images::Images::beyond_estimate`).
 pub(crate) const PER_IMAGE: i64 = 1105;
 
-/// Counts every string in a JSON value (message content, tool arguments, tool schemas);
-/// images at `PER_IMAGE`, documents without their payload (`documents`).
+/// Counts every string in a JSON value (tool arguments and schemas, `system`, a
+/// `tool_use` input) as text: a part-shaped object here is no image or document to the
+/// provider (`parts`), so its payload is text too.
 pub fn count_value(v: &Value) -> i64 {
     match v {
         Value::String(s) => count_text(s),
         Value::Array(items) => items.iter().map(count_value).sum(),
-        Value::Object(map) => {
-            let is_image = matches!(
-                map.get("type").and_then(Value::as_str),
-                Some("image_url" | "image" | "input_image")
-            );
-            if is_image {
-                return PER_IMAGE;
-            }
-            // A document's bytes or reference are sized by `documents`, not counted as
-            // text: only its title, context, file name or plain-text source are.
-            if let Some(text) = super::documents::without_payload(map) {
-                return text
-                    .iter()
-                    .map(|(k, v)| count_text(k).min(2) + count_value(v))
-                    .sum();
-            }
-            map.iter()
-                .map(|(k, v)| count_text(k).min(2) + count_value(v))
-                .sum()
-        }
+        Value::Object(map) => fields(map, |_, v| count_value(v)),
         Value::Number(_) | Value::Bool(_) => 1,
         Value::Null => 0,
     }
 }
 
-/// Input tokens of an OpenAI chat request: messages plus tool definitions.
+/// Counts a message or Responses input item: the parts at its content-block positions
+/// (`parts::holds_parts`) with images at `PER_IMAGE` and documents without their payload
+/// (`documents`), everything else as text.
+pub fn count_message(m: &Value) -> i64 {
+    match m {
+        Value::Object(item) => fields(item, |k, v| {
+            if super::parts::holds_parts(item, k) {
+                count_parts(v)
+            } else {
+                count_value(v)
+            }
+        }),
+        _ => count_value(m),
+    }
+}
+
+fn count_parts(v: &Value) -> i64 {
+    match v {
+        Value::Array(parts) => parts.iter().map(count_part).sum(),
+        _ => count_value(v),
+    }
+}
+
+fn count_part(p: &Value) -> i64 {
+    let Value::Object(part) = p else {
+        return count_value(p);
+    };
+    if super::parts::is_image(part) {
+        return PER_IMAGE;
+    }
+    // A document's bytes or reference are sized by `documents`, not counted as text:
+    // only its title, context, file name or plain-text source are.
+    if let Some(text) = super::documents::without_payload(part) {
+        return fields(&text, |_, v| count_value(v));
+    }
+    fields(part, |k, v| {
+        if super::parts::nests_parts(part, k) {
+            count_parts(v)
+        } else {
+            count_value(v)
+        }
+    })
+}
+
+/// An object's fields: each key at most 2 tokens, each value by `value`.
+fn fields(map: &Map<String, Value>, value: impl Fn(&str, &Value) -> i64) -> i64 {
+    map.iter()
+        .map(|(k, v)| count_text(k).min(2) + value(k, v))
+        .sum()
+}
+
+/// Input tokens of an OpenAI chat or Anthropic Messages request: messages plus tool
+/// definitions.
 pub fn chat_input(messages: &[Value], tools: Option<&Value>) -> i64 {
-    let msgs: i64 = messages.iter().map(|m| PER_MESSAGE + count_value(m)).sum();
+    let msgs: i64 = messages
+        .iter()
+        .map(|m| PER_MESSAGE + count_message(m))
+        .sum();
     msgs + PER_REPLY + tools.map(count_value).unwrap_or(0)
 }
 
@@ -91,5 +128,31 @@ mod tests {
             json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:…"}}]}),
         ];
         assert!(chat_input(&img, None) > PER_IMAGE);
+    }
+
+    #[test]
+    fn a_part_outside_the_content_is_text() {
+        let big = "Zq9xW3".repeat(2_000);
+        let shaped = [
+            json!({"type": "image", "source": {"type": "base64", "data": big}}),
+            json!({"type": "input_file", "file_data": big}),
+            json!({"type": "document", "source": {"type": "url", "url": big}}),
+        ];
+        for part in shaped {
+            let at_content = count_message(&json!({"role": "user", "content": [part]}));
+            let as_input = count_message(&json!({"role": "assistant",
+                "content": [{"type": "tool_use", "id": "t", "name": "f", "input": part}]}));
+            assert!(at_content <= PER_IMAGE + 20, "{part}: {at_content}");
+            assert!(as_input > count_text(&big), "{part}: {as_input}");
+            assert!(count_value(&part) > count_text(&big), "{part}");
+        }
+        // A tool result's content and a Responses tool output hold parts.
+        let image = json!({"type": "image", "source": {"type": "base64", "data": big}});
+        let result = json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t", "content": [image]}]});
+        assert!(count_message(&result) < PER_IMAGE + 30);
+        let output = json!({"type": "function_call_output", "call_id": "c",
+            "output": [{"type": "input_file", "file_data": big}]});
+        assert!(count_message(&output) < 30);
     }
 }

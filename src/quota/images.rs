@@ -12,6 +12,7 @@ use serde_json::{Map, Value};
 use crate::config::Provider;
 
 use super::estimate::PER_IMAGE;
+use super::parts;
 
 /// One image of a request: its size in pixels where its header could be read, and whether
 /// the client asked for OpenAI's low detail (`detail: "low"`).
@@ -49,11 +50,17 @@ pub enum Rule {
 const HEADER_CHARS: usize = 256 * 1024;
 
 impl Images {
-    /// The images anywhere in a request body: OpenAI `image_url` / `input_image` parts and
-    /// Anthropic `image` blocks — the parts `estimate::count_value` counts at `PER_IMAGE`.
+    /// The images at the content-block positions of a request body (`parts`): OpenAI
+    /// `image_url` / `input_image` parts and Anthropic `image` blocks — the parts
+    /// `estimate::count_message` counts at `PER_IMAGE`. An image-shaped object elsewhere is
+    /// text to the provider and to the estimate.
     pub fn read(body: &Map<String, Value>) -> Images {
         let mut out = Vec::new();
-        body.values().for_each(|v| collect(v, &mut out));
+        parts::each(body, &mut |part| {
+            if parts::is_image(part) {
+                out.push(image(part));
+            }
+        });
         Images(out)
     }
 
@@ -64,17 +71,6 @@ impl Images {
             .iter()
             .map(|i| (rule.tokens(*i) - PER_IMAGE).max(0))
             .sum()
-    }
-}
-
-fn collect(v: &Value, out: &mut Vec<Image>) {
-    match v {
-        Value::Object(o) => match o.get("type").and_then(Value::as_str) {
-            Some("image_url" | "image" | "input_image") => out.push(image(o)),
-            _ => o.values().for_each(|x| collect(x, out)),
-        },
-        Value::Array(a) => a.iter().for_each(|x| collect(x, out)),
-        _ => {}
     }
 }
 
@@ -392,5 +388,16 @@ mod tests {
         // Claude: the small image is under the flat figure (nothing added), the other 1 600.
         assert_eq!(images.beyond_estimate(Rule::Claude), 1_600 - PER_IMAGE);
         assert_eq!(Images::default().beyond_estimate(Rule::Unknown), 0);
+    }
+
+    #[test]
+    fn an_image_shape_outside_the_content_is_no_image() {
+        let shaped = json!({"type": "image_url", "image_url": {"url": "https://x/y.png"}});
+        let body = json!({"tools": [{"parameters": {"default": shaped}}], "messages": [
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": shaped}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
+                "content": [{"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}]}]}]});
+        let Images(v) = Images::read(body.as_object().unwrap());
+        assert_eq!(v.len(), 1, "only the tool result's image");
     }
 }

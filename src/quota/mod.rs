@@ -1,11 +1,12 @@
-//! Budgets: what a request may cost at worst (`pricing`, `estimate`, `images`, `documents`),
-//! which period a balance belongs to (`period`), and the reservation that holds the money between the
-//! CAS and the settlement (`reservation`). The CAS itself is `store::ledger`.
+//! Budgets: what a request may cost at worst (`pricing`, `estimate`, `images`, `documents`,
+//! the last two at the positions `parts` names), which period a balance belongs to
+//! (`period`), and the reservation that holds the money between the CAS and the settlement (`reservation`). The CAS itself is `store::ledger`.
 
 pub mod documents;
 pub mod estimate;
 pub mod fill;
 pub mod images;
+mod parts;
 mod pdf;
 pub mod period;
 pub mod price_table;

@@ -5,8 +5,9 @@
 //! Why not a PDF crate: `lopdf` and its kin parse every object (and inflate streams) to
 //! answer one number, a large dependency and a large attack surface for a request's
 //! bytes. A page is an object whose dictionary says `/Type /Page`, and the page tree's
-//! root says `/Count N`: this module counts the first and reads the second in one linear
-//! pass, bounded by the bytes (no allocation beyond the `/Kids` references it keeps).
+//! root says `/Count N`: this module counts the first, reads the second and the `/Kids`
+//! in one linear pass, bounded by the bytes (no allocation beyond the `/Kids` references
+//! it keeps).
 //! The count is meant never to be lower than what a provider's parser finds, so
 //! whatever could hide pages from such a pass makes the PDF unreadable (`None`) instead
 //! — and an unreadable PDF is reserved at the model's whole input (`documents`):
@@ -14,12 +15,15 @@
 //!   whose entries may point into object streams without naming them): not visible;
 //! - a page tree that references one node twice (its pages would be counted once per
 //!   reference), or whose `/Kids` is not an inline array of references;
+//! - a `/Count` by indirect reference (`/Count 3 0 R`: the count is in another object);
 //! - no `%PDF-` header in the first KiB, or no page at all.
 //!
 //! Names are compared after their `#xx` escapes are decoded (`/P#61ge` is `/Page`), and
 //! every occurrence counts, wherever it is (a comment, a string, a stream's bytes): a
 //! decoy can only raise the count. `/Count` is taken at its largest (an outline's count
-//! too): a parser that believes the root's `/Count` sees no more pages than that.
+//! too): a parser that believes the root's `/Count` sees no more pages than that. A
+//! parser that walks the tree instead takes every node without `/Kids` as a page, with or
+//! without `/Type /Page`: so the pages are at least the distinct objects `/Kids` name.
 
 use std::collections::HashSet;
 
@@ -41,6 +45,11 @@ pub fn pages(bytes: &[u8]) -> Option<i64> {
             b"ObjStm" | b"XRef" => return None,
             b"Count" => {
                 if let Some((n, end)) = integer_at(bytes, i) {
+                    // `/Count n g R` refers to the count elsewhere: `n` is an object
+                    // number, and the count is not read here.
+                    if reference_follows(bytes, end) {
+                        return None;
+                    }
                     most_counted = most_counted.max(n);
                     i = end;
                 }
@@ -52,8 +61,17 @@ pub fn pages(bytes: &[u8]) -> Option<i64> {
             _ => {}
         }
     }
-    let pages = page_objects.max(most_counted);
+    // A reader takes a tree node without `/Kids` as a page whatever its `/Type`, so every
+    // distinct kid may be one (an inner node counted too: a few pages too many at worst).
+    let kids = i64::try_from(kids.len()).unwrap_or(i64::MAX);
+    let pages = page_objects.max(most_counted).max(kids);
     (pages > 0).then_some(pages)
+}
+
+/// Whether ` g R` follows `i`: the integer before `i` was an indirect reference's object
+/// number.
+fn reference_follows(bytes: &[u8], i: usize) -> bool {
+    integer_at(bytes, i).is_some_and(|(_, end)| bytes.get(skip_space(bytes, end)) == Some(&b'R'))
 }
 
 /// PDF whitespace (ISO 32000 7.2.2).
@@ -187,9 +205,25 @@ mod tests {
         assert_eq!(pages(&counted), Some(40));
     }
 
+    /// A reader takes a tree node without `/Kids` as a page whatever its `/Type`: 500 leaves
+    /// without `/Type /Page` under a root whose `/Count` says 3 are 500 pages.
+    #[test]
+    fn every_kid_is_a_page_at_least() {
+        let kids: Vec<String> = (0..500).map(|i| format!("{} 0 R", i + 4)).collect();
+        let leaves = vec!["<< /Parent 2 0 R >>"; 500];
+        let tree = format!("<< /Type /Pages /Kids [{}] /Count 3 >>", kids.join(" "));
+        assert_eq!(pages(&doc(&tree, &leaves)), Some(500));
+        // An indirect `/Count 3 0 R` was read as its object number (3): what it refers to
+        // is not read here, so the PDF is unreadable.
+        let tree = format!("<< /Type /Pages /Kids [{}] /Count 3 0 R >>", kids.join(" "));
+        let mut with_count = vec!["500"];
+        with_count.extend(leaves);
+        assert_eq!(pages(&doc(&tree, &with_count)), None);
+    }
+
     #[test]
     fn what_could_hide_pages_makes_the_pdf_unreadable() {
-        let cases: [(&str, Vec<u8>); 7] = [
+        let cases: [(&str, Vec<u8>); 8] = [
             ("no header", b"1 0 obj << /Type /Page >> endobj".to_vec()),
             ("no page", doc("<< /Type /Pages /Kids [] /Count 0 >>", &[])),
             (
@@ -220,6 +254,13 @@ mod tests {
             (
                 "indirect kids",
                 doc("<< /Type /Pages /Kids 9 0 R /Count 1 >>", &[PAGE]),
+            ),
+            (
+                "an indirect count",
+                doc(
+                    "<< /Type /Pages /Kids [3 0 R] /Count %x\n 4 0 R >>",
+                    &[PAGE, "9"],
+                ),
             ),
         ];
         for (what, bytes) in cases {

@@ -390,3 +390,83 @@ async fn a_translated_route_carries_a_pdf_or_refuses_the_document() {
     app.wait_settled().await;
     app.assert_invariant().await;
 }
+
+/// A document or image is one only where the provider reads parts: a content block. A
+/// part-shaped object elsewhere — a `tool_use` input, a tool's schema — is JSON the
+/// provider reads as text, but its payload was left out of the estimate (and an image
+/// counted at the flat figure): ~600 000 characters of it passed the 128 000-token
+/// `max_input_tokens` check and reserved a few thousand tokens. Now it counts as text and
+/// the request is refused (400) before the upstream.
+#[tokio::test]
+async fn a_part_shaped_object_outside_the_content_counts_as_text() {
+    let app = spawn_app_with_claude().await;
+    // One real PDF page padded with bytes a tokenizer cannot compress.
+    let mut bytes = pdf(1);
+    let mut x: u32 = 0x9e37_79b9;
+    bytes.extend((0..450_000).map(|_| {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        x as u8
+    }));
+    let big = b64(&bytes);
+    assert!(
+        count_text(&big) > 128_000,
+        "the payload must exceed the model's input"
+    );
+    let data_url = format!("data:application/pdf;base64,{big}");
+    let tool_turn = |input: Value| {
+        json!({"model": "claude", "max_tokens": 64, "messages": [
+            {"role": "user", "content": "Read the file."},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": input}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "done"}]}]})
+    };
+    let schema = |default: Value| json!({"type": "object", "properties": {"f": {"type": "object", "default": default}}});
+    let cases = [
+        (
+            "/v1/messages",
+            tool_turn(json!({"type": "input_file", "file_data": big})),
+        ),
+        (
+            "/v1/messages",
+            tool_turn(json!({"type": "document", "source": {"type": "url", "x": big}})),
+        ),
+        (
+            "/v1/messages",
+            tool_turn(
+                json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": big}}),
+            ),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "gpt-4o-mini", "max_tokens": 64,
+                "messages": [{"role": "user", "content": "hi"}],
+                "tools": [{"type": "function", "function": {"name": "f",
+                    "parameters": schema(json!({"type": "file", "file": {"file_data": data_url}}))}}]}),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": "gpt-4o-mini", "max_output_tokens": 64, "input": "hi",
+                "tools": [{"type": "function", "name": "f",
+                    "parameters": schema(json!({"type": "input_image", "image_url": data_url}))}]}),
+        ),
+    ];
+    let (id, token) = app.token("shaped", Some("1")).await;
+    for (path, body) in cases {
+        let resp = if path == "/v1/messages" {
+            app.messages(&token, &body).await
+        } else {
+            app.post(path, &token, &body).await
+        };
+        let status = resp.status().as_u16();
+        let answer: Value = resp.json().await.unwrap();
+        let said = answer["error"]["message"].as_str().unwrap_or_default();
+        assert_eq!(
+            status, 400,
+            "{path}: served with the payload unseen: {answer}"
+        );
+        assert!(said.contains("accepts at most 128000"), "{path}: {answer}");
+    }
+    assert_eq!(app.mock.state.total_count(), 0, "reached the upstream");
+    assert_eq!(charged(&app, id).await, 0);
+}
