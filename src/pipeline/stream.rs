@@ -505,7 +505,7 @@ impl Pump {
         super::kinds::served_tier(provider, &log.upstream, converter.served_tier());
         let mut usage = converter.usage().at_worst_lifetime(may);
         if may_have_run_on && !converter.usage_final() {
-            usage = left_turn(usage, turn);
+            usage = left_turn(usage, turn, converter.server_calls_seen());
         }
         let cost = long_context::priced(usage, prices, long_context);
         // Every window the request booked, corrected (off this path) to what was counted.
@@ -541,14 +541,23 @@ impl Pump {
 }
 
 /// A server-tool turn without its usage that the upstream did not break off itself (`turn`:
-/// its calls, the searches it may make, its output cap): the upstream may have run it
-/// whole, and bills it so — every step's input from the first step's as reported (or
-/// counted), and every search allowed (`attempts::input_cost`, for a client that leaves
-/// before the stream; `pipeline::finish`, for a whole answer without usage).
-fn left_turn(mut usage: Usage, (turn, searches, output): (Turn, i64, i64)) -> Usage {
+/// its calls, the searches it may make, its output cap), of which the stream showed
+/// `calls_seen` calls start: the turn ran at most those and the one it may have been
+/// starting as the stream was left (closing cancels the rest) — every step's input from
+/// the first step's as reported (or counted), each call's result at the turn's largest page
+/// (`Turn::at_most`), and as many searches, no more than allowed. A non-streamed request
+/// shows nothing of how far it got: it pays the whole turn (`attempts::input_cost`;
+/// `pipeline::finish` for a whole answer without usage).
+fn left_turn(
+    mut usage: Usage,
+    (turn, searches, output): (Turn, i64, i64),
+    calls_seen: i64,
+) -> Usage {
     if turn.calls > 0 {
+        let ran = calls_seen.saturating_add(1);
+        let turn = turn.at_most(ran);
         usage.input = turn.billed_input(usage.input, output).max(usage.input);
-        usage.web_search_calls = usage.web_search_calls.max(searches);
+        usage.web_search_calls = usage.web_search_calls.max(searches.min(ran));
     }
     usage
 }

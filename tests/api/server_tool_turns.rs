@@ -141,7 +141,66 @@ async fn a_server_tool_stream_whose_client_leaves_after_the_first_bytes_pays_wha
             .unwrap();
         assert!(first.is_some_and(|b| String::from_utf8_lossy(&b).contains("message_start")));
     }
-    assert_eq!(spent_and_absorbed(&app, id).await, (left_cost(5), 0));
+    // No call seen: the step it showed and one more (a call it may have been starting):
+    // 2 steps of the 5 tokens, one page re-read once, the output cap re-read once, 1 search.
+    let one_call = pricing::cost(
+        Usage {
+            input: 2 * 5 + 25_000 + 100,
+            web_search_calls: 1,
+            ..Usage::default()
+        },
+        sonnet_prices(),
+    );
+    assert_eq!(spent_and_absorbed(&app, id).await, (one_call, 0));
+    app.mock.state.sticky(KEY, None);
+    app.assert_invariant().await;
+}
+
+/// A stream shows how far its turn got: left after one search of five allowed, it pays that
+/// search and the one call it may have been starting — 3 steps, 2 pages — not all five.
+#[tokio::test]
+async fn a_server_tool_stream_left_midway_pays_the_calls_it_showed_and_one_more() {
+    let app = app().await;
+    let (id, token) = app.token("left-midway", Some("10")).await;
+    let mut events = vec![message_start(100)];
+    events.extend(search_with_result(0, false));
+    let shown = events.len();
+    events.push(ping());
+    app.mock.state.sticky(
+        KEY,
+        Some(Script {
+            events: Some(events),
+            stall_after: Some(shown),
+            ..Script::default()
+        }),
+    );
+    let body = json!({"model": "sonnet", "max_tokens": 100, "stream": true,
+        "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 5}],
+        "messages": [{"role": "user", "content": "What is Sluice?"}]});
+    {
+        let mut resp = app.messages(&token, &body).await;
+        assert_eq!(resp.status(), 200);
+        let mut seen = String::new();
+        while !seen.contains("web_search_tool_result") {
+            let chunk = tokio::time::timeout(Duration::from_secs(10), resp.chunk())
+                .await
+                .expect("the search's result within 10 s")
+                .unwrap()
+                .expect("the stream goes on");
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    }
+    let output = estimate::count_text("{\"query\": \"sluice\"}");
+    let expected = pricing::cost(
+        Usage {
+            input: 3 * 100 + 25_000 * (2 + 1) + 2 * 100,
+            output,
+            web_search_calls: 2,
+            ..Usage::default()
+        },
+        sonnet_prices(),
+    );
+    assert_eq!(spent_and_absorbed(&app, id).await, (expected, 0));
     app.mock.state.sticky(KEY, None);
     app.assert_invariant().await;
 }

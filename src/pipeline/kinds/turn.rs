@@ -21,6 +21,8 @@ pub struct Turn {
     /// The most tokens of results the steps may re-read: `Σ page_i × (k + 1 − i)`,
     /// largest pages first.
     pub pages_reread: i64,
+    /// The largest page one call may bring.
+    pub largest_page: i64,
 }
 
 impl Turn {
@@ -29,6 +31,7 @@ impl Turn {
         tools.sort_by_key(|&(_, page)| std::cmp::Reverse(page));
         let k: i128 = tools.iter().map(|&(n, _)| i128::from(n)).sum();
         let (mut before, mut pages, mut reread) = (0i128, 0i128, 0i128);
+        let largest = tools.first().map_or(0, |&(_, page)| i128::from(page));
         for (n, page) in tools {
             let (n, page) = (i128::from(n), i128::from(page));
             // Positions before+1 ..= before+n, each re-read k + 1 − i times.
@@ -40,6 +43,24 @@ impl Turn {
             calls: clamp(k),
             pages: clamp(pages),
             pages_reread: clamp(reread),
+            largest_page: clamp(largest),
+        }
+    }
+
+    /// This turn when at most `calls` of its calls ran (a stream shows how far it got):
+    /// each of them bringing the largest page bounds any `calls` of the turn's; never more
+    /// than the whole turn.
+    pub fn at_most(&self, calls: i64) -> Self {
+        if calls >= self.calls {
+            return *self;
+        }
+        let c = i128::from(calls.max(0));
+        let page = i128::from(self.largest_page);
+        Self {
+            calls: clamp(c),
+            pages: clamp(c * page).min(self.pages),
+            pages_reread: clamp(page * c * (c + 1) / 2).min(self.pages_reread),
+            largest_page: self.largest_page,
         }
     }
 
@@ -78,6 +99,25 @@ mod tests {
         // No call: the prompt once.
         let none = Turn::of(vec![]);
         assert_eq!((none.billed_input(7, 9), none.last_step(7, 9)), (7, 7));
+    }
+
+    #[test]
+    fn a_turn_cut_short_is_bounded_by_its_largest_pages() {
+        // A search (25 000) and two fetches of 1 000; one call ran at most: two steps, the
+        // largest page re-read once.
+        let t = Turn::of(vec![(2, 1_000), (1, 25_000)]);
+        let one = t.at_most(1);
+        assert_eq!(
+            (one.calls, one.pages, one.pages_reread),
+            (1, 25_000, 25_000)
+        );
+        assert_eq!(one.billed_input(100, 10), 2 * 100 + 25_000 + 10);
+        // Two calls: 25 000 × (2 + 1), no more than the whole turn's 78 000.
+        assert_eq!(t.at_most(2).pages_reread, 75_000);
+        assert_eq!(t.at_most(3), t);
+        assert_eq!(t.at_most(7), t);
+        assert_eq!(t.at_most(0).billed_input(100, 10), 100);
+        assert_eq!(t.at_most(-1).calls, 0);
     }
 
     #[test]

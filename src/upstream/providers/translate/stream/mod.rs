@@ -146,6 +146,9 @@ pub struct StreamConverter {
     searches_seen: i64,
     /// The finish carried the upstream's count of web searches: that count is charged.
     searches_reported: bool,
+    /// Anthropic server-tool calls of any tool (`server_tool_use` blocks) started before
+    /// the finish: how far a turn got, for a stream left before its usage.
+    server_calls_seen: i64,
     /// The most this converter keeps of a stream (held blocks, arguments): past it the
     /// stream ends with an error event.
     hold_limit: usize,
@@ -228,6 +231,7 @@ impl StreamConverter {
             counted: 0,
             searches_seen: 0,
             searches_reported: false,
+            server_calls_seen: 0,
             hold_limit: HOLD_LIMIT,
             served_tier: None,
             done: false,
@@ -421,6 +425,11 @@ impl StreamConverter {
                 o.web_search_calls.max(self.searches_seen)
             },
         }
+    }
+
+    /// The Anthropic server-tool calls started before the finish (searches and fetches).
+    pub fn server_calls_seen(&self) -> i64 {
+        self.server_calls_seen
     }
 
     /// The usage the upstream reported with or after its finish came: `usage` is its
@@ -762,10 +771,11 @@ impl StreamConverter {
             // After the finish (`message_delta`) the answer is whole: a later block is not
             // passed on (`after_finish`) nor counted.
             Body::BlockDelta { .. } | Body::BlockStart { .. } if self.finished => {}
-            Body::BlockStart { block, .. }
-                if anthropic::is_web_search_call(&block.kind, block.name.as_deref()) =>
-            {
-                self.searches_seen += 1;
+            Body::BlockStart { block, .. } if block.kind == "server_tool_use" => {
+                self.server_calls_seen += 1;
+                if anthropic::is_web_search_call(&block.kind, block.name.as_deref()) {
+                    self.searches_seen += 1;
+                }
             }
             // A search past `max_uses` (or failed) is answered with an error result and not
             // billed: its `server_tool_use` block came before it.
