@@ -1,6 +1,7 @@
 //! Where a provider reads a part as an image or a document: at a content-block position
-//! only — a message's `content[]` (chat, Messages, Responses input items), a Responses
-//! tool output's `output[]`, and an Anthropic `tool_result`'s `content[]`. A part-shaped
+//! only — a message's `content[]` (chat, Messages, Responses message items), a Responses
+//! function or custom tool output's `output[]`, and an Anthropic `tool_result`'s
+//! `content[]`. A part-shaped
 //! object anywhere else (a `tool_use` input, a tool's schema, `system`, which Anthropic
 //! allows text blocks only in) is JSON the provider reads as text, so the estimate counts
 //! it as text and neither `images` nor `documents` sizes it: sizing it by its shape would
@@ -32,15 +33,20 @@ fn list<'a>(v: &'a Value, f: &mut impl FnMut(&'a Map<String, Value>)) {
     }
 }
 
-/// Whether `key` of a message or Responses input item holds parts: `content`, and the
-/// `output` of a Responses tool output (`function_call_output` and the like).
+/// Whether `key` of a message or Responses input item holds parts: a message's `content`
+/// (an item without a type, or of type `message`), and the `output` of a function or
+/// custom tool's output. Other items' fields are text to the provider: a reasoning item's
+/// `content` goes back as thought text, a shell call's `output` is its stdout and stderr.
 pub fn holds_parts(item: &Map<String, Value>, key: &str) -> bool {
-    key == "content"
-        || key == "output"
-            && item
-                .get("type")
-                .and_then(Value::as_str)
-                .is_some_and(|t| t.ends_with("_call_output"))
+    let kind = item.get("type").and_then(Value::as_str);
+    match key {
+        "content" => matches!(kind, None | Some("message")),
+        "output" => matches!(
+            kind,
+            Some("function_call_output" | "custom_tool_call_output")
+        ),
+        _ => false,
+    }
 }
 
 /// Whether `key` of a part holds parts in turn: an Anthropic tool result's `content`.
@@ -68,6 +74,23 @@ mod tests {
             out.push(p["type"].as_str().unwrap_or("?").to_string())
         });
         out
+    }
+
+    /// Only a message's `content` and a function or custom tool's output hold parts: a
+    /// reasoning item's `content` (the model's text, sent back as thought text) and a
+    /// shell call's `output` are text, however their elements are shaped.
+    #[test]
+    fn a_reasoning_items_content_and_a_shell_output_are_text() {
+        let image = json!({"type": "input_image", "image_url": "https://x/y.png", "text": "…"});
+        let file = json!({"type": "input_file", "file_data": "x"});
+        let body = json!({"input": [
+            {"type": "reasoning", "summary": [], "content": [image]},
+            {"type": "shell_call_output", "call_id": "c", "output": [file]},
+            {"type": "local_shell_call_output", "call_id": "c", "output": [file]},
+            {"type": "custom_tool_call_output", "call_id": "c", "output": [file]},
+            {"type": "message", "role": "user", "content": [image]},
+        ]});
+        assert_eq!(kinds(body), ["input_file", "input_image"]);
     }
 
     #[test]
