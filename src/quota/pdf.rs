@@ -50,8 +50,11 @@ pub fn pages(bytes: &[u8]) -> Option<i64> {
                     if reference_follows(bytes, end) {
                         return None;
                     }
+                    // The scan goes on from the name, not past the integer: a comment
+                    // skipped to reach it is scanned too, as everywhere else (a `/Count`
+                    // in it may only raise the figure), so text added later can never
+                    // hide it.
                     most_counted = most_counted.max(n);
-                    i = end;
                 }
             }
             b"Kids" => {
@@ -266,6 +269,17 @@ mod tests {
         for (what, bytes) in cases {
             assert_eq!(pages(&bytes), None, "{what}");
         }
+    }
+
+    /// The proptest's first find: a `/Count` read past a comment jumped over a `/Count`
+    /// inside that comment, which the scan had counted before the comment was closed by
+    /// later text — adding a page lowered the count (1 000 000 000 to 99).
+    #[test]
+    fn a_count_in_a_comment_is_scanned_however_the_comment_ends() {
+        let mut bytes = b"%PDF-1.4\n/Count%/Count 99999999999999999999".to_vec();
+        let before = pages(&bytes).unwrap();
+        bytes.extend(b"\n99 0 obj << /Type /Page >> endobj\n");
+        assert!(pages(&bytes).unwrap() >= before);
     }
 
     proptest::proptest! {
