@@ -54,8 +54,8 @@ pub(crate) trait Bucket {
     fn lines(self, at: &str) -> Result<Vec<Line>, ExportError>;
 }
 
-/// Every figure of the pages in `text` (`pages`). A download whose last page says
-/// `has_more: true` is incomplete: comparing it would report the missing days' spend as
+/// Every figure of the pages in `text` (`pages`). A download whose last page (`latest`)
+/// says `has_more: true` is incomplete: comparing it would report the missing days' spend as
 /// clean, so it is refused. A bucket given twice — a page saved twice — counts once when its
 /// figures are the same and is refused when they differ (which one is the bill?).
 pub(crate) fn walk<'a, B>(text: &'a str) -> Result<Vec<Line>, ExportError>
@@ -63,10 +63,11 @@ where
     B: Bucket + Deserialize<'a>,
 {
     let pages = pages::<Page<B>>(text)?;
-    if pages.last().and_then(|p| p.has_more) == Some(true) {
+    let last = latest(&pages);
+    if pages.get(last).and_then(|p| p.has_more) == Some(true) {
         return Err(ExportError(format!(
             "page {}: `has_more` is true — the export is incomplete; save every page of the download (the last one says `has_more: false`)",
-            pages.len()
+            last + 1
         )));
     }
     let continuity = successors(&pages);
@@ -95,6 +96,19 @@ where
     }
     continuity?;
     Ok(lines)
+}
+
+/// The index of the download's last page: the one holding the latest bucket (pages may
+/// come in any order — files named `page-10` and `page-2` come in the shell's), else the
+/// last given. Starts compare as the export writes them: Unix seconds by length, then
+/// digits; RFC 3339 times as text.
+fn latest<B: Bucket>(pages: &[Page<B>]) -> usize {
+    pages
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| p.data.last().map(|b| (i, b.start())))
+        .max_by(|(_, a), (_, b)| (a.len(), a).cmp(&(b.len(), b)))
+        .map_or(pages.len().saturating_sub(1), |(i, _)| i)
 }
 
 /// Every page that says `has_more` has its successor in the file: a page whose first

@@ -140,9 +140,11 @@ mod tests {
         let first = PAGE.replace("\"has_more\":false", "\"has_more\":true");
         let e = read(&first).unwrap_err().to_string();
         assert!(e.contains("has_more"), "{e}");
-        // The first page, then the last: complete.
+        // The first page, then the last: complete — in either order (files named page-10
+        // and page-2 come in the shell's order, not the download's).
         let next = PAGE.replace("1730419200", "1730505600");
         assert_eq!(read(&format!("{first}\n{next}")).unwrap().len(), 4);
+        assert_eq!(read(&format!("{next}\n{first}")).unwrap().len(), 4);
         // The same page twice counts once; the same bucket with other figures is refused.
         assert_eq!(read(&format!("{first}\n{first}\n{next}")).unwrap().len(), 4);
         let other = PAGE.replace("0.06", "0.07");
