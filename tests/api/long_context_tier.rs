@@ -7,7 +7,7 @@
 use serde_json::json;
 use sluice::mock::Script;
 
-use crate::server_tools::{app, KEY};
+use crate::server_tools::{app, spent_and_absorbed, KEY};
 
 #[tokio::test]
 async fn an_answer_reported_past_the_tier_is_priced_at_its_rates_and_the_rest_absorbed() {
@@ -27,18 +27,7 @@ async fn an_answer_reported_past_the_tier_is_priced_at_its_rates_and_the_rest_ab
         let resp = app.messages(&token, &body).await;
         assert_eq!(resp.status(), 200, "stream={stream}");
         resp.text().await.unwrap();
-        app.wait_settled().await;
-        let (charged, absorbed) = (
-            app.scalar(&format!(
-                "SELECT 100000000 - remaining_micros FROM tokens WHERE id = {id}"
-            ))
-            .await,
-            app.scalar(&format!(
-                "SELECT CAST(COALESCE(SUM(amount_micros), 0) AS BIGINT) FROM ledger
-                 WHERE kind = 'absorbed' AND token_id = {id}"
-            ))
-            .await,
-        );
+        let (charged, absorbed) = spent_and_absorbed(&app, id).await;
         // 210 000 × 6 + 10 × 22.50 micro-dollars per token-million: what Anthropic bills.
         assert_eq!(charged + absorbed, 1_260_225, "stream={stream}");
         assert!(
@@ -79,18 +68,7 @@ async fn a_prompt_the_providers_tokenizer_may_count_past_the_tier_is_reserved_at
     let resp = app.messages(&token, &body).await;
     assert_eq!(resp.status(), 200);
     resp.text().await.unwrap();
-    app.wait_settled().await;
-    let (charged, absorbed) = (
-        app.scalar(&format!(
-            "SELECT 100000000 - remaining_micros FROM tokens WHERE id = {id}"
-        ))
-        .await,
-        app.scalar(&format!(
-            "SELECT CAST(COALESCE(SUM(amount_micros), 0) AS BIGINT) FROM ledger
-             WHERE kind = 'absorbed' AND token_id = {id}"
-        ))
-        .await,
-    );
+    let (charged, absorbed) = spent_and_absorbed(&app, id).await;
     assert_eq!(charged + absorbed, 1_260_225);
     // The reservation (all of it charged) priced its ≥ 150 000 input tokens at 6 USD per
     // Mtok, the tier's, not at 3.
