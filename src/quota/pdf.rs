@@ -27,6 +27,9 @@
 
 use std::collections::HashSet;
 
+/// How far past `/Count` its value is looked for (whitespace and comments included).
+const COUNT_REACH: usize = 256;
+
 /// The pages of the PDF in `bytes`, or `None` when they cannot be read soundly.
 pub fn pages(bytes: &[u8]) -> Option<i64> {
     let head = &bytes[..bytes.len().min(1024)];
@@ -44,17 +47,24 @@ pub fn pages(bytes: &[u8]) -> Option<i64> {
             b"Page" => page_objects = page_objects.saturating_add(1),
             b"ObjStm" | b"XRef" => return None,
             b"Count" => {
-                if let Some((n, end)) = integer_at(bytes, i) {
-                    // `/Count n g R` refers to the count elsewhere: `n` is an object
-                    // number, and the count is not read here.
-                    if reference_follows(bytes, end) {
-                        return None;
+                // Its value is read within a short reach of the name: a comment running
+                // on could otherwise be scanned to its end from every `/Count` inside it
+                // (quadratic in the body). A count not readable there — none, cut by the
+                // reach, or a reference (`/Count n g R`: the count is in another object) —
+                // makes the PDF unreadable, never a smaller count.
+                let reach = &bytes[i..bytes.len().min(i + COUNT_REACH)];
+                let whole = i + COUNT_REACH >= bytes.len();
+                match integer_at(reach, 0) {
+                    Some((n, end)) if whole || end + 64 <= reach.len() => {
+                        if reference_follows(reach, end) {
+                            return None;
+                        }
+                        // The scan goes on from the name, not past the integer: a comment
+                        // skipped to reach it is scanned too, as everywhere else (a
+                        // `/Count` in it may only raise the figure).
+                        most_counted = most_counted.max(n);
                     }
-                    // The scan goes on from the name, not past the integer: a comment
-                    // skipped to reach it is scanned too, as everywhere else (a `/Count`
-                    // in it may only raise the figure), so text added later can never
-                    // hide it.
-                    most_counted = most_counted.max(n);
+                    _ => return None,
                 }
             }
             b"Kids" => {
@@ -276,10 +286,36 @@ mod tests {
     /// later text — adding a page lowered the count (1 000 000 000 to 99).
     #[test]
     fn a_count_in_a_comment_is_scanned_however_the_comment_ends() {
+        // A `/Count` without a value in reach is unreadable now: the case reads as such
+        // before and after the page is added, never as a smaller count.
         let mut bytes = b"%PDF-1.4\n/Count%/Count 99999999999999999999".to_vec();
-        let before = pages(&bytes).unwrap();
+        let before = pages(&bytes);
         bytes.extend(b"\n99 0 obj << /Type /Page >> endobj\n");
-        assert!(pages(&bytes).unwrap() >= before);
+        let after = pages(&bytes);
+        assert!(
+            after >= before || after.is_none(),
+            "{before:?} then {after:?}"
+        );
+    }
+
+    /// `/Count%` over and over without a line end: each value is looked for within a short
+    /// reach, not to the comment's end (which made the scan quadratic: minutes for a
+    /// megabyte, on the request path), and a count that cannot be read there makes the PDF
+    /// unreadable.
+    #[test]
+    fn a_count_hidden_past_a_long_comment_is_unreadable_and_read_in_linear_time() {
+        let mut bytes = b"%PDF-1.4\n1 0 obj << /Type /Page >> endobj\n".to_vec();
+        bytes.extend(b"/Count%".repeat(20_000));
+        assert_eq!(pages(&bytes), None);
+        let mut far = b"%PDF-1.4\n/Type /Page /Count %".to_vec();
+        far.extend(vec![b'x'; 300]);
+        far.extend(b"\n 7 >>");
+        assert_eq!(
+            pages(&far),
+            None,
+            "a count past the reach is not read as none"
+        );
+        assert_eq!(pages(b"%PDF-1.4\n/Type /Page /Count % two\n 2 >>"), Some(2));
     }
 
     proptest::proptest! {
