@@ -130,7 +130,7 @@ struct Pump {
     /// A Responses request's conversation: its response is stored when complete.
     conversation: Option<super::responses::Ctx>,
     /// A server-tool turn (its calls, the searches it may make, its output cap): without
-    /// its usage it is charged as if run whole (`left_turn`).
+    /// its usage it is charged as far as it may have run (`left_turn`, `cut_turn`).
     turn: (Turn, i64, i64),
 }
 
@@ -471,7 +471,8 @@ impl Pump {
     /// `failed`: the stream did not complete (never cached); `ending`: the log row's code;
     /// `may_have_run_on`: the upstream did not break the stream off itself — the gateway
     /// left it (the client left, a stall, a corrupt event, the shutdown) or it finished —
-    /// so without its usage a server-tool turn is charged as if run whole.
+    /// so without its usage a server-tool turn is charged as far as it may have run
+    /// (`left_turn`); one the upstream broke off, as far as it showed (`cut_turn`).
     ///
     /// The row is recorded before the settlement is awaited: its cost is decided here (the
     /// settlement charges the same, capped at the reservation with the excess absorbed),
@@ -504,8 +505,13 @@ impl Pump {
         } = books;
         super::kinds::served_tier(provider, &log.upstream, converter.served_tier());
         let mut usage = converter.usage().at_worst_lifetime(may);
-        if may_have_run_on && !converter.usage_final() {
-            usage = left_turn(usage, turn, converter.server_calls_seen());
+        if !converter.usage_final() {
+            let seen = converter.server_calls_seen();
+            usage = if may_have_run_on {
+                left_turn(usage, turn, seen)
+            } else {
+                cut_turn(usage, turn.0, seen)
+            };
         }
         let cost = long_context::priced(usage, prices, long_context);
         // Every window the request booked, corrected (off this path) to what was counted.
@@ -559,5 +565,20 @@ fn left_turn(
         usage.input = turn.billed_input(usage.input, output).max(usage.input);
         usage.web_search_calls = usage.web_search_calls.max(searches.min(ran));
     }
+    usage
+}
+
+/// A server-tool turn without its usage that the upstream broke off itself (its error
+/// event, its body's break or end before the finish), of which the stream showed
+/// `calls_seen` calls start: the upstream ran no further than it showed, but each call it
+/// showed was run and the step after it sampled — every step's input from the first
+/// step's as reported (or counted), each call's result at the turn's largest page
+/// (`Turn::at_most`), the output seen re-read by each step after the first. The searches
+/// are those shown and not answered with an error (the converter's count).
+fn cut_turn(mut usage: Usage, turn: Turn, calls_seen: i64) -> Usage {
+    let turn = turn.at_most(calls_seen);
+    usage.input = turn
+        .billed_input(usage.input, usage.output)
+        .max(usage.input);
     usage
 }

@@ -350,7 +350,8 @@ async fn a_search_answered_with_an_error_is_not_charged_and_the_report_counts() 
 }
 
 /// A stream the upstream cut after one search with results and one answered with an error
-/// (no usage after them): one search is charged.
+/// (no usage after them): one search is charged, and the turn of its one allowed call (2
+/// steps of the 100 reported, its page re-read once, the output seen re-read once).
 #[tokio::test]
 async fn a_cut_stream_pays_the_searches_that_did_not_error() {
     let app = app().await;
@@ -379,7 +380,53 @@ async fn a_cut_stream_pays_the_searches_that_did_not_error() {
     assert_eq!(resp.status(), 200);
     let _ = resp.text().await;
     let output = estimate::count_text(&"{\"query\": \"sluice\"}".repeat(2));
-    let expected = searches_cost(100, output, 1);
+    let expected = searches_cost(2 * 100 + 25_000 + output, output, 1);
     assert_eq!(spent_and_absorbed(&app, id).await, (expected, 0));
+    app.assert_invariant().await;
+}
+
+/// A stream of up to 5 searches that the upstream ends after 2 (its error event, a broken
+/// body, or its body's end without the final usage) ran those 2 and the sampling step
+/// after each: 3 steps of the 100 reported, the 2 pages re-read 2 + 1 times, the output
+/// seen re-read by the 2 steps after the first, and the 2 searches — as a client that
+/// left would pay, less the call the upstream never showed.
+#[tokio::test]
+async fn a_server_tool_stream_the_upstream_cuts_pays_the_steps_its_calls_caused() {
+    let app = app().await;
+    let error = SseEvent::Named(
+        "error".into(),
+        json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+    );
+    for (name, ending) in [
+        ("error-event", error),
+        ("broken", ping()),
+        ("eof", ping()),
+    ] {
+        let (id, token) = app.token(name, Some("10")).await;
+        let mut events = vec![message_start(100)];
+        events.extend(search_with_result(0, false));
+        events.extend(search_with_result(1, false));
+        let shown = events.len();
+        events.push(ending);
+        app.mock.state.script(
+            KEY,
+            [Script {
+                events: Some(events),
+                // The broken body: the connection drops after the second search's result
+                // (the ping never goes).
+                cut_after: (name == "broken").then_some(shown),
+                ..Script::default()
+            }],
+        );
+        let body = json!({"model": "sonnet", "max_tokens": 1000, "stream": true,
+            "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 5}],
+            "messages": [{"role": "user", "content": "What is Sluice?"}]});
+        let resp = app.messages(&token, &body).await;
+        assert_eq!(resp.status(), 200);
+        let _ = resp.text().await;
+        let output = estimate::count_text(&"{\"query\": \"sluice\"}".repeat(2));
+        let expected = searches_cost(3 * 100 + 25_000 * (2 + 1) + 2 * output, output, 2);
+        assert_eq!(spent_and_absorbed(&app, id).await, (expected, 0), "{name}");
+    }
     app.assert_invariant().await;
 }

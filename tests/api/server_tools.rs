@@ -313,7 +313,9 @@ pub(crate) fn search_block(index: i64) -> Vec<SseEvent> {
 
 /// A stream cut after the model made a search (its `server_tool_use` block went by, the
 /// final usage with `web_search_requests` never came) pays the search's fee: the calls
-/// charged are the most of those counted and those reported.
+/// charged are the most of those counted and those reported. The steps the 2 searches
+/// caused are charged too (`server_tool_turns`): 3 steps of the 100 reported, the pages
+/// re-read 2 + 1 times, the output seen re-read twice.
 #[tokio::test]
 async fn a_stream_cut_after_a_search_pays_for_the_search() {
     let app = app().await;
@@ -349,7 +351,7 @@ async fn a_stream_cut_after_a_search_pays_for_the_search() {
     let output = estimate::count_text(&"{\"query\": \"sluice\"}".repeat(2));
     let expected = pricing::cost(
         Usage {
-            input: 100,
+            input: 3 * 100 + 25_000 * (2 + 1) + 2 * output,
             output,
             web_search_calls: 2,
             ..Usage::default()
