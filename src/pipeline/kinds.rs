@@ -4,8 +4,8 @@
 //! `ttl: "1h"`), audio in or out, and Anthropic's server tools: web searches (billed per
 //! call) and web fetches, whose results come back to the model as input. A search or
 //! fetch without a cap gets the gateway's; what the gateway cannot bound — code execution
-//! (billed per container-hour), MCP servers, server tools it does not know, service tiers
-//! priced apart — is refused with a 400 naming the field.
+//! (billed per container-hour), MCP servers, server tools it does not know, service tiers,
+//! fast mode and data residency priced apart — is refused with a 400 naming the field.
 
 use serde_json::{Map, Value};
 
@@ -71,19 +71,36 @@ pub fn read(
 /// (`priority` ~1.7–2×, OpenAI's `flex` half, `scale` prepaid): only the standard tier is
 /// accepted, so the ledger is the bill. OpenAI's `auto` and `default` and Anthropic's `auto`
 /// and `standard_only` are the standard tier for an account without a priority commitment.
+/// So are Anthropic's fast mode (`speed: "fast"`, a multiple of the standard rates) and
+/// US-only inference (`inference_geo: "us"`, 1.1× on Opus / Sonnet 4.6 and later): only
+/// `standard` and `global`, their defaults, are accepted — in every client format, for a
+/// body that crosses no format reaches the upstream with every field it carries.
 fn service_tier(endpoint: Endpoint, body: &Map<String, Value>) -> Result<(), ApiError> {
-    let allowed: &[&str] = match endpoint {
+    let tiers: &[&str] = match endpoint {
         Endpoint::Messages => &["auto", "standard_only"],
         _ => &["auto", "default"],
     };
-    match body.get("service_tier") {
+    standard_only(body, "service_tier", tiers, "other tiers")?;
+    standard_only(body, "speed", &["standard"], "other speeds")?;
+    standard_only(body, "inference_geo", &["global"], "other inference geographies")
+}
+
+/// `field` of `body` absent, null or one of `allowed`; else a 400 naming it: `others`
+/// are billed at other rates than the ones the gateway charges.
+fn standard_only(
+    body: &Map<String, Value>,
+    field: &'static str,
+    allowed: &[&str],
+    others: &str,
+) -> Result<(), ApiError> {
+    match body.get(field) {
         None | Some(Value::Null) => Ok(()),
         Some(Value::String(t)) if allowed.contains(&t.as_str()) => Ok(()),
         Some(_) => Err(ApiError::invalid(
-            "service_tier",
+            field,
             format!(
-                "`service_tier` must be {}: other tiers are billed at other rates than the \
-                 ones this gateway charges",
+                "`{field}` must be {}: {others} are billed at other rates than the ones this \
+                 gateway charges",
                 allowed.join(" or ")
             ),
         )),
@@ -293,6 +310,28 @@ mod tests {
                 assert!(k.is_ok(), "{tier}");
             } else {
                 assert_eq!(param(k), Some("service_tier"), "{tier}");
+            }
+        }
+    }
+
+    #[test]
+    fn fast_mode_and_us_only_inference_are_refused_in_every_format() {
+        for endpoint in [Endpoint::Messages, Endpoint::Chat, Endpoint::Responses] {
+            for (field, value, ok) in [
+                ("speed", json!("fast"), false),
+                ("speed", json!(true), false),
+                ("speed", json!("standard"), true),
+                ("speed", Value::Null, true),
+                ("inference_geo", json!("us"), false),
+                ("inference_geo", json!("eu"), false),
+                ("inference_geo", json!("global"), true),
+            ] {
+                let (k, _) = read_json(endpoint, json!({ field: value }));
+                if ok {
+                    assert!(k.is_ok(), "{field} {value}");
+                } else {
+                    assert_eq!(param(k), Some(field), "{field} {value}");
+                }
             }
         }
     }

@@ -191,3 +191,42 @@ async fn an_answer_served_at_a_dearer_tier_is_counted() {
     assert_eq!((after.0 - before.0, after.1 - before.1), (1, 1));
     app.assert_invariant().await;
 }
+
+/// The message of a 400 in either client format: OpenAI's names the field in `param`,
+/// Anthropic's (no `param`) starts its message with it in backticks.
+async fn refused_naming(resp: reqwest::Response, field: &str, what: &str) {
+    assert_eq!(resp.status(), 400, "{what}");
+    let err: Value = resp.json().await.unwrap();
+    assert_eq!(err["error"]["type"], "invalid_request_error", "{what}: {err}");
+    let named = err["error"]["param"] == field
+        || err["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(&format!("`{field}`")));
+    assert!(named, "{what}: {err}");
+}
+
+/// Anthropic's fast mode (`speed: "fast"`, a multiple of the standard rates) and US-only
+/// inference (`inference_geo: "us"`, 1.1× on recent models) are billed apart from the
+/// rates the gateway charges: refused naming the field, in either client format and to
+/// either upstream, nothing sent; the standard values (`standard`, `global`) pass.
+#[tokio::test]
+async fn fast_mode_and_us_only_inference_are_refused_naming_the_field() {
+    let app = app().await;
+    let (_, token) = app.token("speed", Some("1")).await;
+    for (field, value) in [("speed", "fast"), ("inference_geo", "us")] {
+        for model in ["sonnet", "gpt-4o-mini"] {
+            let mut body = ask(model, None);
+            body[field] = json!(value);
+            let what = format!("{field}={value} {model}");
+            refused_naming(app.messages(&token, &body).await, field, &what).await;
+            refused_naming(app.chat(&token, &body).await, field, &what).await;
+        }
+    }
+    assert_eq!(app.mock.state.stats(AN).count, 0, "nothing sent upstream");
+    assert_eq!(app.mock.state.stats(KEY_A).count, 0, "nothing sent upstream");
+    let mut body = ask("sonnet", None);
+    body["speed"] = json!("standard");
+    body["inference_geo"] = json!("global");
+    assert_eq!(app.messages(&token, &body).await.status(), 200);
+    app.assert_invariant().await;
+}
