@@ -36,7 +36,8 @@ use crate::upstream::UpstreamError;
 pub struct Candidate {
     pub model: Arc<Model>,
     pub route: Route,
-    /// The route's prices in force when the request started (`Prepared::started_at`).
+    /// The route's prices in force when the request started (`Prepared::started_at`); its
+    /// long-context tier, too, is the one in force then (`Route::at`).
     pub prices: Prices,
 }
 
@@ -83,7 +84,7 @@ pub fn candidates(state: &AppState, p: &Prepared) -> Vec<Candidate> {
             match r.schedule.rates_at(p.started_at) {
                 Some(prices) => out.push(Candidate {
                     model: m.clone(),
-                    route: r.clone(),
+                    route: r.at(p.started_at),
                     prices,
                 }),
                 None => {

@@ -82,7 +82,12 @@ fn service_tier(endpoint: Endpoint, body: &Map<String, Value>) -> Result<(), Api
     };
     standard_only(body, "service_tier", tiers, "other tiers")?;
     standard_only(body, "speed", &["standard"], "other speeds")?;
-    standard_only(body, "inference_geo", &["global"], "other inference geographies")
+    standard_only(
+        body,
+        "inference_geo",
+        &["global"],
+        "other inference geographies",
+    )
 }
 
 /// `field` of `body` absent, null or one of `allowed`; else a 400 naming it: `others`

@@ -6,6 +6,7 @@ pub mod documents;
 pub mod estimate;
 pub mod fill;
 pub mod images;
+pub mod long_tiers;
 mod parts;
 mod pdf;
 pub mod period;

@@ -8,9 +8,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, OnceLock};
 
-use chrono::NaiveDate;
+use chrono::{DateTime, NaiveDate, Utc};
 use serde::Deserialize;
 
+use super::long_tiers::{self, LongTiers};
 use super::pricing::{parse_usd, LongTier};
 use super::schedule::Dated;
 use crate::config::{ConfigError, PriceKeys, Usd};
@@ -62,8 +63,8 @@ pub struct Entry {
 pub struct Table {
     pub entries: Vec<Entry>,
     by_model: HashMap<String, Arc<[Dated]>>,
-    /// Per model, its long-context tier (the lowest threshold of its entries').
-    long_context: HashMap<String, LongTier>,
+    /// Per model, its long-context tier from each entry's date (`long_tiers`).
+    long_context: HashMap<String, long_tiers::Dated>,
 }
 
 /// The embedded table, read once. It is part of the binary and its unit test reads it
@@ -88,6 +89,7 @@ pub fn parse(text: &str) -> Result<Table, ConfigError> {
     let file: File = toml::from_str(text).map_err(|e| invalid(e.to_string()))?;
     let mut table = Table::default();
     let mut by_model: HashMap<String, Vec<Dated>> = HashMap::new();
+    let mut tiers: HashMap<String, Vec<(DateTime<Utc>, Option<LongTier>)>> = HashMap::new();
     for raw in file.prices {
         let name = &raw.model;
         if let Some(key) = raw.unknown.keys().next() {
@@ -117,12 +119,8 @@ pub fn parse(text: &str) -> Result<Table, ConfigError> {
                 "`{name}` needs a provider and an https source_url"
             )));
         }
-        if let Some(tier) = long_tier(name, &raw)? {
-            let least = table.long_context.entry(name.clone()).or_insert(tier);
-            if tier.above < least.above {
-                *least = tier;
-            }
-        }
+        let tier = long_tier(name, &raw)?;
+        tiers.entry(name.clone()).or_default().push((from, tier));
         let dated = Dated::new(from, prices);
         let same_day = by_model.entry(name.clone()).or_default();
         if same_day.iter().any(|d| d.from == from) {
@@ -146,6 +144,13 @@ pub fn parse(text: &str) -> Result<Table, ConfigError> {
             (k, Arc::from(v))
         })
         .collect();
+    table.long_context = tiers
+        .into_iter()
+        .map(|(k, mut v)| {
+            v.sort_by_key(|(from, _)| *from);
+            (k, Arc::from(v))
+        })
+        .collect();
     Ok(table)
 }
 
@@ -160,22 +165,18 @@ impl Table {
             .unwrap_or_else(|| Arc::from([]))
     }
 
-    /// The long-context tier the provider bills `name` (an upstream model name, or it
-    /// without its date suffix) at; `None` when it has none. A bundled model decides for
-    /// itself, tier or none. A name that only contains bundled models' (Bedrock's
-    /// `anthropic.claude-sonnet-4-5-20250929-v1:0`, Vertex's `claude-sonnet-4-5@20250929`,
-    /// a router's `google/gemini-2.5-pro-preview`) has the lowest threshold of those it
-    /// contains — refusing a prompt a cheaper tier would have taken is the safe side —
-    /// counting only the most specific: `anthropic.claude-sonnet-4-6-v1:0` is the flat
-    /// Sonnet 4.6, not the tiered `claude-sonnet-4` it also contains.
-    pub fn long_context(&self, name: &str) -> Option<LongTier> {
-        let own = |model: &str| {
-            self.by_model
-                .contains_key(model)
-                .then(|| self.long_context.get(model).copied())
-        };
-        if let Some(tier) = own(name).or_else(|| own(without_date_suffix(name)?)) {
-            return tier;
+    /// The long-context tiers the provider bills `name` (a model name, or it without its
+    /// date suffix) at over time (`long_tiers`); empty when no bundled model matches. A
+    /// bundled model decides for itself, tier or none. A name that only contains bundled
+    /// models' (Bedrock's `anthropic.claude-sonnet-4-5-20250929-v1:0`, Vertex's
+    /// `claude-sonnet-4-5@20250929`, a router's `google/gemini-2.5-pro-preview`) has the
+    /// tiers of those it contains (the lowest threshold in force wins) counting only the
+    /// most specific: `anthropic.claude-sonnet-4-6-v1:0` is the flat Sonnet 4.6, not the
+    /// tiered `claude-sonnet-4` it also contains.
+    pub fn long_context(&self, name: &str) -> LongTiers {
+        let own = |model: &str| self.long_context.get(model).cloned();
+        if let Some(tiers) = own(name).or_else(|| own(without_date_suffix(name)?)) {
+            return LongTiers::of(vec![tiers]);
         }
         let name = name.to_ascii_lowercase();
         let held: Vec<&str> = self
@@ -184,14 +185,16 @@ impl Table {
             .map(String::as_str)
             .filter(|model| name.contains(model))
             .collect();
-        held.iter()
-            .filter(|model| {
-                !held
-                    .iter()
-                    .any(|other| other.len() > model.len() && other.contains(**model))
-            })
-            .filter_map(|model| self.long_context.get(*model).copied())
-            .min_by_key(|t| t.above)
+        LongTiers::of(
+            held.iter()
+                .filter(|model| {
+                    !held
+                        .iter()
+                        .any(|other| other.len() > model.len() && other.contains(**model))
+                })
+                .filter_map(|model| own(model))
+                .collect(),
+        )
     }
 }
 
@@ -287,7 +290,7 @@ mod tests {
 
     #[test]
     fn long_context_tiers_follow_the_upstream_model() {
-        let t = bundled();
+        let (t, now) = (bundled(), chrono::Utc::now());
         let tier = LongTier {
             above: 200_000,
             input_permille: 2_000,
@@ -298,9 +301,9 @@ mod tests {
             "claude-sonnet-4",
             "gemini-2.5-pro",
         ] {
-            assert_eq!(t.long_context(m), Some(tier), "{m}");
+            assert_eq!(t.long_context(m).at(now), Some(tier), "{m}");
         }
-        assert_eq!(t.long_context("gpt-4o"), None);
+        assert_eq!(t.long_context("gpt-4o").at(now), None);
         // Claude 4.6 and later are flat over their 1M window: a name holding an untiered
         // model (`claude-sonnet-4-6`) is not given the tier of a shorter one it contains
         // (`claude-sonnet-4`), whether it is the bundled name or a cloud's spelling of it.
@@ -312,7 +315,7 @@ mod tests {
             "claude-opus-4-6",
             "claude-sonnet-5-5",
         ] {
-            assert_eq!(t.long_context(m), None, "{m}");
+            assert_eq!(t.long_context(m).at(now), None, "{m}");
         }
         let haiku = LongTier {
             above: 100_000,
@@ -320,7 +323,7 @@ mod tests {
             output_permille: 5_000,
         };
         for m in ["claude-haiku-5-5", "anthropic.claude-haiku-5-5"] {
-            assert_eq!(t.long_context(m), Some(haiku), "{m}");
+            assert_eq!(t.long_context(m).at(now), Some(haiku), "{m}");
         }
         for m in [
             "anthropic.claude-sonnet-4-5-20250929-v1:0",
@@ -328,7 +331,7 @@ mod tests {
             "claude-sonnet-4-5@20250929",
             "google/gemini-2.5-pro-preview-06-05",
         ] {
-            assert_eq!(t.long_context(m), Some(tier), "{m}");
+            assert_eq!(t.long_context(m).at(now), Some(tier), "{m}");
         }
         let entry = |tier: &str| {
             format!(
@@ -342,13 +345,18 @@ mod tests {
         assert_eq!(
             parse(&entry(&format!("long_context_above_tokens = 10\n{both}")))
                 .unwrap()
-                .long_context("m"),
+                .long_context("m")
+                .at(now),
             Some(LongTier {
                 above: 10,
                 input_permille: 2_125,
                 output_permille: 1_000
             })
         );
+        assert!(t
+            .long_context("arn:aws:bedrock:x:1:application-inference-profile/a")
+            .is_empty());
+        assert!(!t.long_context("gpt-4o").is_empty());
         for bad in [
             format!("long_context_above_tokens = 0\n{both}"),
             "long_context_above_tokens = 10".into(),
@@ -362,6 +370,43 @@ mod tests {
         ] {
             assert!(parse(&entry(&bad)).is_err(), "{bad}");
         }
+    }
+
+    /// A model's later entry brings its own tier: its factors from its date on, and an
+    /// entry without one ends the tier — a request is billed the tier of its day.
+    #[test]
+    fn the_tier_follows_the_entry_in_force() {
+        let entry = |effective: &str, tier: &str| {
+            format!(
+                "[[prices]]\nprovider = \"x\"\nmodel = \"m\"\neffective = \"{effective}\"\n\
+                 as_of = \"2025-01-02\"\nsource_url = \"https://x\"\n{tier}\n\
+                 input_usd_per_mtok = \"1\"\noutput_usd_per_mtok = \"1\"\n"
+            )
+        };
+        let tier = |above: i64, factor: &str| {
+            format!(
+                "long_context_above_tokens = {above}\nlong_context_input_multiplier = \"{factor}\"\n\
+                 long_context_output_multiplier = \"1.5\""
+            )
+        };
+        let text = [
+            entry("2026-01-01", &tier(200_000, "3")),
+            entry("2025-01-01", &tier(100_000, "2")),
+            entry("2026-06-01", ""),
+        ]
+        .concat();
+        let t = parse(&text).unwrap().long_context("m");
+        let day = |d: &str| crate::config::parse_effective(d).unwrap();
+        let of = |above, input_permille| {
+            Some(LongTier {
+                above,
+                input_permille,
+                output_permille: 1_500,
+            })
+        };
+        assert_eq!(t.at(day("2025-03-01")), of(100_000, 2_000));
+        assert_eq!(t.at(day("2026-03-01")), of(200_000, 3_000));
+        assert_eq!(t.at(day("2026-07-01")), None);
     }
 
     #[test]

@@ -12,9 +12,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use chrono::{DateTime, Utc};
+
 use crate::config::{OutputCapParam, Provider, Secret, Settings, UpstreamSettings};
 use crate::endpoint::Endpoint;
 use crate::quota::images::Rule;
+use crate::quota::long_tiers::LongTiers;
 use crate::quota::price_table;
 use crate::quota::pricing::LongTier;
 use crate::quota::schedule::{AdminPrices, Schedule};
@@ -172,12 +175,25 @@ pub struct Route {
     /// How the provider turns a request's images into tokens here, decided once when the
     /// catalog is built rather than from the names on every request.
     pub image_rule: Rule,
-    /// The dearer tier the provider bills this route's long prompts at (the route's model's
-    /// or upstream model's in the bundled table, the lower threshold), if any.
+    /// The dearer tier the provider bills this route's long prompts at, if any: in the
+    /// catalog the latest one; on a candidate (`Route::at`) the one in force when its
+    /// request started, which the reservation and the settlement both price with.
     pub long_context: Option<LongTier>,
+    /// That tier over time: the bundled entries' of the route's model and upstream model
+    /// (the lower threshold), else of the gateway's model name (`quota::long_tiers`).
+    pub long_context_tiers: LongTiers,
 }
 
 impl Route {
+    /// This route as a request started at `t` is served by it: its long-context tier the
+    /// one in force then, as its prices are (`Schedule::rates_at`).
+    pub fn at(&self, t: DateTime<Utc>) -> Route {
+        Route {
+            long_context: self.long_context_tiers.at(t),
+            ..self.clone()
+        }
+    }
+
     /// The field the output cap is sent in for a request to `endpoint`: the legacy
     /// completions endpoint only knows `max_tokens`.
     pub fn cap_field(&self, endpoint: Endpoint) -> &'static str {
@@ -264,14 +280,21 @@ impl Catalog {
                         let name = r.deployment.as_ref().unwrap_or(&r.model);
                         let by_config = r.output_cap_param.or(u.quirks.max_tokens_field);
                         let table = price_table::bundled();
+                        // The upstream names' tiers; a name no bundled model matches (a
+                        // Bedrock ARN, a custom deployment) says nothing: the gateway's
+                        // model name decides.
+                        let tiers = table.long_context(&r.model).and(table.long_context(name));
+                        let tiers = if tiers.is_empty() {
+                            table.long_context(&m.name)
+                        } else {
+                            tiers
+                        };
                         Some(Route {
                             deployment: d,
                             schedule: Arc::new(m.schedule(&managed.prices, &r.model, u.provider)),
                             image_rule: Rule::of(u.provider, &[&r.model, name, &m.name]),
-                            long_context: [&r.model, name]
-                                .into_iter()
-                                .filter_map(|n| table.long_context(n))
-                                .min_by_key(|t| t.above),
+                            long_context: tiers.at(DateTime::<Utc>::MAX_UTC),
+                            long_context_tiers: tiers,
                             upstream_model: name.clone(),
                             model: r.model.clone(),
                             target: slots[d].fresh()?.target(u, name),
@@ -418,6 +441,7 @@ mod tests {
             schedule: Arc::default(),
             image_rule: Rule::Unknown,
             long_context: None,
+            long_context_tiers: LongTiers::default(),
         };
         assert_eq!(route.cap_field(Endpoint::Chat), "max_completion_tokens");
         assert_eq!(route.cap_field(Endpoint::Completions), "max_tokens");

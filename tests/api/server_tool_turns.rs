@@ -397,11 +397,7 @@ async fn a_server_tool_stream_the_upstream_cuts_pays_the_steps_its_calls_caused(
         "error".into(),
         json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
     );
-    for (name, ending) in [
-        ("error-event", error),
-        ("broken", ping()),
-        ("eof", ping()),
-    ] {
+    for (name, ending) in [("error-event", error), ("broken", ping()), ("eof", ping())] {
         let (id, token) = app.token(name, Some("10")).await;
         let mut events = vec![message_start(100)];
         events.extend(search_with_result(0, false));

@@ -197,7 +197,10 @@ async fn an_answer_served_at_a_dearer_tier_is_counted() {
 async fn refused_naming(resp: reqwest::Response, field: &str, what: &str) {
     assert_eq!(resp.status(), 400, "{what}");
     let err: Value = resp.json().await.unwrap();
-    assert_eq!(err["error"]["type"], "invalid_request_error", "{what}: {err}");
+    assert_eq!(
+        err["error"]["type"], "invalid_request_error",
+        "{what}: {err}"
+    );
     let named = err["error"]["param"] == field
         || err["error"]["message"]
             .as_str()
@@ -223,7 +226,11 @@ async fn fast_mode_and_us_only_inference_are_refused_naming_the_field() {
         }
     }
     assert_eq!(app.mock.state.stats(AN).count, 0, "nothing sent upstream");
-    assert_eq!(app.mock.state.stats(KEY_A).count, 0, "nothing sent upstream");
+    assert_eq!(
+        app.mock.state.stats(KEY_A).count,
+        0,
+        "nothing sent upstream"
+    );
     let mut body = ask("sonnet", None);
     body["speed"] = json!("standard");
     body["inference_geo"] = json!("global");
