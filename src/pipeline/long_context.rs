@@ -12,6 +12,7 @@
 
 use super::attempts::Candidate;
 use super::request::Prepared;
+use crate::config::Provider;
 use crate::error::ApiError;
 use crate::quota::pricing::{self, LongTier, Prices, Usage};
 
@@ -45,14 +46,25 @@ pub fn check(
 }
 
 /// How much more a provider's tokenizer may count than the gateway's (o200k) estimate, in
-/// percent: Claude's counts up to ~1.35× o200k on code and non-English text (more with its
-/// newer tokenizer), Gemini's less. A reservation whose input could pass a tier's threshold
-/// counted so is priced at the tier, so a prompt the provider counts past it is covered.
-const PROVIDER_COUNTS_UP_TO_PERCENT: i64 = 150;
+/// percent. A reservation whose input could pass a tier's threshold counted so is priced at
+/// the tier, so a prompt the provider counts past it is covered. Claude's tokenizer counts
+/// up to ~1.35× o200k on code and non-English text (more with its newer tokenizer): 150 —
+/// on Anthropic, on Bedrock, and on any other kind, for an OpenAI-compatible router may
+/// serve Claude too (OpenAI's own models count with o200k and have no bundled tier).
+/// Gemini's (a 256k-token vocabulary, larger than o200k's) counts about as o200k does, a
+/// little more on some scripts: 125, so a Gemini prompt well under its threshold is not
+/// reserved at the dearer tier for a count Gemini never reaches.
+fn provider_counts_up_to_percent(provider: Provider) -> i64 {
+    match provider {
+        Provider::Gemini => 125,
+        _ => 150,
+    }
+}
 
-/// The most input a provider may count for `input` of the gateway's estimate.
-pub fn provider_may_count(input: i64) -> i64 {
-    let most = i128::from(input.max(0)) * i128::from(PROVIDER_COUNTS_UP_TO_PERCENT) / 100;
+/// The most input `provider` may count for `input` of the gateway's estimate.
+pub fn provider_may_count(provider: Provider, input: i64) -> i64 {
+    let percent = provider_counts_up_to_percent(provider);
+    let most = i128::from(input.max(0)) * i128::from(percent) / 100;
     i64::try_from(most).unwrap_or(i64::MAX)
 }
 
@@ -69,4 +81,24 @@ pub fn priced(usage: Usage, prices: Prices, tier: Option<LongTier>) -> i64 {
         );
     }
     pricing::cost(usage, billed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn how_much_more_a_provider_may_count_follows_its_tokenizer() {
+        // Claude's tokenizer, wherever it is served (Anthropic, Bedrock, a router).
+        for p in [
+            Provider::Anthropic,
+            Provider::Bedrock,
+            Provider::OpenaiCompatible,
+        ] {
+            assert_eq!(provider_may_count(p, 200_000), 300_000, "{p:?}");
+        }
+        assert_eq!(provider_may_count(Provider::Gemini, 200_000), 250_000);
+        assert_eq!(provider_may_count(Provider::Gemini, i64::MAX), i64::MAX);
+        assert_eq!(provider_may_count(Provider::Anthropic, -5), 0);
+    }
 }

@@ -23,7 +23,7 @@ use futures_util::StreamExt;
 
 use crate::auth::TokenAuth;
 use crate::clock::db_time;
-use crate::config::Ladder;
+use crate::config::{Ladder, Provider};
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::ops::metrics;
@@ -561,6 +561,7 @@ fn soft_limit(state: &AppState, auth: &TokenAuth, p: &mut Prepared) {
 /// (`kinds::Turn`): the margin-padded input once per step, plus the results and output
 /// the later steps re-read.
 fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Candidate]) -> i64 {
+    let live = state.live.snapshot();
     let worst_at = |c: &attempts::Candidate| {
         let first = first_step(state, p, c);
         let usage = Usage {
@@ -576,7 +577,14 @@ fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Ca
             web_search_per_1k_calls: prices.web_search_per_1k_calls,
             ..pricing::Prices::default()
         };
-        let tier_at = long_context::provider_may_count(usage.input);
+        // Deployments keep their position across rebuilds; one not found (it cannot be)
+        // is taken at the largest count.
+        let provider = live
+            .catalog
+            .deployments
+            .get(c.route.deployment)
+            .map_or(Provider::Anthropic, |d| d.provider);
+        let tier_at = long_context::provider_may_count(provider, usage.input);
         pricing::cost(usage, dearest.for_input(tier_at, c.route.long_context))
     };
     candidates.iter().map(worst_at).max().unwrap_or(0)
