@@ -100,7 +100,9 @@ enum Command {
         #[arg(long, value_enum)]
         provider: Export,
         /// The export: OpenAI's Costs API JSON (or the dashboard's cost CSV), Anthropic's
-        /// Cost Report JSON. A download's pages saved a file each are given together.
+        /// Cost Report JSON; with `--provider openai-usage`, OpenAI's completions Usage API
+        /// JSON, compared by tokens (nothing stored). A download's pages saved a file each
+        /// are given together.
         #[arg(required = true)]
         files: Vec<PathBuf>,
         #[arg(long)]

@@ -1,6 +1,6 @@
 //! Finance: Sluice's figures held against the providers' bills (`reconcile`, from the cost
-//! exports read by `exports`, amounts exact by `decimal`), and budgets projected forward
-//! (`forecast`).
+//! exports read by `exports`, amounts exact by `decimal`; `usage_reconcile`, tokens against
+//! OpenAI's usage export), and budgets projected forward (`forecast`).
 
 pub mod alerts;
 pub mod budgets;
@@ -10,6 +10,7 @@ pub mod exports;
 pub mod forecast;
 pub mod reconcile;
 pub mod run;
+pub mod usage_reconcile;
 
 use crate::store::StoreError;
 

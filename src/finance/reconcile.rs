@@ -56,8 +56,13 @@ impl Accounts {
         a
     }
 
+    /// A deployment's account; `None` for another provider's (or one no longer configured).
+    pub fn of_upstream(&self, id: &str) -> Option<&String> {
+        self.by_upstream.get(id)
+    }
+
     /// A figure's account: the first of its ids a deployment names, else `*`.
-    fn of_line(&self, ids: &[String]) -> String {
+    pub fn of_line(&self, ids: &[String]) -> String {
         ids.iter()
             .find(|id| self.claimed.contains(id.as_str()))
             .cloned()
@@ -86,7 +91,7 @@ pub fn compare(
     // Σ in i128: (Sluice, provider) per key.
     let mut cells: BTreeMap<(String, String, String), (i128, i128)> = BTreeMap::new();
     for s in spend {
-        let Some(account) = accounts.by_upstream.get(&s.upstream) else {
+        let Some(account) = accounts.of_upstream(&s.upstream) else {
             continue; // another provider's deployment (or one no longer configured)
         };
         if s.day < first || s.day > last {

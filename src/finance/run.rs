@@ -19,6 +19,8 @@ use crate::store::{managed, Db};
 pub enum Export {
     Openai,
     Anthropic,
+    /// OpenAI's completions usage export: tokens, compared by `usage_reconcile`.
+    OpenaiUsage,
 }
 
 impl Export {
@@ -26,12 +28,13 @@ impl Export {
         match self {
             Export::Openai => "openai",
             Export::Anthropic => "anthropic",
+            Export::OpenaiUsage => "openai-usage",
         }
     }
 
     fn provider(self) -> Provider {
         match self {
-            Export::Openai => Provider::Openai,
+            Export::Openai | Export::OpenaiUsage => Provider::Openai,
             Export::Anthropic => Provider::Anthropic,
         }
     }
@@ -43,6 +46,10 @@ impl Export {
             Export::Openai if exports::openai_csv::is_csv(text) => exports::openai_csv::read(text),
             Export::Openai => exports::openai::read(text),
             Export::Anthropic => exports::anthropic::read(text),
+            Export::OpenaiUsage => Err(exports::ExportError(
+                "a usage export holds tokens, not costs: it is compared by `usage_reconcile`"
+                    .into(),
+            )),
         }
         .map_err(|e| FinanceError::Unreadable(e.to_string()))
     }
@@ -153,7 +160,7 @@ pub async fn reconcile_file(
 }
 
 /// `file`'s text, or why it cannot be read.
-fn read_text(file: &Path) -> Result<String, FinanceError> {
+pub(super) fn read_text(file: &Path) -> Result<String, FinanceError> {
     let bytes = std::fs::read(file)
         .map_err(|e| FinanceError::Unreadable(format!("cannot read {}: {e}", file.display())))?;
     String::from_utf8(bytes).map_err(|e| {
@@ -167,13 +174,13 @@ fn read_text(file: &Path) -> Result<String, FinanceError> {
 
 /// `text` without a leading UTF-8 byte-order mark (a spreadsheet's "CSV UTF-8" writes one:
 /// it is no part of the first column's name).
-fn unmarked(text: &str) -> &str {
+pub(super) fn unmarked(text: &str) -> &str {
     text.strip_prefix('\u{feff}').unwrap_or(text)
 }
 
 /// The deployments of `provider`, from the config file and the admin's managed ones: (id,
 /// `provider_account`). A managed one's stored settings are its `[[upstreams]]` table.
-async fn deployments(
+pub(super) async fn deployments(
     db: &Db,
     settings: &Settings,
     provider: Provider,

@@ -10,8 +10,11 @@ use chrono::{DateTime, Utc};
 
 use super::pricing::LongTier;
 
-/// One bundled model's tiers: from each entry's date, its tier or none, sorted by date.
-pub type Dated = Arc<[(DateTime<Utc>, Option<LongTier>)]>;
+/// From an entry's date, its tier or none.
+pub type TierFrom = (DateTime<Utc>, Option<LongTier>);
+
+/// One bundled model's tiers, sorted by date.
+pub type Dated = Arc<[TierFrom]>;
 
 /// The tiers of the bundled models a route's names match (one, or several a cloud's
 /// spelling contains: `price_table::Table::long_context`); empty when none matches.

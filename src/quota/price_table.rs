@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, OnceLock};
 
-use chrono::{DateTime, NaiveDate, Utc};
+use chrono::NaiveDate;
 use serde::Deserialize;
 
 use super::long_tiers::{self, LongTiers};
@@ -89,7 +89,7 @@ pub fn parse(text: &str) -> Result<Table, ConfigError> {
     let file: File = toml::from_str(text).map_err(|e| invalid(e.to_string()))?;
     let mut table = Table::default();
     let mut by_model: HashMap<String, Vec<Dated>> = HashMap::new();
-    let mut tiers: HashMap<String, Vec<(DateTime<Utc>, Option<LongTier>)>> = HashMap::new();
+    let mut tiers: HashMap<String, Vec<long_tiers::TierFrom>> = HashMap::new();
     for raw in file.prices {
         let name = &raw.model;
         if let Some(key) = raw.unknown.keys().next() {

@@ -43,6 +43,50 @@ pub async fn spend_by_upstream(db: &super::Db, from: &str, to: &str) -> Result<V
         .await?)
 }
 
+/// Tokens of one upstream deployment on one model on one UTC day, as the request log
+/// recorded them (the provider's report, else the gateway's count).
+#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
+pub struct UpstreamTokens {
+    /// `YYYY-MM-DD` (UTC).
+    pub day: String,
+    pub upstream: String,
+    /// The model the upstream was sent (as `UpstreamSpend::model`).
+    pub model: String,
+    /// Σ `input_tokens`: every input token, cached ones included.
+    pub input_tokens: i64,
+    /// Σ `output_tokens`: every output token, reasoning included.
+    pub output_tokens: i64,
+    /// Σ `cached_input_tokens`.
+    pub cached_input_tokens: i64,
+}
+
+const TOKENS_BY_UPSTREAM: &str = "SELECT substr(created_at, 1, 10) AS day, upstream,
+        CASE WHEN upstream_model <> '' THEN upstream_model ELSE served_model END AS model,
+        SUM(input_tokens) AS input_tokens, SUM(output_tokens) AS output_tokens,
+        SUM(cached_input_tokens) AS cached_input_tokens
+     FROM requests WHERE created_at >= ?1 AND created_at < ?2 AND upstream <> ''
+     GROUP BY 1, 2, 3 ORDER BY 1, 2, 3";
+
+/// Tokens in `[from, to)` (database times) by day, upstream and upstream model: what
+/// `sluice reconcile --provider openai-usage` holds against the provider's usage export.
+pub async fn tokens_by_upstream(
+    db: &super::Db,
+    from: &str,
+    to: &str,
+) -> Result<Vec<UpstreamTokens>> {
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => {
+            return super::pg::finance::tokens_by_upstream(&pg.pool, from, to).await
+        }
+    };
+    Ok(sqlx::query_as(TOKENS_BY_UPSTREAM)
+        .bind(from)
+        .bind(to)
+        .fetch_all(&sqlite.read)
+        .await?)
+}
+
 /// One run of `sluice reconcile`.
 #[derive(Debug, Clone, Serialize, FromRow)]
 pub struct Reconciliation {

@@ -14,11 +14,11 @@ use sluice::store::requests::{self, RequestRow};
 use crate::admin_helpers::{login, make_login};
 use crate::helpers::{cli_config, spawn_app_with, TestApp};
 
-const MODELS: [&str; 2] = ["gpt-4o-mini", "gpt-4o"];
+pub(crate) const MODELS: [&str; 2] = ["gpt-4o-mini", "gpt-4o"];
 /// Deployment → the OpenAI project its key bills to (`b` names none: account `*`).
-const UPSTREAMS: [(&str, Option<&str>); 2] = [("a", Some("proj_a")), ("b", None)];
+pub(crate) const UPSTREAMS: [(&str, Option<&str>); 2] = [("a", Some("proj_a")), ("b", None)];
 
-fn day(d: u32) -> NaiveDate {
+pub(crate) fn day(d: u32) -> NaiveDate {
     NaiveDate::from_ymd_opt(2026, 3, d).unwrap()
 }
 
@@ -141,7 +141,7 @@ fn openai_dashboard_csv(delta: impl Fn(u32, usize, usize) -> i64) -> String {
 
 /// The CLI's config: the test database, the two OpenAI deployments (one naming its project),
 /// an Anthropic one, and the mock's webhook for alerts.
-fn config(app: &TestApp) -> PathBuf {
+pub(crate) fn config(app: &TestApp) -> PathBuf {
     let path = cli_config(app);
     let mut text = std::fs::read_to_string(&path).unwrap();
     let base = app.mock.base_url();
@@ -163,7 +163,7 @@ fn config(app: &TestApp) -> PathBuf {
     path
 }
 
-fn reconcile(config: &Path, provider: &str, file: &Path, json: bool) -> Output {
+pub(crate) fn reconcile(config: &Path, provider: &str, file: &Path, json: bool) -> Output {
     let mut args = vec![
         "--config",
         config.to_str().unwrap(),
@@ -181,12 +181,12 @@ fn reconcile(config: &Path, provider: &str, file: &Path, json: bool) -> Output {
         .unwrap()
 }
 
-fn text(b: &[u8]) -> String {
+pub(crate) fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
 /// (day, model, account) of every flagged row of a JSON report.
-fn flagged(report: &Value) -> Vec<(String, String, String)> {
+pub(crate) fn flagged(report: &Value) -> Vec<(String, String, String)> {
     report["rows"]
         .as_array()
         .unwrap()
@@ -199,7 +199,7 @@ fn flagged(report: &Value) -> Vec<(String, String, String)> {
         .collect()
 }
 
-async fn webhook_kinds(app: &TestApp) -> Vec<String> {
+pub(crate) async fn webhook_kinds(app: &TestApp) -> Vec<String> {
     app.mock
         .state
         .stats("webhook")

@@ -48,6 +48,8 @@ impl exports::Bucket for Bucket<'_> {
         self.ending_at.clone()
     }
 
+    type Item = Line;
+
     fn lines(self, at: &str) -> Result<Vec<Line>, ExportError> {
         let day = chrono::DateTime::parse_from_rfc3339(&self.starting_at)
             .map_err(|_| {

@@ -8,6 +8,7 @@
 pub mod anthropic;
 pub mod openai;
 pub mod openai_csv;
+pub mod openai_usage;
 
 use std::collections::HashMap;
 
@@ -50,15 +51,18 @@ pub(crate) trait Bucket {
     /// Its end, written as the starts are (the next bucket's start), when the export gives
     /// it: how a page's successor is known (`successors`).
     fn end(&self) -> Option<String>;
+    /// What one figure of it reads into: a `Line` of a cost export, a `TokenLine` of a
+    /// usage export (`openai_usage`).
+    type Item: Clone + PartialEq;
     /// Its figures; `at` is its path in the file, for errors.
-    fn lines(self, at: &str) -> Result<Vec<Line>, ExportError>;
+    fn lines(self, at: &str) -> Result<Vec<Self::Item>, ExportError>;
 }
 
 /// Every figure of the pages in `text` (`pages`). A download whose last page (`latest`)
 /// says `has_more: true` is incomplete: comparing it would report the missing days' spend as
 /// clean, so it is refused. A bucket given twice — a page saved twice — counts once when its
 /// figures are the same and is refused when they differ (which one is the bill?).
-pub(crate) fn walk<'a, B>(text: &'a str) -> Result<Vec<Line>, ExportError>
+pub(crate) fn walk<'a, B>(text: &'a str) -> Result<Vec<B::Item>, ExportError>
 where
     B: Bucket + Deserialize<'a>,
 {
@@ -71,7 +75,7 @@ where
         )));
     }
     let continuity = successors(&pages);
-    let mut seen: HashMap<String, Vec<Line>> = HashMap::new();
+    let mut seen: HashMap<String, Vec<B::Item>> = HashMap::new();
     let mut lines = Vec::new();
     for (p, page) in pages.into_iter().enumerate() {
         for (i, bucket) in page.data.into_iter().enumerate() {

@@ -47,6 +47,8 @@ impl exports::Bucket for Bucket<'_> {
         self.end_time.map(|t| t.to_string())
     }
 
+    type Item = Line;
+
     fn lines(self, at: &str) -> Result<Vec<Line>, ExportError> {
         let day = chrono::DateTime::from_timestamp(self.start_time, 0)
             .ok_or_else(|| ExportError::at(&format!("{at}.start_time"), "not a time"))?

@@ -3,7 +3,7 @@
 
 use sqlx::{PgConnection, PgPool};
 
-use crate::store::finance::{Reconciliation, ReconciliationRow, UpstreamSpend};
+use crate::store::finance::{Reconciliation, ReconciliationRow, UpstreamSpend, UpstreamTokens};
 use crate::store::Result;
 
 pub async fn spend_by_upstream(pool: &PgPool, from: &str, to: &str) -> Result<Vec<UpstreamSpend>> {
@@ -11,6 +11,25 @@ pub async fn spend_by_upstream(pool: &PgPool, from: &str, to: &str) -> Result<Ve
         "SELECT substr(created_at, 1, 10) AS day, upstream,
                 CASE WHEN upstream_model <> '' THEN upstream_model ELSE served_model END AS model,
                 SUM(cost_micros)::BIGINT AS cost_micros
+         FROM requests WHERE created_at >= $1 AND created_at < $2 AND upstream <> ''
+         GROUP BY 1, 2, 3 ORDER BY 1, 2, 3",
+    )
+    .bind(from)
+    .bind(to)
+    .fetch_all(pool)
+    .await?)
+}
+
+pub async fn tokens_by_upstream(
+    pool: &PgPool,
+    from: &str,
+    to: &str,
+) -> Result<Vec<UpstreamTokens>> {
+    Ok(sqlx::query_as(
+        "SELECT substr(created_at, 1, 10) AS day, upstream,
+                CASE WHEN upstream_model <> '' THEN upstream_model ELSE served_model END AS model,
+                SUM(input_tokens)::BIGINT AS input_tokens, SUM(output_tokens)::BIGINT AS output_tokens,
+                SUM(cached_input_tokens)::BIGINT AS cached_input_tokens
          FROM requests WHERE created_at >= $1 AND created_at < $2 AND upstream <> ''
          GROUP BY 1, 2, 3 ORDER BY 1, 2, 3",
     )

@@ -1,0 +1,175 @@
+//! `sluice reconcile --provider openai-usage` (issue 20, item 4): OpenAI's completions
+//! usage export held against the request log's tokens per (day, model, account). The log
+//! is seeded over 3 days × 2 models × 2 accounts; the export is built from the same
+//! counts, so exactly the cells made to differ are flagged.
+
+use chrono::{TimeZone, Utc};
+use serde_json::{json, Value};
+use sluice::quota::pricing::Parts;
+use sluice::store::requests::{self, RequestRow};
+
+use crate::helpers::{spawn_app_with, TestApp};
+use crate::reconcile::{config, day, flagged, reconcile, text, webhook_kinds, MODELS, UPSTREAMS};
+
+/// A cell's (input, output, cached input) tokens: distinct per cell.
+fn cell(d: u32, m: usize, u: usize) -> (i64, i64, i64) {
+    let input = 10_000 * i64::from(d) + 1_000 * m as i64 + 100 * u as i64 + 7;
+    (input, input / 3, input / 5)
+}
+
+/// Each cell as two requests (their sums are the cell's counts), plus an Anthropic
+/// deployment's request an OpenAI reconciliation leaves out.
+async fn seed(app: &TestApp) {
+    let mut rows = Vec::new();
+    let row = |id: String, upstream: &str, model: &str, at, (input, output, cached)| RequestRow {
+        id,
+        endpoint: "chat",
+        model: model.into(),
+        served_model: model.into(),
+        upstream: upstream.into(),
+        upstream_model: model.into(),
+        status: 200,
+        input_tokens: input,
+        output_tokens: output,
+        kinds: Parts {
+            cached_input: cached,
+            ..Parts::default()
+        },
+        cost_micros: 1,
+        cache: "miss",
+        created_at: sluice::clock::db_time(at),
+        ..Default::default()
+    };
+    for d in 1..=3 {
+        for (m, model) in MODELS.iter().enumerate() {
+            for (u, (upstream, _)) in UPSTREAMS.iter().enumerate() {
+                let (i, o, c) = cell(d, m, u);
+                for (n, part) in [(i / 2, o / 2, c / 2), (i - i / 2, o - o / 2, c - c / 2)]
+                    .into_iter()
+                    .enumerate()
+                {
+                    let at =
+                        Utc.from_utc_datetime(&day(d).and_hms_opt(9 + n as u32, 0, 0).unwrap());
+                    rows.push(row(
+                        format!("req-{d}-{m}-{u}-{n}"),
+                        upstream,
+                        model,
+                        at,
+                        part,
+                    ));
+                }
+            }
+        }
+    }
+    let at = Utc.from_utc_datetime(&day(2).and_hms_opt(12, 0, 0).unwrap());
+    rows.push(row(
+        "req-claude".into(),
+        "c",
+        "claude-3-5-haiku",
+        at,
+        (5, 5, 5),
+    ));
+    requests::insert_batch(app.db(), &rows).await.unwrap();
+}
+
+/// OpenAI's completions usage export of the seeded counts, grouped by model, project and
+/// API key (a key no deployment names: the project decides), `delta` added to a cell's
+/// (input, output, cached); two pages.
+fn usage_export(delta: impl Fn(u32, usize, usize) -> (i64, i64, i64)) -> String {
+    let mut buckets = Vec::new();
+    for d in 1..=3 {
+        let start = Utc
+            .from_utc_datetime(&day(d).and_hms_opt(0, 0, 0).unwrap())
+            .timestamp();
+        let mut results = Vec::new();
+        for (m, model) in MODELS.iter().enumerate() {
+            for (u, (_, project)) in UPSTREAMS.iter().enumerate() {
+                let (i, o, c) = cell(d, m, u);
+                let (di, d_o, dc) = delta(d, m, u);
+                results.push(json!({
+                    "object": "organization.usage.completions.result",
+                    "input_tokens": i + di, "output_tokens": o + d_o, "input_cached_tokens": c + dc,
+                    "num_model_requests": 2, "project_id": project, "user_id": null,
+                    "api_key_id": format!("key_{u}"), "model": format!("{model}-2024-07-18"),
+                    "batch": null,
+                }));
+            }
+        }
+        buckets.push(json!({"object": "bucket", "start_time": start,
+            "end_time": start + 86_400, "results": results}));
+    }
+    let page = |data: &[Value], more: bool| {
+        json!({"object": "page", "data": data, "has_more": more,
+            "next_page": if more { json!("page_2") } else { Value::Null }})
+    };
+    format!(
+        "{}\n{}\n",
+        page(&buckets[..2], true),
+        page(&buckets[2..], false)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_usage_export_differing_in_exactly_two_cells_flags_exactly_those_two() {
+    let app = spawn_app_with(|_, _| {}).await;
+    seed(&app).await;
+    let config = config(&app);
+    let file = app.dir.path().join("usage.json");
+    // Day 1, gpt-4o, proj_a: one output token more; day 3, gpt-4o-mini, account `*`: 40
+    // cached tokens fewer. Every other count as logged.
+    std::fs::write(
+        &file,
+        usage_export(|d, m, u| match (d, m, u) {
+            (1, 1, 0) => (0, 1, 0),
+            (3, 0, 1) => (0, 0, -40),
+            _ => (0, 0, 0),
+        }),
+    )
+    .unwrap();
+    let out = reconcile(&config, "openai-usage", &file, true);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let report: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
+    assert_eq!(report["rows"].as_array().unwrap().len(), 12, "{report}");
+    assert_eq!(
+        flagged(&report),
+        vec![
+            ("2026-03-01".into(), "gpt-4o".into(), "proj_a".into()),
+            ("2026-03-03".into(), "gpt-4o-mini".into(), "*".into()),
+        ]
+    );
+    let row = report["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["day"] == "2026-03-03" && r["model"] == "gpt-4o-mini" && r["account"] == "*")
+        .unwrap();
+    let (_, _, cached) = cell(3, 0, 1);
+    assert_eq!(row["sluice"]["cached_input_tokens"], cached, "{row}");
+    assert_eq!(row["provider"]["cached_input_tokens"], cached - 40, "{row}");
+    assert!(webhook_kinds(&app)
+        .await
+        .iter()
+        .any(|k| k == "reconcile_mismatch"));
+
+    // The same counts everywhere: every row clean, exit 0, the table says so.
+    std::fs::write(&file, usage_export(|_, _, _| (0, 0, 0))).unwrap();
+    let out = reconcile(&config, "openai-usage", &file, false);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert!(
+        text(&out.stdout).contains("0 of 12 rows flagged"),
+        "{}",
+        text(&out.stdout)
+    );
+}
