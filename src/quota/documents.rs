@@ -295,6 +295,23 @@ mod tests {
         assert_eq!(read(json!([declared])).pages, 3);
     }
 
+    /// A PDF fetched by `web_fetch` and echoed back in the history is a document the
+    /// provider reads again; a content document's blocks are parts too.
+    #[test]
+    fn a_fetched_pdf_and_a_content_documents_blocks_are_sized() {
+        let fetched = json!({"type": "web_fetch_tool_result", "tool_use_id": "s",
+            "content": {"type": "web_fetch_result", "url": "https://x/a.pdf", "content": {
+                "type": "document", "source": {"type": "base64", "media_type": "application/pdf",
+                    "data": pdf_b64(2)}}}});
+        assert_eq!(
+            (read(json!([fetched])).pages, read(json!([])).pages),
+            (2, 0)
+        );
+        let content = json!({"type": "document", "source": {"type": "content", "content": [
+            {"type": "document", "source": {"type": "url", "url": "https://x/b.pdf"}}]}});
+        assert_eq!(read(json!([content])).unknown, 1);
+    }
+
     #[test]
     fn a_document_shape_outside_the_content_is_no_document() {
         let shaped = json!({"type": "document", "source": {"type": "url", "url": "https://x"}});

@@ -394,6 +394,32 @@ async fn upstream_had(app: &TestApp, n: u64) {
     panic!("the upstream never had the request");
 }
 
+/// A PDF fetched by `web_fetch` and echoed back in the history is a document the provider
+/// reads again: reserved at the model's whole input like any other (before, its base64 was
+/// counted as JSON text: 174 µ$ reserved for this 6-page PDF, now 21 161).
+#[tokio::test]
+async fn a_fetched_pdf_echoed_back_is_reserved_as_a_document() {
+    let app = spawn_app_with_claude().await;
+    let (id, token) = app.token("fetched", Some("1")).await;
+    let body = json!({"model": "claude", "max_tokens": 64, "messages": [
+        {"role": "user", "content": "Fetch https://example.com/manual.pdf"},
+        {"role": "assistant", "content": [
+            {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_fetch",
+             "input": {"url": "https://example.com/manual.pdf"}},
+            {"type": "web_fetch_tool_result", "tool_use_id": "srvtoolu_1", "content": {
+                "type": "web_fetch_result", "url": "https://example.com/manual.pdf",
+                "content": {"type": "document", "source": {"type": "base64",
+                    "media_type": "application/pdf", "data": b64(&pdf(6))}}}}]},
+        {"role": "user", "content": "Summarise it."}]});
+    let resp = app.messages(&token, &body).await;
+    let status = resp.status();
+    let answer = resp.text().await.unwrap();
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(last_reserve(&app, id).await, worst(128_000, 64));
+    app.wait_settled().await;
+    app.assert_invariant().await;
+}
+
 /// Hosted Responses tools are billed per call apart from tokens: each is refused by name,
 /// naming `tools`, before any upstream.
 #[tokio::test]
