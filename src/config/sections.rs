@@ -764,8 +764,10 @@ pub struct FinanceSettings {
     /// back to the model as input): reserved per call, and a fetch's `max_content_tokens`
     /// when the client sets none.
     pub server_tool_input_tokens_per_call: u32,
-    /// The input tokens one page of an inline PDF may be billed (its text and an image of
-    /// the page; Anthropic documents 1 500–3 000): reserved per page (`quota::documents`).
+    /// The input tokens one page of an inline PDF is typically billed (its text and an
+    /// image of the page; Anthropic documents 1 500–3 000): the estimate charged per page
+    /// when the gateway counts the usage itself — the reservation holds the model's whole
+    /// input, no provider bounding a page (`quota::documents`).
     pub document_tokens_per_page: u32,
     /// A (day, model, account) row is flagged when its difference exceeds both this …
     pub reconcile_threshold_usd: f64,

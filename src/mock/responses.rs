@@ -707,6 +707,12 @@ fn check_anthropic(body: &Value) -> Result<(), String> {
                         if b.get("id").is_some()
                             && b.get("input").is_some_and(Value::is_object) => {}
                     Some("tool_result") if b.get("tool_use_id").is_some() => {}
+                    // A server-tool turn sent back in the history, as Anthropic takes it.
+                    Some("server_tool_use")
+                        if b.get("id").is_some()
+                            && b.get("input").is_some_and(Value::is_object) => {}
+                    Some("web_search_tool_result" | "web_fetch_tool_result")
+                        if b.get("tool_use_id").is_some() => {}
                     other => {
                         return Err(format!(
                             "messages.{i}.content: invalid block type {other:?}"

@@ -42,7 +42,8 @@ pub struct Candidate {
 }
 
 /// What a request that reached the upstream costs if its client leaves before the answer:
-/// its counted input, at the dearest candidate's price. A server-tool turn may have run
+/// its counted input (its documents at their estimate, `Prepared::estimated_input_on`), at
+/// the dearest candidate's price. A server-tool turn may have run
 /// whole meanwhile (the upstream goes on without its client): every step's input
 /// (`kinds::Turn::billed_input` of the counted input) and every search it was allowed.
 pub fn input_cost(p: &Prepared, candidates: &[Candidate]) -> i64 {
@@ -51,10 +52,7 @@ pub fn input_cost(p: &Prepared, candidates: &[Candidate]) -> i64 {
         .map(|c| {
             let turn = p.kinds.server_tools;
             let input = Usage {
-                input: turn.billed_input(
-                    p.input_on(c.route.image_rule, c.model.max_input_tokens),
-                    p.output_cap(),
-                ),
+                input: turn.billed_input(p.estimated_input_on(c.route.image_rule), p.output_cap()),
                 web_search_calls: p.kinds.web_search_calls,
                 ..Usage::default()
             };

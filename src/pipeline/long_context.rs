@@ -1,49 +1,15 @@
 //! Long-context tiers: some models cost more per token once a prompt passes a threshold
 //! (Claude Sonnet 4 / 4.5 and Gemini 2.5 Pro above 200 000 input tokens, the bundled price
-//! table's `long_context_above_tokens`). A request whose largest step's input — counted
-//! with the margin, its documents as `quota::documents` sizes them (one of unknown size: the
-//! model's whole input); in a server-tool turn the last sampling step, which also reads
-//! every call's result and the output before it (`kinds::Turn::last_step`) — passes the
-//! threshold of any model that may serve it is refused: its reservation, at standard rates,
-//! could not cover the dearer tier. The provider's tokenizer may still count past it what
-//! the gateway's counted below (Claude's counts more than o200k): such an answer is priced
-//! at the tier's rates, and what passes the reservation is absorbed and shown as such,
-//! never lost from the ledger.
+//! table's `long_context_above_tokens`). No request is refused for it: the reservation
+//! prices the tier wherever the provider's tokenizer may count the reserved input — with
+//! the margin, its documents at the model's whole input, a server-tool turn's every step —
+//! past a candidate's threshold (`provider_may_count`, `pipeline::reservation_amount`), and
+//! an answer is priced from the input it reports (`priced`): one the provider counted past
+//! the threshold though the gateway counted below it is priced at the tier's rates, and
+//! what passes the reservation is absorbed and shown as such, never lost from the ledger.
 
-use super::attempts::Candidate;
-use super::request::Prepared;
 use crate::config::Provider;
-use crate::error::ApiError;
 use crate::quota::pricing::{self, LongTier, Prices, Usage};
-
-/// Refuses `p` when its reserved input on a candidate (`input`) passes that candidate's
-/// long-context threshold, naming the field that carries the input.
-pub fn check(
-    p: &Prepared,
-    candidates: &[Candidate],
-    input: impl Fn(&Candidate) -> i64,
-) -> Result<(), ApiError> {
-    let past = candidates.iter().find_map(|c| {
-        let above = c.route.long_context?.above;
-        let input = input(c);
-        (input > above).then_some((input, above))
-    });
-    match past {
-        Some((input, above)) => Err(ApiError::invalid(
-            p.endpoint.input_field(),
-            format!(
-                "`{}` may reach {input} tokens (counted, with the gateway's margin; a PDF at \
-                 its pages, a document by URL or file id at the model's whole input; in a \
-                 server-tool turn's last step, with every result and the output before it); \
-                 `{}` bills prompts above {above} tokens at a dearer tier this gateway does \
-                 not price. Shorten the input.",
-                p.endpoint.input_field(),
-                p.requested_model
-            ),
-        )),
-        None => Ok(()),
-    }
-}
 
 /// How much more a provider's tokenizer may count than the gateway's (o200k) estimate, in
 /// percent. A reservation whose input could pass a tier's threshold counted so is priced at

@@ -342,14 +342,6 @@ async fn run(
         }
         .into());
     }
-    // Each sampling step is priced apart: the tier applies when one step's context passes
-    // the threshold, and the largest is the last (`kinds::Turn`).
-    long_context::check(&prepared, &candidates, |c| {
-        prepared
-            .kinds
-            .server_tools
-            .last_step(first_step(state, &prepared, c), prepared.output_cap())
-    })?;
     let worst = reservation_amount(state, &prepared, &candidates);
     let mut held = if ladder.has(Ladder::Quota) {
         state
@@ -553,13 +545,22 @@ fn soft_limit(state: &AppState, auth: &TokenAuth, p: &mut Prepared) {
     p.model = to.clone();
 }
 
+/// The `error_code` of a served request's row whose input the upstream did not report: it
+/// was charged the gateway's own count (its documents at their estimate,
+/// `Prepared::estimated_input_on`), not a provider's figure.
+pub(crate) const USAGE_ESTIMATED: &str = "usage_estimated";
+
 /// The worst-case cost: the margin-padded input at the dearest input price the request may
 /// be billed (cache writes and audio only when it asks for them, `kinds`), the full output
 /// cap (× n) at the dearest output price, and the web-search fee for every call it may
 /// make — priced at the dearest route that may serve, each at its price in force when the
 /// request started. A server-tool turn is billed every step's context as input
 /// (`kinds::Turn`): the margin-padded input once per step, plus the results and output
-/// the later steps re-read.
+/// the later steps re-read. A route with a long-context tier is reserved at the tier's
+/// rates when the provider's tokenizer may count that input past its threshold
+/// (`long_context::provider_may_count`): the only long-context rule — no request is
+/// refused for the tier (a document reserves the model's whole input, which on a tiered
+/// model passes it).
 fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Candidate]) -> i64 {
     let live = state.live.snapshot();
     let worst_at = |c: &attempts::Candidate| {
@@ -597,7 +598,7 @@ fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Ca
 fn first_step(state: &AppState, p: &Prepared, c: &attempts::Candidate) -> i64 {
     let q = &state.settings.quota;
     pricing::input_with_margin(
-        p.input_on(c.route.image_rule, c.model.max_input_tokens),
+        p.reserved_input_on(c.route.image_rule, c.model.max_input_tokens),
         q.input_margin_ratio,
         q.input_margin_tokens,
     )
@@ -615,7 +616,7 @@ async fn finish(
     mut booking: Option<Booking>,
     plan: Option<crate::cache::Plan>,
 ) -> Result<HttpResponse, Failure> {
-    let (image_rule, max_input) = (s.route.image_rule, s.model.max_input_tokens);
+    let image_rule = s.route.image_rule;
     let mut key_booking = s.key_booking;
     let raw = s.body.unwrap_or_default();
     let answer = s.answer.unwrap_or_default();
@@ -634,10 +635,13 @@ async fn finish(
             None,
         ),
     };
+    if usage.is_err() {
+        log.error_code = Some(USAGE_ESTIMATED);
+    }
     let usage = usage
         .unwrap_or_else(|text| Usage {
             input: (p.kinds.server_tools)
-                .billed_input(p.input_on(image_rule, max_input), p.output_cap()),
+                .billed_input(p.estimated_input_on(image_rule), p.output_cap()),
             output: estimate::count_text(&text),
             web_search_calls: p.kinds.web_search_calls,
             ..Usage::default()

@@ -61,17 +61,25 @@ impl Prepared {
         self.cap.map_or(0, |(_, c)| c).saturating_mul(self.n)
     }
 
-    /// The counted input on a route whose provider reads images by `rule`, of a model
+    /// The input reserved on a route whose provider reads images by `rule`, of a model
     /// accepting `max_input` tokens: the estimate plus what its images may cost there
-    /// beyond the estimate's flat figure, plus its documents (PDF pages at the per-page
-    /// maximum; a document of unknown size: at least `max_input`). What money uses (the
-    /// reservation, the long-context check, a client's early leaving, an answer without
-    /// usage).
-    pub fn input_on(&self, rule: Rule, max_input: i64) -> i64 {
-        let counted = self
-            .input_tokens
-            .saturating_add(self.images.beyond_estimate(rule));
-        self.documents.input(counted, max_input)
+    /// beyond the estimate's flat figure, plus its documents (with any, at least
+    /// `max_input`: `Documents::reserved`). What the reservation uses.
+    pub fn reserved_input_on(&self, rule: Rule, max_input: i64) -> i64 {
+        self.documents.reserved(self.counted_on(rule), max_input)
+    }
+
+    /// The input charged on such a route when the gateway counts the usage itself (a
+    /// client that left, an answer without usage): its documents at their estimate
+    /// (`Documents::estimated`), not the reservation's bound.
+    pub fn estimated_input_on(&self, rule: Rule) -> i64 {
+        self.documents.estimated(self.counted_on(rule))
+    }
+
+    /// The estimate with the request's images as the route's provider bills them.
+    fn counted_on(&self, rule: Rule) -> i64 {
+        self.input_tokens
+            .saturating_add(self.images.beyond_estimate(rule))
     }
 }
 

@@ -32,6 +32,7 @@ use super::kinds::Turn;
 use super::long_context;
 use super::request::Prepared;
 use super::respond;
+use super::USAGE_ESTIMATED;
 use crate::auth::TokenAuth;
 use crate::cache::replay::Assembler;
 use crate::cache::Plan;
@@ -271,7 +272,7 @@ pub(super) fn serve(
         upstream_format,
         client,
         p.include_usage,
-        p.input_on(s.route.image_rule, s.model.max_input_tokens),
+        p.estimated_input_on(s.route.image_rule),
     )
     .hold_limit(most);
     // A server the gateway does not ask for its usage (`quirks.include_usage = false`).
@@ -504,6 +505,7 @@ impl Pump {
             cache,
         } = books;
         super::kinds::served_tier(provider, &log.upstream, converter.served_tier());
+        let input_reported = converter.input_reported();
         let mut usage = converter.usage().at_worst_lifetime(may);
         if !converter.usage_final() {
             let seen = converter.server_calls_seen();
@@ -539,7 +541,12 @@ impl Pump {
         log.kinds = usage.parts();
         log.latency_ms = started.elapsed().as_millis() as i64;
         log.status = 200;
-        log.error_code = ending;
+        // A stream that ended well without the input reported is charged the gateway's
+        // count (its documents at their estimate): the row says so.
+        log.error_code = match ending {
+            None if !input_reported => Some(USAGE_ESTIMATED),
+            ending => ending,
+        };
         state.request_log.record(log).await;
         let s = held.settle(cost).await;
         super::account(&state, &auth, s.token_remaining, s.absorbed);

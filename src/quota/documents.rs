@@ -1,19 +1,27 @@
 //! What the documents of a request may cost in input tokens. A provider bills a PDF page as
 //! its text plus an image of the page (Anthropic documents ~1 500–3 000 tokens a page;
 //! OpenAI extracts text and page images alike), so a document's bytes say little and its
-//! base64 characters nothing: an inline PDF is reserved at its pages (`pdf::pages`) ×
-//! `[finance] document_tokens_per_page`, and a document whose size the gateway cannot know
-//! — by URL or provider file id, or bytes whose pages it cannot read — at the whole input
-//! the serving model accepts (`max_input_tokens`). A plain-text document is text: the
-//! token estimate counts it (`estimate::count_message`), as it counts a document's title,
-//! context and file name; only the payload sized here is left out of the estimate.
+//! base64 characters nothing — and no provider bounds a page: one page of small text in a
+//! compressed content stream, or a form reused on every page, may be billed ~190 000
+//! tokens. So a request carrying a document is **reserved** at least the whole input the
+//! serving model accepts (`max_input_tokens`), an inline PDF as much as a document the
+//! gateway cannot size (by URL or provider file id, bytes it cannot read as a PDF). Where
+//! the gateway must **charge** from its own count (no usage came back, the client left) it
+//! charges an estimate instead: a readable PDF's pages (`pdf::pages`) × `[finance]
+//! document_tokens_per_page`, a document of unknown size `UNKNOWN_DOCUMENT_PAGES` such
+//! pages. A plain-text document is text: the token estimate counts it
+//! (`estimate::count_message`), as it counts a document's title, context and file name;
+//! only the payload sized here is left out of the estimate.
 //!
 //! The parts: Anthropic `{"type": "document", "source": {...}}` (`base64` sized, `text` /
 //! `content` counted as text, `url` / `file` unknown), OpenAI chat `{"type": "file",
 //! "file": {"file_data" | "file_id", "filename"}}` and Responses `{"type": "input_file",
 //! "file_data" | "file_id" | "file_url"}`, at content-block positions only (`parts`: a
 //! tool result's content too); elsewhere a document-shaped object is text to the provider
-//! and to the estimate.
+//! and to the estimate. Bytes are read as a PDF only when the part declares one (its media
+//! type, its data URL's type, its file name — each given must say PDF) and names no file
+//! by reference besides (`file_id`, `file_url`, `url`): else the provider reads them as
+//! whatever they are declared, or bills the file referred to, and their size is unknown.
 
 use base64::engine::{general_purpose::GeneralPurpose, DecodePaddingMode, GeneralPurposeConfig};
 use base64::Engine;
@@ -21,22 +29,29 @@ use serde_json::{Map, Value};
 
 use super::{parts, pdf};
 
+/// The pages a document of unknown size is estimated at when the gateway must charge from
+/// its own count (`Documents::estimated`): a typical report's length, well under the 100
+/// pages Anthropic and OpenAI take in one request. It is an estimate, never a bound: the
+/// reservation holds the model's whole input, and the row of a charge counted so says it
+/// (`usage_estimated`, or `client_disconnected` for a client that left).
+pub const UNKNOWN_DOCUMENT_PAGES: i64 = 10;
+
 /// The documents of a request; `Documents::default()` for a request without any.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Documents {
     /// Pages of the inline PDFs, all together.
     pages: i64,
-    /// Tokens reserved per page (`[finance] document_tokens_per_page`).
+    /// Tokens estimated per page (`[finance] document_tokens_per_page`).
     per_page: i64,
-    /// A document whose size is unknown: the model's whole input is reserved.
-    unknown_size: bool,
+    /// Documents whose size is unknown.
+    unknown: i64,
 }
 
 /// Where a document part keeps what `Documents` sizes (and the estimate leaves out).
 enum Payload<'a> {
-    /// Inline bytes: base64, possibly in a `data:` URL.
+    /// Inline bytes of a declared PDF: base64, possibly in a `data:` URL.
     Inline(&'a str),
-    /// By URL, by file id, or a source the gateway does not know.
+    /// By URL, by file id, bytes not declared a PDF, or a source the gateway does not know.
     Unknown,
     /// A plain-text source: counted as text.
     Text,
@@ -57,46 +72,96 @@ impl Documents {
         match payload(part) {
             Some(Payload::Inline(data)) => match decode(data).as_deref().and_then(pdf::pages) {
                 Some(pages) => self.pages = self.pages.saturating_add(pages),
-                None => self.unknown_size = true,
+                None => self.unknown = self.unknown.saturating_add(1),
             },
-            Some(Payload::Unknown) => self.unknown_size = true,
+            Some(Payload::Unknown) => self.unknown = self.unknown.saturating_add(1),
             Some(Payload::Text) | None => {}
         }
     }
 
-    /// The input a request may be billed on a model accepting `max_input` tokens, its
-    /// other input being `counted`: that plus its PDFs' pages at the per-page maximum;
-    /// with a document of unknown size, at least the model's whole input.
-    pub fn input(&self, counted: i64, max_input: i64) -> i64 {
-        let sized = counted.saturating_add(self.pages.saturating_mul(self.per_page));
-        if self.unknown_size {
-            sized.max(max_input)
+    /// The input a request is reserved on a model accepting `max_input` tokens, its other
+    /// input being `counted`: with any document, at least the model's whole input (no
+    /// provider bounds what a page or a file is billed); never below the estimate.
+    pub fn reserved(&self, counted: i64, max_input: i64) -> i64 {
+        let estimated = self.estimated(counted);
+        if self.pages > 0 || self.unknown > 0 {
+            estimated.max(max_input)
         } else {
-            sized
+            estimated
         }
+    }
+
+    /// The input the gateway charges when it counts the usage itself (no usage came back,
+    /// the client left): `counted` plus the PDFs' pages and `UNKNOWN_DOCUMENT_PAGES` for
+    /// each document of unknown size, at the per-page figure.
+    pub fn estimated(&self, counted: i64) -> i64 {
+        let unknown_pages = self.unknown.saturating_mul(UNKNOWN_DOCUMENT_PAGES);
+        let pages = self.pages.saturating_add(unknown_pages);
+        counted.saturating_add(pages.saturating_mul(self.per_page))
     }
 }
 
 /// A document part's payload, `None` for anything else.
 fn payload(part: &Map<String, Value>) -> Option<Payload<'_>> {
-    fn text<'a>(o: &'a Map<String, Value>, k: &str) -> Option<&'a str> {
-        o.get(k).and_then(Value::as_str)
-    }
     match text(part, "type")? {
         "document" => {
             let source = part.get("source")?.as_object()?;
             Some(match text(source, "type") {
-                Some("base64") => text(source, "data").map_or(Payload::Unknown, Payload::Inline),
+                Some("base64") => inline(source, "data", text(source, "media_type"), None),
                 Some("text" | "content") => Payload::Text,
                 _ => Payload::Unknown,
             })
         }
         "file" => {
             let file = part.get("file")?.as_object()?;
-            Some(text(file, "file_data").map_or(Payload::Unknown, Payload::Inline))
+            Some(inline(file, "file_data", None, text(file, "filename")))
         }
-        "input_file" => Some(text(part, "file_data").map_or(Payload::Unknown, Payload::Inline)),
+        "input_file" => Some(inline(part, "file_data", None, text(part, "filename"))),
         _ => None,
+    }
+}
+
+fn text<'a>(o: &'a Map<String, Value>, k: &str) -> Option<&'a str> {
+    o.get(k).and_then(Value::as_str)
+}
+
+/// The bytes at `holder[key]` when they are a PDF to the provider: declared one by every
+/// declaration given (`media_type`, the data URL's type, `filename`; at least one), with
+/// no file named by reference beside them — else of unknown size.
+fn inline<'a>(
+    holder: &'a Map<String, Value>,
+    key: &str,
+    media_type: Option<&str>,
+    filename: Option<&str>,
+) -> Payload<'a> {
+    const BY_REFERENCE: [&str; 3] = ["file_id", "file_url", "url"];
+    let Some(data) = text(holder, key) else {
+        return Payload::Unknown;
+    };
+    if BY_REFERENCE
+        .iter()
+        .any(|k| holder.get(*k).is_some_and(|v| !v.is_null()))
+    {
+        return Payload::Unknown;
+    }
+    let url_type = data
+        .strip_prefix("data:")
+        .map(|url| url.split([';', ',']).next().unwrap_or_default());
+    let is_pdf_type = |t: &str| t.trim().eq_ignore_ascii_case("application/pdf");
+    let is_pdf_name = |n: &str| {
+        let n = n.trim().as_bytes();
+        n.len() >= 4 && n[n.len() - 4..].eq_ignore_ascii_case(b".pdf")
+    };
+    let declared = [
+        media_type.map(is_pdf_type),
+        url_type.map(is_pdf_type),
+        filename.map(is_pdf_name),
+    ];
+    let mut said = declared.into_iter().flatten().peekable();
+    if said.peek().is_some() && said.all(|pdf| pdf) {
+        Payload::Inline(data)
+    } else {
+        Payload::Unknown
     }
 }
 
@@ -173,16 +238,20 @@ mod tests {
         let parts = json!([
             {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": d}},
             {"type": "file", "file": {"filename": "a.pdf", "file_data": format!("data:application/pdf;base64,{d}")}},
-            {"type": "input_file", "file_data": d.trim_end_matches('=')},
+            {"type": "input_file", "filename": "a.pdf", "file_data": d.trim_end_matches('=')},
             {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "plain"}},
         ]);
         let docs = read(parts);
-        assert_eq!((docs.pages, docs.unknown_size), (9, false));
-        assert_eq!(docs.input(100, 128_000), 100 + 9 * 3_000);
+        assert_eq!((docs.pages, docs.unknown), (9, 0));
+        // Reserved at the model's whole input, charged from the gateway's count at pages.
+        assert_eq!(docs.reserved(100, 128_000), 128_000);
+        assert_eq!(docs.estimated(100), 100 + 9 * 3_000);
+        // Pages past the model's input: reserved at them too.
+        assert_eq!(docs.reserved(100, 20_000), 100 + 9 * 3_000);
     }
 
     #[test]
-    fn a_document_of_unknown_size_reserves_the_whole_input() {
+    fn a_document_of_unknown_size_reserves_the_whole_input_and_is_estimated_at_ten_pages() {
         for part in [
             json!({"type": "document", "source": {"type": "url", "url": "https://x/a.pdf"}}),
             json!({"type": "document", "source": {"type": "file", "file_id": "file_1"}}),
@@ -193,14 +262,54 @@ mod tests {
             json!({"type": "file", "file": {"file_data": "not base64!"}}),
         ] {
             let docs = read(json!([part.clone()]));
-            assert!(docs.unknown_size, "{part}");
-            assert_eq!(docs.input(100, 128_000), 128_000, "{part}");
-            assert_eq!(docs.input(200_000, 128_000), 200_000, "{part}");
+            assert_eq!(docs.unknown, 1, "{part}");
+            assert_eq!(docs.reserved(100, 128_000), 128_000, "{part}");
+            assert_eq!(docs.reserved(200_000, 128_000), 230_000, "{part}");
+            assert_eq!(docs.estimated(100), 100 + 10 * 3_000, "{part}");
         }
+        let none = read(json!([{"type": "text", "text": "hi"}]));
+        assert_eq!((none.reserved(5, 128_000), none.estimated(5)), (5, 5));
+    }
+
+    /// Bytes that begin `%PDF-` are a PDF to the provider only when the part says so: a
+    /// part declared as text (media type, data-URL type, file name) or declaring nothing
+    /// is billed as the provider reads it, so its size is unknown; and a part naming a
+    /// file by reference as well as carrying bytes may be billed for the reference.
+    #[test]
+    fn only_a_part_that_declares_a_pdf_and_carries_only_bytes_is_sized_by_its_pages() {
+        let d = pdf_b64(3);
+        for part in [
+            json!({"type": "document", "source": {"type": "base64", "media_type": "text/plain", "data": d}}),
+            json!({"type": "document", "source": {"type": "base64", "data": d}}),
+            json!({"type": "file", "file": {"filename": "a.txt", "file_data": format!("data:application/pdf;base64,{d}")}}),
+            json!({"type": "file", "file": {"filename": "a.pdf", "file_data": format!("data:text/plain;base64,{d}")}}),
+            json!({"type": "input_file", "file_data": d}),
+            json!({"type": "file", "file": {"filename": "a.pdf", "file_data": d, "file_id": "file-1"}}),
+            json!({"type": "input_file", "filename": "a.pdf", "file_data": d, "file_url": "https://x/b.pdf"}),
+            json!({"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": d, "url": "https://x/b.pdf"}}),
+        ] {
+            let docs = read(json!([part.clone()]));
+            assert_eq!((docs.pages, docs.unknown), (0, 1), "{part}");
+        }
+        let declared = json!({"type": "input_file", "filename": "A.PDF", "file_data": d});
+        assert_eq!(read(json!([declared])).pages, 3);
+    }
+
+    /// A PDF fetched by `web_fetch` and echoed back in the history is a document the
+    /// provider reads again; a content document's blocks are parts too.
+    #[test]
+    fn a_fetched_pdf_and_a_content_documents_blocks_are_sized() {
+        let fetched = json!({"type": "web_fetch_tool_result", "tool_use_id": "s",
+            "content": {"type": "web_fetch_result", "url": "https://x/a.pdf", "content": {
+                "type": "document", "source": {"type": "base64", "media_type": "application/pdf",
+                    "data": pdf_b64(2)}}}});
         assert_eq!(
-            read(json!([{"type": "text", "text": "hi"}])).input(5, 128_000),
-            5
+            (read(json!([fetched])).pages, read(json!([])).pages),
+            (2, 0)
         );
+        let content = json!({"type": "document", "source": {"type": "content", "content": [
+            {"type": "document", "source": {"type": "url", "url": "https://x/b.pdf"}}]}});
+        assert_eq!(read(json!([content])).unknown, 1);
     }
 
     #[test]
@@ -209,15 +318,15 @@ mod tests {
         let body = json!({"tools": [{"input_schema": {"default": shaped}}], "messages": [
             {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": shaped}]}]});
         assert_eq!(
-            Documents::read(body.as_object().unwrap(), 3_000).input(5, 128_000),
+            Documents::read(body.as_object().unwrap(), 3_000).reserved(5, 128_000),
             5
         );
         let body = json!({"messages": [{"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": "t", "content": [shaped]}]}]});
-        assert!(Documents::read(body.as_object().unwrap(), 3_000).unknown_size);
+        assert_eq!(Documents::read(body.as_object().unwrap(), 3_000).unknown, 1);
         let body = json!({"input": [{"type": "function_call_output", "call_id": "c",
             "output": [{"type": "input_file", "file_id": "f"}]}]});
-        assert!(Documents::read(body.as_object().unwrap(), 3_000).unknown_size);
+        assert_eq!(Documents::read(body.as_object().unwrap(), 3_000).unknown, 1);
     }
 
     #[test]

@@ -76,24 +76,31 @@ fn count_parts(v: &Value) -> i64 {
 }
 
 fn count_part(p: &Value) -> i64 {
-    let Value::Object(part) = p else {
-        return count_value(p);
-    };
+    match p {
+        Value::Object(part) => count_object(part),
+        _ => count_value(p),
+    }
+}
+
+fn count_object(part: &Map<String, Value>) -> i64 {
     if super::parts::is_image(part) {
         return PER_IMAGE;
+    }
+    // The parts a part holds (a tool result's, a content document's, a fetched document)
+    // are counted as parts, what is around them as text.
+    if let Some(around) = super::parts::without_nested(part) {
+        let inner: i64 = super::parts::nested(part)
+            .into_iter()
+            .map(count_object)
+            .sum();
+        return count_object(&around) + inner;
     }
     // A document's bytes or reference are sized by `documents`, not counted as text:
     // only its title, context, file name or plain-text source are.
     if let Some(text) = super::documents::without_payload(part) {
         return fields(&text, |_, v| count_value(v));
     }
-    fields(part, |k, v| {
-        if super::parts::nests_parts(part, k) {
-            count_parts(v)
-        } else {
-            count_value(v)
-        }
-    })
+    fields(part, |_, v| count_value(v))
 }
 
 /// An object's fields: each key at most 2 tokens, each value by `value`.
@@ -154,5 +161,28 @@ mod tests {
         let output = json!({"type": "function_call_output", "call_id": "c",
             "output": [{"type": "input_file", "file_data": big}]});
         assert!(count_message(&output) < 30);
+    }
+
+    /// The blocks of a content document (`source.content`) and a fetched document echoed
+    /// back in a `web_fetch_tool_result` are parts: an image counted at `PER_IMAGE`, a
+    /// PDF's bytes left to `documents` — not their base64 counted as text.
+    #[test]
+    fn a_content_documents_blocks_and_a_fetched_document_are_parts() {
+        let big = "Zq9xW3".repeat(2_000);
+        let content = json!({"role": "user", "content": [{"type": "document", "title": "T",
+            "source": {"type": "content", "content": [{"type": "text", "text": "t"},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": big}}]}}]});
+        let n = count_message(&content);
+        assert!((PER_IMAGE..PER_IMAGE + 30).contains(&n), "{n}");
+        let fetched = json!({"role": "assistant", "content": [{"type": "web_fetch_tool_result",
+            "tool_use_id": "s", "content": {"type": "web_fetch_result", "url": "https://x/a.pdf",
+                "content": {"type": "document", "source": {"type": "base64",
+                    "media_type": "application/pdf", "data": big}}}}]});
+        assert!(count_message(&fetched) < 40, "{}", count_message(&fetched));
+        // A fetched page as text is text.
+        let text = json!({"role": "assistant", "content": [{"type": "web_fetch_tool_result",
+            "tool_use_id": "s", "content": {"type": "web_fetch_result", "url": "https://x",
+                "content": {"type": "document", "source": {"type": "text", "data": big}}}}]});
+        assert!(count_message(&text) > count_text(&big));
     }
 }

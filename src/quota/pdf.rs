@@ -14,7 +14,9 @@
 //! - page objects inside compressed object streams (`/ObjStm`, and `/XRef` streams,
 //!   whose entries may point into object streams without naming them): not visible;
 //! - a page tree that references one node twice (its pages would be counted once per
-//!   reference), or whose `/Kids` is not an inline array of references;
+//!   reference): from one `/Kids` array, or from two objects — a later revision of the
+//!   same object (an incremental update appends one under its number) naming its kids
+//!   again is the same reference; or whose `/Kids` is not an inline array of references;
 //! - a `/Count` by indirect reference (`/Count 3 0 R`: the count is in another object);
 //! - no `%PDF-` header in the first KiB, or no page at all.
 //!
@@ -25,7 +27,7 @@
 //! parser that walks the tree instead takes every node without `/Kids` as a page, with or
 //! without `/Type /Page`: so the pages are at least the distinct objects `/Kids` name.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 /// How far past `/Count` its value is looked for (whitespace and comments included).
 const COUNT_REACH: usize = 256;
@@ -38,9 +40,12 @@ pub fn pages(bytes: &[u8]) -> Option<i64> {
     }
     let mut page_objects: i64 = 0;
     let mut most_counted: i64 = 0;
-    let mut kids: HashSet<u64> = HashSet::new();
+    let mut kids = Kids::default();
+    // The object whose body the scan is in (its number, from its `n g obj` header).
+    let mut owner: Option<u64> = None;
     let mut i = 0;
     while let Some(at) = bytes[i..].iter().position(|&b| b == b'/') {
+        owner = last_header(&bytes[i..i + at]).or(owner);
         let (name, end) = name_at(bytes, i + at + 1);
         i = end;
         match name.as_slice() {
@@ -68,7 +73,7 @@ pub fn pages(bytes: &[u8]) -> Option<i64> {
                 }
             }
             b"Kids" => {
-                let end = kids_at(bytes, i, &mut kids)?;
+                let end = kids.read(bytes, i, owner)?;
                 i = end;
             }
             _ => {}
@@ -76,7 +81,7 @@ pub fn pages(bytes: &[u8]) -> Option<i64> {
     }
     // A reader takes a tree node without `/Kids` as a page whatever its `/Type`, so every
     // distinct kid may be one (an inner node counted too: a few pages too many at worst).
-    let kids = i64::try_from(kids.len()).unwrap_or(i64::MAX);
+    let kids = i64::try_from(kids.by_object.len()).unwrap_or(i64::MAX);
     let pages = page_objects.max(most_counted).max(kids);
     (pages > 0).then_some(pages)
 }
@@ -156,30 +161,96 @@ fn integer_at(bytes: &[u8], i: usize) -> Option<(i64, usize)> {
     (i > start).then_some((n, i))
 }
 
-/// A `/Kids` array from `i`: `[n g R …]`, each object number recorded; `None` when it is
-/// not an inline array of references or an object is referenced a second time.
-fn kids_at(bytes: &[u8], i: usize, seen: &mut HashSet<u64>) -> Option<usize> {
-    let mut i = skip_space(bytes, i);
-    if bytes.get(i) != Some(&b'[') {
-        return None;
-    }
-    i += 1;
-    loop {
-        i = skip_space(bytes, i);
-        if bytes.get(i) == Some(&b']') {
-            return Some(i + 1);
-        }
-        let (object, end) = integer_at(bytes, i)?;
-        let (_generation, end) = integer_at(bytes, end)?;
-        let end = skip_space(bytes, end);
-        if bytes.get(end) != Some(&b'R') {
+/// The distinct objects the `/Kids` arrays name, each with the object whose array named it
+/// and which array that was (numbered in order).
+#[derive(Default)]
+struct Kids {
+    by_object: HashMap<u64, (Option<u64>, usize)>,
+    arrays: usize,
+}
+
+impl Kids {
+    /// A `/Kids` array from `i`, in the body of object `owner`: `[n g R …]`, each object
+    /// number recorded; `None` when it is not an inline array of references or an object
+    /// is referenced a second time — twice in one array, or by another object (or one the
+    /// scan cannot place). A later revision of `owner` naming its kids again is no second
+    /// reference.
+    fn read(&mut self, bytes: &[u8], i: usize, owner: Option<u64>) -> Option<usize> {
+        self.arrays += 1;
+        let this = (owner, self.arrays);
+        let mut i = skip_space(bytes, i);
+        if bytes.get(i) != Some(&b'[') {
             return None;
         }
-        if !seen.insert(object as u64) {
-            return None;
+        i += 1;
+        loop {
+            i = skip_space(bytes, i);
+            if bytes.get(i) == Some(&b']') {
+                return Some(i + 1);
+            }
+            let (object, end) = integer_at(bytes, i)?;
+            let (_generation, end) = integer_at(bytes, end)?;
+            let end = skip_space(bytes, end);
+            if bytes.get(end) != Some(&b'R') {
+                return None;
+            }
+            if let Some((before, array)) = self.by_object.insert(object as u64, this) {
+                if array == this.1 || before.is_none() || before != owner {
+                    return None;
+                }
+            }
+            i = end + 1;
         }
-        i = end + 1;
     }
+}
+
+/// The number of the last object header (`n g obj`) in `region`, if any. Each `obj` is
+/// looked back from over its own whitespace and two integers only, so the regions a scan
+/// hands in are read in linear time all together.
+fn last_header(region: &[u8]) -> Option<u64> {
+    let mut found = None;
+    let mut from = 0;
+    while let Some(at) = region[from..].windows(3).position(|w| w == b"obj") {
+        let k = from + at;
+        from = k + 3;
+        if region
+            .get(k + 3)
+            .is_some_and(|&b| !is_space(b) && !is_delimiter(b))
+        {
+            continue;
+        }
+        let digits_before = |end: usize| {
+            let start = region[..end]
+                .iter()
+                .rposition(|b| !b.is_ascii_digit())
+                .map_or(0, |p| p + 1);
+            (start < end).then_some(start)
+        };
+        let spaces_before = |end: usize| {
+            let start = region[..end]
+                .iter()
+                .rposition(|&b| !is_space(b))
+                .map_or(0, |p| p + 1);
+            (start < end).then_some(start)
+        };
+        let header = spaces_before(k)
+            .and_then(digits_before)
+            .and_then(spaces_before)
+            .and_then(|end| Some((digits_before(end)?, end)));
+        if let Some((start, end)) = header {
+            // Only digits and whitespace may come before the number: `12 0 obj`, not
+            // `x12 0 obj` (`endobj` ends in `obj` too but has no number before it).
+            let clear =
+                start == 0 || is_space(region[start - 1]) || is_delimiter(region[start - 1]);
+            if clear {
+                let number = std::str::from_utf8(&region[start..end])
+                    .ok()
+                    .and_then(|n| n.trim().parse::<u64>().ok());
+                found = number.or(found);
+            }
+        }
+    }
+    found
 }
 
 #[cfg(test)]
@@ -279,6 +350,23 @@ mod tests {
         for (what, bytes) in cases {
             assert_eq!(pages(&bytes), None, "{what}");
         }
+    }
+
+    /// An incremental update appends a new revision of an object under the same number:
+    /// the page tree's root rewritten with a page added names its old kids again. That is
+    /// one node per kid, read as the distinct kids (before: unreadable). Two different
+    /// objects naming one kid are still a node referenced twice.
+    #[test]
+    fn a_revised_tree_naming_its_kids_again_is_read() {
+        let mut revised = doc("<< /Type /Pages /Kids [3 0 R] /Count 1 >>", &[PAGE]);
+        revised.extend(
+            b"2 0 obj\n<< /Type /Pages /Kids [3 0 R 4 0 R] /Count 2 >>\nendobj\n\
+              4 0 obj << /Type /Page /Parent 2 0 R >> endobj\ntrailer << /Prev 9 >>\n%%EOF\n",
+        );
+        assert_eq!(pages(&revised), Some(2));
+        let mut shared = doc("<< /Type /Pages /Kids [3 0 R] /Count 1 >>", &[PAGE]);
+        shared.extend(b"5 0 obj << /Type /Pages /Kids [3 0 R] >> endobj\n");
+        assert_eq!(pages(&shared), None);
     }
 
     /// The proptest's first find: a `/Count` read past a comment jumped over a `/Count`

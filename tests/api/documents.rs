@@ -1,10 +1,12 @@
-//! Documents and files are reserved for what providers bill, not for their strings: a PDF
-//! page is billed as its text plus an image of it (Anthropic documents ~1 500–3 000 tokens
-//! a page), so an inline PDF reserves its pages × `[finance] document_tokens_per_page`
-//! (3 000) and its base64 is not counted as text; a document the gateway cannot size (by
-//! URL, by file id, bytes whose pages it cannot read) reserves the model's
-//! `max_input_tokens`. Hosted Responses tools are refused by name, and a translated route
-//! refuses a document it cannot carry rather than dropping it.
+//! Documents and files are reserved for what providers may bill, not for their strings: no
+//! provider bounds a page's tokens (one page may hold ~190 000 tokens of text), so an
+//! inline PDF — like a document the gateway cannot size (by URL, by file id, bytes whose
+//! pages it cannot read) — reserves the model's `max_input_tokens`; where the gateway must
+//! charge from its own count (no usage came back, the client left) a readable PDF is its
+//! pages × `[finance] document_tokens_per_page` (3 000) and a document of unknown size
+//! `UNKNOWN_DOCUMENT_PAGES` (10) such pages, the row marked `usage_estimated`. Hosted
+//! Responses tools are refused by name, and a translated route refuses a document it
+//! cannot carry rather than dropping it.
 
 use base64::Engine;
 use serde_json::{json, Value};
@@ -94,13 +96,14 @@ fn without(mut message: Value, pointer: &str, key: &str) -> Value {
     message
 }
 
-/// Three PDF pages are billed up to ~9 000 tokens (text plus a page image each) while their
-/// ~800 base64 characters count a few hundred: the reservation was far below what the
-/// upstream bills, and the difference absorbed. Now a budget one micro-dollar under
-/// pages × 3 000 (plus the text, with the margin) is refused before the upstream, and an
-/// answer without usage is charged that input.
+/// One PDF page can hold ~190 000 tokens of text (compressed content streams, a form
+/// reused on every page): pages × 3 000 was no worst case, and the excess was absorbed.
+/// Now an inline PDF reserves the model's whole input (128 000 here): a budget one
+/// micro-dollar under that is refused before the upstream (before: served, reserved at
+/// pages × 3 000 and the text); an answer without usage is still charged the estimate,
+/// pages × 3 000 and the text, and its row says the usage was estimated.
 #[tokio::test]
-async fn an_inline_pdf_is_reserved_at_its_pages_times_the_per_page_maximum() {
+async fn an_inline_pdf_is_reserved_at_the_models_whole_input_and_charged_its_pages() {
     let app = spawn_app().await;
     let message = chat_pdf_message(3);
     let text = chat_input(
@@ -108,8 +111,11 @@ async fn an_inline_pdf_is_reserved_at_its_pages_times_the_per_page_maximum() {
         None,
     );
     let input = text + 3 * 3_000;
-    let reserve = worst(input, 50);
-    assert!(reserve > worst(3 * 1_500, 50), "{reserve}");
+    let reserve = worst(128_000, 50);
+    assert_eq!(
+        reserve, 21_153,
+        "(128 000 × 1.10 + 16) × 0.15 + 50 × 0.60, rounded up"
+    );
     let body = json!({"model": "gpt-4o-mini", "max_tokens": 50, "messages": [message]});
 
     let (_, short) = app.token("short", Some(&usd(reserve - 1))).await;
@@ -118,7 +124,7 @@ async fn an_inline_pdf_is_reserved_at_its_pages_times_the_per_page_maximum() {
     let answer: Value = resp.json().await.unwrap();
     assert_eq!(
         status, 429,
-        "a budget under pages × 3 000 was served: {answer}"
+        "a budget under the model's whole input was served: {answer}"
     );
     assert_eq!(answer["error"]["code"], "insufficient_quota", "{answer}");
     assert_eq!(
@@ -127,8 +133,8 @@ async fn an_inline_pdf_is_reserved_at_its_pages_times_the_per_page_maximum() {
         "nothing reached the upstream"
     );
 
-    // Exactly the reservation: served; an answer without usage is charged the input
-    // reserved for (pages × 3 000 and the text) and the counted output.
+    // Exactly the reservation: served; an answer without usage is charged the estimate
+    // (pages × 3 000 and the text) and the counted output.
     let (id, enough) = app.token("enough", Some(&usd(reserve))).await;
     app.mock.state.script(
         KEY_A,
@@ -152,12 +158,22 @@ async fn an_inline_pdf_is_reserved_at_its_pages_times_the_per_page_maximum() {
         prices(),
     );
     assert_eq!(charged(&app, id).await, want);
+    assert_eq!(estimated_rows(&app, id).await, 1);
     app.assert_invariant().await;
+}
+
+/// The rows of a token whose usage the gateway estimated (no usage came back).
+async fn estimated_rows(app: &TestApp, token_id: i64) -> i64 {
+    app.wait_for_log_rows(1).await;
+    app.scalar(&format!(
+        "SELECT COUNT(*) FROM requests WHERE token_id = {token_id} AND error_code = 'usage_estimated'"
+    ))
+    .await
 }
 
 /// The same on Anthropic's own format and upstream: a base64 `document` block.
 #[tokio::test]
-async fn an_anthropic_pdf_document_is_reserved_at_its_pages() {
+async fn an_anthropic_pdf_document_is_reserved_at_the_models_whole_input() {
     let app = spawn_app_with_claude().await;
     let message = json!({"role": "user", "content": [
         {"type": "document", "title": "manual.pdf",
@@ -167,7 +183,9 @@ async fn an_anthropic_pdf_document_is_reserved_at_its_pages() {
         &[without(message.clone(), "/content/0/source", "data")],
         None,
     );
-    let reserve = worst(text + 4 * 3_000, 64);
+    // The model's whole input, not its 4 pages × 3 000 and the text (before: 2 117).
+    let reserve = worst(128_000, 64);
+    assert!(text + 4 * 3_000 < 128_000);
     let (id, token) = app.token("anthropic-pdf", Some(&usd(reserve))).await;
     let body = json!({"model": "claude", "max_tokens": 64, "messages": [message]});
     let resp = app.messages(&token, &body).await;
@@ -249,11 +267,15 @@ async fn a_document_by_url_or_file_id_reserves_the_models_max_input() {
     app.assert_invariant().await;
 }
 
-/// A document of unknown size may push the prompt past a long-context tier the gateway
-/// does not price: on a model whose `max_input_tokens` passes the threshold it is refused
-/// (400 naming the input) before anything is sent.
+/// A document of unknown size, or an inline PDF, may push the prompt past a long-context
+/// tier: reserved at the model's whole input (1 000 000 here, with the margin 1 100 016),
+/// past the threshold of 200 000 even for the provider's tokenizer, it is reserved at the
+/// tier's rates (2× input, 1.5× output) and served. The dearest input is the cache read at
+/// 0.30 USD per Mtok (the bundled Sonnet 4.5 entry fills it in beside the configured
+/// 0.15 / 0.60): 0.60 / 0.90 at the tier. Before, the same request was refused (400 naming
+/// the input).
 #[tokio::test]
-async fn a_document_of_unknown_size_on_a_long_context_model_is_refused() {
+async fn a_document_on_a_long_context_model_is_reserved_at_the_tiers_rates() {
     let app = spawn_app_with(|s, m| {
         let mut c = upstream("c", KEY_B, m);
         c.provider = sluice::config::Provider::Anthropic;
@@ -265,16 +287,137 @@ async fn a_document_of_unknown_size_on_a_long_context_model_is_refused() {
         s.models.push(sonnet);
     })
     .await;
-    let (id, token) = app.token("long", Some("100")).await;
-    let body = json!({"model": "sonnet", "max_tokens": 64, "messages": [{"role": "user", "content": [
-        {"type": "document", "source": {"type": "url", "url": "https://example.com/book.pdf"}},
-        {"type": "text", "text": "Summarise it."}]}]});
+    // ceil((1 100 016 × 600 000 + 64 × 900 000) / 10⁶)
+    let reserve = 660_068;
+    let documents = [
+        json!({"type": "document", "source": {"type": "url", "url": "https://example.com/book.pdf"}}),
+        json!({"type": "document", "source": {"type": "base64", "media_type": "application/pdf",
+            "data": b64(&pdf(2))}}),
+    ];
+    for (i, document) in documents.into_iter().enumerate() {
+        let (id, token) = app.token(&format!("long-{i}"), Some("100")).await;
+        let body = json!({"model": "sonnet", "max_tokens": 64, "messages": [{"role": "user",
+            "content": [document, {"type": "text", "text": "Summarise it."}]}]});
+        let resp = app.messages(&token, &body).await;
+        let status = resp.status().as_u16();
+        let answer = resp.text().await.unwrap();
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(last_reserve(&app, id).await, reserve, "{body}");
+        app.wait_settled().await;
+    }
+    app.assert_invariant().await;
+}
+
+/// A document of unknown size was charged the model's whole input when no usage came back
+/// — the reservation's bound, not a charge. Now it is charged an estimate:
+/// `UNKNOWN_DOCUMENT_PAGES` (10) pages × 3 000 and the text, streamed or not, and when the
+/// client leaves before the answer; the row of an answer without usage says
+/// `usage_estimated` (a departed client's, `client_disconnected`).
+#[tokio::test]
+async fn a_document_of_unknown_size_without_usage_is_charged_an_estimate() {
+    let app = spawn_app().await;
+    let message = json!({"role": "user", "content": [
+        {"type": "file", "file": {"file_id": "file-6F2ksmvXxt4VdoqmHRw6kL"}},
+        {"type": "text", "text": "Summarise it."}]});
+    let text = chat_input(
+        &[without(message.clone(), "/content/0/file", "file_id")],
+        None,
+    );
+    let input = text + 10 * 3_000;
+    for stream in [false, true] {
+        let (id, token) = app.token(&format!("unknown-{stream}"), Some("1")).await;
+        app.mock.state.script(
+            KEY_A,
+            [sluice::mock::Script {
+                omit_usage: true,
+                text: Some("Done".into()),
+                ..sluice::mock::Script::default()
+            }],
+        );
+        let body = json!({"model": "gpt-4o-mini", "max_tokens": 50, "stream": stream,
+            "messages": [message.clone()]});
+        let resp = app.chat(&token, &body).await;
+        assert_eq!(resp.status(), 200);
+        resp.bytes().await.unwrap();
+        assert_eq!(last_reserve(&app, id).await, worst(128_000, 50));
+        let output = count_text("Done");
+        let want = cost(
+            Usage {
+                input,
+                output,
+                ..Usage::default()
+            },
+            prices(),
+        );
+        assert_eq!(charged(&app, id).await, want, "stream={stream}");
+        assert_eq!(estimated_rows(&app, id).await, 1, "stream={stream}");
+    }
+
+    // A client that leaves while the upstream works pays the estimated input.
+    let (id, token) = app.token("left", Some("1")).await;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(sluice::mock::Script {
+            delay_ms: 3_600_000,
+            ..sluice::mock::Script::default()
+        }),
+    );
+    let body = json!({"model": "gpt-4o-mini", "max_tokens": 50, "messages": [message]});
+    {
+        let send = app.chat(&token, &body);
+        tokio::pin!(send);
+        tokio::select! {
+            _ = &mut send => panic!("answered while the upstream holds its answer"),
+            _ = upstream_had(&app, 3) => {}
+        }
+    }
+    let want = cost(
+        Usage {
+            input,
+            ..Usage::default()
+        },
+        prices(),
+    );
+    assert_eq!(charged(&app, id).await, want);
+    app.mock.state.sticky(KEY_A, None);
+    app.assert_invariant().await;
+}
+
+/// Waits (bounded) until the mock has had `n` requests.
+async fn upstream_had(app: &TestApp, n: u64) {
+    for _ in 0..500 {
+        if app.mock.state.total_count() >= n {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("the upstream never had the request");
+}
+
+/// A PDF fetched by `web_fetch` and echoed back in the history is a document the provider
+/// reads again: reserved at the model's whole input like any other (before, its base64 was
+/// counted as JSON text: 174 µ$ reserved for this 6-page PDF, now 21 161).
+#[tokio::test]
+async fn a_fetched_pdf_echoed_back_is_reserved_as_a_document() {
+    let app = spawn_app_with_claude().await;
+    let (id, token) = app.token("fetched", Some("1")).await;
+    let body = json!({"model": "claude", "max_tokens": 64, "messages": [
+        {"role": "user", "content": "Fetch https://example.com/manual.pdf"},
+        {"role": "assistant", "content": [
+            {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_fetch",
+             "input": {"url": "https://example.com/manual.pdf"}},
+            {"type": "web_fetch_tool_result", "tool_use_id": "srvtoolu_1", "content": {
+                "type": "web_fetch_result", "url": "https://example.com/manual.pdf",
+                "content": {"type": "document", "source": {"type": "base64",
+                    "media_type": "application/pdf", "data": b64(&pdf(6))}}}}]},
+        {"role": "user", "content": "Summarise it."}]});
     let resp = app.messages(&token, &body).await;
-    let status = resp.status().as_u16();
-    let answer: Value = resp.json().await.unwrap();
-    assert_eq!(status, 400, "{answer}");
-    assert_eq!(app.mock.state.total_count(), 0);
-    assert_eq!(charged(&app, id).await, 0);
+    let status = resp.status();
+    let answer = resp.text().await.unwrap();
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(last_reserve(&app, id).await, worst(128_000, 64));
+    app.wait_settled().await;
+    app.assert_invariant().await;
 }
 
 /// Hosted Responses tools are billed per call apart from tokens: each is refused by name,

@@ -1,6 +1,7 @@
-//! Long-context tiers at settlement: the gateway refuses a prompt whose reserved input may
-//! pass a model's long-context threshold, but the provider's tokenizer can count past it
-//! what the gateway counted below. Such an answer is priced at the tier's rates (Claude
+//! Long-context tiers at settlement: the gateway reserves at the tier's rates a prompt whose
+//! reserved input may pass a model's long-context threshold (`provider_may_count`), but the
+//! provider's tokenizer can count past it what the gateway counted further below. Such an
+//! answer is priced at the tier's rates (Claude
 //! Sonnet 4.5: every token at 2× input and 1.5× output), streamed or not, and what passes
 //! the reservation is absorbed, so the ledger is the bill.
 

@@ -11,6 +11,7 @@ use sluice::quota::estimate;
 use sluice::quota::pricing::{self, Prices, Usage};
 
 use crate::helpers::*;
+use crate::responses::last_reserve;
 
 pub(crate) const KEY: &str = "sk-server-tools-anthropic-0123";
 
@@ -403,29 +404,52 @@ async fn a_whole_answer_pays_for_the_searches_it_shows() {
 }
 
 /// A prompt that may pass a model's long-context threshold (200 000 input tokens on Claude
-/// Sonnet 4.5, reserved input with its margin) is refused naming the input's field: the
-/// dearer tier is not priced. Below it the same model serves.
+/// Sonnet 4.5, reserved input with its margin) is reserved at the tier's rates (2× input,
+/// 1.5× output: 6 / 22.50 USD per Mtok) and served, on either client format; the answer is
+/// priced at the tier. Before, it was refused naming the input's field (400).
 #[tokio::test]
-async fn a_prompt_past_the_long_context_tier_is_refused_naming_the_input() {
+async fn a_prompt_past_the_long_context_tier_is_reserved_at_its_rates() {
     let app = app().await;
-    let (_, token) = app.token("long", Some("100")).await;
     let ask = |words: usize| {
         json!({"model": "sonnet-long", "max_tokens": 10,
             "messages": [{"role": "user", "content": "hi ".repeat(words)}]})
     };
-    let resp = app.chat(&token, &ask(190_000)).await;
-    assert_eq!(resp.status(), 400);
-    let err: Value = resp.json().await.unwrap();
-    assert_eq!(err["error"]["param"], "messages", "{err}");
-    refused_naming(app.messages(&token, &ask(190_000)).await, "messages").await;
-    assert_eq!(app.mock.state.stats(KEY).count, 0, "nothing sent upstream");
-    app.mock.state.script(
-        KEY,
-        [Script {
-            body: Some(answer(100_000, 10, 0, json!([]))),
-            ..Script::default()
-        }],
+    let body = ask(190_000);
+    let counted = estimate::chat_input(body["messages"].as_array().unwrap(), None);
+    let reserved = pricing::input_with_margin(counted, 1.10, 16);
+    assert!(reserved > 200_000, "{reserved}");
+    let tier = Prices::plain(6_000_000, 22_500_000);
+    let reserve = pricing::cost(
+        Usage {
+            input: reserved,
+            output: 10,
+            ..Usage::default()
+        },
+        tier,
     );
-    assert_eq!(app.messages(&token, &ask(100_000)).await.status(), 200);
+    // 209 029 × 6 + 10 × 22.50 micro-dollars per token-million, rounded up.
+    assert_eq!((reserved, reserve), (209_029, 1_254_399));
+    for (i, chat) in [true, false].into_iter().enumerate() {
+        let (id, token) = app.token(&format!("long-{i}"), Some("100")).await;
+        app.mock.state.script(
+            KEY,
+            [Script {
+                body: Some(answer(210_000, 10, 0, json!([]))),
+                ..Script::default()
+            }],
+        );
+        let resp = if chat {
+            app.chat(&token, &body).await
+        } else {
+            app.messages(&token, &body).await
+        };
+        let status = resp.status();
+        let text = resp.text().await.unwrap();
+        assert_eq!(status, 200, "chat={chat}: {text}");
+        assert_eq!(last_reserve(&app, id).await, reserve, "chat={chat}");
+        // 210 000 × 6 + 10 × 22.50 micro-dollars per token-million.
+        let (charged, absorbed) = spent_and_absorbed(&app, id).await;
+        assert_eq!(charged + absorbed, 1_260_225, "chat={chat}");
+    }
     app.assert_invariant().await;
 }

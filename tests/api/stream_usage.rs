@@ -284,6 +284,16 @@ impl Charged {
     /// The client's stream ended complete: its last payload is `[DONE]`, after a usage
     /// chunk that tells the logged figures, and it holds no error.
     fn complete(&self, what: &str) {
+        self.complete_coded(what, None);
+    }
+
+    /// Complete, and charged the gateway's count of the input (none was reported): the row
+    /// says `usage_estimated`.
+    fn complete_estimated(&self, what: &str) {
+        self.complete_coded(what, Some("usage_estimated"));
+    }
+
+    fn complete_coded(&self, what: &str, code: Option<&str>) {
         assert_eq!(
             self.data.last().map(String::as_str),
             Some("[DONE]"),
@@ -310,7 +320,7 @@ impl Charged {
             (Some(self.logged.0), Some(self.logged.1)),
             "{what}: the client is told what it is charged"
         );
-        assert_eq!(self.logged.3, None, "{what}: logged as complete");
+        assert_eq!(self.logged.3.as_deref(), code, "{what}: logged as complete");
     }
 
     /// Charged exactly this usage, which the reservation covered.
@@ -648,7 +658,7 @@ async fn a_finish_without_usage_is_charged_the_estimate() {
             100,
         )
         .await;
-        c.complete(&what);
+        c.complete_estimated(&what);
         let (input, output, cost_micros, _) = c.logged;
         assert_eq!(output, counted, "{what}");
         assert!(input > 0, "{what}: the input estimate");
@@ -1516,7 +1526,7 @@ async fn a_server_not_asked_for_usage_completes_at_its_finish_and_the_body_end()
         100,
     )
     .await;
-    c.complete("no usage asked");
+    c.complete_estimated("no usage asked");
     let counted = sluice::quota::estimate::count_text(TEXT);
     assert_eq!(c.logged.1, counted);
     assert_eq!(c.spent, cost(c.logged.0, counted));

@@ -70,14 +70,6 @@ impl Turn {
         let k = i128::from(self.calls);
         clamp((k + 1) * i128::from(first) + i128::from(self.pages_reread) + k * i128::from(output))
     }
-
-    /// The most one step may read: the last, after every call's result and all the output.
-    pub fn last_step(&self, first: i64, output: i64) -> i64 {
-        if self.calls == 0 {
-            return first;
-        }
-        first.saturating_add(self.pages).saturating_add(output)
-    }
 }
 
 fn clamp(v: i128) -> i64 {
@@ -95,10 +87,9 @@ mod tests {
         let t = Turn::of(vec![(5, 25_000)]);
         assert_eq!((t.calls, t.pages, t.pages_reread), (5, 125_000, 375_000));
         assert_eq!(t.billed_input(100_000, 1_000), 600_000 + 375_000 + 5_000);
-        assert_eq!(t.last_step(100_000, 1_000), 226_000);
         // No call: the prompt once.
         let none = Turn::of(vec![]);
-        assert_eq!((none.billed_input(7, 9), none.last_step(7, 9)), (7, 7));
+        assert_eq!(none.billed_input(7, 9), 7);
     }
 
     #[test]
@@ -134,7 +125,6 @@ mod tests {
         assert_eq!(t.calls, 100_000);
         assert!(t.pages_reread > 0);
         assert_eq!(t.billed_input(i64::MAX, i64::MAX), i64::MAX);
-        assert_eq!(t.last_step(i64::MAX, 1), i64::MAX);
         assert_eq!(Turn::of(vec![(100, 1_000_000)]).pages_reread, 5_050_000_000);
     }
 }

@@ -432,6 +432,11 @@ impl StreamConverter {
         self.server_calls_seen
     }
 
+    /// Whether the upstream reported the input: else `usage` charges the gateway's estimate.
+    pub fn input_reported(&self) -> bool {
+        self.input.is_some()
+    }
+
     /// The usage the upstream reported with or after its finish came: `usage` is its
     /// price, not a count of what was seen.
     pub fn usage_final(&self) -> bool {
