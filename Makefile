@@ -12,6 +12,7 @@ test-deps:
 test: test-deps
 	cargo build --locked
 	cargo test --locked --no-fail-fast
+	./scripts/dev-features.py
 	./scripts/test-postgres-pass.sh
 	SLUICE_BIN=target/debug/sluice ./tests/sdk/run.sh
 	TEST_STORE=postgres SLUICE_BIN=target/debug/sluice ./tests/sdk/run.sh
