@@ -256,7 +256,7 @@ impl Settings {
         if !matches!(self.cache.scope.as_str(), "team" | "token" | "global") {
             return invalid("cache.scope must be team, token or global".into());
         }
-        let max_ttl = crate::cache::MAX_TTL_SECONDS as u64;
+        let max_ttl = MAX_CACHE_TTL_SECONDS as u64;
         if !(1..=max_ttl).contains(&self.cache.default_ttl_seconds) {
             return invalid(format!(
                 "cache.default_ttl_seconds must be from 1 to {max_ttl} (one year)"

@@ -622,6 +622,10 @@ impl Default for BreakerSettings {
     }
 }
 
+/// The longest a cache entry may live (one year), whoever asks (`cache::MAX_TTL_SECONDS`):
+/// `default_ttl_seconds` above it is refused.
+pub const MAX_CACHE_TTL_SECONDS: i64 = 365 * 24 * 3600;
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CacheSettings {
