@@ -29,3 +29,4 @@ pub mod state;
 pub mod store;
 pub mod tags;
 pub mod upstream;
+pub mod usage;

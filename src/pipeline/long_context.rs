@@ -13,7 +13,8 @@
 use super::attempts::Candidate;
 use super::request::Prepared;
 use crate::error::ApiError;
-use crate::quota::pricing::{self, LongTier, Prices, Usage};
+use crate::quota::pricing::{self, LongTier, Prices};
+use crate::usage::Usage;
 
 /// Refuses `p` when its reserved input on a candidate (`input`) passes that candidate's
 /// long-context threshold, naming the field that carries the input.

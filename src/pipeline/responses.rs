@@ -14,12 +14,12 @@ use crate::clock::db_time;
 use crate::config::Provider;
 use crate::error::ApiError;
 use crate::quota::estimate;
-use crate::quota::pricing::Usage;
 use crate::state::AppState;
 use crate::store::responses::{self as stored, StoredResponse};
 use crate::store::StoreError;
 use crate::upstream::providers;
 use crate::upstream::providers::formats::responses::{self as formats, Stamp};
+use crate::usage::Usage;
 
 /// What the gateway knows of a Responses request beyond its body.
 #[derive(Debug, Clone)]
