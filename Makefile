@@ -10,6 +10,7 @@ test-deps:
 	./scripts/test-deps.sh
 
 test: test-deps
+	./scripts/module-cycles.py
 	cargo build --locked
 	cargo test --locked --no-fail-fast
 	./scripts/dev-features.py

@@ -2,14 +2,14 @@
 """Import circles between Sluice's modules (docs/DESIGN.md, "Module dependencies").
 
 Each file under src/ is read for the module paths it names (`use crate::a::b`, a
-`crate::a::b::X` in the code, `super::`); comments and string literals are skipped. A
-module is counted at its second level (`ops::metrics`, `pipeline::request`, `state`).
-A circle inside one top-level module (`store` re-exports `store::ledger`, which
-uses `store::Db`) is that module's own business; the rule is that top-level modules
-depend one way. Every strongly connected group spanning two or more top-level modules
-is printed with its edges between top-level modules and the files that make them; the
-exit status is 1 when there is one.
-Code under `#[cfg(test)]` is left out (a test may reach anywhere).
+`crate::a::b::X` in the code, `super::`, a child module's name); comments, string
+literals and `#[cfg(test)]` code are skipped (a test may reach anywhere). A module is
+counted at its second level (`ops::metrics`, `pipeline::request`, `state`). A circle
+inside one top-level module (`store` re-exports `store::ledger`, which uses `store::Db`)
+is that module's own business; the rule is that no circle runs through modules of two
+top-level ones (one top-level module may have parts at two layers). Every strongly
+connected group spanning two or more top-level modules is printed with its edges between
+top-level modules and the files that make them; the exit status is 1 when there is one.
 
 Usage: scripts/module-cycles.py [SRC_DIR]   (default: src)
 """

@@ -9,7 +9,6 @@ pub mod images;
 mod parts;
 mod pdf;
 pub mod period;
-pub mod price_table;
 pub mod pricing;
 pub mod reservation;
 pub mod schedule;

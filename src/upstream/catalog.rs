@@ -12,10 +12,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::config::price_table;
 use crate::config::{OutputCapParam, Provider, Secret, Settings, UpstreamSettings};
 use crate::endpoint::Endpoint;
 use crate::quota::images::Rule;
-use crate::quota::price_table;
 use crate::quota::pricing::LongTier;
 use crate::quota::schedule::{AdminPrices, Schedule};
 use crate::upstream::credential::Credential;

@@ -11,9 +11,9 @@ use std::sync::{Arc, OnceLock};
 use chrono::NaiveDate;
 use serde::Deserialize;
 
-use super::pricing::{parse_usd, LongTier};
-use super::schedule::Dated;
-use crate::config::{ConfigError, PriceKeys, Usd};
+use super::{ConfigError, PriceKeys, Usd};
+use crate::quota::pricing::{parse_usd, LongTier};
+use crate::quota::schedule::Dated;
 
 const TABLE: &str = include_str!("price_table.toml");
 
@@ -108,7 +108,7 @@ pub fn parse(text: &str) -> Result<Table, ConfigError> {
             .keys
             .partial(name)?
             .ok_or_else(|| invalid(format!("`{name}` has no price")))?;
-        let from = crate::config::parse_effective(&raw.effective)
+        let from = super::parse_effective(&raw.effective)
             .ok_or_else(|| invalid(format!("`{name}`: effective {:?}", raw.effective)))?;
         let as_of = NaiveDate::parse_from_str(&raw.as_of, "%Y-%m-%d")
             .map_err(|_| invalid(format!("`{name}`: as_of {:?}", raw.as_of)))?;
@@ -251,8 +251,8 @@ pub fn without_date_suffix(name: &str) -> Option<&str> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::pricing::Prices;
     use super::*;
+    use crate::quota::pricing::Prices;
 
     #[test]
     fn the_bundled_table_parses_and_every_entry_is_sourced() {
