@@ -10,8 +10,10 @@ test-deps:
 	./scripts/test-deps.sh
 
 test: test-deps
+	./scripts/module-cycles.py
 	cargo build --locked
 	cargo test --locked --no-fail-fast
+	./scripts/dev-features.py
 	./scripts/test-postgres-pass.sh
 	SLUICE_BIN=target/debug/sluice ./tests/sdk/run.sh
 	TEST_STORE=postgres SLUICE_BIN=target/debug/sluice ./tests/sdk/run.sh

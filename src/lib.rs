@@ -1,6 +1,10 @@
 //! Sluice: a self-hosted LLM API gateway for teams. See `docs/DESIGN.md` for the design as
 //! built; `pipeline` is the request path stage by stage.
 
+// No panic on any input: outside tests an `unwrap` or `expect` is refused, but where it
+// cannot fail, allowed on its function with a `// cannot fail: …` comment saying why.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod admin;
 pub mod api;
 pub mod auth;
@@ -25,3 +29,4 @@ pub mod state;
 pub mod store;
 pub mod tags;
 pub mod upstream;
+pub mod usage;

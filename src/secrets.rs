@@ -218,11 +218,12 @@ impl MasterKey {
 
     /// The subkey for one purpose: HKDF-SHA256 (RFC 5869) of the master key, with `label`
     /// as its info. Labels are fixed strings naming the purpose and its version.
+    #[allow(clippy::expect_used)]
     pub fn subkey(&self, label: &str) -> Subkey {
         let mut out = Box::new([0u8; LEN]);
         Hkdf::<Sha256>::new(None, self.0.expose_secret())
             .expand(label.as_bytes(), out.as_mut())
-            // Cannot fail: HKDF-SHA256 refuses only outputs over 255 × 32 bytes; this one is
+            // cannot fail: HKDF-SHA256 refuses only outputs over 255 × 32 bytes; this one is
             // a fixed 32, independent of any input.
             .expect("32 bytes is a valid HKDF-SHA256 output length");
         Subkey(SecretBox::new(out))

@@ -6,9 +6,8 @@ use serde_json::json;
 
 use crate::endpoint::Endpoint;
 use crate::error::{ApiError, WireFormat};
-use crate::pipeline::{self, responses::oldest_kept};
+use crate::pipeline::{self, responses as kept};
 use crate::state::AppState;
-use crate::store::responses as stored;
 
 pub async fn create(
     state: web::Data<AppState>,
@@ -32,10 +31,10 @@ pub async fn get(
         Err(resp) => return resp,
     };
     let id = id.into_inner();
-    match stored::get(&state.db, &id, auth.owner.token_id, oldest_kept(&state)).await {
-        Ok(Some(row)) => HttpResponse::Ok()
+    match kept::find_stored(&state, &id, auth.owner.token_id).await {
+        Ok(Some(response)) => HttpResponse::Ok()
             .content_type("application/json")
-            .body(row.response),
+            .body(response),
         Ok(None) => not_found(id),
         Err(e) => ApiError::from_store(&e, "stored response").render(WireFormat::OpenAi),
     }
@@ -51,7 +50,7 @@ pub async fn delete(
         Err(resp) => return resp,
     };
     let id = id.into_inner();
-    match stored::delete(&state.db, &id, auth.owner.token_id, oldest_kept(&state)).await {
+    match kept::delete_stored(&state, &id, auth.owner.token_id).await {
         Ok(true) => {
             HttpResponse::Ok().json(json!({"id": id, "object": "response", "deleted": true}))
         }

@@ -414,8 +414,10 @@ impl Sso {
         Ok((nonce.to_string(), verifier.to_string()))
     }
 
+    #[allow(clippy::expect_used)]
     fn mac_state(&self) -> Hmac<Sha256> {
-        // HMAC takes a key of any length: `new_from_slice` cannot fail.
+        // cannot fail: HMAC takes a key of any length (`new_from_slice` returns a Result
+        // only because it shares the `KeyInit` trait with fixed-key MACs).
         Hmac::<Sha256>::new_from_slice(&self.flow_key).expect("HMAC takes a key of any length")
     }
 
@@ -427,9 +429,10 @@ impl Sso {
 }
 
 /// The flow cookie's MAC key: HKDF of the client secret, which every replica holds.
+#[allow(clippy::expect_used)]
 fn hkdf_key(secret: &str) -> [u8; 32] {
     let mut out = [0u8; 32];
-    // 32 bytes is far below HKDF-SHA256's limit (255 × 32): `expand` cannot fail.
+    // cannot fail: 32 bytes is far below HKDF-SHA256's limit (255 × 32) for `expand`.
     hkdf::Hkdf::<Sha256>::new(Some(b"sluice-oidc-flow"), secret.as_bytes())
         .expand(b"flow cookie", &mut out)
         .expect("32 bytes is a valid HKDF-SHA256 length");

@@ -9,8 +9,9 @@ use crate::error::ApiError;
 
 /// The longest an entry may live (one year), whoever asks: `x-sluice-cache-ttl` above it is
 /// refused, a token's or the config's default is held to it — so `now + ttl` never
-/// overflows a date.
-pub const MAX_TTL_SECONDS: i64 = 365 * 24 * 3600;
+/// overflows a date. Defined beside the cache's settings, which the config checks against
+/// it (the config sits below the cache).
+pub use crate::config::MAX_CACHE_TTL_SECONDS as MAX_TTL_SECONDS;
 
 /// A request header as text, trimmed; one that is not visible ASCII is refused by name.
 pub(super) fn header<'h>(

@@ -1,13 +1,16 @@
-//! What the CLI commands do (`main.rs` only parses arguments). Every command that changes
+//! What the CLI commands do (`args` is the command line, `dispatch` hands each command to
+//! its implementation, `main.rs` only calls them). Every command that changes
 //! something runs in one `BEGIN IMMEDIATE` transaction with its audit row. The modules
 //! below are the commands' own work and what they print; this file is what they change.
 
 pub mod admin_commands;
+pub mod args;
 pub mod audit_commands;
 pub mod backup;
 pub mod cache;
 pub mod check_config;
 pub mod demo;
+pub mod dispatch;
 pub mod mock;
 pub mod prompt;
 pub mod reconcile;

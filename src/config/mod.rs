@@ -8,15 +8,17 @@ use std::path::PathBuf;
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize, Serializer};
 
-use crate::upstream::providers::{bedrock, gemini};
 use crate::upstream::url_guard::{self, UrlGuardError};
 
 mod ladder;
 mod layers;
 mod oidc;
+pub mod price_table;
 mod prices;
 mod redis;
 mod sections;
+mod service_account;
+mod upstream_checks;
 
 pub use ladder::Ladder;
 pub use layers::{load, load_from};
@@ -24,6 +26,10 @@ pub use oidc::{Grant, OidcRole, OidcSettings, CALLBACK_PATH};
 pub use prices::parse_effective;
 pub use redis::RedisTopology;
 pub use sections::*;
+pub use service_account::ServiceAccount;
+pub use upstream_checks::{
+    bedrock_base_url, check_bedrock, check_gemini, gemini_base_url, GEMINI_API,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -141,12 +147,11 @@ impl UpstreamSettings {
             {
                 return bad("`quirks` are for OpenAI-format upstreams".into())
             }
-            Provider::Bedrock => bedrock::check(self).map_err(fail)?,
+            Provider::Bedrock => check_bedrock(self).map_err(fail)?,
             Provider::Gemini => {
-                gemini::check(self, models).map_err(fail)?;
+                check_gemini(self, models).map_err(fail)?;
                 if let Some(v) = &self.vertex {
-                    let account =
-                        gemini::token::ServiceAccount::load(&v.credentials_file).map_err(fail)?;
+                    let account = ServiceAccount::load(&v.credentials_file).map_err(fail)?;
                     url_guard::check_base_url(&account.token_uri, self.allow_private_network)
                         .map_err(|e| fail(format!("the service account's token_uri: {e}")))?;
                 }
@@ -256,7 +261,7 @@ impl Settings {
         if !matches!(self.cache.scope.as_str(), "team" | "token" | "global") {
             return invalid("cache.scope must be team, token or global".into());
         }
-        let max_ttl = crate::cache::MAX_TTL_SECONDS as u64;
+        let max_ttl = MAX_CACHE_TTL_SECONDS as u64;
         if !(1..=max_ttl).contains(&self.cache.default_ttl_seconds) {
             return invalid(format!(
                 "cache.default_ttl_seconds must be from 1 to {max_ttl} (one year)"

@@ -5,9 +5,9 @@
 
 use chrono::{DateTime, NaiveDate, Utc};
 
+use super::price_table;
 use super::{ConfigError, ModelSettings, PriceKeys, Provider, Settings, Usd};
-use crate::quota::fill::{billed_by_anthropic, Kind, Partial, Stated};
-use crate::quota::price_table;
+use crate::quota::fill::{Kind, Partial, Stated};
 use crate::quota::pricing::{parse_usd, Prices};
 use crate::quota::schedule::{AdminPrices, Dated, Schedule};
 
@@ -239,6 +239,13 @@ impl Settings {
         }
         Ok(())
     }
+}
+
+/// Whether Anthropic bills what a route serves, so its rule fills the kinds no layer
+/// prices: the `anthropic` provider, or a Claude model behind another one (Bedrock's
+/// `anthropic.claude-…`, a compatible proxy's `anthropic/claude-…`).
+fn billed_by_anthropic(provider: Provider, upstream_model: &str) -> bool {
+    provider == Provider::Anthropic || upstream_model.to_ascii_lowercase().contains("claude")
 }
 
 #[cfg(test)]

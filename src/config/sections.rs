@@ -198,7 +198,7 @@ pub struct UpstreamSettings {
     /// `gemini` on Vertex AI: `vertex = { project, location, credentials_file }`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vertex: Option<VertexSettings>,
-    /// `bedrock` only: the AWS region and SigV4 credentials (`providers::bedrock::check`).
+    /// `bedrock` only: the AWS region and SigV4 credentials (`config::check_bedrock`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -238,11 +238,10 @@ impl UpstreamSettings {
     /// `base_url`, or the provider's default when it has one and none is given: Google's
     /// for `gemini`, the region's runtime endpoint for `bedrock`.
     pub fn effective_base_url(&self) -> String {
-        use crate::upstream::providers::{bedrock, gemini};
         match (self.provider, self.region.as_deref()) {
             _ if !self.base_url.is_empty() => self.base_url.clone(),
-            (Provider::Gemini, _) => gemini::default_base_url(self.vertex.as_ref()),
-            (Provider::Bedrock, Some(region)) => bedrock::default_base_url(region),
+            (Provider::Gemini, _) => super::gemini_base_url(self.vertex.as_ref()),
+            (Provider::Bedrock, Some(region)) => super::bedrock_base_url(region),
             _ => self.base_url.clone(),
         }
     }
@@ -621,6 +620,10 @@ impl Default for BreakerSettings {
         }
     }
 }
+
+/// The longest a cache entry may live (one year), whoever asks (`cache::MAX_TTL_SECONDS`):
+/// `default_ttl_seconds` above it is refused.
+pub const MAX_CACHE_TTL_SECONDS: i64 = 365 * 24 * 3600;
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]

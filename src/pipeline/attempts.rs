@@ -21,7 +21,7 @@ use super::request::Prepared;
 use super::Failure;
 use crate::error::{ApiError, WireFormat};
 use crate::ops::metrics;
-use crate::quota::pricing::{self, Prices, Usage};
+use crate::quota::pricing::{self, Prices};
 use crate::ratelimit::{Booking, WindowSpec};
 use crate::state::AppState;
 use crate::store::audit::{self, AuditEntry};
@@ -31,6 +31,7 @@ use crate::upstream::pool::{Disabled, InFlight};
 use crate::upstream::providers::{self, translate::TranslateError, Built};
 use crate::upstream::retry::{self, Tier};
 use crate::upstream::UpstreamError;
+use crate::usage::Usage;
 
 #[derive(Debug, Clone)]
 pub struct Candidate {

@@ -9,7 +9,8 @@
 //! what passes the reservation is absorbed and shown as such, never lost from the ledger.
 
 use crate::config::Provider;
-use crate::quota::pricing::{self, LongTier, Prices, Usage};
+use crate::quota::pricing::{self, LongTier, Prices};
+use crate::usage::Usage;
 
 /// How much more a provider's tokenizer may count than the gateway's (o200k) estimate, in
 /// percent. A reservation whose input could pass a tier's threshold counted so is priced at

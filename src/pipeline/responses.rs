@@ -14,11 +14,12 @@ use crate::clock::db_time;
 use crate::config::Provider;
 use crate::error::ApiError;
 use crate::quota::estimate;
-use crate::quota::pricing::Usage;
 use crate::state::AppState;
 use crate::store::responses::{self as stored, StoredResponse};
+use crate::store::StoreError;
 use crate::upstream::providers;
 use crate::upstream::providers::formats::responses::{self as formats, Stamp};
+use crate::usage::Usage;
 
 /// What the gateway knows of a Responses request beyond its body.
 #[derive(Debug, Clone)]
@@ -37,6 +38,22 @@ pub fn oldest_kept(state: &AppState) -> DateTime<Utc> {
     chrono::Duration::try_days(days)
         .and_then(|d| state.clock.now().checked_sub_signed(d))
         .unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
+
+/// `GET /v1/responses/{id}`: the stored response body, when it is the token's own and
+/// still kept.
+pub async fn find_stored(
+    state: &AppState,
+    id: &str,
+    token_id: i64,
+) -> Result<Option<String>, StoreError> {
+    let row = stored::get(&state.db, id, token_id, oldest_kept(state)).await?;
+    Ok(row.map(|r| r.response))
+}
+
+/// `DELETE /v1/responses/{id}`: whether the token's own kept response was there to delete.
+pub async fn delete_stored(state: &AppState, id: &str, token_id: i64) -> Result<bool, StoreError> {
+    stored::delete(&state.db, id, token_id, oldest_kept(state)).await
 }
 
 /// A new response id: `resp_` and a UUIDv7 (unique across replicas).

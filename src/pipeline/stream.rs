@@ -38,7 +38,7 @@ use crate::cache::replay::Assembler;
 use crate::cache::Plan;
 use crate::config::Provider;
 use crate::queue::Slot;
-use crate::quota::pricing::{InputKinds, LongTier, Prices, Usage};
+use crate::quota::pricing::{InputKinds, LongTier, Prices};
 use crate::quota::reservation::Held;
 use crate::ratelimit::Booking;
 use crate::state::AppState;
@@ -47,6 +47,7 @@ use crate::upstream::providers::bedrock::eventstream::BROKE;
 use crate::upstream::providers::formats::responses;
 use crate::upstream::providers::translate::stream::{Progress, ResponsesOut};
 use crate::upstream::providers::{self, translate::stream::StreamConverter};
+use crate::usage::Usage;
 
 /// The error event of a stream the shutdown ended.
 const SHUTTING_DOWN: &str =

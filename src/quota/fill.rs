@@ -166,14 +166,6 @@ impl Partial {
     }
 }
 
-/// Whether Anthropic bills what a route serves, so its rule fills the kinds no layer
-/// prices: the `anthropic` provider, or a Claude model behind another one (Bedrock's
-/// `anthropic.claude-…`, a compatible proxy's `anthropic/claude-…`).
-pub fn billed_by_anthropic(provider: crate::config::Provider, upstream_model: &str) -> bool {
-    provider == crate::config::Provider::Anthropic
-        || upstream_model.to_ascii_lowercase().contains("claude")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,6 @@ pub mod long_tiers;
 mod parts;
 mod pdf;
 pub mod period;
-pub mod price_table;
 pub mod pricing;
 pub mod reservation;
 pub mod schedule;

@@ -5,6 +5,8 @@
 //! rounded up once per request, in i128 and saturating. The reservation uses the same
 //! formula on the worst case.
 
+use crate::usage::Usage;
+
 /// A model's prices in micro-dollars per million tokens (web search: per 1 000 calls).
 /// The config's defaults (`PriceKeys::prices`) fill a kind the provider does not price
 /// apart with the price it is billed at otherwise.
@@ -124,29 +126,6 @@ pub struct InputKinds {
     pub audio: bool,
 }
 
-/// Token counts of one answer, as the upstream reported them (or as counted). `input`
-/// and `output` are the totals; the other figures are parts of them (web search calls
-/// apart), split by `parts` so no token is billed twice.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Usage {
-    pub input: i64,
-    /// Part of `input` served from the provider's prompt cache.
-    pub cached_input: i64,
-    pub cache_write_5m: i64,
-    pub cache_write_1h: i64,
-    /// Part of `cache_write_5m` the upstream did not split by lifetime.
-    pub cache_write_unsplit: i64,
-    pub audio_input: i64,
-    pub image_input: i64,
-    pub output: i64,
-    /// Part of `output` spent on reasoning.
-    pub reasoning: i64,
-    pub audio_output: i64,
-    pub image_output: i64,
-    /// Server-side web-search calls the upstream made and bills per call.
-    pub web_search_calls: i64,
-}
-
 /// A usage split into disjoint parts, each priced once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Parts {
@@ -223,47 +202,6 @@ impl Usage {
             audio_output,
             image_output,
             web_search_calls: self.web_search_calls.max(0),
-        }
-    }
-}
-
-/// The one place an upstream's reported usage (the internal form's, whatever the wire
-/// format) becomes what is priced.
-impl From<crate::upstream::providers::canonical::Usage> for Usage {
-    fn from(u: crate::upstream::providers::canonical::Usage) -> Self {
-        Usage {
-            input: u.input,
-            cached_input: u.cached_input,
-            cache_write_5m: u.cache_write_5m,
-            cache_write_1h: u.cache_write_1h,
-            cache_write_unsplit: u.cache_write_unsplit,
-            audio_input: u.audio_input,
-            image_input: u.image_input,
-            output: u.output,
-            reasoning: u.reasoning,
-            audio_output: u.audio_output,
-            image_output: u.image_output,
-            web_search_calls: u.web_search_calls,
-        }
-    }
-}
-
-/// What is charged, in the internal form (a stream tells its client the figures charged).
-impl From<Usage> for crate::upstream::providers::canonical::Usage {
-    fn from(u: Usage) -> Self {
-        crate::upstream::providers::canonical::Usage {
-            input: u.input,
-            cached_input: u.cached_input,
-            cache_write_5m: u.cache_write_5m,
-            cache_write_1h: u.cache_write_1h,
-            cache_write_unsplit: u.cache_write_unsplit,
-            audio_input: u.audio_input,
-            image_input: u.image_input,
-            output: u.output,
-            reasoning: u.reasoning,
-            audio_output: u.audio_output,
-            image_output: u.image_output,
-            web_search_calls: u.web_search_calls,
         }
     }
 }

@@ -60,9 +60,10 @@ impl Sealer {
     /// A 32-bit tag of `data` (an upstream key) that every replica with the master key
     /// computes alike and no one without it can compute: HMAC-SHA256 under its own subkey,
     /// so a tag in Redis confirms no guess of a weak key (`Deployment::shared_name`).
+    #[allow(clippy::expect_used)]
     pub fn tag(&self, data: &[u8]) -> u32 {
         use hmac::Mac;
-        // Cannot fail: HMAC takes a key of any length.
+        // cannot fail: HMAC takes a key of any length.
         let mut mac = <hmac::Hmac<sha2::Sha256> as Mac>::new_from_slice(&self.tags)
             .expect("HMAC takes any key length");
         mac.update(data);
@@ -71,6 +72,7 @@ impl Sealer {
     }
 
     /// `clear` sealed for `purpose` under a fresh random nonce.
+    #[allow(clippy::expect_used)]
     pub fn seal(&self, purpose: &str, clear: &[u8]) -> Vec<u8> {
         let nonce = Aes256Gcm::generate_nonce(&mut OsRng);
         let sealed = self
@@ -82,7 +84,8 @@ impl Sealer {
                     aad: purpose.as_bytes(),
                 },
             )
-            // Cannot fail: AES-GCM refuses only messages over 64 GiB; keys are far shorter.
+            // cannot fail: AES-GCM refuses only messages over 64 GiB; what is sealed is an
+            // upstream key (an admin request's field, under the body limit), far shorter.
             .expect("AES-256-GCM seals any value under 64 GiB");
         let mut out = Vec::with_capacity(NONCE_LEN + sealed.len());
         out.extend_from_slice(&nonce);

@@ -93,8 +93,9 @@ impl AuditKeys {
         }
     }
 
+    #[allow(clippy::expect_used)]
     fn mac(key: &Subkey) -> Hmac<Sha256> {
-        // Cannot fail: HMAC accepts keys of every length (`new_from_slice` returns a Result
+        // cannot fail: HMAC accepts keys of every length (`new_from_slice` returns a Result
         // only because it shares the `KeyInit` trait with fixed-key MACs).
         <Hmac<Sha256> as Mac>::new_from_slice(key.bytes()).expect("HMAC takes keys of any length")
     }

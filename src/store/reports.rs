@@ -206,7 +206,7 @@ pub struct RequestLine {
     /// The model name the upstream billed the request under, and the request's tags.
     pub upstream_model: String,
     pub tags: String,
-    /// The parts of the totals priced apart (`pricing::Usage::parts`) and the web searches.
+    /// The parts of the totals priced apart (`Usage::parts` in `quota::pricing`) and the web searches.
     pub cached_input_tokens: i64,
     pub cache_write_5m_tokens: i64,
     pub cache_write_1h_tokens: i64,

@@ -38,7 +38,7 @@ pub struct RequestRow {
     /// The admin's tags among them (the token's over the team's defaults), canonical: the
     /// rollup's bound never counts nor rolls up these pairs (`store::tag_bound`).
     pub fixed_tags: String,
-    /// The tokens priced apart, by kind (`pricing::Usage::parts`): the columns after
+    /// The tokens priced apart, by kind (`Usage::parts` in `quota::pricing`): the columns after
     /// `created_at` (`INSERT`); fresh input and text output are the rest of the
     /// totals.
     pub kinds: Parts,

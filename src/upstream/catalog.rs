@@ -14,11 +14,11 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
+use crate::config::price_table;
 use crate::config::{OutputCapParam, Provider, Secret, Settings, UpstreamSettings};
 use crate::endpoint::Endpoint;
 use crate::quota::images::Rule;
 use crate::quota::long_tiers::LongTiers;
-use crate::quota::price_table;
 use crate::quota::pricing::LongTier;
 use crate::quota::schedule::{AdminPrices, Schedule};
 use crate::upstream::credential::Credential;

@@ -52,7 +52,7 @@ pub(crate) fn only(s: &mut Settings, u: UpstreamSettings) {
 /// The mock's default answer (12 in, 24 out) at the test model's prices.
 pub(crate) fn default_cost() -> i64 {
     sluice::quota::pricing::cost(
-        sluice::quota::pricing::Usage {
+        sluice::usage::Usage {
             input: 12,
             output: 24,
             ..Default::default()

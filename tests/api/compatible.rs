@@ -8,7 +8,8 @@
 use serde_json::{json, Value};
 use sluice::config::{AuthMode, OutputCapParam, Provider, Secret, Settings, UpstreamSettings};
 use sluice::mock::{MockServer, Script, SseEvent};
-use sluice::quota::pricing::{cost, Prices, Usage};
+use sluice::quota::pricing::{cost, Prices};
+use sluice::usage::Usage;
 
 use crate::azure::{anthropic_body, events, spent};
 use crate::helpers::*;

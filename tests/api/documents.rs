@@ -11,7 +11,8 @@
 use base64::Engine;
 use serde_json::{json, Value};
 use sluice::quota::estimate::{chat_input, count_text};
-use sluice::quota::pricing::{cost, input_with_margin, Prices, Usage};
+use sluice::quota::pricing::{cost, input_with_margin, Prices};
+use sluice::usage::Usage;
 
 use crate::helpers::*;
 use crate::responses::{charged, create, last_reserve, last_sent};

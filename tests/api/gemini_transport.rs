@@ -665,15 +665,15 @@ fn googles_default_base_urls() {
         credentials_file: "x".into(),
     };
     assert_eq!(
-        gemini::default_base_url(None),
+        sluice::config::gemini_base_url(None),
         "https://generativelanguage.googleapis.com"
     );
     assert_eq!(
-        gemini::default_base_url(Some(&v("europe-west4"))),
+        sluice::config::gemini_base_url(Some(&v("europe-west4"))),
         "https://europe-west4-aiplatform.googleapis.com"
     );
     assert_eq!(
-        gemini::default_base_url(Some(&v("global"))),
+        sluice::config::gemini_base_url(Some(&v("global"))),
         "https://aiplatform.googleapis.com"
     );
     assert_eq!(

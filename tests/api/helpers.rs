@@ -390,7 +390,7 @@ pub fn chat_worst_case(max_tokens: i64) -> (i64, i64) {
     );
     let input = sluice::quota::pricing::input_with_margin(counted, 1.10, 16);
     let prices = sluice::quota::pricing::Prices::plain(150_000, 600_000);
-    let usage = sluice::quota::pricing::Usage {
+    let usage = sluice::usage::Usage {
         input,
         output: max_tokens,
         ..Default::default()

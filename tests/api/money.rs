@@ -15,6 +15,7 @@ use sluice::quota::reservation::Quota;
 use sluice::quota::{estimate, pricing};
 use sluice::store::ledger::{self, Orphans, Owner};
 use sluice::store::{processes, Db};
+use sluice::usage::Usage;
 
 use crate::helpers::*;
 use crate::on_both_engines;
@@ -27,7 +28,7 @@ const PRICES: pricing::Prices = pricing::Prices::plain(150_000, 600_000);
 fn completion_worst(prompt: &str, max_tokens: i64, copies: i64) -> i64 {
     let input = pricing::input_with_margin(estimate::count_text(prompt), 1.10, 16);
     pricing::cost(
-        pricing::Usage {
+        Usage {
             input,
             output: max_tokens * copies,
             ..Default::default()
@@ -342,7 +343,7 @@ async fn a_deadline_that_cuts_the_upstream_off_charges_the_input(engine: Engine)
         None,
     );
     let input_cost = pricing::cost(
-        pricing::Usage {
+        Usage {
             input: counted,
             ..Default::default()
         },

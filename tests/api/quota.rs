@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 use sluice::clock::{Clock, ManualClock};
 use sluice::mock::Script;
 use sluice::quota::{estimate, pricing};
+use sluice::usage::Usage;
 
 use crate::helpers::*;
 use crate::on_both_engines;
@@ -46,7 +47,7 @@ async fn a_budget_for_exactly_100_admits_exactly_100_of_200_concurrent(engine: E
     let app = Arc::new(spawn_app_on(engine, |_, _| {}).await);
     let input = reserved_input();
     let per_request = pricing::cost(
-        pricing::Usage {
+        Usage {
             input,
             output: 100,
             ..Default::default()
@@ -95,7 +96,7 @@ on_both_engines!(a_budget_for_exactly_100_admits_exactly_100_of_200_concurrent);
 async fn the_reservation_is_the_worst_case_and_refunds_are_exact(engine: Engine) {
     let app = Arc::new(spawn_app_on(engine, |_, _| {}).await);
     let worst = pricing::cost(
-        pricing::Usage {
+        Usage {
             input: reserved_input(),
             output: 100,
             ..Default::default()
@@ -196,7 +197,7 @@ async fn uneven_prices_stay_exact_over_hundreds_of_requests(engine: Engine) {
         }),
     );
     let cost = pricing::cost(
-        pricing::Usage {
+        Usage {
             input: 7,
             output: 11,
             ..Default::default()
@@ -205,7 +206,7 @@ async fn uneven_prices_stay_exact_over_hundreds_of_requests(engine: Engine) {
     );
     assert_eq!(cost, 5, "7 × 0.13 + 11 × 0.37 = 4.98 → 5");
     let worst = pricing::cost(
-        pricing::Usage {
+        Usage {
             input: reserved_input(),
             output: 11,
             ..Default::default()

@@ -12,7 +12,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use sluice::mock::{Script, SseEvent};
 use sluice::quota::estimate;
-use sluice::quota::pricing::{self, Usage};
+use sluice::quota::pricing;
+use sluice::usage::Usage;
 
 use crate::helpers::*;
 use crate::server_tools::{answer, app, search_block, sonnet_prices, spent_and_absorbed, KEY};

@@ -7,6 +7,7 @@ use futures_util::StreamExt;
 use serde_json::{json, Value};
 use sluice::mock::Script;
 use sluice::quota::{estimate, pricing};
+use sluice::usage::Usage;
 
 use crate::helpers::*;
 
@@ -116,7 +117,7 @@ async fn a_cut_stream_ends_in_an_error_and_is_charged_for_what_was_produced() {
         None,
     );
     let want = pricing::cost(
-        pricing::Usage {
+        Usage {
             input,
             output: estimate::count_text(&received),
             ..Default::default()
@@ -217,7 +218,7 @@ async fn a_client_that_leaves_mid_stream_is_charged_for_what_it_got_and_the_upst
         .find(|&k| counted(k) == output)
         .unwrap_or_else(|| panic!("{output} output tokens are not the count of 4..=7 pieces"));
     let expected = pricing::cost(
-        pricing::Usage {
+        Usage {
             input,
             output: counted(received),
             ..Default::default()

@@ -8,7 +8,8 @@ use serde_json::{json, Value};
 use sluice::config::Provider;
 use sluice::mock::{Script, SseEvent};
 use sluice::quota::estimate;
-use sluice::quota::pricing::{self, Prices, Usage};
+use sluice::quota::pricing::{self, Prices};
+use sluice::usage::Usage;
 
 use crate::helpers::*;
 

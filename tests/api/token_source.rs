@@ -196,7 +196,7 @@ async fn an_unusable_token_answer_is_a_server_error_not_a_refused_key() {
         assert_eq!(upstream_calls(&app, issuer), 1);
         let spent = crate::azure::spent(&app, id).await;
         let cost = sluice::quota::pricing::cost(
-            sluice::quota::pricing::Usage {
+            sluice::usage::Usage {
                 input: usage["prompt_tokens"].as_i64().unwrap(),
                 output: usage["completion_tokens"].as_i64().unwrap(),
                 ..Default::default()

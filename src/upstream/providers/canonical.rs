@@ -23,6 +23,10 @@
 
 use serde_json::{Map, Value};
 
+/// The token figures of the internal form (`crate::usage`: the providers and the pricing
+/// share them, and the providers know no prices).
+pub use crate::usage::Usage;
+
 /// A request in the internal form.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Request {
@@ -263,38 +267,6 @@ pub enum Finish {
     Pause,
     /// A reason this form has no name for, carried as the upstream wrote it.
     Other(String),
-}
-
-/// Token figures as reported by the upstream. Each adapter in reads its format's names
-/// into these; `input` is all input tokens, cached and cache-written included (formats
-/// that report them apart — Anthropic — are summed by the adapter in).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Usage {
-    pub input: i64,
-    pub output: i64,
-    /// Part of `input` read from the provider's prompt cache.
-    pub cached_input: i64,
-    /// Part of `input` written to the prompt cache at the five-minute rate.
-    pub cache_write_5m: i64,
-    /// Part of `input` written to the prompt cache at the one-hour rate.
-    pub cache_write_1h: i64,
-    /// Part of `cache_write_5m` the upstream reported without a split by lifetime
-    /// (Bedrock, Anthropic without `cache_creation`): one-hour writes for all we know.
-    pub cache_write_unsplit: i64,
-    /// Part of `output` spent on reasoning.
-    pub reasoning: i64,
-    /// Part of `input` that was audio (OpenAI `prompt_tokens_details.audio_tokens`, Gemini's
-    /// `AUDIO` modality).
-    pub audio_input: i64,
-    /// Part of `input` that was images (Gemini's `IMAGE` modality).
-    pub image_input: i64,
-    /// Part of `output` that was audio.
-    pub audio_output: i64,
-    /// Part of `output` that was images.
-    pub image_output: i64,
-    /// Server-side web-search calls (Anthropic `server_tool_use.web_search_requests`, the
-    /// Responses API's `web_search_call` items), billed per call.
-    pub web_search_calls: i64,
 }
 
 /// The usage one stream event reported. A side the event did not carry is `None`: absent,

@@ -16,7 +16,7 @@ use super::translate::TranslateError;
 use super::{anthropic, openai};
 use crate::config::Provider;
 use crate::error::WireFormat;
-use crate::quota::pricing::Usage;
+use crate::usage::Usage;
 
 /// The wire format a client speaks to the gateway, or an upstream speaks to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -366,7 +366,7 @@ pub fn answer_usage(upstream: impl Into<Format>, v: &Value) -> Result<Usage, Str
         Format::Gemini => v.get("usageMetadata").and_then(formats::gemini::read_usage),
         Format::Bedrock => v.get("usage").and_then(formats::bedrock::read_usage),
     };
-    usage.map(Usage::from).ok_or_else(|| match upstream {
+    usage.ok_or_else(|| match upstream {
         Format::OpenAiChat => openai::answer_text(v),
         Format::Anthropic => anthropic::answer_text(v),
         Format::Responses => formats::responses::answer_text(v),

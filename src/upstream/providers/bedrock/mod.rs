@@ -7,7 +7,8 @@
 //! Config (`[[upstreams]] provider = "bedrock"`): `region` is required; the credentials are
 //! either SigV4 (`access_key_id` + `secret_access_key`, optional `session_token`) or a
 //! Bedrock API key in `api_key` (sent as `Authorization: Bearer …`), never both; `base_url`
-//! defaults to `https://bedrock-runtime.{region}.amazonaws.com`.
+//! defaults to `https://bedrock-runtime.{region}.amazonaws.com` (the checks and the default
+//! are the config's: `config::check_bedrock`, `bedrock_base_url`).
 
 pub mod eventstream;
 pub mod sigv4;
@@ -26,37 +27,6 @@ use crate::upstream::credential::{Authorize, Credential};
 use crate::upstream::retry::Tier;
 use crate::upstream::UpstreamError;
 use sigv4::{BodyHashHeader, Signer};
-
-/// Bedrock's runtime endpoint in `region`.
-pub fn default_base_url(region: &str) -> String {
-    format!("https://bedrock-runtime.{region}.amazonaws.com")
-}
-
-/// Checks a `bedrock` upstream at config load: a region and exactly one kind of
-/// credentials (the fields are refused on other kinds by `UpstreamSettings::check_kind`).
-pub fn check(u: &UpstreamSettings) -> Result<(), String> {
-    let region = u.region.as_deref().unwrap_or("");
-    if region.is_empty()
-        || !region
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-    {
-        return Err(
-            "provider \"bedrock\" needs `region`, an AWS region name such as \"us-east-1\"".into(),
-        );
-    }
-    let key = u.access_key_id.as_deref().filter(|k| !k.is_empty());
-    let secret = u.secret_access_key.as_ref().filter(|s| !s.is_empty());
-    match (key, secret, u.api_key.is_empty()) {
-        (Some(_), Some(_), true) => Ok(()),
-        (None, None, false) if u.session_token.is_none() => Ok(()),
-        (None, None, true) => Err("provider \"bedrock\" needs credentials: access_key_id and secret_access_key (SigV4), or api_key (a Bedrock API key)".into()),
-        (Some(_), None, _) | (None, Some(_), _) => {
-            Err("access_key_id and secret_access_key go together".into())
-        }
-        _ => Err("give either access_key_id and secret_access_key (SigV4) or api_key (a Bedrock API key), not both; session_token goes with SigV4 only".into()),
-    }
-}
 
 /// `Authorization: Bearer <Bedrock API key>`, a header built once; or SigV4, a credential
 /// hook that signs each request's exact bytes at send time (`SigV4`).

@@ -1,7 +1,7 @@
 //! The transport's pieces: config checks, paths, credentials, typed errors.
 
 use super::*;
-use crate::config::{Provider, Secret};
+use crate::config::{check_bedrock, Provider, Secret};
 use secrecy::SecretString;
 
 fn bedrock() -> UpstreamSettings {
@@ -22,7 +22,7 @@ fn bedrock() -> UpstreamSettings {
 
 #[test]
 fn config_needs_a_region_and_exactly_one_kind_of_credentials() {
-    assert_eq!(check(&bedrock()), Ok(()));
+    assert_eq!(check_bedrock(&bedrock()), Ok(()));
     assert_eq!(
         bedrock().effective_base_url(),
         "https://bedrock-runtime.us-east-1.amazonaws.com"
@@ -32,7 +32,7 @@ fn config_needs_a_region_and_exactly_one_kind_of_credentials() {
     bearer.access_key_id = None;
     bearer.secret_access_key = None;
     bearer.api_key = Secret(SecretString::from("bedrock-api-key-abc"));
-    assert_eq!(check(&bearer), Ok(()));
+    assert_eq!(check_bedrock(&bearer), Ok(()));
 
     type Edit = Box<dyn Fn(&mut UpstreamSettings)>;
     let cases: Vec<(Edit, &str)> = vec![
@@ -57,12 +57,14 @@ fn config_needs_a_region_and_exactly_one_kind_of_credentials() {
     for (edit, want) in cases {
         let mut u = bedrock();
         edit(&mut u);
-        let err = check(&u).unwrap_err();
+        let err = check_bedrock(&u).unwrap_err();
         assert!(err.contains(want), "{err}");
     }
     let mut token_with_key = bearer.clone();
     token_with_key.session_token = Some(Secret(SecretString::from("t")));
-    assert!(check(&token_with_key).unwrap_err().contains("SigV4 only"));
+    assert!(check_bedrock(&token_with_key)
+        .unwrap_err()
+        .contains("SigV4 only"));
 
     // On other kinds the AWS fields are refused, and a base URL is required (at load:
     // `UpstreamSettings::check_kind`).

@@ -4,9 +4,10 @@
 use serde_json::Value;
 
 use super::fixtures;
-use crate::quota::pricing::{cost, Parts, Prices, Usage};
+use crate::quota::pricing::{cost, Parts, Prices};
 use crate::upstream::providers::translate::stream::StreamConverter;
 use crate::upstream::providers::{answer_usage, Format};
+use crate::usage::Usage;
 
 /// Sonnet's prices: 3 / 3.75 (5 m write) / 6 (1 h write) / 0.30 (read) / 15 USD per Mtok,
 /// 10 USD per 1 000 searches.

@@ -1,6 +1,7 @@
 //! The `gemini` provider's transport: Google's Gemini API (key in `x-goog-api-key`) and
-//! Vertex AI (a service account's OAuth token, `token`), their URLs and their config
-//! checks. The body is `formats::gemini`'s.
+//! Vertex AI (a service account's OAuth token, `token`) and their URLs; their config checks
+//! and default base URLs are the config's (`config::check_gemini`, `gemini_base_url`). The
+//! body is `formats::gemini`'s.
 //!
 //! | | base URL (default) | path |
 //! | --- | --- | --- |
@@ -22,17 +23,6 @@ use reqwest::header::HeaderName;
 use crate::clock::SystemClock;
 use crate::config::{UpstreamSettings, VertexSettings};
 use crate::upstream::credential::Credential;
-
-pub const GEMINI_API: &str = "https://generativelanguage.googleapis.com";
-
-/// Google's base URL for this upstream when the config gives none.
-pub fn default_base_url(vertex: Option<&VertexSettings>) -> String {
-    match vertex {
-        None => GEMINI_API.into(),
-        Some(v) if v.location == "global" => "https://aiplatform.googleapis.com".into(),
-        Some(v) => format!("https://{}-aiplatform.googleapis.com", v.location),
-    }
-}
 
 /// The path (and query) of a call to `model`, after the base URL.
 pub fn path(vertex: Option<&VertexSettings>, model: &str, stream: bool) -> String {
@@ -74,42 +64,4 @@ pub fn credential(u: &UpstreamSettings) -> Credential {
             u.api_key.expose(),
         ),
     }
-}
-
-/// A name that can stand in a URL path as it is (a project, a location, a model).
-fn path_safe(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 128
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'@'))
-}
-
-/// The config checks of a `gemini` upstream, and of the model names its routes send.
-/// Messages name the upstream's field; none shows a key.
-pub fn check(u: &UpstreamSettings, models: &[&str]) -> Result<(), String> {
-    match &u.vertex {
-        None if u.api_key.is_empty() => {
-            return Err("a `gemini` upstream needs `api_key` (Gemini API) or `vertex = { project, location, credentials_file }` (Vertex AI)".into())
-        }
-        None => {}
-        Some(_) if !u.api_key.is_empty() => {
-            return Err("`api_key` and `vertex` are exclusive: Vertex AI signs in with the service account".into())
-        }
-        Some(v) => {
-            if !path_safe(&v.project) {
-                return Err(format!("vertex.project `{}` is not a project id", v.project));
-            }
-            if !path_safe(&v.location) {
-                return Err(format!("vertex.location `{}` is not a region or `global`", v.location));
-            }
-            token::ServiceAccount::load(&v.credentials_file)
-                .map_err(|e| format!("vertex.credentials_file: {e}"))?;
-        }
-    }
-    if let Some(bad) = models.iter().find(|m| !path_safe(m)) {
-        return Err(format!(
-            "model `{bad}` cannot stand in a Gemini URL (letters, digits, `-`, `_`, `.`, `@`)"
-        ));
-    }
-    Ok(())
 }

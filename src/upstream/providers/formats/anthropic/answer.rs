@@ -109,7 +109,7 @@ pub fn is_search_error(kind: &str, content_type: Option<&str>) -> bool {
 /// writes are split by lifetime where `cache_creation` gives it; writes it does not
 /// split are five-minute ones (the default lifetime) noted as unsplit — the settlement
 /// prices them at the one-hour rate when the request marked a one-hour write
-/// (`pricing::Usage::at_worst_lifetime`) — and a split that says more than
+/// (`Usage::at_worst_lifetime` in `quota::pricing`) — and a split that says more than
 /// `cache_creation_input_tokens` counts.
 pub fn input_of(n: &dyn Fn(&str) -> i64) -> Input {
     let cached = n("/cache_read_input_tokens");

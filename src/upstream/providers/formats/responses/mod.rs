@@ -21,7 +21,7 @@ pub mod stream;
 use serde_json::{json, Map, Value};
 
 use crate::config::Provider;
-use crate::quota::pricing::Usage;
+use crate::usage::Usage;
 
 /// What the gateway writes into every response object it hands out.
 #[derive(Debug, Clone)]

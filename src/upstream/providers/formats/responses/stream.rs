@@ -12,8 +12,8 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::{response_usage, Stamp};
-use crate::quota::pricing::Usage;
 use crate::upstream::providers::translate::stream::frame;
+use crate::usage::Usage;
 
 /// The error event a Responses stream ends with.
 pub fn error_frame(sequence_number: u64, message: &str, code: &str) -> Bytes {

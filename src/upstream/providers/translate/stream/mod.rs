@@ -51,13 +51,13 @@ use bytes::{BufMut, Bytes, BytesMut};
 use serde_json::{json, Value};
 
 use crate::quota::estimate;
-use crate::quota::pricing::Usage;
 use crate::upstream::providers::canonical::{self, Event, Input, Output, Reported};
 use crate::upstream::providers::formats::openai_chat::stream::{read_event, OpenAiEvent};
 use crate::upstream::providers::formats::responses::adapter as responses_adapter;
 use crate::upstream::providers::formats::responses::stream as responses;
 use crate::upstream::providers::formats::{anthropic, bedrock, gemini, openai_chat};
 use crate::upstream::providers::{tier, Format};
+use crate::usage::Usage;
 use shape::Body;
 pub use shape::Corrupt;
 
@@ -445,7 +445,7 @@ impl StreamConverter {
 
     /// Both sides of a whole usage the upstream reported.
     fn report(&mut self, u: Usage) {
-        let r = Reported::whole(u.into());
+        let r = Reported::whole(u);
         self.report_sides(&r);
     }
 
@@ -929,7 +929,7 @@ impl StreamConverter {
 
     /// The accounted usage in the internal form.
     fn accounted(&self) -> canonical::Usage {
-        self.usage().into()
+        self.usage()
     }
 
     fn forward(&mut self, e: &Event, out: &mut Vec<Bytes>) {

@@ -11,10 +11,10 @@ use std::sync::{Arc, OnceLock};
 use chrono::NaiveDate;
 use serde::Deserialize;
 
-use super::long_tiers::{self, LongTiers};
-use super::pricing::{parse_usd, LongTier};
-use super::schedule::Dated;
-use crate::config::{ConfigError, PriceKeys, Usd};
+use super::{ConfigError, PriceKeys, Usd};
+use crate::quota::long_tiers::{self, LongTiers};
+use crate::quota::pricing::{parse_usd, LongTier};
+use crate::quota::schedule::Dated;
 
 const TABLE: &str = include_str!("price_table.toml");
 
@@ -110,7 +110,7 @@ pub fn parse(text: &str) -> Result<Table, ConfigError> {
             .keys
             .partial(name)?
             .ok_or_else(|| invalid(format!("`{name}` has no price")))?;
-        let from = crate::config::parse_effective(&raw.effective)
+        let from = super::parse_effective(&raw.effective)
             .ok_or_else(|| invalid(format!("`{name}`: effective {:?}", raw.effective)))?;
         let as_of = NaiveDate::parse_from_str(&raw.as_of, "%Y-%m-%d")
             .map_err(|_| invalid(format!("`{name}`: as_of {:?}", raw.as_of)))?;
@@ -254,8 +254,8 @@ pub fn without_date_suffix(name: &str) -> Option<&str> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::pricing::Prices;
     use super::*;
+    use crate::quota::pricing::Prices;
 
     #[test]
     fn the_bundled_table_parses_and_every_entry_is_sourced() {
