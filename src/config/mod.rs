@@ -17,6 +17,7 @@ mod oidc;
 mod prices;
 mod redis;
 mod sections;
+mod traces;
 
 pub use ladder::Ladder;
 pub use layers::{load, load_from};
@@ -24,6 +25,7 @@ pub use oidc::{Grant, OidcRole, OidcSettings, CALLBACK_PATH};
 pub use prices::parse_effective;
 pub use redis::RedisTopology;
 pub use sections::*;
+pub use traces::TracingSettings;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -204,6 +206,7 @@ pub struct Settings {
     pub finance: FinanceSettings,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oidc: Option<OidcSettings>,
+    pub tracing: TracingSettings,
     /// Not a config key: `serve --ladder`, for the benchmark only.
     #[serde(skip)]
     pub ladder: Ladder,
@@ -227,6 +230,7 @@ impl Settings {
         if let Some(oidc) = &self.oidc {
             oidc.validate()?;
         }
+        self.tracing.validate()?;
         if !self.database.url.starts_with("sqlite://") && self.database_postgres_url().is_none() {
             return invalid(format!(
                 "database.url `{}` must start with sqlite:// or postgres://",

@@ -502,6 +502,7 @@ impl Pump {
             mut booking,
             cache,
         } = books;
+        let _settle = log.trace.stage("settle");
         super::kinds::served_tier(provider, &log.upstream, converter.served_tier());
         let mut usage = converter.usage().at_worst_lifetime(may);
         if may_have_run_on && !converter.usage_final() {
