@@ -330,3 +330,35 @@ def test_off_nothing_is_sent_and_no_traceparent_goes_upstream(tmp_path_factory, 
             assert not [s for _, s in receiver.spans if s.trace_id.hex() == tid]
     finally:
         g.stop()
+
+
+def test_a_collector_that_never_answers_slows_no_request(tmp_path_factory):
+    # It takes the connection and never answers: every export waits out its timeout.
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    g = Gateway(tmp_path_factory.mktemp("traces-silent"),
+                f'[tracing]\notlp_endpoint = "http://127.0.0.1:{silent.getsockname()[1]}"\n')
+    try:
+        slowest = 0.0
+        for _ in range(20):
+            started = time.monotonic()
+            assert g.chat(None)[0] == 200
+            slowest = max(slowest, time.monotonic() - started)
+        assert slowest < 1.0, slowest  # the export timeout is 5 s
+        # The spans that could not be delivered are counted.
+        deadline = time.monotonic() + 20
+        while True:
+            with urllib.request.urlopen(f"http://127.0.0.1:{g.gw}/metrics", timeout=5) as resp:
+                text = resp.read().decode()
+            dropped = [line for line in text.splitlines()
+                       if line.startswith('gateway_trace_spans_dropped_total{reason="export_failed"}')]
+            if dropped or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert dropped and float(dropped[0].split()[-1]) > 0, text[-2000:]
+    finally:
+        g.stop()
+        silent.close()
