@@ -45,7 +45,7 @@ if ! command -v strace >/dev/null 2>&1; then
     apt_install strace
 fi
 
-if ! python3 -c "import openai, agents, anthropic, pytest, opentelemetry.proto" >/dev/null 2>if ! python3 -c "import openai, agents, anthropic, pytest" >/dev/null 2>&1; then1; then
+if ! python3 -c "import openai, agents, anthropic, pytest, opentelemetry.proto" >/dev/null 2>&1; then
     python3 -m pip install --quiet --disable-pip-version-check -r tests/sdk/requirements.txt
 fi
 
