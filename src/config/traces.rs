@@ -75,7 +75,10 @@ mod tests {
         assert!(d.otlp_endpoint.is_none() && d.validate().is_ok());
         assert_eq!((d.sample_ratio, d.service_name.as_str()), (1.0, "sluice"));
         for bad in [-0.1, 1.5, f64::NAN] {
-            assert!(with(Some("http://c:4318"), bad).validate().is_err(), "{bad}");
+            assert!(
+                with(Some("http://c:4318"), bad).validate().is_err(),
+                "{bad}"
+            );
         }
         assert!(with(Some("http://c:4318"), 0.0).validate().is_ok());
         assert!(with(Some("collector:4318"), 1.0).validate().is_err());

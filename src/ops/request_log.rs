@@ -39,8 +39,7 @@ impl RequestLog {
     pub async fn record(&self, row: RequestRow) {
         if row.trace.is_on() {
             let error = (row.status >= 500).then(|| row.error_code.unwrap_or("error"));
-            row.trace
-                .finish(&row.model, trace_attributes(&row), error);
+            row.trace.finish(&row.model, trace_attributes(&row), error);
         }
         let Some(rows) = &self.rows else { return };
         tracing::info!(
@@ -106,7 +105,10 @@ fn trace_attributes(row: &RequestRow) -> Vec<KeyValue> {
     for (key, value) in named.into_iter().filter(|(_, v)| !v.is_empty()) {
         a.push(KeyValue::new(key, value.clone()));
     }
-    let ids = [("sluice.token_id", row.token_id), ("sluice.team_id", row.team_id)];
+    let ids = [
+        ("sluice.token_id", row.token_id),
+        ("sluice.team_id", row.team_id),
+    ];
     for (key, id) in ids {
         if let Some(id) = id {
             a.push(KeyValue::new(key, id));

@@ -102,7 +102,11 @@ struct Request {
 
 impl std::fmt::Debug for Trace {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() { "Trace(on)" } else { "Trace(off)" })
+        f.write_str(if self.0.is_some() {
+            "Trace(on)"
+        } else {
+            "Trace(off)"
+        })
     }
 }
 
@@ -274,7 +278,10 @@ impl Tracing {
 impl Request {
     fn child(&self, name: &'static str, kind: SpanKind) -> Span {
         // Only installed tracing makes a `Request`.
-        let tracer = &TRACING.get().expect("a trace exists only once installed").tracer;
+        let tracer = &TRACING
+            .get()
+            .expect("a trace exists only once installed")
+            .tracer;
         let parent = Context::new().with_remote_span_context(self.context.clone());
         tracer
             .span_builder(name)
