@@ -362,3 +362,27 @@ def test_a_collector_that_never_answers_slows_no_request(tmp_path_factory):
     finally:
         g.stop()
         silent.close()
+
+
+def test_sample_ratio_zero_keeps_only_the_traces_a_client_sampled(tmp_path_factory, receiver):
+    g = Gateway(tmp_path_factory.mktemp("traces-ratio0"),
+                f'[tracing]\notlp_endpoint = "http://127.0.0.1:{receiver.port}"\nsample_ratio = 0.0\n')
+    try:
+        # A new trace: not kept, nothing built, nothing sent upstream.
+        before = time.time_ns()
+        assert g.chat(None)[0] == 200
+        assert "traceparent" not in g.stats()[KEY_A]["last_headers"][-1]
+        unsampled, _ = new_ids()
+        assert g.chat(f"00-{unsampled}-{secrets.token_hex(8)}-00")[0] == 200
+        # The client's sampled flag decides for its own trace (parent-based sampling).
+        tid, parent = new_ids()
+        assert g.chat(f"00-{tid}-{parent}-01")[0] == 200
+        req = request_span(receiver.trace(tid, 8))
+        assert req.parent_span_id.hex() == parent
+        time.sleep(1.5)
+        with receiver.lock:
+            mine = [s for res, s in receiver.spans if s.start_time_unix_nano >= before
+                    and s.trace_id.hex() != tid and res.get("service.name") == "sluice"]
+        assert mine == [], [s.name for s in mine]
+    finally:
+        g.stop()
