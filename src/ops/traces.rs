@@ -94,6 +94,7 @@ pub fn flush() {
 pub struct Trace(Option<Arc<Request>>);
 
 struct Request {
+    tracer: &'static SdkTracer,
     span: Mutex<Option<Span>>,
     operation: &'static str,
     /// The request span's own, the parent of every stage.
@@ -256,7 +257,7 @@ impl Stage {
 }
 
 impl Tracing {
-    fn request(&self, headers: &HeaderMap, operation: &'static str) -> Trace {
+    fn request(&'static self, headers: &HeaderMap, operation: &'static str) -> Trace {
         let parent = TraceContextPropagator::new().extract(&Headers(headers));
         let span = self
             .tracer
@@ -268,6 +269,7 @@ impl Tracing {
         }
         let context = span.span_context().clone();
         Trace(Some(Arc::new(Request {
+            tracer: &self.tracer,
             span: Mutex::new(Some(span)),
             operation,
             context,
@@ -277,11 +279,7 @@ impl Tracing {
 
 impl Request {
     fn child(&self, name: &'static str, kind: SpanKind) -> Span {
-        // Only installed tracing makes a `Request`.
-        let tracer = &TRACING
-            .get()
-            .expect("a trace exists only once installed")
-            .tracer;
+        let tracer = self.tracer;
         let parent = Context::new().with_remote_span_context(self.context.clone());
         tracer
             .span_builder(name)
@@ -432,6 +430,82 @@ mod tests {
         let attempt = trace.attempt("up", &url);
         assert!(attempt.traceparent().is_none());
         assert!(trace.stage("auth").0.is_none());
+    }
+
+    /// An exporter that reports each batch's size, or never finishes (`stuck`).
+    #[derive(Debug)]
+    struct Probe {
+        sizes: std::sync::Mutex<mpsc::Sender<usize>>,
+        stuck: bool,
+    }
+
+    impl SpanExporter for Probe {
+        async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+            let _ = self.sizes.lock().map(|tx| tx.send(batch.len()));
+            if self.stuck {
+                std::future::pending::<()>().await;
+            }
+            Ok(())
+        }
+    }
+
+    fn ended() -> SpanData {
+        use opentelemetry::trace::{SpanId, TraceFlags, TraceId, TraceState};
+        SpanData {
+            span_context: SpanContext::new(
+                TraceId::from_bytes([1; 16]),
+                SpanId::from_bytes([2; 8]),
+                TraceFlags::SAMPLED,
+                false,
+                TraceState::default(),
+            ),
+            parent_span_id: SpanId::INVALID,
+            parent_span_is_remote: false,
+            span_kind: SpanKind::Internal,
+            name: "stage".into(),
+            start_time: std::time::SystemTime::now(),
+            end_time: std::time::SystemTime::now(),
+            attributes: Vec::new(),
+            dropped_attributes_count: 0,
+            events: Default::default(),
+            links: Default::default(),
+            status: Status::Unset,
+            instrumentation_scope: Default::default(),
+        }
+    }
+
+    fn probe(stuck: bool) -> (Exporting, mpsc::Receiver<usize>) {
+        let (tx, rx) = mpsc::channel();
+        let sizes = std::sync::Mutex::new(tx);
+        let exporting = Exporting::start(Probe { sizes, stuck }).expect("a thread starts");
+        (exporting, rx)
+    }
+
+    #[test]
+    fn spans_leave_in_full_batches_and_the_rest_within_the_interval() {
+        let (exporting, sizes) = probe(false);
+        for _ in 0..BATCH + 88 {
+            exporting.on_end(ended());
+        }
+        let wait = INTERVAL * 3;
+        assert_eq!(sizes.recv_timeout(wait), Ok(BATCH));
+        assert_eq!(sizes.recv_timeout(wait), Ok(88));
+    }
+
+    #[test]
+    fn a_stuck_exporter_never_holds_up_an_ended_span() {
+        let (exporting, sizes) = probe(true);
+        let started = Instant::now();
+        // The first batch takes the exporter forever; the queue fills, then drops.
+        for _ in 0..BATCH + 2 * QUEUE {
+            exporting.on_end(ended());
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(sizes.recv_timeout(INTERVAL * 3), Ok(BATCH));
     }
 
     #[test]
