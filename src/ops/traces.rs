@@ -323,6 +323,16 @@ impl Exporting {
             .spawn(move || export_loop(exporter, rx))?;
         Ok(Exporting { tx })
     }
+
+    /// Sends what is queued and waits up to `timeout` for it to be exported.
+    fn flush_within(&self, timeout: Duration) -> OTelSdkResult {
+        let (done, wait) = mpsc::sync_channel(1);
+        self.tx
+            .try_send(Msg::Flush(done))
+            .map_err(|_| OTelSdkError::InternalFailure("the export queue is full".into()))?;
+        wait.recv_timeout(timeout)
+            .map_err(|_| OTelSdkError::Timeout(timeout))
+    }
 }
 
 impl SpanProcessor for Exporting {
@@ -338,16 +348,11 @@ impl SpanProcessor for Exporting {
     }
 
     fn force_flush(&self) -> OTelSdkResult {
-        let (done, wait) = mpsc::sync_channel(1);
-        self.tx
-            .try_send(Msg::Flush(done))
-            .map_err(|_| OTelSdkError::InternalFailure("the export queue is full".into()))?;
-        wait.recv_timeout(EXPORT_TIMEOUT)
-            .map_err(|_| OTelSdkError::Timeout(EXPORT_TIMEOUT))
+        self.flush_within(EXPORT_TIMEOUT)
     }
 
-    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
-        self.force_flush()
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.flush_within(timeout)
     }
 
     fn set_resource(&mut self, resource: &Resource) {
