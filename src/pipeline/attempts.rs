@@ -433,6 +433,7 @@ async fn try_candidate(
     .await
     {
         Ok(mut s) => {
+            // A success is a 2xx (`UpstreamClient::post`), and every provider's is a 200.
             span.outcome(Some(200), "served");
             trace.served_by(dep.provider, Some(url));
             permit.success();
