@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs on a fresh Debian machine with the Rust toolchain:
-# a redis-server for the rate-limit tests, a PostgreSQL server for the multi-host store, libfaketime for the skewed-clock tests, the Python SDKs the compatibility tests drive,
+# a redis-server for the rate-limit tests, a PostgreSQL server for the multi-host store, libfaketime for the skewed-clock tests, the Python SDKs the compatibility tests drive (and opentelemetry-proto for the traces test),
 # and for the admin UI test Debian's chromium plus playwright-core (npm ci in tests/ui; the
 # browser is never downloaded by Playwright). Idempotent, and quick when everything is present.
 set -euo pipefail
@@ -45,7 +45,7 @@ if ! command -v strace >/dev/null 2>&1; then
     apt_install strace
 fi
 
-if ! python3 -c "import openai, agents, anthropic, pytest" >/dev/null 2>&1; then
+if ! python3 -c "import openai, agents, anthropic, pytest, opentelemetry.proto" >/dev/null 2>&1; then
     python3 -m pip install --quiet --disable-pip-version-check -r tests/sdk/requirements.txt
 fi
 

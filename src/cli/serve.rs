@@ -18,10 +18,17 @@ pub async fn serve(
     }
     settings.ladder = ladder;
     crate::ops::fd_limit::raise();
+    // Before the app: a bad endpoint stops the start. Read once; SIGHUP leaves it.
+    crate::ops::traces::install(&settings.tracing)?;
     let app = Application::build(settings).await?;
     tracing::info!(port = app.port(), "sluice listening");
     let reload = reloader(&app, config);
-    run_until_signalled(app, Some(reload)).await
+    let result = run_until_signalled(app, Some(reload)).await;
+    // The last spans (the drained requests'), within the exporter's timeout.
+    if let Err(e) = tokio::task::spawn_blocking(crate::ops::traces::flush).await {
+        tracing::warn!(error = %e, "trace flush did not run");
+    }
+    result
 }
 
 /// SIGHUP's action: the config file `config` read again (`ops::reload`).

@@ -106,6 +106,7 @@ const SECTIONS: &[&str] = &[
     "backup",
     "responses",
     "finance",
+    "tracing",
 ];
 /// `SLUICE_*` variables that are not section overrides.
 const NON_OVERRIDES: &[&str] = &[

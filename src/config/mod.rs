@@ -19,6 +19,7 @@ mod redis;
 mod sections;
 mod service_account;
 mod upstream_checks;
+mod traces;
 
 pub use ladder::Ladder;
 pub use layers::{load, load_from};
@@ -30,6 +31,7 @@ pub use service_account::ServiceAccount;
 pub use upstream_checks::{
     bedrock_base_url, check_bedrock, check_gemini, gemini_base_url, GEMINI_API,
 };
+pub use traces::TracingSettings;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -209,6 +211,7 @@ pub struct Settings {
     pub finance: FinanceSettings,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oidc: Option<OidcSettings>,
+    pub tracing: TracingSettings,
     /// Not a config key: `serve --ladder`, for the benchmark only.
     #[serde(skip)]
     pub ladder: Ladder,
@@ -232,6 +235,7 @@ impl Settings {
         if let Some(oidc) = &self.oidc {
             oidc.validate()?;
         }
+        self.tracing.validate()?;
         if !self.database.url.starts_with("sqlite://") && self.database_postgres_url().is_none() {
             return invalid(format!(
                 "database.url `{}` must start with sqlite:// or postgres://",

@@ -11,3 +11,4 @@ pub mod migrate_store;
 pub mod reload;
 pub mod request_log;
 pub mod rotate;
+pub mod traces;

@@ -3,6 +3,8 @@
 //! log line at once. Never a prompt, a completion or a credential — the row has no field
 //! for them.
 
+use opentelemetry::KeyValue;
+
 use crate::ops::metrics;
 use crate::store::lingering::Lingering;
 use crate::store::requests::{self, RequestRow};
@@ -35,6 +37,10 @@ impl RequestLog {
     /// Emits the log line and the metrics, and queues the row (waits only if the log is
     /// thousands of rows behind).
     pub async fn record(&self, row: RequestRow) {
+        if row.trace.is_on() {
+            let error = (row.status >= 500).then(|| row.error_code.unwrap_or("error"));
+            row.trace.finish(&row.model, trace_attributes(&row), error);
+        }
         let Some(rows) = &self.rows else { return };
         tracing::info!(
             target: "sluice::request",
@@ -76,4 +82,40 @@ impl RequestLog {
             rows.flush().await;
         }
     }
+}
+
+/// The request span's attributes (`ops::traces`), from its row: names, counts, money and
+/// status, as the log line has them — never a prompt, a completion or a credential.
+fn trace_attributes(row: &RequestRow) -> Vec<KeyValue> {
+    let mut a = vec![
+        KeyValue::new("gen_ai.request.model", row.model.clone()),
+        KeyValue::new("sluice.request_id", row.id.clone()),
+        KeyValue::new("sluice.cache", row.cache),
+        KeyValue::new("sluice.cost_micros", row.cost_micros),
+        KeyValue::new("sluice.attempts", i64::from(row.attempts)),
+        KeyValue::new("sluice.stream", row.stream),
+        KeyValue::new("http.response.status_code", i64::from(row.status)),
+        KeyValue::new("gen_ai.usage.input_tokens", row.input_tokens),
+        KeyValue::new("gen_ai.usage.output_tokens", row.output_tokens),
+    ];
+    let named = [
+        ("gen_ai.response.model", &row.upstream_model),
+        ("sluice.upstream", &row.upstream),
+    ];
+    for (key, value) in named.into_iter().filter(|(_, v)| !v.is_empty()) {
+        a.push(KeyValue::new(key, value.clone()));
+    }
+    let ids = [
+        ("sluice.token_id", row.token_id),
+        ("sluice.team_id", row.team_id),
+    ];
+    for (key, id) in ids {
+        if let Some(id) = id {
+            a.push(KeyValue::new(key, id));
+        }
+    }
+    if let Some(code) = row.error_code {
+        a.push(KeyValue::new("error.type", code));
+    }
+    a
 }

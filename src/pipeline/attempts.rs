@@ -21,12 +21,14 @@ use super::request::Prepared;
 use super::Failure;
 use crate::error::{ApiError, WireFormat};
 use crate::ops::metrics;
+use crate::ops::traces::Trace;
 use crate::quota::pricing::{self, Prices};
 use crate::ratelimit::{Booking, WindowSpec};
 use crate::state::AppState;
 use crate::store::audit::{self, AuditEntry};
 use crate::upstream::breaker::Permit;
 use crate::upstream::catalog::{Deployment, Model, Route};
+use crate::upstream::client::UpstreamHeaders;
 use crate::upstream::pool::{Disabled, InFlight};
 use crate::upstream::providers::{self, translate::TranslateError, Built};
 use crate::upstream::retry::{self, Tier};
@@ -245,7 +247,7 @@ async fn attempt(
     (c, dep): (&Candidate, &Arc<Deployment>),
     url: Option<&reqwest::Url>,
     body: Vec<u8>,
-    (stream, beta): (bool, Option<&reqwest::header::HeaderValue>),
+    (stream, headers): (bool, UpstreamHeaders<'_>),
     (started, deadline): (Instant, Instant),
 ) -> Result<Success, UpstreamError> {
     let d = c.route.deployment;
@@ -253,7 +255,7 @@ async fn attempt(
     let sent = Instant::now();
     let resp = state
         .upstream
-        .post(dep, url, Bytes::from(body), deadline, beta)
+        .post(dep, url, Bytes::from(body), deadline, headers)
         .await;
     metrics::upstream_answer(dep.provider.as_str(), &dep.id, sent.elapsed().as_secs_f64());
     let resp = resp?;
@@ -323,9 +325,9 @@ async fn try_candidate(
     c: &Candidate,
     i: usize,
     run: &mut Run,
-    ctx: (&str, Instant, Instant),
+    ctx: ((&str, &Trace), Instant, Instant),
 ) -> Step {
-    let (request_id, deadline, started) = ctx;
+    let ((request_id, trace), deadline, started) = ctx;
     let d = c.route.deployment;
     // One deployment for the whole attempt (key, URL, body, the answer's reading), the one
     // of the moment (taken before the attempt's gates): a key rotated before this attempt
@@ -418,17 +420,22 @@ async fn try_candidate(
     }
     // From here a request dropped mid-call leaves its permit unanswered, not abandoned.
     permit.sent();
+    let mut span = trace.attempt(&dep.id, url);
+    let headers = (p.anthropic_beta.as_ref(), span.traceparent());
     let err = match attempt(
         state,
         (c, dep),
         Some(url),
         body,
-        (p.stream, p.anthropic_beta.as_ref()),
+        (p.stream, headers),
         (started, deadline),
     )
     .await
     {
         Ok(mut s) => {
+            // A success is a 2xx (`UpstreamClient::post`), and every provider's is a 200.
+            span.outcome(Some(200), "served");
+            trace.served_by(dep.provider, Some(url));
             permit.success();
             state.pool().succeeded(d);
             s.slot = slot;
@@ -439,6 +446,12 @@ async fn try_candidate(
         Err(e) => e,
     };
     let tier = retry::classify(&err);
+    let status = match &err {
+        UpstreamError::Status { status, .. } => Some(*status),
+        _ => None,
+    };
+    span.outcome(status, tier.as_str());
+    drop(span);
     // A failed attempt used nothing of the key's window — unless the request's own
     // deadline cut it off after the upstream had it (it keeps the input booked then).
     run.cut_by_deadline |= tier == Tier::OutOfTime;
@@ -568,7 +581,7 @@ pub async fn call(
     p: &Prepared,
     candidates: &[Candidate],
     deadline: Instant,
-    request_id: &str,
+    (request_id, trace): (&str, &Trace),
 ) -> Called {
     let cfg = &state.settings.retry;
     let started = Instant::now();
@@ -603,7 +616,7 @@ pub async fn call(
                 }
                 continue;
             }
-            let ctx = (request_id, deadline, started);
+            let ctx = ((request_id, trace), deadline, started);
             match try_candidate(state, p, &candidates[i], i, &mut run, ctx).await {
                 Step::Served(s) => return called(Outcome::Served(s), &run),
                 Step::ClientError(f) | Step::Stop(f) => return called(Outcome::Failed(f), &run),

@@ -27,6 +27,7 @@ use crate::config::{Ladder, Provider};
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::ops::metrics;
+use crate::ops::traces::Trace;
 use crate::queue::Admit;
 use crate::quota::estimate;
 use crate::quota::pricing;
@@ -70,6 +71,7 @@ pub async fn handle(
             endpoint: endpoint.name(),
             created_at: db_time(started_at),
             cache: "off",
+            trace: Trace::start(req.headers(), endpoint),
             ..RequestRow::default()
         },
         extras: Extras::default(),
@@ -257,6 +259,7 @@ async fn run(
 ) -> Result<Reply, Failure> {
     let ladder = state.settings.ladder;
     // 1. Authenticate.
+    let span = log.trace.stage("auth");
     let auth = if ladder.has(Ladder::Auth) {
         state
             .auth
@@ -267,6 +270,7 @@ async fn run(
     } else {
         TokenAuth::anonymous()
     };
+    drop(span);
     log.token_id = Some(auth.owner.token_id);
     log.user_id = Some(auth.owner.user_id);
     log.team_id = Some(auth.owner.team_id);
@@ -285,6 +289,7 @@ async fn run(
         state.settings.finance.document_tokens_per_page,
     );
     prepared.responses = conversation;
+    log.trace.max_tokens(prepared.cap.map(|(_, cap)| cap));
     let asked = limits::client_headers(req.headers(), auth.max_priority)?;
     let (all_tags, fixed_tags) = tags::resolve(req.headers(), &auth.tags, &auth.team_tags)?;
     (log.tags, log.fixed_tags) = (all_tags.canonical(), fixed_tags.canonical());
@@ -295,15 +300,18 @@ async fn run(
 
     // 3. Rate-limit the token and its user. Dropped, the booking corrects their token
     // windows to what it recorded: 0 on every early return below.
+    let span = log.trace.stage("window");
     let mut booking = if ladder.has(Ladder::Window) {
         rate_limit(state, &auth, &prepared, &log.id, &mut extras.rate).await?
     } else {
         None
     };
+    drop(span);
     log.model = prepared.requested_model.clone();
     log.stream = prepared.stream;
 
     // 4. Cache: a hit is answered at once and costs nothing.
+    let mut span = log.trace.stage("cache");
     let plan = match endpoint {
         Endpoint::Chat | Endpoint::Messages if ladder.has(Ladder::Cache) => state.cache.plan(
             req.headers(),
@@ -321,6 +329,8 @@ async fn run(
         log.cache = "miss";
         if !plan.refresh {
             if let Some(hit) = state.cache.get(plan, state.clock.now()).await {
+                span.set("sluice.cache", "hit");
+                drop(span);
                 let (cache, key) = (state.cache.clone(), hit.entry.key);
                 tokio::spawn(async move { cache.record_hit(&key).await });
                 let resp = cached::answer(state, &prepared, &hit, log, &auth).await;
@@ -328,6 +338,9 @@ async fn run(
             }
         }
     }
+
+    span.set("sluice.cache", log.cache);
+    drop(span);
 
     // 5. Reserve the worst case over every model that may serve (fallbacks included).
     let candidates = attempts::candidates(state, &prepared);
@@ -344,6 +357,7 @@ async fn run(
         .into());
     }
     let worst = reservation_amount(state, &prepared, &candidates);
+    let span = log.trace.stage("reserve");
     let mut held = if ladder.has(Ladder::Quota) {
         state
             .quota
@@ -353,12 +367,14 @@ async fn run(
     } else {
         state.quota.unreserved()
     };
+    drop(span);
     account(state, &auth, held.token_remaining(), 0);
 
     // 6. Queue by priority. A request that leaves unserved releases its reservation.
     let priority = asked.priority;
     let deadline = respond::deadline(asked.deadline_ms, &state.settings.retry, started);
     let queued = Instant::now();
+    let span = log.trace.stage("queue");
     let admitted = match state.queue.enter(priority, auth.owner.token_id) {
         Ok(Admit::Now(slot)) => Ok(slot),
         Ok(Admit::Wait(ticket)) if prepared.stream => {
@@ -376,6 +392,7 @@ async fn run(
                 books,
                 candidates,
                 deadline,
+                queue_span: span,
             };
             return Ok(Reply::Streaming(queued::start(
                 state,
@@ -387,6 +404,7 @@ async fn run(
         Err(refused) => Err(refused),
     };
     extras.queue_wait = Some(queued.elapsed());
+    drop(span);
     let slot = match admitted {
         Ok(slot) => slot,
         Err(refused) => {
@@ -406,7 +424,14 @@ async fn run(
     }
 
     // 7–9. Route, call, retry by tier.
-    let outcome = attempts::call(state, &prepared, &candidates, deadline, &log.id).await;
+    let outcome = attempts::call(
+        state,
+        &prepared,
+        &candidates,
+        deadline,
+        (&log.id, &log.trace),
+    )
+    .await;
     log.attempts = outcome.attempts;
     let success = match outcome.result {
         Outcome::Served(s) => s,
@@ -686,7 +711,9 @@ async fn finish(
         held.set_cost_if_dropped(cost);
         responses::keep(state, ctx, &response).await;
     }
+    let span = log.trace.stage("settle");
     let settled = held.settle(cost).await;
+    drop(span);
     account(state, auth, settled.token_remaining, settled.absorbed);
     log.cost_micros = settled.charged + settled.absorbed;
     log.ttfb_ms = Some(s.ttfb_ms);

@@ -15,6 +15,7 @@ use super::drain::Drain;
 use super::request::Prepared;
 use super::stream::{self, sse_channel, sse_response, stall_limit, Books, ClientSink};
 use crate::error::ApiError;
+use crate::ops::traces::Stage;
 use crate::queue::Ticket;
 use crate::state::AppState;
 use crate::upstream::providers::translate::stream::error_event;
@@ -28,6 +29,8 @@ pub struct Waiting {
     pub books: Books,
     pub candidates: Vec<Candidate>,
     pub deadline: Instant,
+    /// The queue stage's span (`ops::traces`), ended when the wait is over.
+    pub queue_span: Stage,
 }
 
 pub fn start(state: &web::Data<AppState>, w: Waiting, drain: Drain) -> HttpResponse {
@@ -57,6 +60,7 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
         mut books,
         candidates,
         deadline,
+        queue_span,
     } = w;
     let probe = ticket.probe();
     let granted = ticket.granted(deadline);
@@ -78,6 +82,7 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
             }
         }
     };
+    drop(queue_span);
     let slot = match slot {
         Ok(s) => s,
         Err(refused) => {
@@ -103,8 +108,8 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
         // The response is open: a client that leaves now is seen only by the body being
         // dropped, so the wait on the upstream races it (dropping the call closes the
         // upstream connection).
-        let id = books.log.id.clone();
-        let call = attempts::call(&state, &prepared, &candidates, deadline, &id);
+        let (id, trace) = (books.log.id.clone(), books.log.trace.clone());
+        let call = attempts::call(&state, &prepared, &candidates, deadline, (&id, &trace));
         let outcome = tokio::select! {
             biased;
             _ = sink.closed() => None,

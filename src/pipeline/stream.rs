@@ -505,6 +505,7 @@ impl Pump {
             mut booking,
             cache,
         } = books;
+        let _settle = log.trace.stage("settle");
         super::kinds::served_tier(provider, &log.upstream, converter.served_tier());
         let input_reported = converter.input_reported();
         let mut usage = converter.usage().at_worst_lifetime(may);

@@ -42,6 +42,8 @@ pub struct RequestRow {
     /// `created_at` (`INSERT`); fresh input and text output are the rest of the
     /// totals.
     pub kinds: Parts,
+    /// The request's trace (`ops::traces`), ended when the row is recorded: not stored.
+    pub trace: crate::ops::traces::Trace,
 }
 
 /// The per-kind figures of a row, in the order of their columns in `INSERT` (and in

@@ -79,7 +79,7 @@ impl UpstreamClient {
         url: Option<&reqwest::Url>,
         body: Bytes,
         deadline: Instant,
-        anthropic_beta: Option<&HeaderValue>,
+        headers: UpstreamHeaders<'_>,
     ) -> Result<reqwest::Response, UpstreamError> {
         let client = if dep.allow_private {
             &self.private
@@ -96,7 +96,7 @@ impl UpstreamClient {
             _ => None,
         };
         let again = hook.filter(|h| h.cached()).map(|_| body.clone());
-        let req = request(client, dep, url, body, anthropic_beta)?;
+        let req = request(client, dep, url, body, &headers)?;
         let send = async {
             let Some(hook) = hook else {
                 return client.execute(req).await.map_err(Ok);
@@ -114,7 +114,7 @@ impl UpstreamClient {
                 (Some(body), Some(sent)) if resp.status() == reqwest::StatusCode::UNAUTHORIZED => {
                     hook.refused(&sent);
                     drop(resp);
-                    let again = request(client, dep, url, body, anthropic_beta).map_err(Err)?;
+                    let again = request(client, dep, url, body, &headers).map_err(Err)?;
                     let again = hook.authorize(client, again).await.map_err(Err)?;
                     client.execute(again).await.map_err(Ok)
                 }
@@ -211,12 +211,17 @@ fn request(
     dep: &Deployment,
     url: &reqwest::Url,
     body: Bytes,
-    anthropic_beta: Option<&HeaderValue>,
+    (anthropic_beta, traceparent): &UpstreamHeaders<'_>,
 ) -> Result<reqwest::Request, UpstreamError> {
     let req = client
         .post(url.clone())
         .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
         .body(body);
+    // Before the credential: a signing hook (SigV4) covers it like any header.
+    let req = match traceparent {
+        Some(tp) => req.header("traceparent", tp.clone()),
+        None => req,
+    };
     let req = match dep.credential() {
         Credential::Static(name, value) => req.header(name, value.clone()),
         Credential::None | Credential::Hook(_) => req,
@@ -226,7 +231,7 @@ fn request(
         Provider::Anthropic => {
             let req = req.header("anthropic-version", ANTHROPIC_VERSION);
             match anthropic_beta {
-                Some(beta) => req.header("anthropic-beta", beta.clone()),
+                Some(beta) => req.header("anthropic-beta", HeaderValue::clone(beta)),
                 None => req,
             }
         }
@@ -239,6 +244,10 @@ fn request(
     req.build()
         .map_err(|_| UpstreamError::Connect("request".into()))
 }
+
+/// Headers a request adds for its upstream: the client's `anthropic-beta` (Anthropic
+/// only) and the attempt span's W3C `traceparent` (`ops::traces`; none when tracing is off).
+pub type UpstreamHeaders<'a> = (Option<&'a HeaderValue>, Option<HeaderValue>);
 
 /// How long an upstream asked to be left alone: `retry-after-ms` (Azure's, and what the
 /// OpenAI SDKs read first) when present, else `Retry-After` in seconds.

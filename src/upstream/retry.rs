@@ -41,6 +41,23 @@ pub enum Tier {
     LocalResources,
 }
 
+impl Tier {
+    /// Its name in traces (`sluice.retry_tier`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::RateLimited => "rate_limited",
+            Tier::Overloaded => "overloaded",
+            Tier::QuotaExhausted => "quota_exhausted",
+            Tier::ServerError => "server_error",
+            Tier::Conflict => "conflict",
+            Tier::OutOfTime => "out_of_time",
+            Tier::AuthFailed => "auth_failed",
+            Tier::ClientError => "client_error",
+            Tier::LocalResources => "local_resources",
+        }
+    }
+}
+
 pub fn classify(err: &UpstreamError) -> Tier {
     match err {
         UpstreamError::Timeout | UpstreamError::Connect(_) | UpstreamError::Garbage(_) => {

@@ -15,6 +15,7 @@ async fn seed(app: &TestApp, rows: &[(i64, i64, i64, &str, i64, i64, &str)]) {
         .enumerate()
         .map(|(i, (team, user, token, model, status, cost, day))| {
             sluice::store::requests::RequestRow {
+                trace: Default::default(),
                 id: format!("req-{i}"),
                 token_id: Some(*token),
                 user_id: Some(*user),

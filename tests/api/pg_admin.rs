@@ -407,6 +407,7 @@ fn request(
     day: &str,
 ) -> RequestRow {
     RequestRow {
+        trace: Default::default(),
         id: format!("req-{i}"),
         token_id: Some(ids.0),
         user_id: Some(ids.1),

@@ -501,6 +501,7 @@ pub fn request_rows() -> Vec<RequestRow> {
     for i in 0..60i64 {
         let token = [Some(1), Some(2), Some(3), None][(i % 4) as usize];
         rows.push(RequestRow {
+            trace: Default::default(),
             id: format!("req-{i:03}"),
             token_id: token,
             user_id: token,
