@@ -71,7 +71,8 @@ const INSERT: &str = "INSERT OR IGNORE INTO requests (id, token_id, user_id, tea
              VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 
 /// What one logged request adds to its day's row of the spend rollup (`store::spend`), its
-/// tags bounded (`store::tag_bound`).
+/// tags bounded (`store::tag_bound`); the trigger on `spend_days` adds the same to the
+/// month's row (`spend_months`, migration `0023_spend_months`) in this statement.
 const ROLLUP: &str = "INSERT INTO spend_days (day, team_id, user_id, token_id, model, served_model, upstream, tags,
                  requests, errors, input_tokens, output_tokens, cost_micros)
              VALUES (substr(?1, 1, 10), ?2, ?3, ?4, ?5, ?6, ?7, ?8, 1, ?9, ?10, ?11, ?12)

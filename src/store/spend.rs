@@ -1,9 +1,11 @@
-//! Spend reports over whole UTC days, read from the `spend_days` rollup only (never from
+//! Spend reports over whole UTC days, read from the spend rollup only (never from
 //! `requests`): grouped by any of team, user, token, model, upstream, a tag key, day, week
 //! or month, and filtered by the same names. The rollup holds one row per day and every
 //! dimension (the tags as the request's whole canonical text), added to in the
 //! transaction that writes the request rows (`store::requests`, `pg::requests`), so a
-//! report costs the same whatever the size of the request log.
+//! report costs the same whatever the size of the request log; and the same per month
+//! (`spend_months`, always the sum of its days: migration `0023`/`0012`), which a report
+//! reads for the whole months of its range unless it groups by day or week (`Span`).
 //!
 //! The database sums per (day, team, user, token, model, upstream, tags) — only the
 //! columns the report needs, the rest folded away — and this module groups those sums by
@@ -114,6 +116,7 @@ pub struct Group {
 /// A row of the rollup, summed over the columns the report does not need.
 #[derive(Debug, FromRow)]
 struct Summed {
+    /// The day, or the month of a row of `spend_months`.
     day: String,
     team_id: i64,
     user_id: i64,
@@ -129,8 +132,79 @@ struct Summed {
 
 const MODEL: &str = "CASE WHEN served_model <> '' THEN served_model ELSE model END";
 
-/// The statement on either engine (the same text, placeholders aside).
+/// One read of the rollup: `[from, to)` from one of its levels, keyed `YYYY-MM-DD` or `YYYY-MM`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Span {
+    table: &'static str,
+    column: &'static str,
+    from: String,
+    to: String,
+}
+
+impl Span {
+    fn days(from: NaiveDate, to: NaiveDate) -> Span {
+        let day = |d: NaiveDate| d.format("%Y-%m-%d").to_string();
+        Span {
+            table: "spend_days",
+            column: "day",
+            from: day(from),
+            to: day(to),
+        }
+    }
+
+    /// The report's range split into leading days, whole months and trailing days (those
+    /// not empty); the days alone when the report groups by day or week, or holds no whole
+    /// month. The months' sums are their days' (`spend_months`), so the report is the same.
+    fn of(q: &SpendQuery) -> Vec<Span> {
+        let month_start = |d: NaiveDate| d.with_day(1).unwrap_or(d);
+        let first = match q.from.day() {
+            1 => q.from,
+            _ => month_start(q.from)
+                .checked_add_months(chrono::Months::new(1))
+                .unwrap_or(q.to),
+        };
+        let last = month_start(q.to);
+        let by_days = q.group_by.iter().any(|d| matches!(d, Dim::Day | Dim::Week));
+        if by_days || first >= last {
+            return vec![Span::days(q.from, q.to)];
+        }
+        let month = |d: NaiveDate| d.format("%Y-%m").to_string();
+        let months = Span {
+            table: "spend_months",
+            column: "month",
+            from: month(first),
+            to: month(last),
+        };
+        [
+            Span::days(q.from, first),
+            months,
+            Span::days(last, q.to),
+        ]
+        .into_iter()
+        .filter(|s| s.from < s.to)
+        .collect()
+    }
+}
+
+/// The statement on either engine (the same text, placeholders aside): one `SELECT` per
+/// span, joined by `UNION ALL` so the report reads one snapshot of the rollup.
 fn query<'a, DB: Database>(q: &SpendQuery) -> QueryBuilder<'a, DB>
+where
+    i64: Encode<'a, DB> + Type<DB>,
+    String: Encode<'a, DB> + Type<DB>,
+{
+    let mut b = QueryBuilder::new("");
+    for (i, span) in Span::of(q).iter().enumerate() {
+        if i > 0 {
+            b.push(" UNION ALL ");
+        }
+        select(&mut b, q, span);
+    }
+    b
+}
+
+/// One span's `SELECT`, summed over the columns the report needs.
+fn select<'a, DB: Database>(b: &mut QueryBuilder<'a, DB>, q: &SpendQuery, span: &Span)
 where
     i64: Encode<'a, DB> + Type<DB>,
     String: Encode<'a, DB> + Type<DB>,
@@ -142,7 +216,7 @@ where
     // order and groups in a temporary table, instead of walking the `(team_id, day)` index
     // for the grouping's order and looking every row up (ten times slower over a year).
     let cols = [
-        ("day", time, "''"),
+        (span.column, time, "''"),
         ("+team_id", needs(&|d| *d == Dim::Team), "CAST(0 AS BIGINT)"),
         (
             "+user_id",
@@ -161,7 +235,7 @@ where
     let names = [
         "day", "team_id", "user_id", "token_id", "model", "upstream", "tags",
     ];
-    let mut b = QueryBuilder::new("SELECT ");
+    b.push("SELECT ");
     for ((expr, used, constant), name) in cols.iter().zip(names) {
         b.push(if *used { expr } else { constant })
             .push(format!(" AS {name}, "));
@@ -169,11 +243,12 @@ where
     b.push(
         "CAST(SUM(requests) AS BIGINT) AS requests, CAST(SUM(input_tokens) AS BIGINT) AS input_tokens,
          CAST(SUM(output_tokens) AS BIGINT) AS output_tokens, CAST(SUM(cost_micros) AS BIGINT) AS cost_micros
-         FROM spend_days WHERE day >= ",
+         FROM ",
     )
-    .push_bind(q.from.format("%Y-%m-%d").to_string())
-    .push(" AND day < ")
-    .push_bind(q.to.format("%Y-%m-%d").to_string());
+    .push(format!("{} WHERE {} >= ", span.table, span.column))
+    .push_bind(span.from.clone())
+    .push(format!(" AND {} < ", span.column))
+    .push_bind(span.to.clone());
     let f = &q.filters;
     for (col, v) in [
         ("team_id", q.scope),
@@ -206,7 +281,6 @@ where
     if !grouped.is_empty() {
         b.push(format!(" GROUP BY {}", grouped.join(", ")));
     }
-    b
 }
 
 /// Names for ids: teams, users and tokens (`prefix… (user)`), read once per report.
@@ -367,6 +441,45 @@ mod tests {
         }
         for bad in ["planet", "tag:", "tag:a b", "tag:a:b", "Team"] {
             assert_eq!(Dim::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_range_reads_its_whole_months_from_the_months_and_the_rest_from_the_days() {
+        let spans = |from: &str, to: &str, by: Dim| {
+            let day = |s: &str| NaiveDate::parse_from_str(s, "%Y-%m-%d").unwrap();
+            let q = SpendQuery {
+                from: day(from),
+                to: day(to),
+                group_by: vec![by],
+                filters: Filters::default(),
+                scope: None,
+            };
+            Span::of(&q)
+                .into_iter()
+                .map(|s| format!("{}:{}..{}", s.column, s.from, s.to))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            spans("2026-01-15", "2026-04-03", Dim::Team),
+            [
+                "day:2026-01-15..2026-02-01",
+                "month:2026-02..2026-04",
+                "day:2026-04-01..2026-04-03"
+            ]
+        );
+        assert_eq!(
+            spans("2026-01-01", "2027-01-01", Dim::Month),
+            ["month:2026-01..2027-01"]
+        );
+        // No whole month, or a grouping by day or week: the days alone.
+        for (from, to, by) in [
+            ("2026-01-02", "2026-02-28", Dim::Team),
+            ("2026-01-01", "2026-01-31", Dim::Team),
+            ("2026-01-01", "2027-01-01", Dim::Week),
+            ("2026-01-01", "2027-01-01", Dim::Day),
+        ] {
+            assert_eq!(spans(from, to, by), [format!("day:{from}..{to}")]);
         }
     }
 

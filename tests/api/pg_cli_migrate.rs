@@ -87,14 +87,32 @@ async fn spend_picture(db: &Db) -> Vec<sluice::store::spend::Group> {
     rows
 }
 
+/// The same over whole months, by month: read from `spend_months`.
+async fn month_picture(db: &Db) -> Vec<sluice::store::spend::Group> {
+    use sluice::store::spend::{self, Dim, SpendQuery};
+    let day = |s| chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d").unwrap();
+    let q = SpendQuery {
+        from: day("2000-01-01"),
+        to: day("2100-01-01"),
+        group_by: vec![Dim::Month, Dim::Token, Dim::Tag("env".into())],
+        filters: Default::default(),
+        scope: None,
+    };
+    let rows = spend::report(db, &q).await.unwrap();
+    assert!(rows.iter().any(|r| r.keys[2] == "prod"), "{rows:?}");
+    rows
+}
+
 async fn picture(db: &Db) -> Vec<String> {
     let mut out = vec![
         format!("{:?}", tokens::list(db).await.unwrap()),
         format!("{:?}", directory::teams(db, None).await.unwrap()),
         format!("{:?}", directory::members(db, None).await.unwrap()),
         format!("{:?}", directory::logins(db, None).await.unwrap()),
-        // The spend rollup, rebuilt on the copy, by every column it keeps (tags too).
+        // The spend rollup, rebuilt on the copy, by every column it keeps (tags too) …
         format!("{:?}", spend_picture(db).await),
+        // … and its monthly level, which a report over whole months reads.
+        format!("{:?}", month_picture(db).await),
     ];
     let chain = audit::verify(db, &db.audit).await.unwrap();
     assert_eq!(chain.broken, None);

@@ -12,8 +12,11 @@ use super::text;
 use crate::store::requests::{kind_values, RequestRow};
 use crate::store::Result;
 
-/// The batch, and what it adds to `request_days` and `spend_days` (`store::spend`, its tags
-/// bounded: `$33`–`$34`, by request id, `store::tag_bound`), in one statement. Only rows
+/// The batch, and what it adds to `request_days`, `spend_days` and `spend_months`
+/// (`store::spend`, its tags bounded: `$33`–`$34`, by request id, `store::tag_bound`), in one
+/// statement. The months are the days' rows summed per month, from the same rows and text;
+/// their CTE is last and unread, so it runs after the days' (PostgreSQL runs such CTEs in
+/// order at the end): each host locks every day row, then every month row, each in key order. Only rows
 /// really inserted count (`RETURNING` leaves out the ones already logged); the day rows are
 /// upserted in key order, so two hosts' batches lock them in the same order. The bounded
 /// text is joined on the id, never on the logged text (which the log may store otherwise:
@@ -58,19 +61,37 @@ const INSERT: &str = "WITH ins AS (
               requests = s.requests + EXCLUDED.requests, errors = s.errors + EXCLUDED.errors,
               input_tokens = s.input_tokens + EXCLUDED.input_tokens,
               output_tokens = s.output_tokens + EXCLUDED.output_tokens,
-              cost_micros = s.cost_micros + EXCLUDED.cost_micros)
+              cost_micros = s.cost_micros + EXCLUDED.cost_micros),
+     months AS (
+       INSERT INTO spend_months AS m (month, team_id, user_id, token_id, model, served_model, upstream, tags,
+              requests, errors, input_tokens, output_tokens, cost_micros)
+       SELECT substr(created_at, 1, 7), COALESCE(team_id, 0), COALESCE(user_id, 0), token_id, model, served_model,
+              upstream, COALESCE(bounded, tags), COUNT(*), COUNT(*) FILTER (WHERE status NOT BETWEEN 200 AND 299),
+              SUM(input_tokens), SUM(output_tokens), SUM(cost_micros)
+       FROM tagged GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8
+       ON CONFLICT (month, team_id, user_id, token_id, model, served_model, upstream, tags) DO UPDATE SET
+              requests = m.requests + EXCLUDED.requests, errors = m.errors + EXCLUDED.errors,
+              input_tokens = m.input_tokens + EXCLUDED.input_tokens,
+              output_tokens = m.output_tokens + EXCLUDED.output_tokens,
+              cost_micros = m.cost_micros + EXCLUDED.cost_micros)
      SELECT (SELECT COUNT(*) FROM ins WHERE token_id IS NOT NULL), (SELECT COUNT(*) FROM tagged),
             (SELECT COUNT(bounded) FROM tagged)";
 
-/// `request_days` and `spend_days` rebuilt from the request log (after rows were copied in
+/// Marks the transaction as writing `spend_months` itself (migration `0012_spend_months`).
+const MONTHS_WRITTEN: &str = "SELECT set_config('sluice.spend_months', 'written', true)";
+
+/// `request_days`, `spend_days` and `spend_months` rebuilt from the request log (after rows were copied in
 /// by other means than `insert_batch_tx`: `sluice migrate-store`).
 pub async fn rebuild_days(conn: &mut PgConnection) -> Result<()> {
     sqlx::query("DELETE FROM request_days")
         .execute(&mut *conn)
         .await?;
-    sqlx::query("DELETE FROM spend_days")
-        .execute(&mut *conn)
-        .await?;
+    sqlx::query(MONTHS_WRITTEN).execute(&mut *conn).await?;
+    for table in ["spend_days", "spend_months"] {
+        sqlx::query(&format!("DELETE FROM {table}"))
+            .execute(&mut *conn)
+            .await?;
+    }
     sqlx::query(
         "INSERT INTO spend_days (day, team_id, user_id, token_id, model, served_model, upstream, tags,
                                  requests, errors, input_tokens, output_tokens, cost_micros)
@@ -78,6 +99,15 @@ pub async fn rebuild_days(conn: &mut PgConnection) -> Result<()> {
                 upstream, tags, COUNT(*), COUNT(*) FILTER (WHERE status NOT BETWEEN 200 AND 299),
                 SUM(input_tokens), SUM(output_tokens), SUM(cost_micros)
          FROM requests WHERE token_id IS NOT NULL GROUP BY 1, 2, 3, 4, 5, 6, 7, 8",
+    )
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(
+        "INSERT INTO spend_months (month, team_id, user_id, token_id, model, served_model, upstream, tags,
+                                   requests, errors, input_tokens, output_tokens, cost_micros)
+         SELECT substr(day, 1, 7), team_id, user_id, token_id, model, served_model, upstream, tags,
+                SUM(requests), SUM(errors), SUM(input_tokens), SUM(output_tokens), SUM(cost_micros)
+         FROM spend_days GROUP BY 1, 2, 3, 4, 5, 6, 7, 8",
     )
     .execute(&mut *conn)
     .await?;
@@ -152,6 +182,9 @@ pub async fn insert_batch_tx(conn: &mut PgConnection, rows: &[RequestRow]) -> Re
     }
     // The rollup's tags, bounded (`store::tag_bound`): request id → rolled-up tags.
     let [ids, rolled] = super::tag_bound::bounded(&mut *conn, rows).await?;
+    // This statement writes the months itself: the trigger that follows other writers of
+    // `spend_days` (the previous version's) stays off for this transaction.
+    sqlx::query(MONTHS_WRITTEN).execute(&mut *conn).await?;
     let counts = q.bind(ids).bind(rolled).fetch_one(&mut *conn).await?;
     let count = |i: usize| sqlx::Row::try_get::<i64, _>(&counts, i);
     let (logged, summed, bounded) = (count(0)?, count(1)?, count(2)?);
