@@ -16,6 +16,15 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
+    /// `gen_ai.operation.name` (OpenTelemetry GenAI semantic conventions) of the endpoint.
+    pub fn gen_ai_operation(self) -> &'static str {
+        match self {
+            Endpoint::Completions => "text_completion",
+            Endpoint::Embeddings => "embeddings",
+            Endpoint::Chat | Endpoint::Messages | Endpoint::Responses => "chat",
+        }
+    }
+
     /// The body field that carries the input (named by a refusal of its size).
     pub fn input_field(self) -> &'static str {
         match self {
@@ -49,5 +58,19 @@ impl Endpoint {
             Endpoint::Messages => WireFormat::Anthropic,
             _ => WireFormat::OpenAi,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Endpoint;
+
+    #[test]
+    fn operations_follow_the_semantic_conventions() {
+        assert_eq!(Endpoint::Chat.gen_ai_operation(), "chat");
+        assert_eq!(Endpoint::Messages.gen_ai_operation(), "chat");
+        assert_eq!(Endpoint::Responses.gen_ai_operation(), "chat");
+        assert_eq!(Endpoint::Completions.gen_ai_operation(), "text_completion");
+        assert_eq!(Endpoint::Embeddings.gen_ai_operation(), "embeddings");
     }
 }

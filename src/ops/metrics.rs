@@ -29,7 +29,6 @@ pub const PASSWORD_BUSY: &str = "gateway_password_hashing_busy_total";
 pub const TRANSLATION_DROPPED: &str = "gateway_translation_dropped_total";
 pub const CATALOG_STALE: &str = "gateway_catalog_stale";
 pub const SERVED_TIER: &str = "gateway_upstream_service_tier_total";
-pub const TRACE_SPANS_DROPPED: &str = "gateway_trace_spans_dropped_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0,
@@ -115,7 +114,7 @@ fn describe() {
         "Answers an OpenAI or Anthropic upstream says it served at a service tier other than the standard one the ledger prices (billed apart), by upstream and tier."
     );
     describe_counter!(
-        TRACE_SPANS_DROPPED,
+        crate::ops::traces::SPANS_DROPPED,
         "Trace spans never delivered to the OTLP collector, by reason: queue_full (the export queue was full) or export_failed."
     );
     // Shown from the start (0), so a scrape can tell "none yet" from "not counted".
@@ -146,10 +145,6 @@ pub fn remaining(token: i64, micros: i64, used_ratio: Option<f64>) {
     if let Some(r) = used_ratio {
         gauge!(TOKEN_BUDGET_USED, "token" => token.to_string()).set(r);
     }
-}
-
-pub fn trace_spans_dropped(reason: &'static str, n: u64) {
-    counter!(TRACE_SPANS_DROPPED, "reason" => reason).increment(n);
 }
 
 pub fn absorbed(micros: i64) {

@@ -71,7 +71,7 @@ pub async fn handle(
             endpoint: endpoint.name(),
             created_at: db_time(started_at),
             cache: "off",
-            trace: Trace::start(req.headers(), endpoint),
+            trace: Trace::start(req.headers(), endpoint.gen_ai_operation()),
             ..RequestRow::default()
         },
         extras: Extras::default(),
