@@ -50,6 +50,21 @@ pub fn priced(usage: Usage, prices: Prices, tier: Option<LongTier>) -> i64 {
     pricing::cost(usage, billed)
 }
 
+/// What `usage` costs at `prices` when its input is the gateway's own count (a request that
+/// ended before its answer without the input reported, charged the input reserved for it):
+/// at the route's long-context `tier` when the provider's tokenizer may count that input
+/// past its threshold (`provider_may_count`) — the tier decided as the reservation decides
+/// it, so never dearer than the reservation's.
+pub fn priced_counted(
+    usage: Usage,
+    prices: Prices,
+    tier: Option<LongTier>,
+    provider: Provider,
+) -> i64 {
+    let tier_at = provider_may_count(provider, usage.input);
+    pricing::cost(usage, prices.for_input(tier_at, tier))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

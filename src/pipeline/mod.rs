@@ -412,12 +412,13 @@ async fn run(
             return Err(ApiError::from(refused).into());
         }
     };
-    // From here on the upstream may be working: a client that leaves pays for its input.
-    let input_cost = attempts::input_cost(&prepared, &candidates);
-    held.set_cost_if_dropped(input_cost);
+    // From here on the upstream may be working: a client that leaves pays the input
+    // reserved for it (`attempts::input_cost`).
+    let departure = attempts::input_cost(state, &prepared, &candidates);
+    held.set_cost_if_dropped(departure.cost);
     // The row of a departure from here on says so (`Open`); every outcome below rewrites it.
-    log.input_tokens = prepared.input_tokens;
-    log.cost_micros = input_cost;
+    log.input_tokens = departure.input;
+    log.cost_micros = departure.cost;
     // Likewise its windows: the input, until the answer says what was used.
     if let Some(b) = booking.as_mut() {
         b.used(prepared.input_tokens);
@@ -438,8 +439,8 @@ async fn run(
         // Nothing served costs nothing — unless the client's own deadline cut an attempt
         // off after the upstream had it: then, as when it disconnects, its input.
         Outcome::Failed(failure) if outcome.cut_by_deadline => {
-            let settled = held.settle(input_cost).await;
-            log.input_tokens = prepared.input_tokens;
+            let settled = held.settle(departure.cost).await;
+            log.input_tokens = departure.input;
             log.cost_micros = settled.charged + settled.absorbed;
             return Err(failure);
         }
