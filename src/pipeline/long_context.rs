@@ -4,6 +4,8 @@
 //! prices the tier wherever the provider's tokenizer may count the reserved input — with
 //! the margin, its documents at the model's whole input, a server-tool turn's every step —
 //! past a candidate's threshold (`provider_may_count`, `pipeline::reservation_amount`), and
+//! a request that ends before its answer without its input reported is charged the
+//! reserved input with its tier decided the same way (`priced_counted`), and
 //! an answer is priced from the input it reports (`priced`): one the provider counted past
 //! the threshold though the gateway counted below it is priced at the tier's rates, and
 //! what passes the reservation is absorbed and shown as such, never lost from the ledger.
