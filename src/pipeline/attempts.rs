@@ -17,12 +17,14 @@ use actix_web::HttpResponse;
 use bytes::Bytes;
 use tokio::sync::OwnedSemaphorePermit;
 
+use super::long_context;
 use super::request::Prepared;
 use super::Failure;
+use crate::config::Provider;
 use crate::error::{ApiError, WireFormat};
 use crate::ops::metrics;
 use crate::ops::traces::Trace;
-use crate::quota::pricing::{self, Prices};
+use crate::quota::pricing::Prices;
 use crate::ratelimit::{Booking, WindowSpec};
 use crate::state::AppState;
 use crate::store::audit::{self, AuditEntry};
@@ -44,25 +46,51 @@ pub struct Candidate {
     pub prices: Prices,
 }
 
-/// What a request that reached the upstream costs if its client leaves before the answer:
-/// its counted input (its documents at their estimate, `Prepared::estimated_input_on`), at
-/// the dearest candidate's price. A server-tool turn may have run
-/// whole meanwhile (the upstream goes on without its client): every step's input
-/// (`kinds::Turn::billed_input` of the counted input) and every search it was allowed.
-pub fn input_cost(p: &Prepared, candidates: &[Candidate]) -> i64 {
+/// What a request that reached the upstream is charged when it ends without an answer — its
+/// client left, its own deadline cut the attempt off, the shutdown ended it: `input` tokens
+/// costing `cost` micro-dollars.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Departure {
+    pub input: i64,
+    pub cost: i64,
+}
+
+/// What a request that reached the upstream costs if it ends before the answer (its client
+/// leaves, its deadline cuts the attempt off, the shutdown ends it): the upstream had the
+/// whole request and may bill all of it, which the gateway cannot know, so the input
+/// reserved for it (`Prepared::reserved_input_on`: with documents, at least the model's
+/// whole input), at the dearest candidate's price — at a long-context tier's rates where
+/// the provider's tokenizer may count that input past its threshold, as the reservation
+/// decides (`long_context::provider_may_count`). A server-tool turn may have run whole
+/// meanwhile (the upstream goes on without its client): every step's input
+/// (`kinds::Turn::billed_input` of that input) and every search it was allowed. Never more
+/// than the reservation (the same input without its margin).
+pub fn input_cost(state: &AppState, p: &Prepared, candidates: &[Candidate]) -> Departure {
+    let live = state.live.snapshot();
     candidates
         .iter()
         .map(|c| {
             let turn = p.kinds.server_tools;
+            let reserved = p.reserved_input_on(c.route.image_rule, c.model.max_input_tokens);
             let input = Usage {
-                input: turn.billed_input(p.estimated_input_on(c.route.image_rule), p.output_cap()),
+                input: turn.billed_input(reserved, p.output_cap()),
                 web_search_calls: p.kinds.web_search_calls,
                 ..Usage::default()
             };
-            pricing::cost(input, c.prices.for_input(input.input, c.route.long_context))
+            // Deployments keep their position across rebuilds; one not found (it cannot
+            // be) is taken at the largest count, as the reservation takes it.
+            let provider = live
+                .catalog
+                .deployments
+                .get(c.route.deployment)
+                .map_or(Provider::Anthropic, |d| d.provider);
+            Departure {
+                input: input.input,
+                cost: long_context::priced_counted(input, c.prices, c.route.long_context, provider),
+            }
         })
-        .max()
-        .unwrap_or(0)
+        .max_by_key(|d| (d.cost, d.input))
+        .unwrap_or_default()
 }
 
 /// The routes that may serve a request, in the order they are tried, each with its price

@@ -4,6 +4,8 @@
 //! prices the tier wherever the provider's tokenizer may count the reserved input — with
 //! the margin, its documents at the model's whole input, a server-tool turn's every step —
 //! past a candidate's threshold (`provider_may_count`, `pipeline::reservation_amount`), and
+//! a request that ends before its answer without its input reported is charged the
+//! reserved input with its tier decided the same way (`priced_counted`), and
 //! an answer is priced from the input it reports (`priced`): one the provider counted past
 //! the threshold though the gateway counted below it is priced at the tier's rates, and
 //! what passes the reservation is absorbed and shown as such, never lost from the ledger.
@@ -48,6 +50,21 @@ pub fn priced(usage: Usage, prices: Prices, tier: Option<LongTier>) -> i64 {
         );
     }
     pricing::cost(usage, billed)
+}
+
+/// What `usage` costs at `prices` when its input is the gateway's own count (a request that
+/// ended before its answer without the input reported, charged the input reserved for it):
+/// at the route's long-context `tier` when the provider's tokenizer may count that input
+/// past its threshold (`provider_may_count`) — the tier decided as the reservation decides
+/// it, so never dearer than the reservation's.
+pub fn priced_counted(
+    usage: Usage,
+    prices: Prices,
+    tier: Option<LongTier>,
+    provider: Provider,
+) -> i64 {
+    let tier_at = provider_may_count(provider, usage.input);
+    pricing::cost(usage, prices.for_input(tier_at, tier))
 }
 
 #[cfg(test)]

@@ -35,7 +35,7 @@ use crate::quota::QuotaError;
 use crate::ratelimit::{Booking, Decision, Refused, WindowSpec};
 use crate::state::AppState;
 use crate::store::requests::RequestRow;
-use crate::upstream::providers;
+use crate::upstream::providers::{self, canonical::Reported};
 use crate::usage::Usage;
 use attempts::{Outcome, Success};
 use drain::Drain;
@@ -412,12 +412,13 @@ async fn run(
             return Err(ApiError::from(refused).into());
         }
     };
-    // From here on the upstream may be working: a client that leaves pays for its input.
-    let input_cost = attempts::input_cost(&prepared, &candidates);
-    held.set_cost_if_dropped(input_cost);
+    // From here on the upstream may be working: a client that leaves pays the input
+    // reserved for it (`attempts::input_cost`).
+    let departure = attempts::input_cost(state, &prepared, &candidates);
+    held.set_cost_if_dropped(departure.cost);
     // The row of a departure from here on says so (`Open`); every outcome below rewrites it.
-    log.input_tokens = prepared.input_tokens;
-    log.cost_micros = input_cost;
+    log.input_tokens = departure.input;
+    log.cost_micros = departure.cost;
     // Likewise its windows: the input, until the answer says what was used.
     if let Some(b) = booking.as_mut() {
         b.used(prepared.input_tokens);
@@ -438,8 +439,8 @@ async fn run(
         // Nothing served costs nothing — unless the client's own deadline cut an attempt
         // off after the upstream had it: then, as when it disconnects, its input.
         Outcome::Failed(failure) if outcome.cut_by_deadline => {
-            let settled = held.settle(input_cost).await;
-            log.input_tokens = prepared.input_tokens;
+            let settled = held.settle(departure.cost).await;
+            log.input_tokens = departure.input;
             log.cost_micros = settled.charged + settled.absorbed;
             return Err(failure);
         }
@@ -571,9 +572,11 @@ fn soft_limit(state: &AppState, auth: &TokenAuth, p: &mut Prepared) {
     p.model = to.clone();
 }
 
-/// The `error_code` of a served request's row whose input the upstream did not report: it
-/// was charged the gateway's own count (its documents at their estimate,
-/// `Prepared::estimated_input_on`), not a provider's figure.
+/// The `error_code` of a served request's row whose usage the upstream did not report in
+/// whole (no usage, or a side of it absent): the side not reported was charged the
+/// gateway's own count (the input at its estimate, its documents too,
+/// `Prepared::estimated_input_on`; the output counted from the answer's text), not a
+/// provider's figure.
 pub(crate) const USAGE_ESTIMATED: &str = "usage_estimated";
 
 /// The worst-case cost: the margin-padded input at the dearest input price the request may
@@ -630,6 +633,31 @@ fn first_step(state: &AppState, p: &Prepared, c: &attempts::Candidate) -> i64 {
     )
 }
 
+/// A whole answer's usage: each side as the upstream reported it (a zero is its word), a
+/// side it did not report counted by the gateway — the input at its estimate
+/// (`Prepared::estimated_input_on`; of a server-tool turn every step's input and every
+/// search allowed, `kinds::Turn`), the output from the answer's `text`.
+fn answer_usage(
+    p: &Prepared,
+    image_rule: crate::quota::images::Rule,
+    reported: Reported,
+    text: impl FnOnce() -> String,
+) -> Usage {
+    let mut usage = Usage {
+        web_search_calls: p.kinds.web_search_calls,
+        ..Usage::default()
+    };
+    if reported.input.is_none() {
+        usage.input =
+            (p.kinds.server_tools).billed_input(p.estimated_input_on(image_rule), p.output_cap());
+    }
+    if reported.output.is_none() {
+        usage.output = estimate::count_text(&text());
+    }
+    reported.apply(&mut usage);
+    usage
+}
+
 /// A non-streamed answer: price it from its usage, settle, answer with the upstream's bytes.
 #[allow(clippy::too_many_arguments)]
 async fn finish(
@@ -648,31 +676,26 @@ async fn finish(
     let answer = s.answer.unwrap_or_default();
     let upstream = providers::format_of(s.dep.provider);
     kinds::served_tier(s.dep.provider, &s.dep.id, providers::tier::served(&answer));
-    // An answer without usage is charged the counted input and the counted output — of a
-    // server-tool turn, every step's input and every search allowed (`kinds::Turn`).
-    let (usage, body, to_keep) = match &p.responses {
+    let (reported, read_as, body, to_keep) = match &p.responses {
         Some(ctx) => {
-            let (usage, body, response) = responses::answer(p, ctx, s.dep.provider, &answer);
-            (usage, body, Some((ctx, response)))
+            let (usage, read_as, body, response) =
+                responses::answer(p, ctx, s.dep.provider, &answer);
+            (usage, read_as, body, Some((ctx, response)))
         }
         None => (
             providers::answer_usage(upstream, &answer),
+            upstream,
             providers::convert_answer(upstream, p.endpoint.format(), raw, &answer),
             None,
         ),
     };
-    if usage.is_err() {
+    if reported.input.is_none() || reported.output.is_none() {
         log.error_code = Some(USAGE_ESTIMATED);
     }
-    let usage = usage
-        .unwrap_or_else(|text| Usage {
-            input: (p.kinds.server_tools)
-                .billed_input(p.estimated_input_on(image_rule), p.output_cap()),
-            output: estimate::count_text(&text),
-            web_search_calls: p.kinds.web_search_calls,
-            ..Usage::default()
-        })
-        .at_worst_lifetime(p.kinds.input);
+    let usage = answer_usage(p, image_rule, reported, || {
+        providers::answer_text(read_as, &answer)
+    })
+    .at_worst_lifetime(p.kinds.input);
     if let Some(plan) = plan {
         // Stored in the client's format, off the request path.
         let stored = if upstream == p.endpoint.format().into() {

@@ -96,14 +96,14 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
             return end(&state, books, e, NOTHING).await;
         }
     };
-    let input_cost = attempts::input_cost(&prepared, &candidates);
-    books.held.set_cost_if_dropped(input_cost);
+    let departure = attempts::input_cost(&state, &prepared, &candidates);
+    books.held.set_cost_if_dropped(departure.cost);
     if let Some(b) = books.booking.as_mut() {
         b.used(prepared.input_tokens);
     }
     // An upstream's own error answer cannot be relayed into an open stream (and is not
     // `Send`): only its gist goes on, in the error event.
-    let input = (prepared.input_tokens, input_cost);
+    let input = (departure.input, departure.cost);
     let result = {
         // The response is open: a client that leaves now is seen only by the body being
         // dropped, so the wait on the upstream races it (dropping the call closes the
@@ -174,7 +174,8 @@ const NOTHING: (i64, i64) = (0, 0);
 
 /// A stream that ended before any upstream answered: nothing is charged and its windows
 /// are corrected to 0 — unless an upstream had the request when its deadline cut the
-/// attempt off or its client left (`input`: the counted input tokens and their cost).
+/// attempt off or its client left (`input`: the input tokens charged and their cost,
+/// `attempts::input_cost`).
 async fn end(state: &AppState, books: Books, e: ApiError, input: (i64, i64)) {
     let (input_tokens, cost) = input;
     let Books {

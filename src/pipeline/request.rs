@@ -64,14 +64,19 @@ impl Prepared {
     /// The input reserved on a route whose provider reads images by `rule`, of a model
     /// accepting `max_input` tokens: the estimate plus what its images may cost there
     /// beyond the estimate's flat figure, plus its documents (with any, at least
-    /// `max_input`: `Documents::reserved`). What the reservation uses.
+    /// `max_input`: `Documents::reserved`). What the reservation uses, and what a request
+    /// that ends before its answer without the input reported is charged (its client left,
+    /// its deadline cut the attempt off, a stall or a cut stream, the shutdown): the
+    /// upstream had the whole request and may bill all of it (`attempts::input_cost`,
+    /// `stream::Pump::settle`).
     pub fn reserved_input_on(&self, rule: Rule, max_input: i64) -> i64 {
         self.documents.reserved(self.counted_on(rule), max_input)
     }
 
-    /// The input charged on such a route when the gateway counts the usage itself (a
-    /// client that left, an answer without usage): its documents at their estimate
-    /// (`Documents::estimated`), not the reservation's bound.
+    /// The input charged on such a route for an answer whose usage does not report its
+    /// input (none at all, or the output alone): its documents at their estimate
+    /// (`Documents::estimated`), not the reservation's bound. Only there: the upstream
+    /// answered, so it read the request once, as the estimate counts it.
     pub fn estimated_input_on(&self, rule: Rule) -> i64 {
         self.documents.estimated(self.counted_on(rule))
     }

@@ -18,8 +18,9 @@ use crate::state::AppState;
 use crate::store::responses::{self as stored, StoredResponse};
 use crate::store::StoreError;
 use crate::upstream::providers;
+use crate::upstream::providers::canonical::Reported;
 use crate::upstream::providers::formats::responses::{self as formats, Stamp};
-use crate::usage::Usage;
+use crate::upstream::providers::Format;
 
 /// What the gateway knows of a Responses request beyond its body.
 #[derive(Debug, Clone)]
@@ -496,18 +497,23 @@ fn validate_item<'a>(i: usize, item: &'a Value, calls: &mut Vec<&'a str>) -> Res
     Ok(())
 }
 
-/// A non-streamed answer for a Responses client: its usage (else the text to count) and
-/// the response object, stamped with the gateway's id, for `keep` to store once the
-/// answer's cost is what a departure is charged (`pipeline::finish`).
+/// A non-streamed answer for a Responses client: its usage as reported (each side, else
+/// `None`), the format it was read in (`providers::answer_text` of it counts a side not
+/// reported, `pipeline::finish`) and the response object, stamped with the gateway's id,
+/// for `keep` to store once the answer's cost is what a departure is charged.
 pub fn answer(
     p: &Prepared,
     ctx: &Ctx,
     upstream: Provider,
     answer: &Value,
-) -> (Result<Usage, String>, bytes::Bytes, Value) {
+) -> (Reported, Format, bytes::Bytes, Value) {
+    let read_as = if formats::native(upstream) {
+        Format::Responses
+    } else {
+        providers::format_of(upstream)
+    };
     let (usage, mut response) = if formats::native(upstream) {
-        let usage = formats::response_usage(answer).ok_or_else(|| formats::answer_text(answer));
-        (usage, answer.clone())
+        (providers::answer_usage(read_as, answer), answer.clone())
     } else {
         // Through the internal form: the upstream's answer read by its format's adapter,
         // written as a response object. One it cannot read is an empty response (its
@@ -519,7 +525,7 @@ pub fn answer(
     };
     ctx.stamp.apply(&mut response);
     let body = bytes::Bytes::from(response.to_string());
-    (usage, body, response)
+    (usage, read_as, body, response)
 }
 
 /// Stores the response the client receives (when it asked for `store`, the default) before

@@ -123,8 +123,13 @@ struct Pump {
     /// lifetime it allows (`Usage::at_worst_lifetime`).
     may: InputKinds,
     converter: StreamConverter,
-    /// The serving upstream's kind: whose answers name a tier to check (`kinds::served_tier`).
+    /// The serving upstream's kind: whose answers name a tier to check (`kinds::served_tier`),
+    /// and how far its tokenizer may count past the gateway's (`long_context`).
     provider: Provider,
+    /// The input reserved for the request on the serving route
+    /// (`Prepared::reserved_input_on`): what a stream that ends before its answer is whole
+    /// without the input reported is charged — the upstream had the whole request.
+    reserved_input: i64,
     /// Rebuilds the answer the client received, for the cache.
     assembler: Option<Assembler>,
     /// The serving key's own token window.
@@ -298,6 +303,7 @@ pub(super) fn serve(
         may: p.kinds.input,
         converter,
         provider: deployment.provider,
+        reserved_input: p.reserved_input_on(s.route.image_rule, s.model.max_input_tokens),
         conversation: p.responses.clone(),
         assembler: books.cache.as_ref().map(|_| Assembler::new(client, most)),
         books,
@@ -492,6 +498,7 @@ impl Pump {
             may,
             converter,
             provider,
+            reserved_input,
             assembler,
             mut key_booking,
             conversation: _,
@@ -509,6 +516,14 @@ impl Pump {
         super::kinds::served_tier(provider, &log.upstream, converter.served_tier());
         let input_reported = converter.input_reported();
         let mut usage = converter.usage().at_worst_lifetime(may);
+        // Without the input reported, a stream that ended before its answer was whole (its
+        // client left, a stall, a cut, the shutdown) is charged the input reserved for it:
+        // the upstream had the whole request and may bill all of it. Only a whole answer
+        // without its usage is charged the estimate (its documents at their estimate).
+        let departed = !input_reported && ending.is_some();
+        if departed {
+            usage.input = reserved_input;
+        }
         if !converter.usage_final() {
             let seen = converter.server_calls_seen();
             usage = if may_have_run_on {
@@ -517,7 +532,11 @@ impl Pump {
                 cut_turn(usage, turn.0, seen)
             };
         }
-        let cost = long_context::priced(usage, prices, long_context);
+        let cost = if departed {
+            long_context::priced_counted(usage, prices, long_context, provider)
+        } else {
+            long_context::priced(usage, prices, long_context)
+        };
         // Every window the request booked, corrected (off this path) to what was counted.
         let used = usage.input + usage.output;
         for b in [booking.as_mut(), key_booking.as_mut()]

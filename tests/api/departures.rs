@@ -431,3 +431,128 @@ async fn a_client_that_leaves_while_its_row_waits_for_the_log_still_has_its_row(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// A streamed chat body asking about `document` (a message's content part).
+fn document_body(document: Value) -> Value {
+    json!({"model": "gpt-4o-mini", "max_tokens": 100, "stream": true,
+        "messages": [{"role": "user", "content": [document,
+            {"type": "text", "text": "Why does the engine light blink?"}]}]})
+}
+
+/// A document of unknown size (by file id) and a readable 3-page PDF: both reserve the
+/// model's whole input (128 000 tokens on the test model).
+fn documents() -> [Value; 2] {
+    use base64::Engine;
+    let pdf = base64::engine::general_purpose::STANDARD.encode(crate::documents::pdf(3));
+    [
+        json!({"type": "file", "file": {"file_id": "file-6F2ksmvXxt4VdoqmHRw6kL"}}),
+        json!({"type": "file", "file": {"filename": "manual.pdf",
+            "file_data": format!("data:application/pdf;base64,{pdf}")}}),
+    ]
+}
+
+/// Two chunks of an OpenAI stream that reports no input before its end.
+fn two_chunks() -> Vec<SseEvent> {
+    let chunk = |text: &str| {
+        SseEvent::Data(
+            json!({"id": "c", "object": "chat.completion.chunk", "created": 1,
+            "model": "m", "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": null}]}),
+        )
+    };
+    vec![
+        chunk("The engine "),
+        chunk("light blinks "),
+        chunk("because"),
+        SseEvent::Data(json!("[DONE]")),
+    ]
+}
+
+/// Review finding (s15): a stream with a document whose client leaves mid-stream, before
+/// the upstream reported its input, was charged the document's estimate as its input. The
+/// upstream had the whole request: it pays the input reserved for it (the model's whole
+/// input, 128 000) and the output counted so far; its row says both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_with_a_document_whose_client_leaves_mid_stream_pays_the_reserved_input() {
+    for document in documents() {
+        let app = app().await;
+        let (id, token) = app.token("document", Some("1")).await;
+        app.mock.state.sticky(
+            KEY_A,
+            Some(Script {
+                events: Some(two_chunks()),
+                stall_after: Some(2),
+                ..Default::default()
+            }),
+        );
+        let mut conn = send_raw(&app, &token, &document_body(document.clone())).await;
+        read_until(&mut conn, "light blinks").await;
+        let kept = leave(conn, Leave::Close).await;
+        assert_departed(&app, (id, &token), 200, true, true).await;
+        drop(kept);
+        let (input, output, cost): (i64, i64, i64) = sql_row(
+            app.db(),
+            &format!(
+                "SELECT input_tokens, output_tokens, cost_micros FROM requests WHERE token_id = {id} \
+                 AND error_code = 'client_disconnected'"
+            ),
+        )
+        .await;
+        let counted = sluice::quota::estimate::count_text("The engine light blinks ");
+        assert_eq!((input, output), (128_000, counted), "{document}");
+        assert_eq!(
+            cost,
+            (128_000 * 150_000 + counted * 600_000 + 999_999) / 1_000_000,
+            "{document}"
+        );
+    }
+}
+
+/// Review finding (s15): a stream with a document whose upstream stalls before reporting
+/// its input (a stall: the gateway ends it after the idle timeout) pays the input reserved
+/// for it and the output counted, not the document's estimate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_with_a_document_whose_upstream_stalls_pays_the_reserved_input() {
+    let app = spawn_app_with(|s, _| s.upstream.stream_idle_timeout_ms = 500).await;
+    for (i, document) in documents().into_iter().enumerate() {
+        let (id, token) = app.token(&format!("stall-{i}"), Some("1")).await;
+        app.mock.state.sticky(
+            KEY_A,
+            Some(Script {
+                events: Some(two_chunks()),
+                stall_after: Some(2),
+                ..Default::default()
+            }),
+        );
+        let resp = app.chat(&token, &document_body(document.clone())).await;
+        assert_eq!(resp.status(), 200);
+        let (data, _) = tokio::time::timeout(BOUND, sse_data(resp))
+            .await
+            .expect("the gateway ended the stalled stream");
+        assert_eq!(reassemble(&data), "The engine light blinks ");
+        app.wait_for_log_rows(i as i64 + 1).await;
+        app.wait_settled().await;
+        let (code, input, output, cost): (Option<String>, i64, i64, i64) = sql_row(
+            app.db(),
+            &format!(
+                "SELECT error_code, input_tokens, output_tokens, cost_micros FROM requests \
+                 WHERE token_id = {id}"
+            ),
+        )
+        .await;
+        let counted = sluice::quota::estimate::count_text("The engine light blinks ");
+        let want = (128_000 * 150_000 + counted * 600_000 + 999_999) / 1_000_000;
+        assert_eq!(
+            (code.as_deref(), input, output, cost),
+            (Some("upstream_error"), 128_000, counted, want),
+            "{document}"
+        );
+        let charged = app
+            .scalar(&format!(
+                "SELECT limit_micros - remaining_micros FROM tokens WHERE id = {id}"
+            ))
+            .await;
+        assert_eq!(charged, want, "{document}");
+    }
+    app.mock.state.sticky(KEY_A, None);
+    app.assert_invariant().await;
+}

@@ -310,10 +310,11 @@ async fn a_document_on_a_long_context_model_is_reserved_at_the_tiers_rates() {
 }
 
 /// A document of unknown size was charged the model's whole input when no usage came back
-/// — the reservation's bound, not a charge. Now it is charged an estimate:
-/// `UNKNOWN_DOCUMENT_PAGES` (10) pages × 3 000 and the text, streamed or not, and when the
-/// client leaves before the answer; the row of an answer without usage says
-/// `usage_estimated` (a departed client's, `client_disconnected`).
+/// — the reservation's bound, not a charge. Now an answer without usage is charged an
+/// estimate: `UNKNOWN_DOCUMENT_PAGES` (10) pages × 3 000 and the text, streamed or not, and
+/// its row says `usage_estimated`. A client that leaves before the answer pays the input
+/// reserved for it (the model's whole input): the upstream had the whole request and may
+/// bill all of it (`a_document_request_that_ends_before_its_answer_pays_the_reserved_input`).
 #[tokio::test]
 async fn a_document_of_unknown_size_without_usage_is_charged_an_estimate() {
     let app = spawn_app().await;
@@ -354,7 +355,8 @@ async fn a_document_of_unknown_size_without_usage_is_charged_an_estimate() {
         assert_eq!(estimated_rows(&app, id).await, 1, "stream={stream}");
     }
 
-    // A client that leaves while the upstream works pays the estimated input.
+    // A client that leaves while the upstream works pays the reserved input, the model's
+    // whole input (before: the estimate, 10 pages × 3 000 and the text).
     let (id, token) = app.token("left", Some("1")).await;
     app.mock.state.sticky(
         KEY_A,
@@ -374,11 +376,13 @@ async fn a_document_of_unknown_size_without_usage_is_charged_an_estimate() {
     }
     let want = cost(
         Usage {
-            input,
+            input: 128_000,
             ..Usage::default()
         },
         prices(),
     );
+    assert_eq!(want, 19_200, "128 000 × 0.15");
+    assert!(input < 128_000);
     assert_eq!(charged(&app, id).await, want);
     app.mock.state.sticky(KEY_A, None);
     app.assert_invariant().await;
@@ -393,6 +397,171 @@ async fn upstream_had(app: &TestApp, n: u64) {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     panic!("the upstream never had the request");
+}
+
+/// The two kinds of document the gateway cannot bound: one of unknown size (by file id)
+/// and a readable inline PDF (3 pages), each in a chat message with a question.
+fn unbounded_documents() -> [(&'static str, Value); 2] {
+    [
+        (
+            "by file id",
+            json!({"role": "user", "content": [
+                {"type": "file", "file": {"file_id": "file-6F2ksmvXxt4VdoqmHRw6kL"}},
+                {"type": "text", "text": "Summarise it."}]}),
+        ),
+        ("a 3-page PDF", chat_pdf_message(3)),
+    ]
+}
+
+/// The status, code, input tokens and cost of the one row of `token_id`.
+async fn row_of(app: &TestApp, token_id: i64) -> (i64, Option<String>, i64, i64) {
+    app.state.request_log.flush().await;
+    sql_row(
+        app.db(),
+        &format!(
+            "SELECT status, error_code, input_tokens, cost_micros FROM requests \
+             WHERE token_id = {token_id}"
+        ),
+    )
+    .await
+}
+
+/// Review finding (s15): a request with a document that reached the upstream and ended
+/// before its answer — its client left, or its own deadline cut the attempt off — was
+/// charged the document's *estimate* (10 pages × 3 000 for one of unknown size, pages ×
+/// 3 000 for a readable PDF). The upstream had the whole request and may bill all of it,
+/// which the gateway cannot know: it is charged the input reserved for it, the model's
+/// whole input (128 000 × 0.15 = 19 200 µ$ here), streamed or not; its row says that
+/// input and that cost.
+#[tokio::test]
+async fn a_document_request_that_ends_before_its_answer_pays_the_reserved_input() {
+    let app = spawn_app().await;
+    let want = cost(
+        Usage {
+            input: 128_000,
+            ..Usage::default()
+        },
+        prices(),
+    );
+    assert_eq!(want, 19_200);
+    let mut had = 0;
+    for (what, message) in unbounded_documents() {
+        for stream in [false, true] {
+            let case = format!("{what}, stream={stream}");
+            let body = json!({"model": "gpt-4o-mini", "max_tokens": 50, "stream": stream,
+                "messages": [message.clone()]});
+
+            // The client leaves while the upstream works on it.
+            let (id, token) = app.token(&format!("left {case}"), Some("1")).await;
+            app.mock.state.sticky(
+                KEY_A,
+                Some(sluice::mock::Script {
+                    delay_ms: 3_600_000,
+                    ..sluice::mock::Script::default()
+                }),
+            );
+            had += 1;
+            {
+                let send = app.chat(&token, &body);
+                tokio::pin!(send);
+                tokio::select! {
+                    _ = &mut send => panic!("{case}: answered while the upstream holds it"),
+                    _ = upstream_had(&app, had) => {}
+                }
+            }
+            assert_eq!(charged(&app, id).await, want, "{case}: left");
+            let (status, code, input, logged) = row_of(&app, id).await;
+            assert_eq!(
+                (status, code.as_deref(), input, logged),
+                (499, Some("client_disconnected"), 128_000, want),
+                "{case}: left"
+            );
+
+            // Its own deadline cuts the attempt off after the upstream had it.
+            let (id, token) = app.token(&format!("cut {case}"), Some("1")).await;
+            app.mock.state.sticky(
+                KEY_A,
+                Some(sluice::mock::Script {
+                    delay_ms: 3_000,
+                    ..sluice::mock::Script::default()
+                }),
+            );
+            had += 1;
+            let resp = app
+                .http
+                .post(format!("{}/v1/chat/completions", app.address))
+                .bearer_auth(&token)
+                .header("x-sluice-request-deadline-ms", "300")
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = resp.status().as_u16();
+            resp.bytes().await.unwrap();
+            assert_eq!(
+                app.mock.state.total_count(),
+                had,
+                "{case}: the upstream had it"
+            );
+            assert_eq!(charged(&app, id).await, want, "{case}: cut");
+            let (row_status, _, input, logged) = row_of(&app, id).await;
+            assert_eq!(
+                (row_status, input, logged),
+                (i64::from(status), 128_000, want),
+                "{case}: cut"
+            );
+        }
+    }
+    app.mock.state.sticky(KEY_A, None);
+    app.assert_invariant().await;
+}
+
+/// Review finding (s15): a departure's long-context tier was decided on the gateway's own
+/// count alone, not as the reservation decides it (the provider's tokenizer may count up
+/// to 1.5× as much on Claude). A Sonnet 4.5 that accepts 150 000 input tokens, asked
+/// about a document: reserved (and, the client leaving, charged) its whole input, 150 000
+/// — which Claude's tokenizer may count as 225 000, past the 200 000 threshold — so the
+/// departure is priced at the tier's 6 USD per Mtok: 900 000 µ$ (before: 450 000, at 3).
+#[tokio::test]
+async fn a_departure_past_the_tier_for_the_providers_tokenizer_is_priced_at_its_rates() {
+    const KEY: &str = "sk-departure-tier-anthropic";
+    let app = spawn_app_with(|s, m| {
+        let mut c = upstream("c", KEY, m);
+        c.provider = sluice::config::Provider::Anthropic;
+        c.base_url = m.base_url();
+        s.upstreams.push(c);
+        let mut sonnet = model("sonnet", &["c"]);
+        sonnet.routes[0].model = "claude-sonnet-4-5".into();
+        sonnet.price = sluice::config::PriceKeys::usd(3.0, 15.0);
+        sonnet.max_input_tokens = 150_000;
+        s.models.push(sonnet);
+    })
+    .await;
+    let (id, token) = app.token("tier", Some("100")).await;
+    app.mock.state.sticky(
+        KEY,
+        Some(sluice::mock::Script {
+            delay_ms: 3_600_000,
+            ..sluice::mock::Script::default()
+        }),
+    );
+    let body = json!({"model": "sonnet", "max_tokens": 64, "messages": [{"role": "user",
+        "content": [{"type": "document", "source": {"type": "url",
+            "url": "https://example.com/book.pdf"}},
+            {"type": "text", "text": "Summarise it."}]}]});
+    {
+        let send = app.messages(&token, &body);
+        tokio::pin!(send);
+        tokio::select! {
+            _ = &mut send => panic!("answered while the upstream holds its answer"),
+            _ = upstream_had(&app, 1) => {}
+        }
+    }
+    assert_eq!(charged(&app, id).await, 900_000, "150 000 × 6");
+    let (status, _, input, logged) = row_of(&app, id).await;
+    assert_eq!((status, input, logged), (499, 150_000, 900_000));
+    app.mock.state.sticky(KEY, None);
+    app.assert_invariant().await;
 }
 
 /// A PDF fetched by `web_fetch` and echoed back in the history is a document the provider

@@ -436,3 +436,169 @@ async fn blank_lines_in_bulk_cost_no_more_than_their_bytes() {
     assert_eq!(data.last().unwrap(), "[DONE]", "{:?}", data.last());
     assert_eq!(reassemble(&data), "Partly whole");
 }
+
+/// Upstreams for the partial-usage cases: `gpt-4o-mini` on OpenAI (key A), `claude` on
+/// Anthropic (key B), `gem` on Gemini (`GEMINI_KEY`), each at 0.15 / 0.60 USD per Mtok.
+const GEMINI_KEY: &str = "sk-upstream-partial-usage-gemini";
+
+async fn partial_usage_app() -> TestApp {
+    spawn_app_with(|s, m| {
+        let mut c = upstream("c", KEY_B, m);
+        c.provider = sluice::config::Provider::Anthropic;
+        c.base_url = m.base_url();
+        let mut g = upstream("g", GEMINI_KEY, m);
+        g.provider = sluice::config::Provider::Gemini;
+        g.base_url = m.base_url();
+        s.upstreams.extend([c, g]);
+        s.models
+            .extend([model("claude", &["c"]), model("gem", &["g"])]);
+    })
+    .await
+}
+
+/// A whole answer saying `text`, in the upstream's wire format, with `usage` as its usage
+/// object (`usageMetadata` on Gemini).
+fn answer_with_usage(key: &str, text: &str, usage: Value) -> Value {
+    match key {
+        KEY_B => json!({"id": "msg_1", "type": "message", "role": "assistant",
+            "model": "claude-upstream", "content": [{"type": "text", "text": text}],
+            "stop_reason": "end_turn", "stop_sequence": null, "usage": usage}),
+        GEMINI_KEY => json!({"candidates": [{"content": {"role": "model",
+            "parts": [{"text": text}]}, "finishReason": "STOP", "index": 0}],
+            "usageMetadata": usage, "modelVersion": "gem-upstream", "responseId": "r1"}),
+        _ => json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1,
+            "model": "gpt-4o-mini", "choices": [{"index": 0, "finish_reason": "stop",
+            "message": {"role": "assistant", "content": text}}], "usage": usage}),
+    }
+}
+
+/// Attack finding: a non-streamed answer whose usage leaves a side out (`"usage": {}`, an
+/// output figure alone — OpenAI's `completion_tokens`, Anthropic's `output_tokens`,
+/// Gemini's `candidatesTokenCount`) was charged 0 input and its row not marked: an
+/// upstream (or a proxy before it) that drops the input figure made the prompt free. Each
+/// side is read as reported or absent: an absent input is charged the gateway's estimate,
+/// an absent output the count of the answer's text, and the row says `usage_estimated`.
+/// An input the upstream reports as 0 stays 0 (its word), and that row is not marked.
+#[tokio::test]
+async fn an_answer_whose_usage_leaves_a_side_out_is_charged_the_estimate_for_it() {
+    use sluice::quota::estimate::{chat_input, count_text};
+    let app = partial_usage_app().await;
+    let message = json!({"role": "user", "content": "Why does the engine light blink?"});
+    let counted = chat_input(std::slice::from_ref(&message), None);
+    let said = "The engine light blinks because the sensor reads low oil pressure.";
+    let spoken = count_text(said);
+    let micros =
+        |input: i64, output: i64| (input * 150_000 + output * 600_000 + 999_999) / 1_000_000;
+    // (model, its upstream's key, the usage it reports, input charged, output, estimated)
+    let cases = [
+        ("gpt-4o-mini", KEY_A, json!({}), counted, spoken, true),
+        (
+            "gpt-4o-mini",
+            KEY_A,
+            json!({"completion_tokens": 40}),
+            counted,
+            40,
+            true,
+        ),
+        (
+            "claude",
+            KEY_B,
+            json!({"output_tokens": 5}),
+            counted,
+            5,
+            true,
+        ),
+        (
+            "gem",
+            GEMINI_KEY,
+            json!({"candidatesTokenCount": 7}),
+            counted,
+            7,
+            true,
+        ),
+        // Reported zeros are the upstream's word: not estimated.
+        (
+            "gpt-4o-mini",
+            KEY_A,
+            json!({"prompt_tokens": 0, "completion_tokens": 40}),
+            0,
+            40,
+            false,
+        ),
+        (
+            "claude",
+            KEY_B,
+            json!({"input_tokens": 0, "output_tokens": 5}),
+            0,
+            5,
+            false,
+        ),
+        (
+            "gem",
+            GEMINI_KEY,
+            json!({"promptTokenCount": 0, "candidatesTokenCount": 7}),
+            0,
+            7,
+            false,
+        ),
+        // The input alone: the output is counted from the answer's text.
+        (
+            "gpt-4o-mini",
+            KEY_A,
+            json!({"prompt_tokens": 30}),
+            30,
+            spoken,
+            true,
+        ),
+    ];
+    for (i, (model, key, usage, input, output, estimated)) in cases.into_iter().enumerate() {
+        let (id, token) = app.token(&format!("partial-{i}"), Some("1")).await;
+        app.mock.state.script(
+            key,
+            [Script {
+                body: Some(answer_with_usage(key, said, usage.clone())),
+                ..Script::default()
+            }],
+        );
+        let body = json!({"model": model, "max_tokens": 100, "messages": [message.clone()]});
+        let resp = app.chat(&token, &body).await;
+        let status = resp.status();
+        let answer: Value = resp.json().await.unwrap();
+        assert_eq!(status, 200, "{model} {usage}: {answer}");
+        assert_eq!(
+            answer["choices"][0]["message"]["content"], said,
+            "{model} {usage}"
+        );
+        app.wait_for_log_rows(i as i64 + 1).await;
+        app.wait_settled().await;
+        let charged = app
+            .scalar(&format!(
+                "SELECT limit_micros - remaining_micros FROM tokens WHERE id = {id}"
+            ))
+            .await;
+        let (row_input, row_output, row_cost, code): (i64, i64, i64, Option<String>) = sql_row(
+            app.db(),
+            &format!(
+                "SELECT input_tokens, output_tokens, cost_micros, error_code FROM requests \
+                 WHERE token_id = {id}"
+            ),
+        )
+        .await;
+        assert_eq!(
+            (row_input, row_output),
+            (input, output),
+            "{model} {usage}: the row's tokens"
+        );
+        assert_eq!(charged, micros(input, output), "{model} {usage}: charged");
+        assert_eq!(
+            row_cost, charged,
+            "{model} {usage}: the row and the ledger agree"
+        );
+        assert_eq!(
+            code.as_deref() == Some("usage_estimated"),
+            estimated,
+            "{model} {usage}: the row's code {code:?}"
+        );
+    }
+    app.assert_invariant().await;
+}

@@ -173,7 +173,9 @@ fn answers_translate_both_ways_with_usage() {
         let out =
             providers::convert_answer(WireFormat::Anthropic, WireFormat::OpenAi, raw, &v["input"]);
         let got: Value = serde_json::from_slice(&out).unwrap();
-        let usage = providers::answer_usage(WireFormat::Anthropic, &v["input"]).unwrap();
+        let usage = providers::answer_usage(WireFormat::Anthropic, &v["input"])
+            .usage()
+            .unwrap();
         check_golden(
             &case,
             json!({"answer": got, "usage": [usage.input, usage.cached_input, usage.output]}),
@@ -184,7 +186,9 @@ fn answers_translate_both_ways_with_usage() {
         let out =
             providers::convert_answer(WireFormat::OpenAi, WireFormat::Anthropic, raw, &v["input"]);
         let got: Value = serde_json::from_slice(&out).unwrap();
-        let usage = providers::answer_usage(WireFormat::OpenAi, &v["input"]).unwrap();
+        let usage = providers::answer_usage(WireFormat::OpenAi, &v["input"])
+            .usage()
+            .unwrap();
         check_golden(
             &case,
             json!({"answer": got, "usage": [usage.input, usage.cached_input, usage.output]}),

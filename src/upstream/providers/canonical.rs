@@ -338,6 +338,23 @@ impl Reported {
         }
     }
 
+    /// The sides of `u` a report carried: its input side when `input`, its output side when
+    /// `output` (a side not carried is absent, never read as zeros).
+    pub fn sides(u: Usage, input: bool, output: bool) -> Reported {
+        let whole = Reported::whole(u);
+        Reported {
+            input: whole.input.filter(|_| input),
+            output: whole.output.filter(|_| output),
+        }
+    }
+
+    /// The whole usage when both sides are reported; `None` when either is absent.
+    pub fn usage(&self) -> Option<Usage> {
+        let mut u = Usage::default();
+        self.apply(&mut u);
+        (self.input.is_some() && self.output.is_some()).then_some(u)
+    }
+
     /// `u` with the sides reported here replaced.
     pub fn apply(&self, u: &mut Usage) {
         if let Some(i) = self.input {

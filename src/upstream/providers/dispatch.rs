@@ -9,14 +9,13 @@
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
-use super::canonical::{Answer, ErrorInfo, ErrorKind, Message, Part, Request, Role};
+use super::canonical::{Answer, ErrorInfo, ErrorKind, Message, Part, Reported, Request, Role};
 use super::formats::{self, UPSTREAM};
 use super::translate::stream::Corrupt;
 use super::translate::TranslateError;
 use super::{anthropic, openai};
 use crate::config::Provider;
 use crate::error::WireFormat;
-use crate::usage::Usage;
 
 /// The wire format a client speaks to the gateway, or an upstream speaks to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -352,27 +351,33 @@ pub fn build_request_with(
     })
 }
 
-/// The usage an answer reports, else the generated text to count.
-pub fn answer_usage(upstream: impl Into<Format>, v: &Value) -> Result<Usage, String> {
-    let upstream = upstream.into();
-    let usage = match upstream {
-        Format::OpenAiChat => v.get("usage").and_then(formats::openai_chat::read_usage),
+/// The usage a whole answer reports, each side as it reports it: a side it does not report
+/// (an absent figure, `"usage": {}`, no usage at all) is `None` — counted by the gateway
+/// (`pipeline::finish`), never read as 0 — while a figure of 0 is the upstream's word.
+/// A usage with a figure that is not a number reports nothing.
+pub fn answer_usage(upstream: impl Into<Format>, v: &Value) -> Reported {
+    match upstream.into() {
+        Format::OpenAiChat => v.get("usage").and_then(formats::openai_chat::read_reported),
         Format::Anthropic => formats::anthropic::answer_usage(v),
         // Its web-search calls are output items, not usage figures.
-        Format::Responses => {
-            return formats::responses::response_usage(v)
-                .ok_or_else(|| formats::responses::answer_text(v))
-        }
-        Format::Gemini => v.get("usageMetadata").and_then(formats::gemini::read_usage),
-        Format::Bedrock => v.get("usage").and_then(formats::bedrock::read_usage),
-    };
-    usage.ok_or_else(|| match upstream {
+        Format::Responses => formats::responses::response_reported(v),
+        Format::Gemini => v
+            .get("usageMetadata")
+            .and_then(formats::gemini::read_reported),
+        Format::Bedrock => v.get("usage").and_then(formats::bedrock::read_reported),
+    }
+    .unwrap_or_default()
+}
+
+/// The generated text of a whole answer: counted for an output its usage does not report.
+pub fn answer_text(upstream: impl Into<Format>, v: &Value) -> String {
+    match upstream.into() {
         Format::OpenAiChat => openai::answer_text(v),
         Format::Anthropic => anthropic::answer_text(v),
         Format::Responses => formats::responses::answer_text(v),
         Format::Gemini => formats::gemini::answer_text(v),
         Format::Bedrock => formats::bedrock::answer_text(v),
-    })
+    }
 }
 
 /// An upstream's answer in the internal form.

@@ -14,8 +14,8 @@ pub mod tier;
 pub mod translate;
 
 pub use dispatch::{
-    answer_usage, build_request, build_request_with, convert_answer, convert_error, format_of,
-    read_answer, Built, Destination, Format,
+    answer_text, answer_usage, build_request, build_request_with, convert_answer, convert_error,
+    format_of, read_answer, Built, Destination, Format,
 };
 
 use serde_json::{Map, Value};

@@ -6,8 +6,13 @@ use serde_json::Value;
 use super::fixtures;
 use crate::quota::pricing::{cost, Parts, Prices};
 use crate::upstream::providers::translate::stream::StreamConverter;
-use crate::upstream::providers::{answer_usage, Format};
+use crate::upstream::providers::{self, Format};
 use crate::usage::Usage;
+
+/// A whole answer's usage when it reports both sides (`providers::answer_usage`).
+fn answer_usage(upstream: Format, v: &Value) -> Option<Usage> {
+    providers::answer_usage(upstream, v).usage()
+}
 
 /// Sonnet's prices: 3 / 3.75 (5 m write) / 6 (1 h write) / 0.30 (read) / 15 USD per Mtok,
 /// 10 USD per 1 000 searches.
@@ -291,4 +296,78 @@ fn a_null_search_count_is_no_report() {
             "server_tool_use": {"web_search_requests": null}}});
     let u = answer_usage(Format::Anthropic, &answer).unwrap();
     assert_eq!(u.web_search_calls, 2);
+}
+
+/// A whole answer's usage that leaves a side out reports that side absent, never 0 — and a
+/// 0 it states is reported (`providers::answer_usage`, `pipeline::finish`).
+#[test]
+fn a_usage_that_leaves_a_side_out_reports_it_absent_and_a_zero_as_zero() {
+    use serde_json::json;
+    let sides = |f: Format, v: Value| {
+        let r = providers::answer_usage(f, &v);
+        (r.input.map(|i| i.input), r.output.map(|o| o.output))
+    };
+    let chat = |u: Value| json!({"choices": [], "usage": u});
+    let message = |u: Value| json!({"content": [], "usage": u});
+    let gemini = |u: Value| json!({"candidates": [], "usageMetadata": u});
+    let converse = |u: Value| json!({"output": {}, "usage": u});
+    let response = |u: Value| json!({"output": [], "usage": u});
+    let cases = [
+        (Format::OpenAiChat, chat(json!({})), (None, None)),
+        (Format::OpenAiChat, chat(Value::Null), (None, None)),
+        (Format::OpenAiChat, json!({"choices": []}), (None, None)),
+        (
+            Format::OpenAiChat,
+            chat(json!({"completion_tokens": 40})),
+            (None, Some(40)),
+        ),
+        (
+            Format::OpenAiChat,
+            chat(json!({"prompt_tokens": 30})),
+            (Some(30), None),
+        ),
+        (
+            Format::OpenAiChat,
+            chat(json!({"prompt_tokens": 0, "completion_tokens": 40})),
+            (Some(0), Some(40)),
+        ),
+        (
+            Format::Anthropic,
+            message(json!({"output_tokens": 5})),
+            (None, Some(5)),
+        ),
+        (
+            Format::Anthropic,
+            message(json!({"input_tokens": 0, "output_tokens": 5})),
+            (Some(0), Some(5)),
+        ),
+        (
+            Format::Gemini,
+            gemini(json!({"candidatesTokenCount": 7})),
+            (None, Some(7)),
+        ),
+        (
+            Format::Gemini,
+            gemini(json!({"promptTokenCount": 0, "candidatesTokenCount": 7})),
+            (Some(0), Some(7)),
+        ),
+        (
+            Format::Bedrock,
+            converse(json!({"outputTokens": 9})),
+            (None, Some(9)),
+        ),
+        (
+            Format::Responses,
+            response(json!({"output_tokens": 3})),
+            (None, Some(3)),
+        ),
+        (
+            Format::Responses,
+            response(json!({"input_tokens": 0, "output_tokens": 3})),
+            (Some(0), Some(3)),
+        ),
+    ];
+    for (f, v, want) in cases {
+        assert_eq!(sides(f, v.clone()), want, "{f:?} {v}");
+    }
 }

@@ -5,7 +5,9 @@
 use serde_json::{json, Value};
 
 use super::super::{opt_string, string, usage_readable};
-use crate::upstream::providers::canonical::{Answer, ErrorInfo, Finish, Input, Part, Usage};
+use crate::upstream::providers::canonical::{
+    Answer, ErrorInfo, Finish, Input, Part, Reported, Usage,
+};
 use crate::upstream::providers::translate::stream::Corrupt;
 use crate::upstream::providers::{anthropic, tokens};
 
@@ -63,18 +65,23 @@ pub fn read_usage(u: &Value) -> Option<Usage> {
     )
 }
 
-/// A whole answer's usage (`read_usage` of its `usage`). Its web searches are the
-/// upstream's count (`server_tool_use.web_search_requests`, what it bills) where it gives
-/// one, else the `server_tool_use` blocks it shows less those answered with an error
-/// result (a search past `max_uses`, not billed).
-pub fn answer_usage(answer: &Value) -> Option<Usage> {
-    let mut usage = read_usage(answer.get("usage")?)?;
+/// A whole answer's usage (`read_usage` of its `usage`), each side where it reports it:
+/// the input where `input_tokens` is a number, the output where `output_tokens` is (an
+/// absent side is no zero). Its web searches, on the output side, are the upstream's count
+/// (`server_tool_use.web_search_requests`, what it bills) where it gives one, else the
+/// `server_tool_use` blocks it shows less those answered with an error result (a search
+/// past `max_uses`, not billed).
+pub fn answer_usage(answer: &Value) -> Option<Reported> {
+    let u = answer.get("usage")?;
+    let has = |k: &str| tokens(u.get(k)).is_some();
+    let sides = |usage: Usage| Reported::sides(usage, has("input_tokens"), has("output_tokens"));
+    let mut usage = read_usage(u)?;
     // A count only: `null` is no report (the blocks shown are charged).
     if answer
         .pointer("/usage/server_tool_use/web_search_requests")
         .is_some_and(Value::is_number)
     {
-        return Some(usage);
+        return Some(sides(usage));
     }
     let blocks = answer.get("content").and_then(Value::as_array);
     let count = |is: &dyn Fn(&Value) -> bool| {
@@ -90,7 +97,7 @@ pub fn answer_usage(answer: &Value) -> Option<Usage> {
         is_search_error(text(b, "type").unwrap_or(""), content)
     });
     usage.web_search_calls = made.saturating_sub(failed).max(0);
-    Some(usage)
+    Some(sides(usage))
 }
 
 /// A content block that is a web search the model made (billed per call).

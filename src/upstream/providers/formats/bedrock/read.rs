@@ -2,7 +2,9 @@
 
 use serde_json::Value;
 
-use crate::upstream::providers::canonical::{Answer, ErrorInfo, ErrorKind, Finish, Part, Usage};
+use crate::upstream::providers::canonical::{
+    Answer, ErrorInfo, ErrorKind, Finish, Part, Reported, Usage,
+};
 use crate::upstream::providers::tokens;
 use crate::upstream::providers::translate::stream::Corrupt;
 
@@ -22,11 +24,26 @@ pub(super) fn finish_of(reason: &str) -> Finish {
 /// Bedrock's usage: `inputTokens` counts the input outside the prompt cache, so the
 /// internal form's `input` adds the cache reads and writes back in (as for Anthropic).
 pub fn read_usage(u: &Value) -> Option<Usage> {
-    let input = tokens(u.get("inputTokens"))?;
-    let output = tokens(u.get("outputTokens"))?;
+    tokens(u.get("inputTokens"))?;
+    tokens(u.get("outputTokens"))?;
+    Some(figures(u))
+}
+
+/// The sides a whole answer's `usage` reports (`read_usage`): the input where
+/// `inputTokens` is a number, the output where `outputTokens` is; `None` with neither.
+pub fn read_reported(u: &Value) -> Option<Reported> {
+    let has = |k: &str| tokens(u.get(k)).is_some();
+    let (input, output) = (has("inputTokens"), has("outputTokens"));
+    (input || output).then(|| Reported::sides(figures(u), input, output))
+}
+
+/// Bedrock's usage figures, each 0 when absent.
+fn figures(u: &Value) -> Usage {
+    let input = tokens(u.get("inputTokens")).unwrap_or(0);
+    let output = tokens(u.get("outputTokens")).unwrap_or(0);
     let read = tokens(u.get("cacheReadInputTokens")).unwrap_or(0);
     let write = tokens(u.get("cacheWriteInputTokens")).unwrap_or(0);
-    Some(Usage {
+    Usage {
         input: input + read + write,
         output,
         cached_input: read,
@@ -34,7 +51,7 @@ pub fn read_usage(u: &Value) -> Option<Usage> {
         // Bedrock does not split its writes by lifetime.
         cache_write_unsplit: write,
         ..Usage::default()
-    })
+    }
 }
 
 /// One content block of an answer (`output.message.content[i]`).

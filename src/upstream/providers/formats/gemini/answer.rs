@@ -3,7 +3,7 @@
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::upstream::providers::canonical::{Answer, Finish, Part, Usage};
+use crate::upstream::providers::canonical::{Answer, Finish, Part, Reported, Usage};
 use crate::upstream::providers::tokens;
 use crate::upstream::providers::translate::stream::Corrupt;
 
@@ -78,6 +78,19 @@ pub fn read_usage(u: &Value) -> Option<Usage> {
         image_output: modality("candidatesTokensDetails", "IMAGE"),
         ..Usage::default()
     })
+}
+
+/// The sides a `usageMetadata` reports (a stream chunk's or a whole answer's): the input
+/// where `promptTokenCount` is, the output where `candidatesTokenCount` or
+/// `thoughtsTokenCount` is. A running usage often has the prompt's count alone, and an
+/// answer may carry `candidatesTokenCount` alone: the other side is absent, not 0.
+pub fn read_reported(u: &Value) -> Option<Reported> {
+    let has = |k: &str| tokens(u.get(k)).is_some();
+    Some(Reported::sides(
+        read_usage(u)?,
+        has("promptTokenCount"),
+        has("candidatesTokenCount") || has("thoughtsTokenCount"),
+    ))
 }
 
 /// True when the prompt itself was blocked (no candidate is generated then).

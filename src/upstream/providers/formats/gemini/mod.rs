@@ -24,7 +24,7 @@ mod error;
 mod request;
 mod stream;
 
-pub use answer::{answer_text, read_answer, read_usage};
+pub use answer::{answer_text, read_answer, read_reported, read_usage};
 pub use error::{is_quota, read_error, retry_delay};
 pub use request::write_request;
 pub use stream::EventReader;

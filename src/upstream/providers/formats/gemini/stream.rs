@@ -8,30 +8,15 @@
 
 use serde_json::Value;
 
-use super::answer::{blocked, call_id, call_prefix, finish_of, parts_of, read_usage, text};
+use super::answer::{blocked, call_id, call_prefix, finish_of, parts_of, read_reported, text};
 use super::error::read_error;
-use crate::upstream::providers::canonical::{Event, Finish, Reported};
-use crate::upstream::providers::tokens;
+use crate::upstream::providers::canonical::{Event, Finish};
 use crate::upstream::providers::translate::stream::Corrupt;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Open {
     Text,
     Reasoning,
-}
-
-/// The sides a chunk's `usageMetadata` reports: the input where `promptTokenCount` is, the
-/// output where `candidatesTokenCount` or `thoughtsTokenCount` is. A running usage often
-/// has the prompt's count alone: its output is absent, not 0.
-fn reported(u: &Value) -> Option<Reported> {
-    let whole = Reported::whole(read_usage(u)?);
-    let has = |k: &str| tokens(u.get(k)).is_some();
-    Some(Reported {
-        input: whole.input.filter(|_| has("promptTokenCount")),
-        output: whole
-            .output
-            .filter(|_| has("candidatesTokenCount") || has("thoughtsTokenCount")),
-    })
 }
 
 /// Reads one stream's chunks, in order, into internal events.
@@ -71,7 +56,7 @@ impl EventReader {
             return Ok(());
         }
         if self.finished {
-            if let Some(u) = v.get("usageMetadata").and_then(reported) {
+            if let Some(u) = v.get("usageMetadata").and_then(read_reported) {
                 out.push(Event::Usage(u));
             }
             return Ok(());
@@ -118,7 +103,7 @@ impl EventReader {
             out.push(Event::Finish(f));
             self.finished = true;
         }
-        if let Some(u) = v.get("usageMetadata").and_then(reported) {
+        if let Some(u) = v.get("usageMetadata").and_then(read_reported) {
             out.push(Event::Usage(u));
         }
         Ok(())

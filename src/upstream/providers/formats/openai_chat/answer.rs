@@ -12,7 +12,7 @@
 use serde_json::{json, Map, Value};
 
 use super::super::{opt_string, string, usage_readable};
-use crate::upstream::providers::canonical::{Answer, ErrorInfo, Finish, Part, Usage};
+use crate::upstream::providers::canonical::{Answer, ErrorInfo, Finish, Part, Reported, Usage};
 use crate::upstream::providers::openai::content_text;
 use crate::upstream::providers::tokens;
 use crate::upstream::providers::translate::stream::Corrupt;
@@ -95,6 +95,18 @@ pub fn read_usage(u: &Value) -> Option<Usage> {
         audio_output: n("/completion_tokens_details/audio_tokens"),
         ..Usage::default()
     })
+}
+
+/// The sides an OpenAI `usage` object reports (`read_usage`): the input where
+/// `prompt_tokens` is a number, the output where `completion_tokens` is. `{}` reports
+/// neither, `{"completion_tokens": 40}` the output alone: an absent side is no zero.
+pub fn read_reported(u: &Value) -> Option<Reported> {
+    let has = |k: &str| tokens(u.get(k)).is_some();
+    Some(Reported::sides(
+        read_usage(u)?,
+        has("prompt_tokens"),
+        has("completion_tokens"),
+    ))
 }
 
 /// The audio input priced as audio: OpenAI's `audio_tokens` less the cached ones

@@ -21,6 +21,7 @@ pub mod stream;
 use serde_json::{json, Map, Value};
 
 use crate::config::Provider;
+use crate::upstream::providers::canonical::Reported;
 use crate::usage::Usage;
 
 /// What the gateway writes into every response object it hands out.
@@ -109,6 +110,28 @@ pub fn response_usage(response: &Value) -> Option<Usage> {
     let mut u = usage_of(response.get("usage")?)?;
     u.web_search_calls = web_search_calls(response);
     Some(u)
+}
+
+/// The sides a whole `response` object's `usage` reports (`usage_of`, its searches as in
+/// `response_usage`): the input where `input_tokens` is a number, the output where
+/// `output_tokens` is; `None` with neither or no such object.
+pub fn response_reported(response: &Value) -> Option<Reported> {
+    let u = response.get("usage").filter(|u| u.is_object())?;
+    let has = |k: &str| u.get(k).is_some_and(Value::is_number);
+    let (input, output) = (has("input_tokens"), has("output_tokens"));
+    if !input && !output {
+        return None;
+    }
+    let n = |p: &str| crate::upstream::providers::tokens(u.pointer(p)).unwrap_or(0);
+    let usage = Usage {
+        input: n("/input_tokens"),
+        cached_input: n("/input_tokens_details/cached_tokens"),
+        output: n("/output_tokens"),
+        reasoning: n("/output_tokens_details/reasoning_tokens"),
+        web_search_calls: web_search_calls(response),
+        ..Usage::default()
+    };
+    Some(Reported::sides(usage, input, output))
 }
 
 /// How many `web_search_call` items a response's `output` holds.
