@@ -18,8 +18,8 @@ mod prices;
 mod redis;
 mod sections;
 mod service_account;
-mod upstream_checks;
 mod traces;
+mod upstream_checks;
 
 pub use ladder::Ladder;
 pub use layers::{load, load_from};
@@ -28,10 +28,10 @@ pub use prices::parse_effective;
 pub use redis::RedisTopology;
 pub use sections::*;
 pub use service_account::ServiceAccount;
+pub use traces::TracingSettings;
 pub use upstream_checks::{
     bedrock_base_url, check_bedrock, check_gemini, gemini_base_url, GEMINI_API,
 };
-pub use traces::TracingSettings;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
