@@ -284,3 +284,58 @@ async fn embeddings_requests_are_left_out_and_every_completions_endpoint_counts(
         vec![("2026-03-02".into(), "gpt-4o-mini".into(), "proj_a".into())]
     );
 }
+
+/// An export not grouped by API key and project names no account: compared to deployments
+/// that claim accounts, every figure would meet the deployments naming none (`*`) and the
+/// claimed ones would show as unbilled. The run refuses it (exit 2, naming the query
+/// parameter to add) whether the ids are null or absent; with no deployment of OpenAI's
+/// claiming an account (another provider's claim does not count) it is compared whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_not_grouped_by_account_exits_2_naming_group_by_api_key_id_when_deployments_claim_accounts(
+) {
+    let app = spawn_app_with(|_, _| {}).await;
+    seed(&app).await;
+    let config = config(&app);
+    let file = app.dir.path().join("usage.json");
+    for grouping in [Grouping::NullIds, Grouping::NoIds] {
+        std::fs::write(&file, usage_export_grouped(grouping, |_, _, _| (0, 0, 0))).unwrap();
+        let out = reconcile(&config, "openai-usage", &file, false);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{}{err}", text(&out.stdout));
+        assert!(err.contains("group_by=api_key_id"), "{err}");
+        assert!(
+            err.contains("proj_a"),
+            "the claimed account is named: {err}"
+        );
+        assert_eq!(text(&out.stdout), "", "no comparison is printed");
+    }
+    assert!(
+        webhook_kinds(&app).await.is_empty(),
+        "{:?}",
+        webhook_kinds(&app).await
+    );
+
+    // No OpenAI deployment names an account: everything is `*` on both sides anyway.
+    let unclaimed = app.dir.path().join("unclaimed.toml");
+    let text_of = std::fs::read_to_string(&config).unwrap();
+    let without = text_of.replace("provider_account = \"proj_a\"\n", "");
+    assert_ne!(without, text_of);
+    std::fs::write(&unclaimed, without).unwrap();
+    std::fs::write(
+        &file,
+        usage_export_grouped(Grouping::NullIds, |_, _, _| (0, 0, 0)),
+    )
+    .unwrap();
+    let out = reconcile(&unclaimed, "openai-usage", &file, true);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let report: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 6, "{report}");
+    assert!(rows.iter().all(|r| r["account"] == "*"), "{report}");
+}
