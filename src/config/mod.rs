@@ -102,6 +102,22 @@ impl UpstreamSettings {
         if self.base_url.is_empty() && !defaulted {
             return bad("`base_url` is required".into());
         }
+        if !self.quirks.billed_fields.is_empty() && self.provider != Provider::OpenaiCompatible {
+            return bad(
+                "`quirks.billed_fields` is for `provider = \"openai_compatible\"` only".into(),
+            );
+        }
+        if let Some(f) = self
+            .quirks
+            .billed_fields
+            .iter()
+            .find(|f| !BILLED_ROUTER_FIELDS.contains(&f.as_str()))
+        {
+            return bad(format!(
+                "`quirks.billed_fields` names {f:?}: the fields it allows are {}",
+                BILLED_ROUTER_FIELDS.join(", ")
+            ));
+        }
         if self.vertex.is_some() && self.provider != Provider::Gemini {
             return bad("`vertex` is for `provider = \"gemini\"` only".into());
         }

@@ -295,6 +295,42 @@ pub struct Quirks {
     /// `bearer` (`Authorization: Bearer <api_key>`) or `none` (no credential header at all:
     /// a local server).
     pub auth: AuthMode,
+    /// `openai_compatible` only: which of the billed router fields (`BILLED_ROUTER_FIELDS`)
+    /// a client may send this upstream. Absent: none — a request carrying one is refused
+    /// with a 400 naming it (`pipeline::kinds::billed_router_fields`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub billed_fields: Vec<String>,
+}
+
+/// Body fields an OpenAI-compatible router (OpenRouter and the like) passes through and
+/// bills beyond the route's token prices: `plugins` (web search, PDF parsing — fees per
+/// call), `models` (a fallback to other, maybe dearer, models) and `provider` (routing
+/// among the model's providers at their own prices). Sluice prices none of them.
+pub const BILLED_ROUTER_FIELDS: [&str; 3] = ["plugins", "models", "provider"];
+
+/// The `BILLED_ROUTER_FIELDS` an upstream allows, one bit each (the catalog keeps its
+/// deployments small).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BilledFields(u8);
+
+impl BilledFields {
+    /// The fields of `names` that are billed router fields.
+    pub fn of(names: &[String]) -> BilledFields {
+        let bits = BILLED_ROUTER_FIELDS
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| names.iter().any(|n| n == *f))
+            .fold(0u8, |bits, (i, _)| bits | (1 << i));
+        BilledFields(bits)
+    }
+
+    /// Whether `field` (one of `BILLED_ROUTER_FIELDS`) is allowed.
+    pub fn allows(self, field: &str) -> bool {
+        BILLED_ROUTER_FIELDS
+            .iter()
+            .position(|f| *f == field)
+            .is_some_and(|i| self.0 & (1 << i) != 0)
+    }
 }
 
 impl Default for Quirks {
@@ -303,6 +339,7 @@ impl Default for Quirks {
             include_usage: true,
             max_tokens_field: None,
             auth: AuthMode::Bearer,
+            billed_fields: Vec::new(),
         }
     }
 }

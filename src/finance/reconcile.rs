@@ -61,6 +61,18 @@ impl Accounts {
         self.by_upstream.get(id)
     }
 
+    /// The accounts some deployment names (not `*`), sorted.
+    pub fn claimed(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = self
+            .claimed
+            .iter()
+            .map(String::as_str)
+            .filter(|a| *a != ANY_ACCOUNT)
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
     /// A figure's account: the first of its ids a deployment names, else `*`.
     pub fn of_line(&self, ids: &[String]) -> String {
         ids.iter()

@@ -1,13 +1,15 @@
 //! Sluice's tokens next to OpenAI's usage export, per (UTC day, model, account): where the
 //! cost reconciliation (`reconcile`) says *that* a day's bill differs, this says in which
 //! count. Sluice's side is Σ `input_tokens`, `output_tokens` and `cached_input_tokens` of
-//! the request log by day, the model the upstream was sent and its deployment's account;
+//! the request log's completions requests (not embeddings: another export) by day, the
+//! model the upstream was sent and its deployment's account;
 //! OpenAI's is the export's `input_tokens`, `output_tokens` and `input_cached_tokens`.
 //! Keys and days are met as in `reconcile` (models without a snapshot date, a figure's
 //! account the first of its ids a deployment names, only the export's days). Counts are
 //! integers both sides took from the same reports, so a cell is flagged when any of its
 //! three counts differs at all: a request the upstream answered without usage (counted by
-//! the gateway), or one made with the key outside the gateway, shows here.
+//! the gateway), or one made with the key outside the gateway, shows here. An export whose
+//! figures name no account is refused while a deployment names one (`unattributed`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -118,6 +120,25 @@ pub fn compare(
         .collect()
 }
 
+/// Why an export cannot be compared by account: none of its figures names an API key or
+/// a project (it was not grouped by them) while deployments name the accounts they bill
+/// to. Every figure would meet the deployments that name none (`*`) and the named ones
+/// would read as unbilled; with no account named anywhere everything is `*` on both sides
+/// and the export compares as it is.
+pub fn unattributed(lines: &[TokenLine], accounts: &Accounts) -> Option<String> {
+    let claimed = accounts.claimed();
+    if claimed.is_empty() || lines.iter().any(|l| !l.accounts.is_empty()) {
+        return None;
+    }
+    Some(format!(
+        "no figure names an API key or project (the export is not grouped by them) while \
+         OpenAI deployments bill to the accounts {}: download the usage again with \
+         group_by=api_key_id and group_by=project_id added to the query (besides \
+         group_by=model) so each figure names its account",
+        claimed.join(", ")
+    ))
+}
+
 /// Reads `files` (one download's pages, as `run::reconcile_file` reads a cost export's)
 /// and compares them with the request log of OpenAI's deployments. Nothing is stored: the
 /// run changes no state (the cost reconciliation's runs are the stored ones).
@@ -147,6 +168,9 @@ pub async fn reconcile_usage(
         )));
     };
     let accounts = Accounts::new(super::run::deployments(db, settings, Provider::Openai).await?);
+    if let Some(why) = unattributed(&lines, &accounts) {
+        return Err(FinanceError::Unreadable(format!("{source}: {why}")));
+    }
     let next = last.checked_add_signed(Duration::days(1)).ok_or_else(|| {
         FinanceError::Unreadable(format!("{source}: a day past the calendar's end"))
     })?;
@@ -213,5 +237,30 @@ mod tests {
             ]
         );
         assert!(rows.iter().all(|r| r.account == "key_a"));
+    }
+
+    #[test]
+    fn figures_naming_no_account_are_refused_only_while_a_deployment_names_one() {
+        let line = |ids: &[&str]| TokenLine {
+            day: NaiveDate::from_ymd_opt(2026, 3, 1).unwrap(),
+            model: "gpt-4o".into(),
+            accounts: ids.iter().map(|i| i.to_string()).collect(),
+            tokens: Tokens::default(),
+        };
+        let claimed = Accounts::new([
+            ("a".to_string(), Some("proj_a".to_string())),
+            ("b".to_string(), None),
+        ]);
+        let why = unattributed(&[line(&[]), line(&[])], &claimed).unwrap();
+        assert!(
+            why.contains("group_by=api_key_id") && why.contains("proj_a"),
+            "{why}"
+        );
+        assert_eq!(
+            unattributed(&[line(&[]), line(&["proj_b"])], &claimed),
+            None
+        );
+        let unclaimed = Accounts::new([("b".to_string(), None)]);
+        assert_eq!(unattributed(&[line(&[])], &unclaimed), None);
     }
 }

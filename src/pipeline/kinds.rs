@@ -14,7 +14,7 @@ mod turn;
 
 pub use turn::Turn;
 
-use crate::config::{FinanceSettings, Provider};
+use crate::config::{BilledFields, FinanceSettings, Provider, BILLED_ROUTER_FIELDS};
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::quota::pricing::InputKinds;
@@ -107,6 +107,39 @@ fn standard_only(
                 "`{field}` must be {}: {others} are billed at other rates than the ones this \
                  gateway charges",
                 allowed.join(" or ")
+            ),
+        )),
+    }
+}
+
+/// A request to `endpoint` for an upstream of `provider` that allows the billed router
+/// fields `allowed` (`quirks.billed_fields`): on an `openai_compatible` upstream, a chat or
+/// legacy completions body — sent as it is, every field with it (a translated one carries
+/// only the fields its translation reads) — holding one of `BILLED_ROUTER_FIELDS` not
+/// allowed, and not null, is a 400 naming it: the router would bill what the gateway does
+/// not price. Other providers are not routers: OpenAI refuses a field it does not know.
+pub fn billed_router_fields(
+    endpoint: Endpoint,
+    body: &Map<String, Value>,
+    provider: Provider,
+    allowed: BilledFields,
+) -> Result<(), ApiError> {
+    if provider != Provider::OpenaiCompatible
+        || !matches!(endpoint, Endpoint::Chat | Endpoint::Completions)
+    {
+        return Ok(());
+    }
+    let refused = BILLED_ROUTER_FIELDS
+        .into_iter()
+        .find(|f| !body.get(*f).is_none_or(Value::is_null) && !allowed.allows(f));
+    match refused {
+        None => Ok(()),
+        Some(field) => Err(ApiError::invalid(
+            field,
+            format!(
+                "`{field}` is not accepted: the upstream bills it apart from the token prices \
+                 this gateway charges (an operator may allow it with the upstream's \
+                 `quirks.billed_fields`)"
             ),
         )),
     }
@@ -339,5 +372,44 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_routers_billed_fields_are_refused_where_sent_as_is_and_not_allowed() {
+        let body = |field: &str| {
+            let mut b = Map::new();
+            b.insert(field.into(), json!(["x"]));
+            b
+        };
+        let none = BilledFields::default();
+        let plugins = BilledFields::of(&["plugins".to_string(), "unknown".to_string()]);
+        let compat = Provider::OpenaiCompatible;
+        for field in BILLED_ROUTER_FIELDS {
+            for endpoint in [Endpoint::Chat, Endpoint::Completions] {
+                let err = billed_router_fields(endpoint, &body(field), compat, none).unwrap_err();
+                assert!(
+                    matches!(err, ApiError::InvalidRequest { param: Some(p), .. } if p == field)
+                );
+            }
+            // Translated bodies carry only what their translation reads; OpenAI is no router.
+            for endpoint in [
+                Endpoint::Messages,
+                Endpoint::Responses,
+                Endpoint::Embeddings,
+            ] {
+                assert!(billed_router_fields(endpoint, &body(field), compat, none).is_ok());
+            }
+            assert!(
+                billed_router_fields(Endpoint::Chat, &body(field), Provider::Openai, none).is_ok()
+            );
+        }
+        assert!(billed_router_fields(Endpoint::Chat, &body("plugins"), compat, plugins).is_ok());
+        assert!(billed_router_fields(Endpoint::Chat, &body("models"), compat, plugins).is_err());
+        assert!(
+            plugins.allows("plugins") && !plugins.allows("models") && !plugins.allows("unknown")
+        );
+        let mut null = Map::new();
+        null.insert("provider".into(), Value::Null);
+        assert!(billed_router_fields(Endpoint::Chat, &null, compat, none).is_ok());
     }
 }

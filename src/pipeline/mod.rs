@@ -356,6 +356,14 @@ async fn run(
         }
         .into());
     }
+    // A router's billed pass-through fields: refused unless every candidate allows them.
+    let live = state.live.snapshot();
+    for c in &candidates {
+        if let Some(d) = live.catalog.deployments.get(c.route.deployment) {
+            kinds::billed_router_fields(endpoint, &prepared.body, d.provider, d.billed_fields)?;
+        }
+    }
+    drop(live);
     let worst = reservation_amount(state, &prepared, &candidates);
     let span = log.trace.stage("reserve");
     let mut held = if ladder.has(Ladder::Quota) {

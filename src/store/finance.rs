@@ -65,10 +65,15 @@ const TOKENS_BY_UPSTREAM: &str = "SELECT substr(created_at, 1, 10) AS day, upstr
         SUM(input_tokens) AS input_tokens, SUM(output_tokens) AS output_tokens,
         SUM(cached_input_tokens) AS cached_input_tokens
      FROM requests WHERE created_at >= ?1 AND created_at < ?2 AND upstream <> ''
+       AND endpoint IN ('chat.completions', 'completions', 'responses', 'messages')
      GROUP BY 1, 2, 3 ORDER BY 1, 2, 3";
 
 /// Tokens in `[from, to)` (database times) by day, upstream and upstream model: what
 /// `sluice reconcile --provider openai-usage` holds against the provider's usage export.
+/// Only the endpoints that export counts — OpenAI's completions usage: chat, legacy
+/// completions, responses, and messages (an Anthropic-format request an OpenAI deployment
+/// is sent as chat, `upstream::providers::path`); not embeddings, another export. The
+/// request log names them as `Endpoint::name` does.
 pub async fn tokens_by_upstream(
     db: &super::Db,
     from: &str,

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 
 use crate::config::price_table;
-use crate::config::{OutputCapParam, Provider, Secret, Settings, UpstreamSettings};
+use crate::config::{BilledFields, OutputCapParam, Provider, Secret, Settings, UpstreamSettings};
 use crate::endpoint::Endpoint;
 use crate::quota::images::Rule;
 use crate::quota::long_tiers::LongTiers;
@@ -49,6 +49,8 @@ pub struct Deployment {
     pub tpm_limit: u64,
     /// Streams ask for a usage chunk (`quirks.include_usage`).
     pub include_usage: bool,
+    /// The billed router fields a client may send it (`quirks.billed_fields`).
+    pub billed_fields: BilledFields,
     /// The URLs of every route target (`Route::target`): for most providers one, shared by
     /// every route; where the URL names the deployment or model (Azure, Gemini, Bedrock), one per name. Each
     /// holds the URL of every endpoint, streamed and not, parsed once at start rather than
@@ -85,6 +87,7 @@ impl Deployment {
             rpm_limit: u.rpm_limit,
             tpm_limit: u.tpm_limit,
             include_usage: u.quirks.include_usage,
+            billed_fields: BilledFields::of(&u.quirks.billed_fields),
             targets: Vec::new(),
             credential: providers::credential(u),
         }

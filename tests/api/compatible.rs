@@ -318,7 +318,20 @@ fn the_config_names_what_each_kind_is_missing() {
     empty.api_key = Secret::default();
     assert!(check(empty.clone(), None).unwrap().contains("api_key"));
     empty.quirks.auth = AuthMode::None;
-    assert_eq!(check(empty, None), None);
+    assert_eq!(check(empty.clone(), None), None);
+    // The billed router fields an upstream allows: known ones, on a router only.
+    empty.quirks.billed_fields = vec!["plugins".into(), "provider".into()];
+    assert_eq!(check(empty.clone(), None), None);
+    empty.quirks.billed_fields = vec!["plugin".into()];
+    let typo = check(empty, None).unwrap();
+    assert!(
+        typo.contains("plugin") && typo.contains("billed_fields"),
+        "{typo}"
+    );
+    let mut oa = base(Provider::Openai);
+    oa.quirks.billed_fields = vec!["plugins".into()];
+    let not_router = check(oa, None).unwrap();
+    assert!(not_router.contains("openai_compatible"), "{not_router}");
     let mut v = base(Provider::Openai);
     v.api_version = Some("v1".into());
     assert!(check(v, None).unwrap().contains("azure_openai"));
@@ -333,4 +346,79 @@ quirks = { include_usage = false, max_tokens_field = "max_tokens", auth = "none"
     let s: Settings = toml::from_str(toml).unwrap();
     assert!(!s.upstreams[0].quirks.include_usage);
     assert_eq!(s.upstreams[0].quirks.auth, AuthMode::None);
+}
+
+/// An OpenAI-compatible router passes fields it knows through and bills them: OpenRouter's
+/// `plugins` (web search, PDF parsing: fees per call), `models` (a fallback to other,
+/// dearer models) and `provider` (routing among providers at their own prices). Sluice
+/// prices none of that: each is refused with a 400 naming it, on chat and completions,
+/// nothing sent — unless the upstream's `quirks.billed_fields` allows it; null is absent;
+/// an `openai` upstream is not concerned (OpenAI refuses what it does not know).
+#[tokio::test]
+async fn billed_router_fields_are_refused_unless_the_upstream_allows_them() {
+    const KEY_OPEN: &str = "sk-router-allows-plugins-0000";
+    let app = spawn_app_with(|s, m| {
+        only(s, compatible("router", m), "openai/gpt-4o-mini");
+        let mut open = compatible("open", m);
+        open.api_key = Secret(secrecy::SecretString::from(KEY_OPEN.to_string()));
+        open.quirks.billed_fields = vec!["plugins".into()];
+        s.upstreams.push(open);
+        let mut o = model("open", &["open"]);
+        o.routes[0].model = "openai/gpt-4o-mini".into();
+        s.models.push(o);
+        s.upstreams.push(upstream("oa", KEY_A, m));
+        s.models.push(model("oa", &["oa"]));
+    })
+    .await;
+    let (_, token) = app.token("dev", Some("1.00")).await;
+    let fields = [
+        ("plugins", json!([{"id": "web"}])),
+        ("models", json!(["anthropic/claude-opus-4"])),
+        ("provider", json!({"sort": "throughput"})),
+    ];
+    for (field, value) in &fields {
+        let mut body = chat_body(64);
+        body[*field] = value.clone();
+        let resp = app.chat(&token, &body).await;
+        assert_eq!(resp.status(), 400, "{field}");
+        let err: Value = resp.json().await.unwrap();
+        assert_eq!(err["error"]["param"], *field, "{err}");
+        assert!(
+            err["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("billed_fields")),
+            "the message says how to allow it: {err}"
+        );
+        let mut legacy = json!({"model": "gpt-4o-mini", "max_tokens": 16, "prompt": "Hi"});
+        legacy[*field] = value.clone();
+        let resp = app.post("/v1/completions", &token, &legacy).await;
+        assert_eq!(resp.status(), 400, "completions {field}");
+    }
+    assert_eq!(
+        app.mock.state.stats(KEY_C).count,
+        0,
+        "nothing sent upstream"
+    );
+
+    // Null is absent: the request is served.
+    let mut body = chat_body(64);
+    body["plugins"] = Value::Null;
+    assert_eq!(app.chat(&token, &body).await.status(), 200);
+
+    // The upstream that allows `plugins` is sent them; `models` it still refuses.
+    let mut body = chat_body(64);
+    body["model"] = json!("open");
+    body["plugins"] = fields[0].1.clone();
+    assert_eq!(app.chat(&token, &body).await.status(), 200);
+    let sent = app.mock.state.stats(KEY_OPEN).last_bodies;
+    assert_eq!(sent.back().unwrap()["plugins"], fields[0].1, "{sent:?}");
+    body["models"] = fields[1].1.clone();
+    assert_eq!(app.chat(&token, &body).await.status(), 400);
+
+    // OpenAI's own API is not a router: the gateway leaves the field to it.
+    let mut body = chat_body(64);
+    body["model"] = json!("oa");
+    body["provider"] = fields[2].1.clone();
+    assert_eq!(app.chat(&token, &body).await.status(), 200);
+    app.assert_invariant().await;
 }

@@ -1,7 +1,8 @@
 //! `sluice reconcile --provider openai-usage` (issue 20, item 4): OpenAI's completions
 //! usage export held against the request log's tokens per (day, model, account). The log
-//! is seeded over 3 days × 2 models × 2 accounts; the export is built from the same
-//! counts, so exactly the cells made to differ are flagged.
+//! is seeded over 3 days × 2 models × 2 accounts, through every endpoint OpenAI bills as
+//! completions, beside embeddings requests the export does not hold; the export is built
+//! from the same counts, so exactly the cells made to differ are flagged.
 
 use chrono::{TimeZone, Utc};
 use serde_json::{json, Value};
@@ -17,13 +18,24 @@ fn cell(d: u32, m: usize, u: usize) -> (i64, i64, i64) {
     (input, input / 3, input / 5)
 }
 
+/// The request log's endpoints OpenAI's completions usage counts: a cell's second request
+/// goes through one of them in turn (its first through chat).
+const COMPLETION_ENDPOINTS: [&str; 4] =
+    ["responses", "completions", "messages", "chat.completions"];
+
 /// Each cell as two requests (their sums are the cell's counts), plus an Anthropic
-/// deployment's request an OpenAI reconciliation leaves out.
+/// deployment's request an OpenAI reconciliation leaves out, and an embeddings request on
+/// each OpenAI deployment each day: OpenAI's embeddings usage is another export.
 async fn seed(app: &TestApp) {
     let mut rows = Vec::new();
-    let row = |id: String, upstream: &str, model: &str, at, (input, output, cached)| RequestRow {
+    let row = |id: String,
+               endpoint: &'static str,
+               upstream: &str,
+               model: &str,
+               at,
+               (input, output, cached)| RequestRow {
         id,
-        endpoint: "chat",
+        endpoint,
         model: model.into(),
         served_model: model.into(),
         upstream: upstream.into(),
@@ -50,8 +62,13 @@ async fn seed(app: &TestApp) {
                 {
                     let at =
                         Utc.from_utc_datetime(&day(d).and_hms_opt(9 + n as u32, 0, 0).unwrap());
+                    let endpoint = match n {
+                        0 => "chat.completions",
+                        _ => COMPLETION_ENDPOINTS[(d as usize + m + u) % 4],
+                    };
                     rows.push(row(
                         format!("req-{d}-{m}-{u}-{n}"),
+                        endpoint,
                         upstream,
                         model,
                         at,
@@ -60,10 +77,22 @@ async fn seed(app: &TestApp) {
                 }
             }
         }
+        for (u, (upstream, _)) in UPSTREAMS.iter().enumerate() {
+            let at = Utc.from_utc_datetime(&day(d).and_hms_opt(14, 0, 0).unwrap());
+            rows.push(row(
+                format!("req-embed-{d}-{u}"),
+                "embeddings",
+                upstream,
+                EMBEDDING_MODEL,
+                at,
+                (5_000 + i64::from(d), 0, 0),
+            ));
+        }
     }
     let at = Utc.from_utc_datetime(&day(2).and_hms_opt(12, 0, 0).unwrap());
     rows.push(row(
         "req-claude".into(),
+        "messages",
         "c",
         "claude-3-5-haiku",
         at,
@@ -72,10 +101,32 @@ async fn seed(app: &TestApp) {
     requests::insert_batch(app.db(), &rows).await.unwrap();
 }
 
+const EMBEDDING_MODEL: &str = "text-embedding-3-small";
+
+/// How the usage export was asked to group its figures besides by model.
+#[derive(Clone, Copy, PartialEq)]
+enum Grouping {
+    /// `group_by=api_key_id&group_by=project_id`: a figure per account.
+    Accounts,
+    /// Not by account: one figure per model, `api_key_id` and `project_id` null (as the
+    /// Usage API answers).
+    NullIds,
+    /// Not by account, the id fields left out altogether.
+    NoIds,
+}
+
 /// OpenAI's completions usage export of the seeded counts, grouped by model, project and
 /// API key (a key no deployment names: the project decides), `delta` added to a cell's
 /// (input, output, cached); two pages.
 fn usage_export(delta: impl Fn(u32, usize, usize) -> (i64, i64, i64)) -> String {
+    usage_export_grouped(Grouping::Accounts, delta)
+}
+
+/// `usage_export` grouped as `grouping` says: not by account, a model's cells are summed.
+fn usage_export_grouped(
+    grouping: Grouping,
+    delta: impl Fn(u32, usize, usize) -> (i64, i64, i64),
+) -> String {
     let mut buckets = Vec::new();
     for d in 1..=3 {
         let start = Utc
@@ -83,17 +134,37 @@ fn usage_export(delta: impl Fn(u32, usize, usize) -> (i64, i64, i64)) -> String 
             .timestamp();
         let mut results = Vec::new();
         for (m, model) in MODELS.iter().enumerate() {
+            let mut sum = (0, 0, 0);
             for (u, (_, project)) in UPSTREAMS.iter().enumerate() {
                 let (i, o, c) = cell(d, m, u);
                 let (di, d_o, dc) = delta(d, m, u);
-                results.push(json!({
-                    "object": "organization.usage.completions.result",
-                    "input_tokens": i + di, "output_tokens": o + d_o, "input_cached_tokens": c + dc,
-                    "num_model_requests": 2, "project_id": project, "user_id": null,
-                    "api_key_id": format!("key_{u}"), "model": format!("{model}-2024-07-18"),
-                    "batch": null,
-                }));
+                let (i, o, c) = (i + di, o + d_o, c + dc);
+                sum = (sum.0 + i, sum.1 + o, sum.2 + c);
+                if grouping == Grouping::Accounts {
+                    results.push(json!({
+                        "object": "organization.usage.completions.result",
+                        "input_tokens": i, "output_tokens": o, "input_cached_tokens": c,
+                        "num_model_requests": 2, "project_id": project, "user_id": null,
+                        "api_key_id": format!("key_{u}"), "model": format!("{model}-2024-07-18"),
+                        "batch": null,
+                    }));
+                }
             }
+            let mut result = json!({
+                "object": "organization.usage.completions.result",
+                "input_tokens": sum.0, "output_tokens": sum.1, "input_cached_tokens": sum.2,
+                "num_model_requests": 4, "model": format!("{model}-2024-07-18"),
+            });
+            match grouping {
+                Grouping::Accounts => continue,
+                Grouping::NullIds => {
+                    for id in ["project_id", "user_id", "api_key_id", "batch"] {
+                        result[id] = Value::Null;
+                    }
+                }
+                Grouping::NoIds => {}
+            }
+            results.push(result);
         }
         buckets.push(json!({"object": "bucket", "start_time": start,
             "end_time": start + 86_400, "results": results}));
@@ -172,4 +243,99 @@ async fn a_usage_export_differing_in_exactly_two_cells_flags_exactly_those_two()
         "{}",
         text(&out.stdout)
     );
+}
+
+/// The export holds completions only (chat, responses, legacy completions; an Anthropic
+/// messages request sent to OpenAI is chat there): the log's embeddings requests on the
+/// same deployments are no part of the comparison — not a row of their own, not in a
+/// cell — while every completions endpoint's tokens are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embeddings_requests_are_left_out_and_every_completions_endpoint_counts() {
+    let app = spawn_app_with(|_, _| {}).await;
+    seed(&app).await;
+    let config = config(&app);
+    let file = app.dir.path().join("usage.json");
+    // Day 2, gpt-4o-mini, proj_a: 3 input tokens more. Every other count as logged.
+    std::fs::write(
+        &file,
+        usage_export(|d, m, u| match (d, m, u) {
+            (2, 0, 0) => (3, 0, 0),
+            _ => (0, 0, 0),
+        }),
+    )
+    .unwrap();
+    let out = reconcile(&config, "openai-usage", &file, true);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let report: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    assert!(
+        rows.iter().all(|r| r["model"] != EMBEDDING_MODEL),
+        "embeddings tokens are not completions usage: {report}"
+    );
+    assert_eq!(rows.len(), 12, "{report}");
+    assert_eq!(
+        flagged(&report),
+        vec![("2026-03-02".into(), "gpt-4o-mini".into(), "proj_a".into())]
+    );
+}
+
+/// An export not grouped by API key and project names no account: compared to deployments
+/// that claim accounts, every figure would meet the deployments naming none (`*`) and the
+/// claimed ones would show as unbilled. The run refuses it (exit 2, naming the query
+/// parameter to add) whether the ids are null or absent; with no deployment of OpenAI's
+/// claiming an account (another provider's claim does not count) it is compared whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_not_grouped_by_account_exits_2_naming_group_by_api_key_id_when_deployments_claim_accounts(
+) {
+    let app = spawn_app_with(|_, _| {}).await;
+    seed(&app).await;
+    let config = config(&app);
+    let file = app.dir.path().join("usage.json");
+    for grouping in [Grouping::NullIds, Grouping::NoIds] {
+        std::fs::write(&file, usage_export_grouped(grouping, |_, _, _| (0, 0, 0))).unwrap();
+        let out = reconcile(&config, "openai-usage", &file, false);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{}{err}", text(&out.stdout));
+        assert!(err.contains("group_by=api_key_id"), "{err}");
+        assert!(
+            err.contains("proj_a"),
+            "the claimed account is named: {err}"
+        );
+        assert_eq!(text(&out.stdout), "", "no comparison is printed");
+    }
+    assert!(
+        webhook_kinds(&app).await.is_empty(),
+        "{:?}",
+        webhook_kinds(&app).await
+    );
+
+    // No OpenAI deployment names an account: everything is `*` on both sides anyway.
+    let unclaimed = app.dir.path().join("unclaimed.toml");
+    let text_of = std::fs::read_to_string(&config).unwrap();
+    let without = text_of.replace("provider_account = \"proj_a\"\n", "");
+    assert_ne!(without, text_of);
+    std::fs::write(&unclaimed, without).unwrap();
+    std::fs::write(
+        &file,
+        usage_export_grouped(Grouping::NullIds, |_, _, _| (0, 0, 0)),
+    )
+    .unwrap();
+    let out = reconcile(&unclaimed, "openai-usage", &file, true);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let report: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 6, "{report}");
+    assert!(rows.iter().all(|r| r["account"] == "*"), "{report}");
 }

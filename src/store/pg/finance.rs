@@ -31,6 +31,7 @@ pub async fn tokens_by_upstream(
                 SUM(input_tokens)::BIGINT AS input_tokens, SUM(output_tokens)::BIGINT AS output_tokens,
                 SUM(cached_input_tokens)::BIGINT AS cached_input_tokens
          FROM requests WHERE created_at >= $1 AND created_at < $2 AND upstream <> ''
+           AND endpoint IN ('chat.completions', 'completions', 'responses', 'messages')
          GROUP BY 1, 2, 3 ORDER BY 1, 2, 3",
     )
     .bind(from)
