@@ -18,8 +18,8 @@ mod prices;
 mod redis;
 mod sections;
 mod service_account;
-mod upstream_checks;
 mod traces;
+mod upstream_checks;
 
 pub use ladder::Ladder;
 pub use layers::{load, load_from};
@@ -28,10 +28,10 @@ pub use prices::parse_effective;
 pub use redis::RedisTopology;
 pub use sections::*;
 pub use service_account::ServiceAccount;
+pub use traces::TracingSettings;
 pub use upstream_checks::{
     bedrock_base_url, check_bedrock, check_gemini, gemini_base_url, GEMINI_API,
 };
-pub use traces::TracingSettings;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -371,6 +371,17 @@ impl Settings {
                 // One path segment of Azure's URL: `.` and `..` are dropped by the URL
                 // builder, which sent a chat request to deployment `chat`, operation
                 // `completions`. Azure's names have neither.
+                if let Some(tier) = r.tier_model.as_deref() {
+                    let table = price_table::bundled();
+                    if !table.has_model(tier) {
+                        return invalid(format!(
+                            "model `{}`: a route's `tier_model` {tier:?} is no model of the \
+                             bundled price table (the models with a long-context tier: {})",
+                            m.name,
+                            table.tiered_models().join(", ")
+                        ));
+                    }
+                }
                 let name = r.deployment.as_deref().unwrap_or(&r.model);
                 if azure && matches!(name, "." | "..") {
                     return invalid(format!(
