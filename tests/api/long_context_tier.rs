@@ -276,3 +276,48 @@ async fn an_unknown_tier_model_stops_check_config_and_the_start_by_name() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Finding 5: Gemini's tokenizer splits every digit into a token of its own, where o200k
+/// takes digits three at a time — a digit-heavy prompt counts about 3× on Gemini, past any
+/// flat factor. On a Gemini route each ASCII digit is counted as one token on top of the
+/// gateway's count: 240 000 digits (~80 000 o200k tokens) that Gemini 2.5 Pro reports as
+/// 240 010 input tokens, past its 200 000 threshold, are reserved at the tier's rates for
+/// at least that input, and the answer is charged in full — nothing absorbed.
+#[tokio::test]
+async fn a_digit_heavy_prompt_on_gemini_is_reserved_for_what_gemini_counts() {
+    const KEY_G: &str = "gem-key-digits-0123456789";
+    let app = spawn_app_with(|s, mock| {
+        let mut g = upstream("g", KEY_G, mock);
+        g.provider = Provider::Gemini;
+        g.base_url = mock.base_url();
+        s.upstreams.push(g);
+        let mut m = model("gemini-2.5-pro", &["g"]);
+        m.routes = vec![route("g", "gemini-2.5-pro")];
+        m.price.input_usd_per_mtok = Some(1.25.into());
+        m.price.output_usd_per_mtok = Some(10.0.into());
+        m.max_input_tokens = 1_000_000;
+        s.models.push(m);
+    })
+    .await;
+    let (id, token) = app.token("digits", Some("100")).await;
+    app.mock.state.script(
+        KEY_G,
+        [Script {
+            prompt_tokens: Some(240_010),
+            completion_tokens: Some(10),
+            ..Script::default()
+        }],
+    );
+    let digits = "0123456789".repeat(24_000);
+    assert!(sluice::quota::estimate::count_text(&digits) <= 80_001);
+    let body = json!({"model": "gemini-2.5-pro", "max_tokens": 10,
+        "messages": [{"role": "user", "content": digits}]});
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    resp.text().await.unwrap();
+    let (charged, absorbed) = spent_and_absorbed(&app, id).await;
+    // 240 010 × 2.50 + 10 × 15: Gemini 2.5 Pro's tier (2× input, 1.5× output).
+    assert_eq!(charged + absorbed, 600_175);
+    assert_eq!(absorbed, 0, "the reservation fell short of Gemini's count");
+    app.assert_invariant().await;
+}
