@@ -141,7 +141,10 @@ async fn generate(db: &Db, rows: u64) {
         .execute(pool)
         .await
         .expect("analyzed");
-    println!("rollup (days and months) built in {:.1?}", started.elapsed());
+    println!(
+        "rollup (days and months) built in {:.1?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::main(flavor = "current_thread")]

@@ -175,14 +175,10 @@ impl Span {
             from: month(first),
             to: month(last),
         };
-        [
-            Span::days(q.from, first),
-            months,
-            Span::days(last, q.to),
-        ]
-        .into_iter()
-        .filter(|s| s.from < s.to)
-        .collect()
+        [Span::days(q.from, first), months, Span::days(last, q.to)]
+            .into_iter()
+            .filter(|s| s.from < s.to)
+            .collect()
     }
 }
 

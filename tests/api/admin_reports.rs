@@ -694,7 +694,12 @@ async fn every_dimension_and_a_pair_give_the_same_rows_as_json_and_csv_and_filte
 /// `spend_days` alone), summed per group: what every report over `[from, to)` must equal.
 type Sums = std::collections::BTreeMap<Vec<String>, [i64; 4]>;
 
-fn spend_query(from: chrono::NaiveDate, to: chrono::NaiveDate, by: &str, filters: &str) -> SpendQuery {
+fn spend_query(
+    from: chrono::NaiveDate,
+    to: chrono::NaiveDate,
+    by: &str,
+    filters: &str,
+) -> SpendQuery {
     let mut f = Filters::default();
     match filters {
         "" => {}
@@ -716,7 +721,10 @@ fn sums(groups: &[Group]) -> Sums {
     let mut out = Sums::new();
     for g in groups {
         let s = out.entry(g.keys.clone()).or_default();
-        for (s, v) in s.iter_mut().zip([g.requests, g.input_tokens, g.output_tokens, g.spend_micros]) {
+        for (s, v) in
+            s.iter_mut()
+                .zip([g.requests, g.input_tokens, g.output_tokens, g.spend_micros])
+        {
             *s += v;
         }
     }
@@ -807,7 +815,15 @@ async fn the_monthly_rollup_equals_its_days_and_reports_over_whole_months_equal_
     }
     // Ranges: fixed ones (whole months, a month and a half, leading and trailing days) and
     // seeded random ones inside the window.
-    let mut ranges = vec![(27, 64), (31, 62), (0, 90), (31, 90), (0, 62), (40, 70), (30, 33)];
+    let mut ranges = vec![
+        (27, 64),
+        (31, 62),
+        (0, 90),
+        (31, 90),
+        (0, 62),
+        (40, 70),
+        (30, 33),
+    ];
     let mut x: u64 = 0x5eed_0bad;
     while ranges.len() < 25 {
         x ^= x << 13;
