@@ -36,6 +36,7 @@ pub async fn serve_demo(mut settings: Settings) -> anyhow::Result<()> {
                 model: (*name).into(),
                 output_cap_param: None,
                 deployment: None,
+                tier_model: None,
             }],
             fallbacks: vec![],
             price: crate::config::PriceKeys::usd(0.15, 0.60),

@@ -171,6 +171,7 @@ fn add_env_upstreams(settings: &mut Settings, env: &BTreeMap<String, String>) {
             model: name.into(),
             output_cap_param: None,
             deployment: None,
+            tier_model: None,
         }],
         fallbacks: vec![],
         price: super::PriceKeys::usd(input, output),

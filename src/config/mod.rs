@@ -387,6 +387,17 @@ impl Settings {
                 // One path segment of Azure's URL: `.` and `..` are dropped by the URL
                 // builder, which sent a chat request to deployment `chat`, operation
                 // `completions`. Azure's names have neither.
+                if let Some(tier) = r.tier_model.as_deref() {
+                    let table = price_table::bundled();
+                    if !table.has_model(tier) {
+                        return invalid(format!(
+                            "model `{}`: a route's `tier_model` {tier:?} is no model of the \
+                             bundled price table (the models with a long-context tier: {})",
+                            m.name,
+                            table.tiered_models().join(", ")
+                        ));
+                    }
+                }
                 let name = r.deployment.as_deref().unwrap_or(&r.model);
                 if azure && matches!(name, "." | "..") {
                     return invalid(format!(

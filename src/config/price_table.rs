@@ -11,7 +11,7 @@ use std::sync::{Arc, OnceLock};
 use chrono::NaiveDate;
 use serde::Deserialize;
 
-use super::{ConfigError, PriceKeys, Usd};
+use super::{ConfigError, PriceKeys, Provider, Usd};
 use crate::quota::long_tiers::{self, LongTiers};
 use crate::quota::pricing::{parse_usd, LongTier};
 use crate::quota::schedule::Dated;
@@ -65,6 +65,9 @@ pub struct Table {
     by_model: HashMap<String, Arc<[Dated]>>,
     /// Per model, its long-context tier from each entry's date (`long_tiers`).
     long_context: HashMap<String, long_tiers::Dated>,
+    /// Per model, the provider whose model it is (its entries' `provider`): the family a
+    /// route's provider must serve for the gateway's name to bring its tier (`route_tiers`).
+    family: HashMap<String, String>,
 }
 
 /// The embedded table, read once. It is part of the binary and its unit test reads it
@@ -129,6 +132,7 @@ pub fn parse(text: &str) -> Result<Table, ConfigError> {
             )));
         }
         same_day.push(dated);
+        table.family.insert(name.clone(), raw.provider.clone());
         table.entries.push(Entry {
             provider: raw.provider,
             model: raw.model,
@@ -174,9 +178,65 @@ impl Table {
     /// most specific: `anthropic.claude-sonnet-4-6-v1:0` is the flat Sonnet 4.6, not the
     /// tiered `claude-sonnet-4` it also contains.
     pub fn long_context(&self, name: &str) -> LongTiers {
-        let own = |model: &str| self.long_context.get(model).cloned();
-        if let Some(tiers) = own(name).or_else(|| own(without_date_suffix(name)?)) {
-            return LongTiers::of(vec![tiers]);
+        self.tiers_of(self.matching(name))
+    }
+
+    /// A route's long-context tiers over time, in this order:
+    /// - its `tier_model`, when set: that bundled model's, whatever the names say;
+    /// - else those of the bundled models its upstream names match (the model it serves,
+    ///   Azure's deployment): the name the provider bills by;
+    /// - else, when those say nothing (a Bedrock ARN, a custom deployment), those of the
+    ///   bundled models the gateway's model name matches — only the ones whose family the
+    ///   route's provider serves (`serves`): `claude-sonnet-4`'s tier on its Anthropic or
+    ///   Bedrock route, never on its fallback route to a vLLM `qwen`.
+    pub fn route_tiers(
+        &self,
+        tier_model: Option<&str>,
+        upstream_names: &[&str],
+        gateway_name: &str,
+        provider: Provider,
+    ) -> LongTiers {
+        if let Some(model) = tier_model {
+            return self.tiers_of(vec![model]);
+        }
+        let by_upstream = upstream_names
+            .iter()
+            .fold(LongTiers::default(), |all, n| all.and(self.long_context(n)));
+        if !by_upstream.is_empty() {
+            return by_upstream;
+        }
+        let served = self.matching(gateway_name).into_iter().filter(|model| {
+            self.family
+                .get(*model)
+                .is_some_and(|family| serves(provider, family))
+        });
+        self.tiers_of(served.collect())
+    }
+
+    /// Whether `name` is a bundled model's own name: what a route's `tier_model` may be.
+    pub fn has_model(&self, name: &str) -> bool {
+        self.long_context.contains_key(name)
+    }
+
+    /// The bundled models with a long-context tier at some date, sorted (for messages).
+    pub fn tiered_models(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = (self.long_context.iter())
+            .filter(|(_, tiers)| tiers.iter().any(|(_, tier)| tier.is_some()))
+            .map(|(name, _)| name.as_str())
+            .collect();
+        names.sort_unstable();
+        names
+    }
+
+    /// The bundled models `name` names (`long_context`).
+    fn matching<'a>(&'a self, name: &str) -> Vec<&'a str> {
+        for own in [Some(name), without_date_suffix(name)]
+            .into_iter()
+            .flatten()
+        {
+            if let Some((model, _)) = self.long_context.get_key_value(own) {
+                return vec![model.as_str()];
+            }
         }
         let name = name.to_ascii_lowercase();
         let held: Vec<&str> = self
@@ -185,16 +245,39 @@ impl Table {
             .map(String::as_str)
             .filter(|model| name.contains(model))
             .collect();
+        held.iter()
+            .copied()
+            .filter(|model| {
+                !held
+                    .iter()
+                    .any(|other| other.len() > model.len() && other.contains(*model))
+            })
+            .collect()
+    }
+
+    fn tiers_of(&self, models: Vec<&str>) -> LongTiers {
         LongTiers::of(
-            held.iter()
-                .filter(|model| {
-                    !held
-                        .iter()
-                        .any(|other| other.len() > model.len() && other.contains(**model))
-                })
-                .filter_map(|model| own(model))
+            models
+                .into_iter()
+                .filter_map(|model| self.long_context.get(model).cloned())
                 .collect(),
         )
+    }
+}
+
+/// Whether a route to `provider` is billed as the bundled models of `family` (their
+/// entries' `provider`) are: Anthropic's Claude on Anthropic and on Bedrock (there is no
+/// Vertex-Anthropic kind: a `gemini` upstream speaks `generateContent`, which serves
+/// Gemini only), Gemini on `gemini` (the API or Vertex AI), OpenAI's on OpenAI and Azure.
+/// An `openai_compatible` server (vLLM, Ollama, a router) serves any model under any name:
+/// it serves no family by the gateway's name — its upstream name, or the route's
+/// `tier_model`, must say.
+pub fn serves(provider: Provider, family: &str) -> bool {
+    match provider {
+        Provider::Anthropic | Provider::Bedrock => family == "anthropic",
+        Provider::Gemini => family == "gemini",
+        Provider::Openai | Provider::AzureOpenai => family == "openai",
+        Provider::OpenaiCompatible => false,
     }
 }
 
@@ -374,6 +457,51 @@ mod tests {
 
     /// A model's later entry brings its own tier: its factors from its date on, and an
     /// entry without one ends the tier — a request is billed the tier of its day.
+    #[test]
+    fn a_routes_tier_is_its_tier_model_else_its_names_else_the_gateways_on_its_family() {
+        let (t, now) = (bundled(), chrono::Utc::now());
+        let sonnet = t.long_context("claude-sonnet-4").at(now);
+        let gemini = t.long_context("gemini-2.5-pro").at(now);
+        assert!(sonnet.is_some() && gemini.is_some());
+        let arn = "arn:aws:bedrock:us-east-1:1:application-inference-profile/a";
+        let at = |tier_model, names: &[&str], gateway, provider| {
+            t.route_tiers(tier_model, names, gateway, provider).at(now)
+        };
+        // The gateway's name brings its tier only where the provider serves its family.
+        for p in [Provider::Anthropic, Provider::Bedrock] {
+            assert_eq!(at(None, &[arn], "claude-sonnet-4", p), sonnet, "{p:?}");
+            assert_eq!(at(None, &[arn], "gemini-2.5-pro", p), None, "{p:?}");
+        }
+        for p in [
+            Provider::OpenaiCompatible,
+            Provider::Openai,
+            Provider::AzureOpenai,
+            Provider::Gemini,
+        ] {
+            let qwen = at(None, &["qwen2.5-72b-instruct"], "claude-sonnet-4", p);
+            assert_eq!(qwen, None, "{p:?}");
+        }
+        assert_eq!(
+            at(None, &["custom"], "gemini-2.5-pro", Provider::Gemini),
+            gemini
+        );
+        // An upstream name the table knows decides, on any provider.
+        let router = ["anthropic/claude-sonnet-4-20250514"];
+        assert_eq!(
+            at(None, &router, "smart", Provider::OpenaiCompatible),
+            sonnet
+        );
+        // `tier_model` decides over both.
+        for p in [Provider::Bedrock, Provider::OpenaiCompatible] {
+            assert_eq!(at(Some("claude-sonnet-4"), &[arn], "smart", p), sonnet);
+            let flat = at(Some("claude-sonnet-4-6"), &router, "claude-sonnet-4", p);
+            assert_eq!(flat, None, "{p:?}");
+        }
+        assert!(t.has_model("claude-sonnet-4-5") && !t.has_model("claude-sonnet-4.5"));
+        let tiered = t.tiered_models();
+        assert!(tiered.contains(&"gemini-2.5-pro") && !tiered.contains(&"gpt-4o"));
+    }
+
     #[test]
     fn the_tier_follows_the_entry_in_force() {
         let entry = |effective: &str, tier: &str| {

@@ -365,6 +365,13 @@ pub struct RouteSettings {
     /// follows from the model's name (`OutputCapParam::for_model`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_cap_param: Option<OutputCapParam>,
+    /// The bundled model whose long-context tier this route is billed at (its name in the
+    /// bundled price table, `claude-sonnet-4-5`): for an upstream name no bundled model
+    /// matches (a Bedrock ARN, a custom deployment) served under a gateway name that says
+    /// nothing (`smart`). Absent, the tier follows the route's names
+    /// (`price_table::Table::route_tiers`). A name not in the table is refused at start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier_model: Option<String>,
 }
 
 /// How an OpenAI-format upstream model takes its output cap. OpenAI's reasoning models

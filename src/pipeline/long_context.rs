@@ -20,13 +20,28 @@ use crate::usage::Usage;
 /// up to ~1.35× o200k on code and non-English text (more with its newer tokenizer): 150 —
 /// on Anthropic, on Bedrock, and on any other kind, for an OpenAI-compatible router may
 /// serve Claude too (OpenAI's own models count with o200k and have no bundled tier).
-/// Gemini's (a 256k-token vocabulary, larger than o200k's) counts about as o200k does, a
-/// little more on some scripts: 125, so a Gemini prompt well under its threshold is not
-/// reserved at the dearer tier for a count Gemini never reaches.
+/// Gemini's (a 256k-token vocabulary, larger than o200k's) counts words about as o200k
+/// does, a little more on some scripts: 125, so a Gemini prompt well under its threshold
+/// is not reserved at the dearer tier for a count Gemini never reaches — but it makes each
+/// digit a token, which no flat factor covers: its digits are counted on top
+/// (`beyond_the_estimate`).
 fn provider_counts_up_to_percent(provider: Provider) -> i64 {
     match provider {
         Provider::Gemini => 125,
         _ => 150,
+    }
+}
+
+/// What `provider`'s tokenizer counts beyond the gateway's estimate whatever its factor,
+/// for a request whose counted text holds `digits` ASCII digits (`Prepared::input_digits`):
+/// on Gemini one token for each — its SentencePiece tokenizer splits every digit, where
+/// o200k takes up to three in one token, so a digit-heavy prompt counts ~3× there (the
+/// o200k tokens of those digits are left in the estimate: a margin, never a shortfall).
+/// Added to the input a Gemini candidate is reserved for (`pipeline::first_step`).
+pub fn beyond_the_estimate(provider: Provider, digits: i64) -> i64 {
+    match provider {
+        Provider::Gemini => digits.max(0),
+        _ => 0,
     }
 }
 
@@ -84,5 +99,20 @@ mod tests {
         assert_eq!(provider_may_count(Provider::Gemini, 200_000), 250_000);
         assert_eq!(provider_may_count(Provider::Gemini, i64::MAX), i64::MAX);
         assert_eq!(provider_may_count(Provider::Anthropic, -5), 0);
+    }
+
+    #[test]
+    fn only_gemini_counts_each_digit_beyond_the_estimate() {
+        assert_eq!(beyond_the_estimate(Provider::Gemini, 240_000), 240_000);
+        assert_eq!(beyond_the_estimate(Provider::Gemini, -1), 0);
+        for p in [
+            Provider::Anthropic,
+            Provider::Bedrock,
+            Provider::Openai,
+            Provider::AzureOpenai,
+            Provider::OpenaiCompatible,
+        ] {
+            assert_eq!(beyond_the_estimate(p, 240_000), 0, "{p:?}");
+        }
     }
 }

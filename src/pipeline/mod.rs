@@ -601,7 +601,14 @@ pub(crate) const USAGE_ESTIMATED: &str = "usage_estimated";
 fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Candidate]) -> i64 {
     let live = state.live.snapshot();
     let worst_at = |c: &attempts::Candidate| {
-        let first = first_step(state, p, c);
+        // Deployments keep their position across rebuilds; one not found (it cannot be)
+        // is taken at the largest count.
+        let provider = live
+            .catalog
+            .deployments
+            .get(c.route.deployment)
+            .map_or(Provider::Anthropic, |d| d.provider);
+        let first = first_step(state, p, c, provider);
         let usage = Usage {
             input: p.kinds.server_tools.billed_input(first, p.output_cap()),
             output: p.output_cap(),
@@ -615,27 +622,22 @@ fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Ca
             web_search_per_1k_calls: prices.web_search_per_1k_calls,
             ..pricing::Prices::default()
         };
-        // Deployments keep their position across rebuilds; one not found (it cannot be)
-        // is taken at the largest count.
-        let provider = live
-            .catalog
-            .deployments
-            .get(c.route.deployment)
-            .map_or(Provider::Anthropic, |d| d.provider);
         let tier_at = long_context::provider_may_count(provider, usage.input);
         pricing::cost(usage, dearest.for_input(tier_at, c.route.long_context))
     };
     candidates.iter().map(worst_at).max().unwrap_or(0)
 }
 
-/// The input a request's first (or only) step reserves for on a candidate: counted (its
-/// images by the route's rule, its documents for the candidate's model), with the
+/// The input a request's first (or only) step reserves for on a candidate served by
+/// `provider`: counted (its images by the route's rule, its documents for the candidate's
+/// model, on Gemini its digits once more: `long_context::beyond_the_estimate`), with the
 /// configured margin. Server-tool results and output re-read by later steps are the
 /// provider's own tokens: no margin.
-fn first_step(state: &AppState, p: &Prepared, c: &attempts::Candidate) -> i64 {
+fn first_step(state: &AppState, p: &Prepared, c: &attempts::Candidate, provider: Provider) -> i64 {
     let q = &state.settings.quota;
     pricing::input_with_margin(
-        p.reserved_input_on(c.route.image_rule, c.model.max_input_tokens),
+        p.reserved_input_on(c.route.image_rule, c.model.max_input_tokens)
+            .saturating_add(long_context::beyond_the_estimate(provider, p.input_digits)),
         q.input_margin_ratio,
         q.input_margin_tokens,
     )

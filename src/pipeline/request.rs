@@ -38,6 +38,10 @@ pub struct Prepared {
     pub n: i64,
     /// Input tokens counted by the tokenizer (no margin).
     pub input_tokens: i64,
+    /// The ASCII digits of the text counted in `input_tokens` (`estimate::counting_digits`):
+    /// a tokenizer that makes each digit a token (Gemini's) counts them beyond our estimate
+    /// (`long_context::beyond_the_estimate`).
+    pub input_digits: i64,
     /// The client's `anthropic-beta` header, forwarded to Anthropic upstreams only
     /// (`providers::anthropic::beta_header`).
     pub anthropic_beta: Option<reqwest::header::HeaderValue>,
@@ -204,106 +208,8 @@ pub fn prepare(
     number_in(&body, "top_p", 0.0, 1.0)?;
     super::limits::body_numbers(endpoint, &body)?;
 
-    let input_tokens = match endpoint {
-        Endpoint::Chat => {
-            let msgs = match body.get("messages") {
-                Some(Value::Array(m)) if !m.is_empty() => m,
-                Some(Value::Array(_)) => {
-                    return Err(ApiError::invalid(
-                        "messages",
-                        "`messages` must not be empty",
-                    ))
-                }
-                Some(_) => {
-                    return Err(ApiError::invalid(
-                        "messages",
-                        "`messages` must be an array of message objects",
-                    ))
-                }
-                None => return Err(ApiError::invalid("messages", "`messages` is required")),
-            };
-            for m in msgs {
-                if !m.get("role").is_some_and(Value::is_string) {
-                    return Err(ApiError::invalid(
-                        "messages",
-                        "every message must be an object with a string `role`",
-                    ));
-                }
-            }
-            estimate::chat_input(msgs, body.get("tools"))
-        }
-        Endpoint::Messages => {
-            let msgs = match body.get("messages") {
-                Some(Value::Array(m)) if !m.is_empty() => m,
-                _ => {
-                    return Err(ApiError::invalid(
-                        "messages",
-                        "`messages` must be a non-empty array of messages",
-                    ))
-                }
-            };
-            for m in msgs {
-                let role = m.get("role").and_then(Value::as_str);
-                if !matches!(role, Some("user" | "assistant")) {
-                    return Err(ApiError::invalid(
-                        "messages",
-                        "every message needs a `role` of user or assistant",
-                    ));
-                }
-                if !m
-                    .get("content")
-                    .is_some_and(|c| c.is_string() || c.is_array())
-                {
-                    return Err(ApiError::invalid(
-                        "messages",
-                        "every message needs `content`: a string or an array of blocks",
-                    ));
-                }
-            }
-            if body
-                .get("system")
-                .is_some_and(|s| !(s.is_string() || s.is_array()))
-            {
-                return Err(ApiError::invalid(
-                    "system",
-                    "`system` must be a string or an array of text blocks",
-                ));
-            }
-            estimate::chat_input(msgs, body.get("tools"))
-                + body.get("system").map_or(0, estimate::count_value)
-        }
-        Endpoint::Completions => match body.get("prompt") {
-            Some(p @ (Value::String(_) | Value::Array(_))) => estimate::count_value(p) + 3,
-            _ => {
-                return Err(ApiError::invalid(
-                    "prompt",
-                    "`prompt` must be a string or an array of strings",
-                ))
-            }
-        },
-        Endpoint::Responses => super::responses::validate(&body)?,
-        Endpoint::Embeddings => match body.get("input") {
-            Some(Value::String(s)) if !s.is_empty() => estimate::count_text(s),
-            Some(Value::Array(a)) if !a.is_empty() => a
-                .iter()
-                .map(|x| match x {
-                    Value::String(s) => Ok(estimate::count_text(s)),
-                    Value::Number(_) => Ok(1),
-                    Value::Array(ids) if ids.iter().all(Value::is_number) => Ok(ids.len() as i64),
-                    _ => Err(ApiError::invalid(
-                        "input",
-                        "`input` items must be strings or arrays of token ids",
-                    )),
-                })
-                .sum::<Result<i64, ApiError>>()?,
-            _ => {
-                return Err(ApiError::invalid(
-                    "input",
-                    "`input` must be a non-empty string or array",
-                ))
-            }
-        },
-    };
+    let (input_tokens, input_digits) = estimate::counting_digits(|| counted_input(endpoint, &body));
+    let input_tokens = input_tokens?;
     if input_tokens > model.max_input_tokens {
         return Err(ApiError::invalid(
             endpoint.input_field(),
@@ -387,11 +293,118 @@ pub fn prepare(
         cap,
         n,
         input_tokens,
+        input_digits,
         anthropic_beta: None,
         responses: None,
         kinds: super::kinds::Kinds::default(),
         images,
         documents: Documents::default(),
         started_at,
+    })
+}
+
+/// The request's input counted with the tokenizer (no margin), its shape checked on the
+/// way: the messages (and `system`, tools) of a chat or Messages request, a completion's
+/// prompt, a Responses input, an embedding's input.
+fn counted_input(endpoint: Endpoint, body: &Map<String, Value>) -> Result<i64, ApiError> {
+    Ok(match endpoint {
+        Endpoint::Chat => {
+            let msgs = match body.get("messages") {
+                Some(Value::Array(m)) if !m.is_empty() => m,
+                Some(Value::Array(_)) => {
+                    return Err(ApiError::invalid(
+                        "messages",
+                        "`messages` must not be empty",
+                    ))
+                }
+                Some(_) => {
+                    return Err(ApiError::invalid(
+                        "messages",
+                        "`messages` must be an array of message objects",
+                    ))
+                }
+                None => return Err(ApiError::invalid("messages", "`messages` is required")),
+            };
+            for m in msgs {
+                if !m.get("role").is_some_and(Value::is_string) {
+                    return Err(ApiError::invalid(
+                        "messages",
+                        "every message must be an object with a string `role`",
+                    ));
+                }
+            }
+            estimate::chat_input(msgs, body.get("tools"))
+        }
+        Endpoint::Messages => {
+            let msgs = match body.get("messages") {
+                Some(Value::Array(m)) if !m.is_empty() => m,
+                _ => {
+                    return Err(ApiError::invalid(
+                        "messages",
+                        "`messages` must be a non-empty array of messages",
+                    ))
+                }
+            };
+            for m in msgs {
+                let role = m.get("role").and_then(Value::as_str);
+                if !matches!(role, Some("user" | "assistant")) {
+                    return Err(ApiError::invalid(
+                        "messages",
+                        "every message needs a `role` of user or assistant",
+                    ));
+                }
+                if !m
+                    .get("content")
+                    .is_some_and(|c| c.is_string() || c.is_array())
+                {
+                    return Err(ApiError::invalid(
+                        "messages",
+                        "every message needs `content`: a string or an array of blocks",
+                    ));
+                }
+            }
+            if body
+                .get("system")
+                .is_some_and(|s| !(s.is_string() || s.is_array()))
+            {
+                return Err(ApiError::invalid(
+                    "system",
+                    "`system` must be a string or an array of text blocks",
+                ));
+            }
+            estimate::chat_input(msgs, body.get("tools"))
+                + body.get("system").map_or(0, estimate::count_value)
+        }
+        Endpoint::Completions => match body.get("prompt") {
+            Some(p @ (Value::String(_) | Value::Array(_))) => estimate::count_value(p) + 3,
+            _ => {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    "`prompt` must be a string or an array of strings",
+                ))
+            }
+        },
+        Endpoint::Responses => super::responses::validate(body)?,
+        Endpoint::Embeddings => match body.get("input") {
+            Some(Value::String(s)) if !s.is_empty() => estimate::count_text(s),
+            Some(Value::Array(a)) if !a.is_empty() => a
+                .iter()
+                .map(|x| match x {
+                    Value::String(s) => Ok(estimate::count_text(s)),
+                    Value::Number(_) => Ok(1),
+                    Value::Array(ids) if ids.iter().all(Value::is_number) => Ok(ids.len() as i64),
+                    _ => Err(ApiError::invalid(
+                        "input",
+                        "`input` items must be strings or arrays of token ids",
+                    )),
+                })
+                .sum::<Result<i64, ApiError>>()?,
+            _ => {
+                return Err(ApiError::invalid(
+                    "input",
+                    "`input` must be a non-empty string or array",
+                ))
+            }
+        },
     })
 }

@@ -2,6 +2,7 @@
 //! of a reservation, and the output of a stream the client left before the upstream's usage
 //! arrived. One tokenizer is built at start and shared read-only (no lock per request).
 
+use std::cell::Cell;
 use std::sync::OnceLock;
 
 use serde_json::{Map, Value};
@@ -22,9 +23,38 @@ fn bpe() -> Option<&'static Counter> {
     BPE.get_or_init(Counter::o200k).as_ref()
 }
 
+thread_local! {
+    /// While `counting_digits` runs on this thread, the ASCII digits of the text counted
+    /// so far; `None` outside it. Counting is synchronous (nothing awaits inside), so the
+    /// scope is exactly one call's.
+    static DIGITS: Cell<Option<i64>> = const { Cell::new(None) };
+}
+
+/// `count`'s result and the ASCII digits of every text it counted (`count_text`): what a
+/// tokenizer that makes each digit a token (Gemini's) counts beyond o200k, which takes
+/// digits three at a time (`pipeline::long_context::beyond_the_estimate`). Only the text
+/// the estimate counts: an image's or a document's payload is not read for digits.
+pub fn counting_digits<T>(count: impl FnOnce() -> T) -> (T, i64) {
+    let outer = DIGITS.with(|d| d.replace(Some(0)));
+    let out = count();
+    let digits = DIGITS.with(|d| d.replace(outer)).unwrap_or(0);
+    if let Some(before) = outer {
+        DIGITS.with(|d| d.set(Some(before.saturating_add(digits))));
+    }
+    (out, digits)
+}
+
 /// Tokens in a piece of text. Falls back to a conservative bytes/3 if the tokenizer could
 /// not be built (it is compiled in, so this does not happen in practice).
 pub fn count_text(text: &str) -> i64 {
+    DIGITS.with(|d| {
+        if let Some(n) = d.get() {
+            let digits = text.bytes().filter(u8::is_ascii_digit).count();
+            d.set(Some(
+                n.saturating_add(i64::try_from(digits).unwrap_or(i64::MAX)),
+            ));
+        }
+    });
     match bpe() {
         Some(b) => b.count(text) as i64,
         None => (text.len() as i64 + 2) / 3,
@@ -135,6 +165,26 @@ mod tests {
             json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:…"}}]}),
         ];
         assert!(chat_input(&img, None) > PER_IMAGE);
+    }
+
+    #[test]
+    fn the_digits_of_the_counted_text_are_counted_and_an_images_are_not() {
+        let msgs = vec![
+            json!({"role": "user", "content": [{"type": "text", "text": "call 555-0123 now"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,0123456789"}}]}),
+            json!({"role": "assistant", "content": "٣ is no ASCII digit; 42 is two"}),
+        ];
+        let (tokens, digits) = counting_digits(|| chat_input(&msgs, None));
+        assert_eq!(tokens, chat_input(&msgs, None));
+        assert_eq!(digits, 7 + 2);
+        // Outside a scope nothing is kept; a nested scope's digits are its outer's too.
+        let (_, outer) = counting_digits(|| {
+            let (_, inner) = counting_digits(|| count_text("12345"));
+            assert_eq!(inner, 5);
+            count_text("678")
+        });
+        assert_eq!(outer, 8);
+        assert_eq!(counting_digits(|| count_text("no digits")).1, 0);
     }
 
     #[test]

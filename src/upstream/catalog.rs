@@ -182,8 +182,10 @@ pub struct Route {
     /// catalog the latest one; on a candidate (`Route::at`) the one in force when its
     /// request started, which the reservation and the settlement both price with.
     pub long_context: Option<LongTier>,
-    /// That tier over time: the bundled entries' of the route's model and upstream model
-    /// (the lower threshold), else of the gateway's model name (`quota::long_tiers`).
+    /// That tier over time: the bundled entries' of the route's `tier_model`, else of its
+    /// model and upstream model (the lower threshold), else of the gateway's model name
+    /// where the route's provider serves that model's family
+    /// (`price_table::Table::route_tiers`, `quota::long_tiers`).
     pub long_context_tiers: LongTiers,
 }
 
@@ -283,15 +285,14 @@ impl Catalog {
                         let name = r.deployment.as_ref().unwrap_or(&r.model);
                         let by_config = r.output_cap_param.or(u.quirks.max_tokens_field);
                         let table = price_table::bundled();
-                        // The upstream names' tiers; a name no bundled model matches (a
-                        // Bedrock ARN, a custom deployment) says nothing: the gateway's
-                        // model name decides.
-                        let tiers = table.long_context(&r.model).and(table.long_context(name));
-                        let tiers = if tiers.is_empty() {
-                            table.long_context(&m.name)
-                        } else {
-                            tiers
-                        };
+                        // The route's `tier_model`, else its upstream names' tiers, else
+                        // the gateway name's where this provider serves its family.
+                        let tiers = table.route_tiers(
+                            r.tier_model.as_deref(),
+                            &[&r.model, name],
+                            &m.name,
+                            u.provider,
+                        );
                         Some(Route {
                             deployment: d,
                             schedule: Arc::new(m.schedule(&managed.prices, &r.model, u.provider)),

@@ -184,6 +184,7 @@ async fn streams_replay_from_whole_answers_and_whole_answers_come_from_streams()
             model: "claude-upstream".into(),
             output_cap_param: None,
             deployment: None,
+            tier_model: None,
         }];
     })
     .await;

@@ -53,6 +53,7 @@ pub fn route(upstream: &str, model: &str) -> RouteSettings {
         model: model.into(),
         output_cap_param: None,
         deployment: None,
+        tier_model: None,
     }
 }
 

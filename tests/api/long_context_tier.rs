@@ -123,3 +123,201 @@ async fn a_route_to_an_unbundled_upstream_name_takes_the_tier_of_its_gateway_mod
     assert_eq!(charged + absorbed, 1_260_225);
     app.assert_invariant().await;
 }
+
+/// Finding 4: the gateway model's name decides a route's tier only where the route's
+/// provider serves that name's family. `claude-sonnet-4` (Anthropic's, tiered above 200 000)
+/// falling back to a vLLM route serving `qwen2.5-72b-instruct` is billed as vLLM bills it:
+/// no tier, 210 000 input tokens at the model's 3 USD, not at Claude's 6.
+#[tokio::test]
+async fn a_fallback_route_to_another_family_is_charged_without_the_gateway_names_tier() {
+    const KEY_Q: &str = "sk-vllm-qwen-route-0123";
+    let app = spawn_app_with(|s, mock| {
+        let mut an = upstream("an", KEY, mock);
+        an.provider = Provider::Anthropic;
+        an.base_url = mock.base_url();
+        let mut vllm = upstream("vllm", KEY_Q, mock);
+        vllm.provider = Provider::OpenaiCompatible;
+        s.upstreams.extend([an, vllm]);
+        let mut m = model("claude-sonnet-4", &["an", "vllm"]);
+        m.routes = vec![
+            route("an", "claude-sonnet-4-20250514"),
+            route("vllm", "qwen2.5-72b-instruct"),
+        ];
+        m.price.input_usd_per_mtok = Some(3.0.into());
+        m.price.output_usd_per_mtok = Some(15.0.into());
+        m.max_input_tokens = 1_000_000;
+        s.models.push(m);
+    })
+    .await;
+    let (id, token) = app.token("qwen", Some("100")).await;
+    app.mock.state.sticky(
+        KEY,
+        Some(Script {
+            status: Some(500),
+            ..Script::default()
+        }),
+    );
+    app.mock.state.script(
+        KEY_Q,
+        [Script {
+            prompt_tokens: Some(210_000),
+            completion_tokens: Some(10),
+            ..Script::default()
+        }],
+    );
+    let body = json!({"model": "claude-sonnet-4", "max_tokens": 10,
+        "messages": [{"role": "user", "content": "Summarise the attached corpus."}]});
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers().get("x-sluice-upstream").unwrap(), "vllm");
+    resp.text().await.unwrap();
+    let (charged, absorbed) = spent_and_absorbed(&app, id).await;
+    // 210 000 × 3 + 10 × 15: the standard rates (Claude's tier would make it 1 260 225).
+    assert_eq!(charged + absorbed, 630_150);
+    app.assert_invariant().await;
+}
+
+const ARN: &str = "arn:aws:bedrock:us-east-1:123456789012:application-inference-profile/a1b2c3";
+
+/// An alias gateway name (`smart`) over a Bedrock inference-profile ARN: neither name is
+/// a bundled model's, so only the route's `tier_model` says which tier Bedrock bills —
+/// Claude Sonnet 4.5's, 2× input and 1.5× output above 200 000.
+#[tokio::test]
+async fn an_alias_over_an_arn_with_tier_model_is_charged_the_named_tier() {
+    let app = spawn_app_with(|s, mock| {
+        s.upstreams.push(sluice::config::UpstreamSettings {
+            id: "br".into(),
+            provider: Provider::Bedrock,
+            base_url: mock.base_url(),
+            region: Some("us-east-1".into()),
+            access_key_id: Some("AKIDSMART".into()),
+            secret_access_key: Some(sluice::config::Secret(secrecy::SecretString::from(
+                "bedrock-test-secret",
+            ))),
+            allow_private_network: true,
+            ..Default::default()
+        });
+        let mut m = model("smart", &["br"]);
+        m.routes = vec![route("br", ARN)];
+        m.routes[0].tier_model = Some("claude-sonnet-4-5".into());
+        m.price.input_usd_per_mtok = Some(3.0.into());
+        m.price.output_usd_per_mtok = Some(15.0.into());
+        m.max_input_tokens = 1_000_000;
+        s.models.push(m);
+    })
+    .await;
+    let (id, token) = app.token("smart", Some("100")).await;
+    app.mock.state.script(
+        "AKIDSMART",
+        [Script {
+            prompt_tokens: Some(210_000),
+            completion_tokens: Some(10),
+            ..Script::default()
+        }],
+    );
+    let body = json!({"model": "smart", "max_tokens": 10,
+        "messages": [{"role": "user", "content": "Summarise the attached corpus."}]});
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    resp.text().await.unwrap();
+    let (charged, absorbed) = spent_and_absorbed(&app, id).await;
+    // 210 000 × 6 + 10 × 22.50: the tier Bedrock bills Sonnet 4.5 at.
+    assert_eq!(charged + absorbed, 1_260_225);
+    app.assert_invariant().await;
+}
+
+/// A `tier_model` the bundled table does not hold stops `check-config` and `serve`, naming
+/// the key and the name (a misspelt tier would otherwise bill no tier at all).
+#[tokio::test]
+async fn an_unknown_tier_model_stops_check_config_and_the_start_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("sluice.toml");
+    let write = |tier: &str| {
+        std::fs::write(
+            &config,
+            format!(
+                "[server]\nlisten = \"127.0.0.1:0\"\n[database]\nurl = \"sqlite://{}/sluice.db\"\n\
+                 [[upstreams]]\nid = \"an\"\nprovider = \"anthropic\"\n\
+                 base_url = \"http://127.0.0.1:9\"\napi_key = \"sk-ant-test-0123456789\"\n\
+                 allow_private_network = true\n[[models]]\nname = \"smart\"\n\
+                 input_usd_per_mtok = 3\noutput_usd_per_mtok = 15\n\
+                 routes = [{{ upstream = \"an\", model = \"{ARN}\", tier_model = \"{tier}\" }}]\n",
+                dir.path().display()
+            ),
+        )
+        .unwrap()
+    };
+    write("claude-sonnet-4.5");
+    for command in ["check-config", "serve"] {
+        let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["--config", config.to_str().unwrap(), command])
+            .kill_on_drop(true)
+            .output();
+        let out = tokio::time::timeout(std::time::Duration::from_secs(60), run)
+            .await
+            .unwrap_or_else(|_| panic!("{command} started"))
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{command} accepted it");
+        assert!(
+            err.contains("tier_model") && err.contains("claude-sonnet-4.5"),
+            "{command}: {err}"
+        );
+    }
+    write("claude-sonnet-4-5");
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["--config", config.to_str().unwrap(), "check-config"])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Finding 5: Gemini's tokenizer splits every digit into a token of its own, where o200k
+/// takes digits three at a time — a digit-heavy prompt counts about 3× on Gemini, past any
+/// flat factor. On a Gemini route each ASCII digit is counted as one token on top of the
+/// gateway's count: 240 000 digits (~80 000 o200k tokens) that Gemini 2.5 Pro reports as
+/// 240 010 input tokens, past its 200 000 threshold, are reserved at the tier's rates for
+/// at least that input, and the answer is charged in full — nothing absorbed.
+#[tokio::test]
+async fn a_digit_heavy_prompt_on_gemini_is_reserved_for_what_gemini_counts() {
+    const KEY_G: &str = "gem-key-digits-0123456789";
+    let app = spawn_app_with(|s, mock| {
+        let mut g = upstream("g", KEY_G, mock);
+        g.provider = Provider::Gemini;
+        g.base_url = mock.base_url();
+        s.upstreams.push(g);
+        let mut m = model("gemini-2.5-pro", &["g"]);
+        m.routes = vec![route("g", "gemini-2.5-pro")];
+        m.price.input_usd_per_mtok = Some(1.25.into());
+        m.price.output_usd_per_mtok = Some(10.0.into());
+        m.max_input_tokens = 1_000_000;
+        s.models.push(m);
+    })
+    .await;
+    let (id, token) = app.token("digits", Some("100")).await;
+    app.mock.state.script(
+        KEY_G,
+        [Script {
+            prompt_tokens: Some(240_010),
+            completion_tokens: Some(10),
+            ..Script::default()
+        }],
+    );
+    let digits = "0123456789".repeat(24_000);
+    assert!(sluice::quota::estimate::count_text(&digits) <= 80_001);
+    let body = json!({"model": "gemini-2.5-pro", "max_tokens": 10,
+        "messages": [{"role": "user", "content": digits}]});
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    resp.text().await.unwrap();
+    let (charged, absorbed) = spent_and_absorbed(&app, id).await;
+    // 240 010 × 2.50 + 10 × 15: Gemini 2.5 Pro's tier (2× input, 1.5× output).
+    assert_eq!(charged + absorbed, 600_175);
+    assert_eq!(absorbed, 0, "the reservation fell short of Gemini's count");
+    app.assert_invariant().await;
+}

@@ -266,6 +266,7 @@ async fn every_route_failing_is_a_502_and_costs_nothing() {
             model: "gpt-4o-mini-upstream".into(),
             output_cap_param: None,
             deployment: None,
+            tier_model: None,
         });
     })
     .await;
@@ -318,6 +319,7 @@ async fn a_rate_limited_key_hands_over_to_the_next_one() {
             model: "gpt-4o-mini-upstream".into(),
             output_cap_param: None,
             deployment: None,
+            tier_model: None,
         });
     })
     .await;

@@ -19,6 +19,7 @@ async fn app() -> TestApp {
             model: "my-deployment".into(),
             output_cap_param: Some(OutputCapParam::MaxCompletionTokens),
             deployment: None,
+            tier_model: None,
         }];
         s.models.push(legacy);
     })

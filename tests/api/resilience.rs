@@ -30,6 +30,7 @@ fn pool_of_two_and_a_fallback(s: &mut Settings, m: &MockServer) {
         model: "gpt-4o-mini-upstream".into(),
         output_cap_param: None,
         deployment: None,
+        tier_model: None,
     });
     s.models.push(model("claude", &["c"]));
     s.models[0].fallbacks = vec!["claude".into()];
@@ -129,6 +130,7 @@ async fn every_key_429_gives_the_client_a_429_without_a_retry_storm() {
             model: "x".into(),
             output_cap_param: None,
             deployment: None,
+            tier_model: None,
         });
     })
     .await;
@@ -595,6 +597,7 @@ async fn retries_stay_within_the_budget_during_an_outage() {
             model: "x".into(),
             output_cap_param: None,
             deployment: None,
+            tier_model: None,
         });
         s.breaker.failure_threshold = 100_000;
         s.breaker.min_calls = 100_000;

@@ -261,6 +261,7 @@ async fn a_408_or_409_moves_on_to_the_next_key_like_the_sdks_retry_it() {
             model: "gpt-4o-mini-upstream".into(),
             output_cap_param: None,
             deployment: None,
+            tier_model: None,
         });
     })
     .await;
