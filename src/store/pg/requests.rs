@@ -83,6 +83,11 @@ const MONTHS_WRITTEN: &str = "SELECT set_config('sluice.spend_months', 'written'
 /// `request_days`, `spend_days` and `spend_months` rebuilt from the request log (after rows were copied in
 /// by other means than `insert_batch_tx`: `sluice migrate-store`).
 pub async fn rebuild_days(conn: &mut PgConnection) -> Result<()> {
+    // One transaction (a savepoint inside the caller's): `MONTHS_WRITTEN` is transaction-local,
+    // and on a bare connection it would end with its own statement, leaving the trigger to
+    // add every day to the months written below a second time.
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    let conn = &mut *tx;
     sqlx::query("DELETE FROM request_days")
         .execute(&mut *conn)
         .await?;
@@ -119,8 +124,9 @@ pub async fn rebuild_days(conn: &mut PgConnection) -> Result<()> {
                 SUM(input_tokens), SUM(output_tokens), SUM(cost_micros)
          FROM requests GROUP BY 1, 2, 3, 4, 5",
     )
-    .execute(conn)
+    .execute(&mut *conn)
     .await?;
+    tx.commit().await?;
     Ok(())
 }
 
