@@ -7,4 +7,5 @@ skips=()
 while read -r filter; do
     skips+=(--skip "$filter")
 done < <(sed -e 's/#.*//' -e 's/[[:space:]]*$//' tests/api/sqlite_only.txt | grep -v '^$')
-TEST_STORE=postgres exec cargo test --locked --no-fail-fast --test api -- "${skips[@]}"
+TEST_STORE=postgres exec cargo test --locked --no-fail-fast --test api -- \
+    --test-threads="${TEST_THREADS:-4}" "${skips[@]}"

@@ -498,6 +498,12 @@ async fn a_deadlock_with_an_admin_edit_is_retried_transparently() {
     let before = writer.stats();
     let mut admin = db.pool.acquire().await.unwrap();
     let mut tx = admin.begin().await.unwrap();
+    // Only the batch looks for the cycle: the admin's own check waits longer than the test
+    // (a loaded machine could otherwise run both checks at once and abort either).
+    sqlx::query("SET LOCAL deadlock_timeout = '60s'")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
     sqlx::query("UPDATE teams SET name = name WHERE id = $1")
         .bind(owner.team_id)
         .execute(&mut *tx)
@@ -525,7 +531,7 @@ async fn a_deadlock_with_an_admin_edit_is_retried_transparently() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // Now close the cycle; one of the two is aborted after `deadlock_timeout` (1 s).
+    // Now close the cycle; the batch is aborted after its `deadlock_timeout` (1 s).
     let closed = sqlx::query("UPDATE tokens SET name = name WHERE id = $1")
         .bind(owner.token_id)
         .execute(&mut *tx)
