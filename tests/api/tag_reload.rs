@@ -54,9 +54,17 @@ async fn sighup_applies_the_newest_files_tag_bounds() {
     write_config(dir, &app.mock, port, &bounds(7, 9));
     hup(&g);
     until_bound(&db, 7, 9).await;
+    // The bounds are stored before the reload is logged: wait for the line, not assume it.
     let log = dir.join(format!("gateway-{port}.log"));
-    let text = std::fs::read_to_string(&log).unwrap();
-    assert!(text.contains("SIGHUP: config reloaded"), "{text}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let text = loop {
+        let text = std::fs::read_to_string(&log).unwrap();
+        if text.contains("SIGHUP: config reloaded") {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "the reload was never logged: {text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert!(
         !text.contains("finance"),
         "finance named as waiting for a restart: {text}"
