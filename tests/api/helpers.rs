@@ -111,14 +111,27 @@ pub async fn spawn_app() -> TestApp {
     spawn_app_with(|_, _| {}).await
 }
 
+/// An upstream of `provider` on the mock speaking that provider's own API (Anthropic's,
+/// Gemini's): its base URL is the mock's root, not OpenAI's `/v1`.
+pub fn native_upstream(
+    provider: Provider,
+    id: &str,
+    key: &str,
+    mock: &MockServer,
+) -> UpstreamSettings {
+    UpstreamSettings {
+        provider,
+        base_url: mock.base_url(),
+        ..upstream(id, key, mock)
+    }
+}
+
 /// An app with an Anthropic model `claude` (upstream `c`, key B, on the same mock, serving
 /// `claude-upstream`) beside the OpenAI `gpt-4o-mini`.
 pub async fn spawn_app_with_claude() -> TestApp {
     spawn_app_with(|s, m| {
-        let mut c = upstream("c", KEY_B, m);
-        c.provider = Provider::Anthropic;
-        c.base_url = m.base_url();
-        s.upstreams.push(c);
+        s.upstreams
+            .push(native_upstream(Provider::Anthropic, "c", KEY_B, m));
         s.models.push(model("claude", &["c"]));
     })
     .await
