@@ -231,6 +231,45 @@ impl TestApp {
             .expect("request sent")
     }
 
+    /// `body` sent to `path` as that endpoint's clients send it: Anthropic's Messages with
+    /// the key in `x-api-key`, every other endpoint with a bearer token.
+    pub async fn send(&self, path: &str, token: &str, body: &Value) -> reqwest::Response {
+        if path == "/v1/messages" {
+            self.messages(token, body).await
+        } else {
+            self.post(path, token, body).await
+        }
+    }
+
+    /// A chat request with its own deadline (`x-sluice-request-deadline-ms`).
+    pub async fn chat_with_deadline(
+        &self,
+        token: &str,
+        body: &Value,
+        ms: u64,
+    ) -> reqwest::Response {
+        self.http
+            .post(format!("{}/v1/chat/completions", self.address))
+            .bearer_auth(token)
+            .header("x-sluice-request-deadline-ms", ms.to_string())
+            .json(body)
+            .send()
+            .await
+            .expect("request sent")
+    }
+
+    /// The text of `/metrics`.
+    pub async fn metrics(&self) -> String {
+        self.http
+            .get(format!("{}/metrics", self.address))
+            .send()
+            .await
+            .expect("metrics answered")
+            .text()
+            .await
+            .expect("metrics read")
+    }
+
     /// Waits until the request log holds `n` rows (it is written off the request path).
     pub async fn wait_for_log_rows(&self, n: i64) {
         self.state.request_log.flush().await;
