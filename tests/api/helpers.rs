@@ -804,6 +804,39 @@ pub fn write_cli_config(
     path.to_path_buf()
 }
 
+/// `sluice --config <config> <command>` run to its end; a `serve` that starts after all is
+/// killed, failing the test, after 60 s.
+pub async fn run_sluice(config: &std::path::Path, command: &str) -> std::process::Output {
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["--config", config.to_str().unwrap(), command])
+        .kill_on_drop(true)
+        .output();
+    tokio::time::timeout(std::time::Duration::from_secs(60), run)
+        .await
+        .unwrap_or_else(|_| panic!("{command} started"))
+        .unwrap()
+}
+
+/// `check-config` and `serve` both refuse `config`, naming every one of `names` on stderr.
+pub async fn assert_start_refused(config: &std::path::Path, names: &[&str]) {
+    for command in ["check-config", "serve"] {
+        let out = run_sluice(config, command).await;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{command} accepted it");
+        assert!(names.iter().all(|n| err.contains(n)), "{command}: {err}");
+    }
+}
+
+/// `check-config` accepts `config`.
+pub async fn assert_config_accepted(config: &std::path::Path) {
+    let out = run_sluice(config, "check-config").await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// The answer's `Retry-After` in seconds; it must be there and be a number.
 pub fn retry_after(headers: &reqwest::header::HeaderMap) -> u64 {
     headers

@@ -207,33 +207,9 @@ async fn a_model_without_a_price_stops_the_start_by_name_and_a_free_one_costs_no
         .unwrap()
     };
     write("");
-    for command in ["check-config", "serve"] {
-        let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["--config", config.to_str().unwrap(), command])
-            .kill_on_drop(true)
-            .output();
-        let out = tokio::time::timeout(std::time::Duration::from_secs(60), run)
-            .await
-            .unwrap_or_else(|_| panic!("{command} started"))
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{command} accepted it");
-        assert!(
-            err.contains("model `house-llm` has no price"),
-            "{command}: {err}"
-        );
-    }
+    assert_start_refused(&config, &["model `house-llm` has no price"]).await;
     write("free = true\n");
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["--config", config.to_str().unwrap(), "check-config"])
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_config_accepted(&config).await;
 
     let app = spawn_app_with(|s, _| {
         let m = &mut s.models[0];
