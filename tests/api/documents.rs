@@ -102,28 +102,6 @@ async fn sonnet_app(key: &str, max_input_tokens: u32, price: PriceKeys) -> TestA
     .await
 }
 
-/// Sends `send` and leaves once the upstream has had `n` requests in all, `key`'s answers
-/// held meanwhile: a client that left while the upstream worked on its request.
-async fn leave_while_upstream_works(
-    app: &TestApp,
-    key: &str,
-    n: u64,
-    send: impl std::future::Future<Output = reqwest::Response>,
-) {
-    app.mock.state.sticky(
-        key,
-        Some(sluice::mock::Script {
-            delay_ms: 3_600_000,
-            ..sluice::mock::Script::default()
-        }),
-    );
-    tokio::pin!(send);
-    tokio::select! {
-        _ = &mut send => panic!("answered while the upstream holds its answer"),
-        _ = upstream_had(app, n) => {}
-    }
-}
-
 /// A chat message asking about a 3-page PDF sent inline.
 fn chat_pdf_message(pages: usize) -> Value {
     let data = format!("data:application/pdf;base64,{}", b64(&pdf(pages)));
@@ -377,17 +355,6 @@ async fn a_document_of_unknown_size_without_usage_is_charged_an_estimate() {
     assert_eq!(charged(&app, id).await, want);
     app.mock.state.sticky(KEY_A, None);
     app.assert_invariant().await;
-}
-
-/// Waits (bounded) until the mock has had `n` requests.
-async fn upstream_had(app: &TestApp, n: u64) {
-    for _ in 0..500 {
-        if app.mock.state.total_count() >= n {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    panic!("the upstream never had the request");
 }
 
 /// The two kinds of document the gateway cannot bound: one of unknown size (by file id)

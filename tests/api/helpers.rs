@@ -804,6 +804,39 @@ pub fn write_cli_config(
     path.to_path_buf()
 }
 
+/// Sends `send` and leaves once the upstream has had `n` requests in all, `key`'s answers
+/// held meanwhile: a client that left while the upstream worked on its request.
+pub async fn leave_while_upstream_works(
+    app: &TestApp,
+    key: &str,
+    n: u64,
+    send: impl std::future::Future<Output = reqwest::Response>,
+) {
+    app.mock.state.sticky(
+        key,
+        Some(sluice::mock::Script {
+            delay_ms: 3_600_000,
+            ..sluice::mock::Script::default()
+        }),
+    );
+    tokio::pin!(send);
+    tokio::select! {
+        _ = &mut send => panic!("answered while the upstream holds its answer"),
+        _ = upstream_had(app, n) => {}
+    }
+}
+
+/// Waits (bounded) until the mock has had `n` requests in all.
+pub async fn upstream_had(app: &TestApp, n: u64) {
+    for _ in 0..500 {
+        if app.mock.state.total_count() >= n {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("the upstream never had the request");
+}
+
 /// `sluice --config <config> <command>` run to its end; a `serve` that starts after all is
 /// killed, failing the test, after 60 s.
 pub async fn run_sluice(config: &std::path::Path, command: &str) -> std::process::Output {

@@ -60,8 +60,13 @@ async fn a_turn_that_bills_each_steps_whole_context_is_reserved_and_charged_exac
 
 /// A web-search request of at most 2 searches, capped at 100 output tokens.
 fn two_searches(stream: bool) -> Value {
-    json!({"model": "sonnet", "max_tokens": 100, "stream": stream,
-        "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 2}],
+    searching(100, 2, stream)
+}
+
+/// "What is Sluice?" with web search, at most `max_uses` searches and `max_tokens` output.
+fn searching(max_tokens: i64, max_uses: i64, stream: bool) -> Value {
+    json!({"model": "sonnet", "max_tokens": max_tokens, "stream": stream,
+        "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": max_uses}],
         "messages": [{"role": "user", "content": "What is Sluice?"}]})
 }
 
@@ -79,17 +84,6 @@ fn left_cost(first: i64) -> i64 {
     )
 }
 
-/// Waits (bounded) until the mock has had `n` requests.
-async fn upstream_had(app: &TestApp, n: u64) {
-    for _ in 0..500 {
-        if app.mock.state.stats(KEY).count >= n {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("the upstream never had the request");
-}
-
 /// A non-streamed server-tool request whose client leaves while the upstream works: the
 /// upstream may have run the whole turn, which is what it may bill — not the counted input
 /// alone.
@@ -97,22 +91,8 @@ async fn upstream_had(app: &TestApp, n: u64) {
 async fn a_server_tool_request_whose_client_leaves_before_the_answer_pays_what_may_have_run() {
     let app = app().await;
     let (id, token) = app.token("left", Some("1")).await;
-    app.mock.state.sticky(
-        KEY,
-        Some(Script {
-            delay_ms: 3_600_000,
-            ..Script::default()
-        }),
-    );
     let body = two_searches(false);
-    {
-        let send = app.messages(&token, &body);
-        tokio::pin!(send);
-        tokio::select! {
-            _ = &mut send => panic!("answered while the upstream holds its answer"),
-            _ = upstream_had(&app, 1) => {}
-        }
-    }
+    leave_while_upstream_works(&app, KEY, 1, app.messages(&token, &body)).await;
     let counted = estimate::chat_input(body["messages"].as_array().unwrap(), body.get("tools"));
     assert_eq!(spent_and_absorbed(&app, id).await, (left_cost(counted), 0));
     app.mock.state.sticky(KEY, None);
@@ -175,9 +155,7 @@ async fn a_server_tool_stream_left_midway_pays_the_calls_it_showed_and_one_more(
             ..Script::default()
         }),
     );
-    let body = json!({"model": "sonnet", "max_tokens": 100, "stream": true,
-        "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 5}],
-        "messages": [{"role": "user", "content": "What is Sluice?"}]});
+    let body = searching(100, 5, true);
     {
         let mut resp = app.messages(&token, &body).await;
         assert_eq!(resp.status(), 200);
@@ -313,9 +291,7 @@ async fn a_search_answered_with_an_error_is_not_charged_and_the_report_counts() 
             ..Script::default()
         }],
     );
-    let body = json!({"model": "sonnet", "max_tokens": 1000,
-        "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 2}],
-        "messages": [{"role": "user", "content": "What is Sluice?"}]});
+    let body = searching(1000, 2, false);
     assert_eq!(app.messages(&token, &body).await.status(), 200);
     let expected = searches_cost(1_000, 100, 2);
     assert_eq!(spent_and_absorbed(&app, id).await, (expected, 0));
@@ -374,9 +350,7 @@ async fn a_cut_stream_pays_the_searches_that_did_not_error() {
             ..Script::default()
         }],
     );
-    let body = json!({"model": "sonnet", "max_tokens": 1000, "stream": true,
-        "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 1}],
-        "messages": [{"role": "user", "content": "What is Sluice?"}]});
+    let body = searching(1000, 1, true);
     let resp = app.messages(&token, &body).await;
     assert_eq!(resp.status(), 200);
     let _ = resp.text().await;
@@ -415,9 +389,7 @@ async fn a_server_tool_stream_the_upstream_cuts_pays_the_steps_its_calls_caused(
                 ..Script::default()
             }],
         );
-        let body = json!({"model": "sonnet", "max_tokens": 1000, "stream": true,
-            "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 5}],
-            "messages": [{"role": "user", "content": "What is Sluice?"}]});
+        let body = searching(1000, 5, true);
         let resp = app.messages(&token, &body).await;
         assert_eq!(resp.status(), 200);
         let _ = resp.text().await;
