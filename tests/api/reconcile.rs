@@ -82,11 +82,8 @@ fn usd_text(micros: i64) -> String {
 /// output line item of the dated snapshot, plus `delta(d, m, u)` on the output line; two
 /// pages, as a paginated download saves them.
 fn openai_export(delta: impl Fn(u32, usize, usize) -> i64) -> String {
-    let mut pages = Vec::new();
+    let mut buckets = Vec::new();
     for d in 1..=3 {
-        let start = Utc
-            .from_utc_datetime(&day(d).and_hms_opt(0, 0, 0).unwrap())
-            .timestamp();
         let mut results = Vec::new();
         for (m, model) in MODELS.iter().enumerate() {
             for (u, (_, project)) in UPSTREAMS.iter().enumerate() {
@@ -103,13 +100,30 @@ fn openai_export(delta: impl Fn(u32, usize, usize) -> i64) -> String {
                 }
             }
         }
-        pages.push(json!({"object": "bucket", "start_time": start, "end_time": start + 86_400, "results": results}));
+        buckets.push(bucket(d, results));
     }
-    let page = |data: &[Value], more: bool| json!({"object": "page", "data": data, "has_more": more, "next_page": if more { json!("page_2") } else { Value::Null }});
+    two_pages(&buckets)
+}
+
+/// Day `d`'s bucket of an OpenAI organization export (costs or usage), holding `results`.
+pub(crate) fn bucket(d: u32, results: Vec<Value>) -> Value {
+    let start = Utc
+        .from_utc_datetime(&day(d).and_hms_opt(0, 0, 0).unwrap())
+        .timestamp();
+    json!({"object": "bucket", "start_time": start, "end_time": start + 86_400, "results": results})
+}
+
+/// Three days' buckets as a paginated download saves them: two pages, the first saying
+/// there is more.
+pub(crate) fn two_pages(buckets: &[Value]) -> String {
+    let page = |data: &[Value], more: bool| {
+        json!({"object": "page", "data": data, "has_more": more,
+            "next_page": if more { json!("page_2") } else { Value::Null }})
+    };
     format!(
         "{}\n{}\n",
-        page(&pages[..2], true),
-        page(&pages[2..], false)
+        page(&buckets[..2], true),
+        page(&buckets[2..], false)
     )
 }
 

@@ -14,7 +14,8 @@ use sluice::store::requests::{self, RequestRow};
 
 use crate::helpers::{spawn_app_with, TestApp};
 use crate::reconcile::{
-    assert_exit, cells, config, day, flagged, reconcile, text, webhook_kinds, MODELS, UPSTREAMS,
+    assert_exit, bucket, cells, config, day, flagged, reconcile, text, two_pages, webhook_kinds,
+    MODELS, UPSTREAMS,
 };
 
 /// A cell's (input, output, cached input) tokens: distinct per cell.
@@ -134,9 +135,6 @@ fn usage_export_grouped(
 ) -> String {
     let mut buckets = Vec::new();
     for d in 1..=3 {
-        let start = Utc
-            .from_utc_datetime(&day(d).and_hms_opt(0, 0, 0).unwrap())
-            .timestamp();
         let mut results = Vec::new();
         for (m, model) in MODELS.iter().enumerate() {
             let mut sum = (0, 0, 0);
@@ -171,18 +169,9 @@ fn usage_export_grouped(
             }
             results.push(result);
         }
-        buckets.push(json!({"object": "bucket", "start_time": start,
-            "end_time": start + 86_400, "results": results}));
+        buckets.push(bucket(d, results));
     }
-    let page = |data: &[Value], more: bool| {
-        json!({"object": "page", "data": data, "has_more": more,
-            "next_page": if more { json!("page_2") } else { Value::Null }})
-    };
-    format!(
-        "{}\n{}\n",
-        page(&buckets[..2], true),
-        page(&buckets[2..], false)
-    )
+    two_pages(&buckets)
 }
 
 /// The seeded app, the CLI's config for it and where the export is saved.
