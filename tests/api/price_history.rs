@@ -107,6 +107,8 @@ async fn an_admin_price_edit_applies_from_now_never_the_past_admins_only_and_is_
 
     assert_eq!(app.chat(&token, &ask()).await.status(), 200);
     app.wait_for_log_rows(1).await;
+    // Read before any edit: the row an edit must leave as it is.
+    let (first_tokens, first_cost) = logged(&app, 0).await;
 
     let edit = |from: Option<&str>| {
         let mut v = json!({"input_usd_per_mtok": "1.5", "output_usd_per_mtok": "3"});
@@ -135,7 +137,6 @@ async fn an_admin_price_edit_applies_from_now_never_the_past_admins_only_and_is_
     assert_eq!(status, 201, "{body}");
     assert_eq!(body["input_micros_per_mtok"], 1_500_000);
     clock.advance(Duration::milliseconds(5));
-    let (first_tokens, first_cost) = logged(&app, 0).await;
     assert_eq!(app.chat(&token, &ask()).await.status(), 200);
     app.wait_for_log_rows(2).await;
     let (tokens, cost) = logged(&app, 1).await;
