@@ -342,22 +342,37 @@ async fn a_cut_stream_pays_the_searches_that_did_not_error() {
         json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"},
             "usage": {"output_tokens": 50}}),
     ));
+    stream_scripted(&app, &token, (events, Some(sent)), 1).await;
+    let output = two_queries();
+    let expected = searches_cost(2 * 100 + 25_000 + output, output, 1);
+    assert_eq!(spent_and_absorbed(&app, id).await, (expected, 0));
+    app.assert_invariant().await;
+}
+
+/// Streams "What is Sluice?" (at most `max_uses` searches, 1 000 output tokens) while the
+/// upstream sends `events`, cut after the given number of them; read to its end.
+async fn stream_scripted(
+    app: &TestApp,
+    token: &str,
+    (events, cut_after): (Vec<SseEvent>, Option<usize>),
+    max_uses: i64,
+) {
     app.mock.state.script(
         KEY,
         [Script {
             events: Some(events),
-            cut_after: Some(sent),
+            cut_after,
             ..Script::default()
         }],
     );
-    let body = searching(1000, 1, true);
-    let resp = app.messages(&token, &body).await;
+    let resp = app.messages(token, &searching(1000, max_uses, true)).await;
     assert_eq!(resp.status(), 200);
     let _ = resp.text().await;
-    let output = estimate::count_text(&"{\"query\": \"sluice\"}".repeat(2));
-    let expected = searches_cost(2 * 100 + 25_000 + output, output, 1);
-    assert_eq!(spent_and_absorbed(&app, id).await, (expected, 0));
-    app.assert_invariant().await;
+}
+
+/// The output two search calls count: their queries' JSON.
+fn two_queries() -> i64 {
+    estimate::count_text(&"{\"query\": \"sluice\"}".repeat(2))
 }
 
 /// A stream of up to 5 searches that the upstream ends after 2 (its error event, a broken
@@ -379,21 +394,11 @@ async fn a_server_tool_stream_the_upstream_cuts_pays_the_steps_its_calls_caused(
         events.extend(search_with_result(1, false));
         let shown = events.len();
         events.push(ending);
-        app.mock.state.script(
-            KEY,
-            [Script {
-                events: Some(events),
-                // The broken body: the connection drops after the second search's result
-                // (the ping never goes).
-                cut_after: (name == "broken").then_some(shown),
-                ..Script::default()
-            }],
-        );
-        let body = searching(1000, 5, true);
-        let resp = app.messages(&token, &body).await;
-        assert_eq!(resp.status(), 200);
-        let _ = resp.text().await;
-        let output = estimate::count_text(&"{\"query\": \"sluice\"}".repeat(2));
+        // The broken body: the connection drops after the second search's result (the ping
+        // never goes).
+        let cut_after = (name == "broken").then_some(shown);
+        stream_scripted(&app, &token, (events, cut_after), 5).await;
+        let output = two_queries();
         let expected = searches_cost(3 * 100 + 25_000 * (2 + 1) + 2 * output, output, 2);
         assert_eq!(spent_and_absorbed(&app, id).await, (expected, 0), "{name}");
     }
