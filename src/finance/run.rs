@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use chrono::{DateTime, Duration, Utc};
+use chrono::{DateTime, Duration, NaiveDate, NaiveTime, Utc};
 use serde_json::json;
 
 use super::exports::{self, Line};
@@ -81,17 +81,11 @@ pub async fn reconcile_file(
             )
         })
         .collect();
-    let file = files
-        .iter()
-        .map(|f| f.display().to_string())
-        .collect::<Vec<_>>()
-        .join(", ");
-    let mut texts = Vec::with_capacity(files.len());
-    for f in files {
-        texts.push(read_text(f)?);
-    }
-    if texts.len() > 1
-        && texts
+    let download = Download::read(files)?;
+    let file = &download.source;
+    if download.texts.len() > 1
+        && download
+            .texts
             .iter()
             .any(|t| exports::openai_csv::is_csv(unmarked(t)))
     {
@@ -99,9 +93,8 @@ pub async fn reconcile_file(
             "{file}: a CSV export is read one at a time (only JSON pages are read together)"
         )));
     }
-    let joined: Vec<&str> = texts.iter().map(|t| unmarked(t)).collect();
     let lines = export
-        .read(&joined.join("\n"))
+        .read(&download.joined())
         .map_err(|e| FinanceError::Unreadable(format!("{file}: {e}")))?;
     let Some((first, last)) = reconcile::days(&lines) else {
         return Err(FinanceError::Unreadable(format!(
@@ -109,12 +102,7 @@ pub async fn reconcile_file(
         )));
     };
     let accounts = Accounts::new(deployments(db, settings, export.provider()).await?);
-    let from = crate::clock::db_time(first.and_time(chrono::NaiveTime::MIN).and_utc());
-    // A day at the calendar's end (a hostile `start_time`) has no next day.
-    let next = last.checked_add_signed(Duration::days(1)).ok_or_else(|| {
-        FinanceError::Unreadable(format!("{file}: a day past the calendar's end"))
-    })?;
-    let to = crate::clock::db_time(next.and_time(chrono::NaiveTime::MIN).and_utc());
+    let (from, to) = download.log_span(first, last)?;
     let spend = finance::spend_by_upstream(db, &from, &to).await?;
     let t = Thresholds {
         micros: settings.finance.threshold_micros(),
@@ -157,6 +145,52 @@ pub async fn reconcile_file(
     audit::append(&mut tx, &entry, now).await?;
     tx.commit().await?;
     Ok(Run { run, rows })
+}
+
+/// One download saved as files (a paginated export's pages, a file each).
+pub(super) struct Download {
+    /// The files' paths joined: how an error names the download.
+    pub(super) source: String,
+    /// Each file's text, in the order given.
+    pub(super) texts: Vec<String>,
+}
+
+impl Download {
+    /// Reads every file, or says which one cannot be read.
+    pub(super) fn read(files: &[PathBuf]) -> Result<Download, FinanceError> {
+        let source = files
+            .iter()
+            .map(|f| f.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let texts = files
+            .iter()
+            .map(|f| read_text(f))
+            .collect::<Result<_, _>>()?;
+        Ok(Download { source, texts })
+    }
+
+    /// The pages one after the other, each without its byte-order mark: what a reader
+    /// takes, so a page's successor may be in the next file.
+    pub(super) fn joined(&self) -> String {
+        let texts: Vec<&str> = self.texts.iter().map(|t| unmarked(t)).collect();
+        texts.join("\n")
+    }
+
+    /// The request log's times for the export's days `first..=last`: from the first's
+    /// midnight to the midnight after the last. A day at the calendar's end (a hostile
+    /// `start_time`) has no next day: the download is refused.
+    pub(super) fn log_span(
+        &self,
+        first: NaiveDate,
+        last: NaiveDate,
+    ) -> Result<(String, String), FinanceError> {
+        let next = last.checked_add_signed(Duration::days(1)).ok_or_else(|| {
+            FinanceError::Unreadable(format!("{}: a day past the calendar's end", self.source))
+        })?;
+        let at = |d: NaiveDate| crate::clock::db_time(d.and_time(NaiveTime::MIN).and_utc());
+        Ok((at(first), at(next)))
+    }
 }
 
 /// `file`'s text, or why it cannot be read.

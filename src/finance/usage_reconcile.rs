@@ -14,12 +14,13 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use chrono::{Duration, NaiveDate, NaiveTime};
+use chrono::NaiveDate;
 use serde::Serialize;
 
 use super::exports::base_model;
 use super::exports::openai_usage::{self, TokenLine, Tokens};
 use super::reconcile::Accounts;
+use super::run::Download;
 use super::FinanceError;
 use crate::config::{Provider, Settings};
 use crate::store::finance::{self, UpstreamTokens};
@@ -147,17 +148,9 @@ pub async fn reconcile_usage(
     settings: &Settings,
     files: &[PathBuf],
 ) -> Result<TokenRun, FinanceError> {
-    let source = files
-        .iter()
-        .map(|f| f.display().to_string())
-        .collect::<Vec<_>>()
-        .join(", ");
-    let mut texts = Vec::with_capacity(files.len());
-    for f in files {
-        texts.push(super::run::read_text(f)?);
-    }
-    let joined: Vec<&str> = texts.iter().map(|t| super::run::unmarked(t)).collect();
-    let lines = openai_usage::read(&joined.join("\n"))
+    let download = Download::read(files)?;
+    let source = &download.source;
+    let lines = openai_usage::read(&download.joined())
         .map_err(|e| FinanceError::Unreadable(format!("{source}: {e}")))?;
     let (Some(first), Some(last)) = (
         lines.iter().map(|l| l.day).min(),
@@ -171,13 +164,10 @@ pub async fn reconcile_usage(
     if let Some(why) = unattributed(&lines, &accounts) {
         return Err(FinanceError::Unreadable(format!("{source}: {why}")));
     }
-    let next = last.checked_add_signed(Duration::days(1)).ok_or_else(|| {
-        FinanceError::Unreadable(format!("{source}: a day past the calendar's end"))
-    })?;
-    let at = |d: NaiveDate| crate::clock::db_time(d.and_time(NaiveTime::MIN).and_utc());
-    let logged = finance::tokens_by_upstream(db, &at(first), &at(next)).await?;
+    let (from, to) = download.log_span(first, last)?;
+    let logged = finance::tokens_by_upstream(db, &from, &to).await?;
     Ok(TokenRun {
-        source,
+        source: download.source,
         first_day: first,
         last_day: last,
         rows: compare(&lines, &logged, &accounts),

@@ -442,6 +442,18 @@ async fn write_workload(app: &TestApp, rows: &[Gen]) {
     }
 }
 
+/// A rollup row: its key's eight columns joined, then its five sums.
+type RollupRow = (String, i64, i64, i64, i64, i64);
+
+/// The SQL that joins a rollup key's eight columns into one text, the period (`day`,
+/// `month`), team and user given as expressions.
+fn rollup_key(period: &str, team: &str, user: &str) -> String {
+    format!(
+        "{period} || '|' || CAST({team} AS TEXT) || '|' || CAST({user} AS TEXT) || '|' || CAST(token_id AS TEXT)
+         || '|' || model || '|' || served_model || '|' || upstream || '|' || tags"
+    )
+}
+
 /// The rows that count: the first of each id, with a token.
 fn logged(rows: &[Gen]) -> Vec<Gen> {
     let mut seen = std::collections::HashSet::new();
@@ -472,31 +484,27 @@ async fn the_rollup_equals_a_recomputation_from_the_request_log_after_a_mixed_wo
         assert_eq!(r.status(), 200);
     }
     app.state.request_log.flush().await;
-    // (the key's eight columns joined, then the five sums)
-    type Row = (String, i64, i64, i64, i64, i64);
-    let key = |day: &str, team: &str, user: &str| {
-        format!(
-            "{day} || '|' || CAST({team} AS TEXT) || '|' || CAST({user} AS TEXT) || '|' || CAST(token_id AS TEXT)
-             || '|' || model || '|' || served_model || '|' || upstream || '|' || tags"
-        )
-    };
-    let rollup: Vec<Row> = sql_rows(
+    let rollup: Vec<RollupRow> = sql_rows(
         app.db(),
         &format!(
             "SELECT {} AS k, requests, errors, input_tokens, output_tokens, cost_micros
              FROM spend_days ORDER BY k",
-            key("day", "team_id", "user_id")
+            rollup_key("day", "team_id", "user_id")
         ),
     )
     .await;
-    let recomputed: Vec<Row> = sql_rows(
+    let recomputed: Vec<RollupRow> = sql_rows(
         app.db(),
         &format!(
             "SELECT {} AS k, CAST(COUNT(*) AS BIGINT),
                 CAST(SUM(CASE WHEN status BETWEEN 200 AND 299 THEN 0 ELSE 1 END) AS BIGINT),
                 CAST(SUM(input_tokens) AS BIGINT), CAST(SUM(output_tokens) AS BIGINT), CAST(SUM(cost_micros) AS BIGINT)
              FROM requests WHERE token_id IS NOT NULL GROUP BY k ORDER BY k",
-            key("substr(created_at, 1, 10)", "COALESCE(team_id, 0)", "COALESCE(user_id, 0)")
+            rollup_key(
+                "substr(created_at, 1, 10)",
+                "COALESCE(team_id, 0)",
+                "COALESCE(user_id, 0)"
+            )
         ),
     )
     .await;
@@ -757,14 +765,8 @@ async fn the_monthly_rollup_equals_its_days_and_reports_over_whole_months_equal_
     // … and a day's rows taken away by hand.
     sql_exec(app.db(), "DELETE FROM spend_days WHERE day = '2027-01-20'").await;
 
-    type Row = (String, i64, i64, i64, i64, i64);
-    let key = |month: &str| {
-        format!(
-            "{month} || '|' || CAST(team_id AS TEXT) || '|' || CAST(user_id AS TEXT) || '|' || CAST(token_id AS TEXT)
-             || '|' || model || '|' || served_model || '|' || upstream || '|' || tags"
-        )
-    };
-    let months: Vec<Row> = sql_rows(
+    let key = |month: &str| rollup_key(month, "team_id", "user_id");
+    let months: Vec<RollupRow> = sql_rows(
         app.db(),
         &format!(
             "SELECT {} AS k, requests, errors, input_tokens, output_tokens, cost_micros
@@ -773,7 +775,7 @@ async fn the_monthly_rollup_equals_its_days_and_reports_over_whole_months_equal_
         ),
     )
     .await;
-    let recomputed: Vec<Row> = sql_rows(
+    let recomputed: Vec<RollupRow> = sql_rows(
         app.db(),
         &format!(
             "SELECT {} AS k, CAST(SUM(requests) AS BIGINT), CAST(SUM(errors) AS BIGINT),

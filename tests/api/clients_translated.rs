@@ -260,15 +260,7 @@ async fn a_chat_clients_hints_on_gemini_are_dropped_announced_and_counted() {
         !sent.contains("mechanic_7") && !sent.contains("strict"),
         "{sent}"
     );
-    let metrics = app
-        .http
-        .get(format!("{}/metrics", app.address))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics().await;
     for field in [
         "tools[].function.strict",
         "image_url.detail",

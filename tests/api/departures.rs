@@ -21,6 +21,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::helpers::*;
+use crate::responses::cost as price;
 
 const BOUND: Duration = Duration::from_secs(10);
 const HOUR_MS: u64 = 3_600_000;
@@ -143,22 +144,19 @@ async fn assert_departed(
         (status, Some("client_disconnected")),
         "the log row"
     );
-    let charged = app
-        .scalar(&format!(
-            "SELECT 1000000 - remaining_micros FROM tokens WHERE id = {id}"
-        ))
-        .await;
-    assert_eq!(charged, cost, "the ledger and the log row agree");
+    assert_eq!(
+        charged_to(app, id).await,
+        cost,
+        "the ledger and the log row agree"
+    );
     if charged_input {
         assert!(input > 0, "the counted input is in the row");
-        let output_cost = if output {
+        if output {
             assert!(out > 0, "some output was counted");
-            out * 600_000
         } else {
             assert_eq!(out, 0);
-            0
-        };
-        assert_eq!(cost, (input * 150_000 + output_cost + 999_999) / 1_000_000);
+        }
+        assert_eq!(cost, price(input, out));
     } else {
         assert_eq!(cost, 0, "nothing charged");
     }
@@ -169,6 +167,14 @@ async fn assert_departed(
     assert_eq!(resp.status(), 200, "{:?}", resp.text().await);
     app.wait_for_log_rows(2).await;
     assert_eq!(app.scalar("SELECT COUNT(*) FROM requests").await, 2);
+}
+
+/// What the token was charged.
+async fn charged_to(app: &TestApp, id: i64) -> i64 {
+    app.scalar(&format!(
+        "SELECT limit_micros - remaining_micros FROM tokens WHERE id = {id}"
+    ))
+    .await
 }
 
 /// (a) Queued behind a full admission gate (the test holds the only slot).
@@ -451,6 +457,21 @@ fn documents() -> [Value; 2] {
     ]
 }
 
+/// What the two chunks before the stall say.
+const BEFORE_THE_STALL: &str = "The engine light blinks ";
+
+/// Every answer of the upstream streams two chunks, reporting no input, then stalls.
+fn stall_after_two_chunks(app: &TestApp) {
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            events: Some(two_chunks()),
+            stall_after: Some(2),
+            ..Default::default()
+        }),
+    );
+}
+
 /// Two chunks of an OpenAI stream that reports no input before its end.
 fn two_chunks() -> Vec<SseEvent> {
     let chunk = |text: &str| {
@@ -476,14 +497,7 @@ async fn a_stream_with_a_document_whose_client_leaves_mid_stream_pays_the_reserv
     for document in documents() {
         let app = app().await;
         let (id, token) = app.token("document", Some("1")).await;
-        app.mock.state.sticky(
-            KEY_A,
-            Some(Script {
-                events: Some(two_chunks()),
-                stall_after: Some(2),
-                ..Default::default()
-            }),
-        );
+        stall_after_two_chunks(&app);
         let mut conn = send_raw(&app, &token, &document_body(document.clone())).await;
         read_until(&mut conn, "light blinks").await;
         let kept = leave(conn, Leave::Close).await;
@@ -497,13 +511,9 @@ async fn a_stream_with_a_document_whose_client_leaves_mid_stream_pays_the_reserv
             ),
         )
         .await;
-        let counted = sluice::quota::estimate::count_text("The engine light blinks ");
+        let counted = sluice::quota::estimate::count_text(BEFORE_THE_STALL);
         assert_eq!((input, output), (128_000, counted), "{document}");
-        assert_eq!(
-            cost,
-            (128_000 * 150_000 + counted * 600_000 + 999_999) / 1_000_000,
-            "{document}"
-        );
+        assert_eq!(cost, price(128_000, counted), "{document}");
     }
 }
 
@@ -515,20 +525,13 @@ async fn a_stream_with_a_document_whose_upstream_stalls_pays_the_reserved_input(
     let app = spawn_app_with(|s, _| s.upstream.stream_idle_timeout_ms = 500).await;
     for (i, document) in documents().into_iter().enumerate() {
         let (id, token) = app.token(&format!("stall-{i}"), Some("1")).await;
-        app.mock.state.sticky(
-            KEY_A,
-            Some(Script {
-                events: Some(two_chunks()),
-                stall_after: Some(2),
-                ..Default::default()
-            }),
-        );
+        stall_after_two_chunks(&app);
         let resp = app.chat(&token, &document_body(document.clone())).await;
         assert_eq!(resp.status(), 200);
         let (data, _) = tokio::time::timeout(BOUND, sse_data(resp))
             .await
             .expect("the gateway ended the stalled stream");
-        assert_eq!(reassemble(&data), "The engine light blinks ");
+        assert_eq!(reassemble(&data), BEFORE_THE_STALL);
         app.wait_for_log_rows(i as i64 + 1).await;
         app.wait_settled().await;
         let (code, input, output, cost): (Option<String>, i64, i64, i64) = sql_row(
@@ -539,19 +542,14 @@ async fn a_stream_with_a_document_whose_upstream_stalls_pays_the_reserved_input(
             ),
         )
         .await;
-        let counted = sluice::quota::estimate::count_text("The engine light blinks ");
-        let want = (128_000 * 150_000 + counted * 600_000 + 999_999) / 1_000_000;
+        let counted = sluice::quota::estimate::count_text(BEFORE_THE_STALL);
+        let want = price(128_000, counted);
         assert_eq!(
             (code.as_deref(), input, output, cost),
             (Some("upstream_error"), 128_000, counted, want),
             "{document}"
         );
-        let charged = app
-            .scalar(&format!(
-                "SELECT limit_micros - remaining_micros FROM tokens WHERE id = {id}"
-            ))
-            .await;
-        assert_eq!(charged, want, "{document}");
+        assert_eq!(charged_to(&app, id).await, want, "{document}");
     }
     app.mock.state.sticky(KEY_A, None);
     app.assert_invariant().await;

@@ -10,6 +10,7 @@
 
 use base64::Engine;
 use serde_json::{json, Value};
+use sluice::config::{PriceKeys, Provider};
 use sluice::quota::estimate::{chat_input, count_text};
 use sluice::quota::pricing::{cost, input_with_margin, Prices};
 use sluice::usage::Usage;
@@ -71,12 +72,34 @@ fn usd(micros: i64) -> String {
 /// The worst case of a request whose input reserves `input` tokens (before the margin)
 /// and whose output cap is `cap`, at the test price with the default margin.
 fn worst(input: i64, cap: i64) -> i64 {
-    let usage = Usage {
-        input: input_with_margin(input, 1.10, 16),
-        output: cap,
-        ..Usage::default()
-    };
-    cost(usage, prices())
+    priced(input_with_margin(input, 1.10, 16), cap)
+}
+
+/// `input` and `output` tokens at the test price.
+fn priced(input: i64, output: i64) -> i64 {
+    cost(
+        Usage {
+            input,
+            output,
+            ..Usage::default()
+        },
+        prices(),
+    )
+}
+
+/// An app with an Anthropic upstream `c` (key `key`) serving Claude Sonnet 4.5 (long-context
+/// tiered above 200 000 input tokens) as `sonnet`, at `price`, taking `max_input_tokens`.
+async fn sonnet_app(key: &str, max_input_tokens: u32, price: PriceKeys) -> TestApp {
+    spawn_app_with(|s, m| {
+        s.upstreams
+            .push(native_upstream(Provider::Anthropic, "c", key, m));
+        let mut sonnet = model("sonnet", &["c"]);
+        sonnet.routes[0].model = "claude-sonnet-4-5".into();
+        sonnet.price = price;
+        sonnet.max_input_tokens = max_input_tokens;
+        s.models.push(sonnet);
+    })
+    .await
 }
 
 /// A chat message asking about a 3-page PDF sent inline.
@@ -149,15 +172,7 @@ async fn an_inline_pdf_is_reserved_at_the_models_whole_input_and_charged_its_pag
     let answer: Value = resp.json().await.unwrap();
     let said = answer["choices"][0]["message"]["content"].as_str().unwrap();
     assert_eq!(last_reserve(&app, id).await, reserve);
-    let output = count_text(said);
-    let want = cost(
-        Usage {
-            input,
-            output,
-            ..Usage::default()
-        },
-        prices(),
-    );
+    let want = priced(input, count_text(said));
     assert_eq!(charged(&app, id).await, want);
     assert_eq!(estimated_rows(&app, id).await, 1);
     app.assert_invariant().await;
@@ -239,11 +254,7 @@ async fn a_document_by_url_or_file_id_reserves_the_models_max_input() {
         let (_, short) = app
             .token(&format!("short-{i}"), Some(&usd(reserve - 1)))
             .await;
-        let resp = if *path == "/v1/messages" {
-            app.messages(&short, body).await
-        } else {
-            app.post(path, &short, body).await
-        };
+        let resp = app.send(path, &short, body).await;
         let status = resp.status().as_u16();
         let answer: Value = resp.json().await.unwrap();
         assert_eq!(status, 429, "{path} {body}: {answer}");
@@ -254,11 +265,7 @@ async fn a_document_by_url_or_file_id_reserves_the_models_max_input() {
         );
 
         let (id, enough) = app.token(&format!("enough-{i}"), Some(&usd(reserve))).await;
-        let resp = if *path == "/v1/messages" {
-            app.messages(&enough, body).await
-        } else {
-            app.post(path, &enough, body).await
-        };
+        let resp = app.send(path, &enough, body).await;
         assert_eq!(resp.status(), 200, "{path} {body}");
         resp.bytes().await.unwrap();
         assert_eq!(last_reserve(&app, id).await, reserve, "{path} {body}");
@@ -277,17 +284,7 @@ async fn a_document_by_url_or_file_id_reserves_the_models_max_input() {
 /// the input).
 #[tokio::test]
 async fn a_document_on_a_long_context_model_is_reserved_at_the_tiers_rates() {
-    let app = spawn_app_with(|s, m| {
-        let mut c = upstream("c", KEY_B, m);
-        c.provider = sluice::config::Provider::Anthropic;
-        c.base_url = m.base_url();
-        s.upstreams.push(c);
-        let mut sonnet = model("sonnet", &["c"]);
-        sonnet.routes[0].model = "claude-sonnet-4-5".into();
-        sonnet.max_input_tokens = 1_000_000;
-        s.models.push(sonnet);
-    })
-    .await;
+    let app = sonnet_app(KEY_B, 1_000_000, PriceKeys::usd(0.15, 0.60)).await;
     // ceil((1 100 016 × 600 000 + 64 × 900 000) / 10⁶)
     let reserve = 660_068;
     let documents = [
@@ -342,15 +339,7 @@ async fn a_document_of_unknown_size_without_usage_is_charged_an_estimate() {
         assert_eq!(resp.status(), 200);
         resp.bytes().await.unwrap();
         assert_eq!(last_reserve(&app, id).await, worst(128_000, 50));
-        let output = count_text("Done");
-        let want = cost(
-            Usage {
-                input,
-                output,
-                ..Usage::default()
-            },
-            prices(),
-        );
+        let want = priced(input, count_text("Done"));
         assert_eq!(charged(&app, id).await, want, "stream={stream}");
         assert_eq!(estimated_rows(&app, id).await, 1, "stream={stream}");
     }
@@ -358,45 +347,14 @@ async fn a_document_of_unknown_size_without_usage_is_charged_an_estimate() {
     // A client that leaves while the upstream works pays the reserved input, the model's
     // whole input (before: the estimate, 10 pages × 3 000 and the text).
     let (id, token) = app.token("left", Some("1")).await;
-    app.mock.state.sticky(
-        KEY_A,
-        Some(sluice::mock::Script {
-            delay_ms: 3_600_000,
-            ..sluice::mock::Script::default()
-        }),
-    );
     let body = json!({"model": "gpt-4o-mini", "max_tokens": 50, "messages": [message]});
-    {
-        let send = app.chat(&token, &body);
-        tokio::pin!(send);
-        tokio::select! {
-            _ = &mut send => panic!("answered while the upstream holds its answer"),
-            _ = upstream_had(&app, 3) => {}
-        }
-    }
-    let want = cost(
-        Usage {
-            input: 128_000,
-            ..Usage::default()
-        },
-        prices(),
-    );
+    leave_while_upstream_works(&app, KEY_A, 3, app.chat(&token, &body)).await;
+    let want = priced(128_000, 0);
     assert_eq!(want, 19_200, "128 000 × 0.15");
     assert!(input < 128_000);
     assert_eq!(charged(&app, id).await, want);
     app.mock.state.sticky(KEY_A, None);
     app.assert_invariant().await;
-}
-
-/// Waits (bounded) until the mock has had `n` requests.
-async fn upstream_had(app: &TestApp, n: u64) {
-    for _ in 0..500 {
-        if app.mock.state.total_count() >= n {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    panic!("the upstream never had the request");
 }
 
 /// The two kinds of document the gateway cannot bound: one of unknown size (by file id)
@@ -436,13 +394,7 @@ async fn row_of(app: &TestApp, token_id: i64) -> (i64, Option<String>, i64, i64)
 #[tokio::test]
 async fn a_document_request_that_ends_before_its_answer_pays_the_reserved_input() {
     let app = spawn_app().await;
-    let want = cost(
-        Usage {
-            input: 128_000,
-            ..Usage::default()
-        },
-        prices(),
-    );
+    let want = priced(128_000, 0);
     assert_eq!(want, 19_200);
     let mut had = 0;
     for (what, message) in unbounded_documents() {
@@ -453,22 +405,8 @@ async fn a_document_request_that_ends_before_its_answer_pays_the_reserved_input(
 
             // The client leaves while the upstream works on it.
             let (id, token) = app.token(&format!("left {case}"), Some("1")).await;
-            app.mock.state.sticky(
-                KEY_A,
-                Some(sluice::mock::Script {
-                    delay_ms: 3_600_000,
-                    ..sluice::mock::Script::default()
-                }),
-            );
             had += 1;
-            {
-                let send = app.chat(&token, &body);
-                tokio::pin!(send);
-                tokio::select! {
-                    _ = &mut send => panic!("{case}: answered while the upstream holds it"),
-                    _ = upstream_had(&app, had) => {}
-                }
-            }
+            leave_while_upstream_works(&app, KEY_A, had, app.chat(&token, &body)).await;
             assert_eq!(charged(&app, id).await, want, "{case}: left");
             let (status, code, input, logged) = row_of(&app, id).await;
             assert_eq!(
@@ -487,15 +425,7 @@ async fn a_document_request_that_ends_before_its_answer_pays_the_reserved_input(
                 }),
             );
             had += 1;
-            let resp = app
-                .http
-                .post(format!("{}/v1/chat/completions", app.address))
-                .bearer_auth(&token)
-                .header("x-sluice-request-deadline-ms", "300")
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
+            let resp = app.chat_with_deadline(&token, &body, 300).await;
             let status = resp.status().as_u16();
             resp.bytes().await.unwrap();
             assert_eq!(
@@ -525,38 +455,13 @@ async fn a_document_request_that_ends_before_its_answer_pays_the_reserved_input(
 #[tokio::test]
 async fn a_departure_past_the_tier_for_the_providers_tokenizer_is_priced_at_its_rates() {
     const KEY: &str = "sk-departure-tier-anthropic";
-    let app = spawn_app_with(|s, m| {
-        let mut c = upstream("c", KEY, m);
-        c.provider = sluice::config::Provider::Anthropic;
-        c.base_url = m.base_url();
-        s.upstreams.push(c);
-        let mut sonnet = model("sonnet", &["c"]);
-        sonnet.routes[0].model = "claude-sonnet-4-5".into();
-        sonnet.price = sluice::config::PriceKeys::usd(3.0, 15.0);
-        sonnet.max_input_tokens = 150_000;
-        s.models.push(sonnet);
-    })
-    .await;
+    let app = sonnet_app(KEY, 150_000, PriceKeys::usd(3.0, 15.0)).await;
     let (id, token) = app.token("tier", Some("100")).await;
-    app.mock.state.sticky(
-        KEY,
-        Some(sluice::mock::Script {
-            delay_ms: 3_600_000,
-            ..sluice::mock::Script::default()
-        }),
-    );
     let body = json!({"model": "sonnet", "max_tokens": 64, "messages": [{"role": "user",
         "content": [{"type": "document", "source": {"type": "url",
             "url": "https://example.com/book.pdf"}},
             {"type": "text", "text": "Summarise it."}]}]});
-    {
-        let send = app.messages(&token, &body);
-        tokio::pin!(send);
-        tokio::select! {
-            _ = &mut send => panic!("answered while the upstream holds its answer"),
-            _ = upstream_had(&app, 1) => {}
-        }
-    }
+    leave_while_upstream_works(&app, KEY, 1, app.messages(&token, &body)).await;
     assert_eq!(charged(&app, id).await, 900_000, "150 000 × 6");
     let (status, _, input, logged) = row_of(&app, id).await;
     assert_eq!((status, input, logged), (499, 150_000, 900_000));
@@ -675,11 +580,7 @@ async fn a_translated_route_carries_a_pdf_or_refuses_the_document() {
         ),
     ];
     for (path, body) in refused {
-        let resp = if path == "/v1/messages" {
-            app.messages(&token, &body).await
-        } else {
-            app.post(path, &token, &body).await
-        };
+        let resp = app.send(path, &token, &body).await;
         let status = resp.status().as_u16();
         let answer: Value = resp.json().await.unwrap();
         assert_eq!(status, 400, "{path} {body}: {answer}");
@@ -766,11 +667,7 @@ async fn a_part_shaped_object_outside_the_content_counts_as_text() {
     ];
     let (id, token) = app.token("shaped", Some("1")).await;
     for (path, body) in cases {
-        let resp = if path == "/v1/messages" {
-            app.messages(&token, &body).await
-        } else {
-            app.post(path, &token, &body).await
-        };
+        let resp = app.send(path, &token, &body).await;
         let status = resp.status().as_u16();
         let answer: Value = resp.json().await.unwrap();
         let said = answer["error"]["message"].as_str().unwrap_or_default();

@@ -111,14 +111,27 @@ pub async fn spawn_app() -> TestApp {
     spawn_app_with(|_, _| {}).await
 }
 
+/// An upstream of `provider` on the mock speaking that provider's own API (Anthropic's,
+/// Gemini's): its base URL is the mock's root, not OpenAI's `/v1`.
+pub fn native_upstream(
+    provider: Provider,
+    id: &str,
+    key: &str,
+    mock: &MockServer,
+) -> UpstreamSettings {
+    UpstreamSettings {
+        provider,
+        base_url: mock.base_url(),
+        ..upstream(id, key, mock)
+    }
+}
+
 /// An app with an Anthropic model `claude` (upstream `c`, key B, on the same mock, serving
 /// `claude-upstream`) beside the OpenAI `gpt-4o-mini`.
 pub async fn spawn_app_with_claude() -> TestApp {
     spawn_app_with(|s, m| {
-        let mut c = upstream("c", KEY_B, m);
-        c.provider = Provider::Anthropic;
-        c.base_url = m.base_url();
-        s.upstreams.push(c);
+        s.upstreams
+            .push(native_upstream(Provider::Anthropic, "c", KEY_B, m));
         s.models.push(model("claude", &["c"]));
     })
     .await
@@ -216,6 +229,45 @@ impl TestApp {
             .send()
             .await
             .expect("request sent")
+    }
+
+    /// `body` sent to `path` as that endpoint's clients send it: Anthropic's Messages with
+    /// the key in `x-api-key`, every other endpoint with a bearer token.
+    pub async fn send(&self, path: &str, token: &str, body: &Value) -> reqwest::Response {
+        if path == "/v1/messages" {
+            self.messages(token, body).await
+        } else {
+            self.post(path, token, body).await
+        }
+    }
+
+    /// A chat request with its own deadline (`x-sluice-request-deadline-ms`).
+    pub async fn chat_with_deadline(
+        &self,
+        token: &str,
+        body: &Value,
+        ms: u64,
+    ) -> reqwest::Response {
+        self.http
+            .post(format!("{}/v1/chat/completions", self.address))
+            .bearer_auth(token)
+            .header("x-sluice-request-deadline-ms", ms.to_string())
+            .json(body)
+            .send()
+            .await
+            .expect("request sent")
+    }
+
+    /// The text of `/metrics`.
+    pub async fn metrics(&self) -> String {
+        self.http
+            .get(format!("{}/metrics", self.address))
+            .send()
+            .await
+            .expect("metrics answered")
+            .text()
+            .await
+            .expect("metrics read")
     }
 
     /// Waits until the request log holds `n` rows (it is written off the request path).
@@ -750,6 +802,72 @@ pub fn write_cli_config(
     )
     .unwrap();
     path.to_path_buf()
+}
+
+/// Sends `send` and leaves once the upstream has had `n` requests in all, `key`'s answers
+/// held meanwhile: a client that left while the upstream worked on its request.
+pub async fn leave_while_upstream_works(
+    app: &TestApp,
+    key: &str,
+    n: u64,
+    send: impl std::future::Future<Output = reqwest::Response>,
+) {
+    app.mock.state.sticky(
+        key,
+        Some(sluice::mock::Script {
+            delay_ms: 3_600_000,
+            ..sluice::mock::Script::default()
+        }),
+    );
+    tokio::pin!(send);
+    tokio::select! {
+        _ = &mut send => panic!("answered while the upstream holds its answer"),
+        _ = upstream_had(app, n) => {}
+    }
+}
+
+/// Waits (bounded) until the mock has had `n` requests in all.
+pub async fn upstream_had(app: &TestApp, n: u64) {
+    for _ in 0..500 {
+        if app.mock.state.total_count() >= n {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("the upstream never had the request");
+}
+
+/// `sluice --config <config> <command>` run to its end; a `serve` that starts after all is
+/// killed, failing the test, after 60 s.
+pub async fn run_sluice(config: &std::path::Path, command: &str) -> std::process::Output {
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["--config", config.to_str().unwrap(), command])
+        .kill_on_drop(true)
+        .output();
+    tokio::time::timeout(std::time::Duration::from_secs(60), run)
+        .await
+        .unwrap_or_else(|_| panic!("{command} started"))
+        .unwrap()
+}
+
+/// `check-config` and `serve` both refuse `config`, naming every one of `names` on stderr.
+pub async fn assert_start_refused(config: &std::path::Path, names: &[&str]) {
+    for command in ["check-config", "serve"] {
+        let out = run_sluice(config, command).await;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{command} accepted it");
+        assert!(names.iter().all(|n| err.contains(n)), "{command}: {err}");
+    }
+}
+
+/// `check-config` accepts `config`.
+pub async fn assert_config_accepted(config: &std::path::Path) {
+    let out = run_sluice(config, "check-config").await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The answer's `Retry-After` in seconds; it must be there and be a number.

@@ -5,42 +5,110 @@
 //! Sonnet 4.5: every token at 2× input and 1.5× output), streamed or not, and what passes
 //! the reservation is absorbed, so the ledger is the bill.
 
-use serde_json::json;
-use sluice::config::Provider;
-use sluice::mock::Script;
+use serde_json::{json, Value};
+use sluice::config::{PriceKeys, Provider, RouteSettings, UpstreamSettings};
+use sluice::mock::{MockServer, Script};
 
 use crate::helpers::*;
 use crate::server_tools::{app, spent_and_absorbed, KEY};
+
+const CHAT: &str = "/v1/chat/completions";
+const MESSAGES: &str = "/v1/messages";
+const ARN: &str = "arn:aws:bedrock:us-east-1:123456789012:application-inference-profile/a1b2c3";
+
+/// An app with `upstreams` (made on its mock) and one more model, `name` over `routes` at
+/// `input` / `output` USD per Mtok, taking up to a million input tokens.
+async fn app_serving(
+    upstreams: impl FnOnce(&MockServer) -> Vec<UpstreamSettings>,
+    name: &str,
+    routes: Vec<RouteSettings>,
+    (input, output): (f64, f64),
+) -> TestApp {
+    spawn_app_with(|s, mock| {
+        s.upstreams.extend(upstreams(mock));
+        let mut m = model(name, &[]);
+        m.routes = routes;
+        m.price = PriceKeys::usd(input, output);
+        m.max_input_tokens = 1_000_000;
+        s.models.push(m);
+    })
+    .await
+}
+
+/// What one request cost its token once settled, and the upstream that served it.
+struct Billed {
+    id: i64,
+    charged: i64,
+    absorbed: i64,
+    upstream: Option<String>,
+}
+
+/// Sends `body` to `path` with a new 100-USD token of `user` while `key`'s upstream reports
+/// `input` tokens in and 10 out; the answer is a 200.
+async fn billed(
+    app: &TestApp,
+    user: &str,
+    (key, input): (&str, i64),
+    path: &str,
+    body: &Value,
+) -> Billed {
+    let (id, token) = app.token(user, Some("100")).await;
+    app.mock.state.script(
+        key,
+        [Script {
+            prompt_tokens: Some(input),
+            completion_tokens: Some(10),
+            ..Script::default()
+        }],
+    );
+    let resp = app.send(path, &token, body).await;
+    assert_eq!(resp.status(), 200, "{user}");
+    let upstream = resp
+        .headers()
+        .get("x-sluice-upstream")
+        .and_then(|v| v.to_str().ok())
+        .map(String::from);
+    resp.text().await.unwrap();
+    let (charged, absorbed) = spent_and_absorbed(app, id).await;
+    Billed {
+        id,
+        charged,
+        absorbed,
+        upstream,
+    }
+}
+
+/// A question about an attached corpus, of `model`, capped at 10 output tokens.
+fn corpus_question(model: &str) -> Value {
+    json!({"model": model, "max_tokens": 10,
+        "messages": [{"role": "user", "content": "Summarise the attached corpus."}]})
+}
 
 #[tokio::test]
 async fn an_answer_reported_past_the_tier_is_priced_at_its_rates_and_the_rest_absorbed() {
     let app = app().await;
     for (n, stream) in [(1, false), (2, true)] {
-        let (id, token) = app.token(&format!("long-{stream}"), Some("100")).await;
-        app.mock.state.script(
-            KEY,
-            [Script {
-                prompt_tokens: Some(210_000),
-                completion_tokens: Some(10),
-                ..Script::default()
-            }],
-        );
-        let body = json!({"model": "sonnet-long", "max_tokens": 10, "stream": stream,
-            "messages": [{"role": "user", "content": "Summarise the attached corpus."}]});
-        let resp = app.messages(&token, &body).await;
-        assert_eq!(resp.status(), 200, "stream={stream}");
-        resp.text().await.unwrap();
-        let (charged, absorbed) = spent_and_absorbed(&app, id).await;
+        let mut body = corpus_question("sonnet-long");
+        body["stream"] = json!(stream);
+        let b = billed(
+            &app,
+            &format!("long-{stream}"),
+            (KEY, 210_000),
+            MESSAGES,
+            &body,
+        )
+        .await;
         // 210 000 × 6 + 10 × 22.50 micro-dollars per token-million: what Anthropic bills.
-        assert_eq!(charged + absorbed, 1_260_225, "stream={stream}");
+        assert_eq!(b.charged + b.absorbed, 1_260_225, "stream={stream}");
         assert!(
-            absorbed > 0,
+            b.absorbed > 0,
             "stream={stream}: the reservation covered a small prompt"
         );
         app.wait_for_log_rows(n).await;
         let logged = app
             .scalar(&format!(
-                "SELECT cost_micros FROM requests WHERE token_id = {id}"
+                "SELECT cost_micros FROM requests WHERE token_id = {}",
+                b.id
             ))
             .await;
         assert_eq!(logged, 1_260_225, "stream={stream}");
@@ -56,28 +124,18 @@ async fn an_answer_reported_past_the_tier_is_priced_at_its_rates_and_the_rest_ab
 #[tokio::test]
 async fn a_prompt_the_providers_tokenizer_may_count_past_the_tier_is_reserved_at_its_rates() {
     let app = app().await;
-    let (id, token) = app.token("near-tier", Some("100")).await;
-    app.mock.state.script(
-        KEY,
-        [Script {
-            prompt_tokens: Some(210_000),
-            completion_tokens: Some(10),
-            ..Script::default()
-        }],
-    );
     // ~150 000 tokens counted, ~165 000 reserved with the margin: under 200 000.
     let body = json!({"model": "sonnet-long", "max_tokens": 10,
         "messages": [{"role": "user", "content": "hi ".repeat(150_000)}]});
-    let resp = app.messages(&token, &body).await;
-    assert_eq!(resp.status(), 200);
-    resp.text().await.unwrap();
-    let (charged, absorbed) = spent_and_absorbed(&app, id).await;
-    assert_eq!(charged + absorbed, 1_260_225);
+    let b = billed(&app, "near-tier", (KEY, 210_000), MESSAGES, &body).await;
+    assert_eq!(b.charged + b.absorbed, 1_260_225);
     // The reservation (all of it charged) priced its ≥ 150 000 input tokens at 6 USD per
     // Mtok, the tier's, not at 3.
     assert!(
-        charged >= 150_000 * 6,
-        "charged {charged}, absorbed {absorbed}"
+        b.charged >= 150_000 * 6,
+        "charged {}, absorbed {}",
+        b.charged,
+        b.absorbed
     );
     app.assert_invariant().await;
 }
@@ -88,39 +146,17 @@ async fn a_prompt_the_providers_tokenizer_may_count_past_the_tier_is_reserved_at
 /// threshold is priced at the tier's rates, not at the standard ones.
 #[tokio::test]
 async fn a_route_to_an_unbundled_upstream_name_takes_the_tier_of_its_gateway_model() {
-    let app = spawn_app_with(|s, mock| {
-        let mut an = upstream("an", KEY, mock);
-        an.provider = Provider::Anthropic;
-        an.base_url = mock.base_url();
-        s.upstreams.push(an);
-        let mut m = model("claude-sonnet-4-5", &["an"]);
-        m.routes = vec![route(
-            "an",
-            "arn:aws:bedrock:us-east-1:123456789012:application-inference-profile/a1b2c3",
-        )];
-        m.price.input_usd_per_mtok = Some(3.0.into());
-        m.price.output_usd_per_mtok = Some(15.0.into());
-        m.max_input_tokens = 1_000_000;
-        s.models.push(m);
-    })
+    let app = app_serving(
+        |mock| vec![native_upstream(Provider::Anthropic, "an", KEY, mock)],
+        "claude-sonnet-4-5",
+        vec![route("an", ARN)],
+        (3.0, 15.0),
+    )
     .await;
-    let (id, token) = app.token("arn", Some("100")).await;
-    app.mock.state.script(
-        KEY,
-        [Script {
-            prompt_tokens: Some(210_000),
-            completion_tokens: Some(10),
-            ..Script::default()
-        }],
-    );
-    let body = json!({"model": "claude-sonnet-4-5", "max_tokens": 10,
-        "messages": [{"role": "user", "content": "Summarise the attached corpus."}]});
-    let resp = app.messages(&token, &body).await;
-    assert_eq!(resp.status(), 200);
-    resp.text().await.unwrap();
-    let (charged, absorbed) = spent_and_absorbed(&app, id).await;
+    let body = corpus_question("claude-sonnet-4-5");
+    let b = billed(&app, "arn", (KEY, 210_000), MESSAGES, &body).await;
     // 210 000 × 6 + 10 × 22.50, as for the bundled upstream name above.
-    assert_eq!(charged + absorbed, 1_260_225);
+    assert_eq!(b.charged + b.absorbed, 1_260_225);
     app.assert_invariant().await;
 }
 
@@ -131,25 +167,20 @@ async fn a_route_to_an_unbundled_upstream_name_takes_the_tier_of_its_gateway_mod
 #[tokio::test]
 async fn a_fallback_route_to_another_family_is_charged_without_the_gateway_names_tier() {
     const KEY_Q: &str = "sk-vllm-qwen-route-0123";
-    let app = spawn_app_with(|s, mock| {
-        let mut an = upstream("an", KEY, mock);
-        an.provider = Provider::Anthropic;
-        an.base_url = mock.base_url();
-        let mut vllm = upstream("vllm", KEY_Q, mock);
-        vllm.provider = Provider::OpenaiCompatible;
-        s.upstreams.extend([an, vllm]);
-        let mut m = model("claude-sonnet-4", &["an", "vllm"]);
-        m.routes = vec![
+    let app = app_serving(
+        |mock| {
+            let mut vllm = upstream("vllm", KEY_Q, mock);
+            vllm.provider = Provider::OpenaiCompatible;
+            vec![native_upstream(Provider::Anthropic, "an", KEY, mock), vllm]
+        },
+        "claude-sonnet-4",
+        vec![
             route("an", "claude-sonnet-4-20250514"),
             route("vllm", "qwen2.5-72b-instruct"),
-        ];
-        m.price.input_usd_per_mtok = Some(3.0.into());
-        m.price.output_usd_per_mtok = Some(15.0.into());
-        m.max_input_tokens = 1_000_000;
-        s.models.push(m);
-    })
+        ],
+        (3.0, 15.0),
+    )
     .await;
-    let (id, token) = app.token("qwen", Some("100")).await;
     app.mock.state.sticky(
         KEY,
         Some(Script {
@@ -157,72 +188,46 @@ async fn a_fallback_route_to_another_family_is_charged_without_the_gateway_names
             ..Script::default()
         }),
     );
-    app.mock.state.script(
-        KEY_Q,
-        [Script {
-            prompt_tokens: Some(210_000),
-            completion_tokens: Some(10),
-            ..Script::default()
-        }],
-    );
-    let body = json!({"model": "claude-sonnet-4", "max_tokens": 10,
-        "messages": [{"role": "user", "content": "Summarise the attached corpus."}]});
-    let resp = app.chat(&token, &body).await;
-    assert_eq!(resp.status(), 200);
-    assert_eq!(resp.headers().get("x-sluice-upstream").unwrap(), "vllm");
-    resp.text().await.unwrap();
-    let (charged, absorbed) = spent_and_absorbed(&app, id).await;
+    let body = corpus_question("claude-sonnet-4");
+    let b = billed(&app, "qwen", (KEY_Q, 210_000), CHAT, &body).await;
+    assert_eq!(b.upstream.as_deref(), Some("vllm"));
     // 210 000 × 3 + 10 × 15: the standard rates (Claude's tier would make it 1 260 225).
-    assert_eq!(charged + absorbed, 630_150);
+    assert_eq!(b.charged + b.absorbed, 630_150);
     app.assert_invariant().await;
 }
-
-const ARN: &str = "arn:aws:bedrock:us-east-1:123456789012:application-inference-profile/a1b2c3";
 
 /// An alias gateway name (`smart`) over a Bedrock inference-profile ARN: neither name is
 /// a bundled model's, so only the route's `tier_model` says which tier Bedrock bills —
 /// Claude Sonnet 4.5's, 2× input and 1.5× output above 200 000.
 #[tokio::test]
 async fn an_alias_over_an_arn_with_tier_model_is_charged_the_named_tier() {
-    let app = spawn_app_with(|s, mock| {
-        s.upstreams.push(sluice::config::UpstreamSettings {
-            id: "br".into(),
-            provider: Provider::Bedrock,
-            base_url: mock.base_url(),
-            region: Some("us-east-1".into()),
-            access_key_id: Some("AKIDSMART".into()),
-            secret_access_key: Some(sluice::config::Secret(secrecy::SecretString::from(
-                "bedrock-test-secret",
-            ))),
-            allow_private_network: true,
-            ..Default::default()
-        });
-        let mut m = model("smart", &["br"]);
-        m.routes = vec![route("br", ARN)];
-        m.routes[0].tier_model = Some("claude-sonnet-4-5".into());
-        m.price.input_usd_per_mtok = Some(3.0.into());
-        m.price.output_usd_per_mtok = Some(15.0.into());
-        m.max_input_tokens = 1_000_000;
-        s.models.push(m);
-    })
-    .await;
-    let (id, token) = app.token("smart", Some("100")).await;
-    app.mock.state.script(
-        "AKIDSMART",
-        [Script {
-            prompt_tokens: Some(210_000),
-            completion_tokens: Some(10),
-            ..Script::default()
+    let app = app_serving(
+        |mock| {
+            vec![UpstreamSettings {
+                id: "br".into(),
+                provider: Provider::Bedrock,
+                base_url: mock.base_url(),
+                region: Some("us-east-1".into()),
+                access_key_id: Some("AKIDSMART".into()),
+                secret_access_key: Some(sluice::config::Secret(secrecy::SecretString::from(
+                    "bedrock-test-secret",
+                ))),
+                allow_private_network: true,
+                ..Default::default()
+            }]
+        },
+        "smart",
+        vec![RouteSettings {
+            tier_model: Some("claude-sonnet-4-5".into()),
+            ..route("br", ARN)
         }],
-    );
-    let body = json!({"model": "smart", "max_tokens": 10,
-        "messages": [{"role": "user", "content": "Summarise the attached corpus."}]});
-    let resp = app.chat(&token, &body).await;
-    assert_eq!(resp.status(), 200);
-    resp.text().await.unwrap();
-    let (charged, absorbed) = spent_and_absorbed(&app, id).await;
+        (3.0, 15.0),
+    )
+    .await;
+    let body = corpus_question("smart");
+    let b = billed(&app, "smart", ("AKIDSMART", 210_000), CHAT, &body).await;
     // 210 000 × 6 + 10 × 22.50: the tier Bedrock bills Sonnet 4.5 at.
-    assert_eq!(charged + absorbed, 1_260_225);
+    assert_eq!(b.charged + b.absorbed, 1_260_225);
     app.assert_invariant().await;
 }
 
@@ -248,33 +253,9 @@ async fn an_unknown_tier_model_stops_check_config_and_the_start_by_name() {
         .unwrap()
     };
     write("claude-sonnet-4.5");
-    for command in ["check-config", "serve"] {
-        let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["--config", config.to_str().unwrap(), command])
-            .kill_on_drop(true)
-            .output();
-        let out = tokio::time::timeout(std::time::Duration::from_secs(60), run)
-            .await
-            .unwrap_or_else(|_| panic!("{command} started"))
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{command} accepted it");
-        assert!(
-            err.contains("tier_model") && err.contains("claude-sonnet-4.5"),
-            "{command}: {err}"
-        );
-    }
+    assert_start_refused(&config, &["tier_model", "claude-sonnet-4.5"]).await;
     write("claude-sonnet-4-5");
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["--config", config.to_str().unwrap(), "check-config"])
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_config_accepted(&config).await;
 }
 
 /// Finding 5: Gemini's tokenizer splits every digit into a token of its own, where o200k
@@ -286,38 +267,23 @@ async fn an_unknown_tier_model_stops_check_config_and_the_start_by_name() {
 #[tokio::test]
 async fn a_digit_heavy_prompt_on_gemini_is_reserved_for_what_gemini_counts() {
     const KEY_G: &str = "gem-key-digits-0123456789";
-    let app = spawn_app_with(|s, mock| {
-        let mut g = upstream("g", KEY_G, mock);
-        g.provider = Provider::Gemini;
-        g.base_url = mock.base_url();
-        s.upstreams.push(g);
-        let mut m = model("gemini-2.5-pro", &["g"]);
-        m.routes = vec![route("g", "gemini-2.5-pro")];
-        m.price.input_usd_per_mtok = Some(1.25.into());
-        m.price.output_usd_per_mtok = Some(10.0.into());
-        m.max_input_tokens = 1_000_000;
-        s.models.push(m);
-    })
+    let app = app_serving(
+        |mock| vec![native_upstream(Provider::Gemini, "g", KEY_G, mock)],
+        "gemini-2.5-pro",
+        vec![route("g", "gemini-2.5-pro")],
+        (1.25, 10.0),
+    )
     .await;
-    let (id, token) = app.token("digits", Some("100")).await;
-    app.mock.state.script(
-        KEY_G,
-        [Script {
-            prompt_tokens: Some(240_010),
-            completion_tokens: Some(10),
-            ..Script::default()
-        }],
-    );
     let digits = "0123456789".repeat(24_000);
     assert!(sluice::quota::estimate::count_text(&digits) <= 80_001);
     let body = json!({"model": "gemini-2.5-pro", "max_tokens": 10,
         "messages": [{"role": "user", "content": digits}]});
-    let resp = app.chat(&token, &body).await;
-    assert_eq!(resp.status(), 200);
-    resp.text().await.unwrap();
-    let (charged, absorbed) = spent_and_absorbed(&app, id).await;
+    let b = billed(&app, "digits", (KEY_G, 240_010), CHAT, &body).await;
     // 240 010 × 2.50 + 10 × 15: Gemini 2.5 Pro's tier (2× input, 1.5× output).
-    assert_eq!(charged + absorbed, 600_175);
-    assert_eq!(absorbed, 0, "the reservation fell short of Gemini's count");
+    assert_eq!(b.charged + b.absorbed, 600_175);
+    assert_eq!(
+        b.absorbed, 0,
+        "the reservation fell short of Gemini's count"
+    );
     app.assert_invariant().await;
 }

@@ -323,15 +323,7 @@ async fn a_deadline_that_cuts_the_upstream_off_charges_the_input(engine: Engine)
             ..Default::default()
         }),
     );
-    let resp = app
-        .http
-        .post(format!("{}/v1/chat/completions", app.address))
-        .bearer_auth(&token)
-        .header("x-sluice-request-deadline-ms", "300")
-        .json(&chat_body(100))
-        .send()
-        .await
-        .unwrap();
+    let resp = app.chat_with_deadline(&token, &chat_body(100), 300).await;
     assert_eq!(resp.status(), 502);
     assert_eq!(
         app.mock.state.stats(KEY_A).count,

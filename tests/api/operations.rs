@@ -29,15 +29,7 @@ async fn metrics_carry_the_designed_names_and_bounded_labels() {
     );
     app.chat(&token, &chat_body(10)).await;
     app.wait_for_log_rows(5).await;
-    let text = app
-        .http
-        .get(format!("{}/metrics", app.address))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = app.metrics().await;
     for needle in [
         format!("gateway_requests_total{{token=\"{id}\",model=\"gpt-4o-mini\",status=\"200\"}}"),
         "gateway_request_duration_seconds_bucket".into(),

@@ -262,15 +262,7 @@ async fn the_request_deadline_bounds_the_queue_wait() {
     for stream in [false, true] {
         let mut body = tagged("short deadline");
         body["stream"] = json!(stream);
-        let resp = app
-            .http
-            .post(format!("{}/v1/chat/completions", app.address))
-            .bearer_auth(&token)
-            .header("x-sluice-request-deadline-ms", "300")
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let resp = app.chat_with_deadline(&token, &body, 300).await;
         let text = resp.text().await.unwrap();
         assert!(
             text.contains("queue_timeout"),

@@ -82,11 +82,8 @@ fn usd_text(micros: i64) -> String {
 /// output line item of the dated snapshot, plus `delta(d, m, u)` on the output line; two
 /// pages, as a paginated download saves them.
 fn openai_export(delta: impl Fn(u32, usize, usize) -> i64) -> String {
-    let mut pages = Vec::new();
+    let mut buckets = Vec::new();
     for d in 1..=3 {
-        let start = Utc
-            .from_utc_datetime(&day(d).and_hms_opt(0, 0, 0).unwrap())
-            .timestamp();
         let mut results = Vec::new();
         for (m, model) in MODELS.iter().enumerate() {
             for (u, (_, project)) in UPSTREAMS.iter().enumerate() {
@@ -103,13 +100,30 @@ fn openai_export(delta: impl Fn(u32, usize, usize) -> i64) -> String {
                 }
             }
         }
-        pages.push(json!({"object": "bucket", "start_time": start, "end_time": start + 86_400, "results": results}));
+        buckets.push(bucket(d, results));
     }
-    let page = |data: &[Value], more: bool| json!({"object": "page", "data": data, "has_more": more, "next_page": if more { json!("page_2") } else { Value::Null }});
+    two_pages(&buckets)
+}
+
+/// Day `d`'s bucket of an OpenAI organization export (costs or usage), holding `results`.
+pub(crate) fn bucket(d: u32, results: Vec<Value>) -> Value {
+    let start = Utc
+        .from_utc_datetime(&day(d).and_hms_opt(0, 0, 0).unwrap())
+        .timestamp();
+    json!({"object": "bucket", "start_time": start, "end_time": start + 86_400, "results": results})
+}
+
+/// Three days' buckets as a paginated download saves them: two pages, the first saying
+/// there is more.
+pub(crate) fn two_pages(buckets: &[Value]) -> String {
+    let page = |data: &[Value], more: bool| {
+        json!({"object": "page", "data": data, "has_more": more,
+            "next_page": if more { json!("page_2") } else { Value::Null }})
+    };
     format!(
         "{}\n{}\n",
-        page(&pages[..2], true),
-        page(&pages[2..], false)
+        page(&buckets[..2], true),
+        page(&buckets[2..], false)
     )
 }
 
@@ -163,15 +177,21 @@ pub(crate) fn config(app: &TestApp) -> PathBuf {
     path
 }
 
+/// `sluice reconcile --provider <provider> <file>`, as a table or with `--json`.
 pub(crate) fn reconcile(config: &Path, provider: &str, file: &Path, json: bool) -> Output {
+    reconcile_files(config, provider, &[file], json)
+}
+
+/// The same over several files read as one download.
+fn reconcile_files(config: &Path, provider: &str, files: &[&Path], json: bool) -> Output {
     let mut args = vec![
         "--config",
         config.to_str().unwrap(),
         "reconcile",
         "--provider",
         provider,
-        file.to_str().unwrap(),
     ];
+    args.extend(files.iter().map(|f| f.to_str().unwrap()));
     if json {
         args.push("--json");
     }
@@ -183,6 +203,25 @@ pub(crate) fn reconcile(config: &Path, provider: &str, file: &Path, json: bool) 
 
 pub(crate) fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
+}
+
+/// The run exited with `code`; else the test fails showing what it printed.
+pub(crate) fn assert_exit(out: &Output, code: i32) {
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}
+
+/// (day, model, account) cells, as `flagged` gives them.
+pub(crate) fn cells(cells: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
+    cells
+        .iter()
+        .map(|&(d, m, a)| (d.into(), m.into(), a.into()))
+        .collect()
 }
 
 /// (day, model, account) of every flagged row of a JSON report.
@@ -209,16 +248,17 @@ pub(crate) async fn webhook_kinds(app: &TestApp) -> Vec<String> {
         .collect()
 }
 
-async fn app() -> TestApp {
+/// The seeded app and the CLI's config for it.
+async fn setup() -> (TestApp, PathBuf) {
     let app = spawn_app_with(|_, _| {}).await;
     seed(&app).await;
-    app
+    let config = config(&app);
+    (app, config)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_export_differing_in_exactly_two_cells_flags_exactly_those_two() {
-    let app = app().await;
-    let config = config(&app);
+    let (app, config) = setup().await;
     let file = app.dir.path().join("costs.json");
     // Day 2, gpt-4o, project proj_a billed $1.000001 more; day 3, gpt-4o-mini, account *
     // billed $5 less. Everything else to the micro-dollar.
@@ -233,13 +273,7 @@ async fn an_export_differing_in_exactly_two_cells_flags_exactly_those_two() {
     .unwrap();
 
     let out = reconcile(&config, "openai", &file, false);
-    assert_eq!(
-        out.status.code(),
-        Some(3),
-        "{}{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
+    assert_exit(&out, 3);
     let table = text(&out.stdout);
     assert!(table.contains("2 of 12 rows flagged"), "{table}");
     assert!(table.contains("proj_a"), "{table}");
@@ -258,20 +292,12 @@ async fn an_export_differing_in_exactly_two_cells_flags_exactly_those_two() {
     );
 
     let out = reconcile(&config, "openai", &file, true);
-    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert_exit(&out, 3);
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let expected = vec![
-        (
-            "2026-03-02".to_string(),
-            "gpt-4o".to_string(),
-            "proj_a".to_string(),
-        ),
-        (
-            "2026-03-03".to_string(),
-            "gpt-4o-mini".to_string(),
-            "*".to_string(),
-        ),
-    ];
+    let expected = cells(&[
+        ("2026-03-02", "gpt-4o", "proj_a"),
+        ("2026-03-03", "gpt-4o-mini", "*"),
+    ]);
     assert_eq!(flagged(&report), expected);
     let rows = report["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 12);
@@ -332,8 +358,7 @@ async fn an_export_differing_in_exactly_two_cells_flags_exactly_those_two() {
 /// flagged, nothing else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboards_csv_export_flags_exactly_the_two_cells_that_differ() {
-    let app = app().await;
-    let config = config(&app);
+    let (app, config) = setup().await;
     let file = app.dir.path().join("costs.csv");
     std::fs::write(
         &file,
@@ -345,32 +370,25 @@ async fn the_dashboards_csv_export_flags_exactly_the_two_cells_that_differ() {
     )
     .unwrap();
     let out = reconcile(&config, "openai", &file, true);
-    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert_exit(&out, 3);
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         flagged(&report),
-        vec![
-            ("2026-03-02".into(), "gpt-4o".into(), "proj_a".into()),
-            ("2026-03-03".into(), "gpt-4o-mini".into(), "*".into()),
-        ]
+        cells(&[
+            ("2026-03-02", "gpt-4o", "proj_a"),
+            ("2026-03-03", "gpt-4o-mini", "*"),
+        ])
     );
     assert_eq!(report["rows"].as_array().map(Vec::len), Some(12));
     // Unchanged, it is clean.
     std::fs::write(&file, openai_dashboard_csv(|_, _, _| 0)).unwrap();
     let out = reconcile(&config, "openai", &file, false);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
+    assert_exit(&out, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_difference_one_micro_under_the_threshold_is_not_flagged() {
-    let app = app().await;
-    let config = config(&app);
+    let (app, config) = setup().await;
     let file = app.dir.path().join("costs.json");
     // $0.999999 and exactly $1.00 (the threshold is passed only when exceeded).
     std::fs::write(
@@ -383,13 +401,7 @@ async fn a_difference_one_micro_under_the_threshold_is_not_flagged() {
     )
     .unwrap();
     let out = reconcile(&config, "openai", &file, true);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
+    assert_exit(&out, 0);
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(flagged(&report).is_empty(), "{report}");
     assert_eq!(report["reconciliation"]["flagged"], json!(0));
@@ -410,13 +422,7 @@ async fn a_difference_one_micro_under_the_threshold_is_not_flagged() {
     let file = app.dir.path().join("anthropic.json");
     std::fs::write(&file, report.to_string()).unwrap();
     let out = reconcile(&config, "anthropic", &file, true);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
+    assert_exit(&out, 0);
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         report["rows"],
@@ -427,8 +433,7 @@ async fn a_difference_one_micro_under_the_threshold_is_not_flagged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_export_exits_2_naming_the_problem() {
-    let app = app().await;
-    let config = config(&app);
+    let (app, config) = setup().await;
     let dir = app.dir.path();
     let good = openai_export(|_, _, _| 0);
     let cases: Vec<(&str, &str, String, &str)> = vec![
@@ -454,7 +459,7 @@ async fn an_unreadable_export_exits_2_naming_the_problem() {
         assert!(err.contains(name), "{name}: the file is named: {err}");
     }
     let out = reconcile(&config, "openai", &dir.join("missing.json"), false);
-    assert_eq!(out.status.code(), Some(2));
+    assert_exit(&out, 2);
     assert!(
         text(&out.stderr).contains("cannot read"),
         "{}",
@@ -491,8 +496,7 @@ async fn the_request_log_keeps_the_model_the_upstream_was_sent() {
 /// exits 2 naming `has_more` and stores nothing; the same page saved twice counts once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_incomplete_or_repeated_export_is_not_reported_clean() {
-    let app = app().await;
-    let config = config(&app);
+    let (app, config) = setup().await;
     let dir = app.dir.path();
     let export = openai_export(|_, _, _| 0);
     let pages: Vec<&str> = export.lines().collect();
@@ -500,7 +504,7 @@ async fn an_incomplete_or_repeated_export_is_not_reported_clean() {
     std::fs::write(&first, pages[0]).unwrap();
     let out = reconcile(&config, "openai", &first, true);
     let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{}{err}", text(&out.stdout));
+    assert_exit(&out, 2);
     assert!(err.contains("has_more"), "{err}");
     let runs = crate::helpers::scalar_on(app.db(), "SELECT COUNT(*) FROM reconciliations").await;
     assert_eq!(runs, 0, "nothing stored");
@@ -513,13 +517,7 @@ async fn an_incomplete_or_repeated_export_is_not_reported_clean() {
     )
     .unwrap();
     let out = reconcile(&config, "openai", &twice, true);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
+    assert_exit(&out, 0);
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(flagged(&report).is_empty(), "{report}");
 
@@ -542,8 +540,7 @@ async fn an_incomplete_or_repeated_export_is_not_reported_clean() {
 /// a day with searches compares like with like.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn web_search_rows_fold_into_the_models_figure() {
-    let app = app().await;
-    let config = config(&app);
+    let (app, config) = setup().await;
     let report = json!({"data": [{"starting_at": "2026-03-02T00:00:00Z", "ending_at": "2026-03-03T00:00:00Z",
         "results": [
             {"currency": "USD", "amount": "400", "workspace_id": "wrkspc_1", "cost_type": "tokens",
@@ -556,13 +553,7 @@ async fn web_search_rows_fold_into_the_models_figure() {
     let file = app.dir.path().join("searches.json");
     std::fs::write(&file, report.to_string()).unwrap();
     let out = reconcile(&config, "anthropic", &file, true);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
+    assert_exit(&out, 0);
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         report["rows"],
@@ -576,8 +567,7 @@ async fn web_search_rows_fold_into_the_models_figure() {
 /// beside them only one at a time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pages_saved_as_several_files_are_read_as_one_download() {
-    let app = app().await;
-    let config = config(&app);
+    let (app, config) = setup().await;
     let export = openai_export(|_, _, _| 0);
     let mut pages = export.lines();
     let (first, second) = (
@@ -586,23 +576,9 @@ async fn pages_saved_as_several_files_are_read_as_one_download() {
     );
     std::fs::write(&first, pages.next().unwrap()).unwrap();
     std::fs::write(&second, pages.next().unwrap()).unwrap();
-    let run = |files: &[&Path]| {
-        let mut args = vec![
-            "--config",
-            config.to_str().unwrap(),
-            "reconcile",
-            "--provider",
-            "openai",
-        ];
-        args.extend(files.iter().map(|f| f.to_str().unwrap()));
-        args.push("--json");
-        std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(args)
-            .output()
-            .unwrap()
-    };
+    let run = |files: &[&Path]| reconcile_files(&config, "openai", files, true);
     let out = run(&[&first, &second]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_exit(&out, 0);
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["rows"].as_array().unwrap().len(), 12);
     assert_eq!(
@@ -610,7 +586,7 @@ async fn pages_saved_as_several_files_are_read_as_one_download() {
         json!("p1.json, p2.json")
     );
     let out = run(&[&first]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stdout));
+    assert_exit(&out, 2);
     assert!(
         text(&out.stderr).contains("has_more"),
         "{}",
@@ -619,7 +595,7 @@ async fn pages_saved_as_several_files_are_read_as_one_download() {
     let csv = app.dir.path().join("costs.csv");
     std::fs::write(&csv, openai_dashboard_csv(|_, _, _| 0)).unwrap();
     let out = run(&[&csv, &second]);
-    assert_eq!(out.status.code(), Some(2));
+    assert_exit(&out, 2);
     assert!(
         text(&out.stderr).contains("one at a time"),
         "{}",

@@ -4,13 +4,19 @@
 //! completions, beside embeddings requests the export does not hold; the export is built
 //! from the same counts, so exactly the cells made to differ are flagged.
 
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
 use chrono::{TimeZone, Utc};
 use serde_json::{json, Value};
 use sluice::quota::pricing::Parts;
 use sluice::store::requests::{self, RequestRow};
 
 use crate::helpers::{spawn_app_with, TestApp};
-use crate::reconcile::{config, day, flagged, reconcile, text, webhook_kinds, MODELS, UPSTREAMS};
+use crate::reconcile::{
+    assert_exit, bucket, cells, config, day, flagged, reconcile, text, two_pages, webhook_kinds,
+    MODELS, UPSTREAMS,
+};
 
 /// A cell's (input, output, cached input) tokens: distinct per cell.
 fn cell(d: u32, m: usize, u: usize) -> (i64, i64, i64) {
@@ -129,9 +135,6 @@ fn usage_export_grouped(
 ) -> String {
     let mut buckets = Vec::new();
     for d in 1..=3 {
-        let start = Utc
-            .from_utc_datetime(&day(d).and_hms_opt(0, 0, 0).unwrap())
-            .timestamp();
         let mut results = Vec::new();
         for (m, model) in MODELS.iter().enumerate() {
             let mut sum = (0, 0, 0);
@@ -166,53 +169,46 @@ fn usage_export_grouped(
             }
             results.push(result);
         }
-        buckets.push(json!({"object": "bucket", "start_time": start,
-            "end_time": start + 86_400, "results": results}));
+        buckets.push(bucket(d, results));
     }
-    let page = |data: &[Value], more: bool| {
-        json!({"object": "page", "data": data, "has_more": more,
-            "next_page": if more { json!("page_2") } else { Value::Null }})
-    };
-    format!(
-        "{}\n{}\n",
-        page(&buckets[..2], true),
-        page(&buckets[2..], false)
-    )
+    two_pages(&buckets)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_usage_export_differing_in_exactly_two_cells_flags_exactly_those_two() {
+/// The seeded app, the CLI's config for it and where the export is saved.
+async fn setup() -> (TestApp, PathBuf, PathBuf) {
     let app = spawn_app_with(|_, _| {}).await;
     seed(&app).await;
     let config = config(&app);
     let file = app.dir.path().join("usage.json");
+    (app, config, file)
+}
+
+/// Saves `export` at `file` and reconciles it as OpenAI's usage export.
+fn reconcile_usage(config: &Path, file: &Path, export: String, json: bool) -> Output {
+    std::fs::write(file, export).unwrap();
+    reconcile(config, "openai-usage", file, json)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_usage_export_differing_in_exactly_two_cells_flags_exactly_those_two() {
+    let (app, config, file) = setup().await;
     // Day 1, gpt-4o, proj_a: one output token more; day 3, gpt-4o-mini, account `*`: 40
     // cached tokens fewer. Every other count as logged.
-    std::fs::write(
-        &file,
-        usage_export(|d, m, u| match (d, m, u) {
-            (1, 1, 0) => (0, 1, 0),
-            (3, 0, 1) => (0, 0, -40),
-            _ => (0, 0, 0),
-        }),
-    )
-    .unwrap();
-    let out = reconcile(&config, "openai-usage", &file, true);
-    assert_eq!(
-        out.status.code(),
-        Some(3),
-        "{}{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
+    let export = usage_export(|d, m, u| match (d, m, u) {
+        (1, 1, 0) => (0, 1, 0),
+        (3, 0, 1) => (0, 0, -40),
+        _ => (0, 0, 0),
+    });
+    let out = reconcile_usage(&config, &file, export, true);
+    assert_exit(&out, 3);
     let report: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
     assert_eq!(report["rows"].as_array().unwrap().len(), 12, "{report}");
     assert_eq!(
         flagged(&report),
-        vec![
-            ("2026-03-01".into(), "gpt-4o".into(), "proj_a".into()),
-            ("2026-03-03".into(), "gpt-4o-mini".into(), "*".into()),
-        ]
+        cells(&[
+            ("2026-03-01", "gpt-4o", "proj_a"),
+            ("2026-03-03", "gpt-4o-mini", "*"),
+        ])
     );
     let row = report["rows"]
         .as_array()
@@ -229,15 +225,8 @@ async fn a_usage_export_differing_in_exactly_two_cells_flags_exactly_those_two()
         .any(|k| k == "reconcile_mismatch"));
 
     // The same counts everywhere: every row clean, exit 0, the table says so.
-    std::fs::write(&file, usage_export(|_, _, _| (0, 0, 0))).unwrap();
-    let out = reconcile(&config, "openai-usage", &file, false);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
+    let out = reconcile_usage(&config, &file, usage_export(|_, _, _| (0, 0, 0)), false);
+    assert_exit(&out, 0);
     assert!(
         text(&out.stdout).contains("0 of 12 rows flagged"),
         "{}",
@@ -251,27 +240,14 @@ async fn a_usage_export_differing_in_exactly_two_cells_flags_exactly_those_two()
 /// cell — while every completions endpoint's tokens are.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embeddings_requests_are_left_out_and_every_completions_endpoint_counts() {
-    let app = spawn_app_with(|_, _| {}).await;
-    seed(&app).await;
-    let config = config(&app);
-    let file = app.dir.path().join("usage.json");
+    let (_app, config, file) = setup().await;
     // Day 2, gpt-4o-mini, proj_a: 3 input tokens more. Every other count as logged.
-    std::fs::write(
-        &file,
-        usage_export(|d, m, u| match (d, m, u) {
-            (2, 0, 0) => (3, 0, 0),
-            _ => (0, 0, 0),
-        }),
-    )
-    .unwrap();
-    let out = reconcile(&config, "openai-usage", &file, true);
-    assert_eq!(
-        out.status.code(),
-        Some(3),
-        "{}{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
+    let export = usage_export(|d, m, u| match (d, m, u) {
+        (2, 0, 0) => (3, 0, 0),
+        _ => (0, 0, 0),
+    });
+    let out = reconcile_usage(&config, &file, export, true);
+    assert_exit(&out, 3);
     let report: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
     let rows = report["rows"].as_array().unwrap();
     assert!(
@@ -281,7 +257,7 @@ async fn embeddings_requests_are_left_out_and_every_completions_endpoint_counts(
     assert_eq!(rows.len(), 12, "{report}");
     assert_eq!(
         flagged(&report),
-        vec![("2026-03-02".into(), "gpt-4o-mini".into(), "proj_a".into())]
+        cells(&[("2026-03-02", "gpt-4o-mini", "proj_a")])
     );
 }
 
@@ -293,15 +269,12 @@ async fn embeddings_requests_are_left_out_and_every_completions_endpoint_counts(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_export_not_grouped_by_account_exits_2_naming_group_by_api_key_id_when_deployments_claim_accounts(
 ) {
-    let app = spawn_app_with(|_, _| {}).await;
-    seed(&app).await;
-    let config = config(&app);
-    let file = app.dir.path().join("usage.json");
+    let (app, config, file) = setup().await;
     for grouping in [Grouping::NullIds, Grouping::NoIds] {
-        std::fs::write(&file, usage_export_grouped(grouping, |_, _, _| (0, 0, 0))).unwrap();
-        let out = reconcile(&config, "openai-usage", &file, false);
+        let export = usage_export_grouped(grouping, |_, _, _| (0, 0, 0));
+        let out = reconcile_usage(&config, &file, export, false);
         let err = text(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{}{err}", text(&out.stdout));
+        assert_exit(&out, 2);
         assert!(err.contains("group_by=api_key_id"), "{err}");
         assert!(
             err.contains("proj_a"),
@@ -321,19 +294,9 @@ async fn an_export_not_grouped_by_account_exits_2_naming_group_by_api_key_id_whe
     let without = text_of.replace("provider_account = \"proj_a\"\n", "");
     assert_ne!(without, text_of);
     std::fs::write(&unclaimed, without).unwrap();
-    std::fs::write(
-        &file,
-        usage_export_grouped(Grouping::NullIds, |_, _, _| (0, 0, 0)),
-    )
-    .unwrap();
-    let out = reconcile(&unclaimed, "openai-usage", &file, true);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
+    let export = usage_export_grouped(Grouping::NullIds, |_, _, _| (0, 0, 0));
+    let out = reconcile_usage(&unclaimed, &file, export, true);
+    assert_exit(&out, 0);
     let report: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
     let rows = report["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 6, "{report}");

@@ -46,17 +46,10 @@ fn asking(model: &str) -> Value {
 
 /// A chat request with `x-sluice-request-deadline-ms`, its answer awaited at most `BOUND`.
 async fn with_deadline(app: &TestApp, token: &str, ms: u64) -> reqwest::Response {
-    let send = app
-        .http
-        .post(format!("{}/v1/chat/completions", app.address))
-        .bearer_auth(token)
-        .header("x-sluice-request-deadline-ms", ms.to_string())
-        .json(&chat_body(10))
-        .send();
-    tokio::time::timeout(BOUND, send)
+    let body = chat_body(10);
+    tokio::time::timeout(BOUND, app.chat_with_deadline(token, &body, ms))
         .await
         .expect("answered within the bound")
-        .expect("request sent")
 }
 
 /// Anthropic's answer for an account out of credit (a 400, not a 429).

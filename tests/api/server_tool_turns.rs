@@ -60,8 +60,13 @@ async fn a_turn_that_bills_each_steps_whole_context_is_reserved_and_charged_exac
 
 /// A web-search request of at most 2 searches, capped at 100 output tokens.
 fn two_searches(stream: bool) -> Value {
-    json!({"model": "sonnet", "max_tokens": 100, "stream": stream,
-        "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 2}],
+    searching(100, 2, stream)
+}
+
+/// "What is Sluice?" with web search, at most `max_uses` searches and `max_tokens` output.
+fn searching(max_tokens: i64, max_uses: i64, stream: bool) -> Value {
+    json!({"model": "sonnet", "max_tokens": max_tokens, "stream": stream,
+        "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": max_uses}],
         "messages": [{"role": "user", "content": "What is Sluice?"}]})
 }
 
@@ -79,17 +84,6 @@ fn left_cost(first: i64) -> i64 {
     )
 }
 
-/// Waits (bounded) until the mock has had `n` requests.
-async fn upstream_had(app: &TestApp, n: u64) {
-    for _ in 0..500 {
-        if app.mock.state.stats(KEY).count >= n {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("the upstream never had the request");
-}
-
 /// A non-streamed server-tool request whose client leaves while the upstream works: the
 /// upstream may have run the whole turn, which is what it may bill — not the counted input
 /// alone.
@@ -97,22 +91,8 @@ async fn upstream_had(app: &TestApp, n: u64) {
 async fn a_server_tool_request_whose_client_leaves_before_the_answer_pays_what_may_have_run() {
     let app = app().await;
     let (id, token) = app.token("left", Some("1")).await;
-    app.mock.state.sticky(
-        KEY,
-        Some(Script {
-            delay_ms: 3_600_000,
-            ..Script::default()
-        }),
-    );
     let body = two_searches(false);
-    {
-        let send = app.messages(&token, &body);
-        tokio::pin!(send);
-        tokio::select! {
-            _ = &mut send => panic!("answered while the upstream holds its answer"),
-            _ = upstream_had(&app, 1) => {}
-        }
-    }
+    leave_while_upstream_works(&app, KEY, 1, app.messages(&token, &body)).await;
     let counted = estimate::chat_input(body["messages"].as_array().unwrap(), body.get("tools"));
     assert_eq!(spent_and_absorbed(&app, id).await, (left_cost(counted), 0));
     app.mock.state.sticky(KEY, None);
@@ -175,9 +155,7 @@ async fn a_server_tool_stream_left_midway_pays_the_calls_it_showed_and_one_more(
             ..Script::default()
         }),
     );
-    let body = json!({"model": "sonnet", "max_tokens": 100, "stream": true,
-        "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 5}],
-        "messages": [{"role": "user", "content": "What is Sluice?"}]});
+    let body = searching(100, 5, true);
     {
         let mut resp = app.messages(&token, &body).await;
         assert_eq!(resp.status(), 200);
@@ -313,9 +291,7 @@ async fn a_search_answered_with_an_error_is_not_charged_and_the_report_counts() 
             ..Script::default()
         }],
     );
-    let body = json!({"model": "sonnet", "max_tokens": 1000,
-        "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 2}],
-        "messages": [{"role": "user", "content": "What is Sluice?"}]});
+    let body = searching(1000, 2, false);
     assert_eq!(app.messages(&token, &body).await.status(), 200);
     let expected = searches_cost(1_000, 100, 2);
     assert_eq!(spent_and_absorbed(&app, id).await, (expected, 0));
@@ -366,24 +342,37 @@ async fn a_cut_stream_pays_the_searches_that_did_not_error() {
         json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"},
             "usage": {"output_tokens": 50}}),
     ));
+    stream_scripted(&app, &token, (events, Some(sent)), 1).await;
+    let output = two_queries();
+    let expected = searches_cost(2 * 100 + 25_000 + output, output, 1);
+    assert_eq!(spent_and_absorbed(&app, id).await, (expected, 0));
+    app.assert_invariant().await;
+}
+
+/// Streams "What is Sluice?" (at most `max_uses` searches, 1 000 output tokens) while the
+/// upstream sends `events`, cut after the given number of them; read to its end.
+async fn stream_scripted(
+    app: &TestApp,
+    token: &str,
+    (events, cut_after): (Vec<SseEvent>, Option<usize>),
+    max_uses: i64,
+) {
     app.mock.state.script(
         KEY,
         [Script {
             events: Some(events),
-            cut_after: Some(sent),
+            cut_after,
             ..Script::default()
         }],
     );
-    let body = json!({"model": "sonnet", "max_tokens": 1000, "stream": true,
-        "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 1}],
-        "messages": [{"role": "user", "content": "What is Sluice?"}]});
-    let resp = app.messages(&token, &body).await;
+    let resp = app.messages(token, &searching(1000, max_uses, true)).await;
     assert_eq!(resp.status(), 200);
     let _ = resp.text().await;
-    let output = estimate::count_text(&"{\"query\": \"sluice\"}".repeat(2));
-    let expected = searches_cost(2 * 100 + 25_000 + output, output, 1);
-    assert_eq!(spent_and_absorbed(&app, id).await, (expected, 0));
-    app.assert_invariant().await;
+}
+
+/// The output two search calls count: their queries' JSON.
+fn two_queries() -> i64 {
+    estimate::count_text(&"{\"query\": \"sluice\"}".repeat(2))
 }
 
 /// A stream of up to 5 searches that the upstream ends after 2 (its error event, a broken
@@ -405,23 +394,11 @@ async fn a_server_tool_stream_the_upstream_cuts_pays_the_steps_its_calls_caused(
         events.extend(search_with_result(1, false));
         let shown = events.len();
         events.push(ending);
-        app.mock.state.script(
-            KEY,
-            [Script {
-                events: Some(events),
-                // The broken body: the connection drops after the second search's result
-                // (the ping never goes).
-                cut_after: (name == "broken").then_some(shown),
-                ..Script::default()
-            }],
-        );
-        let body = json!({"model": "sonnet", "max_tokens": 1000, "stream": true,
-            "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 5}],
-            "messages": [{"role": "user", "content": "What is Sluice?"}]});
-        let resp = app.messages(&token, &body).await;
-        assert_eq!(resp.status(), 200);
-        let _ = resp.text().await;
-        let output = estimate::count_text(&"{\"query\": \"sluice\"}".repeat(2));
+        // The broken body: the connection drops after the second search's result (the ping
+        // never goes).
+        let cut_after = (name == "broken").then_some(shown);
+        stream_scripted(&app, &token, (events, cut_after), 5).await;
+        let output = two_queries();
         let expected = searches_cost(3 * 100 + 25_000 * (2 + 1) + 2 * output, output, 2);
         assert_eq!(spent_and_absorbed(&app, id).await, (expected, 0), "{name}");
     }

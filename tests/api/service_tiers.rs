@@ -14,10 +14,8 @@ const AN: &str = "sk-tiers-anthropic-0123456789";
 /// `gpt-4o-mini` on the default OpenAI upstream (`a`) and `sonnet` on an Anthropic one.
 async fn app() -> TestApp {
     spawn_app_with(|s, mock| {
-        let mut an = upstream("an", AN, mock);
-        an.provider = Provider::Anthropic;
-        an.base_url = mock.base_url();
-        s.upstreams.push(an);
+        s.upstreams
+            .push(native_upstream(Provider::Anthropic, "an", AN, mock));
         s.models.push(model("sonnet", &["an"]));
     })
     .await
@@ -85,15 +83,7 @@ async fn the_standard_tier_is_sent_where_the_client_named_none_or_auto() {
 
 /// The value of the served-tier counter for this upstream and tier in `/metrics`.
 async fn tier_count(app: &TestApp, upstream: &str, tier: &str) -> u64 {
-    let text = app
-        .http
-        .get(format!("{}/metrics", app.address))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = app.metrics().await;
     let labels = [
         format!("tier=\"{tier}\""),
         format!("upstream=\"{upstream}\""),

@@ -38,6 +38,21 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// The folder `dir` of the repository and its Rust files, sorted; at least `at_least` of
+/// them, or the folder was not found.
+fn sources(dir: &str, at_least: usize) -> (PathBuf, Vec<PathBuf>) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+    let mut files = Vec::new();
+    rust_files(&root, &mut files);
+    files.sort();
+    assert!(
+        files.len() > at_least,
+        "{dir}/ not found at {}",
+        root.display()
+    );
+    (root, files)
+}
+
 /// `file:line: text` for each forbidden mention in the production part of `text`.
 fn leaks(file: &str, text: &str) -> Vec<String> {
     mentions(file, text, FORBIDDEN)
@@ -86,11 +101,7 @@ fn mentions(file: &str, text: &str, forbidden: &[&str]) -> Vec<String> {
 
 #[test]
 fn nothing_above_the_store_knows_the_database_engine() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
-    files.sort();
-    assert!(files.len() > 20, "src/ not found at {}", src.display());
+    let (src, files) = sources("src", 20);
     let mut found = Vec::new();
     for path in &files {
         let rel = path.strip_prefix(&src).unwrap();
@@ -114,11 +125,7 @@ fn nothing_above_the_store_knows_the_database_engine() {
 /// owner scope).
 #[test]
 fn the_client_endpoints_never_name_the_store() {
-    let api = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/api");
-    let mut files = Vec::new();
-    rust_files(&api, &mut files);
-    files.sort();
-    assert!(files.len() > 5, "src/api/ not found at {}", api.display());
+    let (_, files) = sources("src/api", 5);
     let mut found = Vec::new();
     for path in &files {
         let text = std::fs::read_to_string(path).unwrap();

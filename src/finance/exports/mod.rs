@@ -58,6 +58,25 @@ pub(crate) trait Bucket {
     fn lines(self, at: &str) -> Result<Vec<Self::Item>, ExportError>;
 }
 
+/// An OpenAI bucket's figures, the Costs and the Usage API's alike: its UTC day from
+/// `start_time` (Unix seconds), each of `results` read by `line` as a figure of that day,
+/// named `{at}.results[j]` in errors.
+pub(crate) fn openai_bucket_lines<R, L>(
+    at: &str,
+    start_time: i64,
+    results: Vec<R>,
+    line: impl Fn(&str, NaiveDate, R) -> Result<L, ExportError>,
+) -> Result<Vec<L>, ExportError> {
+    let day = chrono::DateTime::from_timestamp(start_time, 0)
+        .ok_or_else(|| ExportError::at(&format!("{at}.start_time"), "not a time"))?
+        .date_naive();
+    results
+        .into_iter()
+        .enumerate()
+        .map(|(j, r)| line(&format!("{at}.results[{j}]"), day, r))
+        .collect()
+}
+
 /// Every figure of the pages in `text` (`pages`). A download whose last page (`latest`)
 /// says `has_more: true` is incomplete: comparing it would report the missing days' spend as
 /// clean, so it is refused. A bucket given twice — a page saved twice — counts once when its

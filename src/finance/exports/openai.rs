@@ -50,14 +50,7 @@ impl exports::Bucket for Bucket<'_> {
     type Item = Line;
 
     fn lines(self, at: &str) -> Result<Vec<Line>, ExportError> {
-        let day = chrono::DateTime::from_timestamp(self.start_time, 0)
-            .ok_or_else(|| ExportError::at(&format!("{at}.start_time"), "not a time"))?
-            .date_naive();
-        self.results
-            .into_iter()
-            .enumerate()
-            .map(|(j, cost)| line(&format!("{at}.results[{j}]"), day, cost))
-            .collect()
+        exports::openai_bucket_lines(at, self.start_time, self.results, line)
     }
 }
 

@@ -60,14 +60,7 @@ impl exports::Bucket for Bucket {
     }
 
     fn lines(self, at: &str) -> Result<Vec<TokenLine>, ExportError> {
-        let day = chrono::DateTime::from_timestamp(self.start_time, 0)
-            .ok_or_else(|| ExportError::at(&format!("{at}.start_time"), "not a time"))?
-            .date_naive();
-        self.results
-            .into_iter()
-            .enumerate()
-            .map(|(j, u)| line(&format!("{at}.results[{j}]"), day, u))
-            .collect()
+        exports::openai_bucket_lines(at, self.start_time, self.results, line)
     }
 }
 
