@@ -636,8 +636,7 @@ fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Ca
 fn first_step(state: &AppState, p: &Prepared, c: &attempts::Candidate, provider: Provider) -> i64 {
     let q = &state.settings.quota;
     pricing::input_with_margin(
-        p.reserved_input_on(c.route.image_rule, c.model.max_input_tokens)
-            .saturating_add(long_context::beyond_the_estimate(provider, p.input_digits)),
+        p.reserved_input_on(c.route.image_rule, c.model.max_input_tokens, provider),
         q.input_margin_ratio,
         q.input_margin_tokens,
     )
