@@ -415,15 +415,16 @@ async fn a_digit_heavy_gemini_prompt_that_ends_before_its_answer_pays_its_digits
     app.mock.state.sticky(
         KEY_G,
         Some(Script {
-            delay_ms: 3_000,
+            delay_ms: 8_000,
             ..Script::default()
         }),
     );
+    // Deadline counted from arrival: room for counting 240 000 digits in a debug build.
     let resp = app
         .http
         .post(format!("{}/v1/chat/completions", app.address))
         .bearer_auth(&token)
-        .header("x-sluice-request-deadline-ms", "300")
+        .header("x-sluice-request-deadline-ms", "3000")
         .json(&body(false))
         .send()
         .await
