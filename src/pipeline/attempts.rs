@@ -59,9 +59,11 @@ pub struct Departure {
 /// leaves, its deadline cuts the attempt off, the shutdown ends it): the upstream had the
 /// whole request and may bill all of it, which the gateway cannot know, so the input
 /// reserved for it (`Prepared::reserved_input_on`: with documents, at least the model's
-/// whole input; on Gemini each digit once more, as the reservation counts it), at the dearest candidate's price — at a long-context tier's rates where
-/// the provider's tokenizer may count that input past its threshold, as the reservation
-/// decides (`long_context::provider_may_count`). A server-tool turn may have run whole
+/// whole input; on Gemini each digit once more, as the reservation counts it), at the
+/// dearest candidate's price — at the dearest cache write the request marked, and at a
+/// long-context tier's rates where the provider's tokenizer may count that input past its
+/// threshold, as the reservation decides (`long_context::priced_counted`,
+/// `provider_may_count`). A server-tool turn may have run whole
 /// meanwhile (the upstream goes on without its client): every step's input
 /// (`kinds::Turn::billed_input` of that input) and every search it was allowed. Never more
 /// than the reservation (the same input without its margin).
@@ -87,7 +89,12 @@ pub fn input_cost(state: &AppState, p: &Prepared, candidates: &[Candidate]) -> D
             };
             Departure {
                 input: input.input,
-                cost: long_context::priced_counted(input, c.prices, c.route.long_context, provider),
+                cost: long_context::priced_counted(
+                    input,
+                    (c.prices, p.kinds.input),
+                    c.route.long_context,
+                    provider,
+                ),
             }
         })
         .max_by_key(|d| (d.cost, d.input))

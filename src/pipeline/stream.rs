@@ -537,7 +537,7 @@ impl Pump {
             };
         }
         let cost = if departed {
-            long_context::priced_counted(usage, prices, long_context, provider)
+            long_context::priced_counted(usage, (prices, may), long_context, provider)
         } else {
             long_context::priced(usage, prices, long_context)
         };
