@@ -347,7 +347,8 @@ async fn a_digit_heavy_gemini_prompt_that_ends_before_its_answer_pays_its_digits
     })
     .await;
     let message = json!({"role": "user", "content": "0123456789".repeat(24_000)});
-    let reserved = sluice::quota::estimate::chat_input(&[message.clone()], None) + 240_000;
+    let reserved =
+        sluice::quota::estimate::chat_input(std::slice::from_ref(&message), None) + 240_000;
     // Gemini 2.5 Pro's tier: 2.50 USD per Mtok in, 15 out.
     let at_tier =
         |input: i64, output: i64| (input * 2_500_000 + output * 15_000_000 + 999_999) / 1_000_000;
