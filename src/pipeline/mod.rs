@@ -732,6 +732,11 @@ async fn finish(
             None,
         ),
     };
+    // An embedding has no output: its usage reports the input alone, and that is whole.
+    let mut reported = reported;
+    if p.endpoint == Endpoint::Embeddings {
+        reported.output.get_or_insert_with(Default::default);
+    }
     if reported.input.is_none() || reported.output.is_none() {
         log.error_code = Some(USAGE_ESTIMATED);
     }

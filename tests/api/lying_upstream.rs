@@ -743,3 +743,53 @@ async fn a_translated_answer_shows_the_side_its_upstream_left_out_as_charged() {
     assert_eq!(shown(&stored), want, "{stored}");
     app.assert_invariant().await;
 }
+
+/// Review finding (s16): an embeddings answer has no output side (OpenAI's usage is
+/// `{"prompt_tokens", "total_tokens"}`), so reading it side by side marked every embeddings
+/// row `usage_estimated` though its upstream reported all it bills. Its output is 0 by
+/// the endpoint's nature; the row is marked only when its input is absent.
+#[tokio::test]
+async fn an_embeddings_answer_with_its_input_reported_is_not_marked_estimated() {
+    let app = spawn_app().await;
+    let (id, token) = app.token("embeds", Some("1")).await;
+    let body = json!({"model": "gpt-4o-mini", "input": "The engine light blinks."});
+    let resp = app.post("/v1/embeddings", &token, &body).await;
+    let status = resp.status();
+    let answer: Value = resp.json().await.unwrap();
+    assert_eq!(status, 200, "{answer}");
+    let reported = answer["usage"]["prompt_tokens"].as_i64().unwrap();
+    app.wait_for_log_rows(1).await;
+    let (input, output, code): (i64, i64, Option<String>) = sql_row(
+        app.db(),
+        &format!(
+            "SELECT input_tokens, output_tokens, error_code FROM requests WHERE token_id = {id}"
+        ),
+    )
+    .await;
+    assert_eq!((input, output, code.as_deref()), (reported, 0, None));
+
+    // Its input left out: the estimate, marked.
+    app.mock.state.script(
+        KEY_A,
+        [Script {
+            body: Some(json!({"object": "list", "model": "gpt-4o-mini",
+                "data": [{"object": "embedding", "index": 0, "embedding": [0.5, 0.5]}],
+                "usage": {}})),
+            ..Script::default()
+        }],
+    );
+    let (id, token) = app.token("embeds-unreported", Some("1")).await;
+    assert_eq!(
+        app.post("/v1/embeddings", &token, &body).await.status(),
+        200
+    );
+    app.wait_for_log_rows(2).await;
+    let (input, code): (i64, Option<String>) = sql_row(
+        app.db(),
+        &format!("SELECT input_tokens, error_code FROM requests WHERE token_id = {id}"),
+    )
+    .await;
+    assert!(input > 0);
+    assert_eq!(code.as_deref(), Some("usage_estimated"));
+    app.assert_invariant().await;
+}
