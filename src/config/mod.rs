@@ -384,9 +384,6 @@ impl Settings {
                         m.name
                     ));
                 }
-                // One path segment of Azure's URL: `.` and `..` are dropped by the URL
-                // builder, which sent a chat request to deployment `chat`, operation
-                // `completions`. Azure's names have neither.
                 if let Some(tier) = r.tier_model.as_deref() {
                     let table = price_table::bundled();
                     if !table.has_model(tier) {
@@ -398,6 +395,9 @@ impl Settings {
                         ));
                     }
                 }
+                // One path segment of Azure's URL: `.` and `..` are dropped by the URL
+                // builder, which sent a chat request to deployment `chat`, operation
+                // `completions`. Azure's names have neither.
                 let name = r.deployment.as_deref().unwrap_or(&r.model);
                 if azure && matches!(name, "." | "..") {
                     return invalid(format!(

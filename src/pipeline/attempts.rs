@@ -59,9 +59,11 @@ pub struct Departure {
 /// leaves, its deadline cuts the attempt off, the shutdown ends it): the upstream had the
 /// whole request and may bill all of it, which the gateway cannot know, so the input
 /// reserved for it (`Prepared::reserved_input_on`: with documents, at least the model's
-/// whole input), at the dearest candidate's price — at a long-context tier's rates where
-/// the provider's tokenizer may count that input past its threshold, as the reservation
-/// decides (`long_context::provider_may_count`). A server-tool turn may have run whole
+/// whole input; on Gemini each digit once more, as the reservation counts it), at the
+/// dearest candidate's price — at the dearest cache write the request marked, and at a
+/// long-context tier's rates where the provider's tokenizer may count that input past its
+/// threshold, as the reservation decides (`long_context::priced_counted`,
+/// `provider_may_count`). A server-tool turn may have run whole
 /// meanwhile (the upstream goes on without its client): every step's input
 /// (`kinds::Turn::billed_input` of that input) and every search it was allowed. Never more
 /// than the reservation (the same input without its margin).
@@ -70,13 +72,6 @@ pub fn input_cost(state: &AppState, p: &Prepared, candidates: &[Candidate]) -> D
     candidates
         .iter()
         .map(|c| {
-            let turn = p.kinds.server_tools;
-            let reserved = p.reserved_input_on(c.route.image_rule, c.model.max_input_tokens);
-            let input = Usage {
-                input: turn.billed_input(reserved, p.output_cap()),
-                web_search_calls: p.kinds.web_search_calls,
-                ..Usage::default()
-            };
             // Deployments keep their position across rebuilds; one not found (it cannot
             // be) is taken at the largest count, as the reservation takes it.
             let provider = live
@@ -84,9 +79,22 @@ pub fn input_cost(state: &AppState, p: &Prepared, candidates: &[Candidate]) -> D
                 .deployments
                 .get(c.route.deployment)
                 .map_or(Provider::Anthropic, |d| d.provider);
+            let turn = p.kinds.server_tools;
+            let reserved =
+                p.reserved_input_on(c.route.image_rule, c.model.max_input_tokens, provider);
+            let input = Usage {
+                input: turn.billed_input(reserved, p.output_cap()),
+                web_search_calls: p.kinds.web_search_calls,
+                ..Usage::default()
+            };
             Departure {
                 input: input.input,
-                cost: long_context::priced_counted(input, c.prices, c.route.long_context, provider),
+                cost: long_context::priced_counted(
+                    input,
+                    (c.prices, p.kinds.input),
+                    c.route.long_context,
+                    provider,
+                ),
             }
         })
         .max_by_key(|d| (d.cost, d.input))

@@ -113,9 +113,10 @@ fn standard_only(
 }
 
 /// A request to `endpoint` for an upstream of `provider` that allows the billed router
-/// fields `allowed` (`quirks.billed_fields`): on an `openai_compatible` upstream, a chat or
-/// legacy completions body — sent as it is, every field with it (a translated one carries
-/// only the fields its translation reads) — holding one of `BILLED_ROUTER_FIELDS` not
+/// fields `allowed` (`quirks.billed_fields`): on an `openai_compatible` upstream, a chat,
+/// legacy completions or embeddings body — sent as it is, every field with it (a translated
+/// one, Messages or Responses, carries only the fields its translation reads; a router
+/// routes embeddings by `provider` and `models` as it routes chat) — holding one of `BILLED_ROUTER_FIELDS` not
 /// allowed, and not null, is a 400 naming it: the router would bill what the gateway does
 /// not price. Other providers are not routers: OpenAI refuses a field it does not know.
 pub fn billed_router_fields(
@@ -125,7 +126,10 @@ pub fn billed_router_fields(
     allowed: BilledFields,
 ) -> Result<(), ApiError> {
     if provider != Provider::OpenaiCompatible
-        || !matches!(endpoint, Endpoint::Chat | Endpoint::Completions)
+        || !matches!(
+            endpoint,
+            Endpoint::Chat | Endpoint::Completions | Endpoint::Embeddings
+        )
     {
         return Ok(());
     }
@@ -385,18 +389,14 @@ mod tests {
         let plugins = BilledFields::of(&["plugins".to_string(), "unknown".to_string()]);
         let compat = Provider::OpenaiCompatible;
         for field in BILLED_ROUTER_FIELDS {
-            for endpoint in [Endpoint::Chat, Endpoint::Completions] {
+            for endpoint in [Endpoint::Chat, Endpoint::Completions, Endpoint::Embeddings] {
                 let err = billed_router_fields(endpoint, &body(field), compat, none).unwrap_err();
                 assert!(
                     matches!(err, ApiError::InvalidRequest { param: Some(p), .. } if p == field)
                 );
             }
             // Translated bodies carry only what their translation reads; OpenAI is no router.
-            for endpoint in [
-                Endpoint::Messages,
-                Endpoint::Responses,
-                Endpoint::Embeddings,
-            ] {
+            for endpoint in [Endpoint::Messages, Endpoint::Responses] {
                 assert!(billed_router_fields(endpoint, &body(field), compat, none).is_ok());
             }
             assert!(

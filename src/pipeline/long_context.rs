@@ -11,7 +11,7 @@
 //! what passes the reservation is absorbed and shown as such, never lost from the ledger.
 
 use crate::config::Provider;
-use crate::quota::pricing::{self, LongTier, Prices};
+use crate::quota::pricing::{self, InputKinds, LongTier, Prices};
 use crate::usage::Usage;
 
 /// How much more a provider's tokenizer may count than the gateway's (o200k) estimate, in
@@ -71,15 +71,17 @@ pub fn priced(usage: Usage, prices: Prices, tier: Option<LongTier>) -> i64 {
 /// ended before its answer without the input reported, charged the input reserved for it):
 /// at the route's long-context `tier` when the provider's tokenizer may count that input
 /// past its threshold (`provider_may_count`) — the tier decided as the reservation decides
-/// it, so never dearer than the reservation's.
+/// it — and at the dearest cache write the request marked (`may`), when dearer than the
+/// input rate: a provider bills a marked prompt it processed at the write rate, and the
+/// reservation held it (`Prices::dearest_input`). So never dearer than the reservation's.
 pub fn priced_counted(
     usage: Usage,
-    prices: Prices,
+    (prices, may): (Prices, InputKinds),
     tier: Option<LongTier>,
     provider: Provider,
 ) -> i64 {
     let tier_at = provider_may_count(provider, usage.input);
-    pricing::cost(usage, prices.for_input(tier_at, tier))
+    pricing::cost(usage, prices.written(may).for_input(tier_at, tier))
 }
 
 #[cfg(test)]

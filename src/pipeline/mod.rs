@@ -636,8 +636,7 @@ fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Ca
 fn first_step(state: &AppState, p: &Prepared, c: &attempts::Candidate, provider: Provider) -> i64 {
     let q = &state.settings.quota;
     pricing::input_with_margin(
-        p.reserved_input_on(c.route.image_rule, c.model.max_input_tokens)
-            .saturating_add(long_context::beyond_the_estimate(provider, p.input_digits)),
+        p.reserved_input_on(c.route.image_rule, c.model.max_input_tokens, provider),
         q.input_margin_ratio,
         q.input_margin_tokens,
     )
@@ -666,6 +665,40 @@ fn answer_usage(
     }
     reported.apply(&mut usage);
     usage
+}
+
+/// A translated answer's `usage` in the `client`'s format with the sides the upstream did
+/// not report (`reported`) written as the gateway charged them (`usage`, `answer_usage`),
+/// and its total to match; the sides reported are left as translated.
+fn show_counted(
+    client: providers::Format,
+    answer: &mut serde_json::Value,
+    reported: Reported,
+    usage: Usage,
+) {
+    let (input, output, total) = match client {
+        providers::Format::OpenAiChat => ("prompt_tokens", "completion_tokens", true),
+        providers::Format::Responses => ("input_tokens", "output_tokens", true),
+        providers::Format::Anthropic => ("input_tokens", "output_tokens", false),
+        providers::Format::Gemini | providers::Format::Bedrock => return,
+    };
+    let Some(u) = answer
+        .get_mut("usage")
+        .and_then(serde_json::Value::as_object_mut)
+    else {
+        return;
+    };
+    if reported.input.is_none() {
+        u.insert(input.into(), usage.input.into());
+    }
+    if reported.output.is_none() {
+        u.insert(output.into(), usage.output.into());
+    }
+    if total {
+        let n = |k: &str| u.get(k).and_then(serde_json::Value::as_i64).unwrap_or(0);
+        let sum = n(input).saturating_add(n(output));
+        u.insert("total_tokens".into(), sum.into());
+    }
 }
 
 /// A non-streamed answer: price it from its usage, settle, answer with the upstream's bytes.
@@ -699,6 +732,11 @@ async fn finish(
             None,
         ),
     };
+    // An embedding has no output: its usage reports the input alone, and that is whole.
+    let mut reported = reported;
+    if p.endpoint == Endpoint::Embeddings {
+        reported.output.get_or_insert_with(Default::default);
+    }
     if reported.input.is_none() || reported.output.is_none() {
         log.error_code = Some(USAGE_ESTIMATED);
     }
@@ -706,6 +744,30 @@ async fn finish(
         providers::answer_text(read_as, &answer)
     })
     .at_worst_lifetime(p.kinds.input);
+    // A translated answer shows a side its upstream left out as charged, not as the 0 the
+    // translation wrote; an answer passed through keeps the upstream's own figures.
+    let client = match p.endpoint {
+        Endpoint::Responses => providers::Format::Responses,
+        endpoint => endpoint.format().into(),
+    };
+    let partial = reported.input.is_none() || reported.output.is_none();
+    let (body, to_keep) = match to_keep {
+        _ if !partial || read_as == client => (body, to_keep),
+        Some((ctx, mut response)) => {
+            show_counted(client, &mut response, reported, usage);
+            (
+                bytes::Bytes::from(response.to_string()),
+                Some((ctx, response)),
+            )
+        }
+        None => match serde_json::from_slice::<serde_json::Value>(&body) {
+            Ok(mut v) => {
+                show_counted(client, &mut v, reported, usage);
+                (bytes::Bytes::from(v.to_string()), None)
+            }
+            Err(_) => (body, None),
+        },
+    };
     if let Some(plan) = plan {
         // Stored in the client's format, off the request path.
         let stored = if upstream == p.endpoint.format().into() {

@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
 
 use crate::auth::TokenAuth;
+use crate::config::Provider;
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::quota::documents::Documents;
@@ -68,13 +69,21 @@ impl Prepared {
     /// The input reserved on a route whose provider reads images by `rule`, of a model
     /// accepting `max_input` tokens: the estimate plus what its images may cost there
     /// beyond the estimate's flat figure, plus its documents (with any, at least
-    /// `max_input`: `Documents::reserved`). What the reservation uses, and what a request
-    /// that ends before its answer without the input reported is charged (its client left,
-    /// its deadline cut the attempt off, a stall or a cut stream, the shutdown): the
-    /// upstream had the whole request and may bill all of it (`attempts::input_cost`,
-    /// `stream::Pump::settle`).
-    pub fn reserved_input_on(&self, rule: Rule, max_input: i64) -> i64 {
-        self.documents.reserved(self.counted_on(rule), max_input)
+    /// `max_input`: `Documents::reserved`), plus what `provider`'s tokenizer counts beyond
+    /// the estimate whatever its factor (on Gemini each digit once more,
+    /// `long_context::beyond_the_estimate`). What the reservation uses (before its margin),
+    /// and what a request that ends before its answer without the input reported is charged
+    /// (its client left, its deadline cut the attempt off, a stall or a cut stream, the
+    /// shutdown): the upstream had the whole request and may bill all of it
+    /// (`attempts::input_cost`, `stream::Pump::settle`) — the same input, so a departure's
+    /// tier is decided as the reservation's is.
+    pub fn reserved_input_on(&self, rule: Rule, max_input: i64, provider: Provider) -> i64 {
+        self.documents
+            .reserved(self.counted_on(rule), max_input)
+            .saturating_add(super::long_context::beyond_the_estimate(
+                provider,
+                self.input_digits,
+            ))
     }
 
     /// The input charged on such a route for an answer whose usage does not report its

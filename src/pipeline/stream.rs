@@ -303,7 +303,11 @@ pub(super) fn serve(
         may: p.kinds.input,
         converter,
         provider: deployment.provider,
-        reserved_input: p.reserved_input_on(s.route.image_rule, s.model.max_input_tokens),
+        reserved_input: p.reserved_input_on(
+            s.route.image_rule,
+            s.model.max_input_tokens,
+            deployment.provider,
+        ),
         conversation: p.responses.clone(),
         assembler: books.cache.as_ref().map(|_| Assembler::new(client, most)),
         books,
@@ -533,7 +537,7 @@ impl Pump {
             };
         }
         let cost = if departed {
-            long_context::priced_counted(usage, prices, long_context, provider)
+            long_context::priced_counted(usage, (prices, may), long_context, provider)
         } else {
             long_context::priced(usage, prices, long_context)
         };

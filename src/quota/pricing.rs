@@ -47,6 +47,22 @@ impl Prices {
         }
     }
 
+    /// These prices with fresh input at the dearest cache write `may` marks, when dearer:
+    /// what the input the gateway counted itself costs when the upstream had the request
+    /// and may have written all of it to its cache (a departure,
+    /// `pipeline::long_context::priced_counted`). Audio is left out: the estimate counts an
+    /// audio part's payload as text, already more tokens than its audio.
+    pub fn written(self, may: InputKinds) -> Prices {
+        let mut input = self.input;
+        if may.cache_write_5m {
+            input = input.max(self.cache_write_5m);
+        }
+        if may.cache_write_1h {
+            input = input.max(self.cache_write_1h);
+        }
+        Prices { input, ..self }
+    }
+
     /// The dearest price an input token of a request may be billed at: fresh input, and
     /// the cache-write and audio prices when the request may cause them (`InputKinds`).
     /// Cache reads, images and the rest never cost more than what the request says it

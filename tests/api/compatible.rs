@@ -422,3 +422,63 @@ async fn billed_router_fields_are_refused_unless_the_upstream_allows_them() {
     assert_eq!(app.chat(&token, &body).await.status(), 200);
     app.assert_invariant().await;
 }
+
+/// Review finding (s16): an embeddings body is sent to an `openai_compatible` upstream as
+/// the client wrote it (no translation), so a router's billed fields in it reached the
+/// router — `provider` picking a dearer host, `models` a dearer fallback model — billed
+/// apart from the prices the gateway charges, where the same fields on chat are refused.
+/// They are refused on embeddings too, nothing sent, unless `quirks.billed_fields` allows
+/// them.
+#[tokio::test]
+async fn billed_router_fields_in_an_embeddings_body_are_refused_unless_allowed() {
+    const KEY_OPEN: &str = "sk-router-embeds-allowed-0000";
+    let app = spawn_app_with(|s, m| {
+        only(s, compatible("router", m), "openai/text-embedding-3-small");
+        let mut open = compatible("open", m);
+        open.api_key = Secret(secrecy::SecretString::from(KEY_OPEN.to_string()));
+        open.quirks.billed_fields = vec!["provider".into()];
+        s.upstreams.push(open);
+        let mut o = model("open", &["open"]);
+        o.routes[0].model = "openai/text-embedding-3-small".into();
+        s.models.push(o);
+    })
+    .await;
+    let (_, token) = app.token("embeds", Some("1.00")).await;
+    let fields = [
+        ("plugins", json!([{"id": "web"}])),
+        ("models", json!(["openai/text-embedding-3-large"])),
+        (
+            "provider",
+            json!({"order": ["azure"], "allow_fallbacks": false}),
+        ),
+    ];
+    for (field, value) in &fields {
+        let mut body = json!({"model": "gpt-4o-mini", "input": "The engine light blinks."});
+        body[*field] = value.clone();
+        let resp = app.post("/v1/embeddings", &token, &body).await;
+        let status = resp.status();
+        let err: Value = resp.json().await.unwrap();
+        assert_eq!(status, 400, "{field}: {err}");
+        assert_eq!(err["error"]["param"], *field, "{err}");
+    }
+    assert_eq!(
+        app.mock.state.stats(KEY_C).count,
+        0,
+        "nothing sent upstream"
+    );
+    // Without them, or allowed, the embedding is served.
+    let plain = json!({"model": "gpt-4o-mini", "input": "The engine light blinks."});
+    assert_eq!(
+        app.post("/v1/embeddings", &token, &plain).await.status(),
+        200
+    );
+    let mut allowed = json!({"model": "open", "input": "The engine light blinks."});
+    allowed["provider"] = fields[2].1.clone();
+    assert_eq!(
+        app.post("/v1/embeddings", &token, &allowed).await.status(),
+        200
+    );
+    let sent = app.mock.state.stats(KEY_OPEN).last_bodies;
+    assert_eq!(sent.back().unwrap()["provider"], fields[2].1, "{sent:?}");
+    app.assert_invariant().await;
+}

@@ -287,3 +287,138 @@ async fn a_digit_heavy_prompt_on_gemini_is_reserved_for_what_gemini_counts() {
     );
     app.assert_invariant().await;
 }
+
+/// Review finding (s16): a digit-heavy Gemini prompt that ends before its answer — its
+/// client left, its deadline cut the attempt off, the stream stalled before Gemini reported
+/// its input — was charged the gateway's count without its digits (~80 000 tokens), at the
+/// standard rates (~100 000 µ$), though its reservation counted each digit as Gemini does
+/// and held the tier (Gemini bills 240 010 tokens at 2.50 USD here, 600 025 µ$). A
+/// departure pays the input reserved for it, digits included, with its tier decided as the
+/// reservation decides it (DESIGN "a departure is charged the reservation's input").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_digit_heavy_gemini_prompt_that_ends_before_its_answer_pays_its_digits_at_the_tier() {
+    const KEY_G: &str = "gem-key-departs-0123456789";
+    let app = spawn_app_with(|s, mock| {
+        s.upstream.stream_idle_timeout_ms = 500;
+        let mut g = upstream("g", KEY_G, mock);
+        g.provider = Provider::Gemini;
+        g.base_url = mock.base_url();
+        s.upstreams.push(g);
+        let mut m = model("gemini-2.5-pro", &["g"]);
+        m.routes = vec![route("g", "gemini-2.5-pro")];
+        m.price.input_usd_per_mtok = Some(1.25.into());
+        m.price.output_usd_per_mtok = Some(10.0.into());
+        m.max_input_tokens = 1_000_000;
+        s.models.push(m);
+    })
+    .await;
+    let message = json!({"role": "user", "content": "0123456789".repeat(24_000)});
+    let reserved =
+        sluice::quota::estimate::chat_input(std::slice::from_ref(&message), None) + 240_000;
+    // Gemini 2.5 Pro's tier: 2.50 USD per Mtok in, 15 out.
+    let at_tier =
+        |input: i64, output: i64| (input * 2_500_000 + output * 15_000_000 + 999_999) / 1_000_000;
+    let had = |n: u64| {
+        let app = &app;
+        async move {
+            for _ in 0..500 {
+                if app.mock.state.total_count() >= n {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            panic!("the upstream never had the request");
+        }
+    };
+    let row = |id: i64| {
+        let app = &app;
+        async move {
+            app.wait_settled().await;
+            app.state.request_log.flush().await;
+            let (input, output, cost): (i64, i64, i64) = sql_row(
+                app.db(),
+                &format!(
+                    "SELECT input_tokens, output_tokens, cost_micros FROM requests \
+                     WHERE token_id = {id}"
+                ),
+            )
+            .await;
+            let charged = app
+                .scalar(&format!(
+                    "SELECT limit_micros - remaining_micros FROM tokens WHERE id = {id}"
+                ))
+                .await;
+            (input, output, cost, charged)
+        }
+    };
+    let body = |stream: bool| {
+        json!({"model": "gemini-2.5-pro", "max_tokens": 10, "stream": stream,
+            "messages": [message.clone()]})
+    };
+
+    // The client leaves while Gemini holds its answer.
+    let (id, token) = app.token("left", Some("100")).await;
+    app.mock.state.sticky(
+        KEY_G,
+        Some(Script {
+            delay_ms: 3_600_000,
+            ..Script::default()
+        }),
+    );
+    {
+        let left = body(false);
+        let send = app.chat(&token, &left);
+        tokio::pin!(send);
+        tokio::select! {
+            _ = &mut send => panic!("answered while the upstream holds it"),
+            _ = had(1) => {}
+        }
+    }
+    let want = at_tier(reserved, 0);
+    assert_eq!(row(id).await, (reserved, 0, want, want), "left");
+
+    // Its own deadline cuts the attempt off after Gemini had it.
+    let (id, token) = app.token("cut", Some("100")).await;
+    app.mock.state.sticky(
+        KEY_G,
+        Some(Script {
+            delay_ms: 8_000,
+            ..Script::default()
+        }),
+    );
+    // Deadline counted from arrival: room for counting 240 000 digits in a debug build.
+    let resp = app
+        .http
+        .post(format!("{}/v1/chat/completions", app.address))
+        .bearer_auth(&token)
+        .header("x-sluice-request-deadline-ms", "3000")
+        .json(&body(false))
+        .send()
+        .await
+        .unwrap();
+    resp.bytes().await.unwrap();
+    assert_eq!(app.mock.state.total_count(), 2, "the upstream had it");
+    assert_eq!(row(id).await, (reserved, 0, want, want), "cut");
+
+    // The stream stalls before Gemini reports its usage (its last chunk).
+    let (id, token) = app.token("stall", Some("100")).await;
+    app.mock.state.sticky(
+        KEY_G,
+        Some(Script {
+            text: Some("The engine light blinks again tonight".into()),
+            stall_after: Some(2),
+            ..Script::default()
+        }),
+    );
+    let resp = app.chat(&token, &body(true)).await;
+    assert_eq!(resp.status(), 200);
+    let (data, _) = tokio::time::timeout(std::time::Duration::from_secs(10), sse_data(resp))
+        .await
+        .expect("the gateway ended the stalled stream");
+    let output = sluice::quota::estimate::count_text(&reassemble(&data));
+    assert!(output > 0);
+    let want = at_tier(reserved, output);
+    assert_eq!(row(id).await, (reserved, output, want, want), "stall");
+    app.mock.state.sticky(KEY_G, None);
+    app.assert_invariant().await;
+}

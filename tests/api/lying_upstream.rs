@@ -602,3 +602,194 @@ async fn an_answer_whose_usage_leaves_a_side_out_is_charged_the_estimate_for_it(
     }
     app.assert_invariant().await;
 }
+
+/// Review finding (s16): a translated answer whose upstream left a side of its usage out
+/// showed the client 0 for that side (the internal form's default) while the ledger charged
+/// the gateway's count for it: an OpenAI client of a Claude upstream answering
+/// `{"output_tokens": 5}` read `prompt_tokens: 0` and was charged its prompt. A side the
+/// gateway counted is written into the translated answer as charged (as a translated
+/// stream's `message_start` carries the estimate); a reported side stays as reported.
+#[tokio::test]
+async fn a_translated_answer_shows_the_side_its_upstream_left_out_as_charged() {
+    use sluice::quota::estimate::{chat_input, count_text};
+    let app = partial_usage_app().await;
+    let message = json!({"role": "user", "content": "Why does the engine light blink?"});
+    let counted = chat_input(std::slice::from_ref(&message), None);
+    let said = "The engine light blinks because the sensor reads low oil pressure.";
+    let spoken = count_text(said);
+    // (client, model, its upstream's key, the usage it reports, input and output charged)
+    let cases = [
+        (
+            "openai",
+            "claude",
+            KEY_B,
+            json!({"output_tokens": 5}),
+            (counted, 5),
+        ),
+        (
+            "openai",
+            "gem",
+            GEMINI_KEY,
+            json!({"candidatesTokenCount": 7}),
+            (counted, 7),
+        ),
+        (
+            "openai",
+            "claude",
+            KEY_B,
+            json!({"input_tokens": 12}),
+            (12, spoken),
+        ),
+        (
+            "anthropic",
+            "gpt-4o-mini",
+            KEY_A,
+            json!({"completion_tokens": 40}),
+            (counted, 40),
+        ),
+        (
+            "anthropic",
+            "gpt-4o-mini",
+            KEY_A,
+            json!({}),
+            (counted, spoken),
+        ),
+    ];
+    for (i, (client, model, key, usage, (input, output))) in cases.into_iter().enumerate() {
+        let case = format!("{client} client of {model}, usage {usage}");
+        let (id, token) = app.token(&format!("shown-{i}"), Some("1")).await;
+        app.mock.state.script(
+            key,
+            [Script {
+                body: Some(answer_with_usage(key, said, usage.clone())),
+                ..Script::default()
+            }],
+        );
+        let body = json!({"model": model, "max_tokens": 100, "messages": [message.clone()]});
+        let resp = match client {
+            "openai" => app.chat(&token, &body).await,
+            _ => app.messages(&token, &body).await,
+        };
+        let status = resp.status();
+        let answer: Value = resp.json().await.unwrap();
+        assert_eq!(status, 200, "{case}: {answer}");
+        app.wait_for_log_rows(i as i64 + 1).await;
+        let (row_input, row_output): (i64, i64) = sql_row(
+            app.db(),
+            &format!("SELECT input_tokens, output_tokens FROM requests WHERE token_id = {id}"),
+        )
+        .await;
+        assert_eq!((row_input, row_output), (input, output), "{case}: the row");
+        let shown = match client {
+            "openai" => (
+                answer["usage"]["prompt_tokens"].as_i64(),
+                answer["usage"]["completion_tokens"].as_i64(),
+                answer["usage"]["total_tokens"].as_i64(),
+            ),
+            _ => (
+                answer["usage"]["input_tokens"].as_i64(),
+                answer["usage"]["output_tokens"].as_i64(),
+                Some(input + output),
+            ),
+        };
+        assert_eq!(
+            shown,
+            (Some(input), Some(output), Some(input + output)),
+            "{case}: {answer}"
+        );
+    }
+    // A Responses client of a Claude upstream: the answer and the stored response alike.
+    let (id, token) = app.token("shown-responses", Some("1")).await;
+    app.mock.state.script(
+        KEY_B,
+        [Script {
+            body: Some(answer_with_usage(KEY_B, said, json!({"output_tokens": 5}))),
+            ..Script::default()
+        }],
+    );
+    let body = json!({"model": "claude", "max_output_tokens": 100,
+        "input": "Why does the engine light blink?"});
+    let resp = app.post("/v1/responses", &token, &body).await;
+    let status = resp.status();
+    let answer: Value = resp.json().await.unwrap();
+    assert_eq!(status, 200, "{answer}");
+    app.wait_for_log_rows(6).await;
+    let input = app
+        .scalar(&format!(
+            "SELECT input_tokens FROM requests WHERE token_id = {id}"
+        ))
+        .await;
+    assert!(input > 0);
+    let want = json!({"input": input, "output": 5, "total": input + 5});
+    let shown = |r: &Value| {
+        json!({"input": r["usage"]["input_tokens"], "output": r["usage"]["output_tokens"],
+            "total": r["usage"]["total_tokens"]})
+    };
+    assert_eq!(shown(&answer), want, "{answer}");
+    let stored: Value = app
+        .http
+        .get(format!(
+            "{}/v1/responses/{}",
+            app.address,
+            answer["id"].as_str().unwrap()
+        ))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(shown(&stored), want, "{stored}");
+    app.assert_invariant().await;
+}
+
+/// Review finding (s16): an embeddings answer has no output side (OpenAI's usage is
+/// `{"prompt_tokens", "total_tokens"}`), so reading it side by side marked every embeddings
+/// row `usage_estimated` though its upstream reported all it bills. Its output is 0 by
+/// the endpoint's nature; the row is marked only when its input is absent.
+#[tokio::test]
+async fn an_embeddings_answer_with_its_input_reported_is_not_marked_estimated() {
+    let app = spawn_app().await;
+    let (id, token) = app.token("embeds", Some("1")).await;
+    let body = json!({"model": "gpt-4o-mini", "input": "The engine light blinks."});
+    let resp = app.post("/v1/embeddings", &token, &body).await;
+    let status = resp.status();
+    let answer: Value = resp.json().await.unwrap();
+    assert_eq!(status, 200, "{answer}");
+    let reported = answer["usage"]["prompt_tokens"].as_i64().unwrap();
+    app.wait_for_log_rows(1).await;
+    let (input, output, code): (i64, i64, Option<String>) = sql_row(
+        app.db(),
+        &format!(
+            "SELECT input_tokens, output_tokens, error_code FROM requests WHERE token_id = {id}"
+        ),
+    )
+    .await;
+    assert_eq!((input, output, code.as_deref()), (reported, 0, None));
+
+    // Its input left out: the estimate, marked.
+    app.mock.state.script(
+        KEY_A,
+        [Script {
+            body: Some(json!({"object": "list", "model": "gpt-4o-mini",
+                "data": [{"object": "embedding", "index": 0, "embedding": [0.5, 0.5]}],
+                "usage": {}})),
+            ..Script::default()
+        }],
+    );
+    let (id, token) = app.token("embeds-unreported", Some("1")).await;
+    assert_eq!(
+        app.post("/v1/embeddings", &token, &body).await.status(),
+        200
+    );
+    app.wait_for_log_rows(2).await;
+    let (input, code): (i64, Option<String>) = sql_row(
+        app.db(),
+        &format!("SELECT input_tokens, error_code FROM requests WHERE token_id = {id}"),
+    )
+    .await;
+    assert!(input > 0);
+    assert_eq!(code.as_deref(), Some("usage_estimated"));
+    app.assert_invariant().await;
+}

@@ -409,3 +409,67 @@ async fn a_web_search_the_gateway_cannot_cap_is_refused_naming_the_field() {
     assert_eq!(app.mock.state.stats(OPENAI_KEY).count, 0);
     app.assert_invariant().await;
 }
+
+/// Review finding (s16): a prompt marked for a cache write (`cache_control`, five-minute or
+/// one-hour) whose client left while Anthropic worked on it was charged its reserved input
+/// at the plain input rate (3 USD per Mtok), though Anthropic bills a marked prompt it
+/// processed at the write rate (3.75 for five minutes, 6 for an hour) and the reservation
+/// held that rate. A departure pays the input the reservation held at the rate it held:
+/// the dearest write the request marked — streamed or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_departure_of_a_prompt_marked_for_a_cache_write_pays_the_write_rate() {
+    let app = app().await;
+    let text = "The engine light blinks twice, then once. ".repeat(200);
+    app.mock.state.sticky(
+        ANTHROPIC_KEY,
+        Some(Script {
+            delay_ms: 3_600_000,
+            ..Script::default()
+        }),
+    );
+    let mut had = 0;
+    for (ttl, rate) in [("1h", 6_000_000), ("5m", 3_750_000)] {
+        for stream in [false, true] {
+            let case = format!("ttl={ttl} stream={stream}");
+            let (id, token) = app.token(&format!("left-{ttl}-{stream}"), Some("1")).await;
+            let body = json!({"model": "sonnet", "max_tokens": 100, "stream": stream,
+                "system": [{"type": "text", "text": text,
+                    "cache_control": {"type": "ephemeral", "ttl": ttl}}],
+                "messages": [{"role": "user", "content": "What is Sluice?"}]});
+            had += 1;
+            {
+                let send = app.messages(&token, &body);
+                tokio::pin!(send);
+                tokio::select! {
+                    _ = &mut send => panic!("{case}: answered while the upstream holds it"),
+                    _ = async {
+                        for _ in 0..500 {
+                            if app.mock.state.stats(ANTHROPIC_KEY).count >= had {
+                                return;
+                            }
+                            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                        }
+                        panic!("{case}: the upstream never had the request");
+                    } => {}
+                }
+            }
+            app.wait_settled().await;
+            app.state.request_log.flush().await;
+            let (input, cost): (i64, i64) = sql_row(
+                app.db(),
+                &format!("SELECT input_tokens, cost_micros FROM requests WHERE token_id = {id}"),
+            )
+            .await;
+            assert!(input > 1_000, "{case}: {input}");
+            let want = (input * rate + 999_999) / 1_000_000;
+            let spent = app
+                .scalar(&format!(
+                    "SELECT limit_micros - remaining_micros FROM tokens WHERE id = {id}"
+                ))
+                .await;
+            assert_eq!((cost, spent), (want, want), "{case}: {input} tokens");
+        }
+    }
+    app.mock.state.sticky(ANTHROPIC_KEY, None);
+    app.assert_invariant().await;
+}
