@@ -62,7 +62,7 @@ pub struct Departure {
 /// whole input; on Gemini each digit once more, as the reservation counts it), at the
 /// dearest candidate's price — at the dearest cache write the request marked, and at a
 /// long-context tier's rates where the provider's tokenizer may count that input past its
-/// threshold, as the reservation decides (`long_context::priced_counted`,
+/// threshold, as the reservation decides (`long_context::priced_departed`,
 /// `provider_may_count`). A server-tool turn may have run whole
 /// meanwhile (the upstream goes on without its client): every step's input
 /// (`kinds::Turn::billed_input` of that input) and every search it was allowed. Never more
@@ -89,7 +89,7 @@ pub fn input_cost(state: &AppState, p: &Prepared, candidates: &[Candidate]) -> D
             };
             Departure {
                 input: input.input,
-                cost: long_context::priced_counted(
+                cost: long_context::priced_departed(
                     input,
                     (c.prices, p.kinds.input),
                     c.route.long_context,

@@ -5,7 +5,8 @@
 //! the margin, its documents at the model's whole input, a server-tool turn's every step —
 //! past a candidate's threshold (`provider_may_count`, `pipeline::reservation_amount`), and
 //! a request that ends before its answer without its input reported is charged the
-//! reserved input with its tier decided the same way (`priced_counted`), and
+//! reserved input with its tier decided the same way (`priced_departed`), an answer without
+//! its input reported is charged the estimate with its tier decided so too (`priced_counted`), and
 //! an answer is priced from the input it reports (`priced`): one the provider counted past
 //! the threshold though the gateway counted below it is priced at the tier's rates, and
 //! what passes the reservation is absorbed and shown as such, never lost from the ledger.
@@ -67,21 +68,34 @@ pub fn priced(usage: Usage, prices: Prices, tier: Option<LongTier>) -> i64 {
     pricing::cost(usage, billed)
 }
 
-/// What `usage` costs at `prices` when its input is the gateway's own count (a request that
-/// ended before its answer without the input reported, charged the input reserved for it):
-/// at the route's long-context `tier` when the provider's tokenizer may count that input
-/// past its threshold (`provider_may_count`) — the tier decided as the reservation decides
-/// it — and at the dearest cache write the request marked (`may`), when dearer than the
-/// input rate: a provider bills a marked prompt it processed at the write rate, and the
-/// reservation held it (`Prices::dearest_input`). So never dearer than the reservation's.
+/// What `usage` costs at `prices` when its input is the gateway's own count, not the
+/// provider's (an answer whose usage left its input out, charged the estimate; a request
+/// that ended before its answer, charged the input reserved for it: `priced_departed`): at
+/// the route's long-context `tier` when the provider's tokenizer may count that input past
+/// its threshold (`provider_may_count`) — the tier decided as the reservation decides it,
+/// on an input no larger than the reservation's, so never dearer than the reservation.
 pub fn priced_counted(
+    usage: Usage,
+    prices: Prices,
+    tier: Option<LongTier>,
+    provider: Provider,
+) -> i64 {
+    let tier_at = provider_may_count(provider, usage.input);
+    pricing::cost(usage, prices.for_input(tier_at, tier))
+}
+
+/// A departure's cost (`priced_counted` of the reserved input), at the dearest cache write
+/// the request marked (`may`) when dearer than the input rate: a provider bills a marked
+/// prompt it processed at the write rate, and the reservation held it
+/// (`Prices::dearest_input`). An answer that came is not priced so: whether it wrote or
+/// read the cache is in the usage it left out, and the input rate is between the two.
+pub fn priced_departed(
     usage: Usage,
     (prices, may): (Prices, InputKinds),
     tier: Option<LongTier>,
     provider: Provider,
 ) -> i64 {
-    let tier_at = provider_may_count(provider, usage.input);
-    pricing::cost(usage, prices.written(may).for_input(tier_at, tier))
+    priced_counted(usage, prices.written(may), tier, provider)
 }
 
 #[cfg(test)]

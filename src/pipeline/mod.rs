@@ -784,7 +784,12 @@ async fn finish(
             });
         }
     }
-    let cost = long_context::priced(usage, s.prices, s.route.long_context);
+    // An input the upstream left out is the gateway's count: its tier is decided as the
+    // reservation's, with what the provider's tokenizer may count.
+    let cost = match reported.input {
+        Some(_) => long_context::priced(usage, s.prices, s.route.long_context),
+        None => long_context::priced_counted(usage, s.prices, s.route.long_context, s.dep.provider),
+    };
     // The request's windows and the serving key's, corrected off the path when dropped.
     let used = usage.input + usage.output;
     for b in [booking.as_mut(), key_booking.as_mut()]

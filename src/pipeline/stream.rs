@@ -537,7 +537,9 @@ impl Pump {
             };
         }
         let cost = if departed {
-            long_context::priced_counted(usage, (prices, may), long_context, provider)
+            long_context::priced_departed(usage, (prices, may), long_context, provider)
+        } else if !input_reported {
+            long_context::priced_counted(usage, prices, long_context, provider)
         } else {
             long_context::priced(usage, prices, long_context)
         };

@@ -50,7 +50,7 @@ impl Prices {
     /// These prices with fresh input at the dearest cache write `may` marks, when dearer:
     /// what the input the gateway counted itself costs when the upstream had the request
     /// and may have written all of it to its cache (a departure,
-    /// `pipeline::long_context::priced_counted`). Audio is left out: the estimate counts an
+    /// `pipeline::long_context::priced_departed`). Audio is left out: the estimate counts an
     /// audio part's payload as text, already more tokens than its audio.
     pub fn written(self, may: InputKinds) -> Prices {
         let mut input = self.input;

@@ -7,7 +7,7 @@
 
 use serde_json::{json, Value};
 use sluice::config::{PriceKeys, Provider, RouteSettings, UpstreamSettings};
-use sluice::mock::{MockServer, Script};
+use sluice::mock::{MockServer, Script, SseEvent};
 
 use crate::helpers::*;
 use crate::server_tools::{app, spent_and_absorbed, KEY};
@@ -420,5 +420,80 @@ async fn a_digit_heavy_gemini_prompt_that_ends_before_its_answer_pays_its_digits
     let want = at_tier(reserved, output);
     assert_eq!(row(id).await, (reserved, output, want, want), "stall");
     app.mock.state.sticky(KEY_G, None);
+    app.assert_invariant().await;
+}
+
+/// An answer whose usage leaves its input out is charged the gateway's count of it; when the
+/// provider's tokenizer may count that past the threshold, the tier is decided as for the
+/// reservation and a departure (`provider_may_count`): Claude may count these ~150 000
+/// o200k tokens as 225 000, and bills them at the tier's 6 USD. Before, the count was
+/// priced at the standard 3 USD, half of what the reservation held and the bill may say.
+#[tokio::test]
+async fn an_answer_without_its_input_counted_within_the_providers_reach_of_the_tier_is_priced_at_its_rates(
+) {
+    let app = app().await;
+    let message = json!({"role": "user", "content": "hi ".repeat(150_000)});
+    let counted = sluice::quota::estimate::chat_input(std::slice::from_ref(&message), None);
+    assert!((140_000..200_000).contains(&counted), "{counted}");
+    let said = "A summary.";
+    let start = json!({"type": "message_start", "message": {"id": "msg_t", "type": "message",
+        "role": "assistant", "model": "claude-sonnet-4-5", "content": [], "stop_reason": null,
+        "stop_sequence": null, "usage": {"output_tokens": 1}}});
+    let events = json!([
+        ["message_start", start],
+        ["content_block_start", {"type": "content_block_start", "index": 0,
+            "content_block": {"type": "text", "text": ""}}],
+        ["content_block_delta", {"type": "content_block_delta", "index": 0,
+            "delta": {"type": "text_delta", "text": said}}],
+        ["content_block_stop", {"type": "content_block_stop", "index": 0}],
+        ["message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn",
+            "stop_sequence": null}, "usage": {"output_tokens": 4}}],
+        ["message_stop", {"type": "message_stop"}]
+    ]);
+    let whole = json!({"id": "msg_t", "type": "message", "role": "assistant",
+        "model": "claude-sonnet-4-5", "content": [{"type": "text", "text": said}],
+        "stop_reason": "end_turn", "stop_sequence": null, "usage": {"output_tokens": 4}});
+    for (n, stream) in [(1, false), (2, true)] {
+        let (id, token) = app.token(&format!("no-input-{stream}"), Some("100")).await;
+        let script = if stream {
+            Script {
+                events: Some(
+                    events
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|e| SseEvent::Named(e[0].as_str().unwrap().into(), e[1].clone()))
+                        .collect(),
+                ),
+                ..Script::default()
+            }
+        } else {
+            Script {
+                body: Some(whole.clone()),
+                ..Script::default()
+            }
+        };
+        app.mock.state.script(KEY, [script]);
+        let body = json!({"model": "sonnet-long", "max_tokens": 10, "stream": stream,
+            "messages": [message.clone()]});
+        let resp = app.send(MESSAGES, &token, &body).await;
+        assert_eq!(resp.status(), 200, "stream={stream}");
+        resp.text().await.unwrap();
+        app.wait_for_log_rows(n).await;
+        let (charged, absorbed) = spent_and_absorbed(&app, id).await;
+        // Every input token at the tier's 6 USD, the 4 output tokens at its 22.50.
+        let tier = (counted * 6_000_000 + 4 * 22_500_000 + 999_999) / 1_000_000;
+        assert_eq!((charged, absorbed), (tier, 0), "stream={stream}");
+        let (input, code): (i64, Option<String>) = sql_row(
+            app.db(),
+            &format!("SELECT input_tokens, error_code FROM requests WHERE token_id = {id}"),
+        )
+        .await;
+        assert_eq!(
+            (input, code.as_deref()),
+            (counted, Some("usage_estimated")),
+            "stream={stream}"
+        );
+    }
     app.assert_invariant().await;
 }
