@@ -648,7 +648,7 @@ fn first_step(state: &AppState, p: &Prepared, c: &attempts::Candidate, provider:
 /// search allowed, `kinds::Turn`), the output from the answer's `text`.
 fn answer_usage(
     p: &Prepared,
-    image_rule: crate::quota::images::Rule,
+    (image_rule, provider): (crate::quota::images::Rule, Provider),
     reported: Reported,
     text: impl FnOnce() -> String,
 ) -> Usage {
@@ -657,8 +657,8 @@ fn answer_usage(
         ..Usage::default()
     };
     if reported.input.is_none() {
-        usage.input =
-            (p.kinds.server_tools).billed_input(p.estimated_input_on(image_rule), p.output_cap());
+        usage.input = (p.kinds.server_tools)
+            .billed_input(p.estimated_input_on(image_rule, provider), p.output_cap());
     }
     if reported.output.is_none() {
         usage.output = estimate::count_text(&text());
@@ -740,7 +740,7 @@ async fn finish(
     if reported.input.is_none() || reported.output.is_none() {
         log.error_code = Some(USAGE_ESTIMATED);
     }
-    let usage = answer_usage(p, image_rule, reported, || {
+    let usage = answer_usage(p, (image_rule, s.dep.provider), reported, || {
         providers::answer_text(read_as, &answer)
     })
     .at_worst_lifetime(p.kinds.input);

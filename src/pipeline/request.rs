@@ -89,9 +89,15 @@ impl Prepared {
     /// The input charged on such a route for an answer whose usage does not report its
     /// input (none at all, or the output alone): its documents at their estimate
     /// (`Documents::estimated`), not the reservation's bound. Only there: the upstream
-    /// answered, so it read the request once, as the estimate counts it.
-    pub fn estimated_input_on(&self, rule: Rule) -> i64 {
-        self.documents.estimated(self.counted_on(rule))
+    /// answered, so it read the request once, as the estimate counts it — on Gemini each
+    /// digit once more, as Gemini counts them and the reservation did.
+    pub fn estimated_input_on(&self, rule: Rule, provider: Provider) -> i64 {
+        self.documents
+            .estimated(self.counted_on(rule))
+            .saturating_add(super::long_context::beyond_the_estimate(
+                provider,
+                self.input_digits,
+            ))
     }
 
     /// The estimate with the request's images as the route's provider bills them.

@@ -278,7 +278,7 @@ pub(super) fn serve(
         upstream_format,
         client,
         p.include_usage,
-        p.estimated_input_on(s.route.image_rule),
+        p.estimated_input_on(s.route.image_rule, deployment.provider),
     )
     .hold_limit(most);
     // A server the gateway does not ask for its usage (`quirks.include_usage = false`).

@@ -497,3 +497,48 @@ async fn an_answer_without_its_input_counted_within_the_providers_reach_of_the_t
     }
     app.assert_invariant().await;
 }
+
+/// The estimate charged for a Gemini answer that left its input out counts each digit as
+/// Gemini does, as the reservation counts it: 240 000 digits (~80 000 o200k tokens) are
+/// 240 010 tokens to Gemini, past its 200 000 threshold. Before, the estimate was the
+/// gateway's count alone, at the standard rates: 100 089 µ$ where Gemini bills ~600 000.
+#[tokio::test]
+async fn a_digit_heavy_gemini_answer_without_its_input_is_charged_its_digits() {
+    const KEY_G: &str = "gem-key-estimate-0123456789";
+    let app = app_serving(
+        |mock| vec![native_upstream(Provider::Gemini, "g", KEY_G, mock)],
+        "gemini-2.5-pro",
+        vec![route("g", "gemini-2.5-pro")],
+        (1.25, 10.0),
+    )
+    .await;
+    let message = json!({"role": "user", "content": "0123456789".repeat(24_000)});
+    let counted =
+        sluice::quota::estimate::chat_input(std::slice::from_ref(&message), None) + 240_000;
+    let (id, token) = app.token("estimate", Some("100")).await;
+    app.mock.state.script(
+        KEY_G,
+        [Script {
+            body: Some(json!({"candidates": [{"content": {"role": "model",
+                "parts": [{"text": "Digits."}]}, "finishReason": "STOP", "index": 0}],
+                "usageMetadata": {"candidatesTokenCount": 7}, "modelVersion": "gemini-2.5-pro",
+                "responseId": "r1"})),
+            ..Script::default()
+        }],
+    );
+    let body = json!({"model": "gemini-2.5-pro", "max_tokens": 10, "messages": [message]});
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    resp.text().await.unwrap();
+    app.wait_for_log_rows(1).await;
+    // Gemini 2.5 Pro's tier: 2.50 USD per Mtok in, 15 out.
+    let at_tier = (counted * 2_500_000 + 7 * 15_000_000 + 999_999) / 1_000_000;
+    assert_eq!(spent_and_absorbed(&app, id).await, (at_tier, 0));
+    let input = app
+        .scalar(&format!(
+            "SELECT input_tokens FROM requests WHERE token_id = {id}"
+        ))
+        .await;
+    assert_eq!(input, counted);
+    app.assert_invariant().await;
+}
