@@ -102,6 +102,16 @@ pub async fn reconcile_file(
         )));
     };
     let accounts = Accounts::new(deployments(db, settings, export.provider()).await?);
+    if export == Export::Openai {
+        let figures = lines.iter().map(|l| (l.accounts.as_slice(), l.named));
+        if let Some(missing) = reconcile::ungrouped(figures, &accounts) {
+            return Err(FinanceError::Unreadable(format!(
+                "{file}: {}: {}",
+                missing.describe(),
+                costs_hint(&missing)
+            )));
+        }
+    }
     let (from, to) = download.log_span(first, last)?;
     let spend = finance::spend_by_upstream(db, &from, &to).await?;
     let t = Thresholds {
@@ -145,6 +155,25 @@ pub async fn reconcile_file(
     audit::append(&mut tx, &entry, now).await?;
     tx.commit().await?;
     Ok(Run { run, rows })
+}
+
+/// What to do about a cost export that cannot meet the claimed accounts: OpenAI's Costs
+/// API groups by `project_id` and `line_item` only, so a deployment billing to an API key
+/// is named by its project instead (or its tokens compared per key, `openai-usage`).
+fn costs_hint(missing: &reconcile::Ungrouped) -> String {
+    let mut out = Vec::new();
+    if !missing.project.is_empty() {
+        out.push(
+            "download the costs again with group_by=project_id added (besides group_by=line_item)",
+        );
+    }
+    if !missing.api_key.is_empty() {
+        out.push(
+            "the Costs API does not group by api_key_id: name those deployments' project in \
+             provider_account (compare their tokens per key with --provider openai-usage)",
+        );
+    }
+    out.join("; ")
 }
 
 /// One download saved as files (a paginated export's pages, a file each).

@@ -307,7 +307,10 @@ async fn a_period_reset_under_load_splits_spend_between_the_periods(engine: Engi
     // All 20 reserved (they reach the upstream after their reservation) before the day turns.
     let until = std::time::Instant::now() + Duration::from_secs(30);
     while app.mock.state.stats(KEY_A).count < 20 {
-        assert!(std::time::Instant::now() < until, "the 20 requests never reached the upstream");
+        assert!(
+            std::time::Instant::now() < until,
+            "the 20 requests never reached the upstream"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     clock.advance(chrono::Duration::days(1));

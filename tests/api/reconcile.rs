@@ -602,3 +602,35 @@ async fn pages_saved_as_several_files_are_read_as_one_download() {
         text(&out.stderr)
     );
 }
+
+/// The Costs API groups by project: a deployment billing to an API key cannot meet its
+/// figures — they would be held against `*` and the key would read as unbilled. The run
+/// refuses (exit 2, naming `api_key_id` and the key), nothing stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cost_export_grouped_by_project_exits_2_when_a_deployment_claims_an_api_key() {
+    let (app, config) = setup().await;
+    let text_of = std::fs::read_to_string(&config).unwrap();
+    let with_key = text_of.replace(
+        "provider_account = \"proj_a\"\n",
+        "provider_account = \"key_0\"\n",
+    );
+    assert_ne!(with_key, text_of);
+    std::fs::write(&config, with_key).unwrap();
+    for (name, body) in [
+        ("costs.json", openai_export(|_, _, _| 0)),
+        ("costs.csv", openai_dashboard_csv(|_, _, _| 0)),
+    ] {
+        let file = app.dir.path().join(name);
+        std::fs::write(&file, body).unwrap();
+        let out = reconcile(&config, "openai", &file, false);
+        let err = text(&out.stderr);
+        assert_exit(&out, 2);
+        assert!(
+            err.contains("api_key_id") && err.contains("key_0"),
+            "{name}: {err}"
+        );
+        assert!(err.contains(name), "{name}: {err}");
+    }
+    let runs = crate::helpers::scalar_on(app.db(), "SELECT COUNT(*) FROM reconciliations").await;
+    assert_eq!(runs, 0);
+}

@@ -62,7 +62,10 @@ async fn sighup_applies_the_newest_files_tag_bounds() {
         if text.contains("SIGHUP: config reloaded") {
             break text;
         }
-        assert!(Instant::now() < deadline, "the reload was never logged: {text}");
+        assert!(
+            Instant::now() < deadline,
+            "the reload was never logged: {text}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert!(

@@ -131,6 +131,7 @@ fn line(at: &str, day: chrono::NaiveDate, cost: Cost) -> Result<Line, ExportErro
         day,
         model,
         accounts: cost.workspace_id.into_iter().collect(),
+        named: exports::Named::default(),
         micros,
     })
 }

@@ -24,7 +24,28 @@ pub struct Line {
     /// The account ids this figure could belong to, most specific first (an OpenAI API key
     /// id, then its project; an Anthropic workspace); empty for the organisation's default.
     pub accounts: Vec<String>,
+    /// Which of OpenAI's account fields the figure names (`reconcile::ungrouped`).
+    pub named: Named,
     pub micros: i64,
+}
+
+/// Which of OpenAI's account fields a figure names — the export was grouped by them:
+/// `api_key` its `api_key_id` (then `accounts[0]`), `project` its `project_id` (then the
+/// last of `accounts`). Anthropic's figures name neither (a workspace is their account).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Named {
+    pub api_key: bool,
+    pub project: bool,
+}
+
+impl Named {
+    /// Of a figure whose `api_key_id` and `project_id` are these.
+    pub fn of(api_key: Option<&str>, project: Option<&str>) -> Named {
+        Named {
+            api_key: api_key.is_some(),
+            project: project.is_some(),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -84,6 +84,7 @@ fn line(at: &str, day: chrono::NaiveDate, cost: Cost) -> Result<Line, ExportErro
     Ok(Line {
         day,
         model: model.trim().to_string(),
+        named: exports::Named::of(cost.api_key_id.as_deref(), cost.project_id.as_deref()),
         accounts: [cost.api_key_id, cost.project_id]
             .into_iter()
             .flatten()
@@ -114,12 +115,14 @@ mod tests {
                     day,
                     model: "gpt-4o-mini-2024-07-18".into(),
                     accounts: vec!["proj_abc".into()],
+                    named: exports::Named::of(None, Some("proj_abc")),
                     micros: 60_000
                 },
                 Line {
                     day,
                     model: "gpt-4o-mini-2024-07-18".into(),
                     accounts: vec![],
+                    named: exports::Named::default(),
                     micros: 1_000_001
                 },
             ]

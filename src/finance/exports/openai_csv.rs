@@ -93,6 +93,7 @@ pub fn read(text: &str) -> Result<Vec<Line>, ExportError> {
             day,
             model: model.to_string(),
             accounts,
+            named: super::Named::of(field(key), field(project)),
             micros,
         });
     }
@@ -137,12 +138,14 @@ mod tests {
                     day,
                     model: "gpt-4o-mini-2024-07-18".into(),
                     accounts: vec!["proj_abc".into()],
+                    named: crate::finance::exports::Named::of(None, Some("proj_abc")),
                     micros: 60_000
                 },
                 Line {
                     day,
                     model: "gpt-4o-mini-2024-07-18".into(),
                     accounts: vec![],
+                    named: crate::finance::exports::Named::default(),
                     micros: 1_000_001
                 },
             ]
