@@ -149,8 +149,8 @@ pub async fn reconcile_usage(
 ) -> Result<TokenRun, FinanceError> {
     let download = Download::read(files)?;
     let source = &download.source;
-    let lines = openai_usage::read(&download.joined())
-        .map_err(|e| FinanceError::Unreadable(format!("{source}: {e}")))?;
+    let lines = openai_usage::read_files(&download.files())
+        .map_err(|e| FinanceError::Unreadable(e.to_string()))?;
     let (Some(first), Some(last)) = (
         lines.iter().map(|l| l.day).min(),
         lines.iter().map(|l| l.day).max(),

@@ -38,6 +38,11 @@ pub fn read(text: &str) -> Result<Vec<Line>, ExportError> {
     walk::<Bucket>(text)
 }
 
+/// The pages of one download saved as `files` (`exports::walk_files`).
+pub fn read_files(files: &[exports::File]) -> Result<Vec<Line>, ExportError> {
+    exports::walk_files::<Bucket>(files)
+}
+
 impl exports::Bucket for Bucket<'_> {
     fn start(&self) -> String {
         self.start_time.to_string()

@@ -50,6 +50,11 @@ pub fn read(text: &str) -> Result<Vec<TokenLine>, ExportError> {
     walk::<Bucket>(text)
 }
 
+/// The pages of one download saved as `files` (`exports::walk_files`).
+pub fn read_files(files: &[exports::File]) -> Result<Vec<TokenLine>, ExportError> {
+    exports::walk_files::<Bucket>(files)
+}
+
 impl exports::Bucket for Bucket {
     type Item = TokenLine;
 
