@@ -81,8 +81,9 @@ pub struct Run {
 }
 
 /// Reads `files` as `export` — one download: a paginated JSON export's pages may be saved a
-/// file each, read together as if concatenated (so a page's successor may be in the next
-/// file); a CSV is read one at a time — compares it and stores the run (audited as `actor`).
+/// file each, read together (so a page's successor may be in the next file), CSV files
+/// likewise, an error naming its file and the position in it (`Export::read_files`) —
+/// compares it and stores the run (audited as `actor`).
 pub async fn reconcile_file(
     db: &Db,
     settings: &Settings,
