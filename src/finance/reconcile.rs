@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use chrono::NaiveDate;
 
-use super::exports::{base_model, Line};
+use super::exports::{base_model, Line, Named};
 use crate::store::finance::{ReconciliationRow, UpstreamSpend};
 
 /// The account of a deployment that names none, and of figures no deployment claims.
@@ -80,6 +80,84 @@ impl Accounts {
             .cloned()
             .unwrap_or_else(|| ANY_ACCOUNT.to_string())
     }
+}
+
+/// The claimed accounts an OpenAI export cannot meet because it was not grouped by their
+/// kind: `api_key` the claims that may be API keys while no figure names an `api_key_id`,
+/// `project` those that may be projects while no figure names a `project_id`.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Ungrouped {
+    pub api_key: Vec<String>,
+    pub project: Vec<String>,
+}
+
+impl Ungrouped {
+    /// What is missing, as a message's clause: `group_by=api_key_id` (the keys) and/or
+    /// `group_by=project_id` (the projects).
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if !self.api_key.is_empty() {
+            parts.push(format!(
+                "no figure names an API key (the export is not grouped by api_key_id: group_by=api_key_id) while OpenAI deployments bill to {}",
+                self.api_key.join(", ")
+            ));
+        }
+        if !self.project.is_empty() {
+            parts.push(format!(
+                "no figure names a project (the export is not grouped by project_id: group_by=project_id) while OpenAI deployments bill to {}",
+                self.project.join(", ")
+            ));
+        }
+        parts.join("; ")
+    }
+}
+
+/// Whether an OpenAI export (`figures`: each one's ids and which fields they are) can meet
+/// the accounts the deployments claim. A claim is an API key when it starts `key_` or
+/// some figure names it as its `api_key_id`, a project when it starts `proj_` or some
+/// figure names it as its `project_id` (OpenAI's ids); a claim of neither shape may be
+/// either. A figure names an account only through the fields its export was grouped by:
+/// grouped by project alone, the keys of a project are summed in one figure — held
+/// against one key's log (or `*`'s) its difference means nothing — and a claimed key's
+/// log would read as unbilled; the reverse for a claimed project and an export grouped by
+/// key alone. `None`: every claim can be met (or none is made).
+pub fn ungrouped<'a>(
+    figures: impl IntoIterator<Item = (&'a [String], Named)>,
+    accounts: &Accounts,
+) -> Option<Ungrouped> {
+    let claimed = accounts.claimed();
+    if claimed.is_empty() {
+        return None;
+    }
+    let (mut keys, mut projects) = (HashSet::new(), HashSet::new());
+    let (mut by_key, mut by_project) = (false, false);
+    for (ids, named) in figures {
+        if named.api_key {
+            by_key = true;
+            keys.extend(ids.first().map(String::as_str));
+        }
+        if named.project {
+            by_project = true;
+            projects.extend(ids.last().map(String::as_str));
+        }
+    }
+    let is_key = |c: &str| c.starts_with("key_") || keys.contains(c);
+    let is_project = |c: &str| c.starts_with("proj_") || projects.contains(c);
+    let need = |grouped: bool, other_kind: &dyn Fn(&str) -> bool| -> Vec<String> {
+        if grouped {
+            return Vec::new();
+        }
+        claimed
+            .iter()
+            .filter(|c| !other_kind(c))
+            .map(|c| c.to_string())
+            .collect()
+    };
+    let out = Ungrouped {
+        api_key: need(by_key, &is_project),
+        project: need(by_project, &is_key),
+    };
+    (out != Ungrouped::default()).then_some(out)
 }
 
 /// The days an export covers: its first and last.
@@ -167,6 +245,39 @@ mod tests {
         assert!(flagged(1_000_001, 0, T));
     }
 
+    /// A claimed key needs an export grouped by key, a claimed project one grouped by
+    /// project, a claim of neither shape (not met in the export) both.
+    #[test]
+    fn an_export_must_be_grouped_by_the_kind_of_account_claimed() {
+        let ids = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let (key, project) = (ids(&["key_9"]), ids(&["proj_9"]));
+        let by_key = [(key.as_slice(), Named::of(Some("key_9"), None))];
+        let by_project = [(project.as_slice(), Named::of(None, Some("proj_9")))];
+        let claims = |c: &[&str]| {
+            Accounts::new(
+                c.iter()
+                    .enumerate()
+                    .map(|(i, a)| (i.to_string(), Some(a.to_string()))),
+            )
+        };
+        let keys = claims(&["key_1"]);
+        let projects = claims(&["proj_1"]);
+        assert_eq!(ungrouped(by_key, &keys), None);
+        assert_eq!(ungrouped(by_project, &projects), None);
+        let u = ungrouped(by_project, &keys).unwrap();
+        assert_eq!((u.api_key, u.project), (vec!["key_1".to_string()], vec![]));
+        let u = ungrouped(by_key, &projects).unwrap();
+        assert_eq!((u.api_key, u.project), (vec![], vec!["proj_1".to_string()]));
+        // `acct` has neither shape: either grouping alone may miss it.
+        let odd = claims(&["acct"]);
+        assert!(ungrouped(by_key, &odd).is_some() && ungrouped(by_project, &odd).is_some());
+        // Named as a project by the export itself: a project.
+        let seen = ids(&["acct"]);
+        let named = [(seen.as_slice(), Named::of(None, Some("acct")))];
+        assert_eq!(ungrouped(named, &odd), None);
+        assert_eq!(ungrouped(by_key, &claims(&[])), None);
+    }
+
     fn day(d: u32) -> NaiveDate {
         NaiveDate::from_ymd_opt(2026, 3, d).unwrap()
     }
@@ -208,6 +319,7 @@ mod tests {
             day: day(d),
             model: model.into(),
             accounts: ids.iter().map(|s| s.to_string()).collect(),
+            named: crate::finance::exports::Named::default(),
             micros,
         };
         let lines = vec![

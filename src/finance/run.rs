@@ -41,11 +41,30 @@ impl Export {
 
     /// The export's figures, or why the text is not one.
     pub fn read(self, text: &str) -> Result<Vec<Line>, FinanceError> {
-        let text = unmarked(text);
+        self.read_files(&[("", text)])
+    }
+
+    /// The figures of one download saved as `files` (name, text): JSON pages read together
+    /// (a page's successor may be in another file), CSV files likewise, never the two kinds
+    /// together. An error names the file it is in and the position inside it.
+    pub fn read_files(self, files: &[exports::File]) -> Result<Vec<Line>, FinanceError> {
+        let files: Vec<exports::File> = files.iter().map(|&(n, t)| (n, unmarked(t))).collect();
+        let csv: Vec<&str> = files
+            .iter()
+            .filter(|f| exports::openai_csv::is_csv(f.1))
+            .map(|f| f.0)
+            .collect();
+        let some_csv = self == Export::Openai && !csv.is_empty();
         match self {
-            Export::Openai if exports::openai_csv::is_csv(text) => exports::openai_csv::read(text),
-            Export::Openai => exports::openai::read(text),
-            Export::Anthropic => exports::anthropic::read(text),
+            _ if some_csv && csv.len() < files.len() => Err(exports::ExportError(
+                exports::in_file(
+                    &csv.join(", "),
+                    "a CSV export is read with CSV files only, one at a time or several, never beside JSON pages",
+                ),
+            )),
+            Export::Openai if some_csv => exports::openai_csv::read_files(&files),
+            Export::Openai => exports::openai::read_files(&files),
+            Export::Anthropic => exports::anthropic::read_files(&files),
             Export::OpenaiUsage => Err(exports::ExportError(
                 "a usage export holds tokens, not costs: it is compared by `usage_reconcile`"
                     .into(),
@@ -62,8 +81,9 @@ pub struct Run {
 }
 
 /// Reads `files` as `export` — one download: a paginated JSON export's pages may be saved a
-/// file each, read together as if concatenated (so a page's successor may be in the next
-/// file); a CSV is read one at a time — compares it and stores the run (audited as `actor`).
+/// file each, read together (so a page's successor may be in the next file), CSV files
+/// likewise, an error naming its file and the position in it (`Export::read_files`) —
+/// compares it and stores the run (audited as `actor`).
 pub async fn reconcile_file(
     db: &Db,
     settings: &Settings,
@@ -83,25 +103,23 @@ pub async fn reconcile_file(
         .collect();
     let download = Download::read(files)?;
     let file = &download.source;
-    if download.texts.len() > 1
-        && download
-            .texts
-            .iter()
-            .any(|t| exports::openai_csv::is_csv(unmarked(t)))
-    {
-        return Err(FinanceError::Unreadable(format!(
-            "{file}: a CSV export is read one at a time (only JSON pages are read together)"
-        )));
-    }
-    let lines = export
-        .read(&download.joined())
-        .map_err(|e| FinanceError::Unreadable(format!("{file}: {e}")))?;
+    let lines = export.read_files(&download.files())?;
     let Some((first, last)) = reconcile::days(&lines) else {
         return Err(FinanceError::Unreadable(format!(
             "{file}: the export holds no cost figures"
         )));
     };
     let accounts = Accounts::new(deployments(db, settings, export.provider()).await?);
+    if export == Export::Openai {
+        let figures = lines.iter().map(|l| (l.accounts.as_slice(), l.named));
+        if let Some(missing) = reconcile::ungrouped(figures, &accounts) {
+            return Err(FinanceError::Unreadable(format!(
+                "{file}: {}: {}",
+                missing.describe(),
+                costs_hint(&missing)
+            )));
+        }
+    }
     let (from, to) = download.log_span(first, last)?;
     let spend = finance::spend_by_upstream(db, &from, &to).await?;
     let t = Thresholds {
@@ -147,34 +165,58 @@ pub async fn reconcile_file(
     Ok(Run { run, rows })
 }
 
+/// What to do about a cost export that cannot meet the claimed accounts: OpenAI's Costs
+/// API groups by `project_id` and `line_item` only, so a deployment billing to an API key
+/// is named by its project instead (or its tokens compared per key, `openai-usage`).
+fn costs_hint(missing: &reconcile::Ungrouped) -> String {
+    let mut out = Vec::new();
+    if !missing.project.is_empty() {
+        out.push(
+            "download the costs again with group_by=project_id added (besides group_by=line_item)",
+        );
+    }
+    if !missing.api_key.is_empty() {
+        out.push(
+            "the Costs API does not group by api_key_id: name those deployments' project in \
+             provider_account (compare their tokens per key with --provider openai-usage)",
+        );
+    }
+    out.join("; ")
+}
+
 /// One download saved as files (a paginated export's pages, a file each).
 pub(super) struct Download {
     /// The files' paths joined: how an error names the download.
     pub(super) source: String,
-    /// Each file's text, in the order given.
-    pub(super) texts: Vec<String>,
+    /// Each file's path, as errors name it, and its text, in the order given.
+    names: Vec<String>,
+    texts: Vec<String>,
 }
 
 impl Download {
     /// Reads every file, or says which one cannot be read.
     pub(super) fn read(files: &[PathBuf]) -> Result<Download, FinanceError> {
-        let source = files
-            .iter()
-            .map(|f| f.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", ");
+        let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
         let texts = files
             .iter()
             .map(|f| read_text(f))
             .collect::<Result<_, _>>()?;
-        Ok(Download { source, texts })
+        Ok(Download {
+            source: names.join(", "),
+            names,
+            texts,
+        })
     }
 
-    /// The pages one after the other, each without its byte-order mark: what a reader
-    /// takes, so a page's successor may be in the next file.
-    pub(super) fn joined(&self) -> String {
-        let texts: Vec<&str> = self.texts.iter().map(|t| unmarked(t)).collect();
-        texts.join("\n")
+    /// Each file's name and text, each without its byte-order mark: what a reader takes
+    /// (`exports::walk_files`), so an error names the file it is in and the position in
+    /// it while a page's successor may be in the next file.
+    pub(super) fn files(&self) -> Vec<exports::File<'_>> {
+        self.names
+            .iter()
+            .zip(&self.texts)
+            .map(|(n, t)| (n.as_str(), unmarked(t)))
+            .collect()
     }
 
     /// The request log's times for the export's days `first..=last`: from the first's

@@ -19,7 +19,7 @@ use serde::Serialize;
 
 use super::exports::base_model;
 use super::exports::openai_usage::{self, TokenLine, Tokens};
-use super::reconcile::Accounts;
+use super::reconcile::{ungrouped, Accounts};
 use super::run::Download;
 use super::FinanceError;
 use crate::config::{Provider, Settings};
@@ -121,22 +121,21 @@ pub fn compare(
         .collect()
 }
 
-/// Why an export cannot be compared by account: none of its figures names an API key or
-/// a project (it was not grouped by them) while deployments name the accounts they bill
-/// to. Every figure would meet the deployments that name none (`*`) and the named ones
-/// would read as unbilled; with no account named anywhere everything is `*` on both sides
-/// and the export compares as it is.
+/// Why an export cannot be compared by account: it was not grouped by the kind of account
+/// the deployments bill to (`reconcile::ungrouped`) — not by account at all, or by
+/// project while a deployment names an API key, or by key while one names a project.
+/// Its figures would meet the wrong accounts (`*`, or a project's sum against one key's
+/// log) and the claimed ones read as unbilled; with no account claimed anywhere
+/// everything is `*` on both sides and the export compares as it is.
 pub fn unattributed(lines: &[TokenLine], accounts: &Accounts) -> Option<String> {
-    let claimed = accounts.claimed();
-    if claimed.is_empty() || lines.iter().any(|l| !l.accounts.is_empty()) {
-        return None;
-    }
+    let missing = ungrouped(
+        lines.iter().map(|l| (l.accounts.as_slice(), l.named)),
+        accounts,
+    )?;
     Some(format!(
-        "no figure names an API key or project (the export is not grouped by them) while \
-         OpenAI deployments bill to the accounts {}: download the usage again with \
-         group_by=api_key_id and group_by=project_id added to the query (besides \
-         group_by=model) so each figure names its account",
-        claimed.join(", ")
+        "{}: download the usage again with group_by=api_key_id and group_by=project_id \
+         added to the query (besides group_by=model) so each figure names its account",
+        missing.describe()
     ))
 }
 
@@ -150,8 +149,8 @@ pub async fn reconcile_usage(
 ) -> Result<TokenRun, FinanceError> {
     let download = Download::read(files)?;
     let source = &download.source;
-    let lines = openai_usage::read(&download.joined())
-        .map_err(|e| FinanceError::Unreadable(format!("{source}: {e}")))?;
+    let lines = openai_usage::read_files(&download.files())
+        .map_err(|e| FinanceError::Unreadable(e.to_string()))?;
     let (Some(first), Some(last)) = (
         lines.iter().map(|l| l.day).min(),
         lines.iter().map(|l| l.day).max(),
@@ -177,6 +176,7 @@ pub async fn reconcile_usage(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::finance::exports::Named;
 
     #[test]
     fn cells_differing_in_any_count_and_only_those_are_flagged() {
@@ -194,6 +194,7 @@ mod tests {
             day: day(d),
             model: model.into(),
             accounts: vec!["key_a".into(), "proj_1".into()],
+            named: Named::of(Some("key_a"), Some("proj_1")),
             tokens: Tokens {
                 input,
                 output,
@@ -235,6 +236,10 @@ mod tests {
             day: NaiveDate::from_ymd_opt(2026, 3, 1).unwrap(),
             model: "gpt-4o".into(),
             accounts: ids.iter().map(|i| i.to_string()).collect(),
+            named: Named {
+                api_key: false,
+                project: !ids.is_empty(),
+            },
             tokens: Tokens::default(),
         };
         let claimed = Accounts::new([

@@ -602,3 +602,136 @@ async fn pages_saved_as_several_files_are_read_as_one_download() {
         text(&out.stderr)
     );
 }
+
+/// The Costs API groups by project: a deployment billing to an API key cannot meet its
+/// figures — they would be held against `*` and the key would read as unbilled. The run
+/// refuses (exit 2, naming `api_key_id` and the key), nothing stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cost_export_grouped_by_project_exits_2_when_a_deployment_claims_an_api_key() {
+    let (app, config) = setup().await;
+    let text_of = std::fs::read_to_string(&config).unwrap();
+    let with_key = text_of.replace(
+        "provider_account = \"proj_a\"\n",
+        "provider_account = \"key_0\"\n",
+    );
+    assert_ne!(with_key, text_of);
+    std::fs::write(&config, with_key).unwrap();
+    for (name, body) in [
+        ("costs.json", openai_export(|_, _, _| 0)),
+        ("costs.csv", openai_dashboard_csv(|_, _, _| 0)),
+    ] {
+        let file = app.dir.path().join(name);
+        std::fs::write(&file, body).unwrap();
+        let out = reconcile(&config, "openai", &file, false);
+        let err = text(&out.stderr);
+        assert_exit(&out, 2);
+        assert!(
+            err.contains("api_key_id") && err.contains("key_0"),
+            "{name}: {err}"
+        );
+        assert!(err.contains(name), "{name}: {err}");
+    }
+    let runs = crate::helpers::scalar_on(app.db(), "SELECT COUNT(*) FROM reconciliations").await;
+    assert_eq!(runs, 0);
+}
+
+/// One download saved as several files: a malformed later file is named — it, not the
+/// first or the whole download — with the position inside it (a JSON parser's line and
+/// column counted in that file, a field's path from its own first page, a CSV's row of
+/// that file), for every export reconcile reads; exit 2 as any unreadable export.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_later_file_is_named_with_the_position_inside_it() {
+    let (app, config) = setup().await;
+    let dir = app.dir.path();
+    let export = openai_export(|_, _, _| 0);
+    let mut pages = export.lines();
+    let (one, two) = (pages.next().unwrap(), pages.next().unwrap());
+    let csv = openai_dashboard_csv(|_, _, _| 0);
+    let rows: Vec<&str> = csv.lines().collect();
+    // The second CSV's third row (its header the first) names another currency.
+    let (csv_one, csv_two) = (
+        format!("{}\n{}\n", rows[0], rows[1..7].join("\n")),
+        format!(
+            "{}\n{}\n{}\n{}\n",
+            rows[0],
+            rows[7],
+            rows[8].replacen(",usd,", ",eur,", 1),
+            rows[9..].join("\n")
+        ),
+    );
+    let usage = |d: u32, output: i64| {
+        bucket(
+            d,
+            vec![
+                json!({"input_tokens": 1, "output_tokens": output, "input_cached_tokens": 0,
+                "model": "gpt-4o", "project_id": "proj_a", "api_key_id": "key_0"}),
+            ],
+        )
+    };
+    let usage_page = |buckets: Vec<Value>, more: bool| {
+        json!({"object": "page", "data": buckets, "has_more": more}).to_string()
+    };
+    let claude = |d: u32, amount: &str, more: bool| {
+        json!({"data": [{"starting_at": format!("{}T00:00:00Z", day(d)),
+            "ending_at": format!("{}T00:00:00Z", day(d + 1)),
+            "results": [{"amount": amount, "currency": "USD", "model": "claude-3-5-haiku",
+                "workspace_id": "wrkspc_1"}]}], "has_more": more})
+        .to_string()
+    };
+    // (provider, first file, second file, what the error says after the second's name)
+    let cases: Vec<(&str, String, String, &str)> = vec![
+        (
+            "openai",
+            one.to_string(),
+            two.replacen("\"value\":", "\"value\":\"1,5\",\"x\":", 1),
+            ": page 1, data[0].results[0].amount.value",
+        ),
+        (
+            "openai",
+            one.to_string(),
+            format!("\n\n{}", &two[..two.len() / 2]),
+            ": not a cost export: EOF while parsing an object at line 3 column",
+        ),
+        ("openai", csv_one, csv_two, ": row 3, amount_currency"),
+        (
+            "openai-usage",
+            usage_page(vec![usage(1, 5), usage(2, 5)], true),
+            usage_page(vec![usage(3, -1)], false),
+            ": page 1, data[0].results[0].output_tokens",
+        ),
+        (
+            "anthropic",
+            claude(1, "100", true),
+            claude(2, "12e", false),
+            ": page 1, data[0].results[0].amount",
+        ),
+        (
+            "anthropic",
+            claude(1, "100", true),
+            "{\n\"data\": [}".to_string(),
+            ": not a cost export: expected value at line 2 column 10",
+        ),
+    ];
+    for (n, (provider, first, second, needle)) in cases.into_iter().enumerate() {
+        let (a, b) = (
+            dir.join(format!("first-{n}")),
+            dir.join(format!("second-{n}")),
+        );
+        std::fs::write(&a, first).unwrap();
+        std::fs::write(&b, second).unwrap();
+        let out = reconcile_files(&config, provider, &[&a, &b], false);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{provider} {n}: {err}");
+        let expected = format!("error: {}{needle}", b.display());
+        assert!(
+            err.contains(&expected),
+            "{provider} {n}: expected `{expected}` in {err}"
+        );
+        assert!(
+            !err.contains(&format!("first-{n}")),
+            "{provider} {n}: only the bad file is named: {err}"
+        );
+    }
+    let runs = crate::helpers::scalar_on(app.db(), "SELECT COUNT(*) FROM reconciliations").await;
+    assert_eq!(runs, 0);
+}

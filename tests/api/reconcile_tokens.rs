@@ -119,6 +119,9 @@ enum Grouping {
     NullIds,
     /// Not by account, the id fields left out altogether.
     NoIds,
+    /// `group_by=project_id` only: both deployments' keys in one project `proj_1`, a
+    /// model's figure their sum, `api_key_id` null.
+    Project,
 }
 
 /// OpenAI's completions usage export of the seeded counts, grouped by model, project and
@@ -166,6 +169,10 @@ fn usage_export_grouped(
                     }
                 }
                 Grouping::NoIds => {}
+                Grouping::Project => {
+                    result["project_id"] = json!("proj_1");
+                    result["api_key_id"] = Value::Null;
+                }
             }
             results.push(result);
         }
@@ -301,4 +308,52 @@ async fn an_export_not_grouped_by_account_exits_2_naming_group_by_api_key_id_whe
     let rows = report["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 6, "{report}");
     assert!(rows.iter().all(|r| r["account"] == "*"), "{report}");
+}
+
+/// An export grouped by project only (the figures name `proj_1`, no API key) while a
+/// deployment bills to an API key: the project's figure sums both deployments' keys and
+/// would be held against one key's log (or `*`'s), a difference that means nothing. The
+/// run refuses it (exit 2, naming `group_by=api_key_id` and the key); when the
+/// deployments name the project instead, it compares per project.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_grouped_by_project_exits_2_naming_group_by_api_key_id_when_deployments_claim_keys(
+) {
+    let (app, config, file) = setup().await;
+    let text_of = std::fs::read_to_string(&config).unwrap();
+    let keyed = app.dir.path().join("keyed.toml");
+    let with_key = text_of.replace(
+        "provider_account = \"proj_a\"\n",
+        "provider_account = \"key_0\"\n",
+    );
+    assert_ne!(with_key, text_of);
+    std::fs::write(&keyed, with_key).unwrap();
+    let export = usage_export_grouped(Grouping::Project, |_, _, _| (0, 0, 0));
+    let out = reconcile_usage(&keyed, &file, export.clone(), false);
+    let err = text(&out.stderr);
+    assert_exit(&out, 2);
+    assert!(err.contains("group_by=api_key_id"), "{err}");
+    assert!(err.contains("key_0"), "the claimed key is named: {err}");
+    assert_eq!(text(&out.stdout), "", "no comparison is printed");
+    assert!(webhook_kinds(&app).await.is_empty());
+
+    // Both deployments name the project: its figures meet their summed log, clean.
+    let by_project = app.dir.path().join("project.toml");
+    let mut with_project = text_of.replace("provider_account = \"proj_a\"\n", "");
+    with_project = with_project.replace(
+        "allow_private_network = true\n\n[[upstreams]]\nid = \"c\"",
+        "allow_private_network = true\nprovider_account = \"proj_1\"\n\n[[upstreams]]\nid = \"c\"",
+    );
+    with_project = with_project.replacen(
+        "id = \"a\"\nprovider = \"openai\"",
+        "id = \"a\"\nprovider_account = \"proj_1\"\nprovider = \"openai\"",
+        1,
+    );
+    assert_eq!(with_project.matches("proj_1").count(), 2, "{with_project}");
+    std::fs::write(&by_project, with_project).unwrap();
+    let out = reconcile_usage(&by_project, &file, export, true);
+    assert_exit(&out, 0);
+    let report: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 6, "{report}");
+    assert!(rows.iter().all(|r| r["account"] == "proj_1"), "{report}");
 }

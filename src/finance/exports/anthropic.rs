@@ -39,6 +39,11 @@ pub fn read(text: &str) -> Result<Vec<Line>, ExportError> {
     walk::<Bucket>(text)
 }
 
+/// The pages of one download saved as `files` (`exports::walk_files`).
+pub fn read_files(files: &[exports::File]) -> Result<Vec<Line>, ExportError> {
+    exports::walk_files::<Bucket>(files)
+}
+
 impl exports::Bucket for Bucket<'_> {
     fn start(&self) -> String {
         self.starting_at.clone()
@@ -131,6 +136,7 @@ fn line(at: &str, day: chrono::NaiveDate, cost: Cost) -> Result<Line, ExportErro
         day,
         model,
         accounts: cost.workspace_id.into_iter().collect(),
+        named: exports::Named::default(),
         micros,
     })
 }

@@ -24,7 +24,28 @@ pub struct Line {
     /// The account ids this figure could belong to, most specific first (an OpenAI API key
     /// id, then its project; an Anthropic workspace); empty for the organisation's default.
     pub accounts: Vec<String>,
+    /// Which of OpenAI's account fields the figure names (`reconcile::ungrouped`).
+    pub named: Named,
     pub micros: i64,
+}
+
+/// Which of OpenAI's account fields a figure names — the export was grouped by them:
+/// `api_key` its `api_key_id` (then `accounts[0]`), `project` its `project_id` (then the
+/// last of `accounts`). Anthropic's figures name neither (a workspace is their account).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Named {
+    pub api_key: bool,
+    pub project: bool,
+}
+
+impl Named {
+    /// Of a figure whose `api_key_id` and `project_id` are these.
+    pub fn of(api_key: Option<&str>, project: Option<&str>) -> Named {
+        Named {
+            api_key: api_key.is_some(),
+            project: project.is_some(),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -77,28 +98,67 @@ pub(crate) fn openai_bucket_lines<R, L>(
         .collect()
 }
 
-/// Every figure of the pages in `text` (`pages`). A download whose last page (`latest`)
-/// says `has_more: true` is incomplete: comparing it would report the missing days' spend as
-/// clean, so it is refused. A bucket given twice — a page saved twice — counts once when its
-/// figures are the same and is refused when they differ (which one is the bill?).
+/// One file of a download: its name as errors give it ("" for a text of no file: then
+/// errors begin with the position), and its text.
+pub type File<'a> = (&'a str, &'a str);
+
+/// `what` in `name` — `{name}: {what}`, or `what` alone for a text of no file.
+pub(crate) fn in_file(name: &str, what: impl std::fmt::Display) -> String {
+    if name.is_empty() {
+        what.to_string()
+    } else {
+        format!("{name}: {what}")
+    }
+}
+
+/// Every figure of the pages in `text` (`walk_files` of one unnamed text).
 pub(crate) fn walk<'a, B>(text: &'a str) -> Result<Vec<B::Item>, ExportError>
 where
     B: Bucket + Deserialize<'a>,
 {
-    let pages = pages::<Page<B>>(text)?;
-    let last = latest(&pages);
-    if pages.get(last).and_then(|p| p.has_more) == Some(true) {
-        return Err(ExportError(format!(
-            "page {}: `has_more` is true — the export is incomplete; save every page of the download (the last one says `has_more: false`)",
-            last + 1
+    walk_files::<B>(&[("", text)])
+}
+
+/// Every figure of the pages in `files`, one download (`pages` of each file, in the order
+/// given; a page's successor may be in another file). An error names the file it is in and
+/// the position inside it: its parser's line and column, or `page N` counted in that file.
+/// A download whose last page (`latest`)
+/// says `has_more: true` is incomplete: comparing it would report the missing days' spend as
+/// clean, so it is refused. A bucket given twice — a page saved twice — counts once when its
+/// figures are the same and is refused when they differ (which one is the bill?).
+pub(crate) fn walk_files<'a, B>(files: &[File<'a>]) -> Result<Vec<B::Item>, ExportError>
+where
+    B: Bucket + Deserialize<'a>,
+{
+    // Each page with its place: `{file}: page N`, N counted in its file.
+    let mut pages: Vec<(String, Page<B>)> = Vec::new();
+    for (name, text) in files {
+        let of_file = self::pages::<Page<B>>(text).map_err(|e| ExportError(in_file(name, e)))?;
+        for (n, page) in of_file.into_iter().enumerate() {
+            pages.push((in_file(name, format!("page {}", n + 1)), page));
+        }
+    }
+    if pages.is_empty() {
+        let names: Vec<&str> = files.iter().map(|f| f.0).collect();
+        return Err(ExportError(in_file(
+            &names.join(", "),
+            "not a cost export: the file is empty",
         )));
+    }
+    let last = latest(&pages);
+    if let Some((place, page)) = pages.get(last) {
+        if page.has_more == Some(true) {
+            return Err(ExportError(format!(
+                "{place}: `has_more` is true — the export is incomplete; save every page of the download (the last one says `has_more: false`)"
+            )));
+        }
     }
     let continuity = successors(&pages);
     let mut seen: HashMap<String, Vec<B::Item>> = HashMap::new();
     let mut lines = Vec::new();
-    for (p, page) in pages.into_iter().enumerate() {
+    for (place, page) in pages {
         for (i, bucket) in page.data.into_iter().enumerate() {
-            let at = format!("page {}, data[{i}]", p + 1);
+            let at = format!("{place}, data[{i}]");
             let start = bucket.start();
             let figures = bucket.lines(&at)?;
             match seen.get(&start) {
@@ -125,11 +185,11 @@ where
 /// come in any order — files named `page-10` and `page-2` come in the shell's), else the
 /// last given. Starts compare as the export writes them: Unix seconds by length, then
 /// digits; RFC 3339 times as text.
-fn latest<B: Bucket>(pages: &[Page<B>]) -> usize {
+fn latest<B: Bucket>(pages: &[(String, Page<B>)]) -> usize {
     pages
         .iter()
         .enumerate()
-        .filter_map(|(i, p)| p.data.last().map(|b| (i, b.start())))
+        .filter_map(|(i, (_, p))| p.data.last().map(|b| (i, b.start())))
         .max_by(|(_, a), (_, b)| (a.len(), a).cmp(&(b.len(), b)))
         .map_or(pages.len().saturating_sub(1), |(i, _)| i)
 }
@@ -142,12 +202,12 @@ fn latest<B: Bucket>(pages: &[Page<B>]) -> usize {
 /// it was fetched with. A page may be given twice (its successor is anywhere in the
 /// file); a page without buckets or an end makes no claim. Checked after the buckets, so a bucket given twice with other
 /// figures is named as such first.
-fn successors<B: Bucket>(pages: &[Page<B>]) -> Result<(), ExportError> {
+fn successors<B: Bucket>(pages: &[(String, Page<B>)]) -> Result<(), ExportError> {
     let starts: Vec<String> = pages
         .iter()
-        .filter_map(|p| p.data.first().map(Bucket::start))
+        .filter_map(|(_, p)| p.data.first().map(Bucket::start))
         .collect();
-    for (i, page) in pages.iter().enumerate() {
+    for (place, page) in pages {
         if page.has_more != Some(true) {
             continue;
         }
@@ -156,30 +216,26 @@ fn successors<B: Bucket>(pages: &[Page<B>]) -> Result<(), ExportError> {
         };
         if !starts.contains(&end) {
             return Err(ExportError(format!(
-                "page {}: `has_more` is true but no page of the file starts at {end}, where it ends — a page of the download is missing; save every page",
-                i + 1
+                "{place}: `has_more` is true but no page of the file starts at {end}, where it ends — a page of the download is missing; save every page"
             )));
         }
     }
     Ok(())
 }
 
-/// The JSON documents in `text`: one page, several pages one after another (as saved from
-/// a paginated API, one per line or not), or an array of pages.
+/// The JSON documents in `text` (one file): one page, several pages one after another (as
+/// saved from a paginated API, one per line or not), or an array of pages; none in a file
+/// of whitespace.
 fn pages<'a, P: Deserialize<'a>>(text: &'a str) -> Result<Vec<P>, ExportError> {
     let bad = |e: serde_json::Error| ExportError(format!("not a cost export: {e}"));
-    let pages: Vec<P> = if text.trim_start().starts_with('[') {
-        serde_json::from_str(text).map_err(bad)?
+    if text.trim_start().starts_with('[') {
+        serde_json::from_str(text).map_err(bad)
     } else {
         serde_json::Deserializer::from_str(text)
             .into_iter::<P>()
             .collect::<Result<_, _>>()
-            .map_err(bad)?
-    };
-    if pages.is_empty() {
-        return Err(ExportError("not a cost export: the file is empty".into()));
+            .map_err(bad)
     }
-    Ok(pages)
 }
 
 /// `gpt-4o-mini-2024-07-18` and `claude-3-5-haiku-20241022` name the model of the route

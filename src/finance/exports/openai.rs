@@ -38,6 +38,11 @@ pub fn read(text: &str) -> Result<Vec<Line>, ExportError> {
     walk::<Bucket>(text)
 }
 
+/// The pages of one download saved as `files` (`exports::walk_files`).
+pub fn read_files(files: &[exports::File]) -> Result<Vec<Line>, ExportError> {
+    exports::walk_files::<Bucket>(files)
+}
+
 impl exports::Bucket for Bucket<'_> {
     fn start(&self) -> String {
         self.start_time.to_string()
@@ -84,6 +89,7 @@ fn line(at: &str, day: chrono::NaiveDate, cost: Cost) -> Result<Line, ExportErro
     Ok(Line {
         day,
         model: model.trim().to_string(),
+        named: exports::Named::of(cost.api_key_id.as_deref(), cost.project_id.as_deref()),
         accounts: [cost.api_key_id, cost.project_id]
             .into_iter()
             .flatten()
@@ -114,12 +120,14 @@ mod tests {
                     day,
                     model: "gpt-4o-mini-2024-07-18".into(),
                     accounts: vec!["proj_abc".into()],
+                    named: exports::Named::of(None, Some("proj_abc")),
                     micros: 60_000
                 },
                 Line {
                     day,
                     model: "gpt-4o-mini-2024-07-18".into(),
                     accounts: vec![],
+                    named: exports::Named::default(),
                     micros: 1_000_001
                 },
             ]

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use chrono::NaiveDate;
 
-use super::{ExportError, Line};
+use super::{in_file, ExportError, Line};
 use crate::finance::decimal;
 
 /// Whether `text` looks like this export rather than the JSON of the Costs API.
@@ -18,6 +18,38 @@ pub fn is_csv(text: &str) -> bool {
 }
 
 pub fn read(text: &str) -> Result<Vec<Line>, ExportError> {
+    read_files(&[("", text)])
+}
+
+/// A day, line item and account: a row's identity (`seen`).
+type RowId = (NaiveDate, String, Vec<String>);
+
+/// Several of these exports as one (a download split in files, each with its header): an
+/// error names its file and the row inside it. A row given twice (a file saved twice)
+/// counts once; the same day, line item and account with another figure is refused —
+/// which one is the bill? — in one file or across them.
+pub fn read_files(files: &[super::File]) -> Result<Vec<Line>, ExportError> {
+    let mut seen: HashMap<RowId, i64> = HashMap::new();
+    let mut lines = Vec::new();
+    for (name, text) in files {
+        read_one(text, &mut seen, &mut lines).map_err(|e| ExportError(in_file(name, e)))?;
+    }
+    if lines.is_empty() {
+        let names: Vec<&str> = files.iter().map(|f| f.0).collect();
+        return Err(ExportError(in_file(
+            &names.join(", "),
+            "not a cost export: the file has no rows",
+        )));
+    }
+    Ok(lines)
+}
+
+/// One file's rows added to `lines`; errors name the row (its header is row 1).
+fn read_one(
+    text: &str,
+    seen: &mut HashMap<RowId, i64>,
+    lines: &mut Vec<Line>,
+) -> Result<(), ExportError> {
     let mut rows = csv::ReaderBuilder::new()
         .trim(csv::Trim::All)
         .from_reader(text.as_bytes());
@@ -43,10 +75,6 @@ pub fn read(text: &str) -> Result<Vec<Line>, ExportError> {
         column("project_id"),
         column("api_key_id"),
     );
-    // A row given twice (a file saved twice, concatenated) counts once; the same day, line
-    // item and account with another figure is refused — which one is the bill?
-    let mut seen: HashMap<(NaiveDate, String, Vec<String>), i64> = HashMap::new();
-    let mut lines = Vec::new();
     for (i, row) in rows.records().enumerate() {
         let at = format!("row {}", i + 2);
         let row = row.map_err(|e| ExportError::at(&at, e))?;
@@ -93,15 +121,11 @@ pub fn read(text: &str) -> Result<Vec<Line>, ExportError> {
             day,
             model: model.to_string(),
             accounts,
+            named: super::Named::of(field(key), field(project)),
             micros,
         });
     }
-    if lines.is_empty() {
-        return Err(ExportError(
-            "not a cost export: the file has no rows".into(),
-        ));
-    }
-    Ok(lines)
+    Ok(())
 }
 
 /// The UTC day of Unix seconds, an ISO date or an RFC 3339 time.
@@ -137,12 +161,14 @@ mod tests {
                     day,
                     model: "gpt-4o-mini-2024-07-18".into(),
                     accounts: vec!["proj_abc".into()],
+                    named: crate::finance::exports::Named::of(None, Some("proj_abc")),
                     micros: 60_000
                 },
                 Line {
                     day,
                     model: "gpt-4o-mini-2024-07-18".into(),
                     accounts: vec![],
+                    named: crate::finance::exports::Named::default(),
                     micros: 1_000_001
                 },
             ]

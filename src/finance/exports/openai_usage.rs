@@ -24,6 +24,8 @@ pub struct TokenLine {
     pub model: String,
     /// The API key id, then its project (`exports::Line::accounts`).
     pub accounts: Vec<String>,
+    /// Which of the two it names (`exports::Line::named`).
+    pub named: exports::Named,
     pub tokens: Tokens,
 }
 
@@ -46,6 +48,11 @@ struct Usage {
 
 pub fn read(text: &str) -> Result<Vec<TokenLine>, ExportError> {
     walk::<Bucket>(text)
+}
+
+/// The pages of one download saved as `files` (`exports::walk_files`).
+pub fn read_files(files: &[exports::File]) -> Result<Vec<TokenLine>, ExportError> {
+    exports::walk_files::<Bucket>(files)
 }
 
 impl exports::Bucket for Bucket {
@@ -83,6 +90,7 @@ fn line(at: &str, day: NaiveDate, u: Usage) -> Result<TokenLine, ExportError> {
     Ok(TokenLine {
         day,
         model,
+        named: exports::Named::of(u.api_key_id.as_deref(), u.project_id.as_deref()),
         accounts: [u.api_key_id, u.project_id].into_iter().flatten().collect(),
         tokens: Tokens {
             input: count(u.input_tokens, "input_tokens")?,
@@ -110,6 +118,7 @@ mod tests {
                 day: NaiveDate::from_ymd_opt(2024, 11, 1).unwrap(),
                 model: "gpt-4o-mini-2024-07-18".into(),
                 accounts: vec!["key_1".into(), "proj_a".into()],
+                named: exports::Named::of(Some("key_1"), Some("proj_a")),
                 tokens: Tokens {
                     input: 1000,
                     output: 500,
