@@ -93,7 +93,7 @@ pub fn input_cost(state: &AppState, p: &Prepared, candidates: &[Candidate]) -> D
                     input,
                     (c.prices, p.kinds.input),
                     c.route.long_context,
-                    provider,
+                    p.reader(provider),
                 ),
             }
         })

@@ -46,11 +46,32 @@ pub fn beyond_the_estimate(provider: Provider, digits: i64) -> i64 {
     }
 }
 
-/// The most input `provider` may count for `input` of the gateway's estimate.
-pub fn provider_may_count(provider: Provider, input: i64) -> i64 {
-    let percent = provider_counts_up_to_percent(provider);
+/// The longest prompt Claude serves unless the request turns its 1M-token window on
+/// (`anthropic-beta: context-1m-…`): past it Anthropic refuses the prompt and bills
+/// nothing, so no prompt billed without the window is longer.
+const CLAUDE_WINDOW: i64 = 200_000;
+
+/// Who reads a request's input on a candidate: its provider's tokenizer, and whether the
+/// client turned Claude's 1M-token window on (`Prepared::reader`).
+#[derive(Clone, Copy, Debug)]
+pub struct Reader {
+    pub provider: Provider,
+    pub claude_1m: bool,
+}
+
+/// The most input `reader` may bill for `input` of the gateway's estimate: the estimate ×
+/// its tokenizer's factor, on Claude within its window — on Anthropic unless the request
+/// turned the 1M window on, on Bedrock always (the beta header is forwarded to Anthropic
+/// only). A tier above that window is out of reach there.
+pub fn provider_may_count(reader: Reader, input: i64) -> i64 {
+    let percent = provider_counts_up_to_percent(reader.provider);
     let most = i128::from(input.max(0)) * i128::from(percent) / 100;
-    i64::try_from(most).unwrap_or(i64::MAX)
+    let most = i64::try_from(most).unwrap_or(i64::MAX);
+    match reader.provider {
+        Provider::Anthropic if !reader.claude_1m => most.min(CLAUDE_WINDOW),
+        Provider::Bedrock => most.min(CLAUDE_WINDOW),
+        _ => most,
+    }
 }
 
 /// What `usage` costs at `prices`: at the route's long-context `tier` when the reported
@@ -74,13 +95,8 @@ pub fn priced(usage: Usage, prices: Prices, tier: Option<LongTier>) -> i64 {
 /// the route's long-context `tier` when the provider's tokenizer may count that input past
 /// its threshold (`provider_may_count`) — the tier decided as the reservation decides it,
 /// on an input no larger than the reservation's, so never dearer than the reservation.
-pub fn priced_counted(
-    usage: Usage,
-    prices: Prices,
-    tier: Option<LongTier>,
-    provider: Provider,
-) -> i64 {
-    let tier_at = provider_may_count(provider, usage.input);
+pub fn priced_counted(usage: Usage, prices: Prices, tier: Option<LongTier>, reader: Reader) -> i64 {
+    let tier_at = provider_may_count(reader, usage.input);
     pricing::cost(usage, prices.for_input(tier_at, tier))
 }
 
@@ -93,9 +109,9 @@ pub fn priced_departed(
     usage: Usage,
     (prices, may): (Prices, InputKinds),
     tier: Option<LongTier>,
-    provider: Provider,
+    reader: Reader,
 ) -> i64 {
-    priced_counted(usage, prices.written(may), tier, provider)
+    priced_counted(usage, prices.written(may), tier, reader)
 }
 
 #[cfg(test)]
@@ -104,17 +120,44 @@ mod tests {
 
     #[test]
     fn how_much_more_a_provider_may_count_follows_its_tokenizer() {
+        let read = |provider, claude_1m| Reader {
+            provider,
+            claude_1m,
+        };
         // Claude's tokenizer, wherever it is served (Anthropic, Bedrock, a router).
-        for p in [
-            Provider::Anthropic,
-            Provider::Bedrock,
-            Provider::OpenaiCompatible,
-        ] {
-            assert_eq!(provider_may_count(p, 200_000), 300_000, "{p:?}");
+        assert_eq!(
+            provider_may_count(read(Provider::Anthropic, true), 200_000),
+            300_000
+        );
+        assert_eq!(
+            provider_may_count(read(Provider::OpenaiCompatible, false), 200_000),
+            300_000
+        );
+        // Within Claude's 200 000-token window unless the request turned 1M on; Bedrock
+        // is never sent the beta.
+        assert_eq!(
+            provider_may_count(read(Provider::Anthropic, false), 200_000),
+            200_000
+        );
+        assert_eq!(
+            provider_may_count(read(Provider::Anthropic, false), 100_000),
+            150_000
+        );
+        for wide in [false, true] {
+            assert_eq!(
+                provider_may_count(read(Provider::Bedrock, wide), 200_000),
+                200_000
+            );
         }
-        assert_eq!(provider_may_count(Provider::Gemini, 200_000), 250_000);
-        assert_eq!(provider_may_count(Provider::Gemini, i64::MAX), i64::MAX);
-        assert_eq!(provider_may_count(Provider::Anthropic, -5), 0);
+        assert_eq!(
+            provider_may_count(read(Provider::Gemini, false), 200_000),
+            250_000
+        );
+        assert_eq!(
+            provider_may_count(read(Provider::Gemini, false), i64::MAX),
+            i64::MAX
+        );
+        assert_eq!(provider_may_count(read(Provider::Anthropic, true), -5), 0);
     }
 
     #[test]

@@ -622,7 +622,7 @@ fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Ca
             web_search_per_1k_calls: prices.web_search_per_1k_calls,
             ..pricing::Prices::default()
         };
-        let tier_at = long_context::provider_may_count(provider, usage.input);
+        let tier_at = long_context::provider_may_count(p.reader(provider), usage.input);
         pricing::cost(usage, dearest.for_input(tier_at, c.route.long_context))
     };
     candidates.iter().map(worst_at).max().unwrap_or(0)
@@ -788,7 +788,12 @@ async fn finish(
     // reservation's, with what the provider's tokenizer may count.
     let cost = match reported.input {
         Some(_) => long_context::priced(usage, s.prices, s.route.long_context),
-        None => long_context::priced_counted(usage, s.prices, s.route.long_context, s.dep.provider),
+        None => long_context::priced_counted(
+            usage,
+            s.prices,
+            s.route.long_context,
+            p.reader(s.dep.provider),
+        ),
     };
     // The request's windows and the serving key's, corrected off the path when dropped.
     let used = usage.input + usage.output;

@@ -100,6 +100,21 @@ impl Prepared {
             ))
     }
 
+    /// Who reads this request's input on a candidate of `provider`
+    /// (`long_context::provider_may_count`): whether the client's `anthropic-beta` names a
+    /// `context-1m-…` feature, which lets Claude serve (and bill) past 200 000 tokens.
+    pub fn reader(&self, provider: Provider) -> super::long_context::Reader {
+        let claude_1m = self
+            .anthropic_beta
+            .as_ref()
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.split(',').any(|f| f.trim().starts_with("context-1m-")));
+        super::long_context::Reader {
+            provider,
+            claude_1m,
+        }
+    }
+
     /// The estimate with the request's images as the route's provider bills them.
     fn counted_on(&self, rule: Rule) -> i64 {
         self.input_tokens

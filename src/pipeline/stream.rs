@@ -29,7 +29,7 @@ use super::attempts::Success;
 use super::drain::Drain;
 use super::event_cap::{BodyError, EventCap};
 use super::kinds::Turn;
-use super::long_context;
+use super::long_context::{self, Reader};
 use super::request::Prepared;
 use super::respond;
 use super::USAGE_ESTIMATED;
@@ -123,9 +123,10 @@ struct Pump {
     /// lifetime it allows (`Usage::at_worst_lifetime`).
     may: InputKinds,
     converter: StreamConverter,
-    /// The serving upstream's kind: whose answers name a tier to check (`kinds::served_tier`),
-    /// and how far its tokenizer may count past the gateway's (`long_context`).
-    provider: Provider,
+    /// Who reads the input on the serving upstream: its kind, whose answers name a tier to
+    /// check (`kinds::served_tier`), and how far its tokenizer may count past the
+    /// gateway's (`long_context::provider_may_count`).
+    reader: Reader,
     /// The input reserved for the request on the serving route
     /// (`Prepared::reserved_input_on`): what a stream that ends before its answer is whole
     /// without the input reported is charged — the upstream had the whole request.
@@ -302,7 +303,7 @@ pub(super) fn serve(
         long_context: s.route.long_context,
         may: p.kinds.input,
         converter,
-        provider: deployment.provider,
+        reader: p.reader(deployment.provider),
         reserved_input: p.reserved_input_on(
             s.route.image_rule,
             s.model.max_input_tokens,
@@ -501,7 +502,7 @@ impl Pump {
             long_context,
             may,
             converter,
-            provider,
+            reader,
             reserved_input,
             assembler,
             mut key_booking,
@@ -517,7 +518,7 @@ impl Pump {
             cache,
         } = books;
         let _settle = log.trace.stage("settle");
-        super::kinds::served_tier(provider, &log.upstream, converter.served_tier());
+        super::kinds::served_tier(reader.provider, &log.upstream, converter.served_tier());
         let input_reported = converter.input_reported();
         let mut usage = converter.usage().at_worst_lifetime(may);
         // Without the input reported, a stream that ended before its answer was whole (its
@@ -537,9 +538,9 @@ impl Pump {
             };
         }
         let cost = if departed {
-            long_context::priced_departed(usage, (prices, may), long_context, provider)
+            long_context::priced_departed(usage, (prices, may), long_context, reader)
         } else if !input_reported {
-            long_context::priced_counted(usage, prices, long_context, provider)
+            long_context::priced_counted(usage, prices, long_context, reader)
         } else {
             long_context::priced(usage, prices, long_context)
         };

@@ -296,7 +296,7 @@ async fn a_document_on_a_long_context_model_is_reserved_at_the_tiers_rates() {
         let (id, token) = app.token(&format!("long-{i}"), Some("100")).await;
         let body = json!({"model": "sonnet", "max_tokens": 64, "messages": [{"role": "user",
             "content": [document, {"type": "text", "text": "Summarise it."}]}]});
-        let resp = app.messages(&token, &body).await;
+        let resp = app.send_1m("/v1/messages", &token, &body).await;
         let status = resp.status().as_u16();
         let answer = resp.text().await.unwrap();
         assert_eq!(status, 200, "{answer}");
@@ -461,7 +461,7 @@ async fn a_departure_past_the_tier_for_the_providers_tokenizer_is_priced_at_its_
         "content": [{"type": "document", "source": {"type": "url",
             "url": "https://example.com/book.pdf"}},
             {"type": "text", "text": "Summarise it."}]}]});
-    leave_while_upstream_works(&app, KEY, 1, app.messages(&token, &body)).await;
+    leave_while_upstream_works(&app, KEY, 1, app.send_1m("/v1/messages", &token, &body)).await;
     assert_eq!(charged(&app, id).await, 900_000, "150 000 × 6");
     let (status, _, input, logged) = row_of(&app, id).await;
     assert_eq!((status, input, logged), (499, 150_000, 900_000));

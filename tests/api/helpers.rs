@@ -241,6 +241,23 @@ impl TestApp {
         }
     }
 
+    /// `send` with Claude's 1M-token window turned on (`anthropic-beta:
+    /// context-1m-2025-08-07`): without it Claude refuses a prompt past 200 000 tokens, so
+    /// a long-context tier above that is out of reach (`long_context::provider_may_count`).
+    pub async fn send_1m(&self, path: &str, token: &str, body: &Value) -> reqwest::Response {
+        let req = self
+            .http
+            .post(format!("{}{path}", self.address))
+            .header("anthropic-beta", "context-1m-2025-08-07");
+        let req = if path == "/v1/messages" {
+            req.header("x-api-key", token)
+                .header("anthropic-version", "2023-06-01")
+        } else {
+            req.bearer_auth(token)
+        };
+        req.json(body).send().await.expect("request sent")
+    }
+
     /// A chat request with its own deadline (`x-sluice-request-deadline-ms`).
     pub async fn chat_with_deadline(
         &self,

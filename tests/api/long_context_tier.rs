@@ -43,8 +43,8 @@ struct Billed {
     upstream: Option<String>,
 }
 
-/// Sends `body` to `path` with a new 100-USD token of `user` while `key`'s upstream reports
-/// `input` tokens in and 10 out; the answer is a 200.
+/// Sends `body` to `path` with a new 100-USD token of `user`, Claude's 1M-token window
+/// turned on, while `key`'s upstream reports `input` tokens in and 10 out; the answer is a 200.
 async fn billed(
     app: &TestApp,
     user: &str,
@@ -61,7 +61,7 @@ async fn billed(
             ..Script::default()
         }],
     );
-    let resp = app.send(path, &token, body).await;
+    let resp = app.send_1m(path, &token, body).await;
     assert_eq!(resp.status(), 200, "{user}");
     let upstream = resp
         .headers()
@@ -425,11 +425,14 @@ async fn a_digit_heavy_gemini_prompt_that_ends_before_its_answer_pays_its_digits
 
 /// An answer whose usage leaves its input out is charged the gateway's count of it; when the
 /// provider's tokenizer may count that past the threshold, the tier is decided as for the
-/// reservation and a departure (`provider_may_count`): Claude may count these ~150 000
-/// o200k tokens as 225 000, and bills them at the tier's 6 USD. Before, the count was
-/// priced at the standard 3 USD, half of what the reservation held and the bill may say.
+/// reservation and a departure (`provider_may_count`): with its 1M-token window on, Claude
+/// may count these ~150 000 o200k tokens as 225 000, and bills them at the tier's 6 USD.
+/// Before, the count was priced at the standard 3 USD, half of what the reservation held.
+/// Without the window Claude refuses a prompt past 200 000 tokens — one it answered was
+/// billed at the standard rates, and so it is charged (attack finding, s16: the factor had
+/// priced it at the tier regardless).
 #[tokio::test]
-async fn an_answer_without_its_input_counted_within_the_providers_reach_of_the_tier_is_priced_at_its_rates(
+async fn an_answer_without_its_input_counted_within_the_providers_reach_of_the_tier_is_priced_at_its_rates_if_it_can_reach_it(
 ) {
     let app = app().await;
     let message = json!({"role": "user", "content": "hi ".repeat(150_000)});
@@ -453,8 +456,11 @@ async fn an_answer_without_its_input_counted_within_the_providers_reach_of_the_t
     let whole = json!({"id": "msg_t", "type": "message", "role": "assistant",
         "model": "claude-sonnet-4-5", "content": [{"type": "text", "text": said}],
         "stop_reason": "end_turn", "stop_sequence": null, "usage": {"output_tokens": 4}});
-    for (n, stream) in [(1, false), (2, true)] {
-        let (id, token) = app.token(&format!("no-input-{stream}"), Some("100")).await;
+    let cases = [(false, true), (true, true), (false, false), (true, false)];
+    for (n, (stream, wide)) in (1..).zip(cases) {
+        let (id, token) = app
+            .token(&format!("no-input-{stream}-{wide}"), Some("100"))
+            .await;
         let script = if stream {
             Script {
                 events: Some(
@@ -476,14 +482,28 @@ async fn an_answer_without_its_input_counted_within_the_providers_reach_of_the_t
         app.mock.state.script(KEY, [script]);
         let body = json!({"model": "sonnet-long", "max_tokens": 10, "stream": stream,
             "messages": [message.clone()]});
-        let resp = app.send(MESSAGES, &token, &body).await;
+        let resp = if wide {
+            app.send_1m(MESSAGES, &token, &body).await
+        } else {
+            app.send(MESSAGES, &token, &body).await
+        };
         assert_eq!(resp.status(), 200, "stream={stream}");
         resp.text().await.unwrap();
         app.wait_for_log_rows(n).await;
         let (charged, absorbed) = spent_and_absorbed(&app, id).await;
-        // Every input token at the tier's 6 USD, the 4 output tokens at its 22.50.
-        let tier = (counted * 6_000_000 + 4 * 22_500_000 + 999_999) / 1_000_000;
-        assert_eq!((charged, absorbed), (tier, 0), "stream={stream}");
+        // With the window every input token at the tier's 6 USD and the 4 output tokens at
+        // its 22.50; without it at the standard 3 and 15.
+        let (input_rate, output_rate) = if wide {
+            (6_000_000, 22_500_000)
+        } else {
+            (3_000_000, 15_000_000)
+        };
+        let want = (counted * input_rate + 4 * output_rate + 999_999) / 1_000_000;
+        assert_eq!(
+            (charged, absorbed),
+            (want, 0),
+            "stream={stream} wide={wide}"
+        );
         let (input, code): (i64, Option<String>) = sql_row(
             app.db(),
             &format!("SELECT input_tokens, error_code FROM requests WHERE token_id = {id}"),

@@ -439,11 +439,12 @@ async fn a_prompt_past_the_long_context_tier_is_reserved_at_its_rates() {
                 ..Script::default()
             }],
         );
-        let resp = if chat {
-            app.chat(&token, &body).await
+        let path = if chat {
+            "/v1/chat/completions"
         } else {
-            app.messages(&token, &body).await
+            "/v1/messages"
         };
+        let resp = app.send_1m(path, &token, &body).await;
         let status = resp.status();
         let text = resp.text().await.unwrap();
         assert_eq!(status, 200, "chat={chat}: {text}");
