@@ -78,12 +78,11 @@ impl Prepared {
     /// (`attempts::input_cost`, `stream::Pump::settle`) — the same input, so a departure's
     /// tier is decided as the reservation's is.
     pub fn reserved_input_on(&self, rule: Rule, max_input: i64, provider: Provider) -> i64 {
+        // The digits are part of the input the documents' bound (the model's whole input)
+        // covers, not beyond it.
+        let digits = super::long_context::beyond_the_estimate(provider, self.input_digits);
         self.documents
-            .reserved(self.counted_on(rule), max_input)
-            .saturating_add(super::long_context::beyond_the_estimate(
-                provider,
-                self.input_digits,
-            ))
+            .reserved(self.counted_on(rule).saturating_add(digits), max_input)
     }
 
     /// The input charged on such a route for an answer whose usage does not report its
@@ -92,12 +91,9 @@ impl Prepared {
     /// answered, so it read the request once, as the estimate counts it — on Gemini each
     /// digit once more, as Gemini counts them and the reservation did.
     pub fn estimated_input_on(&self, rule: Rule, provider: Provider) -> i64 {
+        let digits = super::long_context::beyond_the_estimate(provider, self.input_digits);
         self.documents
-            .estimated(self.counted_on(rule))
-            .saturating_add(super::long_context::beyond_the_estimate(
-                provider,
-                self.input_digits,
-            ))
+            .estimated(self.counted_on(rule).saturating_add(digits))
     }
 
     /// Who reads this request's input on a candidate of `provider`

@@ -60,7 +60,7 @@ pub fn pdf(pages: usize) -> Vec<u8> {
     out
 }
 
-fn b64(bytes: &[u8]) -> String {
+pub fn b64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 

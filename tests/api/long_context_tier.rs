@@ -562,3 +562,37 @@ async fn a_digit_heavy_gemini_answer_without_its_input_is_charged_its_digits() {
     assert_eq!(input, counted);
     app.assert_invariant().await;
 }
+
+/// A Gemini request with a document of unknown size reserves (and, leaving before its
+/// answer, pays) the model's whole input: its digits are part of that input, not beyond it
+/// (attack finding, s16: the digits were added after the document's bound, so a departure
+/// paid 30 000 tokens past the model's window, more than any prompt Gemini accepts).
+#[tokio::test]
+async fn a_gemini_departure_with_a_document_pays_no_more_than_the_models_whole_input() {
+    const KEY_G: &str = "gem-key-document-0123456789";
+    let app = app_serving(
+        |mock| vec![native_upstream(Provider::Gemini, "g", KEY_G, mock)],
+        "gemini-2.5-pro",
+        vec![route("g", "gemini-2.5-pro")],
+        (1.25, 10.0),
+    )
+    .await;
+    let (id, token) = app.token("document", Some("100")).await;
+    let body = json!({"model": "gemini-2.5-pro", "max_tokens": 10, "messages": [{"role": "user",
+        "content": [{"type": "document", "source": {"type": "base64",
+            "media_type": "application/pdf", "data": crate::documents::b64(&crate::documents::pdf(2))}},
+            {"type": "text", "text": "0123456789".repeat(3_000)}]}]});
+    leave_while_upstream_works(&app, KEY_G, 1, app.messages(&token, &body)).await;
+    app.wait_settled().await;
+    app.state.request_log.flush().await;
+    // The model's whole input (1 000 000 tokens) at Gemini 2.5 Pro's tier, 2.50 USD.
+    assert_eq!(spent_and_absorbed(&app, id).await, (2_500_000, 0));
+    let input = app
+        .scalar(&format!(
+            "SELECT input_tokens FROM requests WHERE token_id = {id}"
+        ))
+        .await;
+    assert_eq!(input, 1_000_000);
+    app.mock.state.sticky(KEY_G, None);
+    app.assert_invariant().await;
+}
