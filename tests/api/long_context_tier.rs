@@ -35,6 +35,18 @@ async fn app_serving(
     .await
 }
 
+/// An app serving Gemini 2.5 Pro (1.25 / 10 USD per Mtok, its tier above 200 000 input
+/// tokens) from a Gemini upstream with `key`, taking up to a million input tokens.
+async fn gemini_pro(key: &str) -> TestApp {
+    app_serving(
+        |mock| vec![native_upstream(Provider::Gemini, "g", key, mock)],
+        "gemini-2.5-pro",
+        vec![route("g", "gemini-2.5-pro")],
+        (1.25, 10.0),
+    )
+    .await
+}
+
 /// What one request cost its token once settled, and the upstream that served it.
 struct Billed {
     id: i64,
@@ -267,13 +279,7 @@ async fn an_unknown_tier_model_stops_check_config_and_the_start_by_name() {
 #[tokio::test]
 async fn a_digit_heavy_prompt_on_gemini_is_reserved_for_what_gemini_counts() {
     const KEY_G: &str = "gem-key-digits-0123456789";
-    let app = app_serving(
-        |mock| vec![native_upstream(Provider::Gemini, "g", KEY_G, mock)],
-        "gemini-2.5-pro",
-        vec![route("g", "gemini-2.5-pro")],
-        (1.25, 10.0),
-    )
-    .await;
+    let app = gemini_pro(KEY_G).await;
     let digits = "0123456789".repeat(24_000);
     assert!(sluice::quota::estimate::count_text(&digits) <= 80_001);
     let body = json!({"model": "gemini-2.5-pro", "max_tokens": 10,
@@ -525,13 +531,7 @@ async fn an_answer_without_its_input_counted_within_the_providers_reach_of_the_t
 #[tokio::test]
 async fn a_digit_heavy_gemini_answer_without_its_input_is_charged_its_digits() {
     const KEY_G: &str = "gem-key-estimate-0123456789";
-    let app = app_serving(
-        |mock| vec![native_upstream(Provider::Gemini, "g", KEY_G, mock)],
-        "gemini-2.5-pro",
-        vec![route("g", "gemini-2.5-pro")],
-        (1.25, 10.0),
-    )
-    .await;
+    let app = gemini_pro(KEY_G).await;
     let message = json!({"role": "user", "content": "0123456789".repeat(24_000)});
     let counted =
         sluice::quota::estimate::chat_input(std::slice::from_ref(&message), None) + 240_000;
@@ -570,13 +570,7 @@ async fn a_digit_heavy_gemini_answer_without_its_input_is_charged_its_digits() {
 #[tokio::test]
 async fn a_gemini_departure_with_a_document_pays_no_more_than_the_models_whole_input() {
     const KEY_G: &str = "gem-key-document-0123456789";
-    let app = app_serving(
-        |mock| vec![native_upstream(Provider::Gemini, "g", KEY_G, mock)],
-        "gemini-2.5-pro",
-        vec![route("g", "gemini-2.5-pro")],
-        (1.25, 10.0),
-    )
-    .await;
+    let app = gemini_pro(KEY_G).await;
     let (id, token) = app.token("document", Some("100")).await;
     let body = json!({"model": "gemini-2.5-pro", "max_tokens": 10, "messages": [{"role": "user",
         "content": [{"type": "document", "source": {"type": "base64",

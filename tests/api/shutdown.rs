@@ -151,27 +151,7 @@ async fn sigterm_with_stuck_and_slow_clients_exits_in_time_and_settles_everythin
     until("the normal stream never started", seen(3)).await;
 
     // 4. A non-streamed request whose upstream holds its headers for an hour.
-    mock.state.script(
-        KEY_A,
-        [Script {
-            delay_ms: 3_600_000,
-            ..Default::default()
-        }],
-    );
-    let waiting = {
-        let (http, url, token) = (http.clone(), gateway.url.clone(), token.clone());
-        tokio::spawn(async move {
-            let resp = http
-                .post(format!("{url}/v1/chat/completions"))
-                .bearer_auth(&token)
-                .json(&chat_body(100))
-                .send()
-                .await
-                .unwrap();
-            let status = resp.status().as_u16();
-            (status, resp.json::<Value>().await.unwrap_or(Value::Null))
-        })
-    };
+    let waiting = held_chat(&mock, &http, &gateway.url, &token);
     until("the waiting request never reached the upstream", seen(4)).await;
 
     // SIGTERM; the process must be gone within the shutdown timeout plus a margin.
@@ -536,27 +516,7 @@ async fn requests_the_drain_ends_before_their_answer_pay_the_reserved_input() {
     let with_document = tokio::spawn(sse_data(resp));
     until("the document's stream never started", seen(2)).await;
     // The non-streamed request: the mock holds its headers for an hour.
-    mock.state.script(
-        KEY_A,
-        [Script {
-            delay_ms: 3_600_000,
-            ..Default::default()
-        }],
-    );
-    let waiting = {
-        let (http, url, token) = (http.clone(), gateway.url.clone(), token.clone());
-        tokio::spawn(async move {
-            let resp = http
-                .post(format!("{url}/v1/chat/completions"))
-                .bearer_auth(&token)
-                .json(&chat_body(100))
-                .send()
-                .await
-                .unwrap();
-            let status = resp.status().as_u16();
-            (status, resp.json::<Value>().await.unwrap_or(Value::Null))
-        })
-    };
+    let waiting = held_chat(&mock, &http, &gateway.url, &token);
     until("the waiting request never reached the upstream", seen(3)).await;
     // Let the streams' two chunks through the gateway before the signal.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -642,4 +602,33 @@ async fn requests_the_drain_ends_before_their_answer_pay_the_reserved_input() {
         scalar_on(&db, "SELECT limit_micros - remaining_micros FROM tokens").await,
         want.iter().map(|w| w.3).sum::<i64>()
     );
+}
+
+/// A non-streamed chat request whose upstream holds its headers for an hour, sent in the
+/// background: its status and JSON body once the gateway answers it.
+fn held_chat(
+    mock: &MockServer,
+    http: &reqwest::Client,
+    url: &str,
+    token: &str,
+) -> tokio::task::JoinHandle<(u16, Value)> {
+    mock.state.script(
+        KEY_A,
+        [Script {
+            delay_ms: 3_600_000,
+            ..Default::default()
+        }],
+    );
+    let (http, url, token) = (http.clone(), url.to_string(), token.to_string());
+    tokio::spawn(async move {
+        let resp = http
+            .post(format!("{url}/v1/chat/completions"))
+            .bearer_auth(&token)
+            .json(&chat_body(100))
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.json::<Value>().await.unwrap_or(Value::Null))
+    })
 }
