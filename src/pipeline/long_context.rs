@@ -120,44 +120,33 @@ mod tests {
 
     #[test]
     fn how_much_more_a_provider_may_count_follows_its_tokenizer() {
-        let read = |provider, claude_1m| Reader {
-            provider,
-            claude_1m,
-        };
-        // Claude's tokenizer, wherever it is served (Anthropic, Bedrock, a router).
-        assert_eq!(
-            provider_may_count(read(Provider::Anthropic, true), 200_000),
-            300_000
-        );
-        assert_eq!(
-            provider_may_count(read(Provider::OpenaiCompatible, false), 200_000),
-            300_000
-        );
-        // Within Claude's 200 000-token window unless the request turned 1M on; Bedrock
-        // is never sent the beta.
-        assert_eq!(
-            provider_may_count(read(Provider::Anthropic, false), 200_000),
-            200_000
-        );
-        assert_eq!(
-            provider_may_count(read(Provider::Anthropic, false), 100_000),
-            150_000
-        );
-        for wide in [false, true] {
+        use Provider::{Anthropic, Bedrock, Gemini, OpenaiCompatible};
+        // (provider, the 1M window on, the gateway's count, the most the provider bills)
+        let cases = [
+            // Claude's tokenizer, wherever it is served (Anthropic, Bedrock, a router).
+            (Anthropic, true, 200_000, 300_000),
+            (OpenaiCompatible, false, 200_000, 300_000),
+            // Within Claude's 200 000-token window unless the request turned 1M on;
+            // Bedrock is never sent the beta.
+            (Anthropic, false, 200_000, 200_000),
+            (Anthropic, false, 100_000, 150_000),
+            (Bedrock, false, 200_000, 200_000),
+            (Bedrock, true, 200_000, 200_000),
+            (Gemini, false, 200_000, 250_000),
+            (Gemini, false, i64::MAX, i64::MAX),
+            (Anthropic, true, -5, 0),
+        ];
+        for (provider, claude_1m, input, most) in cases {
+            let reader = Reader {
+                provider,
+                claude_1m,
+            };
             assert_eq!(
-                provider_may_count(read(Provider::Bedrock, wide), 200_000),
-                200_000
+                provider_may_count(reader, input),
+                most,
+                "{reader:?} {input}"
             );
         }
-        assert_eq!(
-            provider_may_count(read(Provider::Gemini, false), 200_000),
-            250_000
-        );
-        assert_eq!(
-            provider_may_count(read(Provider::Gemini, false), i64::MAX),
-            i64::MAX
-        );
-        assert_eq!(provider_may_count(read(Provider::Anthropic, true), -5), 0);
     }
 
     #[test]

@@ -103,17 +103,7 @@ fn script_slow_stream(mock: &MockServer, text: String) {
 async fn sigterm_with_stuck_and_slow_clients_exits_in_time_and_settles_everything() {
     let dir = tempfile::tempdir().unwrap();
     let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
-    let timeout = SHUTDOWN_TIMEOUT_S.to_string();
-    let gateway = start_gateway_full(
-        dir.path(),
-        &mock,
-        &[
-            ("SLUICE_SERVER_WORKERS", "2"),
-            ("SLUICE_SERVER_SHUTDOWN_TIMEOUT_SECONDS", &timeout),
-        ],
-        "",
-    )
-    .await;
+    let gateway = draining_gateway(&dir, &mock).await;
     let (db, token) = db_and_token(dir.path(), "shut").await;
     let state = mock.state.clone();
     let seen = |n: u64| {
@@ -460,17 +450,7 @@ const BEFORE_THE_STALL: &str = "The engine light blinks ";
 async fn requests_the_drain_ends_before_their_answer_pay_the_reserved_input() {
     let dir = tempfile::tempdir().unwrap();
     let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
-    let timeout = SHUTDOWN_TIMEOUT_S.to_string();
-    let mut gateway = start_gateway_full(
-        dir.path(),
-        &mock,
-        &[
-            ("SLUICE_SERVER_WORKERS", "2"),
-            ("SLUICE_SERVER_SHUTDOWN_TIMEOUT_SECONDS", &timeout),
-        ],
-        "",
-    )
-    .await;
+    let mut gateway = draining_gateway(&dir, &mock).await;
     let (db, token) = db_and_token(dir.path(), "drained").await;
     let state = mock.state.clone();
     let seen = |n: u64| {
@@ -631,4 +611,19 @@ fn held_chat(
         let status = resp.status().as_u16();
         (status, resp.json::<Value>().await.unwrap_or(Value::Null))
     })
+}
+
+/// The real binary on `dir` with two workers and a `SHUTDOWN_TIMEOUT_S` drain, over `mock`.
+async fn draining_gateway(dir: &tempfile::TempDir, mock: &MockServer) -> Gateway {
+    let timeout = SHUTDOWN_TIMEOUT_S.to_string();
+    start_gateway_full(
+        dir.path(),
+        mock,
+        &[
+            ("SLUICE_SERVER_WORKERS", "2"),
+            ("SLUICE_SERVER_SHUTDOWN_TIMEOUT_SECONDS", &timeout),
+        ],
+        "",
+    )
+    .await
 }
