@@ -458,6 +458,17 @@ async fn partial_usage_app() -> TestApp {
 
 /// A whole answer saying `text`, in the upstream's wire format, with `usage` as its usage
 /// object (`usageMetadata` on Gemini).
+/// Scripts `key`'s next answer: `text` with `usage` (`answer_with_usage`).
+fn script_answer(app: &TestApp, key: &str, text: &str, usage: &Value) {
+    app.mock.state.script(
+        key,
+        [Script {
+            body: Some(answer_with_usage(key, text, usage.clone())),
+            ..Script::default()
+        }],
+    );
+}
+
 fn answer_with_usage(key: &str, text: &str, usage: Value) -> Value {
     match key {
         KEY_B => json!({"id": "msg_1", "type": "message", "role": "assistant",
@@ -553,13 +564,7 @@ async fn an_answer_whose_usage_leaves_a_side_out_is_charged_the_estimate_for_it(
     ];
     for (i, (model, key, usage, input, output, estimated)) in cases.into_iter().enumerate() {
         let (id, token) = app.token(&format!("partial-{i}"), Some("1")).await;
-        app.mock.state.script(
-            key,
-            [Script {
-                body: Some(answer_with_usage(key, said, usage.clone())),
-                ..Script::default()
-            }],
-        );
+        script_answer(&app, key, said, &usage);
         let body = json!({"model": model, "max_tokens": 100, "messages": [message.clone()]});
         let resp = app.chat(&token, &body).await;
         let status = resp.status();
@@ -658,13 +663,7 @@ async fn a_translated_answer_shows_the_side_its_upstream_left_out_as_charged() {
     for (i, (client, model, key, usage, (input, output))) in cases.into_iter().enumerate() {
         let case = format!("{client} client of {model}, usage {usage}");
         let (id, token) = app.token(&format!("shown-{i}"), Some("1")).await;
-        app.mock.state.script(
-            key,
-            [Script {
-                body: Some(answer_with_usage(key, said, usage.clone())),
-                ..Script::default()
-            }],
-        );
+        script_answer(&app, key, said, &usage);
         let body = json!({"model": model, "max_tokens": 100, "messages": [message.clone()]});
         let resp = match client {
             "openai" => app.chat(&token, &body).await,
