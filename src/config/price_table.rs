@@ -213,6 +213,36 @@ impl Table {
         self.tiers_of(served.collect())
     }
 
+    /// Whose model a route serves, decided as its tiers are (`route_tiers`): its
+    /// `tier_model`'s family, else that of the bundled models its upstream names match,
+    /// else of those the gateway's name matches that the route's provider serves; a route
+    /// no name places (a custom deployment, an open model) is taken as its provider's
+    /// (`Family::served_by`). Gemini served through Google's OpenAI-compatible endpoint is
+    /// Gemini's, read by Gemini's tokenizer (`pipeline::long_context::Reader`).
+    pub fn route_family(
+        &self,
+        tier_model: Option<&str>,
+        upstream_names: &[&str],
+        gateway_name: &str,
+        provider: Provider,
+    ) -> Family {
+        let of = |model: &str| self.family.get(model).map(|f| Family::named(f));
+        let named = match tier_model {
+            Some(model) => of(model),
+            None => upstream_names
+                .iter()
+                .flat_map(|n| self.matching(n))
+                .find_map(of)
+                .or_else(|| {
+                    (self.matching(gateway_name).into_iter())
+                        .filter_map(|model| self.family.get(model))
+                        .find(|family| serves(provider, family))
+                        .map(|family| Family::named(family))
+                }),
+        };
+        named.unwrap_or(Family::served_by(provider))
+    }
+
     /// Whether `name` is a bundled model's own name: what a route's `tier_model` may be.
     pub fn has_model(&self, name: &str) -> bool {
         self.long_context.contains_key(name)
@@ -262,6 +292,40 @@ impl Table {
                 .filter_map(|model| self.long_context.get(model).cloned())
                 .collect(),
         )
+    }
+}
+
+/// Whose models a route serves (`Table::route_family`): whose tokenizer counts its input
+/// and bills it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// Anthropic's Claude, wherever it is served.
+    Claude,
+    /// Google's Gemini, wherever it is served.
+    Gemini,
+    /// Any other: OpenAI's, an open model's.
+    Other,
+}
+
+impl Family {
+    /// A bundled entry's `provider`'s family.
+    fn named(provider: &str) -> Family {
+        match provider {
+            "anthropic" => Family::Claude,
+            "gemini" => Family::Gemini,
+            _ => Family::Other,
+        }
+    }
+
+    /// The family of a route no name places: its provider's own, and on an
+    /// OpenAI-compatible server Claude's, whose tokenizer counts the most (a router may
+    /// serve Claude under any name).
+    fn served_by(provider: Provider) -> Family {
+        match provider {
+            Provider::Anthropic | Provider::Bedrock | Provider::OpenaiCompatible => Family::Claude,
+            Provider::Gemini => Family::Gemini,
+            Provider::Openai | Provider::AzureOpenai => Family::Other,
+        }
     }
 }
 
@@ -500,6 +564,59 @@ mod tests {
         assert!(t.has_model("claude-sonnet-4-5") && !t.has_model("claude-sonnet-4.5"));
         let tiered = t.tiered_models();
         assert!(tiered.contains(&"gemini-2.5-pro") && !tiered.contains(&"gpt-4o"));
+    }
+
+    #[test]
+    fn a_routes_family_is_decided_by_its_names_as_its_tier_is_else_by_its_provider() {
+        use Family::{Claude, Gemini, Other};
+        use Provider::{Anthropic, Bedrock, OpenaiCompatible};
+        let t = bundled();
+        let arn = "arn:aws:bedrock:us-east-1:1:application-inference-profile/a";
+        let bedrock_sonnet = "anthropic.claude-sonnet-4-5-20250929-v1:0";
+        // (tier_model, upstream name, gateway name, provider, family)
+        let cases = [
+            // Gemini by its name on any wire: Google's OpenAI endpoint, an Anthropic proxy.
+            (None, "gemini-2.5-pro", "g", OpenaiCompatible, Gemini),
+            (None, "gemini-2.5-pro", "g", Anthropic, Gemini),
+            (
+                None,
+                "google/gemini-2.5-pro-preview",
+                "g",
+                OpenaiCompatible,
+                Gemini,
+            ),
+            (None, bedrock_sonnet, "s", Bedrock, Claude),
+            (None, "gpt-4o", "smart", OpenaiCompatible, Other),
+            // The gateway's name only where the provider serves its family.
+            (None, arn, "claude-sonnet-4", Bedrock, Claude),
+            (None, "custom", "gemini-2.5-pro", Provider::Gemini, Gemini),
+            (
+                None,
+                "qwen2.5-72b-instruct",
+                "gemini-2.5-pro",
+                OpenaiCompatible,
+                Claude,
+            ),
+            // No name places it: its provider's, a router's as Claude's (the widest count).
+            (None, "qwen2.5-72b-instruct", "q", OpenaiCompatible, Claude),
+            (None, "custom", "c", Provider::Openai, Other),
+            (None, "custom", "c", Provider::Gemini, Gemini),
+            // `tier_model` decides over both.
+            (
+                Some("gemini-2.5-pro"),
+                arn,
+                "claude-sonnet-4",
+                Bedrock,
+                Gemini,
+            ),
+        ];
+        for (tier_model, upstream, gateway, provider, family) in cases {
+            assert_eq!(
+                t.route_family(tier_model, &[upstream], gateway, provider),
+                family,
+                "{tier_model:?} {upstream} {gateway} {provider:?}"
+            );
+        }
     }
 
     #[test]

@@ -55,50 +55,42 @@ pub struct Departure {
     pub cost: i64,
 }
 
-/// What a request that reached the upstream costs if it ends before the answer (its client
+/// What a request sent to candidate `c` costs if it ends before the answer (its client
 /// leaves, its deadline cuts the attempt off, the shutdown ends it): the upstream had the
 /// whole request and may bill all of it, which the gateway cannot know, so the input
-/// reserved for it (`Prepared::reserved_input_on`: with documents, at least the model's
-/// whole input; on Gemini each digit once more, as the reservation counts it), at the
-/// dearest candidate's price — at the dearest cache write the request marked, and at a
-/// long-context tier's rates where the provider's tokenizer may count that input past its
-/// threshold, as the reservation decides (`long_context::priced_departed`,
-/// `provider_may_count`). A server-tool turn may have run whole
-/// meanwhile (the upstream goes on without its client): every step's input
+/// reserved for it there (`Prepared::reserved_input_on`: with documents, at least the
+/// model's whole input, within the window the provider serves; on Gemini each digit once
+/// more, as the reservation counts it), at its price — at the dearest cache write the
+/// request marked, and at a long-context tier's rates where the provider's tokenizer may
+/// count that input past its threshold, as the reservation decides
+/// (`long_context::priced_departed`, `provider_may_count`). A server-tool turn may have run
+/// whole meanwhile (the upstream goes on without its client): every step's input
 /// (`kinds::Turn::billed_input` of that input) and every search it was allowed. Never more
-/// than the reservation (the same input without its margin).
-pub fn input_cost(state: &AppState, p: &Prepared, candidates: &[Candidate]) -> Departure {
-    let live = state.live.snapshot();
-    candidates
-        .iter()
-        .map(|c| {
-            // Deployments keep their position across rebuilds; one not found (it cannot
-            // be) is taken at the largest count, as the reservation takes it.
-            let provider = live
-                .catalog
-                .deployments
-                .get(c.route.deployment)
-                .map_or(Provider::Anthropic, |d| d.provider);
-            let turn = p.kinds.server_tools;
-            let reserved =
-                p.reserved_input_on(c.route.image_rule, c.model.max_input_tokens, provider);
-            let input = Usage {
-                input: turn.billed_input(reserved, p.output_cap()),
-                web_search_calls: p.kinds.web_search_calls,
-                ..Usage::default()
-            };
-            Departure {
-                input: input.input,
-                cost: long_context::priced_departed(
-                    input,
-                    (c.prices, p.kinds.input),
-                    c.route.long_context,
-                    p.reader(provider),
-                ),
-            }
-        })
-        .max_by_key(|d| (d.cost, d.input))
-        .unwrap_or_default()
+/// than the reservation (the same input without its margin). `call` takes the dearest of
+/// the candidates a request was sent to, never one it was not.
+fn departure_on(state: &AppState, p: &Prepared, c: &Candidate) -> Departure {
+    // Deployments keep their position across rebuilds; one not found (it cannot be) is
+    // taken at the largest count, as the reservation takes it.
+    let provider = (state.live.snapshot().catalog.deployments)
+        .get(c.route.deployment)
+        .map_or(Provider::Anthropic, |d| d.provider);
+    let turn = p.kinds.server_tools;
+    let reader = p.reader(c.route.family, provider);
+    let reserved = p.reserved_input_on(c.route.image_rule, c.model.max_input_tokens, reader);
+    let input = Usage {
+        input: turn.billed_input(reserved, p.output_cap()),
+        web_search_calls: p.kinds.web_search_calls,
+        ..Usage::default()
+    };
+    Departure {
+        input: input.input,
+        cost: long_context::priced_departed(
+            input,
+            (c.prices, p.kinds.input),
+            c.route.long_context,
+            reader,
+        ),
+    }
 }
 
 /// The routes that may serve a request, in the order they are tried, each with its price
@@ -611,13 +603,16 @@ fn breaker_opened(state: &AppState, d: usize) {
     );
 }
 
-/// Tries candidates until one answers, following the retry table.
+/// Tries candidates until one answers, following the retry table. Before each attempt
+/// whose candidate's departure (`departure_on`) is dearer than every one tried before,
+/// `sent` is told it: what the request costs from then on if it ends before its answer.
 pub async fn call(
     state: &AppState,
     p: &Prepared,
     candidates: &[Candidate],
     deadline: Instant,
     (request_id, trace): (&str, &Trace),
+    mut sent: impl FnMut(Departure),
 ) -> Called {
     let cfg = &state.settings.retry;
     let started = Instant::now();
@@ -627,6 +622,7 @@ pub async fn call(
         ..Run::default()
     };
     let mut round = 0u32;
+    let mut dearest = Departure::default();
     loop {
         round += 1;
         let pool: Vec<usize> = if round == 1 {
@@ -651,6 +647,11 @@ pub async fn call(
                     run.overloaded.push(i);
                 }
                 continue;
+            }
+            let departure = departure_on(state, p, &candidates[i]);
+            if (departure.cost, departure.input) > (dearest.cost, dearest.input) {
+                dearest = departure;
+                sent(departure);
             }
             let ctx = ((request_id, trace), deadline, started);
             match try_candidate(state, p, &candidates[i], i, &mut run, ctx).await {

@@ -11,38 +11,39 @@
 //! the threshold though the gateway counted below it is priced at the tier's rates, and
 //! what passes the reservation is absorbed and shown as such, never lost from the ledger.
 
+use crate::config::price_table::Family;
 use crate::config::Provider;
 use crate::quota::pricing::{self, InputKinds, LongTier, Prices};
 use crate::usage::Usage;
 
-/// How much more a provider's tokenizer may count than the gateway's (o200k) estimate, in
-/// percent. A reservation whose input could pass a tier's threshold counted so is priced at
-/// the tier, so a prompt the provider counts past it is covered. Claude's tokenizer counts
-/// up to ~1.35× o200k on code and non-English text (more with its newer tokenizer): 150 —
-/// on Anthropic, on Bedrock, and on any other kind, for an OpenAI-compatible router may
-/// serve Claude too (OpenAI's own models count with o200k and have no bundled tier).
-/// Gemini's (a 256k-token vocabulary, larger than o200k's) counts words about as o200k
-/// does, a little more on some scripts: 125, so a Gemini prompt well under its threshold
-/// is not reserved at the dearer tier for a count Gemini never reaches — but it makes each
-/// digit a token, which no flat factor covers: its digits are counted on top
-/// (`beyond_the_estimate`).
-fn provider_counts_up_to_percent(provider: Provider) -> i64 {
-    match provider {
-        Provider::Gemini => 125,
-        _ => 150,
+/// How much more a model family's tokenizer may count than the gateway's (o200k) estimate,
+/// in percent. A reservation whose input could pass a tier's threshold counted so is priced
+/// at the tier, so a prompt the provider counts past it is covered. Claude's tokenizer
+/// counts up to ~1.35× o200k on code and non-English text (more with its newer tokenizer):
+/// 150 — and so for any other family (OpenAI's own models count with o200k and have no
+/// bundled tier; an open model's tokenizer is unknown). Gemini's (a 256k-token vocabulary,
+/// larger than o200k's) counts words about as o200k does, a little more on some scripts:
+/// 125, so a Gemini prompt well under its threshold is not reserved at the dearer tier for
+/// a count Gemini never reaches — but it makes each digit a token, which no flat factor
+/// covers: its digits are counted on top (`beyond_the_estimate`).
+fn counts_up_to_percent(family: Family) -> i64 {
+    match family {
+        Family::Gemini => 125,
+        Family::Claude | Family::Other => 150,
     }
 }
 
-/// What `provider`'s tokenizer counts beyond the gateway's estimate whatever its factor,
-/// for a request whose counted text holds `digits` ASCII digits (`Prepared::input_digits`):
-/// on Gemini one token for each — its SentencePiece tokenizer splits every digit, where
-/// o200k takes up to three in one token, so a digit-heavy prompt counts ~3× there (the
-/// o200k tokens of those digits are left in the estimate: a margin, never a shortfall).
-/// Added to the input a Gemini candidate is reserved for (`pipeline::first_step`).
-pub fn beyond_the_estimate(provider: Provider, digits: i64) -> i64 {
-    match provider {
-        Provider::Gemini => digits.max(0),
-        _ => 0,
+/// What `family`'s tokenizer counts beyond the gateway's estimate whatever its factor, for
+/// a request whose counted text holds `digits` ASCII digits (`Prepared::input_digits`): on
+/// Gemini — served by Google or through any other wire format — one token for each: its
+/// SentencePiece tokenizer splits every digit, where o200k takes up to three in one token,
+/// so a digit-heavy prompt counts ~3× there (the o200k tokens of those digits are left in
+/// the estimate: a margin, never a shortfall). Added to the input a Gemini route is
+/// reserved for (`Prepared::reserved_input_on`).
+pub fn beyond_the_estimate(family: Family, digits: i64) -> i64 {
+    match family {
+        Family::Gemini => digits.max(0),
+        Family::Claude | Family::Other => 0,
     }
 }
 
@@ -51,27 +52,49 @@ pub fn beyond_the_estimate(provider: Provider, digits: i64) -> i64 {
 /// nothing, so no prompt billed without the window is longer.
 const CLAUDE_WINDOW: i64 = 200_000;
 
-/// Who reads a request's input on a candidate: its provider's tokenizer, and whether the
-/// client turned Claude's 1M-token window on (`Prepared::reader`).
+/// Who reads a request's input on a candidate: its model family's tokenizer on its
+/// provider, and the longest prompt the provider serves there, if the model's configured
+/// input is not it (`Prepared::reader`).
 #[derive(Clone, Copy, Debug)]
 pub struct Reader {
+    pub family: Family,
     pub provider: Provider,
-    pub claude_1m: bool,
+    window: Option<i64>,
+}
+
+impl Reader {
+    /// The reader of a route serving `family` on `provider`, for a request that did or did
+    /// not turn Claude's 1M-token window on: Claude is read within its 200 000-token window
+    /// on Anthropic unless the request turned the 1M window on, on Bedrock always (the beta
+    /// header is forwarded to Anthropic only). Elsewhere — a router, Gemini through
+    /// Anthropic's wire format — no window is known but the model's.
+    pub fn new(family: Family, provider: Provider, claude_1m: bool) -> Reader {
+        let windowed = match provider {
+            Provider::Anthropic => !claude_1m,
+            Provider::Bedrock => true,
+            _ => false,
+        };
+        Reader {
+            family,
+            provider,
+            window: (family == Family::Claude && windowed).then_some(CLAUDE_WINDOW),
+        }
+    }
+
+    /// `input` as much of it as the provider serves, and so may bill: a reservation, a
+    /// departure or an estimate past Claude's window is of a prompt Claude refuses.
+    pub fn bound(self, input: i64) -> i64 {
+        self.window.map_or(input, |w| input.min(w))
+    }
 }
 
 /// The most input `reader` may bill for `input` of the gateway's estimate: the estimate ×
-/// its tokenizer's factor, on Claude within its window — on Anthropic unless the request
-/// turned the 1M window on, on Bedrock always (the beta header is forwarded to Anthropic
-/// only). A tier above that window is out of reach there.
+/// its tokenizer's factor, within the window the provider serves (`Reader::bound`). A tier
+/// above that window is out of reach there.
 pub fn provider_may_count(reader: Reader, input: i64) -> i64 {
-    let percent = provider_counts_up_to_percent(reader.provider);
+    let percent = counts_up_to_percent(reader.family);
     let most = i128::from(input.max(0)) * i128::from(percent) / 100;
-    let most = i64::try_from(most).unwrap_or(i64::MAX);
-    match reader.provider {
-        Provider::Anthropic if !reader.claude_1m => most.min(CLAUDE_WINDOW),
-        Provider::Bedrock => most.min(CLAUDE_WINDOW),
-        _ => most,
-    }
+    reader.bound(i64::try_from(most).unwrap_or(i64::MAX))
 }
 
 /// What `usage` costs at `prices`: at the route's long-context `tier` when the reported
@@ -120,47 +143,43 @@ mod tests {
 
     #[test]
     fn how_much_more_a_provider_may_count_follows_its_tokenizer() {
-        use Provider::{Anthropic, Bedrock, Gemini, OpenaiCompatible};
-        // (provider, the 1M window on, the gateway's count, the most the provider bills)
+        use Family::{Claude, Gemini, Other};
+        use Provider::{Anthropic, Bedrock, OpenaiCompatible};
+        // (family, provider, the 1M window on, the gateway's count, the most it bills)
         let cases = [
             // Claude's tokenizer, wherever it is served (Anthropic, Bedrock, a router).
-            (Anthropic, true, 200_000, 300_000),
-            (OpenaiCompatible, false, 200_000, 300_000),
+            (Claude, Anthropic, true, 200_000, 300_000),
+            (Claude, OpenaiCompatible, false, 200_000, 300_000),
             // Within Claude's 200 000-token window unless the request turned 1M on;
             // Bedrock is never sent the beta.
-            (Anthropic, false, 200_000, 200_000),
-            (Anthropic, false, 100_000, 150_000),
-            (Bedrock, false, 200_000, 200_000),
-            (Bedrock, true, 200_000, 200_000),
-            (Gemini, false, 200_000, 250_000),
-            (Gemini, false, i64::MAX, i64::MAX),
-            (Anthropic, true, -5, 0),
+            (Claude, Anthropic, false, 200_000, 200_000),
+            (Claude, Anthropic, false, 100_000, 150_000),
+            (Claude, Bedrock, false, 200_000, 200_000),
+            (Claude, Bedrock, true, 200_000, 200_000),
+            // Gemini's, wherever it is served: no Claude window on Anthropic's wire.
+            (Gemini, Provider::Gemini, false, 200_000, 250_000),
+            (Gemini, OpenaiCompatible, false, 200_000, 250_000),
+            (Gemini, Anthropic, false, 200_000, 250_000),
+            (Gemini, Provider::Gemini, false, i64::MAX, i64::MAX),
+            (Other, Provider::Openai, false, 200_000, 300_000),
+            (Claude, Anthropic, true, -5, 0),
         ];
-        for (provider, claude_1m, input, most) in cases {
-            let reader = Reader {
-                provider,
-                claude_1m,
-            };
+        for (family, provider, claude_1m, input, most) in cases {
+            let reader = Reader::new(family, provider, claude_1m);
             assert_eq!(
                 provider_may_count(reader, input),
                 most,
-                "{reader:?} {input}"
+                "{family:?} on {provider:?}, 1M={claude_1m}: {input}"
             );
         }
     }
 
     #[test]
     fn only_gemini_counts_each_digit_beyond_the_estimate() {
-        assert_eq!(beyond_the_estimate(Provider::Gemini, 240_000), 240_000);
-        assert_eq!(beyond_the_estimate(Provider::Gemini, -1), 0);
-        for p in [
-            Provider::Anthropic,
-            Provider::Bedrock,
-            Provider::Openai,
-            Provider::AzureOpenai,
-            Provider::OpenaiCompatible,
-        ] {
-            assert_eq!(beyond_the_estimate(p, 240_000), 0, "{p:?}");
+        assert_eq!(beyond_the_estimate(Family::Gemini, 240_000), 240_000);
+        assert_eq!(beyond_the_estimate(Family::Gemini, -1), 0);
+        for f in [Family::Claude, Family::Other] {
+            assert_eq!(beyond_the_estimate(f, 240_000), 0, "{f:?}");
         }
     }
 }

@@ -39,6 +39,7 @@ use crate::upstream::providers::{self, canonical::Reported};
 use crate::usage::Usage;
 use attempts::{Outcome, Success};
 use drain::Drain;
+use long_context::Reader;
 use request::Prepared;
 
 /// Request ids are UUIDv7: unique across replicas and sortable by time.
@@ -420,25 +421,27 @@ async fn run(
             return Err(ApiError::from(refused).into());
         }
     };
-    // From here on the upstream may be working: a client that leaves pays the input
-    // reserved for it (`attempts::input_cost`).
-    let departure = attempts::input_cost(state, &prepared, &candidates);
-    held.set_cost_if_dropped(departure.cost);
-    // The row of a departure from here on says so (`Open`); every outcome below rewrites it.
-    log.input_tokens = departure.input;
-    log.cost_micros = departure.cost;
-    // Likewise its windows: the input, until the answer says what was used.
+    // Its windows: the input, until the answer says what was used.
     if let Some(b) = booking.as_mut() {
         b.used(prepared.input_tokens);
     }
 
-    // 7–9. Route, call, retry by tier.
+    // 7–9. Route, call, retry by tier. From each attempt on the upstream may be working: a
+    // client that leaves pays the input reserved for it on the dearest candidate sent it
+    // (`attempts::departure_on`), and its row says so (`Open`; every outcome below
+    // rewrites it).
+    let mut departure = attempts::Departure::default();
     let outcome = attempts::call(
         state,
         &prepared,
         &candidates,
         deadline,
         (&log.id, &log.trace),
+        |sent| {
+            held.set_cost_if_dropped(sent.cost);
+            (log.input_tokens, log.cost_micros) = (sent.input, sent.cost);
+            departure = sent;
+        },
     )
     .await;
     log.attempts = outcome.attempts;
@@ -608,7 +611,8 @@ fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Ca
             .deployments
             .get(c.route.deployment)
             .map_or(Provider::Anthropic, |d| d.provider);
-        let first = first_step(state, p, c, provider);
+        let reader = p.reader(c.route.family, provider);
+        let first = first_step(state, p, c, reader);
         let usage = Usage {
             input: p.kinds.server_tools.billed_input(first, p.output_cap()),
             output: p.output_cap(),
@@ -622,33 +626,33 @@ fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Ca
             web_search_per_1k_calls: prices.web_search_per_1k_calls,
             ..pricing::Prices::default()
         };
-        let tier_at = long_context::provider_may_count(p.reader(provider), usage.input);
+        let tier_at = long_context::provider_may_count(reader, usage.input);
         pricing::cost(usage, dearest.for_input(tier_at, c.route.long_context))
     };
     candidates.iter().map(worst_at).max().unwrap_or(0)
 }
 
-/// The input a request's first (or only) step reserves for on a candidate served by
-/// `provider`: counted (its images by the route's rule, its documents for the candidate's
-/// model, on Gemini its digits once more: `long_context::beyond_the_estimate`), with the
-/// configured margin. Server-tool results and output re-read by later steps are the
-/// provider's own tokens: no margin.
-fn first_step(state: &AppState, p: &Prepared, c: &attempts::Candidate, provider: Provider) -> i64 {
+/// The input a request's first (or only) step reserves for on a candidate read by
+/// `reader`: counted (its images by the route's rule, its documents for the candidate's
+/// model, on Gemini its digits once more: `Prepared::reserved_input_on`), with the
+/// configured margin, no more than the provider serves there (`Reader::bound`). Server-tool
+/// results and output re-read by later steps are the provider's own tokens: no margin.
+fn first_step(state: &AppState, p: &Prepared, c: &attempts::Candidate, reader: Reader) -> i64 {
     let q = &state.settings.quota;
-    pricing::input_with_margin(
-        p.reserved_input_on(c.route.image_rule, c.model.max_input_tokens, provider),
+    reader.bound(pricing::input_with_margin(
+        p.reserved_input_on(c.route.image_rule, c.model.max_input_tokens, reader),
         q.input_margin_ratio,
         q.input_margin_tokens,
-    )
+    ))
 }
 
 /// A whole answer's usage: each side as the upstream reported it (a zero is its word), a
-/// side it did not report counted by the gateway — the input at its estimate
+/// side it did not report counted by the gateway — the input at its `estimate`
 /// (`Prepared::estimated_input_on`; of a server-tool turn every step's input and every
 /// search allowed, `kinds::Turn`), the output from the answer's `text`.
 fn answer_usage(
     p: &Prepared,
-    (image_rule, provider): (crate::quota::images::Rule, Provider),
+    estimate: i64,
     reported: Reported,
     text: impl FnOnce() -> String,
 ) -> Usage {
@@ -657,8 +661,7 @@ fn answer_usage(
         ..Usage::default()
     };
     if reported.input.is_none() {
-        usage.input = (p.kinds.server_tools)
-            .billed_input(p.estimated_input_on(image_rule, provider), p.output_cap());
+        usage.input = (p.kinds.server_tools).billed_input(estimate, p.output_cap());
     }
     if reported.output.is_none() {
         usage.output = estimate::count_text(&text());
@@ -713,7 +716,8 @@ async fn finish(
     mut booking: Option<Booking>,
     plan: Option<crate::cache::Plan>,
 ) -> Result<HttpResponse, Failure> {
-    let image_rule = s.route.image_rule;
+    let reader = p.reader(s.route.family, s.dep.provider);
+    let estimate = p.estimated_input_on(s.route.image_rule, s.model.max_input_tokens, reader);
     let mut key_booking = s.key_booking;
     let raw = s.body.unwrap_or_default();
     let answer = s.answer.unwrap_or_default();
@@ -740,7 +744,7 @@ async fn finish(
     if reported.input.is_none() || reported.output.is_none() {
         log.error_code = Some(USAGE_ESTIMATED);
     }
-    let usage = answer_usage(p, (image_rule, s.dep.provider), reported, || {
+    let usage = answer_usage(p, estimate, reported, || {
         providers::answer_text(read_as, &answer)
     })
     .at_worst_lifetime(p.kinds.input);
@@ -788,12 +792,7 @@ async fn finish(
     // reservation's, with what the provider's tokenizer may count.
     let cost = match reported.input {
         Some(_) => long_context::priced(usage, s.prices, s.route.long_context),
-        None => long_context::priced_counted(
-            usage,
-            s.prices,
-            s.route.long_context,
-            p.reader(s.dep.provider),
-        ),
+        None => long_context::priced_counted(usage, s.prices, s.route.long_context, reader),
     };
     // The request's windows and the serving key's, corrected off the path when dropped.
     let used = usage.input + usage.output;

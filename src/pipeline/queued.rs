@@ -96,20 +96,30 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
             return end(&state, books, e, NOTHING).await;
         }
     };
-    let departure = attempts::input_cost(&state, &prepared, &candidates);
-    books.held.set_cost_if_dropped(departure.cost);
     if let Some(b) = books.booking.as_mut() {
         b.used(prepared.input_tokens);
     }
     // An upstream's own error answer cannot be relayed into an open stream (and is not
     // `Send`): only its gist goes on, in the error event.
-    let input = (departure.input, departure.cost);
+    let mut departure = attempts::Departure::default();
     let result = {
         // The response is open: a client that leaves now is seen only by the body being
         // dropped, so the wait on the upstream races it (dropping the call closes the
-        // upstream connection).
+        // upstream connection). From each attempt on, a departure pays the input reserved
+        // on the dearest candidate sent the request (`attempts::departure_on`).
         let (id, trace) = (books.log.id.clone(), books.log.trace.clone());
-        let call = attempts::call(&state, &prepared, &candidates, deadline, (&id, &trace));
+        let held = &mut books.held;
+        let call = attempts::call(
+            &state,
+            &prepared,
+            &candidates,
+            deadline,
+            (&id, &trace),
+            |sent| {
+                held.set_cost_if_dropped(sent.cost);
+                departure = sent;
+            },
+        );
         let outcome = tokio::select! {
             biased;
             _ = sink.closed() => None,
@@ -124,6 +134,7 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
             }
         })
     };
+    let input = (departure.input, departure.cost);
     let Some(result) = result else {
         if sink.drain.is_draining() {
             return shut_down(&state, &prepared, books, &sink, input).await;

@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
 
 use crate::auth::TokenAuth;
+use crate::config::price_table::Family;
 use crate::config::Provider;
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
@@ -17,6 +18,8 @@ use crate::quota::estimate;
 use crate::quota::images::{Images, Rule};
 use crate::upstream::catalog::{Catalog, Model};
 use crate::upstream::providers::openai::ROUTING_FIELDS;
+
+use super::long_context::Reader;
 
 /// Most completions one request may ask for (`n`); each is priced as a completion.
 pub const MAX_N: i64 = 16;
@@ -67,22 +70,19 @@ impl Prepared {
     }
 
     /// The input reserved on a route whose provider reads images by `rule`, of a model
-    /// accepting `max_input` tokens: the estimate plus what its images may cost there
-    /// beyond the estimate's flat figure, plus its documents (with any, at least
-    /// `max_input`: `Documents::reserved`), plus what `provider`'s tokenizer counts beyond
-    /// the estimate whatever its factor (on Gemini each digit once more,
-    /// `long_context::beyond_the_estimate`). What the reservation uses (before its margin),
-    /// and what a request that ends before its answer without the input reported is charged
-    /// (its client left, its deadline cut the attempt off, a stall or a cut stream, the
-    /// shutdown): the upstream had the whole request and may bill all of it
-    /// (`attempts::input_cost`, `stream::Pump::settle`) — the same input, so a departure's
+    /// accepting `max_input` tokens, read by `reader`: the estimate plus what its images may
+    /// cost there beyond the estimate's flat figure, plus what the model family's tokenizer
+    /// counts beyond the estimate whatever its factor (`with_digits`), plus its documents
+    /// (with any, at least `max_input`: `Documents::reserved`) — no more than the provider
+    /// serves there (`Reader::bound`: Claude's window). What the reservation uses (before its
+    /// margin), and what a request that ends before its answer without the input reported
+    /// is charged (its client left, its deadline cut the attempt off, a stall or a cut
+    /// stream, the shutdown): the upstream had the whole request and may bill all of it
+    /// (`attempts::departure_on`, `stream::Pump::settle`) — the same input, so a departure's
     /// tier is decided as the reservation's is.
-    pub fn reserved_input_on(&self, rule: Rule, max_input: i64, provider: Provider) -> i64 {
-        // The digits are part of the input the documents' bound (the model's whole input)
-        // covers, not beyond it.
-        let digits = super::long_context::beyond_the_estimate(provider, self.input_digits);
-        self.documents
-            .reserved(self.counted_on(rule).saturating_add(digits), max_input)
+    pub fn reserved_input_on(&self, rule: Rule, max_input: i64, reader: Reader) -> i64 {
+        let counted = self.with_digits(rule, max_input, reader);
+        reader.bound(self.documents.reserved(counted, max_input))
     }
 
     /// The input charged on such a route for an answer whose usage does not report its
@@ -90,25 +90,32 @@ impl Prepared {
     /// (`Documents::estimated`), not the reservation's bound. Only there: the upstream
     /// answered, so it read the request once, as the estimate counts it — on Gemini each
     /// digit once more, as Gemini counts them and the reservation did.
-    pub fn estimated_input_on(&self, rule: Rule, provider: Provider) -> i64 {
-        let digits = super::long_context::beyond_the_estimate(provider, self.input_digits);
-        self.documents
-            .estimated(self.counted_on(rule).saturating_add(digits))
+    pub fn estimated_input_on(&self, rule: Rule, max_input: i64, reader: Reader) -> i64 {
+        let counted = self.with_digits(rule, max_input, reader);
+        reader.bound(self.documents.estimated(counted))
     }
 
-    /// Who reads this request's input on a candidate of `provider`
-    /// (`long_context::provider_may_count`): whether the client's `anthropic-beta` names a
+    /// Who reads this request's input on a route serving `family` on `provider`
+    /// (`long_context::Reader`): whether the client's `anthropic-beta` names a
     /// `context-1m-…` feature, which lets Claude serve (and bill) past 200 000 tokens.
-    pub fn reader(&self, provider: Provider) -> super::long_context::Reader {
+    pub fn reader(&self, family: Family, provider: Provider) -> Reader {
         let claude_1m = self
             .anthropic_beta
             .as_ref()
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.split(',').any(|f| f.trim().starts_with("context-1m-")));
-        super::long_context::Reader {
-            provider,
-            claude_1m,
-        }
+        Reader::new(family, provider, claude_1m)
+    }
+
+    /// The estimate with its images as the route's provider bills them (`counted_on`), plus
+    /// the digits `reader`'s tokenizer counts beyond it (on Gemini each once more,
+    /// `long_context::beyond_the_estimate`) — those only as far as the model's whole input
+    /// (`max_input`), past which the provider refuses the prompt and so bills nothing. The
+    /// digits are part of the input a document's bound covers, not beyond it.
+    fn with_digits(&self, rule: Rule, max_input: i64, reader: Reader) -> i64 {
+        let counted = self.counted_on(rule);
+        let digits = super::long_context::beyond_the_estimate(reader.family, self.input_digits);
+        counted.saturating_add(digits).min(counted.max(max_input))
     }
 
     /// The estimate with the request's images as the route's provider bills them.

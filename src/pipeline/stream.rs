@@ -275,11 +275,13 @@ pub(super) fn serve(
     // One bound for every buffer of a stream: no event, held-back block or cached answer
     // may be larger than a whole non-streamed answer may be.
     let most = state.settings.upstream.max_response_bytes;
+    let reader = p.reader(s.route.family, deployment.provider);
+    let max_input = s.model.max_input_tokens;
     let mut converter = StreamConverter::new(
         upstream_format,
         client,
         p.include_usage,
-        p.estimated_input_on(s.route.image_rule, deployment.provider),
+        p.estimated_input_on(s.route.image_rule, max_input, reader),
     )
     .hold_limit(most);
     // A server the gateway does not ask for its usage (`quirks.include_usage = false`).
@@ -303,12 +305,8 @@ pub(super) fn serve(
         long_context: s.route.long_context,
         may: p.kinds.input,
         converter,
-        reader: p.reader(deployment.provider),
-        reserved_input: p.reserved_input_on(
-            s.route.image_rule,
-            s.model.max_input_tokens,
-            deployment.provider,
-        ),
+        reader,
+        reserved_input: p.reserved_input_on(s.route.image_rule, max_input, reader),
         conversation: p.responses.clone(),
         assembler: books.cache.as_ref().map(|_| Assembler::new(client, most)),
         books,
@@ -587,7 +585,7 @@ impl Pump {
 /// starting as the stream was left (closing cancels the rest) — every step's input from
 /// the first step's as reported (or counted), each call's result at the turn's largest page
 /// (`Turn::at_most`), and as many searches, no more than allowed. A non-streamed request
-/// shows nothing of how far it got: it pays the whole turn (`attempts::input_cost`;
+/// shows nothing of how far it got: it pays the whole turn (`attempts::departure_on`;
 /// `pipeline::finish` for a whole answer without usage).
 fn left_turn(
     mut usage: Usage,

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
-use crate::config::price_table;
+use crate::config::price_table::{self, Family};
 use crate::config::{BilledFields, OutputCapParam, Provider, Secret, Settings, UpstreamSettings};
 use crate::endpoint::Endpoint;
 use crate::quota::images::Rule;
@@ -178,6 +178,9 @@ pub struct Route {
     /// How the provider turns a request's images into tokens here, decided once when the
     /// catalog is built rather than from the names on every request.
     pub image_rule: Rule,
+    /// Whose model this route serves, by its names as its tiers are
+    /// (`price_table::Table::route_family`): whose tokenizer counts its input.
+    pub family: Family,
     /// The dearer tier the provider bills this route's long prompts at, if any: in the
     /// catalog the latest one; on a candidate (`Route::at`) the one in force when its
     /// request started, which the reservation and the settlement both price with.
@@ -287,16 +290,14 @@ impl Catalog {
                         let table = price_table::bundled();
                         // The route's `tier_model`, else its upstream names' tiers, else
                         // the gateway name's where this provider serves its family.
-                        let tiers = table.route_tiers(
-                            r.tier_model.as_deref(),
-                            &[&r.model, name],
-                            &m.name,
-                            u.provider,
-                        );
+                        let names = (r.tier_model.as_deref(), [r.model.as_str(), name]);
+                        let tiers = table.route_tiers(names.0, &names.1, &m.name, u.provider);
+                        let family = table.route_family(names.0, &names.1, &m.name, u.provider);
                         Some(Route {
                             deployment: d,
                             schedule: Arc::new(m.schedule(&managed.prices, &r.model, u.provider)),
                             image_rule: Rule::of(u.provider, &[&r.model, name, &m.name]),
+                            family,
                             long_context: tiers.at(DateTime::<Utc>::MAX_UTC),
                             long_context_tiers: tiers,
                             upstream_model: name.clone(),
@@ -444,6 +445,7 @@ mod tests {
             cap_param: OutputCapParam::MaxCompletionTokens,
             schedule: Arc::default(),
             image_rule: Rule::Unknown,
+            family: Family::Other,
             long_context: None,
             long_context_tiers: LongTiers::default(),
         };

@@ -38,13 +38,41 @@ async fn app_serving(
 /// An app serving Gemini 2.5 Pro (1.25 / 10 USD per Mtok, its tier above 200 000 input
 /// tokens) from a Gemini upstream with `key`, taking up to a million input tokens.
 async fn gemini_pro(key: &str) -> TestApp {
-    app_serving(
-        |mock| vec![native_upstream(Provider::Gemini, "g", key, mock)],
-        "gemini-2.5-pro",
-        vec![route("g", "gemini-2.5-pro")],
-        (1.25, 10.0),
-    )
+    gemini_pro_on(Provider::Gemini, key, 1_000_000).await
+}
+
+/// Gemini 2.5 Pro served by an upstream of `provider`'s wire format with `key` (Google's
+/// OpenAI-compatible endpoint, an Anthropic-format proxy), taking up to `max_input` tokens.
+async fn gemini_pro_on(provider: Provider, key: &str, max_input: u32) -> TestApp {
+    spawn_app_with(|s, mock| {
+        let mut g = native_upstream(provider, "g", key, mock);
+        if provider == Provider::OpenaiCompatible {
+            g.base_url = format!("{}/v1", mock.base_url());
+        }
+        s.upstreams.push(g);
+        let mut m = model("gemini-2.5-pro", &[]);
+        m.routes = vec![route("g", "gemini-2.5-pro")];
+        m.price = PriceKeys::usd(1.25, 10.0);
+        m.max_input_tokens = max_input;
+        s.models.push(m);
+    })
     .await
+}
+
+/// A Bedrock upstream `id` signing with the access key `key`.
+fn bedrock(id: &str, key: &str, mock: &MockServer) -> UpstreamSettings {
+    UpstreamSettings {
+        id: id.into(),
+        provider: Provider::Bedrock,
+        base_url: mock.base_url(),
+        region: Some("us-east-1".into()),
+        access_key_id: Some(key.into()),
+        secret_access_key: Some(sluice::config::Secret(secrecy::SecretString::from(
+            "bedrock-test-secret",
+        ))),
+        allow_private_network: true,
+        ..Default::default()
+    }
 }
 
 /// What one request cost its token once settled, and the upstream that served it.
@@ -64,6 +92,17 @@ async fn billed(
     path: &str,
     body: &Value,
 ) -> Billed {
+    billed_with(app, user, (key, input), (path, true), body).await
+}
+
+/// `billed`, with Claude's 1M-token window turned on or not (`window_1m`).
+async fn billed_with(
+    app: &TestApp,
+    user: &str,
+    (key, input): (&str, i64),
+    (path, window_1m): (&str, bool),
+    body: &Value,
+) -> Billed {
     let (id, token) = app.token(user, Some("100")).await;
     app.mock.state.script(
         key,
@@ -73,7 +112,11 @@ async fn billed(
             ..Script::default()
         }],
     );
-    let resp = app.send_1m(path, &token, body).await;
+    let resp = if window_1m {
+        app.send_1m(path, &token, body).await
+    } else {
+        app.send(path, &token, body).await
+    };
     assert_eq!(resp.status(), 200, "{user}");
     let upstream = resp
         .headers()
@@ -214,20 +257,7 @@ async fn a_fallback_route_to_another_family_is_charged_without_the_gateway_names
 #[tokio::test]
 async fn an_alias_over_an_arn_with_tier_model_is_charged_the_named_tier() {
     let app = app_serving(
-        |mock| {
-            vec![UpstreamSettings {
-                id: "br".into(),
-                provider: Provider::Bedrock,
-                base_url: mock.base_url(),
-                region: Some("us-east-1".into()),
-                access_key_id: Some("AKIDSMART".into()),
-                secret_access_key: Some(sluice::config::Secret(secrecy::SecretString::from(
-                    "bedrock-test-secret",
-                ))),
-                allow_private_network: true,
-                ..Default::default()
-            }]
-        },
+        |mock| vec![bedrock("br", "AKIDSMART", mock)],
         "smart",
         vec![RouteSettings {
             tier_model: Some("claude-sonnet-4-5".into()),
@@ -588,5 +618,210 @@ async fn a_gemini_departure_with_a_document_pays_no_more_than_the_models_whole_i
         .await;
     assert_eq!(input, 1_000_000);
     app.mock.state.sticky(KEY_G, None);
+    app.assert_invariant().await;
+}
+
+/// Attack finding (s16c): Gemini served through another wire format — Google's
+/// OpenAI-compatible endpoint, an Anthropic-format proxy — took Gemini's tier from its
+/// model's name but counted its prompt as the wire format's provider would: no digits, and
+/// on the Anthropic format within Claude's 200 000-token window, so Gemini's tier was out of
+/// reach. The digit-heavy prompt Gemini reports as 240 010 tokens was reserved at the
+/// standard rates and ~490 000 µ$ of its 600 175 absorbed. The tokenizer is the model's
+/// family's, whatever the wire.
+#[tokio::test]
+async fn a_digit_heavy_gemini_prompt_through_another_wire_format_is_reserved_for_what_gemini_counts(
+) {
+    const KEY_G: &str = "gem-key-wire-0123456789";
+    let body = json!({"model": "gemini-2.5-pro", "max_tokens": 10,
+        "messages": [{"role": "user", "content": "0123456789".repeat(24_000)}]});
+    for (provider, window_1m) in [
+        (Provider::OpenaiCompatible, false),
+        (Provider::Anthropic, false),
+        (Provider::Anthropic, true),
+    ] {
+        let app = gemini_pro_on(provider, KEY_G, 1_000_000).await;
+        let b = billed_with(&app, "wire", (KEY_G, 240_010), (CHAT, window_1m), &body).await;
+        // 240 010 × 2.50 + 10 × 15: Gemini 2.5 Pro's tier.
+        assert_eq!(
+            (b.charged + b.absorbed, b.absorbed),
+            (600_175, 0),
+            "{provider:?} 1M={window_1m}: the reservation fell short of Gemini's count"
+        );
+        app.assert_invariant().await;
+    }
+}
+
+/// Attack finding (s16c): a Claude request with a document reserves, and leaving before its
+/// answer pays, the model's whole input — 1 000 000 tokens configured here for clients that
+/// turn the 1M window on. Without the window (on Anthropic without the beta, on Bedrock
+/// always) Claude refuses a prompt past 200 000 tokens, so it can bill no more: the
+/// reservation and the departure are bounded there. Before, a one-line question about a PDF
+/// needed 3.3 USD of budget and its departure was charged 3 000 000 µ$, five times what
+/// Claude can bill.
+#[tokio::test]
+async fn a_claude_departure_with_a_document_pays_no_more_than_the_window_claude_serves() {
+    const KEY_A: &str = "claude-key-window-0123456789";
+    const KEY_BR: &str = "AKIDWINDOW";
+    let app = spawn_app_with(|s, mock| {
+        s.upstreams
+            .push(native_upstream(Provider::Anthropic, "anth", KEY_A, mock));
+        s.upstreams.push(bedrock("br", KEY_BR, mock));
+        for (name, r) in [
+            ("sonnet-a", route("anth", "claude-sonnet-4-5")),
+            (
+                "sonnet-br",
+                route("br", "anthropic.claude-sonnet-4-5-20250929-v1:0"),
+            ),
+        ] {
+            let mut m = model(name, &[]);
+            m.routes = vec![r];
+            m.price = PriceKeys::usd(3.0, 15.0);
+            m.max_input_tokens = 1_000_000;
+            s.models.push(m);
+        }
+    })
+    .await;
+    let question = |model: &str| {
+        json!({"model": model, "max_tokens": 10, "messages": [{"role": "user", "content": [
+            {"type": "document", "source": {"type": "base64", "media_type": "application/pdf",
+                "data": crate::documents::b64(&crate::documents::pdf(2))}},
+            {"type": "text", "text": "What does it say?"}]}]})
+    };
+    // (model, key, the 1M window asked for, its budget in USD, the input charged, its cost)
+    let cases = [
+        ("sonnet-a", KEY_A, false, "1", 200_000, 600_000),
+        ("sonnet-br", KEY_BR, false, "1", 200_000, 600_000),
+        ("sonnet-br", KEY_BR, true, "1", 200_000, 600_000),
+        // With the window on, Anthropic may bill the whole input, at Sonnet 4.5's tier.
+        ("sonnet-a", KEY_A, true, "100", 1_000_000, 6_000_000),
+    ];
+    for (n, (model, key, window_1m, budget, input, cost)) in cases.into_iter().enumerate() {
+        let case = format!("{model} 1M={window_1m}");
+        let (id, token) = app.token(&format!("doc-{n}"), Some(budget)).await;
+        let body = question(model);
+        let send = async {
+            if window_1m {
+                app.send_1m(MESSAGES, &token, &body).await
+            } else {
+                app.send(MESSAGES, &token, &body).await
+            }
+        };
+        leave_while_upstream_works(&app, key, n as u64 + 1, send).await;
+        app.wait_for_log_rows(n as i64 + 1).await;
+        assert_eq!(spent_and_absorbed(&app, id).await, (cost, 0), "{case}");
+        let logged = app
+            .scalar(&format!(
+                "SELECT input_tokens FROM requests WHERE token_id = {id}"
+            ))
+            .await;
+        assert_eq!(logged, input, "{case}");
+        app.mock.state.sticky(key, None);
+    }
+    app.assert_invariant().await;
+}
+
+/// Attack finding (s16c): Gemini's digits were added to the input without the bound a
+/// document's has, though Gemini refuses a prompt past the model's whole input and so bills
+/// no more. 240 000 digits (~80 000 o200k tokens) on a model taking 300 000 tokens: a
+/// departure and an answer without its input reported were charged ~320 000 tokens; they
+/// pay the model's whole input, 300 000, at Gemini 2.5 Pro's tier.
+#[tokio::test]
+async fn gemini_digits_are_counted_no_further_than_the_models_whole_input() {
+    const KEY_G: &str = "gem-key-bound-0123456789";
+    let app = gemini_pro_on(Provider::Gemini, KEY_G, 300_000).await;
+    let body = json!({"model": "gemini-2.5-pro", "max_tokens": 10,
+        "messages": [{"role": "user", "content": "0123456789".repeat(24_000)}]});
+    let at_tier =
+        |input: i64, output: i64| (input * 2_500_000 + output * 15_000_000 + 999_999) / 1_000_000;
+    let input_of = |id: i64| {
+        let app = &app;
+        async move {
+            app.wait_for_log_rows(id).await;
+            app.scalar(&format!(
+                "SELECT input_tokens FROM requests WHERE token_id = {id}"
+            ))
+            .await
+        }
+    };
+
+    let (id, token) = app.token("left", Some("100")).await;
+    leave_while_upstream_works(&app, KEY_G, 1, app.chat(&token, &body)).await;
+    assert_eq!(input_of(id).await, 300_000, "departure");
+    assert_eq!(spent_and_absorbed(&app, id).await, (at_tier(300_000, 0), 0));
+    app.mock.state.sticky(KEY_G, None);
+
+    let (id, token) = app.token("estimate", Some("100")).await;
+    app.mock.state.script(
+        KEY_G,
+        [Script {
+            body: Some(json!({"candidates": [{"content": {"role": "model",
+                "parts": [{"text": "Digits."}]}, "finishReason": "STOP", "index": 0}],
+                "usageMetadata": {"candidatesTokenCount": 7}, "modelVersion": "gemini-2.5-pro",
+                "responseId": "r1"})),
+            ..Script::default()
+        }],
+    );
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    resp.text().await.unwrap();
+    assert_eq!(input_of(id).await, 300_000, "estimate");
+    assert_eq!(spent_and_absorbed(&app, id).await, (at_tier(300_000, 7), 0));
+    app.assert_invariant().await;
+}
+
+/// Attack finding (s16b, 3): a request that ended before its answer was charged the
+/// departure of the dearest of its candidates, fallbacks never tried included. Claude
+/// first with a Gemini fallback: the client leaves while Claude holds a digit-heavy
+/// prompt, which Claude counts as the gateway does (~80 000 tokens, 240 030 µ$) — it was
+/// charged Gemini's count of its digits at Gemini's tier (~320 000 tokens, 1 920 060 µ$),
+/// though Gemini never had it. A departure pays for the candidates it was sent to, as its
+/// deadline cut does.
+#[tokio::test]
+async fn a_departure_pays_for_the_candidates_it_was_sent_to_not_a_fallback_never_tried() {
+    const KEY_A: &str = "claude-key-first-0123456789";
+    const KEY_G: &str = "gem-key-fallback-0123456789";
+    let app = spawn_app_with(|s, mock| {
+        s.upstreams
+            .push(native_upstream(Provider::Anthropic, "anth", KEY_A, mock));
+        s.upstreams
+            .push(native_upstream(Provider::Gemini, "g", KEY_G, mock));
+        for (name, r) in [
+            ("sonnet", route("anth", "claude-sonnet-4-5")),
+            ("gem", route("g", "gemini-2.5-pro")),
+        ] {
+            let mut m = model(name, &[]);
+            m.routes = vec![r];
+            m.price = PriceKeys::usd(3.0, 15.0);
+            m.max_input_tokens = 1_000_000;
+            s.models.push(m);
+        }
+        s.models
+            .iter_mut()
+            .find(|m| m.name == "sonnet")
+            .unwrap()
+            .fallbacks = vec!["gem".into()];
+    })
+    .await;
+    let message = json!({"role": "user", "content": "0123456789".repeat(24_000)});
+    let counted = sluice::quota::estimate::chat_input(std::slice::from_ref(&message), None);
+    let body = json!({"model": "sonnet", "max_tokens": 10, "messages": [message]});
+    let (id, token) = app.token("left", Some("100")).await;
+    leave_while_upstream_works(&app, KEY_A, 1, app.chat(&token, &body)).await;
+    app.wait_for_log_rows(1).await;
+    assert_eq!(
+        app.mock.state.stats(KEY_G).count,
+        0,
+        "the fallback was never tried"
+    );
+    // Claude's count at the standard 3 USD per Mtok: within its window, below the tier.
+    let on_claude = (counted * 3_000_000 + 999_999) / 1_000_000;
+    assert_eq!(spent_and_absorbed(&app, id).await, (on_claude, 0));
+    let input = app
+        .scalar(&format!(
+            "SELECT input_tokens FROM requests WHERE token_id = {id}"
+        ))
+        .await;
+    assert_eq!(input, counted);
+    app.mock.state.sticky(KEY_A, None);
     app.assert_invariant().await;
 }
