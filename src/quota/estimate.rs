@@ -77,8 +77,26 @@ pub fn count_value(v: &Value) -> i64 {
         Value::String(s) => count_text(s),
         Value::Array(items) => items.iter().map(count_value).sum(),
         Value::Object(map) => fields(map, |_, v| count_value(v)),
-        Value::Number(_) | Value::Bool(_) => 1,
+        Value::Number(n) => count_number(n),
+        Value::Bool(_) => 1,
         Value::Null => 0,
+    }
+}
+
+/// A JSON number as the provider's tokenizer reads it: its text as written, which for a
+/// long one is many tokens (o200k takes up to three digits in one, Gemini's one each —
+/// `counting_digits` sees them). Formatted on the stack: without serde_json's
+/// `arbitrary_precision` a number is an i64, a u64 or an f64, at most 24 bytes written.
+fn count_number(n: &serde_json::Number) -> i64 {
+    use std::io::Write;
+    let mut buf = [0u8; 32];
+    let mut rest = &mut buf[..];
+    match write!(rest, "{n}") {
+        Ok(()) => {
+            let len = 32 - rest.len();
+            count_text(std::str::from_utf8(&buf[..len]).unwrap_or_default())
+        }
+        Err(_) => count_text(&n.to_string()),
     }
 }
 

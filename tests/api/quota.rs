@@ -444,3 +444,47 @@ async fn past_the_alert_threshold_answers_warn_and_switch_to_the_downgrade_model
     app.assert_invariant().await;
 }
 on_both_engines!(past_the_alert_threshold_answers_warn_and_switch_to_the_downgrade_model);
+
+/// Attack finding (s16c, 5b): a JSON number in a counted field (a tool schema's `enum`,
+/// `minimum`, `default`) was counted as one token whatever its length, and its digits were
+/// never seen, though every tokenizer reads it as text: o200k takes up to three digits in
+/// a token, Gemini's one. A schema of 20 000 eighteen-digit integers was reserved for
+/// ~20 000 tokens where OpenAI counts 120 000 for the numbers alone, and the rest absorbed
+/// (17 693 µ$ of 19 693 here, repeatably). A number is now counted as its text is, its
+/// digits with it.
+#[tokio::test]
+async fn the_numbers_of_a_tool_schema_are_counted_as_their_digits_read() {
+    let app = spawn_app().await;
+    let numbers: Vec<Value> = (0..20_000u64)
+        .map(|i| json!(123_456_789_012_345_678u64 + i * 7_919))
+        .collect();
+    // What OpenAI counts for the enum's numbers: each as written (six tokens of three
+    // digits), the separators its rendering adds left to the margin.
+    let reported: i64 = numbers
+        .iter()
+        .map(|n| estimate::count_text(&n.to_string()))
+        .sum();
+    assert_eq!(reported, 120_000);
+    let body = json!({"model": "gpt-4o-mini", "max_tokens": 10,
+        "messages": [{"role": "user", "content": "Pick one."}],
+        "tools": [{"type": "function", "function": {"name": "pick", "parameters": {
+            "type": "object", "properties": {"id": {"type": "integer", "enum": numbers}}}}}]});
+    let (id, token) = app.token("numbers", Some("100")).await;
+    app.mock.state.script(
+        KEY_A,
+        [Script {
+            prompt_tokens: Some(reported),
+            completion_tokens: Some(10),
+            ..Script::default()
+        }],
+    );
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    resp.text().await.unwrap();
+    let (spent, absorbed) = crate::server_tools::spent_and_absorbed(&app, id).await;
+    assert_eq!(
+        absorbed, 0,
+        "the reservation fell short of the schema's numbers (charged {spent})"
+    );
+    app.assert_invariant().await;
+}
