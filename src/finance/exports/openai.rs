@@ -7,7 +7,7 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{self as exports, walk, ExportError, Line};
+use super::{self as exports, walk, ExportError, Figures, Line};
 use crate::finance::decimal;
 
 #[derive(Deserialize)]
@@ -38,8 +38,8 @@ pub fn read(text: &str) -> Result<Vec<Line>, ExportError> {
     walk::<Bucket>(text)
 }
 
-/// The pages of one download saved as `files` (`exports::walk_files`).
-pub fn read_files(files: &[exports::File]) -> Result<Vec<Line>, ExportError> {
+/// The pages of one download saved as `files` (`exports::walk_files`), each a `Part`.
+pub fn read_files(files: &[exports::File]) -> Result<Figures<Line>, ExportError> {
     exports::walk_files::<Bucket>(files)
 }
 

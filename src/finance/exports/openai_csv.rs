@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use chrono::NaiveDate;
 
-use super::{in_file, ExportError, Line};
+use super::{in_file, ExportError, Figures, Line, Named, Part};
 use crate::finance::decimal;
 
 /// Whether `text` looks like this export rather than the JSON of the Costs API.
@@ -18,7 +18,7 @@ pub fn is_csv(text: &str) -> bool {
 }
 
 pub fn read(text: &str) -> Result<Vec<Line>, ExportError> {
-    read_files(&[("", text)])
+    read_files(&[("", text)]).map(|f| f.lines)
 }
 
 /// A day, line item and account: a row's identity (`seen`).
@@ -27,12 +27,21 @@ type RowId = (NaiveDate, String, Vec<String>);
 /// Several of these exports as one (a download split in files, each with its header): an
 /// error names its file and the row inside it. A row given twice (a file saved twice)
 /// counts once; the same day, line item and account with another figure is refused —
-/// which one is the bill? — in one file or across them.
-pub fn read_files(files: &[super::File]) -> Result<Vec<Line>, ExportError> {
+/// which one is the bill? — in one file or across them. Each file with rows is a `Part`
+/// (one dashboard export, one grouping).
+pub fn read_files(files: &[super::File]) -> Result<Figures<Line>, ExportError> {
     let mut seen: HashMap<RowId, i64> = HashMap::new();
     let mut lines = Vec::new();
+    let mut parts = Vec::new();
     for (name, text) in files {
-        read_one(text, &mut seen, &mut lines).map_err(|e| ExportError(in_file(name, e)))?;
+        let named =
+            read_one(text, &mut seen, &mut lines).map_err(|e| ExportError(in_file(name, e)))?;
+        if let Some(named) = named {
+            parts.push(Part {
+                place: name.to_string(),
+                named,
+            });
+        }
     }
     if lines.is_empty() {
         let names: Vec<&str> = files.iter().map(|f| f.0).collect();
@@ -41,15 +50,16 @@ pub fn read_files(files: &[super::File]) -> Result<Vec<Line>, ExportError> {
             "not a cost export: the file has no rows",
         )));
     }
-    Ok(lines)
+    Ok(Figures { lines, parts })
 }
 
-/// One file's rows added to `lines`; errors name the row (its header is row 1).
+/// One file's rows added to `lines`; errors name the row (its header is row 1). What its
+/// rows name (`Part::named`), `None` when it has none.
 fn read_one(
     text: &str,
     seen: &mut HashMap<RowId, i64>,
     lines: &mut Vec<Line>,
-) -> Result<(), ExportError> {
+) -> Result<Option<Named>, ExportError> {
     let mut rows = csv::ReaderBuilder::new()
         .trim(csv::Trim::All)
         .from_reader(text.as_bytes());
@@ -75,6 +85,7 @@ fn read_one(
         column("project_id"),
         column("api_key_id"),
     );
+    let mut named_by_file: Option<Named> = None;
     for (i, row) in rows.records().enumerate() {
         let at = format!("row {}", i + 2);
         let row = row.map_err(|e| ExportError::at(&at, e))?;
@@ -105,6 +116,8 @@ fn read_one(
             .flatten()
             .map(str::to_string)
             .collect();
+        let named = Named::of(field(key), field(project));
+        named_by_file = Some(named_by_file.unwrap_or_default().or(named));
         let id = (day, item.to_string(), accounts.clone());
         match seen.get(&id) {
             Some(before) if *before == micros => continue,
@@ -121,11 +134,11 @@ fn read_one(
             day,
             model: model.to_string(),
             accounts,
-            named: super::Named::of(field(key), field(project)),
+            named,
             micros,
         });
     }
-    Ok(())
+    Ok(named_by_file)
 }
 
 /// The UTC day of Unix seconds, an ISO date or an RFC 3339 time.
