@@ -174,3 +174,140 @@ async fn every_file_and_page_must_be_grouped_by_the_kind_of_account_claimed() {
     let runs = crate::helpers::scalar_on(app.db(), "SELECT COUNT(*) FROM reconciliations").await;
     assert_eq!(runs, 2, "only the two clean runs are stored");
 }
+
+/// The provider's figure of (day, model, account) in a JSON report.
+fn provider_micros(report: &Value, day: &str, model: &str, account: &str) -> i64 {
+    report["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["day"] == day && r["model"] == model && r["account"] == account)
+        .and_then(|r| r["provider_micros"].as_i64())
+        .unwrap_or_else(|| panic!("no row {day} {model} {account}: {report}"))
+}
+
+/// CSV rows equal in day, line item, account and amount are still different figures when
+/// another organisation or another hour bills them: every one counts. A file given twice
+/// whole counts once; any other repeat — a row of one file repeated, or an overlapping
+/// export's — exits 2 naming both rows, rather than a figure dropped or doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn csv_rows_of_other_organisations_or_hours_all_count_and_a_repeat_is_refused() {
+    let (app, config) = setup().await;
+    // No account claimed: rows without a project are as good as any (every figure meets
+    // `*`), as an organisation's export not grouped by project has them.
+    let claimed = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        claimed.replace("provider_account = \"proj_a\"\n", ""),
+    )
+    .unwrap();
+    let dir = app.dir.path();
+    let run = |files: &[&Path]| reconcile_files(&config, "openai", files, true);
+    let (d2, model, star) = ("2026-03-02", "gpt-4o-mini", "*");
+    // Day 2, gpt-4o-mini: both deployments' cells meet `*`; deployment b's input line (no
+    // project) is a quarter of its cell.
+    let total = cell(2, 0, 0) + cell(2, 0, 1);
+    let input = cell(2, 0, 1) / 4;
+    let header = "start_time,end_time,amount_value,amount_currency,line_item,project_id,organization_id,project_name,organization_name";
+    let row = |start: &str, end: &str, micros: i64, org: &str| {
+        format!(
+            "{start},{end},{},usd,\"gpt-4o-mini-2024-07-18, input\",,{org},,Acme",
+            usd_text(micros)
+        )
+    };
+    let org_1 = crate::reconcile::openai_dashboard_csv(|_, _, _| 0);
+    let its_row = row("2026-03-02", "2026-03-03", input, "org_1");
+    assert_eq!(org_1.matches(&its_row).count(), 1, "{org_1}");
+    let costs = write(dir, "costs.csv", &org_1);
+
+    // Another organisation's export holding a row equal to org_1's but for its
+    // organisation: billed on top.
+    let org_2 = write(
+        dir,
+        "org-2.csv",
+        &format!(
+            "{header}\n{}\n",
+            row("2026-03-02", "2026-03-03", input, "org_2")
+        ),
+    );
+    let out = run(&[&costs, &org_2]);
+    assert!(
+        matches!(out.status.code(), Some(0 | 3)),
+        "{}",
+        text(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        provider_micros(&report, d2, model, star),
+        total + input,
+        "{report}"
+    );
+
+    // The line billed by the hour in two files, half each: both halves count.
+    let daily = write(
+        dir,
+        "daily.csv",
+        &org_1.replace(&format!("{its_row}\n"), ""),
+    );
+    let hour = |h: u32| {
+        format!(
+            "{header}\n{}\n",
+            row(
+                &format!("2026-03-02T{h:02}:00:00Z"),
+                &format!("2026-03-02T{:02}:00:00Z", h + 1),
+                input / 2,
+                "org_1"
+            )
+        )
+    };
+    let (h0, h1) = (
+        write(dir, "h0.csv", &hour(0)),
+        write(dir, "h1.csv", &hour(1)),
+    );
+    let out = run(&[&daily, &h0, &h1]);
+    assert_exit(&out, 0);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(provider_micros(&report, d2, model, star), total, "{report}");
+
+    // The same file given twice counts once.
+    let copy = write(dir, "costs (1).csv", &org_1);
+    let out = run(&[&costs, &copy]);
+    assert_exit(&out, 0);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(provider_micros(&report, d2, model, star), total, "{report}");
+
+    // An overlapping export (day 3 again): refused naming both rows. Day 3's first row is
+    // costs.csv's row 18 (the header, then 8 rows a day).
+    let day_3: Vec<&str> = org_1.lines().skip(17).collect();
+    let overlap = write(
+        dir,
+        "day3.csv",
+        &format!("{header}\n{}\n", day_3.join("\n")),
+    );
+    let out = run(&[&costs, &overlap]);
+    let err = text(&out.stderr);
+    assert_exit(&out, 2);
+    let (here, there) = (
+        format!("error: {}: row 2: ", overlap.display()),
+        format!("{}: row 18", costs.display()),
+    );
+    assert!(
+        err.contains(&here) && err.contains(&there),
+        "expected `{here}` … `{there}` in {err}"
+    );
+
+    // A row repeated inside one file: refused naming both.
+    let repeated = write(
+        dir,
+        "repeated.csv",
+        &format!("{org_1}{}\n", org_1.lines().nth(1).unwrap()),
+    );
+    let out = run(&[&repeated]);
+    let err = text(&out.stderr);
+    assert_exit(&out, 2);
+    let expected = format!("error: {}: row 26: ", repeated.display());
+    assert!(
+        err.contains(&expected) && err.contains("row 2"),
+        "expected `{expected}` in {err}"
+    );
+}
