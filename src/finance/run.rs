@@ -212,13 +212,25 @@ pub(super) struct Download {
 }
 
 impl Download {
-    /// Reads every file, or says which one cannot be read.
+    /// Reads every file, or says which one cannot be read. An empty file (nothing but
+    /// whitespace, or a byte-order mark) is no part of any export — neither a JSON page
+    /// nor a CSV, whose export of days without spend still has its header: it is refused
+    /// naming it, not read as whichever kind its first byte suggests.
     pub(super) fn read(files: &[PathBuf]) -> Result<Download, FinanceError> {
         let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
-        let texts = files
+        let texts: Vec<String> = files
             .iter()
             .map(|f| read_text(f))
             .collect::<Result<_, _>>()?;
+        if let Some((name, _)) = names
+            .iter()
+            .zip(&texts)
+            .find(|(_, t)| unmarked(t).trim().is_empty())
+        {
+            return Err(FinanceError::Unreadable(format!(
+                "{name}: the file is empty — not an export (a download that failed to save?); a CSV export of days without spend still has its header row"
+            )));
+        }
         Ok(Download {
             source: names.join(", "),
             names,

@@ -81,7 +81,7 @@ pub(crate) fn usd_text(micros: i64) -> String {
 /// An OpenAI Costs API export of the seeded figures, each cell split into an input and an
 /// output line item of the dated snapshot, plus `delta(d, m, u)` on the output line; two
 /// pages, as a paginated download saves them.
-fn openai_export(delta: impl Fn(u32, usize, usize) -> i64) -> String {
+pub(crate) fn openai_export(delta: impl Fn(u32, usize, usize) -> i64) -> String {
     let mut buckets = Vec::new();
     for d in 1..=3 {
         let mut results = Vec::new();

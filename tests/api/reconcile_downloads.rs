@@ -311,3 +311,51 @@ async fn csv_rows_of_other_organisations_or_hours_all_count_and_a_repeat_is_refu
         "expected `{expected}` in {err}"
     );
 }
+
+/// An empty file given with others is named as empty — whatever the others are (it was
+/// read as a JSON page beside CSV files) — and nothing is stored; a CSV of its header only
+/// (an export of days without spend) is zero rows beside the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_file_among_others_is_named_as_empty() {
+    let (app, config) = setup().await;
+    let dir = app.dir.path();
+    let run = |files: &[&Path]| reconcile_files(&config, "openai", files, false);
+    let csv = crate::reconcile::openai_dashboard_csv(|_, _, _| 0);
+    let costs = write(dir, "costs.csv", &csv);
+    let pages = crate::reconcile::openai_export(|_, _, _| 0);
+    let mut pages = pages.lines();
+    let (p1, p2) = (
+        write(dir, "p1.json", pages.next().unwrap()),
+        write(dir, "p2.json", pages.next().unwrap()),
+    );
+    for body in ["", " \n\r\n", "\u{feff}"] {
+        let empty = write(dir, "empty.csv", body);
+        for files in [
+            vec![costs.as_path(), empty.as_path()],
+            vec![empty.as_path(), costs.as_path()],
+            vec![p1.as_path(), empty.as_path(), p2.as_path()],
+        ] {
+            let out = run(&files);
+            let err = text(&out.stderr);
+            assert_exit(&out, 2);
+            let expected = format!("error: {}: the file is empty", empty.display());
+            assert!(
+                err.contains(&expected),
+                "{body:?}: expected `{expected}` in {err}"
+            );
+            assert!(!err.contains("beside JSON"), "{err}");
+        }
+    }
+    let runs = crate::helpers::scalar_on(app.db(), "SELECT COUNT(*) FROM reconciliations").await;
+    assert_eq!(runs, 0);
+
+    let header = write(dir, "header.csv", csv.lines().next().unwrap());
+    assert_exit(&run(&[&costs, &header]), 0);
+    let out = run(&[&header]);
+    assert_exit(&out, 2);
+    assert!(
+        text(&out.stderr).contains("no rows"),
+        "{}",
+        text(&out.stderr)
+    );
+}
