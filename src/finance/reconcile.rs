@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use chrono::NaiveDate;
 
-use super::exports::{base_model, Line, Named};
+use super::exports::{base_model, Line, Named, Part};
 use crate::store::finance::{ReconciliationRow, UpstreamSpend};
 
 /// The account of a deployment that names none, and of figures no deployment claims.
@@ -82,11 +82,14 @@ impl Accounts {
     }
 }
 
-/// The claimed accounts an OpenAI export cannot meet because it was not grouped by their
-/// kind: `api_key` the claims that may be API keys while no figure names an `api_key_id`,
-/// `project` those that may be projects while no figure names a `project_id`.
+/// The claimed accounts a part of an OpenAI export (`Part`: a JSON page, a CSV file)
+/// cannot meet because it was not grouped by their kind: `api_key` the claims that may be
+/// API keys while no figure of the part names an `api_key_id`, `project` those that may be
+/// projects while none names a `project_id`.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Ungrouped {
+    /// The part, as errors name it.
+    pub place: String,
     pub api_key: Vec<String>,
     pub project: Vec<String>,
 }
@@ -98,13 +101,13 @@ impl Ungrouped {
         let mut parts = Vec::new();
         if !self.api_key.is_empty() {
             parts.push(format!(
-                "no figure names an API key (the export is not grouped by api_key_id: group_by=api_key_id) while OpenAI deployments bill to {}",
+                "no figure names an API key (not grouped by api_key_id: group_by=api_key_id) while OpenAI deployments bill to {}",
                 self.api_key.join(", ")
             ));
         }
         if !self.project.is_empty() {
             parts.push(format!(
-                "no figure names a project (the export is not grouped by project_id: group_by=project_id) while OpenAI deployments bill to {}",
+                "no figure names a project (not grouped by project_id: group_by=project_id) while OpenAI deployments bill to {}",
                 self.project.join(", ")
             ));
         }
@@ -112,17 +115,22 @@ impl Ungrouped {
     }
 }
 
-/// Whether an OpenAI export (`figures`: each one's ids and which fields they are) can meet
-/// the accounts the deployments claim. A claim is an API key when it starts `key_` or
-/// some figure names it as its `api_key_id`, a project when it starts `proj_` or some
-/// figure names it as its `project_id` (OpenAI's ids); a claim of neither shape may be
-/// either. A figure names an account only through the fields its export was grouped by:
-/// grouped by project alone, the keys of a project are summed in one figure — held
-/// against one key's log (or `*`'s) its difference means nothing — and a claimed key's
-/// log would read as unbilled; the reverse for a claimed project and an export grouped by
-/// key alone. `None`: every claim can be met (or none is made).
+/// The first part of an OpenAI export (`parts`, in the download's order) that cannot meet
+/// the accounts the deployments claim; `figures` (each one's ids and which fields they
+/// are) say which kind a claim is. A claim is an API key when it starts `key_` or some
+/// figure names it as its `api_key_id`, a project when it starts `proj_` or some figure
+/// names it as its `project_id` (OpenAI's ids); a claim of neither shape may be either. A
+/// figure names an account only through the fields its query was grouped by: grouped by
+/// project alone, the keys of a project are summed in one figure — held against one key's
+/// log (or `*`'s) its difference means nothing — and a claimed key's log would read as
+/// unbilled; the reverse for a claimed project and a part grouped by key alone. Judged
+/// per part, never download-wide: days 1–15 grouped by key and days 16–30 by project,
+/// given together, would otherwise pass on the first part's keys while the second's
+/// figures meet the wrong account. `None`: every part can meet every claim (or none is
+/// made).
 pub fn ungrouped<'a>(
     figures: impl IntoIterator<Item = (&'a [String], Named)>,
+    parts: &[Part],
     accounts: &Accounts,
 ) -> Option<Ungrouped> {
     let claimed = accounts.claimed();
@@ -130,14 +138,11 @@ pub fn ungrouped<'a>(
         return None;
     }
     let (mut keys, mut projects) = (HashSet::new(), HashSet::new());
-    let (mut by_key, mut by_project) = (false, false);
     for (ids, named) in figures {
         if named.api_key {
-            by_key = true;
             keys.extend(ids.first().map(String::as_str));
         }
         if named.project {
-            by_project = true;
             projects.extend(ids.last().map(String::as_str));
         }
     }
@@ -153,11 +158,14 @@ pub fn ungrouped<'a>(
             .map(|c| c.to_string())
             .collect()
     };
-    let out = Ungrouped {
-        api_key: need(by_key, &is_project),
-        project: need(by_project, &is_key),
-    };
-    (out != Ungrouped::default()).then_some(out)
+    parts.iter().find_map(|part| {
+        let out = Ungrouped {
+            place: part.place.clone(),
+            api_key: need(part.named.api_key, &is_project),
+            project: need(part.named.project, &is_key),
+        };
+        (!out.api_key.is_empty() || !out.project.is_empty()).then_some(out)
+    })
 }
 
 /// The days an export covers: its first and last.
@@ -245,14 +253,24 @@ mod tests {
         assert!(flagged(1_000_001, 0, T));
     }
 
-    /// A claimed key needs an export grouped by key, a claimed project one grouped by
-    /// project, a claim of neither shape (not met in the export) both.
+    /// A claimed key needs a part grouped by key, a claimed project one grouped by
+    /// project, a claim of neither shape (not met in the export) both — every part.
     #[test]
     fn an_export_must_be_grouped_by_the_kind_of_account_claimed() {
         let ids = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let (key, project) = (ids(&["key_9"]), ids(&["proj_9"]));
-        let by_key = [(key.as_slice(), Named::of(Some("key_9"), None))];
-        let by_project = [(project.as_slice(), Named::of(None, Some("proj_9")))];
+        let (named_key, named_project) = (
+            Named::of(Some("key_9"), None),
+            Named::of(None, Some("proj_9")),
+        );
+        let part = |place: &str, named| Part {
+            place: place.into(),
+            named,
+        };
+        let by_key = [(key.as_slice(), named_key)];
+        let by_project = [(project.as_slice(), named_project)];
+        let keyed = [part("k", named_key)];
+        let projected = [part("p", named_project)];
         let claims = |c: &[&str]| {
             Accounts::new(
                 c.iter()
@@ -262,20 +280,37 @@ mod tests {
         };
         let keys = claims(&["key_1"]);
         let projects = claims(&["proj_1"]);
-        assert_eq!(ungrouped(by_key, &keys), None);
-        assert_eq!(ungrouped(by_project, &projects), None);
-        let u = ungrouped(by_project, &keys).unwrap();
-        assert_eq!((u.api_key, u.project), (vec!["key_1".to_string()], vec![]));
-        let u = ungrouped(by_key, &projects).unwrap();
+        assert_eq!(ungrouped(by_key, &keyed, &keys), None);
+        assert_eq!(ungrouped(by_project, &projected, &projects), None);
+        let u = ungrouped(by_project, &projected, &keys).unwrap();
+        assert_eq!(
+            (u.place.as_str(), u.api_key, u.project),
+            ("p", vec!["key_1".to_string()], vec![])
+        );
+        let u = ungrouped(by_key, &keyed, &projects).unwrap();
         assert_eq!((u.api_key, u.project), (vec![], vec!["proj_1".to_string()]));
         // `acct` has neither shape: either grouping alone may miss it.
         let odd = claims(&["acct"]);
-        assert!(ungrouped(by_key, &odd).is_some() && ungrouped(by_project, &odd).is_some());
+        assert!(ungrouped(by_key, &keyed, &odd).is_some());
+        assert!(ungrouped(by_project, &projected, &odd).is_some());
         // Named as a project by the export itself: a project.
         let seen = ids(&["acct"]);
         let named = [(seen.as_slice(), Named::of(None, Some("acct")))];
-        assert_eq!(ungrouped(named, &odd), None);
-        assert_eq!(ungrouped(by_key, &claims(&[])), None);
+        let parts = [part("a", Named::of(None, Some("acct")))];
+        assert_eq!(ungrouped(named, &parts, &odd), None);
+        assert_eq!(ungrouped(by_key, &keyed, &claims(&[])), None);
+        // One part grouped by key and one by project alone, a key claimed: the second is
+        // named, whatever the first names.
+        let both = [part("k", named_key), part("p", named_project)];
+        let figures = [
+            (key.as_slice(), named_key),
+            (project.as_slice(), named_project),
+        ];
+        let u = ungrouped(figures, &both, &keys).unwrap();
+        assert_eq!(
+            (u.place.as_str(), u.api_key),
+            ("p", vec!["key_1".to_string()])
+        );
     }
 
     fn day(d: u32) -> NaiveDate {

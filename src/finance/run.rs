@@ -44,10 +44,19 @@ impl Export {
         self.read_files(&[("", text)])
     }
 
-    /// The figures of one download saved as `files` (name, text): JSON pages read together
-    /// (a page's successor may be in another file), CSV files likewise, never the two kinds
-    /// together. An error names the file it is in and the position inside it.
+    /// The figures of one download saved as `files` (`read_download`).
     pub fn read_files(self, files: &[exports::File]) -> Result<Vec<Line>, FinanceError> {
+        self.read_download(files).map(|f| f.lines)
+    }
+
+    /// The figures and parts of one download saved as `files` (name, text): JSON pages
+    /// read together (a page's successor may be in another file), CSV files likewise,
+    /// never the two kinds together. An error names the file it is in and the position
+    /// inside it. Anthropic's parts are not listed (no OpenAI grouping to judge).
+    pub fn read_download(
+        self,
+        files: &[exports::File],
+    ) -> Result<exports::Figures<Line>, FinanceError> {
         let files: Vec<exports::File> = files.iter().map(|&(n, t)| (n, unmarked(t))).collect();
         let csv: Vec<&str> = files
             .iter()
@@ -64,7 +73,12 @@ impl Export {
             )),
             Export::Openai if some_csv => exports::openai_csv::read_files(&files),
             Export::Openai => exports::openai::read_files(&files),
-            Export::Anthropic => exports::anthropic::read_files(&files),
+            Export::Anthropic => {
+                exports::anthropic::read_files(&files).map(|lines| exports::Figures {
+                    lines,
+                    parts: Vec::new(),
+                })
+            }
             Export::OpenaiUsage => Err(exports::ExportError(
                 "a usage export holds tokens, not costs: it is compared by `usage_reconcile`"
                     .into(),
@@ -103,7 +117,7 @@ pub async fn reconcile_file(
         .collect();
     let download = Download::read(files)?;
     let file = &download.source;
-    let lines = export.read_files(&download.files())?;
+    let exports::Figures { lines, parts } = export.read_download(&download.files())?;
     let Some((first, last)) = reconcile::days(&lines) else {
         return Err(FinanceError::Unreadable(format!(
             "{file}: the export holds no cost figures"
@@ -112,11 +126,10 @@ pub async fn reconcile_file(
     let accounts = Accounts::new(deployments(db, settings, export.provider()).await?);
     if export == Export::Openai {
         let figures = lines.iter().map(|l| (l.accounts.as_slice(), l.named));
-        if let Some(missing) = reconcile::ungrouped(figures, &accounts) {
-            return Err(FinanceError::Unreadable(format!(
-                "{file}: {}: {}",
-                missing.describe(),
-                costs_hint(&missing)
+        if let Some(missing) = reconcile::ungrouped(figures, &parts, &accounts) {
+            return Err(FinanceError::Unreadable(exports::in_file(
+                &missing.place,
+                format!("{}: {}", missing.describe(), costs_hint(&missing)),
             )));
         }
     }
@@ -165,23 +178,28 @@ pub async fn reconcile_file(
     Ok(Run { run, rows })
 }
 
-/// What to do about a cost export that cannot meet the claimed accounts: OpenAI's Costs
-/// API groups by `project_id` and `line_item` only, so a deployment billing to an API key
-/// is named by its project instead (or its tokens compared per key, `openai-usage`).
+/// What to do about a part of a cost export that cannot meet the claimed accounts: download
+/// it again grouped by what is missing — the Costs API groups by `project_id`, `api_key_id`
+/// and `line_item` — as every other part of the download is (or name a key-billed
+/// deployment's project instead; its tokens compare per key with `openai-usage`).
 fn costs_hint(missing: &reconcile::Ungrouped) -> String {
-    let mut out = Vec::new();
-    if !missing.project.is_empty() {
-        out.push(
-            "download the costs again with group_by=project_id added (besides group_by=line_item)",
-        );
-    }
+    let mut by = Vec::new();
     if !missing.api_key.is_empty() {
-        out.push(
-            "the Costs API does not group by api_key_id: name those deployments' project in \
-             provider_account (compare their tokens per key with --provider openai-usage)",
+        by.push("group_by=api_key_id");
+    }
+    if !missing.project.is_empty() {
+        by.push("group_by=project_id");
+    }
+    let mut out = format!(
+        "download this part again with {} added (besides group_by=line_item), as every page and file of the download must be",
+        by.join(" and ")
+    );
+    if !missing.api_key.is_empty() {
+        out.push_str(
+            "; or name those deployments' project in provider_account (compare their tokens per key with --provider openai-usage)",
         );
     }
-    out.join("; ")
+    out
 }
 
 /// One download saved as files (a paginated export's pages, a file each).
@@ -194,13 +212,25 @@ pub(super) struct Download {
 }
 
 impl Download {
-    /// Reads every file, or says which one cannot be read.
+    /// Reads every file, or says which one cannot be read. An empty file (nothing but
+    /// whitespace, or a byte-order mark) is no part of any export — neither a JSON page
+    /// nor a CSV, whose export of days without spend still has its header: it is refused
+    /// naming it, not read as whichever kind its first byte suggests.
     pub(super) fn read(files: &[PathBuf]) -> Result<Download, FinanceError> {
         let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
-        let texts = files
+        let texts: Vec<String> = files
             .iter()
             .map(|f| read_text(f))
             .collect::<Result<_, _>>()?;
+        if let Some((name, _)) = names
+            .iter()
+            .zip(&texts)
+            .find(|(_, t)| unmarked(t).trim().is_empty())
+        {
+            return Err(FinanceError::Unreadable(format!(
+                "{name}: the file is empty — not an export (a download that failed to save?); a CSV export of days without spend still has its header row"
+            )));
+        }
         Ok(Download {
             source: names.join(", "),
             names,

@@ -17,8 +17,8 @@ use std::path::PathBuf;
 use chrono::NaiveDate;
 use serde::Serialize;
 
-use super::exports::base_model;
 use super::exports::openai_usage::{self, TokenLine, Tokens};
+use super::exports::{base_model, in_file, Figures, Part};
 use super::reconcile::{ungrouped, Accounts};
 use super::run::Download;
 use super::FinanceError;
@@ -127,15 +127,21 @@ pub fn compare(
 /// Its figures would meet the wrong accounts (`*`, or a project's sum against one key's
 /// log) and the claimed ones read as unbilled; with no account claimed anywhere
 /// everything is `*` on both sides and the export compares as it is.
-pub fn unattributed(lines: &[TokenLine], accounts: &Accounts) -> Option<String> {
+/// Judged per page (`reconcile::ungrouped`); the message names the page.
+pub fn unattributed(lines: &[TokenLine], parts: &[Part], accounts: &Accounts) -> Option<String> {
     let missing = ungrouped(
         lines.iter().map(|l| (l.accounts.as_slice(), l.named)),
+        parts,
         accounts,
     )?;
-    Some(format!(
-        "{}: download the usage again with group_by=api_key_id and group_by=project_id \
-         added to the query (besides group_by=model) so each figure names its account",
-        missing.describe()
+    Some(in_file(
+        &missing.place,
+        format!(
+            "{}: download the usage again with group_by=api_key_id and group_by=project_id \
+             added to the query (besides group_by=model) so each figure names its account, \
+             as every page of the download must be",
+            missing.describe()
+        ),
     ))
 }
 
@@ -149,7 +155,7 @@ pub async fn reconcile_usage(
 ) -> Result<TokenRun, FinanceError> {
     let download = Download::read(files)?;
     let source = &download.source;
-    let lines = openai_usage::read_files(&download.files())
+    let Figures { lines, parts } = openai_usage::read_files(&download.files())
         .map_err(|e| FinanceError::Unreadable(e.to_string()))?;
     let (Some(first), Some(last)) = (
         lines.iter().map(|l| l.day).min(),
@@ -160,8 +166,8 @@ pub async fn reconcile_usage(
         )));
     };
     let accounts = Accounts::new(super::run::deployments(db, settings, Provider::Openai).await?);
-    if let Some(why) = unattributed(&lines, &accounts) {
-        return Err(FinanceError::Unreadable(format!("{source}: {why}")));
+    if let Some(why) = unattributed(&lines, &parts, &accounts) {
+        return Err(FinanceError::Unreadable(why));
     }
     let (from, to) = download.log_span(first, last)?;
     let logged = finance::tokens_by_upstream(db, &from, &to).await?;
@@ -246,16 +252,23 @@ mod tests {
             ("a".to_string(), Some("proj_a".to_string())),
             ("b".to_string(), None),
         ]);
-        let why = unattributed(&[line(&[]), line(&[])], &claimed).unwrap();
+        // The lines as one page.
+        let check = |lines: &[TokenLine], accounts: &Accounts| {
+            let page = Part {
+                place: "page 1".into(),
+                named: lines.iter().fold(Named::default(), |n, l| n.or(l.named)),
+            };
+            unattributed(lines, &[page], accounts)
+        };
+        let why = check(&[line(&[]), line(&[])], &claimed).unwrap();
         assert!(
-            why.contains("group_by=api_key_id") && why.contains("proj_a"),
+            why.starts_with("page 1: ")
+                && why.contains("group_by=api_key_id")
+                && why.contains("proj_a"),
             "{why}"
         );
-        assert_eq!(
-            unattributed(&[line(&[]), line(&["proj_b"])], &claimed),
-            None
-        );
+        assert_eq!(check(&[line(&[]), line(&["proj_b"])], &claimed), None);
         let unclaimed = Accounts::new([("b".to_string(), None)]);
-        assert_eq!(unattributed(&[line(&[])], &unclaimed), None);
+        assert_eq!(check(&[line(&[])], &unclaimed), None);
     }
 }

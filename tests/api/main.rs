@@ -86,6 +86,7 @@ mod queue;
 mod quota;
 mod reasoning;
 mod reconcile;
+mod reconcile_downloads;
 mod reconcile_tokens;
 mod redis_topologies;
 mod redteam_probe;

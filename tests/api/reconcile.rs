@@ -23,13 +23,13 @@ pub(crate) fn day(d: u32) -> NaiveDate {
 }
 
 /// Sluice's spend in one cell, in micro-dollars: distinct per cell, not round.
-fn cell(d: u32, m: usize, u: usize) -> i64 {
+pub(crate) fn cell(d: u32, m: usize, u: usize) -> i64 {
     1_000_000 * i64::from(d) + 100_000 * m as i64 + 10_000 * u as i64 + 1_234
 }
 
 /// The request log: each cell as two requests (their sum is the cell), plus an Anthropic
 /// deployment's request that an OpenAI reconciliation must leave out.
-async fn seed(app: &TestApp) {
+pub(crate) async fn seed(app: &TestApp) {
     let mut rows = Vec::new();
     for d in 1..=3 {
         for (m, model) in MODELS.iter().enumerate() {
@@ -74,14 +74,14 @@ async fn seed(app: &TestApp) {
 }
 
 /// Micro-dollars as the decimal text OpenAI writes (`1.001234`).
-fn usd_text(micros: i64) -> String {
+pub(crate) fn usd_text(micros: i64) -> String {
     sluice::quota::pricing::usd(micros)
 }
 
 /// An OpenAI Costs API export of the seeded figures, each cell split into an input and an
 /// output line item of the dated snapshot, plus `delta(d, m, u)` on the output line; two
 /// pages, as a paginated download saves them.
-fn openai_export(delta: impl Fn(u32, usize, usize) -> i64) -> String {
+pub(crate) fn openai_export(delta: impl Fn(u32, usize, usize) -> i64) -> String {
     let mut buckets = Vec::new();
     for d in 1..=3 {
         let mut results = Vec::new();
@@ -129,7 +129,7 @@ pub(crate) fn two_pages(buckets: &[Value]) -> String {
 
 /// The same figures as OpenAI's usage dashboard exports them ("Cost data", grouped by line
 /// item, CSV): a header of the Costs API's flattened columns, ISO days, quoted line items.
-fn openai_dashboard_csv(delta: impl Fn(u32, usize, usize) -> i64) -> String {
+pub(crate) fn openai_dashboard_csv(delta: impl Fn(u32, usize, usize) -> i64) -> String {
     let mut out = String::from(
         "start_time,end_time,amount_value,amount_currency,line_item,project_id,organization_id,project_name,organization_name\n",
     );
@@ -183,7 +183,12 @@ pub(crate) fn reconcile(config: &Path, provider: &str, file: &Path, json: bool) 
 }
 
 /// The same over several files read as one download.
-fn reconcile_files(config: &Path, provider: &str, files: &[&Path], json: bool) -> Output {
+pub(crate) fn reconcile_files(
+    config: &Path,
+    provider: &str,
+    files: &[&Path],
+    json: bool,
+) -> Output {
     let mut args = vec![
         "--config",
         config.to_str().unwrap(),
@@ -249,7 +254,7 @@ pub(crate) async fn webhook_kinds(app: &TestApp) -> Vec<String> {
 }
 
 /// The seeded app and the CLI's config for it.
-async fn setup() -> (TestApp, PathBuf) {
+pub(crate) async fn setup() -> (TestApp, PathBuf) {
     let app = spawn_app_with(|_, _| {}).await;
     seed(&app).await;
     let config = config(&app);

@@ -41,7 +41,7 @@ pub fn read(text: &str) -> Result<Vec<Line>, ExportError> {
 
 /// The pages of one download saved as `files` (`exports::walk_files`).
 pub fn read_files(files: &[exports::File]) -> Result<Vec<Line>, ExportError> {
-    exports::walk_files::<Bucket>(files)
+    exports::walk_files::<Bucket>(files).map(|f| f.lines)
 }
 
 impl exports::Bucket for Bucket<'_> {

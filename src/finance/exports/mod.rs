@@ -46,6 +46,44 @@ impl Named {
             project: project.is_some(),
         }
     }
+
+    /// The fields either names: what some figure of a part names.
+    pub fn or(self, other: Named) -> Named {
+        Named {
+            api_key: self.api_key || other.api_key,
+            project: self.project || other.project,
+        }
+    }
+}
+
+/// A figure of an export: which of OpenAI's account fields it names.
+pub trait Figure {
+    fn named(&self) -> Named;
+}
+
+impl Figure for Line {
+    fn named(&self) -> Named {
+        self.named
+    }
+}
+
+/// One part of a download that a single query produced — a JSON page (one API response),
+/// a CSV file (one dashboard export) — and the account fields some figure of it names.
+/// Parts are grouped independently (pages of two queries, files of two exports), so the
+/// grouping is judged per part (`reconcile::ungrouped`); a part without figures (a page of
+/// days without spend) makes no claim and is not listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part {
+    /// Where it is, as errors name it: `{file}: page N`, or a CSV's file.
+    pub place: String,
+    pub named: Named,
+}
+
+/// A download's figures, and its parts (`Part`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Figures<T> {
+    pub lines: Vec<T>,
+    pub parts: Vec<Part>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -74,7 +112,7 @@ pub(crate) trait Bucket {
     fn end(&self) -> Option<String>;
     /// What one figure of it reads into: a `Line` of a cost export, a `TokenLine` of a
     /// usage export (`openai_usage`).
-    type Item: Clone + PartialEq;
+    type Item: Clone + PartialEq + Figure;
     /// Its figures; `at` is its path in the file, for errors.
     fn lines(self, at: &str) -> Result<Vec<Self::Item>, ExportError>;
 }
@@ -116,7 +154,7 @@ pub(crate) fn walk<'a, B>(text: &'a str) -> Result<Vec<B::Item>, ExportError>
 where
     B: Bucket + Deserialize<'a>,
 {
-    walk_files::<B>(&[("", text)])
+    walk_files::<B>(&[("", text)]).map(|f| f.lines)
 }
 
 /// Every figure of the pages in `files`, one download (`pages` of each file, in the order
@@ -126,7 +164,8 @@ where
 /// says `has_more: true` is incomplete: comparing it would report the missing days' spend as
 /// clean, so it is refused. A bucket given twice — a page saved twice — counts once when its
 /// figures are the same and is refused when they differ (which one is the bill?).
-pub(crate) fn walk_files<'a, B>(files: &[File<'a>]) -> Result<Vec<B::Item>, ExportError>
+/// Each page with figures is a `Part`.
+pub(crate) fn walk_files<'a, B>(files: &[File<'a>]) -> Result<Figures<B::Item>, ExportError>
 where
     B: Bucket + Deserialize<'a>,
 {
@@ -156,11 +195,16 @@ where
     let continuity = successors(&pages);
     let mut seen: HashMap<String, Vec<B::Item>> = HashMap::new();
     let mut lines = Vec::new();
+    let mut parts = Vec::new();
     for (place, page) in pages {
+        let mut named: Option<Named> = None;
         for (i, bucket) in page.data.into_iter().enumerate() {
             let at = format!("{place}, data[{i}]");
             let start = bucket.start();
             let figures = bucket.lines(&at)?;
+            for f in &figures {
+                named = Some(named.unwrap_or_default().or(f.named()));
+            }
             match seen.get(&start) {
                 Some(before) if *before == figures => continue,
                 Some(_) => {
@@ -176,9 +220,12 @@ where
             lines.extend(figures.iter().cloned());
             seen.insert(start, figures);
         }
+        if let Some(named) = named {
+            parts.push(Part { place, named });
+        }
     }
     continuity?;
-    Ok(lines)
+    Ok(Figures { lines, parts })
 }
 
 /// The index of the download's last page: the one holding the latest bucket (pages may

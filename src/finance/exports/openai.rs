@@ -7,7 +7,7 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{self as exports, walk, ExportError, Line};
+use super::{self as exports, walk, ExportError, Figures, Line};
 use crate::finance::decimal;
 
 #[derive(Deserialize)]
@@ -38,8 +38,8 @@ pub fn read(text: &str) -> Result<Vec<Line>, ExportError> {
     walk::<Bucket>(text)
 }
 
-/// The pages of one download saved as `files` (`exports::walk_files`).
-pub fn read_files(files: &[exports::File]) -> Result<Vec<Line>, ExportError> {
+/// The pages of one download saved as `files` (`exports::walk_files`), each a `Part`.
+pub fn read_files(files: &[exports::File]) -> Result<Figures<Line>, ExportError> {
     exports::walk_files::<Bucket>(files)
 }
 
@@ -176,6 +176,38 @@ mod tests {
                 .unwrap()
                 .len(),
             6
+        );
+    }
+
+    /// Each page with figures is a part of the download, named with its file and place
+    /// and what its figures name; a page of empty buckets is none.
+    #[test]
+    fn each_page_with_figures_is_a_part() {
+        let keyed = PAGE
+            .replace("\"has_more\":false", "\"has_more\":true")
+            .replace(
+                "\"project_id\":\"proj_abc\"",
+                "\"project_id\":\"proj_abc\",\"api_key_id\":\"key_1\"",
+            );
+        let next = PAGE.replace("1730419200", "1730505600");
+        let empty = r#"{"data":[{"start_time":1730592000,"end_time":1730678400,"results":[]}],"has_more":false}"#;
+        let read =
+            read_files(&[("a.json", &keyed), ("b.json", &format!("{next}\n{empty}"))]).unwrap();
+        assert_eq!(read.lines.len(), 4);
+        let parts: Vec<_> = read
+            .parts
+            .iter()
+            .map(|p| (p.place.as_str(), p.named))
+            .collect();
+        assert_eq!(
+            parts,
+            vec![
+                (
+                    "a.json: page 1",
+                    exports::Named::of(Some("key_1"), Some("proj_abc"))
+                ),
+                ("b.json: page 1", exports::Named::of(None, Some("proj_abc"))),
+            ]
         );
     }
 

@@ -7,7 +7,7 @@
 use chrono::NaiveDate;
 use serde::Deserialize;
 
-use super::{self as exports, walk, ExportError};
+use super::{self as exports, walk, ExportError, Figures};
 
 /// One figure of a usage export: the tokens of (day, model, account).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -27,6 +27,12 @@ pub struct TokenLine {
     /// Which of the two it names (`exports::Line::named`).
     pub named: exports::Named,
     pub tokens: Tokens,
+}
+
+impl exports::Figure for TokenLine {
+    fn named(&self) -> exports::Named {
+        self.named
+    }
 }
 
 #[derive(Deserialize)]
@@ -50,8 +56,8 @@ pub fn read(text: &str) -> Result<Vec<TokenLine>, ExportError> {
     walk::<Bucket>(text)
 }
 
-/// The pages of one download saved as `files` (`exports::walk_files`).
-pub fn read_files(files: &[exports::File]) -> Result<Vec<TokenLine>, ExportError> {
+/// The pages of one download saved as `files` (`exports::walk_files`), each a `Part`.
+pub fn read_files(files: &[exports::File]) -> Result<Figures<TokenLine>, ExportError> {
     exports::walk_files::<Bucket>(files)
 }
 
