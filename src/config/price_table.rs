@@ -215,8 +215,10 @@ impl Table {
 
     /// Whose model a route serves, decided as its tiers are (`route_tiers`): its
     /// `tier_model`'s family, else that of the bundled models its upstream names match,
-    /// else of those the gateway's name matches that the route's provider serves; a route
-    /// no name places (a custom deployment, an open model) is taken as its provider's
+    /// else of those the gateway's name matches that the route's provider serves; else
+    /// Gemini's when a name says `gemini` or `gemma` (a model newer than the table, an
+    /// alias: their tokenizer splits digits, and counting them only raises a reservation);
+    /// a route no name places (a custom deployment, an open model) is its provider's
     /// (`Family::served_by`). Gemini served through Google's OpenAI-compatible endpoint is
     /// Gemini's, read by Gemini's tokenizer (`pipeline::long_context::Reader`).
     pub fn route_family(
@@ -240,7 +242,16 @@ impl Table {
                         .map(|family| Family::named(family))
                 }),
         };
-        named.unwrap_or(Family::served_by(provider))
+        named
+            .or_else(|| {
+                let says = |n: &str| {
+                    let n = n.to_ascii_lowercase();
+                    n.contains("gemini") || n.contains("gemma")
+                };
+                (upstream_names.iter().any(|n| says(n)) || says(gateway_name))
+                    .then_some(Family::Gemini)
+            })
+            .unwrap_or(Family::served_by(provider))
     }
 
     /// Whether `name` is a bundled model's own name: what a route's `tier_model` may be.
@@ -299,12 +310,15 @@ impl Table {
 /// and bills it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
-    /// Anthropic's Claude, wherever it is served.
+    /// Anthropic's Claude by its name, wherever it is served: its window is known.
     Claude,
-    /// Google's Gemini, wherever it is served.
+    /// Google's Gemini (or Gemma), wherever it is served.
     Gemini,
-    /// Any other: OpenAI's, an open model's.
-    Other,
+    /// OpenAI's.
+    Openai,
+    /// No name says: a custom deployment, an open model, a model newer than the table on
+    /// Anthropic, Bedrock or a router — counted as widely as Claude, no window assumed.
+    Unknown,
 }
 
 impl Family {
@@ -313,18 +327,19 @@ impl Family {
         match provider {
             "anthropic" => Family::Claude,
             "gemini" => Family::Gemini,
-            _ => Family::Other,
+            "openai" => Family::Openai,
+            _ => Family::Unknown,
         }
     }
 
-    /// The family of a route no name places: its provider's own, and on an
-    /// OpenAI-compatible server Claude's, whose tokenizer counts the most (a router may
-    /// serve Claude under any name).
+    /// The family of a route no name places: Gemini's on a Gemini upstream (the API and
+    /// Vertex serve Gemini only), OpenAI's on OpenAI and Azure; elsewhere unknown — Bedrock
+    /// and an Anthropic-format server serve other families too (Nova, Llama, a proxy's).
     fn served_by(provider: Provider) -> Family {
         match provider {
-            Provider::Anthropic | Provider::Bedrock | Provider::OpenaiCompatible => Family::Claude,
             Provider::Gemini => Family::Gemini,
-            Provider::Openai | Provider::AzureOpenai => Family::Other,
+            Provider::Openai | Provider::AzureOpenai => Family::Openai,
+            Provider::Anthropic | Provider::Bedrock | Provider::OpenaiCompatible => Family::Unknown,
         }
     }
 }
@@ -568,7 +583,7 @@ mod tests {
 
     #[test]
     fn a_routes_family_is_decided_by_its_names_as_its_tier_is_else_by_its_provider() {
-        use Family::{Claude, Gemini, Other};
+        use Family::{Claude, Gemini, Openai, Unknown};
         use Provider::{Anthropic, Bedrock, OpenaiCompatible};
         let t = bundled();
         let arn = "arn:aws:bedrock:us-east-1:1:application-inference-profile/a";
@@ -586,20 +601,38 @@ mod tests {
                 Gemini,
             ),
             (None, bedrock_sonnet, "s", Bedrock, Claude),
-            (None, "gpt-4o", "smart", OpenaiCompatible, Other),
+            (None, "gpt-4o", "smart", OpenaiCompatible, Openai),
             // The gateway's name only where the provider serves its family.
             (None, arn, "claude-sonnet-4", Bedrock, Claude),
+            (None, arn, "smart", Bedrock, Unknown),
             (None, "custom", "gemini-2.5-pro", Provider::Gemini, Gemini),
             (
                 None,
-                "qwen2.5-72b-instruct",
+                "qwen2.5-72b",
+                "claude-sonnet-4",
+                OpenaiCompatible,
+                Unknown,
+            ),
+            // A name that says Gemini (or Gemma), though the table does not hold it.
+            (
+                None,
+                "gemini-flash-latest",
+                "flash",
+                OpenaiCompatible,
+                Gemini,
+            ),
+            (
+                None,
+                "qwen2.5-72b",
                 "gemini-2.5-pro",
                 OpenaiCompatible,
-                Claude,
+                Gemini,
             ),
-            // No name places it: its provider's, a router's as Claude's (the widest count).
-            (None, "qwen2.5-72b-instruct", "q", OpenaiCompatible, Claude),
-            (None, "custom", "c", Provider::Openai, Other),
+            (None, "google/gemma-3-27b-it", "g", OpenaiCompatible, Gemini),
+            // No name places it: its provider's own, else unknown.
+            (None, "qwen2.5-72b", "q", OpenaiCompatible, Unknown),
+            (None, "amazon.nova-premier-v1:0", "nova", Bedrock, Unknown),
+            (None, "custom", "c", Provider::Openai, Openai),
             (None, "custom", "c", Provider::Gemini, Gemini),
             // `tier_model` decides over both.
             (

@@ -249,6 +249,9 @@ struct Run {
     cut_by_deadline: bool,
     /// The request's deadline ended the attempts (it may have passed before the first).
     out_of_time: bool,
+    /// The dearest departure (`departure_on`) of the attempts that may have billed: sent
+    /// and not answered with a refusal that bills nothing (`bills_nothing`).
+    billable: Departure,
 }
 
 impl Run {
@@ -346,14 +349,17 @@ fn disable_key(state: &AppState, d: usize, why: Disabled) {
     });
 }
 
-/// Tries one candidate: its gates first, then the upstream call.
+/// Tries one candidate: its gates first, then the upstream call. Right before the call,
+/// `sent` is told what a departure costs from then on: the dearer of this candidate's
+/// (`here`) and every earlier attempt's that may have billed; after a refusal that bills
+/// nothing, that earlier figure again.
 async fn try_candidate(
     state: &AppState,
     p: &Prepared,
-    c: &Candidate,
-    i: usize,
+    (c, i): (&Candidate, usize),
     run: &mut Run,
     ctx: ((&str, &Trace), Instant, Instant),
+    (here, sent): (Departure, &mut impl FnMut(Departure)),
 ) -> Step {
     let ((request_id, trace), deadline, started) = ctx;
     let d = c.route.deployment;
@@ -446,6 +452,9 @@ async fn try_candidate(
     if let Some(b) = key_booking.as_mut() {
         b.used(p.input_tokens);
     }
+    // From here the upstream may be working: a request that ends before its answer pays
+    // this candidate's input, or an earlier one's that may have billed when dearer.
+    sent(dearer(run.billable, here));
     // From here a request dropped mid-call leaves its permit unanswered, not abandoned.
     permit.sent();
     let mut span = trace.attempt(&dep.id, url);
@@ -483,6 +492,11 @@ async fn try_candidate(
     // A failed attempt used nothing of the key's window — unless the request's own
     // deadline cut it off after the upstream had it (it keeps the input booked then).
     run.cut_by_deadline |= tier == Tier::OutOfTime;
+    if bills_nothing(tier) {
+        sent(run.billable);
+    } else {
+        run.billable = dearer(run.billable, here);
+    }
     if let Some(b) = key_booking.as_mut().filter(|_| tier != Tier::OutOfTime) {
         b.used(0);
     }
@@ -603,9 +617,11 @@ fn breaker_opened(state: &AppState, d: usize) {
     );
 }
 
-/// Tries candidates until one answers, following the retry table. Before each attempt
-/// whose candidate's departure (`departure_on`) is dearer than every one tried before,
-/// `sent` is told it: what the request costs from then on if it ends before its answer.
+/// Tries candidates until one answers, following the retry table. `sent` is told what the
+/// request costs if it ends before its answer whenever that changes: before each call, the
+/// dearest departure (`departure_on`) of the candidates that may bill it — the one called,
+/// and those called before and not answered with a refusal that bills nothing
+/// (`try_candidate`). A candidate skipped before its call, or never reached, costs nothing.
 pub async fn call(
     state: &AppState,
     p: &Prepared,
@@ -622,7 +638,6 @@ pub async fn call(
         ..Run::default()
     };
     let mut round = 0u32;
-    let mut dearest = Departure::default();
     loop {
         round += 1;
         let pool: Vec<usize> = if round == 1 {
@@ -648,13 +663,10 @@ pub async fn call(
                 }
                 continue;
             }
-            let departure = departure_on(state, p, &candidates[i]);
-            if (departure.cost, departure.input) > (dearest.cost, dearest.input) {
-                dearest = departure;
-                sent(departure);
-            }
             let ctx = ((request_id, trace), deadline, started);
-            match try_candidate(state, p, &candidates[i], i, &mut run, ctx).await {
+            let here = departure_on(state, p, &candidates[i]);
+            let candidate = (&candidates[i], i);
+            match try_candidate(state, p, candidate, &mut run, ctx, (here, &mut sent)).await {
                 Step::Served(s) => return called(Outcome::Served(s), &run),
                 Step::ClientError(f) | Step::Stop(f) => return called(Outcome::Failed(f), &run),
                 Step::Next => {}
@@ -667,6 +679,33 @@ pub async fn call(
     }
     let error = final_error(state, p, &mut run);
     called(Outcome::Failed(error.into()), &run)
+}
+
+/// Whether an attempt that failed so billed nothing: the upstream refused the request
+/// before working on it (a rate limit, an overload, a spent quota, a refused key, a
+/// conflict, the client's own error), or it never left the gateway. A server error, a
+/// timeout or a broken answer may come after the work, and the request's own deadline
+/// cuts off an upstream that had it: those keep their input.
+fn bills_nothing(tier: Tier) -> bool {
+    match tier {
+        Tier::RateLimited
+        | Tier::Overloaded
+        | Tier::QuotaExhausted
+        | Tier::AuthFailed
+        | Tier::Conflict
+        | Tier::ClientError
+        | Tier::LocalResources => true,
+        Tier::ServerError | Tier::OutOfTime => false,
+    }
+}
+
+/// The dearer of two departures.
+fn dearer(a: Departure, b: Departure) -> Departure {
+    if (b.cost, b.input) > (a.cost, a.input) {
+        b
+    } else {
+        a
+    }
 }
 
 fn called(result: Outcome, run: &Run) -> Called {

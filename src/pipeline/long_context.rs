@@ -21,7 +21,7 @@ use crate::usage::Usage;
 /// at the tier, so a prompt the provider counts past it is covered. Claude's tokenizer
 /// counts up to ~1.35× o200k on code and non-English text (more with its newer tokenizer):
 /// 150 — and so for any other family (OpenAI's own models count with o200k and have no
-/// bundled tier; an open model's tokenizer is unknown). Gemini's (a 256k-token vocabulary,
+/// bundled tier; an unknown model's tokenizer may be Claude's). Gemini's (a 256k-token vocabulary,
 /// larger than o200k's) counts words about as o200k does, a little more on some scripts:
 /// 125, so a Gemini prompt well under its threshold is not reserved at the dearer tier for
 /// a count Gemini never reaches — but it makes each digit a token, which no flat factor
@@ -29,7 +29,7 @@ use crate::usage::Usage;
 fn counts_up_to_percent(family: Family) -> i64 {
     match family {
         Family::Gemini => 125,
-        Family::Claude | Family::Other => 150,
+        Family::Claude | Family::Openai | Family::Unknown => 150,
     }
 }
 
@@ -43,7 +43,7 @@ fn counts_up_to_percent(family: Family) -> i64 {
 pub fn beyond_the_estimate(family: Family, digits: i64) -> i64 {
     match family {
         Family::Gemini => digits.max(0),
-        Family::Claude | Family::Other => 0,
+        Family::Claude | Family::Openai | Family::Unknown => 0,
     }
 }
 
@@ -64,10 +64,11 @@ pub struct Reader {
 
 impl Reader {
     /// The reader of a route serving `family` on `provider`, for a request that did or did
-    /// not turn Claude's 1M-token window on: Claude is read within its 200 000-token window
-    /// on Anthropic unless the request turned the 1M window on, on Bedrock always (the beta
-    /// header is forwarded to Anthropic only). Elsewhere — a router, Gemini through
-    /// Anthropic's wire format — no window is known but the model's.
+    /// not turn Claude's 1M-token window on: Claude — known by its name — is read within
+    /// its 200 000-token window on Anthropic unless the request turned the 1M window on, on
+    /// Bedrock always (the beta header is forwarded to Anthropic only). Elsewhere — a
+    /// router, Gemini through Anthropic's wire format, a model no name places (Nova on
+    /// Bedrock) — no window is known but the model's.
     pub fn new(family: Family, provider: Provider, claude_1m: bool) -> Reader {
         let windowed = match provider {
             Provider::Anthropic => !claude_1m,
@@ -143,7 +144,7 @@ mod tests {
 
     #[test]
     fn how_much_more_a_provider_may_count_follows_its_tokenizer() {
-        use Family::{Claude, Gemini, Other};
+        use Family::{Claude, Gemini, Openai, Unknown};
         use Provider::{Anthropic, Bedrock, OpenaiCompatible};
         // (family, provider, the 1M window on, the gateway's count, the most it bills)
         let cases = [
@@ -161,7 +162,10 @@ mod tests {
             (Gemini, OpenaiCompatible, false, 200_000, 250_000),
             (Gemini, Anthropic, false, 200_000, 250_000),
             (Gemini, Provider::Gemini, false, i64::MAX, i64::MAX),
-            (Other, Provider::Openai, false, 200_000, 300_000),
+            (Openai, Provider::Openai, false, 200_000, 300_000),
+            // A model no name places has no Claude window, on Bedrock too.
+            (Unknown, Bedrock, false, 300_000, 450_000),
+            (Unknown, Anthropic, false, 300_000, 450_000),
             (Claude, Anthropic, true, -5, 0),
         ];
         for (family, provider, claude_1m, input, most) in cases {
@@ -178,7 +182,7 @@ mod tests {
     fn only_gemini_counts_each_digit_beyond_the_estimate() {
         assert_eq!(beyond_the_estimate(Family::Gemini, 240_000), 240_000);
         assert_eq!(beyond_the_estimate(Family::Gemini, -1), 0);
-        for f in [Family::Claude, Family::Other] {
+        for f in [Family::Claude, Family::Openai, Family::Unknown] {
             assert_eq!(beyond_the_estimate(f, 240_000), 0, "{f:?}");
         }
     }

@@ -81,7 +81,7 @@ impl Prepared {
     /// (`attempts::departure_on`, `stream::Pump::settle`) — the same input, so a departure's
     /// tier is decided as the reservation's is.
     pub fn reserved_input_on(&self, rule: Rule, max_input: i64, reader: Reader) -> i64 {
-        let counted = self.with_digits(rule, max_input, reader);
+        let counted = self.with_digits(rule, reader);
         reader.bound(self.documents.reserved(counted, max_input))
     }
 
@@ -90,8 +90,8 @@ impl Prepared {
     /// (`Documents::estimated`), not the reservation's bound. Only there: the upstream
     /// answered, so it read the request once, as the estimate counts it — on Gemini each
     /// digit once more, as Gemini counts them and the reservation did.
-    pub fn estimated_input_on(&self, rule: Rule, max_input: i64, reader: Reader) -> i64 {
-        let counted = self.with_digits(rule, max_input, reader);
+    pub fn estimated_input_on(&self, rule: Rule, reader: Reader) -> i64 {
+        let counted = self.with_digits(rule, reader);
         reader.bound(self.documents.estimated(counted))
     }
 
@@ -109,13 +109,13 @@ impl Prepared {
 
     /// The estimate with its images as the route's provider bills them (`counted_on`), plus
     /// the digits `reader`'s tokenizer counts beyond it (on Gemini each once more,
-    /// `long_context::beyond_the_estimate`) — those only as far as the model's whole input
-    /// (`max_input`), past which the provider refuses the prompt and so bills nothing. The
-    /// digits are part of the input a document's bound covers, not beyond it.
-    fn with_digits(&self, rule: Rule, max_input: i64, reader: Reader) -> i64 {
-        let counted = self.counted_on(rule);
+    /// `long_context::beyond_the_estimate`) — all of them, even past the model's configured
+    /// input: the gateway checks its own count against that, so a prompt whose digits pass
+    /// it still reaches a provider that may take more. The digits are part of the input a
+    /// document's bound covers, not beyond it.
+    fn with_digits(&self, rule: Rule, reader: Reader) -> i64 {
         let digits = super::long_context::beyond_the_estimate(reader.family, self.input_digits);
-        counted.saturating_add(digits).min(counted.max(max_input))
+        self.counted_on(rule).saturating_add(digits)
     }
 
     /// The estimate with the request's images as the route's provider bills them.

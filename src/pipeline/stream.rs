@@ -276,12 +276,11 @@ pub(super) fn serve(
     // may be larger than a whole non-streamed answer may be.
     let most = state.settings.upstream.max_response_bytes;
     let reader = p.reader(s.route.family, deployment.provider);
-    let max_input = s.model.max_input_tokens;
     let mut converter = StreamConverter::new(
         upstream_format,
         client,
         p.include_usage,
-        p.estimated_input_on(s.route.image_rule, max_input, reader),
+        p.estimated_input_on(s.route.image_rule, reader),
     )
     .hold_limit(most);
     // A server the gateway does not ask for its usage (`quirks.include_usage = false`).
@@ -306,7 +305,7 @@ pub(super) fn serve(
         may: p.kinds.input,
         converter,
         reader,
-        reserved_input: p.reserved_input_on(s.route.image_rule, max_input, reader),
+        reserved_input: p.reserved_input_on(s.route.image_rule, s.model.max_input_tokens, reader),
         conversation: p.responses.clone(),
         assembler: books.cache.as_ref().map(|_| Assembler::new(client, most)),
         books,

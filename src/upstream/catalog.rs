@@ -445,7 +445,7 @@ mod tests {
             cap_param: OutputCapParam::MaxCompletionTokens,
             schedule: Arc::default(),
             image_rule: Rule::Unknown,
-            family: Family::Other,
+            family: Family::Openai,
             long_context: None,
             long_context_tiers: LongTiers::default(),
         };

@@ -672,6 +672,7 @@ async fn a_claude_departure_with_a_document_pays_no_more_than_the_window_claude_
                 "sonnet-br",
                 route("br", "anthropic.claude-sonnet-4-5-20250929-v1:0"),
             ),
+            ("nova-br", route("br", "amazon.nova-premier-v1:0")),
         ] {
             let mut m = model(name, &[]);
             m.routes = vec![r];
@@ -694,6 +695,9 @@ async fn a_claude_departure_with_a_document_pays_no_more_than_the_window_claude_
         ("sonnet-br", KEY_BR, true, "1", 200_000, 600_000),
         // With the window on, Anthropic may bill the whole input, at Sonnet 4.5's tier.
         ("sonnet-a", KEY_A, true, "100", 1_000_000, 6_000_000),
+        // A model no name says is Claude's has no Claude window, on Bedrock too (review
+        // finding, s17: Nova Premier, 1M tokens, was bounded at 200 000 — 600 000 µ$).
+        ("nova-br", KEY_BR, false, "100", 1_000_000, 3_000_000),
     ];
     for (n, (model, key, window_1m, budget, input, cost)) in cases.into_iter().enumerate() {
         let case = format!("{model} 1M={window_1m}");
@@ -720,52 +724,46 @@ async fn a_claude_departure_with_a_document_pays_no_more_than_the_window_claude_
     app.assert_invariant().await;
 }
 
-/// Attack finding (s16c): Gemini's digits were added to the input without the bound a
-/// document's has, though Gemini refuses a prompt past the model's whole input and so bills
-/// no more. 240 000 digits (~80 000 o200k tokens) on a model taking 300 000 tokens: a
-/// departure and an answer without its input reported were charged ~320 000 tokens; they
-/// pay the model's whole input, 300 000, at Gemini 2.5 Pro's tier.
+/// Review finding (s17): Gemini's digits count in full even past the model's configured
+/// input. The gateway checks its own count against `max_input_tokens`, so 540 000 digits
+/// (~180 000 o200k tokens) pass a model configured for 200 000, and Gemini, which takes a
+/// million, bills 540 010: bounding the digits at the configured input reserved ~550 000 µ$
+/// and absorbed ~800 000 of 1 350 175.
 #[tokio::test]
-async fn gemini_digits_are_counted_no_further_than_the_models_whole_input() {
+async fn gemini_digits_past_the_configured_input_are_reserved_for_what_gemini_counts() {
     const KEY_G: &str = "gem-key-bound-0123456789";
-    let app = gemini_pro_on(Provider::Gemini, KEY_G, 300_000).await;
+    let app = gemini_pro_on(Provider::Gemini, KEY_G, 200_000).await;
     let body = json!({"model": "gemini-2.5-pro", "max_tokens": 10,
+        "messages": [{"role": "user", "content": "0123456789".repeat(54_000)}]});
+    let b = billed(&app, "digits", (KEY_G, 540_010), CHAT, &body).await;
+    // 540 010 × 2.50 + 10 × 15: Gemini 2.5 Pro's tier.
+    assert_eq!((b.charged + b.absorbed, b.absorbed), (1_350_175, 0));
+    app.assert_invariant().await;
+}
+
+/// Review finding (s17): a Gemini model the bundled table does not name
+/// (`gemini-flash-latest`, a preview, an alias) behind an OpenAI-compatible server was read
+/// as a router's unknown model, without its digits: a name that says Gemini (or Gemma,
+/// its open sibling with the same tokenizer) is read as Gemini's.
+#[tokio::test]
+async fn a_gemini_model_the_table_does_not_name_is_read_with_its_digits() {
+    const KEY_G: &str = "gem-key-latest-0123456789";
+    let app = spawn_app_with(|s, mock| {
+        let mut g = native_upstream(Provider::OpenaiCompatible, "g", KEY_G, mock);
+        g.base_url = format!("{}/v1", mock.base_url());
+        s.upstreams.push(g);
+        let mut m = model("flash", &[]);
+        m.routes = vec![route("g", "gemini-flash-latest")];
+        m.price = PriceKeys::usd(0.3, 2.5);
+        m.max_input_tokens = 1_000_000;
+        s.models.push(m);
+    })
+    .await;
+    let body = json!({"model": "flash", "max_tokens": 10,
         "messages": [{"role": "user", "content": "0123456789".repeat(24_000)}]});
-    let at_tier =
-        |input: i64, output: i64| (input * 2_500_000 + output * 15_000_000 + 999_999) / 1_000_000;
-    let input_of = |id: i64| {
-        let app = &app;
-        async move {
-            app.wait_for_log_rows(id).await;
-            app.scalar(&format!(
-                "SELECT input_tokens FROM requests WHERE token_id = {id}"
-            ))
-            .await
-        }
-    };
-
-    let (id, token) = app.token("left", Some("100")).await;
-    leave_while_upstream_works(&app, KEY_G, 1, app.chat(&token, &body)).await;
-    assert_eq!(input_of(id).await, 300_000, "departure");
-    assert_eq!(spent_and_absorbed(&app, id).await, (at_tier(300_000, 0), 0));
-    app.mock.state.sticky(KEY_G, None);
-
-    let (id, token) = app.token("estimate", Some("100")).await;
-    app.mock.state.script(
-        KEY_G,
-        [Script {
-            body: Some(json!({"candidates": [{"content": {"role": "model",
-                "parts": [{"text": "Digits."}]}, "finishReason": "STOP", "index": 0}],
-                "usageMetadata": {"candidatesTokenCount": 7}, "modelVersion": "gemini-2.5-pro",
-                "responseId": "r1"})),
-            ..Script::default()
-        }],
-    );
-    let resp = app.chat(&token, &body).await;
-    assert_eq!(resp.status(), 200);
-    resp.text().await.unwrap();
-    assert_eq!(input_of(id).await, 300_000, "estimate");
-    assert_eq!(spent_and_absorbed(&app, id).await, (at_tier(300_000, 7), 0));
+    let b = billed(&app, "latest", (KEY_G, 240_010), CHAT, &body).await;
+    // 240 010 × 0.30 + 10 × 2.50.
+    assert_eq!((b.charged + b.absorbed, b.absorbed), (72_028, 0));
     app.assert_invariant().await;
 }
 
@@ -824,4 +822,75 @@ async fn a_departure_pays_for_the_candidates_it_was_sent_to_not_a_fallback_never
     assert_eq!(input, counted);
     app.mock.state.sticky(KEY_A, None);
     app.assert_invariant().await;
+}
+
+/// Review finding (s17): the departure was raised before the candidate's gates — a key
+/// window full, a breaker open — so a candidate skipped without a call was paid for; and a
+/// candidate that refused the request (429, 503) kept its departure, though such a refusal
+/// bills nothing. Gemini first with a Claude fallback: Gemini skipped (its key's one request
+/// a minute spent), or answering 429, then the client leaves while Claude holds the
+/// digit-heavy prompt — it pays Claude's count (240 030 µ$), not Gemini's digits at its
+/// tier (1 920 060).
+#[tokio::test]
+async fn a_departure_pays_nothing_for_a_candidate_skipped_or_refused_before_its_work() {
+    const KEY_A: &str = "claude-key-second-0123456789";
+    const KEY_G: &str = "gem-key-refuses-0123456789";
+    let message = json!({"role": "user", "content": "0123456789".repeat(24_000)});
+    let counted = sluice::quota::estimate::chat_input(std::slice::from_ref(&message), None);
+    let on_claude = (counted * 3_000_000 + 999_999) / 1_000_000;
+    for skipped in [true, false] {
+        let app = spawn_app_with(|s, mock| {
+            s.upstreams
+                .push(native_upstream(Provider::Anthropic, "anth", KEY_A, mock));
+            let mut g = native_upstream(Provider::Gemini, "g", KEY_G, mock);
+            g.rpm_limit = if skipped { 1 } else { 0 };
+            s.upstreams.push(g);
+            for (name, r) in [
+                ("gem", route("g", "gemini-2.5-pro")),
+                ("sonnet", route("anth", "claude-sonnet-4-5")),
+            ] {
+                let mut m = model(name, &[]);
+                m.routes = vec![r];
+                m.price = PriceKeys::usd(3.0, 15.0);
+                m.max_input_tokens = 1_000_000;
+                s.models.push(m);
+            }
+            s.models
+                .iter_mut()
+                .find(|m| m.name == "gem")
+                .unwrap()
+                .fallbacks = vec!["sonnet".into()];
+        })
+        .await;
+        let (_, token) = app.token("first", Some("100")).await;
+        if skipped {
+            // The key's one request of the minute.
+            let first = json!({"model": "gem", "max_tokens": 10,
+                "messages": [{"role": "user", "content": "hi"}]});
+            let resp = app.chat(&token, &first).await;
+            assert_eq!(resp.status(), 200);
+            resp.text().await.unwrap();
+        } else {
+            app.mock.state.sticky(
+                KEY_G,
+                Some(Script {
+                    status: Some(429),
+                    ..Script::default()
+                }),
+            );
+        }
+        let before = app.mock.state.total_count();
+        let (id, token) = app.token("left", Some("100")).await;
+        let body = json!({"model": "gem", "max_tokens": 10, "messages": [message.clone()]});
+        let had = before + u64::from(!skipped) + 1;
+        leave_while_upstream_works(&app, KEY_A, had, app.chat(&token, &body)).await;
+        app.wait_for_log_rows(if skipped { 2 } else { 1 }).await;
+        assert_eq!(
+            spent_and_absorbed(&app, id).await,
+            (on_claude, 0),
+            "skipped={skipped}"
+        );
+        app.mock.state.sticky(KEY_A, None);
+        app.assert_invariant().await;
+    }
 }

@@ -453,8 +453,9 @@ async fn a_departure_of_a_prompt_marked_for_a_cache_write_pays_the_write_rate() 
                     } => {}
                 }
             }
+            // The row and the settlement land apart once the client has left.
+            app.wait_for_log_rows(had as i64).await;
             app.wait_settled().await;
-            app.state.request_log.flush().await;
             let (input, cost): (i64, i64) = sql_row(
                 app.db(),
                 &format!("SELECT input_tokens, cost_micros FROM requests WHERE token_id = {id}"),
