@@ -131,6 +131,10 @@ struct Pump {
     /// (`Prepared::reserved_input_on`): what a stream that ends before its answer is whole
     /// without the input reported is charged — the upstream had the whole request.
     reserved_input: i64,
+    /// The request's counted input (`Prepared::input_tokens`): what a departure books in
+    /// its windows, as a non-streamed one does — the money is the reserved input, the
+    /// windows keep what was counted.
+    counted_input: i64,
     /// Rebuilds the answer the client received, for the cache.
     assembler: Option<Assembler>,
     /// The serving key's own token window.
@@ -309,6 +313,7 @@ pub(super) fn serve(
             s.model.max_input_tokens,
             deployment.provider,
         ),
+        counted_input: p.input_tokens,
         conversation: p.responses.clone(),
         assembler: books.cache.as_ref().map(|_| Assembler::new(client, most)),
         books,
@@ -504,6 +509,7 @@ impl Pump {
             converter,
             reader,
             reserved_input,
+            counted_input,
             assembler,
             mut key_booking,
             conversation: _,
@@ -544,8 +550,11 @@ impl Pump {
         } else {
             long_context::priced(usage, prices, long_context)
         };
-        // Every window the request booked, corrected (off this path) to what was counted.
-        let used = usage.input + usage.output;
+        // Every window the request booked, corrected (off this path) to what was counted:
+        // a departure's input as counted, not the reserved input it pays (DESIGN: the
+        // upstream had the whole request, its windows keep the counted input).
+        let input_used = if departed { counted_input } else { usage.input };
+        let used = input_used.saturating_add(usage.output);
         for b in [booking.as_mut(), key_booking.as_mut()]
             .into_iter()
             .flatten()

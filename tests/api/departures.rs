@@ -554,3 +554,63 @@ async fn a_stream_with_a_document_whose_upstream_stalls_pays_the_reserved_input(
     app.mock.state.sticky(KEY_A, None);
     app.assert_invariant().await;
 }
+
+/// The request log's (error code, input, output, cost) of the token's one request, once it
+/// is settled; the ledger charged the token the row's cost.
+async fn settled_row(app: &TestApp, id: i64) -> (Option<String>, i64, i64, i64) {
+    let rows = format!("SELECT COUNT(*) FROM requests WHERE token_id = {id}");
+    until("the request was never settled and logged", async || {
+        app.state.request_log.flush().await;
+        app.scalar("SELECT COUNT(*) FROM reservations").await == 0 && app.scalar(&rows).await == 1
+    })
+    .await;
+    let row: (Option<String>, i64, i64, i64) = sql_row(
+        app.db(),
+        &format!(
+            "SELECT error_code, input_tokens, output_tokens, cost_micros FROM requests \
+             WHERE token_id = {id}"
+        ),
+    )
+    .await;
+    assert_eq!(
+        charged_to(app, id).await,
+        row.3,
+        "the ledger and the row agree"
+    );
+    row
+}
+
+/// Review finding (s16c #4): a streamed departure booked the input reserved for it (with a
+/// document the model's whole input, 128 000) into its token windows, where a non-streamed
+/// one books the counted input (DESIGN: "the upstream had the whole request (its windows
+/// keep the counted input)"). A token with a 10 000-token window was shut out for the
+/// window by one question about a file: the next small requests are admitted now. The
+/// money is unchanged: the departure still pays the reserved input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_departure_with_a_document_books_the_counted_input_in_its_token_window() {
+    let app = app().await;
+    let (id, token) = app
+        .issue(sluice::cli::IssueArgs {
+            budget_usd: Some("1"),
+            tpm: Some(10_000),
+            ..issue_args("tpm")
+        })
+        .await;
+    stall_after_two_chunks(&app);
+    let mut conn = send_raw(&app, &token, &document_body(documents()[0].clone())).await;
+    read_until(&mut conn, "light blinks").await;
+    drop(conn);
+    let (code, input, _, _) = settled_row(&app, id).await;
+    assert_eq!(
+        (code.as_deref(), input),
+        (Some("client_disconnected"), 128_000),
+        "a departure pays the reserved input"
+    );
+    app.mock.state.sticky(KEY_A, None);
+    // Two in a row: the second comes after the departure's window correction has landed.
+    for i in 0..2 {
+        let resp = app.chat(&token, &chat_body(50)).await;
+        assert_eq!(resp.status(), 200, "request {i}: {:?}", resp.text().await);
+    }
+    app.assert_invariant().await;
+}
