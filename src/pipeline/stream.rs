@@ -10,8 +10,10 @@
 //! when it arrived, else the counted input plus the output counted with the tokenizer from
 //! the deltas received (the exact rule: `translate::stream`'s module doc). After the
 //! upstream's finish, its body's end, break or stall completes the stream (Gemini has no
-//! end event; the usage may follow the finish). A stream that breaks before its finish
-//! ends with an error event and no `[DONE]` /
+//! end event; the usage may follow the finish). A client that leaves after the finish left
+//! a whole answer: the pump reads on without it for the usage, at most `AFTER_THE_FINISH`,
+//! and settles the whole answer (its usage, else the estimate), never a departure. A stream
+//! that breaks before its finish ends with an error event and no `[DONE]` /
 //! `message_stop`; a stream given up on a stalled client ends its body with an error, so the
 //! connection is cut rather than closed as if complete.
 
@@ -52,6 +54,11 @@ use crate::usage::Usage;
 /// The error event of a stream the shutdown ended.
 const SHUTTING_DOWN: &str =
     "The gateway is shutting down; the stream was ended. Retry the request.";
+
+/// How long a stream whose client left after the upstream's finish is read on for the usage
+/// that follows it (at most the idle timeout): the usage comes within milliseconds of the
+/// finish; past this the whole answer is settled without it, on the input estimate.
+const AFTER_THE_FINISH: Duration = Duration::from_secs(2);
 
 /// Chunks buffered between the pump and a slow client.
 const CHANNEL_DEPTH: usize = 16;
@@ -131,6 +138,10 @@ struct Pump {
     /// (`Prepared::reserved_input_on`): what a stream that ends before its answer is whole
     /// without the input reported is charged — the upstream had the whole request.
     reserved_input: i64,
+    /// The request's counted input (`Prepared::input_tokens`): what a departure books in
+    /// its windows, as a non-streamed one does — the money is the reserved input, the
+    /// windows keep what was counted.
+    counted_input: i64,
     /// Rebuilds the answer the client received, for the cache.
     assembler: Option<Assembler>,
     /// The serving key's own token window.
@@ -306,6 +317,7 @@ pub(super) fn serve(
         converter,
         reader,
         reserved_input: p.reserved_input_on(s.route.image_rule, s.model.max_input_tokens, reader),
+        counted_input: p.input_tokens,
         conversation: p.responses.clone(),
         assembler: books.cache.as_ref().map(|_| Assembler::new(client, most)),
         books,
@@ -329,7 +341,12 @@ impl Pump {
         let idle = stall_limit(&self.state);
         let most = self.state.settings.upstream.max_response_bytes;
         let mut events = events(self.framing, upstream, most);
+        // The client left before the answer was whole: a departure.
         let mut client_gone = false;
+        // The client left after the finish (its answer whole), at this instant: the pump
+        // reads on, for the client no more, until the usage or the upstream's end, at most
+        // `AFTER_THE_FINISH` (`left_after_the_finish`).
+        let mut left: Option<Instant> = None;
         // The shutdown ended the stream (see `pipeline::drain`).
         let mut drained = false;
         let mut failure: Option<&'static str> = None;
@@ -348,26 +365,48 @@ impl Pump {
             // After its finish an upstream that sends on but tells no more of the answer —
             // pings, a usage again, new or not — is idle: its events do not hold the stream open past
             // the idle timeout, which then completes it.
-            let wait = match &quiet {
+            let mut wait = match &quiet {
                 Some((since, _)) => idle.saturating_sub(since.elapsed()),
                 None => idle,
             };
+            if let Some(at) = left {
+                wait = wait.min(AFTER_THE_FINISH.saturating_sub(at.elapsed()));
+            }
             if wait.is_zero() {
+                // A client that left after the finish had its answer whole.
+                if left.is_some() {
+                    break;
+                }
                 failure = self.end(
                     &mut frames,
                     "The upstream stopped sending; the stream was ended by the gateway.",
                 );
                 break;
             }
+            // Once the client left after the finish its closed channel is not waited on: it
+            // would be ready at every turn, and the pump would spin.
             let next = tokio::select! {
                 biased;
-                _ = sink.closed() => { client_gone = true; break; }
-                _ = &mut shutdown => { drained = true; break; }
+                _ = sink.closed(), if left.is_none() => {
+                    if self.left_after_the_finish(&mut left) {
+                        continue;
+                    }
+                    client_gone = true;
+                    break;
+                }
+                _ = &mut shutdown => {
+                    drained = left.is_none();
+                    break;
+                }
                 n = tokio::time::timeout(wait, events.next()) => n,
             };
             // The upstream's body ended, broke off or stalled: after its finish that is
             // the stream's end (`StreamConverter::end`), before it a cut.
             let event = match next {
+                Ok(Some(Ok(ev))) => ev,
+                // Whatever ends the upstream after a client left at the finish ends a whole
+                // answer: settled on the usage if it came, else on the estimate.
+                _ if left.is_some() => break,
                 Err(_) => {
                     failure = self.end(
                         &mut frames,
@@ -395,7 +434,6 @@ impl Pump {
                     };
                     break;
                 }
-                Ok(Some(Ok(ev))) => ev,
             };
             self.converter.event(&event.0, &event.1, &mut frames);
             if self.converter.finished() {
@@ -404,13 +442,23 @@ impl Pump {
                     quiet = Some((Instant::now(), told));
                 }
             }
-            if !self.pass(&mut frames, &sink).await {
+            if left.is_some() {
+                // Read for its usage only: nothing more goes to the client.
+                self.keep_conversation().await;
+                frames.clear();
+            } else if !self.pass(&mut frames, &sink).await {
                 drained = sink.drain.is_draining();
-                client_gone = !drained;
-                break 'read;
+                if drained || !self.left_after_the_finish(&mut left) {
+                    client_gone = !drained;
+                    break 'read;
+                }
+                frames.clear();
             }
             // The upstream's own error event ended the client's stream: stop reading.
             if self.converter.upstream_failed() {
+                if left.is_some() {
+                    break;
+                }
                 upstream_ended = true;
                 failure = Some("The upstream sent an error event mid-stream.");
                 break;
@@ -422,7 +470,12 @@ impl Pump {
             }
         }
         // The closing events of a stream its body's end completed.
-        if !frames.is_empty() && !client_gone && !drained && !self.pass(&mut frames, &sink).await {
+        if !frames.is_empty()
+            && !client_gone
+            && !drained
+            && left.is_none()
+            && !self.pass(&mut frames, &sink).await
+        {
             drained = sink.drain.is_draining();
             client_gone = !drained;
         }
@@ -436,7 +489,7 @@ impl Pump {
             failure = Some(SHUTTING_DOWN);
         } else if let (Some(frame), false) = (
             failure.and_then(|m| self.converter.error_frame(m)),
-            client_gone,
+            client_gone || left.is_some(),
         ) {
             sink.send(frame).await;
         }
@@ -452,6 +505,28 @@ impl Pump {
         self.settle(failure.is_some(), ending, !all_seen).await;
     }
 
+    /// The client is gone: after the upstream's finish its answer was whole, so the pump
+    /// reads on for the usage that follows (OpenAI's usage chunk, Bedrock's `metadata`)
+    /// rather than settling a departure; true then (`left` set). The answer is not cached:
+    /// the frames the client did not take never reached the assembler.
+    fn left_after_the_finish(&mut self, left: &mut Option<Instant>) -> bool {
+        if !self.converter.finished() {
+            return false;
+        }
+        *left = Some(Instant::now());
+        self.assembler = None;
+        true
+    }
+
+    /// A complete Responses response is stored (as `pass` does) though its client left.
+    async fn keep_conversation(&mut self) {
+        if let Some(ctx) = &self.conversation {
+            if let Some(r) = self.converter.completed_response() {
+                super::responses::keep(&self.state, ctx, &r).await;
+            }
+        }
+    }
+
     /// The upstream's body ended (or broke off, or stalled): `None` when that completed the
     /// stream (its closing events are in `frames`), else the failure, `message`.
     fn end(&mut self, frames: &mut Vec<Bytes>, message: &'static str) -> Option<&'static str> {
@@ -462,11 +537,7 @@ impl Pump {
     /// the client is gone. A complete response is stored before its last event reaches the
     /// client, so its id works as soon as the client has it.
     async fn pass(&mut self, frames: &mut Vec<Bytes>, sink: &ClientSink) -> bool {
-        if let Some(ctx) = &self.conversation {
-            if let Some(r) = self.converter.completed_response() {
-                super::responses::keep(&self.state, ctx, &r).await;
-            }
-        }
+        self.keep_conversation().await;
         for f in frames.drain(..) {
             if let Some(a) = self.assembler.as_mut() {
                 a.push(&f);
@@ -501,6 +572,7 @@ impl Pump {
             converter,
             reader,
             reserved_input,
+            counted_input,
             assembler,
             mut key_booking,
             conversation: _,
@@ -541,8 +613,11 @@ impl Pump {
         } else {
             long_context::priced(usage, prices, long_context)
         };
-        // Every window the request booked, corrected (off this path) to what was counted.
-        let used = usage.input + usage.output;
+        // Every window the request booked, corrected (off this path) to what was counted:
+        // a departure's input as counted, not the reserved input it pays (DESIGN: the
+        // upstream had the whole request, its windows keep the counted input).
+        let input_used = if departed { counted_input } else { usage.input };
+        let used = input_used.saturating_add(usage.output);
         for b in [booking.as_mut(), key_booking.as_mut()]
             .into_iter()
             .flatten()

@@ -554,3 +554,221 @@ async fn a_stream_with_a_document_whose_upstream_stalls_pays_the_reserved_input(
     app.mock.state.sticky(KEY_A, None);
     app.assert_invariant().await;
 }
+
+/// A Bedrock upstream on the mock (scripted by `BEDROCK_KEY`) and `m-bedrock` routed to it.
+const BEDROCK_KEY: &str = "AKIDDEPARTURES";
+
+async fn app_with_bedrock() -> TestApp {
+    spawn_app_with(|s, mock| {
+        s.upstreams.push(sluice::config::UpstreamSettings {
+            id: "br".into(),
+            provider: sluice::config::Provider::Bedrock,
+            base_url: mock.base_url(),
+            api_key: sluice::config::Secret::default(),
+            region: Some("us-east-1".into()),
+            access_key_id: Some(BEDROCK_KEY.into()),
+            secret_access_key: Some(sluice::config::Secret(secrecy::SecretString::from(
+                "bedrock-test-secret",
+            ))),
+            allow_private_network: true,
+            ..sluice::config::UpstreamSettings::default()
+        });
+        s.models.push(model("m-bedrock", &["br"]));
+    })
+    .await
+}
+
+/// An OpenAI stream: "The engine ", its finish, then — each `PAUSE_MS` after the last —
+/// the usage chunk when given, and `[DONE]`.
+fn finished_then(usage: Option<(i64, i64)>) -> Script {
+    let chunk = |choices: Value| {
+        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": choices})
+    };
+    let mut events = vec![
+        SseEvent::Data(chunk(
+            json!([{"index": 0, "delta": {"content": "The engine "}, "finish_reason": null}]),
+        )),
+        SseEvent::Data(chunk(
+            json!([{"index": 0, "delta": {}, "finish_reason": "stop"}]),
+        )),
+    ];
+    if let Some((i, o)) = usage {
+        let mut u = chunk(json!([]));
+        u["usage"] = json!({"prompt_tokens": i, "completion_tokens": o, "total_tokens": i + o});
+        events.push(SseEvent::Data(u));
+    }
+    events.push(SseEvent::Data(json!("[DONE]")));
+    Script {
+        events: Some(events),
+        chunk_delay_ms: PAUSE_MS,
+        ..Default::default()
+    }
+}
+
+/// A Bedrock stream: a text delta, its finish (`messageStop`), then its usage (`metadata`),
+/// each `PAUSE_MS` after the last.
+fn bedrock_finished_then_usage((i, o): (i64, i64)) -> Script {
+    let named = |n: &str, v: Value| SseEvent::Named(n.into(), v);
+    Script {
+        events: Some(vec![
+            named("messageStart", json!({"role": "assistant"})),
+            named(
+                "contentBlockDelta",
+                json!({"contentBlockIndex": 0, "delta": {"text": "The engine "}}),
+            ),
+            named("contentBlockStop", json!({"contentBlockIndex": 0})),
+            named("messageStop", json!({"stopReason": "end_turn"})),
+            named(
+                "metadata",
+                json!({"usage": {"inputTokens": i, "outputTokens": o, "totalTokens": i + o},
+                    "metrics": {"latencyMs": 1}}),
+            ),
+        ]),
+        chunk_delay_ms: PAUSE_MS,
+        ..Default::default()
+    }
+}
+
+/// How long the scripted upstreams wait between events: the client has left (and the
+/// gateway seen it) well before the usage after the finish comes.
+const PAUSE_MS: u64 = 500;
+
+/// The request log's (error code, input, output, cost) of the token's one request, once it
+/// is settled; the ledger charged the token the row's cost.
+async fn settled_row(app: &TestApp, id: i64) -> (Option<String>, i64, i64, i64) {
+    let rows = format!("SELECT COUNT(*) FROM requests WHERE token_id = {id}");
+    until("the request was never settled and logged", async || {
+        app.state.request_log.flush().await;
+        app.scalar("SELECT COUNT(*) FROM reservations").await == 0 && app.scalar(&rows).await == 1
+    })
+    .await;
+    let row: (Option<String>, i64, i64, i64) = sql_row(
+        app.db(),
+        &format!(
+            "SELECT error_code, input_tokens, output_tokens, cost_micros FROM requests \
+             WHERE token_id = {id}"
+        ),
+    )
+    .await;
+    assert_eq!(
+        charged_to(app, id).await,
+        row.3,
+        "the ledger and the row agree"
+    );
+    row
+}
+
+/// Review finding (s16c #3): a streamed client that closes right after the chunk carrying
+/// `finish_reason` — a common loop, `if chunk.choices[0].finish_reason: break` — while the
+/// upstream's usage is still to come (OpenAI's usage chunk; Bedrock's `metadata`, after
+/// `messageStop`) was charged as a departure: the input reserved for it, with a document
+/// the model's whole input (128 000). Its answer was whole: the gateway reads on for the
+/// usage and charges it; an upstream that ends without one is charged the input estimate,
+/// as a whole stream without usage is, exactly what a client that stayed pays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_client_leaves_at_its_finish_pays_the_usage_that_follows_not_the_reserved_input(
+) {
+    let app = app_with_bedrock().await;
+    let document = documents()[0].clone();
+    let leave_at_the_finish = async |user: &str, key: &str, script: Script, body: &Value| {
+        let (id, token) = app.token(user, Some("1")).await;
+        app.mock.state.script(key, [script]);
+        let mut conn = send_raw(&app, &token, body).await;
+        read_until(&mut conn, "\"finish_reason\":\"stop\"").await;
+        drop(conn);
+        settled_row(&app, id).await
+    };
+
+    // OpenAI: the usage chunk comes after the client left.
+    let row = leave_at_the_finish(
+        "usage",
+        KEY_A,
+        finished_then(Some((40_000, 3))),
+        &document_body(document.clone()),
+    )
+    .await;
+    assert_eq!(
+        row,
+        (None, 40_000, 3, price(40_000, 3)),
+        "OpenAI, usage after the finish"
+    );
+
+    // OpenAI: no usage at all, `[DONE]` after the client left: the estimate, as a client
+    // that stayed for the end pays.
+    let (stayed, token) = app.token("stayed", Some("1")).await;
+    app.mock.state.script(KEY_A, [finished_then(None)]);
+    let resp = app.chat(&token, &document_body(document.clone())).await;
+    assert_eq!(resp.status(), 200);
+    let (data, whole) = sse_data(resp).await;
+    assert!(
+        whole && data.last().is_some_and(|d| d == "[DONE]"),
+        "{data:?}"
+    );
+    let stayed = settled_row(&app, stayed).await;
+    assert_eq!(stayed.0.as_deref(), Some("usage_estimated"), "{stayed:?}");
+    assert!(
+        stayed.1 < 128_000,
+        "the document at its estimate: {stayed:?}"
+    );
+    let row = leave_at_the_finish(
+        "estimate",
+        KEY_A,
+        finished_then(None),
+        &document_body(document),
+    )
+    .await;
+    assert_eq!(row, stayed, "OpenAI, no usage: as the client that stayed");
+
+    // Bedrock: its usage is the `metadata` event after `messageStop`.
+    let mut body = body(true);
+    body["model"] = json!("m-bedrock");
+    let row = leave_at_the_finish(
+        "bedrock",
+        BEDROCK_KEY,
+        bedrock_finished_then_usage((7, 2)),
+        &body,
+    )
+    .await;
+    assert_eq!(
+        row,
+        (None, 7, 2, price(7, 2)),
+        "Bedrock, usage after the finish"
+    );
+    app.assert_invariant().await;
+}
+
+/// Review finding (s16c #4): a streamed departure booked the input reserved for it (with a
+/// document the model's whole input, 128 000) into its token windows, where a non-streamed
+/// one books the counted input (DESIGN: "the upstream had the whole request (its windows
+/// keep the counted input)"). A token with a 10 000-token window was shut out for the
+/// window by one question about a file: the next small requests are admitted now. The
+/// money is unchanged: the departure still pays the reserved input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_departure_with_a_document_books_the_counted_input_in_its_token_window() {
+    let app = app().await;
+    let (id, token) = app
+        .issue(sluice::cli::IssueArgs {
+            budget_usd: Some("1"),
+            tpm: Some(10_000),
+            ..issue_args("tpm")
+        })
+        .await;
+    stall_after_two_chunks(&app);
+    let mut conn = send_raw(&app, &token, &document_body(documents()[0].clone())).await;
+    read_until(&mut conn, "light blinks").await;
+    drop(conn);
+    let (code, input, _, _) = settled_row(&app, id).await;
+    assert_eq!(
+        (code.as_deref(), input),
+        (Some("client_disconnected"), 128_000),
+        "a departure pays the reserved input"
+    );
+    app.mock.state.sticky(KEY_A, None);
+    // Two in a row: the second comes after the departure's window correction has landed.
+    for i in 0..2 {
+        let resp = app.chat(&token, &chat_body(50)).await;
+        assert_eq!(resp.status(), 200, "request {i}: {:?}", resp.text().await);
+    }
+    app.assert_invariant().await;
+}

@@ -792,3 +792,117 @@ async fn an_embeddings_answer_with_its_input_reported_is_not_marked_estimated() 
     assert_eq!(code.as_deref(), Some("usage_estimated"));
     app.assert_invariant().await;
 }
+
+/// The key the mock scripts the negative-usage app's Bedrock upstream by.
+const BEDROCK_KEY: &str = "AKIDNEGATIVEUSAGE";
+
+/// `partial_usage_app` with `bed` on a Bedrock upstream too.
+async fn negative_usage_app() -> TestApp {
+    spawn_app_with(|s, m| {
+        let mut c = upstream("c", KEY_B, m);
+        c.provider = sluice::config::Provider::Anthropic;
+        c.base_url = m.base_url();
+        let mut g = upstream("g", GEMINI_KEY, m);
+        g.provider = sluice::config::Provider::Gemini;
+        g.base_url = m.base_url();
+        let b = sluice::config::UpstreamSettings {
+            id: "br".into(),
+            provider: sluice::config::Provider::Bedrock,
+            base_url: m.base_url(),
+            api_key: sluice::config::Secret::default(),
+            region: Some("us-east-1".into()),
+            access_key_id: Some(BEDROCK_KEY.into()),
+            secret_access_key: Some(sluice::config::Secret(secrecy::SecretString::from(
+                "bedrock-test-secret",
+            ))),
+            allow_private_network: true,
+            ..sluice::config::UpstreamSettings::default()
+        };
+        s.upstreams.extend([c, g, b]);
+        s.models.extend([
+            model("claude", &["c"]),
+            model("gem", &["g"]),
+            model("bed", &["br"]),
+        ]);
+    })
+    .await
+}
+
+/// Review finding (s16c #8): a negative usage figure (`"prompt_tokens": -100000`) was
+/// clamped to a reported 0: the input was charged 0 and the row not marked. A negative is no
+/// report: that side is charged the gateway's estimate and the row says `usage_estimated`
+/// — on every wire format, streamed or not. (An OpenAI stream's usage chunk counts only
+/// whole: without a valid input its output is counted from the text too, as for any
+/// partial usage there.)
+#[tokio::test]
+async fn a_negative_usage_figure_is_no_report_and_is_estimated() {
+    use sluice::quota::estimate::{chat_input, count_text};
+    let app = negative_usage_app().await;
+    let message = json!({"role": "user", "content": "Why does the engine light blink?"});
+    let counted = chat_input(std::slice::from_ref(&message), None);
+    let said = "The engine light blinks because the sensor reads low oil pressure.";
+    let micros =
+        |input: i64, output: i64| (input * 150_000 + output * 600_000 + 999_999) / 1_000_000;
+    let mut n = 0;
+    for stream in [false, true] {
+        for (model, key) in [
+            ("gpt-4o-mini", KEY_A),
+            ("claude", KEY_B),
+            ("gem", GEMINI_KEY),
+            ("bed", BEDROCK_KEY),
+        ] {
+            let what = format!("{model}, stream {stream}");
+            let (id, token) = app.token(&format!("negative-{n}"), Some("1")).await;
+            n += 1;
+            app.mock.state.script(
+                key,
+                [Script {
+                    text: Some(said.into()),
+                    prompt_tokens: Some(-100_000),
+                    completion_tokens: Some(5),
+                    ..Script::default()
+                }],
+            );
+            let body = json!({"model": model, "max_tokens": 100, "stream": stream,
+                "messages": [message.clone()]});
+            let resp = app.chat(&token, &body).await;
+            assert_eq!(resp.status(), 200, "{what}");
+            if stream {
+                let (data, whole) = sse_data(resp).await;
+                assert!(whole, "{what}: {data:?}");
+                assert_eq!(reassemble(&data), said, "{what}");
+            } else {
+                let answer: Value = resp.json().await.unwrap();
+                assert_eq!(answer["choices"][0]["message"]["content"], said, "{what}");
+            }
+            app.wait_for_log_rows(n).await;
+            app.wait_settled().await;
+            let (input, output, cost, code): (i64, i64, i64, Option<String>) = sql_row(
+                app.db(),
+                &format!(
+                    "SELECT input_tokens, output_tokens, cost_micros, error_code FROM requests \
+                     WHERE token_id = {id}"
+                ),
+            )
+            .await;
+            let output_wanted = if stream && key == KEY_A {
+                count_text(said)
+            } else {
+                5
+            };
+            assert_eq!(
+                (input, output, code.as_deref()),
+                (counted, output_wanted, Some("usage_estimated")),
+                "{what}"
+            );
+            assert_eq!(cost, micros(counted, output_wanted), "{what}");
+            let charged = app
+                .scalar(&format!(
+                    "SELECT limit_micros - remaining_micros FROM tokens WHERE id = {id}"
+                ))
+                .await;
+            assert_eq!(charged, cost, "{what}: the row and the ledger agree");
+        }
+    }
+    app.assert_invariant().await;
+}

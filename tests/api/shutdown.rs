@@ -42,6 +42,45 @@ async fn read_stream(
     tokio::spawn(sse_data(resp))
 }
 
+/// Reads an SSE body into its `data:` payloads, as `sse_data`, publishing how many have
+/// arrived as they do: a test waits for the client to have read them, not a fixed time.
+fn sse_data_counted(
+    mut resp: reqwest::Response,
+) -> (
+    tokio::task::JoinHandle<(Vec<String>, bool)>,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::Ordering;
+    let read = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = read.clone();
+    let task = tokio::spawn(async move {
+        let mut text = String::new();
+        let whole = loop {
+            match resp.chunk().await {
+                Ok(Some(bytes)) => {
+                    text.push_str(&String::from_utf8_lossy(&bytes));
+                    let events = text.split("\n\n").collect::<Vec<_>>();
+                    // The last piece is an event not yet ended.
+                    let done = events[..events.len() - 1]
+                        .iter()
+                        .filter(|e| e.starts_with("data: "))
+                        .count();
+                    counter.store(done, Ordering::Release);
+                }
+                Ok(None) => break true,
+                Err(_) => break false,
+            }
+        };
+        let data = text
+            .split("\n\n")
+            .filter_map(|e| e.strip_prefix("data: "))
+            .map(str::to_string)
+            .collect();
+        (data, whole)
+    });
+    (task, read)
+}
+
 /// SIGTERM to the gateway process, by `kill` as an operator would send it.
 fn sigterm(gateway: &Gateway) {
     signal(gateway, "-TERM");
@@ -472,11 +511,24 @@ async fn requests_the_drain_ends_before_their_answer_pay_the_reserved_input() {
             sluice::mock::SseEvent::Data(json!("[DONE]")),
         ]),
         stall_after: Some(2),
+        // The second chunk comes later than the fixed 300 ms wait this test once had and the
+        // drain's 2 s after it: the signal waits for the clients to have read it.
+        chunk_delay_ms: 2_500,
         ..Default::default()
     };
     mock.state.script(KEY_A, [stall()]);
     let http = reqwest::Client::new();
-    let streamed = read_stream(&http, &gateway.url, &token, 100).await;
+    let mut body = chat_body(100);
+    body["stream"] = json!(true);
+    let resp = http
+        .post(format!("{}/v1/chat/completions", gateway.url))
+        .bearer_auth(&token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let (streamed, streamed_read) = sse_data_counted(resp);
     until("the stream never started", seen(1)).await;
     // A stream asking about a document by file id: its size unknown, the model's whole
     // input is reserved.
@@ -493,13 +545,21 @@ async fn requests_the_drain_ends_before_their_answer_pay_the_reserved_input() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
-    let with_document = tokio::spawn(sse_data(resp));
+    let (with_document, document_read) = sse_data_counted(resp);
     until("the document's stream never started", seen(2)).await;
     // The non-streamed request: the mock holds its headers for an hour.
     let waiting = held_chat(&mock, &http, &gateway.url, &token);
     until("the waiting request never reached the upstream", seen(3)).await;
-    // Let the streams' two chunks through the gateway before the signal.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The signal comes once both clients have read the streams' two chunks: what they got
+    // is what the rows must count (a fixed wait let a loaded machine signal before them).
+    until(
+        "the streams' two chunks never reached their clients",
+        || {
+            use std::sync::atomic::Ordering::Acquire;
+            streamed_read.load(Acquire) >= 2 && document_read.load(Acquire) >= 2
+        },
+    )
+    .await;
 
     let sent = Instant::now();
     sigterm(&gateway);

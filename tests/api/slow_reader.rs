@@ -280,3 +280,98 @@ async fn a_client_that_half_closes_while_the_upstream_is_slow_ends_the_stream_at
     assert_given_up(&r).await;
     drop(conn);
 }
+
+/// Review finding (s16c #3), the gone client's side: a client that leaves at the finish
+/// (`finish_reason`) of a stream whose upstream then sends nothing — no usage, no end — left
+/// a whole answer. The gateway reads on for the usage at most `stream::AFTER_THE_FINISH`
+/// (2 s; the idle timeout here is a minute) without spinning on the closed client, then
+/// settles it on the estimate, `usage_estimated`, not as a departure, and closes the
+/// upstream call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_at_the_finish_of_a_stalled_stream_is_settled_without_spinning() {
+    let r = rig(60_000).await;
+    let chunk = |choices: serde_json::Value| {
+        sluice::mock::SseEvent::Data(serde_json::json!({"id": "c",
+            "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": choices}))
+    };
+    r.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            events: Some(vec![
+                chunk(
+                    serde_json::json!([{"index": 0, "delta": {"content": "The engine "},
+                    "finish_reason": null}]),
+                ),
+                chunk(serde_json::json!([{"index": 0, "delta": {}, "finish_reason": "stop"}])),
+                sluice::mock::SseEvent::Data(serde_json::json!("[DONE]")),
+            ]),
+            // Nothing after the finish, the connection kept.
+            stall_after: Some(2),
+            ..Default::default()
+        }),
+    );
+    let mut body = chat_body(100);
+    body["stream"] = true.into();
+    let mut conn = send_raw_chat(&r.gateway.url, &r.token, &body, None).await;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !String::from_utf8_lossy(&got).contains("\"finish_reason\":\"stop\"") {
+            let n = conn.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed before the finish");
+            got.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await
+    .expect("the finish never came");
+    drop(conn);
+    let left = std::time::Instant::now();
+    // Within the 2 s the pump reads on: the gateway waits, it does not spin.
+    let pid = r.gateway.child.id();
+    let ticks = ticks_in_a_second(pid).await;
+    assert!(ticks < 20, "{ticks} CPU ticks in 1 s after the client left");
+    let mut settled = false;
+    for _ in 0..100 {
+        if scalar(&r.db, "SELECT reserved_micros FROM tokens").await == 0
+            && scalar(&r.db, "SELECT COUNT(*) FROM requests").await == 1
+        {
+            settled = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        settled,
+        "not settled {:?} after the client left",
+        left.elapsed()
+    );
+    let (code, input, output): (Option<String>, i64, i64) = sql_row(
+        &r.db,
+        "SELECT error_code, input_tokens, output_tokens FROM requests",
+    )
+    .await;
+    let counted =
+        sluice::quota::estimate::chat_input(chat_body(100)["messages"].as_array().unwrap(), None);
+    assert_eq!(
+        (code.as_deref(), input, output),
+        (
+            Some("usage_estimated"),
+            counted,
+            sluice::quota::estimate::count_text("The engine ")
+        )
+    );
+    assert_invariant_on(&r.db).await;
+    // The gateway's connection to the upstream is closed (the mock, sleeping in its stall,
+    // notices no earlier than its next write).
+    for _ in 0..100 {
+        if established_to(r.mock.port) == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        established_to(r.mock.port),
+        0,
+        "the upstream call is closed"
+    );
+}

@@ -26,19 +26,20 @@ use crate::upstream::credential::Credential;
 use translate::TranslateError;
 
 /// The most tokens one reported figure may hold. An upstream's usage is read through
-/// `tokens`: a figure that is not a count in 0..=this (a lying or broken upstream's
-/// `i64::MAX`, a negative one) is clamped, so no sum of figures can overflow downstream.
+/// `tokens`: a figure past this (a lying or broken upstream's `i64::MAX`) is clamped, so no
+/// sum of figures can overflow downstream.
 pub const MAX_REPORTED_TOKENS: i64 = u32::MAX as i64;
 
-/// A token figure of an upstream's usage, clamped to 0..=`MAX_REPORTED_TOKENS`; `None` when
-/// absent or not a number.
+/// A token figure of an upstream's usage, clamped to `MAX_REPORTED_TOKENS`; `None` when
+/// absent, not a number, or negative: a negative figure is no count, so the side it
+/// stands for is not reported (estimated, the row marked), never a reported 0.
 pub fn tokens(v: Option<&Value>) -> Option<i64> {
     let v = v?;
     let n = v
         .as_i64()
         .or_else(|| v.as_u64().map(|_| i64::MAX))
         .or_else(|| v.as_f64().map(|f| f as i64))?;
-    Some(n.clamp(0, MAX_REPORTED_TOKENS))
+    (n >= 0).then(|| n.min(MAX_REPORTED_TOKENS))
 }
 
 /// Where an endpoint's requests go on a provider, after its base URL; `None` when it has no

@@ -61,7 +61,7 @@ impl EventReader {
                 });
                 // Its `output_tokens` is a placeholder (0 or 1) before the real count in
                 // `message_delta`: only the input is reported here.
-                if let Some(u) = m.usage.as_ref().filter(|u| u.input_tokens.is_some()) {
+                if let Some(u) = m.usage.as_ref().filter(|u| u.input_reported()) {
                     out.push(Event::Usage(Reported {
                         input: Some(u.input()),
                         output: None,
@@ -113,7 +113,7 @@ impl EventReader {
                 // Cumulative figures; the input ones only where this event carries them.
                 if let Some(u) = u {
                     let r = Reported {
-                        input: u.input_tokens.is_some().then(|| u.input()),
+                        input: u.input_reported().then(|| u.input()),
                         output: u.output(),
                     };
                     if r != Reported::default() {

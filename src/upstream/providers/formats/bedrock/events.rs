@@ -17,7 +17,7 @@ use std::collections::HashMap;
 
 use serde_json::Value;
 
-use super::read::{exception_status, finish_of, read_error, read_usage};
+use super::read::{exception_status, finish_of, read_error, stream_reported};
 use crate::upstream::providers::canonical::{Event, Reported};
 use crate::upstream::providers::translate::stream::Corrupt;
 
@@ -145,7 +145,7 @@ impl EventReader {
             // `messageStop`; one sent before waits for it, so the stop reason is not lost).
             "metadata" => {
                 if let Some(u) = v.get("usage") {
-                    let u = Reported::whole(read_usage(u).ok_or(Corrupt::Shape)?);
+                    let u = stream_reported(u).ok_or(Corrupt::Shape)?;
                     if self.stopped {
                         out.push(Event::Usage(u));
                     } else {

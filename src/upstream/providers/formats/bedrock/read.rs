@@ -37,6 +37,16 @@ pub fn read_reported(u: &Value) -> Option<Reported> {
     (input || output).then(|| Reported::sides(figures(u), input, output))
 }
 
+/// A stream's `metadata` usage: both figures numbers (else the event is corrupt), each side
+/// reported where its figure is a count — a negative one is none (`providers::tokens`), so
+/// that side is estimated as if absent.
+pub fn stream_reported(u: &Value) -> Option<Reported> {
+    let number = |k: &str| u.get(k).is_some_and(Value::is_number);
+    let has = |k: &str| tokens(u.get(k)).is_some();
+    (number("inputTokens") && number("outputTokens"))
+        .then(|| Reported::sides(figures(u), has("inputTokens"), has("outputTokens")))
+}
+
 /// Bedrock's usage figures, each 0 when absent.
 fn figures(u: &Value) -> Usage {
     let input = tokens(u.get("inputTokens")).unwrap_or(0);

@@ -88,13 +88,12 @@ pub fn shape_request(
 /// Usage from a Responses `usage` object (`input_tokens` includes the cached ones,
 /// `output_tokens` the reasoning ones); `None` when absent or not in that shape.
 pub fn usage_of(u: &Value) -> Option<Usage> {
-    if !u.is_object()
-        || !u.get("input_tokens").is_some_and(Value::is_number)
-        || !u.get("output_tokens").is_some_and(Value::is_number)
-    {
+    let count = |p: &str| crate::upstream::providers::tokens(u.pointer(p));
+    // Both totals counts: a negative one is no report (`providers::tokens`).
+    if !u.is_object() || count("/input_tokens").is_none() || count("/output_tokens").is_none() {
         return None;
     }
-    let n = |p: &str| crate::upstream::providers::tokens(u.pointer(p)).unwrap_or(0);
+    let n = |p: &str| count(p).unwrap_or(0);
     Some(Usage {
         input: n("/input_tokens"),
         cached_input: n("/input_tokens_details/cached_tokens"),
@@ -113,11 +112,12 @@ pub fn response_usage(response: &Value) -> Option<Usage> {
 }
 
 /// The sides a whole `response` object's `usage` reports (`usage_of`, its searches as in
-/// `response_usage`): the input where `input_tokens` is a number, the output where
-/// `output_tokens` is; `None` with neither or no such object.
+/// `response_usage`): the input where `input_tokens` is a count, the output where
+/// `output_tokens` is (a negative figure is none, `providers::tokens`); `None` with neither
+/// or no such object.
 pub fn response_reported(response: &Value) -> Option<Reported> {
     let u = response.get("usage").filter(|u| u.is_object())?;
-    let has = |k: &str| u.get(k).is_some_and(Value::is_number);
+    let has = |k: &str| crate::upstream::providers::tokens(u.get(k)).is_some();
     let (input, output) = (has("input_tokens"), has("output_tokens"));
     if !input && !output {
         return None;

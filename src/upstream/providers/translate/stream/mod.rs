@@ -769,7 +769,7 @@ impl StreamConverter {
     fn note_anthropic_event(&mut self, e: &shape::Event) {
         match &e.body {
             Body::MessageStart(m) => {
-                if let Some(u) = m.usage.as_ref().filter(|u| u.input_tokens.is_some()) {
+                if let Some(u) = m.usage.as_ref().filter(|u| u.input_reported()) {
                     self.report_input(u.input());
                 }
             }
@@ -807,11 +807,11 @@ impl StreamConverter {
                 self.searches_reported |= u
                     .server_tool_use
                     .as_ref()
-                    .is_some_and(|s| s.web_search_requests.is_some());
+                    .is_some_and(|s| shape::reported(s.web_search_requests).is_some());
                 if let Some(o) = u.output() {
                     self.report_output(o);
                 }
-                if u.input_tokens.is_some() {
+                if u.input_reported() {
                     self.report_input(u.input());
                 }
             }

@@ -93,11 +93,24 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
     }
 }
 
-/// A token figure: any JSON number, clamped to 0..=`MAX_REPORTED_TOKENS` as
+/// A token figure: any JSON number, clamped to `MAX_REPORTED_TOKENS` as
 /// `providers::tokens` does; anything else (a string, `null` where a figure is required)
-/// is the wrong shape.
+/// is the wrong shape. A negative number is the right shape but no count: it reports
+/// nothing (`count`), as `providers::tokens` reads it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Tokens(pub i64);
+pub struct Tokens(Option<i64>);
+
+impl Tokens {
+    /// The count, `None` for a negative figure.
+    pub fn count(self) -> Option<i64> {
+        self.0
+    }
+}
+
+/// The count of a figure that may be absent: `None` when absent or negative.
+pub fn reported(t: Option<Tokens>) -> Option<i64> {
+    t.and_then(Tokens::count)
+}
 
 impl<'de> Deserialize<'de> for Tokens {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -108,13 +121,14 @@ impl<'de> Deserialize<'de> for Tokens {
                 f.write_str("a token count")
             }
             fn visit_i64<E>(self, n: i64) -> Result<Tokens, E> {
-                Ok(Tokens(n.clamp(0, MAX_REPORTED_TOKENS)))
+                Ok(Tokens((n >= 0).then(|| n.min(MAX_REPORTED_TOKENS))))
             }
             fn visit_u64<E>(self, n: u64) -> Result<Tokens, E> {
-                Ok(Tokens(n.min(MAX_REPORTED_TOKENS as u64) as i64))
+                Ok(Tokens(Some(n.min(MAX_REPORTED_TOKENS as u64) as i64)))
             }
             fn visit_f64<E>(self, n: f64) -> Result<Tokens, E> {
-                Ok(Tokens((n as i64).clamp(0, MAX_REPORTED_TOKENS)))
+                let n = n as i64;
+                Ok(Tokens((n >= 0).then(|| n.min(MAX_REPORTED_TOKENS))))
             }
         }
         d.deserialize_any(V)
@@ -122,7 +136,7 @@ impl<'de> Deserialize<'de> for Tokens {
 }
 
 fn figure(t: Option<Tokens>) -> i64 {
-    t.map_or(0, |t| t.0)
+    reported(t).unwrap_or(0)
 }
 
 // ---- OpenAI ---------------------------------------------------------------------------
@@ -325,7 +339,7 @@ impl OpenAiUsage {
         let completion = self.completion_tokens_details.as_ref();
         Some((
             Input {
-                input: self.prompt_tokens?.0,
+                input: reported(self.prompt_tokens)?,
                 cached_input: figure(prompt.and_then(|d| d.cached_tokens)),
                 audio_input: openai_chat::uncached_audio(
                     figure(prompt.and_then(|d| d.audio_tokens)),
@@ -338,7 +352,7 @@ impl OpenAiUsage {
                 ..Input::default()
             },
             Output {
-                output: self.completion_tokens?.0,
+                output: reported(self.completion_tokens)?,
                 reasoning: figure(completion.and_then(|d| d.reasoning_tokens)),
                 audio_output: figure(completion.and_then(|d| d.audio_tokens)),
                 ..Output::default()
@@ -495,6 +509,11 @@ pub struct ServerToolUse {
 }
 
 impl AnthropicUsage {
+    /// Whether the input is reported: `input_tokens` a count (not absent, not negative).
+    pub fn input_reported(&self) -> bool {
+        reported(self.input_tokens).is_some()
+    }
+
     /// The input side: Sluice's input is Anthropic's input plus cache reads and writes,
     /// each a part of it (by `formats::anthropic::input_of`, as a whole answer's usage).
     pub fn input(&self) -> Input {
@@ -518,7 +537,7 @@ impl AnthropicUsage {
     /// The output side, with the web-search calls (cumulative, as the output).
     pub fn output(&self) -> Option<Output> {
         Some(Output {
-            output: self.output_tokens?.0,
+            output: reported(self.output_tokens)?,
             web_search_calls: figure(
                 self.server_tool_use
                     .as_ref()
@@ -601,12 +620,25 @@ mod tests {
     #[test]
     fn figures_are_numbers_clamped_and_nothing_else() {
         let u: Obj<OpenAiUsage> =
-            serde_json::from_str(r#"{"prompt_tokens": 1e30, "completion_tokens": -4}"#).unwrap();
+            serde_json::from_str(r#"{"prompt_tokens": 1e30, "completion_tokens": 4}"#).unwrap();
         let (i, o) = u.figures().unwrap();
         assert_eq!(
             (i.input, i.cached_input, o.output),
-            (MAX_REPORTED_TOKENS, 0, 0)
+            (MAX_REPORTED_TOKENS, 0, 4)
         );
+        // A negative figure is the right shape but no count: that side is not reported.
+        for negative in [
+            r#"{"prompt_tokens": 1e30, "completion_tokens": -4}"#,
+            r#"{"prompt_tokens": -100000, "completion_tokens": 5}"#,
+            r#"{"prompt_tokens": -1.5, "completion_tokens": 5}"#,
+        ] {
+            let u: Obj<OpenAiUsage> = serde_json::from_str(negative).unwrap();
+            assert_eq!(u.figures(), None, "{negative}");
+        }
+        let u: Obj<AnthropicUsage> =
+            serde_json::from_str(r#"{"input_tokens": -100000, "output_tokens": 5}"#).unwrap();
+        assert!(!u.input_reported());
+        assert_eq!(u.output().map(|o| o.output), Some(5));
         for partial in [
             r#"{"prompt_tokens": 9}"#,
             r#"{"prompt_tokens": 9, "completion_tokens": null}"#,
