@@ -165,11 +165,11 @@ class Bench(Rig):
         if governed:
             lines += ["  max_budget: 1000000000", "  budget_duration: 30d"]
         lines += ["general_settings:", "  disable_spend_logs: true"]
-        if governed:
-            lines += [f"  master_key: {MASTER_KEY}"]
-        else:
+        if not governed:
             # No key at all, as Sluice's plain step: LiteLLM refuses to start so without this.
             lines += ["  dangerously_permit_weak_or_unset_master_key: true"]
+        else:
+            lines += [f"  master_key: {MASTER_KEY}"]
             if redis_port:
                 lines += ["router_settings:", "  routing_strategy: usage-based-routing-v2",
                           "  enable_pre_call_checks: true", "  redis_host: 127.0.0.1",
