@@ -1,7 +1,7 @@
 # The two commands of the README: `make run` (the gateway on its embedded defaults, with
 # an offline demo upstream) and `make test` (every test).
 
-.PHONY: run test test-deps bench
+.PHONY: run test test-deps bench bench-litellm
 
 # Test threads per binary. The api tests wait on sockets, timers and child processes far
 # more than they compute (a CI run kept ~0.65 of its 2 cores busy at the default of one
@@ -36,3 +36,9 @@ bench:
 	python3 bench/scenarios.py
 	./target/release/examples/quota_cas
 	./target/release/examples/cache_lookup
+
+# Sluice and a pinned LiteLLM proxy side by side (bench/README.md); not part of `make
+# test` or `make bench`. The first run installs LiteLLM from PyPI into target/litellm-venv.
+bench-litellm:
+	cargo build --release --locked --bins --examples
+	python3 bench/litellm.py

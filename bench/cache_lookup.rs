@@ -89,14 +89,24 @@ async fn main() -> anyhow::Result<()> {
             body(n % 1000, n / 1000, n)
         }),
         run("exact miss", &|i| body(i % 1000, 9_999, i)),
-        // The same question reworded (greeting, thanks, case): the identifiers stay the
-        // same, since they are significant by default.
+        // The same question reworded (a greeting, thanks, the first letter's case): the
+        // identifiers stay the same, since they are significant by default. Not the question
+        // in capitals after a greeting in lower case (this bench's rewording until
+        // 2026-12-03): a text that does not shout as a whole reads its words in capitals as
+        // names and acronyms, which are significant (`src/cache/meaning.rs`), so that was
+        // another question and the "semantic hit" row measured 2 000 misses.
         run("semantic hit", &|i| {
             let n = (i * step) % entries;
             let mut b = body(n % 1000, n / 1000, n);
             if let Some(m) = b.get_mut("messages").and_then(|m| m.get_mut(1)) {
-                let text = m["content"].as_str().unwrap_or_default().to_uppercase();
-                m["content"] = json!(format!("Hi! {text} Thanks"));
+                let text = m["content"].as_str().unwrap_or_default();
+                let mut chars = text.chars();
+                let first = chars.next().map(|c| c.to_lowercase().collect::<String>());
+                m["content"] = json!(format!(
+                    "Hi! {}{} Thanks",
+                    first.unwrap_or_default(),
+                    chars.as_str()
+                ));
             }
             b
         }),
