@@ -560,19 +560,7 @@ const BEDROCK_KEY: &str = "AKIDDEPARTURES";
 
 async fn app_with_bedrock() -> TestApp {
     spawn_app_with(|s, mock| {
-        s.upstreams.push(sluice::config::UpstreamSettings {
-            id: "br".into(),
-            provider: sluice::config::Provider::Bedrock,
-            base_url: mock.base_url(),
-            api_key: sluice::config::Secret::default(),
-            region: Some("us-east-1".into()),
-            access_key_id: Some(BEDROCK_KEY.into()),
-            secret_access_key: Some(sluice::config::Secret(secrecy::SecretString::from(
-                "bedrock-test-secret",
-            ))),
-            allow_private_network: true,
-            ..sluice::config::UpstreamSettings::default()
-        });
+        s.upstreams.push(bedrock_upstream("br", BEDROCK_KEY, mock));
         s.models.push(model("m-bedrock", &["br"]));
     })
     .await

@@ -126,6 +126,22 @@ pub fn native_upstream(
     }
 }
 
+/// A Bedrock upstream `id` on the mock, signing with the access key `key` (what the mock
+/// scripts it by).
+pub fn bedrock_upstream(id: &str, key: &str, mock: &MockServer) -> UpstreamSettings {
+    UpstreamSettings {
+        id: id.into(),
+        provider: Provider::Bedrock,
+        base_url: mock.base_url(),
+        api_key: Secret::default(),
+        region: Some("us-east-1".into()),
+        access_key_id: Some(key.into()),
+        secret_access_key: Some(Secret(SecretString::from("bedrock-test-secret"))),
+        allow_private_network: true,
+        ..UpstreamSettings::default()
+    }
+}
+
 /// An app with an Anthropic model `claude` (upstream `c`, key B, on the same mock, serving
 /// `claude-upstream`) beside the OpenAI `gpt-4o-mini`.
 pub async fn spawn_app_with_claude() -> TestApp {

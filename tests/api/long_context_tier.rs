@@ -59,19 +59,23 @@ async fn gemini_pro_on(provider: Provider, key: &str, max_input: u32) -> TestApp
     .await
 }
 
-/// A Bedrock upstream `id` signing with the access key `key`.
-fn bedrock(id: &str, key: &str, mock: &MockServer) -> UpstreamSettings {
-    UpstreamSettings {
-        id: id.into(),
-        provider: Provider::Bedrock,
-        base_url: mock.base_url(),
-        region: Some("us-east-1".into()),
-        access_key_id: Some(key.into()),
-        secret_access_key: Some(sluice::config::Secret(secrecy::SecretString::from(
-            "bedrock-test-secret",
-        ))),
-        allow_private_network: true,
-        ..Default::default()
+/// Models of the given names, each over its one route, at 3 / 15 USD per Mtok and taking up
+/// to a million input tokens; each `(from, to)` of `fallbacks` falls back from one to another.
+fn models_over(
+    s: &mut sluice::config::Settings,
+    routes: Vec<(&str, RouteSettings)>,
+    fallbacks: &[(&str, &str)],
+) {
+    for (name, r) in routes {
+        let mut m = model(name, &[]);
+        m.routes = vec![r];
+        m.price = PriceKeys::usd(3.0, 15.0);
+        m.max_input_tokens = 1_000_000;
+        m.fallbacks = (fallbacks.iter())
+            .filter(|(from, _)| *from == name)
+            .map(|(_, to)| to.to_string())
+            .collect();
+        s.models.push(m);
     }
 }
 
@@ -257,7 +261,7 @@ async fn a_fallback_route_to_another_family_is_charged_without_the_gateway_names
 #[tokio::test]
 async fn an_alias_over_an_arn_with_tier_model_is_charged_the_named_tier() {
     let app = app_serving(
-        |mock| vec![bedrock("br", "AKIDSMART", mock)],
+        |mock| vec![bedrock_upstream("br", "AKIDSMART", mock)],
         "smart",
         vec![RouteSettings {
             tier_model: Some("claude-sonnet-4-5".into()),
@@ -665,21 +669,14 @@ async fn a_claude_departure_with_a_document_pays_no_more_than_the_window_claude_
     let app = spawn_app_with(|s, mock| {
         s.upstreams
             .push(native_upstream(Provider::Anthropic, "anth", KEY_A, mock));
-        s.upstreams.push(bedrock("br", KEY_BR, mock));
-        for (name, r) in [
+        s.upstreams.push(bedrock_upstream("br", KEY_BR, mock));
+        let sonnet_br = "anthropic.claude-sonnet-4-5-20250929-v1:0";
+        let routes = vec![
             ("sonnet-a", route("anth", "claude-sonnet-4-5")),
-            (
-                "sonnet-br",
-                route("br", "anthropic.claude-sonnet-4-5-20250929-v1:0"),
-            ),
+            ("sonnet-br", route("br", sonnet_br)),
             ("nova-br", route("br", "amazon.nova-premier-v1:0")),
-        ] {
-            let mut m = model(name, &[]);
-            m.routes = vec![r];
-            m.price = PriceKeys::usd(3.0, 15.0);
-            m.max_input_tokens = 1_000_000;
-            s.models.push(m);
-        }
+        ];
+        models_over(s, routes, &[]);
     })
     .await;
     let question = |model: &str| {
@@ -783,21 +780,11 @@ async fn a_departure_pays_for_the_candidates_it_was_sent_to_not_a_fallback_never
             .push(native_upstream(Provider::Anthropic, "anth", KEY_A, mock));
         s.upstreams
             .push(native_upstream(Provider::Gemini, "g", KEY_G, mock));
-        for (name, r) in [
+        let routes = vec![
             ("sonnet", route("anth", "claude-sonnet-4-5")),
             ("gem", route("g", "gemini-2.5-pro")),
-        ] {
-            let mut m = model(name, &[]);
-            m.routes = vec![r];
-            m.price = PriceKeys::usd(3.0, 15.0);
-            m.max_input_tokens = 1_000_000;
-            s.models.push(m);
-        }
-        s.models
-            .iter_mut()
-            .find(|m| m.name == "sonnet")
-            .unwrap()
-            .fallbacks = vec!["gem".into()];
+        ];
+        models_over(s, routes, &[("sonnet", "gem")]);
     })
     .await;
     let message = json!({"role": "user", "content": "0123456789".repeat(24_000)});
@@ -845,21 +832,11 @@ async fn a_departure_pays_nothing_for_a_candidate_skipped_or_refused_before_its_
             let mut g = native_upstream(Provider::Gemini, "g", KEY_G, mock);
             g.rpm_limit = if skipped { 1 } else { 0 };
             s.upstreams.push(g);
-            for (name, r) in [
+            let routes = vec![
                 ("gem", route("g", "gemini-2.5-pro")),
                 ("sonnet", route("anth", "claude-sonnet-4-5")),
-            ] {
-                let mut m = model(name, &[]);
-                m.routes = vec![r];
-                m.price = PriceKeys::usd(3.0, 15.0);
-                m.max_input_tokens = 1_000_000;
-                s.models.push(m);
-            }
-            s.models
-                .iter_mut()
-                .find(|m| m.name == "gem")
-                .unwrap()
-                .fallbacks = vec!["sonnet".into()];
+            ];
+            models_over(s, routes, &[("gem", "sonnet")]);
         })
         .await;
         let (_, token) = app.token("first", Some("100")).await;

@@ -442,22 +442,27 @@ async fn blank_lines_in_bulk_cost_no_more_than_their_bytes() {
 const GEMINI_KEY: &str = "sk-upstream-partial-usage-gemini";
 
 async fn partial_usage_app() -> TestApp {
+    usage_app(false).await
+}
+
+/// The partial-usage upstreams and models, and with `bedrock` one more: `bed` on a Bedrock
+/// upstream scripted by `BEDROCK_KEY`.
+async fn usage_app(bedrock: bool) -> TestApp {
     spawn_app_with(|s, m| {
-        let mut c = upstream("c", KEY_B, m);
-        c.provider = sluice::config::Provider::Anthropic;
-        c.base_url = m.base_url();
-        let mut g = upstream("g", GEMINI_KEY, m);
-        g.provider = sluice::config::Provider::Gemini;
-        g.base_url = m.base_url();
-        s.upstreams.extend([c, g]);
+        s.upstreams.extend([
+            native_upstream(sluice::config::Provider::Anthropic, "c", KEY_B, m),
+            native_upstream(sluice::config::Provider::Gemini, "g", GEMINI_KEY, m),
+        ]);
         s.models
             .extend([model("claude", &["c"]), model("gem", &["g"])]);
+        if bedrock {
+            s.upstreams.push(bedrock_upstream("br", BEDROCK_KEY, m));
+            s.models.push(model("bed", &["br"]));
+        }
     })
     .await
 }
 
-/// A whole answer saying `text`, in the upstream's wire format, with `usage` as its usage
-/// object (`usageMetadata` on Gemini).
 /// Scripts `key`'s next answer: `text` with `usage` (`answer_with_usage`).
 fn script_answer(app: &TestApp, key: &str, text: &str, usage: &Value) {
     app.mock.state.script(
@@ -796,38 +801,6 @@ async fn an_embeddings_answer_with_its_input_reported_is_not_marked_estimated() 
 /// The key the mock scripts the negative-usage app's Bedrock upstream by.
 const BEDROCK_KEY: &str = "AKIDNEGATIVEUSAGE";
 
-/// `partial_usage_app` with `bed` on a Bedrock upstream too.
-async fn negative_usage_app() -> TestApp {
-    spawn_app_with(|s, m| {
-        let mut c = upstream("c", KEY_B, m);
-        c.provider = sluice::config::Provider::Anthropic;
-        c.base_url = m.base_url();
-        let mut g = upstream("g", GEMINI_KEY, m);
-        g.provider = sluice::config::Provider::Gemini;
-        g.base_url = m.base_url();
-        let b = sluice::config::UpstreamSettings {
-            id: "br".into(),
-            provider: sluice::config::Provider::Bedrock,
-            base_url: m.base_url(),
-            api_key: sluice::config::Secret::default(),
-            region: Some("us-east-1".into()),
-            access_key_id: Some(BEDROCK_KEY.into()),
-            secret_access_key: Some(sluice::config::Secret(secrecy::SecretString::from(
-                "bedrock-test-secret",
-            ))),
-            allow_private_network: true,
-            ..sluice::config::UpstreamSettings::default()
-        };
-        s.upstreams.extend([c, g, b]);
-        s.models.extend([
-            model("claude", &["c"]),
-            model("gem", &["g"]),
-            model("bed", &["br"]),
-        ]);
-    })
-    .await
-}
-
 /// Review finding (s16c #8): a negative usage figure (`"prompt_tokens": -100000`) was
 /// clamped to a reported 0: the input was charged 0 and the row not marked. A negative is no
 /// report: that side is charged the gateway's estimate and the row says `usage_estimated`
@@ -837,7 +810,7 @@ async fn negative_usage_app() -> TestApp {
 #[tokio::test]
 async fn a_negative_usage_figure_is_no_report_and_is_estimated() {
     use sluice::quota::estimate::{chat_input, count_text};
-    let app = negative_usage_app().await;
+    let app = usage_app(true).await;
     let message = json!({"role": "user", "content": "Why does the engine light blink?"});
     let counted = chat_input(std::slice::from_ref(&message), None);
     let said = "The engine light blinks because the sensor reads low oil pressure.";
