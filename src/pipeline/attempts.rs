@@ -492,7 +492,9 @@ async fn try_candidate(
     // A failed attempt used nothing of the key's window — unless the request's own
     // deadline cut it off after the upstream had it (it keeps the input booked then).
     run.cut_by_deadline |= tier == Tier::OutOfTime;
-    if bills_nothing(tier) {
+    // A request that never reached the upstream (`UpstreamError::Connect`) billed nothing
+    // whatever its tier.
+    if bills_nothing(tier) || matches!(err, UpstreamError::Connect(_)) {
         sent(run.billable);
     } else {
         run.billable = dearer(run.billable, here);

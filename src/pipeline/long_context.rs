@@ -47,6 +47,11 @@ pub fn beyond_the_estimate(family: Family, digits: i64) -> i64 {
     }
 }
 
+/// The largest window a Gemini model has served (Gemini 1.5 Pro's 2 097 152 tokens; 2.5 Pro
+/// takes 1 048 576): past it Gemini refuses a prompt and bills nothing, so no digit count a
+/// Gemini bills is longer, whatever the model's configured input.
+pub const GEMINI_LARGEST_WINDOW: i64 = 2_097_152;
+
 /// The longest prompt Claude serves unless the request turns its 1M-token window on
 /// (`anthropic-beta: context-1m-…`): past it Anthropic refuses the prompt and bills
 /// nothing, so no prompt billed without the window is longer.

@@ -717,7 +717,7 @@ async fn finish(
     plan: Option<crate::cache::Plan>,
 ) -> Result<HttpResponse, Failure> {
     let reader = p.reader(s.route.family, s.dep.provider);
-    let estimate = p.estimated_input_on(s.route.image_rule, reader);
+    let estimate = p.estimated_input_on(s.route.image_rule, s.model.max_input_tokens, reader);
     let mut key_booking = s.key_booking;
     let raw = s.body.unwrap_or_default();
     let answer = s.answer.unwrap_or_default();

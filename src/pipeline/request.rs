@@ -81,7 +81,7 @@ impl Prepared {
     /// (`attempts::departure_on`, `stream::Pump::settle`) — the same input, so a departure's
     /// tier is decided as the reservation's is.
     pub fn reserved_input_on(&self, rule: Rule, max_input: i64, reader: Reader) -> i64 {
-        let counted = self.with_digits(rule, reader);
+        let counted = self.with_digits(rule, max_input, reader);
         reader.bound(self.documents.reserved(counted, max_input))
     }
 
@@ -90,8 +90,8 @@ impl Prepared {
     /// (`Documents::estimated`), not the reservation's bound. Only there: the upstream
     /// answered, so it read the request once, as the estimate counts it — on Gemini each
     /// digit once more, as Gemini counts them and the reservation did.
-    pub fn estimated_input_on(&self, rule: Rule, reader: Reader) -> i64 {
-        let counted = self.with_digits(rule, reader);
+    pub fn estimated_input_on(&self, rule: Rule, max_input: i64, reader: Reader) -> i64 {
+        let counted = self.with_digits(rule, max_input, reader);
         reader.bound(self.documents.estimated(counted))
     }
 
@@ -109,13 +109,18 @@ impl Prepared {
 
     /// The estimate with its images as the route's provider bills them (`counted_on`), plus
     /// the digits `reader`'s tokenizer counts beyond it (on Gemini each once more,
-    /// `long_context::beyond_the_estimate`) — all of them, even past the model's configured
-    /// input: the gateway checks its own count against that, so a prompt whose digits pass
-    /// it still reaches a provider that may take more. The digits are part of the input a
-    /// document's bound covers, not beyond it.
-    fn with_digits(&self, rule: Rule, reader: Reader) -> i64 {
-        let digits = super::long_context::beyond_the_estimate(reader.family, self.input_digits);
-        self.counted_on(rule).saturating_add(digits)
+    /// `long_context::beyond_the_estimate`) — past the model's configured input
+    /// (`max_input`) too: the gateway checks its own count against that, so a prompt whose
+    /// digits pass it still reaches a provider that may take more; but never past the
+    /// largest window Gemini serves (`long_context::GEMINI_LARGEST_WINDOW`), beyond which it
+    /// refuses the prompt and bills nothing. The digits are part of the input a document's
+    /// bound covers, not beyond it.
+    fn with_digits(&self, rule: Rule, max_input: i64, reader: Reader) -> i64 {
+        use super::long_context::{beyond_the_estimate, GEMINI_LARGEST_WINDOW};
+        let counted = self.counted_on(rule);
+        let digits = beyond_the_estimate(reader.family, self.input_digits);
+        let most = counted.max(max_input).max(GEMINI_LARGEST_WINDOW);
+        counted.saturating_add(digits).min(most)
     }
 
     /// The estimate with the request's images as the route's provider bills them.

@@ -291,7 +291,7 @@ pub(super) fn serve(
         upstream_format,
         client,
         p.include_usage,
-        p.estimated_input_on(s.route.image_rule, reader),
+        p.estimated_input_on(s.route.image_rule, s.model.max_input_tokens, reader),
     )
     .hold_limit(most);
     // A server the gateway does not ask for its usage (`quirks.include_usage = false`).

@@ -128,15 +128,16 @@ impl UpstreamClient {
             Err(_) => return Err(UpstreamError::Timeout),
             // The credential could not be made (a token endpoint refused or unreachable).
             Ok(Err(Err(e))) => return Err(e),
-            Ok(Err(Ok(e))) if e.is_timeout() => return Err(UpstreamError::Timeout),
             // The gateway's own descriptors or memory ran out: nothing reached the upstream,
-            // and it says nothing of the upstream's health. Otherwise the error's text can
-            // carry the URL; the caller logs only the deployment id.
+            // and it says nothing of the upstream's health. A connection never made (a
+            // connect timeout too) sent nothing; one broken later may have. The error's text
+            // can carry the URL; the caller logs only the deployment id.
             Ok(Err(Ok(e))) => {
                 return Err(match local_shortage(&e) {
                     Some(what) => UpstreamError::LocalResources(what),
                     None if e.is_connect() => UpstreamError::Connect("connect".into()),
-                    None => UpstreamError::Connect("request".into()),
+                    None if e.is_timeout() => UpstreamError::Timeout,
+                    None => UpstreamError::Broken,
                 })
             }
             Ok(Ok(r)) => r,

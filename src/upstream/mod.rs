@@ -25,8 +25,15 @@ pub enum UpstreamError {
     /// The request's own deadline ran out before the upstream answered.
     #[error("the request's deadline ran out before the upstream answered")]
     Deadline,
+    /// The request never reached the upstream: a refused or failed connection (its DNS, TLS
+    /// or connect timeout), a credential that could not be made, a request that could not be
+    /// built or signed. Such an attempt bills nothing (`pipeline::attempts`).
     #[error("cannot connect to upstream: {0}")]
     Connect(String),
+    /// The connection broke after the request may have reached the upstream, before its
+    /// answer: it may have worked on it.
+    #[error("the connection to the upstream broke before its answer")]
+    Broken,
     /// The gateway itself ran out of something (open files, socket buffers, memory) before
     /// the request left it: no fault of the upstream's (see `client::local_shortage`).
     #[error("the gateway ran out of {0} before the request reached the upstream")]

@@ -60,9 +60,10 @@ impl Tier {
 
 pub fn classify(err: &UpstreamError) -> Tier {
     match err {
-        UpstreamError::Timeout | UpstreamError::Connect(_) | UpstreamError::Garbage(_) => {
-            Tier::ServerError
-        }
+        UpstreamError::Timeout
+        | UpstreamError::Connect(_)
+        | UpstreamError::Broken
+        | UpstreamError::Garbage(_) => Tier::ServerError,
         UpstreamError::Deadline => Tier::OutOfTime,
         UpstreamError::LocalResources(_) => Tier::LocalResources,
         // A typed Bedrock error (`x-amzn-ErrorType`) is classified by its type first.

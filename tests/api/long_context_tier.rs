@@ -811,13 +811,14 @@ async fn a_departure_pays_for_the_candidates_it_was_sent_to_not_a_fallback_never
     app.assert_invariant().await;
 }
 
-/// Review finding (s17): the departure was raised before the candidate's gates — a key
-/// window full, a breaker open — so a candidate skipped without a call was paid for; and a
+/// Review findings (s17): the departure was raised before the candidate's gates — a key
+/// window full, a breaker open — so a candidate skipped without a call was paid for; a
 /// candidate that refused the request (429, 503) kept its departure, though such a refusal
-/// bills nothing. Gemini first with a Claude fallback: Gemini skipped (its key's one request
-/// a minute spent), or answering 429, then the client leaves while Claude holds the
-/// digit-heavy prompt — it pays Claude's count (240 030 µ$), not Gemini's digits at its
-/// tier (1 920 060).
+/// bills nothing; and so did one the request never reached (a refused connection, a DNS
+/// or TLS failure, a credential not made). Gemini first with a Claude fallback: Gemini
+/// skipped (its key's one request a minute spent), answering 429, or unreachable, then the
+/// client leaves while Claude holds the digit-heavy prompt — it pays Claude's count
+/// (240 030 µ$), not Gemini's digits at its tier (1 920 060).
 #[tokio::test]
 async fn a_departure_pays_nothing_for_a_candidate_skipped_or_refused_before_its_work() {
     const KEY_A: &str = "claude-key-second-0123456789";
@@ -825,12 +826,17 @@ async fn a_departure_pays_nothing_for_a_candidate_skipped_or_refused_before_its_
     let message = json!({"role": "user", "content": "0123456789".repeat(24_000)});
     let counted = sluice::quota::estimate::chat_input(std::slice::from_ref(&message), None);
     let on_claude = (counted * 3_000_000 + 999_999) / 1_000_000;
-    for skipped in [true, false] {
+    for gemini in ["skipped", "429", "unreachable"] {
         let app = spawn_app_with(|s, mock| {
             s.upstreams
                 .push(native_upstream(Provider::Anthropic, "anth", KEY_A, mock));
             let mut g = native_upstream(Provider::Gemini, "g", KEY_G, mock);
-            g.rpm_limit = if skipped { 1 } else { 0 };
+            match gemini {
+                "skipped" => g.rpm_limit = 1,
+                // Nothing listens on port 1: the connection is refused.
+                "unreachable" => g.base_url = "http://127.0.0.1:1".into(),
+                _ => {}
+            }
             s.upstreams.push(g);
             let routes = vec![
                 ("gem", route("g", "gemini-2.5-pro")),
@@ -840,13 +846,15 @@ async fn a_departure_pays_nothing_for_a_candidate_skipped_or_refused_before_its_
         })
         .await;
         let (_, token) = app.token("first", Some("100")).await;
-        if skipped {
+        let mut rows = 1;
+        if gemini == "skipped" {
             // The key's one request of the minute.
             let first = json!({"model": "gem", "max_tokens": 10,
                 "messages": [{"role": "user", "content": "hi"}]});
             let resp = app.chat(&token, &first).await;
             assert_eq!(resp.status(), 200);
             resp.text().await.unwrap();
+            rows += 1;
         } else {
             app.mock.state.sticky(
                 KEY_G,
@@ -859,15 +867,44 @@ async fn a_departure_pays_nothing_for_a_candidate_skipped_or_refused_before_its_
         let before = app.mock.state.total_count();
         let (id, token) = app.token("left", Some("100")).await;
         let body = json!({"model": "gem", "max_tokens": 10, "messages": [message.clone()]});
-        let had = before + u64::from(!skipped) + 1;
+        let had = before + u64::from(gemini == "429") + 1;
         leave_while_upstream_works(&app, KEY_A, had, app.chat(&token, &body)).await;
-        app.wait_for_log_rows(if skipped { 2 } else { 1 }).await;
+        app.wait_for_log_rows(rows).await;
         assert_eq!(
             spent_and_absorbed(&app, id).await,
             (on_claude, 0),
-            "skipped={skipped}"
+            "{gemini}"
         );
         app.mock.state.sticky(KEY_A, None);
         app.assert_invariant().await;
     }
+}
+
+/// Review finding (s17b): with no bound, Gemini's digits made a departure of a prompt
+/// Gemini refuses outright pay for more tokens than any Gemini serves: 2 200 000 digits
+/// (~733 000 o200k tokens, within the model's million) were charged ~2 933 000 tokens at the
+/// tier. They count up to Gemini's largest window, 2 097 152 tokens: 5 242 880 µ$.
+#[tokio::test]
+async fn gemini_digits_count_no_further_than_the_largest_window_gemini_serves() {
+    const KEY_G: &str = "gem-key-largest-0123456789";
+    let app = spawn_app_with(|s, mock| {
+        s.server.max_body_bytes = 4_000_000;
+        s.upstreams
+            .push(native_upstream(Provider::Gemini, "g", KEY_G, mock));
+        let mut m = model("gemini-2.5-pro", &[]);
+        m.routes = vec![route("g", "gemini-2.5-pro")];
+        m.price = PriceKeys::usd(1.25, 10.0);
+        m.max_input_tokens = 1_000_000;
+        s.models.push(m);
+    })
+    .await;
+    let (id, token) = app.token("largest", Some("100")).await;
+    let body = json!({"model": "gemini-2.5-pro", "max_tokens": 10,
+        "messages": [{"role": "user", "content": "0123456789".repeat(220_000)}]});
+    leave_while_upstream_works(&app, KEY_G, 1, app.chat(&token, &body)).await;
+    app.wait_for_log_rows(1).await;
+    // 2 097 152 tokens at Gemini 2.5 Pro's tier, 2.50 USD per Mtok.
+    assert_eq!(spent_and_absorbed(&app, id).await, (5_242_880, 0));
+    app.mock.state.sticky(KEY_G, None);
+    app.assert_invariant().await;
 }

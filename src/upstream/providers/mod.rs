@@ -38,7 +38,8 @@ pub fn tokens(v: Option<&Value>) -> Option<i64> {
     let n = v
         .as_i64()
         .or_else(|| v.as_u64().map(|_| i64::MAX))
-        .or_else(|| v.as_f64().map(|f| f as i64))?;
+        // The sign before the cast: `-0.9` is no count either, not a 0.
+        .or_else(|| v.as_f64().map(|f| if f < 0.0 { -1 } else { f as i64 }))?;
     (n >= 0).then(|| n.min(MAX_REPORTED_TOKENS))
 }
 
@@ -149,6 +150,23 @@ mod tests {
     use super::*;
     use crate::error::WireFormat;
     use bytes::Bytes;
+    use serde_json::json;
+
+    #[test]
+    fn a_negative_figure_is_no_count_whole_or_fractional() {
+        for (v, want) in [
+            (json!(12), Some(12)),
+            (json!(1.9), Some(1)),
+            (json!(-0.0), Some(0)),
+            (json!(-5), None),
+            // Cast before its sign was read, -0.9 was a reported 0 (review finding, s17b).
+            (json!(-0.9), None),
+            (json!("7"), None),
+            (json!(u64::MAX), Some(MAX_REPORTED_TOKENS)),
+        ] {
+            assert_eq!(tokens(Some(&v)), want, "{v}");
+        }
+    }
 
     /// OpenAI-compatible servers' own error bodies, rebuilt in each client's format with the
     /// server's message (the status is the caller's to keep).

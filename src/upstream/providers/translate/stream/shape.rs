@@ -127,8 +127,10 @@ impl<'de> Deserialize<'de> for Tokens {
                 Ok(Tokens(Some(n.min(MAX_REPORTED_TOKENS as u64) as i64)))
             }
             fn visit_f64<E>(self, n: f64) -> Result<Tokens, E> {
-                let n = n as i64;
-                Ok(Tokens((n >= 0).then(|| n.min(MAX_REPORTED_TOKENS))))
+                // The sign before the cast: `-0.9` is no count either, not a 0.
+                Ok(Tokens(
+                    (n >= 0.0).then(|| (n as i64).min(MAX_REPORTED_TOKENS)),
+                ))
             }
         }
         d.deserialize_any(V)
@@ -631,6 +633,8 @@ mod tests {
             r#"{"prompt_tokens": 1e30, "completion_tokens": -4}"#,
             r#"{"prompt_tokens": -100000, "completion_tokens": 5}"#,
             r#"{"prompt_tokens": -1.5, "completion_tokens": 5}"#,
+            // Cast first, -0.9 was read as a reported 0 (review finding, s17b).
+            r#"{"prompt_tokens": -0.9, "completion_tokens": 5}"#,
         ] {
             let u: Obj<OpenAiUsage> = serde_json::from_str(negative).unwrap();
             assert_eq!(u.figures(), None, "{negative}");
