@@ -5,7 +5,9 @@
 //! the margin, its documents at the model's whole input, a server-tool turn's every step —
 //! past a candidate's threshold (`provider_may_count`, `pipeline::reservation_amount`), and
 //! a request that ends before its answer without its input reported is charged the
-//! reserved input with its tier decided the same way (`priced_departed`), an answer without
+//! reserved input — within the window Claude keeps there (`Reader::bound`; the reservation
+//! keeps none, `Reader::reserving`) — with its tier decided the same way
+//! (`priced_departed`), an answer without
 //! its input reported is charged the estimate with its tier decided so too (`priced_counted`), and
 //! an answer is priced from the input it reports (`priced`): one the provider counted past
 //! the threshold though the gateway counted below it is priced at the tier's rates, and
@@ -87,10 +89,24 @@ impl Reader {
         }
     }
 
-    /// `input` as much of it as the provider serves, and so may bill: a reservation, a
-    /// departure or an estimate past Claude's window is of a prompt Claude refuses.
+    /// `input` as much of it as the provider serves, and so may bill: a departure or an
+    /// estimate past Claude's window is of a prompt Claude refuses.
     pub fn bound(self, input: i64) -> i64 {
         self.window.map_or(input, |w| input.min(w))
+    }
+
+    /// This reader as a reservation reads: without the window. The window is the gateway's
+    /// inference from a name and a header, and what serves the route may not keep it — an
+    /// Anthropic-format proxy that turns the 1M window on itself, a Claude model that
+    /// serves past 200 000 tokens without the beta — so the worst case is the model's
+    /// configured input. What a request is charged without the provider's count (a
+    /// departure, an estimate) is bounded: an overcharge there is the client's, a shortfall
+    /// is absorbed and shown.
+    pub fn reserving(self) -> Reader {
+        Reader {
+            window: None,
+            ..self
+        }
     }
 }
 

@@ -295,6 +295,8 @@ async fn run(
     let (all_tags, fixed_tags) = tags::resolve(req.headers(), &auth.tags, &auth.team_tags)?;
     (log.tags, log.fixed_tags) = (all_tags.canonical(), fixed_tags.canonical());
     prepared.anthropic_beta = providers::anthropic::beta_header(req.headers());
+    prepared.claude_1m =
+        (prepared.anthropic_beta.as_ref()).is_some_and(providers::anthropic::asks_1m_window);
     if ladder.has(Ladder::All) {
         soft_limit(state, &auth, &mut prepared);
     }
@@ -611,7 +613,7 @@ fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Ca
             .deployments
             .get(c.route.deployment)
             .map_or(Provider::Anthropic, |d| d.provider);
-        let reader = p.reader(c.route.family, provider);
+        let reader = p.reader(c.route.family, provider).reserving();
         let first = first_step(state, p, c, reader);
         let usage = Usage {
             input: p.kinds.server_tools.billed_input(first, p.output_cap()),
@@ -635,15 +637,15 @@ fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Ca
 /// The input a request's first (or only) step reserves for on a candidate read by
 /// `reader`: counted (its images by the route's rule, its documents for the candidate's
 /// model, on Gemini its digits once more: `Prepared::reserved_input_on`), with the
-/// configured margin, no more than the provider serves there (`Reader::bound`). Server-tool
-/// results and output re-read by later steps are the provider's own tokens: no margin.
+/// configured margin. Server-tool results and output re-read by later steps are the
+/// provider's own tokens: no margin.
 fn first_step(state: &AppState, p: &Prepared, c: &attempts::Candidate, reader: Reader) -> i64 {
     let q = &state.settings.quota;
-    reader.bound(pricing::input_with_margin(
+    pricing::input_with_margin(
         p.reserved_input_on(c.route.image_rule, c.model.max_input_tokens, reader),
         q.input_margin_ratio,
         q.input_margin_tokens,
-    ))
+    )
 }
 
 /// A whole answer's usage: each side as the upstream reported it (a zero is its word), a

@@ -49,6 +49,9 @@ pub struct Prepared {
     /// The client's `anthropic-beta` header, forwarded to Anthropic upstreams only
     /// (`providers::anthropic::beta_header`).
     pub anthropic_beta: Option<reqwest::header::HeaderValue>,
+    /// It turns Claude's 1M-token window on (`providers::anthropic::asks_1m_window`), read
+    /// once for every `reader`.
+    pub claude_1m: bool,
     /// A Responses API request's id, `store` and whole conversation (`pipeline::responses`).
     pub responses: Option<super::responses::Ctx>,
     /// What the request may be billed for beyond plain tokens (`pipeline::kinds`).
@@ -74,8 +77,8 @@ impl Prepared {
     /// cost there beyond the estimate's flat figure, plus what the model family's tokenizer
     /// counts beyond the estimate whatever its factor (`with_digits`), plus its documents
     /// (with any, at least `max_input`: `Documents::reserved`) — no more than the provider
-    /// serves there (`Reader::bound`: Claude's window). What the reservation uses (before its
-    /// margin), and what a request that ends before its answer without the input reported
+    /// serves there (`Reader::bound`: Claude's window; none for the reservation,
+    /// `Reader::reserving`). What the reservation uses (before its margin), and what a request that ends before its answer without the input reported
     /// is charged (its client left, its deadline cut the attempt off, a stall or a cut
     /// stream, the shutdown): the upstream had the whole request and may bill all of it
     /// (`attempts::departure_on`, `stream::Pump::settle`) — the same input, so a departure's
@@ -96,15 +99,10 @@ impl Prepared {
     }
 
     /// Who reads this request's input on a route serving `family` on `provider`
-    /// (`long_context::Reader`): whether the client's `anthropic-beta` names a
-    /// `context-1m-…` feature, which lets Claude serve (and bill) past 200 000 tokens.
+    /// (`long_context::Reader`): whether the client's `anthropic-beta` turned Claude's 1M
+    /// window on, which lets Claude serve (and bill) past 200 000 tokens.
     pub fn reader(&self, family: Family, provider: Provider) -> Reader {
-        let claude_1m = self
-            .anthropic_beta
-            .as_ref()
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.split(',').any(|f| f.trim().starts_with("context-1m-")));
-        Reader::new(family, provider, claude_1m)
+        Reader::new(family, provider, self.claude_1m)
     }
 
     /// The estimate with its images as the route's provider bills them (`counted_on`), plus
@@ -333,6 +331,7 @@ pub fn prepare(
         input_tokens,
         input_digits,
         anthropic_beta: None,
+        claude_1m: false,
         responses: None,
         kinds: super::kinds::Kinds::default(),
         images,

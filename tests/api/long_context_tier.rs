@@ -659,9 +659,9 @@ async fn a_digit_heavy_gemini_prompt_through_another_wire_format_is_reserved_for
 /// answer pays, the model's whole input — 1 000 000 tokens configured here for clients that
 /// turn the 1M window on. Without the window (on Anthropic without the beta, on Bedrock
 /// always) Claude refuses a prompt past 200 000 tokens, so it can bill no more: the
-/// reservation and the departure are bounded there. Before, a one-line question about a PDF
-/// needed 3.3 USD of budget and its departure was charged 3 000 000 µ$, five times what
-/// Claude can bill.
+/// departure is bounded there (the reservation is not: what serves the route may keep no
+/// window, `a_claude_route_that_serves_past_its_window_without_the_beta_is_reserved_in_full`).
+/// Before, its departure was charged 3 000 000 µ$, five times what Claude can bill.
 #[tokio::test]
 async fn a_claude_departure_with_a_document_pays_no_more_than_the_window_claude_serves() {
     const KEY_A: &str = "claude-key-window-0123456789";
@@ -685,20 +685,20 @@ async fn a_claude_departure_with_a_document_pays_no_more_than_the_window_claude_
                 "data": crate::documents::b64(&crate::documents::pdf(2))}},
             {"type": "text", "text": "What does it say?"}]}]})
     };
-    // (model, key, the 1M window asked for, its budget in USD, the input charged, its cost)
+    // (model, key, the 1M window asked for, the input charged, its cost)
     let cases = [
-        ("sonnet-a", KEY_A, false, "1", 200_000, 600_000),
-        ("sonnet-br", KEY_BR, false, "1", 200_000, 600_000),
-        ("sonnet-br", KEY_BR, true, "1", 200_000, 600_000),
+        ("sonnet-a", KEY_A, false, 200_000, 600_000),
+        ("sonnet-br", KEY_BR, false, 200_000, 600_000),
+        ("sonnet-br", KEY_BR, true, 200_000, 600_000),
         // With the window on, Anthropic may bill the whole input, at Sonnet 4.5's tier.
-        ("sonnet-a", KEY_A, true, "100", 1_000_000, 6_000_000),
+        ("sonnet-a", KEY_A, true, 1_000_000, 6_000_000),
         // A model no name says is Claude's has no Claude window, on Bedrock too (review
         // finding, s17: Nova Premier, 1M tokens, was bounded at 200 000 — 600 000 µ$).
-        ("nova-br", KEY_BR, false, "100", 1_000_000, 3_000_000),
+        ("nova-br", KEY_BR, false, 1_000_000, 3_000_000),
     ];
-    for (n, (model, key, window_1m, budget, input, cost)) in cases.into_iter().enumerate() {
+    for (n, (model, key, window_1m, input, cost)) in cases.into_iter().enumerate() {
         let case = format!("{model} 1M={window_1m}");
-        let (id, token) = app.token(&format!("doc-{n}"), Some(budget)).await;
+        let (id, token) = app.token(&format!("doc-{n}"), Some("100")).await;
         let body = question(model);
         let send = async {
             if window_1m {
@@ -906,5 +906,35 @@ async fn gemini_digits_count_no_further_than_the_largest_window_gemini_serves() 
     // 2 097 152 tokens at Gemini 2.5 Pro's tier, 2.50 USD per Mtok.
     assert_eq!(spent_and_absorbed(&app, id).await, (5_242_880, 0));
     app.mock.state.sticky(KEY_G, None);
+    app.assert_invariant().await;
+}
+
+/// Review finding (s17c, A0): the window bounds what a request is charged when the
+/// provider's count is unknown, never what it is reserved for. Claude's name and the
+/// missing beta say nothing of what serves the route: an Anthropic-format proxy that turns
+/// the 1M window on itself, or a Claude model that serves past 200 000 tokens without the
+/// beta, bills an 800 000-token document in full. Bounding the reservation at the window
+/// reserved 200 000 tokens at the base rate and absorbed 4 200 075 of 4 800 225 µ$.
+#[tokio::test]
+async fn a_claude_route_that_serves_past_its_window_without_the_beta_is_reserved_in_full() {
+    const KEY_A: &str = "claude-key-proxy-0123456789";
+    let app = spawn_app_with(|s, mock| {
+        s.upstreams
+            .push(native_upstream(Provider::Anthropic, "anth", KEY_A, mock));
+        models_over(
+            s,
+            vec![("sonnet-a", route("anth", "claude-sonnet-4-5"))],
+            &[],
+        );
+    })
+    .await;
+    let body = json!({"model": "sonnet-a", "max_tokens": 10, "messages": [{"role": "user",
+        "content": [
+            {"type": "document", "source": {"type": "base64", "media_type": "application/pdf",
+                "data": crate::documents::b64(&crate::documents::pdf(2))}},
+            {"type": "text", "text": "What does it say?"}]}]});
+    let b = billed_with(&app, "proxy", (KEY_A, 800_000), (MESSAGES, false), &body).await;
+    // 800 000 × 6.00 + 10 × 22.50: Sonnet 4.5's tier, all of it reserved.
+    assert_eq!((b.charged + b.absorbed, b.absorbed), (4_800_225, 0));
     app.assert_invariant().await;
 }

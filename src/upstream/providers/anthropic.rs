@@ -30,6 +30,20 @@ pub fn beta_header(headers: &actix_web::http::header::HeaderMap) -> Option<Heade
     HeaderValue::from_bytes(v.as_bytes()).ok()
 }
 
+/// Whether the client's `anthropic-beta` turns Claude's 1M-token window on: a feature
+/// named `context-1m-…`, read in any case and spacing and in bytes that are not UTF-8 —
+/// the header is forwarded as it came, so a spelling the gateway did not recognise could
+/// still turn the window on upstream. Reading too much here only leaves a departure
+/// unbounded by the 200 000-token window (`pipeline::long_context::Reader`).
+pub fn asks_1m_window(beta: &HeaderValue) -> bool {
+    const FEATURE: &[u8] = b"context-1m-";
+    beta.as_bytes().split(|&b| b == b',').any(|f| {
+        f.trim_ascii()
+            .get(..FEATURE.len())
+            .is_some_and(|p| p.eq_ignore_ascii_case(FEATURE))
+    })
+}
+
 /// The generated text of a Messages answer (for counting when usage is missing).
 pub fn answer_text(v: &Value) -> String {
     let mut text = String::new();
@@ -61,5 +75,33 @@ pub fn error_type(status: u16) -> &'static str {
         429 => "rate_limit_error",
         529 | 503 => "overloaded_error",
         _ => "api_error",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Review finding (s17c, A0c): only `context-1m-` in lower case was read, while the
+    /// header is forwarded byte for byte.
+    #[test]
+    fn the_1m_window_is_read_in_any_spelling_the_header_may_carry() {
+        let asks = |b: &[u8]| asks_1m_window(&HeaderValue::from_bytes(b).expect("a header value"));
+        for yes in [
+            &b"context-1m-2025-08-07"[..],
+            b"Context-1M-2025-08-07",
+            b"files-api-2025-04-14,  CONTEXT-1M-2025-08-07 ",
+            b"\tcontext-1m-x,\xffother",
+        ] {
+            assert!(asks(yes), "{}", String::from_utf8_lossy(yes));
+        }
+        for no in [
+            &b""[..],
+            b"context-1m",
+            b"files-api-2025-04-14",
+            b"x-context-1m-1",
+        ] {
+            assert!(!asks(no), "{}", String::from_utf8_lossy(no));
+        }
     }
 }
