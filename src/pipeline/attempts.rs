@@ -273,12 +273,14 @@ enum Step {
 /// load that took them ends.
 const LOCAL_RETRY_AFTER_SECONDS: u64 = 1;
 
+/// One call of candidate `c`; `reached` is told when the request reached the upstream
+/// (`UpstreamClient::post`).
 async fn attempt(
     state: &AppState,
     (c, dep): (&Candidate, &Arc<Deployment>),
     url: Option<&reqwest::Url>,
     body: Vec<u8>,
-    (stream, headers): (bool, UpstreamHeaders<'_>),
+    (stream, headers, reached): (bool, UpstreamHeaders<'_>, impl FnOnce()),
     (started, deadline): (Instant, Instant),
 ) -> Result<Success, UpstreamError> {
     let d = c.route.deployment;
@@ -286,7 +288,7 @@ async fn attempt(
     let sent = Instant::now();
     let resp = state
         .upstream
-        .post(dep, url, Bytes::from(body), deadline, headers)
+        .post(dep, url, Bytes::from(body), deadline, (headers, reached))
         .await;
     metrics::upstream_answer(dep.provider.as_str(), &dep.id, sent.elapsed().as_secs_f64());
     let resp = resp?;
@@ -448,23 +450,30 @@ async fn try_candidate(
         state.pool().budgets[d].first_attempt();
     }
     run.attempts += 1;
-    // A request dropped while the key works has used its input there.
-    if let Some(b) = key_booking.as_mut() {
-        b.used(p.input_tokens);
-    }
-    // From here the upstream may be working: a request that ends before its answer pays
-    // this candidate's input, or an earlier one's that may have billed when dearer.
-    sent(dearer(run.billable, here));
     // From here a request dropped mid-call leaves its permit unanswered, not abandoned.
     permit.sent();
     let mut span = trace.attempt(&dep.id, url);
     let headers = (p.anthropic_beta.as_ref(), span.traceparent());
+    let mut reached = false;
+    let billable = run.billable;
+    // From the request's arrival (`upstream::on_wire`) the upstream may be working: a
+    // request that ends before its answer pays this candidate's input, or an earlier one's
+    // that may have billed when dearer, and has used its input in the key's window. Not
+    // before: a client that leaves, or a deadline that runs out, while the connection or
+    // the credential is being made costs nothing.
+    let on_wire = || {
+        reached = true;
+        sent(dearer(billable, here));
+        if let Some(b) = key_booking.as_mut() {
+            b.used(p.input_tokens);
+        }
+    };
     let err = match attempt(
         state,
         (c, dep),
         Some(url),
         body,
-        (p.stream, headers),
+        (p.stream, headers, on_wire),
         (started, deadline),
     )
     .await
@@ -492,15 +501,18 @@ async fn try_candidate(
     // A failed attempt used nothing of the key's window — unless the request's own
     // deadline cut it off after the upstream had it (it keeps the input booked then).
     run.cut_by_deadline |= tier == Tier::OutOfTime;
-    // A request that never reached the upstream (`UpstreamError::Connect`) billed nothing
-    // whatever its tier.
-    if bills_nothing(tier) || matches!(err, UpstreamError::Connect(_)) {
-        sent(run.billable);
-    } else {
+    // A request that never reached the upstream (cut off before it did, or
+    // `UpstreamError::Connect`) billed nothing whatever its tier.
+    let billed = reached && !bills_nothing(tier) && !matches!(err, UpstreamError::Connect(_));
+    if billed {
         run.billable = dearer(run.billable, here);
+    } else if reached {
+        sent(run.billable);
     }
-    if let Some(b) = key_booking.as_mut().filter(|_| tier != Tier::OutOfTime) {
-        b.used(0);
+    if let Some(b) = key_booking.as_mut() {
+        if !reached || tier != Tier::OutOfTime {
+            b.used(0);
+        }
     }
     if tier != Tier::LocalResources {
         tracing::warn!(upstream = %dep.id, tier = ?tier, error = %err, "upstream attempt failed");

@@ -13,6 +13,7 @@ use reqwest::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 
 use super::catalog::Deployment;
 use super::credential::Credential;
+use super::on_wire;
 use super::providers::bedrock;
 use super::providers::formats::gemini as gemini_format;
 use super::url_guard::{GuardedResolver, SystemResolver};
@@ -73,13 +74,16 @@ impl UpstreamClient {
     /// (`Credential::Hook`: a token fetched, a signature) is made within the same bound.
     /// Only the deployment's own credential is sent: nothing of the client's. The one client
     /// header an upstream may see is `anthropic-beta`, and only an Anthropic one.
+    ///
+    /// `reached` is called once the request reached the upstream (`on_wire`: its connection
+    /// made and its body read), as soon as it has: before, nothing was sent.
     pub async fn post(
         &self,
         dep: &Deployment,
         url: Option<&reqwest::Url>,
         body: Bytes,
         deadline: Instant,
-        headers: UpstreamHeaders<'_>,
+        (headers, reached): (UpstreamHeaders<'_>, impl FnOnce()),
     ) -> Result<reqwest::Response, UpstreamError> {
         let client = if dep.allow_private {
             &self.private
@@ -96,12 +100,16 @@ impl UpstreamClient {
             _ => None,
         };
         let again = hook.filter(|h| h.cached()).map(|_| body.clone());
-        let req = request(client, dep, url, body, &headers)?;
+        let req = request(client, dep, url, body.clone(), &headers)?;
+        let wire = Arc::new(on_wire::Wire::default());
         let send = async {
             let Some(hook) = hook else {
+                let req = on_wire::watched(req, body, &wire);
                 return client.execute(req).await.map_err(Ok);
             };
+            // Signed or given its token over the bytes it goes out with.
             let req = hook.authorize(client, req).await.map_err(Err)?;
+            let req = on_wire::watched(req, body, &wire);
             // The value sent, to tell the hook which token a 401 was for: a shared
             // `HeaderValue` (a reference count), not a copy of the headers.
             let sent = again
@@ -123,6 +131,7 @@ impl UpstreamClient {
         };
         let first_byte = Duration::from_millis(self.timeouts.first_byte_timeout_ms);
         let left = deadline.saturating_duration_since(Instant::now());
+        let send = on_wire::watch(send, &wire, reached);
         let resp = match tokio::time::timeout(first_byte.min(left), send).await {
             Err(_) if left < first_byte => return Err(UpstreamError::Deadline),
             Err(_) => return Err(UpstreamError::Timeout),

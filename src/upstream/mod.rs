@@ -8,6 +8,7 @@ pub mod client;
 pub mod credential;
 pub mod gate;
 pub mod live;
+pub mod on_wire;
 pub mod pool;
 pub mod providers;
 pub mod retry;

@@ -5,6 +5,8 @@
 //! Sonnet 4.5: every token at 2× input and 1.5× output), streamed or not, and what passes
 //! the reservation is absorbed, so the ledger is the bill.
 
+use std::time::Duration;
+
 use serde_json::{json, Value};
 use sluice::config::{PriceKeys, Provider, RouteSettings, UpstreamSettings};
 use sluice::mock::{MockServer, Script, SseEvent};
@@ -936,5 +938,54 @@ async fn a_claude_route_that_serves_past_its_window_without_the_beta_is_reserved
     let b = billed_with(&app, "proxy", (KEY_A, 800_000), (MESSAGES, false), &body).await;
     // 800 000 × 6.00 + 10 × 22.50: Sonnet 4.5's tier, all of it reserved.
     assert_eq!((b.charged + b.absorbed, b.absorbed), (4_800_225, 0));
+    app.assert_invariant().await;
+}
+
+/// Review finding (s17c, A1): a request pays a departure only once it reached the upstream.
+/// An attempt went out, for the departure rule, before its credential was made and its
+/// connection opened, so a client that left — or whose own deadline cut the attempt off —
+/// while the TLS handshake hung was charged the reserved input of a request no upstream
+/// ever read (10 017 µ$ each here). It is out when the upstream's connection reads its body.
+#[tokio::test]
+async fn a_request_cut_or_left_while_its_connection_is_made_pays_nothing() {
+    const KEY_A: &str = "claude-key-unsent-0123456789";
+    // Takes connections and says nothing: a TLS handshake with it never ends.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let port = silent.local_addr().expect("its address").port();
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((conn, _)) = silent.accept().await {
+            held.push(conn);
+        }
+    });
+    let app = spawn_app_with(|s, mock| {
+        s.upstream.connect_timeout_ms = 60_000;
+        let mut a = native_upstream(Provider::Anthropic, "anth", KEY_A, mock);
+        a.base_url = format!("https://127.0.0.1:{port}");
+        s.upstreams.push(a);
+        models_over(s, vec![("sonnet", route("anth", "claude-sonnet-4-5"))], &[]);
+    })
+    .await;
+    let body = json!({"model": "sonnet", "max_tokens": 1,
+        "messages": [{"role": "user", "content": "hello ".repeat(3_000)}]});
+    let (cut, token) = app.token("cut", Some("100")).await;
+    let resp = app.chat_with_deadline(&token, &body, 1_000).await;
+    assert_eq!(
+        resp.status(),
+        502,
+        "{}",
+        resp.text().await.unwrap_or_default()
+    );
+    let (left, token) = app.token("left", Some("100")).await;
+    let send = app.chat(&token, &body);
+    assert!(tokio::time::timeout(Duration::from_millis(1_000), send)
+        .await
+        .is_err());
+    app.wait_for_log_rows(2).await;
+    assert_eq!(spent_and_absorbed(&app, cut).await, (0, 0), "cut");
+    assert_eq!(spent_and_absorbed(&app, left).await, (0, 0), "left");
+    holder.abort();
     app.assert_invariant().await;
 }

@@ -1,0 +1,86 @@
+//! When a request reaches its upstream. hyper reads a request's body only once its head
+//! has a connection to go out on — made (the name resolved, TCP and TLS done) or taken
+//! from the pool — so the body's first read is the moment the upstream may start working
+//! on it, and may bill it. A request dropped or cut off before that (its client left, its
+//! deadline ran out while a connection or a credential was being made) was read by no
+//! upstream and costs nothing (`pipeline::attempts`'s departure). reqwest has no hook
+//! between the connection and the send; the body is the one thing of the request hyper
+//! touches only then.
+
+use std::convert::Infallible;
+use std::future::{poll_fn, Future};
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures_util::task::AtomicWaker;
+use http_body::{Frame, SizeHint};
+
+/// Whether a request's body was read, and who waits to hear it.
+#[derive(Default)]
+pub struct Wire {
+    read: AtomicBool,
+    waiting: AtomicWaker,
+}
+
+/// `req` with its body (`body`, the same bytes: a credential hook may have signed them)
+/// read through `wire`.
+pub fn watched(mut req: reqwest::Request, body: Bytes, wire: &Arc<Wire>) -> reqwest::Request {
+    *req.body_mut() = Some(reqwest::Body::wrap(Watched {
+        body: Some(body),
+        wire: wire.clone(),
+    }));
+    req
+}
+
+/// Runs `send`, a request whose body is `watched` through `wire`, calling `reached` as soon
+/// as the body is first read — woken by the read, not at the answer, so a request dropped
+/// while the upstream works has heard it.
+pub async fn watch<F: Future>(send: F, wire: &Wire, reached: impl FnOnce()) -> F::Output {
+    let mut send = pin!(send);
+    let mut reached = Some(reached);
+    poll_fn(|cx| {
+        wire.waiting.register(cx.waker());
+        let out = send.as_mut().poll(cx);
+        if wire.read.load(Ordering::Acquire) {
+            if let Some(tell) = reached.take() {
+                tell();
+            }
+        }
+        out
+    })
+    .await
+}
+
+/// A request body of known bytes that marks its `Wire` read at its first read.
+struct Watched {
+    body: Option<Bytes>,
+    wire: Arc<Wire>,
+}
+
+impl http_body::Body for Watched {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        if !this.wire.read.swap(true, Ordering::AcqRel) {
+            this.wire.waiting.wake();
+        }
+        Poll::Ready(this.body.take().map(|b| Ok(Frame::data(b))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_none()
+    }
+
+    /// Exact, so hyper sends a `Content-Length`, as for the bytes it replaces.
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.body.as_ref().map_or(0, |b| b.len() as u64))
+    }
+}
