@@ -293,7 +293,8 @@ pub(super) fn serve(
         p.include_usage,
         p.estimated_input_on(s.route.image_rule, s.model.max_input_tokens, reader),
     )
-    .hold_limit(most);
+    .hold_limit(most)
+    .choices(p.choices());
     // A server the gateway does not ask for its usage (`quirks.include_usage = false`).
     if upstream_format == providers::Format::OpenAiChat && !deployment.include_usage {
         converter = converter.usage_not_asked();

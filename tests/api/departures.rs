@@ -760,3 +760,81 @@ async fn a_streamed_departure_with_a_document_books_the_counted_input_in_its_tok
     }
     app.assert_invariant().await;
 }
+
+/// An `n` = 3 OpenAI stream that reports no usage: choice 0's text and finish, then — each
+/// `PAUSE_MS` after the last — choices 1 and 2's text, their finishes and `[DONE]`.
+fn three_choices_choice_0_first() -> Script {
+    let chunk = |choices: Value| {
+        SseEvent::Data(
+            json!({"id": "c", "object": "chat.completion.chunk", "created": 1,
+            "model": "m", "choices": choices}),
+        )
+    };
+    let text = |i: i64, t: &str| {
+        chunk(json!([{"index": i, "delta": {"content": t}, "finish_reason": null}]))
+    };
+    let finish = |i: i64| chunk(json!([{"index": i, "delta": {}, "finish_reason": "stop"}]));
+    Script {
+        events: Some(vec![
+            text(0, "The engine "),
+            finish(0),
+            text(1, "A second answer "),
+            text(2, "A third answer "),
+            finish(1),
+            finish(2),
+            SseEvent::Data(json!("[DONE]")),
+        ]),
+        chunk_delay_ms: PAUSE_MS,
+        ..Default::default()
+    }
+}
+
+/// Review finding (s18 A2): an `n` = 3 stream whose client left at the finish of choice 0
+/// — the first finish — while choices 1 and 2 were still to come was settled as a whole
+/// answer left at its finish: read on 2 s, then charged the input estimate, `usage_estimated`
+/// (with a document of unknown size far less than the 128 000 reserved for it). The answer
+/// is whole only once every choice asked for has its finish: this is a departure, charged
+/// the reserved input and the output counted, `client_disconnected`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_n_stream_whose_client_leaves_at_the_first_choices_finish_is_a_departure() {
+    let app = app().await;
+    let (id, token) = app.token("three", Some("1")).await;
+    app.mock
+        .state
+        .script(KEY_A, [three_choices_choice_0_first()]);
+    let mut body = document_body(documents()[0].clone());
+    body["n"] = json!(3);
+    let mut conn = send_raw(&app, &token, &body).await;
+    read_until(&mut conn, "\"finish_reason\":\"stop\"").await;
+    drop(conn);
+    let row = settled_row(&app, id).await;
+    let counted = sluice::quota::estimate::count_text("The engine ");
+    assert_eq!(
+        row,
+        (
+            Some("client_disconnected".to_string()),
+            128_000,
+            counted,
+            price(128_000, counted)
+        ),
+        "a departure: the answer's choices 1 and 2 had not finished"
+    );
+
+    // Left at the last choice's finish (`length`, the only one), the answer was whole: not
+    // a departure, the estimate as a whole stream without usage.
+    let (id, token) = app.token("three-whole", Some("1")).await;
+    let mut script = three_choices_choice_0_first();
+    if let Some(events) = script.events.as_mut() {
+        events[5] = SseEvent::Data(json!({"id": "c", "object": "chat.completion.chunk",
+            "created": 1, "model": "m",
+            "choices": [{"index": 2, "delta": {}, "finish_reason": "length"}]}));
+    }
+    app.mock.state.script(KEY_A, [script]);
+    let mut conn = send_raw(&app, &token, &body).await;
+    read_until(&mut conn, "\"finish_reason\":\"length\"").await;
+    drop(conn);
+    let (code, input, _, _) = settled_row(&app, id).await;
+    assert_eq!(code.as_deref(), Some("usage_estimated"));
+    assert!(input < 128_000, "the document at its estimate: {input}");
+    app.assert_invariant().await;
+}
