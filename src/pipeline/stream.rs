@@ -12,7 +12,10 @@
 //! upstream's finish, its body's end, break or stall completes the stream (Gemini has no
 //! end event; the usage may follow the finish). A client that leaves after the finish left
 //! a whole answer: the pump reads on without it for the usage, at most `AFTER_THE_FINISH`,
-//! and settles the whole answer (its usage, else the estimate), never a departure. A stream
+//! and settles the whole answer (its usage, else the estimate), never a departure — unless
+//! the upstream fails meanwhile (its body's end or break without the usage asked for, its
+//! stall, an unreadable or error event): a fault is settled and logged as it would be with
+//! the client there; only the gateway's own `AFTER_THE_FINISH` settles on the estimate. A stream
 //! that breaks before its finish ends with an error event and no `[DONE]` /
 //! `message_stop`; a stream given up on a stalled client ends its body with an error, so the
 //! connection is cut rather than closed as if complete.
@@ -57,7 +60,9 @@ const SHUTTING_DOWN: &str =
 
 /// How long a stream whose client left after the upstream's finish is read on for the usage
 /// that follows it (at most the idle timeout): the usage comes within milliseconds of the
-/// finish; past this the whole answer is settled without it, on the input estimate.
+/// finish; past this the whole answer is settled without it, on the input estimate — the
+/// gateway chose to stop reading, the upstream did nothing wrong. An upstream fault before
+/// it is charged as with the client there (`Pump::run`).
 const AFTER_THE_FINISH: Duration = Duration::from_secs(2);
 
 /// Chunks buffered between the pump and a slow client.
@@ -366,22 +371,26 @@ impl Pump {
             // After its finish an upstream that sends on but tells no more of the answer —
             // pings, a usage again, new or not — is idle: its events do not hold the stream open past
             // the idle timeout, which then completes it.
-            let mut wait = match &quiet {
+            let stall = match &quiet {
                 Some((since, _)) => idle.saturating_sub(since.elapsed()),
                 None => idle,
             };
-            if let Some(at) = left {
-                wait = wait.min(AFTER_THE_FINISH.saturating_sub(at.elapsed()));
-            }
+            // The gateway's own limit on reading on for a client that left at the finish.
+            // Reached before the upstream stalled, it is the gateway's choice to stop, not
+            // the upstream's fault: the whole answer is settled on its usage if it came,
+            // else on the estimate. Everything else — the upstream's stall, end, break,
+            // unreadable or error event — is settled as with the client there.
+            let capped = left
+                .map(|at| AFTER_THE_FINISH.saturating_sub(at.elapsed()))
+                .filter(|cap| *cap <= stall);
+            let wait = capped.unwrap_or(stall);
             if wait.is_zero() {
-                // A client that left after the finish had its answer whole.
-                if left.is_some() {
-                    break;
+                if capped.is_none() {
+                    failure = self.end(
+                        &mut frames,
+                        "The upstream stopped sending; the stream was ended by the gateway.",
+                    );
                 }
-                failure = self.end(
-                    &mut frames,
-                    "The upstream stopped sending; the stream was ended by the gateway.",
-                );
                 break;
             }
             // Once the client left after the finish its closed channel is not waited on: it
@@ -405,9 +414,8 @@ impl Pump {
             // the stream's end (`StreamConverter::end`), before it a cut.
             let event = match next {
                 Ok(Some(Ok(ev))) => ev,
-                // Whatever ends the upstream after a client left at the finish ends a whole
-                // answer: settled on the usage if it came, else on the estimate.
-                _ if left.is_some() => break,
+                // The gateway's limit for a client that left at the finish (above).
+                Err(_) if capped.is_some() => break,
                 Err(_) => {
                     failure = self.end(
                         &mut frames,
@@ -457,9 +465,6 @@ impl Pump {
             }
             // The upstream's own error event ended the client's stream: stop reading.
             if self.converter.upstream_failed() {
-                if left.is_some() {
-                    break;
-                }
                 upstream_ended = true;
                 failure = Some("The upstream sent an error event mid-stream.");
                 break;
