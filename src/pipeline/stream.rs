@@ -15,7 +15,11 @@
 //! and settles the whole answer (its usage, else the estimate), never a departure — unless
 //! the upstream fails meanwhile (its body's end or break without the usage asked for, its
 //! stall, an unreadable or error event): a fault is settled and logged as it would be with
-//! the client there; only the gateway's own `AFTER_THE_FINISH` settles on the estimate. A stream
+//! the client there; only the gateway's own `AFTER_THE_FINISH` settles on the estimate. The
+//! shutdown that reaches a stream whose answer is whole reads on the same way, at most
+//! `AFTER_THE_FINISH` from the drain, and a client still there gets a whole stream's
+//! closing events: the upstream's if they come, else the gateway's with what it is charged
+//! (`StreamConverter::close`); before the finish the shutdown cuts the stream. A stream
 //! that breaks before its finish ends with an error event and no `[DONE]` /
 //! `message_stop`; a stream given up on a stalled client ends its body with an error, so the
 //! connection is cut rather than closed as if complete.
@@ -353,8 +357,12 @@ impl Pump {
         // reads on, for the client no more, until the usage or the upstream's end, at most
         // `AFTER_THE_FINISH` (`left_after_the_finish`).
         let mut left: Option<Instant> = None;
-        // The shutdown ended the stream (see `pipeline::drain`).
+        // The shutdown ended the stream before its answer was whole (see `pipeline::drain`).
         let mut drained = false;
+        // The shutdown reached the stream whole (after its finish), at this instant: the
+        // pump reads on for the usage, at most `AFTER_THE_FINISH`, as for a client that
+        // left at the finish, and the client, if still there, gets the closing events.
+        let mut drain_at: Option<Instant> = None;
         let mut failure: Option<&'static str> = None;
         // The upstream itself broke the stream off (its body's end or break before the
         // finish, its error event): it ran no further than what was seen. Any other end
@@ -375,17 +383,24 @@ impl Pump {
                 Some((since, _)) => idle.saturating_sub(since.elapsed()),
                 None => idle,
             };
-            // The gateway's own limit on reading on for a client that left at the finish.
-            // Reached before the upstream stalled, it is the gateway's choice to stop, not
-            // the upstream's fault: the whole answer is settled on its usage if it came,
-            // else on the estimate. Everything else — the upstream's stall, end, break,
-            // unreadable or error event — is settled as with the client there.
-            let capped = left
+            // The gateway's own limit on reading on after the answer was whole, for a client
+            // that left at the finish or for the shutdown. Reached before the upstream
+            // stalled, it is the gateway's choice to stop, not the upstream's fault: the
+            // whole answer is settled on its usage if it came, else on the estimate, and a
+            // client still there gets its closing events. Everything else — the upstream's
+            // stall, end, break, unreadable or error event — is settled as with the client
+            // there and no shutdown.
+            let capped = [left, drain_at]
+                .into_iter()
+                .flatten()
                 .map(|at| AFTER_THE_FINISH.saturating_sub(at.elapsed()))
+                .min()
                 .filter(|cap| *cap <= stall);
             let wait = capped.unwrap_or(stall);
             if wait.is_zero() {
-                if capped.is_none() {
+                if capped.is_some() {
+                    self.converter.close(&mut frames);
+                } else {
                     failure = self.end(
                         &mut frames,
                         "The upstream stopped sending; the stream was ended by the gateway.",
@@ -404,8 +419,13 @@ impl Pump {
                     client_gone = true;
                     break;
                 }
-                _ = &mut shutdown => {
-                    drained = left.is_none();
+                // Polled once: a finished future is not polled again.
+                _ = &mut shutdown, if drain_at.is_none() => {
+                    if self.converter.finished() {
+                        drain_at = Some(Instant::now());
+                        continue;
+                    }
+                    drained = true;
                     break;
                 }
                 n = tokio::time::timeout(wait, events.next()) => n,
@@ -414,8 +434,11 @@ impl Pump {
             // the stream's end (`StreamConverter::end`), before it a cut.
             let event = match next {
                 Ok(Some(Ok(ev))) => ev,
-                // The gateway's limit for a client that left at the finish (above).
-                Err(_) if capped.is_some() => break,
+                // The gateway's limit after the answer was whole (above).
+                Err(_) if capped.is_some() => {
+                    self.converter.close(&mut frames);
+                    break;
+                }
                 Err(_) => {
                     failure = self.end(
                         &mut frames,
@@ -456,8 +479,10 @@ impl Pump {
                 self.keep_conversation().await;
                 frames.clear();
             } else if !self.pass(&mut frames, &sink).await {
-                drained = sink.drain.is_draining();
-                if drained || !self.left_after_the_finish(&mut left) {
+                // A client that did not take a frame at the shutdown is cut; after the
+                // finish the answer is still read on for, as for a client that left there.
+                if !self.left_after_the_finish(&mut left) {
+                    drained = sink.drain.is_draining();
                     client_gone = !drained;
                     break 'read;
                 }
@@ -485,8 +510,9 @@ impl Pump {
             drained = sink.drain.is_draining();
             client_gone = !drained;
         }
-        // The shutdown ended it (also one blocked on its client): the error event if the
-        // client has room for it, at once, else a cut connection; charged as a cut stream.
+        // The shutdown ended it before its answer was whole (also one blocked on its
+        // client): the error event if the client has room for it, at once, else a cut
+        // connection; charged as a cut stream.
         let shutting_down = drained;
         if shutting_down {
             if let Some(frame) = self.converter.end_frame(SHUTTING_DOWN, "shutting_down") {

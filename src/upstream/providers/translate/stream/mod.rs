@@ -406,6 +406,20 @@ impl StreamConverter {
         if !self.output_final && self.usage_asked && self.upstream != Format::Gemini {
             return false;
         }
+        self.close(out)
+    }
+
+    /// Ends a whole answer whose usage or end the gateway stopped waiting for (the shutdown
+    /// reached it after its finish, `pipeline::stream`): the client's closing events as at
+    /// its end, with what it is charged (the usage if it came, else the count). False, and
+    /// nothing written, when the answer is not whole.
+    pub fn close(&mut self, out: &mut Vec<Bytes>) -> bool {
+        if self.done {
+            return true;
+        }
+        if self.error_sent || !self.finished || self.responses.is_some() {
+            return false;
+        }
         match (self.upstream, self.client) {
             (Format::OpenAiChat, Format::OpenAiChat) => self.openai_done(out),
             (Format::Anthropic, Format::Anthropic) => {
