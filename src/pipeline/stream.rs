@@ -303,7 +303,12 @@ pub(super) fn serve(
         p.estimated_input_on(s.route.image_rule, s.model.max_input_tokens, reader),
     )
     .hold_limit(most)
-    .choices(p.choices());
+    // A translated request asks for one choice (`n` is refused there).
+    .choices(if upstream_format == providers::Format::from(client) {
+        p.choices()
+    } else {
+        1
+    });
     // A server the gateway does not ask for its usage (`quirks.include_usage = false`).
     if upstream_format == providers::Format::OpenAiChat && !deployment.include_usage {
         converter = converter.usage_not_asked();

@@ -136,11 +136,9 @@ pub struct StreamConverter {
     /// of them has its finish (a choice not yet started has not finished).
     choices: u32,
     /// The choices under `choices`, by index, whose finish came (an OpenAI stream's
-    /// `finish_reason`).
+    /// `finish_reason`): each is whole then, and what a later chunk says of it is neither
+    /// passed on nor counted (`openai_to_openai`).
     finishes: u64,
-    /// Choice 0 — the answer's first choice — sent its finish: what a later chunk says of
-    /// it is neither passed on nor counted (`openai_to_openai`). With `n` = 1, `finished`.
-    first_finished: bool,
     /// An OpenAI upstream's usage came after the finish in a chunk of its own (its last
     /// usage chunk): the answer and its price are told, no choice's text is more of it.
     told: bool,
@@ -241,7 +239,6 @@ impl StreamConverter {
             finished: false,
             choices: 1,
             finishes: 0,
-            first_finished: false,
             text: String::new(),
             counted: 0,
             searches_seen: 0,
@@ -335,6 +332,14 @@ impl StreamConverter {
     pub fn choices(mut self, n: i64) -> Self {
         self.choices = u32::try_from(n.clamp(1, 32)).unwrap_or(1);
         self
+    }
+
+    /// Choice `index` had its finish by `finishes` (a choice not asked for never has).
+    fn had_finished(&self, finishes: u64, index: i64) -> bool {
+        u32::try_from(index)
+            .ok()
+            .filter(|&i| i < self.choices)
+            .is_some_and(|i| finishes & (1u64 << i) != 0)
     }
 
     /// The upstream was not asked for its usage (`usage_asked`).
@@ -640,10 +645,10 @@ impl StreamConverter {
         // The answer is whole once each of its `choices` finished (choice 0 alone with
         // `n` = 1, see `openai_chat::stream`); a chunk that finishes the last and carries
         // the usage (vLLM's continuous usage) carries the final one. What a later chunk
-        // says of a finished choice 0 is not the client's (`openai_to_openai`): not counted
+        // says of a finished choice is not the client's (`openai_to_openai`): not counted
         // either; nor, once the usage came after the finish in a chunk of its own, is the
         // text of any choice (see the module doc).
-        let was_finished = self.first_finished;
+        let before = self.finishes;
         let told = self.told;
         for choice in c.choices.iter().flatten() {
             if choice
@@ -652,7 +657,6 @@ impl StreamConverter {
                 .is_some_and(|r| !r.is_empty())
             {
                 let index = choice.index.unwrap_or(0);
-                self.first_finished |= index == 0;
                 if let Some(bit) = u32::try_from(index)
                     .ok()
                     .filter(|&i| i < self.choices)
@@ -665,7 +669,7 @@ impl StreamConverter {
         // Whole once every choice asked for finished (a choice not yet started has not).
         self.finished |= self.finishes == (1u64 << self.choices) - 1;
         for choice in c.choices.iter().flatten() {
-            if told || (was_finished && choice.index.unwrap_or(0) == 0) {
+            if told || self.had_finished(before, choice.index.unwrap_or(0)) {
                 continue;
             }
             if let Some(t) = &choice.text {
@@ -745,7 +749,7 @@ impl StreamConverter {
                 .ok()
                 .map(|v| json!({"id": v["id"], "created": v["created"], "model": v["model"]}));
         }
-        let was_finished = self.first_finished;
+        let before = self.finishes;
         // Counting the text not yet counted costs up to `COUNT_EVERY` bytes of tokenizing:
         // done only where a figure is needed, never per chunk (it made a long stream
         // quadratic: 500 KB of one-word chunks took minutes).
@@ -775,19 +779,20 @@ impl StreamConverter {
             }
             return Ok(());
         }
-        // After its finish choice 0 is whole: more of it — text, a second finish — is not
+        // After its finish a choice is whole: more of it — text, a second finish — is not
         // passed on (nor counted), else the client would hold more than the usage reported
-        // with the finish, its price. Other choices (`n` > 1, whole only at their own
-        // finishes) and the usage still pass.
-        if was_finished
-            && c.choices
-                .iter()
-                .flatten()
-                .any(|choice| choice.index.unwrap_or(0) == 0)
+        // with the finish, its price. The choices still streaming (`n` > 1, each whole at
+        // its own finish) and the usage still pass.
+        if c.choices
+            .iter()
+            .flatten()
+            .any(|choice| self.had_finished(before, choice.index.unwrap_or(0)))
         {
             let mut v: Value = serde_json::from_str(data).map_err(|_| Corrupt::Json)?;
             if let Some(choices) = v.get_mut("choices").and_then(Value::as_array_mut) {
-                choices.retain(|choice| choice["index"].as_i64().unwrap_or(0) != 0);
+                choices.retain(|choice| {
+                    !self.had_finished(before, choice["index"].as_i64().unwrap_or(0))
+                });
                 if choices.is_empty() && (c.usage.is_none() || !self.include_usage) {
                     return Ok(());
                 }

@@ -644,3 +644,48 @@ fn an_answer_of_n_choices_is_whole_at_the_last_of_their_finishes() {
     one.event("", &finish(0), &mut out);
     assert!(one.finished(), "n = 1: choice 0's finish");
 }
+
+/// After its own finish each choice of an `n` > 1 answer is whole, as choice 0 is: more of
+/// it (text, a second finish) is neither passed on nor counted, while the choices still
+/// streaming pass.
+#[test]
+fn text_of_a_finished_choice_is_neither_passed_on_nor_counted() {
+    let chunk = |choices: Value| {
+        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": choices})
+        .to_string()
+    };
+    let text = |i: i64, t: &str| {
+        chunk(json!([{"index": i, "delta": {"content": t}, "finish_reason": null}]))
+    };
+    let finish = |i: i64| chunk(json!([{"index": i, "delta": {}, "finish_reason": "stop"}]));
+    let mut out = Vec::new();
+    let mut c = StreamConverter::new(WireFormat::OpenAi, WireFormat::OpenAi, false, 10).choices(2);
+    c.event("", &text(0, "zero "), &mut out);
+    c.event("", &text(1, "one "), &mut out);
+    c.event("", &finish(1), &mut out);
+    let counted = c.usage().output;
+    out.clear();
+    let more = " more words after its finish".repeat(20);
+    c.event("", &text(1, &more), &mut out);
+    c.event("", &finish(1), &mut out);
+    assert!(out.is_empty(), "{out:?}");
+    assert_eq!(c.usage().output, counted, "not counted");
+    // Both in one chunk: choice 0, still streaming, passes alone.
+    c.event(
+        "",
+        &chunk(
+            json!([{"index": 0, "delta": {"content": "still "}, "finish_reason": null},
+            {"index": 1, "delta": {"content": more}, "finish_reason": null}]),
+        ),
+        &mut out,
+    );
+    let passed = String::from_utf8_lossy(&out.concat()).to_string();
+    assert!(
+        passed.contains("still ") && !passed.contains("more words"),
+        "{passed}"
+    );
+    assert!(!c.finished());
+    c.event("", &finish(0), &mut out);
+    assert!(c.finished());
+}
