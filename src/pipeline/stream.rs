@@ -505,12 +505,15 @@ impl Pump {
                 break;
             }
         }
-        // The closing events of a stream its body's end completed.
+        // The closing events of a stream its body's end completed, or of a whole answer the
+        // gateway stopped reading (`StreamConverter::close`). A client that does not take
+        // them (gone, or full at the shutdown) left after the finish: a whole answer still.
         if !frames.is_empty()
             && !client_gone
             && !drained
             && left.is_none()
             && !self.pass(&mut frames, &sink).await
+            && !self.left_after_the_finish(&mut left)
         {
             drained = sink.drain.is_draining();
             client_gone = !drained;
