@@ -67,6 +67,13 @@ pub struct Prepared {
 }
 
 impl Prepared {
+    /// How many choices a streamed answer has: the client's `n` (1..=16, checked by
+    /// `output_multiplier`), each whole only at its own finish. Not `n`'s multiplier
+    /// `best_of`: those completions are generated, never sent.
+    pub fn choices(&self) -> i64 {
+        self.body.get("n").and_then(Value::as_i64).unwrap_or(1)
+    }
+
     /// The most output the request may be billed: its cap × n (0 without a cap).
     pub fn output_cap(&self) -> i64 {
         self.cap.map_or(0, |(_, c)| c).saturating_mul(self.n)

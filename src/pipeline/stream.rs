@@ -12,7 +12,14 @@
 //! upstream's finish, its body's end, break or stall completes the stream (Gemini has no
 //! end event; the usage may follow the finish). A client that leaves after the finish left
 //! a whole answer: the pump reads on without it for the usage, at most `AFTER_THE_FINISH`,
-//! and settles the whole answer (its usage, else the estimate), never a departure. A stream
+//! and settles the whole answer (its usage, else the estimate), never a departure — unless
+//! the upstream fails meanwhile (its body's end or break without the usage asked for, its
+//! stall, an unreadable or error event): a fault is settled and logged as it would be with
+//! the client there; only the gateway's own `AFTER_THE_FINISH` settles on the estimate. The
+//! shutdown that reaches a stream whose answer is whole reads on the same way, at most
+//! `AFTER_THE_FINISH` from the drain, and a client still there gets a whole stream's
+//! closing events: the upstream's if they come, else the gateway's with what it is charged
+//! (`StreamConverter::close`); before the finish the shutdown cuts the stream. A stream
 //! that breaks before its finish ends with an error event and no `[DONE]` /
 //! `message_stop`; a stream given up on a stalled client ends its body with an error, so the
 //! connection is cut rather than closed as if complete.
@@ -57,7 +64,9 @@ const SHUTTING_DOWN: &str =
 
 /// How long a stream whose client left after the upstream's finish is read on for the usage
 /// that follows it (at most the idle timeout): the usage comes within milliseconds of the
-/// finish; past this the whole answer is settled without it, on the input estimate.
+/// finish; past this the whole answer is settled without it, on the input estimate — the
+/// gateway chose to stop reading, the upstream did nothing wrong. An upstream fault before
+/// it is charged as with the client there (`Pump::run`).
 const AFTER_THE_FINISH: Duration = Duration::from_secs(2);
 
 /// Chunks buffered between the pump and a slow client.
@@ -293,7 +302,13 @@ pub(super) fn serve(
         p.include_usage,
         p.estimated_input_on(s.route.image_rule, s.model.max_input_tokens, reader),
     )
-    .hold_limit(most);
+    .hold_limit(most)
+    // A translated request asks for one choice (`n` is refused there).
+    .choices(if upstream_format == providers::Format::from(client) {
+        p.choices()
+    } else {
+        1
+    });
     // A server the gateway does not ask for its usage (`quirks.include_usage = false`).
     if upstream_format == providers::Format::OpenAiChat && !deployment.include_usage {
         converter = converter.usage_not_asked();
@@ -347,8 +362,12 @@ impl Pump {
         // reads on, for the client no more, until the usage or the upstream's end, at most
         // `AFTER_THE_FINISH` (`left_after_the_finish`).
         let mut left: Option<Instant> = None;
-        // The shutdown ended the stream (see `pipeline::drain`).
+        // The shutdown ended the stream before its answer was whole (see `pipeline::drain`).
         let mut drained = false;
+        // The shutdown reached the stream whole (after its finish), at this instant: the
+        // pump reads on for the usage, at most `AFTER_THE_FINISH`, as for a client that
+        // left at the finish, and the client, if still there, gets the closing events.
+        let mut drain_at: Option<Instant> = None;
         let mut failure: Option<&'static str> = None;
         // The upstream itself broke the stream off (its body's end or break before the
         // finish, its error event): it ran no further than what was seen. Any other end
@@ -365,22 +384,33 @@ impl Pump {
             // After its finish an upstream that sends on but tells no more of the answer —
             // pings, a usage again, new or not — is idle: its events do not hold the stream open past
             // the idle timeout, which then completes it.
-            let mut wait = match &quiet {
+            let stall = match &quiet {
                 Some((since, _)) => idle.saturating_sub(since.elapsed()),
                 None => idle,
             };
-            if let Some(at) = left {
-                wait = wait.min(AFTER_THE_FINISH.saturating_sub(at.elapsed()));
-            }
+            // The gateway's own limit on reading on after the answer was whole, for a client
+            // that left at the finish or for the shutdown. Reached before the upstream
+            // stalled, it is the gateway's choice to stop, not the upstream's fault: the
+            // whole answer is settled on its usage if it came, else on the estimate, and a
+            // client still there gets its closing events. Everything else — the upstream's
+            // stall, end, break, unreadable or error event — is settled as with the client
+            // there and no shutdown.
+            let capped = [left, drain_at]
+                .into_iter()
+                .flatten()
+                .map(|at| AFTER_THE_FINISH.saturating_sub(at.elapsed()))
+                .min()
+                .filter(|cap| *cap <= stall);
+            let wait = capped.unwrap_or(stall);
             if wait.is_zero() {
-                // A client that left after the finish had its answer whole.
-                if left.is_some() {
-                    break;
+                if capped.is_some() {
+                    self.converter.close(&mut frames);
+                } else {
+                    failure = self.end(
+                        &mut frames,
+                        "The upstream stopped sending; the stream was ended by the gateway.",
+                    );
                 }
-                failure = self.end(
-                    &mut frames,
-                    "The upstream stopped sending; the stream was ended by the gateway.",
-                );
                 break;
             }
             // Once the client left after the finish its closed channel is not waited on: it
@@ -394,8 +424,13 @@ impl Pump {
                     client_gone = true;
                     break;
                 }
-                _ = &mut shutdown => {
-                    drained = left.is_none();
+                // Polled once: a finished future is not polled again.
+                _ = &mut shutdown, if drain_at.is_none() => {
+                    if self.converter.finished() {
+                        drain_at = Some(Instant::now());
+                        continue;
+                    }
+                    drained = true;
                     break;
                 }
                 n = tokio::time::timeout(wait, events.next()) => n,
@@ -404,9 +439,11 @@ impl Pump {
             // the stream's end (`StreamConverter::end`), before it a cut.
             let event = match next {
                 Ok(Some(Ok(ev))) => ev,
-                // Whatever ends the upstream after a client left at the finish ends a whole
-                // answer: settled on the usage if it came, else on the estimate.
-                _ if left.is_some() => break,
+                // The gateway's limit after the answer was whole (above).
+                Err(_) if capped.is_some() => {
+                    self.converter.close(&mut frames);
+                    break;
+                }
                 Err(_) => {
                     failure = self.end(
                         &mut frames,
@@ -447,8 +484,10 @@ impl Pump {
                 self.keep_conversation().await;
                 frames.clear();
             } else if !self.pass(&mut frames, &sink).await {
-                drained = sink.drain.is_draining();
-                if drained || !self.left_after_the_finish(&mut left) {
+                // A client that did not take a frame at the shutdown is cut; after the
+                // finish the answer is still read on for, as for a client that left there.
+                if !self.left_after_the_finish(&mut left) {
+                    drained = sink.drain.is_draining();
                     client_gone = !drained;
                     break 'read;
                 }
@@ -456,9 +495,6 @@ impl Pump {
             }
             // The upstream's own error event ended the client's stream: stop reading.
             if self.converter.upstream_failed() {
-                if left.is_some() {
-                    break;
-                }
                 upstream_ended = true;
                 failure = Some("The upstream sent an error event mid-stream.");
                 break;
@@ -469,18 +505,22 @@ impl Pump {
                 break;
             }
         }
-        // The closing events of a stream its body's end completed.
+        // The closing events of a stream its body's end completed, or of a whole answer the
+        // gateway stopped reading (`StreamConverter::close`). A client that does not take
+        // them (gone, or full at the shutdown) left after the finish: a whole answer still.
         if !frames.is_empty()
             && !client_gone
             && !drained
             && left.is_none()
             && !self.pass(&mut frames, &sink).await
+            && !self.left_after_the_finish(&mut left)
         {
             drained = sink.drain.is_draining();
             client_gone = !drained;
         }
-        // The shutdown ended it (also one blocked on its client): the error event if the
-        // client has room for it, at once, else a cut connection; charged as a cut stream.
+        // The shutdown ended it before its answer was whole (also one blocked on its
+        // client): the error event if the client has room for it, at once, else a cut
+        // connection; charged as a cut stream.
         let shutting_down = drained;
         if shutting_down {
             if let Some(frame) = self.converter.end_frame(SHUTTING_DOWN, "shutting_down") {

@@ -760,3 +760,163 @@ async fn a_streamed_departure_with_a_document_books_the_counted_input_in_its_tok
     }
     app.assert_invariant().await;
 }
+
+/// An `n` = 3 OpenAI stream that reports no usage: choice 0's text and finish, then — each
+/// `PAUSE_MS` after the last — choices 1 and 2's text, their finishes and `[DONE]`.
+fn three_choices_choice_0_first() -> Script {
+    let chunk = |choices: Value| {
+        SseEvent::Data(
+            json!({"id": "c", "object": "chat.completion.chunk", "created": 1,
+            "model": "m", "choices": choices}),
+        )
+    };
+    let text = |i: i64, t: &str| {
+        chunk(json!([{"index": i, "delta": {"content": t}, "finish_reason": null}]))
+    };
+    let finish = |i: i64| chunk(json!([{"index": i, "delta": {}, "finish_reason": "stop"}]));
+    Script {
+        events: Some(vec![
+            text(0, "The engine "),
+            finish(0),
+            text(1, "A second answer "),
+            text(2, "A third answer "),
+            finish(1),
+            finish(2),
+            SseEvent::Data(json!("[DONE]")),
+        ]),
+        chunk_delay_ms: PAUSE_MS,
+        ..Default::default()
+    }
+}
+
+/// Review finding (s18 A2): an `n` = 3 stream whose client left at the finish of choice 0
+/// — the first finish — while choices 1 and 2 were still to come was settled as a whole
+/// answer left at its finish: read on 2 s, then charged the input estimate, `usage_estimated`
+/// (with a document of unknown size far less than the 128 000 reserved for it). The answer
+/// is whole only once every choice asked for has its finish: this is a departure, charged
+/// the reserved input and the output counted, `client_disconnected`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_n_stream_whose_client_leaves_at_the_first_choices_finish_is_a_departure() {
+    let app = app().await;
+    let (id, token) = app.token("three", Some("1")).await;
+    app.mock
+        .state
+        .script(KEY_A, [three_choices_choice_0_first()]);
+    let mut body = document_body(documents()[0].clone());
+    body["n"] = json!(3);
+    let mut conn = send_raw(&app, &token, &body).await;
+    read_until(&mut conn, "\"finish_reason\":\"stop\"").await;
+    drop(conn);
+    let row = settled_row(&app, id).await;
+    let counted = sluice::quota::estimate::count_text("The engine ");
+    assert_eq!(
+        row,
+        (
+            Some("client_disconnected".to_string()),
+            128_000,
+            counted,
+            price(128_000, counted)
+        ),
+        "a departure: the answer's choices 1 and 2 had not finished"
+    );
+
+    // Left at the last choice's finish (`length`, the only one), the answer was whole: not
+    // a departure, the estimate as a whole stream without usage.
+    let (id, token) = app.token("three-whole", Some("1")).await;
+    let mut script = three_choices_choice_0_first();
+    if let Some(events) = script.events.as_mut() {
+        events[5] = SseEvent::Data(json!({"id": "c", "object": "chat.completion.chunk",
+            "created": 1, "model": "m",
+            "choices": [{"index": 2, "delta": {}, "finish_reason": "length"}]}));
+    }
+    app.mock.state.script(KEY_A, [script]);
+    let mut conn = send_raw(&app, &token, &body).await;
+    read_until(&mut conn, "\"finish_reason\":\"length\"").await;
+    drop(conn);
+    let (code, input, _, _) = settled_row(&app, id).await;
+    assert_eq!(code.as_deref(), Some("usage_estimated"));
+    assert!(input < 128_000, "the document at its estimate: {input}");
+    app.assert_invariant().await;
+}
+
+/// An OpenAI stream: "The engine ", its finish, then — `PAUSE_MS` after it — `fault`, and
+/// the body's end: no usage, no `[DONE]`.
+fn finished_then_fault(fault: SseEvent) -> Script {
+    let chunk = |choices: Value| {
+        SseEvent::Data(
+            json!({"id": "c", "object": "chat.completion.chunk", "created": 1,
+            "model": "m", "choices": choices}),
+        )
+    };
+    let mut events = vec![
+        chunk(json!([{"index": 0, "delta": {"content": "The engine "}, "finish_reason": null}])),
+        chunk(json!([{"index": 0, "delta": {}, "finish_reason": "stop"}])),
+    ];
+    events.push(fault);
+    Script {
+        events: Some(events),
+        chunk_delay_ms: PAUSE_MS,
+        ..Default::default()
+    }
+}
+
+/// Review finding (s18 A3): after a client left at the finish, whatever ended the upstream
+/// was settled as a whole answer on the estimate (`usage_estimated`, with a document far
+/// under the 128 000 reserved), where the same fault with the client still reading is a cut
+/// stream (`upstream_error`, the reserved input): the body's end without the usage that was
+/// asked for, an unreadable event where the usage belongs, the upstream's error event. Whether
+/// the client is still there must not change how an upstream's fault is charged or logged:
+/// each row equals its twin's whose client stayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_fault_after_the_finish_is_charged_alike_whether_the_client_left_or_stayed() {
+    let app = app().await;
+    let body = document_body(documents()[0].clone());
+    let faults = [
+        // An empty event (it carries nothing) only puts the end `PAUSE_MS` after the finish:
+        // the client's departure is seen first.
+        ("the body ends without the usage", SseEvent::Data(json!(""))),
+        (
+            "an unreadable event where the usage belongs",
+            SseEvent::Data(json!("{\"usage\": {\"prompt_tok")),
+        ),
+        (
+            "the upstream's error event",
+            SseEvent::Data(
+                json!({"error": {"message": "Overloaded", "type": "server_error", "code": null}}),
+            ),
+        ),
+    ];
+    let mut differ = Vec::new();
+    for (i, (what, fault)) in faults.into_iter().enumerate() {
+        // The client reads to the end.
+        let (stayed, token) = app.token(&format!("stayed-{i}"), Some("1")).await;
+        app.mock
+            .state
+            .script(KEY_A, [finished_then_fault(fault.clone())]);
+        let resp = app.chat(&token, &body).await;
+        assert_eq!(resp.status(), 200);
+        let (data, _) = sse_data(resp).await;
+        assert!(!data.iter().any(|d| d == "[DONE]"), "{what}: {data:?}");
+        let stayed = settled_row(&app, stayed).await;
+        assert_eq!(
+            (stayed.0.as_deref(), stayed.1),
+            (Some("upstream_error"), 128_000),
+            "{what}: a cut stream, with the client there"
+        );
+        // The client leaves at the finish, before the fault.
+        let (left, token) = app.token(&format!("left-{i}"), Some("1")).await;
+        app.mock.state.script(KEY_A, [finished_then_fault(fault)]);
+        let mut conn = send_raw(&app, &token, &body).await;
+        read_until(&mut conn, "\"finish_reason\":\"stop\"").await;
+        drop(conn);
+        let left = settled_row(&app, left).await;
+        if left != stayed {
+            differ.push((what, left, stayed));
+        }
+    }
+    assert!(
+        differ.is_empty(),
+        "left at the finish, charged otherwise than the client that stayed (what, left, stayed): {differ:#?}"
+    );
+    app.assert_invariant().await;
+}

@@ -687,3 +687,127 @@ async fn draining_gateway(dir: &tempfile::TempDir, mock: &MockServer) -> Gateway
     )
     .await
 }
+
+/// Review finding (s18 #3): the shutdown that reached a stream already whole — its finish
+/// sent, its usage still to come — charged it as a cut stream (`shutting_down`, the input
+/// reserved for it: with a document, the model's whole input, 128 000). Its answer was
+/// whole, as for a client that leaves at the finish: the gateway reads on for the usage
+/// (at most `AFTER_THE_FINISH`, within the workers' `SETTLE_MARGIN`) and charges it, or the
+/// estimate when none comes; the client, still reading, gets a correct end — `[DONE]`, not
+/// the `shutting_down` error — and the stream is logged as a whole one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whole_at_the_shutdown_is_charged_its_usage_or_estimate_not_the_reserved_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    // A one-second grace: the drain comes a second after the signal.
+    let mut gateway = start_gateway_full(
+        dir.path(),
+        &mock,
+        &[("SLUICE_SERVER_SHUTDOWN_TIMEOUT_SECONDS", "1")],
+        "",
+    )
+    .await;
+    let (db, token) = db_and_token(dir.path(), "whole").await;
+    let chunk = |choices: Value| {
+        sluice::mock::SseEvent::Data(json!({"id": "c", "object": "chat.completion.chunk",
+            "created": 1, "model": "m", "choices": choices}))
+    };
+    let mut usage = json!({"id": "c", "object": "chat.completion.chunk", "created": 1,
+        "model": "m", "choices": []});
+    usage["usage"] = json!({"prompt_tokens": 40_000, "completion_tokens": 3,
+        "total_tokens": 40_003});
+    // "The engine ", its finish 2 s later, and 2 s after that its usage (then `[DONE]`, 2 s
+    // on): the signal comes as the client reads the finish, so the drain (1 s on) reaches
+    // the stream whole with its usage a second away. Without usage, the stream stalls
+    // after its finish.
+    let script = |with_usage: bool| Script {
+        events: Some(vec![
+            chunk(
+                json!([{"index": 0, "delta": {"content": "The engine "}, "finish_reason": null}]),
+            ),
+            chunk(json!([{"index": 0, "delta": {}, "finish_reason": "stop"}])),
+            sluice::mock::SseEvent::Data(usage.clone()),
+            sluice::mock::SseEvent::Data(json!("[DONE]")),
+        ]),
+        chunk_delay_ms: 2_000,
+        stall_after: (!with_usage).then_some(2),
+        ..Default::default()
+    };
+    mock.state.script(KEY_A, [script(true), script(false)]);
+    let body = json!({"model": "gpt-4o-mini", "max_tokens": 100, "stream": true,
+        "messages": [{"role": "user", "content": [
+            {"type": "file", "file": {"file_id": "file-6F2ksmvXxt4VdoqmHRw6kL"}},
+            {"type": "text", "text": "Why does the engine light blink?"}]}]});
+    let http = reqwest::Client::new();
+    let mut reading = Vec::new();
+    for _ in 0..2 {
+        let resp = http
+            .post(format!("{}/v1/chat/completions", gateway.url))
+            .bearer_auth(&token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        reading.push(sse_data_counted(resp));
+    }
+    // Both clients have the finish: the text chunk and the finish chunk.
+    until("the finishes never reached the clients", || {
+        use std::sync::atomic::Ordering::Acquire;
+        reading.iter().all(|(_, read)| read.load(Acquire) >= 2)
+    })
+    .await;
+    let sent = Instant::now();
+    sigterm(&gateway);
+    let status = exited(
+        &mut gateway,
+        sent + Duration::from_secs(15),
+        "still running 15 s after SIGTERM",
+    )
+    .await;
+    assert!(status.success(), "{status:?}");
+    let mut got = Vec::new();
+    for (task, _) in reading {
+        got.push(
+            tokio::time::timeout(Duration::from_secs(10), task)
+                .await
+                .expect("the stream ended")
+                .unwrap(),
+        );
+    }
+    assert_invariant_on(&db).await;
+    assert_eq!(scalar_on(&db, "SELECT COUNT(*) FROM reservations").await, 0);
+    let rows: Vec<(i64, Option<String>, i64, i64, i64)> = sql_rows(
+        &db,
+        "SELECT status, error_code, input_tokens, output_tokens, cost_micros FROM requests \
+         ORDER BY input_tokens DESC",
+    )
+    .await;
+    let price =
+        |input: i64, output: i64| (input * 150_000 + output * 600_000 + 999_999) / 1_000_000;
+    let counted = sluice::quota::estimate::count_text("The engine ");
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(
+        rows[0],
+        (200, None, 40_000, 3, price(40_000, 3)),
+        "the usage that came after the drain: {rows:?}"
+    );
+    let (status, code, input, output, cost) = rows[1].clone();
+    assert_eq!(
+        (status, code.as_deref(), output),
+        (200, Some("usage_estimated"), counted),
+        "no usage: the estimate, {rows:?}"
+    );
+    assert!(input < 128_000, "the document at its estimate: {rows:?}");
+    assert_eq!(cost, price(input, output));
+    assert_eq!(
+        scalar_on(&db, "SELECT limit_micros - remaining_micros FROM tokens").await,
+        price(40_000, 3) + cost
+    );
+    // Each client, still there, got a whole stream's end.
+    for (data, whole) in got {
+        assert!(whole, "{data:?}");
+        assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
+        assert!(!data.iter().any(|d| d.contains("\"error\"")), "{data:?}");
+    }
+}

@@ -1530,3 +1530,74 @@ async fn a_server_not_asked_for_usage_completes_at_its_finish_and_the_body_end()
     assert_eq!(c.spent, cost(c.logged.0, counted));
     app.assert_invariant().await;
 }
+
+/// Review finding (s18 #4): with `n` = 2, choice 0's finish started the clock of "idle after
+/// the finish" while choice 1 was still generating: its chunks that told no text yet (empty
+/// deltas, as a server sends while a choice thinks) were not progress, and one idle timeout
+/// after choice 0's finish the stream was cut — choice 1 never reached the client, the row
+/// `upstream_error`. The answer is whole only at the last choice's finish; until then each
+/// event holds the stream open, as before any finish.
+#[tokio::test]
+async fn a_choice_still_streaming_is_not_idle_after_another_choices_finish() {
+    let app = app_with(|s| s.upstream.stream_idle_timeout_ms = 1000).await;
+    let value = |choices: Value| {
+        json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": choices})
+    };
+    let chunk = |choices: Value| SseEvent::Data(value(choices));
+    let text = |i: i64, t: &str| {
+        chunk(json!([{"index": i, "delta": {"content": t}, "finish_reason": null}]))
+    };
+    let finish = |i: i64| chunk(json!([{"index": i, "delta": {}, "finish_reason": "stop"}]));
+    let mut events = vec![text(0, TEXT), finish(0)];
+    // Two seconds of choice 1's empty deltas: twice the idle timeout, no text.
+    events.extend((0..8).map(|_| text(1, "")));
+    events.extend([text(1, TEXT), finish(1)]);
+    let mut usage = value(json!([]));
+    usage["usage"] = json!({"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11});
+    events.extend([SseEvent::Data(usage), SseEvent::Data(json!("[DONE]"))]);
+    let (id, token) = app.token("n2-thinking", Some("1")).await;
+    app.mock.state.script(
+        Up::OpenAi.key(),
+        [Script {
+            events: Some(events),
+            chunk_delay_ms: 250,
+            ..Script::default()
+        }],
+    );
+    let resp = app
+        .chat(
+            &token,
+            &json!({"model": Up::OpenAi.model(), "stream": true, "max_tokens": 100, "n": 2,
+                "stream_options": {"include_usage": true},
+                "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let (data, whole) = sse_data(resp).await;
+    assert!(whole);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
+    let second: String = data
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter(|v| v["choices"][0]["index"] == 1)
+        .filter_map(|v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect();
+    assert_eq!(second, TEXT, "choice 1 reached the client whole");
+    app.wait_settled().await;
+    app.wait_for_log_rows(1).await;
+    let (code, input, output, charged): (Option<String>, i64, i64, i64) = sql_row(
+        app.db(),
+        &format!(
+            "SELECT error_code, input_tokens, output_tokens, cost_micros FROM requests \
+             WHERE token_id = {id}"
+        ),
+    )
+    .await;
+    assert_eq!((code, input, output, charged), (None, 5, 6, cost(5, 6)));
+    app.assert_invariant().await;
+}

@@ -14,7 +14,8 @@
 //! (`upstream_error`).
 //!
 //! When a stream is complete, and what it costs:
-//! - It is *complete* once the upstream sent its finish (OpenAI's `finish_reason`,
+//! - It is *complete* once the upstream sent its finish (OpenAI's `finish_reason` — of
+//!   every choice the request asked for, its `n`: a choice not yet started has not finished —
 //!   Anthropic's `message_delta`, Gemini's `finishReason`, Bedrock's `messageStop`,
 //!   Responses' `response.completed`) and then its end: its end-of-stream event (`[DONE]`,
 //!   `message_stop`, Bedrock's `metadata`) or, for every format, the end of its body —
@@ -127,8 +128,17 @@ pub struct StreamConverter {
     output: Option<Output>,
     /// `output` was reported with or after the finish: the stream's price, not a floor.
     output_final: bool,
-    /// The upstream sent its finish: the answer is whole, the usage may still follow.
+    /// The upstream sent its finish — of every choice the request asked for (`choices`):
+    /// the answer is whole, the usage may still follow.
     finished: bool,
+    /// How many choices the answer has: the request's `n` (`choices`), 1 but for an OpenAI
+    /// chat or completions request asking for more, whose stream is whole only once each
+    /// of them has its finish (a choice not yet started has not finished).
+    choices: u32,
+    /// The choices under `choices`, by index, whose finish came (an OpenAI stream's
+    /// `finish_reason`): each is whole then, and what a later chunk says of it is neither
+    /// passed on nor counted (`openai_to_openai`).
+    finishes: u64,
     /// An OpenAI upstream's usage came after the finish in a chunk of its own (its last
     /// usage chunk): the answer and its price are told, no choice's text is more of it.
     told: bool,
@@ -227,6 +237,8 @@ impl StreamConverter {
             usage_asked: true,
             output_final: false,
             finished: false,
+            choices: 1,
+            finishes: 0,
             text: String::new(),
             counted: 0,
             searches_seen: 0,
@@ -315,6 +327,21 @@ impl StreamConverter {
         self.responses = Some(n);
     }
 
+    /// The answer has `n` choices (the request's `n`; 1 by default): the stream is whole
+    /// (`finished`) once each has its finish. At most 32 are told apart: `n` is at most 16.
+    pub fn choices(mut self, n: i64) -> Self {
+        self.choices = u32::try_from(n.clamp(1, 32)).unwrap_or(1);
+        self
+    }
+
+    /// Choice `index` had its finish by `finishes` (a choice not asked for never has).
+    fn had_finished(&self, finishes: u64, index: i64) -> bool {
+        u32::try_from(index)
+            .ok()
+            .filter(|&i| i < self.choices)
+            .is_some_and(|i| finishes & (1u64 << i) != 0)
+    }
+
     /// The upstream was not asked for its usage (`usage_asked`).
     pub fn usage_not_asked(mut self) -> Self {
         self.usage_asked = false;
@@ -350,7 +377,8 @@ impl StreamConverter {
         self.done
     }
 
-    /// The upstream sent its finish: the answer is whole, its usage or end may follow.
+    /// The upstream sent its finish, of every choice asked for (`choices`): the answer is
+    /// whole, its usage or end may follow.
     pub fn finished(&self) -> bool {
         self.finished
     }
@@ -359,7 +387,9 @@ impl StreamConverter {
     /// told none of it (a `ping`, a usage, new or repeated), so the pump sees an upstream
     /// that keeps sending after its finish without more of the answer (`pipeline::stream`).
     /// A usage is not progress: one that changes forever would hold the stream open as
-    /// long as the upstream likes; the text of the other choices (`n` > 1) is.
+    /// long as the upstream likes. With `n` > 1 the pump looks at it only once every
+    /// choice finished (`finished`): until then a choice still streaming is the answer's
+    /// own, held to the idle timeout between events like any stream before its finish.
     pub fn progress(&self) -> Progress {
         (self.counted, self.text.len())
     }
@@ -379,6 +409,20 @@ impl StreamConverter {
         // Every format but Gemini sends its usage before its end event: a finish followed
         // by neither lost its usage on the way (see the module doc).
         if !self.output_final && self.usage_asked && self.upstream != Format::Gemini {
+            return false;
+        }
+        self.close(out)
+    }
+
+    /// Ends a whole answer whose usage or end the gateway stopped waiting for (the shutdown
+    /// reached it after its finish, `pipeline::stream`): the client's closing events as at
+    /// its end, with what it is charged (the usage if it came, else the count). False, and
+    /// nothing written, when the answer is not whole.
+    pub fn close(&mut self, out: &mut Vec<Bytes>) -> bool {
+        if self.done {
+            return true;
+        }
+        if self.error_sent || !self.finished || self.responses.is_some() {
             return false;
         }
         match (self.upstream, self.client) {
@@ -598,22 +642,34 @@ impl StreamConverter {
     /// Accounting of an OpenAI chunk: the text it carries (counted when no usage comes)
     /// and its usage.
     fn note_openai_chunk(&mut self, c: &shape::Chunk) {
-        // The answer is the choice with index 0 (see `openai_chat::stream`); a chunk that
-        // finishes it and carries the usage (vLLM's continuous usage) carries the final one.
-        // What a later chunk says of that choice is not the client's (`openai_to_openai`):
-        // not counted either; nor, once the usage came after the finish in a chunk of its
-        // own, is the text of any choice (see the module doc).
-        let was_finished = self.finished;
+        // The answer is whole once each of its `choices` finished (choice 0 alone with
+        // `n` = 1, see `openai_chat::stream`); a chunk that finishes the last and carries
+        // the usage (vLLM's continuous usage) carries the final one. What a later chunk
+        // says of a finished choice is not the client's (`openai_to_openai`): not counted
+        // either; nor, once the usage came after the finish in a chunk of its own, is the
+        // text of any choice (see the module doc).
+        let before = self.finishes;
         let told = self.told;
-        self.finished |= c.choices.iter().flatten().any(|choice| {
-            choice.index.unwrap_or(0) == 0
-                && choice
-                    .finish_reason
-                    .as_deref()
-                    .is_some_and(|r| !r.is_empty())
-        });
         for choice in c.choices.iter().flatten() {
-            if told || (was_finished && choice.index.unwrap_or(0) == 0) {
+            if choice
+                .finish_reason
+                .as_deref()
+                .is_some_and(|r| !r.is_empty())
+            {
+                let index = choice.index.unwrap_or(0);
+                if let Some(bit) = u32::try_from(index)
+                    .ok()
+                    .filter(|&i| i < self.choices)
+                    .map(|i| 1u64 << i)
+                {
+                    self.finishes |= bit;
+                }
+            }
+        }
+        // Whole once every choice asked for finished (a choice not yet started has not).
+        self.finished |= self.finishes == (1u64 << self.choices) - 1;
+        for choice in c.choices.iter().flatten() {
+            if told || self.had_finished(before, choice.index.unwrap_or(0)) {
                 continue;
             }
             if let Some(t) = &choice.text {
@@ -693,7 +749,7 @@ impl StreamConverter {
                 .ok()
                 .map(|v| json!({"id": v["id"], "created": v["created"], "model": v["model"]}));
         }
-        let was_finished = self.finished;
+        let before = self.finishes;
         // Counting the text not yet counted costs up to `COUNT_EVERY` bytes of tokenizing:
         // done only where a figure is needed, never per chunk (it made a long stream
         // quadratic: 500 KB of one-word chunks took minutes).
@@ -723,19 +779,20 @@ impl StreamConverter {
             }
             return Ok(());
         }
-        // After the finish the answer (choice 0) is whole: more of it — text, a second
-        // finish — is not passed on (nor counted), else the client would hold more than the
-        // usage reported with the finish, its price. Other choices (`n` > 1) and the usage
-        // still pass.
-        if was_finished
-            && c.choices
-                .iter()
-                .flatten()
-                .any(|choice| choice.index.unwrap_or(0) == 0)
+        // After its finish a choice is whole: more of it — text, a second finish — is not
+        // passed on (nor counted), else the client would hold more than the usage reported
+        // with the finish, its price. The choices still streaming (`n` > 1, each whole at
+        // its own finish) and the usage still pass.
+        if c.choices
+            .iter()
+            .flatten()
+            .any(|choice| self.had_finished(before, choice.index.unwrap_or(0)))
         {
             let mut v: Value = serde_json::from_str(data).map_err(|_| Corrupt::Json)?;
             if let Some(choices) = v.get_mut("choices").and_then(Value::as_array_mut) {
-                choices.retain(|choice| choice["index"].as_i64().unwrap_or(0) != 0);
+                choices.retain(|choice| {
+                    !self.had_finished(before, choice["index"].as_i64().unwrap_or(0))
+                });
                 if choices.is_empty() && (c.usage.is_none() || !self.include_usage) {
                     return Ok(());
                 }

@@ -598,3 +598,94 @@ fn a_larger_unsplit_total_after_the_split_is_priced_per_the_marks() {
     assert_eq!((five.cache_write_5m, five.cache_write_1h), (500, 300));
     assert_eq!(pricing::cost(five, prices), 3000 + 1875 + 1800 + 1500);
 }
+
+/// An `n` = 3 answer is whole once each of its choices finished, in any order — not at
+/// choice 0's finish — and a usage that comes before then is a floor, not its price; a
+/// body that ends before the last finish is a cut. With `n` = 1, choice 0's finish.
+#[test]
+fn an_answer_of_n_choices_is_whole_at_the_last_of_their_finishes() {
+    let text = |i: i64, t: &str| {
+        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": i, "delta": {"content": t}, "finish_reason": null}]})
+        .to_string()
+    };
+    let finish = |i: i64| {
+        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": i, "delta": {}, "finish_reason": "stop"}]})
+        .to_string()
+    };
+    let usage = json!({"id": "c", "object": "chat.completion.chunk", "created": 1,
+        "model": "m", "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 1,
+        "total_tokens": 11}})
+    .to_string();
+    let mut out = Vec::new();
+    let mut c = StreamConverter::new(WireFormat::OpenAi, WireFormat::OpenAi, true, 10).choices(3);
+    c.event("", &text(0, "one "), &mut out);
+    c.event("", &finish(0), &mut out);
+    assert!(!c.finished(), "choices 1 and 2 have not started");
+    c.event("", &text(2, "three "), &mut out);
+    c.event("", &finish(2), &mut out);
+    assert!(!c.finished(), "choice 1 has not finished");
+    c.event("", &usage, &mut out);
+    assert!(
+        !c.usage_final(),
+        "a usage before the answer is whole is a floor"
+    );
+    c.event("", &text(1, "two words here"), &mut out);
+    assert!(c.usage().output > 1, "the count over the floor");
+    assert!(!c.end(&mut Vec::new()), "a body ending now cuts choice 1");
+    c.event("", &finish(1), &mut out);
+    assert!(c.finished());
+    c.event("", &usage, &mut out);
+    assert!(c.usage_final());
+
+    let mut one = StreamConverter::new(WireFormat::OpenAi, WireFormat::OpenAi, true, 10);
+    one.event("", &text(0, "one "), &mut out);
+    one.event("", &finish(0), &mut out);
+    assert!(one.finished(), "n = 1: choice 0's finish");
+}
+
+/// After its own finish each choice of an `n` > 1 answer is whole, as choice 0 is: more of
+/// it (text, a second finish) is neither passed on nor counted, while the choices still
+/// streaming pass.
+#[test]
+fn text_of_a_finished_choice_is_neither_passed_on_nor_counted() {
+    let chunk = |choices: Value| {
+        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": choices})
+        .to_string()
+    };
+    let text = |i: i64, t: &str| {
+        chunk(json!([{"index": i, "delta": {"content": t}, "finish_reason": null}]))
+    };
+    let finish = |i: i64| chunk(json!([{"index": i, "delta": {}, "finish_reason": "stop"}]));
+    let mut out = Vec::new();
+    let mut c = StreamConverter::new(WireFormat::OpenAi, WireFormat::OpenAi, false, 10).choices(2);
+    c.event("", &text(0, "zero "), &mut out);
+    c.event("", &text(1, "one "), &mut out);
+    c.event("", &finish(1), &mut out);
+    let counted = c.usage().output;
+    out.clear();
+    let more = " more words after its finish".repeat(20);
+    c.event("", &text(1, &more), &mut out);
+    c.event("", &finish(1), &mut out);
+    assert!(out.is_empty(), "{out:?}");
+    assert_eq!(c.usage().output, counted, "not counted");
+    // Both in one chunk: choice 0, still streaming, passes alone.
+    c.event(
+        "",
+        &chunk(
+            json!([{"index": 0, "delta": {"content": "still "}, "finish_reason": null},
+            {"index": 1, "delta": {"content": more}, "finish_reason": null}]),
+        ),
+        &mut out,
+    );
+    let passed = String::from_utf8_lossy(&out.concat()).to_string();
+    assert!(
+        passed.contains("still ") && !passed.contains("more words"),
+        "{passed}"
+    );
+    assert!(!c.finished());
+    c.event("", &finish(0), &mut out);
+    assert!(c.finished());
+}
