@@ -499,8 +499,9 @@ async fn try_candidate(
     span.outcome(status, tier.as_str());
     drop(span);
     // A failed attempt used nothing of the key's window — unless the request's own
-    // deadline cut it off after the upstream had it (it keeps the input booked then).
-    run.cut_by_deadline |= tier == Tier::OutOfTime;
+    // deadline cut it off after the upstream had it (it keeps the input booked then). One
+    // cut off before it reached the upstream cut nothing: the request failed.
+    run.cut_by_deadline |= reached && tier == Tier::OutOfTime;
     // A request that never reached the upstream (cut off before it did, or
     // `UpstreamError::Connect`) billed nothing whatever its tier.
     let billed = reached && !bills_nothing(tier) && !matches!(err, UpstreamError::Connect(_));

@@ -13,6 +13,7 @@ use sluice::mock::{MockServer, Script, SseEvent};
 
 use crate::helpers::*;
 use crate::server_tools::{app, spent_and_absorbed, KEY};
+use sluice::cli::IssueArgs;
 
 const CHAT: &str = "/v1/chat/completions";
 const MESSAGES: &str = "/v1/messages";
@@ -986,6 +987,73 @@ async fn a_request_cut_or_left_while_its_connection_is_made_pays_nothing() {
     app.wait_for_log_rows(2).await;
     assert_eq!(spent_and_absorbed(&app, cut).await, (0, 0), "cut");
     assert_eq!(spent_and_absorbed(&app, left).await, (0, 0), "left");
+    holder.abort();
+    app.assert_invariant().await;
+}
+
+/// Review finding (s18, 2): a deadline that ran out while a fallback's connection was being
+/// made counted as the deadline cutting an attempt off after the upstream had it: the
+/// request paid the input of an earlier candidate that had failed with a 500 (9 033 µ$;
+/// all attempts failing cost nothing), and the token's TPM window kept its input, so the
+/// next request of the size was refused (429). It is a failure that reached nothing more.
+#[tokio::test]
+async fn a_deadline_that_runs_out_before_a_fallback_is_reached_cuts_nothing() {
+    const KEY_A: &str = "claude-key-failing-0123456789";
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let port = silent.local_addr().expect("its address").port();
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((conn, _)) = silent.accept().await {
+            held.push(conn);
+        }
+    });
+    let app = spawn_app_with(|s, mock| {
+        s.upstream.connect_timeout_ms = 60_000;
+        s.upstreams
+            .push(native_upstream(Provider::Anthropic, "anth", KEY_A, mock));
+        let mut hung = native_upstream(Provider::Anthropic, "hung", "k", mock);
+        hung.base_url = format!("https://127.0.0.1:{port}");
+        s.upstreams.push(hung);
+        let routes = vec![
+            ("first", route("anth", "claude-sonnet-4-5")),
+            ("second", route("hung", "claude-sonnet-4-5")),
+            ("ok", route("anth", "claude-sonnet-4-5")),
+        ];
+        models_over(s, routes, &[("first", "second")]);
+    })
+    .await;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            status: Some(500),
+            ..Script::default()
+        }),
+    );
+    let (id, token) = app
+        .issue(IssueArgs {
+            budget_usd: Some("100"),
+            tpm: Some(5_000),
+            ..issue_args("fell")
+        })
+        .await;
+    let ask = |model: &str| {
+        json!({"model": model, "max_tokens": 1,
+            "messages": [{"role": "user", "content": "hello ".repeat(3_000)}]})
+    };
+    let resp = app.chat_with_deadline(&token, &ask("first"), 1_000).await;
+    assert!(resp.status().is_server_error(), "{}", resp.status());
+    app.wait_for_log_rows(1).await;
+    assert_eq!(spent_and_absorbed(&app, id).await, (0, 0));
+    app.mock.state.sticky(KEY_A, None);
+    let resp = app.chat(&token, &ask("ok")).await;
+    assert_eq!(
+        resp.status(),
+        200,
+        "{}",
+        resp.text().await.unwrap_or_default()
+    );
     holder.abort();
     app.assert_invariant().await;
 }
