@@ -714,8 +714,10 @@ mod tests {
         );
         // o3 after its price cut of 2025-06-10.
         assert_eq!(at("o3").input, 2_000_000);
-        // Gemini without a published cache price here: cached input at the input price.
-        assert_eq!(at("gemini-2.5-flash").cached_input, 300_000);
+        // Gemini's context-caching price, after Google's cut (10 % of the input).
+        assert_eq!(at("gemini-2.5-flash").cached_input, 30_000);
+        // 2.0 Flash-Lite has no context caching: cached input at the input price.
+        assert_eq!(at("gemini-2.0-flash-lite").cached_input, 75_000);
         // Opus 5.5's cache reads are 0.05× input, not Anthropic's usual 0.1×.
         assert_eq!(
             at("claude-opus-5-5"),
