@@ -64,6 +64,8 @@ pub struct Report {
     pub group_by: Vec<Dim>,
     pub rows: Vec<Group>,
     pub total_micros: i64,
+    /// The part of `total_micros` whose usage was estimated (`Group::estimated_micros`).
+    pub total_estimated_micros: i64,
     pub total_requests: i64,
     /// Spend per day of the range, every day present.
     pub days: Vec<(NaiveDate, i64)>,
@@ -257,6 +259,7 @@ pub async fn report(
     let query = query_string(q, &month, (&from, &to), &by.join(","));
     Ok(Report {
         total_micros: rows.iter().map(|r| r.spend_micros).sum(),
+        total_estimated_micros: rows.iter().map(|r| r.estimated_micros).sum(),
         total_requests: rows.iter().map(|r| r.requests).sum(),
         from,
         to,
@@ -269,8 +272,9 @@ pub async fn report(
     })
 }
 
-/// The report as JSON: its rows (each with its `keys` in `group_by` order and their
-/// `label`; asked with `by=`, the label only, as before), totals and the spend of every day.
+/// The report as JSON: its rows (each with its `keys` in `group_by` order, their `label`
+/// and its `estimated_micros`; asked with `by=`, the label only, as before), totals (the
+/// estimated part of the spend too) and the spend of every day.
 pub fn to_json(r: &Report) -> serde_json::Value {
     let rows: Vec<serde_json::Value> = r
         .rows
@@ -280,6 +284,7 @@ pub fn to_json(r: &Report) -> serde_json::Value {
                 "input_tokens": g.input_tokens, "output_tokens": g.output_tokens, "spend_micros": g.spend_micros});
             if !r.legacy {
                 row["keys"] = serde_json::json!(g.keys);
+                row["estimated_micros"] = serde_json::json!(g.estimated_micros);
             }
             row
         })
@@ -288,27 +293,30 @@ pub fn to_json(r: &Report) -> serde_json::Value {
     serde_json::json!({
         "month": r.month, "from": r.from.to_string(), "to": r.to.to_string(),
         "by": r.by(), "group_by": group_by, "rows": rows,
-        "total_micros": r.total_micros, "total_requests": r.total_requests,
+        "total_micros": r.total_micros, "total_estimated_micros": r.total_estimated_micros,
+        "total_requests": r.total_requests,
         "days": r.days.iter().map(|(d, s)| serde_json::json!({"day": d.format("%Y-%m-%d").to_string(), "spend_micros": s})).collect::<Vec<_>>(),
     })
 }
 
-/// The CSV of a report: one column per dimension, then the sums; the table's rows.
+/// The CSV of a report: one column per dimension, then the sums (the estimated spend
+/// last); the table's rows.
 pub fn to_csv(r: &Report) -> String {
     let head: Vec<String> = r.group_by.iter().map(|d| csv_cell(&d.name())).collect();
     let mut out = format!(
-        "{},requests,input_tokens,output_tokens,spend_usd\n",
+        "{},requests,input_tokens,output_tokens,spend_usd,estimated_usd\n",
         head.join(",")
     );
     for row in &r.rows {
         let keys: Vec<String> = row.keys.iter().map(|k| csv_cell(k)).collect();
         out.push_str(&format!(
-            "{},{},{},{},{}\n",
+            "{},{},{},{},{},{}\n",
             keys.join(","),
             row.requests,
             row.input_tokens,
             row.output_tokens,
-            pricing::usd(row.spend_micros)
+            pricing::usd(row.spend_micros),
+            pricing::usd(row.estimated_micros)
         ));
     }
     out

@@ -714,8 +714,10 @@ mod tests {
         );
         // o3 after its price cut of 2025-06-10.
         assert_eq!(at("o3").input, 2_000_000);
-        // Gemini without a published cache price here: cached input at the input price.
-        assert_eq!(at("gemini-2.5-flash").cached_input, 300_000);
+        // Gemini's context-caching price, after Google's cut (10 % of the input).
+        assert_eq!(at("gemini-2.5-flash").cached_input, 30_000);
+        // 2.0 Flash-Lite has no context caching: cached input at the input price.
+        assert_eq!(at("gemini-2.0-flash-lite").cached_input, 75_000);
         // Opus 5.5's cache reads are 0.05× input, not Anthropic's usual 0.1×.
         assert_eq!(
             at("claude-opus-5-5"),
@@ -744,6 +746,86 @@ mod tests {
             (haiku.cache_write_5m, haiku.cache_write_1h),
             (1_000_000, 1_600_000)
         );
+    }
+
+    /// Every OpenAI and Gemini row as checked against the price pages on 2026-12-03 (the
+    /// table's header says against which, and what could not be checked): (model,
+    /// effective, input, cached input, output, audio input) in micro-dollars per million
+    /// tokens — a kind the row leaves out at its default (cached and audio at the input).
+    #[test]
+    fn the_openai_and_gemini_figures_are_the_pages() {
+        #[rustfmt::skip]
+        let checked: [(&str, &str, i64, i64, i64, i64); 22] = [
+            ("gpt-4o", "2024-10-02", 2_500_000, 1_250_000, 10_000_000, 2_500_000),
+            ("gpt-4o-2024-05-13", "2024-05-13", 5_000_000, 5_000_000, 15_000_000, 5_000_000),
+            ("gpt-4o-mini", "2024-07-18", 150_000, 75_000, 600_000, 150_000),
+            ("gpt-4.1", "2025-04-14", 2_000_000, 500_000, 8_000_000, 2_000_000),
+            ("gpt-4.1-mini", "2025-04-14", 400_000, 100_000, 1_600_000, 400_000),
+            ("gpt-4.1-nano", "2025-04-14", 100_000, 25_000, 400_000, 100_000),
+            ("o3", "2025-04-16", 10_000_000, 2_500_000, 40_000_000, 10_000_000),
+            ("o3", "2025-06-10", 2_000_000, 500_000, 8_000_000, 2_000_000),
+            ("o4-mini", "2025-04-16", 1_100_000, 275_000, 4_400_000, 1_100_000),
+            ("o3-mini", "2025-01-31", 1_100_000, 550_000, 4_400_000, 1_100_000),
+            ("gpt-5", "2025-08-07", 1_250_000, 125_000, 10_000_000, 1_250_000),
+            ("gpt-5-mini", "2025-08-07", 250_000, 25_000, 2_000_000, 250_000),
+            ("gpt-5-nano", "2025-08-07", 50_000, 5_000, 400_000, 50_000),
+            ("text-embedding-3-small", "2024-01-25", 20_000, 20_000, 0, 20_000),
+            ("text-embedding-3-large", "2024-01-25", 130_000, 130_000, 0, 130_000),
+            ("gemini-2.5-pro", "2025-06-17", 1_250_000, 312_500, 10_000_000, 1_250_000),
+            ("gemini-2.5-pro", "2025-11-18", 1_250_000, 125_000, 10_000_000, 1_250_000),
+            ("gemini-2.5-flash", "2025-06-17", 300_000, 75_000, 2_500_000, 1_000_000),
+            ("gemini-2.5-flash", "2025-11-18", 300_000, 30_000, 2_500_000, 1_000_000),
+            ("gemini-2.5-flash-lite", "2025-07-22", 100_000, 25_000, 400_000, 300_000),
+            ("gemini-2.5-flash-lite", "2025-11-18", 100_000, 10_000, 400_000, 300_000),
+            ("gemini-2.0-flash", "2025-02-05", 100_000, 25_000, 400_000, 700_000),
+        ];
+        let t = bundled();
+        let rows: Vec<(&str, String, i64, i64, i64, i64)> = t
+            .entries
+            .iter()
+            .filter(|e| e.provider == "openai" || e.provider == "gemini")
+            .filter(|e| e.model != "gemini-2.0-flash-lite")
+            .map(|e| {
+                let p = e.dated.prices;
+                (
+                    e.model.as_str(),
+                    e.dated.from.date_naive().to_string(),
+                    p.input,
+                    p.cached_input,
+                    p.output,
+                    p.audio_input,
+                )
+            })
+            .collect();
+        let want: Vec<(&str, String, i64, i64, i64, i64)> = checked
+            .iter()
+            .map(|&(m, d, i, c, o, a)| (m, d.to_string(), i, c, o, a))
+            .collect();
+        assert_eq!(rows, want);
+        // 2.0 Flash-Lite: no context caching, cached input at the input price.
+        let lite = &t.for_upstream_model("gemini-2.0-flash-lite")[0].prices;
+        assert_eq!(
+            (lite.input, lite.cached_input, lite.output),
+            (75_000, 75_000, 300_000)
+        );
+        // 2.5 Pro's tier above 200 000 on both of its entries: ×2 input (the page's $2.50
+        // and, cached, $0.625 then $0.25), ×1.5 output ($15.00).
+        for day in ["2025-08-01", "2026-12-01"] {
+            let at = NaiveDate::parse_from_str(day, "%Y-%m-%d")
+                .unwrap()
+                .and_hms_opt(0, 0, 0)
+                .unwrap()
+                .and_utc();
+            assert_eq!(
+                t.long_context("gemini-2.5-pro").at(at),
+                Some(LongTier {
+                    above: 200_000,
+                    input_permille: 2_000,
+                    output_permille: 1_500,
+                }),
+                "{day}"
+            );
+        }
     }
 
     #[test]

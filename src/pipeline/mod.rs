@@ -442,6 +442,8 @@ async fn run(
         |sent| {
             held.set_cost_if_dropped(sent.cost);
             (log.input_tokens, log.cost_micros) = (sent.input, sent.cost);
+            // A departure pays the input reserved for it: the gateway's count.
+            log.usage_estimated = sent.input > 0;
             departure = sent;
         },
     )
@@ -455,6 +457,7 @@ async fn run(
             let settled = held.settle(departure.cost).await;
             log.input_tokens = departure.input;
             log.cost_micros = settled.charged + settled.absorbed;
+            log.usage_estimated = departure.input > 0;
             return Err(failure);
         }
         Outcome::Failed(failure) => {
@@ -462,6 +465,7 @@ async fn run(
                 b.used(0);
             }
             (log.input_tokens, log.cost_micros) = (0, 0);
+            log.usage_estimated = false;
             held.settle(0).await;
             return Err(failure);
         }
@@ -589,7 +593,9 @@ fn soft_limit(state: &AppState, auth: &TokenAuth, p: &mut Prepared) {
 /// whole (no usage, or a side of it absent): the side not reported was charged the
 /// gateway's own count (the input at its estimate, its documents too,
 /// `Prepared::estimated_input_on`; the output counted from the answer's text), not a
-/// provider's figure.
+/// provider's figure. The row's `usage_estimated` column says the same of every row
+/// charged such a count, this code or another (a departure's `client_disconnected`): the
+/// code is written only on a row that has no other.
 pub(crate) const USAGE_ESTIMATED: &str = "usage_estimated";
 
 /// The worst-case cost: the margin-padded input at the dearest input price the request may
@@ -743,7 +749,8 @@ async fn finish(
     if p.endpoint == Endpoint::Embeddings {
         reported.output.get_or_insert_with(Default::default);
     }
-    if reported.input.is_none() || reported.output.is_none() {
+    log.usage_estimated = reported.input.is_none() || reported.output.is_none();
+    if log.usage_estimated {
         log.error_code = Some(USAGE_ESTIMATED);
     }
     let usage = answer_usage(p, estimate, reported, || {

@@ -203,6 +203,8 @@ async fn end(state: &AppState, books: Books, e: ApiError, input: (i64, i64)) {
     // decided here, and the settlement lands once handed to the writer.
     log.cost_micros = held.cost_of(cost);
     log.input_tokens = input_tokens;
+    // An input charged here is the one reserved for it: the gateway's count.
+    log.usage_estimated = input_tokens > 0;
     log.status = e.status().as_u16();
     log.error_code = Some(e.code());
     log.latency_ms = started.elapsed().as_millis() as i64;

@@ -629,6 +629,7 @@ impl Pump {
         let _settle = log.trace.stage("settle");
         super::kinds::served_tier(reader.provider, &log.upstream, converter.served_tier());
         let input_reported = converter.input_reported();
+        let output_final = converter.usage_final();
         let mut usage = converter.usage().at_worst_lifetime(may);
         // Without the input reported, a stream that ended before its answer was whole (its
         // client left, a stall, a cut, the shutdown) is charged the input reserved for it:
@@ -681,8 +682,11 @@ impl Pump {
         log.kinds = usage.parts();
         log.latency_ms = started.elapsed().as_millis() as i64;
         log.status = 200;
-        // A stream that ended well without the input reported is charged the gateway's
-        // count (its documents at their estimate): the row says so.
+        // A side the upstream did not report by its finish (its input, or its output: a
+        // running figure, or none, under the count of the text) is the gateway's count:
+        // the row says so. A stream that ended well without the input reported says it in
+        // its code too (its documents at their estimate), as before.
+        log.usage_estimated = !input_reported || !output_final;
         log.error_code = match ending {
             None if !input_reported => Some(USAGE_ESTIMATED),
             ending => ending,

@@ -196,6 +196,9 @@ pub struct RequestLine {
     pub served_model: String,
     pub status: i64,
     pub error_code: Option<String>,
+    /// A side of the usage was the gateway's count, not the upstream's report
+    /// (`store::requests::RequestRow::usage_estimated`).
+    pub usage_estimated: bool,
     pub stream: bool,
     pub attempts: i64,
     pub input_tokens: i64,
@@ -272,7 +275,7 @@ where
 {
     let mut q = QueryBuilder::new(
         "SELECT r.id, r.created_at, tm.name AS team, u.username AS user, r.token_id, t.prefix, r.endpoint, r.model,
-                r.served_model, r.status, r.error_code, r.stream, r.attempts, r.input_tokens, r.output_tokens,
+                r.served_model, r.status, r.error_code, r.usage_estimated, r.stream, r.attempts, r.input_tokens, r.output_tokens,
                 r.cost_micros, r.latency_ms, r.cache, r.upstream_model, r.tags, r.cached_input_tokens,
                 r.cache_write_5m_tokens, r.cache_write_1h_tokens, r.reasoning_tokens, r.audio_input_tokens,
                 r.audio_output_tokens, r.image_input_tokens, r.image_output_tokens, r.web_search_calls

@@ -21,6 +21,9 @@ pub struct RequestRow {
     pub upstream_model: String,
     pub status: u16,
     pub error_code: Option<&'static str>,
+    /// A side of the usage (input or output) was not the upstream's report but the
+    /// gateway's own count (`pipeline::USAGE_ESTIMATED`), whatever `error_code` says.
+    pub usage_estimated: bool,
     pub stream: bool,
     pub attempts: u32,
     pub input_tokens: i64,
@@ -67,20 +70,32 @@ const INSERT: &str = "INSERT OR IGNORE INTO requests (id, token_id, user_id, tea
                  error_code, stream, attempts, input_tokens, output_tokens, cost_micros, latency_ms, ttfb_ms, cache, cache_key,
                  cache_similarity, created_at, tags, upstream_model, cached_input_tokens, cache_write_5m_tokens, cache_write_1h_tokens,
                  reasoning_tokens, audio_input_tokens, audio_output_tokens, image_input_tokens, image_output_tokens,
-                 web_search_calls)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+                 web_search_calls, usage_estimated)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 
 /// What one logged request adds to its day's row of the spend rollup (`store::spend`), its
 /// tags bounded (`store::tag_bound`); the trigger on `spend_days` adds the same to the
-/// month's row (`spend_months`, migration `0023_spend_months`) in this statement.
+/// month's row (`spend_months`, migrations `0023_spend_months`, `0024_usage_estimated`) in
+/// this statement. An estimated request's cost is added to `estimated_micros` too.
 const ROLLUP: &str = "INSERT INTO spend_days (day, team_id, user_id, token_id, model, served_model, upstream, tags,
-                 requests, errors, input_tokens, output_tokens, cost_micros)
-             VALUES (substr(?1, 1, 10), ?2, ?3, ?4, ?5, ?6, ?7, ?8, 1, ?9, ?10, ?11, ?12)
+                 requests, errors, input_tokens, output_tokens, cost_micros, estimated_micros)
+             VALUES (substr(?1, 1, 10), ?2, ?3, ?4, ?5, ?6, ?7, ?8, 1, ?9, ?10, ?11, ?12, ?13)
              ON CONFLICT (day, team_id, user_id, token_id, model, served_model, upstream, tags) DO UPDATE SET
                  requests = requests + 1, errors = errors + excluded.errors,
                  input_tokens = input_tokens + excluded.input_tokens,
                  output_tokens = output_tokens + excluded.output_tokens,
-                 cost_micros = cost_micros + excluded.cost_micros";
+                 cost_micros = cost_micros + excluded.cost_micros,
+                 estimated_micros = estimated_micros + excluded.estimated_micros";
+
+/// What a row adds to the rollup's `estimated_micros`: its cost when its usage was
+/// estimated.
+pub fn estimated_micros(r: &RequestRow) -> i64 {
+    if r.usage_estimated {
+        r.cost_micros
+    } else {
+        0
+    }
+}
 
 /// How the request log's batches are written on each engine (`store::lingering`).
 pub const LOG_BATCH: super::lingering::BatchWrite<RequestRow> = super::lingering::BatchWrite {
@@ -126,6 +141,7 @@ pub fn insert_batch_tx(tx: &mut Tx<'_>, rows: &[RequestRow]) -> Result<()> {
             r.upstream_model.as_str().into(),
         ];
         params.extend(kind_values(&r.kinds).map(Param::from));
+        params.push(i64::from(r.usage_estimated).into());
         let inserted = tx.execute(INSERT, &params)?;
         if let (1, Some(token)) = (inserted, r.token_id) {
             let tags = super::tag_bound::bounded_tx(tx, r)?;
@@ -144,6 +160,7 @@ pub fn insert_batch_tx(tx: &mut Tx<'_>, rows: &[RequestRow]) -> Result<()> {
                     r.input_tokens.into(),
                     r.output_tokens.into(),
                     r.cost_micros.into(),
+                    estimated_micros(r).into(),
                 ],
             )?;
         }
@@ -203,6 +220,7 @@ pub async fn insert_batch(db: &super::Db, rows: &[RequestRow]) -> Result<()> {
         for v in kind_values(&r.kinds) {
             q = q.bind(v);
         }
+        q = q.bind(r.usage_estimated);
         let inserted = q.execute(tx.sqlite()?).await?.rows_affected();
         if let (1, Some(token)) = (inserted, r.token_id) {
             let tags = super::tag_bound::bounded(tx.sqlite()?, r).await?;
@@ -219,6 +237,7 @@ pub async fn insert_batch(db: &super::Db, rows: &[RequestRow]) -> Result<()> {
                 .bind(r.input_tokens)
                 .bind(r.output_tokens)
                 .bind(r.cost_micros)
+                .bind(estimated_micros(r))
                 .execute(tx.sqlite()?)
                 .await?;
         }

@@ -111,6 +111,9 @@ pub struct Group {
     pub input_tokens: i64,
     pub output_tokens: i64,
     pub spend_micros: i64,
+    /// The part of `spend_micros` whose usage was estimated (`RequestRow::usage_estimated`):
+    /// the cost of those requests, whole.
+    pub estimated_micros: i64,
 }
 
 /// A row of the rollup, summed over the columns the report does not need.
@@ -128,6 +131,7 @@ struct Summed {
     input_tokens: i64,
     output_tokens: i64,
     cost_micros: i64,
+    estimated_micros: i64,
 }
 
 const MODEL: &str = "CASE WHEN served_model <> '' THEN served_model ELSE model END";
@@ -238,7 +242,8 @@ where
     }
     b.push(
         "CAST(SUM(requests) AS BIGINT) AS requests, CAST(SUM(input_tokens) AS BIGINT) AS input_tokens,
-         CAST(SUM(output_tokens) AS BIGINT) AS output_tokens, CAST(SUM(cost_micros) AS BIGINT) AS cost_micros
+         CAST(SUM(output_tokens) AS BIGINT) AS output_tokens, CAST(SUM(cost_micros) AS BIGINT) AS cost_micros,
+         CAST(SUM(estimated_micros) AS BIGINT) AS estimated_micros
          FROM ",
     )
     .push(format!("{} WHERE {} >= ", span.table, span.column))
@@ -360,7 +365,7 @@ pub async fn report(db: &super::Db, q: &SpendQuery) -> Result<Vec<Group>> {
         }
     };
     let names = names(db, q).await?;
-    let mut groups: BTreeMap<Vec<String>, [i128; 4]> = BTreeMap::new();
+    let mut groups: BTreeMap<Vec<String>, [i128; 5]> = BTreeMap::new();
     for r in &rows {
         let tags = Tags::stored(&r.tags);
         if !matches(&tags, &q.filters.tags) {
@@ -372,22 +377,26 @@ pub async fn report(db: &super::Db, q: &SpendQuery) -> Result<Vec<Group>> {
             .map(|d| key(d, r, &tags, &names))
             .collect();
         let sums = groups.entry(keys).or_default();
-        for (s, v) in
-            sums.iter_mut()
-                .zip([r.requests, r.input_tokens, r.output_tokens, r.cost_micros])
-        {
+        for (s, v) in sums.iter_mut().zip([
+            r.requests,
+            r.input_tokens,
+            r.output_tokens,
+            r.cost_micros,
+            r.estimated_micros,
+        ]) {
             *s += i128::from(v);
         }
     }
     let clamp = |v: i128| i64::try_from(v).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX });
     let mut out: Vec<Group> = groups
         .into_iter()
-        .map(|(keys, [req, inp, outp, cost])| Group {
+        .map(|(keys, [req, inp, outp, cost, estimated])| Group {
             keys,
             requests: clamp(req),
             input_tokens: clamp(inp),
             output_tokens: clamp(outp),
             spend_micros: clamp(cost),
+            estimated_micros: clamp(estimated),
         })
         .collect();
     if !q.group_by.first().is_some_and(Dim::is_time) {
@@ -417,6 +426,7 @@ mod tests {
             input_tokens: 0,
             output_tokens: 0,
             cost_micros: 0,
+            estimated_micros: 0,
         }
     }
 

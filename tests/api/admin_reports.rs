@@ -28,6 +28,7 @@ async fn seed(app: &TestApp, rows: &[(i64, i64, i64, &str, i64, i64, &str)]) {
                 upstream_model: String::new(),
                 status: *status as u16,
                 error_code: None,
+                usage_estimated: false,
                 stream: false,
                 attempts: 0,
                 input_tokens: 10,
@@ -261,7 +262,7 @@ async fn reports_group_spend_every_way_and_the_csv_is_the_table() {
         let lines: Vec<&str> = csv.lines().collect();
         assert_eq!(
             lines[0],
-            format!("{by},requests,input_tokens,output_tokens,spend_usd")
+            format!("{by},requests,input_tokens,output_tokens,spend_usd,estimated_usd")
         );
         let expected: Vec<String> = json["rows"]
             .as_array()
@@ -269,12 +270,14 @@ async fn reports_group_spend_every_way_and_the_csv_is_the_table() {
             .iter()
             .map(|r| {
                 format!(
-                    "{},{},{},{},{}",
+                    "{},{},{},{},{},{}",
                     r["label"].as_str().unwrap(),
                     r["requests"],
                     r["input_tokens"],
                     r["output_tokens"],
-                    sluice::quota::pricing::usd(r["spend_micros"].as_i64().unwrap())
+                    sluice::quota::pricing::usd(r["spend_micros"].as_i64().unwrap()),
+                    // The older `by=` rows keep their shape: nothing here is estimated.
+                    sluice::quota::pricing::usd(0)
                 )
             })
             .collect();
@@ -432,6 +435,7 @@ async fn write_workload(app: &TestApp, rows: &[Gen]) {
             cache: "off",
             created_at: format!("{}T{:02}:{:02}:00.000Z", g.9, i % 24, i % 60),
             tags: g.10.to_string(),
+            usage_estimated: g.8 % 3 == 0,
             ..Default::default()
         })
         .collect();
@@ -576,7 +580,7 @@ async fn every_dimension_and_a_pair_give_the_same_rows_as_json_and_csv_and_filte
         let lines: Vec<&str> = csv.lines().collect();
         assert_eq!(
             lines[0],
-            format!("{by},requests,input_tokens,output_tokens,spend_usd"),
+            format!("{by},requests,input_tokens,output_tokens,spend_usd,estimated_usd"),
             "{by}"
         );
         let expected: Vec<String> = json["rows"]
@@ -591,12 +595,13 @@ async fn every_dimension_and_a_pair_give_the_same_rows_as_json_and_csv_and_filte
                     .map(|k| k.as_str().unwrap())
                     .collect();
                 format!(
-                    "{},{},{},{},{}",
+                    "{},{},{},{},{},{}",
                     keys.join(","),
                     r["requests"],
                     r["input_tokens"],
                     r["output_tokens"],
-                    sluice::quota::pricing::usd(r["spend_micros"].as_i64().unwrap())
+                    sluice::quota::pricing::usd(r["spend_micros"].as_i64().unwrap()),
+                    sluice::quota::pricing::usd(r["estimated_micros"].as_i64().unwrap())
                 )
             })
             .collect();
@@ -700,7 +705,7 @@ async fn every_dimension_and_a_pair_give_the_same_rows_as_json_and_csv_and_filte
 
 /// A report read day by day (ranges of one day never hold a whole month, so they read
 /// `spend_days` alone), summed per group: what every report over `[from, to)` must equal.
-type Sums = std::collections::BTreeMap<Vec<String>, [i64; 4]>;
+type Sums = std::collections::BTreeMap<Vec<String>, [i64; 5]>;
 
 fn spend_query(
     from: chrono::NaiveDate,
@@ -729,10 +734,13 @@ fn sums(groups: &[Group]) -> Sums {
     let mut out = Sums::new();
     for g in groups {
         let s = out.entry(g.keys.clone()).or_default();
-        for (s, v) in
-            s.iter_mut()
-                .zip([g.requests, g.input_tokens, g.output_tokens, g.spend_micros])
-        {
+        for (s, v) in s.iter_mut().zip([
+            g.requests,
+            g.input_tokens,
+            g.output_tokens,
+            g.spend_micros,
+            g.estimated_micros,
+        ]) {
             *s += v;
         }
     }
@@ -786,6 +794,26 @@ async fn the_monthly_rollup_equals_its_days_and_reports_over_whole_months_equal_
     )
     .await;
     assert!(months.len() > 50, "{}", months.len());
+    assert_eq!(months, recomputed);
+    // The estimated spend too (migration `0024_usage_estimated`): some of it, and the
+    // months the sum of their days.
+    let months: Vec<(String, i64)> = sql_rows(
+        app.db(),
+        &format!(
+            "SELECT {} AS k, estimated_micros FROM spend_months ORDER BY k",
+            key("month")
+        ),
+    )
+    .await;
+    let recomputed: Vec<(String, i64)> = sql_rows(
+        app.db(),
+        &format!(
+            "SELECT {} AS k, CAST(SUM(estimated_micros) AS BIGINT) FROM spend_days GROUP BY k ORDER BY k",
+            key("substr(day, 1, 7)")
+        ),
+    )
+    .await;
+    assert!(months.iter().any(|(_, e)| *e > 0), "{months:?}");
     assert_eq!(months, recomputed);
 
     // Every report kind, read one day at a time over the whole window.

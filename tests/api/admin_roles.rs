@@ -633,7 +633,7 @@ async fn a_token_from_the_api_lives_rotates_and_dies() {
         .text()
         .await
         .unwrap();
-    assert!(csv.starts_with("user,requests,input_tokens,output_tokens,spend_usd\n"));
+    assert!(csv.starts_with("user,requests,input_tokens,output_tokens,spend_usd,estimated_usd\n"));
     assert!(csv.lines().any(|l| l.starts_with("rosa,1,")), "{csv}");
 
     // Limits: only the embedding model allowed → the chat model is refused.

@@ -134,16 +134,20 @@ async fn assert_departed(
             && app.scalar("SELECT COUNT(*) FROM requests").await >= 1
     })
     .await;
-    let (st, code, input, out, cost): (i64, Option<String>, i64, i64, i64) = sql_row(
-        app.db(),
-        "SELECT status, error_code, input_tokens, output_tokens, cost_micros FROM requests",
-    )
-    .await;
+    let (st, code, input, out, cost, estimated): (i64, Option<String>, i64, i64, i64, i64) =
+        sql_row(
+            app.db(),
+            "SELECT status, error_code, input_tokens, output_tokens, cost_micros,
+                CAST(CASE WHEN usage_estimated THEN 1 ELSE 0 END AS BIGINT) FROM requests",
+        )
+        .await;
     assert_eq!(
         (st, code.as_deref()),
         (status, Some("client_disconnected")),
         "the log row"
     );
+    // The input charged is the one reserved for it: the gateway's count (issue 20).
+    assert_eq!(estimated == 1, charged_input, "usage_estimated");
     assert_eq!(
         charged_to(app, id).await,
         cost,

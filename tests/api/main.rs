@@ -121,6 +121,7 @@ mod translate_fuzz;
 mod translate_roundtrip;
 mod translate_wire;
 mod trusted_proxies;
+mod usage_estimated;
 mod windows;
 mod windows_cluster;
 mod windows_redis;

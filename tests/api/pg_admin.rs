@@ -419,6 +419,7 @@ fn request(
         upstream_model: String::new(),
         status,
         error_code: None,
+        usage_estimated: false,
         stream: false,
         attempts: 1,
         input_tokens: 10,

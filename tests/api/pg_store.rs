@@ -517,6 +517,7 @@ pub fn request_rows() -> Vec<RequestRow> {
             upstream_model: String::new(),
             status: [200, 200, 429, 502, 200][(i % 5) as usize],
             error_code: (i % 5 == 2).then_some("rate_limit_exceeded"),
+            usage_estimated: i % 4 == 1,
             stream: i % 2 == 0,
             attempts: 1 + (i % 3) as u32,
             input_tokens: 10 + i,

@@ -1021,6 +1021,16 @@ async fn a_client_leaving_after_the_finish_before_the_usage_is_settled_once_at_t
         .await;
         assert_eq!(logged.3.as_deref(), None, "{what}: {logged:?}");
         assert_eq!(logged.1, counted, "{what}: the counted output");
+        // The output is the gateway's count: the row says so in its column (its code
+        // stays the input's alone, as before).
+        assert_eq!(
+            app.scalar(&format!(
+                "SELECT CAST(CASE WHEN usage_estimated THEN 1 ELSE 0 END AS BIGINT) {row}"
+            ))
+            .await,
+            1,
+            "{what}: the counted output is estimated"
+        );
         assert_eq!(
             logged.0, 1000,
             "{what}: the input reported before the finish"

@@ -13,7 +13,8 @@ use crate::store::requests::{kind_values, RequestRow};
 use crate::store::Result;
 
 /// The batch, and what it adds to `request_days`, `spend_days` and `spend_months`
-/// (`store::spend`, its tags bounded: `$33`–`$34`, by request id, `store::tag_bound`), in one
+/// (`store::spend`, its tags bounded: `$33`–`$34`, by request id, `store::tag_bound`; the
+/// `usage_estimated` column is `$35`), in one
 /// statement. The months are the days' rows summed per month, from the same rows and text;
 /// their CTE is last and unread, so it runs after the days' (PostgreSQL runs such CTEs in
 /// order at the end): each host locks every day row, then every month row, each in key order. Only rows
@@ -27,15 +28,15 @@ const INSERT: &str = "WITH ins AS (
             error_code, stream, attempts, input_tokens, output_tokens, cost_micros, latency_ms, ttfb_ms, cache, cache_key,
             cache_similarity, created_at, tags, upstream_model, cached_input_tokens, cache_write_5m_tokens, cache_write_1h_tokens,
             reasoning_tokens, audio_input_tokens, audio_output_tokens, image_input_tokens, image_output_tokens,
-            web_search_calls)
+            web_search_calls, usage_estimated)
        SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::text[], $6::text[], $7::text[],
             $8::text[], $9::bigint[], $10::text[], $11::boolean[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[],
             $16::bigint[], $17::bigint[], $18::text[], $19::text[], $20::float8[], $21::text[], $22::text[],
             $23::text[], $24::bigint[], $25::bigint[], $26::bigint[], $27::bigint[], $28::bigint[], $29::bigint[],
-            $30::bigint[], $31::bigint[], $32::bigint[])
+            $30::bigint[], $31::bigint[], $32::bigint[], $35::boolean[])
        ON CONFLICT (id) DO NOTHING
        RETURNING id, created_at, token_id, user_id, team_id, model, served_model, upstream, status, input_tokens,
-            output_tokens, cost_micros, tags),
+            output_tokens, cost_micros, tags, CASE WHEN usage_estimated THEN cost_micros ELSE 0 END AS estimated_micros),
      days AS (
        INSERT INTO request_days AS d (day, token_id, user_id, team_id, model, requests, errors, input_tokens, output_tokens, cost_micros)
        SELECT substr(created_at, 1, 10), token_id, user_id, team_id,
@@ -52,28 +53,30 @@ const INSERT: &str = "WITH ins AS (
      tagged AS (SELECT ins.*, b.tags AS bounded FROM ins LEFT JOIN b ON b.id = ins.id WHERE ins.token_id IS NOT NULL),
      spend AS (
        INSERT INTO spend_days AS s (day, team_id, user_id, token_id, model, served_model, upstream, tags,
-              requests, errors, input_tokens, output_tokens, cost_micros)
+              requests, errors, input_tokens, output_tokens, cost_micros, estimated_micros)
        SELECT substr(created_at, 1, 10), COALESCE(team_id, 0), COALESCE(user_id, 0), token_id, model, served_model,
               upstream, COALESCE(bounded, tags), COUNT(*), COUNT(*) FILTER (WHERE status NOT BETWEEN 200 AND 299),
-              SUM(input_tokens), SUM(output_tokens), SUM(cost_micros)
+              SUM(input_tokens), SUM(output_tokens), SUM(cost_micros), SUM(estimated_micros)
        FROM tagged GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8
        ON CONFLICT (day, team_id, user_id, token_id, model, served_model, upstream, tags) DO UPDATE SET
               requests = s.requests + EXCLUDED.requests, errors = s.errors + EXCLUDED.errors,
               input_tokens = s.input_tokens + EXCLUDED.input_tokens,
               output_tokens = s.output_tokens + EXCLUDED.output_tokens,
-              cost_micros = s.cost_micros + EXCLUDED.cost_micros),
+              cost_micros = s.cost_micros + EXCLUDED.cost_micros,
+              estimated_micros = s.estimated_micros + EXCLUDED.estimated_micros),
      months AS (
        INSERT INTO spend_months AS m (month, team_id, user_id, token_id, model, served_model, upstream, tags,
-              requests, errors, input_tokens, output_tokens, cost_micros)
+              requests, errors, input_tokens, output_tokens, cost_micros, estimated_micros)
        SELECT substr(created_at, 1, 7), COALESCE(team_id, 0), COALESCE(user_id, 0), token_id, model, served_model,
               upstream, COALESCE(bounded, tags), COUNT(*), COUNT(*) FILTER (WHERE status NOT BETWEEN 200 AND 299),
-              SUM(input_tokens), SUM(output_tokens), SUM(cost_micros)
+              SUM(input_tokens), SUM(output_tokens), SUM(cost_micros), SUM(estimated_micros)
        FROM tagged GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8
        ON CONFLICT (month, team_id, user_id, token_id, model, served_model, upstream, tags) DO UPDATE SET
               requests = m.requests + EXCLUDED.requests, errors = m.errors + EXCLUDED.errors,
               input_tokens = m.input_tokens + EXCLUDED.input_tokens,
               output_tokens = m.output_tokens + EXCLUDED.output_tokens,
-              cost_micros = m.cost_micros + EXCLUDED.cost_micros)
+              cost_micros = m.cost_micros + EXCLUDED.cost_micros,
+              estimated_micros = m.estimated_micros + EXCLUDED.estimated_micros)
      SELECT (SELECT COUNT(*) FROM ins WHERE token_id IS NOT NULL), (SELECT COUNT(*) FROM tagged),
             (SELECT COUNT(bounded) FROM tagged)";
 
@@ -99,19 +102,21 @@ pub async fn rebuild_days(conn: &mut PgConnection) -> Result<()> {
     }
     sqlx::query(
         "INSERT INTO spend_days (day, team_id, user_id, token_id, model, served_model, upstream, tags,
-                                 requests, errors, input_tokens, output_tokens, cost_micros)
+                                 requests, errors, input_tokens, output_tokens, cost_micros, estimated_micros)
          SELECT substr(created_at, 1, 10), COALESCE(team_id, 0), COALESCE(user_id, 0), token_id, model, served_model,
                 upstream, tags, COUNT(*), COUNT(*) FILTER (WHERE status NOT BETWEEN 200 AND 299),
-                SUM(input_tokens), SUM(output_tokens), SUM(cost_micros)
+                SUM(input_tokens), SUM(output_tokens), SUM(cost_micros),
+                SUM(CASE WHEN usage_estimated THEN cost_micros ELSE 0 END)
          FROM requests WHERE token_id IS NOT NULL GROUP BY 1, 2, 3, 4, 5, 6, 7, 8",
     )
     .execute(&mut *conn)
     .await?;
     sqlx::query(
         "INSERT INTO spend_months (month, team_id, user_id, token_id, model, served_model, upstream, tags,
-                                   requests, errors, input_tokens, output_tokens, cost_micros)
+                                   requests, errors, input_tokens, output_tokens, cost_micros, estimated_micros)
          SELECT substr(day, 1, 7), team_id, user_id, token_id, model, served_model, upstream, tags,
-                SUM(requests), SUM(errors), SUM(input_tokens), SUM(output_tokens), SUM(cost_micros)
+                SUM(requests), SUM(errors), SUM(input_tokens), SUM(output_tokens), SUM(cost_micros),
+                SUM(estimated_micros)
          FROM spend_days GROUP BY 1, 2, 3, 4, 5, 6, 7, 8",
     )
     .execute(&mut *conn)
@@ -191,7 +196,12 @@ pub async fn insert_batch_tx(conn: &mut PgConnection, rows: &[RequestRow]) -> Re
     // This statement writes the months itself: the trigger that follows other writers of
     // `spend_days` (the previous version's) stays off for this transaction.
     sqlx::query(MONTHS_WRITTEN).execute(&mut *conn).await?;
-    let counts = q.bind(ids).bind(rolled).fetch_one(&mut *conn).await?;
+    let counts = q
+        .bind(ids)
+        .bind(rolled)
+        .bind(rows.iter().map(|r| r.usage_estimated).collect::<Vec<_>>())
+        .fetch_one(&mut *conn)
+        .await?;
     let count = |i: usize| sqlx::Row::try_get::<i64, _>(&counts, i);
     let (logged, summed, bounded) = (count(0)?, count(1)?, count(2)?);
     // Every logged row is summed into the rollup exactly once (a twice-joined row would

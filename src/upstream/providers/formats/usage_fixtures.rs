@@ -371,3 +371,70 @@ fn a_usage_that_leaves_a_side_out_reports_it_absent_and_a_zero_as_zero() {
         assert_eq!(sides(f, v.clone()), want, "{f:?} {v}");
     }
 }
+
+/// Gemini's cached input (`cachedContentTokenCount`, part of `promptTokenCount`) priced at
+/// the bundled table's context-caching rates (`config/price_table.toml`), to the
+/// micro-dollar — on 2.5 Pro above 200 000 prompt tokens at its tier (×2 input, ×1.5
+/// output), and before Google's cut of the cache rates at the older ones.
+#[test]
+fn gemini_cached_input_is_priced_at_the_bundled_cache_rates() {
+    use crate::config::price_table::bundled;
+    use crate::quota::schedule::Schedule;
+
+    let at = |model: &str, day: &str, u: Usage| {
+        let t = chrono::NaiveDate::parse_from_str(day, "%Y-%m-%d")
+            .unwrap()
+            .and_hms_opt(12, 0, 0)
+            .unwrap()
+            .and_utc();
+        let table = bundled();
+        let prices = Schedule::new(vec![], vec![], table.for_upstream_model(model))
+            .rates_at(t)
+            .unwrap_or_else(|| panic!("{model} is bundled"));
+        let tier = table.long_context(model).at(t);
+        cost(u, prices.for_input(u.input, tier))
+    };
+    let u = answer_usage(
+        Format::Gemini,
+        &fixtures::json("gemini", "usage/cached.json"),
+    )
+    .unwrap();
+    assert_eq!(
+        u.parts(),
+        Parts {
+            fresh_input: 2_000,
+            cached_input: 10_000,
+            text_output: 500,
+            reasoning: 300,
+            ..Parts::default()
+        }
+    );
+    let now = "2026-12-01";
+    // 2.5 Pro: 2 000 × 1.25 + 10 000 × 0.125 + 800 × 10 = 2 500 + 1 250 + 8 000.
+    assert_eq!(at("gemini-2.5-pro", now, u), 11_750);
+    // 2.5 Flash: 2 000 × 0.30 + 10 000 × 0.03 + 800 × 2.50 = 600 + 300 + 2 000.
+    assert_eq!(at("gemini-2.5-flash", now, u), 2_900);
+    // 2.5 Flash-Lite: 2 000 × 0.10 + 10 000 × 0.01 + 800 × 0.40 = 200 + 100 + 320.
+    assert_eq!(at("gemini-2.5-flash-lite", now, u), 620);
+    // 2.0 Flash: 2 000 × 0.10 + 10 000 × 0.025 + 800 × 0.40 = 200 + 250 + 320.
+    assert_eq!(at("gemini-2.0-flash", now, u), 770);
+    // Before the cut, the cache rates of Google's 75 % discount: 2.5 Pro 2 500 + 10 000 ×
+    // 0.3125 + 8 000; 2.5 Flash 600 + 10 000 × 0.075 + 2 000; Flash-Lite 200 + 10 000 ×
+    // 0.025 + 320.
+    let before = "2025-08-01";
+    assert_eq!(at("gemini-2.5-pro", before, u), 13_625);
+    assert_eq!(at("gemini-2.5-flash", before, u), 3_350);
+    assert_eq!(at("gemini-2.5-flash-lite", before, u), 770);
+
+    // Past 200 000 prompt tokens (cached ones count), 2.5 Pro's tier: 50 000 × 2.50 +
+    // 200 000 × 0.25 + 1 000 × 15 = 125 000 + 50 000 + 15 000.
+    let long = answer_usage(
+        Format::Gemini,
+        &fixtures::json("gemini", "usage/cached_long.json"),
+    )
+    .unwrap();
+    assert_eq!((long.input, long.cached_input), (250_000, 200_000));
+    assert_eq!(at("gemini-2.5-pro", now, long), 190_000);
+    // … and before the cut: 125 000 + 200 000 × 0.625 + 15 000.
+    assert_eq!(at("gemini-2.5-pro", before, long), 265_000);
+}
