@@ -42,6 +42,12 @@ struct RawEntry {
     long_context_input_multiplier: Option<String>,
     #[serde(default)]
     long_context_output_multiplier: Option<String>,
+    /// The longest prompt the provider serves the model unless the request turns Claude's
+    /// 1M-token window on (`anthropic-beta: context-1m-…`): Claude up to 4.5, 200 000
+    /// (4.6 and later serve their whole window). What a request is charged without the
+    /// provider's count is bounded by it (`pipeline::long_context::Reader`).
+    #[serde(default)]
+    window_tokens: Option<i64>,
     #[serde(flatten)]
     keys: PriceKeys,
     /// Any other key: refused by name (a misspelt kind would otherwise be dropped).
@@ -68,6 +74,8 @@ pub struct Table {
     /// Per model, the provider whose model it is (its entries' `provider`): the family a
     /// route's provider must serve for the gateway's name to bring its tier (`route_tiers`).
     family: HashMap<String, String>,
+    /// Per model, the window it keeps without Claude's 1M beta (`window_tokens`).
+    window: HashMap<String, i64>,
 }
 
 /// The embedded table, read once. It is part of the binary and its unit test reads it
@@ -132,6 +140,15 @@ pub fn parse(text: &str) -> Result<Table, ConfigError> {
             )));
         }
         same_day.push(dated);
+        match raw.window_tokens {
+            Some(w) if w <= 0 => {
+                return Err(invalid(format!("`{name}`: window_tokens {w}")));
+            }
+            Some(w) => {
+                table.window.insert(name.clone(), w);
+            }
+            None => {}
+        }
         table.family.insert(name.clone(), raw.provider.clone());
         table.entries.push(Entry {
             provider: raw.provider,
@@ -228,21 +245,9 @@ impl Table {
         gateway_name: &str,
         provider: Provider,
     ) -> Family {
-        let of = |model: &str| self.family.get(model).map(|f| Family::named(f));
-        let named = match tier_model {
-            Some(model) => of(model),
-            None => upstream_names
-                .iter()
-                .flat_map(|n| self.matching(n))
-                .find_map(of)
-                .or_else(|| {
-                    (self.matching(gateway_name).into_iter())
-                        .filter_map(|model| self.family.get(model))
-                        .find(|family| serves(provider, family))
-                        .map(|family| Family::named(family))
-                }),
-        };
-        named
+        let named = self.route_model(tier_model, upstream_names, gateway_name, provider);
+        (named.and_then(|model| self.family.get(model)))
+            .map(|family| Family::named(family))
             .or_else(|| {
                 let says = |n: &str| {
                     let n = n.to_ascii_lowercase();
@@ -252,6 +257,44 @@ impl Table {
                     .then_some(Family::Gemini)
             })
             .unwrap_or(Family::served_by(provider))
+    }
+
+    /// The window the route's model keeps without Claude's 1M beta (`window_tokens`), by
+    /// the bundled model its names place as they place its family (`route_family`); none
+    /// for a model the table does not name.
+    pub fn route_window(
+        &self,
+        tier_model: Option<&str>,
+        upstream_names: &[&str],
+        gateway_name: &str,
+        provider: Provider,
+    ) -> Option<i64> {
+        let named = self.route_model(tier_model, upstream_names, gateway_name, provider);
+        named.and_then(|model| self.window.get(model).copied())
+    }
+
+    /// The bundled model a route's names place: its `tier_model`, else the first its
+    /// upstream names name, else one its gateway name names whose family its provider
+    /// serves.
+    fn route_model(
+        &self,
+        tier_model: Option<&str>,
+        upstream_names: &[&str],
+        gateway_name: &str,
+        provider: Provider,
+    ) -> Option<&str> {
+        let bundled = |model: &str| self.family.get_key_value(model).map(|(k, _)| k.as_str());
+        match tier_model {
+            Some(model) => bundled(model),
+            None => (upstream_names.iter())
+                .flat_map(|n| self.matching(n))
+                .find_map(bundled)
+                .or_else(|| {
+                    (self.matching(gateway_name).into_iter()).find(|model| {
+                        (self.family.get(*model)).is_some_and(|family| serves(provider, family))
+                    })
+                }),
+        }
     }
 
     /// Whether `name` is a bundled model's own name: what a route's `tier_model` may be.
@@ -647,6 +690,62 @@ mod tests {
             assert_eq!(
                 t.route_family(tier_model, &[upstream], gateway, provider),
                 family,
+                "{tier_model:?} {upstream} {gateway} {provider:?}"
+            );
+        }
+    }
+
+    /// Claude up to 4.5 keeps a 200 000-token window without the 1M beta; 4.6 and later,
+    /// and every other family, have none in the table (review finding, s18).
+    #[test]
+    fn a_routes_window_is_its_bundled_models() {
+        use Provider::{Anthropic, Bedrock, OpenaiCompatible};
+        let t = bundled();
+        let cases = [
+            (
+                None,
+                "claude-sonnet-4-5-20250929",
+                "s",
+                Anthropic,
+                Some(200_000),
+            ),
+            (
+                None,
+                "anthropic.claude-sonnet-4-5-20250929-v1:0",
+                "s",
+                Bedrock,
+                Some(200_000),
+            ),
+            (None, "claude-opus-4-1", "o", Anthropic, Some(200_000)),
+            (
+                None,
+                "claude-3-5-haiku-latest",
+                "h",
+                Anthropic,
+                Some(200_000),
+            ),
+            (None, "claude-sonnet-4-6", "s", Anthropic, None),
+            (None, "claude-opus-5", "o", Anthropic, None),
+            (None, "gemini-2.5-pro", "g", OpenaiCompatible, None),
+            (
+                None,
+                "custom",
+                "claude-sonnet-4-5",
+                Anthropic,
+                Some(200_000),
+            ),
+            (
+                Some("claude-sonnet-4-6"),
+                "claude-sonnet-4-5",
+                "s",
+                Anthropic,
+                None,
+            ),
+        ];
+        for (tier_model, upstream, gateway, provider, window) in cases {
+            assert_eq!(
+                t.route_window(tier_model, &[upstream], gateway, provider),
+                window,
                 "{tier_model:?} {upstream} {gateway} {provider:?}"
             );
         }

@@ -75,7 +75,7 @@ fn departure_on(state: &AppState, p: &Prepared, c: &Candidate) -> Departure {
         .get(c.route.deployment)
         .map_or(Provider::Anthropic, |d| d.provider);
     let turn = p.kinds.server_tools;
-    let reader = p.reader(c.route.family, provider);
+    let reader = p.reader(&c.route, provider);
     let reserved = p.reserved_input_on(c.route.image_rule, c.model.max_input_tokens, reader);
     let input = Usage {
         input: turn.billed_input(reserved, p.output_cap()),

@@ -54,11 +54,6 @@ pub fn beyond_the_estimate(family: Family, digits: i64) -> i64 {
 /// Gemini bills is longer, whatever the model's configured input.
 pub const GEMINI_LARGEST_WINDOW: i64 = 2_097_152;
 
-/// The longest prompt Claude serves unless the request turns its 1M-token window on
-/// (`anthropic-beta: context-1m-…`): past it Anthropic refuses the prompt and bills
-/// nothing, so no prompt billed without the window is longer.
-const CLAUDE_WINDOW: i64 = 200_000;
-
 /// Who reads a request's input on a candidate: its model family's tokenizer on its
 /// provider, and the longest prompt the provider serves there, if the model's configured
 /// input is not it (`Prepared::reader`).
@@ -70,14 +65,15 @@ pub struct Reader {
 }
 
 impl Reader {
-    /// The reader of a route serving `family` on `provider`, for a request that did or did
-    /// not turn Claude's 1M-token window on: Claude — known by its name — is read within
-    /// its 200 000-token window on Anthropic unless the request turned the 1M window on, on
-    /// Bedrock always (the beta header is forwarded to Anthropic only). Elsewhere — a
-    /// router, Gemini through Anthropic's wire format, a model no name places (Nova on
-    /// Bedrock) — no window is known but the model's.
-    pub fn new(family: Family, provider: Provider, claude_1m: bool) -> Reader {
-        let windowed = match provider {
+    /// The reader of a route serving `family` on `provider`, whose model keeps `window`
+    /// without Claude's 1M beta (`Route::window`, from the bundled table: Claude up to 4.5,
+    /// 200 000 tokens), for a request that did or did not turn the 1M window on: the window
+    /// holds on Anthropic unless the request turned it on, on Bedrock always (the beta is
+    /// forwarded to Anthropic only). Elsewhere — a router, an Anthropic-format server of
+    /// another family — and for a model the table does not name, no window is known but
+    /// the model's.
+    pub fn new(family: Family, provider: Provider, window: Option<i64>, claude_1m: bool) -> Reader {
+        let kept = match provider {
             Provider::Anthropic => !claude_1m,
             Provider::Bedrock => true,
             _ => false,
@@ -85,7 +81,7 @@ impl Reader {
         Reader {
             family,
             provider,
-            window: (family == Family::Claude && windowed).then_some(CLAUDE_WINDOW),
+            window: window.filter(|_| kept),
         }
     }
 
@@ -97,11 +93,10 @@ impl Reader {
 
     /// This reader as a reservation reads: without the window. The window is the gateway's
     /// inference from a name and a header, and what serves the route may not keep it — an
-    /// Anthropic-format proxy that turns the 1M window on itself, a Claude model that
-    /// serves past 200 000 tokens without the beta — so the worst case is the model's
-    /// configured input. What a request is charged without the provider's count (a
-    /// departure, an estimate) is bounded: an overcharge there is the client's, a shortfall
-    /// is absorbed and shown.
+    /// Anthropic-format proxy that turns the 1M window on itself — so the worst case is the
+    /// model's configured input. What a request is charged without the provider's count (a
+    /// departure, an estimate) is bounded: behind such a proxy what it bills beyond the
+    /// window is neither charged nor seen (docs/DESIGN.md, "Long-context tiers").
     pub fn reserving(self) -> Reader {
         Reader {
             window: None,
@@ -189,14 +184,25 @@ mod tests {
             (Unknown, Anthropic, false, 300_000, 450_000),
             (Claude, Anthropic, true, -5, 0),
         ];
+        // Every Claude here keeps the window as Claude up to 4.5 does (`Route::window`).
         for (family, provider, claude_1m, input, most) in cases {
-            let reader = Reader::new(family, provider, claude_1m);
+            let window = (family == Claude).then_some(200_000);
+            let reader = Reader::new(family, provider, window, claude_1m);
             assert_eq!(
                 provider_may_count(reader, input),
                 most,
                 "{family:?} on {provider:?}, 1M={claude_1m}: {input}"
             );
         }
+    }
+
+    /// Claude 4.6 and later serve their whole window without the beta: no window is known
+    /// for a model the bundled table gives none (review finding, s18).
+    #[test]
+    fn a_claude_without_a_window_in_the_table_is_read_unbounded() {
+        let reader = Reader::new(Family::Claude, Provider::Anthropic, None, false);
+        assert_eq!(provider_may_count(reader, 200_000), 300_000);
+        assert_eq!(reader.bound(900_000), 900_000);
     }
 
     #[test]

@@ -619,7 +619,7 @@ fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Ca
             .deployments
             .get(c.route.deployment)
             .map_or(Provider::Anthropic, |d| d.provider);
-        let reader = p.reader(c.route.family, provider).reserving();
+        let reader = p.reader(&c.route, provider).reserving();
         let first = first_step(state, p, c, reader);
         let usage = Usage {
             input: p.kinds.server_tools.billed_input(first, p.output_cap()),
@@ -724,7 +724,7 @@ async fn finish(
     mut booking: Option<Booking>,
     plan: Option<crate::cache::Plan>,
 ) -> Result<HttpResponse, Failure> {
-    let reader = p.reader(s.route.family, s.dep.provider);
+    let reader = p.reader(&s.route, s.dep.provider);
     let estimate = p.estimated_input_on(s.route.image_rule, s.model.max_input_tokens, reader);
     let mut key_booking = s.key_booking;
     let raw = s.body.unwrap_or_default();

@@ -9,14 +9,13 @@ use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
 
 use crate::auth::TokenAuth;
-use crate::config::price_table::Family;
 use crate::config::Provider;
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::quota::documents::Documents;
 use crate::quota::estimate;
 use crate::quota::images::{Images, Rule};
-use crate::upstream::catalog::{Catalog, Model};
+use crate::upstream::catalog::{Catalog, Model, Route};
 use crate::upstream::providers::openai::ROUTING_FIELDS;
 
 use super::long_context::Reader;
@@ -105,11 +104,11 @@ impl Prepared {
         reader.bound(self.documents.estimated(counted))
     }
 
-    /// Who reads this request's input on a route serving `family` on `provider`
-    /// (`long_context::Reader`): whether the client's `anthropic-beta` turned Claude's 1M
-    /// window on, which lets Claude serve (and bill) past 200 000 tokens.
-    pub fn reader(&self, family: Family, provider: Provider) -> Reader {
-        Reader::new(family, provider, self.claude_1m)
+    /// Who reads this request's input on `route` on `provider` (`long_context::Reader`):
+    /// its model family, and whether the client's `anthropic-beta` turned Claude's 1M
+    /// window on, which lets Claude up to 4.5 serve (and bill) past its window.
+    pub fn reader(&self, route: &Route, provider: Provider) -> Reader {
+        Reader::new(route.family, provider, route.window, self.claude_1m)
     }
 
     /// The estimate with its images as the route's provider bills them (`counted_on`), plus

@@ -295,7 +295,7 @@ pub(super) fn serve(
     // One bound for every buffer of a stream: no event, held-back block or cached answer
     // may be larger than a whole non-streamed answer may be.
     let most = state.settings.upstream.max_response_bytes;
-    let reader = p.reader(s.route.family, deployment.provider);
+    let reader = p.reader(&s.route, deployment.provider);
     let mut converter = StreamConverter::new(
         upstream_format,
         client,

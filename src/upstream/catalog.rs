@@ -181,6 +181,9 @@ pub struct Route {
     /// Whose model this route serves, by its names as its tiers are
     /// (`price_table::Table::route_family`): whose tokenizer counts its input.
     pub family: Family,
+    /// The longest prompt its model is served without Claude's 1M beta, if the bundled
+    /// table knows one (`price_table::Table::route_window`: Claude up to 4.5).
+    pub window: Option<i64>,
     /// The dearer tier the provider bills this route's long prompts at, if any: in the
     /// catalog the latest one; on a candidate (`Route::at`) the one in force when its
     /// request started, which the reservation and the settlement both price with.
@@ -293,11 +296,13 @@ impl Catalog {
                         let names = (r.tier_model.as_deref(), [r.model.as_str(), name]);
                         let tiers = table.route_tiers(names.0, &names.1, &m.name, u.provider);
                         let family = table.route_family(names.0, &names.1, &m.name, u.provider);
+                        let window = table.route_window(names.0, &names.1, &m.name, u.provider);
                         Some(Route {
                             deployment: d,
                             schedule: Arc::new(m.schedule(&managed.prices, &r.model, u.provider)),
                             image_rule: Rule::of(u.provider, &[&r.model, name, &m.name]),
                             family,
+                            window,
                             long_context: tiers.at(DateTime::<Utc>::MAX_UTC),
                             long_context_tiers: tiers,
                             upstream_model: name.clone(),
@@ -446,6 +451,7 @@ mod tests {
             schedule: Arc::default(),
             image_rule: Rule::Unknown,
             family: Family::Openai,
+            window: None,
             long_context: None,
             long_context_tiers: LongTiers::default(),
         };

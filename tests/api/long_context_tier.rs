@@ -678,6 +678,7 @@ async fn a_claude_departure_with_a_document_pays_no_more_than_the_window_claude_
             ("sonnet-a", route("anth", "claude-sonnet-4-5")),
             ("sonnet-br", route("br", sonnet_br)),
             ("nova-br", route("br", "amazon.nova-premier-v1:0")),
+            ("sonnet-46", route("anth", "claude-sonnet-4-6")),
         ];
         models_over(s, routes, &[]);
     })
@@ -698,6 +699,9 @@ async fn a_claude_departure_with_a_document_pays_no_more_than_the_window_claude_
         // A model no name says is Claude's has no Claude window, on Bedrock too (review
         // finding, s17: Nova Premier, 1M tokens, was bounded at 200 000 — 600 000 µ$).
         ("nova-br", KEY_BR, false, 1_000_000, 3_000_000),
+        // Claude 4.6 and later serve their whole 1M window without the beta: no window
+        // (review finding, s18: it was bounded at 200 000 — 600 000 µ$ of 3 000 000).
+        ("sonnet-46", KEY_A, false, 1_000_000, 3_000_000),
     ];
     for (n, (model, key, window_1m, input, cost)) in cases.into_iter().enumerate() {
         let case = format!("{model} 1M={window_1m}");
