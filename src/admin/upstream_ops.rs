@@ -390,7 +390,7 @@ pub async fn test(state: &AppState, actor: &Actor, id: &str) -> Result<Tested, A
             dep.url(&route, endpoint, false),
             built.body.into(),
             started + TEST_TIMEOUT,
-            ((None, None), || ()),
+            ((None, None), |_| ()),
         )
         .await;
     let elapsed_ms = started.elapsed().as_millis() as u64;

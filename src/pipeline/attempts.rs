@@ -273,14 +273,14 @@ enum Step {
 /// load that took them ends.
 const LOCAL_RETRY_AFTER_SECONDS: u64 = 1;
 
-/// One call of candidate `c`; `reached` is told when the request reached the upstream
+/// One call of candidate `c`; `reached` is told whether the request reached the upstream
 /// (`UpstreamClient::post`).
 async fn attempt(
     state: &AppState,
     (c, dep): (&Candidate, &Arc<Deployment>),
     url: Option<&reqwest::Url>,
     body: Vec<u8>,
-    (stream, headers, reached): (bool, UpstreamHeaders<'_>, impl FnOnce()),
+    (stream, headers, reached): (bool, UpstreamHeaders<'_>, impl FnMut(bool)),
     (started, deadline): (Instant, Instant),
 ) -> Result<Success, UpstreamError> {
     let d = c.route.deployment;
@@ -460,12 +460,13 @@ async fn try_candidate(
     // request that ends before its answer pays this candidate's input, or an earlier one's
     // that may have billed when dearer, and has used its input in the key's window. Not
     // before: a client that leaves, or a deadline that runs out, while the connection or
-    // the credential is being made costs nothing.
-    let on_wire = || {
-        reached = true;
-        sent(dearer(billable, here));
+    // the credential is being made costs nothing — nor after a 401 that billed nothing,
+    // while the next request is being made (`UpstreamClient::post`).
+    let on_wire = |on: bool| {
+        reached = on;
+        sent(if on { dearer(billable, here) } else { billable });
         if let Some(b) = key_booking.as_mut() {
-            b.used(p.input_tokens);
+            b.used(if on { p.input_tokens } else { 0 });
         }
     };
     let err = match attempt(

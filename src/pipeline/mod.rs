@@ -423,11 +423,6 @@ async fn run(
             return Err(ApiError::from(refused).into());
         }
     };
-    // Its windows: the input, until the answer says what was used.
-    if let Some(b) = booking.as_mut() {
-        b.used(prepared.input_tokens);
-    }
-
     // 7–9. Route, call, retry by tier. From each attempt on the upstream may be working: a
     // client that leaves pays the input reserved for it on the dearest candidate sent it
     // (`attempts::departure_on`), and its row says so (`Open`; every outcome below
@@ -445,6 +440,15 @@ async fn run(
             // A departure pays the input reserved for it: the gateway's count.
             log.usage_estimated = sent.input > 0;
             departure = sent;
+            // Its windows: the input once a call reached an upstream that may bill it,
+            // until the answer says what was used.
+            if let Some(b) = booking.as_mut() {
+                b.used(if sent.input > 0 {
+                    prepared.input_tokens
+                } else {
+                    0
+                });
+            }
         },
     )
     .await;

@@ -75,15 +75,17 @@ impl UpstreamClient {
     /// Only the deployment's own credential is sent: nothing of the client's. The one client
     /// header an upstream may see is `anthropic-beta`, and only an Anthropic one.
     ///
-    /// `reached` is called once the request reached the upstream (`on_wire`: its connection
-    /// made and its body read), as soon as it has: before, nothing was sent.
+    /// `reached` is told, as soon as it is so, whether the request reached the upstream
+    /// (`on_wire`: a connection made or pooled, its body read) — true at the read; false
+    /// again when an answer says the request billed nothing and another is being made (a
+    /// cached credential refused); never told if nothing was sent.
     pub async fn post(
         &self,
         dep: &Deployment,
         url: Option<&reqwest::Url>,
         body: Bytes,
         deadline: Instant,
-        (headers, reached): (UpstreamHeaders<'_>, impl FnOnce()),
+        (headers, reached): (UpstreamHeaders<'_>, impl FnMut(bool)),
     ) -> Result<reqwest::Response, UpstreamError> {
         let client = if dep.allow_private {
             &self.private
@@ -93,40 +95,50 @@ impl UpstreamClient {
         let Some(url) = url else {
             return Err(UpstreamError::Connect("request".into()));
         };
-        // A cached credential (a bearer token) may be refused before its time and is then
-        // replaced once: only for it is the body kept for a second request.
         let hook = match dep.credential() {
             Credential::Hook(hook) => Some(hook),
             _ => None,
         };
-        let again = hook.filter(|h| h.cached()).map(|_| body.clone());
-        let req = request(client, dep, url, body.clone(), &headers)?;
         let wire = Arc::new(on_wire::Wire::default());
         let send = async {
-            let Some(hook) = hook else {
-                let req = on_wire::watched(req, body, &wire);
-                return client.execute(req).await.map_err(Ok);
-            };
-            // Signed or given its token over the bytes it goes out with.
-            let req = hook.authorize(client, req).await.map_err(Err)?;
-            let req = on_wire::watched(req, body, &wire);
-            // The value sent, to tell the hook which token a 401 was for: a shared
-            // `HeaderValue` (a reference count), not a copy of the headers.
-            let sent = again
-                .as_ref()
-                .and(req.headers().get(AUTHORIZATION).cloned());
-            let resp = client.execute(req).await.map_err(Ok)?;
-            match (again, sent) {
-                // A cached credential refused: once more with a new one (a token the far
-                // side no longer takes is no refused key; a second 401 is).
-                (Some(body), Some(sent)) if resp.status() == reqwest::StatusCode::UNAUTHORIZED => {
-                    hook.refused(&sent);
-                    drop(resp);
-                    let again = request(client, dep, url, body, &headers).map_err(Err)?;
-                    let again = hook.authorize(client, again).await.map_err(Err)?;
-                    client.execute(again).await.map_err(Ok)
+            // A cached credential (a bearer token) may be refused before its time and is
+            // then replaced once (a token the far side no longer takes is no refused key; a
+            // second 401 is).
+            let mut may_refuse = hook.is_some_and(|h| h.cached());
+            let mut resends = 0;
+            loop {
+                let req = request(client, dep, url, body.clone(), &headers).map_err(Err)?;
+                // Signed or given its token over the bytes it goes out with.
+                let req = match hook {
+                    Some(hook) => hook.authorize(client, req).await.map_err(Err)?,
+                    None => req,
+                };
+                // The value sent, to tell the hook which token a 401 was for: a shared
+                // `HeaderValue` (a reference count), not a copy of the headers.
+                let token = (req.headers().get(AUTHORIZATION).cloned()).filter(|_| may_refuse);
+                let resp = match client
+                    .execute(on_wire::watched(req, body.clone(), &wire))
+                    .await
+                {
+                    // Not processed, by the protocol's word: sent again on another stream,
+                    // as reqwest's own retry would (it cannot resend a watched body).
+                    Err(e) if resends < RESENDS && unprocessed(&e) => {
+                        resends += 1;
+                        continue;
+                    }
+                    r => r.map_err(Ok)?,
+                };
+                match (hook, token) {
+                    (Some(hook), Some(token))
+                        if resp.status() == reqwest::StatusCode::UNAUTHORIZED =>
+                    {
+                        hook.refused(&token);
+                        may_refuse = false;
+                        // A 401 billed nothing: the request is not out until the next one is.
+                        wire.unread();
+                    }
+                    _ => return Ok(resp),
                 }
-                _ => Ok(resp),
             }
         };
         let first_byte = Duration::from_millis(self.timeouts.first_byte_timeout_ms);
@@ -273,6 +285,28 @@ pub fn retry_after(h: &reqwest::header::HeaderMap) -> Option<Duration> {
         .or_else(|| number(RETRY_AFTER.as_str()).map(Duration::from_secs_f64))
 }
 
+/// How many times a request the upstream did not process (`unprocessed`) is sent again
+/// within one attempt: reqwest's own retry's figure.
+const RESENDS: usize = 2;
+
+/// Whether `err` says, by HTTP/2's word, that the upstream did not process the request: a
+/// graceful GOAWAY (`NO_ERROR`) for a stream past its last, or the stream refused
+/// (`REFUSED_STREAM`, RFC 9113 §8.7) — what reqwest's own retry resends, and cannot for a
+/// body it is not given whole (`on_wire::watched`).
+fn unprocessed(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(err);
+    while let Some(e) = cause {
+        if let Some(h2) = e.downcast_ref::<h2::Error>() {
+            let reason = h2.reason();
+            return h2.is_remote()
+                && ((h2.is_go_away() && reason == Some(h2::Reason::NO_ERROR))
+                    || (h2.is_reset() && reason == Some(h2::Reason::REFUSED_STREAM)));
+        }
+        cause = e.source();
+    }
+    false
+}
+
 /// What the gateway itself ran out of, when an outbound call failed for want of a local
 /// resource rather than anything the far side did. The cause is an `io::Error` somewhere
 /// down the `source()` chain: reqwest wraps hyper-util's `ConnectError` ("tcp open error"
@@ -320,6 +354,57 @@ fn shortage(errno: i32) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The error an HTTP/2 client gets for a request its server answers with `answer`
+    /// (a reset of the stream with that reason, or a GOAWAY before it was accepted).
+    async fn h2_error(answer: Option<h2::Reason>) -> h2::Error {
+        let (client_io, server_io) = tokio::io::duplex(64 * 1024);
+        tokio::spawn(async move {
+            let mut conn = h2::server::handshake(server_io).await.expect("handshake");
+            match answer {
+                Some(reason) => {
+                    while let Some(Ok((_, mut respond))) = conn.accept().await {
+                        respond.send_reset(reason);
+                    }
+                }
+                None => {
+                    conn.graceful_shutdown();
+                    while conn.accept().await.is_some() {}
+                }
+            }
+        });
+        let (h2c, conn) = h2::client::handshake(client_io).await.expect("handshake");
+        tokio::spawn(conn);
+        if answer.is_none() {
+            // The server's GOAWAY comes before the request.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut h2c = match h2c.ready().await {
+            Ok(h2c) => h2c,
+            Err(e) => return e,
+        };
+        let req = http::Request::post("https://upstream/")
+            .body(())
+            .expect("request");
+        match h2c.send_request(req, true) {
+            Ok((resp, _)) => resp.await.expect_err("refused"),
+            Err(e) => e,
+        }
+    }
+
+    /// Review finding (s18, 3): a watched body cannot be cloned, so reqwest's own retry of
+    /// the requests HTTP/2 says were not processed no longer runs: `post` resends them.
+    #[tokio::test]
+    async fn only_a_request_http2_says_was_not_processed_is_sent_again() {
+        let refused = h2_error(Some(h2::Reason::REFUSED_STREAM)).await;
+        let wrapped = Wrap("a request error", Box::new(refused));
+        assert!(unprocessed(&wrapped));
+        let failed = h2_error(Some(h2::Reason::INTERNAL_ERROR)).await;
+        assert!(!unprocessed(&failed));
+        let gone = h2_error(None).await;
+        assert!(unprocessed(&gone), "{gone:?}");
+        assert!(!unprocessed(&h2::Error::from(h2::Reason::REFUSED_STREAM)));
+    }
 
     /// An error that wraps another, as reqwest and hyper-util wrap the `io::Error`.
     #[derive(Debug)]

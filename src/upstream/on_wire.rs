@@ -25,9 +25,13 @@ pub struct Wire {
     waiting: AtomicWaker,
 }
 
-/// `req` with its body (`body`, the same bytes: a credential hook may have signed them)
-/// read through `wire`.
+/// `req` with its body (`body`, the same bytes: a credential hook signs them and changes
+/// none) read through `wire`.
 pub fn watched(mut req: reqwest::Request, body: Bytes, wire: &Arc<Wire>) -> reqwest::Request {
+    // hyper reads no empty body: such a request is out with its head.
+    if body.is_empty() {
+        wire.read.store(true, Ordering::Release);
+    }
     *req.body_mut() = Some(reqwest::Body::wrap(Watched {
         body: Some(body),
         wire: wire.clone(),
@@ -35,19 +39,28 @@ pub fn watched(mut req: reqwest::Request, body: Bytes, wire: &Arc<Wire>) -> reqw
     req
 }
 
-/// Runs `send`, a request whose body is `watched` through `wire`, calling `reached` as soon
-/// as the body is first read — woken by the read, not at the answer, so a request dropped
-/// while the upstream works has heard it.
-pub async fn watch<F: Future>(send: F, wire: &Wire, reached: impl FnOnce()) -> F::Output {
+impl Wire {
+    /// The request read is not out after all (an answer said it billed nothing): the next
+    /// one's read is the one that counts.
+    pub fn unread(&self) {
+        self.read.store(false, Ordering::Release);
+        self.waiting.wake();
+    }
+}
+
+/// Runs `send`, whose requests' bodies are `watched` through `wire`, telling `reached`
+/// each time the wire changes: true as soon as a body is first read — woken by the read,
+/// not at the answer — and false again when `send` takes it back (`Wire::unread`).
+pub async fn watch<F: Future>(send: F, wire: &Wire, mut reached: impl FnMut(bool)) -> F::Output {
     let mut send = pin!(send);
-    let mut reached = Some(reached);
+    let mut told = false;
     poll_fn(|cx| {
         wire.waiting.register(cx.waker());
         let out = send.as_mut().poll(cx);
-        if wire.read.load(Ordering::Acquire) {
-            if let Some(tell) = reached.take() {
-                tell();
-            }
+        let read = wire.read.load(Ordering::Acquire);
+        if read != told {
+            told = read;
+            reached(read);
         }
         out
     })
@@ -76,7 +89,7 @@ impl http_body::Body for Watched {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_none()
+        self.body.as_ref().is_none_or(Bytes::is_empty)
     }
 
     /// Exact, so hyper sends a `Content-Length`, as for the bytes it replaces.

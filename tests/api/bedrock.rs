@@ -180,7 +180,7 @@ async fn the_gateways_client_signs_and_types_bedrock_errors() {
             urls[i].as_ref(),
             Bytes::from(hello().to_string()),
             deadline,
-            ((None, None), || ()),
+            ((None, None), |_| ()),
         )
     };
 

@@ -119,7 +119,7 @@ async fn call(s: &Settings, stream: bool) -> Result<reqwest::Response, UpstreamE
             Some(&url),
             body(),
             Instant::now() + Duration::from_secs(30),
-            ((None, None), || ()),
+            ((None, None), |_| ()),
         )
         .await
 }
@@ -250,7 +250,7 @@ async fn vertex_signs_in_with_the_service_account_and_calls_the_project_path() {
             Some(&url_of(&catalog, false)),
             body(),
             deadline,
-            ((None, None), || ()),
+            ((None, None), |_| ()),
         )
         .await
         .unwrap();
@@ -274,7 +274,7 @@ async fn vertex_signs_in_with_the_service_account_and_calls_the_project_path() {
             Some(&url_of(&catalog, true)),
             body(),
             deadline,
-            ((None, None), || ()),
+            ((None, None), |_| ()),
         )
         .await
         .unwrap();
@@ -412,15 +412,25 @@ async fn a_token_the_upstream_no_longer_takes_is_replaced_once() {
     let url = url_of(&catalog, false);
     let deadline = Instant::now() + Duration::from_secs(30);
     client
-        .post(dep, Some(&url), body(), deadline, ((None, None), || ()))
+        .post(dep, Some(&url), body(), deadline, ((None, None), |_| ()))
         .await
         .unwrap();
     mock.state.expire_vertex_tokens();
+    let mut told = Vec::new();
     let ok = client
-        .post(dep, Some(&url), body(), deadline, ((None, None), || ()))
+        .post(
+            dep,
+            Some(&url),
+            body(),
+            deadline,
+            ((None, None), |on| told.push(on)),
+        )
         .await
         .unwrap();
     assert_eq!(ok.status(), 200);
+    // Out; taken back at the 401, which billed nothing (review finding, s18: a client
+    // leaving while the new token was fetched paid the input); out again.
+    assert_eq!(told, [true, false, true]);
     assert_eq!(mock.state.stats("token").count, 2);
     // Calls with a token the mock knows (the revoked one's is counted under no account).
     assert_eq!(mock.state.stats(EMAIL).count, 2);
@@ -432,7 +442,7 @@ async fn a_token_the_upstream_no_longer_takes_is_replaced_once() {
         }),
     );
     let err = client
-        .post(dep, Some(&url), body(), deadline, ((None, None), || ()))
+        .post(dep, Some(&url), body(), deadline, ((None, None), |_| ()))
         .await
         .unwrap_err();
     assert!(
@@ -472,7 +482,7 @@ async fn a_failed_exchange_fails_the_attempt_cleanly_and_the_next_one_retries_it
         }],
     );
     let err = client
-        .post(dep, Some(&url), body(), deadline, ((None, None), || ()))
+        .post(dep, Some(&url), body(), deadline, ((None, None), |_| ()))
         .await
         .unwrap_err();
     assert!(matches!(&err, UpstreamError::Connect(_)), "{err:?}");
@@ -491,7 +501,7 @@ async fn a_failed_exchange_fails_the_attempt_cleanly_and_the_next_one_retries_it
         }],
     );
     let err = client
-        .post(dep, Some(&url), body(), deadline, ((None, None), || ()))
+        .post(dep, Some(&url), body(), deadline, ((None, None), |_| ()))
         .await
         .unwrap_err();
     assert!(
@@ -511,7 +521,7 @@ async fn a_failed_exchange_fails_the_attempt_cleanly_and_the_next_one_retries_it
 
     // The next attempt exchanges again and goes through.
     let ok = client
-        .post(dep, Some(&url), body(), deadline, ((None, None), || ()))
+        .post(dep, Some(&url), body(), deadline, ((None, None), |_| ()))
         .await
         .unwrap();
     assert_eq!(ok.status(), 200);

@@ -88,7 +88,7 @@ async fn call_through_dns(
             catalog.deployments[0].url(route, sluice::endpoint::Endpoint::Chat, false),
             Bytes::from(body.to_string()),
             Instant::now() + Duration::from_secs(10),
-            ((None, None), || ()),
+            ((None, None), |_| ()),
         )
         .await
         .map(|r| r.status().as_u16());
