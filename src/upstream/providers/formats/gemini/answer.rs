@@ -53,7 +53,9 @@ pub fn read_usage(u: &Value) -> Option<Usage> {
     let thoughts = f("thoughtsTokenCount");
     // Per-modality counts of the prompt and of the candidates (thoughts are apart from
     // them). The prompt's include its cached tokens, which `cacheTokensDetails` counts by
-    // modality: a cached audio token is priced as cached, once.
+    // modality: a cached image token is priced as cached, once; a cached audio token as
+    // audio — Google bills it above the text cache rate and no cached-audio rate is kept,
+    // so the audio input rate is the one never below the bill.
     let modality = |details: &str, m: &str| {
         u.get(details)
             .and_then(Value::as_array)
@@ -66,11 +68,10 @@ pub fn read_usage(u: &Value) -> Option<Usage> {
     Some(Usage {
         input: f("promptTokenCount").saturating_add(f("toolUsePromptTokenCount")),
         output: f("candidatesTokenCount").saturating_add(thoughts),
-        cached_input: f("cachedContentTokenCount"),
+        cached_input: (f("cachedContentTokenCount") - modality("cacheTokensDetails", "AUDIO"))
+            .max(0),
         reasoning: thoughts,
-        audio_input: (modality("promptTokensDetails", "AUDIO")
-            - modality("cacheTokensDetails", "AUDIO"))
-        .max(0),
+        audio_input: modality("promptTokensDetails", "AUDIO"),
         image_input: (modality("promptTokensDetails", "IMAGE")
             - modality("cacheTokensDetails", "IMAGE"))
         .max(0),
