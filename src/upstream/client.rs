@@ -115,7 +115,9 @@ impl UpstreamClient {
                 };
                 // The value sent, to tell the hook which token a 401 was for: a shared
                 // `HeaderValue` (a reference count), not a copy of the headers.
-                let token = (req.headers().get(AUTHORIZATION).cloned()).filter(|_| may_refuse);
+                let token = may_refuse
+                    .then(|| req.headers().get(AUTHORIZATION).cloned())
+                    .flatten();
                 let resp = match client
                     .execute(on_wire::watched(req, body.clone(), &wire))
                     .await
@@ -124,6 +126,7 @@ impl UpstreamClient {
                     // as reqwest's own retry would (it cannot resend a watched body).
                     Err(e) if resends < RESENDS && unprocessed(&e) => {
                         resends += 1;
+                        wire.unread();
                         continue;
                     }
                     r => r.map_err(Ok)?,

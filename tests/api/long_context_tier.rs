@@ -954,17 +954,7 @@ async fn a_claude_route_that_serves_past_its_window_without_the_beta_is_reserved
 #[tokio::test]
 async fn a_request_cut_or_left_while_its_connection_is_made_pays_nothing() {
     const KEY_A: &str = "claude-key-unsent-0123456789";
-    // Takes connections and says nothing: a TLS handshake with it never ends.
-    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a port");
-    let port = silent.local_addr().expect("its address").port();
-    let holder = tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((conn, _)) = silent.accept().await {
-            held.push(conn);
-        }
-    });
+    let (port, holder) = silent_listener().await;
     let app = spawn_app_with(|s, mock| {
         s.upstream.connect_timeout_ms = 60_000;
         let mut a = native_upstream(Provider::Anthropic, "anth", KEY_A, mock);
@@ -1003,16 +993,7 @@ async fn a_request_cut_or_left_while_its_connection_is_made_pays_nothing() {
 #[tokio::test]
 async fn a_deadline_that_runs_out_before_a_fallback_is_reached_cuts_nothing() {
     const KEY_A: &str = "claude-key-failing-0123456789";
-    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a port");
-    let port = silent.local_addr().expect("its address").port();
-    let holder = tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((conn, _)) = silent.accept().await {
-            held.push(conn);
-        }
-    });
+    let (port, holder) = silent_listener().await;
     let app = spawn_app_with(|s, mock| {
         s.upstream.connect_timeout_ms = 60_000;
         s.upstreams
@@ -1060,4 +1041,20 @@ async fn a_deadline_that_runs_out_before_a_fallback_is_reached_cuts_nothing() {
     );
     holder.abort();
     app.assert_invariant().await;
+}
+
+/// A port that takes connections and says nothing, so a TLS handshake with it never ends,
+/// and the task that holds them.
+async fn silent_listener() -> (u16, tokio::task::JoinHandle<()>) {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let port = silent.local_addr().expect("its address").port();
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((conn, _)) = silent.accept().await {
+            held.push(conn);
+        }
+    });
+    (port, holder)
 }
