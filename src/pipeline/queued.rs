@@ -120,19 +120,12 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
                 departure = sent;
             },
         );
-        tokio::pin!(call);
         let outcome = tokio::select! {
             biased;
             _ = sink.closed() => None,
             _ = sink.drain.started() => None,
-            outcome = &mut call => Some(outcome),
+            outcome = call => Some(outcome),
         };
-        // A call whose request reached its upstream in the turn the client left (or the
-        // drain began) hears it on its next poll (`upstream::on_wire`): one more, so the
-        // departure is that call's.
-        if outcome.is_none() {
-            let _ = futures_util::FutureExt::now_or_never(&mut call);
-        }
         outcome.map(|outcome| {
             books.log.attempts = outcome.attempts;
             match outcome.result {

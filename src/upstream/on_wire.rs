@@ -50,21 +50,47 @@ impl Wire {
 
 /// Runs `send`, whose requests' bodies are `watched` through `wire`, telling `reached`
 /// each time the wire changes: true as soon as a body is first read — woken by the read,
-/// not at the answer — and false again when `send` takes it back (`Wire::unread`).
-pub async fn watch<F: Future>(send: F, wire: &Wire, mut reached: impl FnMut(bool)) -> F::Output {
+/// not at the answer — and false again when `send` takes it back (`Wire::unread`). A
+/// read not told yet when the call is dropped (its client left, or a deadline cut it, in
+/// the turn of the read) is told as it is dropped.
+pub async fn watch<F: Future>(send: F, wire: &Wire, reached: impl FnMut(bool)) -> F::Output {
+    // Declared before `send`, so dropped after it.
+    let mut told = Told {
+        wire,
+        told: false,
+        reached,
+    };
     let mut send = pin!(send);
-    let mut told = false;
     poll_fn(|cx| {
         wire.waiting.register(cx.waker());
         let out = send.as_mut().poll(cx);
-        let read = wire.read.load(Ordering::Acquire);
-        if read != told {
-            told = read;
-            reached(read);
-        }
+        told.tell();
         out
     })
     .await
+}
+
+/// What `reached` was last told of a wire.
+struct Told<'w, R: FnMut(bool)> {
+    wire: &'w Wire,
+    told: bool,
+    reached: R,
+}
+
+impl<R: FnMut(bool)> Told<'_, R> {
+    fn tell(&mut self) {
+        let read = self.wire.read.load(Ordering::Acquire);
+        if read != self.told {
+            self.told = read;
+            (self.reached)(read);
+        }
+    }
+}
+
+impl<R: FnMut(bool)> Drop for Told<'_, R> {
+    fn drop(&mut self) {
+        self.tell();
+    }
 }
 
 /// A request body of known bytes that marks its `Wire` read at its first read.
@@ -95,5 +121,27 @@ impl http_body::Body for Watched {
     /// Exact, so hyper sends a `Content-Length`, as for the bytes it replaces.
     fn size_hint(&self) -> SizeHint {
         SizeHint::with_exact(self.body.as_ref().map_or(0, |b| b.len() as u64))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Review finding (s18, B2): a call dropped in the turn its body was read — before its
+    /// next poll — never told the read, and a client that left then paid nothing for a
+    /// request the upstream had.
+    #[test]
+    fn a_read_not_told_when_the_call_is_dropped_is_told_as_it_is_dropped() {
+        let wire = Wire::default();
+        let mut told = Vec::new();
+        let mut call = Box::pin(watch(std::future::pending::<()>(), &wire, |on| {
+            told.push(on)
+        }));
+        assert!(futures_util::FutureExt::now_or_never(call.as_mut()).is_none());
+        // hyper reads the body on its connection's task.
+        wire.read.store(true, Ordering::Release);
+        drop(call);
+        assert_eq!(told, [true]);
     }
 }
