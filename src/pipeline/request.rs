@@ -19,6 +19,7 @@ use crate::upstream::catalog::{Catalog, Model, Route};
 use crate::upstream::providers::openai::ROUTING_FIELDS;
 
 use super::long_context::Reader;
+use crate::upstream::providers::translate::stream::MOST_CHOICES;
 
 /// Most completions one request may ask for (`n`); each is priced as a completion.
 pub const MAX_N: i64 = 16;
@@ -67,10 +68,11 @@ pub struct Prepared {
 
 impl Prepared {
     /// How many choices a streamed answer has: the client's `n` (1..=16, checked by
-    /// `output_multiplier`), each whole only at its own finish. Not `n`'s multiplier
-    /// `best_of`: those completions are generated, never sent.
+    /// `output_multiplier`) for each prompt (`prompts`), each whole only at its own
+    /// finish. Not `n`'s multiplier `best_of`: those completions are generated, never sent.
     pub fn choices(&self) -> i64 {
-        self.body.get("n").and_then(Value::as_i64).unwrap_or(1)
+        let n = self.body.get("n").and_then(Value::as_i64).unwrap_or(1);
+        n.saturating_mul(prompts(self.endpoint, &self.body))
     }
 
     /// The most output the request may be billed: its cap × n (0 without a cap).
@@ -136,8 +138,41 @@ impl Prepared {
 
 /// How many completions a request makes the upstream generate and bill: `n` (1..=16) and,
 /// on `/v1/completions`, `best_of` (1..=16, at least `n`: the upstream generates `best_of`
-/// and returns `n`). `best_of` elsewhere is refused rather than passed on unpriced.
+/// and returns `n`), for each of its prompts (`prompts`). `best_of` elsewhere is refused
+/// rather than passed on unpriced. A stream of more choices than its reader tells apart
+/// (`stream::MOST_CHOICES`) is refused.
 fn output_multiplier(endpoint: Endpoint, body: &Map<String, Value>) -> Result<i64, ApiError> {
+    let per_prompt = per_prompt(endpoint, body)?;
+    let prompts = prompts(endpoint, body);
+    let n = int_field(body, "n")?.unwrap_or(1);
+    if body.get("stream") == Some(&Value::Bool(true)) && n.saturating_mul(prompts) > MOST_CHOICES {
+        return Err(ApiError::invalid(
+            "prompt",
+            format!(
+                "a stream takes at most {MOST_CHOICES} choices (`n` for each prompt): send fewer prompts, or not as a stream"
+            ),
+        ));
+    }
+    Ok(per_prompt.saturating_mul(prompts))
+}
+
+/// How many prompts a request holds: on `/v1/completions` an array of strings (or of token
+/// arrays) is one prompt for each item — the upstream completes each; one string or one
+/// token array is one.
+fn prompts(endpoint: Endpoint, body: &Map<String, Value>) -> i64 {
+    match body.get("prompt") {
+        Some(Value::Array(items))
+            if endpoint == Endpoint::Completions
+                && items.iter().any(|i| i.is_string() || i.is_array()) =>
+        {
+            i64::try_from(items.len()).unwrap_or(i64::MAX)
+        }
+        _ => 1,
+    }
+}
+
+/// The completions one prompt makes: `n`, or `best_of` when given (see `output_multiplier`).
+fn per_prompt(endpoint: Endpoint, body: &Map<String, Value>) -> Result<i64, ApiError> {
     let n = int_field(body, "n")?.unwrap_or(1);
     if !(1..=MAX_N).contains(&n) {
         return Err(ApiError::invalid(

@@ -463,3 +463,45 @@ async fn a_clock_days_ahead_neither_expires_leases_nor_forgets_orphans(engine: E
     assert_invariant_on(&db).await;
 }
 on_both_engines!(a_clock_days_ahead_neither_expires_leases_nor_forgets_orphans);
+
+/// Review finding (s18): a `/v1/completions` prompt array makes the upstream generate `n`
+/// completions for each prompt, and the reservation held one prompt's: four prompts of
+/// 100 tokens each were reserved as 100 tokens of output, the rest absorbed. A stream
+/// whose choices (`n` × prompts) pass the 32 the stream reader tells apart is refused,
+/// naming `prompt`.
+#[tokio::test]
+async fn a_prompt_array_is_priced_as_the_completions_the_upstream_bills() {
+    let app = spawn_app().await;
+    let prompt = "Write a haiku about budgets.";
+    let budget = 3 * completion_worst(prompt, 100, 1);
+    let (_, token) = app.token("erin", Some(&pricing::usd(budget))).await;
+    let prompts = |k: usize| json!(vec![prompt; k]);
+    let resp = app
+        .post(
+            "/v1/completions",
+            &token,
+            &json!({"model": "gpt-4o-mini", "prompt": prompts(4), "max_tokens": 100}),
+        )
+        .await;
+    assert_eq!(resp.status(), 429, "four prompts reserve four completions");
+    let resp = app
+        .post(
+            "/v1/completions",
+            &token,
+            &json!({"model": "gpt-4o-mini", "prompt": prompts(2), "max_tokens": 100}),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let resp = app
+        .post(
+            "/v1/completions",
+            &token,
+            &json!({"model": "gpt-4o-mini", "prompt": prompts(17), "n": 2,
+                "max_tokens": 1, "stream": true}),
+        )
+        .await;
+    assert_eq!(resp.status(), 400);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["param"], "prompt", "{v}");
+    app.assert_invariant().await;
+}

@@ -117,6 +117,10 @@ impl Writer {
     }
 }
 
+/// The most choices a stream's finishes are told apart for (`StreamConverter::choices`,
+/// one bit each): a request streaming more is refused (`pipeline::request`).
+pub const MOST_CHOICES: i64 = 32;
+
 pub struct StreamConverter {
     upstream: Format,
     client: Format,
@@ -139,6 +143,8 @@ pub struct StreamConverter {
     /// `finish_reason`): each is whole then, and what a later chunk says of it is neither
     /// passed on nor counted (`openai_to_openai`).
     finishes: u64,
+    /// The choices a chunk of which came (`finishes`' bits).
+    started: u64,
     /// An OpenAI upstream's usage came after the finish in a chunk of its own (its last
     /// usage chunk): the answer and its price are told, no choice's text is more of it.
     told: bool,
@@ -239,6 +245,7 @@ impl StreamConverter {
             finished: false,
             choices: 1,
             finishes: 0,
+            started: 0,
             text: String::new(),
             counted: 0,
             searches_seen: 0,
@@ -330,7 +337,7 @@ impl StreamConverter {
     /// The answer has `n` choices (the request's `n`; 1 by default): the stream is whole
     /// (`finished`) once each has its finish. At most 32 are told apart: `n` is at most 16.
     pub fn choices(mut self, n: i64) -> Self {
-        self.choices = u32::try_from(n.clamp(1, 32)).unwrap_or(1);
+        self.choices = u32::try_from(n.clamp(1, MOST_CHOICES)).unwrap_or(1);
         self
     }
 
@@ -651,23 +658,22 @@ impl StreamConverter {
         let before = self.finishes;
         let told = self.told;
         for choice in c.choices.iter().flatten() {
-            if choice
-                .finish_reason
-                .as_deref()
-                .is_some_and(|r| !r.is_empty())
-            {
-                let index = choice.index.unwrap_or(0);
-                if let Some(bit) = u32::try_from(index)
-                    .ok()
-                    .filter(|&i| i < self.choices)
-                    .map(|i| 1u64 << i)
-                {
-                    self.finishes |= bit;
-                }
+            let bit = u32::try_from(choice.index.unwrap_or(0))
+                .ok()
+                .filter(|&i| i < self.choices)
+                .map_or(0, |i| 1u64 << i);
+            self.started |= bit;
+            if (choice.finish_reason.as_deref()).is_some_and(|r| !r.is_empty()) {
+                self.finishes |= bit;
             }
         }
-        // Whole once every choice asked for finished (a choice not yet started has not).
-        self.finished |= self.finishes == (1u64 << self.choices) - 1;
+        let usage_only = c.choices.as_ref().is_none_or(Vec::is_empty) && c.usage.is_some();
+        // Whole once every choice asked for finished (a choice not yet started has not) —
+        // or at a usage in a chunk of its own with every choice started finished: it comes
+        // after every choice the server generates, and one that ignores `n` (Ollama, a
+        // relay) generates fewer than asked.
+        self.finished |= self.finishes == (1u64 << self.choices) - 1
+            || (usage_only && self.started != 0 && self.finishes & self.started == self.started);
         for choice in c.choices.iter().flatten() {
             if told || self.had_finished(before, choice.index.unwrap_or(0)) {
                 continue;
@@ -705,7 +711,7 @@ impl StreamConverter {
             self.report_output(output);
             // A usage on a chunk with choices may be a running one (vLLM's continuous
             // usage: another choice of an `n` > 1 stream may still be streaming).
-            self.told |= self.finished && c.choices.as_ref().is_none_or(Vec::is_empty);
+            self.told |= self.finished && usage_only;
         }
     }
 

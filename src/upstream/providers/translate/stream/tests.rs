@@ -626,7 +626,13 @@ fn an_answer_of_n_choices_is_whole_at_the_last_of_their_finishes() {
     c.event("", &text(2, "three "), &mut out);
     c.event("", &finish(2), &mut out);
     assert!(!c.finished(), "choice 1 has not finished");
-    c.event("", &usage, &mut out);
+    // A running usage (vLLM's continuous usage, on a chunk with choices).
+    let running = json!({"id": "c", "object": "chat.completion.chunk", "created": 1,
+        "model": "m", "choices": [{"index": 1, "delta": {"content": "two "},
+        "finish_reason": null}], "usage": {"prompt_tokens": 10, "completion_tokens": 1,
+        "total_tokens": 11}})
+    .to_string();
+    c.event("", &running, &mut out);
     assert!(
         !c.usage_final(),
         "a usage before the answer is whole is a floor"
@@ -643,6 +649,18 @@ fn an_answer_of_n_choices_is_whole_at_the_last_of_their_finishes() {
     one.event("", &text(0, "one "), &mut out);
     one.event("", &finish(0), &mut out);
     assert!(one.finished(), "n = 1: choice 0's finish");
+
+    // Review finding (s18): a server that ignores `n` (Ollama, a relay) generates one
+    // choice; the usage in a chunk of its own comes after every choice it generates, so
+    // with each one started finished the answer is whole, its usage final.
+    let mut ignored =
+        StreamConverter::new(WireFormat::OpenAi, WireFormat::OpenAi, true, 10).choices(3);
+    ignored.event("", &text(0, "one "), &mut out);
+    ignored.event("", &finish(0), &mut out);
+    assert!(!ignored.finished());
+    ignored.event("", &usage, &mut out);
+    assert!(ignored.finished() && ignored.usage_final());
+    assert!(ignored.end(&mut Vec::new()), "its body's end completes it");
 }
 
 /// After its own finish each choice of an `n` > 1 answer is whole, as choice 0 is: more of
