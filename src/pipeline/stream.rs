@@ -426,6 +426,13 @@ impl Pump {
                 }
                 // Polled once: a finished future is not polled again.
                 _ = &mut shutdown, if drain_at.is_none() => {
+                    // A client still there holds its connection, and so its worker, open
+                    // while the pump reads on; one that left at the finish holds neither,
+                    // and its worker may stop before the read: its whole answer is settled
+                    // now, on its usage if it came, else on the estimate.
+                    if self.converter.finished() && left.is_some() {
+                        break;
+                    }
                     if self.converter.finished() {
                         drain_at = Some(Instant::now());
                         continue;
