@@ -193,7 +193,7 @@ test("the admin UI, end to end", async (t) => {
         trs.map((tr) => [...tr.querySelectorAll("th, td")].map((c) => c.textContent.trim()).join(",")));
       const [download] = await Promise.all([page.waitForEvent("download"), page.getByRole("link", { name: "Export CSV" }).click()]);
       const csv = readFileSync(await download.path(), "utf8").trim().split("\n");
-      assert.equal(csv[0], "user,requests,input_tokens,output_tokens,spend_usd");
+      assert.equal(csv[0], "user,requests,input_tokens,output_tokens,spend_usd,estimated_usd");
       assert.deepEqual(csv.slice(1), tableRows, "the CSV is exactly the table");
     });
 
