@@ -6,11 +6,25 @@
 //! upstream and costs nothing (`pipeline::attempts`'s departure). reqwest has no hook
 //! between the connection and the send; the body is the one thing of the request hyper
 //! touches only then.
+//!
+//! hyper does not always ask whether a request's caller is still there before it reads
+//! the body: its HTTP/2 client keeps a request the server's stream cap holds back ("pending
+//! open") and sends it when a stream frees, whoever waits for it by then; and on either
+//! version the caller can go on one core between hyper's own check and the read on the
+//! other. So the read and the caller's going race for one state (`Wire`): whichever comes
+//! first wins. A body read first is told to the caller, also as it goes; a caller gone
+//! first leaves a body that refuses to be read, and hyper resets the stream (or closes the
+//! connection) with the head out and no byte of the prompt — nothing an upstream can work
+//! on.
+//!
+//! A read is the body handed to the connection, not the body received: on HTTP/2 what the
+//! server's flow-control window does not yet take waits in hyper's buffer, so a request
+//! cut off then counts as out though only its first part went (it errs towards the
+//! upstream's bill).
 
-use std::convert::Infallible;
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -18,10 +32,17 @@ use bytes::Bytes;
 use futures_util::task::AtomicWaker;
 use http_body::{Frame, SizeHint};
 
-/// Whether a request's body was read, and who waits to hear it.
+/// Neither read nor given up: the request is on its way to a connection.
+const WAITING: u8 = 0;
+/// The body was read: the request is out.
+const READ: u8 = 1;
+/// The caller went before the read: the body is never to be read.
+const GONE: u8 = 2;
+
+/// Whether a request's body was read, or its caller went first, and who waits to hear it.
 #[derive(Default)]
 pub struct Wire {
-    read: AtomicBool,
+    state: AtomicU8,
     waiting: AtomicWaker,
 }
 
@@ -30,7 +51,7 @@ pub struct Wire {
 pub fn watched(mut req: reqwest::Request, body: Bytes, wire: &Arc<Wire>) -> reqwest::Request {
     // hyper reads no empty body: such a request is out with its head.
     if body.is_empty() {
-        wire.read.store(true, Ordering::Release);
+        wire.state.store(READ, Ordering::Release);
     }
     *req.body_mut() = Some(reqwest::Body::wrap(Watched {
         body: Some(body),
@@ -41,18 +62,23 @@ pub fn watched(mut req: reqwest::Request, body: Bytes, wire: &Arc<Wire>) -> reqw
 
 impl Wire {
     /// The request read is not out after all (an answer said it billed nothing): the next
-    /// one's read is the one that counts.
+    /// one's read is the one that counts. Called only by the call `watch` runs, so never
+    /// after its caller went.
     pub fn unread(&self) {
-        self.read.store(false, Ordering::Release);
+        self.state.store(WAITING, Ordering::Release);
         self.waiting.wake();
+    }
+
+    fn read(&self) -> bool {
+        self.state.load(Ordering::Acquire) == READ
     }
 }
 
 /// Runs `send`, whose requests' bodies are `watched` through `wire`, telling `reached`
 /// each time the wire changes: true as soon as a body is first read — woken by the read,
-/// not at the answer — and false again when `send` takes it back (`Wire::unread`). A
-/// read not told yet when the call is dropped (its client left, or a deadline cut it, in
-/// the turn of the read) is told as it is dropped.
+/// not at the answer — and false again when `send` takes it back (`Wire::unread`). When
+/// the call is dropped (its client left, or a deadline cut it), a read that came first is
+/// told as it is dropped, and a body not read yet never will be.
 pub async fn watch<F: Future>(send: F, wire: &Wire, reached: impl FnMut(bool)) -> F::Output {
     // Declared before `send`, so dropped after it.
     let mut told = Told {
@@ -79,7 +105,7 @@ struct Told<'w, R: FnMut(bool)> {
 
 impl<R: FnMut(bool)> Told<'_, R> {
     fn tell(&mut self) {
-        let read = self.wire.read.load(Ordering::Acquire);
+        let read = self.wire.read();
         if read != self.told {
             self.told = read;
             (self.reached)(read);
@@ -89,29 +115,56 @@ impl<R: FnMut(bool)> Told<'_, R> {
 
 impl<R: FnMut(bool)> Drop for Told<'_, R> {
     fn drop(&mut self) {
-        self.tell();
+        // The caller goes: a body not read by now is never read; one read first is told.
+        let gone = self
+            .wire
+            .state
+            .compare_exchange(WAITING, GONE, Ordering::AcqRel, Ordering::Acquire);
+        if gone.is_err() {
+            self.tell();
+        }
     }
 }
 
-/// A request body of known bytes that marks its `Wire` read at its first read.
+/// A request body of known bytes that marks its `Wire` read at its first read — or, its
+/// caller gone first, refuses to be read.
 struct Watched {
     body: Option<Bytes>,
     wire: Arc<Wire>,
 }
 
+/// The body's answer to a read after its caller went.
+#[derive(Debug)]
+struct CallerGone;
+
+impl std::fmt::Display for CallerGone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the request's caller went before it was sent")
+    }
+}
+
+impl std::error::Error for CallerGone {}
+
 impl http_body::Body for Watched {
     type Data = Bytes;
-    type Error = Infallible;
+    type Error = CallerGone;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         _: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, CallerGone>>> {
         let this = self.get_mut();
-        if !this.wire.read.swap(true, Ordering::AcqRel) {
-            this.wire.waiting.wake();
+        let Some(body) = this.body.take() else {
+            return Poll::Ready(None);
+        };
+        let state = &this.wire.state;
+        match state.compare_exchange(WAITING, READ, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => this.wire.waiting.wake(),
+            Err(GONE) => return Poll::Ready(Some(Err(CallerGone))),
+            // Out already (an empty body's head): nothing changes.
+            Err(_) => {}
         }
-        Poll::Ready(this.body.take().map(|b| Ok(Frame::data(b))))
+        Poll::Ready(Some(Ok(Frame::data(body))))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -127,6 +180,7 @@ impl http_body::Body for Watched {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body::Body;
 
     /// Review finding (s18, B2): a call dropped in the turn its body was read — before its
     /// next poll — never told the read, and a client that left then paid nothing for a
@@ -140,8 +194,119 @@ mod tests {
         }));
         assert!(futures_util::FutureExt::now_or_never(call.as_mut()).is_none());
         // hyper reads the body on its connection's task.
-        wire.read.store(true, Ordering::Release);
+        wire.state.store(READ, Ordering::Release);
         drop(call);
         assert_eq!(told, [true]);
+    }
+
+    /// Review finding (s18-final, 3): the caller can go on one core between hyper's check
+    /// that it is still there and the body's read on the other. Going first, it leaves a
+    /// body that refuses to be read: the prompt never goes, and nothing is told.
+    #[test]
+    fn a_body_read_after_its_caller_went_refuses_and_tells_nothing() {
+        let wire = Arc::new(Wire::default());
+        let mut body = Watched {
+            body: Some(Bytes::from_static(b"the prompt")),
+            wire: wire.clone(),
+        };
+        let mut told = Vec::new();
+        let mut call = Box::pin(watch(std::future::pending::<()>(), &wire, |on| {
+            told.push(on)
+        }));
+        assert!(futures_util::FutureExt::now_or_never(call.as_mut()).is_none());
+        drop(call);
+        let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
+        let read = Pin::new(&mut body).poll_frame(&mut cx);
+        assert!(matches!(read, Poll::Ready(Some(Err(CallerGone)))));
+        assert_eq!(told, [] as [bool; 0]);
+    }
+
+    /// What an HTTP/2 server with room for one stream at a time got of each request after
+    /// its first: the path, and whether its body came whole.
+    async fn one_stream_server(
+        first_in: tokio::sync::oneshot::Sender<()>,
+        free: tokio::sync::oneshot::Receiver<()>,
+        got: tokio::sync::mpsc::UnboundedSender<(String, bool)>,
+    ) -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.expect("accept");
+            let mut conn = h2::server::Builder::new()
+                .max_concurrent_streams(1)
+                .handshake::<_, Bytes>(tcp)
+                .await
+                .expect("handshake");
+            let (mut first_in, mut free) = (Some(first_in), Some(free));
+            while let Some(Ok((req, mut respond))) = conn.accept().await {
+                let path = req.uri().path().to_string();
+                let mut body = req.into_body();
+                let (first_in, free, got) = (first_in.take(), free.take(), got.clone());
+                tokio::spawn(async move {
+                    let mut whole = false;
+                    loop {
+                        match body.data().await {
+                            Some(Ok(_)) => {}
+                            Some(Err(_)) => break,
+                            None => {
+                                whole = true;
+                                break;
+                            }
+                        }
+                    }
+                    if let (Some(first_in), Some(free)) = (first_in, free) {
+                        let _ = first_in.send(());
+                        let _ = free.await;
+                    } else {
+                        let _ = got.send((path, whole));
+                    }
+                    let resp = http::Response::new(());
+                    if let Ok(mut send) = respond.send_response(resp, false) {
+                        let _ = send.send_data(Bytes::from_static(b"{}"), true);
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    /// Review finding (s18-final, 1 and 3): hyper's HTTP/2 client keeps a request that the
+    /// server's stream cap holds back and sends it once a stream frees, without asking
+    /// whether its caller is still there. A call cut off while held back (its client left,
+    /// the first-byte timer, the deadline) was told nothing — it cost nothing and its key's
+    /// window was corrected to nothing — and the server then got the whole prompt.
+    #[tokio::test]
+    async fn a_request_held_back_by_the_servers_stream_cap_and_dropped_meanwhile_never_goes_out() {
+        let (first_in, first_seen) = tokio::sync::oneshot::channel();
+        let (free, freed) = tokio::sync::oneshot::channel();
+        let (got, mut seen) = tokio::sync::mpsc::unbounded_channel();
+        let addr = one_stream_server(first_in, freed, got).await;
+        let client = reqwest::Client::builder()
+            .http2_prior_knowledge()
+            .build()
+            .expect("client");
+        let first = client.post(format!("http://{addr}/first")).body("first");
+        let first = tokio::spawn(first.send());
+        first_seen.await.expect("the first request holds the one stream");
+
+        let wire = Arc::new(Wire::default());
+        let req = client
+            .post(format!("http://{addr}/second"))
+            .build()
+            .expect("request");
+        let req = watched(req, Bytes::from_static(b"the prompt"), &wire);
+        let mut told = Vec::new();
+        let call = watch(client.execute(req), &wire, |on| told.push(on));
+        let cut = tokio::time::timeout(std::time::Duration::from_millis(300), call).await;
+        assert!(cut.is_err(), "held back behind the first stream");
+        assert_eq!(told, [] as [bool; 0], "nothing was read while held back");
+
+        free.send(()).expect("free the stream");
+        first.await.expect("task").expect("the first answer");
+        let second = tokio::time::timeout(std::time::Duration::from_secs(2), seen.recv()).await;
+        if let Ok(Some((path, whole))) = second {
+            assert_eq!(path, "/second");
+            assert!(!whole, "the server got the prompt of a call nobody was told went out");
+        }
     }
 }
