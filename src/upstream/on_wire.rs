@@ -116,10 +116,10 @@ impl<R: FnMut(bool)> Told<'_, R> {
 impl<R: FnMut(bool)> Drop for Told<'_, R> {
     fn drop(&mut self) {
         // The caller goes: a body not read by now is never read; one read first is told.
-        let gone = self
-            .wire
-            .state
-            .compare_exchange(WAITING, GONE, Ordering::AcqRel, Ordering::Acquire);
+        let gone =
+            self.wire
+                .state
+                .compare_exchange(WAITING, GONE, Ordering::AcqRel, Ordering::Acquire);
         if gone.is_err() {
             self.tell();
         }
@@ -228,7 +228,9 @@ mod tests {
         free: tokio::sync::oneshot::Receiver<()>,
         got: tokio::sync::mpsc::UnboundedSender<(String, bool)>,
     ) -> std::net::SocketAddr {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let addr = listener.local_addr().expect("addr");
         tokio::spawn(async move {
             let (tcp, _) = listener.accept().await.expect("accept");
@@ -287,7 +289,9 @@ mod tests {
             .expect("client");
         let first = client.post(format!("http://{addr}/first")).body("first");
         let first = tokio::spawn(first.send());
-        first_seen.await.expect("the first request holds the one stream");
+        first_seen
+            .await
+            .expect("the first request holds the one stream");
 
         let wire = Arc::new(Wire::default());
         let req = client
@@ -306,7 +310,10 @@ mod tests {
         let second = tokio::time::timeout(std::time::Duration::from_secs(2), seen.recv()).await;
         if let Ok(Some((path, whole))) = second {
             assert_eq!(path, "/second");
-            assert!(!whole, "the server got the prompt of a call nobody was told went out");
+            assert!(
+                !whole,
+                "the server got the prompt of a call nobody was told went out"
+            );
         }
     }
 }
