@@ -96,9 +96,6 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
             return end(&state, books, e, NOTHING).await;
         }
     };
-    if let Some(b) = books.booking.as_mut() {
-        b.used(prepared.input_tokens);
-    }
     // An upstream's own error answer cannot be relayed into an open stream (and is not
     // `Send`): only its gist goes on, in the error event.
     let mut departure = attempts::Departure::default();
@@ -108,7 +105,7 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
         // upstream connection). From each attempt on, a departure pays the input reserved
         // on the dearest candidate sent the request (`attempts::departure_on`).
         let (id, trace) = (books.log.id.clone(), books.log.trace.clone());
-        let held = &mut books.held;
+        let (held, booking) = (&mut books.held, &mut books.booking);
         let call = attempts::call(
             &state,
             &prepared,
@@ -118,6 +115,15 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
             |sent| {
                 held.set_cost_if_dropped(sent.cost);
                 departure = sent;
+                // Its windows, as a request not queued books them: the input once a call
+                // reached an upstream that may bill it, until the answer says what was used.
+                if let Some(b) = booking.as_mut() {
+                    b.used(if sent.input > 0 {
+                        prepared.input_tokens
+                    } else {
+                        0
+                    });
+                }
             },
         );
         let outcome = tokio::select! {
@@ -196,7 +202,9 @@ async fn end(state: &AppState, books: Books, e: ApiError, input: (i64, i64)) {
         mut booking,
         ..
     } = books;
-    if let Some(b) = booking.as_mut().filter(|_| cost == 0) {
+    // The input an upstream had stays in the windows even when it costs nothing (a free
+    // model).
+    if let Some(b) = booking.as_mut().filter(|_| input_tokens == 0) {
         b.used(0);
     }
     // The row before the wait on the store (see `stream::Pump::settle`): its cost is

@@ -924,3 +924,61 @@ async fn an_upstream_fault_after_the_finish_is_charged_alike_whether_the_client_
     );
     app.assert_invariant().await;
 }
+
+/// Review finding (s18 B4): on a free model a queued stream whose client left after the
+/// upstream had the request gave its token window the input back — the queued path
+/// corrected the window to 0 whenever nothing was charged, and a free model charges
+/// nothing — while the same stream not queued kept it. Both keep it now: the upstream had
+/// the input, whatever it costs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_free_models_departure_keeps_its_input_in_the_token_window_queued_or_not() {
+    const TPM: i64 = 1_000;
+    for queued in [false, true] {
+        let app = spawn_app_with(|s, _| {
+            s.queue.max_in_flight = 1;
+            s.queue.reserved = sluice::config::ReservedSlots::default();
+            s.queue.max_wait_seconds = 5;
+            s.models[0].price = sluice::config::PriceKeys::default();
+            s.models[0].free = true;
+        })
+        .await;
+        let (id, token) = app
+            .issue(sluice::cli::IssueArgs {
+                tpm: Some(TPM),
+                ..issue_args("free")
+            })
+            .await;
+        hold_headers(&app);
+        let slot = if queued {
+            Some(app.state.queue.admit(1, 0).await.expect("the free slot"))
+        } else {
+            None
+        };
+        let mut conn = send_raw(&app, &token, &body(true)).await;
+        if queued {
+            read_until(&mut conn, ": queued position=1").await;
+            drop(slot);
+        }
+        upstream_has_it(&app).await;
+        drop(conn);
+        let (code, input, _, cost) = settled_row(&app, id).await;
+        assert_eq!(
+            (code.as_deref(), cost),
+            (Some("client_disconnected"), 0),
+            "queued: {queued}"
+        );
+        assert!(input >= 2, "the input the upstream had: {input}");
+        // The window's correction is spawned as the departure ends.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Admitted only if the window had given the departure's input back.
+        app.mock.state.sticky(KEY_A, None);
+        let resp = app.chat(&token, &chat_body(TPM - input - input / 2)).await;
+        assert_eq!(
+            resp.status(),
+            429,
+            "queued: {queued}: {:?}",
+            resp.text().await
+        );
+        app.assert_invariant().await;
+    }
+}
