@@ -13,9 +13,10 @@
 //! version the caller can go on one core between hyper's own check and the read on the
 //! other. So the read and the caller's going race for one state (`Wire`): whichever comes
 //! first wins. A body read first is told to the caller, also as it goes; a caller gone
-//! first leaves a body that refuses to be read, and hyper resets the stream (or closes the
-//! connection) with the head out and no byte of the prompt — nothing an upstream can work
-//! on.
+//! first leaves a body that ends empty at its read: the server gets the head at most, short
+//! of its `Content-Length` (malformed), never a byte of the prompt — nothing an upstream can
+//! work on — and hyper, seeing the caller gone, resets the stream (HTTP/2) or closes the
+//! connection (HTTP/1, which will not end a body short of its length).
 //!
 //! A read is the body handed to the connection, not the body received: on HTTP/2 what the
 //! server's flow-control window does not yet take waits in hyper's buffer, so a request
@@ -51,7 +52,9 @@ pub struct Wire {
 pub fn watched(mut req: reqwest::Request, body: Bytes, wire: &Arc<Wire>) -> reqwest::Request {
     // hyper reads no empty body: such a request is out with its head.
     if body.is_empty() {
-        wire.state.store(READ, Ordering::Release);
+        let _ = wire
+            .state
+            .compare_exchange(WAITING, READ, Ordering::AcqRel, Ordering::Acquire);
     }
     *req.body_mut() = Some(reqwest::Body::wrap(Watched {
         body: Some(body),
@@ -65,7 +68,10 @@ impl Wire {
     /// one's read is the one that counts. Called only by the call `watch` runs, so never
     /// after its caller went.
     pub fn unread(&self) {
-        self.state.store(WAITING, Ordering::Release);
+        // From read only: a wire whose caller went stays so.
+        let _ = self
+            .state
+            .compare_exchange(READ, WAITING, Ordering::AcqRel, Ordering::Acquire);
         self.waiting.wake();
     }
 
@@ -127,32 +133,20 @@ impl<R: FnMut(bool)> Drop for Told<'_, R> {
 }
 
 /// A request body of known bytes that marks its `Wire` read at its first read — or, its
-/// caller gone first, refuses to be read.
+/// caller gone first, ends empty.
 struct Watched {
     body: Option<Bytes>,
     wire: Arc<Wire>,
 }
 
-/// The body's answer to a read after its caller went.
-#[derive(Debug)]
-struct CallerGone;
-
-impl std::fmt::Display for CallerGone {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the request's caller went before it was sent")
-    }
-}
-
-impl std::error::Error for CallerGone {}
-
 impl http_body::Body for Watched {
     type Data = Bytes;
-    type Error = CallerGone;
+    type Error = std::convert::Infallible;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         _: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, CallerGone>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, std::convert::Infallible>>> {
         let this = self.get_mut();
         let Some(body) = this.body.take() else {
             return Poll::Ready(None);
@@ -160,7 +154,13 @@ impl http_body::Body for Watched {
         let state = &this.wire.state;
         match state.compare_exchange(WAITING, READ, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => this.wire.waiting.wake(),
-            Err(GONE) => return Poll::Ready(Some(Err(CallerGone))),
+            // Ended, not failed: an error has hyper reset the stream at once, and a reset
+            // of a stream whose head h2 has not written yet is a reset of a stream the
+            // server never saw — a connection error there, cutting every request the
+            // connection carries (review finding, s19a). An end goes behind the head; the
+            // server gets a head without its body (short of its `Content-Length`:
+            // malformed), and then the reset of the call hyper sees gone.
+            Err(GONE) => return Poll::Ready(None),
             // Out already (an empty body's head): nothing changes.
             Err(_) => {}
         }
@@ -201,9 +201,9 @@ mod tests {
 
     /// Review finding (s18-final, 3): the caller can go on one core between hyper's check
     /// that it is still there and the body's read on the other. Going first, it leaves a
-    /// body that refuses to be read: the prompt never goes, and nothing is told.
+    /// body that ends empty: the prompt never goes, and nothing is told.
     #[test]
-    fn a_body_read_after_its_caller_went_refuses_and_tells_nothing() {
+    fn a_body_read_after_its_caller_went_ends_empty_and_tells_nothing() {
         let wire = Arc::new(Wire::default());
         let mut body = Watched {
             body: Some(Bytes::from_static(b"the prompt")),
@@ -217,16 +217,18 @@ mod tests {
         drop(call);
         let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
         let read = Pin::new(&mut body).poll_frame(&mut cx);
-        assert!(matches!(read, Poll::Ready(Some(Err(CallerGone)))));
+        assert!(matches!(read, Poll::Ready(None)), "no byte of the prompt");
         assert_eq!(told, [] as [bool; 0]);
     }
 
-    /// What an HTTP/2 server with room for one stream at a time got of each request after
-    /// its first: the path, and whether its body came whole.
-    async fn one_stream_server(
+    /// An HTTP/2 server with room for `streams` at a time. Its first request is held
+    /// (`first_in` says it came) until `free`; of every later one it reports the path and
+    /// how many bytes of its body came.
+    async fn h2_server(
+        streams: u32,
         first_in: tokio::sync::oneshot::Sender<()>,
         free: tokio::sync::oneshot::Receiver<()>,
-        got: tokio::sync::mpsc::UnboundedSender<(String, bool)>,
+        got: tokio::sync::mpsc::UnboundedSender<(String, usize)>,
     ) -> std::net::SocketAddr {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -235,7 +237,7 @@ mod tests {
         tokio::spawn(async move {
             let (tcp, _) = listener.accept().await.expect("accept");
             let mut conn = h2::server::Builder::new()
-                .max_concurrent_streams(1)
+                .max_concurrent_streams(streams)
                 .handshake::<_, Bytes>(tcp)
                 .await
                 .expect("handshake");
@@ -245,22 +247,15 @@ mod tests {
                 let mut body = req.into_body();
                 let (first_in, free, got) = (first_in.take(), free.take(), got.clone());
                 tokio::spawn(async move {
-                    let mut whole = false;
-                    loop {
-                        match body.data().await {
-                            Some(Ok(_)) => {}
-                            Some(Err(_)) => break,
-                            None => {
-                                whole = true;
-                                break;
-                            }
-                        }
+                    let mut bytes = 0;
+                    while let Some(Ok(data)) = body.data().await {
+                        bytes += data.len();
                     }
                     if let (Some(first_in), Some(free)) = (first_in, free) {
                         let _ = first_in.send(());
                         let _ = free.await;
                     } else {
-                        let _ = got.send((path, whole));
+                        let _ = got.send((path, bytes));
                     }
                     let resp = http::Response::new(());
                     if let Ok(mut send) = respond.send_response(resp, false) {
@@ -272,27 +267,40 @@ mod tests {
         addr
     }
 
-    /// Review finding (s18-final, 1 and 3): hyper's HTTP/2 client keeps a request that the
-    /// server's stream cap holds back and sends it once a stream frees, without asking
-    /// whether its caller is still there. A call cut off while held back (its client left,
-    /// the first-byte timer, the deadline) was told nothing — it cost nothing and its key's
-    /// window was corrected to nothing — and the server then got the whole prompt.
-    #[tokio::test]
-    async fn a_request_held_back_by_the_servers_stream_cap_and_dropped_meanwhile_never_goes_out() {
+    /// A client with one HTTP/2 connection to `addr`, and its first request there, held by
+    /// the server until the returned sender frees it.
+    async fn first_request_held(
+        streams: u32,
+    ) -> (
+        reqwest::Client,
+        std::net::SocketAddr,
+        tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>,
+        tokio::sync::oneshot::Sender<()>,
+        tokio::sync::mpsc::UnboundedReceiver<(String, usize)>,
+    ) {
         let (first_in, first_seen) = tokio::sync::oneshot::channel();
         let (free, freed) = tokio::sync::oneshot::channel();
-        let (got, mut seen) = tokio::sync::mpsc::unbounded_channel();
-        let addr = one_stream_server(first_in, freed, got).await;
+        let (got, seen) = tokio::sync::mpsc::unbounded_channel();
+        let addr = h2_server(streams, first_in, freed, got).await;
         let client = reqwest::Client::builder()
             .http2_prior_knowledge()
             .build()
             .expect("client");
         let first = client.post(format!("http://{addr}/first")).body("first");
         let first = tokio::spawn(first.send());
-        first_seen
-            .await
-            .expect("the first request holds the one stream");
+        first_seen.await.expect("the first request is in");
+        (client, addr, first, free, seen)
+    }
 
+    /// Review finding (s18-final, 1 and 3): hyper's HTTP/2 client keeps a request that the
+    /// server's stream cap holds back and sends it once a stream frees, without asking
+    /// whether its caller is still there. A call cut off while held back (its client left,
+    /// the first-byte timer, the deadline) was told nothing — it cost nothing and its key's
+    /// window was corrected to nothing — and the server then got the whole prompt. Now its
+    /// head goes and no byte of its body.
+    #[tokio::test]
+    async fn a_request_held_back_by_the_servers_stream_cap_and_dropped_meanwhile_never_goes_out() {
+        let (client, addr, first, free, mut seen) = first_request_held(1).await;
         let wire = Arc::new(Wire::default());
         let req = client
             .post(format!("http://{addr}/second"))
@@ -307,13 +315,38 @@ mod tests {
 
         free.send(()).expect("free the stream");
         first.await.expect("task").expect("the first answer");
-        let second = tokio::time::timeout(std::time::Duration::from_secs(2), seen.recv()).await;
-        if let Ok(Some((path, whole))) = second {
-            assert_eq!(path, "/second");
-            assert!(
-                !whole,
-                "the server got the prompt of a call nobody was told went out"
-            );
-        }
+        let second = tokio::time::timeout(std::time::Duration::from_secs(5), seen.recv()).await;
+        assert_eq!(
+            second.expect("the held-back head reaches the server once a stream frees"),
+            Some(("/second".to_string(), 0)),
+            "the server got the prompt of a call nobody was told went out"
+        );
+    }
+
+    /// Review finding (s19a, 1): a body that refused its read with an error had hyper reset
+    /// a stream whose head h2 had not sent yet — a reset of a stream the server never saw,
+    /// which is a connection error: the server closed the one connection every request to
+    /// that host shares, cutting the others. Ending the body empty sends the head first.
+    #[tokio::test]
+    async fn a_body_its_caller_left_does_not_cost_the_connection_its_other_requests() {
+        let (client, addr, first, free, mut seen) = first_request_held(8).await;
+        let wire = Arc::new(Wire::default());
+        wire.state.store(GONE, Ordering::Release);
+        let req = client
+            .post(format!("http://{addr}/second"))
+            .build()
+            .expect("request");
+        let second = client.execute(watched(req, Bytes::from_static(b"the prompt"), &wire));
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), second).await;
+        free.send(()).expect("free the first");
+        let first = first.await.expect("task");
+        assert_eq!(
+            first
+                .expect("the first request's answer, on the same connection")
+                .status(),
+            200
+        );
+        let second = tokio::time::timeout(std::time::Duration::from_secs(5), seen.recv()).await;
+        assert_eq!(second.expect("its head"), Some(("/second".to_string(), 0)));
     }
 }
