@@ -93,6 +93,12 @@ impl Deployment {
         }
     }
 
+    /// A deployment of `u` alone, outside a catalog (the client's own tests).
+    #[cfg(test)]
+    pub(crate) fn alone(u: &UpstreamSettings) -> Deployment {
+        Deployment::new(u, false, true, (0, 0))
+    }
+
     /// The index of a route target's URLs, made the first time it is named.
     fn target(&mut self, u: &UpstreamSettings, name: &str) -> usize {
         let name = if providers::target_in_url(u.provider) {

@@ -53,8 +53,18 @@ impl UpstreamClient {
         timeouts: &UpstreamTimeouts,
         dns: Arc<dyn reqwest::dns::Resolve>,
     ) -> Result<Self, reqwest::Error> {
+        Self::built(timeouts, dns, |b| b)
+    }
+
+    /// The client, each of its two builders passed through `tweak` first (the tests speak
+    /// HTTP/2 without TLS).
+    fn built(
+        timeouts: &UpstreamTimeouts,
+        dns: Arc<dyn reqwest::dns::Resolve>,
+        tweak: impl Fn(reqwest::ClientBuilder) -> reqwest::ClientBuilder,
+    ) -> Result<Self, reqwest::Error> {
         let build = |allow_private: bool| {
-            guarded(allow_private, dns.clone())
+            tweak(guarded(allow_private, dns.clone()))
                 .connect_timeout(Duration::from_millis(timeouts.connect_timeout_ms))
                 .tcp_nodelay(true)
                 .pool_idle_timeout(Duration::from_secs(90))
@@ -124,9 +134,13 @@ impl UpstreamClient {
                 {
                     // Not processed, by the protocol's word: sent again on another stream,
                     // as reqwest's own retry would (it cannot resend a watched body).
-                    Err(e) if resends < RESENDS && unprocessed(&e) => {
-                        resends += 1;
+                    Err(e) if unprocessed(&e) => {
                         wire.unread();
+                        if resends == RESENDS {
+                            // Refused each time: no upstream has it, and it bills nothing.
+                            return Err(Err(UpstreamError::Connect("refused stream".into())));
+                        }
+                        resends += 1;
                         continue;
                     }
                     r => r.map_err(Ok)?,
@@ -357,6 +371,7 @@ fn shortage(errno: i32) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
     /// The error an HTTP/2 client gets for a request its server answers with `answer`
     /// (a reset of the stream with that reason, or a GOAWAY before it was accepted).
@@ -407,6 +422,82 @@ mod tests {
         let gone = h2_error(None).await;
         assert!(unprocessed(&gone), "{gone:?}");
         assert!(!unprocessed(&h2::Error::from(h2::Reason::REFUSED_STREAM)));
+    }
+
+    /// An HTTP/2 server (no TLS) that refuses its first `refusals` streams
+    /// (`REFUSED_STREAM`) and answers the rest 200; the count of streams it had.
+    async fn refusing_server(refusals: usize) -> (reqwest::Url, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!(
+            "http://{}/v1/chat/completions",
+            listener.local_addr().expect("addr")
+        );
+        let had = Arc::new(AtomicUsize::new(0));
+        let count = had.clone();
+        tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.expect("accept");
+            let mut conn = h2::server::handshake(tcp).await.expect("handshake");
+            while let Some(Ok((_, mut respond))) = conn.accept().await {
+                if count.fetch_add(1, SeqCst) < refusals {
+                    respond.send_reset(h2::Reason::REFUSED_STREAM);
+                } else if let Ok(mut send) = respond.send_response(http::Response::new(()), false) {
+                    let _ = send.send_data(Bytes::from_static(b"{}"), true);
+                }
+            }
+        });
+        (reqwest::Url::parse(&url).expect("url"), had)
+    }
+
+    /// What `post` made of a server that refuses `refusals` streams: its answer, how many
+    /// streams the server had, and what `reached` was told.
+    async fn post_to_refusing(
+        refusals: usize,
+    ) -> (Result<reqwest::Response, UpstreamError>, usize, Vec<bool>) {
+        let (url, had) = refusing_server(refusals).await;
+        let timeouts = UpstreamTimeouts::default();
+        let client = UpstreamClient::built(&timeouts, Arc::new(SystemResolver), |b| {
+            b.http2_prior_knowledge()
+        })
+        .expect("client");
+        let dep = Deployment::alone(&crate::config::UpstreamSettings {
+            id: "h2".into(),
+            allow_private_network: true,
+            ..Default::default()
+        });
+        let mut told = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let body = Bytes::from_static(b"{}");
+        let answer = client
+            .post(
+                &dep,
+                Some(&url),
+                body,
+                deadline,
+                ((None, None), |on| told.push(on)),
+            )
+            .await;
+        (answer, had.load(SeqCst), told)
+    }
+
+    /// A request HTTP/2 says was not processed is sent again, up to `RESENDS` times, each
+    /// taken back from the wire (the end-to-end resend, not only its classifier). Review
+    /// finding (s19a, 4): refused every time, it was a `Broken` call that had reached its
+    /// upstream — billable, its departure paying its input — though no upstream had it.
+    #[tokio::test]
+    async fn a_stream_refused_is_sent_again_and_refused_every_time_bills_nothing() {
+        let (answer, had, told) = post_to_refusing(1).await;
+        assert_eq!(answer.expect("the resend's answer").status(), 200);
+        assert_eq!((had, told), (2, vec![true, false, true]));
+
+        let (answer, had, told) = post_to_refusing(usize::MAX).await;
+        assert!(
+            matches!(answer, Err(UpstreamError::Connect(_))),
+            "{answer:?}"
+        );
+        assert_eq!(had, 1 + RESENDS);
+        assert_eq!(told.last(), Some(&false), "not out: {told:?}");
     }
 
     /// An error that wraps another, as reqwest and hyper-util wrap the `io::Error`.
