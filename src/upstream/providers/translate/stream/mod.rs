@@ -35,7 +35,10 @@
 //!   every choice's text received counted.
 //!   After the finish the answer is whole: more of it is neither passed on nor counted,
 //!   and once an OpenAI upstream's usage came after the finish in a chunk of its own,
-//!   nothing but a higher usage is (the text of another choice included). A stream that ends before its finish is *cut*, and
+//!   nothing but a higher usage is (the text of another choice included). A choice an
+//!   OpenAI upstream sends that was not asked for (an index of `n` or more, or negative)
+//!   is no part of the answer: never passed on nor counted. A stream that ends before its
+//!   finish is *cut*, and
 //!   so is one with an event the gateway cannot read, before or after the finish (it may
 //!   be the usage): the client gets an error event.
 //! - Anthropic web searches are charged at the most of those reported and of the
@@ -363,12 +366,19 @@ impl StreamConverter {
         self
     }
 
-    /// Choice `index` had its finish by `finishes` (a choice not asked for never has).
-    fn had_finished(&self, finishes: u64, index: i64) -> bool {
+    /// Choice `index`'s bit in `finishes`; none for a choice not asked for (an index of
+    /// `choices` or more, or negative): no part of the answer.
+    fn choice_bit(&self, index: i64) -> Option<u64> {
         u32::try_from(index)
             .ok()
             .filter(|&i| i < self.choices)
-            .is_some_and(|i| finishes & (1u64 << i) != 0)
+            .map(|i| 1u64 << i)
+    }
+
+    /// What a chunk says of choice `index` is the client's, and counted: a choice asked
+    /// for, not finished by `finishes`.
+    fn is_live(&self, finishes: u64, index: i64) -> bool {
+        self.choice_bit(index).is_some_and(|b| finishes & b == 0)
     }
 
     /// The upstream was not asked for its usage (`usage_asked`).
@@ -684,17 +694,16 @@ impl StreamConverter {
         // The answer is whole once each of its `choices` finished (choice 0 alone with
         // `n` = 1, see `openai_chat::stream`); a chunk that finishes the last and carries
         // the usage (vLLM's continuous usage) carries the final one. What a later chunk
-        // says of a finished choice is not the client's (`openai_to_openai`): not counted
-        // either; nor, once the usage came after the finish in a chunk of its own, is the
-        // text of any choice (see the module doc).
+        // says of a finished choice, or any chunk of a choice not asked for, is not the
+        // client's (`openai_to_openai`): not counted either; nor, once the usage came after
+        // the finish in a chunk of its own, is the text of any choice (see the module doc).
         let before = self.finishes;
         let started = self.started;
         let told = self.told;
         for choice in c.choices.iter().flatten() {
-            let bit = u32::try_from(choice.index.unwrap_or(0))
-                .ok()
-                .filter(|&i| i < self.choices)
-                .map_or(0, |i| 1u64 << i);
+            let Some(bit) = self.choice_bit(choice.index.unwrap_or(0)) else {
+                continue;
+            };
             self.started |= bit;
             if (choice.finish_reason.as_deref()).is_some_and(|r| !r.is_empty()) {
                 self.finishes |= bit;
@@ -718,7 +727,7 @@ impl StreamConverter {
             && self.started != 0
             && self.finishes & self.started == self.started;
         for choice in c.choices.iter().flatten() {
-            if told || self.had_finished(before, choice.index.unwrap_or(0)) {
+            if told || !self.is_live(before, choice.index.unwrap_or(0)) {
                 continue;
             }
             if let Some(t) = &choice.text {
@@ -832,17 +841,17 @@ impl StreamConverter {
         // After its finish a choice is whole: more of it — text, a second finish — is not
         // passed on (nor counted), else the client would hold more than the usage reported
         // with the finish, its price. The choices still streaming (`n` > 1, each whole at
-        // its own finish) and the usage still pass.
+        // its own finish) and the usage still pass; a choice not asked for (an index of `n`
+        // or more, or negative) is no part of the answer, before the finish or after it.
         if c.choices
             .iter()
             .flatten()
-            .any(|choice| self.had_finished(before, choice.index.unwrap_or(0)))
+            .any(|choice| !self.is_live(before, choice.index.unwrap_or(0)))
         {
             let mut v: Value = serde_json::from_str(data).map_err(|_| Corrupt::Json)?;
             if let Some(choices) = v.get_mut("choices").and_then(Value::as_array_mut) {
-                choices.retain(|choice| {
-                    !self.had_finished(before, choice["index"].as_i64().unwrap_or(0))
-                });
+                choices
+                    .retain(|choice| self.is_live(before, choice["index"].as_i64().unwrap_or(0)));
                 if choices.is_empty() && (c.usage.is_none() || !self.include_usage) {
                     return Ok(());
                 }

@@ -788,3 +788,63 @@ fn text_of_a_finished_choice_is_neither_passed_on_nor_counted() {
     c.event("", &finish(0), &mut out);
     assert!(c.finished());
 }
+
+/// Review finding (s18 final #5): a choice index outside the choices asked for (`n` or
+/// more, or negative) never counted toward the finish, and after it its text passed to the
+/// client uncounted, the usage its price: text the client kept free. Such a choice is no
+/// part of the answer: neither passed on nor counted, before the finish or after it, while
+/// the choices asked for in the same chunk pass.
+#[test]
+fn a_choice_not_asked_for_is_neither_passed_on_nor_counted() {
+    let chunk = |choices: Value| {
+        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": choices})
+        .to_string()
+    };
+    let text = |i: i64, t: &str| {
+        chunk(json!([{"index": i, "delta": {"content": t}, "finish_reason": null}]))
+    };
+    let finish = |i: i64| chunk(json!([{"index": i, "delta": {}, "finish_reason": "stop"}]));
+    let free = " free words of a choice nobody asked for".repeat(20);
+    let passed = |out: &[Bytes]| String::from_utf8_lossy(&out.concat()).into_owned();
+    let mut out = Vec::new();
+    let mut c = StreamConverter::new(WireFormat::OpenAi, WireFormat::OpenAi, false, 10).choices(2);
+    c.event("", &text(0, "zero "), &mut out);
+    let counted = c.usage().output;
+    for i in [2, 7, -1] {
+        c.event("", &text(i, &free), &mut out);
+        c.event("", &finish(i), &mut out);
+    }
+    assert!(!passed(&out).contains("free words"), "{}", passed(&out));
+    assert_eq!(c.usage().output, counted, "not counted");
+    // Beside a choice asked for, that one passes alone.
+    out.clear();
+    c.event(
+        "",
+        &chunk(
+            json!([{"index": 1, "delta": {"content": "one "}, "finish_reason": null},
+            {"index": 2, "delta": {"content": free}, "finish_reason": null}]),
+        ),
+        &mut out,
+    );
+    assert!(
+        passed(&out).contains("one ") && !passed(&out).contains("free words"),
+        "{}",
+        passed(&out)
+    );
+    c.event("", &finish(0), &mut out);
+    c.event("", &finish(1), &mut out);
+    assert!(c.finished());
+    // After the finish, before the usage: with `n` = 1 too.
+    let mut one = StreamConverter::new(WireFormat::OpenAi, WireFormat::OpenAi, false, 10);
+    one.event("", &text(0, "zero "), &mut out);
+    one.event("", &finish(0), &mut out);
+    let counted = one.usage().output;
+    out.clear();
+    for i in [1, -1] {
+        c.event("", &text(i + 2, &free), &mut out);
+        one.event("", &text(i, &free), &mut out);
+    }
+    assert!(out.is_empty(), "{}", passed(&out));
+    assert_eq!(one.usage().output, counted, "not counted");
+}
