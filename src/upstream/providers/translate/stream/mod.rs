@@ -28,11 +28,11 @@
 //!   body that ends after the finish with neither is *cut*: the usage was lost on the way
 //!   (unless the gateway never asked for it: `usage_not_asked`). An OpenAI answer with
 //!   fewer choices started than asked, each finished, then a usage in a chunk of its own,
-//!   is whole at the stream's end (`[DONE]`, its body's end) if no choice starts first: a
-//!   server that ignores `n` (Ollama) generates one; one that sends its choices one after
-//!   another, a usage after each (a relay fanning `n` out), has more to come. Until that
-//!   end the answer is not whole: a client leaving is a departure, the shutdown a cut,
-//!   every choice's text received counted.
+//!   is whole at the stream's end (`[DONE]`, its body's end, break or stall) if no choice
+//!   starts first: a server that ignores `n` (Ollama) generates one; one that sends its
+//!   choices one after another, a usage after each (a relay fanning `n` out), has more to
+//!   come. Until that end the answer is not whole: a client leaving is a departure, the
+//!   shutdown a cut, every choice's text received counted.
 //!   After the finish the answer is whole: more of it is neither passed on nor counted,
 //!   and once an OpenAI upstream's usage came after the finish in a chunk of its own,
 //!   nothing but a higher usage is (the text of another choice included). A choice an
