@@ -37,9 +37,16 @@ pub struct Prepared {
     /// the route decides the field (`catalog::Route::cap_field`).
     pub cap: Option<(&'static str, i64)>,
     /// How many completions the upstream generates — and bills — for this request: `n`,
-    /// or `best_of` on `/v1/completions` when larger. Every field that multiplies output
-    /// is here (`output_multiplier`), so the reservation and the windows count all of them.
+    /// or `best_of` on `/v1/completions` when larger, for each prompt. Every field that
+    /// multiplies output is here (`completions`), so the reservation and the windows count
+    /// all of them.
     pub n: i64,
+    /// The client's `n` (1..=16; 1 when absent, and on embeddings): the choices each
+    /// prompt returns.
+    pub choices_per_prompt: i64,
+    /// How many prompts the request holds (`prompts`): more than one only in a
+    /// `/v1/completions` prompt array.
+    pub prompts: i64,
     /// Input tokens counted by the tokenizer (no margin).
     pub input_tokens: i64,
     /// The ASCII digits of the text counted in `input_tokens` (`estimate::counting_digits`):
@@ -67,12 +74,11 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    /// How many choices a streamed answer has: the client's `n` (1..=16, checked by
-    /// `output_multiplier`) for each prompt (`prompts`), each whole only at its own
-    /// finish. Not `n`'s multiplier `best_of`: those completions are generated, never sent.
+    /// How many choices a streamed answer has: the client's `n` for each prompt, each
+    /// whole only at its own finish. Not `n`'s multiplier `best_of`: those completions are
+    /// generated, never sent.
     pub fn choices(&self) -> i64 {
-        let n = self.body.get("n").and_then(Value::as_i64).unwrap_or(1);
-        n.saturating_mul(prompts(self.endpoint, &self.body))
+        self.choices_per_prompt.saturating_mul(self.prompts)
     }
 
     /// The most output the request may be billed: its cap × n (0 without a cap).
@@ -136,15 +142,25 @@ impl Prepared {
     }
 }
 
+/// What a request asks the upstream for (`completions`), read once.
+struct Completions {
+    /// The client's `n`: the choices each prompt returns.
+    n: i64,
+    /// The prompts (`prompts`).
+    prompts: i64,
+    /// The completions the upstream generates and bills in all (`Prepared::n`).
+    generated: i64,
+}
+
 /// How many completions a request makes the upstream generate and bill: `n` (1..=16) and,
 /// on `/v1/completions`, `best_of` (1..=16, at least `n`: the upstream generates `best_of`
 /// and returns `n`), for each of its prompts (`prompts`). `best_of` elsewhere is refused
 /// rather than passed on unpriced. A stream of more choices than its reader tells apart
 /// (`stream::MOST_CHOICES`) is refused.
-fn output_multiplier(endpoint: Endpoint, body: &Map<String, Value>) -> Result<i64, ApiError> {
-    let per_prompt = per_prompt(endpoint, body)?;
-    let prompts = prompts(endpoint, body);
+fn completions(endpoint: Endpoint, body: &Map<String, Value>) -> Result<Completions, ApiError> {
     let n = int_field(body, "n")?.unwrap_or(1);
+    let per_prompt = per_prompt(endpoint, body, n)?;
+    let prompts = prompts(endpoint, body);
     if body.get("stream") == Some(&Value::Bool(true)) && n.saturating_mul(prompts) > MOST_CHOICES {
         return Err(ApiError::invalid(
             "prompt",
@@ -153,7 +169,11 @@ fn output_multiplier(endpoint: Endpoint, body: &Map<String, Value>) -> Result<i6
             ),
         ));
     }
-    Ok(per_prompt.saturating_mul(prompts))
+    Ok(Completions {
+        n,
+        prompts,
+        generated: per_prompt.saturating_mul(prompts),
+    })
 }
 
 /// How many prompts a request holds: on `/v1/completions` an array of strings (or of token
@@ -171,9 +191,9 @@ fn prompts(endpoint: Endpoint, body: &Map<String, Value>) -> i64 {
     }
 }
 
-/// The completions one prompt makes: `n`, or `best_of` when given (see `output_multiplier`).
-fn per_prompt(endpoint: Endpoint, body: &Map<String, Value>) -> Result<i64, ApiError> {
-    let n = int_field(body, "n")?.unwrap_or(1);
+/// The completions one prompt makes: `n` (the client's), or `best_of` when given (see
+/// `completions`).
+fn per_prompt(endpoint: Endpoint, body: &Map<String, Value>, n: i64) -> Result<i64, ApiError> {
     if !(1..=MAX_N).contains(&n) {
         return Err(ApiError::invalid(
             "n",
@@ -324,10 +344,15 @@ pub fn prepare(
     if endpoint == Endpoint::Messages && !body.contains_key("max_tokens") {
         return Err(ApiError::invalid("max_tokens", "`max_tokens` is required"));
     }
-    let (cap, n) = if endpoint == Endpoint::Embeddings {
-        (None, 1)
+    let (cap, asked) = if endpoint == Endpoint::Embeddings {
+        let one = Completions {
+            n: 1,
+            prompts: 1,
+            generated: 1,
+        };
+        (None, one)
     } else {
-        let n = output_multiplier(endpoint, &body)?;
+        let asked = completions(endpoint, &body)?;
         // Each cap sent must be in range on its own; when both are, the tighter one is
         // the client's intent.
         let cap_of = |field: &'static str| -> Result<Option<(&'static str, i64)>, ApiError> {
@@ -357,7 +382,7 @@ pub fn prepare(
                 (None, None) => ("max_tokens", model.max_output_tokens),
             }
         };
-        (Some(cap), n)
+        (Some(cap), asked)
     };
     let images = Images::read(&body);
     Ok(Prepared {
@@ -368,7 +393,9 @@ pub fn prepare(
         stream,
         include_usage,
         cap,
-        n,
+        n: asked.generated,
+        choices_per_prompt: asked.n,
+        prompts: asked.prompts,
         input_tokens,
         input_digits,
         anthropic_beta: None,

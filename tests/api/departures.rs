@@ -843,6 +843,126 @@ async fn an_n_stream_whose_client_leaves_at_the_first_choices_finish_is_a_depart
     app.assert_invariant().await;
 }
 
+/// Choice 1's text in `choices_one_after_the_other`.
+const SECOND: &str = "A second answer, told after the first one's usage. ";
+
+/// The output tokens the last usage of `choices_one_after_the_other` reports: both choices'.
+const BOTH: i64 = 150;
+
+/// An `n` = 2 OpenAI stream whose upstream sends its choices one after the other, a usage
+/// chunk of its own after each (a relay fanning `n` out into n calls): choice 0's text,
+/// finish and usage (10 input, 5 output tokens), then choice 1's text (`SECOND` four
+/// times), its finish, the usage of both (`BOTH` output tokens) and `[DONE]`. With `stall`
+/// the upstream stops after choice 1's text, still generating.
+fn choices_one_after_the_other(stall: bool) -> Script {
+    let chunk = |choices: Value| {
+        SseEvent::Data(
+            json!({"id": "c", "object": "chat.completion.chunk", "created": 1,
+            "model": "m", "choices": choices}),
+        )
+    };
+    let text = |i: i64, t: &str| {
+        chunk(json!([{"index": i, "delta": {"content": t}, "finish_reason": null}]))
+    };
+    let finish = |i: i64| chunk(json!([{"index": i, "delta": {}, "finish_reason": "stop"}]));
+    let usage = |output: i64| {
+        SseEvent::Data(
+            json!({"id": "c", "object": "chat.completion.chunk", "created": 1,
+            "model": "m", "choices": [], "usage": {"prompt_tokens": 10,
+            "completion_tokens": output, "total_tokens": 10 + output}}),
+        )
+    };
+    Script {
+        events: Some(vec![
+            text(0, "The engine "),
+            finish(0),
+            usage(5),
+            text(1, &SECOND.repeat(4)),
+            finish(1),
+            usage(BOTH),
+            SseEvent::Data(json!("[DONE]")),
+        ]),
+        stall_after: stall.then_some(4),
+        ..Default::default()
+    }
+}
+
+/// Review finding (s18 final #4): an `n` = 2 stream whose upstream sends its choices one
+/// after the other, a usage after each, was whole at choice 0's usage. A client that left
+/// once choice 1's text had arrived was taken as leaving a whole answer: read on 2 s, then
+/// settled whole on choice 0's 5 output tokens, choice 1's text — which the upstream bills
+/// — uncounted. A usage after fewer choices started than asked makes the answer whole only
+/// at the stream's end: this is a departure, charged the reported input and every choice's
+/// text received. Read to its end the stream is charged its last usage, both choices'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_n_stream_of_choices_one_after_the_other_counts_every_choice() {
+    let app = app().await;
+    let mut body = body(true);
+    body["n"] = json!(2);
+    body["stream_options"] = json!({"include_usage": true});
+    let counted = sluice::quota::estimate::count_text(&format!("The engine {}", SECOND.repeat(4)));
+    assert!(5 < counted && counted < BOTH, "{counted}");
+
+    let (id, token) = app.token("left", Some("1")).await;
+    app.mock
+        .state
+        .script(KEY_A, [choices_one_after_the_other(true)]);
+    let mut conn = send_raw(&app, &token, &body).await;
+    read_until(&mut conn, "first one's usage").await;
+    drop(conn);
+    assert_eq!(
+        settled_row(&app, id).await,
+        (
+            Some("client_disconnected".to_string()),
+            10,
+            counted,
+            price(10, counted)
+        ),
+        "a departure counting both choices' text"
+    );
+
+    let (id, token) = app.token("stayed", Some("1")).await;
+    app.mock
+        .state
+        .script(KEY_A, [choices_one_after_the_other(false)]);
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    let (data, whole) = sse_data(resp).await;
+    assert!(
+        whole && data.last().map(String::as_str) == Some("[DONE]"),
+        "{data:?}"
+    );
+    assert_eq!(
+        settled_row(&app, id).await,
+        (None, 10, BOTH, price(10, BOTH)),
+        "the last usage, both choices'"
+    );
+
+    // A server that ignores `n` (Ollama): one choice, its usage, `[DONE]` — whole at its
+    // end, charged that usage as reported (the row not marked estimated).
+    let (id, token) = app.token("ignored", Some("1")).await;
+    let mut script = choices_one_after_the_other(false);
+    if let Some(events) = script.events.as_mut() {
+        events.drain(3..6);
+    }
+    app.mock.state.script(KEY_A, [script]);
+    let resp = app.chat(&token, &body).await;
+    let (data, whole) = sse_data(resp).await;
+    assert!(
+        whole && data.last().map(String::as_str) == Some("[DONE]"),
+        "{data:?}"
+    );
+    assert_eq!(
+        settled_row(&app, id).await,
+        (None, 10, 5, price(10, 5)),
+        "one choice's usage"
+    );
+    let estimated =
+        format!("SELECT COUNT(*) FROM requests WHERE token_id = {id} AND usage_estimated");
+    assert_eq!(app.scalar(&estimated).await, 0);
+    app.assert_invariant().await;
+}
+
 /// An OpenAI stream: "The engine ", its finish, then — `PAUSE_MS` after it — `fault`, and
 /// the body's end: no usage, no `[DONE]`.
 fn finished_then_fault(fault: SseEvent) -> Script {

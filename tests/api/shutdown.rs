@@ -811,3 +811,102 @@ async fn a_stream_whole_at_the_shutdown_is_charged_its_usage_or_estimate_not_the
         assert!(!data.iter().any(|d| d.contains("\"error\"")), "{data:?}");
     }
 }
+
+/// Review finding (s18 final #4), at the shutdown: an `n` = 2 stream whose upstream sends
+/// its choices one after the other, a usage after each, was whole at choice 0's usage, so
+/// the drain that reached it with choice 1 streaming read on 2 s and ended it as a whole
+/// answer — the client got `[DONE]` with one choice, the row choice 0's 5 output tokens,
+/// choice 1's text (which the upstream bills) uncounted. Whole only at its end, it is cut
+/// by the shutdown: `shutting_down`, the reported input and every choice's text counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_of_choices_one_after_the_other_is_cut_by_the_shutdown_every_choice_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let mut gateway = start_gateway_full(
+        dir.path(),
+        &mock,
+        &[("SLUICE_SERVER_SHUTDOWN_TIMEOUT_SECONDS", "1")],
+        "",
+    )
+    .await;
+    let (db, token) = db_and_token(dir.path(), "sequential").await;
+    let chunk = |choices: Value| {
+        sluice::mock::SseEvent::Data(json!({"id": "c", "object": "chat.completion.chunk",
+            "created": 1, "model": "m", "choices": choices}))
+    };
+    let second = "A second answer, told after the first one's usage. ".repeat(4);
+    // Choice 0's text, finish and usage, choice 1's text; then the upstream, still
+    // generating choice 1, sends nothing more.
+    mock.state.script(
+        KEY_A,
+        [Script {
+            events: Some(vec![
+                chunk(json!([{"index": 0, "delta": {"content": "The engine "},
+                    "finish_reason": null}])),
+                chunk(json!([{"index": 0, "delta": {}, "finish_reason": "stop"}])),
+                sluice::mock::SseEvent::Data(json!({"id": "c",
+                    "object": "chat.completion.chunk", "created": 1, "model": "m",
+                    "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 5,
+                    "total_tokens": 15}})),
+                chunk(json!([{"index": 1, "delta": {"content": second},
+                    "finish_reason": null}])),
+                chunk(json!([{"index": 1, "delta": {}, "finish_reason": "stop"}])),
+            ]),
+            stall_after: Some(4),
+            ..Default::default()
+        }],
+    );
+    let body = json!({"model": "gpt-4o-mini", "max_tokens": 100, "stream": true, "n": 2,
+        "stream_options": {"include_usage": true},
+        "messages": [{"role": "user", "content": "Why does the engine light blink?"}]});
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", gateway.url))
+        .bearer_auth(&token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let (task, read) = sse_data_counted(resp);
+    // The client has choice 1's text: four events.
+    until("choice 1's text never reached the client", || {
+        read.load(std::sync::atomic::Ordering::Acquire) >= 4
+    })
+    .await;
+    let sent = Instant::now();
+    sigterm(&gateway);
+    let status = exited(
+        &mut gateway,
+        sent + Duration::from_secs(15),
+        "still running 15 s after SIGTERM",
+    )
+    .await;
+    assert!(status.success(), "{status:?}");
+    let (data, _) = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the stream ended")
+        .unwrap();
+    assert!(
+        data.last().is_some_and(|d| d.contains("shutting_down")),
+        "{data:?}"
+    );
+    assert_invariant_on(&db).await;
+    let counted = sluice::quota::estimate::count_text(&format!("The engine {second}"));
+    let rows: Vec<(i64, Option<String>, i64, i64, i64)> = sql_rows(
+        &db,
+        "SELECT status, error_code, input_tokens, output_tokens, cost_micros FROM requests",
+    )
+    .await;
+    let price =
+        |input: i64, output: i64| (input * 150_000 + output * 600_000 + 999_999) / 1_000_000;
+    assert_eq!(
+        rows,
+        [(
+            200,
+            Some("shutting_down".to_string()),
+            10,
+            counted,
+            price(10, counted)
+        )]
+    );
+}

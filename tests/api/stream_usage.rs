@@ -60,8 +60,11 @@ enum Piece {
     /// The format's end-of-stream event (`[DONE]`, `message_stop`; none in Gemini and
     /// Bedrock).
     End,
-    /// Text of a choice the client did not ask for (OpenAI's `index` 1; only OpenAI).
+    /// Text of choice 1 (OpenAI's `index` 1; only OpenAI): of an `n` = 2 answer
+    /// (`stream_n`), or of a choice the client did not ask for.
     OtherChoiceText,
+    /// Choice 1's finish (as `OtherChoiceText`).
+    OtherChoiceFinish,
 }
 
 fn events(up: Up, pieces: &[Piece]) -> Vec<SseEvent> {
@@ -91,6 +94,10 @@ fn events(up: Up, pieces: &[Piece]) -> Vec<SseEvent> {
                     Piece::End => SseEvent::Data(json!("[DONE]")),
                     Piece::OtherChoiceText => chunk(
                         json!([{"index": 1, "delta": {"content": TEXT}, "finish_reason": null}]),
+                        None,
+                    ),
+                    Piece::OtherChoiceFinish => chunk(
+                        json!([{"index": 1, "delta": {}, "finish_reason": "stop"}]),
                         None,
                     ),
                 });
@@ -134,7 +141,7 @@ fn events(up: Up, pieces: &[Piece]) -> Vec<SseEvent> {
                         }
                         out.push(named("message_delta", d));
                     }
-                    Piece::Usage(..) | Piece::OtherChoiceText => {
+                    Piece::Usage(..) | Piece::OtherChoiceText | Piece::OtherChoiceFinish => {
                         unreachable!(
                             "Anthropic reports no usage after message_delta, has one choice"
                         )
@@ -166,7 +173,7 @@ fn events(up: Up, pieces: &[Piece]) -> Vec<SseEvent> {
                     Piece::Usage(i, o) => out.push(SseEvent::Data(
                         json!({"usageMetadata": usage(i, o), "responseId": "r1"}),
                     )),
-                    Piece::End | Piece::OtherChoiceText => {
+                    Piece::End | Piece::OtherChoiceText | Piece::OtherChoiceFinish => {
                         unreachable!("Gemini has no end-of-stream event; one candidate here")
                     }
                 }
@@ -190,7 +197,10 @@ fn events(up: Up, pieces: &[Piece]) -> Vec<SseEvent> {
                         json!({"usage": {"inputTokens": i, "outputTokens": o, "totalTokens": i + o},
                             "metrics": {"latencyMs": 1}}),
                     )),
-                    Piece::RunningText(..) | Piece::End | Piece::OtherChoiceText => {
+                    Piece::RunningText(..)
+                    | Piece::End
+                    | Piece::OtherChoiceText
+                    | Piece::OtherChoiceFinish => {
                         unreachable!("Bedrock has no running usage, no end event, one choice")
                     }
                 }
@@ -335,16 +345,27 @@ impl Charged {
 }
 
 async fn stream(app: &TestApp, up: Up, user: &str, script: Script, max_tokens: i64) -> Charged {
+    stream_n(app, up, user, script, max_tokens, 1).await
+}
+
+/// As `stream`, the request asking for `n` choices.
+async fn stream_n(
+    app: &TestApp,
+    up: Up,
+    user: &str,
+    script: Script,
+    max_tokens: i64,
+    n: i64,
+) -> Charged {
     let (id, token) = app.token(user, Some("1")).await;
     app.mock.state.script(up.key(), [script]);
-    let resp = app
-        .chat(
-            &token,
-            &json!({"model": up.model(), "stream": true, "max_tokens": max_tokens,
-                "stream_options": {"include_usage": true},
-                "messages": [{"role": "user", "content": "hi"}]}),
-        )
-        .await;
+    let mut body = json!({"model": up.model(), "stream": true, "max_tokens": max_tokens,
+        "stream_options": {"include_usage": true},
+        "messages": [{"role": "user", "content": "hi"}]});
+    if n != 1 {
+        body["n"] = json!(n);
+    }
+    let resp = app.chat(&token, &body).await;
     assert_eq!(resp.status(), 200, "{up:?}");
     let (data, whole) = sse_data(resp).await;
     assert!(whole, "{up:?}: the body ends cleanly");
@@ -1496,6 +1517,9 @@ async fn a_finish_whose_usage_and_end_never_came_is_a_cut() {
 /// An `n` > 1 stream from a server that puts a running usage on its chunks (vLLM's
 /// continuous usage): the usage on the chunk that finishes choice 0 is no final word while
 /// choice 1 still streams — its text reaches the client, and the last usage chunk prices it.
+/// (Until s19 the request asked for one choice, and its upstream's choice 1 — one not asked
+/// for, no part of the answer since, `translate::stream`'s
+/// `a_choice_not_asked_for_is_neither_passed_on_nor_counted` — stood for the second.)
 #[tokio::test]
 async fn another_choice_still_streaming_after_a_usage_on_the_finish_reaches_the_client() {
     let app = app().await;
@@ -1504,10 +1528,19 @@ async fn another_choice_still_streaming_after_a_usage_on_the_finish_reaches_the_
         Piece::Finish(Some((5, 1))),
         Piece::OtherChoiceText,
         Piece::OtherChoiceText,
+        Piece::OtherChoiceFinish,
         Piece::Usage(5, 9),
         Piece::End,
     ];
-    let c = stream(&app, Up::OpenAi, "n2", scripted(Up::OpenAi, &pieces), 4096).await;
+    let c = stream_n(
+        &app,
+        Up::OpenAi,
+        "n2",
+        scripted(Up::OpenAi, &pieces),
+        4096,
+        2,
+    )
+    .await;
     let (after, _) = text_after_finish(&c.data);
     assert_eq!(after, TEXT.repeat(2), "{:?}", c.data);
     c.complete("n2");

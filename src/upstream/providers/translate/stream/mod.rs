@@ -26,10 +26,19 @@
 //!   finish without telling more of the answer, `progress`: a usage, new or not, is not
 //!   more of it). In a format whose usage comes before its end event (all but Gemini), a
 //!   body that ends after the finish with neither is *cut*: the usage was lost on the way
-//!   (unless the gateway never asked for it: `usage_not_asked`).
+//!   (unless the gateway never asked for it: `usage_not_asked`). An OpenAI answer with
+//!   fewer choices started than asked, each finished, then a usage in a chunk of its own,
+//!   is whole at the stream's end (`[DONE]`, its body's end, break or stall) if no choice
+//!   starts first: a server that ignores `n` (Ollama) generates one; one that sends its
+//!   choices one after another, a usage after each (a relay fanning `n` out), has more to
+//!   come. Until that end the answer is not whole: a client leaving is a departure, the
+//!   shutdown a cut, every choice's text received counted.
 //!   After the finish the answer is whole: more of it is neither passed on nor counted,
 //!   and once an OpenAI upstream's usage came after the finish in a chunk of its own,
-//!   nothing but a higher usage is (the text of another choice included). A stream that ends before its finish is *cut*, and
+//!   nothing but a higher usage is (the text of another choice included). A choice an
+//!   OpenAI upstream sends that was not asked for (an index of `n` or more, or negative)
+//!   is no part of the answer: never passed on nor counted. A stream that ends before its
+//!   finish is *cut*, and
 //!   so is one with an event the gateway cannot read, before or after the finish (it may
 //!   be the usage): the client gets an error event.
 //! - Anthropic web searches are charged at the most of those reported and of the
@@ -43,8 +52,10 @@
 //!   it came, and so does the most of its uncached part. A usage reported only before the
 //!   finish may be a running figure
 //!   (Gemini's every chunk, vLLM's continuous usage): its output is a floor, and the output
-//!   counted from the text received counts if it is more. Without any usage, the input
-//!   estimate and the counted output.
+//!   counted from the text received counts if it is more. The reports of an answer one of
+//!   whose choices started after such a usage of part of it (`parted`) are floors too,
+//!   with or after the finish: each may be of one part or of all so far. Without any
+//!   usage, the input estimate and the counted output.
 
 pub mod shape;
 
@@ -132,8 +143,9 @@ pub struct StreamConverter {
     output: Option<Output>,
     /// `output` was reported with or after the finish: the stream's price, not a floor.
     output_final: bool,
-    /// The upstream sent its finish — of every choice the request asked for (`choices`):
-    /// the answer is whole, the usage may still follow.
+    /// The upstream sent its finish — of every choice the request asked for (`choices`),
+    /// or of those a server that ignores `n` generated, at its end (`whole_at_end`): the
+    /// answer is whole, the usage may still follow.
     finished: bool,
     /// How many choices the answer has: the request's `n` (`choices`), 1 but for an OpenAI
     /// chat or completions request asking for more, whose stream is whole only once each
@@ -148,6 +160,17 @@ pub struct StreamConverter {
     /// An OpenAI upstream's usage came after the finish in a chunk of its own (its last
     /// usage chunk): the answer and its price are told, no choice's text is more of it.
     told: bool,
+    /// A usage came in a chunk of its own with every choice started finished, but fewer
+    /// started than asked, and no choice started since: a server that ignores `n` (Ollama)
+    /// has told its whole answer, one that sends its choices one after another has more to
+    /// come. The answer is whole at the stream's end (`[DONE]`, its body's end), that
+    /// usage its price (`at_the_end`); a choice that starts first makes it `parted`.
+    whole_at_end: bool,
+    /// A choice started after such a usage: the upstream reports usage part by part (a
+    /// relay fanning `n` out into n calls), and does not say whether a report is of its
+    /// part or of every part so far. Its reports are floors under the count of every
+    /// choice's text, with or after the finish too (`usage`).
+    parted: bool,
     /// The gateway asked the upstream for its usage (false: an OpenAI-compatible server
     /// with `quirks.include_usage = false`): a finish without one lost nothing.
     usage_asked: bool,
@@ -240,6 +263,8 @@ impl StreamConverter {
             input: None,
             output: None,
             told: false,
+            whole_at_end: false,
+            parted: false,
             usage_asked: true,
             output_final: false,
             finished: false,
@@ -341,12 +366,19 @@ impl StreamConverter {
         self
     }
 
-    /// Choice `index` had its finish by `finishes` (a choice not asked for never has).
-    fn had_finished(&self, finishes: u64, index: i64) -> bool {
+    /// Choice `index`'s bit in `finishes`; none for a choice not asked for (an index of
+    /// `choices` or more, or negative): no part of the answer.
+    fn choice_bit(&self, index: i64) -> Option<u64> {
         u32::try_from(index)
             .ok()
             .filter(|&i| i < self.choices)
-            .is_some_and(|i| finishes & (1u64 << i) != 0)
+            .map(|i| 1u64 << i)
+    }
+
+    /// What a chunk says of choice `index` is the client's, and counted: a choice asked
+    /// for, not finished by `finishes`.
+    fn is_live(&self, finishes: u64, index: i64) -> bool {
+        self.choice_bit(index).is_some_and(|b| finishes & b == 0)
     }
 
     /// The upstream was not asked for its usage (`usage_asked`).
@@ -409,6 +441,7 @@ impl StreamConverter {
         if self.done {
             return true;
         }
+        self.at_the_end();
         // A native Responses stream finishes with its end (`response.completed`).
         if self.error_sent || !self.finished || self.responses.is_some() {
             return false;
@@ -453,7 +486,7 @@ impl StreamConverter {
         });
         let o = self.output.unwrap_or_default();
         let output = match self.output {
-            Some(reported) if self.output_final => reported.output,
+            Some(reported) if self.output_final && !self.parted => reported.output,
             reported => reported
                 .map_or(0, |r| r.output)
                 .max(self.counted + estimate::count_text(&self.text)),
@@ -491,7 +524,16 @@ impl StreamConverter {
     /// The usage the upstream reported with or after its finish came: `usage` is its
     /// price, not a count of what was seen.
     pub fn usage_final(&self) -> bool {
-        self.output.is_some() && self.output_final
+        self.output.is_some() && self.output_final && !self.parted
+    }
+
+    /// The stream ended (`[DONE]`, its body's end, break or stall): an answer whole at its
+    /// end (`whole_at_end`) is whole now, the usage before it its price.
+    fn at_the_end(&mut self) {
+        if self.whole_at_end && !self.finished {
+            self.finished = true;
+            self.output_final = self.output.is_some();
+        }
     }
 
     /// Both sides of a whole usage the upstream reported.
@@ -652,30 +694,40 @@ impl StreamConverter {
         // The answer is whole once each of its `choices` finished (choice 0 alone with
         // `n` = 1, see `openai_chat::stream`); a chunk that finishes the last and carries
         // the usage (vLLM's continuous usage) carries the final one. What a later chunk
-        // says of a finished choice is not the client's (`openai_to_openai`): not counted
-        // either; nor, once the usage came after the finish in a chunk of its own, is the
-        // text of any choice (see the module doc).
+        // says of a finished choice, or any chunk of a choice not asked for, is not the
+        // client's (`openai_to_openai`): not counted either; nor, once the usage came after
+        // the finish in a chunk of its own, is the text of any choice (see the module doc).
         let before = self.finishes;
+        let started = self.started;
         let told = self.told;
         for choice in c.choices.iter().flatten() {
-            let bit = u32::try_from(choice.index.unwrap_or(0))
-                .ok()
-                .filter(|&i| i < self.choices)
-                .map_or(0, |i| 1u64 << i);
+            let Some(bit) = self.choice_bit(choice.index.unwrap_or(0)) else {
+                continue;
+            };
             self.started |= bit;
             if (choice.finish_reason.as_deref()).is_some_and(|r| !r.is_empty()) {
                 self.finishes |= bit;
             }
         }
         let usage_only = c.choices.as_ref().is_none_or(Vec::is_empty) && c.usage.is_some();
-        // Whole once every choice asked for finished (a choice not yet started has not) —
-        // or at a usage in a chunk of its own with every choice started finished: it comes
-        // after every choice the server generates, and one that ignores `n` (Ollama, a
-        // relay) generates fewer than asked.
-        self.finished |= self.finishes == (1u64 << self.choices) - 1
-            || (usage_only && self.started != 0 && self.finishes & self.started == self.started);
+        // A choice that starts after a usage that came with fewer choices started than
+        // asked: that usage was of a part of the answer (`parted`).
+        if self.whole_at_end && self.started != started {
+            self.whole_at_end = false;
+            self.parted = true;
+        }
+        // Whole once every choice asked for finished (a choice not yet started has not).
+        // A usage in a chunk of its own with every choice started finished comes after
+        // every choice the server generated so far: one that ignores `n` (Ollama) generates
+        // fewer than asked, and is whole at its end; one that sends its choices one after
+        // another, a usage after each, has more to come (`whole_at_end`).
+        self.finished |= self.finishes == (1u64 << self.choices) - 1;
+        self.whole_at_end |= !self.finished
+            && usage_only
+            && self.started != 0
+            && self.finishes & self.started == self.started;
         for choice in c.choices.iter().flatten() {
-            if told || self.had_finished(before, choice.index.unwrap_or(0)) {
+            if told || !self.is_live(before, choice.index.unwrap_or(0)) {
                 continue;
             }
             if let Some(t) = &choice.text {
@@ -747,6 +799,7 @@ impl StreamConverter {
 
     fn openai_to_openai(&mut self, data: &str, out: &mut Vec<Bytes>) -> Result<(), Corrupt> {
         if data == "[DONE]" {
+            self.at_the_end();
             self.openai_done(out);
             return Ok(());
         }
@@ -788,17 +841,17 @@ impl StreamConverter {
         // After its finish a choice is whole: more of it — text, a second finish — is not
         // passed on (nor counted), else the client would hold more than the usage reported
         // with the finish, its price. The choices still streaming (`n` > 1, each whole at
-        // its own finish) and the usage still pass.
+        // its own finish) and the usage still pass; a choice not asked for (an index of `n`
+        // or more, or negative) is no part of the answer, before the finish or after it.
         if c.choices
             .iter()
             .flatten()
-            .any(|choice| self.had_finished(before, choice.index.unwrap_or(0)))
+            .any(|choice| !self.is_live(before, choice.index.unwrap_or(0)))
         {
             let mut v: Value = serde_json::from_str(data).map_err(|_| Corrupt::Json)?;
             if let Some(choices) = v.get_mut("choices").and_then(Value::as_array_mut) {
-                choices.retain(|choice| {
-                    !self.had_finished(before, choice["index"].as_i64().unwrap_or(0))
-                });
+                choices
+                    .retain(|choice| self.is_live(before, choice["index"].as_i64().unwrap_or(0)));
                 if choices.is_empty() && (c.usage.is_none() || !self.include_usage) {
                     return Ok(());
                 }
@@ -927,6 +980,10 @@ impl StreamConverter {
     /// format's reader, written by the client format's writer.
     fn across(&mut self, name: &str, data: &str, out: &mut Vec<Bytes>) -> Result<(), Corrupt> {
         let mut events = Vec::new();
+        // An OpenAI upstream's end (`whole_at_end` is only ever set by its chunks).
+        if data == "[DONE]" {
+            self.at_the_end();
+        }
         let finished = self.finished;
         match &mut self.reader {
             Reader::OpenAiChat(r) => {

@@ -650,17 +650,98 @@ fn an_answer_of_n_choices_is_whole_at_the_last_of_their_finishes() {
     one.event("", &finish(0), &mut out);
     assert!(one.finished(), "n = 1: choice 0's finish");
 
-    // Review finding (s18): a server that ignores `n` (Ollama, a relay) generates one
-    // choice; the usage in a chunk of its own comes after every choice it generates, so
-    // with each one started finished the answer is whole, its usage final.
-    let mut ignored =
-        StreamConverter::new(WireFormat::OpenAi, WireFormat::OpenAi, true, 10).choices(3);
-    ignored.event("", &text(0, "one "), &mut out);
-    ignored.event("", &finish(0), &mut out);
-    assert!(!ignored.finished());
-    ignored.event("", &usage, &mut out);
-    assert!(ignored.finished() && ignored.usage_final());
-    assert!(ignored.end(&mut Vec::new()), "its body's end completes it");
+    // Review finding (s18): a server that ignores `n` (Ollama) generates one choice; the
+    // usage in a chunk of its own comes after every choice it generates, so with each one
+    // started finished the answer is whole at the stream's end, that usage its price —
+    // its body's end, or `[DONE]` (and the client gets no usage chunk of the gateway's).
+    // Not at the usage itself (s19, see `a_choice_that_starts_after_a_usage_is_counted`).
+    let ignored = || {
+        let mut c =
+            StreamConverter::new(WireFormat::OpenAi, WireFormat::OpenAi, true, 10).choices(3);
+        let mut out = Vec::new();
+        c.event("", &text(0, "one "), &mut out);
+        c.event("", &finish(0), &mut out);
+        assert!(!c.finished());
+        c.event("", &usage, &mut out);
+        c
+    };
+    let mut ended = ignored();
+    assert!(!ended.finished(), "another choice may follow its usage");
+    assert!(ended.end(&mut Vec::new()), "its body's end completes it");
+    assert!(ended.finished() && ended.usage_final());
+    assert_eq!(ended.usage().output, 1);
+    let mut done = ignored();
+    let mut tail = Vec::new();
+    done.event("", "[DONE]", &mut tail);
+    assert!(done.done() && done.finished() && done.usage_final());
+    assert_eq!(tail, [frame(None, "[DONE]")]);
+    assert_eq!(done.usage().output, 1);
+}
+
+/// Review finding (s18 final #4): an upstream that sends an `n` = 2 answer's choices one
+/// after the other, a usage in a chunk of its own after each (a relay fanning `n` out into
+/// n calls), had its answer whole at choice 0's usage: choice 1's text was passed on but
+/// never counted, and a client leaving (or the shutdown) then settled a whole answer on
+/// choice 0's figures. A usage after fewer choices started than asked makes the answer
+/// whole only at the stream's end; a choice that starts after it is counted, a body
+/// ending within it is a cut, and such an upstream's reports — each of one call, or of
+/// every call so far: it does not say — are floors under the count of every choice's text.
+#[test]
+fn a_choice_that_starts_after_a_usage_is_counted() {
+    let chunk = |choices: Value| {
+        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": choices})
+        .to_string()
+    };
+    let text = |i: i64, t: &str| {
+        chunk(json!([{"index": i, "delta": {"content": t}, "finish_reason": null}]))
+    };
+    let finish = |i: i64| chunk(json!([{"index": i, "delta": {}, "finish_reason": "stop"}]));
+    let usage = |output: i64| {
+        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": output,
+            "total_tokens": 10 + output}})
+        .to_string()
+    };
+    let second = "the second answer, told after the first one's usage ".repeat(8);
+    let counted = estimate::count_text(&second);
+    let sequential = |last: i64| {
+        let mut c =
+            StreamConverter::new(WireFormat::OpenAi, WireFormat::OpenAi, true, 10).choices(2);
+        let mut out = Vec::new();
+        c.event("", &text(0, "one "), &mut out);
+        c.event("", &finish(0), &mut out);
+        c.event("", &usage(2), &mut out);
+        assert!(!c.finished(), "choice 1 may follow the usage");
+        out.clear();
+        c.event("", &text(1, &second), &mut out);
+        assert!(String::from_utf8_lossy(&out.concat()).contains(&second));
+        assert!(
+            c.usage().output >= counted,
+            "choice 1's text is counted: a client leaving now pays it ({} < {counted})",
+            c.usage().output
+        );
+        assert!(!c.end(&mut Vec::new()), "a body ending now cuts choice 1");
+        c.event("", &finish(1), &mut out);
+        assert!(c.finished(), "both choices finished");
+        out.clear();
+        c.event("", &usage(last), &mut out);
+        c.event("", "[DONE]", &mut out);
+        assert!(c.done());
+        (c, String::from_utf8_lossy(&out.concat()).into_owned())
+    };
+    // Each usage of one call: the count of both choices' text is charged, and told.
+    let (c, told) = sequential(3);
+    let charged = c.usage().output;
+    assert!(charged >= counted, "{charged} < {counted}");
+    assert!(!c.usage_final(), "the count, not a report");
+    assert!(
+        told.contains(&format!("\"completion_tokens\":{charged}")),
+        "{told}"
+    );
+    // A usage of every call so far: the last is the most, and charged.
+    let (c, _) = sequential(counted + 50);
+    assert_eq!(c.usage().output, counted + 50);
 }
 
 /// After its own finish each choice of an `n` > 1 answer is whole, as choice 0 is: more of
@@ -706,4 +787,64 @@ fn text_of_a_finished_choice_is_neither_passed_on_nor_counted() {
     assert!(!c.finished());
     c.event("", &finish(0), &mut out);
     assert!(c.finished());
+}
+
+/// Review finding (s18 final #5): a choice index outside the choices asked for (`n` or
+/// more, or negative) never counted toward the finish, and after it its text passed to the
+/// client uncounted, the usage its price: text the client kept free. Such a choice is no
+/// part of the answer: neither passed on nor counted, before the finish or after it, while
+/// the choices asked for in the same chunk pass.
+#[test]
+fn a_choice_not_asked_for_is_neither_passed_on_nor_counted() {
+    let chunk = |choices: Value| {
+        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": choices})
+        .to_string()
+    };
+    let text = |i: i64, t: &str| {
+        chunk(json!([{"index": i, "delta": {"content": t}, "finish_reason": null}]))
+    };
+    let finish = |i: i64| chunk(json!([{"index": i, "delta": {}, "finish_reason": "stop"}]));
+    let free = " free words of a choice nobody asked for".repeat(20);
+    let passed = |out: &[Bytes]| String::from_utf8_lossy(&out.concat()).into_owned();
+    let mut out = Vec::new();
+    let mut c = StreamConverter::new(WireFormat::OpenAi, WireFormat::OpenAi, false, 10).choices(2);
+    c.event("", &text(0, "zero "), &mut out);
+    let counted = c.usage().output;
+    for i in [2, 7, -1] {
+        c.event("", &text(i, &free), &mut out);
+        c.event("", &finish(i), &mut out);
+    }
+    assert!(!passed(&out).contains("free words"), "{}", passed(&out));
+    assert_eq!(c.usage().output, counted, "not counted");
+    // Beside a choice asked for, that one passes alone.
+    out.clear();
+    c.event(
+        "",
+        &chunk(
+            json!([{"index": 1, "delta": {"content": "one "}, "finish_reason": null},
+            {"index": 2, "delta": {"content": free}, "finish_reason": null}]),
+        ),
+        &mut out,
+    );
+    assert!(
+        passed(&out).contains("one ") && !passed(&out).contains("free words"),
+        "{}",
+        passed(&out)
+    );
+    c.event("", &finish(0), &mut out);
+    c.event("", &finish(1), &mut out);
+    assert!(c.finished());
+    // After the finish, before the usage: with `n` = 1 too.
+    let mut one = StreamConverter::new(WireFormat::OpenAi, WireFormat::OpenAi, false, 10);
+    one.event("", &text(0, "zero "), &mut out);
+    one.event("", &finish(0), &mut out);
+    let counted = one.usage().output;
+    out.clear();
+    for i in [1, -1] {
+        c.event("", &text(i + 2, &free), &mut out);
+        one.event("", &text(i, &free), &mut out);
+    }
+    assert!(out.is_empty(), "{}", passed(&out));
+    assert_eq!(one.usage().output, counted, "not counted");
 }
