@@ -31,6 +31,10 @@ Phases
             of direct and gateway at 32 connections.
   soak      all, open loop at its frontier rate (3 000 rps if that is lower; 3 000 when
             the frontier was not measured) for --soak-seconds.
+  traces    one client, mock delay 0, `all` with OpenTelemetry traces off (the default),
+            on but sampling none (`sample_ratio = 0`), and on sampling every request
+            (`sample_ratio = 1`) to an OTLP/HTTP sink in this process, the three in
+            turn within each round: what traces cost.
   streams   1 000 SSE streams (20 chunks, 100 ms apart) started over 2 s, direct then
             through the gateway (all): added TTFT and inter-chunk gap, chunks lost or
             merged, gateway RSS idle / peak / 5 s after.
@@ -52,8 +56,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +68,7 @@ DEFAULT_LOADGEN = REPO_ROOT / "target" / "release" / "examples" / "loadgen"
 UPSTREAM_KEY = "sk-upstream-canary-AAAA1111"
 MODEL = "gpt-4o-mini"
 LADDER = ["plain", "auth", "window", "quota", "log", "cache", "all"]
-PHASES = ["ladder", "delay", "frontier", "soak", "streams"]
+PHASES = ["ladder", "delay", "frontier", "soak", "traces", "streams"]
 
 # The mock's non-streamed answer: ~1.2 KB of text, so its JSON is ~1.4 KB.
 MOCK_TEXT = (
@@ -244,6 +250,8 @@ class Rig:
         self.mock = self.redis = self.gw = None
         self.gw_step = None
         self.gw_starts = 0
+        # `[tracing]` for the next gateway start: None (off), else (OTLP endpoint, ratio).
+        self.tracing = None
         self.db = self.work / "sluice-0.db"
         self.token = None
         self.redis_url = None
@@ -312,6 +320,8 @@ class Rig:
                  if self.redis_url and rank >= LADDER.index("window") else "")
         cache = ('[cache]\nmode = "all"\n\n' if rank >= LADDER.index("cache")
                  else '[cache]\nmode = "off"\n\n')
+        tracing = (f'[tracing]\notlp_endpoint = "{self.tracing[0]}"\nsample_ratio = {self.tracing[1]}\n\n'
+                   if self.tracing else "")
         text = (
             f'[server]\nlisten = "127.0.0.1:{self.gw_port}"\nworkers = 1\n'
             f"shutdown_timeout_seconds = 2\n\n"
@@ -319,7 +329,7 @@ class Rig:
             f'[quota]\nsynchronous = "{self.args.synchronous}"\n\n'
             # The admission gate opened wide: 1 000 streams and 64-connection open loops.
             f"[queue]\nmax_in_flight = 4096\nmax_depth = 4096\n\n"
-            f"{redis}{cache}"
+            f"{redis}{cache}{tracing}"
             f'[[upstreams]]\nid = "mock-a"\nprovider = "openai"\n'
             f'base_url = "http://127.0.0.1:{self.mock_port}/v1"\napi_key = "{UPSTREAM_KEY}"\n'
             f"allow_private_network = true\n\n"
@@ -621,6 +631,68 @@ def phase_soak(rig: Rig, p: dict, frontier: dict | None) -> dict:
     return {"rate": rate, "seconds": p["soak_seconds"], **res}
 
 
+class OtlpSink(BaseHTTPRequestHandler):
+    """Takes OTLP/HTTP exports and answers each with an empty (valid) protobuf response,
+    counting requests and bytes."""
+    received = {"requests": 0, "bytes": 0}
+
+    def do_POST(self):
+        n = int(self.headers.get("content-length") or 0)
+        self.rfile.read(n)
+        OtlpSink.received["requests"] += 1
+        OtlpSink.received["bytes"] += n
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *_):
+        pass
+
+
+def phase_traces(rig: Rig, p: dict) -> dict:
+    """`all` with traces off, on at sample ratio 0, on at 1: in each round one run of each
+    (in a rotating order, each on a fresh gateway, each against its own direct run), so
+    that drift on the machine hits the three alike; per variant the median over rounds."""
+    sink = ThreadingHTTPServer(("127.0.0.1", 0), OtlpSink)
+    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{sink.server_address[1]}"
+    variants = [("off", None), ("sampled_0", (endpoint, 0.0)), ("sampled_1", (endpoint, 1.0))]
+    extra = ["--connections", "1", "--requests", str(p["ladder_requests"]), "--warmup", str(p["ladder_warmup"])]
+    runs = {label: [] for label, _ in variants}
+    exports = {label: [0, 0] for label, _ in variants}
+    try:
+        for r in range(p["ladder_rounds"]):
+            for label, tracing in variants[r % 3:] + variants[:r % 3]:
+                rig.tracing = tracing
+                before = dict(OtlpSink.received)
+                runs[label].append(interleaved(rig, "all", 1, extra, f"traces {label} round {r + 1}"))
+                # The exporter sends in batches: its gateway's stop flushes the last.
+                stop(rig.gw)
+                rig.gw = None
+                exports[label][0] += OtlpSink.received["requests"] - before["requests"]
+                exports[label][1] += OtlpSink.received["bytes"] - before["bytes"]
+    except BenchError as e:
+        print(f"  traces: {e}", file=sys.stderr)
+        return {"skipped": str(e)}
+    finally:
+        rig.tracing = None
+        sink.shutdown()
+
+    def median(key, rs):
+        vals = [x[key] for x in rs if x.get(key) is not None]
+        return round(statistics.median(vals), 3) if vals else None
+
+    return {label: {"added_p50_ms": median("added_p50_ms", rs),
+                    "added_p99_ms": median("added_p99_ms", rs),
+                    "gw_cpu_us_per_req": median("gw_cpu_us_per_req", rs),
+                    "errors": sum(x["gateway"]["errors"] + x["direct"]["errors"] for x in rs),
+                    "rounds": len(rs),
+                    "otlp_exports": exports[label][0], "otlp_bytes": exports[label][1],
+                    "runs": rs}
+            for label, rs in runs.items()}
+
+
 def phase_streams(rig: Rig, p: dict) -> dict:
     n, ramp = p["streams"], p["ramp_ms"]
     rig.gateway("all")
@@ -740,6 +812,16 @@ def print_report(res: dict) -> None:
             print(f"{step:<8} {fmt(d.get('p50_ms')):>10} {fmt(g.get('p50_ms')):>8} {fmt(r['added_p50_ms']):>7} "
                   f"{fmt(d.get('p99_ms')):>10} {fmt(g.get('p99_ms')):>8} {fmt(r['added_p99_ms']):>7} "
                   f"{fmt(r['gw_cpu_us_per_req']):>11} {d['errors'] + g['errors']:>7}")
+    tr = res.get("phases", {}).get("traces")
+    if tr:
+        print("\nTraces, `all`, 1 client, mock delay 0 (median over rounds; ms)")
+        if "skipped" in tr:
+            print(f"skipped: {tr['skipped']}")
+            tr = {}
+        for label, r in tr.items():
+            print(f"{label:<10} +p50 {fmt(r['added_p50_ms']):>7} +p99 {fmt(r['added_p99_ms']):>7} "
+                  f"gw CPU {fmt(r['gw_cpu_us_per_req']):>7} µs/r, OTLP exports {r.get('otlp_exports')} "
+                  f"({r.get('otlp_bytes')} B)")
     fr = res.get("phases", {}).get("frontier")
     if fr:
         print("\nThroughput (open loop, 64 connections; closed loop, 32 connections)")
@@ -872,6 +954,8 @@ def main() -> int:
             ph["frontier"] = phase_frontier(rig, p, ["plain", "all"])
         if "soak" in phases:
             ph["soak"] = phase_soak(rig, p, ph.get("frontier"))
+        if "traces" in phases:
+            ph["traces"] = phase_traces(rig, p)
         if "streams" in phases:
             ph["streams"] = phase_streams(rig, p)
     except BenchError as e:
