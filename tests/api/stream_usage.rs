@@ -1518,8 +1518,9 @@ async fn a_finish_whose_usage_and_end_never_came_is_a_cut() {
 /// continuous usage): the usage on the chunk that finishes choice 0 is no final word while
 /// choice 1 still streams — its text reaches the client, and the last usage chunk prices it.
 /// (Until s19 the request asked for one choice, and its upstream's choice 1 — one not asked
-/// for, no part of the answer since, `translate::stream`'s
-/// `a_choice_not_asked_for_is_neither_passed_on_nor_counted` — stood for the second.)
+/// for, no part of the answer after the finish, `translate::stream`'s
+/// `a_choice_not_asked_for_is_neither_passed_on_nor_counted_after_the_finish` — stood for
+/// the second.)
 #[tokio::test]
 async fn another_choice_still_streaming_after_a_usage_on_the_finish_reaches_the_client() {
     let app = app().await;

@@ -37,7 +37,9 @@
 //!   and once an OpenAI upstream's usage came after the finish in a chunk of its own,
 //!   nothing but a higher usage is (the text of another choice included). A choice an
 //!   OpenAI upstream sends that was not asked for (an index of `n` or more, or negative)
-//!   is no part of the answer: never passed on nor counted. A stream that ends before its
+//!   counts toward no finish; before the answer is whole it is passed on and counted (an
+//!   upstream that numbers an `n` = 1 answer's choices wrongly puts its text there), after
+//!   it it is no part of the answer. A stream that ends before its
 //!   finish is *cut*, and
 //!   so is one with an event the gateway cannot read, before or after the finish (it may
 //!   be the usage): the client gets an error event.
@@ -367,7 +369,7 @@ impl StreamConverter {
     }
 
     /// Choice `index`'s bit in `finishes`; none for a choice not asked for (an index of
-    /// `choices` or more, or negative): no part of the answer.
+    /// `choices` or more, or negative): it counts toward no finish.
     fn choice_bit(&self, index: i64) -> Option<u64> {
         u32::try_from(index)
             .ok()
@@ -376,9 +378,16 @@ impl StreamConverter {
     }
 
     /// What a chunk says of choice `index` is the client's, and counted: a choice asked
-    /// for, not finished by `finishes`.
-    fn is_live(&self, finishes: u64, index: i64) -> bool {
-        self.choice_bit(index).is_some_and(|b| finishes & b == 0)
+    /// for, not finished by `finishes`; a choice not asked for while the answer was not
+    /// yet whole (`finished`, before the chunk). An upstream that numbers an `n` = 1
+    /// answer's choices wrongly (LiteLLM in front of Claude with thinking puts the text
+    /// on index 1, TGI before 1.4.4 the token's position) bills that text: it is the
+    /// answer. After the finish it is no part of it (it would reach the client free).
+    fn is_live(&self, finishes: u64, finished: bool, index: i64) -> bool {
+        match self.choice_bit(index) {
+            Some(b) => finishes & b == 0,
+            None => !finished,
+        }
     }
 
     /// The upstream was not asked for its usage (`usage_asked`).
@@ -694,10 +703,11 @@ impl StreamConverter {
         // The answer is whole once each of its `choices` finished (choice 0 alone with
         // `n` = 1, see `openai_chat::stream`); a chunk that finishes the last and carries
         // the usage (vLLM's continuous usage) carries the final one. What a later chunk
-        // says of a finished choice, or any chunk of a choice not asked for, is not the
-        // client's (`openai_to_openai`): not counted either; nor, once the usage came after
+        // says of a finished choice, or of a choice not asked for once the answer is whole,
+        // is not the client's (`openai_to_openai`): not counted either; nor, once the usage came after
         // the finish in a chunk of its own, is the text of any choice (see the module doc).
         let before = self.finishes;
+        let was_finished = self.finished;
         let started = self.started;
         let told = self.told;
         for choice in c.choices.iter().flatten() {
@@ -727,7 +737,7 @@ impl StreamConverter {
             && self.started != 0
             && self.finishes & self.started == self.started;
         for choice in c.choices.iter().flatten() {
-            if told || !self.is_live(before, choice.index.unwrap_or(0)) {
+            if told || !self.is_live(before, was_finished, choice.index.unwrap_or(0)) {
                 continue;
             }
             if let Some(t) = &choice.text {
@@ -809,6 +819,7 @@ impl StreamConverter {
                 .map(|v| json!({"id": v["id"], "created": v["created"], "model": v["model"]}));
         }
         let before = self.finishes;
+        let was_finished = self.finished;
         // Counting the text not yet counted costs up to `COUNT_EVERY` bytes of tokenizing:
         // done only where a figure is needed, never per chunk (it made a long stream
         // quadratic: 500 KB of one-word chunks took minutes).
@@ -842,16 +853,17 @@ impl StreamConverter {
         // passed on (nor counted), else the client would hold more than the usage reported
         // with the finish, its price. The choices still streaming (`n` > 1, each whole at
         // its own finish) and the usage still pass; a choice not asked for (an index of `n`
-        // or more, or negative) is no part of the answer, before the finish or after it.
+        // or more, or negative) passes until the answer is whole (`is_live`).
         if c.choices
             .iter()
             .flatten()
-            .any(|choice| !self.is_live(before, choice.index.unwrap_or(0)))
+            .any(|choice| !self.is_live(before, was_finished, choice.index.unwrap_or(0)))
         {
             let mut v: Value = serde_json::from_str(data).map_err(|_| Corrupt::Json)?;
             if let Some(choices) = v.get_mut("choices").and_then(Value::as_array_mut) {
-                choices
-                    .retain(|choice| self.is_live(before, choice["index"].as_i64().unwrap_or(0)));
+                choices.retain(|choice| {
+                    self.is_live(before, was_finished, choice["index"].as_i64().unwrap_or(0))
+                });
                 if choices.is_empty() && (c.usage.is_none() || !self.include_usage) {
                     return Ok(());
                 }
