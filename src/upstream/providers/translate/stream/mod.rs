@@ -56,8 +56,11 @@
 //!   (Gemini's every chunk, vLLM's continuous usage): its output is a floor, and the output
 //!   counted from the text received counts if it is more. The reports of an answer one of
 //!   whose choices started after such a usage of part of it (`parted`) are floors too,
-//!   with or after the finish: each may be of one part or of all so far. Without any
-//!   usage, the input estimate and the counted output.
+//!   with or after the finish — the most of them all: each may be of one part or of all so
+//!   far. An answer whole at its end is priced as after a finish from the usage that made
+//!   it so: the most of that one and every later one. Without any usage, the input
+//!   estimate and the counted output. An OpenAI client is told, at the latest at `[DONE]`,
+//!   what it is charged when the last usage passed on said otherwise.
 
 pub mod shape;
 
@@ -130,6 +133,23 @@ impl Writer {
     }
 }
 
+/// What an OpenAI usage chunk tells a client: the input, its cached part, the output.
+type Told = (i64, i64, i64);
+
+/// What a usage tells (`Told`).
+fn told_of(u: &Usage) -> Told {
+    (u.input, u.cached_input, u.output)
+}
+
+/// What a chunk's usage tells: `None` for a chunk without one, `Some(None)` for one that
+/// cannot be read whole.
+fn told_in(c: &shape::Chunk) -> Option<Option<Told>> {
+    c.usage.as_ref().map(|r| {
+        r.figures()
+            .map(|(i, o)| (i.input, i.cached_input, o.output))
+    })
+}
+
 /// The most choices a stream's finishes are told apart for (`StreamConverter::choices`,
 /// one bit each): a request streaming more is refused (`pipeline::request`).
 pub const MOST_CHOICES: i64 = 32;
@@ -168,6 +188,13 @@ pub struct StreamConverter {
     /// come. The answer is whole at the stream's end (`[DONE]`, its body's end), that
     /// usage its price (`at_the_end`); a choice that starts first makes it `parted`.
     whole_at_end: bool,
+    /// A usable output report came with or after the usage that made the answer
+    /// `whole_at_end`: the price at its end, and the most of such reports (`report_output`).
+    end_reported: bool,
+    /// The input, its cached part and the output of the last usage an OpenAI client was
+    /// told (`Told`; `None` for one it cannot read, or none told): at `[DONE]` it is told
+    /// what it is charged when that differs (`openai_done`).
+    usage_told: Option<Told>,
     /// A choice started after such a usage: the upstream reports usage part by part (a
     /// relay fanning `n` out into n calls), and does not say whether a report is of its
     /// part or of every part so far. Its reports are floors under the count of every
@@ -266,6 +293,8 @@ impl StreamConverter {
             output: None,
             told: false,
             whole_at_end: false,
+            end_reported: false,
+            usage_told: None,
             parted: false,
             usage_asked: true,
             output_final: false,
@@ -537,11 +566,12 @@ impl StreamConverter {
     }
 
     /// The stream ended (`[DONE]`, its body's end, break or stall): an answer whole at its
-    /// end (`whole_at_end`) is whole now, the usage before it its price.
+    /// end (`whole_at_end`) is whole now, the usage with or after the one that made it so
+    /// its price (`end_reported`; a running figure before it stays a floor).
     fn at_the_end(&mut self) {
         if self.whole_at_end && !self.finished {
             self.finished = true;
-            self.output_final = self.output.is_some();
+            self.output_final = self.end_reported;
         }
     }
 
@@ -563,10 +593,15 @@ impl StreamConverter {
 
     /// An output side the upstream reported: the price when it came with or after the
     /// finish (the most of such reports, figure by figure: each is a total of one answer),
-    /// a floor before it.
+    /// a floor before it. So too, the most of them, with or after the usage that made the
+    /// answer whole at its end (`whole_at_end`: a later, lower one does not lower it), and
+    /// every report of a `parted` answer: each is of one call or of every call so far (the
+    /// upstream does not say), so the most of them is a floor under either; their sum could
+    /// charge a relay reporting running totals for its calls n times over.
     fn report_output(&mut self, o: Output) {
+        let most = self.output_final || self.parted || (self.whole_at_end && self.end_reported);
         self.output = match self.output {
-            Some(had) if self.output_final => Some(Output {
+            Some(had) if most => Some(Output {
                 output: had.output.max(o.output),
                 reasoning: had.reasoning.max(o.reasoning),
                 audio_output: had.audio_output.max(o.audio_output),
@@ -576,6 +611,7 @@ impl StreamConverter {
             _ => Some(o),
         };
         self.output_final = self.finished;
+        self.end_reported |= self.whole_at_end;
     }
 
     /// An input side the upstream reported. The input is known from the first event:
@@ -784,17 +820,28 @@ impl StreamConverter {
         // The client asked for the usage chunk and the server sent none (it refuses
         // `stream_options`: `quirks.include_usage = false`), or only running ones before
         // its finish (a floor under the count, vLLM's continuous usage): it is told what
-        // it is charged, the counted figures, as an Anthropic client is.
-        if self.include_usage && !self.output_final {
-            out.push(self.usage_chunk());
+        // it is charged, the counted figures, as an Anthropic client is. So is one whose
+        // last usage told says less than it is charged: a `parted` answer's last report on
+        // its finish chunk under the count, a lower report after the one that made the
+        // answer whole at its end (`report_output`).
+        if self.include_usage
+            && (!self.output_final || self.usage_told != Some(told_of(&self.usage())))
+        {
+            self.push_usage_chunk(out);
         }
         out.push(frame(None, "[DONE]"));
     }
 
-    /// A usage chunk of the gateway's own telling what the stream is charged, under the
-    /// first chunk's `id`, `created` and `model`.
-    fn usage_chunk(&self) -> Bytes {
+    /// Passes a usage chunk of the gateway's own (`usage_chunk`), and notes what it told.
+    fn push_usage_chunk(&mut self, out: &mut Vec<Bytes>) {
         let u = self.usage();
+        out.push(self.usage_chunk(&u));
+        self.usage_told = Some(told_of(&u));
+    }
+
+    /// A usage chunk of the gateway's own telling what the stream is charged (`u`), under
+    /// the first chunk's `id`, `created` and `model`.
+    fn usage_chunk(&self, u: &Usage) -> Bytes {
         let first = self.first_chunk.as_ref().unwrap_or(&Value::Null);
         frame(
             None,
@@ -845,7 +892,7 @@ impl StreamConverter {
         // charges, so the client's last usage chunk is that (a side may have gone down).
         if told {
             if self.include_usage && Some(self.usage()) != charged {
-                out.push(self.usage_chunk());
+                self.push_usage_chunk(out);
             }
             return Ok(());
         }
@@ -869,6 +916,9 @@ impl StreamConverter {
                 }
             }
             out.push(frame(None, &v.to_string()));
+            if let Some(told) = told_in(&c) {
+                self.usage_told = told;
+            }
             return Ok(());
         }
         let usage_only = c.choices.as_ref().is_none_or(Vec::is_empty) && c.usage.is_some();
@@ -886,9 +936,12 @@ impl StreamConverter {
                 != Some((u.input, u.cached_input, u.output))
         };
         if usage_only && self.finished && differs() {
-            out.push(self.usage_chunk());
+            self.push_usage_chunk(out);
         } else {
             out.push(frame(None, data));
+            if let Some(told) = told_in(&c) {
+                self.usage_told = told;
+            }
         }
         Ok(())
     }
