@@ -1259,6 +1259,56 @@ async fn usage_that_keeps_changing_after_the_finish_does_not_hold_the_stream_ope
     app.assert_invariant().await;
 }
 
+/// Review finding (s19 attack F6): an `n` = 2 answer from a server that ignores `n` — choice
+/// 0, its finish, then a new usage every 50 ms for 30 s, never ending its body — is whole at
+/// its end, and its usages tell no more of it: they held the stream open as long as they
+/// came (the idle clock was armed only at the finish of every choice asked for). The
+/// gateway waits no longer than the idle timeout after the last of its text, then completes
+/// it, charged the most reported and told the client.
+#[tokio::test]
+async fn usage_that_keeps_changing_after_an_answer_whole_at_its_end_does_not_hold_the_stream_open()
+{
+    let app = app_with(|s| s.upstream.stream_idle_timeout_ms = 1500).await;
+    let chunk = |choices: Value, usage: Value| {
+        SseEvent::Data(
+            json!({"id": "c1", "object": "chat.completion.chunk", "created": 1,
+            "model": "m", "choices": choices, "usage": usage}),
+        )
+    };
+    let mut events = vec![
+        chunk(
+            json!([{"index": 0, "delta": {"content": TEXT}, "finish_reason": null}]),
+            Value::Null,
+        ),
+        chunk(
+            json!([{"index": 0, "delta": {}, "finish_reason": "stop"}]),
+            Value::Null,
+        ),
+    ];
+    events.extend((0..600).map(|i| {
+        chunk(
+            json!([]),
+            json!({"prompt_tokens": 1000, "completion_tokens": 40 + i, "total_tokens": 1040 + i}),
+        )
+    }));
+    let script = Script {
+        events: Some(events),
+        chunk_delay_ms: 50,
+        ..Script::default()
+    };
+    let c = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        stream_n(&app, Up::OpenAi, "ignored", script, 4096, 2),
+    )
+    .await
+    .expect("the stream completes: usages after an answer whole at its end do not hold it open");
+    c.complete("ignored");
+    let output = c.logged.1;
+    assert!((40..640).contains(&output), "{output}");
+    c.exactly("ignored", 1000, output);
+    app.assert_invariant().await;
+}
+
 /// A ConverseStream whose `metadata` (the usage) comes before `messageStop`, and then more
 /// text: that usage was not the whole answer's. It is a floor under the output counted
 /// from the text the client received, never the price of text it does not cover.

@@ -460,6 +460,13 @@ impl StreamConverter {
         self.finished
     }
 
+    /// The answer is whole at the stream's end if no choice starts first (`whole_at_end`):
+    /// the pump holds it, as a finished one, to the idle timeout after it last told more
+    /// of it (`progress`).
+    pub fn whole_at_end(&self) -> bool {
+        self.whole_at_end && !self.finished
+    }
+
     /// How much of the answer the stream has told so far: the same after an event that
     /// told none of it (a `ping`, a usage, new or repeated), so the pump sees an upstream
     /// that keeps sending after its finish without more of the answer (`pipeline::stream`).
