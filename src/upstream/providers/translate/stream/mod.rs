@@ -37,9 +37,9 @@
 //!   and once an OpenAI upstream's usage came after the finish in a chunk of its own,
 //!   nothing but a higher usage is (the text of another choice included). A choice an
 //!   OpenAI upstream sends that was not asked for (an index of `n` or more, or negative)
-//!   counts toward no finish; before the answer is whole it is passed on and counted (an
-//!   upstream that numbers an `n` = 1 answer's choices wrongly puts its text there), after
-//!   it it is no part of the answer. A stream that ends before its
+//!   counts toward no finish; before the answer is whole (or whole at its end) it is
+//!   passed on and counted (an upstream that numbers an `n` = 1 answer's choices wrongly
+//!   puts its text there), after it it is no part of the answer. A stream that ends before its
 //!   finish is *cut*, and
 //!   so is one with an event the gateway cannot read, before or after the finish (it may
 //!   be the usage): the client gets an error event.
@@ -408,14 +408,15 @@ impl StreamConverter {
 
     /// What a chunk says of choice `index` is the client's, and counted: a choice asked
     /// for, not finished by `finishes`; a choice not asked for while the answer was not
-    /// yet whole (`finished`, before the chunk). An upstream that numbers an `n` = 1
+    /// yet whole (`whole`: `finished` before the chunk, or whole at its end — its text
+    /// would reach the client free of the usage that prices it). An upstream that numbers an `n` = 1
     /// answer's choices wrongly (LiteLLM in front of Claude with thinking puts the text
     /// on index 1, TGI before 1.4.4 the token's position) bills that text: it is the
     /// answer. After the finish it is no part of it (it would reach the client free).
-    fn is_live(&self, finishes: u64, finished: bool, index: i64) -> bool {
+    fn is_live(&self, finishes: u64, whole: bool, index: i64) -> bool {
         match self.choice_bit(index) {
             Some(b) => finishes & b == 0,
-            None => !finished,
+            None => !whole,
         }
     }
 
@@ -750,7 +751,7 @@ impl StreamConverter {
         // is not the client's (`openai_to_openai`): not counted either; nor, once the usage came after
         // the finish in a chunk of its own, is the text of any choice (see the module doc).
         let before = self.finishes;
-        let was_finished = self.finished;
+        let was_whole = self.finished || self.whole_at_end;
         let started = self.started;
         let told = self.told;
         for choice in c.choices.iter().flatten() {
@@ -780,7 +781,7 @@ impl StreamConverter {
             && self.started != 0
             && self.finishes & self.started == self.started;
         for choice in c.choices.iter().flatten() {
-            if told || !self.is_live(before, was_finished, choice.index.unwrap_or(0)) {
+            if told || !self.is_live(before, was_whole, choice.index.unwrap_or(0)) {
                 continue;
             }
             if let Some(t) = &choice.text {
@@ -873,7 +874,7 @@ impl StreamConverter {
                 .map(|v| json!({"id": v["id"], "created": v["created"], "model": v["model"]}));
         }
         let before = self.finishes;
-        let was_finished = self.finished;
+        let was_whole = self.finished || self.whole_at_end;
         // Counting the text not yet counted costs up to `COUNT_EVERY` bytes of tokenizing:
         // done only where a figure is needed, never per chunk (it made a long stream
         // quadratic: 500 KB of one-word chunks took minutes).
@@ -911,12 +912,12 @@ impl StreamConverter {
         if c.choices
             .iter()
             .flatten()
-            .any(|choice| !self.is_live(before, was_finished, choice.index.unwrap_or(0)))
+            .any(|choice| !self.is_live(before, was_whole, choice.index.unwrap_or(0)))
         {
             let mut v: Value = serde_json::from_str(data).map_err(|_| Corrupt::Json)?;
             if let Some(choices) = v.get_mut("choices").and_then(Value::as_array_mut) {
                 choices.retain(|choice| {
-                    self.is_live(before, was_finished, choice["index"].as_i64().unwrap_or(0))
+                    self.is_live(before, was_whole, choice["index"].as_i64().unwrap_or(0))
                 });
                 if choices.is_empty() && (c.usage.is_none() || !self.include_usage) {
                     return Ok(());

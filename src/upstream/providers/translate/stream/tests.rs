@@ -941,6 +941,11 @@ fn a_lower_usage_after_an_answer_whole_at_its_end_does_not_lower_the_price() {
         c.event("", &text(0, "one "), &mut out);
         c.event("", &finish(0), &mut out);
         c.event("", &usage(800), &mut out);
+        // A choice not asked for there is no part of the answer: its text would pass
+        // free of the usage that prices it.
+        let seen = out.len();
+        c.event("", &text(5, " free words"), &mut out);
+        assert_eq!(out.len(), seen, "{}", passed(&out));
         c.event("", &usage(0), &mut out);
         if end.is_empty() {
             assert!(c.end(&mut out));
