@@ -1309,6 +1309,61 @@ async fn usage_that_keeps_changing_after_an_answer_whole_at_its_end_does_not_hol
     app.assert_invariant().await;
 }
 
+/// Review finding (s19 attack F1): an `n` = 1 upstream that numbers its choices wrongly —
+/// LiteLLM in front of Claude with thinking: the reasoning on index 0, the answer's text on
+/// index 1, the finish on either — had the answer dropped, its client getting only the
+/// reasoning and paying the usage. Before the finish such a choice reaches the client.
+#[tokio::test]
+async fn an_answer_on_the_wrong_choice_index_reaches_the_client() {
+    let app = app().await;
+    let chunk = |choices: Value, usage: Value| {
+        SseEvent::Data(
+            json!({"id": "c1", "object": "chat.completion.chunk", "created": 1,
+            "model": "m", "choices": choices, "usage": usage}),
+        )
+    };
+    for finish_on in [0, 1] {
+        let user = format!("wrong{finish_on}");
+        let events = vec![
+            chunk(
+                json!([{"index": 0, "delta": {"reasoning_content": "thinking "},
+                    "finish_reason": null}]),
+                Value::Null,
+            ),
+            chunk(
+                json!([{"index": 1, "delta": {"content": TEXT}, "finish_reason": null}]),
+                Value::Null,
+            ),
+            chunk(
+                json!([{"index": finish_on, "delta": {}, "finish_reason": "stop"}]),
+                Value::Null,
+            ),
+            chunk(
+                json!([]),
+                json!({"prompt_tokens": 1000, "completion_tokens": 40, "total_tokens": 1040}),
+            ),
+            SseEvent::Data(json!("[DONE]")),
+        ];
+        let script = Script {
+            events: Some(events),
+            ..Script::default()
+        };
+        let c = stream(&app, Up::OpenAi, &user, script, 4096).await;
+        let texts: String = c
+            .data
+            .iter()
+            .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+            .flat_map(|v| v["choices"].as_array().cloned().unwrap_or_default())
+            .filter_map(|ch| ch["delta"]["content"].as_str().map(str::to_string))
+            .collect();
+        assert_eq!(texts, TEXT, "finish on {finish_on}: {:?}", c.data);
+        c.complete(&user);
+        assert_eq!(c.logged.0, 1000, "{user}");
+        assert!(c.logged.1 >= 40, "{user}: {:?}", c.logged);
+    }
+    app.assert_invariant().await;
+}
+
 /// A ConverseStream whose `metadata` (the usage) comes before `messageStop`, and then more
 /// text: that usage was not the whole answer's. It is a floor under the output counted
 /// from the text the client received, never the price of text it does not cover.
