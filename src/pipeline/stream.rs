@@ -480,11 +480,16 @@ impl Pump {
                 }
             };
             self.converter.event(&event.0, &event.1, &mut frames);
-            if self.converter.finished() {
+            // So too for an answer whole at its end (`StreamConverter::whole_at_end`): a
+            // choice that starts there tells more of it, and is held to the idle timeout
+            // between events like any choice before its finish.
+            if self.converter.finished() || self.converter.whole_at_end() {
                 let told = self.converter.progress();
                 if quiet.as_ref().is_none_or(|(_, before)| *before != told) {
                     quiet = Some((Instant::now(), told));
                 }
+            } else {
+                quiet = None;
             }
             if left.is_some() {
                 // Read for its usage only: nothing more goes to the client.

@@ -1259,6 +1259,111 @@ async fn usage_that_keeps_changing_after_the_finish_does_not_hold_the_stream_ope
     app.assert_invariant().await;
 }
 
+/// Review finding (s19 attack F6): an `n` = 2 answer from a server that ignores `n` — choice
+/// 0, its finish, then a new usage every 50 ms for 30 s, never ending its body — is whole at
+/// its end, and its usages tell no more of it: they held the stream open as long as they
+/// came (the idle clock was armed only at the finish of every choice asked for). The
+/// gateway waits no longer than the idle timeout after the last of its text, then completes
+/// it, charged the most reported and told the client.
+#[tokio::test]
+async fn usage_that_keeps_changing_after_an_answer_whole_at_its_end_does_not_hold_the_stream_open()
+{
+    let app = app_with(|s| s.upstream.stream_idle_timeout_ms = 1500).await;
+    let chunk = |choices: Value, usage: Value| {
+        SseEvent::Data(
+            json!({"id": "c1", "object": "chat.completion.chunk", "created": 1,
+            "model": "m", "choices": choices, "usage": usage}),
+        )
+    };
+    let mut events = vec![
+        chunk(
+            json!([{"index": 0, "delta": {"content": TEXT}, "finish_reason": null}]),
+            Value::Null,
+        ),
+        chunk(
+            json!([{"index": 0, "delta": {}, "finish_reason": "stop"}]),
+            Value::Null,
+        ),
+    ];
+    events.extend((0..600).map(|i| {
+        chunk(
+            json!([]),
+            json!({"prompt_tokens": 1000, "completion_tokens": 40 + i, "total_tokens": 1040 + i}),
+        )
+    }));
+    let script = Script {
+        events: Some(events),
+        chunk_delay_ms: 50,
+        ..Script::default()
+    };
+    let c = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        stream_n(&app, Up::OpenAi, "ignored", script, 4096, 2),
+    )
+    .await
+    .expect("the stream completes: usages after an answer whole at its end do not hold it open");
+    c.complete("ignored");
+    let output = c.logged.1;
+    assert!((40..640).contains(&output), "{output}");
+    c.exactly("ignored", 1000, output);
+    app.assert_invariant().await;
+}
+
+/// Review finding (s19 attack F1): an `n` = 1 upstream that numbers its choices wrongly —
+/// LiteLLM in front of Claude with thinking: the reasoning on index 0, the answer's text on
+/// index 1, the finish on either — had the answer dropped, its client getting only the
+/// reasoning and paying the usage. Before the finish such a choice reaches the client.
+#[tokio::test]
+async fn an_answer_on_the_wrong_choice_index_reaches_the_client() {
+    let app = app().await;
+    let chunk = |choices: Value, usage: Value| {
+        SseEvent::Data(
+            json!({"id": "c1", "object": "chat.completion.chunk", "created": 1,
+            "model": "m", "choices": choices, "usage": usage}),
+        )
+    };
+    for finish_on in [0, 1] {
+        let user = format!("wrong{finish_on}");
+        let events = vec![
+            chunk(
+                json!([{"index": 0, "delta": {"reasoning_content": "thinking "},
+                    "finish_reason": null}]),
+                Value::Null,
+            ),
+            chunk(
+                json!([{"index": 1, "delta": {"content": TEXT}, "finish_reason": null}]),
+                Value::Null,
+            ),
+            chunk(
+                json!([{"index": finish_on, "delta": {}, "finish_reason": "stop"}]),
+                Value::Null,
+            ),
+            chunk(
+                json!([]),
+                json!({"prompt_tokens": 1000, "completion_tokens": 40, "total_tokens": 1040}),
+            ),
+            SseEvent::Data(json!("[DONE]")),
+        ];
+        let script = Script {
+            events: Some(events),
+            ..Script::default()
+        };
+        let c = stream(&app, Up::OpenAi, &user, script, 4096).await;
+        let texts: String = c
+            .data
+            .iter()
+            .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+            .flat_map(|v| v["choices"].as_array().cloned().unwrap_or_default())
+            .filter_map(|ch| ch["delta"]["content"].as_str().map(str::to_string))
+            .collect();
+        assert_eq!(texts, TEXT, "finish on {finish_on}: {:?}", c.data);
+        c.complete(&user);
+        assert_eq!(c.logged.0, 1000, "{user}");
+        assert!(c.logged.1 >= 40, "{user}: {:?}", c.logged);
+    }
+    app.assert_invariant().await;
+}
+
 /// A ConverseStream whose `metadata` (the usage) comes before `messageStop`, and then more
 /// text: that usage was not the whole answer's. It is a floor under the output counted
 /// from the text the client received, never the price of text it does not cover.
@@ -1518,8 +1623,9 @@ async fn a_finish_whose_usage_and_end_never_came_is_a_cut() {
 /// continuous usage): the usage on the chunk that finishes choice 0 is no final word while
 /// choice 1 still streams — its text reaches the client, and the last usage chunk prices it.
 /// (Until s19 the request asked for one choice, and its upstream's choice 1 — one not asked
-/// for, no part of the answer since, `translate::stream`'s
-/// `a_choice_not_asked_for_is_neither_passed_on_nor_counted` — stood for the second.)
+/// for, no part of the answer after the finish, `translate::stream`'s
+/// `a_choice_not_asked_for_is_neither_passed_on_nor_counted_after_the_finish` — stood for
+/// the second.)
 #[tokio::test]
 async fn another_choice_still_streaming_after_a_usage_on_the_finish_reaches_the_client() {
     let app = app().await;

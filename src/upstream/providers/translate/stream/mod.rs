@@ -37,7 +37,9 @@
 //!   and once an OpenAI upstream's usage came after the finish in a chunk of its own,
 //!   nothing but a higher usage is (the text of another choice included). A choice an
 //!   OpenAI upstream sends that was not asked for (an index of `n` or more, or negative)
-//!   is no part of the answer: never passed on nor counted. A stream that ends before its
+//!   counts toward no finish; before the answer is whole (or whole at its end) it is
+//!   passed on and counted (an upstream that numbers an `n` = 1 answer's choices wrongly
+//!   puts its text there), after it it is no part of the answer. A stream that ends before its
 //!   finish is *cut*, and
 //!   so is one with an event the gateway cannot read, before or after the finish (it may
 //!   be the usage): the client gets an error event.
@@ -54,8 +56,11 @@
 //!   (Gemini's every chunk, vLLM's continuous usage): its output is a floor, and the output
 //!   counted from the text received counts if it is more. The reports of an answer one of
 //!   whose choices started after such a usage of part of it (`parted`) are floors too,
-//!   with or after the finish: each may be of one part or of all so far. Without any
-//!   usage, the input estimate and the counted output.
+//!   with or after the finish — the most of them all: each may be of one part or of all so
+//!   far. An answer whole at its end is priced as after a finish from the usage that made
+//!   it so: the most of that one and every later one. Without any usage, the input
+//!   estimate and the counted output. An OpenAI client is told, at the latest at `[DONE]`,
+//!   what it is charged when the last usage passed on said otherwise.
 
 pub mod shape;
 
@@ -128,6 +133,23 @@ impl Writer {
     }
 }
 
+/// What an OpenAI usage chunk tells a client: the input, its cached part, the output.
+type Told = (i64, i64, i64);
+
+/// What a usage tells (`Told`).
+fn told_of(u: &Usage) -> Told {
+    (u.input, u.cached_input, u.output)
+}
+
+/// What a chunk's usage tells: `None` for a chunk without one, `Some(None)` for one that
+/// cannot be read whole.
+fn told_in(c: &shape::Chunk) -> Option<Option<Told>> {
+    c.usage.as_ref().map(|r| {
+        r.figures()
+            .map(|(i, o)| (i.input, i.cached_input, o.output))
+    })
+}
+
 /// The most choices a stream's finishes are told apart for (`StreamConverter::choices`,
 /// one bit each): a request streaming more is refused (`pipeline::request`).
 pub const MOST_CHOICES: i64 = 32;
@@ -166,6 +188,13 @@ pub struct StreamConverter {
     /// come. The answer is whole at the stream's end (`[DONE]`, its body's end), that
     /// usage its price (`at_the_end`); a choice that starts first makes it `parted`.
     whole_at_end: bool,
+    /// A usable output report came with or after the usage that made the answer
+    /// `whole_at_end`: the price at its end, and the most of such reports (`report_output`).
+    end_reported: bool,
+    /// The input, its cached part and the output of the last usage an OpenAI client was
+    /// told (`Told`; `None` for one it cannot read, or none told): at `[DONE]` it is told
+    /// what it is charged when that differs (`openai_done`).
+    usage_told: Option<Told>,
     /// A choice started after such a usage: the upstream reports usage part by part (a
     /// relay fanning `n` out into n calls), and does not say whether a report is of its
     /// part or of every part so far. Its reports are floors under the count of every
@@ -264,6 +293,8 @@ impl StreamConverter {
             output: None,
             told: false,
             whole_at_end: false,
+            end_reported: false,
+            usage_told: None,
             parted: false,
             usage_asked: true,
             output_final: false,
@@ -367,7 +398,7 @@ impl StreamConverter {
     }
 
     /// Choice `index`'s bit in `finishes`; none for a choice not asked for (an index of
-    /// `choices` or more, or negative): no part of the answer.
+    /// `choices` or more, or negative): it counts toward no finish.
     fn choice_bit(&self, index: i64) -> Option<u64> {
         u32::try_from(index)
             .ok()
@@ -376,9 +407,17 @@ impl StreamConverter {
     }
 
     /// What a chunk says of choice `index` is the client's, and counted: a choice asked
-    /// for, not finished by `finishes`.
-    fn is_live(&self, finishes: u64, index: i64) -> bool {
-        self.choice_bit(index).is_some_and(|b| finishes & b == 0)
+    /// for, not finished by `finishes`; a choice not asked for while the answer was not
+    /// yet whole (`whole`: `finished` before the chunk, or whole at its end — its text
+    /// would reach the client free of the usage that prices it). An upstream that numbers an `n` = 1
+    /// answer's choices wrongly (LiteLLM in front of Claude with thinking puts the text
+    /// on index 1, TGI before 1.4.4 the token's position) bills that text: it is the
+    /// answer. After the finish it is no part of it (it would reach the client free).
+    fn is_live(&self, finishes: u64, whole: bool, index: i64) -> bool {
+        match self.choice_bit(index) {
+            Some(b) => finishes & b == 0,
+            None => !whole,
+        }
     }
 
     /// The upstream was not asked for its usage (`usage_asked`).
@@ -420,6 +459,13 @@ impl StreamConverter {
     /// whole, its usage or end may follow.
     pub fn finished(&self) -> bool {
         self.finished
+    }
+
+    /// The answer is whole at the stream's end if no choice starts first (`whole_at_end`):
+    /// the pump holds it, as a finished one, to the idle timeout after it last told more
+    /// of it (`progress`).
+    pub fn whole_at_end(&self) -> bool {
+        self.whole_at_end && !self.finished
     }
 
     /// How much of the answer the stream has told so far: the same after an event that
@@ -528,11 +574,12 @@ impl StreamConverter {
     }
 
     /// The stream ended (`[DONE]`, its body's end, break or stall): an answer whole at its
-    /// end (`whole_at_end`) is whole now, the usage before it its price.
+    /// end (`whole_at_end`) is whole now, the usage with or after the one that made it so
+    /// its price (`end_reported`; a running figure before it stays a floor).
     fn at_the_end(&mut self) {
         if self.whole_at_end && !self.finished {
             self.finished = true;
-            self.output_final = self.output.is_some();
+            self.output_final = self.end_reported;
         }
     }
 
@@ -554,10 +601,15 @@ impl StreamConverter {
 
     /// An output side the upstream reported: the price when it came with or after the
     /// finish (the most of such reports, figure by figure: each is a total of one answer),
-    /// a floor before it.
+    /// a floor before it. So too, the most of them, with or after the usage that made the
+    /// answer whole at its end (`whole_at_end`: a later, lower one does not lower it), and
+    /// every report of a `parted` answer: each is of one call or of every call so far (the
+    /// upstream does not say), so the most of them is a floor under either; their sum could
+    /// charge a relay reporting running totals for its calls n times over.
     fn report_output(&mut self, o: Output) {
+        let most = self.output_final || self.parted || (self.whole_at_end && self.end_reported);
         self.output = match self.output {
-            Some(had) if self.output_final => Some(Output {
+            Some(had) if most => Some(Output {
                 output: had.output.max(o.output),
                 reasoning: had.reasoning.max(o.reasoning),
                 audio_output: had.audio_output.max(o.audio_output),
@@ -567,6 +619,7 @@ impl StreamConverter {
             _ => Some(o),
         };
         self.output_final = self.finished;
+        self.end_reported |= self.whole_at_end;
     }
 
     /// An input side the upstream reported. The input is known from the first event:
@@ -694,10 +747,11 @@ impl StreamConverter {
         // The answer is whole once each of its `choices` finished (choice 0 alone with
         // `n` = 1, see `openai_chat::stream`); a chunk that finishes the last and carries
         // the usage (vLLM's continuous usage) carries the final one. What a later chunk
-        // says of a finished choice, or any chunk of a choice not asked for, is not the
-        // client's (`openai_to_openai`): not counted either; nor, once the usage came after
+        // says of a finished choice, or of a choice not asked for once the answer is whole,
+        // is not the client's (`openai_to_openai`): not counted either; nor, once the usage came after
         // the finish in a chunk of its own, is the text of any choice (see the module doc).
         let before = self.finishes;
+        let was_whole = self.finished || self.whole_at_end;
         let started = self.started;
         let told = self.told;
         for choice in c.choices.iter().flatten() {
@@ -727,7 +781,7 @@ impl StreamConverter {
             && self.started != 0
             && self.finishes & self.started == self.started;
         for choice in c.choices.iter().flatten() {
-            if told || !self.is_live(before, choice.index.unwrap_or(0)) {
+            if told || !self.is_live(before, was_whole, choice.index.unwrap_or(0)) {
                 continue;
             }
             if let Some(t) = &choice.text {
@@ -774,17 +828,28 @@ impl StreamConverter {
         // The client asked for the usage chunk and the server sent none (it refuses
         // `stream_options`: `quirks.include_usage = false`), or only running ones before
         // its finish (a floor under the count, vLLM's continuous usage): it is told what
-        // it is charged, the counted figures, as an Anthropic client is.
-        if self.include_usage && !self.output_final {
-            out.push(self.usage_chunk());
+        // it is charged, the counted figures, as an Anthropic client is. So is one whose
+        // last usage told says less than it is charged: a `parted` answer's last report on
+        // its finish chunk under the count, a lower report after the one that made the
+        // answer whole at its end (`report_output`).
+        if self.include_usage
+            && (!self.output_final || self.usage_told != Some(told_of(&self.usage())))
+        {
+            self.push_usage_chunk(out);
         }
         out.push(frame(None, "[DONE]"));
     }
 
-    /// A usage chunk of the gateway's own telling what the stream is charged, under the
-    /// first chunk's `id`, `created` and `model`.
-    fn usage_chunk(&self) -> Bytes {
+    /// Passes a usage chunk of the gateway's own (`usage_chunk`), and notes what it told.
+    fn push_usage_chunk(&mut self, out: &mut Vec<Bytes>) {
         let u = self.usage();
+        out.push(self.usage_chunk(&u));
+        self.usage_told = Some(told_of(&u));
+    }
+
+    /// A usage chunk of the gateway's own telling what the stream is charged (`u`), under
+    /// the first chunk's `id`, `created` and `model`.
+    fn usage_chunk(&self, u: &Usage) -> Bytes {
         let first = self.first_chunk.as_ref().unwrap_or(&Value::Null);
         frame(
             None,
@@ -809,6 +874,7 @@ impl StreamConverter {
                 .map(|v| json!({"id": v["id"], "created": v["created"], "model": v["model"]}));
         }
         let before = self.finishes;
+        let was_whole = self.finished || self.whole_at_end;
         // Counting the text not yet counted costs up to `COUNT_EVERY` bytes of tokenizing:
         // done only where a figure is needed, never per chunk (it made a long stream
         // quadratic: 500 KB of one-word chunks took minutes).
@@ -834,7 +900,7 @@ impl StreamConverter {
         // charges, so the client's last usage chunk is that (a side may have gone down).
         if told {
             if self.include_usage && Some(self.usage()) != charged {
-                out.push(self.usage_chunk());
+                self.push_usage_chunk(out);
             }
             return Ok(());
         }
@@ -842,21 +908,25 @@ impl StreamConverter {
         // passed on (nor counted), else the client would hold more than the usage reported
         // with the finish, its price. The choices still streaming (`n` > 1, each whole at
         // its own finish) and the usage still pass; a choice not asked for (an index of `n`
-        // or more, or negative) is no part of the answer, before the finish or after it.
+        // or more, or negative) passes until the answer is whole (`is_live`).
         if c.choices
             .iter()
             .flatten()
-            .any(|choice| !self.is_live(before, choice.index.unwrap_or(0)))
+            .any(|choice| !self.is_live(before, was_whole, choice.index.unwrap_or(0)))
         {
             let mut v: Value = serde_json::from_str(data).map_err(|_| Corrupt::Json)?;
             if let Some(choices) = v.get_mut("choices").and_then(Value::as_array_mut) {
-                choices
-                    .retain(|choice| self.is_live(before, choice["index"].as_i64().unwrap_or(0)));
+                choices.retain(|choice| {
+                    self.is_live(before, was_whole, choice["index"].as_i64().unwrap_or(0))
+                });
                 if choices.is_empty() && (c.usage.is_none() || !self.include_usage) {
                     return Ok(());
                 }
             }
             out.push(frame(None, &v.to_string()));
+            if let Some(told) = told_in(&c) {
+                self.usage_told = told;
+            }
             return Ok(());
         }
         let usage_only = c.choices.as_ref().is_none_or(Vec::is_empty) && c.usage.is_some();
@@ -874,9 +944,12 @@ impl StreamConverter {
                 != Some((u.input, u.cached_input, u.output))
         };
         if usage_only && self.finished && differs() {
-            out.push(self.usage_chunk());
+            self.push_usage_chunk(out);
         } else {
             out.push(frame(None, data));
+            if let Some(told) = told_in(&c) {
+                self.usage_told = told;
+            }
         }
         Ok(())
     }

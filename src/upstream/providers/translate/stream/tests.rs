@@ -791,11 +791,13 @@ fn text_of_a_finished_choice_is_neither_passed_on_nor_counted() {
 
 /// Review finding (s18 final #5): a choice index outside the choices asked for (`n` or
 /// more, or negative) never counted toward the finish, and after it its text passed to the
-/// client uncounted, the usage its price: text the client kept free. Such a choice is no
-/// part of the answer: neither passed on nor counted, before the finish or after it, while
-/// the choices asked for in the same chunk pass.
+/// client uncounted, the usage its price: text the client kept free. After the finish such
+/// a choice is no part of the answer: neither passed on nor counted, while the choices
+/// asked for in the same chunk pass. Before it, it is passed on and counted (s19 attack
+/// F1, `a_choice_numbered_wrongly_before_the_finish_reaches_the_client_and_is_counted`),
+/// and counts toward no finish.
 #[test]
-fn a_choice_not_asked_for_is_neither_passed_on_nor_counted() {
+fn a_choice_not_asked_for_is_neither_passed_on_nor_counted_after_the_finish() {
     let chunk = |choices: Value| {
         json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
             "choices": choices})
@@ -812,39 +814,216 @@ fn a_choice_not_asked_for_is_neither_passed_on_nor_counted() {
     c.event("", &text(0, "zero "), &mut out);
     let counted = c.usage().output;
     for i in [2, 7, -1] {
-        c.event("", &text(i, &free), &mut out);
         c.event("", &finish(i), &mut out);
     }
-    assert!(!passed(&out).contains("free words"), "{}", passed(&out));
-    assert_eq!(c.usage().output, counted, "not counted");
-    // Beside a choice asked for, that one passes alone.
+    assert!(!c.finished(), "counts toward no finish");
+    c.event("", &text(2, &free), &mut out);
+    assert!(passed(&out).contains("free words"), "{}", passed(&out));
+    assert!(c.usage().output > counted, "counted before the finish");
+    c.event("", &finish(0), &mut out);
+    // The chunk that finishes the answer: what it says of such a choice passes still.
     out.clear();
     c.event(
         "",
         &chunk(
-            json!([{"index": 1, "delta": {"content": "one "}, "finish_reason": null},
-            {"index": 2, "delta": {"content": free}, "finish_reason": null}]),
+            json!([{"index": 1, "delta": {"content": "one "}, "finish_reason": "stop"},
+            {"index": 2, "delta": {"content": "last "}, "finish_reason": null}]),
         ),
         &mut out,
     );
-    assert!(
-        passed(&out).contains("one ") && !passed(&out).contains("free words"),
-        "{}",
-        passed(&out)
-    );
-    c.event("", &finish(0), &mut out);
-    c.event("", &finish(1), &mut out);
     assert!(c.finished());
-    // After the finish, before the usage: with `n` = 1 too.
+    assert!(passed(&out).contains("last "), "{}", passed(&out));
+    // After the finish: neither passed on nor counted, with `n` = 1 too.
     let mut one = StreamConverter::new(WireFormat::OpenAi, WireFormat::OpenAi, false, 10);
     one.event("", &text(0, "zero "), &mut out);
     one.event("", &finish(0), &mut out);
-    let counted = one.usage().output;
+    let counted = (c.usage().output, one.usage().output);
     out.clear();
     for i in [1, -1] {
         c.event("", &text(i + 2, &free), &mut out);
         one.event("", &text(i, &free), &mut out);
     }
     assert!(out.is_empty(), "{}", passed(&out));
-    assert_eq!(one.usage().output, counted, "not counted");
+    assert_eq!(
+        (c.usage().output, one.usage().output),
+        counted,
+        "not counted"
+    );
+}
+
+/// Chunks of an OpenAI stream's choices, a usage in a chunk of its own, and what the
+/// client was told (s19 attack tests below).
+mod choices_of {
+    use super::*;
+
+    pub fn chunk(choices: Value) -> String {
+        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": choices})
+        .to_string()
+    }
+    pub fn text(i: i64, t: &str) -> String {
+        chunk(json!([{"index": i, "delta": {"content": t}, "finish_reason": null}]))
+    }
+    pub fn finish(i: i64) -> String {
+        chunk(json!([{"index": i, "delta": {}, "finish_reason": "stop"}]))
+    }
+    pub fn usage_figures(output: i64) -> Value {
+        json!({"prompt_tokens": 10, "completion_tokens": output, "total_tokens": 10 + output})
+    }
+    pub fn usage(output: i64) -> String {
+        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [], "usage": usage_figures(output)})
+        .to_string()
+    }
+    pub fn passed(out: &[Bytes]) -> String {
+        String::from_utf8_lossy(&out.concat()).into_owned()
+    }
+    /// The `completion_tokens` of the last usage the client was told.
+    pub fn last_told(out: &[Bytes]) -> Option<i64> {
+        out.iter()
+            .rev()
+            .filter_map(|f| {
+                let s = String::from_utf8_lossy(f);
+                let data = s.trim().strip_prefix("data: ")?.to_string();
+                let v: Value = serde_json::from_str(&data).ok()?;
+                v["usage"]["completion_tokens"].as_i64()
+            })
+            .next()
+    }
+}
+
+/// Review finding (s19 attack F1): an `n` = 1 upstream that numbers its choices wrongly
+/// (LiteLLM in front of Claude with thinking: the reasoning on index 0, the answer's text
+/// on index 1; TGI before 1.4.4: the token's position) had its answer dropped from the
+/// first byte, the client paying the usage for nothing. Before the finish such a choice
+/// is passed on and counted; only after it is it no part of the answer.
+#[test]
+fn a_choice_numbered_wrongly_before_the_finish_reaches_the_client_and_is_counted() {
+    use choices_of::*;
+    let answer = "the answer's text, on the wrong index ".repeat(10);
+    let counted = estimate::count_text(&answer);
+    for finish_on in [0, 1] {
+        let mut c = StreamConverter::new(WireFormat::OpenAi, WireFormat::OpenAi, true, 10);
+        let mut out = Vec::new();
+        c.event(
+            "",
+            &chunk(json!([{"index": 0, "delta": {"reasoning_content": "hmm "},
+                "finish_reason": null}])),
+            &mut out,
+        );
+        c.event("", &text(1, &answer), &mut out);
+        assert!(passed(&out).contains(&answer), "{}", passed(&out));
+        assert!(
+            c.usage().output >= counted,
+            "counted: {} < {counted}",
+            c.usage().output
+        );
+        c.event("", &finish(finish_on), &mut out);
+        c.event("", &usage(counted + 5), &mut out);
+        c.event("", "[DONE]", &mut out);
+        assert!(c.done());
+        assert_eq!(c.usage().output, counted + 5);
+        assert!(passed(&out).contains(&answer));
+    }
+}
+
+/// Review finding (s19 attack F3): a server that ignores `n` = 2 (Ollama, or a relay adding
+/// its own usage chunk) sending its usage, then a lower one, then `[DONE]` was charged the
+/// lower one as exact; the most of the reports is charged, as with `n` = 1, and the client
+/// told it.
+#[test]
+fn a_lower_usage_after_an_answer_whole_at_its_end_does_not_lower_the_price() {
+    use choices_of::*;
+    for end in ["[DONE]", ""] {
+        let mut c =
+            StreamConverter::new(WireFormat::OpenAi, WireFormat::OpenAi, true, 10).choices(2);
+        let mut out = Vec::new();
+        c.event("", &text(0, "one "), &mut out);
+        c.event("", &finish(0), &mut out);
+        c.event("", &usage(800), &mut out);
+        // A choice not asked for there is no part of the answer: its text would pass
+        // free of the usage that prices it.
+        let seen = out.len();
+        c.event("", &text(5, " free words"), &mut out);
+        assert_eq!(out.len(), seen, "{}", passed(&out));
+        c.event("", &usage(0), &mut out);
+        if end.is_empty() {
+            assert!(c.end(&mut out));
+        } else {
+            c.event("", end, &mut out);
+        }
+        assert!(c.done() || end.is_empty());
+        assert_eq!(c.usage().output, 800, "ended by {end:?}");
+        assert!(c.usage_final());
+        assert_eq!(last_told(&out), Some(800), "{}", passed(&out));
+    }
+    // The usage that made the answer whole at its end unusable: a running figure before
+    // it is a floor under the count, not the price.
+    let mut c = StreamConverter::new(WireFormat::OpenAi, WireFormat::OpenAi, true, 10).choices(2);
+    let mut out = Vec::new();
+    c.event(
+        "",
+        &json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {"content": "many words of the answer here "},
+            "finish_reason": null}], "usage": usage_figures(1)})
+        .to_string(),
+        &mut out,
+    );
+    c.event("", &finish(0), &mut out);
+    c.event(
+        "",
+        &json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [], "usage": {"prompt_tokens": 10}})
+        .to_string(),
+        &mut out,
+    );
+    c.event("", "[DONE]", &mut out);
+    assert!(!c.usage_final(), "a running figure is no price");
+    assert!(c.usage().output > 1);
+}
+
+/// Review finding (s19 attack F2): in an answer reported part by part (`parted`) each report
+/// before the finish replaced the one before, so an earlier, higher one (a call's hidden
+/// reasoning) was lost; every report is a floor.
+#[test]
+fn an_earlier_higher_report_of_a_parted_answer_is_a_floor() {
+    use choices_of::*;
+    let mut c = StreamConverter::new(WireFormat::OpenAi, WireFormat::OpenAi, true, 10).choices(2);
+    let mut out = Vec::new();
+    c.event("", &text(0, "zero "), &mut out);
+    c.event("", &finish(0), &mut out);
+    c.event("", &usage(500), &mut out);
+    c.event("", &text(1, "one "), &mut out);
+    c.event("", &finish(1), &mut out);
+    c.event("", &usage(20), &mut out);
+    c.event("", "[DONE]", &mut out);
+    assert!(c.done());
+    assert_eq!(c.usage().output, 500);
+    assert_eq!(last_told(&out), Some(500), "{}", passed(&out));
+}
+
+/// Review finding (s19 attack F5): a parted answer whose last usage rides on its last finish
+/// chunk was charged the count over it, and the client told only the usage.
+#[test]
+fn a_parted_answer_whose_last_usage_rides_on_the_finish_is_told_its_charge() {
+    use choices_of::*;
+    let second = "the second answer, told after the first one's usage ".repeat(8);
+    let mut c = StreamConverter::new(WireFormat::OpenAi, WireFormat::OpenAi, true, 10).choices(2);
+    let mut out = Vec::new();
+    c.event("", &text(0, "zero "), &mut out);
+    c.event("", &finish(0), &mut out);
+    c.event("", &usage(2), &mut out);
+    c.event("", &text(1, &second), &mut out);
+    c.event(
+        "",
+        &json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 1, "delta": {}, "finish_reason": "stop"}],
+            "usage": usage_figures(3)})
+        .to_string(),
+        &mut out,
+    );
+    c.event("", "[DONE]", &mut out);
+    let charged = c.usage().output;
+    assert!(charged > 3);
+    assert_eq!(last_told(&out), Some(charged), "{}", passed(&out));
 }
