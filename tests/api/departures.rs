@@ -1064,6 +1064,7 @@ async fn a_free_models_departure_keeps_its_input_in_the_token_window_queued_or_n
         .await;
         let (id, token) = app
             .issue(sluice::cli::IssueArgs {
+                budget_usd: Some("1"),
                 tpm: Some(TPM),
                 ..issue_args("free")
             })
