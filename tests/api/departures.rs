@@ -768,12 +768,7 @@ async fn a_streamed_departure_with_a_document_books_the_counted_input_in_its_tok
 /// An `n` = 3 OpenAI stream that reports no usage: choice 0's text and finish, then — each
 /// `PAUSE_MS` after the last — choices 1 and 2's text, their finishes and `[DONE]`.
 fn three_choices_choice_0_first() -> Script {
-    let chunk = |choices: Value| {
-        SseEvent::Data(
-            json!({"id": "c", "object": "chat.completion.chunk", "created": 1,
-            "model": "m", "choices": choices}),
-        )
-    };
+    let chunk = chunk_event;
     let text = |i: i64, t: &str| {
         chunk(json!([{"index": i, "delta": {"content": t}, "finish_reason": null}]))
     };
@@ -855,12 +850,7 @@ const BOTH: i64 = 150;
 /// times), its finish, the usage of both (`BOTH` output tokens) and `[DONE]`. With `stall`
 /// the upstream stops after choice 1's text, still generating.
 fn choices_one_after_the_other(stall: bool) -> Script {
-    let chunk = |choices: Value| {
-        SseEvent::Data(
-            json!({"id": "c", "object": "chat.completion.chunk", "created": 1,
-            "model": "m", "choices": choices}),
-        )
-    };
+    let chunk = chunk_event;
     let text = |i: i64, t: &str| {
         chunk(json!([{"index": i, "delta": {"content": t}, "finish_reason": null}]))
     };
@@ -966,12 +956,7 @@ async fn an_n_stream_of_choices_one_after_the_other_counts_every_choice() {
 /// An OpenAI stream: "The engine ", its finish, then — `PAUSE_MS` after it — `fault`, and
 /// the body's end: no usage, no `[DONE]`.
 fn finished_then_fault(fault: SseEvent) -> Script {
-    let chunk = |choices: Value| {
-        SseEvent::Data(
-            json!({"id": "c", "object": "chat.completion.chunk", "created": 1,
-            "model": "m", "choices": choices}),
-        )
-    };
+    let chunk = chunk_event;
     let mut events = vec![
         chunk(json!([{"index": 0, "delta": {"content": "The engine "}, "finish_reason": null}])),
         chunk(json!([{"index": 0, "delta": {}, "finish_reason": "stop"}])),

@@ -1033,3 +1033,9 @@ pub async fn postgres_contents(db: &Db) -> Option<String> {
     }
     Some(out)
 }
+
+/// An OpenAI-format stream chunk of `choices`, as the mock sends it.
+pub fn chunk_event(choices: Value) -> sluice::mock::SseEvent {
+    sluice::mock::SseEvent::Data(json!({"id": "c", "object": "chat.completion.chunk",
+        "created": 1, "model": "m", "choices": choices}))
+}

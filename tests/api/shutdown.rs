@@ -708,10 +708,7 @@ async fn a_stream_whole_at_the_shutdown_is_charged_its_usage_or_estimate_not_the
     )
     .await;
     let (db, token) = db_and_token(dir.path(), "whole").await;
-    let chunk = |choices: Value| {
-        sluice::mock::SseEvent::Data(json!({"id": "c", "object": "chat.completion.chunk",
-            "created": 1, "model": "m", "choices": choices}))
-    };
+    let chunk = chunk_event;
     let mut usage = json!({"id": "c", "object": "chat.completion.chunk", "created": 1,
         "model": "m", "choices": []});
     usage["usage"] = json!({"prompt_tokens": 40_000, "completion_tokens": 3,
@@ -830,10 +827,7 @@ async fn a_stream_of_choices_one_after_the_other_is_cut_by_the_shutdown_every_ch
     )
     .await;
     let (db, token) = db_and_token(dir.path(), "sequential").await;
-    let chunk = |choices: Value| {
-        sluice::mock::SseEvent::Data(json!({"id": "c", "object": "chat.completion.chunk",
-            "created": 1, "model": "m", "choices": choices}))
-    };
+    let chunk = chunk_event;
     let second = "A second answer, told after the first one's usage. ".repeat(4);
     // Choice 0's text, finish and usage, choice 1's text; then the upstream, still
     // generating choice 1, sends nothing more.
