@@ -155,11 +155,14 @@ impl http_body::Body for Watched {
         match state.compare_exchange(WAITING, READ, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => this.wire.waiting.wake(),
             // Ended, not failed: an error has hyper reset the stream at once, and a reset
-            // of a stream whose head h2 has not written yet is a reset of a stream the
-            // server never saw — a connection error there, cutting every request the
-            // connection carries (review finding, s19a). An end goes behind the head; the
-            // server gets a head without its body (short of its `Content-Length`:
-            // malformed), and then the reset of the call hyper sees gone.
+            // that reached the wire before the stream's head would be a connection error
+            // at the server, cutting every request the connection carries (review finding,
+            // s19a; a later review reads h2 0.4.20 as always writing the head first, so
+            // this guards a version rather than a known path). An end goes behind the
+            // head whatever the version does; the server gets a head without its body
+            // (short of its `Content-Length`: malformed, or an empty request a lenient
+            // server refuses with a 400 — nothing billed), then the reset of the call
+            // hyper sees gone.
             Err(GONE) => return Poll::Ready(None),
             // Out already (an empty body's head): nothing changes.
             Err(_) => {}
