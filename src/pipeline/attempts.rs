@@ -249,14 +249,59 @@ struct Run {
     cut_by_deadline: bool,
     /// The request's deadline ended the attempts (it may have passed before the first).
     out_of_time: bool,
+    /// The connections (each client's, by origin) an attempt waited on for room and never
+    /// went out (`Tier::Held`): every key there shares it, so none is tried again.
+    held: Vec<(bool, url::Origin)>,
+    /// Every attempt was held.
+    only_held: bool,
     /// The dearest departure (`departure_on`) of the attempts that may have billed: sent
     /// and not answered with a refusal that bills nothing (`bills_nothing`).
     billable: Departure,
 }
 
 impl Run {
+    fn new() -> Self {
+        Run {
+            only_rate_limited: true,
+            only_cooling: true,
+            only_held: true,
+            ..Run::default()
+        }
+    }
+
     fn wait(&mut self, d: Duration) {
         self.soonest = Some(self.soonest.map_or(d, |s| s.min(d)));
+    }
+
+    /// Notes an attempt to `url` (of a deployment `allow_private` or not) that failed so.
+    fn failed(&mut self, tier: Tier, (allow_private, url): (bool, &reqwest::Url)) {
+        self.only_held &= tier == Tier::Held;
+        if tier == Tier::Held {
+            self.held.push((allow_private, url.origin()));
+        }
+        self.only_rate_limited &= tier == Tier::RateLimited;
+        self.only_cooling &= matches!(tier, Tier::RateLimited | Tier::Overloaded);
+    }
+
+    /// Whether an attempt to `url` would wait on a connection an earlier one was held on.
+    fn held_at(&self, (allow_private, url): (bool, &reqwest::Url)) -> bool {
+        !self.held.is_empty() && self.held.contains(&(allow_private, url.origin()))
+    }
+
+    /// The client's answer when attempts were made and none served.
+    fn tried(&self) -> ApiError {
+        let retry_after = seconds(self.soonest);
+        if self.only_held {
+            // Every attempt waited for room on a full connection: the gateway is busy there.
+            ApiError::UpstreamBusy { retry_after: 1 }
+        } else if self.only_rate_limited {
+            ApiError::UpstreamRateLimited { retry_after }
+        } else if self.only_cooling {
+            // Every key that answered is resting past the deadline: say when to come back.
+            ApiError::ServiceDegraded { retry_after }
+        } else {
+            ApiError::UpstreamError
+        }
     }
 }
 
@@ -374,6 +419,9 @@ async fn try_candidate(
     let Some(url) = dep.url(&c.route, p.endpoint, p.stream) else {
         return Step::Next;
     };
+    if run.held_at((dep.allow_private, url)) {
+        return Step::Next;
+    }
     let pool = state.pool();
     // Every early return below drops the permit, which abandons it (frees a probe slot);
     // a client leaving once the call is sent frees it too, as a probe left unanswered.
@@ -519,8 +567,7 @@ async fn try_candidate(
     if tier != Tier::LocalResources {
         tracing::warn!(upstream = %dep.id, tier = ?tier, error = %err, "upstream attempt failed");
     }
-    run.only_rate_limited &= tier == Tier::RateLimited;
-    run.only_cooling &= matches!(tier, Tier::RateLimited | Tier::Overloaded);
+    run.failed(tier, (dep.allow_private, url));
     // The key was replaced while the call was out (a rotation, an admin's enable): what
     // its answer says — cool down, disable, a breaker failure — is not the new key's.
     if !still_in_use(state, dep) && tier != Tier::ClientError && tier != Tier::LocalResources {
@@ -566,6 +613,9 @@ async fn try_candidate(
             disable_key(state, d, Disabled::Auth);
         }
         Tier::ServerError => breaker_failure(state, d, permit),
+        // The gateway's own connection to that host was full: no verdict on the key, no
+        // rest (the next request may find room), no other key of that host (`Run::held`).
+        Tier::Held => permit.abandon(),
         // A conflict is transient and says nothing of the upstream's health.
         Tier::Conflict => permit.abandon(),
         // Running out of the request's own time is the client's limit, no failure — but
@@ -648,11 +698,7 @@ pub async fn call(
 ) -> Called {
     let cfg = &state.settings.retry;
     let started = Instant::now();
-    let mut run = Run {
-        only_rate_limited: true,
-        only_cooling: true,
-        ..Run::default()
-    };
+    let mut run = Run::new();
     let mut round = 0u32;
     loop {
         round += 1;
@@ -710,7 +756,8 @@ fn bills_nothing(tier: Tier) -> bool {
         | Tier::AuthFailed
         | Tier::Conflict
         | Tier::ClientError
-        | Tier::LocalResources => true,
+        | Tier::LocalResources
+        | Tier::Held => true,
         Tier::ServerError | Tier::OutOfTime => false,
     }
 }
@@ -783,9 +830,13 @@ fn next_round(
     (Instant::now() + wait < deadline).then_some(wait)
 }
 
+/// A `Retry-After` in whole seconds, at least one.
+fn seconds(d: Option<Duration>) -> u64 {
+    d.map_or(1, |d| (d.as_millis() as u64).div_ceil(1000).max(1))
+}
+
 /// The client's answer when no attempt served.
 fn final_error(state: &AppState, p: &Prepared, run: &mut Run) -> ApiError {
-    let secs = |d: Option<Duration>| d.map_or(1, |d| (d.as_millis() as u64).div_ceil(1000).max(1));
     match (run.attempts, run.untranslatable.take()) {
         (0, Some(e)) => ApiError::InvalidRequest {
             message: e.message,
@@ -803,17 +854,10 @@ fn final_error(state: &AppState, p: &Prepared, run: &mut Run) -> ApiError {
                 "no upstream key of this model can serve: all cooling, disabled or breaker-open",
             );
             ApiError::ServiceDegraded {
-                retry_after: secs(run.soonest),
+                retry_after: seconds(run.soonest),
             }
         }
-        _ if run.only_rate_limited => ApiError::UpstreamRateLimited {
-            retry_after: secs(run.soonest),
-        },
-        // Every key that answered is resting past the deadline: say when to come back.
-        _ if run.only_cooling => ApiError::ServiceDegraded {
-            retry_after: secs(run.soonest),
-        },
-        _ => ApiError::UpstreamError,
+        _ => run.tried(),
     }
 }
 
@@ -835,5 +879,49 @@ fn passthrough(err: UpstreamError, upstream: providers::Format, client: WireForm
             }
         }
         _ => ApiError::UpstreamError.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(s: &str) -> reqwest::Url {
+        reqwest::Url::parse(s).expect("url")
+    }
+
+    /// Review finding (s19-final, N1): an attempt held at its connection's stream cap never
+    /// went out. It bills nothing, and no other key of that host (the same connection, by
+    /// client and origin) is tried; every attempt held is the gateway busy, not the
+    /// upstream failing.
+    #[test]
+    fn an_attempt_held_on_a_full_connection_spares_that_hosts_other_keys() {
+        assert!(bills_nothing(Tier::Held));
+        assert_eq!(
+            retry::classify(&UpstreamError::Held),
+            Tier::Held,
+            "no breaker count: `ServerError` is the tier that counts"
+        );
+        let mut run = Run::new();
+        let openai = url("https://api.openai.com/v1/chat/completions");
+        run.failed(Tier::Held, (false, &openai));
+        assert!(run.held_at((false, &url("https://api.openai.com:443/v1/responses"))));
+        assert!(
+            !run.held_at((true, &openai)),
+            "another client, another pool"
+        );
+        assert!(!run.held_at((false, &url("https://api.anthropic.com/v1/messages"))));
+        assert!(!run.held_at((false, &url("http://api.openai.com/v1/chat/completions"))));
+        assert!(matches!(
+            run.tried(),
+            ApiError::UpstreamBusy { retry_after: 1 }
+        ));
+
+        run.failed(
+            Tier::ServerError,
+            (false, &url("https://api.anthropic.com/v1/messages")),
+        );
+        assert!(matches!(run.tried(), ApiError::UpstreamError));
+        assert!(!Run::new().held_at((false, &openai)));
     }
 }

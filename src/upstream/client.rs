@@ -110,6 +110,8 @@ impl UpstreamClient {
             _ => None,
         };
         let wire = Arc::new(on_wire::Wire::default());
+        // When the request was first handed to the connection pool (past its credential).
+        let mut handed = None;
         let send = async {
             // A cached credential (a bearer token) may be refused before its time and is
             // then replaced once (a token the far side no longer takes is no refused key; a
@@ -128,19 +130,31 @@ impl UpstreamClient {
                 let token = may_refuse
                     .then(|| req.headers().get(AUTHORIZATION).cloned())
                     .flatten();
+                handed.get_or_insert_with(Instant::now);
                 let resp = match client
                     .execute(on_wire::watched(req, body.clone(), &wire))
                     .await
                 {
-                    // Not processed, by the protocol's word: sent again on another stream,
-                    // as reqwest's own retry would (it cannot resend a watched body).
-                    Err(e) if unprocessed(&e) => {
+                    // Not processed, by the protocol's word, or never sent — its body unread
+                    // (hyper ends a request it held at a stream cap as "dispatch gone" when a
+                    // graceful GOAWAY comes): sent again on another stream, as reqwest's own
+                    // retry would (it cannot resend a watched body).
+                    Err(e) if unprocessed(&e).is_some() || never_sent(&e, &wire) => {
                         wire.unread();
+                        let refused = unprocessed(&e) == Some(Unprocessed::Refused);
                         if resends == RESENDS {
-                            // Refused each time: no upstream has it, and it bills nothing.
-                            return Err(Err(UpstreamError::Connect("refused stream".into())));
+                            // No upstream has it, and it bills nothing; refused each time, the
+                            // server sheds load (`Refused`: an overload).
+                            return Err(Err(match refused {
+                                true => UpstreamError::Refused,
+                                false => UpstreamError::Connect("request not sent".into()),
+                            }));
                         }
                         resends += 1;
+                        if refused {
+                            // A refusal is the server shedding load: not back at once.
+                            tokio::time::sleep(REFUSED_PAUSE * resends as u32).await;
+                        }
                         continue;
                     }
                     r => r.map_err(Ok)?,
@@ -163,6 +177,17 @@ impl UpstreamClient {
         let send = on_wire::watch(send, &wire, reached);
         let resp = match tokio::time::timeout(first_byte.min(left), send).await {
             Err(_) if left < first_byte => return Err(UpstreamError::Deadline),
+            // Never out, though its connection was made (no connect takes longer than its
+            // timeout): hyper held it — an HTTP/2 connection at its server's stream cap, or
+            // its flow-control window shut — and the upstream never saw it.
+            Err(_)
+                if wire.unsent()
+                    && handed.is_some_and(|t: Instant| {
+                        t.elapsed() >= Duration::from_millis(self.timeouts.connect_timeout_ms)
+                    }) =>
+            {
+                return Err(UpstreamError::Held)
+            }
             Err(_) => return Err(UpstreamError::Timeout),
             // The credential could not be made (a token endpoint refused or unreachable).
             Ok(Err(Err(e))) => return Err(e),
@@ -175,6 +200,7 @@ impl UpstreamClient {
                     Some(what) => UpstreamError::LocalResources(what),
                     None if e.is_connect() => UpstreamError::Connect("connect".into()),
                     None if e.is_timeout() => UpstreamError::Timeout,
+                    None if wire.unsent() => UpstreamError::Connect("request not sent".into()),
                     None => UpstreamError::Broken,
                 })
             }
@@ -302,26 +328,50 @@ pub fn retry_after(h: &reqwest::header::HeaderMap) -> Option<Duration> {
         .or_else(|| number(RETRY_AFTER.as_str()).map(Duration::from_secs_f64))
 }
 
-/// How many times a request the upstream did not process (`unprocessed`) is sent again
-/// within one attempt: reqwest's own retry's figure.
+/// How many times a request the upstream did not process (`unprocessed`, `never_sent`) is
+/// sent again within one attempt: reqwest's own retry's figure.
 const RESENDS: usize = 2;
 
-/// Whether `err` says, by HTTP/2's word, that the upstream did not process the request: a
-/// graceful GOAWAY (`NO_ERROR`) for a stream past its last, or the stream refused
-/// (`REFUSED_STREAM`, RFC 9113 §8.7) — what reqwest's own retry resends, and cannot for a
-/// body it is not given whole (`on_wire::watched`).
-fn unprocessed(err: &(dyn std::error::Error + 'static)) -> bool {
+/// The pause before the n-th resend of a refused stream is n times this.
+const REFUSED_PAUSE: Duration = Duration::from_millis(10);
+
+/// How HTTP/2 said the upstream did not process a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unprocessed {
+    /// A graceful GOAWAY (`NO_ERROR`) for a stream past its last.
+    GoneAway,
+    /// The stream refused (`REFUSED_STREAM`, RFC 9113 §8.7): the server sheds load.
+    Refused,
+}
+
+/// Whether `err` says, by HTTP/2's word, that the upstream did not process the request —
+/// what reqwest's own retry resends, and cannot for a body it is not given whole
+/// (`on_wire::watched`).
+fn unprocessed(err: &(dyn std::error::Error + 'static)) -> Option<Unprocessed> {
     let mut cause = Some(err);
     while let Some(e) = cause {
         if let Some(h2) = e.downcast_ref::<h2::Error>() {
             let reason = h2.reason();
-            return h2.is_remote()
-                && ((h2.is_go_away() && reason == Some(h2::Reason::NO_ERROR))
-                    || (h2.is_reset() && reason == Some(h2::Reason::REFUSED_STREAM)));
+            return match h2.is_remote() {
+                true if h2.is_go_away() && reason == Some(h2::Reason::NO_ERROR) => {
+                    Some(Unprocessed::GoneAway)
+                }
+                true if h2.is_reset() && reason == Some(h2::Reason::REFUSED_STREAM) => {
+                    Some(Unprocessed::Refused)
+                }
+                _ => None,
+            };
         }
         cause = e.source();
     }
-    false
+    None
+}
+
+/// Whether a call that failed never sent its request, so may be sent again: its body was
+/// never read, and it failed past its connection (a connection not made is the upstream's
+/// to answer for: `UpstreamError::Connect`, no resend).
+fn never_sent(err: &reqwest::Error, wire: &on_wire::Wire) -> bool {
+    wire.unsent() && !err.is_connect() && !err.is_timeout() && !err.is_builder()
 }
 
 /// What the gateway itself ran out of, when an outbound call failed for want of a local
@@ -416,12 +466,15 @@ mod tests {
     async fn only_a_request_http2_says_was_not_processed_is_sent_again() {
         let refused = h2_error(Some(h2::Reason::REFUSED_STREAM)).await;
         let wrapped = Wrap("a request error", Box::new(refused));
-        assert!(unprocessed(&wrapped));
+        assert_eq!(unprocessed(&wrapped), Some(Unprocessed::Refused));
         let failed = h2_error(Some(h2::Reason::INTERNAL_ERROR)).await;
-        assert!(!unprocessed(&failed));
+        assert_eq!(unprocessed(&failed), None);
         let gone = h2_error(None).await;
-        assert!(unprocessed(&gone), "{gone:?}");
-        assert!(!unprocessed(&h2::Error::from(h2::Reason::REFUSED_STREAM)));
+        assert_eq!(unprocessed(&gone), Some(Unprocessed::GoneAway), "{gone:?}");
+        assert_eq!(
+            unprocessed(&h2::Error::from(h2::Reason::REFUSED_STREAM)),
+            None
+        );
     }
 
     /// An HTTP/2 server (no TLS) that refuses its first `refusals` streams
@@ -491,13 +544,180 @@ mod tests {
         assert_eq!(answer.expect("the resend's answer").status(), 200);
         assert_eq!((had, told), (2, vec![true, false, true]));
 
+        let began = Instant::now();
         let (answer, had, told) = post_to_refusing(usize::MAX).await;
+        assert!(matches!(answer, Err(UpstreamError::Refused)), "{answer:?}");
+        // Review finding (s19-final, N5): refused each time, it was a `Connect` failure —
+        // a breaker count and no rest — its resends back to back. A refusal is how an
+        // HTTP/2 server sheds load: resent after a pause, and an overload at the last.
+        assert_eq!(
+            super::super::retry::classify(&UpstreamError::Refused),
+            super::super::retry::Tier::Overloaded
+        );
         assert!(
-            matches!(answer, Err(UpstreamError::Connect(_))),
-            "{answer:?}"
+            began.elapsed() >= REFUSED_PAUSE * 3,
+            "{:?}",
+            began.elapsed()
         );
         assert_eq!(had, 1 + RESENDS);
         assert_eq!(told.last(), Some(&false), "not out: {told:?}");
+    }
+
+    /// An HTTP/2 server (no TLS) with room for one stream per connection. The first stream
+    /// of its first connection is held, unanswered, until `goaway` fires: then that
+    /// connection is shut down gracefully (GOAWAY `NO_ERROR`) and the held stream answered.
+    /// Every other stream, on any connection, is answered 200 at once: the count of them.
+    /// A client sends that first stream (`first`) with no timeout of its own.
+    struct Capped {
+        url: reqwest::Url,
+        answered: Arc<AtomicUsize>,
+        first: tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>,
+    }
+
+    async fn capped_server(
+        client: &UpstreamClient,
+        goaway: tokio::sync::oneshot::Receiver<()>,
+    ) -> Capped {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let url = format!("http://{addr}/v1/chat/completions");
+        let answered = Arc::new(AtomicUsize::new(0));
+        let count = answered.clone();
+        let (first_in, first_seen) = tokio::sync::oneshot::channel();
+        let answer = |mut respond: h2::server::SendResponse<Bytes>| {
+            if let Ok(mut send) = respond.send_response(http::Response::new(()), false) {
+                let _ = send.send_data(Bytes::from_static(b"{}"), true);
+            }
+        };
+        tokio::spawn(async move {
+            let mut goaway = Some(goaway);
+            let mut first_in = Some(first_in);
+            while let Ok((tcp, _)) = listener.accept().await {
+                let mut conn = h2::server::Builder::new()
+                    .max_concurrent_streams(1)
+                    .handshake::<_, Bytes>(tcp)
+                    .await
+                    .expect("handshake");
+                let count = count.clone();
+                let mut held = None;
+                let mut goaway = goaway.take();
+                let mut first_in = first_in.take();
+                tokio::spawn(async move {
+                    loop {
+                        tokio::select! {
+                            stream = conn.accept() => match stream {
+                                // Its request kept too: dropped, it could free the stream.
+                                Some(Ok(stream)) if held.is_none() && goaway.is_some() => {
+                                    held = Some(stream);
+                                    if let Some(first_in) = first_in.take() {
+                                        let _ = first_in.send(());
+                                    }
+                                }
+                                Some(Ok((_, respond))) => {
+                                    count.fetch_add(1, SeqCst);
+                                    answer(respond);
+                                }
+                                _ => break,
+                            },
+                            _ = async { goaway.as_mut().expect("checked").await }, if goaway.is_some() => {
+                                goaway = None;
+                                conn.graceful_shutdown();
+                                if let Some((_, respond)) = held.take() {
+                                    answer(respond);
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        let first = client.private.post(&url).body("{}").send();
+        let first = tokio::spawn(first);
+        first_seen.await.expect("the first stream is in");
+        let url = reqwest::Url::parse(&url).expect("url");
+        Capped {
+            url,
+            answered,
+            first,
+        }
+    }
+
+    /// `client` posting to `url` (as a private upstream, as the test servers are); what
+    /// `reached` was told is pushed to `told`.
+    async fn post_h2(
+        client: &UpstreamClient,
+        url: &reqwest::Url,
+        told: &mut Vec<bool>,
+    ) -> Result<reqwest::Response, UpstreamError> {
+        let dep = Deployment::alone(&crate::config::UpstreamSettings {
+            id: "h2".into(),
+            allow_private_network: true,
+            ..Default::default()
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let body = Bytes::from_static(b"{\"model\":\"m\"}");
+        client
+            .post(
+                &dep,
+                Some(url),
+                body,
+                deadline,
+                ((None, None), |on| told.push(on)),
+            )
+            .await
+    }
+
+    fn h2_client(timeouts: &UpstreamTimeouts) -> UpstreamClient {
+        UpstreamClient::built(timeouts, Arc::new(SystemResolver), |b| {
+            b.http2_prior_knowledge()
+        })
+        .expect("client")
+    }
+
+    /// Review finding (s19-final, N1): a request hyper held at the server's stream cap past
+    /// the first-byte timeout never went out, yet was a `Timeout` — a server error, a
+    /// breaker failure of a key whose upstream did nothing wrong, and the next key of the
+    /// same host (the same full connection) tried. It is `Held` now: no fault of the
+    /// upstream's.
+    #[tokio::test]
+    async fn a_request_held_at_the_stream_cap_past_the_first_byte_timeout_is_held_not_timed_out() {
+        let client = h2_client(&UpstreamTimeouts {
+            connect_timeout_ms: 100,
+            first_byte_timeout_ms: 400,
+            ..UpstreamTimeouts::default()
+        });
+        let (_keep, goaway) = tokio::sync::oneshot::channel();
+        let capped = capped_server(&client, goaway).await;
+        let mut told = Vec::new();
+        let second = post_h2(&client, &capped.url, &mut told).await;
+        assert!(matches!(second, Err(UpstreamError::Held)), "{second:?}");
+        assert_eq!(told, [] as [bool; 0]);
+        assert_eq!(capped.answered.load(SeqCst), 0);
+    }
+
+    /// Review finding (s19-final, N4): a graceful GOAWAY reaching the request hyper held at
+    /// the stream cap ends it as "dispatch gone", not as an HTTP/2 error: it was not sent
+    /// again, and was a `Broken` call — a breaker failure — though it never left. A call
+    /// whose body was never read is sent again like one HTTP/2 says it did not process.
+    #[tokio::test]
+    async fn a_held_request_that_a_graceful_goaway_ends_is_sent_again() {
+        let client = h2_client(&UpstreamTimeouts::default());
+        let (goaway, go) = tokio::sync::oneshot::channel();
+        let capped = capped_server(&client, go).await;
+        let mut told = Vec::new();
+        let second = post_h2(&client, &capped.url, &mut told);
+        let shut = async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let _ = goaway.send(());
+        };
+        let (second, ()) = tokio::join!(second, shut);
+        assert_eq!(second.expect("sent again").status(), 200);
+        assert_eq!(told, [true]);
+        assert_eq!(capped.answered.load(SeqCst), 1, "once, on a new connection");
+        let first = capped.first.await.expect("task");
+        assert_eq!(first.expect("the held one is answered").status(), 200);
     }
 
     /// An error that wraps another, as reqwest and hyper-util wrap the `io::Error`.

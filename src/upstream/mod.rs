@@ -35,6 +35,19 @@ pub enum UpstreamError {
     /// answer: it may have worked on it.
     #[error("the connection to the upstream broke before its answer")]
     Broken,
+    /// The request waited inside the gateway for room on its upstream's connection — an
+    /// HTTP/2 connection at its server's stream cap, or its flow-control window shut — past
+    /// the first-byte timeout, and never went out: no fault of the upstream's.
+    #[error(
+        "the request waited past the first-byte timeout for room on the upstream's connection \
+         (its HTTP/2 stream cap) and never went out; keep the upstream's max_concurrent under \
+         its stream cap"
+    )]
+    Held,
+    /// The upstream's HTTP/2 server refused the request's stream on every resend
+    /// (`REFUSED_STREAM`): it sheds load, and had none of it.
+    #[error("the upstream refused the request's stream on every resend (overloaded)")]
+    Refused,
     /// The gateway itself ran out of something (open files, socket buffers, memory) before
     /// the request left it: no fault of the upstream's (see `client::local_shortage`).
     #[error("the gateway ran out of {0} before the request reached the upstream")]

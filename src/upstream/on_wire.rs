@@ -57,7 +57,7 @@ pub fn watched(mut req: reqwest::Request, body: Bytes, wire: &Arc<Wire>) -> reqw
             .compare_exchange(WAITING, READ, Ordering::AcqRel, Ordering::Acquire);
     }
     *req.body_mut() = Some(reqwest::Body::wrap(Watched {
-        body: Some(body),
+        body,
         wire: wire.clone(),
     }));
     req
@@ -77,6 +77,12 @@ impl Wire {
 
     fn read(&self) -> bool {
         self.state.load(Ordering::Acquire) == READ
+    }
+
+    /// Whether the body is still unread: nothing of the request is out. Once its call is
+    /// dropped, whether the caller went first: the request never went out.
+    pub fn unsent(&self) -> bool {
+        matches!(self.state.load(Ordering::Acquire), WAITING | GONE)
     }
 }
 
@@ -132,11 +138,32 @@ impl<R: FnMut(bool)> Drop for Told<'_, R> {
     }
 }
 
-/// A request body of known bytes that marks its `Wire` read at its first read — or, its
-/// caller gone first, ends empty.
+/// A request body of known bytes that marks its `Wire` read when its last piece is read —
+/// or, its caller gone first, ends short of its length.
+///
+/// It goes in three pieces: all but its last two bytes, then one, then the last (a body
+/// of two bytes or fewer, byte by byte). hyper's HTTP/2 client reads a body's next piece
+/// only once the piece before it has gone to the stream with flow-control window to spare
+/// (`PipeToSendStream` waits for capacity before it hands a piece on, and h2's capacity is
+/// what the window grants past the data still buffered): so the last piece's read means
+/// that all of the body but its last byte can go, and a request the server's window holds
+/// back is not out. Over HTTP/1 the pieces go into one write, as one body did.
 struct Watched {
-    body: Option<Bytes>,
+    /// What is left of the body.
+    body: Bytes,
     wire: Arc<Wire>,
+}
+
+impl Watched {
+    fn next_piece(&mut self) -> Bytes {
+        let left = self.body.len();
+        let piece = match left {
+            0..=1 => left,
+            2 => 1,
+            _ => left - 2,
+        };
+        self.body.split_to(piece)
+    }
 }
 
 impl http_body::Body for Watched {
@@ -148,35 +175,43 @@ impl http_body::Body for Watched {
         _: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, std::convert::Infallible>>> {
         let this = self.get_mut();
-        let Some(body) = this.body.take() else {
+        if this.body.is_empty() {
             return Poll::Ready(None);
-        };
-        let state = &this.wire.state;
-        match state.compare_exchange(WAITING, READ, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => this.wire.waiting.wake(),
-            // Ended, not failed: an error has hyper reset the stream at once, and a reset
-            // that reached the wire before the stream's head would be a connection error
-            // at the server, cutting every request the connection carries (review finding,
-            // s19a; a later review reads h2 0.4.20 as always writing the head first, so
-            // this guards a version rather than a known path). An end goes behind the
-            // head whatever the version does; the server gets a head without its body
-            // (short of its `Content-Length`: malformed, or an empty request a lenient
-            // server refuses with a 400 — nothing billed), then the reset of the call
-            // hyper sees gone.
-            Err(GONE) => return Poll::Ready(None),
-            // Out already (an empty body's head): nothing changes.
-            Err(_) => {}
         }
-        Poll::Ready(Some(Ok(Frame::data(body))))
+        let piece = this.next_piece();
+        let state = &this.wire.state;
+        let went = if this.body.is_empty() {
+            match state.compare_exchange(WAITING, READ, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    this.wire.waiting.wake();
+                    false
+                }
+                Err(now) => now == GONE,
+            }
+        } else {
+            state.load(Ordering::Acquire) == GONE
+        };
+        if went {
+            // Ended short, not failed: the server gets a body short of its `Content-Length`
+            // (malformed; a lenient server's JSON without its last byte is no request
+            // either: nothing billed), and hyper, seeing the call gone, resets the stream
+            // (HTTP/2) or closes the connection (HTTP/1, which ends no body short of its
+            // length). An error would have hyper reset the stream at once, which h2 0.4
+            // queues behind the stream's head as well (its `is_pending_open` guard): either
+            // is safe there; an end is safe whatever the version does.
+            this.body = Bytes::new();
+            return Poll::Ready(None);
+        }
+        Poll::Ready(Some(Ok(Frame::data(piece))))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.as_ref().is_none_or(Bytes::is_empty)
+        self.body.is_empty()
     }
 
     /// Exact, so hyper sends a `Content-Length`, as for the bytes it replaces.
     fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.body.as_ref().map_or(0, |b| b.len() as u64))
+        SizeHint::with_exact(self.body.len() as u64)
     }
 }
 
@@ -209,7 +244,7 @@ mod tests {
     fn a_body_read_after_its_caller_went_ends_empty_and_tells_nothing() {
         let wire = Arc::new(Wire::default());
         let mut body = Watched {
-            body: Some(Bytes::from_static(b"the prompt")),
+            body: Bytes::from_static(b"the prompt"),
             wire: wire.clone(),
         };
         let mut told = Vec::new();
@@ -351,5 +386,103 @@ mod tests {
         );
         let second = tokio::time::timeout(std::time::Duration::from_secs(5), seen.recv()).await;
         assert_eq!(second.expect("its head"), Some(("/second".to_string(), 0)));
+    }
+
+    /// The body's read frames, polled until it ends, with the wire's state after each.
+    fn frames(body: &mut Watched) -> Vec<(Option<Vec<u8>>, u8)> {
+        let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
+        let mut out = Vec::new();
+        loop {
+            let frame = match Pin::new(&mut *body).poll_frame(&mut cx) {
+                Poll::Ready(Some(Ok(f))) => f.into_data().ok().map(|d| d.to_vec()),
+                _ => None,
+            };
+            let end = frame.is_none();
+            out.push((frame, body.wire.state.load(Ordering::Acquire)));
+            if end {
+                return out;
+            }
+        }
+    }
+
+    /// The body goes in three pieces — all but its last two bytes, then one, then the last
+    /// — and is read at the last: on HTTP/2 hyper hands a piece on only once the one before
+    /// it has the window to go, so a read means all but the last byte can go. A caller gone
+    /// before the last piece leaves a body short of its length: nothing an upstream can use.
+    #[test]
+    fn a_body_is_read_at_its_last_piece_and_ends_short_when_its_caller_goes_first() {
+        let watched = |wire: &Arc<Wire>| Watched {
+            body: Bytes::from_static(b"{\"a\":1}"),
+            wire: wire.clone(),
+        };
+        let wire = Arc::new(Wire::default());
+        let mut body = watched(&wire);
+        assert_eq!(body.size_hint().exact(), Some(7));
+        assert_eq!(
+            frames(&mut body),
+            [
+                (Some(b"{\"a\":".to_vec()), WAITING),
+                (Some(b"1".to_vec()), WAITING),
+                (Some(b"}".to_vec()), READ),
+                (None, READ),
+            ]
+        );
+        assert!(body.is_end_stream());
+
+        let wire = Arc::new(Wire::default());
+        let mut body = watched(&wire);
+        let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
+        assert!(matches!(
+            Pin::new(&mut body).poll_frame(&mut cx),
+            Poll::Ready(Some(_))
+        ));
+        wire.state.store(GONE, Ordering::Release);
+        assert_eq!(frames(&mut body), [(None, GONE)], "short of its length");
+    }
+
+    /// Review finding (s19-final, N3): on HTTP/2 the body's first read came before any of
+    /// the flow-control window it needs, so a request whose server gave it none was "out"
+    /// with no byte of its body sent — billable to a client that left, and a server error
+    /// at the first-byte timeout. Now nothing is told until all but its last byte can go.
+    #[tokio::test]
+    async fn a_body_the_servers_flow_control_window_holds_back_is_not_out() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.expect("accept");
+            // A stream window of nothing, never widened: no byte of a body can go.
+            let mut conn = h2::server::Builder::new()
+                .initial_window_size(0)
+                .handshake::<_, Bytes>(tcp)
+                .await
+                .expect("handshake");
+            let mut held = Vec::new();
+            while let Some(Ok((req, mut respond))) = conn.accept().await {
+                if req.method() == http::Method::GET {
+                    if let Ok(mut send) = respond.send_response(http::Response::new(()), false) {
+                        let _ = send.send_data(Bytes::from_static(b"{}"), true);
+                    }
+                } else {
+                    held.push((req, respond));
+                }
+            }
+        });
+        let client = reqwest::Client::builder()
+            .http2_prior_knowledge()
+            .build()
+            .expect("client");
+        // The connection is up and the server's settings taken.
+        let url = format!("http://{addr}/");
+        client.get(&url).send().await.expect("the first answer");
+        let wire = Arc::new(Wire::default());
+        let req = client.post(&url).build().expect("request");
+        let req = watched(req, Bytes::from_static(b"{\"prompt\":\"long\"}"), &wire);
+        let mut told = Vec::new();
+        let call = watch(client.execute(req), &wire, |on| told.push(on));
+        let cut = tokio::time::timeout(std::time::Duration::from_millis(300), call).await;
+        assert!(cut.is_err(), "held back by the window");
+        assert_eq!(told, [] as [bool; 0], "no byte of the body could go");
     }
 }

@@ -4,13 +4,14 @@
 //! | upstream answer                               | tier            | what happens                                      |
 //! |-----------------------------------------------|-----------------|---------------------------------------------------|
 //! | 429 rate limit                                | `RateLimited`   | key cools down (Retry-After, else 2^n s, capped); next key at once; all keys limited → 429 to the client |
-//! | 503, 529 overloaded                           | `Overloaded`    | key cools down; next key; none left → jittered backoff within the deadline and attempt cap, never inside a key's cooldown |
+//! | 503, 529 overloaded; an HTTP/2 stream refused on every resend | `Overloaded`    | key cools down; next key; none left → jittered backoff within the deadline and attempt cap, never inside a key's cooldown |
 //! | out of money: 429/403 `insufficient_quota` / billing (Azure: `QuotaExceeded`, "Out of call volume quota"; Google: a per-day or zero-limit `QuotaFailure`), 402, a 400 whose error says so (Anthropic's "credit balance is too low", OpenAI's `billing_hard_limit_reached`) | `QuotaExhausted`| key disabled until re-enabled; alert; next key; never retried; the client never sees the upstream's billing text |
 //! | 500, 502, 504, 408, timeout, connection, garbage | `ServerError` | no retry on the same key; counts toward its breaker; next key / fallback |
 //! | 409 conflict                                  | `Conflict`      | transient (the SDKs retry it): next key; no cooldown, no breaker count |
 //! | the request's own deadline ran out mid-attempt | `OutOfTime`    | no breaker count (the client's limit), except 3 unanswered probes in a row re-open a half-open breaker; the counted input is charged; no more attempts |
 //! | 401, 403                                      | `AuthFailed`    | key disabled (possible leak or revocation); next key |
 //! | 400, 404, 413, 422 (any other 4xx)            | `ClientError`   | returned to the client as it is; no retry         |
+//! | none: the request waited in the gateway for room on its HTTP/2 connection (the server's stream cap, or its window shut) past the first-byte timeout, never sent | `Held` | no breaker count, no cooldown, no other key of that host (they share the connection); the next host's; every attempt held → 503 `upstream_busy` |
 //! | none: the gateway itself ran out of open files, socket buffers or memory (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM` on connecting) | `LocalResources` | nothing reached the upstream: no breaker count, no cooldown, no other key (it would fail alike); 503 `service_degraded` with `Retry-After: 1`; a `local_resources` alert |
 //!
 //! 408 and 409 follow the official OpenAI and Anthropic SDKs, which retry 408, 409, 429
@@ -39,6 +40,7 @@ pub enum Tier {
     AuthFailed,
     ClientError,
     LocalResources,
+    Held,
 }
 
 impl Tier {
@@ -54,6 +56,7 @@ impl Tier {
             Tier::AuthFailed => "auth_failed",
             Tier::ClientError => "client_error",
             Tier::LocalResources => "local_resources",
+            Tier::Held => "held",
         }
     }
 }
@@ -66,6 +69,8 @@ pub fn classify(err: &UpstreamError) -> Tier {
         | UpstreamError::Garbage(_) => Tier::ServerError,
         UpstreamError::Deadline => Tier::OutOfTime,
         UpstreamError::LocalResources(_) => Tier::LocalResources,
+        UpstreamError::Held => Tier::Held,
+        UpstreamError::Refused => Tier::Overloaded,
         // A typed Bedrock error (`x-amzn-ErrorType`) is classified by its type first.
         UpstreamError::Status { status, body, .. } => {
             super::providers::bedrock::tier(body).unwrap_or_else(|| by_status(*status, body))
