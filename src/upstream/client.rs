@@ -110,7 +110,7 @@ impl UpstreamClient {
             _ => None,
         };
         let wire = Arc::new(on_wire::Wire::default());
-        // When the request was first handed to the connection pool (past its credential).
+        // When the request last went to the connection pool (past its credential).
         let mut handed = None;
         let send = async {
             // A cached credential (a bearer token) may be refused before its time and is
@@ -119,6 +119,8 @@ impl UpstreamClient {
             let mut may_refuse = hook.is_some_and(|h| h.cached());
             let mut resends = 0;
             loop {
+                // Not handed while a credential is made: a slow one is no held request.
+                handed = None;
                 let req = request(client, dep, url, body.clone(), &headers).map_err(Err)?;
                 // Signed or given its token over the bytes it goes out with.
                 let req = match hook {
@@ -130,7 +132,7 @@ impl UpstreamClient {
                 let token = may_refuse
                     .then(|| req.headers().get(AUTHORIZATION).cloned())
                     .flatten();
-                handed.get_or_insert_with(Instant::now);
+                handed = Some(Instant::now());
                 let resp = match client
                     .execute(on_wire::watched(req, body.clone(), &wire))
                     .await

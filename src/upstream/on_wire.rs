@@ -13,15 +13,16 @@
 //! version the caller can go on one core between hyper's own check and the read on the
 //! other. So the read and the caller's going race for one state (`Wire`): whichever comes
 //! first wins. A body read first is told to the caller, also as it goes; a caller gone
-//! first leaves a body that ends empty at its read: the server gets the head at most, short
-//! of its `Content-Length` (malformed), never a byte of the prompt — nothing an upstream can
-//! work on — and hyper, seeing the caller gone, resets the stream (HTTP/2) or closes the
-//! connection (HTTP/1, which will not end a body short of its length).
+//! first leaves a body that ends short: the server gets the head and at most the body's
+//! first part, short of its `Content-Length` (malformed), never the whole prompt — nothing
+//! an upstream can work on — and hyper, seeing the caller gone, resets the stream
+//! (HTTP/2) or closes the connection (HTTP/1, which will not end a body short of its
+//! length).
 //!
-//! A read is the body handed to the connection, not the body received: on HTTP/2 what the
-//! server's flow-control window does not yet take waits in hyper's buffer, so a request
-//! cut off then counts as out though only its first part went (it errs towards the
-//! upstream's bill).
+//! The read that counts is the last piece's (`Watched`): on HTTP/2 hyper hands a piece on
+//! only once the one before it has flow-control window to go, so a request the server's
+//! window holds back is not out. Its last byte may still wait for the window when the
+//! call is cut off: that counts as out (it errs towards the upstream's bill).
 
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
