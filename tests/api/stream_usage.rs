@@ -1539,6 +1539,27 @@ async fn a_lower_usage_after_the_final_one_does_not_lower_the_price() {
         c.complete(&what);
         c.exactly(&what, 1000, 800);
     }
+    // The first row with `n` = 2, to a server that ignores `n`: the usage in a chunk of its
+    // own makes the answer whole at its end, and the report on choice 0's finish chunk
+    // before it is not lowered by it either (review finding, s20 G1: charged 0 output,
+    // marked exact).
+    let pieces = [
+        Piece::Text,
+        Piece::Finish(Some((1000, 800))),
+        Piece::Usage(1000, 0),
+        Piece::End,
+    ];
+    let c = stream_n(
+        &app,
+        Up::OpenAi,
+        "low-n2",
+        scripted(Up::OpenAi, &pieces),
+        4096,
+        2,
+    )
+    .await;
+    c.complete("n = 2");
+    c.exactly("n = 2", 1000, 800);
     // An Anthropic client of an Anthropic upstream: the events pass as they came, but not
     // a second `message_delta` that would tell it less than it is charged.
     let (id, token) = app.token("low-anthropic-native", Some("1")).await;

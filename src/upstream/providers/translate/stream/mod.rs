@@ -57,8 +57,10 @@
 //!   counted from the text received counts if it is more. The reports of an answer one of
 //!   whose choices started after such a usage of part of it (`parted`) are floors too,
 //!   with or after the finish — the most of them all: each may be of one part or of all so
-//!   far. An answer whole at its end is priced as after a finish from the usage that made
-//!   it so: the most of that one and every later one. Without any usage, the input
+//!   far. With `n` > 1 every report is merged so, none replacing another (one on choice 0's
+//!   finish chunk may be the whole answer's). An answer whole at its end is priced as after
+//!   a finish from the usage that made it so: the most of that one, every later one and
+//!   every one before. Without any usage, the input
 //!   estimate and the counted output. An OpenAI client is told, at the latest at `[DONE]`,
 //!   what it is charged when the last usage passed on said otherwise.
 
@@ -605,9 +607,17 @@ impl StreamConverter {
     /// answer whole at its end (`whole_at_end`: a later, lower one does not lower it), and
     /// every report of a `parted` answer: each is of one call or of every call so far (the
     /// upstream does not say), so the most of them is a floor under either; their sum could
-    /// charge a relay reporting running totals for its calls n times over.
+    /// charge a relay reporting running totals for its calls n times over. With `n` > 1
+    /// every report is merged so, those before such a usage too: a report on choice 0's
+    /// finish chunk may be the whole answer's (a server that ignores `n`), or call 0's, and
+    /// a later, lower usage in a chunk of its own does not lower it. A running figure of an
+    /// `n` > 1 stream rises toward the final one (vLLM's is one choice's count, under the
+    /// total), so the most of them is the final one there.
     fn report_output(&mut self, o: Output) {
-        let most = self.output_final || self.parted || (self.whole_at_end && self.end_reported);
+        let most = self.output_final
+            || self.parted
+            || (self.whole_at_end && self.end_reported)
+            || self.choices > 1;
         self.output = match self.output {
             Some(had) if most => Some(Output {
                 output: had.output.max(o.output),
