@@ -1771,3 +1771,87 @@ async fn a_choice_still_streaming_is_not_idle_after_another_choices_finish() {
     assert_eq!((code, input, output, charged), (None, 5, 6, cost(5, 6)));
     app.assert_invariant().await;
 }
+
+/// The (input, output) of every usage the client was told, in order.
+fn usages_told(data: &[String]) -> Vec<(i64, i64)> {
+    data.iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter(|v| v["usage"].is_object())
+        .map(|v| {
+            let u = &v["usage"];
+            (
+                u["prompt_tokens"].as_i64().unwrap_or(-1),
+                u["completion_tokens"].as_i64().unwrap_or(-1),
+            )
+        })
+        .collect()
+}
+
+/// Review finding (s20 G2): while an `n` = 2 answer of a server that ignores `n` is whole
+/// at its end, every usage in a chunk of its own reached the client as it came — repeats
+/// and lower ones too — and `[DONE]` then added the gateway's: 800, 0, 800 (an SDK that
+/// sums the chunks, LangChain's `add_usage`, told 1600). Only a usage that raises a side
+/// above what the client was told passes; the figures it is told never go down.
+#[tokio::test]
+async fn usages_of_an_answer_whole_at_its_end_reach_the_client_only_when_they_rise() {
+    let app = app().await;
+    for (pieces, told) in [
+        (
+            vec![
+                Piece::Text,
+                Piece::Finish(None),
+                Piece::Usage(1000, 800),
+                Piece::Usage(1000, 0),
+                Piece::End,
+            ],
+            vec![(1000, 800)],
+        ),
+        (
+            vec![
+                Piece::Text,
+                Piece::Finish(None),
+                Piece::Usage(1000, 800),
+                Piece::Usage(1000, 800),
+                Piece::End,
+            ],
+            vec![(1000, 800)],
+        ),
+        (
+            vec![
+                Piece::Text,
+                Piece::Finish(None),
+                Piece::Usage(1000, 700),
+                Piece::Usage(1000, 800),
+                Piece::Usage(1000, 800),
+                Piece::Usage(0, 0),
+                Piece::End,
+            ],
+            vec![(1000, 700), (1000, 800)],
+        ),
+        // The body ends without `[DONE]`.
+        (
+            vec![
+                Piece::Text,
+                Piece::Finish(None),
+                Piece::Usage(1000, 800),
+                Piece::Usage(1000, 0),
+            ],
+            vec![(1000, 800)],
+        ),
+    ] {
+        let what = format!("{pieces:?}");
+        let c = stream_n(
+            &app,
+            Up::OpenAi,
+            &format!("rise-{}", told.len() * 10 + pieces.len()),
+            scripted(Up::OpenAi, &pieces),
+            4096,
+            2,
+        )
+        .await;
+        assert_eq!(usages_told(&c.data), told, "{what}: {:?}", c.data);
+        c.complete(&what);
+        c.exactly(&what, 1000, 800);
+    }
+    app.assert_invariant().await;
+}

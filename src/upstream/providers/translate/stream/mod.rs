@@ -62,7 +62,9 @@
 //!   a finish from the usage that made it so: the most of that one, every later one and
 //!   every one before. Without any usage, the input
 //!   estimate and the counted output. An OpenAI client is told, at the latest at `[DONE]`,
-//!   what it is charged when the last usage passed on said otherwise.
+//!   what it is charged when the last usage passed on said otherwise; while an answer is
+//!   whole at its end it is passed a usage only when that raises a side above what it was
+//!   told (`raises`).
 
 pub mod shape;
 
@@ -850,6 +852,19 @@ impl StreamConverter {
         out.push(frame(None, "[DONE]"));
     }
 
+    /// A chunk's usage (`told_in`) tells the client more than it was told (`usage_told`): a
+    /// side higher — the input, its uncached part or the output — or anything readable when
+    /// nothing readable was told.
+    fn raises(&self, usage: Option<Option<Told>>) -> bool {
+        match (usage.flatten(), self.usage_told) {
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some((i, c, o)), Some((ti, tc, to))) => {
+                i > ti || i.saturating_sub(c) > ti.saturating_sub(tc) || o > to
+            }
+        }
+    }
+
     /// Passes a usage chunk of the gateway's own (`usage_chunk`), and notes what it told.
     fn push_usage_chunk(&mut self, out: &mut Vec<Bytes>) {
         let u = self.usage();
@@ -955,6 +970,12 @@ impl StreamConverter {
         };
         if usage_only && self.finished && differs() {
             self.push_usage_chunk(out);
+        } else if usage_only && self.whole_at_end() && !self.raises(told_in(&c)) {
+            // While the answer is whole at its end, a usage of its own that tells the client
+            // nothing higher (a repeat, a lower one, one it cannot read) is not passed on: a
+            // client summing its usage chunks (LangChain's `add_usage`) would add it up, and
+            // `[DONE]` tells what is charged if it differs (`openai_done`). Not the gateway's
+            // own chunk here: until that end `usage` is a floor, not the price.
         } else {
             out.push(frame(None, data));
             if let Some(told) = told_in(&c) {
