@@ -65,6 +65,10 @@ enum Piece {
     OtherChoiceText,
     /// Choice 1's finish (as `OtherChoiceText`).
     OtherChoiceFinish,
+    /// A usage on a chunk whose only choice is choice 0 with nothing in it (only OpenAI):
+    /// the LiteLLM proxy's `include_usage` chunk
+    /// (`{"index": 0, "delta": {}, "finish_reason": null}`).
+    EmptyChoiceUsage(i64, i64),
 }
 
 fn events(up: Up, pieces: &[Piece]) -> Vec<SseEvent> {
@@ -99,6 +103,10 @@ fn events(up: Up, pieces: &[Piece]) -> Vec<SseEvent> {
                     Piece::OtherChoiceFinish => chunk(
                         json!([{"index": 1, "delta": {}, "finish_reason": "stop"}]),
                         None,
+                    ),
+                    Piece::EmptyChoiceUsage(i, o) => chunk(
+                        json!([{"index": 0, "delta": {}, "finish_reason": null}]),
+                        Some((i, o)),
                     ),
                 });
             }
@@ -141,7 +149,10 @@ fn events(up: Up, pieces: &[Piece]) -> Vec<SseEvent> {
                         }
                         out.push(named("message_delta", d));
                     }
-                    Piece::Usage(..) | Piece::OtherChoiceText | Piece::OtherChoiceFinish => {
+                    Piece::Usage(..)
+                    | Piece::OtherChoiceText
+                    | Piece::OtherChoiceFinish
+                    | Piece::EmptyChoiceUsage(..) => {
                         unreachable!(
                             "Anthropic reports no usage after message_delta, has one choice"
                         )
@@ -173,7 +184,10 @@ fn events(up: Up, pieces: &[Piece]) -> Vec<SseEvent> {
                     Piece::Usage(i, o) => out.push(SseEvent::Data(
                         json!({"usageMetadata": usage(i, o), "responseId": "r1"}),
                     )),
-                    Piece::End | Piece::OtherChoiceText | Piece::OtherChoiceFinish => {
+                    Piece::End
+                    | Piece::OtherChoiceText
+                    | Piece::OtherChoiceFinish
+                    | Piece::EmptyChoiceUsage(..) => {
                         unreachable!("Gemini has no end-of-stream event; one candidate here")
                     }
                 }
@@ -200,7 +214,8 @@ fn events(up: Up, pieces: &[Piece]) -> Vec<SseEvent> {
                     Piece::RunningText(..)
                     | Piece::End
                     | Piece::OtherChoiceText
-                    | Piece::OtherChoiceFinish => {
+                    | Piece::OtherChoiceFinish
+                    | Piece::EmptyChoiceUsage(..) => {
                         unreachable!("Bedrock has no running usage, no end event, one choice")
                     }
                 }
@@ -1853,5 +1868,39 @@ async fn usages_of_an_answer_whole_at_its_end_reach_the_client_only_when_they_ri
         c.complete(&what);
         c.exactly(&what, 1000, 800);
     }
+    app.assert_invariant().await;
+}
+
+/// Review finding (s20 G3): after the finish, the LiteLLM proxy's usage chunk — its one
+/// choice, choice 0, empty and already finished, so filtered out — passed as it came when
+/// its figures differed from the charge (a running report before had more input), and
+/// `[DONE]` then added the gateway's: two usage chunks after the finish. It is replaced by
+/// the gateway's, as a usage in a chunk of its own is.
+#[tokio::test]
+async fn a_usage_on_a_chunk_of_finished_choices_that_differs_from_the_charge_is_replaced() {
+    let app = app().await;
+    let pieces = [
+        Piece::RunningText(1000, 1),
+        Piece::Finish(None),
+        Piece::EmptyChoiceUsage(900, 800),
+        Piece::End,
+    ];
+    let c = stream(
+        &app,
+        Up::OpenAi,
+        "litellm",
+        scripted(Up::OpenAi, &pieces),
+        4096,
+    )
+    .await;
+    // The running one on the text, then one after the finish: the charge.
+    assert_eq!(
+        usages_told(&c.data),
+        [(1000, 1), (1000, 800)],
+        "{:?}",
+        c.data
+    );
+    c.complete("litellm");
+    c.exactly("litellm", 1000, 800);
     app.assert_invariant().await;
 }

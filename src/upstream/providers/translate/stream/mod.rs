@@ -933,7 +933,11 @@ impl StreamConverter {
         // passed on (nor counted), else the client would hold more than the usage reported
         // with the finish, its price. The choices still streaming (`n` > 1, each whole at
         // its own finish) and the usage still pass; a choice not asked for (an index of `n`
-        // or more, or negative) passes until the answer is whole (`is_live`).
+        // or more, or negative) passes until the answer is whole (`is_live`). A usage whose
+        // every choice is filtered out so (the LiteLLM proxy's usage chunk, its empty choice
+        // 0 already finished) is told as one in a chunk of its own is.
+        let mut usage_only = c.choices.as_ref().is_none_or(Vec::is_empty) && c.usage.is_some();
+        let mut filtered = None;
         if c.choices
             .iter()
             .flatten()
@@ -947,14 +951,10 @@ impl StreamConverter {
                 if choices.is_empty() && (c.usage.is_none() || !self.include_usage) {
                     return Ok(());
                 }
+                usage_only = choices.is_empty();
             }
-            out.push(frame(None, &v.to_string()));
-            if let Some(told) = told_in(&c) {
-                self.usage_told = told;
-            }
-            return Ok(());
+            filtered = Some(v.to_string());
         }
-        let usage_only = c.choices.as_ref().is_none_or(Vec::is_empty) && c.usage.is_some();
         if usage_only && !self.include_usage {
             return Ok(());
         }
@@ -977,7 +977,7 @@ impl StreamConverter {
             // `[DONE]` tells what is charged if it differs (`openai_done`). Not the gateway's
             // own chunk here: until that end `usage` is a floor, not the price.
         } else {
-            out.push(frame(None, data));
+            out.push(frame(None, filtered.as_deref().unwrap_or(data)));
             if let Some(told) = told_in(&c) {
                 self.usage_told = told;
             }
