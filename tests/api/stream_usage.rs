@@ -1904,3 +1904,77 @@ async fn a_usage_on_a_chunk_of_finished_choices_that_differs_from_the_charge_is_
     c.exactly("litellm", 1000, 800);
     app.assert_invariant().await;
 }
+
+/// Review finding (s20 G4): the gateway's own usage chunk (here replacing a lower usage
+/// after the one on the finish) told no reasoning tokens, and said `chat.completion.chunk`
+/// on a `/v1/completions` stream too: it carries the usage's details, and its `object` is
+/// the upstream's chunks'.
+#[tokio::test]
+async fn the_gateway_s_usage_chunk_tells_the_reasoning_and_the_stream_s_object() {
+    let app = app().await;
+    for (path, object) in [
+        ("/v1/chat/completions", "chat.completion.chunk"),
+        ("/v1/completions", "text_completion"),
+    ] {
+        let chunk = |choice: Value, usage: Value| {
+            SseEvent::Data(
+                json!({"id": "c1", "object": object, "created": 1, "model": "m",
+                "choices": choice, "usage": usage}),
+            )
+        };
+        let text = if object == "text_completion" {
+            json!([{"index": 0, "text": TEXT, "finish_reason": null}])
+        } else {
+            json!([{"index": 0, "delta": {"content": TEXT}, "finish_reason": null}])
+        };
+        let mut finish = text.clone();
+        finish[0]["finish_reason"] = json!("stop");
+        let events = vec![
+            chunk(text, Value::Null),
+            chunk(
+                finish,
+                json!({"prompt_tokens": 1000, "completion_tokens": 800, "total_tokens": 1800,
+                    "completion_tokens_details": {"reasoning_tokens": 300}}),
+            ),
+            chunk(
+                json!([]),
+                json!({"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}),
+            ),
+            SseEvent::Data(json!("[DONE]")),
+        ];
+        let (_, token) = app.token(&format!("details-{object}"), Some("1")).await;
+        app.mock.state.script(
+            Up::OpenAi.key(),
+            [Script {
+                events: Some(events),
+                ..Script::default()
+            }],
+        );
+        let mut body = json!({"model": Up::OpenAi.model(), "stream": true, "max_tokens": 4096,
+            "stream_options": {"include_usage": true}});
+        if object == "text_completion" {
+            body["prompt"] = json!("hi");
+        } else {
+            body["messages"] = json!([{"role": "user", "content": "hi"}]);
+        }
+        let resp = app.post(path, &token, &body).await;
+        assert_eq!(resp.status(), 200, "{path}");
+        let (data, whole) = sse_data(resp).await;
+        assert!(whole);
+        assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
+        let last: Value = data
+            .iter()
+            .rev()
+            .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+            .find(|v| v["usage"].is_object())
+            .unwrap();
+        assert_eq!(last["object"], object, "{path}: {data:?}");
+        assert_eq!(last["usage"]["completion_tokens"], 800, "{path}: {data:?}");
+        assert_eq!(
+            last["usage"]["completion_tokens_details"]["reasoning_tokens"], 300,
+            "{path}: {data:?}"
+        );
+    }
+    app.wait_settled().await;
+    app.assert_invariant().await;
+}

@@ -235,8 +235,8 @@ pub struct StreamConverter {
     /// A Responses client of an upstream that speaks the Responses API
     /// (`formats::responses::stream`): set by `responses`.
     responses: Option<Box<responses::Native>>,
-    /// The first OpenAI chunk's `id`, `created` and `model`, for a usage chunk the gateway
-    /// writes itself (`openai_to_openai`).
+    /// The first OpenAI chunk's `id`, `object`, `created` and `model`, for a usage chunk the
+    /// gateway writes itself (`usage_chunk`).
     first_chunk: Option<Value>,
 }
 
@@ -872,17 +872,22 @@ impl StreamConverter {
         self.usage_told = Some(told_of(&u));
     }
 
-    /// A usage chunk of the gateway's own telling what the stream is charged (`u`), under
-    /// the first chunk's `id`, `created` and `model`.
+    /// A usage chunk of the gateway's own telling what the stream is charged (`u`), its
+    /// details (reasoning, audio) as the upstream's would, under the first chunk's `id`,
+    /// `object` (`text_completion` on `/v1/completions`), `created` and `model`.
     fn usage_chunk(&self, u: &Usage) -> Bytes {
         let first = self.first_chunk.as_ref().unwrap_or(&Value::Null);
+        let object = first["object"].as_str().unwrap_or("chat.completion.chunk");
         frame(
             None,
-            &json!({"id": first["id"], "object": "chat.completion.chunk",
+            &json!({"id": first["id"], "object": object,
                 "created": first["created"], "model": first["model"], "choices": [],
                 "usage": {"prompt_tokens": u.input, "completion_tokens": u.output,
                     "total_tokens": u.input.saturating_add(u.output),
-                    "prompt_tokens_details": {"cached_tokens": u.cached_input}}})
+                    "prompt_tokens_details": {"cached_tokens": u.cached_input,
+                        "audio_tokens": u.audio_input},
+                    "completion_tokens_details": {"reasoning_tokens": u.reasoning,
+                        "audio_tokens": u.audio_output}}})
             .to_string(),
         )
     }
@@ -894,9 +899,10 @@ impl StreamConverter {
             return Ok(());
         }
         if self.include_usage && self.first_chunk.is_none() {
-            self.first_chunk = serde_json::from_str::<Value>(data)
-                .ok()
-                .map(|v| json!({"id": v["id"], "created": v["created"], "model": v["model"]}));
+            self.first_chunk = serde_json::from_str::<Value>(data).ok().map(|v| {
+                json!({"id": v["id"], "object": v["object"], "created": v["created"],
+                        "model": v["model"]})
+            });
         }
         let before = self.finishes;
         let was_whole = self.finished || self.whole_at_end;
