@@ -1978,3 +1978,59 @@ async fn the_gateway_s_usage_chunk_tells_the_reasoning_and_the_stream_s_object()
     app.wait_settled().await;
     app.assert_invariant().await;
 }
+
+/// Review finding (s20 G5): an `n` = 3 answer whole at its end after call 0's usage, then
+/// `parted` (choice 1 starts), whole at its end again at a usage the gateway cannot read,
+/// its body ending without `[DONE]`: call 0's report still counted as one made with the
+/// usage that made the answer whole at its end, and the stream completed. Without a
+/// readable report since it is a cut, as with `n` = 1.
+#[tokio::test]
+async fn a_parted_answer_whose_last_usage_cannot_be_read_is_a_cut_at_its_body_s_end() {
+    let app = app().await;
+    let chunk = |choices: Value, usage: Value| {
+        SseEvent::Data(
+            json!({"id": "c1", "object": "chat.completion.chunk", "created": 1,
+            "model": "m", "choices": choices, "usage": usage}),
+        )
+    };
+    let text = |i: i64| {
+        chunk(
+            json!([{"index": i, "delta": {"content": TEXT}, "finish_reason": null}]),
+            Value::Null,
+        )
+    };
+    let finish = |i: i64| {
+        chunk(
+            json!([{"index": i, "delta": {}, "finish_reason": "stop"}]),
+            Value::Null,
+        )
+    };
+    let events = vec![
+        text(0),
+        finish(0),
+        chunk(
+            json!([]),
+            json!({"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}),
+        ),
+        text(1),
+        finish(1),
+        chunk(json!([]), json!({"prompt_tokens": 10})),
+    ];
+    let c = stream_n(
+        &app,
+        Up::OpenAi,
+        "parted-unread",
+        Script {
+            events: Some(events),
+            ..Script::default()
+        },
+        4096,
+        3,
+    )
+    .await;
+    assert!(!c.data.iter().any(|d| d == "[DONE]"), "{:?}", c.data);
+    let last: Value = serde_json::from_str(c.data.last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "upstream_error", "{:?}", c.data);
+    assert_eq!(c.logged.3.as_deref(), Some("upstream_error"));
+    app.assert_invariant().await;
+}

@@ -194,6 +194,7 @@ pub struct StreamConverter {
     whole_at_end: bool,
     /// A usable output report came with or after the usage that made the answer
     /// `whole_at_end`: the price at its end, and the most of such reports (`report_output`).
+    /// Cleared when the answer becomes `parted`: that report was of a part.
     end_reported: bool,
     /// The input, its cached part and the output of the last usage an OpenAI client was
     /// told (`Told`; `None` for one it cannot read, or none told): at `[DONE]` it is told
@@ -778,8 +779,11 @@ impl StreamConverter {
         let usage_only = c.choices.as_ref().is_none_or(Vec::is_empty) && c.usage.is_some();
         // A choice that starts after a usage that came with fewer choices started than
         // asked: that usage was of a part of the answer (`parted`).
+        // The report made with that usage was of a part: it tells nothing of whether a
+        // later usage that makes the answer whole at its end again is readable (`at_the_end`).
         if self.whole_at_end && self.started != started {
             self.whole_at_end = false;
+            self.end_reported = false;
             self.parted = true;
         }
         // Whole once every choice asked for finished (a choice not yet started has not).
