@@ -1908,13 +1908,15 @@ async fn a_usage_on_a_chunk_of_finished_choices_that_differs_from_the_charge_is_
 /// Review finding (s20 G4): the gateway's own usage chunk (here replacing a lower usage
 /// after the one on the finish) told no reasoning tokens, and said `chat.completion.chunk`
 /// on a `/v1/completions` stream too: it carries the usage's details, and its `object` is
-/// the upstream's chunks'.
+/// the upstream's chunks' (not that of Azure's first chunk, the prompt's filter verdict,
+/// whose `object` is empty).
 #[tokio::test]
 async fn the_gateway_s_usage_chunk_tells_the_reasoning_and_the_stream_s_object() {
     let app = app().await;
-    for (path, object) in [
-        ("/v1/chat/completions", "chat.completion.chunk"),
-        ("/v1/completions", "text_completion"),
+    for (path, object, azure) in [
+        ("/v1/chat/completions", "chat.completion.chunk", false),
+        ("/v1/completions", "text_completion", false),
+        ("/v1/chat/completions", "chat.completion.chunk", true),
     ] {
         let chunk = |choice: Value, usage: Value| {
             SseEvent::Data(
@@ -1929,7 +1931,7 @@ async fn the_gateway_s_usage_chunk_tells_the_reasoning_and_the_stream_s_object()
         };
         let mut finish = text.clone();
         finish[0]["finish_reason"] = json!("stop");
-        let events = vec![
+        let mut events = vec![
             chunk(text, Value::Null),
             chunk(
                 finish,
@@ -1942,7 +1944,16 @@ async fn the_gateway_s_usage_chunk_tells_the_reasoning_and_the_stream_s_object()
             ),
             SseEvent::Data(json!("[DONE]")),
         ];
-        let (_, token) = app.token(&format!("details-{object}"), Some("1")).await;
+        if azure {
+            events.insert(
+                0,
+                SseEvent::Data(json!({"choices": [], "created": 0, "id": "", "model": "",
+                    "object": "", "prompt_filter_results": []})),
+            );
+        }
+        let (_, token) = app
+            .token(&format!("details-{object}-{azure}"), Some("1"))
+            .await;
         app.mock.state.script(
             Up::OpenAi.key(),
             [Script {

@@ -236,8 +236,9 @@ pub struct StreamConverter {
     /// A Responses client of an upstream that speaks the Responses API
     /// (`formats::responses::stream`): set by `responses`.
     responses: Option<Box<responses::Native>>,
-    /// The first OpenAI chunk's `id`, `object`, `created` and `model`, for a usage chunk the
-    /// gateway writes itself (`usage_chunk`).
+    /// The first OpenAI chunk's `id`, `object`, `created` and `model` (the first that names
+    /// its `object`, see `openai_to_openai`), for a usage chunk the gateway writes itself
+    /// (`usage_chunk`).
     first_chunk: Option<Value>,
 }
 
@@ -881,7 +882,9 @@ impl StreamConverter {
     /// `object` (`text_completion` on `/v1/completions`), `created` and `model`.
     fn usage_chunk(&self, u: &Usage) -> Bytes {
         let first = self.first_chunk.as_ref().unwrap_or(&Value::Null);
-        let object = first["object"].as_str().unwrap_or("chat.completion.chunk");
+        let object = (first["object"].as_str())
+            .filter(|o| !o.is_empty())
+            .unwrap_or("chat.completion.chunk");
         frame(
             None,
             &json!({"id": first["id"], "object": object,
@@ -902,7 +905,12 @@ impl StreamConverter {
             self.openai_done(out);
             return Ok(());
         }
-        if self.include_usage && self.first_chunk.is_none() {
+        // The first chunk names the stream, unless it names no `object` (Azure's first chunk,
+        // the prompt's filter verdict, has an empty `id` and `object`): then the first chunk
+        // before any choice started that does.
+        let unnamed = |f: &Value| f["object"].as_str().is_none_or(str::is_empty);
+        if self.include_usage && self.started == 0 && self.first_chunk.as_ref().is_none_or(unnamed)
+        {
             self.first_chunk = serde_json::from_str::<Value>(data).ok().map(|v| {
                 json!({"id": v["id"], "object": v["object"], "created": v["created"],
                         "model": v["model"]})
