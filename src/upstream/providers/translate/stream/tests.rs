@@ -1056,3 +1056,43 @@ fn a_report_on_a_finish_chunk_before_a_lower_usage_of_its_own_is_not_lost() {
     assert_eq!(c.usage().output, 500, "{}", passed(&out));
     assert_eq!(last_told(&out), Some(500), "{}", passed(&out));
 }
+
+/// CHECKS L2 at the converter: an ordinary same-format stream with one report — `n` = 1,
+/// `n` = 2 with both choices, `n` = 2 from a server that ignores `n` (Ollama) — reaches
+/// the client byte for byte, with no usage chunk of the gateway's (s20: the rules for
+/// usages of an answer whole at its end, G2, and the gateway's own chunk, G4, touch none).
+#[test]
+fn an_ordinary_stream_with_one_report_passes_byte_for_byte() {
+    use choices_of::*;
+    for (n, events) in [
+        (
+            1,
+            vec![text(0, "zero "), finish(0), usage(2), "[DONE]".to_string()],
+        ),
+        (
+            2,
+            vec![
+                text(0, "zero "),
+                text(1, "one "),
+                finish(0),
+                finish(1),
+                usage(4),
+                "[DONE]".to_string(),
+            ],
+        ),
+        (
+            2,
+            vec![text(0, "zero "), finish(0), usage(2), "[DONE]".to_string()],
+        ),
+    ] {
+        let mut c =
+            StreamConverter::new(WireFormat::OpenAi, WireFormat::OpenAi, true, 10).choices(n);
+        let mut out = Vec::new();
+        for e in &events {
+            c.event("", e, &mut out);
+        }
+        assert!(c.done());
+        let sent: Vec<Bytes> = events.iter().map(|e| frame(None, e)).collect();
+        assert_eq!(out, sent, "n = {n}: {}", passed(&out));
+    }
+}
