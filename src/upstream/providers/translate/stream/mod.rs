@@ -779,9 +779,9 @@ impl StreamConverter {
         }
         let usage_only = c.choices.as_ref().is_none_or(Vec::is_empty) && c.usage.is_some();
         // A choice that starts after a usage that came with fewer choices started than
-        // asked: that usage was of a part of the answer (`parted`).
-        // The report made with that usage was of a part: it tells nothing of whether a
-        // later usage that makes the answer whole at its end again is readable (`at_the_end`).
+        // asked: that usage was of a part of the answer (`parted`), and a report made with
+        // it says nothing of a later usage that makes the answer whole at its end again
+        // (`end_reported`: one the gateway cannot read leaves its end a cut, `at_the_end`).
         if self.whole_at_end && self.started != started {
             self.whole_at_end = false;
             self.end_reported = false;
