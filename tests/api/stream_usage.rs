@@ -65,6 +65,10 @@ enum Piece {
     OtherChoiceText,
     /// Choice 1's finish (as `OtherChoiceText`).
     OtherChoiceFinish,
+    /// A usage on a chunk whose only choice is choice 0 with nothing in it (only OpenAI):
+    /// the LiteLLM proxy's `include_usage` chunk
+    /// (`{"index": 0, "delta": {}, "finish_reason": null}`).
+    EmptyChoiceUsage(i64, i64),
 }
 
 fn events(up: Up, pieces: &[Piece]) -> Vec<SseEvent> {
@@ -99,6 +103,10 @@ fn events(up: Up, pieces: &[Piece]) -> Vec<SseEvent> {
                     Piece::OtherChoiceFinish => chunk(
                         json!([{"index": 1, "delta": {}, "finish_reason": "stop"}]),
                         None,
+                    ),
+                    Piece::EmptyChoiceUsage(i, o) => chunk(
+                        json!([{"index": 0, "delta": {}, "finish_reason": null}]),
+                        Some((i, o)),
                     ),
                 });
             }
@@ -141,7 +149,10 @@ fn events(up: Up, pieces: &[Piece]) -> Vec<SseEvent> {
                         }
                         out.push(named("message_delta", d));
                     }
-                    Piece::Usage(..) | Piece::OtherChoiceText | Piece::OtherChoiceFinish => {
+                    Piece::Usage(..)
+                    | Piece::OtherChoiceText
+                    | Piece::OtherChoiceFinish
+                    | Piece::EmptyChoiceUsage(..) => {
                         unreachable!(
                             "Anthropic reports no usage after message_delta, has one choice"
                         )
@@ -173,7 +184,10 @@ fn events(up: Up, pieces: &[Piece]) -> Vec<SseEvent> {
                     Piece::Usage(i, o) => out.push(SseEvent::Data(
                         json!({"usageMetadata": usage(i, o), "responseId": "r1"}),
                     )),
-                    Piece::End | Piece::OtherChoiceText | Piece::OtherChoiceFinish => {
+                    Piece::End
+                    | Piece::OtherChoiceText
+                    | Piece::OtherChoiceFinish
+                    | Piece::EmptyChoiceUsage(..) => {
                         unreachable!("Gemini has no end-of-stream event; one candidate here")
                     }
                 }
@@ -200,7 +214,8 @@ fn events(up: Up, pieces: &[Piece]) -> Vec<SseEvent> {
                     Piece::RunningText(..)
                     | Piece::End
                     | Piece::OtherChoiceText
-                    | Piece::OtherChoiceFinish => {
+                    | Piece::OtherChoiceFinish
+                    | Piece::EmptyChoiceUsage(..) => {
                         unreachable!("Bedrock has no running usage, no end event, one choice")
                     }
                 }
@@ -1539,6 +1554,27 @@ async fn a_lower_usage_after_the_final_one_does_not_lower_the_price() {
         c.complete(&what);
         c.exactly(&what, 1000, 800);
     }
+    // The first row with `n` = 2, to a server that ignores `n`: the usage in a chunk of its
+    // own makes the answer whole at its end, and the report on choice 0's finish chunk
+    // before it is not lowered by it either (review finding, s20 G1: charged 0 output,
+    // marked exact).
+    let pieces = [
+        Piece::Text,
+        Piece::Finish(Some((1000, 800))),
+        Piece::Usage(1000, 0),
+        Piece::End,
+    ];
+    let c = stream_n(
+        &app,
+        Up::OpenAi,
+        "low-n2",
+        scripted(Up::OpenAi, &pieces),
+        4096,
+        2,
+    )
+    .await;
+    c.complete("n = 2");
+    c.exactly("n = 2", 1000, 800);
     // An Anthropic client of an Anthropic upstream: the events pass as they came, but not
     // a second `message_delta` that would tell it less than it is charged.
     let (id, token) = app.token("low-anthropic-native", Some("1")).await;
@@ -1748,5 +1784,264 @@ async fn a_choice_still_streaming_is_not_idle_after_another_choices_finish() {
     )
     .await;
     assert_eq!((code, input, output, charged), (None, 5, 6, cost(5, 6)));
+    app.assert_invariant().await;
+}
+
+/// The (input, output) of every usage the client was told, in order.
+fn usages_told(data: &[String]) -> Vec<(i64, i64)> {
+    data.iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter(|v| v["usage"].is_object())
+        .map(|v| {
+            let u = &v["usage"];
+            (
+                u["prompt_tokens"].as_i64().unwrap_or(-1),
+                u["completion_tokens"].as_i64().unwrap_or(-1),
+            )
+        })
+        .collect()
+}
+
+/// Review finding (s20 G2): while an `n` = 2 answer of a server that ignores `n` is whole
+/// at its end, every usage in a chunk of its own reached the client as it came — repeats
+/// and lower ones too — and `[DONE]` then added the gateway's: 800, 0, 800 (an SDK that
+/// sums the chunks, LangChain's `add_usage`, told 1600). Only a usage that raises a side
+/// above what the client was told passes; the figures it is told never go down.
+#[tokio::test]
+async fn usages_of_an_answer_whole_at_its_end_reach_the_client_only_when_they_rise() {
+    let app = app().await;
+    for (pieces, told) in [
+        (
+            vec![
+                Piece::Text,
+                Piece::Finish(None),
+                Piece::Usage(1000, 800),
+                Piece::Usage(1000, 0),
+                Piece::End,
+            ],
+            vec![(1000, 800)],
+        ),
+        (
+            vec![
+                Piece::Text,
+                Piece::Finish(None),
+                Piece::Usage(1000, 800),
+                Piece::Usage(1000, 800),
+                Piece::End,
+            ],
+            vec![(1000, 800)],
+        ),
+        (
+            vec![
+                Piece::Text,
+                Piece::Finish(None),
+                Piece::Usage(1000, 700),
+                Piece::Usage(1000, 800),
+                Piece::Usage(1000, 800),
+                Piece::Usage(0, 0),
+                Piece::End,
+            ],
+            vec![(1000, 700), (1000, 800)],
+        ),
+        // The body ends without `[DONE]`.
+        (
+            vec![
+                Piece::Text,
+                Piece::Finish(None),
+                Piece::Usage(1000, 800),
+                Piece::Usage(1000, 0),
+            ],
+            vec![(1000, 800)],
+        ),
+    ] {
+        let what = format!("{pieces:?}");
+        let c = stream_n(
+            &app,
+            Up::OpenAi,
+            &format!("rise-{}", told.len() * 10 + pieces.len()),
+            scripted(Up::OpenAi, &pieces),
+            4096,
+            2,
+        )
+        .await;
+        assert_eq!(usages_told(&c.data), told, "{what}: {:?}", c.data);
+        c.complete(&what);
+        c.exactly(&what, 1000, 800);
+    }
+    app.assert_invariant().await;
+}
+
+/// Review finding (s20 G3): after the finish, the LiteLLM proxy's usage chunk — its one
+/// choice, choice 0, empty and already finished, so filtered out — passed as it came when
+/// its figures differed from the charge (a running report before had more input), and
+/// `[DONE]` then added the gateway's: two usage chunks after the finish. It is replaced by
+/// the gateway's, as a usage in a chunk of its own is.
+#[tokio::test]
+async fn a_usage_on_a_chunk_of_finished_choices_that_differs_from_the_charge_is_replaced() {
+    let app = app().await;
+    let pieces = [
+        Piece::RunningText(1000, 1),
+        Piece::Finish(None),
+        Piece::EmptyChoiceUsage(900, 800),
+        Piece::End,
+    ];
+    let c = stream(
+        &app,
+        Up::OpenAi,
+        "litellm",
+        scripted(Up::OpenAi, &pieces),
+        4096,
+    )
+    .await;
+    // The running one on the text, then one after the finish: the charge.
+    assert_eq!(
+        usages_told(&c.data),
+        [(1000, 1), (1000, 800)],
+        "{:?}",
+        c.data
+    );
+    c.complete("litellm");
+    c.exactly("litellm", 1000, 800);
+    app.assert_invariant().await;
+}
+
+/// Review finding (s20 G4): the gateway's own usage chunk (here replacing a lower usage
+/// after the one on the finish) told no reasoning tokens, and said `chat.completion.chunk`
+/// on a `/v1/completions` stream too: it carries the usage's details, and its `object` is
+/// the upstream's chunks' (not that of Azure's first chunk, the prompt's filter verdict,
+/// whose `object` is empty).
+#[tokio::test]
+async fn the_gateway_s_usage_chunk_tells_the_reasoning_and_the_stream_s_object() {
+    let app = app().await;
+    for (path, object, azure) in [
+        ("/v1/chat/completions", "chat.completion.chunk", false),
+        ("/v1/completions", "text_completion", false),
+        ("/v1/chat/completions", "chat.completion.chunk", true),
+    ] {
+        let chunk = |choice: Value, usage: Value| {
+            SseEvent::Data(
+                json!({"id": "c1", "object": object, "created": 1, "model": "m",
+                "choices": choice, "usage": usage}),
+            )
+        };
+        let text = if object == "text_completion" {
+            json!([{"index": 0, "text": TEXT, "finish_reason": null}])
+        } else {
+            json!([{"index": 0, "delta": {"content": TEXT}, "finish_reason": null}])
+        };
+        let mut finish = text.clone();
+        finish[0]["finish_reason"] = json!("stop");
+        let mut events = vec![
+            chunk(text, Value::Null),
+            chunk(
+                finish,
+                json!({"prompt_tokens": 1000, "completion_tokens": 800, "total_tokens": 1800,
+                    "completion_tokens_details": {"reasoning_tokens": 300}}),
+            ),
+            chunk(
+                json!([]),
+                json!({"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}),
+            ),
+            SseEvent::Data(json!("[DONE]")),
+        ];
+        if azure {
+            events.insert(
+                0,
+                SseEvent::Data(json!({"choices": [], "created": 0, "id": "", "model": "",
+                    "object": "", "prompt_filter_results": []})),
+            );
+        }
+        let (_, token) = app
+            .token(&format!("details-{object}-{azure}"), Some("1"))
+            .await;
+        app.mock.state.script(
+            Up::OpenAi.key(),
+            [Script {
+                events: Some(events),
+                ..Script::default()
+            }],
+        );
+        let mut body = json!({"model": Up::OpenAi.model(), "stream": true, "max_tokens": 4096,
+            "stream_options": {"include_usage": true}});
+        if object == "text_completion" {
+            body["prompt"] = json!("hi");
+        } else {
+            body["messages"] = json!([{"role": "user", "content": "hi"}]);
+        }
+        let resp = app.post(path, &token, &body).await;
+        assert_eq!(resp.status(), 200, "{path}");
+        let (data, whole) = sse_data(resp).await;
+        assert!(whole);
+        assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
+        let last: Value = data
+            .iter()
+            .rev()
+            .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+            .find(|v| v["usage"].is_object())
+            .unwrap();
+        assert_eq!(last["object"], object, "{path}: {data:?}");
+        assert_eq!(last["usage"]["completion_tokens"], 800, "{path}: {data:?}");
+        assert_eq!(
+            last["usage"]["completion_tokens_details"]["reasoning_tokens"], 300,
+            "{path}: {data:?}"
+        );
+    }
+    app.wait_settled().await;
+    app.assert_invariant().await;
+}
+
+/// Review finding (s20 G5): an `n` = 3 answer whole at its end after call 0's usage, then
+/// `parted` (choice 1 starts), whole at its end again at a usage the gateway cannot read,
+/// its body ending without `[DONE]`: call 0's report still counted as one made with the
+/// usage that made the answer whole at its end, and the stream completed. Without a
+/// readable report since it is a cut, as with `n` = 1.
+#[tokio::test]
+async fn a_parted_answer_whose_last_usage_cannot_be_read_is_a_cut_at_its_body_s_end() {
+    let app = app().await;
+    let chunk = |choices: Value, usage: Value| {
+        SseEvent::Data(
+            json!({"id": "c1", "object": "chat.completion.chunk", "created": 1,
+            "model": "m", "choices": choices, "usage": usage}),
+        )
+    };
+    let text = |i: i64| {
+        chunk(
+            json!([{"index": i, "delta": {"content": TEXT}, "finish_reason": null}]),
+            Value::Null,
+        )
+    };
+    let finish = |i: i64| {
+        chunk(
+            json!([{"index": i, "delta": {}, "finish_reason": "stop"}]),
+            Value::Null,
+        )
+    };
+    let events = vec![
+        text(0),
+        finish(0),
+        chunk(
+            json!([]),
+            json!({"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}),
+        ),
+        text(1),
+        finish(1),
+        chunk(json!([]), json!({"prompt_tokens": 10})),
+    ];
+    let c = stream_n(
+        &app,
+        Up::OpenAi,
+        "parted-unread",
+        Script {
+            events: Some(events),
+            ..Script::default()
+        },
+        4096,
+        3,
+    )
+    .await;
+    assert!(!c.data.iter().any(|d| d == "[DONE]"), "{:?}", c.data);
+    let last: Value = serde_json::from_str(c.data.last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "upstream_error", "{:?}", c.data);
+    assert_eq!(c.logged.3.as_deref(), Some("upstream_error"));
     app.assert_invariant().await;
 }

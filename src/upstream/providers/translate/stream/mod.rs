@@ -57,10 +57,14 @@
 //!   counted from the text received counts if it is more. The reports of an answer one of
 //!   whose choices started after such a usage of part of it (`parted`) are floors too,
 //!   with or after the finish — the most of them all: each may be of one part or of all so
-//!   far. An answer whole at its end is priced as after a finish from the usage that made
-//!   it so: the most of that one and every later one. Without any usage, the input
+//!   far. With `n` > 1 every report is merged so, none replacing another (one on choice 0's
+//!   finish chunk may be the whole answer's). An answer whole at its end is priced as after
+//!   a finish from the usage that made it so: the most of that one, every later one and
+//!   every one before. Without any usage, the input
 //!   estimate and the counted output. An OpenAI client is told, at the latest at `[DONE]`,
-//!   what it is charged when the last usage passed on said otherwise.
+//!   what it is charged when the last usage passed on said otherwise; while an answer is
+//!   whole at its end it is passed a usage only when that raises a side above what it was
+//!   told (`raises`).
 
 pub mod shape;
 
@@ -190,6 +194,7 @@ pub struct StreamConverter {
     whole_at_end: bool,
     /// A usable output report came with or after the usage that made the answer
     /// `whole_at_end`: the price at its end, and the most of such reports (`report_output`).
+    /// Cleared when the answer becomes `parted`: that report was of a part.
     end_reported: bool,
     /// The input, its cached part and the output of the last usage an OpenAI client was
     /// told (`Told`; `None` for one it cannot read, or none told): at `[DONE]` it is told
@@ -231,8 +236,9 @@ pub struct StreamConverter {
     /// A Responses client of an upstream that speaks the Responses API
     /// (`formats::responses::stream`): set by `responses`.
     responses: Option<Box<responses::Native>>,
-    /// The first OpenAI chunk's `id`, `created` and `model`, for a usage chunk the gateway
-    /// writes itself (`openai_to_openai`).
+    /// The first OpenAI chunk's `id`, `object`, `created` and `model` (the first that names
+    /// its `object`, see `openai_to_openai`), for a usage chunk the gateway writes itself
+    /// (`usage_chunk`).
     first_chunk: Option<Value>,
 }
 
@@ -605,9 +611,17 @@ impl StreamConverter {
     /// answer whole at its end (`whole_at_end`: a later, lower one does not lower it), and
     /// every report of a `parted` answer: each is of one call or of every call so far (the
     /// upstream does not say), so the most of them is a floor under either; their sum could
-    /// charge a relay reporting running totals for its calls n times over.
+    /// charge a relay reporting running totals for its calls n times over. With `n` > 1
+    /// every report is merged so, those before such a usage too: a report on choice 0's
+    /// finish chunk may be the whole answer's (a server that ignores `n`), or call 0's, and
+    /// a later, lower usage in a chunk of its own does not lower it. A running figure of an
+    /// `n` > 1 stream rises toward the final one (vLLM's is one choice's count, under the
+    /// total), so the most of them is the final one there.
     fn report_output(&mut self, o: Output) {
-        let most = self.output_final || self.parted || (self.whole_at_end && self.end_reported);
+        let most = self.output_final
+            || self.parted
+            || (self.whole_at_end && self.end_reported)
+            || self.choices > 1;
         self.output = match self.output {
             Some(had) if most => Some(Output {
                 output: had.output.max(o.output),
@@ -765,9 +779,12 @@ impl StreamConverter {
         }
         let usage_only = c.choices.as_ref().is_none_or(Vec::is_empty) && c.usage.is_some();
         // A choice that starts after a usage that came with fewer choices started than
-        // asked: that usage was of a part of the answer (`parted`).
+        // asked: that usage was of a part of the answer (`parted`), and a report made with
+        // it says nothing of a later usage that makes the answer whole at its end again
+        // (`end_reported`: one the gateway cannot read leaves its end a cut, `at_the_end`).
         if self.whole_at_end && self.started != started {
             self.whole_at_end = false;
+            self.end_reported = false;
             self.parted = true;
         }
         // Whole once every choice asked for finished (a choice not yet started has not).
@@ -840,6 +857,19 @@ impl StreamConverter {
         out.push(frame(None, "[DONE]"));
     }
 
+    /// A chunk's usage (`told_in`) tells the client more than it was told (`usage_told`): a
+    /// side higher — the input, its uncached part or the output — or anything readable when
+    /// nothing readable was told.
+    fn raises(&self, usage: Option<Option<Told>>) -> bool {
+        match (usage.flatten(), self.usage_told) {
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some((i, c, o)), Some((ti, tc, to))) => {
+                i > ti || i.saturating_sub(c) > ti.saturating_sub(tc) || o > to
+            }
+        }
+    }
+
     /// Passes a usage chunk of the gateway's own (`usage_chunk`), and notes what it told.
     fn push_usage_chunk(&mut self, out: &mut Vec<Bytes>) {
         let u = self.usage();
@@ -847,17 +877,24 @@ impl StreamConverter {
         self.usage_told = Some(told_of(&u));
     }
 
-    /// A usage chunk of the gateway's own telling what the stream is charged (`u`), under
-    /// the first chunk's `id`, `created` and `model`.
+    /// A usage chunk of the gateway's own telling what the stream is charged (`u`), its
+    /// details (reasoning, audio) as the upstream's would, under the first chunk's `id`,
+    /// `object` (`text_completion` on `/v1/completions`), `created` and `model`.
     fn usage_chunk(&self, u: &Usage) -> Bytes {
         let first = self.first_chunk.as_ref().unwrap_or(&Value::Null);
+        let object = (first["object"].as_str())
+            .filter(|o| !o.is_empty())
+            .unwrap_or("chat.completion.chunk");
         frame(
             None,
-            &json!({"id": first["id"], "object": "chat.completion.chunk",
+            &json!({"id": first["id"], "object": object,
                 "created": first["created"], "model": first["model"], "choices": [],
                 "usage": {"prompt_tokens": u.input, "completion_tokens": u.output,
                     "total_tokens": u.input.saturating_add(u.output),
-                    "prompt_tokens_details": {"cached_tokens": u.cached_input}}})
+                    "prompt_tokens_details": {"cached_tokens": u.cached_input,
+                        "audio_tokens": u.audio_input},
+                    "completion_tokens_details": {"reasoning_tokens": u.reasoning,
+                        "audio_tokens": u.audio_output}}})
             .to_string(),
         )
     }
@@ -868,10 +905,16 @@ impl StreamConverter {
             self.openai_done(out);
             return Ok(());
         }
-        if self.include_usage && self.first_chunk.is_none() {
-            self.first_chunk = serde_json::from_str::<Value>(data)
-                .ok()
-                .map(|v| json!({"id": v["id"], "created": v["created"], "model": v["model"]}));
+        // The first chunk names the stream, unless it names no `object` (Azure's first chunk,
+        // the prompt's filter verdict, has an empty `id` and `object`): then the first chunk
+        // before any choice started that does.
+        let unnamed = |f: &Value| f["object"].as_str().is_none_or(str::is_empty);
+        if self.include_usage && self.started == 0 && self.first_chunk.as_ref().is_none_or(unnamed)
+        {
+            self.first_chunk = serde_json::from_str::<Value>(data).ok().map(|v| {
+                json!({"id": v["id"], "object": v["object"], "created": v["created"],
+                        "model": v["model"]})
+            });
         }
         let before = self.finishes;
         let was_whole = self.finished || self.whole_at_end;
@@ -908,7 +951,11 @@ impl StreamConverter {
         // passed on (nor counted), else the client would hold more than the usage reported
         // with the finish, its price. The choices still streaming (`n` > 1, each whole at
         // its own finish) and the usage still pass; a choice not asked for (an index of `n`
-        // or more, or negative) passes until the answer is whole (`is_live`).
+        // or more, or negative) passes until the answer is whole (`is_live`). A usage whose
+        // every choice is filtered out so (the LiteLLM proxy's usage chunk, its empty choice
+        // 0 already finished) is told as one in a chunk of its own is.
+        let mut usage_only = c.choices.as_ref().is_none_or(Vec::is_empty) && c.usage.is_some();
+        let mut filtered = None;
         if c.choices
             .iter()
             .flatten()
@@ -922,14 +969,10 @@ impl StreamConverter {
                 if choices.is_empty() && (c.usage.is_none() || !self.include_usage) {
                     return Ok(());
                 }
+                usage_only = choices.is_empty();
             }
-            out.push(frame(None, &v.to_string()));
-            if let Some(told) = told_in(&c) {
-                self.usage_told = told;
-            }
-            return Ok(());
+            filtered = Some(v.to_string());
         }
-        let usage_only = c.choices.as_ref().is_none_or(Vec::is_empty) && c.usage.is_some();
         if usage_only && !self.include_usage {
             return Ok(());
         }
@@ -945,8 +988,14 @@ impl StreamConverter {
         };
         if usage_only && self.finished && differs() {
             self.push_usage_chunk(out);
+        } else if usage_only && self.whole_at_end() && !self.raises(told_in(&c)) {
+            // While the answer is whole at its end, a usage of its own that tells the client
+            // nothing higher (a repeat, a lower one, one it cannot read) is not passed on: a
+            // client summing its usage chunks (LangChain's `add_usage`) would add it up, and
+            // `[DONE]` tells what is charged if it differs (`openai_done`). Not the gateway's
+            // own chunk here: until that end `usage` is a floor, not the price.
         } else {
-            out.push(frame(None, data));
+            out.push(frame(None, filtered.as_deref().unwrap_or(data)));
             if let Some(told) = told_in(&c) {
                 self.usage_told = told;
             }

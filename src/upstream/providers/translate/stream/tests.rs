@@ -1027,3 +1027,72 @@ fn a_parted_answer_whose_last_usage_rides_on_the_finish_is_told_its_charge() {
     assert!(charged > 3);
     assert_eq!(last_told(&out), Some(charged), "{}", passed(&out));
 }
+
+/// Review finding (s20 G1): with `n` > 1, a report made before the usage in a chunk of its
+/// own that made the answer whole at its end (or `parted`) was replaced by it: a report on
+/// choice 0's finish chunk, then a lower one, was charged the lower one. Every report of
+/// an `n` > 1 answer is a floor: the most of them counts.
+#[test]
+fn a_report_on_a_finish_chunk_before_a_lower_usage_of_its_own_is_not_lost() {
+    use choices_of::*;
+    let finish_with = |i: i64, output: i64| {
+        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": i, "delta": {}, "finish_reason": "stop"}],
+            "usage": usage_figures(output)})
+        .to_string()
+    };
+    // A relay fanning `n` = 2 out: call 0's report on its finish chunk, then a lower usage
+    // of its own (the relay's), then call 1.
+    let mut c = StreamConverter::new(WireFormat::OpenAi, WireFormat::OpenAi, true, 10).choices(2);
+    let mut out = Vec::new();
+    c.event("", &text(0, "zero "), &mut out);
+    c.event("", &finish_with(0, 500), &mut out);
+    c.event("", &usage(20), &mut out);
+    c.event("", &text(1, "one "), &mut out);
+    c.event("", &finish(1), &mut out);
+    c.event("", &usage(30), &mut out);
+    c.event("", "[DONE]", &mut out);
+    assert!(c.done());
+    assert_eq!(c.usage().output, 500, "{}", passed(&out));
+    assert_eq!(last_told(&out), Some(500), "{}", passed(&out));
+}
+
+/// CHECKS L2 at the converter: an ordinary same-format stream with one report — `n` = 1,
+/// `n` = 2 with both choices, `n` = 2 from a server that ignores `n` (Ollama) — reaches
+/// the client byte for byte, with no usage chunk of the gateway's (s20: the rules for
+/// usages of an answer whole at its end, G2, and the gateway's own chunk, G4, touch none).
+#[test]
+fn an_ordinary_stream_with_one_report_passes_byte_for_byte() {
+    use choices_of::*;
+    for (n, events) in [
+        (
+            1,
+            vec![text(0, "zero "), finish(0), usage(2), "[DONE]".to_string()],
+        ),
+        (
+            2,
+            vec![
+                text(0, "zero "),
+                text(1, "one "),
+                finish(0),
+                finish(1),
+                usage(4),
+                "[DONE]".to_string(),
+            ],
+        ),
+        (
+            2,
+            vec![text(0, "zero "), finish(0), usage(2), "[DONE]".to_string()],
+        ),
+    ] {
+        let mut c =
+            StreamConverter::new(WireFormat::OpenAi, WireFormat::OpenAi, true, 10).choices(n);
+        let mut out = Vec::new();
+        for e in &events {
+            c.event("", e, &mut out);
+        }
+        assert!(c.done());
+        let sent: Vec<Bytes> = events.iter().map(|e| frame(None, e)).collect();
+        assert_eq!(out, sent, "n = {n}: {}", passed(&out));
+    }
+}
