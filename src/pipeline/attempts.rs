@@ -280,7 +280,8 @@ impl Run {
             self.held.push((allow_private, url.origin()));
         }
         self.only_rate_limited &= tier == Tier::RateLimited;
-        self.only_cooling &= matches!(tier, Tier::RateLimited | Tier::Overloaded);
+        // A held attempt is a connection full for now: come back later, as for a key resting.
+        self.only_cooling &= matches!(tier, Tier::RateLimited | Tier::Overloaded | Tier::Held);
     }
 
     /// Whether an attempt to `url` would wait on a connection an earlier one was held on.
@@ -917,10 +918,18 @@ mod tests {
             ApiError::UpstreamBusy { retry_after: 1 }
         ));
 
-        run.failed(
-            Tier::ServerError,
-            (false, &url("https://api.anthropic.com/v1/messages")),
-        );
+        // Held and rate limited elsewhere (review finding, s20, S6): every key only resting.
+        let anthropic = url("https://api.anthropic.com/v1/messages");
+        let mut limited = Run::new();
+        limited.failed(Tier::Held, (false, &openai));
+        limited.wait(Duration::from_millis(2500));
+        limited.failed(Tier::RateLimited, (false, &anthropic));
+        assert!(matches!(
+            limited.tried(),
+            ApiError::ServiceDegraded { retry_after: 3 }
+        ));
+
+        run.failed(Tier::ServerError, (false, &anthropic));
         assert!(matches!(run.tried(), ApiError::UpstreamError));
         assert!(!Run::new().held_at((false, &openai)));
     }

@@ -99,6 +99,13 @@ impl Deployment {
         Deployment::new(u, false, true, (0, 0))
     }
 
+    /// This deployment with its credential made by `hook` (the client's own tests).
+    #[cfg(test)]
+    pub(crate) fn hooked(mut self, hook: Arc<dyn crate::upstream::credential::Authorize>) -> Self {
+        self.credential = Credential::Hook(hook);
+        self
+    }
+
     /// The index of a route target's URLs, made the first time it is named.
     fn target(&mut self, u: &UpstreamSettings, name: &str) -> usize {
         let name = if providers::target_in_url(u.provider) {

@@ -154,7 +154,9 @@ impl UpstreamClient {
                         }
                         resends += 1;
                         if refused {
-                            // A refusal is the server shedding load: not back at once.
+                            // A refusal is the server shedding load: not back at once. No
+                            // request is with the pool meanwhile.
+                            handed = None;
                             tokio::time::sleep(REFUSED_PAUSE * resends as u32).await;
                         }
                         continue;
@@ -177,19 +179,20 @@ impl UpstreamClient {
         let first_byte = Duration::from_millis(self.timeouts.first_byte_timeout_ms);
         let left = deadline.saturating_duration_since(Instant::now());
         let send = on_wire::watch(send, &wire, reached);
-        let resp = match tokio::time::timeout(first_byte.min(left), send).await {
+        let timed_out = tokio::time::timeout(first_byte.min(left), send).await;
+        // Not a piece of its body read, though its connection was made (no connect takes
+        // longer than its timeout): hyper held it — an HTTP/2 connection at its server's
+        // stream cap — and the upstream never saw it. (A body begun and not taken whole is
+        // the upstream not reading it: a timeout.)
+        let held = || {
+            wire.untouched()
+                && handed.is_some_and(|t: Instant| {
+                    t.elapsed() >= Duration::from_millis(self.timeouts.connect_timeout_ms)
+                })
+        };
+        let resp = match timed_out {
+            Err(_) if held() => return Err(UpstreamError::Held),
             Err(_) if left < first_byte => return Err(UpstreamError::Deadline),
-            // Never out, though its connection was made (no connect takes longer than its
-            // timeout): hyper held it — an HTTP/2 connection at its server's stream cap, or
-            // its flow-control window shut — and the upstream never saw it.
-            Err(_)
-                if wire.unsent()
-                    && handed.is_some_and(|t: Instant| {
-                        t.elapsed() >= Duration::from_millis(self.timeouts.connect_timeout_ms)
-                    }) =>
-            {
-                return Err(UpstreamError::Held)
-            }
             Err(_) => return Err(UpstreamError::Timeout),
             // The credential could not be made (a token endpoint refused or unreachable).
             Ok(Err(Err(e))) => return Err(e),
@@ -369,11 +372,25 @@ fn unprocessed(err: &(dyn std::error::Error + 'static)) -> Option<Unprocessed> {
     None
 }
 
-/// Whether a call that failed never sent its request, so may be sent again: its body was
-/// never read, and it failed past its connection (a connection not made is the upstream's
-/// to answer for: `UpstreamError::Connect`, no resend).
+/// Whether a call that failed never sent its request whole, so may be sent again: its body
+/// was not read whole, and hyper says it gave the request up before it went — its dispatch
+/// gone (a graceful GOAWAY reaching a request it held at the stream cap) or the request
+/// canceled (its connection closed before it went). Anything else — a connection not made,
+/// a reset, a server pushing back — is the upstream's to answer for, and not resent.
 fn never_sent(err: &reqwest::Error, wire: &on_wire::Wire) -> bool {
-    wire.unsent() && !err.is_connect() && !err.is_timeout() && !err.is_builder()
+    wire.unsent() && given_up(err)
+}
+
+/// Whether `err` is hyper giving a request up before it went (`never_sent`).
+fn given_up(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(err);
+    while let Some(e) = cause {
+        if let Some(h) = e.downcast_ref::<hyper::Error>() {
+            return h.is_user() || h.is_canceled();
+        }
+        cause = e.source();
+    }
+    false
 }
 
 /// What the gateway itself ran out of, when an outbound call failed for want of a local
@@ -720,6 +737,184 @@ mod tests {
         assert_eq!(capped.answered.load(SeqCst), 1, "once, on a new connection");
         let first = capped.first.await.expect("task");
         assert_eq!(first.expect("the held one is answered").status(), 200);
+    }
+
+    /// Review finding (s20, S7): the error a graceful GOAWAY gives the request hyper held at
+    /// the stream cap is hyper giving it up ("dispatch gone"), not an HTTP/2 error: the
+    /// resend of `a_held_request_that_a_graceful_goaway_ends_is_sent_again` is
+    /// `never_sent`'s, not `unprocessed`'s.
+    #[tokio::test]
+    async fn a_graceful_goaway_reaching_a_held_request_is_hyper_giving_it_up() {
+        let client = h2_client(&UpstreamTimeouts::default());
+        let (goaway, go) = tokio::sync::oneshot::channel();
+        let capped = capped_server(&client, go).await;
+        let wire = Arc::new(on_wire::Wire::default());
+        let req = client
+            .private
+            .post(capped.url.clone())
+            .build()
+            .expect("request");
+        let held = client
+            .private
+            .execute(on_wire::watched(req, Bytes::from_static(b"{}"), &wire));
+        let shut = async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let _ = goaway.send(());
+        };
+        let (held, ()) = tokio::join!(held, shut);
+        let err = held.expect_err("given up");
+        assert_eq!(unprocessed(&err), None, "{err:?}");
+        assert!(never_sent(&err, &wire), "{err:?}");
+    }
+
+    /// Review finding (s20, S1): a request whose body the upstream does not take (its
+    /// HTTP/2 window shut; on HTTP/1 a full socket) is the upstream not reading it — a
+    /// timeout, its breaker's to count — not a request hyper held: `Held` was hiding a
+    /// wedged upstream fed large prompts from its breaker.
+    #[tokio::test]
+    async fn a_body_the_upstream_does_not_take_is_a_timeout_not_a_held_request() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!(
+            "http://{}/v1/chat/completions",
+            listener.local_addr().expect("addr")
+        );
+        tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.expect("accept");
+            let mut conn = h2::server::Builder::new()
+                .initial_window_size(0)
+                .handshake::<_, Bytes>(tcp)
+                .await
+                .expect("handshake");
+            let mut held = Vec::new();
+            while let Some(Ok((req, mut respond))) = conn.accept().await {
+                if req.method() == http::Method::GET {
+                    let _ = respond.send_response(http::Response::new(()), true);
+                } else {
+                    held.push((req, respond));
+                }
+            }
+        });
+        let client = h2_client(&UpstreamTimeouts {
+            connect_timeout_ms: 50,
+            first_byte_timeout_ms: 400,
+            ..UpstreamTimeouts::default()
+        });
+        // The connection is up and the server's settings taken.
+        client
+            .private
+            .get(&url)
+            .send()
+            .await
+            .expect("the first answer");
+        let url = reqwest::Url::parse(&url).expect("url");
+        let mut told = Vec::new();
+        let answer = post_h2(&client, &url, &mut told).await;
+        assert!(matches!(answer, Err(UpstreamError::Timeout)), "{answer:?}");
+        assert_eq!(told, [] as [bool; 0], "not out whole: nothing billed");
+    }
+
+    /// `never_sent` leaves a connection not made to the upstream: no resend, `Connect`.
+    #[tokio::test]
+    async fn a_connection_refused_is_not_sent_again() {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            l.local_addr().expect("addr").port()
+        };
+        let url = reqwest::Url::parse(&format!("http://127.0.0.1:{port}/")).expect("url");
+        let answer = post_h2(
+            &h2_client(&UpstreamTimeouts::default()),
+            &url,
+            &mut Vec::new(),
+        )
+        .await;
+        assert!(
+            matches!(&answer, Err(UpstreamError::Connect(what)) if what == "connect"),
+            "{answer:?}"
+        );
+    }
+
+    /// A credential made once at once, then never (its endpoint hangs).
+    #[derive(Debug, Default)]
+    struct SlowSecond(AtomicUsize);
+
+    impl super::super::credential::Authorize for SlowSecond {
+        fn authorize<'a>(
+            &'a self,
+            _: &'a reqwest::Client,
+            req: reqwest::Request,
+        ) -> std::pin::Pin<
+            Box<
+                dyn std::future::Future<Output = Result<reqwest::Request, UpstreamError>>
+                    + Send
+                    + 'a,
+            >,
+        > {
+            let first = self.0.fetch_add(1, SeqCst) == 0;
+            let mut req = req;
+            req.headers_mut()
+                .insert(AUTHORIZATION, HeaderValue::from_static("Bearer cached"));
+            Box::pin(async move {
+                if !first {
+                    std::future::pending::<()>().await;
+                }
+                Ok(req)
+            })
+        }
+
+        fn cached(&self) -> bool {
+            true
+        }
+    }
+
+    /// Review finding (s20, S7): a 401 to a cached credential, then a replacement that
+    /// never comes (its token endpoint hangs): the first-byte timer that ends it is the
+    /// credential's timeout — not `Held`, which would spare the upstream its breaker count.
+    #[tokio::test]
+    async fn a_replacement_credential_that_hangs_is_a_timeout_not_a_held_request() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!(
+            "http://{}/v1/chat/completions",
+            listener.local_addr().expect("addr")
+        );
+        tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.expect("accept");
+            let mut conn = h2::server::handshake(tcp).await.expect("handshake");
+            while let Some(Ok((_, mut respond))) = conn.accept().await {
+                let refused = http::Response::builder().status(401).body(()).expect("401");
+                if let Ok(mut send) = respond.send_response(refused, false) {
+                    let _ = send.send_data(Bytes::from_static(b"{}"), true);
+                }
+            }
+        });
+        let client = h2_client(&UpstreamTimeouts {
+            connect_timeout_ms: 50,
+            first_byte_timeout_ms: 400,
+            ..UpstreamTimeouts::default()
+        });
+        let dep = Deployment::alone(&crate::config::UpstreamSettings {
+            id: "h2".into(),
+            allow_private_network: true,
+            ..Default::default()
+        })
+        .hooked(Arc::new(SlowSecond::default()));
+        let url = reqwest::Url::parse(&url).expect("url");
+        let mut told = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let answer = client
+            .post(
+                &dep,
+                Some(&url),
+                Bytes::from_static(b"{}"),
+                deadline,
+                ((None, None), |on| told.push(on)),
+            )
+            .await;
+        assert!(matches!(answer, Err(UpstreamError::Timeout)), "{answer:?}");
+        assert_eq!(told, [true, false], "out, then taken back at the 401");
     }
 
     /// An error that wraps another, as reqwest and hyper-util wrap the `io::Error`.

@@ -36,11 +36,11 @@ pub enum UpstreamError {
     #[error("the connection to the upstream broke before its answer")]
     Broken,
     /// The request waited inside the gateway for room on its upstream's connection — an
-    /// HTTP/2 connection at its server's stream cap, or its flow-control window shut — past
-    /// the first-byte timeout, and never went out: no fault of the upstream's.
+    /// HTTP/2 connection at its server's stream cap — past the first-byte timeout or the
+    /// deadline, and never went out: no fault of the upstream's.
     #[error(
-        "the request waited past the first-byte timeout for room on the upstream's connection \
-         (its HTTP/2 stream cap) and never went out; keep the upstream's max_concurrent under \
+        "the request waited for room on the upstream's HTTP/2 connection (its stream cap) and \
+         never went out; keep the sum of max_concurrent over the upstreams at that host under \
          its stream cap"
     )]
     Held,

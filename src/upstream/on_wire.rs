@@ -26,7 +26,7 @@
 
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -34,56 +34,85 @@ use bytes::Bytes;
 use futures_util::task::AtomicWaker;
 use http_body::{Frame, SizeHint};
 
+// A wire's state is one word, so that every change is one compare-and-swap: the state in
+// its low two bits, whether a piece of the body went (`STARTED`), and above them the send
+// its bodies belong to — each resend's body its own, so a dead send's body, read late,
+// changes nothing.
 /// Neither read nor given up: the request is on its way to a connection.
-const WAITING: u8 = 0;
+const WAITING: u32 = 0;
 /// The body was read: the request is out.
-const READ: u8 = 1;
+const READ: u32 = 1;
 /// The caller went before the read: the body is never to be read.
-const GONE: u8 = 2;
+const GONE: u32 = 2;
+const STATE: u32 = 0b11;
+/// A piece of the body before its last was read: the request has a connection and its
+/// upstream is taking it (or not taking it: a shut window, a full socket).
+const STARTED: u32 = 0b100;
+/// One send, in the bits above.
+const SEND: u32 = 0b1000;
+
+fn state(word: u32) -> u32 {
+    word & STATE
+}
+
+fn send_of(word: u32) -> u32 {
+    word & !(STATE | STARTED)
+}
 
 /// Whether a request's body was read, or its caller went first, and who waits to hear it.
 #[derive(Default)]
 pub struct Wire {
-    state: AtomicU8,
+    word: AtomicU32,
     waiting: AtomicWaker,
 }
 
 /// `req` with its body (`body`, the same bytes: a credential hook signs them and changes
-/// none) read through `wire`.
+/// none) read through `wire`, as the wire's send of the moment.
 pub fn watched(mut req: reqwest::Request, body: Bytes, wire: &Arc<Wire>) -> reqwest::Request {
+    let send = send_of(wire.word.load(Ordering::Acquire));
     // hyper reads no empty body: such a request is out with its head.
     if body.is_empty() {
-        let _ = wire
-            .state
-            .compare_exchange(WAITING, READ, Ordering::AcqRel, Ordering::Acquire);
+        let _ = wire.change(|w| (w == send | WAITING).then_some(send | READ));
     }
     *req.body_mut() = Some(reqwest::Body::wrap(Watched {
         body,
         wire: wire.clone(),
+        send,
     }));
     req
 }
 
 impl Wire {
-    /// The request read is not out after all (an answer said it billed nothing): the next
-    /// one's read is the one that counts. Called only by the call `watch` runs, so never
-    /// after its caller went.
+    fn change(&self, f: impl FnMut(u32) -> Option<u32>) -> Result<u32, u32> {
+        self.word
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, f)
+    }
+
+    /// The request sent is not out after all (an answer said it billed nothing, or it never
+    /// went): the next send's read is the one that counts, and nothing of this one's body
+    /// counts any more. Called only by the call `watch` runs, so never after its caller
+    /// went.
     pub fn unread(&self) {
-        // From read only: a wire whose caller went stays so.
-        let _ = self
-            .state
-            .compare_exchange(READ, WAITING, Ordering::AcqRel, Ordering::Acquire);
+        // A wire whose caller went stays so.
+        let _ = self.change(|w| (state(w) != GONE).then(|| send_of(w).wrapping_add(SEND)));
         self.waiting.wake();
     }
 
     fn read(&self) -> bool {
-        self.state.load(Ordering::Acquire) == READ
+        state(self.word.load(Ordering::Acquire)) == READ
     }
 
-    /// Whether the body is still unread: nothing of the request is out. Once its call is
-    /// dropped, whether the caller went first: the request never went out.
+    /// Whether the body is still unread: the whole request is not out. Once its call is
+    /// dropped, whether the caller went first: the request never went out whole.
     pub fn unsent(&self) -> bool {
-        matches!(self.state.load(Ordering::Acquire), WAITING | GONE)
+        !self.read()
+    }
+
+    /// Whether not a piece of the body was read: the request never left the client (hyper
+    /// held it, or it is still on its way to a connection).
+    pub fn untouched(&self) -> bool {
+        let w = self.word.load(Ordering::Acquire);
+        state(w) != READ && w & STARTED == 0
     }
 }
 
@@ -129,10 +158,7 @@ impl<R: FnMut(bool)> Told<'_, R> {
 impl<R: FnMut(bool)> Drop for Told<'_, R> {
     fn drop(&mut self) {
         // The caller goes: a body not read by now is never read; one read first is told.
-        let gone =
-            self.wire
-                .state
-                .compare_exchange(WAITING, GONE, Ordering::AcqRel, Ordering::Acquire);
+        let gone = (self.wire).change(|w| (state(w) == WAITING).then_some(w & !STATE | GONE));
         if gone.is_err() {
             self.tell();
         }
@@ -148,11 +174,15 @@ impl<R: FnMut(bool)> Drop for Told<'_, R> {
 /// (`PipeToSendStream` waits for capacity before it hands a piece on, and h2's capacity is
 /// what the window grants past the data still buffered): so the last piece's read means
 /// that all of the body but its last byte can go, and a request the server's window holds
-/// back is not out. Over HTTP/1 the pieces go into one write, as one body did.
+/// back is not out. Over HTTP/1 a body within hyper's write buffer (about 400 KiB) goes in
+/// one write with its head, as one body did; a larger one's first piece is flushed to the
+/// socket before the rest is read.
 struct Watched {
     /// What is left of the body.
     body: Bytes,
     wire: Arc<Wire>,
+    /// The wire's send this body is for.
+    send: u32,
 }
 
 impl Watched {
@@ -180,20 +210,20 @@ impl http_body::Body for Watched {
             return Poll::Ready(None);
         }
         let piece = this.next_piece();
-        let state = &this.wire.state;
-        let went = if this.body.is_empty() {
-            match state.compare_exchange(WAITING, READ, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => {
-                    this.wire.waiting.wake();
-                    false
-                }
-                Err(now) => now == GONE,
-            }
-        } else {
-            state.load(Ordering::Acquire) == GONE
-        };
-        if went {
-            // Ended short, not failed: the server gets a body short of its `Content-Length`
+        let (last, send) = (this.body.is_empty(), this.send);
+        // Its send's, and neither read nor given up: the last piece reads it, another
+        // marks it started.
+        let went = this.wire.change(|w| {
+            (send_of(w) == send && state(w) == WAITING).then_some(match last {
+                true => w & !STATE | READ,
+                false => w | STARTED,
+            })
+        });
+        if last && went.is_ok() {
+            this.wire.waiting.wake();
+        }
+        if went.is_err() {
+            // Its caller gone, or its send given up for another. Ended short, not failed: the server gets a body short of its `Content-Length`
             // (malformed; a lenient server's JSON without its last byte is no request
             // either: nothing billed), and hyper, seeing the call gone, resets the stream
             // (HTTP/2) or closes the connection (HTTP/1, which ends no body short of its
@@ -233,7 +263,7 @@ mod tests {
         }));
         assert!(futures_util::FutureExt::now_or_never(call.as_mut()).is_none());
         // hyper reads the body on its connection's task.
-        wire.state.store(READ, Ordering::Release);
+        wire.word.store(READ, Ordering::Release);
         drop(call);
         assert_eq!(told, [true]);
     }
@@ -247,6 +277,7 @@ mod tests {
         let mut body = Watched {
             body: Bytes::from_static(b"the prompt"),
             wire: wire.clone(),
+            send: 0,
         };
         let mut told = Vec::new();
         let mut call = Box::pin(watch(std::future::pending::<()>(), &wire, |on| {
@@ -370,7 +401,7 @@ mod tests {
     async fn a_body_its_caller_left_does_not_cost_the_connection_its_other_requests() {
         let (client, addr, first, free, mut seen) = first_request_held(8).await;
         let wire = Arc::new(Wire::default());
-        wire.state.store(GONE, Ordering::Release);
+        wire.word.store(GONE, Ordering::Release);
         let req = client
             .post(format!("http://{addr}/second"))
             .build()
@@ -390,7 +421,7 @@ mod tests {
     }
 
     /// The body's read frames, polled until it ends, with the wire's state after each.
-    fn frames(body: &mut Watched) -> Vec<(Option<Vec<u8>>, u8)> {
+    fn frames(body: &mut Watched) -> Vec<(Option<Vec<u8>>, u32)> {
         let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
         let mut out = Vec::new();
         loop {
@@ -399,7 +430,7 @@ mod tests {
                 _ => None,
             };
             let end = frame.is_none();
-            out.push((frame, body.wire.state.load(Ordering::Acquire)));
+            out.push((frame, state(body.wire.word.load(Ordering::Acquire))));
             if end {
                 return out;
             }
@@ -415,6 +446,7 @@ mod tests {
         let watched = |wire: &Arc<Wire>| Watched {
             body: Bytes::from_static(b"{\"a\":1}"),
             wire: wire.clone(),
+            send: 0,
         };
         let wire = Arc::new(Wire::default());
         let mut body = watched(&wire);
@@ -437,8 +469,39 @@ mod tests {
             Pin::new(&mut body).poll_frame(&mut cx),
             Poll::Ready(Some(_))
         ));
-        wire.state.store(GONE, Ordering::Release);
+        wire.word.store(GONE, Ordering::Release);
         assert_eq!(frames(&mut body), [(None, GONE)], "short of its length");
+    }
+
+    /// Review finding (s20, S5): one wire serves every resend of a call, and a dead send's
+    /// body can still be read after the call gave it up for another — with three pieces,
+    /// its last one after its stream was reset. Read then, it marked the wire read: a
+    /// departure charged while the resend was still held, a `Timeout` where `Held` was due.
+    /// A body counts only for its own send.
+    #[test]
+    fn a_body_of_a_send_given_up_for_another_changes_nothing() {
+        let wire = Arc::new(Wire::default());
+        let body = |send| Watched {
+            body: Bytes::from_static(b"{\"a\":1}"),
+            wire: wire.clone(),
+            send,
+        };
+        let mut dead = body(0);
+        let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
+        assert!(matches!(
+            Pin::new(&mut dead).poll_frame(&mut cx),
+            Poll::Ready(Some(_))
+        ));
+        assert!(!wire.untouched(), "a piece went");
+        wire.unread();
+        assert!(wire.untouched(), "the next send is untouched");
+        assert_eq!(
+            frames(&mut dead),
+            [(None, WAITING)],
+            "ended short, not read"
+        );
+        let mut next = body(send_of(wire.word.load(Ordering::Acquire)));
+        assert_eq!(frames(&mut next).last(), Some(&(None, READ)));
     }
 
     /// Review finding (s19-final, N3): on HTTP/2 the body's first read came before any of

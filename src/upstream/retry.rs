@@ -11,7 +11,7 @@
 //! | the request's own deadline ran out mid-attempt | `OutOfTime`    | no breaker count (the client's limit), except 3 unanswered probes in a row re-open a half-open breaker; the counted input is charged; no more attempts |
 //! | 401, 403                                      | `AuthFailed`    | key disabled (possible leak or revocation); next key |
 //! | 400, 404, 413, 422 (any other 4xx)            | `ClientError`   | returned to the client as it is; no retry         |
-//! | none: the request waited in the gateway for room on its HTTP/2 connection (the server's stream cap, or its window shut) past the first-byte timeout, never sent | `Held` | no breaker count, no cooldown, no other key of that host (they share the connection); the next host's; every attempt held → 503 `upstream_busy` |
+//! | none: the request waited in the gateway for room on its HTTP/2 connection (the server's stream cap) past the first-byte timeout or the deadline, not a piece of it sent | `Held` | no breaker count, no cooldown, no other key of that host (they share the connection); the next host's; every attempt held → 503 `upstream_busy` |
 //! | none: the gateway itself ran out of open files, socket buffers or memory (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM` on connecting) | `LocalResources` | nothing reached the upstream: no breaker count, no cooldown, no other key (it would fail alike); 503 `service_degraded` with `Retry-After: 1`; a `local_resources` alert |
 //!
 //! 408 and 409 follow the official OpenAI and Anthropic SDKs, which retry 408, 409, 429

@@ -1810,7 +1810,7 @@ fn usages_told(data: &[String]) -> Vec<(i64, i64)> {
 #[tokio::test]
 async fn usages_of_an_answer_whole_at_its_end_reach_the_client_only_when_they_rise() {
     let app = app().await;
-    for (pieces, told) in [
+    for (row, (pieces, told)) in [
         (
             vec![
                 Piece::Text,
@@ -1853,12 +1853,15 @@ async fn usages_of_an_answer_whole_at_its_end_reach_the_client_only_when_they_ri
             ],
             vec![(1000, 800)],
         ),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let what = format!("{pieces:?}");
         let c = stream_n(
             &app,
             Up::OpenAi,
-            &format!("rise-{}", told.len() * 10 + pieces.len()),
+            &format!("rise-{row}"),
             scripted(Up::OpenAi, &pieces),
             4096,
             2,
