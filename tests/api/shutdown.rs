@@ -904,3 +904,168 @@ async fn a_stream_of_choices_one_after_the_other_is_cut_by_the_shutdown_every_ch
         )]
     );
 }
+
+/// Review finding (s18 attack #4): a client merely behind at the drain — its answer whole
+/// (the finish came), the frames after it waiting on a full channel — had its connection cut:
+/// the first of those frames the pump handed on after the drain met the full channel and
+/// gave up at once, so the chunked body ended with an error, no terminator, no `[DONE]`,
+/// though the row said a whole answer. Its SDK sees a broken stream and retries, paying
+/// twice. A frame of an answer already whole now waits for room until `AFTER_THE_FINISH`
+/// after the drain's start: a client that reads again within it gets the whole stream's end.
+///
+/// The client falls behind on 5 MB of text in eight chunks (more than the loopback socket's
+/// buffers hold) into a 4 KiB receive buffer, read no more; the finish and 24 chunks without
+/// choices (passed on after the finish, as a client's stream carries them) follow, then the usage and
+/// `[DONE]`: the pump is blocked on a frame after the finish when the drain comes. The
+/// client reads again half a second after the drain; a second client, as far behind, never
+/// does: it is cut 2 s after the drain (a client not reading cannot hold the shutdown), its
+/// whole answer charged its usage all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_behind_at_the_drain_on_a_whole_answer_gets_the_streams_end_not_a_cut() {
+    use tokio::io::AsyncReadExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    // A one-second grace: the drain comes a second after the signal.
+    let mut gateway = start_gateway_full(
+        dir.path(),
+        &mock,
+        &[("SLUICE_SERVER_SHUTDOWN_TIMEOUT_SECONDS", "1")],
+        "",
+    )
+    .await;
+    let (db, token) = db_and_token(dir.path(), "behind").await;
+    let chunk = chunk_event;
+    // Eight events of 640 KB, not one of 5 MB: a line is parsed again as each piece of it
+    // arrives, and one so long kept the gateway busy past the drain.
+    let mut events: Vec<_> = (0..8)
+        .map(|_| {
+            chunk(
+                json!([{"index": 0, "delta": {"content": "word ".repeat(128_000)},
+                "finish_reason": null}]),
+            )
+        })
+        .collect();
+    events.push(chunk(
+        json!([{"index": 0, "delta": {}, "finish_reason": "stop"}]),
+    ));
+    events.extend((0..24).map(|_| chunk(json!([]))));
+    events.push(sluice::mock::SseEvent::Data(json!({"id": "c",
+        "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [],
+        "usage": {"prompt_tokens": 20, "completion_tokens": 7, "total_tokens": 27}})));
+    events.push(sluice::mock::SseEvent::Data(json!("[DONE]")));
+    let script = Script {
+        events: Some(events),
+        ..Default::default()
+    };
+    mock.state.script(KEY_A, [script.clone(), script]);
+    let mut body = chat_body(100);
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let mut conn = send_raw_chat(&gateway.url, &token, &body, Some(4096)).await;
+    started(&mock).await;
+    // A second client as far behind, which never reads again before the process is gone.
+    let mut never = send_raw_chat(&gateway.url, &token, &body, Some(4096)).await;
+    // The mock sent both answers: the gateway has them, blocked on their clients.
+    let state = mock.state.clone();
+    until("the mock never finished its answers", move || {
+        let stats = state.stats(KEY_A);
+        stats.count == 2 && stats.in_flight == 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let (sent, signalled) = (Instant::now(), chrono::Utc::now());
+    sigterm(&gateway);
+    // The drain comes at `sent` + 1 s; the client reads again half a second later.
+    tokio::time::sleep_until((sent + Duration::from_millis(1_500)).into()).await;
+    let reading = tokio::spawn(async move {
+        let mut got = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        // To the chunked body's terminator, the connection's end, or its cut.
+        loop {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+            if got.ends_with(b"\r\n0\r\n\r\n") {
+                break;
+            }
+        }
+        (got, sent.elapsed())
+    });
+    let (got, read_for) = tokio::time::timeout(Duration::from_secs(15), reading)
+        .await
+        .expect("the client's read ended")
+        .unwrap();
+    let status = exited(
+        &mut gateway,
+        sent + Duration::from_secs(15),
+        "still running 15 s after SIGTERM",
+    )
+    .await;
+    assert!(status.success(), "{status:?}");
+    let exited_after = sent.elapsed();
+    eprintln!("the client's read ended {read_for:?}, the process {exited_after:?}, after SIGTERM");
+    // The client that never read again holds its connection until the workers' stop (its
+    // body is not polled while nothing can be written): the process exits as it did.
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(15), never.read_to_end(&mut rest))
+        .await
+        .expect("the connection ends");
+    assert!(
+        !rest.ends_with(b"\r\n0\r\n\r\n"),
+        "the chunked body is cut, not terminated"
+    );
+    let text = String::from_utf8_lossy(&got);
+    let tail = &text[text.len().saturating_sub(600)..];
+    assert!(
+        got.len() > 5_000_000,
+        "the client read the answer: {} bytes",
+        got.len()
+    );
+    assert!(
+        got.ends_with(b"\r\n0\r\n\r\n"),
+        "the chunked body ends, not cut: {tail}"
+    );
+    assert!(text.contains("data: [DONE]"), "{tail}");
+    assert!(
+        text.contains("\"completion_tokens\":7"),
+        "the usage: {tail}"
+    );
+    assert!(!text.contains("\"error\""), "{tail}");
+    assert!(!text.contains("shutting_down"), "{tail}");
+    assert_invariant_on(&db).await;
+    assert_eq!(scalar_on(&db, "SELECT COUNT(*) FROM reservations").await, 0);
+    let rows: Vec<(i64, Option<String>, i64, i64, i64)> = sql_rows(
+        &db,
+        "SELECT status, error_code, input_tokens, output_tokens, cost_micros FROM requests \
+         ORDER BY output_tokens",
+    )
+    .await;
+    let price =
+        |input: i64, output: i64| (input * 150_000 + output * 600_000 + 999_999) / 1_000_000;
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(rows[0], (200, None, 20, 7, price(20, 7)), "a whole stream");
+    // The one that never read again was waited for until `AFTER_THE_FINISH` (2 s) after
+    // the drain (1 s after the signal), no longer: then cut by the gateway and settled as a
+    // whole answer whose usage did not come within the read-on (it waited behind the
+    // client), on the estimate — before the workers' stop (`SETTLE_MARGIN`, 3 s after the
+    // drain): its row is there.
+    let (status, code, input, output, cost) = rows[1].clone();
+    assert_eq!(
+        (status, code.as_deref()),
+        (200, Some("usage_estimated")),
+        "{rows:?}"
+    );
+    assert_eq!(cost, price(input, output), "{rows:?}");
+    // When it settled: its start (`created_at`) and its latency, in wall-clock time.
+    let (created, latency): (String, i64) = sql_row(
+        &db,
+        "SELECT created_at, latency_ms FROM requests ORDER BY output_tokens DESC LIMIT 1",
+    )
+    .await;
+    let settled = chrono::DateTime::parse_from_rfc3339(&created).unwrap()
+        + chrono::Duration::milliseconds(latency);
+    let after = (settled.with_timezone(&chrono::Utc) - signalled).num_milliseconds();
+    eprintln!("the never-reading client's stream settled {after} ms after the signal");
+    assert!((2_500..3_600).contains(&after), "{after} ms");
+}
