@@ -7,8 +7,10 @@
 //! it); a stream is ended with an error event (`shutting_down`, never `[DONE]` /
 //! `message_stop`) and charged by the cut-stream rule — unless its answer is already whole
 //! (after its finish, the usage still to come): that one is read on for its usage, at most
-//! `stream::AFTER_THE_FINISH` (2 s, inside `startup::SETTLE_MARGIN`), charged it or the
-//! estimate, and its client gets a whole stream's closing events. Without it, the workers' forced stop
+//! `stream::AFTER_THE_FINISH` (2 s, inside `startup::SETTLE_MARGIN`) from the drain's
+//! start (`started` gives that instant), charged it or the estimate, and its client gets a
+//! whole stream's closing events — a client behind on it is waited for within the same
+//! 2 s, then cut (`stream::ClientSink::send_whole`). Without it, the workers' forced stop
 //! drops these requests with their runtime: measured before this existed, a SIGTERM with
 //! four requests running left one log row of four, and the other three reservations were
 //! released uncharged (the cut stream's output given away), the clients' connections

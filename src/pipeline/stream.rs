@@ -17,12 +17,14 @@
 //! stall, an unreadable or error event): a fault is settled and logged as it would be with
 //! the client there; only the gateway's own `AFTER_THE_FINISH` settles on the estimate. The
 //! shutdown that reaches a stream whose answer is whole reads on the same way, at most
-//! `AFTER_THE_FINISH` from the drain, and a client still there gets a whole stream's
-//! closing events: the upstream's if they come, else the gateway's with what it is charged
-//! (`StreamConverter::close`); before the finish the shutdown cuts the stream. A stream
-//! that breaks before its finish ends with an error event and no `[DONE]` /
-//! `message_stop`; a stream given up on a stalled client ends its body with an error, so the
-//! connection is cut rather than closed as if complete.
+//! `AFTER_THE_FINISH` from the drain's start, and a client still there gets a whole
+//! stream's closing events: the upstream's if they come, else the gateway's with what it is
+//! charged (`StreamConverter::close`). A client merely behind on such an answer (its
+//! channel full) is waited for within the same deadline (`ClientSink::send_whole`), never
+//! past it, then cut; before the finish the shutdown cuts the stream, and a frame waiting
+//! for room waits no more. A stream that breaks before its finish ends with an error event
+//! and no `[DONE]` / `message_stop`; a stream given up on a stalled client ends its body
+//! with an error, so the connection is cut rather than closed as if complete.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

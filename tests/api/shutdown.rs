@@ -1058,25 +1058,26 @@ async fn a_client_behind_at_the_drain_on_a_whole_answer_gets_the_streams_end_not
     assert_eq!(scalar_on(&db, "SELECT COUNT(*) FROM reservations").await, 0);
     // The rows, in the order the requests came, and when each settled: its start
     // (`created_at`) and its latency, in wall-clock time, after the signal.
-    let rows: Vec<(i64, Option<String>, i64, i64, i64, String, i64)> = sql_rows(
+    let rows: Vec<(i64, Option<String>, i64, i64, i64)> = sql_rows(
         &db,
-        "SELECT status, error_code, input_tokens, output_tokens, cost_micros, created_at, \
-         latency_ms FROM requests ORDER BY created_at",
+        "SELECT status, error_code, input_tokens, output_tokens, cost_micros FROM requests \
+         ORDER BY created_at",
     )
     .await;
-    let settled: Vec<i64> = rows
+    let times: Vec<(String, i64)> = sql_rows(
+        &db,
+        "SELECT created_at, latency_ms FROM requests ORDER BY created_at",
+    )
+    .await;
+    let settled: Vec<i64> = times
         .iter()
-        .map(|r| {
-            let at = chrono::DateTime::parse_from_rfc3339(&r.5).unwrap()
-                + chrono::Duration::milliseconds(r.6);
+        .map(|(created, latency)| {
+            let at = chrono::DateTime::parse_from_rfc3339(created).unwrap()
+                + chrono::Duration::milliseconds(*latency);
             (at.with_timezone(&chrono::Utc) - signalled).num_milliseconds()
         })
         .collect();
     eprintln!("settled {settled:?} ms after the signal");
-    let rows: Vec<_> = rows
-        .into_iter()
-        .map(|r| (r.0, r.1, r.2, r.3, r.4))
-        .collect();
     let price =
         |input: i64, output: i64| (input * 150_000 + output * 600_000 + 999_999) / 1_000_000;
     assert_eq!(rows.len(), 3, "every stream settled: {rows:?}");
