@@ -526,8 +526,9 @@ impl Pump {
             } else if !self.pass(&mut frames, &sink).await {
                 // A client that did not take a frame at the shutdown is cut: at once before
                 // the finish, after it once `AFTER_THE_FINISH` from the drain went by
-                // (`ClientSink::send_whole`); then the answer is still read on for, as for
-                // a client that left at the finish.
+                // (`ClientSink::send_whole`). After the finish it left a whole answer, as a
+                // client that left there: read on for, or at the shutdown settled at once
+                // (the `shutdown` arm above: its 2 s are over, or the client is gone).
                 if !self.left_after_the_finish(&mut left) {
                     drained = sink.drain.is_draining();
                     client_gone = !drained;
