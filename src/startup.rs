@@ -61,6 +61,11 @@ pub struct Application {
 /// (`Drain`), to settle them and close their connections before they are stopped.
 pub const SETTLE_MARGIN: Duration = Duration::from_secs(3);
 
+// A stream whose answer was whole at the drain is read on, and its client waited for, at
+// most `AFTER_THE_FINISH` from the drain: done before its worker is stopped.
+const _: () =
+    assert!(crate::pipeline::stream::AFTER_THE_FINISH.as_millis() < SETTLE_MARGIN.as_millis());
+
 /// Stops a running server: see `Shutdown::stop`.
 #[derive(Clone)]
 pub struct Shutdown {

@@ -7,46 +7,59 @@
 //! it); a stream is ended with an error event (`shutting_down`, never `[DONE]` /
 //! `message_stop`) and charged by the cut-stream rule — unless its answer is already whole
 //! (after its finish, the usage still to come): that one is read on for its usage, at most
-//! `stream::AFTER_THE_FINISH` (2 s, inside `startup::SETTLE_MARGIN`), charged it or the
-//! estimate, and its client gets a whole stream's closing events. Without it, the workers' forced stop
+//! `stream::AFTER_THE_FINISH` (2 s, inside `startup::SETTLE_MARGIN`) from the drain's
+//! start (`started` gives that instant), charged it or the estimate, and its client gets a
+//! whole stream's closing events — a client behind on it is waited for within the same
+//! 2 s, then cut (`stream::ClientSink::send_whole`). Without it, the workers' forced stop
 //! drops these requests with their runtime: measured before this existed, a SIGTERM with
 //! four requests running left one log row of four, and the other three reservations were
 //! released uncharged (the cut stream's output given away), the clients' connections
 //! simply closed.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use tokio::sync::watch;
 
-/// Whether the gateway has started ending the requests still running; cheap to clone.
+/// Whether (and since when) the gateway has started ending the requests still running;
+/// cheap to clone.
 #[derive(Clone)]
 pub struct Drain {
-    tx: Arc<watch::Sender<bool>>,
+    tx: Arc<watch::Sender<Option<Instant>>>,
 }
 
 impl Default for Drain {
     fn default() -> Self {
         Self {
-            tx: Arc::new(watch::channel(false).0),
+            tx: Arc::new(watch::channel(None).0),
         }
     }
 }
 
 impl Drain {
-    /// Ends every request still running (once; later calls change nothing).
+    /// Ends every request still running (once; later calls change nothing, its instant
+    /// included).
     pub fn start(&self) {
-        self.tx.send_replace(true);
+        self.tx.send_if_modified(|at| {
+            let first = at.is_none();
+            if first {
+                *at = Some(Instant::now());
+            }
+            first
+        });
     }
 
     pub fn is_draining(&self) -> bool {
-        *self.tx.borrow()
+        self.tx.borrow().is_some()
     }
 
-    /// Resolves once `start` was called.
-    pub async fn started(&self) {
+    /// Resolves once `start` was called, with the instant it was: a stream's limits after
+    /// the drain run from there, not from when its task noticed it.
+    pub async fn started(&self) -> Instant {
         let mut rx = self.tx.subscribe();
         // The sender lives as long as `self`: `wait_for` cannot fail while it is awaited.
-        let _ = rx.wait_for(|d| *d).await;
+        let at = rx.wait_for(Option::is_some).await.ok().and_then(|at| *at);
+        at.unwrap_or_else(Instant::now)
     }
 }
 
@@ -63,8 +76,12 @@ mod tests {
             async move { d.started().await }
         });
         drain.start();
-        waiter.await.unwrap();
-        drain.started().await;
+        let at = waiter.await.unwrap();
+        assert_eq!(drain.started().await, at);
         assert!(drain.is_draining());
+        // A second start keeps the first one's instant.
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        drain.start();
+        assert_eq!(drain.started().await, at);
     }
 }

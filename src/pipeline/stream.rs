@@ -17,12 +17,14 @@
 //! stall, an unreadable or error event): a fault is settled and logged as it would be with
 //! the client there; only the gateway's own `AFTER_THE_FINISH` settles on the estimate. The
 //! shutdown that reaches a stream whose answer is whole reads on the same way, at most
-//! `AFTER_THE_FINISH` from the drain, and a client still there gets a whole stream's
-//! closing events: the upstream's if they come, else the gateway's with what it is charged
-//! (`StreamConverter::close`); before the finish the shutdown cuts the stream. A stream
-//! that breaks before its finish ends with an error event and no `[DONE]` /
-//! `message_stop`; a stream given up on a stalled client ends its body with an error, so the
-//! connection is cut rather than closed as if complete.
+//! `AFTER_THE_FINISH` from the drain's start, and a client still there gets a whole
+//! stream's closing events: the upstream's if they come, else the gateway's with what it is
+//! charged (`StreamConverter::close`). A client merely behind on such an answer (its
+//! channel full) is waited for within the same deadline (`ClientSink::send_whole`), never
+//! past it, then cut; before the finish the shutdown cuts the stream, and a frame waiting
+//! for room waits no more. A stream that breaks before its finish ends with an error event
+//! and no `[DONE]` / `message_stop`; a stream given up on a stalled client ends its body
+//! with an error, so the connection is cut rather than closed as if complete.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -66,8 +68,10 @@ const SHUTTING_DOWN: &str =
 /// that follows it (at most the idle timeout): the usage comes within milliseconds of the
 /// finish; past this the whole answer is settled without it, on the input estimate — the
 /// gateway chose to stop reading, the upstream did nothing wrong. An upstream fault before
-/// it is charged as with the client there (`Pump::run`).
-const AFTER_THE_FINISH: Duration = Duration::from_secs(2);
+/// it is charged as with the client there (`Pump::run`). At the shutdown it runs from the
+/// drain's start and bounds both the read-on and a send waiting for a client behind
+/// (`ClientSink::send_whole`): it must end before the workers stop (`startup::SETTLE_MARGIN`).
+pub const AFTER_THE_FINISH: Duration = Duration::from_secs(2);
 
 /// Chunks buffered between the pump and a slow client.
 const CHANNEL_DEPTH: usize = 16;
@@ -176,8 +180,21 @@ pub(super) struct ClientSink {
 
 impl ClientSink {
     /// Hands a frame on; false when the client is gone or has taken nothing for the stall
-    /// limit (then the stream is given up).
+    /// limit (then the stream is given up), or when the shutdown ends the stream: a frame
+    /// waiting for room waits no more once the drain started.
     pub(super) async fn send(&self, frame: Bytes) -> bool {
+        self.send_by(frame, false).await
+    }
+
+    /// `send` of a frame of an answer already whole (after the upstream's finish): at the
+    /// shutdown it waits for room until `AFTER_THE_FINISH` after the drain started — the
+    /// same deadline the pump reads on to — so a client merely behind gets the stream's end
+    /// rather than a cut connection, which its SDK would retry, paying twice.
+    pub(super) async fn send_whole(&self, frame: Bytes) -> bool {
+        self.send_by(frame, true).await
+    }
+
+    async fn send_by(&self, frame: Bytes, whole: bool) -> bool {
         // While the client keeps up there is room: no timer per frame.
         let frame = match self.tx.try_send(frame) {
             Ok(()) => return true,
@@ -189,12 +206,21 @@ impl ClientSink {
         let sent = tokio::select! {
             biased;
             sent = tokio::time::timeout(self.stall, self.tx.send(frame)) => sent.ok().map(|r| r.is_ok()),
-            _ = self.drain.started() => None,
+            _ = self.waited_out(whole) => None,
         };
         sent.unwrap_or_else(|| {
             self.cut.store(true, Ordering::Release);
             false
         })
+    }
+
+    /// Resolves when the shutdown waits no more for the client to make room: at the drain's
+    /// start, or for a frame of a whole answer `AFTER_THE_FINISH` after it.
+    async fn waited_out(&self, whole: bool) {
+        let at = self.drain.started().await;
+        if whole {
+            tokio::time::sleep_until((at + AFTER_THE_FINISH).into()).await;
+        }
     }
 
     /// Hands a last frame on only if there is room at once (the shutdown's error event: a
@@ -425,7 +451,7 @@ impl Pump {
                     break;
                 }
                 // Polled once: a finished future is not polled again.
-                _ = &mut shutdown, if drain_at.is_none() => {
+                at = &mut shutdown, if drain_at.is_none() => {
                     // A client still there holds its connection, and so its worker, open
                     // while the pump reads on; one that left at the finish holds neither,
                     // and its worker may stop before the read: its whole answer is settled
@@ -433,8 +459,10 @@ impl Pump {
                     if self.converter.finished() && left.is_some() {
                         break;
                     }
+                    // From the drain's start, not from now: a send that waited for room
+                    // since (`ClientSink::send_whole`) used up as much of the read-on.
                     if self.converter.finished() {
-                        drain_at = Some(Instant::now());
+                        drain_at = Some(at);
                         continue;
                     }
                     drained = true;
@@ -496,8 +524,11 @@ impl Pump {
                 self.keep_conversation().await;
                 frames.clear();
             } else if !self.pass(&mut frames, &sink).await {
-                // A client that did not take a frame at the shutdown is cut; after the
-                // finish the answer is still read on for, as for a client that left there.
+                // A client that did not take a frame at the shutdown is cut: at once before
+                // the finish, after it once `AFTER_THE_FINISH` from the drain went by
+                // (`ClientSink::send_whole`). After the finish it left a whole answer, as a
+                // client that left there: read on for, or at the shutdown settled at once
+                // (the `shutdown` arm above: its 2 s are over, or the client is gone).
                 if !self.left_after_the_finish(&mut left) {
                     drained = sink.drain.is_draining();
                     client_gone = !drained;
@@ -519,7 +550,8 @@ impl Pump {
         }
         // The closing events of a stream its body's end completed, or of a whole answer the
         // gateway stopped reading (`StreamConverter::close`). A client that does not take
-        // them (gone, or full at the shutdown) left after the finish: a whole answer still.
+        // them (gone, or still full `AFTER_THE_FINISH` after the drain) left after the
+        // finish: a whole answer still.
         if !frames.is_empty()
             && !client_gone
             && !drained
@@ -590,11 +622,19 @@ impl Pump {
     /// client, so its id works as soon as the client has it.
     async fn pass(&mut self, frames: &mut Vec<Bytes>, sink: &ClientSink) -> bool {
         self.keep_conversation().await;
+        // After the finish the answer is whole: a client behind at the shutdown is waited
+        // for, within the read-on's deadline, rather than cut (`ClientSink::send_whole`).
+        let whole = self.converter.finished();
         for f in frames.drain(..) {
             if let Some(a) = self.assembler.as_mut() {
                 a.push(&f);
             }
-            if !sink.send(f).await {
+            let sent = if whole {
+                sink.send_whole(f).await
+            } else {
+                sink.send(f).await
+            };
+            if !sent {
                 return false;
             }
         }

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use sluice::mock::{MockConfig, MockServer, Script};
 use tokio::io::AsyncWriteExt;
 
-use crate::gateway_proc::{db_and_token, dir_database_url, Gateway};
+use crate::gateway_proc::{db_and_token, dir_database_url, ticks_in_a_second, Gateway};
 use crate::helpers::*;
 use crate::processes::start_gateway_full;
 
@@ -903,4 +903,195 @@ async fn a_stream_of_choices_one_after_the_other_is_cut_by_the_shutdown_every_ch
             price(10, counted)
         )]
     );
+}
+
+/// Review finding (s18 attack #4): a client merely behind at the drain — its answer whole
+/// (the finish came), the frames after it waiting on a full channel — had its connection cut:
+/// the first of those frames the pump handed on after the drain met the full channel and
+/// gave up at once, so the chunked body ended with an error, no terminator, no `[DONE]`,
+/// though the row said a whole answer. Its SDK sees a broken stream and retries, paying
+/// twice. A frame of an answer already whole now waits for room until `AFTER_THE_FINISH`
+/// after the drain's start: a client that reads again within it gets the whole stream's end.
+///
+/// Each client falls behind on 5 MB of text in eight chunks (more than the loopback
+/// socket's buffers hold) into a 4 KiB receive buffer, read no more; the finish and 24
+/// chunks without choices (passed on after the finish, as a client's stream carries them)
+/// follow: the pump is blocked on a frame after the finish when the drain comes, 1 s after
+/// the signal. Then:
+/// 1. the usage and `[DONE]`; the client reads again half a second after the drain: it gets
+///    them and the body's end, and the stream is charged its usage;
+/// 2. the same, but the client never reads again: it is cut 2 s after the drain (a client
+///    not reading cannot hold the shutdown) and its whole answer settled on the estimate
+///    (its usage waited behind it), before the workers' stop 3 s after the drain;
+/// 3. the upstream stalls after the chunks (no usage); the client reads again 1.5 s after
+///    the drain: the read-on for the usage runs from the drain's start, not from when the
+///    pump, blocked on its client until then, saw the drain — it ends 2 s after the drain
+///    with the gateway's closing events, within the workers' 3 s, not 3.5 s after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_behind_at_the_drain_on_a_whole_answer_gets_the_streams_end_not_a_cut() {
+    use tokio::io::AsyncReadExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    // A one-second grace: the drain comes a second after the signal.
+    let mut gateway = start_gateway_full(
+        dir.path(),
+        &mock,
+        &[("SLUICE_SERVER_SHUTDOWN_TIMEOUT_SECONDS", "1")],
+        "",
+    )
+    .await;
+    let (db, token) = db_and_token(dir.path(), "behind").await;
+    let chunk = chunk_event;
+    // Eight events of 640 KB, not one of 5 MB: a line is parsed again as each piece of it
+    // arrives, and one so long kept the gateway busy past the drain.
+    let mut events: Vec<_> = (0..8)
+        .map(|_| {
+            chunk(
+                json!([{"index": 0, "delta": {"content": "word ".repeat(128_000)},
+                "finish_reason": null}]),
+            )
+        })
+        .collect();
+    events.push(chunk(
+        json!([{"index": 0, "delta": {}, "finish_reason": "stop"}]),
+    ));
+    events.extend((0..24).map(|_| chunk(json!([]))));
+    // Every one of these events sent, then nothing more (`stall_after` holds the next one).
+    let mut held = events.clone();
+    held.push(chunk(json!([])));
+    let stalls = Script {
+        stall_after: Some(events.len()),
+        events: Some(held),
+        ..Default::default()
+    };
+    events.push(sluice::mock::SseEvent::Data(json!({"id": "c",
+        "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [],
+        "usage": {"prompt_tokens": 20, "completion_tokens": 7, "total_tokens": 27}})));
+    events.push(sluice::mock::SseEvent::Data(json!("[DONE]")));
+    let ends = Script {
+        events: Some(events),
+        ..Default::default()
+    };
+    mock.state.script(KEY_A, [ends.clone(), ends, stalls]);
+    let mut body = chat_body(100);
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let mut conns = Vec::new();
+    for n in 1..=3 {
+        conns.push(send_raw_chat(&gateway.url, &token, &body, Some(4096)).await);
+        let state = mock.state.clone();
+        until("the stream never started", move || {
+            state.stats(KEY_A).count == n
+        })
+        .await;
+    }
+    // The mock sent the answers (the third stalls, its connection open): the gateway has
+    // them, blocked on their clients.
+    let state = mock.state.clone();
+    until("the mock never sent its answers", move || {
+        state.stats(KEY_A).in_flight == 1
+    })
+    .await;
+    // The gateway has read them all (a 640 KB event takes it a while in a debug build): its
+    // process is idle, each stream blocked on its client.
+    let bound = Instant::now() + Duration::from_secs(20);
+    while ticks_in_a_second(gateway.child.id()).await > 10 {
+        assert!(Instant::now() < bound, "the gateway never went idle");
+    }
+    let (sent, signalled) = (Instant::now(), chrono::Utc::now());
+    sigterm(&gateway);
+    // Each client reads again this long after the signal (the drain is at 1 s), to the
+    // chunked body's terminator, the connection's end, or its cut.
+    let read_from = |mut conn: tokio::net::TcpStream, after_ms: u64| {
+        tokio::spawn(async move {
+            tokio::time::sleep_until((sent + Duration::from_millis(after_ms)).into()).await;
+            let mut got = Vec::new();
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                match conn.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+                if got.ends_with(b"\r\n0\r\n\r\n") {
+                    break;
+                }
+            }
+            (String::from_utf8_lossy(&got).into_owned(), sent.elapsed())
+        })
+    };
+    let mut conns = conns.into_iter();
+    let (first, never, stalled) = (
+        conns.next().unwrap(),
+        conns.next().unwrap(),
+        conns.next().unwrap(),
+    );
+    let reading = [read_from(first, 1_500), read_from(stalled, 2_500)];
+    let status = exited(
+        &mut gateway,
+        sent + Duration::from_secs(15),
+        "still running 15 s after SIGTERM",
+    )
+    .await;
+    assert!(status.success(), "{status:?}");
+    eprintln!("the process exited {:?} after SIGTERM", sent.elapsed());
+    // The client that never read again held its connection until the workers' stop (its
+    // body is not polled while nothing can be written): its body is cut.
+    let never = read_from(never, 0).await.unwrap().0;
+    assert!(!never.ends_with("\r\n0\r\n\r\n"), "the chunked body is cut");
+    for (n, task) in reading.into_iter().enumerate() {
+        let (text, read_for) = tokio::time::timeout(Duration::from_secs(15), task)
+            .await
+            .expect("the client's read ended")
+            .unwrap();
+        eprintln!("client {n}'s read ended {read_for:?} after SIGTERM");
+        let tail = &text[text.len().saturating_sub(600)..];
+        assert!(text.len() > 5_000_000, "client {n} read the answer");
+        assert!(
+            text.ends_with("\r\n0\r\n\r\n"),
+            "client {n}'s chunked body ends, not cut: {tail}"
+        );
+        assert!(text.contains("data: [DONE]"), "{tail}");
+        assert!(!text.contains("\"error\""), "{tail}");
+        assert!(!text.contains("shutting_down"), "{tail}");
+    }
+    assert_invariant_on(&db).await;
+    assert_eq!(scalar_on(&db, "SELECT COUNT(*) FROM reservations").await, 0);
+    // The rows, in the order the requests came, and when each settled: its start
+    // (`created_at`) and its latency, in wall-clock time, after the signal.
+    let rows: Vec<(i64, Option<String>, i64, i64, i64)> = sql_rows(
+        &db,
+        "SELECT status, error_code, input_tokens, output_tokens, cost_micros FROM requests \
+         ORDER BY created_at",
+    )
+    .await;
+    let times: Vec<(String, i64)> = sql_rows(
+        &db,
+        "SELECT created_at, latency_ms FROM requests ORDER BY created_at",
+    )
+    .await;
+    let settled: Vec<i64> = times
+        .iter()
+        .map(|(created, latency)| {
+            let at = chrono::DateTime::parse_from_rfc3339(created).unwrap()
+                + chrono::Duration::milliseconds(*latency);
+            (at.with_timezone(&chrono::Utc) - signalled).num_milliseconds()
+        })
+        .collect();
+    eprintln!("settled {settled:?} ms after the signal");
+    let price =
+        |input: i64, output: i64| (input * 150_000 + output * 600_000 + 999_999) / 1_000_000;
+    assert_eq!(rows.len(), 3, "every stream settled: {rows:?}");
+    assert_eq!(rows[0], (200, None, 20, 7, price(20, 7)), "a whole stream");
+    for (status, code, input, output, cost) in &rows[1..] {
+        assert_eq!(
+            (*status, code.as_deref()),
+            (200, Some("usage_estimated")),
+            "{rows:?}"
+        );
+        assert_eq!(*cost, price(*input, *output), "{rows:?}");
+    }
+    // The client that never read again, and the stalled stream, 2 s after the drain.
+    for after in &settled[1..] {
+        assert!((2_500..3_600).contains(after), "{settled:?}");
+    }
 }
