@@ -439,6 +439,7 @@ fn shortage(errno: i32) -> Option<&'static str> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::on_wire::tests::{answer, h2_serving, shut_window_server};
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
@@ -499,27 +500,21 @@ mod tests {
     /// An HTTP/2 server (no TLS) that refuses its first `refusals` streams
     /// (`REFUSED_STREAM`) and answers the rest 200; the count of streams it had.
     async fn refusing_server(refusals: usize) -> (reqwest::Url, Arc<AtomicUsize>) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let url = format!(
-            "http://{}/v1/chat/completions",
-            listener.local_addr().expect("addr")
-        );
         let had = Arc::new(AtomicUsize::new(0));
         let count = had.clone();
-        tokio::spawn(async move {
-            let (tcp, _) = listener.accept().await.expect("accept");
-            let mut conn = h2::server::handshake(tcp).await.expect("handshake");
-            while let Some(Ok((_, mut respond))) = conn.accept().await {
-                if count.fetch_add(1, SeqCst) < refusals {
-                    respond.send_reset(h2::Reason::REFUSED_STREAM);
-                } else if let Ok(mut send) = respond.send_response(http::Response::new(()), false) {
-                    let _ = send.send_data(Bytes::from_static(b"{}"), true);
-                }
+        let addr = h2_serving(h2::server::Builder::new(), move |_, mut respond| {
+            if count.fetch_add(1, SeqCst) < refusals {
+                respond.send_reset(h2::Reason::REFUSED_STREAM);
+            } else {
+                answer(respond, b"{}");
             }
-        });
-        (reqwest::Url::parse(&url).expect("url"), had)
+        })
+        .await;
+        (chat_url(addr), had)
+    }
+
+    fn chat_url(addr: std::net::SocketAddr) -> reqwest::Url {
+        reqwest::Url::parse(&format!("http://{addr}/v1/chat/completions")).expect("url")
     }
 
     /// What `post` made of a server that refuses `refusals` streams: its answer, how many
@@ -605,11 +600,6 @@ mod tests {
         let answered = Arc::new(AtomicUsize::new(0));
         let count = answered.clone();
         let (first_in, first_seen) = tokio::sync::oneshot::channel();
-        let answer = |mut respond: h2::server::SendResponse<Bytes>| {
-            if let Ok(mut send) = respond.send_response(http::Response::new(()), false) {
-                let _ = send.send_data(Bytes::from_static(b"{}"), true);
-            }
-        };
         tokio::spawn(async move {
             let mut goaway = Some(goaway);
             let mut first_in = Some(first_in);
@@ -636,7 +626,7 @@ mod tests {
                                 }
                                 Some(Ok((_, respond))) => {
                                     count.fetch_add(1, SeqCst);
-                                    answer(respond);
+                                    answer(respond, b"{}");
                                 }
                                 _ => break,
                             },
@@ -644,7 +634,7 @@ mod tests {
                                 goaway = None;
                                 conn.graceful_shutdown();
                                 if let Some((_, respond)) = held.take() {
-                                    answer(respond);
+                                    answer(respond, b"{}");
                                 }
                             }
                         }
@@ -773,29 +763,7 @@ mod tests {
     /// wedged upstream fed large prompts from its breaker.
     #[tokio::test]
     async fn a_body_the_upstream_does_not_take_is_a_timeout_not_a_held_request() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let url = format!(
-            "http://{}/v1/chat/completions",
-            listener.local_addr().expect("addr")
-        );
-        tokio::spawn(async move {
-            let (tcp, _) = listener.accept().await.expect("accept");
-            let mut conn = h2::server::Builder::new()
-                .initial_window_size(0)
-                .handshake::<_, Bytes>(tcp)
-                .await
-                .expect("handshake");
-            let mut held = Vec::new();
-            while let Some(Ok((req, mut respond))) = conn.accept().await {
-                if req.method() == http::Method::GET {
-                    let _ = respond.send_response(http::Response::new(()), true);
-                } else {
-                    held.push((req, respond));
-                }
-            }
-        });
+        let url = chat_url(shut_window_server().await);
         let client = h2_client(&UpstreamTimeouts {
             connect_timeout_ms: 50,
             first_byte_timeout_ms: 400,
@@ -804,11 +772,10 @@ mod tests {
         // The connection is up and the server's settings taken.
         client
             .private
-            .get(&url)
+            .get(url.clone())
             .send()
             .await
             .expect("the first answer");
-        let url = reqwest::Url::parse(&url).expect("url");
         let mut told = Vec::new();
         let answer = post_h2(&client, &url, &mut told).await;
         assert!(matches!(answer, Err(UpstreamError::Timeout)), "{answer:?}");
@@ -873,23 +840,13 @@ mod tests {
     /// credential's timeout — not `Held`, which would spare the upstream its breaker count.
     #[tokio::test]
     async fn a_replacement_credential_that_hangs_is_a_timeout_not_a_held_request() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let url = format!(
-            "http://{}/v1/chat/completions",
-            listener.local_addr().expect("addr")
-        );
-        tokio::spawn(async move {
-            let (tcp, _) = listener.accept().await.expect("accept");
-            let mut conn = h2::server::handshake(tcp).await.expect("handshake");
-            while let Some(Ok((_, mut respond))) = conn.accept().await {
-                let refused = http::Response::builder().status(401).body(()).expect("401");
-                if let Ok(mut send) = respond.send_response(refused, false) {
-                    let _ = send.send_data(Bytes::from_static(b"{}"), true);
-                }
+        let refusing = |_, mut respond: h2::server::SendResponse<Bytes>| {
+            let refused = http::Response::builder().status(401).body(()).expect("401");
+            if let Ok(mut send) = respond.send_response(refused, false) {
+                let _ = send.send_data(Bytes::from_static(b"{}"), true);
             }
-        });
+        };
+        let url = chat_url(h2_serving(h2::server::Builder::new(), refusing).await);
         let client = h2_client(&UpstreamTimeouts {
             connect_timeout_ms: 50,
             first_byte_timeout_ms: 400,
@@ -901,7 +858,6 @@ mod tests {
             ..Default::default()
         })
         .hooked(Arc::new(SlowSecond::default()));
-        let url = reqwest::Url::parse(&url).expect("url");
         let mut told = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(10);
         let answer = client

@@ -247,8 +247,53 @@ impl http_body::Body for Watched {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// An HTTP/2 server (no TLS) on a free port: one connection, made by `builder`, each of
+    /// its streams given to `serve`. Its address.
+    pub(crate) async fn h2_serving(
+        builder: h2::server::Builder,
+        mut serve: impl FnMut(http::Request<h2::RecvStream>, h2::server::SendResponse<Bytes>)
+            + Send
+            + 'static,
+    ) -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.expect("accept");
+            let mut conn = builder.handshake::<_, Bytes>(tcp).await.expect("handshake");
+            while let Some(Ok((req, respond))) = conn.accept().await {
+                serve(req, respond);
+            }
+        });
+        addr
+    }
+
+    /// Answers a stream 200 with `body`.
+    pub(crate) fn answer(mut respond: h2::server::SendResponse<Bytes>, body: &'static [u8]) {
+        if let Ok(mut send) = respond.send_response(http::Response::new(()), false) {
+            let _ = send.send_data(Bytes::from_static(body), true);
+        }
+    }
+
+    /// A server whose stream window is nothing, never widened: no byte of a body can go.
+    /// It answers a GET (a client takes its settings so) and holds every other stream.
+    pub(crate) async fn shut_window_server() -> std::net::SocketAddr {
+        let mut shut = h2::server::Builder::new();
+        shut.initial_window_size(0);
+        let mut held = Vec::new();
+        h2_serving(shut, move |req, respond| {
+            if req.method() == http::Method::GET {
+                answer(respond, b"{}");
+            } else {
+                held.push((req, respond));
+            }
+        })
+        .await
+    }
     use http_body::Body;
 
     /// Review finding (s18, B2): a call dropped in the turn its body was read — before its
@@ -510,29 +555,7 @@ mod tests {
     /// at the first-byte timeout. Now nothing is told until all but its last byte can go.
     #[tokio::test]
     async fn a_body_the_servers_flow_control_window_holds_back_is_not_out() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        tokio::spawn(async move {
-            let (tcp, _) = listener.accept().await.expect("accept");
-            // A stream window of nothing, never widened: no byte of a body can go.
-            let mut conn = h2::server::Builder::new()
-                .initial_window_size(0)
-                .handshake::<_, Bytes>(tcp)
-                .await
-                .expect("handshake");
-            let mut held = Vec::new();
-            while let Some(Ok((req, mut respond))) = conn.accept().await {
-                if req.method() == http::Method::GET {
-                    if let Ok(mut send) = respond.send_response(http::Response::new(()), false) {
-                        let _ = send.send_data(Bytes::from_static(b"{}"), true);
-                    }
-                } else {
-                    held.push((req, respond));
-                }
-            }
-        });
+        let addr = shut_window_server().await;
         let client = reqwest::Client::builder()
             .http2_prior_knowledge()
             .build()
