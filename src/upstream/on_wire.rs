@@ -345,41 +345,28 @@ pub(crate) mod tests {
         free: tokio::sync::oneshot::Receiver<()>,
         got: tokio::sync::mpsc::UnboundedSender<(String, usize)>,
     ) -> std::net::SocketAddr {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        tokio::spawn(async move {
-            let (tcp, _) = listener.accept().await.expect("accept");
-            let mut conn = h2::server::Builder::new()
-                .max_concurrent_streams(streams)
-                .handshake::<_, Bytes>(tcp)
-                .await
-                .expect("handshake");
-            let (mut first_in, mut free) = (Some(first_in), Some(free));
-            while let Some(Ok((req, mut respond))) = conn.accept().await {
-                let path = req.uri().path().to_string();
-                let mut body = req.into_body();
-                let (first_in, free, got) = (first_in.take(), free.take(), got.clone());
-                tokio::spawn(async move {
-                    let mut bytes = 0;
-                    while let Some(Ok(data)) = body.data().await {
-                        bytes += data.len();
-                    }
-                    if let (Some(first_in), Some(free)) = (first_in, free) {
-                        let _ = first_in.send(());
-                        let _ = free.await;
-                    } else {
-                        let _ = got.send((path, bytes));
-                    }
-                    let resp = http::Response::new(());
-                    if let Ok(mut send) = respond.send_response(resp, false) {
-                        let _ = send.send_data(Bytes::from_static(b"{}"), true);
-                    }
-                });
-            }
-        });
-        addr
+        let mut capped = h2::server::Builder::new();
+        capped.max_concurrent_streams(streams);
+        let (mut first_in, mut free) = (Some(first_in), Some(free));
+        h2_serving(capped, move |req, respond| {
+            let path = req.uri().path().to_string();
+            let mut body = req.into_body();
+            let (first_in, free, got) = (first_in.take(), free.take(), got.clone());
+            tokio::spawn(async move {
+                let mut bytes = 0;
+                while let Some(Ok(data)) = body.data().await {
+                    bytes += data.len();
+                }
+                if let (Some(first_in), Some(free)) = (first_in, free) {
+                    let _ = first_in.send(());
+                    let _ = free.await;
+                } else {
+                    let _ = got.send((path, bytes));
+                }
+                answer(respond, b"{}");
+            });
+        })
+        .await
     }
 
     /// A client with one HTTP/2 connection to `addr`, and its first request there, held by
