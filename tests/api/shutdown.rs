@@ -267,13 +267,7 @@ async fn sigterm_with_stuck_and_slow_clients_exits_in_time_and_settles_everythin
 async fn a_stream_that_ends_within_the_grace_finishes_whole() {
     let dir = tempfile::tempdir().unwrap();
     let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
-    let mut gateway = start_gateway_full(
-        dir.path(),
-        &mock,
-        &[("SLUICE_SERVER_SHUTDOWN_TIMEOUT_SECONDS", "20")],
-        "",
-    )
-    .await;
+    let mut gateway = with_grace(dir.path(), &mock, 20).await;
     let (db, token) = db_and_token(dir.path(), "grace").await;
     let text = "word ".repeat(20);
     script_slow_stream(&mock, text.clone());
@@ -309,13 +303,7 @@ async fn a_stream_that_ends_within_the_grace_finishes_whole() {
 async fn sigint_after_sigterm_ends_the_grace_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
-    let mut gateway = start_gateway_full(
-        dir.path(),
-        &mock,
-        &[("SLUICE_SERVER_SHUTDOWN_TIMEOUT_SECONDS", "60")],
-        "",
-    )
-    .await;
+    let mut gateway = with_grace(dir.path(), &mock, 60).await;
     let (db, token) = db_and_token(dir.path(), "twice").await;
     // A stream that would run for five minutes.
     script_slow_stream(&mock, "word ".repeat(3000));
@@ -357,13 +345,7 @@ async fn sigint_after_sigterm_ends_the_grace_at_once() {
 async fn a_stream_ended_by_the_drain_settles_and_logs_even_when_the_store_is_slow() {
     let dir = tempfile::tempdir().unwrap();
     let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
-    let mut gateway = start_gateway_full(
-        dir.path(),
-        &mock,
-        &[("SLUICE_SERVER_SHUTDOWN_TIMEOUT_SECONDS", "1")],
-        "",
-    )
-    .await;
+    let mut gateway = with_grace(dir.path(), &mock, 1).await;
     let (db, token) = db_and_token(dir.path(), "slowstore").await;
     script_slow_stream(&mock, "word ".repeat(3000));
     let reading = read_stream(&reqwest::Client::new(), &gateway.url, &token, 4000).await;
@@ -673,6 +655,18 @@ fn held_chat(
     })
 }
 
+/// The real binary on `dir` over `mock`, with a `grace_s` drain.
+async fn with_grace(dir: &std::path::Path, mock: &MockServer, grace_s: u64) -> Gateway {
+    let grace = grace_s.to_string();
+    start_gateway_full(
+        dir,
+        mock,
+        &[("SLUICE_SERVER_SHUTDOWN_TIMEOUT_SECONDS", &grace)],
+        "",
+    )
+    .await
+}
+
 /// The real binary on `dir` with two workers and a `SHUTDOWN_TIMEOUT_S` drain, over `mock`.
 async fn draining_gateway(dir: &tempfile::TempDir, mock: &MockServer) -> Gateway {
     let timeout = SHUTDOWN_TIMEOUT_S.to_string();
@@ -700,13 +694,7 @@ async fn a_stream_whole_at_the_shutdown_is_charged_its_usage_or_estimate_not_the
     let dir = tempfile::tempdir().unwrap();
     let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
     // A one-second grace: the drain comes a second after the signal.
-    let mut gateway = start_gateway_full(
-        dir.path(),
-        &mock,
-        &[("SLUICE_SERVER_SHUTDOWN_TIMEOUT_SECONDS", "1")],
-        "",
-    )
-    .await;
+    let mut gateway = with_grace(dir.path(), &mock, 1).await;
     let (db, token) = db_and_token(dir.path(), "whole").await;
     let chunk = chunk_event;
     let mut usage = json!({"id": "c", "object": "chat.completion.chunk", "created": 1,
@@ -819,13 +807,7 @@ async fn a_stream_whole_at_the_shutdown_is_charged_its_usage_or_estimate_not_the
 async fn a_stream_of_choices_one_after_the_other_is_cut_by_the_shutdown_every_choice_counted() {
     let dir = tempfile::tempdir().unwrap();
     let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
-    let mut gateway = start_gateway_full(
-        dir.path(),
-        &mock,
-        &[("SLUICE_SERVER_SHUTDOWN_TIMEOUT_SECONDS", "1")],
-        "",
-    )
-    .await;
+    let mut gateway = with_grace(dir.path(), &mock, 1).await;
     let (db, token) = db_and_token(dir.path(), "sequential").await;
     let chunk = chunk_event;
     let second = "A second answer, told after the first one's usage. ".repeat(4);
@@ -933,13 +915,7 @@ async fn a_client_behind_at_the_drain_on_a_whole_answer_gets_the_streams_end_not
     let dir = tempfile::tempdir().unwrap();
     let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
     // A one-second grace: the drain comes a second after the signal.
-    let mut gateway = start_gateway_full(
-        dir.path(),
-        &mock,
-        &[("SLUICE_SERVER_SHUTDOWN_TIMEOUT_SECONDS", "1")],
-        "",
-    )
-    .await;
+    let mut gateway = with_grace(dir.path(), &mock, 1).await;
     let (db, token) = db_and_token(dir.path(), "behind").await;
     let chunk = chunk_event;
     // Eight events of 640 KB, not one of 5 MB: a line is parsed again as each piece of it
