@@ -153,12 +153,11 @@ impl UpstreamClient {
                             }));
                         }
                         resends += 1;
-                        if refused {
-                            // A refusal is the server shedding load: not back at once. No
-                            // request is with the pool meanwhile.
-                            handed = None;
-                            tokio::time::sleep(REFUSED_PAUSE * resends as u32).await;
-                        }
+                        // Not back at once: a refusal is the server shedding load, and a
+                        // request hyper gave up may be one a connection error dropped. No
+                        // request is with the pool meanwhile.
+                        handed = None;
+                        tokio::time::sleep(RESEND_PAUSE * resends as u32).await;
                         continue;
                     }
                     r => r.map_err(Ok)?,
@@ -337,8 +336,8 @@ pub fn retry_after(h: &reqwest::header::HeaderMap) -> Option<Duration> {
 /// sent again within one attempt: reqwest's own retry's figure.
 const RESENDS: usize = 2;
 
-/// The pause before the n-th resend of a refused stream is n times this.
-const REFUSED_PAUSE: Duration = Duration::from_millis(10);
+/// The pause before the n-th resend is n times this.
+const RESEND_PAUSE: Duration = Duration::from_millis(10);
 
 /// How HTTP/2 said the upstream did not process a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -568,11 +567,7 @@ mod tests {
             super::super::retry::classify(&UpstreamError::Refused),
             super::super::retry::Tier::Overloaded
         );
-        assert!(
-            began.elapsed() >= REFUSED_PAUSE * 3,
-            "{:?}",
-            began.elapsed()
-        );
+        assert!(began.elapsed() >= RESEND_PAUSE * 3, "{:?}", began.elapsed());
         assert_eq!(had, 1 + RESENDS);
         assert_eq!(told.last(), Some(&false), "not out: {told:?}");
     }
@@ -800,6 +795,48 @@ mod tests {
             matches!(&answer, Err(UpstreamError::Connect(what)) if what == "connect"),
             "{answer:?}"
         );
+    }
+
+    /// Review finding (s20b, B5): a stream the upstream resets before it took the body
+    /// whole (here `INTERNAL_ERROR`, its window shut) is the upstream's answer, not hyper
+    /// giving the request up: not sent again (it went three times before, a pushed-back
+    /// prompt uploaded thrice), and billing nothing.
+    #[tokio::test]
+    async fn a_stream_reset_before_its_body_went_whole_is_not_sent_again() {
+        let streams = Arc::new(AtomicUsize::new(0));
+        let count = streams.clone();
+        let mut shut = h2::server::Builder::new();
+        shut.initial_window_size(0);
+        let addr = h2_serving(shut, move |req, mut respond| {
+            if req.method() == http::Method::GET {
+                answer(respond, b"{}");
+                return;
+            }
+            count.fetch_add(1, SeqCst);
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                respond.send_reset(h2::Reason::INTERNAL_ERROR);
+                drop(req);
+            });
+        })
+        .await;
+        let url = chat_url(addr);
+        let client = h2_client(&UpstreamTimeouts::default());
+        // The connection is up and the server's settings taken.
+        client
+            .private
+            .get(url.clone())
+            .send()
+            .await
+            .expect("the first answer");
+        let mut told = Vec::new();
+        let answer = post_h2(&client, &url, &mut told).await;
+        assert!(
+            matches!(&answer, Err(UpstreamError::Connect(what)) if what == "request not sent"),
+            "{answer:?}"
+        );
+        assert_eq!(streams.load(SeqCst), 1, "sent once");
+        assert_eq!(told, [] as [bool; 0]);
     }
 
     /// A credential made once at once, then never (its endpoint hangs).

@@ -19,9 +19,9 @@
 //! (HTTP/2) or closes the connection (HTTP/1, which will not end a body short of its
 //! length).
 //!
-//! The read that counts is the last piece's (`Watched`): on HTTP/2 hyper hands a piece on
-//! only once the one before it has flow-control window to go, so a request the server's
-//! window holds back is not out. Its last byte may still wait for the window when the
+//! The read that counts is the last piece's (`Watched`): on HTTP/2 hyper reads the next
+//! piece only once the one before it had flow-control window to go, so a request the
+//! server's window holds back is not out. Its last byte may still wait for the window when the
 //! call is cut off: that counts as out (it errs towards the upstream's bill).
 
 use std::future::{poll_fn, Future};
@@ -169,12 +169,13 @@ impl<R: FnMut(bool)> Drop for Told<'_, R> {
 /// or, its caller gone first, ends short of its length.
 ///
 /// It goes in three pieces: all but its last two bytes, then one, then the last (a body
-/// of two bytes or fewer, byte by byte). hyper's HTTP/2 client reads a body's next piece
-/// only once the piece before it has gone to the stream with flow-control window to spare
-/// (`PipeToSendStream` waits for capacity before it hands a piece on, and h2's capacity is
-/// what the window grants past the data still buffered): so the last piece's read means
-/// that all of the body but its last byte can go, and a request the server's window holds
-/// back is not out. Over HTTP/1 a body within hyper's write buffer (about 400 KiB) goes in
+/// of two bytes or fewer, byte by byte). hyper 1.12's HTTP/2 client reads a piece, waits
+/// for stream capacity (what the window grants past the data still buffered) before it
+/// hands that piece to the stream, and only then reads the next (`PipeToSendStream`): so
+/// the last piece's read means the pieces before it had window — all of the body but its
+/// last byte can go — and a request the server's window holds back is not out. (The order
+/// is hyper's: a version that took window before reading would leave `STARTED` unset on a
+/// shut window, and such a request would count as held.) Over HTTP/1 a body within hyper's write buffer (about 400 KiB) goes in
 /// one write with its head, as one body did; a larger one's first piece is flushed to the
 /// socket before the rest is read.
 struct Watched {
@@ -470,7 +471,7 @@ pub(crate) mod tests {
     }
 
     /// The body goes in three pieces — all but its last two bytes, then one, then the last
-    /// — and is read at the last: on HTTP/2 hyper hands a piece on only once the one before
+    /// — and is read at the last: on HTTP/2 hyper reads a piece only once the one before
     /// it has the window to go, so a read means all but the last byte can go. A caller gone
     /// before the last piece leaves a body short of its length: nothing an upstream can use.
     #[test]
