@@ -445,6 +445,11 @@ impl Pump {
                 biased;
                 _ = sink.closed(), if left.is_none() => {
                     if self.left_after_the_finish(&mut left) {
+                        // At the shutdown a client gone holds no worker for the read-on:
+                        // settled at once, as the `shutdown` arm settles one gone before it.
+                        if sink.drain.is_draining() {
+                            break;
+                        }
                         continue;
                     }
                     client_gone = true;
@@ -533,6 +538,10 @@ impl Pump {
                     drained = sink.drain.is_draining();
                     client_gone = !drained;
                     break 'read;
+                }
+                // Likewise (the `closed` arm above).
+                if sink.drain.is_draining() {
+                    break;
                 }
                 frames.clear();
             }

@@ -1071,3 +1071,73 @@ async fn a_client_behind_at_the_drain_on_a_whole_answer_gets_the_streams_end_not
         assert!((2_500..3_600).contains(after), "{settled:?}");
     }
 }
+
+/// Review finding (s20c, F2): a client that leaves after the drain reached its whole answer
+/// set it reading on for the usage without its connection — and so without its worker,
+/// which stops once it holds no connection: the pump was dropped with the worker, its row
+/// lost and its reservation left to be settled as an orphan. At the shutdown a client gone
+/// is settled at once, on the usage if it came, else the estimate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_during_the_drains_read_on_is_settled_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let mut gateway = with_grace(dir.path(), &mock, 1).await;
+    let (db, token) = db_and_token(dir.path(), "leaves").await;
+    // "The engine ", its finish 2 s later, then nothing: the usage never comes.
+    mock.state.script(
+        KEY_A,
+        [Script {
+            events: Some(vec![
+                chunk_event(
+                    json!([{"index": 0, "delta": {"content": "The engine "}, "finish_reason": null}]),
+                ),
+                chunk_event(json!([{"index": 0, "delta": {}, "finish_reason": "stop"}])),
+                sluice::mock::SseEvent::Data(json!("[DONE]")),
+            ]),
+            chunk_delay_ms: 2_000,
+            stall_after: Some(2),
+            ..Default::default()
+        }],
+    );
+    let mut body = chat_body(100);
+    body["stream"] = true.into();
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", gateway.url))
+        .bearer_auth(&token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let (reading, read) = sse_data_counted(resp);
+    until("the finish never reached the client", || {
+        read.load(std::sync::atomic::Ordering::Acquire) >= 2
+    })
+    .await;
+    let sent = Instant::now();
+    sigterm(&gateway);
+    // The drain comes a second on; the client leaves half a second into its read-on.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    reading.abort();
+    let status = exited(
+        &mut gateway,
+        sent + Duration::from_secs(15),
+        "still running 15 s after SIGTERM",
+    )
+    .await;
+    assert!(status.success(), "{status:?}");
+    assert_invariant_on(&db).await;
+    assert_eq!(scalar_on(&db, "SELECT COUNT(*) FROM reservations").await, 0);
+    assert_eq!(
+        scalar_on(&db, "SELECT COUNT(*) FROM ledger WHERE kind = 'orphan'").await,
+        0,
+        "settled by its own rule, not as an orphan"
+    );
+    let rows: Vec<(i64, Option<String>)> =
+        sql_rows(&db, "SELECT status, error_code FROM requests").await;
+    assert_eq!(
+        rows,
+        [(200, Some("usage_estimated".to_string()))],
+        "{rows:?}"
+    );
+}
