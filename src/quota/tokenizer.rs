@@ -8,8 +8,9 @@
 //! finds through the offsets): ~4 MB. The tokens themselves still come from `tiktoken-rs`
 //! (built once at start, copied, dropped), so the vocabulary has one source; what is
 //! ours is the pre-tokenizer pattern (o200k's, copied from `tiktoken-rs`) and the merge
-//! loop (tiktoken's `_byte_pair_merge`, MIT). `tests::same_counts_as_tiktoken` checks the
-//! counts against `tiktoken-rs` on a mixed corpus.
+//! loop (tiktoken's `_byte_pair_merge`'s merges, MIT, on a heap: `Counter::merged_len`).
+//! `tests::same_counts_as_tiktoken` checks the counts against `tiktoken-rs` on a mixed
+//! corpus, and `tests::the_heap_merges_as_tiktoken_does` by property.
 
 use std::hash::BuildHasher;
 
@@ -124,46 +125,65 @@ impl Counter {
     }
 
     /// How many tokens byte-pair merging leaves of `piece` (tiktoken's `_byte_pair_merge`:
-    /// repeatedly merge the adjacent pair whose union has the lowest rank).
+    /// repeatedly merge the adjacent pair whose union has the lowest rank, the first such
+    /// pair on a tie). tiktoken rescans every pair after each merge: quadratic, and a piece
+    /// is as long as a run without whitespace — a prompt of 2 MB of `a`, or an upstream's
+    /// one long event, held a worker for hours (review finding, s20c F1). Here the parts are
+    /// a linked list and the pairs a heap by (rank, position): O(n log n), the same merges.
     fn merged_len(&self, piece: &[u8]) -> usize {
-        if piece.len() < 2 {
-            return piece.len();
+        let n = piece.len();
+        if n < 2 {
+            return n;
         }
         let rank_of = |a: usize, b: usize| self.rank(&piece[a..b]).unwrap_or(Rank::MAX);
-        // (start, rank of the pair starting here)
-        let mut parts: Vec<(usize, Rank)> = Vec::with_capacity(piece.len() + 1);
-        let mut min = (Rank::MAX, usize::MAX);
-        for i in 0..piece.len() - 1 {
-            let r = rank_of(i, i + 2);
-            if r < min.0 {
-                min = (r, i);
+        // Part `i` (a position where one starts) spans `i..next[i]`; `pair[i]` is the rank
+        // of it merged with the part after it (`Rank::MAX`: none, or `i` merged away).
+        let mut next: Vec<usize> = (1..=n).collect();
+        let mut prev: Vec<Option<usize>> = (0..n).map(|i| i.checked_sub(1)).collect();
+        let mut pair: Vec<Rank> = (0..n)
+            .map(|i| {
+                if i + 2 <= n {
+                    rank_of(i, i + 2)
+                } else {
+                    Rank::MAX
+                }
+            })
+            .collect();
+        let mut heap: std::collections::BinaryHeap<_> = (pair.iter().enumerate())
+            .filter(|(_, &r)| r != Rank::MAX)
+            .map(|(i, &r)| std::cmp::Reverse((r, i)))
+            .collect();
+        let mut parts = n;
+        while let Some(std::cmp::Reverse((rank, i))) = heap.pop() {
+            // A pair changed since it was pushed is stale: a rank names its bytes, and a
+            // part's pair only grows, so an equal rank is the same pair.
+            if pair[i] != rank {
+                continue;
             }
-            parts.push((i, r));
-        }
-        parts.push((piece.len() - 1, Rank::MAX));
-        parts.push((piece.len(), Rank::MAX));
-        let pair_rank = |parts: &[(usize, Rank)], i: usize| {
-            if i + 3 < parts.len() {
-                rank_of(parts[i].0, parts[i + 3].0)
+            let j = next[i];
+            let k = next[j];
+            next[i] = k;
+            if k < n {
+                prev[k] = Some(i);
+            }
+            pair[j] = Rank::MAX;
+            parts -= 1;
+            pair[i] = if k < n {
+                rank_of(i, next[k])
             } else {
                 Rank::MAX
+            };
+            if pair[i] != Rank::MAX {
+                heap.push(std::cmp::Reverse((pair[i], i)));
             }
-        };
-        while min.0 != Rank::MAX {
-            let i = min.1;
-            if i > 0 {
-                parts[i - 1].1 = pair_rank(&parts, i - 1);
-            }
-            parts[i].1 = pair_rank(&parts, i);
-            parts.remove(i + 1);
-            min = (Rank::MAX, usize::MAX);
-            for (i, &(_, r)) in parts[..parts.len() - 1].iter().enumerate() {
-                if r < min.0 {
-                    min = (r, i);
+            if let Some(p) = prev[i] {
+                pair[p] = rank_of(p, k);
+                if pair[p] != Rank::MAX {
+                    heap.push(std::cmp::Reverse((pair[p], p)));
                 }
             }
         }
-        parts.len() - 1
+        parts
     }
 }
 
@@ -213,5 +233,40 @@ mod tests {
                 "count differs for {text:?}"
             );
         }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2_000))]
+        /// The heap's merges are tiktoken's, on runs that merge many ways (letters of a
+        /// few kinds, runs of punctuation, digits between them).
+        #[test]
+        fn the_heap_merges_as_tiktoken_does(text in "[abe_=r-]{0,300}|[a-f0-9 ]{0,300}|[=_-]{0,300}") {
+            let ours = counters();
+            proptest::prop_assert_eq!(ours.0.count(&text), ours.1.encode_ordinary(&text).len());
+        }
+    }
+
+    fn counters() -> &'static (Counter, tiktoken_rs::CoreBPE) {
+        static BOTH: std::sync::OnceLock<(Counter, tiktoken_rs::CoreBPE)> =
+            std::sync::OnceLock::new();
+        BOTH.get_or_init(|| {
+            (
+                Counter::o200k().expect("builds"),
+                tiktoken_rs::o200k_base().expect("builds"),
+            )
+        })
+    }
+
+    /// Review finding (s20c, F1): one piece of 200 000 letters cost tiktoken's quadratic
+    /// merge about 4·10^10 steps — a worker held for minutes (hours at 2 MB). Counted now in
+    /// O(n log n), and as many tokens as the same text in short runs would give at most.
+    #[test]
+    fn a_long_run_without_whitespace_is_counted_without_a_quadratic_merge() {
+        let (ours, _) = counters();
+        let run = "a".repeat(200_000);
+        let n = ours.count(&run);
+        assert!(n > 0 && n <= run.len(), "{n}");
+        let pieces = ours.count(&"a".repeat(2_000)) * 100;
+        assert!(n.abs_diff(pieces) <= 100, "{n} against {pieces}");
     }
 }
