@@ -918,8 +918,8 @@ async fn a_client_behind_at_the_drain_on_a_whole_answer_gets_the_streams_end_not
     let mut gateway = with_grace(dir.path(), &mock, 1).await;
     let (db, token) = db_and_token(dir.path(), "behind").await;
     let chunk = chunk_event;
-    // Eight events of 640 KB, not one of 5 MB: a line is parsed again as each piece of it
-    // arrives, and one so long kept the gateway busy past the drain.
+    // Eight events of 640 KB, not one of 5 MB: parsing and counting one 5 MB event takes a
+    // debug build over a second, and the gateway must be idle before the signal.
     let mut events: Vec<_> = (0..8)
         .map(|_| {
             chunk(
