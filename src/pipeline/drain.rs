@@ -17,7 +17,7 @@
 //! simply closed.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
@@ -60,6 +60,14 @@ impl Drain {
         // The sender lives as long as `self`: `wait_for` cannot fail while it is awaited.
         let at = rx.wait_for(Option::is_some).await.ok().and_then(|at| *at);
         at.unwrap_or_else(Instant::now)
+    }
+
+    /// Resolves `by` after the drain's start (never while the gateway is not draining):
+    /// the deadline of what the drain still waits for — a whole answer's read-on, its
+    /// client behind, its response's store.
+    pub async fn after(&self, by: Duration) {
+        let at = self.started().await;
+        tokio::time::sleep_until((at + by).into()).await;
     }
 }
 

@@ -73,6 +73,12 @@ const SHUTTING_DOWN: &str =
 /// (`ClientSink::send_whole`): it must end before the workers stop (`startup::SETTLE_MARGIN`).
 pub const AFTER_THE_FINISH: Duration = Duration::from_secs(2);
 
+/// How long after the drain's start a whole answer's Responses response may wait on the
+/// store (`Pump::keep_conversation`): past the read-on's deadline, so a response its end
+/// completed is still kept, and short of the workers' stop (`startup::SETTLE_MARGIN`),
+/// with room left to settle.
+pub const STORED_BY: Duration = Duration::from_millis(2_500);
+
 /// Chunks buffered between the pump and a slow client.
 const CHANNEL_DEPTH: usize = 16;
 
@@ -217,9 +223,10 @@ impl ClientSink {
     /// Resolves when the shutdown waits no more for the client to make room: at the drain's
     /// start, or for a frame of a whole answer `AFTER_THE_FINISH` after it.
     async fn waited_out(&self, whole: bool) {
-        let at = self.drain.started().await;
         if whole {
-            tokio::time::sleep_until((at + AFTER_THE_FINISH).into()).await;
+            self.drain.after(AFTER_THE_FINISH).await;
+        } else {
+            self.drain.started().await;
         }
     }
 
@@ -526,7 +533,7 @@ impl Pump {
             }
             if left.is_some() {
                 // Read for its usage only: nothing more goes to the client.
-                self.keep_conversation().await;
+                self.keep_conversation(&sink.drain).await;
                 frames.clear();
             } else if !self.pass(&mut frames, &sink).await {
                 // A client that did not take a frame at the shutdown is cut: at once before
@@ -611,11 +618,28 @@ impl Pump {
         true
     }
 
-    /// A complete Responses response is stored (as `pass` does) though its client left.
-    async fn keep_conversation(&mut self) {
-        if let Some(ctx) = &self.conversation {
-            if let Some(r) = self.converter.completed_response() {
-                super::responses::keep(&self.state, ctx, &r).await;
+    /// A complete Responses response is stored (by `pass`, and though its client left).
+    /// At the shutdown the store has until `STORED_BY` after the drain: the pump must
+    /// settle before its worker is stopped (`startup::SETTLE_MARGIN` after the drain), and
+    /// a store held past that would stop it first — its row lost, its reservation released
+    /// uncharged. The gateway then stops waiting on the write, not the write itself: handed
+    /// to the store, it lands if the store frees before the process ends, else the
+    /// response is not kept, which the log warns of.
+    async fn keep_conversation(&mut self, drain: &Drain) {
+        let Some(ctx) = &self.conversation else {
+            return;
+        };
+        let Some(r) = self.converter.completed_response() else {
+            return;
+        };
+        tokio::select! {
+            biased;
+            () = super::responses::keep(&self.state, ctx, &r) => {}
+            () = drain.after(STORED_BY) => {
+                tracing::warn!(
+                    response_id = %ctx.stamp.id,
+                    "the shutdown came before the response's store answered: it may not be kept"
+                );
             }
         }
     }
@@ -630,7 +654,7 @@ impl Pump {
     /// the client is gone. A complete response is stored before its last event reaches the
     /// client, so its id works as soon as the client has it.
     async fn pass(&mut self, frames: &mut Vec<Bytes>, sink: &ClientSink) -> bool {
-        self.keep_conversation().await;
+        self.keep_conversation(&sink.drain).await;
         // After the finish the answer is whole: a client behind at the shutdown is waited
         // for, within the read-on's deadline, rather than cut (`ClientSink::send_whole`).
         let whole = self.converter.finished();
