@@ -3,7 +3,11 @@
 //! dated (`effective`), with the day it was read (`as_of`) and where (`source_url`). It
 //! prices a route only where neither an admin nor the config file prices its model
 //! (`schedule`). An upstream model name matches an entry's `model` as written, else with a
-//! trailing date suffix removed (`gpt-4o-mini-2024-07-18`, `claude-sonnet-4-20250514`).
+//! trailing date suffix removed (`gpt-4o-mini-2024-07-18`, `claude-sonnet-4-20250514`);
+//! on a Bedrock route, a Bedrock id of a bundled Claude model matches that model at what AWS
+//! bills for it (`bedrock`).
+
+mod bedrock;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, OnceLock};
@@ -184,6 +188,17 @@ impl Table {
             .or_else(|| self.by_model.get(without_date_suffix(name)?))
             .cloned()
             .unwrap_or_else(|| Arc::from([]))
+    }
+
+    /// The dated prices of a route to `upstream_model` on a `provider` upstream: on Bedrock,
+    /// the id of a bundled Claude model of 4.5 or later is priced from that model's entries
+    /// at what AWS bills for it (`bedrock::prices`); otherwise, and for every other
+    /// provider, the name's own match (`for_upstream_model`).
+    pub fn for_route(&self, upstream_model: &str, provider: Provider) -> Arc<[Dated]> {
+        (provider == Provider::Bedrock)
+            .then(|| bedrock::prices(self, upstream_model))
+            .flatten()
+            .unwrap_or_else(|| self.for_upstream_model(upstream_model))
     }
 
     /// The long-context tiers the provider bills `name` (a model name, or it without its

@@ -184,7 +184,8 @@ impl ModelSettings {
 
     /// The schedule of this model's route to `upstream_model` on a `provider` upstream:
     /// `admin` (this model's appended rows), the config layer, and the bundled table's
-    /// entries for that name; Anthropic's rule fills what none states on a route it bills.
+    /// entries for that name on that provider (`Table::for_route`: a Bedrock id of a
+    /// bundled Claude model); Anthropic's rule fills what none states on a route it bills.
     pub fn schedule(
         &self,
         admin: &AdminPrices,
@@ -197,7 +198,7 @@ impl ModelSettings {
             // Validated before a catalog is built (`Settings::validate`): an error here
             // would have stopped it, so none is left to be dropped.
             self.config_prices().unwrap_or_default(),
-            price_table::bundled().for_upstream_model(upstream_model),
+            price_table::bundled().for_route(upstream_model, provider),
         )
         .billed_by_anthropic(billed_by_anthropic(provider, upstream_model))
     }
@@ -217,8 +218,9 @@ impl Settings {
                     .upstreams
                     .iter()
                     .find(|u| u.id == r.upstream)
-                    // Validated: a route names a configured upstream. The provider only
-                    // fills kinds; whether a price is in force does not depend on it.
+                    // Validated: a route names a configured upstream. The provider
+                    // decides how the name matches the bundled table (a Bedrock id) and
+                    // which rule fills the kinds no layer states.
                     .map_or(Provider::default(), |u| u.provider);
                 let schedule = m.schedule(admin, name, provider);
                 if let Some(set_for) = schedule.admin_set_aside(now) {

@@ -112,10 +112,7 @@ impl Prices {
         let Some(t) = tier.filter(|t| input > t.above) else {
             return self;
         };
-        let by = |rate: i64, permille: i64| {
-            let scaled = i128::from(rate.max(0)) * i128::from(permille.max(0));
-            i64::try_from((scaled + 999) / 1000).unwrap_or(i64::MAX)
-        };
+        let by = times_permille;
         let (i, o) = (t.input_permille, t.output_permille);
         Prices {
             input: by(self.input, i),
@@ -131,6 +128,35 @@ impl Prices {
             web_search_per_1k_calls: self.web_search_per_1k_calls,
         }
     }
+}
+
+impl Prices {
+    /// Every rate, per-call fees included, × `permille` / 1 000, rounded up to the next
+    /// micro-dollar where the factor makes it fractional (never below the bill): a
+    /// provider's surcharge on the whole price (Bedrock's regional endpoints,
+    /// `price_table::bedrock`).
+    pub fn scaled(self, permille: i64) -> Prices {
+        let by = |rate| times_permille(rate, permille);
+        Prices {
+            input: by(self.input),
+            output: by(self.output),
+            cached_input: by(self.cached_input),
+            cache_write_5m: by(self.cache_write_5m),
+            cache_write_1h: by(self.cache_write_1h),
+            reasoning: by(self.reasoning),
+            audio_input: by(self.audio_input),
+            audio_output: by(self.audio_output),
+            image_input: by(self.image_input),
+            image_output: by(self.image_output),
+            web_search_per_1k_calls: by(self.web_search_per_1k_calls),
+        }
+    }
+}
+
+/// `rate` × `permille` / 1 000, rounded up, in i128 and saturating.
+fn times_permille(rate: i64, permille: i64) -> i64 {
+    let scaled = i128::from(rate.max(0)) * i128::from(permille.max(0));
+    i64::try_from((scaled + 999) / 1000).unwrap_or(i64::MAX)
 }
 
 /// What a request may make the upstream bill beyond plain input, read from the request
@@ -403,6 +429,23 @@ mod tests {
         // A factor that makes a rate fractional rounds the rate up: 0.000001 × 1.5.
         let tiny = Prices::plain(1, 1).for_input(2, Some(LongTier { above: 1, ..long }));
         assert_eq!((tiny.input, tiny.output), (2, 2));
+    }
+
+    /// A surcharge on the whole price scales every rate and fee, each rounded up on its own.
+    #[test]
+    fn a_price_scaled_is_rounded_up_per_rate() {
+        let p = Prices {
+            cached_input: 3,
+            web_search_per_1k_calls: 10_000_000,
+            ..Prices::plain(3_000_000, 15)
+        };
+        let s = p.scaled(1_100);
+        // 3 000 000 × 1.1 exactly; 15 × 1.1 = 16.5 → 17; 3 × 1.1 = 3.3 → 4.
+        assert_eq!((s.input, s.output, s.cached_input), (3_300_000, 17, 4));
+        assert_eq!((s.reasoning, s.image_input), (17, 3_300_000));
+        assert_eq!(s.web_search_per_1k_calls, 11_000_000);
+        assert_eq!(p.scaled(1_000), p, "1 × changes nothing");
+        assert_eq!(Prices::plain(i64::MAX, 0).scaled(1_100).input, i64::MAX);
     }
 
     /// Claude Sonnet: 3 USD per Mtok input, 3.75 five-minute writes, 6 one-hour writes,

@@ -4,6 +4,7 @@ mod admin_helpers;
 mod bedrock;
 mod bedrock_auth;
 mod bedrock_gateway;
+mod bedrock_prices;
 mod gateway_proc;
 mod helpers;
 mod oidc_issuer;
