@@ -1,9 +1,13 @@
 //! The converter: its accounting, its limits, and when a stream is complete and what it costs,
 //! format by format.
 
+use super::accounting::COUNT_EVERY;
 use super::*;
 use crate::error::WireFormat;
-use crate::quota::pricing;
+use crate::quota::{estimate, pricing};
+use crate::upstream::providers::canonical::{self, Event, Reported};
+use crate::usage::Usage;
+use serde_json::json;
 
 fn chunk(content: &str) -> String {
     json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
