@@ -293,9 +293,9 @@ async fn a_96_mib_line_leaves_the_gateway_process_memory_bounded() {
 
 /// Tiny events without end (10 million, ~1.3 GB): the stream is served as long as the
 /// upstream sends and its client reads, and the gateway keeps none of it — the text is
-/// counted and let go of (`stream::tests::a_long_stream_keeps_little_of_its_text_…`), the
-/// uncacheable answer is not assembled. Here the client leaves after 20 000 events: the
-/// stream is settled as a departure, the upstream call closed.
+/// counted and let go of (`stream::tests::limits::a_long_stream_keeps_little_of_its_text_…`),
+/// the uncacheable answer is not assembled. Here the client leaves after 20 000 events:
+/// the stream is settled as a departure, the upstream call closed.
 #[tokio::test]
 async fn tiny_events_without_end_are_streamed_until_the_client_leaves() {
     let app = spawn_app().await;

@@ -1,0 +1,72 @@
+//! The client's events framed as SSE, and the error event that ends a stream in the
+//! client's format.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use serde_json::json;
+
+use super::across::Writer;
+use super::StreamConverter;
+use crate::upstream::providers::formats::responses::stream as responses;
+use crate::upstream::providers::Format;
+
+pub fn frame(event: Option<&str>, data: &str) -> Bytes {
+    let mut b = BytesMut::with_capacity(data.len() + 32);
+    if let Some(e) = event {
+        b.put_slice(b"event: ");
+        b.put_slice(e.as_bytes());
+        b.put_slice(b"\n");
+    }
+    b.put_slice(b"data: ");
+    b.put_slice(data.as_bytes());
+    b.put_slice(b"\n\n");
+    b.freeze()
+}
+
+/// An error event in `client`'s format, ending a stream that cannot complete.
+pub fn error_event(client: impl Into<Format>, message: &str, code: &str) -> Bytes {
+    match client.into() {
+        // Gemini and Bedrock are never a client's format; OpenAI's shape stands in.
+        Format::OpenAiChat | Format::Gemini | Format::Bedrock => frame(
+            None,
+            &json!({"error": {"message": message, "type": "server_error", "param": null, "code": code}}).to_string(),
+        ),
+        Format::Anthropic => frame(
+            Some("error"),
+            &json!({"type": "error", "error": {"type": "api_error", "message": message, "code": code}}).to_string(),
+        ),
+        // A stream that ends before its first event (a converter writes its own with the
+        // next sequence number: `StreamConverter::end_frame`).
+        Format::Responses => responses::error_frame(0, message, code),
+    }
+}
+
+impl StreamConverter {
+    /// The upstream sent an error event, which the client received in its format: the
+    /// stream is over.
+    pub fn upstream_failed(&self) -> bool {
+        self.error_sent
+    }
+
+    /// The closing event of a stream that broke, in the client's format — none when the
+    /// upstream's own error event already ended it.
+    pub fn error_frame(&self, message: &str) -> Option<Bytes> {
+        self.end_frame(message, "upstream_error")
+    }
+
+    /// As `error_frame`, with this code (`shutting_down` when the gateway ends the stream).
+    pub fn end_frame(&self, message: &str, code: &str) -> Option<Bytes> {
+        (!self.error_sent).then(|| self.client_error(message, code))
+    }
+
+    /// An error event in the client's format; a Responses client's with the next sequence
+    /// number of its stream.
+    pub(super) fn client_error(&self, message: &str, code: &str) -> Bytes {
+        if let Some(n) = &self.responses {
+            return responses::error_frame(n.next_seq, message, code);
+        }
+        match &self.writer {
+            Writer::Responses(w) => responses::error_frame(w.next_seq(), message, code),
+            _ => error_event(self.client, message, code),
+        }
+    }
+}

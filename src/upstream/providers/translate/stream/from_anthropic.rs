@@ -1,0 +1,97 @@
+//! An Anthropic upstream's events: their accounting (the input, the text and thinking, the
+//! web searches, the finish and its usage), and their way to an Anthropic client — as they
+//! came, but nothing of the answer after its finish.
+
+use bytes::Bytes;
+
+use super::framing::frame;
+use super::shape::{self, Body, Corrupt};
+use super::StreamConverter;
+use crate::upstream::providers::formats::anthropic;
+
+impl StreamConverter {
+    /// Accounting of an Anthropic event.
+    pub(super) fn note_anthropic_event(&mut self, e: &shape::Event) {
+        match &e.body {
+            Body::MessageStart(m) => {
+                if let Some(u) = m.usage.as_ref().filter(|u| u.input_reported()) {
+                    self.report_input(u.input());
+                }
+            }
+            // After the finish (`message_delta`) the answer is whole: a later block is not
+            // passed on (`after_finish`) nor counted.
+            Body::BlockDelta { .. } | Body::BlockStart { .. } if self.finished => {}
+            Body::BlockStart { block, .. } if block.kind == "server_tool_use" => {
+                self.server_calls_seen += 1;
+                if anthropic::is_web_search_call(&block.kind, block.name.as_deref()) {
+                    self.searches_seen += 1;
+                }
+            }
+            // A search past `max_uses` (or failed) is answered with an error result and not
+            // billed: its `server_tool_use` block came before it.
+            Body::BlockStart { block, .. }
+                if anthropic::is_search_error(&block.kind, block.content_type().as_deref()) =>
+            {
+                self.searches_seen = (self.searches_seen - 1).max(0);
+            }
+            Body::BlockDelta { delta, .. } => {
+                // Thinking is output Anthropic bills: a stream cut while the model thinks
+                // is charged what it thought.
+                for t in [&delta.text, &delta.partial_json, &delta.thinking]
+                    .into_iter()
+                    .flatten()
+                {
+                    self.note_text(t);
+                }
+            }
+            // The finish, with the final figures: cumulative, the input ones only where this
+            // event carries them.
+            Body::MessageDelta(_, u) => {
+                self.finished = true;
+                let Some(u) = u else { return };
+                self.searches_reported |= u
+                    .server_tool_use
+                    .as_ref()
+                    .is_some_and(|s| shape::reported(s.web_search_requests).is_some());
+                if let Some(o) = u.output() {
+                    self.report_output(o);
+                }
+                if u.input_reported() {
+                    self.report_input(u.input());
+                }
+            }
+            Body::MessageStop => self.done = true,
+            Body::Error(_) => self.error_sent = true,
+            _ => {}
+        }
+    }
+
+    pub(super) fn anthropic_to_anthropic(
+        &mut self,
+        name: &str,
+        data: &str,
+        out: &mut Vec<Bytes>,
+    ) -> Result<(), Corrupt> {
+        let e = shape::anthropic_event(data)?;
+        let was_finished = self.finished;
+        self.note_anthropic_event(&e);
+        // After the finish the answer is whole: no more blocks, no second start or finish
+        // (a second `message_delta` could tell the client less than it is charged; a
+        // higher usage in one is charged, not told).
+        if was_finished
+            && matches!(
+                e.body,
+                Body::BlockStart { .. }
+                    | Body::BlockDelta { .. }
+                    | Body::BlockStop(_)
+                    | Body::MessageStart(_)
+                    | Body::MessageDelta(..)
+            )
+        {
+            return Ok(());
+        }
+        let kind = if e.kind.is_empty() { "ping" } else { &e.kind };
+        out.push(frame(Some(if name.is_empty() { kind } else { name }), data));
+        Ok(())
+    }
+}

@@ -1,0 +1,268 @@
+//! Every upstream format to an OpenAI and an Anthropic client: when a scripted stream is
+//! complete or cut, and what it costs.
+
+use serde_json::{json, Value};
+
+use crate::error::WireFormat;
+use crate::quota::estimate;
+use crate::upstream::providers::translate::stream::StreamConverter;
+use crate::upstream::providers::Format;
+use crate::usage::Usage;
+
+/// How a scripted stream's usage is reported.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Report {
+    /// A final usage of zeros, where the format puts its final usage.
+    Zeros,
+    /// Only placeholders or running figures before the finish: an input of 0 where the
+    /// format has one (Anthropic's `message_start`, Gemini's running `promptTokenCount`,
+    /// with Anthropic's placeholder output of 1), OpenAI's `usage: null`; Bedrock none.
+    Placeholder,
+}
+
+pub(super) const TEXT: &str = "The engine light blinks when a cylinder misfires.";
+
+fn data(v: Value) -> (&'static str, String) {
+    ("", v.to_string())
+}
+
+/// One upstream's stream of `TEXT`, finished, with its usage reported as `r`.
+fn stream(upstream: Format, r: Report) -> Vec<(&'static str, String)> {
+    let zeros = r == Report::Zeros;
+    match upstream {
+        Format::OpenAiChat => {
+            let c = |choices: Value, usage: Value| {
+                data(
+                    json!({"id": "c", "object": "chat.completion.chunk", "created": 1,
+                    "model": "m", "choices": choices, "usage": usage}),
+                )
+            };
+            let mut s = vec![
+                c(
+                    json!([{"index": 0, "delta": {"content": TEXT}, "finish_reason": null}]),
+                    Value::Null,
+                ),
+                c(
+                    json!([{"index": 0, "delta": {}, "finish_reason": "stop"}]),
+                    Value::Null,
+                ),
+            ];
+            if zeros {
+                s.push(c(
+                    json!([]),
+                    json!({"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}),
+                ));
+            }
+            s.push(("", "[DONE]".into()));
+            s
+        }
+        Format::Anthropic => {
+            let e = |name: &'static str, v: Value| (name, v.to_string());
+            let delta_usage = if zeros {
+                json!({"output_tokens": 0})
+            } else {
+                Value::Null
+            };
+            let mut delta = json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}});
+            if zeros {
+                delta["usage"] = delta_usage;
+            }
+            vec![
+                e(
+                    "message_start",
+                    json!({"type": "message_start", "message": {"id": "msg_1", "type": "message",
+                        "role": "assistant", "model": "claude", "content": [],
+                        "usage": {"input_tokens": 0, "output_tokens": if zeros { 0 } else { 1 }}}}),
+                ),
+                e(
+                    "content_block_start",
+                    json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+                ),
+                e(
+                    "content_block_delta",
+                    json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": TEXT}}),
+                ),
+                e(
+                    "content_block_stop",
+                    json!({"type": "content_block_stop", "index": 0}),
+                ),
+                e("message_delta", delta),
+                e("message_stop", json!({"type": "message_stop"})),
+            ]
+        }
+        Format::Gemini => {
+            let mut text = json!({"candidates": [{"content": {"role": "model", "parts": [{"text": TEXT}]}, "index": 0}],
+                "responseId": "r1", "modelVersion": "gemini-2.5-flash"});
+            let mut finish = json!({"candidates": [{"content": {"role": "model", "parts": []}, "index": 0,
+                "finishReason": "STOP"}], "responseId": "r1"});
+            if zeros {
+                finish["usageMetadata"] =
+                    json!({"promptTokenCount": 0, "candidatesTokenCount": 0, "totalTokenCount": 0});
+            } else {
+                text["usageMetadata"] = json!({"promptTokenCount": 0});
+            }
+            vec![data(text), data(finish)]
+        }
+        Format::Bedrock => {
+            let mut s = vec![
+                ("messageStart", json!({"role": "assistant"}).to_string()),
+                (
+                    "contentBlockDelta",
+                    json!({"contentBlockIndex": 0, "delta": {"text": TEXT}}).to_string(),
+                ),
+                (
+                    "contentBlockStop",
+                    json!({"contentBlockIndex": 0}).to_string(),
+                ),
+                ("messageStop", json!({"stopReason": "end_turn"}).to_string()),
+            ];
+            if zeros {
+                s.push((
+                    "metadata",
+                    json!({"usage": {"inputTokens": 0, "outputTokens": 0, "totalTokens": 0},
+                        "metrics": {"latencyMs": 1}})
+                    .to_string(),
+                ));
+            }
+            s
+        }
+        Format::Responses => unreachable!("read by `responses::Native`"),
+    }
+}
+
+/// The stream through a converter, then its body's end: (complete, what it costs, the
+/// client's last frame).
+pub(super) fn through(
+    upstream: Format,
+    client: WireFormat,
+    events: &[(&str, String)],
+) -> (bool, Usage, String) {
+    let mut c = StreamConverter::new(upstream, client, true, 10);
+    let mut out = Vec::new();
+    for (name, data) in events {
+        c.event(name, data, &mut out);
+    }
+    let complete = c.end(&mut out);
+    let last = out
+        .last()
+        .map(|f| String::from_utf8_lossy(f).to_string())
+        .unwrap_or_default();
+    (complete, c.usage(), last)
+}
+
+const UPSTREAMS: [Format; 4] = [
+    Format::OpenAiChat,
+    Format::Anthropic,
+    Format::Gemini,
+    Format::Bedrock,
+];
+
+/// Per upstream format and client: a final usage of zeros costs 0, and placeholders or
+/// running figures do not price the stream (its output is counted; an input reported as 0
+/// is 0).
+#[test]
+fn a_final_usage_of_zeros_costs_nothing_and_a_placeholder_prices_nothing_in_every_format() {
+    let counted = estimate::count_text(TEXT);
+    for upstream in UPSTREAMS {
+        for client in [WireFormat::OpenAi, WireFormat::Anthropic] {
+            let (complete, u, last) = through(upstream, client, &stream(upstream, Report::Zeros));
+            assert!(complete, "{upstream:?} → {client:?}");
+            assert_eq!((u.input, u.output), (0, 0), "{upstream:?} → {client:?}");
+            match client {
+                WireFormat::OpenAi => assert_eq!(last, "data: [DONE]\n\n", "{upstream:?}"),
+                WireFormat::Anthropic => assert!(last.contains("message_stop"), "{upstream:?}"),
+            }
+            let (complete, u, _) =
+                through(upstream, client, &stream(upstream, Report::Placeholder));
+            // Bedrock's end event is its usage: a stream without one was cut.
+            assert_eq!(
+                complete,
+                upstream != Format::Bedrock,
+                "{upstream:?} → {client:?}"
+            );
+            let input = match upstream {
+                // Neither reports any input here: the estimate.
+                Format::OpenAiChat | Format::Bedrock => 10,
+                _ => 0,
+            };
+            assert_eq!(
+                (u.input, u.output),
+                (input, counted),
+                "{upstream:?} → {client:?}"
+            );
+        }
+    }
+}
+
+/// A stream whose body ends before its finish is cut, whatever it reported: `end` says
+/// so and writes nothing (the pump sends the error event).
+#[test]
+fn a_body_that_ends_before_the_finish_is_a_cut() {
+    for upstream in UPSTREAMS {
+        for client in [WireFormat::OpenAi, WireFormat::Anthropic] {
+            let events = stream(upstream, Report::Zeros);
+            let before_finish = match upstream {
+                Format::OpenAiChat | Format::Gemini => 1,
+                Format::Anthropic => 4,
+                _ => 3,
+            };
+            let mut c = StreamConverter::new(upstream, client, true, 10);
+            let mut out = Vec::new();
+            for (name, data) in &events[..before_finish] {
+                c.event(name, data, &mut out);
+            }
+            let sent = out.len();
+            assert!(!c.end(&mut out), "{upstream:?} → {client:?}");
+            assert_eq!(out.len(), sent, "{upstream:?} → {client:?}");
+            assert!(!c.done());
+        }
+    }
+}
+
+/// Gemini's usage in a chunk of its own after the finish, Bedrock's `metadata` before
+/// `messageStop`: either is the final usage, read before the stream completes.
+#[test]
+fn a_usage_beside_the_finish_is_its_price() {
+    let usage = json!({"promptTokenCount": 1000, "candidatesTokenCount": 10,
+        "thoughtsTokenCount": 4000, "totalTokenCount": 5010});
+    let mut gemini = stream(Format::Gemini, Report::Placeholder);
+    gemini.push(data(json!({"usageMetadata": usage, "responseId": "r1"})));
+    let (complete, u, last) = through(Format::Gemini, WireFormat::OpenAi, &gemini);
+    assert!(complete);
+    assert_eq!((u.input, u.output), (1000, 4010));
+    assert!(last.contains("[DONE]"));
+
+    let mut bedrock = stream(Format::Bedrock, Report::Placeholder);
+    bedrock.insert(
+        3,
+        (
+            "metadata",
+            json!({"usage": {"inputTokens": 3, "outputTokens": 2}}).to_string(),
+        ),
+    );
+    let mut c = StreamConverter::new(Format::Bedrock, WireFormat::OpenAi, true, 10);
+    let mut out = Vec::new();
+    for (name, data) in &bedrock {
+        c.event(name, data, &mut out);
+    }
+    assert!(c.done(), "messageStop after metadata is the end");
+    let u = c.usage();
+    assert_eq!((u.input, u.output), (3, 2), "not a floor under the count");
+}
+
+/// An event the gateway cannot read after the finish — it may be the usage — ends the
+/// stream with an error event, as before the finish; the usage then is the count.
+#[test]
+fn an_unreadable_event_after_the_finish_cuts_the_stream() {
+    let mut c = StreamConverter::new(Format::Gemini, WireFormat::OpenAi, true, 10);
+    let mut out = Vec::new();
+    for (name, data) in stream(Format::Gemini, Report::Placeholder) {
+        c.event(name, &data, &mut out);
+    }
+    c.event("", "{\"usageMetadata\": ", &mut out);
+    assert!(c.upstream_failed() && !c.done());
+    let last = String::from_utf8_lossy(out.last().unwrap()).to_string();
+    assert!(last.contains("upstream_error"), "{last}");
+    assert!(!c.end(&mut out));
+    assert_eq!(c.usage().output, estimate::count_text(TEXT));
+}
