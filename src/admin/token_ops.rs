@@ -247,9 +247,10 @@ pub async fn revoke(state: &AppState, actor: &Actor, id: i64) -> Result<TokenRow
 }
 
 /// A new token with the old one's settings. Its budget: the same limit for a periodic budget;
-/// for a budget that never resets, what the old one had left (rotation never mints money).
-/// The old token stays valid `overlap_seconds` more (its own remaining budget, still capped
-/// by the user and team levels), then expires.
+/// for a budget that never resets, what the old one had left. The old token stays valid
+/// `overlap_seconds` more (its own remaining budget, still capped by the user and team
+/// levels), then expires: during the overlap the two budgets are separate, so the pair may
+/// spend more than the old token had left (a known limit, DESIGN "Tokens").
 pub async fn rotate(
     state: &AppState,
     actor: &Actor,
