@@ -112,6 +112,41 @@ pub(super) async fn exited(gateway: &mut Gateway, deadline: Instant, what: &str)
     }
 }
 
+/// SIGTERM with another writer holding the store (`hold_the_store`) from just before it
+/// until 6 s after — past the drain and the workers' stop — then the exit status, the
+/// process given 30 s once the store came back.
+pub(super) async fn stopped_with_the_store_held(
+    gateway: &mut Gateway,
+    dir: &std::path::Path,
+) -> ExitStatus {
+    let other = hold_the_store(&dir_database_url(dir)).await;
+    sigterm(gateway);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    other.release().await;
+    exited(
+        gateway,
+        Instant::now() + Duration::from_secs(30),
+        "still running 30 s after the store came back",
+    )
+    .await
+}
+
+/// After the gateway on `db` stopped: the money invariant holds, nothing is reserved, and
+/// nothing was settled as an orphan — every request by its own rule.
+pub(super) async fn settled_by_their_rules(db: &sluice::store::Db, what: &str) {
+    assert_invariant_on(db).await;
+    assert_eq!(
+        scalar_on(db, "SELECT COUNT(*) FROM reservations").await,
+        0,
+        "{what}"
+    );
+    assert_eq!(
+        scalar_on(db, "SELECT COUNT(*) FROM ledger WHERE kind = 'orphan'").await,
+        0,
+        "{what}: settled by its own rule, not as an orphan"
+    );
+}
+
 pub(super) async fn until(what: &str, mut done: impl FnMut() -> bool) {
     let bound = Instant::now() + Duration::from_secs(10);
     while !done() {
@@ -355,16 +390,7 @@ async fn a_stream_ended_by_the_drain_settles_and_logs_even_when_the_store_is_slo
     started(&mock).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     // Another writer holds the database from before the grace ends until 5 s after it.
-    let other = hold_the_store(&dir_database_url(dir.path())).await;
-    sigterm(&gateway);
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    other.release().await;
-    let status = exited(
-        &mut gateway,
-        Instant::now() + Duration::from_secs(30),
-        "still running 30 s after the store came back",
-    )
-    .await;
+    let status = stopped_with_the_store_held(&mut gateway, dir.path()).await;
     assert!(status.success(), "{status:?}");
     let _ = tokio::time::timeout(Duration::from_secs(10), reading).await;
     let rows: Vec<(i64, Option<String>, i64)> =

@@ -7,8 +7,11 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use sluice::mock::{MockConfig, MockServer, Script};
 
-use super::{exited, sigterm, sse_data_counted, until, with_grace};
-use crate::gateway_proc::{db_and_token, dir_database_url, ticks_in_a_second};
+use super::{
+    exited, settled_by_their_rules, sigterm, sse_data_counted, stopped_with_the_store_held, until,
+    with_grace,
+};
+use crate::gateway_proc::{db_and_token, ticks_in_a_second};
 use crate::helpers::*;
 use crate::processes::start_gateway_full;
 
@@ -456,13 +459,7 @@ async fn a_client_that_leaves_during_the_drains_read_on_is_settled_at_once() {
     )
     .await;
     assert!(status.success(), "{status:?}");
-    assert_invariant_on(&db).await;
-    assert_eq!(scalar_on(&db, "SELECT COUNT(*) FROM reservations").await, 0);
-    assert_eq!(
-        scalar_on(&db, "SELECT COUNT(*) FROM ledger WHERE kind = 'orphan'").await,
-        0,
-        "settled by its own rule, not as an orphan"
-    );
+    settled_by_their_rules(&db, "the client gone in the read-on").await;
     let rows: Vec<(i64, Option<String>)> =
         sql_rows(&db, "SELECT status, error_code FROM requests").await;
     assert_eq!(
@@ -486,13 +483,7 @@ async fn a_translated_responses_stream_completed_in_the_drain_settles_though_the
     for held in [true, false] {
         let dir = tempfile::tempdir().unwrap();
         let (db, stored) = responses_stream_completed_in_the_drain(dir.path(), held).await;
-        assert_invariant_on(&db).await;
-        assert_eq!(scalar_on(&db, "SELECT COUNT(*) FROM reservations").await, 0);
-        assert_eq!(
-            scalar_on(&db, "SELECT COUNT(*) FROM ledger WHERE kind = 'orphan'").await,
-            0,
-            "held {held}: settled by its own rule, not as an orphan"
-        );
+        settled_by_their_rules(&db, &format!("held {held}")).await;
         let rows: Vec<(i64, Option<String>, i64, i64, i64)> = sql_rows(
             &db,
             "SELECT status, error_code, input_tokens, output_tokens, cost_micros FROM requests",
@@ -615,22 +606,13 @@ async fn responses_stream_completed_in_the_drain(
     // `message_stop` a second into the drain's read-on; the store is held from the signal
     // until well past the workers' stop (3 s after the drain).
     tokio::time::sleep(Duration::from_millis(1_250)).await;
-    let other = if held {
-        Some(hold_the_store(&dir_database_url(dir)).await)
+    let status = if held {
+        stopped_with_the_store_held(&mut gateway, dir).await
     } else {
-        None
+        sigterm(&gateway);
+        let stop = Instant::now() + Duration::from_secs(15);
+        exited(&mut gateway, stop, "still running 15 s after SIGTERM").await
     };
-    sigterm(&gateway);
-    if let Some(other) = other {
-        tokio::time::sleep(Duration::from_secs(6)).await;
-        other.release().await;
-    }
-    let status = exited(
-        &mut gateway,
-        Instant::now() + Duration::from_secs(30),
-        "still running 30 s after the store came back",
-    )
-    .await;
     assert!(status.success(), "{status:?}");
     let rest = tokio::time::timeout(Duration::from_secs(10), reading)
         .await
