@@ -1,0 +1,362 @@
+//! One candidate tried (`try_candidate`): its gates, the upstream call, and what the
+//! failure's tier does (the retry table acted on).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use super::candidates::{build, Candidate};
+use super::departure::{bills_nothing, dearer, Departure};
+use super::run::Run;
+use super::verdicts::{breaker_failure, breaker_opened, disable_key, passthrough};
+use super::Success;
+use crate::error::ApiError;
+use crate::ops::metrics;
+use crate::ops::traces::Trace;
+use crate::pipeline::request::Prepared;
+use crate::pipeline::Failure;
+use crate::ratelimit::WindowSpec;
+use crate::state::AppState;
+use crate::upstream::catalog::Deployment;
+use crate::upstream::client::UpstreamHeaders;
+use crate::upstream::pool::Disabled;
+use crate::upstream::providers;
+use crate::upstream::retry::{self, Tier};
+use crate::upstream::UpstreamError;
+
+#[allow(clippy::large_enum_variant)] // as `Outcome`
+pub(super) enum Step {
+    Served(Success),
+    ClientError(Failure),
+    /// No candidate can serve, for a reason none of them caused (`Tier::LocalResources`).
+    Stop(Failure),
+    Next,
+}
+
+/// `Retry-After` when the gateway itself ran short: descriptors come back as soon as the
+/// load that took them ends.
+const LOCAL_RETRY_AFTER_SECONDS: u64 = 1;
+
+/// One call of candidate `c`; `reached` is told whether the request reached the upstream
+/// (`UpstreamClient::post`).
+async fn attempt(
+    state: &AppState,
+    (c, dep): (&Candidate, &Arc<Deployment>),
+    url: Option<&reqwest::Url>,
+    body: Vec<u8>,
+    (stream, headers, reached): (bool, UpstreamHeaders<'_>, impl FnMut(bool)),
+    (started, deadline): (Instant, Instant),
+) -> Result<Success, UpstreamError> {
+    let d = c.route.deployment;
+    let in_flight = state.pool().enter(d);
+    let sent = Instant::now();
+    let resp = state
+        .upstream
+        .post(dep, url, Bytes::from(body), deadline, (headers, reached))
+        .await;
+    metrics::upstream_answer(dep.provider.as_str(), &dep.id, sent.elapsed().as_secs_f64());
+    let resp = resp?;
+    state
+        .pool()
+        .observe_headers(d, resp.headers(), state.clock.now().timestamp_millis());
+    let ttfb_ms = started.elapsed().as_millis() as i64;
+    let success = |body, answer, response| Success {
+        model: c.model.clone(),
+        route: c.route.clone(),
+        prices: c.prices,
+        dep: dep.clone(),
+        body,
+        answer,
+        response,
+        ttfb_ms,
+        in_flight,
+        slot: None,
+        key_booking: None,
+        dropped: Box::default(),
+    };
+    if stream {
+        return Ok(success(None, None, Some(resp)));
+    }
+    let body = state
+        .upstream
+        .read_body(resp, state.settings.upstream.max_response_bytes)
+        .await?;
+    let Ok(answer) = serde_json::from_slice::<serde_json::Value>(&body) else {
+        return Err(UpstreamError::Garbage("answer is not JSON"));
+    };
+    Ok(success(Some(body), Some(answer), None))
+}
+
+/// Tries one candidate: its gates first, then the upstream call. Right before the call,
+/// `sent` is told what a departure costs from then on: the dearer of this candidate's
+/// (`here`) and every earlier attempt's that may have billed; after a refusal that bills
+/// nothing, that earlier figure again.
+pub(super) async fn try_candidate(
+    state: &AppState,
+    p: &Prepared,
+    (c, i): (&Candidate, usize),
+    run: &mut Run,
+    ctx: ((&str, &Trace), Instant, Instant),
+    (here, sent): (Departure, &mut impl FnMut(Departure)),
+) -> Step {
+    let ((request_id, trace), deadline, started) = ctx;
+    let d = c.route.deployment;
+    // One deployment for the whole attempt (key, URL, body, the answer's reading), the one
+    // of the moment (taken before the attempt's gates): a key rotated before this attempt
+    // began is not sent.
+    let dep = state.catalog().deployments[d].clone();
+    // The route's model is no longer served there (a model edited since the request was
+    // prepared): nothing to send, and no verdict on the upstream, which is healthy.
+    let Some(url) = dep.url(&c.route, p.endpoint, p.stream) else {
+        return Step::Next;
+    };
+    if run.held_at((dep.allow_private, url)) {
+        return Step::Next;
+    }
+    let pool = state.pool();
+    // Every early return below drops the permit, which abandons it (frees a probe slot);
+    // a client leaving once the call is sent frees it too, as a probe left unanswered.
+    let mut permit = match pool.breakers[d].permit() {
+        Ok(permit) => permit,
+        Err(after) => {
+            run.wait(after);
+            return Step::Next;
+        }
+    };
+    if run.attempts > 0 && !state.pool().budgets[d].try_retry() {
+        tracing::warn!(upstream = %dep.id, "retry budget spent; not retrying on this key");
+        return Step::Next;
+    }
+    let (rpm, tpm) = (dep.rpm_limit, dep.tpm_limit);
+    // The key's window, booked at the worst case; dropped, the booking corrects it to what
+    // it recorded: 0 unless this attempt is answered.
+    let mut key_booking = None;
+    if rpm > 0 || tpm > 0 {
+        let spec = vec![WindowSpec::upstream(&dep.id, rpm, tpm)];
+        let estimated = (p.input_tokens + p.cap.map_or(0, |(_, c)| c) * p.n).max(0) as u64;
+        let (decision, booking) = state
+            .windows
+            .admit(spec, &format!("{request_id}:{}", run.attempts), estimated)
+            .await;
+        key_booking = booking;
+        if decision.refused.is_some() {
+            state.pool().cool_down(
+                d,
+                state.clock.now().timestamp_millis(),
+                decision.retry_after,
+            );
+            run.wait(decision.retry_after);
+            return Step::Next;
+        }
+    }
+    let (body, dropped) = match build(&dep, p, c) {
+        Ok(b) => (b.body, b.dropped),
+        Err(e) => {
+            run.untranslatable = Some(e);
+            return Step::Next;
+        }
+    };
+    let slot = match state.pool().gates[d].enter(deadline).await {
+        Ok(s) => s,
+        Err(_) => {
+            run.busy = true;
+            return Step::Next;
+        }
+    };
+    // The gate may have waited up to the deadline: a key rotated, disabled or deleted
+    // meanwhile must not go out. The attempt goes on with the deployment of the moment.
+    let fresh;
+    let (dep, url, body, dropped) = if still_in_use(state, &dep) {
+        (&dep, url, body, dropped)
+    } else {
+        let catalog = state.catalog();
+        if !catalog.usable(d) {
+            return Step::Next;
+        }
+        fresh = catalog.deployments[d].clone();
+        let Some(url) = fresh.url(&c.route, p.endpoint, p.stream) else {
+            return Step::Next;
+        };
+        match build(&fresh, p, c) {
+            Ok(b) => (&fresh, url, b.body, b.dropped),
+            Err(e) => {
+                run.untranslatable = Some(e);
+                return Step::Next;
+            }
+        }
+    };
+    if run.attempts == 0 {
+        state.pool().budgets[d].first_attempt();
+    }
+    run.attempts += 1;
+    // From here a request dropped mid-call leaves its permit unanswered, not abandoned.
+    permit.sent();
+    let mut span = trace.attempt(&dep.id, url);
+    let headers = (p.anthropic_beta.as_ref(), span.traceparent());
+    let mut reached = false;
+    let billable = run.billable;
+    // From the request's arrival (`upstream::on_wire`) the upstream may be working: a
+    // request that ends before its answer pays this candidate's input, or an earlier one's
+    // that may have billed when dearer, and has used its input in the key's window. Not
+    // before: a client that leaves, or a deadline that runs out, while the connection or
+    // the credential is being made costs nothing — nor after a 401 that billed nothing,
+    // while the next request is being made (`UpstreamClient::post`).
+    let on_wire = |on: bool| {
+        reached = on;
+        sent(if on { dearer(billable, here) } else { billable });
+        if let Some(b) = key_booking.as_mut() {
+            b.used(if on { p.input_tokens } else { 0 });
+        }
+    };
+    let err = match attempt(
+        state,
+        (c, dep),
+        Some(url),
+        body,
+        (p.stream, headers, on_wire),
+        (started, deadline),
+    )
+    .await
+    {
+        Ok(mut s) => {
+            // A success is a 2xx (`UpstreamClient::post`), and every provider's is a 200.
+            span.outcome(Some(200), "served");
+            trace.served_by(dep.provider, Some(url));
+            permit.success();
+            state.pool().succeeded(d);
+            s.slot = slot;
+            s.key_booking = key_booking;
+            s.dropped = dropped.into_boxed_slice();
+            return Step::Served(s);
+        }
+        Err(e) => e,
+    };
+    let tier = retry::classify(&err);
+    let status = match &err {
+        UpstreamError::Status { status, .. } => Some(*status),
+        _ => None,
+    };
+    span.outcome(status, tier.as_str());
+    drop(span);
+    // A failed attempt used nothing of the key's window — unless the request's own
+    // deadline cut it off after the upstream had it (it keeps the input booked then). One
+    // cut off before it reached the upstream cut nothing: the request failed.
+    run.cut_by_deadline |= reached && tier == Tier::OutOfTime;
+    // A request that never reached the upstream (cut off before it did, or
+    // `UpstreamError::Connect`) billed nothing whatever its tier.
+    let billed = reached && !bills_nothing(tier) && !matches!(err, UpstreamError::Connect(_));
+    if billed {
+        run.billable = dearer(run.billable, here);
+    } else if reached {
+        sent(run.billable);
+    }
+    if let Some(b) = key_booking.as_mut() {
+        if !reached || tier != Tier::OutOfTime {
+            b.used(0);
+        }
+    }
+    if tier != Tier::LocalResources {
+        tracing::warn!(upstream = %dep.id, tier = ?tier, error = %err, "upstream attempt failed");
+    }
+    run.failed(tier, (dep.allow_private, url));
+    // The key was replaced while the call was out (a rotation, an admin's enable): what
+    // its answer says — cool down, disable, a breaker failure — is not the new key's.
+    if !still_in_use(state, dep) && tier != Tier::ClientError && tier != Tier::LocalResources {
+        permit.abandon();
+        if matches!(tier, Tier::RateLimited | Tier::Overloaded) {
+            run.overloaded.push(i);
+        }
+        return Step::Next;
+    }
+    match tier {
+        Tier::RateLimited | Tier::Overloaded => {
+            if tier == Tier::RateLimited {
+                metrics::upstream_429(&dep.id);
+            }
+            let streak = state.pool().rate_limited(d);
+            let retry_after = if let UpstreamError::Status { retry_after, .. } = &err {
+                *retry_after
+            } else {
+                None
+            };
+            let cool = retry::cooldown(
+                retry_after,
+                streak,
+                Duration::from_secs(state.settings.retry.max_cooldown_seconds),
+            );
+            state
+                .pool()
+                .cool_down(d, state.clock.now().timestamp_millis(), cool);
+            run.wait(cool);
+            if tier == Tier::Overloaded {
+                run.overloaded.push(i);
+                breaker_failure(state, d, permit);
+            } else {
+                permit.abandon();
+            }
+        }
+        Tier::QuotaExhausted => {
+            permit.abandon();
+            disable_key(state, d, Disabled::Quota);
+        }
+        Tier::AuthFailed => {
+            permit.abandon();
+            disable_key(state, d, Disabled::Auth);
+        }
+        Tier::ServerError => breaker_failure(state, d, permit),
+        // The gateway's own connection to that host was full: no verdict on the key, no
+        // rest (the next request may find room), no other key of that host (`Run::held`).
+        Tier::Held => permit.abandon(),
+        // A conflict is transient and says nothing of the upstream's health.
+        Tier::Conflict => permit.abandon(),
+        // Running out of the request's own time is the client's limit, no failure — but
+        // probes that keep ending so re-open the breaker (`UNANSWERED_PROBES_REOPEN`).
+        Tier::OutOfTime => {
+            if permit.unanswered() {
+                breaker_opened(state, d);
+            }
+        }
+        // The gateway's own shortage: the request never left it. No verdict on the key, and
+        // no other key (each would fail alike): the client retries in a moment. The alert
+        // is the log line: nothing here is the upstream's.
+        Tier::LocalResources => {
+            permit.abandon();
+            let why = format!(
+                "{err}: answered 503 without any upstream call; raise the gateway's limit \
+                 (open files: `LimitNOFILE`, `ulimit -n`) or shed load"
+            );
+            state.alerts.raise("local_resources", "gateway", &why);
+            return Step::Stop(
+                ApiError::ServiceDegraded {
+                    retry_after: LOCAL_RETRY_AFTER_SECONDS,
+                }
+                .into(),
+            );
+        }
+        Tier::ClientError => {
+            // The upstream answered sensibly: for the breaker that is a success.
+            permit.success();
+            return Step::ClientError(passthrough(
+                err,
+                providers::format_of(dep.provider),
+                p.endpoint.format(),
+            ));
+        }
+    }
+    Step::Next
+}
+
+/// Whether `dep`'s key is still the one its deployment sends (`Deployment::sealing` tells
+/// an admin's action on a managed key).
+fn still_in_use(state: &AppState, dep: &Deployment) -> bool {
+    let catalog = state.catalog();
+    catalog
+        .position(&dep.id)
+        .map(|d| &catalog.deployments[d])
+        .is_some_and(|now| {
+            now.sealing == dep.sealing
+                && now.shared_tag() == dep.shared_tag()
+                && now.api_key.expose() == dep.api_key.expose()
+        })
+}
