@@ -1,0 +1,369 @@
+//! The internal form's stream events written as the Responses stream events
+//! (`EventWriter`).
+
+use bytes::Bytes;
+use serde_json::{json, Map, Value};
+
+use super::answer::{reasoning_item, response_object, usage_json};
+use crate::upstream::providers::canonical::{Event, Finish, Usage};
+use crate::upstream::providers::formats::responses::stream::error_frame;
+use crate::upstream::providers::formats::responses::Stamp;
+use crate::upstream::providers::translate::stream::frame;
+
+/// An item the stream has opened.
+#[derive(Debug)]
+enum Open {
+    Message {
+        index: usize,
+        text: String,
+    },
+    Call {
+        index: usize,
+        id: String,
+        call_id: String,
+        name: String,
+        args: String,
+    },
+    Reasoning {
+        index: usize,
+        id: String,
+        text: String,
+        signature: Option<String>,
+    },
+}
+
+/// The internal form's stream events as the Responses stream: `response.created`,
+/// `response.in_progress`, per item `response.output_item.added`,
+/// (`response.content_part.added`, `response.output_text.delta`…, `…done`) or
+/// (`response.function_call_arguments.delta`…, `…done`) or (a reasoning item's
+/// `response.reasoning_text.delta`…, `…done`), `response.output_item.done`, and
+/// `response.completed` (or `response.incomplete`) with the usage; an upstream's error as
+/// the `error` event. Keeps the final response object for the stored copy.
+pub struct EventWriter {
+    body: Map<String, Value>,
+    stamp: Stamp,
+    seq: u64,
+    started: bool,
+    model: String,
+    created: i64,
+    /// Items complete, in output order.
+    done_items: Vec<Value>,
+    /// The open message or reasoning item, if any.
+    message: Option<Open>,
+    /// Open tool calls by the internal form's block index.
+    calls: Vec<(usize, Open)>,
+    finish: Option<Finish>,
+    /// The figures told so far (`null` in the response until the first).
+    usage: Option<Usage>,
+    item_ids: String,
+    pub completed: Option<Value>,
+}
+
+impl EventWriter {
+    pub fn new(body: Map<String, Value>, stamp: Stamp) -> Self {
+        let item_ids = stamp.id.trim_start_matches("resp_").to_string();
+        EventWriter {
+            body,
+            stamp,
+            seq: 0,
+            started: false,
+            model: String::new(),
+            created: 0,
+            done_items: Vec::new(),
+            message: None,
+            calls: Vec::new(),
+            finish: None,
+            usage: None,
+            item_ids,
+            completed: None,
+        }
+    }
+
+    pub fn next_seq(&self) -> u64 {
+        self.seq
+    }
+
+    fn emit(&mut self, kind: &str, mut v: Value, out: &mut Vec<Bytes>) {
+        v["type"] = json!(kind);
+        v["sequence_number"] = json!(self.seq);
+        self.seq += 1;
+        out.push(frame(Some(kind), &v.to_string()));
+    }
+
+    fn response(&self, status_done: bool) -> Value {
+        let mut r = if status_done {
+            response_object(
+                &self.body,
+                &self.model,
+                self.created,
+                self.done_items.clone(),
+                self.finish.as_ref(),
+                self.usage.as_ref().map_or(Value::Null, usage_json),
+            )
+        } else {
+            let mut r = response_object(
+                &self.body,
+                &self.model,
+                self.created,
+                vec![],
+                None,
+                Value::Null,
+            );
+            r["status"] = json!("in_progress");
+            r
+        };
+        self.stamp.apply(&mut r);
+        r
+    }
+
+    fn next_index(&self) -> usize {
+        self.done_items.len() + usize::from(self.message.is_some()) + self.calls.len()
+    }
+
+    fn close_message(&mut self, out: &mut Vec<Bytes>) {
+        match self.message.take() {
+            Some(Open::Message { index, text }) => {
+                let id = format!("msg_{}", self.item_ids);
+                self.emit("response.output_text.done", json!({"item_id": id, "output_index": index, "content_index": 0, "text": text, "logprobs": []}), out);
+                let part = json!({"type": "output_text", "text": text, "annotations": []});
+                self.emit(
+                    "response.content_part.done",
+                    json!({"item_id": id, "output_index": index, "content_index": 0, "part": part}),
+                    out,
+                );
+                let item = json!({"type": "message", "id": id, "status": "completed", "role": "assistant", "content": [part]});
+                self.emit(
+                    "response.output_item.done",
+                    json!({"output_index": index, "item": item}),
+                    out,
+                );
+                self.done_items.push(item);
+            }
+            Some(Open::Reasoning {
+                index,
+                id,
+                text,
+                signature,
+            }) => {
+                self.emit(
+                    "response.reasoning_text.done",
+                    json!({"item_id": id, "output_index": index, "content_index": 0, "text": text}),
+                    out,
+                );
+                let item = reasoning_item(id, &text, signature.as_deref());
+                self.emit(
+                    "response.output_item.done",
+                    json!({"output_index": index, "item": item}),
+                    out,
+                );
+                self.done_items.push(item);
+            }
+            _ => {}
+        }
+    }
+
+    fn close_calls(&mut self, out: &mut Vec<Bytes>) {
+        for (_, open) in std::mem::take(&mut self.calls) {
+            let Open::Call {
+                index,
+                id,
+                call_id,
+                name,
+                args,
+            } = open
+            else {
+                continue;
+            };
+            self.emit(
+                "response.function_call_arguments.done",
+                json!({"item_id": id, "output_index": index, "name": name, "arguments": args}),
+                out,
+            );
+            let item = json!({"type": "function_call", "id": id, "call_id": call_id, "name": name, "arguments": args, "status": "completed"});
+            self.emit(
+                "response.output_item.done",
+                json!({"output_index": index, "item": item}),
+                out,
+            );
+            self.done_items.push(item);
+        }
+    }
+
+    fn start(&mut self, out: &mut Vec<Bytes>) {
+        if self.started {
+            return;
+        }
+        self.started = true;
+        let r = self.response(false);
+        self.emit("response.created", json!({"response": r}), out);
+        self.emit("response.in_progress", json!({"response": r}), out);
+    }
+
+    /// Opens a message item unless one is open (closing open calls or reasoning first).
+    fn open_message(&mut self, out: &mut Vec<Bytes>) -> usize {
+        if let Some(Open::Message { index, .. }) = &self.message {
+            return *index;
+        }
+        self.close_message(out);
+        self.close_calls(out);
+        let index = self.next_index();
+        let id = format!("msg_{}", self.item_ids);
+        self.emit("response.output_item.added", json!({"output_index": index,
+            "item": {"type": "message", "id": id, "status": "in_progress", "role": "assistant", "content": []}}), out);
+        self.emit(
+            "response.content_part.added",
+            json!({"item_id": id, "output_index": index, "content_index": 0,
+            "part": {"type": "output_text", "text": "", "annotations": []}}),
+            out,
+        );
+        self.message = Some(Open::Message {
+            index,
+            text: String::new(),
+        });
+        index
+    }
+
+    /// Opens a reasoning item unless one is open.
+    fn open_reasoning(&mut self, out: &mut Vec<Bytes>) {
+        if matches!(self.message, Some(Open::Reasoning { .. })) {
+            return;
+        }
+        self.close_message(out);
+        self.close_calls(out);
+        let index = self.next_index();
+        let id = format!("rs_{}_{}", self.item_ids, index);
+        self.emit(
+            "response.output_item.added",
+            json!({"output_index": index,
+            "item": {"type": "reasoning", "id": id, "summary": [], "content": []}}),
+            out,
+        );
+        self.message = Some(Open::Reasoning {
+            index,
+            id,
+            text: String::new(),
+            signature: None,
+        });
+    }
+
+    /// Writes the Responses events of one internal-form event.
+    pub fn write(&mut self, e: &Event, out: &mut Vec<Bytes>) {
+        match e {
+            Event::Start { model, created, .. } => {
+                if !self.started {
+                    self.model = model.clone();
+                    // An upstream that gives none (Anthropic): the time the answer began.
+                    self.created = created.unwrap_or_else(|| chrono::Utc::now().timestamp());
+                }
+                self.start(out);
+            }
+            Event::TextDelta { text, .. } if !text.is_empty() => {
+                self.start(out);
+                let index = self.open_message(out);
+                if let Some(Open::Message { text: t, .. }) = &mut self.message {
+                    t.push_str(text);
+                }
+                let id = format!("msg_{}", self.item_ids);
+                self.emit("response.output_text.delta", json!({"item_id": id, "output_index": index, "content_index": 0, "delta": text, "logprobs": []}), out);
+            }
+            Event::ReasoningStart { .. } => {
+                self.start(out);
+                self.open_reasoning(out);
+            }
+            Event::ReasoningDelta { text, .. } if !text.is_empty() => {
+                self.start(out);
+                self.open_reasoning(out);
+                let mut ev = None;
+                if let Some(Open::Reasoning {
+                    index, id, text: t, ..
+                }) = &mut self.message
+                {
+                    t.push_str(text);
+                    ev = Some(
+                        json!({"item_id": id, "output_index": index, "content_index": 0, "delta": text}),
+                    );
+                }
+                if let Some(ev) = ev {
+                    self.emit("response.reasoning_text.delta", ev, out);
+                }
+            }
+            Event::ReasoningSignature { signature, .. } => {
+                self.start(out);
+                self.open_reasoning(out);
+                if let Some(Open::Reasoning { signature: s, .. }) = &mut self.message {
+                    *s = Some(signature.clone());
+                }
+            }
+            Event::ToolCallStart { index: k, id, name } => {
+                self.start(out);
+                if self.calls.iter().any(|(i, _)| i == k) {
+                    return;
+                }
+                self.close_message(out);
+                let index = self.next_index();
+                let item_id = format!("fc_{}_{}", self.item_ids, index);
+                self.emit("response.output_item.added", json!({"output_index": index,
+                    "item": {"type": "function_call", "id": item_id, "call_id": id, "name": name, "arguments": "", "status": "in_progress"}}), out);
+                self.calls.push((
+                    *k,
+                    Open::Call {
+                        index,
+                        id: item_id,
+                        call_id: id.clone(),
+                        name: name.clone(),
+                        args: String::new(),
+                    },
+                ));
+            }
+            Event::ToolArgsDelta { index: k, json } if !json.is_empty() => {
+                let mut ev = None;
+                if let Some((
+                    _,
+                    Open::Call {
+                        index, id, args, ..
+                    },
+                )) = self.calls.iter_mut().find(|(i, _)| i == k)
+                {
+                    args.push_str(json);
+                    ev = Some(json!({"item_id": id, "output_index": index, "delta": json}));
+                }
+                if let Some(ev) = ev {
+                    self.emit("response.function_call_arguments.delta", ev, out);
+                }
+            }
+            Event::RefusalDelta { text, .. } if !text.is_empty() => {
+                // A refusal streamed as text of the message (no `response.refusal.delta` yet;
+                // the non-streamed answer has its `refusal` part).
+                self.write(
+                    &Event::TextDelta {
+                        index: 0,
+                        text: text.clone(),
+                    },
+                    out,
+                );
+            }
+            Event::Usage(r) => r.apply(self.usage.get_or_insert_with(Usage::default)),
+            Event::Finish(f) => self.finish = Some(f.clone()),
+            Event::Error(e) => {
+                let seq = self.seq;
+                self.seq += 1;
+                let code = e.code.as_deref().unwrap_or("upstream_error");
+                out.push(error_frame(seq, &e.message, code));
+            }
+            Event::Done => {
+                self.start(out);
+                self.close_message(out);
+                self.close_calls(out);
+                let r = self.response(true);
+                let kind = if r["status"] == "incomplete" {
+                    "response.incomplete"
+                } else {
+                    "response.completed"
+                };
+                self.emit(kind, json!({"response": r}), out);
+                self.completed = Some(r);
+            }
+            _ => {}
+        }
+    }
+}
