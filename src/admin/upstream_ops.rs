@@ -410,6 +410,28 @@ pub async fn test(state: &AppState, actor: &Actor, id: &str) -> Result<Tested, A
         ),
         Err(e) => (false, None, format!("No answer: {e}.")),
     };
+    // The call is real and paid for with the upstream's key, so it is an admin action like
+    // any other: one row, after the call so it carries the outcome (never the key, nor the
+    // upstream's words, which may echo what it was sent).
+    let after = json!({
+        "ok": ok,
+        "status": status,
+        "model": route.upstream_model,
+        "elapsed_ms": elapsed_ms,
+    })
+    .to_string();
+    let mut tx = state.db.begin().await?;
+    actor
+        .audit(
+            &mut tx,
+            "upstream.test",
+            &format!("upstream:{id}"),
+            None,
+            Some(&after),
+            state.clock.now(),
+        )
+        .await?;
+    tx.commit().await?;
     Ok(Tested {
         id: id.to_string(),
         ok,

@@ -476,6 +476,13 @@ async fn every_admin_action_writes_exactly_one_audit_row_without_secrets() {
             json!({}),
             "upstream.enable",
         ),
+        // A real, paid call with the key: recorded, with its outcome.
+        (
+            Method::POST,
+            "/admin/api/v1/upstreams/a/test".into(),
+            json!({}),
+            "upstream.test",
+        ),
         (
             Method::POST,
             "/admin/api/v1/users".into(),
