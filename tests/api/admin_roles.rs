@@ -483,6 +483,13 @@ async fn every_admin_action_writes_exactly_one_audit_row_without_secrets() {
             json!({}),
             "upstream.test",
         ),
+        // Budget and tags at once: one action, one row carrying both changes.
+        (
+            Method::PATCH,
+            "/admin/api/v1/teams/3".into(),
+            json!({"budget_usd": "4", "tags": "dept:green"}),
+            "team.update",
+        ),
         (
             Method::POST,
             "/admin/api/v1/users".into(),
