@@ -1201,3 +1201,16 @@ async fn a_trigger_that_drops_audit_rows_fails_the_action_and_is_named() {
         );
     }
 }
+
+/// Makes the database refuse the audit row of `action` (a trigger that aborts its insert),
+/// to see that an action whose audit row fails leaves nothing of itself behind.
+pub(crate) async fn refuse_audit_of(settings: &sluice::config::Settings, action: &str) {
+    let mut c = Attacker::of(settings).await;
+    let sql = match c.on_postgres() {
+        false => format!("CREATE TRIGGER refuse BEFORE INSERT ON audit_log WHEN NEW.action = '{action}' BEGIN SELECT RAISE(ABORT, 'audit row refused'); END"),
+        true => format!("CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'audit row refused'; END $$;
+            CREATE TRIGGER refuse BEFORE INSERT ON audit_log FOR EACH ROW WHEN (NEW.action = '{action}') EXECUTE FUNCTION refuse()"),
+    };
+    c.exec(&sql).await;
+    c.close().await;
+}
