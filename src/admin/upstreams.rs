@@ -91,11 +91,6 @@ pub async fn set_enabled(
         .disabled(d)
         .map(|r| r.as_str())
         .unwrap_or("enabled");
-    if enable {
-        state.pool().enable(d);
-    } else {
-        state.pool().disable(d, Disabled::Admin);
-    }
     let after = if enable {
         "enabled"
     } else {
@@ -123,6 +118,13 @@ pub async fn set_enabled(
         )
         .await?;
     tx.commit().await?;
+    // The pool is switched only once the audit row is committed: switched first, a row
+    // that could not be written left the key switched, unaudited.
+    if enable {
+        state.pool().enable(d);
+    } else {
+        state.pool().disable(d, Disabled::Admin);
+    }
     view(state, actor, id)
 }
 

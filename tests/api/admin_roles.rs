@@ -404,6 +404,29 @@ async fn finance_reads_everything_and_changes_nothing() {
     assert_eq!(state_counts(&w.app).await, before);
 }
 
+/// Switching a config-file upstream whose audit row fails changes nothing: the pool is
+/// switched only after the audited commit (before, the key stayed disabled, unaudited).
+#[tokio::test]
+async fn a_config_upstream_switch_whose_audit_row_fails_changes_nothing() {
+    let w = world().await;
+    crate::audit_tamper::refuse_audit_of(&w.app.settings, "upstream.disable").await;
+    let (status, v) = w
+        .admin
+        .post("/admin/api/v1/upstreams/a/disable", &json!({}))
+        .await;
+    assert_eq!(status, 500, "{v}");
+    let (status, v) = w.admin.get_json("/admin/api/v1/upstreams").await;
+    assert_eq!(status, 200, "{v}");
+    let a = v["upstreams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["id"] == "a")
+        .cloned()
+        .unwrap();
+    assert_eq!(a["enabled"], true, "disabled without its audit row: {a}");
+}
+
 #[tokio::test]
 async fn every_admin_action_writes_exactly_one_audit_row_without_secrets() {
     let w = world().await;
