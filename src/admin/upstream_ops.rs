@@ -569,7 +569,8 @@ fn model_view(m: &ModelSettings) -> Value {
 /// A model as the API shows it, with its price in force now (its first route's: routes
 /// differ only where the bundled table prices them) and where that price comes from.
 pub fn models(state: &AppState, actor: &Actor) -> Result<Vec<Value>, AdminError> {
-    actor.require_admin()?;
+    // A read: finance sees models as admins do (their changes check `require_admin`).
+    actor.require_global_reader()?;
     let catalog = state.catalog();
     let now = state.clock.now();
     Ok(catalog

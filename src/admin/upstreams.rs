@@ -33,8 +33,10 @@ pub struct UpstreamView {
     pub breaker: &'static str,
 }
 
+/// Every upstream as admins and finance see it (the key masked); leads are told nothing
+/// exists. Finance reads everything and changes nothing: the writes check `require_admin`.
 pub fn list(state: &AppState, actor: &Actor) -> Result<Vec<UpstreamView>, AdminError> {
-    actor.require_admin()?;
+    actor.require_global_reader()?;
     let now_ms = state.clock.now().timestamp_millis();
     let live = state.live.snapshot();
     let (catalog, pool) = (&live.catalog, &live.pool);
@@ -142,6 +144,8 @@ struct UpstreamsPage {
     c: Chrome,
     ups: Vec<UpstreamView>,
     models: Vec<ModelLine>,
+    /// Whether to offer the controls (finance reads the page without them).
+    write: bool,
 }
 
 #[derive(Template)]
@@ -200,6 +204,7 @@ fn model_lines(state: &AppState, actor: &Actor) -> Result<Vec<ModelLine>, AdminE
 #[template(path = "admin/_upstreams_table.html")]
 struct UpstreamsTable {
     ups: Vec<UpstreamView>,
+    write: bool,
 }
 
 pub async fn page(actor: Actor, state: web::Data<AppState>) -> Result<HttpResponse, AdminError> {
@@ -208,6 +213,7 @@ pub async fn page(actor: Actor, state: web::Data<AppState>) -> Result<HttpRespon
         c: Chrome::new(&actor, "upstreams"),
         ups,
         models: model_lines(&state, &actor)?,
+        write: actor.is_admin(),
     })
 }
 
@@ -231,6 +237,7 @@ pub async fn toggle(
     view::html_with_flash(
         &UpstreamsTable {
             ups: list(&state, &actor)?,
+            write: actor.is_admin(),
         },
         &msg,
     )
@@ -240,6 +247,7 @@ fn table_with(state: &AppState, actor: &Actor, msg: &str) -> Result<HttpResponse
     view::html_with_flash(
         &UpstreamsTable {
             ups: list(state, actor)?,
+            write: actor.is_admin(),
         },
         msg,
     )

@@ -306,6 +306,9 @@ async fn finance_reads_everything_and_changes_nothing() {
         "/admin/api/v1/requests",
         "/admin/api/v1/audit",
         "/admin/api/v1/reports/spend",
+        "/admin/upstreams",
+        "/admin/api/v1/upstreams",
+        "/admin/api/v1/models",
     ] {
         let r = fin.get(path).await;
         assert_eq!(r.status(), 200, "{path}");
@@ -322,6 +325,18 @@ async fn finance_reads_everything_and_changes_nothing() {
         names(&teams, "teams", "name").contains(&"blue".to_string()),
         "finance reads across teams"
     );
+    // Upstreams and models as admins see them: the key masked, never in clear.
+    let (_, ups) = fin.get_json("/admin/api/v1/upstreams").await;
+    let (_, admin_ups) = w.admin.get_json("/admin/api/v1/upstreams").await;
+    assert_eq!(ups, admin_ups);
+    let key = w.app.settings.upstreams[0].api_key.expose().to_string();
+    assert!(!ups.to_string().contains(&key), "{ups}");
+    assert!(ups["upstreams"][0]["key"]
+        .as_str()
+        .unwrap()
+        .starts_with("****"));
+    let (_, models) = fin.get_json("/admin/api/v1/models").await;
+    assert!(!names(&models, "models", "name").is_empty(), "{models}");
 
     let before = state_counts(&w.app).await;
     let (rt, bt, rm) = (w.red_token, w.blue_token, w.red_member);
@@ -380,6 +395,21 @@ async fn finance_reads_everything_and_changes_nothing() {
             Method::POST,
             "/admin/api/v1/keys".into(),
             json!({"name": "k"}),
+        ),
+        (
+            Method::POST,
+            "/admin/api/v1/upstreams/a/test".into(),
+            json!({}),
+        ),
+        (
+            Method::POST,
+            "/admin/api/v1/upstreams".into(),
+            json!({"id": "f", "provider": "openai", "base_url": "https://api.openai.com/v1", "api_key": "sk-finance-0000"}),
+        ),
+        (
+            Method::PUT,
+            "/admin/api/v1/models/fin-model".into(),
+            json!({"routes": [{"upstream": "a", "model": "gpt-4o-mini"}]}),
         ),
         (
             Method::POST,
