@@ -135,7 +135,7 @@ pub async fn verify(actor: Actor, state: web::Data<AppState>) -> Result<HttpResp
             report.chain.rows
         )),
     }
-    // The chain's own problem is shown above; the head's follow it.
+    // The chain's own problem is shown above; the head's follow it, then the triggers'.
     let problems = report.problems();
     let head_problems = problems.iter().filter(|p| p.starts_with("audit head"));
     let mut any = false;
@@ -144,6 +144,12 @@ pub async fn verify(actor: Actor, state: web::Data<AppState>) -> Result<HttpResp
         html.push_str(&format!(
             "<p class=\"flash error\" role=\"alert\">{}</p>",
             escape(p)
+        ));
+    }
+    for p in report.triggers.problems() {
+        html.push_str(&format!(
+            "<p class=\"flash error\" role=\"alert\">{}</p>",
+            escape(&p)
         ));
     }
     if !any {

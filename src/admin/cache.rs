@@ -6,7 +6,7 @@ use serde_json::json;
 
 use super::actor::Actor;
 use super::error::AdminError;
-use crate::cache::MAX_TAG_LEN;
+use crate::cache::{Cache, MAX_TAG_LEN};
 use crate::state::AppState;
 
 #[derive(Deserialize)]
@@ -24,9 +24,12 @@ pub async fn invalidate(state: &AppState, actor: &Actor, tag: &str) -> Result<us
             "tag must be 1 to {MAX_TAG_LEN} characters, without commas"
         )));
     }
-    let deleted = state.cache.invalidate_tag(tag).await?;
     let now = state.clock.now();
+    // The entries go in the audit row's transaction: deleted first on their own, they
+    // stayed deleted, unaudited, when the row could not be written.
     let mut tx = state.db.begin().await?;
+    let gone = Cache::delete_tag(&mut tx, tag).await?;
+    let deleted = gone.len();
     let after = json!({"tag": tag, "deleted": deleted}).to_string();
     actor
         .audit(
@@ -39,5 +42,6 @@ pub async fn invalidate(state: &AppState, actor: &Actor, tag: &str) -> Result<us
         )
         .await?;
     tx.commit().await?;
+    state.cache.forget_deleted(gone);
     Ok(deleted)
 }

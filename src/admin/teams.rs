@@ -3,7 +3,7 @@
 use actix_web::{web, HttpResponse};
 use askama::Template;
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{json, Map, Value};
 
 use super::actor::{Actor, Role};
 use super::error::AdminError;
@@ -151,7 +151,9 @@ pub async fn patch(
 }
 
 /// Sets what is given — the budget (`Some(None)`: no limit) and the tags (`Some(None)`:
-/// none) — validated first, then in one transaction with one audit row each.
+/// none) — validated first, then in one transaction with one audit row: `budget.set_limit`
+/// or `team.tags`, or `team.update` carrying both changes when both are given (one action,
+/// one row).
 async fn edit(
     state: &AppState,
     actor: &Actor,
@@ -170,36 +172,35 @@ async fn edit(
     let before = directory::team(&mut tx, id)
         .await?
         .ok_or(AdminError::NotFound)?;
-    let target = format!("team:{id}");
+    let (mut b, mut a) = (Map::new(), Map::new());
     if let Some(limit) = limit {
         let reset = Reset::parse(&before.reset).unwrap_or(Reset::Monthly);
         ledger::set_limit(&mut tx, Level::Team, id, reset, limit, now).await?;
         tokens::bump_epoch(&mut tx).await?;
-        let (b, a) = (
-            json!({"limit_micros": before.limit_micros}).to_string(),
-            json!({"limit_micros": limit}).to_string(),
-        );
-        actor
-            .audit(
-                &mut tx,
-                "budget.set_limit",
-                &target,
-                Some(&b),
-                Some(&a),
-                now,
-            )
-            .await?;
+        b.insert("limit_micros".into(), json!(before.limit_micros));
+        a.insert("limit_micros".into(), json!(limit));
     }
-    if let Some(tags) = tags {
-        tag_store::set(&mut tx, Owner::Team(id), &tags).await?;
-        let (b, a) = (
-            json!({"tags": before.tags}).to_string(),
-            json!({"tags": tags}).to_string(),
-        );
-        actor
-            .audit(&mut tx, "team.tags", &target, Some(&b), Some(&a), now)
-            .await?;
+    if let Some(tags) = &tags {
+        tag_store::set(&mut tx, Owner::Team(id), tags).await?;
+        b.insert("tags".into(), json!(before.tags));
+        a.insert("tags".into(), json!(tags));
     }
+    let action = match (limit.is_some(), tags.is_some()) {
+        (true, true) => "team.update",
+        (true, false) => "budget.set_limit",
+        _ => "team.tags",
+    };
+    let (b, a) = (Value::Object(b).to_string(), Value::Object(a).to_string());
+    actor
+        .audit(
+            &mut tx,
+            action,
+            &format!("team:{id}"),
+            Some(&b),
+            Some(&a),
+            now,
+        )
+        .await?;
     let row = directory::team(&mut tx, id)
         .await?
         .ok_or(AdminError::NotFound)?;

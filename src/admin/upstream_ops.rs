@@ -410,6 +410,28 @@ pub async fn test(state: &AppState, actor: &Actor, id: &str) -> Result<Tested, A
         ),
         Err(e) => (false, None, format!("No answer: {e}.")),
     };
+    // The call is real and paid for with the upstream's key, so it is an admin action like
+    // any other: one row, after the call so it carries the outcome (never the key, nor the
+    // upstream's words, which may echo what it was sent).
+    let after = json!({
+        "ok": ok,
+        "status": status,
+        "model": route.upstream_model,
+        "elapsed_ms": elapsed_ms,
+    })
+    .to_string();
+    let mut tx = state.db.begin().await?;
+    actor
+        .audit(
+            &mut tx,
+            "upstream.test",
+            &format!("upstream:{id}"),
+            None,
+            Some(&after),
+            state.clock.now(),
+        )
+        .await?;
+    tx.commit().await?;
     Ok(Tested {
         id: id.to_string(),
         ok,
@@ -547,7 +569,8 @@ fn model_view(m: &ModelSettings) -> Value {
 /// A model as the API shows it, with its price in force now (its first route's: routes
 /// differ only where the bundled table prices them) and where that price comes from.
 pub fn models(state: &AppState, actor: &Actor) -> Result<Vec<Value>, AdminError> {
-    actor.require_admin()?;
+    // A read: finance sees models as admins do (their changes check `require_admin`).
+    actor.require_global_reader()?;
     let catalog = state.catalog();
     let now = state.clock.now();
     Ok(catalog

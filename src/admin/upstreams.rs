@@ -33,8 +33,10 @@ pub struct UpstreamView {
     pub breaker: &'static str,
 }
 
+/// Every upstream as admins and finance see it (the key masked); leads are told nothing
+/// exists. Finance reads everything and changes nothing: the writes check `require_admin`.
 pub fn list(state: &AppState, actor: &Actor) -> Result<Vec<UpstreamView>, AdminError> {
-    actor.require_admin()?;
+    actor.require_global_reader()?;
     let now_ms = state.clock.now().timestamp_millis();
     let live = state.live.snapshot();
     let (catalog, pool) = (&live.catalog, &live.pool);
@@ -91,11 +93,6 @@ pub async fn set_enabled(
         .disabled(d)
         .map(|r| r.as_str())
         .unwrap_or("enabled");
-    if enable {
-        state.pool().enable(d);
-    } else {
-        state.pool().disable(d, Disabled::Admin);
-    }
     let after = if enable {
         "enabled"
     } else {
@@ -123,6 +120,13 @@ pub async fn set_enabled(
         )
         .await?;
     tx.commit().await?;
+    // The pool is switched only once the audit row is committed: switched first, a row
+    // that could not be written left the key switched, unaudited.
+    if enable {
+        state.pool().enable(d);
+    } else {
+        state.pool().disable(d, Disabled::Admin);
+    }
     view(state, actor, id)
 }
 
@@ -140,6 +144,8 @@ struct UpstreamsPage {
     c: Chrome,
     ups: Vec<UpstreamView>,
     models: Vec<ModelLine>,
+    /// Whether to offer the controls (finance reads the page without them).
+    write: bool,
 }
 
 #[derive(Template)]
@@ -198,6 +204,7 @@ fn model_lines(state: &AppState, actor: &Actor) -> Result<Vec<ModelLine>, AdminE
 #[template(path = "admin/_upstreams_table.html")]
 struct UpstreamsTable {
     ups: Vec<UpstreamView>,
+    write: bool,
 }
 
 pub async fn page(actor: Actor, state: web::Data<AppState>) -> Result<HttpResponse, AdminError> {
@@ -206,6 +213,7 @@ pub async fn page(actor: Actor, state: web::Data<AppState>) -> Result<HttpRespon
         c: Chrome::new(&actor, "upstreams"),
         ups,
         models: model_lines(&state, &actor)?,
+        write: actor.is_admin(),
     })
 }
 
@@ -229,6 +237,7 @@ pub async fn toggle(
     view::html_with_flash(
         &UpstreamsTable {
             ups: list(&state, &actor)?,
+            write: actor.is_admin(),
         },
         &msg,
     )
@@ -238,6 +247,7 @@ fn table_with(state: &AppState, actor: &Actor, msg: &str) -> Result<HttpResponse
     view::html_with_flash(
         &UpstreamsTable {
             ups: list(state, actor)?,
+            write: actor.is_admin(),
         },
         msg,
     )

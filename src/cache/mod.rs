@@ -105,6 +105,19 @@ const MAX_PER_CONTEXT: usize = 256;
 /// Most entries kept in memory in front of SQLite.
 const LRU_ENTRIES: usize = 10_000;
 
+/// The entries a `Cache::delete_tag` deleted, to forget once its transaction commits.
+pub struct Deleted(Vec<Key>);
+
+impl Deleted {
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 fn as_key(v: &[u8]) -> Option<Key> {
     v.try_into().ok()
 }
@@ -374,6 +387,24 @@ impl Cache {
             .collect();
         self.forget(&deleted);
         Ok(deleted.len())
+    }
+
+    /// Deletes every entry tagged `tag` inside `tx` (an admin's, with its audit row). The
+    /// entries stay in memory until `forget_deleted`, called once `tx` committed: rolled
+    /// back, they are still in the database and still served.
+    pub async fn delete_tag(tx: &mut store::Tx, tag: &str) -> Result<Deleted, StoreError> {
+        Ok(Deleted(
+            store::cache::delete_tag_in(tx, tag)
+                .await?
+                .iter()
+                .filter_map(|k| as_key(k))
+                .collect(),
+        ))
+    }
+
+    /// Drops from memory the entries `delete_tag` deleted, after its transaction committed.
+    pub fn forget_deleted(&self, deleted: Deleted) {
+        self.forget(&deleted.0);
     }
 
     /// Waits until every entry stored before this call is in the database.

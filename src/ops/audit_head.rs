@@ -385,12 +385,14 @@ pub struct Report {
     pub started: Option<(i64, String)>,
     /// The database's row count and newest hash (also past a broken row).
     pub tip: (i64, i64, String),
+    /// Triggers on the log that are not the schema's, or its guards missing.
+    pub triggers: audit::Triggers,
 }
 
 impl Report {
     /// Every problem found, each naming what broke; empty when all is well.
     pub fn problems(&self) -> Vec<String> {
-        let mut out = Vec::new();
+        let mut out = self.triggers.problems();
         if let Some(b) = &self.chain.broken {
             out.push(format!(
                 "audit log chain broken at row {}: {} ({} rows before it verified)",
@@ -446,7 +448,7 @@ impl Report {
     }
 }
 
-/// Checks rows, chain and head.
+/// Checks rows, chain, head, and the triggers on the log.
 pub async fn verify(db: &Db, dir: &Path) -> Result<Report, HeadError> {
     let chain = audit::verify(db, &db.audit).await?;
     let mut conn = db.begin_read().await?;
@@ -457,5 +459,6 @@ pub async fn verify(db: &Db, dir: &Path) -> Result<Report, HeadError> {
         head: read(dir, &db.audit),
         started,
         tip,
+        triggers: audit::triggers(db).await?,
     })
 }

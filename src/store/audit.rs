@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
 use super::raw::Conn;
-use super::Result;
+use super::{Result, StoreError};
 use crate::clock::db_time;
 use crate::secrets::{MasterKey, Subkey};
 
@@ -173,9 +173,39 @@ pub(super) fn legacy_hash(prev: &str, e: &AuditEntry<'_>, created_at: &str) -> S
 }
 
 const LAST_HASH: &str = "SELECT hash FROM audit_log ORDER BY id DESC LIMIT 1";
-/// The MAC is computed by the connection (`audit_mac`): `?8` is the previous hash.
+/// The MAC is computed by the connection (`audit_mac`): `?8` is the previous hash. The row
+/// written comes back (`RETURNING`) for `written` to check against the tip.
 const INSERT: &str = "INSERT INTO audit_log (actor, address, action, target, before, after, created_at, prev_hash, hash, chain)
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, sluice_audit_mac(?8, ?1, ?2, ?3, ?4, ?5, ?6, ?7), 'hmac-sha256')";
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, sluice_audit_mac(?8, ?1, ?2, ?3, ?4, ?5, ?6, ?7), 'hmac-sha256')
+     RETURNING id, hash";
+/// The newest row, read back after an append.
+pub(super) const TIP: &str = "SELECT id, hash FROM audit_log ORDER BY id DESC LIMIT 1";
+
+/// Whether the row an append wrote (`inserted`: what its INSERT returned, `None` when it
+/// returned no row) is the tip of the log right after it (`tip`), unchanged. A trigger
+/// planted on the table (S11: the database without the key) can skip the row (SQLite
+/// `RAISE(IGNORE)`, a PostgreSQL BEFORE trigger returning NULL or a rule) or delete or edit
+/// it as soon as it is written; the chain then links past it and the head counts without
+/// it, so nothing after could tell. Refused here instead: the caller's transaction fails
+/// and the action does not happen unaudited.
+pub(super) fn written(
+    action: &str,
+    inserted: Option<(i64, String)>,
+    tip: Option<(i64, String)>,
+) -> Result<()> {
+    let Some(row) = inserted else {
+        return Err(StoreError::Audit(format!(
+            "the audit row of `{action}` was not written (something on the audit_log table dropped it: `sluice audit verify` names its triggers); the action was not done"
+        )));
+    };
+    if tip.as_ref() != Some(&row) {
+        return Err(StoreError::Audit(format!(
+            "the audit row of `{action}` (id {}) was removed or changed as it was written (something on the audit_log table did it: `sluice audit verify` names its triggers); the action was not done",
+            row.0
+        )));
+    }
+    Ok(())
+}
 
 /// Appends one row inside the caller's transaction, so the action and its audit row commit
 /// together or not at all.
@@ -191,7 +221,7 @@ pub async fn append(
         .fetch_optional(tx.sqlite()?)
         .await?;
     let prev = prev.unwrap_or_else(|| GENESIS.to_string());
-    sqlx::query(INSERT)
+    let inserted: Option<(i64, String)> = sqlx::query_as(INSERT)
         .bind(e.actor)
         .bind(e.address)
         .bind(e.action)
@@ -200,9 +230,10 @@ pub async fn append(
         .bind(e.after)
         .bind(db_time(now))
         .bind(&prev)
-        .execute(tx.sqlite()?)
+        .fetch_optional(tx.sqlite()?)
         .await?;
-    Ok(())
+    let tip: Option<(i64, String)> = sqlx::query_as(TIP).fetch_optional(tx.sqlite()?).await?;
+    written(e.action, inserted, tip)
 }
 
 /// `append` for a transaction run through the raw handle (`writer`).
@@ -216,20 +247,25 @@ pub fn append_tx(
         .flatten()
         .unwrap_or_else(|| GENESIS.to_string());
     let created_at = db_time(now);
-    tx.execute(
-        INSERT,
-        &[
-            e.actor.into(),
-            e.address.into(),
-            e.action.into(),
-            e.target.into(),
-            e.before.into(),
-            e.after.into(),
-            (&created_at).into(),
-            (&prev).into(),
-        ],
-    )?;
-    Ok(())
+    let row = |r: &super::raw::Row| r.int(0).zip(r.text(1));
+    let inserted = tx
+        .query_row(
+            INSERT,
+            &[
+                e.actor.into(),
+                e.address.into(),
+                e.action.into(),
+                e.target.into(),
+                e.before.into(),
+                e.after.into(),
+                (&created_at).into(),
+                (&prev).into(),
+            ],
+            row,
+        )?
+        .flatten();
+    let tip = tx.query_row(TIP, &[], row)?.flatten();
+    written(e.action, inserted, tip)
 }
 
 /// Appends one row in its own transaction (for events outside an admin transaction, such
@@ -243,6 +279,95 @@ pub async fn record(
     append(&mut tx, e, now).await?;
     tx.commit().await?;
     Ok(())
+}
+
+/// What is wrong with the triggers that touch the audit log (`triggers`), each named.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Triggers {
+    /// Triggers (or, on PostgreSQL, rules) that are not the schema's, or the schema's
+    /// altered: each can drop, delete or edit rows as they are written, which the chain
+    /// and the head cannot show (a skipped row is simply not linked).
+    pub unexpected: Vec<String>,
+    /// The schema's append-only guards missing or disabled.
+    pub missing: Vec<String>,
+}
+
+impl Triggers {
+    /// Every problem, unexpected ones first; empty when the triggers are the schema's.
+    pub fn problems(&self) -> Vec<String> {
+        self.unexpected
+            .iter()
+            .chain(&self.missing)
+            .cloned()
+            .collect()
+    }
+
+    pub(super) fn unexpected(&mut self, name: &str, what: &str) {
+        self.unexpected.push(format!(
+            "audit log trigger `{name}` is not the schema's ({what}): it can drop or change audit rows as they are written, unseen by the chain; find out who added it, then drop it"
+        ));
+    }
+
+    pub(super) fn missing(&mut self, name: &str, what: &str) {
+        self.missing.push(format!(
+            "audit log trigger `{name}` {what}: audit rows can be changed or deleted (the chain and the head still show it); put it back as the schema has it"
+        ));
+    }
+}
+
+/// The triggers migration 0004 put on `audit_log` (SQLite), as `sqlite_master` keeps
+/// their text (compared with runs of whitespace as one space).
+const SQLITE_GUARDS: [(&str, &str); 2] = [
+    (
+        "audit_no_update",
+        "CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit_log BEGIN SELECT RAISE(ABORT, 'audit_log is append-only'); END",
+    ),
+    (
+        "audit_no_delete",
+        "CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit_log BEGIN SELECT RAISE(ABORT, 'audit_log is append-only'); END",
+    ),
+];
+
+/// `text` with every run of whitespace one space (a trigger put back on one line is the
+/// same trigger).
+pub(super) fn squeeze(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Checks that the triggers on the audit log, and every trigger that names it, are
+/// exactly the schema's append-only guards. The MAC chain shows a row changed and the
+/// head rows deleted, but a trigger can drop a row before either sees it: `append` refuses
+/// what it can see of that, and this names the trigger (startup, `sluice audit verify`).
+pub async fn triggers(db: &super::Db) -> Result<Triggers> {
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => return super::pg::audit::triggers(&pg.pool).await,
+    };
+    // A trigger on another table can reach the log too (deleting its newest row after the
+    // append): any whose text names it counts.
+    let rows: Vec<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT name, tbl_name, sql FROM sqlite_master
+         WHERE type = 'trigger' AND (tbl_name = 'audit_log' OR sql LIKE '%audit_log%')
+         ORDER BY name",
+    )
+    .fetch_all(&sqlite.read)
+    .await?;
+    let mut out = Triggers::default();
+    for (name, table, sql) in &rows {
+        let sql = squeeze(sql.as_deref().unwrap_or(""));
+        match SQLITE_GUARDS.iter().find(|(n, _)| n == name) {
+            Some((_, want)) if *want == sql => {}
+            Some(_) => out.unexpected(name, "its text was changed"),
+            None if table == "audit_log" => out.unexpected(name, "added on audit_log"),
+            None => out.unexpected(name, &format!("added on {table}, it names audit_log")),
+        }
+    }
+    for (name, _) in SQLITE_GUARDS {
+        if !rows.iter().any(|(n, _, _)| n == name) {
+            out.missing(name, "is missing");
+        }
+    }
+    Ok(out)
 }
 
 /// The chain as the database holds it: how many rows, the newest, and the first row that

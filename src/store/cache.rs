@@ -140,8 +140,19 @@ pub async fn delete_tag(db: &super::Db, tag: &str) -> Result<Vec<Vec<u8>>> {
     if let super::Backend::Postgres(pg) = &db.backend {
         return super::pg::cache::delete_tag(&pg.pool, tag).await;
     }
-    let needle = format!(",{tag},");
     let mut tx = db.begin().await?;
+    let keys = delete_tag_in(&mut tx, tag).await?;
+    tx.commit().await?;
+    Ok(keys)
+}
+
+/// `delete_tag` inside the caller's transaction: an admin's invalidation deletes in the
+/// transaction of its audit row, so the entries go only if the row is written.
+pub async fn delete_tag_in(tx: &mut super::Tx, tag: &str) -> Result<Vec<Vec<u8>>> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::cache::delete_tag_in(conn, tag).await;
+    }
+    let needle = format!(",{tag},");
     let keys: Vec<Vec<u8>> =
         sqlx::query_scalar("DELETE FROM cache_entries WHERE instr(tags, ?) > 0 RETURNING key")
             .bind(needle)
@@ -152,7 +163,6 @@ pub async fn delete_tag(db: &super::Db, tag: &str) -> Result<Vec<Vec<u8>>> {
             .execute(tx.sqlite()?)
             .await?;
     }
-    tx.commit().await?;
     Ok(keys)
 }
 

@@ -76,6 +76,10 @@ pub enum StoreError {
     /// job), named for the operator.
     #[error("{0}")]
     Unsupported(String),
+    /// The audit log as it stands cannot be trusted to record: an appended row that was
+    /// not written as it was, or triggers on the table that are not the schema's.
+    #[error("{0}")]
+    Audit(String),
 }
 
 impl StoreError {
@@ -243,6 +247,26 @@ impl Db {
     /// The checks of `connect` on an opened database: closed and refused if it fails them.
     async fn checked(self) -> Result<Db> {
         let db = self;
+        // A trigger that is not the schema's can drop or rewrite audit rows as they are
+        // written, which neither the chain nor the head would show (`audit::triggers`):
+        // nothing starts on such a database. A guard that is only missing or disabled
+        // hides nothing the chain and the head do not show; it is named here and by
+        // `sluice audit verify`, which fails on it.
+        match audit::triggers(&db).await {
+            Ok(t) if !t.unexpected.is_empty() => {
+                db.close().await;
+                return Err(StoreError::Audit(t.problems().join("\n")));
+            }
+            Ok(t) => {
+                for m in &t.missing {
+                    tracing::warn!(problem = %m, "audit log guard");
+                }
+            }
+            Err(e) => {
+                db.close().await;
+                return Err(e);
+            }
+        }
         // On PostgreSQL, a host with another key would sign rows no other host can verify
         // (the first one at once: its audit head's start): refused before it writes
         // anything.

@@ -306,6 +306,9 @@ async fn finance_reads_everything_and_changes_nothing() {
         "/admin/api/v1/requests",
         "/admin/api/v1/audit",
         "/admin/api/v1/reports/spend",
+        "/admin/upstreams",
+        "/admin/api/v1/upstreams",
+        "/admin/api/v1/models",
     ] {
         let r = fin.get(path).await;
         assert_eq!(r.status(), 200, "{path}");
@@ -322,6 +325,18 @@ async fn finance_reads_everything_and_changes_nothing() {
         names(&teams, "teams", "name").contains(&"blue".to_string()),
         "finance reads across teams"
     );
+    // Upstreams and models as admins see them: the key masked, never in clear.
+    let (_, ups) = fin.get_json("/admin/api/v1/upstreams").await;
+    let (_, admin_ups) = w.admin.get_json("/admin/api/v1/upstreams").await;
+    assert_eq!(ups, admin_ups);
+    let key = w.app.settings.upstreams[0].api_key.expose().to_string();
+    assert!(!ups.to_string().contains(&key), "{ups}");
+    assert!(ups["upstreams"][0]["key"]
+        .as_str()
+        .unwrap()
+        .starts_with("****"));
+    let (_, models) = fin.get_json("/admin/api/v1/models").await;
+    assert!(!names(&models, "models", "name").is_empty(), "{models}");
 
     let before = state_counts(&w.app).await;
     let (rt, bt, rm) = (w.red_token, w.blue_token, w.red_member);
@@ -383,6 +398,21 @@ async fn finance_reads_everything_and_changes_nothing() {
         ),
         (
             Method::POST,
+            "/admin/api/v1/upstreams/a/test".into(),
+            json!({}),
+        ),
+        (
+            Method::POST,
+            "/admin/api/v1/upstreams".into(),
+            json!({"id": "f", "provider": "openai", "base_url": "https://api.openai.com/v1", "api_key": "sk-finance-0000"}),
+        ),
+        (
+            Method::PUT,
+            "/admin/api/v1/models/fin-model".into(),
+            json!({"routes": [{"upstream": "a", "model": "gpt-4o-mini"}]}),
+        ),
+        (
+            Method::POST,
             "/admin/teams".into(),
             json!({"name": "fin-team"}),
         ),
@@ -402,6 +432,29 @@ async fn finance_reads_everything_and_changes_nothing() {
         assert_eq!(status, 403, "{m} {path}: {v}");
     }
     assert_eq!(state_counts(&w.app).await, before);
+}
+
+/// Switching a config-file upstream whose audit row fails changes nothing: the pool is
+/// switched only after the audited commit (before, the key stayed disabled, unaudited).
+#[tokio::test]
+async fn a_config_upstream_switch_whose_audit_row_fails_changes_nothing() {
+    let w = world().await;
+    crate::audit_tamper::refuse_audit_of(&w.app.settings, "upstream.disable").await;
+    let (status, v) = w
+        .admin
+        .post("/admin/api/v1/upstreams/a/disable", &json!({}))
+        .await;
+    assert_eq!(status, 500, "{v}");
+    let (status, v) = w.admin.get_json("/admin/api/v1/upstreams").await;
+    assert_eq!(status, 200, "{v}");
+    let a = v["upstreams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["id"] == "a")
+        .cloned()
+        .unwrap();
+    assert_eq!(a["enabled"], true, "disabled without its audit row: {a}");
 }
 
 #[tokio::test]
@@ -475,6 +528,20 @@ async fn every_admin_action_writes_exactly_one_audit_row_without_secrets() {
             "/admin/api/v1/upstreams/a/enable".into(),
             json!({}),
             "upstream.enable",
+        ),
+        // A real, paid call with the key: recorded, with its outcome.
+        (
+            Method::POST,
+            "/admin/api/v1/upstreams/a/test".into(),
+            json!({}),
+            "upstream.test",
+        ),
+        // Budget and tags at once: one action, one row carrying both changes.
+        (
+            Method::PATCH,
+            "/admin/api/v1/teams/3".into(),
+            json!({"budget_usd": "4", "tags": "dept:green"}),
+            "team.update",
         ),
         (
             Method::POST,

@@ -1147,3 +1147,70 @@ async fn a_chain_rewritten_behind_a_running_gateway_raises_the_alert() {
     )
     .await;
 }
+
+/// Plants the trigger `hide` that drops the audit rows of `team.create` (S11: the database
+/// without the key): `skip` refuses the row before it is written (SQLite `RAISE(IGNORE)`,
+/// PostgreSQL a BEFORE trigger returning NULL); `delete` removes it right after, the delete
+/// guard lifted first. Either way the chain still links and its head still matches.
+pub(crate) async fn plant_hiding_trigger(c: &mut impl Tamper, how: &str) {
+    let sql = match (how, c.on_postgres()) {
+        ("skip", false) => "CREATE TRIGGER hide BEFORE INSERT ON audit_log WHEN NEW.action = 'team.create' BEGIN SELECT RAISE(IGNORE); END",
+        ("skip", true) => "CREATE FUNCTION hide() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
+            CREATE TRIGGER hide BEFORE INSERT ON audit_log FOR EACH ROW WHEN (NEW.action = 'team.create') EXECUTE FUNCTION hide()",
+        (_, false) => "CREATE TRIGGER hide AFTER INSERT ON audit_log WHEN NEW.action = 'team.create' BEGIN DELETE FROM audit_log WHERE id = NEW.id; END",
+        (_, true) => "CREATE FUNCTION hide() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN DELETE FROM audit_log WHERE id = NEW.id; RETURN NULL; END $$;
+            CREATE TRIGGER hide AFTER INSERT ON audit_log FOR EACH ROW WHEN (NEW.action = 'team.create') EXECUTE FUNCTION hide()",
+    };
+    if how == "delete" {
+        c.lift_delete_guard().await;
+    }
+    c.exec(sql).await;
+}
+
+/// A trigger that silently drops chosen audit rows: the admin action it would hide fails
+/// (its transaction rolled back, so it does not happen unaudited), `verify` names the
+/// trigger, and a process starting on the database (the CLI here) refuses to.
+#[tokio::test]
+async fn a_trigger_that_drops_audit_rows_fails_the_action_and_is_named() {
+    for how in ["skip", "delete"] {
+        let rig = rig().await;
+        let mut c = rig.attacker().await;
+        plant_hiding_trigger(&mut c, how).await;
+        c.close().await;
+        let rows = rig.rows().await;
+        let (s, body) = rig
+            .admin
+            .post("/admin/api/v1/teams", &json!({"name": "unseen"}))
+            .await;
+        let teams: i64 = rig
+            .app
+            .scalar("SELECT COUNT(*) FROM teams WHERE name = 'unseen'")
+            .await;
+        assert!(
+            s == 500 && teams == 0,
+            "{how}: {s} {body}: the team was created ({teams}) without its audit row"
+        );
+        assert_eq!(rig.rows().await, rows, "{how}");
+        rig.verify_fails_naming("hide", &format!("{how}: the hiding trigger went unnoticed"))
+            .await;
+        let out = cli(&rig, &["team", "create", "--name", "cli-unseen"]).await;
+        assert!(
+            !ok(&out) && stderr(&out).contains("hide"),
+            "{how}: the CLI ran with the hiding trigger: {}",
+            stderr(&out)
+        );
+    }
+}
+
+/// Makes the database refuse the audit row of `action` (a trigger that aborts its insert),
+/// to see that an action whose audit row fails leaves nothing of itself behind.
+pub(crate) async fn refuse_audit_of(settings: &sluice::config::Settings, action: &str) {
+    let mut c = Attacker::of(settings).await;
+    let sql = match c.on_postgres() {
+        false => format!("CREATE TRIGGER refuse BEFORE INSERT ON audit_log WHEN NEW.action = '{action}' BEGIN SELECT RAISE(ABORT, 'audit row refused'); END"),
+        true => format!("CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'audit row refused'; END $$;
+            CREATE TRIGGER refuse BEFORE INSERT ON audit_log FOR EACH ROW WHEN (NEW.action = '{action}') EXECUTE FUNCTION refuse()"),
+    };
+    c.exec(&sql).await;
+    c.close().await;
+}

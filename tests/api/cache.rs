@@ -466,6 +466,40 @@ async fn admins_invalidate_by_tag_through_the_api_and_finance_cannot() {
     );
 }
 
+/// An invalidation whose audit row fails deletes nothing: the entries go inside the audited
+/// transaction (before, they were deleted first and stayed deleted, unaudited).
+#[tokio::test]
+async fn an_invalidation_whose_audit_row_fails_deletes_nothing() {
+    use crate::admin_helpers::{login, make_login};
+    let app = spawn_app().await;
+    let (_, token) = app.token("jo", None).await;
+    app.http
+        .post(format!("{}/v1/chat/completions", app.address))
+        .bearer_auth(&token)
+        .header("x-sluice-cache-tags", "case:78")
+        .json(&question("WVWZZZ1JZXW000078"))
+        .send()
+        .await
+        .unwrap();
+    app.wait_for_cache_entries(1).await;
+    make_login(&app, "root", "admin", None).await;
+    crate::audit_tamper::refuse_audit_of(&app.settings, "cache.invalidate").await;
+    let (status, v) = login(&app, "root")
+        .await
+        .post("/admin/api/v1/cache/invalidate", &json!({"tag": "case:78"}))
+        .await;
+    assert_eq!(status, 500, "{v}");
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM cache_entries").await,
+        1,
+        "entries deleted without their audit row"
+    );
+    assert_eq!(
+        ask(&app, &token, &question("WVWZZZ1JZXW000078")).await.0,
+        "hit-exact"
+    );
+}
+
 /// A cache of default settings over `db` with a writer of its own, as each replica has.
 pub(crate) fn cache_on(db: &sluice::store::Db) -> std::sync::Arc<sluice::cache::Cache> {
     sluice::cache::Cache::new(

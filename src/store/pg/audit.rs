@@ -18,7 +18,9 @@ use sqlx::{PgConnection, PgPool, Row};
 
 use super::text;
 use crate::clock::db_time;
-use crate::store::audit::{AuditEntry, AuditKeys, ChainState, GENESIS, HEAD_STARTED, KEYED};
+use crate::store::audit::{
+    squeeze, written, AuditEntry, AuditKeys, ChainState, Triggers, GENESIS, HEAD_STARTED, KEYED,
+};
 use crate::store::Result;
 
 /// The advisory lock of the chain's tip (an arbitrary constant: "sluice audit").
@@ -69,9 +71,9 @@ pub async fn append(
     };
     let created_at = db_time(now);
     let hash = keys.row_mac(&prev, e, &created_at);
-    sqlx::query(
+    let inserted: Option<(i64, String)> = sqlx::query_as(
         "INSERT INTO audit_log (actor, address, action, target, before, after, created_at, prev_hash, hash, chain)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id, hash",
     )
     .bind(e.actor)
     .bind(e.address)
@@ -83,8 +85,14 @@ pub async fn append(
     .bind(&prev)
     .bind(&hash)
     .bind(KEYED)
-    .execute(&mut *conn)
+    .fetch_optional(&mut *conn)
     .await?;
+    // A BEFORE trigger could also have changed the row's fields (not its MAC, computed
+    // here): that the chain shows. What it cannot show, a row not kept, is refused here.
+    let kept: Option<(i64, String)> = sqlx::query_as(crate::store::audit::TIP)
+        .fetch_optional(&mut *conn)
+        .await?;
+    written(e.action, inserted, kept)?;
     // Other hosts' heads follow on commit (`Db::hear_changes`); this host's at once.
     super::notify::audit_appended(conn).await?;
     keys.appended();
@@ -110,6 +118,71 @@ pub async fn verify(pool: &PgPool, keys: &AuditKeys) -> Result<ChainState> {
         .fetch_all(pool)
         .await?;
     Ok(crate::store::audit::walk(&rows, keys))
+}
+
+/// The schema's triggers on `audit_log` (0001): name, `tgtype` (row-level 1, BEFORE 2,
+/// DELETE 8, UPDATE 16, TRUNCATE 32) and the function they call.
+const GUARDS: [(&str, i32); 2] = [
+    ("audit_append_only", 1 | 2 | 8 | 16),
+    ("audit_no_truncate", 2 | 32),
+];
+/// The guards' function, as 0001 wrote its body (whitespace squeezed): replaced with one
+/// that returns the row, the guards would guard nothing.
+const GUARD_FN: &str = "sluice_append_only";
+const GUARD_BODY: &str = "BEGIN RAISE EXCEPTION '% is append-only', TG_TABLE_NAME; END;";
+
+/// `store::audit::triggers` on PostgreSQL: every user trigger on `audit_log` or whose
+/// function's text names it, and the rules on the table (one `DO INSTEAD NOTHING` drops
+/// every append); the schema's guards present, enabled and unchanged.
+pub async fn triggers(pool: &PgPool) -> Result<Triggers> {
+    let rows: Vec<(String, String, i32, String, String, String, bool)> = sqlx::query_as(
+        "SELECT t.tgname::text, c.relname::text, t.tgtype::int4, t.tgenabled::text,
+                p.proname::text, p.prosrc, t.tgqual IS NULL
+         FROM pg_trigger t
+         JOIN pg_class c ON c.oid = t.tgrelid
+         JOIN pg_proc p ON p.oid = t.tgfoid
+         WHERE NOT t.tgisinternal
+           AND (t.tgrelid = to_regclass('audit_log') OR p.prosrc ILIKE '%audit_log%')
+         ORDER BY 1",
+    )
+    .fetch_all(pool)
+    .await?;
+    let mut out = Triggers::default();
+    for (name, table, kind, enabled, func, body, unconditional) in &rows {
+        let guard = GUARDS
+            .iter()
+            .find(|(n, _)| n == name)
+            .filter(|_| table == "audit_log");
+        match guard {
+            None if table == "audit_log" => out.unexpected(name, "added on audit_log"),
+            None => out.unexpected(
+                name,
+                &format!("added on {table}, its function names audit_log"),
+            ),
+            Some((_, want)) if kind != want || !unconditional || func != GUARD_FN => {
+                out.unexpected(name, "its definition was changed")
+            }
+            Some(_) if squeeze(body) != GUARD_BODY => {
+                out.unexpected(name, &format!("the body of {GUARD_FN}() was changed"))
+            }
+            Some(_) if enabled == "D" => out.missing(name, "is disabled"),
+            Some(_) => {}
+        }
+    }
+    for (name, _) in GUARDS {
+        if !rows.iter().any(|r| r.0 == name && r.1 == "audit_log") {
+            out.missing(name, "is missing");
+        }
+    }
+    let rules: Vec<String> = sqlx::query_scalar(
+        "SELECT rulename::text FROM pg_rewrite WHERE ev_class = to_regclass('audit_log') ORDER BY 1",
+    )
+    .fetch_all(pool)
+    .await?;
+    for rule in rules {
+        out.unexpected(&rule, "a rule on audit_log");
+    }
+    Ok(out)
 }
 
 /// Whether `keys` signed this log (as `store::audit::signed_with`).

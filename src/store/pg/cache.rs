@@ -121,20 +121,26 @@ pub async fn keys_after(
 /// SQLite: no wildcards, case-sensitive); returns the deleted keys. Bumps and notifies the
 /// cache epoch when anything went.
 pub async fn delete_tag(pool: &PgPool, tag: &str) -> Result<Vec<Vec<u8>>> {
+    let mut tx = pool.begin().await?;
+    let keys = delete_tag_in(&mut tx, tag).await?;
+    tx.commit().await?;
+    Ok(keys)
+}
+
+/// `delete_tag` inside the caller's transaction (an admin's, with its audit row).
+pub async fn delete_tag_in(conn: &mut PgConnection, tag: &str) -> Result<Vec<Vec<u8>>> {
     if !text::storable(tag) {
         return Ok(Vec::new());
     }
     let needle = format!(",{tag},");
-    let mut tx = pool.begin().await?;
     let keys: Vec<Vec<u8>> =
         sqlx::query_scalar("DELETE FROM cache_entries WHERE strpos(tags, $1) > 0 RETURNING key")
             .bind(needle)
-            .fetch_all(&mut *tx)
+            .fetch_all(&mut *conn)
             .await?;
     if !keys.is_empty() {
-        notify::bump(&mut tx, Epoch::Cache).await?;
+        notify::bump(conn, Epoch::Cache).await?;
     }
-    tx.commit().await?;
     Ok(keys)
 }
 
