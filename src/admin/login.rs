@@ -206,6 +206,19 @@ async fn sign_in(
     };
     let id = session::new_secret();
     let mut tx = state.db.begin().await?;
+    // The row again, now under the admin write lock: what was verified is a copy read
+    // before the wait for a hashing permit (up to 2 s) and the verification. A password
+    // change, reset or disabling that committed meanwhile ended every session; this one
+    // must not start after it with a password that no longer opens anything.
+    let current = sessions::admin_in(&mut tx, admin.id).await?;
+    let still =
+        current.is_some_and(|c| c.password_hash == admin.password_hash && !c.disabled && open(&c));
+    if !still {
+        // Answered as a wrong password: the attempt stays recorded as one.
+        audit(&mut tx, &username, &address, "login.failed", now).await?;
+        tx.commit().await?;
+        return Err(AdminError::Unauthorized);
+    }
     // Only this attempt's own rows: earlier failures at this name or address still count.
     attempt.withdraw(&mut tx).await?;
     if let Some(old) = req.cookie(session::cookie_name(secure)) {
@@ -213,7 +226,9 @@ async fn sign_in(
         sessions::delete_session(&mut tx, &session::id_hash(old.value())).await?;
     }
     if let Some(h) = &rehash {
-        sessions::set_password_hash(&mut tx, admin.id, h).await?;
+        // Only over the hash it was verified against (checked above; the write says so
+        // again): a rehash of an old password never lands over a newer one.
+        sessions::replace_password_hash(&mut tx, admin.id, &admin.password_hash, h).await?;
     }
     sessions::create_session(&mut tx, &session::id_hash(&id), admin.id, &address, now).await?;
     // Sessions nobody can use any more are swept here, so the table stays small.

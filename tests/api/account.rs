@@ -369,3 +369,37 @@ async fn the_form_routes_refuse_credential_changes_to_an_api_key() {
         1
     );
 }
+
+/// Review s21 #1 for the Account page: a password change whose current password was
+/// checked against a hash that was replaced meanwhile (an admin's reset, say) changes
+/// nothing and says why; the reset's password stands.
+#[tokio::test]
+async fn a_password_change_checked_against_a_replaced_password_fails() {
+    let app = spawn_app().await;
+    let id = make_login(&app, "root", "admin", None).await;
+    let s = login(&app, "root").await;
+    let reset = sluice::auth::password::hash("the password an admin set").unwrap();
+    let held = app.state.passwords.occupy().await.expect("permits");
+    let replace = async {
+        crate::signin_attack::until_one_waits_for_a_permit(&app).await;
+        sql_exec(
+            app.db(),
+            &format!("UPDATE admins SET password_hash = '{reset}' WHERE id = {id}"),
+        )
+        .await;
+        drop(held);
+    };
+    let (r, ()) = tokio::join!(change_password(&s), replace);
+    let status = r.status().as_u16();
+    let body = r.text().await.unwrap();
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("changed meanwhile"), "{body}");
+    assert_eq!(
+        sql_text(
+            app.db(),
+            &format!("SELECT password_hash FROM admins WHERE id = {id}")
+        )
+        .await,
+        reset
+    );
+}

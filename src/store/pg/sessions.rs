@@ -33,6 +33,39 @@ pub async fn admin_by_id(pool: &PgPool, id: i64) -> Result<Option<AdminRow>> {
     .await?)
 }
 
+/// The admin's row inside the caller's transaction (`store::sessions::admin_in`).
+pub async fn admin_in(conn: &mut PgConnection, id: i64) -> Result<Option<AdminRow>> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {ADMIN_COLS} FROM admins a WHERE a.id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(conn)
+    .await?)
+}
+
+/// The hash replaced only while it still is `old` (`store::sessions::replace_password_hash`).
+pub async fn replace_password_hash(
+    conn: &mut PgConnection,
+    id: i64,
+    old: &str,
+    new: &str,
+) -> Result<bool> {
+    text::check(&[("password hash", Some(new))])?;
+    if !text::storable(old) {
+        return Ok(false);
+    }
+    Ok(sqlx::query(
+        "UPDATE admins SET password_hash = $1 WHERE id = $2 AND password_hash = $3 AND NOT disabled",
+    )
+    .bind(new)
+    .bind(id)
+    .bind(old)
+    .execute(conn)
+    .await?
+    .rows_affected()
+        == 1)
+}
+
 pub async fn set_password_hash(conn: &mut PgConnection, id: i64, hash: &str) -> Result<()> {
     text::check(&[("password hash", Some(hash))])?;
     sqlx::query("UPDATE admins SET password_hash = $1 WHERE id = $2")
