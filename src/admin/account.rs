@@ -215,6 +215,9 @@ async fn change_password(
     let mut tx = state.db.begin().await?;
     // The password typed was right when checked: not a failed guess, whatever follows.
     attempt.withdraw(&mut tx).await?;
+    // This session still exists (it ends below with the others, so the audit row after
+    // that is `audit_held`): a change by a session ended meanwhile changes nothing.
+    actor.hold(&mut tx).await?;
     // Only over the hash the current password was checked against: a reset (or another
     // session's change) that landed meanwhile stands, and this change, proven only against
     // a password that no longer counts, changes nothing.
@@ -238,7 +241,7 @@ async fn change_password(
     .await?;
     let after = json!({"sessions_ended": ended, "api_keys_revoked": revoked}).to_string();
     actor
-        .audit(
+        .audit_held(
             &mut tx,
             "admin.password_change",
             &format!("admin:{}", actor.id),

@@ -276,10 +276,12 @@ pub async fn logout(
 ) -> Result<HttpResponse, AdminError> {
     let now = state.clock.now();
     let mut tx = state.db.begin().await?;
+    // Audited while the session still exists (`Actor::audit` holds it first); a session
+    // that ended meanwhile is logged out already and answers 401.
+    actor.audit(&mut tx, "logout", "", None, None, now).await?;
     if let Some(h) = actor.session_hash() {
         sessions::delete_session(&mut tx, h).await?;
     }
-    actor.audit(&mut tx, "logout", "", None, None, now).await?;
     tx.commit().await?;
     let secure = session::secure(&state.settings.server.public_url);
     // A single sign-on login is offered the provider's own sign-out on the next page.

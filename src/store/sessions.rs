@@ -190,6 +190,35 @@ pub async fn delete_session(tx: &mut super::Tx, id_hash: &str) -> Result<bool> {
         > 0)
 }
 
+/// Whether the session `id_hash` still exists, read inside `tx` (`Actor::hold`).
+pub async fn session_live(tx: &mut super::Tx, id_hash: &str) -> Result<bool> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::sessions::session_live(conn, id_hash).await;
+    }
+    Ok(
+        sqlx::query_scalar::<_, i64>("SELECT 1 FROM admin_sessions WHERE id_hash = ?")
+            .bind(id_hash)
+            .fetch_optional(tx.sqlite()?)
+            .await?
+            .is_some(),
+    )
+}
+
+/// Whether the admin API key of this hash exists unrevoked, read inside `tx`
+/// (`Actor::hold`).
+pub async fn api_key_live(tx: &mut super::Tx, hash: &[u8]) -> Result<bool> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::sessions::api_key_live(conn, hash).await;
+    }
+    Ok(sqlx::query_scalar::<_, i64>(
+        "SELECT 1 FROM admin_api_keys WHERE key_hash = ? AND revoked_at IS NULL",
+    )
+    .bind(hash)
+    .fetch_optional(tx.sqlite()?)
+    .await?
+    .is_some())
+}
+
 /// Ends every session of an admin except `keep` (password change, disabling, role change).
 pub async fn delete_sessions_of(
     tx: &mut super::Tx,

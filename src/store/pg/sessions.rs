@@ -128,6 +128,31 @@ pub async fn delete_session(conn: &mut PgConnection, id_hash: &str) -> Result<bo
         > 0)
 }
 
+/// Whether the session `id_hash` still exists (`store::sessions::session_live`).
+pub async fn session_live(conn: &mut PgConnection, id_hash: &str) -> Result<bool> {
+    if !text::storable(id_hash) {
+        return Ok(false);
+    }
+    Ok(
+        sqlx::query_scalar::<_, i32>("SELECT 1 FROM admin_sessions WHERE id_hash = $1")
+            .bind(id_hash)
+            .fetch_optional(conn)
+            .await?
+            .is_some(),
+    )
+}
+
+/// Whether the API key of this hash exists unrevoked (`store::sessions::api_key_live`).
+pub async fn api_key_live(conn: &mut PgConnection, hash: &[u8]) -> Result<bool> {
+    Ok(sqlx::query_scalar::<_, i32>(
+        "SELECT 1 FROM admin_api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
+    )
+    .bind(hash)
+    .fetch_optional(conn)
+    .await?
+    .is_some())
+}
+
 /// Ends every session of an admin except `keep`.
 pub async fn delete_sessions_of(
     conn: &mut PgConnection,
