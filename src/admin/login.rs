@@ -20,6 +20,8 @@ use crate::state::AppState;
 use crate::store::sessions;
 
 const MAX_USERNAME: usize = 128;
+/// The audit actor of a failed sign-in at a name that is no login.
+const UNKNOWN_NAME: &str = "(unknown)";
 
 #[derive(Template)]
 #[template(path = "admin/login.html")]
@@ -148,7 +150,7 @@ async fn sign_in(
     let (username, pw) = (field(body, "username"), field(body, "password"));
     let address = peer(req);
     let now = state.clock.now();
-    // Control characters stand as U+FFFD in what is recorded (throttle key, audit actor):
+    // Control characters stand as U+FFFD in what is recorded (the throttle key):
     // no admin name holds one, and a NUL kept verbatim by SQLite could never be copied to
     // PostgreSQL, whose text refuses it (`sluice migrate-store` failed on one such row).
     let username: String = username
@@ -185,10 +187,15 @@ async fn sign_in(
     let open = |a: &sessions::AdminRow| {
         a.oidc_subject.is_none() && (password_login(state) || a.break_glass)
     };
+    // Who a failed sign-in is audited as: a login's name, never text nobody vouches for.
+    // The audit log is never trimmed and is no one's to fill, and a password or token
+    // pasted into the name field would be kept there in clear for good (review s21 #6).
+    let known = admin.as_ref().map(|a| a.username.clone());
+    let failed_as = known.as_deref().unwrap_or(UNKNOWN_NAME);
     let Some(admin) = admin.filter(|a| verified && !a.disabled && open(a)) else {
         // The attempt stays recorded: it is one of the window's failures.
         let mut tx = state.db.begin().await?;
-        audit(&mut tx, &username, &address, "login.failed", now).await?;
+        audit(&mut tx, failed_as, &address, "login.failed", now).await?;
         tx.commit().await?;
         return Err(AdminError::Unauthorized);
     };
@@ -215,7 +222,7 @@ async fn sign_in(
         current.is_some_and(|c| c.password_hash == admin.password_hash && !c.disabled && open(&c));
     if !still {
         // Answered as a wrong password: the attempt stays recorded as one.
-        audit(&mut tx, &username, &address, "login.failed", now).await?;
+        audit(&mut tx, &admin.username, &address, "login.failed", now).await?;
         tx.commit().await?;
         return Err(AdminError::Unauthorized);
     }

@@ -555,3 +555,62 @@ async fn a_rehash_at_sign_in_never_writes_the_old_password_over_a_new_one() {
     );
     crate::admin_helpers::login_with(&app, "root", REPLACED_BY).await;
 }
+
+/// Review s21 #6: a failed sign-in wrote the typed username into the audit log, which is
+/// never trimmed — a password or token pasted into the wrong field was kept there in clear
+/// for good, and anyone could fill the log. A name that is no login is recorded as
+/// `(unknown)`; a failed sign-in at a real login still names it.
+#[tokio::test]
+async fn a_failed_sign_in_keeps_no_typed_text_in_the_audit_log() {
+    let app = spawn_app().await;
+    crate::admin_helpers::make_login(&app, "root", "admin", None).await;
+    let http = client();
+    let form = login_form_at(&http, &app.address).await;
+    let pasted = [
+        "sk-sl-0123456789abcdef0123456789abcdef0123456789ab",
+        "correct horse battery staple",
+    ];
+    for name in pasted {
+        let a = sign_in(
+            &http,
+            &app.address,
+            (&form.0, &form.1),
+            name,
+            "whatever it is",
+        )
+        .await;
+        assert_eq!(a.status, 401, "{}", a.body);
+    }
+    let a = sign_in(
+        &http,
+        &app.address,
+        (&form.0, &form.1),
+        "root",
+        "a wrong password",
+    )
+    .await;
+    assert_eq!(a.status, 401, "{}", a.body);
+    type Row = (
+        String,
+        String,
+        String,
+        String,
+        Option<String>,
+        Option<String>,
+    );
+    let rows: Vec<Row> = sql_rows(
+        app.db(),
+        "SELECT actor, address, action, target, before, after FROM audit_log ORDER BY id",
+    )
+    .await;
+    let all = format!("{rows:?}");
+    for name in pasted {
+        assert!(!all.contains(name), "{name} is kept: {all}");
+    }
+    let failed: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.2 == "login.failed")
+        .map(|r| r.0.as_str())
+        .collect();
+    assert_eq!(failed, ["(unknown)", "(unknown)", "root"]);
+}
