@@ -179,7 +179,7 @@ async fn change_password(
     let current = p.current_password.unwrap_or_default();
     let checked = state
         .passwords
-        .verify(current, Some(admin.password_hash))
+        .verify(current, Some(admin.password_hash.clone()))
         .await;
     let hash = match checked {
         Ok(true) => state.passwords.hash(new_password).await,
@@ -213,8 +213,22 @@ async fn change_password(
     };
     let id = session::new_secret();
     let mut tx = state.db.begin().await?;
+    // The password typed was right when checked: not a failed guess, whatever follows.
     attempt.withdraw(&mut tx).await?;
-    sessions::set_password_hash(&mut tx, actor.id, &hash).await?;
+    // This session still exists (it ends below with the others, so the audit row after
+    // that is `audit_held`): a change by a session ended meanwhile changes nothing.
+    actor.hold(&mut tx).await?;
+    // Only over the hash the current password was checked against: a reset (or another
+    // session's change) that landed meanwhile stands, and this change, proven only against
+    // a password that no longer counts, changes nothing.
+    if !sessions::replace_password_hash(&mut tx, actor.id, &admin.password_hash, &hash).await? {
+        tx.commit().await?;
+        return Err(AdminError::Conflict(
+            "Your password was changed meanwhile (another session or an admin's reset); \
+             nothing was changed. Sign in with the current password."
+                .into(),
+        ));
+    }
     let ended = sessions::delete_sessions_of(&mut tx, actor.id, None).await?;
     let revoked = sessions::revoke_api_keys_of(&mut tx, actor.id, now).await?;
     sessions::create_session(
@@ -227,7 +241,7 @@ async fn change_password(
     .await?;
     let after = json!({"sessions_ended": ended, "api_keys_revoked": revoked}).to_string();
     actor
-        .audit(
+        .audit_held(
             &mut tx,
             "admin.password_change",
             &format!("admin:{}", actor.id),

@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 
 use super::error::AdminError;
 use crate::store::audit::{self, AuditEntry};
-use crate::store::sessions::AdminRow;
+use crate::store::sessions::{self, AdminRow};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -43,11 +43,11 @@ impl Role {
 #[derive(Debug, Clone)]
 pub enum Via {
     /// A browser session; holds the SHA-256 of the session id and the CSRF token.
-    Session {
-        id_hash: String,
-        csrf: String,
+    Session { id_hash: String, csrf: String },
+    /// An admin API key; holds the SHA-256 of the key.
+    ApiKey {
+        key_hash: crate::auth::token::TokenHash,
     },
-    ApiKey,
 }
 
 #[derive(Debug, Clone)]
@@ -112,7 +112,7 @@ impl Actor {
     pub fn require_session(&self, what: &str) -> Result<(), AdminError> {
         match self.via {
             Via::Session { .. } => Ok(()),
-            Via::ApiKey => Err(AdminError::Forbidden(format!(
+            Via::ApiKey { .. } => Err(AdminError::Forbidden(format!(
                 "An API key cannot {what}; do it in a signed-in browser session."
             ))),
         }
@@ -160,19 +160,55 @@ impl Actor {
     pub fn csrf(&self) -> &str {
         match &self.via {
             Via::Session { csrf, .. } => csrf,
-            Via::ApiKey => "",
+            Via::ApiKey { .. } => "",
         }
     }
 
     pub fn session_hash(&self) -> Option<&str> {
         match &self.via {
             Via::Session { id_hash, .. } => Some(id_hash),
-            Via::ApiKey => None,
+            Via::ApiKey { .. } => None,
         }
     }
 
-    /// Appends this actor's audit row inside the caller's transaction.
+    /// Fails as an ended session (401) unless the credential this actor came with — its
+    /// session, or its API key unrevoked — still exists, read inside `tx`. The gate checked
+    /// it before the transaction began; a password change, reset or disabling that ended
+    /// it since must not be followed by this actor's write (an API key created after the
+    /// change revoked every key would outlive it). Inside the admin write lock every
+    /// transaction that ends a credential is before or after this one, so what is read
+    /// here holds until `tx` commits. One lookup by primary key or unique index.
+    pub async fn hold(&self, tx: &mut crate::store::Tx) -> Result<(), AdminError> {
+        let live = match &self.via {
+            Via::Session { id_hash, .. } => sessions::session_live(tx, id_hash).await?,
+            Via::ApiKey { key_hash } => sessions::api_key_live(tx, key_hash).await?,
+        };
+        if live {
+            Ok(())
+        } else {
+            Err(AdminError::Unauthorized)
+        }
+    }
+
+    /// Appends this actor's audit row inside the caller's transaction, after `hold`: every
+    /// admin write transaction calls this, so none commits for a credential ended meanwhile.
     pub async fn audit(
+        &self,
+        tx: &mut crate::store::Tx,
+        action: &str,
+        target: &str,
+        before: Option<&str>,
+        after: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<(), AdminError> {
+        self.hold(tx).await?;
+        self.audit_held(tx, action, target, before, after, now)
+            .await
+    }
+
+    /// `audit` for a transaction that called `hold` first and has since ended the caller's
+    /// own credential (a password change ends every session, the caller's too).
+    pub async fn audit_held(
         &self,
         tx: &mut crate::store::Tx,
         action: &str,

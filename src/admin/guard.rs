@@ -108,7 +108,8 @@ async fn admit(req: &mut ServiceRequest) -> Result<Actor, AdminError> {
             .await?
             .filter(|a| !a.disabled)
             .ok_or(AdminError::Unauthorized)?;
-        return Actor::from_row(row, address, Via::ApiKey).ok_or(AdminError::Unauthorized);
+        let via = Via::ApiKey { key_hash: hash };
+        return Actor::from_row(row, address, via).ok_or(AdminError::Unauthorized);
     }
     let secure = session::secure(&state.settings.server.public_url);
     let id = req

@@ -20,6 +20,8 @@ use crate::state::AppState;
 use crate::store::sessions;
 
 const MAX_USERNAME: usize = 128;
+/// The audit actor of a failed sign-in at a name that is no login.
+const UNKNOWN_NAME: &str = "(unknown)";
 
 #[derive(Template)]
 #[template(path = "admin/login.html")]
@@ -148,7 +150,7 @@ async fn sign_in(
     let (username, pw) = (field(body, "username"), field(body, "password"));
     let address = peer(req);
     let now = state.clock.now();
-    // Control characters stand as U+FFFD in what is recorded (throttle key, audit actor):
+    // Control characters stand as U+FFFD in what is recorded (the throttle key):
     // no admin name holds one, and a NUL kept verbatim by SQLite could never be copied to
     // PostgreSQL, whose text refuses it (`sluice migrate-store` failed on one such row).
     let username: String = username
@@ -185,10 +187,15 @@ async fn sign_in(
     let open = |a: &sessions::AdminRow| {
         a.oidc_subject.is_none() && (password_login(state) || a.break_glass)
     };
+    // Who a failed sign-in is audited as: a login's name, never text nobody vouches for.
+    // The audit log is never trimmed and is no one's to fill, and a password or token
+    // pasted into the name field would be kept there in clear for good (review s21 #6).
+    let known = admin.as_ref().map(|a| a.username.clone());
+    let failed_as = known.as_deref().unwrap_or(UNKNOWN_NAME);
     let Some(admin) = admin.filter(|a| verified && !a.disabled && open(a)) else {
         // The attempt stays recorded: it is one of the window's failures.
         let mut tx = state.db.begin().await?;
-        audit(&mut tx, &username, &address, "login.failed", now).await?;
+        audit(&mut tx, failed_as, &address, "login.failed", now).await?;
         tx.commit().await?;
         return Err(AdminError::Unauthorized);
     };
@@ -206,6 +213,19 @@ async fn sign_in(
     };
     let id = session::new_secret();
     let mut tx = state.db.begin().await?;
+    // The row again, now under the admin write lock: what was verified is a copy read
+    // before the wait for a hashing permit (up to 2 s) and the verification. A password
+    // change, reset or disabling that committed meanwhile ended every session; this one
+    // must not start after it with a password that no longer opens anything.
+    let current = sessions::admin_in(&mut tx, admin.id).await?;
+    let still =
+        current.is_some_and(|c| c.password_hash == admin.password_hash && !c.disabled && open(&c));
+    if !still {
+        // Answered as a wrong password: the attempt stays recorded as one.
+        audit(&mut tx, &admin.username, &address, "login.failed", now).await?;
+        tx.commit().await?;
+        return Err(AdminError::Unauthorized);
+    }
     // Only this attempt's own rows: earlier failures at this name or address still count.
     attempt.withdraw(&mut tx).await?;
     if let Some(old) = req.cookie(session::cookie_name(secure)) {
@@ -213,7 +233,9 @@ async fn sign_in(
         sessions::delete_session(&mut tx, &session::id_hash(old.value())).await?;
     }
     if let Some(h) = &rehash {
-        sessions::set_password_hash(&mut tx, admin.id, h).await?;
+        // Only over the hash it was verified against (checked above; the write says so
+        // again): a rehash of an old password never lands over a newer one.
+        sessions::replace_password_hash(&mut tx, admin.id, &admin.password_hash, h).await?;
     }
     sessions::create_session(&mut tx, &session::id_hash(&id), admin.id, &address, now).await?;
     // Sessions nobody can use any more are swept here, so the table stays small.
@@ -261,10 +283,12 @@ pub async fn logout(
 ) -> Result<HttpResponse, AdminError> {
     let now = state.clock.now();
     let mut tx = state.db.begin().await?;
+    // Audited while the session still exists (`Actor::audit` holds it first); a session
+    // that ended meanwhile is logged out already and answers 401.
+    actor.audit(&mut tx, "logout", "", None, None, now).await?;
     if let Some(h) = actor.session_hash() {
         sessions::delete_session(&mut tx, h).await?;
     }
-    actor.audit(&mut tx, "logout", "", None, None, now).await?;
     tx.commit().await?;
     let secure = session::secure(&state.settings.server.public_url);
     // A single sign-on login is offered the provider's own sign-out on the next page.

@@ -146,10 +146,20 @@ pub fn parse_expiry(s: &str, tz_offset_minutes: Option<i64>) -> Result<DateTime<
         .or_else(|_| NaiveDateTime::parse_from_str(s, "%Y-%m-%dT%H:%M:%S"))
         .map_err(|_| AdminError::invalid(format!("expires: `{s}` is not a date and time")))?;
     let offset = tz_offset_minutes.unwrap_or(0);
-    if offset.abs() > 24 * 60 {
-        return Err(AdminError::invalid("tz_offset out of range"));
+    let out_of_range = || {
+        AdminError::invalid(format!(
+            "tz_offset: `{offset}` is not an offset from UTC in minutes within a day"
+        ))
+    };
+    // A range, not `abs()`: `i64::MIN` has no absolute value (a panic, or in a release
+    // build a negative that passed the check and panicked in `Duration::minutes`).
+    if !(-24 * 60..=24 * 60).contains(&offset) {
+        return Err(out_of_range());
     }
-    Ok(Utc.from_utc_datetime(&local) + Duration::minutes(offset))
+    // Checked: a time at the very end of chrono's calendar moved by a day leaves its range.
+    Utc.from_utc_datetime(&local)
+        .checked_add_signed(Duration::minutes(offset))
+        .ok_or_else(out_of_range)
 }
 
 /// `YYYY-MM` → the month's first instant and the next month's, as database times.

@@ -8,6 +8,7 @@
 //! malloc arena and kept there (glibc raises its mmap threshold after the first free), so
 //! peak memory grew with the number of threads that ever hashed, not with the permits.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -180,6 +181,9 @@ pub struct Passwords {
     /// What an unknown username is verified against, so it costs the same as a wrong
     /// password (`dummy_phc`).
     dummy: Arc<str>,
+    /// Computations waiting for a permit now: what a test watches to know a sign-in has
+    /// read its login and stands between that read and its verification.
+    waiting: Arc<AtomicUsize>,
 }
 
 /// A PHC string with today's parameters, a random salt and a random output: verifying
@@ -216,12 +220,24 @@ impl Passwords {
             wait,
             memory: Arc::new(Mutex::new(Vec::new())),
             dummy: dummy_phc().into(),
+            waiting: Arc::new(AtomicUsize::new(0)),
         }
     }
 
     /// A permit, or `Busy` after waiting `wait`.
     async fn permit(&self) -> Result<OwnedSemaphorePermit, PasswordError> {
-        match tokio::time::timeout(self.wait, self.permits.clone().acquire_owned()).await {
+        // Counted down when the wait ends, also when the request is dropped while waiting.
+        struct Waiting<'a>(&'a AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let waiting = Waiting(&self.waiting);
+        let got = tokio::time::timeout(self.wait, self.permits.clone().acquire_owned()).await;
+        drop(waiting);
+        match got {
             Ok(Ok(p)) => Ok(p),
             _ => {
                 metrics::password_busy();
@@ -281,6 +297,12 @@ impl Passwords {
             }
         })
         .await
+    }
+
+    /// How many computations wait for a permit now (for tests of what happens meanwhile).
+    #[doc(hidden)]
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::SeqCst)
     }
 
     /// Holds every permit until the guard is dropped, as a flood of sign-ins would: for

@@ -59,6 +59,46 @@ pub async fn admin_by_id(db: &super::Db, id: i64) -> Result<Option<AdminRow>> {
     )
 }
 
+/// The admin's row as `tx` sees it. Every admin write transaction holds the admin write
+/// lock (SQLite's `BEGIN IMMEDIATE`, PostgreSQL's `ADMIN_WRITE_LOCK`), so this is the row
+/// the last committed change left, and no other change lands before `tx` ends: what a
+/// sign-in checks here still holds when its session is written.
+pub async fn admin_in(tx: &mut super::Tx, id: i64) -> Result<Option<AdminRow>> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::sessions::admin_in(conn, id).await;
+    }
+    Ok(
+        sqlx::query_as(&format!("SELECT {ADMIN_COLS} FROM admins a WHERE a.id = ?"))
+            .bind(id)
+            .fetch_optional(tx.sqlite()?)
+            .await?,
+    )
+}
+
+/// Replaces the hash only while it still is `old` and the login is not disabled (a
+/// compare-and-set); whether it did. A rehash or a change verified against `old` must not
+/// land over a password set since, or arm a login disabled since.
+pub async fn replace_password_hash(
+    tx: &mut super::Tx,
+    id: i64,
+    old: &str,
+    new: &str,
+) -> Result<bool> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::sessions::replace_password_hash(conn, id, old, new).await;
+    }
+    Ok(sqlx::query(
+        "UPDATE admins SET password_hash = ? WHERE id = ? AND password_hash = ? AND NOT disabled",
+    )
+    .bind(new)
+    .bind(id)
+    .bind(old)
+    .execute(tx.sqlite()?)
+    .await?
+    .rows_affected()
+        == 1)
+}
+
 pub async fn set_password_hash(tx: &mut super::Tx, id: i64, hash: &str) -> Result<()> {
     if let Some((conn, _)) = tx.pg() {
         return super::pg::sessions::set_password_hash(conn, id, hash).await;
@@ -148,6 +188,35 @@ pub async fn delete_session(tx: &mut super::Tx, id_hash: &str) -> Result<bool> {
         .await?
         .rows_affected()
         > 0)
+}
+
+/// Whether the session `id_hash` still exists, read inside `tx` (`Actor::hold`).
+pub async fn session_live(tx: &mut super::Tx, id_hash: &str) -> Result<bool> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::sessions::session_live(conn, id_hash).await;
+    }
+    Ok(
+        sqlx::query_scalar::<_, i64>("SELECT 1 FROM admin_sessions WHERE id_hash = ?")
+            .bind(id_hash)
+            .fetch_optional(tx.sqlite()?)
+            .await?
+            .is_some(),
+    )
+}
+
+/// Whether the admin API key of this hash exists unrevoked, read inside `tx`
+/// (`Actor::hold`).
+pub async fn api_key_live(tx: &mut super::Tx, hash: &[u8]) -> Result<bool> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::sessions::api_key_live(conn, hash).await;
+    }
+    Ok(sqlx::query_scalar::<_, i64>(
+        "SELECT 1 FROM admin_api_keys WHERE key_hash = ? AND revoked_at IS NULL",
+    )
+    .bind(hash)
+    .fetch_optional(tx.sqlite()?)
+    .await?
+    .is_some())
 }
 
 /// Ends every session of an admin except `keep` (password change, disabling, role change).

@@ -369,3 +369,109 @@ async fn the_form_routes_refuse_credential_changes_to_an_api_key() {
         1
     );
 }
+
+/// Review s21 #3: a key asked for while the owner's password change was ending every
+/// session and key was written after it, and outlived the change (the gate checks the
+/// session before the request's transaction; nothing checked it inside). The request
+/// waits on another writer holding the store; that writer ends root's sessions and keys
+/// as a password change does; the key request is then refused as an ended session, and no
+/// live key of root's exists.
+#[tokio::test]
+async fn a_key_asked_for_while_the_session_ends_does_not_survive() {
+    let app = spawn_app().await;
+    let id = make_login(&app, "root", "admin", None).await;
+    let s = login(&app, "root").await;
+    let mut held = hold_the_store(&app.settings.database.url).await;
+    let body = json!({"name": "k"});
+    let ask = s.post("/admin/api/v1/keys", &body);
+    let end = async {
+        // No signal says the request now waits on the store: it had time to get there.
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        held.exec(&format!("DELETE FROM admin_sessions WHERE admin_id = {id}"))
+            .await;
+        held.exec(&format!(
+            "UPDATE admin_api_keys SET revoked_at = '2026-01-01T00:00:00.000Z'
+             WHERE admin_id = {id} AND revoked_at IS NULL"
+        ))
+        .await;
+        held.release().await;
+    };
+    let ((status, v), ()) = tokio::join!(ask, end);
+    if status == 201 {
+        let key = v["key"].as_str().unwrap_or_default();
+        assert_eq!(
+            me_with_key(&app, key).await,
+            401,
+            "the key outlived the change"
+        );
+    }
+    assert_eq!(status, 401, "{v}");
+    assert_eq!(
+        app.scalar(&format!(
+            "SELECT COUNT(*) FROM admin_api_keys WHERE admin_id = {id} AND revoked_at IS NULL"
+        ))
+        .await,
+        0
+    );
+}
+
+/// Review s21 #3, for a key: a write by an API key revoked while the write waited is
+/// refused as an ended session would be.
+#[tokio::test]
+async fn a_write_by_a_key_revoked_meanwhile_is_refused() {
+    let (app, _s, key) = root_with_a_key().await;
+    let mut held = hold_the_store(&app.settings.database.url).await;
+    let write = client()
+        .post(format!("{}/admin/api/v1/teams", app.address))
+        .bearer_auth(&key)
+        .json(&json!({"name": "late"}))
+        .send();
+    let revoke = async {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        held.exec("UPDATE admin_api_keys SET revoked_at = '2026-01-01T00:00:00.000Z'")
+            .await;
+        held.release().await;
+    };
+    let (r, ()) = tokio::join!(write, revoke);
+    let r = r.unwrap();
+    assert_eq!(r.status(), 401, "{}", r.text().await.unwrap());
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM teams WHERE name = 'late'")
+            .await,
+        0
+    );
+}
+
+/// Review s21 #1 for the Account page: a password change whose current password was
+/// checked against a hash that was replaced meanwhile (an admin's reset, say) changes
+/// nothing and says why; the reset's password stands.
+#[tokio::test]
+async fn a_password_change_checked_against_a_replaced_password_fails() {
+    let app = spawn_app().await;
+    let id = make_login(&app, "root", "admin", None).await;
+    let s = login(&app, "root").await;
+    let reset = sluice::auth::password::hash("the password an admin set").unwrap();
+    let held = app.state.passwords.occupy().await.expect("permits");
+    let replace = async {
+        crate::signin_attack::until_one_waits_for_a_permit(&app).await;
+        sql_exec(
+            app.db(),
+            &format!("UPDATE admins SET password_hash = '{reset}' WHERE id = {id}"),
+        )
+        .await;
+        drop(held);
+    };
+    let (r, ()) = tokio::join!(change_password(&s), replace);
+    let status = r.status().as_u16();
+    let body = r.text().await.unwrap();
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("changed meanwhile"), "{body}");
+    assert_eq!(
+        sql_text(
+            app.db(),
+            &format!("SELECT password_hash FROM admins WHERE id = {id}")
+        )
+        .await,
+        reset
+    );
+}

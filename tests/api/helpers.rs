@@ -984,6 +984,18 @@ pub async fn hold_the_store(url: &str) -> HeldStore {
 }
 
 impl HeldStore {
+    /// Runs `sql` inside the holding transaction (its effects land with `release`).
+    pub async fn exec(&mut self, sql: &str) {
+        match self {
+            HeldStore::Sqlite(c) => {
+                sqlx::query(sql).execute(c).await.unwrap();
+            }
+            HeldStore::Postgres(c) => {
+                sqlx::query(sql).execute(c).await.unwrap();
+            }
+        }
+    }
+
     /// Lets the gateway's writes through (commits the holding transaction).
     pub async fn release(self) {
         match self {

@@ -33,6 +33,21 @@ async fn guess(
     .unwrap()
 }
 
+/// Logins named `{prefix}0` … `{prefix}{n-1}` (no password opens them), made without
+/// hashing: a failed sign-in is audited under its name only at a login that exists.
+async fn logins(app: &TestApp, prefix: &str, n: usize) {
+    for i in 0..n {
+        sql_exec(
+            app.db(),
+            &format!(
+                "INSERT INTO admins (username, password_hash, role, created_at)
+                 VALUES ('{prefix}{i}', 'no password', 'finance', '2026-01-01T00:00:00.000Z')"
+            ),
+        )
+        .await;
+    }
+}
+
 /// The addresses of the `login.failed` audit rows at names starting with `prefix`.
 async fn failed_from(app: &TestApp, prefix: &str) -> Vec<String> {
     assert!(prefix
@@ -59,6 +74,7 @@ async fn from_an_untrusted_peer_x_forwarded_for_is_ignored() {
         s.server.trusted_proxies = vec!["10.0.0.0/8".into(), "192.0.2.0/24".into()];
     })
     .await;
+    logins(&app, "spoof", 21).await;
     let http = client();
     let form = login_form(&app, &http).await;
     for i in 0..20 {
@@ -86,6 +102,9 @@ async fn through_a_trusted_proxy_two_clients_are_throttled_apart() {
     })
     .await;
     make_login(&app, "root", "admin", None).await;
+    for prefix in ["a", "b", "c"] {
+        logins(&app, prefix, 21).await;
+    }
     let http = client();
     let form = login_form(&app, &http).await;
     for i in 0..20 {
@@ -181,6 +200,8 @@ async fn a_byte_the_client_wrote_left_of_the_proxys_entry_does_not_make_it_the_p
         s.server.trusted_proxies = vec!["127.0.0.1/32".into()];
     })
     .await;
+    logins(&app, "x", 20).await;
+    logins(&app, "y", 2).await;
     let http = client();
     let form = login_form(&app, &http).await;
     for i in 0..20 {

@@ -33,6 +33,39 @@ pub async fn admin_by_id(pool: &PgPool, id: i64) -> Result<Option<AdminRow>> {
     .await?)
 }
 
+/// The admin's row inside the caller's transaction (`store::sessions::admin_in`).
+pub async fn admin_in(conn: &mut PgConnection, id: i64) -> Result<Option<AdminRow>> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {ADMIN_COLS} FROM admins a WHERE a.id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(conn)
+    .await?)
+}
+
+/// The hash replaced only while it still is `old` (`store::sessions::replace_password_hash`).
+pub async fn replace_password_hash(
+    conn: &mut PgConnection,
+    id: i64,
+    old: &str,
+    new: &str,
+) -> Result<bool> {
+    text::check(&[("password hash", Some(new))])?;
+    if !text::storable(old) {
+        return Ok(false);
+    }
+    Ok(sqlx::query(
+        "UPDATE admins SET password_hash = $1 WHERE id = $2 AND password_hash = $3 AND NOT disabled",
+    )
+    .bind(new)
+    .bind(id)
+    .bind(old)
+    .execute(conn)
+    .await?
+    .rows_affected()
+        == 1)
+}
+
 pub async fn set_password_hash(conn: &mut PgConnection, id: i64, hash: &str) -> Result<()> {
     text::check(&[("password hash", Some(hash))])?;
     sqlx::query("UPDATE admins SET password_hash = $1 WHERE id = $2")
@@ -93,6 +126,31 @@ pub async fn delete_session(conn: &mut PgConnection, id_hash: &str) -> Result<bo
         .await?
         .rows_affected()
         > 0)
+}
+
+/// Whether the session `id_hash` still exists (`store::sessions::session_live`).
+pub async fn session_live(conn: &mut PgConnection, id_hash: &str) -> Result<bool> {
+    if !text::storable(id_hash) {
+        return Ok(false);
+    }
+    Ok(
+        sqlx::query_scalar::<_, i32>("SELECT 1 FROM admin_sessions WHERE id_hash = $1")
+            .bind(id_hash)
+            .fetch_optional(conn)
+            .await?
+            .is_some(),
+    )
+}
+
+/// Whether the API key of this hash exists unrevoked (`store::sessions::api_key_live`).
+pub async fn api_key_live(conn: &mut PgConnection, hash: &[u8]) -> Result<bool> {
+    Ok(sqlx::query_scalar::<_, i32>(
+        "SELECT 1 FROM admin_api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
+    )
+    .bind(hash)
+    .fetch_optional(conn)
+    .await?
+    .is_some())
 }
 
 /// Ends every session of an admin except `keep`.
