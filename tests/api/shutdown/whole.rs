@@ -11,7 +11,7 @@ use super::{
     exited, settled_by_their_rules, sigterm, sse_data_counted, stopped_with_the_store_held, until,
     with_grace,
 };
-use crate::gateway_proc::{db_and_token, ticks_in_a_second};
+use crate::gateway_proc::{db_and_token, ticks_in_a_second, Gateway};
 use crate::helpers::*;
 use crate::processes::start_gateway_full;
 
@@ -417,36 +417,7 @@ async fn a_client_that_leaves_during_the_drains_read_on_is_settled_at_once() {
     let mut gateway = with_grace(dir.path(), &mock, 1).await;
     let (db, token) = db_and_token(dir.path(), "leaves").await;
     // "The engine ", its finish 2 s later, then nothing: the usage never comes.
-    mock.state.script(
-        KEY_A,
-        [Script {
-            events: Some(vec![
-                chunk_event(
-                    json!([{"index": 0, "delta": {"content": "The engine "}, "finish_reason": null}]),
-                ),
-                chunk_event(json!([{"index": 0, "delta": {}, "finish_reason": "stop"}])),
-                sluice::mock::SseEvent::Data(json!("[DONE]")),
-            ]),
-            chunk_delay_ms: 2_000,
-            stall_after: Some(2),
-            ..Default::default()
-        }],
-    );
-    let mut body = chat_body(100);
-    body["stream"] = true.into();
-    let resp = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", gateway.url))
-        .bearer_auth(&token)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let (reading, read) = sse_data_counted(resp);
-    until("the finish never reached the client", || {
-        read.load(std::sync::atomic::Ordering::Acquire) >= 2
-    })
-    .await;
+    let reading = read_to_a_finish_without_usage(&mock, &gateway, &token, 2_000).await;
     let sent = Instant::now();
     sigterm(&gateway);
     // The drain comes a second on; the client leaves half a second into its read-on.
@@ -635,36 +606,7 @@ async fn a_client_that_left_at_the_finish_before_the_signal_is_settled_by_its_ru
     let mut gateway = with_grace(dir.path(), &mock, 1).await;
     let (db, token) = db_and_token(dir.path(), "left").await;
     // "The engine ", its finish 500 ms later, then nothing: the usage never comes.
-    mock.state.script(
-        KEY_A,
-        [Script {
-            events: Some(vec![
-                chunk_event(
-                    json!([{"index": 0, "delta": {"content": "The engine "}, "finish_reason": null}]),
-                ),
-                chunk_event(json!([{"index": 0, "delta": {}, "finish_reason": "stop"}])),
-                sluice::mock::SseEvent::Data(json!("[DONE]")),
-            ]),
-            chunk_delay_ms: 500,
-            stall_after: Some(2),
-            ..Default::default()
-        }],
-    );
-    let mut body = chat_body(100);
-    body["stream"] = true.into();
-    let resp = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", gateway.url))
-        .bearer_auth(&token)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let (reading, read) = sse_data_counted(resp);
-    until("the finish never reached the client", || {
-        read.load(std::sync::atomic::Ordering::Acquire) >= 2
-    })
-    .await;
+    let reading = read_to_a_finish_without_usage(&mock, &gateway, &token, 500).await;
     // The client leaves at the finish; the signal comes 200 ms into the pump's read-on.
     reading.abort();
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -685,4 +627,46 @@ async fn a_client_that_left_at_the_finish_before_the_signal_is_settled_by_its_ru
         [(200, Some("usage_estimated".to_string()))],
         "{rows:?}"
     );
+}
+
+/// A chat stream on `gateway` whose upstream sends "The engine ", its finish `delay_ms`
+/// later, then nothing (the usage never comes), read by a client until it has the finish:
+/// the client's reading task, to be ended as the test's client leaves.
+async fn read_to_a_finish_without_usage(
+    mock: &MockServer,
+    gateway: &Gateway,
+    token: &str,
+    delay_ms: u64,
+) -> tokio::task::JoinHandle<(Vec<String>, bool)> {
+    mock.state.script(
+        KEY_A,
+        [Script {
+            events: Some(vec![
+                chunk_event(
+                    json!([{"index": 0, "delta": {"content": "The engine "}, "finish_reason": null}]),
+                ),
+                chunk_event(json!([{"index": 0, "delta": {}, "finish_reason": "stop"}])),
+                sluice::mock::SseEvent::Data(json!("[DONE]")),
+            ]),
+            chunk_delay_ms: delay_ms,
+            stall_after: Some(2),
+            ..Default::default()
+        }],
+    );
+    let mut body = chat_body(100);
+    body["stream"] = true.into();
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", gateway.url))
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let (reading, read) = sse_data_counted(resp);
+    until("the finish never reached the client", || {
+        read.load(std::sync::atomic::Ordering::Acquire) >= 2
+    })
+    .await;
+    reading
 }
