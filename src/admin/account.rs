@@ -123,11 +123,14 @@ async fn revoke_key_html(
     let id = id.into_inner();
     let now = state.clock.now();
     let mut tx = state.db.begin().await?;
+    // The credential is checked before the revoke: a key may revoke itself, which a check
+    // after it would find revoked and roll back.
+    actor.hold(&mut tx).await?;
     if !sessions::revoke_api_key(&mut tx, actor.id, id, now).await? {
         return Err(AdminError::NotFound);
     }
     actor
-        .audit(
+        .audit_held(
             &mut tx,
             "apikey.revoke",
             &format!("apikey:{id}"),

@@ -419,27 +419,34 @@ async fn a_key_asked_for_while_the_session_ends_does_not_survive() {
 /// refused as an ended session would be.
 #[tokio::test]
 async fn a_write_by_a_key_revoked_meanwhile_is_refused() {
-    let (app, _s, key) = root_with_a_key().await;
-    let mut held = hold_the_store(&app.settings.database.url).await;
-    let write = client()
-        .post(format!("{}/admin/api/v1/teams", app.address))
-        .bearer_auth(&key)
-        .json(&json!({"name": "late"}))
-        .send();
-    let revoke = async {
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        held.exec("UPDATE admin_api_keys SET revoked_at = '2026-01-01T00:00:00.000Z'")
-            .await;
-        held.release().await;
-    };
-    let (r, ()) = tokio::join!(write, revoke);
-    let r = r.unwrap();
-    assert_eq!(r.status(), 401, "{}", r.text().await.unwrap());
-    assert_eq!(
-        app.scalar("SELECT COUNT(*) FROM teams WHERE name = 'late'")
-            .await,
-        0
-    );
+    // Final review (s21, F1): a key whose owner was disabled meanwhile (keys are not
+    // revoked by disabling) still wrote, as its row alone was read.
+    for ended in [
+        "UPDATE admin_api_keys SET revoked_at = '2026-01-01T00:00:00.000Z'",
+        "UPDATE admins SET disabled = TRUE",
+    ] {
+        let (app, _s, key) = root_with_a_key().await;
+        let mut held = hold_the_store(&app.settings.database.url).await;
+        let write = client()
+            .post(format!("{}/admin/api/v1/teams", app.address))
+            .bearer_auth(&key)
+            .json(&json!({"name": "late"}))
+            .send();
+        let revoke = async {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            held.exec(ended).await;
+            held.release().await;
+        };
+        let (r, ()) = tokio::join!(write, revoke);
+        let r = r.unwrap();
+        assert_eq!(r.status(), 401, "{ended}: {}", r.text().await.unwrap());
+        assert_eq!(
+            app.scalar("SELECT COUNT(*) FROM teams WHERE name = 'late'")
+                .await,
+            0,
+            "{ended}"
+        );
+    }
 }
 
 /// Review s21 #1 for the Account page: a password change whose current password was
@@ -473,5 +480,29 @@ async fn a_password_change_checked_against_a_replaced_password_fails() {
         )
         .await,
         reset
+    );
+}
+
+/// Final review (s21, F2): an API key revoking itself through the form route — a leaked
+/// key's clean-up script — was refused once every write re-checked its credential inside
+/// its transaction: the revoke came first, the check after found the key revoked, and the
+/// whole revoke rolled back (401, the key still live). The check comes before the revoke.
+#[tokio::test]
+async fn an_api_key_can_revoke_itself() {
+    let (app, _s, key) = root_with_a_key().await;
+    let id = app.scalar("SELECT id FROM admin_api_keys").await;
+    let r = client()
+        .post(format!("{}/admin/account/keys/{id}/revoke", app.address))
+        .bearer_auth(&key)
+        .header("hx-request", "true")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(me_with_key(&app, &key).await, 401, "the key revoked");
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM audit_log WHERE action = 'apikey.revoke'")
+            .await,
+        1
     );
 }
