@@ -204,14 +204,16 @@ pub async fn session_live(tx: &mut super::Tx, id_hash: &str) -> Result<bool> {
     )
 }
 
-/// Whether the admin API key of this hash exists unrevoked, read inside `tx`
+/// Whether the admin API key of this hash exists unrevoked and its owner is not disabled
+/// (disabling revokes no key), read inside `tx`
 /// (`Actor::hold`).
 pub async fn api_key_live(tx: &mut super::Tx, hash: &[u8]) -> Result<bool> {
     if let Some((conn, _)) = tx.pg() {
         return super::pg::sessions::api_key_live(conn, hash).await;
     }
     Ok(sqlx::query_scalar::<_, i64>(
-        "SELECT 1 FROM admin_api_keys WHERE key_hash = ? AND revoked_at IS NULL",
+        "SELECT 1 FROM admin_api_keys k JOIN admins a ON a.id = k.admin_id \
+         WHERE k.key_hash = ? AND k.revoked_at IS NULL AND a.disabled = 0",
     )
     .bind(hash)
     .fetch_optional(tx.sqlite()?)

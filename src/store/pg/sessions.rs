@@ -145,7 +145,8 @@ pub async fn session_live(conn: &mut PgConnection, id_hash: &str) -> Result<bool
 /// Whether the API key of this hash exists unrevoked (`store::sessions::api_key_live`).
 pub async fn api_key_live(conn: &mut PgConnection, hash: &[u8]) -> Result<bool> {
     Ok(sqlx::query_scalar::<_, i32>(
-        "SELECT 1 FROM admin_api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
+        "SELECT 1 FROM admin_api_keys k JOIN admins a ON a.id = k.admin_id \
+         WHERE k.key_hash = $1 AND k.revoked_at IS NULL AND NOT a.disabled",
     )
     .bind(hash)
     .fetch_optional(conn)
