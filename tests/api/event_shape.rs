@@ -283,8 +283,11 @@ fn assert_complete(last: &Value, client: &str, what: &str) {
     }
 }
 
-/// The token `id` (a 1 USD budget) was charged what its request rows cost.
+/// The token `id` (a 1 USD budget) was charged what its request rows cost, once every
+/// reservation has settled.
 async fn assert_charged_what_was_logged(app: &TestApp, id: i64) {
+    // A stream's row is recorded before its settlement commits: wait for the settlement.
+    app.wait_settled().await;
     let logged = app
         .scalar("SELECT COALESCE(SUM(cost_micros), 0) FROM requests")
         .await;
