@@ -1202,6 +1202,50 @@ async fn a_trigger_that_drops_audit_rows_fails_the_action_and_is_named() {
     }
 }
 
+/// PostgreSQL's two quieter ways round the guards (final review F3): the delete guard set
+/// to fire only in replica sessions (enabled, but never firing for the gateway), and a
+/// deferred constraint trigger that deletes each new row at commit, after the append's own
+/// check that its row was kept. The action fails rather than go unaudited; verify and a
+/// starting process name both.
+#[tokio::test]
+async fn a_guard_set_to_replica_mode_and_a_deferred_delete_are_caught() {
+    let rig = rig().await;
+    if rig.app.db().postgres().is_none() {
+        return;
+    }
+    let mut c = rig.attacker().await;
+    c.exec("ALTER TABLE audit_log ENABLE REPLICA TRIGGER audit_append_only; \
+        CREATE FUNCTION later() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN DELETE FROM audit_log WHERE id = NEW.id; RETURN NULL; END $$; \
+        CREATE CONSTRAINT TRIGGER later AFTER INSERT ON audit_log DEFERRABLE INITIALLY DEFERRED \
+            FOR EACH ROW WHEN (NEW.action = 'team.create') EXECUTE FUNCTION later()")
+        .await;
+    c.close().await;
+    let rows = rig.rows().await;
+    let (s, body) = rig
+        .admin
+        .post("/admin/api/v1/teams", &json!({"name": "unseen"}))
+        .await;
+    let teams = rig
+        .app
+        .scalar("SELECT COUNT(*) FROM teams WHERE name = 'unseen'")
+        .await;
+    assert!(
+        s == 500 && teams == 0,
+        "{s} {body}: the team was created ({teams}) without its audit row"
+    );
+    assert_eq!(rig.rows().await, rows);
+    rig.verify_fails_naming("later", "the deferred trigger went unnoticed")
+        .await;
+    rig.verify_fails_naming("audit_append_only", "the replica-only guard went unnoticed")
+        .await;
+    let out = cli(&rig, &["team", "create", "--name", "cli-unseen"]).await;
+    assert!(
+        !ok(&out) && stderr(&out).contains("audit_append_only"),
+        "the CLI ran with the guard in replica mode: {}",
+        stderr(&out)
+    );
+}
+
 /// Makes the database refuse the audit row of `action` (a trigger that aborts its insert),
 /// to see that an action whose audit row fails leaves nothing of itself behind.
 pub(crate) async fn refuse_audit_of(settings: &sluice::config::Settings, action: &str) {

@@ -71,6 +71,11 @@ pub async fn append(
     };
     let created_at = db_time(now);
     let hash = keys.row_mac(&prev, e, &created_at);
+    // A deferred constraint trigger would fire at commit, after the check below that the
+    // row was kept: from here on this transaction's constraint triggers fire at once.
+    sqlx::query("SET CONSTRAINTS ALL IMMEDIATE")
+        .execute(&mut *conn)
+        .await?;
     let inserted: Option<(i64, String)> = sqlx::query_as(
         "INSERT INTO audit_log (actor, address, action, target, before, after, created_at, prev_hash, hash, chain)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id, hash",
@@ -131,13 +136,32 @@ const GUARDS: [(&str, i32); 2] = [
 const GUARD_FN: &str = "sluice_append_only";
 const GUARD_BODY: &str = "BEGIN RAISE EXCEPTION '% is append-only', TG_TABLE_NAME; END;";
 
+/// A user trigger that reaches `audit_log`, as `triggers` reads it from the catalog.
+#[derive(sqlx::FromRow)]
+struct TriggerRow {
+    name: String,
+    table_name: String,
+    /// `tgtype` (as `GUARDS`).
+    kind: i32,
+    /// `tgenabled`: `O` fires in ordinary sessions, `A` always; `R` only in replica
+    /// sessions, never the gateway's; `D` never.
+    enabled: String,
+    func: String,
+    body: String,
+    unconditional: bool,
+    /// On the `audit_log` the gateway's search path finds, not a namesake in another schema
+    /// (whose triggers would otherwise pass for the guards).
+    ours: bool,
+}
+
 /// `store::audit::triggers` on PostgreSQL: every user trigger on `audit_log` or whose
 /// function's text names it, and the rules on the table (one `DO INSTEAD NOTHING` drops
-/// every append); the schema's guards present, enabled and unchanged.
+/// every append); the schema's guards present, firing for the gateway and unchanged.
 pub async fn triggers(pool: &PgPool) -> Result<Triggers> {
-    let rows: Vec<(String, String, i32, String, String, String, bool)> = sqlx::query_as(
-        "SELECT t.tgname::text, c.relname::text, t.tgtype::int4, t.tgenabled::text,
-                p.proname::text, p.prosrc, t.tgqual IS NULL
+    let rows: Vec<TriggerRow> = sqlx::query_as(
+        "SELECT t.tgname::text AS name, c.relname::text AS table_name, t.tgtype::int4 AS kind,
+                t.tgenabled::text AS enabled, p.proname::text AS func, p.prosrc AS body,
+                t.tgqual IS NULL AS unconditional, t.tgrelid = to_regclass('audit_log') AS ours
          FROM pg_trigger t
          JOIN pg_class c ON c.oid = t.tgrelid
          JOIN pg_proc p ON p.oid = t.tgfoid
@@ -148,29 +172,30 @@ pub async fn triggers(pool: &PgPool) -> Result<Triggers> {
     .fetch_all(pool)
     .await?;
     let mut out = Triggers::default();
-    for (name, table, kind, enabled, func, body, unconditional) in &rows {
-        let guard = GUARDS
-            .iter()
-            .find(|(n, _)| n == name)
-            .filter(|_| table == "audit_log");
+    for r in &rows {
+        let name = &r.name;
+        let guard = GUARDS.iter().find(|(n, _)| n == name).filter(|_| r.ours);
         match guard {
-            None if table == "audit_log" => out.unexpected(name, "added on audit_log"),
+            None if r.ours => out.unexpected(name, "added on audit_log"),
             None => out.unexpected(
                 name,
-                &format!("added on {table}, its function names audit_log"),
+                &format!("added on {}, its function names audit_log", r.table_name),
             ),
-            Some((_, want)) if kind != want || !unconditional || func != GUARD_FN => {
+            Some((_, want)) if r.kind != *want || !r.unconditional || r.func != GUARD_FN => {
                 out.unexpected(name, "its definition was changed")
             }
-            Some(_) if squeeze(body) != GUARD_BODY => {
+            Some(_) if squeeze(&r.body) != GUARD_BODY => {
                 out.unexpected(name, &format!("the body of {GUARD_FN}() was changed"))
             }
-            Some(_) if enabled == "D" => out.missing(name, "is disabled"),
+            Some(_) if r.enabled == "D" => out.missing(name, "is disabled"),
+            Some(_) if r.enabled == "R" => {
+                out.missing(name, "fires only in replica sessions (ENABLE REPLICA)")
+            }
             Some(_) => {}
         }
     }
     for (name, _) in GUARDS {
-        if !rows.iter().any(|r| r.0 == name && r.1 == "audit_log") {
+        if !rows.iter().any(|r| r.name == name && r.ours) {
             out.missing(name, "is missing");
         }
     }
