@@ -65,7 +65,7 @@ pub const SETTLE_MARGIN: Duration = Duration::from_secs(3);
 // most `AFTER_THE_FINISH` from the drain, its response stored by `STORED_BY`: done before
 // its worker is stopped.
 const _: () = {
-    use crate::pipeline::stream::{AFTER_THE_FINISH, STORED_BY};
+    use crate::pipeline::{responses::STORED_BY, stream::AFTER_THE_FINISH};
     assert!(AFTER_THE_FINISH.as_millis() < STORED_BY.as_millis());
     assert!(STORED_BY.as_millis() < SETTLE_MARGIN.as_millis());
 };
@@ -168,6 +168,7 @@ impl Application {
             clock,
             db,
             settings: Arc::new(settings),
+            runtime: tokio::runtime::Handle::current(),
         });
         if let Some(sso) = &state.sso {
             sso.spawn_discovery();

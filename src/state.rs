@@ -40,6 +40,10 @@ pub struct AppState {
     pub alerts: Arc<Alerter>,
     /// Single sign-on for the admin UI, when `[oidc]` is configured.
     pub sso: Option<Arc<crate::auth::oidc::Sso>>,
+    /// The runtime that built the gateway, which outlives its workers (each stopped with
+    /// its own runtime at the shutdown): where what must finish though its worker stopped
+    /// runs — a stream's settlement, a departed request's row.
+    pub runtime: tokio::runtime::Handle,
 }
 
 impl AppState {

@@ -16,6 +16,7 @@ pub mod responses;
 pub mod stream;
 pub mod tags;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -80,8 +81,10 @@ pub async fn handle(
     };
     // At the shutdown's deadline a request still waiting (queued, on an upstream) is
     // ended here: `run` is dropped (its reservation settles as a departure's would) and the
-    // client gets a 503 (see `drain`).
+    // client gets a 503 (see `drain`). One whose answer is in by then is not: it is charged
+    // the answer, so it gets it (`finish` bounds what it still waits for by the drain).
     let drain = req.app_data::<Drain>().cloned().unwrap_or_default();
+    let answered = AtomicBool::new(false);
     let result = tokio::select! {
         biased;
         r = run(
@@ -91,9 +94,9 @@ pub async fn handle(
             endpoint,
             (&mut open.log, &mut open.extras),
             (started, started_at),
-            &drain,
+            (&drain, &answered),
         ) => r,
-        _ = drain.started() => Err(ApiError::ShuttingDown.into()),
+        () = unanswered_at(&drain, &answered) => Err(ApiError::ShuttingDown.into()),
     };
     let (mut log, extras) = open.close();
     let mut resp = match result {
@@ -156,14 +159,18 @@ impl Drop for Open {
         log.error_code = Some(ApiError::ClientGone.code());
         log.latency_ms = self.started.elapsed().as_millis() as i64;
         let state = self.state.clone();
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn(async move { state.request_log.record(log).await });
-            }
-            Err(_) => {
-                tracing::warn!(request_id = %log.id, "a departed request's log row was dropped outside a runtime")
-            }
-        }
+        // On the gateway's runtime: this may be the drop of a worker's runtime.
+        let runtime = state.runtime.clone();
+        runtime.spawn(async move { state.request_log.record(log).await });
+    }
+}
+
+/// Resolves at the drain's start unless the request's answer is in by then (`answered`,
+/// set by `finish`): then never.
+async fn unanswered_at(drain: &Drain, answered: &AtomicBool) {
+    drain.started().await;
+    if answered.load(Ordering::Acquire) {
+        std::future::pending::<()>().await;
     }
 }
 
@@ -256,7 +263,7 @@ async fn run(
     endpoint: Endpoint,
     (log, extras): (&mut RequestRow, &mut Extras),
     (started, started_at): (Instant, chrono::DateTime<chrono::Utc>),
-    drain: &Drain,
+    (drain, answered): (&Drain, &AtomicBool),
 ) -> Result<Reply, Failure> {
     let ladder = state.settings.ladder;
     // 1. Authenticate.
@@ -495,9 +502,19 @@ async fn run(
             drain.clone(),
         )))
     } else {
-        finish(state, &prepared, success, held, log, &auth, booking, plan)
-            .await
-            .map(Reply::Done)
+        let at_drain = (drain, answered);
+        finish(
+            state,
+            &prepared,
+            success,
+            held,
+            log,
+            &auth,
+            booking,
+            (plan, at_drain),
+        )
+        .await
+        .map(Reply::Done)
     }
 }
 
@@ -726,7 +743,7 @@ async fn finish(
     log: &mut RequestRow,
     auth: &TokenAuth,
     mut booking: Option<Booking>,
-    plan: Option<crate::cache::Plan>,
+    (plan, (drain, answered)): (Option<crate::cache::Plan>, (&Drain, &AtomicBool)),
 ) -> Result<HttpResponse, Failure> {
     let reader = p.reader(&s.route, s.dep.provider);
     let estimate = p.estimated_input_on(s.route.image_rule, s.model.max_input_tokens, reader);
@@ -822,14 +839,31 @@ async fn finish(
     log.output_tokens = usage.output;
     log.kinds = usage.parts();
     log.cost_micros = held.cost_of(cost);
+    // Charged the answer from here, the client gets it: the shutdown's drain no longer
+    // ends the request with a 503 (its SDK would retry, paying twice); it bounds what the
+    // answer still waits on the store for instead (below).
+    answered.store(true, Ordering::Release);
+    held.set_cost_if_dropped(cost);
     // A stored response is written before the answer, so its id works at once; a client
-    // that leaves while it is written is charged the answer, not the input alone.
+    // that leaves while it is written is charged the answer, not the input alone. At the
+    // shutdown the write is waited on until `responses::STORED_BY` after the drain.
     if let Some((ctx, response)) = to_keep {
-        held.set_cost_if_dropped(cost);
-        responses::keep(state, ctx, &response).await;
+        responses::keep(state, ctx, &response, drain).await;
     }
+    // At the shutdown a store slower than `STORED_BY` after the drain is not waited for:
+    // the settlement goes on in the background (it lands before the process ends, else the
+    // next start's recovery settles it), the answer goes out without the balances — before
+    // the worker is stopped under it, which would cut the connection.
     let span = log.trace.stage("settle");
-    let settled = held.settle(cost).await;
+    let decided = held.decided(cost);
+    let settled = tokio::select! {
+        biased;
+        settled = held.settle(cost) => settled,
+        () = drain.after(responses::STORED_BY) => {
+            tracing::warn!(request_id = %log.id, "the shutdown came before the settlement landed: it goes on in the background");
+            decided
+        }
+    };
     drop(span);
     account(state, auth, settled.token_remaining, settled.absorbed);
     log.cost_micros = settled.charged + settled.absorbed;

@@ -5,9 +5,12 @@
 //! The upstream always gets `store: false` and the whole conversation, so any upstream and
 //! key can continue it; the chain is counted and reserved for as a whole, never truncated.
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 use serde_json::{json, Map, Value};
 
+use super::drain::Drain;
 use super::request::Prepared;
 use crate::auth::TokenAuth;
 use crate::clock::db_time;
@@ -528,10 +531,21 @@ pub fn answer(
     (usage, read_as, body, response)
 }
 
+/// How long after the drain's start a response may wait on the store (`keep`): past a
+/// stream's read-on (`stream::AFTER_THE_FINISH`), so a response its end completed is still
+/// kept, and short of the workers' stop (`startup::SETTLE_MARGIN`), with room to settle.
+pub const STORED_BY: Duration = Duration::from_millis(2_500);
+
 /// Stores the response the client receives (when it asked for `store`, the default) before
 /// it is answered, so its id works at once. A store failure is logged (without the
 /// conversation), never the client's error: the answer is already paid for.
-pub async fn keep(state: &AppState, ctx: &Ctx, response: &Value) {
+///
+/// At the shutdown the store has until `STORED_BY` after the drain: the request must
+/// settle and answer before its worker is stopped, and a store held past that would stop
+/// it first. The gateway then stops waiting: a write already with the database may still
+/// land, one still waiting for a connection does not — the response may not be kept, which
+/// the log warns of.
+pub async fn keep(state: &AppState, ctx: &Ctx, response: &Value, drain: &Drain) {
     if !ctx.stamp.store || response.get("status").is_some_and(|s| s == "failed") {
         return;
     }
@@ -542,7 +556,14 @@ pub async fn keep(state: &AppState, ctx: &Ctx, response: &Value) {
         input: Value::Array(ctx.input.clone()).to_string(),
         response: response.to_string(),
     };
-    if let Err(e) = stored::put(&state.db, &row).await {
-        tracing::warn!(error = %e, response_id = %row.id, "a response could not be stored");
+    tokio::select! {
+        biased;
+        stored = stored::put(&state.db, &row) => if let Err(e) = stored {
+            tracing::warn!(error = %e, response_id = %row.id, "a response could not be stored");
+        },
+        () = drain.after(STORED_BY) => tracing::warn!(
+            response_id = %row.id,
+            "the shutdown came before the response's store answered: it may not be kept"
+        ),
     }
 }

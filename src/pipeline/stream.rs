@@ -73,12 +73,6 @@ const SHUTTING_DOWN: &str =
 /// (`ClientSink::send_whole`): it must end before the workers stop (`startup::SETTLE_MARGIN`).
 pub const AFTER_THE_FINISH: Duration = Duration::from_secs(2);
 
-/// How long after the drain's start a whole answer's Responses response may wait on the
-/// store (`Pump::keep_conversation`): past the read-on's deadline, so a response its end
-/// completed is still kept, and short of the workers' stop (`startup::SETTLE_MARGIN`),
-/// with room left to settle.
-pub const STORED_BY: Duration = Duration::from_millis(2_500);
-
 /// Chunks buffered between the pump and a slow client.
 const CHANNEL_DEPTH: usize = 16;
 
@@ -378,14 +372,42 @@ pub(super) fn serve(
     };
     async move {
         let _held = (s.in_flight, s.slot, admission);
-        if let Some(upstream) = s.response {
-            pump.run(upstream, sink).await;
+        let mut pump = Unsettled(Some(pump));
+        if let (Some(upstream), Some(running)) = (s.response, pump.0.as_mut()) {
+            let (failed, ending, may_have_run_on) = running.run(upstream, sink).await;
+            if let Some(done) = pump.0.take() {
+                done.settle(failed, ending, may_have_run_on).await;
+            }
         }
     }
 }
 
+/// A pump until it settles. Dropped before — its worker stopped under it: a client that
+/// left at the finish holds no connection, so at the shutdown its idle worker stops while
+/// the pump reads on for the usage (or a panic) — it settles by the rule of where it was,
+/// on the gateway's own runtime (`AppState::runtime`, which outlives the workers): a whole
+/// answer on its usage if it came, else on the estimate; one cut short as a cut stream.
+/// Without it the task went with its runtime: no row, and the reservation released
+/// uncharged — the answer given away.
+struct Unsettled(Option<Pump>);
+
+impl Drop for Unsettled {
+    fn drop(&mut self) {
+        let Some(pump) = self.0.take() else { return };
+        let whole = pump.converter.finished();
+        let runtime = pump.state.runtime.clone();
+        runtime.spawn(pump.settle(!whole, (!whole).then_some("shutting_down"), true));
+    }
+}
+
 impl Pump {
-    async fn run(mut self, upstream: reqwest::Response, sink: ClientSink) {
+    /// Reads the stream to its end: whether it failed, the row's code and whether the
+    /// upstream may have run on (`settle`'s arguments).
+    async fn run(
+        &mut self,
+        upstream: reqwest::Response,
+        sink: ClientSink,
+    ) -> (bool, Option<&'static str>, bool) {
         let idle = stall_limit(&self.state);
         let most = self.state.settings.upstream.max_response_bytes;
         let mut events = events(self.framing, upstream, most);
@@ -602,7 +624,7 @@ impl Pump {
             _ => None,
         };
         let all_seen = failure.is_some() && upstream_ended;
-        self.settle(failure.is_some(), ending, !all_seen).await;
+        (failure.is_some(), ending, !all_seen)
     }
 
     /// The client is gone: after the upstream's finish its answer was whole, so the pump
@@ -618,13 +640,8 @@ impl Pump {
         true
     }
 
-    /// A complete Responses response is stored (by `pass`, and though its client left).
-    /// At the shutdown the store has until `STORED_BY` after the drain: the pump must
-    /// settle before its worker is stopped (`startup::SETTLE_MARGIN` after the drain), and
-    /// a store held past that would stop it first — its row lost, its reservation released
-    /// uncharged. The gateway then stops waiting on the write, not the write itself: handed
-    /// to the store, it lands if the store frees before the process ends, else the
-    /// response is not kept, which the log warns of.
+    /// A complete Responses response is stored (by `pass`, and though its client left),
+    /// at the shutdown waited on at most `responses::STORED_BY` after the drain.
     async fn keep_conversation(&mut self, drain: &Drain) {
         let Some(ctx) = &self.conversation else {
             return;
@@ -632,16 +649,7 @@ impl Pump {
         let Some(r) = self.converter.completed_response() else {
             return;
         };
-        tokio::select! {
-            biased;
-            () = super::responses::keep(&self.state, ctx, &r) => {}
-            () = drain.after(STORED_BY) => {
-                tracing::warn!(
-                    response_id = %ctx.stamp.id,
-                    "the shutdown came before the response's store answered: it may not be kept"
-                );
-            }
-        }
+        super::responses::keep(&self.state, ctx, &r, drain).await;
     }
 
     /// The upstream's body ended (or broke off, or stalled): `None` when that completed the

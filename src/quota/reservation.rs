@@ -37,6 +37,10 @@ pub struct Quota {
     /// request-id hash, so entering and leaving costs no allocation. Two ids sharing a hash
     /// count twice, so neither leaves while the other is held.
     live: Mutex<HashMap<u64, u32>>,
+    /// The runtime that built the quota (the gateway's own, which outlives the workers):
+    /// where background settlements run. A reservation dropped as a worker stops — its
+    /// runtime going, a spawn there would never run — still settles.
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 /// How long a reservation's lease runs: the owner renews it while a live request holds
@@ -56,6 +60,7 @@ impl Quota {
             clock,
             process_id,
             live: Mutex::new(HashMap::new()),
+            runtime: tokio::runtime::Handle::try_current().ok(),
         })
     }
 
@@ -180,9 +185,13 @@ impl Quota {
         }
     }
 
-    /// Settles in the background (the caller does not wait).
+    /// Settles in the background (the caller does not wait), on the quota's own runtime.
     fn settle_later(entry: LiveEntry, actual: i64) {
-        match tokio::runtime::Handle::try_current() {
+        let runtime = match &entry.quota.runtime {
+            Some(rt) => Ok(rt.clone()),
+            None => tokio::runtime::Handle::try_current(),
+        };
+        match runtime {
             Ok(rt) => {
                 rt.spawn(async move {
                     let quota = entry.quota.clone();
@@ -282,26 +291,33 @@ impl Held {
         self.cost_if_dropped = micros;
     }
 
-    /// Settles at the actual cost (capped at the reservation: the excess is `absorbed`).
-    /// Never fails: the amounts are decided here; if the store fails, the settlement is
-    /// retried in the background until it lands, and the balances are then unknown (`None`).
-    pub async fn settle(mut self, actual: i64) -> Settled {
-        let Some(resv) = self.resv.take() else {
-            return Settled {
-                charged: 0,
-                absorbed: 0,
-                remaining: None,
-                token_remaining: None,
-            };
+    /// What settling at `actual` charges and absorbs (capped at the reservation: the excess
+    /// is `absorbed`), the balances unknown: what `settle` answers when the store did not.
+    pub fn decided(&self, actual: i64) -> Settled {
+        let actual = if self.resv.is_some() {
+            actual.max(0)
+        } else {
+            0
         };
-        let actual = actual.max(0);
-        let charged = actual.min(resv.amount);
-        let decided = Settled {
+        let charged = actual.min(self.amount());
+        Settled {
             charged,
             absorbed: actual - charged,
             remaining: None,
             token_remaining: None,
+        }
+    }
+
+    /// Settles at the actual cost (`decided`). Never fails: the amounts are decided here;
+    /// if the store fails, the settlement is retried in the background until it lands, and
+    /// the balances are then unknown (`None`). Dropped while it waits on the store, it hands
+    /// the settlement to that same background retry.
+    pub async fn settle(mut self, actual: i64) -> Settled {
+        let decided = self.decided(actual);
+        let Some(resv) = self.resv.take() else {
+            return decided;
         };
+        let actual = actual.max(0);
         // Stays in the live set until the settlement landed: here, or — if the store failed,
         // or the caller stopped awaiting before the answer — in a background retry (a
         // settlement that already landed makes the retry a no-op).

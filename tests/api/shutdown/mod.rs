@@ -19,6 +19,7 @@ use crate::gateway_proc::{db_and_token, dir_database_url, Gateway};
 use crate::helpers::*;
 use crate::processes::start_gateway_full;
 
+mod answered;
 mod cut;
 mod whole;
 

@@ -592,14 +592,14 @@ async fn responses_stream_completed_in_the_drain(
     (db, rest)
 }
 
-/// Review finding (s21a, 1), open: a client that left at the finish before the signal has
-/// its pump read on for the usage, at most `AFTER_THE_FINISH` — on the runtime of a worker
-/// that holds no connection any more. actix stops such a worker at the signal (or its next
-/// tick), before the drain: the pump is dropped with it, its row lost and its reservation
-/// released uncharged (seen: ledger reserve 66 / settle −66) — the answer given away. It
-/// should settle by its rule: the estimate here, the usage never coming.
+/// Review finding (s21a, 1): a client that left at the finish before the signal has its
+/// pump read on for the usage, at most `AFTER_THE_FINISH` — on the runtime of a worker that
+/// holds no connection any more. actix stops such a worker at the signal, before the drain:
+/// the pump was dropped with it, its row lost and its reservation released uncharged (seen:
+/// ledger reserve 66 / settle −66) — the answer given away. A pump dropped unsettled now
+/// settles by its rule on the gateway's own runtime: the estimate here, the usage never
+/// coming.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "s21a review finding 1, open: a departed client's pump is dropped with its idle worker at the signal"]
 async fn a_client_that_left_at_the_finish_before_the_signal_is_settled_by_its_rule() {
     let dir = tempfile::tempdir().unwrap();
     let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
