@@ -204,7 +204,7 @@ async fn sign_in(
     let rehash = if password::needs_rehash(&admin.password_hash) {
         state
             .passwords
-            .hash(pw)
+            .hash(pw.clone())
             .await
             .inspect_err(|e| tracing::warn!(error = %e, "password rehash postponed"))
             .ok()
@@ -212,14 +212,36 @@ async fn sign_in(
         None
     };
     let id = session::new_secret();
+    // The hash the password was verified against.
+    let mut verified = admin.password_hash.clone();
     let mut tx = state.db.begin().await?;
     // The row again, now under the admin write lock: what was verified is a copy read
     // before the wait for a hashing permit (up to 2 s) and the verification. A password
     // change, reset or disabling that committed meanwhile ended every session; this one
     // must not start after it with a password that no longer opens anything.
-    let current = sessions::admin_in(&mut tx, admin.id).await?;
-    let still =
-        current.is_some_and(|c| c.password_hash == admin.password_hash && !c.disabled && open(&c));
+    let mut current = sessions::admin_in(&mut tx, admin.id).await?;
+    // But another sign-in's rehash also replaces the hash — with one of the same password
+    // (final review F5: a correct password was refused). A changed hash is verified once
+    // more, outside the transaction (a verification must not hold the write lock): a
+    // rehash passes, a real change fails as before.
+    let changed = current
+        .as_ref()
+        .map(|c| c.password_hash.clone())
+        .filter(|h| *h != verified && !h.is_empty());
+    if let Some(newer) = changed {
+        tx.rollback().await?;
+        match state.passwords.verify(pw, Some(newer.clone())).await {
+            Ok(true) => verified = newer,
+            Ok(false) => {}
+            Err(e) => {
+                attempt.withdraw_now(&state.db).await?;
+                return Err(e.into());
+            }
+        }
+        tx = state.db.begin().await?;
+        current = sessions::admin_in(&mut tx, admin.id).await?;
+    }
+    let still = current.is_some_and(|c| c.password_hash == verified && !c.disabled && open(&c));
     if !still {
         // Answered as a wrong password: the attempt stays recorded as one.
         audit(&mut tx, &admin.username, &address, "login.failed", now).await?;
@@ -232,10 +254,11 @@ async fn sign_in(
         // A session id presented at login is never kept (fixation): it is ended.
         sessions::delete_session(&mut tx, &session::id_hash(old.value())).await?;
     }
-    if let Some(h) = &rehash {
+    // Not over a hash another sign-in's rehash already replaced it with.
+    if let Some(h) = rehash.filter(|_| verified == admin.password_hash) {
         // Only over the hash it was verified against (checked above; the write says so
         // again): a rehash of an old password never lands over a newer one.
-        sessions::replace_password_hash(&mut tx, admin.id, &admin.password_hash, h).await?;
+        sessions::replace_password_hash(&mut tx, admin.id, &verified, &h).await?;
     }
     sessions::create_session(&mut tx, &session::id_hash(&id), admin.id, &address, now).await?;
     // Sessions nobody can use any more are swept here, so the table stays small.

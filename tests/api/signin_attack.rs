@@ -556,6 +556,57 @@ async fn a_rehash_at_sign_in_never_writes_the_old_password_over_a_new_one() {
     crate::admin_helpers::login_with(&app, "root", REPLACED_BY).await;
 }
 
+/// Final review F5: two sign-ins of a login whose hash has older parameters, at once —
+/// the first rehashes the password; the second, verified against the hash it read before,
+/// found the hash changed under it and was refused as a wrong password, though the
+/// password is the same. A changed hash is verified again (outside the transaction) before
+/// the sign-in is refused: the rehash of the same password lets it in.
+#[tokio::test]
+async fn a_sign_in_across_another_sign_ins_rehash_still_gets_in() {
+    use argon2::password_hash::{rand_core::OsRng, PasswordHasher, SaltString};
+    let app = spawn_app().await;
+    let id = crate::admin_helpers::make_login(&app, "root", "admin", None).await;
+    let old = argon2::Argon2::new(
+        argon2::Algorithm::Argon2id,
+        argon2::Version::V0x13,
+        argon2::Params::new(4096, 1, 1, None).unwrap(),
+    )
+    .hash_password(PASSWORD.as_bytes(), &SaltString::generate(&mut OsRng))
+    .unwrap()
+    .to_string();
+    sql_exec(
+        app.db(),
+        &format!("UPDATE admins SET password_hash = '{old}' WHERE id = {id}"),
+    )
+    .await;
+    let http = client();
+    let (pre, csrf) = login_form_at(&http, &app.address).await;
+    // What the other sign-in's rehash writes: the same password, today's parameters.
+    let rehashed = sluice::auth::password::hash(PASSWORD).unwrap();
+    let held = app.state.passwords.occupy().await.expect("permits");
+    let other = async {
+        until_one_waits_for_a_permit(&app).await;
+        sql_exec(
+            app.db(),
+            &format!("UPDATE admins SET password_hash = '{rehashed}' WHERE id = {id}"),
+        )
+        .await;
+        drop(held);
+    };
+    let (a, ()) = tokio::join!(
+        sign_in(&http, &app.address, (&pre, &csrf), "root", PASSWORD),
+        other
+    );
+    assert_eq!(a.status, 303, "{}", a.body);
+    assert_eq!(
+        app.scalar(&format!(
+            "SELECT COUNT(*) FROM admin_sessions WHERE admin_id = {id}"
+        ))
+        .await,
+        1
+    );
+}
+
 /// Review s21 #6: a failed sign-in wrote the typed username into the audit log, which is
 /// never trimmed — a password or token pasted into the wrong field was kept there in clear
 /// for good, and anyone could fill the log. A name that is no login is recorded as
