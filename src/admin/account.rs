@@ -216,11 +216,16 @@ async fn change_password(
     };
     let id = session::new_secret();
     let mut tx = state.db.begin().await?;
-    // The password typed was right when checked: not a failed guess, whatever follows.
-    attempt.withdraw(&mut tx).await?;
     // This session still exists (it ends below with the others, so the audit row after
     // that is `audit_held`): a change by a session ended meanwhile changes nothing.
-    actor.hold(&mut tx).await?;
+    if let Err(e) = actor.hold(&mut tx).await {
+        // Nor does it count: the password typed was right (final review F6).
+        tx.rollback().await?;
+        attempt.withdraw_now(&state.db).await?;
+        return Err(e);
+    }
+    // The password typed was right when checked: not a failed guess, whatever follows.
+    attempt.withdraw(&mut tx).await?;
     // Only over the hash the current password was checked against: a reset (or another
     // session's change) that landed meanwhile stands, and this change, proven only against
     // a password that no longer counts, changes nothing.

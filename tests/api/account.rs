@@ -483,6 +483,35 @@ async fn a_password_change_checked_against_a_replaced_password_fails() {
     );
 }
 
+/// Final review F6: a password change whose session ended while its current password was
+/// checked (a sign-out elsewhere, an admin's disabling) changes nothing (401) — and the
+/// right password it typed was counted as a failed guess: the withdrawal of its attempt
+/// rolled back with the refused change. It counts as nothing.
+#[tokio::test]
+async fn a_password_change_whose_session_ended_meanwhile_counts_no_failure() {
+    let app = spawn_app().await;
+    let id = make_login(&app, "root", "admin", None).await;
+    let s = login(&app, "root").await;
+    let held = app.state.passwords.occupy().await.expect("permits");
+    let end = async {
+        crate::signin_attack::until_one_waits_for_a_permit(&app).await;
+        sql_exec(
+            app.db(),
+            &format!("DELETE FROM admin_sessions WHERE admin_id = {id}"),
+        )
+        .await;
+        drop(held);
+    };
+    let (r, ()) = tokio::join!(change_password(&s), end);
+    assert_eq!(r.status(), 401, "{}", r.text().await.unwrap());
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM login_failures").await,
+        0,
+        "the right password counted as a failure"
+    );
+    login(&app, "root").await;
+}
+
 /// Final review (s21, F2): an API key revoking itself through the form route — a leaked
 /// key's clean-up script — was refused once every write re-checked its credential inside
 /// its transaction: the revoke came first, the check after found the key revoked, and the
