@@ -382,6 +382,25 @@ pub async fn test(state: &AppState, actor: &Actor, id: &str) -> Result<Tested, A
         (false, dep.include_usage),
     )
     .map_err(|e| AdminError::invalid(format!("Cannot build a test request: {e}")))?;
+    // The call is real and paid for with the upstream's key, so it is an admin action like
+    // any other: one row, written before the call by a credential checked now — a call is
+    // never made unaudited (final review F7: written after it, a session ended meanwhile
+    // left a paid call with no row). The outcome goes to the caller and the log line.
+    let after =
+        json!({"model": route.upstream_model, "timeout_ms": TEST_TIMEOUT.as_millis() as u64})
+            .to_string();
+    let mut tx = state.db.begin().await?;
+    actor
+        .audit(
+            &mut tx,
+            "upstream.test",
+            &format!("upstream:{id}"),
+            None,
+            Some(&after),
+            state.clock.now(),
+        )
+        .await?;
+    tx.commit().await?;
     let started = Instant::now();
     let sent = state
         .upstream
@@ -410,28 +429,7 @@ pub async fn test(state: &AppState, actor: &Actor, id: &str) -> Result<Tested, A
         ),
         Err(e) => (false, None, format!("No answer: {e}.")),
     };
-    // The call is real and paid for with the upstream's key, so it is an admin action like
-    // any other: one row, after the call so it carries the outcome (never the key, nor the
-    // upstream's words, which may echo what it was sent).
-    let after = json!({
-        "ok": ok,
-        "status": status,
-        "model": route.upstream_model,
-        "elapsed_ms": elapsed_ms,
-    })
-    .to_string();
-    let mut tx = state.db.begin().await?;
-    actor
-        .audit(
-            &mut tx,
-            "upstream.test",
-            &format!("upstream:{id}"),
-            None,
-            Some(&after),
-            state.clock.now(),
-        )
-        .await?;
-    tx.commit().await?;
+    tracing::info!(upstream = %id, ok, status, elapsed_ms, "upstream tested");
     Ok(Tested {
         id: id.to_string(),
         ok,

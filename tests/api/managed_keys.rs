@@ -1040,3 +1040,57 @@ async fn a_gateway_starting_beside_unreadable_rows_withholds_the_file_models_the
     );
     assert!(catalog.model("text-embedding-3-small").is_some());
 }
+
+/// Final review F7: an upstream's test is a real call paid with its key, and its audit row
+/// was written after the call, with the outcome: a session ended (or an audit refused)
+/// meanwhile left a paid call with no row. The row is written before the call, by a
+/// credential checked then; every call the upstream had is in the log.
+#[tokio::test]
+async fn every_upstream_test_call_is_audited_though_the_session_ends_during_it() {
+    let app = spawn_app().await;
+    let s = admin(&app).await;
+    add_upstream(&app, &s, "m1", KEY_3).await;
+    put_model(&s, "managed", &priced(&["m1"], 1.0, 2.0)).await;
+    app.mock.state.script(
+        KEY_3,
+        [Script {
+            delay_ms: 300,
+            ..Script::default()
+        }],
+    );
+    let end = async {
+        eventually("the test call reached the upstream", || {
+            used(&app, KEY_3) == 1
+        })
+        .await;
+        sql_exec(app.db(), "DELETE FROM admin_sessions").await;
+    };
+    let empty = json!({});
+    let ((status, body), ()) = tokio::join!(s.post("/admin/api/v1/upstreams/m1/test", &empty), end);
+    assert_eq!(used(&app, KEY_3), 1, "{status} {body}");
+    let rows: Vec<(String, String, Option<String>)> = sql_rows(
+        app.db(),
+        "SELECT actor, target, after FROM audit_log WHERE action = 'upstream.test'",
+    )
+    .await;
+    assert_eq!(
+        rows.len(),
+        1,
+        "the paid call is not in the audit log: {status} {body}"
+    );
+    assert_eq!(
+        (rows[0].0.as_str(), rows[0].1.as_str()),
+        ("root", "upstream:m1")
+    );
+    assert!(
+        rows[0]
+            .2
+            .as_deref()
+            .is_some_and(|a| a.contains("managed-upstream")),
+        "{rows:?}"
+    );
+    // A session ended before the test makes no call at all.
+    let (status, _) = s.post("/admin/api/v1/upstreams/m1/test", &json!({})).await;
+    assert_eq!(status, 401);
+    assert_eq!(used(&app, KEY_3), 1, "a call by an ended session");
+}
