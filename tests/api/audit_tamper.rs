@@ -1246,6 +1246,42 @@ async fn a_guard_set_to_replica_mode_and_a_deferred_delete_are_caught() {
     );
 }
 
+/// s22 attack F1 on PostgreSQL: a trigger on another table whose function reaches the log
+/// by dynamic SQL (`'audit' || '_log'`, so its text never names it) — fired by a write the
+/// admin transaction makes after its audit row's own check (logout ends its session after
+/// the row) — and a schema trigger's function rewritten to do the same. Every trigger on
+/// the schema's tables is the schema's own, its body as the migrations wrote it: verify
+/// and a starting process name both.
+#[tokio::test]
+async fn a_trigger_reaching_the_log_by_dynamic_sql_is_named() {
+    let rig = rig().await;
+    if rig.app.db().postgres().is_none() {
+        return;
+    }
+    let mut c = rig.attacker().await;
+    c.exec("CREATE FUNCTION quiet() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+            EXECUTE 'DELETE FROM audit' || '_log WHERE id = (SELECT max(id) FROM audit' || '_log)'; \
+            RETURN NULL; END $$; \
+        CREATE TRIGGER quiet AFTER DELETE ON admin_sessions FOR EACH ROW EXECUTE FUNCTION quiet(); \
+        CREATE OR REPLACE FUNCTION processes_seen_at() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+            EXECUTE 'DELETE FROM audit' || '_log WHERE false'; NEW.seen_at := now(); RETURN NEW; END $$")
+        .await;
+    c.close().await;
+    rig.verify_fails_naming("quiet", "the trigger on admin_sessions went unnoticed")
+        .await;
+    rig.verify_fails_naming(
+        "processes_seen_at",
+        "the rewritten schema trigger went unnoticed",
+    )
+    .await;
+    let out = cli(&rig, &["team", "create", "--name", "cli-unseen"]).await;
+    assert!(
+        !ok(&out) && stderr(&out).contains("quiet"),
+        "the CLI ran with the trigger: {}",
+        stderr(&out)
+    );
+}
+
 /// Makes the database refuse the audit row of `action` (a trigger that aborts its insert),
 /// to see that an action whose audit row fails leaves nothing of itself behind.
 pub(crate) async fn refuse_audit_of(settings: &sluice::config::Settings, action: &str) {

@@ -136,6 +136,40 @@ const GUARDS: [(&str, i32); 2] = [
 const GUARD_FN: &str = "sluice_append_only";
 const GUARD_BODY: &str = "BEGIN RAISE EXCEPTION '% is append-only', TG_TABLE_NAME; END;";
 
+/// The schema's own triggers on its other tables (the migrations'): any other trigger on a
+/// table of the gateway's schema is named, whatever its function's text says — dynamic SQL
+/// (`EXECUTE 'DELETE FROM audit' || '_log ...'`) reaches the log without naming it, from a
+/// write the admin transaction makes after its audit row's own check.
+const SCHEMA_TRIGGERS: [(&str, &str); 6] = [
+    ("ledger_append_only", "ledger"),
+    ("ledger_no_truncate", "ledger"),
+    ("model_prices_append_only", "model_prices"),
+    ("model_prices_no_truncate", "model_prices"),
+    ("processes_seen_at", "processes"),
+    ("spend_months_follow", "spend_days"),
+];
+
+/// Every dollar-quoted function body the PostgreSQL migrations define, whitespace
+/// squeezed: a schema trigger's function must still be exactly one of them.
+fn schema_bodies() -> &'static std::collections::HashSet<String> {
+    static BODIES: std::sync::OnceLock<std::collections::HashSet<String>> =
+        std::sync::OnceLock::new();
+    BODIES.get_or_init(|| {
+        sqlx::migrate!("./migrations/postgres")
+            .migrations
+            .iter()
+            .flat_map(|m| {
+                let sql = m.sql.to_string();
+                sql.split("$$")
+                    .skip(1)
+                    .step_by(2)
+                    .map(squeeze)
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    })
+}
+
 /// A user trigger that reaches `audit_log`, as `triggers` reads it from the catalog.
 #[derive(sqlx::FromRow)]
 struct TriggerRow {
@@ -152,21 +186,28 @@ struct TriggerRow {
     /// On the `audit_log` the gateway's search path finds, not a namesake in another schema
     /// (whose triggers would otherwise pass for the guards).
     ours: bool,
+    /// On a table of the gateway's schema.
+    in_schema: bool,
 }
 
-/// `store::audit::triggers` on PostgreSQL: every user trigger on `audit_log` or whose
-/// function's text names it, and the rules on the table (one `DO INSTEAD NOTHING` drops
-/// every append); the schema's guards present, firing for the gateway and unchanged.
+/// `store::audit::triggers` on PostgreSQL: every user trigger on a table of the schema or
+/// whose function's text names `audit_log`, and the rules on the log (one `DO INSTEAD
+/// NOTHING` drops every append); the log's guards present, firing for the gateway and
+/// unchanged, every other trigger in the schema one of the schema's own, its function's
+/// body as the migrations wrote it.
 pub async fn triggers(pool: &PgPool) -> Result<Triggers> {
     let rows: Vec<TriggerRow> = sqlx::query_as(
         "SELECT t.tgname::text AS name, c.relname::text AS table_name, t.tgtype::int4 AS kind,
                 t.tgenabled::text AS enabled, p.proname::text AS func, p.prosrc AS body,
-                t.tgqual IS NULL AS unconditional, t.tgrelid = to_regclass('audit_log') AS ours
+                t.tgqual IS NULL AS unconditional,
+                COALESCE(t.tgrelid = to_regclass('audit_log'), false) AS ours,
+                n.nspname = current_schema() AS in_schema
          FROM pg_trigger t
          JOIN pg_class c ON c.oid = t.tgrelid
+         JOIN pg_namespace n ON n.oid = c.relnamespace
          JOIN pg_proc p ON p.oid = t.tgfoid
          WHERE NOT t.tgisinternal
-           AND (t.tgrelid = to_regclass('audit_log') OR p.prosrc ILIKE '%audit_log%')
+           AND (n.nspname = current_schema() OR p.prosrc ILIKE '%audit_log%')
          ORDER BY 1",
     )
     .fetch_all(pool)
@@ -177,6 +218,20 @@ pub async fn triggers(pool: &PgPool) -> Result<Triggers> {
         let guard = GUARDS.iter().find(|(n, _)| n == name).filter(|_| r.ours);
         match guard {
             None if r.ours => out.unexpected(name, "added on audit_log"),
+            None if r.in_schema
+                && SCHEMA_TRIGGERS.contains(&(name.as_str(), r.table_name.as_str())) =>
+            {
+                if !schema_bodies().contains(&squeeze(&r.body)) {
+                    out.unexpected(name, &format!("the body of {}() was changed", r.func));
+                }
+            }
+            None if r.in_schema => out.unexpected(
+                name,
+                &format!(
+                    "added on {}: its function may reach audit_log",
+                    r.table_name
+                ),
+            ),
             None => out.unexpected(
                 name,
                 &format!("added on {}, its function names audit_log", r.table_name),
