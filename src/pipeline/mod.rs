@@ -851,9 +851,10 @@ async fn finish(
         responses::keep(state, ctx, &response, drain).await;
     }
     // At the shutdown a store slower than `STORED_BY` after the drain is not waited for:
-    // the settlement goes on in the background (it lands before the process ends, else the
-    // next start's recovery settles it), the answer goes out without the balances — before
-    // the worker is stopped under it, which would cut the connection.
+    // the settlement goes on in the background, the answer goes out without the balances —
+    // before the worker is stopped under it, which would cut the connection. (A store
+    // still held when the process leaves, 5 s after the workers, has the settlement land
+    // as an orphan at the reserved amount: `Application::run_until_stopped`.)
     let span = log.trace.stage("settle");
     let decided = held.decided(cost);
     let settled = tokio::select! {

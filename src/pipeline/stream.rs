@@ -370,9 +370,10 @@ pub(super) fn serve(
             p.output_cap(),
         ),
     };
+    // Guarded from here: a task dropped before its first poll settles by the rule too.
+    let mut pump = Unsettled(Some(pump));
     async move {
         let _held = (s.in_flight, s.slot, admission);
-        let mut pump = Unsettled(Some(pump));
         if let (Some(upstream), Some(running)) = (s.response, pump.0.as_mut()) {
             let (failed, ending, may_have_run_on) = running.run(upstream, sink).await;
             if let Some(done) = pump.0.take() {

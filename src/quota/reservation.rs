@@ -179,7 +179,11 @@ impl Quota {
                 Err(e) => {
                     tracing::warn!(request_id = %entry.id, error = %e, retry_in_ms = pause.as_millis() as u64, "settlement failed; retrying until it lands");
                     tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(5));
+                    // At most a second apart: at the shutdown the process waits 5 s for
+                    // its last settlements (`run_until_stopped`), and a store that frees
+                    // within them must see the retry before the exit settles the rest at
+                    // their reserved amounts.
+                    pause = (pause * 2).min(Duration::from_secs(1));
                 }
             }
         }
