@@ -181,7 +181,11 @@ impl Actor {
     pub async fn hold(&self, tx: &mut crate::store::Tx) -> Result<(), AdminError> {
         let live = match &self.via {
             Via::Session { id_hash, .. } => sessions::session_live(tx, id_hash).await?,
-            Via::ApiKey { key_hash } => sessions::api_key_live(tx, key_hash).await?,
+            // A role change ends sessions, not keys: a key's write is held to the role and
+            // team it was authorized with (final review F1).
+            Via::ApiKey { key_hash } => {
+                sessions::api_key_live(tx, key_hash, (self.role.as_str(), self.team_id)).await?
+            }
         };
         if live {
             Ok(())

@@ -205,17 +205,25 @@ pub async fn session_live(tx: &mut super::Tx, id_hash: &str) -> Result<bool> {
 }
 
 /// Whether the admin API key of this hash exists unrevoked and its owner is not disabled
-/// (disabling revokes no key), read inside `tx`
+/// (disabling revokes no key) and still has the role and team `(role, team_id)` the
+/// request was authorized for (a role change revokes no key either), read inside `tx`
 /// (`Actor::hold`).
-pub async fn api_key_live(tx: &mut super::Tx, hash: &[u8]) -> Result<bool> {
+pub async fn api_key_live(
+    tx: &mut super::Tx,
+    hash: &[u8],
+    (role, team_id): (&str, Option<i64>),
+) -> Result<bool> {
     if let Some((conn, _)) = tx.pg() {
-        return super::pg::sessions::api_key_live(conn, hash).await;
+        return super::pg::sessions::api_key_live(conn, hash, (role, team_id)).await;
     }
     Ok(sqlx::query_scalar::<_, i64>(
         "SELECT 1 FROM admin_api_keys k JOIN admins a ON a.id = k.admin_id \
-         WHERE k.key_hash = ? AND k.revoked_at IS NULL AND a.disabled = 0",
+         WHERE k.key_hash = ? AND k.revoked_at IS NULL AND a.disabled = 0 \
+           AND a.role = ? AND a.team_id IS ?",
     )
     .bind(hash)
+    .bind(role)
+    .bind(team_id)
     .fetch_optional(tx.sqlite()?)
     .await?
     .is_some())

@@ -420,10 +420,12 @@ async fn a_key_asked_for_while_the_session_ends_does_not_survive() {
 #[tokio::test]
 async fn a_write_by_a_key_revoked_meanwhile_is_refused() {
     // Final review (s21, F1): a key whose owner was disabled meanwhile (keys are not
-    // revoked by disabling) still wrote, as its row alone was read.
+    // revoked by disabling) still wrote, as its row alone was read; so did one whose owner
+    // was made finance meanwhile (a role change ends sessions, not keys).
     for ended in [
         "UPDATE admin_api_keys SET revoked_at = '2026-01-01T00:00:00.000Z'",
         "UPDATE admins SET disabled = TRUE",
+        "UPDATE admins SET role = 'finance'",
     ] {
         let (app, _s, key) = root_with_a_key().await;
         let mut held = hold_the_store(&app.settings.database.url).await;

@@ -143,12 +143,19 @@ pub async fn session_live(conn: &mut PgConnection, id_hash: &str) -> Result<bool
 }
 
 /// Whether the API key of this hash exists unrevoked (`store::sessions::api_key_live`).
-pub async fn api_key_live(conn: &mut PgConnection, hash: &[u8]) -> Result<bool> {
+pub async fn api_key_live(
+    conn: &mut PgConnection,
+    hash: &[u8],
+    (role, team_id): (&str, Option<i64>),
+) -> Result<bool> {
     Ok(sqlx::query_scalar::<_, i32>(
         "SELECT 1 FROM admin_api_keys k JOIN admins a ON a.id = k.admin_id \
-         WHERE k.key_hash = $1 AND k.revoked_at IS NULL AND NOT a.disabled",
+         WHERE k.key_hash = $1 AND k.revoked_at IS NULL AND NOT a.disabled \
+           AND a.role = $2 AND a.team_id IS NOT DISTINCT FROM $3",
     )
     .bind(hash)
+    .bind(role)
+    .bind(team_id)
     .fetch_optional(conn)
     .await?
     .is_some())
