@@ -247,10 +247,11 @@ pub async fn revoke(state: &AppState, actor: &Actor, id: i64) -> Result<TokenRow
 }
 
 /// A new token with the old one's settings. Its budget: the same limit for a periodic budget;
-/// for a budget that never resets, what the old one had left. The old token stays valid
-/// `overlap_seconds` more (its own remaining budget, still capped by the user and team
-/// levels), then expires: during the overlap the two budgets are separate, so the pair may
-/// spend more than the old token had left (a known limit, DESIGN "Tokens").
+/// for a budget that never resets, what the old one had left. The old token's text stays
+/// valid `overlap_seconds` more, then expires — as the new token: its successor's budget,
+/// windows and limits, its requests logged and charged as the new token's, so the pair
+/// never spends more than the new token's budget (review s21 #7: with two budgets it could
+/// spend the old one's remaining twice).
 pub async fn rotate(
     state: &AppState,
     actor: &Actor,
@@ -306,6 +307,7 @@ pub async fn rotate(
     if !old.tags.is_empty() {
         tag_store::set(&mut tx, Owner::Token(new_id), &old.tags).await?;
     }
+    token_admin::set_successor(&mut tx, id, new_id).await?;
     token_admin::expire_at(&mut tx, id, now + Duration::seconds(overlap)).await?;
     let after = json!({"new_token_id": new_id, "new_prefix": new.display_prefix, "overlap_seconds": overlap, "limit_micros": limit}).to_string();
     let before = json!({"prefix": old.prefix, "expires_at": old.expires_at}).to_string();

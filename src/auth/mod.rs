@@ -182,6 +182,18 @@ pub fn presented(headers: &HeaderMap) -> Option<&str> {
 
 const CACHE_ENTRIES: usize = 50_000;
 
+/// Most successors a rotated token's text is followed through (`as_successor`).
+const MAX_ROTATIONS: usize = 16;
+
+/// The earlier of two stored expiries (`None`: never).
+fn earliest(a: Option<String>, b: Option<String>) -> Option<String> {
+    let at = |s: &String| DateTime::parse_from_rfc3339(s).ok();
+    match (a, b) {
+        (Some(a), Some(b)) => Some(if at(&a) <= at(&b) { a } else { b }),
+        (a, b) => a.or(b),
+    }
+}
+
 pub struct Authenticator {
     db: Db,
     cache: Mutex<LruCache<token::TokenHash, Arc<TokenAuth>>>,
@@ -223,6 +235,9 @@ impl Authenticator {
                 let Some(row) = tokens::find_auth(&self.db, &hash).await? else {
                     return Ok(None);
                 };
+                let Some(row) = self.as_successor(row).await? else {
+                    return Ok(None);
+                };
                 let a = Arc::new(TokenAuth::from_row(row, &hash));
                 self.remember(read_at, hash, a.clone());
                 a
@@ -232,6 +247,28 @@ impl Authenticator {
             return Ok(None);
         }
         Ok(Some(auth))
+    }
+
+    /// A rotated token's row as the token it was rotated to (and that one's, if rotated in
+    /// turn): its successor's budget, windows and limits, under the earliest expiry of the
+    /// chain (the old text's overlap ends it). `None` when a successor is not live (revoked,
+    /// its user disabled): revoking the new token ends the old text too. A chain longer
+    /// than `MAX_ROTATIONS` (rotations within overlaps, each one new) is refused.
+    async fn as_successor(
+        &self,
+        mut row: tokens::TokenAuthRow,
+    ) -> Result<Option<tokens::TokenAuthRow>, StoreError> {
+        for _ in 0..MAX_ROTATIONS {
+            let Some(next) = row.successor_id else {
+                return Ok(Some(row));
+            };
+            let Some(mut successor) = tokens::find_auth_by_id(&self.db, next).await? else {
+                return Ok(None);
+            };
+            successor.expires_at = earliest(row.expires_at, successor.expires_at);
+            row = successor;
+        }
+        Ok(None)
     }
 
     /// Caches a row read when the generation was `read_at`, unless the cache was cleared

@@ -135,6 +135,19 @@ pub async fn expire_at(tx: &mut super::Tx, id: i64, at: DateTime<Utc>) -> Result
     bump_epoch(tx).await
 }
 
+/// Names the token `id` was rotated to: during its overlap `id` authenticates as it.
+pub async fn set_successor(tx: &mut super::Tx, id: i64, successor: i64) -> Result<()> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::token_admin::set_successor(conn, id, successor).await;
+    }
+    sqlx::query("UPDATE tokens SET successor_id = ? WHERE id = ?")
+        .bind(successor)
+        .bind(id)
+        .execute(tx.sqlite()?)
+        .await?;
+    Ok(())
+}
+
 pub async fn set_name(tx: &mut super::Tx, id: i64, name: &str) -> Result<()> {
     if let Some((conn, _)) = tx.pg() {
         return super::pg::token_admin::set_name(conn, id, name).await;

@@ -79,7 +79,27 @@ pub struct TokenAuthRow {
     /// The token's and its team's default tags, canonical (`pipeline::tags`).
     pub tags: String,
     pub team_tags: String,
+    /// The token it was rotated to: during the overlap this one authenticates as that one
+    /// (`auth::Authenticator::authenticate`).
+    pub successor_id: Option<i64>,
 }
+
+/// `find_auth`'s row, where `{key}` picks the token: by hash on the request path, by id for
+/// a rotated token's successor.
+macro_rules! auth_select {
+    ($key:literal) => {
+        concat!(
+            "SELECT t.id, t.user_id, u.team_id, t.prefix, t.models, t.rpm, t.tpm, u.rpm AS user_rpm, u.tpm AS user_tpm,
+                t.max_priority, t.downgrade_model, t.alert_percent, t.limit_micros, t.remaining_micros, t.cache_ttl_seconds, t.reset,
+                u.reset AS user_reset, tm.reset AS team_reset, t.expires_at, t.tags, tm.tags AS team_tags, t.successor_id
+         FROM tokens t JOIN users u ON u.id = t.user_id JOIN teams tm ON tm.id = u.team_id
+         WHERE ",
+            $key,
+            " AND t.revoked_at IS NULL AND NOT u.disabled"
+        )
+    };
+}
+pub(crate) use auth_select;
 
 /// A live token (not revoked, user not disabled) by hash. Expiry is checked by the caller
 /// against the clock on every request, since cached rows outlive the moment of expiry.
@@ -89,16 +109,24 @@ pub async fn find_auth(db: &super::Db, hash: &TokenHash) -> Result<Option<TokenA
         super::Backend::Postgres(pg) => return super::pg::tokens::find_auth(&pg.pool, hash).await,
     };
     let pool = &sqlite.read;
-    Ok(sqlx::query_as(
-        "SELECT t.id, t.user_id, u.team_id, t.prefix, t.models, t.rpm, t.tpm, u.rpm AS user_rpm, u.tpm AS user_tpm,
-                t.max_priority, t.downgrade_model, t.alert_percent, t.limit_micros, t.remaining_micros, t.cache_ttl_seconds, t.reset,
-                u.reset AS user_reset, tm.reset AS team_reset, t.expires_at, t.tags, tm.tags AS team_tags
-         FROM tokens t JOIN users u ON u.id = t.user_id JOIN teams tm ON tm.id = u.team_id
-         WHERE t.token_hash = ? AND t.revoked_at IS NULL AND u.disabled = 0",
-    )
-    .bind(&hash[..])
-    .fetch_optional(pool)
-    .await?)
+    Ok(sqlx::query_as(auth_select!("t.token_hash = ?"))
+        .bind(&hash[..])
+        .fetch_optional(pool)
+        .await?)
+}
+
+/// A live token by id, as `find_auth` reads it: a rotated token's successor.
+pub async fn find_auth_by_id(db: &super::Db, id: i64) -> Result<Option<TokenAuthRow>> {
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(s) => s,
+        super::Backend::Postgres(pg) => {
+            return super::pg::tokens::find_auth_by_id(&pg.pool, id).await
+        }
+    };
+    Ok(sqlx::query_as(auth_select!("t.id = ?"))
+        .bind(id)
+        .fetch_optional(&sqlite.read)
+        .await?)
 }
 
 /// One line of `token list --json` (DESIGN.md's "CLI JSON").

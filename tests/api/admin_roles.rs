@@ -788,6 +788,88 @@ async fn rotation_with_an_overlap_keeps_the_old_token_until_it_ends() {
     w.app.assert_invariant().await;
 }
 
+/// Review s21 #7: during a rotation's overlap the old token spent its own remaining budget
+/// while the new one had been given that same remaining — the pair could spend it twice.
+/// The old text now authenticates as the new token: its requests are the new token's,
+/// logged and charged to its one budget, the old token's own balance untouched; revoking
+/// the new token ends the old text too.
+#[tokio::test]
+async fn the_old_text_spends_the_new_tokens_budget_during_the_overlap() {
+    let w = world().await;
+    let (s, r) = w
+        .admin
+        .post(
+            &format!("/admin/api/v1/tokens/{}/rotate", w.blue_token),
+            &json!({"overlap_seconds": 60}),
+        )
+        .await;
+    assert_eq!(s, 201, "{r}");
+    let new_id = r["id"].as_i64().unwrap();
+    let new_text = r["token"].as_str().unwrap().to_string();
+    for text in [&w.blue_token_text, &new_text] {
+        assert_eq!(w.app.chat(text, &chat_body(5)).await.status(), 200);
+    }
+    w.app.wait_for_log_rows(2).await;
+    w.app.wait_settled().await;
+    let rows: Vec<(i64,)> = sql_rows(w.app.db(), "SELECT token_id FROM requests").await;
+    assert_eq!(
+        rows,
+        [(new_id,), (new_id,)],
+        "both texts' requests are the new token's"
+    );
+    let remaining = |id: i64| {
+        let app = &w.app;
+        async move {
+            app.scalar(&format!(
+                "SELECT remaining_micros FROM tokens WHERE id = {id}"
+            ))
+            .await
+        }
+    };
+    assert_eq!(
+        remaining(w.blue_token).await,
+        2_000_000,
+        "the old budget is not spent"
+    );
+    let charged_to: Vec<(i64,)> =
+        sql_rows(w.app.db(), "SELECT DISTINCT token_id FROM ledger").await;
+    assert_eq!(
+        charged_to,
+        [(new_id,)],
+        "every ledger row is the new token's"
+    );
+    let charged = w
+        .app
+        .scalar("SELECT COALESCE(SUM(amount_micros), 0) FROM ledger WHERE kind IN ('reserve', 'settle')")
+        .await;
+    assert!(charged > 0);
+    assert_eq!(
+        remaining(new_id).await,
+        2_000_000 - charged,
+        "one budget for the pair"
+    );
+    w.app.assert_invariant().await;
+    // Revoking the new token ends the old text as well.
+    assert_eq!(
+        w.admin
+            .post(&format!("/admin/api/v1/tokens/{new_id}/revoke"), &json!({}))
+            .await
+            .0,
+        200
+    );
+    for text in [&w.blue_token_text, &new_text] {
+        let mut status = 0;
+        for _ in 0..50 {
+            status = w.app.chat(text, &chat_body(5)).await.status().as_u16();
+            if status == 401 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert_eq!(status, 401);
+    }
+}
+
 #[tokio::test]
 async fn disabled_upstreams_serve_nothing_until_enabled() {
     let w = world().await;

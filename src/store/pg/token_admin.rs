@@ -73,6 +73,16 @@ pub async fn expire_at(conn: &mut PgConnection, id: i64, at: DateTime<Utc>) -> R
     bump_epoch(conn).await
 }
 
+/// As `store::token_admin::set_successor`.
+pub async fn set_successor(conn: &mut PgConnection, id: i64, successor: i64) -> Result<()> {
+    sqlx::query("UPDATE tokens SET successor_id = $1 WHERE id = $2")
+        .bind(successor)
+        .bind(id)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
 pub async fn set_name(conn: &mut PgConnection, id: i64, name: &str) -> Result<()> {
     text::check(&[("token name", Some(name))])?;
     sqlx::query("UPDATE tokens SET name = $1 WHERE id = $2")

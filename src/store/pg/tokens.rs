@@ -9,7 +9,7 @@ use super::notify::{self, Epoch};
 use super::text;
 use crate::auth::token::TokenHash;
 use crate::clock::db_time;
-use crate::store::tokens::{NewTokenRow, TokenAuthRow, TokenSummary};
+use crate::store::tokens::{auth_select, NewTokenRow, TokenAuthRow, TokenSummary};
 use crate::store::Result;
 
 pub async fn insert(
@@ -50,16 +50,18 @@ pub async fn insert(
 /// A live token (not revoked, user not disabled) by hash: the request path's auth read,
 /// one indexed lookup (`tokens.token_hash` is unique).
 pub async fn find_auth(pool: &PgPool, hash: &TokenHash) -> Result<Option<TokenAuthRow>> {
-    Ok(sqlx::query_as(
-        "SELECT t.id, t.user_id, u.team_id, t.prefix, t.models, t.rpm, t.tpm, u.rpm AS user_rpm, u.tpm AS user_tpm,
-                t.max_priority, t.downgrade_model, t.alert_percent, t.limit_micros, t.remaining_micros, t.cache_ttl_seconds, t.reset,
-                u.reset AS user_reset, tm.reset AS team_reset, t.expires_at, t.tags, tm.tags AS team_tags
-         FROM tokens t JOIN users u ON u.id = t.user_id JOIN teams tm ON tm.id = u.team_id
-         WHERE t.token_hash = $1 AND t.revoked_at IS NULL AND NOT u.disabled",
-    )
-    .bind(&hash[..])
-    .fetch_optional(pool)
-    .await?)
+    Ok(sqlx::query_as(auth_select!("t.token_hash = $1"))
+        .bind(&hash[..])
+        .fetch_optional(pool)
+        .await?)
+}
+
+/// A live token by id (as `store::tokens::find_auth_by_id`).
+pub async fn find_auth_by_id(pool: &PgPool, id: i64) -> Result<Option<TokenAuthRow>> {
+    Ok(sqlx::query_as(auth_select!("t.id = $1"))
+        .bind(id)
+        .fetch_optional(pool)
+        .await?)
 }
 
 /// Tokens with their spend in the current period (as `store::tokens::list`).
