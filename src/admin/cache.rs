@@ -6,7 +6,7 @@ use serde_json::json;
 
 use super::actor::Actor;
 use super::error::AdminError;
-use crate::cache::{Cache, MAX_TAG_LEN};
+use crate::cache::{invalidation_tag, Cache};
 use crate::state::AppState;
 
 #[derive(Deserialize)]
@@ -18,12 +18,7 @@ pub struct Invalidate {
 pub async fn invalidate(state: &AppState, actor: &Actor, tag: &str) -> Result<usize, AdminError> {
     actor.require_write()?;
     actor.require_admin()?;
-    let tag = tag.trim();
-    if tag.is_empty() || tag.len() > MAX_TAG_LEN || tag.contains(',') {
-        return Err(AdminError::invalid(format!(
-            "tag must be 1 to {MAX_TAG_LEN} characters, without commas"
-        )));
-    }
+    let tag = invalidation_tag(tag).map_err(AdminError::invalid)?;
     let now = state.clock.now();
     // The entries go in the audit row's transaction: deleted first on their own, they
     // stayed deleted, unaudited, when the row could not be written.

@@ -46,6 +46,18 @@ pub(super) fn parse_ttl(t: &str) -> Result<i64, ApiError> {
 pub const MAX_TAGS: usize = 10;
 pub const MAX_TAG_LEN: usize = 200;
 
+/// A tag to invalidate (`POST /admin/api/v1/cache/invalidate`, `sluice cache invalidate`):
+/// trimmed, 1 to `MAX_TAG_LEN` bytes, no comma — or what is wrong with it.
+pub fn invalidation_tag(tag: &str) -> Result<&str, String> {
+    let tag = tag.trim();
+    if tag.is_empty() || tag.len() > MAX_TAG_LEN || tag.contains(',') {
+        return Err(format!(
+            "tag must be 1 to {MAX_TAG_LEN} characters, without commas"
+        ));
+    }
+    Ok(tag)
+}
+
 /// `x-sluice-cache-tags: a,b`: at most `MAX_TAGS` tags of at most `MAX_TAG_LEN` bytes.
 /// Any other character is kept as it is (invalidation matches whole tags exactly).
 pub(super) fn parse_tags(header: Option<&str>) -> Result<Vec<&str>, ApiError> {

@@ -33,7 +33,7 @@ use crate::store::{self, StoreError};
 use crate::upstream::url_guard::SystemResolver;
 use embed::{Embedder, Vector};
 use headers::{expiry, header, parse_tags, parse_ttl};
-pub use headers::{MAX_TAGS, MAX_TAG_LEN, MAX_TTL_SECONDS};
+pub use headers::{invalidation_tag, MAX_TAGS, MAX_TAG_LEN, MAX_TTL_SECONDS};
 use key::{Key, Keys};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -136,7 +136,7 @@ pub async fn run(args: Cli) -> anyhow::Result<()> {
         Command::Backup { to } => super::backup::backup_now(&db, &settings, to, now).await?,
         Command::Cache {
             command: CacheCommand::Invalidate { tag },
-        } => super::cache::invalidate(&db, &tag).await?,
+        } => super::cache::invalidate(&db, &tag, now).await?,
         Command::Audit {
             command: AuditCommand::Verify,
         } => return super::audit_commands::verify(db, &settings).await,

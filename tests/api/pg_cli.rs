@@ -92,6 +92,18 @@ async fn every_database_command_works_on_postgres_and_file_backups_refuse_by_nam
     run(&["admin", "reset-password", "--username", "root"]);
     assert!(run(&["audit", "rearm", "--reason", "a test"]).contains("head"));
     run(&["cache", "invalidate", "--tag", "docs"]);
+    // Audited like the admin API's invalidation (it wrote no row before).
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    let (after,): (String,) = sqlx::query_as(
+        "SELECT after FROM audit_log WHERE action = 'cache.invalidate' AND target = 'cache-tag:docs'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("the invalidation's audit row");
+    assert_eq!(after, r#"{"deleted":0,"tag":"docs"}"#);
+    pool.close().await;
+    let (ok, _, err) = sluice(&config, &["cache", "invalidate", "--tag", "a,b"], &[]);
+    assert!(!ok && err.contains("without commas"), "{err}");
     // Every command above was audited; the chain and this host's head verify.
     let verified = run(&["audit", "verify"]);
     assert!(!verified.is_empty());
