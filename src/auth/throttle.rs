@@ -28,6 +28,7 @@ use std::net::{IpAddr, Ipv6Addr};
 use chrono::{DateTime, Duration, Utc};
 
 use crate::clock::Clock;
+use crate::store::audit::AuditKeys;
 use crate::store::sessions;
 use crate::store::{Db, StoreError, Tx};
 
@@ -65,7 +66,7 @@ pub async fn admit(
     clock: &dyn Clock,
 ) -> Result<Admission, StoreError> {
     let keys = [
-        (name_key(username), USER_LIMIT),
+        (name_key(&db.audit, username), USER_LIMIT),
         (format!("addr:{}", network(address)), ADDR_LIMIT),
     ];
     // A stale read can only under-count, which the locked check below corrects.
@@ -89,9 +90,10 @@ pub async fn admit(
     Ok(Admission::Admitted(Attempt { rows }))
 }
 
-/// The key a name's attempts are counted under.
-fn name_key(username: &str) -> String {
-    format!("user:{username}")
+/// The key a name's attempts are counted under: its MAC, never the typed text — the
+/// name field sometimes gets a password or a token pasted into it.
+fn name_key(keys: &AuditKeys, username: &str) -> String {
+    format!("user:{}", keys.name_mac(username))
 }
 
 /// Lifts the per-name lock on `username` (the operator's way back in when someone keeps
@@ -101,11 +103,11 @@ fn name_key(username: &str) -> String {
 /// last as long as it ran ahead (an address's too: the office's, or a proxy's). Returns how
 /// many.
 pub async fn unlock_name(
-    tx: &mut Tx,
+    (tx, keys): (&mut Tx, &AuditKeys),
     username: &str,
     now: DateTime<Utc>,
 ) -> Result<u64, StoreError> {
-    let name = sessions::delete_attempts_of(tx, &name_key(username)).await?;
+    let name = sessions::delete_attempts_of(tx, &name_key(keys, username)).await?;
     Ok(name + sessions::delete_attempts_after(tx, now).await?)
 }
 

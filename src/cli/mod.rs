@@ -443,7 +443,7 @@ async fn login_named(db: &Db, username: &str) -> Result<i64, CliError> {
 pub async fn admin_unlock(db: &Db, username: &str, now: DateTime<Utc>) -> Result<u64, CliError> {
     let id = login_named(db, username).await?;
     let mut tx = db.begin().await?;
-    let forgotten = throttle::unlock_name(&mut tx, username, now).await?;
+    let forgotten = throttle::unlock_name((&mut tx, &db.audit), username, now).await?;
     let after = json!({ "attempts_forgotten": forgotten }).to_string();
     audit::append(
         &mut tx,
@@ -470,7 +470,7 @@ pub async fn admin_reset_password(
     sessions::set_password_hash(&mut tx, id, &hash).await?;
     let ended = sessions::delete_sessions_of(&mut tx, id, None).await?;
     let revoked = sessions::revoke_api_keys_of(&mut tx, id, now).await?;
-    let forgotten = throttle::unlock_name(&mut tx, username, now).await?;
+    let forgotten = throttle::unlock_name((&mut tx, &db.audit), username, now).await?;
     let after = json!({
         "sessions_ended": ended,
         "api_keys_revoked": revoked,

@@ -64,6 +64,9 @@ pub const HEAD_STARTED: &str = "audit.head_started";
 pub struct AuditKeys {
     chain: Subkey,
     head: Subkey,
+    /// Keys the sign-in throttle's per-name counters (`auth::throttle`): what was typed
+    /// into the name field is never stored, only its MAC.
+    names: Subkey,
     appended: tokio::sync::Notify,
 }
 
@@ -89,6 +92,7 @@ impl AuditKeys {
         AuditKeys {
             chain: master.subkey("sluice/audit-chain/v1"),
             head: master.subkey("sluice/audit-head/v1"),
+            names: master.subkey("sluice/throttle-names/v1"),
             appended: tokio::sync::Notify::new(),
         }
     }
@@ -121,6 +125,14 @@ impl AuditKeys {
             e.after.map(str::as_bytes),
             Some(created_at.as_bytes()),
         ])
+    }
+
+    /// The key the sign-in throttle counts a typed name under (hex): a password typed into
+    /// the name field is not kept in clear, and names still count alike.
+    pub fn name_mac(&self, name: &str) -> String {
+        let mut m = Self::mac(&self.names);
+        m.update(name.as_bytes());
+        hex::encode(m.finalize().into_bytes())
     }
 
     /// The head's signature over its text.

@@ -610,7 +610,8 @@ async fn a_sign_in_across_another_sign_ins_rehash_still_gets_in() {
 /// Review s21 #6: a failed sign-in wrote the typed username into the audit log, which is
 /// never trimmed — a password or token pasted into the wrong field was kept there in clear
 /// for good, and anyone could fill the log. A name that is no login is recorded as
-/// `(unknown)`; a failed sign-in at a real login still names it.
+/// `(unknown)`; a failed sign-in at a real login still names it. The throttle's counters
+/// (`login_failures`, in every backup of their window) keep only the name's MAC.
 #[tokio::test]
 async fn a_failed_sign_in_keeps_no_typed_text_in_the_audit_log() {
     let app = spawn_app().await;
@@ -664,4 +665,10 @@ async fn a_failed_sign_in_keeps_no_typed_text_in_the_audit_log() {
         .map(|r| r.0.as_str())
         .collect();
     assert_eq!(failed, ["(unknown)", "(unknown)", "root"]);
+    // Nor does the throttle's counter keep it: a name counts under its MAC.
+    let keys: Vec<(String,)> = sql_rows(app.db(), "SELECT key FROM login_failures").await;
+    let keys = format!("{keys:?}");
+    for name in pasted.iter().chain(&["root"]) {
+        assert!(!keys.contains(name), "{name} is kept: {keys}");
+    }
 }
