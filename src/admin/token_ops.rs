@@ -1,7 +1,8 @@
 //! Sub-token operations shared by the UI and the API: issue (the text is returned once and
-//! never stored), revoke, rotate (a new token with the same settings; the old one keeps
-//! working for the chosen overlap), edit limits, top up. A lead acts only on tokens of their
-//! own team's users, never beyond the team's budget, and cannot grant CRITICAL priority.
+//! never stored), revoke, rotate (a new token with the same settings; the old text keeps
+//! working for the chosen overlap, as the new token), edit limits, top up. A lead acts only
+//! on tokens of their own team's users, never beyond the team's budget, and cannot grant
+//! CRITICAL priority.
 
 use chrono::Duration;
 use serde::Deserialize;
@@ -17,6 +18,7 @@ use crate::quota::period::Reset;
 use crate::state::AppState;
 use crate::store::directory;
 use crate::store::ledger::{self, Level};
+use crate::store::responses;
 use crate::store::tags::{self as tag_store, Owner};
 use crate::store::token_admin::{self, Limits, TokenRow};
 use crate::store::tokens::{self, NewTokenRow};
@@ -156,6 +158,18 @@ async fn visible(
     Ok(t)
 }
 
+/// A rotated token works as its successor until its overlap ends: its own settings and
+/// budget no longer apply, so a change to them (or a second rotation) would be accepted and
+/// do nothing — or hand its budget out again. Only a revocation still acts on it.
+fn refuse_if_rotated(t: &TokenRow) -> Result<(), AdminError> {
+    match t.successor_id {
+        Some(next) => Err(AdminError::Conflict(format!(
+            "This token was rotated to token {next}: until its overlap ends it works as that token. Change token {next}, or revoke this one."
+        ))),
+        None => Ok(()),
+    }
+}
+
 async fn team_row(tx: &mut crate::store::Tx, id: i64) -> Result<directory::TeamRow, AdminError> {
     directory::team(tx, id).await?.ok_or(AdminError::NotFound)
 }
@@ -278,6 +292,9 @@ pub async fn rotate(
             "Only a live token can be rotated.".into(),
         ));
     }
+    // Rotated again, its budget (unspent since: the old text spends the successor's) would
+    // be handed out twice, and a revoked successor's old text brought back.
+    refuse_if_rotated(&old)?;
     let reset = Reset::parse(&old.reset).unwrap_or(Reset::Never);
     let limit = match reset {
         Reset::Never => old.remaining_micros.map(|r| r.max(0)),
@@ -308,6 +325,7 @@ pub async fn rotate(
         tag_store::set(&mut tx, Owner::Token(new_id), &old.tags).await?;
     }
     token_admin::set_successor(&mut tx, id, new_id).await?;
+    responses::hand_over(&mut tx, id, new_id).await?;
     token_admin::expire_at(&mut tx, id, now + Duration::seconds(overlap)).await?;
     let after = json!({"new_token_id": new_id, "new_prefix": new.display_prefix, "overlap_seconds": overlap, "limit_micros": limit}).to_string();
     let before = json!({"prefix": old.prefix, "expires_at": old.expires_at}).to_string();
@@ -346,6 +364,7 @@ pub async fn edit(
             "A revoked token cannot be changed.".into(),
         ));
     }
+    refuse_if_rotated(&before)?;
     let expires = match &e.expires {
         None => before
             .expires_at
@@ -417,6 +436,7 @@ pub async fn top_up(
     let mut tx = state.db.begin().await?;
     let before = visible(&mut tx, actor, id).await?;
     actor.require_write()?;
+    refuse_if_rotated(&before)?;
     let Some(limit) = before.limit_micros else {
         return Err(AdminError::invalid(
             "This token has no budget to top up; set one instead.",

@@ -33,7 +33,9 @@ use crate::store::{Change, Db, StoreError};
 pub struct TokenAuth {
     pub owner: Owner,
     pub prefix: String,
-    pub hash_prefix: String,
+    /// A rotated token whose text was presented, working as its successor (`owner`) during
+    /// its overlap: its `last_used_at` still follows its use (`store::requests`).
+    pub presented: Option<i64>,
     pub models: Option<Vec<String>>,
     pub rpm: Option<i64>,
     pub tpm: Option<i64>,
@@ -59,7 +61,9 @@ pub struct TokenAuth {
 }
 
 impl TokenAuth {
-    fn from_row(row: TokenAuthRow, hash: &token::TokenHash) -> Self {
+    /// `presented`: the id of the token whose text was presented, when it is not `row`'s
+    /// (a rotated token's, `row` its successor's).
+    fn from_row(row: TokenAuthRow, presented: i64) -> Self {
         let reset = |s: &str| Reset::parse(s).unwrap_or(Reset::Never);
         TokenAuth {
             owner: Owner {
@@ -73,7 +77,7 @@ impl TokenAuth {
                 ],
             },
             prefix: row.prefix,
-            hash_prefix: token::hash_prefix(hash),
+            presented: (presented != row.id).then_some(presented),
             models: row
                 .models
                 .as_deref()
@@ -113,7 +117,7 @@ impl TokenAuth {
                         resets: [Reset::Never; 3],
                     },
                     prefix: String::new(),
-                    hash_prefix: String::new(),
+                    presented: None,
                     models: None,
                     rpm: None,
                     tpm: None,
@@ -235,10 +239,11 @@ impl Authenticator {
                 let Some(row) = tokens::find_auth(&self.db, &hash).await? else {
                     return Ok(None);
                 };
+                let presented = row.id;
                 let Some(row) = self.as_successor(row).await? else {
                     return Ok(None);
                 };
-                let a = Arc::new(TokenAuth::from_row(row, &hash));
+                let a = Arc::new(TokenAuth::from_row(row, presented));
                 self.remember(read_at, hash, a.clone());
                 a
             }
@@ -258,7 +263,7 @@ impl Authenticator {
         &self,
         mut row: tokens::TokenAuthRow,
     ) -> Result<Option<tokens::TokenAuthRow>, StoreError> {
-        for _ in 0..MAX_ROTATIONS {
+        for _ in 0..=MAX_ROTATIONS {
             let Some(next) = row.successor_id else {
                 return Ok(Some(row));
             };

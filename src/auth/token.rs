@@ -65,11 +65,6 @@ pub fn hash(text: &str) -> TokenHash {
     Sha256::digest(text.as_bytes()).into()
 }
 
-/// First 8 hex digits of the hash: enough to correlate log lines, useless to an attacker.
-pub fn hash_prefix(h: &TokenHash) -> String {
-    hex::encode(&h[..4])
-}
-
 fn checksum(payload: &str) -> String {
     let crc = crc32fast::hash(payload.as_bytes());
     base62_fixed(&crc.to_be_bytes(), CHECK_LEN)

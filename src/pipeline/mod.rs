@@ -280,6 +280,7 @@ async fn run(
     };
     drop(span);
     log.token_id = Some(auth.owner.token_id);
+    log.presented_token_id = auth.presented;
     log.user_id = Some(auth.owner.user_id);
     log.team_id = Some(auth.owner.team_id);
 

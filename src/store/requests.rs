@@ -10,6 +10,9 @@ use crate::quota::pricing::Parts;
 pub struct RequestRow {
     pub id: String,
     pub token_id: Option<i64>,
+    /// A rotated token whose text was presented, working as `token_id` (its successor)
+    /// during its overlap: not stored in the row, but its `last_used_at` follows its use.
+    pub presented_token_id: Option<i64>,
     pub user_id: Option<i64>,
     pub team_id: Option<i64>,
     pub endpoint: &'static str,
@@ -175,11 +178,14 @@ pub fn insert_batch_tx(tx: &mut Tx<'_>, rows: &[RequestRow]) -> Result<()> {
 }
 
 /// One `last_used_at` update per token and batch (as before: the smallest timestamp of the
-/// token's rows in the batch).
-fn last_used(rows: &[RequestRow]) -> Vec<(i64, &str)> {
+/// token's rows in the batch), for the token served and a rotated one whose text was used.
+pub(super) fn last_used(rows: &[RequestRow]) -> Vec<(i64, &str)> {
     let mut used: Vec<(i64, &str)> = rows
         .iter()
-        .filter_map(|r| r.token_id.map(|t| (t, r.created_at.as_str())))
+        .flat_map(|r| {
+            [r.token_id, r.presented_token_id].map(|t| t.map(|t| (t, r.created_at.as_str())))
+        })
+        .flatten()
         .collect();
     used.sort_unstable();
     used.dedup_by_key(|(t, _)| *t);

@@ -34,6 +34,20 @@ pub async fn put(db: &super::Db, row: &StoredResponse) -> Result<()> {
     Ok(())
 }
 
+/// Hands every response `from` stored to `to` (a rotation: the new token, and the old text
+/// working as it, continue the old token's conversations).
+pub async fn hand_over(tx: &mut super::Tx, from: i64, to: i64) -> Result<()> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::responses::hand_over(conn, from, to).await;
+    }
+    sqlx::query("UPDATE stored_responses SET token_id = ? WHERE token_id = ?")
+        .bind(to)
+        .bind(from)
+        .execute(tx.sqlite()?)
+        .await?;
+    Ok(())
+}
+
 /// The row `id` if `token_id` made it and it is younger than `since`.
 pub async fn get(
     db: &super::Db,

@@ -37,6 +37,8 @@ pub struct TokenRow {
     pub created_at: String,
     /// Default tags, canonical (`pipeline::tags`).
     pub tags: String,
+    /// The token this one was rotated to: during its overlap this one's text works as it.
+    pub successor_id: Option<i64>,
 }
 
 impl TokenRow {
@@ -49,7 +51,7 @@ impl TokenRow {
 
 const SELECT: &str = "SELECT t.id, t.prefix, t.name, t.user_id, u.username AS user, u.team_id, tm.name AS team,
         t.limit_micros, t.remaining_micros, t.reserved_micros, t.reset, t.period, t.rpm, t.tpm, t.models AS models_json,
-        t.max_priority, t.downgrade_model, t.expires_at, t.revoked_at, t.last_used_at, t.created_at, t.tags,
+        t.max_priority, t.downgrade_model, t.expires_at, t.revoked_at, t.last_used_at, t.created_at, t.tags, t.successor_id,
         COALESCE((SELECT SUM(l.amount_micros) FROM ledger l WHERE l.token_id = t.id AND l.period = t.period
                   AND l.kind IN ('reserve', 'settle', 'adjust')), 0) - t.reserved_micros AS spent_micros
      FROM tokens t JOIN users u ON u.id = t.user_id JOIN teams tm ON tm.id = u.team_id";

@@ -19,6 +19,7 @@ async fn seed(app: &TestApp, rows: &[(i64, i64, i64, &str, i64, i64, &str)]) {
                 trace: Default::default(),
                 id: format!("req-{i}"),
                 token_id: Some(*token),
+                presented_token_id: None,
                 user_id: Some(*user),
                 team_id: Some(*team),
                 endpoint: "chat",

@@ -791,8 +791,11 @@ async fn rotation_with_an_overlap_keeps_the_old_token_until_it_ends() {
 /// Review s21 #7: during a rotation's overlap the old token spent its own remaining budget
 /// while the new one had been given that same remaining — the pair could spend it twice.
 /// The old text now authenticates as the new token: its requests are the new token's,
-/// logged and charged to its one budget, the old token's own balance untouched; revoking
-/// the new token ends the old text too.
+/// logged and charged to its one budget, the old token's own balance untouched (its
+/// `last_used_at` still following its text's use); revoking the new token ends the old text
+/// too. And (s22 attack, second batch #1/#7) the rotated token can no longer be rotated
+/// again — its untouched budget would be handed out twice — nor edited or topped up, which
+/// would be accepted and do nothing.
 #[tokio::test]
 async fn the_old_text_spends_the_new_tokens_budget_during_the_overlap() {
     let w = world().await;
@@ -849,6 +852,42 @@ async fn the_old_text_spends_the_new_tokens_budget_during_the_overlap() {
         "one budget for the pair"
     );
     w.app.assert_invariant().await;
+    // The old token's own use still shows (is the old text still in use?).
+    let last_used = sql_rows::<(Option<String>,)>(
+        w.app.db(),
+        &format!(
+            "SELECT last_used_at FROM tokens WHERE id = {}",
+            w.blue_token
+        ),
+    )
+    .await;
+    assert!(last_used[0].0.is_some(), "{last_used:?}");
+    // Rotated, the old token's own settings and budget no longer apply: a change to them,
+    // or a second rotation (which would hand its budget out again), is refused by name.
+    let old = w.blue_token;
+    for (path, body) in [
+        (
+            format!("/admin/api/v1/tokens/{old}/rotate"),
+            json!({"overlap_seconds": 60}),
+        ),
+        (
+            format!("/admin/api/v1/tokens/{old}/top-up"),
+            json!({"amount_usd": "1"}),
+        ),
+    ] {
+        let (s, v) = w.admin.post(&path, &body).await;
+        assert_eq!(s, 409, "{path}: {v}");
+        assert!(
+            v.to_string()
+                .contains(&format!("rotated to token {new_id}")),
+            "{v}"
+        );
+    }
+    let (s, v) = w
+        .admin
+        .patch(&format!("/admin/api/v1/tokens/{old}"), &json!({"rpm": 1}))
+        .await;
+    assert_eq!(s, 409, "{v}");
     // Revoking the new token ends the old text as well.
     assert_eq!(
         w.admin
@@ -867,6 +906,44 @@ async fn the_old_text_spends_the_new_tokens_budget_during_the_overlap() {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
         assert_eq!(status, 401);
+    }
+}
+
+/// s22 attack (second batch) #3: a rotation moved the old token's requests to the new one,
+/// but not its stored Responses: neither text could reach what the old one stored. The
+/// rotation hands them to the new token: both texts continue the conversation.
+#[tokio::test]
+async fn a_rotation_hands_the_stored_responses_to_the_new_token() {
+    let w = world().await;
+    let (s, stored) =
+        crate::responses::create(&w.app, &w.blue_token_text, &crate::responses::ask()).await;
+    assert_eq!(s, 200, "{stored}");
+    let id = stored["id"].as_str().unwrap().to_string();
+    let (s, r) = w
+        .admin
+        .post(
+            &format!("/admin/api/v1/tokens/{}/rotate", w.blue_token),
+            &json!({"overlap_seconds": 60}),
+        )
+        .await;
+    assert_eq!(s, 201, "{r}");
+    let new_text = r["token"].as_str().unwrap().to_string();
+    for text in [&w.blue_token_text, &new_text] {
+        // The old text was cached as the old token: the rotation reaches every cache
+        // within a second (the token epoch).
+        let mut got = (0, Value::Null);
+        for _ in 0..40 {
+            got = crate::responses::get(&w.app, &id, text).await;
+            if got.0 == 200 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert_eq!(got.0, 200, "{}", got.1);
+        let next =
+            json!({"model": "gpt-4o-mini", "input": "And then?", "previous_response_id": id});
+        let (s, v) = crate::responses::create(&w.app, text, &next).await;
+        assert_eq!(s, 200, "{v}");
     }
 }
 

@@ -410,6 +410,7 @@ fn request(
         trace: Default::default(),
         id: format!("req-{i}"),
         token_id: Some(ids.0),
+        presented_token_id: None,
         user_id: Some(ids.1),
         team_id: Some(ids.2),
         endpoint: "chat",

@@ -504,6 +504,7 @@ pub fn request_rows() -> Vec<RequestRow> {
             trace: Default::default(),
             id: format!("req-{i:03}"),
             token_id: token,
+            presented_token_id: None,
             user_id: token,
             team_id: token.map(|t| if t == 3 { 2 } else { 1 }),
             endpoint: "chat",

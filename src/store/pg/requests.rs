@@ -9,7 +9,7 @@
 use sqlx::{PgConnection, PgPool};
 
 use super::text;
-use crate::store::requests::{kind_values, RequestRow};
+use crate::store::requests::{kind_values, last_used, RequestRow};
 use crate::store::Result;
 
 /// The batch, and what it adds to `request_days`, `spend_days` and `spend_months`
@@ -228,18 +228,6 @@ pub async fn insert_batch_tx(conn: &mut PgConnection, rows: &[RequestRow]) -> Re
             .await?;
     }
     Ok(())
-}
-
-/// One `last_used_at` per token and batch, as on SQLite (`store::requests`): the smallest
-/// timestamp of the token's rows in the batch.
-fn last_used(rows: &[RequestRow]) -> Vec<(i64, &str)> {
-    let mut used: Vec<(i64, &str)> = rows
-        .iter()
-        .filter_map(|r| r.token_id.map(|t| (t, r.created_at.as_str())))
-        .collect();
-    used.sort_unstable();
-    used.dedup_by_key(|(t, _)| *t);
-    used
 }
 
 /// Inserts a batch in one transaction; tokens' `last_used_at` is refreshed alongside.

@@ -9,6 +9,16 @@ use crate::clock::db_time;
 use crate::store::responses::StoredResponse;
 use crate::store::Result;
 
+/// As `store::responses::hand_over`.
+pub async fn hand_over(conn: &mut sqlx::PgConnection, from: i64, to: i64) -> Result<()> {
+    sqlx::query("UPDATE stored_responses SET token_id = $1 WHERE token_id = $2")
+        .bind(to)
+        .bind(from)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 pub async fn put(pool: &PgPool, row: &StoredResponse) -> Result<()> {
     text::check(&[
         ("input", Some(&row.input)),

@@ -12,7 +12,7 @@ use crate::store::{Result, StoreError};
 
 const SELECT: &str = "SELECT t.id, t.prefix, t.name, t.user_id, u.username AS user, u.team_id, tm.name AS team,
         t.limit_micros, t.remaining_micros, t.reserved_micros, t.reset, t.period, t.rpm, t.tpm, t.models AS models_json,
-        t.max_priority, t.downgrade_model, t.expires_at, t.revoked_at, t.last_used_at, t.created_at, t.tags,
+        t.max_priority, t.downgrade_model, t.expires_at, t.revoked_at, t.last_used_at, t.created_at, t.tags, t.successor_id,
         COALESCE((SELECT SUM(l.amount_micros) FROM ledger l WHERE l.token_id = t.id AND l.period = t.period
                   AND l.kind IN ('reserve', 'settle', 'adjust')), 0)::BIGINT - t.reserved_micros AS spent_micros
      FROM tokens t JOIN users u ON u.id = t.user_id JOIN teams tm ON tm.id = u.team_id";
