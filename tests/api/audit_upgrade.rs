@@ -1,6 +1,7 @@
 //! Upgrading from the plain SHA-256 chain, and restoring a backup: the old rows are sealed
 //! and stay verifiable, relabelling keyed rows as old ones does not verify, and a restore
-//! keeps the head of the database it replaced aside. Driven through the real binary.
+//! keeps the head of the database it replaced aside. Driven through the real binary. And
+//! the upgrade that drops the sign-in throttle's counters kept by typed name.
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -239,4 +240,30 @@ fn the_backup_command_waits_for_the_folders_backup_lock() {
     let out = cli.join().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(backups(), 1);
+}
+
+/// Review s21 (the sign-in throttle): the counters by typed name kept what was typed in
+/// clear, and the sweep keeps the newest rows however old. Migration 0026 drops them (the
+/// names' counts start again; now each name counts under its MAC); the addresses' stay.
+#[tokio::test]
+async fn the_upgrade_drops_the_throttle_counters_kept_by_typed_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = legacy_database(dir.path()).await;
+    let mut c = open_plain(&config).await;
+    sqlx::query(
+        "INSERT INTO login_failures (key, at) VALUES ('user:hunter2', '2026-12-01T10:00:00.000Z'),
+                                                     ('addr:198.51.100.7', '2026-12-01T10:00:00.000Z')",
+    )
+    .execute(&mut c)
+    .await
+    .unwrap();
+    c.close().await.unwrap();
+    let out = sluice(&config, &["migrate"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut c = open_plain(&config).await;
+    let keys: Vec<String> = sqlx::query_scalar("SELECT key FROM login_failures")
+        .fetch_all(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(keys, ["addr:198.51.100.7"]);
 }
