@@ -44,6 +44,35 @@ impl Rig {
         assert!(stderr(&out).contains(needle), "{}", stderr(&out));
     }
 
+    /// A team created through the API fails (500) rather than go unaudited: no team, no
+    /// new audit row (else panics naming `what`).
+    async fn team_create_fails_unaudited(&self, what: &str) {
+        let rows = self.rows().await;
+        let (s, body) = self
+            .admin
+            .post("/admin/api/v1/teams", &json!({"name": "unseen"}))
+            .await;
+        let teams = self
+            .app
+            .scalar("SELECT COUNT(*) FROM teams WHERE name = 'unseen'")
+            .await;
+        assert!(
+            s == 500 && teams == 0,
+            "{what}: {s} {body}: the team was created ({teams}) without its audit row"
+        );
+        assert_eq!(self.rows().await, rows, "{what}");
+    }
+
+    /// A process starting on the database (the CLI) refuses, naming `needle`.
+    async fn cli_refuses_naming(&self, needle: &str, what: &str) {
+        let out = cli(self, &["team", "create", "--name", "cli-unseen"]).await;
+        assert!(
+            !ok(&out) && stderr(&out).contains(needle),
+            "{what}: the CLI ran: {}",
+            stderr(&out)
+        );
+    }
+
     /// What someone holding the database but not the key has: a plain connection to it.
     async fn attacker(&self) -> Attacker {
         Attacker::of(&self.app.settings).await
@@ -1177,28 +1206,10 @@ async fn a_trigger_that_drops_audit_rows_fails_the_action_and_is_named() {
         let mut c = rig.attacker().await;
         plant_hiding_trigger(&mut c, how).await;
         c.close().await;
-        let rows = rig.rows().await;
-        let (s, body) = rig
-            .admin
-            .post("/admin/api/v1/teams", &json!({"name": "unseen"}))
-            .await;
-        let teams: i64 = rig
-            .app
-            .scalar("SELECT COUNT(*) FROM teams WHERE name = 'unseen'")
-            .await;
-        assert!(
-            s == 500 && teams == 0,
-            "{how}: {s} {body}: the team was created ({teams}) without its audit row"
-        );
-        assert_eq!(rig.rows().await, rows, "{how}");
+        rig.team_create_fails_unaudited(how).await;
         rig.verify_fails_naming("hide", &format!("{how}: the hiding trigger went unnoticed"))
             .await;
-        let out = cli(&rig, &["team", "create", "--name", "cli-unseen"]).await;
-        assert!(
-            !ok(&out) && stderr(&out).contains("hide"),
-            "{how}: the CLI ran with the hiding trigger: {}",
-            stderr(&out)
-        );
+        rig.cli_refuses_naming("hide", how).await;
     }
 }
 
@@ -1220,30 +1231,13 @@ async fn a_guard_set_to_replica_mode_and_a_deferred_delete_are_caught() {
             FOR EACH ROW WHEN (NEW.action = 'team.create') EXECUTE FUNCTION later()")
         .await;
     c.close().await;
-    let rows = rig.rows().await;
-    let (s, body) = rig
-        .admin
-        .post("/admin/api/v1/teams", &json!({"name": "unseen"}))
-        .await;
-    let teams = rig
-        .app
-        .scalar("SELECT COUNT(*) FROM teams WHERE name = 'unseen'")
-        .await;
-    assert!(
-        s == 500 && teams == 0,
-        "{s} {body}: the team was created ({teams}) without its audit row"
-    );
-    assert_eq!(rig.rows().await, rows);
+    rig.team_create_fails_unaudited("a deferred delete").await;
     rig.verify_fails_naming("later", "the deferred trigger went unnoticed")
         .await;
     rig.verify_fails_naming("audit_append_only", "the replica-only guard went unnoticed")
         .await;
-    let out = cli(&rig, &["team", "create", "--name", "cli-unseen"]).await;
-    assert!(
-        !ok(&out) && stderr(&out).contains("audit_append_only"),
-        "the CLI ran with the guard in replica mode: {}",
-        stderr(&out)
-    );
+    rig.cli_refuses_naming("audit_append_only", "the guard in replica mode")
+        .await;
 }
 
 /// s22 attack F1 on PostgreSQL: a trigger on another table whose function reaches the log
@@ -1274,12 +1268,8 @@ async fn a_trigger_reaching_the_log_by_dynamic_sql_is_named() {
         "the rewritten schema trigger went unnoticed",
     )
     .await;
-    let out = cli(&rig, &["team", "create", "--name", "cli-unseen"]).await;
-    assert!(
-        !ok(&out) && stderr(&out).contains("quiet"),
-        "the CLI ran with the trigger: {}",
-        stderr(&out)
-    );
+    rig.cli_refuses_naming("quiet", "a trigger by dynamic SQL")
+        .await;
 }
 
 /// Makes the database refuse the audit row of `action` (a trigger that aborts its insert),
