@@ -514,10 +514,9 @@ async fn a_sign_in_checked_against_a_replaced_password_gets_no_session() {
     crate::admin_helpers::login_with(&app, "root", REPLACED_BY).await;
 }
 
-/// Review s21 #1, the worse half: with a hash of older parameters, the sign-in rehashed
-/// the old password and wrote it over the new one, undoing the change. The new hash stays.
-#[tokio::test]
-async fn a_rehash_at_sign_in_never_writes_the_old_password_over_a_new_one() {
+/// A gateway whose login `root` (its id) has `PASSWORD` hashed with older parameters (4 MiB,
+/// one pass): its next sign-in rehashes it.
+async fn root_with_an_old_params_hash() -> (TestApp, i64) {
     use argon2::password_hash::{rand_core::OsRng, PasswordHasher, SaltString};
     let app = spawn_app().await;
     let id = crate::admin_helpers::make_login(&app, "root", "admin", None).await;
@@ -534,6 +533,14 @@ async fn a_rehash_at_sign_in_never_writes_the_old_password_over_a_new_one() {
         &format!("UPDATE admins SET password_hash = '{old}' WHERE id = {id}"),
     )
     .await;
+    (app, id)
+}
+
+/// Review s21 #1, the worse half: with a hash of older parameters, the sign-in rehashed
+/// the old password and wrote it over the new one, undoing the change. The new hash stays.
+#[tokio::test]
+async fn a_rehash_at_sign_in_never_writes_the_old_password_over_a_new_one() {
+    let (app, id) = root_with_an_old_params_hash().await;
     let a = sign_in_across_a_password_change(&app, id).await;
     assert_eq!(a.status, 401, "{}", a.body);
     let stored = sql_text(
@@ -563,22 +570,7 @@ async fn a_rehash_at_sign_in_never_writes_the_old_password_over_a_new_one() {
 /// the sign-in is refused: the rehash of the same password lets it in.
 #[tokio::test]
 async fn a_sign_in_across_another_sign_ins_rehash_still_gets_in() {
-    use argon2::password_hash::{rand_core::OsRng, PasswordHasher, SaltString};
-    let app = spawn_app().await;
-    let id = crate::admin_helpers::make_login(&app, "root", "admin", None).await;
-    let old = argon2::Argon2::new(
-        argon2::Algorithm::Argon2id,
-        argon2::Version::V0x13,
-        argon2::Params::new(4096, 1, 1, None).unwrap(),
-    )
-    .hash_password(PASSWORD.as_bytes(), &SaltString::generate(&mut OsRng))
-    .unwrap()
-    .to_string();
-    sql_exec(
-        app.db(),
-        &format!("UPDATE admins SET password_hash = '{old}' WHERE id = {id}"),
-    )
-    .await;
+    let (app, id) = root_with_an_old_params_hash().await;
     let http = client();
     let (pre, csrf) = login_form_at(&http, &app.address).await;
     // What the other sign-in's rehash writes: the same password, today's parameters.
