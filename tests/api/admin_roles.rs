@@ -756,17 +756,24 @@ async fn a_token_from_the_api_lives_rotates_and_dies() {
     w.app.assert_invariant().await;
 }
 
-#[tokio::test]
-async fn rotation_with_an_overlap_keeps_the_old_token_until_it_ends() {
-    let w = world().await;
+/// Rotates the blue member's token with an overlap of `overlap_seconds`: the answer (the
+/// new token, its text once).
+async fn rotate_blue(w: &World, overlap_seconds: i64) -> Value {
     let (s, r) = w
         .admin
         .post(
             &format!("/admin/api/v1/tokens/{}/rotate", w.blue_token),
-            &json!({"overlap_seconds": 2}),
+            &json!({ "overlap_seconds": overlap_seconds }),
         )
         .await;
-    assert_eq!(s, 201);
+    assert_eq!(s, 201, "{r}");
+    r
+}
+
+#[tokio::test]
+async fn rotation_with_an_overlap_keeps_the_old_token_until_it_ends() {
+    let w = world().await;
+    let r = rotate_blue(&w, 2).await;
     assert_eq!(
         r["limit_micros"], 2_000_000,
         "a never-resetting budget moves what was left"
@@ -799,14 +806,7 @@ async fn rotation_with_an_overlap_keeps_the_old_token_until_it_ends() {
 #[tokio::test]
 async fn the_old_text_spends_the_new_tokens_budget_during_the_overlap() {
     let w = world().await;
-    let (s, r) = w
-        .admin
-        .post(
-            &format!("/admin/api/v1/tokens/{}/rotate", w.blue_token),
-            &json!({"overlap_seconds": 60}),
-        )
-        .await;
-    assert_eq!(s, 201, "{r}");
+    let r = rotate_blue(&w, 60).await;
     let new_id = r["id"].as_i64().unwrap();
     let new_text = r["token"].as_str().unwrap().to_string();
     for text in [&w.blue_token_text, &new_text] {
@@ -919,14 +919,7 @@ async fn a_rotation_hands_the_stored_responses_to_the_new_token() {
         crate::responses::create(&w.app, &w.blue_token_text, &crate::responses::ask()).await;
     assert_eq!(s, 200, "{stored}");
     let id = stored["id"].as_str().unwrap().to_string();
-    let (s, r) = w
-        .admin
-        .post(
-            &format!("/admin/api/v1/tokens/{}/rotate", w.blue_token),
-            &json!({"overlap_seconds": 60}),
-        )
-        .await;
-    assert_eq!(s, 201, "{r}");
+    let r = rotate_blue(&w, 60).await;
     let new_text = r["token"].as_str().unwrap().to_string();
     for text in [&w.blue_token_text, &new_text] {
         // The old text was cached as the old token: the rotation reaches every cache
