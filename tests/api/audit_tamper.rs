@@ -1272,6 +1272,63 @@ async fn a_trigger_reaching_the_log_by_dynamic_sql_is_named() {
         .await;
 }
 
+/// s22 attack (second and third batches) on PostgreSQL: the check of the schema's triggers
+/// holds the gateway's own tables and functions only — another application's table in the
+/// same schema with a trigger of its own, or its own `audit_log` elsewhere written by a
+/// trigger, does not stop the gateway — while a rule on one of its tables (fired by a
+/// logout's session delete, after the audit row's check), a function its triggers call
+/// given another body (`spend_months_add`: its own older one) and a schema trigger dropped
+/// (the ledger's guard) are named.
+#[tokio::test]
+async fn another_apps_trigger_passes_and_a_rule_or_a_called_function_rewritten_is_named() {
+    let rig = rig().await;
+    if rig.app.db().postgres().is_none() {
+        return;
+    }
+    let mut c = rig.attacker().await;
+    // Another application: a table with a trigger of its own, and its own `audit_log` in a
+    // schema of its own, written by a trigger whose text names it.
+    c.exec("CREATE TABLE other_app (x INT, updated_at TIMESTAMPTZ); \
+        CREATE FUNCTION other_app_touch() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN NEW.updated_at := now(); RETURN NEW; END $$; \
+        CREATE TRIGGER other_app_touch BEFORE UPDATE ON other_app FOR EACH ROW EXECUTE FUNCTION other_app_touch(); \
+        CREATE SCHEMA app; CREATE TABLE app.orders (x INT); CREATE TABLE app.audit_log (x INT); \
+        CREATE FUNCTION app.orders_audit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO app.audit_log VALUES (NEW.x); RETURN NEW; END $$; \
+        CREATE TRIGGER orders_audit AFTER INSERT ON app.orders FOR EACH ROW EXECUTE FUNCTION app.orders_audit()")
+        .await;
+    let out = rig.verify().await;
+    assert!(ok(&out), "another application's triggers: {}", stderr(&out));
+    // A rule on one of the gateway's tables; a function its trigger calls given its older
+    // body (0012's, before 0013 added a column); the ledger's guard dropped.
+    let migration = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/migrations/postgres/0012_spend_months.sql"
+    ))
+    .unwrap();
+    let older = migration
+        .split("CREATE FUNCTION spend_months_add")
+        .nth(1)
+        .and_then(|f| f.split("$$;").next())
+        .unwrap();
+    c.exec(&format!(
+        "CREATE RULE loud AS ON DELETE TO admin_sessions DO ALSO SELECT 1; \
+         CREATE OR REPLACE FUNCTION spend_months_add{older}$$; \
+         DROP TRIGGER ledger_append_only ON ledger"
+    ))
+    .await;
+    c.close().await;
+    rig.verify_fails_naming("loud", "the rule on admin_sessions went unnoticed")
+        .await;
+    rig.verify_fails_naming("spend_months_add", "the older body went unnoticed")
+        .await;
+    rig.verify_fails_naming(
+        "ledger_append_only",
+        "the dropped ledger guard went unnoticed",
+    )
+    .await;
+    rig.cli_refuses_naming("loud", "a rule on the gateway's table")
+        .await;
+}
+
 /// Makes the database refuse the audit row of `action` (a trigger that aborts its insert),
 /// to see that an action whose audit row fails leaves nothing of itself behind.
 pub(crate) async fn refuse_audit_of(settings: &sluice::config::Settings, action: &str) {

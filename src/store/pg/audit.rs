@@ -13,7 +13,7 @@
 //!   commit also makes ids commit in order, so `ORDER BY id` is chain order.
 //!   Callers must run appends in READ COMMITTED transactions (the default).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use chrono::{DateTime, Utc};
@@ -128,107 +128,147 @@ pub async fn verify(pool: &PgPool, keys: &AuditKeys) -> Result<ChainState> {
     Ok(crate::store::audit::walk(&rows, keys))
 }
 
-/// The schema's triggers on `audit_log` (0001): name, `tgtype` (row-level 1, BEFORE 2,
-/// DELETE 8, UPDATE 16, TRUNCATE 32) and the function they call.
-const GUARDS: [(&str, i32); 2] = [
-    ("audit_append_only", 1 | 2 | 8 | 16),
-    ("audit_no_truncate", 2 | 32),
+/// The schema's triggers, as its migrations create them: name, table, `tgtype` (row-level
+/// 1, BEFORE 2, INSERT 4, DELETE 8, UPDATE 16, TRUNCATE 32), the function it calls, and
+/// whether it has a `WHEN` condition. Any other trigger on one of the gateway's tables is
+/// named, whatever its function's text says — dynamic SQL (`EXECUTE 'DELETE FROM audit' ||
+/// '_log ...'`) reaches the log without naming it, from a write the admin transaction makes
+/// after its audit row's own check — and each of these must keep its definition, its
+/// function's body and fire for the gateway: a guard dropped or disabled is named missing.
+const SCHEMA_TRIGGERS: [(&str, &str, i32, &str, bool); 8] = [
+    (
+        "audit_append_only",
+        "audit_log",
+        1 | 2 | 8 | 16,
+        APPEND_ONLY,
+        false,
+    ),
+    ("audit_no_truncate", "audit_log", 2 | 32, APPEND_ONLY, false),
+    (
+        "ledger_append_only",
+        "ledger",
+        1 | 2 | 8 | 16,
+        APPEND_ONLY,
+        false,
+    ),
+    ("ledger_no_truncate", "ledger", 2 | 32, APPEND_ONLY, false),
+    (
+        "model_prices_append_only",
+        "model_prices",
+        1 | 2 | 8 | 16,
+        APPEND_ONLY,
+        false,
+    ),
+    (
+        "model_prices_no_truncate",
+        "model_prices",
+        2 | 32,
+        APPEND_ONLY,
+        false,
+    ),
+    (
+        "processes_seen_at",
+        "processes",
+        1 | 2 | 4 | 16,
+        "processes_seen_at",
+        false,
+    ),
+    (
+        "spend_months_follow",
+        "spend_days",
+        1 | 4 | 8 | 16,
+        "spend_months_follow",
+        true,
+    ),
 ];
-/// The guards' function, as 0001 wrote its body (whitespace squeezed): replaced with one
-/// that returns the row, the guards would guard nothing.
-const GUARD_FN: &str = "sluice_append_only";
-const GUARD_BODY: &str = "BEGIN RAISE EXCEPTION '% is append-only', TG_TABLE_NAME; END;";
+const APPEND_ONLY: &str = "sluice_append_only";
 
-/// The schema's own triggers on its other tables (the migrations'): any other trigger on one
-/// of the gateway's tables is named, whatever its function's text says — dynamic SQL
-/// (`EXECUTE 'DELETE FROM audit' || '_log ...'`) reaches the log without naming it, from a
-/// write the admin transaction makes after its audit row's own check.
-const SCHEMA_TRIGGERS: [(&str, &str); 6] = [
-    ("ledger_append_only", "ledger"),
-    ("ledger_no_truncate", "ledger"),
-    ("model_prices_append_only", "model_prices"),
-    ("model_prices_no_truncate", "model_prices"),
-    ("processes_seen_at", "processes"),
-    ("spend_months_follow", "spend_days"),
-];
-
-/// What the PostgreSQL migrations define, read from their text: every dollar-quoted body
-/// (whitespace squeezed), and the names of the tables and functions they create.
+/// What the PostgreSQL migrations define, read from their text: the tables they create,
+/// and each function's bodies (every `CREATE [OR REPLACE] FUNCTION`'s dollar-quoted body,
+/// whitespace squeezed) — a function must keep one of its own, not another's or an older.
 struct Schema {
-    bodies: HashSet<String>,
     tables: Vec<String>,
-    functions: Vec<String>,
+    functions: HashMap<String, Vec<String>>,
+}
+
+impl Schema {
+    fn names(&self) -> Vec<String> {
+        self.functions.keys().cloned().collect()
+    }
+
+    /// Whether `body` is the one the migrations last gave `func`.
+    fn keeps(&self, func: &str, body: &str) -> bool {
+        self.functions
+            .get(func)
+            .and_then(|bodies| bodies.last())
+            .is_some_and(|b| *b == squeeze(body))
+    }
 }
 
 fn schema() -> &'static Schema {
     static SCHEMA: OnceLock<Schema> = OnceLock::new();
     SCHEMA.get_or_init(|| {
         let mut s = Schema {
-            bodies: HashSet::new(),
             tables: Vec::new(),
-            functions: Vec::new(),
+            functions: HashMap::new(),
         };
         for m in sqlx::migrate!("./migrations/postgres").migrations.iter() {
-            s.bodies
-                .extend(m.sql.split("$$").skip(1).step_by(2).map(squeeze));
-            let words: Vec<&str> = m.sql.split_whitespace().collect();
             let name = |t: &str| t.split('(').next().unwrap_or_default().to_string();
+            let words: Vec<&str> = m.sql.split_whitespace().collect();
+            let mut functions = Vec::new();
             for i in 0..words.len() {
                 match &words[i..] {
-                    ["CREATE", "TABLE", "IF", "NOT", "EXISTS", t] => s.tables.push(name(t)),
-                    ["CREATE", "TABLE", t, ..] => s.tables.push(name(t)),
+                    ["CREATE", "TABLE", "IF", "NOT", "EXISTS", t, ..]
+                    | ["CREATE", "TABLE", t, ..] => s.tables.push(name(t)),
                     ["CREATE", "FUNCTION", f, ..]
-                    | ["CREATE", "OR", "REPLACE", "FUNCTION", f, ..] => s.functions.push(name(f)),
+                    | ["CREATE", "OR", "REPLACE", "FUNCTION", f, ..] => functions.push(name(f)),
                     _ => {}
                 }
+            }
+            // The migrations quote nothing but function bodies with `$$`: the n-th body of
+            // a file is its n-th function's.
+            let bodies = m.sql.split("$$").skip(1).step_by(2).map(squeeze);
+            for (f, body) in functions.into_iter().zip(bodies) {
+                s.functions.entry(f).or_default().push(body);
             }
         }
         s
     })
 }
 
-/// A user trigger that reaches `audit_log`, as `triggers` reads it from the catalog.
+/// A user trigger on one of the gateway's tables or whose function names `audit_log`, as
+/// `triggers` reads it from the catalog.
 #[derive(sqlx::FromRow)]
 struct TriggerRow {
     name: String,
     table_name: String,
-    /// `tgtype` (as `GUARDS`).
+    /// `tgtype` (as `SCHEMA_TRIGGERS`).
     kind: i32,
     /// `tgenabled`: `O` fires in ordinary sessions, `A` always; `R` only in replica
-    /// sessions, never the gateway's; `D` never.
+    /// sessions, never the gateway's (unless its role's `session_replication_role` was
+    /// set, which this does not read); `D` never.
     enabled: String,
     func: String,
     body: String,
-    unconditional: bool,
-    /// On the `audit_log` the gateway's search path finds, not a namesake in another schema
-    /// (whose triggers would otherwise pass for the guards).
-    ours: bool,
-    /// On one of the gateway's own tables (`Schema::tables`, in its schema).
-    sluices: bool,
+    conditional: bool,
 }
 
 /// `store::audit::triggers` on PostgreSQL: every user trigger on one of the gateway's
-/// tables or whose function's text names `audit_log`, the rules on its tables (one `DO
-/// INSTEAD NOTHING` on the log drops every append) and its functions: the log's guards
-/// present, firing for the gateway and unchanged; every other trigger on its tables one of
-/// the schema's own; every function of the schema's with its body as the migrations wrote
-/// it. Another application's tables in the same schema are not the gateway's to judge:
-/// none of its transactions writes them.
+/// tables (those its migrations create, in its schema) must be one of `SCHEMA_TRIGGERS`,
+/// unchanged and firing; every function its migrations create keeps its body; no rule on
+/// any of its tables (one `DO INSTEAD NOTHING` on the log drops every append). Another
+/// application's tables are not judged: no transaction of the gateway's writes them.
 pub async fn triggers(pool: &PgPool) -> Result<Triggers> {
     let schema = schema();
     let rows: Vec<TriggerRow> = sqlx::query_as(
         "SELECT t.tgname::text AS name, c.relname::text AS table_name, t.tgtype::int4 AS kind,
                 t.tgenabled::text AS enabled, p.proname::text AS func, p.prosrc AS body,
-                t.tgqual IS NULL AS unconditional,
-                COALESCE(t.tgrelid = to_regclass('audit_log'), false) AS ours,
-                n.nspname = current_schema() AND c.relname = ANY($1) AS sluices
+                t.tgqual IS NOT NULL AS conditional
          FROM pg_trigger t
          JOIN pg_class c ON c.oid = t.tgrelid
          JOIN pg_namespace n ON n.oid = c.relnamespace
          JOIN pg_proc p ON p.oid = t.tgfoid
-         WHERE NOT t.tgisinternal
-           AND ((n.nspname = current_schema() AND c.relname = ANY($1))
-                OR p.prosrc ILIKE '%audit_log%')
+         WHERE NOT t.tgisinternal AND n.nspname = current_schema() AND c.relname = ANY($1)
          ORDER BY 1",
     )
     .bind(&schema.tables)
@@ -237,34 +277,18 @@ pub async fn triggers(pool: &PgPool) -> Result<Triggers> {
     let mut out = Triggers::default();
     for r in &rows {
         let name = &r.name;
-        let guard = GUARDS.iter().find(|(n, _)| n == name).filter(|_| r.ours);
-        let own = r.sluices && SCHEMA_TRIGGERS.contains(&(name.as_str(), r.table_name.as_str()));
-        match guard {
-            None if r.ours => out.unexpected(name, "added on audit_log"),
-            None if own && !schema.bodies.contains(&squeeze(&r.body)) => out.unexpected(
-                name,
-                &format!("its function {}() is not the schema's", r.func),
-            ),
-            None if own && r.enabled != "O" && r.enabled != "A" => {
-                out.missing(name, "is disabled or fires only in replica sessions")
-            }
-            None if own => {}
-            None if r.sluices => out.unexpected(
-                name,
-                &format!(
-                    "added on {}: its function may reach audit_log",
-                    r.table_name
-                ),
-            ),
-            None => out.unexpected(
-                name,
-                &format!("added on {}, its function names audit_log", r.table_name),
-            ),
-            Some((_, want)) if r.kind != *want || !r.unconditional || r.func != GUARD_FN => {
+        let own = SCHEMA_TRIGGERS
+            .iter()
+            .find(|(n, t, ..)| n == name && *t == r.table_name);
+        match own {
+            None => out.unexpected(name, &format!("added on {}", r.table_name)),
+            Some((.., kind, func, conditional))
+                if r.kind != *kind || r.func != *func || r.conditional != *conditional =>
+            {
                 out.unexpected(name, "its definition was changed")
             }
-            Some(_) if squeeze(&r.body) != GUARD_BODY => {
-                out.unexpected(name, &format!("the body of {GUARD_FN}() was changed"))
+            Some(_) if !schema.keeps(&r.func, &r.body) => {
+                out.unexpected(name, &format!("the body of {}() was changed", r.func))
             }
             Some(_) if r.enabled == "D" => out.missing(name, "is disabled"),
             Some(_) if r.enabled == "R" => {
@@ -273,22 +297,22 @@ pub async fn triggers(pool: &PgPool) -> Result<Triggers> {
             Some(_) => {}
         }
     }
-    for (name, _) in GUARDS {
-        if !rows.iter().any(|r| r.name == name && r.ours) {
+    for (name, table, ..) in SCHEMA_TRIGGERS {
+        if !rows.iter().any(|r| r.name == name && r.table_name == table) {
             out.missing(name, "is missing");
         }
     }
-    // The schema's functions, its triggers' among them and those they call
-    // (`spend_months_add`): a body rewritten to reach the log by dynamic SQL never names it.
+    // The schema's functions, its triggers' and those they call (`spend_months_add`): a
+    // body rewritten to reach the log by dynamic SQL never names it.
     let functions: Vec<(String, String)> = sqlx::query_as(
         "SELECT p.proname::text, p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
          WHERE n.nspname = current_schema() AND p.proname = ANY($1) ORDER BY 1",
     )
-    .bind(&schema.functions)
+    .bind(schema.names())
     .fetch_all(pool)
     .await?;
     for (func, body) in functions {
-        if !schema.bodies.contains(&squeeze(&body)) {
+        if !schema.keeps(&func, &body) {
             out.unexpected(&func, &format!("the body of {func}() was changed"));
         }
     }
