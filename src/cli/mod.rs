@@ -33,7 +33,7 @@ use crate::quota::pricing;
 use crate::store::audit::{self, AuditEntry};
 use crate::store::tags::{self as tag_store, Owner};
 use crate::store::tenants::{self, NewBudget, NewUser, DEFAULT_TEAM};
-use crate::store::{admins, ledger, sessions, tokens, Db, StoreError};
+use crate::store::{admins, ledger, sessions, token_admin, tokens, Db, StoreError};
 use crate::tags::Tags;
 
 #[derive(Debug, thiserror::Error)]
@@ -330,10 +330,21 @@ pub async fn token_budget(
     change: BudgetChange,
     now: DateTime<Utc>,
 ) -> Result<(), CliError> {
+    let mut tx = db.begin().await?;
+    // A rotated token works as its successor: its own budget no longer applies (as the
+    // admin API refuses, `admin::token_ops`).
+    let rotated = token_admin::get(&mut tx, id)
+        .await?
+        .and_then(|t| t.successor_id);
+    if let Some(next) = rotated {
+        return Err(CliError::Invalid(format!(
+            "token {id} was rotated to token {next}: until its overlap ends it works as that token; change token {next}, or revoke this one"
+        )));
+    }
     if let BudgetChange::Adjust { micros, reason } = &change {
+        tx.rollback().await?;
         return Ok(ledger::adjust(db, id, *micros, reason, ACTOR, now).await?);
     }
-    let mut tx = db.begin().await?;
     let owner = ledger::owner_of(&mut tx, id).await?;
     let target = format!("token:{id}");
     match change {

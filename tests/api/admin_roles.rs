@@ -888,6 +888,36 @@ async fn the_old_text_spends_the_new_tokens_budget_during_the_overlap() {
         .patch(&format!("/admin/api/v1/tokens/{old}"), &json!({"rpm": 1}))
         .await;
     assert_eq!(s, 409, "{v}");
+    // Nor does the CLI change its budget.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["--config", cli_config(&w.app).to_str().unwrap()])
+        .args(["token", "budget", &old.to_string(), "--top-up-usd", "1"])
+        .output()
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains(&format!("rotated to token {new_id}")),
+        "{err}"
+    );
+    // The page says so, and offers only its revocation.
+    let page = w.admin.get("/admin/tokens").await.text().await.unwrap();
+    let row = page
+        .split(&format!("id=\"token-{old}\""))
+        .nth(1)
+        .and_then(|r| r.split("</tr>").next())
+        .unwrap_or_default();
+    assert!(
+        row.contains("rotated") && row.contains(&format!("works as id {new_id}")),
+        "{row}"
+    );
+    assert!(
+        row.contains("/revoke")
+            && !row.contains("/rotate")
+            && !row.contains("/top-up")
+            && !row.contains("/limits"),
+        "{row}"
+    );
     // Revoking the new token ends the old text as well.
     assert_eq!(
         w.admin
