@@ -192,7 +192,7 @@ const NOTHING: (i64, i64) = (0, 0);
 /// A stream that ended before any upstream answered: nothing is charged and its windows
 /// are corrected to 0 — unless an upstream had the request when its deadline cut the
 /// attempt off or its client left (`input`: the input tokens charged and their cost,
-/// `attempts::input_cost`).
+/// an `attempts::Departure`, as `departure_on` prices it).
 async fn end(state: &AppState, books: Books, e: ApiError, input: (i64, i64)) {
     let (input_tokens, cost) = input;
     let Books {
