@@ -169,16 +169,19 @@ pub fn insert_batch_tx(tx: &mut Tx<'_>, rows: &[RequestRow]) -> Result<()> {
         }
     }
     for (token, at) in last_used(rows) {
-        tx.execute(
-            "UPDATE tokens SET last_used_at = ? WHERE id = ?",
-            &[Param::Text(at), token.into()],
-        )?;
+        tx.execute(LAST_USED, &[Param::Text(at), token.into()])?;
     }
     Ok(())
 }
 
-/// One `last_used_at` update per token and batch (as before: the smallest timestamp of the
-/// token's rows in the batch), for the token served and a rotated one whose text was used.
+/// Moves a token's `last_used_at` forward only: a batch flushed late (a retry, another
+/// host's) carries older uses than one already written. Timestamps are `clock::db_time`
+/// text, whose order is time order.
+const LAST_USED: &str =
+    "UPDATE tokens SET last_used_at = ?1 WHERE id = ?2 AND (last_used_at IS NULL OR last_used_at < ?1)";
+
+/// One `last_used_at` update per token and batch, at the latest of the token's rows in the
+/// batch, for the token served and a rotated one whose text was used.
 pub(super) fn last_used(rows: &[RequestRow]) -> Vec<(i64, &str)> {
     let mut used: Vec<(i64, &str)> = rows
         .iter()
@@ -187,7 +190,8 @@ pub(super) fn last_used(rows: &[RequestRow]) -> Vec<(i64, &str)> {
         })
         .flatten()
         .collect();
-    used.sort_unstable();
+    // Latest first within each token, so the dedup keeps it.
+    used.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| b.1.cmp(a.1)));
     used.dedup_by_key(|(t, _)| *t);
     used
 }
@@ -249,7 +253,7 @@ pub async fn insert_batch(db: &super::Db, rows: &[RequestRow]) -> Result<()> {
         }
     }
     for (token, at) in last_used(rows) {
-        sqlx::query("UPDATE tokens SET last_used_at = ? WHERE id = ?")
+        sqlx::query(LAST_USED)
             .bind(at)
             .bind(token)
             .execute(tx.sqlite()?)

@@ -566,3 +566,43 @@ async fn two_hosts_logging_at_once_neither_deadlock_nor_miscount() {
     );
     b.lite.close().await;
 }
+
+/// `last_used_at` is a token's latest use: the latest row of a batch, and a batch written
+/// late (another host's, a retried flush) with older rows does not move it back. Before, the
+/// earliest row of each batch overwrote it, on both engines.
+#[tokio::test]
+async fn last_used_is_the_latest_use_and_an_older_batch_does_not_move_it_back() {
+    let b = both().await;
+    populate(&b).await;
+    let row = |id: &str, minute: u32| RequestRow {
+        id: id.into(),
+        token_id: Some(1),
+        created_at: sluice::clock::db_time(at(12, minute)),
+        tags: String::new(),
+        endpoint: "chat",
+        status: 200,
+        cache: "off",
+        ..Default::default()
+    };
+    let latest = sluice::clock::db_time(at(12, 30));
+    same(
+        "a batch",
+        pool_write_both!(
+            b,
+            requests::insert_batch(&[row("a", 0), row("b", 30), row("c", 10)])
+        ),
+    );
+    same(
+        "an older batch",
+        pool_write_both!(b, requests::insert_batch(&[row("d", 5)])),
+    );
+    let sql = "SELECT last_used_at FROM tokens WHERE id = 1";
+    let lite: Option<String> = sqlx::query_scalar(sql)
+        .fetch_one(&b.lite.sqlite().read)
+        .await
+        .unwrap();
+    let pg: Option<String> = sqlx::query_scalar(sql).fetch_one(&b.pool).await.unwrap();
+    assert_eq!(lite.as_deref(), Some(latest.as_str()), "SQLite");
+    assert_eq!(pg.as_deref(), Some(latest.as_str()), "PostgreSQL");
+    b.lite.close().await;
+}

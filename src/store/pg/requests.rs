@@ -136,10 +136,12 @@ pub async fn rebuild_days(conn: &mut PgConnection) -> Result<()> {
 }
 
 /// The tokens' rows are locked in id order (`ORDER BY … FOR NO KEY UPDATE`), so two hosts'
-/// batches touching the same tokens wait for each other instead of deadlocking.
+/// batches touching the same tokens wait for each other instead of deadlocking; the column
+/// only moves forward (as on SQLite: `store::requests::LAST_USED`).
 const LAST_USED: &str = "WITH v AS (SELECT * FROM unnest($1::bigint[], $2::text[]) AS v(id, at)),
           locked AS (SELECT t.id FROM tokens t JOIN v ON v.id = t.id ORDER BY t.id FOR NO KEY UPDATE OF t)
-     UPDATE tokens t SET last_used_at = v.at FROM v, locked WHERE t.id = v.id AND locked.id = v.id";
+     UPDATE tokens t SET last_used_at = v.at FROM v, locked
+     WHERE t.id = v.id AND locked.id = v.id AND (t.last_used_at IS NULL OR t.last_used_at < v.at)";
 
 /// Writes a batch inside the caller's transaction: one statement for the rows, one for
 /// the tokens' `last_used_at`.
