@@ -406,6 +406,60 @@ mod tests {
         assert_eq!(p, Prices::plain(1_000_000, 2_000_000));
     }
 
+    /// A config price dearer than the entry below it (a Bedrock Region above the bundled
+    /// 1.1 ×, a data-zone surcharge) keeps that entry's multiples for the kinds it leaves
+    /// out, rounded up: the bundled figures taken as written billed cache reads and writes
+    /// below the configured input's multiples (s21a #4). A cheaper one keeps the figures.
+    #[test]
+    fn kinds_a_config_price_leaves_out_follow_its_input_and_output() {
+        let text = "[[upstreams]]\nid = \"b\"\nprovider = \"bedrock\"\nregion = \"us-east-1\"\n\
+             api_key = \"k\"\n[[models]]\nname = \"sonnet\"\n\
+             routes = [{ upstream = \"b\", model = \"anthropic.claude-sonnet-4-5-20250929-v1:0\" }]\n";
+        let priced = |extra: &str| {
+            let s = load_from(Some(&format!("{text}{extra}")), &Default::default()).unwrap();
+            s.validate().unwrap();
+            let m = &s.models[0];
+            m.schedule(
+                &AdminPrices::default(),
+                &m.routes[0].model,
+                Provider::Bedrock,
+            )
+            .rates_at(now())
+            .unwrap()
+        };
+        let bundled = priced("");
+        // Bedrock's regional figures, 1.1 × Anthropic's list.
+        assert_eq!(
+            (bundled.input, bundled.cache_write_5m, bundled.reasoning),
+            (3_300_000, 4_125_000, 16_500_000)
+        );
+        let p = priced("input_usd_per_mtok = 4\noutput_usd_per_mtok = 20\n");
+        assert_eq!(
+            (
+                p.cached_input,
+                p.cache_write_5m,
+                p.cache_write_1h,
+                p.reasoning,
+                p.web_search_per_1k_calls
+            ),
+            // 0.1 ×, 1.25 ×, 2 × of 4 and the output for reasoning; a search is a fee, not
+            // a rate: the entry's.
+            (
+                400_000,
+                5_000_000,
+                8_000_000,
+                20_000_000,
+                bundled.web_search_per_1k_calls
+            )
+        );
+        // Dearer by a fraction: rounded up (4.125 × 3.300001 / 3.3 = 4.12500125).
+        let p = priced("input_usd_per_mtok = \"3.300001\"\noutput_usd_per_mtok = 20\n");
+        assert_eq!((p.cached_input, p.cache_write_5m), (330_001, 4_125_002));
+        // Cheaper than the entry: its figures as written — a discount on them is stated.
+        let p = priced("input_usd_per_mtok = 1\noutput_usd_per_mtok = 5\n");
+        assert_eq!((p.cached_input, p.cache_write_5m), (330_000, 4_125_000));
+    }
+
     #[test]
     fn half_a_price_or_a_bad_date_is_refused_naming_the_key() {
         for (model, why) in [

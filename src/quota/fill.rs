@@ -1,6 +1,8 @@
 //! Which kinds a price states, and how a kind it does not state is filled. A price names
 //! its input and output; any other kind it leaves out is taken, in order, from the next
-//! layer of the route's schedule that states it (`schedule`), then — on a route Anthropic
+//! layer of the route's schedule that states it (`schedule`) — raised to the same multiple
+//! of a dearer input or output rate, so a surcharged rate is not billed the cheaper layer's
+//! cache writes — then — on a route Anthropic
 //! bills — from Anthropic's published multipliers of the input price, and only then from
 //! the price it falls under within the price (`within_price`). So a config written with
 //! input and output only never bills a one-hour cache write at the input price or a web
@@ -88,6 +90,42 @@ impl Kind {
         }
     }
 
+    /// The rate this kind is a multiple of at a provider (cache reads and writes, audio and
+    /// image input of the input rate; reasoning, audio and image output of the output
+    /// rate); `None` for a per-call fee.
+    fn base(self, p: &Prices) -> Option<i64> {
+        match self {
+            Kind::CachedInput
+            | Kind::CacheWrite5m
+            | Kind::CacheWrite1h
+            | Kind::AudioInput
+            | Kind::ImageInput => Some(p.input),
+            Kind::Reasoning | Kind::AudioOutput | Kind::ImageOutput => Some(p.output),
+            Kind::WebSearch => None,
+        }
+    }
+
+    /// This kind's figure in `lower` carried over to `upper`: where `upper`'s base rate is
+    /// dearer, the same multiple of it, rounded up — a Region or data zone surcharges every
+    /// kind alike, and the lower figure would bill below its multiple; where it is cheaper,
+    /// the figure as written — a discount on these kinds must be stated, never assumed.
+    /// `None` when `lower`'s base is zero and `upper`'s is not (no multiple to carry).
+    fn carried(self, upper: &Prices, lower: &Prices) -> Option<i64> {
+        let v = self.get(lower);
+        let (Some(mine), Some(theirs)) = (self.base(upper), self.base(lower)) else {
+            return Some(v);
+        };
+        if mine <= theirs {
+            return Some(v);
+        }
+        if theirs == 0 {
+            return None;
+        }
+        let scaled = i128::from(v) * i128::from(mine);
+        let theirs = i128::from(theirs);
+        Some(i64::try_from((scaled + theirs - 1).div_euclid(theirs)).unwrap_or(i64::MAX))
+    }
+
     /// Anthropic's published rule for the kinds it bills apart, from the input price:
     /// cache reads 0.1×, 5-minute writes 1.25×, 1-hour writes 2×, web search $10 per
     /// 1 000 calls. Rounded up to the micro-dollar: never below the provider's figure.
@@ -139,11 +177,17 @@ impl Partial {
         }
     }
 
-    /// Each kind this price does not state taken from `lower` where `lower` states it.
+    /// Each kind this price does not state taken from `lower` where `lower` states it, at
+    /// least the same multiple of the rate it follows (`Kind::carried`): a config input of
+    /// 4 over a bundled 3.3 with cache writes at 4.125 writes them at 5, not below the
+    /// configured rate's multiple (s21a #4).
     pub fn under(mut self, lower: &Partial) -> Partial {
         for k in Kind::ALL {
-            if !self.stated.has(k) && lower.stated.has(k) {
-                k.set(&mut self.prices, k.get(&lower.prices));
+            if self.stated.has(k) || !lower.stated.has(k) {
+                continue;
+            }
+            if let Some(v) = k.carried(&self.prices, &lower.prices) {
+                k.set(&mut self.prices, v);
                 self.stated = self.stated.with(k);
             }
         }
@@ -187,6 +231,7 @@ mod tests {
         let below = partial(3, 15, &[(Kind::CacheWrite1h, 6), (Kind::Reasoning, 20)]);
         let p = partial(1, 5, &[(Kind::CachedInput, 0)]).under(&below);
         let billed = p.fill(false);
+        // Below a cheaper price: taken as written (a discount must be stated).
         assert_eq!(
             (billed.cached_input, billed.cache_write_1h, billed.reasoning),
             (0, 6, 20)
@@ -194,6 +239,28 @@ mod tests {
         assert_eq!(
             (billed.cache_write_5m, billed.web_search_per_1k_calls),
             (1, 0)
+        );
+        // Below a dearer price: the same multiple of its rates, rounded up (2 × 7, 4/3 × 16).
+        let billed = partial(7, 16, &[]).under(&below).fill(false);
+        assert_eq!((billed.cache_write_1h, billed.reasoning), (14, 22));
+        // At the same rates, below's figures as they are; a fee is never scaled.
+        let fee = partial(3, 15, &[(Kind::WebSearch, 9)]);
+        let billed = partial(3, 15, &[]).under(&below).under(&fee).fill(false);
+        assert_eq!(
+            (
+                billed.cache_write_1h,
+                billed.reasoning,
+                billed.web_search_per_1k_calls
+            ),
+            (6, 20, 9)
+        );
+        let billed = partial(30, 150, &[]).under(&fee).fill(false);
+        assert_eq!(billed.web_search_per_1k_calls, 9);
+        // Below free on the input: no multiple to carry, so the rule or the price decides.
+        let free = partial(0, 0, &[(Kind::CacheWrite5m, 0)]);
+        assert_eq!(
+            partial(3, 15, &[]).under(&free).fill(true).cache_write_5m,
+            4
         );
         // Anthropic's rule, rounded up: 1.25 × 3 micros is 4.
         let billed = partial(3, 15, &[]).fill(true);
