@@ -564,8 +564,9 @@ fn model_view(m: &ModelSettings) -> Value {
     v
 }
 
-/// A model as the API shows it, with its price in force now (its first route's: routes
-/// differ only where the bundled table prices them) and where that price comes from.
+/// A model as the API shows it: each route with its price in force now and where that
+/// price comes from (routes differ where the bundled table prices their upstream models
+/// apart), and the model's own fields as its first route's — the route served first.
 pub fn models(state: &AppState, actor: &Actor) -> Result<Vec<Value>, AdminError> {
     // A read: finance sees models as admins do (their changes check `require_admin`).
     actor.require_global_reader()?;
@@ -576,25 +577,38 @@ pub fn models(state: &AppState, actor: &Actor) -> Result<Vec<Value>, AdminError>
         .iter()
         .filter_map(|n| catalog.model(n))
         .map(|m| {
-            let price = m.routes.first().and_then(|r| r.schedule.in_force(now));
-            let mut view = json!({
-                "name": m.name,
-                "routes": m.routes.iter().map(|r| json!({
-                    "upstream": catalog.deployments[r.deployment].id, "model": r.upstream_model,
-                })).collect::<Vec<_>>(),
-                "fallbacks": m.fallbacks,
-            });
-            if let (Some(v), Some((source, d))) = (view.as_object_mut(), price) {
-                v.extend(price_fields(&d.prices));
-                v.insert("price_source".into(), json!(source.as_str()));
+            let routes: Vec<Value> = m
+                .routes
+                .iter()
+                .map(|r| {
+                    let mut view = json!({
+                        "upstream": catalog.deployments[r.deployment].id,
+                        "model": r.upstream_model,
+                    });
+                    let Some(v) = view.as_object_mut() else {
+                        return view;
+                    };
+                    if let Some((source, d)) = r.schedule.in_force(now) {
+                        v.extend(price_fields(&d.prices));
+                        v.insert("price_source".into(), json!(source.as_str()));
+                    }
+                    if let Some(set_for) = r.schedule.admin_set_aside(now) {
+                        let why = super::price_ops::not_applied(set_for, &r.model);
+                        v.insert("admin_price_not_applied".into(), json!(why));
+                    }
+                    view
+                })
+                .collect();
+            let mut view = json!({"name": m.name, "fallbacks": m.fallbacks});
+            if let (Some(v), Some(Value::Object(first))) = (view.as_object_mut(), routes.first()) {
+                v.extend(
+                    first
+                        .iter()
+                        .filter(|(k, _)| !matches!(k.as_str(), "upstream" | "model"))
+                        .map(|(k, val)| (k.clone(), val.clone())),
+                );
             }
-            let set_aside = m.routes.first().and_then(|r| {
-                let set_for = r.schedule.admin_set_aside(now)?;
-                Some(super::price_ops::not_applied(set_for, &r.model))
-            });
-            if let (Some(v), Some(why)) = (view.as_object_mut(), set_aside) {
-                v.insert("admin_price_not_applied".into(), json!(why));
-            }
+            view["routes"] = Value::Array(routes);
             view
         })
         .collect())

@@ -154,10 +154,15 @@ struct ModelsTable {
     models: Vec<ModelLine>,
 }
 
-/// A model as the page lists it.
+/// A model as the page lists it: one line per route, each with its own price (routes
+/// to different upstream models are priced apart).
 struct ModelLine {
     name: String,
-    routes: String,
+    routes: Vec<RouteLine>,
+}
+
+struct RouteLine {
+    route: String,
     input: String,
     output: String,
     /// Where the price in force comes from: admin, config or bundled.
@@ -171,31 +176,24 @@ fn model_lines(state: &AppState, actor: &Actor) -> Result<Vec<ModelLine>, AdminE
             crate::quota::pricing::usd(v.as_i64().unwrap_or_default())
         )
     };
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+    let route_line = |r: &serde_json::Value| RouteLine {
+        route: format!("{} → {}", text(&r["upstream"]), text(&r["model"])),
+        input: usd(&r["input_micros_per_mtok"]),
+        output: usd(&r["output_micros_per_mtok"]),
+        source: match r["admin_price_not_applied"].as_str() {
+            Some(why) => format!("{} ({why})", text(&r["price_source"])),
+            None => text(&r["price_source"]),
+        },
+    };
     Ok(super::upstream_ops::models(state, actor)?
         .iter()
         .map(|m| ModelLine {
-            name: m["name"].as_str().unwrap_or_default().to_string(),
+            name: text(&m["name"]),
             routes: m["routes"]
                 .as_array()
-                .map(|r| {
-                    r.iter()
-                        .map(|r| {
-                            format!(
-                                "{} → {}",
-                                r["upstream"].as_str().unwrap_or_default(),
-                                r["model"].as_str().unwrap_or_default()
-                            )
-                        })
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                })
+                .map(|r| r.iter().map(route_line).collect())
                 .unwrap_or_default(),
-            input: usd(&m["input_micros_per_mtok"]),
-            output: usd(&m["output_micros_per_mtok"]),
-            source: match m["admin_price_not_applied"].as_str() {
-                Some(why) => format!("{} ({why})", m["price_source"].as_str().unwrap_or_default()),
-                None => m["price_source"].as_str().unwrap_or_default().to_string(),
-            },
         })
         .collect())
 }

@@ -252,3 +252,61 @@ async fn unsplit_cache_writes_of_a_request_marking_a_one_hour_write_are_priced_a
     );
     app.assert_invariant().await;
 }
+
+/// A model whose routes are priced apart (each route's upstream model has its own bundled
+/// entry) shows each route's price in the API and on the page, not the first route's for
+/// all (s21a #6: the second route's $2.50 was shown as the first's $0.15).
+#[tokio::test]
+async fn the_models_view_shows_each_routes_own_price() {
+    let app = spawn_app_with(|s, _| {
+        let mut m = model("split", &["a"]);
+        m.routes = vec![route("a", "gpt-4o-mini"), route("a", "gpt-4o")];
+        // No config price: each route is priced by its own upstream model's entry.
+        m.price = PriceKeys::default();
+        s.models.push(m);
+    })
+    .await;
+    make_login(&app, "root", "admin", None).await;
+    let admin = login(&app, "root").await;
+    let (status, body) = admin.get_json("/admin/api/v1/models").await;
+    assert_eq!(status, 200, "{body}");
+    let split = body["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "split")
+        .cloned()
+        .unwrap();
+    let routes = split["routes"].as_array().unwrap();
+    let prices: Vec<(Value, Value, Value)> = routes
+        .iter()
+        .map(|r| {
+            (
+                r["model"].clone(),
+                r["input_micros_per_mtok"].clone(),
+                r["price_source"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        prices,
+        vec![
+            (json!("gpt-4o-mini"), json!(150_000), json!("bundled")),
+            (json!("gpt-4o"), json!(2_500_000), json!("bundled")),
+        ],
+        "{split}"
+    );
+    assert_eq!(routes[1]["output_micros_per_mtok"], 10_000_000, "{split}");
+    let page = admin.get("/admin/upstreams").await.text().await.unwrap();
+    let row = |upstream_model: &str| {
+        page.split("<tr")
+            .find(|r| r.contains(&format!("a → {upstream_model}<")))
+            .unwrap_or_else(|| panic!("no row for {upstream_model}: {page}"))
+            .to_string()
+    };
+    assert!(row("gpt-4o-mini").contains("$0.15"), "{page}");
+    assert!(
+        row("gpt-4o").contains("$2.50") && row("gpt-4o").contains("$10"),
+        "{page}"
+    );
+}
