@@ -939,6 +939,58 @@ async fn the_old_text_spends_the_new_tokens_budget_during_the_overlap() {
     }
 }
 
+/// s23 attack #3: a rotation made before the upgrade that added `successor_id` left the
+/// old text on its own budget for the rest of its overlap, beside the new token's — the
+/// pair could spend both. The upgrade links each rotation it finds in the audit log.
+#[tokio::test]
+async fn a_rotation_made_before_the_upgrade_spends_one_budget() {
+    let w = world().await;
+    let r = rotate_blue(&w, 600).await;
+    let new_id = r["id"].as_i64().unwrap();
+    // As the previous version left it: no link.
+    sql_exec(w.app.db(), "UPDATE tokens SET successor_id = NULL").await;
+    let migration = match w.app.db().postgres() {
+        Some(_) => "postgres/0016_rotated_successors.sql",
+        None => "sqlite/0027_rotated_successors.sql",
+    };
+    let sql = std::fs::read_to_string(format!(
+        "{}/migrations/{migration}",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
+    sql_exec(w.app.db(), &sql).await;
+    let linked = sql_int(
+        w.app.db(),
+        &format!(
+            "SELECT successor_id FROM tokens WHERE id = {}",
+            w.blue_token
+        ),
+    )
+    .await;
+    assert_eq!(linked, new_id, "the pair is linked again");
+    assert_eq!(
+        sql_int(
+            w.app.db(),
+            "SELECT COUNT(*) FROM tokens WHERE successor_id IS NOT NULL"
+        )
+        .await,
+        1,
+        "no other token linked"
+    );
+    // Past the token caches' epoch poll (the rotation cleared them within a second), the
+    // old text is the new token's.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert_eq!(
+        w.app.chat(&w.blue_token_text, &chat_body(5)).await.status(),
+        200
+    );
+    w.app.wait_for_log_rows(1).await;
+    w.app.wait_settled().await;
+    let rows: Vec<(i64,)> = sql_rows(w.app.db(), "SELECT token_id FROM requests").await;
+    assert_eq!(rows, [(new_id,)]);
+    w.app.assert_invariant().await;
+}
+
 /// s22 attack (second batch) #3: a rotation moved the old token's requests to the new one,
 /// but not its stored Responses: neither text could reach what the old one stored. The
 /// rotation hands them to the new token: both texts continue the conversation.
