@@ -18,7 +18,6 @@ use crate::quota::period::Reset;
 use crate::state::AppState;
 use crate::store::directory;
 use crate::store::ledger::{self, Level};
-use crate::store::responses;
 use crate::store::tags::{self as tag_store, Owner};
 use crate::store::token_admin::{self, Limits, TokenRow};
 use crate::store::tokens::{self, NewTokenRow};
@@ -325,7 +324,6 @@ pub async fn rotate(
         tag_store::set(&mut tx, Owner::Token(new_id), &old.tags).await?;
     }
     token_admin::set_successor(&mut tx, id, new_id).await?;
-    responses::hand_over(&mut tx, id, new_id).await?;
     token_admin::expire_at(&mut tx, id, now + Duration::seconds(overlap)).await?;
     let after = json!({"new_token_id": new_id, "new_prefix": new.display_prefix, "overlap_seconds": overlap, "limit_micros": limit}).to_string();
     let before = json!({"prefix": old.prefix, "expires_at": old.expires_at}).to_string();

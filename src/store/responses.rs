@@ -1,7 +1,10 @@
 //! Stored responses of the Responses API (`POST /v1/responses` with `store`): the
 //! conversation up to one response, kept for `previous_response_id`, `GET` and `DELETE`.
-//! Every read and delete is scoped to the token that made the row: another token's id is
-//! not found, as a missing one is.
+//! Every read and delete is scoped to the token that made the row and the tokens it was
+//! rotated to (`tokens.successor_id`, through at most `tokens::MAX_ROTATIONS`): another
+//! token's id is not found, as a missing one is. A rotation writes nothing here — moving a
+//! token's rows rewrote whole conversations on the one write connection, and missed a row
+//! stored by a request in flight across the rotation (s23 attack #1).
 
 use chrono::{DateTime, Utc};
 
@@ -34,21 +37,36 @@ pub async fn put(db: &super::Db, row: &StoredResponse) -> Result<()> {
     Ok(())
 }
 
-/// Hands every response `from` stored to `to` (a rotation: the new token, and the old text
-/// working as it, continue the old token's conversations).
-pub async fn hand_over(tx: &mut super::Tx, from: i64, to: i64) -> Result<()> {
-    if let Some((conn, _)) = tx.pg() {
-        return super::pg::responses::hand_over(conn, from, to).await;
-    }
-    sqlx::query("UPDATE stored_responses SET token_id = ? WHERE token_id = ?")
-        .bind(to)
-        .bind(from)
-        .execute(tx.sqlite()?)
-        .await?;
-    Ok(())
+/// The tokens that reach the row `?1`: the one that stored it and those it was rotated
+/// to, in order (16: `tokens::MAX_ROTATIONS`). Each step a primary-key read of `tokens`.
+macro_rules! owners {
+    ($id:literal) => {
+        concat!(
+            "WITH RECURSIVE owners(id, n) AS (
+                SELECT token_id, 0 FROM stored_responses WHERE id = ",
+            $id,
+            "
+                UNION ALL
+                SELECT t.successor_id, o.n + 1 FROM owners o JOIN tokens t ON t.id = o.id
+                WHERE t.successor_id IS NOT NULL AND o.n < 16) "
+        )
+    };
 }
+pub(super) use owners;
 
-/// The row `id` if `token_id` made it and it is younger than `since`.
+const GET: &str = concat!(
+    owners!("?1"),
+    "SELECT id, token_id, created_at, input, response FROM stored_responses
+     WHERE id = ?1 AND created_at > ?3 AND ?2 IN (SELECT id FROM owners)"
+);
+
+const DELETE: &str = concat!(
+    owners!("?1"),
+    "DELETE FROM stored_responses WHERE id = ?1 AND created_at > ?3 AND ?2 IN (SELECT id FROM owners)"
+);
+
+/// The row `id` if `token_id` made it (or a token rotated to it) and it is younger than
+/// `since`.
 pub async fn get(
     db: &super::Db,
     id: &str,
@@ -61,17 +79,15 @@ pub async fn get(
             return super::pg::responses::get(&pg.pool, id, token_id, since).await
         }
     };
-    Ok(sqlx::query_as(
-        "SELECT id, token_id, created_at, input, response FROM stored_responses WHERE id = ? AND token_id = ? AND created_at > ?",
-    )
-    .bind(id)
-    .bind(token_id)
-    .bind(db_time(since))
-    .fetch_optional(&sqlite.read)
-    .await?)
+    Ok(sqlx::query_as(GET)
+        .bind(id)
+        .bind(token_id)
+        .bind(db_time(since))
+        .fetch_optional(&sqlite.read)
+        .await?)
 }
 
-/// Deletes the row `id` if `token_id` made it and it is younger than `since` (an older one
+/// Deletes the row `id` if `token_id` made it (or a token rotated to it) and it is younger than `since` (an older one
 /// is gone for every verb, as for `get`, swept yet or not); whether there was one.
 pub async fn delete(db: &super::Db, id: &str, token_id: i64, since: DateTime<Utc>) -> Result<bool> {
     let sqlite = match &db.backend {
@@ -80,18 +96,14 @@ pub async fn delete(db: &super::Db, id: &str, token_id: i64, since: DateTime<Utc
             return super::pg::responses::delete(&pg.pool, id, token_id, since).await
         }
     };
-    Ok(
-        sqlx::query(
-            "DELETE FROM stored_responses WHERE id = ? AND token_id = ? AND created_at > ?",
-        )
+    Ok(sqlx::query(DELETE)
         .bind(id)
         .bind(token_id)
         .bind(db_time(since))
         .execute(&sqlite.write)
         .await?
         .rows_affected()
-            > 0,
-    )
+        > 0)
 }
 
 /// Deletes the rows stored before `before` (the retention); how many.
@@ -107,4 +119,14 @@ pub async fn sweep(db: &super::Db, before: DateTime<Utc>) -> Result<u64> {
             .await?
             .rows_affected(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    /// The owners' walk stops where the authenticator's does.
+    #[test]
+    fn the_owners_walk_follows_as_many_rotations_as_authentication() {
+        let bound = format!("o.n < {}", super::super::tokens::MAX_ROTATIONS);
+        assert!(owners!("?1").contains(&bound));
+    }
 }

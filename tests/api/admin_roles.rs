@@ -1022,6 +1022,70 @@ async fn a_rotation_hands_the_stored_responses_to_the_new_token() {
     }
 }
 
+/// s23 attack (money) #1: the rotation moved the old token's stored Responses in its own
+/// transaction — an unindexed scan and a rewrite of every row it stored (whole
+/// conversations), on SQLite's one write connection, every tenant's reservation waiting
+/// behind it. And a response stored by a request in flight across the rotation stayed the
+/// old token's, out of both texts' reach. Now a stored response is reached through the
+/// rotations from the token that stored it: the rotation writes nothing to them.
+#[tokio::test]
+async fn a_rotation_writes_no_stored_response_and_one_stored_after_it_is_reached() {
+    let w = world().await;
+    let (s, stored) =
+        crate::responses::create(&w.app, &w.blue_token_text, &crate::responses::ask()).await;
+    assert_eq!(s, 200, "{stored}");
+    let before = stored["id"].as_str().unwrap().to_string();
+    // Any write to a stored response now fails, the rotation's included.
+    let refuse = match w.app.db().postgres() {
+        Some(_) => vec![
+            "CREATE FUNCTION refuse_moves() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'stored response moved'; END; $$",
+            "CREATE TRIGGER refuse_moves BEFORE UPDATE ON stored_responses FOR EACH ROW EXECUTE FUNCTION refuse_moves()",
+        ],
+        None => vec![
+            "CREATE TRIGGER refuse_moves BEFORE UPDATE ON stored_responses BEGIN SELECT RAISE(ABORT, 'stored response moved'); END",
+        ],
+    };
+    for sql in refuse {
+        sql_exec(w.app.db(), sql).await;
+    }
+    let r = rotate_blue(&w, 600).await;
+    let new_text = r["token"].as_str().unwrap().to_string();
+    // A request in flight across the rotation stores its response as the old token.
+    let late = "resp_stored_as_the_old_token_after_its_rotation";
+    let mut row = sluice::store::responses::get(
+        w.app.db(),
+        &before,
+        w.blue_token,
+        chrono::Utc::now() - chrono::Duration::days(1),
+    )
+    .await
+    .unwrap()
+    .expect("stored as the old token");
+    row.id = late.into();
+    row.created_at = sluice::clock::db_time(chrono::Utc::now());
+    sluice::store::responses::put(w.app.db(), &row)
+        .await
+        .unwrap();
+    for text in [&w.blue_token_text, &new_text] {
+        for id in [&before, &late.to_string()] {
+            let mut got = (0, Value::Null);
+            for _ in 0..40 {
+                got = crate::responses::get(&w.app, id, text).await;
+                if got.0 == 200 {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            assert_eq!(got.0, 200, "{id}: {}", got.1);
+        }
+    }
+    // Another token reaches neither.
+    let (_, other) = w.app.token("blue-other", Some("1")).await;
+    for id in [&before, &late.to_string()] {
+        assert_eq!(crate::responses::get(&w.app, id, &other).await.0, 404);
+    }
+}
+
 #[tokio::test]
 async fn disabled_upstreams_serve_nothing_until_enabled() {
     let w = world().await;

@@ -6,18 +6,20 @@ use sqlx::PgPool;
 
 use super::text;
 use crate::clock::db_time;
-use crate::store::responses::StoredResponse;
+use crate::store::responses::{owners, StoredResponse};
 use crate::store::Result;
 
-/// As `store::responses::hand_over`.
-pub async fn hand_over(conn: &mut sqlx::PgConnection, from: i64, to: i64) -> Result<()> {
-    sqlx::query("UPDATE stored_responses SET token_id = $1 WHERE token_id = $2")
-        .bind(to)
-        .bind(from)
-        .execute(conn)
-        .await?;
-    Ok(())
-}
+/// As `store::responses`' (the owners, then the row).
+const GET: &str = concat!(
+    owners!("$1"),
+    "SELECT id, token_id, created_at, input, response FROM stored_responses
+     WHERE id = $1 AND created_at > $3 AND $2 IN (SELECT id FROM owners)"
+);
+
+const DELETE: &str = concat!(
+    owners!("$1"),
+    "DELETE FROM stored_responses WHERE id = $1 AND created_at > $3 AND $2 IN (SELECT id FROM owners)"
+);
 
 pub async fn put(pool: &PgPool, row: &StoredResponse) -> Result<()> {
     text::check(&[
@@ -44,29 +46,25 @@ pub async fn get(
     if !text::storable(id) {
         return Ok(None);
     }
-    Ok(sqlx::query_as(
-        "SELECT id, token_id, created_at, input, response FROM stored_responses WHERE id = $1 AND token_id = $2 AND created_at > $3",
-    )
-    .bind(id)
-    .bind(token_id)
-    .bind(db_time(since))
-    .fetch_optional(pool)
-    .await?)
+    Ok(sqlx::query_as(GET)
+        .bind(id)
+        .bind(token_id)
+        .bind(db_time(since))
+        .fetch_optional(pool)
+        .await?)
 }
 
 pub async fn delete(pool: &PgPool, id: &str, token_id: i64, since: DateTime<Utc>) -> Result<bool> {
     if !text::storable(id) {
         return Ok(false);
     }
-    Ok(sqlx::query(
-        "DELETE FROM stored_responses WHERE id = $1 AND token_id = $2 AND created_at > $3",
-    )
-    .bind(id)
-    .bind(token_id)
-    .bind(db_time(since))
-    .execute(pool)
-    .await?
-    .rows_affected()
+    Ok(sqlx::query(DELETE)
+        .bind(id)
+        .bind(token_id)
+        .bind(db_time(since))
+        .execute(pool)
+        .await?
+        .rows_affected()
         > 0)
 }
 
