@@ -336,12 +336,9 @@ pub async fn token_budget(
     let rotated = token_admin::get(&mut tx, id)
         .await?
         .and_then(|t| t.successor_id);
-    if let Some(next) = rotated {
-        return Err(CliError::Invalid(format!(
-            "token {id} was rotated to token {next}: until its overlap ends it works as that token; change token {next}, or revoke this one"
-        )));
-    }
+    ledger::refuse_rotated(id, rotated)?;
     if let BudgetChange::Adjust { micros, reason } = &change {
+        // The adjustment's own transaction checks again (a rotation may commit between).
         tx.rollback().await?;
         return Ok(ledger::adjust(db, id, *micros, reason, ACTOR, now).await?);
     }

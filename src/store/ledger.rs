@@ -502,6 +502,19 @@ pub async fn owner_of(tx: &mut super::Tx, token_id: i64) -> Result<Owner> {
 
 /// An admin's adjustment of a token's spend (positive consumes, negative returns), applied
 /// to the token, its user and its team alike, with a reason and an audit row.
+/// A change to a rotated token's own budget would land where nothing spends (its text
+/// works as its successor): refused, naming the successor. Checked in the change's own
+/// transaction (`adjust`; the CLI's budget commands): a rotation committed between a check
+/// and the change let a credit be stranded (s23 attack, money #2).
+pub fn refuse_rotated(token_id: i64, successor: Option<i64>) -> Result<()> {
+    match successor {
+        Some(next) => Err(StoreError::Conflict(format!(
+            "token {token_id} was rotated to token {next}: until its overlap ends it works as that token; change token {next}, or revoke this one"
+        ))),
+        None => Ok(()),
+    }
+}
+
 pub async fn adjust(
     db: &super::Db,
     token_id: i64,
@@ -515,6 +528,11 @@ pub async fn adjust(
     }
     let mut tx = db.begin().await?;
     let owner = owner_of(&mut tx, token_id).await?;
+    let successor: Option<i64> = sqlx::query_scalar("SELECT successor_id FROM tokens WHERE id = ?")
+        .bind(token_id)
+        .fetch_one(tx.sqlite()?)
+        .await?;
+    refuse_rotated(token_id, successor)?;
     let mut periods: [String; 3] = Default::default();
     for level in LEVELS {
         let id = owner.id(level);

@@ -900,6 +900,23 @@ async fn the_old_text_spends_the_new_tokens_budget_during_the_overlap() {
         !out.status.success() && err.contains(&format!("rotated to token {new_id}")),
         "{err}"
     );
+    // Nor does an adjustment reaching the ledger past the CLI's own check (a rotation
+    // committed between the two: s23 attack, money #2) — it is checked in its transaction.
+    let err = sluice::store::ledger::adjust(
+        w.app.db(),
+        old,
+        1_000_000,
+        "late",
+        "cli",
+        chrono::Utc::now(),
+    )
+    .await
+    .expect_err("an adjustment of a rotated token");
+    assert!(
+        err.to_string()
+            .contains(&format!("rotated to token {new_id}")),
+        "{err}"
+    );
     // The page says so, and offers only its revocation.
     let page = w.admin.get("/admin/tokens").await.text().await.unwrap();
     let row = page

@@ -312,6 +312,13 @@ pub async fn adjust(
             let (keys, reason, actor) = (&*keys, &*reason, &*actor);
             let owner = owner_of(conn, token_id).await?;
             lock_rows(conn, &owner_locks(&owner)).await?;
+            // Read under the token's row lock, which a rotation's update of it waits for.
+            let successor: Option<i64> =
+                sqlx::query_scalar("SELECT successor_id FROM tokens WHERE id = $1")
+                    .bind(token_id)
+                    .fetch_one(&mut *conn)
+                    .await?;
+            crate::store::ledger::refuse_rotated(token_id, successor)?;
             let mut periods: [String; 3] = Default::default();
             for level in LEVELS {
                 let (table, ..) = TABLES[idx(level)];
