@@ -285,7 +285,9 @@ impl Application {
         while ledger::open_reservations(&state.db, me).await.unwrap_or(0) > 0
             && std::time::Instant::now() < until
         {
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            // Settlements backing off from a store error try again now, not seconds on.
+            state.quota.retry_settlements_now();
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         match ledger::settle_orphans(&state.db, Orphans::OfOwner(me), state.clock.now()).await {
             Ok(0) => {}

@@ -41,6 +41,9 @@ pub struct Quota {
     /// where background settlements run. A reservation dropped as a worker stops — its
     /// runtime going, a spawn there would never run — still settles.
     runtime: Option<tokio::runtime::Handle>,
+    /// Wakes every settlement waiting to retry (`retry_settlements_now`): at the exit, so
+    /// a store freed within its wait is seen at once, while retries otherwise back off.
+    retry_now: tokio::sync::Notify,
 }
 
 /// How long a reservation's lease runs: the owner renews it while a live request holds
@@ -61,6 +64,7 @@ impl Quota {
             process_id,
             live: Mutex::new(HashMap::new()),
             runtime: tokio::runtime::Handle::try_current().ok(),
+            retry_now: tokio::sync::Notify::new(),
         })
     }
 
@@ -177,16 +181,25 @@ impl Quota {
                     return None;
                 }
                 Err(e) => {
-                    tracing::warn!(request_id = %entry.id, error = %e, retry_in_ms = pause.as_millis() as u64, "settlement failed; retrying until it lands");
-                    tokio::time::sleep(pause).await;
-                    // At most a second apart: at the shutdown the process waits 5 s for
-                    // its last settlements (`run_until_stopped`), and a store that frees
-                    // within them must see the retry before the exit settles the rest at
-                    // their reserved amounts.
-                    pause = (pause * 2).min(Duration::from_secs(1));
+                    let wait = jittered(pause);
+                    tracing::warn!(request_id = %entry.id, error = %e, retry_in_ms = wait.as_millis() as u64, "settlement failed; retrying until it lands");
+                    // Spread, and at most 5 s apart: settlements failing together in a long
+                    // outage do not retry in step. The exit's wait for its last settlements
+                    // wakes them (`retry_settlements_now`), so a store freed within it is
+                    // seen before the rest are settled at their reserved amounts.
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => {}
+                        () = self.retry_now.notified() => {}
+                    }
+                    pause = backoff(pause);
                 }
             }
         }
+    }
+
+    /// Has every settlement waiting to retry try again now (the exit's wait for them).
+    pub fn retry_settlements_now(&self) {
+        self.retry_now.notify_waiters();
     }
 
     /// Settles in the background (the caller does not wait), on the quota's own runtime.
@@ -371,5 +384,46 @@ impl Drop for Held {
         if let Some(resv) = self.resv.take() {
             Quota::settle_later(self.quota.entry(resv.request_id), self.cost_if_dropped);
         }
+    }
+}
+
+/// The next pause between settlement retries: doubled, at most 5 s.
+fn backoff(pause: Duration) -> Duration {
+    (pause * 2).min(Duration::from_secs(5))
+}
+
+/// A pause drawn between half of `pause` and all of it.
+fn jittered(pause: Duration) -> Duration {
+    use rand::Rng;
+    let ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX);
+    Duration::from_millis(rand::thread_rng().gen_range(ms / 2..=ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Retries back off to 5 s and are spread within each pause (s23 attack, money #3:
+    /// every failing settlement retried once a second, all in step).
+    #[test]
+    fn settlement_retries_back_off_to_five_seconds_spread_within_each_pause() {
+        let mut pause = Duration::from_millis(50);
+        let mut pauses = vec![];
+        for _ in 0..10 {
+            pauses.push(pause.as_millis());
+            pause = backoff(pause);
+        }
+        assert_eq!(
+            pauses,
+            [50, 100, 200, 400, 800, 1600, 3200, 5000, 5000, 5000]
+        );
+        let drawn: std::collections::HashSet<u128> = (0..200)
+            .map(|_| jittered(Duration::from_secs(5)).as_millis())
+            .collect();
+        assert!(
+            drawn.iter().all(|ms| (2500..=5000).contains(ms)),
+            "{drawn:?}"
+        );
+        assert!(drawn.len() > 50, "spread: {} distinct pauses", drawn.len());
     }
 }
