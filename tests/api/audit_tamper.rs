@@ -1341,3 +1341,65 @@ pub(crate) async fn refuse_audit_of(settings: &sluice::config::Settings, action:
     c.exec(&sql).await;
     c.close().await;
 }
+
+/// s23 attack (auth) #1/#2 on PostgreSQL: a table of another name made to hang off a
+/// gateway table by a cascading foreign key is written by the gateway's own transactions
+/// (a logout's session delete cascades into it), so a trigger there reaches the log; and a
+/// schema trigger recreated with the same timing and events but narrowed to one column
+/// (`UPDATE OF`) or given another `WHEN` (a function of the attacker's, run on every spend
+/// batch) kept its name and kind. Each is named now.
+#[tokio::test]
+async fn a_cascade_into_another_table_or_a_trigger_narrowed_or_reconditioned_is_named() {
+    let rig = rig().await;
+    if rig.app.db().postgres().is_none() {
+        return;
+    }
+    let mut c = rig.attacker().await;
+    c.exec("CREATE TABLE side (s TEXT COLLATE \"C\" REFERENCES admin_sessions(id_hash) ON DELETE CASCADE); \
+        CREATE FUNCTION cascaded() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+            EXECUTE 'DELETE FROM audit' || '_log WHERE id = (SELECT max(id) FROM audit' || '_log)'; \
+            RETURN NULL; END $$; \
+        CREATE TRIGGER cascaded AFTER DELETE ON side FOR EACH ROW EXECUTE FUNCTION cascaded()")
+        .await;
+    rig.verify_fails_naming(
+        "cascaded",
+        "the trigger on a table the sessions cascade into went unnoticed",
+    )
+    .await;
+    rig.cli_refuses_naming("cascaded", "a trigger reached by a cascade")
+        .await;
+    c.exec(
+        "DROP TABLE side; \
+        DROP TRIGGER audit_append_only ON audit_log; \
+        CREATE TRIGGER audit_append_only BEFORE UPDATE OF prev_hash OR DELETE ON audit_log \
+            FOR EACH ROW EXECUTE FUNCTION sluice_append_only()",
+    )
+    .await;
+    rig.verify_fails_naming(
+        "audit_append_only",
+        "the guard narrowed to one column went unnoticed",
+    )
+    .await;
+    c.exec(
+        "DROP TRIGGER audit_append_only ON audit_log; \
+        CREATE TRIGGER audit_append_only BEFORE UPDATE OR DELETE ON audit_log \
+            FOR EACH ROW EXECUTE FUNCTION sluice_append_only(); \
+        CREATE FUNCTION hook() RETURNS boolean LANGUAGE sql AS $$ SELECT true $$; \
+        DROP TRIGGER spend_months_follow ON spend_days; \
+        CREATE TRIGGER spend_months_follow AFTER INSERT OR UPDATE OR DELETE ON spend_days \
+            FOR EACH ROW WHEN (hook()) EXECUTE PROCEDURE spend_months_follow()",
+    )
+    .await;
+    let out = rig.verify().await;
+    assert!(
+        !stderr(&out).contains("audit_append_only"),
+        "the guard put back: {}",
+        stderr(&out)
+    );
+    rig.verify_fails_naming(
+        "spend_months_follow",
+        "a WHEN of the attacker's went unnoticed",
+    )
+    .await;
+    c.close().await;
+}

@@ -128,59 +128,88 @@ pub async fn verify(pool: &PgPool, keys: &AuditKeys) -> Result<ChainState> {
     Ok(crate::store::audit::walk(&rows, keys))
 }
 
-/// The schema's triggers, as its migrations create them: name, table, `tgtype` (row-level
-/// 1, BEFORE 2, INSERT 4, DELETE 8, UPDATE 16, TRUNCATE 32), the function it calls, and
-/// whether it has a `WHEN` condition. Any other trigger on one of the gateway's tables is
-/// named, whatever its function's text says — dynamic SQL (`EXECUTE 'DELETE FROM audit' ||
+/// A trigger of the schema, as its migrations create it.
+struct SchemaTrigger {
+    name: &'static str,
+    table: &'static str,
+    /// `tgtype`: row-level 1, BEFORE 2, INSERT 4, DELETE 8, UPDATE 16, TRUNCATE 32.
+    kind: i32,
+    func: &'static str,
+    /// The columns of an `UPDATE OF` (none: every update fires it).
+    columns: &'static [&'static str],
+    /// Its `WHEN` condition as the migration writes it (compared by `condition_key`).
+    when: Option<&'static str>,
+}
+
+/// The schema's triggers. Any other trigger on one of the gateway's tables is named,
+/// whatever its function's text says — dynamic SQL (`EXECUTE 'DELETE FROM audit' ||
 /// '_log ...'`) reaches the log without naming it, from a write the admin transaction makes
-/// after its audit row's own check — and each of these must keep its definition, its
-/// function's body and fire for the gateway: a guard dropped or disabled is named missing.
-const SCHEMA_TRIGGERS: [(&str, &str, i32, &str, bool); 8] = [
-    (
-        "audit_append_only",
-        "audit_log",
-        1 | 2 | 8 | 16,
-        APPEND_ONLY,
-        false,
-    ),
-    ("audit_no_truncate", "audit_log", 2 | 32, APPEND_ONLY, false),
-    (
-        "ledger_append_only",
-        "ledger",
-        1 | 2 | 8 | 16,
-        APPEND_ONLY,
-        false,
-    ),
-    ("ledger_no_truncate", "ledger", 2 | 32, APPEND_ONLY, false),
-    (
-        "model_prices_append_only",
-        "model_prices",
-        1 | 2 | 8 | 16,
-        APPEND_ONLY,
-        false,
-    ),
-    (
-        "model_prices_no_truncate",
-        "model_prices",
-        2 | 32,
-        APPEND_ONLY,
-        false,
-    ),
-    (
-        "processes_seen_at",
-        "processes",
-        1 | 2 | 4 | 16,
-        "processes_seen_at",
-        false,
-    ),
-    (
-        "spend_months_follow",
-        "spend_days",
-        1 | 4 | 8 | 16,
-        "spend_months_follow",
-        true,
-    ),
+/// after its audit row's own check — and each of these must keep its whole definition
+/// (timing, events, columns, condition, function), its function's body and fire for the
+/// gateway: a guard dropped or disabled is named missing; one narrowed to a column, or
+/// given a condition calling another function, is named changed (s23 attack #2).
+const SCHEMA_TRIGGERS: [SchemaTrigger; 8] = [
+    SchemaTrigger::guard("audit_append_only", "audit_log", 1 | 2 | 8 | 16),
+    SchemaTrigger::guard("audit_no_truncate", "audit_log", 2 | 32),
+    SchemaTrigger::guard("ledger_append_only", "ledger", 1 | 2 | 8 | 16),
+    SchemaTrigger::guard("ledger_no_truncate", "ledger", 2 | 32),
+    SchemaTrigger::guard("model_prices_append_only", "model_prices", 1 | 2 | 8 | 16),
+    SchemaTrigger::guard("model_prices_no_truncate", "model_prices", 2 | 32),
+    SchemaTrigger {
+        name: "processes_seen_at",
+        table: "processes",
+        kind: 1 | 2 | 4 | 16,
+        func: "processes_seen_at",
+        columns: &["heartbeat_at"],
+        when: None,
+    },
+    SchemaTrigger {
+        name: "spend_months_follow",
+        table: "spend_days",
+        kind: 1 | 4 | 8 | 16,
+        func: "spend_months_follow",
+        columns: &[],
+        when: Some("current_setting('sluice.spend_months', true) IS DISTINCT FROM 'written'"),
+    },
 ];
+
+impl SchemaTrigger {
+    /// An append-only guard (`sluice_append_only`), unconditional.
+    const fn guard(name: &'static str, table: &'static str, kind: i32) -> SchemaTrigger {
+        SchemaTrigger {
+            name,
+            table,
+            kind,
+            func: APPEND_ONLY,
+            columns: &[],
+            when: None,
+        }
+    }
+
+    /// Whether the catalog's row is this trigger as its migration defined it.
+    fn defined_as(&self, r: &TriggerRow) -> bool {
+        r.kind == self.kind
+            && r.func == self.func
+            && r.columns
+                .iter()
+                .map(String::as_str)
+                .eq(self.columns.iter().copied())
+            && r.condition.as_deref().map(condition_key) == self.when.map(condition_key)
+    }
+}
+
+/// A `WHEN` condition with what PostgreSQL's deparse adds (parentheses, `::text` casts of
+/// literals) and whitespace taken out, so the migration's text and the catalog's compare
+/// alike across versions. The catalog's is `pg_get_triggerdef`'s text between `WHEN` and
+/// the last `EXECUTE` (`pg_get_expr` cannot deparse `OLD`/`NEW`). Nothing a condition calls
+/// can hide in what is taken out: a function of another name changes the key.
+fn condition_key(expr: &str) -> String {
+    expr.replace("::text", "")
+        .chars()
+        .filter(|c| !c.is_whitespace() && *c != '(' && *c != ')')
+        .collect()
+}
+
 const APPEND_ONLY: &str = "sluice_append_only";
 
 /// What the PostgreSQL migrations define, read from their text: the tables they create,
@@ -250,27 +279,53 @@ struct TriggerRow {
     enabled: String,
     func: String,
     body: String,
-    conditional: bool,
+    /// The `UPDATE OF` columns, in order.
+    columns: Vec<String>,
+    /// The `WHEN` condition, deparsed.
+    condition: Option<String>,
 }
+
+/// The tables the gateway's writes reach: its own (`$1`, in its schema) and, through every
+/// foreign key that writes on a delete or an update of the row it references, those that
+/// hang off them — named as the schema names them (another schema's qualified).
+const REACHED: &str = "WITH RECURSIVE reached(oid, name) AS (
+        SELECT c.oid, c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = current_schema() AND c.relname = ANY($1)
+      UNION
+        SELECT c.oid, CASE WHEN n.nspname = current_schema() THEN c.relname::text
+                           ELSE n.nspname || '.' || c.relname END
+        FROM reached r
+        JOIN pg_constraint f ON f.confrelid = r.oid AND f.contype = 'f'
+             AND (f.confdeltype IN ('c', 'n', 'd') OR f.confupdtype IN ('c', 'n', 'd'))
+        JOIN pg_class c ON c.oid = f.conrelid JOIN pg_namespace n ON n.oid = c.relnamespace)";
 
 /// `store::audit::triggers` on PostgreSQL: every user trigger on one of the gateway's
 /// tables (those its migrations create, in its schema) must be one of `SCHEMA_TRIGGERS`,
 /// unchanged and firing; every function its migrations create keeps its body; no rule on
-/// any of its tables (one `DO INSTEAD NOTHING` on the log drops every append). Another
-/// application's tables are not judged: no transaction of the gateway's writes them.
+/// any of its tables (one `DO INSTEAD NOTHING` on the log drops every append). A table a
+/// write to the gateway's cascades into (a foreign key `ON DELETE` / `ON UPDATE` `CASCADE`,
+/// `SET NULL` or `SET DEFAULT` to one of them, and on from there) is written by the
+/// gateway's transactions too: no trigger or rule on it either (s23 attack #1: a logout's
+/// session delete cascading into such a table fired a trigger there that deleted the
+/// logout's audit row). Another application's tables are not judged otherwise: no
+/// transaction of the gateway's writes them.
 pub async fn triggers(pool: &PgPool) -> Result<Triggers> {
     let schema = schema();
-    let rows: Vec<TriggerRow> = sqlx::query_as(
-        "SELECT t.tgname::text AS name, c.relname::text AS table_name, t.tgtype::int4 AS kind,
+    let rows: Vec<TriggerRow> = sqlx::query_as(&format!(
+        "{REACHED}
+         SELECT t.tgname::text AS name, r.name AS table_name, t.tgtype::int4 AS kind,
                 t.tgenabled::text AS enabled, p.proname::text AS func, p.prosrc AS body,
-                t.tgqual IS NOT NULL AS conditional
+                ARRAY(SELECT a.attname::text FROM unnest(t.tgattr::int2[]) WITH ORDINALITY k(num, i)
+                      JOIN pg_attribute a ON a.attrelid = t.tgrelid AND a.attnum = k.num
+                      ORDER BY k.i) AS columns,
+                CASE WHEN t.tgqual IS NOT NULL
+                     THEN substring(pg_get_triggerdef(t.oid) from ' WHEN (.*) EXECUTE ') END AS condition
          FROM pg_trigger t
-         JOIN pg_class c ON c.oid = t.tgrelid
-         JOIN pg_namespace n ON n.oid = c.relnamespace
+         JOIN reached r ON r.oid = t.tgrelid
          JOIN pg_proc p ON p.oid = t.tgfoid
-         WHERE NOT t.tgisinternal AND n.nspname = current_schema() AND c.relname = ANY($1)
-         ORDER BY 1",
-    )
+         WHERE NOT t.tgisinternal
+         ORDER BY 1"
+    ))
     .bind(&schema.tables)
     .fetch_all(pool)
     .await?;
@@ -279,14 +334,10 @@ pub async fn triggers(pool: &PgPool) -> Result<Triggers> {
         let name = &r.name;
         let own = SCHEMA_TRIGGERS
             .iter()
-            .find(|(n, t, ..)| n == name && *t == r.table_name);
+            .find(|t| t.name == name && t.table == r.table_name);
         match own {
             None => out.unexpected(name, &format!("added on {}", r.table_name)),
-            Some((.., kind, func, conditional))
-                if r.kind != *kind || r.func != *func || r.conditional != *conditional =>
-            {
-                out.unexpected(name, "its definition was changed")
-            }
+            Some(own) if !own.defined_as(r) => out.unexpected(name, "its definition was changed"),
             Some(_) if !schema.keeps(&r.func, &r.body) => {
                 out.unexpected(name, &format!("the body of {}() was changed", r.func))
             }
@@ -297,9 +348,12 @@ pub async fn triggers(pool: &PgPool) -> Result<Triggers> {
             Some(_) => {}
         }
     }
-    for (name, table, ..) in SCHEMA_TRIGGERS {
-        if !rows.iter().any(|r| r.name == name && r.table_name == table) {
-            out.missing(name, "is missing");
+    for t in &SCHEMA_TRIGGERS {
+        if !rows
+            .iter()
+            .any(|r| r.name == t.name && r.table_name == t.table)
+        {
+            out.missing(t.name, "is missing");
         }
     }
     // The schema's functions, its triggers' and those they call (`spend_months_add`): a
@@ -316,11 +370,11 @@ pub async fn triggers(pool: &PgPool) -> Result<Triggers> {
             out.unexpected(&func, &format!("the body of {func}() was changed"));
         }
     }
-    let rules: Vec<(String, String)> = sqlx::query_as(
-        "SELECT r.rulename::text, c.relname::text FROM pg_rewrite r
-         JOIN pg_class c ON c.oid = r.ev_class JOIN pg_namespace n ON n.oid = c.relnamespace
-         WHERE n.nspname = current_schema() AND c.relname = ANY($1) ORDER BY 1",
-    )
+    let rules: Vec<(String, String)> = sqlx::query_as(&format!(
+        "{REACHED}
+         SELECT w.rulename::text, r.name FROM pg_rewrite w JOIN reached r ON r.oid = w.ev_class
+         ORDER BY 1"
+    ))
     .bind(&schema.tables)
     .fetch_all(pool)
     .await?;
