@@ -1008,30 +1008,40 @@ async fn a_rotation_made_before_the_upgrade_spends_one_budget() {
     w.app.assert_invariant().await;
 }
 
-/// s22 attack (second batch) #3: a rotation moved the old token's requests to the new one,
-/// but not its stored Responses: neither text could reach what the old one stored. The
-/// rotation hands them to the new token: both texts continue the conversation.
-#[tokio::test]
-async fn a_rotation_hands_the_stored_responses_to_the_new_token() {
-    let w = world().await;
+/// A response stored by the blue token's text: its id.
+async fn stored_by_blue(w: &World) -> String {
     let (s, stored) =
         crate::responses::create(&w.app, &w.blue_token_text, &crate::responses::ask()).await;
     assert_eq!(s, 200, "{stored}");
-    let id = stored["id"].as_str().unwrap().to_string();
+    stored["id"].as_str().unwrap().to_string()
+}
+
+/// `GET /v1/responses/{id}` by `text` until it is found (2 s): an old text cached as the
+/// old token is the new one once the rotation reaches every cache, within a second (the
+/// token epoch).
+async fn reached(app: &TestApp, id: &str, text: &str) {
+    let mut got = (0, Value::Null);
+    for _ in 0..40 {
+        got = crate::responses::get(app, id, text).await;
+        if got.0 == 200 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("{id} not reached: {} {}", got.0, got.1);
+}
+
+/// s22 attack (second batch) #3: a rotation moved the old token's requests to the new one,
+/// but not its stored Responses: neither text could reach what the old one stored. They
+/// are reached through the rotation: both texts continue the conversation.
+#[tokio::test]
+async fn a_rotation_hands_the_stored_responses_to_the_new_token() {
+    let w = world().await;
+    let id = stored_by_blue(&w).await;
     let r = rotate_blue(&w, 60).await;
     let new_text = r["token"].as_str().unwrap().to_string();
     for text in [&w.blue_token_text, &new_text] {
-        // The old text was cached as the old token: the rotation reaches every cache
-        // within a second (the token epoch).
-        let mut got = (0, Value::Null);
-        for _ in 0..40 {
-            got = crate::responses::get(&w.app, &id, text).await;
-            if got.0 == 200 {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-        assert_eq!(got.0, 200, "{}", got.1);
+        reached(&w.app, &id, text).await;
         let next =
             json!({"model": "gpt-4o-mini", "input": "And then?", "previous_response_id": id});
         let (s, v) = crate::responses::create(&w.app, text, &next).await;
@@ -1048,10 +1058,7 @@ async fn a_rotation_hands_the_stored_responses_to_the_new_token() {
 #[tokio::test]
 async fn a_rotation_writes_no_stored_response_and_one_stored_after_it_is_reached() {
     let w = world().await;
-    let (s, stored) =
-        crate::responses::create(&w.app, &w.blue_token_text, &crate::responses::ask()).await;
-    assert_eq!(s, 200, "{stored}");
-    let before = stored["id"].as_str().unwrap().to_string();
+    let before = stored_by_blue(&w).await;
     // Any write to a stored response now fails, the rotation's included.
     let refuse = match w.app.db().postgres() {
         Some(_) => vec![
@@ -1084,16 +1091,8 @@ async fn a_rotation_writes_no_stored_response_and_one_stored_after_it_is_reached
         .await
         .unwrap();
     for text in [&w.blue_token_text, &new_text] {
-        for id in [&before, &late.to_string()] {
-            let mut got = (0, Value::Null);
-            for _ in 0..40 {
-                got = crate::responses::get(&w.app, id, text).await;
-                if got.0 == 200 {
-                    break;
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
-            assert_eq!(got.0, 200, "{id}: {}", got.1);
+        for id in [before.as_str(), late] {
+            reached(&w.app, id, text).await;
         }
     }
     // Another token reaches neither.
