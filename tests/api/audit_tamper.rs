@@ -1403,3 +1403,68 @@ async fn a_cascade_into_another_table_or_a_trigger_narrowed_or_reconditioned_is_
     .await;
     c.close().await;
 }
+
+/// s23 attack (third batch) #1/#2 on PostgreSQL: a `WHEN` changed inside its literal
+/// (`'writ ten'`: every batch's own monthly write added again by the trigger), a schema
+/// trigger pointed at a same-named function in another schema (its body word for word,
+/// with a `search_path` of the attacker's), and a called function given a `search_path`
+/// each passed the check. Each is named now.
+#[tokio::test]
+async fn a_when_changed_inside_its_literal_or_a_function_elsewhere_or_reconfigured_is_named() {
+    let rig = rig().await;
+    if rig.app.db().postgres().is_none() {
+        return;
+    }
+    let mut c = rig.attacker().await;
+    c.exec("DROP TRIGGER spend_months_follow ON spend_days; \
+        CREATE TRIGGER spend_months_follow AFTER INSERT OR UPDATE OR DELETE ON spend_days FOR EACH ROW \
+            WHEN (current_setting('sluice.spend_months', true) IS DISTINCT FROM 'writ ten') \
+            EXECUTE PROCEDURE spend_months_follow()")
+        .await;
+    rig.verify_fails_naming(
+        "spend_months_follow",
+        "a WHEN changed inside its literal went unnoticed",
+    )
+    .await;
+    let migration = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/migrations/postgres/0002_process_seen_at.sql"
+    ))
+    .unwrap();
+    let body = migration.split("$$").nth(1).unwrap();
+    c.exec(&format!("DROP TRIGGER spend_months_follow ON spend_days; \
+        CREATE TRIGGER spend_months_follow AFTER INSERT OR UPDATE OR DELETE ON spend_days FOR EACH ROW \
+            WHEN (current_setting('sluice.spend_months', true) IS DISTINCT FROM 'written') \
+            EXECUTE PROCEDURE spend_months_follow(); \
+        CREATE SCHEMA evil; \
+        CREATE FUNCTION evil.processes_seen_at() RETURNS trigger LANGUAGE plpgsql \
+            SET search_path = evil, pg_catalog AS $${body}$$; \
+        DROP TRIGGER processes_seen_at ON processes; \
+        CREATE TRIGGER processes_seen_at BEFORE INSERT OR UPDATE OF heartbeat_at ON processes \
+            FOR EACH ROW EXECUTE FUNCTION evil.processes_seen_at()"))
+        .await;
+    let out = rig.verify().await;
+    assert!(
+        !stderr(&out).contains("spend_months_follow"),
+        "the trigger put back: {}",
+        stderr(&out)
+    );
+    rig.verify_fails_naming(
+        "processes_seen_at",
+        "a same-named function elsewhere went unnoticed",
+    )
+    .await;
+    c.exec(
+        "DROP TRIGGER processes_seen_at ON processes; \
+        CREATE TRIGGER processes_seen_at BEFORE INSERT OR UPDATE OF heartbeat_at ON processes \
+            FOR EACH ROW EXECUTE FUNCTION processes_seen_at(); \
+        ALTER FUNCTION spend_months_add SET search_path = evil, public",
+    )
+    .await;
+    rig.verify_fails_naming(
+        "spend_months_add",
+        "a called function given a search_path went unnoticed",
+    )
+    .await;
+    c.close().await;
+}

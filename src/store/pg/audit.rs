@@ -190,6 +190,7 @@ impl SchemaTrigger {
     fn defined_as(&self, r: &TriggerRow) -> bool {
         r.kind == self.kind
             && r.func == self.func
+            && r.own_function
             && r.columns
                 .iter()
                 .map(String::as_str)
@@ -201,13 +202,28 @@ impl SchemaTrigger {
 /// A `WHEN` condition with what PostgreSQL's deparse adds (parentheses, `::text` casts of
 /// literals) and whitespace taken out, so the migration's text and the catalog's compare
 /// alike across versions. The catalog's is `pg_get_triggerdef`'s text between `WHEN` and
-/// the last `EXECUTE` (`pg_get_expr` cannot deparse `OLD`/`NEW`). Nothing a condition calls
-/// can hide in what is taken out: a function of another name changes the key.
+/// the last `EXECUTE` (`pg_get_expr` cannot deparse `OLD`/`NEW`). A literal is kept as
+/// written (`'writ ten'` is not `'written'`: s23 attack, third batch #1), and nothing a
+/// condition calls can hide in what is taken out: a function of another name changes the
+/// key.
 fn condition_key(expr: &str) -> String {
-    expr.replace("::text", "")
-        .chars()
-        .filter(|c| !c.is_whitespace() && *c != '(' && *c != ')')
-        .collect()
+    let mut key = String::with_capacity(expr.len());
+    // Between single quotes (odd parts; `''` within a literal splits it in two, put back
+    // alike on both sides).
+    for (i, part) in expr.split('\'').enumerate() {
+        if i % 2 == 1 {
+            key.push('\'');
+            key.push_str(part);
+            key.push('\'');
+        } else {
+            key.extend(
+                part.replace("::text", "")
+                    .chars()
+                    .filter(|c| !c.is_whitespace() && *c != '(' && *c != ')'),
+            );
+        }
+    }
+    key
 }
 
 const APPEND_ONLY: &str = "sluice_append_only";
@@ -283,6 +299,9 @@ struct TriggerRow {
     columns: Vec<String>,
     /// The `WHEN` condition, deparsed.
     condition: Option<String>,
+    /// Its function is the schema's own, with no settings of its own (`ALTER FUNCTION …
+    /// SET search_path` would resolve what it calls elsewhere).
+    own_function: bool,
 }
 
 /// The tables the gateway's writes reach: its own (`$1`, in its schema) and, through every
@@ -319,10 +338,12 @@ pub async fn triggers(pool: &PgPool) -> Result<Triggers> {
                       JOIN pg_attribute a ON a.attrelid = t.tgrelid AND a.attnum = k.num
                       ORDER BY k.i) AS columns,
                 CASE WHEN t.tgqual IS NOT NULL
-                     THEN substring(pg_get_triggerdef(t.oid) from ' WHEN (.*) EXECUTE ') END AS condition
+                     THEN substring(pg_get_triggerdef(t.oid) from ' WHEN (.*) EXECUTE ') END AS condition,
+                pn.nspname = current_schema() AND p.proconfig IS NULL AS own_function
          FROM pg_trigger t
          JOIN reached r ON r.oid = t.tgrelid
          JOIN pg_proc p ON p.oid = t.tgfoid
+         JOIN pg_namespace pn ON pn.oid = p.pronamespace
          WHERE NOT t.tgisinternal
          ORDER BY 1"
     ))
@@ -358,16 +379,22 @@ pub async fn triggers(pool: &PgPool) -> Result<Triggers> {
     }
     // The schema's functions, its triggers' and those they call (`spend_months_add`): a
     // body rewritten to reach the log by dynamic SQL never names it.
-    let functions: Vec<(String, String)> = sqlx::query_as(
-        "SELECT p.proname::text, p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+    let functions: Vec<(String, String, bool)> = sqlx::query_as(
+        "SELECT p.proname::text, p.prosrc, p.proconfig IS NOT NULL
+         FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
          WHERE n.nspname = current_schema() AND p.proname = ANY($1) ORDER BY 1",
     )
     .bind(schema.names())
     .fetch_all(pool)
     .await?;
-    for (func, body) in functions {
+    for (func, body, configured) in functions {
         if !schema.keeps(&func, &body) {
             out.unexpected(&func, &format!("the body of {func}() was changed"));
+        } else if configured {
+            out.unexpected(
+                &func,
+                &format!("{func}() was given settings (ALTER FUNCTION … SET)"),
+            );
         }
     }
     let rules: Vec<(String, String)> = sqlx::query_as(&format!(
