@@ -219,7 +219,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The same wait on PostgreSQL, for the admin advisory lock and every lock after it in the
 /// transaction (`Db::begin`).
-const ADMIN_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '10s'";
+pub(crate) const ADMIN_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '10s'";
 
 impl Db {
     /// Opens the database `[database] url` names (creating a SQLite file and its folder

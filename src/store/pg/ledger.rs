@@ -310,9 +310,18 @@ pub async fn adjust(
         let (keys, reason, actor) = (keys.clone(), reason.clone(), actor.clone());
         Box::pin(async move {
             let (keys, reason, actor) = (&*keys, &*reason, &*actor);
+            // An admin write (`Db::begin`'s lock, as SQLite's `BEGIN IMMEDIATE` is): a
+            // rotation reads the token's remaining under it, so an adjustment cannot
+            // commit between that read and the link and be stranded on the old token.
+            sqlx::query(crate::store::ADMIN_LOCK_TIMEOUT)
+                .execute(&mut *conn)
+                .await?;
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(super::ADMIN_WRITE_LOCK)
+                .execute(&mut *conn)
+                .await?;
             let owner = owner_of(conn, token_id).await?;
             lock_rows(conn, &owner_locks(&owner)).await?;
-            // Read under the token's row lock, which a rotation's update of it waits for.
             let successor: Option<i64> =
                 sqlx::query_scalar("SELECT successor_id FROM tokens WHERE id = $1")
                     .bind(token_id)
