@@ -9,8 +9,7 @@ use crate::auth::token::TokenHash;
 use crate::clock::db_time;
 use crate::quota::period::Reset;
 
-/// Most successors a rotated token's text is followed through (`auth::Authenticator`), and
-/// a stored response through from the token that stored it (`store::responses`).
+/// Most successors a rotated token's text is followed through (`auth::Authenticator`).
 pub const MAX_ROTATIONS: usize = 16;
 
 pub struct NewTokenRow<'a> {
