@@ -958,12 +958,30 @@ async fn the_old_text_spends_the_new_tokens_budget_during_the_overlap() {
 
 /// s23 attack #3: a rotation made before the upgrade that added `successor_id` left the
 /// old text on its own budget for the rest of its overlap, beside the new token's — the
-/// pair could spend both. The upgrade links each rotation it finds in the audit log.
+/// pair could spend both. The upgrade links each rotation it finds in the audit log — but
+/// not one whose new token was revoked (s23 attack, third batch #6): the old text kept
+/// working on its own budget then, and the link would end it unannounced.
 #[tokio::test]
 async fn a_rotation_made_before_the_upgrade_spends_one_budget() {
     let w = world().await;
     let r = rotate_blue(&w, 600).await;
     let new_id = r["id"].as_i64().unwrap();
+    let (s, red) = w
+        .admin
+        .post(
+            &format!("/admin/api/v1/tokens/{}/rotate", w.red_token),
+            &json!({ "overlap_seconds": 600 }),
+        )
+        .await;
+    assert_eq!(s, 201, "{red}");
+    let (s, v) = w
+        .admin
+        .post(
+            &format!("/admin/api/v1/tokens/{}/revoke", red["id"]),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
     // As the previous version left it: no link.
     sql_exec(w.app.db(), "UPDATE tokens SET successor_id = NULL").await;
     let migration = match w.app.db().postgres() {
@@ -992,7 +1010,7 @@ async fn a_rotation_made_before_the_upgrade_spends_one_budget() {
         )
         .await,
         1,
-        "no other token linked"
+        "no other token linked: not red's, whose new token was revoked"
     );
     // Past the token caches' epoch poll (the rotation cleared them within a second), the
     // old text is the new token's.
@@ -1006,6 +1024,60 @@ async fn a_rotation_made_before_the_upgrade_spends_one_budget() {
     let rows: Vec<(i64,)> = sql_rows(w.app.db(), "SELECT token_id FROM requests").await;
     assert_eq!(rows, [(new_id,)]);
     w.app.assert_invariant().await;
+}
+
+/// s23 attack (third batch) #4: the walk from the token that stored a response was bound
+/// at 16 rotations, so a token rotated daily lost its conversations within the retention.
+#[tokio::test]
+async fn a_response_stored_seventeen_rotations_back_is_still_reached() {
+    let w = world().await;
+    let id = stored_by_blue(&w).await;
+    let mut newest = (w.blue_token, w.blue_token_text.clone());
+    for _ in 0..17 {
+        let (s, r) = w
+            .admin
+            .post(
+                &format!("/admin/api/v1/tokens/{}/rotate", newest.0),
+                &json!({ "overlap_seconds": 0 }),
+            )
+            .await;
+        assert_eq!(s, 201, "{r}");
+        newest = (
+            r["id"].as_i64().unwrap(),
+            r["token"].as_str().unwrap().to_string(),
+        );
+    }
+    reached(&w.app, &id, &newest.1).await;
+}
+
+/// s23 attack (third batch) #3: on PostgreSQL an adjustment did not take the admin writes'
+/// lock, so one could commit between a rotation's read of the old token's remaining and
+/// its link — the credit stranded on the old token. An adjustment now waits for a
+/// rotation in progress (on SQLite `BEGIN IMMEDIATE` always did) and is refused after it.
+#[tokio::test]
+async fn an_adjustment_waits_for_a_rotation_in_progress_and_is_refused_after_it() {
+    let w = world().await;
+    let mut rotation = w.app.db().begin().await.unwrap();
+    let db = w.app.state.db.clone();
+    let old = w.blue_token;
+    let adjust = tokio::spawn(async move {
+        sluice::store::ledger::adjust(&db, old, -1_000_000, "credit", "cli", chrono::Utc::now())
+            .await
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(
+        !adjust.is_finished(),
+        "the adjustment committed inside the rotation"
+    );
+    sluice::store::token_admin::set_successor(&mut rotation, old, w.red_token)
+        .await
+        .unwrap();
+    rotation.commit().await.unwrap();
+    let err = adjust
+        .await
+        .unwrap()
+        .expect_err("an adjustment of a rotated token");
+    assert!(err.to_string().contains("was rotated to token"), "{err}");
 }
 
 /// A response stored by the blue token's text: its id.
