@@ -1426,6 +1426,18 @@ async fn a_when_changed_inside_its_literal_or_a_function_elsewhere_or_reconfigur
         "a WHEN changed inside its literal went unnoticed",
     )
     .await;
+    c.exec("CREATE FUNCTION ue() RETURNS boolean LANGUAGE sql AS $$ SELECT true $$; \
+        CREATE FUNCTION tr(b boolean) RETURNS boolean LANGUAGE sql AS $$ SELECT b $$; \
+        DROP TRIGGER spend_months_follow ON spend_days; \
+        CREATE TRIGGER spend_months_follow AFTER INSERT OR UPDATE OR DELETE ON spend_days FOR EACH ROW \
+            WHEN (current_setting('sluice.spend_months', tr(ue())) IS DISTINCT FROM 'written') \
+            EXECUTE PROCEDURE spend_months_follow()")
+        .await;
+    rig.verify_fails_naming(
+        "spend_months_follow",
+        "a WHEN calling functions that spell `true` went unnoticed",
+    )
+    .await;
     let migration = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/migrations/postgres/0002_process_seen_at.sql"

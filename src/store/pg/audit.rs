@@ -199,13 +199,14 @@ impl SchemaTrigger {
     }
 }
 
-/// A `WHEN` condition with what PostgreSQL's deparse adds (parentheses, `::text` casts of
-/// literals) and whitespace taken out, so the migration's text and the catalog's compare
-/// alike across versions. The catalog's is `pg_get_triggerdef`'s text between `WHEN` and
-/// the last `EXECUTE` (`pg_get_expr` cannot deparse `OLD`/`NEW`). A literal is kept as
-/// written (`'writ ten'` is not `'written'`: s23 attack, third batch #1), and nothing a
-/// condition calls can hide in what is taken out: a function of another name changes the
-/// key.
+/// A `WHEN` condition with what PostgreSQL's deparse adds (grouping parentheses, `::text`
+/// casts of literals) and whitespace taken out, so the migration's text and the catalog's
+/// compare alike across versions. The catalog's is `pg_get_triggerdef`'s text between
+/// `WHEN` and the last `EXECUTE` (`pg_get_expr` cannot deparse `OLD`/`NEW`). A literal is
+/// kept as written (`'writ ten'` is not `'written'`: s23 attack, third batch #1), and so is
+/// a call's parenthesis (a name's character right before it): `tr(ue())` is not `true`,
+/// nor `current_set(ting(…))` `current_setting(…)` (fourth batch #1). A closing one goes
+/// either way: the calls' names and order stay.
 fn condition_key(expr: &str) -> String {
     let mut key = String::with_capacity(expr.len());
     // Between single quotes (odd parts; `''` within a literal splits it in two, put back
@@ -215,12 +216,16 @@ fn condition_key(expr: &str) -> String {
             key.push('\'');
             key.push_str(part);
             key.push('\'');
-        } else {
-            key.extend(
-                part.replace("::text", "")
-                    .chars()
-                    .filter(|c| !c.is_whitespace() && *c != '(' && *c != ')'),
-            );
+            continue;
+        }
+        let part = part.replace("::text", "");
+        let mut prev = ' ';
+        for c in part.chars() {
+            let call = c == '(' && (prev.is_alphanumeric() || prev == '_' || prev == '"');
+            if call || !(c.is_whitespace() || c == '(' || c == ')') {
+                key.push(c);
+            }
+            prev = c;
         }
     }
     key
@@ -300,7 +305,8 @@ struct TriggerRow {
     /// The `WHEN` condition, deparsed.
     condition: Option<String>,
     /// Its function is the schema's own, with no settings of its own (`ALTER FUNCTION …
-    /// SET search_path` would resolve what it calls elsewhere).
+    /// SET search_path` would resolve what it calls elsewhere), and its `WHEN` calls no
+    /// function outside `pg_catalog` (`pg_depend`).
     own_function: bool,
 }
 
@@ -339,7 +345,14 @@ pub async fn triggers(pool: &PgPool) -> Result<Triggers> {
                       ORDER BY k.i) AS columns,
                 CASE WHEN t.tgqual IS NOT NULL
                      THEN substring(pg_get_triggerdef(t.oid) from ' WHEN (.*) EXECUTE ') END AS condition,
-                pn.nspname = current_schema() AND p.proconfig IS NULL AS own_function
+                pn.nspname = current_schema() AND p.proconfig IS NULL
+                AND NOT EXISTS (
+                    SELECT 1 FROM pg_depend d
+                    JOIN pg_proc f ON f.oid = d.refobjid
+                    JOIN pg_namespace fns ON fns.oid = f.pronamespace
+                    WHERE d.classid = 'pg_trigger'::regclass AND d.objid = t.oid
+                      AND d.refclassid = 'pg_proc'::regclass AND d.refobjid <> t.tgfoid
+                      AND fns.nspname <> 'pg_catalog') AS own_function
          FROM pg_trigger t
          JOIN reached r ON r.oid = t.tgrelid
          JOIN pg_proc p ON p.oid = t.tgfoid
@@ -479,4 +492,27 @@ pub async fn holds(
     .fetch_one(&mut *conn)
     .await?;
     Ok(hash.as_deref() == Some(last_hash) && upto == rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::condition_key;
+
+    /// The migration's condition and PostgreSQL's deparse of it have one key; a literal
+    /// changed, or calls of other functions whose names spell the same letters, do not.
+    #[test]
+    fn a_condition_keys_alike_as_deparsed_but_not_with_other_literals_or_calls() {
+        let migration = "current_setting('sluice.spend_months', true) IS DISTINCT FROM 'written'";
+        let deparsed =
+            "(current_setting('sluice.spend_months'::text, true) IS DISTINCT FROM 'written'::text)";
+        assert_eq!(condition_key(migration), condition_key(deparsed));
+        for other in [
+            "(current_setting('sluice.spend_months'::text, true) IS DISTINCT FROM 'writ ten'::text)",
+            "(current_setting('sluice.spend_months'::text, tr(ue())) IS DISTINCT FROM 'written'::text)",
+            "(current_set(ting('sluice.spend_months'::text, true)) IS DISTINCT FROM 'written'::text)",
+            "(current_setting('sluice.spend_months'::text, true) IS DISTINCT FROM 'written::text')",
+        ] {
+            assert_ne!(condition_key(migration), condition_key(other), "{other}");
+        }
+    }
 }
