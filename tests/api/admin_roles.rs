@@ -966,6 +966,18 @@ async fn a_rotation_made_before_the_upgrade_spends_one_budget() {
     let w = world().await;
     let r = rotate_blue(&w, 600).await;
     let new_id = r["id"].as_i64().unwrap();
+    // An older version also let a rotated token be rotated again; that second new token
+    // revoked, the pair to link is the first (s23 attack, fourth batch #2).
+    sql_exec(w.app.db(), "UPDATE tokens SET successor_id = NULL").await;
+    let again = rotate_blue(&w, 600).await;
+    let (s, v) = w
+        .admin
+        .post(
+            &format!("/admin/api/v1/tokens/{}/revoke", again["id"]),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
     let (s, red) = w
         .admin
         .post(
