@@ -1384,12 +1384,10 @@ async fn a_cascade_into_another_table_or_a_trigger_narrowed_or_reconditioned_is_
         "DROP TRIGGER audit_append_only ON audit_log; \
         CREATE TRIGGER audit_append_only BEFORE UPDATE OR DELETE ON audit_log \
             FOR EACH ROW EXECUTE FUNCTION sluice_append_only(); \
-        CREATE FUNCTION hook() RETURNS boolean LANGUAGE sql AS $$ SELECT true $$; \
-        DROP TRIGGER spend_months_follow ON spend_days; \
-        CREATE TRIGGER spend_months_follow AFTER INSERT OR UPDATE OR DELETE ON spend_days \
-            FOR EACH ROW WHEN (hook()) EXECUTE PROCEDURE spend_months_follow()",
+        CREATE FUNCTION hook() RETURNS boolean LANGUAGE sql AS $$ SELECT true $$",
     )
     .await;
+    c.exec(&spend_months_follow_when("hook()")).await;
     let out = rig.verify().await;
     assert!(
         !stderr(&out).contains("audit_append_only"),
@@ -1416,23 +1414,24 @@ async fn a_when_changed_inside_its_literal_or_a_function_elsewhere_or_reconfigur
         return;
     }
     let mut c = rig.attacker().await;
-    c.exec("DROP TRIGGER spend_months_follow ON spend_days; \
-        CREATE TRIGGER spend_months_follow AFTER INSERT OR UPDATE OR DELETE ON spend_days FOR EACH ROW \
-            WHEN (current_setting('sluice.spend_months', true) IS DISTINCT FROM 'writ ten') \
-            EXECUTE PROCEDURE spend_months_follow()")
-        .await;
+    c.exec(&spend_months_follow_when(
+        "current_setting('sluice.spend_months', true) IS DISTINCT FROM 'writ ten'",
+    ))
+    .await;
     rig.verify_fails_naming(
         "spend_months_follow",
         "a WHEN changed inside its literal went unnoticed",
     )
     .await;
-    c.exec("CREATE FUNCTION ue() RETURNS boolean LANGUAGE sql AS $$ SELECT true $$; \
-        CREATE FUNCTION tr(b boolean) RETURNS boolean LANGUAGE sql AS $$ SELECT b $$; \
-        DROP TRIGGER spend_months_follow ON spend_days; \
-        CREATE TRIGGER spend_months_follow AFTER INSERT OR UPDATE OR DELETE ON spend_days FOR EACH ROW \
-            WHEN (current_setting('sluice.spend_months', tr(ue())) IS DISTINCT FROM 'written') \
-            EXECUTE PROCEDURE spend_months_follow()")
-        .await;
+    c.exec(
+        "CREATE FUNCTION ue() RETURNS boolean LANGUAGE sql AS $$ SELECT true $$; \
+        CREATE FUNCTION tr(b boolean) RETURNS boolean LANGUAGE sql AS $$ SELECT b $$",
+    )
+    .await;
+    c.exec(&spend_months_follow_when(
+        "current_setting('sluice.spend_months', tr(ue())) IS DISTINCT FROM 'written'",
+    ))
+    .await;
     rig.verify_fails_naming(
         "spend_months_follow",
         "a WHEN calling functions that spell `true` went unnoticed",
@@ -1444,17 +1443,19 @@ async fn a_when_changed_inside_its_literal_or_a_function_elsewhere_or_reconfigur
     ))
     .unwrap();
     let body = migration.split("$$").nth(1).unwrap();
-    c.exec(&format!("DROP TRIGGER spend_months_follow ON spend_days; \
-        CREATE TRIGGER spend_months_follow AFTER INSERT OR UPDATE OR DELETE ON spend_days FOR EACH ROW \
-            WHEN (current_setting('sluice.spend_months', true) IS DISTINCT FROM 'written') \
-            EXECUTE PROCEDURE spend_months_follow(); \
-        CREATE SCHEMA evil; \
+    c.exec(&spend_months_follow_when(
+        "current_setting('sluice.spend_months', true) IS DISTINCT FROM 'written'",
+    ))
+    .await;
+    c.exec(&format!(
+        "CREATE SCHEMA evil; \
         CREATE FUNCTION evil.processes_seen_at() RETURNS trigger LANGUAGE plpgsql \
             SET search_path = evil, pg_catalog AS $${body}$$; \
         DROP TRIGGER processes_seen_at ON processes; \
         CREATE TRIGGER processes_seen_at BEFORE INSERT OR UPDATE OF heartbeat_at ON processes \
-            FOR EACH ROW EXECUTE FUNCTION evil.processes_seen_at()"))
-        .await;
+            FOR EACH ROW EXECUTE FUNCTION evil.processes_seen_at()"
+    ))
+    .await;
     let out = rig.verify().await;
     assert!(
         !stderr(&out).contains("spend_months_follow"),
@@ -1479,4 +1480,14 @@ async fn a_when_changed_inside_its_literal_or_a_function_elsewhere_or_reconfigur
     )
     .await;
     c.close().await;
+}
+
+/// `spend_months_follow` recreated as its migration made it but with `condition` for its
+/// `WHEN` (the migration's own: put back).
+fn spend_months_follow_when(condition: &str) -> String {
+    format!(
+        "DROP TRIGGER spend_months_follow ON spend_days; \
+         CREATE TRIGGER spend_months_follow AFTER INSERT OR UPDATE OR DELETE ON spend_days \
+             FOR EACH ROW WHEN ({condition}) EXECUTE PROCEDURE spend_months_follow()"
+    )
 }
