@@ -190,14 +190,25 @@ impl Table {
             .unwrap_or_else(|| Arc::from([]))
     }
 
-    /// The dated prices of a route to `upstream_model` on a `provider` upstream: on Bedrock,
-    /// the id of a bundled Claude model of 4.5 or later is priced from that model's entries
-    /// at what AWS bills for it (`bedrock::prices`); otherwise, and for every other
-    /// provider, the name's own match (`for_upstream_model`).
-    pub fn for_route(&self, upstream_model: &str, provider: Provider) -> Arc<[Dated]> {
-        (provider == Provider::Bedrock)
-            .then(|| bedrock::prices(self, upstream_model))
-            .flatten()
+    /// The dated prices of a route to `upstream_model` on a `provider` upstream in `region`:
+    /// on Bedrock, the id of a bundled Claude model of 4.5 or later is priced from that
+    /// model's entries at what AWS bills for it (`bedrock::prices`) — and nothing at all in
+    /// a Region outside AWS's commercial partition (`bedrock::commercial`), whose own price
+    /// list the table does not hold; otherwise, and for every other provider, the name's
+    /// own match (`for_upstream_model`).
+    pub fn for_route(
+        &self,
+        upstream_model: &str,
+        provider: Provider,
+        region: Option<&str>,
+    ) -> Arc<[Dated]> {
+        if provider != Provider::Bedrock {
+            return self.for_upstream_model(upstream_model);
+        }
+        if !region.is_none_or(bedrock::commercial) {
+            return Arc::from([]);
+        }
+        bedrock::prices(self, upstream_model)
             .unwrap_or_else(|| self.for_upstream_model(upstream_model))
     }
 

@@ -182,15 +182,17 @@ impl ModelSettings {
         Ok(out)
     }
 
-    /// The schedule of this model's route to `upstream_model` on a `provider` upstream:
-    /// `admin` (this model's appended rows), the config layer, and the bundled table's
-    /// entries for that name on that provider (`Table::for_route`: a Bedrock id of a
-    /// bundled Claude model); Anthropic's rule fills what none states on a route it bills.
+    /// The schedule of this model's route to `upstream_model` on a `provider` upstream in
+    /// `region`: `admin` (this model's appended rows), the config layer, and the bundled
+    /// table's entries for that name on that provider there (`Table::for_route`: a Bedrock
+    /// id of a bundled Claude model, in AWS's commercial partition); Anthropic's rule fills
+    /// what none states on a route it bills.
     pub fn schedule(
         &self,
         admin: &AdminPrices,
         upstream_model: &str,
         provider: Provider,
+        region: Option<&str>,
     ) -> Schedule {
         let rows = admin.get(&self.name).map(Vec::as_slice).unwrap_or_default();
         Schedule::new(
@@ -198,7 +200,7 @@ impl ModelSettings {
             // Validated before a catalog is built (`Settings::validate`): an error here
             // would have stopped it, so none is left to be dropped.
             self.config_prices().unwrap_or_default(),
-            price_table::bundled().for_route(upstream_model, provider),
+            price_table::bundled().for_route(upstream_model, provider, region),
         )
         .billed_by_anthropic(billed_by_anthropic(provider, upstream_model))
     }
@@ -214,15 +216,13 @@ impl Settings {
             for r in &m.routes {
                 // The model a route serves (on Azure, not its deployment's name).
                 let name = &r.model;
-                let provider = self
-                    .upstreams
-                    .iter()
-                    .find(|u| u.id == r.upstream)
-                    // Validated: a route names a configured upstream. The provider
-                    // decides how the name matches the bundled table (a Bedrock id) and
-                    // which rule fills the kinds no layer states.
-                    .map_or(Provider::default(), |u| u.provider);
-                let schedule = m.schedule(admin, name, provider);
+                let upstream = self.upstreams.iter().find(|u| u.id == r.upstream);
+                // Validated: a route names a configured upstream. The provider (and a
+                // Bedrock upstream's Region) decide how the name matches the bundled
+                // table and which rule fills the kinds no layer states.
+                let provider = upstream.map_or(Provider::default(), |u| u.provider);
+                let region = upstream.and_then(|u| u.region.as_deref());
+                let schedule = m.schedule(admin, name, provider, region);
                 if let Some(set_for) = schedule.admin_set_aside(now) {
                     // At every start and rebuild: the model was re-pointed since its admin
                     // price was set.
@@ -282,7 +282,7 @@ mod tests {
         assert_eq!(layer[0].prices, Prices::plain(150_000, 600_000));
         assert_eq!(layer[1].from, parse_effective("2026-03-15").unwrap());
         assert_eq!(layer[1].prices.cached_input, 100_000);
-        let sched = s.models[0].schedule(&AdminPrices::default(), "mine", Provider::Openai);
+        let sched = s.models[0].schedule(&AdminPrices::default(), "mine", Provider::Openai, None);
         let at = |t: &str| sched.rates_at(parse_effective(t).unwrap()).unwrap().input;
         assert_eq!(at("2026-03-14T23:59:59.999Z"), 150_000);
         assert_eq!(at("2026-03-15T00:00:00Z"), 200_000);
@@ -304,7 +304,7 @@ mod tests {
         free.check_priced(&AdminPrices::default(), now()).unwrap();
         assert_eq!(
             free.models[0]
-                .schedule(&AdminPrices::default(), "llama", Provider::Openai)
+                .schedule(&AdminPrices::default(), "llama", Provider::Openai, None)
                 .rates_at(now()),
             Some(Prices::default())
         );
@@ -346,6 +346,7 @@ mod tests {
             &AdminPrices::default(),
             &m.routes[0].model,
             Provider::Anthropic,
+            None,
         )
         .rates_at(now())
         .unwrap()
@@ -400,10 +401,45 @@ mod tests {
              input_usd_per_mtok = 1\noutput_usd_per_mtok = 2\n",
         );
         let p = s.models[0]
-            .schedule(&AdminPrices::default(), "llama", Provider::Openai)
+            .schedule(&AdminPrices::default(), "llama", Provider::Openai, None)
             .rates_at(now())
             .unwrap();
         assert_eq!(p, Prices::plain(1_000_000, 2_000_000));
+    }
+
+    /// A Bedrock upstream in a Region outside AWS's commercial partition (GovCloud, China,
+    /// the isolated and the European Sovereign Cloud) is billed by that partition's own
+    /// price list, which the bundled table does not hold: no bundled price there, so the
+    /// model needs its price in config and is refused at start without one, rather than
+    /// priced at the commercial 1.1 × (s21a #3).
+    #[test]
+    fn a_bedrock_route_outside_the_commercial_partition_needs_a_config_price() {
+        let route = "routes = [{ upstream = \"b\", model = \"anthropic.claude-sonnet-4-5-20250929-v1:0\" }]\n";
+        let in_region = |region: &str, price: &str| {
+            let text = format!(
+                "[[upstreams]]\nid = \"b\"\nprovider = \"bedrock\"\nregion = \"{region}\"\n\
+                 api_key = \"k\"\n[[models]]\nname = \"sonnet\"\n{route}{price}"
+            );
+            let s = load_from(Some(&text), &Default::default()).unwrap();
+            s.validate().unwrap();
+            s.check_priced(&AdminPrices::default(), now())
+        };
+        in_region("us-east-1", "").unwrap();
+        in_region("eu-central-1", "").unwrap();
+        for region in [
+            "us-gov-west-1",
+            "cn-north-1",
+            "us-iso-east-1",
+            "us-isob-east-1",
+            "eusc-de-east-1",
+        ] {
+            let err = in_region(region, "").unwrap_err().to_string();
+            assert!(
+                err.contains("model `sonnet` has no price"),
+                "{region}: {err}"
+            );
+            in_region(region, "input_usd_per_mtok = 4\noutput_usd_per_mtok = 20\n").unwrap();
+        }
     }
 
     /// A config price dearer than the entry below it (a Bedrock Region above the bundled
@@ -423,6 +459,7 @@ mod tests {
                 &AdminPrices::default(),
                 &m.routes[0].model,
                 Provider::Bedrock,
+                Some("us-east-1"),
             )
             .rates_at(now())
             .unwrap()

@@ -312,7 +312,12 @@ impl Catalog {
                         let window = table.route_window(names.0, &names.1, &m.name, u.provider);
                         Some(Route {
                             deployment: d,
-                            schedule: Arc::new(m.schedule(&managed.prices, &r.model, u.provider)),
+                            schedule: Arc::new(m.schedule(
+                                &managed.prices,
+                                &r.model,
+                                u.provider,
+                                u.region.as_deref(),
+                            )),
                             image_rule: Rule::of(u.provider, &[&r.model, name, &m.name]),
                             family,
                             window,

@@ -105,6 +105,15 @@ fn without_version(name: &str) -> Option<&str> {
 /// The bundled prices of a Bedrock route to `id`, when it is the id of a bundled Claude
 /// model of 4.5 or later: the model's entries, at 1.1 × off a `global.` profile; `None`
 /// otherwise (the caller keeps the name's own match).
+/// Whether `region` is in AWS's commercial partition, whose prices these are: not
+/// GovCloud (`us-gov-`), China (`cn-`), the isolated Regions (`us-iso…`) or the European
+/// Sovereign Cloud (`eusc-`), each billed by a price list of its own (s21a #3).
+pub fn commercial(region: &str) -> bool {
+    !["us-gov-", "cn-", "us-iso", "eusc-"]
+        .iter()
+        .any(|p| region.starts_with(p))
+}
+
 pub fn prices(table: &Table, id: &str) -> Option<Arc<[Dated]>> {
     let claude = claude_id(table, id)?;
     let entries = table.by_model.get(claude.model)?;
@@ -268,7 +277,7 @@ mod tests {
         let t = bundled();
         let id = "us.anthropic.claude-sonnet-4-5-20250929-v1:0";
         assert_eq!(
-            t.for_route(id, Provider::Bedrock)[0].prices.input,
+            t.for_route(id, Provider::Bedrock, None)[0].prices.input,
             3_300_000
         );
         for p in [
@@ -278,15 +287,15 @@ mod tests {
             Provider::AzureOpenai,
             Provider::Gemini,
         ] {
-            assert!(t.for_route(id, p).is_empty(), "{p:?}");
+            assert!(t.for_route(id, p, None).is_empty(), "{p:?}");
         }
         // A bundled name on Bedrock matches as it always did.
         assert_eq!(
-            t.for_route("claude-sonnet-4-5", Provider::Bedrock),
+            t.for_route("claude-sonnet-4-5", Provider::Bedrock, None),
             t.for_upstream_model("claude-sonnet-4-5")
         );
         assert!(t
-            .for_route("amazon.nova-premier-v1:0", Provider::Bedrock)
+            .for_route("amazon.nova-premier-v1:0", Provider::Bedrock, None)
             .is_empty());
     }
 }
