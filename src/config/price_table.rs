@@ -9,6 +9,8 @@
 
 mod bedrock;
 
+pub use bedrock::{billing_region, commercial};
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, OnceLock};
 

@@ -221,7 +221,8 @@ impl Settings {
                 // Bedrock upstream's Region) decide how the name matches the bundled
                 // table and which rule fills the kinds no layer states.
                 let provider = upstream.map_or(Provider::default(), |u| u.provider);
-                let region = upstream.and_then(|u| u.region.as_deref());
+                let region = upstream
+                    .and_then(|u| price_table::billing_region(u.region.as_deref(), &u.base_url));
                 let schedule = m.schedule(admin, name, provider, region);
                 if let Some(set_for) = schedule.admin_set_aside(now) {
                     // At every start and rebuild: the model was re-pointed since its admin
@@ -230,10 +231,20 @@ impl Settings {
                         "the admin price in force was set for other upstream models: not applied to this route (its config or bundled price is)");
                 }
                 if schedule.rates_at(now).is_none() {
+                    let why = match region
+                        .filter(|r| provider == Provider::Bedrock && !price_table::commercial(r))
+                    {
+                        Some(r) => format!(
+                            "its upstream's Region `{r}` is outside AWS's commercial partition, \
+                             whose prices the bundled table holds"
+                        ),
+                        None => format!(
+                            "the bundled price table has no entry for its upstream model `{name}`"
+                        ),
+                    };
                     return Err(ConfigError::Invalid(format!(
                         "model `{}` has no price in force: set input_usd_per_mtok and \
-                         output_usd_per_mtok (or [[models.prices]]), or free = true; the \
-                         bundled price table has no entry for its upstream model `{name}`",
+                         output_usd_per_mtok (or [[models.prices]]), or free = true; {why}",
                         m.name
                     )));
                 }
@@ -431,15 +442,24 @@ mod tests {
             "cn-north-1",
             "us-iso-east-1",
             "us-isob-east-1",
+            "eu-isoe-west-1",
             "eusc-de-east-1",
         ] {
             let err = in_region(region, "").unwrap_err().to_string();
             assert!(
-                err.contains("model `sonnet` has no price"),
+                err.contains("model `sonnet` has no price") && err.contains(region),
                 "{region}: {err}"
             );
             in_region(region, "input_usd_per_mtok = 4\noutput_usd_per_mtok = 20\n").unwrap();
         }
+        // A GovCloud endpoint under a commercial `region` (an API key holds it to nothing).
+        let err = in_region(
+            "us-east-1\"\nbase_url = \"https://bedrock-runtime.us-gov-west-1.amazonaws.com",
+            "",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("us-gov-west-1"), "{err}");
     }
 
     /// A config price dearer than the entry below it (a Bedrock Region above the bundled

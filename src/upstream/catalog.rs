@@ -316,7 +316,7 @@ impl Catalog {
                                 &managed.prices,
                                 &r.model,
                                 u.provider,
-                                u.region.as_deref(),
+                                price_table::billing_region(u.region.as_deref(), &u.base_url),
                             )),
                             image_rule: Rule::of(u.provider, &[&r.model, name, &m.name]),
                             family,

@@ -102,18 +102,43 @@ fn without_version(name: &str) -> Option<&str> {
     well_formed.then_some(head)
 }
 
+/// Whether `region` is in AWS's commercial partition, whose prices these are: not
+/// GovCloud (`us-gov-`), China (`cn-`), an isolated Region (`-iso` in its name: `us-iso-`,
+/// `us-isob-`, `us-isof-`, `eu-isoe-`) or the European Sovereign Cloud (`eusc-`), each
+/// billed by a price list of its own (s21a #3).
+pub fn commercial(region: &str) -> bool {
+    !(["us-gov-", "cn-", "eusc-"]
+        .iter()
+        .any(|p| region.starts_with(p))
+        || region.contains("-iso"))
+}
+
+/// The Region a Bedrock upstream is priced in: of its `region` and the one its
+/// `base_url`'s host names (`bedrock-runtime[-fips].<region>.…`), one outside the
+/// commercial partition if either is — requests go where the URL says, and with an API
+/// key nothing holds it to `region`.
+pub fn billing_region<'a>(region: Option<&'a str>, base_url: &'a str) -> Option<&'a str> {
+    let host = base_url
+        .split_once("://")
+        .map_or(base_url, |(_, rest)| rest)
+        .split(['/', ':'])
+        .next()
+        .unwrap_or_default();
+    let in_url = host
+        .split('.')
+        .skip_while(|label| !label.starts_with("bedrock-runtime"))
+        .nth(1);
+    [in_url, region]
+        .into_iter()
+        .flatten()
+        .find(|r| !commercial(r))
+        .or(region)
+        .or(in_url)
+}
+
 /// The bundled prices of a Bedrock route to `id`, when it is the id of a bundled Claude
 /// model of 4.5 or later: the model's entries, at 1.1 × off a `global.` profile; `None`
 /// otherwise (the caller keeps the name's own match).
-/// Whether `region` is in AWS's commercial partition, whose prices these are: not
-/// GovCloud (`us-gov-`), China (`cn-`), the isolated Regions (`us-iso…`) or the European
-/// Sovereign Cloud (`eusc-`), each billed by a price list of its own (s21a #3).
-pub fn commercial(region: &str) -> bool {
-    !["us-gov-", "cn-", "us-iso", "eusc-"]
-        .iter()
-        .any(|p| region.starts_with(p))
-}
-
 pub fn prices(table: &Table, id: &str) -> Option<Arc<[Dated]>> {
     let claude = claude_id(table, id)?;
     let entries = table.by_model.get(claude.model)?;
@@ -267,6 +292,51 @@ mod tests {
         ] {
             assert!(claude_id(t, before).is_some(), "{before}");
             assert!(prices(t, before).is_none(), "{before}");
+        }
+    }
+
+    /// The Region a Bedrock upstream is priced in: a non-commercial one named by either its
+    /// `region` or its URL's host wins (a GovCloud endpoint under a commercial `region`).
+    #[test]
+    fn the_billing_region_is_a_non_commercial_one_of_region_and_url() {
+        let url = |r: &str| format!("https://bedrock-runtime.{r}.amazonaws.com");
+        assert_eq!(
+            billing_region(Some("us-east-1"), &url("us-east-1")),
+            Some("us-east-1")
+        );
+        assert_eq!(
+            billing_region(Some("us-east-1"), &url("us-gov-west-1")),
+            Some("us-gov-west-1")
+        );
+        assert_eq!(
+            billing_region(
+                Some("us-east-1"),
+                "https://bedrock-runtime-fips.us-gov-east-1.amazonaws.com/"
+            ),
+            Some("us-gov-east-1")
+        );
+        assert_eq!(
+            billing_region(Some("cn-north-1"), &url("us-east-1")),
+            Some("cn-north-1")
+        );
+        assert_eq!(billing_region(None, "https://proxy.example/bedrock"), None);
+        for r in [
+            "us-iso-east-1",
+            "us-isob-east-1",
+            "us-isof-south-1",
+            "eu-isoe-west-1",
+            "eusc-de-east-1",
+        ] {
+            assert!(!commercial(r), "{r}");
+        }
+        for r in [
+            "us-east-1",
+            "eu-central-1",
+            "ap-southeast-2",
+            "il-central-1",
+            "mx-central-1",
+        ] {
+            assert!(commercial(r), "{r}");
         }
     }
 
