@@ -186,6 +186,9 @@ pub fn presented(headers: &HeaderMap) -> Option<&str> {
 
 const CACHE_ENTRIES: usize = 50_000;
 
+/// Most successors a rotated token's text is followed through (`as_successor`).
+const MAX_ROTATIONS: usize = 16;
+
 /// The earlier of two stored expiries (`None`: never).
 fn earliest(a: Option<String>, b: Option<String>) -> Option<String> {
     let at = |s: &String| DateTime::parse_from_rfc3339(s).ok();
@@ -255,12 +258,12 @@ impl Authenticator {
     /// turn): its successor's budget, windows and limits, under the earliest expiry of the
     /// chain (the old text's overlap ends it). `None` when a successor is not live (revoked,
     /// its user disabled): revoking the new token ends the old text too. A chain longer
-    /// than `tokens::MAX_ROTATIONS` (rotations within overlaps, each one new) is refused.
+    /// than `MAX_ROTATIONS` (rotations within overlaps, each one new) is refused.
     async fn as_successor(
         &self,
         mut row: tokens::TokenAuthRow,
     ) -> Result<Option<tokens::TokenAuthRow>, StoreError> {
-        for _ in 0..=tokens::MAX_ROTATIONS {
+        for _ in 0..=MAX_ROTATIONS {
             let Some(next) = row.successor_id else {
                 return Ok(Some(row));
             };

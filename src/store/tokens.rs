@@ -9,9 +9,6 @@ use crate::auth::token::TokenHash;
 use crate::clock::db_time;
 use crate::quota::period::Reset;
 
-/// Most successors a rotated token's text is followed through (`auth::Authenticator`).
-pub const MAX_ROTATIONS: usize = 16;
-
 pub struct NewTokenRow<'a> {
     pub user_id: i64,
     pub hash: &'a TokenHash,
