@@ -1368,8 +1368,20 @@ async fn a_cascade_into_another_table_or_a_trigger_narrowed_or_reconditioned_is_
     .await;
     rig.cli_refuses_naming("cascaded", "a trigger reached by a cascade")
         .await;
+    // A table inheriting from the sessions: their delete reaches its rows (final attack #2).
     c.exec(
         "DROP TABLE side; \
+        CREATE TABLE heir () INHERITS (admin_sessions); \
+        CREATE TRIGGER inherited BEFORE DELETE ON heir FOR EACH ROW EXECUTE FUNCTION cascaded()",
+    )
+    .await;
+    rig.verify_fails_naming(
+        "inherited",
+        "the trigger on a table inheriting the sessions went unnoticed",
+    )
+    .await;
+    c.exec(
+        "DROP TABLE heir; \
         DROP TRIGGER audit_append_only ON audit_log; \
         CREATE TRIGGER audit_append_only BEFORE UPDATE OF prev_hash OR DELETE ON audit_log \
             FOR EACH ROW EXECUTE FUNCTION sluice_append_only()",
@@ -1437,6 +1449,31 @@ async fn a_when_changed_inside_its_literal_or_a_function_elsewhere_or_reconfigur
         "a WHEN calling functions that spell `true` went unnoticed",
     )
     .await;
+    // An operator of the attacker's deparses as `IS DISTINCT FROM` all the same (final
+    // attack #1).
+    c.exec(&spend_months_follow_when(
+        "current_setting('sluice.spend_months', true) IS DISTINCT FROM 'written'",
+    ))
+    .await;
+    c.exec("CREATE FUNCTION evil_eq(text, text) RETURNS boolean LANGUAGE sql AS $$ SELECT $1 = $2 $$; \
+        CREATE OPERATOR public.= (leftarg = text, rightarg = text, function = evil_eq); \
+        SET search_path = public, pg_catalog")
+        .await;
+    c.exec(&spend_months_follow_when(
+        "current_setting('sluice.spend_months', true) IS DISTINCT FROM 'written'",
+    ))
+    .await;
+    c.exec("RESET search_path").await;
+    rig.verify_fails_naming(
+        "spend_months_follow",
+        "a WHEN on an operator of the attacker's went unnoticed",
+    )
+    .await;
+    c.exec(&spend_months_follow_when(
+        "current_setting('sluice.spend_months', true) IS DISTINCT FROM 'written'",
+    ))
+    .await;
+    c.exec("DROP OPERATOR public.= (text, text)").await;
     let migration = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/migrations/postgres/0002_process_seen_at.sql"

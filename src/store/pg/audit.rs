@@ -306,13 +306,15 @@ struct TriggerRow {
     condition: Option<String>,
     /// Its function is the schema's own, with no settings of its own (`ALTER FUNCTION …
     /// SET search_path` would resolve what it calls elsewhere), and its `WHEN` calls no
-    /// function outside `pg_catalog` (`pg_depend`).
+    /// function or operator outside `pg_catalog` (`pg_depend`: an operator of the
+    /// attacker's deparses as `IS DISTINCT FROM` all the same; final attack #1).
     own_function: bool,
 }
 
 /// The tables the gateway's writes reach: its own (`$1`, in its schema) and, through every
-/// foreign key that writes on a delete or an update of the row it references, those that
-/// hang off them — named as the schema names them (another schema's qualified).
+/// foreign key that writes on a delete or an update of the row it references, and every
+/// table inheriting from one (a delete or update of the parent reaches its children's rows
+/// and fires their triggers: final attack #2), those that hang off them — named as the schema names them (another schema's qualified).
 const REACHED: &str = "WITH RECURSIVE reached(oid, name) AS (
         SELECT c.oid, c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE n.nspname = current_schema() AND c.relname = ANY($1)
@@ -320,9 +322,12 @@ const REACHED: &str = "WITH RECURSIVE reached(oid, name) AS (
         SELECT c.oid, CASE WHEN n.nspname = current_schema() THEN c.relname::text
                            ELSE n.nspname || '.' || c.relname END
         FROM reached r
-        JOIN pg_constraint f ON f.confrelid = r.oid AND f.contype = 'f'
-             AND (f.confdeltype IN ('c', 'n', 'd') OR f.confupdtype IN ('c', 'n', 'd'))
-        JOIN pg_class c ON c.oid = f.conrelid JOIN pg_namespace n ON n.oid = c.relnamespace)";
+        JOIN (SELECT f.confrelid AS parent, f.conrelid AS child FROM pg_constraint f
+              WHERE f.contype = 'f'
+                AND (f.confdeltype IN ('c', 'n', 'd') OR f.confupdtype IN ('c', 'n', 'd'))
+              UNION ALL
+              SELECT i.inhparent, i.inhrelid FROM pg_inherits i) e ON e.parent = r.oid
+        JOIN pg_class c ON c.oid = e.child JOIN pg_namespace n ON n.oid = c.relnamespace)";
 
 /// `store::audit::triggers` on PostgreSQL: every user trigger on one of the gateway's
 /// tables (those its migrations create, in its schema) must be one of `SCHEMA_TRIGGERS`,
@@ -348,10 +353,11 @@ pub async fn triggers(pool: &PgPool) -> Result<Triggers> {
                 pn.nspname = current_schema() AND p.proconfig IS NULL
                 AND NOT EXISTS (
                     SELECT 1 FROM pg_depend d
-                    JOIN pg_proc f ON f.oid = d.refobjid
-                    JOIN pg_namespace fns ON fns.oid = f.pronamespace
+                    LEFT JOIN pg_proc f ON d.refclassid = 'pg_proc'::regclass AND f.oid = d.refobjid
+                    LEFT JOIN pg_operator o ON d.refclassid = 'pg_operator'::regclass AND o.oid = d.refobjid
+                    JOIN pg_namespace fns ON fns.oid = COALESCE(f.pronamespace, o.oprnamespace)
                     WHERE d.classid = 'pg_trigger'::regclass AND d.objid = t.oid
-                      AND d.refclassid = 'pg_proc'::regclass AND d.refobjid <> t.tgfoid
+                      AND d.refobjid <> t.tgfoid
                       AND fns.nspname <> 'pg_catalog') AS own_function
          FROM pg_trigger t
          JOIN reached r ON r.oid = t.tgrelid
