@@ -106,7 +106,9 @@ fn without_version(name: &str) -> Option<&str> {
 /// GovCloud (`us-gov-`), China (`cn-`), an isolated Region (`-iso` in its name: `us-iso-`,
 /// `us-isob-`, `us-isof-`, `eu-isoe-`) or the European Sovereign Cloud (`eusc-`), each
 /// billed by a price list of its own (s21a #3).
+/// Case aside: a host's name, and an operator's typing of it, may be in capitals.
 pub fn commercial(region: &str) -> bool {
+    let region = region.to_ascii_lowercase();
     !(["us-gov-", "cn-", "eusc-"]
         .iter()
         .any(|p| region.starts_with(p))
@@ -126,7 +128,7 @@ pub fn billing_region<'a>(region: Option<&'a str>, base_url: &'a str) -> Option<
         .unwrap_or_default();
     let in_url = host
         .split('.')
-        .skip_while(|label| !label.starts_with("bedrock-runtime"))
+        .skip_while(|label| !label.to_ascii_lowercase().starts_with("bedrock-runtime"))
         .nth(1);
     [in_url, region]
         .into_iter()
@@ -320,6 +322,13 @@ mod tests {
             Some("cn-north-1")
         );
         assert_eq!(billing_region(None, "https://proxy.example/bedrock"), None);
+        // In capitals, as DNS takes it (final attack #4).
+        let shouted = billing_region(
+            Some("us-east-1"),
+            "https://BEDROCK-RUNTIME.US-GOV-WEST-1.AMAZONAWS.COM",
+        );
+        assert!(!commercial(shouted.unwrap()), "{shouted:?}");
+        assert!(!commercial("US-GOV-WEST-1"));
         for r in [
             "us-iso-east-1",
             "us-isob-east-1",
