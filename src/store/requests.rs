@@ -176,9 +176,14 @@ pub fn insert_batch_tx(tx: &mut Tx<'_>, rows: &[RequestRow]) -> Result<()> {
 
 /// Moves a token's `last_used_at` forward only: a batch flushed late (a retry, another
 /// host's) carries older uses than one already written. Timestamps are `clock::db_time`
-/// text, whose order is time order.
+/// text, whose order is time order. A use is kept at most a minute ahead of the database's
+/// clock, and a value further ahead (a clock since set back) gives way: forward-only, a
+/// future value would hide every use until real time passed it (s23 final attack #3).
 const LAST_USED: &str =
-    "UPDATE tokens SET last_used_at = ?1 WHERE id = ?2 AND (last_used_at IS NULL OR last_used_at < ?1)";
+    "WITH cap(at) AS (SELECT strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '+60 seconds'))
+     UPDATE tokens SET last_used_at = MIN(?1, (SELECT at FROM cap))
+     WHERE id = ?2 AND (last_used_at IS NULL OR last_used_at < MIN(?1, (SELECT at FROM cap))
+                        OR last_used_at > (SELECT at FROM cap))";
 
 /// One `last_used_at` update per token and batch, at the latest of the token's rows in the
 /// batch, for the token served and a rotated one whose text was used.

@@ -606,3 +606,68 @@ async fn last_used_is_the_latest_use_and_an_older_batch_does_not_move_it_back() 
     assert_eq!(pg.as_deref(), Some(latest.as_str()), "PostgreSQL");
     b.lite.close().await;
 }
+
+/// A use stamped ahead of the database's clock (a host whose clock runs ahead) is kept at
+/// most a minute ahead of it, and a value already further ahead (written before, or by a
+/// clock since set back) gives way to the next use: forward-only, it stayed until real time
+/// passed it, every later use hidden (s23 final attack #3).
+#[tokio::test]
+async fn a_use_stamped_ahead_of_the_databases_clock_does_not_hide_later_uses() {
+    let b = both().await;
+    populate(&b).await;
+    let row = |id: &str, created: chrono::DateTime<chrono::Utc>| RequestRow {
+        id: id.into(),
+        token_id: Some(1),
+        created_at: sluice::clock::db_time(created),
+        tags: String::new(),
+        endpoint: "chat",
+        status: 200,
+        cache: "off",
+        ..Default::default()
+    };
+    let sql = "SELECT last_used_at FROM tokens WHERE id = 1";
+    let read = |b: &crate::pg_store::Both| {
+        let (lite, pg) = (b.lite.sqlite().read.clone(), b.pool.clone());
+        async move {
+            let l: Option<String> = sqlx::query_scalar(sql).fetch_one(&lite).await.unwrap();
+            let p: Option<String> = sqlx::query_scalar(sql).fetch_one(&pg).await.unwrap();
+            [("SQLite", l.unwrap()), ("PostgreSQL", p.unwrap())]
+        }
+    };
+    let before = chrono::Utc::now();
+    same(
+        "a day ahead",
+        pool_write_both!(
+            b,
+            requests::insert_batch(&[row("a", before + chrono::Duration::days(1))])
+        ),
+    );
+    let bound = sluice::clock::db_time(chrono::Utc::now() + chrono::Duration::seconds(61));
+    for (engine, at) in read(&b).await {
+        assert!(
+            at.as_str() <= bound.as_str() && at >= sluice::clock::db_time(before),
+            "{engine}: {at} is more than a minute ahead of the database's clock ({bound})"
+        );
+    }
+    let ahead = sluice::clock::db_time(before + chrono::Duration::days(365));
+    let set = "UPDATE tokens SET last_used_at = $1 WHERE id = 1";
+    sqlx::query(&set.replace("$1", "?1"))
+        .bind(&ahead)
+        .execute(&b.lite.sqlite().write)
+        .await
+        .unwrap();
+    sqlx::query(set)
+        .bind(&ahead)
+        .execute(&b.pool)
+        .await
+        .unwrap();
+    let now = chrono::Utc::now();
+    same(
+        "a use now",
+        pool_write_both!(b, requests::insert_batch(&[row("b", now)])),
+    );
+    for (engine, at) in read(&b).await {
+        assert_eq!(at, sluice::clock::db_time(now), "{engine}");
+    }
+    b.lite.close().await;
+}

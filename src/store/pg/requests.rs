@@ -137,11 +137,16 @@ pub async fn rebuild_days(conn: &mut PgConnection) -> Result<()> {
 
 /// The tokens' rows are locked in id order (`ORDER BY … FOR NO KEY UPDATE`), so two hosts'
 /// batches touching the same tokens wait for each other instead of deadlocking; the column
-/// only moves forward (as on SQLite: `store::requests::LAST_USED`).
-const LAST_USED: &str = "WITH v AS (SELECT * FROM unnest($1::bigint[], $2::text[]) AS v(id, at)),
+/// only moves forward, at most a minute ahead of the database's clock — the one clock every
+/// host shares — a value further ahead giving way (as on SQLite: `store::requests::LAST_USED`).
+const LAST_USED: &str = "WITH cap AS (SELECT to_char(now() AT TIME ZONE 'UTC' + interval '60 seconds',
+                                     'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"') AS at),
+          v AS (SELECT id, LEAST(at, (SELECT at FROM cap)) AS at
+                FROM unnest($1::bigint[], $2::text[]) AS v(id, at)),
           locked AS (SELECT t.id FROM tokens t JOIN v ON v.id = t.id ORDER BY t.id FOR NO KEY UPDATE OF t)
      UPDATE tokens t SET last_used_at = v.at FROM v, locked
-     WHERE t.id = v.id AND locked.id = v.id AND (t.last_used_at IS NULL OR t.last_used_at < v.at)";
+     WHERE t.id = v.id AND locked.id = v.id
+       AND (t.last_used_at IS NULL OR t.last_used_at < v.at OR t.last_used_at > (SELECT at FROM cap))";
 
 /// Writes a batch inside the caller's transaction: one statement for the rows, one for
 /// the tokens' `last_used_at`.
