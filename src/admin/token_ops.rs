@@ -259,8 +259,9 @@ pub async fn revoke(state: &AppState, actor: &Actor, id: i64) -> Result<TokenRow
     Ok(row)
 }
 
-/// A new token with the old one's settings. Its budget: the same limit for a periodic budget;
-/// for a budget that never resets, what the old one had left. The old token's text stays
+/// A new token with the old one's settings. Its budget: the same limit for a periodic budget,
+/// the period going on where the old one was (its spend carried, `ledger::carry_to_successor`:
+/// a rotation refilled the period); for a budget that never resets, what the old one had left. The old token's text stays
 /// valid `overlap_seconds` more, then expires — as the new token: its successor's budget,
 /// windows and limits, its requests logged and charged as the new token's, so the pair
 /// never spends more than the new token's budget (review s21 #7: with two budgets it could
@@ -325,7 +326,8 @@ pub async fn rotate(
     }
     token_admin::set_successor(&mut tx, id, new_id).await?;
     token_admin::expire_at(&mut tx, id, now + Duration::seconds(overlap)).await?;
-    let after = json!({"new_token_id": new_id, "new_prefix": new.display_prefix, "overlap_seconds": overlap, "limit_micros": limit}).to_string();
+    let carried = ledger::carry_to_successor(&mut tx, id, new_id, now).await?;
+    let after = json!({"new_token_id": new_id, "new_prefix": new.display_prefix, "overlap_seconds": overlap, "limit_micros": limit, "carried_micros": carried}).to_string();
     let before = json!({"prefix": old.prefix, "expires_at": old.expires_at}).to_string();
     actor
         .audit(

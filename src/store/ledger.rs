@@ -515,6 +515,85 @@ pub fn refuse_rotated(token_id: i64, successor: Option<i64>) -> Result<()> {
     }
 }
 
+/// What a rotation carries to the successor: the old token's period and its spend in it
+/// (`limit − remaining`, its open reservations included) — `None` for a budget that never
+/// resets (the rotation moved what was left as the new limit), an unlimited one, one whose
+/// period is over (the successor's starts full, as the old one's would), or nothing spent.
+pub fn carried(
+    limit: Option<i64>,
+    remaining: Option<i64>,
+    reset: &str,
+    period: &str,
+    now: DateTime<Utc>,
+) -> Option<(String, i64)> {
+    let reset = Reset::parse(reset).filter(|r| *r != Reset::Never)?;
+    let used = limit? - remaining?;
+    let (kept, rolled) = reset.place(period, now);
+    (!rolled && used != 0).then_some((kept, used))
+}
+
+/// Carries a rotated token's spend in its current period to its successor (just inserted
+/// with the same limit and rule), so a rotation does not refill the period: the successor
+/// takes the old token's period and what it had left, and a ledger row of its own (`adjust`,
+/// no user or team — their levels already count that spend) records what was carried, so
+/// `limit − remaining == Σ ledger` holds at every level. Called with the old token's row
+/// already written in the transaction (its successor set), so no reservation moves its
+/// balance meanwhile; one still open settles into the old token's balance, what it leaves
+/// unspent staying there (the pair errs towards less). Returns the amount carried.
+pub async fn carry_to_successor(
+    tx: &mut super::Tx,
+    from: i64,
+    to: i64,
+    now: DateTime<Utc>,
+) -> Result<i64> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::ledger::carry_to_successor(conn, from, to, now).await;
+    }
+    let row = sqlx::query(
+        "SELECT limit_micros, remaining_micros, reset, period FROM tokens WHERE id = ?",
+    )
+    .bind(from)
+    .fetch_one(tx.sqlite()?)
+    .await?;
+    let Some((period, used)) = carried(
+        row.try_get("limit_micros")?,
+        row.try_get("remaining_micros")?,
+        row.try_get("reset")?,
+        row.try_get("period")?,
+        now,
+    ) else {
+        return Ok(0);
+    };
+    sqlx::query(
+        "UPDATE tokens SET remaining_micros = remaining_micros - ?, period = ? WHERE id = ?",
+    )
+    .bind(used)
+    .bind(&period)
+    .bind(to)
+    .execute(tx.sqlite()?)
+    .await?;
+    sqlx::query(INSERT_LEDGER)
+        .bind(to)
+        .bind(None::<i64>)
+        .bind(None::<i64>)
+        .bind(&period)
+        .bind(&period)
+        .bind(&period)
+        .bind("adjust")
+        .bind(used)
+        .bind(None::<&str>)
+        .bind(carry_reason(from))
+        .bind(db_time(now))
+        .execute(tx.sqlite()?)
+        .await?;
+    Ok(used)
+}
+
+/// The reason on a carried period's ledger row.
+pub fn carry_reason(from: i64) -> String {
+    format!("the period's spend of token {from}, carried at its rotation")
+}
+
 pub async fn adjust(
     db: &super::Db,
     token_id: i64,
@@ -704,4 +783,46 @@ pub async fn open_reservations(db: &super::Db, owner: &str) -> Result<i64> {
             .fetch_one(pool)
             .await?,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    #[test]
+    fn a_rotation_carries_the_spend_of_the_period_still_running_only() {
+        let now = at("2026-12-04T10:00:00Z");
+        let carried =
+            |limit, remaining, reset, period| carried(limit, remaining, reset, period, now);
+        assert_eq!(
+            carried(Some(100), Some(60), "monthly", "2026-12"),
+            Some(("2026-12".into(), 40))
+        );
+        // A period another host's clock already moved to is kept, as the CAS keeps it.
+        assert_eq!(
+            carried(Some(100), Some(90), "daily", "2026-12-05"),
+            Some(("2026-12-05".into(), 10))
+        );
+        // A credit this period (remaining above the limit) is carried too.
+        assert_eq!(
+            carried(Some(100), Some(130), "weekly", "2026-W49"),
+            Some(("2026-W49".into(), -30))
+        );
+        for (limit, remaining, reset, period) in [
+            (Some(100), Some(60), "monthly", "2026-11"), // over: the new one starts full
+            (Some(100), Some(60), "never", "never"),     // moved as the new limit instead
+            (None, None, "monthly", "2026-12"),          // unlimited
+            (Some(100), Some(100), "monthly", "2026-12"), // nothing spent
+        ] {
+            assert_eq!(
+                carried(limit, remaining, reset, period),
+                None,
+                "{reset} {period}"
+            );
+        }
+    }
 }

@@ -770,6 +770,73 @@ async fn rotate_blue(w: &World, overlap_seconds: i64) -> Value {
     r
 }
 
+/// A periodic budget's rotation carries the period's spend: the new token starts the period
+/// where the old one was, not full — a rotation refilled the period, a lead's rotation
+/// handing the token a second month. What is carried is a ledger row of the new token's
+/// (kind `adjust`, no user or team: their levels already count it), so `limit − remaining ==
+/// Σ ledger` holds at every level.
+#[tokio::test]
+async fn a_rotation_carries_the_periods_spend_to_the_new_token() {
+    let w = world().await;
+    let (s, t) = w
+        .admin
+        .post(
+            "/admin/api/v1/tokens",
+            &json!({"user_id": w.blue_member, "budget_usd": "2", "reset": "monthly"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{t}");
+    let old = t["id"].as_i64().unwrap();
+    assert_eq!(
+        w.app
+            .chat(t["token"].as_str().unwrap(), &chat_body(5))
+            .await
+            .status(),
+        200
+    );
+    w.app.wait_for_log_rows(1).await;
+    w.app.wait_settled().await;
+    let remaining = |id: i64| {
+        let app = &w.app;
+        async move {
+            app.scalar(&format!(
+                "SELECT remaining_micros FROM tokens WHERE id = {id}"
+            ))
+            .await
+        }
+    };
+    let spent = 2_000_000 - remaining(old).await;
+    assert!(spent > 0);
+    let (s, r) = w
+        .admin
+        .post(
+            &format!("/admin/api/v1/tokens/{old}/rotate"),
+            &json!({"overlap_seconds": 0}),
+        )
+        .await;
+    assert_eq!(s, 201, "{r}");
+    let new = r["id"].as_i64().unwrap();
+    assert_eq!(r["limit_micros"], 2_000_000, "the same limit");
+    assert_eq!(
+        remaining(new).await,
+        2_000_000 - spent,
+        "the period goes on where the old token was"
+    );
+    assert_eq!(r["spent_micros"], spent, "shown as spent this period");
+    w.app.assert_invariant().await;
+    assert_eq!(
+        w.app
+            .chat(r["token"].as_str().unwrap(), &chat_body(5))
+            .await
+            .status(),
+        200
+    );
+    w.app.wait_for_log_rows(2).await;
+    w.app.wait_settled().await;
+    assert_eq!(remaining(new).await, 2_000_000 - 2 * spent);
+    w.app.assert_invariant().await;
+}
+
 #[tokio::test]
 async fn rotation_with_an_overlap_keeps_the_old_token_until_it_ends() {
     let w = world().await;

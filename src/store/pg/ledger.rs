@@ -423,6 +423,51 @@ pub async fn top_up(conn: &mut PgConnection, level: Level, id: i64, amount: i64)
         == 1)
 }
 
+/// `store::ledger::carry_to_successor`. The old token's row is already locked by the
+/// rotation's write of its successor, so no reservation moves its balance meanwhile.
+pub async fn carry_to_successor(
+    conn: &mut PgConnection,
+    from: i64,
+    to: i64,
+    now: DateTime<Utc>,
+) -> Result<i64> {
+    let row = sqlx::query(
+        "SELECT limit_micros, remaining_micros, reset, period FROM tokens WHERE id = $1 FOR NO KEY UPDATE",
+    )
+    .bind(from)
+    .fetch_one(&mut *conn)
+    .await?;
+    let Some((period, used)) = crate::store::ledger::carried(
+        row.try_get("limit_micros")?,
+        row.try_get("remaining_micros")?,
+        row.try_get("reset")?,
+        row.try_get("period")?,
+        now,
+    ) else {
+        return Ok(0);
+    };
+    sqlx::query(
+        "UPDATE tokens SET remaining_micros = remaining_micros - $1, period = $2 WHERE id = $3",
+    )
+    .bind(used)
+    .bind(&period)
+    .bind(to)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(
+        "INSERT INTO ledger (token_id, period, user_period, team_period, kind, amount_micros, reason, created_at)
+         VALUES ($1, $2, $2, $2, 'adjust', $3, $4, $5)",
+    )
+    .bind(to)
+    .bind(&period)
+    .bind(used)
+    .bind(crate::store::ledger::carry_reason(from))
+    .bind(db_time(now))
+    .execute(&mut *conn)
+    .await?;
+    Ok(used)
+}
+
 /// A token's balance in its current period, as its holder sees it.
 pub async fn balance(db: &PgDb, token_id: i64, now: DateTime<Utc>) -> Result<Balance> {
     let row = sqlx::query(
