@@ -84,8 +84,7 @@ impl State {
 
 impl Queue {
     pub fn new(cfg: &QueueSettings) -> Arc<Self> {
-        let r = &cfg.reserved;
-        let reserved = [r.critical, r.high, r.normal, r.low];
+        let reserved = cfg.reserves();
         let shared = cfg.max_in_flight.saturating_sub(reserved.iter().sum());
         let capacity = [reserved[0], reserved[1], reserved[2], reserved[3], shared];
         Arc::new(Self {
@@ -301,12 +300,7 @@ mod tests {
     fn q(max: u32, r: [u32; 4], depth: u32, wait: u64) -> Arc<Queue> {
         Queue::new(&QueueSettings {
             max_in_flight: max,
-            reserved: ReservedSlots {
-                critical: r[0],
-                high: r[1],
-                normal: r[2],
-                low: r[3],
-            },
+            reserved: ReservedSlots::of(r),
             max_depth: depth,
             max_wait_seconds: wait,
         })

@@ -252,6 +252,7 @@ impl Settings {
             oidc.validate()?;
         }
         self.tracing.validate()?;
+        self.queue.validate().map_err(ConfigError::Invalid)?;
         if !self.database.url.starts_with("sqlite://") && self.database_postgres_url().is_none() {
             return invalid(format!(
                 "database.url `{}` must start with sqlite:// or postgres://",
@@ -499,6 +500,41 @@ api_key = "${KEY_A}"
         let printed = s.to_masked_toml();
         assert!(printed.contains("****1234"));
         assert!(!printed.contains("sk-secret"));
+    }
+
+    /// Absent reserves take their defaults, which fit a small gate; reserves leaving LOW no
+    /// slot are refused by name (with the defaults fixed at 8, `max_in_flight = 8` left no
+    /// unreserved slot and every request without a priority waited until refused).
+    #[test]
+    fn queue_reserves_default_to_fit_the_gate_and_must_leave_low_a_slot() {
+        let load = |queue: &str| load_from(Some(&format!("[queue]\n{queue}\n")), &env(&[]));
+        let reserves = |queue: &str| load(queue).unwrap().queue.reserves();
+        assert_eq!(reserves(""), [8, 8, 0, 0]);
+        load("max_in_flight = 8").unwrap().validate().unwrap();
+        assert_eq!(reserves("max_in_flight = 8"), [1, 1, 0, 0]);
+        assert_eq!(reserves("max_in_flight = 4"), [0, 0, 0, 0]);
+        assert_eq!(reserves("max_in_flight = 1000"), [8, 8, 0, 0]);
+        assert_eq!(reserves("reserved = { normal = 2 }"), [8, 8, 2, 0]);
+        // The seed's platform example: every slot reserved, LOW keeping its own.
+        assert_eq!(
+            reserves(
+                "max_in_flight = 20\nreserved = { critical = 5, high = 10, normal = 4, low = 1 }"
+            ),
+            [5, 10, 4, 1]
+        );
+        for queue in [
+            "max_in_flight = 16\nreserved = { critical = 8, high = 8 }",
+            "max_in_flight = 8\nreserved = { critical = 8, high = 8 }",
+            "max_in_flight = 0",
+        ] {
+            let e = load(queue).unwrap().validate().unwrap_err().to_string();
+            assert!(
+                e.contains("queue.reserved") && e.contains("max_in_flight"),
+                "{queue}: {e}"
+            );
+        }
+        let env_only = load_from(None, &env(&[("SLUICE_QUEUE_MAX_IN_FLIGHT", "8")])).unwrap();
+        assert_eq!(env_only.queue.reserves(), [1, 1, 0, 0]);
     }
 
     #[test]

@@ -593,25 +593,75 @@ impl Default for QueueSettings {
     fn default() -> Self {
         Self {
             max_in_flight: 64,
-            reserved: ReservedSlots {
-                critical: 8,
-                high: 8,
-                normal: 0,
-                low: 0,
-            },
+            reserved: ReservedSlots::default(),
             max_depth: 200,
             max_wait_seconds: 300,
         }
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, Default)]
+impl QueueSettings {
+    /// Each priority's reserve (CRITICAL first), an absent one at its default: CRITICAL and
+    /// HIGH 8 each but at most an eighth of `max_in_flight` (8 of the default 64), NORMAL and
+    /// LOW none. Fixed at 8, the defaults took a smaller gate whole (`max_in_flight = 8`: no
+    /// unreserved slot), and NORMAL — every request without a priority — waited out every
+    /// request; an absent key beside a written one was 0.
+    pub fn reserves(&self) -> [u32; 4] {
+        let share = (self.max_in_flight / 8).min(8);
+        let r = &self.reserved;
+        [
+            r.critical.unwrap_or(share),
+            r.high.unwrap_or(share),
+            r.normal.unwrap_or(0),
+            r.low.unwrap_or(0),
+        ]
+    }
+
+    /// Every priority must be able to take a slot: LOW, which only its own reserve and the
+    /// unreserved slots serve, at least one (so the more urgent ones too).
+    pub(super) fn validate(&self) -> Result<(), String> {
+        let [critical, high, normal, low] = self.reserves().map(u64::from);
+        let sum = critical + high + normal + low;
+        let max = u64::from(self.max_in_flight);
+        if sum > max || (sum == max && low == 0) {
+            return Err(format!(
+                "queue.reserved (critical {critical} + high {high} + normal {normal} + low {low} = {sum}) \
+                 leaves no slot of queue.max_in_flight ({max}) for low-priority requests (nor for normal ones \
+                 without a reserve): keep the reserves under max_in_flight, or reserve slots for low"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Slots kept for a priority and the more urgent ones; absent ones take their default
+/// (`QueueSettings::reserves`).
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, Default, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReservedSlots {
-    pub critical: u32,
-    pub high: u32,
-    pub normal: u32,
-    pub low: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub critical: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub high: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub normal: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub low: Option<u32>,
+}
+
+impl ReservedSlots {
+    /// Nothing reserved: every slot for anyone.
+    pub const NONE: Self = Self::of([0; 4]);
+
+    /// These reserves, CRITICAL first.
+    pub const fn of(r: [u32; 4]) -> Self {
+        Self {
+            critical: Some(r[0]),
+            high: Some(r[1]),
+            normal: Some(r[2]),
+            low: Some(r[3]),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

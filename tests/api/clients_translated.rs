@@ -307,12 +307,7 @@ async fn a_queued_stream_announces_what_any_of_its_routes_would_drop() {
         m.fallbacks = vec!["ge".into()];
         s.models.push(m);
         s.queue.max_in_flight = 1;
-        s.queue.reserved = sluice::config::ReservedSlots {
-            critical: 0,
-            high: 0,
-            normal: 0,
-            low: 0,
-        };
+        s.queue.reserved = sluice::config::ReservedSlots::NONE;
         s.queue.max_wait_seconds = 60;
     })
     .await;

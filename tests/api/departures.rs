@@ -40,7 +40,7 @@ async fn app() -> Arc<TestApp> {
     Arc::new(
         spawn_app_with(|s, _| {
             s.queue.max_in_flight = 1;
-            s.queue.reserved = sluice::config::ReservedSlots::default(); // none reserved
+            s.queue.reserved = sluice::config::ReservedSlots::NONE; // none reserved
             s.queue.max_wait_seconds = 5;
         })
         .await,
@@ -1041,7 +1041,7 @@ async fn a_free_models_departure_keeps_its_input_in_the_token_window_queued_or_n
     for queued in [false, true] {
         let app = spawn_app_with(|s, _| {
             s.queue.max_in_flight = 1;
-            s.queue.reserved = sluice::config::ReservedSlots::default();
+            s.queue.reserved = sluice::config::ReservedSlots::NONE;
             s.queue.max_wait_seconds = 5;
             s.models[0].price = sluice::config::PriceKeys::default();
             s.models[0].free = true;

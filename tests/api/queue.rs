@@ -51,15 +51,26 @@ fn queue_of(
 ) -> impl FnOnce(&mut sluice::config::Settings, &sluice::mock::MockServer) {
     move |s, _| {
         s.queue.max_in_flight = max;
-        s.queue.reserved = ReservedSlots {
-            critical: reserved[0],
-            high: reserved[1],
-            normal: reserved[2],
-            low: reserved[3],
-        };
+        s.queue.reserved = ReservedSlots::of(reserved);
         s.queue.max_depth = depth;
         s.queue.max_wait_seconds = wait;
     }
+}
+
+/// A gate smaller than the default reserves' 16 slots, with the reserves left at their
+/// defaults: a request without a priority (NORMAL) is served, and the urgent ones never
+/// take more than `max_in_flight`. Before, the reserves stayed 8 + 8 and took the gate
+/// whole: NORMAL had no slot and waited until refused (503 `queue_timeout`).
+#[tokio::test]
+async fn a_small_gate_with_the_default_reserves_serves_requests_without_a_priority() {
+    let app = spawn_app_with(|s, _| {
+        s.queue.max_in_flight = 4;
+        s.queue.max_wait_seconds = 2;
+    })
+    .await;
+    let (_, token) = app.issue(issue_args("alice")).await;
+    let resp = app.chat(&token, &tagged("plain")).await;
+    assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
 }
 
 // One slot, so grants are strictly one after another and the mock sees them in grant

@@ -169,12 +169,7 @@ async fn quota_refusal(redis: bool) {
 async fn queue_refusal(redis: bool) {
     let s = setup(redis, |s| {
         s.queue.max_in_flight = 1;
-        s.queue.reserved = sluice::config::ReservedSlots {
-            critical: 0,
-            high: 0,
-            normal: 0,
-            low: 0,
-        };
+        s.queue.reserved = sluice::config::ReservedSlots::NONE;
         s.queue.max_depth = 0;
     })
     .await;
