@@ -156,7 +156,8 @@ impl Pool {
     }
 
     pub fn cool_down(&self, d: usize, now_ms: i64, for_: Duration) {
-        self.cool_until(d, now_ms + for_.as_millis() as i64);
+        let ms = i64::try_from(for_.as_millis()).unwrap_or(i64::MAX);
+        self.cool_until(d, now_ms.saturating_add(ms));
     }
 
     /// Disables a deployment; `false` if it already was.
@@ -191,8 +192,10 @@ impl Pool {
     }
 
     /// Reads the upstream's own rate-limit headers (OpenAI `x-ratelimit-*`, Anthropic
-    /// `anthropic-ratelimit-*`): a key with no requests or tokens left rests until the reset.
-    pub fn observe_headers(&self, d: usize, h: &HeaderMap, now_ms: i64) {
+    /// `anthropic-ratelimit-*`): a key with no requests or tokens left rests until the reset,
+    /// but no longer than a 429 may rest it (`cap`, `retry.max_cooldown_seconds`): a lying
+    /// upstream's `100000h` rested a key for years on every replica.
+    pub fn observe_headers(&self, d: usize, h: &HeaderMap, now_ms: i64, cap: Duration) {
         let get = |k: &str| h.get(k).and_then(|v| v.to_str().ok());
         for (remaining, reset) in [
             (
@@ -208,7 +211,7 @@ impl Pool {
                 let ms = get(reset)
                     .and_then(parse_openai_duration_ms)
                     .unwrap_or(AZURE_REST_MS);
-                self.cool_until(d, now_ms + ms as i64);
+                self.cool_down(d, now_ms, Duration::from_millis(ms).min(cap));
             }
         }
         for (remaining, reset) in [
@@ -225,7 +228,8 @@ impl Pool {
                 if let Some(at) =
                     get(reset).and_then(|r| chrono::DateTime::parse_from_rfc3339(r.trim()).ok())
                 {
-                    self.cool_until(d, at.timestamp_millis());
+                    let ms = u64::try_from(at.timestamp_millis().saturating_sub(now_ms));
+                    self.cool_down(d, now_ms, Duration::from_millis(ms.unwrap_or(0)).min(cap));
                 }
             }
         }
@@ -338,13 +342,53 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("x-ratelimit-remaining-requests", "0".parse().unwrap());
         h.insert("x-ratelimit-reset-requests", "1.5s".parse().unwrap());
-        pool.observe_headers(0, &h, 1_000);
+        pool.observe_headers(0, &h, 1_000, Duration::from_secs(120));
         assert_eq!(pool.cooling_ms(0, 1_000), 1_500);
         // Azure: the remaining counts only, no reset: a second's rest.
         let mut azure = HeaderMap::new();
         azure.insert("x-ratelimit-remaining-tokens", "0".parse().unwrap());
         azure.insert("x-ratelimit-remaining-requests", "12".parse().unwrap());
-        pool.observe_headers(0, &azure, 10_000);
+        pool.observe_headers(0, &azure, 10_000, Duration::from_secs(120));
         assert_eq!(pool.cooling_ms(0, 10_000), 1_000);
+    }
+
+    /// A success's reset header rests a key no longer than a 429 may (`max_cooldown_seconds`),
+    /// and no value overflows: a lying upstream rested a key for years on every replica, and
+    /// `9223371000000000000ms` overflowed the sum (a panic in a debug build).
+    #[test]
+    fn a_reset_header_rests_a_key_no_longer_than_the_cooldown_cap() {
+        let cap = Duration::from_secs(120);
+        for (remaining, reset, value) in [
+            (
+                "x-ratelimit-remaining-requests",
+                "x-ratelimit-reset-requests",
+                "100000h",
+            ),
+            (
+                "x-ratelimit-remaining-tokens",
+                "x-ratelimit-reset-tokens",
+                "9223371000000000000ms",
+            ),
+            (
+                "x-ratelimit-remaining-tokens",
+                "x-ratelimit-reset-tokens",
+                &format!("{}s", "9".repeat(320)),
+            ),
+            (
+                "anthropic-ratelimit-requests-remaining",
+                "anthropic-ratelimit-requests-reset",
+                "2999-01-01T00:00:00Z",
+            ),
+        ] {
+            let pool = Pool::new(&one_upstream(0, 0));
+            let mut h = HeaderMap::new();
+            h.insert(remaining, "0".parse().unwrap());
+            h.insert(reset, value.parse().unwrap());
+            pool.observe_headers(0, &h, 1_000, cap);
+            assert_eq!(pool.cooling_ms(0, 1_000), 120_000, "{reset}: {value}");
+        }
+        let pool = Pool::new(&one_upstream(0, 0));
+        pool.cool_down(0, i64::MAX - 5, Duration::from_secs(1));
+        assert_eq!(pool.cooling_until_ms(0), i64::MAX);
     }
 }

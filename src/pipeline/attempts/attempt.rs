@@ -57,9 +57,12 @@ async fn attempt(
         .await;
     metrics::upstream_answer(dep.provider.as_str(), &dep.id, sent.elapsed().as_secs_f64());
     let resp = resp?;
-    state
-        .pool()
-        .observe_headers(d, resp.headers(), state.clock.now().timestamp_millis());
+    state.pool().observe_headers(
+        d,
+        resp.headers(),
+        state.clock.now().timestamp_millis(),
+        Duration::from_secs(state.settings.retry.max_cooldown_seconds),
+    );
     let ttfb_ms = started.elapsed().as_millis() as i64;
     let success = |body, answer, response| Success {
         model: c.model.clone(),
