@@ -5,7 +5,7 @@
 //! |-----------------------------------------------|-----------------|---------------------------------------------------|
 //! | 429 rate limit                                | `RateLimited`   | key cools down (Retry-After, else 2^n s, capped); next key at once; all keys limited → 429 to the client |
 //! | 503, 529 overloaded; an HTTP/2 stream refused on every resend | `Overloaded`    | key cools down; next key; none left → jittered backoff within the deadline and attempt cap, never inside a key's cooldown |
-//! | out of money: 429/403 `insufficient_quota` / billing (Azure: `QuotaExceeded`, "Out of call volume quota"; Google: a per-day or zero-limit `QuotaFailure`), 402, a 400 whose error says so (Anthropic's "credit balance is too low", OpenAI's `billing_hard_limit_reached`) | `QuotaExhausted`| key disabled until re-enabled; alert; next key; never retried; the client never sees the upstream's billing text |
+//! | out of money: 429/403 `insufficient_quota` / `billing_hard_limit_reached` / `billing_not_active` / "credit balance" — not a bare "billing", which OpenAI's free-tier rate limit links (Azure: `QuotaExceeded`, "Out of call volume quota"; Google: a per-day or zero-limit `QuotaFailure`), 402, a 400 whose error says so (Anthropic's "credit balance is too low", OpenAI's `billing_hard_limit_reached`) | `QuotaExhausted`| key disabled until re-enabled; alert; next key; never retried; the client never sees the upstream's billing text |
 //! | 500, 502, 504, 408, timeout, connection, garbage | `ServerError` | no retry on the same key; counts toward its breaker; next key / fallback |
 //! | 409 conflict                                  | `Conflict`      | transient (the SDKs retry it): next key; no cooldown, no breaker count |
 //! | the request's own deadline ran out mid-attempt | `OutOfTime`    | no breaker count (the client's limit), except 3 unanswered probes in a row re-open a half-open breaker; the counted input is charged; no more attempts |
@@ -92,7 +92,7 @@ fn by_status(status: u16, body: &[u8]) -> Tier {
 }
 
 /// Whether an error answer says the key's account is out of money. 429/403 carry no client
-/// fault, so a mention of quota or billing anywhere decides; a 400 must say so in its
+/// fault, so an out-of-money code or sentence anywhere decides; a 400 must say so in its
 /// error's own fields.
 fn out_of_money(status: u16, body: &[u8]) -> bool {
     match status {
@@ -104,9 +104,13 @@ fn out_of_money(status: u16, body: &[u8]) -> bool {
                 return gemini::is_quota(&google);
             }
             let b = String::from_utf8_lossy(&body[..body.len().min(4096)]).to_ascii_lowercase();
-            // Azure: "Out of call volume quota …" (403) and the `QuotaExceeded` code.
+            // Azure: "Out of call volume quota …" (403) and the `QuotaExceeded` code. Not a
+            // bare "billing": OpenAI's rate limit for a free-trial account links its billing
+            // page, and would disable the key for good (s24 attack, resilience #3).
             b.contains("insufficient_quota")
-                || b.contains("billing")
+                || b.contains("billing_hard_limit_reached")
+                || b.contains("billing hard limit")
+                || b.contains("billing_not_active")
                 || b.contains("credit balance")
                 || b.contains("out of call volume quota")
                 || b.contains("\"quotaexceeded\"")
@@ -245,6 +249,13 @@ mod tests {
             classify(&status(403, "billing hard limit reached")),
             Tier::QuotaExhausted
         );
+        let inactive = r#"{"error":{"message":"Your account is not active, please check your billing details on our website.","type":"billing_not_active","param":null,"code":"billing_not_active"}}"#;
+        assert_eq!(classify(&status(429, inactive)), Tier::QuotaExhausted);
+        // OpenAI's rate limit for an account on free-trial limits links the billing page: a
+        // rate limit (cool down), not a spent quota (disabled until an admin acts) — a bare
+        // "billing" anywhere disabled the key for good (s24 attack, resilience #3).
+        let free_tier = r#"{"error":{"message":"Rate limit reached for default-gpt-3.5-turbo in organization org-x on requests per min. Limit: 3 / min. Please try again in 20s. Contact us through our help center at help.openai.com if you continue to have issues. Please add a payment method to your account to increase your rate limit. Visit https://platform.openai.com/account/billing to add a payment method.","type":"requests","param":null,"code":null}}"#;
+        assert_eq!(classify(&status(429, free_tier)), Tier::RateLimited);
         assert_eq!(classify(&status(503, "")), Tier::Overloaded);
         assert_eq!(classify(&status(529, "")), Tier::Overloaded);
         for s in [500, 502, 504] {
