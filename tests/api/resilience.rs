@@ -545,6 +545,45 @@ async fn a_gate_of_two_plus_four_holds_under_twenty_concurrent_requests() {
     assert!(results.iter().all(|(s, _)| *s != 500));
 }
 
+/// Attempts the key's concurrency gate turns away never reached the key: they leave nothing
+/// in its RPM window. Before, the window was booked before the gate, and nothing removes a
+/// request from it: a burst the gate refused used the key's `rpm_limit` up, and the key
+/// answered nothing more for the window's minute (s24 attack, resilience #2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempts_the_gate_turns_away_use_nothing_of_the_keys_rpm_window() {
+    let app = Arc::new(
+        spawn_app_with(|s, _| {
+            s.upstreams[0].max_concurrent = 1;
+            s.upstreams[0].max_queue = 0;
+            s.upstreams[0].rpm_limit = 2;
+        })
+        .await,
+    );
+    let (_, token) = app.token("ida", None).await;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            delay_ms: 800,
+            ..Default::default()
+        }),
+    );
+    let first = {
+        let (app, token) = (app.clone(), token.clone());
+        tokio::spawn(async move { app.chat(&token, &chat_body(10)).await.status().as_u16() })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for _ in 0..3 {
+        let resp = app.chat(&token, &chat_body(10)).await;
+        assert_eq!(resp.status(), 503);
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "upstream_busy", "{v}");
+    }
+    assert_eq!(first.await.unwrap(), 200);
+    let resp = app.chat(&token, &chat_body(10)).await;
+    assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+    assert_eq!(app.mock.state.stats(KEY_A).count, 2);
+}
+
 #[tokio::test]
 async fn a_stream_is_retried_before_its_first_byte_and_never_after() {
     let app = spawn_app_with(pool_of_two_and_a_fallback).await;

@@ -28,20 +28,27 @@ struct Setup {
 }
 
 async fn setup(redis: bool, tweak: impl FnOnce(&mut sluice::config::Settings)) -> Setup {
+    setup_with(redis, |s, _| tweak(s)).await
+}
+
+async fn setup_with(
+    redis: bool,
+    tweak: impl FnOnce(&mut sluice::config::Settings, &sluice::mock::MockServer),
+) -> Setup {
     let server = if redis {
         Some(RedisServer::start().await)
     } else {
         None
     };
     let url = server.as_ref().map(RedisServer::url);
-    let app = spawn_app_with(move |s, _| {
+    let app = spawn_app_with(move |s, m| {
         s.ratelimit.window_seconds = 60;
         s.upstreams[0].tpm_limit = 1;
         s.redis = url.map(|u| RedisSettings {
             url: sluice::config::Secret(secrecy::SecretString::from(u)),
             ..Default::default()
         });
-        tweak(s);
+        tweak(s, m);
     })
     .await;
     let zero = Script {
@@ -308,6 +315,59 @@ async fn stream_cut(redis: bool) {
     assert_eq!(remaining_tokens(&resp), TOKEN_TPM - counted - estimate);
 }
 
+/// A key's own window refusing an attempt does not rest the key: the refusal is read on the
+/// worst-case bookings of requests still running, which are corrected to their usage when
+/// they end, and the next request that fits is served. Before, the refusal cooled the key
+/// for the window's length (about 61 s, shared through Redis): every request meanwhile was
+/// answered 503 though the window was nearly empty (s24 attack, resilience #2).
+async fn key_window_refusal(redis: bool) {
+    let s = setup_with(redis, |s, m| {
+        s.upstreams[0].tpm_limit = 6_000;
+        s.alerts.webhooks = vec![sluice::config::WebhookSettings {
+            url: sluice::config::Secret(secrecy::SecretString::from(format!(
+                "{}/_mock/webhook",
+                m.base_url()
+            ))),
+            format: "generic".into(),
+        }];
+    })
+    .await;
+    let app = &s.app;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            delay_ms: 600,
+            prompt_tokens: Some(10),
+            completion_tokens: Some(10),
+            ..Default::default()
+        }),
+    );
+    let (_, token) = app.issue(issue_args("kim")).await;
+    let first = {
+        let (app, token) = (app.clone(), token.clone());
+        tokio::spawn(async move { app.chat(&token, &chat_body(4_000)).await.status() })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let refused = app.chat(&token, &chat_body(4_000)).await;
+    assert_eq!(
+        refused.status(),
+        503,
+        "the key's window is full of the first's booking"
+    );
+    assert_eq!(first.await.unwrap(), 200);
+    settled().await;
+    let resp = app.chat(&token, &chat_body(10)).await;
+    assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+    assert_eq!(app.mock.state.stats(KEY_A).count, 2);
+    // A key paced by its own window is no empty pool: no alert to the operators.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let alerts = app.mock.state.stats("webhook").last_bodies;
+    assert!(
+        alerts.iter().all(|b| b["kind"] != "pool_empty"),
+        "{alerts:?}"
+    );
+}
+
 macro_rules! on_both_stores {
     ($($name:ident),* $(,)?) => {
         $(
@@ -332,5 +392,6 @@ on_both_stores!(
     queue_refusal,
     cache_hit,
     successes,
-    stream_cut
+    stream_cut,
+    key_window_refusal
 );

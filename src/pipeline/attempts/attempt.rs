@@ -131,28 +131,6 @@ pub(super) async fn try_candidate(
         tracing::warn!(upstream = %dep.id, "retry budget spent; not retrying on this key");
         return Step::Next;
     }
-    let (rpm, tpm) = (dep.rpm_limit, dep.tpm_limit);
-    // The key's window, booked at the worst case; dropped, the booking corrects it to what
-    // it recorded: 0 unless this attempt is answered.
-    let mut key_booking = None;
-    if rpm > 0 || tpm > 0 {
-        let spec = vec![WindowSpec::upstream(&dep.id, rpm, tpm)];
-        let estimated = (p.input_tokens + p.cap.map_or(0, |(_, c)| c) * p.n).max(0) as u64;
-        let (decision, booking) = state
-            .windows
-            .admit(spec, &format!("{request_id}:{}", run.attempts), estimated)
-            .await;
-        key_booking = booking;
-        if decision.refused.is_some() {
-            state.pool().cool_down(
-                d,
-                state.clock.now().timestamp_millis(),
-                decision.retry_after,
-            );
-            run.wait(decision.retry_after);
-            return Step::Next;
-        }
-    }
     let (body, dropped) = match build(&dep, p, c) {
         Ok(b) => (b.body, b.dropped),
         Err(e) => {
@@ -189,6 +167,29 @@ pub(super) async fn try_candidate(
             }
         }
     };
+    // The key's window, booked at the worst case once the attempt is sure to go out (built,
+    // through its gate, its key still in use): an attempt that never reached the key must
+    // leave no request in its RPM log, which nothing removes (s24 attack, resilience #2).
+    // Dropped, the booking corrects it to what it recorded: 0 unless this attempt is
+    // answered. A refusal passes the key over for this attempt only: it is read on the
+    // worst-case bookings of requests still running, corrected when they end — a cooldown
+    // rested the key a whole window while it was nearly empty.
+    let (rpm, tpm) = (dep.rpm_limit, dep.tpm_limit);
+    let mut key_booking = None;
+    if rpm > 0 || tpm > 0 {
+        let spec = vec![WindowSpec::upstream(&dep.id, rpm, tpm)];
+        let estimated = (p.input_tokens + p.cap.map_or(0, |(_, c)| c) * p.n).max(0) as u64;
+        let (decision, booking) = state
+            .windows
+            .admit(spec, &format!("{request_id}:{}", run.attempts), estimated)
+            .await;
+        key_booking = booking;
+        if decision.refused.is_some() {
+            run.wait(decision.retry_after);
+            run.paced = true;
+            return Step::Next;
+        }
+    }
     if run.attempts == 0 {
         state.pool().budgets[d].first_attempt();
     }

@@ -23,6 +23,9 @@ pub(super) struct Run {
     /// The soonest a skipped or cooling candidate may serve again.
     soonest: Option<Duration>,
     pub(super) busy: bool,
+    /// A key's own window (`rpm_limit` / `tpm_limit`) passed it over: the gateway pacing a
+    /// healthy key, no sign of an empty pool.
+    pub(super) paced: bool,
     pub(super) untranslatable: Option<TranslateError>,
     pub(super) cut_by_deadline: bool,
     /// The request's deadline ended the attempts (it may have passed before the first).
@@ -132,6 +135,9 @@ pub(super) fn final_error(state: &AppState, p: &Prepared, run: &mut Run) -> ApiE
         // request (502, as a timeout is), not a sign that no key can serve — no alert a
         // client could raise with a short deadline.
         (0, None) if run.out_of_time => ApiError::UpstreamError,
+        (0, None) if run.paced => ApiError::ServiceDegraded {
+            retry_after: seconds(run.soonest),
+        },
         (0, None) => {
             state.alerts.raise(
                 "pool_empty",
