@@ -322,20 +322,26 @@ async fn share_cooldowns(state: Arc<AppState>) {
                 published[d].1 = until;
             }
         }
+        // Another replica's cooldown is taken as the time it has left, on this clock, and
+        // no longer than a 429 may rest a key here.
+        let cap = Duration::from_secs(state.settings.retry.max_cooldown_seconds);
         match redis.sync_cooldowns(&publish, &ids).await {
-            Ok(values) => {
+            Ok(left) => {
                 // A key rotated during the exchange: what Redis holds under its old name is
                 // not the new key's to take (the pool's members outlive the snapshot).
                 let current = state.live.snapshot();
-                for (d, v) in values.into_iter().enumerate() {
+                let now = state.clock.now().timestamp_millis();
+                for (d, left) in left.into_iter().enumerate() {
                     let same_key = current
                         .catalog
                         .deployments
                         .get(d)
                         .is_some_and(|dep| dep.shared_name() == ids[d]);
-                    if let Some(until) = v.filter(|u| *u > now && same_key) {
-                        current.pool.cool_until(d, until);
-                        published[d].1 = published[d].1.max(until);
+                    if let Some(left) = left.filter(|_| same_key) {
+                        current
+                            .pool
+                            .cool_down(d, now, Duration::from_millis(left).min(cap));
+                        published[d].1 = published[d].1.max(current.pool.cooling_until_ms(d));
                     }
                 }
             }

@@ -204,12 +204,15 @@ impl RedisWindows {
     }
 
     /// Shares key-pool cooldowns between replicas in one round trip: publishes this
-    /// replica's new cooldowns (`id`, until in epoch ms, time to live) and reads everyone's.
+    /// replica's new cooldowns (`id`, until in epoch ms, time to live) and reads everyone's
+    /// as the milliseconds left (`PTTL`, Redis's own clock): an instant on the publisher's
+    /// clock means another time on a replica whose clock differs (s24 attack, resilience
+    /// #4). The value stays the instant, which hosts of the previous version read.
     pub async fn sync_cooldowns(
         &self,
         publish: &[(String, i64, u64)],
         ids: &[String],
-    ) -> Result<Vec<Option<i64>>, WindowError> {
+    ) -> Result<Vec<Option<u64>>, WindowError> {
         let mut pipe = redis::pipe();
         for (id, until, ttl_ms) in publish {
             pipe.cmd("SET")
@@ -219,15 +222,31 @@ impl RedisWindows {
                 .arg((*ttl_ms).max(1))
                 .ignore();
         }
-        let keys: Vec<String> = ids.iter().map(|id| Self::cool_key(id)).collect();
-        pipe.cmd("MGET").arg(&keys);
-        let (values,): (Vec<Option<i64>>,) = self
+        for id in ids {
+            pipe.cmd("PTTL").arg(Self::cool_key(id));
+        }
+        // -2: no such key; -1: no expiry (never written so by the gateway).
+        let left: Vec<i64> = self
             .run(
                 self.timeout.max(Duration::from_millis(200)),
                 |mut c| async move { pipe.query_async(&mut c).await },
             )
             .await?;
-        Ok(values)
+        Ok(left
+            .into_iter()
+            .map(|ms| u64::try_from(ms).ok().filter(|ms| *ms > 0))
+            .collect())
+    }
+
+    /// Ends a key's shared cooldown (an admin enabled it): left in Redis, every replica's
+    /// next exchange would put it back.
+    pub async fn clear_cooldown(&self, id: &str) -> Result<(), WindowError> {
+        let key = Self::cool_key(id);
+        self.run(self.timeout.max(Duration::from_millis(200)), |mut c| {
+            let key = key.clone();
+            async move { redis::cmd("DEL").arg(key).query_async::<()>(&mut c).await }
+        })
+        .await
     }
 
     /// What is wrong with the topology as configured, if the server says so: a `url`

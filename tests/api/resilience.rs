@@ -796,6 +796,95 @@ async fn cooldowns_are_shared_between_replicas_through_redis() {
     assert_eq!(a.mock.state.stats(KEY_A).count, 1);
 }
 
+/// A clock a fixed offset from the system's: a host whose clock is wrong.
+struct Offset(chrono::Duration);
+
+impl sluice::clock::Clock for Offset {
+    fn now(&self) -> chrono::DateTime<chrono::Utc> {
+        chrono::Utc::now() + self.0
+    }
+}
+
+/// Shared cooldowns are read as the time left (Redis's own `PTTL`), not as an instant on
+/// the publisher's clock: a replica whose clock runs 45 s ahead that rests a key for its
+/// `Retry-After: 2` rests it 2 s on the others too, and a cooldown published by a replica
+/// whose clock is behind still rests the key there. Before, the instant was compared with
+/// each reader's clock: the others rested the key 47 s (past `max_cooldown_seconds` with a
+/// larger skew), and the replica ahead took the others' cooldowns for over and ignored them
+/// (s24 attack, resilience #4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_cooldown_lasts_its_retry_after_whatever_the_replicas_clocks() {
+    let redis = RedisServer::start().await;
+    let url = redis.url();
+    let a = spawn_app_with(move |s, m| {
+        pool_of_two_and_a_fallback(s, m);
+        s.redis = Some(sluice::config::RedisSettings {
+            url: sluice::config::Secret(secrecy::SecretString::from(url)),
+            ..Default::default()
+        });
+    })
+    .await;
+    let b = sluice::startup::Application::build_with_clock(
+        a.settings.clone(),
+        Arc::new(Offset(chrono::Duration::seconds(45))),
+    )
+    .await
+    .unwrap();
+    let b_url = format!("http://127.0.0.1:{}/v1/chat/completions", b.port());
+    let b_state = b.state();
+    tokio::spawn(b.run_until_stopped());
+    let (_, token) = a.token("uma", None).await;
+    let rate_limited = |after: &str| Script {
+        status: Some(429),
+        headers: vec![("Retry-After".into(), after.into())],
+        ..Default::default()
+    };
+    // B, ahead, sees the 429 and rests key a 2 s; A hears of it and rests it 2 s, not 47.
+    a.mock.state.script(KEY_A, [rate_limited("2")]);
+    let resp = a
+        .http
+        .post(&b_url)
+        .bearer_auth(&token)
+        .json(&chat_body(10))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let real_now = || chrono::Utc::now().timestamp_millis();
+    poll_until("A rests key a", || {
+        a.state.pool().cooling_ms(0, real_now()) > 0
+    })
+    .await;
+    let resting = a.state.pool().cooling_ms(0, real_now());
+    assert!(
+        resting <= 2_000,
+        "A rests key a {resting} ms for a Retry-After of 2 s"
+    );
+    // A sees the next 429 (10 s); B, ahead, rests key a too.
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    a.mock.state.script(KEY_A, [rate_limited("10")]);
+    assert_eq!(a.chat(&token, &chat_body(10)).await.status(), 200);
+    poll_until("B rests key a", || {
+        let b_now = real_now() + 45_000;
+        (5_000..=10_000).contains(&b_state.pool().cooling_ms(0, b_now))
+    })
+    .await;
+    // An admin enabling the key on A ends its shared cooldown too: left in Redis, A's next
+    // exchange put it back within 250 ms.
+    crate::admin_helpers::make_login(&a, "root", "admin", None).await;
+    let admin = crate::admin_helpers::login(&a, "root").await;
+    let (s, v) = admin
+        .post("/admin/api/v1/upstreams/a/enable", &serde_json::json!({}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        a.state.pool().cooling_ms(0, real_now()),
+        0,
+        "enabled on A stays so"
+    );
+}
+
 #[tokio::test]
 async fn equally_idle_keys_share_the_load() {
     let app = spawn_app_with(pool_of_two_and_a_fallback).await;
