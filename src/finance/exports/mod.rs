@@ -287,8 +287,20 @@ fn pages<'a, P: Deserialize<'a>>(text: &'a str) -> Result<Vec<P>, ExportError> {
 
 /// `gpt-4o-mini-2024-07-18` and `claude-3-5-haiku-20241022` name the model of the route
 /// `gpt-4o-mini` / `claude-3-5-haiku`: a trailing snapshot date is not part of the name
-/// reconciliation compares (a provider bills the snapshot an alias resolved to).
+/// reconciliation compares (a provider bills the snapshot an alias resolved to). Nor are
+/// the aliases' own endings, `-latest` and Anthropic's `-0` (`claude-sonnet-4-0` is billed
+/// as `claude-sonnet-4-20250514`): a route naming an alias never met its bill, both sides
+/// flagged every day (s24 attack, finance F6).
 pub fn base_model(name: &str) -> &str {
+    if let Some(alias) = name.strip_suffix("-latest") {
+        return alias;
+    }
+    if let Some(major) = name
+        .strip_suffix("-0")
+        .filter(|m| m.starts_with("claude-") && m.as_bytes().last().is_some_and(u8::is_ascii_digit))
+    {
+        return major;
+    }
     let b = name.as_bytes();
     let digits = |s: &[u8]| s.iter().all(u8::is_ascii_digit);
     let n = b.len();
@@ -324,5 +336,22 @@ mod tests {
             base_model("text-embedding-3-small"),
             "text-embedding-3-small"
         );
+    }
+
+    /// A route naming an alias meets the snapshot it is billed as.
+    #[test]
+    fn an_alias_meets_the_snapshot_it_is_billed_as() {
+        for (alias, billed) in [
+            ("claude-3-5-haiku-latest", "claude-3-5-haiku-20241022"),
+            ("claude-sonnet-4-0", "claude-sonnet-4-20250514"),
+            ("claude-opus-4-0", "claude-opus-4-20250514"),
+            ("claude-opus-4-1", "claude-opus-4-1-20250805"),
+            ("chatgpt-4o-latest", "chatgpt-4o-latest"),
+        ] {
+            assert_eq!(base_model(alias), base_model(billed), "{alias}");
+        }
+        // A version that merely ends in 0 is its own model.
+        assert_eq!(base_model("claude-opus-4-1"), "claude-opus-4-1");
+        assert_eq!(base_model("gpt-4-0613"), "gpt-4-0613");
     }
 }
