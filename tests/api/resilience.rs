@@ -885,6 +885,67 @@ async fn a_shared_cooldown_lasts_its_retry_after_whatever_the_replicas_clocks() 
     );
 }
 
+/// A request the fallback cannot take (`seed` has no place on an Anthropic model) while
+/// the keys that could take it rest is answered as the outage it is — 503
+/// `service_degraded` with their `Retry-After`, which the SDKs retry — not a 400 the client
+/// would take for its own fault and never retry: the 400 is only for a request no
+/// candidate can take (s24 attack, translation #1).
+#[tokio::test]
+async fn a_request_only_the_resting_keys_can_take_is_an_outage_not_a_client_error() {
+    let app = spawn_app_with(pool_of_two_and_a_fallback).await;
+    let (_, token) = app.token("vic", None).await;
+    for k in [KEY_A, KEY_B] {
+        app.mock.state.script(
+            k,
+            [Script {
+                status: Some(429),
+                headers: vec![("Retry-After".into(), "30".into())],
+                ..Default::default()
+            }],
+        );
+    }
+    let resp = app.chat(&token, &chat_body(10)).await;
+    assert_eq!(resp.headers().get("x-sluice-upstream").unwrap(), "c");
+    let mut body = chat_body(10);
+    body["seed"] = serde_json::json!(7);
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 503);
+    assert!(retry_after(resp.headers()) >= 20);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "service_degraded", "{v}");
+    // With the keys rested, the same request is served.
+    app.state.pool().enable(0);
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    // No candidate can take it at all: the client's error, naming the field.
+    body["model"] = serde_json::json!("claude");
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 400);
+    assert!(resp.text().await.unwrap().contains("seed"));
+}
+
+/// A fallback model is sent no more output than its own cap: the cap asked of the first
+/// model (within its larger cap) went to the fallback's upstream as it was, which refused
+/// it — a 400 passed on as the client's fault (s24 attack, translation #4).
+#[tokio::test]
+async fn a_fallback_is_sent_no_more_than_its_own_output_cap() {
+    let app = spawn_app_with(|s, m| {
+        pool_of_two_and_a_fallback(s, m);
+        let claude = s.models.iter_mut().find(|m| m.name == "claude").unwrap();
+        claude.max_output_tokens = 1_000;
+    })
+    .await;
+    let (_, token) = app.token("wes", None).await;
+    for k in [KEY_A, KEY_B] {
+        app.mock.state.script(k, [status(500)]);
+    }
+    let resp = app.chat(&token, &chat_body(3_000)).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers().get("x-sluice-upstream").unwrap(), "c");
+    let sent = app.mock.state.stats(KEY_C).last_bodies;
+    assert_eq!(sent.back().unwrap()["max_tokens"], 1_000, "{sent:?}");
+}
+
 #[tokio::test]
 async fn equally_idle_keys_share_the_load() {
     let app = spawn_app_with(pool_of_two_and_a_fallback).await;

@@ -112,9 +112,11 @@ pub(super) async fn try_candidate(
     // The route's model is no longer served there (a model edited since the request was
     // prepared): nothing to send, and no verdict on the upstream, which is healthy.
     let Some(url) = dep.url(&c.route, p.endpoint, p.stream) else {
+        run.passed_over = true;
         return Step::Next;
     };
     if run.held_at((dep.allow_private, url)) {
+        run.passed_over = true;
         return Step::Next;
     }
     let pool = state.pool();
@@ -124,11 +126,13 @@ pub(super) async fn try_candidate(
         Ok(permit) => permit,
         Err(after) => {
             run.wait(after);
+            run.passed_over = true;
             return Step::Next;
         }
     };
     if run.attempts > 0 && !state.pool().budgets[d].try_retry() {
         tracing::warn!(upstream = %dep.id, "retry budget spent; not retrying on this key");
+        run.passed_over = true;
         return Step::Next;
     }
     let (body, dropped) = match build(&dep, p, c) {
@@ -142,6 +146,7 @@ pub(super) async fn try_candidate(
         Ok(s) => s,
         Err(_) => {
             run.busy = true;
+            run.passed_over = true;
             return Step::Next;
         }
     };
@@ -153,10 +158,12 @@ pub(super) async fn try_candidate(
     } else {
         let catalog = state.catalog();
         if !catalog.usable(d) {
+            run.passed_over = true;
             return Step::Next;
         }
         fresh = catalog.deployments[d].clone();
         let Some(url) = fresh.url(&c.route, p.endpoint, p.stream) else {
+            run.passed_over = true;
             return Step::Next;
         };
         match build(&fresh, p, c) {
@@ -187,6 +194,7 @@ pub(super) async fn try_candidate(
         if decision.refused.is_some() {
             run.wait(decision.retry_after);
             run.paced = true;
+            run.passed_over = true;
             return Step::Next;
         }
     }

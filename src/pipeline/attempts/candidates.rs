@@ -79,7 +79,15 @@ pub(super) fn build(
     p: &Prepared,
     c: &Candidate,
 ) -> Result<Built, TranslateError> {
-    let cap = p.cap.map(|(_, cap)| (c.route.cap_field(p.endpoint), cap));
+    // A fallback model may cap its output lower than the model asked for: sent the asked
+    // model's cap, its upstream refused the request, a 400 passed to the client as its own
+    // fault (s24 attack, translation #4). Lower never exceeds what was reserved.
+    let cap = p.cap.map(|(_, cap)| {
+        (
+            c.route.cap_field(p.endpoint),
+            cap.min(c.model.max_output_tokens),
+        )
+    });
     if p.responses.is_some() {
         providers::build_responses_request(
             dep.provider,

@@ -110,11 +110,13 @@ pub async fn call(
             }
             if Instant::now() >= deadline {
                 run.out_of_time = true;
+                run.passed_over = true;
                 break;
             }
             // Checked right before each attempt: an earlier attempt of this request may
             // just have put the same key (routed twice) to rest.
             if !ready(state, &candidates[i], &mut run) {
+                run.passed_over = true;
                 // An overloaded key whose rest another request lengthened meanwhile is
                 // waited for again in the next round (within the deadline), not given up.
                 if round > 1 && !off(state, candidates[i].route.deployment) {

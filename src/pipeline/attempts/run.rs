@@ -26,6 +26,10 @@ pub(super) struct Run {
     /// A key's own window (`rpm_limit` / `tpm_limit`) passed it over: the gateway pacing a
     /// healthy key, no sign of an empty pool.
     pub(super) paced: bool,
+    /// A candidate was passed over as unavailable for now (resting, disabled, breaker-open,
+    /// busy, paced, out of retries or of time): one that could take a request another
+    /// cannot translate, so that refusal is not the client's answer.
+    pub(super) passed_over: bool,
     pub(super) untranslatable: Option<TranslateError>,
     pub(super) cut_by_deadline: bool,
     /// The request's deadline ended the attempts (it may have passed before the first).
@@ -125,7 +129,12 @@ fn seconds(d: Option<Duration>) -> u64 {
 
 /// The client's answer when no attempt served.
 pub(super) fn final_error(state: &AppState, p: &Prepared, run: &mut Run) -> ApiError {
-    match (run.attempts, run.untranslatable.take()) {
+    // A candidate's refusal to translate is the client's 400 only when no other candidate
+    // was passed over as unavailable: with the keys that could take it resting, the answer
+    // is the outage (503, which the SDKs retry), not a 400 the client takes for its own
+    // fault (s24 attack, translation #1).
+    let untranslatable = run.untranslatable.take().filter(|_| !run.passed_over);
+    match (run.attempts, untranslatable) {
         (0, Some(e)) => ApiError::InvalidRequest {
             message: e.message,
             param: e.param,
