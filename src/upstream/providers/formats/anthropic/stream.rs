@@ -187,6 +187,10 @@ pub struct EventWriter {
     /// and name. An upstream that keeps a second call or text waiting behind a live call
     /// for ever would grow it without bound: the converter ends the stream past its limit.
     held_bytes: usize,
+    /// A reasoning block began upstream: its text or signature starts a thinking block of
+    /// its own rather than joining the one before (a signature there would replace that
+    /// block's own in the SDKs, which assign each `signature_delta`).
+    new_reasoning: bool,
 }
 
 /// What one call costs to keep besides its strings.
@@ -258,10 +262,11 @@ impl EventWriter {
 
     /// Text (or reasoning) of the answer: live in its block, or held.
     fn text(&mut self, out: &mut Vec<Bytes>, kind: Kind, t: &str) {
+        let fresh = kind == Kind::Thinking && std::mem::take(&mut self.new_reasoning);
         if self.holding() {
             self.held_bytes += t.len();
             match self.held.last_mut() {
-                Some(Held::Block { kind: k, text, .. }) if *k == kind => text.push_str(t),
+                Some(Held::Block { kind: k, text, .. }) if *k == kind && !fresh => text.push_str(t),
                 _ => self.held.push(Held::Block {
                     kind,
                     text: t.to_string(),
@@ -271,7 +276,7 @@ impl EventWriter {
             return;
         }
         let i = match self.open {
-            Some(Open::Block(i, k)) if k == kind => i,
+            Some(Open::Block(i, k)) if k == kind && !fresh => i,
             _ => {
                 let i = self.start(out, empty_block(kind));
                 self.open = Some(Open::Block(i, kind));
@@ -281,24 +286,37 @@ impl EventWriter {
         delta(out, i, text_delta(kind, t));
     }
 
+    /// A reasoning signature: on its thinking block, or — none open, as Gemini puts one on
+    /// a function call — on a thinking block of its own, as the whole answer gives it. It
+    /// was dropped: the client sent the call back without it, which Gemini 3 refuses (s24
+    /// attack, translation #2).
     fn signature(&mut self, out: &mut Vec<Bytes>, s: &str) {
-        match (self.open, self.held.last_mut()) {
-            (
-                _,
+        let fresh = std::mem::take(&mut self.new_reasoning);
+        if self.holding() {
+            self.held_bytes += s.len();
+            match self.held.last_mut() {
                 Some(Held::Block {
                     kind: Kind::Thinking,
                     signature,
                     ..
+                }) if !fresh => signature.push_str(s),
+                _ => self.held.push(Held::Block {
+                    kind: Kind::Thinking,
+                    text: String::new(),
+                    signature: s.to_string(),
                 }),
-            ) => {
-                self.held_bytes += s.len();
-                signature.push_str(s);
             }
-            (Some(Open::Block(i, Kind::Thinking)), _) => {
-                delta(out, i, json!({"type": "signature_delta", "signature": s}))
-            }
-            _ => {}
+            return;
         }
+        let i = match self.open {
+            Some(Open::Block(i, Kind::Thinking)) if !fresh => i,
+            _ => {
+                let i = self.start(out, empty_block(Kind::Thinking));
+                self.open = Some(Open::Block(i, Kind::Thinking));
+                i
+            }
+        };
+        delta(out, i, json!({"type": "signature_delta", "signature": s}));
     }
 
     fn tool_start(&mut self, out: &mut Vec<Bytes>, index: usize, id: &str, name: &str) {
@@ -451,7 +469,8 @@ impl EventWriter {
                 event(out, "message_stop", json!({"type": "message_stop"}));
             }
             Event::Error(e) => event(out, "error", super::write_error(e)),
-            Event::TextStart { .. } | Event::ReasoningStart { .. } | Event::BlockStop { .. } => {}
+            Event::ReasoningStart { .. } => self.new_reasoning = true,
+            Event::TextStart { .. } | Event::BlockStop { .. } => {}
         }
     }
 }

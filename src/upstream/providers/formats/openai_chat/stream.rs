@@ -338,8 +338,8 @@ pub struct EventWriter {
     id: String,
     model: String,
     created: i64,
-    /// Block index → OpenAI tool-call index.
-    tools: HashMap<usize, i64>,
+    /// Block index → OpenAI tool-call index, and whether any of its arguments were written.
+    tools: HashMap<usize, (i64, bool)>,
     next_tool: i64,
     usage: Usage,
 }
@@ -378,7 +378,7 @@ impl EventWriter {
             Event::ToolCallStart { index, id, name } => {
                 let slot = self.next_tool;
                 self.next_tool += 1;
-                self.tools.insert(*index, slot);
+                self.tools.insert(*index, (slot, false));
                 out.push(self.delta(
                     json!({"tool_calls": [{"index": slot, "id": id, "type": "function",
                     "function": {"name": name, "arguments": ""}}]}),
@@ -390,12 +390,26 @@ impl EventWriter {
                 // Only a block that started as a tool call has a tool-call index; the input
                 // of another (a server tool's block, whose start the reader did not pass
                 // either) is no part of any call the client sees, and never call 0's.
-                let Some(&slot) = self.tools.get(index) else {
+                let Some((slot, written)) = self.tools.get_mut(index) else {
                     return;
                 };
+                *written |= !json.is_empty();
+                let slot = *slot;
                 out.push(self.delta(
                     json!({"tool_calls": [{"index": slot, "function": {"arguments": json}}]}),
                 ));
+            }
+            // A call whose input came as nothing (Anthropic's `input: {}` streams no JSON)
+            // has the arguments `{}`, as its whole answer and OpenAI itself give: `""`
+            // fails the SDK's strict-tool parsing, and Gemini and Bedrock routes refuse it
+            // when the history comes back (s24 attack, translation #5).
+            Event::BlockStop { index } => {
+                if let Some((slot, false)) = self.tools.get(index).copied() {
+                    self.tools.insert(*index, (slot, true));
+                    out.push(self.delta(
+                        json!({"tool_calls": [{"index": slot, "function": {"arguments": "{}"}}]}),
+                    ));
+                }
             }
             Event::Finish(f) => {
                 let mut choice = Map::new();
@@ -419,8 +433,7 @@ impl EventWriter {
             Event::TextStart { .. }
             | Event::ReasoningStart { .. }
             | Event::ReasoningDelta { .. }
-            | Event::ReasoningSignature { .. }
-            | Event::BlockStop { .. } => {}
+            | Event::ReasoningSignature { .. } => {}
         }
     }
 }

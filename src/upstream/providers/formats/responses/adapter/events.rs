@@ -169,11 +169,21 @@ impl EventWriter {
                 id,
                 call_id,
                 name,
-                args,
+                mut args,
             } = open
             else {
                 continue;
             };
+            // A call whose input came as nothing has the arguments `{}`, as its whole
+            // answer gives (s24 attack, translation #5).
+            if args.is_empty() {
+                args.push_str("{}");
+                self.emit(
+                    "response.function_call_arguments.delta",
+                    json!({"item_id": id, "output_index": index, "delta": args}),
+                    out,
+                );
+            }
             self.emit(
                 "response.function_call_arguments.done",
                 json!({"item_id": id, "output_index": index, "name": name, "arguments": args}),

@@ -266,3 +266,129 @@ fn an_unreadable_event_after_the_finish_cuts_the_stream() {
     assert!(!c.end(&mut out));
     assert_eq!(c.usage().output, estimate::count_text(TEXT));
 }
+
+/// A tool call with no input (Anthropic streams `input: {}` and at most an empty
+/// `partial_json`) reaches an OpenAI client with the arguments `{}`, as the same answer
+/// unstreamed gives and as OpenAI itself sends: streamed it was `""`, which the SDK's
+/// strict-tool parsing refuses and Gemini and Bedrock routes refuse when the history comes
+/// back (s24 attack, translation #5).
+#[test]
+fn a_tool_call_without_input_streams_its_arguments_as_an_empty_object() {
+    let e = |name: &'static str, v: Value| (name, v.to_string());
+    let events = [
+        e(
+            "message_start",
+            json!({"type": "message_start", "message": {"id": "m", "type": "message", "role": "assistant",
+                "model": "c", "content": [], "stop_reason": null, "usage": {"input_tokens": 5, "output_tokens": 1}}}),
+        ),
+        e(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "tool_use", "id": "toolu_1", "name": "now", "input": {}}}),
+        ),
+        e(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "input_json_delta", "partial_json": ""}}),
+        ),
+        e(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 0}),
+        ),
+        e(
+            "message_delta",
+            json!({"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 3}}),
+        ),
+        e("message_stop", json!({"type": "message_stop"})),
+    ];
+    let mut c = StreamConverter::new(Format::Anthropic, WireFormat::OpenAi, true, 10);
+    let mut out = Vec::new();
+    for (name, data) in &events {
+        c.event(name, data, &mut out);
+    }
+    assert!(c.end(&mut out));
+    let arguments: String = out
+        .iter()
+        .filter_map(|f| {
+            let text = String::from_utf8_lossy(f);
+            let v: Value = serde_json::from_str(text.trim().strip_prefix("data: ")?).ok()?;
+            let args = v.pointer("/choices/0/delta/tool_calls/0/function/arguments")?;
+            Some(args.as_str()?.to_string())
+        })
+        .collect();
+    assert_eq!(arguments, "{}");
+}
+
+/// The blocks an Anthropic client rebuilds from a stream's frames: (type, text, signature).
+fn anthropic_blocks(out: &[bytes::Bytes]) -> Vec<(String, String, String)> {
+    let mut blocks: Vec<(String, String, String)> = Vec::new();
+    for f in out {
+        let text = String::from_utf8_lossy(f);
+        let Some(data) = text.lines().find_map(|l| l.strip_prefix("data: ")) else {
+            continue;
+        };
+        let v: Value = serde_json::from_str(data).unwrap();
+        match v["type"].as_str() {
+            Some("content_block_start") => {
+                let kind = v["content_block"]["type"].as_str().unwrap().to_string();
+                blocks.push((kind, String::new(), String::new()));
+            }
+            Some("content_block_delta") => {
+                let b = blocks.last_mut().unwrap();
+                let d = &v["delta"];
+                match d["type"].as_str() {
+                    Some("thinking_delta") => b.1.push_str(d["thinking"].as_str().unwrap()),
+                    // The SDKs assign each signature: the last one is the block's.
+                    Some("signature_delta") => b.2 = d["signature"].as_str().unwrap().into(),
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+    }
+    blocks
+}
+
+/// A Gemini thought signature on a function call reaches an Anthropic client streaming as
+/// a thinking block of its own before the `tool_use`, as the whole answer gives it — the
+/// stream dropped it, and the call sent back without it is refused by Gemini 3 — and a
+/// signature on the part after a thought goes on a block of its own, not on the thought's
+/// (s24 attack, translation #2).
+#[test]
+fn a_gemini_signature_on_a_call_streams_on_a_thinking_block_of_its_own() {
+    let chunk = |parts: Value, finish: Value| {
+        data(
+            json!({"responseId": "r", "candidates": [{"content": {"role": "model", "parts": parts},
+            "finishReason": finish}], "usageMetadata": {"promptTokenCount": 3, "candidatesTokenCount": 2}}),
+        )
+    };
+    let events = [
+        chunk(
+            json!([{"text": "Let me look.", "thought": true, "thoughtSignature": "sig-thought"}]),
+            Value::Null,
+        ),
+        chunk(
+            json!([{"functionCall": {"name": "f", "args": {}}, "thoughtSignature": "sig-call"}]),
+            json!("STOP"),
+        ),
+    ];
+    let mut c = StreamConverter::new(Format::Gemini, WireFormat::Anthropic, true, 10);
+    let mut out = Vec::new();
+    for (name, data) in &events {
+        c.event(name, data, &mut out);
+    }
+    assert!(c.end(&mut out));
+    let blocks = anthropic_blocks(&out);
+    let kinds: Vec<(&str, &str, &str)> = blocks
+        .iter()
+        .map(|(k, t, s)| (k.as_str(), t.as_str(), s.as_str()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("thinking", "Let me look.", "sig-thought"),
+            ("thinking", "", "sig-call"),
+            ("tool_use", "", "")
+        ]
+    );
+}
