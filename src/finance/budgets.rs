@@ -58,7 +58,8 @@ pub async fn forecasts(
 ) -> Result<Vec<BudgetForecast>, StoreError> {
     let today = now.date_naive();
     let first = today - Duration::days(WINDOW as i64);
-    let rows = finance::spend_by_token_day(db, first, today).await?;
+    // Through today: its spend so far is what the forecast takes off today's expectation.
+    let rows = finance::spend_by_token_day(db, first, today + Duration::days(1)).await?;
     let subjects = subjects(db, scope, now).await?;
     Ok(subjects
         .into_iter()
@@ -133,10 +134,10 @@ fn in_period(spent: i64, period: &str, reset: Reset, now: DateTime<Utc>) -> i64 
     }
 }
 
-/// The subject's spend on each of the 28 days from `first`.
+/// The subject's spend on each of the 28 days from `first`, then today's so far.
 fn daily(rows: &[TokenDay], s: &Subject, first: NaiveDate) -> Vec<i64> {
-    let mut days = vec![0i64; WINDOW];
-    let index: HashMap<String, usize> = (0..WINDOW)
+    let mut days = vec![0i64; WINDOW + 1];
+    let index: HashMap<String, usize> = (0..=WINDOW)
         .map(|i| ((first + Duration::days(i as i64)).to_string(), i))
         .collect();
     for r in rows {
@@ -154,11 +155,12 @@ fn daily(rows: &[TokenDay], s: &Subject, first: NaiveDate) -> Vec<i64> {
 
 fn one(
     s: Subject,
-    days: Vec<i64>,
+    mut days: Vec<i64>,
     first: NaiveDate,
     today: NaiveDate,
     now: DateTime<Utc>,
 ) -> BudgetForecast {
+    let so_far = days.pop().unwrap_or(0);
     let known = match days.iter().position(|&d| d != 0) {
         Some(i) if i < 7 => WINDOW,
         Some(i) => WINDOW - i,
@@ -170,6 +172,7 @@ fn one(
         &History {
             days: days.clone(),
             known,
+            today: so_far,
         },
         today,
         remaining,
