@@ -1,6 +1,6 @@
-//! Every budget's forecast: tokens, users and teams with a limit, each with its last 28 days
-//! of spend from the daily rollup (`store::finance::spend_by_token_day`) run through
-//! `forecast`. A subject's history starts on its first day of spend in the window; one
+//! Every budget's forecast: spendable tokens, users and teams with a limit, each with its
+//! last 28 days of spend from the daily rollup (`store::finance::spend_by_token_day`) run
+//! through `forecast`. A subject's history starts on its first day of spend in the window; one
 //! whose first spend falls in the window's first week is taken as older than the window
 //! (a weekday pattern may well start with idle days).
 
@@ -12,7 +12,8 @@ use serde::Serialize;
 use super::forecast::{self, History, WINDOW};
 use crate::quota::period::Reset;
 use crate::store::finance::{self, TokenDay};
-use crate::store::{directory, tokens, Db, StoreError};
+use crate::store::tokens::{self, TokenSummary};
+use crate::store::{directory, Db, StoreError};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct DaySpend {
@@ -59,8 +60,10 @@ pub async fn forecasts(
     let today = now.date_naive();
     let first = today - Duration::days(WINDOW as i64);
     // Through today: its spend so far is what the forecast takes off today's expectation.
-    let rows = finance::spend_by_token_day(db, first, today + Duration::days(1)).await?;
-    let subjects = subjects(db, scope, now).await?;
+    let mut rows = finance::spend_by_token_day(db, first, today + Duration::days(1)).await?;
+    let tokens = tokens::list(db).await?;
+    as_successors(&mut rows, &tokens);
+    let subjects = subjects(db, tokens, scope, now).await?;
     Ok(subjects
         .into_iter()
         .map(|s| {
@@ -70,16 +73,47 @@ pub async fn forecasts(
         .collect())
 }
 
+/// A rotated token's spend is its successor's history: its text spends the successor's
+/// budget, which carries on the rotated one's (`token_ops::rotate`). Each row's token
+/// becomes the last of its rotations.
+fn as_successors(rows: &mut [TokenDay], tokens: &[TokenSummary]) {
+    let next: HashMap<i64, i64> = tokens
+        .iter()
+        .filter_map(|t| Some((t.id, t.successor_id?)))
+        .collect();
+    for r in rows {
+        // At most one step per rotation: ends even on a (never written) cycle.
+        for _ in 0..next.len() {
+            let Some(&n) = next.get(&r.token_id) else {
+                break;
+            };
+            r.token_id = n;
+        }
+    }
+}
+
+/// A token whose budget can still be spent: not revoked, not expired, not rotated (its text
+/// works as its successor, whose budget is the one spent).
+fn spendable(t: &TokenSummary, now: DateTime<Utc>) -> bool {
+    let expired = t
+        .expires_at
+        .as_deref()
+        .and_then(|e| DateTime::parse_from_rfc3339(e).ok())
+        .is_some_and(|e| e <= now);
+    !t.revoked && !expired && t.successor_id.is_none()
+}
+
 async fn subjects(
     db: &Db,
+    tokens: Vec<TokenSummary>,
     scope: Option<i64>,
     now: DateTime<Utc>,
 ) -> Result<Vec<Subject>, StoreError> {
     let teams = directory::teams(db, scope).await?;
     let team_names: HashSet<&str> = teams.iter().map(|t| t.name.as_str()).collect();
     let mut out = Vec::new();
-    for t in tokens::list(db).await? {
-        let (Some(limit), false) = (t.limit_micros, t.revoked) else {
+    for t in tokens {
+        let Some(limit) = t.limit_micros.filter(|_| spendable(&t, now)) else {
             continue;
         };
         if !team_names.contains(t.team.as_str()) {
