@@ -64,10 +64,11 @@ pub async fn forecasts(
     let tokens = tokens::list(db).await?;
     as_successors(&mut rows, &tokens);
     let subjects = subjects(db, tokens, scope, now).await?;
+    let histories = Histories::of(&rows, first);
     Ok(subjects
         .into_iter()
         .map(|s| {
-            let days = daily(&rows, &s, first);
+            let days = histories.of_subject(&s);
             one(s, days, first, today, now)
         })
         .collect())
@@ -168,23 +169,39 @@ fn in_period(spent: i64, period: &str, reset: Reset, now: DateTime<Utc>) -> i64 
     }
 }
 
-/// The subject's spend on each of the 28 days from `first`, then today's so far.
-fn daily(rows: &[TokenDay], s: &Subject, first: NaiveDate) -> Vec<i64> {
-    let mut days = vec![0i64; WINDOW + 1];
-    let index: HashMap<String, usize> = (0..=WINDOW)
-        .map(|i| ((first + Duration::days(i as i64)).to_string(), i))
-        .collect();
-    for r in rows {
-        let mine = match s.kind {
-            "token" => r.token_id == s.id,
-            "user" => r.user_id == Some(s.id),
-            _ => r.team_id == Some(s.id),
-        };
-        if let (true, Some(&i)) = (mine, index.get(&r.day)) {
-            days[i] = days[i].saturating_add(r.cost_micros);
+/// Every token's, user's and team's spend on each of the 28 days from `first`, then today's
+/// so far: the rows grouped once, so the work grows with the rows, not rows × subjects.
+struct Histories(HashMap<(&'static str, i64), Vec<i64>>);
+
+impl Histories {
+    fn of(rows: &[TokenDay], first: NaiveDate) -> Histories {
+        let index: HashMap<String, usize> = (0..=WINDOW)
+            .map(|i| ((first + Duration::days(i as i64)).to_string(), i))
+            .collect();
+        let mut by: HashMap<(&'static str, i64), Vec<i64>> = HashMap::new();
+        for r in rows {
+            let Some(&i) = index.get(&r.day) else {
+                continue;
+            };
+            let subjects = [
+                Some(("token", r.token_id)),
+                r.user_id.map(|u| ("user", u)),
+                r.team_id.map(|t| ("team", t)),
+            ];
+            for key in subjects.into_iter().flatten() {
+                let days = by.entry(key).or_insert_with(|| vec![0; WINDOW + 1]);
+                days[i] = days[i].saturating_add(r.cost_micros);
+            }
         }
+        Histories(by)
     }
-    days
+
+    fn of_subject(&self, s: &Subject) -> Vec<i64> {
+        self.0
+            .get(&(s.kind, s.id))
+            .cloned()
+            .unwrap_or_else(|| vec![0; WINDOW + 1])
+    }
 }
 
 fn one(
@@ -232,5 +249,65 @@ fn one(
             .collect(),
         projected: f.next_days.into_iter().map(spend).collect(),
         exhausts_on: f.exhausts_on.map(|d| d.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn subject(kind: &'static str, id: i64) -> Subject {
+        Subject {
+            kind,
+            id,
+            name: String::new(),
+            limit: 1,
+            spent: 0,
+            reset: Reset::Never,
+        }
+    }
+
+    /// Every subject's days, as `forecasts` reads them.
+    fn all_days(rows: &[TokenDay], subjects: &[Subject], first: NaiveDate) -> Vec<Vec<i64>> {
+        let histories = Histories::of(rows, first);
+        subjects.iter().map(|s| histories.of_subject(s)).collect()
+    }
+
+    /// 2 000 tokens (each its own user, in 10 teams) with 28 days and today of spend: each
+    /// subject's days are read from rows grouped once, not by a walk of every row per
+    /// subject (4 000 × 58 000 rows took minutes of an admin page's worker).
+    #[test]
+    fn thousands_of_subjects_are_read_in_one_pass_over_the_rows() {
+        let first = NaiveDate::from_ymd_opt(2026, 3, 1).unwrap();
+        let mut rows = Vec::new();
+        for token in 1..=2000 {
+            for i in 0..=WINDOW {
+                rows.push(TokenDay {
+                    token_id: token,
+                    user_id: Some(token),
+                    team_id: Some(token % 10),
+                    day: (first + Duration::days(i as i64)).to_string(),
+                    cost_micros: token + i as i64,
+                });
+            }
+        }
+        let mut subjects: Vec<Subject> = (1..=2000)
+            .flat_map(|id| [subject("token", id), subject("user", id)])
+            .collect();
+        subjects.extend((0..10).map(|id| subject("team", id)));
+        let started = std::time::Instant::now();
+        let days = all_days(&rows, &subjects, first);
+        let took = started.elapsed();
+        assert!(took < std::time::Duration::from_secs(2), "{took:?}");
+        assert_eq!(
+            days[0],
+            (0..=WINDOW as i64).map(|i| 1 + i).collect::<Vec<_>>()
+        );
+        assert_eq!(days[1], days[0], "the user of token 1");
+        // Team 3: tokens 3, 13, …, 1993, 200 of them.
+        let team3: Vec<i64> = (0..=WINDOW as i64)
+            .map(|i| (0..200).map(|k| 3 + 10 * k + i).sum())
+            .collect();
+        assert_eq!(days[4003], team3);
     }
 }
