@@ -13,8 +13,8 @@ use super::budgets;
 use crate::quota::pricing::usd;
 use crate::state::AppState;
 use crate::store::finance::{self, TokenDay};
-use crate::store::reports::{self, GroupBy};
-use crate::store::{directory, tokens, StoreError};
+use crate::store::spend::{self, Dim, Filters, SpendQuery};
+use crate::store::{directory, tokens, Db, StoreError};
 
 pub const KIND: &str = "weekly_digest";
 /// A day at this many times a token's usual daily spend is an anomaly.
@@ -22,15 +22,13 @@ const ANOMALY_FACTOR: i128 = 5;
 const TOP: usize = 5;
 
 /// Sends the digest of last week to every team not yet sent it; how many this replica sent.
+/// A team's week is marked sent (`note_once`) only once its digest is built, and unmarked
+/// if the alerter drops it, so a store error or a dropped alert leaves it to the next check.
 pub async fn send(state: &AppState) -> Result<usize, StoreError> {
     let now = state.clock.now();
-    let today = now.date_naive();
-    let monday = today - Duration::days(i64::from(today.weekday().num_days_from_monday()));
-    let (from, to) = (monday - Duration::days(7), monday);
-    let iso = from.iso_week();
-    let week = format!("{}-W{:02}", iso.year(), iso.week());
-    let at = |d: NaiveDate| crate::clock::db_time(d.and_time(chrono::NaiveTime::MIN).and_utc());
-    let days = finance::spend_by_token_day(&state.db, from - Duration::days(28), to).await?;
+    let week = Week::ended_last(now.date_naive());
+    let days =
+        finance::spend_by_token_day(&state.db, week.from - Duration::days(28), week.to).await?;
     let labels: HashMap<i64, String> = tokens::list(&state.db)
         .await?
         .into_iter()
@@ -39,66 +37,123 @@ pub async fn send(state: &AppState) -> Result<usize, StoreError> {
     let forecasts = budgets::forecasts(&state.db, None, now).await?;
     let mut sent = 0;
     for team in directory::teams(&state.db, None).await? {
-        let scope = Some(team.id);
-        let by_token = reports::spend(&state.db, scope, GroupBy::Token, &at(from), &at(to)).await?;
-        let total: i64 = by_token.iter().map(|r| r.spend_micros).sum();
-        if total == 0 {
+        let Some(mut text) = spend(&state.db, &team, &week).await? else {
             continue;
-        }
+        };
+        text.push_str(&forecast(&forecasts, team.id));
+        text.push_str(&anomalies_text(&days, &labels, team.id, &week));
         let subject = format!("team:{}", team.id);
-        if !finance::note_once(&state.db, KIND, &subject, &week, now).await? {
+        if !finance::note_once(&state.db, KIND, &subject, &week.name, now).await? {
             continue;
         }
-        let by_model = reports::spend(&state.db, scope, GroupBy::Model, &at(from), &at(to)).await?;
-        let mut text = format!(
-            "weekly digest of team {} for {week} ({from} to {}): {} USD over {} requests",
-            team.name,
-            to - Duration::days(1),
-            usd(total),
-            by_token.iter().map(|r| r.requests).sum::<i64>()
-        );
-        text.push_str("\ntop tokens:");
-        for r in by_token.iter().take(TOP) {
-            text.push_str(&format!(" {} {} USD;", r.label, usd(r.spend_micros)));
+        if !state.alerts.try_raise(KIND, &subject, &text) {
+            finance::forget(&state.db, KIND, &subject, &week.name).await?;
+            continue;
         }
-        text.push_str("\ntop models:");
-        for r in by_model.iter().take(TOP) {
-            text.push_str(&format!(" {} {} USD;", r.label, usd(r.spend_micros)));
-        }
-        match forecasts
-            .iter()
-            .find(|f| f.kind == "team" && f.id == team.id)
-        {
-            Some(f) => text.push_str(&format!(
-                "\nforecast: {} USD left of {}; {}",
-                usd(f.remaining_micros),
-                usd(f.limit_micros),
-                match &f.exhausts_on {
-                    Some(d) => format!("projected to run out on {d}"),
-                    None => "not projected to run out this period".into(),
-                }
-            )),
-            None => text.push_str("\nforecast: the team has no budget"),
-        }
-        let found = anomalies(&days, team.id, from, to);
-        if found.is_empty() {
-            text.push_str("\nanomalies: none");
-        }
-        for (token, day, spent, usual) in found {
-            let label = labels
-                .get(&token)
-                .cloned()
-                .unwrap_or_else(|| format!("token {token}"));
-            text.push_str(&format!(
-                "\nanomaly: {label} spent {} USD on {day}, at least {ANOMALY_FACTOR}× its usual {} USD a day",
-                usd(spent),
-                usd(usual)
-            ));
-        }
-        state.alerts.raise(KIND, &subject, &text);
         sent += 1;
     }
     Ok(sent)
+}
+
+/// The ISO week that ended last: `[from, to)` and its name, `2026-W44`.
+struct Week {
+    from: NaiveDate,
+    to: NaiveDate,
+    name: String,
+}
+
+impl Week {
+    fn ended_last(today: NaiveDate) -> Week {
+        let monday = today - Duration::days(i64::from(today.weekday().num_days_from_monday()));
+        let from = monday - Duration::days(7);
+        let iso = from.iso_week();
+        Week {
+            from,
+            to: monday,
+            name: format!("{}-W{:02}", iso.year(), iso.week()),
+        }
+    }
+}
+
+/// The digest's head, top tokens and top models from the spend report's own queries (the
+/// rollup); `None` when the team spent nothing that week.
+async fn spend(
+    db: &Db,
+    team: &directory::TeamRow,
+    week: &Week,
+) -> Result<Option<String>, StoreError> {
+    let by = |dim: Dim| SpendQuery {
+        from: week.from,
+        to: week.to,
+        group_by: vec![dim],
+        filters: Filters::default(),
+        scope: Some(team.id),
+    };
+    let by_token = spend::report(db, &by(Dim::Token)).await?;
+    let total: i64 = by_token.iter().map(|r| r.spend_micros).sum();
+    if total == 0 {
+        return Ok(None);
+    }
+    let by_model = spend::report(db, &by(Dim::Model)).await?;
+    let mut text = format!(
+        "weekly digest of team {} for {} ({} to {}): {} USD over {} requests",
+        team.name,
+        week.name,
+        week.from,
+        week.to - Duration::days(1),
+        usd(total),
+        by_token.iter().map(|r| r.requests).sum::<i64>()
+    );
+    for (title, rows) in [("top tokens", &by_token), ("top models", &by_model)] {
+        text.push_str(&format!("\n{title}:"));
+        for r in rows.iter().take(TOP) {
+            let label = r.keys.first().map_or("", String::as_str);
+            text.push_str(&format!(" {label} {} USD;", usd(r.spend_micros)));
+        }
+    }
+    Ok(Some(text))
+}
+
+/// The team budget's forecast line.
+fn forecast(forecasts: &[budgets::BudgetForecast], team: i64) -> String {
+    match forecasts.iter().find(|f| f.kind == "team" && f.id == team) {
+        Some(f) => format!(
+            "\nforecast: {} USD left of {}; {}",
+            usd(f.remaining_micros),
+            usd(f.limit_micros),
+            match &f.exhausts_on {
+                Some(d) => format!("projected to run out on {d}"),
+                None => "not projected to run out this period".into(),
+            }
+        ),
+        None => "\nforecast: the team has no budget".into(),
+    }
+}
+
+/// The anomaly lines of `team`'s tokens that week.
+fn anomalies_text(
+    days: &[TokenDay],
+    labels: &HashMap<i64, String>,
+    team: i64,
+    week: &Week,
+) -> String {
+    let found = anomalies(days, team, week.from, week.to);
+    if found.is_empty() {
+        return "\nanomalies: none".into();
+    }
+    let mut text = String::new();
+    for (token, day, spent, usual) in found {
+        let label = labels
+            .get(&token)
+            .cloned()
+            .unwrap_or_else(|| format!("token {token}"));
+        text.push_str(&format!(
+            "\nanomaly: {label} spent {} USD on {day}, at least {ANOMALY_FACTOR}× its usual {} USD a day",
+            usd(spent),
+            usd(usual)
+        ));
+    }
+    text
 }
 
 /// (token, day, spend, usual daily spend) of every day in `[from, to)` a token of `team`

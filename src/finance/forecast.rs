@@ -13,14 +13,17 @@
 //! - **Flat (1 to 27 known days).** The mean of the known days, every day.
 //! - **No spend at all, or no known day**: no rate, no exhaustion.
 //!
-//! Spend is projected from today (today counted whole: its spend so far is already out of
-//! the remaining budget, so this errs a day early at most). The exhaustion date is the
-//! first day whose projected cumulative spend reaches the remaining budget — compared as
-//! exact rationals in `i128`, no rounding — unless the period resets first (then none), and
-//! never more than a year ahead. Tolerance, on a history that goes on as it was: the date is
-//! exact for a flat history, a weekday pattern and a step change at least 7 days old (plus
-//! at most one day early from counting today whole in real use); a step younger than 7 days
-//! is followed part-way, its date between the old level's and the new one's.
+//! Spend is projected from today, of which only the rest counts: today's spend so far is
+//! already out of the remaining budget, so today is expected to cost max(0, its expected
+//! spend − its spend so far). Counting today whole again would make a daily budget (and any
+//! budget on its period's last day) "run out today" every day once it is past half used.
+//! The exhaustion date is the first day whose projected cumulative spend reaches the
+//! remaining budget — compared as exact rationals in `i128`, no rounding — unless the period
+//! resets first (then none), and never more than a year ahead. Tolerance, on a history that
+//! goes on as it was: the date is exact for a flat history, a weekday pattern and a step
+//! change at least 7 days old; a step younger than 7 days is followed part-way, its date
+//! between the old level's and the new one's. Today's spend so far not in the rollup
+//! (adjustments) is not subtracted, so the date errs early, never late, by it.
 
 use chrono::{Datelike, Duration, NaiveDate};
 
@@ -36,6 +39,8 @@ pub struct History {
     pub days: Vec<i64>,
     /// How many of the latest days the subject existed (the rest are before it).
     pub known: usize,
+    /// Spend so far today (the day in progress, not in `days`).
+    pub today: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,13 +130,14 @@ pub fn forecast(
         .collect();
     Forecast {
         next_days,
-        exhausts_on: exhaustion(&rate, today, remaining, resets_on),
+        exhausts_on: exhaustion(&rate, today, h.today, remaining, resets_on),
     }
 }
 
 fn exhaustion(
     rate: &Rate,
     today: NaiveDate,
+    spent_today: i64,
     remaining: i64,
     resets_on: Option<NaiveDate>,
 ) -> Option<NaiveDate> {
@@ -141,16 +147,18 @@ fn exhaustion(
     if matches!(rate, Rate::None) {
         return None;
     }
-    // Σ num over the days so far, against remaining × den (every day shares `den`).
+    // Σ num over the days so far, against remaining × den (every day shares `den`); today
+    // starts its spend so far behind, as that is already out of `remaining`, and counts
+    // nothing below zero (a day already spent past its expectation adds nothing more).
     let (_, den) = rate.day(today);
     let target = i128::from(remaining) * den;
-    let mut spent = 0i128;
+    let mut spent = -(i128::from(spent_today.max(0)) * den);
     for k in 0..HORIZON_DAYS {
         let d = today + Duration::days(k);
         if resets_on.is_some_and(|r| d >= r) {
             return None;
         }
-        spent += rate.day(d).0;
+        spent = (spent + rate.day(d).0).max(0);
         if spent >= target {
             return Some(d);
         }
@@ -175,7 +183,11 @@ mod tests {
             .rev()
             .map(|back| f(today() - Duration::days(back)))
             .collect();
-        History { days, known: 28 }
+        History {
+            days,
+            known: 28,
+            today: 0,
+        }
     }
 
     /// The true exhaustion day of a history that goes on as `f` says.
@@ -264,6 +276,40 @@ mod tests {
         assert_eq!(got.exhausts_on, Some(today() + Duration::days(4)));
         h.known = 0;
         assert_eq!(forecast(&h, today(), 10 * M, None).exhausts_on, None);
+    }
+
+    #[test]
+    fn today_counts_only_what_is_expected_beyond_its_spend_so_far() {
+        let mut h = history(|_| 8 * M);
+        h.today = 6 * M;
+        let tomorrow = Some(today() + Duration::days(1));
+        // A daily budget of 10 with 6 spent: 2 more expected today, 4 left.
+        assert_eq!(forecast(&h, today(), 4 * M, tomorrow).exhausts_on, None);
+        h.today = 3 * M;
+        assert_eq!(
+            forecast(&h, today(), 7 * M, tomorrow).exhausts_on,
+            None,
+            "5 more expected today, 7 left"
+        );
+        assert_eq!(
+            forecast(&h, today(), 5 * M, tomorrow).exhausts_on,
+            Some(today()),
+            "5 more expected today, 5 left"
+        );
+        // Spent past the day's expectation: nothing more today, 8 tomorrow.
+        h.today = 9 * M;
+        assert_eq!(
+            forecast(&h, today(), M, None).exhausts_on,
+            Some(today() + Duration::days(1))
+        );
+        // 6 spent today, 11 left: 2 today, 8 tomorrow, the rest the day after.
+        h.today = 6 * M;
+        assert_eq!(
+            forecast(&h, today(), 11 * M, None).exhausts_on,
+            Some(today() + Duration::days(2))
+        );
+        // The projection shows each day's whole expected spend, today's too.
+        assert_eq!(forecast(&h, today(), 11 * M, None).next_days[0].1, 8 * M);
     }
 
     #[test]

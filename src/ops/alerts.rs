@@ -63,27 +63,37 @@ impl Alerter {
     /// Logs the alert and queues it for the webhooks unless the same condition was sent
     /// within the cool-off window.
     pub fn raise(&self, kind: &'static str, subject: &str, message: &str) {
+        self.try_raise(kind, subject, message);
+    }
+
+    /// As `raise`; `false` when the webhooks will not get it (within the cool-off, or the
+    /// queue full), for a caller that sends it once (`weekly_digest`) to try again later.
+    /// With no webhook, logging it is all there is to do.
+    pub fn try_raise(&self, kind: &'static str, subject: &str, message: &str) -> bool {
         tracing::warn!(target: "sluice::alert", kind, subject, message, "alert");
         metrics::alert(kind);
         {
             let mut last = self.last.lock();
             let key = (kind, subject.to_string());
             if last.get(&key).is_some_and(|t| t.elapsed() < self.cooloff) {
-                return;
+                return false;
             }
             last.insert(key, Instant::now());
         }
-        if let Some(tx) = &self.tx {
-            let alert = Alert {
-                kind,
-                subject: subject.to_string(),
-                message: message.to_string(),
-                at: chrono::Utc::now(),
-            };
-            if tx.try_send(alert).is_err() {
-                tracing::error!(kind, "alert queue full; webhook delivery skipped");
-            }
+        let Some(tx) = &self.tx else {
+            return true;
+        };
+        let alert = Alert {
+            kind,
+            subject: subject.to_string(),
+            message: message.to_string(),
+            at: chrono::Utc::now(),
+        };
+        let queued = tx.try_send(alert).is_ok();
+        if !queued {
+            tracing::error!(kind, "alert queue full; webhook delivery skipped");
         }
+        queued
     }
 }
 

@@ -235,6 +235,28 @@ pub async fn spend_by_token_day(
         .await?)
 }
 
+/// Undoes `note_once`: what was noted was not sent after all, so a later check sends it.
+pub async fn forget(db: &super::Db, kind: &str, subject: &str, day: &str) -> Result<()> {
+    let mut tx = db.begin().await?;
+    if let Some((conn, _)) = tx.pg() {
+        sqlx::query("DELETE FROM finance_notices WHERE kind = $1 AND subject = $2 AND day = $3")
+            .bind(kind)
+            .bind(subject)
+            .bind(day)
+            .execute(conn)
+            .await?;
+    } else {
+        sqlx::query("DELETE FROM finance_notices WHERE kind = ? AND subject = ? AND day = ?")
+            .bind(kind)
+            .bind(subject)
+            .bind(day)
+            .execute(tx.sqlite()?)
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
 /// Records that `kind` was sent about `subject` on `day`; `false` when some replica already
 /// had (the primary key decides, so exactly one replica sends it).
 pub async fn note_once(

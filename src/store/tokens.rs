@@ -150,6 +150,9 @@ pub struct TokenSummary {
     pub models: Option<Vec<String>>,
     #[serde(skip)]
     pub models_json: Option<String>,
+    /// Set once rotated: the token its text works as (not in the CLI JSON's contract).
+    #[serde(skip)]
+    pub successor_id: Option<i64>,
 }
 
 /// Tokens with their spend in the current period. `spent = limit − remaining − reserved`
@@ -163,7 +166,7 @@ pub async fn list(db: &super::Db) -> Result<Vec<TokenSummary>> {
     let mut rows: Vec<TokenSummary> = sqlx::query_as(
         "SELECT t.id, t.prefix, u.username AS user, tm.name AS team, t.limit_micros, t.remaining_micros,
                 t.reserved_micros, t.period, t.reset, t.expires_at, t.revoked_at IS NOT NULL AS revoked,
-                t.rpm, t.tpm, t.models AS models_json,
+                t.rpm, t.tpm, t.models AS models_json, t.successor_id,
                 CASE WHEN t.limit_micros IS NOT NULL THEN t.limit_micros - t.remaining_micros - t.reserved_micros
                      ELSE COALESCE((SELECT SUM(l.amount_micros) FROM ledger l WHERE l.token_id = t.id AND l.period = t.period
                                     AND l.kind IN ('reserve', 'settle', 'adjust')), 0) - t.reserved_micros END AS spent_micros

@@ -5,7 +5,7 @@
 use chrono::{Datelike, Duration, NaiveDate, Utc};
 use sluice::store::requests::{self, RequestRow};
 
-use crate::helpers::{issue_args, spawn_app_with};
+use crate::helpers::{issue_args, spawn_app_with, TestApp};
 
 fn row(id: String, token: (i64, i64, i64), day: NaiveDate, cost: i64) -> RequestRow {
     RequestRow {
@@ -25,10 +25,10 @@ fn row(id: String, token: (i64, i64, i64), day: NaiveDate, cost: i64) -> Request
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn last_weeks_digest_reaches_the_webhook_once_per_team() {
+/// An app whose alerts go to the mock's webhook receiver, with a cool-off of `cooloff` seconds.
+async fn app_with_webhook(cooloff: u64) -> TestApp {
     use sluice::config::{Secret, WebhookSettings};
-    let app = spawn_app_with(|s, m| {
+    spawn_app_with(|s, m| {
         s.alerts.webhooks = vec![WebhookSettings {
             url: Secret(secrecy::SecretString::from(format!(
                 "{}/_mock/webhook",
@@ -36,8 +36,14 @@ async fn last_weeks_digest_reaches_the_webhook_once_per_team() {
             ))),
             format: "generic".into(),
         }];
+        s.alerts.cooloff_seconds = cooloff;
     })
-    .await;
+    .await
+}
+
+/// A token of `ann` spending $1 a day for the 4 weeks before last week, and last week $1 a
+/// day but $6 on its Wednesday: (token, user, team), its prefix and last week's Monday.
+async fn seed_weeks(app: &TestApp) -> ((i64, i64, i64), String, NaiveDate) {
     let (token, _) = app.issue(issue_args("ann")).await;
     let user = crate::helpers::scalar_on(
         app.db(),
@@ -54,7 +60,6 @@ async fn last_weeks_digest_reaches_the_webhook_once_per_team() {
         &format!("SELECT prefix FROM tokens WHERE id = {token}"),
     )
     .await;
-    // $1 a day for the 4 weeks before last week; last week $1 a day but $6 on its Wednesday.
     let today = Utc::now().date_naive();
     let monday = today - Duration::days(i64::from(today.weekday().num_days_from_monday()));
     let from = monday - Duration::days(7);
@@ -79,14 +84,11 @@ async fn last_weeks_digest_reaches_the_webhook_once_per_team() {
         ));
     }
     requests::insert_batch(app.db(), &rows).await.unwrap();
+    (ids, prefix, from)
+}
 
-    // The gateway's own first check comes minutes after start: this one sends.
-    assert_eq!(sluice::finance::digest::send(&app.state).await.unwrap(), 1);
-    assert_eq!(
-        sluice::finance::digest::send(&app.state).await.unwrap(),
-        0,
-        "once per week"
-    );
+/// The weekly digests the webhook receiver got, waiting a little for the first `n`.
+async fn digests(app: &TestApp, n: usize) -> Vec<serde_json::Value> {
     let mut digests = Vec::new();
     for _ in 0..200 {
         digests = app
@@ -98,11 +100,30 @@ async fn last_weeks_digest_reaches_the_webhook_once_per_team() {
             .filter(|b| b["kind"] == "weekly_digest")
             .cloned()
             .collect();
-        if !digests.is_empty() {
+        if digests.len() >= n {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(25)).await;
     }
+    digests
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn last_weeks_digest_reaches_the_webhook_once_per_team() {
+    let app = app_with_webhook(600).await;
+    let ((_, _, team), prefix, from) = seed_weeks(&app).await;
+    // The digest reads the rollup (the spend report's own queries) on both engines, never
+    // the request log: the same digest once the log's rows are gone.
+    crate::helpers::sql_exec(app.db(), "DELETE FROM requests").await;
+
+    // The gateway's own first check comes minutes after start: this one sends.
+    assert_eq!(sluice::finance::digest::send(&app.state).await.unwrap(), 1);
+    assert_eq!(
+        sluice::finance::digest::send(&app.state).await.unwrap(),
+        0,
+        "once per week"
+    );
+    let digests = digests(&app, 1).await;
     assert_eq!(digests.len(), 1, "{digests:?}");
     assert_eq!(digests[0]["subject"], format!("team:{team}"));
     let text = digests[0]["message"].as_str().unwrap();
@@ -126,4 +147,39 @@ async fn last_weeks_digest_reaches_the_webhook_once_per_team() {
         "{text}"
     );
     assert_eq!(text.matches("anomaly:").count(), 1, "{text}");
+}
+
+/// A digest the alerter drops (here: the same team's alert within the cool-off; a full
+/// queue is the other way) leaves the week unsent, so a later check sends it; the week is
+/// marked sent only once the digest was built and queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_digest_leaves_the_week_unsent() {
+    let app = app_with_webhook(1).await;
+    let ((_, _, team), _, _) = seed_weeks(&app).await;
+    let subject = format!("team:{team}");
+    app.state
+        .alerts
+        .raise("weekly_digest", &subject, "an earlier digest");
+    assert_eq!(
+        sluice::finance::digest::send(&app.state).await.unwrap(),
+        0,
+        "dropped within the cool-off"
+    );
+    let noted = crate::helpers::scalar_on(
+        app.db(),
+        "SELECT COUNT(*) FROM finance_notices WHERE kind = 'weekly_digest'",
+    )
+    .await;
+    assert_eq!(noted, 0, "the week is not marked sent");
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    assert_eq!(sluice::finance::digest::send(&app.state).await.unwrap(), 1);
+    let got = digests(&app, 2).await;
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert!(
+        got[1]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("12.000000 USD over 7 requests"),
+        "{got:?}"
+    );
 }

@@ -228,3 +228,73 @@ async fn a_budget_running_out_within_the_alert_days_is_raised_once_a_day() {
     }
     assert_eq!(seen, vec![subject], "only the budget due within 7 days");
 }
+
+/// A rotated token works as its successor (its text spends the successor's budget) and an
+/// expired one spends nothing: neither is forecast nor alerted on. The successor's forecast
+/// carries on from the rotated token's history, as it carries on its budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_or_expired_token_is_not_forecast_and_raises_no_alert() {
+    let app = spawn_app().await;
+    let past = sluice::clock::db_time(Utc::now() - Duration::hours(1));
+    let mut ids = Vec::new();
+    for (user, expires) in [("ann", None), ("bob", Some(past.as_str()))] {
+        let (token, _) = app
+            .issue(sluice::cli::IssueArgs {
+                budget_usd: Some("5"),
+                reset: Some("never"),
+                expires,
+                ..issue_args(user)
+            })
+            .await;
+        let uid = crate::helpers::scalar_on(
+            app.db(),
+            &format!("SELECT user_id FROM tokens WHERE id = {token}"),
+        )
+        .await;
+        seed(&app, (token, uid, 1), 1_000_000).await;
+        ids.push(token);
+    }
+    let (rotated, expired) = (ids[0], ids[1]);
+    make_login(&app, "root", "admin", None).await;
+    let admin = login(&app, "root").await;
+    let (status, r) = admin
+        .post(
+            &format!("/admin/api/v1/tokens/{rotated}/rotate"),
+            &json!({"overlap_seconds": 0}),
+        )
+        .await;
+    assert_eq!(status, 201, "{r}");
+    let successor = r["id"].as_i64().unwrap();
+
+    let fin = admin;
+    let (status, report) = fin.get_json("/admin/api/v1/reports/forecast").await;
+    assert_eq!(status, 200, "{report}");
+    let tokens: Vec<i64> = report["budgets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["kind"] == "token")
+        .map(|b| b["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(tokens, vec![successor], "{report}");
+    let next = budget(&report, "token", successor);
+    assert_eq!(next["remaining_micros"], json!(5_000_000));
+    let today = Utc::now().date_naive();
+    assert_eq!(
+        next["exhausts_on"],
+        json!((today + Duration::days(4)).to_string()),
+        "the rotated token's $1 a day goes on: {next}"
+    );
+
+    assert_eq!(sluice::finance::alerts::check(&app.state).await.unwrap(), 1);
+    let raised = crate::helpers::sql_text(
+        app.db(),
+        "SELECT subject FROM finance_notices WHERE kind = 'budget_exhaustion_forecast'",
+    )
+    .await;
+    assert_eq!(
+        raised,
+        format!("token:{successor}"),
+        "not {rotated} nor {expired}"
+    );
+}

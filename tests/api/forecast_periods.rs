@@ -133,3 +133,72 @@ async fn forecasts_read_the_rollup_whose_figures_equal_the_request_logs() {
     assert_eq!(spend(&after), spend(&before));
     assert_eq!(after.exhausts_on, before.exhausts_on);
 }
+
+/// A daily budget's only possible exhaustion day is today, and its spend so far today is
+/// already out of the remaining budget: today is projected as what is still expected of it
+/// (the day's expected spend less today's spend so far), not a whole day again. A token
+/// spending $8 a day of $10, $6 of it spent today, never runs out; one spending $12 a day,
+/// $6 of it today, runs out today.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daily_budget_used_at_eighty_percent_never_runs_out() {
+    let app = crate::helpers::spawn_app().await;
+    let now = Utc::now();
+    let mut ids = Vec::new();
+    for (user, daily) in [("ann", 8_000_000), ("bob", 12_000_000)] {
+        let (token, _) = app
+            .issue(sluice::cli::IssueArgs {
+                budget_usd: Some("10"),
+                reset: Some("daily"),
+                ..issue_args(user)
+            })
+            .await;
+        let uid = crate::helpers::scalar_on(
+            app.db(),
+            &format!("SELECT user_id FROM tokens WHERE id = {token}"),
+        )
+        .await;
+        crate::forecast::seed(&app, (token, uid, 1), daily).await;
+        // Today's $6: logged and charged, as a request's settlement and log row are.
+        let row = sluice::store::requests::RequestRow {
+            id: format!("today-{token}"),
+            token_id: Some(token),
+            user_id: Some(uid),
+            team_id: Some(1),
+            endpoint: "chat",
+            model: "gpt-4o-mini".into(),
+            served_model: "gpt-4o-mini".into(),
+            upstream: "a".into(),
+            status: 200,
+            cost_micros: 6_000_000,
+            cache: "miss",
+            created_at: sluice::clock::db_time(now),
+            ..Default::default()
+        };
+        sluice::store::requests::insert_batch(app.db(), &[row])
+            .await
+            .unwrap();
+        spend(&app, token, 6_000_000, now).await;
+        ids.push(token);
+    }
+    let all = sluice::finance::budgets::forecasts(app.db(), None, now)
+        .await
+        .unwrap();
+    let of = |id: i64| {
+        all.iter()
+            .find(|b| b.kind == "token" && b.id == id)
+            .expect("the token's budget")
+    };
+    let (steady, heavy) = (of(ids[0]), of(ids[1]));
+    assert_eq!(steady.remaining_micros, 4_000_000, "{steady:?}");
+    assert_eq!(steady.exhausts_on, None, "{steady:?}");
+    assert_eq!(
+        heavy.exhausts_on,
+        Some(now.date_naive().to_string()),
+        "{heavy:?}"
+    );
+    assert_eq!(
+        sluice::finance::alerts::check(&app.state).await.unwrap(),
+        1,
+        "only the heavy budget is raised"
+    );
+}
