@@ -74,10 +74,14 @@ fn openai_frames(a: &Value, include_usage: bool) -> Vec<Bytes> {
 
 fn anthropic_frames(a: &Value) -> Vec<Bytes> {
     let ev = |name: &str, v: Value| frame(Some(name), &v.to_string());
-    let mut start = a.clone();
-    start["content"] = json!([]);
-    start["stop_reason"] = Value::Null;
-    start["usage"]["output_tokens"] = json!(0);
+    // Built without indexing by assignment, which panics on a value that is no object:
+    // only whole answers are stored (`shape::whole`), and still nothing here may panic.
+    let mut start = a.as_object().cloned().unwrap_or_default();
+    start.insert("content".into(), json!([]));
+    start.insert("stop_reason".into(), Value::Null);
+    if let Some(u) = start.get_mut("usage").and_then(Value::as_object_mut) {
+        u.insert("output_tokens".into(), json!(0));
+    }
     let mut out = vec![ev(
         "message_start",
         json!({"type": "message_start", "message": start}),
@@ -121,6 +125,9 @@ pub struct Assembler {
     blocks: Vec<Value>,
     partial: String,
     complete: bool,
+    /// False once a frame came that the answer cannot be rebuilt from faithfully: it is
+    /// then not cached.
+    faithful: bool,
     /// The most it assembles (the cache's largest entry): past it, the answer is let go of
     /// and not cached, so a long stream holds no copy of itself.
     limit: usize,
@@ -140,6 +147,7 @@ impl Assembler {
             blocks: Vec::new(),
             partial: String::new(),
             complete: false,
+            faithful: true,
         }
     }
 
@@ -185,11 +193,20 @@ impl Assembler {
             self.text.push_str(t);
         }
         for tc in c["delta"]["tool_calls"].as_array().into_iter().flatten() {
-            let i = tc["index"].as_u64().unwrap_or(0) as usize;
-            while self.tools.len() <= i {
+            // Calls are numbered from 0 in order: an index past the next one is not an
+            // answer this can rebuild (nor grow a list to).
+            let i = tc["index"].as_u64().unwrap_or(0);
+            let Ok(i) = usize::try_from(i) else {
+                self.faithful = false;
+                return;
+            };
+            if i == self.tools.len() {
                 self.tools.push(Default::default());
             }
-            let slot = &mut self.tools[i];
+            let Some(slot) = self.tools.get_mut(i) else {
+                self.faithful = false;
+                return;
+            };
             if let Some(id) = tc["id"].as_str() {
                 slot.0 = id.to_string();
             }
@@ -214,15 +231,21 @@ impl Assembler {
                 }
             }
             Some("content_block_start") => {
+                if !v["content_block"].is_object() {
+                    self.faithful = false;
+                }
                 self.blocks.push(v["content_block"].clone());
                 self.partial.clear();
             }
             Some("content_block_delta") => {
-                if let (Some(b), Some(t)) = (self.blocks.last_mut(), v["delta"]["text"].as_str()) {
+                let block = self.blocks.last_mut().and_then(Value::as_object_mut);
+                if let (Some(b), Some(t)) = (block, v["delta"]["text"].as_str()) {
                     // Appended in place: rebuilding the text for every delta is quadratic.
                     match b.get_mut("text") {
                         Some(Value::String(s)) => s.push_str(t),
-                        _ => b["text"] = json!(t),
+                        _ => {
+                            b.insert("text".into(), json!(t));
+                        }
                     }
                 }
                 if let Some(p) = v["delta"]["partial_json"].as_str() {
@@ -257,7 +280,7 @@ impl Assembler {
 
     /// The whole answer, if the stream completed.
     pub fn finish(self) -> Option<Value> {
-        if !self.complete || self.taken > self.limit {
+        if !self.complete || !self.faithful || self.taken > self.limit {
             return None;
         }
         match self.format {
@@ -307,6 +330,47 @@ mod tests {
             }
             assert_eq!(asm.finish().unwrap(), answer);
         }
+    }
+
+    /// Bodies an upstream may send with a 2xx that are no answer (attack cache #3): their
+    /// replay must never panic, whatever was stored.
+    fn no_answers() -> Vec<Value> {
+        vec![
+            json!([]),
+            json!("ok"),
+            json!(5),
+            json!(null),
+            json!({"usage": 5}),
+            json!({"type": "message", "content": [], "usage": 5}),
+            json!({"type": "message", "content": [5, "x", {"type": 3}], "usage": {}}),
+            json!({"choices": 5}),
+            json!({"choices": [5], "usage": []}),
+        ]
+    }
+
+    #[test]
+    fn a_body_that_is_no_answer_replays_without_a_panic() {
+        for a in no_answers() {
+            for format in [WireFormat::OpenAi, WireFormat::Anthropic] {
+                let _ = frames(format, &a, true);
+            }
+        }
+    }
+
+    #[test]
+    fn an_assembler_fed_blocks_that_are_no_objects_keeps_nothing_and_does_not_panic() {
+        let mut asm = Assembler::new(WireFormat::Anthropic, 1 << 20);
+        for data in [
+            json!({"type": "message_start", "message": {"type": "message", "role": "assistant", "content": [], "usage": {"input_tokens": 1, "output_tokens": 0}}}),
+            json!({"type": "content_block_start", "index": 0, "content_block": "x"}),
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi"}}),
+            json!({"type": "content_block_stop", "index": 0}),
+            json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 1}}),
+            json!({"type": "message_stop"}),
+        ] {
+            asm.push(&frame(None, &data.to_string()));
+        }
+        assert_eq!(asm.finish(), None);
     }
 
     #[test]

@@ -1,0 +1,100 @@
+//! What may be stored in the cache: a well-formed, complete answer in the client's wire
+//! format. An upstream's 2xx body is relayed as it came, but a body the gateway cannot
+//! read as an answer would, once stored, be served to every later request of its key
+//! until it expires — so it is never stored, and an entry read back that is not one is a
+//! miss.
+
+use serde_json::Value;
+
+use crate::error::WireFormat;
+
+/// Whether `a` is a whole answer in `format` (what `replay::frames` replays faithfully).
+pub fn whole(format: WireFormat, a: &Value) -> bool {
+    match format {
+        WireFormat::OpenAi => whole_openai(a),
+        WireFormat::Anthropic => whole_anthropic(a),
+    }
+}
+
+fn string(v: &Value, k: &str) -> bool {
+    v.get(k).is_some_and(Value::is_string)
+}
+
+/// A `chat.completion` of one choice with a message and a finish reason.
+fn whole_openai(a: &Value) -> bool {
+    let Some([choice]) = a
+        .get("choices")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+    else {
+        return false;
+    };
+    let Some(message) = choice.get("message").filter(|m| m.is_object()) else {
+        return false;
+    };
+    a.get("object").and_then(Value::as_str) == Some("chat.completion")
+        && string(choice, "finish_reason")
+        && message
+            .get("content")
+            .is_some_and(|c| c.is_string() || c.is_null())
+        && message
+            .get("tool_calls")
+            .is_none_or(|t| t.as_array().is_some_and(|t| t.iter().all(Value::is_object)))
+}
+
+/// An assistant `message` with a stop reason, blocks that are objects of a type, and
+/// usage figures.
+fn whole_anthropic(a: &Value) -> bool {
+    let Some(content) = a.get("content").and_then(Value::as_array) else {
+        return false;
+    };
+    let usage = a.get("usage").filter(|u| {
+        u.get("input_tokens").is_some_and(Value::is_u64)
+            && u.get("output_tokens").is_some_and(Value::is_u64)
+    });
+    a.get("type").and_then(Value::as_str) == Some("message")
+        && a.get("role").and_then(Value::as_str) == Some("assistant")
+        && string(a, "stop_reason")
+        && usage.is_some()
+        && content.iter().all(|b| string(b, "type"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn only_whole_answers_are_storable() {
+        let openai = json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi."}, "logprobs": null, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}});
+        let anthropic = json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "m",
+            "content": [{"type": "text", "text": "Hi."}], "stop_reason": "end_turn",
+            "stop_sequence": null, "usage": {"input_tokens": 3, "output_tokens": 2}});
+        assert!(whole(WireFormat::OpenAi, &openai));
+        assert!(whole(WireFormat::Anthropic, &anthropic));
+        assert!(!whole(WireFormat::OpenAi, &anthropic));
+        assert!(!whole(WireFormat::Anthropic, &openai));
+        let error = json!({"error": {"code": "upstream_error", "message": "unreadable"}});
+        for bad in [
+            json!([]),
+            json!("ok"),
+            json!({"usage": 5}),
+            error,
+            json!({"type": "message", "role": "assistant", "content": [], "usage": 5, "stop_reason": "end_turn"}),
+            json!({"type": "message", "role": "assistant", "content": [5], "usage": {"input_tokens": 1, "output_tokens": 1}, "stop_reason": "end_turn"}),
+            json!({"object": "chat.completion", "choices": [5]}),
+            json!({"object": "chat.completion", "choices": [{"message": {"content": 5}, "finish_reason": "stop"}]}),
+        ] {
+            assert!(!whole(WireFormat::OpenAi, &bad), "{bad}");
+            assert!(!whole(WireFormat::Anthropic, &bad), "{bad}");
+        }
+        let mut cut = anthropic.clone();
+        cut["stop_reason"] = Value::Null;
+        assert!(
+            !whole(WireFormat::Anthropic, &cut),
+            "an answer without its end"
+        );
+    }
+}
