@@ -50,6 +50,11 @@ fn openai_frames(a: &Value, include_usage: bool) -> Vec<Bytes> {
             out.push(chunk(json!({"content": p}), Value::Null));
         }
     }
+    if let Some(text) = msg["refusal"].as_str() {
+        for p in pieces(text) {
+            out.push(chunk(json!({"refusal": p}), Value::Null));
+        }
+    }
     for (i, tc) in msg["tool_calls"]
         .as_array()
         .into_iter()
@@ -121,6 +126,7 @@ pub struct Assembler {
     format: WireFormat,
     answer: Map<String, Value>,
     text: String,
+    refusal: String,
     tools: Vec<(String, String, String)>,
     blocks: Vec<Value>,
     partial: String,
@@ -143,6 +149,7 @@ impl Assembler {
             format,
             answer: Map::new(),
             text: String::new(),
+            refusal: String::new(),
             tools: Vec::new(),
             blocks: Vec::new(),
             partial: String::new(),
@@ -189,8 +196,20 @@ impl Assembler {
             self.answer.insert("usage".into(), v["usage"].clone());
         }
         let c = &v["choices"][0];
+        // Log probabilities, audio and annotations are not rebuilt: an answer that had
+        // them is not stored rather than stored without them.
+        let kept = |(k, d): (&String, &Value)| {
+            matches!(k.as_str(), "role" | "content" | "refusal" | "tool_calls") || d.is_null()
+        };
+        let delta = c["delta"].as_object().into_iter().flatten();
+        if !c["logprobs"].is_null() || !delta.into_iter().all(kept) {
+            self.faithful = false;
+        }
         if let Some(t) = c["delta"]["content"].as_str() {
             self.text.push_str(t);
+        }
+        if let Some(t) = c["delta"]["refusal"].as_str() {
+            self.refusal.push_str(t);
         }
         for tc in c["delta"]["tool_calls"].as_array().into_iter().flatten() {
             // Calls are numbered from 0 in order: an index past the next one is not an
@@ -278,16 +297,31 @@ impl Assembler {
         }
     }
 
-    /// The whole answer, if the stream completed.
-    pub fn finish(self) -> Option<Value> {
+    /// The whole answer, if the stream completed. `reported` is the usage the upstream
+    /// reported (input, output), if it reported both: an OpenAI client that did not ask for
+    /// the usage chunk never received it, and a whole answer carries its usage.
+    pub fn finish(self, reported: Option<(i64, i64)>) -> Option<Value> {
         if !self.complete || !self.faithful || self.taken > self.limit {
             return None;
         }
         match self.format {
             WireFormat::OpenAi => {
                 let mut a = self.answer;
+                if let (false, Some((input, output))) = (a.contains_key("usage"), reported) {
+                    a.insert(
+                        "usage".into(),
+                        json!({"prompt_tokens": input, "completion_tokens": output,
+                        "total_tokens": input.saturating_add(output)}),
+                    );
+                }
                 let finish = a.remove("finish_reason").unwrap_or(json!("stop"));
-                let mut message = json!({"role": "assistant", "content": if self.text.is_empty() && !self.tools.is_empty() { Value::Null } else { json!(self.text) }});
+                // No text beside tool calls or a refusal is `null`, as OpenAI sends it.
+                let no_text =
+                    self.text.is_empty() && !(self.tools.is_empty() && self.refusal.is_empty());
+                let mut message = json!({"role": "assistant", "content": if no_text { Value::Null } else { json!(self.text) }});
+                if !self.refusal.is_empty() {
+                    message["refusal"] = json!(self.refusal);
+                }
                 if !self.tools.is_empty() {
                     message["tool_calls"] = self
                         .tools
@@ -328,7 +362,7 @@ mod tests {
             for f in frames(format, &answer, true) {
                 asm.push(&f);
             }
-            assert_eq!(asm.finish().unwrap(), answer);
+            assert_eq!(asm.finish(None).unwrap(), answer);
         }
     }
 
@@ -370,7 +404,39 @@ mod tests {
         ] {
             asm.push(&frame(None, &data.to_string()));
         }
-        assert_eq!(asm.finish(), None);
+        assert_eq!(asm.finish(None), None);
+    }
+
+    /// A refusal is a refusal when replayed and when rebuilt from a stream, never empty
+    /// content (attack cache #5).
+    #[test]
+    fn a_refusal_replays_and_reassembles_to_itself() {
+        let refusal = json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": null, "refusal": "I can't help with that."}, "logprobs": null, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}});
+        let mut asm = Assembler::new(WireFormat::OpenAi, 1 << 20);
+        for f in frames(WireFormat::OpenAi, &refusal, true) {
+            asm.push(&f);
+        }
+        assert_eq!(asm.finish(None).unwrap(), refusal);
+    }
+
+    /// What a rebuilt answer cannot hold faithfully makes it not stored: log probabilities.
+    #[test]
+    fn a_stream_with_logprobs_is_not_rebuilt() {
+        let mut asm = Assembler::new(WireFormat::OpenAi, 1 << 20);
+        for data in [
+            json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hi"},
+                "logprobs": {"content": [{"token": "Hi", "logprob": -0.1, "bytes": [72, 105], "top_logprobs": []}]}, "finish_reason": null}]}),
+            json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                "choices": [{"index": 0, "delta": {}, "logprobs": null, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}),
+        ] {
+            asm.push(&frame(None, &data.to_string()));
+        }
+        asm.push(&frame(None, "[DONE]"));
+        assert_eq!(asm.finish(None), None);
     }
 
     #[test]
@@ -383,6 +449,6 @@ mod tests {
             asm.push(&f);
             assert!(asm.text.len() <= 20_000, "it keeps no more than its limit");
         }
-        assert_eq!(asm.finish(), None);
+        assert_eq!(asm.finish(None), None);
     }
 }

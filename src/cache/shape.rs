@@ -20,7 +20,10 @@ fn string(v: &Value, k: &str) -> bool {
     v.get(k).is_some_and(Value::is_string)
 }
 
-/// A `chat.completion` of one choice with a message and a finish reason.
+/// A `chat.completion` of one choice with a message, a finish reason and usage figures,
+/// holding nothing a replay as a stream (or a rebuild from one) would drop: no log
+/// probabilities, audio or annotations — an entry answers whole and streamed requests
+/// alike, so a hit may not differ in kind from the upstream's answer.
 fn whole_openai(a: &Value) -> bool {
     let Some([choice]) = a
         .get("choices")
@@ -29,17 +32,26 @@ fn whole_openai(a: &Value) -> bool {
     else {
         return false;
     };
-    let Some(message) = choice.get("message").filter(|m| m.is_object()) else {
+    let Some(message) = choice.get("message").and_then(Value::as_object) else {
         return false;
     };
+    let usage = a.get("usage").filter(|u| {
+        u.get("prompt_tokens").is_some_and(Value::is_u64)
+            && u.get("completion_tokens").is_some_and(Value::is_u64)
+    });
+    let replayed = message.iter().all(|(k, v)| match k.as_str() {
+        "role" => true,
+        "content" | "refusal" => v.is_string() || v.is_null(),
+        "tool_calls" => v.as_array().is_some_and(|t| t.iter().all(Value::is_object)),
+        "annotations" => v.is_null() || v.as_array().is_some_and(Vec::is_empty),
+        _ => v.is_null(),
+    });
     a.get("object").and_then(Value::as_str) == Some("chat.completion")
         && string(choice, "finish_reason")
-        && message
-            .get("content")
-            .is_some_and(|c| c.is_string() || c.is_null())
-        && message
-            .get("tool_calls")
-            .is_none_or(|t| t.as_array().is_some_and(|t| t.iter().all(Value::is_object)))
+        && choice.get("logprobs").is_none_or(Value::is_null)
+        && message.contains_key("content")
+        && replayed
+        && usage.is_some()
 }
 
 /// An assistant `message` with a stop reason, blocks that are objects of a type, and
@@ -90,6 +102,20 @@ mod tests {
             assert!(!whole(WireFormat::OpenAi, &bad), "{bad}");
             assert!(!whole(WireFormat::Anthropic, &bad), "{bad}");
         }
+        // What a replay or a rebuild would drop is not stored (attack cache #5).
+        let mut no_usage = openai.clone();
+        no_usage.as_object_mut().unwrap().remove("usage");
+        let mut logprobs = openai.clone();
+        logprobs["choices"][0]["logprobs"] = json!({"content": []});
+        let mut audio = openai.clone();
+        audio["choices"][0]["message"]["audio"] = json!({"id": "a", "data": "AAAA"});
+        for dropped in [no_usage, logprobs, audio] {
+            assert!(!whole(WireFormat::OpenAi, &dropped), "{dropped}");
+        }
+        let mut empty = openai.clone();
+        empty["choices"][0]["message"]["annotations"] = json!([]);
+        empty["choices"][0]["message"]["refusal"] = Value::Null;
+        assert!(whole(WireFormat::OpenAi, &empty), "OpenAI's empty fields");
         let mut cut = anthropic.clone();
         cut["stop_reason"] = Value::Null;
         assert!(

@@ -110,3 +110,47 @@ async fn a_2xx_anthropic_body_that_is_no_whole_message_is_never_stored_or_replay
     );
     app.assert_invariant().await;
 }
+
+/// An OpenAI stream whose client did not ask for its usage never showed the usage chunk,
+/// so the answer rebuilt from it has none: it is not stored, and a whole request is never
+/// answered without `usage` (attack cache #5). A stream that carried it is stored and
+/// replays it, streamed or whole.
+#[tokio::test]
+async fn a_whole_answer_built_from_a_stream_carries_its_usage() {
+    let app = spawn_app().await;
+    let (_, token) = app.token("usage", None).await;
+    let body = |stream: bool, usage: bool| {
+        let mut b = json!({"model": "gpt-4o-mini", "temperature": 0, "max_tokens": 50, "stream": stream,
+            "messages": [{"role": "user", "content": "Why does the engine light blink?"}]});
+        if usage {
+            b["stream_options"] = json!({"include_usage": true});
+        }
+        b
+    };
+    let resp = app.chat(&token, &body(true, false)).await;
+    let _ = resp.text().await;
+    settle_cache(&app).await;
+    let resp = app.chat(&token, &body(false, false)).await;
+    assert_eq!(resp.status(), 200);
+    let cache = cache_of(&resp);
+    let v: Value = resp.json().await.unwrap();
+    assert!(v["usage"]["total_tokens"].is_u64(), "{cache}: {v}");
+
+    // With its usage asked for, the stream's answer is stored, and every hit carries it.
+    let other = |mut b: Value| {
+        b["messages"][0]["content"] = json!("Why does the oil light blink?");
+        b
+    };
+    let resp = app.chat(&token, &other(body(true, true))).await;
+    let _ = resp.text().await;
+    settle_cache(&app).await;
+    let resp = app.chat(&token, &other(body(false, false))).await;
+    assert_eq!(cache_of(&resp), "hit-exact");
+    let v: Value = resp.json().await.unwrap();
+    assert!(v["usage"]["total_tokens"].is_u64(), "{v}");
+    let resp = app.chat(&token, &other(body(true, true))).await;
+    assert_eq!(cache_of(&resp), "hit-exact");
+    let (data, _) = sse_data(resp).await;
+    let last: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
+    assert!(last["usage"]["total_tokens"].is_u64(), "{last}");
+}
