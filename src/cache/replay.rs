@@ -250,13 +250,23 @@ impl Assembler {
                 }
             }
             Some("content_block_start") => {
-                if !v["content_block"].is_object() {
+                // Only the blocks a replay streams are rebuilt (`shape::whole`): thinking,
+                // server tools and citations make the answer one that is not stored.
+                let b = &v["content_block"];
+                let cited = !b["citations"].is_null() && b["citations"] != json!([]);
+                if !matches!(b["type"].as_str(), Some("text" | "tool_use")) || cited {
                     self.faithful = false;
                 }
                 self.blocks.push(v["content_block"].clone());
                 self.partial.clear();
             }
             Some("content_block_delta") => {
+                if !matches!(
+                    v["delta"]["type"].as_str(),
+                    Some("text_delta" | "input_json_delta")
+                ) {
+                    self.faithful = false;
+                }
                 let block = self.blocks.last_mut().and_then(Value::as_object_mut);
                 if let (Some(b), Some(t)) = (block, v["delta"]["text"].as_str()) {
                     // Appended in place: rebuilding the text for every delta is quadratic.
@@ -437,6 +447,37 @@ mod tests {
         }
         asm.push(&frame(None, "[DONE]"));
         assert_eq!(asm.finish(None), None);
+    }
+
+    /// A stream of blocks the replay does not rebuild (thinking and its signature, server
+    /// tools, citations) is not stored rather than stored without them (attack cache #4).
+    #[test]
+    fn an_anthropic_stream_of_blocks_not_rebuilt_is_not_stored() {
+        let start = json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant",
+            "model": "m", "content": [], "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": 3, "output_tokens": 0}}});
+        let end = [
+            json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 5}}),
+            json!({"type": "message_stop"}),
+        ];
+        let thinking = [
+            json!({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}}),
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "Hmm."}}),
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "sig"}}),
+            json!({"type": "content_block_stop", "index": 0}),
+        ];
+        let cited = [
+            json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "citations_delta", "citation": {"type": "char_location", "cited_text": "x"}}}),
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Yes."}}),
+            json!({"type": "content_block_stop", "index": 0}),
+        ];
+        for blocks in [&thinking[..], &cited[..]] {
+            let mut asm = Assembler::new(WireFormat::Anthropic, 1 << 20);
+            for data in std::iter::once(&start).chain(blocks).chain(&end) {
+                asm.push(&frame(None, &data.to_string()));
+            }
+            assert_eq!(asm.finish(None), None, "{blocks:?}");
+        }
     }
 
     #[test]

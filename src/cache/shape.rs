@@ -54,8 +54,8 @@ fn whole_openai(a: &Value) -> bool {
         && usage.is_some()
 }
 
-/// An assistant `message` with a stop reason, blocks that are objects of a type, and
-/// usage figures.
+/// An assistant `message` with a stop reason, blocks a replay rebuilds, and usage
+/// figures.
 fn whole_anthropic(a: &Value) -> bool {
     let Some(content) = a.get("content").and_then(Value::as_array) else {
         return false;
@@ -68,7 +68,25 @@ fn whole_anthropic(a: &Value) -> bool {
         && a.get("role").and_then(Value::as_str) == Some("assistant")
         && string(a, "stop_reason")
         && usage.is_some()
-        && content.iter().all(|b| string(b, "type"))
+        && content.iter().all(replayed)
+}
+
+/// A block `replay::frames` streams and the assembler rebuilds as it was: text without
+/// citations, or a tool call. Thinking (and its signature), server tools and their
+/// results, and citations would be dropped or leave gaps in the block indexes, so an
+/// answer holding them is not stored.
+fn replayed(b: &Value) -> bool {
+    let none = |k: &str| {
+        b.get(k)
+            .is_none_or(|v| v.is_null() || v.as_array().is_some_and(Vec::is_empty))
+    };
+    match b.get("type").and_then(Value::as_str) {
+        Some("text") => string(b, "text") && none("citations"),
+        Some("tool_use") => {
+            string(b, "id") && string(b, "name") && b.get("input").is_some_and(Value::is_object)
+        }
+        _ => false,
+    }
 }
 
 #[cfg(test)]
@@ -116,6 +134,22 @@ mod tests {
         empty["choices"][0]["message"]["annotations"] = json!([]);
         empty["choices"][0]["message"]["refusal"] = Value::Null;
         assert!(whole(WireFormat::OpenAi, &empty), "OpenAI's empty fields");
+        // Blocks a streamed replay does not rebuild are not stored (attack cache #4).
+        for block in [
+            json!({"type": "thinking", "thinking": "Hmm.", "signature": "sig"}),
+            json!({"type": "redacted_thinking", "data": "x"}),
+            json!({"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}}),
+            json!({"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []}),
+            json!({"type": "text", "text": "Yes.", "citations": [{"type": "char_location"}]}),
+        ] {
+            let mut a = anthropic.clone();
+            a["content"] = json!([{"type": "text", "text": "Hi."}, block]);
+            assert!(!whole(WireFormat::Anthropic, &a), "{a}");
+        }
+        let mut tool = anthropic.clone();
+        tool["content"] = json!([{"type": "text", "text": "Hi.", "citations": null},
+            {"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {}}]);
+        assert!(whole(WireFormat::Anthropic, &tool));
         let mut cut = anthropic.clone();
         cut["stop_reason"] = Value::Null;
         assert!(
