@@ -8,12 +8,15 @@
 //!   is case (outside code and short acronyms: `IT` is not `it`), punctuation, spacing
 //!   within a line, contractions (`what's` = `what is`), Unicode composition (NFC),
 //!   `how can I` = `how do I`, and filler only where it cannot be the question: greetings
-//!   and thanks that make up a whole segment ("Hi!", ", thanks."), `please` and `kindly`
+//!   and thanks that make up a whole segment ("Hi!", ", thanks.") — but not after words
+//!   and a `:` ("Translate into German: hello."), nor, but for thanks and `please`, after
+//!   words and a `,` — `please` and `kindly`
 //!   at a segment's edges, `can you`/`could you` before a request verb ("can you explain"
 //!   is "explain"; "can you lie to me?" is not "lie to me"). Pronouns, articles, modal verbs, and
 //!   greetings inside a sentence ("how do you say thank you") are words like any other;
 //!   every character that is not a letter, digit, space or plain punctuation is a token
-//!   (`₹`, `≤`, `°`, `′`, emoji), marks stay with their letters (`ข่าว` is not `ข้าว`),
+//!   (`₹`, `≤`, `°`, `′`, emoji; `!` after a digit, a factorial), `.5` is not `5`, marks
+//!   stay with their letters (`ข่าว` is not `ข้าว`),
 //!   and an indented line carries its indentation (Python blocks). A message of filler
 //!   alone ("Thanks!") has nothing to compare: exact matches only;
 //! - with an `http` embedder (which judges paraphrases): the significant tokens, in order —
@@ -55,12 +58,33 @@ pub struct Reading {
 pub const IDENTIFIER: &str = "<id>";
 
 /// A raw token: its text, whether it starts a sentence, whether it is a symbol run (or an
-/// indentation), and the segment it stands in.
+/// indentation), the segment it stands in and how that segment began.
 struct Raw {
     text: String,
     sentence_start: bool,
     symbol: bool,
     segment: usize,
+    joint: Joint,
+}
+
+/// How a segment begins: at the text's start or after a sentence's end, or inside a
+/// sentence after a `:` (which introduces what it names) or a `,`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Joint {
+    Sentence,
+    Colon,
+    Comma,
+}
+
+impl Joint {
+    /// The joint a break character (`is_break`) makes.
+    fn after(c: char) -> Joint {
+        match c {
+            ':' | '：' => Joint::Colon,
+            ',' | '，' | '、' | '،' => Joint::Comma,
+            _ => Joint::Sentence,
+        }
+    }
 }
 
 /// Whether a text holds code: a backtick, a brace, an `=`, or a call or index (`print(`,
@@ -94,6 +118,7 @@ fn split(text: &str, code: bool) -> Vec<Raw> {
     let mut out = Vec::new();
     let mut sentence_start = true;
     let mut segment = 0;
+    let mut joint = Joint::Sentence;
     let mut i = 0;
     let breaks = |c: char| is_break(c) && !(code && matches!(c, ',' | ';'));
     let ignored = |c: char| {
@@ -101,7 +126,9 @@ fn split(text: &str, code: bool) -> Vec<Raw> {
     };
     while i < chars.len() {
         let (start, c) = chars[i];
-        if is_word(c) {
+        // `.5` is a number, not a break and `5`.
+        let leading_dot = c == '.' && chars.get(i + 1).is_some_and(|&(_, n)| n.is_ascii_digit());
+        if is_word(c) || leading_dot {
             let mut j = i + 1;
             while j < chars.len() {
                 let (_, d) = chars[j];
@@ -121,6 +148,7 @@ fn split(text: &str, code: bool) -> Vec<Raw> {
                 sentence_start,
                 symbol: false,
                 segment,
+                joint,
             });
             sentence_start = false;
             i = j;
@@ -139,6 +167,7 @@ fn split(text: &str, code: bool) -> Vec<Raw> {
         if c == '\n' {
             segment += 1;
             sentence_start = true;
+            joint = Joint::Sentence;
             let mut j = i + 1;
             while j < chars.len() && matches!(chars[j].1, ' ' | '\t') {
                 j += 1;
@@ -151,6 +180,7 @@ fn split(text: &str, code: bool) -> Vec<Raw> {
                     sentence_start: false,
                     symbol: true,
                     segment,
+                    joint,
                 });
             }
             i = j;
@@ -162,24 +192,29 @@ fn split(text: &str, code: bool) -> Vec<Raw> {
             }
             let end = chars.get(j).map_or(text.len(), |&(e, _)| e);
             let run = &text[start..end];
-            // `!` ends a sentence unless it stands before a word (`!x`, `!=` is a run).
-            let exclamation =
-                run.chars().all(|c| c == '!') && !chars.get(j).is_some_and(|&(_, n)| is_word(n));
+            // `!` ends a sentence unless it stands before a word (`!x`, `!=` is a run) or
+            // right after a digit, where it is a factorial (`4! + 1` is not `4 + 1`).
+            let exclamation = run.chars().all(|c| c == '!')
+                && !after_digit
+                && !chars.get(j).is_some_and(|&(_, n)| is_word(n));
             if exclamation {
                 sentence_start = true;
                 segment += 1;
+                joint = Joint::Sentence;
             } else {
                 out.push(Raw {
                     text: run.to_string(),
                     sentence_start: false,
                     symbol: true,
                     segment,
+                    joint,
                 });
             }
             i = j;
         } else {
             if breaks(c) {
                 segment += 1;
+                joint = Joint::after(c);
                 if !matches!(c, ',' | '，' | '、' | '،') {
                     sentence_start = true;
                 }
@@ -293,11 +328,23 @@ fn phrase_before(words: &[Word], end: usize, list: &[&[&str]]) -> Option<usize> 
         .map(|p| p.len())
 }
 
-/// Whether a segment is greetings, thanks and politeness and nothing else.
-fn only_greetings(words: &[Word]) -> bool {
+/// Whether a segment of greetings is what the sentence before it names, not filler:
+/// after a `:` ("Translate into German: thank you."), or after a `,` unless it is thanks
+/// or `please` closing a request ("Translate into German, hello." is not "…, thanks.").
+fn named(segment: &[Word], after_words: bool) -> bool {
+    after_words
+        && match segment.first().map(|w| w.joint) {
+            Some(Joint::Colon) => true,
+            Some(Joint::Comma) => !only(segment, COURTESIES),
+            Some(Joint::Sentence) | None => false,
+        }
+}
+
+/// Whether a segment is made of phrases of `list` and nothing else.
+fn only(words: &[Word], list: &[&[&str]]) -> bool {
     let mut i = 0;
     while i < words.len() {
-        match phrase_at(words, i, GREETINGS) {
+        match phrase_at(words, i, list) {
             Some(n) => i += n,
             None => return false,
         }
@@ -306,12 +353,13 @@ fn only_greetings(words: &[Word]) -> bool {
 }
 
 /// A word as read: its text, whether it is significant, whether it is kept whole (never
-/// filler), the segment it stands in.
+/// filler), the segment it stands in and how that segment began.
 struct Word {
     text: String,
     significant: bool,
     kept: bool,
     segment: usize,
+    joint: Joint,
 }
 
 /// Reads a question into its tokens: lower-cased (but for code and short acronyms),
@@ -330,13 +378,14 @@ pub fn tokens(text: &str, ignore_identifiers: bool) -> Vec<Token> {
     let shouting = letters().next().is_some() && letters().all(|c| !c.is_lowercase());
     let mut words: Vec<Word> = Vec::new();
     for raw in &raws {
-        let segment = raw.segment;
+        let (segment, joint) = (raw.segment, raw.joint);
         if raw.symbol {
             words.push(Word {
                 text: raw.text.clone(),
                 significant: true,
                 kept: true,
                 segment,
+                joint,
             });
             continue;
         }
@@ -349,6 +398,7 @@ pub fn tokens(text: &str, ignore_identifiers: bool) -> Vec<Token> {
                 significant: true,
                 kept: true,
                 segment,
+                joint,
             });
             continue;
         }
@@ -377,6 +427,7 @@ pub fn tokens(text: &str, ignore_identifiers: bool) -> Vec<Token> {
                 significant,
                 kept: acronym,
                 segment,
+                joint,
             });
         }
     }
@@ -389,13 +440,17 @@ pub fn tokens(text: &str, ignore_identifiers: bool) -> Vec<Token> {
             words[i + 1].text = "do".to_string();
         }
     }
-    // Filler, segment by segment: whole segments of greetings, then openers and closers
-    // at a segment's edges while words remain between them.
+    // Filler, segment by segment: whole segments of greetings (but for those the words
+    // just before them name), then openers and closers at a segment's edges while words
+    // remain between them.
     let mut out = Vec::with_capacity(words.len());
+    let mut after_words = false;
     for segment in words.chunk_by(|a, b| a.segment == b.segment) {
-        if only_greetings(segment) {
+        if only(segment, GREETINGS) && !named(segment, after_words) {
+            after_words = false;
             continue;
         }
+        after_words = true;
         let (mut start, mut end) = (0, segment.len());
         loop {
             let request = phrase_at(segment, start, REQUESTS).filter(|n| {

@@ -95,6 +95,54 @@ fn filler_is_dropped_only_where_it_cannot_be_the_question() {
     ));
 }
 
+/// The hard negatives of attack cache #1: a greeting after a colon or a comma is what the
+/// sentence names (strictly read: to an http embedder greetings are words it judges), `!`
+/// after a digit is a factorial, and `.5` is not `5` (significant to either reading).
+#[test]
+fn the_object_of_a_sentence_a_factorial_and_a_leading_dot_are_read() {
+    for (a, b) in [
+        (
+            "Translate into German: thank you.",
+            "Translate into German: hello.",
+        ),
+        (
+            "Translate into German: please",
+            "Translate into German: cheers",
+        ),
+        (
+            "Translate into German, thank you.",
+            "Translate into German, hello.",
+        ),
+        ("Translate into German: ok", "Translate into German."),
+    ] {
+        assert!(!agree(a, b, true, false), "{a} / {b}");
+    }
+    for (a, b) in [
+        ("What is 4! + 1?", "What is 4 + 1?"),
+        ("Is 20! divisible by 7?", "Is 20 divisible by 7?"),
+        ("Is .5 greater than .25?", "Is 5 greater than 25?"),
+    ] {
+        for strict in [true, false] {
+            assert!(!agree(a, b, strict, false), "{a} / {b} (strict: {strict})");
+        }
+    }
+    // Filler around them is still filler.
+    for (a, b) in [
+        (
+            "Hello! Translate into German: good morning. Thanks!",
+            "Translate into German: good morning",
+        ),
+        ("Why is the sky blue? Thanks, cheers", "Why is the sky blue"),
+        (
+            "Hi, why is the sky blue, please? Thanks",
+            "Why is the sky blue?",
+        ),
+        ("Is 5 prime? Thanks!", "Is 5 prime"),
+    ] {
+        assert!(agree(a, b, true, false), "{a} / {b}");
+    }
+}
+
 #[test]
 fn every_character_that_can_change_a_question_is_read() {
     assert!(!agree(

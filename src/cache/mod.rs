@@ -12,6 +12,7 @@ pub mod headers;
 pub mod key;
 pub mod meaning;
 pub mod replay;
+pub mod shape;
 mod words;
 
 use std::collections::{HashMap, HashSet};
@@ -238,7 +239,14 @@ impl Cache {
         }
     }
 
-    async fn entry(&self, key: &Key, now: DateTime<Utc>) -> Result<Option<Arc<Entry>>, StoreError> {
+    /// The live entry of `key`, answered in `format`. One read back that is not a whole
+    /// answer (stored by an older version, or by hand) is a miss.
+    async fn entry(
+        &self,
+        key: &Key,
+        format: WireFormat,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Arc<Entry>>, StoreError> {
         let cached = self.lru.lock().get(key).cloned();
         if let Some(e) = cached.filter(|e| e.expires_at > now) {
             return Ok(Some(e));
@@ -252,6 +260,9 @@ impl Cache {
         let Ok(answer) = serde_json::from_str(&row.answer) else {
             return Ok(None);
         };
+        if !shape::whole(format, &answer) {
+            return Ok(None);
+        }
         let entry = Arc::new(Entry {
             key: *key,
             answer,
@@ -267,7 +278,7 @@ impl Cache {
 
     /// Exact, then semantic. Errors are logged and read as a miss: the cache never fails a request.
     pub async fn get(&self, plan: &Plan, now: DateTime<Utc>) -> Option<Hit> {
-        match self.entry(&plan.keys.exact, now).await {
+        match self.entry(&plan.keys.exact, plan.format, now).await {
             Ok(Some(entry)) => {
                 return Some(Hit {
                     entry,
@@ -302,7 +313,7 @@ impl Cache {
             .map(|(k, other)| (*k, embed::cosine(&v, other)))
             .filter(|(_, sim)| *sim >= plan.threshold)
             .max_by(|a, b| a.1.total_cmp(&b.1))?;
-        match self.entry(&best.0, now).await {
+        match self.entry(&best.0, plan.format, now).await {
             Ok(Some(entry)) => Some(Hit {
                 entry,
                 kind: HitKind::Semantic,
@@ -315,8 +326,13 @@ impl Cache {
         }
     }
 
-    /// Stores an answer (in the client's format) for a plan.
+    /// Stores an answer (in the client's format) for a plan; one that is not a whole answer
+    /// is not stored (`shape::whole`).
     pub async fn put(&self, plan: &Plan, answer: &Value, usage: (i64, i64), now: DateTime<Utc>) {
+        if !shape::whole(plan.format, answer) {
+            tracing::debug!("not a whole answer in the client's format: not cached");
+            return;
+        }
         let vector = match (&plan.keys.context, plan.keys.embed_text.as_deref()) {
             (Some(_), Some(text)) if self.cfg.semantic => self.embedder.embed(text).await.ok(),
             _ => None,

@@ -50,6 +50,11 @@ fn openai_frames(a: &Value, include_usage: bool) -> Vec<Bytes> {
             out.push(chunk(json!({"content": p}), Value::Null));
         }
     }
+    if let Some(text) = msg["refusal"].as_str() {
+        for p in pieces(text) {
+            out.push(chunk(json!({"refusal": p}), Value::Null));
+        }
+    }
     for (i, tc) in msg["tool_calls"]
         .as_array()
         .into_iter()
@@ -74,10 +79,14 @@ fn openai_frames(a: &Value, include_usage: bool) -> Vec<Bytes> {
 
 fn anthropic_frames(a: &Value) -> Vec<Bytes> {
     let ev = |name: &str, v: Value| frame(Some(name), &v.to_string());
-    let mut start = a.clone();
-    start["content"] = json!([]);
-    start["stop_reason"] = Value::Null;
-    start["usage"]["output_tokens"] = json!(0);
+    // Built without indexing by assignment, which panics on a value that is no object:
+    // only whole answers are stored (`shape::whole`), and still nothing here may panic.
+    let mut start = a.as_object().cloned().unwrap_or_default();
+    start.insert("content".into(), json!([]));
+    start.insert("stop_reason".into(), Value::Null);
+    if let Some(u) = start.get_mut("usage").and_then(Value::as_object_mut) {
+        u.insert("output_tokens".into(), json!(0));
+    }
     let mut out = vec![ev(
         "message_start",
         json!({"type": "message_start", "message": start}),
@@ -117,10 +126,14 @@ pub struct Assembler {
     format: WireFormat,
     answer: Map<String, Value>,
     text: String,
+    refusal: String,
     tools: Vec<(String, String, String)>,
     blocks: Vec<Value>,
     partial: String,
     complete: bool,
+    /// False once a frame came that the answer cannot be rebuilt from faithfully: it is
+    /// then not cached.
+    faithful: bool,
     /// The most it assembles (the cache's largest entry): past it, the answer is let go of
     /// and not cached, so a long stream holds no copy of itself.
     limit: usize,
@@ -136,10 +149,12 @@ impl Assembler {
             format,
             answer: Map::new(),
             text: String::new(),
+            refusal: String::new(),
             tools: Vec::new(),
             blocks: Vec::new(),
             partial: String::new(),
             complete: false,
+            faithful: true,
         }
     }
 
@@ -181,15 +196,36 @@ impl Assembler {
             self.answer.insert("usage".into(), v["usage"].clone());
         }
         let c = &v["choices"][0];
+        // Log probabilities, audio and annotations are not rebuilt: an answer that had
+        // them is not stored rather than stored without them.
+        let kept = |(k, d): (&String, &Value)| {
+            matches!(k.as_str(), "role" | "content" | "refusal" | "tool_calls") || d.is_null()
+        };
+        let delta = c["delta"].as_object().into_iter().flatten();
+        if !c["logprobs"].is_null() || !delta.into_iter().all(kept) {
+            self.faithful = false;
+        }
         if let Some(t) = c["delta"]["content"].as_str() {
             self.text.push_str(t);
         }
+        if let Some(t) = c["delta"]["refusal"].as_str() {
+            self.refusal.push_str(t);
+        }
         for tc in c["delta"]["tool_calls"].as_array().into_iter().flatten() {
-            let i = tc["index"].as_u64().unwrap_or(0) as usize;
-            while self.tools.len() <= i {
+            // Calls are numbered from 0 in order: an index past the next one is not an
+            // answer this can rebuild (nor grow a list to).
+            let i = tc["index"].as_u64().unwrap_or(0);
+            let Ok(i) = usize::try_from(i) else {
+                self.faithful = false;
+                return;
+            };
+            if i == self.tools.len() {
                 self.tools.push(Default::default());
             }
-            let slot = &mut self.tools[i];
+            let Some(slot) = self.tools.get_mut(i) else {
+                self.faithful = false;
+                return;
+            };
             if let Some(id) = tc["id"].as_str() {
                 slot.0 = id.to_string();
             }
@@ -214,15 +250,31 @@ impl Assembler {
                 }
             }
             Some("content_block_start") => {
+                // Only the blocks a replay streams are rebuilt (`shape::whole`): thinking,
+                // server tools and citations make the answer one that is not stored.
+                let b = &v["content_block"];
+                let cited = !b["citations"].is_null() && b["citations"] != json!([]);
+                if !matches!(b["type"].as_str(), Some("text" | "tool_use")) || cited {
+                    self.faithful = false;
+                }
                 self.blocks.push(v["content_block"].clone());
                 self.partial.clear();
             }
             Some("content_block_delta") => {
-                if let (Some(b), Some(t)) = (self.blocks.last_mut(), v["delta"]["text"].as_str()) {
+                if !matches!(
+                    v["delta"]["type"].as_str(),
+                    Some("text_delta" | "input_json_delta")
+                ) {
+                    self.faithful = false;
+                }
+                let block = self.blocks.last_mut().and_then(Value::as_object_mut);
+                if let (Some(b), Some(t)) = (block, v["delta"]["text"].as_str()) {
                     // Appended in place: rebuilding the text for every delta is quadratic.
                     match b.get_mut("text") {
                         Some(Value::String(s)) => s.push_str(t),
-                        _ => b["text"] = json!(t),
+                        _ => {
+                            b.insert("text".into(), json!(t));
+                        }
                     }
                 }
                 if let Some(p) = v["delta"]["partial_json"].as_str() {
@@ -255,16 +307,31 @@ impl Assembler {
         }
     }
 
-    /// The whole answer, if the stream completed.
-    pub fn finish(self) -> Option<Value> {
-        if !self.complete || self.taken > self.limit {
+    /// The whole answer, if the stream completed. `reported` is the usage the upstream
+    /// reported (input, output), if it reported both: an OpenAI client that did not ask for
+    /// the usage chunk never received it, and a whole answer carries its usage.
+    pub fn finish(self, reported: Option<(i64, i64)>) -> Option<Value> {
+        if !self.complete || !self.faithful || self.taken > self.limit {
             return None;
         }
         match self.format {
             WireFormat::OpenAi => {
                 let mut a = self.answer;
+                if let (false, Some((input, output))) = (a.contains_key("usage"), reported) {
+                    a.insert(
+                        "usage".into(),
+                        json!({"prompt_tokens": input, "completion_tokens": output,
+                        "total_tokens": input.saturating_add(output)}),
+                    );
+                }
                 let finish = a.remove("finish_reason").unwrap_or(json!("stop"));
-                let mut message = json!({"role": "assistant", "content": if self.text.is_empty() && !self.tools.is_empty() { Value::Null } else { json!(self.text) }});
+                // No text beside tool calls or a refusal is `null`, as OpenAI sends it.
+                let no_text =
+                    self.text.is_empty() && !(self.tools.is_empty() && self.refusal.is_empty());
+                let mut message = json!({"role": "assistant", "content": if no_text { Value::Null } else { json!(self.text) }});
+                if !self.refusal.is_empty() {
+                    message["refusal"] = json!(self.refusal);
+                }
                 if !self.tools.is_empty() {
                     message["tool_calls"] = self
                         .tools
@@ -305,7 +372,111 @@ mod tests {
             for f in frames(format, &answer, true) {
                 asm.push(&f);
             }
-            assert_eq!(asm.finish().unwrap(), answer);
+            assert_eq!(asm.finish(None).unwrap(), answer);
+        }
+    }
+
+    /// Bodies an upstream may send with a 2xx that are no answer (attack cache #3): their
+    /// replay must never panic, whatever was stored.
+    fn no_answers() -> Vec<Value> {
+        vec![
+            json!([]),
+            json!("ok"),
+            json!(5),
+            json!(null),
+            json!({"usage": 5}),
+            json!({"type": "message", "content": [], "usage": 5}),
+            json!({"type": "message", "content": [5, "x", {"type": 3}], "usage": {}}),
+            json!({"choices": 5}),
+            json!({"choices": [5], "usage": []}),
+        ]
+    }
+
+    #[test]
+    fn a_body_that_is_no_answer_replays_without_a_panic() {
+        for a in no_answers() {
+            for format in [WireFormat::OpenAi, WireFormat::Anthropic] {
+                let _ = frames(format, &a, true);
+            }
+        }
+    }
+
+    #[test]
+    fn an_assembler_fed_blocks_that_are_no_objects_keeps_nothing_and_does_not_panic() {
+        let mut asm = Assembler::new(WireFormat::Anthropic, 1 << 20);
+        for data in [
+            json!({"type": "message_start", "message": {"type": "message", "role": "assistant", "content": [], "usage": {"input_tokens": 1, "output_tokens": 0}}}),
+            json!({"type": "content_block_start", "index": 0, "content_block": "x"}),
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi"}}),
+            json!({"type": "content_block_stop", "index": 0}),
+            json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 1}}),
+            json!({"type": "message_stop"}),
+        ] {
+            asm.push(&frame(None, &data.to_string()));
+        }
+        assert_eq!(asm.finish(None), None);
+    }
+
+    /// A refusal is a refusal when replayed and when rebuilt from a stream, never empty
+    /// content (attack cache #5).
+    #[test]
+    fn a_refusal_replays_and_reassembles_to_itself() {
+        let refusal = json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": null, "refusal": "I can't help with that."}, "logprobs": null, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}});
+        let mut asm = Assembler::new(WireFormat::OpenAi, 1 << 20);
+        for f in frames(WireFormat::OpenAi, &refusal, true) {
+            asm.push(&f);
+        }
+        assert_eq!(asm.finish(None).unwrap(), refusal);
+    }
+
+    /// What a rebuilt answer cannot hold faithfully makes it not stored: log probabilities.
+    #[test]
+    fn a_stream_with_logprobs_is_not_rebuilt() {
+        let mut asm = Assembler::new(WireFormat::OpenAi, 1 << 20);
+        for data in [
+            json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hi"},
+                "logprobs": {"content": [{"token": "Hi", "logprob": -0.1, "bytes": [72, 105], "top_logprobs": []}]}, "finish_reason": null}]}),
+            json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                "choices": [{"index": 0, "delta": {}, "logprobs": null, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}),
+        ] {
+            asm.push(&frame(None, &data.to_string()));
+        }
+        asm.push(&frame(None, "[DONE]"));
+        assert_eq!(asm.finish(None), None);
+    }
+
+    /// A stream of blocks the replay does not rebuild (thinking and its signature, server
+    /// tools, citations) is not stored rather than stored without them (attack cache #4).
+    #[test]
+    fn an_anthropic_stream_of_blocks_not_rebuilt_is_not_stored() {
+        let start = json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant",
+            "model": "m", "content": [], "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": 3, "output_tokens": 0}}});
+        let end = [
+            json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 5}}),
+            json!({"type": "message_stop"}),
+        ];
+        let thinking = [
+            json!({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}}),
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "Hmm."}}),
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "sig"}}),
+            json!({"type": "content_block_stop", "index": 0}),
+        ];
+        let cited = [
+            json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "citations_delta", "citation": {"type": "char_location", "cited_text": "x"}}}),
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Yes."}}),
+            json!({"type": "content_block_stop", "index": 0}),
+        ];
+        for blocks in [&thinking[..], &cited[..]] {
+            let mut asm = Assembler::new(WireFormat::Anthropic, 1 << 20);
+            for data in std::iter::once(&start).chain(blocks).chain(&end) {
+                asm.push(&frame(None, &data.to_string()));
+            }
+            assert_eq!(asm.finish(None), None, "{blocks:?}");
         }
     }
 
@@ -319,6 +490,6 @@ mod tests {
             asm.push(&f);
             assert!(asm.text.len() <= 20_000, "it keeps no more than its limit");
         }
-        assert_eq!(asm.finish(), None);
+        assert_eq!(asm.finish(None), None);
     }
 }

@@ -7,7 +7,8 @@ use unicode_normalization::char::is_combining_mark;
 /// Greetings, thanks and politeness: dropped when they make up a whole segment (the text
 /// between two of `.`, `!`, `?`, `,`, `;`, `:` or a line break) — "Hi!", "Thanks in
 /// advance." — never inside one: in "how do you say thank you in Japanese" they are the
-/// question.
+/// question; nor after a `:` that follows words, nor after such a `,` but for
+/// `COURTESIES`: there they are what the sentence names.
 pub(super) const GREETINGS: &[&[&str]] = &[
     &["thanks", "in", "advance"],
     &["thank", "you", "in", "advance"],
@@ -32,6 +33,21 @@ pub(super) const GREETINGS: &[&[&str]] = &[
     &["uh"],
     &["hmm"],
     &["quick", "question"],
+];
+
+/// The greetings that close a request as courtesy after a `,` ("…, thanks."): after a `,`
+/// other greetings are what the sentence names ("Translate into German, hello.").
+pub(super) const COURTESIES: &[&[&str]] = &[
+    &["thanks", "in", "advance"],
+    &["thank", "you", "in", "advance"],
+    &["thank", "you", "so", "much"],
+    &["thanks", "so", "much"],
+    &["thank", "you"],
+    &["thanks"],
+    &["thx"],
+    &["please"],
+    &["pls"],
+    &["plz"],
 ];
 
 /// Openers dropped at the start of a segment when words follow them: "Please explain…",

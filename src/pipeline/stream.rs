@@ -759,8 +759,10 @@ impl Pump {
         {
             b.used(used);
         }
+        // What the upstream reported of its usage, for an answer whose client did not see it.
+        let reported = (input_reported && output_final).then_some((usage.input, usage.output));
         if let (Some(plan), Some(answer), false) =
-            (&cache, assembler.and_then(Assembler::finish), failed)
+            (&cache, assembler.and_then(|a| a.finish(reported)), failed)
         {
             let cache = state.cache.clone();
             let (plan, now) = (plan.clone(), state.clock.now());

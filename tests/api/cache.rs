@@ -556,7 +556,8 @@ async fn entries_another_replica_stored_are_found_after_its_next_refresh() {
     let body = question("WVWZZZ1JZXW000042");
     let plan = |c: &Cache| plan_of(c, &body, None);
     let answer = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
-        "message": {"role": "assistant", "content": "Check the EGR valve."}, "finish_reason": "stop"}]});
+        "message": {"role": "assistant", "content": "Check the EGR valve."}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 24, "total_tokens": 36}});
     a.put(&plan(&a), &answer, (12, 24), now).await;
     assert!(
         a.get(&plan(&a), now).await.is_some(),

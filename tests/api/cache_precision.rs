@@ -316,7 +316,8 @@ async fn entries_made_under_one_reading_are_not_candidates_under_the_other() {
     let plan = |body: &Value, ignore: bool| crate::cache::plan_of(&cache, body, Some(ignore));
     let now = chrono::Utc::now();
     let answer = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
-        "message": {"role": "assistant", "content": "Check the coil pack."}, "finish_reason": "stop"}]});
+        "message": {"role": "assistant", "content": "Check the coil pack."}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 24, "total_tokens": 36}});
     let stored = diagnosis("gpt-4o-mini", "WVWZZZ1JZXW000001", false);
     cache
         .put(&plan(&stored, true), &answer, (10, 20), now)

@@ -372,3 +372,44 @@ async fn the_responses_api_reaches_gemini_and_vertex_streamed_or_not() {
     }
     app.assert_invariant().await;
 }
+
+/// A 2xx answer Gemini's reader cannot read is garbage, as a body that is not JSON is
+/// (attack cache #3): a 502 `upstream_error` that costs nothing — before, a 200 carrying
+/// an error object, the input charged — and never stored, so the next request reaches
+/// Gemini again.
+#[tokio::test]
+async fn an_answer_gemini_cannot_read_is_a_502_that_costs_nothing_and_is_not_cached() {
+    let app = app().await;
+    let (id, token) = app.token("unreadable", Some("1")).await;
+    let body = json!({"model": "gem", "max_tokens": 500, "temperature": 0,
+        "messages": [{"role": "user", "content": "Why does the engine light blink?"}]});
+    for _ in 0..2 {
+        app.mock.state.script(
+            KEY_G,
+            [Script {
+                raw_body: Some("{\"candidates\": 5}".into()),
+                ..Script::default()
+            }],
+        );
+        let resp = app.chat(&token, &body).await;
+        assert_eq!(resp.status(), 502);
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "upstream_error", "{v}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        app.state.cache.flush().await;
+    }
+    assert_eq!(
+        app.mock.state.stats(KEY_G).count,
+        2,
+        "never answered from the cache"
+    );
+    assert_eq!(
+        app.scalar(&format!(
+            "SELECT remaining_micros FROM tokens WHERE id = {id}"
+        ))
+        .await,
+        1_000_000
+    );
+    assert_eq!(app.scalar("SELECT COUNT(*) FROM cache_entries").await, 0);
+    app.assert_invariant().await;
+}

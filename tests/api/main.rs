@@ -23,6 +23,7 @@ mod bad_input;
 mod cache;
 mod cache_guard;
 mod cache_precision;
+mod cache_shapes;
 mod canon_attack;
 mod clients_translated;
 mod clocks;

@@ -11,6 +11,7 @@ use super::departure::{bills_nothing, dearer, Departure};
 use super::run::Run;
 use super::verdicts::{breaker_failure, breaker_opened, disable_key, passthrough};
 use super::Success;
+use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::ops::metrics;
 use crate::ops::traces::Trace;
@@ -89,6 +90,23 @@ async fn attempt(
         return Err(UpstreamError::Garbage("answer is not JSON"));
     };
     Ok(success(Some(body), Some(answer), None))
+}
+
+/// A served chat answer the gateway cannot relay (`providers::relayable`) is an attempt
+/// failure like a body that is not JSON: the next route is tried, and all failing is a
+/// 502 `upstream_error` that costs nothing (DESIGN "Bounds against a lying upstream").
+fn relayable(p: &Prepared, s: Success) -> Result<Success, UpstreamError> {
+    let Some(answer) = s.answer.as_ref() else {
+        return Ok(s);
+    };
+    let chat = matches!(p.endpoint, Endpoint::Chat | Endpoint::Messages);
+    let upstream = providers::format_of(s.dep.provider);
+    if chat && !providers::relayable(upstream, p.endpoint.format(), answer) {
+        return Err(UpstreamError::Garbage(
+            "answer is not one the gateway can read",
+        ));
+    }
+    Ok(s)
 }
 
 /// Tries one candidate: its gates first, then the upstream call. Right before the call,
@@ -230,6 +248,7 @@ pub(super) async fn try_candidate(
         (started, deadline),
     )
     .await
+    .and_then(|s| relayable(p, s))
     {
         Ok(mut s) => {
             // A success is a 2xx (`UpstreamClient::post`), and every provider's is a 200.

@@ -405,6 +405,25 @@ fn write_answer(client: Format, a: &Answer) -> Value {
     }
 }
 
+/// Whether a non-streamed 2xx body is an answer the gateway can relay to a chat `client`:
+/// it has its upstream format's shape, and the upstream's adapter reads it when it is to
+/// be translated. One that is not is garbage, as a body that is not JSON is — never a
+/// 200 carrying an error (`convert_answer`) or a body no SDK reads as an answer.
+pub fn relayable(upstream: impl Into<Format>, client: impl Into<Format>, v: &Value) -> bool {
+    let (upstream, client) = (upstream.into(), client.into());
+    let shaped = match upstream {
+        Format::OpenAiChat => v.get("choices").is_some_and(Value::is_array),
+        Format::Anthropic => {
+            v.get("type").and_then(Value::as_str) == Some("message")
+                && v.get("content").is_some_and(Value::is_array)
+        }
+        // Read whole by their adapters below; Responses answers are judged by their own
+        // endpoint (`pipeline::responses`).
+        Format::Gemini | Format::Bedrock | Format::Responses => true,
+    };
+    shaped && (upstream == client || read_answer(upstream, v).is_ok())
+}
+
 /// A non-streamed answer in the client's format: the upstream's bytes untouched when the
 /// formats match, through the internal form otherwise. An answer the upstream's adapter
 /// cannot read becomes an error in the client's format.

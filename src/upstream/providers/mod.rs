@@ -15,7 +15,7 @@ pub mod translate;
 
 pub use dispatch::{
     answer_text, answer_usage, build_request, build_request_with, convert_answer, convert_error,
-    format_of, read_answer, Built, Destination, Format,
+    format_of, read_answer, relayable, Built, Destination, Format,
 };
 
 use serde_json::{Map, Value};

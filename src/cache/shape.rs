@@ -1,0 +1,160 @@
+//! What may be stored in the cache: a well-formed, complete answer in the client's wire
+//! format. An upstream's 2xx body is relayed as it came, but a body the gateway cannot
+//! read as an answer would, once stored, be served to every later request of its key
+//! until it expires — so it is never stored, and an entry read back that is not one is a
+//! miss.
+
+use serde_json::Value;
+
+use crate::error::WireFormat;
+
+/// Whether `a` is a whole answer in `format` (what `replay::frames` replays faithfully).
+pub fn whole(format: WireFormat, a: &Value) -> bool {
+    match format {
+        WireFormat::OpenAi => whole_openai(a),
+        WireFormat::Anthropic => whole_anthropic(a),
+    }
+}
+
+fn string(v: &Value, k: &str) -> bool {
+    v.get(k).is_some_and(Value::is_string)
+}
+
+/// A `chat.completion` of one choice with a message, a finish reason and usage figures,
+/// holding nothing a replay as a stream (or a rebuild from one) would drop: no log
+/// probabilities, audio or annotations — an entry answers whole and streamed requests
+/// alike, so a hit may not differ in kind from the upstream's answer.
+fn whole_openai(a: &Value) -> bool {
+    let Some([choice]) = a
+        .get("choices")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+    else {
+        return false;
+    };
+    let Some(message) = choice.get("message").and_then(Value::as_object) else {
+        return false;
+    };
+    let usage = a.get("usage").filter(|u| {
+        u.get("prompt_tokens").is_some_and(Value::is_u64)
+            && u.get("completion_tokens").is_some_and(Value::is_u64)
+    });
+    let replayed = message.iter().all(|(k, v)| match k.as_str() {
+        "role" => true,
+        "content" | "refusal" => v.is_string() || v.is_null(),
+        "tool_calls" => v.as_array().is_some_and(|t| t.iter().all(Value::is_object)),
+        "annotations" => v.is_null() || v.as_array().is_some_and(Vec::is_empty),
+        _ => v.is_null(),
+    });
+    a.get("object").and_then(Value::as_str) == Some("chat.completion")
+        && string(choice, "finish_reason")
+        && choice.get("logprobs").is_none_or(Value::is_null)
+        && message.contains_key("content")
+        && replayed
+        && usage.is_some()
+}
+
+/// An assistant `message` with a stop reason, blocks a replay rebuilds, and usage
+/// figures.
+fn whole_anthropic(a: &Value) -> bool {
+    let Some(content) = a.get("content").and_then(Value::as_array) else {
+        return false;
+    };
+    let usage = a.get("usage").filter(|u| {
+        u.get("input_tokens").is_some_and(Value::is_u64)
+            && u.get("output_tokens").is_some_and(Value::is_u64)
+    });
+    a.get("type").and_then(Value::as_str) == Some("message")
+        && a.get("role").and_then(Value::as_str) == Some("assistant")
+        && string(a, "stop_reason")
+        && usage.is_some()
+        && content.iter().all(replayed)
+}
+
+/// A block `replay::frames` streams and the assembler rebuilds as it was: text without
+/// citations, or a tool call. Thinking (and its signature), server tools and their
+/// results, and citations would be dropped or leave gaps in the block indexes, so an
+/// answer holding them is not stored.
+fn replayed(b: &Value) -> bool {
+    let none = |k: &str| {
+        b.get(k)
+            .is_none_or(|v| v.is_null() || v.as_array().is_some_and(Vec::is_empty))
+    };
+    match b.get("type").and_then(Value::as_str) {
+        Some("text") => string(b, "text") && none("citations"),
+        Some("tool_use") => {
+            string(b, "id") && string(b, "name") && b.get("input").is_some_and(Value::is_object)
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn only_whole_answers_are_storable() {
+        let openai = json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi."}, "logprobs": null, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}});
+        let anthropic = json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "m",
+            "content": [{"type": "text", "text": "Hi."}], "stop_reason": "end_turn",
+            "stop_sequence": null, "usage": {"input_tokens": 3, "output_tokens": 2}});
+        assert!(whole(WireFormat::OpenAi, &openai));
+        assert!(whole(WireFormat::Anthropic, &anthropic));
+        assert!(!whole(WireFormat::OpenAi, &anthropic));
+        assert!(!whole(WireFormat::Anthropic, &openai));
+        let error = json!({"error": {"code": "upstream_error", "message": "unreadable"}});
+        for bad in [
+            json!([]),
+            json!("ok"),
+            json!({"usage": 5}),
+            error,
+            json!({"type": "message", "role": "assistant", "content": [], "usage": 5, "stop_reason": "end_turn"}),
+            json!({"type": "message", "role": "assistant", "content": [5], "usage": {"input_tokens": 1, "output_tokens": 1}, "stop_reason": "end_turn"}),
+            json!({"object": "chat.completion", "choices": [5]}),
+            json!({"object": "chat.completion", "choices": [{"message": {"content": 5}, "finish_reason": "stop"}]}),
+        ] {
+            assert!(!whole(WireFormat::OpenAi, &bad), "{bad}");
+            assert!(!whole(WireFormat::Anthropic, &bad), "{bad}");
+        }
+        // What a replay or a rebuild would drop is not stored (attack cache #5).
+        let mut no_usage = openai.clone();
+        no_usage.as_object_mut().unwrap().remove("usage");
+        let mut logprobs = openai.clone();
+        logprobs["choices"][0]["logprobs"] = json!({"content": []});
+        let mut audio = openai.clone();
+        audio["choices"][0]["message"]["audio"] = json!({"id": "a", "data": "AAAA"});
+        for dropped in [no_usage, logprobs, audio] {
+            assert!(!whole(WireFormat::OpenAi, &dropped), "{dropped}");
+        }
+        let mut empty = openai.clone();
+        empty["choices"][0]["message"]["annotations"] = json!([]);
+        empty["choices"][0]["message"]["refusal"] = Value::Null;
+        assert!(whole(WireFormat::OpenAi, &empty), "OpenAI's empty fields");
+        // Blocks a streamed replay does not rebuild are not stored (attack cache #4).
+        for block in [
+            json!({"type": "thinking", "thinking": "Hmm.", "signature": "sig"}),
+            json!({"type": "redacted_thinking", "data": "x"}),
+            json!({"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}}),
+            json!({"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []}),
+            json!({"type": "text", "text": "Yes.", "citations": [{"type": "char_location"}]}),
+        ] {
+            let mut a = anthropic.clone();
+            a["content"] = json!([{"type": "text", "text": "Hi."}, block]);
+            assert!(!whole(WireFormat::Anthropic, &a), "{a}");
+        }
+        let mut tool = anthropic.clone();
+        tool["content"] = json!([{"type": "text", "text": "Hi.", "citations": null},
+            {"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {}}]);
+        assert!(whole(WireFormat::Anthropic, &tool));
+        let mut cut = anthropic.clone();
+        cut["stop_reason"] = Value::Null;
+        assert!(
+            !whole(WireFormat::Anthropic, &cut),
+            "an answer without its end"
+        );
+    }
+}

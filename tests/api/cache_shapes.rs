@@ -1,0 +1,156 @@
+//! What the cache stores and replays: only well-formed, complete answers in the client's
+//! format, replayed as well-formed streams (attack cache #3, #4, #5).
+
+use serde_json::{json, Value};
+use sluice::config::{Provider, RouteSettings};
+use sluice::mock::Script;
+
+use crate::helpers::*;
+
+/// `claude` on the Anthropic upstream `c` (key B).
+pub(crate) async fn claude_app() -> TestApp {
+    spawn_app_with(|s, m| {
+        let mut c = upstream("c", KEY_B, m);
+        c.provider = Provider::Anthropic;
+        c.base_url = m.base_url();
+        s.upstreams.push(c);
+        s.models.push(model("claude", &["c"]));
+        s.models[2].routes = vec![RouteSettings {
+            upstream: "c".into(),
+            model: "claude-upstream".into(),
+            output_cap_param: None,
+            deployment: None,
+            tier_model: None,
+        }];
+    })
+    .await
+}
+
+fn claude_question(stream: bool) -> Value {
+    json!({"model": "claude", "max_tokens": 100, "temperature": 0, "stream": stream,
+        "messages": [{"role": "user", "content": "What does fault code P0401 mean?"}]})
+}
+
+fn cache_of(r: &reqwest::Response) -> String {
+    r.headers()
+        .get("x-sluice-cache")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default()
+}
+
+/// Lets the entry a request may have stored (off the request path) land.
+async fn settle_cache(app: &TestApp) {
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    app.state.cache.flush().await;
+}
+
+/// A 2xx Anthropic body that is no message is garbage, a 502 that costs nothing; one
+/// shaped like a message but not a complete one (no stop reason, a usage that is no
+/// object) is relayed as sent but never stored — before, a streamed repeat was a hit whose
+/// replay panicked and dropped the connection.
+#[tokio::test]
+async fn a_2xx_anthropic_body_that_is_no_whole_message_is_never_stored_or_replayed() {
+    let app = claude_app().await;
+    let (id, token) = app.token("poison", Some("1")).await;
+    app.mock.state.script(
+        KEY_B,
+        [Script {
+            raw_body: Some("[]".into()),
+            ..Script::default()
+        }],
+    );
+    let resp = app
+        .post("/v1/messages", &token, &claude_question(false))
+        .await;
+    assert_eq!(resp.status(), 502);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["type"], "error", "{v}");
+    assert_eq!(
+        app.scalar(&format!(
+            "SELECT remaining_micros FROM tokens WHERE id = {id}"
+        ))
+        .await,
+        1_000_000,
+        "garbage costs nothing"
+    );
+    settle_cache(&app).await;
+
+    app.mock.state.script(
+        KEY_B,
+        [Script {
+            raw_body: Some(
+                "{\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"usage\":5}".into(),
+            ),
+            ..Script::default()
+        }],
+    );
+    let resp = app
+        .post("/v1/messages", &token, &claude_question(false))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let _ = resp.text().await;
+    settle_cache(&app).await;
+
+    let resp = app
+        .post("/v1/messages", &token, &claude_question(true))
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(cache_of(&resp), "miss");
+    let body = resp.text().await.expect("a whole stream");
+    assert!(
+        body.trim_end()
+            .ends_with("data: {\"type\":\"message_stop\"}"),
+        "{body}"
+    );
+    app.wait_for_cache_entries(1).await;
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM cache_entries").await,
+        1,
+        "only the real answer is stored"
+    );
+    app.assert_invariant().await;
+}
+
+/// An OpenAI stream whose client did not ask for its usage never showed the usage chunk,
+/// so the answer rebuilt from it has none: it is not stored, and a whole request is never
+/// answered without `usage` (attack cache #5). A stream that carried it is stored and
+/// replays it, streamed or whole.
+#[tokio::test]
+async fn a_whole_answer_built_from_a_stream_carries_its_usage() {
+    let app = spawn_app().await;
+    let (_, token) = app.token("usage", None).await;
+    let body = |stream: bool, usage: bool| {
+        let mut b = json!({"model": "gpt-4o-mini", "temperature": 0, "max_tokens": 50, "stream": stream,
+            "messages": [{"role": "user", "content": "Why does the engine light blink?"}]});
+        if usage {
+            b["stream_options"] = json!({"include_usage": true});
+        }
+        b
+    };
+    let resp = app.chat(&token, &body(true, false)).await;
+    let _ = resp.text().await;
+    settle_cache(&app).await;
+    let resp = app.chat(&token, &body(false, false)).await;
+    assert_eq!(resp.status(), 200);
+    let cache = cache_of(&resp);
+    let v: Value = resp.json().await.unwrap();
+    assert!(v["usage"]["total_tokens"].is_u64(), "{cache}: {v}");
+
+    // With its usage asked for, the stream's answer is stored, and every hit carries it.
+    let other = |mut b: Value| {
+        b["messages"][0]["content"] = json!("Why does the oil light blink?");
+        b
+    };
+    let resp = app.chat(&token, &other(body(true, true))).await;
+    let _ = resp.text().await;
+    settle_cache(&app).await;
+    let resp = app.chat(&token, &other(body(false, false))).await;
+    assert_eq!(cache_of(&resp), "hit-exact");
+    let v: Value = resp.json().await.unwrap();
+    assert!(v["usage"]["total_tokens"].is_u64(), "{v}");
+    let resp = app.chat(&token, &other(body(true, true))).await;
+    assert_eq!(cache_of(&resp), "hit-exact");
+    let (data, _) = sse_data(resp).await;
+    let last: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
+    assert!(last["usage"]["total_tokens"].is_u64(), "{last}");
+}
