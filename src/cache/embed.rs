@@ -126,10 +126,21 @@ pub fn lexical(text: &str) -> Vector {
         add(feature(&format!("{} {}", pair[0], pair[1]), 2), 1.5);
     }
     let mut v: Vector = weights.into_iter().collect();
+    if v.len() > MAX_FEATURES {
+        // The heaviest features, ties by feature: the same text keeps the same ones.
+        v.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        v.truncate(MAX_FEATURES);
+    }
     v.sort_unstable_by_key(|&(f, _)| f);
     normalise(&mut v);
     v
 }
+
+/// Most features a lexical vector keeps (8 KiB): 32 KiB of distinct words made about
+/// 22 000 (176 KiB), every one kept in memory for every entry stored (s24 attack, cache #2).
+/// A question that long is compared on its heaviest features; the agreement check
+/// (`meaning.rs`) still reads it whole.
+pub const MAX_FEATURES: usize = 1024;
 
 fn normalise(v: &mut [(u32, f32)]) {
     let n = v.iter().map(|(_, x)| x * x).sum::<f32>().sqrt();
@@ -183,5 +194,27 @@ mod tests {
         assert!(cosine(&a, &lexical("Why does the ENGINE light blink?")) > 0.999);
         assert!(cosine(&a, &lexical("why does the oil light blink")) < 0.95);
         assert!(cosine(&a, &lexical("the engine light why does blink")) < 0.95);
+    }
+
+    /// A long question keeps at most `MAX_FEATURES`, the same ones each time it is read.
+    #[test]
+    fn a_long_question_keeps_a_bounded_vector_the_same_each_time() {
+        let mut seed = 7u64;
+        let mut word = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (0..3 + (seed >> 60) % 6)
+                .map(|i| (b'a' + ((seed >> (8 * i)) % 26) as u8) as char)
+                .collect::<String>()
+        };
+        let text: String = std::iter::repeat_with(&mut word)
+            .take(5_000)
+            .collect::<Vec<_>>()
+            .join(" ");
+        let v = lexical(&text);
+        assert!(v.len() <= MAX_FEATURES, "{} features", v.len());
+        assert!(cosine(&v, &lexical(&text)) > 0.9999);
+        assert!(v.windows(2).all(|w| w[0].0 < w[1].0), "sorted by feature");
     }
 }

@@ -79,9 +79,9 @@ pub struct Cache {
     stored: Lingering<store::cache::NewEntry>,
     /// Hit counts go through the writer too.
     writer: Writer,
-    lru: Mutex<LruCache<Key, Arc<Entry>>>,
+    lru: Mutex<Lru>,
     /// Context key → (entry key, embedding of its last user message).
-    index: RwLock<HashMap<Key, Vec<(Key, Vector)>>>,
+    index: RwLock<Index>,
     /// The exact keys (their first 8 bytes) of the entries in the database, so that a miss
     /// — most lookups — is answered without a database read. Entries written by other
     /// replicas are picked up within `CACHE_POLL` (by rowid); one that expired or was
@@ -105,6 +105,109 @@ const MAX_PER_CONTEXT: usize = 256;
 
 /// Most entries kept in memory in front of SQLite.
 const LRU_ENTRIES: usize = 10_000;
+
+/// Most answer text those entries may hold (64 MiB): an answer may be as large as
+/// `upstream.max_response_bytes`, and 10 000 of them had no bound (s24 attack, cache #2).
+const LRU_BYTES: usize = 64 << 20;
+
+/// The entries in memory, least recently used first out, bounded in count and in the
+/// bytes of their answers' text.
+struct Lru {
+    entries: LruCache<Key, (Arc<Entry>, usize)>,
+    bytes: usize,
+}
+
+impl Lru {
+    fn get(&mut self, key: &Key) -> Option<Arc<Entry>> {
+        self.entries.get(key).map(|(e, _)| e.clone())
+    }
+
+    /// Keeps `entry`, whose answer is `bytes` of text; one larger than the whole budget is
+    /// not kept (it is read from the database when asked for).
+    fn put(&mut self, key: Key, entry: Arc<Entry>, bytes: usize) {
+        if bytes > LRU_BYTES {
+            self.pop(&key);
+            return;
+        }
+        if let Some((_, (_, gone))) = self.entries.push(key, (entry, bytes)) {
+            self.bytes -= gone;
+        }
+        self.bytes += bytes;
+        while self.bytes > LRU_BYTES {
+            match self.entries.pop_lru() {
+                Some((_, (_, gone))) => self.bytes -= gone,
+                None => break,
+            }
+        }
+    }
+
+    fn pop(&mut self, key: &Key) {
+        if let Some((_, gone)) = self.entries.pop(key) {
+            self.bytes -= gone;
+        }
+    }
+
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.bytes = 0;
+    }
+}
+
+/// Most vector features the semantic index keeps in memory (64 MiB): `max_entries` alone
+/// let an index of large vectors outgrow the process, reloaded whole at every start (s24
+/// attack, cache #2). Past it, a new entry is an exact match only until older ones go.
+const MAX_INDEX_FEATURES: usize = 8 << 20;
+
+/// The semantic candidates in memory, per context, and how many features they hold.
+#[derive(Default)]
+struct Index {
+    buckets: HashMap<Key, Vec<(Key, Vector)>>,
+    features: usize,
+}
+
+impl Index {
+    /// Adds a candidate to its context's bucket (replacing the same entry, dropping the
+    /// oldest past `MAX_PER_CONTEXT`); `false`, and nothing added, past the budget.
+    fn add(&mut self, context: Key, key: Key, v: Vector) -> bool {
+        let bucket = self.buckets.entry(context).or_default();
+        let mut freed = 0;
+        bucket.retain(|(k, old)| {
+            let same = *k == key;
+            if same {
+                freed += old.len();
+            }
+            !same
+        });
+        if bucket.len() >= MAX_PER_CONTEXT {
+            freed += bucket.remove(0).1.len();
+        }
+        self.features -= freed;
+        if self.features + v.len() > MAX_INDEX_FEATURES {
+            if bucket.is_empty() {
+                self.buckets.remove(&context);
+            }
+            return false;
+        }
+        self.features += v.len();
+        bucket.push((key, v));
+        true
+    }
+
+    fn forget(&mut self, keys: &[Key]) {
+        let mut freed = 0;
+        for bucket in self.buckets.values_mut() {
+            bucket.retain(|(k, v)| {
+                let gone = keys.contains(k);
+                if gone {
+                    freed += v.len();
+                }
+                !gone
+            });
+        }
+        self.buckets.retain(|_, b| !b.is_empty());
+        self.features -= freed;
+    }
+}
 
 /// The entries a `Cache::delete_tag` deleted, to forget once its transaction commits.
 pub struct Deleted(Vec<Key>);
@@ -148,8 +251,11 @@ impl Cache {
             db,
             stored: Lingering::start(writer.clone(), "cache entries", store::cache::PUT_BATCH),
             writer,
-            lru: Mutex::new(LruCache::new(cap)),
-            index: RwLock::new(HashMap::new()),
+            lru: Mutex::new(Lru {
+                entries: LruCache::new(cap),
+                bytes: 0,
+            }),
+            index: RwLock::new(Index::default()),
             present: RwLock::new(HashSet::new()),
             seen_rowid: AtomicI64::new(0),
             epoch: AtomicI64::new(i64::MIN),
@@ -247,7 +353,7 @@ impl Cache {
         format: WireFormat,
         now: DateTime<Utc>,
     ) -> Result<Option<Arc<Entry>>, StoreError> {
-        let cached = self.lru.lock().get(key).cloned();
+        let cached = self.lru.lock().get(key);
         if let Some(e) = cached.filter(|e| e.expires_at > now) {
             return Ok(Some(e));
         }
@@ -272,7 +378,7 @@ impl Cache {
                 .map(|t| t.with_timezone(&Utc))
                 .unwrap_or(now),
         });
-        self.lru.lock().put(*key, entry.clone());
+        self.lru.lock().put(*key, entry.clone(), row.answer.len());
         Ok(Some(entry))
     }
 
@@ -296,7 +402,7 @@ impl Cache {
         else {
             return None;
         };
-        if !self.index.read().contains_key(&context) {
+        if !self.index.read().buckets.contains_key(&context) {
             return None;
         }
         let v = self
@@ -308,6 +414,7 @@ impl Cache {
         let best = self
             .index
             .read()
+            .buckets
             .get(&context)?
             .iter()
             .map(|(k, other)| (*k, embed::cosine(&v, other)))
@@ -364,10 +471,12 @@ impl Cache {
             output_tokens: usage.1,
             expires_at: expiry(now, plan.ttl),
         });
-        self.lru.lock().put(plan.keys.exact, e);
+        self.lru.lock().put(plan.keys.exact, e, stored.answer.len());
         self.present.write().insert(prefix(&plan.keys.exact));
         if let (Some(context), Some(v)) = (plan.keys.context, vector) {
-            add_candidate(&mut self.index.write(), context, plan.keys.exact, v);
+            if !self.index.write().add(context, plan.keys.exact, v) {
+                tracing::debug!("semantic index full: the entry is an exact match only");
+            }
         }
         if !self.stored.push(stored).await {
             tracing::warn!("cache writer is gone; entry not stored");
@@ -387,11 +496,7 @@ impl Cache {
             lru.pop(k);
         }
         drop(lru);
-        let mut index = self.index.write();
-        for bucket in index.values_mut() {
-            bucket.retain(|(k, _)| !keys.contains(k));
-        }
-        index.retain(|_, b| !b.is_empty());
+        self.index.write().forget(keys);
     }
 
     /// Deletes every entry tagged `tag`, here and (through `cache_epoch`) on other replicas.
@@ -432,7 +537,7 @@ impl Cache {
     /// database.
     pub async fn rebuild(&self, now: DateTime<Utc>) -> Result<(), StoreError> {
         let rows = store::cache::index_rows(&self.db, 0, now).await?;
-        let mut index = HashMap::new();
+        let mut index = Index::default();
         let mut present = HashSet::with_capacity(rows.len());
         let seen = self.add_rows(rows, &mut index, &mut present);
         *self.index.write() = index;
@@ -445,7 +550,7 @@ impl Cache {
     fn add_rows(
         &self,
         rows: Vec<store::cache::IndexRow>,
-        index: &mut HashMap<Key, Vec<(Key, Vector)>>,
+        index: &mut Index,
         present: &mut HashSet<u64>,
     ) -> i64 {
         let mut seen = self.seen_rowid.load(Ordering::Relaxed);
@@ -455,7 +560,7 @@ impl Cache {
             let Some(k) = as_key(&k) else { continue };
             present.insert(prefix(&k));
             if let (Some(c), Some(v)) = (c.as_deref().and_then(as_key), v) {
-                add_candidate(index, c, k, embed::from_bytes(&v));
+                index.add(c, k, embed::from_bytes(&v));
             }
         }
         seen
@@ -500,24 +605,13 @@ impl Cache {
     }
 }
 
-/// Adds a semantic candidate to its context's bucket (replacing the same entry, dropping
-/// the oldest past `MAX_PER_CONTEXT`).
-fn add_candidate(index: &mut HashMap<Key, Vec<(Key, Vector)>>, context: Key, key: Key, v: Vector) {
-    let bucket = index.entry(context).or_default();
-    bucket.retain(|(k, _)| *k != key);
-    if bucket.len() >= MAX_PER_CONTEXT {
-        bucket.remove(0);
-    }
-    bucket.push((key, v));
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn a_context_keeps_its_newest_candidates_only() {
-        let mut index = HashMap::new();
+        let mut index = Index::default();
         let context = [7u8; 32];
         let key = |i: usize| {
             let mut k = [0u8; 32];
@@ -525,16 +619,12 @@ mod tests {
             k
         };
         for i in 0..MAX_PER_CONTEXT + 10 {
-            add_candidate(&mut index, context, key(i), vec![(1, 1.0)]);
+            index.add(context, key(i), vec![(1, 1.0)]);
         }
         // The same entry again replaces itself rather than growing the bucket.
-        add_candidate(
-            &mut index,
-            context,
-            key(MAX_PER_CONTEXT + 9),
-            vec![(2, 1.0)],
-        );
-        let bucket = &index[&context];
+        index.add(context, key(MAX_PER_CONTEXT + 9), vec![(2, 1.0)]);
+        assert_eq!(index.features, MAX_PER_CONTEXT);
+        let bucket = &index.buckets[&context];
         assert_eq!(bucket.len(), MAX_PER_CONTEXT);
         assert_eq!(bucket[0].0, key(10), "the oldest ten were dropped");
         assert_eq!(bucket.last().unwrap().1, vec![(2, 1.0)]);
@@ -545,5 +635,72 @@ mod tests {
                 .count(),
             1
         );
+    }
+
+    /// The entries in memory hold at most `LRU_BYTES` of answers: the least recently used
+    /// go first, an answer larger than the whole budget is not kept, and a replaced entry
+    /// gives its bytes back.
+    #[test]
+    fn the_entries_in_memory_keep_to_their_byte_budget() {
+        let cap = NonZeroUsize::new(LRU_ENTRIES).unwrap();
+        let mut lru = Lru {
+            entries: LruCache::new(cap),
+            bytes: 0,
+        };
+        let entry = |i: u8| {
+            Arc::new(Entry {
+                key: [i; 32],
+                answer: Value::Null,
+                input_tokens: 0,
+                output_tokens: 0,
+                expires_at: Utc::now(),
+            })
+        };
+        let third = LRU_BYTES / 3;
+        for i in 1..=3 {
+            lru.put([i; 32], entry(i), third);
+        }
+        assert!(lru.get(&[1; 32]).is_some(), "three thirds fit");
+        lru.put([4; 32], entry(4), third);
+        assert!(lru.get(&[2; 32]).is_none(), "the least recently used went");
+        assert!(lru.get(&[1; 32]).is_some() && lru.get(&[4; 32]).is_some());
+        assert!(lru.bytes <= LRU_BYTES);
+        lru.put([4; 32], entry(4), 10);
+        assert_eq!(
+            lru.bytes,
+            2 * third + 10,
+            "a replaced entry gives its bytes back"
+        );
+        lru.put([5; 32], entry(5), LRU_BYTES + 1);
+        assert!(
+            lru.get(&[5; 32]).is_none(),
+            "larger than the budget: not kept"
+        );
+        lru.pop(&[1; 32]);
+        lru.pop(&[3; 32]);
+        lru.pop(&[4; 32]);
+        assert_eq!(lru.bytes, 0);
+    }
+
+    /// The index holds at most `MAX_INDEX_FEATURES` features: past it a candidate is not
+    /// added (its entry stays an exact match), and forgetting entries frees the room.
+    #[test]
+    fn the_index_keeps_to_its_feature_budget() {
+        let mut index = Index::default();
+        let key = |i: u8| [i; 32];
+        let big = |w: f32| vec![(1, w); MAX_INDEX_FEATURES / 2];
+        assert!(index.add(key(1), key(1), big(1.0)));
+        assert!(index.add(key(2), key(2), big(1.0)));
+        assert!(
+            !index.add(key(3), key(3), vec![(1, 1.0)]),
+            "past the budget"
+        );
+        assert!(!index.buckets.contains_key(&key(3)));
+        // The same entry replaced frees its own room first.
+        assert!(index.add(key(2), key(2), big(0.5)));
+        assert_eq!(index.features, MAX_INDEX_FEATURES);
+        index.forget(&[key(1)]);
+        assert_eq!(index.features, MAX_INDEX_FEATURES / 2);
+        assert!(index.add(key(3), key(3), vec![(1, 1.0)]));
     }
 }
