@@ -587,6 +587,15 @@ impl Cache {
             keys.iter()
                 .any(|(_, k)| as_key(k).is_some_and(|k| !present.contains(&prefix(&k))))
         };
+        // A key stored again (`x-sluice-cache: refresh`, here or on another replica) has a
+        // new answer: the one held in memory gives way, read again from the database at
+        // its next use — it was served until its expiry (s24 attack, cache #6).
+        {
+            let mut lru = self.lru.lock();
+            for k in keys.iter().filter_map(|(_, k)| as_key(k)) {
+                lru.pop(&k);
+            }
+        }
         if foreign {
             let rows = store::cache::index_rows(&self.db, after, now).await?;
             let (mut index, mut present) = (self.index.write(), self.present.write());

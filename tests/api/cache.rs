@@ -574,4 +574,14 @@ async fn entries_another_replica_stored_are_found_after_its_next_refresh() {
         .await
         .expect("found after the refresh");
     assert_eq!(hit.entry.answer, answer);
+    // An answer stored again under the same key (`x-sluice-cache: refresh` on the other
+    // replica) replaces the one this replica holds in memory at its next refresh: it
+    // served the old one until its expiry (s24 attack, cache #6).
+    let mut again = answer.clone();
+    again["choices"][0]["message"]["content"] = json!("Replace the EGR valve.");
+    a.put(&plan(&a), &again, (12, 24), now).await;
+    a.flush().await;
+    b.refresh(now).await.unwrap();
+    let hit = b.get(&plan(&b), now).await.expect("still a hit");
+    assert_eq!(hit.entry.answer, again);
 }
