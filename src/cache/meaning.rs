@@ -81,7 +81,8 @@ impl Joint {
     fn after(c: char) -> Joint {
         match c {
             ':' | '：' => Joint::Colon,
-            ',' | '，' | '、' | '،' => Joint::Comma,
+            // A `;` joins two clauses as a comma does: what follows is no greeting of its own.
+            ',' | '，' | '、' | '،' | ';' | '；' => Joint::Comma,
             _ => Joint::Sentence,
         }
     }
@@ -165,9 +166,16 @@ fn split(text: &str, code: bool) -> Vec<Raw> {
                 .find(|&&(_, n)| n != ' ')
                 .is_some_and(|&(_, n)| n.is_ascii_digit());
         if c == '\n' {
-            segment += 1;
+            // A break right after a `:` or `,` (nothing between) goes on with what it
+            // opened: "…:\nhello" names "hello" as "…: hello" does (a message's parts are
+            // joined by a line break), not a greeting of its own line.
+            let opened =
+                joint != Joint::Sentence && out.last().is_none_or(|r| r.segment != segment);
+            if !opened {
+                segment += 1;
+                joint = Joint::Sentence;
+            }
             sentence_start = true;
-            joint = Joint::Sentence;
             let mut j = i + 1;
             while j < chars.len() && matches!(chars[j].1, ' ' | '\t') {
                 j += 1;

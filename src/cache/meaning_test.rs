@@ -114,6 +114,20 @@ fn the_object_of_a_sentence_a_factorial_and_a_leading_dot_are_read() {
             "Translate into German, hello.",
         ),
         ("Translate into German: ok", "Translate into German."),
+        // A line break after the colon (parts of a message are joined by one), or a `;`,
+        // introduces what follows the same way (s24 attack on the day's diff, #1).
+        (
+            "Translate into German:\nthank you",
+            "Translate into German:\nhello",
+        ),
+        (
+            "Translate into German: \n  thank you",
+            "Translate into German:\nhello",
+        ),
+        (
+            "Translate into German; thank you.",
+            "Translate into German; hello.",
+        ),
     ] {
         assert!(!agree(a, b, true, false), "{a} / {b}");
     }
