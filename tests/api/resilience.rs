@@ -917,8 +917,23 @@ async fn a_request_only_the_resting_keys_can_take_is_an_outage_not_a_client_erro
     app.state.pool().enable(0);
     let resp = app.chat(&token, &body).await;
     assert_eq!(resp.status(), 200);
-    // No candidate can take it at all: the client's error, naming the field.
+    // No candidate can take it at all: the client's error, naming the field — also while
+    // the one that cannot rests (it was answered 503 and alerted as an empty pool).
     body["model"] = serde_json::json!("claude");
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 400);
+    assert!(resp.text().await.unwrap().contains("seed"));
+    app.mock.state.script(
+        KEY_C,
+        [Script {
+            status: Some(429),
+            headers: vec![("Retry-After".into(), "30".into())],
+            ..Default::default()
+        }],
+    );
+    let mut plain = chat_body(10);
+    plain["model"] = serde_json::json!("claude");
+    assert_eq!(app.chat(&token, &plain).await.status(), 429);
     let resp = app.chat(&token, &body).await;
     assert_eq!(resp.status(), 400);
     assert!(resp.text().await.unwrap().contains("seed"));

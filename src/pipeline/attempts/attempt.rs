@@ -130,11 +130,13 @@ pub(super) async fn try_candidate(
     // The route's model is no longer served there (a model edited since the request was
     // prepared): nothing to send, and no verdict on the upstream, which is healthy.
     let Some(url) = dep.url(&c.route, p.endpoint, p.stream) else {
-        run.passed_over = true;
         return Step::Next;
     };
+    // Passed over for now: a request this candidate could take is no client error while it
+    // is unavailable (`Run::unavailable`); one it could not take either stays one.
+    let could_take = |run: &mut Run| run.unavailable(Some(build(&dep, p, c).map(|_| ())));
     if run.held_at((dep.allow_private, url)) {
-        run.passed_over = true;
+        could_take(run);
         return Step::Next;
     }
     let pool = state.pool();
@@ -144,13 +146,13 @@ pub(super) async fn try_candidate(
         Ok(permit) => permit,
         Err(after) => {
             run.wait(after);
-            run.passed_over = true;
+            could_take(run);
             return Step::Next;
         }
     };
     if run.attempts > 0 && !state.pool().budgets[d].try_retry() {
         tracing::warn!(upstream = %dep.id, "retry budget spent; not retrying on this key");
-        run.passed_over = true;
+        could_take(run);
         return Step::Next;
     }
     let (body, dropped) = match build(&dep, p, c) {
@@ -181,7 +183,6 @@ pub(super) async fn try_candidate(
         }
         fresh = catalog.deployments[d].clone();
         let Some(url) = fresh.url(&c.route, p.endpoint, p.stream) else {
-            run.passed_over = true;
             return Step::Next;
         };
         match build(&fresh, p, c) {

@@ -73,6 +73,19 @@ pub fn candidates(state: &AppState, p: &Prepared) -> Vec<Candidate> {
     out
 }
 
+/// Whether candidate `c` could take the request — `None` when its upstream no longer serves
+/// the endpoint, else whether its format can express the request (`build`).
+pub(super) fn could_take(
+    state: &AppState,
+    p: &Prepared,
+    c: &Candidate,
+) -> Option<Result<(), TranslateError>> {
+    let catalog = state.catalog();
+    let dep = &catalog.deployments[c.route.deployment];
+    dep.url(&c.route, p.endpoint, p.stream)?;
+    Some(build(dep, p, c).map(|_| ()))
+}
+
 /// The body for candidate `c`'s upstream, and the client fields it leaves out.
 pub(super) fn build(
     dep: &Deployment,

@@ -54,6 +54,19 @@ impl Run {
         }
     }
 
+    /// Notes a candidate passed over as unavailable for now, by whether it could take the
+    /// request (`could_take`): one that could makes an untranslatable request no client
+    /// error; one that could not says why, as an attempt would have.
+    pub(super) fn unavailable(&mut self, could_take: Option<Result<(), TranslateError>>) {
+        match could_take {
+            Some(Ok(())) => self.passed_over = true,
+            Some(Err(e)) => {
+                self.untranslatable.get_or_insert(e);
+            }
+            None => {}
+        }
+    }
+
     pub(super) fn wait(&mut self, d: Duration) {
         self.soonest = Some(self.soonest.map_or(d, |s| s.min(d)));
     }
