@@ -307,17 +307,17 @@ impl Assembler {
         }
     }
 
-    /// The whole answer, if the stream completed. `reported` is the usage the upstream
-    /// reported (input, output), if it reported both: an OpenAI client that did not ask for
-    /// the usage chunk never received it, and a whole answer carries its usage.
-    pub fn finish(self, reported: Option<(i64, i64)>) -> Option<Value> {
+    /// The whole answer, if the stream completed. `charged` is the usage the stream was
+    /// charged (input, output): an OpenAI client that did not ask for the usage chunk never
+    /// received it, and a whole answer carries its usage.
+    pub fn finish(self, charged: Option<(i64, i64)>) -> Option<Value> {
         if !self.complete || !self.faithful || self.taken > self.limit {
             return None;
         }
         match self.format {
             WireFormat::OpenAi => {
                 let mut a = self.answer;
-                if let (false, Some((input, output))) = (a.contains_key("usage"), reported) {
+                if let (false, Some((input, output))) = (a.contains_key("usage"), charged) {
                     a.insert(
                         "usage".into(),
                         json!({"prompt_tokens": input, "completion_tokens": output,

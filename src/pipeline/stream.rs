@@ -759,10 +759,13 @@ impl Pump {
         {
             b.used(used);
         }
-        // What the upstream reported of its usage, for an answer whose client did not see it.
-        let reported = (input_reported && output_final).then_some((usage.input, usage.output));
+        // The usage the stream was charged — the upstream's, or the gateway's count of a
+        // side it did not report, as the entry records it — for a whole answer whose client
+        // did not see a usage chunk: an OpenAI-compatible server that reports none was
+        // never cached (a stream of it is charged its count all the same).
+        let charged = Some((usage.input, usage.output));
         if let (Some(plan), Some(answer), false) =
-            (&cache, assembler.and_then(|a| a.finish(reported)), failed)
+            (&cache, assembler.and_then(|a| a.finish(charged)), failed)
         {
             let cache = state.cache.clone();
             let (plan, now) = (plan.clone(), state.clock.now());
