@@ -606,14 +606,30 @@ impl QueueSettings {
     /// LOW none. Fixed at 8, the defaults took a smaller gate whole (`max_in_flight = 8`: no
     /// unreserved slot), and NORMAL — every request without a priority — waited out every
     /// request; an absent key beside a written one was 0.
+    ///
+    /// An absent reserve also fits in what the written ones leave, one slot kept unreserved:
+    /// `reserved = { critical = 60 }` of 64 slots is 60 + 3, not 60 + 8 refused for a
+    /// `high` nobody wrote.
     pub fn reserves(&self) -> [u32; 4] {
         let share = (self.max_in_flight / 8).min(8);
         let r = &self.reserved;
+        let written = [r.critical, r.high, r.normal, r.low];
+        let mut room = self
+            .max_in_flight
+            .saturating_sub(written.iter().flatten().sum::<u32>())
+            .saturating_sub(1);
+        let mut default = |given: Option<u32>, wanted: u32| {
+            given.unwrap_or_else(|| {
+                let taken = wanted.min(room);
+                room -= taken;
+                taken
+            })
+        };
         [
-            r.critical.unwrap_or(share),
-            r.high.unwrap_or(share),
-            r.normal.unwrap_or(0),
-            r.low.unwrap_or(0),
+            default(r.critical, share),
+            default(r.high, share),
+            default(r.normal, 0),
+            default(r.low, 0),
         ]
     }
 
