@@ -123,15 +123,15 @@ pub async fn set_enabled(
     // The pool is switched only once the audit row is committed: switched first, a row
     // that could not be written left the key switched, unaudited.
     if enable {
-        state.pool().enable(d);
-        // The key's cooldown shared through Redis too: left there, the next exchange (within
-        // 250 ms) put it back on this replica and kept it on the others.
+        // The key's cooldown shared through Redis too, first: left there, the next exchange
+        // (within 250 ms) put it back on this replica and kept it on the others.
         if let Some(redis) = state.windows.redis() {
             let name = state.catalog().deployments[d].shared_name();
             if let Err(e) = redis.clear_cooldown(&name).await {
                 tracing::warn!(upstream = %id, error = %e, "could not clear the key's shared cooldown");
             }
         }
+        state.pool().enable(d);
     } else {
         state.pool().disable(d, Disabled::Admin);
     }

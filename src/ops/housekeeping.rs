@@ -337,11 +337,21 @@ async fn share_cooldowns(state: Arc<AppState>) {
                         .deployments
                         .get(d)
                         .is_some_and(|dep| dep.shared_name() == ids[d]);
-                    if let Some(left) = left.filter(|_| same_key) {
-                        current
-                            .pool
-                            .cool_down(d, now, Duration::from_millis(left).min(cap));
-                        published[d].1 = published[d].1.max(current.pool.cooling_until_ms(d));
+                    let Some(left) = left.filter(|_| same_key).map(Duration::from_millis) else {
+                        continue;
+                    };
+                    let pool = &current.pool;
+                    if left > cap {
+                        // Longer than a 429 may rest a key (an older version's, uncapped):
+                        // taken once at the cap and published back at it — read again at
+                        // the cap every exchange, it rested the key until its own expiry.
+                        if pool.cooling_ms(d, now) == 0 {
+                            pool.cool_down(d, now, cap);
+                        }
+                        published[d].1 = 0;
+                    } else {
+                        pool.cool_down(d, now, left);
+                        published[d].1 = published[d].1.max(pool.cooling_until_ms(d));
                     }
                 }
             }

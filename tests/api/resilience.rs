@@ -961,6 +961,44 @@ async fn a_fallback_is_sent_no_more_than_its_own_output_cap() {
     assert_eq!(sent.back().unwrap()["max_tokens"], 1_000, "{sent:?}");
 }
 
+/// A shared cooldown longer than `max_cooldown_seconds` (an older version published reset
+/// headers uncapped) rests the key once at the cap and is published back at it: read again
+/// at the cap every 250 ms, it rested the key until its own expiry, years away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_cooldown_past_the_cap_rests_the_key_once_at_the_cap() {
+    let redis = RedisServer::start().await;
+    let url = redis.url();
+    let app = spawn_app_with(move |s, _| {
+        s.retry.max_cooldown_seconds = 1;
+        s.redis = Some(sluice::config::RedisSettings {
+            url: sluice::config::Secret(secrecy::SecretString::from(url)),
+            ..Default::default()
+        });
+    })
+    .await;
+    let name = app.state.catalog().deployments[0].shared_name();
+    let key = sluice::ratelimit::redis_window::RedisWindows::cool_key(&name);
+    let far = (chrono::Utc::now().timestamp_millis() + 3_600_000).to_string();
+    redis
+        .cli(&["SET", &key, &far, "PX", "3600000"])
+        .await
+        .unwrap();
+    let now = || chrono::Utc::now().timestamp_millis();
+    poll_until("the key rests", || {
+        app.state.pool().cooling_ms(0, now()) > 0
+    })
+    .await;
+    assert!(app.state.pool().cooling_ms(0, now()) <= 1_000);
+    tokio::time::sleep(Duration::from_millis(1_600)).await;
+    assert_eq!(
+        app.state.pool().cooling_ms(0, now()),
+        0,
+        "rested once, at the cap"
+    );
+    let (_, token) = app.token("xan", None).await;
+    assert_eq!(app.chat(&token, &chat_body(10)).await.status(), 200);
+}
+
 #[tokio::test]
 async fn equally_idle_keys_share_the_load() {
     let app = spawn_app_with(pool_of_two_and_a_fallback).await;
