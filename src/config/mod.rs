@@ -517,8 +517,14 @@ api_key = "${KEY_A}"
         assert_eq!(reserves("reserved = { normal = 2 }"), [8, 8, 2, 0]);
         // Absent reserves fit in what the written ones leave, one slot unreserved.
         assert_eq!(reserves("reserved = { critical = 60 }"), [60, 3, 0, 0]);
-        load("reserved = { critical = 60 }").unwrap().validate().unwrap();
-        assert_eq!(reserves("max_in_flight = 8\nreserved = { high = 7 }"), [0, 7, 0, 0]);
+        load("reserved = { critical = 60 }")
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert_eq!(
+            reserves("max_in_flight = 8\nreserved = { high = 7 }"),
+            [0, 7, 0, 0]
+        );
         // The seed's platform example: every slot reserved, LOW keeping its own.
         assert_eq!(
             reserves(
