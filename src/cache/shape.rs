@@ -42,7 +42,9 @@ fn whole_openai(a: &Value) -> bool {
     let replayed = message.iter().all(|(k, v)| match k.as_str() {
         "role" => true,
         "content" | "refusal" => v.is_string() || v.is_null(),
-        "tool_calls" => v.as_array().is_some_and(|t| t.iter().all(Value::is_object)),
+        // `null` as vLLM and other servers send it for none (s24 final attack: such an
+        // answer was never stored).
+        "tool_calls" => v.is_null() || v.as_array().is_some_and(|t| t.iter().all(Value::is_object)),
         "annotations" => v.is_null() || v.as_array().is_some_and(Vec::is_empty),
         _ => v.is_null(),
     });
@@ -103,6 +105,12 @@ mod tests {
             "content": [{"type": "text", "text": "Hi."}], "stop_reason": "end_turn",
             "stop_sequence": null, "usage": {"input_tokens": 3, "output_tokens": 2}});
         assert!(whole(WireFormat::OpenAi, &openai));
+        let mut no_calls = openai.clone();
+        no_calls["choices"][0]["message"]["tool_calls"] = Value::Null;
+        assert!(
+            whole(WireFormat::OpenAi, &no_calls),
+            "tool_calls: null is none"
+        );
         assert!(whole(WireFormat::Anthropic, &anthropic));
         assert!(!whole(WireFormat::OpenAi, &anthropic));
         assert!(!whole(WireFormat::Anthropic, &openai));
