@@ -498,12 +498,17 @@ async fn rate_limits_never_open_the_breaker() {
     assert_eq!(app.mock.state.stats(KEY_A).count, 10);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gate_of_two_plus_four_holds_under_twenty_concurrent_requests() {
+/// An app whose key `a` has a concurrency gate of `max_concurrent` + `max_queue` and an RPM
+/// window of `rpm_limit` (0: none), answering after `delay_ms`; and a token.
+async fn gated(
+    (max_concurrent, max_queue, rpm_limit): (u32, u32, u64),
+    delay_ms: u64,
+) -> (Arc<TestApp>, String) {
     let app = Arc::new(
         spawn_app_with(|s, _| {
-            s.upstreams[0].max_concurrent = 2;
-            s.upstreams[0].max_queue = 4;
+            s.upstreams[0].max_concurrent = max_concurrent;
+            s.upstreams[0].max_queue = max_queue;
+            s.upstreams[0].rpm_limit = rpm_limit;
         })
         .await,
     );
@@ -511,10 +516,16 @@ async fn a_gate_of_two_plus_four_holds_under_twenty_concurrent_requests() {
     app.mock.state.sticky(
         KEY_A,
         Some(Script {
-            delay_ms: 300,
+            delay_ms,
             ..Default::default()
         }),
     );
+    (app, token)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gate_of_two_plus_four_holds_under_twenty_concurrent_requests() {
+    let (app, token) = gated((2, 4, 0), 300).await;
     let tasks: Vec<_> = (0..20)
         .map(|_| {
             let (app, token) = (app.clone(), token.clone());
@@ -551,22 +562,7 @@ async fn a_gate_of_two_plus_four_holds_under_twenty_concurrent_requests() {
 /// answered nothing more for the window's minute (s24 attack, resilience #2).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attempts_the_gate_turns_away_use_nothing_of_the_keys_rpm_window() {
-    let app = Arc::new(
-        spawn_app_with(|s, _| {
-            s.upstreams[0].max_concurrent = 1;
-            s.upstreams[0].max_queue = 0;
-            s.upstreams[0].rpm_limit = 2;
-        })
-        .await,
-    );
-    let (_, token) = app.token("ida", None).await;
-    app.mock.state.sticky(
-        KEY_A,
-        Some(Script {
-            delay_ms: 800,
-            ..Default::default()
-        }),
-    );
+    let (app, token) = gated((1, 0, 2), 800).await;
     let first = {
         let (app, token) = (app.clone(), token.clone());
         tokio::spawn(async move { app.chat(&token, &chat_body(10)).await.status().as_u16() })
