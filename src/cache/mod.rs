@@ -560,7 +560,13 @@ impl Cache {
             let Some(k) = as_key(&k) else { continue };
             present.insert(prefix(&k));
             if let (Some(c), Some(v)) = (c.as_deref().and_then(as_key), v) {
-                index.add(c, k, embed::from_bytes(&v));
+                let v = embed::from_bytes(&v);
+                // A lexical vector stored by an older version had no bound.
+                let v = match self.embedder {
+                    Embedder::Lexical => embed::bounded(v),
+                    Embedder::Http { .. } => v,
+                };
+                index.add(c, k, v);
             }
         }
         seen
