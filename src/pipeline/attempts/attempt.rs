@@ -132,11 +132,8 @@ pub(super) async fn try_candidate(
     let Some(url) = dep.url(&c.route, p.endpoint, p.stream) else {
         return Step::Next;
     };
-    // Passed over for now: a request this candidate could take is no client error while it
-    // is unavailable (`Run::unavailable`); one it could not take either stays one.
-    let could_take = |run: &mut Run| run.unavailable(Some(build(&dep, p, c).map(|_| ())));
     if run.held_at((dep.allow_private, url)) {
-        could_take(run);
+        run.unavailable(i);
         return Step::Next;
     }
     let pool = state.pool();
@@ -146,13 +143,13 @@ pub(super) async fn try_candidate(
         Ok(permit) => permit,
         Err(after) => {
             run.wait(after);
-            could_take(run);
+            run.unavailable(i);
             return Step::Next;
         }
     };
     if run.attempts > 0 && !state.pool().budgets[d].try_retry() {
         tracing::warn!(upstream = %dep.id, "retry budget spent; not retrying on this key");
-        could_take(run);
+        run.unavailable(i);
         return Step::Next;
     }
     let (body, dropped) = match build(&dep, p, c) {

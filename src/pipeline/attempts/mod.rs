@@ -31,7 +31,7 @@ use crate::state::AppState;
 use crate::upstream::catalog::{Deployment, Model, Route};
 use crate::upstream::pool::InFlight;
 use attempt::{try_candidate, Step};
-use candidates::{could_take, off, ready};
+use candidates::{off, ready};
 use departure::departure_on;
 use run::{final_error, next_round, Run};
 
@@ -116,7 +116,7 @@ pub async fn call(
             // Checked right before each attempt: an earlier attempt of this request may
             // just have put the same key (routed twice) to rest.
             if !ready(state, &candidates[i], &mut run) {
-                run.unavailable(could_take(state, p, &candidates[i]));
+                run.unavailable(i);
                 // An overloaded key whose rest another request lengthened meanwhile is
                 // waited for again in the next round (within the deadline), not given up.
                 if round > 1 && !off(state, candidates[i].route.deployment) {
@@ -138,7 +138,7 @@ pub async fn call(
             None => break,
         }
     }
-    let error = final_error(state, p, &mut run);
+    let error = final_error(state, p, candidates, &mut run);
     called(Outcome::Failed(error.into()), &run)
 }
 

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::candidates::Candidate;
+use super::candidates::{could_take, Candidate};
 use super::departure::Departure;
 use crate::error::ApiError;
 use crate::pipeline::request::Prepared;
@@ -26,10 +26,14 @@ pub(super) struct Run {
     /// A key's own window (`rpm_limit` / `tpm_limit`) passed it over: the gateway pacing a
     /// healthy key, no sign of an empty pool.
     pub(super) paced: bool,
-    /// A candidate was passed over as unavailable for now (resting, disabled, breaker-open,
-    /// busy, paced, out of retries or of time): one that could take a request another
-    /// cannot translate, so that refusal is not the client's answer.
+    /// A candidate that could take the request was passed over as unavailable for now
+    /// (busy, paced, out of the catalog since it was built, or out of time): a request
+    /// another cannot translate is then no client error.
     pub(super) passed_over: bool,
+    /// Candidates passed over before their body was built (resting, disabled,
+    /// breaker-open, held, out of retries): whether they could take the request is asked
+    /// only if the answer depends on it (`final_error`), not on every request.
+    passed: Vec<usize>,
     pub(super) untranslatable: Option<TranslateError>,
     pub(super) cut_by_deadline: bool,
     /// The request's deadline ended the attempts (it may have passed before the first).
@@ -54,17 +58,9 @@ impl Run {
         }
     }
 
-    /// Notes a candidate passed over as unavailable for now, by whether it could take the
-    /// request (`could_take`): one that could makes an untranslatable request no client
-    /// error; one that could not says why, as an attempt would have.
-    pub(super) fn unavailable(&mut self, could_take: Option<Result<(), TranslateError>>) {
-        match could_take {
-            Some(Ok(())) => self.passed_over = true,
-            Some(Err(e)) => {
-                self.untranslatable.get_or_insert(e);
-            }
-            None => {}
-        }
+    /// Notes candidate `i` passed over as unavailable for now, before its body was built.
+    pub(super) fn unavailable(&mut self, i: usize) {
+        self.passed.push(i);
     }
 
     pub(super) fn wait(&mut self, d: Duration) {
@@ -141,7 +137,29 @@ fn seconds(d: Option<Duration>) -> u64 {
 }
 
 /// The client's answer when no attempt served.
-pub(super) fn final_error(state: &AppState, p: &Prepared, run: &mut Run) -> ApiError {
+pub(super) fn final_error(
+    state: &AppState,
+    p: &Prepared,
+    candidates: &[Candidate],
+    run: &mut Run,
+) -> ApiError {
+    // Whether a candidate passed over before its build could take the request: one that
+    // could makes a refusal to translate no client error; one that could not says why, as
+    // an attempt would have.
+    if run.attempts == 0 && !run.passed_over {
+        for i in std::mem::take(&mut run.passed) {
+            match could_take(state, p, &candidates[i]) {
+                Some(Ok(())) => {
+                    run.passed_over = true;
+                    break;
+                }
+                Some(Err(e)) => {
+                    run.untranslatable.get_or_insert(e);
+                }
+                None => {}
+            }
+        }
+    }
     // A candidate's refusal to translate is the client's 400 only when no other candidate
     // was passed over as unavailable: with the keys that could take it resting, the answer
     // is the outage (503, which the SDKs retry), not a 400 the client takes for its own
