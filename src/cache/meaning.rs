@@ -169,9 +169,13 @@ fn split(text: &str, code: bool) -> Vec<Raw> {
             // A break right after a `:` or `,` (nothing between) goes on with what it
             // opened: "…:\nhello" names "hello" as "…: hello" does (a message's parts are
             // joined by a line break), not a greeting of its own line.
-            let opened =
-                joint != Joint::Sentence && out.last().is_none_or(|r| r.segment != segment);
-            if !opened {
+            // Each line of what a `:` introduces (a list of words to translate) is named by
+            // it too, up to a sentence's end: only its first was (s24 attack on the fixes,
+            // F3).
+            let opened = joint == Joint::Comma && out.last().is_none_or(|r| r.segment != segment);
+            if joint == Joint::Colon {
+                segment += 1;
+            } else if !opened {
                 segment += 1;
                 joint = Joint::Sentence;
             }
@@ -222,7 +226,11 @@ fn split(text: &str, code: bool) -> Vec<Raw> {
         } else {
             if breaks(c) {
                 segment += 1;
-                joint = Joint::after(c);
+                // `1.` numbering a list a `:` introduced ends no sentence.
+                let numbered = c == '.' && after_digit && joint == Joint::Colon;
+                if !numbered {
+                    joint = Joint::after(c);
+                }
                 if !matches!(c, ',' | '，' | '、' | '،') {
                     sentence_start = true;
                 }

@@ -128,6 +128,15 @@ fn the_object_of_a_sentence_a_factorial_and_a_leading_dot_are_read() {
             "Translate into German; thank you.",
             "Translate into German; hello.",
         ),
+        // Every line a colon introduces, numbered or not (s24 attack on the fixes, F3).
+        (
+            "Translate each word into German:\nhello\nthank you",
+            "Translate each word into German:\nhello",
+        ),
+        (
+            "Translate into German:\n1. hello\n2. thanks",
+            "Translate into German:\n1. please\n2. cheers",
+        ),
     ] {
         assert!(!agree(a, b, true, false), "{a} / {b}");
     }
