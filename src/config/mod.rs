@@ -536,6 +536,7 @@ api_key = "${KEY_A}"
             "max_in_flight = 16\nreserved = { critical = 8, high = 8 }",
             "max_in_flight = 8\nreserved = { critical = 8, high = 8 }",
             "max_in_flight = 0",
+            "reserved = { critical = 4294967295, high = 4294967295 }",
         ] {
             let e = load(queue).unwrap().validate().unwrap_err().to_string();
             assert!(

@@ -616,7 +616,12 @@ impl QueueSettings {
         let written = [r.critical, r.high, r.normal, r.low];
         let mut room = self
             .max_in_flight
-            .saturating_sub(written.iter().flatten().sum::<u32>())
+            .saturating_sub(
+                written
+                    .iter()
+                    .flatten()
+                    .fold(0u32, |a, r| a.saturating_add(*r)),
+            )
             .saturating_sub(1);
         let mut default = |given: Option<u32>, wanted: u32| {
             given.unwrap_or_else(|| {

@@ -23,7 +23,8 @@
 //! goes on as it was: the date is exact for a flat history, a weekday pattern and a step
 //! change at least 7 days old; a step younger than 7 days is followed part-way, its date
 //! between the old level's and the new one's. Today's spend so far not in the rollup
-//! (adjustments) is not subtracted, so the date errs early, never late, by it.
+//! (adjustments) is not subtracted, so the date errs early by it; today's absorbed amounts
+//! are in the rollup but not out of the remaining budget, so it errs late by them.
 
 use chrono::{Datelike, Duration, NaiveDate};
 
