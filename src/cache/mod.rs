@@ -106,6 +106,9 @@ const MAX_PER_CONTEXT: usize = 256;
 /// Most entries kept in memory in front of SQLite.
 const LRU_ENTRIES: usize = 10_000;
 
+/// Rows the semantic index reads back per query.
+const INDEX_PAGE: i64 = 1_000;
+
 /// Most answer text those entries may hold (64 MiB): an answer may be as large as
 /// `upstream.max_response_bytes`, and 10 000 of them had no bound (s24 attack, cache #2).
 const LRU_BYTES: usize = 64 << 20;
@@ -536,10 +539,19 @@ impl Cache {
     /// Rebuilds the in-memory indexes (keys present, semantic candidates) from the
     /// database.
     pub async fn rebuild(&self, now: DateTime<Utc>) -> Result<(), StoreError> {
-        let rows = store::cache::index_rows(&self.db, 0, now).await?;
-        let mut index = Index::default();
-        let mut present = HashSet::with_capacity(rows.len());
-        let seen = self.add_rows(rows, &mut index, &mut present);
+        let (mut index, mut present) = (Index::default(), HashSet::new());
+        let (mut after, mut seen) = (0, self.seen_rowid.load(Ordering::Relaxed));
+        // A page at a time: the whole table's vectors at once were the rebuild's peak (s24
+        // attack on the fixes, F2).
+        loop {
+            let rows = store::cache::index_rows(&self.db, after, now, INDEX_PAGE).await?;
+            let full = rows.len() as i64 == INDEX_PAGE;
+            after = rows.last().map_or(after, |r| r.0);
+            seen = seen.max(self.add_rows(rows, &mut index, &mut present));
+            if !full {
+                break;
+            }
+        }
         *self.index.write() = index;
         *self.present.write() = present;
         self.seen_rowid.store(seen, Ordering::Relaxed);
@@ -602,8 +614,13 @@ impl Cache {
                 lru.pop(&k);
             }
         }
-        if foreign {
-            let rows = store::cache::index_rows(&self.db, after, now).await?;
+        let mut from = after;
+        while foreign && from < last {
+            let rows = store::cache::index_rows(&self.db, from, now, INDEX_PAGE).await?;
+            let Some(next) = rows.last().map(|r| r.0) else {
+                break;
+            };
+            from = next;
             let (mut index, mut present) = (self.index.write(), self.present.write());
             self.add_rows(rows, &mut index, &mut present);
         }

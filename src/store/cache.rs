@@ -92,19 +92,25 @@ pub type IndexRow = (i64, Vec<u8>, Option<Vec<u8>>, Option<Vec<u8>>);
 
 /// Live entries stored after rowid `after` (0: all), oldest first: what the in-memory
 /// indexes (keys present, semantic candidates) are built and kept fresh from.
-pub async fn index_rows(db: &super::Db, after: i64, now: DateTime<Utc>) -> Result<Vec<IndexRow>> {
+pub async fn index_rows(
+    db: &super::Db,
+    after: i64,
+    now: DateTime<Utc>,
+    limit: i64,
+) -> Result<Vec<IndexRow>> {
     let sqlite = match &db.backend {
         super::Backend::Sqlite(sqlite) => sqlite,
         super::Backend::Postgres(pg) => {
-            return super::pg::cache::index_rows(&pg.pool, after, now).await
+            return super::pg::cache::index_rows(&pg.pool, after, now, limit).await
         }
     };
     let pool = &sqlite.read;
     Ok(sqlx::query_as(
-        "SELECT rowid, key, context_hash, vector FROM cache_entries WHERE rowid > ? AND expires_at > ? ORDER BY rowid",
+        "SELECT rowid, key, context_hash, vector FROM cache_entries WHERE rowid > ? AND expires_at > ? ORDER BY rowid LIMIT ?",
     )
     .bind(after)
     .bind(db_time(now))
+    .bind(limit)
     .fetch_all(pool)
     .await?)
 }

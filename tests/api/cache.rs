@@ -533,6 +533,37 @@ pub(crate) fn plan_of(
         .expect("cacheable")
 }
 
+/// A rebuild reads the entries back a page at a time, and every page is kept: the
+/// semantic candidates of entries past the first page are found (s24 attack on the day's
+/// fixes, F2: the whole table's vectors were read in one query).
+#[tokio::test]
+async fn a_rebuild_reads_every_page_of_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = sluice::store::Db::open(&dir.path().join("paged.db"), false)
+        .await
+        .unwrap();
+    let (a, b) = (cache_on(&db), cache_on(&db));
+    let now = chrono::Utc::now();
+    let answer = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
+        "message": {"role": "assistant", "content": "Check the EGR valve."}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 24, "total_tokens": 36}});
+    let vin = |i: usize| format!("WVWZZZ1JZXW{i:06}");
+    for i in 0..1_050 {
+        a.put(
+            &plan_of(&a, &question(&vin(i)), None),
+            &answer,
+            (12, 24),
+            now,
+        )
+        .await;
+    }
+    a.flush().await;
+    b.rebuild(now).await.unwrap();
+    let last = reworded(&vin(1_049));
+    let hit = b.get(&plan_of(&b, &last, None), now).await.expect("found");
+    assert_eq!(hit.entry.answer, answer);
+}
+
 /// A miss is answered from memory (the keys present), so entries another replica stored
 /// must reach this replica's memory: they do at its next refresh (every second). The
 /// replicas share the suite's engine (a SQLite file, or a PostgreSQL database).

@@ -186,7 +186,7 @@ async fn cache_batches_replace_and_tags_match_as_on_sqlite() {
         [2, 1, 3, 4],
         "a key twice in a batch: its last version, stored last"
     );
-    let (l_idx, p_idx) = read_both!(b, cache::index_rows(0, now));
+    let (l_idx, p_idx) = read_both!(b, cache::index_rows(0, now, 1_000));
     let strip = |rows: Vec<sluice::store::cache::IndexRow>| {
         rows.into_iter()
             .map(|(_, k, c, v)| (k, c, v))

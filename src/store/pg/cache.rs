@@ -92,12 +92,18 @@ pub async fn put_batch_tx(conn: &mut PgConnection, entries: &[NewEntry]) -> Resu
 }
 
 /// Live entries stored after id `after` (0: all), oldest first (as `store::cache`).
-pub async fn index_rows(pool: &PgPool, after: i64, now: DateTime<Utc>) -> Result<Vec<IndexRow>> {
+pub async fn index_rows(
+    pool: &PgPool,
+    after: i64,
+    now: DateTime<Utc>,
+    limit: i64,
+) -> Result<Vec<IndexRow>> {
     Ok(sqlx::query_as(
-        "SELECT id, key, context_hash, vector FROM cache_entries WHERE id > $1 AND expires_at > $2 ORDER BY id",
+        "SELECT id, key, context_hash, vector FROM cache_entries WHERE id > $1 AND expires_at > $2 ORDER BY id LIMIT $3",
     )
     .bind(after)
     .bind(db_time(now))
+    .bind(limit)
     .fetch_all(pool)
     .await?)
 }
