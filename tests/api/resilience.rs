@@ -740,8 +740,11 @@ async fn a_key_that_reports_nothing_left_is_rested_before_it_429s() {
     assert_eq!(app.mock.state.stats(KEY_A).count, 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cooldowns_are_shared_between_replicas_through_redis() {
+/// Two replicas on one Redis with `pool_of_two_and_a_fallback`: A (a test app) and B (built
+/// on `b_clock`, serving at the returned URL), with B's state.
+async fn two_replicas(
+    b_clock: Arc<dyn sluice::clock::Clock>,
+) -> (RedisServer, TestApp, String, Arc<sluice::state::AppState>) {
     let redis = RedisServer::start().await;
     let url = redis.url();
     let a = spawn_app_with(move |s, m| {
@@ -752,12 +755,18 @@ async fn cooldowns_are_shared_between_replicas_through_redis() {
         });
     })
     .await;
-    let b = sluice::startup::Application::build(a.settings.clone())
+    let b = sluice::startup::Application::build_with_clock(a.settings.clone(), b_clock)
         .await
         .unwrap();
     let b_url = format!("http://127.0.0.1:{}/v1/chat/completions", b.port());
     let b_state = b.state();
     tokio::spawn(b.run_until_stopped());
+    (redis, a, b_url, b_state)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cooldowns_are_shared_between_replicas_through_redis() {
+    let (_redis, a, b_url, b_state) = two_replicas(Arc::new(sluice::clock::SystemClock)).await;
     let (_, token) = a.token("ned", None).await;
     a.mock.state.script(
         KEY_A,
@@ -810,25 +819,8 @@ impl sluice::clock::Clock for Offset {
 /// (s24 attack, resilience #4).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_cooldown_lasts_its_retry_after_whatever_the_replicas_clocks() {
-    let redis = RedisServer::start().await;
-    let url = redis.url();
-    let a = spawn_app_with(move |s, m| {
-        pool_of_two_and_a_fallback(s, m);
-        s.redis = Some(sluice::config::RedisSettings {
-            url: sluice::config::Secret(secrecy::SecretString::from(url)),
-            ..Default::default()
-        });
-    })
-    .await;
-    let b = sluice::startup::Application::build_with_clock(
-        a.settings.clone(),
-        Arc::new(Offset(chrono::Duration::seconds(45))),
-    )
-    .await
-    .unwrap();
-    let b_url = format!("http://127.0.0.1:{}/v1/chat/completions", b.port());
-    let b_state = b.state();
-    tokio::spawn(b.run_until_stopped());
+    let (_redis, a, b_url, b_state) =
+        two_replicas(Arc::new(Offset(chrono::Duration::seconds(45)))).await;
     let (_, token) = a.token("uma", None).await;
     let rate_limited = |after: &str| Script {
         status: Some(429),
