@@ -310,6 +310,10 @@ impl EventWriter {
         }
         let i = match self.open {
             Some(Open::Block(i, Kind::Thinking)) if !fresh => i,
+            // Gemini signs ordinary text too: a block of its own there would split the text
+            // the client reads as one (`content[0].text`); a text's signature is optional
+            // to send back, a call's is not.
+            Some(Open::Block(_, Kind::Text)) => return,
             _ => {
                 let i = self.start(out, empty_block(Kind::Thinking));
                 self.open = Some(Open::Block(i, Kind::Thinking));

@@ -392,3 +392,31 @@ fn a_gemini_signature_on_a_call_streams_on_a_thinking_block_of_its_own() {
         ]
     );
 }
+
+/// A Gemini signature on a text part in the middle of the text leaves the text one block:
+/// a thinking block of its own there split it, `content[0].text` holding half (s24 final
+/// attack #5).
+#[test]
+fn a_gemini_signature_inside_the_text_leaves_the_text_whole() {
+    let chunk = |parts: Value, finish: Value| {
+        data(
+            json!({"responseId": "r", "candidates": [{"content": {"role": "model", "parts": parts},
+            "finishReason": finish}], "usageMetadata": {"promptTokenCount": 3, "candidatesTokenCount": 2}}),
+        )
+    };
+    let events = [
+        chunk(json!([{"text": "Hel"}]), Value::Null),
+        chunk(
+            json!([{"text": "lo", "thoughtSignature": "sig-text"}]),
+            json!("STOP"),
+        ),
+    ];
+    let mut c = StreamConverter::new(Format::Gemini, WireFormat::Anthropic, true, 10);
+    let mut out = Vec::new();
+    for (name, data) in &events {
+        c.event(name, data, &mut out);
+    }
+    assert!(c.end(&mut out));
+    let kinds: Vec<String> = anthropic_blocks(&out).into_iter().map(|b| b.0).collect();
+    assert_eq!(kinds, ["text"]);
+}
