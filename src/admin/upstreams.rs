@@ -123,15 +123,18 @@ pub async fn set_enabled(
     // The pool is switched only once the audit row is committed: switched first, a row
     // that could not be written left the key switched, unaudited.
     if enable {
-        // The key's cooldown shared through Redis too, first: left there, the next exchange
-        // (within 250 ms) put it back on this replica and kept it on the others.
+        // Enabled at once (a handler dropped while Redis answers must not leave the key off
+        // after its audit row says on), then its cooldown shared through Redis cleared —
+        // left there, the next exchange (within 250 ms) put it back on this replica and kept
+        // it on the others — and enabled again past what an exchange meanwhile re-adopted.
+        state.pool().enable(d);
         if let Some(redis) = state.windows.redis() {
             let name = state.catalog().deployments[d].shared_name();
             if let Err(e) = redis.clear_cooldown(&name).await {
                 tracing::warn!(upstream = %id, error = %e, "could not clear the key's shared cooldown");
             }
+            state.pool().enable(d);
         }
-        state.pool().enable(d);
     } else {
         state.pool().disable(d, Disabled::Admin);
     }

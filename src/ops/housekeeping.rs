@@ -351,7 +351,11 @@ async fn share_cooldowns(state: Arc<AppState>) {
                         published[d].1 = 0;
                     } else {
                         pool.cool_down(d, now, left);
-                        published[d].1 = published[d].1.max(pool.cooling_until_ms(d));
+                        // What Redis holds, not this replica's own rest: a 429 of its own
+                        // met during the exchange is still to publish (s24 final attack #3).
+                        let held =
+                            now.saturating_add(i64::try_from(left.as_millis()).unwrap_or(i64::MAX));
+                        published[d].1 = published[d].1.max(held);
                     }
                 }
             }
