@@ -109,12 +109,35 @@ const LRU_ENTRIES: usize = 10_000;
 /// Rows the semantic index reads back per query.
 const INDEX_PAGE: i64 = 1_000;
 
-/// Most answer text those entries may hold (64 MiB): an answer may be as large as
+/// Most memory those entries may hold (64 MiB): an answer may be as large as
 /// `upstream.max_response_bytes`, and 10 000 of them had no bound (s24 attack, cache #2).
 const LRU_BYTES: usize = 64 << 20;
 
+/// About the memory an entry holds: the entry and its parsed answer. The answer's text
+/// undercounts it (`[0,0,…]` is two bytes a number as text and a 32-byte `Value` parsed;
+/// s24 review F6), so the bound counts the parsed form.
+fn held(e: &Entry) -> usize {
+    std::mem::size_of::<Entry>() + parsed(&e.answer)
+}
+
+/// The heap a parsed JSON value holds beyond its own slot (strings, array slots, and per
+/// object member its key, value slot and a share of the tree's node).
+fn parsed(v: &Value) -> usize {
+    const SLOT: usize = std::mem::size_of::<Value>();
+    const MEMBER: usize = std::mem::size_of::<String>() + SLOT + 16;
+    match v {
+        Value::String(s) => s.capacity(),
+        Value::Array(a) => a.capacity() * SLOT + a.iter().map(parsed).sum::<usize>(),
+        Value::Object(m) => m
+            .iter()
+            .map(|(k, v)| MEMBER + k.capacity() + parsed(v))
+            .sum(),
+        Value::Null | Value::Bool(_) | Value::Number(_) => 0,
+    }
+}
+
 /// The entries in memory, least recently used first out, bounded in count and in the
-/// bytes of their answers' text.
+/// memory they hold (`held`).
 struct Lru {
     entries: LruCache<Key, (Arc<Entry>, usize)>,
     bytes: usize,
@@ -125,9 +148,10 @@ impl Lru {
         self.entries.get(key).map(|(e, _)| e.clone())
     }
 
-    /// Keeps `entry`, whose answer is `bytes` of text; one larger than the whole budget is
-    /// not kept (it is read from the database when asked for).
-    fn put(&mut self, key: Key, entry: Arc<Entry>, bytes: usize) {
+    /// Keeps `entry`; one larger than the whole budget is not kept (it is read from the
+    /// database when asked for).
+    fn put(&mut self, key: Key, entry: Arc<Entry>) {
+        let bytes = held(&entry);
         if bytes > LRU_BYTES {
             self.pop(&key);
             return;
@@ -381,7 +405,7 @@ impl Cache {
                 .map(|t| t.with_timezone(&Utc))
                 .unwrap_or(now),
         });
-        self.lru.lock().put(*key, entry.clone(), row.answer.len());
+        self.lru.lock().put(*key, entry.clone());
         Ok(Some(entry))
     }
 
@@ -474,7 +498,7 @@ impl Cache {
             output_tokens: usage.1,
             expires_at: expiry(now, plan.ttl),
         });
-        self.lru.lock().put(plan.keys.exact, e, stored.answer.len());
+        self.lru.lock().put(plan.keys.exact, e);
         self.present.write().insert(prefix(&plan.keys.exact));
         if let (Some(context), Some(v)) = (plan.keys.context, vector) {
             if !self.index.write().add(context, plan.keys.exact, v) {
@@ -669,9 +693,9 @@ mod tests {
         );
     }
 
-    /// The entries in memory hold at most `LRU_BYTES` of answers: the least recently used
-    /// go first, an answer larger than the whole budget is not kept, and a replaced entry
-    /// gives its bytes back.
+    /// The entries in memory hold at most `LRU_BYTES`: the least recently used go first, an
+    /// entry larger than the whole budget is not kept, and a replaced entry gives its bytes
+    /// back.
     #[test]
     fn the_entries_in_memory_keep_to_their_byte_budget() {
         let cap = NonZeroUsize::new(LRU_ENTRIES).unwrap();
@@ -679,10 +703,12 @@ mod tests {
             entries: LruCache::new(cap),
             bytes: 0,
         };
-        let entry = |i: u8| {
+        // An entry holding about `bytes`: an answer of one string that long.
+        let entry = |i: u8, bytes: usize| {
+            let text = "x".repeat(bytes.saturating_sub(std::mem::size_of::<Entry>()));
             Arc::new(Entry {
                 key: [i; 32],
-                answer: Value::Null,
+                answer: Value::String(text),
                 input_tokens: 0,
                 output_tokens: 0,
                 expires_at: Utc::now(),
@@ -690,20 +716,21 @@ mod tests {
         };
         let third = LRU_BYTES / 3;
         for i in 1..=3 {
-            lru.put([i; 32], entry(i), third);
+            lru.put([i; 32], entry(i, third));
         }
         assert!(lru.get(&[1; 32]).is_some(), "three thirds fit");
-        lru.put([4; 32], entry(4), third);
+        lru.put([4; 32], entry(4, third));
         assert!(lru.get(&[2; 32]).is_none(), "the least recently used went");
         assert!(lru.get(&[1; 32]).is_some() && lru.get(&[4; 32]).is_some());
         assert!(lru.bytes <= LRU_BYTES);
-        lru.put([4; 32], entry(4), 10);
+        let small = entry(4, 1000);
+        lru.put([4; 32], small.clone());
         assert_eq!(
             lru.bytes,
-            2 * third + 10,
+            2 * third + held(&small),
             "a replaced entry gives its bytes back"
         );
-        lru.put([5; 32], entry(5), LRU_BYTES + 1);
+        lru.put([5; 32], entry(5, LRU_BYTES + 1));
         assert!(
             lru.get(&[5; 32]).is_none(),
             "larger than the budget: not kept"
@@ -712,6 +739,25 @@ mod tests {
         lru.pop(&[3; 32]);
         lru.pop(&[4; 32]);
         assert_eq!(lru.bytes, 0);
+    }
+
+    /// An answer is counted as the memory it holds parsed, not its text: 100 000 zeros are
+    /// 200 kB of text and 3.2 MB of `Value`s (s24 review F6: 64 MiB of such text held
+    /// over 1 GiB).
+    #[test]
+    fn an_entry_counts_its_parsed_answer_not_its_text() {
+        let text = format!("[{}0]", "0,".repeat(99_999));
+        let answer: Value = serde_json::from_str(&text).unwrap();
+        let e = Entry {
+            key: [0; 32],
+            answer,
+            input_tokens: 0,
+            output_tokens: 0,
+            expires_at: Utc::now(),
+        };
+        assert!(held(&e) >= 100_000 * std::mem::size_of::<Value>());
+        let object: Value = serde_json::json!({"choices": [{"message": {"content": "hi"}}]});
+        assert!(parsed(&object) > 3 * std::mem::size_of::<Value>());
     }
 
     /// The index holds at most `MAX_INDEX_FEATURES` features: past it a candidate is not
