@@ -409,8 +409,16 @@ impl Cache {
         Ok(Some(entry))
     }
 
-    /// Exact, then semantic. Errors are logged and read as a miss: the cache never fails a request.
-    pub async fn get(&self, plan: &Plan, now: DateTime<Utc>) -> Option<Hit> {
+    /// Exact, then semantic. Errors are logged and read as a miss: the cache never fails a
+    /// request. The embedder is waited for until the request's `deadline` at most (an `http`
+    /// embedder that never answers held each lookup for its own 5 s, whatever the client's
+    /// deadline said).
+    pub async fn get(
+        &self,
+        plan: &Plan,
+        now: DateTime<Utc>,
+        deadline: std::time::Instant,
+    ) -> Option<Hit> {
         match self.entry(&plan.keys.exact, plan.format, now).await {
             Ok(Some(entry)) => {
                 return Some(Hit {
@@ -432,10 +440,10 @@ impl Cache {
         if !self.index.read().buckets.contains_key(&context) {
             return None;
         }
-        let v = self
-            .embedder
-            .embed(text)
-            .await
+        let embedded = tokio::time::timeout_at(deadline.into(), self.embedder.embed(text)).await;
+        let v = embedded
+            .map_err(|_| tracing::warn!("embedding cut off by the request's deadline"))
+            .ok()?
             .map_err(|e| tracing::warn!(error = %e, "embedding failed"))
             .ok()?;
         let best = self

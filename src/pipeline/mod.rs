@@ -322,6 +322,7 @@ async fn run(
     log.stream = prepared.stream;
 
     // 4. Cache: a hit is answered at once and costs nothing.
+    let deadline = respond::deadline(asked.deadline_ms, &state.settings.retry, started);
     let mut span = log.trace.stage("cache");
     let plan = match endpoint {
         Endpoint::Chat | Endpoint::Messages if ladder.has(Ladder::Cache) => state.cache.plan(
@@ -339,7 +340,7 @@ async fn run(
     if let Some(plan) = &plan {
         log.cache = "miss";
         if !plan.refresh {
-            if let Some(hit) = state.cache.get(plan, state.clock.now()).await {
+            if let Some(hit) = state.cache.get(plan, state.clock.now(), deadline).await {
                 span.set("sluice.cache", "hit");
                 drop(span);
                 let (cache, key) = (state.cache.clone(), hit.entry.key);
@@ -391,7 +392,6 @@ async fn run(
 
     // 6. Queue by priority. A request that leaves unserved releases its reservation.
     let priority = asked.priority;
-    let deadline = respond::deadline(asked.deadline_ms, &state.settings.retry, started);
     let queued = Instant::now();
     let span = log.trace.stage("queue");
     let admitted = match state.queue.enter(priority, auth.owner.token_id) {

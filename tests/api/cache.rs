@@ -560,7 +560,10 @@ async fn a_rebuild_reads_every_page_of_entries() {
     a.flush().await;
     b.rebuild(now).await.unwrap();
     let last = reworded(&vin(1_049));
-    let hit = b.get(&plan_of(&b, &last, None), now).await.expect("found");
+    let hit = b
+        .get(&plan_of(&b, &last, None), now, no_deadline())
+        .await
+        .expect("found");
     assert_eq!(hit.entry.answer, answer);
 }
 
@@ -591,17 +594,17 @@ async fn entries_another_replica_stored_are_found_after_its_next_refresh() {
         "usage": {"prompt_tokens": 12, "completion_tokens": 24, "total_tokens": 36}});
     a.put(&plan(&a), &answer, (12, 24), now).await;
     assert!(
-        a.get(&plan(&a), now).await.is_some(),
+        a.get(&plan(&a), now, no_deadline()).await.is_some(),
         "the writer finds its own entry"
     );
     assert!(
-        b.get(&plan(&b), now).await.is_none(),
+        b.get(&plan(&b), now, no_deadline()).await.is_none(),
         "before its refresh the other replica answers the miss from memory"
     );
     a.flush().await;
     b.refresh(now).await.unwrap();
     let hit = b
-        .get(&plan(&b), now)
+        .get(&plan(&b), now, no_deadline())
         .await
         .expect("found after the refresh");
     assert_eq!(hit.entry.answer, answer);
@@ -613,6 +616,72 @@ async fn entries_another_replica_stored_are_found_after_its_next_refresh() {
     a.put(&plan(&a), &again, (12, 24), now).await;
     a.flush().await;
     b.refresh(now).await.unwrap();
-    let hit = b.get(&plan(&b), now).await.expect("still a hit");
+    let hit = b
+        .get(&plan(&b), now, no_deadline())
+        .await
+        .expect("still a hit");
     assert_eq!(hit.entry.answer, again);
+}
+
+/// A semantic lookup waits for the `http` embedder no longer than the request's own
+/// deadline: an embedding server that accepts and never answers held every request of a
+/// context for the embedder's 5 s, whatever `x-sluice-request-deadline-ms` said.
+#[tokio::test]
+async fn a_hanging_embedder_is_waited_for_no_longer_than_the_requests_deadline() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let embedder = listener.local_addr().unwrap();
+    // The first embedding is answered (it stores the first question's vector); every
+    // later one is read and never answered.
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        for n in 0.. {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                return;
+            };
+            if n == 0 {
+                let mut buf = vec![0u8; 65536];
+                let _ = conn.read(&mut buf).await;
+                let body = json!({"data": [{"embedding": [0.6, 0.8, 0.0]}]}).to_string();
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = conn.write_all(head.as_bytes()).await;
+                let _ = conn.write_all(body.as_bytes()).await;
+            } else {
+                held.push(conn);
+            }
+        }
+    });
+    let app = spawn_app_with(move |s, _| {
+        s.cache.embedder = "http".into();
+        s.cache.http_url = format!("http://{embedder}/v1");
+        s.cache.http_allow_private_network = true;
+        s.cache.http_model = "text-embedding-3-small".into();
+    })
+    .await;
+    let (_, token) = app.token("una", None).await;
+    assert_eq!(
+        ask(&app, &token, &question("WVWZZZ1JZXW000001")).await.0,
+        "miss"
+    );
+    app.wait_for_cache_entries(1).await;
+    let started = std::time::Instant::now();
+    let resp = app
+        .http
+        .post(format!("{}/v1/chat/completions", app.address))
+        .bearer_auth(&token)
+        .header("x-sluice-request-deadline-ms", "400")
+        .json(&reworded("WVWZZZ1JZXW000001"))
+        .send()
+        .await
+        .unwrap();
+    let waited = started.elapsed();
+    let status = resp.status();
+    let body: Value = resp.json().await.unwrap();
+    assert!(
+        waited < std::time::Duration::from_secs(2),
+        "waited {waited:?} for an embedder past a 400 ms deadline ({status} {body})"
+    );
 }

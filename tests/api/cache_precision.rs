@@ -323,11 +323,20 @@ async fn entries_made_under_one_reading_are_not_candidates_under_the_other() {
         .put(&plan(&stored, true), &answer, (10, 20), now)
         .await;
     let reworded = diagnosis("gpt-4o-mini", "WVWZZZ1JZXW000001", true);
-    assert!(cache.get(&plan(&reworded, true), now).await.is_some());
+    assert!(cache
+        .get(&plan(&reworded, true), now, no_deadline())
+        .await
+        .is_some());
     assert!(
-        cache.get(&plan(&reworded, false), now).await.is_none(),
+        cache
+            .get(&plan(&reworded, false), now, no_deadline())
+            .await
+            .is_none(),
         "made under ignore_identifiers, not a candidate under the default"
     );
-    let hit = cache.get(&plan(&stored, false), now).await.expect("exact");
+    let hit = cache
+        .get(&plan(&stored, false), now, no_deadline())
+        .await
+        .expect("exact");
     assert_eq!(hit.kind, sluice::cache::HitKind::Exact);
 }

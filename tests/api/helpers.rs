@@ -1051,3 +1051,8 @@ pub fn chunk_event(choices: Value) -> sluice::mock::SseEvent {
     sluice::mock::SseEvent::Data(json!({"id": "c", "object": "chat.completion.chunk",
         "created": 1, "model": "m", "choices": choices}))
 }
+
+/// A request deadline far enough away not to matter (for calls made outside a request).
+pub fn no_deadline() -> std::time::Instant {
+    std::time::Instant::now() + std::time::Duration::from_secs(3600)
+}
