@@ -11,18 +11,17 @@ pub mod embed;
 pub mod headers;
 pub mod key;
 pub mod meaning;
+mod memory;
 pub mod replay;
 pub mod shape;
 mod words;
 
-use std::collections::{HashMap, HashSet};
-use std::num::NonZeroUsize;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 use actix_web::http::header::HeaderMap;
 use chrono::{DateTime, Duration, Utc};
-use lru::LruCache;
 use parking_lot::{Mutex, RwLock};
 use serde_json::Value;
 
@@ -32,10 +31,11 @@ use crate::store::lingering::Lingering;
 use crate::store::writer::Writer;
 use crate::store::{self, StoreError};
 use crate::upstream::url_guard::SystemResolver;
-use embed::{Embedder, Vector};
+use embed::Embedder;
 use headers::{expiry, header, parse_tags, parse_ttl};
 pub use headers::{invalidation_tag, MAX_TAGS, MAX_TAG_LEN, MAX_TTL_SECONDS};
 use key::{Key, Keys};
+use memory::{Index, Lru};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HitKind {
@@ -98,143 +98,8 @@ fn prefix(key: &Key) -> u64 {
     u64::from_le_bytes(b)
 }
 
-/// Most semantic candidates kept per context (the oldest go first): a lookup compares the
-/// question with every candidate of its context, so one context shared by every request
-/// (the same system prompt for a whole application) must not grow without bound.
-const MAX_PER_CONTEXT: usize = 256;
-
-/// Most entries kept in memory in front of SQLite.
-const LRU_ENTRIES: usize = 10_000;
-
 /// Rows the semantic index reads back per query.
 const INDEX_PAGE: i64 = 1_000;
-
-/// Most memory those entries may hold (64 MiB): an answer may be as large as
-/// `upstream.max_response_bytes`, and 10 000 of them had no bound (s24 attack, cache #2).
-const LRU_BYTES: usize = 64 << 20;
-
-/// About the memory an entry holds: the entry and its parsed answer. The answer's text
-/// undercounts it (`[0,0,…]` is two bytes a number as text and a 32-byte `Value` parsed;
-/// s24 review F6), so the bound counts the parsed form.
-fn held(e: &Entry) -> usize {
-    std::mem::size_of::<Entry>() + parsed(&e.answer)
-}
-
-/// The heap a parsed JSON value holds beyond its own slot (strings, array slots, and per
-/// object member its key, value slot and a share of the tree's node).
-fn parsed(v: &Value) -> usize {
-    const SLOT: usize = std::mem::size_of::<Value>();
-    const MEMBER: usize = std::mem::size_of::<String>() + SLOT + 16;
-    match v {
-        Value::String(s) => s.capacity(),
-        Value::Array(a) => a.capacity() * SLOT + a.iter().map(parsed).sum::<usize>(),
-        Value::Object(m) => m
-            .iter()
-            .map(|(k, v)| MEMBER + k.capacity() + parsed(v))
-            .sum(),
-        Value::Null | Value::Bool(_) | Value::Number(_) => 0,
-    }
-}
-
-/// The entries in memory, least recently used first out, bounded in count and in the
-/// memory they hold (`held`).
-struct Lru {
-    entries: LruCache<Key, (Arc<Entry>, usize)>,
-    bytes: usize,
-}
-
-impl Lru {
-    fn get(&mut self, key: &Key) -> Option<Arc<Entry>> {
-        self.entries.get(key).map(|(e, _)| e.clone())
-    }
-
-    /// Keeps `entry`; one larger than the whole budget is not kept (it is read from the
-    /// database when asked for).
-    fn put(&mut self, key: Key, entry: Arc<Entry>) {
-        let bytes = held(&entry);
-        if bytes > LRU_BYTES {
-            self.pop(&key);
-            return;
-        }
-        if let Some((_, (_, gone))) = self.entries.push(key, (entry, bytes)) {
-            self.bytes -= gone;
-        }
-        self.bytes += bytes;
-        while self.bytes > LRU_BYTES {
-            match self.entries.pop_lru() {
-                Some((_, (_, gone))) => self.bytes -= gone,
-                None => break,
-            }
-        }
-    }
-
-    fn pop(&mut self, key: &Key) {
-        if let Some((_, gone)) = self.entries.pop(key) {
-            self.bytes -= gone;
-        }
-    }
-
-    fn clear(&mut self) {
-        self.entries.clear();
-        self.bytes = 0;
-    }
-}
-
-/// Most vector features the semantic index keeps in memory (64 MiB): `max_entries` alone
-/// let an index of large vectors outgrow the process, reloaded whole at every start (s24
-/// attack, cache #2). Past it, a new entry is an exact match only until older ones go.
-const MAX_INDEX_FEATURES: usize = 8 << 20;
-
-/// The semantic candidates in memory, per context, and how many features they hold.
-#[derive(Default)]
-struct Index {
-    buckets: HashMap<Key, Vec<(Key, Vector)>>,
-    features: usize,
-}
-
-impl Index {
-    /// Adds a candidate to its context's bucket (replacing the same entry, dropping the
-    /// oldest past `MAX_PER_CONTEXT`); `false`, and nothing added, past the budget.
-    fn add(&mut self, context: Key, key: Key, v: Vector) -> bool {
-        let bucket = self.buckets.entry(context).or_default();
-        let mut freed = 0;
-        bucket.retain(|(k, old)| {
-            let same = *k == key;
-            if same {
-                freed += old.len();
-            }
-            !same
-        });
-        if bucket.len() >= MAX_PER_CONTEXT {
-            freed += bucket.remove(0).1.len();
-        }
-        self.features -= freed;
-        if self.features + v.len() > MAX_INDEX_FEATURES {
-            if bucket.is_empty() {
-                self.buckets.remove(&context);
-            }
-            return false;
-        }
-        self.features += v.len();
-        bucket.push((key, v));
-        true
-    }
-
-    fn forget(&mut self, keys: &[Key]) {
-        let mut freed = 0;
-        for bucket in self.buckets.values_mut() {
-            bucket.retain(|(k, v)| {
-                let gone = keys.contains(k);
-                if gone {
-                    freed += v.len();
-                }
-                !gone
-            });
-        }
-        self.buckets.retain(|_, b| !b.is_empty());
-        self.features -= freed;
-    }
-}
 
 /// The entries a `Cache::delete_tag` deleted, to forget once its transaction commits.
 pub struct Deleted(Vec<Key>);
@@ -271,17 +136,13 @@ impl Cache {
             )?,
             _ => Embedder::Lexical,
         };
-        let cap = NonZeroUsize::new(LRU_ENTRIES).unwrap_or(NonZeroUsize::MIN);
         Ok(Arc::new(Self {
             cfg: cfg.clone(),
             embedder,
             db,
             stored: Lingering::start(writer.clone(), "cache entries", store::cache::PUT_BATCH),
             writer,
-            lru: Mutex::new(Lru {
-                entries: LruCache::new(cap),
-                bytes: 0,
-            }),
+            lru: Mutex::new(Lru::new()),
             index: RwLock::new(Index::default()),
             present: RwLock::new(HashSet::new()),
             seen_rowid: AtomicI64::new(0),
@@ -598,7 +459,7 @@ impl Cache {
         present: &mut HashSet<u64>,
     ) -> i64 {
         let mut seen = self.seen_rowid.load(Ordering::Relaxed);
-        // Rows come oldest first: the newest MAX_PER_CONTEXT of a context stay.
+        // Rows come oldest first: the newest `memory::MAX_PER_CONTEXT` of a context stay.
         for (rowid, k, c, v) in rows {
             seen = seen.max(rowid);
             let Some(k) = as_key(&k) else { continue };
@@ -666,127 +527,5 @@ impl Cache {
             self.rebuild(now).await?;
         }
         Ok(n)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_context_keeps_its_newest_candidates_only() {
-        let mut index = Index::default();
-        let context = [7u8; 32];
-        let key = |i: usize| {
-            let mut k = [0u8; 32];
-            k[..8].copy_from_slice(&(i as u64).to_le_bytes());
-            k
-        };
-        for i in 0..MAX_PER_CONTEXT + 10 {
-            index.add(context, key(i), vec![(1, 1.0)]);
-        }
-        // The same entry again replaces itself rather than growing the bucket.
-        index.add(context, key(MAX_PER_CONTEXT + 9), vec![(2, 1.0)]);
-        assert_eq!(index.features, MAX_PER_CONTEXT);
-        let bucket = &index.buckets[&context];
-        assert_eq!(bucket.len(), MAX_PER_CONTEXT);
-        assert_eq!(bucket[0].0, key(10), "the oldest ten were dropped");
-        assert_eq!(bucket.last().unwrap().1, vec![(2, 1.0)]);
-        assert_eq!(
-            bucket
-                .iter()
-                .filter(|(k, _)| *k == key(MAX_PER_CONTEXT + 9))
-                .count(),
-            1
-        );
-    }
-
-    /// The entries in memory hold at most `LRU_BYTES`: the least recently used go first, an
-    /// entry larger than the whole budget is not kept, and a replaced entry gives its bytes
-    /// back.
-    #[test]
-    fn the_entries_in_memory_keep_to_their_byte_budget() {
-        let cap = NonZeroUsize::new(LRU_ENTRIES).unwrap();
-        let mut lru = Lru {
-            entries: LruCache::new(cap),
-            bytes: 0,
-        };
-        // An entry holding about `bytes`: an answer of one string that long.
-        let entry = |i: u8, bytes: usize| {
-            let text = "x".repeat(bytes.saturating_sub(std::mem::size_of::<Entry>()));
-            Arc::new(Entry {
-                key: [i; 32],
-                answer: Value::String(text),
-                input_tokens: 0,
-                output_tokens: 0,
-                expires_at: Utc::now(),
-            })
-        };
-        let third = LRU_BYTES / 3;
-        for i in 1..=3 {
-            lru.put([i; 32], entry(i, third));
-        }
-        assert!(lru.get(&[1; 32]).is_some(), "three thirds fit");
-        lru.put([4; 32], entry(4, third));
-        assert!(lru.get(&[2; 32]).is_none(), "the least recently used went");
-        assert!(lru.get(&[1; 32]).is_some() && lru.get(&[4; 32]).is_some());
-        assert!(lru.bytes <= LRU_BYTES);
-        let small = entry(4, 1000);
-        lru.put([4; 32], small.clone());
-        assert_eq!(
-            lru.bytes,
-            2 * third + held(&small),
-            "a replaced entry gives its bytes back"
-        );
-        lru.put([5; 32], entry(5, LRU_BYTES + 1));
-        assert!(
-            lru.get(&[5; 32]).is_none(),
-            "larger than the budget: not kept"
-        );
-        lru.pop(&[1; 32]);
-        lru.pop(&[3; 32]);
-        lru.pop(&[4; 32]);
-        assert_eq!(lru.bytes, 0);
-    }
-
-    /// An answer is counted as the memory it holds parsed, not its text: 100 000 zeros are
-    /// 200 kB of text and 3.2 MB of `Value`s (s24 review F6: 64 MiB of such text held
-    /// over 1 GiB).
-    #[test]
-    fn an_entry_counts_its_parsed_answer_not_its_text() {
-        let text = format!("[{}0]", "0,".repeat(99_999));
-        let answer: Value = serde_json::from_str(&text).unwrap();
-        let e = Entry {
-            key: [0; 32],
-            answer,
-            input_tokens: 0,
-            output_tokens: 0,
-            expires_at: Utc::now(),
-        };
-        assert!(held(&e) >= 100_000 * std::mem::size_of::<Value>());
-        let object: Value = serde_json::json!({"choices": [{"message": {"content": "hi"}}]});
-        assert!(parsed(&object) > 3 * std::mem::size_of::<Value>());
-    }
-
-    /// The index holds at most `MAX_INDEX_FEATURES` features: past it a candidate is not
-    /// added (its entry stays an exact match), and forgetting entries frees the room.
-    #[test]
-    fn the_index_keeps_to_its_feature_budget() {
-        let mut index = Index::default();
-        let key = |i: u8| [i; 32];
-        let big = |w: f32| vec![(1, w); MAX_INDEX_FEATURES / 2];
-        assert!(index.add(key(1), key(1), big(1.0)));
-        assert!(index.add(key(2), key(2), big(1.0)));
-        assert!(
-            !index.add(key(3), key(3), vec![(1, 1.0)]),
-            "past the budget"
-        );
-        assert!(!index.buckets.contains_key(&key(3)));
-        // The same entry replaced frees its own room first.
-        assert!(index.add(key(2), key(2), big(0.5)));
-        assert_eq!(index.features, MAX_INDEX_FEATURES);
-        index.forget(&[key(1)]);
-        assert_eq!(index.features, MAX_INDEX_FEATURES / 2);
-        assert!(index.add(key(3), key(3), vec![(1, 1.0)]));
     }
 }
