@@ -47,6 +47,7 @@ impl LocalWindows {
     fn check_at(&self, specs: &[WindowSpec], cost: u64, now: u64) -> Decision {
         let second = (now / 1000) as i64;
         let cutoff_ms = now.saturating_sub(self.window_ms);
+        // Tokens are booked per second: those of second `s` leave at `s + 1 + window`.
         let cutoff_sec = (cutoff_ms / 1000) as i64;
         let cost = cost as i64;
         let mut guard = self.state.lock();
@@ -55,7 +56,7 @@ impl LocalWindows {
         if *calls % SWEEP_EVERY == 0 {
             map.retain(|_, w| {
                 w.requests.back().is_some_and(|&t| t > cutoff_ms)
-                    || w.tokens.back().is_some_and(|&(s, _)| s > cutoff_sec)
+                    || w.tokens.back().is_some_and(|&(s, _)| s >= cutoff_sec)
             });
         }
         let mut refused = None;
@@ -66,7 +67,7 @@ impl LocalWindows {
             while w.requests.front().is_some_and(|&t| t <= cutoff_ms) {
                 w.requests.pop_front();
             }
-            while w.tokens.front().is_some_and(|&(s, _)| s <= cutoff_sec) {
+            while w.tokens.front().is_some_and(|&(s, _)| s < cutoff_sec) {
                 w.tokens.pop_front();
             }
             let count = w.requests.len() as u64;
@@ -271,5 +272,25 @@ mod tests {
             d.retry_after,
             Duration::from_millis(T0 + 3000 + 60_000 - now)
         );
+    }
+
+    /// Tokens booked in second `s` leave at `s + 1 + window` (what `Retry-After` says), not
+    /// at `s + window`: they were booked as late as `s + 0.999`. Dropped a second early, a
+    /// 2 s window let twice the limit through in 1.1 s (s25 attack, windows #5).
+    #[test]
+    fn tokens_leave_a_second_after_the_window_of_their_second() {
+        let w = LocalWindows::new(Duration::from_secs(2));
+        assert!(w.check_at(&spec(0, 100), 100, T0 + 950).refused.is_none());
+        let d = w.check_at(&spec(0, 100), 100, T0 + 2050);
+        assert_eq!(
+            d.refused,
+            Some(Refused::Tokens),
+            "1.1 s later, still in the window"
+        );
+        assert_eq!(
+            d.retry_after,
+            Duration::from_millis(T0 + 3000 - (T0 + 2050))
+        );
+        assert!(w.check_at(&spec(0, 100), 100, T0 + 3000).refused.is_none());
     }
 }

@@ -77,7 +77,8 @@ for i = 1, n do
     local live = {}
     for j = 1, #buckets, 2 do
       local sec = tonumber(buckets[j])
-      if sec <= cutoff then
+      -- booked as late as sec + 0.999: it leaves at (sec + 1) + window
+      if sec < cutoff then
         redis.call('HDEL', tkey, buckets[j])
       else
         local n = tonumber(buckets[j + 1])

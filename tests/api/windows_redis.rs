@@ -344,3 +344,38 @@ async fn the_window_scripts_run_on_a_redis_cluster_node() {
         .expect("cooldowns: no CROSSSLOT");
     assert!(cool[0].is_some() && cool[1].is_none());
 }
+
+/// Tokens booked in a second leave the window a second after that second's window ends
+/// (`(s + 1) + window`, what `Retry-After` says), not at `s + window`: booked late in a
+/// second, they left up to a second early, and a 2 s window let twice its limit through
+/// in 1.1 s (s25 attack, windows #5).
+#[tokio::test]
+async fn tokens_booked_late_in_a_second_stay_their_whole_window() {
+    let redis = RedisServer::start().await;
+    let w = RedisWindows::new(&redis.url(), TIMEOUT).unwrap();
+    let window = Duration::from_secs(2);
+    let specs = token_and_user(0, 100);
+    // Into the last fifth of a Redis second (bounded: at most ~2 s of polling).
+    let mut booked = None;
+    for _ in 0..200 {
+        let t = redis.cli(&["TIME"]).await.unwrap();
+        let micros: i64 = t.lines().nth(1).unwrap().trim().parse().unwrap();
+        if micros >= 800_000 && micros < 900_000 {
+            booked = Some(w.check(&specs, "late", 100, window).await.unwrap());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let booked = booked.expect("Redis time reached the end of a second");
+    assert!(booked.refused.is_none());
+    // 1.15–1.25 s after the booking: past `s + window`, before `(s + 1) + window`.
+    next_second(&redis, booked.second).await;
+    tokio::time::sleep(Duration::from_millis(1_050)).await;
+    let d = w.check(&specs, "again", 100, window).await.unwrap();
+    assert_eq!(d.refused, Some(Refused::Tokens), "still in the window");
+    assert!(
+        d.retry_after <= Duration::from_millis(1_000),
+        "{:?}",
+        d.retry_after
+    );
+}
