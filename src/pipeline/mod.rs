@@ -408,6 +408,7 @@ async fn run(
             let waiting = queued::Waiting {
                 prepared,
                 ticket,
+                credential: queued::credential(req.headers()),
                 books,
                 candidates,
                 deadline,
@@ -419,16 +420,21 @@ async fn run(
                 drain.clone(),
             )));
         }
-        Ok(Admit::Wait(ticket)) => ticket.granted(deadline).await,
-        Err(refused) => Err(refused),
+        Ok(Admit::Wait(ticket)) => match ticket.granted(deadline).await {
+            Ok(slot) => queued::still_admitted(state, req.headers())
+                .await
+                .map(|()| slot),
+            Err(refused) => Err(refused.into()),
+        },
+        Err(refused) => Err(refused.into()),
     };
     extras.queue_wait = Some(queued.elapsed());
     drop(span);
     let slot = match admitted {
         Ok(slot) => slot,
-        Err(refused) => {
+        Err(e) => {
             held.settle(0).await;
-            return Err(ApiError::from(refused).into());
+            return Err(e.into());
         }
     };
     // 7–9. Route, call, retry by tier. From each attempt on the upstream may be working: a

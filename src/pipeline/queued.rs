@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use actix_web::http::header::{self, HeaderMap, HeaderName};
 use actix_web::{web, HttpResponse};
 use bytes::Bytes;
 
@@ -14,6 +15,7 @@ use super::attempts::{self, Candidate, Outcome};
 use super::drain::Drain;
 use super::request::Prepared;
 use super::stream::{self, sse_channel, sse_response, stall_limit, Books, ClientSink};
+use crate::config::Ladder;
 use crate::error::ApiError;
 use crate::ops::traces::Stage;
 use crate::queue::Ticket;
@@ -26,6 +28,8 @@ const COMMENT_EVERY: Duration = Duration::from_millis(500);
 pub struct Waiting {
     pub prepared: Prepared,
     pub ticket: Ticket,
+    /// The request's credential (`credential`), checked again when the slot comes.
+    pub credential: HeaderMap,
     pub books: Books,
     pub candidates: Vec<Candidate>,
     pub deadline: Instant,
@@ -46,6 +50,32 @@ pub fn start(state: &web::Data<AppState>, w: Waiting, drain: Drain) -> HttpRespo
     resp.streaming(body)
 }
 
+/// The headers that carry a request's credential, kept while it waits for a slot.
+pub fn credential(headers: &HeaderMap) -> HeaderMap {
+    let mut kept = HeaderMap::new();
+    for name in [header::AUTHORIZATION, HeaderName::from_static("x-api-key")] {
+        for v in headers.get_all(&name) {
+            kept.append(name.clone(), v.clone());
+        }
+    }
+    kept
+}
+
+/// A request that waited for its slot is let through only if its credential still
+/// authenticates: its token revoked, expired or its user disabled while it waited, it goes
+/// no further (401), as a new request would not (s25 attack, identity #4: parked requests
+/// were sent upstream and charged up to their deadline after a revocation).
+pub async fn still_admitted(state: &AppState, credential: &HeaderMap) -> Result<(), ApiError> {
+    if !state.settings.ladder.has(Ladder::Auth) {
+        return Ok(());
+    }
+    match state.auth.authenticate(credential, state.clock.now()).await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(ApiError::InvalidApiKey),
+        Err(e) => Err(ApiError::from_store(&e, "token lookup")),
+    }
+}
+
 fn comment(position: usize, eta: Duration) -> Bytes {
     Bytes::from(format!(
         ": queued position={position} eta={}s\n\n",
@@ -57,6 +87,7 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
     let Waiting {
         prepared,
         ticket,
+        credential,
         mut books,
         candidates,
         deadline,
@@ -84,9 +115,12 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
     };
     drop(queue_span);
     let slot = match slot {
+        Ok(s) => still_admitted(&state, &credential).await.map(|()| s),
+        Err(refused) => Err(ApiError::from(refused)),
+    };
+    let slot = match slot {
         Ok(s) => s,
-        Err(refused) => {
-            let e = ApiError::from(refused);
+        Err(e) => {
             sink.send(error_event(
                 prepared.endpoint.format(),
                 &e.to_string(),

@@ -433,3 +433,46 @@ async fn a_queued_request_whose_client_leaves_is_gone_at_once_and_pays_nothing()
     drop(held);
     assert_eq!(app.chat(&token, &tagged("next")).await.status(), 200);
 }
+
+/// A request that waited in the queue is checked again when its slot comes: one whose
+/// token was revoked while it waited is refused (401; an error event on a stream), its
+/// reservation released, and the upstream never sees it. Before, every request parked
+/// before a revocation was sent upstream and charged as slots came free, up to the
+/// request deadline later (s25 attack, identity #4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_queued_before_its_token_was_revoked_is_refused_when_its_slot_comes() {
+    let app = Arc::new(spawn_app_with(queue_of(1, [0, 0, 0, 0], 10, 60)).await);
+    let (id, token) = app.token("gil", Some("1")).await;
+    let held = app.state.queue.admit(1, 0).await.expect("the free slot");
+    let plain = spawn_send(&app, &token, 3, "parked".into());
+    let mut body = tagged("parked stream");
+    body["stream"] = json!(true);
+    let stream = {
+        let (app, token) = (app.clone(), token.clone());
+        tokio::spawn(async move { app.chat(&token, &body).await.text().await.unwrap() })
+    };
+    let bound = Instant::now() + Duration::from_secs(10);
+    while app.state.queue.waiting_for(id).len() < 2 {
+        assert!(Instant::now() < bound, "both requests queued");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let other = sluice::store::Db::connect(&app.settings).await.unwrap();
+    sluice::cli::token_revoke(&other, id, chrono::Utc::now())
+        .await
+        .unwrap();
+    app.state.auth.refresh().await.unwrap();
+    drop(held);
+    let (status, v, _) = plain.await.unwrap();
+    assert_eq!(status, 401, "{v}");
+    assert_eq!(v["error"]["code"], "invalid_api_key");
+    let text = stream.await.unwrap();
+    assert!(text.contains("invalid_api_key"), "{text}");
+    assert_eq!(app.mock.state.stats(KEY_A).count, 0, "never sent upstream");
+    let spent = app
+        .scalar(&format!(
+            "SELECT limit_micros - remaining_micros + reserved_micros FROM tokens WHERE id = {id}"
+        ))
+        .await;
+    assert_eq!(spent, 0, "nothing charged, nothing held");
+    app.assert_invariant().await;
+}
