@@ -360,7 +360,7 @@ async fn tokens_booked_late_in_a_second_stay_their_whole_window() {
     for _ in 0..200 {
         let t = redis.cli(&["TIME"]).await.unwrap();
         let micros: i64 = t.lines().nth(1).unwrap().trim().parse().unwrap();
-        if micros >= 800_000 && micros < 900_000 {
+        if (800_000..900_000).contains(&micros) {
             booked = Some(w.check(&specs, "late", 100, window).await.unwrap());
             break;
         }
