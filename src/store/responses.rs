@@ -109,17 +109,40 @@ pub async fn delete(db: &super::Db, id: &str, token_id: i64, since: DateTime<Utc
         > 0)
 }
 
-/// Deletes the rows stored before `before` (the retention); how many.
+/// Rows the retention sweep deletes per statement.
+pub const SWEEP_BATCH: usize = 500;
+
+/// Deletes the rows stored before `before` (the retention), `SWEEP_BATCH` at a time, each
+/// batch its own statement: a backlog deleted in one held the write connection the money
+/// path shares (SQLite) for as long as it took; between batches the connection goes to
+/// whoever waits for it. How many.
 pub async fn sweep(db: &super::Db, before: DateTime<Utc>) -> Result<u64> {
+    let mut deleted = 0;
+    loop {
+        let n = sweep_batch(db, before).await?;
+        deleted += n;
+        if n < SWEEP_BATCH as u64 {
+            return Ok(deleted);
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Deletes at most `SWEEP_BATCH` of the rows stored before `before`; how many.
+pub async fn sweep_batch(db: &super::Db, before: DateTime<Utc>) -> Result<u64> {
     let sqlite = match &db.backend {
         super::Backend::Sqlite(sqlite) => sqlite,
-        super::Backend::Postgres(pg) => return super::pg::responses::sweep(&pg.pool, before).await,
+        super::Backend::Postgres(pg) => {
+            return super::pg::responses::sweep_batch(&pg.pool, before, SWEEP_BATCH).await
+        }
     };
-    Ok(
-        sqlx::query("DELETE FROM stored_responses WHERE created_at <= ?")
-            .bind(db_time(before))
-            .execute(&sqlite.write)
-            .await?
-            .rows_affected(),
+    Ok(sqlx::query(
+        "DELETE FROM stored_responses WHERE id IN
+             (SELECT id FROM stored_responses WHERE created_at <= ? LIMIT ?)",
     )
+    .bind(db_time(before))
+    .bind(SWEEP_BATCH as i64)
+    .execute(&sqlite.write)
+    .await?
+    .rows_affected())
 }

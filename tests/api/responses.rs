@@ -386,3 +386,41 @@ async fn a_retried_response_is_charged_once_and_a_failed_one_nothing() {
     assert_eq!(app.scalar("SELECT COUNT(*) FROM stored_responses").await, 1);
     app.assert_invariant().await;
 }
+
+/// The retention sweep deletes in batches of `SWEEP_BATCH` rows, each its own statement:
+/// one `DELETE` of a whole backlog (after `retention_days` was lowered, or a long stop)
+/// held the one SQLite write connection the money path shares for as long as it took, and
+/// every reservation behind it waited (s25 attack, identity #3).
+#[tokio::test]
+async fn the_retention_sweep_deletes_a_backlog_batch_by_batch() {
+    use sluice::store::responses::{sweep, sweep_batch, SWEEP_BATCH};
+    let app = spawn_app().await;
+    let old = sluice::clock::db_time(chrono::Utc::now() - chrono::Duration::days(40));
+    let fresh = sluice::clock::db_time(chrono::Utc::now());
+    let n = 2 * SWEEP_BATCH + 7;
+    sql_exec(
+        app.db(),
+        &format!(
+            "WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < {n})
+             INSERT INTO stored_responses (id, token_id, created_at, input, response)
+             SELECT 'resp_' || i, 1, '{old}', '[]', '{{}}' FROM g"
+        ),
+    )
+    .await;
+    sql_exec(
+        app.db(),
+        &format!("INSERT INTO stored_responses (id, token_id, created_at, input, response) VALUES ('resp_kept', 1, '{fresh}', '[]', '{{}}')"),
+    )
+    .await;
+    let before = chrono::Utc::now() - chrono::Duration::days(30);
+    assert_eq!(
+        sweep_batch(app.db(), before).await.unwrap(),
+        SWEEP_BATCH as u64,
+        "one statement deletes one batch"
+    );
+    assert_eq!(
+        sweep(app.db(), before).await.unwrap(),
+        (SWEEP_BATCH + 7) as u64
+    );
+    assert_eq!(app.scalar("SELECT COUNT(*) FROM stored_responses").await, 1);
+}

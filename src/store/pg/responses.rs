@@ -68,12 +68,15 @@ pub async fn delete(pool: &PgPool, id: &str, token_id: i64, since: DateTime<Utc>
         > 0)
 }
 
-pub async fn sweep(pool: &PgPool, before: DateTime<Utc>) -> Result<u64> {
-    Ok(
-        sqlx::query("DELETE FROM stored_responses WHERE created_at <= $1")
-            .bind(db_time(before))
-            .execute(pool)
-            .await?
-            .rows_affected(),
+/// At most `limit` of the rows stored before `before` (`store::responses::sweep`).
+pub async fn sweep_batch(pool: &PgPool, before: DateTime<Utc>, limit: usize) -> Result<u64> {
+    Ok(sqlx::query(
+        "DELETE FROM stored_responses WHERE id IN
+             (SELECT id FROM stored_responses WHERE created_at <= $1 LIMIT $2)",
     )
+    .bind(db_time(before))
+    .bind(limit as i64)
+    .execute(pool)
+    .await?
+    .rows_affected())
 }
