@@ -263,6 +263,10 @@ async fn sign_in(
         Some(a) => {
             if a.role != grant.role || a.team_id != team_id {
                 store::set_grant(&mut tx, a.id, &grant.role, team_id).await?;
+                // A changed grant ends the sessions opened under the old one, as an admin's
+                // edit of a login's role or team does (`user_ops`); this sign-in's own
+                // session is made below.
+                sessions::delete_sessions_of(&mut tx, a.id, None).await?;
             }
             let before = json!({"role": a.role, "team_id": a.team_id}).to_string();
             (a.id, Some(before))
