@@ -8,6 +8,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use redis::Script;
@@ -24,6 +25,15 @@ const CORRECT_LUA: &str = include_str!("correct.lua");
 /// must not mix versions across a change (see docs/DESIGN.md, stage 3).
 const PREFIX: &str = "sl:v2";
 
+/// How long past its timeout a window call may still book when Redis runs it (`window.lua`'s
+/// `valid_until`). Its caller estimates Redis's clock from the last answer; the margin
+/// covers that estimate's error and the clocks of a cluster's nodes, which may differ a
+/// little — a node judged ahead by more than this would refuse every call as late.
+const LATE_MARGIN_MS: i64 = 1_000;
+
+/// `RedisWindows::offset_ms` before any answer.
+const UNKNOWN: i64 = i64::MIN;
+
 pub struct RedisWindows {
     connector: Connector,
     /// A cluster's seed nodes, asked apart at start whether they are cluster nodes at all.
@@ -31,6 +41,9 @@ pub struct RedisWindows {
     window: Script,
     correct: Script,
     timeout: Duration,
+    /// Redis's clock less this host's, in ms, as the last window call's answer showed it
+    /// (`UNKNOWN` before one).
+    offset_ms: AtomicI64,
 }
 
 impl RedisWindows {
@@ -51,6 +64,7 @@ impl RedisWindows {
             window: Script::new(WINDOW_LUA),
             correct: Script::new(CORRECT_LUA),
             timeout,
+            offset_ms: AtomicI64::new(UNKNOWN),
         })
     }
 
@@ -135,12 +149,35 @@ impl RedisWindows {
         for s in specs {
             inv.arg(s.requests).arg(s.tokens);
         }
+        // A call cut by the timeout may still run once Redis wakes: past this instant (on
+        // Redis's clock) it books nothing, since the local store has decided its request.
+        let sent = wall_ms();
+        let offset = self.offset_ms.load(Ordering::Relaxed);
+        let timeout = i64::try_from(self.timeout.as_millis()).unwrap_or(i64::MAX);
+        let valid_until = match offset {
+            UNKNOWN => 0,
+            _ => sent
+                .saturating_add(offset)
+                .saturating_add(timeout)
+                .saturating_add(LATE_MARGIN_MS),
+        };
+        inv.arg(valid_until);
         let r: Vec<i64> = self
             .run(self.timeout, |mut c| async move {
                 inv.invoke_async(&mut c).await
             })
             .await?;
         let at = |i: usize| r.get(i).copied().unwrap_or(0);
+        if let Some(&redis_now) = r.get(8) {
+            let midway = sent + (wall_ms() - sent) / 2;
+            self.offset_ms
+                .store(redis_now.saturating_sub(midway), Ordering::Relaxed);
+        }
+        if at(7) == 3 {
+            // Judged late though answered in time: the estimate of Redis's clock was off
+            // (this host's clock stepped); it is corrected above, for the next call.
+            return Err(WindowError::Late);
+        }
         let ms = |i: usize| Duration::from_millis(at(i).max(0) as u64);
         let spec0 = specs.first();
         Ok(Decision {
@@ -313,6 +350,11 @@ impl RedisWindows {
             .await?;
         Ok(v.get(1).cloned().unwrap_or_default())
     }
+}
+
+/// This host's wall clock in ms since the epoch (compared with Redis's `TIME`).
+fn wall_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
 }
 
 #[cfg(test)]

@@ -15,10 +15,13 @@
 -- one hash tag (`sl:v2:{u:<user id>}:…`, `sl:v2:{k:<upstream id>}:…`).
 --
 -- KEYS: for each window i: requests key, tokens key
--- ARGV: window_ms, member, tokens, then for each window i: request limit, token limit (0 = none)
+-- ARGV: window_ms, member, tokens, then for each window i: request limit, token limit (0 = none),
+--       then valid_until: the Redis time (ms) after which the caller has given up on this
+--       call (0 or absent: unknown)
 -- Returns: { allowed (1/0), retry_after_ms, and for the first window: requests in window,
 --            requests reset ms, tokens in window, tokens reset ms, admission second,
---            the kind that refused (0 none, 1 requests, 2 tokens) }
+--            the kind that refused (0 none, 1 requests, 2 tokens, 3 too late),
+--            Redis's time (ms) }
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -30,6 +33,14 @@ local allowed = 1
 local retry = 0
 local refused_by = 0
 local state = {}
+
+-- A call that runs after its caller gave up on it (Redis stalled, the command still queued
+-- on the connection) books nothing: its request was decided, and booked, by the caller's
+-- local store.
+local valid_until = tonumber(ARGV[4 + 2 * n] or '0') or 0
+if valid_until > 0 and now > valid_until then
+  return { 0, 0, 0, 0, 0, 0, 0, 3, now }
+end
 
 -- How long until `k` more requests fit: until the k-th oldest entry leaves (k = count + 1 −
 -- limit; more than one when the limit was lowered below what the window holds).
@@ -118,4 +129,4 @@ if allowed == 1 then
   end
 end
 
-return { allowed, retry, state[1][1], state[1][2], state[1][3], state[1][4], second, refused_by }
+return { allowed, retry, state[1][1], state[1][2], state[1][3], state[1][4], second, refused_by, now }
