@@ -472,7 +472,11 @@ async fn the_role_is_derived_again_at_every_sign_in_and_no_matching_group_is_ref
     assert_eq!(me_["role"], "admin");
     // The grant changed: the sessions opened under the old one end, as when an admin
     // changes a login's role (s25 attack, identity #6: they went on under the new role).
-    assert_eq!(me(&app, &lead_session).await.0, 401, "the lead's session ended");
+    assert_eq!(
+        me(&app, &lead_session).await.0,
+        401,
+        "the lead's session ended"
+    );
     assert_eq!(
         app.scalar("SELECT COUNT(*) FROM admins WHERE oidc_subject = 'u-3'")
             .await,
