@@ -714,13 +714,21 @@ pub async fn balance(db: &super::Db, token_id: i64, now: DateTime<Utc>) -> Resul
     let (current, stale) = reset.place(row.get::<&str, _>("period"), now);
     let reserved: i64 = row.get("reserved_micros");
     let stored_remaining: Option<i64> = row.get("remaining_micros");
-    let spent: i64 = sqlx::query_scalar(
-        "SELECT COALESCE(SUM(amount_micros), 0) FROM ledger WHERE token_id = ? AND period = ? AND kind IN ('reserve', 'settle', 'adjust')",
-    )
-    .bind(token_id)
-    .bind(&current)
-    .fetch_one(pool)
-    .await?;
+    // A limited token in its current period: `limit − remaining` is its ledger sum (the
+    // invariant), read from the row — `GET /v1/usage` is outside the windows, and summing a
+    // busy token's period on every call loaded the database (s25 attack, multi-host #4).
+    let spent: i64 = match (limit, stored_remaining) {
+        (Some(l), Some(r)) if !stale => l - r,
+        _ => {
+            sqlx::query_scalar(
+                "SELECT COALESCE(SUM(amount_micros), 0) FROM ledger WHERE token_id = ? AND period = ? AND kind IN ('reserve', 'settle', 'adjust')",
+            )
+            .bind(token_id)
+            .bind(&current)
+            .fetch_one(pool)
+            .await?
+        }
+    };
     // A period that has not been rolled over yet is, to its holder, already what the
     // rollover would make it: the limit less that period's ledger sum.
     let remaining = if stale {

@@ -395,6 +395,17 @@ async fn the_user_and_team_budgets_cap_their_tokens(engine: Engine) {
         .unwrap();
     assert_eq!(resp["limit_usd"], "5.000000");
     assert_eq!(resp["reset"], "never");
+    // Spent is the period's ledger (read as `limit − remaining` for a limited token, the
+    // invariant, rather than summed on every call).
+    let ledger = app
+        .scalar(&format!(
+            "SELECT COALESCE(SUM(amount_micros), 0) FROM ledger WHERE token_id = {}",
+            resp["token_id"]
+        ))
+        .await;
+    assert!(ledger > 0);
+    assert_eq!(resp["spent_micros"], ledger);
+    assert_eq!(resp["reserved_micros"], 0);
 }
 on_both_engines!(the_user_and_team_budgets_cap_their_tokens);
 

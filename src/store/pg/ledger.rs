@@ -484,13 +484,21 @@ pub async fn balance(db: &PgDb, token_id: i64, now: DateTime<Utc>) -> Result<Bal
     let (current, stale) = reset.place(row.try_get::<&str, _>("period")?, now);
     let reserved: i64 = row.try_get("reserved_micros")?;
     let stored_remaining: Option<i64> = row.try_get("remaining_micros")?;
-    let spent: i64 = sqlx::query_scalar(
-        "SELECT COALESCE(SUM(amount_micros), 0)::BIGINT FROM ledger WHERE token_id = $1 AND period = $2 AND kind IN ('reserve', 'settle', 'adjust')",
-    )
-    .bind(token_id)
-    .bind(&current)
-    .fetch_one(&db.pool)
-    .await?;
+    // A limited token in its current period: `limit − remaining` is its ledger sum (the
+    // invariant), read from the row — `GET /v1/usage` is outside the windows, and summing a
+    // busy token's period on every call loaded the database (s25 attack, multi-host #4).
+    let spent: i64 = match (limit, stored_remaining) {
+        (Some(l), Some(r)) if !stale => l - r,
+        _ => {
+            sqlx::query_scalar(
+                "SELECT COALESCE(SUM(amount_micros), 0)::BIGINT FROM ledger WHERE token_id = $1 AND period = $2 AND kind IN ('reserve', 'settle', 'adjust')",
+            )
+            .bind(token_id)
+            .bind(&current)
+            .fetch_one(&db.pool)
+            .await?
+        }
+    };
     // Not rolled over yet: what the rollover would make it (the limit less that period's
     // ledger sum).
     let remaining = if stale {
