@@ -176,19 +176,22 @@ fn answer_of(answers: &[(&str, (bool, bool))], k: &str) -> (bool, bool) {
 pub async fn set_bound(db: &super::Db, finance: &crate::config::FinanceSettings) -> Result<()> {
     let values = i64::from(finance.max_tag_values_per_day);
     let keys = i64::from(finance.max_tag_keys_per_day);
+    let sets = i64::from(finance.max_tag_sets_per_day);
     match &db.backend {
         super::Backend::Postgres(pg) => {
-            sqlx::query("UPDATE spend_tag_bound SET max_values = $1, max_keys = $2")
+            sqlx::query("UPDATE spend_tag_bound SET max_values = $1, max_keys = $2, max_sets = $3")
                 .bind(values)
                 .bind(keys)
+                .bind(sets)
                 .execute(&pg.pool)
                 .await?;
         }
         super::Backend::Sqlite(_) => {
             let mut tx = db.begin().await?;
-            sqlx::query("UPDATE spend_tag_bound SET max_values = ?, max_keys = ?")
+            sqlx::query("UPDATE spend_tag_bound SET max_values = ?, max_keys = ?, max_sets = ?")
                 .bind(values)
                 .bind(keys)
+                .bind(sets)
                 .execute(tx.sqlite()?)
                 .await?;
             tx.commit().await?;
