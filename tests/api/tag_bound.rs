@@ -209,6 +209,49 @@ async fn pg_a_value_admitted_by_a_concurrent_writer_is_not_rolled_up() {
     assert_eq!(b.await.unwrap()[1], ["trace:same"]);
 }
 
+/// Two PostgreSQL hosts admitting the same fresh tag text at once (its key and values
+/// admitted before): the one that waits on the other's insert still finds the text admitted
+/// (under the bound on texts, it keeps its own row).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_a_text_admitted_by_a_concurrent_writer_is_not_rolled_up() {
+    if test_engine() != Engine::Postgres {
+        return;
+    }
+    let app = spawn_app_with(|s, _| s.finance.max_tag_sets_per_day = BOUND).await;
+    let (token, _) = app.token("ann", None).await;
+    let pool = app.db().postgres().unwrap().pool.clone();
+    let admitted = [
+        row(token, 1, 0, "trace:same,x:1".into(), 5),
+        row(token, 1, 1, "trace:other,x:2".into(), 5),
+    ];
+    requests::insert_batch(app.db(), &admitted).await.unwrap();
+    let first = row(token, 1, 2, "trace:same,x:2".into(), 5);
+    let second = row(token, 1, 3, "trace:same,x:2".into(), 5);
+    let mut a = pool.begin().await.unwrap();
+    let out = sluice::store::pg::tag_bound::bounded(&mut a, &[first])
+        .await
+        .unwrap();
+    assert_eq!(out[1], ["trace:same,x:2"]);
+    let b = tokio::spawn(async move {
+        let mut b = pool.begin().await.unwrap();
+        let out = sluice::store::pg::tag_bound::bounded(&mut b, &[second])
+            .await
+            .unwrap();
+        b.commit().await.unwrap();
+        out
+    });
+    // The second waits on the first's uncommitted text …
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(!b.is_finished(), "the second writer did not wait");
+    a.commit().await.unwrap();
+    // … and, once it is committed, reads it as admitted.
+    assert_eq!(b.await.unwrap()[1], ["trace:same,x:2"]);
+    assert_eq!(
+        scalar_on(app.db(), "SELECT COUNT(*) FROM spend_tag_sets").await,
+        3
+    );
+}
+
 /// During a rolling upgrade the previous version still admits tag values as (day, key,
 /// value), without a tenant: its writes land under the empty scope rather than failing the
 /// request log's batch (PostgreSQL) or being skipped (SQLite's `INSERT OR IGNORE`).
