@@ -23,12 +23,14 @@
 //! - a request that costs nothing (refused, failed, charged 0) admits no new key, value or
 //!   text: it takes the places admitted already, or rolls up.
 //!
-//! `spend_tag_keys`, `spend_tag_values` and `spend_tag_sets` hold what is admitted;
-//! `spend_tag_bound` the bounds (written from the config at start and on SIGHUP, so every
-//! writer reads them in its own transaction). A place is admitted in
+//! `spend_tag_keys`, `spend_tag_values` and `spend_tag_sets` hold what is admitted (today's
+//! and yesterday's: `sweep`); `spend_tag_bound` the bounds (written from the config at start
+//! and on SIGHUP, so every writer reads them in its own transaction). A place is admitted in
 //! the transaction that writes its request row: on SQLite one writer at a time, so the bound
 //! is exact; on PostgreSQL two hosts' batches committing at once can each admit the last
 //! free places (at most one batch's new ones per concurrent writer past the bound).
+
+use chrono::{DateTime, Utc};
 
 use crate::tags::Tags;
 
@@ -299,6 +301,64 @@ pub async fn set_bound(db: &super::Db, finance: &crate::config::FinanceSettings)
         }
     }
     Ok(())
+}
+
+/// The admission tables the sweep clears, each with its key.
+const ADMISSIONS: [(&str, &str); 3] = [
+    ("spend_tag_keys", "day, scope, key"),
+    ("spend_tag_values", "day, scope, key, value"),
+    ("spend_tag_sets", "day, scope, tags"),
+];
+
+/// The most admitted places one statement of the sweep deletes: the write lock is held a
+/// short while at a time, however many places a past day holds.
+const SWEEP_CHUNK: u64 = 10_000;
+
+/// Deletes the admitted keys, values and sets of the days before yesterday (UTC, by `now`);
+/// returns how many. Yesterday's stay: a batch written just after midnight may still carry
+/// yesterday's rows, and finds its places. The rollup is never read or written here — the
+/// places only decide how later rows of their day are rolled up, so a day older than
+/// yesterday that still received a row (a batch retried that late) would count its places
+/// anew, up to twice its bounds.
+pub async fn sweep(db: &super::Db, now: DateTime<Utc>) -> Result<u64> {
+    let Some(yesterday) = now.date_naive().pred_opt() else {
+        return Ok(0);
+    };
+    let before = yesterday.format("%Y-%m-%d").to_string();
+    let mut swept = 0;
+    for (table, key) in ADMISSIONS {
+        loop {
+            let n = match &db.backend {
+                super::Backend::Postgres(pg) => {
+                    let sql = format!(
+                        "DELETE FROM {table} WHERE ({key}) IN
+                           (SELECT {key} FROM {table} WHERE day < $1 LIMIT {SWEEP_CHUNK})"
+                    );
+                    sqlx::query(&sql)
+                        .bind(&before)
+                        .execute(&pg.pool)
+                        .await?
+                        .rows_affected()
+                }
+                super::Backend::Sqlite(sqlite) => {
+                    let sql = format!(
+                        "DELETE FROM {table} WHERE ({key}) IN
+                           (SELECT {key} FROM {table} WHERE day < ?1 LIMIT {SWEEP_CHUNK})"
+                    );
+                    sqlx::query(&sql)
+                        .bind(&before)
+                        .execute(&sqlite.write)
+                        .await?
+                        .rows_affected()
+                }
+            };
+            swept += n;
+            if n < SWEEP_CHUNK {
+                break;
+            }
+        }
+    }
+    Ok(swept)
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use chrono::{NaiveDate, TimeZone, Utc};
 use sluice::store::requests::{self, RequestRow};
 use sluice::store::spend::{self, Dim, Filters, SpendQuery};
 
-use crate::helpers::{scalar_on, spawn_app_with, test_engine};
+use crate::helpers::{scalar_on, spawn_app_with, sql_rows, test_engine};
 use crate::pg_gateway_app::Engine;
 
 const BOUND: u32 = 5;
@@ -269,4 +269,76 @@ async fn the_previous_versions_tag_admission_still_writes() {
     )
     .await;
     assert_eq!(admitted, 1);
+}
+
+/// The rollup's rows, whole (the days', then the months').
+async fn rollup(db: &sluice::store::Db) -> Vec<(String, String, i64, i64)> {
+    let mut rows = sql_rows(
+        db,
+        "SELECT day, tags, requests, cost_micros FROM spend_days ORDER BY day, tags",
+    )
+    .await;
+    rows.extend(
+        sql_rows(
+            db,
+            "SELECT month, tags, requests, cost_micros FROM spend_months ORDER BY month, tags",
+        )
+        .await,
+    );
+    rows
+}
+
+/// The admitted keys, values and texts (`spend_tag_keys`, `spend_tag_values`,
+/// `spend_tag_sets`) of days before `day`, and of `day` on.
+async fn admitted(db: &sluice::store::Db, day: &str) -> [(i64, i64); 3] {
+    let mut out = [(0, 0); 3];
+    for (i, table) in ["spend_tag_keys", "spend_tag_values", "spend_tag_sets"]
+        .iter()
+        .enumerate()
+    {
+        let count = |op: &str| format!("SELECT COUNT(*) FROM {table} WHERE day {op} '{day}'");
+        out[i] = (
+            scalar_on(db, &count("<")).await,
+            scalar_on(db, &count(">=")).await,
+        );
+    }
+    out
+}
+
+/// The admitted places of days before yesterday are swept (`tag_bound::sweep`): today's and
+/// yesterday's stay (a batch written just after midnight may still carry yesterday's rows),
+/// and the rollup is as it was — also once a later request of yesterday is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_deletes_only_the_admitted_places_of_days_before_yesterday() {
+    let app = spawn_app_with(|_, _| {}).await;
+    let (token, _) = app.token("ann", None).await;
+    let rows: Vec<RequestRow> = (1..=4)
+        .flat_map(|d| (0..2).map(move |s| row(token, d, s, format!("env:e{d},project:p{s}"), 100)))
+        .collect();
+    requests::insert_batch(app.db(), &rows).await.unwrap();
+    let db = app.db();
+    let before = rollup(db).await;
+    let days = scalar_on(db, "SELECT COUNT(*) FROM spend_days").await;
+    let places = admitted(db, "2026-03-03").await;
+    // Two days of two keys, three values (one of `env`, two of `project`) and two texts each.
+    assert_eq!(places, [(4, 4), (6, 6), (4, 4)]);
+
+    // On March 4 just after midnight, March 1 and 2 go; March 3 (yesterday) and 4 stay.
+    let now = Utc.with_ymd_and_hms(2026, 3, 4, 0, 10, 0).unwrap();
+    let swept = sluice::store::tag_bound::sweep(db, now).await.unwrap();
+    assert_eq!(swept, 14);
+    assert_eq!(admitted(db, "2026-03-03").await, [(0, 4), (0, 6), (0, 4)]);
+    assert_eq!(rollup(db).await, before, "the sweep changed the rollup");
+    // Yesterday's text is still admitted: a late request of it joins its row.
+    let late = row(token, 3, 59, "env:e3,project:p1".into(), 100);
+    requests::insert_batch(db, &[late]).await.unwrap();
+    assert_eq!(scalar_on(db, "SELECT COUNT(*) FROM spend_days").await, days);
+    assert_eq!(
+        scalar_on(
+            db,
+            "SELECT requests FROM spend_days WHERE day = '2026-03-03' AND tags = 'env:e3,project:p1'"
+        )
+        .await,
+        2
+    );
 }
