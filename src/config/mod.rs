@@ -612,6 +612,28 @@ output_usd_per_mtok = 0.6
         }
     }
 
+    /// The spend rollup's bound on distinct tag texts per day and tenant
+    /// (`store::tag_bound`): 1 to 1 000 000, 1 000 by default, and a refusal names the key.
+    #[test]
+    fn the_tag_sets_bound_is_checked_and_named() {
+        let s = load_from(Some("[finance]\n"), &env(&[])).unwrap();
+        assert_eq!(s.finance.max_tag_sets_per_day, 1000);
+        for (value, ok) in [(1, true), (1_000_000, true), (0, false), (1_000_001, false)] {
+            let text = format!("[finance]\nmax_tag_sets_per_day = {value}\n");
+            let s = load_from(Some(&text), &env(&[])).unwrap();
+            match s.validate() {
+                Ok(()) => assert!(ok, "{value} accepted"),
+                Err(e) => {
+                    assert!(!ok, "{value} refused: {e}");
+                    assert!(
+                        e.to_string().contains("finance.max_tag_sets_per_day"),
+                        "{e}"
+                    );
+                }
+            }
+        }
+    }
+
     /// The example config (with its price keys and `[finance]`) loads and validates.
     #[test]
     fn the_example_config_loads() {

@@ -900,6 +900,10 @@ pub struct FinanceSettings {
     /// … and at most this many distinct tag keys per UTC day and tenant; later keys are
     /// rolled up as the key `(other)`.
     pub max_tag_keys_per_day: u32,
+    /// … and at most this many distinct tag texts (the pairs the admin did not set) per UTC
+    /// day and tenant; a later text is rolled up pair by pair to `key:(other)`, else to
+    /// `(other):(other)`.
+    pub max_tag_sets_per_day: u32,
 }
 
 impl Default for FinanceSettings {
@@ -913,6 +917,7 @@ impl Default for FinanceSettings {
             forecast_alert_days: 7,
             max_tag_values_per_day: 1000,
             max_tag_keys_per_day: 100,
+            max_tag_sets_per_day: 1000,
         }
     }
 }
@@ -967,6 +972,11 @@ impl FinanceSettings {
         if !(1..=10_000).contains(&self.max_tag_keys_per_day) {
             return Err(super::ConfigError::Invalid(
                 "finance.max_tag_keys_per_day must be between 1 and 10000".into(),
+            ));
+        }
+        if !(1..=1_000_000).contains(&self.max_tag_sets_per_day) {
+            return Err(super::ConfigError::Invalid(
+                "finance.max_tag_sets_per_day must be between 1 and 1000000".into(),
             ));
         }
         Ok(())

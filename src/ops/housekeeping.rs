@@ -1,8 +1,8 @@
 //! Background tasks of a running gateway: the token-cache refresh (revocations within 1 s),
 //! the process heartbeat, settling reservations of processes that died, and the sweep of
 //! this process's own reservations (released when no live request holds them, leases
-//! renewed while one does), the scheduled backup, and the sweep of stored responses past
-//! their retention.
+//! renewed while one does), the scheduled backup, the sweep of stored responses past
+//! their retention, and the sweep of the spend rollup's admitted tag places of past days.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,6 +55,7 @@ async fn follow_catalog(state: &AppState) {
 
 pub fn spawn(state: Arc<AppState>, me: Me) {
     tokio::spawn(sweep_stored_responses(state.clone()));
+    tokio::spawn(sweep_tag_places(state.clone()));
     tokio::spawn(forecast_alerts(state.clone()));
     if state.settings.backup.interval_hours > 0 && state.db.backs_up_to_file() {
         tokio::spawn(scheduled_backups(state.clone()));
@@ -203,6 +204,28 @@ async fn sweep_stored_responses(state: Arc<AppState>) {
             Ok(0) => {}
             Ok(n) => tracing::info!(deleted = n, "stored responses past their retention swept"),
             Err(e) => tracing::warn!(error = %e, "stored responses sweep failed"),
+        }
+    }
+}
+
+/// How often the spend rollup's admitted tag places of past days are deleted, and how long
+/// after start the first time.
+const TAG_PLACES_SWEEP: Duration = Duration::from_secs(3600);
+const TAG_PLACES_FIRST: Duration = Duration::from_secs(300);
+
+/// Deletes the tag keys, values and sets admitted for days before yesterday
+/// (`store::tag_bound::sweep`): only today's and yesterday's rows are still written.
+async fn sweep_tag_places(state: Arc<AppState>) {
+    // Not at start: a past day's rows written just after start (a test seeding its log)
+    // would have their places swept in between, and count against the bound anew.
+    let first = tokio::time::Instant::now() + TAG_PLACES_FIRST;
+    let mut tick = tokio::time::interval_at(first, TAG_PLACES_SWEEP);
+    loop {
+        tick.tick().await;
+        match crate::store::tag_bound::sweep(&state.db, state.clock.now()).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(deleted = n, "spend rollup's tag places of past days swept"),
+            Err(e) => tracing::warn!(error = %e, "spend rollup's tag places sweep failed"),
         }
     }
 }

@@ -407,6 +407,7 @@ pub fn restart_needed(old: &Settings, new: &Settings) -> Vec<String> {
         if let Some(serde_json::Value::Object(f)) = side.get_mut("finance") {
             f.remove("max_tag_values_per_day");
             f.remove("max_tag_keys_per_day");
+            f.remove("max_tag_sets_per_day");
         }
     }
     let mut keys: Vec<String> = a
@@ -571,6 +572,7 @@ output_usd_per_mtok = 2.0
         new.models[0].price.input_usd_per_mtok = Some(9.0.into());
         new.finance.max_tag_values_per_day = 7;
         new.finance.max_tag_keys_per_day = 9;
+        new.finance.max_tag_sets_per_day = 11;
         assert!(restart_needed(&old, &new).is_empty());
         new.finance.forecast_alert_days = 1;
         assert_eq!(restart_needed(&old, &new), ["finance"]);

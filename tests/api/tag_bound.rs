@@ -7,7 +7,7 @@ use chrono::{NaiveDate, TimeZone, Utc};
 use sluice::store::requests::{self, RequestRow};
 use sluice::store::spend::{self, Dim, Filters, SpendQuery};
 
-use crate::helpers::{scalar_on, spawn_app_with, test_engine};
+use crate::helpers::{scalar_on, spawn_app_with, sql_rows, test_engine};
 use crate::pg_gateway_app::Engine;
 
 const BOUND: u32 = 5;
@@ -209,6 +209,49 @@ async fn pg_a_value_admitted_by_a_concurrent_writer_is_not_rolled_up() {
     assert_eq!(b.await.unwrap()[1], ["trace:same"]);
 }
 
+/// Two PostgreSQL hosts admitting the same fresh tag text at once (its key and values
+/// admitted before): the one that waits on the other's insert still finds the text admitted
+/// (under the bound on texts, it keeps its own row).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_a_text_admitted_by_a_concurrent_writer_is_not_rolled_up() {
+    if test_engine() != Engine::Postgres {
+        return;
+    }
+    let app = spawn_app_with(|s, _| s.finance.max_tag_sets_per_day = BOUND).await;
+    let (token, _) = app.token("ann", None).await;
+    let pool = app.db().postgres().unwrap().pool.clone();
+    let admitted = [
+        row(token, 1, 0, "trace:same,x:1".into(), 5),
+        row(token, 1, 1, "trace:other,x:2".into(), 5),
+    ];
+    requests::insert_batch(app.db(), &admitted).await.unwrap();
+    let first = row(token, 1, 2, "trace:same,x:2".into(), 5);
+    let second = row(token, 1, 3, "trace:same,x:2".into(), 5);
+    let mut a = pool.begin().await.unwrap();
+    let out = sluice::store::pg::tag_bound::bounded(&mut a, &[first])
+        .await
+        .unwrap();
+    assert_eq!(out[1], ["trace:same,x:2"]);
+    let b = tokio::spawn(async move {
+        let mut b = pool.begin().await.unwrap();
+        let out = sluice::store::pg::tag_bound::bounded(&mut b, &[second])
+            .await
+            .unwrap();
+        b.commit().await.unwrap();
+        out
+    });
+    // The second waits on the first's uncommitted text …
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(!b.is_finished(), "the second writer did not wait");
+    a.commit().await.unwrap();
+    // … and, once it is committed, reads it as admitted.
+    assert_eq!(b.await.unwrap()[1], ["trace:same,x:2"]);
+    assert_eq!(
+        scalar_on(app.db(), "SELECT COUNT(*) FROM spend_tag_sets").await,
+        3
+    );
+}
+
 /// During a rolling upgrade the previous version still admits tag values as (day, key,
 /// value), without a tenant: its writes land under the empty scope rather than failing the
 /// request log's batch (PostgreSQL) or being skipped (SQLite's `INSERT OR IGNORE`).
@@ -226,4 +269,76 @@ async fn the_previous_versions_tag_admission_still_writes() {
     )
     .await;
     assert_eq!(admitted, 1);
+}
+
+/// The rollup's rows, whole (the days', then the months').
+async fn rollup(db: &sluice::store::Db) -> Vec<(String, String, i64, i64)> {
+    let mut rows = sql_rows(
+        db,
+        "SELECT day, tags, requests, cost_micros FROM spend_days ORDER BY day, tags",
+    )
+    .await;
+    rows.extend(
+        sql_rows(
+            db,
+            "SELECT month, tags, requests, cost_micros FROM spend_months ORDER BY month, tags",
+        )
+        .await,
+    );
+    rows
+}
+
+/// The admitted keys, values and texts (`spend_tag_keys`, `spend_tag_values`,
+/// `spend_tag_sets`) of days before `day`, and of `day` on.
+async fn admitted(db: &sluice::store::Db, day: &str) -> [(i64, i64); 3] {
+    let mut out = [(0, 0); 3];
+    for (i, table) in ["spend_tag_keys", "spend_tag_values", "spend_tag_sets"]
+        .iter()
+        .enumerate()
+    {
+        let count = |op: &str| format!("SELECT COUNT(*) FROM {table} WHERE day {op} '{day}'");
+        out[i] = (
+            scalar_on(db, &count("<")).await,
+            scalar_on(db, &count(">=")).await,
+        );
+    }
+    out
+}
+
+/// The admitted places of days before yesterday are swept (`tag_bound::sweep`): today's and
+/// yesterday's stay (a batch written just after midnight may still carry yesterday's rows),
+/// and the rollup is as it was — also once a later request of yesterday is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_deletes_only_the_admitted_places_of_days_before_yesterday() {
+    let app = spawn_app_with(|_, _| {}).await;
+    let (token, _) = app.token("ann", None).await;
+    let rows: Vec<RequestRow> = (1..=4)
+        .flat_map(|d| (0..2).map(move |s| row(token, d, s, format!("env:e{d},project:p{s}"), 100)))
+        .collect();
+    requests::insert_batch(app.db(), &rows).await.unwrap();
+    let db = app.db();
+    let before = rollup(db).await;
+    let days = scalar_on(db, "SELECT COUNT(*) FROM spend_days").await;
+    let places = admitted(db, "2026-03-03").await;
+    // Two days of two keys, three values (one of `env`, two of `project`) and two texts each.
+    assert_eq!(places, [(4, 4), (6, 6), (4, 4)]);
+
+    // On March 4 just after midnight, March 1 and 2 go; March 3 (yesterday) and 4 stay.
+    let now = Utc.with_ymd_and_hms(2026, 3, 4, 0, 10, 0).unwrap();
+    let swept = sluice::store::tag_bound::sweep(db, now).await.unwrap();
+    assert_eq!(swept, 14);
+    assert_eq!(admitted(db, "2026-03-03").await, [(0, 4), (0, 6), (0, 4)]);
+    assert_eq!(rollup(db).await, before, "the sweep changed the rollup");
+    // Yesterday's text is still admitted: a late request of it joins its row.
+    let late = row(token, 3, 59, "env:e3,project:p1".into(), 100);
+    requests::insert_batch(db, &[late]).await.unwrap();
+    assert_eq!(scalar_on(db, "SELECT COUNT(*) FROM spend_days").await, days);
+    assert_eq!(
+        scalar_on(
+            db,
+            "SELECT requests FROM spend_days WHERE day = '2026-03-03' AND tags = 'env:e3,project:p1'"
+        )
+        .await,
+        2
+    );
 }

@@ -1,10 +1,12 @@
 //! The spend rollup's tag bound cannot be flooded across tenants: a team's admin-set tags
 //! are never rolled up, header values are bounded per team, and a request that costs
-//! nothing (refused, failed) admits no new value (`store::tag_bound`).
+//! nothing (refused, failed) admits no new value (`store::tag_bound`); nor by combining
+//! values that are each admitted.
 
 use chrono::Utc;
 use sluice::cli::IssueArgs;
 
+use crate::admin_helpers::{login, make_login};
 use crate::helpers::*;
 
 const BOUND: u32 = 3;
@@ -122,4 +124,91 @@ async fn refused_requests_admit_no_tag_values() {
         .scalar("SELECT CAST(COALESCE(SUM(cost_micros), 0) AS BIGINT) FROM spend_days")
         .await;
     assert_eq!(rolled, total);
+}
+
+/// The admitted tag texts of the day (`spend_tag_sets`), every tenant's.
+async fn sets(app: &TestApp) -> i64 {
+    app.scalar("SELECT COUNT(*) FROM spend_tag_sets").await
+}
+
+/// Two keys whose values each stay within their bounds still combine: `a:v<i%4>,b:v<i/4>`
+/// is 16 texts, a rollup row each. Past `[finance] max_tag_sets_per_day` texts a day for
+/// the team, a new one rolls up (to `a:(other),b:(other)` where that text holds a place,
+/// else to `(other):(other)`), and spend by either key still sums to the total, which is the
+/// ledger's; a request that costs nothing takes no place (s24 attack, finance F1).
+#[tokio::test]
+async fn combinations_of_admitted_tag_values_past_the_bound_roll_up_and_still_sum() {
+    const SETS: u32 = 5;
+    let app = spawn_app_with(|s, _| s.finance.max_tag_sets_per_day = SETS).await;
+    team(&app, "core", None).await;
+    let ana = member(&app, "core", "ana", "1").await;
+    let broke = member(&app, "core", "bo", "0").await;
+    // Two texts admit the values v0 and v1 of both keys …
+    for tags in ["a:v0,b:v0", "a:v1,b:v1"] {
+        assert_eq!(tagged(&app, &ana, tags).await, 200);
+    }
+    app.wait_for_log_rows(2).await;
+    // … and a request charged nothing, with a new text of them, takes no place: with no
+    // `a:(other),b:(other)` admitted, its pairs roll up to `(other):(other)`.
+    assert_eq!(tagged(&app, &broke, "a:v0,b:v1").await, 429);
+    app.wait_for_log_rows(3).await;
+    assert_eq!(rolled_tags(&app, "bo").await, ["(other):(other)"]);
+    assert_eq!(sets(&app).await, 2, "the $0 request admitted a text");
+
+    // The flood: every combination of four values of each key.
+    for i in 0..16 {
+        let tags = format!("a:v{},b:v{}", i % 4, i / 4);
+        assert_eq!(tagged(&app, &ana, &tags).await, 200, "{tags}");
+    }
+    app.wait_for_log_rows(19).await;
+    // The team's rows of the day: its SETS admitted texts, ana's `(other):(other)` and
+    // bo's (one user, one model, one upstream each) — not 17.
+    let texts = rolled_tags(&app, "ana").await;
+    assert_eq!(texts.len(), SETS as usize + 1, "{texts:?}");
+    assert!(texts.contains(&"(other):(other)".to_string()), "{texts:?}");
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM spend_days").await,
+        i64::from(SETS) + 2
+    );
+    assert_eq!(sets(&app).await, i64::from(SETS));
+    assert_eq!(
+        app.scalar("SELECT COUNT(DISTINCT tags) FROM requests")
+            .await,
+        16,
+        "the request rows keep their exact tags"
+    );
+
+    // Spend by either key sums to the total and the ledger; the months equal their days.
+    make_login(&app, "root", "admin", None).await;
+    let root = login(&app, "root").await;
+    let today = Utc::now().date_naive();
+    let range = format!("from={today}&to={}", today + chrono::Duration::days(1));
+    let ledger = app
+        .scalar(
+            "SELECT CAST(SUM(amount_micros) AS BIGINT) FROM ledger WHERE kind IN ('reserve', 'settle', 'absorbed')",
+        )
+        .await;
+    assert!(ledger > 0);
+    for key in ["a", "b"] {
+        let (s, v) = root
+            .get_json(&format!(
+                "/admin/api/v1/reports/spend?{range}&group_by=tag:{key}"
+            ))
+            .await;
+        assert_eq!(s, 200, "{v}");
+        let rows = v["rows"].as_array().unwrap();
+        let sum = |f: &str| -> i64 { rows.iter().map(|r| r[f].as_i64().unwrap()).sum() };
+        assert_eq!(
+            sum("spend_micros"),
+            v["total_micros"].as_i64().unwrap(),
+            "{v}"
+        );
+        assert_eq!(sum("spend_micros"), ledger, "{key}: {v}");
+        assert_eq!(sum("requests"), 19, "{key}: {v}");
+    }
+    let months = app
+        .scalar("SELECT CAST(COALESCE(SUM(cost_micros), 0) AS BIGINT) FROM spend_months")
+        .await;
+    assert_eq!(months, ledger, "the months are their days' sum");
+    app.assert_invariant().await;
 }

@@ -1,6 +1,7 @@
-//! SIGHUP applies the config file's `[finance]` tag bounds (`store::tag_bound`) at once,
-//! without a restart and without naming `finance` as a section that waits for one; two quick
-//! SIGHUPs leave the newest file's bounds, not the older one's.
+//! SIGHUP applies the config file's `[finance]` tag bounds (`store::tag_bound`: values,
+//! keys and texts per day) at once, without a restart and without naming `finance` as a
+//! section that waits for one; two quick SIGHUPs leave the newest file's bounds, not the
+//! older one's.
 
 use std::time::{Duration, Instant};
 
@@ -17,23 +18,30 @@ fn hup(g: &Gateway) {
 }
 
 fn bounds(values: u32, keys: u32) -> String {
-    format!("[finance]\nmax_tag_values_per_day = {values}\nmax_tag_keys_per_day = {keys}\n")
+    // The bound on tag texts moves with the keys' (one more), so each step changes all three.
+    let sets = keys + 1;
+    format!(
+        "[finance]\nmax_tag_values_per_day = {values}\nmax_tag_keys_per_day = {keys}\n\
+         max_tag_sets_per_day = {sets}\n"
+    )
 }
 
-/// Waits until the stored bounds are (values, keys).
+/// Waits until the stored bounds are (values, keys, keys + 1 sets).
 async fn until_bound(db: &sluice::store::Db, values: i64, keys: i64) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let now = (
             scalar_on(db, "SELECT max_values FROM spend_tag_bound").await,
             scalar_on(db, "SELECT max_keys FROM spend_tag_bound").await,
+            scalar_on(db, "SELECT max_sets FROM spend_tag_bound").await,
         );
-        if now == (values, keys) {
+        if now == (values, keys, keys + 1) {
             return;
         }
         assert!(
             Instant::now() < deadline,
-            "SIGHUP never applied the bounds ({values}, {keys}): still {now:?}"
+            "SIGHUP never applied the bounds ({values}, {keys}, {}): still {now:?}",
+            keys + 1
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -1,7 +1,9 @@
 //! The spend rollup's bound on tag cardinality on PostgreSQL (see `store::tag_bound`): one
 //! statement admits a batch's new (day, scope, key)s while their tenant's day has room, a
-//! second its new values of the admitted keys while their key has room; each answers which
-//! of the batch's are admitted, now or before.
+//! second its new values of the admitted keys while their key has room, a third its new
+//! sets (the counted pairs' texts, so bounded) while their tenant's day has room — run once
+//! for the texts themselves, then for the `key:(other)` texts of the rows left without a
+//! place; each answers which of the batch's are admitted, now or before.
 //!
 //! A place another host admits at the same moment is still ours: its insert conflicts, and
 //! `ON CONFLICT DO UPDATE … RETURNING` (unlike `DO NOTHING`) waits for that host's commit
@@ -13,7 +15,7 @@ use sqlx::PgConnection;
 
 use super::text;
 use crate::store::requests::RequestRow;
-use crate::store::tag_bound::Asked;
+use crate::store::tag_bound::{Asked, Ladder};
 use crate::store::Result;
 
 const ADMIT_KEYS: &str = "WITH cand AS (SELECT d, s, k, bool_or(a) AS a
@@ -45,8 +47,27 @@ const ADMIT_VALUES: &str = "WITH cand AS (SELECT d, s, k, v, bool_or(a) AS a
      SELECT t.day, t.scope, t.key, t.value FROM spend_tag_values t
             JOIN cand c ON t.day = c.d AND t.scope = c.s AND t.key = c.k AND t.value = c.v";
 
-/// One (day, scope, key, admits, value) per counted pair of the batch's rows.
+/// The batch's new sets (`Cand`s of (day, scope, set, admits)) while their tenant's day has
+/// room, as `ADMIT_KEYS` its keys.
+const ADMIT_SETS: &str = "WITH cand AS (SELECT d, s, t, bool_or(a) AS a
+                   FROM unnest($1::text[], $2::text[], $3::text[], $4::boolean[]) AS c(d, s, t, a) GROUP BY d, s, t),
+     fresh AS (SELECT c.d, c.s, c.t, ROW_NUMBER() OVER (PARTITION BY c.d, c.s ORDER BY c.t) AS n FROM cand c
+               WHERE c.a AND NOT EXISTS (SELECT 1 FROM spend_tag_sets x WHERE x.day = c.d AND x.scope = c.s AND x.tags = c.t)),
+     room AS (SELECT f.d, f.s, f.t FROM fresh f
+              WHERE f.n <= (SELECT max_sets FROM spend_tag_bound)
+                           - (SELECT COUNT(*) FROM spend_tag_sets x WHERE x.day = f.d AND x.scope = f.s)),
+     added AS (INSERT INTO spend_tag_sets (day, scope, tags) SELECT d, s, t FROM room ORDER BY d, s, t
+               ON CONFLICT (day, scope, tags) DO UPDATE SET tags = EXCLUDED.tags RETURNING day, scope, tags)
+     SELECT day, scope, tags FROM added
+     UNION ALL
+     SELECT x.day, x.scope, x.tags FROM spend_tag_sets x JOIN cand c ON x.day = c.d AND x.scope = c.s AND x.tags = c.t";
+
+/// One (day, scope, key, admits, value) per counted pair of the batch's rows; for a set,
+/// (day, scope, set, admits, "").
 type Cand = (String, String, String, bool, String);
+
+/// A row's request id (as the log stores it), its row and what the bound asks about it.
+type Row<'r> = (String, &'r RequestRow, Asked);
 
 /// The rollup's tag text of each of the batch's rows with a token (the rollup leaves the
 /// others out), by request id as the log stores it: (ids, rolled-up tags). A batch may log
@@ -57,9 +78,10 @@ pub async fn bounded(conn: &mut PgConnection, rows: &[RequestRow]) -> Result<[Ve
         let id = text::key(&r.id).into_owned();
         asked.entry(id).or_insert_with(|| (r, Asked::of(r)));
     }
+    let asked: Vec<Row<'_>> = asked.into_iter().map(|(id, (r, a))| (id, r, a)).collect();
     let cands: Vec<Cand> = asked
-        .values()
-        .flat_map(|(_, a)| {
+        .iter()
+        .flat_map(|(_, _, a)| {
             a.counted().map(|(k, v)| {
                 let d = text::key(&a.day).into_owned();
                 (d, a.scope.clone(), k.to_string(), a.admits, v.to_string())
@@ -79,21 +101,71 @@ pub async fn bounded(conn: &mut PgConnection, rows: &[RequestRow]) -> Result<[Ve
         .await?
         .into_iter()
         .collect();
+    let ladders: Vec<Ladder> = asked
+        .iter()
+        .map(|(_, _, a)| {
+            let d = text::key(&a.day).into_owned();
+            a.ladder(a.by_pairs(|k, v| {
+                let key = (d.clone(), a.scope.clone(), k.to_string());
+                let admitted = keys.contains(&key);
+                (
+                    admitted,
+                    admitted && values.contains(&(key.0, key.1, key.2, v.to_string())),
+                )
+            }))
+        })
+        .collect();
+    let placed = place(conn, &asked, &ladders).await?;
     let mut out: [Vec<String>; 2] = Default::default();
-    for (id, (r, a)) in asked {
-        let d = text::key(&a.day).into_owned();
-        let rolled = a.rolled(&r.tags, |k, v| {
-            let key = (d.clone(), a.scope.clone(), k.to_string());
-            let admitted = keys.contains(&key);
-            (
-                admitted,
-                admitted && values.contains(&(key.0, key.1, key.2, v.to_string())),
-            )
-        });
-        out[0].push(id);
-        out[1].push(text::key(&rolled).into_owned());
+    for ((id, r, a), (ladder, placed)) in asked.iter().zip(ladders.iter().zip(placed)) {
+        let tags = placed
+            .and_then(|step| ladder.tries.get(step))
+            .map_or(&ladder.last, |(_, t)| t);
+        out[0].push(id.clone());
+        out[1].push(text::key(&a.text(&r.tags, tags)).into_owned());
     }
     Ok(out)
+}
+
+/// Which try of each row's ladder holds a place (`None`: none does, the row takes its
+/// `last`): the first tries of the whole batch in one statement, then the next tries of the
+/// rows still without one — so a batch admits its rows' own texts before any rolled one.
+async fn place(
+    conn: &mut PgConnection,
+    asked: &[Row<'_>],
+    ladders: &[Ladder],
+) -> Result<Vec<Option<usize>>> {
+    let mut placed: Vec<Option<usize>> = vec![None; asked.len()];
+    let steps = ladders.iter().map(|l| l.tries.len()).max().unwrap_or(0);
+    for step in 0..steps {
+        // The set of each row still without a place, at this step.
+        let looking: Vec<(usize, Cand)> = asked
+            .iter()
+            .zip(ladders)
+            .enumerate()
+            .filter(|(i, _)| placed.get(*i).is_some_and(Option::is_none))
+            .filter_map(|(i, ((_, _, a), l))| {
+                let (set, _) = l.tries.get(step)?;
+                let d = text::key(&a.day).into_owned();
+                Some((
+                    i,
+                    (d, a.scope.clone(), set.clone(), a.admits, String::new()),
+                ))
+            })
+            .collect();
+        let cands: Vec<Cand> = looking.iter().map(|(_, c)| c.clone()).collect();
+        let admitted: HashSet<(String, String, String)> = admit(conn, ADMIT_SETS, &cands, false)
+            .await?
+            .into_iter()
+            .map(|(d, s, t, _)| (d, s, t))
+            .collect();
+        for (i, (d, s, t, _, _)) in looking {
+            if let (true, Some(p)) = (admitted.contains(&(d, s, t)), placed.get_mut(i)) {
+                *p = Some(step);
+            }
+        }
+    }
+    Ok(placed)
 }
 
 /// Runs `sql` over `cands` (with their values when `with_values`): what is admitted, as
