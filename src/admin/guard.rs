@@ -71,7 +71,21 @@ pub async fn guard(
             return Ok(secure_headers(req.into_response(resp)));
         }
     }
+    let writes = !is_safe(req.method());
+    let state = req.app_data::<web::Data<AppState>>().cloned();
     let res = next.call(req).await?.map_into_boxed_body();
+    // A write that revoked, rotated or changed a token (or its user or team) takes effect
+    // on this host before its answer: the token cache waited for its next epoch poll (or,
+    // on PostgreSQL, its own notice), so a request right after a revoke's 200 could still
+    // be let in from the cache. Other hosts: the notice, or the 250 ms poll.
+    let status = res.status();
+    if writes && !status.is_client_error() && !status.is_server_error() {
+        if let Some(state) = state {
+            if let Err(e) = state.auth.refresh().await {
+                tracing::warn!(error = %e, "token cache refresh after an admin write failed");
+            }
+        }
+    }
     let err = res
         .response()
         .error()

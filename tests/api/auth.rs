@@ -268,3 +268,35 @@ async fn a_revocation_reaches_every_gateway_process_within_a_second() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A revocation made through this host's admin surface takes effect on this host at once:
+/// it waited for the next epoch poll (up to 250 ms; on PostgreSQL its own notice), so a
+/// request right after the revoke's 200 could still be let in
+/// (`pg_admin_hosts::a_revocation_on_one_host_is_refused_on_the_other_within_a_second`
+/// failed once so, on the revoking host).
+#[tokio::test]
+async fn a_revocation_through_the_admin_api_is_refused_at_once_on_the_same_host() {
+    use crate::admin_helpers::{login, make_login};
+    let app = spawn_app().await;
+    make_login(&app, "root", "admin", None).await;
+    let admin = login(&app, "root").await;
+    // `GET /v1/models` authenticates from the token cache alone (no reservation re-checks
+    // the row), so it shows what the cache still holds.
+    let models = crate::pg_admin::models_status;
+    for round in 0..5 {
+        let (id, token) = app.token("quin", None).await;
+        assert_eq!(models(&app.address, &token).await, 200, "cached");
+        let (s, _) = admin
+            .post(
+                &format!("/admin/api/v1/tokens/{id}/revoke"),
+                &serde_json::json!({}),
+            )
+            .await;
+        assert_eq!(s, 200);
+        assert_eq!(
+            models(&app.address, &token).await,
+            401,
+            "round {round}: let in right after its revocation"
+        );
+    }
+}
