@@ -173,7 +173,7 @@ impl Application {
         if let Some(sso) = &state.sso {
             sso.spawn_discovery();
         }
-        state.auth.refresh().await?;
+        state.auth.refresh(&*state.clock).await?;
         state.cache.refresh(state.clock.now()).await?;
         housekeeping::recover_orphans(&state, &me).await?;
         housekeeping::spawn(state.clone(), me);

@@ -96,7 +96,7 @@ pub fn spawn(state: Arc<AppState>, me: Me) {
         let mut tick = tokio::time::interval(AUTH_POLL);
         loop {
             tick.tick().await;
-            if let Err(e) = s.auth.refresh().await {
+            if let Err(e) = s.auth.refresh(&*s.clock).await {
                 tracing::warn!(error = %e, "token cache refresh failed");
             }
         }
