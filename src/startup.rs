@@ -289,6 +289,10 @@ impl Application {
             state.quota.retry_settlements_now();
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        // Reservations whose COMMIT went unanswered: their requests failed, they owe nothing.
+        if let Err(e) = state.quota.settle_unsure().await {
+            tracing::warn!(error = %e, left = state.quota.unsure_count(), "settling reservations of unknown outcome at shutdown failed; if they landed they are charged as orphans");
+        }
         match ledger::settle_orphans(&state.db, Orphans::OfOwner(me), state.clock.now()).await {
             Ok(0) => {}
             Ok(n) => tracing::warn!(

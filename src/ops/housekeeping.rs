@@ -262,7 +262,10 @@ pub async fn recover_orphans(state: &AppState, me: &Me) -> Result<u64, crate::st
 
 /// This process's own reservations: one that no live request holds (its holder vanished
 /// without settling — a bug, or a crash of a task) is released at once, nothing charged;
-/// one that a live request holds gets its lease renewed before it runs out.
+/// one that a live request holds gets its lease renewed before it runs out. Then the
+/// reservations this process answered with an unknown COMMIT outcome are settled at 0,
+/// open or already settled as orphans by another host (`Quota::settle_unsure`) — last, so
+/// a failure there never holds up the renewals.
 pub async fn sweep_own(
     quota: &Quota,
     db: &Db,
@@ -282,6 +285,7 @@ pub async fn sweep_own(
     if !renew.is_empty() {
         ledger::renew_leases(db, &renew, now + RESERVATION_LEASE).await?;
     }
+    quota.settle_unsure().await?;
     Ok(())
 }
 
