@@ -173,7 +173,7 @@ impl Application {
         if let Some(sso) = &state.sso {
             sso.spawn_discovery();
         }
-        state.auth.refresh().await?;
+        state.auth.refresh(&*state.clock).await?;
         state.cache.refresh(state.clock.now()).await?;
         housekeeping::recover_orphans(&state, &me).await?;
         housekeeping::spawn(state.clone(), me);
@@ -288,6 +288,10 @@ impl Application {
             // Settlements backing off from a store error try again now, not seconds on.
             state.quota.retry_settlements_now();
             tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // Reservations whose COMMIT went unanswered: their requests failed, they owe nothing.
+        if let Err(e) = state.quota.settle_unsure().await {
+            tracing::warn!(error = %e, left = state.quota.unsure_count(), "settling reservations of unknown outcome at shutdown failed; if they landed they are charged as orphans");
         }
         match ledger::settle_orphans(&state.db, Orphans::OfOwner(me), state.clock.now()).await {
             Ok(0) => {}

@@ -279,6 +279,11 @@ pub async fn rotate(
         ));
     }
     let now = state.clock.now();
+    // The old text's cut-off, and whether the token is still live, on the clock expiry is
+    // judged by (the database's on PostgreSQL: `Authenticator::on_db_clock`), so an admin
+    // host whose clock is off neither ends the overlap early nor leaves the old text valid
+    // past it.
+    let expiry_now = state.auth.on_db_clock(now);
     let new = token::generate();
     let mut tx = state.db.begin().await?;
     let old = visible(&mut tx, actor, id).await?;
@@ -286,7 +291,7 @@ pub async fn rotate(
     let expired = old
         .expires_at
         .as_deref()
-        .is_some_and(|e| e <= crate::clock::db_time(now).as_str());
+        .is_some_and(|e| e <= crate::clock::db_time(expiry_now).as_str());
     if old.revoked_at.is_some() || expired {
         return Err(AdminError::Conflict(
             "Only a live token can be rotated.".into(),
@@ -325,7 +330,7 @@ pub async fn rotate(
         tag_store::set(&mut tx, Owner::Token(new_id), &old.tags).await?;
     }
     token_admin::set_successor(&mut tx, id, new_id).await?;
-    token_admin::expire_at(&mut tx, id, now + Duration::seconds(overlap)).await?;
+    token_admin::expire_at(&mut tx, id, expiry_now + Duration::seconds(overlap)).await?;
     let carried = ledger::carry_to_successor(&mut tx, id, new_id, now).await?;
     let after = json!({"new_token_id": new_id, "new_prefix": new.display_prefix, "overlap_seconds": overlap, "limit_micros": limit, "carried_micros": carried}).to_string();
     let before = json!({"prefix": old.prefix, "expires_at": old.expires_at}).to_string();

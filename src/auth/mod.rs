@@ -5,7 +5,11 @@
 //! dropped whenever the database's `token_epoch` counter moves (polled every 250 ms, so a
 //! revocation from any replica or the CLI takes effect within 1 s); on PostgreSQL another
 //! host's change is also heard at once (`hear_changes`: LISTEN/NOTIFY), the poll staying the
-//! fallback. Expiry is checked against the clock on every request.
+//! fallback. Expiry is checked on every request, cache hit or not: on SQLite against the
+//! host's clock (the only one), on PostgreSQL against the database's — the host's clock
+//! corrected by its offset to the database's, learned at each poll (`refresh`), as the
+//! CAS judges expiry by the database's clock (`pg::ledger::db_now!`): hosts' clocks may
+//! disagree by any amount, and a host whose clock lags must not serve an expired token.
 
 pub mod csrf;
 pub mod oidc;
@@ -23,6 +27,7 @@ use chrono::{DateTime, Utc};
 use lru::LruCache;
 use parking_lot::Mutex;
 
+use crate::clock::Clock;
 use crate::quota::period::Reset;
 use crate::store::ledger::Owner;
 use crate::store::tokens::{self, TokenAuthRow};
@@ -208,6 +213,24 @@ pub struct Authenticator {
     /// it, would otherwise put the revoked token back for good (the epoch does not move
     /// again).
     generation: AtomicU64,
+    /// What this host's clock lags the database's by, in ms (negative: it runs ahead),
+    /// learned at each poll on PostgreSQL (`refresh`); 0 on SQLite, and until learned.
+    db_offset_ms: AtomicI64,
+}
+
+/// The longest poll whose reading of the database's clock is kept: the database read it
+/// somewhere between the poll's start and end, so the offset is known to within half that.
+const MAX_SAMPLE_MS: i64 = 1_000;
+
+/// The offset of the database's clock (`db_ms`, read between `before` and `after` on this
+/// host's clock) to this host's, in ms; `None` when the read took too long (or the host's
+/// clock went back meanwhile) to tell it within `MAX_SAMPLE_MS / 2`.
+fn offset_of(before: DateTime<Utc>, db_ms: i64, after: DateTime<Utc>) -> Option<i64> {
+    let (b, a) = (before.timestamp_millis(), after.timestamp_millis());
+    if a < b || a - b > MAX_SAMPLE_MS {
+        return None;
+    }
+    Some(db_ms - (b + (a - b) / 2))
 }
 
 impl Authenticator {
@@ -218,11 +241,25 @@ impl Authenticator {
             cache: Mutex::new(LruCache::new(cap)),
             epoch: AtomicI64::new(i64::MIN),
             generation: AtomicU64::new(0),
+            db_offset_ms: AtomicI64::new(0),
         })
     }
 
+    /// `now`, this host's time, on the database's clock (the same on SQLite): what token
+    /// expiries are judged against.
+    pub fn on_db_clock(&self, now: DateTime<Utc>) -> DateTime<Utc> {
+        now + chrono::Duration::milliseconds(self.db_offset_ms.load(Ordering::Relaxed))
+    }
+
+    /// Whether a token expiring at `expires_at` has expired at `now` (this host's time),
+    /// judged on the database's clock.
+    fn expired(&self, expires_at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> bool {
+        expires_at.is_some_and(|e| e <= self.on_db_clock(now))
+    }
+
     /// `Ok(None)` for a missing, malformed, unknown, revoked or expired token — the caller
-    /// answers all of them with the same 401.
+    /// answers all of them with the same 401. `now` is this host's time; expiry is judged
+    /// on the database's clock (`on_db_clock`), on a cache hit as on a fresh read.
     pub async fn authenticate(
         &self,
         headers: &HeaderMap,
@@ -248,7 +285,7 @@ impl Authenticator {
                 a
             }
         };
-        if auth.expires_at.is_some_and(|e| e <= now) {
+        if self.expired(auth.expires_at, now) {
             return Ok(None);
         }
         Ok(Some(auth))
@@ -317,8 +354,14 @@ impl Authenticator {
     }
 
     /// Polls the change counter; clears the cache when it moved. Returns whether it did.
-    pub async fn refresh(&self) -> Result<bool, StoreError> {
-        let now = tokens::epoch(&self.db).await?;
+    /// On PostgreSQL the same read takes the database's clock, and this host's offset to
+    /// it (`clock` is the host's) is learned from it, when the read was quick enough.
+    pub async fn refresh(&self, clock: &dyn Clock) -> Result<bool, StoreError> {
+        let started = clock.now();
+        let (now, db_ms) = tokens::epoch_and_clock(&self.db).await?;
+        if let Some(offset) = db_ms.and_then(|db| offset_of(started, db, clock.now())) {
+            self.db_offset_ms.store(offset, Ordering::Relaxed);
+        }
         let before = self.epoch.swap(now, Ordering::Relaxed);
         if before != now {
             self.invalidate();
@@ -347,5 +390,72 @@ mod tests {
         let read_at = auth.generation.load(Ordering::Acquire);
         auth.remember(read_at, hash, TokenAuth::anonymous());
         assert_eq!(auth.cache.lock().len(), 1, "a fresh row is cached");
+    }
+
+    /// The offset to the database's clock is read against the middle of the poll, and a
+    /// poll too slow to tell it within half a second is not used.
+    #[test]
+    fn the_offset_to_the_database_clock_is_read_at_the_middle_of_a_quick_poll() {
+        let at = |ms: i64| DateTime::from_timestamp_millis(ms).unwrap();
+        let real = 1_800_000_000_000;
+        // A host 120 s behind; the poll took 200 ms, the database read mid-way.
+        let lag = 120_000;
+        assert_eq!(
+            offset_of(at(real - lag), real + 100, at(real - lag + 200)),
+            Some(lag)
+        );
+        // A host 30 s ahead, an instant poll.
+        assert_eq!(
+            offset_of(at(real + 30_000), real, at(real + 30_000)),
+            Some(-30_000)
+        );
+        assert_eq!(
+            offset_of(at(real), real, at(real + MAX_SAMPLE_MS + 1)),
+            None,
+            "too slow"
+        );
+        assert_eq!(
+            offset_of(at(real), real, at(real - 1)),
+            None,
+            "the clock went back"
+        );
+    }
+
+    /// A token that expired 5 s ago by the database's clock is refused by a host whose clock
+    /// lags 2 min once the offset is learned (before: by its own clock it had 115 s left),
+    /// and one with a minute left is served by a host 2 min ahead.
+    #[tokio::test]
+    async fn expiry_is_judged_on_the_database_clock_through_the_learned_offset() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("t.db"), false).await.unwrap();
+        let auth = Authenticator::new(db);
+        let real = Utc::now();
+        let expired = Some(real - chrono::Duration::seconds(5));
+        let behind = real - chrono::Duration::seconds(120);
+        assert!(
+            !auth.expired(expired, behind),
+            "unlearned: the host's clock"
+        );
+        let offset = offset_of(behind, real.timestamp_millis(), behind).unwrap();
+        auth.db_offset_ms.store(offset, Ordering::Relaxed);
+        assert!(auth.expired(expired, behind), "served 5 s after its expiry");
+        assert!(auth.expired(expired, real - chrono::Duration::seconds(119)));
+        let ahead = real + chrono::Duration::seconds(120);
+        let offset = offset_of(ahead, real.timestamp_millis(), ahead).unwrap();
+        auth.db_offset_ms.store(offset, Ordering::Relaxed);
+        let left = Some(real + chrono::Duration::seconds(60));
+        assert!(!auth.expired(left, ahead), "refused with a minute left");
+        assert!(auth.expired(left, ahead + chrono::Duration::seconds(60)));
+    }
+
+    /// SQLite's poll reads no database clock: the offset stays 0, expiry follows the host.
+    #[tokio::test]
+    async fn on_sqlite_expiry_follows_the_host_clock() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("t.db"), false).await.unwrap();
+        let auth = Authenticator::new(db);
+        let clock = crate::clock::ManualClock::new(Utc::now() - chrono::Duration::days(3));
+        auth.refresh(&clock).await.unwrap();
+        assert_eq!(auth.on_db_clock(clock.now()), clock.now());
     }
 }

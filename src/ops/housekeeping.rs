@@ -97,7 +97,7 @@ pub fn spawn(state: Arc<AppState>, me: Me) {
         let mut tick = tokio::time::interval(AUTH_POLL);
         loop {
             tick.tick().await;
-            if let Err(e) = s.auth.refresh().await {
+            if let Err(e) = s.auth.refresh(&*s.clock).await {
                 tracing::warn!(error = %e, "token cache refresh failed");
             }
         }
@@ -285,7 +285,10 @@ pub async fn recover_orphans(state: &AppState, me: &Me) -> Result<u64, crate::st
 
 /// This process's own reservations: one that no live request holds (its holder vanished
 /// without settling — a bug, or a crash of a task) is released at once, nothing charged;
-/// one that a live request holds gets its lease renewed before it runs out.
+/// one that a live request holds gets its lease renewed before it runs out. Then the
+/// reservations this process answered with an unknown COMMIT outcome are settled at 0,
+/// open or already settled as orphans by another host (`Quota::settle_unsure`) — last, so
+/// a failure there never holds up the renewals.
 pub async fn sweep_own(
     quota: &Quota,
     db: &Db,
@@ -305,6 +308,7 @@ pub async fn sweep_own(
     if !renew.is_empty() {
         ledger::renew_leases(db, &renew, now + RESERVATION_LEASE).await?;
     }
+    quota.settle_unsure().await?;
     Ok(())
 }
 

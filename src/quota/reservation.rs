@@ -11,7 +11,11 @@
 //!   client's answer never waits for a retry and the request log and the ledger agree;
 //! - every reservation a live request holds is in this process's `live` set; the
 //!   housekeeping's sweep releases any of this process's reservations that no live request
-//!   holds, and renews the lease (`deadline`) of those that one does.
+//!   holds, and renews the lease (`deadline`) of those that one does;
+//! - a reservation whose batch's COMMIT went unanswered (`StoreError::CommitUnknown`: the
+//!   request is answered 503 and reaches no upstream, but the row may have landed) is
+//!   remembered (`unsure`), and the sweep settles it at 0 — open, or already settled as an
+//!   orphan by another host that took this one for gone meanwhile (`settle_unsure`).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
@@ -44,7 +48,32 @@ pub struct Quota {
     /// Wakes every settlement waiting to retry (`retry_settlements_now`): at the exit, so
     /// a store freed within its wait is seen at once, while retries otherwise back off.
     retry_now: tokio::sync::Notify,
+    /// Reservations this process answered with `StoreError::CommitUnknown`: they may have
+    /// landed though their request failed (503) and never reached an upstream, so they owe
+    /// nothing. In memory only: the rows of a previous incarnation of this host (a crash,
+    /// whose requests may have reached an upstream) are never among them and keep their
+    /// orphan charge. Settled at 0 by the sweep (`settle_unsure`).
+    unsure: Mutex<HashMap<Arc<str>, Unsure>>,
 }
+
+/// An unsure reservation's state in the sweep.
+#[derive(Default)]
+struct Unsure {
+    /// Since when every settlement tried found nothing (the COMMIT did not land, or has not
+    /// yet, or another host's orphan sweep was committing as it ran): forgotten once that
+    /// has lasted `UNSURE_QUIET`.
+    quiet_since: Option<std::time::Instant>,
+}
+
+/// How long an unsure reservation is looked for after the first sweep that found nothing:
+/// several sweeps (every 5 s), past a COMMIT that lands late and past another host's
+/// orphan sweep running at the same moment (whose row a statement begun before its commit
+/// does not see).
+const UNSURE_QUIET: Duration = Duration::from_secs(30);
+
+/// Most unsure reservations remembered (a bound on memory in a long outage; past it, one
+/// that did land is charged as an orphan as before).
+const MAX_UNSURE: usize = 100_000;
 
 /// How long a reservation's lease runs: the owner renews it while a live request holds
 /// the reservation; past it, any process may settle it as an orphan (`ledger::Orphans`).
@@ -65,6 +94,7 @@ impl Quota {
             live: Mutex::new(HashMap::new()),
             runtime: tokio::runtime::Handle::try_current().ok(),
             retry_now: tokio::sync::Notify::new(),
+            unsure: Mutex::new(HashMap::new()),
         })
     }
 
@@ -133,8 +163,12 @@ impl Quota {
             }
             Ok(Err(refusal)) => refusal,
             Err(e) => {
-                // Nothing of a failed batch is kept (see `store::writer`).
+                // Nothing of a failed batch is kept (see `store::writer`) — unless its
+                // COMMIT was sent: then it may have landed, and the sweep settles it at 0.
                 self.leave(key);
+                if matches!(e, StoreError::CommitUnknown(_)) {
+                    self.note_unsure(request_id);
+                }
                 return Err(e.into());
             }
         };
@@ -146,6 +180,70 @@ impl Quota {
                 retry_after,
             },
         })
+    }
+
+    /// Remembers a reservation this process answered with `CommitUnknown` (`unsure`).
+    fn note_unsure(&self, request_id: &str) {
+        let mut unsure = self.unsure.lock();
+        if unsure.len() < MAX_UNSURE {
+            unsure.insert(request_id.into(), Unsure::default());
+        } else {
+            tracing::error!(request_id, "too many reservations of unknown outcome remembered; this one, if it landed, is left to the sweeps");
+        }
+    }
+
+    /// How many reservations of unknown outcome the sweep still looks for.
+    pub fn unsure_count(&self) -> usize {
+        self.unsure.lock().len()
+    }
+
+    /// Settles at 0 every reservation this process answered with `CommitUnknown` (the
+    /// sweep, and the exit): one that landed is released if still open, or corrected to 0
+    /// if another host settled it as an orphan meanwhile (`settle_via` takes either) —
+    /// its request failed and reached no upstream. One found is forgotten; one not found is
+    /// looked for again until `UNSURE_QUIET` has passed; one whose settlement failed stays.
+    /// Returns how many were settled; the first store error after trying them all.
+    pub async fn settle_unsure(&self) -> Result<usize, StoreError> {
+        let ids: Vec<Arc<str>> = self.unsure.lock().keys().cloned().collect();
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let outcomes = futures_util::future::join_all(
+            ids.iter()
+                .map(|id| ledger::settle_via(&self.writer, id.clone(), 0, self.clock.clone())),
+        )
+        .await;
+        let (mut settled, mut failed) = (0, None);
+        let mut unsure = self.unsure.lock();
+        for (id, outcome) in ids.into_iter().zip(outcomes) {
+            match outcome {
+                Ok(Some(s)) => {
+                    unsure.remove(&id);
+                    settled += 1;
+                    tracing::warn!(request_id = %id, charged = s.charged, "settled at 0 a reservation whose COMMIT went unanswered (its request failed)");
+                }
+                Ok(None) => {
+                    let quiet = unsure.get_mut(&id).map(|u| {
+                        u.quiet_since
+                            .get_or_insert_with(std::time::Instant::now)
+                            .elapsed()
+                    });
+                    if quiet.is_some_and(|q| q >= UNSURE_QUIET) {
+                        unsure.remove(&id);
+                    }
+                }
+                Err(e) => {
+                    if let Some(u) = unsure.get_mut(&id) {
+                        u.quiet_since = None;
+                    }
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(settled),
+        }
     }
 
     /// Releases a reservation of this process that no live request holds (the sweep):

@@ -68,6 +68,12 @@ pub enum StoreError {
     /// The write batch this operation was part of failed as a whole; nothing of it was kept.
     #[error("write batch failed: {0}")]
     Batch(String),
+    /// The write batch's COMMIT was sent but its answer never came (the connection broke,
+    /// or the batch timed out while committing): it may have landed or not. Otherwise as
+    /// `Batch` (`is_unavailable`); the money path remembers such a reservation and has its
+    /// sweep settle it at 0 (`quota::reservation::Quota::settle_unsure`).
+    #[error("write batch's COMMIT got no answer (it may have landed): {0}")]
+    CommitUnknown(String),
     #[error("the store writer is gone")]
     WriterGone,
     #[error(transparent)]
@@ -106,6 +112,7 @@ impl StoreError {
                 | sqlx::Error::WorkerCrashed,
             )
             | StoreError::Batch(_)
+            | StoreError::CommitUnknown(_)
             | StoreError::WriterGone => true,
             // SQLITE_BUSY and SQLITE_LOCKED (and their extended codes).
             StoreError::Sqlite { code, .. } => code & 0xff == 5 || code & 0xff == 6,

@@ -227,6 +227,20 @@ pub async fn epoch(db: &super::Db) -> Result<i64> {
     )
 }
 
+/// The token epoch and, on PostgreSQL, the database's clock read in the same statement
+/// (milliseconds since the Unix epoch): the token cache's poll learns from it how far this
+/// host's clock is from the database's (`auth::Authenticator::refresh`). `None` on SQLite,
+/// where the one host's clock is the only one.
+pub async fn epoch_and_clock(db: &super::Db) -> Result<(i64, Option<i64>)> {
+    match &db.backend {
+        super::Backend::Sqlite(_) => Ok((epoch(db).await?, None)),
+        super::Backend::Postgres(pg) => {
+            let (epoch, at) = super::pg::tokens::epoch_and_clock(&pg.pool).await?;
+            Ok((epoch, Some(at)))
+        }
+    }
+}
+
 /// How many tokens the database holds (revoked ones too).
 pub async fn count(db: &super::Db) -> Result<i64> {
     let sqlite = match &db.backend {

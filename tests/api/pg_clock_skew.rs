@@ -1,13 +1,15 @@
 //! Hosts whose clocks disagree on one PostgreSQL database (issue 17): liveness is judged by
 //! the database's clock, so a host whose clock runs ahead does not take every other live
 //! host for dead and settle their live reservations as orphans; a host that really stopped
-//! beating is still found gone.
+//! beating is still found gone. Expiry is judged by the database's clock too: a host whose
+//! clock lags does not serve a token that has expired (s25 attack #1).
 
 use std::sync::Arc;
 
 use chrono::{Duration, Utc};
+use sluice::clock::db_time;
 use sluice::clock::{Clock, ManualClock};
-use sluice::store::ledger::{self, Orphans};
+use sluice::store::ledger::{self, Orphans, Refusal, ReserveRequest};
 use sluice::store::processes::{self, Me};
 
 use crate::pg_liveness::budgets;
@@ -208,5 +210,143 @@ async fn a_gateway_two_minutes_ahead_leaves_a_live_hosts_reservation_alone() {
     );
     assert_eq!(sql_int(&db, "SELECT COUNT(*) FROM orphaned").await, 0);
     drop(a);
+    crate::helpers::assert_invariant_on(&db).await;
+}
+
+/// Expiry on the database's clock, at the store (s25 attack #1): a host whose clock lags
+/// 2 min does not reserve on a token that expired 5 s ago — neither through its writer's
+/// grouped statement nor the CAS on its own (one-statement and step-by-step paths) — and a
+/// host 2 min ahead still serves a token that expires in a minute. Before, both followed
+/// the host's clock: the lagging host reserved, the one ahead refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_whose_clock_lags_does_not_reserve_on_an_expired_token() {
+    let a = Store::postgres().await;
+    let owner = a.owner(&budgets()).await;
+    let expire_at = |at: chrono::DateTime<Utc>| {
+        let pool = a.pg().pool.clone();
+        async move {
+            sqlx::query("UPDATE tokens SET expires_at = $1 WHERE id = $2")
+                .bind(db_time(at))
+                .bind(owner.token_id)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    };
+    expire_at(Utc::now() - Duration::seconds(5)).await;
+    let behind: Arc<dyn Clock> = Arc::new(ManualClock::new(Utc::now() - Duration::seconds(120)));
+    let grouped = a
+        .reserve(&owner, "lagging-1", R, "host-b", behind.clone())
+        .await
+        .unwrap();
+    assert!(
+        matches!(grouped, Err(Refusal::TokenGone)),
+        "a host 2 min behind reserved on a token expired 5 s ago: {grouped:?}"
+    );
+    let alone = ledger::reserve(
+        &a.db,
+        &ReserveRequest {
+            request_id: "lagging-2",
+            owner: &owner,
+            amount: R,
+            process: "host-b",
+            lease: Duration::seconds(60),
+        },
+        behind.now(),
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(alone, Err(Refusal::TokenGone)),
+        "the CAS on its own, 2 min behind, reserved on an expired token: {alone:?}"
+    );
+    assert_eq!(a.level("tokens", owner.token_id).await, (10 * R, 10 * R, 0));
+
+    // The other way round: a host 2 min ahead serves a token with a minute left.
+    expire_at(Utc::now() + Duration::seconds(60)).await;
+    let ahead: Arc<dyn Clock> = Arc::new(ManualClock::new(Utc::now() + Duration::seconds(120)));
+    a.reserve(&owner, "ahead-1", R, "host-c", ahead.clone())
+        .await
+        .unwrap()
+        .expect("a host 2 min ahead refused a token with a minute left");
+    a.settle("ahead-1", R / 2, ahead.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        a.level("tokens", owner.token_id).await,
+        (10 * R, 10 * R - R / 2, 0)
+    );
+    a.assert_settled().await;
+}
+
+/// The same through a real gateway whose whole clock lags 2 min (libfaketime), its response
+/// cache on: a token that expires 3 s after it is issued is served once (its token row and
+/// the answer cached), then refused with 401 five seconds later — the same request, which
+/// the response cache would answer without reaching the CAS, so only authentication (the
+/// token cache's expiry check, on the database's clock) can refuse it. Before, the lagging
+/// host served it from its cache for two more minutes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_token_is_refused_by_a_host_whose_clock_lags() {
+    use sluice::mock::{MockConfig, MockServer};
+
+    use crate::gateway_proc::start_gateway_full;
+    use crate::helpers::{chat_body, issue_args, sql_int};
+    use crate::pg_admin::MASTER_HEX;
+
+    let url = crate::pg_server::database();
+    let key = sluice::secrets::MasterKey::from_hex(MASTER_HEX).unwrap();
+    let db = sluice::store::Db::open_postgres(&url, &key).await.unwrap();
+    let mock = MockServer::start("127.0.0.1:0", MockConfig::default()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut env: Vec<(&str, String)> = vec![
+        ("SLUICE_DATABASE_URL", url.clone()),
+        ("SLUICE_SECRET_KEY", MASTER_HEX.to_string()),
+    ];
+    env.extend(crate::clocks::skewed(Duration::minutes(-2)));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let b = start_gateway_full(dir.path(), &mock, &env, "[cache]\nmode = \"all\"\n").await;
+    let expires = db_time(Utc::now() + Duration::seconds(3));
+    let args = sluice::cli::IssueArgs {
+        budget_usd: Some("5"),
+        expires: Some(&expires),
+        ..issue_args("lag")
+    };
+    let issued = sluice::cli::token_issue(&db, &args, Utc::now())
+        .await
+        .unwrap();
+    let http = reqwest::Client::new();
+    let post = |token: String| {
+        let (http, url) = (http.clone(), b.url.clone());
+        async move {
+            http.post(format!("{url}/v1/chat/completions"))
+                .bearer_auth(&token)
+                .json(&chat_body(100))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(post(issued.text.clone()).await, 200, "before it expires");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while sql_int(&db, "SELECT COUNT(*) FROM cache_entries").await == 0 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the answer was never cached"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    let ledger_rows = format!("SELECT COUNT(*) FROM ledger WHERE token_id = {}", issued.id);
+    let before = sql_int(&db, &ledger_rows).await;
+    assert_eq!(
+        post(issued.text.clone()).await,
+        401,
+        "a host 2 min behind served a token 2 s after it expired"
+    );
+    assert_eq!(sql_int(&db, &ledger_rows).await, before, "nothing reserved");
+    drop(b);
     crate::helpers::assert_invariant_on(&db).await;
 }

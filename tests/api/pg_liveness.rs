@@ -298,3 +298,80 @@ async fn a_server_reinitialized_after_a_backend_crash_takes_no_host_for_gone_bef
         "a host taken for gone before it could beat after the database came back"
     );
 }
+
+/// s25 attack multi-host #2: host A's batch commits a reservation but the answer to its
+/// COMMIT never comes (held by the link until the writer gives up): the request gets an
+/// error (a 503) and reaches no upstream. Host A then looks gone (its heartbeat stale, no
+/// lock), and host B settles its rows as orphans at their full amount before A's sweep
+/// runs. A's sweep corrects the one it knows it answered with an error to 0; the row of a
+/// previous incarnation of A (a crash, whose request may have reached an upstream) keeps
+/// its orphan charge. Before, A's sweep saw nothing of its own open and the failed request
+/// stayed charged R.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_whose_owner_saw_an_error_is_not_charged_after_it_was_orphaned() {
+    use sluice::clock::SystemClock;
+    use sluice::quota::reservation::Quota;
+    use sluice::quota::QuotaError;
+    use sluice::store::StoreError;
+
+    let url = crate::pg_server::database();
+    let link = crate::pg_round_trips::Link::start(&url).await;
+    let b = Store::open_pg(url).await;
+    let a = Store::open_pg(link.url.clone()).await;
+    let owner = b.owner(&budgets()).await;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let quota = Quota::with_writer(a.writer.clone(), clock.clone(), "host-a".into());
+    let (host_a, host_b) = (
+        Me::new("host-a".into(), "a".into()),
+        Me::new("host-b".into(), "b".into()),
+    );
+    assert!(b.heartbeat(&host_a, clock.now()).await);
+    b.reserve(&owner, "before-crash", R, "host-a", clock.clone())
+        .await
+        .unwrap()
+        .unwrap();
+
+    link.hold_next_commit();
+    match quota.reserve("cut", &owner, R).await {
+        Err(QuotaError::Store(e)) => assert!(
+            matches!(e, StoreError::CommitUnknown(_)) && e.is_unavailable(),
+            "{e}"
+        ),
+        Err(e) => panic!("refused instead of failing: {e}"),
+        Ok(_) => panic!("the COMMIT's answer was held, yet the reservation was answered"),
+    }
+    link.hold(false);
+    let rows = |id: &str| format!("SELECT COUNT(*) FROM reservations WHERE request_id = '{id}'");
+    assert_eq!(b.int(&rows("cut")).await, 1, "the COMMIT landed");
+
+    b.age_heartbeat("host-a", 20.0).await;
+    assert_eq!(b.dead_owners(&host_b, clock.now()).await, ["host-a"]);
+    assert_eq!(
+        b.settle_orphans(Orphans::OfOwner("host-a"), clock.now())
+            .await,
+        2
+    );
+    sluice::ops::housekeeping::sweep_own(&quota, &a.db, clock.now())
+        .await
+        .unwrap();
+    let charged = |id: &str| {
+        format!("SELECT COALESCE(SUM(amount_micros), 0) FROM ledger WHERE request_id = '{id}'")
+    };
+    assert_eq!(
+        b.int(&charged("cut")).await,
+        0,
+        "a request answered with an error stayed charged as an orphan"
+    );
+    assert_eq!(
+        b.int(&charged("before-crash")).await,
+        R,
+        "a previous incarnation's orphan keeps its charge"
+    );
+    assert_eq!(b.level("tokens", owner.token_id).await, (10 * R, 9 * R, 0));
+    assert_eq!(
+        b.int("SELECT COUNT(*) FROM orphaned WHERE request_id = 'cut'")
+            .await,
+        0
+    );
+    b.assert_settled().await;
+}

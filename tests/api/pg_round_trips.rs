@@ -5,8 +5,10 @@
 //! extended protocol, `Query` of the simple one) — one per round trip. `Link` also holds
 //! the server's answers while its gate is closed, so a test can make the writer wait in
 //! one batch while the next batch's jobs queue up, and know exactly what each batch held.
+//! It can also close the gate as a client sends its next `COMMIT` (`hold_next_commit`):
+//! the server commits, and the client never hears it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,7 +24,8 @@ use crate::pg_money::Store;
 pub struct Link {
     pub url: String,
     round_trips: Arc<AtomicU64>,
-    gate: watch::Sender<bool>,
+    gate: Arc<watch::Sender<bool>>,
+    hold_commit: Arc<AtomicBool>,
 }
 
 /// The SSLRequest and GSSENCRequest codes: untyped messages the startup message follows.
@@ -34,6 +37,8 @@ const GSSENC_REQUEST: u32 = 80_877_104;
 struct Reader {
     buf: Vec<u8>,
     started: bool,
+    /// Simple-protocol `COMMIT`s seen.
+    commits: u64,
 }
 
 impl Reader {
@@ -65,6 +70,9 @@ impl Reader {
                 if matches!(self.buf[0], b'S' | b'Q') {
                     n += 1;
                 }
+                if self.buf[0] == b'Q' && self.buf[5..1 + len].starts_with(b"COMMIT") {
+                    self.commits += 1;
+                }
                 self.buf.drain(..1 + len);
             }
         }
@@ -79,7 +87,10 @@ impl Link {
         let port = listener.local_addr().unwrap().port();
         let round_trips = Arc::new(AtomicU64::new(0));
         let (gate, open) = watch::channel(true);
+        let gate = Arc::new(gate);
+        let hold_commit = Arc::new(AtomicBool::new(false));
         let counted = round_trips.clone();
+        let (closer, armed) = (gate.clone(), hold_commit.clone());
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let upstream = tokio::net::TcpStream::connect(&server).await.unwrap();
@@ -88,6 +99,7 @@ impl Link {
                 let (mut cr, mut cw) = client.into_split();
                 let (mut ur, mut uw) = upstream.into_split();
                 let counted = counted.clone();
+                let (closer, armed) = (closer.clone(), armed.clone());
                 tokio::spawn(async move {
                     let (mut reader, mut buf) = (Reader::default(), vec![0u8; 64 * 1024]);
                     loop {
@@ -95,7 +107,11 @@ impl Link {
                             Ok(0) | Err(_) => return,
                             Ok(n) => n,
                         };
+                        let commits = reader.commits;
                         counted.fetch_add(reader.feed(&buf[..n]), Ordering::SeqCst);
+                        if reader.commits > commits && armed.swap(false, Ordering::SeqCst) {
+                            closer.send_replace(false);
+                        }
                         if uw.write_all(&buf[..n]).await.is_err() {
                             return;
                         }
@@ -123,6 +139,7 @@ impl Link {
             url: target.to_string(),
             round_trips,
             gate,
+            hold_commit,
         }
     }
 
@@ -132,6 +149,12 @@ impl Link {
 
     pub fn hold(&self, held: bool) {
         self.gate.send_replace(!held);
+    }
+
+    /// Closes the gate as a client sends its next `COMMIT`: the server receives it (and
+    /// commits), its answer is held until `hold(false)`.
+    pub fn hold_next_commit(&self) {
+        self.hold_commit.store(true, Ordering::SeqCst);
     }
 }
 

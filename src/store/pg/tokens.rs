@@ -117,6 +117,16 @@ pub async fn epoch(pool: &PgPool) -> Result<i64> {
     )
 }
 
+/// `epoch` and the database's clock (`clock_timestamp()`, in ms since the Unix epoch) at
+/// the read.
+pub async fn epoch_and_clock(pool: &PgPool) -> Result<(i64, i64)> {
+    Ok(sqlx::query_as(
+        "SELECT value, (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT FROM meta WHERE key = 'token_epoch'",
+    )
+    .fetch_one(pool)
+    .await?)
+}
+
 /// How many tokens the database holds (revoked ones too).
 pub async fn count(pool: &PgPool) -> Result<i64> {
     Ok(sqlx::query_scalar("SELECT COUNT(*) FROM tokens")

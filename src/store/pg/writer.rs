@@ -15,7 +15,10 @@
 //! - Answers are sent only after COMMIT succeeded: no caller acts on a reservation that is
 //!   not in the database. When BEGIN or COMMIT fails (the server is unreachable) every job
 //!   of the batch gets the error — the money path fails closed; settlements are retried by
-//!   their caller (`quota::reservation`) until they land, and are idempotent.
+//!   their caller (`quota::reservation`) until they land, and are idempotent. A batch cut
+//!   once its COMMIT was sent (the connection broke, or `BATCH_TIMEOUT` ran out) may have
+//!   committed: its jobs get `StoreError::CommitUnknown`, and a reservation answered so is
+//!   settled at 0 by its owner's sweep (`Quota::settle_unsure`), wherever it is by then.
 //! - A job writes nothing unless it succeeds (a refused reservation writes nothing but a
 //!   rollover, which is true either way: `ledger::reserve_tx`). A job that fails spoils
 //!   the transaction (PostgreSQL aborts it): the batch is rolled back, that job keeps its
@@ -218,6 +221,7 @@ impl<T: Send + 'static, F: JobFn<T>> Job for Call<T, F> {
             (Ok(()), Some(r)) => r,
             (Ok(()), None) => Err(StoreError::Batch("the job did not run".into())),
             (Err(_), Some(Err(mine))) if !is_retryable(&mine) && !is_broken(&mine) => Err(mine),
+            (Err(StoreError::CommitUnknown(e)), _) => Err(StoreError::CommitUnknown(e.clone())),
             (Err(e), _) => Err(StoreError::Batch(e.to_string())),
         };
         // A caller that went away no longer needs the answer (its writes stand).
@@ -449,12 +453,17 @@ async fn batch(
         // A server that stops answering (a network partition, a frozen host) must not hold
         // every caller forever: past `BATCH_TIMEOUT` the batch fails and its connection is
         // dropped (which ends the transaction on the server once it notices).
-        let run = match tokio::time::timeout(BATCH_TIMEOUT, once(conn, jobs, grouped)).await {
-            Ok(run) => run,
-            Err(_) => Err(Stop::Broken(StoreError::Batch(format!(
-                "no answer from the database within {BATCH_TIMEOUT:?}"
-            )))),
-        };
+        // Set as COMMIT is sent: a batch cut from then on may have committed.
+        let mut committing = false;
+        let run =
+            match tokio::time::timeout(BATCH_TIMEOUT, once(conn, jobs, grouped, &mut committing))
+                .await
+            {
+                Ok(run) => run,
+                Err(_) => Err(Stop::Broken(StoreError::Batch(format!(
+                    "no answer from the database within {BATCH_TIMEOUT:?}"
+                )))),
+            };
         match run {
             Ok(()) => return Ok(()),
             Err(Stop::Ungroup(e)) => {
@@ -472,7 +481,11 @@ async fn batch(
             }
             Err(Stop::Broken(e)) => {
                 *slot = None;
-                return Err(e);
+                return Err(if committing {
+                    StoreError::CommitUnknown(e.to_string())
+                } else {
+                    e
+                });
             }
             Err(Stop::Retry(e) | Stop::Batch(e)) => return Err(e),
         }
@@ -485,6 +498,7 @@ async fn once(
     conn: &mut PgConnection,
     jobs: &mut [Box<dyn Job>],
     grouped: bool,
+    committing: &mut bool,
 ) -> std::result::Result<(), Stop> {
     let mut tx = conn.begin().await.map_err(|e| stop(e.into()))?;
     let mut locks = Locks::default();
@@ -528,7 +542,10 @@ async fn once(
     }
     .await;
     match ran {
-        Ok(()) => tx.commit().await.map_err(|e| stop(e.into())),
+        Ok(()) => {
+            *committing = true;
+            tx.commit().await.map_err(|e| stop(e.into()))
+        }
         Err(s) => {
             // A rollback that fails leaves a broken connection; the next run finds out.
             let _ = tx.rollback().await;

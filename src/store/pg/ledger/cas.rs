@@ -22,13 +22,19 @@ use crate::store::{Result, StoreError};
 /// the three rows (already locked when the writer's batch took its locks: then it waits for
 /// nothing; called on its own, a rollover decided from this read cannot race another
 /// host's).
-const LEVELS_STATE: &str =
-    "SELECT TRUE, (t.revoked_at IS NOT NULL OR (t.expires_at IS NOT NULL AND t.expires_at <= $4)),
+/// The token's expiry is judged by the database's clock (`db_now!`), whose time it
+/// returns last, for `RESERVE` to re-check with the same instant.
+const LEVELS_STATE: &str = concat!(
+    "WITH d AS (SELECT ",
+    db_now!(),
+    " AS at)
+    SELECT TRUE, (t.revoked_at IS NOT NULL OR (t.expires_at IS NOT NULL AND t.expires_at <= d.at)),
         t.limit_micros, t.remaining_micros, t.period, t.reset,
         TRUE, FALSE, u.limit_micros, u.remaining_micros, u.period, u.reset,
-        TRUE, FALSE, m.limit_micros, m.remaining_micros, m.period, m.reset
-    FROM tokens t, users u, teams m WHERE t.id = $1 AND u.id = $2 AND m.id = $3
-    FOR NO KEY UPDATE";
+        TRUE, FALSE, m.limit_micros, m.remaining_micros, m.period, m.reset, d.at
+    FROM d, tokens t, users u, teams m WHERE t.id = $1 AND u.id = $2 AND m.id = $3
+    FOR NO KEY UPDATE OF t, u, m"
+);
 
 struct LevelState {
     exists: bool,
@@ -64,9 +70,11 @@ impl LevelState {
 
 /// Step 3 of the module doc: the three conditional decrements, the reservation row and its
 /// ledger row, in one round trip. Returns how many levels changed and each one's remaining.
+/// `$5` is the host's time (written in the rows), `$12` the database's time `LEVELS_STATE`
+/// judged the token's expiry at.
 const RESERVE: &str = "WITH t AS (UPDATE tokens SET remaining_micros = remaining_micros - $1, reserved_micros = reserved_micros + $1
             WHERE id = $2 AND (limit_micros IS NULL OR remaining_micros >= $1)
-              AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $5) RETURNING remaining_micros),
+              AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $12) RETURNING remaining_micros),
     u AS (UPDATE users SET remaining_micros = remaining_micros - $1, reserved_micros = reserved_micros + $1
             WHERE id = $3 AND (limit_micros IS NULL OR remaining_micros >= $1) RETURNING remaining_micros),
     m AS (UPDATE teams SET remaining_micros = remaining_micros - $1, reserved_micros = reserved_micros + $1
@@ -83,10 +91,15 @@ const RESERVE: &str = "WITH t AS (UPDATE tokens SET remaining_micros = remaining
 /// owner's rules) and every level covers R, the levels' rows are locked and read, the three
 /// conditional decrements, the reservation row and its ledger row written — all in one
 /// statement. Otherwise (a rollover is due, a rule changed, a refusal) it writes nothing and
-/// returns 0 in its first column: the caller decides step by step (`reserve_tx`).
-const RESERVE_FAST: &str = "WITH s AS (SELECT t.period = $7 AND u.period = $8 AND m.period = $9
+/// returns 0 in its first column: the caller decides step by step (`reserve_tx`). The
+/// token's expiry is judged by the database's clock (`db_now!`), `$5` (the host's time) is
+/// what the rows are stamped with.
+const RESERVE_FAST: &str = concat!(
+    "WITH s AS (SELECT t.period = $7 AND u.period = $8 AND m.period = $9
                 AND t.reset = $12 AND u.reset = $13 AND m.reset = $14
-                AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > $5)
+                AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > ",
+    db_now!(),
+    ")
                 AND (t.limit_micros IS NULL OR t.remaining_micros >= $1)
                 AND (u.limit_micros IS NULL OR u.remaining_micros >= $1)
                 AND (m.limit_micros IS NULL OR m.remaining_micros >= $1) AS go
@@ -94,7 +107,9 @@ const RESERVE_FAST: &str = "WITH s AS (SELECT t.period = $7 AND u.period = $8 AN
     ok AS (SELECT 1 FROM s WHERE go),
     t AS (UPDATE tokens SET remaining_micros = remaining_micros - $1, reserved_micros = reserved_micros + $1
             WHERE id = $2 AND EXISTS (SELECT 1 FROM ok) AND (limit_micros IS NULL OR remaining_micros >= $1)
-              AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $5) RETURNING remaining_micros),
+              AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ",
+    db_now!(),
+    ") RETURNING remaining_micros),
     u AS (UPDATE users SET remaining_micros = remaining_micros - $1, reserved_micros = reserved_micros + $1
             WHERE id = $3 AND EXISTS (SELECT 1 FROM ok) AND (limit_micros IS NULL OR remaining_micros >= $1) RETURNING remaining_micros),
     m AS (UPDATE teams SET remaining_micros = remaining_micros - $1, reserved_micros = reserved_micros + $1
@@ -104,7 +119,8 @@ const RESERVE_FAST: &str = "WITH s AS (SELECT t.period = $7 AND u.period = $8 AN
     l AS (INSERT INTO ledger (token_id, user_id, team_id, period, user_period, team_period, kind, amount_micros, request_id, created_at)
             SELECT $2, $3, $4, $7, $8, $9, 'reserve', $1, $6, $5 FROM ok)
     SELECT (SELECT COUNT(*) FROM ok), (SELECT COUNT(*) FROM t) + (SELECT COUNT(*) FROM u) + (SELECT COUNT(*) FROM m),
-           (SELECT remaining_micros FROM t), (SELECT remaining_micros FROM u), (SELECT remaining_micros FROM m)";
+           (SELECT remaining_micros FROM t), (SELECT remaining_micros FROM u), (SELECT remaining_micros FROM m)"
+);
 
 /// `reserve_tx`'s one-statement path (`RESERVE_FAST`): `None` when it did not apply (and
 /// wrote nothing).
@@ -187,7 +203,6 @@ pub async fn reserve_tx(
         .bind(r.owner.token_id)
         .bind(r.owner.user_id)
         .bind(r.owner.team_id)
-        .bind(&now_s)
         .fetch_optional(&mut *conn)
         .await?;
     let Some(row) = row else {
@@ -211,6 +226,7 @@ pub async fn reserve_tx(
     if !levels[0].exists || levels[0].gone {
         return Ok(Err(Refusal::TokenGone));
     }
+    let db_now: String = row.try_get(18)?;
     let mut periods: [String; 3] = Default::default();
     for level in LEVELS {
         let state = &mut levels[idx(level)];
@@ -243,6 +259,7 @@ pub async fn reserve_tx(
         .bind(&periods[2])
         .bind(r.process)
         .bind(db_time(now + r.lease))
+        .bind(&db_now)
         .fetch_one(&mut *conn)
         .await?;
     reserved(&row, 0, r, periods).map(Ok)

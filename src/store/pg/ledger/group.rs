@@ -112,12 +112,14 @@ const SETTLE_MANY: &str = "WITH j AS (SELECT * FROM unnest($1::TEXT[], $2::BOOL[
            (SELECT remaining_micros FROM m WHERE m.id = h.team_id)
     FROM h";
 
-/// Arrays: `$1` amount, `$2`–`$4` token, user, team, `$5` time, `$6` request id, `$7`–`$9`
-/// the periods of the time under `$12`–`$14` (the owner's rules), `$10` owner process,
-/// `$11` deadline. One row per job: its index, whether it is current, whether it was
-/// reserved, each level's limit (NULL: none) and remaining balance — after the reserved
-/// jobs up to it for a reserved one, after all the reserved ones otherwise.
-const RESERVE_MANY: &str = "WITH j AS (SELECT * FROM unnest($1::BIGINT[], $2::BIGINT[], $3::BIGINT[], $4::BIGINT[], $5::TEXT[], $6::TEXT[],
+/// Arrays: `$1` amount, `$2`–`$4` token, user, team, `$5` time (the host's, written in
+/// the rows; the token's expiry is judged by the database's clock, `db_now!`), `$6`
+/// request id, `$7`–`$9` the periods of the time under `$12`–`$14` (the owner's rules),
+/// `$10` owner process, `$11` deadline. One row per job: its index, whether it is current,
+/// whether it was reserved, each level's limit (NULL: none) and remaining balance — after
+/// the reserved jobs up to it for a reserved one, after all the reserved ones otherwise.
+const RESERVE_MANY: &str = concat!(
+    "WITH j AS (SELECT * FROM unnest($1::BIGINT[], $2::BIGINT[], $3::BIGINT[], $4::BIGINT[], $5::TEXT[], $6::TEXT[],
                 $7::TEXT[], $8::TEXT[], $9::TEXT[], $10::TEXT[], $11::TEXT[], $12::TEXT[], $13::TEXT[], $14::TEXT[])
             WITH ORDINALITY AS j(amount, token_id, user_id, team_id, at, request_id, period, user_period, team_period,
                 owner, deadline, reset, user_reset, team_reset, i)),
@@ -125,7 +127,9 @@ const RESERVE_MANY: &str = "WITH j AS (SELECT * FROM unnest($1::BIGINT[], $2::BI
                  m.limit_micros AS ml, m.remaining_micros AS mr,
                  (t.period = j.period AND u.period = j.user_period AND m.period = j.team_period
                   AND t.reset = j.reset AND u.reset = j.user_reset AND m.reset = j.team_reset
-                  AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > j.at)
+                  AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > ",
+    db_now!(),
+    ")
                   AND j.amount >= 0) AS current,
                  ((t.limit_micros IS NULL OR j.amount <= t.remaining_micros) AND (u.limit_micros IS NULL OR j.amount <= u.remaining_micros)
                   AND (m.limit_micros IS NULL OR j.amount <= m.remaining_micros)) AS alone
@@ -160,7 +164,8 @@ const RESERVE_MANY: &str = "WITH j AS (SELECT * FROM unnest($1::BIGINT[], $2::BI
            (c.mr - COALESCE(go.mg, (SELECT amount FROM mt WHERE mt.id = c.team_id), 0))::BIGINT,
            ((SELECT COUNT(*) FROM tt) = (SELECT COUNT(*) FROM t) AND (SELECT COUNT(*) FROM ut) = (SELECT COUNT(*) FROM u)
             AND (SELECT COUNT(*) FROM mt) = (SELECT COUNT(*) FROM m))
-    FROM c LEFT JOIN go ON go.i = c.i";
+    FROM c LEFT JOIN go ON go.i = c.i"
+);
 
 /// Decides what it can of `parts` (in the caller's transaction, the batch's rows locked):
 /// one answer per part, `None` for a part left to its job's own step-by-step run.
