@@ -81,7 +81,7 @@ pub async fn guard(
     let status = res.status();
     if writes && !status.is_client_error() && !status.is_server_error() {
         if let Some(state) = state {
-            if let Err(e) = state.auth.refresh().await {
+            if let Err(e) = state.auth.refresh(&*state.clock).await {
                 tracing::warn!(error = %e, "token cache refresh after an admin write failed");
             }
         }

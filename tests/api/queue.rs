@@ -460,7 +460,7 @@ async fn a_request_queued_before_its_token_was_revoked_is_refused_when_its_slot_
     sluice::cli::token_revoke(&other, id, chrono::Utc::now())
         .await
         .unwrap();
-    app.state.auth.refresh().await.unwrap();
+    app.state.auth.refresh(&*app.state.clock).await.unwrap();
     drop(held);
     let (status, v, _) = plain.await.unwrap();
     assert_eq!(status, 401, "{v}");
