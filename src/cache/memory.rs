@@ -27,7 +27,7 @@ pub(super) const LRU_BYTES: usize = 64 << 20;
 /// About the memory an entry holds: the entry and its parsed answer. The answer's text
 /// undercounts it (`[0,0,…]` is two bytes a number as text and a 32-byte `Value` parsed;
 /// s24 review F6), so the bound counts the parsed form.
-fn held(e: &Entry) -> usize {
+pub(super) fn held(e: &Entry) -> usize {
     std::mem::size_of::<Entry>() + parsed(&e.answer)
 }
 
@@ -67,10 +67,10 @@ impl Lru {
         self.entries.get(key).map(|(e, _)| e.clone())
     }
 
-    /// Keeps `entry`; one larger than the whole budget is not kept (it is read from the
-    /// database when asked for).
-    pub(super) fn put(&mut self, key: Key, entry: Arc<Entry>) {
-        let bytes = held(&entry);
+    /// Keeps `entry`, which holds `bytes` (`held`, measured before the lock is taken: the
+    /// walk of a large answer must not hold up every lookup); one larger than the whole
+    /// budget is not kept (it is read from the database when asked for).
+    pub(super) fn put(&mut self, key: Key, entry: Arc<Entry>, bytes: usize) {
         if bytes > LRU_BYTES {
             self.pop(&key);
             return;
@@ -210,23 +210,27 @@ mod tests {
                 expires_at: Utc::now(),
             })
         };
+        let keep = |lru: &mut Lru, key: Key, e: Arc<Entry>| {
+            let bytes = held(&e);
+            lru.put(key, e, bytes);
+        };
         let third = LRU_BYTES / 3;
         for i in 1..=3 {
-            lru.put([i; 32], entry(i, third));
+            keep(&mut lru, [i; 32], entry(i, third));
         }
         assert!(lru.get(&[1; 32]).is_some(), "three thirds fit");
-        lru.put([4; 32], entry(4, third));
+        keep(&mut lru, [4; 32], entry(4, third));
         assert!(lru.get(&[2; 32]).is_none(), "the least recently used went");
         assert!(lru.get(&[1; 32]).is_some() && lru.get(&[4; 32]).is_some());
         assert!(lru.bytes <= LRU_BYTES);
         let small = entry(4, 1000);
-        lru.put([4; 32], small.clone());
+        keep(&mut lru, [4; 32], small.clone());
         assert_eq!(
             lru.bytes,
             2 * third + held(&small),
             "a replaced entry gives its bytes back"
         );
-        lru.put([5; 32], entry(5, LRU_BYTES + 1));
+        keep(&mut lru, [5; 32], entry(5, LRU_BYTES + 1));
         assert!(
             lru.get(&[5; 32]).is_none(),
             "larger than the budget: not kept"

@@ -266,7 +266,8 @@ impl Cache {
                 .map(|t| t.with_timezone(&Utc))
                 .unwrap_or(now),
         });
-        self.lru.lock().put(*key, entry.clone());
+        let bytes = memory::held(&entry);
+        self.lru.lock().put(*key, entry.clone(), bytes);
         Ok(Some(entry))
     }
 
@@ -367,7 +368,8 @@ impl Cache {
             output_tokens: usage.1,
             expires_at: expiry(now, plan.ttl),
         });
-        self.lru.lock().put(plan.keys.exact, e);
+        let bytes = memory::held(&e);
+        self.lru.lock().put(plan.keys.exact, e, bytes);
         self.present.write().insert(prefix(&plan.keys.exact));
         if let (Some(context), Some(v)) = (plan.keys.context, vector) {
             if !self.index.write().add(context, plan.keys.exact, v) {
