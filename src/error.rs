@@ -160,6 +160,11 @@ impl ApiError {
         }
     }
 
+    /// The error's `type` in OpenAI's and in Anthropic's format.
+    pub fn wire_types(&self) -> (&'static str, &'static str) {
+        (self.openai_type(), self.anthropic_type())
+    }
+
     fn openai_type(&self) -> &'static str {
         match self {
             ApiError::InsufficientQuota { .. } => "insufficient_quota",

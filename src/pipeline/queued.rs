@@ -20,7 +20,7 @@ use crate::error::ApiError;
 use crate::ops::traces::Stage;
 use crate::queue::Ticket;
 use crate::state::AppState;
-use crate::upstream::providers::translate::stream::error_event;
+use crate::upstream::providers::translate::stream::typed_error_event;
 
 /// How often a waiting stream hears where it stands.
 const COMMENT_EVERY: Duration = Duration::from_millis(500);
@@ -121,12 +121,7 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
     let slot = match slot {
         Ok(s) => s,
         Err(e) => {
-            sink.send(error_event(
-                prepared.endpoint.format(),
-                &e.to_string(),
-                e.code(),
-            ))
-            .await;
+            sink.send(refusal_event(&prepared, &e)).await;
             return end(&state, books, e, NOTHING).await;
         }
     };
@@ -191,12 +186,7 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
         Err((error, cut_by_deadline)) => {
             // Cut off by its own deadline after an upstream had it: the input is charged.
             let cost = if cut_by_deadline { input } else { NOTHING };
-            sink.send(error_event(
-                prepared.endpoint.format(),
-                &error.to_string(),
-                error.code(),
-            ))
-            .await;
+            sink.send(refusal_event(&prepared, &error)).await;
             end(&state, books, error, cost).await;
         }
     }
@@ -212,12 +202,20 @@ async fn shut_down(
     input: (i64, i64),
 ) {
     let e = ApiError::ShuttingDown;
-    sink.send_now(error_event(
+    sink.send_now(refusal_event(prepared, &e));
+    end(state, books, e, input).await;
+}
+
+/// The error event of a gateway refusal on the open stream, with the error's own type in the
+/// client's format (an `authentication_error`, an `overloaded_error`…): the generic event
+/// is a server error, which clients read as retryable.
+fn refusal_event(prepared: &Prepared, e: &ApiError) -> Bytes {
+    typed_error_event(
         prepared.endpoint.format(),
         &e.to_string(),
         e.code(),
-    ));
-    end(state, books, e, input).await;
+        e.wire_types(),
+    )
 }
 
 /// Nothing charged: (input tokens, cost) of a stream that never reached an upstream.

@@ -451,8 +451,14 @@ async fn a_request_queued_before_its_token_was_revoked_is_refused_when_its_slot_
         let (app, token) = (app.clone(), token.clone());
         tokio::spawn(async move { app.chat(&token, &body).await.text().await.unwrap() })
     };
+    let anthropic = {
+        let (app, token) = (app.clone(), token.clone());
+        let body = json!({"model": "gpt-4o-mini", "max_tokens": 100, "stream": true,
+                          "messages": [{"role": "user", "content": "parked, Anthropic's way"}]});
+        tokio::spawn(async move { app.messages(&token, &body).await.text().await.unwrap() })
+    };
     let bound = Instant::now() + Duration::from_secs(10);
-    while app.state.queue.waiting_for(id).len() < 2 {
+    while app.state.queue.waiting_for(id).len() < 3 {
         assert!(Instant::now() < bound, "both requests queued");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -465,8 +471,25 @@ async fn a_request_queued_before_its_token_was_revoked_is_refused_when_its_slot_
     let (status, v, _) = plain.await.unwrap();
     assert_eq!(status, 401, "{v}");
     assert_eq!(v["error"]["code"], "invalid_api_key");
+    // The error event carries the refusal's own type in each format, not a server error
+    // (s25 attack on the day's diff, #2).
+    let last_event = |text: &str| -> Value {
+        let data = text
+            .split("\n\n")
+            .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
+            .last()
+            .unwrap_or_default()
+            .to_string();
+        serde_json::from_str(&data).unwrap_or_else(|_| panic!("{text}"))
+    };
     let text = stream.await.unwrap();
-    assert!(text.contains("invalid_api_key"), "{text}");
+    let event = last_event(&text);
+    assert_eq!(event["error"]["code"], "invalid_api_key", "{text}");
+    assert_eq!(event["error"]["type"], "invalid_request_error", "{text}");
+    let text = anthropic.await.unwrap();
+    let event = last_event(&text);
+    assert_eq!(event["type"], "error", "{text}");
+    assert_eq!(event["error"]["type"], "authentication_error", "{text}");
     assert_eq!(app.mock.state.stats(KEY_A).count, 0, "never sent upstream");
     let spent = app
         .scalar(&format!(

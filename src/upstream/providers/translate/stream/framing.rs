@@ -24,15 +24,27 @@ pub fn frame(event: Option<&str>, data: &str) -> Bytes {
 
 /// An error event in `client`'s format, ending a stream that cannot complete.
 pub fn error_event(client: impl Into<Format>, message: &str, code: &str) -> Bytes {
+    typed_error_event(client, message, code, ("server_error", "api_error"))
+}
+
+/// `error_event` with the error's own `type` in each format (OpenAI's, Anthropic's): a
+/// gateway refusal sent on a stream already open (a queued request's 401 is an
+/// `authentication_error`, its queue timeout an `overloaded_error`), not a server error.
+pub fn typed_error_event(
+    client: impl Into<Format>,
+    message: &str,
+    code: &str,
+    (openai, anthropic): (&str, &str),
+) -> Bytes {
     match client.into() {
         // Gemini and Bedrock are never a client's format; OpenAI's shape stands in.
         Format::OpenAiChat | Format::Gemini | Format::Bedrock => frame(
             None,
-            &json!({"error": {"message": message, "type": "server_error", "param": null, "code": code}}).to_string(),
+            &json!({"error": {"message": message, "type": openai, "param": null, "code": code}}).to_string(),
         ),
         Format::Anthropic => frame(
             Some("error"),
-            &json!({"type": "error", "error": {"type": "api_error", "message": message, "code": code}}).to_string(),
+            &json!({"type": "error", "error": {"type": anthropic, "message": message, "code": code}}).to_string(),
         ),
         // A stream that ends before its first event (a converter writes its own with the
         // next sequence number: `StreamConverter::end_frame`).

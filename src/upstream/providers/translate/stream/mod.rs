@@ -85,7 +85,7 @@ use crate::upstream::providers::formats::{anthropic, bedrock, gemini, openai_cha
 use crate::upstream::providers::Format;
 use across::{Reader, Writer};
 pub use finish::{Progress, MOST_CHOICES};
-pub use framing::{error_event, frame};
+pub use framing::{error_event, frame, typed_error_event};
 use from_openai::Told;
 pub use responses_out::ResponsesOut;
 pub use shape::Corrupt;
