@@ -10,6 +10,7 @@ pub mod kinds;
 pub mod limits;
 mod long_context;
 pub mod queued;
+mod recheck;
 pub mod request;
 pub mod respond;
 pub mod responses;
@@ -408,7 +409,7 @@ async fn run(
             let waiting = queued::Waiting {
                 prepared,
                 ticket,
-                credential: queued::credential(req.headers()),
+                credential: recheck::credential(req.headers()),
                 books,
                 candidates,
                 deadline,
@@ -421,7 +422,7 @@ async fn run(
             )));
         }
         Ok(Admit::Wait(ticket)) => match ticket.granted(deadline).await {
-            Ok(slot) => queued::still_admitted(state, req.headers())
+            Ok(slot) => recheck::still_admitted(state, req.headers())
                 .await
                 .map(|()| slot),
             Err(refused) => Err(refused.into()),
@@ -448,6 +449,7 @@ async fn run(
         &candidates,
         deadline,
         (&log.id, &log.trace),
+        req.headers(),
         |sent| {
             held.set_cost_if_dropped(sent.cost);
             (log.input_tokens, log.cost_micros) = (sent.input, sent.cost);

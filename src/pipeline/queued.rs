@@ -7,15 +7,15 @@
 
 use std::time::{Duration, Instant};
 
-use actix_web::http::header::{self, HeaderMap, HeaderName};
+use actix_web::http::header::HeaderMap;
 use actix_web::{web, HttpResponse};
 use bytes::Bytes;
 
 use super::attempts::{self, Candidate, Outcome};
 use super::drain::Drain;
+use super::recheck;
 use super::request::Prepared;
 use super::stream::{self, sse_channel, sse_response, stall_limit, Books, ClientSink};
-use crate::config::Ladder;
 use crate::error::ApiError;
 use crate::ops::traces::Stage;
 use crate::queue::Ticket;
@@ -48,32 +48,6 @@ pub fn start(state: &web::Data<AppState>, w: Waiting, drain: Drain) -> HttpRespo
     );
     tokio::spawn(wait_then_serve(state.clone(), w, sink));
     resp.streaming(body)
-}
-
-/// The headers that carry a request's credential, kept while it waits for a slot.
-pub fn credential(headers: &HeaderMap) -> HeaderMap {
-    let mut kept = HeaderMap::new();
-    for name in [header::AUTHORIZATION, HeaderName::from_static("x-api-key")] {
-        for v in headers.get_all(&name) {
-            kept.append(name.clone(), v.clone());
-        }
-    }
-    kept
-}
-
-/// A request that waited for its slot is let through only if its credential still
-/// authenticates: its token revoked, expired or its user disabled while it waited, it goes
-/// no further (401), as a new request would not (s25 attack, identity #4: parked requests
-/// were sent upstream and charged up to their deadline after a revocation).
-pub async fn still_admitted(state: &AppState, credential: &HeaderMap) -> Result<(), ApiError> {
-    if !state.settings.ladder.has(Ladder::Auth) {
-        return Ok(());
-    }
-    match state.auth.authenticate(credential, state.clock.now()).await {
-        Ok(Some(_)) => Ok(()),
-        Ok(None) => Err(ApiError::InvalidApiKey),
-        Err(e) => Err(ApiError::from_store(&e, "token lookup")),
-    }
 }
 
 fn comment(position: usize, eta: Duration) -> Bytes {
@@ -115,7 +89,9 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
     };
     drop(queue_span);
     let slot = match slot {
-        Ok(s) => still_admitted(&state, &credential).await.map(|()| s),
+        Ok(s) => recheck::still_admitted(&state, &credential)
+            .await
+            .map(|()| s),
         Err(refused) => Err(ApiError::from(refused)),
     };
     let slot = match slot {
@@ -141,6 +117,7 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
             &candidates,
             deadline,
             (&id, &trace),
+            &credential,
             |sent| {
                 held.set_cost_if_dropped(sent.cost);
                 departure = sent;

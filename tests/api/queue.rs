@@ -499,3 +499,43 @@ async fn a_request_queued_before_its_token_was_revoked_is_refused_when_its_slot_
     assert_eq!(spent, 0, "nothing charged, nothing held");
     app.assert_invariant().await;
 }
+
+/// A request waiting between retry rounds (its only key rests for a 503's `Retry-After`) is
+/// checked again before its next attempt: its token revoked meanwhile, it goes no further —
+/// 401, nothing charged, the upstream not asked again (s25 attack on the day's diff, #1:
+/// the wait may last up to the deadline, and it was sent and charged after it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waiting_out_a_cooldown_is_refused_if_its_token_was_revoked_meanwhile() {
+    let app = Arc::new(spawn_app().await);
+    let (id, token) = app.token("hal", Some("1")).await;
+    app.mock.state.script(
+        KEY_A,
+        [Script {
+            status: Some(503),
+            headers: vec![("retry-after".into(), "2".into())],
+            ..Default::default()
+        }],
+    );
+    let waiting = spawn_send(&app, &token, 3, "patient".into());
+    let bound = Instant::now() + Duration::from_secs(10);
+    while app.mock.state.stats(KEY_A).count < 1 {
+        assert!(Instant::now() < bound, "the first attempt was made");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let other = sluice::store::Db::connect(&app.settings).await.unwrap();
+    sluice::cli::token_revoke(&other, id, chrono::Utc::now())
+        .await
+        .unwrap();
+    app.state.auth.refresh(&*app.state.clock).await.unwrap();
+    let (status, v, _) = waiting.await.unwrap();
+    assert_eq!(status, 401, "{v}");
+    assert_eq!(v["error"]["code"], "invalid_api_key");
+    assert_eq!(app.mock.state.stats(KEY_A).count, 1, "not asked again");
+    let held = app
+        .scalar(&format!(
+            "SELECT limit_micros - remaining_micros + reserved_micros FROM tokens WHERE id = {id}"
+        ))
+        .await;
+    assert_eq!(held, 0, "nothing charged, nothing held");
+    app.assert_invariant().await;
+}

@@ -19,6 +19,7 @@ mod verdicts;
 use std::sync::Arc;
 use std::time::Instant;
 
+use actix_web::http::header::HeaderMap;
 use bytes::Bytes;
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -91,6 +92,7 @@ pub async fn call(
     candidates: &[Candidate],
     deadline: Instant,
     (request_id, trace): (&str, &Trace),
+    credential: &HeaderMap,
     mut sent: impl FnMut(Departure),
 ) -> Called {
     let cfg = &state.settings.retry;
@@ -134,7 +136,14 @@ pub async fn call(
             }
         }
         match next_round(state, candidates, &run, round, deadline) {
-            Some(wait) => tokio::time::sleep(wait).await,
+            Some(wait) => {
+                tokio::time::sleep(wait).await;
+                // The wait may have lasted up to the deadline: a token revoked meanwhile
+                // goes no further (`recheck`).
+                if let Err(e) = super::recheck::still_admitted(state, credential).await {
+                    return called(Outcome::Failed(e.into()), &run);
+                }
+            }
             None => break,
         }
     }

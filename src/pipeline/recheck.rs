@@ -1,0 +1,34 @@
+//! A request's credential, checked again after a wait: in the admission queue, or between
+//! retry rounds while its keys rest. Either may last up to the request's deadline (minutes),
+//! and a token revoked, expired or whose user was disabled meanwhile must go no further —
+//! as a new request would not (s25 attacks, identity #4 and the day's diff #1: such requests
+//! were sent upstream and charged after the revocation).
+
+use actix_web::http::header::{self, HeaderMap, HeaderName};
+
+use crate::config::Ladder;
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// The headers that carry a request's credential, kept while it waits for a slot.
+pub fn credential(headers: &HeaderMap) -> HeaderMap {
+    let mut kept = HeaderMap::new();
+    for name in [header::AUTHORIZATION, HeaderName::from_static("x-api-key")] {
+        for v in headers.get_all(&name) {
+            kept.append(name.clone(), v.clone());
+        }
+    }
+    kept
+}
+
+/// Whether a request that waited may go on: its credential still authenticates (else 401).
+pub async fn still_admitted(state: &AppState, credential: &HeaderMap) -> Result<(), ApiError> {
+    if !state.settings.ladder.has(Ladder::Auth) {
+        return Ok(());
+    }
+    match state.auth.authenticate(credential, state.clock.now()).await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(ApiError::InvalidApiKey),
+        Err(e) => Err(ApiError::from_store(&e, "token lookup")),
+    }
+}
