@@ -11,9 +11,9 @@
 //! million texts), and the rollup is keyed by the whole text. So, after the pairs are
 //! bounded, at most `max_tag_sets_per_day` distinct texts of the counted pairs (a *set*)
 //! get places; a later text is rolled up pair by pair to `key:(other)` — a text that takes a
-//! place too — and where that one has none either, every counted pair becomes the one
-//! `(other):(other)`, which needs none (`Ladder`). A tenant's day so has at most
-//! `max_tag_sets_per_day` + 1 distinct counted texts.
+//! place too, within twice the bound (`Ladder::room`) — and where that one has none either,
+//! every counted pair becomes the one `(other):(other)`, which needs none (`Ladder`). A
+//! tenant's day so has at most 2 × `max_tag_sets_per_day` + 1 distinct counted texts.
 //!
 //! Who cannot spend the bound for others:
 //! - the admin's pairs (the token's and the team's default tags, `RequestRow::fixed_tags`)
@@ -55,11 +55,11 @@ const ADMIT_VALUE: &str = "INSERT OR IGNORE INTO spend_tag_values (day, scope, k
 const ADMITTED: &str = "SELECT EXISTS (SELECT 1 FROM spend_tag_keys WHERE day = ?1 AND scope = ?2 AND key = ?3),
      EXISTS (SELECT 1 FROM spend_tag_values WHERE day = ?1 AND scope = ?2 AND key = ?3 AND value = ?5)";
 /// Admits the set (the counted pairs' text) ?3 of ?1 day, ?2 scope while ?4 and the
-/// tenant's day has room …
+/// tenant's day holds fewer than ?5 times the bound (`Ladder::room`) …
 const ADMIT_SET: &str = "INSERT OR IGNORE INTO spend_tag_sets (day, scope, tags)
      SELECT ?1, ?2, ?3 WHERE ?4
         AND (SELECT COUNT(*) FROM spend_tag_sets WHERE day = ?1 AND scope = ?2)
-            < (SELECT max_sets FROM spend_tag_bound)";
+            < (SELECT max_sets FROM spend_tag_bound) * ?5";
 /// … and whether it is admitted, now or before (?4 unused).
 const SET_ADMITTED: &str =
     "SELECT EXISTS (SELECT 1 FROM spend_tag_sets WHERE day = ?1 AND scope = ?2 AND tags = ?3)";
@@ -96,6 +96,22 @@ pub(crate) struct Asked {
 pub(crate) struct Ladder {
     pub tries: Vec<(String, Tags)>,
     pub last: Tags,
+    /// The `key:(other)` form of the tags.
+    others: Tags,
+}
+
+impl Ladder {
+    /// How many times `max_tag_sets_per_day` the tenant's day may hold for try `i` to take
+    /// a new place: a text as sent, once; its `key:(other)` form, twice — a room of its own,
+    /// since it is tried only once the day is full and could otherwise never take one (s25
+    /// attack on the day's diff, #4). A day so holds at most twice the bound, and one more
+    /// text, `(other):(other)`.
+    pub fn room(&self, i: usize) -> i64 {
+        match self.tries.get(i) {
+            Some((_, t)) if *t == self.others => 2,
+            _ => 1,
+        }
+    }
 }
 
 impl Asked {
@@ -146,13 +162,17 @@ impl Asked {
         let last = tags.clone().rolled_up(&[], &keys);
         let others = tags.clone().rolled_up(&keys, &[]);
         let mut tries: Vec<(String, Tags)> = Vec::new();
-        for t in [tags, others] {
+        for t in [tags, others.clone()] {
             if t == last || tries.iter().any(|(_, x)| *x == t) {
                 continue;
             }
             tries.push((self.set_of(&t), t));
         }
-        Ladder { tries, last }
+        Ladder {
+            tries,
+            last,
+            others,
+        }
     }
 
     /// The set of `tags`: its counted pairs' canonical text (`Tags` keeps them sorted).
@@ -196,12 +216,13 @@ pub fn bounded_tx(tx: &mut Tx<'_>, r: &RequestRow) -> Result<String> {
         answers.push((key, answer));
     }
     let ladder = asked.ladder(asked.by_pairs(|k, _| answer_of(&answers, k)));
-    for (set, tags) in &ladder.tries {
+    for (i, (set, tags)) in ladder.tries.iter().enumerate() {
         let params = [
             Param::Text(&asked.day),
             Param::Text(&asked.scope),
             Param::Text(set),
             i64::from(asked.admits).into(),
+            ladder.room(i).into(),
         ];
         tx.execute(ADMIT_SET, &params)?;
         let placed = tx
@@ -245,12 +266,13 @@ pub async fn bounded(conn: &mut sqlx::SqliteConnection, r: &RequestRow) -> Resul
         answers.push((key, (k, v)));
     }
     let ladder = asked.ladder(asked.by_pairs(|k, _| answer_of(&answers, k)));
-    for (set, tags) in &ladder.tries {
+    for (i, (set, tags)) in ladder.tries.iter().enumerate() {
         sqlx::query(ADMIT_SET)
             .bind(&asked.day)
             .bind(&asked.scope)
             .bind(set)
             .bind(asked.admits)
+            .bind(ladder.room(i))
             .execute(&mut *conn)
             .await?;
         let placed: bool = sqlx::query_scalar(SET_ADMITTED)

@@ -161,16 +161,23 @@ async fn combinations_of_admitted_tag_values_past_the_bound_roll_up_and_still_su
         assert_eq!(tagged(&app, &ana, &tags).await, 200, "{tags}");
     }
     app.wait_for_log_rows(19).await;
-    // The team's rows of the day: its SETS admitted texts, ana's `(other):(other)` and
-    // bo's (one user, one model, one upstream each) — not 17.
+    // The team's rows of the day: its SETS admitted texts, ana's `a:(other),b:(other)` —
+    // the rolled form has a room of its own, or it could never take a place, being tried
+    // only once the day is full (s25 attack on the day's diff, #4: it went to
+    // `(other):(other)`, and both keys read `(untagged)`) — and bo's `(other):(other)` (one
+    // user, one model, one upstream each): not 17.
     let texts = rolled_tags(&app, "ana").await;
     assert_eq!(texts.len(), SETS as usize + 1, "{texts:?}");
-    assert!(texts.contains(&"(other):(other)".to_string()), "{texts:?}");
+    assert!(
+        texts.contains(&"a:(other),b:(other)".to_string()),
+        "{texts:?}"
+    );
+    assert!(!texts.contains(&"(other):(other)".to_string()), "{texts:?}");
     assert_eq!(
         app.scalar("SELECT COUNT(*) FROM spend_days").await,
         i64::from(SETS) + 2
     );
-    assert_eq!(sets(&app).await, i64::from(SETS));
+    assert_eq!(sets(&app).await, i64::from(SETS) + 1);
     assert_eq!(
         app.scalar("SELECT COUNT(DISTINCT tags) FROM requests")
             .await,
@@ -205,6 +212,13 @@ async fn combinations_of_admitted_tag_values_past_the_bound_roll_up_and_still_su
         );
         assert_eq!(sum("spend_micros"), ledger, "{key}: {v}");
         assert_eq!(sum("requests"), 19, "{key}: {v}");
+        // Only bo's refused request is untagged for either key; ana's rolled requests
+        // keep their key, as `(other)`.
+        let untagged = rows
+            .iter()
+            .find(|r| r["keys"][0] == "(untagged)")
+            .map_or(0, |r| r["requests"].as_i64().unwrap());
+        assert_eq!(untagged, 1, "{key}: {v}");
     }
     let months = app
         .scalar("SELECT CAST(COALESCE(SUM(cost_micros), 0) AS BIGINT) FROM spend_months")

@@ -47,14 +47,15 @@ const ADMIT_VALUES: &str = "WITH cand AS (SELECT d, s, k, v, bool_or(a) AS a
      SELECT t.day, t.scope, t.key, t.value FROM spend_tag_values t
             JOIN cand c ON t.day = c.d AND t.scope = c.s AND t.key = c.k AND t.value = c.v";
 
-/// The batch's new sets (`Cand`s of (day, scope, set, admits)) while their tenant's day has
-/// room, as `ADMIT_KEYS` its keys.
-const ADMIT_SETS: &str = "WITH cand AS (SELECT d, s, t, bool_or(a) AS a
-                   FROM unnest($1::text[], $2::text[], $3::text[], $4::boolean[]) AS c(d, s, t, a) GROUP BY d, s, t),
-     fresh AS (SELECT c.d, c.s, c.t, ROW_NUMBER() OVER (PARTITION BY c.d, c.s ORDER BY c.t) AS n FROM cand c
+/// The batch's new sets ((day, scope, set, admits, room)) while their tenant's day holds
+/// fewer than `room` times the bound (`Ladder::room`), as `ADMIT_KEYS` its keys.
+const ADMIT_SETS: &str = "WITH cand AS (SELECT d, s, t, bool_or(a) AS a, max(m) AS m
+                   FROM unnest($1::text[], $2::text[], $3::text[], $4::boolean[], $5::bigint[]) AS c(d, s, t, a, m)
+                   GROUP BY d, s, t),
+     fresh AS (SELECT c.d, c.s, c.t, c.m, ROW_NUMBER() OVER (PARTITION BY c.d, c.s ORDER BY c.t) AS n FROM cand c
                WHERE c.a AND NOT EXISTS (SELECT 1 FROM spend_tag_sets x WHERE x.day = c.d AND x.scope = c.s AND x.tags = c.t)),
      room AS (SELECT f.d, f.s, f.t FROM fresh f
-              WHERE f.n <= (SELECT max_sets FROM spend_tag_bound)
+              WHERE f.n <= (SELECT max_sets FROM spend_tag_bound) * f.m
                            - (SELECT COUNT(*) FROM spend_tag_sets x WHERE x.day = f.d AND x.scope = f.s)),
      added AS (INSERT INTO spend_tag_sets (day, scope, tags) SELECT d, s, t FROM room ORDER BY d, s, t
                ON CONFLICT (day, scope, tags) DO UPDATE SET tags = EXCLUDED.tags RETURNING day, scope, tags)
@@ -138,8 +139,8 @@ async fn place(
     let mut placed: Vec<Option<usize>> = vec![None; asked.len()];
     let steps = ladders.iter().map(|l| l.tries.len()).max().unwrap_or(0);
     for step in 0..steps {
-        // The set of each row still without a place, at this step.
-        let looking: Vec<(usize, Cand)> = asked
+        // The set of each row still without a place, at this step, and its room.
+        let looking: Vec<(usize, Cand, i64)> = asked
             .iter()
             .zip(ladders)
             .enumerate()
@@ -147,25 +148,44 @@ async fn place(
             .filter_map(|(i, ((_, _, a), l))| {
                 let (set, _) = l.tries.get(step)?;
                 let d = text::key(&a.day).into_owned();
-                Some((
-                    i,
-                    (d, a.scope.clone(), set.clone(), a.admits, String::new()),
-                ))
+                let cand = (d, a.scope.clone(), set.clone(), a.admits, String::new());
+                Some((i, cand, l.room(step)))
             })
             .collect();
-        let cands: Vec<Cand> = looking.iter().map(|(_, c)| c.clone()).collect();
-        let admitted: HashSet<(String, String, String)> = admit(conn, ADMIT_SETS, &cands, false)
-            .await?
-            .into_iter()
-            .map(|(d, s, t, _)| (d, s, t))
-            .collect();
-        for (i, (d, s, t, _, _)) in looking {
+        let admitted = admit_sets(conn, &looking).await?;
+        for (i, (d, s, t, _, _), _) in looking {
             if let (true, Some(p)) = (admitted.contains(&(d, s, t)), placed.get_mut(i)) {
                 *p = Some(step);
             }
         }
     }
     Ok(placed)
+}
+
+/// Runs `ADMIT_SETS` over the sets looked for (each with its room): which are admitted, as
+/// (day, scope, set).
+async fn admit_sets(
+    conn: &mut PgConnection,
+    looking: &[(usize, Cand, i64)],
+) -> Result<HashSet<(String, String, String)>> {
+    if looking.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let col = |f: fn(&Cand) -> &String| {
+        looking
+            .iter()
+            .map(|(_, c, _)| f(c).clone())
+            .collect::<Vec<_>>()
+    };
+    let rows: Vec<(String, String, String)> = sqlx::query_as(ADMIT_SETS)
+        .bind(col(|c| &c.0))
+        .bind(col(|c| &c.1))
+        .bind(col(|c| &c.2))
+        .bind(looking.iter().map(|(_, c, _)| c.3).collect::<Vec<bool>>())
+        .bind(looking.iter().map(|(_, _, m)| *m).collect::<Vec<i64>>())
+        .fetch_all(conn)
+        .await?;
+    Ok(rows.into_iter().collect())
 }
 
 /// Runs `sql` over `cands` (with their values when `with_values`): what is admitted, as
