@@ -462,11 +462,7 @@ async fn a_request_queued_before_its_token_was_revoked_is_refused_when_its_slot_
         assert!(Instant::now() < bound, "both requests queued");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let other = sluice::store::Db::connect(&app.settings).await.unwrap();
-    sluice::cli::token_revoke(&other, id, chrono::Utc::now())
-        .await
-        .unwrap();
-    app.state.auth.refresh(&*app.state.clock).await.unwrap();
+    revoke_elsewhere(&app, id).await;
     drop(held);
     let (status, v, _) = plain.await.unwrap();
     assert_eq!(status, 401, "{v}");
@@ -522,11 +518,7 @@ async fn a_request_waiting_out_a_cooldown_is_refused_if_its_token_was_revoked_me
         assert!(Instant::now() < bound, "the first attempt was made");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let other = sluice::store::Db::connect(&app.settings).await.unwrap();
-    sluice::cli::token_revoke(&other, id, chrono::Utc::now())
-        .await
-        .unwrap();
-    app.state.auth.refresh(&*app.state.clock).await.unwrap();
+    revoke_elsewhere(&app, id).await;
     let (status, v, _) = waiting.await.unwrap();
     assert_eq!(status, 401, "{v}");
     assert_eq!(v["error"]["code"], "invalid_api_key");
@@ -538,4 +530,14 @@ async fn a_request_waiting_out_a_cooldown_is_refused_if_its_token_was_revoked_me
         .await;
     assert_eq!(held, 0, "nothing charged, nothing held");
     app.assert_invariant().await;
+}
+
+/// Revokes token `id` as the CLI or another replica would (a second connection to the
+/// database), and lets this gateway's token cache hear of it at once.
+async fn revoke_elsewhere(app: &TestApp, id: i64) {
+    let other = sluice::store::Db::connect(&app.settings).await.unwrap();
+    sluice::cli::token_revoke(&other, id, chrono::Utc::now())
+        .await
+        .unwrap();
+    app.state.auth.refresh(&*app.state.clock).await.unwrap();
 }
