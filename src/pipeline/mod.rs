@@ -10,7 +10,7 @@ pub mod kinds;
 pub mod limits;
 mod long_context;
 pub mod queued;
-mod recheck;
+pub(crate) mod recheck;
 pub mod request;
 pub mod respond;
 pub mod responses;

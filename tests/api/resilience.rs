@@ -580,6 +580,56 @@ async fn attempts_the_gate_turns_away_use_nothing_of_the_keys_rpm_window() {
     assert_eq!(app.mock.state.stats(KEY_A).count, 2);
 }
 
+/// A request that waited at a key's concurrency gate is checked again before it goes out:
+/// its token revoked during the wait, it is refused (401), charged nothing, and the
+/// upstream never sees it (s25 final attack F1: the gate's wait may last up to the
+/// deadline, and the request was sent and charged after the revocation).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waiting_at_a_keys_gate_is_refused_if_its_token_was_revoked_meanwhile() {
+    let (app, holder) = gated((1, 4, 0), 1_500).await;
+    let (id, token) = app.token("jun", Some("1")).await;
+    let first = {
+        let (app, holder) = (app.clone(), holder.clone());
+        tokio::spawn(async move { app.chat(&holder, &chat_body(10)).await.status().as_u16() })
+    };
+    let bound = std::time::Instant::now() + Duration::from_secs(10);
+    while app.mock.state.stats(KEY_A).in_flight == 0 {
+        assert!(
+            std::time::Instant::now() < bound,
+            "the first request holds the gate"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let waiting = {
+        let (app, token) = (app.clone(), token.clone());
+        tokio::spawn(async move {
+            let r = app.chat(&token, &chat_body(10)).await;
+            (
+                r.status().as_u16(),
+                r.json::<Value>().await.unwrap_or(Value::Null),
+            )
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let other = sluice::store::Db::connect(&app.settings).await.unwrap();
+    sluice::cli::token_revoke(&other, id, chrono::Utc::now())
+        .await
+        .unwrap();
+    app.state.auth.refresh(&*app.state.clock).await.unwrap();
+    assert_eq!(first.await.unwrap(), 200);
+    let (status, v) = waiting.await.unwrap();
+    assert_eq!(status, 401, "{v}");
+    assert_eq!(v["error"]["code"], "invalid_api_key");
+    assert_eq!(app.mock.state.stats(KEY_A).count, 1, "never sent upstream");
+    let held = app
+        .scalar(&format!(
+            "SELECT limit_micros - remaining_micros + reserved_micros FROM tokens WHERE id = {id}"
+        ))
+        .await;
+    assert_eq!(held, 0, "nothing charged, nothing held");
+    app.assert_invariant().await;
+}
+
 #[tokio::test]
 async fn a_stream_is_retried_before_its_first_byte_and_never_after() {
     let app = spawn_app_with(pool_of_two_and_a_fallback).await;

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use actix_web::http::header::HeaderMap;
 use bytes::Bytes;
 
 use super::candidates::{build, Candidate};
@@ -109,6 +110,10 @@ fn relayable(p: &Prepared, s: Success) -> Result<Success, UpstreamError> {
     Ok(s)
 }
 
+/// A gate wait at least this long is followed by a check of the request's credential
+/// (the token cache's poll: a shorter wait is within a revocation's own bound).
+const RECHECK_AFTER: Duration = Duration::from_millis(250);
+
 /// Tries one candidate: its gates first, then the upstream call. Right before the call,
 /// `sent` is told what a departure costs from then on: the dearer of this candidate's
 /// (`here`) and every earlier attempt's that may have billed; after a refusal that bills
@@ -118,10 +123,10 @@ pub(super) async fn try_candidate(
     p: &Prepared,
     (c, i): (&Candidate, usize),
     run: &mut Run,
-    ctx: ((&str, &Trace), Instant, Instant),
+    ctx: ((&str, &Trace), Instant, Instant, &HeaderMap),
     (here, sent): (Departure, &mut impl FnMut(Departure)),
 ) -> Step {
-    let ((request_id, trace), deadline, started) = ctx;
+    let ((request_id, trace), deadline, started, credential) = ctx;
     let d = c.route.deployment;
     // One deployment for the whole attempt (key, URL, body, the answer's reading), the one
     // of the moment (taken before the attempt's gates): a key rotated before this attempt
@@ -159,6 +164,7 @@ pub(super) async fn try_candidate(
             return Step::Next;
         }
     };
+    let entered = Instant::now();
     let slot = match state.pool().gates[d].enter(deadline).await {
         Ok(s) => s,
         Err(_) => {
@@ -167,6 +173,14 @@ pub(super) async fn try_candidate(
             return Step::Next;
         }
     };
+    // The gate may have waited up to the deadline: a token revoked meanwhile goes no
+    // further (`recheck`; s25 final attack F1). A shorter wait than the token cache's poll
+    // is within a revocation's own bound.
+    if entered.elapsed() >= RECHECK_AFTER {
+        if let Err(e) = crate::pipeline::recheck::still_admitted(state, credential).await {
+            return Step::Stop(e.into());
+        }
+    }
     // The gate may have waited up to the deadline: a key rotated, disabled or deleted
     // meanwhile must not go out. The attempt goes on with the deployment of the moment.
     let fresh;

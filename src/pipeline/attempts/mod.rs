@@ -126,7 +126,7 @@ pub async fn call(
                 }
                 continue;
             }
-            let ctx = ((request_id, trace), deadline, started);
+            let ctx = ((request_id, trace), deadline, started, credential);
             let here = departure_on(state, p, &candidates[i]);
             let candidate = (&candidates[i], i);
             match try_candidate(state, p, candidate, &mut run, ctx, (here, &mut sent)).await {
