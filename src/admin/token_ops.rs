@@ -186,7 +186,10 @@ pub async fn issue(state: &AppState, actor: &Actor, i: Issue) -> Result<Issued, 
         .as_deref()
         .map(|e| view::parse_expiry(e, i.tz_offset))
         .transpose()?;
-    if expires.is_some_and(|e| e <= now) {
+    // In the future on the clock the expiry is judged by (the database's on PostgreSQL),
+    // not this host's: a host whose clock is off refused a good expiry or issued a token
+    // dead from the start (s25 final attack F3).
+    if expires.is_some_and(|e| e <= state.auth.on_db_clock(now)) {
         return Err(AdminError::invalid("expires must be in the future"));
     }
     let limits = Limits {
