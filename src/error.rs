@@ -8,7 +8,7 @@
 
 use actix_web::http::{header, StatusCode};
 use actix_web::HttpResponse;
-use serde_json::json;
+use serde_json::{json, Value};
 
 /// The client's wire format, which decides the error shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,6 +160,26 @@ impl ApiError {
         }
     }
 
+    /// What a 503 adds inside `error`: `retry_after_seconds`, and for the queue's answers
+    /// `queue_position` and `estimated_wait_seconds` (empty for any other error). The same
+    /// fields go into a queued stream's error event, which has no headers to carry them.
+    pub fn wait_fields(&self) -> serde_json::Map<String, Value> {
+        let mut fields = serde_json::Map::new();
+        if self.status() != StatusCode::SERVICE_UNAVAILABLE {
+            return fields;
+        }
+        if let Some(after) = self.retry_after() {
+            fields.insert("retry_after_seconds".into(), json!(after));
+            if let ApiError::QueueFull { position, eta, .. }
+            | ApiError::QueueTimeout { position, eta, .. } = self
+            {
+                fields.insert("queue_position".into(), json!(position));
+                fields.insert("estimated_wait_seconds".into(), json!(eta));
+            }
+        }
+        fields
+    }
+
     /// The error's `type` in OpenAI's and in Anthropic's format.
     pub fn wire_types(&self) -> (&'static str, &'static str) {
         (self.openai_type(), self.anthropic_type())
@@ -259,16 +279,8 @@ impl ApiError {
                 "code": self.code(),
             }}),
         };
-        if self.status() == StatusCode::SERVICE_UNAVAILABLE {
-            if let (Some(err), Some(after)) = (body.get_mut("error"), self.retry_after()) {
-                err["retry_after_seconds"] = json!(after);
-                if let ApiError::QueueFull { position, eta, .. }
-                | ApiError::QueueTimeout { position, eta, .. } = self
-                {
-                    err["queue_position"] = json!(position);
-                    err["estimated_wait_seconds"] = json!(eta);
-                }
-            }
+        if let Some(err) = body.get_mut("error").and_then(Value::as_object_mut) {
+            err.extend(self.wait_fields());
         }
         let mut resp = HttpResponse::build(self.status());
         resp.insert_header((header::CONTENT_TYPE, "application/json"));

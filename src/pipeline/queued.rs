@@ -189,9 +189,9 @@ async fn shut_down(
 fn refusal_event(prepared: &Prepared, e: &ApiError) -> Bytes {
     typed_error_event(
         prepared.endpoint.format(),
-        &e.to_string(),
-        e.code(),
+        (&e.to_string(), e.code()),
         e.wire_types(),
+        e.wait_fields(),
     )
 }
 

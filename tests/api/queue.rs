@@ -541,3 +541,38 @@ async fn revoke_elsewhere(app: &TestApp, id: i64) {
         .unwrap();
     app.state.auth.refresh(&*app.state.clock).await.unwrap();
 }
+
+/// A queued stream refused by the queue ends with an error event that carries what a
+/// refused request's 503 body carries inside `error` — `retry_after_seconds`,
+/// `queue_position`, `estimated_wait_seconds` — in both formats: the stream is already a
+/// 200 with no `Retry-After` header to read (s25 final attack F2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_streams_timeout_event_says_when_to_retry() {
+    let app = Arc::new(spawn_app_with(queue_of(1, [0, 0, 0, 0], 10, 1)).await);
+    let (_, token) = app.token("kit", Some("1")).await;
+    let held = app.state.queue.admit(1, 0).await.expect("the free slot");
+    let openai = json!({"model": "gpt-4o-mini", "max_tokens": 100, "stream": true,
+                        "messages": [{"role": "user", "content": "waits too long"}]});
+    for anthropic in [false, true] {
+        let resp = if anthropic {
+            app.messages(&token, &openai).await
+        } else {
+            app.chat(&token, &openai).await
+        };
+        let text = resp.text().await.unwrap();
+        let data = text
+            .split("\n\n")
+            .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
+            .last()
+            .unwrap_or_default();
+        let event: Value = serde_json::from_str(data).unwrap_or_else(|_| panic!("{text}"));
+        let error = &event["error"];
+        assert_eq!(error["code"], "queue_timeout", "{text}");
+        let kind = if anthropic { "overloaded_error" } else { "server_error" };
+        assert_eq!(error["type"], kind, "{text}");
+        assert!(error["retry_after_seconds"].as_u64().is_some(), "{text}");
+        assert!(error["queue_position"].as_u64().is_some(), "{text}");
+        assert!(error["estimated_wait_seconds"].as_u64().is_some(), "{text}");
+    }
+    drop(held);
+}

@@ -24,28 +24,45 @@ pub fn frame(event: Option<&str>, data: &str) -> Bytes {
 
 /// An error event in `client`'s format, ending a stream that cannot complete.
 pub fn error_event(client: impl Into<Format>, message: &str, code: &str) -> Bytes {
-    typed_error_event(client, message, code, ("server_error", "api_error"))
+    typed_error_event(
+        client,
+        (message, code),
+        ("server_error", "api_error"),
+        serde_json::Map::new(),
+    )
 }
 
-/// `error_event` with the error's own `type` in each format (OpenAI's, Anthropic's): a
-/// gateway refusal sent on a stream already open (a queued request's 401 is an
-/// `authentication_error`, its queue timeout an `overloaded_error`), not a server error.
+/// `error_event` with the error's own `type` in each format (OpenAI's, Anthropic's) and
+/// its `extra` fields inside `error`: a gateway refusal sent on a stream already open (a
+/// queued request's 401 is an `authentication_error`; its queue timeout an
+/// `overloaded_error` with `retry_after_seconds`, `queue_position` and
+/// `estimated_wait_seconds`, which the stream has no header for), not a server error.
 pub fn typed_error_event(
     client: impl Into<Format>,
-    message: &str,
-    code: &str,
+    (message, code): (&str, &str),
     (openai, anthropic): (&str, &str),
+    extra: serde_json::Map<String, serde_json::Value>,
 ) -> Bytes {
     match client.into() {
         // Gemini and Bedrock are never a client's format; OpenAI's shape stands in.
-        Format::OpenAiChat | Format::Gemini | Format::Bedrock => frame(
-            None,
-            &json!({"error": {"message": message, "type": openai, "param": null, "code": code}}).to_string(),
-        ),
-        Format::Anthropic => frame(
-            Some("error"),
-            &json!({"type": "error", "error": {"type": anthropic, "message": message, "code": code}}).to_string(),
-        ),
+        Format::OpenAiChat | Format::Gemini | Format::Bedrock => {
+            let mut error =
+                json!({"message": message, "type": openai, "param": null, "code": code});
+            if let Some(e) = error.as_object_mut() {
+                e.extend(extra);
+            }
+            frame(None, &json!({ "error": error }).to_string())
+        }
+        Format::Anthropic => {
+            let mut error = json!({"type": anthropic, "message": message, "code": code});
+            if let Some(e) = error.as_object_mut() {
+                e.extend(extra);
+            }
+            frame(
+                Some("error"),
+                &json!({"type": "error", "error": error}).to_string(),
+            )
+        }
         // A stream that ends before its first event (a converter writes its own with the
         // next sequence number: `StreamConverter::end_frame`).
         Format::Responses => responses::error_frame(0, message, code),
