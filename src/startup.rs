@@ -61,6 +61,9 @@ pub struct Application {
 /// (`Drain`), to settle them and close their connections before they are stopped.
 pub const SETTLE_MARGIN: Duration = Duration::from_secs(3);
 
+/// How long the exit waits to settle reservations of unknown outcome (`Quota::settle_unsure`).
+const UNSURE_AT_EXIT: Duration = Duration::from_secs(10);
+
 // A stream whose answer was whole at the drain is read on, and its client waited for, at
 // most `AFTER_THE_FINISH` from the drain, its response stored by `STORED_BY`: done before
 // its worker is stopped.
@@ -290,8 +293,15 @@ impl Application {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         // Reservations whose COMMIT went unanswered: their requests failed, they owe nothing.
-        if let Err(e) = state.quota.settle_unsure().await {
-            tracing::warn!(error = %e, left = state.quota.unsure_count(), "settling reservations of unknown outcome at shutdown failed; if they landed they are charged as orphans");
+        // All of them, within a bound: a store that hangs on COMMIT must not hold the exit.
+        let all = tokio::time::timeout(UNSURE_AT_EXIT, state.quota.settle_unsure(usize::MAX));
+        let failed = match all.await {
+            Ok(Ok(_)) => None,
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(_) => Some(format!("not done within {UNSURE_AT_EXIT:?}")),
+        };
+        if let Some(error) = failed {
+            tracing::warn!(%error, left = state.quota.unsure_count(), "settling reservations of unknown outcome at shutdown failed; if they landed they are charged as orphans");
         }
         match ledger::settle_orphans(&state.db, Orphans::OfOwner(me), state.clock.now()).await {
             Ok(0) => {}

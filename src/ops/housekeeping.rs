@@ -308,7 +308,9 @@ pub async fn sweep_own(
     if !renew.is_empty() {
         ledger::renew_leases(db, &renew, now + RESERVATION_LEASE).await?;
     }
-    quota.settle_unsure().await?;
+    quota
+        .settle_unsure(crate::quota::reservation::UNSURE_PER_PASS)
+        .await?;
     Ok(())
 }
 

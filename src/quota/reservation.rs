@@ -71,6 +71,9 @@ struct Unsure {
 /// does not see).
 const UNSURE_QUIET: Duration = Duration::from_secs(30);
 
+/// Most unsure reservations one sweep settles (`Quota::settle_unsure`): one writer batch.
+pub const UNSURE_PER_PASS: usize = 256;
+
 /// Most unsure reservations remembered (a bound on memory in a long outage; past it, one
 /// that did land is charged as an orphan as before).
 const MAX_UNSURE: usize = 100_000;
@@ -203,8 +206,11 @@ impl Quota {
     /// its request failed and reached no upstream. One found is forgotten; one not found is
     /// looked for again until `UNSURE_QUIET` has passed; one whose settlement failed stays.
     /// Returns how many were settled; the first store error after trying them all.
-    pub async fn settle_unsure(&self) -> Result<usize, StoreError> {
-        let ids: Vec<Arc<str>> = self.unsure.lock().keys().cloned().collect();
+    /// At most `max` are tried: the sweep passes `UNSURE_PER_PASS` — it holds up the
+    /// heartbeat and orphan recovery, and its jobs queue ahead of live reservations, while a
+    /// store hanging on COMMIT could leave thousands (s25 final attack F5).
+    pub async fn settle_unsure(&self, max: usize) -> Result<usize, StoreError> {
+        let ids: Vec<Arc<str>> = self.unsure.lock().keys().take(max).cloned().collect();
         if ids.is_empty() {
             return Ok(0);
         }
