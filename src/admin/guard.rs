@@ -50,6 +50,9 @@ impl Kind {
     }
 }
 
+/// How long an admin write's answer waits for the token epoch poll (`guard`).
+const EPOCH_POLL_BOUND: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Largest form body the gate buffers to read a `csrf_token` field.
 const MAX_FORM: usize = 256 * 1024;
 
@@ -81,8 +84,15 @@ pub async fn guard(
     let status = res.status();
     if writes && !status.is_client_error() && !status.is_server_error() {
         if let Some(state) = state {
-            if let Err(e) = state.auth.refresh(&*state.clock).await {
-                tracing::warn!(error = %e, "token cache refresh after an admin write failed");
+            // Bounded: a busy store must not hold the write's answer (a new token's text is
+            // only in it); past the bound the 250 ms poll does it (s25 final attack F4).
+            let refresh = state.auth.refresh(&*state.clock);
+            match tokio::time::timeout(EPOCH_POLL_BOUND, refresh).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "token cache refresh after an admin write failed")
+                }
+                Err(_) => tracing::warn!("token cache refresh after an admin write timed out"),
             }
         }
     }

@@ -422,7 +422,7 @@ async fn run(
             )));
         }
         Ok(Admit::Wait(ticket)) => match ticket.granted(deadline).await {
-            Ok(slot) => recheck::still_admitted(state, req.headers())
+            Ok(slot) => recheck::still_admitted(state, req.headers(), deadline)
                 .await
                 .map(|()| slot),
             Err(refused) => Err(refused.into()),

@@ -89,7 +89,7 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
     };
     drop(queue_span);
     let slot = match slot {
-        Ok(s) => recheck::still_admitted(&state, &credential)
+        Ok(s) => recheck::still_admitted(&state, &credential, deadline)
             .await
             .map(|()| s),
         Err(refused) => Err(ApiError::from(refused)),

@@ -4,6 +4,8 @@
 //! as a new request would not (s25 attacks, identity #4 and the day's diff #1: such requests
 //! were sent upstream and charged after the revocation).
 
+use std::time::Instant;
+
 use actix_web::http::header::{self, HeaderMap, HeaderName};
 
 use crate::config::Ladder;
@@ -22,13 +24,21 @@ pub fn credential(headers: &HeaderMap) -> HeaderMap {
 }
 
 /// Whether a request that waited may go on: its credential still authenticates (else 401).
-pub async fn still_admitted(state: &AppState, credential: &HeaderMap) -> Result<(), ApiError> {
+/// A lookup the store cannot answer by the request's `deadline` (a cache just cleared, the
+/// read pool busy) is a 503 then, not an answer later than the deadline (s25 final attack F4).
+pub async fn still_admitted(
+    state: &AppState,
+    credential: &HeaderMap,
+    deadline: Instant,
+) -> Result<(), ApiError> {
     if !state.settings.ladder.has(Ladder::Auth) {
         return Ok(());
     }
-    match state.auth.authenticate(credential, state.clock.now()).await {
-        Ok(Some(_)) => Ok(()),
-        Ok(None) => Err(ApiError::InvalidApiKey),
-        Err(e) => Err(ApiError::from_store(&e, "token lookup")),
+    let lookup = state.auth.authenticate(credential, state.clock.now());
+    match tokio::time::timeout_at(deadline.into(), lookup).await {
+        Ok(Ok(Some(_))) => Ok(()),
+        Ok(Ok(None)) => Err(ApiError::InvalidApiKey),
+        Ok(Err(e)) => Err(ApiError::from_store(&e, "token lookup")),
+        Err(_) => Err(ApiError::ServiceDegraded { retry_after: 1 }),
     }
 }

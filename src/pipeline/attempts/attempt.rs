@@ -177,7 +177,8 @@ pub(super) async fn try_candidate(
     // further (`recheck`; s25 final attack F1). A shorter wait than the token cache's poll
     // is within a revocation's own bound.
     if entered.elapsed() >= RECHECK_AFTER {
-        if let Err(e) = crate::pipeline::recheck::still_admitted(state, credential).await {
+        if let Err(e) = crate::pipeline::recheck::still_admitted(state, credential, deadline).await
+        {
             return Step::Stop(e.into());
         }
     }

@@ -140,7 +140,7 @@ pub async fn call(
                 tokio::time::sleep(wait).await;
                 // The wait may have lasted up to the deadline: a token revoked meanwhile
                 // goes no further (`recheck`).
-                if let Err(e) = super::recheck::still_admitted(state, credential).await {
+                if let Err(e) = super::recheck::still_admitted(state, credential, deadline).await {
                     return called(Outcome::Failed(e.into()), &run);
                 }
             }
