@@ -568,7 +568,11 @@ async fn a_queued_streams_timeout_event_says_when_to_retry() {
         let event: Value = serde_json::from_str(data).unwrap_or_else(|_| panic!("{text}"));
         let error = &event["error"];
         assert_eq!(error["code"], "queue_timeout", "{text}");
-        let kind = if anthropic { "overloaded_error" } else { "server_error" };
+        let kind = if anthropic {
+            "overloaded_error"
+        } else {
+            "server_error"
+        };
         assert_eq!(error["type"], kind, "{text}");
         assert!(error["retry_after_seconds"].as_u64().is_some(), "{text}");
         assert!(error["queue_position"].as_u64().is_some(), "{text}");
