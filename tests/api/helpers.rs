@@ -1056,3 +1056,24 @@ pub fn chunk_event(choices: Value) -> sluice::mock::SseEvent {
 pub fn no_deadline() -> std::time::Instant {
     std::time::Instant::now() + std::time::Duration::from_secs(3600)
 }
+
+/// Revokes token `id` as the CLI or another replica would (a second connection to the
+/// database), and lets this gateway's token cache hear of it at once.
+pub async fn revoke_elsewhere(app: &TestApp, id: i64) {
+    let other = sluice::store::Db::connect(&app.settings).await.unwrap();
+    sluice::cli::token_revoke(&other, id, chrono::Utc::now())
+        .await
+        .unwrap();
+    app.state.auth.refresh(&*app.state.clock).await.unwrap();
+}
+
+/// Token `id` was charged nothing and holds no reservation, and the money invariant holds.
+pub async fn assert_nothing_charged_nor_held(app: &TestApp, id: i64) {
+    let spent_or_held = app
+        .scalar(&format!(
+            "SELECT limit_micros - remaining_micros + reserved_micros FROM tokens WHERE id = {id}"
+        ))
+        .await;
+    assert_eq!(spent_or_held, 0, "nothing charged, nothing held");
+    app.assert_invariant().await;
+}

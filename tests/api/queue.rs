@@ -487,13 +487,7 @@ async fn a_request_queued_before_its_token_was_revoked_is_refused_when_its_slot_
     assert_eq!(event["type"], "error", "{text}");
     assert_eq!(event["error"]["type"], "authentication_error", "{text}");
     assert_eq!(app.mock.state.stats(KEY_A).count, 0, "never sent upstream");
-    let spent = app
-        .scalar(&format!(
-            "SELECT limit_micros - remaining_micros + reserved_micros FROM tokens WHERE id = {id}"
-        ))
-        .await;
-    assert_eq!(spent, 0, "nothing charged, nothing held");
-    app.assert_invariant().await;
+    assert_nothing_charged_nor_held(&app, id).await;
 }
 
 /// A request waiting between retry rounds (its only key rests for a 503's `Retry-After`) is
@@ -523,23 +517,7 @@ async fn a_request_waiting_out_a_cooldown_is_refused_if_its_token_was_revoked_me
     assert_eq!(status, 401, "{v}");
     assert_eq!(v["error"]["code"], "invalid_api_key");
     assert_eq!(app.mock.state.stats(KEY_A).count, 1, "not asked again");
-    let held = app
-        .scalar(&format!(
-            "SELECT limit_micros - remaining_micros + reserved_micros FROM tokens WHERE id = {id}"
-        ))
-        .await;
-    assert_eq!(held, 0, "nothing charged, nothing held");
-    app.assert_invariant().await;
-}
-
-/// Revokes token `id` as the CLI or another replica would (a second connection to the
-/// database), and lets this gateway's token cache hear of it at once.
-async fn revoke_elsewhere(app: &TestApp, id: i64) {
-    let other = sluice::store::Db::connect(&app.settings).await.unwrap();
-    sluice::cli::token_revoke(&other, id, chrono::Utc::now())
-        .await
-        .unwrap();
-    app.state.auth.refresh(&*app.state.clock).await.unwrap();
+    assert_nothing_charged_nor_held(&app, id).await;
 }
 
 /// A queued stream refused by the queue ends with an error event that carries what a

@@ -611,23 +611,13 @@ async fn a_request_waiting_at_a_keys_gate_is_refused_if_its_token_was_revoked_me
         })
     };
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let other = sluice::store::Db::connect(&app.settings).await.unwrap();
-    sluice::cli::token_revoke(&other, id, chrono::Utc::now())
-        .await
-        .unwrap();
-    app.state.auth.refresh(&*app.state.clock).await.unwrap();
+    revoke_elsewhere(&app, id).await;
     assert_eq!(first.await.unwrap(), 200);
     let (status, v) = waiting.await.unwrap();
     assert_eq!(status, 401, "{v}");
     assert_eq!(v["error"]["code"], "invalid_api_key");
     assert_eq!(app.mock.state.stats(KEY_A).count, 1, "never sent upstream");
-    let held = app
-        .scalar(&format!(
-            "SELECT limit_micros - remaining_micros + reserved_micros FROM tokens WHERE id = {id}"
-        ))
-        .await;
-    assert_eq!(held, 0, "nothing charged, nothing held");
-    app.assert_invariant().await;
+    assert_nothing_charged_nor_held(&app, id).await;
 }
 
 #[tokio::test]

@@ -188,11 +188,23 @@ async fn pg_a_value_admitted_by_a_concurrent_writer_is_not_rolled_up() {
     let pool = app.db().postgres().unwrap().pool.clone();
     let first = row(token, 1, 0, "trace:same".into(), 5);
     let second = row(token, 1, 1, "trace:same".into(), 5);
+    two_writers_at_once(pool, first, second, "trace:same").await;
+}
+
+/// Two writers' transactions bounding `first` and `second` (the same fresh place): the
+/// second waits on the first's uncommitted row and, once it is committed, reads it as
+/// admitted — both keep `tags` as their rollup text.
+async fn two_writers_at_once(
+    pool: sqlx::PgPool,
+    first: RequestRow,
+    second: RequestRow,
+    tags: &str,
+) {
     let mut a = pool.begin().await.unwrap();
     let out = sluice::store::pg::tag_bound::bounded(&mut a, &[first])
         .await
         .unwrap();
-    assert_eq!(out[1], ["trace:same"]);
+    assert_eq!(out[1], [tags]);
     let b = tokio::spawn(async move {
         let mut b = pool.begin().await.unwrap();
         let out = sluice::store::pg::tag_bound::bounded(&mut b, &[second])
@@ -201,12 +213,10 @@ async fn pg_a_value_admitted_by_a_concurrent_writer_is_not_rolled_up() {
         b.commit().await.unwrap();
         out
     });
-    // The second waits on the first's uncommitted row …
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     assert!(!b.is_finished(), "the second writer did not wait");
     a.commit().await.unwrap();
-    // … and, once it is committed, reads it as admitted.
-    assert_eq!(b.await.unwrap()[1], ["trace:same"]);
+    assert_eq!(b.await.unwrap()[1], [tags]);
 }
 
 /// Two PostgreSQL hosts admitting the same fresh tag text at once (its key and values
@@ -227,25 +237,7 @@ async fn pg_a_text_admitted_by_a_concurrent_writer_is_not_rolled_up() {
     requests::insert_batch(app.db(), &admitted).await.unwrap();
     let first = row(token, 1, 2, "trace:same,x:2".into(), 5);
     let second = row(token, 1, 3, "trace:same,x:2".into(), 5);
-    let mut a = pool.begin().await.unwrap();
-    let out = sluice::store::pg::tag_bound::bounded(&mut a, &[first])
-        .await
-        .unwrap();
-    assert_eq!(out[1], ["trace:same,x:2"]);
-    let b = tokio::spawn(async move {
-        let mut b = pool.begin().await.unwrap();
-        let out = sluice::store::pg::tag_bound::bounded(&mut b, &[second])
-            .await
-            .unwrap();
-        b.commit().await.unwrap();
-        out
-    });
-    // The second waits on the first's uncommitted text …
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    assert!(!b.is_finished(), "the second writer did not wait");
-    a.commit().await.unwrap();
-    // … and, once it is committed, reads it as admitted.
-    assert_eq!(b.await.unwrap()[1], ["trace:same,x:2"]);
+    two_writers_at_once(pool, first, second, "trace:same,x:2").await;
     assert_eq!(
         scalar_on(app.db(), "SELECT COUNT(*) FROM spend_tag_sets").await,
         3
