@@ -620,6 +620,45 @@ async fn a_request_waiting_at_a_keys_gate_is_refused_if_its_token_was_revoked_me
     assert_nothing_charged_nor_held(&app, id).await;
 }
 
+/// A request whose attempt failed slowly is checked again before its next attempt in the
+/// same round: its token revoked during the slow attempt, it is refused (401) and no other
+/// key or fallback is asked (s25 stop attack F1: the next key, ready at once, was called
+/// and the revoked token served and charged).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_attempt_failed_slowly_is_checked_again_before_the_next() {
+    let app = Arc::new(spawn_app_with(pool_of_two_and_a_fallback).await);
+    let (id, token) = app.token("lev", Some("1")).await;
+    let slow_500 = || Script {
+        status: Some(500),
+        delay_ms: 1_000,
+        ..Default::default()
+    };
+    app.mock.state.script(KEY_A, [slow_500()]);
+    app.mock.state.script(KEY_B, [slow_500()]);
+    let waiting = {
+        let (app, token) = (app.clone(), token.clone());
+        tokio::spawn(async move {
+            let r = app.chat(&token, &chat_body(10)).await;
+            (
+                r.status().as_u16(),
+                r.json::<Value>().await.unwrap_or(Value::Null),
+            )
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    revoke_elsewhere(&app, id).await;
+    let (status, v) = waiting.await.unwrap();
+    assert_eq!(status, 401, "{v}");
+    let asked = |k| app.mock.state.stats(k).count;
+    assert_eq!(
+        asked(KEY_A) + asked(KEY_B),
+        1,
+        "one key asked, not the other"
+    );
+    assert_eq!(asked(KEY_C), 0, "nor the fallback");
+    assert_nothing_charged_nor_held(&app, id).await;
+}
+
 #[tokio::test]
 async fn a_stream_is_retried_before_its_first_byte_and_never_after() {
     let app = spawn_app_with(pool_of_two_and_a_fallback).await;

@@ -16,6 +16,7 @@ use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::ops::metrics;
 use crate::ops::traces::Trace;
+use crate::pipeline::recheck::RECHECK_AFTER;
 use crate::pipeline::request::Prepared;
 use crate::pipeline::Failure;
 use crate::ratelimit::WindowSpec;
@@ -109,10 +110,6 @@ fn relayable(p: &Prepared, s: Success) -> Result<Success, UpstreamError> {
     }
     Ok(s)
 }
-
-/// A gate wait at least this long is followed by a check of the request's credential
-/// (the token cache's poll: a shorter wait is within a revocation's own bound).
-const RECHECK_AFTER: Duration = Duration::from_millis(250);
 
 /// Tries one candidate: its gates first, then the upstream call. Right before the call,
 /// `sent` is told what a departure costs from then on: the dearer of this candidate's

@@ -23,6 +23,7 @@ use actix_web::http::header::HeaderMap;
 use bytes::Bytes;
 use tokio::sync::OwnedSemaphorePermit;
 
+use super::recheck::RECHECK_AFTER;
 use super::request::Prepared;
 use super::Failure;
 use crate::ops::traces::Trace;
@@ -99,6 +100,9 @@ pub async fn call(
     let started = Instant::now();
     let mut run = Run::new();
     let mut round = 0u32;
+    // When the credential was last known good: a request checked again after any wait
+    // (`recheck`) — a slow failed attempt, a round's sleep — before its next attempt.
+    let mut checked = Instant::now();
     loop {
         round += 1;
         let pool: Vec<usize> = if round == 1 {
@@ -126,6 +130,15 @@ pub async fn call(
                 }
                 continue;
             }
+            // An earlier attempt or a round's sleep may have lasted up to the deadline: a
+            // token revoked meanwhile goes no further (s25 attacks: the day's diff #1, the
+            // stop attack F1 — the next key, ready at once, was called).
+            if checked.elapsed() >= RECHECK_AFTER {
+                if let Err(e) = super::recheck::still_admitted(state, credential, deadline).await {
+                    return called(Outcome::Failed(e.into()), &run);
+                }
+                checked = Instant::now();
+            }
             let ctx = ((request_id, trace), deadline, started, credential);
             let here = departure_on(state, p, &candidates[i]);
             let candidate = (&candidates[i], i);
@@ -136,14 +149,7 @@ pub async fn call(
             }
         }
         match next_round(state, candidates, &run, round, deadline) {
-            Some(wait) => {
-                tokio::time::sleep(wait).await;
-                // The wait may have lasted up to the deadline: a token revoked meanwhile
-                // goes no further (`recheck`).
-                if let Err(e) = super::recheck::still_admitted(state, credential, deadline).await {
-                    return called(Outcome::Failed(e.into()), &run);
-                }
-            }
+            Some(wait) => tokio::time::sleep(wait).await,
             None => break,
         }
     }
