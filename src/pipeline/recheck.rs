@@ -4,13 +4,20 @@
 //! as a new request would not (s25 attacks, identity #4 and the day's diff #1: such requests
 //! were sent upstream and charged after the revocation).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use actix_web::http::header::{self, HeaderMap, HeaderName};
 
 use crate::config::Ladder;
 use crate::error::ApiError;
 use crate::state::AppState;
+
+/// A wait at least this long is followed by a check of the request's credential (the token
+/// cache's poll: a shorter wait is within a revocation's own bound).
+pub const RECHECK_AFTER: Duration = Duration::from_millis(250);
+
+/// The longest a re-check waits for its token lookup.
+const LOOKUP_BOUND: Duration = Duration::from_secs(1);
 
 /// The headers that carry a request's credential, kept while it waits for a slot.
 pub fn credential(headers: &HeaderMap) -> HeaderMap {
@@ -24,8 +31,10 @@ pub fn credential(headers: &HeaderMap) -> HeaderMap {
 }
 
 /// Whether a request that waited may go on: its credential still authenticates (else 401).
-/// A lookup the store cannot answer by the request's `deadline` (a cache just cleared, the
-/// read pool busy) is a 503 then, not an answer later than the deadline (s25 final attack F4).
+/// A lookup the store cannot answer within a second, or by the request's `deadline` (a cache
+/// just cleared, the read pool busy), is a 503 then: not an answer later than the deadline
+/// (s25 final attack F4), nor a slot of the queue or a key's gate held meanwhile (stop
+/// attack F3).
 pub async fn still_admitted(
     state: &AppState,
     credential: &HeaderMap,
@@ -35,7 +44,8 @@ pub async fn still_admitted(
         return Ok(());
     }
     let lookup = state.auth.authenticate(credential, state.clock.now());
-    match tokio::time::timeout_at(deadline.into(), lookup).await {
+    let bound = deadline.min(Instant::now() + LOOKUP_BOUND);
+    match tokio::time::timeout_at(bound.into(), lookup).await {
         Ok(Ok(Some(_))) => Ok(()),
         Ok(Ok(None)) => Err(ApiError::InvalidApiKey),
         Ok(Err(e)) => Err(ApiError::from_store(&e, "token lookup")),
