@@ -92,8 +92,6 @@ pub enum WindowError {
     Redis(#[from] redis::RedisError),
     #[error("redis did not answer within the timeout")]
     Timeout,
-    #[error("redis ran the window call after its caller gave up on it")]
-    Late,
     #[error("redis sentinel: no master known")]
     NoMaster,
 }

@@ -379,3 +379,29 @@ async fn tokens_booked_late_in_a_second_stay_their_whole_window() {
         d.retry_after
     );
 }
+
+/// A call Redis answers in time is never a failure, even when this host's estimate of
+/// Redis's clock (a clock step, another node) makes the script judge it late: it is made
+/// again and booked in Redis, and the replica does not degrade to local windows (s25 stop
+/// attack F2: it degraded, with an alert, and booked the request locally).
+#[tokio::test]
+async fn an_answer_in_time_judged_late_is_booked_in_redis_without_degrading() {
+    let redis = RedisServer::start().await;
+    let store = RedisWindows::new(&redis.url(), TIMEOUT).unwrap();
+    let w = Windows::new(Duration::from_secs(60), Some(store), 1);
+    let specs = token_and_user(100, 0);
+    assert!(w.check(&specs, "first", 1).await.refused.is_none());
+    // Both on this machine, the clocks agree; this host now believes Redis's 10 s behind.
+    w.redis().unwrap().assume_offset_ms(-10_000);
+    assert!(w.check(&specs, "second", 1).await.refused.is_none());
+    assert!(!w.degraded(), "an answering Redis is no failure");
+    let key = &RedisWindows::window_keys(&specs)[0];
+    let booked: i64 = redis
+        .cli(&["ZCARD", key])
+        .await
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(booked, 2, "both requests are Redis's");
+}
