@@ -143,11 +143,16 @@ impl RedisWindows {
     ) -> Result<Decision, WindowError> {
         // A call cut by the timeout may still run once Redis wakes: past `valid_until` (on
         // Redis's clock) it books nothing, since the local store has decided its request.
+        // Before any answer Redis's clock is unknown, so it is read first: one round trip
+        // per replica, not an unbounded first call.
+        if self.offset_ms.load(Ordering::Relaxed) == UNKNOWN {
+            self.learn_clock().await?;
+        }
         let sent = wall_ms();
         let mut r = self
             .call_window(specs, (member, tokens, window), self.valid_until(sent))
             .await?;
-        self.learn(&r, sent);
+        self.learn(r.get(8), sent);
         if r.get(7) == Some(&3) {
             // Answered in time, yet judged late: this host's estimate of Redis's clock was
             // off (a clock stepped, a node ahead of the one last heard). Redis answers, so
@@ -155,7 +160,7 @@ impl RedisWindows {
             // the call is made again without the bound.
             let sent = wall_ms();
             r = self.call_window(specs, (member, tokens, window), 0).await?;
-            self.learn(&r, sent);
+            self.learn(r.get(8), sent);
         }
         let at = |i: usize| r.get(i).copied().unwrap_or(0);
         let ms = |i: usize| Duration::from_millis(at(i).max(0) as u64);
@@ -192,14 +197,27 @@ impl RedisWindows {
         }
     }
 
-    /// Learns Redis's clock from a window call's answer (its `TIME`, read between `sent` and
-    /// now on this host's clock).
-    fn learn(&self, answer: &[i64], sent: i64) {
-        if let Some(&redis_now) = answer.get(8) {
+    /// Learns Redis's clock from `redis_now`, its time in ms read between `sent` and now on
+    /// this host's clock (a window call's answer carries it).
+    fn learn(&self, redis_now: Option<&i64>, sent: i64) {
+        if let Some(&redis_now) = redis_now {
             let midway = sent + (wall_ms() - sent) / 2;
             self.offset_ms
                 .store(redis_now.saturating_sub(midway), Ordering::Relaxed);
         }
+    }
+
+    /// Learns Redis's clock from its `TIME` (seconds and microseconds, as text).
+    async fn learn_clock(&self) -> Result<(), WindowError> {
+        let sent = wall_ms();
+        let (secs, micros): (i64, i64) = self
+            .run(self.timeout, |mut c| async move {
+                redis::cmd("TIME").query_async(&mut c).await
+            })
+            .await?;
+        let redis_now = secs.saturating_mul(1_000).saturating_add(micros / 1_000);
+        self.learn(Some(&redis_now), sent);
+        Ok(())
     }
 
     /// One `window.lua` call.

@@ -708,6 +708,23 @@ impl RedisServer {
         }
     }
 
+    /// Sends `sig` (`-STOP`, `-CONT`) to the server: stopped, its connections stay open and
+    /// nothing is answered for as long as the test wants.
+    pub fn signal(&self, sig: &str) {
+        let pid = self
+            .child
+            .as_ref()
+            .expect("the server runs")
+            .id()
+            .to_string();
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    }
+
     /// Runs a command through `redis-cli`; `None` if it failed.
     pub async fn cli(&self, args: &[&str]) -> Option<String> {
         let out = tokio::process::Command::new("redis-cli")

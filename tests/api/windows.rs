@@ -334,8 +334,7 @@ async fn redis_failing_degrades_to_local_windows_and_recovers() {
     assert!(!app.state.windows.degraded());
     assert_eq!(booked_in_redis(&redis).await, 1);
 
-    let pid = redis_pid(&redis).await;
-    signal(&pid, "-STOP");
+    redis.signal("-STOP");
     for _ in 0..5 {
         let resp = tokio::time::timeout(BOUND, app.chat(&token, &chat_body(5)))
             .await
@@ -348,7 +347,7 @@ async fn redis_failing_degrades_to_local_windows_and_recovers() {
     // decided and booked by the local store (s25 attack, multi-host #3: it was booked in
     // both, and the Redis booking was never corrected).
     tokio::time::sleep(Duration::from_millis(1_300)).await;
-    signal(&pid, "-CONT");
+    redis.signal("-CONT");
     exact_again(&app).await;
     assert_eq!(
         booked_in_redis(&redis).await,
@@ -420,22 +419,4 @@ async fn booked_in_redis(redis: &RedisServer) -> i64 {
             .unwrap();
     }
     n
-}
-
-async fn redis_pid(redis: &RedisServer) -> String {
-    let info = redis.cli(&["INFO", "server"]).await.unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("process_id:"))
-        .unwrap()
-        .trim()
-        .to_string()
-}
-
-fn signal(pid: &str, sig: &str) {
-    let ok = std::process::Command::new("kill")
-        .args([sig, pid])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "kill {sig} {pid}");
 }

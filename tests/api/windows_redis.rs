@@ -405,3 +405,35 @@ async fn an_answer_in_time_judged_late_is_booked_in_redis_without_degrading() {
         .unwrap();
     assert_eq!(booked, 2, "both requests are Redis's");
 }
+
+/// The first window call of a replica, before it has heard Redis's clock, is bounded like
+/// every other: cut by the timeout while Redis stalls, it books nothing when Redis wakes
+/// (the local store decided its request). Another replica had loaded the script, so the
+/// stalled `EVALSHA` would run (s25 open item: the first calls carried no `valid_until`
+/// and were booked in both stores).
+#[tokio::test]
+async fn a_replicas_first_call_cut_by_the_timeout_books_nothing_when_redis_wakes() {
+    let redis = RedisServer::start().await;
+    let loaded = redis
+        .cli(&[
+            "SCRIPT",
+            "LOAD",
+            include_str!("../../src/ratelimit/window.lua"),
+        ])
+        .await;
+    assert!(loaded.is_some(), "another replica's script load");
+    let store = RedisWindows::new(&redis.url(), Duration::from_millis(50)).unwrap();
+    store.ping().await.unwrap();
+    let w = Windows::new(Duration::from_secs(60), Some(store), 1);
+    let specs = token_and_user(100, 0);
+
+    redis.signal("-STOP");
+    assert!(w.check(&specs, "first", 1).await.refused.is_none());
+    assert!(w.degraded(), "cut by the timeout: the local store decided");
+    // Past the timeout and its margin (`LATE_MARGIN_MS`).
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    redis.signal("-CONT");
+    let key = &RedisWindows::window_keys(&specs)[0];
+    let booked = redis.cli(&["ZCARD", key]).await.unwrap();
+    assert_eq!(booked.trim(), "0", "booked by the local store only");
+}
