@@ -263,7 +263,14 @@ async fn scheduled_backups(state: Arc<AppState>) {
 pub async fn recover_orphans(state: &AppState, me: &Me) -> Result<u64, crate::store::StoreError> {
     let now = state.clock.now();
     let mut settled = 0;
-    for owner in processes::dead_owners(&state.db, me, now).await? {
+    // Back from an outage that ended every session (its own too), a host cannot tell the
+    // others' stale heartbeats from death until they have had the time to beat again.
+    let judging = processes::may_judge(&state.db, me).await?;
+    let gone = match judging {
+        true => processes::dead_owners(&state.db, me, now).await?,
+        false => Vec::new(),
+    };
+    for owner in gone {
         let n = ledger::settle_orphans(&state.db, Orphans::OfOwner(&owner), now).await?;
         if n > 0 {
             tracing::warn!(owner = %owner, reservations = n, "settled orphaned reservations at their reserved amount");
@@ -278,7 +285,9 @@ pub async fn recover_orphans(state: &AppState, me: &Me) -> Result<u64, crate::st
             "settled reservations whose lease ran out at their reserved amount"
         );
     }
-    processes::prune(&state.db, me, now).await?;
+    if judging {
+        processes::prune(&state.db, me, now).await?;
+    }
     ledger::prune_orphaned(&state.db, now - ORPHANS_KEPT).await?;
     Ok(settled + expired)
 }

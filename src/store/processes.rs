@@ -123,6 +123,16 @@ pub async fn unregister(db: &super::Db, id: &str) -> Result<()> {
     Ok(())
 }
 
+/// Whether this process may take others for gone now: always on SQLite (a pid on this
+/// host is checked exactly); on PostgreSQL once its own liveness lock has been held by one
+/// session for `STALE_AFTER` (`pg::processes::may_judge`).
+pub async fn may_judge(db: &super::Db, me: &Me) -> Result<bool> {
+    match &db.backend {
+        super::Backend::Sqlite(_) => Ok(true),
+        super::Backend::Postgres(pg) => super::pg::processes::may_judge(pg, me).await,
+    }
+}
+
 /// Owners of reservations that are no longer running (see the module doc).
 pub async fn dead_owners(db: &super::Db, me: &Me, now: DateTime<Utc>) -> Result<Vec<String>> {
     let sqlite = match &db.backend {

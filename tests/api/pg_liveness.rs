@@ -215,22 +215,17 @@ async fn a_restarted_server_takes_no_host_for_gone_before_it_could_beat() {
 /// PostgreSQL reinitialized after one backend crashed (`kill -9` of a backend, the OOM
 /// killer, a segfault): the postmaster ends every session — every liveness lock with it —
 /// runs crash recovery and accepts connections again, but it did not start again, so
-/// `pg_postmaster_start_time()` has not moved. With recovery lasting longer than the stale
-/// window (a minute here; WAL replay since the last checkpoint), the first host back takes
-/// every other live host for gone before it could beat or take its lock again, and settles
-/// their open reservations as orphans — what the restart grace exists to prevent
-/// (`a_restarted_server_takes_no_host_for_gone_before_it_could_beat`). The same holds for a
-/// standby promoted after a failover (its postmaster started long before the promotion).
+/// `pg_postmaster_start_time()` has not moved and the heartbeat rule alone says a host that
+/// could not beat during a recovery longer than the stale window (a minute here) is gone.
+/// The watcher's own lock session ended too: a host takes nobody for gone until it has held
+/// its lock again for the window (`processes::may_judge`), by which time every live host
+/// has beaten and taken its own. The same holds for a standby promoted after a failover
+/// (its postmaster started long before the promotion). Before, the first host back took
+/// every other live host for gone and settled their open reservations as orphans.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finding: a crash-restart of PostgreSQL (one backend killed) ends every lock session but does not move pg_postmaster_start_time(): the first host back takes the others for gone"]
 async fn a_server_reinitialized_after_a_backend_crash_takes_no_host_for_gone_before_it_could_beat()
 {
     let server = Arc::new(crate::pg_server::PgServer::start());
-    let s = server.clone();
-    // A server up for a while: its start is no grace any more.
-    tokio::task::spawn_blocking(move || s.wait_past_the_stale_window())
-        .await
-        .unwrap();
     let url = server.database();
     let dbname = url.rsplit('/').next().unwrap().to_string();
     let store = Store::open_pg(url).await;
@@ -240,6 +235,22 @@ async fn a_server_reinitialized_after_a_backend_crash_takes_no_host_for_gone_bef
     let now = clock.now();
     let host = Me::new("host".into(), "host-a".into());
     let alive = Me::new("alive".into(), "host-b".into());
+    let _watching = processes::hold_liveness(&survivor.db, &alive)
+        .await
+        .unwrap();
+    assert!(
+        !processes::may_judge(&survivor.db, &alive).await.unwrap(),
+        "a host that has just taken its lock judges nobody"
+    );
+    // A server (and a watcher) up for a while: neither start is a grace any more.
+    let s = server.clone();
+    tokio::task::spawn_blocking(move || s.wait_past_the_stale_window())
+        .await
+        .unwrap();
+    until("the watcher's lock held for the window", || async {
+        processes::may_judge(&survivor.db, &alive).await.unwrap()
+    })
+    .await;
     assert!(store.heartbeat(&host, now).await);
     store
         .reserve(&owner, "r0", R, "host", clock.clone())
@@ -294,7 +305,16 @@ async fn a_server_reinitialized_after_a_backend_crash_takes_no_host_for_gone_bef
     );
     assert_eq!(
         survivor.dead_owners(&alive, now).await,
-        Vec::<String>::new(),
+        ["host"],
+        "by its heartbeat alone the host looks gone"
+    );
+    let pg = survivor.db.postgres().unwrap();
+    until("the watcher's lock taken again", || async {
+        liveness_session(pg, "alive").await.unwrap().is_some()
+    })
+    .await;
+    assert!(
+        !processes::may_judge(&survivor.db, &alive).await.unwrap(),
         "a host taken for gone before it could beat after the database came back"
     );
 }

@@ -318,6 +318,29 @@ async fn try_lock(conn: &mut PgConnection, id: &str) -> Result<bool> {
     .await?)
 }
 
+/// Whether `me` may take other hosts for gone: its own liveness lock is held by a session
+/// that began at least `STALE_AFTER` ago by the database's clock. A crash-restart of the
+/// server (one backend killed), a long crash recovery or a failover to a standby ends every
+/// session, this host's too, and none of it moves the server's start time that
+/// `dead_owners` counts from; a host that has held its lock again for the window has seen
+/// every live host get the time to beat and take its own again. A host just started waits
+/// the window too: it cannot tell a restart of the server just before it.
+pub async fn may_judge(db: &PgDb, me: &Me) -> Result<bool> {
+    Ok(sqlx::query_scalar(concat!(
+        "SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+         AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+         AND l.classid = $1::int4::oid AND l.objid = ",
+        key_of!("$2::text"),
+        "::oid AND a.backend_start < clock_timestamp() - make_interval(secs => $3))"
+    ))
+    .bind(LIVENESS_NS)
+    .bind(&me.id)
+    .bind(stale_secs())
+    .fetch_one(&db.pool)
+    .await?)
+}
+
 /// The backend pid of the session holding process `id`'s liveness lock in this database,
 /// if one does (`pg_stat_activity.pid`: what `pg_terminate_backend` takes).
 pub async fn liveness_session(db: &PgDb, id: &str) -> Result<Option<i32>> {
