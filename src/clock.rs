@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use chrono::{DateTime, TimeZone, Utc};
+use chrono::{DateTime, Datelike, TimeZone, Utc};
 
 pub trait Clock: Send + Sync + 'static {
     fn now(&self) -> DateTime<Utc>;
@@ -43,4 +43,10 @@ impl Clock for ManualClock {
 /// Fixed width, so text comparison in SQL orders like time.
 pub fn db_time(t: DateTime<Utc>) -> String {
     t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
+}
+
+/// Whether `db_time(t)` keeps that fixed width: a year of four digits. chrono writes a later
+/// one as `+10000-…`, text that sorts before every real time.
+pub fn storable(t: DateTime<Utc>) -> bool {
+    (0..=9999).contains(&t.year())
 }

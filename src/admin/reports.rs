@@ -96,14 +96,6 @@ pub fn label(g: &Group) -> String {
     g.keys.join(" / ")
 }
 
-fn day(name: &str, s: &str) -> Result<NaiveDate, AdminError> {
-    let shaped = s.len() == 10 && s.as_bytes().get(4) == Some(&b'-');
-    NaiveDate::parse_from_str(s, "%Y-%m-%d")
-        .ok()
-        .filter(|_| shaped)
-        .ok_or_else(|| AdminError::invalid(format!("{name}: `{s}` is not YYYY-MM-DD")))
-}
-
 fn id(name: &str, s: &Option<String>) -> Result<Option<i64>, AdminError> {
     s.as_deref()
         .map(|v| {
@@ -143,7 +135,7 @@ fn range(
 ) -> Result<(NaiveDate, NaiveDate, Option<String>), AdminError> {
     match (&q.from, &q.to) {
         (Some(f), Some(t)) => {
-            let (from, to) = (day("from", f)?, day("to", t)?);
+            let (from, to) = (view::parse_date("from", f)?, view::parse_date("to", t)?);
             if to <= from || (to - from).num_days() > MAX_DAYS {
                 return Err(AdminError::invalid(format!(
                     "to must be after from, by at most {MAX_DAYS} days"

@@ -3,7 +3,7 @@
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use askama::Template;
-use chrono::Duration;
+use chrono::Datelike;
 use serde::Deserialize;
 
 use super::actor::Actor;
@@ -92,7 +92,11 @@ pub async fn search(
         model: q.model.clone(),
         status: q.status.as_deref().map(status_filter).transpose()?,
         from: from.map(view::day_start),
-        to: to.map(|d| view::day_start(d + Duration::days(1))),
+        // The day after 9999-12-31 has no four-digit year: that `to` bounds nothing.
+        to: to
+            .and_then(|d| d.succ_opt())
+            .filter(|d| d.year() <= 9999)
+            .map(view::day_start),
     };
     let page = q.page.unwrap_or(1).clamp(1, 100_000);
     let mut rows = reports::requests(&state.db, &f, PAGE_SIZE, (page - 1) * PAGE_SIZE).await?;

@@ -139,6 +139,18 @@ pub fn opt_usd(field: &str, s: Option<&str>) -> Result<Option<i64>, AdminError> 
 /// An expiry: RFC 3339 (API), or a `datetime-local` value plus the browser's offset from
 /// UTC in minutes as JavaScript's `getTimezoneOffset()` gives it (UI).
 pub fn parse_expiry(s: &str, tz_offset_minutes: Option<i64>) -> Result<DateTime<Utc>, AdminError> {
+    let t = expiry_instant(s, tz_offset_minutes)?;
+    if !crate::clock::storable(t) {
+        // Stored as `+10000-…`, it would read as expired to the ledger and as never expiring
+        // to the auth cache (s26 attack admin #6).
+        return Err(AdminError::invalid(format!(
+            "expires: `{s}` is not within the years 0000 to 9999"
+        )));
+    }
+    Ok(t)
+}
+
+fn expiry_instant(s: &str, tz_offset_minutes: Option<i64>) -> Result<DateTime<Utc>, AdminError> {
     if let Ok(t) = DateTime::parse_from_rfc3339(s) {
         return Ok(t.with_timezone(&Utc));
     }
@@ -190,9 +202,15 @@ pub fn day_start(d: NaiveDate) -> String {
     crate::clock::db_time(Utc.from_utc_datetime(&d.and_time(chrono::NaiveTime::MIN)))
 }
 
+/// `YYYY-MM-DD` with a four-digit year. chrono's `%Y` alone also takes a signed year of any
+/// width (`+262142-12-31`): a date whose next day overflows (a panic), and which `db_time`
+/// writes as `+…` text that sorts before every real time (s26 attack admin #1).
 pub fn parse_date(field: &str, s: &str) -> Result<NaiveDate, AdminError> {
+    let shaped = s.len() == 10 && s.as_bytes().first().is_some_and(u8::is_ascii_digit);
     NaiveDate::parse_from_str(s, "%Y-%m-%d")
-        .map_err(|_| AdminError::invalid(format!("{field}: `{s}` is not a date (YYYY-MM-DD)")))
+        .ok()
+        .filter(|_| shaped)
+        .ok_or_else(|| AdminError::invalid(format!("{field}: `{s}` is not a date (YYYY-MM-DD)")))
 }
 
 /// Usernames and team names: letters, digits, `.`, `_`, `-`, 1 to 64 characters.

@@ -230,7 +230,13 @@ pub async fn token_issue_tagged(
         .map(|e| {
             DateTime::parse_from_rfc3339(e)
                 .map(|d| d.with_timezone(&Utc))
-                .map_err(|_| CliError::Invalid(format!("--expires `{e}` is not an RFC 3339 time")))
+                .ok()
+                .filter(|&d| crate::clock::storable(d))
+                .ok_or_else(|| {
+                    CliError::Invalid(format!(
+                        "--expires `{e}` is not an RFC 3339 time within the years 0000 to 9999"
+                    ))
+                })
         })
         .transpose()?;
     if !(1..=4).contains(&a.max_priority) {

@@ -140,6 +140,11 @@ async fn the_request_log_filters_and_pages_on_the_server() {
         "status=abc",
         "from=yesterday",
         "to=2026-13-01",
+        // chrono's `%Y` takes a signed year of any width: its last date panicked the
+        // handler at `to + 1 day` (s26 attack admin #1: the connection dropped).
+        "to=%2B262142-12-31",
+        "from=%2B262142-12-31",
+        "from=%2B10000-01-01",
     ] {
         assert_eq!(
             admin
@@ -150,6 +155,20 @@ async fn the_request_log_filters_and_pages_on_the_server() {
             "{q}"
         );
     }
+    let (s, v) = admin.get_json("/admin/api/v1/requests?to=9999-12-31").await;
+    assert_eq!(
+        (s, len(&v, "requests"), &v["more"]),
+        (200, 50, &Value::Bool(true)),
+        "the last day bounds nothing"
+    );
+    assert_eq!(
+        admin
+            .get("/admin/requests?to=%2B262142-12-31")
+            .await
+            .status(),
+        400,
+        "the page as the API"
+    );
     let page = admin
         .get("/admin/requests?status=5xx")
         .await

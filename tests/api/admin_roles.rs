@@ -1361,6 +1361,47 @@ async fn a_hostile_tz_offset_is_a_400_naming_it() {
     assert_eq!(status, 200, "{v}");
 }
 
+/// s26 attack admin #6: an expiry chrono reads past year 9999 (`+10000-01-01T00:00`, or an
+/// RFC 3339 instant whose offset carries it there) was stored as `+10000-…`, text that
+/// sorts before every real time: the auth cache let the token in, the ledger refused it as
+/// expired, and a later edit dropped the expiry. It is a 400 naming `expires`, on an issue
+/// and on an edit; the last representable minute is still taken.
+#[tokio::test]
+async fn an_expiry_past_year_9999_is_a_400_naming_it() {
+    let w = world().await;
+    let a = &w.admin;
+    for expires in ["+10000-01-01T00:00", "9999-12-31T23:59:00-05:00"] {
+        let issue = json!({"user_id": w.red_member, "expires": expires});
+        let (status, v) = a.post("/admin/api/v1/tokens", &issue).await;
+        assert_eq!(status, 400, "issue {issue}: {v}");
+        assert!(v.to_string().contains("expires"), "issue {issue}: {v}");
+        let edit = json!({"expires": expires});
+        let (status, v) = a
+            .patch(&format!("/admin/api/v1/tokens/{}", w.red_token), &edit)
+            .await;
+        assert_eq!(status, 400, "edit {edit}: {v}");
+        assert!(v.to_string().contains("expires"), "edit {edit}: {v}");
+    }
+    let last = json!({"user_id": w.red_member, "expires": "9999-12-31T23:59:00Z"});
+    let (status, v) = a.post("/admin/api/v1/tokens", &last).await;
+    assert_eq!(status, 201, "{v}");
+    let refused = sluice::cli::token_issue(
+        w.app.db(),
+        &sluice::cli::IssueArgs {
+            expires: Some("9999-12-31T23:59:00-05:00"),
+            ..issue_args("rosa")
+        },
+        chrono::Utc::now(),
+    )
+    .await
+    .err()
+    .map(|e| e.to_string());
+    assert!(
+        refused.as_ref().is_some_and(|e| e.contains("--expires")),
+        "the CLI as the API: {refused:?}"
+    );
+}
+
 #[tokio::test]
 async fn htmx_errors_land_in_the_flash_area() {
     let w = world().await;
