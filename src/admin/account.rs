@@ -19,9 +19,9 @@ use crate::store::sessions::{self, ApiKeyRow};
 
 #[derive(Deserialize)]
 pub struct PasswordChange {
-    #[serde(default, deserialize_with = "de::opt_text")]
+    #[serde(default, deserialize_with = "de::opt_secret")]
     current_password: Option<String>,
-    #[serde(default, deserialize_with = "de::opt_text")]
+    #[serde(default, deserialize_with = "de::opt_secret")]
     new_password: Option<String>,
 }
 

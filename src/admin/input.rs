@@ -123,6 +123,13 @@ pub mod de {
         Ok(text(Value::deserialize(d)?))
     }
 
+    /// A secret (a password) exactly as sent: sign-in compares it byte for byte, so a form
+    /// that trimmed it would store a password nobody can type (s26 attack admin #2). Empty
+    /// is absent.
+    pub fn opt_secret<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+        Ok(Option::<String>::deserialize(d)?.filter(|s| !s.is_empty()))
+    }
+
     /// An integer from a number or text; empty is absent.
     pub fn opt_i64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
         match text(Value::deserialize(d)?) {

@@ -28,7 +28,7 @@ pub struct NewUser {
     pub role: Option<String>,
     #[serde(default, deserialize_with = "de::opt_i64")]
     pub team_id: Option<i64>,
-    #[serde(default, deserialize_with = "de::opt_text")]
+    #[serde(default, deserialize_with = "de::opt_secret")]
     pub password: Option<String>,
     #[serde(default, deserialize_with = "de::opt_i64")]
     pub rpm: Option<i64>,
@@ -64,7 +64,7 @@ pub struct LoginPatch {
     #[serde(default, deserialize_with = "de::opt_flag")]
     pub disabled: Option<bool>,
     /// An admin sets a new password for someone else (e.g. finance, who cannot change theirs).
-    #[serde(default, deserialize_with = "de::opt_text")]
+    #[serde(default, deserialize_with = "de::opt_secret")]
     pub password: Option<String>,
 }
 
