@@ -17,6 +17,9 @@ pub mod responses;
 pub mod stream;
 pub mod tags;
 
+#[cfg(test)]
+mod client_sink_test;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 

@@ -26,7 +26,7 @@
 //! and no `[DONE]` / `message_stop`; a stream given up on a stalled client ends its body
 //! with an error, so the connection is cut rather than closed as if complete.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -166,11 +166,21 @@ struct Pump {
     turn: (Turn, i64, i64),
 }
 
+/// How many stall limits in all a client may keep a stream waiting for room: a slow link
+/// taking a long, fast answer waits far less (15 MB at 1 Mbit/s: two minutes against the
+/// default five).
+const WAIT_BUDGET_STALLS: u32 = 5;
+
 /// Where a stream's frames go: the bounded channel the response body drains.
 pub(super) struct ClientSink {
     tx: mpsc::Sender<Bytes>,
     /// How long the client may take no frame before it counts as gone.
     stall: Duration,
+    /// How long, in µs, the stream has waited for the client so far: a client that reads
+    /// just often enough that no frame waits `stall` would otherwise hold the request's
+    /// admission and gate slots, and its reservation, for as long as it liked (s26 attack
+    /// streams F3). Touched only when the channel is full.
+    waited_us: AtomicU64,
     /// Set when the stream was given up on a stalled client: the body then ends with an
     /// error, so the client's connection is cut, never closed as if the stream were complete.
     cut: Arc<AtomicBool>,
@@ -201,13 +211,21 @@ impl ClientSink {
             Err(mpsc::error::TrySendError::Closed(_)) => return false,
             Err(mpsc::error::TrySendError::Full(frame)) => frame,
         };
-        // `Some(handed on)`, or `None`: the client took nothing for the stall limit, or the
-        // shutdown ends the stream.
+        // `Some(handed on)`, or `None`: the client took nothing for the stall limit, or has
+        // kept the stream waiting `WAIT_BUDGET_STALLS` stall limits in all, or the shutdown
+        // ends the stream.
+        let waited = Duration::from_micros(self.waited_us.load(Ordering::Relaxed));
+        let bound = self
+            .stall
+            .min((self.stall * WAIT_BUDGET_STALLS).saturating_sub(waited));
+        let started = Instant::now();
         let sent = tokio::select! {
             biased;
-            sent = tokio::time::timeout(self.stall, self.tx.send(frame)) => sent.ok().map(|r| r.is_ok()),
+            sent = tokio::time::timeout(bound, self.tx.send(frame)) => sent.ok().map(|r| r.is_ok()),
             _ = self.waited_out(whole) => None,
         };
+        let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.waited_us.fetch_add(micros, Ordering::Relaxed);
         sent.unwrap_or_else(|| {
             self.cut.store(true, Ordering::Release);
             false
@@ -252,6 +270,7 @@ pub(super) fn sse_channel(
     let sink = ClientSink {
         tx,
         stall,
+        waited_us: AtomicU64::new(0),
         cut: cut.clone(),
         drain,
     };

@@ -1,0 +1,63 @@
+//! The stream's side toward its client (`stream::ClientSink`) against a body drained at a
+//! chosen pace, with short stall limits: what no socket test can pin exactly, since the
+//! kernel wakes a blocked writer only once a share of its buffer is free.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+
+use super::drain::Drain;
+use super::stream::sse_channel;
+
+/// A client that takes a frame every 20 ms keeps every single wait under a 100 ms stall
+/// limit, yet keeps the stream waiting without end: it is given up once the waits add up to
+/// five stall limits (s26 attack streams F3: it held its slots for as long as it read).
+#[tokio::test]
+async fn a_client_that_keeps_the_stream_waiting_five_stall_limits_in_all_is_given_up() {
+    let stall = Duration::from_millis(100);
+    let (sink, body) = sse_channel(stall, Drain::default());
+    let reader = tokio::spawn(async move {
+        let mut body = std::pin::pin!(body);
+        let mut taken = 0u32;
+        while let Some(Ok(_)) = body.next().await {
+            taken += 1;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        taken
+    });
+    let started = Instant::now();
+    let mut sent = 0u32;
+    while sink.send(Bytes::from_static(b"data: {}\n\n")).await {
+        sent += 1;
+        assert!(sent < 400, "still handed on after {:?}", started.elapsed());
+    }
+    let given_up = started.elapsed();
+    assert!(
+        given_up >= stall * 5 && given_up < stall * 10,
+        "given up after {given_up:?}"
+    );
+    drop(sink);
+    let taken = reader.await.unwrap();
+    assert!(taken <= sent, "{taken} of {sent}");
+}
+
+/// A client that keeps up costs nothing of the budget: frames that find room never wait.
+#[tokio::test]
+async fn a_client_that_keeps_up_never_runs_out_of_budget() {
+    let stall = Duration::from_millis(50);
+    let (sink, body) = sse_channel(stall, Drain::default());
+    let reader = tokio::spawn(async move {
+        let mut body = std::pin::pin!(body);
+        let mut taken = 0u32;
+        while let Some(Ok(_)) = body.next().await {
+            taken += 1;
+        }
+        taken
+    });
+    for _ in 0..10_000 {
+        assert!(sink.send(Bytes::from_static(b"data: {}\n\n")).await);
+    }
+    drop(sink);
+    assert_eq!(reader.await.unwrap(), 10_000);
+}
