@@ -61,6 +61,13 @@ pub fn read(
              searches it makes, and each is billed. Use a model without built-in search.",
         ));
     }
+    if endpoint == Endpoint::Chat && !body.get("prediction").is_none_or(Value::is_null) {
+        return Err(ApiError::invalid(
+            "prediction",
+            "`prediction` is not accepted: the predicted tokens the model rejects are billed \
+             as output beyond `max_tokens`, which the gateway cannot cap.",
+        ));
+    }
     if endpoint == Endpoint::Messages {
         server_tools::read(body, finance, &mut kinds)?;
     }

@@ -260,6 +260,14 @@ pub(crate) async fn read_body(
     Ok(body.freeze())
 }
 
+/// Who the request's row is logged for: the owner `auth` acts as, and the token presented.
+fn log_owner(log: &mut RequestRow, auth: &TokenAuth) {
+    log.token_id = Some(auth.owner.token_id);
+    log.presented_token_id = auth.presented;
+    log.user_id = Some(auth.owner.user_id);
+    log.team_id = Some(auth.owner.team_id);
+}
+
 async fn run(
     state: &web::Data<AppState>,
     req: &HttpRequest,
@@ -272,24 +280,17 @@ async fn run(
     let ladder = state.settings.ladder;
     // 1. Authenticate.
     let span = log.trace.stage("auth");
-    let auth = if ladder.has(Ladder::Auth) {
-        state
-            .auth
-            .authenticate(req.headers(), state.clock.now())
-            .await
-            .map_err(|e| ApiError::from_store(&e, "token lookup"))?
-            .ok_or(ApiError::InvalidApiKey)?
-    } else {
-        TokenAuth::anonymous()
-    };
+    let auth = recheck::authenticate(state, req.headers()).await?;
     drop(span);
-    log.token_id = Some(auth.owner.token_id);
-    log.presented_token_id = auth.presented;
-    log.user_id = Some(auth.owner.user_id);
-    log.team_id = Some(auth.owner.team_id);
+    let authenticated = Instant::now();
+    log_owner(log, &auth);
 
     // 2. Validate.
     let mut raw = read_body(payload, req, state.settings.server.max_body_bytes).await?;
+    // Everything from here on acts for the credential as it is once the body is in.
+    let (auth, mut checked) =
+        recheck::after_body(state, req.headers(), (auth, authenticated)).await?;
+    log_owner(log, &auth);
     let mut conversation = None;
     if endpoint == Endpoint::Responses {
         let (expanded, ctx) = responses::expand(state, &auth, raw).await?;
@@ -425,9 +426,11 @@ async fn run(
             )));
         }
         Ok(Admit::Wait(ticket)) => match ticket.granted(deadline).await {
-            Ok(slot) => recheck::still_admitted(state, req.headers(), deadline)
-                .await
-                .map(|()| slot),
+            Ok(slot) => {
+                let admitted = recheck::still_admitted(state, req.headers(), deadline).await;
+                checked = Instant::now();
+                admitted.map(|()| slot)
+            }
             Err(refused) => Err(refused.into()),
         },
         Err(refused) => Err(refused.into()),
@@ -452,7 +455,7 @@ async fn run(
         &candidates,
         deadline,
         (&log.id, &log.trace),
-        req.headers(),
+        (req.headers(), checked),
         |sent| {
             held.set_cost_if_dropped(sent.cost);
             (log.input_tokens, log.cost_micros) = (sent.input, sent.cost);

@@ -101,6 +101,7 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
             return end(&state, books, e, NOTHING).await;
         }
     };
+    let checked = Instant::now();
     // An upstream's own error answer cannot be relayed into an open stream (and is not
     // `Send`): only its gist goes on, in the error event.
     let mut departure = attempts::Departure::default();
@@ -117,7 +118,7 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
             &candidates,
             deadline,
             (&id, &trace),
-            &credential,
+            (&credential, checked),
             |sent| {
                 held.set_cost_if_dropped(sent.cost);
                 departure = sent;

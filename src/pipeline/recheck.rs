@@ -1,13 +1,15 @@
-//! A request's credential, checked again after a wait: in the admission queue, or between
-//! retry rounds while its keys rest. Either may last up to the request's deadline (minutes),
+//! A request's credential, checked again after a wait: for its body to arrive, in the
+//! admission queue, or between retry rounds while its keys rest. Either may last up to the request's deadline (minutes),
 //! and a token revoked, expired or whose user was disabled meanwhile must go no further —
 //! as a new request would not (s25 attacks, identity #4 and the day's diff #1: such requests
 //! were sent upstream and charged after the revocation).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix_web::http::header::{self, HeaderMap, HeaderName};
 
+use crate::auth::TokenAuth;
 use crate::config::Ladder;
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -28,6 +30,42 @@ pub fn credential(headers: &HeaderMap) -> HeaderMap {
         }
     }
     kept
+}
+
+/// The request's credential authenticated (with the auth stage off, anonymous): a missing,
+/// unknown, revoked or expired token, or one whose user is disabled, is a 401.
+pub async fn authenticate(
+    state: &AppState,
+    headers: &HeaderMap,
+) -> Result<Arc<TokenAuth>, ApiError> {
+    if !state.settings.ladder.has(Ladder::Auth) {
+        return Ok(TokenAuth::anonymous());
+    }
+    state
+        .auth
+        .authenticate(headers, state.clock.now())
+        .await
+        .map_err(|e| ApiError::from_store(&e, "token lookup"))?
+        .ok_or(ApiError::InvalidApiKey)
+}
+
+/// The request's authentication once its body has arrived, and when it was made: `auth`,
+/// made at `at`, if the body came within `RECHECK_AFTER`; else made again, as a new
+/// request's would be. The body is read after the head's authentication, and a client may
+/// hold it back for as long as it likes: a token revoked, narrowed or whose user was
+/// disabled meanwhile must go no further, and a text rotated meanwhile works as its
+/// successor — it must reserve on the successor's budget, not on the old token's, which
+/// the rotation handed to the successor too (s26 attack F2).
+pub async fn after_body(
+    state: &AppState,
+    headers: &HeaderMap,
+    (auth, at): (Arc<TokenAuth>, Instant),
+) -> Result<(Arc<TokenAuth>, Instant), ApiError> {
+    if at.elapsed() < RECHECK_AFTER {
+        return Ok((auth, at));
+    }
+    let again = authenticate(state, headers).await?;
+    Ok((again, Instant::now()))
 }
 
 /// Whether a request that waited may go on: its credential still authenticates (else 401).

@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
 
 use crate::auth::TokenAuth;
+use crate::config::price_table::Family;
 use crate::config::Provider;
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
@@ -20,6 +21,13 @@ use crate::upstream::providers::openai::ROUTING_FIELDS;
 
 use super::long_context::Reader;
 use crate::upstream::providers::translate::stream::MOST_CHOICES;
+
+/// The most input tokens Claude's tool-use system prompt adds to a request with tools: the
+/// largest figure of Anthropic's "tool use pricing" table (530, Claude 3 Opus with `auto`
+/// or `none`; Claude 4 models add 313 to 346). Anthropic-defined client tools (`bash_…`,
+/// `text_editor_…`, `computer_…`) add their own definitions on top, which this does not
+/// cover (docs/DESIGN.md, "Prices and rounding").
+const TOOL_USE_PROMPT: i64 = 530;
 
 /// Most completions one request may ask for (`n`); each is priced as a completion.
 pub const MAX_N: i64 = 16;
@@ -129,10 +137,29 @@ impl Prepared {
     /// bound covers, not beyond it.
     fn with_digits(&self, rule: Rule, max_input: i64, reader: Reader) -> i64 {
         use super::long_context::{beyond_the_estimate, GEMINI_LARGEST_WINDOW};
-        let counted = self.counted_on(rule);
+        let counted = self
+            .counted_on(rule)
+            .saturating_add(self.tool_use_prompt(reader));
         let digits = beyond_the_estimate(reader.family, self.input_digits);
         let most = counted.max(max_input).max(GEMINI_LARGEST_WINDOW);
         counted.saturating_add(digits).min(most)
+    }
+
+    /// The system prompt Claude adds to a request with tools, billed as input though no
+    /// client sent it (`TOOL_USE_PROMPT`): on a Claude model wherever it is served, and on
+    /// any model Anthropic serves (a Claude newer than the price table).
+    fn tool_use_prompt(&self, reader: Reader) -> i64 {
+        let claude = reader.family == Family::Claude || reader.provider == Provider::Anthropic;
+        let tools = self
+            .body
+            .get("tools")
+            .and_then(Value::as_array)
+            .is_some_and(|t| !t.is_empty());
+        if claude && tools {
+            TOOL_USE_PROMPT
+        } else {
+            0
+        }
     }
 
     /// The estimate with the request's images as the route's provider bills them.
@@ -305,7 +332,9 @@ pub fn prepare(
     number_in(&body, "top_p", 0.0, 1.0)?;
     super::limits::body_numbers(endpoint, &body)?;
 
-    let (input_tokens, input_digits) = estimate::counting_digits(|| counted_input(endpoint, &body));
+    let (input_tokens, input_digits) = estimate::counting_digits(|| {
+        counted_input(endpoint, &body).map(|n| n + billed_definitions(endpoint, &body))
+    });
     let input_tokens = input_tokens?;
     if input_tokens > model.max_input_tokens {
         return Err(ApiError::invalid(
@@ -406,6 +435,32 @@ pub fn prepare(
         documents: Documents::default(),
         started_at,
     })
+}
+
+/// Where a body holds definitions beside its messages and tools that the provider puts
+/// into the prompt and bills as input, though they are no message: OpenAI chat's legacy
+/// `functions` and a `response_format` JSON schema, a Responses `text.format` schema, an
+/// Anthropic `output_format` or `output_config.format` schema. A body that crosses no
+/// format reaches the upstream with all of them, so each is counted as input like `tools`
+/// — in the reservation and in the check against the model's input.
+///
+/// Each is a top-level field and a JSON pointer inside it ("" for the whole field).
+fn definitions(endpoint: Endpoint) -> &'static [(&'static str, &'static str)] {
+    match endpoint {
+        Endpoint::Chat => &[("functions", ""), ("response_format", "/json_schema")],
+        Endpoint::Responses => &[("text", "/format/schema"), ("text", "/format/description")],
+        Endpoint::Messages => &[("output_format", ""), ("output_config", "/format")],
+        Endpoint::Completions | Endpoint::Embeddings => &[],
+    }
+}
+
+/// The tokens of `body`'s billed definitions (`definitions`), counted as `tools` are.
+fn billed_definitions(endpoint: Endpoint, body: &Map<String, Value>) -> i64 {
+    definitions(endpoint)
+        .iter()
+        .filter_map(|(field, inner)| body.get(*field)?.pointer(inner))
+        .map(estimate::count_value)
+        .sum()
 }
 
 /// The request's input counted with the tokenizer (no margin), its shape checked on the

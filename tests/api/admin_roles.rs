@@ -1509,3 +1509,60 @@ async fn an_admin_resets_a_password_and_changes_a_role_and_the_old_sessions_end(
         "{row:?}"
     );
 }
+
+/// A request authenticated before its user is disabled, whose body arrives after: it is
+/// authenticated again before it reserves (its body took longer than `RECHECK_AFTER`), so
+/// it is refused as a new request would be, nothing sent upstream nor charged (s26 attack
+/// F2: the credential was judged once, before the body, and the request was served).
+#[tokio::test]
+async fn a_request_whose_body_arrived_after_its_user_was_disabled_is_refused() {
+    let w = world().await;
+    let (conn, rest) = half_sent_chat(&w.app.address, &w.blue_token_text, &chat_body(5)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let (s, r) = w
+        .admin
+        .patch(
+            &format!("/admin/api/v1/users/{}", w.blue_member),
+            &json!({"disabled": true}),
+        )
+        .await;
+    assert_eq!(s, 200, "{r}");
+    let (status, answer) = finish_half_sent(conn, &rest).await;
+    assert_eq!(status, 401, "{answer}");
+    assert!(answer.contains("invalid_api_key"), "{answer}");
+    assert_eq!(w.app.mock.state.total_count(), 0, "nothing sent upstream");
+    w.app.wait_settled().await;
+    assert_nothing_charged_nor_held(&w.app, w.blue_token).await;
+}
+
+/// A request authenticated before its token's rotation, whose body arrives after: it is
+/// authenticated again before it reserves, as the successor the old text now works as, so
+/// it spends the new token's budget and the old token's balance stays untouched — the pair
+/// spends one budget (s26 attack F2: it reserved on the old token, whose remaining the
+/// never-resetting rotation had also handed the new one, up to twice the budget).
+#[tokio::test]
+async fn a_request_authenticated_before_a_rotation_spends_the_successors_budget() {
+    let w = world().await;
+    let (conn, rest) = half_sent_chat(&w.app.address, &w.blue_token_text, &chat_body(5)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let r = rotate_blue(&w, 3600).await;
+    let new_id = r["id"].as_i64().unwrap();
+    let (status, answer) = finish_half_sent(conn, &rest).await;
+    assert_eq!(status, 200, "{answer}");
+    w.app.wait_settled().await;
+    let charged_to: Vec<(i64,)> = sql_rows(
+        w.app.db(),
+        "SELECT DISTINCT token_id FROM ledger WHERE kind <> 'adjust'",
+    )
+    .await;
+    assert_eq!(charged_to, [(new_id,)], "charged to the successor");
+    let old_remaining = w
+        .app
+        .scalar(&format!(
+            "SELECT remaining_micros FROM tokens WHERE id = {}",
+            w.blue_token
+        ))
+        .await;
+    assert_eq!(old_remaining, 2_000_000, "the old budget is not spent");
+    w.app.assert_invariant().await;
+}

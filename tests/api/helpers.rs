@@ -543,6 +543,46 @@ pub async fn send_raw_chat(
     conn
 }
 
+/// A chat request of `body` on a new connection to the gateway at `url`, only its head and
+/// the first half of its body sent: the gateway has authenticated it and waits for the
+/// rest, returned for `finish_half_sent`. The head asks to close the connection after the
+/// answer, so the answer is read to its end.
+pub async fn half_sent_chat(
+    url: &str,
+    token: &str,
+    body: &Value,
+) -> (tokio::net::TcpStream, Vec<u8>) {
+    use tokio::io::AsyncWriteExt;
+    let addr = url.trim_start_matches("http://");
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let body = body.to_string().into_bytes();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {token}\r\n\
+         content-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    let (first, rest) = body.split_at(body.len() / 2);
+    conn.write_all(head.as_bytes()).await.unwrap();
+    conn.write_all(first).await.unwrap();
+    conn.flush().await.unwrap();
+    (conn, rest.to_vec())
+}
+
+/// Sends the rest of a `half_sent_chat` and reads its answer: the status and the whole
+/// response text (head and body).
+pub async fn finish_half_sent(mut conn: tokio::net::TcpStream, rest: &[u8]) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    conn.write_all(rest).await.unwrap();
+    let mut answer = Vec::new();
+    conn.read_to_end(&mut answer).await.unwrap();
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let status = answer
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {answer}"));
+    (status, answer)
+}
+
 /// `send_raw_chat` of a streamed `chat_body(100)`, then one read (up to 512 bytes) that must
 /// begin with a 200 status line: the stream is open.
 pub async fn open_raw_stream(url: &str, token: &str, rcvbuf: Option<u32>) -> tokio::net::TcpStream {

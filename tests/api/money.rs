@@ -505,3 +505,136 @@ async fn a_prompt_array_is_priced_as_the_completions_the_upstream_bills() {
     assert_eq!(v["error"]["param"], "prompt", "{v}");
     app.assert_invariant().await;
 }
+
+/// Definitions the provider bills as input outside `messages`: legacy `functions`, a
+/// `response_format` JSON schema (both injected into the prompt by OpenAI), a Responses
+/// `text.format` schema and an Anthropic `output_format` schema. Each is counted as input
+/// in the reservation, so a token whose budget fits the short request but not the counted
+/// definitions is refused before any upstream call, and nothing is absorbed.
+async fn billed_definitions_outside_messages_are_reserved_as_input(engine: Engine) {
+    let app = spawn_app_on(engine, |s, m| {
+        s.upstreams.push(native_upstream(
+            sluice::config::Provider::Anthropic,
+            "c",
+            KEY_B,
+            m,
+        ));
+        s.models.push(model("claude", &["c"]));
+    })
+    .await;
+    let hi = [json!({"role": "user", "content": "hi"})];
+    let short_input = pricing::input_with_margin(estimate::chat_input(&hi, None), 1.10, 16);
+    let short = pricing::cost(
+        Usage {
+            input: short_input,
+            output: 1,
+            ..Default::default()
+        },
+        PRICES,
+    );
+    let (_, token) = app.token("fred", Some(&pricing::usd(3 * short))).await;
+    let long = "word ".repeat(20_000);
+    let schema = json!({"type": "object", "description": long});
+    let chat = |extra: serde_json::Value| {
+        let mut b = json!({"model": "gpt-4o-mini", "max_tokens": 1, "messages": hi});
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let cases = [
+        (
+            "/v1/chat/completions",
+            chat(json!({"functions": [{"name": "f", "description": long,
+                "parameters": {"type": "object"}}]})),
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"response_format": {"type": "json_schema",
+                "json_schema": {"name": "s", "schema": schema}}})),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": "gpt-4o-mini", "max_output_tokens": 16, "input": "hi",
+                "text": {"format": {"type": "json_schema", "name": "s", "schema": schema}}}),
+        ),
+        (
+            "/v1/messages",
+            json!({"model": "claude", "max_tokens": 1, "messages": hi,
+                "output_format": {"type": "json_schema", "schema": schema}}),
+        ),
+    ];
+    for (path, body) in cases {
+        app.mock.state.sticky(
+            "*",
+            Some(sluice::mock::Script {
+                prompt_tokens: Some(20_012),
+                completion_tokens: Some(1),
+                ..sluice::mock::Script::default()
+            }),
+        );
+        let resp = app.send(path, &token, &body).await;
+        let status = resp.status();
+        let v: serde_json::Value = resp.json().await.unwrap_or_default();
+        assert_eq!(status, 429, "{path}: {v}");
+        assert_eq!(v["error"]["code"], "insufficient_quota", "{path}: {v}");
+    }
+    app.wait_settled().await;
+    assert_eq!(app.mock.state.total_count(), 0, "no upstream call");
+    let absorbed = app
+        .scalar("SELECT COUNT(*) FROM ledger WHERE kind = 'absorbed'")
+        .await;
+    assert_eq!(absorbed, 0, "absorbed rows");
+    // Rejected predicted tokens are billed as output beyond any cap the reservation
+    // knows: refused, naming the field.
+    let predicted = chat(json!({"prediction": {"type": "content", "content": long}}));
+    let resp = app.chat(&token, &predicted).await;
+    assert_eq!(resp.status(), 400);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["param"], "prediction", "{v}");
+    assert_eq!(app.mock.state.total_count(), 0, "no upstream call");
+    // The short request itself fits the budget.
+    app.mock.state.sticky("*", None);
+    assert_eq!(app.chat(&token, &chat(json!({}))).await.status(), 200);
+    app.assert_invariant().await;
+}
+on_both_engines!(billed_definitions_outside_messages_are_reserved_as_input);
+
+/// Claude adds a tool-use system prompt to every request with tools (Anthropic's "tool use
+/// pricing": 159 to 530 input tokens by model and tool choice), billed as input though the
+/// client never sent it: the reservation counts the largest, so a short request with one
+/// tool is not absorbed in part.
+async fn claudes_tool_use_system_prompt_is_reserved_as_input(engine: Engine) {
+    let app = spawn_app_on(engine, |s, m| {
+        s.upstreams.push(native_upstream(
+            sluice::config::Provider::Anthropic,
+            "c",
+            KEY_B,
+            m,
+        ));
+        s.models.push(model("claude", &["c"]));
+    })
+    .await;
+    let (_, token) = app.token("gina", Some("1.00")).await;
+    let hi = [json!({"role": "user", "content": "hi"})];
+    let tools = json!([{"name": "f", "input_schema": {"type": "object"}}]);
+    let counted = estimate::chat_input(&hi, Some(&tools));
+    app.mock.state.sticky(
+        KEY_B,
+        Some(sluice::mock::Script {
+            prompt_tokens: Some(counted + 530),
+            completion_tokens: Some(1),
+            ..sluice::mock::Script::default()
+        }),
+    );
+    let body = json!({"model": "claude", "max_tokens": 1, "messages": hi, "tools": tools});
+    let resp = app.messages(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    app.wait_settled().await;
+    let absorbed = app
+        .scalar("SELECT COALESCE(SUM(amount_micros), 0) FROM ledger WHERE kind = 'absorbed'")
+        .await;
+    assert_eq!(absorbed, 0, "the gateway absorbed {absorbed} micro-USD");
+    app.assert_invariant().await;
+}
+on_both_engines!(claudes_tool_use_system_prompt_is_reserved_as_input);

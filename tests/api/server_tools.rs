@@ -154,7 +154,10 @@ async fn each_search_reserves_its_input_allowance() {
     let body = json!({"model": "sonnet", "max_tokens": 100,
         "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 3}],
         "messages": [{"role": "user", "content": "What is Sluice?"}]});
-    let counted = estimate::chat_input(body["messages"].as_array().unwrap(), body.get("tools"));
+    // With tools Claude reads its tool-use system prompt too, at each step: 530 tokens
+    // (`pipeline::request::TOOL_USE_PROMPT`).
+    let counted =
+        estimate::chat_input(body["messages"].as_array().unwrap(), body.get("tools")) + 530;
     let first = pricing::input_with_margin(counted, 1.10, 16);
     let worst = pricing::cost(
         Usage {

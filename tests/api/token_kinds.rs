@@ -281,7 +281,7 @@ async fn openai_cached_audio_and_reasoning_tokens_are_charged_exactly() {
 }
 
 /// The reservation of `body` (a Messages request) as the gateway computes it: the counted
-/// input with the default margin at `input_price` — with `calls` web searches, once per
+/// input (with Claude's tool-use prompt) with the default margin at `input_price` — with `calls` web searches, once per
 /// sampling step (`calls + 1`), with each search's results (25 000 tokens,
 /// `[finance] server_tool_input_tokens_per_call`) and the output re-read by every step
 /// after it — `max_tokens` at `output_price`, and the searches' fee.
@@ -290,6 +290,11 @@ fn worst_case(body: &Value, input_price: i64, output_price: i64, calls: i64, fee
     let mut counted = estimate::chat_input(messages, body.get("tools"));
     if let Some(system) = body.get("system") {
         counted += estimate::count_value(system);
+    }
+    // Claude (`sonnet`, on Anthropic) reads its tool-use system prompt with any tools:
+    // 530 tokens (`pipeline::request::TOOL_USE_PROMPT`).
+    if body["model"] == "sonnet" && body.get("tools").is_some() {
+        counted += 530;
     }
     let usage = Usage {
         input: (calls + 1) * pricing::input_with_margin(counted, 1.10, 16)

@@ -93,16 +93,18 @@ pub async fn call(
     candidates: &[Candidate],
     deadline: Instant,
     (request_id, trace): (&str, &Trace),
-    credential: &HeaderMap,
+    (credential, mut checked): (&HeaderMap, Instant),
     mut sent: impl FnMut(Departure),
 ) -> Called {
     let cfg = &state.settings.retry;
     let started = Instant::now();
     let mut run = Run::new();
     let mut round = 0u32;
-    // When the credential was last known good: a request checked again after any wait
-    // (`recheck`) — a slow failed attempt, a round's sleep — before its next attempt.
-    let mut checked = Instant::now();
+    // `checked`: when the credential was last known good — its authentication, or the
+    // re-check after a wait before this call (s26 attack F2: the clock started here, so a
+    // first attempt was never re-checked however long the request had waited since). A
+    // request is checked again after any wait (`recheck`) — a slow failed attempt, a
+    // round's sleep — before its next attempt.
     loop {
         round += 1;
         let pool: Vec<usize> = if round == 1 {
