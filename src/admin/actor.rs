@@ -44,9 +44,10 @@ impl Role {
 pub enum Via {
     /// A browser session; holds the SHA-256 of the session id and the CSRF token.
     Session { id_hash: String, csrf: String },
-    /// An admin API key; holds the SHA-256 of the key.
+    /// An admin API key; holds the SHA-256 of the key and its display prefix.
     ApiKey {
         key_hash: crate::auth::token::TokenHash,
+        prefix: String,
     },
 }
 
@@ -72,9 +73,16 @@ pub fn sso_audit_name(name: &str, issuer: &str, subject: &str) -> String {
 
 impl Actor {
     pub fn from_row(row: AdminRow, address: String, via: Via) -> Option<Actor> {
-        let audit_name = match (&row.oidc_issuer, &row.oidc_subject) {
+        let login = match (&row.oidc_issuer, &row.oidc_subject) {
             (Some(iss), Some(sub)) => sso_audit_name(&row.username, iss, sub),
             _ => row.username.clone(),
+        };
+        // A key's actions name the key (the prefix its `apikey.create` row shows): a leaked
+        // key's are then told from its owner's own, and only that key revoked (s26 attack
+        // admin #4).
+        let audit_name = match &via {
+            Via::ApiKey { prefix, .. } => format!("{login} (api key {prefix})"),
+            Via::Session { .. } => login,
         };
         Some(Actor {
             audit_name,
@@ -183,7 +191,7 @@ impl Actor {
             Via::Session { id_hash, .. } => sessions::session_live(tx, id_hash).await?,
             // A role change ends sessions, not keys: a key's write is held to the role and
             // team it was authorized with (final review F1).
-            Via::ApiKey { key_hash } => {
+            Via::ApiKey { key_hash, .. } => {
                 sessions::api_key_live(tx, key_hash, (self.role.as_str(), self.team_id)).await?
             }
         };

@@ -132,7 +132,12 @@ async fn admit(req: &mut ServiceRequest) -> Result<Actor, AdminError> {
             .await?
             .filter(|a| !a.disabled)
             .ok_or(AdminError::Unauthorized)?;
-        let via = Via::ApiKey { key_hash: hash };
+        let via = Via::ApiKey {
+            key_hash: hash,
+            prefix: token::admin_display_prefix(key)
+                .unwrap_or_default()
+                .to_string(),
+        };
         return Actor::from_row(row, address, via).ok_or(AdminError::Unauthorized);
     }
     let secure = session::secure(&state.settings.server.public_url);

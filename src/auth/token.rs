@@ -53,6 +53,12 @@ pub fn parse_admin(text: &str) -> Option<TokenHash> {
     well_formed(body).then(|| hash(text))
 }
 
+/// The display prefix of an admin key's text (`NewToken::display_prefix` when it was
+/// made); `None` for a text that is no admin key.
+pub fn admin_display_prefix(text: &str) -> Option<&str> {
+    text.strip_prefix(ADMIN_PREFIX)?.get(..8)
+}
+
 fn well_formed(body: &str) -> bool {
     if body.len() != BODY_LEN + CHECK_LEN || !body.bytes().all(|b| b.is_ascii_alphanumeric()) {
         return false;

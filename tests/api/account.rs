@@ -582,3 +582,39 @@ async fn a_password_with_edge_spaces_is_kept_byte_for_byte() {
     assert_eq!(status, 200, "{v}");
     login_with(&app, "ops", &spaced).await;
 }
+
+/// s26 attack admin #4: an action taken with an API key names the key in its audit row
+/// (`root (api key <prefix>)`, the prefix its `apikey.create` row shows), so a leaked key's
+/// actions can be told from the owner's own and the one key revoked. Before, both rows
+/// named `root` alone.
+#[tokio::test]
+async fn an_action_with_an_api_key_names_the_key_in_the_audit_log() {
+    let (app, root, key) = root_with_a_key().await;
+    let team = json!({"name": "by-session"});
+    assert_eq!(root.post("/admin/api/v1/teams", &team).await.0, 201);
+    let resp = client()
+        .post(format!("{}/admin/api/v1/teams", app.address))
+        .bearer_auth(&key)
+        .json(&json!({"name": "by-key"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let actors: Vec<(String,)> = sql_rows(
+        app.db(),
+        "SELECT actor FROM audit_log WHERE action = 'team.create' ORDER BY id",
+    )
+    .await;
+    let created = sql_text(
+        app.db(),
+        "SELECT after FROM audit_log WHERE action = 'apikey.create'",
+    )
+    .await;
+    let created: serde_json::Value = serde_json::from_str(&created).unwrap();
+    let prefix = created["prefix"].as_str().unwrap();
+    assert!(key.contains(prefix));
+    assert_eq!(
+        actors,
+        [("root".to_string(),), (format!("root (api key {prefix})"),)]
+    );
+}
