@@ -617,4 +617,10 @@ async fn an_action_with_an_api_key_names_the_key_in_the_audit_log() {
         actors,
         [("root".to_string(),), (format!("root (api key {prefix})"),)]
     );
+    // Filtering the log by the login finds both.
+    let (status, v) = root
+        .get_json("/admin/api/v1/audit?actor=root&action=team.")
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["audit"].as_array().map(Vec::len), Some(2), "{v}");
 }

@@ -162,7 +162,16 @@ pub async fn audit(
             .push(" ESCAPE '\\'");
     }
     if let Some(a) = actor {
-        q.push(" AND actor = ").push_bind(a.to_string());
+        // The login's actions, also those it took by single sign-on or with an API key
+        // (`name (oidc …)`, `name (api key …)`): compared as text, no pattern.
+        let named = format!("{a} (");
+        q.push(" AND (actor = ")
+            .push_bind(a.to_string())
+            .push(" OR substr(actor, 1, ")
+            .push_bind(named.chars().count() as i64)
+            .push("::int) = ")
+            .push_bind(named)
+            .push(")");
     }
     q.push(" ORDER BY id DESC LIMIT ")
         .push_bind(limit.saturating_add(1))
