@@ -147,6 +147,9 @@ pub struct StreamConverter {
     text: String,
     /// Tokens of the output text already counted.
     counted: i64,
+    /// Bytes of base64 audio received (an OpenAI audio answer's `delta.audio.data`): counted
+    /// as audio output when no usage prices the stream (`accounting::heard`).
+    audio_bytes: usize,
     /// Anthropic web searches the model started (`server_tool_use` blocks named
     /// `web_search`) before the finish, less those answered with an error result (not
     /// billed): each is billed even when the stream is cut before the usage that counts
@@ -205,6 +208,7 @@ impl StreamConverter {
             started: 0,
             text: String::new(),
             counted: 0,
+            audio_bytes: 0,
             searches_seen: 0,
             searches_reported: false,
             server_calls_seen: 0,
