@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 
-use super::shape;
+use super::from_anthropic;
 use super::{Corrupt, StreamConverter};
 use crate::upstream::providers::canonical::{self, Event, Reported};
 use crate::upstream::providers::formats::openai_chat::stream::{read_event, OpenAiEvent};
@@ -96,7 +96,7 @@ impl StreamConverter {
                 }
             }
             Reader::Anthropic(r) => {
-                let e = shape::anthropic_event(data)?;
+                let e = from_anthropic::read_event(data, finished)?;
                 r.event(&e, &mut events);
                 self.note_anthropic_event(&e);
             }

@@ -40,7 +40,7 @@
 //!   counts toward no finish; before the answer is whole (or whole at its end) it is
 //!   passed on and counted (an upstream that numbers an `n` = 1 answer's choices wrongly
 //!   puts its text there), after it it is no part of the answer. A stream that ends before its
-//!   finish is *cut*, and
+//!   finish is *cut* (an Anthropic `message_stop` before its `message_delta` too), and
 //!   so is one with an event the gateway cannot read, before or after the finish (it may
 //!   be the usage): the client gets an error event.
 //! - Anthropic web searches are charged at the most of those reported and of the

@@ -31,6 +31,9 @@ pub enum Corrupt {
     Json,
     /// JSON, but not in the shape its format defines.
     Shape,
+    /// An end of the message before its finish (Anthropic's `message_stop` with no
+    /// `message_delta` before it): the answer was cut short, however it ended.
+    Unfinished,
 }
 
 impl Corrupt {
@@ -50,6 +53,9 @@ impl Corrupt {
             }
             Corrupt::Shape => {
                 "The upstream sent an event that is not in the shape its format defines; the stream was ended by the gateway."
+            }
+            Corrupt::Unfinished => {
+                "The upstream ended its message before its finish; the stream was ended by the gateway."
             }
         }
     }
