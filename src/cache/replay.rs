@@ -3,6 +3,8 @@
 //! stored by assembling the events the client received back into a whole answer
 //! (`Assembler`). So a stream can be served from a non-streamed entry and vice versa.
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
@@ -141,6 +143,24 @@ pub struct Assembler {
     taken: usize,
 }
 
+/// An SSE frame's data: its `data:` lines joined with `\n`, as a client's parser joins
+/// them (`stream::frame` writes data of several lines so). Borrowed for the usual one line.
+fn event_data(text: &str) -> Option<Cow<'_, str>> {
+    let mut lines = text.lines().filter_map(|l| l.strip_prefix("data: "));
+    let first = lines.next()?;
+    Some(match lines.next() {
+        None => Cow::Borrowed(first),
+        Some(second) => {
+            let mut joined = [first, second].join("\n");
+            for line in lines {
+                joined.push('\n');
+                joined.push_str(line);
+            }
+            Cow::Owned(joined)
+        }
+    })
+}
+
 impl Assembler {
     pub fn new(format: WireFormat, limit: usize) -> Self {
         Self {
@@ -172,14 +192,14 @@ impl Assembler {
         let Ok(text) = std::str::from_utf8(frame) else {
             return;
         };
-        let Some(data) = text.lines().find_map(|l| l.strip_prefix("data: ")) else {
+        let Some(data) = event_data(text) else {
             return;
         };
         if data == "[DONE]" {
             self.complete = true;
             return;
         }
-        let Ok(v) = serde_json::from_str::<Value>(data) else {
+        let Ok(v) = serde_json::from_str::<Value>(&data) else {
             return;
         };
         match self.format {
@@ -429,6 +449,23 @@ mod tests {
             asm.push(&f);
         }
         assert_eq!(asm.finish(None).unwrap(), refusal);
+    }
+
+    /// A chunk the upstream sent over several `data:` lines is framed so to the client
+    /// (`stream::frame`) and rebuilt whole: its text is part of the stored answer.
+    #[test]
+    fn a_chunk_framed_over_several_data_lines_is_rebuilt() {
+        let mut asm = Assembler::new(WireFormat::OpenAi, 1 << 20);
+        for data in [
+            "{\"id\": \"c\", \"object\": \"chat.completion.chunk\", \"created\": 1, \"model\": \"m\",\n\"choices\": [{\"index\": 0, \"delta\": {\"role\": \"assistant\", \"content\": \"Hi\"}, \"finish_reason\": null}]}",
+            "{\"id\": \"c\", \"object\": \"chat.completion.chunk\", \"created\": 1, \"model\": \"m\", \"choices\": [{\"index\": 0, \"delta\": {}, \"finish_reason\": \"stop\"}],\n\"usage\": {\"prompt_tokens\": 3, \"completion_tokens\": 1, \"total_tokens\": 4}}",
+            "[DONE]",
+        ] {
+            asm.push(&frame(None, data));
+        }
+        let answer = asm.finish(None).unwrap();
+        assert_eq!(answer["choices"][0]["message"]["content"], "Hi", "{answer}");
+        assert_eq!(answer["usage"]["completion_tokens"], 1, "{answer}");
     }
 
     /// What a rebuilt answer cannot hold faithfully makes it not stored: log probabilities.

@@ -40,8 +40,13 @@ fn role_chunk() -> String {
 
 /// Waits (10 s at most) until the mock has no call in flight: the gateway closed it.
 async fn upstream_call_closed(app: &TestApp) {
+    key_call_closed(app, KEY_A).await;
+}
+
+/// As `upstream_call_closed`, for the upstream scripted by `key`.
+async fn key_call_closed(app: &TestApp, key: &str) {
     for _ in 0..500 {
-        if app.mock.state.stats(KEY_A).in_flight == 0 {
+        if app.mock.state.stats(key).in_flight == 0 {
             return;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -878,4 +883,87 @@ async fn a_negative_usage_figure_is_no_report_and_is_estimated() {
         }
     }
     app.assert_invariant().await;
+}
+
+/// A Responses client of an Anthropic upstream whose text never ends: the Responses
+/// writer keeps the answer for the stored response, and what it keeps counts against the
+/// cap as a held-back block does. Past it the stream ends by the cut rule — the error event
+/// in the client's format, no `response.completed`, nothing stored — inside the bound,
+/// though the upstream holds its connection open.
+#[tokio::test]
+async fn a_responses_answer_kept_past_the_cap_ends_the_stream() {
+    let app = spawn_app_with(|s, m| {
+        s.upstream.max_response_bytes = CAP;
+        s.upstreams.push(native_upstream(
+            sluice::config::Provider::Anthropic,
+            "c",
+            KEY_B,
+            m,
+        ));
+        s.models.push(model("claude", &["c"]));
+    })
+    .await;
+    let (_, token) = app.token("responses-kept", Some("1")).await;
+    let event = |name: &str, data: Value| format!("event: {name}\ndata: {data}\n\n");
+    let start = event(
+        "message_start",
+        json!({"type": "message_start", "message": {"id": "msg_1", "type": "message",
+            "role": "assistant", "model": "claude", "content": [], "stop_reason": null,
+            "usage": {"input_tokens": 12, "output_tokens": 1}}}),
+    );
+    let block = event(
+        "content_block_start",
+        json!({"type": "content_block_start", "index": 0,
+            "content_block": {"type": "text", "text": ""}}),
+    );
+    let delta = event(
+        "content_block_delta",
+        json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "text_delta", "text": "word ".repeat(200)}}),
+    );
+    // 4 MiB of text, 16 times the cap, then an hour's silence.
+    app.mock.state.sticky(
+        KEY_B,
+        Some(Script {
+            raw_stream: Some(vec![start, block, delta]),
+            raw_repeat: 4096,
+            raw_hold: true,
+            ..Default::default()
+        }),
+    );
+    let body = json!({"model": "claude", "max_output_tokens": 100, "stream": true,
+        "input": "Why does the engine light blink?"});
+    let resp = app.post("/v1/responses", &token, &body).await;
+    assert_eq!(resp.status(), 200);
+    let text = tokio::time::timeout(BOUND, resp.text())
+        .await
+        .expect("the gateway ended the stream")
+        .expect("the body ends cleanly after the error event");
+    let data: Vec<&str> = text
+        .split("\n\n")
+        .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
+        .collect();
+    let last: Value = serde_json::from_str(data.last().unwrap()).unwrap();
+    assert_eq!(last["type"], "error", "{last}");
+    assert_eq!(last["code"], "upstream_error", "{last}");
+    assert!(
+        last["message"].as_str().unwrap().contains("held back more"),
+        "{last}"
+    );
+    assert!(!data.iter().any(|d| d.contains("response.completed")));
+    app.wait_for_log_rows(1).await;
+    let (status, code, output, cost): (i64, Option<String>, i64, i64) = sql_row(
+        app.db(),
+        "SELECT status, error_code, output_tokens, cost_micros FROM requests",
+    )
+    .await;
+    assert_eq!((status, code.as_deref()), (200, Some("upstream_error")));
+    assert!(output > 0 && cost > 0, "output {output}, cost {cost}");
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM stored_responses").await,
+        0,
+        "nothing stored"
+    );
+    app.assert_invariant().await;
+    key_call_closed(&app, KEY_B).await;
 }

@@ -479,3 +479,116 @@ async fn a_departure_of_a_prompt_marked_for_a_cache_write_pays_the_write_rate() 
     app.mock.state.sticky(ANTHROPIC_KEY, None);
     app.assert_invariant().await;
 }
+
+/// A streamed answer cut after `cut` of `deltas` (each the `delta` of one OpenAI chunk,
+/// after a role chunk): the request row's output tokens, audio output tokens and cost.
+async fn cut_stream(
+    app: &TestApp,
+    name: &str,
+    body: &Value,
+    deltas: Vec<Value>,
+    cut: usize,
+) -> (i64, i64, i64) {
+    let (id, token) = app.token(name, Some("10")).await;
+    let chunk = |delta: Value, finish: Value| {
+        SseEvent::Data(
+            json!({"id": "c", "object": "chat.completion.chunk", "created": 1,
+            "model": "gpt-audio", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}),
+        )
+    };
+    let mut events = vec![chunk(
+        json!({"role": "assistant", "content": null}),
+        Value::Null,
+    )];
+    events.extend(deltas.into_iter().map(|d| chunk(d, Value::Null)));
+    events.push(chunk(json!({}), json!("stop")));
+    events.push(SseEvent::Data(
+        json!({"id": "c", "object": "chat.completion.chunk",
+        "created": 1, "model": "gpt-audio", "choices": [],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 5000}}),
+    ));
+    app.mock.state.script(
+        OPENAI_KEY,
+        [Script {
+            events: Some(events),
+            cut_after: Some(cut),
+            ..Script::default()
+        }],
+    );
+    let mut body = body.clone();
+    body["stream"] = json!(true);
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 200, "{name}");
+    let text = resp.text().await.unwrap();
+    assert!(
+        text.contains("upstream_error"),
+        "{name}: the cut is told: {text}"
+    );
+    app.wait_settled().await;
+    let rows = format!("SELECT COUNT(*) FROM requests WHERE token_id = {id}");
+    for _ in 0..500 {
+        if app.scalar(&rows).await == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    sql_row(
+        app.db(),
+        &format!(
+            "SELECT output_tokens, audio_output_tokens, cost_micros FROM requests WHERE token_id = {id}"
+        ),
+    )
+    .await
+}
+
+/// Output the upstream streams outside `content` — an audio answer's transcript and audio
+/// data, a legacy `functions` call's name and arguments, Mistral's thinking parts — is
+/// counted as text is: a stream cut before its usage is charged the input and the output
+/// it received, more than a stream cut before any output.
+#[tokio::test]
+async fn output_streamed_outside_content_is_charged_when_the_stream_is_cut() {
+    let app = app().await;
+    let audio = json!({"model": "gpt-audio", "max_tokens": 2000,
+        "modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "pcm16"},
+        "messages": [{"role": "user", "content": "Say hello."}]});
+    let functions = json!({"model": "gpt-audio", "max_tokens": 2000,
+        "functions": [{"name": "lookup", "parameters": {"type": "object"}}],
+        "messages": [{"role": "user", "content": "Look it up."}]});
+    let data = "A".repeat(4096);
+    let sound = (0..20)
+        .map(|_| json!({"audio": {"id": "a1", "data": data, "transcript": "The engine light blinks. "}}))
+        .collect::<Vec<_>>();
+    let call = std::iter::once(json!({"function_call": {"name": "lookup", "arguments": ""}}))
+        .chain(
+            (0..19)
+                .map(|_| json!({"function_call": {"arguments": "{\"query\": \"engine light\"} "}})),
+        )
+        .collect::<Vec<_>>();
+    let thinking = (0..20)
+        .map(|_| {
+            json!({"content": [{"type": "thinking",
+            "thinking": [{"type": "text", "text": "The engine light blinks. "}]}]})
+        })
+        .collect::<Vec<_>>();
+    for (name, body, deltas) in [
+        ("audio", &audio, sound),
+        ("function_call", &functions, call),
+        ("thinking", &functions, thinking),
+    ] {
+        let (nothing, _, nothing_cost) =
+            cut_stream(&app, &format!("{name}-none"), body, deltas.clone(), 1).await;
+        assert_eq!(nothing, 0, "{name}: cut before any output");
+        let (output, audio_out, cost) = cut_stream(&app, name, body, deltas, 11).await;
+        assert!(output > 0, "{name}: the output received is counted");
+        assert!(
+            cost > nothing_cost,
+            "{name}: {cost} charged, {nothing_cost} without output"
+        );
+        assert_eq!(
+            audio_out > 0,
+            name == "audio",
+            "{name}: audio counted as audio"
+        );
+    }
+    app.assert_invariant().await;
+}

@@ -5,7 +5,7 @@
 
 use serde_json::{json, Value};
 
-use crate::helpers::assert_cut_by_an_error_event;
+use crate::helpers::{assert_cut_by_an_error_event, KEY_B};
 use crate::translate_wire::{app, chunk, of_type, run_case, usage_chunk};
 
 /// Some OpenAI-compatible servers send a tool call's id first and its name in a later
@@ -255,6 +255,52 @@ async fn nothing_reaches_the_client_after_the_upstream_said_done() {
         .scalar("SELECT COUNT(*) FROM requests WHERE error_code IS NOT NULL")
         .await;
     assert_eq!(failed, 0, "a complete answer logged as a failure");
+    app.assert_invariant().await;
+}
+
+/// An Anthropic `message_stop` with no `message_delta` before it ends a message that never
+/// had its finish: a truncated answer, not a complete one. The client's stream ends with
+/// the gateway's error event in its format (no `[DONE]`, no `message_stop`), the row says
+/// `upstream_error`, and nothing is cached: the same request asked again reaches the
+/// upstream.
+#[tokio::test]
+async fn a_message_stop_without_its_finish_is_a_cut_stream() {
+    let app = app().await;
+    let (id, token) = app.token("stop-unfinished", None).await;
+    let events = json!([
+        ["message_start", {"type": "message_start", "message": {"id": "msg_s", "type": "message",
+            "role": "assistant", "model": "m", "content": [], "stop_reason": null,
+            "stop_sequence": null, "usage": {"input_tokens": 5, "output_tokens": 1}}}],
+        ["content_block_start", {"type": "content_block_start", "index": 0,
+            "content_block": {"type": "text", "text": ""}}],
+        ["content_block_delta", {"type": "content_block_delta", "index": 0,
+            "delta": {"type": "text_delta", "text": "Hel"}}],
+        ["message_stop", {"type": "message_stop"}]
+    ]);
+    let mut served = 0;
+    for client in ["openai", "anthropic"] {
+        let case = json!({"client": client, "request": {"max_tokens": 20, "stream": true,
+            "temperature": 0, "messages": [{"role": "user", "content": format!("hi {client}")}]},
+            "upstream": {"events": events}});
+        for ask in 0..2 {
+            let got = run_case(&app, &token, "anthropic", &case).await;
+            let what = format!("{client}, ask {ask}: {got}");
+            assert_eq!(got["status"], 200, "{what}");
+            assert_eq!(app.mock.state.stats(KEY_B).count, 1, "not cached: {what}");
+            app.state.cache.flush().await;
+            let cached = app.scalar("SELECT COUNT(*) FROM cache_entries").await;
+            assert_eq!(cached, 0, "not cached: {what}");
+            assert_cut_by_an_error_event(got["response"].as_array().unwrap(), client, &what);
+            served += 1;
+            app.wait_for_log_rows(served).await;
+        }
+    }
+    let cut = app
+        .scalar(&format!(
+            "SELECT COUNT(*) FROM requests WHERE token_id = {id} AND error_code = 'upstream_error'"
+        ))
+        .await;
+    assert_eq!(cut, served, "every one logged as cut");
     app.assert_invariant().await;
 }
 

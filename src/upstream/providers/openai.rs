@@ -79,7 +79,19 @@ pub fn answer_text(v: &Value) -> String {
                 text.push_str(&t);
             }
         }
-        for p in ["/message/tool_calls", "/delta/tool_calls"] {
+        // Output outside `content`, billed alike: an audio answer's transcript.
+        for p in ["/message/audio/transcript", "/delta/audio/transcript"] {
+            if let Some(t) = c.pointer(p).and_then(Value::as_str) {
+                text.push_str(t);
+            }
+        }
+        // The legacy `functions` API's call, counted as a tool call is.
+        for p in [
+            "/message/tool_calls",
+            "/delta/tool_calls",
+            "/message/function_call",
+            "/delta/function_call",
+        ] {
             if let Some(tc) = c.pointer(p).filter(|t| !t.is_null()) {
                 text.push_str(&tc.to_string());
             }
@@ -104,5 +116,18 @@ mod tests {
         assert_eq!(out["stream_options"]["include_usage"], true);
         let t = answer_text(&json!({"choices": [{"delta": {"content": "Hel"}}]}));
         assert_eq!(t, "Hel");
+    }
+
+    /// An audio answer's transcript and a legacy `functions` call are output a whole
+    /// answer without usage is charged for.
+    #[test]
+    fn answer_text_reads_transcripts_and_function_calls() {
+        let t = answer_text(&json!({"choices": [
+            {"message": {"content": null, "audio": {"id": "a", "data": "AAAA", "transcript": "Hello there."}}},
+            {"message": {"content": null, "function_call": {"name": "lookup", "arguments": "{\"q\": 1}"}}}]}));
+        assert!(
+            t.contains("Hello there.") && t.contains("lookup") && t.contains("q"),
+            "{t}"
+        );
     }
 }

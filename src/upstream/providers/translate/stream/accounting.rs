@@ -12,6 +12,11 @@ use crate::usage::Usage;
 /// keeps no more than this of its text.
 pub(super) const COUNT_EVERY: usize = 64 * 1024;
 
+/// Base64 characters of streamed audio per audio output token. OpenAI streams audio as
+/// `pcm16` only (24 kHz mono: 48 000 bytes a second, 64 000 in base64) and bills its output
+/// audio at 20 tokens a second (one per 50 ms): 3 200 characters a token.
+const AUDIO_BASE64_PER_TOKEN: usize = 3_200;
+
 impl StreamConverter {
     /// Takes output text for the count. Past `COUNT_EVERY` bytes, the text up to its last
     /// whitespace is counted and dropped (the tokenizer starts a word at its leading space,
@@ -40,11 +45,20 @@ impl StreamConverter {
             ..Input::default()
         });
         let o = self.output.unwrap_or_default();
-        let output = match self.output {
-            Some(reported) if self.output_final && !self.parted => reported.output,
-            reported => reported
-                .map_or(0, |r| r.output)
-                .max(self.counted + estimate::count_text(&self.text)),
+        let heard = self.heard();
+        let (output, audio_output) = match self.output {
+            Some(reported) if self.output_final && !self.parted => {
+                (reported.output, reported.audio_output)
+            }
+            // The audio received is part of the output counted, priced as audio.
+            reported => (
+                reported.map_or(0, |r| r.output).max(
+                    self.counted
+                        .saturating_add(estimate::count_text(&self.text))
+                        .saturating_add(heard),
+                ),
+                o.audio_output.max(heard),
+            ),
         };
         Usage {
             input: i.input,
@@ -56,7 +70,7 @@ impl StreamConverter {
             image_input: i.image_input,
             output,
             reasoning: o.reasoning,
-            audio_output: o.audio_output,
+            audio_output,
             image_output: o.image_output,
             web_search_calls: if self.searches_reported {
                 o.web_search_calls
@@ -64,6 +78,11 @@ impl StreamConverter {
                 o.web_search_calls.max(self.searches_seen)
             },
         }
+    }
+
+    /// Audio output tokens of the audio received (`audio_bytes`), rounded up.
+    fn heard(&self) -> i64 {
+        i64::try_from(self.audio_bytes.div_ceil(AUDIO_BASE64_PER_TOKEN)).unwrap_or(i64::MAX)
     }
 
     /// The Anthropic server-tool calls started before the finish (searches and fetches).

@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 
-use super::shape;
+use super::from_anthropic;
 use super::{Corrupt, StreamConverter};
 use crate::upstream::providers::canonical::{self, Event, Reported};
 use crate::upstream::providers::formats::openai_chat::stream::{read_event, OpenAiEvent};
@@ -49,15 +49,16 @@ impl Writer {
 
     fn held_bytes(&self) -> usize {
         match self {
-            Writer::OpenAiChat(_) | Writer::Responses(_) => 0,
+            Writer::OpenAiChat(_) => 0,
             Writer::Anthropic(w) => w.held_bytes(),
+            Writer::Responses(w) => w.held_bytes(),
         }
     }
 }
 
 impl StreamConverter {
     /// Bytes held for the client across formats (calls waiting for their names, blocks
-    /// waiting behind a live one).
+    /// waiting behind a live one, a Responses client's answer kept for its response object).
     pub(super) fn held_bytes(&self) -> usize {
         let reader = match &self.reader {
             Reader::OpenAiChat(r) => r.held_bytes(),
@@ -95,7 +96,7 @@ impl StreamConverter {
                 }
             }
             Reader::Anthropic(r) => {
-                let e = shape::anthropic_event(data)?;
+                let e = from_anthropic::read_event(data, finished)?;
                 r.event(&e, &mut events);
                 self.note_anthropic_event(&e);
             }

@@ -9,6 +9,10 @@ use super::StreamConverter;
 use crate::upstream::providers::formats::responses::stream as responses;
 use crate::upstream::providers::Format;
 
+/// One SSE event: `event` if named, and `data` as one `data:` line per line of it. The
+/// parser joins an event's `data:` lines with `\n`, so data an upstream sent over several
+/// lines (a pretty-printed chunk: legal JSON) is framed back so, and the client's parser
+/// reads the same data; one line holding the newline would end the data at it.
 pub fn frame(event: Option<&str>, data: &str) -> Bytes {
     let mut b = BytesMut::with_capacity(data.len() + 32);
     if let Some(e) = event {
@@ -16,9 +20,12 @@ pub fn frame(event: Option<&str>, data: &str) -> Bytes {
         b.put_slice(e.as_bytes());
         b.put_slice(b"\n");
     }
-    b.put_slice(b"data: ");
-    b.put_slice(data.as_bytes());
-    b.put_slice(b"\n\n");
+    for line in data.split('\n') {
+        b.put_slice(b"data: ");
+        b.put_slice(line.as_bytes());
+        b.put_slice(b"\n");
+    }
+    b.put_slice(b"\n");
     b.freeze()
 }
 

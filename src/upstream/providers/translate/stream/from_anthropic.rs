@@ -9,6 +9,17 @@ use super::shape::{self, Body, Corrupt};
 use super::StreamConverter;
 use crate::upstream::providers::formats::anthropic;
 
+/// An Anthropic event read; a `message_stop` before the finish (`finished`: its
+/// `message_delta` came) ends a message cut short — no stop reason, no final usage — and
+/// is refused as such (`Corrupt::Unfinished`), not passed on as a complete answer's end.
+pub(super) fn read_event(data: &str, finished: bool) -> Result<shape::Event<'_>, Corrupt> {
+    let e = shape::anthropic_event(data)?;
+    if matches!(e.body, Body::MessageStop) && !finished {
+        return Err(Corrupt::Unfinished);
+    }
+    Ok(e)
+}
+
 impl StreamConverter {
     /// Accounting of an Anthropic event.
     pub(super) fn note_anthropic_event(&mut self, e: &shape::Event) {
@@ -72,7 +83,7 @@ impl StreamConverter {
         data: &str,
         out: &mut Vec<Bytes>,
     ) -> Result<(), Corrupt> {
-        let e = shape::anthropic_event(data)?;
+        let e = read_event(data, self.finished)?;
         let was_finished = self.finished;
         self.note_anthropic_event(&e);
         // After the finish the answer is whole: no more blocks, no second start or finish

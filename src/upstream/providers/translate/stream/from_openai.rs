@@ -82,6 +82,23 @@ impl StreamConverter {
             let Some(d) = &choice.delta else { continue };
             if let Some(t) = &d.content {
                 self.note_text(&t.text());
+                t.thinking().for_each(|t| self.note_text(t));
+            }
+            if let Some(a) = &d.audio {
+                if let Some(t) = &a.transcript {
+                    self.note_text(t);
+                }
+                self.audio_bytes = self
+                    .audio_bytes
+                    .saturating_add(a.data.unwrap_or_default().0);
+            }
+            for t in d
+                .function_call
+                .iter()
+                .flat_map(|f| [&f.name, &f.arguments])
+                .flatten()
+            {
+                self.note_text(t);
             }
             if let Some(t) = &d.refusal {
                 self.note_text(t);

@@ -40,7 +40,7 @@
 //!   counts toward no finish; before the answer is whole (or whole at its end) it is
 //!   passed on and counted (an upstream that numbers an `n` = 1 answer's choices wrongly
 //!   puts its text there), after it it is no part of the answer. A stream that ends before its
-//!   finish is *cut*, and
+//!   finish is *cut* (an Anthropic `message_stop` before its `message_delta` too), and
 //!   so is one with an event the gateway cannot read, before or after the finish (it may
 //!   be the usage): the client gets an error event.
 //! - Anthropic web searches are charged at the most of those reported and of the
@@ -147,6 +147,9 @@ pub struct StreamConverter {
     text: String,
     /// Tokens of the output text already counted.
     counted: i64,
+    /// Bytes of base64 audio received (an OpenAI audio answer's `delta.audio.data`): counted
+    /// as audio output when no usage prices the stream (`accounting::heard`).
+    audio_bytes: usize,
     /// Anthropic web searches the model started (`server_tool_use` blocks named
     /// `web_search`) before the finish, less those answered with an error result (not
     /// billed): each is billed even when the stream is cut before the usage that counts
@@ -205,6 +208,7 @@ impl StreamConverter {
             started: 0,
             text: String::new(),
             counted: 0,
+            audio_bytes: 0,
             searches_seen: 0,
             searches_reported: false,
             server_calls_seen: 0,

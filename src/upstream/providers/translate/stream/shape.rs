@@ -31,6 +31,9 @@ pub enum Corrupt {
     Json,
     /// JSON, but not in the shape its format defines.
     Shape,
+    /// An end of the message before its finish (Anthropic's `message_stop` with no
+    /// `message_delta` before it): the answer was cut short, however it ended.
+    Unfinished,
 }
 
 impl Corrupt {
@@ -50,6 +53,9 @@ impl Corrupt {
             }
             Corrupt::Shape => {
                 "The upstream sent an event that is not in the shape its format defines; the stream was ended by the gateway."
+            }
+            Corrupt::Unfinished => {
+                "The upstream ended its message before its finish; the stream was ended by the gateway."
             }
         }
     }
@@ -204,6 +210,44 @@ pub struct Delta {
     pub reasoning_content: Option<String>,
     #[serde(default, deserialize_with = "lenient_text")]
     pub reasoning: Option<String>,
+    /// An audio answer's piece (`modalities` with `audio`): its `content` is `null`, its
+    /// transcript and audio are the output the upstream bills.
+    #[serde(default)]
+    pub audio: Option<Obj<Audio>>,
+    /// The legacy `functions` API's call: its name and arguments are output, as a tool
+    /// call's are.
+    #[serde(default)]
+    pub function_call: Option<Obj<Function>>,
+}
+
+/// A delta's `audio`: the transcript's text, and of the audio only its size (base64), which
+/// is all the count needs — the audio itself is not kept.
+#[derive(Deserialize)]
+pub struct Audio {
+    #[serde(default)]
+    pub transcript: Option<String>,
+    #[serde(default)]
+    pub data: Option<Size>,
+}
+
+/// The length of a JSON string, read without keeping it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Size(pub usize);
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Size;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E>(self, s: &str) -> Result<Size, E> {
+                Ok(Size(s.len()))
+            }
+        }
+        d.deserialize_str(V)
+    }
 }
 
 /// A string, else nothing (whatever else is there).
@@ -215,7 +259,8 @@ fn lenient_text<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Er
 }
 
 /// A delta's `content`: a string, or (Mistral) an array of parts whose `text` parts are
-/// the answer; a `text` part without its text is the wrong shape.
+/// the answer, and whose `thinking` parts (Magistral's reasoning, each an array of `text`
+/// parts) are output it bills; a `text` part without its text is the wrong shape.
 pub enum Content {
     Text(String),
     Parts(Vec<Obj<Part>>),
@@ -227,6 +272,9 @@ pub struct Part {
     pub kind: String,
     #[serde(default)]
     pub text: Option<String>,
+    /// A `thinking` part's own parts.
+    #[serde(default)]
+    pub thinking: Option<Vec<Obj<Part>>>,
 }
 
 impl Content {
@@ -242,6 +290,20 @@ impl Content {
                     .collect(),
             ),
         }
+    }
+
+    /// The text of its `thinking` parts (Mistral's), piece by piece: output, not answer.
+    pub fn thinking(&self) -> impl Iterator<Item = &str> {
+        let parts = match self {
+            Content::Text(_) => &[][..],
+            Content::Parts(parts) => parts,
+        };
+        parts
+            .iter()
+            .filter(|p| p.kind == "thinking")
+            .flat_map(|p| p.thinking.iter().flatten())
+            .filter(|p| p.kind == "text")
+            .filter_map(|p| p.text.as_deref())
     }
 }
 

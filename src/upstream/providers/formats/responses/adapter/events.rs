@@ -56,6 +56,10 @@ pub struct EventWriter {
     /// The figures told so far (`null` in the response until the first).
     usage: Option<Usage>,
     item_ids: String,
+    /// Bytes of the answer kept (texts, reasoning, arguments, signatures): the response
+    /// object at the end and its stored copy hold all of it, so it counts against the
+    /// converter's hold limit (`held_bytes`).
+    held: usize,
     pub completed: Option<Value>,
 }
 
@@ -75,12 +79,18 @@ impl EventWriter {
             finish: None,
             usage: None,
             item_ids,
+            held: 0,
             completed: None,
         }
     }
 
     pub fn next_seq(&self) -> u64 {
         self.seq
+    }
+
+    /// The bytes of the answer this writer keeps (`held`).
+    pub fn held_bytes(&self) -> usize {
+        self.held
     }
 
     fn emit(&mut self, kind: &str, mut v: Value, out: &mut Vec<Bytes>) {
@@ -272,6 +282,7 @@ impl EventWriter {
                 let index = self.open_message(out);
                 if let Some(Open::Message { text: t, .. }) = &mut self.message {
                     t.push_str(text);
+                    self.held = self.held.saturating_add(text.len());
                 }
                 let id = format!("msg_{}", self.item_ids);
                 self.emit("response.output_text.delta", json!({"item_id": id, "output_index": index, "content_index": 0, "delta": text, "logprobs": []}), out);
@@ -289,6 +300,7 @@ impl EventWriter {
                 }) = &mut self.message
                 {
                     t.push_str(text);
+                    self.held = self.held.saturating_add(text.len());
                     ev = Some(
                         json!({"item_id": id, "output_index": index, "content_index": 0, "delta": text}),
                     );
@@ -302,6 +314,7 @@ impl EventWriter {
                 self.open_reasoning(out);
                 if let Some(Open::Reasoning { signature: s, .. }) = &mut self.message {
                     *s = Some(signature.clone());
+                    self.held = self.held.saturating_add(signature.len());
                 }
             }
             Event::ToolCallStart { index: k, id, name } => {
@@ -335,6 +348,7 @@ impl EventWriter {
                 )) = self.calls.iter_mut().find(|(i, _)| i == k)
                 {
                     args.push_str(json);
+                    self.held = self.held.saturating_add(json.len());
                     ev = Some(json!({"item_id": id, "output_index": index, "delta": json}));
                 }
                 if let Some(ev) = ev {

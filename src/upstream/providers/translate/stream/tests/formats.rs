@@ -420,3 +420,36 @@ fn a_gemini_signature_inside_the_text_leaves_the_text_whole() {
     let kinds: Vec<String> = anthropic_blocks(&out).into_iter().map(|b| b.0).collect();
     assert_eq!(kinds, ["text"]);
 }
+
+/// An event whose data came over several `data:` lines (a pretty-printing server) is
+/// passed on as several `data:` lines, as SSE frames it: a client's parser joins them back
+/// into the same data, where one `data:` line with raw newlines would cut it at the first.
+#[test]
+fn data_of_several_lines_is_passed_on_as_several_data_lines() {
+    let split = "{\"id\":\"c\",\"choices\":[{\"index\":0,\n\"delta\":{\"content\":\"Hi\"},\"finish_reason\":null}]}";
+    let named = "{\"type\":\"content_block_delta\",\"index\":0,\n\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}";
+    for (format, name, data) in [
+        (WireFormat::OpenAi, "", split),
+        (WireFormat::Anthropic, "content_block_delta", named),
+    ] {
+        let mut c = StreamConverter::new(format, format, false, 10);
+        let mut out = Vec::new();
+        if format == WireFormat::Anthropic {
+            let start = json!({"type": "message_start", "message": {"id": "m", "type": "message",
+                "role": "assistant", "model": "m", "content": [], "usage": {"input_tokens": 5, "output_tokens": 1}}});
+            c.event("message_start", &start.to_string(), &mut out);
+            out.clear();
+        }
+        c.event(name, data, &mut out);
+        let framed = String::from_utf8(out[0].to_vec()).unwrap();
+        let (event, rest) = framed.split_once("\n\n").unwrap();
+        assert_eq!(rest, "", "{framed:?}");
+        let lines: Vec<&str> = event
+            .lines()
+            .filter(|l| !l.starts_with("event: "))
+            .collect();
+        assert!(lines.iter().all(|l| l.starts_with("data: ")), "{framed:?}");
+        let joined: Vec<&str> = lines.iter().map(|l| &l["data: ".len()..]).collect();
+        assert_eq!(joined.join("\n"), data, "{framed:?}");
+    }
+}
