@@ -27,7 +27,7 @@ use crate::upstream::providers::translate::stream::MOST_CHOICES;
 /// or `none`; Claude 4 models add 313 to 346). Anthropic-defined client tools (`bash_…`,
 /// `text_editor_…`, `computer_…`) add their own definitions on top, which this does not
 /// cover (docs/DESIGN.md, "Prices and rounding").
-const TOOL_USE_PROMPT: i64 = 530;
+pub const TOOL_USE_PROMPT: i64 = 530;
 
 /// Most completions one request may ask for (`n`); each is priced as a completion.
 pub const MAX_N: i64 = 16;

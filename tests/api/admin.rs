@@ -613,10 +613,12 @@ async fn admin_api_keys_act_for_their_owner_and_are_refused_once_revoked() {
         201,
         "a key needs no CSRF token: it is not ambient"
     );
+    // Audited as the owner acting with that key.
+    let prefix = &key["sk-sl-admin-".len()..][..8];
     assert_eq!(
-        app.scalar(
-            "SELECT COUNT(*) FROM audit_log WHERE actor = 'root' AND action = 'team.create'"
-        )
+        app.scalar(&format!(
+            "SELECT COUNT(*) FROM audit_log WHERE actor = 'root (api key {prefix})' AND action = 'team.create'"
+        ))
         .await,
         1
     );

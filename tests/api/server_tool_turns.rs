@@ -11,12 +11,19 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use sluice::mock::{Script, SseEvent};
+use sluice::pipeline::request::TOOL_USE_PROMPT;
 use sluice::quota::estimate;
 use sluice::quota::pricing;
 use sluice::usage::Usage;
 
 use crate::helpers::*;
 use crate::server_tools::{answer, app, search_block, sonnet_prices, spent_and_absorbed, KEY};
+
+/// The input a turn reads at each step: the body's, and Claude's tool-use system prompt,
+/// which the reservation counts (what a turn that may have run is charged).
+fn with_tool_use_prompt(body: &Value) -> i64 {
+    estimate::chat_input(body["messages"].as_array().unwrap(), body.get("tools")) + TOOL_USE_PROMPT
+}
 
 /// A turn with 5 searches is 6 sampling steps; the upstream bills the prompt in each and
 /// each search's results in every step after it: the reservation covers that sum, so the
@@ -93,7 +100,7 @@ async fn a_server_tool_request_whose_client_leaves_before_the_answer_pays_what_m
     let (id, token) = app.token("left", Some("1")).await;
     let body = two_searches(false);
     leave_while_upstream_works(&app, KEY, 1, app.messages(&token, &body)).await;
-    let counted = estimate::chat_input(body["messages"].as_array().unwrap(), body.get("tools"));
+    let counted = with_tool_use_prompt(&body);
     assert_eq!(spent_and_absorbed(&app, id).await, (left_cost(counted), 0));
     app.mock.state.sticky(KEY, None);
     app.assert_invariant().await;
@@ -202,7 +209,7 @@ async fn a_server_tool_answer_without_usage_pays_what_may_have_run() {
     );
     let body = two_searches(false);
     assert_eq!(app.messages(&token, &body).await.status(), 200);
-    let counted = estimate::chat_input(body["messages"].as_array().unwrap(), body.get("tools"));
+    let counted = with_tool_use_prompt(&body);
     let output = estimate::count_text("Found it.");
     // As `left_cost`, with the output counted (one rounding for the whole).
     let expected = pricing::cost(

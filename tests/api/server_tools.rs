@@ -7,6 +7,7 @@
 use serde_json::{json, Value};
 use sluice::config::Provider;
 use sluice::mock::{Script, SseEvent};
+use sluice::pipeline::request::TOOL_USE_PROMPT;
 use sluice::quota::estimate;
 use sluice::quota::pricing::{self, Prices};
 use sluice::usage::Usage;
@@ -154,10 +155,9 @@ async fn each_search_reserves_its_input_allowance() {
     let body = json!({"model": "sonnet", "max_tokens": 100,
         "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 3}],
         "messages": [{"role": "user", "content": "What is Sluice?"}]});
-    // With tools Claude reads its tool-use system prompt too, at each step: 530 tokens
-    // (`pipeline::request::TOOL_USE_PROMPT`).
-    let counted =
-        estimate::chat_input(body["messages"].as_array().unwrap(), body.get("tools")) + 530;
+    // With tools Claude reads its tool-use system prompt too, at each step.
+    let counted = estimate::chat_input(body["messages"].as_array().unwrap(), body.get("tools"))
+        + TOOL_USE_PROMPT;
     let first = pricing::input_with_margin(counted, 1.10, 16);
     let worst = pricing::cost(
         Usage {

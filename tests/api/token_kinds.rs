@@ -291,10 +291,9 @@ fn worst_case(body: &Value, input_price: i64, output_price: i64, calls: i64, fee
     if let Some(system) = body.get("system") {
         counted += estimate::count_value(system);
     }
-    // Claude (`sonnet`, on Anthropic) reads its tool-use system prompt with any tools:
-    // 530 tokens (`pipeline::request::TOOL_USE_PROMPT`).
+    // Claude (`sonnet`, on Anthropic) reads its tool-use system prompt with any tools.
     if body["model"] == "sonnet" && body.get("tools").is_some() {
-        counted += 530;
+        counted += sluice::pipeline::request::TOOL_USE_PROMPT;
     }
     let usage = Usage {
         input: (calls + 1) * pricing::input_with_margin(counted, 1.10, 16)
