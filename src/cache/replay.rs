@@ -218,8 +218,12 @@ impl Assembler {
         let c = &v["choices"][0];
         // Log probabilities, audio and annotations are not rebuilt: an answer that had
         // them is not stored rather than stored without them.
+        // `content` only as text: parts (Mistral's, thinking among them) are not rebuilt,
+        // and an answer stored without them would be served empty (s26 diff attack #1).
         let kept = |(k, d): (&String, &Value)| {
-            matches!(k.as_str(), "role" | "content" | "refusal" | "tool_calls") || d.is_null()
+            d.is_null()
+                || matches!(k.as_str(), "role" | "refusal" | "tool_calls")
+                || (k == "content" && d.is_string())
         };
         let delta = c["delta"].as_object().into_iter().flatten();
         if !c["logprobs"].is_null() || !delta.into_iter().all(kept) {
@@ -479,6 +483,25 @@ mod tests {
             json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
                 "choices": [{"index": 0, "delta": {}, "logprobs": null, "finish_reason": "stop"}],
                 "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}),
+        ] {
+            asm.push(&frame(None, &data.to_string()));
+        }
+        asm.push(&frame(None, "[DONE]"));
+        assert_eq!(asm.finish(None), None);
+    }
+
+    /// A chunk whose `content` is an array of parts (Mistral's, thinking among them) is not
+    /// rebuilt: the stream is not stored, where it was stored with empty content and served
+    /// so to the next asker (s26 diff attack #1).
+    #[test]
+    fn a_chunk_whose_content_is_parts_is_not_stored() {
+        let mut asm = Assembler::new(WireFormat::OpenAi, 1 << 20);
+        for data in [
+            json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                "choices": [{"index": 0, "delta": {"role": "assistant", "content": [{"type": "thinking", "thinking": [{"type": "text", "text": "Fuses first."}]}]}, "finish_reason": null}]}),
+            json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                "choices": [{"index": 0, "delta": {"content": [{"type": "text", "text": "Check fuse F12."}]}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 9, "total_tokens": 12}}),
         ] {
             asm.push(&frame(None, &data.to_string()));
         }
