@@ -617,7 +617,15 @@ async fn an_action_with_an_api_key_names_the_key_in_the_audit_log() {
         actors,
         [("root".to_string(),), (format!("root (api key {prefix})"),)]
     );
-    // Filtering the log by the login finds both.
+    // Filtering the log by the login finds both — and not a row named by a provider's
+    // display name that happens to be `root` (a sign-in's `name (oidc …)`).
+    sql_exec(
+        app.db(),
+        "INSERT INTO audit_log (actor, action, target, created_at, prev_hash, hash, chain)
+         VALUES ('root (oidc sub=evil iss=https://idp.example)', 'team.create', 'team:9',
+                 '2026-01-01T00:00:00.000Z', '', '', 0)",
+    )
+    .await;
     let (status, v) = root
         .get_json("/admin/api/v1/audit?actor=root&action=team.")
         .await;

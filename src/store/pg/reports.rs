@@ -162,9 +162,11 @@ pub async fn audit(
             .push(" ESCAPE '\\'");
     }
     if let Some(a) = actor {
-        // The login's actions, also those it took by single sign-on or with an API key
-        // (`name (oidc …)`, `name (api key …)`): compared as text, no pattern.
-        let named = format!("{a} (");
+        // The login's actions, also those it took with an API key (`name (api key …)`):
+        // compared as text, no pattern. Not `name (oidc …)`: a sign-in's row is named by
+        // the provider's display name, which anyone at the provider may choose (s26 diff
+        // attack #4).
+        let named = format!("{a} (api key ");
         q.push(" AND (actor = ")
             .push_bind(a.to_string())
             .push(" OR substr(actor, 1, ")
