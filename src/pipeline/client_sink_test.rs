@@ -10,6 +10,24 @@ use futures_util::StreamExt;
 use super::drain::Drain;
 use super::stream::sse_channel;
 
+/// The client: takes the body's frames, pausing `pause` after each; how many it took.
+fn read<S>(body: S, pause: Duration) -> tokio::task::JoinHandle<u32>
+where
+    S: futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut body = std::pin::pin!(body);
+        let mut taken = 0u32;
+        while let Some(Ok(_)) = body.next().await {
+            taken += 1;
+            if !pause.is_zero() {
+                tokio::time::sleep(pause).await;
+            }
+        }
+        taken
+    })
+}
+
 /// A client that takes a frame every 20 ms keeps every single wait under a 100 ms stall
 /// limit, yet keeps the stream waiting without end: it is given up once the waits add up to
 /// five stall limits (s26 attack streams F3: it held its slots for as long as it read).
@@ -17,15 +35,7 @@ use super::stream::sse_channel;
 async fn a_client_that_keeps_the_stream_waiting_five_stall_limits_in_all_is_given_up() {
     let stall = Duration::from_millis(100);
     let (sink, body) = sse_channel(stall, Drain::default());
-    let reader = tokio::spawn(async move {
-        let mut body = std::pin::pin!(body);
-        let mut taken = 0u32;
-        while let Some(Ok(_)) = body.next().await {
-            taken += 1;
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        taken
-    });
+    let reader = read(body, Duration::from_millis(20));
     let started = Instant::now();
     let mut sent = 0u32;
     while sink.send(Bytes::from_static(b"data: {}\n\n")).await {
@@ -47,14 +57,7 @@ async fn a_client_that_keeps_the_stream_waiting_five_stall_limits_in_all_is_give
 async fn a_client_that_keeps_up_never_runs_out_of_budget() {
     let stall = Duration::from_millis(50);
     let (sink, body) = sse_channel(stall, Drain::default());
-    let reader = tokio::spawn(async move {
-        let mut body = std::pin::pin!(body);
-        let mut taken = 0u32;
-        while let Some(Ok(_)) = body.next().await {
-            taken += 1;
-        }
-        taken
-    });
+    let reader = read(body, Duration::ZERO);
     for _ in 0..10_000 {
         assert!(sink.send(Bytes::from_static(b"data: {}\n\n")).await);
     }

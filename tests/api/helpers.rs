@@ -145,12 +145,14 @@ pub fn bedrock_upstream(id: &str, key: &str, mock: &MockServer) -> UpstreamSetti
 /// An app with an Anthropic model `claude` (upstream `c`, key B, on the same mock, serving
 /// `claude-upstream`) beside the OpenAI `gpt-4o-mini`.
 pub async fn spawn_app_with_claude() -> TestApp {
-    spawn_app_with(|s, m| {
-        s.upstreams
-            .push(native_upstream(Provider::Anthropic, "c", KEY_B, m));
-        s.models.push(model("claude", &["c"]));
-    })
-    .await
+    spawn_app_with(add_claude).await
+}
+
+/// Adds `spawn_app_with_claude`'s Anthropic model `claude` (upstream `c`, key B).
+pub fn add_claude(s: &mut Settings, m: &MockServer) {
+    s.upstreams
+        .push(native_upstream(Provider::Anthropic, "c", KEY_B, m));
+    s.models.push(model("claude", &["c"]));
 }
 
 pub async fn spawn_app_with(tweak: impl FnOnce(&mut Settings, &MockServer)) -> TestApp {

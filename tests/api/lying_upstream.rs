@@ -894,13 +894,7 @@ async fn a_negative_usage_figure_is_no_report_and_is_estimated() {
 async fn a_responses_answer_kept_past_the_cap_ends_the_stream() {
     let app = spawn_app_with(|s, m| {
         s.upstream.max_response_bytes = CAP;
-        s.upstreams.push(native_upstream(
-            sluice::config::Provider::Anthropic,
-            "c",
-            KEY_B,
-            m,
-        ));
-        s.models.push(model("claude", &["c"]));
+        add_claude(s, m);
     })
     .await;
     let (_, token) = app.token("responses-kept", Some("1")).await;

@@ -512,16 +512,7 @@ async fn a_prompt_array_is_priced_as_the_completions_the_upstream_bills() {
 /// in the reservation, so a token whose budget fits the short request but not the counted
 /// definitions is refused before any upstream call, and nothing is absorbed.
 async fn billed_definitions_outside_messages_are_reserved_as_input(engine: Engine) {
-    let app = spawn_app_on(engine, |s, m| {
-        s.upstreams.push(native_upstream(
-            sluice::config::Provider::Anthropic,
-            "c",
-            KEY_B,
-            m,
-        ));
-        s.models.push(model("claude", &["c"]));
-    })
-    .await;
+    let app = spawn_app_on(engine, add_claude).await;
     let hi = [json!({"role": "user", "content": "hi"})];
     let short_input = pricing::input_with_margin(estimate::chat_input(&hi, None), 1.10, 16);
     let short = pricing::cost(
@@ -605,16 +596,7 @@ on_both_engines!(billed_definitions_outside_messages_are_reserved_as_input);
 /// client never sent it: the reservation counts the largest, so a short request with one
 /// tool is not absorbed in part.
 async fn claudes_tool_use_system_prompt_is_reserved_as_input(engine: Engine) {
-    let app = spawn_app_on(engine, |s, m| {
-        s.upstreams.push(native_upstream(
-            sluice::config::Provider::Anthropic,
-            "c",
-            KEY_B,
-            m,
-        ));
-        s.models.push(model("claude", &["c"]));
-    })
-    .await;
+    let app = spawn_app_on(engine, add_claude).await;
     let (_, token) = app.token("gina", Some("1.00")).await;
     let hi = [json!({"role": "user", "content": "hi"})];
     let tools = json!([{"name": "f", "input_schema": {"type": "object"}}]);
