@@ -64,3 +64,18 @@ async fn a_client_that_keeps_up_never_runs_out_of_budget() {
     drop(sink);
     assert_eq!(reader.await.unwrap(), 10_000);
 }
+
+/// Frames of an answer already whole (`send_whole`, after the upstream's finish) are not
+/// held to the budget: a client behind on them gets them all (s26 diff attack #3: cut after
+/// five stall limits, charged the whole answer, and its SDK would ask again).
+#[tokio::test]
+async fn a_reader_behind_on_a_whole_answer_is_not_cut_by_the_budget() {
+    let stall = Duration::from_millis(100);
+    let (sink, body) = sse_channel(stall, Drain::default());
+    let reader = read(body, Duration::from_millis(20));
+    for _ in 0..100 {
+        assert!(sink.send_whole(Bytes::from_static(b"data: {}\n\n")).await);
+    }
+    drop(sink);
+    assert_eq!(reader.await.unwrap(), 100);
+}
