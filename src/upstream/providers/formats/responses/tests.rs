@@ -527,3 +527,27 @@ fn only_hints_are_dropped_and_shape_changes_are_still_refused() {
     .unwrap_err();
     assert_eq!(e.param, Some("text"), "{e:?}");
 }
+
+/// A stream that opens call after call (no arguments) is kept by the Responses writer —
+/// each call's ids and name — and counts against the hold limit like texts do: past it the
+/// stream ends as an upstream failure (s26 diff attack #2: 1 000 calls of 1 KB names never
+/// reached a 100 KB limit, where an Anthropic client's writer ends it).
+#[test]
+fn tool_calls_a_responses_writer_keeps_count_against_the_hold_limit() {
+    let w = EventWriter::new(map(json!({"input": "x"})), stamp());
+    let mut c = StreamConverter::new(Format::OpenAiChat, Format::OpenAiChat, false, 9)
+        .hold_limit(100_000)
+        .responses(ResponsesOut::Translated(Box::new(w)));
+    let mut out = Vec::new();
+    let name = "f".repeat(1_000);
+    for k in 0..1_000 {
+        let chunk = json!({"id": "c", "created": 1, "model": "up", "choices": [{"index": 0,
+            "delta": {"tool_calls": [{"index": k, "id": format!("call_{k}"), "function": {"name": name}}]}}]});
+        c.event("", &chunk.to_string(), &mut out);
+        if c.upstream_failed() {
+            assert!(k > 50, "not before the limit: call {k}");
+            return;
+        }
+    }
+    panic!("1 000 calls of 1 KB names kept past a 100 KB hold limit");
+}

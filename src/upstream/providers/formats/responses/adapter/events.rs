@@ -1,6 +1,8 @@
 //! The internal form's stream events written as the Responses stream events
 //! (`EventWriter`).
 
+use std::collections::HashMap;
+
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
@@ -9,6 +11,10 @@ use crate::upstream::providers::canonical::{Event, Finish, Usage};
 use crate::upstream::providers::formats::responses::stream::error_frame;
 use crate::upstream::providers::formats::responses::Stamp;
 use crate::upstream::providers::translate::stream::frame;
+
+/// What one kept output item costs beside its texts (its JSON value and its open state),
+/// counted against the hold limit as the other writers count a call.
+const ITEM_BYTES: usize = 128;
 
 /// An item the stream has opened.
 #[derive(Debug)]
@@ -50,13 +56,17 @@ pub struct EventWriter {
     done_items: Vec<Value>,
     /// The open message or reasoning item, if any.
     message: Option<Open>,
-    /// Open tool calls by the internal form's block index.
+    /// Open tool calls by the internal form's block index, in the order they opened.
     calls: Vec<(usize, Open)>,
+    /// Where each open call's block index sits in `calls`: an upstream that opens call
+    /// after call is not scanned in full at every event.
+    call_at: HashMap<usize, usize>,
     finish: Option<Finish>,
     /// The figures told so far (`null` in the response until the first).
     usage: Option<Usage>,
     item_ids: String,
-    /// Bytes of the answer kept (texts, reasoning, arguments, signatures): the response
+    /// Bytes of the answer kept (texts, reasoning, arguments, signatures, each item's ids
+    /// and name with `ITEM_BYTES`): the response
     /// object at the end and its stored copy hold all of it, so it counts against the
     /// converter's hold limit (`held_bytes`).
     held: usize,
@@ -76,6 +86,7 @@ impl EventWriter {
             done_items: Vec::new(),
             message: None,
             calls: Vec::new(),
+            call_at: HashMap::new(),
             finish: None,
             usage: None,
             item_ids,
@@ -173,6 +184,7 @@ impl EventWriter {
     }
 
     fn close_calls(&mut self, out: &mut Vec<Bytes>) {
+        self.call_at.clear();
         for (_, open) in std::mem::take(&mut self.calls) {
             let Open::Call {
                 index,
@@ -226,6 +238,7 @@ impl EventWriter {
         }
         self.close_message(out);
         self.close_calls(out);
+        self.held = self.held.saturating_add(ITEM_BYTES);
         let index = self.next_index();
         let id = format!("msg_{}", self.item_ids);
         self.emit("response.output_item.added", json!({"output_index": index,
@@ -250,6 +263,7 @@ impl EventWriter {
         }
         self.close_message(out);
         self.close_calls(out);
+        self.held = self.held.saturating_add(ITEM_BYTES);
         let index = self.next_index();
         let id = format!("rs_{}_{}", self.item_ids, index);
         self.emit(
@@ -319,12 +333,18 @@ impl EventWriter {
             }
             Event::ToolCallStart { index: k, id, name } => {
                 self.start(out);
-                if self.calls.iter().any(|(i, _)| i == k) {
+                if self.call_at.contains_key(k) {
                     return;
                 }
                 self.close_message(out);
                 let index = self.next_index();
                 let item_id = format!("fc_{}_{}", self.item_ids, index);
+                // Kept until the answer is whole, as texts and arguments are (s26 diff
+                // attack #2: a stream of calls grew without the hold limit seeing it).
+                self.held = self
+                    .held
+                    .saturating_add(ITEM_BYTES + id.len() + name.len() + item_id.len());
+                self.call_at.insert(*k, self.calls.len());
                 self.emit("response.output_item.added", json!({"output_index": index,
                     "item": {"type": "function_call", "id": item_id, "call_id": id, "name": name, "arguments": "", "status": "in_progress"}}), out);
                 self.calls.push((
@@ -345,7 +365,7 @@ impl EventWriter {
                     Open::Call {
                         index, id, args, ..
                     },
-                )) = self.calls.iter_mut().find(|(i, _)| i == k)
+                )) = self.call_at.get(k).and_then(|&at| self.calls.get_mut(at))
                 {
                     args.push_str(json);
                     self.held = self.held.saturating_add(json.len());
