@@ -73,6 +73,51 @@ fn reset(r: Option<&str>, default: Reset) -> Result<Reset, CliError> {
     .map(|r| r.unwrap_or(default))
 }
 
+/// The team named `name`, made (and audited, as the web surface audits it) when missing:
+/// a command that makes a team on the way leaves the same trace as one that makes it on
+/// purpose (s26 attack admin #5).
+async fn team_for(
+    tx: &mut crate::store::Tx,
+    name: &str,
+    now: DateTime<Utc>,
+) -> Result<i64, CliError> {
+    if let Some(id) = tenants::team_id(tx, name).await? {
+        return Ok(id);
+    }
+    let budget = NewBudget {
+        limit_micros: None,
+        reset: Reset::Monthly,
+    };
+    let id = tenants::create_team(tx, name, &budget, now).await?;
+    let after =
+        json!({"name": name, "limit_micros": null, "reset": budget.reset.as_str(), "tags": ""})
+            .to_string();
+    audit::append(
+        tx,
+        &audit_entry("team.create", &format!("team:{id}"), Some(&after)),
+        now,
+    )
+    .await?;
+    Ok(id)
+}
+
+/// Makes user `u` and audits it (`user.create`).
+async fn user_made(
+    tx: &mut crate::store::Tx,
+    u: &NewUser<'_>,
+    now: DateTime<Utc>,
+) -> Result<i64, CliError> {
+    let id = tenants::create_user(tx, u, now).await?;
+    let after = json!({"username": u.username, "team_id": u.team_id, "rpm": u.rpm, "tpm": u.tpm, "limit_micros": u.budget.limit_micros}).to_string();
+    audit::append(
+        tx,
+        &audit_entry("user.create", &format!("user:{id}"), Some(&after)),
+        now,
+    )
+    .await?;
+    Ok(id)
+}
+
 fn audit_entry<'a>(action: &'a str, target: &'a str, after: Option<&'a str>) -> AuditEntry<'a> {
     AuditEntry {
         actor: ACTOR,
@@ -169,7 +214,7 @@ pub async fn user_create(db: &Db, a: &UserArgs<'_>, now: DateTime<Utc>) -> Resul
         reset: reset(a.reset, Reset::Monthly)?,
     };
     let mut tx = db.begin().await?;
-    let team_id = tenants::ensure_team(&mut tx, a.team.unwrap_or(DEFAULT_TEAM), now).await?;
+    let team_id = team_for(&mut tx, a.team.unwrap_or(DEFAULT_TEAM), now).await?;
     let u = NewUser {
         username: a.username,
         team_id,
@@ -177,14 +222,7 @@ pub async fn user_create(db: &Db, a: &UserArgs<'_>, now: DateTime<Utc>) -> Resul
         tpm: a.tpm,
         budget: b,
     };
-    let id = tenants::create_user(&mut tx, &u, now).await?;
-    let after = json!({"username": a.username, "team_id": team_id, "rpm": a.rpm, "tpm": a.tpm, "limit_micros": u.budget.limit_micros}).to_string();
-    audit::append(
-        &mut tx,
-        &audit_entry("user.create", &format!("user:{id}"), Some(&after)),
-        now,
-    )
-    .await?;
+    let id = user_made(&mut tx, &u, now).await?;
     tx.commit().await?;
     Ok(id)
 }
@@ -261,7 +299,7 @@ pub async fn token_issue_tagged(
     let user_id = match tenants::user_ids(&mut tx, a.user).await? {
         Some((id, _)) => id,
         None => {
-            let team_id = tenants::ensure_team(&mut tx, DEFAULT_TEAM, now).await?;
+            let team_id = team_for(&mut tx, DEFAULT_TEAM, now).await?;
             let u = NewUser {
                 username: a.user,
                 team_id,
@@ -272,7 +310,7 @@ pub async fn token_issue_tagged(
                     reset: Reset::Monthly,
                 },
             };
-            tenants::create_user(&mut tx, &u, now).await?
+            user_made(&mut tx, &u, now).await?
         }
     };
     let row = tokens::NewTokenRow {
@@ -422,7 +460,7 @@ pub async fn admin_create_with(
     let hash = password::hash_blocking(pw).await?;
     let mut tx = db.begin().await?;
     let team_id = match team {
-        Some(t) => Some(tenants::ensure_team(&mut tx, t, now).await?),
+        Some(t) => Some(team_for(&mut tx, t, now).await?),
         None => None,
     };
     let id = admins::create(&mut tx, username, &hash, role, team_id, now).await?;

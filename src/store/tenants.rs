@@ -53,28 +53,6 @@ pub async fn create_team(
     Ok(id)
 }
 
-/// The team's id, creating it (without a budget) when missing.
-pub async fn ensure_team(tx: &mut super::Tx, name: &str, now: DateTime<Utc>) -> Result<i64> {
-    if let Some((conn, _)) = tx.pg() {
-        return super::pg::tenants::ensure_team(conn, name, now).await;
-    }
-    match team_id(tx, name).await? {
-        Some(id) => Ok(id),
-        None => {
-            create_team(
-                tx,
-                name,
-                &NewBudget {
-                    limit_micros: None,
-                    reset: Reset::Monthly,
-                },
-                now,
-            )
-            .await
-        }
-    }
-}
-
 pub struct NewUser<'a> {
     pub username: &'a str,
     pub team_id: i64,

@@ -1566,3 +1566,59 @@ async fn a_request_authenticated_before_a_rotation_spends_the_successors_budget(
     assert_eq!(old_remaining, 2_000_000, "the old budget is not spent");
     w.app.assert_invariant().await;
 }
+
+/// s26 attack admin #5: a CLI command that makes a missing team or user on the way
+/// (`user create --team T`, `token issue --user U`, `admin create --team T`) audits each
+/// one made, as the web surface does: before, only the parent action had a row, and an
+/// auditor replaying the log could not account for the tenant.
+#[tokio::test]
+async fn a_cli_command_that_makes_a_team_or_user_on_the_way_audits_it() {
+    let app = spawn_app().await;
+    let db = app.db();
+    let now = chrono::Utc::now();
+    let args = sluice::cli::UserArgs {
+        username: "bob",
+        team: Some("newteam"),
+        rpm: None,
+        tpm: None,
+        budget_usd: None,
+        reset: None,
+    };
+    sluice::cli::user_create(db, &args, now).await.unwrap();
+    sluice::cli::token_issue(db, &issue_args("alice"), now)
+        .await
+        .unwrap();
+    sluice::cli::admin_create(db, "ops", "lead", Some("ops-team"), PASSWORD.into(), now)
+        .await
+        .unwrap();
+    for (action, target) in [
+        (
+            "team.create",
+            "SELECT 'team:' || id FROM teams WHERE name = 'newteam'",
+        ),
+        (
+            "team.create",
+            "SELECT 'team:' || id FROM teams WHERE name = 'default'",
+        ),
+        (
+            "team.create",
+            "SELECT 'team:' || id FROM teams WHERE name = 'ops-team'",
+        ),
+        (
+            "user.create",
+            "SELECT 'user:' || id FROM users WHERE username = 'alice'",
+        ),
+        (
+            "user.create",
+            "SELECT 'user:' || id FROM users WHERE username = 'bob'",
+        ),
+    ] {
+        let target = sql_text(db, target).await;
+        let rows = app
+            .scalar(&format!(
+                "SELECT COUNT(*) FROM audit_log WHERE action = '{action}' AND target = '{target}'"
+            ))
+            .await;
+        assert_eq!(rows, 1, "{action} {target}");
+    }
+}

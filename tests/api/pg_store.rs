@@ -135,13 +135,13 @@ pub async fn populate(b: &Both) -> Vec<i64> {
         );
     }
     same(
-        "ensure_team",
-        write_both!(b, tenants::ensure_team("default", now)),
+        "create_team default",
+        write_both!(
+            b,
+            tenants::create_team("default", &budget(None, Reset::Monthly), now)
+        ),
     );
-    same(
-        "ensure_team again",
-        write_both!(b, tenants::ensure_team("alpha", now)),
-    );
+    same("team_id", write_both!(b, tenants::team_id("alpha")));
     let dup = write_both!(
         b,
         tenants::create_team("alpha", &budget(None, Reset::Never), now)

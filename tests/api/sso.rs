@@ -445,7 +445,11 @@ async fn the_role_is_derived_again_at_every_sign_in_and_no_matching_group_is_ref
     let admin = make_login(&app, "root", "admin", None).await;
     assert!(admin > 0);
     let mut tx = app.db().begin().await.unwrap();
-    sluice::store::tenants::ensure_team(&mut tx, "search", chrono::Utc::now())
+    let budget = sluice::store::tenants::NewBudget {
+        limit_micros: None,
+        reset: sluice::quota::period::Reset::Monthly,
+    };
+    sluice::store::tenants::create_team(&mut tx, "search", &budget, chrono::Utc::now())
         .await
         .unwrap();
     tx.commit().await.unwrap();

@@ -5,7 +5,6 @@ use sqlx::PgConnection;
 
 use super::text;
 use crate::clock::db_time;
-use crate::quota::period::Reset;
 use crate::store::tenants::{NewBudget, NewUser};
 use crate::store::{Result, StoreError};
 
@@ -43,25 +42,6 @@ pub async fn create_team(
     .bind(db_time(now))
     .fetch_one(conn)
     .await?)
-}
-
-/// The team's id, creating it (without a budget) when missing.
-pub async fn ensure_team(conn: &mut PgConnection, name: &str, now: DateTime<Utc>) -> Result<i64> {
-    match team_id(conn, name).await? {
-        Some(id) => Ok(id),
-        None => {
-            create_team(
-                conn,
-                name,
-                &NewBudget {
-                    limit_micros: None,
-                    reset: Reset::Monthly,
-                },
-                now,
-            )
-            .await
-        }
-    }
 }
 
 /// (user id, team id) of a username.
