@@ -289,6 +289,10 @@ pub async fn rotate(
     let expiry_now = state.auth.on_db_clock(now);
     let new = token::generate();
     let mut tx = state.db.begin().await?;
+    // Locked before it is read: a never-resetting budget's successor takes the remaining
+    // read here, which a reservation committed between this read and the lock would leave
+    // on the old token too (s26 attack money F4, PostgreSQL).
+    token_admin::lock(&mut tx, id).await?;
     let old = visible(&mut tx, actor, id).await?;
     actor.require_write()?;
     let expired = old

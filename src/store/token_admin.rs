@@ -137,6 +137,16 @@ pub async fn expire_at(tx: &mut super::Tx, id: i64, at: DateTime<Utc>) -> Result
     bump_epoch(tx).await
 }
 
+/// Holds token `id`'s row until `tx` ends, so what `tx` reads of it next (its remaining
+/// budget) no reservation changes meanwhile. On SQLite the transaction already holds the
+/// write lock; on PostgreSQL the row lock the money path takes too.
+pub async fn lock(tx: &mut super::Tx, id: i64) -> Result<()> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::token_admin::lock(conn, id).await;
+    }
+    Ok(())
+}
+
 /// Names the token `id` was rotated to: during its overlap `id` authenticates as it.
 pub async fn set_successor(tx: &mut super::Tx, id: i64, successor: i64) -> Result<()> {
     if let Some((conn, _)) = tx.pg() {

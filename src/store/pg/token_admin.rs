@@ -73,6 +73,15 @@ pub async fn expire_at(conn: &mut PgConnection, id: i64, at: DateTime<Utc>) -> R
     bump_epoch(conn).await
 }
 
+/// `store::token_admin::lock`.
+pub async fn lock(conn: &mut PgConnection, id: i64) -> Result<()> {
+    sqlx::query("SELECT 1 FROM tokens WHERE id = $1 FOR NO KEY UPDATE")
+        .bind(id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 /// As `store::token_admin::set_successor`.
 pub async fn set_successor(conn: &mut PgConnection, id: i64, successor: i64) -> Result<()> {
     sqlx::query("UPDATE tokens SET successor_id = $1 WHERE id = $2")
