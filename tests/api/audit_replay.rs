@@ -30,11 +30,12 @@ async fn a_head_rebuilt_from_the_log_does_not_hide_deleted_rows() {
     let lg = logged_gateway().await;
     let (dir, log) = (lg.dir.path(), &lg.log);
     let config = dir.join(format!("sluice-{}.toml", lg.port));
-    // The first head follows the token's row and the `audit.head_started` row.
-    let early = logged_head(log, 2).await;
-    // A second audited action: the upstream refuses the key and the gateway disables it.
+    // The first head follows the token's rows (its team's, its user's and its own: the CLI
+    // made them on the way) and the `audit.head_started` row.
+    let early = logged_head(log, 4).await;
+    // A later audited action: the upstream refuses the key and the gateway disables it.
     lg.refuse_the_key().await;
-    logged_head(log, 3).await;
+    logged_head(log, 5).await;
     drop(lg.gw);
 
     // The attacker deletes the newest row and writes the head of that time, from the log.
