@@ -10,6 +10,7 @@
 //! whose MAC covers their count and their last hash. They are valid only as a prefix
 //! followed by that seal, so relabelling keyed rows as old ones does not verify either.
 
+use futures_util::TryStreamExt;
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 use sqlx::{ColumnIndex, Decode, Row, Type};
@@ -405,12 +406,18 @@ pub async fn verify(db: &super::Db, keys: &AuditKeys) -> Result<ChainState> {
         super::Backend::Sqlite(s) => s,
         super::Backend::Postgres(pg) => return super::pg::audit::verify(&pg.pool, keys).await,
     };
-    let pool = &sqlite.read;
-    let rows = sqlx::query("SELECT id, actor, address, action, target, before, after, created_at, prev_hash, hash, chain FROM audit_log ORDER BY id")
-        .fetch_all(pool)
-        .await?;
-    Ok(walk(&rows, keys))
+    let mut rows = sqlx::query(VERIFY_ROWS).fetch(&sqlite.read);
+    let mut w = Walker::new(keys);
+    while let Some(r) = rows.try_next().await? {
+        if !w.step(&r) {
+            break;
+        }
+    }
+    Ok(w.finish())
 }
+
+/// Every row `walk` reads, in id order.
+pub(super) const VERIFY_ROWS: &str = "SELECT id, actor, address, action, target, before, after, created_at, prev_hash, hash, chain FROM audit_log ORDER BY id";
 
 /// Checks the rows of the whole chain, in id order, as they are stored (either engine).
 pub(super) fn walk<R: Row>(rows: &[R], keys: &AuditKeys) -> ChainState
@@ -419,15 +426,49 @@ where
     for<'r> &'r str: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
 {
-    let mut st = ChainState {
-        rows: 0,
-        last_id: 0,
-        last_hash: GENESIS.to_string(),
-        broken: None,
-    };
-    let (mut legacy, mut keyed) = (0i64, false);
-    let mut first_legacy = None;
+    let mut w = Walker::new(keys);
     for r in rows {
+        if !w.step(r) {
+            break;
+        }
+    }
+    w.finish()
+}
+
+/// `walk` a row at a time, so a verification streams the log: its memory does not grow
+/// with the log, which anyone who can reach the sign-in form can lengthen (s26 attack
+/// admin #3).
+pub(super) struct Walker<'k> {
+    keys: &'k AuditKeys,
+    st: ChainState,
+    legacy: i64,
+    keyed: bool,
+    first_legacy: Option<i64>,
+}
+
+impl<'k> Walker<'k> {
+    pub(super) fn new(keys: &'k AuditKeys) -> Self {
+        Self {
+            keys,
+            st: ChainState {
+                rows: 0,
+                last_id: 0,
+                last_hash: GENESIS.to_string(),
+                broken: None,
+            },
+            legacy: 0,
+            keyed: false,
+            first_legacy: None,
+        }
+    }
+
+    /// Checks the next row; false once the chain is broken (later rows change nothing).
+    pub(super) fn step<R: Row>(&mut self, r: &R) -> bool
+    where
+        for<'c> &'c str: ColumnIndex<R>,
+        for<'r> &'r str: Decode<'r, R::Database> + Type<R::Database>,
+        for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    {
         let id: i64 = r.get("id");
         let e = entry_of(r);
         let (stored_prev, stored, chain, created_at): (&str, &str, &str, &str) = (
@@ -436,42 +477,49 @@ where
             r.get("chain"),
             r.get("created_at"),
         );
+        let st = &mut self.st;
         let why = if stored_prev != st.last_hash {
             Some("it does not link to the row before it (a row was removed or inserted)")
         } else {
             match chain {
-                LEGACY if keyed => Some("an unkeyed row after keyed ones"),
+                LEGACY if self.keyed => Some("an unkeyed row after keyed ones"),
                 LEGACY => {
-                    legacy += 1;
-                    first_legacy.get_or_insert(id);
+                    self.legacy += 1;
+                    self.first_legacy.get_or_insert(id);
                     (legacy_hash(&st.last_hash, &e, created_at) != stored)
                         .then_some("it was changed after it was written")
                 }
-                KEYED if !keyed && legacy > 0 && !seals(&e, legacy) => {
+                KEYED if !self.keyed && self.legacy > 0 && !seals(&e, self.legacy) => {
                     Some("the unkeyed rows before it are not sealed by an `audit.keyed` row")
                 }
                 KEYED => {
-                    keyed = true;
-                    (keys.row_mac(&st.last_hash, &e, created_at) != stored).then_some(UNSIGNED)
+                    self.keyed = true;
+                    (self.keys.row_mac(&st.last_hash, &e, created_at) != stored).then_some(UNSIGNED)
                 }
                 _ => Some("unknown chain kind"),
             }
         };
         if let Some(why) = why {
             st.broken = Some(Broken { id, why });
-            return st;
+            return false;
         }
         st.rows += 1;
         st.last_id = id;
         st.last_hash = stored.to_string();
+        true
     }
-    if let (Some(id), false) = (first_legacy, keyed) {
-        st.broken = Some(Broken {
-            id,
-            why: "unkeyed rows with no `audit.keyed` seal after them",
-        });
+
+    pub(super) fn finish(mut self) -> ChainState {
+        if self.st.broken.is_none() {
+            if let (Some(id), false) = (self.first_legacy, self.keyed) {
+                self.st.broken = Some(Broken {
+                    id,
+                    why: "unkeyed rows with no `audit.keyed` seal after them",
+                });
+            }
+        }
+        self.st
     }
-    st
 }
 
 /// One audit row's new links: its id, previous hash and hash under the new key.

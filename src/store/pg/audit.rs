@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use chrono::{DateTime, Utc};
+use futures_util::TryStreamExt;
 use sqlx::{PgConnection, PgPool, Row};
 
 use super::text;
@@ -122,10 +123,14 @@ pub async fn record(
 
 /// Walks the whole chain, as `store::audit::verify` does on SQLite.
 pub async fn verify(pool: &PgPool, keys: &AuditKeys) -> Result<ChainState> {
-    let rows = sqlx::query("SELECT id, actor, address, action, target, before, after, created_at, prev_hash, hash, chain FROM audit_log ORDER BY id")
-        .fetch_all(pool)
-        .await?;
-    Ok(crate::store::audit::walk(&rows, keys))
+    let mut rows = sqlx::query(crate::store::audit::VERIFY_ROWS).fetch(pool);
+    let mut w = crate::store::audit::Walker::new(keys);
+    while let Some(r) = rows.try_next().await? {
+        if !w.step(&r) {
+            break;
+        }
+    }
+    Ok(w.finish())
 }
 
 /// A trigger of the schema, as its migrations create it.
