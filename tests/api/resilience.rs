@@ -702,6 +702,140 @@ async fn a_stream_is_retried_before_its_first_byte_and_never_after() {
     app.assert_invariant().await;
 }
 
+/// A streamed chat request to gpt-4o-mini.
+fn stream_body() -> Value {
+    let mut body = chat_body(50);
+    body["stream"] = serde_json::json!(true);
+    body
+}
+
+/// Key A's streams fail after their 200 — its own error event, a stall past the idle
+/// timeout, a broken body — in turn; each is read to its end (s26 attack, streams F2).
+async fn fail_three_streams_on_key_a(app: &TestApp, token: &str) {
+    let error = Script {
+        events: Some(vec![sluice::mock::SseEvent::Data(serde_json::json!(
+            {"error": {"message": "boom", "type": "server_error"}}
+        ))]),
+        ..Default::default()
+    };
+    let stall = Script {
+        stall_after: Some(2),
+        ..Default::default()
+    };
+    let cut = Script {
+        cut_after: Some(2),
+        ..Default::default()
+    };
+    for script in [error, stall, cut] {
+        app.mock.state.sticky(KEY_A, Some(script));
+        let resp = tokio::time::timeout(BOUND, app.chat(token, &stream_body()))
+            .await
+            .expect("answered");
+        assert_eq!(resp.status(), 200);
+        let (data, _) = sse_data(resp).await;
+        assert_ne!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
+    }
+}
+
+/// A stream that fails after its 200 is a failure of its key's breaker, as a 500 before it
+/// would be: three open it, and the next request is answered at once without the key.
+/// Before, the 200 counted as the key's success and the breaker never saw the failure.
+#[tokio::test]
+async fn streams_that_fail_after_their_200_open_the_breaker() {
+    let app = spawn_app_with(|s, _| {
+        s.breaker.open_seconds = 3600;
+        s.upstream.stream_idle_timeout_ms = 300;
+    })
+    .await;
+    let (_, token) = app.token("fay", None).await;
+    fail_three_streams_on_key_a(&app, &token).await;
+    assert_eq!(app.state.pool().breakers[0].state(), State::Open);
+    let resp = tokio::time::timeout(BOUND, app.chat(&token, &stream_body()))
+        .await
+        .expect("answered at once");
+    assert_eq!(resp.status(), 503);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "service_degraded");
+    assert_eq!(app.mock.state.stats(KEY_A).count, 3, "no call while open");
+}
+
+/// A half-open breaker's probe that is a stream counts once the stream is whole: one that
+/// fails after its 200 re-opens the breaker, a whole one closes it. Before, the probe's 200
+/// closed the breaker whatever the stream did next.
+#[tokio::test]
+async fn a_streamed_probe_counts_once_its_stream_is_whole() {
+    let app = spawn_app_with(|s, _| {
+        s.breaker.open_seconds = 1;
+        s.breaker.close_after_successes = 1;
+        s.upstream.stream_idle_timeout_ms = 300;
+    })
+    .await;
+    let (_, token) = app.token("fay", None).await;
+    open_key_a_breaker(&app, &token).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            cut_after: Some(2),
+            ..Default::default()
+        }),
+    );
+    let (data, _) = sse_data(app.chat(&token, &stream_body()).await).await;
+    assert_ne!(data.last().map(String::as_str), Some("[DONE]"));
+    assert_eq!(
+        app.state.pool().breakers[0].state(),
+        State::Open,
+        "the probe's stream broke: open again"
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    app.mock.state.sticky(KEY_A, None);
+    let (data, _) = sse_data(app.chat(&token, &stream_body()).await).await;
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    assert_eq!(app.state.pool().breakers[0].state(), State::Closed);
+}
+
+/// Anthropic's mid-stream `overloaded_error` rests the key as a 529 would: the next
+/// request finds nothing to serve it and is answered 503 at once, without the upstream.
+/// Before, the key stayed in the pool and every stream kept landing on it.
+#[tokio::test]
+async fn an_overloaded_error_event_rests_the_key_as_a_529_would() {
+    let app = spawn_app_with(add_claude).await;
+    let (_, token) = app.token("fay", None).await;
+    let overloaded = Script {
+        events: Some(
+            serde_json::from_value(serde_json::json!([
+                ["message_start", {"type": "message_start", "message": {"id": "msg_s",
+                    "type": "message", "role": "assistant", "model": "m", "content": [],
+                    "stop_reason": null, "stop_sequence": null,
+                    "usage": {"input_tokens": 5, "output_tokens": 1}}}],
+                ["error", {"type": "error", "error": {"type": "overloaded_error",
+                    "message": "Overloaded"}}]
+            ]))
+            .unwrap(),
+        ),
+        ..Default::default()
+    };
+    app.mock.state.sticky(KEY_B, Some(overloaded));
+    let body = serde_json::json!({"model": "claude", "max_tokens": 20, "stream": true,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let resp = app.messages(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("overloaded_error"), "{text}");
+    let d = app.state.catalog().position("c").unwrap();
+    let now = app.state.clock.now().timestamp_millis();
+    assert!(app.state.pool().cooling_ms(d, now) > 0, "the key rests");
+    let resp = tokio::time::timeout(BOUND, app.messages(&token, &body))
+        .await
+        .expect("answered at once");
+    assert_eq!(resp.status(), 503);
+    assert_eq!(
+        app.mock.state.stats(KEY_B).count,
+        1,
+        "no call while it rests"
+    );
+}
+
 #[tokio::test]
 async fn retries_stay_within_the_budget_during_an_outage() {
     let app = spawn_app_with(|s, m| {
