@@ -24,10 +24,7 @@
 //! past it, then cut; before the finish the shutdown cuts the stream, and a frame waiting
 //! for room waits no more. A stream that breaks before its finish ends with an error event
 //! and no `[DONE]` / `message_stop`; a stream given up on a stalled client ends its body
-//! with an error, so the connection is cut rather than closed as if complete. Before the
-//! body ends, the serving key gets its verdict, which its 200 did not give
-//! (`attempts::stream_ended`): a whole answer its success, an upstream fault its failure,
-//! a client gone or the shutdown none.
+//! with an error, so the connection is cut rather than closed as if complete.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -39,7 +36,7 @@ use eventsource_stream::{EventStreamError, Eventsource};
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
-use super::attempts::{stream_ended, StreamEnd, Success};
+use super::attempts::Success;
 use super::drain::Drain;
 use super::event_cap::{BodyError, EventCap};
 use super::kinds::Turn;
@@ -57,13 +54,10 @@ use crate::quota::reservation::Held;
 use crate::ratelimit::Booking;
 use crate::state::AppState;
 use crate::store::requests::RequestRow;
-use crate::upstream::breaker::Permit;
-use crate::upstream::catalog::Deployment;
 use crate::upstream::providers::bedrock::eventstream::BROKE;
 use crate::upstream::providers::formats::responses;
 use crate::upstream::providers::translate::stream::{Progress, ResponsesOut};
 use crate::upstream::providers::{self, translate::stream::StreamConverter};
-use crate::upstream::retry::{self, Tier};
 use crate::usage::Usage;
 
 /// The error event of a stream the shutdown ended.
@@ -170,10 +164,6 @@ struct Pump {
     /// A server-tool turn (its calls, the searches it may make, its output cap): without
     /// its usage it is charged as far as it may have run (`left_turn`, `cut_turn`).
     turn: (Turn, i64, i64),
-    /// The serving key (its position and deployment) and its breaker permit, reported once
-    /// when the stream ends (`judge`).
-    key: (usize, Arc<Deployment>),
-    permit: Option<Permit>,
 }
 
 /// How many stall limits in all a client may keep a stream waiting for room: a slow link
@@ -405,8 +395,6 @@ pub(super) fn serve(
             p.kinds.web_search_calls,
             p.output_cap(),
         ),
-        key: (s.route.deployment, s.dep.clone()),
-        permit: s.permit,
     };
     // Guarded from here: a task dropped before its first poll settles by the rule too.
     let mut pump = Unsettled(Some(pump));
@@ -432,15 +420,8 @@ struct Unsettled(Option<Pump>);
 
 impl Drop for Unsettled {
     fn drop(&mut self) {
-        let Some(mut pump) = self.0.take() else {
-            return;
-        };
+        let Some(pump) = self.0.take() else { return };
         let whole = pump.converter.finished();
-        pump.judge(if whole {
-            StreamEnd::Whole
-        } else {
-            StreamEnd::Left
-        });
         let runtime = pump.state.runtime.clone();
         runtime.spawn(pump.settle(!whole, (!whole).then_some("shutting_down"), true));
     }
@@ -662,34 +643,15 @@ impl Pump {
             sink.send(frame).await;
         }
         drop(events);
-        // The key's verdict before the client's body ends: its next request finds the key
-        // judged. A stream the client or the shutdown ended says nothing of the key.
-        let (ending, end) = match (shutting_down, failure, client_gone) {
-            (true, ..) => (Some("shutting_down"), StreamEnd::Left),
-            (_, Some(_), _) => (Some("upstream_error"), StreamEnd::Failed(self.failed_as())),
-            (_, None, true) => (Some("client_disconnected"), StreamEnd::Left),
-            _ => (None, StreamEnd::Whole),
-        };
-        self.judge(end);
         drop(sink);
+        let ending = match (shutting_down, failure, client_gone) {
+            (true, ..) => Some("shutting_down"),
+            (_, Some(_), _) => Some("upstream_error"),
+            (_, None, true) => Some("client_disconnected"),
+            _ => None,
+        };
         let all_seen = failure.is_some() && upstream_ended;
         (failure.is_some(), ending, !all_seen)
-    }
-
-    /// How the upstream failed the stream, for its key: its own error event by its type, else
-    /// (a stall, a break, an event the gateway could not read or hold) a server error.
-    fn failed_as(&self) -> Tier {
-        self.converter
-            .upstream_error()
-            .map_or(Tier::ServerError, retry::of_error_event)
-    }
-
-    /// Reports the stream's end to its key's breaker and pool, once
-    /// (`attempts::stream_ended`).
-    fn judge(&mut self, end: StreamEnd) {
-        if let Some(permit) = self.permit.take() {
-            stream_ended(&self.state, (self.key.0, &self.key.1), permit, end);
-        }
     }
 
     /// The client is gone: after the upstream's finish its answer was whole, so the pump
@@ -775,8 +737,6 @@ impl Pump {
             mut key_booking,
             conversation: _,
             turn,
-            key: _,
-            permit: _,
         } = self;
         let Books {
             held,

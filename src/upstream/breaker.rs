@@ -10,10 +10,7 @@
 //! or one cut by its request's own deadline, gave no verdict; but
 //! [`UNANSWERED_PROBES_REOPEN`] of them in a row, with no success between, re-open the
 //! breaker, so clients that never wait long enough cannot keep it half-open for ever either.
-//! A stream's call is judged when the stream ends (`Permit::answered`): its 200 frees a
-//! probe's slot, but only a whole stream is its success.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -231,9 +228,8 @@ impl Breaker {
     /// Admits a call as a `Permit` that must report its outcome; one dropped without a
     /// report (its request's future was dropped: the client left mid-call) abandons it, so a
     /// half-open probe slot is freed at once rather than held for the maximum wait.
-    /// `Err` is how long the breaker stays open. The permit holds its breaker: a stream's
-    /// outlives the request's handler (`Permit::answered`).
-    pub fn permit(self: &Arc<Self>) -> Result<Permit, Duration> {
+    /// `Err` is how long the breaker stays open.
+    pub fn permit(&self) -> Result<Permit<'_>, Duration> {
         let mut s = self.inner.lock();
         let probe = match self.admit_locked(&mut s) {
             Admission::Reject(after) => return Err(after),
@@ -245,7 +241,7 @@ impl Breaker {
         let started = s.probes.last().copied().filter(|_| probe);
         drop(s);
         Ok(Permit {
-            breaker: self.clone(),
+            breaker: self,
             probe,
             started,
             sent: None,
@@ -278,8 +274,8 @@ impl Breaker {
 /// reports it; if none does before it is dropped (the request's future was dropped), the
 /// drop reports it as unanswered once it was `sent`, else abandons it.
 #[derive(Debug)]
-pub struct Permit {
-    breaker: Arc<Breaker>,
+pub struct Permit<'a> {
+    breaker: &'a Breaker,
     probe: bool,
     /// A probe's start time, as the breaker holds it.
     started: Option<Instant>,
@@ -288,24 +284,11 @@ pub struct Permit {
     reported: bool,
 }
 
-impl Permit {
+impl Permit<'_> {
     /// The call is going out to the upstream: from here on, ending without a verdict counts
     /// toward re-opening a half-open breaker.
     pub fn sent(&mut self) {
         self.sent = Some(Instant::now());
-    }
-
-    /// A stream's 200: the call is answered, its verdict waits for the stream's end (a
-    /// stall or an error event after the 200 is a failure, only a whole stream a success;
-    /// s26 attack, streams F2). A probe's slot is freed now: a stream runs for minutes, and
-    /// held to its end it would read as a hung probe past `half_open_max_wait_seconds` and
-    /// re-open a healthy key; its idle timeout bounds a stream that hangs. Meanwhile the
-    /// breaker may admit the next probe.
-    pub fn answered(&mut self) {
-        if self.probe {
-            // Its own start time stays: the verdict at the end then frees nothing more.
-            release(&mut self.breaker.inner.lock().probes, self.started);
-        }
     }
 
     fn waited(&self) -> Duration {
@@ -338,7 +321,7 @@ impl Permit {
     }
 }
 
-impl Drop for Permit {
+impl Drop for Permit<'_> {
     fn drop(&mut self) {
         if self.reported {
             return;
@@ -428,10 +411,10 @@ mod tests {
 
     #[test]
     fn a_dropped_probe_frees_its_slot() {
-        let b = Arc::new(Breaker::new(&BreakerSettings {
+        let b = Breaker::new(&BreakerSettings {
             open_seconds: 0,
             ..BreakerSettings::default()
-        }));
+        });
         for _ in 0..3 {
             b.failure(false);
         }
@@ -444,41 +427,11 @@ mod tests {
     }
 
     #[test]
-    fn a_streamed_probe_frees_its_slot_at_its_200_and_counts_at_its_end() {
-        let b = Arc::new(Breaker::new(&BreakerSettings {
-            open_seconds: 0,
-            close_after_successes: 1,
-            ..BreakerSettings::default()
-        }));
-        for _ in 0..3 {
-            b.failure(false);
-        }
-        let mut probe = b.permit().expect("a probe");
-        probe.sent();
-        probe.answered();
-        assert_eq!(b.state(), State::HalfOpen, "a 200 is no success yet");
-        let next = b.permit().expect("its slot is free while its stream runs");
-        next.abandon();
-        probe.success();
-        assert_eq!(b.state(), State::Closed, "the whole stream closes it");
-        for _ in 0..3 {
-            b.failure(false);
-        }
-        let mut probe = b.permit().expect("a probe");
-        probe.answered();
-        assert!(
-            probe.failure(),
-            "a stream that fails after its 200 re-opens it"
-        );
-        assert_eq!(b.state(), State::Open);
-    }
-
-    #[test]
     fn probes_left_unanswered_in_a_row_reopen_it() {
-        let b = Arc::new(Breaker::new(&BreakerSettings {
+        let b = Breaker::new(&BreakerSettings {
             open_seconds: 0,
             ..BreakerSettings::default()
-        }));
+        });
         for _ in 0..3 {
             b.failure(false);
         }

@@ -14,12 +14,6 @@
 //! | none: the request waited in the gateway for room on its HTTP/2 connection (the server's stream cap) past the first-byte timeout or the deadline, not a piece of it sent | `Held` | no breaker count, no cooldown, no other key of that host (they share the connection); the next host's; every attempt held → 503 `upstream_busy` |
 //! | none: the gateway itself ran out of open files, socket buffers or memory (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM` on connecting) | `LocalResources` | nothing reached the upstream: no breaker count, no cooldown, no other key (it would fail alike); 503 `service_degraded` with `Retry-After: 1`; a `local_resources` alert |
 //!
-//! A stream fails after its 200 too: its upstream's own error event is classified by its
-//! type (`of_error_event`: Anthropic's `overloaded_error` is `Overloaded`, a `server_error`
-//! chunk `ServerError`), and a stall, a break or an unreadable event before its finish is a
-//! `ServerError`; the key gets that tier's verdict when the stream ends, but no other key
-//! is tried — the client has the stream's first events (`pipeline::attempts::stream_ended`).
-//!
 //! 408 and 409 follow the official OpenAI and Anthropic SDKs, which retry 408, 409, 429
 //! and every 5xx: passing them through would only make the client's SDK retry them.
 //! Billing is read from the error's structure, not from any mention of the word: a 400 that
@@ -32,7 +26,6 @@ use std::time::Duration;
 
 use rand::Rng;
 
-use super::providers::canonical::ErrorKind;
 use super::providers::formats::gemini;
 use super::UpstreamError;
 
@@ -82,21 +75,6 @@ pub fn classify(err: &UpstreamError) -> Tier {
         UpstreamError::Status { status, body, .. } => {
             super::providers::bedrock::tier(body).unwrap_or_else(|| by_status(*status, body))
         }
-    }
-}
-
-/// The tier of an upstream's own error event in the middle of a stream, by its kind.
-pub fn of_error_event(kind: ErrorKind) -> Tier {
-    match kind {
-        ErrorKind::RateLimited => Tier::RateLimited,
-        ErrorKind::Overloaded => Tier::Overloaded,
-        ErrorKind::QuotaExhausted => Tier::QuotaExhausted,
-        ErrorKind::Authentication | ErrorKind::PermissionDenied => Tier::AuthFailed,
-        ErrorKind::Server => Tier::ServerError,
-        ErrorKind::InvalidRequest
-        | ErrorKind::NotFound
-        | ErrorKind::RequestTooLarge
-        | ErrorKind::ContentFilter => Tier::ClientError,
     }
 }
 

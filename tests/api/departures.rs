@@ -37,17 +37,11 @@ enum Leave {
 /// One slot in the admission gate; a short queue wait, so a slot left taken turns the
 /// follow-up request into a 503 rather than a hang.
 async fn app() -> Arc<TestApp> {
-    app_with(|_| {}).await
-}
-
-/// `app`, with `tweak` on its settings.
-async fn app_with(tweak: impl FnOnce(&mut sluice::config::Settings)) -> Arc<TestApp> {
     Arc::new(
         spawn_app_with(|s, _| {
             s.queue.max_in_flight = 1;
             s.queue.reserved = sluice::config::ReservedSlots::NONE; // none reserved
             s.queue.max_wait_seconds = 5;
-            tweak(s);
         })
         .await,
     )
@@ -984,9 +978,7 @@ fn finished_then_fault(fault: SseEvent) -> Script {
 /// each row equals its twin's whose client stayed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_fault_after_the_finish_is_charged_alike_whether_the_client_left_or_stayed() {
-    // Each of its six streams fails key A after its 200, a failure of its breaker (s26
-    // attack, streams F2): the breaker is not this test's, it must not open.
-    let app = app_with(|s| s.breaker.failure_threshold = u32::MAX).await;
+    let app = app().await;
     let body = document_body(documents()[0].clone());
     let faults = [
         // An empty event (it carries nothing) only puts the end `PAUSE_MS` after the finish:

@@ -43,12 +43,6 @@ fn error_kind(kind: &str) -> ErrorKind {
     }
 }
 
-/// The error kind of an Anthropic `error` event's `type`; one without a type is the
-/// upstream's own failure (`api_error`).
-pub fn event_error_kind(kind: Option<&str>) -> ErrorKind {
-    error_kind(kind.unwrap_or("api_error"))
-}
-
 impl EventReader {
     pub fn read(&mut self, _name: &str, data: &str, out: &mut Vec<Event>) -> Result<(), Corrupt> {
         let e = shape::anthropic_event(data)?;
@@ -130,7 +124,7 @@ impl EventReader {
             Body::MessageStop => out.push(Event::Done),
             Body::Error(err) => {
                 let t = err.kind.as_deref().unwrap_or("api_error");
-                let kind = event_error_kind(Some(t));
+                let kind = error_kind(t);
                 out.push(Event::Error(ErrorInfo {
                     status: status_of(kind),
                     kind,

@@ -136,7 +136,14 @@ impl EventReader {
     /// A mid-stream error, in OpenAI's shape (see `openai_error`).
     pub fn error(&mut self, v: &Value, out: &mut Vec<Event>) {
         let e = &v["error"];
-        let kind = error_kind(v);
+        let s = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or("");
+        let kind = match (s("type"), s("code")) {
+            (_, "rate_limit_exceeded") | ("requests" | "tokens", _) => ErrorKind::RateLimited,
+            (_, "invalid_api_key") | ("authentication_error", _) => ErrorKind::Authentication,
+            ("invalid_request_error", _) => ErrorKind::InvalidRequest,
+            ("insufficient_quota", _) | (_, "insufficient_quota") => ErrorKind::QuotaExhausted,
+            _ => ErrorKind::Server,
+        };
         out.push(Event::Error(ErrorInfo {
             status: status_of(kind),
             kind,
@@ -284,19 +291,6 @@ pub enum OpenAiEvent<'a> {
         error: Value,
         raw: bool,
     },
-}
-
-/// The kind of a mid-stream error in OpenAI's shape (`{"error": {…}}`), by its type and code.
-pub fn error_kind(v: &Value) -> ErrorKind {
-    let e = &v["error"];
-    let s = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or("");
-    match (s("type"), s("code")) {
-        (_, "rate_limit_exceeded") | ("requests" | "tokens", _) => ErrorKind::RateLimited,
-        (_, "invalid_api_key") | ("authentication_error", _) => ErrorKind::Authentication,
-        ("invalid_request_error", _) => ErrorKind::InvalidRequest,
-        ("insufficient_quota", _) | (_, "insufficient_quota") => ErrorKind::QuotaExhausted,
-        _ => ErrorKind::Server,
-    }
 }
 
 /// Reads an OpenAI-format event. An error chunk is recognised also when its other fields

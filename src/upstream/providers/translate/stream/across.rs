@@ -138,7 +138,7 @@ impl StreamConverter {
             Event::Usage(r) => self.report_sides(r),
             Event::Finish(_) => self.finished = true,
             Event::Done => self.done = true,
-            Event::Error(e) => self.upstream_error_sent(e.kind),
+            Event::Error(_) => self.error_sent = true,
             _ => {}
         }
     }
@@ -166,7 +166,7 @@ impl StreamConverter {
                 self.writer
                     .write(&Event::Usage(Reported::whole(usage)), out);
             }
-            Event::Error(e) => self.upstream_error_sent(e.kind),
+            Event::Error(_) => self.error_sent = true,
             _ => {}
         }
         self.writer.write(e, out);

@@ -6,7 +6,6 @@ use serde_json::json;
 
 use super::across::Writer;
 use super::StreamConverter;
-use crate::upstream::providers::canonical::ErrorKind;
 use crate::upstream::providers::formats::responses::stream as responses;
 use crate::upstream::providers::Format;
 
@@ -82,18 +81,6 @@ impl StreamConverter {
     /// stream is over.
     pub fn upstream_failed(&self) -> bool {
         self.error_sent
-    }
-
-    /// The kind of the upstream's own error event, if one ended the stream (not the
-    /// gateway's error over an event it could not read or hold).
-    pub fn upstream_error(&self) -> Option<ErrorKind> {
-        self.upstream_error
-    }
-
-    /// The upstream's own error event of `kind` was passed on: the stream is over.
-    pub(super) fn upstream_error_sent(&mut self, kind: ErrorKind) {
-        self.error_sent = true;
-        self.upstream_error = Some(kind);
     }
 
     /// The closing event of a stream that broke, in the client's format — none when the

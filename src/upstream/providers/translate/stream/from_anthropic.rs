@@ -72,9 +72,7 @@ impl StreamConverter {
                 }
             }
             Body::MessageStop => self.done = true,
-            Body::Error(e) => {
-                self.upstream_error_sent(anthropic::stream::event_error_kind(e.kind.as_deref()))
-            }
+            Body::Error(_) => self.error_sent = true,
             _ => {}
         }
     }

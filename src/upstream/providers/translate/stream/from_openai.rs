@@ -9,9 +9,7 @@ use serde_json::{json, Value};
 use super::framing::frame;
 use super::shape::{self, Corrupt};
 use super::StreamConverter;
-use crate::upstream::providers::formats::openai_chat::stream::{
-    error_kind, read_event, OpenAiEvent,
-};
+use crate::upstream::providers::formats::openai_chat::stream::{read_event, OpenAiEvent};
 use crate::usage::Usage;
 
 /// What an OpenAI usage chunk tells a client: the input, its cached part, the output.
@@ -224,7 +222,7 @@ impl StreamConverter {
         let c = match read_event(data)? {
             OpenAiEvent::Chunk(c) => c,
             OpenAiEvent::Error { error, raw } => {
-                self.upstream_error_sent(error_kind(&error));
+                self.error_sent = true;
                 // An error in OpenAI's own shape passes as it came; TGI's text form is
                 // reshaped so the client's SDK reads its message and code.
                 out.push(if raw {

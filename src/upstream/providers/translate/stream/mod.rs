@@ -79,7 +79,7 @@ mod responses_out;
 use bytes::Bytes;
 use serde_json::Value;
 
-use crate::upstream::providers::canonical::{ErrorKind, Input, Output};
+use crate::upstream::providers::canonical::{Input, Output};
 use crate::upstream::providers::formats::responses::stream as responses;
 use crate::upstream::providers::formats::{anthropic, bedrock, gemini, openai_chat};
 use crate::upstream::providers::Format;
@@ -169,9 +169,6 @@ pub struct StreamConverter {
     /// The upstream's own error event was passed on: the stream ends with it, and needs
     /// no error of the gateway's after it.
     error_sent: bool,
-    /// The kind of that error event, when it was the upstream's own (not the gateway's
-    /// over an unreadable event or the hold limit): its key's verdict (`upstream_error`).
-    upstream_error: Option<ErrorKind>,
     reader: Reader,
     writer: Writer,
     /// A Responses client of an upstream that speaks the Responses API
@@ -219,7 +216,6 @@ impl StreamConverter {
             served_tier: None,
             done: false,
             error_sent: false,
-            upstream_error: None,
             reader: match upstream {
                 // A Responses upstream's native events are read by `responses::Native`.
                 Format::OpenAiChat | Format::Responses => {

@@ -5,7 +5,6 @@ use bytes::Bytes;
 
 use super::across::Writer;
 use super::StreamConverter;
-use crate::upstream::providers::canonical::ErrorKind;
 use crate::upstream::providers::formats::responses::adapter as responses_adapter;
 use crate::upstream::providers::formats::responses::stream as responses;
 use crate::upstream::providers::Format;
@@ -61,10 +60,7 @@ impl StreamConverter {
                     if let Some(u) = read.usage {
                         self.report(u);
                     }
-                    // Its error is not read for a type: a server error, for its key.
-                    if read.failed {
-                        self.upstream_error_sent(ErrorKind::Server);
-                    }
+                    self.error_sent |= read.failed;
                     out.extend(read.frame);
                 }
                 Err(message) => {
