@@ -65,17 +65,27 @@ async fn a_client_that_keeps_up_never_runs_out_of_budget() {
     assert_eq!(reader.await.unwrap(), 10_000);
 }
 
-/// Frames of an answer already whole (`send_whole`, after the upstream's finish) are not
-/// held to the budget: a client behind on them gets them all (s26 diff attack #3: cut after
-/// five stall limits, charged the whole answer, and its SDK would ask again).
+/// Frames of an answer already whole (`send_whole`, after the upstream's finish) have twice
+/// the budget: a client behind on them past the first budget gets them all (s26 diff attack
+/// #3: cut after five stall limits, charged the whole answer, and its SDK would ask again),
+/// but one that keeps them waiting past twice the budget is given up (s26 stop attack #4:
+/// unbounded, an answer leaving many frames after its finish held its slots for hours).
 #[tokio::test]
-async fn a_reader_behind_on_a_whole_answer_is_not_cut_by_the_budget() {
+async fn a_reader_behind_on_a_whole_answer_has_twice_the_budget() {
     let stall = Duration::from_millis(100);
     let (sink, body) = sse_channel(stall, Drain::default());
     let reader = read(body, Duration::from_millis(20));
-    for _ in 0..100 {
-        assert!(sink.send_whole(Bytes::from_static(b"data: {}\n\n")).await);
+    let started = Instant::now();
+    let mut sent = 0u32;
+    while sink.send_whole(Bytes::from_static(b"data: {}\n\n")).await {
+        sent += 1;
+        assert!(sent < 400, "still handed on after {:?}", started.elapsed());
     }
+    let given_up = started.elapsed();
+    assert!(
+        given_up >= stall * 10 && given_up < stall * 20,
+        "given up after {given_up:?}"
+    );
     drop(sink);
-    assert_eq!(reader.await.unwrap(), 100);
+    assert!(reader.await.unwrap() <= sent);
 }

@@ -214,17 +214,15 @@ impl ClientSink {
         // `Some(handed on)`, or `None`: the client took nothing for the stall limit, or has
         // kept the stream waiting `WAIT_BUDGET_STALLS` stall limits in all, or the shutdown
         // ends the stream.
-        // A frame of an answer already whole is not held to the budget: the pump has read
-        // the upstream's finish, what is left is its last frames, and a cut would take an
-        // answer its client pays for, which its SDK would then ask for again (s26 diff attack
-        // #3).
+        // A frame of an answer already whole has twice the budget: the pump has read the
+        // upstream's finish, what is left is its last frames, and a cut would take an answer
+        // its client pays for, which its SDK would then ask for again (s26 diff attack #3);
+        // yet not without end, or an answer whose finish leaves many frames behind (a
+        // Responses answer's closing events) would hold its slots as a trickle did (s26 stop
+        // attack #4).
         let waited = Duration::from_micros(self.waited_us.load(Ordering::Relaxed));
-        let bound = match whole {
-            true => self.stall,
-            false => self
-                .stall
-                .min((self.stall * WAIT_BUDGET_STALLS).saturating_sub(waited)),
-        };
+        let budget = self.stall * WAIT_BUDGET_STALLS * if whole { 2 } else { 1 };
+        let bound = self.stall.min(budget.saturating_sub(waited));
         let started = Instant::now();
         let sent = tokio::select! {
             biased;

@@ -12,9 +12,10 @@ use crate::upstream::providers::formats::responses::stream::error_frame;
 use crate::upstream::providers::formats::responses::Stamp;
 use crate::upstream::providers::translate::stream::frame;
 
-/// What one kept output item costs beside its texts (its JSON value and its open state),
-/// counted against the hold limit as the other writers count a call.
-const ITEM_BYTES: usize = 128;
+/// What one kept output item costs beside its texts, counted against the hold limit: its
+/// JSON value is one or two maps of 0.6 KB each plus a string per key and value, about
+/// 1–1.7 KB (s26 stop attack #3: 128 let a stream of tiny items keep ten times its count).
+const ITEM_BYTES: usize = 2_048;
 
 /// An item the stream has opened.
 #[derive(Debug)]
@@ -111,13 +112,15 @@ impl EventWriter {
         out.push(frame(Some(kind), &v.to_string()));
     }
 
-    fn response(&self, status_done: bool) -> Value {
+    /// The response object; at the end (`status_done`) it takes the kept items, which
+    /// nothing needs after it (not copied: they may be most of the hold limit).
+    fn response(&mut self, status_done: bool) -> Value {
         let mut r = if status_done {
             response_object(
                 &self.body,
                 &self.model,
                 self.created,
-                self.done_items.clone(),
+                std::mem::take(&mut self.done_items),
                 self.finish.as_ref(),
                 self.usage.as_ref().map_or(Value::Null, usage_json),
             )
@@ -394,7 +397,8 @@ impl EventWriter {
                 let code = e.code.as_deref().unwrap_or("upstream_error");
                 out.push(error_frame(seq, &e.message, code));
             }
-            Event::Done => {
+            // Once: the response took the kept items.
+            Event::Done if self.completed.is_none() => {
                 self.start(out);
                 self.close_message(out);
                 self.close_calls(out);
