@@ -439,9 +439,7 @@ async fn many_images_on_anthropic_are_reserved_for_what_anthropic_bills() {
     let resp = app.chat(&token, &body).await;
     assert_eq!(resp.status(), 200);
     app.wait_settled().await;
-    let absorbed = app
-        .scalar("SELECT COALESCE(SUM(amount_micros), 0) FROM ledger WHERE kind = 'absorbed'")
-        .await;
+    let absorbed = app.absorbed().await;
     assert_eq!(absorbed, 0, "the gateway absorbed {absorbed} micro-USD");
 }
 
@@ -485,9 +483,7 @@ async fn charged_exactly(app: &TestApp, token: &str, body: &Value, micros: i64) 
     let resp = app.chat(token, body).await;
     assert_eq!(resp.status(), 200);
     app.wait_settled().await;
-    let absorbed = app
-        .scalar("SELECT COALESCE(SUM(amount_micros), 0) FROM ledger WHERE kind = 'absorbed'")
-        .await;
+    let absorbed = app.absorbed().await;
     assert_eq!(absorbed, 0, "the gateway absorbed {absorbed} micro-USD");
     let spent = app
         .scalar("SELECT SUM(amount_micros) FROM ledger WHERE kind IN ('reserve', 'settle')")

@@ -330,6 +330,12 @@ impl TestApp {
         panic!("the cache never held {n} entries");
     }
 
+    /// Micro-USD the gateway absorbed (charged to no one) so far.
+    pub async fn absorbed(&self) -> i64 {
+        self.scalar("SELECT COALESCE(SUM(amount_micros), 0) FROM ledger WHERE kind = 'absorbed'")
+            .await
+    }
+
     pub async fn scalar(&self, sql: &str) -> i64 {
         scalar_on(self.db(), sql).await
     }

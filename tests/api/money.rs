@@ -604,7 +604,7 @@ async fn claudes_tool_use_system_prompt_is_reserved_as_input(engine: Engine) {
     app.mock.state.sticky(
         KEY_B,
         Some(sluice::mock::Script {
-            prompt_tokens: Some(counted + 530),
+            prompt_tokens: Some(counted + sluice::pipeline::request::TOOL_USE_PROMPT),
             completion_tokens: Some(1),
             ..sluice::mock::Script::default()
         }),
@@ -613,9 +613,7 @@ async fn claudes_tool_use_system_prompt_is_reserved_as_input(engine: Engine) {
     let resp = app.messages(&token, &body).await;
     assert_eq!(resp.status(), 200);
     app.wait_settled().await;
-    let absorbed = app
-        .scalar("SELECT COALESCE(SUM(amount_micros), 0) FROM ledger WHERE kind = 'absorbed'")
-        .await;
+    let absorbed = app.absorbed().await;
     assert_eq!(absorbed, 0, "the gateway absorbed {absorbed} micro-USD");
     app.assert_invariant().await;
 }

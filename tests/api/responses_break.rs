@@ -151,9 +151,7 @@ async fn a_file_by_url_that_the_gateway_cannot_count_is_refused() {
             {"type": "input_file", "file_url": "https://example.com/manual.pdf"}]}]});
     let (status, r) = create(&app, &token, &body).await;
     app.wait_settled().await;
-    let absorbed = app
-        .scalar("SELECT COALESCE(SUM(amount_micros), 0) FROM ledger WHERE kind = 'absorbed'")
-        .await;
+    let absorbed = app.absorbed().await;
     assert_eq!(
         status,
         400,
