@@ -11,7 +11,8 @@ use std::time::Duration;
 use sluice::mock::{MockConfig, MockServer};
 
 use crate::gateway_proc::config_text;
-use crate::processes::{free_port, healthy, Gateway};
+use crate::gateway_proc::on_a_free_port;
+use crate::processes::{free_port, Gateway};
 
 /// `sluice serve` on `dir/data/sluice.db` under umask 022, with `env`; waits for /healthz.
 async fn serve(dir: &Path, mock: &MockServer, env: &[(&str, &str)]) -> (Gateway, PathBuf) {
@@ -54,11 +55,12 @@ async fn serve_umask(
     env: &[(&str, &str)],
     umask: &str,
 ) -> (Gateway, PathBuf) {
-    let port = free_port();
-    let config = write_config(dir, mock, port);
-    let log = dir.join(format!("gateway-{port}.log"));
-    let child = sluice(&config, umask, &["serve"], env, &log);
-    (healthy(child, port, &log).await, log)
+    on_a_free_port(|port| {
+        let config = write_config(dir, mock, port);
+        let log = dir.join(format!("gateway-{port}.log"));
+        (sluice(&config, umask, &["serve"], env, &log), log)
+    })
+    .await
 }
 
 fn mode(p: &Path) -> u32 {

@@ -127,17 +127,38 @@ pub(crate) async fn start_gateway_full(
     env: &[(&str, &str)],
     extra: &str,
 ) -> Gateway {
-    let port = free_port();
-    let config = write_config(dir, mock, port, extra);
-    let log = dir.join(format!("gateway-{port}.log"));
-    let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["--config", config.to_str().unwrap(), "serve"])
-        .envs(env.iter().copied())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    healthy(child, port, &log).await
+    on_a_free_port(|port| {
+        let config = write_config(dir, mock, port, extra);
+        let log = dir.join(format!("gateway-{port}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["--config", config.to_str().unwrap(), "serve"])
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        (child, log)
+    })
+    .await
+    .0
+}
+
+/// A gateway process `spawn` starts on a free port, and its log; started again on another
+/// port when another process took that one between its choice and the gateway's bind (the
+/// suite runs tests in parallel: a free port is only free until someone binds it).
+pub(crate) async fn on_a_free_port(
+    mut spawn: impl FnMut(u16) -> (Child, std::path::PathBuf),
+) -> (Gateway, std::path::PathBuf) {
+    for _ in 0..5 {
+        let port = free_port();
+        let (child, log) = spawn(port);
+        match started(child, port, &log).await {
+            Ok(gateway) => return (gateway, log),
+            Err(text) if text.contains("Address already in use") => continue,
+            Err(text) => panic!("gateway did not start: {text}"),
+        }
+    }
+    panic!("no free port in five tries");
 }
 
 /// The database of the gateway on `dir` (`open_dir_db`), opened beside the process, and a
@@ -158,7 +179,14 @@ pub(crate) async fn db_and_token(dir: &std::path::Path, user: &str) -> (sluice::
 /// The gateway process `child` on `port` once its `/healthz` answers 200 (bounded); else it
 /// is ended and the test fails with its log.
 pub(crate) async fn healthy(child: Child, port: u16, log: &std::path::Path) -> Gateway {
-    let gateway = Gateway {
+    started(child, port, log)
+        .await
+        .unwrap_or_else(|text| panic!("gateway did not start: {text}"))
+}
+
+/// `healthy`, or the log of a process that did not start (it exited, or never answered).
+async fn started(child: Child, port: u16, log: &std::path::Path) -> Result<Gateway, String> {
+    let mut gateway = Gateway {
         child,
         url: format!("http://127.0.0.1:{port}"),
     };
@@ -167,14 +195,14 @@ pub(crate) async fn healthy(child: Child, port: u16, log: &std::path::Path) -> G
             .await
             .is_ok_and(|r| r.status() == 200)
         {
-            return gateway;
+            return Ok(gateway);
+        }
+        if gateway.child.try_wait().ok().flatten().is_some() {
+            break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!(
-        "gateway did not start: {}",
-        std::fs::read_to_string(log).unwrap_or_default()
-    );
+    Err(std::fs::read_to_string(log).unwrap_or_default())
 }
 
 /// CPU time (user + system, in clock ticks) the process has used so far.

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use sluice::mock::Script;
 
 use crate::admin_helpers::{login, make_login, Session};
-use crate::gateway_proc::{free_port, healthy, write_config, Gateway};
+use crate::gateway_proc::{start_gateway_full, write_config, Gateway};
 use crate::helpers::*;
 use crate::pg_gateway_app::Engine;
 
@@ -185,16 +185,7 @@ async fn a_change_on_one_gateway_is_applied_by_another_process_within_a_second()
 }
 
 async fn start(dir: &std::path::Path, mock: &sluice::mock::MockServer, extra: &str) -> Gateway {
-    let port = free_port();
-    let config = write_config(dir, mock, port, extra);
-    let log = dir.join(format!("gateway-{port}.log"));
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["--config", config.to_str().unwrap(), "serve"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    healthy(child, port, &log).await
+    start_gateway_full(dir, mock, &[], extra).await
 }
 
 fn hup(g: &Gateway) {

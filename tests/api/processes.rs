@@ -9,7 +9,7 @@ use sluice::mock::{MockConfig, MockServer, Script};
 use sluice::quota::pricing;
 
 use crate::gateway_proc::open_dir_db;
-pub(crate) use crate::gateway_proc::{free_port, healthy, start_gateway_full, Gateway};
+pub(crate) use crate::gateway_proc::{free_port, start_gateway_full, Gateway};
 use crate::helpers::*;
 
 async fn start_gateway(dir: &std::path::Path, mock: &MockServer) -> Gateway {
