@@ -24,10 +24,19 @@ use crate::upstream::providers::translate::stream::MOST_CHOICES;
 
 /// The most input tokens Claude's tool-use system prompt adds to a request with tools: the
 /// largest figure of Anthropic's "tool use pricing" table (530, Claude 3 Opus with `auto`
-/// or `none`; Claude 4 models add 313 to 346). Anthropic-defined client tools (`bash_…`,
-/// `text_editor_…`, `computer_…`) add their own definitions on top, which this does not
-/// cover (docs/DESIGN.md, "Prices and rounding").
+/// or `none`; Claude 4 models add 313 to 346). Anthropic-defined client tools add their
+/// own definitions on top (`DEFINED_TOOLS`).
 pub const TOOL_USE_PROMPT: i64 = 530;
+
+/// The input tokens each Anthropic-defined client tool adds beyond the few fields the
+/// client sends for it (Anthropic's pages for each tool): the bash tool 245, the text
+/// editor 700, computer use 735 for its definition and up to 499 of its own system prompt.
+/// By type prefix; the memory tool publishes no figure and is counted as its JSON only.
+pub const DEFINED_TOOLS: &[(&str, i64)] = &[
+    ("bash_", 245),
+    ("text_editor_", 700),
+    ("computer_", 735 + 499),
+];
 
 /// Most completions one request may ask for (`n`); each is priced as a completion.
 pub const MAX_N: i64 = 16;
@@ -148,18 +157,30 @@ impl Prepared {
     /// The system prompt Claude adds to a request with tools, billed as input though no
     /// client sent it (`TOOL_USE_PROMPT`): on a Claude model wherever it is served, and on
     /// any model Anthropic serves (a Claude newer than the price table).
+    /// Tools are `tools` or OpenAI's legacy `functions` (s26 final attack #5: a Claude on
+    /// an OpenAI-format route took `functions` without the prompt reserved); each
+    /// Anthropic-defined client tool adds its definition (`DEFINED_TOOLS`).
     fn tool_use_prompt(&self, reader: Reader) -> i64 {
         let claude = reader.family == Family::Claude || reader.provider == Provider::Anthropic;
-        let tools = self
-            .body
-            .get("tools")
-            .and_then(Value::as_array)
-            .is_some_and(|t| !t.is_empty());
-        if claude && tools {
-            TOOL_USE_PROMPT
-        } else {
-            0
+        // Legacy `functions` are tools to a Claude served in OpenAI's format.
+        let tools = ["tools", "functions"].iter().any(|field| {
+            (self.body.get(*field))
+                .and_then(Value::as_array)
+                .is_some_and(|t| !t.is_empty())
+        });
+        if !(claude && tools) {
+            return 0;
         }
+        let defined: i64 = (self.body.get("tools").and_then(Value::as_array))
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t.get("type")?.as_str())
+            .filter_map(|kind| {
+                let (_, tokens) = DEFINED_TOOLS.iter().find(|(p, _)| kind.starts_with(p))?;
+                Some(*tokens)
+            })
+            .sum();
+        TOOL_USE_PROMPT.saturating_add(defined)
     }
 
     /// The estimate with the request's images as the route's provider bills them.

@@ -10,6 +10,7 @@ use std::time::Duration;
 use chrono::TimeZone;
 use serde_json::json;
 use sluice::clock::{Clock, ManualClock};
+use sluice::config::ModelSettings;
 use sluice::ops::housekeeping;
 use sluice::quota::reservation::Quota;
 use sluice::quota::{estimate, pricing};
@@ -525,7 +526,6 @@ async fn billed_definitions_outside_messages_are_reserved_as_input(engine: Engin
     );
     let (_, token) = app.token("fred", Some(&pricing::usd(3 * short))).await;
     let long = "word ".repeat(20_000);
-    let schema = json!({"type": "object", "description": long});
     let chat = |extra: serde_json::Value| {
         let mut b = json!({"model": "gpt-4o-mini", "max_tokens": 1, "messages": hi});
         b.as_object_mut()
@@ -533,28 +533,42 @@ async fn billed_definitions_outside_messages_are_reserved_as_input(engine: Engin
             .extend(extra.as_object().unwrap().clone());
         b
     };
-    let cases = [
-        (
-            "/v1/chat/completions",
-            chat(json!({"functions": [{"name": "f", "description": long,
-                "parameters": {"type": "object"}}]})),
-        ),
-        (
-            "/v1/chat/completions",
-            chat(json!({"response_format": {"type": "json_schema",
-                "json_schema": {"name": "s", "schema": schema}}})),
-        ),
-        (
-            "/v1/responses",
-            json!({"model": "gpt-4o-mini", "max_output_tokens": 16, "input": "hi",
-                "text": {"format": {"type": "json_schema", "name": "s", "schema": schema}}}),
-        ),
-        (
-            "/v1/messages",
-            json!({"model": "claude", "max_tokens": 1, "messages": hi,
-                "output_format": {"type": "json_schema", "schema": schema}}),
-        ),
+    // The text in a description, then in a property name (s26 final attack #1: an object
+    // key counted at most 2 tokens).
+    let mut named = serde_json::Map::new();
+    named.insert(long.clone(), json!({"type": "string"}));
+    let schemas = [
+        json!({"type": "object", "description": long}),
+        json!({"type": "object", "properties": named}),
     ];
+    let cases = schemas.iter().flat_map(|schema| {
+        [
+            (
+                "/v1/chat/completions",
+                chat(json!({"functions": [{"name": "f", "parameters": schema}]})),
+            ),
+            (
+                "/v1/chat/completions",
+                chat(json!({"tools": [{"type": "function",
+                    "function": {"name": "f", "parameters": schema}}]})),
+            ),
+            (
+                "/v1/chat/completions",
+                chat(json!({"response_format": {"type": "json_schema",
+                    "json_schema": {"name": "s", "schema": schema}}})),
+            ),
+            (
+                "/v1/responses",
+                json!({"model": "gpt-4o-mini", "max_output_tokens": 16, "input": "hi",
+                    "text": {"format": {"type": "json_schema", "name": "s", "schema": schema}}}),
+            ),
+            (
+                "/v1/messages",
+                json!({"model": "claude", "max_tokens": 1, "messages": hi,
+                    "output_format": {"type": "json_schema", "schema": schema}}),
+            ),
+        ]
+    });
     for (path, body) in cases {
         app.mock.state.sticky(
             "*",
@@ -618,3 +632,77 @@ async fn claudes_tool_use_system_prompt_is_reserved_as_input(engine: Engine) {
     app.assert_invariant().await;
 }
 on_both_engines!(claudes_tool_use_system_prompt_is_reserved_as_input);
+
+/// s26 final attack #5: a Claude served in OpenAI's format (an OpenAI-compatible proxy,
+/// Anthropic's compatibility endpoint) takes legacy `functions` as tools and bills its
+/// tool-use prompt for them too: reserved as for `tools`.
+async fn claudes_tool_use_prompt_is_reserved_for_legacy_functions(engine: Engine) {
+    let app = spawn_app_on(engine, |s, _| {
+        s.models.push(ModelSettings {
+            routes: vec![route("a", "claude-sonnet-4-20250514")],
+            ..model("claude-compat", &[])
+        });
+    })
+    .await;
+    let (_, token) = app.token("gina", Some("1.00")).await;
+    let hi = [json!({"role": "user", "content": "hi"})];
+    let functions = json!([{"name": "f", "parameters": {"type": "object"}}]);
+    let counted = estimate::chat_input(&hi, None) + estimate::count_value(&functions);
+    app.mock.state.sticky(
+        KEY_A,
+        Some(sluice::mock::Script {
+            prompt_tokens: Some(counted + sluice::pipeline::request::TOOL_USE_PROMPT),
+            completion_tokens: Some(1),
+            ..sluice::mock::Script::default()
+        }),
+    );
+    let body = json!({"model": "claude-compat", "max_tokens": 1, "messages": hi,
+        "functions": functions});
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    app.wait_settled().await;
+    let absorbed = app.absorbed().await;
+    assert_eq!(absorbed, 0, "the gateway absorbed {absorbed} micro-USD");
+    app.assert_invariant().await;
+}
+on_both_engines!(claudes_tool_use_prompt_is_reserved_for_legacy_functions);
+
+/// Anthropic-defined client tools (`bash_…`, `text_editor_…`, `computer_…`) are sent as a
+/// type and a name, yet Anthropic bills their whole definitions as input (245, 700 and
+/// 735 + 499 tokens): reserved, so a request with all three is not absorbed in part (s26
+/// streams attack: they were reserved as their JSON only).
+async fn anthropic_defined_tools_are_reserved_as_their_definitions(engine: Engine) {
+    use sluice::pipeline::request::{DEFINED_TOOLS, TOOL_USE_PROMPT};
+    let app = spawn_app_on(engine, add_claude).await;
+    let (_, token) = app.token("gina", Some("1.00")).await;
+    let hi = [json!({"role": "user", "content": "hi"})];
+    let tools = json!([
+        {"type": "bash_20250124", "name": "bash"},
+        {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"},
+        {"type": "computer_20250124", "name": "computer", "display_width_px": 1024,
+            "display_height_px": 768}
+    ]);
+    let defined: i64 = DEFINED_TOOLS.iter().map(|(_, n)| n).sum();
+    let billed = estimate::chat_input(&hi, Some(&tools)) + TOOL_USE_PROMPT + defined;
+    app.mock.state.sticky(
+        KEY_B,
+        Some(sluice::mock::Script {
+            prompt_tokens: Some(billed),
+            completion_tokens: Some(1),
+            ..sluice::mock::Script::default()
+        }),
+    );
+    let body = json!({"model": "claude", "max_tokens": 1, "messages": hi, "tools": tools});
+    let resp = app.messages(&token, &body).await;
+    assert_eq!(
+        resp.status(),
+        200,
+        "{}",
+        resp.text().await.unwrap_or_default()
+    );
+    app.wait_settled().await;
+    let absorbed = app.absorbed().await;
+    assert_eq!(absorbed, 0, "the gateway absorbed {absorbed} micro-USD");
+    app.assert_invariant().await;
+}
+on_both_engines!(anthropic_defined_tools_are_reserved_as_their_definitions);
