@@ -599,9 +599,12 @@ impl Pump {
                 }
                 frames.clear();
             }
-            // The upstream's own error event ended the client's stream: stop reading.
+            // An error event ended the client's stream: stop reading. The upstream's own
+            // broke the stream off; the gateway's (an event it could not read, the hold
+            // limit) left an upstream that may have run on (s26 streams attack F5: charged
+            // as if the upstream had cut it, a server-tool turn paid the lower rule).
             if self.converter.upstream_failed() {
-                upstream_ended = true;
+                upstream_ended = !self.converter.ended_by_the_gateway();
                 failure = Some("The upstream sent an error event mid-stream.");
                 break;
             }

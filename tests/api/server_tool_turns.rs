@@ -411,3 +411,26 @@ async fn a_server_tool_stream_the_upstream_cuts_pays_the_steps_its_calls_caused(
     }
     app.assert_invariant().await;
 }
+
+/// A stream the gateway itself ends — on an event it cannot read, after 2 searches of 5 —
+/// was not broken off by the upstream, which may have run on: charged as a client that left
+/// there pays (the 2 calls shown and the one it may have been starting: 4 steps of the 100
+/// reported, 3 pages re-read 3 + 2 + 1 times, the output cap re-read by 3 steps, 3
+/// searches), not the lower rule of a stream the upstream cut (s26 streams attack F5).
+#[tokio::test]
+async fn a_server_tool_stream_the_gateway_ends_on_an_unreadable_event_pays_what_may_have_run() {
+    let app = app().await;
+    let (id, token) = app.token("unreadable", Some("10")).await;
+    let mut events = vec![message_start(100)];
+    events.extend(search_with_result(0, false));
+    events.extend(search_with_result(1, false));
+    events.push(SseEvent::Named(
+        "content_block_delta".into(),
+        Value::String("{not json".into()),
+    ));
+    stream_scripted(&app, &token, (events, None), 5).await;
+    let output = two_queries();
+    let expected = searches_cost(4 * 100 + 25_000 * (3 + 2 + 1) + 3 * 1000, output, 3);
+    assert_eq!(spent_and_absorbed(&app, id).await, (expected, 0));
+    app.assert_invariant().await;
+}

@@ -77,10 +77,22 @@ pub fn typed_error_event(
 }
 
 impl StreamConverter {
-    /// The upstream sent an error event, which the client received in its format: the
-    /// stream is over.
+    /// An error event — the upstream's, or the gateway's for an event it could not read
+    /// (`ended_by_the_gateway`) — reached the client in its format: the stream is over.
     pub fn upstream_failed(&self) -> bool {
         self.error_sent
+    }
+
+    /// The stream ended on the gateway's own error event (an event it could not read, the
+    /// hold limit): the upstream did not break it off, and may have run on.
+    pub fn ended_by_the_gateway(&self) -> bool {
+        self.gateway_ended
+    }
+
+    /// Ends the client's stream on the gateway's error event (just written).
+    pub(super) fn end_by_the_gateway(&mut self) {
+        self.error_sent = true;
+        self.gateway_ended = true;
     }
 
     /// The closing event of a stream that broke, in the client's format — none when the

@@ -169,6 +169,9 @@ pub struct StreamConverter {
     /// The upstream's own error event was passed on: the stream ends with it, and needs
     /// no error of the gateway's after it.
     error_sent: bool,
+    /// The error event that ended the stream was the gateway's (an event it cannot read,
+    /// the hold limit), not the upstream's: the upstream did not stop there.
+    gateway_ended: bool,
     reader: Reader,
     writer: Writer,
     /// A Responses client of an upstream that speaks the Responses API
@@ -216,6 +219,7 @@ impl StreamConverter {
             served_tier: None,
             done: false,
             error_sent: false,
+            gateway_ended: false,
             reader: match upstream {
                 // A Responses upstream's native events are read by `responses::Native`.
                 Format::OpenAiChat | Format::Responses => {
@@ -274,7 +278,7 @@ impl StreamConverter {
         // Also after the finish: the event may be the usage, which then goes uncounted.
         if let Err(corrupt) = read {
             out.push(self.client_error(corrupt.message(), "upstream_error"));
-            self.error_sent = true;
+            self.end_by_the_gateway();
             return;
         }
         if self.held_bytes() > self.hold_limit && !self.error_sent {
@@ -282,7 +286,7 @@ impl StreamConverter {
                 "The upstream held back more of the answer than the gateway keeps; the stream was ended by the gateway.",
                 "upstream_error",
             ));
-            self.error_sent = true;
+            self.end_by_the_gateway();
         }
     }
 }

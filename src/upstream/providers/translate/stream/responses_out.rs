@@ -69,7 +69,7 @@ impl StreamConverter {
                         message,
                         "upstream_error",
                     ));
-                    self.error_sent = true;
+                    self.end_by_the_gateway();
                 }
             }
         }
