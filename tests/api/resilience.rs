@@ -498,6 +498,16 @@ async fn rate_limits_never_open_the_breaker() {
     assert_eq!(app.mock.state.stats(KEY_A).count, 10);
 }
 
+/// A chat (`chat_body(10)`) sent in the background: its status and JSON body.
+fn spawn_chat(app: &Arc<TestApp>, token: &str) -> tokio::task::JoinHandle<(u16, Value)> {
+    let (app, token) = (app.clone(), token.to_string());
+    tokio::spawn(async move {
+        let r = app.chat(&token, &chat_body(10)).await;
+        let status = r.status().as_u16();
+        (status, r.json::<Value>().await.unwrap_or(Value::Null))
+    })
+}
+
 /// An app whose key `a` has a concurrency gate of `max_concurrent` + `max_queue` and an RPM
 /// window of `rpm_limit` (0: none), answering after `delay_ms`; and a token.
 async fn gated(
@@ -526,18 +536,7 @@ async fn gated(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gate_of_two_plus_four_holds_under_twenty_concurrent_requests() {
     let (app, token) = gated((2, 4, 0), 300).await;
-    let tasks: Vec<_> = (0..20)
-        .map(|_| {
-            let (app, token) = (app.clone(), token.clone());
-            tokio::spawn(async move {
-                let r = app.chat(&token, &chat_body(10)).await;
-                (
-                    r.status().as_u16(),
-                    r.json::<Value>().await.unwrap_or(Value::Null),
-                )
-            })
-        })
-        .collect();
+    let tasks: Vec<_> = (0..20).map(|_| spawn_chat(&app, &token)).collect();
     let mut results = Vec::new();
     for t in tasks {
         results.push(t.await.unwrap());
@@ -600,16 +599,7 @@ async fn a_request_waiting_at_a_keys_gate_is_refused_if_its_token_was_revoked_me
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let waiting = {
-        let (app, token) = (app.clone(), token.clone());
-        tokio::spawn(async move {
-            let r = app.chat(&token, &chat_body(10)).await;
-            (
-                r.status().as_u16(),
-                r.json::<Value>().await.unwrap_or(Value::Null),
-            )
-        })
-    };
+    let waiting = spawn_chat(&app, &token);
     tokio::time::sleep(Duration::from_millis(400)).await;
     revoke_elsewhere(&app, id).await;
     assert_eq!(first.await.unwrap(), 200);
@@ -635,16 +625,7 @@ async fn a_request_whose_attempt_failed_slowly_is_checked_again_before_the_next(
     };
     app.mock.state.script(KEY_A, [slow_500()]);
     app.mock.state.script(KEY_B, [slow_500()]);
-    let waiting = {
-        let (app, token) = (app.clone(), token.clone());
-        tokio::spawn(async move {
-            let r = app.chat(&token, &chat_body(10)).await;
-            (
-                r.status().as_u16(),
-                r.json::<Value>().await.unwrap_or(Value::Null),
-            )
-        })
-    };
+    let waiting = spawn_chat(&app, &token);
     tokio::time::sleep(Duration::from_millis(300)).await;
     revoke_elsewhere(&app, id).await;
     let (status, v) = waiting.await.unwrap();
