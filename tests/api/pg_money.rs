@@ -831,7 +831,11 @@ on_both_stores!(budget_edits_keep_the_invariant, budget_edits);
 /// disabled is refused as gone. The successor reserves as usual.
 async fn rotated_token_refused(store: Store) {
     use sluice::quota::{reservation::Quota, QuotaError};
-    let levels = [limit(10 * R, "never"), unlimited(), limit(100 * R, "monthly")];
+    let levels = [
+        limit(10 * R, "never"),
+        unlimited(),
+        limit(100 * R, "monthly"),
+    ];
     let old = store.owner(&levels).await;
     let next = store.owner(&levels).await;
     let other = store.owner(&levels).await;
@@ -859,7 +863,12 @@ async fn rotated_token_refused(store: Store) {
         Ok(Err(Refusal::Rotated(n))) => assert_eq!(n, next.token_id, "{}", store.name()),
         other => panic!("{}: {other:?}", store.name()),
     }
-    assert_eq!(counts(&store).await, before, "{}: nothing written", store.name());
+    assert_eq!(
+        counts(&store).await,
+        before,
+        "{}: nothing written",
+        store.name()
+    );
     // Concurrent jobs share the writer's batches: each refused or reserved on its own.
     let jobs = (0..24).map(|i| {
         let owner = [&old, &next, &other][i % 3].clone();
@@ -882,7 +891,12 @@ async fn rotated_token_refused(store: Store) {
         store.level("users", old.user_id).await,
         store.level("teams", old.team_id).await,
     ];
-    assert_eq!(after, old_levels, "{}: the old token's levels untouched", store.name());
+    assert_eq!(
+        after,
+        old_levels,
+        "{}: the old token's levels untouched",
+        store.name()
+    );
     let on_old = store
         .int(&format!(
             "SELECT COUNT(*) FROM reservations WHERE token_id = {}",
@@ -891,7 +905,10 @@ async fn rotated_token_refused(store: Store) {
         .await;
     assert_eq!(on_old, 0, "{}", store.name());
     for i in (0..24).filter(|i| i % 3 != 0) {
-        store.settle(&format!("b{i}"), 0, clock.clone()).await.unwrap();
+        store
+            .settle(&format!("b{i}"), 0, clock.clone())
+            .await
+            .unwrap();
     }
     // Through the quota: refused, nothing held, nothing left to the sweep.
     let quota = Quota::with_writer(store.writer.clone(), clock.clone(), "p".into());

@@ -294,7 +294,10 @@ async fn run_case(env: &Env, c: Case) -> Result<(), TestCaseError> {
         let (k, amount, _) = c.jobs[n];
         match o {
             Ok(r) => {
-                prop_assert!(k != REVOKED, "job {n}: a revoked or rotated token was admitted: {r:?}");
+                prop_assert!(
+                    k != REVOKED,
+                    "job {n}: a revoked or rotated token was admitted: {r:?}"
+                );
                 prop_assert_eq!(r.amount, amount);
             }
             Err(Refusal::TokenGone) => {

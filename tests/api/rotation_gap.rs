@@ -93,7 +93,9 @@ async fn a_token_rotated_during_the_semantic_lookup_is_charged_as_its_successor(
     let first = app
         .chat(
             &text,
-            &question("Why does the engine warning light blink on WVWZZZ1JZXW000001 after a cold start?"),
+            &question(
+                "Why does the engine warning light blink on WVWZZZ1JZXW000001 after a cold start?",
+            ),
         )
         .await;
     assert_eq!(first.status(), 200);
@@ -155,7 +157,10 @@ async fn a_token_rotated_during_the_semantic_lookup_is_charged_as_its_successor(
             "SELECT COUNT(*) FROM ledger WHERE request_id = '{request_id}' AND token_id <> {new_id}"
         ))
         .await;
-    assert_eq!(elsewhere, 0, "every ledger row of the request is the successor's");
+    assert_eq!(
+        elsewhere, 0,
+        "every ledger row of the request is the successor's"
+    );
     let logged = app
         .scalar(&format!(
             "SELECT token_id FROM requests WHERE id = '{request_id}'"
