@@ -265,10 +265,33 @@ impl Authenticator {
         headers: &HeaderMap,
         now: DateTime<Utc>,
     ) -> Result<Option<Arc<TokenAuth>>, StoreError> {
+        self.authenticate_from(headers, now, true).await
+    }
+
+    /// `authenticate` read from the database whatever this process has cached (and cached
+    /// again): for a request whose reservation found its token rotated, which must learn
+    /// the successor now, not at the next poll (`pipeline::recheck::after_rotation`).
+    pub async fn authenticate_fresh(
+        &self,
+        headers: &HeaderMap,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Arc<TokenAuth>>, StoreError> {
+        self.authenticate_from(headers, now, false).await
+    }
+
+    async fn authenticate_from(
+        &self,
+        headers: &HeaderMap,
+        now: DateTime<Utc>,
+        cached: bool,
+    ) -> Result<Option<Arc<TokenAuth>>, StoreError> {
         let Some(hash) = presented(headers).and_then(token::parse) else {
             return Ok(None);
         };
-        let cached = self.cache.lock().get(&hash).cloned();
+        let cached = match cached {
+            true => self.cache.lock().get(&hash).cloned(),
+            false => None,
+        };
         let auth = match cached {
             Some(a) => a,
             None => {

@@ -216,6 +216,8 @@ impl From<QuotaError> for ApiError {
                 ApiError::InsufficientQuota { retry_after }
             }
             QuotaError::TokenGone => ApiError::InvalidApiKey,
+            // Rotated again under a request already moved to its successor once (`run`).
+            QuotaError::Rotated(_) => ApiError::InvalidApiKey,
             // Nothing was reserved: the request is refused (fail closed), as a 503 the
             // client may retry when the database is only out of reach for now.
             QuotaError::Store(e) if e.is_unavailable() => {
@@ -288,7 +290,7 @@ async fn run(
     // 2. Validate.
     let mut raw = read_body(payload, req, state.settings.server.max_body_bytes).await?;
     // Everything from here on acts for the credential as it is once the body is in.
-    let (auth, mut checked) =
+    let (mut auth, mut checked) =
         recheck::after_body(state, req.headers(), (auth, authenticated)).await?;
     log_owner(log, &auth);
     let mut conversation = None;
@@ -329,19 +331,7 @@ async fn run(
     // 4. Cache: a hit is answered at once and costs nothing.
     let deadline = respond::deadline(asked.deadline_ms, &state.settings.retry, started);
     let mut span = log.trace.stage("cache");
-    let plan = match endpoint {
-        Endpoint::Chat | Endpoint::Messages if ladder.has(Ladder::Cache) => state.cache.plan(
-            req.headers(),
-            &prepared.body,
-            endpoint.format(),
-            &prepared.model.name,
-            (auth.owner.token_id, auth.owner.team_id),
-            auth.cache_ttl_seconds,
-            prepared.model.cache_similarity_threshold,
-            prepared.model.cache_ignore_identifiers,
-        )?,
-        _ => None,
-    };
+    let mut plan = cache_plan(state, req, &prepared, &auth)?;
     if let Some(plan) = &plan {
         log.cache = "miss";
         if !plan.refresh {
@@ -384,11 +374,35 @@ async fn run(
     let worst = reservation_amount(state, &prepared, &candidates);
     let span = log.trace.stage("reserve");
     let mut held = if ladder.has(Ladder::Quota) {
-        state
-            .quota
-            .reserve(&log.id, &auth.owner, worst)
-            .await
-            .map_err(ApiError::from)?
+        match state.quota.reserve(&log.id, &auth.owner, worst).await {
+            // The token was rotated after the last check (during the window call or the
+            // semantic lookup's embedding, say) and nothing was reserved: its text works as
+            // the successor now, whose budget the rotation handed the old one's — reserving
+            // on the old row's copy let the pair spend it twice (s26 final attack #2). Once:
+            // authenticated again, the request moves to the successor — its windows, its
+            // cache scope, its log row — and reserves there.
+            Err(QuotaError::Rotated(_)) => {
+                auth = recheck::after_rotation(state, req.headers(), auth.owner.token_id).await?;
+                checked = Instant::now();
+                log_owner(log, &auth);
+                if let Some(old) = booking.take() {
+                    old.correct_now().await;
+                }
+                if ladder.has(Ladder::Window) {
+                    booking =
+                        rate_limit(state, &auth, &prepared, &log.id, &mut extras.rate).await?;
+                }
+                if plan.is_some() {
+                    plan = cache_plan(state, req, &prepared, &auth)?;
+                }
+                state
+                    .quota
+                    .reserve(&log.id, &auth.owner, worst)
+                    .await
+                    .map_err(ApiError::from)?
+            }
+            reserved => reserved.map_err(ApiError::from)?,
+        }
     } else {
         state.quota.unreserved()
     };
@@ -561,6 +575,32 @@ pub(crate) fn account(
         metrics::remaining(auth.owner.token_id, r, Some(used));
     }
     metrics::absorbed(absorbed);
+}
+
+/// Stage 4's plan: whether and under which keys the answer is looked up in the cache and
+/// stored, for the token `auth` acts as (its scope, its TTL).
+fn cache_plan(
+    state: &AppState,
+    req: &HttpRequest,
+    prepared: &Prepared,
+    auth: &TokenAuth,
+) -> Result<Option<crate::cache::Plan>, ApiError> {
+    let endpoint = prepared.endpoint;
+    if !matches!(endpoint, Endpoint::Chat | Endpoint::Messages)
+        || !state.settings.ladder.has(Ladder::Cache)
+    {
+        return Ok(None);
+    }
+    state.cache.plan(
+        req.headers(),
+        &prepared.body,
+        endpoint.format(),
+        &prepared.model.name,
+        (auth.owner.token_id, auth.owner.team_id),
+        auth.cache_ttl_seconds,
+        prepared.model.cache_similarity_threshold,
+        prepared.model.cache_ignore_identifiers,
+    )
 }
 
 /// Stage 3: checks (and books) the token's and the user's windows; `None` when neither has

@@ -68,6 +68,32 @@ pub async fn after_body(
     Ok((again, Instant::now()))
 }
 
+/// The request's credential authenticated again, from the database, after its reservation
+/// found the token it acted as rotated (`QuotaError::Rotated`: nothing was reserved). The
+/// rotation committed after the last check — during the window call or the semantic
+/// lookup's embedding, say (s26 final attack #2) — and the text now works as the successor:
+/// that is the token to reserve on. Read past this process's cache (which may still map
+/// the text to the old token until the next poll); a text that no longer authenticates
+/// (the successor revoked, its user disabled meanwhile) is a 401, and so is one that still
+/// maps to the rotated token (it cannot: the rotation wrote the successor before it
+/// committed).
+pub async fn after_rotation(
+    state: &AppState,
+    headers: &HeaderMap,
+    rotated: i64,
+) -> Result<Arc<TokenAuth>, ApiError> {
+    let again = state
+        .auth
+        .authenticate_fresh(headers, state.clock.now())
+        .await
+        .map_err(|e| ApiError::from_store(&e, "token lookup"))?
+        .ok_or(ApiError::InvalidApiKey)?;
+    if again.owner.token_id == rotated {
+        return Err(ApiError::InvalidApiKey);
+    }
+    Ok(again)
+}
+
 /// Whether a request that waited may go on: its credential still authenticates (else 401).
 /// A lookup the store cannot answer within a second, or by the request's `deadline` (a cache
 /// just cleared, the read pool busy), is a 503 then: not an answer later than the deadline

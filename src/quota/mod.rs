@@ -24,6 +24,10 @@ pub enum QuotaError {
     },
     #[error("token revoked or expired")]
     TokenGone,
+    /// The token was rotated after its request was authenticated (its successor named):
+    /// nothing was reserved, and its text now works as the successor (`Refusal::Rotated`).
+    #[error("token rotated to token {0}")]
+    Rotated(i64),
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
 }

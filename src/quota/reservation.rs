@@ -178,6 +178,7 @@ impl Quota {
         self.leave(key);
         Err(match refusal {
             Refusal::TokenGone => QuotaError::TokenGone,
+            Refusal::Rotated(next) => QuotaError::Rotated(next),
             Refusal::Insufficient(level, retry_after) => QuotaError::Insufficient {
                 level: level.as_str(),
                 retry_after,

@@ -128,6 +128,20 @@ impl Booking {
     pub fn used(&mut self, tokens: i64) {
         self.used = tokens.max(0);
     }
+
+    /// Corrects the windows to what was recorded now, waiting for it (dropped, a booking
+    /// corrects them off the path): a request that moves to another token (its own was
+    /// rotated under it) gives back its estimate in its user's window before it books that
+    /// window again for the new token. Cut off, the correction is left undone (the windows
+    /// err towards refusing).
+    pub async fn correct_now(mut self) {
+        let delta = self.used - self.estimated;
+        self.estimated = self.used;
+        let specs = std::mem::take(&mut self.specs);
+        self.windows
+            .correct(self.store, &specs, self.second, delta)
+            .await;
+    }
 }
 
 impl Drop for Booking {

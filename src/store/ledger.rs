@@ -81,7 +81,11 @@ struct LevelSql {
 static SQL: LazyLock<[LevelSql; 3]> = LazyLock::new(|| {
     [("tokens", "token_id", "period"), ("users", "user_id", "user_period"), ("teams", "team_id", "team_period")].map(
         |(table, id_col, period_col)| {
-            let extra = if table == "tokens" { " AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?3)" } else { "" };
+            let extra = match table {
+                "tokens" => " AND revoked_at IS NULL AND successor_id IS NULL AND (expires_at IS NULL OR expires_at > ?3)",
+                "users" => " AND disabled = 0",
+                _ => "",
+            };
             LevelSql {
                 rollover: format!(
                     "UPDATE {table} SET period = ?1, remaining_micros = limit_micros - COALESCE((SELECT SUM(amount_micros) FROM ledger
@@ -155,8 +159,14 @@ pub struct Reservation {
 pub enum Refusal {
     /// This level's remaining budget is below the amount; seconds until its next reset.
     Insufficient(Level, Option<u64>),
-    /// The token was revoked or expired since it was authenticated.
+    /// The token was revoked or expired, or its user disabled, since it was authenticated.
     TokenGone,
+    /// The token was rotated since it was authenticated (it has a successor, named here):
+    /// its text now works as the successor, whose budget is the one to spend — the old row
+    /// keeps a copy of what the rotation handed over (s26 final attack #2). Nothing is
+    /// written; the caller authenticates the credential again and reserves on the token it
+    /// now maps to.
+    Rotated(i64),
 }
 
 pub struct ReserveRequest<'a> {

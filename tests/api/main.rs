@@ -99,6 +99,7 @@ mod responses_break;
 mod responses_reasoning;
 mod responses_streams;
 mod retry_tiers;
+mod rotation_gap;
 mod secrets_rotate;
 mod server_tool_turns;
 mod server_tools;

@@ -821,3 +821,121 @@ async fn budget_edits(store: Store) {
     store.assert_settled().await;
 }
 on_both_stores!(budget_edits_keep_the_invariant, budget_edits);
+
+/// s26 final attack #2: a reservation on a token rotated since its request was
+/// authenticated — it has a successor, whose budget the rotation handed the old one's (the
+/// old row keeps a copy) — is refused as `Rotated`, naming the successor, and writes
+/// nothing; in a batch with others' reservations (the grouped statements on PostgreSQL)
+/// it is refused alone and the others go through. Through `Quota` the refusal leaves
+/// nothing held: no live reservation, none of unknown outcome. A token whose user was
+/// disabled is refused as gone. The successor reserves as usual.
+async fn rotated_token_refused(store: Store) {
+    use sluice::quota::{reservation::Quota, QuotaError};
+    let levels = [
+        limit(10 * R, "never"),
+        unlimited(),
+        limit(100 * R, "monthly"),
+    ];
+    let old = store.owner(&levels).await;
+    let next = store.owner(&levels).await;
+    let other = store.owner(&levels).await;
+    let clock: Arc<dyn Clock> = clock_at("2026-12-01T12:00:00Z");
+    // Before the rotation the old token reserves as usual.
+    store
+        .reserve(&old, "before", R, "p", clock.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    store.settle("before", R / 2, clock.clone()).await.unwrap();
+    store
+        .exec(&format!(
+            "UPDATE tokens SET successor_id = {} WHERE id = {}",
+            next.token_id, old.token_id
+        ))
+        .await;
+    let before = counts(&store).await;
+    let old_levels = [
+        store.level("tokens", old.token_id).await,
+        store.level("users", old.user_id).await,
+        store.level("teams", old.team_id).await,
+    ];
+    match store.reserve(&old, "alone", R, "p", clock.clone()).await {
+        Ok(Err(Refusal::Rotated(n))) => assert_eq!(n, next.token_id, "{}", store.name()),
+        other => panic!("{}: {other:?}", store.name()),
+    }
+    assert_eq!(
+        counts(&store).await,
+        before,
+        "{}: nothing written",
+        store.name()
+    );
+    // Concurrent jobs share the writer's batches: each refused or reserved on its own.
+    let jobs = (0..24).map(|i| {
+        let owner = [&old, &next, &other][i % 3].clone();
+        let (store, clock) = (&store, clock.clone());
+        async move {
+            let id = format!("b{i}");
+            (i % 3, store.reserve(&owner, &id, R / 4, "p", clock).await)
+        }
+    });
+    let outcomes = futures_util::future::join_all(jobs).await;
+    for (which, outcome) in outcomes {
+        match (which, outcome) {
+            (0, Ok(Err(Refusal::Rotated(n)))) => assert_eq!(n, next.token_id),
+            (1 | 2, Ok(Ok(_))) => {}
+            (w, o) => panic!("{}: owner {w}: {o:?}", store.name()),
+        }
+    }
+    let after = [
+        store.level("tokens", old.token_id).await,
+        store.level("users", old.user_id).await,
+        store.level("teams", old.team_id).await,
+    ];
+    assert_eq!(
+        after,
+        old_levels,
+        "{}: the old token's levels untouched",
+        store.name()
+    );
+    let on_old = store
+        .int(&format!(
+            "SELECT COUNT(*) FROM reservations WHERE token_id = {}",
+            old.token_id
+        ))
+        .await;
+    assert_eq!(on_old, 0, "{}", store.name());
+    for i in (0..24).filter(|i| i % 3 != 0) {
+        store
+            .settle(&format!("b{i}"), 0, clock.clone())
+            .await
+            .unwrap();
+    }
+    // Through the quota: refused, nothing held, nothing left to the sweep.
+    let quota = Quota::with_writer(store.writer.clone(), clock.clone(), "p".into());
+    match quota.reserve("q", &old, R).await {
+        Err(QuotaError::Rotated(n)) => assert_eq!(n, next.token_id),
+        Err(e) => panic!("{}: {e}", store.name()),
+        Ok(_) => panic!("{}: reserved on a rotated token", store.name()),
+    }
+    assert_eq!((quota.live_count(), quota.unsure_count()), (0, 0));
+    // A disabled user's token is gone, whatever else it is.
+    store
+        .exec(&format!(
+            "UPDATE users SET disabled = TRUE WHERE id = {}",
+            other.user_id
+        ))
+        .await;
+    let before = counts(&store).await;
+    for id in ["d1", "d2"] {
+        match store.reserve(&other, id, 1, "p", clock.clone()).await {
+            Ok(Err(Refusal::TokenGone)) => {}
+            o => panic!("{}: {o:?}", store.name()),
+        }
+    }
+    assert_eq!(counts(&store).await, before, "{}", store.name());
+    store.assert_settled().await;
+}
+on_both_stores!(
+    a_reservation_on_a_rotated_token_is_refused_and_writes_nothing,
+    rotated_token_refused
+);

@@ -27,7 +27,8 @@ use crate::money_model::seed;
 use crate::pg_money::{at, Outcome, Store};
 use crate::pg_round_trips::Link;
 
-/// Tokens: 0, 1 on user 0; 2, 3 on user 1 (3 is revoked); all in one team.
+/// Tokens: 0, 1 on user 0; 2, 3 on user 1 (3 is revoked, or rotated to token 0: `Case::rotated`);
+/// all in one team.
 const TOKENS: usize = 4;
 const REVOKED: usize = 3;
 
@@ -48,6 +49,9 @@ struct Case {
     late: Vec<bool>,
     /// Per job: settle at this per mille of the reservation, and maybe twice / a release.
     settles: Vec<(i64, u8)>,
+    /// Token 3 is rotated (its successor token 0) instead of revoked: refused as
+    /// `Rotated`, alone in its batch (s26 final attack #2).
+    rotated: bool,
 }
 
 fn limit() -> impl Strategy<Value = Option<i64>> {
@@ -73,6 +77,7 @@ fn case() -> impl Strategy<Value = Case> {
         proptest::collection::vec((0i64..1_500, 0u8..4), 40),
         prop::bool::weighted(0.3),
         proptest::collection::vec(any::<bool>(), 40),
+        any::<bool>(),
     )
         .prop_map(
             |(
@@ -84,6 +89,7 @@ fn case() -> impl Strategy<Value = Case> {
                 settles,
                 boundary,
                 late,
+                rotated,
             )| Case {
                 token_limits,
                 user_limits,
@@ -93,6 +99,7 @@ fn case() -> impl Strategy<Value = Case> {
                 boundary,
                 late,
                 settles,
+                rotated,
             },
         )
 }
@@ -215,10 +222,14 @@ async fn run_case(env: &Env, c: Case) -> Result<(), TestCaseError> {
         prop_assert!(r.is_ok(), "warm-up of token {k}: {r:?}");
         store.settle(&id, 0, clock.clone()).await.unwrap();
     }
+    let gone = match c.rotated {
+        true => format!("successor_id = {}", tokens[0]),
+        false => format!("revoked_at = '{AT}'"),
+    };
     exec(
         store,
         &format!(
-            "UPDATE tokens SET revoked_at = '{AT}' WHERE id = {} AND $1::BIGINT IS NULL",
+            "UPDATE tokens SET {gone} WHERE id = {} AND $1::BIGINT IS NULL",
             tokens[REVOKED]
         ),
         None,
@@ -283,11 +294,20 @@ async fn run_case(env: &Env, c: Case) -> Result<(), TestCaseError> {
         let (k, amount, _) = c.jobs[n];
         match o {
             Ok(r) => {
-                prop_assert!(k != REVOKED, "job {n}: a revoked token was admitted: {r:?}");
+                prop_assert!(
+                    k != REVOKED,
+                    "job {n}: a revoked or rotated token was admitted: {r:?}"
+                );
                 prop_assert_eq!(r.amount, amount);
             }
             Err(Refusal::TokenGone) => {
-                prop_assert_eq!(k, REVOKED, "job {} refused as gone", n)
+                prop_assert_eq!(k, REVOKED, "job {} refused as gone", n);
+                prop_assert!(!c.rotated, "job {n}: a rotated token refused as gone");
+            }
+            Err(Refusal::Rotated(next)) => {
+                prop_assert_eq!(k, REVOKED, "job {} refused as rotated", n);
+                prop_assert!(c.rotated, "job {n}: a revoked token refused as rotated");
+                prop_assert_eq!(*next, tokens[0]);
             }
             Err(Refusal::Insufficient(level, _)) => {
                 prop_assert!(
@@ -456,6 +476,7 @@ async fn reservations_of_callers_gone_mid_queue_are_not_kept_even_beside_their_r
         boundary: false,
         late: vec![],
         settles: vec![],
+        rotated: false,
     };
     let (tokens, users, team) = world(&store, &c).await;
     for k in 0..TOKENS {
@@ -577,6 +598,7 @@ async fn one_oversized_request_does_not_ungroup_the_rest_of_its_batch() {
         boundary: false,
         late: vec![],
         settles: vec![],
+        rotated: false,
     };
     let (tokens, users, team) = world(&store, &c).await;
     for k in 0..TOKENS - 1 {

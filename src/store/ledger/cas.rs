@@ -95,11 +95,14 @@ pub async fn reserve_via(
         .await
 }
 
-/// Each level's state as the CAS sees it: one statement for all three.
+/// Each level's state as the CAS sees it: one statement for all three. The token is gone
+/// when revoked or expired, its user when disabled; last, the token's successor (a
+/// rotation's: `Refusal::Rotated`).
 const LEVELS_STATE: &str = "SELECT t.id IS NOT NULL, t.revoked_at IS NOT NULL OR (t.expires_at IS NOT NULL AND t.expires_at <= ?4),
         t.limit_micros, t.remaining_micros, t.period, t.reset,
-        u.id IS NOT NULL, 0, u.limit_micros, u.remaining_micros, u.period, u.reset,
-        m.id IS NOT NULL, 0, m.limit_micros, m.remaining_micros, m.period, m.reset
+        u.id IS NOT NULL, COALESCE(u.disabled <> 0, 0), u.limit_micros, u.remaining_micros, u.period, u.reset,
+        m.id IS NOT NULL, 0, m.limit_micros, m.remaining_micros, m.period, m.reset,
+        t.successor_id
     FROM (SELECT 1) AS one
     LEFT JOIN tokens t ON t.id = ?1
     LEFT JOIN users u ON u.id = ?2
@@ -163,11 +166,17 @@ pub fn reserve_tx(
                 r.owner.team_id.into(),
                 now_s.as_str().into(),
             ],
-            |row| [0, 6, 12].map(|at| LevelState::read(row, at)),
+            |row| ([0, 6, 12].map(|at| LevelState::read(row, at)), row.int(18)),
         )?
         .ok_or_else(|| StoreError::Conflict("the level read returned no row".into()))?;
-    if !levels[0].exists || levels[0].gone {
+    let (levels, successor) = levels;
+    if !levels[0].exists || levels[0].gone || levels[1].gone {
         return Ok(Err(Refusal::TokenGone));
+    }
+    // Rotated since it was authenticated: its budget is the successor's now (the old row
+    // keeps a copy of what was handed over), refused before anything is written.
+    if let Some(next) = successor {
+        return Ok(Err(Refusal::Rotated(next)));
     }
     let mut levels = levels;
     // Each level into the period it is in at `now` first (a rollover is true whatever this

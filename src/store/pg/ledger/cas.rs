@@ -30,8 +30,8 @@ const LEVELS_STATE: &str = concat!(
     " AS at)
     SELECT TRUE, (t.revoked_at IS NOT NULL OR (t.expires_at IS NOT NULL AND t.expires_at <= d.at)),
         t.limit_micros, t.remaining_micros, t.period, t.reset,
-        TRUE, FALSE, u.limit_micros, u.remaining_micros, u.period, u.reset,
-        TRUE, FALSE, m.limit_micros, m.remaining_micros, m.period, m.reset, d.at
+        TRUE, u.disabled, u.limit_micros, u.remaining_micros, u.period, u.reset,
+        TRUE, FALSE, m.limit_micros, m.remaining_micros, m.period, m.reset, d.at, t.successor_id
     FROM d, tokens t, users u, teams m WHERE t.id = $1 AND u.id = $2 AND m.id = $3
     FOR NO KEY UPDATE OF t, u, m"
 );
@@ -74,9 +74,9 @@ impl LevelState {
 /// judged the token's expiry at.
 const RESERVE: &str = "WITH t AS (UPDATE tokens SET remaining_micros = remaining_micros - $1, reserved_micros = reserved_micros + $1
             WHERE id = $2 AND (limit_micros IS NULL OR remaining_micros >= $1)
-              AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $12) RETURNING remaining_micros),
+              AND revoked_at IS NULL AND successor_id IS NULL AND (expires_at IS NULL OR expires_at > $12) RETURNING remaining_micros),
     u AS (UPDATE users SET remaining_micros = remaining_micros - $1, reserved_micros = reserved_micros + $1
-            WHERE id = $3 AND (limit_micros IS NULL OR remaining_micros >= $1) RETURNING remaining_micros),
+            WHERE id = $3 AND (limit_micros IS NULL OR remaining_micros >= $1) AND NOT disabled RETURNING remaining_micros),
     m AS (UPDATE teams SET remaining_micros = remaining_micros - $1, reserved_micros = reserved_micros + $1
             WHERE id = $4 AND (limit_micros IS NULL OR remaining_micros >= $1) RETURNING remaining_micros),
     r AS (INSERT INTO reservations (request_id, token_id, user_id, team_id, period, user_period, team_period, amount_micros, owner, deadline, created_at)
@@ -97,7 +97,8 @@ const RESERVE: &str = "WITH t AS (UPDATE tokens SET remaining_micros = remaining
 const RESERVE_FAST: &str = concat!(
     "WITH s AS (SELECT t.period = $7 AND u.period = $8 AND m.period = $9
                 AND t.reset = $12 AND u.reset = $13 AND m.reset = $14
-                AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > ",
+                AND t.revoked_at IS NULL AND t.successor_id IS NULL AND NOT u.disabled
+                AND (t.expires_at IS NULL OR t.expires_at > ",
     db_now!(),
     ")
                 AND (t.limit_micros IS NULL OR t.remaining_micros >= $1)
@@ -107,7 +108,7 @@ const RESERVE_FAST: &str = concat!(
     ok AS (SELECT 1 FROM s WHERE go),
     t AS (UPDATE tokens SET remaining_micros = remaining_micros - $1, reserved_micros = reserved_micros + $1
             WHERE id = $2 AND EXISTS (SELECT 1 FROM ok) AND (limit_micros IS NULL OR remaining_micros >= $1)
-              AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ",
+              AND revoked_at IS NULL AND successor_id IS NULL AND (expires_at IS NULL OR expires_at > ",
     db_now!(),
     ") RETURNING remaining_micros),
     u AS (UPDATE users SET remaining_micros = remaining_micros - $1, reserved_micros = reserved_micros + $1
@@ -223,8 +224,13 @@ pub async fn reserve_tx(
         LevelState::read(&row, 6)?,
         LevelState::read(&row, 12)?,
     ];
-    if !levels[0].exists || levels[0].gone {
+    if !levels[0].exists || levels[0].gone || levels[1].gone {
         return Ok(Err(Refusal::TokenGone));
+    }
+    // Rotated since it was authenticated: its budget is the successor's now (the old row
+    // keeps a copy of what was handed over), refused before anything is written.
+    if let Some(next) = row.try_get::<Option<i64>, _>(19)? {
+        return Ok(Err(Refusal::Rotated(next)));
     }
     let db_now: String = row.try_get(18)?;
     let mut periods: [String; 3] = Default::default();

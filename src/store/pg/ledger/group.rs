@@ -26,8 +26,9 @@
 //! sums, each re-checking `remaining >= sum` under the row lock), the reservation rows and
 //! the ledger rows are that one statement. A current job not reserved that a level cannot
 //! cover with what the reserved ones left is refused there (nothing is written for it; no
-//! rollover is due). Anything else — a rollover due, a rule changed, a revoked token, a
-//! job that might fit — is left to `reserve_tx`.
+//! rollover is due). Anything else — a rollover due, a rule changed, a revoked or rotated
+//! token (it has a successor), a disabled user, a job that might fit — is left to
+//! `reserve_tx`, which refuses it alone (`Refusal::Rotated`, `TokenGone`).
 //!
 //! `SETTLE_MANY` is `cas::SETTLE` over arrays: each level's refund and release summed per
 //! row. A request id that appears twice in a batch is decided once here; its other jobs
@@ -127,7 +128,8 @@ const RESERVE_MANY: &str = concat!(
                  m.limit_micros AS ml, m.remaining_micros AS mr,
                  (t.period = j.period AND u.period = j.user_period AND m.period = j.team_period
                   AND t.reset = j.reset AND u.reset = j.user_reset AND m.reset = j.team_reset
-                  AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > ",
+                  AND t.revoked_at IS NULL AND t.successor_id IS NULL AND NOT u.disabled
+                  AND (t.expires_at IS NULL OR t.expires_at > ",
     db_now!(),
     ")
                   AND j.amount >= 0) AS current,

@@ -1,0 +1,182 @@
+//! A token rotated between a request's last credential check and its reservation (s26
+//! final attack #2): the semantic lookup's embedding (and the window call) lie in that gap,
+//! and a rotation committed there left the request reserving on the old token's budget — a
+//! copy of what the rotation handed the successor, so the pair could spend it twice. The
+//! reservation's CAS refuses a rotated token (`Refusal::Rotated`); the request is
+//! authenticated again and reserves, books its windows and is logged as the successor.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, Notify};
+
+use crate::admin_helpers::{login, make_login};
+use crate::helpers::*;
+use crate::on_both_engines;
+use crate::pg_gateway_app::{spawn_app_on, Engine};
+
+fn question(text: &str) -> Value {
+    json!({"model": "gpt-4o-mini", "temperature": 0, "max_tokens": 100,
+           "messages": [{"role": "system", "content": "You diagnose cars."},
+                        {"role": "user", "content": text}]})
+}
+
+/// An `http` cache embedder that answers its first call (the first answer's entry) at once
+/// and holds its second (the next request's semantic lookup) until `go`, telling `asked`
+/// when it arrives; its answer is orthogonal to the first, so the lookup misses. Later
+/// calls are answered at once.
+async fn stalling_embedder() -> (std::net::SocketAddr, mpsc::Receiver<()>, Arc<Notify>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (asked_tx, asked) = mpsc::channel(4);
+    let go = Arc::new(Notify::new());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let held = go.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                return;
+            };
+            let (asked_tx, go, calls) = (asked_tx.clone(), held.clone(), calls.clone());
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 65536];
+                let _ = conn.read(&mut buf).await;
+                let n = calls.fetch_add(1, Ordering::SeqCst);
+                let vector = match n {
+                    0 => json!([1.0, 0.0, 0.0]),
+                    1 => {
+                        let waited = go.notified();
+                        let _ = asked_tx.send(()).await;
+                        waited.await;
+                        json!([0.0, 1.0, 0.0])
+                    }
+                    _ => json!([0.0, 0.0, 1.0]),
+                };
+                let body = json!({"data": [{"embedding": vector}]}).to_string();
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = conn.write_all(head.as_bytes()).await;
+                let _ = conn.write_all(body.as_bytes()).await;
+            });
+        }
+    });
+    (addr, asked, go)
+}
+
+/// The request waits on the embedder at stage 4, its token is rotated meanwhile: it is
+/// charged to the successor (every ledger row of it carries the successor's id, its log
+/// row too), the old token's balance is untouched, its windows are the successor's (one
+/// request in them, not the old token's two), and the invariant holds.
+async fn a_token_rotated_during_the_semantic_lookup_is_charged_as_its_successor(engine: Engine) {
+    let (embedder, mut asked, go) = stalling_embedder().await;
+    let app = spawn_app_on(engine, move |s, _| {
+        s.cache.embedder = "http".into();
+        s.cache.http_url = format!("http://{embedder}/v1");
+        s.cache.http_allow_private_network = true;
+        s.cache.http_model = "text-embedding-3-small".into();
+    })
+    .await;
+    make_login(&app, "root", "admin", None).await;
+    let admin = login(&app, "root").await;
+    let (old_id, text) = app
+        .issue(sluice::cli::IssueArgs {
+            budget_usd: Some("2"),
+            rpm: Some(100),
+            tpm: Some(1_000_000),
+            ..issue_args("rita")
+        })
+        .await;
+    let first = app
+        .chat(
+            &text,
+            &question(
+                "Why does the engine warning light blink on WVWZZZ1JZXW000001 after a cold start?",
+            ),
+        )
+        .await;
+    assert_eq!(first.status(), 200);
+    app.wait_for_cache_entries(1).await;
+    app.wait_settled().await;
+
+    // The same question reworded: same context, so its lookup embeds — and is held.
+    let (http, url, t) = (
+        app.http.clone(),
+        format!("{}/v1/chat/completions", app.address),
+        text.clone(),
+    );
+    let stalled = tokio::spawn(async move {
+        http.post(url)
+            .bearer_auth(t)
+            .json(&question(
+                "Hi, why does the engine warning light blink on WVWZZZ1JZXW000001 after a cold start, please? Thanks",
+            ))
+            .send()
+            .await
+            .unwrap()
+    });
+    tokio::time::timeout(std::time::Duration::from_secs(10), asked.recv())
+        .await
+        .expect("the lookup reached the embedder")
+        .unwrap();
+    let old_remaining = format!("SELECT remaining_micros FROM tokens WHERE id = {old_id}");
+    let before = app.scalar(&old_remaining).await;
+    let (s, r) = admin
+        .post(
+            &format!("/admin/api/v1/tokens/{old_id}/rotate"),
+            &json!({ "overlap_seconds": 3600 }),
+        )
+        .await;
+    assert_eq!(s, 201, "{r}");
+    let new_id = r["id"].as_i64().unwrap();
+    go.notify_one();
+
+    let resp = stalled.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let header = |name: &str| {
+        resp.headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+    assert_eq!(header("x-sluice-cache").as_deref(), Some("miss"));
+    let request_id = header("x-request-id").expect("a request id");
+    let remaining_requests = header("x-ratelimit-remaining-requests");
+    app.wait_settled().await;
+    app.wait_for_log_rows(2).await;
+    let rows = app
+        .scalar(&format!(
+            "SELECT COUNT(*) FROM ledger WHERE request_id = '{request_id}'"
+        ))
+        .await;
+    assert!(rows >= 2, "reserved and settled: {rows} rows");
+    let elsewhere = app
+        .scalar(&format!(
+            "SELECT COUNT(*) FROM ledger WHERE request_id = '{request_id}' AND token_id <> {new_id}"
+        ))
+        .await;
+    assert_eq!(
+        elsewhere, 0,
+        "every ledger row of the request is the successor's"
+    );
+    let logged = app
+        .scalar(&format!(
+            "SELECT token_id FROM requests WHERE id = '{request_id}'"
+        ))
+        .await;
+    assert_eq!(logged, new_id, "logged as the successor");
+    assert_eq!(
+        app.scalar(&old_remaining).await,
+        before,
+        "the old token's budget is not spent"
+    );
+    assert_eq!(
+        remaining_requests.as_deref(),
+        Some("99"),
+        "the successor's window: this request alone"
+    );
+    app.assert_invariant().await;
+}
+on_both_engines!(a_token_rotated_during_the_semantic_lookup_is_charged_as_its_successor);
