@@ -166,21 +166,38 @@ struct Pump {
     turn: (Turn, i64, i64),
 }
 
-/// How many stall limits in all a client may keep a stream waiting for room: a slow link
-/// taking a long, fast answer waits far less (15 MB at 1 Mbit/s: two minutes against the
-/// default five).
+/// How many stall limits of wait a client may owe a stream: the waits for room, less what
+/// its reading earned back (`FLOOR_BYTES_PER_SEC`). A slow link taking a long, fast answer
+/// waits far less than it earns (15 MB at 1 Mbit/s: two minutes of waiting, 15 000 s
+/// earned).
 const WAIT_BUDGET_STALLS: u32 = 5;
+
+/// The floor rate of a client's reading: every byte handed on repays 1 ms of the wait it
+/// owes, down to nothing owed (earnings never pile up above the budget it started with). A
+/// reader that averages above it is never given up for its waits; a trickle below it is,
+/// once it owes `WAIT_BUDGET_STALLS` stall limits — after 5 / (1 − its rate / the floor)
+/// stall limits of waiting (s26 final attack #4: a budget that never refilled cut a steady
+/// 150 kbit/s reader of a 10 MB answer).
+const FLOOR_BYTES_PER_SEC: u64 = 1_000;
+
+/// The wait, in µs, one byte handed on repays (`FLOOR_BYTES_PER_SEC`).
+const US_PER_BYTE: u64 = 1_000_000 / FLOOR_BYTES_PER_SEC;
 
 /// Where a stream's frames go: the bounded channel the response body drains.
 pub(super) struct ClientSink {
     tx: mpsc::Sender<Bytes>,
     /// How long the client may take no frame before it counts as gone.
     stall: Duration,
-    /// How long, in µs, the stream has waited for the client so far: a client that reads
-    /// just often enough that no frame waits `stall` would otherwise hold the request's
-    /// admission and gate slots, and its reservation, for as long as it liked (s26 attack
-    /// streams F3). Touched only when the channel is full.
-    waited_us: AtomicU64,
+    /// The wait, in µs, the client owes the stream: its waits for room, each repaid by the
+    /// bytes handed on since (`US_PER_BYTE`) down to 0. A client that reads just often
+    /// enough that no frame waits `stall` would otherwise hold the request's admission and
+    /// gate slots, and its reservation, for as long as it liked (s26 attack streams F3).
+    /// Touched only when the channel is full.
+    owed_us: AtomicU64,
+    /// The bytes handed on to the channel: the one count a frame that finds room costs.
+    handed: AtomicU64,
+    /// `handed` when the debt was last repaid.
+    repaid_at: AtomicU64,
     /// Set when the stream was given up on a stalled client: the body then ends with an
     /// error, so the client's connection is cut, never closed as if the stream were complete.
     cut: Arc<AtomicBool>,
@@ -205,24 +222,29 @@ impl ClientSink {
     }
 
     async fn send_by(&self, frame: Bytes, whole: bool) -> bool {
-        // While the client keeps up there is room: no timer per frame.
+        // While the client keeps up there is room: no timer per frame, one count of its
+        // bytes (lossless: usize has at most 64 bits on every target Rust supports).
+        let len = frame.len() as u64;
         let frame = match self.tx.try_send(frame) {
-            Ok(()) => return true,
+            Ok(()) => {
+                self.handed.fetch_add(len, Ordering::Relaxed);
+                return true;
+            }
             Err(mpsc::error::TrySendError::Closed(_)) => return false,
             Err(mpsc::error::TrySendError::Full(frame)) => frame,
         };
-        // `Some(handed on)`, or `None`: the client took nothing for the stall limit, or has
-        // kept the stream waiting `WAIT_BUDGET_STALLS` stall limits in all, or the shutdown
-        // ends the stream.
+        // `Some(handed on)`, or `None`: the client took nothing for the stall limit, or owes
+        // the stream `WAIT_BUDGET_STALLS` stall limits of wait, or the shutdown ends the
+        // stream.
         // A frame of an answer already whole has twice the budget: the pump has read the
         // upstream's finish, what is left is its last frames, and a cut would take an answer
         // its client pays for, which its SDK would then ask for again (s26 diff attack #3);
         // yet not without end, or an answer whose finish leaves many frames behind (a
         // Responses answer's closing events) would hold its slots as a trickle did (s26 stop
         // attack #4).
-        let waited = Duration::from_micros(self.waited_us.load(Ordering::Relaxed));
+        let owed = self.repaid();
         let budget = self.stall * WAIT_BUDGET_STALLS * if whole { 2 } else { 1 };
-        let bound = self.stall.min(budget.saturating_sub(waited));
+        let bound = self.stall.min(budget.saturating_sub(owed));
         let started = Instant::now();
         let sent = tokio::select! {
             biased;
@@ -230,11 +252,28 @@ impl ClientSink {
             _ = self.waited_out(whole) => None,
         };
         let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-        self.waited_us.fetch_add(micros, Ordering::Relaxed);
+        self.owed_us.fetch_add(micros, Ordering::Relaxed);
+        if sent == Some(true) {
+            self.handed.fetch_add(len, Ordering::Relaxed);
+        }
         sent.unwrap_or_else(|| {
             self.cut.store(true, Ordering::Release);
             false
         })
+    }
+
+    /// The wait the client owes, once the bytes handed on since the last time repaid it.
+    /// Repaid only here, when a frame must wait: between two waits nothing adds to the
+    /// debt, so capping the repayment at 0 now is capping it at every frame.
+    fn repaid(&self) -> Duration {
+        let handed = self.handed.load(Ordering::Relaxed);
+        let earned = handed.saturating_sub(self.repaid_at.swap(handed, Ordering::Relaxed));
+        let owed = self
+            .owed_us
+            .load(Ordering::Relaxed)
+            .saturating_sub(earned.saturating_mul(US_PER_BYTE));
+        self.owed_us.store(owed, Ordering::Relaxed);
+        Duration::from_micros(owed)
     }
 
     /// Resolves when the shutdown waits no more for the client to make room: at the drain's
@@ -275,7 +314,9 @@ pub(super) fn sse_channel(
     let sink = ClientSink {
         tx,
         stall,
-        waited_us: AtomicU64::new(0),
+        owed_us: AtomicU64::new(0),
+        handed: AtomicU64::new(0),
+        repaid_at: AtomicU64::new(0),
         cut: cut.clone(),
         drain,
     };

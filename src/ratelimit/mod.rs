@@ -94,6 +94,10 @@ pub enum WindowError {
     Timeout,
     #[error("redis sentinel: no master known")]
     NoMaster,
+    /// A window call judged late twice in a row, the second time against the clock its
+    /// first answer showed (`RedisWindows::check`).
+    #[error("redis judged a window call late against the clock it had just shown")]
+    Late,
 }
 
 /// The store a request's tokens were booked in.

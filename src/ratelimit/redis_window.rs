@@ -157,10 +157,20 @@ impl RedisWindows {
             // Answered in time, yet judged late: this host's estimate of Redis's clock was
             // off (a clock stepped, a node ahead of the one last heard). Redis answers, so
             // this is no failure to degrade over (s25 stop attack F2): learned again above,
-            // the call is made again without the bound.
+            // the call is made again, bounded by the clock just learned — without a bound,
+            // a retry cut by the timeout while Redis stalls would still book when Redis
+            // wakes, after the local store decided its request (s26 final attack #3).
             let sent = wall_ms();
-            r = self.call_window(specs, (member, tokens, window), 0).await?;
+            r = self
+                .call_window(specs, (member, tokens, window), self.valid_until(sent))
+                .await?;
             self.learn(r.get(8), sent);
+            if r.get(7) == Some(&3) {
+                // Judged late by the node whose clock was learned one round trip ago: the
+                // estimate cannot be trusted (this host's clock steps, or the answers lie
+                // about Redis's time). A failure the caller degrades over, not a third call.
+                return Err(WindowError::Late);
+            }
         }
         let at = |i: usize| r.get(i).copied().unwrap_or(0);
         let ms = |i: usize| Duration::from_millis(at(i).max(0) as u64);

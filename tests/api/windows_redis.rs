@@ -437,3 +437,190 @@ async fn a_replicas_first_call_cut_by_the_timeout_books_nothing_when_redis_wakes
     let booked = redis.cli(&["ZCARD", key]).await.unwrap();
     assert_eq!(booked.trim(), "0", "booked by the local store only");
 }
+
+/// What `Proxy` does to the next window call (`EVALSHA`/`EVAL`) it sees after `skip`
+/// others.
+#[derive(Clone, Copy)]
+enum Tamper {
+    /// Forwards the call `by` late: Redis runs it only after its caller gave up.
+    Hold { skip: u32, by: Duration },
+    /// Lowers the Redis time (the last integer) its answer carries by `ms`: the caller
+    /// learns a clock that is off.
+    Backdate { skip: u32, ms: i64 },
+}
+
+/// A TCP proxy in front of a real `redis-server` that forwards everything as it comes, but
+/// for one window call it was told to hold or whose answer it was told to backdate: what no
+/// signal to the server can time, since the call to tamper with follows another within
+/// microseconds.
+struct Proxy {
+    port: u16,
+    tamper: std::sync::Arc<std::sync::Mutex<Option<Tamper>>>,
+}
+
+impl Proxy {
+    async fn start(redis: &RedisServer) -> Proxy {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let tamper = std::sync::Arc::new(std::sync::Mutex::new(None::<Tamper>));
+        let upstream = redis.port;
+        let shared = tamper.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let server = tokio::net::TcpStream::connect(("127.0.0.1", upstream))
+                    .await
+                    .unwrap();
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                // Set when the call whose answer is to be backdated went out.
+                let backdate = std::sync::Arc::new(std::sync::Mutex::new(None::<i64>));
+                let (tamper, to_backdate) = (shared.clone(), backdate.clone());
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(n @ 1..) = cr.read(&mut buf).await {
+                        let chunk = &buf[..n];
+                        let is_call = chunk.windows(4).any(|w| w == b"EVAL");
+                        let mut hold = Duration::ZERO;
+                        if is_call {
+                            let mut t = tamper.lock().unwrap();
+                            match *t {
+                                Some(Tamper::Hold { skip: 0, by }) => {
+                                    hold = by;
+                                    *t = None;
+                                }
+                                Some(Tamper::Backdate { skip: 0, ms }) => {
+                                    *to_backdate.lock().unwrap() = Some(ms);
+                                    *t = None;
+                                }
+                                Some(Tamper::Hold { ref mut skip, .. })
+                                | Some(Tamper::Backdate { ref mut skip, .. }) => *skip -= 1,
+                                None => {}
+                            }
+                        }
+                        if !hold.is_zero() {
+                            tokio::time::sleep(hold).await;
+                        }
+                        if sw.write_all(chunk).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(n @ 1..) = sr.read(&mut buf).await {
+                        let mut chunk = buf[..n].to_vec();
+                        let ms = backdate.lock().unwrap().take();
+                        if let Some(ms) = ms {
+                            chunk = backdated(&chunk, ms);
+                        }
+                        if cw.write_all(&chunk).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Proxy { port, tamper }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    fn tamper(&self, t: Tamper) {
+        *self.tamper.lock().unwrap() = Some(t);
+    }
+}
+
+/// A RESP array answer whose last integer (`window.lua`'s Redis time) is `ms` lower.
+fn backdated(answer: &[u8], ms: i64) -> Vec<u8> {
+    let text = std::str::from_utf8(answer).expect("a window call's answer is text");
+    let body = text.strip_suffix("\r\n").expect("one whole answer");
+    let (head, last) = body.rsplit_once("\r\n:").expect("an array of integers");
+    let now: i64 = last.parse().expect("Redis's time in ms");
+    format!("{head}\r\n:{}\r\n", now - ms).into_bytes()
+}
+
+async fn zcard(redis: &RedisServer, key: &str) -> i64 {
+    redis
+        .cli(&["ZCARD", key])
+        .await
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// The call made again after one judged late is bounded by the clock its answer showed:
+/// cut by the timeout while Redis stalls, the local store decides its request, and when
+/// Redis runs it past that bound it books nothing (s26 final attack #3: made again without
+/// a bound, it was booked in both stores).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_late_judgment_cut_by_the_timeout_books_nothing_when_redis_runs_it() {
+    let redis = RedisServer::start().await;
+    let proxy = Proxy::start(&redis).await;
+    let store = RedisWindows::new(&proxy.url(), Duration::from_millis(200)).unwrap();
+    let w = Windows::new(Duration::from_secs(60), Some(store), 1);
+    let specs = token_and_user(100, 0);
+    assert!(w.check(&specs, "first", 1).await.refused.is_none());
+    let key = &RedisWindows::window_keys(&specs)[0];
+    assert_eq!(zcard(&redis, key).await, 1);
+    redis.cli(&["CONFIG", "RESETSTAT"]).await.unwrap();
+
+    // This host believes Redis's clock 10 s behind: the next call is judged late, answered
+    // in time; the one made again is held past the timeout and its margin
+    // (`LATE_MARGIN_MS`).
+    w.redis().unwrap().assume_offset_ms(-10_000);
+    let held = Duration::from_millis(1_800);
+    proxy.tamper(Tamper::Hold { skip: 1, by: held });
+    let asked = std::time::Instant::now();
+    assert!(w.check(&specs, "second", 1).await.refused.is_none());
+    assert!(w.degraded(), "cut by the timeout: the local store decided");
+    // The held call reaches Redis and runs.
+    tokio::time::sleep(held.saturating_sub(asked.elapsed()) + Duration::from_millis(300)).await;
+    let seen = redis.cli(&["INFO", "commandstats"]).await.unwrap();
+    assert!(seen.contains("cmdstat_evalsha:calls=2,"), "{seen}");
+    assert_eq!(
+        zcard(&redis, key).await,
+        1,
+        "the retry was booked by the local store only"
+    );
+}
+
+/// A call made again after a late judgment and judged late again, against the clock the
+/// same node showed one round trip earlier, is a failure the caller degrades over: this
+/// host's estimate of Redis's clock cannot be trusted, and a third call without a bound
+/// would book twice if Redis stalled during it (s26 final attack #3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_judged_late_again_after_learning_the_clock_degrades_and_books_nothing_in_redis() {
+    let redis = RedisServer::start().await;
+    let proxy = Proxy::start(&redis).await;
+    let store = RedisWindows::new(&proxy.url(), TIMEOUT).unwrap();
+    let w = Windows::new(Duration::from_secs(60), Some(store), 1);
+    let specs = token_and_user(100, 0);
+    assert!(w.check(&specs, "first", 1).await.refused.is_none());
+    redis.cli(&["CONFIG", "RESETSTAT"]).await.unwrap();
+
+    // Judged late, and its answer shows a clock 10 s behind Redis's own, as a clock stepped
+    // between the two calls would: the call made again is judged late too.
+    w.redis().unwrap().assume_offset_ms(-10_000);
+    proxy.tamper(Tamper::Backdate {
+        skip: 0,
+        ms: 10_000,
+    });
+    let d = w.check(&specs, "second", 1).await;
+    assert!(d.refused.is_none(), "decided locally, not refused: {d:?}");
+    assert!(w.degraded(), "judged late twice: a failure");
+    let seen = redis.cli(&["INFO", "commandstats"]).await.unwrap();
+    assert!(
+        seen.contains("cmdstat_evalsha:calls=2,"),
+        "no third call: {seen}"
+    );
+    let key = &RedisWindows::window_keys(&specs)[0];
+    assert_eq!(
+        zcard(&redis, key).await,
+        1,
+        "booked by the local store only"
+    );
+}
