@@ -204,7 +204,7 @@ fn message_parts<'a>(
                 if detail.as_deref().is_some_and(|d| d != "auto") {
                     return Err(refuse(r, "detail", "Gemini sets no resolution per image"));
                 }
-                media(r, source, "image_url")?
+                image(r, source)?
             }
             // A file's name is a label for the client; the model reads the content.
             Part::File { source, .. } => media(r, source, "file")?,
@@ -275,6 +275,28 @@ fn result_text(r: &Request, content: &[Part]) -> Result<String, TranslateError> 
         }
     }
     Ok(text)
+}
+
+/// An image part: `media` of an image MIME type only. Gemini reads whatever the type says —
+/// a PDF, a text file, audio — and bills all of it, while the gateway reserves an image
+/// part as one image; a document goes as a file part, which the reservation sizes
+/// (`quota::documents`). Other providers refuse a non-image in an image block themselves
+/// (s27 attack, translated money #1: a book sent as an "image" was reserved at ~4 000
+/// tokens and billed in full).
+fn image(r: &Request, source: &Source) -> Result<Value, TranslateError> {
+    let mime = match source {
+        Source::Base64 { media_type, .. } => Some(media_type.as_str()),
+        Source::Url(url) => mime_of(url),
+        Source::FileId(_) => None,
+    };
+    if mime.is_some_and(|m| !m.to_ascii_lowercase().starts_with("image/")) {
+        return Err(refuse(
+            r,
+            "image_url",
+            "an image part must carry an image; send a document as a file part",
+        ));
+    }
+    media(r, source, "image_url")
 }
 
 /// An image or document: inline data, or a URL Gemini fetches (`fileData`, whose MIME type

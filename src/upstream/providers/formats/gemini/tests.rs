@@ -272,6 +272,58 @@ fn what_gemini_cannot_express_is_refused_naming_the_clients_field() {
             },
             "image_url",
         ),
+        // An image part that is no image: Gemini reads (and bills) whatever its MIME type
+        // says, while the estimate counts it as one image (s27 attack, translated money #1).
+        (
+            Request {
+                messages: vec![user(vec![Part::Image {
+                    source: Source::Base64 {
+                        media_type: "application/pdf".into(),
+                        data: "JVBERi0=".into(),
+                    },
+                    detail: None,
+                    cache: None,
+                }])],
+                ..base()
+            },
+            "image_url",
+        ),
+        (
+            Request {
+                messages: vec![user(vec![Part::Image {
+                    source: Source::Base64 {
+                        media_type: "text/plain".into(),
+                        data: "aGk=".into(),
+                    },
+                    detail: None,
+                    cache: None,
+                }])],
+                ..base()
+            },
+            "image_url",
+        ),
+        (
+            Request {
+                messages: vec![user(vec![Part::Image {
+                    source: Source::Url("https://x.test/book.PDF?x=1".into()),
+                    detail: None,
+                    cache: None,
+                }])],
+                ..base()
+            },
+            "image_url",
+        ),
+        (
+            Request {
+                messages: vec![user(vec![Part::Image {
+                    source: Source::Url("https://x.test/corpus.txt".into()),
+                    detail: None,
+                    cache: None,
+                }])],
+                ..base()
+            },
+            "image_url",
+        ),
         (
             Request {
                 messages: vec![Message {
