@@ -44,9 +44,9 @@ pub fn read(
     finance: &FinanceSettings,
 ) -> Result<Kinds, ApiError> {
     let mut kinds = Kinds::default();
-    for v in body.values() {
-        marks(v, &mut kinds.input);
-    }
+    // The body itself too: a `cache_control` at its top is Anthropic's automatic caching
+    // (s27 attack, translated money #3).
+    object_marks(body, &mut kinds.input);
     kinds.audio_output = !body.get("audio").is_none_or(Value::is_null)
         || body
             .get("modalities")
@@ -179,22 +179,25 @@ pub fn served_tier(provider: Provider, upstream: &str, served: Option<&str>) {
 /// Notes the cache marks and audio parts anywhere under `v`.
 fn marks(v: &Value, kinds: &mut InputKinds) {
     match v {
-        Value::Object(o) => {
-            if let Some(Value::Object(c)) = o.get("cache_control") {
-                if c.get("ttl").and_then(Value::as_str) == Some("1h") {
-                    kinds.cache_write_1h = true;
-                } else {
-                    kinds.cache_write_5m = true;
-                }
-            }
-            if o.get("type").and_then(Value::as_str) == Some("input_audio") {
-                kinds.audio = true;
-            }
-            o.values().for_each(|x| marks(x, kinds));
-        }
+        Value::Object(o) => object_marks(o, kinds),
         Value::Array(a) => a.iter().for_each(|x| marks(x, kinds)),
         _ => {}
     }
+}
+
+/// `marks` of an object: its own `cache_control` and type, then everything under it.
+fn object_marks(o: &Map<String, Value>, kinds: &mut InputKinds) {
+    if let Some(Value::Object(c)) = o.get("cache_control") {
+        if c.get("ttl").and_then(Value::as_str) == Some("1h") {
+            kinds.cache_write_1h = true;
+        } else {
+            kinds.cache_write_5m = true;
+        }
+    }
+    if o.get("type").and_then(Value::as_str) == Some("input_audio") {
+        kinds.audio = true;
+    }
+    o.values().for_each(|x| marks(x, kinds));
 }
 
 #[cfg(test)]
@@ -244,6 +247,26 @@ mod tests {
             json!({"messages": [{"role": "user", "content": "hi"}]}),
         );
         assert_eq!(k.unwrap(), Kinds::default());
+    }
+
+    /// Anthropic's automatic caching: one `cache_control` at the top of the request marks
+    /// the last cacheable block (s27 attack, translated money #3: the body itself was not
+    /// looked at, so the prompt was reserved at 1× and billed at the write rate).
+    #[test]
+    fn a_top_level_cache_control_marks_the_request_as_writing_the_cache() {
+        for (ttl, one_hour) in [(json!("1h"), true), (json!(null), false)] {
+            let (k, _) = read_json(
+                Endpoint::Messages,
+                json!({"cache_control": {"type": "ephemeral", "ttl": ttl},
+                    "messages": [{"role": "user", "content": "hi"}]}),
+            );
+            let k = k.unwrap();
+            assert_eq!(
+                (k.input.cache_write_1h, k.input.cache_write_5m),
+                (one_hour, !one_hour),
+                "{ttl}"
+            );
+        }
     }
 
     #[test]

@@ -338,6 +338,13 @@ async fn the_reservation_covers_the_dearest_kind_the_request_may_cause_to_the_mi
         "messages": [{"role": "user", "content": "Say hello."}]});
     // Audio in at 40, audio out at 80.
     let audio_worst = worst_case(&audio, 40_000_000, 80_000_000, 0, 0);
+    // Anthropic's automatic caching: one mark at the top of the request (s27 attack,
+    // translated money #3: reserved at the plain input rate, billed at the write rate).
+    let automatic = json!({"model": "sonnet", "max_tokens": 100,
+        "cache_control": {"type": "ephemeral", "ttl": "1h"},
+        "system": [{"type": "text", "text": "You are terse."}],
+        "messages": [{"role": "user", "content": "What is Sluice?"}]});
+    let automatic_worst = worst_case(&automatic, 6_000_000, 15_000_000, 0, 0);
     let answer = Script {
         body: Some(fixture("anthropic", "message.json")),
         ..Script::default()
@@ -345,10 +352,19 @@ async fn the_reservation_covers_the_dearest_kind_the_request_may_cause_to_the_mi
     for (client, key, body, worst) in [
         (Client::Anthropic, ANTHROPIC_KEY, &searching, worst),
         (Client::OpenAi, OPENAI_KEY, &audio, audio_worst),
+        (
+            Client::Anthropic,
+            ANTHROPIC_KEY,
+            &automatic,
+            automatic_worst,
+        ),
     ] {
         let before = app.mock.state.stats(key).count;
         let (_, short) = app
-            .token(&format!("short-{key}"), Some(&pricing::usd(worst - 1)))
+            .token(
+                &format!("short-{key}-{worst}"),
+                Some(&pricing::usd(worst - 1)),
+            )
             .await;
         let resp = match client {
             Client::OpenAi => app.chat(&short, body).await,
@@ -367,7 +383,7 @@ async fn the_reservation_covers_the_dearest_kind_the_request_may_cause_to_the_mi
         );
         // Exactly the worst case is enough.
         let (_, exact) = app
-            .token(&format!("exact-{key}"), Some(&pricing::usd(worst)))
+            .token(&format!("exact-{key}-{worst}"), Some(&pricing::usd(worst)))
             .await;
         let script = if client == Client::Anthropic {
             answer.clone()
