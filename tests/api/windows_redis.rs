@@ -396,14 +396,7 @@ async fn an_answer_in_time_judged_late_is_booked_in_redis_without_degrading() {
     assert!(w.check(&specs, "second", 1).await.refused.is_none());
     assert!(!w.degraded(), "an answering Redis is no failure");
     let key = &RedisWindows::window_keys(&specs)[0];
-    let booked: i64 = redis
-        .cli(&["ZCARD", key])
-        .await
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    assert_eq!(booked, 2, "both requests are Redis's");
+    assert_eq!(zcard(&redis, key).await, 2, "both requests are Redis's");
 }
 
 /// The first window call of a replica, before it has heard Redis's clock, is bounded like
@@ -434,8 +427,7 @@ async fn a_replicas_first_call_cut_by_the_timeout_books_nothing_when_redis_wakes
     tokio::time::sleep(Duration::from_millis(1_300)).await;
     redis.signal("-CONT");
     let key = &RedisWindows::window_keys(&specs)[0];
-    let booked = redis.cli(&["ZCARD", key]).await.unwrap();
-    assert_eq!(booked.trim(), "0", "booked by the local store only");
+    assert_eq!(zcard(&redis, key).await, 0, "booked by the local store only");
 }
 
 /// What `Proxy` does to the next window call (`EVALSHA`/`EVAL`) it sees after `skip`
@@ -542,6 +534,7 @@ fn backdated(answer: &[u8], ms: i64) -> Vec<u8> {
     format!("{head}\r\n:{}\r\n", now - ms).into_bytes()
 }
 
+/// The members of the sorted set at `key`: the requests a window booked in Redis.
 async fn zcard(redis: &RedisServer, key: &str) -> i64 {
     redis
         .cli(&["ZCARD", key])
