@@ -8,7 +8,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 
 use super::drain::Drain;
-use super::stream::sse_channel;
+use super::stream::{sse_channel, ClientSink};
 
 /// The client: takes the body's frames, pausing `pause` after each; how many it took.
 fn read<S>(body: S, pause: Duration) -> tokio::task::JoinHandle<u32>
@@ -41,6 +41,30 @@ where
     })
 }
 
+/// Sends `frame` (of an answer already whole when `whole`) until the sink gives its client
+/// up: how many frames were handed on, and after how long.
+async fn send_until_given_up(
+    sink: &ClientSink,
+    frame: &'static [u8],
+    whole: bool,
+) -> (u32, Duration) {
+    let started = Instant::now();
+    let mut sent = 0u32;
+    loop {
+        let frame = Bytes::from_static(frame);
+        let handed = if whole {
+            sink.send_whole(frame).await
+        } else {
+            sink.send(frame).await
+        };
+        if !handed {
+            return (sent, started.elapsed());
+        }
+        sent += 1;
+        assert!(sent < 400, "still handed on after {:?}", started.elapsed());
+    }
+}
+
 /// A client that takes a frame every 20 ms keeps every single wait under a 100 ms stall
 /// limit, yet keeps the stream waiting without end: it is given up once the waits add up to
 /// five stall limits (s26 attack streams F3: it held its slots for as long as it read). Its
@@ -51,13 +75,7 @@ async fn a_client_that_keeps_the_stream_waiting_five_stall_limits_in_all_is_give
     let stall = Duration::from_millis(100);
     let (sink, body) = sse_channel(stall, Drain::default());
     let reader = read(body, Duration::from_millis(20));
-    let started = Instant::now();
-    let mut sent = 0u32;
-    while sink.send(Bytes::from_static(b"\n")).await {
-        sent += 1;
-        assert!(sent < 400, "still handed on after {:?}", started.elapsed());
-    }
-    let given_up = started.elapsed();
+    let (sent, given_up) = send_until_given_up(&sink, b"\n", false).await;
     assert!(
         given_up >= stall * 5 && given_up < stall * 10,
         "given up after {given_up:?}"
@@ -91,13 +109,7 @@ async fn a_reader_behind_on_a_whole_answer_has_twice_the_budget() {
     let stall = Duration::from_millis(100);
     let (sink, body) = sse_channel(stall, Drain::default());
     let reader = read(body, Duration::from_millis(20));
-    let started = Instant::now();
-    let mut sent = 0u32;
-    while sink.send_whole(Bytes::from_static(b"\n")).await {
-        sent += 1;
-        assert!(sent < 400, "still handed on after {:?}", started.elapsed());
-    }
-    let given_up = started.elapsed();
+    let (sent, given_up) = send_until_given_up(&sink, b"\n", true).await;
     assert!(
         given_up >= stall * 10 && given_up < stall * 20,
         "given up after {given_up:?}"
@@ -140,13 +152,7 @@ async fn a_trickle_reader_below_the_floor_rate_is_still_given_up() {
     let stall = Duration::from_millis(100);
     let (sink, body) = sse_channel(stall, Drain::default());
     let reader = read(body, Duration::from_millis(90));
-    let started = Instant::now();
-    let mut sent = 0u32;
-    while sink.send(Bytes::from_static(b"data: {}\n\n")).await {
-        sent += 1;
-        assert!(sent < 400, "still handed on after {:?}", started.elapsed());
-    }
-    let given_up = started.elapsed();
+    let (sent, given_up) = send_until_given_up(&sink, b"data: {}\n\n", false).await;
     assert!(
         given_up >= stall * 5 && given_up < stall * 8,
         "given up after {given_up:?}"

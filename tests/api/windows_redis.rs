@@ -427,7 +427,11 @@ async fn a_replicas_first_call_cut_by_the_timeout_books_nothing_when_redis_wakes
     tokio::time::sleep(Duration::from_millis(1_300)).await;
     redis.signal("-CONT");
     let key = &RedisWindows::window_keys(&specs)[0];
-    assert_eq!(zcard(&redis, key).await, 0, "booked by the local store only");
+    assert_eq!(
+        zcard(&redis, key).await,
+        0,
+        "booked by the local store only"
+    );
 }
 
 /// What `Proxy` does to the next window call (`EVALSHA`/`EVAL`) it sees after `skip`
