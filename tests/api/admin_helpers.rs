@@ -12,6 +12,7 @@ pub const PASSWORD: &str = "correct horse battery staple";
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .redirect(Policy::none())
+        .pool_idle_timeout(std::time::Duration::from_secs(2))
         .build()
         .unwrap()
 }

@@ -184,8 +184,18 @@ pub async fn spawn_app_full(
         state,
         settings,
         dir,
-        http: reqwest::Client::new(),
+        http: http_client(),
     }
+}
+
+/// The tests' HTTP client. An idle connection is dropped well before the gateway's
+/// keep-alive (actix's 5 s) would close it: reusing one the server is closing at that
+/// instant fails the request with `IncompleteMessage`, which a loaded test run met.
+pub fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_idle_timeout(std::time::Duration::from_secs(2))
+        .build()
+        .expect("the test client builds")
 }
 
 pub fn issue_args(user: &str) -> IssueArgs<'_> {
