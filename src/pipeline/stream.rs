@@ -24,7 +24,14 @@
 //! past it, then cut; before the finish the shutdown cuts the stream, and a frame waiting
 //! for room waits no more. A stream that breaks before its finish ends with an error event
 //! and no `[DONE]` / `message_stop`; a stream given up on a stalled client ends its body
-//! with an error, so the connection is cut rather than closed as if complete.
+//! with an error, so the connection is cut rather than closed as if complete. Once the
+//! upstream's body is dropped, and before the client's ends, the serving key gets its
+//! verdict, which its 200 did not give (`attempts::stream_ended`): an answer whole (its
+//! finish came, whatever followed) its success; a stall, a break, an unreadable event, the
+//! hold limit or the upstream's error event naming its own fault before the finish its
+//! failure; a client gone, the shutdown or an error event naming no fault of the
+//! upstream's none. A half-open probe's slot is held meanwhile, its progress marked
+//! (`Pump::progress`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -36,7 +43,7 @@ use eventsource_stream::{EventStreamError, Eventsource};
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
-use super::attempts::Success;
+use super::attempts::{stream_ended, StreamEnd, Success};
 use super::drain::Drain;
 use super::event_cap::{BodyError, EventCap};
 use super::kinds::Turn;
@@ -54,10 +61,13 @@ use crate::quota::reservation::Held;
 use crate::ratelimit::Booking;
 use crate::state::AppState;
 use crate::store::requests::RequestRow;
+use crate::upstream::breaker::Permit;
+use crate::upstream::catalog::Deployment;
 use crate::upstream::providers::bedrock::eventstream::BROKE;
 use crate::upstream::providers::formats::responses;
 use crate::upstream::providers::translate::stream::{Progress, ResponsesOut};
 use crate::upstream::providers::{self, translate::stream::StreamConverter};
+use crate::upstream::retry::{self, Tier};
 use crate::usage::Usage;
 
 /// The error event of a stream the shutdown ended.
@@ -164,6 +174,10 @@ struct Pump {
     /// A server-tool turn (its calls, the searches it may make, its output cap): without
     /// its usage it is charged as far as it may have run (`left_turn`, `cut_turn`).
     turn: (Turn, i64, i64),
+    /// The serving key (its position and deployment) and its breaker permit, reported once
+    /// when the stream ends (`judge`).
+    key: (usize, Arc<Deployment>),
+    permit: Option<Permit>,
 }
 
 /// How many stall limits of wait a client may owe a stream: the waits for room, less what
@@ -336,6 +350,14 @@ pub(super) fn stall_limit(state: &AppState) -> Duration {
     Duration::from_millis(state.settings.upstream.stream_idle_timeout_ms)
 }
 
+/// How long a half-open probe that is a stream may make no progress before its breaker
+/// reads it as hung (`Permit::streaming`): each wait of the pump — for an upstream event,
+/// for room at the client — ends within one stall limit, and the pump marks progress after
+/// each (`Pump::progress`), so twice that without any is a pump stuck, not a slow stream.
+pub(super) fn probe_bound(state: &AppState) -> Duration {
+    stall_limit(state).saturating_mul(2)
+}
+
 pub(super) fn sse_response(
     log: &RequestRow,
     remaining: Option<i64>,
@@ -434,6 +456,8 @@ pub(super) fn serve(
             p.kinds.web_search_calls,
             p.output_cap(),
         ),
+        key: (s.route.deployment, s.dep.clone()),
+        permit: s.permit,
     };
     // Guarded from here: a task dropped before its first poll settles by the rule too.
     let mut pump = Unsettled(Some(pump));
@@ -459,8 +483,15 @@ struct Unsettled(Option<Pump>);
 
 impl Drop for Unsettled {
     fn drop(&mut self) {
-        let Some(pump) = self.0.take() else { return };
+        let Some(mut pump) = self.0.take() else {
+            return;
+        };
         let whole = pump.converter.finished();
+        pump.judge(if whole {
+            StreamEnd::Whole
+        } else {
+            StreamEnd::Unjudged
+        });
         let runtime = pump.state.runtime.clone();
         runtime.spawn(pump.settle(!whole, (!whole).then_some("shutting_down"), true));
     }
@@ -573,7 +604,10 @@ impl Pump {
             // The upstream's body ended, broke off or stalled: after its finish that is
             // the stream's end (`StreamConverter::end`), before it a cut.
             let event = match next {
-                Ok(Some(Ok(ev))) => ev,
+                Ok(Some(Ok(ev))) => {
+                    self.progress();
+                    ev
+                }
                 // The gateway's limit after the answer was whole (above).
                 Err(_) if capped.is_some() => {
                     self.converter.close(&mut frames);
@@ -685,6 +719,21 @@ impl Pump {
             sink.send(frame).await;
         }
         drop(events);
+        // The key's verdict, once the upstream's body is dropped (nothing the verdict does
+        // waits on it) and before the client's body ends: its next request finds the key
+        // judged.
+        let end = if self.converter.finished() {
+            // The answer is whole: what follows its finish (no usage, no `[DONE]`, a stall,
+            // a break) is no failure of the key's (s26 stop attack #5).
+            StreamEnd::Whole
+        } else if shutting_down || client_gone {
+            StreamEnd::Unjudged
+        } else if failure.is_some() {
+            self.failed_as()
+        } else {
+            StreamEnd::Whole
+        };
+        self.judge(end);
         drop(sink);
         let ending = match (shutting_down, failure, client_gone) {
             (true, ..) => Some("shutting_down"),
@@ -694,6 +743,36 @@ impl Pump {
         };
         let all_seen = failure.is_some() && upstream_ended;
         (failure.is_some(), ending, !all_seen)
+    }
+
+    /// How the upstream failed the stream before its finish, for its key: its own error
+    /// event by the fault it names, none if it names no fault of the upstream's own (the
+    /// client's, its account's, a type not known: s26 stop attack #2); a stall, a break, an
+    /// event the gateway could not read or the hold limit a server error, as garbage before
+    /// the 200 is.
+    fn failed_as(&self) -> StreamEnd {
+        if self.converter.upstream_failed() && !self.converter.ended_by_the_gateway() {
+            return self.converter.fault().map_or(StreamEnd::Unjudged, |f| {
+                StreamEnd::Failed(retry::of_fault(f))
+            });
+        }
+        StreamEnd::Failed(Tier::ServerError)
+    }
+
+    /// A half-open probe that is a stream made progress: its slot is no hung probe's
+    /// (`Permit::progress`, bounded by `probe_bound`).
+    fn progress(&self) {
+        if let Some(permit) = &self.permit {
+            permit.progress();
+        }
+    }
+
+    /// Reports the stream's end to its key's breaker and pool, once
+    /// (`attempts::stream_ended`).
+    fn judge(&mut self, end: StreamEnd) {
+        if let Some(permit) = self.permit.take() {
+            stream_ended(&self.state, (self.key.0, &self.key.1), permit, end);
+        }
     }
 
     /// The client is gone: after the upstream's finish its answer was whole, so the pump
@@ -747,6 +826,7 @@ impl Pump {
             if !sent {
                 return false;
             }
+            self.progress();
         }
         true
     }
@@ -779,6 +859,8 @@ impl Pump {
             mut key_booking,
             conversation: _,
             turn,
+            key: _,
+            permit: _,
         } = self;
         let Books {
             held,

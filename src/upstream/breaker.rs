@@ -10,7 +10,11 @@
 //! or one cut by its request's own deadline, gave no verdict; but
 //! [`UNANSWERED_PROBES_REOPEN`] of them in a row, with no success between, re-open the
 //! breaker, so clients that never wait long enough cannot keep it half-open for ever either.
+//! A stream's call is judged when the stream ends, not at its 200: a probe that is a stream
+//! holds its slot until then, bounded by its progress rather than by the maximum wait
+//! (`Permit::streaming`).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -75,10 +79,37 @@ struct Inner {
     window_calls: u32,
     window_failures: u32,
     open_until: Instant,
-    probes: Vec<Instant>,
+    probes: Vec<Probe>,
     probe_successes: u32,
     /// Probes in a row that ended without a verdict (see `UNANSWERED_PROBES_REOPEN`).
     unanswered_probes: u32,
+}
+
+/// A half-open probe's slot.
+#[derive(Debug, Clone, Copy)]
+struct Probe {
+    /// When it was admitted: its own slot is found by it (`release`).
+    started: Instant,
+    /// Once it is a stream (`Permit::streaming`): when it last made progress, and how long
+    /// it may go without before it counts as hung.
+    stream: Option<(Instant, Duration)>,
+}
+
+impl Probe {
+    fn new(started: Instant) -> Self {
+        Self {
+            started,
+            stream: None,
+        }
+    }
+
+    /// When it hung, if it did by `now`: `max_wait` after its start, or a stream's own bound
+    /// after its last progress (a healthy stream runs for minutes past the maximum wait).
+    fn hung(&self, now: Instant, max_wait: Duration) -> Option<Instant> {
+        let (since, limit) = self.stream.unwrap_or((self.started, max_wait));
+        // `since + limit` is before `now`: it cannot overflow.
+        (now.duration_since(since) > limit).then(|| since + limit)
+    }
 }
 
 #[derive(Debug)]
@@ -119,9 +150,9 @@ impl Breaker {
         let now = Instant::now();
         let max_wait = Duration::from_secs(self.cfg.half_open_max_wait_seconds);
         if s.state == State::HalfOpen {
-            if let Some(&started) = s.probes.iter().find(|&&t| now.duration_since(t) > max_wait) {
+            if let Some(at) = s.probes.iter().find_map(|p| p.hung(now, max_wait)) {
                 // A probe hung past its limit: a failure at the moment its limit ran out.
-                self.open(s, started + max_wait);
+                self.open(s, at);
             }
         }
         match s.state {
@@ -134,7 +165,7 @@ impl Breaker {
                     s.probes.clear();
                 }
                 if s.probes.len() < self.cfg.half_open_probes.max(1) as usize {
-                    s.probes.push(now);
+                    s.probes.push(Probe::new(now));
                     Admission::Probe
                 } else {
                     Admission::Reject(Duration::from_secs(1))
@@ -228,8 +259,9 @@ impl Breaker {
     /// Admits a call as a `Permit` that must report its outcome; one dropped without a
     /// report (its request's future was dropped: the client left mid-call) abandons it, so a
     /// half-open probe slot is freed at once rather than held for the maximum wait.
-    /// `Err` is how long the breaker stays open.
-    pub fn permit(&self) -> Result<Permit<'_>, Duration> {
+    /// `Err` is how long the breaker stays open. The permit holds its breaker: a stream's
+    /// outlives the request's handler, reported when the stream ends (`Permit::streaming`).
+    pub fn permit(self: &Arc<Self>) -> Result<Permit, Duration> {
         let mut s = self.inner.lock();
         let probe = match self.admit_locked(&mut s) {
             Admission::Reject(after) => return Err(after),
@@ -238,10 +270,10 @@ impl Breaker {
         };
         // Its own start time (just pushed), so it frees its own slot, not the newest one:
         // a finished probe's time left behind would later read as a hung probe.
-        let started = s.probes.last().copied().filter(|_| probe);
+        let started = s.probes.last().map(|p| p.started).filter(|_| probe);
         drop(s);
         Ok(Permit {
-            breaker: self,
+            breaker: self.clone(),
             probe,
             started,
             sent: None,
@@ -274,8 +306,8 @@ impl Breaker {
 /// reports it; if none does before it is dropped (the request's future was dropped), the
 /// drop reports it as unanswered once it was `sent`, else abandons it.
 #[derive(Debug)]
-pub struct Permit<'a> {
-    breaker: &'a Breaker,
+pub struct Permit {
+    breaker: Arc<Breaker>,
     probe: bool,
     /// A probe's start time, as the breaker holds it.
     started: Option<Instant>,
@@ -284,11 +316,41 @@ pub struct Permit<'a> {
     reported: bool,
 }
 
-impl Permit<'_> {
+impl Permit {
     /// The call is going out to the upstream: from here on, ending without a verdict counts
     /// toward re-opening a half-open breaker.
     pub fn sent(&mut self) {
         self.sent = Some(Instant::now());
+    }
+
+    /// A stream's 200: the call is answered, its verdict waits for the stream's end (a
+    /// stall or an error event after the 200 is a failure, only a whole stream a success;
+    /// s26 attack, streams F2). A probe keeps its slot until then, so a half-open key takes
+    /// no other probe while it streams (s26 stop attack #1: one freed at its 200 let probe
+    /// after probe in). A stream runs for minutes, past `half_open_max_wait_seconds`: from
+    /// now the probe counts as hung only once it made no progress (`progress`) for `bound`.
+    pub fn streaming(&mut self, bound: Duration) {
+        self.with_slot(|p| p.stream = Some((Instant::now(), bound)));
+    }
+
+    /// A streaming probe made progress (an event read, a frame handed on): its bound
+    /// runs from now. Nothing for any other call.
+    pub fn progress(&self) {
+        self.with_slot(|p| {
+            if let Some((last, _)) = p.stream.as_mut() {
+                *last = Instant::now();
+            }
+        });
+    }
+
+    /// Runs `f` on this probe's own slot, if it is a probe and its slot is still held (the
+    /// breaker re-opening clears every slot).
+    fn with_slot(&self, f: impl FnOnce(&mut Probe)) {
+        let Some(started) = self.started else { return };
+        let mut s = self.breaker.inner.lock();
+        if let Some(p) = s.probes.iter_mut().find(|p| p.started == started) {
+            f(p);
+        }
     }
 
     fn waited(&self) -> Duration {
@@ -321,7 +383,7 @@ impl Permit<'_> {
     }
 }
 
-impl Drop for Permit<'_> {
+impl Drop for Permit {
     fn drop(&mut self) {
         if self.reported {
             return;
@@ -336,8 +398,8 @@ impl Drop for Permit<'_> {
 }
 
 /// Frees a probe's slot: its own start time when known, else the newest.
-fn release(probes: &mut Vec<Instant>, own: Option<Instant>) {
-    match own.and_then(|t| probes.iter().position(|&p| p == t)) {
+fn release(probes: &mut Vec<Probe>, own: Option<Instant>) {
+    match own.and_then(|t| probes.iter().position(|p| p.started == t)) {
         Some(i) => {
             probes.remove(i);
         }
@@ -411,10 +473,10 @@ mod tests {
 
     #[test]
     fn a_dropped_probe_frees_its_slot() {
-        let b = Breaker::new(&BreakerSettings {
+        let b = Arc::new(Breaker::new(&BreakerSettings {
             open_seconds: 0,
             ..BreakerSettings::default()
-        });
+        }));
         for _ in 0..3 {
             b.failure(false);
         }
@@ -427,11 +489,57 @@ mod tests {
     }
 
     #[test]
+    fn a_streaming_probe_holds_its_slot_while_it_progresses_and_counts_at_its_end() {
+        let b = Arc::new(Breaker::new(&BreakerSettings {
+            open_seconds: 0,
+            close_after_successes: 1,
+            ..cfg()
+        }));
+        for _ in 0..3 {
+            b.failure(false);
+        }
+        let mut probe = b.permit().expect("a probe");
+        probe.sent();
+        probe.streaming(Duration::from_millis(200));
+        // Past the maximum wait (0 here), progressing: no hung probe, its slot held.
+        for _ in 0..3 {
+            std::thread::sleep(Duration::from_millis(50));
+            probe.progress();
+            assert!(
+                b.permit().is_err(),
+                "one probe at a time, also while it streams"
+            );
+            assert_eq!(b.state(), State::HalfOpen, "a 200 is no success yet");
+        }
+        probe.success();
+        assert_eq!(b.state(), State::Closed, "the whole stream closes it");
+        for _ in 0..3 {
+            b.failure(false);
+        }
+        let mut probe = b.permit().expect("a probe");
+        probe.streaming(Duration::from_millis(200));
+        assert!(
+            probe.failure(),
+            "a stream that fails after its 200 re-opens it"
+        );
+        assert_eq!(b.state(), State::Open);
+        // A stream that makes no progress for its bound is a hung probe.
+        let mut probe = b.permit().expect("a probe");
+        probe.streaming(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(40));
+        let next = b
+            .permit()
+            .expect("the hung probe re-opened it; open time 0: a new probe");
+        next.abandon();
+        probe.abandon();
+    }
+
+    #[test]
     fn probes_left_unanswered_in_a_row_reopen_it() {
-        let b = Breaker::new(&BreakerSettings {
+        let b = Arc::new(Breaker::new(&BreakerSettings {
             open_seconds: 0,
             ..BreakerSettings::default()
-        });
+        }));
         for _ in 0..3 {
             b.failure(false);
         }

@@ -14,6 +14,15 @@
 //! | none: the request waited in the gateway for room on its HTTP/2 connection (the server's stream cap) past the first-byte timeout or the deadline, not a piece of it sent | `Held` | no breaker count, no cooldown, no other key of that host (they share the connection); the next host's; every attempt held → 503 `upstream_busy` |
 //! | none: the gateway itself ran out of open files, socket buffers or memory (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM` on connecting) | `LocalResources` | nothing reached the upstream: no breaker count, no cooldown, no other key (it would fail alike); 503 `service_degraded` with `Retry-After: 1`; a `local_resources` alert |
 //!
+//! A stream fails after its 200 too, before its finish: its upstream's own error event is
+//! judged only when it names the upstream's own fault (`of_fault`: Anthropic's
+//! `overloaded_error` is `Overloaded`, its `rate_limit_error` `RateLimited`, its `api_error`
+//! and OpenAI's `server_error` `ServerError`; any other error event gives no verdict), and a
+//! stall, a break, an unreadable event or the hold limit is a `ServerError`; the key gets
+//! that tier's verdict when the stream ends, but no other key is tried — the client has the
+//! stream's first events. After the finish the answer is whole: the stream is the key's
+//! success whatever follows (`pipeline::attempts::stream_ended`).
+//!
 //! 408 and 409 follow the official OpenAI and Anthropic SDKs, which retry 408, 409, 429
 //! and every 5xx: passing them through would only make the client's SDK retry them.
 //! Billing is read from the error's structure, not from any mention of the word: a 400 that
@@ -26,6 +35,7 @@ use std::time::Duration;
 
 use rand::Rng;
 
+use super::providers::canonical::Fault;
 use super::providers::formats::gemini;
 use super::UpstreamError;
 
@@ -75,6 +85,15 @@ pub fn classify(err: &UpstreamError) -> Tier {
         UpstreamError::Status { status, body, .. } => {
             super::providers::bedrock::tier(body).unwrap_or_else(|| by_status(*status, body))
         }
+    }
+}
+
+/// The tier of the upstream's own fault an error event named in the middle of a stream.
+pub fn of_fault(fault: Fault) -> Tier {
+    match fault {
+        Fault::Overloaded => Tier::Overloaded,
+        Fault::RateLimited => Tier::RateLimited,
+        Fault::Server => Tier::ServerError,
     }
 }
 

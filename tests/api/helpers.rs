@@ -247,6 +247,19 @@ impl TestApp {
         self.post("/v1/chat/completions", token, body).await
     }
 
+    /// Rests `upstream`'s key no more (its cooldown and 429 streak cleared, as an admin's
+    /// enable does), for a test whose cases each fail a stream on one key: a stream that
+    /// fails after its 200 rests or counts against its key (s26 attack, streams F2), and
+    /// each case must start on a key ready to serve.
+    pub fn rest_no_more(&self, upstream: &str) {
+        let d = self
+            .state
+            .catalog()
+            .position(upstream)
+            .expect("the upstream");
+        self.state.pool().enable(d);
+    }
+
     /// An Anthropic Messages request, with the key in `x-api-key` as Anthropic's SDKs send it.
     pub async fn messages(&self, token: &str, body: &Value) -> reqwest::Response {
         self.http

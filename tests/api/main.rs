@@ -93,6 +93,7 @@ mod reconcile_tokens;
 mod redis_topologies;
 mod redteam_probe;
 mod resilience;
+mod resilience_streams;
 mod responses;
 mod responses_attack;
 mod responses_break;

@@ -43,7 +43,7 @@ fn redteam_a_finished_probe_is_not_left_behind_as_hung() {
         half_open_max_wait_seconds: 2,
         ..BreakerSettings::default()
     };
-    let b = Breaker::new(&cfg);
+    let b = std::sync::Arc::new(Breaker::new(&cfg));
     assert!(b.failure(false), "opens");
     // Probe A out at t=0 (the breaker goes half-open). The request path holds a `Permit`.
     let a = b.permit().expect("probe A");

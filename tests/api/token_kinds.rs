@@ -68,6 +68,9 @@ async fn app() -> TestApp {
         audio.price.audio_output_usd_per_mtok = Some(80.0.into());
         audio.max_output_tokens = 8192;
         s.models.extend([sonnet, audio]);
+        // The tests here cut many streams on one key, each a failure of its breaker (s26
+        // attack, streams F2): the breaker is not theirs, it must not open.
+        s.breaker.failure_threshold = u32::MAX;
     })
     .await
 }

@@ -60,7 +60,8 @@ fn sse_events(text: &str) -> Value {
 }
 
 /// Two upstreams on one mock: `a` (OpenAI format, model `gpt-4o-mini`) and `claude`
-/// (Anthropic format, model `claude`).
+/// (Anthropic format, model `claude`). Their breakers never open: each case is its own, and
+/// many fail a stream on the same key (`run_case` clears its rest).
 pub(crate) async fn app() -> TestApp {
     spawn_app_with(|s, mock| {
         let mut claude = upstream("claude", KEY_B, mock);
@@ -68,17 +69,20 @@ pub(crate) async fn app() -> TestApp {
         claude.base_url = mock.base_url();
         s.upstreams.push(claude);
         s.models.push(model("claude", &["claude"]));
+        s.breaker.failure_threshold = u32::MAX;
+        s.breaker.min_calls = u32::MAX;
     })
     .await
 }
 
 pub(crate) async fn run_case(app: &TestApp, token: &str, upstream: &str, v: &Value) -> Value {
-    let (model, key) = match upstream {
-        "openai" => ("gpt-4o-mini", KEY_A),
-        _ => ("claude", KEY_B),
+    let (model, key, id) = match upstream {
+        "openai" => ("gpt-4o-mini", KEY_A, "a"),
+        _ => ("claude", KEY_B, "claude"),
     };
     let script: Script = serde_json::from_value(v["upstream"].clone()).expect("a mock script");
     app.mock.state.reset();
+    app.rest_no_more(id);
     app.mock.state.script(key, [script]);
     let mut body = v["request"].clone();
     body["model"] = json!(model);

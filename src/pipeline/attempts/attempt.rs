@@ -10,7 +10,7 @@ use bytes::Bytes;
 use super::candidates::{build, Candidate};
 use super::departure::{bills_nothing, dearer, Departure};
 use super::run::Run;
-use super::verdicts::{breaker_failure, breaker_opened, disable_key, passthrough};
+use super::verdicts::{judge, passthrough, still_in_use};
 use super::Success;
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
@@ -23,7 +23,6 @@ use crate::ratelimit::WindowSpec;
 use crate::state::AppState;
 use crate::upstream::catalog::Deployment;
 use crate::upstream::client::UpstreamHeaders;
-use crate::upstream::pool::Disabled;
 use crate::upstream::providers;
 use crate::upstream::retry::{self, Tier};
 use crate::upstream::UpstreamError;
@@ -80,6 +79,7 @@ async fn attempt(
         slot: None,
         key_booking: None,
         dropped: Box::default(),
+        permit: None,
     };
     if stream {
         return Ok(success(None, None, Some(resp)));
@@ -264,8 +264,15 @@ pub(super) async fn try_candidate(
             // A success is a 2xx (`UpstreamClient::post`), and every provider's is a 200.
             span.outcome(Some(200), "served");
             trace.served_by(dep.provider, Some(url));
-            permit.success();
-            state.pool().succeeded(d);
+            // A stream's verdict waits for its end (`verdicts::stream_ended`); a probe holds
+            // its slot until then, bounded by the stream's progress.
+            if p.stream {
+                permit.streaming(crate::pipeline::stream::probe_bound(state));
+                s.permit = Some(permit);
+            } else {
+                permit.success();
+                state.pool().succeeded(d);
+            }
             s.slot = slot;
             s.key_booking = key_booking;
             s.dropped = dropped.into_boxed_slice();
@@ -310,94 +317,38 @@ pub(super) async fn try_candidate(
         }
         return Step::Next;
     }
+    let retry_after = match &err {
+        UpstreamError::Status { retry_after, .. } => *retry_after,
+        _ => None,
+    };
+    if let Some(cool) = judge(state, (d, dep), tier, retry_after, permit) {
+        run.wait(cool);
+    }
+    if tier == Tier::Overloaded {
+        run.overloaded.push(i);
+    }
     match tier {
-        Tier::RateLimited | Tier::Overloaded => {
-            if tier == Tier::RateLimited {
-                metrics::upstream_429(&dep.id);
-            }
-            let streak = state.pool().rate_limited(d);
-            let retry_after = if let UpstreamError::Status { retry_after, .. } = &err {
-                *retry_after
-            } else {
-                None
-            };
-            let cool = retry::cooldown(
-                retry_after,
-                streak,
-                Duration::from_secs(state.settings.retry.max_cooldown_seconds),
-            );
-            state
-                .pool()
-                .cool_down(d, state.clock.now().timestamp_millis(), cool);
-            run.wait(cool);
-            if tier == Tier::Overloaded {
-                run.overloaded.push(i);
-                breaker_failure(state, d, permit);
-            } else {
-                permit.abandon();
-            }
-        }
-        Tier::QuotaExhausted => {
-            permit.abandon();
-            disable_key(state, d, Disabled::Quota);
-        }
-        Tier::AuthFailed => {
-            permit.abandon();
-            disable_key(state, d, Disabled::Auth);
-        }
-        Tier::ServerError => breaker_failure(state, d, permit),
-        // The gateway's own connection to that host was full: no verdict on the key, no
-        // rest (the next request may find room), no other key of that host (`Run::held`).
-        Tier::Held => permit.abandon(),
-        // A conflict is transient and says nothing of the upstream's health.
-        Tier::Conflict => permit.abandon(),
-        // Running out of the request's own time is the client's limit, no failure — but
-        // probes that keep ending so re-open the breaker (`UNANSWERED_PROBES_REOPEN`).
-        Tier::OutOfTime => {
-            if permit.unanswered() {
-                breaker_opened(state, d);
-            }
-        }
         // The gateway's own shortage: the request never left it. No verdict on the key, and
         // no other key (each would fail alike): the client retries in a moment. The alert
         // is the log line: nothing here is the upstream's.
         Tier::LocalResources => {
-            permit.abandon();
             let why = format!(
                 "{err}: answered 503 without any upstream call; raise the gateway's limit \
                  (open files: `LimitNOFILE`, `ulimit -n`) or shed load"
             );
             state.alerts.raise("local_resources", "gateway", &why);
-            return Step::Stop(
+            Step::Stop(
                 ApiError::ServiceDegraded {
                     retry_after: LOCAL_RETRY_AFTER_SECONDS,
                 }
                 .into(),
-            );
+            )
         }
-        Tier::ClientError => {
-            // The upstream answered sensibly: for the breaker that is a success.
-            permit.success();
-            return Step::ClientError(passthrough(
-                err,
-                providers::format_of(dep.provider),
-                p.endpoint.format(),
-            ));
-        }
+        Tier::ClientError => Step::ClientError(passthrough(
+            err,
+            providers::format_of(dep.provider),
+            p.endpoint.format(),
+        )),
+        _ => Step::Next,
     }
-    Step::Next
-}
-
-/// Whether `dep`'s key is still the one its deployment sends (`Deployment::sealing` tells
-/// an admin's action on a managed key).
-fn still_in_use(state: &AppState, dep: &Deployment) -> bool {
-    let catalog = state.catalog();
-    catalog
-        .position(&dep.id)
-        .map(|d| &catalog.deployments[d])
-        .is_some_and(|now| {
-            now.sealing == dep.sealing
-                && now.shared_tag() == dep.shared_tag()
-                && now.api_key.expose() == dep.api_key.expose()
-        })
 }

@@ -30,6 +30,7 @@ use crate::ops::traces::Trace;
 use crate::quota::pricing::Prices;
 use crate::ratelimit::Booking;
 use crate::state::AppState;
+use crate::upstream::breaker::Permit;
 use crate::upstream::catalog::{Deployment, Model, Route};
 use crate::upstream::pool::InFlight;
 use attempt::{try_candidate, Step};
@@ -39,6 +40,7 @@ use run::{final_error, next_round, Run};
 
 pub use candidates::{candidates, dropped_by_any, Candidate};
 pub use departure::Departure;
+pub use verdicts::{stream_ended, StreamEnd};
 
 /// A successful attempt. For non-streams the body has been read (and checked to be JSON);
 /// for streams the response is handed to the pump unread. The in-flight count and the
@@ -63,6 +65,9 @@ pub struct Success {
     /// The client fields left out of the upstream's request (`x-sluice-dropped`); a boxed
     /// slice, as every served answer carries this struct by value.
     pub dropped: Box<[&'static str]>,
+    /// A stream's breaker permit, reported when the stream ends (`stream_ended`); a
+    /// non-streamed answer's success is reported at once.
+    pub permit: Option<Permit>,
 }
 
 // Served is the common outcome, moved once to its caller: boxing it would cost every

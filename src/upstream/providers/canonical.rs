@@ -455,6 +455,21 @@ pub struct ErrorInfo {
     pub param: Option<String>,
 }
 
+/// The upstream's own fault an error event in the middle of a stream names: the only error
+/// events that judge its key (`retry::of_fault`). Any other — the client's, its account's
+/// (billing, authentication, permission), a type not known — says nothing of the key's
+/// health and gives it no verdict (s26 stop attack #2: Anthropic's unknown types read as
+/// `invalid_request_error`, which counted as the key's success).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Anthropic's `overloaded_error`: as a 529.
+    Overloaded,
+    /// Anthropic's `rate_limit_error`: as a 429.
+    RateLimited,
+    /// Anthropic's `api_error`, OpenAI's `server_error`: as a 500.
+    Server,
+}
+
 /// What went wrong, in the terms the retry tiers and the client formats share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::answer::{read_finish, write_finish, write_usage};
-use crate::upstream::providers::canonical::{ErrorInfo, ErrorKind, Event, Reported, Usage};
+use crate::upstream::providers::canonical::{ErrorInfo, ErrorKind, Event, Fault, Reported, Usage};
 use crate::upstream::providers::formats::status_of;
 use crate::upstream::providers::translate::stream::frame;
 use crate::upstream::providers::translate::stream::shape::{self, Body, Corrupt};
@@ -40,6 +40,17 @@ fn error_kind(kind: &str) -> ErrorKind {
         "not_found_error" => ErrorKind::NotFound,
         "request_too_large" => ErrorKind::RequestTooLarge,
         _ => ErrorKind::InvalidRequest,
+    }
+}
+
+/// The upstream's own fault an `error` event's `type` names, if it is one (`Fault`): one
+/// without a type names none.
+pub fn fault(kind: Option<&str>) -> Option<Fault> {
+    match kind? {
+        "overloaded_error" => Some(Fault::Overloaded),
+        "rate_limit_error" => Some(Fault::RateLimited),
+        "api_error" => Some(Fault::Server),
+        _ => None,
     }
 }
 

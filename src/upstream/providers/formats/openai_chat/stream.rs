@@ -18,7 +18,7 @@ use serde_json::{json, Map, Value};
 
 use super::answer::{write_finish, write_usage, FinishNotes};
 use crate::upstream::providers::canonical::ErrorKind;
-use crate::upstream::providers::canonical::{ErrorInfo, Event, Usage};
+use crate::upstream::providers::canonical::{ErrorInfo, Event, Fault, Usage};
 use crate::upstream::providers::formats::{status_of, upstream_code};
 use crate::upstream::providers::translate::stream::frame;
 use crate::upstream::providers::translate::stream::shape::{
@@ -291,6 +291,13 @@ pub enum OpenAiEvent<'a> {
         error: Value,
         raw: bool,
     },
+}
+
+/// The upstream's own fault a mid-stream error in OpenAI's shape (`{"error": {…}}`, as
+/// `read_event` gives it) names, if it is one (`Fault`): its `type` `server_error`.
+pub fn fault(error: &Value) -> Option<Fault> {
+    (error.pointer("/error/type").and_then(Value::as_str) == Some("server_error"))
+        .then_some(Fault::Server)
 }
 
 /// Reads an OpenAI-format event. An error chunk is recognised also when its other fields

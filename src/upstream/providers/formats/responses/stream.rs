@@ -12,6 +12,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::{response_usage, Stamp};
+use crate::upstream::providers::canonical::Fault;
 use crate::upstream::providers::translate::stream::frame;
 use crate::usage::Usage;
 
@@ -33,6 +34,8 @@ pub struct Read {
     pub done: bool,
     /// The upstream ended the stream with its own error (`error` / `response.failed`).
     pub failed: bool,
+    /// The upstream's own fault that error names, if it is one (`Fault`).
+    pub fault: Option<Fault>,
 }
 
 pub struct Native {
@@ -84,7 +87,15 @@ impl Native {
                 read.done = true;
                 self.completed = v.get("response").cloned();
             }
-            "response.failed" | "error" => read.failed = true,
+            "response.failed" | "error" => {
+                read.failed = true;
+                // `response.failed` carries its error in the response, `error` at the top;
+                // OpenAI's own fault is its code `server_error`.
+                let code = ["/response/error/code", "/code"]
+                    .iter()
+                    .find_map(|p| v.pointer(p).and_then(Value::as_str));
+                read.fault = (code == Some("server_error")).then_some(Fault::Server);
+            }
             _ => {}
         }
         let name = if name.is_empty() || name == "message" {

@@ -270,6 +270,39 @@ fn native_events_are_stamped_and_counted() {
     assert!(n.read("x", "{\"no\": \"type\"}").is_err());
 }
 
+/// A native error names the upstream's own fault only with OpenAI's `server_error` code (in
+/// `response.failed`'s response, or at an `error` event's top): any other gives its key no
+/// verdict (s26 streams F2).
+#[test]
+fn a_native_error_names_a_fault_only_for_a_server_error() {
+    use crate::upstream::providers::canonical::Fault;
+    let mut n = Native::new(stamp());
+    let cases = [
+        (
+            json!({"type": "response.failed", "response": {"error": {"code": "server_error"}}}),
+            Some(Fault::Server),
+        ),
+        (
+            json!({"type": "error", "code": "server_error", "message": "x"}),
+            Some(Fault::Server),
+        ),
+        (
+            json!({"type": "response.failed", "response": {"error": {"code": "invalid_prompt"}}}),
+            None,
+        ),
+        (
+            json!({"type": "error", "code": "insufficient_quota", "message": "x"}),
+            None,
+        ),
+        (json!({"type": "error", "message": "x"}), None),
+    ];
+    for (event, fault) in cases {
+        let read = n.read("", &event.to_string()).unwrap();
+        assert!(read.failed, "{event}");
+        assert_eq!(read.fault, fault, "{event}");
+    }
+}
+
 /// An OpenAI-chat upstream's chunks, read into the internal form by its reader and
 /// written by the Responses writer: the events and sequence numbers the chat bridge wrote before it.
 #[test]

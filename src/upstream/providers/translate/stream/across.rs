@@ -91,7 +91,10 @@ impl StreamConverter {
                             r.chunk(&c, &mut events);
                             self.note_openai_chunk(&c);
                         }
-                        OpenAiEvent::Error { error, .. } => r.error(&error, &mut events),
+                        OpenAiEvent::Error { error, .. } => {
+                            self.fault = openai_chat::stream::fault(&error);
+                            r.error(&error, &mut events);
+                        }
                     }
                 }
             }

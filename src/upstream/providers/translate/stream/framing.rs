@@ -6,6 +6,7 @@ use serde_json::json;
 
 use super::across::Writer;
 use super::StreamConverter;
+use crate::upstream::providers::canonical::Fault;
 use crate::upstream::providers::formats::responses::stream as responses;
 use crate::upstream::providers::Format;
 
@@ -87,6 +88,19 @@ impl StreamConverter {
     /// hold limit): the upstream did not break it off, and may have run on.
     pub fn ended_by_the_gateway(&self) -> bool {
         self.gateway_ended
+    }
+
+    /// The upstream's own fault its error event named (`Fault`), if that ended the stream
+    /// and named one: its key's verdict (`pipeline::attempts::stream_ended`).
+    pub fn fault(&self) -> Option<Fault> {
+        self.fault
+    }
+
+    /// Ends the client's stream on the upstream's own error event (just passed on), which
+    /// named `fault` if any.
+    pub(super) fn end_by_the_upstream(&mut self, fault: Option<Fault>) {
+        self.error_sent = true;
+        self.fault = fault;
     }
 
     /// Ends the client's stream on the gateway's error event (just written).

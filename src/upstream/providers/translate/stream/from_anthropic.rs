@@ -72,7 +72,7 @@ impl StreamConverter {
                 }
             }
             Body::MessageStop => self.done = true,
-            Body::Error(_) => self.error_sent = true,
+            Body::Error(e) => self.end_by_the_upstream(anthropic::stream::fault(e.kind.as_deref())),
             _ => {}
         }
     }

@@ -9,7 +9,10 @@ use serde_json::{json, Value};
 use super::framing::frame;
 use super::shape::{self, Corrupt};
 use super::StreamConverter;
-use crate::upstream::providers::formats::openai_chat::stream::{read_event, OpenAiEvent};
+use crate::upstream::providers::formats::openai_chat::{
+    self,
+    stream::{read_event, OpenAiEvent},
+};
 use crate::usage::Usage;
 
 /// What an OpenAI usage chunk tells a client: the input, its cached part, the output.
@@ -222,7 +225,7 @@ impl StreamConverter {
         let c = match read_event(data)? {
             OpenAiEvent::Chunk(c) => c,
             OpenAiEvent::Error { error, raw } => {
-                self.error_sent = true;
+                self.end_by_the_upstream(openai_chat::stream::fault(&error));
                 // An error in OpenAI's own shape passes as it came; TGI's text form is
                 // reshaped so the client's SDK reads its message and code.
                 out.push(if raw {

@@ -79,7 +79,7 @@ mod responses_out;
 use bytes::Bytes;
 use serde_json::Value;
 
-use crate::upstream::providers::canonical::{Input, Output};
+use crate::upstream::providers::canonical::{Fault, Input, Output};
 use crate::upstream::providers::formats::responses::stream as responses;
 use crate::upstream::providers::formats::{anthropic, bedrock, gemini, openai_chat};
 use crate::upstream::providers::Format;
@@ -172,6 +172,8 @@ pub struct StreamConverter {
     /// The error event that ended the stream was the gateway's (an event it cannot read,
     /// the hold limit), not the upstream's: the upstream did not stop there.
     gateway_ended: bool,
+    /// The upstream's own fault its error event named (`Fault`): its key's verdict.
+    fault: Option<Fault>,
     reader: Reader,
     writer: Writer,
     /// A Responses client of an upstream that speaks the Responses API
@@ -220,6 +222,7 @@ impl StreamConverter {
             done: false,
             error_sent: false,
             gateway_ended: false,
+            fault: None,
             reader: match upstream {
                 // A Responses upstream's native events are read by `responses::Native`.
                 Format::OpenAiChat | Format::Responses => {

@@ -60,7 +60,9 @@ impl StreamConverter {
                     if let Some(u) = read.usage {
                         self.report(u);
                     }
-                    self.error_sent |= read.failed;
+                    if read.failed {
+                        self.end_by_the_upstream(read.fault);
+                    }
                     out.extend(read.frame);
                 }
                 Err(message) => {
