@@ -280,6 +280,65 @@ async fn openai_cached_audio_and_reasoning_tokens_are_charged_exactly() {
     app.assert_invariant().await;
 }
 
+/// An OpenAI-format upstream answering with `usage`, whole or streamed (content, then a
+/// usage chunk).
+fn chat_script(usage: Value, stream: bool) -> Script {
+    if stream {
+        let chunk = |choices: Value, usage: Value| {
+            SseEvent::Data(
+                json!({"id": "c", "object": "chat.completion.chunk", "created": 1,
+                "model": "grok-4", "choices": choices, "usage": usage}),
+            )
+        };
+        Script {
+            events: Some(vec![
+                chunk(
+                    json!([{"index": 0, "delta": {"role": "assistant", "content": "Hi"},
+                        "finish_reason": "stop"}]),
+                    Value::Null,
+                ),
+                chunk(json!([]), usage),
+                SseEvent::Data(json!("[DONE]")),
+            ]),
+            ..Script::default()
+        }
+    } else {
+        Script {
+            body: Some(json!({"id": "c", "object": "chat.completion", "created": 1,
+                "model": "grok-4", "choices": [{"index": 0, "finish_reason": "stop",
+                    "message": {"role": "assistant", "content": "Hi"}}], "usage": usage})),
+            ..Script::default()
+        }
+    }
+}
+
+/// xAI's Grok counts its reasoning outside `completion_tokens`, inside `total_tokens`
+/// (attack s27 #2): 12 × 2.5 + (1 + 386) × 10 = 3 900 micros, the reasoning logged, the
+/// same whole or streamed, to an OpenAI or an Anthropic client — not the 1 output token
+/// `completion_tokens` says.
+#[tokio::test]
+async fn reasoning_reported_beside_completion_tokens_is_charged() {
+    let app = app().await;
+    let expected = Charged {
+        spent: 3_900,
+        absorbed: 0,
+        logged_cost: 3_900,
+        kinds: (0, 0, 0, 386, 0, 0, 0),
+    };
+    let usage = json!({"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": 399,
+        "completion_tokens_details": {"reasoning_tokens": 386}});
+    for client in [Client::OpenAi, Client::Anthropic] {
+        for stream in [false, true] {
+            let body = json!({"model": "gpt-audio", "max_tokens": 2000,
+                "messages": [{"role": "user", "content": "Say hello."}]});
+            let script = chat_script(usage.clone(), stream);
+            let c = charged(&app, client, OPENAI_KEY, script, body, stream).await;
+            assert_eq!(c, expected, "{client:?} stream={stream}");
+        }
+    }
+    app.assert_invariant().await;
+}
+
 /// The reservation of `body` (a Messages request) as the gateway computes it: the counted
 /// input (with Claude's tool-use prompt) with the default margin at `input_price` — with `calls` web searches, once per
 /// sampling step (`calls + 1`), with each search's results (25 000 tokens,

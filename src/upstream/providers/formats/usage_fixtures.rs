@@ -252,6 +252,97 @@ fn bedrock_usage_with_cache_reads_and_writes_is_exact() {
     assert_eq!(s, u);
 }
 
+/// An OpenAI-format answer and its stream (content, then a usage chunk) reporting `usage`.
+fn chat_whole_and_streamed(usage: &Value) -> (Usage, Usage) {
+    let answer = serde_json::json!({"id": "c", "object": "chat.completion", "created": 1,
+        "model": "grok-4", "choices": [{"index": 0, "finish_reason": "stop",
+            "message": {"role": "assistant", "content": "Hi"}}], "usage": usage});
+    let whole = answer_usage(Format::OpenAiChat, &answer).unwrap();
+    let chunk = |body: Value| (String::new(), body.to_string());
+    let events = [
+        chunk(
+            serde_json::json!({"id": "c", "object": "chat.completion.chunk", "created": 1,
+            "model": "grok-4", "choices": [{"index": 0, "delta": {"content": "Hi"},
+                "finish_reason": "stop"}]}),
+        ),
+        chunk(
+            serde_json::json!({"id": "c", "object": "chat.completion.chunk", "created": 1,
+            "model": "grok-4", "choices": [], "usage": usage}),
+        ),
+        (String::new(), "[DONE]".to_string()),
+    ];
+    (
+        whole,
+        streamed(Format::OpenAiChat, Format::OpenAiChat, &events),
+    )
+}
+
+/// xAI's Grok counts its reasoning apart from `completion_tokens` and inside `total_tokens`
+/// (docs.x.ai; attack s27 #2): the reasoning is output, charged — 386 of 387 output tokens,
+/// not the 1 `completion_tokens` says — whole and streamed. Either sign is enough: the
+/// reasoning above `completion_tokens`, or a `total_tokens` above prompt and completion.
+#[test]
+fn openai_chat_reasoning_reported_beside_completion_tokens_is_charged() {
+    use serde_json::json;
+    let xai = json!({"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": 399,
+        "completion_tokens_details": {"reasoning_tokens": 386}});
+    let (whole, s) = chat_whole_and_streamed(&xai);
+    assert_eq!((whole.input, whole.output, whole.reasoning), (12, 387, 386));
+    assert_eq!(s, whole, "streamed as whole");
+    let p = Prices::plain(3_000_000, 15_000_000);
+    // 12×3 + 387×15 = 36 + 5805.
+    assert_eq!(cost(whole, p), 5_841);
+    for (usage, output) in [
+        // The reasoning above the completion, no total: both are output.
+        (
+            json!({"prompt_tokens": 12, "completion_tokens": 1,
+                "completion_tokens_details": {"reasoning_tokens": 386}}),
+            387,
+        ),
+        // A total above prompt and completion, no reasoning figure: the rest is output.
+        (
+            json!({"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": 399}),
+            387,
+        ),
+        // A total that says more than the reasoning beside the completion: the total.
+        (
+            json!({"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": 500,
+                "completion_tokens_details": {"reasoning_tokens": 386}}),
+            488,
+        ),
+    ] {
+        let (whole, s) = chat_whole_and_streamed(&usage);
+        assert_eq!(whole.output, output, "{usage}");
+        assert_eq!(s, whole, "{usage}: streamed as whole");
+    }
+}
+
+/// OpenAI's own shape — the reasoning inside `completion_tokens`, `total_tokens` their sum
+/// or less — is read as it was: the reasoning is a part of the output, never added to it.
+#[test]
+fn openai_chat_reasoning_inside_completion_tokens_is_not_added() {
+    use serde_json::json;
+    for usage in [
+        json!({"prompt_tokens": 12, "completion_tokens": 387, "total_tokens": 399,
+            "completion_tokens_details": {"reasoning_tokens": 386}}),
+        json!({"prompt_tokens": 12, "completion_tokens": 387, "total_tokens": 5,
+            "completion_tokens_details": {"reasoning_tokens": 387}}),
+        json!({"prompt_tokens": 12, "completion_tokens": 387, "total_tokens": null}),
+        json!({"prompt_tokens": 12, "completion_tokens": 387, "total_tokens": -1}),
+    ] {
+        let (whole, s) = chat_whole_and_streamed(&usage);
+        assert_eq!((whole.input, whole.output), (12, 387), "{usage}");
+        assert_eq!(s, whole, "{usage}: streamed as whole");
+    }
+    // Without the prompt figure the total cannot be split: the output is the completion.
+    let answer = json!({"choices": [], "usage": {"completion_tokens": 1, "total_tokens": 399}});
+    let r = providers::answer_usage(Format::OpenAiChat, &answer);
+    assert_eq!((r.input, r.output.map(|o| o.output)), (None, Some(1)));
+    // A total that is not a number is the wrong shape, as any other figure: not read.
+    let answer = json!({"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": "399"}});
+    assert_eq!(answer_usage(Format::OpenAiChat, &answer), None);
+}
+
 /// Cached audio is cached input (OpenAI's `cached_tokens_details.audio_tokens`, part of
 /// both `cached_tokens` and `audio_tokens`): priced once, at the cached price, and the
 /// audio part is the uncached audio only — whole and streamed.

@@ -364,6 +364,10 @@ pub struct OpenAiUsage {
     pub prompt_tokens: Option<Tokens>,
     #[serde(default)]
     pub completion_tokens: Option<Tokens>,
+    /// Read for the reasoning some providers count outside `completion_tokens`
+    /// (`openai_chat::output_tokens`).
+    #[serde(default)]
+    pub total_tokens: Option<Tokens>,
     #[serde(default)]
     pub prompt_tokens_details: Option<Obj<PromptDetails>>,
     #[serde(default)]
@@ -396,11 +400,13 @@ pub struct CompletionDetails {
 }
 
 impl OpenAiUsage {
-    /// Both sides, the details as parts of the totals (as `openai_chat::read_usage`);
-    /// none unless both totals are there.
+    /// Both sides, the details as parts of the totals and the reasoning outside
+    /// `completion_tokens` added to the output (as `openai_chat::read_usage`); none unless
+    /// both totals are there.
     pub fn figures(&self) -> Option<(Input, Output)> {
         let prompt = self.prompt_tokens_details.as_ref();
         let completion = self.completion_tokens_details.as_ref();
+        let reasoning = figure(completion.and_then(|d| d.reasoning_tokens));
         Some((
             Input {
                 input: reported(self.prompt_tokens)?,
@@ -416,8 +422,13 @@ impl OpenAiUsage {
                 ..Input::default()
             },
             Output {
-                output: reported(self.completion_tokens)?,
-                reasoning: figure(completion.and_then(|d| d.reasoning_tokens)),
+                output: openai_chat::output_tokens(
+                    reported(self.prompt_tokens),
+                    reported(self.completion_tokens)?,
+                    reasoning,
+                    reported(self.total_tokens),
+                ),
+                reasoning,
                 audio_output: figure(completion.and_then(|d| d.audio_tokens)),
                 ..Output::default()
             },
