@@ -343,6 +343,81 @@ fn openai_chat_reasoning_inside_completion_tokens_is_not_added() {
     assert_eq!(answer_usage(Format::OpenAiChat, &answer), None);
 }
 
+/// Routers in front of Claude report its cache writes in OpenAI-format usage, inside
+/// `prompt_tokens`: OpenRouter as `prompt_tokens_details.cache_write_tokens`
+/// (openrouter.ai/docs/use-cases/usage-accounting), LiteLLM as a top-level
+/// `cache_creation_input_tokens` (attack s27 #4). Unsplit by lifetime, they are priced
+/// per the request's marks (`Usage::at_worst_lifetime`), as Bedrock's writes are — 100 at
+/// the 1-hour rate with a 1-hour mark, the 5-minute rate without — and 94 as fresh input,
+/// whole and streamed; never as 194 fresh input tokens.
+#[test]
+fn a_routers_cache_write_tokens_are_priced_as_writes() {
+    use crate::quota::pricing::InputKinds;
+    use serde_json::json;
+    let hour = InputKinds {
+        cache_write_1h: true,
+        ..InputKinds::default()
+    };
+    let five = InputKinds {
+        cache_write_5m: true,
+        ..InputKinds::default()
+    };
+    for usage in [
+        json!({"prompt_tokens": 194, "completion_tokens": 2,
+            "prompt_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 100}}),
+        json!({"prompt_tokens": 194, "completion_tokens": 2, "cache_creation_input_tokens": 100,
+            "cache_read_input_tokens": 0, "prompt_tokens_details": {"cached_tokens": 0}}),
+    ] {
+        let (whole, s) = chat_whole_and_streamed(&usage);
+        assert_eq!(s, whole, "{usage}: streamed as whole");
+        assert_eq!(
+            (whole.cache_write_5m, whole.cache_write_unsplit),
+            (100, 100),
+            "{usage}"
+        );
+        let at_hour = whole.at_worst_lifetime(hour);
+        assert_eq!(
+            at_hour.parts(),
+            Parts {
+                fresh_input: 94,
+                cache_write_1h: 100,
+                text_output: 2,
+                ..Parts::default()
+            },
+            "{usage}"
+        );
+        // 94×3 + 100×6 + 2×15 = 282 + 600 + 30.
+        assert_eq!(cost(at_hour, sonnet()), 912, "{usage}");
+        // 94×3 + 100×3.75 + 2×15 = 282 + 375 + 30.
+        assert_eq!(
+            cost(whole.at_worst_lifetime(five), sonnet()),
+            687,
+            "{usage}"
+        );
+    }
+    // Both names for the same writes are read once.
+    let both = json!({"prompt_tokens": 194, "completion_tokens": 2,
+        "cache_creation_input_tokens": 100, "prompt_tokens_details": {"cache_write_tokens": 100}});
+    let (whole, s) = chat_whole_and_streamed(&both);
+    assert_eq!((whole.cache_write_5m, s), (100, whole));
+    // A write figure that is not a number is the wrong shape, as any other figure: the
+    // usage is not read (whole) and the event is corrupt (streamed).
+    for bad in [
+        json!({"prompt_tokens": 194, "completion_tokens": 2, "cache_creation_input_tokens": "100"}),
+        json!({"prompt_tokens": 194, "completion_tokens": 2,
+            "prompt_tokens_details": {"cache_write_tokens": "100"}}),
+    ] {
+        let answer = json!({"choices": [], "usage": bad});
+        assert_eq!(answer_usage(Format::OpenAiChat, &answer), None, "{bad}");
+        let parsed = serde_json::from_value::<
+            crate::upstream::providers::translate::stream::shape::Obj<
+                crate::upstream::providers::translate::stream::shape::OpenAiUsage,
+            >,
+        >(bad.clone());
+        assert!(parsed.is_err(), "{bad}");
+    }
+}
+
 /// Cached audio is cached input (OpenAI's `cached_tokens_details.audio_tokens`, part of
 /// both `cached_tokens` and `audio_tokens`): priced once, at the cached price, and the
 /// audio part is the uncached audio only — whole and streamed.

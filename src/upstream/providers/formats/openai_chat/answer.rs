@@ -66,11 +66,13 @@ pub fn write_finish(choice: &mut Map<String, Value>, f: &Finish) {
 /// an object or a figure is there but not a number — a `"completion_tokens": "40"` is no
 /// count the gateway can charge, and must not be read as 0.
 pub fn read_usage(u: &Value) -> Option<Usage> {
-    const FIGURES: [&str; 8] = [
+    const FIGURES: [&str; 10] = [
         "/prompt_tokens",
         "/completion_tokens",
         "/total_tokens",
+        "/cache_creation_input_tokens",
         "/prompt_tokens_details/cached_tokens",
+        "/prompt_tokens_details/cache_write_tokens",
         "/prompt_tokens_details/audio_tokens",
         "/prompt_tokens_details/cached_tokens_details/audio_tokens",
         "/completion_tokens_details/reasoning_tokens",
@@ -83,10 +85,18 @@ pub fn read_usage(u: &Value) -> Option<Usage> {
     // `prompt_tokens` includes the cached and audio ones, `completion_tokens` the
     // reasoning and audio ones: the details are parts of the totals. Cached audio is in
     // both `cached_tokens` and `audio_tokens`: it is cached input, the audio part is the
-    // rest (`uncached_audio`).
+    // rest (`uncached_audio`). Routers' cache writes are inside `prompt_tokens` too
+    // (`cache_writes`).
+    let written = cache_writes(
+        n("/prompt_tokens_details/cache_write_tokens"),
+        n("/cache_creation_input_tokens"),
+    );
     Some(Usage {
         input: n("/prompt_tokens"),
         cached_input: n("/prompt_tokens_details/cached_tokens"),
+        cache_write_5m: written,
+        // Routers do not split their writes by lifetime: priced per the request's marks.
+        cache_write_unsplit: written,
         audio_input: uncached_audio(
             n("/prompt_tokens_details/audio_tokens"),
             n("/prompt_tokens_details/cached_tokens_details/audio_tokens"),
@@ -139,6 +149,15 @@ pub fn read_reported(u: &Value) -> Option<Reported> {
         has("prompt_tokens"),
         has("completion_tokens"),
     ))
+}
+
+/// The cache writes an OpenAI-format usage reports, part of `prompt_tokens`: routers in
+/// front of models with priced writes (Claude) report them, OpenRouter as
+/// `prompt_tokens_details.cache_write_tokens`, LiteLLM as a top-level
+/// `cache_creation_input_tokens`. Two names for the same writes: the larger is read, never
+/// their sum.
+pub fn cache_writes(openrouter: i64, litellm: i64) -> i64 {
+    openrouter.max(litellm).max(0)
 }
 
 /// The audio input priced as audio: OpenAI's `audio_tokens` less the cached ones

@@ -368,6 +368,9 @@ pub struct OpenAiUsage {
     /// (`openai_chat::output_tokens`).
     #[serde(default)]
     pub total_tokens: Option<Tokens>,
+    /// LiteLLM's cache writes (`openai_chat::cache_writes`).
+    #[serde(default)]
+    pub cache_creation_input_tokens: Option<Tokens>,
     #[serde(default)]
     pub prompt_tokens_details: Option<Obj<PromptDetails>>,
     #[serde(default)]
@@ -380,6 +383,9 @@ pub struct PromptDetails {
     pub cached_tokens: Option<Tokens>,
     #[serde(default)]
     pub audio_tokens: Option<Tokens>,
+    /// OpenRouter's cache writes (`openai_chat::cache_writes`).
+    #[serde(default)]
+    pub cache_write_tokens: Option<Tokens>,
     /// The cached tokens by modality: the cached audio is part of `audio_tokens` too.
     #[serde(default)]
     pub cached_tokens_details: Option<Obj<CachedDetails>>,
@@ -407,10 +413,17 @@ impl OpenAiUsage {
         let prompt = self.prompt_tokens_details.as_ref();
         let completion = self.completion_tokens_details.as_ref();
         let reasoning = figure(completion.and_then(|d| d.reasoning_tokens));
+        let written = openai_chat::cache_writes(
+            figure(prompt.and_then(|d| d.cache_write_tokens)),
+            figure(self.cache_creation_input_tokens),
+        );
         Some((
             Input {
                 input: reported(self.prompt_tokens)?,
                 cached_input: figure(prompt.and_then(|d| d.cached_tokens)),
+                cache_write_5m: written,
+                // Unsplit by lifetime, as `openai_chat::read_usage` reads them.
+                cache_write_unsplit: written,
                 audio_input: openai_chat::uncached_audio(
                     figure(prompt.and_then(|d| d.audio_tokens)),
                     figure(
