@@ -418,6 +418,73 @@ fn a_routers_cache_write_tokens_are_priced_as_writes() {
     }
 }
 
+/// A whole answer whose usage leaves the output out is charged its generated text counted
+/// (`providers::answer_text`), as its stream counts every delta (CHECKS Q3; attack s27 #5):
+/// Bedrock's tool calls and reasoning, Anthropic's thinking, an OpenAI-format answer's
+/// `reasoning_content` / `reasoning`, refusal and `thinking` parts (Mistral) are output
+/// the upstream bills, and are counted with the text.
+#[test]
+fn a_whole_answers_count_takes_every_piece_its_stream_counts() {
+    use serde_json::json;
+    let cases = [
+        (
+            Format::Bedrock,
+            json!({"output": {"message": {"role": "assistant", "content": [
+                {"reasoningContent": {"reasoningText": {"text": "bedrock-thought", "signature": "s"}}},
+                {"text": "bedrock-text"},
+                {"toolUse": {"toolUseId": "tooluse_1", "name": "bedrock_tool",
+                    "input": {"city": "bedrock-args"}}}]}},
+                "stopReason": "tool_use", "usage": {"inputTokens": 10}}),
+            &[
+                "bedrock-thought",
+                "bedrock-text",
+                "bedrock_tool",
+                "bedrock-args",
+            ][..],
+        ),
+        (
+            Format::Anthropic,
+            json!({"type": "message", "content": [
+                {"type": "thinking", "thinking": "anthropic-thought", "signature": "s"},
+                {"type": "text", "text": "anthropic-text"},
+                {"type": "tool_use", "id": "toolu_1", "name": "t", "input": {"a": "anthropic-args"}}],
+                "usage": {"input_tokens": 10}}),
+            &["anthropic-thought", "anthropic-text", "anthropic-args"][..],
+        ),
+        (
+            Format::OpenAiChat,
+            json!({"choices": [{"index": 0, "finish_reason": "stop", "message": {
+                "role": "assistant", "content": "openai-text",
+                "reasoning_content": "deepseek-thought", "reasoning": "openrouter-thought",
+                "refusal": "openai-refusal"}}]}),
+            &[
+                "openai-text",
+                "deepseek-thought",
+                "openrouter-thought",
+                "openai-refusal",
+            ][..],
+        ),
+        (
+            Format::OpenAiChat,
+            json!({"choices": [{"index": 0, "finish_reason": "stop", "message": {
+                "role": "assistant", "content": [
+                    {"type": "thinking", "thinking": [{"type": "text", "text": "mistral-thought"}]},
+                    {"type": "text", "text": "mistral-text"}]}}]}),
+            &["mistral-thought", "mistral-text"][..],
+        ),
+    ];
+    for (f, answer, pieces) in cases {
+        assert_eq!(providers::answer_usage(f, &answer).output, None, "{f:?}");
+        let text = providers::answer_text(f, &answer);
+        for piece in pieces {
+            assert!(
+                text.contains(piece),
+                "{f:?}: {piece} not counted in {text:?}"
+            );
+        }
+    }
+}
+
 /// Cached audio is cached input (OpenAI's `cached_tokens_details.audio_tokens`, part of
 /// both `cached_tokens` and `audio_tokens`): priced once, at the cached price, and the
 /// audio part is the uncached audio only — whole and streamed.
