@@ -161,8 +161,10 @@ pub struct Chunk<'a> {
     /// AI's usage chunks carry it.
     #[serde(default)]
     pub choices: Option<Vec<Obj<Choice>>>,
+    /// Boxed: most chunks carry none, and the figures would make every chunk (and
+    /// `OpenAiEvent`) as large as the usage.
     #[serde(default)]
-    pub usage: Option<Obj<OpenAiUsage>>,
+    pub usage: Option<Box<Obj<OpenAiUsage>>>,
     /// An error chunk's `error` (an object, or TGI's text), read apart (`openai_error`).
     #[serde(default, borrow)]
     pub error: Option<&'a RawValue>,
