@@ -17,7 +17,8 @@
 //! after that many text deltas, `stall_after` stops sending there (the connection kept),
 //! `corrupt_after` sends a frame with a broken CRC there, and
 //! `events` (`[type, payload]` pairs) replaces the built-in stream — a type ending in
-//! `Exception` is sent as an exception frame (a mid-stream error).
+//! `Exception` is sent as an exception frame (a mid-stream error); `body` replaces a whole
+//! answer's JSON.
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
@@ -234,6 +235,9 @@ pub(super) async fn answer(
     let tool = tool_to_call(body);
     let args = script.tool_arguments.as_deref().unwrap_or("{}");
     if !stream {
+        if let Some(b) = &script.body {
+            return HttpResponse::Ok().json(b);
+        }
         let mut content = vec![json!({ "text": text })];
         if let Some(name) = &tool {
             content.push(

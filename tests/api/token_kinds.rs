@@ -15,6 +15,7 @@ use crate::helpers::*;
 
 const ANTHROPIC_KEY: &str = "sk-token-kinds-anthropic-0123";
 const OPENAI_KEY: &str = "sk-token-kinds-openai-0123";
+const ROUTER_KEY: &str = "sk-token-kinds-router-0123";
 
 /// `tests/fixtures/<provider>/usage/<name>` as JSON.
 fn fixture(provider: &str, name: &str) -> Value {
@@ -51,7 +52,10 @@ async fn app() -> TestApp {
         an.provider = Provider::Anthropic;
         an.base_url = mock.base_url();
         let oa = upstream("oa", OPENAI_KEY, mock);
-        s.upstreams.extend([an, oa]);
+        // A router (OpenRouter, LiteLLM) in front of Claude, in OpenAI's format.
+        let mut router = upstream("router", ROUTER_KEY, mock);
+        router.provider = Provider::OpenaiCompatible;
+        s.upstreams.extend([an, oa, router]);
         let mut sonnet = model("sonnet", &["an"]);
         sonnet.price.input_usd_per_mtok = Some(3.0.into());
         sonnet.price.output_usd_per_mtok = Some(15.0.into());
@@ -67,7 +71,10 @@ async fn app() -> TestApp {
         audio.price.output_usd_per_mtok = Some(10.0.into());
         audio.price.audio_output_usd_per_mtok = Some(80.0.into());
         audio.max_output_tokens = 8192;
-        s.models.extend([sonnet, audio]);
+        let mut routed = model("routed-sonnet", &["router"]);
+        routed.price = sonnet.price.clone();
+        routed.max_output_tokens = 8192;
+        s.models.extend([sonnet, audio, routed]);
         // The tests here cut many streams on one key, each a failure of its breaker (s26
         // attack, streams F2): the breaker is not theirs, it must not open.
         s.breaker.failure_threshold = u32::MAX;
@@ -278,6 +285,105 @@ async fn openai_cached_audio_and_reasoning_tokens_are_charged_exactly() {
             };
             let c = charged(&app, client, OPENAI_KEY, script, body, stream).await;
             assert_eq!(c, expected, "{client:?} stream={stream}");
+        }
+    }
+    app.assert_invariant().await;
+}
+
+/// An OpenAI-format upstream answering with `usage`, whole or streamed (content, then a
+/// usage chunk).
+fn chat_script(usage: Value, stream: bool) -> Script {
+    if stream {
+        let chunk = |choices: Value, usage: Value| {
+            SseEvent::Data(
+                json!({"id": "c", "object": "chat.completion.chunk", "created": 1,
+                "model": "grok-4", "choices": choices, "usage": usage}),
+            )
+        };
+        Script {
+            events: Some(vec![
+                chunk(
+                    json!([{"index": 0, "delta": {"role": "assistant", "content": "Hi"},
+                        "finish_reason": "stop"}]),
+                    Value::Null,
+                ),
+                chunk(json!([]), usage),
+                SseEvent::Data(json!("[DONE]")),
+            ]),
+            ..Script::default()
+        }
+    } else {
+        Script {
+            body: Some(json!({"id": "c", "object": "chat.completion", "created": 1,
+                "model": "grok-4", "choices": [{"index": 0, "finish_reason": "stop",
+                    "message": {"role": "assistant", "content": "Hi"}}], "usage": usage})),
+            ..Script::default()
+        }
+    }
+}
+
+/// xAI's Grok counts its reasoning outside `completion_tokens`, inside `total_tokens`
+/// (attack s27 #2): 12 × 2.5 + (1 + 386) × 10 = 3 900 micros, the reasoning logged, the
+/// same whole or streamed, to an OpenAI or an Anthropic client — not the 1 output token
+/// `completion_tokens` says.
+#[tokio::test]
+async fn reasoning_reported_beside_completion_tokens_is_charged() {
+    let app = app().await;
+    let expected = Charged {
+        spent: 3_900,
+        absorbed: 0,
+        logged_cost: 3_900,
+        kinds: (0, 0, 0, 386, 0, 0, 0),
+    };
+    let usage = json!({"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": 399,
+        "completion_tokens_details": {"reasoning_tokens": 386}});
+    for client in [Client::OpenAi, Client::Anthropic] {
+        for stream in [false, true] {
+            let body = json!({"model": "gpt-audio", "max_tokens": 2000,
+                "messages": [{"role": "user", "content": "Say hello."}]});
+            let script = chat_script(usage.clone(), stream);
+            let c = charged(&app, client, OPENAI_KEY, script, body, stream).await;
+            assert_eq!(c, expected, "{client:?} stream={stream}");
+        }
+    }
+    app.assert_invariant().await;
+}
+
+/// A router in front of Claude reports its cache writes in OpenAI-format usage, inside
+/// `prompt_tokens` (attack s27 #4): OpenRouter's `prompt_tokens_details.cache_write_tokens`
+/// and LiteLLM's `cache_creation_input_tokens`. The request marked a 1-hour write, so the
+/// unsplit writes are priced at the hour rate: 94 × 3 + 100 × 6 + 2 × 15 = 912 micros,
+/// whole or streamed, to an OpenAI or an Anthropic client — not 194 fresh input tokens.
+#[tokio::test]
+async fn a_routers_cache_writes_are_charged_as_writes() {
+    let app = app().await;
+    let expected = Charged {
+        spent: 912,
+        absorbed: 0,
+        logged_cost: 912,
+        kinds: (0, 0, 100, 0, 0, 0, 0),
+    };
+    let mark = json!({"type": "ephemeral", "ttl": "1h"});
+    for usage in [
+        json!({"prompt_tokens": 194, "completion_tokens": 2,
+            "prompt_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 100}}),
+        json!({"prompt_tokens": 194, "completion_tokens": 2, "cache_creation_input_tokens": 100,
+            "cache_read_input_tokens": 0}),
+    ] {
+        for client in [Client::OpenAi, Client::Anthropic] {
+            for stream in [false, true] {
+                let body = match client {
+                    Client::OpenAi => json!({"model": "routed-sonnet", "max_tokens": 2000,
+                        "messages": [{"role": "user", "content": [{"type": "text",
+                            "text": "What is Sluice?", "cache_control": mark}]}]}),
+                    Client::Anthropic => json!({"model": "routed-sonnet", "max_tokens": 2000,
+                        "system": [{"type": "text", "text": "You are terse.", "cache_control": mark}],
+                        "messages": [{"role": "user", "content": "What is Sluice?"}]}),
+                };
+                let script = chat_script(usage.clone(), stream);
+                let c = charged(&app, client, ROUTER_KEY, script, body, stream).await;
+                assert_eq!(c, expected, "{usage} {client:?} stream={stream}");
+            }
         }
     }
     app.assert_invariant().await;

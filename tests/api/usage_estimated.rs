@@ -7,7 +7,9 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use sluice::config::{Provider, Secret, UpstreamSettings};
 use sluice::mock::{Script, SseEvent};
+use sluice::quota::estimate;
 use tokio::io::AsyncReadExt;
 
 use crate::admin_helpers::*;
@@ -255,4 +257,111 @@ async fn the_request_log_and_the_spend_reports_show_the_estimated_spend() {
             "{estimated_line}"
         );
     }
+}
+
+/// A whole answer whose usage leaves the output out is charged its output counted, every
+/// piece its stream would count (CHECKS Q3; attack s27 #5): Bedrock's reasoning and tool
+/// call, Anthropic's thinking, an OpenAI-compatible server's `reasoning_content` — not the
+/// text alone. The logged output is the pieces' count, to a token per piece.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_answer_without_usage_counts_its_reasoning_and_tool_calls_as_its_stream_does() {
+    const KEY_OC: &str = "oc-estimated-key-0123456789";
+    const KEY_CL: &str = "cl-estimated-key-0123456789";
+    const KEY_BR: &str = "AKIDESTIMATED";
+    let app = spawn_app_with(|s, mock| {
+        let mut oc = upstream("oc", KEY_OC, mock);
+        oc.provider = Provider::OpenaiCompatible;
+        let mut cl = upstream("cl", KEY_CL, mock);
+        cl.provider = Provider::Anthropic;
+        cl.base_url = mock.base_url();
+        let br = UpstreamSettings {
+            id: "br".into(),
+            provider: Provider::Bedrock,
+            base_url: mock.base_url(),
+            api_key: Secret::default(),
+            region: Some("us-east-1".into()),
+            access_key_id: Some(KEY_BR.into()),
+            secret_access_key: Some(Secret(secrecy::SecretString::from("bedrock-test-secret"))),
+            allow_private_network: true,
+            ..UpstreamSettings::default()
+        };
+        s.upstreams.extend([oc, cl, br]);
+        for name in ["oc", "cl", "br"] {
+            let mut m = model(name, &[name]);
+            if name == "br" {
+                m.routes[0].model = "anthropic.claude-3-5-sonnet-20240620-v1:0".into();
+            }
+            m.max_output_tokens = 8192;
+            s.models.push(m);
+        }
+    })
+    .await;
+    let thought = "Weighing whether the engine light means the oil or the sensor. ".repeat(60);
+    let args = json!({"query": "engine light oil sensor ".repeat(40)});
+    let text = "Check the oil.";
+    let cases = [
+        (
+            "oc",
+            KEY_OC,
+            json!({"id": "c", "object": "chat.completion", "created": 1, "model": "m",
+                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant",
+                    "content": text, "reasoning_content": thought}}],
+                "usage": {"prompt_tokens": 10}}),
+            vec![text.to_string(), thought.clone()],
+        ),
+        (
+            "cl",
+            KEY_CL,
+            json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "m",
+                "content": [{"type": "thinking", "thinking": thought, "signature": "sig"},
+                    {"type": "text", "text": text}],
+                "stop_reason": "end_turn", "usage": {"input_tokens": 10}}),
+            vec![text.to_string(), thought.clone()],
+        ),
+        (
+            "br",
+            KEY_BR,
+            json!({"output": {"message": {"role": "assistant", "content": [
+                    {"reasoningContent": {"reasoningText": {"text": thought, "signature": "sig"}}},
+                    {"text": text},
+                    {"toolUse": {"toolUseId": "tooluse_1", "name": "search", "input": args}}]}},
+                "stopReason": "tool_use", "usage": {"inputTokens": 10}}),
+            vec![
+                text.to_string(),
+                thought.clone(),
+                "tooluse_1".to_string(),
+                "search".to_string(),
+                args.to_string(),
+            ],
+        ),
+    ];
+    for (name, key, answer, pieces) in cases {
+        let (id, token) = app.token(&format!("whole-{name}"), Some("10")).await;
+        app.mock.state.script(
+            key,
+            [Script {
+                body: Some(answer),
+                ..Script::default()
+            }],
+        );
+        let mut body = chat_body(4000);
+        body["model"] = json!(name);
+        let resp = app.chat(&token, &body).await;
+        let status = resp.status();
+        assert_eq!(status, 200, "{name}: {}", resp.text().await.unwrap());
+        let (estimated, _, _) = row_of(&app, id).await;
+        assert!(estimated, "{name}: the output was counted");
+        let output = app
+            .scalar(&format!(
+                "SELECT output_tokens FROM requests WHERE token_id = {id}"
+            ))
+            .await;
+        let streamed: i64 = pieces.iter().map(|p| estimate::count_text(p)).sum();
+        let n = pieces.len() as i64;
+        assert!(
+            (streamed - n..=streamed + n).contains(&output),
+            "{name}: {output} output tokens counted, its stream counts {streamed}"
+        );
+    }
+    app.assert_invariant().await;
 }

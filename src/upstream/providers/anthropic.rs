@@ -44,7 +44,9 @@ pub fn asks_1m_window(beta: &HeaderValue) -> bool {
     })
 }
 
-/// The generated text of a Messages answer (for counting when usage is missing).
+/// The generated output of a Messages answer (for counting when usage is missing): its
+/// text, tool inputs and thinking — output Anthropic bills, counted as its stream's
+/// deltas are.
 pub fn answer_text(v: &Value) -> String {
     let mut text = String::new();
     for b in v
@@ -57,6 +59,9 @@ pub fn answer_text(v: &Value) -> String {
             Some("text") => text.push_str(b.get("text").and_then(Value::as_str).unwrap_or("")),
             Some("tool_use") => {
                 text.push_str(&b.get("input").map(Value::to_string).unwrap_or_default())
+            }
+            Some("thinking") => {
+                text.push_str(b.get("thinking").and_then(Value::as_str).unwrap_or(""))
             }
             _ => {}
         }

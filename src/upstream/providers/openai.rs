@@ -48,7 +48,6 @@ pub fn ask_for_usage(out: &mut Map<String, Value>) {
     }
 }
 
-/// The generated text of a chat or completions answer (for counting when usage is missing).
 /// A message's or delta's `content`: a string, or (as Mistral's OpenAI-compatible API
 /// sends it) an array of parts whose `text` parts are the answer. Other parts (a
 /// model's `thinking`) are reasoning, which an OpenAI client does not see either.
@@ -66,6 +65,23 @@ pub fn content_text(content: Option<&Value>) -> Option<String> {
     }
 }
 
+/// The text of a `content`'s `thinking` parts (Mistral's): output the upstream bills, as
+/// the stream counts it (`shape::Content::thinking`).
+fn thinking_text(content: Option<&Value>) -> String {
+    content
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|p| p.get("type").and_then(Value::as_str) == Some("thinking"))
+        .filter_map(|p| p.get("thinking").and_then(Value::as_array))
+        .flatten()
+        .filter(|p| p.get("type").and_then(Value::as_str) == Some("text"))
+        .filter_map(|p| p.get("text").and_then(Value::as_str))
+        .collect()
+}
+
+/// The generated output of a chat or completions answer (for counting when usage is
+/// missing): every piece the stream counts of its deltas.
 pub fn answer_text(v: &Value) -> String {
     let mut text = String::new();
     for c in v
@@ -78,9 +94,21 @@ pub fn answer_text(v: &Value) -> String {
             if let Some(t) = content_text(c.pointer(p)) {
                 text.push_str(&t);
             }
+            text.push_str(&thinking_text(c.pointer(p)));
         }
-        // Output outside `content`, billed alike: an audio answer's transcript.
-        for p in ["/message/audio/transcript", "/delta/audio/transcript"] {
+        // Output outside `content`, billed alike: an audio answer's transcript, a refusal,
+        // the reasoning OpenAI-compatible servers show (DeepSeek's and vLLM's
+        // `reasoning_content`, OpenRouter's `reasoning`).
+        for p in [
+            "/message/audio/transcript",
+            "/delta/audio/transcript",
+            "/message/refusal",
+            "/delta/refusal",
+            "/message/reasoning_content",
+            "/delta/reasoning_content",
+            "/message/reasoning",
+            "/delta/reasoning",
+        ] {
             if let Some(t) = c.pointer(p).and_then(Value::as_str) {
                 text.push_str(t);
             }

@@ -252,6 +252,239 @@ fn bedrock_usage_with_cache_reads_and_writes_is_exact() {
     assert_eq!(s, u);
 }
 
+/// An OpenAI-format answer and its stream (content, then a usage chunk) reporting `usage`.
+fn chat_whole_and_streamed(usage: &Value) -> (Usage, Usage) {
+    let answer = serde_json::json!({"id": "c", "object": "chat.completion", "created": 1,
+        "model": "grok-4", "choices": [{"index": 0, "finish_reason": "stop",
+            "message": {"role": "assistant", "content": "Hi"}}], "usage": usage});
+    let whole = answer_usage(Format::OpenAiChat, &answer).unwrap();
+    let chunk = |body: Value| (String::new(), body.to_string());
+    let events = [
+        chunk(
+            serde_json::json!({"id": "c", "object": "chat.completion.chunk", "created": 1,
+            "model": "grok-4", "choices": [{"index": 0, "delta": {"content": "Hi"},
+                "finish_reason": "stop"}]}),
+        ),
+        chunk(
+            serde_json::json!({"id": "c", "object": "chat.completion.chunk", "created": 1,
+            "model": "grok-4", "choices": [], "usage": usage}),
+        ),
+        (String::new(), "[DONE]".to_string()),
+    ];
+    (
+        whole,
+        streamed(Format::OpenAiChat, Format::OpenAiChat, &events),
+    )
+}
+
+/// xAI's Grok counts its reasoning apart from `completion_tokens` and inside `total_tokens`
+/// (docs.x.ai; attack s27 #2): the reasoning is output, charged — 386 of 387 output tokens,
+/// not the 1 `completion_tokens` says — whole and streamed. Either sign is enough: the
+/// reasoning above `completion_tokens`, or a `total_tokens` above prompt and completion.
+#[test]
+fn openai_chat_reasoning_reported_beside_completion_tokens_is_charged() {
+    use serde_json::json;
+    let xai = json!({"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": 399,
+        "completion_tokens_details": {"reasoning_tokens": 386}});
+    let (whole, s) = chat_whole_and_streamed(&xai);
+    assert_eq!((whole.input, whole.output, whole.reasoning), (12, 387, 386));
+    assert_eq!(s, whole, "streamed as whole");
+    let p = Prices::plain(3_000_000, 15_000_000);
+    // 12×3 + 387×15 = 36 + 5805.
+    assert_eq!(cost(whole, p), 5_841);
+    for (usage, output) in [
+        // The reasoning above the completion, no total: both are output.
+        (
+            json!({"prompt_tokens": 12, "completion_tokens": 1,
+                "completion_tokens_details": {"reasoning_tokens": 386}}),
+            387,
+        ),
+        // A total above prompt and completion, no reasoning figure: the rest is output.
+        (
+            json!({"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": 399}),
+            387,
+        ),
+        // A total that says more than the reasoning beside the completion: the total.
+        (
+            json!({"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": 500,
+                "completion_tokens_details": {"reasoning_tokens": 386}}),
+            488,
+        ),
+    ] {
+        let (whole, s) = chat_whole_and_streamed(&usage);
+        assert_eq!(whole.output, output, "{usage}");
+        assert_eq!(s, whole, "{usage}: streamed as whole");
+    }
+}
+
+/// OpenAI's own shape — the reasoning inside `completion_tokens`, `total_tokens` their sum
+/// or less — is read as it was: the reasoning is a part of the output, never added to it.
+#[test]
+fn openai_chat_reasoning_inside_completion_tokens_is_not_added() {
+    use serde_json::json;
+    for usage in [
+        json!({"prompt_tokens": 12, "completion_tokens": 387, "total_tokens": 399,
+            "completion_tokens_details": {"reasoning_tokens": 386}}),
+        json!({"prompt_tokens": 12, "completion_tokens": 387, "total_tokens": 5,
+            "completion_tokens_details": {"reasoning_tokens": 387}}),
+        json!({"prompt_tokens": 12, "completion_tokens": 387, "total_tokens": null}),
+        json!({"prompt_tokens": 12, "completion_tokens": 387, "total_tokens": -1}),
+    ] {
+        let (whole, s) = chat_whole_and_streamed(&usage);
+        assert_eq!((whole.input, whole.output), (12, 387), "{usage}");
+        assert_eq!(s, whole, "{usage}: streamed as whole");
+    }
+    // Without the prompt figure the total cannot be split: the output is the completion.
+    let answer = json!({"choices": [], "usage": {"completion_tokens": 1, "total_tokens": 399}});
+    let r = providers::answer_usage(Format::OpenAiChat, &answer);
+    assert_eq!((r.input, r.output.map(|o| o.output)), (None, Some(1)));
+    // A total that is not a number is the wrong shape, as any other figure: not read.
+    let answer = json!({"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": "399"}});
+    assert_eq!(answer_usage(Format::OpenAiChat, &answer), None);
+}
+
+/// Routers in front of Claude report its cache writes in OpenAI-format usage, inside
+/// `prompt_tokens`: OpenRouter as `prompt_tokens_details.cache_write_tokens`
+/// (openrouter.ai/docs/use-cases/usage-accounting), LiteLLM as a top-level
+/// `cache_creation_input_tokens` (attack s27 #4). Unsplit by lifetime, they are priced
+/// per the request's marks (`Usage::at_worst_lifetime`), as Bedrock's writes are — 100 at
+/// the 1-hour rate with a 1-hour mark, the 5-minute rate without — and 94 as fresh input,
+/// whole and streamed; never as 194 fresh input tokens.
+#[test]
+fn a_routers_cache_write_tokens_are_priced_as_writes() {
+    use crate::quota::pricing::InputKinds;
+    use serde_json::json;
+    let hour = InputKinds {
+        cache_write_1h: true,
+        ..InputKinds::default()
+    };
+    let five = InputKinds {
+        cache_write_5m: true,
+        ..InputKinds::default()
+    };
+    for usage in [
+        json!({"prompt_tokens": 194, "completion_tokens": 2,
+            "prompt_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 100}}),
+        json!({"prompt_tokens": 194, "completion_tokens": 2, "cache_creation_input_tokens": 100,
+            "cache_read_input_tokens": 0, "prompt_tokens_details": {"cached_tokens": 0}}),
+    ] {
+        let (whole, s) = chat_whole_and_streamed(&usage);
+        assert_eq!(s, whole, "{usage}: streamed as whole");
+        assert_eq!(
+            (whole.cache_write_5m, whole.cache_write_unsplit),
+            (100, 100),
+            "{usage}"
+        );
+        let at_hour = whole.at_worst_lifetime(hour);
+        assert_eq!(
+            at_hour.parts(),
+            Parts {
+                fresh_input: 94,
+                cache_write_1h: 100,
+                text_output: 2,
+                ..Parts::default()
+            },
+            "{usage}"
+        );
+        // 94×3 + 100×6 + 2×15 = 282 + 600 + 30.
+        assert_eq!(cost(at_hour, sonnet()), 912, "{usage}");
+        // 94×3 + 100×3.75 + 2×15 = 282 + 375 + 30.
+        assert_eq!(
+            cost(whole.at_worst_lifetime(five), sonnet()),
+            687,
+            "{usage}"
+        );
+    }
+    // Both names for the same writes are read once.
+    let both = json!({"prompt_tokens": 194, "completion_tokens": 2,
+        "cache_creation_input_tokens": 100, "prompt_tokens_details": {"cache_write_tokens": 100}});
+    let (whole, s) = chat_whole_and_streamed(&both);
+    assert_eq!((whole.cache_write_5m, s), (100, whole));
+    // A write figure that is not a number is the wrong shape, as any other figure: the
+    // usage is not read (whole) and the event is corrupt (streamed).
+    for bad in [
+        json!({"prompt_tokens": 194, "completion_tokens": 2, "cache_creation_input_tokens": "100"}),
+        json!({"prompt_tokens": 194, "completion_tokens": 2,
+            "prompt_tokens_details": {"cache_write_tokens": "100"}}),
+    ] {
+        let answer = json!({"choices": [], "usage": bad});
+        assert_eq!(answer_usage(Format::OpenAiChat, &answer), None, "{bad}");
+        let parsed = serde_json::from_value::<
+            crate::upstream::providers::translate::stream::shape::Obj<
+                crate::upstream::providers::translate::stream::shape::OpenAiUsage,
+            >,
+        >(bad.clone());
+        assert!(parsed.is_err(), "{bad}");
+    }
+}
+
+/// A whole answer whose usage leaves the output out is charged its generated text counted
+/// (`providers::answer_text`), as its stream counts every delta (CHECKS Q3; attack s27 #5):
+/// Bedrock's tool calls and reasoning, Anthropic's thinking, an OpenAI-format answer's
+/// `reasoning_content` / `reasoning`, refusal and `thinking` parts (Mistral) are output
+/// the upstream bills, and are counted with the text.
+#[test]
+fn a_whole_answers_count_takes_every_piece_its_stream_counts() {
+    use serde_json::json;
+    let cases = [
+        (
+            Format::Bedrock,
+            json!({"output": {"message": {"role": "assistant", "content": [
+                {"reasoningContent": {"reasoningText": {"text": "bedrock-thought", "signature": "s"}}},
+                {"text": "bedrock-text"},
+                {"toolUse": {"toolUseId": "tooluse_1", "name": "bedrock_tool",
+                    "input": {"city": "bedrock-args"}}}]}},
+                "stopReason": "tool_use", "usage": {"inputTokens": 10}}),
+            &[
+                "bedrock-thought",
+                "bedrock-text",
+                "bedrock_tool",
+                "bedrock-args",
+            ][..],
+        ),
+        (
+            Format::Anthropic,
+            json!({"type": "message", "content": [
+                {"type": "thinking", "thinking": "anthropic-thought", "signature": "s"},
+                {"type": "text", "text": "anthropic-text"},
+                {"type": "tool_use", "id": "toolu_1", "name": "t", "input": {"a": "anthropic-args"}}],
+                "usage": {"input_tokens": 10}}),
+            &["anthropic-thought", "anthropic-text", "anthropic-args"][..],
+        ),
+        (
+            Format::OpenAiChat,
+            json!({"choices": [{"index": 0, "finish_reason": "stop", "message": {
+                "role": "assistant", "content": "openai-text",
+                "reasoning_content": "deepseek-thought", "reasoning": "openrouter-thought",
+                "refusal": "openai-refusal"}}]}),
+            &[
+                "openai-text",
+                "deepseek-thought",
+                "openrouter-thought",
+                "openai-refusal",
+            ][..],
+        ),
+        (
+            Format::OpenAiChat,
+            json!({"choices": [{"index": 0, "finish_reason": "stop", "message": {
+                "role": "assistant", "content": [
+                    {"type": "thinking", "thinking": [{"type": "text", "text": "mistral-thought"}]},
+                    {"type": "text", "text": "mistral-text"}]}}]}),
+            &["mistral-thought", "mistral-text"][..],
+        ),
+    ];
+    for (f, answer, pieces) in cases {
+        assert_eq!(providers::answer_usage(f, &answer).output, None, "{f:?}");
+        let text = providers::answer_text(f, &answer);
+        for piece in pieces {
+            assert!(
+                text.contains(piece),
+                "{f:?}: {piece} not counted in {text:?}"
+            );
+        }
+    }
+}
+
 /// Cached audio is cached input (OpenAI's `cached_tokens_details.audio_tokens`, part of
 /// both `cached_tokens` and `audio_tokens`): priced once, at the cached price, and the
 /// audio part is the uncached audio only — whole and streamed.

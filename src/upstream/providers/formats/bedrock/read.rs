@@ -209,12 +209,25 @@ pub(super) fn exception_status(name: &str) -> u16 {
     }
 }
 
-/// The text of an answer, to count when it reports no usage.
+/// The generated output of an answer, to count when it reports no usage: its text, its
+/// tool calls (id, name and input, as the stream's `ToolCallStart` and `ToolArgsDelta` are
+/// counted) and its reasoning — output Bedrock bills, counted as its stream counts it.
 pub fn answer_text(v: &Value) -> String {
-    v.pointer("/output/message/content")
+    let mut text = String::new();
+    for b in v
+        .pointer("/output/message/content")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-        .filter_map(|b| b.get("text").and_then(Value::as_str))
-        .collect()
+    {
+        let s = |p: &str| b.pointer(p).and_then(Value::as_str).unwrap_or("");
+        text.push_str(s("/text"));
+        text.push_str(s("/reasoningContent/reasoningText/text"));
+        if let Some(u) = b.get("toolUse") {
+            text.push_str(s("/toolUse/toolUseId"));
+            text.push_str(s("/toolUse/name"));
+            text.push_str(&u.get("input").map(Value::to_string).unwrap_or_default());
+        }
+    }
+    text
 }

@@ -14,8 +14,8 @@ use serde_json::{json, Map, Value};
 use super::super::{opt_string, string, usage_readable};
 use crate::upstream::providers::canonical::{Answer, ErrorInfo, Finish, Part, Reported, Usage};
 use crate::upstream::providers::openai::content_text;
-use crate::upstream::providers::tokens;
 use crate::upstream::providers::translate::stream::Corrupt;
+use crate::upstream::providers::{tokens, MAX_REPORTED_TOKENS};
 
 /// What decides the internal form's finish from an OpenAI choice (streamed or whole).
 #[derive(Debug, Default, Clone)]
@@ -66,10 +66,13 @@ pub fn write_finish(choice: &mut Map<String, Value>, f: &Finish) {
 /// an object or a figure is there but not a number — a `"completion_tokens": "40"` is no
 /// count the gateway can charge, and must not be read as 0.
 pub fn read_usage(u: &Value) -> Option<Usage> {
-    const FIGURES: [&str; 7] = [
+    const FIGURES: [&str; 10] = [
         "/prompt_tokens",
         "/completion_tokens",
+        "/total_tokens",
+        "/cache_creation_input_tokens",
         "/prompt_tokens_details/cached_tokens",
+        "/prompt_tokens_details/cache_write_tokens",
         "/prompt_tokens_details/audio_tokens",
         "/prompt_tokens_details/cached_tokens_details/audio_tokens",
         "/completion_tokens_details/reasoning_tokens",
@@ -82,19 +85,58 @@ pub fn read_usage(u: &Value) -> Option<Usage> {
     // `prompt_tokens` includes the cached and audio ones, `completion_tokens` the
     // reasoning and audio ones: the details are parts of the totals. Cached audio is in
     // both `cached_tokens` and `audio_tokens`: it is cached input, the audio part is the
-    // rest (`uncached_audio`).
+    // rest (`uncached_audio`). Routers' cache writes are inside `prompt_tokens` too
+    // (`cache_writes`).
+    let written = cache_writes(
+        n("/prompt_tokens_details/cache_write_tokens"),
+        n("/cache_creation_input_tokens"),
+    );
     Some(Usage {
         input: n("/prompt_tokens"),
         cached_input: n("/prompt_tokens_details/cached_tokens"),
+        cache_write_5m: written,
+        // Routers do not split their writes by lifetime: priced per the request's marks.
+        cache_write_unsplit: written,
         audio_input: uncached_audio(
             n("/prompt_tokens_details/audio_tokens"),
             n("/prompt_tokens_details/cached_tokens_details/audio_tokens"),
         ),
-        output: n("/completion_tokens"),
+        output: output_tokens(
+            tokens(u.get("prompt_tokens")),
+            n("/completion_tokens"),
+            n("/completion_tokens_details/reasoning_tokens"),
+            tokens(u.get("total_tokens")),
+        ),
         reasoning: n("/completion_tokens_details/reasoning_tokens"),
         audio_output: n("/completion_tokens_details/audio_tokens"),
         ..Usage::default()
     })
+}
+
+/// The output an OpenAI-format usage reports. OpenAI counts the reasoning inside
+/// `completion_tokens` and `total_tokens` is their sum with the prompt: the output is
+/// `completion_tokens`. xAI's Grok (and relays like it) counts the reasoning apart from
+/// `completion_tokens` and inside `total_tokens`: a reasoning figure above the completion,
+/// or a total above prompt and completion, says so, and the output is the completion with
+/// the reasoning, or the total less the prompt, whichever is more. A total without the
+/// prompt figure cannot be split and is not read. Never above what the reservation covered
+/// once charged: the settlement caps it as any figure.
+pub fn output_tokens(
+    prompt: Option<i64>,
+    completion: i64,
+    reasoning: i64,
+    total: Option<i64>,
+) -> i64 {
+    let beside = if reasoning > completion {
+        completion.saturating_add(reasoning)
+    } else {
+        completion
+    };
+    let rest = match (prompt, total) {
+        (Some(p), Some(t)) if t > p.saturating_add(completion) => t - p,
+        _ => 0,
+    };
+    beside.max(rest).min(MAX_REPORTED_TOKENS)
 }
 
 /// The sides an OpenAI `usage` object reports (`read_usage`): the input where
@@ -107,6 +149,15 @@ pub fn read_reported(u: &Value) -> Option<Reported> {
         has("prompt_tokens"),
         has("completion_tokens"),
     ))
+}
+
+/// The cache writes an OpenAI-format usage reports, part of `prompt_tokens`: routers in
+/// front of models with priced writes (Claude) report them, OpenRouter as
+/// `prompt_tokens_details.cache_write_tokens`, LiteLLM as a top-level
+/// `cache_creation_input_tokens`. Two names for the same writes: the larger is read, never
+/// their sum.
+pub fn cache_writes(openrouter: i64, litellm: i64) -> i64 {
+    openrouter.max(litellm).max(0)
 }
 
 /// The audio input priced as audio: OpenAI's `audio_tokens` less the cached ones

@@ -7,7 +7,8 @@ pub mod stream;
 mod write_request;
 
 pub use answer::{
-    read_answer, read_error, read_reported, read_usage, uncached_audio, write_answer, write_error,
+    cache_writes, output_tokens, read_answer, read_error, read_reported, read_usage,
+    uncached_audio, write_answer, write_error,
 };
 pub use read_request::read_request;
 pub use stream::{EventReader, EventWriter};

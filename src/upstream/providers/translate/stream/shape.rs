@@ -161,8 +161,10 @@ pub struct Chunk<'a> {
     /// AI's usage chunks carry it.
     #[serde(default)]
     pub choices: Option<Vec<Obj<Choice>>>,
+    /// Boxed: most chunks carry none, and the figures would make every chunk (and
+    /// `OpenAiEvent`) as large as the usage.
     #[serde(default)]
-    pub usage: Option<Obj<OpenAiUsage>>,
+    pub usage: Option<Box<Obj<OpenAiUsage>>>,
     /// An error chunk's `error` (an object, or TGI's text), read apart (`openai_error`).
     #[serde(default, borrow)]
     pub error: Option<&'a RawValue>,
@@ -364,6 +366,13 @@ pub struct OpenAiUsage {
     pub prompt_tokens: Option<Tokens>,
     #[serde(default)]
     pub completion_tokens: Option<Tokens>,
+    /// Read for the reasoning some providers count outside `completion_tokens`
+    /// (`openai_chat::output_tokens`).
+    #[serde(default)]
+    pub total_tokens: Option<Tokens>,
+    /// LiteLLM's cache writes (`openai_chat::cache_writes`).
+    #[serde(default)]
+    pub cache_creation_input_tokens: Option<Tokens>,
     #[serde(default)]
     pub prompt_tokens_details: Option<Obj<PromptDetails>>,
     #[serde(default)]
@@ -376,6 +385,9 @@ pub struct PromptDetails {
     pub cached_tokens: Option<Tokens>,
     #[serde(default)]
     pub audio_tokens: Option<Tokens>,
+    /// OpenRouter's cache writes (`openai_chat::cache_writes`).
+    #[serde(default)]
+    pub cache_write_tokens: Option<Tokens>,
     /// The cached tokens by modality: the cached audio is part of `audio_tokens` too.
     #[serde(default)]
     pub cached_tokens_details: Option<Obj<CachedDetails>>,
@@ -396,15 +408,24 @@ pub struct CompletionDetails {
 }
 
 impl OpenAiUsage {
-    /// Both sides, the details as parts of the totals (as `openai_chat::read_usage`);
-    /// none unless both totals are there.
+    /// Both sides, the details as parts of the totals and the reasoning outside
+    /// `completion_tokens` added to the output (as `openai_chat::read_usage`); none unless
+    /// both totals are there.
     pub fn figures(&self) -> Option<(Input, Output)> {
         let prompt = self.prompt_tokens_details.as_ref();
         let completion = self.completion_tokens_details.as_ref();
+        let reasoning = figure(completion.and_then(|d| d.reasoning_tokens));
+        let written = openai_chat::cache_writes(
+            figure(prompt.and_then(|d| d.cache_write_tokens)),
+            figure(self.cache_creation_input_tokens),
+        );
         Some((
             Input {
                 input: reported(self.prompt_tokens)?,
                 cached_input: figure(prompt.and_then(|d| d.cached_tokens)),
+                cache_write_5m: written,
+                // Unsplit by lifetime, as `openai_chat::read_usage` reads them.
+                cache_write_unsplit: written,
                 audio_input: openai_chat::uncached_audio(
                     figure(prompt.and_then(|d| d.audio_tokens)),
                     figure(
@@ -416,8 +437,13 @@ impl OpenAiUsage {
                 ..Input::default()
             },
             Output {
-                output: reported(self.completion_tokens)?,
-                reasoning: figure(completion.and_then(|d| d.reasoning_tokens)),
+                output: openai_chat::output_tokens(
+                    reported(self.prompt_tokens),
+                    reported(self.completion_tokens)?,
+                    reasoning,
+                    reported(self.total_tokens),
+                ),
+                reasoning,
                 audio_output: figure(completion.and_then(|d| d.audio_tokens)),
                 ..Output::default()
             },
