@@ -800,6 +800,7 @@ async fn finish(
     mut booking: Option<Booking>,
     (plan, (drain, answered)): (Option<crate::cache::Plan>, (&Drain, &AtomicBool)),
 ) -> Result<HttpResponse, Failure> {
+    let plan = plan.filter(|_| s.as_planned(p));
     let reader = p.reader(&s.route, s.dep.provider);
     let estimate = p.estimated_input_on(s.route.image_rule, s.model.max_input_tokens, reader);
     let mut key_booking = s.key_booking;
