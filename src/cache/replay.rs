@@ -348,7 +348,8 @@ impl Assembler {
                         "total_tokens": input.saturating_add(output)}),
                     );
                 }
-                let finish = a.remove("finish_reason").unwrap_or(json!("stop"));
+                // None came: not an answer that ended (`shape::whole` refuses `null`).
+                let finish = a.remove("finish_reason").unwrap_or(Value::Null);
                 // No text beside tool calls or a refusal is `null`, as OpenAI sends it.
                 let no_text =
                     self.text.is_empty() && !(self.tools.is_empty() && self.refusal.is_empty());
