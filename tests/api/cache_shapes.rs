@@ -277,3 +277,46 @@ async fn a_filtered_or_refused_answer_is_answered_but_not_cached() {
         }
     }
 }
+
+/// A streamed tool call whose input is not JSON — cut, or garbled by the upstream, with a
+/// stop reason that says `tool_use` — was stored as `input: {}`, and every later request
+/// of its key got a tidy call with no arguments, which an agent runs (s27 cache attack
+/// F2). It is relayed as it came and not stored: the same request, whole, reaches the
+/// upstream.
+#[tokio::test]
+async fn a_streamed_tool_call_whose_input_is_cut_is_not_cached() {
+    let app = claude_app().await;
+    let (_, token) = app.token("cut-call", None).await;
+    let mut body = claude_question(true);
+    body["tools"] = json!([{"name": "get_weather", "description": "The weather in a city.",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]);
+    let call = vec![
+        json!({"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}}),
+        json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "{\"city\": \"Par"}}),
+        json!({"type": "content_block_stop", "index": 1}),
+    ];
+    let script = Script {
+        events: Some(anthropic_stream(
+            "tool_use",
+            vec![text_block(0, "Checking."), call],
+        )),
+        ..Script::default()
+    };
+    app.mock.state.script(KEY_B, [script]);
+    let resp = app.post("/v1/messages", &token, &body).await;
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    assert!(
+        text.contains(r#"{\"city\": \"Par"#),
+        "relayed as it came: {text}"
+    );
+    settle_cache(&app).await;
+    body["stream"] = json!(false);
+    let before = app.mock.state.stats(KEY_B).count;
+    let resp = app.post("/v1/messages", &token, &body).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(cache_of(&resp), "miss");
+    let v: Value = resp.json().await.unwrap();
+    assert_ne!(v["content"][1]["input"], json!({}), "{v}");
+    assert_eq!(app.mock.state.stats(KEY_B).count, before + 1);
+}
