@@ -246,6 +246,13 @@ impl Assembler {
             if i == self.tools.len() {
                 self.tools.push(Default::default());
             }
+            // Only `function` calls are rebuilt: a `custom` one became a nameless
+            // `function` call (s27 cache attack F4).
+            let typed = tc["type"].is_null() || tc["type"] == "function";
+            if !typed || !tc["custom"].is_null() {
+                self.faithful = false;
+                return;
+            }
             let Some(slot) = self.tools.get_mut(i) else {
                 self.faithful = false;
                 return;
@@ -597,6 +604,35 @@ mod tests {
         assert_eq!(none["content"][0]["input"], json!({}));
         let empty = assemble(&[""]).unwrap();
         assert_eq!(empty["content"][0]["input"], json!({}));
+    }
+
+    /// A streamed OpenAI `custom` tool call was rebuilt as a `function` call with an empty
+    /// name and arguments, and served so to whole requests too (s27 cache attack F4): a
+    /// call of a type the rebuild does not reproduce makes the stream not stored.
+    #[test]
+    fn a_custom_tool_call_is_not_stored() {
+        let chunk = |delta: Value, finish: Value| {
+            json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+                "usage": null})
+        };
+        for call in [
+            json!({"index": 0, "id": "call_1", "type": "custom", "custom": {"name": "exec", "input": "ls"}}),
+            json!({"index": 0, "id": "call_1", "custom": {"name": "exec", "input": "ls"}}),
+        ] {
+            let mut asm = Assembler::new(WireFormat::OpenAi, 1 << 20);
+            for data in [
+                chunk(json!({"role": "assistant", "content": null}), Value::Null),
+                chunk(json!({"tool_calls": [call.clone()]}), Value::Null),
+                chunk(json!({}), json!("tool_calls")),
+                json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}),
+            ] {
+                asm.push(&frame(None, &data.to_string()));
+            }
+            asm.push(&frame(None, "[DONE]"));
+            assert_eq!(asm.finish(None), None, "{call}");
+        }
     }
 
     #[test]

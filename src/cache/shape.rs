@@ -45,7 +45,7 @@ fn whole_openai(a: &Value) -> bool {
         "content" | "refusal" => v.is_string() || v.is_null(),
         // `null` as vLLM and other servers send it for none (s24 final attack: such an
         // answer was never stored).
-        "tool_calls" => v.is_null() || v.as_array().is_some_and(|t| t.iter().all(Value::is_object)),
+        "tool_calls" => v.is_null() || v.as_array().is_some_and(|t| t.iter().all(function_call)),
         "annotations" => v.is_null() || v.as_array().is_some_and(Vec::is_empty),
         _ => v.is_null(),
     });
@@ -67,6 +67,29 @@ fn whole_openai(a: &Value) -> bool {
         && message.contains_key("content")
         && replayed
         && usage.is_some()
+}
+
+/// A tool call a replay reproduces and a rebuild restores exactly: a `function` call (the
+/// `type` may be absent) with its id, a name and its arguments as text. Any other — an
+/// OpenAI `custom` call — was replayed as a `function` call with no name (s27 cache
+/// attack F4).
+fn function_call(c: &Value) -> bool {
+    let Some(c) = c.as_object() else {
+        return false;
+    };
+    let function = c.get("function").is_some_and(|f| {
+        f.get("name")
+            .and_then(Value::as_str)
+            .is_some_and(|n| !n.is_empty())
+            && string(f, "arguments")
+    });
+    function
+        && c.get("id").is_some_and(Value::is_string)
+        && c.iter().all(|(k, v)| match k.as_str() {
+            "id" | "function" | "index" => true,
+            "type" => v == "function",
+            _ => v.is_null(),
+        })
 }
 
 /// An assistant `message` with a stop reason that marks it complete, blocks a replay
@@ -188,6 +211,34 @@ mod tests {
             !whole(WireFormat::Anthropic, &cut),
             "an answer without its end"
         );
+    }
+
+    /// Only tool calls a replay reproduces exactly are stored: an OpenAI `custom` call was
+    /// replayed and rebuilt as a `function` call with no name (s27 cache attack F4).
+    #[test]
+    fn only_function_calls_are_storable() {
+        let with = |call: Value| {
+            json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": null, "tool_calls": [call]},
+                "logprobs": null, "finish_reason": "tool_calls"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
+        };
+        for call in [
+            json!({"id": "call_1", "type": "function", "function": {"name": "exec", "arguments": "{}"}}),
+            json!({"id": "call_1", "function": {"name": "exec", "arguments": "{}"}}),
+        ] {
+            assert!(whole(WireFormat::OpenAi, &with(call.clone())), "{call}");
+        }
+        for call in [
+            json!({"id": "call_1", "type": "custom", "custom": {"name": "exec", "input": "ls"}}),
+            json!({"id": "call_1", "type": "function", "function": {"name": "exec", "arguments": "{}"}, "custom": {"input": "ls"}}),
+            json!({"id": "call_1", "type": "function", "function": {"name": null, "arguments": null}}),
+            json!({"id": "call_1", "type": "function", "function": {"name": "exec", "arguments": {}}}),
+            json!({"id": "call_1", "type": "function"}),
+            json!({"type": "function", "function": {"name": "exec", "arguments": "{}"}}),
+        ] {
+            assert!(!whole(WireFormat::OpenAi, &with(call.clone())), "{call}");
+        }
     }
 
     /// Only an answer its provider marks complete is stored (s27 cache attack F3): one cut

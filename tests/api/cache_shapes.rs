@@ -320,3 +320,43 @@ async fn a_streamed_tool_call_whose_input_is_cut_is_not_cached() {
     assert_ne!(v["content"][1]["input"], json!({}), "{v}");
     assert_eq!(app.mock.state.stats(KEY_B).count, before + 1);
 }
+
+/// An OpenAI `custom` tool call (`tools: [{"type": "custom", …}]`) is relayed as it came and
+/// not stored: stored, its streamed repeat replayed it as a `function` call with a null
+/// name (s27 cache attack F4).
+#[tokio::test]
+async fn a_custom_tool_call_is_answered_but_not_cached() {
+    let app = spawn_app().await;
+    let (_, token) = app.token("custom", None).await;
+    let mut body = json!({"model": "gpt-4o-mini", "temperature": 0, "max_tokens": 50,
+        "tools": [{"type": "custom", "custom": {"name": "exec", "description": "Runs a shell command."}}],
+        "messages": [{"role": "user", "content": "List the files."}]});
+    let call = json!({"id": "call_1", "type": "custom", "custom": {"name": "exec", "input": "ls"}});
+    let answer = json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "gpt-4o-mini-upstream",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": null, "tool_calls": [call]},
+        "logprobs": null, "finish_reason": "tool_calls"}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17}});
+    app.mock.state.script(
+        KEY_A,
+        [Script {
+            body: Some(answer),
+            ..Script::default()
+        }],
+    );
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(
+        v["choices"][0]["message"]["tool_calls"][0]["custom"]["input"],
+        "ls"
+    );
+    settle_cache(&app).await;
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let before = app.mock.state.stats(KEY_A).count;
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(cache_of(&resp), "miss");
+    let _ = resp.text().await;
+    assert_eq!(app.mock.state.stats(KEY_A).count, before + 1);
+}
