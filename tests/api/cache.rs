@@ -745,3 +745,40 @@ async fn a_fallback_models_answer_is_not_served_as_the_asked_model() {
     }
     app.assert_invariant().await;
 }
+
+/// An `http` embedder's answer is read up to a bound and its vector held to
+/// `embed::MAX_DIMENSIONS`: a lying or broken one answering millions of elements had every
+/// lookup parse all of it and every store write it whole (s27 cache attack F5). The answer
+/// is a miss, and the entry is stored without a vector.
+#[tokio::test]
+async fn a_huge_embedding_is_refused_and_costs_a_miss() {
+    let app = spawn_app_with(|s, m| {
+        s.cache.embedder = "http".into();
+        s.cache.http_url = format!("{}/v1", m.base_url());
+        s.cache.http_allow_private_network = true;
+        s.cache.http_model = "text-embedding-3-small".into();
+        s.cache.http_api_key = Some(sluice::config::Secret(secrecy::SecretString::from(
+            "embedder-key".to_string(),
+        )));
+    })
+    .await;
+    let huge = sluice::mock::Script {
+        raw_body: Some(format!(
+            "{{\"data\":[{{\"embedding\":[{}1]}}]}}",
+            "0,".repeat(1_000_000)
+        )),
+        ..Default::default()
+    };
+    app.mock.state.sticky("embedder-key", Some(huge));
+    let (_, token) = app.token("huge", None).await;
+    let (kind, _) = ask(&app, &token, &question("WVWZZZ1JZXW000001")).await;
+    assert_eq!(kind, "miss");
+    app.wait_for_cache_entries(1).await;
+    assert!(app.mock.state.stats("embedder-key").count >= 1);
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM cache_entries WHERE vector IS NOT NULL")
+            .await,
+        0,
+        "no vector past the bound is stored"
+    );
+}
