@@ -17,6 +17,16 @@ use crate::upstream::client::guarded;
 /// embedder are stored the same way (feature = dimension).
 pub type Vector = Vec<(u32, f32)>;
 
+/// The most dimensions an `http` embedder's vector may have (8 192 covers every public
+/// embedding model): a longer one is refused, never compared nor stored (s27 cache attack
+/// F5: a lying embedder's millions of elements were parsed at every lookup and written at
+/// every store).
+pub const MAX_DIMENSIONS: usize = 8192;
+
+/// The most bytes of an `http` embedder's answer read: `MAX_DIMENSIONS` numbers written out
+/// in full take about 200 KiB, and the rest of an answer little.
+const MAX_ANSWER_BYTES: usize = 1 << 20;
+
 #[derive(Debug, thiserror::Error)]
 #[error("embedding failed: {0}")]
 pub struct EmbedError(pub String);
@@ -79,25 +89,52 @@ impl Embedder {
                         resp.status()
                     )));
                 }
-                let v: Value = resp
-                    .json()
+                // Read a chunk at a time up to the bound: the whole body at once had no limit.
+                let mut resp = resp;
+                let mut body = Vec::new();
+                while let Some(chunk) = resp
+                    .chunk()
                     .await
-                    .map_err(|_| EmbedError("embedding answer is not JSON".into()))?;
-                let raw = v
-                    .pointer("/data/0/embedding")
-                    .and_then(Value::as_array)
-                    .ok_or_else(|| EmbedError("no embedding in the answer".into()))?;
-                let mut out: Vector = raw
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, x)| Some((i as u32, x.as_f64()? as f32)))
-                    .collect();
-                out.shrink_to_fit();
-                normalise(&mut out);
-                Ok(out)
+                    .map_err(|_| EmbedError("embedding answer cut".into()))?
+                {
+                    if body.len().saturating_add(chunk.len()) > MAX_ANSWER_BYTES {
+                        return Err(EmbedError("embedding answer too large".into()));
+                    }
+                    body.extend_from_slice(&chunk);
+                }
+                dense(&body)
             }
         }
     }
+}
+
+/// The vector of an `http` embedder's answer: `data[0].embedding`, of 1 to
+/// `MAX_DIMENSIONS` finite numbers, normalised; anything else is refused.
+fn dense(body: &[u8]) -> Result<Vector, EmbedError> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|_| EmbedError("embedding answer is not JSON".into()))?;
+    let raw = v
+        .pointer("/data/0/embedding")
+        .and_then(Value::as_array)
+        .ok_or_else(|| EmbedError("no embedding in the answer".into()))?;
+    if raw.is_empty() || raw.len() > MAX_DIMENSIONS {
+        return Err(EmbedError(format!(
+            "embedding of {} dimensions (1 to {MAX_DIMENSIONS})",
+            raw.len()
+        )));
+    }
+    let mut out = Vector::with_capacity(raw.len());
+    // `i` is below `MAX_DIMENSIONS`, so it fits a `u32`.
+    for (i, x) in (0u32..).zip(raw) {
+        let x = x
+            .as_f64()
+            .map(|x| x as f32)
+            .filter(|x| x.is_finite())
+            .ok_or_else(|| EmbedError("embedding holds something not a finite number".into()))?;
+        out.push((i, x));
+    }
+    normalise(&mut out);
+    Ok(out)
 }
 
 fn feature(text: &str, salt: u32) -> u32 {
@@ -197,6 +234,33 @@ pub fn from_bytes(b: &[u8]) -> Vector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An `http` embedder's answer holds a vector of at most `MAX_DIMENSIONS` numbers, each
+    /// finite: anything else is refused, never stored or compared (s27 cache attack F5).
+    #[test]
+    fn an_embedding_past_its_bound_or_not_numbers_is_refused() {
+        let answer = |v: &str| format!("{{\"data\": [{{\"embedding\": {v}}}]}}");
+        let ok = dense(answer("[3, 4]").as_bytes()).unwrap();
+        assert_eq!(ok, vec![(0, 0.6), (1, 0.8)]);
+        let most = format!("[{}1]", "0,".repeat(MAX_DIMENSIONS - 1));
+        assert_eq!(
+            dense(answer(&most).as_bytes()).unwrap().len(),
+            MAX_DIMENSIONS
+        );
+        let over = format!("[{}1]", "0,".repeat(MAX_DIMENSIONS));
+        for bad in [
+            answer(&over),
+            answer("[1, \"x\"]"),
+            answer("[1, null]"),
+            answer("[1e300]"),
+            answer("[]"),
+            answer("5"),
+            "[]".to_string(),
+            "not json".to_string(),
+        ] {
+            assert!(dense(bad.as_bytes()).is_err(), "{bad:.80}");
+        }
+    }
 
     #[test]
     fn words_and_their_order_count() {

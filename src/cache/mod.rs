@@ -466,6 +466,10 @@ impl Cache {
             seen = seen.max(rowid);
             let Some(k) = as_key(&k) else { continue };
             present.insert(prefix(&k));
+            // An `http` vector past `MAX_DIMENSIONS` (stored before the bound) is not read.
+            let v = v.filter(|v| {
+                matches!(self.embedder, Embedder::Lexical) || v.len() <= embed::MAX_DIMENSIONS * 8
+            });
             if let (Some(c), Some(v)) = (c.as_deref().and_then(as_key), v) {
                 let v = embed::from_bytes(&v);
                 // A lexical vector stored by an older version had no bound.

@@ -246,6 +246,13 @@ impl Assembler {
             if i == self.tools.len() {
                 self.tools.push(Default::default());
             }
+            // Only `function` calls are rebuilt: a `custom` one became a nameless
+            // `function` call (s27 cache attack F4).
+            let typed = tc["type"].is_null() || tc["type"] == "function";
+            if !typed || !tc["custom"].is_null() {
+                self.faithful = false;
+                return;
+            }
             let Some(slot) = self.tools.get_mut(i) else {
                 self.faithful = false;
                 return;
@@ -307,7 +314,21 @@ impl Assembler {
             }
             Some("content_block_stop") => {
                 if let Some(b) = self.blocks.last_mut().filter(|b| b["type"] == "tool_use") {
-                    b["input"] = serde_json::from_str(&self.partial).unwrap_or_else(|_| json!({}));
+                    // No input streamed is the empty object the call started as. Input that
+                    // is not a JSON object (cut at the cap, or garbled) is not rebuilt: as
+                    // `{}` it was a tidy call with no arguments, which an agent runs (s27
+                    // cache attack F2).
+                    let input = if self.partial.is_empty() {
+                        Some(json!({}))
+                    } else {
+                        serde_json::from_str::<Value>(&self.partial)
+                            .ok()
+                            .filter(Value::is_object)
+                    };
+                    match input {
+                        Some(input) => b["input"] = input,
+                        None => self.faithful = false,
+                    }
                 }
             }
             Some("message_delta") => {
@@ -348,7 +369,8 @@ impl Assembler {
                         "total_tokens": input.saturating_add(output)}),
                     );
                 }
-                let finish = a.remove("finish_reason").unwrap_or(json!("stop"));
+                // None came: not an answer that ended (`shape::whole` refuses `null`).
+                let finish = a.remove("finish_reason").unwrap_or(Value::Null);
                 // No text beside tool calls or a refusal is `null`, as OpenAI sends it.
                 let no_text =
                     self.text.is_empty() && !(self.tools.is_empty() && self.refusal.is_empty());
@@ -537,6 +559,79 @@ mod tests {
                 asm.push(&frame(None, &data.to_string()));
             }
             assert_eq!(asm.finish(None), None, "{blocks:?}");
+        }
+    }
+
+    /// A tool call whose streamed input is not a JSON object — cut at the cap, or garbled
+    /// by the upstream — was rebuilt as `input: {}` and served so: a tidy call with no
+    /// arguments, which an agent runs (s27 cache attack F2). It is not stored; a call
+    /// streamed with no input at all is the empty object it started as.
+    #[test]
+    fn a_tool_call_whose_input_is_cut_is_not_stored() {
+        let assemble = |partials: &[&str]| {
+            let start = json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant",
+                "model": "m", "content": [], "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": 3, "output_tokens": 0}}});
+            let mut events = vec![
+                start,
+                json!({"type": "content_block_start", "index": 0, "content_block": {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}}),
+            ];
+            events.extend(partials.iter().map(|p| {
+                json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "input_json_delta", "partial_json": p}})
+            }));
+            events.extend([
+                json!({"type": "content_block_stop", "index": 0}),
+                json!({"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": null}, "usage": {"output_tokens": 5}}),
+                json!({"type": "message_stop"}),
+            ]);
+            let mut asm = Assembler::new(WireFormat::Anthropic, 1 << 20);
+            for data in events {
+                asm.push(&frame(None, &data.to_string()));
+            }
+            asm.finish(None)
+        };
+        for cut in [
+            &["{\"city\": \"Par"][..],
+            &["[1]"],
+            &["\"Paris\""],
+            &["{\"a\": 1}x"],
+        ] {
+            assert_eq!(assemble(cut), None, "{cut:?}");
+        }
+        let whole = assemble(&["{\"city\": ", "\"Paris\"}"]).unwrap();
+        assert_eq!(whole["content"][0]["input"], json!({"city": "Paris"}));
+        let none = assemble(&[]).unwrap();
+        assert_eq!(none["content"][0]["input"], json!({}));
+        let empty = assemble(&[""]).unwrap();
+        assert_eq!(empty["content"][0]["input"], json!({}));
+    }
+
+    /// A streamed OpenAI `custom` tool call was rebuilt as a `function` call with an empty
+    /// name and arguments, and served so to whole requests too (s27 cache attack F4): a
+    /// call of a type the rebuild does not reproduce makes the stream not stored.
+    #[test]
+    fn a_custom_tool_call_is_not_stored() {
+        let chunk = |delta: Value, finish: Value| {
+            json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+                "usage": null})
+        };
+        for call in [
+            json!({"index": 0, "id": "call_1", "type": "custom", "custom": {"name": "exec", "input": "ls"}}),
+            json!({"index": 0, "id": "call_1", "custom": {"name": "exec", "input": "ls"}}),
+        ] {
+            let mut asm = Assembler::new(WireFormat::OpenAi, 1 << 20);
+            for data in [
+                chunk(json!({"role": "assistant", "content": null}), Value::Null),
+                chunk(json!({"tool_calls": [call.clone()]}), Value::Null),
+                chunk(json!({}), json!("tool_calls")),
+                json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}),
+            ] {
+                asm.push(&frame(None, &data.to_string()));
+            }
+            asm.push(&frame(None, "[DONE]"));
+            assert_eq!(asm.finish(None), None, "{call}");
         }
     }
 

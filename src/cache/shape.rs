@@ -20,7 +20,8 @@ fn string(v: &Value, k: &str) -> bool {
     v.get(k).is_some_and(Value::is_string)
 }
 
-/// A `chat.completion` of one choice with a message, a finish reason and usage figures,
+/// A `chat.completion` of one choice with a message, a finish reason that marks it complete
+/// (s27 cache attack F3) and usage figures,
 /// holding nothing a replay as a stream (or a rebuild from one) would drop: no log
 /// probabilities, audio or annotations — an entry answers whole and streamed requests
 /// alike, so a hit may not differ in kind from the upstream's answer.
@@ -44,20 +45,55 @@ fn whole_openai(a: &Value) -> bool {
         "content" | "refusal" => v.is_string() || v.is_null(),
         // `null` as vLLM and other servers send it for none (s24 final attack: such an
         // answer was never stored).
-        "tool_calls" => v.is_null() || v.as_array().is_some_and(|t| t.iter().all(Value::is_object)),
+        "tool_calls" => v.is_null() || v.as_array().is_some_and(|t| t.iter().all(function_call)),
         "annotations" => v.is_null() || v.as_array().is_some_and(Vec::is_empty),
         _ => v.is_null(),
     });
+    let calls = message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .is_some_and(|t| !t.is_empty());
+    let ended = match choice.get("finish_reason").and_then(Value::as_str) {
+        Some("stop" | "tool_calls" | "function_call") => true,
+        // Cut at the cap the key holds: that request's answer — but not a tool call,
+        // whose arguments the cap may have cut mid-JSON.
+        Some("length") => !calls,
+        // `content_filter` (cut where the filter fired) and anything else.
+        _ => false,
+    };
     a.get("object").and_then(Value::as_str) == Some("chat.completion")
-        && string(choice, "finish_reason")
+        && ended
         && choice.get("logprobs").is_none_or(Value::is_null)
         && message.contains_key("content")
         && replayed
         && usage.is_some()
 }
 
-/// An assistant `message` with a stop reason, blocks a replay rebuilds, and usage
-/// figures.
+/// A tool call a replay reproduces and a rebuild restores exactly: a `function` call (the
+/// `type` may be absent) with its id, a name and its arguments as text. Any other — an
+/// OpenAI `custom` call — was replayed as a `function` call with no name (s27 cache
+/// attack F4).
+fn function_call(c: &Value) -> bool {
+    let Some(c) = c.as_object() else {
+        return false;
+    };
+    let function = c.get("function").is_some_and(|f| {
+        f.get("name")
+            .and_then(Value::as_str)
+            .is_some_and(|n| !n.is_empty())
+            && string(f, "arguments")
+    });
+    function
+        && c.get("id").is_some_and(Value::is_string)
+        && c.iter().all(|(k, v)| match k.as_str() {
+            "id" | "function" | "index" => true,
+            "type" => v == "function",
+            _ => v.is_null(),
+        })
+}
+
+/// An assistant `message` with a stop reason that marks it complete, blocks a replay
+/// rebuilds, and usage figures.
 fn whole_anthropic(a: &Value) -> bool {
     let Some(content) = a.get("content").and_then(Value::as_array) else {
         return false;
@@ -66,9 +102,20 @@ fn whole_anthropic(a: &Value) -> bool {
         u.get("input_tokens").is_some_and(Value::is_u64)
             && u.get("output_tokens").is_some_and(Value::is_u64)
     });
+    let calls = content
+        .iter()
+        .any(|b| b.get("type").and_then(Value::as_str) == Some("tool_use"));
+    let ended = match a.get("stop_reason").and_then(Value::as_str) {
+        Some("end_turn" | "stop_sequence" | "tool_use") => true,
+        // As OpenAI's `length`: a text answer cut at the key's cap, never a tool call.
+        Some("max_tokens") => !calls,
+        // `refusal` (stopped partway), `pause_turn` (a turn to continue),
+        // `model_context_window_exceeded` (cut), and anything else.
+        _ => false,
+    };
     a.get("type").and_then(Value::as_str) == Some("message")
         && a.get("role").and_then(Value::as_str) == Some("assistant")
-        && string(a, "stop_reason")
+        && ended
         && usage.is_some()
         && content.iter().all(replayed)
 }
@@ -164,5 +211,110 @@ mod tests {
             !whole(WireFormat::Anthropic, &cut),
             "an answer without its end"
         );
+    }
+
+    /// Only tool calls a replay reproduces exactly are stored: an OpenAI `custom` call was
+    /// replayed and rebuilt as a `function` call with no name (s27 cache attack F4).
+    #[test]
+    fn only_function_calls_are_storable() {
+        let with = |call: Value| {
+            json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": null, "tool_calls": [call]},
+                "logprobs": null, "finish_reason": "tool_calls"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
+        };
+        for call in [
+            json!({"id": "call_1", "type": "function", "function": {"name": "exec", "arguments": "{}"}}),
+            json!({"id": "call_1", "function": {"name": "exec", "arguments": "{}"}}),
+        ] {
+            assert!(whole(WireFormat::OpenAi, &with(call.clone())), "{call}");
+        }
+        for call in [
+            json!({"id": "call_1", "type": "custom", "custom": {"name": "exec", "input": "ls"}}),
+            json!({"id": "call_1", "type": "function", "function": {"name": "exec", "arguments": "{}"}, "custom": {"input": "ls"}}),
+            json!({"id": "call_1", "type": "function", "function": {"name": null, "arguments": null}}),
+            json!({"id": "call_1", "type": "function", "function": {"name": "exec", "arguments": {}}}),
+            json!({"id": "call_1", "type": "function"}),
+            json!({"type": "function", "function": {"name": "exec", "arguments": "{}"}}),
+        ] {
+            assert!(!whole(WireFormat::OpenAi, &with(call.clone())), "{call}");
+        }
+    }
+
+    /// Only an answer its provider marks complete is stored (s27 cache attack F3): one cut
+    /// by a filter, refused partway, paused or out of context is not, nor a tool call cut
+    /// at the output cap. A text answer cut at the cap is the answer to its key, which
+    /// holds the cap.
+    #[test]
+    fn only_answers_ended_whole_are_storable() {
+        let openai = |finish: &str, tools: bool| {
+            let mut a = json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi."}, "logprobs": null, "finish_reason": finish}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}});
+            if tools {
+                a["choices"][0]["message"]["tool_calls"] = json!([{"id": "call_1", "type": "function",
+                    "function": {"name": "lookup", "arguments": "{\"vin\": \"X\"}"}}]);
+            }
+            a
+        };
+        let anthropic = |stop: &str, tools: bool| {
+            let mut content = vec![json!({"type": "text", "text": "Hi."})];
+            if tools {
+                content.push(json!({"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {"vin": "X"}}));
+            }
+            json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "m",
+                "content": content, "stop_reason": stop, "stop_sequence": null,
+                "usage": {"input_tokens": 3, "output_tokens": 2}})
+        };
+        for (finish, tools) in [
+            ("stop", false),
+            ("stop", true),
+            ("tool_calls", true),
+            ("function_call", true),
+            ("length", false),
+        ] {
+            assert!(
+                whole(WireFormat::OpenAi, &openai(finish, tools)),
+                "{finish} {tools}"
+            );
+        }
+        for (finish, tools) in [
+            ("length", true),
+            ("content_filter", false),
+            ("content_filter", true),
+            ("refusal", false),
+            ("guardrail_intervened", false),
+            ("", false),
+        ] {
+            assert!(
+                !whole(WireFormat::OpenAi, &openai(finish, tools)),
+                "{finish} {tools}"
+            );
+        }
+        for (stop, tools) in [
+            ("end_turn", false),
+            ("end_turn", true),
+            ("stop_sequence", false),
+            ("tool_use", true),
+            ("max_tokens", false),
+        ] {
+            assert!(
+                whole(WireFormat::Anthropic, &anthropic(stop, tools)),
+                "{stop} {tools}"
+            );
+        }
+        for (stop, tools) in [
+            ("max_tokens", true),
+            ("refusal", false),
+            ("pause_turn", false),
+            ("pause_turn", true),
+            ("model_context_window_exceeded", false),
+            ("", false),
+        ] {
+            assert!(
+                !whole(WireFormat::Anthropic, &anthropic(stop, tools)),
+                "{stop} {tools}"
+            );
+        }
     }
 }

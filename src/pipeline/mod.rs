@@ -335,7 +335,14 @@ async fn run(
     if let Some(plan) = &plan {
         log.cache = "miss";
         if !plan.refresh {
+            let looked = Instant::now();
             if let Some(hit) = state.cache.get(plan, state.clock.now(), deadline).await {
+                // The lookup may have waited on the `http` embedder (up to 5 s): after such
+                // a wait the credential is checked again, as after every other, so a token
+                // revoked meanwhile gets no answer (s27 cache attack F7).
+                if looked.elapsed() >= recheck::RECHECK_AFTER {
+                    recheck::still_admitted(state, req.headers(), deadline).await?;
+                }
                 span.set("sluice.cache", "hit");
                 drop(span);
                 let (cache, key) = (state.cache.clone(), hit.entry.key);
@@ -800,6 +807,7 @@ async fn finish(
     mut booking: Option<Booking>,
     (plan, (drain, answered)): (Option<crate::cache::Plan>, (&Drain, &AtomicBool)),
 ) -> Result<HttpResponse, Failure> {
+    let plan = plan.filter(|_| s.as_planned(p));
     let reader = p.reader(&s.route, s.dep.provider);
     let estimate = p.estimated_input_on(s.route.image_rule, s.model.max_input_tokens, reader);
     let mut key_booking = s.key_booking;

@@ -399,10 +399,14 @@ pub(super) fn serve(
     state: web::Data<AppState>,
     p: &Prepared,
     s: Success,
-    books: Books,
+    mut books: Books,
     sink: ClientSink,
     admission: Slot,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
+    // Only the asked model's own answer is stored (`Success::as_planned`).
+    if !s.as_planned(p) {
+        books.cache = None;
+    }
     let deployment = &s.dep;
     let upstream_format = providers::format_of(deployment.provider);
     let client = p.endpoint.format();

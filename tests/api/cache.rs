@@ -685,3 +685,100 @@ async fn a_hanging_embedder_is_waited_for_no_longer_than_the_requests_deadline()
         "waited {waited:?} for an embedder past a 400 ms deadline ({status} {body})"
     );
 }
+
+/// A fallback model's answer is an outage's answer: stored under the asked model's key, it
+/// was served as that model's for its TTL after the model recovered, logged as answered
+/// by it (s27 cache attack F1). Here `gpt-4o-mini` fails (500), `backup` (with a lower output
+/// cap, so its answer may be cut) answers; nothing is stored, and once the asked model is
+/// healthy the same request, whole or streamed, reaches it.
+#[tokio::test]
+async fn a_fallback_models_answer_is_not_served_as_the_asked_model() {
+    let app = spawn_app_with(|s, m| {
+        s.upstreams.push(upstream("b", KEY_B, m));
+        let mut backup = model("backup", &["b"]);
+        backup.max_output_tokens = 50;
+        s.models.push(backup);
+        s.models[0].fallbacks = vec!["backup".into()];
+        // Every failure of `a` here is one request's: no breaker opens between them.
+        s.breaker.failure_threshold = 1000;
+    })
+    .await;
+    let (_, token) = app.token("outage", None).await;
+    for (stored, stream) in [(0, false), (1, true)] {
+        let mut q = question(if stream {
+            "WVWZZZ1JZXW000002"
+        } else {
+            "WVWZZZ1JZXW000001"
+        });
+        if stream {
+            q["stream"] = json!(true);
+            q["stream_options"] = json!({"include_usage": true});
+        }
+        // A server error: no cooldown keeps the healed key out of the next request.
+        let failing = sluice::mock::Script {
+            status: Some(500),
+            ..Default::default()
+        };
+        app.mock.state.sticky(KEY_A, Some(failing));
+        let resp = app.chat(&token, &q).await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.headers()["x-sluice-upstream"], "b", "stream: {stream}");
+        let _ = resp.text().await;
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        app.state.cache.flush().await;
+        assert_eq!(
+            app.scalar("SELECT COUNT(*) FROM cache_entries").await,
+            stored,
+            "stream: {stream}: the fallback's answer is not stored"
+        );
+
+        app.mock.state.sticky(KEY_A, None);
+        let asked = app.mock.state.stats(KEY_A).count;
+        let resp = app.chat(&token, &q).await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.headers()["x-sluice-cache"], "miss", "stream: {stream}");
+        assert_eq!(resp.headers()["x-sluice-upstream"], "a", "stream: {stream}");
+        let _ = resp.text().await;
+        assert_eq!(app.mock.state.stats(KEY_A).count, asked + 1);
+        // The asked model's own answer is stored as ever.
+        app.wait_for_cache_entries(stored + 1).await;
+    }
+    app.assert_invariant().await;
+}
+
+/// An `http` embedder's answer is read up to a bound and its vector held to
+/// `embed::MAX_DIMENSIONS`: a lying or broken one answering millions of elements had every
+/// lookup parse all of it and every store write it whole (s27 cache attack F5). The answer
+/// is a miss, and the entry is stored without a vector.
+#[tokio::test]
+async fn a_huge_embedding_is_refused_and_costs_a_miss() {
+    let app = spawn_app_with(|s, m| {
+        s.cache.embedder = "http".into();
+        s.cache.http_url = format!("{}/v1", m.base_url());
+        s.cache.http_allow_private_network = true;
+        s.cache.http_model = "text-embedding-3-small".into();
+        s.cache.http_api_key = Some(sluice::config::Secret(secrecy::SecretString::from(
+            "embedder-key".to_string(),
+        )));
+    })
+    .await;
+    let huge = sluice::mock::Script {
+        raw_body: Some(format!(
+            "{{\"data\":[{{\"embedding\":[{}1]}}]}}",
+            "0,".repeat(1_000_000)
+        )),
+        ..Default::default()
+    };
+    app.mock.state.sticky("embedder-key", Some(huge));
+    let (_, token) = app.token("huge", None).await;
+    let (kind, _) = ask(&app, &token, &question("WVWZZZ1JZXW000001")).await;
+    assert_eq!(kind, "miss");
+    app.wait_for_cache_entries(1).await;
+    assert!(app.mock.state.stats("embedder-key").count >= 1);
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM cache_entries WHERE vector IS NOT NULL")
+            .await,
+        0,
+        "no vector past the bound is stored"
+    );
+}

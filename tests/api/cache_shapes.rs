@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 use sluice::config::{Provider, RouteSettings};
-use sluice::mock::Script;
+use sluice::mock::{Script, SseEvent};
 
 use crate::helpers::*;
 
@@ -153,4 +153,210 @@ async fn a_whole_answer_built_from_a_stream_carries_its_usage() {
     let (data, _) = sse_data(resp).await;
     let last: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
     assert!(last["usage"]["total_tokens"].is_u64(), "{last}");
+}
+
+/// An Anthropic stream of `blocks` (each a block's start, deltas and stop events' data,
+/// numbered in order) that ends with `stop_reason`.
+fn anthropic_stream(stop_reason: &str, blocks: Vec<Vec<Value>>) -> Vec<SseEvent> {
+    let ev = |v: Value| SseEvent::Named(v["type"].as_str().unwrap().to_string(), v);
+    let mut out = vec![ev(
+        json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant",
+        "model": "claude-upstream", "content": [], "stop_reason": null, "stop_sequence": null,
+        "usage": {"input_tokens": 12, "output_tokens": 0}}}),
+    )];
+    out.extend(blocks.into_iter().flatten().map(ev));
+    out.push(ev(
+        json!({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": null},
+        "usage": {"output_tokens": 7}}),
+    ));
+    out.push(ev(json!({"type": "message_stop"})));
+    out
+}
+
+fn text_block(i: usize, text: &str) -> Vec<Value> {
+    vec![
+        json!({"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}}),
+        json!({"type": "content_block_delta", "index": i, "delta": {"type": "text_delta", "text": text}}),
+        json!({"type": "content_block_stop", "index": i}),
+    ]
+}
+
+/// Asks `body` twice; the second must reach the upstream (`key`): the first answer, though
+/// relayed whole, was not stored.
+async fn asked_twice_reaches_the_upstream(
+    app: &TestApp,
+    token: &str,
+    path: &str,
+    key: &str,
+    body: &Value,
+    script: Script,
+    what: &str,
+) {
+    app.mock.state.script(key, [script]);
+    let resp = app.post(path, token, body).await;
+    assert_eq!(resp.status(), 200, "{what}");
+    let _ = resp.text().await;
+    settle_cache(app).await;
+    let before = app.mock.state.stats(key).count;
+    let resp = app.post(path, token, body).await;
+    assert_eq!(resp.status(), 200, "{what}");
+    assert_eq!(cache_of(&resp), "miss", "{what}");
+    let _ = resp.text().await;
+    assert_eq!(app.mock.state.stats(key).count, before + 1, "{what}");
+    settle_cache(app).await;
+}
+
+/// An answer its provider marks not complete — cut by a content filter, refused partway,
+/// a paused turn, the context window exceeded — is relayed but never stored, streamed or
+/// not: it was served to the whole scope as a whole answer for its TTL (s27 cache attack
+/// F3).
+#[tokio::test]
+async fn a_filtered_or_refused_answer_is_answered_but_not_cached() {
+    let app = claude_app().await;
+    let (_, token) = app.token("filtered", None).await;
+    for (n, stream) in [false, true].into_iter().enumerate() {
+        let mut body = json!({"model": "gpt-4o-mini", "temperature": 0, "max_tokens": 50, "stream": stream,
+            "messages": [{"role": "user", "content": format!("Why does the fuel light blink ({n})?")}]});
+        if stream {
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        let filtered = Script {
+            content_filter: Some("completion".into()),
+            ..Script::default()
+        };
+        let what = format!("content_filter, stream: {stream}");
+        asked_twice_reaches_the_upstream(
+            &app,
+            &token,
+            "/v1/chat/completions",
+            KEY_A,
+            &body,
+            filtered,
+            &what,
+        )
+        .await;
+    }
+    for (n, stop) in ["refusal", "pause_turn", "model_context_window_exceeded"]
+        .into_iter()
+        .enumerate()
+    {
+        for stream in [false, true] {
+            // Each its own key: the key leaves `stream` out.
+            let mut body = claude_question(stream);
+            body["messages"][0]["content"] = json!(format!(
+                "What does fault code P04{n}{} mean?",
+                u8::from(stream)
+            ));
+            let script = if stream {
+                Script {
+                    events: Some(anthropic_stream(stop, vec![text_block(0, "I can")])),
+                    ..Script::default()
+                }
+            } else {
+                Script {
+                    body: Some(
+                        json!({"id": "msg_1", "type": "message", "role": "assistant",
+                        "model": "claude-upstream", "content": [{"type": "text", "text": "I can"}],
+                        "stop_reason": stop, "stop_sequence": null,
+                        "usage": {"input_tokens": 12, "output_tokens": 7}}),
+                    ),
+                    ..Script::default()
+                }
+            };
+            let what = format!("{stop}, stream: {stream}");
+            asked_twice_reaches_the_upstream(
+                &app,
+                &token,
+                "/v1/messages",
+                KEY_B,
+                &body,
+                script,
+                &what,
+            )
+            .await;
+        }
+    }
+}
+
+/// A streamed tool call whose input is not JSON — cut, or garbled by the upstream, with a
+/// stop reason that says `tool_use` — was stored as `input: {}`, and every later request
+/// of its key got a tidy call with no arguments, which an agent runs (s27 cache attack
+/// F2). It is relayed as it came and not stored: the same request, whole, reaches the
+/// upstream.
+#[tokio::test]
+async fn a_streamed_tool_call_whose_input_is_cut_is_not_cached() {
+    let app = claude_app().await;
+    let (_, token) = app.token("cut-call", None).await;
+    let mut body = claude_question(true);
+    body["tools"] = json!([{"name": "get_weather", "description": "The weather in a city.",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]);
+    let call = vec![
+        json!({"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}}),
+        json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "{\"city\": \"Par"}}),
+        json!({"type": "content_block_stop", "index": 1}),
+    ];
+    let script = Script {
+        events: Some(anthropic_stream(
+            "tool_use",
+            vec![text_block(0, "Checking."), call],
+        )),
+        ..Script::default()
+    };
+    app.mock.state.script(KEY_B, [script]);
+    let resp = app.post("/v1/messages", &token, &body).await;
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    assert!(
+        text.contains(r#"{\"city\": \"Par"#),
+        "relayed as it came: {text}"
+    );
+    settle_cache(&app).await;
+    body["stream"] = json!(false);
+    let before = app.mock.state.stats(KEY_B).count;
+    let resp = app.post("/v1/messages", &token, &body).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(cache_of(&resp), "miss");
+    let v: Value = resp.json().await.unwrap();
+    assert_ne!(v["content"][1]["input"], json!({}), "{v}");
+    assert_eq!(app.mock.state.stats(KEY_B).count, before + 1);
+}
+
+/// An OpenAI `custom` tool call (`tools: [{"type": "custom", …}]`) is relayed as it came and
+/// not stored: stored, its streamed repeat replayed it as a `function` call with a null
+/// name (s27 cache attack F4).
+#[tokio::test]
+async fn a_custom_tool_call_is_answered_but_not_cached() {
+    let app = spawn_app().await;
+    let (_, token) = app.token("custom", None).await;
+    let mut body = json!({"model": "gpt-4o-mini", "temperature": 0, "max_tokens": 50,
+        "tools": [{"type": "custom", "custom": {"name": "exec", "description": "Runs a shell command."}}],
+        "messages": [{"role": "user", "content": "List the files."}]});
+    let call = json!({"id": "call_1", "type": "custom", "custom": {"name": "exec", "input": "ls"}});
+    let answer = json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "gpt-4o-mini-upstream",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": null, "tool_calls": [call]},
+        "logprobs": null, "finish_reason": "tool_calls"}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17}});
+    app.mock.state.script(
+        KEY_A,
+        [Script {
+            body: Some(answer),
+            ..Script::default()
+        }],
+    );
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(
+        v["choices"][0]["message"]["tool_calls"][0]["custom"]["input"],
+        "ls"
+    );
+    settle_cache(&app).await;
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let before = app.mock.state.stats(KEY_A).count;
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(cache_of(&resp), "miss");
+    let _ = resp.text().await;
+    assert_eq!(app.mock.state.stats(KEY_A).count, before + 1);
 }

@@ -25,21 +25,22 @@ fn question(text: &str) -> Value {
 
 /// An `http` cache embedder that answers its first call (the first answer's entry) at once
 /// and holds its second (the next request's semantic lookup) until `go`, telling `asked`
-/// when it arrives; its answer is orthogonal to the first, so the lookup misses. Later
-/// calls are answered at once.
-async fn stalling_embedder() -> (std::net::SocketAddr, mpsc::Receiver<()>, Arc<Notify>) {
+/// when it arrives; its answer is `held` — orthogonal to the first (`[0, 1, 0]`), the
+/// lookup misses; the first's (`[1, 0, 0]`), it hits. Later calls are answered at once.
+async fn stalling_embedder(held: Value) -> (std::net::SocketAddr, mpsc::Receiver<()>, Arc<Notify>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (asked_tx, asked) = mpsc::channel(4);
     let go = Arc::new(Notify::new());
     let calls = Arc::new(AtomicUsize::new(0));
-    let held = go.clone();
+    let notify = go.clone();
     tokio::spawn(async move {
         loop {
             let Ok((mut conn, _)) = listener.accept().await else {
                 return;
             };
-            let (asked_tx, go, calls) = (asked_tx.clone(), held.clone(), calls.clone());
+            let (asked_tx, go, calls) = (asked_tx.clone(), notify.clone(), calls.clone());
+            let held = held.clone();
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 65536];
                 let _ = conn.read(&mut buf).await;
@@ -50,7 +51,7 @@ async fn stalling_embedder() -> (std::net::SocketAddr, mpsc::Receiver<()>, Arc<N
                         let waited = go.notified();
                         let _ = asked_tx.send(()).await;
                         waited.await;
-                        json!([0.0, 1.0, 0.0])
+                        held
                     }
                     _ => json!([0.0, 0.0, 1.0]),
                 };
@@ -72,7 +73,7 @@ async fn stalling_embedder() -> (std::net::SocketAddr, mpsc::Receiver<()>, Arc<N
 /// row too), the old token's balance is untouched, its windows are the successor's (one
 /// request in them, not the old token's two), and the invariant holds.
 async fn a_token_rotated_during_the_semantic_lookup_is_charged_as_its_successor(engine: Engine) {
-    let (embedder, mut asked, go) = stalling_embedder().await;
+    let (embedder, mut asked, go) = stalling_embedder(json!([0.0, 1.0, 0.0])).await;
     let app = spawn_app_on(engine, move |s, _| {
         s.cache.embedder = "http".into();
         s.cache.http_url = format!("http://{embedder}/v1");
@@ -180,3 +181,69 @@ async fn a_token_rotated_during_the_semantic_lookup_is_charged_as_its_successor(
     app.assert_invariant().await;
 }
 on_both_engines!(a_token_rotated_during_the_semantic_lookup_is_charged_as_its_successor);
+
+/// A semantic hit found after a slow `http` embedder (up to 5 s) was served to a token
+/// revoked during the wait: the last credential check was before the lookup (s27 cache
+/// attack F7). A lookup that took `recheck::RECHECK_AFTER` or more is followed by a check
+/// of the credential before its hit is answered: 401, and nothing served.
+async fn a_token_revoked_during_a_slow_cache_lookup_gets_no_hit(engine: Engine) {
+    let (embedder, mut asked, go) = stalling_embedder(json!([1.0, 0.0, 0.0])).await;
+    let app = spawn_app_on(engine, move |s, _| {
+        s.cache.embedder = "http".into();
+        s.cache.http_url = format!("http://{embedder}/v1");
+        s.cache.http_allow_private_network = true;
+        s.cache.http_model = "text-embedding-3-small".into();
+    })
+    .await;
+    let (id, text) = app.token("revoked", None).await;
+    let first = app
+        .chat(
+            &text,
+            &question(
+                "Why does the engine warning light blink on WVWZZZ1JZXW000001 after a cold start?",
+            ),
+        )
+        .await;
+    assert_eq!(first.status(), 200);
+    app.wait_for_cache_entries(1).await;
+    let asked_upstream = app.mock.state.stats(KEY_A).count;
+
+    let (http, url, t) = (
+        app.http.clone(),
+        format!("{}/v1/chat/completions", app.address),
+        text.clone(),
+    );
+    let stalled = tokio::spawn(async move {
+        http.post(url)
+            .bearer_auth(t)
+            .json(&question(
+                "Hi, why does the engine warning light blink on WVWZZZ1JZXW000001 after a cold start, please? Thanks",
+            ))
+            .send()
+            .await
+            .unwrap()
+    });
+    tokio::time::timeout(std::time::Duration::from_secs(10), asked.recv())
+        .await
+        .expect("the lookup reached the embedder")
+        .unwrap();
+    revoke_elsewhere(&app, id).await;
+    // The lookup outlasts `RECHECK_AFTER`.
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    go.notify_one();
+
+    let resp = stalled.await.unwrap();
+    assert_eq!(resp.status(), 401);
+    assert_ne!(
+        resp.headers()
+            .get("x-sluice-cache")
+            .map(|v| v.to_str().unwrap().to_string())
+            .as_deref(),
+        Some("hit-semantic")
+    );
+    let body = resp.text().await.unwrap();
+    assert!(!body.contains("choices"), "no answer: {body}");
+    assert_eq!(app.mock.state.stats(KEY_A).count, asked_upstream);
+    app.assert_invariant().await;
+}
+on_both_engines!(a_token_revoked_during_a_slow_cache_lookup_gets_no_hit);

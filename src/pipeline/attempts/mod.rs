@@ -70,6 +70,20 @@ pub struct Success {
     pub permit: Option<Permit>,
 }
 
+impl Success {
+    /// Whether this is the answer a cache plan was made for: served by the asked model's
+    /// own routes, under the output cap the request asked for. A fallback model's answer
+    /// is an outage's answer, and may be cut by the lower cap its model holds to
+    /// (`candidates::build`); stored under the asked model's key, it was served as that
+    /// model's for its TTL after the model recovered (s27 cache attack F1). The log row
+    /// names the model that served either way.
+    pub fn as_planned(&self, p: &Prepared) -> bool {
+        self.model.name == p.model.name
+            && p.cap
+                .is_none_or(|(_, cap)| cap <= self.model.max_output_tokens)
+    }
+}
+
 // Served is the common outcome, moved once to its caller: boxing it would cost every
 // request an allocation to save stack bytes on the rare failure.
 #[allow(clippy::large_enum_variant)]
