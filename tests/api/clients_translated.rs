@@ -7,7 +7,7 @@
 //! still refused by name.
 
 use serde_json::{json, Value};
-use sluice::config::{Provider, Secret, UpstreamSettings};
+use sluice::config::Provider;
 
 use crate::helpers::*;
 use crate::responses::fetch;
@@ -46,17 +46,7 @@ fn kinds(s: &mut sluice::config::Settings, mock: &sluice::mock::MockServer) {
     let mut ge = upstream("ge", KEY_GE, mock);
     ge.provider = Provider::Gemini;
     ge.base_url = mock.base_url();
-    let br = UpstreamSettings {
-        id: "br".into(),
-        provider: Provider::Bedrock,
-        base_url: mock.base_url(),
-        api_key: Secret::default(),
-        region: Some("us-east-1".into()),
-        access_key_id: Some(KEY_BR.into()),
-        secret_access_key: Some(Secret(secrecy::SecretString::from("bedrock-test-secret"))),
-        allow_private_network: true,
-        ..UpstreamSettings::default()
-    };
+    let br = bedrock_upstream("br", KEY_BR, mock);
     s.upstreams.extend([az, oc, cl, ge, br]);
     for (name, _) in MODELS {
         let mut m = model(name, &[name]);

@@ -23,6 +23,35 @@ fn question(text: &str) -> Value {
                         {"role": "user", "content": text}]})
 }
 
+/// The first question reworded, sent by `text` in the background: its lookup reaches the
+/// embedder (`asked`), which holds it; the response, once the embedder lets go.
+async fn reworded_while_held(
+    app: &TestApp,
+    text: &str,
+    asked: &mut mpsc::Receiver<()>,
+) -> tokio::task::JoinHandle<reqwest::Response> {
+    let (http, url, t) = (
+        app.http.clone(),
+        format!("{}/v1/chat/completions", app.address),
+        text.to_string(),
+    );
+    let stalled = tokio::spawn(async move {
+        http.post(url)
+            .bearer_auth(t)
+            .json(&question(
+                "Hi, why does the engine warning light blink on WVWZZZ1JZXW000001 after a cold start, please? Thanks",
+            ))
+            .send()
+            .await
+            .unwrap()
+    });
+    tokio::time::timeout(std::time::Duration::from_secs(10), asked.recv())
+        .await
+        .expect("the lookup reached the embedder")
+        .unwrap();
+    stalled
+}
+
 /// An `http` cache embedder that answers its first call (the first answer's entry) at once
 /// and holds its second (the next request's semantic lookup) until `go`, telling `asked`
 /// when it arrives; its answer is `held` — orthogonal to the first (`[0, 1, 0]`), the
@@ -104,25 +133,7 @@ async fn a_token_rotated_during_the_semantic_lookup_is_charged_as_its_successor(
     app.wait_settled().await;
 
     // The same question reworded: same context, so its lookup embeds — and is held.
-    let (http, url, t) = (
-        app.http.clone(),
-        format!("{}/v1/chat/completions", app.address),
-        text.clone(),
-    );
-    let stalled = tokio::spawn(async move {
-        http.post(url)
-            .bearer_auth(t)
-            .json(&question(
-                "Hi, why does the engine warning light blink on WVWZZZ1JZXW000001 after a cold start, please? Thanks",
-            ))
-            .send()
-            .await
-            .unwrap()
-    });
-    tokio::time::timeout(std::time::Duration::from_secs(10), asked.recv())
-        .await
-        .expect("the lookup reached the embedder")
-        .unwrap();
+    let stalled = reworded_while_held(&app, &text, &mut asked).await;
     let old_remaining = format!("SELECT remaining_micros FROM tokens WHERE id = {old_id}");
     let before = app.scalar(&old_remaining).await;
     let (s, r) = admin
@@ -208,25 +219,7 @@ async fn a_token_revoked_during_a_slow_cache_lookup_gets_no_hit(engine: Engine) 
     app.wait_for_cache_entries(1).await;
     let asked_upstream = app.mock.state.stats(KEY_A).count;
 
-    let (http, url, t) = (
-        app.http.clone(),
-        format!("{}/v1/chat/completions", app.address),
-        text.clone(),
-    );
-    let stalled = tokio::spawn(async move {
-        http.post(url)
-            .bearer_auth(t)
-            .json(&question(
-                "Hi, why does the engine warning light blink on WVWZZZ1JZXW000001 after a cold start, please? Thanks",
-            ))
-            .send()
-            .await
-            .unwrap()
-    });
-    tokio::time::timeout(std::time::Duration::from_secs(10), asked.recv())
-        .await
-        .expect("the lookup reached the embedder")
-        .unwrap();
+    let stalled = reworded_while_held(&app, &text, &mut asked).await;
     revoke_elsewhere(&app, id).await;
     // The lookup outlasts `RECHECK_AFTER`.
     tokio::time::sleep(std::time::Duration::from_millis(400)).await;

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sluice::config::{Provider, Secret, UpstreamSettings};
+use sluice::config::Provider;
 use sluice::mock::{Script, SseEvent};
 use sluice::quota::estimate;
 use tokio::io::AsyncReadExt;
@@ -274,17 +274,7 @@ async fn a_whole_answer_without_usage_counts_its_reasoning_and_tool_calls_as_its
         let mut cl = upstream("cl", KEY_CL, mock);
         cl.provider = Provider::Anthropic;
         cl.base_url = mock.base_url();
-        let br = UpstreamSettings {
-            id: "br".into(),
-            provider: Provider::Bedrock,
-            base_url: mock.base_url(),
-            api_key: Secret::default(),
-            region: Some("us-east-1".into()),
-            access_key_id: Some(KEY_BR.into()),
-            secret_access_key: Some(Secret(secrecy::SecretString::from("bedrock-test-secret"))),
-            allow_private_network: true,
-            ..UpstreamSettings::default()
-        };
+        let br = bedrock_upstream("br", KEY_BR, mock);
         s.upstreams.extend([oc, cl, br]);
         for name in ["oc", "cl", "br"] {
             let mut m = model(name, &[name]);
