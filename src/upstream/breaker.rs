@@ -153,6 +153,14 @@ impl Breaker {
             if let Some(at) = s.probes.iter().find_map(|p| p.hung(now, max_wait)) {
                 // A probe hung past its limit: a failure at the moment its limit ran out.
                 self.open(s, at);
+            } else {
+                // A streaming probe still making progress past the maximum wait frees its
+                // slot, its verdict still to come at its end: held until then, a client
+                // reading a long answer slowly kept the key half-open — every other request
+                // refused — for as long as it read (s27 diff attack F1). Another probe may
+                // go out, no more often than once a maximum wait per slot.
+                s.probes
+                    .retain(|p| p.stream.is_none() || now.duration_since(p.started) <= max_wait);
             }
         }
         match s.state {
@@ -328,7 +336,9 @@ impl Permit {
     /// s26 attack, streams F2). A probe keeps its slot until then, so a half-open key takes
     /// no other probe while it streams (s26 stop attack #1: one freed at its 200 let probe
     /// after probe in). A stream runs for minutes, past `half_open_max_wait_seconds`: from
-    /// now the probe counts as hung only once it made no progress (`progress`) for `bound`.
+    /// now the probe counts as hung only once it made no progress (`progress`) for `bound`,
+    /// and past the maximum wait it frees its slot, its verdict still to come (s27 diff
+    /// attack F1: a slow reader kept the key half-open for as long as it read).
     pub fn streaming(&mut self, bound: Duration) {
         self.with_slot(|p| p.stream = Some((Instant::now(), bound)));
     }
@@ -406,7 +416,8 @@ fn release(probes: &mut Vec<Probe>, own: Option<Instant>) {
         None if own.is_none() => {
             probes.pop();
         }
-        // Its slot is already gone (the breaker re-opened and cleared every probe).
+        // Its slot is already gone (the breaker re-opened and cleared every probe, or freed
+        // a streaming probe's past the maximum wait).
         None => {}
     }
 }
@@ -493,6 +504,7 @@ mod tests {
         let b = Arc::new(Breaker::new(&BreakerSettings {
             open_seconds: 0,
             close_after_successes: 1,
+            half_open_max_wait_seconds: 1,
             ..cfg()
         }));
         for _ in 0..3 {
@@ -501,7 +513,7 @@ mod tests {
         let mut probe = b.permit().expect("a probe");
         probe.sent();
         probe.streaming(Duration::from_millis(200));
-        // Past the maximum wait (0 here), progressing: no hung probe, its slot held.
+        // Within the maximum wait (1 s here), progressing: its slot held.
         for _ in 0..3 {
             std::thread::sleep(Duration::from_millis(50));
             probe.progress();
@@ -511,6 +523,14 @@ mod tests {
             );
             assert_eq!(b.state(), State::HalfOpen, "a 200 is no success yet");
         }
+        // Past it, still progressing: no hung probe, but its slot is freed for another
+        // (s27 diff attack F1: a slow reader held it for as long as it read).
+        std::thread::sleep(Duration::from_millis(900));
+        probe.progress();
+        let other = b.permit().expect("the slot freed past the maximum wait");
+        assert!(b.permit().is_err(), "one slot, taken by the other probe");
+        other.abandon();
+        assert_eq!(b.state(), State::HalfOpen);
         probe.success();
         assert_eq!(b.state(), State::Closed, "the whole stream closes it");
         for _ in 0..3 {

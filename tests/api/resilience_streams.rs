@@ -145,12 +145,12 @@ async fn a_streamed_probe_counts_once_its_stream_is_whole() {
     assert_eq!(app.state.pool().breakers[0].state(), State::Closed);
 }
 
-/// A half-open breaker's probe that is a stream holds its slot until the stream ends, as a
-/// probe waiting on its answer does: while it streams, the next request is kept off the
-/// key (503 at once, no call) — also past `half_open_max_wait_seconds`, for a healthy
-/// stream making progress is no hung probe: whole, it closes the breaker. (s26 stop attack
-/// #1: a probe that freed its slot at its 200 let a half-open key admit probe after probe,
-/// and the hung-probe rule never saw them.)
+/// A half-open breaker's probe that is a stream holds its slot while it streams, as a
+/// probe waiting on its answer does, up to `half_open_max_wait_seconds`: meanwhile the next
+/// request is kept off the key (503 at once, no call); past it a healthy stream making
+/// progress is no hung probe, but frees its slot for another; whole, it closes the
+/// breaker. (s26 stop attack #1: a probe that freed its slot at its 200 let a half-open key
+/// admit probe after probe, and the hung-probe rule never saw them.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streamed_probe_holds_its_slot_until_its_stream_ends() {
     let app = Arc::new(
@@ -189,8 +189,8 @@ async fn a_streamed_probe_holds_its_slot_until_its_stream_ends() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // At once, then past the probe's maximum wait: it streams on, its slot held.
-    for pause in [800, 700] {
+    // At once, then later within the probe's maximum wait: it streams on, its slot held.
+    for pause in [300, 300] {
         let resp = tokio::time::timeout(BOUND, app.chat(&token, &stream_body()))
             .await
             .expect("answered at once");
@@ -207,6 +207,16 @@ async fn a_streamed_probe_holds_its_slot_until_its_stream_ends() {
         4,
         "no call beside the probe"
     );
+    // Past the maximum wait, streaming on, its slot is freed for another probe: held to its
+    // end, a client reading a long answer slowly kept the key half-open — every other
+    // request refused — for as long as it read (s27 diff attack F1).
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let second = tokio::time::timeout(BOUND, app.chat(&token, &stream_body()))
+        .await
+        .expect("answered");
+    assert_eq!(second.status(), 200, "a second probe past the maximum wait");
+    let (second, _) = sse_data(second).await;
+    assert_eq!(second.last().map(String::as_str), Some("[DONE]"));
     let data = tokio::time::timeout(BOUND, probe)
         .await
         .expect("the probe's stream ends")
