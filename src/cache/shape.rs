@@ -54,7 +54,9 @@ fn whole_openai(a: &Value) -> bool {
         .and_then(Value::as_array)
         .is_some_and(|t| !t.is_empty());
     let ended = match choice.get("finish_reason").and_then(Value::as_str) {
-        Some("stop" | "tool_calls" | "function_call") => true,
+        // TGI before 2.2.1 ends an answer with `eos_token` or `stop_sequence` (s27 diff
+        // attack F3: its answers were no longer stored).
+        Some("stop" | "tool_calls" | "function_call" | "eos_token" | "stop_sequence") => true,
         // Cut at the cap the key holds: that request's answer — but not a tool call,
         // whose arguments the cap may have cut mid-JSON.
         Some("length") => !calls,
@@ -272,6 +274,9 @@ mod tests {
             ("tool_calls", true),
             ("function_call", true),
             ("length", false),
+            // Text Generation Inference before 2.2.1 (s27 diff attack F3).
+            ("eos_token", false),
+            ("stop_sequence", false),
         ] {
             assert!(
                 whole(WireFormat::OpenAi, &openai(finish, tools)),

@@ -96,20 +96,25 @@ pub fn answer_text(v: &Value) -> String {
             }
             text.push_str(&thinking_text(c.pointer(p)));
         }
-        // Output outside `content`, billed alike: an audio answer's transcript, a refusal,
-        // the reasoning OpenAI-compatible servers show (DeepSeek's and vLLM's
-        // `reasoning_content`, OpenRouter's `reasoning`).
+        // Output outside `content`, billed alike: an audio answer's transcript, a refusal.
         for p in [
             "/message/audio/transcript",
             "/delta/audio/transcript",
             "/message/refusal",
             "/delta/refusal",
-            "/message/reasoning_content",
-            "/delta/reasoning_content",
-            "/message/reasoning",
-            "/delta/reasoning",
         ] {
             if let Some(t) = c.pointer(p).and_then(Value::as_str) {
+                text.push_str(t);
+            }
+        }
+        // The reasoning OpenAI-compatible servers show: DeepSeek's and vLLM's
+        // `reasoning_content`, else OpenRouter's `reasoning` — once, as some vLLM versions
+        // send both with the same text (s27 diff attack F4).
+        for side in ["/message", "/delta"] {
+            let reasoning = ["reasoning_content", "reasoning"]
+                .iter()
+                .find_map(|k| c.pointer(side)?.get(*k)?.as_str());
+            if let Some(t) = reasoning {
                 text.push_str(t);
             }
         }

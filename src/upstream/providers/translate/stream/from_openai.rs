@@ -106,8 +106,9 @@ impl StreamConverter {
             if let Some(t) = &d.refusal {
                 self.note_text(t);
             }
-            // Reasoning is output the upstream bills (see `shape::Delta`).
-            for t in [&d.reasoning_content, &d.reasoning].into_iter().flatten() {
+            // Reasoning is output the upstream bills (see `shape::Delta`): counted once, as
+            // some vLLM versions send it under both names (s27 diff attack F4).
+            if let Some(t) = d.reasoning_content.as_ref().or(d.reasoning.as_ref()) {
                 self.note_text(t);
             }
             for tc in d.tool_calls.iter().flatten() {
