@@ -266,6 +266,11 @@ impl Settings {
                     .into(),
             );
         }
+        // 0 would free a streaming probe's slot at its 200: a half-open key would take probe
+        // after probe (s27 late attack L3).
+        if self.breaker.half_open_max_wait_seconds == 0 {
+            return invalid("breaker.half_open_max_wait_seconds must be at least 1".into());
+        }
         if self.quota.input_margin_ratio < 1.0 || !self.quota.input_margin_ratio.is_finite() {
             return invalid("quota.input_margin_ratio must be at least 1.0".into());
         }
@@ -587,6 +592,12 @@ output_usd_per_mtok = 0.6
             let text = format!("[finance]\nforecast_alert_days = {days}\n");
             let s = load_from(Some(&text), &env(&[])).unwrap();
             assert_eq!(s.validate().is_ok(), ok, "{days}");
+        }
+        // A half-open probe's maximum wait of 0 would free a streaming probe at its 200.
+        for (wait, ok) in [(0, false), (1, true)] {
+            let text = format!("[breaker]\nhalf_open_max_wait_seconds = {wait}\n");
+            let s = load_from(Some(&text), &env(&[])).unwrap();
+            assert_eq!(s.validate().is_ok(), ok, "{wait}");
         }
         // The server tools' defaults: their product is reserved, so both are bounded.
         for (knob, value, ok) in [

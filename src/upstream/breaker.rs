@@ -83,6 +83,9 @@ struct Inner {
     probe_successes: u32,
     /// Probes in a row that ended without a verdict (see `UNANSWERED_PROBES_REOPEN`).
     unanswered_probes: u32,
+    /// How many times it opened: a probe's verdict counts as one only in the half-open
+    /// period that admitted it (`Permit::opening`).
+    openings: u64,
 }
 
 /// A half-open probe's slot.
@@ -133,6 +136,7 @@ impl Breaker {
                 probes: Vec::new(),
                 probe_successes: 0,
                 unanswered_probes: 0,
+                openings: 0,
             }),
         }
     }
@@ -183,13 +187,15 @@ impl Breaker {
     }
 
     pub fn success(&self, probe: bool) {
-        self.success_of(probe, None)
+        self.success_of(probe, None, None)
     }
 
-    /// `own`: the probe's start time, to free its own slot (`None`: the newest).
-    fn success_of(&self, probe: bool, own: Option<Instant>) {
+    /// `own`: the probe's start time, to free its own slot (`None`: the newest); `opening`:
+    /// the half-open period that admitted it (`None`: this one).
+    fn success_of(&self, probe: bool, own: Option<Instant>, opening: Option<u64>) {
         let now = Instant::now();
         let mut s = self.inner.lock();
+        let probe = probe && of_this_period(&s, opening);
         self.count(&mut s, now, false);
         s.consecutive_failures = 0;
         s.unanswered_probes = 0;
@@ -242,14 +248,23 @@ impl Breaker {
     /// `UNANSWERED_PROBES_REOPEN`-th such probe in a row that waited long enough re-opens
     /// the breaker. Returns true when it did.
     pub fn unanswered(&self, probe: bool, waited: Duration) -> bool {
-        self.unanswered_of(probe, waited, None)
+        self.unanswered_of(probe, waited, None, None)
     }
 
-    fn unanswered_of(&self, probe: bool, waited: Duration, own: Option<Instant>) -> bool {
+    fn unanswered_of(
+        &self,
+        probe: bool,
+        waited: Duration,
+        own: Option<Instant>,
+        opening: Option<u64>,
+    ) -> bool {
         if !probe {
             return false;
         }
         let mut s = self.inner.lock();
+        if !of_this_period(&s, opening) {
+            return false;
+        }
         release(&mut s.probes, own);
         let long_enough =
             Duration::from_secs(self.cfg.half_open_max_wait_seconds) / UNANSWERED_PROBES_REOPEN;
@@ -279,11 +294,13 @@ impl Breaker {
         // Its own start time (just pushed), so it frees its own slot, not the newest one:
         // a finished probe's time left behind would later read as a hung probe.
         let started = s.probes.last().map(|p| p.started).filter(|_| probe);
+        let opening = s.openings;
         drop(s);
         Ok(Permit {
             breaker: self.clone(),
             probe,
             started,
+            opening,
             sent: None,
             reported: false,
         })
@@ -301,6 +318,7 @@ impl Breaker {
     }
 
     fn open(&self, s: &mut Inner, now: Instant) {
+        s.openings = s.openings.wrapping_add(1);
         s.state = State::Open;
         s.open_until = now + Duration::from_secs(self.cfg.open_seconds);
         s.probes.clear();
@@ -319,6 +337,11 @@ pub struct Permit {
     probe: bool,
     /// A probe's start time, as the breaker holds it.
     started: Option<Instant>,
+    /// The breaker's `openings` when it was admitted: a streaming probe whose slot was
+    /// freed past the maximum wait may end after the breaker re-opened, and its verdict
+    /// then is no probe's of the later half-open period (s27 late attack L1: old slow
+    /// streams ending whole closed a breaker whose new probes all failed).
+    opening: u64,
     /// When the call went out to the upstream.
     sent: Option<Instant>,
     reported: bool,
@@ -369,7 +392,8 @@ impl Permit {
 
     pub fn success(mut self) {
         self.reported = true;
-        self.breaker.success_of(self.probe, self.started);
+        self.breaker
+            .success_of(self.probe, self.started, Some(self.opening));
     }
 
     /// Returns true when this failure opened the breaker.
@@ -383,7 +407,7 @@ impl Permit {
     pub fn unanswered(mut self) -> bool {
         self.reported = true;
         self.breaker
-            .unanswered_of(self.probe, self.waited(), self.started)
+            .unanswered_of(self.probe, self.waited(), self.started, Some(self.opening))
     }
 
     /// No verdict on the upstream (a gate refused, a rate limit, a conflict).
@@ -400,11 +424,17 @@ impl Drop for Permit {
         }
         if self.sent.is_some() {
             self.breaker
-                .unanswered_of(self.probe, self.waited(), self.started);
+                .unanswered_of(self.probe, self.waited(), self.started, Some(self.opening));
         } else {
             self.breaker.abandon_of(self.probe, self.started);
         }
     }
+}
+
+/// Whether a probe admitted in the half-open period after opening `opening` (`None`: this
+/// one) reports in that period still.
+fn of_this_period(s: &Inner, opening: Option<u64>) -> bool {
+    opening.is_none_or(|o| o == s.openings)
 }
 
 /// Frees a probe's slot: its own start time when known, else the newest.
@@ -552,6 +582,35 @@ mod tests {
             .expect("the hung probe re-opened it; open time 0: a new probe");
         next.abandon();
         probe.abandon();
+    }
+
+    /// A streaming probe freed past the maximum wait that ends whole after the breaker
+    /// re-opened is no probe of the next half-open period: it closes nothing (s27 late
+    /// attack L1: old slow streams closed a breaker whose new probes all failed).
+    #[test]
+    fn a_freed_probe_from_before_a_reopen_does_not_close_the_next_half_open() {
+        let b = Arc::new(Breaker::new(&BreakerSettings {
+            open_seconds: 0,
+            close_after_successes: 1,
+            half_open_max_wait_seconds: 1,
+            ..cfg()
+        }));
+        for _ in 0..3 {
+            b.failure(false);
+        }
+        let mut old = b.permit().expect("a probe");
+        old.sent();
+        old.streaming(Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(1100));
+        old.progress();
+        let failing = b.permit().expect("the slot freed past the maximum wait");
+        assert!(failing.failure(), "its failure re-opens the breaker");
+        let mut next = b.permit().expect("open time 0: the next period's probe");
+        next.sent();
+        old.success();
+        assert_eq!(b.state(), State::HalfOpen, "the old stream closes nothing");
+        assert!(next.failure());
+        assert_eq!(b.state(), State::Open);
     }
 
     #[test]
