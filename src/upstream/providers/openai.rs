@@ -108,12 +108,14 @@ pub fn answer_text(v: &Value) -> String {
             }
         }
         // The reasoning OpenAI-compatible servers show: DeepSeek's and vLLM's
-        // `reasoning_content`, else OpenRouter's `reasoning` — once, as some vLLM versions
-        // send both with the same text (s27 diff attack F4).
+        // `reasoning_content`, OpenRouter's `reasoning` — the longer, once, as some vLLM
+        // versions send both with the same text (s27 diff attack F4) and an empty one may
+        // stand beside the other (late attack L4).
         for side in ["/message", "/delta"] {
             let reasoning = ["reasoning_content", "reasoning"]
                 .iter()
-                .find_map(|k| c.pointer(side)?.get(*k)?.as_str());
+                .filter_map(|k| c.pointer(side)?.get(*k)?.as_str())
+                .max_by_key(|t| t.len());
             if let Some(t) = reasoning {
                 text.push_str(t);
             }

@@ -481,6 +481,12 @@ fn a_whole_answers_count_takes_every_piece_its_stream_counts() {
         "reasoning_content": "vllm-thought", "reasoning": "vllm-thought"}}]});
     let text = providers::answer_text(Format::OpenAiChat, &both);
     assert_eq!(text.matches("vllm-thought").count(), 1, "{text:?}");
+    // An empty one beside the other hides nothing (late attack L4).
+    let empty = json!({"choices": [{"index": 0, "finish_reason": "stop", "message": {
+        "role": "assistant", "content": "x",
+        "reasoning_content": "", "reasoning": "router-thought"}}]});
+    let text = providers::answer_text(Format::OpenAiChat, &empty);
+    assert!(text.contains("router-thought"), "{text:?}");
     for (f, answer, pieces) in cases {
         assert_eq!(providers::answer_usage(f, &answer).output, None, "{f:?}");
         let text = providers::answer_text(f, &answer);

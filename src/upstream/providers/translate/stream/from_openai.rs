@@ -106,9 +106,14 @@ impl StreamConverter {
             if let Some(t) = &d.refusal {
                 self.note_text(t);
             }
-            // Reasoning is output the upstream bills (see `shape::Delta`): counted once, as
-            // some vLLM versions send it under both names (s27 diff attack F4).
-            if let Some(t) = d.reasoning_content.as_ref().or(d.reasoning.as_ref()) {
+            // Reasoning is output the upstream bills (see `shape::Delta`): the longer of its
+            // two names, once, as some vLLM versions send both (s27 diff attack F4) and an
+            // empty one may stand beside the other (late attack L4).
+            let reasoning = [&d.reasoning_content, &d.reasoning]
+                .into_iter()
+                .flatten()
+                .max_by_key(|t| t.len());
+            if let Some(t) = reasoning {
                 self.note_text(t);
             }
             for tc in d.tool_calls.iter().flatten() {
