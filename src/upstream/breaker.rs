@@ -11,8 +11,8 @@
 //! [`UNANSWERED_PROBES_REOPEN`] of them in a row, with no success between, re-open the
 //! breaker, so clients that never wait long enough cannot keep it half-open for ever either.
 //! A stream's call is judged when the stream ends, not at its 200: a probe that is a stream
-//! holds its slot until then, bounded by its progress rather than by the maximum wait
-//! (`Permit::streaming`).
+//! holds its slot while it progresses, up to the maximum wait, and its verdict counts in the
+//! half-open period that admitted it (`Permit::streaming`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

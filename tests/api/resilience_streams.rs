@@ -152,7 +152,7 @@ async fn a_streamed_probe_counts_once_its_stream_is_whole() {
 /// breaker. (s26 stop attack #1: a probe that freed its slot at its 200 let a half-open key
 /// admit probe after probe, and the hung-probe rule never saw them.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_streamed_probe_holds_its_slot_until_its_stream_ends() {
+async fn a_streamed_probe_holds_its_slot_up_to_the_maximum_wait() {
     let app = Arc::new(
         spawn_app_with(|s, _| {
             s.breaker.open_seconds = 1;

@@ -265,7 +265,7 @@ pub(super) async fn try_candidate(
             span.outcome(Some(200), "served");
             trace.served_by(dep.provider, Some(url));
             // A stream's verdict waits for its end (`verdicts::stream_ended`); a probe holds
-            // its slot until then, bounded by the stream's progress.
+            // its slot while the stream progresses, up to the half-open maximum wait.
             if p.stream {
                 permit.streaming(crate::pipeline::stream::probe_bound(state));
                 s.permit = Some(permit);
