@@ -9,6 +9,7 @@ parallel tool calls and refusals are checked field by field.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import anthropic
@@ -37,9 +38,32 @@ def sdk(kind, sluice):
     return anthropic.Anthropic(base_url=f"http://127.0.0.1:{sluice.gw_port}", api_key=sluice.token, max_retries=0, timeout=10.0)
 
 
+# The upstream's own faults that rest its key when they end a stream, as a 529 or a 429
+# before it would (the first rest: one second).
+RESTING_FAULTS = {"overloaded_error", "rate_limit_error"}
+
+
+def rests_the_key(case):
+    """Whether the case's upstream stream ends on a fault that rests its key: the next case
+    would find the key cooling down and be answered 503."""
+    for event in case["upstream"].get("events") or []:
+        data = event[1] if isinstance(event, list) and len(event) > 1 else None
+        if isinstance(data, dict) and (data.get("error") or {}).get("type") in RESTING_FAULTS:
+            return True
+    return False
+
+
 def run(sluice, upstream, case):
     """The fixture's request through its client's SDK: the parsed answer, or the raised
-    error."""
+    error. A case whose stream rests the key waits the rest out before the next case."""
+    try:
+        return send(sluice, upstream, case)
+    finally:
+        if rests_the_key(case):
+            time.sleep(1.5)
+
+
+def send(sluice, upstream, case):
     model, key = MODEL_OF[upstream]
     # A case the gateway refuses leaves its script queued: start each from a clean mock.
     http_json("POST", f"{sluice.mock_url}/_mock/reset")
