@@ -529,8 +529,9 @@ mod tests {
         assert_eq!(b.state(), State::HalfOpen);
     }
 
-    #[test]
-    fn a_streaming_probe_holds_its_slot_while_it_progresses_and_counts_at_its_end() {
+    /// A breaker opened by three failures, half-open at once (open time 0), closed by one
+    /// success, with a maximum probe wait of 1 s.
+    fn half_open_after_failures() -> Arc<Breaker> {
         let b = Arc::new(Breaker::new(&BreakerSettings {
             open_seconds: 0,
             close_after_successes: 1,
@@ -540,6 +541,12 @@ mod tests {
         for _ in 0..3 {
             b.failure(false);
         }
+        b
+    }
+
+    #[test]
+    fn a_streaming_probe_holds_its_slot_while_it_progresses_and_counts_at_its_end() {
+        let b = half_open_after_failures();
         let mut probe = b.permit().expect("a probe");
         probe.sent();
         probe.streaming(Duration::from_millis(200));
@@ -589,15 +596,7 @@ mod tests {
     /// attack L1: old slow streams closed a breaker whose new probes all failed).
     #[test]
     fn a_freed_probe_from_before_a_reopen_does_not_close_the_next_half_open() {
-        let b = Arc::new(Breaker::new(&BreakerSettings {
-            open_seconds: 0,
-            close_after_successes: 1,
-            half_open_max_wait_seconds: 1,
-            ..cfg()
-        }));
-        for _ in 0..3 {
-            b.failure(false);
-        }
+        let b = half_open_after_failures();
         let mut old = b.permit().expect("a probe");
         old.sent();
         old.streaming(Duration::from_secs(10));

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sluice::mock::{Script, SseEvent};
+use sluice::config::Settings;
+use sluice::mock::{MockServer, Script, SseEvent};
 use sluice::upstream::breaker::State;
 
 use crate::helpers::*;
@@ -54,6 +55,19 @@ fn openai_error(kind: &str) -> Script {
         )]),
         ..Default::default()
     }
+}
+
+/// The gateway with `tweak` applied, its breakers half-open a second after they open and
+/// closed by one success, and a token of its user "fay".
+async fn probing_app(tweak: impl FnOnce(&mut Settings, &MockServer)) -> (TestApp, String) {
+    let app = spawn_app_with(|s, m| {
+        s.breaker.open_seconds = 1;
+        s.breaker.close_after_successes = 1;
+        tweak(s, m);
+    })
+    .await;
+    let (_, token) = app.token("fay", None).await;
+    (app, token)
 }
 
 /// Puts breaker `d` half-open: three failures open it, its open time (1 s in these tests'
@@ -115,13 +129,7 @@ async fn streams_that_fail_after_their_200_open_the_breaker() {
 /// closed the breaker whatever the stream did next.
 #[tokio::test]
 async fn a_streamed_probe_counts_once_its_stream_is_whole() {
-    let app = spawn_app_with(|s, _| {
-        s.breaker.open_seconds = 1;
-        s.breaker.close_after_successes = 1;
-        s.upstream.stream_idle_timeout_ms = 300;
-    })
-    .await;
-    let (_, token) = app.token("fay", None).await;
+    let (app, token) = probing_app(|s, _| s.upstream.stream_idle_timeout_ms = 300).await;
     open_key_a_breaker(&app, &token).await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
     app.mock.state.sticky(
@@ -153,15 +161,8 @@ async fn a_streamed_probe_counts_once_its_stream_is_whole() {
 /// admit probe after probe, and the hung-probe rule never saw them.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streamed_probe_holds_its_slot_up_to_the_maximum_wait() {
-    let app = Arc::new(
-        spawn_app_with(|s, _| {
-            s.breaker.open_seconds = 1;
-            s.breaker.close_after_successes = 1;
-            s.breaker.half_open_max_wait_seconds = 1;
-        })
-        .await,
-    );
-    let (_, token) = app.token("fay", None).await;
+    let (app, token) = probing_app(|s, _| s.breaker.half_open_max_wait_seconds = 1).await;
+    let app = Arc::new(app);
     open_key_a_breaker(&app, &token).await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
     // A healthy stream of about 3 s: twelve words, a chunk every 250 ms.
@@ -238,13 +239,7 @@ async fn a_streamed_probe_holds_its_slot_up_to_the_maximum_wait() {
 /// the breaker; an OpenAI type unknown read as a server error.)
 #[tokio::test]
 async fn an_error_event_not_the_upstreams_own_fault_gives_no_verdict() {
-    let app = spawn_app_with(|s, m| {
-        add_claude(s, m);
-        s.breaker.open_seconds = 1;
-        s.breaker.close_after_successes = 1;
-    })
-    .await;
-    let (_, token) = app.token("fay", None).await;
+    let (app, token) = probing_app(add_claude).await;
     let c = app.state.catalog().position("c").unwrap();
     half_open(&app, 0).await;
     half_open(&app, c).await;
@@ -359,12 +354,7 @@ fn finished_then_ended() -> Script {
 /// every three streams.) The charge is the stream's as before (`upstream_error`).
 #[tokio::test]
 async fn a_fault_after_the_finish_leaves_the_stream_its_keys_success() {
-    let app = spawn_app_with(|s, _| {
-        s.breaker.open_seconds = 1;
-        s.breaker.close_after_successes = 1;
-    })
-    .await;
-    let (_, token) = app.token("fay", None).await;
+    let (app, token) = probing_app(|_, _| {}).await;
     app.mock.state.sticky(KEY_A, Some(finished_then_ended()));
     half_open(&app, 0).await;
     for n in 1..=4 {

@@ -17,6 +17,10 @@ use crate::helpers::*;
 use crate::on_both_engines;
 use crate::pg_gateway_app::{spawn_app_on, Engine};
 
+/// The first question, whose answer the reworded one (`reworded_while_held`) is near.
+const FIRST: &str =
+    "Why does the engine warning light blink on WVWZZZ1JZXW000001 after a cold start?";
+
 fn question(text: &str) -> Value {
     json!({"model": "gpt-4o-mini", "temperature": 0, "max_tokens": 100,
            "messages": [{"role": "system", "content": "You diagnose cars."},
@@ -97,12 +101,13 @@ async fn stalling_embedder(held: Value) -> (std::net::SocketAddr, mpsc::Receiver
     (addr, asked, go)
 }
 
-/// The request waits on the embedder at stage 4, its token is rotated meanwhile: it is
-/// charged to the successor (every ledger row of it carries the successor's id, its log
-/// row too), the old token's balance is untouched, its windows are the successor's (one
-/// request in them, not the old token's two), and the invariant holds.
-async fn a_token_rotated_during_the_semantic_lookup_is_charged_as_its_successor(engine: Engine) {
-    let (embedder, mut asked, go) = stalling_embedder(json!([0.0, 1.0, 0.0])).await;
+/// The gateway on `engine`, its response cache embedding through a `stalling_embedder`
+/// whose held answer is `held`.
+async fn app_with_stalling_embedder(
+    engine: Engine,
+    held: Value,
+) -> (TestApp, mpsc::Receiver<()>, Arc<Notify>) {
+    let (embedder, asked, go) = stalling_embedder(held).await;
     let app = spawn_app_on(engine, move |s, _| {
         s.cache.embedder = "http".into();
         s.cache.http_url = format!("http://{embedder}/v1");
@@ -110,6 +115,15 @@ async fn a_token_rotated_during_the_semantic_lookup_is_charged_as_its_successor(
         s.cache.http_model = "text-embedding-3-small".into();
     })
     .await;
+    (app, asked, go)
+}
+
+/// The request waits on the embedder at stage 4, its token is rotated meanwhile: it is
+/// charged to the successor (every ledger row of it carries the successor's id, its log
+/// row too), the old token's balance is untouched, its windows are the successor's (one
+/// request in them, not the old token's two), and the invariant holds.
+async fn a_token_rotated_during_the_semantic_lookup_is_charged_as_its_successor(engine: Engine) {
+    let (app, mut asked, go) = app_with_stalling_embedder(engine, json!([0.0, 1.0, 0.0])).await;
     make_login(&app, "root", "admin", None).await;
     let admin = login(&app, "root").await;
     let (old_id, text) = app
@@ -120,14 +134,7 @@ async fn a_token_rotated_during_the_semantic_lookup_is_charged_as_its_successor(
             ..issue_args("rita")
         })
         .await;
-    let first = app
-        .chat(
-            &text,
-            &question(
-                "Why does the engine warning light blink on WVWZZZ1JZXW000001 after a cold start?",
-            ),
-        )
-        .await;
+    let first = app.chat(&text, &question(FIRST)).await;
     assert_eq!(first.status(), 200);
     app.wait_for_cache_entries(1).await;
     app.wait_settled().await;
@@ -198,23 +205,9 @@ on_both_engines!(a_token_rotated_during_the_semantic_lookup_is_charged_as_its_su
 /// attack F7). A lookup that took `recheck::RECHECK_AFTER` or more is followed by a check
 /// of the credential before its hit is answered: 401, and nothing served.
 async fn a_token_revoked_during_a_slow_cache_lookup_gets_no_hit(engine: Engine) {
-    let (embedder, mut asked, go) = stalling_embedder(json!([1.0, 0.0, 0.0])).await;
-    let app = spawn_app_on(engine, move |s, _| {
-        s.cache.embedder = "http".into();
-        s.cache.http_url = format!("http://{embedder}/v1");
-        s.cache.http_allow_private_network = true;
-        s.cache.http_model = "text-embedding-3-small".into();
-    })
-    .await;
+    let (app, mut asked, go) = app_with_stalling_embedder(engine, json!([1.0, 0.0, 0.0])).await;
     let (id, text) = app.token("revoked", None).await;
-    let first = app
-        .chat(
-            &text,
-            &question(
-                "Why does the engine warning light blink on WVWZZZ1JZXW000001 after a cold start?",
-            ),
-        )
-        .await;
+    let first = app.chat(&text, &question(FIRST)).await;
     assert_eq!(first.status(), 200);
     app.wait_for_cache_entries(1).await;
     let asked_upstream = app.mock.state.stats(KEY_A).count;

@@ -209,6 +209,15 @@ fn what_gemini_cannot_express_is_refused_naming_the_clients_field() {
         messages: vec![user(vec![text("hi")])],
         ..Request::default()
     };
+    // A request whose one user message is one image part from `source`.
+    let image = |source| Request {
+        messages: vec![user(vec![Part::Image {
+            source,
+            detail: None,
+            cache: None,
+        }])],
+        ..base()
+    };
     let cases: Vec<(Request, &str)> = vec![
         (
             Request {
@@ -250,78 +259,30 @@ fn what_gemini_cannot_express_is_refused_naming_the_clients_field() {
             },
             "strict",
         ),
-        (
-            Request {
-                messages: vec![user(vec![Part::Image {
-                    source: Source::FileId("file-1".into()),
-                    detail: None,
-                    cache: None,
-                }])],
-                ..base()
-            },
-            "image_url",
-        ),
-        (
-            Request {
-                messages: vec![user(vec![Part::Image {
-                    source: Source::Url("https://x.test/pic".into()),
-                    detail: None,
-                    cache: None,
-                }])],
-                ..base()
-            },
-            "image_url",
-        ),
+        (image(Source::FileId("file-1".into())), "image_url"),
+        (image(Source::Url("https://x.test/pic".into())), "image_url"),
         // An image part that is no image: Gemini reads (and bills) whatever its MIME type
         // says, while the estimate counts it as one image (s27 attack, translated money #1).
         (
-            Request {
-                messages: vec![user(vec![Part::Image {
-                    source: Source::Base64 {
-                        media_type: "application/pdf".into(),
-                        data: "JVBERi0=".into(),
-                    },
-                    detail: None,
-                    cache: None,
-                }])],
-                ..base()
-            },
+            image(Source::Base64 {
+                media_type: "application/pdf".into(),
+                data: "JVBERi0=".into(),
+            }),
             "image_url",
         ),
         (
-            Request {
-                messages: vec![user(vec![Part::Image {
-                    source: Source::Base64 {
-                        media_type: "text/plain".into(),
-                        data: "aGk=".into(),
-                    },
-                    detail: None,
-                    cache: None,
-                }])],
-                ..base()
-            },
+            image(Source::Base64 {
+                media_type: "text/plain".into(),
+                data: "aGk=".into(),
+            }),
             "image_url",
         ),
         (
-            Request {
-                messages: vec![user(vec![Part::Image {
-                    source: Source::Url("https://x.test/book.PDF?x=1".into()),
-                    detail: None,
-                    cache: None,
-                }])],
-                ..base()
-            },
+            image(Source::Url("https://x.test/book.PDF?x=1".into())),
             "image_url",
         ),
         (
-            Request {
-                messages: vec![user(vec![Part::Image {
-                    source: Source::Url("https://x.test/corpus.txt".into()),
-                    detail: None,
-                    cache: None,
-                }])],
-                ..base()
-            },
+            image(Source::Url("https://x.test/corpus.txt".into())),
             "image_url",
         ),
         (
