@@ -211,22 +211,42 @@ async fn a_streamed_probe_holds_its_slot_up_to_the_maximum_wait() {
     // Past the maximum wait, streaming on, its slot is freed for another probe: held to its
     // end, a client reading a long answer slowly kept the key half-open — every other
     // request refused — for as long as it read (s27 diff attack F1).
+    // The second probe ends at once on the client's own error, no verdict on the key: the
+    // breaker stays half-open until the first stream's end, so it is the first that closes it.
     tokio::time::sleep(Duration::from_millis(700)).await;
+    app.mock
+        .state
+        .sticky(KEY_A, Some(openai_error("invalid_request_error")));
     let second = tokio::time::timeout(BOUND, app.chat(&token, &stream_body()))
         .await
         .expect("answered");
     assert_eq!(second.status(), 200, "a second probe past the maximum wait");
     let (second, _) = sse_data(second).await;
-    assert_eq!(second.last().map(String::as_str), Some("[DONE]"));
+    assert_ne!(second.last().map(String::as_str), Some("[DONE]"));
+    assert_eq!(
+        app.mock.state.stats(KEY_A).count,
+        5,
+        "the second probe called"
+    );
+    assert_eq!(
+        app.state.pool().breakers[0].state(),
+        State::HalfOpen,
+        "the first stream still runs"
+    );
     let data = tokio::time::timeout(BOUND, probe)
         .await
         .expect("the probe's stream ends")
         .unwrap();
+    assert_eq!(
+        data.len(),
+        15,
+        "the role, twelve words, the finish, [DONE]: {data:?}"
+    );
     assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
     assert_eq!(
         app.state.pool().breakers[0].state(),
         State::Closed,
-        "the whole stream closes it"
+        "the first, whole stream closes it"
     );
 }
 
