@@ -2,7 +2,7 @@
 //! (`Lru`, bounded in count and in the memory their parsed answers hold) and the semantic
 //! candidates per context (`Index`, bounded per context and in vector features).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 
@@ -139,7 +139,10 @@ impl Index {
         true
     }
 
-    pub(super) fn forget(&mut self, keys: &[Key]) {
+    /// Drops `keys` from every bucket: one pass over the index, a set lookup per entry (a
+    /// scan of `keys` per entry was O(indexed × deleted) under the index's write lock —
+    /// seconds for a tag on most entries, every lookup's worker blocked; s27 cache F6).
+    pub(super) fn forget(&mut self, keys: &HashSet<Key>) {
         let mut freed = 0;
         for bucket in self.buckets.values_mut() {
             bucket.retain(|(k, v)| {
@@ -277,7 +280,7 @@ mod tests {
         // The same entry replaced frees its own room first.
         assert!(index.add(key(2), key(2), big(0.5)));
         assert_eq!(index.features, MAX_INDEX_FEATURES);
-        index.forget(&[key(1)]);
+        index.forget(&HashSet::from([key(1)]));
         assert_eq!(index.features, MAX_INDEX_FEATURES / 2);
         assert!(index.add(key(3), key(3), vec![(1, 1.0)]));
     }

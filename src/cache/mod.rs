@@ -4,7 +4,8 @@
 //! (`meaning.rs`: numbers, dates, identifiers, negations, units, names, code and order are
 //! significant): cosine similarity of its embedding (`embed.rs`) ≥ the threshold. Entries live in SQLite (shared by replicas)
 //! with an LRU in front; the semantic index is held in memory per context and rebuilt at
-//! start and whenever another process invalidates entries (`cache_epoch`). A hit costs
+//! start and whenever another process invalidates entries (`cache_epoch`); what this
+//! process deletes it forgets by key. A hit costs
 //! nothing; streams are replayed from whole answers (`replay.rs`).
 
 pub mod embed;
@@ -388,13 +389,26 @@ impl Cache {
         }
     }
 
+    /// Drops deleted entries from memory: the LRU, the keys present and the semantic index.
+    /// A key stored again meanwhile (its new row not yet read) is back at the next
+    /// `refresh`, which reads a row whose key is not present as another replica's.
     fn forget(&self, keys: &[Key]) {
+        if keys.is_empty() {
+            return;
+        }
         let mut lru = self.lru.lock();
         for k in keys {
             lru.pop(k);
         }
         drop(lru);
-        self.index.write().forget(keys);
+        {
+            let mut present = self.present.write();
+            for k in keys {
+                present.remove(&prefix(k));
+            }
+        }
+        let keys: HashSet<Key> = keys.iter().copied().collect();
+        self.index.write().forget(&keys);
     }
 
     /// Deletes every entry tagged `tag`, here and (through `cache_epoch`) on other replicas.
@@ -527,11 +541,17 @@ impl Cache {
         Ok(())
     }
 
+    /// Deletes expired entries and those past `max_entries`, and forgets them here: the
+    /// eviction every minute read the whole table's vectors back (a rebuild) whenever one
+    /// row had expired (s27 cache F6). Other replicas forget them as their lookups find the
+    /// rows gone.
     pub async fn evict(&self, now: DateTime<Utc>) -> Result<u64, StoreError> {
-        let n = store::cache::evict(&self.db, self.cfg.max_entries, now).await?;
-        if n > 0 {
-            self.rebuild(now).await?;
-        }
-        Ok(n)
+        let deleted: Vec<Key> = store::cache::evict(&self.db, self.cfg.max_entries, now)
+            .await?
+            .iter()
+            .filter_map(|k| as_key(k))
+            .collect();
+        self.forget(&deleted);
+        Ok(deleted.len() as u64)
     }
 }

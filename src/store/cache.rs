@@ -172,8 +172,9 @@ pub async fn delete_tag_in(tx: &mut super::Tx, tag: &str) -> Result<Vec<Vec<u8>>
     Ok(keys)
 }
 
-/// Deletes expired entries and, past `max_entries`, the oldest ones; returns how many.
-pub async fn evict(db: &super::Db, max_entries: u64, now: DateTime<Utc>) -> Result<u64> {
+/// Deletes expired entries and, past `max_entries`, the oldest ones; returns their keys,
+/// for the cache to forget (it no longer reads the whole table back after an eviction).
+pub async fn evict(db: &super::Db, max_entries: u64, now: DateTime<Utc>) -> Result<Vec<Vec<u8>>> {
     let sqlite = match &db.backend {
         super::Backend::Sqlite(sqlite) => sqlite,
         super::Backend::Postgres(pg) => {
@@ -181,25 +182,24 @@ pub async fn evict(db: &super::Db, max_entries: u64, now: DateTime<Utc>) -> Resu
         }
     };
     let pool = &sqlite.write;
-    let expired = sqlx::query("DELETE FROM cache_entries WHERE expires_at <= ?")
-        .bind(db_time(now))
-        .execute(pool)
-        .await?
-        .rows_affected();
+    let mut keys: Vec<Vec<u8>> =
+        sqlx::query_scalar("DELETE FROM cache_entries WHERE expires_at <= ? RETURNING key")
+            .bind(db_time(now))
+            .fetch_all(pool)
+            .await?;
     let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM cache_entries")
         .fetch_one(pool)
         .await?;
     // `as i64` would read a `max_entries` past i64::MAX as negative: everything "over".
     let over = count.saturating_sub(i64::try_from(max_entries).unwrap_or(i64::MAX));
-    let mut oldest = 0;
     if over > 0 {
-        oldest = sqlx::query("DELETE FROM cache_entries WHERE key IN (SELECT key FROM cache_entries ORDER BY created_at LIMIT ?)")
+        let oldest: Vec<Vec<u8>> = sqlx::query_scalar("DELETE FROM cache_entries WHERE key IN (SELECT key FROM cache_entries ORDER BY created_at LIMIT ?) RETURNING key")
             .bind(over)
-            .execute(pool)
-            .await?
-            .rows_affected();
+            .fetch_all(pool)
+            .await?;
+        keys.extend(oldest);
     }
-    Ok(expired + oldest)
+    Ok(keys)
 }
 
 pub async fn epoch(db: &super::Db) -> Result<i64> {

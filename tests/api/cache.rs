@@ -500,6 +500,18 @@ async fn an_invalidation_whose_audit_row_fails_deletes_nothing() {
     );
 }
 
+/// A database of the suite's engine (a SQLite file in `dir`, or a PostgreSQL database).
+async fn suite_db(dir: &tempfile::TempDir) -> sluice::store::Db {
+    use crate::pg_gateway_app::{shared_key, Engine};
+    match test_engine() {
+        Engine::Sqlite => sluice::store::Db::open(&dir.path().join("shared.db"), false).await,
+        Engine::Postgres => {
+            sluice::store::Db::open_postgres(&crate::pg_server::database(), &shared_key()).await
+        }
+    }
+    .unwrap()
+}
+
 /// A cache of default settings over `db` with a writer of its own, as each replica has.
 pub(crate) fn cache_on(db: &sluice::store::Db) -> std::sync::Arc<sluice::cache::Cache> {
     sluice::cache::Cache::new(
@@ -567,22 +579,72 @@ async fn a_rebuild_reads_every_page_of_entries() {
     assert_eq!(hit.entry.answer, answer);
 }
 
+/// An eviction forgets what it deleted, without reading the table back: an entry deleted
+/// past `max_entries` is no longer served from memory — the LRU served it until its expiry
+/// — and the entry kept is still found, exactly and by meaning. (s27 cache F6: every
+/// eviction that deleted a row rebuilt the indexes from the whole table, every minute.)
+#[tokio::test]
+async fn an_eviction_forgets_what_it_deleted_and_keeps_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = suite_db(&dir).await;
+    let cache = sluice::cache::Cache::new(
+        &sluice::config::CacheSettings {
+            max_entries: 1,
+            ..Default::default()
+        },
+        &sluice::config::UpstreamTimeouts::default(),
+        db.clone(),
+        sluice::store::writer::Writer::start(&db),
+    )
+    .unwrap();
+    let now = chrono::Utc::now();
+    let answer = |text: &str| {
+        json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
+            "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 12, "completion_tokens": 24, "total_tokens": 36}})
+    };
+    let (old, kept) = ("WVWZZZ1JZXW000001", "WVWZZZ1JZXW000002");
+    let plan = |vin: &str| plan_of(&cache, &question(vin), None);
+    let near = |vin: &str| plan_of(&cache, &reworded(vin), None);
+    cache
+        .put(
+            &plan(old),
+            &answer("Check the EGR valve."),
+            (12, 24),
+            now - chrono::Duration::seconds(5),
+        )
+        .await;
+    cache
+        .put(
+            &plan(kept),
+            &answer("Replace the EGR valve."),
+            (12, 24),
+            now,
+        )
+        .await;
+    cache.flush().await;
+    assert!(cache.get(&plan(old), now, no_deadline()).await.is_some());
+    assert_eq!(cache.evict(now).await.unwrap(), 1, "the older one goes");
+    assert!(
+        cache.get(&plan(old), now, no_deadline()).await.is_none(),
+        "the deleted entry is not served from memory"
+    );
+    assert!(cache.get(&near(old), now, no_deadline()).await.is_none());
+    for p in [plan(kept), near(kept)] {
+        let hit = cache.get(&p, now, no_deadline()).await.expect("kept");
+        assert_eq!(hit.entry.answer, answer("Replace the EGR valve."));
+    }
+}
+
 /// A miss is answered from memory (the keys present), so entries another replica stored
 /// must reach this replica's memory: they do at its next refresh (every second). The
 /// replicas share the suite's engine (a SQLite file, or a PostgreSQL database).
 #[tokio::test]
 async fn entries_another_replica_stored_are_found_after_its_next_refresh() {
-    use crate::pg_gateway_app::{shared_key, Engine};
     use sluice::cache::Cache;
 
     let dir = tempfile::tempdir().unwrap();
-    let db = match test_engine() {
-        Engine::Sqlite => sluice::store::Db::open(&dir.path().join("shared.db"), false).await,
-        Engine::Postgres => {
-            sluice::store::Db::open_postgres(&crate::pg_server::database(), &shared_key()).await
-        }
-    }
-    .unwrap();
+    let db = suite_db(&dir).await;
     let (a, b) = (cache_on(&db), cache_on(&db));
     let now = chrono::Utc::now();
     a.refresh(now).await.unwrap();

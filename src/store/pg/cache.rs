@@ -150,28 +150,27 @@ pub async fn delete_tag_in(conn: &mut PgConnection, tag: &str) -> Result<Vec<Vec
     Ok(keys)
 }
 
-/// Deletes expired entries and, past `max_entries`, the oldest ones; returns how many.
-pub async fn evict(pool: &PgPool, max_entries: u64, now: DateTime<Utc>) -> Result<u64> {
-    let expired = sqlx::query("DELETE FROM cache_entries WHERE expires_at <= $1")
-        .bind(db_time(now))
-        .execute(pool)
-        .await?
-        .rows_affected();
+/// Deletes expired entries and, past `max_entries`, the oldest ones; returns their keys.
+pub async fn evict(pool: &PgPool, max_entries: u64, now: DateTime<Utc>) -> Result<Vec<Vec<u8>>> {
+    let mut keys: Vec<Vec<u8>> =
+        sqlx::query_scalar("DELETE FROM cache_entries WHERE expires_at <= $1 RETURNING key")
+            .bind(db_time(now))
+            .fetch_all(pool)
+            .await?;
     let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM cache_entries")
         .fetch_one(pool)
         .await?;
     let over = count.saturating_sub(i64::try_from(max_entries).unwrap_or(i64::MAX));
-    let mut oldest = 0;
     if over > 0 {
-        oldest = sqlx::query(
-            "DELETE FROM cache_entries WHERE key IN (SELECT key FROM cache_entries ORDER BY created_at LIMIT $1)",
+        let oldest: Vec<Vec<u8>> = sqlx::query_scalar(
+            "DELETE FROM cache_entries WHERE key IN (SELECT key FROM cache_entries ORDER BY created_at LIMIT $1) RETURNING key",
         )
         .bind(over)
-        .execute(pool)
-        .await?
-        .rows_affected();
+        .fetch_all(pool)
+        .await?;
+        keys.extend(oldest);
     }
-    Ok(expired + oldest)
+    Ok(keys)
 }
 
 pub async fn epoch(pool: &PgPool) -> Result<i64> {
