@@ -233,3 +233,39 @@ async fn a_token_revoked_during_a_slow_cache_lookup_gets_no_hit(engine: Engine) 
     app.assert_invariant().await;
 }
 on_both_engines!(a_token_revoked_during_a_slow_cache_lookup_gets_no_hit);
+
+/// The re-check after a slow lookup counts from the credential's last check, not from the
+/// lookup's start: a body that took just under `RECHECK_AFTER` and a lookup that took just
+/// under it again add up past it, and a token revoked meanwhile got the hit (s28 diff
+/// attack F4: only the lookup was timed). Here the body takes ~150 ms, the lookup ~150 ms,
+/// the token is revoked during the body: 401, nothing served.
+async fn a_hit_after_a_slow_body_and_a_slow_lookup_checks_the_credential_again(engine: Engine) {
+    let (app, mut asked, go) = app_with_stalling_embedder(engine, json!([1.0, 0.0, 0.0])).await;
+    let (id, text) = app.token("revoked", None).await;
+    assert_eq!(app.chat(&text, &question(FIRST)).await.status(), 200);
+    app.wait_for_cache_entries(1).await;
+    let asked_upstream = app.mock.state.stats(KEY_A).count;
+
+    let step = std::time::Duration::from_millis(150);
+    let reworded = question(
+        "Hi, why does the engine warning light blink on WVWZZZ1JZXW000001 after a cold start, please? Thanks",
+    );
+    let authenticated = tokio::time::Instant::now();
+    let (conn, rest) = half_sent_chat(&app.address, &text, &reworded).await;
+    revoke_elsewhere(&app, id).await;
+    tokio::time::sleep_until(authenticated + step).await;
+    let answered = tokio::spawn(async move { finish_half_sent(conn, &rest).await });
+    tokio::time::timeout(std::time::Duration::from_secs(10), asked.recv())
+        .await
+        .expect("the lookup reached the embedder")
+        .unwrap();
+    tokio::time::sleep(step).await;
+    go.notify_one();
+
+    let (status, answer) = answered.await.unwrap();
+    assert_eq!(status, 401, "{answer}");
+    assert!(!answer.contains("choices"), "no answer: {answer}");
+    assert_eq!(app.mock.state.stats(KEY_A).count, asked_upstream);
+    app.assert_invariant().await;
+}
+on_both_engines!(a_hit_after_a_slow_body_and_a_slow_lookup_checks_the_credential_again);
