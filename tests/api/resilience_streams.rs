@@ -394,3 +394,68 @@ async fn a_fault_after_the_finish_leaves_the_stream_its_keys_success() {
     app.wait_for_log_rows(4).await;
     app.assert_invariant().await;
 }
+
+/// A streamed request to key A whose client reads its first event, then leaves `after` its
+/// start; returns once the request is logged (its stream ended, its verdict given), the
+/// `n`-th row of the log.
+async fn leave_stream_after(app: &TestApp, token: &str, after: Duration, n: i64) {
+    let started = tokio::time::Instant::now();
+    let mut resp = tokio::time::timeout(BOUND, app.chat(token, &stream_body()))
+        .await
+        .expect("answered");
+    assert_eq!(resp.status(), 200);
+    resp.chunk().await.unwrap().expect("a first event");
+    tokio::time::sleep_until(started + after).await;
+    drop(resp);
+    app.wait_for_log_rows(n).await;
+}
+
+/// A half-open key whose server sends its 200 and a first event, then nothing: its clients
+/// leaving before the idle timeout, one after the other, re-open it once three in a row
+/// waited on its silence for a third of the maximum wait — as probes left before their 200
+/// do. Before, each only freed the probe slot: the key stayed half-open for ever, each next
+/// request its next victim (s28 diff attack F3). Clients leaving streams that flow give no
+/// verdict (the control, first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_probes_whose_clients_leave_a_silent_upstream_reopen_the_breaker() {
+    let (app, token) = probing_app(|s, _| {
+        s.breaker.half_open_max_wait_seconds = 3;
+        s.upstream.stream_idle_timeout_ms = 30_000;
+    })
+    .await;
+    half_open(&app, 0).await;
+    let breaker = || app.state.pool().breakers[0].state();
+    let words = vec!["word"; 40].join(" ");
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            text: Some(words),
+            chunk_delay_ms: 100,
+            ..Default::default()
+        }),
+    );
+    for n in 1..=3 {
+        leave_stream_after(&app, &token, Duration::from_millis(1300), n).await;
+    }
+    assert_eq!(
+        breaker(),
+        State::HalfOpen,
+        "flowing streams left: no verdict"
+    );
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            stall_after: Some(1),
+            ..Default::default()
+        }),
+    );
+    for n in 1..=3 {
+        assert_eq!(breaker(), State::HalfOpen, "before silent stream {n}");
+        leave_stream_after(&app, &token, Duration::from_millis(1300), 3 + n).await;
+    }
+    assert_eq!(
+        breaker(),
+        State::Open,
+        "three silent streams left re-open it"
+    );
+}
