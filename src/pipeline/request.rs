@@ -434,7 +434,19 @@ pub fn prepare(
         };
         (Some(cap), asked)
     };
-    let images = Images::read(&body);
+    let images = Images::read(&body).map_err(|t| {
+        ApiError::invalid(
+            if endpoint == Endpoint::Messages {
+                "source.media_type"
+            } else {
+                "image_url"
+            },
+            format!(
+                "an image part must carry an image, not `{}`; send a document as a file part",
+                t.0
+            ),
+        )
+    })?;
     Ok(Prepared {
         endpoint,
         requested_model,

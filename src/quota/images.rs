@@ -54,14 +54,28 @@ impl Images {
     /// `image_url` / `input_image` parts and Anthropic `image` blocks — the parts
     /// `estimate::count_message` counts at `PER_IMAGE`. An image-shaped object elsewhere is
     /// text to the provider and to the estimate.
-    pub fn read(body: &Map<String, Value>) -> Images {
+    ///
+    /// An inline image whose declared media type is no image's (`data:application/pdf…`, an
+    /// Anthropic source's `media_type: "text/plain"`) is refused: the estimate counts it as
+    /// one image, while a provider that reads what the type says — Gemini, and whatever
+    /// relays a data URL to it — bills a document's pages (s27 translated money #1 closed
+    /// this on native Gemini routes only; s28 diff attack F5). OpenAI and Anthropic refuse
+    /// such a part themselves.
+    pub fn read(body: &Map<String, Value>) -> Result<Images, NotAnImage> {
         let mut out = Vec::new();
+        let mut refused = None;
         parts::each(body, &mut |part| {
-            if parts::is_image(part) {
-                out.push(image(part));
+            if refused.is_none() && parts::is_image(part) {
+                match declared_type(part).filter(|t| !is_image_type(t)) {
+                    Some(t) => refused = Some(NotAnImage(t.chars().take(64).collect())),
+                    None => out.push(image(part)),
+                }
             }
         });
-        Images(out)
+        match refused {
+            Some(e) => Err(e),
+            None => Ok(Images(out)),
+        }
     }
 
     /// Tokens the images may cost under `rule` beyond the flat figure the estimate already
@@ -95,6 +109,40 @@ fn image(part: &Map<String, Value>) -> Image {
         size: data.and_then(size_of),
         low_detail: detail == Some("low"),
     }
+}
+
+/// An inline image part whose declared media type is not an image's; the type, cut to 64
+/// characters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotAnImage(pub String);
+
+/// The media type an inline image part declares: a `data:` URL's, a base64 source's
+/// `media_type`; `None` where it names none (the provider judges the bytes) and for an
+/// image by URL or file id, whose type the provider learns from what it fetches.
+fn declared_type(part: &Map<String, Value>) -> Option<&str> {
+    let url = match part.get("image_url") {
+        Some(Value::String(url)) => Some(url.as_str()),
+        Some(Value::Object(u)) => u.get("url").and_then(Value::as_str),
+        _ => None,
+    };
+    let declared = match url {
+        Some(url) => {
+            let rest = url
+                .get(5..)
+                .filter(|_| url[..5].eq_ignore_ascii_case("data:"))?;
+            rest.split([';', ',']).next()
+        }
+        None => part
+            .get("source")
+            .filter(|s| s.get("type").and_then(Value::as_str) == Some("base64"))
+            .and_then(|s| s.get("media_type"))
+            .and_then(Value::as_str),
+    };
+    declared.filter(|t| !t.is_empty())
+}
+
+fn is_image_type(t: &str) -> bool {
+    t.get(..6).is_some_and(|p| p.eq_ignore_ascii_case("image/"))
 }
 
 fn data_url(url: &str) -> Option<&str> {
@@ -272,9 +320,43 @@ mod tests {
 
     fn one(part: Value) -> Image {
         let body = json!({"messages": [{"role": "user", "content": [part]}]});
-        let Images(v) = Images::read(body.as_object().unwrap());
+        let Images(v) = Images::read(body.as_object().unwrap()).unwrap();
         assert_eq!(v.len(), 1);
         v[0]
+    }
+
+    /// An inline image that declares a type no image has is refused, in every client's
+    /// shape; one that declares none, or comes by URL, is read as an image.
+    #[test]
+    fn an_inline_image_declaring_another_type_is_refused() {
+        let read = |part: Value| {
+            let body = json!({"messages": [{"role": "user", "content": [part]}]});
+            Images::read(body.as_object().unwrap()).map(|Images(v)| v.len())
+        };
+        let refused = |t: &str| Err(NotAnImage(t.into()));
+        assert_eq!(
+            read(json!({"type": "image_url",
+                "image_url": {"url": "data:application/pdf;base64,JVBERi0="}})),
+            refused("application/pdf")
+        );
+        assert_eq!(
+            read(json!({"type": "input_image", "image_url": "DATA:text/plain,hello"})),
+            refused("text/plain")
+        );
+        assert_eq!(
+            read(json!({"type": "image", "source": {"type": "base64",
+                "media_type": "audio/wav", "data": "UklGRg=="}})),
+            refused("audio/wav")
+        );
+        for fine in [
+            json!({"type": "image_url", "image_url": {"url": "data:IMAGE/PNG;base64,iVBORw0KGgo="}}),
+            json!({"type": "image_url", "image_url": {"url": "data:;base64,iVBORw0KGgo="}}),
+            json!({"type": "image_url", "image_url": {"url": "https://x/book.pdf"}}),
+            json!({"type": "image", "source": {"type": "base64", "data": "iVBORw0KGgo="}}),
+            json!({"type": "image", "source": {"type": "url", "url": "https://x/y.pdf"}}),
+        ] {
+            assert_eq!(read(fine.clone()), Ok(1), "{fine}");
+        }
     }
 
     #[test]
@@ -384,7 +466,7 @@ mod tests {
         let body = json!({"messages": [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{d}")}},
             {"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]});
-        let images = Images::read(body.as_object().unwrap());
+        let images = Images::read(body.as_object().unwrap()).unwrap();
         // Claude: the small image is under the flat figure (nothing added), the other 1 600.
         assert_eq!(images.beyond_estimate(Rule::Claude), 1_600 - PER_IMAGE);
         assert_eq!(Images::default().beyond_estimate(Rule::Unknown), 0);
@@ -397,7 +479,7 @@ mod tests {
             {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": shaped}]},
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
                 "content": [{"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}]}]}]});
-        let Images(v) = Images::read(body.as_object().unwrap());
+        let Images(v) = Images::read(body.as_object().unwrap()).unwrap();
         assert_eq!(v.len(), 1, "only the tool result's image");
     }
 }

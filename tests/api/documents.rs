@@ -524,6 +524,51 @@ async fn every_hosted_responses_tool_is_refused_naming_tools() {
     assert_eq!(charged(&app, id).await, 0);
 }
 
+/// An inline "image" whose data says it is something else — a PDF, a text file, audio — is
+/// refused by name on every route, in the client's format, before anything is reserved or
+/// sent: the estimate counts it as one image, while a provider reading what its type says
+/// (Gemini, and relays to it behind an OpenAI-compatible route) bills the document's pages
+/// (s28 diff attack F5: a PDF in `image_url` reached an OpenAI-compatible route). One that
+/// declares an image type is served.
+#[tokio::test]
+async fn an_inline_image_that_declares_another_type_is_refused_on_every_route() {
+    let app = spawn_app_with_claude().await;
+    let (id, token) = app.token("pictures", Some("10")).await;
+    let pdf = format!("data:application/pdf;base64,{}", b64(&pdf(3)));
+    let chat = |url: &str| {
+        json!({"model": "gpt-4o-mini", "max_tokens": 20, "messages": [{"role": "user",
+            "content": [{"type": "text", "text": "Summarise."},
+                        {"type": "image_url", "image_url": {"url": url}}]}]})
+    };
+    let resp = app.chat(&token, &chat(&pdf)).await;
+    assert_eq!(resp.status(), 400);
+    let r: Value = resp.json().await.unwrap();
+    assert_eq!(r["error"]["param"], "image_url", "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("application/pdf"),
+        "{r}"
+    );
+    let body = json!({"model": "claude", "max_tokens": 20, "messages": [{"role": "user",
+        "content": [{"type": "image", "source": {"type": "base64",
+            "media_type": "text/plain", "data": "aGVsbG8="}}]}]});
+    let resp = app.messages(&token, &body).await;
+    assert_eq!(resp.status(), 400);
+    let r: Value = resp.json().await.unwrap();
+    assert_eq!(r["type"], "error", "Anthropic's error shape: {r}");
+    assert!(
+        r["error"]["message"].as_str().unwrap().contains("text/plain"),
+        "{r}"
+    );
+    assert_eq!(app.mock.state.total_count(), 0, "nothing sent");
+    assert_eq!(charged(&app, id).await, 0);
+    let png = "data:image/png;base64,iVBORw0KGgo=";
+    assert_eq!(app.chat(&token, &chat(png)).await.status(), 200);
+    app.assert_invariant().await;
+}
+
 /// A translated route carries an inline PDF as the upstream's document and refuses, by
 /// name, a document it cannot carry: never a silent drop.
 #[tokio::test]
