@@ -867,11 +867,16 @@ async fn finish(
         },
     };
     if let Some(plan) = plan {
-        // Stored in the client's format, off the request path.
+        // Stored in the client's format, off the request path. A translated answer is
+        // stored only if its upstream ended it whole: the client format's reason is written
+        // from the upstream's, and calls a paused or cut answer complete (late attack L5).
+        // Read again only here, for a cacheable translated answer.
         let stored = if upstream == p.endpoint.format().into() {
             Some(answer)
-        } else {
+        } else if providers::read_answer(upstream, &answer).is_ok_and(|a| a.ended_whole()) {
             serde_json::from_slice(&body).ok()
+        } else {
+            None
         };
         if let Some(stored) = stored {
             let (cache, now) = (state.cache.clone(), state.clock.now());

@@ -924,6 +924,9 @@ impl Pump {
         // did not see a usage chunk: an OpenAI-compatible server that reports none was
         // never cached (a stream of it is charged its count all the same).
         let charged = Some((usage.input, usage.output));
+        // A translated stream the upstream paused or cut is not stored, though its client's
+        // format may call it complete (`StreamConverter::ended_whole`, late attack L5).
+        let cache = cache.filter(|_| converter.ended_whole());
         if let (Some(plan), Some(answer), false) =
             (&cache, assembler.and_then(|a| a.finish(charged)), failed)
         {

@@ -247,22 +247,7 @@ async fn a_filtered_or_refused_answer_is_answered_but_not_cached() {
                 "What does fault code P04{n}{} mean?",
                 u8::from(stream)
             ));
-            let script = if stream {
-                Script {
-                    events: Some(anthropic_stream(stop, vec![text_block(0, "I can")])),
-                    ..Script::default()
-                }
-            } else {
-                Script {
-                    body: Some(
-                        json!({"id": "msg_1", "type": "message", "role": "assistant",
-                        "model": "claude-upstream", "content": [{"type": "text", "text": "I can"}],
-                        "stop_reason": stop, "stop_sequence": null,
-                        "usage": {"input_tokens": 12, "output_tokens": 7}}),
-                    ),
-                    ..Script::default()
-                }
-            };
+            let script = anthropic_answer(stop, stream);
             let what = format!("{stop}, stream: {stream}");
             asked_twice_reaches_the_upstream(
                 &app,
@@ -359,4 +344,134 @@ async fn a_custom_tool_call_is_answered_but_not_cached() {
     assert_eq!(cache_of(&resp), "miss");
     let _ = resp.text().await;
     assert_eq!(app.mock.state.stats(KEY_A).count, before + 1);
+}
+
+const KEY_G: &str = "gem-key-g-0123456789";
+
+/// `claude_app` and `gem` on the Gemini upstream `g` (`KEY_G`): a client of either format is
+/// translated to one of them.
+async fn translated_app() -> TestApp {
+    spawn_app_with(|s, m| {
+        let mut c = upstream("c", KEY_B, m);
+        c.provider = Provider::Anthropic;
+        c.base_url = m.base_url();
+        let mut g = upstream("g", KEY_G, m);
+        g.provider = Provider::Gemini;
+        g.base_url = m.base_url();
+        s.upstreams.extend([c, g]);
+        s.models.push(model("claude", &["c"]));
+        s.models.push(model("gem", &["g"]));
+    })
+    .await
+}
+
+/// An Anthropic answer ending with `stop`, whole or as the stream of it.
+fn anthropic_answer(stop: &str, stream: bool) -> Script {
+    if stream {
+        return Script {
+            events: Some(anthropic_stream(stop, vec![text_block(0, "I can")])),
+            ..Script::default()
+        };
+    }
+    Script {
+        body: Some(
+            json!({"id": "msg_1", "type": "message", "role": "assistant",
+            "model": "claude-upstream", "content": [{"type": "text", "text": "I can"}],
+            "stop_reason": stop, "stop_sequence": null,
+            "usage": {"input_tokens": 12, "output_tokens": 7}}),
+        ),
+        ..Script::default()
+    }
+}
+
+/// A Gemini answer ending with `finish`, whole or as a stream of its one chunk.
+fn gemini_answer(finish: &str, stream: bool) -> Script {
+    let chunk = json!({"candidates": [{"content": {"role": "model", "parts": [{"text": "I can"}]},
+        "index": 0, "finishReason": finish}], "responseId": "r1", "modelVersion": "gemini-2.5-flash",
+        "usageMetadata": {"promptTokenCount": 12, "candidatesTokenCount": 7, "totalTokenCount": 19}});
+    match stream {
+        true => Script {
+            events: Some(vec![SseEvent::Data(chunk)]),
+            ..Script::default()
+        },
+        false => Script {
+            body: Some(chunk),
+            ..Script::default()
+        },
+    }
+}
+
+/// The translated cases: an OpenAI client of `claude` (Anthropic upstream) and an Anthropic
+/// client of `gem` (Gemini upstream), each whole and streamed, the upstream ending with
+/// `anthropic` or `gemini`: (what, path, upstream key, body, script). Each its own key (the
+/// key leaves `stream` out), `tag` telling two calls' questions apart.
+fn translated_cases(
+    anthropic: &str,
+    gemini: &str,
+    tag: &str,
+) -> Vec<(String, &'static str, &'static str, Value, Script)> {
+    let mut cases = Vec::new();
+    for stream in [false, true] {
+        let n = u8::from(stream);
+        let mut openai = json!({"model": "claude", "temperature": 0, "max_tokens": 100, "stream": stream,
+            "messages": [{"role": "user", "content": format!("What does fault code {tag}{n} mean?")}]});
+        if stream {
+            openai["stream_options"] = json!({"include_usage": true});
+        }
+        cases.push((
+            format!("OpenAI client, Anthropic {anthropic}, stream: {stream}"),
+            "/v1/chat/completions",
+            KEY_B,
+            openai,
+            anthropic_answer(anthropic, stream),
+        ));
+        let anthropic_client = json!({"model": "gem", "temperature": 0, "max_tokens": 100, "stream": stream,
+            "messages": [{"role": "user", "content": format!("Where is sensor {tag}{n}?")}]});
+        cases.push((
+            format!("Anthropic client, Gemini {gemini}, stream: {stream}"),
+            "/v1/messages",
+            KEY_G,
+            anthropic_client,
+            gemini_answer(gemini, stream),
+        ));
+    }
+    cases
+}
+
+/// A translated answer its upstream paused or cut — Anthropic's `pause_turn` written to an
+/// OpenAI client as `stop`, Gemini's `MALFORMED_FUNCTION_CALL` written to an Anthropic
+/// client as `end_turn` — is relayed but not stored, streamed or not: the client format's
+/// reason called it complete, and it was served as a whole answer for its TTL (late
+/// attack L5).
+#[tokio::test]
+async fn a_translated_answer_its_upstream_paused_or_cut_is_answered_but_not_cached() {
+    let app = translated_app().await;
+    let (_, token) = app.token("paused", None).await;
+    for (what, path, key, body, script) in
+        translated_cases("pause_turn", "MALFORMED_FUNCTION_CALL", "P05")
+    {
+        asked_twice_reaches_the_upstream(&app, &token, path, key, &body, script, &what).await;
+    }
+}
+
+/// The control: a translated answer its upstream ended whole (`end_turn`, `STOP`) is stored
+/// and served to the same request, whole or streamed, without the upstream.
+#[tokio::test]
+async fn a_translated_answer_its_upstream_ended_whole_is_cached() {
+    let app = translated_app().await;
+    let (_, token) = app.token("whole", None).await;
+    for (what, path, key, body, script) in translated_cases("end_turn", "STOP", "P06") {
+        app.mock.state.script(key, [script]);
+        let resp = app.post(path, &token, &body).await;
+        assert_eq!(resp.status(), 200, "{what}");
+        assert_eq!(cache_of(&resp), "miss", "{what}");
+        let _ = resp.text().await;
+        settle_cache(&app).await;
+        let before = app.mock.state.stats(key).count;
+        let resp = app.post(path, &token, &body).await;
+        assert_eq!(resp.status(), 200, "{what}");
+        assert_eq!(cache_of(&resp), "hit-exact", "{what}");
+        let _ = resp.text().await;
+        assert_eq!(app.mock.state.stats(key).count, before, "{what}");
+    }
 }

@@ -248,6 +248,17 @@ pub struct Answer {
     pub created: Option<i64>,
 }
 
+impl Answer {
+    /// Whether the upstream ended this answer whole (`Finish::ended_whole`).
+    pub fn ended_whole(&self) -> bool {
+        let calls = self
+            .content
+            .iter()
+            .any(|p| matches!(p, Part::ToolCall { .. }));
+        self.finish.ended_whole(calls)
+    }
+}
+
 /// Why the answer ended.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum Finish {
@@ -267,6 +278,22 @@ pub enum Finish {
     Pause,
     /// A reason this form has no name for, carried as the upstream wrote it.
     Other(String),
+}
+
+impl Finish {
+    /// Whether an answer that ended so is whole — the response cache's rule for a
+    /// translated answer, whose client format's reason is written from this one and may
+    /// call a paused or cut answer complete (`stop`, `end_turn`; late attack L5): the model
+    /// finished, or stopped at a stop sequence, or to call tools; or at the output cap the
+    /// request set, but not with a tool call, whose arguments the cap may have cut mid-JSON.
+    /// A paused turn, a refusal, a filter's cut and any reason not named are not.
+    pub fn ended_whole(&self, tool_calls: bool) -> bool {
+        match self {
+            Finish::Stop | Finish::StopSequence(_) | Finish::ToolCalls => true,
+            Finish::Length => !tool_calls,
+            Finish::ContentFilter | Finish::Refusal | Finish::Pause | Finish::Other(_) => false,
+        }
+    }
 }
 
 /// The usage one stream event reported. A side the event did not carry is `None`: absent,
@@ -487,4 +514,40 @@ pub enum ErrorKind {
     ContentFilter,
     Overloaded,
     Server,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only a finish that ends an answer whole is one the cache stores a translated answer
+    /// by (late attack L5); the cap only without a tool call.
+    #[test]
+    fn only_finishes_that_end_an_answer_whole_are_whole() {
+        for f in [Finish::Stop, Finish::StopSequence(None), Finish::ToolCalls] {
+            assert!(f.ended_whole(true) && f.ended_whole(false), "{f:?}");
+        }
+        assert!(Finish::Length.ended_whole(false));
+        assert!(!Finish::Length.ended_whole(true));
+        for f in [
+            Finish::ContentFilter,
+            Finish::Refusal,
+            Finish::Pause,
+            Finish::Other("MALFORMED_FUNCTION_CALL".into()),
+        ] {
+            assert!(!f.ended_whole(false), "{f:?}");
+        }
+        let call = Part::ToolCall {
+            id: "call_1".into(),
+            name: "f".into(),
+            arguments: "{\"a\": 1".into(),
+        };
+        let cut = Answer {
+            content: vec![call],
+            finish: Finish::Length,
+            ..Answer::default()
+        };
+        assert!(!cut.ended_whole());
+        assert!(Answer::default().ended_whole());
+    }
 }

@@ -6,8 +6,9 @@
 //! `ContentFilter` / `Refusal`, and `stop` ↔ `Stop`, or `StopSequence` when the upstream
 //! names the sequence — OpenAI-compatible servers (vLLM) put it in the choice's
 //! `stop_reason`, which is also where an OpenAI client finds another format's stop
-//! sequence. `Pause` (a long server-tool turn Anthropic paused) is `stop`: OpenAI has no
-//! such state.
+//! sequence; Text Generation Inference's `eos_token` is `Stop`, its `stop_sequence`
+//! `StopSequence`. `Pause` (a long server-tool turn Anthropic paused) is `stop`: OpenAI has
+//! no such state.
 
 use serde_json::{json, Map, Value};
 
@@ -36,7 +37,11 @@ impl FinishNotes {
             _ if self.tool_calls => Finish::ToolCalls,
             _ if self.refusal => Finish::Refusal,
             _ if self.sequence.is_some() => Finish::StopSequence(self.sequence.clone()),
-            "stop" => Finish::Stop,
+            // Text Generation Inference before 2.2.1 ends an answer so: whole, as the cache
+            // judges it within one format (a translated answer is cached by this reading,
+            // late attack L5).
+            "stop" | "eos_token" => Finish::Stop,
+            "stop_sequence" => Finish::StopSequence(None),
             other => Finish::Other(other.to_string()),
         }
     }
@@ -307,5 +312,21 @@ mod tests {
             (3, 2, 5, 1)
         );
         assert!(read_usage(&json!({"prompt_tokens": 3, "completion_tokens": "5"})).is_none());
+    }
+
+    /// TGI's own reasons read as whole answers: as `Other`, a translated one was no longer
+    /// cached once the cache judged it by the upstream's finish (late attack L5).
+    #[test]
+    fn text_generation_inference_reasons_read_as_whole() {
+        let read = |r: &str| {
+            FinishNotes {
+                reason: Some(r.into()),
+                ..FinishNotes::default()
+            }
+            .finish()
+        };
+        assert_eq!(read("eos_token"), Finish::Stop);
+        assert_eq!(read("stop_sequence"), Finish::StopSequence(None));
+        assert_eq!(read("abort"), Finish::Other("abort".into()));
     }
 }

@@ -170,6 +170,8 @@ impl StreamConverter {
                     .write(&Event::Usage(Reported::whole(usage)), out);
             }
             Event::Error(_) => self.error_sent = true,
+            Event::ToolCallStart { .. } => self.called = true,
+            Event::Finish(f) => self.cut = !f.ended_whole(self.called),
             _ => {}
         }
         self.writer.write(e, out);

@@ -59,6 +59,15 @@ impl StreamConverter {
         self.finished
     }
 
+    /// Nothing the upstream said ends the answer short of whole: false once a translated
+    /// stream's finish, read into the internal form, is a paused turn, a refusal, a
+    /// filter's cut or a reason not named (`Finish::ended_whole`), which the client's format
+    /// may call complete — such an answer is not cached (late attack L5). Within one format
+    /// the client's reason is the upstream's own, and the cache judges it (`cache::shape`).
+    pub fn ended_whole(&self) -> bool {
+        !self.cut
+    }
+
     /// The answer is whole at the stream's end if no choice starts first (`whole_at_end`):
     /// the pump holds it, as a finished one, to the idle timeout after it last told more
     /// of it (`progress`).

@@ -108,6 +108,14 @@ pub struct StreamConverter {
     /// or of those a server that ignores `n` generated, at its end (`whole_at_end`): the
     /// answer is whole, the usage may still follow.
     finished: bool,
+    /// Across formats: a tool call came (`Event::ToolCallStart`), which the cap may have
+    /// cut (`cut`).
+    called: bool,
+    /// Across formats: the upstream's own finish, read into the internal form, says the
+    /// answer is not whole (`Finish::ended_whole`: a paused turn, a refusal, a filter's cut,
+    /// a reason not named), though the client's format may write it as a complete one
+    /// (`stop`, `end_turn`; late attack L5). See `ended_whole`.
+    cut: bool,
     /// How many choices the answer has: the request's `n` (`choices`), 1 but for an OpenAI
     /// chat or completions request asking for more, whose stream is whole only once each
     /// of them has its finish (a choice not yet started has not finished).
@@ -208,6 +216,8 @@ impl StreamConverter {
             usage_asked: true,
             output_final: false,
             finished: false,
+            called: false,
+            cut: false,
             choices: 1,
             finishes: 0,
             started: 0,
