@@ -113,14 +113,20 @@ pub fn keys(
     });
     let (embed_text, context) = match read {
         Some((embed_text, agreement)) => {
-            let reading = format!(
+            // The lexical reading's string is the one it always was: its entries stay found
+            // across versions.
+            let mut context = format!(
                 "context.v2 strict={} ignore_identifiers={}",
                 reading.strict, reading.ignore_identifiers
             );
+            if !reading.model.is_empty() {
+                context.push_str(" embedder=");
+                context.push_str(reading.model);
+            }
             let body = Value::Array(vec![context_body, agreement]);
             (
                 Some(embed_text),
-                Some(hash(&reading, scope, model, format, &body)),
+                Some(hash(&context, scope, model, format, &body)),
             )
         }
         None => (None, None),
@@ -142,10 +148,51 @@ mod tests {
         semantic: true,
         strict: true,
         ignore_identifiers: false,
+        model: "",
     };
 
     fn m(v: Value) -> Map<String, Value> {
         v.as_object().unwrap().clone()
+    }
+
+    /// The `http` embedder's model is part of the context: another model's entries are no
+    /// semantic candidates (their vectors are of another space), the exact key is the same.
+    /// The lexical reading keeps the context it always had.
+    #[test]
+    fn the_embedding_model_is_part_of_the_context_not_of_the_exact_key() {
+        let body = m(json!({"messages": [{"role": "user", "content": "Why does my car stall?"}]}));
+        let by = |model| {
+            keys(
+                "team:1",
+                "gpt",
+                WireFormat::OpenAi,
+                &body,
+                Reading {
+                    strict: false,
+                    model,
+                    ..STRICT
+                },
+            )
+        };
+        let (small, large) = (by("text-embedding-3-small"), by("text-embedding-3-large"));
+        assert_eq!(small.exact, large.exact);
+        assert!(small.context.is_some() && small.context != large.context);
+        let lexical = keys("team:1", "gpt", WireFormat::OpenAi, &body, STRICT);
+        let mut context_body = Value::Object(body.clone());
+        context_body["messages"][0]["content"] = json!("");
+        let tokens = meaning::tokens("Why does my car stall?", false);
+        let agreement = Value::from(meaning::agreement(&tokens, true));
+        assert_eq!(
+            lexical.context,
+            Some(hash(
+                "context.v2 strict=true ignore_identifiers=false",
+                "team:1",
+                "gpt",
+                WireFormat::OpenAi,
+                &Value::Array(vec![context_body, agreement]),
+            )),
+            "the lexical context of every earlier version"
+        );
     }
 
     #[test]

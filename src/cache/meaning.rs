@@ -45,13 +45,16 @@ pub struct Token {
 }
 
 /// How a question is read: strict (the lexical embedder) or significant tokens only (an
-/// http embedder), identifiers significant or not.
+/// http embedder), identifiers significant or not, and by which embedding model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Reading {
+pub struct Reading<'a> {
     /// The semantic match is on (`cache.semantic`): otherwise nothing is read.
     pub semantic: bool,
     pub strict: bool,
     pub ignore_identifiers: bool,
+    /// The `http` embedder's model (empty for the lexical one): vectors of two models are
+    /// numbers of two spaces, never compared, so the model is part of the context.
+    pub model: &'a str,
 }
 
 /// The placeholder every identifier reads as under `ignore_identifiers`.

@@ -226,11 +226,16 @@ impl Cache {
 
     /// How questions are read for the semantic match: strictly with the lexical embedder,
     /// identifiers significant unless the model or the config opts out.
-    fn reading(&self, model_ignore_identifiers: Option<bool>) -> meaning::Reading {
+    fn reading(&self, model_ignore_identifiers: Option<bool>) -> meaning::Reading<'_> {
+        let (strict, model) = match &self.embedder {
+            Embedder::Lexical => (true, ""),
+            Embedder::Http { model, .. } => (false, model.as_str()),
+        };
         meaning::Reading {
             semantic: self.cfg.semantic,
-            strict: !matches!(self.embedder, Embedder::Http { .. }),
+            strict,
             ignore_identifiers: model_ignore_identifiers.unwrap_or(self.cfg.ignore_identifiers),
+            model,
         }
     }
 

@@ -636,6 +636,76 @@ async fn an_eviction_forgets_what_it_deleted_and_keeps_the_rest() {
     }
 }
 
+/// Vectors of two embedding models are never compared: the `http` embedder's model is part
+/// of the semantic context, so after `http_model` changes the entries the old model
+/// embedded are exact matches only until they expire. Before, a restart with another model
+/// read the old vectors back and compared them by cosine with the new model's — numbers of
+/// two spaces, whose similarity says nothing (s27 cache attack F5, its last mend).
+#[tokio::test]
+async fn entries_another_embedding_model_embedded_are_no_semantic_candidates() {
+    let mock = sluice::mock::MockServer::start("127.0.0.1:0", sluice::mock::MockConfig::default())
+        .expect("mock");
+    let dir = tempfile::tempdir().unwrap();
+    let db = suite_db(&dir).await;
+    let with_model = |model: &str| {
+        sluice::cache::Cache::new(
+            &sluice::config::CacheSettings {
+                embedder: "http".into(),
+                http_url: format!("{}/v1", mock.base_url()),
+                http_allow_private_network: true,
+                http_model: model.into(),
+                ..Default::default()
+            },
+            &sluice::config::UpstreamTimeouts::default(),
+            db.clone(),
+            sluice::store::writer::Writer::start(&db),
+        )
+        .unwrap()
+    };
+    let now = chrono::Utc::now();
+    let answer = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
+        "message": {"role": "assistant", "content": "Check the EGR valve."}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 24, "total_tokens": 36}});
+    // As `the_http_embedder_works_against_an_embeddings_endpoint`: the mock embeds the two
+    // texts near-identically.
+    let report = "Workshop report for the blue estate car: intermittent misfire on cylinder 3 at idle after a cold start, fuel trims normal, no stored codes, spark plugs replaced last month. What should we check first?";
+    let asked = |text: &str| {
+        let mut q = question("WVWZZZ1JZXW000001");
+        q["messages"][1]["content"] = json!(text);
+        q
+    };
+    let first = with_model("text-embedding-3-small");
+    first
+        .put(
+            &plan_of(&first, &asked(report), None),
+            &answer,
+            (12, 24),
+            now,
+        )
+        .await;
+    first.flush().await;
+    let same = with_model("text-embedding-3-small");
+    same.rebuild(now).await.unwrap();
+    let near = |c: &sluice::cache::Cache| {
+        let text = report.replace("What should we check first?", "what should we check first");
+        plan_of(c, &asked(&text), None)
+    };
+    assert!(
+        same.get(&near(&same), now, no_deadline()).await.is_some(),
+        "the same model finds it by meaning"
+    );
+    let other = with_model("text-embedding-3-large");
+    other.rebuild(now).await.unwrap();
+    assert!(
+        other.get(&near(&other), now, no_deadline()).await.is_none(),
+        "another model's vectors are not compared"
+    );
+    let exact = other
+        .get(&plan_of(&other, &asked(report), None), now, no_deadline())
+        .await;
+    assert!(exact.is_some(), "the exact match stays");
+}
+
 /// A miss is answered from memory (the keys present), so entries another replica stored
 /// must reach this replica's memory: they do at its next refresh (every second). The
 /// replicas share the suite's engine (a SQLite file, or a PostgreSQL database).
