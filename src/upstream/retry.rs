@@ -17,7 +17,8 @@
 //! A stream fails after its 200 too, before its finish: its upstream's own error event is
 //! judged only when it names the upstream's own fault (`of_fault`: Anthropic's
 //! `overloaded_error` is `Overloaded`, its `rate_limit_error` `RateLimited`, its `api_error`
-//! and OpenAI's `server_error` `ServerError`; any other error event gives no verdict), and a
+//! and OpenAI's `server_error` `ServerError`; Gemini's and Bedrock's by the kind their
+//! readers give them, `ErrorKind::fault`; any other error event gives no verdict), and a
 //! stall, a break, an unreadable event or the hold limit is a `ServerError`; the key gets
 //! that tier's verdict when the stream ends, but no other key is tried — the client has the
 //! stream's first events. After the finish the answer is whole: the stream is the key's

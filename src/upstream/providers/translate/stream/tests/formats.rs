@@ -453,3 +453,54 @@ fn data_of_several_lines_is_passed_on_as_several_data_lines() {
         assert_eq!(joined.join("\n"), data, "{framed:?}");
     }
 }
+
+/// A Gemini or Bedrock error event in the middle of a stream ends it with the fault its
+/// kind names — an overload, a rate limit, a server error — or none for any other (the
+/// client's, a spent quota): the key's verdict (s28 streams F2: none of them named one).
+#[test]
+fn gemini_and_bedrock_error_events_name_the_upstreams_fault() {
+    use crate::upstream::providers::canonical::Fault;
+    let text = json!({"candidates": [{"content": {"role": "model", "parts": [{"text": "Hi"}]},
+        "index": 0}]});
+    let google = |code: u16, status: &str| {
+        json!({"error": {"code": code, "status": status, "message": "no"}}).to_string()
+    };
+    let gemini = [
+        (google(503, "UNAVAILABLE"), Some(Fault::Overloaded)),
+        (google(429, "RESOURCE_EXHAUSTED"), Some(Fault::RateLimited)),
+        (google(500, "INTERNAL"), Some(Fault::Server)),
+        (google(400, "INVALID_ARGUMENT"), None),
+        (google(403, "PERMISSION_DENIED"), None),
+    ];
+    for (error, fault) in gemini {
+        let mut c = StreamConverter::new(Format::Gemini, WireFormat::OpenAi, true, 10);
+        let mut out = Vec::new();
+        c.event("", &text.to_string(), &mut out);
+        c.event("", &error, &mut out);
+        assert!(c.upstream_failed() && !c.ended_by_the_gateway(), "{error}");
+        assert_eq!(c.fault(), fault, "{error}");
+    }
+    let bedrock = [
+        ("throttlingException", Some(Fault::RateLimited)),
+        ("serviceUnavailableException", Some(Fault::Overloaded)),
+        ("internalServerException", Some(Fault::Server)),
+        ("modelStreamErrorException", Some(Fault::Server)),
+        ("validationException", None),
+    ];
+    for (exception, fault) in bedrock {
+        let mut c = StreamConverter::new(Format::Bedrock, WireFormat::Anthropic, true, 10);
+        let mut out = Vec::new();
+        c.event("messageStart", r#"{"role":"assistant"}"#, &mut out);
+        c.event(
+            "contentBlockDelta",
+            r#"{"contentBlockIndex":0,"delta":{"text":"Hi"}}"#,
+            &mut out,
+        );
+        c.event(exception, r#"{"message":"no"}"#, &mut out);
+        assert!(
+            c.upstream_failed() && !c.ended_by_the_gateway(),
+            "{exception}"
+        );
+        assert_eq!(c.fault(), fault, "{exception}");
+    }
+}
