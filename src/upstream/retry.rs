@@ -24,6 +24,11 @@
 //! stream's first events. After the finish the answer is whole: the stream is the key's
 //! success whatever follows (`pipeline::attempts::stream_ended`).
 //!
+//! An event or answer well-formed but holding a piece of a kind the gateway's reader does
+//! not model (`Corrupt::Unsupported`, `UpstreamError::Unsupported`) is garbage to the
+//! client and the run (a `ServerError`: charged alike, the next route tried before the
+//! 200), but gives its key no verdict: the upstream answered well.
+//!
 //! 408 and 409 follow the official OpenAI and Anthropic SDKs, which retry 408, 409, 429
 //! and every 5xx: passing them through would only make the client's SDK retry them.
 //! Billing is read from the error's structure, not from any mention of the word: a 400 that
@@ -77,7 +82,8 @@ pub fn classify(err: &UpstreamError) -> Tier {
         UpstreamError::Timeout
         | UpstreamError::Connect(_)
         | UpstreamError::Broken
-        | UpstreamError::Garbage(_) => Tier::ServerError,
+        | UpstreamError::Garbage(_)
+        | UpstreamError::Unsupported => Tier::ServerError,
         UpstreamError::Deadline => Tier::OutOfTime,
         UpstreamError::LocalResources(_) => Tier::LocalResources,
         UpstreamError::Held => Tier::Held,

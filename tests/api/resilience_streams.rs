@@ -530,3 +530,80 @@ async fn a_bedrock_throttling_exception_mid_stream_rests_its_key() {
         "no call while it rests"
     );
 }
+
+/// A Gemini image part (`inlineData`): a well-formed piece of an answer the gateway's
+/// reader does not model.
+fn inline_image() -> Value {
+    json!({"candidates": [{"content": {"role": "model", "parts": [{"inlineData":
+        {"mimeType": "image/png", "data": "iVBORw0KGgo="}}]}, "index": 0}],
+        "responseId": "r1", "modelVersion": "gem-upstream"})
+}
+
+/// A stream holding a part the gateway does not model (a Gemini image) ends the client's
+/// stream with the gateway's error event, as before, but is no failure of its key: the
+/// upstream answered well, only the gateway cannot read it. Three such streams leave the
+/// breaker closed and the key unrested, and a fourth request is served by the same key;
+/// each is charged as a stream the gateway ended. Before, each counted as the key's server
+/// failure: three cheap requests by any token opened a shared key's breaker for every
+/// model on it (s28 streams F1).
+#[tokio::test]
+async fn a_stream_the_gateway_cannot_read_is_no_failure_of_its_key() {
+    let (app, token) = gemini_app().await;
+    let g = app.state.catalog().position("g").unwrap();
+    app.mock
+        .state
+        .sticky(GEMINI_KEY, Some(gemini_then(inline_image())));
+    for n in 1..=3 {
+        let text = failed_stream(&app, &token, "gem").await;
+        assert!(text.contains("upstream_error"), "{text}");
+        assert_eq!(
+            app.state.pool().breakers[g].state(),
+            State::Closed,
+            "stream {n}"
+        );
+        let now = app.state.clock.now().timestamp_millis();
+        assert_eq!(app.state.pool().cooling_ms(g, now), 0, "stream {n}");
+    }
+    app.mock.state.sticky(GEMINI_KEY, None);
+    let (data, _) = sse_data(app.chat(&token, &stream_to("gem")).await).await;
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
+    assert_eq!(app.mock.state.stats(GEMINI_KEY).count, 4);
+    app.wait_for_log_rows(4).await;
+    app.assert_invariant().await;
+}
+
+/// The non-streamed twin: an answer holding a part the gateway does not model is not
+/// relayed (the next route is tried; with none, a 502), but it is no failure of its key:
+/// three leave the breaker closed, and the key serves the next request. Before, each was
+/// garbage, a server failure: three opened the breaker (s28 streams F1).
+#[tokio::test]
+async fn an_answer_the_gateway_cannot_read_is_no_failure_of_its_key() {
+    let (app, token) = gemini_app().await;
+    let g = app.state.catalog().position("g").unwrap();
+    let mut answer = inline_image();
+    answer["candidates"][0]["finishReason"] = json!("STOP");
+    answer["usageMetadata"] = json!({"promptTokenCount": 5, "candidatesTokenCount": 3,
+        "totalTokenCount": 8});
+    app.mock.state.sticky(
+        GEMINI_KEY,
+        Some(Script {
+            body: Some(answer),
+            ..Default::default()
+        }),
+    );
+    let mut body = chat_body(50);
+    body["model"] = json!("gem");
+    for n in 1..=3 {
+        let resp = app.chat(&token, &body).await;
+        assert_eq!(resp.status(), 502, "answer {n}");
+        assert_eq!(
+            app.state.pool().breakers[g].state(),
+            State::Closed,
+            "answer {n}"
+        );
+    }
+    app.mock.state.sticky(GEMINI_KEY, None);
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(app.mock.state.stats(GEMINI_KEY).count, 4);
+}

@@ -504,3 +504,33 @@ fn gemini_and_bedrock_error_events_name_the_upstreams_fault() {
         assert_eq!(c.fault(), fault, "{exception}");
     }
 }
+
+/// The converter ends a stream on a part of a kind not modelled with the gateway's error
+/// event, as on a broken one, charged alike (`ended_by_the_gateway`), but tells it apart
+/// (`unsupported`): no failure of the key (s28 streams F1).
+#[test]
+fn a_part_not_modelled_ends_the_stream_but_is_told_apart() {
+    let text = json!({"candidates": [{"content": {"role": "model", "parts": [{"text": "Hi"}]},
+        "index": 0}]});
+    let part = |p: Value| json!({"candidates": [{"content": {"parts": [p]}, "index": 0}]});
+    let cases = [
+        (
+            part(json!({"inlineData": {"mimeType": "image/png", "data": "AA=="}})),
+            true,
+        ),
+        (part(json!({})), false),
+        (json!("not a chunk"), false),
+    ];
+    for (then, unsupported) in cases {
+        let mut c = StreamConverter::new(Format::Gemini, WireFormat::OpenAi, true, 10);
+        let mut out = Vec::new();
+        c.event("", &text.to_string(), &mut out);
+        out.clear();
+        c.event("", &then.to_string(), &mut out);
+        let told = String::from_utf8_lossy(&out.concat()).into_owned();
+        assert!(told.contains("upstream_error"), "{then}: {told}");
+        assert!(c.upstream_failed() && c.ended_by_the_gateway(), "{then}");
+        assert_eq!(c.unsupported(), unsupported, "{then}");
+        assert_eq!(c.fault(), None, "{then}");
+    }
+}
