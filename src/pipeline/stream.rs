@@ -759,12 +759,16 @@ impl Pump {
     /// event by the fault it names, none if it names no fault of the upstream's own (the
     /// client's, its account's, a type not known: s26 stop attack #2); a stall, a break, an
     /// event the gateway could not read or the hold limit a server error, as garbage before
-    /// the 200 is.
+    /// the 200 is — but none for a well-formed event of a kind the gateway does not model
+    /// (`StreamConverter::unsupported`, s28 diff attack F1).
     fn failed_as(&self) -> StreamEnd {
         if self.converter.upstream_failed() && !self.converter.ended_by_the_gateway() {
             return self.converter.fault().map_or(StreamEnd::Unjudged, |f| {
                 StreamEnd::Failed(retry::of_fault(f))
             });
+        }
+        if self.converter.unsupported() {
+            return StreamEnd::Unjudged;
         }
         StreamEnd::Failed(Tier::ServerError)
     }

@@ -60,4 +60,9 @@ pub enum UpstreamError {
     },
     #[error("upstream sent an unusable answer: {0}")]
     Garbage(&'static str),
+    /// A well-formed answer holding a part the gateway's reader does not model (a Gemini
+    /// image): unusable as garbage is — tried elsewhere, charged alike — but the upstream
+    /// answered well, and its key gets no verdict (s28 diff attack F1).
+    #[error("upstream sent an answer holding a kind of content the gateway cannot read")]
+    Unsupported,
 }

@@ -17,11 +17,17 @@
 //! A stream fails after its 200 too, before its finish: its upstream's own error event is
 //! judged only when it names the upstream's own fault (`of_fault`: Anthropic's
 //! `overloaded_error` is `Overloaded`, its `rate_limit_error` `RateLimited`, its `api_error`
-//! and OpenAI's `server_error` `ServerError`; any other error event gives no verdict), and a
+//! and OpenAI's `server_error` `ServerError`; Gemini's and Bedrock's by the kind their
+//! readers give them, `ErrorKind::fault`; any other error event gives no verdict), and a
 //! stall, a break, an unreadable event or the hold limit is a `ServerError`; the key gets
 //! that tier's verdict when the stream ends, but no other key is tried — the client has the
 //! stream's first events. After the finish the answer is whole: the stream is the key's
 //! success whatever follows (`pipeline::attempts::stream_ended`).
+//!
+//! An event or answer well-formed but holding a piece of a kind the gateway's reader does
+//! not model (`Corrupt::Unsupported`, `UpstreamError::Unsupported`) is garbage to the
+//! client and the run (a `ServerError`: charged alike, the next route tried before the
+//! 200), but gives its key no verdict: the upstream answered well.
 //!
 //! 408 and 409 follow the official OpenAI and Anthropic SDKs, which retry 408, 409, 429
 //! and every 5xx: passing them through would only make the client's SDK retry them.
@@ -76,7 +82,8 @@ pub fn classify(err: &UpstreamError) -> Tier {
         UpstreamError::Timeout
         | UpstreamError::Connect(_)
         | UpstreamError::Broken
-        | UpstreamError::Garbage(_) => Tier::ServerError,
+        | UpstreamError::Garbage(_)
+        | UpstreamError::Unsupported => Tier::ServerError,
         UpstreamError::Deadline => Tier::OutOfTime,
         UpstreamError::LocalResources(_) => Tier::LocalResources,
         UpstreamError::Held => Tier::Held,

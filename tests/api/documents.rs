@@ -559,7 +559,10 @@ async fn an_inline_image_that_declares_another_type_is_refused_on_every_route() 
     let r: Value = resp.json().await.unwrap();
     assert_eq!(r["type"], "error", "Anthropic's error shape: {r}");
     assert!(
-        r["error"]["message"].as_str().unwrap().contains("text/plain"),
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("text/plain"),
         "{r}"
     );
     assert_eq!(app.mock.state.total_count(), 0, "nothing sent");

@@ -459,3 +459,216 @@ async fn streamed_probes_whose_clients_leave_a_silent_upstream_reopen_the_breake
         "three silent streams left re-open it"
     );
 }
+
+/// The Gemini key of `gemini_app`.
+const GEMINI_KEY: &str = "sk-upstream-resilience-gemini";
+
+/// The Bedrock access key of `gemini_app`.
+const BEDROCK_KEY: &str = "AKIDRESILIENCESTREAMS";
+
+/// The gateway with a Gemini model `gem` (upstream `g`) and a Bedrock model `bed`
+/// (upstream `br`) beside the OpenAI `gpt-4o-mini`, its breakers open an hour, and a token
+/// of its user "fay".
+async fn gemini_app() -> (TestApp, String) {
+    let app = spawn_app_with(|s, m| {
+        s.breaker.open_seconds = 3600;
+        s.upstreams.extend([
+            native_upstream(sluice::config::Provider::Gemini, "g", GEMINI_KEY, m),
+            bedrock_upstream("br", BEDROCK_KEY, m),
+        ]);
+        s.models
+            .extend([model("gem", &["g"]), model("bed", &["br"])]);
+    })
+    .await;
+    let (_, token) = app.token("fay", None).await;
+    (app, token)
+}
+
+/// A streamed chat request to `model`.
+fn stream_to(model: &str) -> Value {
+    let mut body = stream_body();
+    body["model"] = json!(model);
+    body
+}
+
+/// A Gemini chunk of the answer's text, unfinished.
+fn gemini_text(text: &str) -> Value {
+    json!({"candidates": [{"content": {"role": "model", "parts": [{"text": text}]},
+        "index": 0}], "responseId": "r1", "modelVersion": "gem-upstream"})
+}
+
+/// A Gemini stream that sends a piece of text, then `then`.
+fn gemini_then(then: Value) -> Script {
+    Script {
+        events: Some(vec![
+            SseEvent::Data(gemini_text("Hello")),
+            SseEvent::Data(then),
+        ]),
+        ..Default::default()
+    }
+}
+
+/// Streams `model` once, reads it to its end and returns its text: a 200 whose stream
+/// ended on an error event, not `[DONE]`.
+async fn failed_stream(app: &TestApp, token: &str, model: &str) -> String {
+    let resp = tokio::time::timeout(BOUND, app.chat(token, &stream_to(model)))
+        .await
+        .expect("answered");
+    assert_eq!(resp.status(), 200);
+    let text = tokio::time::timeout(BOUND, resp.text())
+        .await
+        .expect("the stream ends")
+        .unwrap();
+    assert!(text.contains("Hello"), "{text}");
+    assert!(!text.contains("[DONE]"), "{text}");
+    text
+}
+
+/// A Gemini stream that fails mid-way with Google's `UNAVAILABLE` is its key's overload,
+/// as a 503 before the 200 would be: the key rests, and three such streams open its
+/// breaker — the next request is answered 503 at once, without the key. Before, the
+/// Gemini reader's error event named no fault (only the OpenAI, Anthropic and Responses
+/// paths did): the stream gave no verdict, and a key failing every stream after its 200
+/// was neither rested nor opened (s28 diff attack F2).
+#[tokio::test]
+async fn a_gemini_stream_failing_mid_way_with_unavailable_opens_its_key() {
+    let (app, token) = gemini_app().await;
+    let g = app.state.catalog().position("g").unwrap();
+    let unavailable = json!({"error": {"code": 503, "status": "UNAVAILABLE",
+        "message": "The model is overloaded."}});
+    app.mock
+        .state
+        .sticky(GEMINI_KEY, Some(gemini_then(unavailable)));
+    for n in 1..=3 {
+        app.rest_no_more("g");
+        let text = failed_stream(&app, &token, "gem").await;
+        assert!(text.contains("The model is overloaded."), "{text}");
+        let now = app.state.clock.now().timestamp_millis();
+        assert!(app.state.pool().cooling_ms(g, now) > 0, "stream {n}: rests");
+    }
+    assert_eq!(app.state.pool().breakers[g].state(), State::Open);
+    app.rest_no_more("g");
+    let resp = tokio::time::timeout(BOUND, app.chat(&token, &stream_to("gem")))
+        .await
+        .expect("answered at once");
+    assert_eq!(resp.status(), 503);
+    assert_eq!(
+        app.mock.state.stats(GEMINI_KEY).count,
+        3,
+        "no call while open"
+    );
+}
+
+/// Bedrock's mid-stream `throttlingException` is its key's rate limit, as a 429 before the
+/// 200 would be: the key rests after one, and the next request is answered 503 at once,
+/// without it (its breaker not counting it). Before, the stream gave no verdict and the
+/// next request landed on the throttled key again (s28 diff attack F2).
+#[tokio::test]
+async fn a_bedrock_throttling_exception_mid_stream_rests_its_key() {
+    let (app, token) = gemini_app().await;
+    let br = app.state.catalog().position("br").unwrap();
+    let events = serde_json::from_value(json!([
+        ["messageStart", {"role": "assistant"}],
+        ["contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": "Hello"}}],
+        ["throttlingException", {"message": "Too many requests, please wait."}]
+    ]))
+    .unwrap();
+    app.mock.state.sticky(
+        BEDROCK_KEY,
+        Some(Script {
+            events: Some(events),
+            ..Default::default()
+        }),
+    );
+    let text = failed_stream(&app, &token, "bed").await;
+    assert!(text.contains("Too many requests"), "{text}");
+    let now = app.state.clock.now().timestamp_millis();
+    assert!(app.state.pool().cooling_ms(br, now) > 0, "the key rests");
+    assert_eq!(app.state.pool().breakers[br].state(), State::Closed);
+    let resp = tokio::time::timeout(BOUND, app.chat(&token, &stream_to("bed")))
+        .await
+        .expect("answered at once");
+    assert_eq!(resp.status(), 503);
+    assert_eq!(
+        app.mock.state.stats(BEDROCK_KEY).count,
+        1,
+        "no call while it rests"
+    );
+}
+
+/// A Gemini image part (`inlineData`): a well-formed piece of an answer the gateway's
+/// reader does not model.
+fn inline_image() -> Value {
+    json!({"candidates": [{"content": {"role": "model", "parts": [{"inlineData":
+        {"mimeType": "image/png", "data": "iVBORw0KGgo="}}]}, "index": 0}],
+        "responseId": "r1", "modelVersion": "gem-upstream"})
+}
+
+/// A stream holding a part the gateway does not model (a Gemini image) ends the client's
+/// stream with the gateway's error event, as before, but is no failure of its key: the
+/// upstream answered well, only the gateway cannot read it. Three such streams leave the
+/// breaker closed and the key unrested, and a fourth request is served by the same key;
+/// each is charged as a stream the gateway ended. Before, each counted as the key's server
+/// failure: three cheap requests by any token opened a shared key's breaker for every
+/// model on it (s28 diff attack F1).
+#[tokio::test]
+async fn a_stream_the_gateway_cannot_read_is_no_failure_of_its_key() {
+    let (app, token) = gemini_app().await;
+    let g = app.state.catalog().position("g").unwrap();
+    app.mock
+        .state
+        .sticky(GEMINI_KEY, Some(gemini_then(inline_image())));
+    for n in 1..=3 {
+        let text = failed_stream(&app, &token, "gem").await;
+        assert!(text.contains("upstream_error"), "{text}");
+        assert_eq!(
+            app.state.pool().breakers[g].state(),
+            State::Closed,
+            "stream {n}"
+        );
+        let now = app.state.clock.now().timestamp_millis();
+        assert_eq!(app.state.pool().cooling_ms(g, now), 0, "stream {n}");
+    }
+    app.mock.state.sticky(GEMINI_KEY, None);
+    let (data, _) = sse_data(app.chat(&token, &stream_to("gem")).await).await;
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
+    assert_eq!(app.mock.state.stats(GEMINI_KEY).count, 4);
+    app.wait_for_log_rows(4).await;
+    app.assert_invariant().await;
+}
+
+/// The non-streamed twin: an answer holding a part the gateway does not model is not
+/// relayed (the next route is tried; with none, a 502), but it is no failure of its key:
+/// three leave the breaker closed, and the key serves the next request. Before, each was
+/// garbage, a server failure: three opened the breaker (s28 diff attack F1).
+#[tokio::test]
+async fn an_answer_the_gateway_cannot_read_is_no_failure_of_its_key() {
+    let (app, token) = gemini_app().await;
+    let g = app.state.catalog().position("g").unwrap();
+    let mut answer = inline_image();
+    answer["candidates"][0]["finishReason"] = json!("STOP");
+    answer["usageMetadata"] = json!({"promptTokenCount": 5, "candidatesTokenCount": 3,
+        "totalTokenCount": 8});
+    app.mock.state.sticky(
+        GEMINI_KEY,
+        Some(Script {
+            body: Some(answer),
+            ..Default::default()
+        }),
+    );
+    let mut body = chat_body(50);
+    body["model"] = json!("gem");
+    for n in 1..=3 {
+        let resp = app.chat(&token, &body).await;
+        assert_eq!(resp.status(), 502, "answer {n}");
+        assert_eq!(
+            app.state.pool().breakers[g].state(),
+            State::Closed,
+            "answer {n}"
+        );
+    }
+    app.mock.state.sticky(GEMINI_KEY, None);
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(app.mock.state.stats(GEMINI_KEY).count, 4);
+}

@@ -23,7 +23,7 @@ use crate::ratelimit::WindowSpec;
 use crate::state::AppState;
 use crate::upstream::catalog::Deployment;
 use crate::upstream::client::UpstreamHeaders;
-use crate::upstream::providers;
+use crate::upstream::providers::{self, translate::stream::Corrupt};
 use crate::upstream::retry::{self, Tier};
 use crate::upstream::UpstreamError;
 
@@ -97,18 +97,24 @@ async fn attempt(
 /// A served chat answer the gateway cannot relay (`providers::relayable`) is an attempt
 /// failure like a body that is not JSON: the next route is tried, and all failing is a
 /// 502 `upstream_error` that costs nothing (DESIGN "Bounds against a lying upstream").
+/// One well-formed but holding a part the gateway does not model is `Unsupported`: alike,
+/// but no failure of its key (`try_candidate`).
 fn relayable(p: &Prepared, s: Success) -> Result<Success, UpstreamError> {
     let Some(answer) = s.answer.as_ref() else {
         return Ok(s);
     };
     let chat = matches!(p.endpoint, Endpoint::Chat | Endpoint::Messages);
     let upstream = providers::format_of(s.dep.provider);
-    if chat && !providers::relayable(upstream, p.endpoint.format(), answer) {
-        return Err(UpstreamError::Garbage(
-            "answer is not one the gateway can read",
-        ));
+    if !chat {
+        return Ok(s);
     }
-    Ok(s)
+    match providers::relayable(upstream, p.endpoint.format(), answer) {
+        Ok(()) => Ok(s),
+        Err(Corrupt::Unsupported) => Err(UpstreamError::Unsupported),
+        Err(_) => Err(UpstreamError::Garbage(
+            "answer is not one the gateway can read",
+        )),
+    }
 }
 
 /// Tries one candidate: its gates first, then the upstream call. Right before the call,
@@ -315,6 +321,12 @@ pub(super) async fn try_candidate(
         if matches!(tier, Tier::RateLimited | Tier::Overloaded) {
             run.overloaded.push(i);
         }
+        return Step::Next;
+    }
+    // The upstream answered well; only the gateway cannot read its answer: nothing of the
+    // key's health (s28 diff attack F1: three such answers by any token opened a shared key).
+    if matches!(err, UpstreamError::Unsupported) {
+        permit.abandon();
         return Step::Next;
     }
     let retry_after = match &err {

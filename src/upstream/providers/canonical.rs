@@ -489,11 +489,14 @@ pub struct ErrorInfo {
 /// `invalid_request_error`, which counted as the key's success).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
-    /// Anthropic's `overloaded_error`: as a 529.
+    /// Anthropic's `overloaded_error`, Gemini's `UNAVAILABLE`, Bedrock's
+    /// `serviceUnavailableException`: as a 529.
     Overloaded,
-    /// Anthropic's `rate_limit_error`: as a 429.
+    /// Anthropic's `rate_limit_error`, Gemini's `RESOURCE_EXHAUSTED` (not a spent quota),
+    /// Bedrock's `throttlingException`: as a 429.
     RateLimited,
-    /// Anthropic's `api_error`, OpenAI's `server_error`: as a 500.
+    /// Anthropic's `api_error`, OpenAI's `server_error`, Gemini's `INTERNAL`, Bedrock's
+    /// `internalServerException` and `modelStreamErrorException`: as a 500.
     Server,
 }
 
@@ -514,6 +517,21 @@ pub enum ErrorKind {
     ContentFilter,
     Overloaded,
     Server,
+}
+
+impl ErrorKind {
+    /// The upstream's own fault an error event of this kind names (`Fault`), for the
+    /// formats whose error events are read only into the internal form (Gemini's,
+    /// Bedrock's: their readers already tell the kind from Google's status or AWS's
+    /// exception type). Any other kind names none.
+    pub fn fault(self) -> Option<Fault> {
+        match self {
+            ErrorKind::Overloaded => Some(Fault::Overloaded),
+            ErrorKind::RateLimited => Some(Fault::RateLimited),
+            ErrorKind::Server => Some(Fault::Server),
+            _ => None,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -408,8 +408,14 @@ fn write_answer(client: Format, a: &Answer) -> Value {
 /// Whether a non-streamed 2xx body is an answer the gateway can relay to a chat `client`:
 /// it has its upstream format's shape, and the upstream's adapter reads it when it is to
 /// be translated. One that is not is garbage, as a body that is not JSON is — never a
-/// 200 carrying an error (`convert_answer`) or a body no SDK reads as an answer.
-pub fn relayable(upstream: impl Into<Format>, client: impl Into<Format>, v: &Value) -> bool {
+/// 200 carrying an error (`convert_answer`) or a body no SDK reads as an answer; why is
+/// the error (`Corrupt::Unsupported`: well-formed, holding a part the adapter does not
+/// model).
+pub fn relayable(
+    upstream: impl Into<Format>,
+    client: impl Into<Format>,
+    v: &Value,
+) -> Result<(), Corrupt> {
     let (upstream, client) = (upstream.into(), client.into());
     let shaped = match upstream {
         Format::OpenAiChat => v.get("choices").is_some_and(Value::is_array),
@@ -421,7 +427,13 @@ pub fn relayable(upstream: impl Into<Format>, client: impl Into<Format>, v: &Val
         // endpoint (`pipeline::responses`).
         Format::Gemini | Format::Bedrock | Format::Responses => true,
     };
-    shaped && (upstream == client || read_answer(upstream, v).is_ok())
+    if !shaped {
+        return Err(Corrupt::Shape);
+    }
+    if upstream != client {
+        read_answer(upstream, v)?;
+    }
+    Ok(())
 }
 
 /// A non-streamed answer in the client's format: the upstream's bytes untouched when the

@@ -69,7 +69,18 @@ impl EventReader {
             "contentBlockStart" => {
                 self.start(out);
                 let index = block_index(&v)?;
-                let tool = v.pointer("/start/toolUse").ok_or(Corrupt::Shape)?;
+                let start = v
+                    .get("start")
+                    .and_then(Value::as_object)
+                    .ok_or(Corrupt::Shape)?;
+                // A block that starts as anything but a tool call (one ConverseStream added
+                // later) is a kind this reader does not model, not a broken event; a start
+                // with nothing in it is no block at all.
+                let tool = start.get("toolUse").ok_or(if start.is_empty() {
+                    Corrupt::Shape
+                } else {
+                    Corrupt::Unsupported
+                })?;
                 let text = |k: &str| tool.get(k).and_then(Value::as_str).map(str::to_string);
                 let (Some(id), Some(name)) = (text("toolUseId"), text("name")) else {
                     return Err(Corrupt::Shape);

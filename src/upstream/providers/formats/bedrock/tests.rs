@@ -524,3 +524,32 @@ fn arbitrary_payloads_never_panic_the_reader_or_the_answer() {
         let _ = read_error(400, &v);
     }
 }
+
+/// A block that starts as anything but a tool call (one ConverseStream added later) is a
+/// kind the reader does not model, `Unsupported`: no failure of the key; a start that is
+/// missing, empty or no object is `Shape` (s28 diff attack F1).
+#[test]
+fn a_block_start_of_a_kind_not_modelled_is_told_apart_from_a_broken_one() {
+    use crate::upstream::providers::translate::stream::Corrupt;
+    let cases = [
+        (
+            json!({"contentBlockIndex": 0, "start": {"image": {"format": "png"}}}),
+            Corrupt::Unsupported,
+        ),
+        (json!({"contentBlockIndex": 0}), Corrupt::Shape),
+        (json!({"contentBlockIndex": 0, "start": {}}), Corrupt::Shape),
+        (
+            json!({"contentBlockIndex": 0, "start": "toolUse"}),
+            Corrupt::Shape,
+        ),
+        (
+            json!({"contentBlockIndex": 0, "start": {"toolUse": {"name": "f"}}}),
+            Corrupt::Shape,
+        ),
+    ];
+    for (event, why) in cases {
+        let mut out = Vec::new();
+        let read = EventReader::new().read("contentBlockStart", &event.to_string(), &mut out);
+        assert_eq!(read.err(), Some(why), "{event}");
+    }
+}

@@ -156,9 +156,20 @@ fn read_part(
     } else if part.get("thoughtSignature").is_none() {
         // Inline images, code execution: nothing the internal form carries, and an answer
         // is never cut silently.
-        return Err(Corrupt::Shape);
+        return Err(unmodelled(part));
     }
     Ok(())
+}
+
+/// Why a part that is none of those read could not be: one with fields of its own (an
+/// `inlineData` image, `executableCode`) is a kind the gateway does not model, the
+/// upstream's answer well-formed (`Corrupt::Unsupported`); anything else — not an object,
+/// or one with nothing in it — is no part at all (`Corrupt::Shape`).
+pub(super) fn unmodelled(part: &Value) -> Corrupt {
+    match part.as_object() {
+        Some(fields) if !fields.is_empty() => Corrupt::Unsupported,
+        _ => Corrupt::Shape,
+    }
 }
 
 /// The prefix of this answer's call ids: its `responseId`, else a digest of the answer,

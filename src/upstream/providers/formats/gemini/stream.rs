@@ -8,7 +8,9 @@
 
 use serde_json::Value;
 
-use super::answer::{blocked, call_id, call_prefix, finish_of, parts_of, read_reported, text};
+use super::answer::{
+    blocked, call_id, call_prefix, finish_of, parts_of, read_reported, text, unmodelled,
+};
 use super::error::read_error;
 use crate::upstream::providers::canonical::{Event, Finish};
 use crate::upstream::providers::translate::stream::Corrupt;
@@ -154,7 +156,7 @@ impl EventReader {
                 });
             }
         } else if part.get("thoughtSignature").is_none() {
-            return Err(Corrupt::Shape);
+            return Err(unmodelled(part));
         }
         Ok(())
     }

@@ -481,6 +481,38 @@ fn answers_in_no_known_shape_are_corrupt_not_cut() {
     }
 }
 
+/// A part with fields of a kind the reader does not model (an image, code execution) is
+/// `Unsupported` — the upstream's answer well-formed, no failure of its key — in an answer
+/// and in a stream alike; a part that is no object, or an empty one, is `Shape`
+/// (s28 diff attack F1).
+#[test]
+fn a_part_of_a_kind_not_modelled_is_told_apart_from_a_broken_one() {
+    use crate::upstream::providers::translate::stream::Corrupt;
+    let cases = [
+        (
+            json!({"inlineData": {"mimeType": "image/png", "data": "AA=="}}),
+            Corrupt::Unsupported,
+        ),
+        (
+            json!({"executableCode": {"language": "PYTHON", "code": "1"}}),
+            Corrupt::Unsupported,
+        ),
+        (json!({}), Corrupt::Shape),
+        (json!("text"), Corrupt::Shape),
+        (json!({"functionCall": {"args": {}}}), Corrupt::Shape),
+    ];
+    for (part, why) in cases {
+        let v = json!({"candidates": [{"content": {"parts": [{"text": "x"}, part]}}]});
+        assert_eq!(read_answer(&v).err(), Some(why), "{v}");
+        let mut out = Vec::new();
+        assert_eq!(
+            EventReader::new().read("", &v.to_string(), &mut out).err(),
+            Some(why),
+            "{v}"
+        );
+    }
+}
+
 #[test]
 fn a_stream_of_thoughts_text_and_a_call_reads_into_ordered_events_with_usage_last() {
     let chunks = fixtures::json("gemini", "stream_text_and_call.json");

@@ -90,6 +90,13 @@ impl StreamConverter {
         self.gateway_ended
     }
 
+    /// The gateway ended the stream on a piece of the answer of a kind it does not model
+    /// (`Corrupt::Unsupported`): well-formed, no failure of the upstream's key (s28 streams
+    /// F1: three streams of a Gemini image part by any token opened a shared key).
+    pub fn unsupported(&self) -> bool {
+        self.unsupported
+    }
+
     /// The upstream's own fault its error event named (`Fault`), if that ended the stream
     /// and named one: its key's verdict (`pipeline::attempts::stream_ended`).
     pub fn fault(&self) -> Option<Fault> {

@@ -180,6 +180,9 @@ pub struct StreamConverter {
     /// The error event that ended the stream was the gateway's (an event it cannot read,
     /// the hold limit), not the upstream's: the upstream did not stop there.
     gateway_ended: bool,
+    /// The gateway's error event was for a piece of the answer of a kind it does not model
+    /// (`Corrupt::Unsupported`): the upstream answered well, its key gets no verdict.
+    unsupported: bool,
     /// The upstream's own fault its error event named (`Fault`): its key's verdict.
     fault: Option<Fault>,
     reader: Reader,
@@ -232,6 +235,7 @@ impl StreamConverter {
             done: false,
             error_sent: false,
             gateway_ended: false,
+            unsupported: false,
             fault: None,
             reader: match upstream {
                 // A Responses upstream's native events are read by `responses::Native`.
@@ -289,9 +293,12 @@ impl StreamConverter {
         // (see `shape`) — is a piece of the answer or of its usage it cannot pass on or
         // count: the stream ends here as an error, not as a complete answer with a hole.
         // Also after the finish: the event may be the usage, which then goes uncounted.
+        // One of a kind the gateway does not model ends it alike (the same error event, the
+        // same charge), but is no failure of the upstream's (`unsupported`).
         if let Err(corrupt) = read {
             out.push(self.client_error(corrupt.message(), "upstream_error"));
             self.end_by_the_gateway();
+            self.unsupported = corrupt == Corrupt::Unsupported;
             return;
         }
         if self.held_bytes() > self.hold_limit && !self.error_sent {

@@ -34,6 +34,11 @@ pub enum Corrupt {
     /// An end of the message before its finish (Anthropic's `message_stop` with no
     /// `message_delta` before it): the answer was cut short, however it ended.
     Unfinished,
+    /// In its format's shape, but a piece of the answer of a kind the gateway's reader does
+    /// not model (a Gemini image part, a Bedrock block that starts as no tool call): the
+    /// upstream answered well, only the gateway cannot pass it on — no failure of its key
+    /// (s28 diff attack F1).
+    Unsupported,
 }
 
 impl Corrupt {
@@ -56,6 +61,9 @@ impl Corrupt {
             }
             Corrupt::Unfinished => {
                 "The upstream ended its message before its finish; the stream was ended by the gateway."
+            }
+            Corrupt::Unsupported => {
+                "The upstream sent a kind of content the gateway cannot pass on; the stream was ended by the gateway."
             }
         }
     }
