@@ -320,7 +320,7 @@ async fn run(
     // windows to what it recorded: 0 on every early return below.
     let span = log.trace.stage("window");
     let mut booking = if ladder.has(Ladder::Window) {
-        rate_limit(state, &auth, &prepared, &log.id, &mut extras.rate).await?
+        rate_limit(state, &auth, &prepared, (&log.id, false), &mut extras.rate).await?
     } else {
         None
     };
@@ -397,8 +397,8 @@ async fn run(
                     old.correct_now().await;
                 }
                 if ladder.has(Ladder::Window) {
-                    booking =
-                        rate_limit(state, &auth, &prepared, &log.id, &mut extras.rate).await?;
+                    let moved = (log.id.as_str(), true);
+                    booking = rate_limit(state, &auth, &prepared, moved, &mut extras.rate).await?;
                 }
                 if plan.is_some() {
                     plan = cache_plan(state, req, &prepared, &auth)?;
@@ -614,11 +614,16 @@ fn cache_plan(
 /// Stage 3: checks (and books) the token's and the user's windows; `None` when neither has
 /// a limit (no round trip at all) or neither counts tokens (nothing to correct). The
 /// booking corrects their token windows when dropped (see `ratelimit::Booking`).
+/// Checks and books the request's windows. `moved`: the request moves to a rotated token's
+/// successor (stage 5) and was counted in its user's request window already — the old
+/// booking's correction gives back its tokens, not its request — so the user's requests
+/// are not checked or counted again (s27 diff attack F2: a user at its limit with it got a
+/// 429 for a request already admitted).
 async fn rate_limit(
     state: &AppState,
     auth: &TokenAuth,
     p: &Prepared,
-    request_id: &str,
+    (request_id, moved): (&str, bool),
     rate: &mut Option<Decision>,
 ) -> Result<Option<Booking>, ApiError> {
     let n = |v: Option<i64>| v.unwrap_or(0).max(0) as u64;
@@ -637,7 +642,8 @@ async fn rate_limit(
         n(auth.tpm),
     ));
     if auth.user_rpm.is_some() || auth.user_tpm.is_some() {
-        specs.push(WindowSpec::user(user, n(auth.user_rpm), n(auth.user_tpm)));
+        let requests = if moved { 0 } else { n(auth.user_rpm) };
+        specs.push(WindowSpec::user(user, requests, n(auth.user_tpm)));
     }
     let estimated = p.input_tokens + p.cap.map_or(0, |(_, c)| c).saturating_mul(p.n);
     let (d, booking) = state

@@ -121,9 +121,23 @@ async fn app_with_stalling_embedder(
 /// The request waits on the embedder at stage 4, its token is rotated meanwhile: it is
 /// charged to the successor (every ledger row of it carries the successor's id, its log
 /// row too), the old token's balance is untouched, its windows are the successor's (one
-/// request in them, not the old token's two), and the invariant holds.
+/// request in them, not the old token's two), its user's request window counts it once —
+/// a user at its limit with it is not refused it (s27 diff attack F2: the move booked it
+/// there a second time, a 429 for a request already admitted) — and the invariant holds.
 async fn a_token_rotated_during_the_semantic_lookup_is_charged_as_its_successor(engine: Engine) {
     let (app, mut asked, go) = app_with_stalling_embedder(engine, json!([0.0, 1.0, 0.0])).await;
+    // Two requests a minute for the user: the first question and the held one.
+    let user = sluice::cli::UserArgs {
+        username: "rita",
+        team: None,
+        rpm: Some(2),
+        tpm: None,
+        budget_usd: None,
+        reset: None,
+    };
+    sluice::cli::user_create(app.db(), &user, chrono::Utc::now())
+        .await
+        .unwrap();
     make_login(&app, "root", "admin", None).await;
     let admin = login(&app, "root").await;
     let (old_id, text) = app
@@ -154,7 +168,7 @@ async fn a_token_rotated_during_the_semantic_lookup_is_charged_as_its_successor(
     go.notify_one();
 
     let resp = stalled.await.unwrap();
-    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.status(), 200, "the user's window holds it once");
     let header = |name: &str| {
         resp.headers()
             .get(name)
