@@ -514,9 +514,6 @@ impl Pump {
         let mut events = events(self.framing, upstream, most);
         // The client left before the answer was whole: a departure.
         let mut client_gone = false;
-        // The client left while the pump waited on the upstream (not on the client): how
-        // long the upstream had been silent then says something of the key (`StreamEnd::Left`).
-        let mut left_waiting = false;
         // The client left after the finish (its answer whole), at this instant: the pump
         // reads on, for the client no more, until the usage or the upstream's end, at most
         // `AFTER_THE_FINISH` (`left_after_the_finish`).
@@ -586,7 +583,6 @@ impl Pump {
                         continue;
                     }
                     client_gone = true;
-                    left_waiting = true;
                     break;
                 }
                 // Polled once: a finished future is not polled again.
@@ -734,8 +730,6 @@ impl Pump {
             // The answer is whole: what follows its finish (no usage, no `[DONE]`, a stall,
             // a break) is no failure of the key's (s26 stop attack #5).
             StreamEnd::Whole
-        } else if client_gone && left_waiting && !shutting_down {
-            StreamEnd::Left
         } else if shutting_down || client_gone {
             StreamEnd::Unjudged
         } else if failure.is_some() {

@@ -410,25 +410,6 @@ impl Permit {
             .unanswered_of(self.probe, self.waited(), self.started, Some(self.opening))
     }
 
-    /// The client left a stream before its finish: no verdict on the key — unless the
-    /// upstream had been silent since its last progress for as long as an unanswered probe
-    /// must wait to count: then it is one, as a client leaving before the 200 is. A server
-    /// that sends its 200 and then nothing, its clients leaving before the idle timeout one
-    /// after the other, kept a half-open key half-open for ever (s28 diff attack F3); a
-    /// client leaving a stream that flows counts for nothing. Returns true when this
-    /// re-opened the breaker.
-    pub fn left_mid_stream(mut self) -> bool {
-        self.reported = true;
-        if !self.probe {
-            return false;
-        }
-        // A slot already freed (past the maximum wait, or by a re-open) was progressing.
-        let mut silent = Duration::ZERO;
-        self.with_slot(|p| silent = p.stream.map_or(Duration::ZERO, |(last, _)| last.elapsed()));
-        self.breaker
-            .unanswered_of(true, silent, self.started, Some(self.opening))
-    }
-
     /// No verdict on the upstream (a gate refused, a rate limit, a conflict).
     pub fn abandon(mut self) {
         self.reported = true;
@@ -628,40 +609,6 @@ mod tests {
         old.success();
         assert_eq!(b.state(), State::HalfOpen, "the old stream closes nothing");
         assert!(next.failure());
-        assert_eq!(b.state(), State::Open);
-    }
-
-    /// A client leaving a streamed probe before its finish gives no verdict — unless the
-    /// upstream had been silent for as long as an unanswered probe must wait to count: a
-    /// server that sends its 200 and then nothing kept a half-open key half-open for ever,
-    /// its clients leaving before the idle timeout one after the other (s28 diff attack F3).
-    #[test]
-    fn streamed_probes_left_on_a_silent_upstream_reopen_it_and_on_a_flowing_one_do_not() {
-        let b = Arc::new(Breaker::new(&BreakerSettings {
-            open_seconds: 0,
-            half_open_max_wait_seconds: 3,
-            ..cfg()
-        }));
-        for _ in 0..3 {
-            b.failure(false);
-        }
-        // A third of the 3 s maximum wait without progress counts; a probe that progressed
-        // just now does not, however long it has run.
-        let long_ago = Instant::now() - Duration::from_millis(1100);
-        let left = |progressed: Instant| {
-            let mut p = b.permit().expect("a probe");
-            p.sent();
-            p.streaming(Duration::from_secs(60));
-            p.with_slot(|s| s.stream = Some((progressed, Duration::from_secs(60))));
-            p.left_mid_stream()
-        };
-        for _ in 0..5 {
-            assert!(!left(Instant::now()), "a flowing stream left: no verdict");
-        }
-        assert_eq!(b.state(), State::HalfOpen);
-        assert!(!left(long_ago));
-        assert!(!left(long_ago));
-        assert!(left(long_ago), "the third silent one in a row re-opens it");
         assert_eq!(b.state(), State::Open);
     }
 

@@ -76,14 +76,9 @@ pub enum StreamEnd {
     /// The answer was whole: its finish came, whatever followed it (s26 stop attack #5: a
     /// server that sends no usage or no `[DONE]` after the finish answered all the same).
     Whole,
-    /// Nothing of the key's health: the client left (not taking frames) or the shutdown
-    /// ended it before the answer was whole, or the upstream's error event named no fault
-    /// of its own (`Fault`).
+    /// Nothing of the key's health: the client left or the shutdown ended it before the
+    /// answer was whole, or the upstream's error event named no fault of its own (`Fault`).
     Unjudged,
-    /// The client left while the gateway waited on the upstream, before the answer was
-    /// whole: nothing of the key's health, unless the upstream had been silent long enough
-    /// (`Permit::left_mid_stream`).
-    Left,
     /// The upstream failed it after its 200, before its finish: a stall, a break, an
     /// unreadable event or the hold limit (`ServerError`), or its own error event naming
     /// its own fault (`retry::of_fault`).
@@ -107,11 +102,6 @@ pub fn stream_ended(
             state.pool().succeeded(d);
         }
         StreamEnd::Unjudged => permit.abandon(),
-        StreamEnd::Left => {
-            if permit.left_mid_stream() {
-                breaker_opened(state, d);
-            }
-        }
         StreamEnd::Failed(_) if !still_in_use(state, dep) => permit.abandon(),
         StreamEnd::Failed(tier) => {
             tracing::warn!(upstream = %dep.id, tier = ?tier, "upstream stream failed after its 200");
