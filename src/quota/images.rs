@@ -119,26 +119,30 @@ pub struct NotAnImage(pub String);
 /// The media type an inline image part declares: a `data:` URL's, a base64 source's
 /// `media_type`; `None` where it names none (the provider judges the bytes) and for an
 /// image by URL or file id, whose type the provider learns from what it fetches.
+///
+/// A `data:` URL is read wherever a URL may stand — an Anthropic `url` source too, which a
+/// translation sends on as an `image_url` data URL — and after leading whitespace, which a
+/// relay may trim (s28 late attack F5: both passed as images by URL).
 fn declared_type(part: &Map<String, Value>) -> Option<&str> {
+    let source = part.get("source");
     let url = match part.get("image_url") {
         Some(Value::String(url)) => Some(url.as_str()),
         Some(Value::Object(u)) => u.get("url").and_then(Value::as_str),
-        _ => None,
+        _ => source.and_then(|s| s.get("url")).and_then(Value::as_str),
     };
-    let declared = match url {
+    let declared = match url.map(str::trim_start) {
         Some(url) => {
             let rest = url
                 .get(5..)
                 .filter(|_| url[..5].eq_ignore_ascii_case("data:"))?;
             rest.split([';', ',']).next()
         }
-        None => part
-            .get("source")
+        None => source
             .filter(|s| s.get("type").and_then(Value::as_str) == Some("base64"))
             .and_then(|s| s.get("media_type"))
             .and_then(Value::as_str),
     };
-    declared.filter(|t| !t.is_empty())
+    declared.map(str::trim).filter(|t| !t.is_empty())
 }
 
 fn is_image_type(t: &str) -> bool {
@@ -347,6 +351,16 @@ mod tests {
             read(json!({"type": "image", "source": {"type": "base64",
                 "media_type": "audio/wav", "data": "UklGRg=="}})),
             refused("audio/wav")
+        );
+        // A data URL in an Anthropic `url` source, or after whitespace (s28 late attack F5).
+        assert_eq!(
+            read(json!({"type": "image", "source": {"type": "url",
+                "url": "data:application/pdf;base64,JVBERi0="}})),
+            refused("application/pdf")
+        );
+        assert_eq!(
+            read(json!({"type": "image_url", "image_url": {"url": " \tdata:text/plain,hi"}})),
+            refused("text/plain")
         );
         for fine in [
             json!({"type": "image_url", "image_url": {"url": "data:IMAGE/PNG;base64,iVBORw0KGgo="}}),
