@@ -112,6 +112,12 @@ pub(super) struct Index {
 }
 
 impl Index {
+    /// The vector features held (`MAX_INDEX_FEATURES` bounds them).
+    #[cfg(test)]
+    pub(super) fn features(&self) -> usize {
+        self.features
+    }
+
     /// Adds a candidate to its context's bucket (replacing the same entry, dropping the
     /// oldest past `MAX_PER_CONTEXT`); `false`, and nothing added, past the budget.
     pub(super) fn add(&mut self, context: Key, key: Key, v: Vector) -> bool {

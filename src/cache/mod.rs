@@ -11,6 +11,8 @@
 pub mod embed;
 pub mod headers;
 pub mod key;
+#[cfg(test)]
+mod lifecycle_test;
 pub mod meaning;
 mod memory;
 pub mod replay;
@@ -97,6 +99,40 @@ fn prefix(key: &Key) -> u64 {
     let mut b = [0u8; 8];
     b.copy_from_slice(&key[..8]);
     u64::from_le_bytes(b)
+}
+
+/// How often each replica rebuilds its indexes from the table (`Cache::rebuild`), as a
+/// backstop: its own deletions it forgets at once, other replicas' at its lookups.
+pub const REBUILD_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Adds rows to the indexes; returns the highest rowid among them (0 for none).
+fn add_rows(
+    embedder: &Embedder,
+    rows: Vec<store::cache::IndexRow>,
+    index: &mut Index,
+    present: &mut HashSet<u64>,
+) -> i64 {
+    let mut seen = 0;
+    // Rows come oldest first: the newest `memory::MAX_PER_CONTEXT` of a context stay.
+    for (rowid, k, c, v) in rows {
+        seen = seen.max(rowid);
+        let Some(k) = as_key(&k) else { continue };
+        present.insert(prefix(&k));
+        // An `http` vector past `MAX_DIMENSIONS` (stored before the bound) is not read.
+        let v = v.filter(|v| {
+            matches!(embedder, Embedder::Lexical) || v.len() <= embed::MAX_DIMENSIONS * 8
+        });
+        if let (Some(c), Some(v)) = (c.as_deref().and_then(as_key), v) {
+            let v = embed::from_bytes(&v);
+            // A lexical vector stored by an older version had no bound.
+            let v = match embedder {
+                Embedder::Lexical => embed::bounded(v),
+                Embedder::Http { .. } => v,
+            };
+            index.add(c, k, v);
+        }
+    }
+    seen
 }
 
 /// Rows the semantic index reads back per query.
@@ -255,6 +291,10 @@ impl Cache {
             return Ok(None);
         }
         let Some(row) = store::cache::get(&self.db, key, now).await? else {
+            // Gone (another replica evicted or invalidated it) or expired: forgotten here
+            // too, or its key and vector stayed in memory until the next rebuild (s28 late
+            // attack F1).
+            self.forget(&[*key]);
             return Ok(None);
         };
         let Ok(answer) = serde_json::from_str(&row.answer) else {
@@ -452,16 +492,23 @@ impl Cache {
 
     /// Rebuilds the in-memory indexes (keys present, semantic candidates) from the
     /// database.
+    ///
+    /// Besides at start and after another process's invalidation, every
+    /// `REBUILD_EVERY` (housekeeping): what other replicas evicted is forgotten by each
+    /// one's own lookups only when they look, and a row `refresh` passed over — on
+    /// PostgreSQL a batch committed after a later id's, on SQLite a rowid reused once the
+    /// table drained — is read (s28 late attack F1, F2). The high-water mark is the
+    /// highest row read, so a table whose rowids started again is followed again.
     pub async fn rebuild(&self, now: DateTime<Utc>) -> Result<(), StoreError> {
         let (mut index, mut present) = (Index::default(), HashSet::new());
-        let (mut after, mut seen) = (0, self.seen_rowid.load(Ordering::Relaxed));
+        let (mut after, mut seen) = (0, 0);
         // A page at a time: the whole table's vectors at once were the rebuild's peak (s24
         // attack on the fixes, F2).
         loop {
             let rows = store::cache::index_rows(&self.db, after, now, INDEX_PAGE).await?;
             let full = rows.len() as i64 == INDEX_PAGE;
             after = rows.last().map_or(after, |r| r.0);
-            seen = seen.max(self.add_rows(rows, &mut index, &mut present));
+            seen = seen.max(add_rows(&self.embedder, rows, &mut index, &mut present));
             if !full {
                 break;
             }
@@ -470,36 +517,6 @@ impl Cache {
         *self.present.write() = present;
         self.seen_rowid.store(seen, Ordering::Relaxed);
         Ok(())
-    }
-
-    /// Adds rows to the indexes; returns the highest rowid among them (or the one seen).
-    fn add_rows(
-        &self,
-        rows: Vec<store::cache::IndexRow>,
-        index: &mut Index,
-        present: &mut HashSet<u64>,
-    ) -> i64 {
-        let mut seen = self.seen_rowid.load(Ordering::Relaxed);
-        // Rows come oldest first: the newest `memory::MAX_PER_CONTEXT` of a context stay.
-        for (rowid, k, c, v) in rows {
-            seen = seen.max(rowid);
-            let Some(k) = as_key(&k) else { continue };
-            present.insert(prefix(&k));
-            // An `http` vector past `MAX_DIMENSIONS` (stored before the bound) is not read.
-            let v = v.filter(|v| {
-                matches!(self.embedder, Embedder::Lexical) || v.len() <= embed::MAX_DIMENSIONS * 8
-            });
-            if let (Some(c), Some(v)) = (c.as_deref().and_then(as_key), v) {
-                let v = embed::from_bytes(&v);
-                // A lexical vector stored by an older version had no bound.
-                let v = match self.embedder {
-                    Embedder::Lexical => embed::bounded(v),
-                    Embedder::Http { .. } => v,
-                };
-                index.add(c, k, v);
-            }
-        }
-        seen
     }
 
     /// Polls `cache_epoch`: when another process invalidated entries, drops the LRU and
@@ -540,7 +557,7 @@ impl Cache {
             };
             from = next;
             let (mut index, mut present) = (self.index.write(), self.present.write());
-            self.add_rows(rows, &mut index, &mut present);
+            add_rows(&self.embedder, rows, &mut index, &mut present);
         }
         self.seen_rowid.fetch_max(last, Ordering::Relaxed);
         Ok(())
@@ -549,14 +566,16 @@ impl Cache {
     /// Deletes expired entries and those past `max_entries`, and forgets them here: the
     /// eviction every minute read the whole table's vectors back (a rebuild) whenever one
     /// row had expired (s27 cache F6). Other replicas forget them as their lookups find the
-    /// rows gone.
+    /// rows gone, and at their periodic rebuild (`REBUILD_EVERY`).
     pub async fn evict(&self, now: DateTime<Utc>) -> Result<u64, StoreError> {
-        let deleted: Vec<Key> = store::cache::evict(&self.db, self.cfg.max_entries, now)
-            .await?
-            .iter()
-            .filter_map(|k| as_key(k))
-            .collect();
-        self.forget(&deleted);
-        Ok(deleted.len() as u64)
+        let keys = |deleted: Vec<Vec<u8>>| -> Vec<Key> {
+            deleted.iter().filter_map(|k| as_key(k)).collect()
+        };
+        // Each step forgets what it deleted before the next may fail.
+        let expired = keys(store::cache::evict_expired(&self.db, now).await?);
+        self.forget(&expired);
+        let oldest = keys(store::cache::evict_oldest(&self.db, self.cfg.max_entries).await?);
+        self.forget(&oldest);
+        Ok((expired.len() + oldest.len()) as u64)
     }
 }

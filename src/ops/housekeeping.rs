@@ -24,6 +24,8 @@ const HEARTBEAT: Duration = Duration::from_secs(5);
 const ORPHANS_KEPT: chrono::Duration = chrono::Duration::days(7);
 /// Cache invalidations from other replicas are picked up within this.
 const CACHE_POLL: Duration = Duration::from_secs(1);
+/// Cache polls between two rebuilds of its indexes (`cache::REBUILD_EVERY`).
+const REBUILD_ROUNDS: u64 = crate::cache::REBUILD_EVERY.as_secs() / CACHE_POLL.as_secs();
 
 /// How often the scheduled backup checks whether one is due (the first check at start).
 const BACKUP_POLL: Duration = Duration::from_secs(60);
@@ -133,6 +135,11 @@ pub fn spawn(state: Arc<AppState>, me: Me) {
             if round % 60 == 59 {
                 if let Err(e) = c.cache.evict(now).await {
                     tracing::warn!(error = %e, "cache eviction failed");
+                }
+            }
+            if round % REBUILD_ROUNDS == REBUILD_ROUNDS - 1 {
+                if let Err(e) = c.cache.rebuild(now).await {
+                    tracing::warn!(error = %e, "cache rebuild failed");
                 }
             }
         }

@@ -172,34 +172,44 @@ pub async fn delete_tag_in(tx: &mut super::Tx, tag: &str) -> Result<Vec<Vec<u8>>
     Ok(keys)
 }
 
-/// Deletes expired entries and, past `max_entries`, the oldest ones; returns their keys,
-/// for the cache to forget (it no longer reads the whole table back after an eviction).
-pub async fn evict(db: &super::Db, max_entries: u64, now: DateTime<Utc>) -> Result<Vec<Vec<u8>>> {
+/// Deletes expired entries; returns their keys, for the cache to forget (it no longer
+/// reads the whole table back after an eviction).
+pub async fn evict_expired(db: &super::Db, now: DateTime<Utc>) -> Result<Vec<Vec<u8>>> {
     let sqlite = match &db.backend {
         super::Backend::Sqlite(sqlite) => sqlite,
         super::Backend::Postgres(pg) => {
-            return super::pg::cache::evict(&pg.pool, max_entries, now).await
+            return super::pg::cache::evict_expired(&pg.pool, now).await
+        }
+    };
+    Ok(
+        sqlx::query_scalar("DELETE FROM cache_entries WHERE expires_at <= ? RETURNING key")
+            .bind(db_time(now))
+            .fetch_all(&sqlite.write)
+            .await?,
+    )
+}
+
+/// Deletes the oldest entries past `max_entries`; returns their keys.
+pub async fn evict_oldest(db: &super::Db, max_entries: u64) -> Result<Vec<Vec<u8>>> {
+    let sqlite = match &db.backend {
+        super::Backend::Sqlite(sqlite) => sqlite,
+        super::Backend::Postgres(pg) => {
+            return super::pg::cache::evict_oldest(&pg.pool, max_entries).await
         }
     };
     let pool = &sqlite.write;
-    let mut keys: Vec<Vec<u8>> =
-        sqlx::query_scalar("DELETE FROM cache_entries WHERE expires_at <= ? RETURNING key")
-            .bind(db_time(now))
-            .fetch_all(pool)
-            .await?;
     let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM cache_entries")
         .fetch_one(pool)
         .await?;
     // `as i64` would read a `max_entries` past i64::MAX as negative: everything "over".
     let over = count.saturating_sub(i64::try_from(max_entries).unwrap_or(i64::MAX));
-    if over > 0 {
-        let oldest: Vec<Vec<u8>> = sqlx::query_scalar("DELETE FROM cache_entries WHERE key IN (SELECT key FROM cache_entries ORDER BY created_at LIMIT ?) RETURNING key")
-            .bind(over)
-            .fetch_all(pool)
-            .await?;
-        keys.extend(oldest);
+    if over <= 0 {
+        return Ok(Vec::new());
     }
-    Ok(keys)
+    Ok(sqlx::query_scalar("DELETE FROM cache_entries WHERE key IN (SELECT key FROM cache_entries ORDER BY created_at LIMIT ?) RETURNING key")
+        .bind(over)
+        .fetch_all(pool)
+        .await?)
 }
 
 pub async fn epoch(db: &super::Db) -> Result<i64> {

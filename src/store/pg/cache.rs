@@ -150,27 +150,31 @@ pub async fn delete_tag_in(conn: &mut PgConnection, tag: &str) -> Result<Vec<Vec
     Ok(keys)
 }
 
-/// Deletes expired entries and, past `max_entries`, the oldest ones; returns their keys.
-pub async fn evict(pool: &PgPool, max_entries: u64, now: DateTime<Utc>) -> Result<Vec<Vec<u8>>> {
-    let mut keys: Vec<Vec<u8>> =
+/// Deletes expired entries; returns their keys.
+pub async fn evict_expired(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<Vec<u8>>> {
+    Ok(
         sqlx::query_scalar("DELETE FROM cache_entries WHERE expires_at <= $1 RETURNING key")
             .bind(db_time(now))
             .fetch_all(pool)
-            .await?;
+            .await?,
+    )
+}
+
+/// Deletes the oldest entries past `max_entries`; returns their keys.
+pub async fn evict_oldest(pool: &PgPool, max_entries: u64) -> Result<Vec<Vec<u8>>> {
     let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM cache_entries")
         .fetch_one(pool)
         .await?;
     let over = count.saturating_sub(i64::try_from(max_entries).unwrap_or(i64::MAX));
-    if over > 0 {
-        let oldest: Vec<Vec<u8>> = sqlx::query_scalar(
-            "DELETE FROM cache_entries WHERE key IN (SELECT key FROM cache_entries ORDER BY created_at LIMIT $1) RETURNING key",
-        )
-        .bind(over)
-        .fetch_all(pool)
-        .await?;
-        keys.extend(oldest);
+    if over <= 0 {
+        return Ok(Vec::new());
     }
-    Ok(keys)
+    Ok(sqlx::query_scalar(
+        "DELETE FROM cache_entries WHERE key IN (SELECT key FROM cache_entries ORDER BY created_at LIMIT $1) RETURNING key",
+    )
+    .bind(over)
+    .fetch_all(pool)
+    .await?)
 }
 
 pub async fn epoch(pool: &PgPool) -> Result<i64> {

@@ -1,0 +1,107 @@
+//! What a replica's memory keeps of the table as other replicas evict and store: a row
+//! another replica deleted is forgotten at this one's lookup and at its rebuild, and a
+//! table whose rowids started again is followed again after a rebuild (s28 late attack F1,
+//! F2: the per-minute rebuild after an eviction had been the only cleanup).
+
+use std::sync::Arc;
+
+use chrono::{Duration, Utc};
+use serde_json::{json, Value};
+
+use super::{prefix, Cache, Plan};
+use crate::config::{CacheSettings, UpstreamTimeouts};
+use crate::error::WireFormat;
+use crate::store::writer::Writer;
+use crate::store::Db;
+
+fn cache(db: &Db) -> Arc<Cache> {
+    Cache::new(
+        &CacheSettings::default(),
+        &UpstreamTimeouts::default(),
+        db.clone(),
+        Writer::start(db),
+    )
+    .unwrap()
+}
+
+/// The plan of a question about `vin`; `"thanks"` is one with no meaning to compare
+/// (exact matches only, no vector).
+fn plan(c: &Cache, vin: &str) -> Plan {
+    let text = match vin {
+        "thanks" => "Thanks!".to_string(),
+        vin => format!("Why does the engine warning light blink on {vin} after a cold start?"),
+    };
+    let body = json!({"model": "gpt-4o-mini", "temperature": 0, "max_tokens": 100,
+        "messages": [{"role": "system", "content": "You diagnose cars."},
+            {"role": "user", "content": text}]});
+    c.plan(
+        &actix_web::http::header::HeaderMap::new(),
+        body.as_object().unwrap(),
+        WireFormat::OpenAi,
+        "gpt-4o-mini",
+        (1, 1),
+        None,
+        None,
+        None,
+    )
+    .unwrap()
+    .expect("cacheable")
+}
+
+fn answer() -> Value {
+    json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
+        "message": {"role": "assistant", "content": "Check the EGR valve."}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 24, "total_tokens": 36}})
+}
+
+fn far() -> std::time::Instant {
+    std::time::Instant::now() + std::time::Duration::from_secs(3600)
+}
+
+#[tokio::test]
+async fn rows_another_replica_evicted_are_forgotten_and_a_drained_table_is_followed_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(&dir.path().join("replicas.db"), false)
+        .await
+        .unwrap();
+    let (a, b) = (cache(&db), cache(&db));
+    let now = Utc::now();
+    let vins = ["thanks", "WVWZZZ1JZXW000002"];
+    for vin in vins {
+        a.put(&plan(&a, vin), &answer(), (12, 24), now).await;
+    }
+    a.flush().await;
+    b.refresh(now).await.unwrap();
+    assert_eq!(b.present.read().len(), 2);
+    assert!(b.index.read().features() > 0);
+
+    // Past their expiry, A evicts both; B learns of it at its lookup, then at its rebuild.
+    let later = now + Duration::hours(2);
+    assert_eq!(a.evict(later).await.unwrap(), 2);
+    // An exact match only: no semantic candidate forgets it on the way.
+    let first = plan(&b, vins[0]);
+    assert!(first.keys.context.is_none());
+    assert!(b.get(&first, later, far()).await.is_none());
+    assert!(
+        !b.present.read().contains(&prefix(&first.keys.exact)),
+        "a row found gone is forgotten"
+    );
+    assert_eq!(b.present.read().len(), 1, "the other one is still held");
+    b.rebuild(later).await.unwrap();
+    assert!(b.present.read().is_empty(), "the rebuild forgets it");
+    assert_eq!(b.index.read().features(), 0);
+
+    // The table drained, its rowids start again: after the rebuild B follows them.
+    let third = "WVWZZZ1JZXW000003";
+    a.put(&plan(&a, third), &answer(), (12, 24), later).await;
+    a.flush().await;
+    b.rebuild(later).await.unwrap();
+    let fourth = "WVWZZZ1JZXW000004";
+    a.put(&plan(&a, fourth), &answer(), (12, 24), later).await;
+    a.flush().await;
+    b.refresh(later).await.unwrap();
+    assert!(
+        b.get(&plan(&b, fourth), later, far()).await.is_some(),
+        "a row stored after the drain is found after the next refresh"
+    );
+}
