@@ -161,13 +161,27 @@ fn read_part(
     Ok(())
 }
 
-/// Why a part that is none of those read could not be: one with fields of its own (an
-/// `inlineData` image, `executableCode`) is a kind the gateway does not model, the
+/// The kinds of part Google documents that the gateway does not model.
+const UNMODELLED_PARTS: [&str; 6] = [
+    "inlineData",
+    "fileData",
+    "executableCode",
+    "codeExecutionResult",
+    "functionResponse",
+    "videoMetadata",
+];
+
+/// Why a part that is none of those read could not be: one of a kind Google documents and
+/// the gateway does not model (an `inlineData` image, `executableCode`) leaves the
 /// upstream's answer well-formed (`Corrupt::Unsupported`); anything else — not an object,
-/// or one with nothing in it — is no part at all (`Corrupt::Shape`).
+/// nothing in it, or fields of no documented kind (a broken server's `{"value": …}`) — is
+/// no part at all (`Corrupt::Shape`), so a garbled answer stays its key's failure (s28 late
+/// attack F6: any stray field made it unsupported).
 pub(super) fn unmodelled(part: &Value) -> Corrupt {
     match part.as_object() {
-        Some(fields) if !fields.is_empty() => Corrupt::Unsupported,
+        Some(fields) if UNMODELLED_PARTS.iter().any(|k| fields.contains_key(*k)) => {
+            Corrupt::Unsupported
+        }
         _ => Corrupt::Shape,
     }
 }

@@ -500,6 +500,10 @@ fn a_part_of_a_kind_not_modelled_is_told_apart_from_a_broken_one() {
         (json!({}), Corrupt::Shape),
         (json!("text"), Corrupt::Shape),
         (json!({"functionCall": {"args": {}}}), Corrupt::Shape),
+        // Fields of no documented kind: a garbled part, not an unmodelled one (s28 late
+        // attack F6).
+        (json!({"type": "text", "value": "x"}), Corrupt::Shape),
+        (json!({"thought": false}), Corrupt::Shape),
     ];
     for (part, why) in cases {
         let v = json!({"candidates": [{"content": {"parts": [{"text": "x"}, part]}}]});
