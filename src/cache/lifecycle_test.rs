@@ -104,4 +104,31 @@ async fn rows_another_replica_evicted_are_forgotten_and_a_drained_table_is_follo
         b.get(&plan(&b, fourth), later, far()).await.is_some(),
         "a row stored after the drain is found after the next refresh"
     );
+
+    // An answer B holds in memory is read again after a rebuild: its row may have been
+    // replaced unseen, a refresh passing over its reused rowid (s28 final attack #3).
+    let held = plan(&a, "WVWZZZ1JZXW000009");
+    a.put(&held, &answer(), (12, 24), later).await;
+    a.flush().await;
+    let mut changed = answer();
+    changed["choices"][0]["message"]["content"] = json!("Replace the EGR valve.");
+    a.put(&held, &changed, (12, 24), later).await;
+    a.flush().await;
+    b.lru.lock().put(
+        held.keys.exact,
+        Arc::new(super::Entry {
+            key: held.keys.exact,
+            answer: answer(),
+            input_tokens: 12,
+            output_tokens: 24,
+            expires_at: later + Duration::hours(1),
+        }),
+        1,
+    );
+    b.rebuild(later).await.unwrap();
+    let hit = b.get(&held, later, far()).await.expect("found");
+    assert_eq!(
+        hit.entry.answer, changed,
+        "the stored answer, not the one held"
+    );
 }

@@ -500,6 +500,9 @@ impl Cache {
     /// table drained — is read (s28 late attack F1, F2). The high-water mark is the
     /// highest row read, so a table whose rowids started again is followed again.
     pub async fn rebuild(&self, now: DateTime<Utc>) -> Result<(), StoreError> {
+        // An answer held in memory whose row was replaced unseen (a refresh passing over
+        // its new rowid) is read again at its next use (s28 final attack #3).
+        self.lru.lock().clear();
         let (mut index, mut present) = (Index::default(), HashSet::new());
         let (mut after, mut seen) = (0, 0);
         // A page at a time: the whole table's vectors at once were the rebuild's peak (s24
@@ -525,7 +528,6 @@ impl Cache {
     pub async fn refresh(&self, now: DateTime<Utc>) -> Result<(), StoreError> {
         let epoch = store::cache::epoch(&self.db).await?;
         if self.epoch.swap(epoch, Ordering::Relaxed) != epoch {
-            self.lru.lock().clear();
             return self.rebuild(now).await;
         }
         // Most new rows are this replica's own, already in memory: read vectors back only

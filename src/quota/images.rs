@@ -125,10 +125,15 @@ pub struct NotAnImage(pub String);
 /// relay may trim (s28 late attack F5: both passed as images by URL).
 fn declared_type(part: &Map<String, Value>) -> Option<&str> {
     let source = part.get("source");
+    let kind = |k: &str| source.filter(|s| s.get("type").and_then(Value::as_str) == Some(k));
     let url = match part.get("image_url") {
         Some(Value::String(url)) => Some(url.as_str()),
         Some(Value::Object(u)) => u.get("url").and_then(Value::as_str),
-        _ => source.and_then(|s| s.get("url")).and_then(Value::as_str),
+        // Only a `url` source's: a stray `url` beside a base64 source's `media_type` hid it
+        // (s28 final attack #1).
+        _ => kind("url")
+            .and_then(|s| s.get("url"))
+            .and_then(Value::as_str),
     };
     let declared = match url.map(str::trim_start) {
         Some(url) => {
@@ -137,8 +142,7 @@ fn declared_type(part: &Map<String, Value>) -> Option<&str> {
                 .filter(|_| url[..5].eq_ignore_ascii_case("data:"))?;
             rest.split([';', ',']).next()
         }
-        None => source
-            .filter(|s| s.get("type").and_then(Value::as_str) == Some("base64"))
+        None => kind("base64")
             .and_then(|s| s.get("media_type"))
             .and_then(Value::as_str),
     };
@@ -361,6 +365,12 @@ mod tests {
         assert_eq!(
             read(json!({"type": "image_url", "image_url": {"url": " \tdata:text/plain,hi"}})),
             refused("text/plain")
+        );
+        // A stray `url` beside a base64 source's type hides nothing (s28 final attack #1).
+        assert_eq!(
+            read(json!({"type": "image", "source": {"type": "base64",
+                "media_type": "application/pdf", "url": "https://x/y.png", "data": "JVBERi0="}})),
+            refused("application/pdf")
         );
         for fine in [
             json!({"type": "image_url", "image_url": {"url": "data:IMAGE/PNG;base64,iVBORw0KGgo="}}),

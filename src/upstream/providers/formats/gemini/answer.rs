@@ -153,12 +153,20 @@ fn read_part(
                 cache: None,
             });
         }
-    } else if part.get("thoughtSignature").is_none() {
+    } else if !signature_only(part) {
         // Inline images, code execution: nothing the internal form carries, and an answer
         // is never cut silently.
         return Err(unmodelled(part));
     }
     Ok(())
+}
+
+/// A part that carries a thought signature and nothing the gateway leaves out: a signed
+/// image or code part (Gemini 3 signs its image parts) is one the gateway cannot pass on,
+/// not a signature to keep (s28 final attack #2: it was dropped, the answer cut silently).
+pub(super) fn signature_only(part: &Value) -> bool {
+    part.get("thoughtSignature").is_some()
+        && !UNMODELLED_PARTS.iter().any(|k| part.get(*k).is_some())
 }
 
 /// The kinds of part Google documents that the gateway does not model.

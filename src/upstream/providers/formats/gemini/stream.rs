@@ -9,7 +9,8 @@
 use serde_json::Value;
 
 use super::answer::{
-    blocked, call_id, call_prefix, finish_of, parts_of, read_reported, text, unmodelled,
+    blocked, call_id, call_prefix, finish_of, parts_of, read_reported, signature_only, text,
+    unmodelled,
 };
 use super::error::read_error;
 use crate::upstream::providers::canonical::{Event, Finish};
@@ -155,7 +156,7 @@ impl EventReader {
                     text: t.to_string(),
                 });
             }
-        } else if part.get("thoughtSignature").is_none() {
+        } else if !signature_only(part) {
             return Err(unmodelled(part));
         }
         Ok(())

@@ -504,6 +504,11 @@ fn a_part_of_a_kind_not_modelled_is_told_apart_from_a_broken_one() {
         // attack F6).
         (json!({"type": "text", "value": "x"}), Corrupt::Shape),
         (json!({"thought": false}), Corrupt::Shape),
+        // A signed image is still an image (s28 final attack #2: dropped as a signature).
+        (
+            json!({"inlineData": {"mimeType": "image/png", "data": "AA=="}, "thoughtSignature": "c2ln"}),
+            Corrupt::Unsupported,
+        ),
     ];
     for (part, why) in cases {
         let v = json!({"candidates": [{"content": {"parts": [{"text": "x"}, part]}}]});
