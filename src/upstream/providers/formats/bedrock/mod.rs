@@ -14,7 +14,9 @@ mod events;
 mod read;
 
 pub use events::EventReader;
-pub use read::{answer_text, error_type, read_answer, read_error, read_reported, read_usage};
+pub use read::{
+    answer_text, error_type, names_a_fault, read_answer, read_error, read_reported, read_usage,
+};
 
 use serde_json::{json, Map, Value};
 

@@ -198,6 +198,26 @@ pub fn read_error(status: u16, body: &Value) -> ErrorInfo {
     }
 }
 
+/// Whether an exception type names a fault of the upstream's own — what a mid-stream error
+/// judges its key by. An exception this reader does not know names none, though its
+/// status reads as a server error (s28 late attack F7).
+pub fn names_a_fault(exception: &str) -> bool {
+    matches!(
+        exception,
+        "throttlingException"
+            | "ThrottlingException"
+            | "serviceUnavailableException"
+            | "ServiceUnavailableException"
+            | "ModelNotReadyException"
+            | "internalServerException"
+            | "InternalServerException"
+            | "modelStreamErrorException"
+            | "ModelStreamErrorException"
+            | "ModelTimeoutException"
+            | "ModelErrorException"
+    )
+}
+
 /// The HTTP status a stream exception stands for (Bedrock's documented statuses).
 pub(super) fn exception_status(name: &str) -> u16 {
     match name {

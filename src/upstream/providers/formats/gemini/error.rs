@@ -13,6 +13,16 @@ use serde_json::Value;
 
 use crate::upstream::providers::canonical::{ErrorInfo, ErrorKind};
 
+/// Whether Google's `status` names a fault of the upstream's own — what a mid-stream error
+/// judges its key by. A kind read from a bare number or an unknown status (`CANCELLED`, an
+/// error with neither) names none (s28 late attack F7: they read as server errors).
+pub fn names_a_fault(status: &str) -> bool {
+    matches!(
+        status,
+        "UNAVAILABLE" | "RESOURCE_EXHAUSTED" | "INTERNAL" | "DEADLINE_EXCEEDED"
+    )
+}
+
 /// Vertex AI wraps some error bodies in an array of one (`[{"error": …}]`): read either.
 pub fn read_error(status: u16, body: &Value) -> ErrorInfo {
     let body = unwrap(body);

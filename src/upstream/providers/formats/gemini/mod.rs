@@ -25,7 +25,7 @@ mod request;
 mod stream;
 
 pub use answer::{answer_text, read_answer, read_reported, read_usage};
-pub use error::{is_quota, read_error, retry_delay};
+pub use error::{is_quota, names_a_fault, read_error, retry_delay};
 pub use request::write_request;
 pub use stream::EventReader;
 

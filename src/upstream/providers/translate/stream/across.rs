@@ -128,7 +128,8 @@ impl StreamConverter {
     /// later calls this on its reader's events: every piece of output is counted, the
     /// finish noted, a usage event sets the sides it reports — zeros too (input first,
     /// output last, or all at once) — and an error event ends the stream with the fault its
-    /// kind names (`ErrorKind::fault`).
+    /// kind names (`ErrorKind::fault`), when its provider's name for it (`code`: Google's
+    /// status, Bedrock's exception type) is one its reader knows (`names_a_fault`).
     pub(super) fn note_event(&mut self, e: &Event) {
         match e {
             Event::TextDelta { text, .. }
@@ -145,7 +146,13 @@ impl StreamConverter {
             // The upstream's own error event ends the stream, and judges its key by the
             // fault its kind names (s28 diff attack F2: it named none, and a Gemini or Bedrock
             // key failing every stream after its 200 was neither rested nor opened).
-            Event::Error(e) => self.end_by_the_upstream(e.kind.fault()),
+            // An error of a name the reader does not know is no fault of the upstream's (s28
+            // late attack F7: its fallback kind, a server error, opened the key).
+            Event::Error(e) => self.end_by_the_upstream(
+                e.kind
+                    .fault()
+                    .filter(|_| e.code.as_deref().is_some_and(names_a_fault)),
+            ),
             _ => {}
         }
     }
@@ -180,4 +187,11 @@ impl StreamConverter {
         }
         self.writer.write(e, out);
     }
+}
+
+/// Whether an error's provider name (`ErrorInfo::code`) names a fault of the upstream's
+/// own, for the formats read through the internal form: Google's statuses and Bedrock's
+/// exception types do not overlap.
+fn names_a_fault(code: &str) -> bool {
+    gemini::names_a_fault(code) || bedrock::names_a_fault(code)
 }

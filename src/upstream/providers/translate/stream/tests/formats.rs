@@ -471,6 +471,14 @@ fn gemini_and_bedrock_error_events_name_the_upstreams_fault() {
         (google(500, "INTERNAL"), Some(Fault::Server)),
         (google(400, "INVALID_ARGUMENT"), None),
         (google(403, "PERMISSION_DENIED"), None),
+        // Names the reader does not know, or none: no fault, though they read as server
+        // errors (s28 late attack F7).
+        (google(499, "CANCELLED"), None),
+        (json!({"error": {"message": "no"}}).to_string(), None),
+        (
+            json!({"error": {"code": 500, "message": "no"}}).to_string(),
+            None,
+        ),
     ];
     for (error, fault) in gemini {
         let mut c = StreamConverter::new(Format::Gemini, WireFormat::OpenAi, true, 10);
@@ -486,6 +494,7 @@ fn gemini_and_bedrock_error_events_name_the_upstreams_fault() {
         ("internalServerException", Some(Fault::Server)),
         ("modelStreamErrorException", Some(Fault::Server)),
         ("validationException", None),
+        ("fooBarException", None),
     ];
     for (exception, fault) in bedrock {
         let mut c = StreamConverter::new(Format::Bedrock, WireFormat::Anthropic, true, 10);
