@@ -1,7 +1,8 @@
 //! What a replica's memory keeps of the table as other replicas evict and store: a row
-//! another replica deleted is forgotten at this one's lookup and at its rebuild, and a
-//! table whose rowids started again is followed again after a rebuild (s28 late attack F1,
-//! F2: the per-minute rebuild after an eviction had been the only cleanup).
+//! another replica deleted is forgotten at this one's lookup and at its rebuild, a table
+//! whose ids started lower again is followed again after a rebuild (s28 late attack F1,
+//! F2: the per-minute rebuild after an eviction had been the only cleanup), and a row
+//! stored after the newest was evicted is seen at the next refresh (s28 stop attack F2).
 
 use std::sync::Arc;
 
@@ -91,7 +92,8 @@ async fn rows_another_replica_evicted_are_forgotten_and_a_drained_table_is_follo
     assert!(b.present.read().is_empty(), "the rebuild forgets it");
     assert_eq!(b.index.read().features(), 0);
 
-    // The table drained, its rowids start again: after the rebuild B follows them.
+    // The table drained. Its ids no longer start again on SQLite (migration 0029), but a
+    // table restored from a backup may go lower: after the rebuild B follows it.
     let third = "WVWZZZ1JZXW000003";
     a.put(&plan(&a, third), &answer(), (12, 24), later).await;
     a.flush().await;
@@ -106,7 +108,7 @@ async fn rows_another_replica_evicted_are_forgotten_and_a_drained_table_is_follo
     );
 
     // An answer B holds in memory is read again after a rebuild: its row may have been
-    // replaced unseen, a refresh passing over its reused rowid (s28 final attack #3).
+    // replaced unseen, a refresh passing over its new id (s28 final attack #3).
     let held = plan(&a, "WVWZZZ1JZXW000009");
     a.put(&held, &answer(), (12, 24), later).await;
     a.flush().await;
@@ -131,4 +133,114 @@ async fn rows_another_replica_evicted_are_forgotten_and_a_drained_table_is_follo
         hit.entry.answer, changed,
         "the stored answer, not the one held"
     );
+}
+
+#[tokio::test]
+async fn a_row_stored_after_the_newest_was_evicted_is_followed_by_other_replicas() {
+    // On SQLite a plain rowid is max + 1: once the newest row went, the next row took its
+    // rowid again and another replica's refresh, past it already, passed over it — a
+    // re-stored answer stayed in that replica's LRU, a new key was missing there, up to
+    // the 10-minute rebuild (s28 stop attack F2; a client sets a 1-second TTL at will).
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(&dir.path().join("reused.db"), false)
+        .await
+        .unwrap();
+    let (a, b) = (cache(&db), cache(&db));
+    let now = Utc::now();
+    let held = plan(&a, "WVWZZZ1JZXW000011");
+    a.put(&held, &answer(), (12, 24), now).await;
+    // The newest row, its hour nearly over: it expires a minute from `now`.
+    let brief = plan(&a, "WVWZZZ1JZXW000012");
+    a.put(&brief, &answer(), (12, 24), now - Duration::minutes(59))
+        .await;
+    a.flush().await;
+    b.refresh(now).await.unwrap();
+    assert!(
+        b.get(&held, now, far()).await.is_some(),
+        "B holds it in memory"
+    );
+
+    let later = now + Duration::minutes(2);
+    assert_eq!(a.evict(later).await.unwrap(), 1);
+    let mut changed = answer();
+    changed["choices"][0]["message"]["content"] = json!("Replace the EGR valve.");
+    a.put(&held, &changed, (12, 24), later).await;
+    let fresh = plan(&a, "WVWZZZ1JZXW000013");
+    a.put(&fresh, &answer(), (12, 24), later).await;
+    a.flush().await;
+
+    b.refresh(later).await.unwrap();
+    let hit = b.get(&held, later, far()).await.expect("found");
+    assert_eq!(
+        hit.entry.answer, changed,
+        "the answer stored again, not the one held"
+    );
+    assert!(
+        b.get(&plan(&b, "WVWZZZ1JZXW000013"), later, far())
+            .await
+            .is_some(),
+        "a key stored after the eviction is found"
+    );
+}
+
+#[tokio::test]
+async fn the_upgrade_to_ids_that_never_come_back_keeps_every_entry_and_its_number() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("upgraded.db");
+    // The table as migration 0010 made it, with two entries, and 0029 not yet applied.
+    let before = include_str!("../../migrations/sqlite/0010_cache.sql");
+    let table = &before[before.find("CREATE TABLE cache_entries").unwrap()
+        ..before.find("ALTER TABLE tokens").unwrap()];
+    {
+        let db = Db::open(&file, false).await.unwrap();
+        let w = &db.sqlite().write;
+        let undo = format!(
+            "DROP TABLE cache_entries; {table} DELETE FROM _sqlx_migrations WHERE version = 29;"
+        );
+        sqlx::raw_sql(&undo).execute(w).await.unwrap();
+        for (rowid, key) in [(7_i64, "a"), (9, "b")] {
+            sqlx::query(
+                "INSERT INTO cache_entries (rowid, key, scope, model, format, answer, tags, created_at, expires_at, hits)
+                 VALUES (?, ?, 's', 'm', 'openai', '{}', ',x,', 'c', 'e', 3)",
+            )
+            .bind(rowid)
+            .bind(key.as_bytes())
+            .execute(w)
+            .await
+            .unwrap();
+        }
+        w.close().await;
+    }
+
+    let db = Db::open(&file, false).await.unwrap();
+    let w = &db.sqlite().write;
+    let rows: Vec<(i64, Vec<u8>, String, i64)> =
+        sqlx::query_as("SELECT rowid, key, tags, hits FROM cache_entries ORDER BY rowid")
+            .fetch_all(w)
+            .await
+            .unwrap();
+    assert_eq!(
+        rows,
+        [
+            (7, b"a".to_vec(), ",x,".into(), 3),
+            (9, b"b".to_vec(), ",x,".into(), 3)
+        ]
+    );
+    // The newest row deleted, a key stored again still takes a number past every one given.
+    sqlx::query("DELETE FROM cache_entries WHERE rowid = 9")
+        .execute(w)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT OR REPLACE INTO cache_entries (key, scope, model, format, answer, created_at, expires_at)
+         VALUES (x'61', 's', 'm', 'openai', '{}', 'c', 'e')",
+    )
+    .execute(w)
+    .await
+    .unwrap();
+    let ids: Vec<i64> = sqlx::query_scalar("SELECT rowid FROM cache_entries")
+        .fetch_all(w)
+        .await
+        .unwrap();
+    assert_eq!(ids, [10]);
 }

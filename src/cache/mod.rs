@@ -496,12 +496,12 @@ impl Cache {
     /// Besides at start and after another process's invalidation, every
     /// `REBUILD_EVERY` (housekeeping): what other replicas evicted is forgotten by each
     /// one's own lookups only when they look, and a row `refresh` passed over — on
-    /// PostgreSQL a batch committed after a later id's, on SQLite a rowid reused once the
-    /// table drained — is read (s28 late attack F1, F2). The high-water mark is the
-    /// highest row read, so a table whose rowids started again is followed again.
+    /// PostgreSQL a batch committed after a later id's — is read (s28 late attack F1, F2;
+    /// SQLite's ids never come back, migration 0029). The high-water mark is the highest
+    /// row read, so a table restored or copied with lower ids is followed again.
     pub async fn rebuild(&self, now: DateTime<Utc>) -> Result<(), StoreError> {
         // An answer held in memory whose row was replaced unseen (a refresh passing over
-        // its new rowid) is read again at its next use (s28 final attack #3).
+        // its new id) is read again at its next use (s28 final attack #3).
         self.lru.lock().clear();
         let (mut index, mut present) = (Index::default(), HashSet::new());
         let (mut after, mut seen) = (0, 0);

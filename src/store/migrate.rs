@@ -5,7 +5,7 @@
 //! order, from `information_schema`) are read from SQLite and written in multi-row
 //! `INSERT`s, each value decoded by the PostgreSQL column's type (SQLite's 0/1 become
 //! booleans). Ids are kept; identity sequences are moved past them; an `id` SQLite's table
-//! lacks is its rowid (`login_failures`, `cache_entries`); `meta` (which the PostgreSQL migration seeds) is overwritten; the
+//! lacks is its rowid (`login_failures`); `meta` (which the PostgreSQL migration seeds) is overwritten; the
 //! spend-by-day rollups are rebuilt from the copied request log (`pg::requests::rebuild_days`).
 //! Not copied: `processes` (no gateway runs on the source: its rows are stale by
 //! definition), `finance_notices` (which alerts went out today: at worst one is sent again) and the migration bookkeeping. Before the commit, every table is read back
@@ -174,7 +174,7 @@ fn lite_expr(table: &str, col: &str, lite_cols: &[String]) -> Result<String> {
     if lite_cols.iter().any(|c| c == col) {
         Ok(format!("\"{col}\""))
     } else if col == "id" {
-        // PostgreSQL's id stands for SQLite's rowid (`login_failures`, `cache_entries`).
+        // PostgreSQL's id stands for SQLite's rowid (`login_failures`).
         Ok("rowid".into())
     } else {
         Err(StoreError::Conflict(format!(
