@@ -88,6 +88,15 @@ async fn rows_another_replica_evicted_are_forgotten_and_a_drained_table_is_follo
         "a row found gone is forgotten"
     );
     assert_eq!(b.present.read().len(), 1, "the other one is still held");
+    let second = plan(&b, vins[1]);
+    assert!(second.keys.context.is_some());
+    assert!(b.get(&second, later, far()).await.is_none());
+    assert!(b.present.read().is_empty());
+    assert_eq!(
+        b.index.read().features(),
+        0,
+        "its semantic candidate is forgotten in the context it was asked in"
+    );
     b.rebuild(later).await.unwrap();
     assert!(b.present.read().is_empty(), "the rebuild forgets it");
     assert_eq!(b.index.read().features(), 0);

@@ -162,6 +162,22 @@ impl Index {
         self.buckets.retain(|_, b| !b.is_empty());
         self.features -= freed;
     }
+
+    /// Drops `key` from its context's bucket alone: a lookup that finds its row gone knows
+    /// the context it asked in, and a pass over every bucket per gone row held the index's
+    /// write lock for the whole index each time another replica's eviction showed.
+    pub(super) fn forget_in(&mut self, context: &Key, key: &Key) {
+        let Some(bucket) = self.buckets.get_mut(context) else {
+            return;
+        };
+        let Some(at) = bucket.iter().position(|(k, _)| k == key) else {
+            return;
+        };
+        self.features -= bucket.remove(at).1.len();
+        if bucket.is_empty() {
+            self.buckets.remove(context);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -169,6 +185,28 @@ mod tests {
     use chrono::Utc;
 
     use super::*;
+
+    #[test]
+    fn a_key_is_forgotten_in_its_context_only() {
+        let mut index = Index::default();
+        let (here, there) = ([1u8; 32], [2u8; 32]);
+        let (gone, kept) = ([3u8; 32], [4u8; 32]);
+        index.add(here, gone, vec![(1, 1.0), (2, 1.0)]);
+        index.add(here, kept, vec![(1, 1.0)]);
+        index.add(there, gone, vec![(1, 1.0)]);
+        index.forget_in(&here, &gone);
+        assert_eq!(index.buckets[&here], vec![(kept, vec![(1, 1.0)])]);
+        assert_eq!(
+            index.buckets[&there].len(),
+            1,
+            "another context's is not looked at"
+        );
+        assert_eq!(index.features, 2);
+        index.forget_in(&here, &kept);
+        index.forget_in(&here, &kept);
+        assert!(!index.buckets.contains_key(&here), "an emptied bucket goes");
+        assert_eq!(index.features, 1);
+    }
 
     #[test]
     fn a_context_keeps_its_newest_candidates_only() {

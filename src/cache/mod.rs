@@ -280,6 +280,7 @@ impl Cache {
     async fn entry(
         &self,
         key: &Key,
+        context: Option<&Key>,
         format: WireFormat,
         now: DateTime<Utc>,
     ) -> Result<Option<Arc<Entry>>, StoreError> {
@@ -294,7 +295,7 @@ impl Cache {
             // Gone (another replica evicted or invalidated it) or expired: forgotten here
             // too, or its key and vector stayed in memory until the next rebuild (s28 late
             // attack F1).
-            self.forget(&[*key]);
+            self.forget_one(key, context);
             return Ok(None);
         };
         let Ok(answer) = serde_json::from_str(&row.answer) else {
@@ -327,7 +328,11 @@ impl Cache {
         now: DateTime<Utc>,
         deadline: std::time::Instant,
     ) -> Option<Hit> {
-        match self.entry(&plan.keys.exact, plan.format, now).await {
+        let context = plan.keys.context.as_ref();
+        match self
+            .entry(&plan.keys.exact, context, plan.format, now)
+            .await
+        {
             Ok(Some(entry)) => {
                 return Some(Hit {
                     entry,
@@ -363,14 +368,14 @@ impl Cache {
             .map(|(k, other)| (*k, embed::cosine(&v, other)))
             .filter(|(_, sim)| *sim >= plan.threshold)
             .max_by(|a, b| a.1.total_cmp(&b.1))?;
-        match self.entry(&best.0, plan.format, now).await {
+        match self.entry(&best.0, Some(&context), plan.format, now).await {
             Ok(Some(entry)) => Some(Hit {
                 entry,
                 kind: HitKind::Semantic,
                 similarity: best.1,
             }),
             _ => {
-                self.forget(&[best.0]);
+                self.forget_one(&best.0, Some(&context));
                 None
             }
         }
@@ -437,6 +442,18 @@ impl Cache {
     /// Drops deleted entries from memory: the LRU, the keys present and the semantic index.
     /// A key stored again meanwhile (its new row not yet read) is back at the next
     /// `refresh`, which reads a row whose key is not present as another replica's.
+    /// Drops one entry from memory, looking for its candidate in `context`'s bucket only:
+    /// an entry is indexed under the context of the request that stored it, which is the
+    /// context of every request its key matches. (One stored under another context — an
+    /// embedder changed between replicas — is dropped by the periodic rebuild.)
+    fn forget_one(&self, key: &Key, context: Option<&Key>) {
+        self.lru.lock().pop(key);
+        self.present.write().remove(&prefix(key));
+        if let Some(context) = context {
+            self.index.write().forget_in(context, key);
+        }
+    }
+
     fn forget(&self, keys: &[Key]) {
         if keys.is_empty() {
             return;
