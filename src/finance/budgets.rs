@@ -77,7 +77,7 @@ pub async fn forecasts(
 /// A rotated token's spend is its successor's history: its text spends the successor's
 /// budget, which carries on the rotated one's (`token_ops::rotate`). Each row's token
 /// becomes the last of its rotations.
-fn as_successors(rows: &mut [TokenDay], tokens: &[TokenSummary]) {
+pub(super) fn as_successors(rows: &mut [TokenDay], tokens: &[TokenSummary]) {
     let next: HashMap<i64, i64> = tokens
         .iter()
         .filter_map(|t| Some((t.id, t.successor_id?)))

@@ -1,11 +1,12 @@
 //! The weekly spend digest per team, to the alert webhooks (`weekly_digest`): the ISO week
 //! that ended last — its total, top tokens, top models, the team budget's forecast, and
 //! anomalies: a token that spent at least 5× its usual daily amount on a day (usual: its
-//! mean over the 28 days before that week; a token with no spend then has no usual yet).
+//! mean over the 28 days before that week; a token with no spend then has no usual yet). A
+//! rotated token's spend counts as its successor's, as its text does.
 //! Sent once per team and ISO week across every replica (`store::finance::note_once`); a
 //! team that spent nothing that week gets none.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use chrono::{Datelike, Duration, NaiveDate};
 
@@ -27,10 +28,13 @@ const TOP: usize = 5;
 pub async fn send(state: &AppState) -> Result<usize, StoreError> {
     let now = state.clock.now();
     let week = Week::ended_last(now.date_naive());
-    let days =
+    let mut days =
         finance::spend_by_token_day(&state.db, week.from - Duration::days(28), week.to).await?;
-    let labels: HashMap<i64, String> = tokens::list(&state.db)
-        .await?
+    let tokens = tokens::list(&state.db).await?;
+    // A rotated token's text spends as its successor: its history is the successor's
+    // usual, else a successor had none for 28 days (s29 finance attack F3).
+    budgets::as_successors(&mut days, &tokens);
+    let labels: HashMap<i64, String> = tokens
         .into_iter()
         .map(|t| (t.id, format!("{}… ({})", t.prefix, t.user)))
         .collect();
@@ -175,18 +179,23 @@ fn anomalies(
     {
         *before.entry(d.token_id).or_default() += i128::from(d.cost_micros);
     }
-    let mut out = Vec::new();
+    // A day's rows of one token are summed: a day split across a rotation is one day.
+    let mut week: BTreeMap<(i64, &str), i128> = BTreeMap::new();
     for d in days
         .iter()
         .filter(|d| d.team_id == Some(team) && d.day >= from_s && d.day < to_s)
     {
-        let Some(&sum) = before.get(&d.token_id).filter(|s| **s > 0) else {
+        *week.entry((d.token_id, &d.day)).or_default() += i128::from(d.cost_micros);
+    }
+    let mut out = Vec::new();
+    for ((token, day), spent) in week {
+        let Some(&sum) = before.get(&token).filter(|s| **s > 0) else {
             continue;
         };
         // spend ≥ 5 × sum / 28, exactly.
-        if i128::from(d.cost_micros) * 28 >= ANOMALY_FACTOR * sum {
-            let usual = i64::try_from(sum / 28).unwrap_or(i64::MAX);
-            out.push((d.token_id, d.day.clone(), d.cost_micros, usual));
+        if spent * 28 >= ANOMALY_FACTOR * sum {
+            let clamp = |v: i128| i64::try_from(v).unwrap_or(i64::MAX);
+            out.push((token, day.to_string(), clamp(spent), clamp(sum / 28)));
         }
     }
     out

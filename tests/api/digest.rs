@@ -183,3 +183,49 @@ async fn a_dropped_digest_leaves_the_week_unsent() {
         "{got:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_tokens_history_and_days_are_its_successors() {
+    // A rotated token's text spends as its successor, so the successor's usual spend is
+    // the rotated one's history, and a day split across the rotation is one day: the
+    // successor had no history of its own and was never an anomaly for 28 days (s29
+    // finance attack F3).
+    let app = app_with_webhook(600).await;
+    let ((rotated, user, team), _, from) = seed_weeks(&app).await;
+    crate::admin_helpers::make_login(&app, "root", "admin", None).await;
+    let admin = crate::admin_helpers::login(&app, "root").await;
+    let (status, r) = admin
+        .post(
+            &format!("/admin/api/v1/tokens/{rotated}/rotate"),
+            &serde_json::json!({"overlap_seconds": 0}),
+        )
+        .await;
+    assert_eq!(status, 201, "{r}");
+    let successor = r["id"].as_i64().unwrap();
+    let prefix = crate::helpers::sql_text(
+        app.db(),
+        &format!("SELECT prefix FROM tokens WHERE id = {successor}"),
+    )
+    .await;
+    // Thursday: $1 before the rotation, $4 after it; Friday: $1 and $6.
+    let ids = (successor, user, team);
+    let rows = vec![
+        row("after-thu".into(), ids, from + Duration::days(3), 4_000_000),
+        row("after-fri".into(), ids, from + Duration::days(4), 6_000_000),
+    ];
+    requests::insert_batch(app.db(), &rows).await.unwrap();
+
+    assert_eq!(sluice::finance::digest::send(&app.state).await.unwrap(), 1);
+    let digests = digests(&app, 1).await;
+    let text = digests[0]["message"].as_str().unwrap();
+    for (k, spent) in [(2, "6.000000"), (3, "5.000000"), (4, "7.000000")] {
+        let day = (from + Duration::days(k)).to_string();
+        assert!(
+            text.contains(&format!(
+                "anomaly: {prefix}… (ann) spent {spent} USD on {day}, at least 5× its usual 1.000000 USD a day"
+            )),
+            "{text}"
+        );
+    }
+    assert_eq!(text.matches("anomaly:").count(), 3, "{text}");
+}
