@@ -67,6 +67,8 @@ pub struct Report {
     /// The part of `total_micros` whose usage was estimated (`Group::estimated_micros`).
     pub total_estimated_micros: i64,
     pub total_requests: i64,
+    /// Requests and spend a tag filter could not place (`spend::Rows::rolled_up`).
+    pub rolled_up: (i64, i64),
     /// Spend per day of the range, every day present.
     pub days: Vec<(NaiveDate, i64)>,
     /// The query string that gives this report again (for the CSV link).
@@ -233,7 +235,10 @@ pub async fn report(
         filters: filters_of(q)?,
         scope: actor.scope(),
     };
-    let rows = spend::report(&state.db, &sq).await?;
+    let spend::Rows {
+        groups: rows,
+        rolled_up,
+    } = spend::report_rows(&state.db, &sq).await?;
     let group_by = std::mem::replace(&mut sq.group_by, vec![Dim::Day]);
     let per_day = spend::report(&state.db, &sq).await?;
     let mut days = Vec::new();
@@ -253,6 +258,7 @@ pub async fn report(
         total_micros: rows.iter().map(|r| r.spend_micros).sum(),
         total_estimated_micros: rows.iter().map(|r| r.estimated_micros).sum(),
         total_requests: rows.iter().map(|r| r.requests).sum(),
+        rolled_up,
         from,
         to,
         month,
@@ -266,7 +272,8 @@ pub async fn report(
 
 /// The report as JSON: its rows (each with its `keys` in `group_by` order, their `label`
 /// and its `estimated_micros`; asked with `by=`, the label only, as before), totals (the
-/// estimated part of the spend too) and the spend of every day.
+/// estimated part of the spend too), what a tag filter could not place (`rolled_up_…`)
+/// and the spend of every day.
 pub fn to_json(r: &Report) -> serde_json::Value {
     let rows: Vec<serde_json::Value> = r
         .rows
@@ -287,6 +294,7 @@ pub fn to_json(r: &Report) -> serde_json::Value {
         "by": r.by(), "group_by": group_by, "rows": rows,
         "total_micros": r.total_micros, "total_estimated_micros": r.total_estimated_micros,
         "total_requests": r.total_requests,
+        "rolled_up_requests": r.rolled_up.0, "rolled_up_micros": r.rolled_up.1,
         "days": r.days.iter().map(|(d, s)| serde_json::json!({"day": d.format("%Y-%m-%d").to_string(), "spend_micros": s})).collect::<Vec<_>>(),
     })
 }
@@ -439,6 +447,8 @@ pub fn csv_response(r: &Report) -> HttpResponse {
                 r.span().replace("..", "-to-")
             ),
         ))
+        // Its rows are the report's: what a tag filter could not place is said beside them.
+        .insert_header(("x-sluice-rolled-up-micros", r.rolled_up.1.to_string()))
         .body(to_csv(r))
 }
 

@@ -20,7 +20,7 @@ use serde::Serialize;
 use sqlx::{Database, Encode, FromRow, QueryBuilder, Type};
 
 use super::Result;
-use crate::tags::{self, Tags};
+use crate::tags::{self, Tags, OTHER};
 
 /// The label of a request without the tag key a report groups by. (A value past the
 /// rollup's daily bound reads as `tags::OTHER`, `(other)`: `store::tag_bound`.)
@@ -267,12 +267,28 @@ where
     if let Some(u) = &f.upstream {
         b.push(" AND upstream = ").push_bind(u.clone());
     }
-    // A coarse pre-filter (SQLite's LIKE ignores ASCII case); `matches` decides exactly.
+    // A coarse pre-filter (SQLite's LIKE ignores ASCII case); `fit` decides exactly. A
+    // pair rolled up by the daily bound (`key:(other)`, `(other):(other)`) is read too:
+    // the report says how much spend it could not place (`Rows::rolled_up`).
+    let other = format!("%,{OTHER}:{OTHER},%");
     for (k, v) in &f.tags {
-        let pattern = format!("%,{k}:{v},%").replace('_', "\\_");
-        b.push(" AND ',' || tags || ',' LIKE ")
-            .push_bind(pattern)
-            .push(" ESCAPE '\\'");
+        b.push(" AND (");
+        for (i, pattern) in [
+            format!("%,{k}:{v},%"),
+            format!("%,{k}:{OTHER},%"),
+            other.clone(),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            if i > 0 {
+                b.push(" OR ");
+            }
+            b.push("',' || tags || ',' LIKE ")
+                .push_bind(pattern.replace('_', "\\_"))
+                .push(" ESCAPE '\\'");
+        }
+        b.push(")");
     }
     let grouped: Vec<&str> = cols
         .iter()
@@ -346,14 +362,52 @@ fn key(d: &Dim, r: &Summed, tags: &Tags, n: &Names) -> String {
     }
 }
 
-/// Whether the request's tags hold every pair of the filter.
-fn matches(tags: &Tags, wanted: &[(String, String)]) -> bool {
-    wanted.iter().all(|(k, v)| tags.get(k) == Some(v.as_str()))
+/// How a rollup row's tags meet a tag filter.
+#[derive(Debug, PartialEq, Eq)]
+enum Fit {
+    /// Every pair of the filter.
+    Exact,
+    /// Every pair, or its key's value rolled up (`key:(other)`), or its key (`(other):
+    /// (other)` without the key), with at least one rolled up: it may be the filter's.
+    RolledUp,
+    No,
+}
+
+fn fit(tags: &Tags, wanted: &[(String, String)]) -> Fit {
+    let mut rolled_up = false;
+    for (k, v) in wanted {
+        match tags.get(k) {
+            Some(have) if have == v => {}
+            Some(OTHER) => rolled_up = true,
+            None if tags.get(OTHER) == Some(OTHER) => rolled_up = true,
+            _ => return Fit::No,
+        }
+    }
+    if rolled_up {
+        Fit::RolledUp
+    } else {
+        Fit::Exact
+    }
+}
+
+/// A report's rows, and the spend a tag filter could not place.
+#[derive(Debug, Default)]
+pub struct Rows {
+    pub groups: Vec<Group>,
+    /// Requests and spend in range matching every other filter whose tags the daily bound
+    /// rolled up where the filter looks (`store::tag_bound`): some of it may be the
+    /// filter's, none of it is in `groups`. Zero without a tag filter.
+    pub rolled_up: (i64, i64),
+}
+
+/// The report's rows (`report_rows`).
+pub async fn report(db: &super::Db, q: &SpendQuery) -> Result<Vec<Group>> {
+    Ok(report_rows(db, q).await?.groups)
 }
 
 /// The report's rows: ordered by their keys when the first dimension is a time, else
 /// dearest first (then by keys). Sums are kept in i128 and reported saturated to i64.
-pub async fn report(db: &super::Db, q: &SpendQuery) -> Result<Vec<Group>> {
+pub async fn report_rows(db: &super::Db, q: &SpendQuery) -> Result<Rows> {
     let rows: Vec<Summed> = match &db.backend {
         super::Backend::Sqlite(s) => {
             let mut b = query::<sqlx::Sqlite>(q);
@@ -366,10 +420,17 @@ pub async fn report(db: &super::Db, q: &SpendQuery) -> Result<Vec<Group>> {
     };
     let names = names(db, q).await?;
     let mut groups: BTreeMap<Vec<String>, [i128; 5]> = BTreeMap::new();
+    let mut rolled_up = (0i128, 0i128);
     for r in &rows {
         let tags = Tags::stored(&r.tags);
-        if !matches(&tags, &q.filters.tags) {
-            continue;
+        match fit(&tags, &q.filters.tags) {
+            Fit::Exact => {}
+            Fit::RolledUp => {
+                rolled_up.0 += i128::from(r.requests);
+                rolled_up.1 += i128::from(r.cost_micros);
+                continue;
+            }
+            Fit::No => continue,
         }
         let keys = q
             .group_by
@@ -406,7 +467,10 @@ pub async fn report(db: &super::Db, q: &SpendQuery) -> Result<Vec<Group>> {
                 .then_with(|| a.keys.cmp(&b.keys))
         });
     }
-    Ok(out)
+    Ok(Rows {
+        groups: out,
+        rolled_up: (clamp(rolled_up.0), clamp(rolled_up.1)),
+    })
 }
 
 #[cfg(test)]
@@ -499,10 +563,48 @@ mod tests {
         assert_eq!(key(&Dim::Tag("env".into()), &r, &tags, &n), "prod");
         assert_eq!(key(&Dim::Tag("project".into()), &r, &tags, &n), UNTAGGED);
         assert_eq!(key(&Dim::Team, &r, &tags, &n), "no team");
-        assert!(matches(&tags, &[("env".into(), "prod".into())]));
-        assert!(
-            !matches(&tags, &[("env".into(), "Prod".into())]),
+        assert_eq!(fit(&tags, &[("env".into(), "prod".into())]), Fit::Exact);
+        assert_eq!(
+            fit(&tags, &[("env".into(), "Prod".into())]),
+            Fit::No,
             "tags are case-sensitive"
         );
+    }
+
+    #[test]
+    fn a_pair_rolled_up_may_be_the_filters_and_is_told_apart() {
+        let want = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let fits = |stored: &str, pairs: &[(&str, &str)]| fit(&Tags::stored(stored), &want(pairs));
+        let apollo = [("project", "apollo")];
+        assert_eq!(fits("project:apollo", &apollo), Fit::Exact);
+        assert_eq!(fits("project:(other)", &apollo), Fit::RolledUp, "its value");
+        assert_eq!(
+            fits("(other):(other),env:prod", &apollo),
+            Fit::RolledUp,
+            "its key"
+        );
+        assert_eq!(
+            fits("env:prod", &apollo),
+            Fit::No,
+            "no such key, none rolled up"
+        );
+        assert_eq!(
+            fits("project:hermes", &apollo),
+            Fit::No,
+            "another value admitted"
+        );
+        let both = [("env", "prod"), ("project", "apollo")];
+        assert_eq!(fits("env:prod,project:(other)", &both), Fit::RolledUp);
+        assert_eq!(
+            fits("env:dev,project:(other)", &both),
+            Fit::No,
+            "one pair says no"
+        );
+        assert_eq!(fits("env:prod,project:apollo", &both), Fit::Exact);
     }
 }
