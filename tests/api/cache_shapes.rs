@@ -475,3 +475,156 @@ async fn a_translated_answer_its_upstream_ended_whole_is_cached() {
         assert_eq!(app.mock.state.stats(key).count, before, "{what}");
     }
 }
+
+/// An OpenAI chat answer of `message` ending with `reason` (`null`: none), whole; or its
+/// stream, whose finish chunk is left out for `null` — `[DONE]` ends it with no finish.
+fn openai_answer(reason: Value, message: Value, stream: bool) -> Script {
+    let usage = json!({"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19});
+    if !stream {
+        return Script {
+            body: Some(
+                json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1,
+                "model": "gpt-4o-mini-upstream", "choices": [{"index": 0, "message": message,
+                "logprobs": null, "finish_reason": reason}], "usage": usage}),
+            ),
+            ..Script::default()
+        };
+    }
+    let chunk = |choices: Value, usage: Value| {
+        SseEvent::Data(
+            json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
+            "model": "gpt-4o-mini-upstream", "choices": choices, "usage": usage}),
+        )
+    };
+    let mut events = vec![chunk(
+        json!([{"index": 0, "delta": {"role": "assistant", "content": message["content"]}, "finish_reason": null}]),
+        Value::Null,
+    )];
+    if !reason.is_null() {
+        events.push(chunk(
+            json!([{"index": 0, "delta": {}, "finish_reason": reason}]),
+            Value::Null,
+        ));
+    }
+    events.push(chunk(json!([]), usage));
+    events.push(SseEvent::Data(json!("[DONE]")));
+    Script {
+        events: Some(events),
+        ..Script::default()
+    }
+}
+
+/// A translated answer its upstream gave no reason for — Anthropic's `stop_reason: null`
+/// (written to an OpenAI client as `stop`), OpenAI's `finish_reason: null` or a stream's
+/// `[DONE]` before any finish (written to an Anthropic client as `end_turn`), Gemini's
+/// `finishReason` absent — or a cut the reader wrote as a whole one (Anthropic's
+/// `model_context_window_exceeded` as `length`, vLLM's `abort` beside a tool call as
+/// `tool_use`) is relayed but not stored, streamed or not: the readers took these for a
+/// whole finish, and the same answer refused within one format (`cache::shape`) was stored
+/// translated (s28 stop attack F1).
+#[tokio::test]
+async fn a_translated_answer_its_upstream_gave_no_reason_for_is_answered_but_not_cached() {
+    let app = translated_app().await;
+    let (_, token) = app.token("no-reason", None).await;
+    let said = json!({"role": "assistant", "content": "I can"});
+    let called = json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_1",
+        "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]});
+    let mut cases: Vec<(String, &str, &str, Value, Script, &str)> = Vec::new();
+    for stream in [false, true] {
+        let n = u8::from(stream);
+        let mut openai = json!({"model": "claude", "temperature": 0, "max_tokens": 100, "stream": stream,
+            "messages": [{"role": "user", "content": format!("What does fault code F1{n} mean?")}]});
+        if stream {
+            openai["stream_options"] = json!({"include_usage": true});
+        }
+        // Anthropic's `stop_reason: null`, whole and in the stream's `message_delta`.
+        let mut null = anthropic_answer("end_turn", stream);
+        match (&mut null.body, &mut null.events) {
+            (Some(b), _) => b["stop_reason"] = Value::Null,
+            (_, Some(events)) => {
+                for e in events {
+                    if let SseEvent::Named(name, v) = e {
+                        if name == "message_delta" {
+                            v["delta"]["stop_reason"] = Value::Null;
+                        }
+                    }
+                }
+            }
+            _ => unreachable!(),
+        }
+        cases.push((
+            format!("OpenAI client, Anthropic null, stream: {stream}"),
+            "/v1/chat/completions",
+            KEY_B,
+            openai.clone(),
+            null,
+            r#""finish_reason":"stop""#,
+        ));
+        openai["messages"][0]["content"] = json!(format!("What does fault code F2{n} mean?"));
+        cases.push((
+            format!("OpenAI client, Anthropic model_context_window_exceeded, stream: {stream}"),
+            "/v1/chat/completions",
+            KEY_B,
+            openai,
+            anthropic_answer("model_context_window_exceeded", stream),
+            r#""finish_reason":"length""#,
+        ));
+        let anthropic_client = |q: String| {
+            json!({"model": "gpt-4o-mini", "temperature": 0, "max_tokens": 100, "stream": stream,
+                "messages": [{"role": "user", "content": q}]})
+        };
+        cases.push((
+            format!("Anthropic client, OpenAI null, stream: {stream}"),
+            "/v1/messages",
+            KEY_A,
+            anthropic_client(format!("Where is sensor F3{n}?")),
+            openai_answer(Value::Null, said.clone(), stream),
+            r#""stop_reason":"end_turn""#,
+        ));
+    }
+    cases.push((
+        "Anthropic client, OpenAI abort beside a tool call".into(),
+        "/v1/messages",
+        KEY_A,
+        json!({"model": "gpt-4o-mini", "temperature": 0, "max_tokens": 100,
+            "messages": [{"role": "user", "content": "Look up sensor F40."}]}),
+        openai_answer(json!("abort"), called, false),
+        r#""stop_reason":"tool_use""#,
+    ));
+    let mut gemini = gemini_answer("STOP", false);
+    gemini.body.as_mut().unwrap()["candidates"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("finishReason");
+    cases.push((
+        "Anthropic client, Gemini without finishReason".into(),
+        "/v1/messages",
+        KEY_G,
+        json!({"model": "gem", "temperature": 0, "max_tokens": 100,
+            "messages": [{"role": "user", "content": "Where is sensor F50?"}]}),
+        gemini,
+        r#""stop_reason":"end_turn""#,
+    ));
+    for (what, path, key, body, script, told) in cases {
+        // The client is told a reason, as before.
+        app.mock.state.script(key, [script.clone()]);
+        let resp = app.post(path, &token, &body).await;
+        assert_eq!(resp.status(), 200, "{what}");
+        let text = resp.text().await.unwrap().replace(": ", ":");
+        assert!(text.contains(told), "{what}: {text}");
+        settle_cache(&app).await;
+        asked_twice_reaches_the_upstream(&app, &token, path, key, &body, script, &what).await;
+    }
+    // The control: the OpenAI upstream's `stop` to an Anthropic client is stored.
+    let body = json!({"model": "gpt-4o-mini", "temperature": 0, "max_tokens": 100,
+        "messages": [{"role": "user", "content": "Where is sensor F60?"}]});
+    app.mock
+        .state
+        .script(KEY_A, [openai_answer(json!("stop"), said, false)]);
+    let resp = app.post("/v1/messages", &token, &body).await;
+    assert_eq!(resp.status(), 200);
+    let _ = resp.text().await;
+    settle_cache(&app).await;
+    let resp = app.post("/v1/messages", &token, &body).await;
+    assert_eq!(cache_of(&resp), "hit-exact");
+}

@@ -278,6 +278,15 @@ pub enum Finish {
     Pause,
     /// A reason this form has no name for, carried as the upstream wrote it.
     Other(String),
+    /// A finish the reader stood in for one the upstream did not vouch for as whole: no
+    /// reason given (Anthropic's `stop_reason`, OpenAI's `finish_reason` null or absent, a
+    /// stream's `[DONE]` before any; Gemini's `finishReason` absent), a reason not known
+    /// beside tool calls or a stop sequence, or a cut the client's formats have no word
+    /// for but the inner one (Anthropic's `model_context_window_exceeded`, written as
+    /// `Length`). Written to the client as the inner finish (`shown`), never whole
+    /// (s28 stop attack F1: the readers took these for `Stop` or `ToolCalls`, and a
+    /// translated answer so cut was cached).
+    Unvouched(Box<Finish>),
 }
 
 impl Finish {
@@ -286,12 +295,33 @@ impl Finish {
     /// call a paused or cut answer complete (`stop`, `end_turn`; late attack L5): the model
     /// finished, or stopped at a stop sequence, or to call tools; or at the output cap the
     /// request set, but not with a tool call, whose arguments the cap may have cut mid-JSON.
-    /// A paused turn, a refusal, a filter's cut and any reason not named are not.
+    /// A paused turn, a refusal, a filter's cut, any reason not named and a finish the
+    /// upstream did not give (`Unvouched`) are not.
     pub fn ended_whole(&self, tool_calls: bool) -> bool {
         match self {
             Finish::Stop | Finish::StopSequence(_) | Finish::ToolCalls => true,
             Finish::Length => !tool_calls,
-            Finish::ContentFilter | Finish::Refusal | Finish::Pause | Finish::Other(_) => false,
+            Finish::ContentFilter
+            | Finish::Refusal
+            | Finish::Pause
+            | Finish::Other(_)
+            | Finish::Unvouched(_) => false,
+        }
+    }
+
+    /// The finish a client is told: an `Unvouched` one's stand-in, any other itself.
+    pub fn shown(&self) -> &Finish {
+        match self {
+            Finish::Unvouched(f) => f.shown(),
+            f => f,
+        }
+    }
+
+    /// `f`, marked as not vouched for by the upstream (`Unvouched`).
+    pub fn unvouched(f: Finish) -> Finish {
+        match f {
+            Finish::Unvouched(_) => f,
+            f => Finish::Unvouched(Box::new(f)),
         }
     }
 }
@@ -552,6 +582,9 @@ mod tests {
             Finish::Refusal,
             Finish::Pause,
             Finish::Other("MALFORMED_FUNCTION_CALL".into()),
+            Finish::unvouched(Finish::Stop),
+            Finish::unvouched(Finish::ToolCalls),
+            Finish::unvouched(Finish::Length),
         ] {
             assert!(!f.ended_whole(false), "{f:?}");
         }

@@ -12,10 +12,17 @@ use crate::upstream::providers::translate::stream::Corrupt;
 use crate::upstream::providers::{anthropic, tokens};
 
 /// The internal form's finish for an Anthropic `stop_reason` and `stop_sequence`.
+/// No `stop_reason` (null or absent) is written to a client as `end_turn` and
+/// `model_context_window_exceeded` (a cut) as `max_tokens`, but neither is whole
+/// (`Finish::Unvouched`; s28 stop attack F1).
 pub fn read_finish(reason: Option<&str>, sequence: Option<&str>) -> Finish {
-    match reason.unwrap_or("end_turn") {
+    let Some(reason) = reason else {
+        return Finish::unvouched(Finish::Stop);
+    };
+    match reason {
         "end_turn" => Finish::Stop,
-        "max_tokens" | "model_context_window_exceeded" => Finish::Length,
+        "max_tokens" => Finish::Length,
+        "model_context_window_exceeded" => Finish::unvouched(Finish::Length),
         "tool_use" => Finish::ToolCalls,
         "refusal" => Finish::Refusal,
         "stop_sequence" => Finish::StopSequence(sequence.map(str::to_string)),
@@ -26,14 +33,14 @@ pub fn read_finish(reason: Option<&str>, sequence: Option<&str>) -> Finish {
 
 /// Anthropic's `stop_reason` and `stop_sequence` for a finish.
 pub fn write_finish(f: &Finish) -> (&'static str, Value) {
-    match f {
+    match f.shown() {
         Finish::Length => ("max_tokens", Value::Null),
         Finish::ToolCalls => ("tool_use", Value::Null),
         Finish::ContentFilter | Finish::Refusal => ("refusal", Value::Null),
         Finish::StopSequence(Some(s)) => ("stop_sequence", json!(s)),
         Finish::StopSequence(None) => ("stop_sequence", Value::Null),
         Finish::Pause => ("pause_turn", Value::Null),
-        Finish::Stop | Finish::Other(_) => ("end_turn", Value::Null),
+        Finish::Stop | Finish::Other(_) | Finish::Unvouched(_) => ("end_turn", Value::Null),
     }
 }
 

@@ -28,7 +28,8 @@ pub fn read_answer(v: &Value) -> Result<Answer, Corrupt> {
             finish_of(c.get("finishReason"), calls > 0)
         }
         None if blocked(v) => Finish::ContentFilter,
-        None => Finish::Stop,
+        // No candidate, nor a block named: no reason given (s28 stop attack F1).
+        None => Finish::unvouched(Finish::Stop),
     };
     Ok(Answer {
         id: text(v.get("responseId")).unwrap_or_default(),
@@ -207,11 +208,18 @@ pub(super) fn call_id(prefix: &str, n: usize) -> String {
     format!("call_{prefix}_{n}")
 }
 
-/// Gemini's `finishReason`. `STOP` after function calls is the internal `ToolCalls`.
+/// Gemini's `finishReason`. `STOP` after function calls is the internal `ToolCalls`. None
+/// given (absent, or `FINISH_REASON_UNSPECIFIED`) is told a client as `STOP` would be, but
+/// is not whole (`Finish::Unvouched`, s28 stop attack F1).
 pub(super) fn finish_of(reason: Option<&Value>, called: bool) -> Finish {
+    let told = if called {
+        Finish::ToolCalls
+    } else {
+        Finish::Stop
+    };
     match reason.and_then(Value::as_str) {
-        None | Some("STOP" | "FINISH_REASON_UNSPECIFIED") if called => Finish::ToolCalls,
-        None | Some("STOP" | "FINISH_REASON_UNSPECIFIED") => Finish::Stop,
+        None | Some("FINISH_REASON_UNSPECIFIED") => Finish::unvouched(told),
+        Some("STOP") => told,
         Some("MAX_TOKENS") => Finish::Length,
         Some(
             "SAFETY"

@@ -29,32 +29,52 @@ pub struct FinishNotes {
 }
 
 impl FinishNotes {
+    /// No reason (null, absent, or a stream's `[DONE]` before one) and a reason not known
+    /// are not whole (`Finish::Unvouched`, s28 stop attack F1), though a client is told
+    /// what the answer holds: its tool calls, its stop sequence, or `stop`.
     pub fn finish(&self) -> Finish {
-        match self.reason.as_deref().unwrap_or("stop") {
+        let Some(reason) = self.reason.as_deref() else {
+            return Finish::unvouched(self.held(Finish::Stop));
+        };
+        match reason {
             "length" => Finish::Length,
             "tool_calls" | "function_call" => Finish::ToolCalls,
             "content_filter" => Finish::ContentFilter,
-            _ if self.tool_calls => Finish::ToolCalls,
-            _ if self.refusal => Finish::Refusal,
-            _ if self.sequence.is_some() => Finish::StopSequence(self.sequence.clone()),
-            // Text Generation Inference before 2.2.1 ends an answer so: whole, as the cache
-            // judges it within one format (a translated answer is cached by this reading,
-            // late attack L5).
-            "stop" | "eos_token" => Finish::Stop,
-            "stop_sequence" => Finish::StopSequence(None),
-            other => Finish::Other(other.to_string()),
+            // Text Generation Inference before 2.2.1 ends an answer with `eos_token`:
+            // whole, as the cache judges it within one format (a translated answer is
+            // cached by this reading, late attack L5).
+            "stop" | "eos_token" => self.held(Finish::Stop),
+            "stop_sequence" => self.held(Finish::StopSequence(None)),
+            other => match self.held(Finish::Other(other.to_string())) {
+                f @ (Finish::Other(_) | Finish::Refusal) => f,
+                f => Finish::unvouched(f),
+            },
+        }
+    }
+
+    /// The finish of an answer that ended with `stop` or the like (`or`): by its tool calls,
+    /// its refusal or its stop sequence, when it has one.
+    fn held(&self, or: Finish) -> Finish {
+        if self.tool_calls {
+            Finish::ToolCalls
+        } else if self.refusal {
+            Finish::Refusal
+        } else if self.sequence.is_some() {
+            Finish::StopSequence(self.sequence.clone())
+        } else {
+            or
         }
     }
 }
 
 /// OpenAI's `finish_reason` for a finish, and the matched stop sequence (`stop_reason`).
 pub fn finish_reason(f: &Finish) -> (&'static str, Option<&str>) {
-    match f {
+    match f.shown() {
         Finish::Length => ("length", None),
         Finish::ToolCalls => ("tool_calls", None),
         Finish::ContentFilter | Finish::Refusal => ("content_filter", None),
         Finish::StopSequence(s) => ("stop", s.as_deref()),
-        Finish::Stop | Finish::Pause | Finish::Other(_) => ("stop", None),
+        Finish::Stop | Finish::Pause | Finish::Other(_) | Finish::Unvouched(_) => ("stop", None),
     }
 }
 
@@ -250,7 +270,8 @@ pub fn write_answer(a: &Answer) -> Value {
     }
     // No text with tool calls or a refusal is `null`, as OpenAI sends it.
     let no_text = text.is_empty()
-        && (!tool_calls.is_empty() || matches!(a.finish, Finish::Refusal | Finish::ContentFilter));
+        && (!tool_calls.is_empty()
+            || matches!(a.finish.shown(), Finish::Refusal | Finish::ContentFilter));
     let mut message =
         json!({"role": "assistant", "content": if no_text { Value::Null } else { json!(text) }});
     if !refusal.is_empty() {

@@ -182,7 +182,8 @@ impl StreamConverter {
             }
             Event::Error(_) => self.error_sent = true,
             Event::ToolCallStart { .. } => self.called = true,
-            Event::Finish(f) => self.cut = !f.ended_whole(self.called),
+            // Sticky: a later finish (one choice across formats) does not mend an earlier cut.
+            Event::Finish(f) => self.cut |= !f.ended_whole(self.called),
             _ => {}
         }
         self.writer.write(e, out);

@@ -41,7 +41,7 @@ pub(super) fn response_object(
     finish: Option<&Finish>,
     usage: Value,
 ) -> Value {
-    let (status, incomplete) = match finish {
+    let (status, incomplete) = match finish.map(Finish::shown) {
         Some(Finish::Length) => ("incomplete", json!({"reason": "max_output_tokens"})),
         Some(Finish::ContentFilter) => ("incomplete", json!({"reason": "content_filter"})),
         _ => ("completed", Value::Null),

@@ -6,6 +6,7 @@ mod choices;
 mod formats;
 mod limits;
 mod reports;
+mod unvouched;
 
 /// Chunks of an OpenAI stream's choices, a usage in a chunk of its own, and what the
 /// client was told (the s19 attack tests of `choices` and `choice_reports`).
