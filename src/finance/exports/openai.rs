@@ -52,10 +52,17 @@ impl exports::Bucket for Bucket<'_> {
         self.end_time.map(|t| t.to_string())
     }
 
+    const START: &'static str = "start_time";
+    const END: &'static str = "end_time";
+
+    fn instant(written: &str) -> Option<chrono::DateTime<chrono::Utc>> {
+        exports::openai_instant(written)
+    }
+
     type Item = Line;
 
-    fn lines(self, at: &str) -> Result<Vec<Line>, ExportError> {
-        exports::openai_bucket_lines(at, self.start_time, self.results, line)
+    fn lines(self, at: &str, day: chrono::NaiveDate) -> Result<Vec<Line>, ExportError> {
+        exports::openai_bucket_lines(at, day, self.results, line)
     }
 }
 
@@ -209,6 +216,46 @@ mod tests {
                 ("b.json: page 1", exports::Named::of(None, Some("proj_abc"))),
             ]
         );
+    }
+
+    /// A bucket is one UTC day or part of one, as a CSV row is: a week's bucket, or a day
+    /// starting off UTC midnight (a query from local midnight), would land whole on its
+    /// start's day. Refused naming the bucket and `end_time`; an hour's is part of its day.
+    #[test]
+    fn a_bucket_longer_than_its_utc_day_is_refused() {
+        let start = 1730419200_i64;
+        let with = |from: i64, to: i64| {
+            PAGE.replace("1730505600", &to.to_string())
+                .replace("1730419200", &from.to_string())
+        };
+        for (from, to) in [
+            (start, start + 7 * 86_400),
+            (start + 8 * 3_600, start + 32 * 3_600),
+        ] {
+            let e = read(&with(from, to)).unwrap_err().to_string();
+            assert!(
+                e.starts_with("page 1, data[0].end_time: ") && e.contains("UTC day"),
+                "{e}"
+            );
+            assert!(e.contains("UTC-midnight start_time"), "{e}");
+        }
+        // Ending before it starts: not a slice of its day either.
+        let e = read(&with(start, start - 1)).unwrap_err().to_string();
+        assert!(e.contains("data[0].end_time"), "{e}");
+        // A day, an hour, and the last hour of a day: accepted, on their start's day.
+        for (from, to) in [
+            (start, start + 86_400),
+            (start + 3_600, start + 7_200),
+            (start + 23 * 3_600, start + 86_400),
+        ] {
+            let lines = read(&with(from, to)).unwrap();
+            assert!(
+                lines
+                    .iter()
+                    .all(|l| l.day == chrono::NaiveDate::from_ymd_opt(2024, 11, 1).unwrap()),
+                "{lines:?}"
+            );
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use chrono::{DateTime, Duration, NaiveDate, Utc};
+use chrono::{DateTime, NaiveDate, Utc};
 
 use super::{in_file, ExportError, Figures, Line, Named, Part};
 use crate::finance::decimal;
@@ -224,11 +224,7 @@ fn read_one(text: &str) -> Result<Vec<Row>, ExportError> {
 /// A shorter row (an hour) is part of its day.
 fn within_its_day(start: DateTime<Utc>, text: &str) -> Result<DateTime<Utc>, String> {
     let end = instant_of(text).ok_or("not a time")?;
-    let midnight = start
-        .date_naive()
-        .checked_add_signed(Duration::days(1))
-        .map(|d| d.and_time(chrono::NaiveTime::MIN).and_utc());
-    if end < start || midnight.is_none_or(|m| end > m) {
+    if !super::ends_in_its_day(start, end) {
         return Err(format!(
             "the row must lie within its start's UTC day ({}): export with a 1-day interval",
             start.date_naive()
