@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{self as exports, walk, ExportError, Line};
+use super::{self as exports, walk, ExportError, Figures, Line};
 use crate::finance::decimal;
 
 /// The report's cost type of a web search.
@@ -40,8 +40,8 @@ pub fn read(text: &str) -> Result<Vec<Line>, ExportError> {
 }
 
 /// The pages of one download saved as `files` (`exports::walk_files`).
-pub fn read_files(files: &[exports::File]) -> Result<Vec<Line>, ExportError> {
-    exports::walk_files::<Bucket>(files).map(|f| f.lines)
+pub fn read_files(files: &[exports::File]) -> Result<Figures<Line>, ExportError> {
+    exports::walk_files::<Bucket>(files)
 }
 
 impl exports::Bucket for Bucket<'_> {

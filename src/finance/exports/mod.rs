@@ -79,11 +79,24 @@ pub struct Part {
     pub named: Named,
 }
 
-/// A download's figures, and its parts (`Part`).
+/// A download's figures, its parts (`Part`), and the days it covers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Figures<T> {
     pub lines: Vec<T>,
     pub parts: Vec<Part>,
+    /// Its first and last UTC day: of every bucket (a JSON page's, empty ones included: a
+    /// day the provider billed nothing is a day the export covers) or CSV row; `None` when
+    /// it has none. What is compared (`run::reconcile_file`), not the figures' days: an
+    /// empty first or last day would drop Sluice's spend on it from the comparison.
+    pub days: Option<(NaiveDate, NaiveDate)>,
+}
+
+/// `days` widened to hold `day`.
+pub(crate) fn covering(
+    days: Option<(NaiveDate, NaiveDate)>,
+    day: NaiveDate,
+) -> Option<(NaiveDate, NaiveDate)> {
+    Some(days.map_or((day, day), |(first, last)| (first.min(day), last.max(day))))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -215,7 +228,7 @@ where
 /// clean, so it is refused. A bucket given twice — a page saved twice — counts once when its
 /// figures are the same and is refused when they differ (which one is the bill?). Each
 /// bucket must lie within its start's UTC day (`day_of`). Each page with figures is a
-/// `Part`.
+/// `Part`; every bucket's day is a day the download covers (`Figures::days`).
 pub(crate) fn walk_files<'a, B>(files: &[File<'a>]) -> Result<Figures<B::Item>, ExportError>
 where
     B: Bucket + Deserialize<'a>,
@@ -247,12 +260,14 @@ where
     let mut seen: HashMap<String, Vec<B::Item>> = HashMap::new();
     let mut lines = Vec::new();
     let mut parts = Vec::new();
+    let mut days = None;
     for (place, page) in pages {
         let mut named: Option<Named> = None;
         for (i, bucket) in page.data.into_iter().enumerate() {
             let at = format!("{place}, data[{i}]");
             let start = bucket.start();
             let day = day_of::<B>(&at, &start, bucket.end().as_deref())?;
+            days = covering(days, day);
             let figures = bucket.lines(&at, day)?;
             for f in &figures {
                 named = Some(named.unwrap_or_default().or(f.named()));
@@ -277,7 +292,7 @@ where
         }
     }
     continuity?;
-    Ok(Figures { lines, parts })
+    Ok(Figures { lines, parts, days })
 }
 
 /// The index of the download's last page: the one holding the latest bucket (pages may

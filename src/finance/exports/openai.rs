@@ -258,6 +258,40 @@ mod tests {
         }
     }
 
+    /// The days a download covers are its buckets' — empty ones included (days without
+    /// spend) — not its figures': Sluice's spend on an empty first or last day is compared.
+    #[test]
+    fn the_days_covered_are_the_buckets_empty_ones_included() {
+        let day = |n: i64| (1730419200 + 86_400 * n).to_string();
+        let empty = |n: i64| {
+            format!(
+                r#"{{"data":[{{"start_time":{},"end_time":{},"results":[]}}],"has_more":false}}"#,
+                day(n),
+                day(n + 1)
+            )
+        };
+        let first = PAGE
+            .replace("1730505600", &day(2))
+            .replace("1730419200", &day(1))
+            .replace("\"has_more\":false", "\"has_more\":true");
+        let read = read_files(&[
+            ("a.json", &empty(0).replace("false", "true")),
+            ("b.json", &first),
+            ("c.json", &empty(2)),
+        ])
+        .unwrap();
+        let d = |n: u32| chrono::NaiveDate::from_ymd_opt(2024, 11, n).unwrap();
+        assert!(read.lines.iter().all(|l| l.day == d(2)));
+        assert_eq!(read.days, Some((d(1), d(3))));
+        // Empty buckets only: their days, no figure; no bucket at all: no day.
+        assert_eq!(
+            read_files(&[("", &empty(0))]).unwrap().days,
+            Some((d(1), d(1)))
+        );
+        let none = read_files(&[("", r#"{"data":[],"has_more":false}"#)]).unwrap();
+        assert_eq!(none.days, None);
+    }
+
     #[test]
     fn a_bad_file_names_its_problem() {
         let e = read("{\"data\": [}").unwrap_err().to_string();

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use chrono::{DateTime, NaiveDate, Utc};
 
-use super::{in_file, ExportError, Figures, Line, Named, Part};
+use super::{covering, in_file, ExportError, Figures, Line, Named, Part};
 use crate::finance::decimal;
 
 /// Whether `text` looks like this export rather than the JSON of the Costs API.
@@ -79,6 +79,8 @@ pub fn read_files(files: &[super::File]) -> Result<Figures<Line>, ExportError> {
     let mut counted: Vec<Vec<(RowId, i64)>> = Vec::new();
     let mut seen: HashMap<RowId, String> = HashMap::new();
     let (mut lines, mut parts) = (Vec::new(), Vec::new());
+    // The rows' days: a header-only file (days without spend) names no day it covers.
+    let mut days = None;
     for (name, rows) in read {
         if rows.is_empty() {
             continue; // a header only: a range without spend
@@ -100,6 +102,7 @@ pub fn read_files(files: &[super::File]) -> Result<Figures<Line>, ExportError> {
                 )));
             }
             named = named.or(row.line.named);
+            days = covering(days, row.line.day);
             seen.insert(row.id, place);
             lines.push(row.line);
         }
@@ -115,7 +118,7 @@ pub fn read_files(files: &[super::File]) -> Result<Figures<Line>, ExportError> {
             "not a cost export: the file has no rows",
         )));
     }
-    Ok(Figures { lines, parts })
+    Ok(Figures { lines, parts, days })
 }
 
 /// One file's rows; errors name the row (its header is row 1). A row repeating another's
@@ -333,6 +336,18 @@ mod tests {
         assert!(lines
             .iter()
             .all(|l| l.micros == 60_000 && l.day == lines[0].day));
+    }
+
+    /// The days a download of CSV files covers are its rows'; a header-only file (days
+    /// without spend) holds no date, so it names none.
+    #[test]
+    fn the_days_covered_are_the_rows() {
+        let day = |n| NaiveDate::from_ymd_opt(2024, 11, n).unwrap();
+        let later = CSV.replace("1730419200,1730505600", "1730592000,1730678400");
+        let header = CSV.lines().next().unwrap();
+        let read = read_files(&[("a.csv", CSV), ("h.csv", header), ("b.csv", &later)]).unwrap();
+        assert_eq!(read.days, Some((day(1), day(3))));
+        assert!(read_files(&[("h.csv", header)]).is_err());
     }
 
     #[test]
