@@ -168,23 +168,15 @@ pub fn ungrouped<'a>(
     })
 }
 
-/// The days an export covers: its first and last.
-pub fn days(lines: &[Line]) -> Option<(NaiveDate, NaiveDate)> {
-    let first = lines.iter().map(|l| l.day).min()?;
-    let last = lines.iter().map(|l| l.day).max()?;
-    Some((first, last))
-}
-
-/// One row per (day, model, account) either side has, in that order.
+/// One row per (day, model, account) either side has, in that order, inside `days` (the
+/// first and last the export covers, `exports::Figures::days`).
 pub fn compare(
     lines: &[Line],
+    (first, last): (NaiveDate, NaiveDate),
     spend: &[UpstreamSpend],
     accounts: &Accounts,
     t: Thresholds,
 ) -> Vec<ReconciliationRow> {
-    let Some((first, last)) = days(lines) else {
-        return Vec::new();
-    };
     let (first, last) = (first.to_string(), last.to_string());
     // Σ in i128: (Sluice, provider) per key.
     let mut cells: BTreeMap<(String, String, String), (i128, i128)> = BTreeMap::new();
@@ -363,7 +355,7 @@ mod tests {
             line(1, "gpt-4o-mini-2024-07-18", &["proj_unknown"], 3_000_000),
             line(2, "gpt-4o", &[], 9_000_000),
         ];
-        let rows = compare(&lines, &spend, &accounts, T);
+        let rows = compare(&lines, (day(1), day(2)), &spend, &accounts, T);
         let got: Vec<_> = rows
             .iter()
             .map(|r| {

@@ -74,9 +74,9 @@ impl Export {
             Export::Openai if some_csv => exports::openai_csv::read_files(&files),
             Export::Openai => exports::openai::read_files(&files),
             Export::Anthropic => {
-                exports::anthropic::read_files(&files).map(|lines| exports::Figures {
-                    lines,
+                exports::anthropic::read_files(&files).map(|f| exports::Figures {
                     parts: Vec::new(),
+                    ..f
                 })
             }
             Export::OpenaiUsage => Err(exports::ExportError(
@@ -117,10 +117,12 @@ pub async fn reconcile_file(
         .collect();
     let download = Download::read(files)?;
     let file = &download.source;
-    let exports::Figures { lines, parts } = export.read_download(&download.files())?;
-    let Some((first, last)) = reconcile::days(&lines) else {
+    let exports::Figures { lines, parts, days } = export.read_download(&download.files())?;
+    // The days the export covers, its days without spend included: Sluice's spend on them
+    // is compared. An export of no bucket covers none.
+    let Some((first, last)) = days else {
         return Err(FinanceError::Unreadable(format!(
-            "{file}: the export holds no cost figures"
+            "{file}: the export covers no day — no page holds a bucket"
         )));
     };
     let accounts = Accounts::new(deployments(db, settings, export.provider()).await?);
@@ -139,7 +141,7 @@ pub async fn reconcile_file(
         micros: settings.finance.threshold_micros(),
         bp: settings.finance.threshold_bp(),
     };
-    let rows = reconcile::compare(&lines, &spend, &accounts, t);
+    let rows = reconcile::compare(&lines, (first, last), &spend, &accounts, t);
     let sum = |f: fn(&ReconciliationRow) -> i64| {
         let s: i128 = rows.iter().map(|r| i128::from(f(r))).sum();
         i64::try_from(s).unwrap_or(i64::MAX)

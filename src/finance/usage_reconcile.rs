@@ -67,19 +67,14 @@ impl TokenRun {
     }
 }
 
-/// One row per (day, model, account) either side has, in that order, inside the export's
-/// days (`lines` not empty: else no rows).
+/// One row per (day, model, account) either side has, in that order, inside `days` (the
+/// first and last the export covers, `exports::Figures::days`).
 pub fn compare(
     lines: &[TokenLine],
+    (first, last): (NaiveDate, NaiveDate),
     logged: &[UpstreamTokens],
     accounts: &Accounts,
 ) -> Vec<TokenRow> {
-    let (Some(first), Some(last)) = (
-        lines.iter().map(|l| l.day).min(),
-        lines.iter().map(|l| l.day).max(),
-    ) else {
-        return Vec::new();
-    };
     let (first, last) = (first.to_string(), last.to_string());
     let mut cells: BTreeMap<(String, String, String), (Counts, Counts)> = BTreeMap::new();
     for t in logged {
@@ -155,14 +150,12 @@ pub async fn reconcile_usage(
 ) -> Result<TokenRun, FinanceError> {
     let download = Download::read(files)?;
     let source = &download.source;
-    let Figures { lines, parts } = openai_usage::read_files(&download.files())
+    let Figures { lines, parts, days } = openai_usage::read_files(&download.files())
         .map_err(|e| FinanceError::Unreadable(e.to_string()))?;
-    let (Some(first), Some(last)) = (
-        lines.iter().map(|l| l.day).min(),
-        lines.iter().map(|l| l.day).max(),
-    ) else {
+    // The days the export covers, its days without usage included (`reconcile_file`).
+    let Some((first, last)) = days else {
         return Err(FinanceError::Unreadable(format!(
-            "{source}: the export holds no usage figures"
+            "{source}: the export covers no day — no page holds a bucket"
         )));
     };
     let accounts = Accounts::new(super::run::deployments(db, settings, Provider::Openai).await?);
@@ -175,7 +168,7 @@ pub async fn reconcile_usage(
         source: download.source,
         first_day: first,
         last_day: last,
-        rows: compare(&lines, &logged, &accounts),
+        rows: compare(&lines, (first, last), &logged, &accounts),
     })
 }
 
@@ -213,6 +206,7 @@ mod tests {
                 line(2, "gpt-4o-mini-2024-07-18", 100, 10, 5),
                 line(2, "gpt-4o", 7, 1, 0),
             ],
+            (day(1), day(2)),
             &[
                 logged(1, "gpt-4o-mini", 100, 10, 5),
                 logged(2, "gpt-4o-mini", 100, 10, 6),

@@ -441,7 +441,20 @@ async fn an_unreadable_export_exits_2_naming_the_problem() {
     let (app, config) = setup().await;
     let dir = app.dir.path();
     let good = openai_export(|_, _, _| 0);
+    // Day 1's bucket made a week long: it would land whole on day 1 (s29 finance attack F2).
+    let day_1 = Utc
+        .from_utc_datetime(&day(1).and_hms_opt(0, 0, 0).unwrap())
+        .timestamp();
+    let week = good.replacen(
+        &format!("\"end_time\":{}", day_1 + 86_400),
+        &format!("\"end_time\":{}", day_1 + 7 * 86_400),
+        1,
+    );
+    assert_ne!(week, good);
     let cases: Vec<(&str, &str, String, &str)> = vec![
+        ("openai", "week.json", week, "page 1, data[0].end_time: "),
+        // A day from local midnight (PST) runs past its UTC day.
+        ("anthropic", "offset.json", r#"{"data":[{"starting_at":"2026-03-02T00:00:00-08:00","ending_at":"2026-03-03T00:00:00-08:00","results":[]}],"has_more":false}"#.into(), "page 1, data[0].ending_at: "),
         ("openai", "truncated.json", good[..good.len() / 2].to_string(), "line "),
         ("openai", "amount.json", good.replacen("\"value\":", "\"value\":\"1,5\",\"x\":", 1), "amount.value"),
         ("openai", "items.json", good.replacen("\"line_item\":", "\"line_item\":null,\"y\":", 1), "line_item"),

@@ -359,3 +359,156 @@ async fn an_empty_file_among_others_is_named_as_empty() {
         text(&out.stderr)
     );
 }
+
+/// The flagged rows of a JSON report on `day`, each with Sluice's and the provider's figure.
+fn flagged_on(report: &Value, day: &str) -> Vec<(String, String, i64, i64)> {
+    report["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["day"] == day && r["flagged"] == json!(true))
+        .map(|r| {
+            (
+                r["model"].as_str().unwrap().to_string(),
+                r["account"].as_str().unwrap().to_string(),
+                r["sluice_micros"].as_i64().unwrap(),
+                r["provider_micros"].as_i64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// A day the export covers with an empty bucket (`results: []`: the provider billed
+/// nothing) is compared like any other: Sluice's spend on it is a flagged row against 0,
+/// and the stored run covers it. Before, the compared days were the figures' first to
+/// last, so an empty first or last day fell out of the comparison and the run was clean
+/// (s29 finance attack F1). An export of empty buckets only covers its days too; one of
+/// no bucket at all covers none and exits 2, storing nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn days_the_export_covers_without_figures_are_still_compared() {
+    let (app, config) = setup().await;
+    let dir = app.dir.path();
+    let run = |provider: &str, file: &Path| reconcile_files(&config, provider, &[file], true);
+    let page =
+        |data: Vec<Value>| json!({"object": "page", "data": data, "has_more": false}).to_string();
+    // Sluice's figures of day `d` on deployment a (proj_a) and b (`*`), per model.
+    let sluice = |d: u32| -> Vec<(String, String, i64, i64)> {
+        let mut out = Vec::new();
+        for (m, model) in MODELS.iter().enumerate() {
+            for (u, account) in ["proj_a", "*"].iter().enumerate() {
+                out.push((model.to_string(), account.to_string(), cell(d, m, u), 0));
+            }
+        }
+        out.sort();
+        out
+    };
+
+    // The last day billed nothing.
+    let last_empty = write(
+        dir,
+        "last-empty.json",
+        &page(vec![
+            bucket(1, results(1, false)),
+            bucket(2, results(2, false)),
+            bucket(3, vec![]),
+        ]),
+    );
+    let out = run("openai", &last_empty);
+    assert_exit(&out, 3);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        report["reconciliation"]["first_day"], "2026-03-01",
+        "{report}"
+    );
+    assert_eq!(
+        report["reconciliation"]["last_day"], "2026-03-03",
+        "{report}"
+    );
+    let mut day_3 = flagged_on(&report, "2026-03-03");
+    day_3.sort();
+    assert_eq!(day_3, sluice(3), "{report}");
+    assert!(flagged_on(&report, "2026-03-01").is_empty(), "{report}");
+    let id = report["reconciliation"]["id"].as_i64().unwrap();
+    let stored = crate::helpers::scalar_on(
+        app.db(),
+        &format!(
+            "SELECT COUNT(*) FROM reconciliations WHERE id = {id} AND first_day = '2026-03-01' AND last_day = '2026-03-03'"
+        ),
+    )
+    .await;
+    assert_eq!(stored, 1, "the stored run covers day 3");
+    let stored_rows = crate::helpers::scalar_on(
+        app.db(),
+        &format!(
+            "SELECT COUNT(*) FROM reconciliation_rows WHERE run_id = {id} AND day = '2026-03-03' AND provider_micros = 0 AND sluice_micros > 0 AND flagged"
+        ),
+    )
+    .await;
+    assert_eq!(
+        stored_rows, 4,
+        "day 3's four cells are stored flagged against 0"
+    );
+
+    // The first day billed nothing.
+    let first_empty = write(
+        dir,
+        "first-empty.json",
+        &page(vec![
+            bucket(1, vec![]),
+            bucket(2, results(2, false)),
+            bucket(3, results(3, false)),
+        ]),
+    );
+    let out = run("openai", &first_empty);
+    assert_exit(&out, 3);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        report["reconciliation"]["first_day"], "2026-03-01",
+        "{report}"
+    );
+    let mut day_1 = flagged_on(&report, "2026-03-01");
+    day_1.sort();
+    assert_eq!(day_1, sluice(1), "{report}");
+
+    // Anthropic's report of empty buckets only: Sluice's $7 on day 2 is unbilled.
+    let anthropic_bucket = |d: u32| {
+        json!({"starting_at": format!("{}T00:00:00Z", crate::reconcile::day(d)),
+               "ending_at": format!("{}T00:00:00Z", crate::reconcile::day(d + 1)),
+               "results": []})
+    };
+    let nothing_billed = write(
+        dir,
+        "anthropic-empty.json",
+        &page((1..=3).map(anthropic_bucket).collect()),
+    );
+    let out = run("anthropic", &nothing_billed);
+    assert_exit(&out, 3);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        report["reconciliation"]["last_day"], "2026-03-03",
+        "{report}"
+    );
+    assert_eq!(
+        flagged_on(&report, "2026-03-02"),
+        vec![(
+            "claude-3-5-haiku".to_string(),
+            "wrkspc_1".to_string(),
+            7_000_000,
+            0
+        )],
+        "{report}"
+    );
+
+    // No bucket at all: no day covered, nothing to compare.
+    let runs = crate::helpers::scalar_on(app.db(), "SELECT COUNT(*) FROM reconciliations").await;
+    let no_bucket = write(dir, "no-bucket.json", &page(vec![]));
+    let out = run("openai", &no_bucket);
+    assert_exit(&out, 2);
+    assert!(
+        text(&out.stderr).contains("no-bucket.json"),
+        "{}",
+        text(&out.stderr)
+    );
+    let after = crate::helpers::scalar_on(app.db(), "SELECT COUNT(*) FROM reconciliations").await;
+    assert_eq!(after, runs, "nothing stored");
+}

@@ -357,3 +357,36 @@ async fn an_export_grouped_by_project_exits_2_naming_group_by_api_key_id_when_de
     assert_eq!(rows.len(), 6, "{report}");
     assert!(rows.iter().all(|r| r["account"] == "proj_1"), "{report}");
 }
+
+/// A last day the usage export covers with an empty bucket (no usage billed) is compared:
+/// Sluice's tokens on it are flagged against 0 and the run's last day is it (s29 finance
+/// attack F1: the days were the figures', so day 3 fell out and the run was clean).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_last_day_without_usage_in_the_export_is_still_compared() {
+    let (_app, config, file) = setup().await;
+    let export = usage_export(|_, _, _| (0, 0, 0));
+    let mut pages: Vec<Value> = export
+        .lines()
+        .map(|p| serde_json::from_str(p).unwrap())
+        .collect();
+    let last = pages.last_mut().unwrap();
+    assert_eq!(last["data"].as_array().map(Vec::len), Some(1), "{last}");
+    last["data"][0]["results"] = json!([]);
+    let export: Vec<String> = pages.iter().map(Value::to_string).collect();
+    let out = reconcile_usage(&config, &file, export.join("\n"), true);
+    assert_exit(&out, 3);
+    let report: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
+    assert_eq!(report["last_day"], "2026-03-03", "{report}");
+    let day_3: Vec<&Value> = report["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["day"] == "2026-03-03")
+        .collect();
+    assert_eq!(day_3.len(), 4, "{report}");
+    for r in day_3 {
+        assert_eq!(r["flagged"], json!(true), "{r}");
+        assert_eq!(r["provider"]["input_tokens"], json!(0), "{r}");
+        assert!(r["sluice"]["input_tokens"].as_i64() > Some(0), "{r}");
+    }
+}

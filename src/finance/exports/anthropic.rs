@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{self as exports, walk, ExportError, Line};
+use super::{self as exports, walk, ExportError, Figures, Line};
 use crate::finance::decimal;
 
 /// The report's cost type of a web search.
@@ -40,8 +40,8 @@ pub fn read(text: &str) -> Result<Vec<Line>, ExportError> {
 }
 
 /// The pages of one download saved as `files` (`exports::walk_files`).
-pub fn read_files(files: &[exports::File]) -> Result<Vec<Line>, ExportError> {
-    exports::walk_files::<Bucket>(files).map(|f| f.lines)
+pub fn read_files(files: &[exports::File]) -> Result<Figures<Line>, ExportError> {
+    exports::walk_files::<Bucket>(files)
 }
 
 impl exports::Bucket for Bucket<'_> {
@@ -53,18 +53,20 @@ impl exports::Bucket for Bucket<'_> {
         self.ending_at.clone()
     }
 
+    const START: &'static str = "starting_at";
+    const END: &'static str = "ending_at";
+
+    /// RFC 3339, its offset normalised: a day starting at local midnight is judged by the
+    /// UTC day it lies in.
+    fn instant(written: &str) -> Option<chrono::DateTime<chrono::Utc>> {
+        chrono::DateTime::parse_from_rfc3339(written)
+            .ok()
+            .map(|t| t.with_timezone(&chrono::Utc))
+    }
+
     type Item = Line;
 
-    fn lines(self, at: &str) -> Result<Vec<Line>, ExportError> {
-        let day = chrono::DateTime::parse_from_rfc3339(&self.starting_at)
-            .map_err(|_| {
-                ExportError::at(
-                    &format!("{at}.starting_at"),
-                    format!("`{}` is not an RFC 3339 time", self.starting_at),
-                )
-            })?
-            .with_timezone(&chrono::Utc)
-            .date_naive();
+    fn lines(self, at: &str, day: chrono::NaiveDate) -> Result<Vec<Line>, ExportError> {
         let mut lines = Vec::new();
         let mut searches = Vec::new();
         // (workspace, model) of the figures that name a model.
@@ -199,6 +201,42 @@ mod tests {
             e.starts_with("page 1:") && e.contains("2025-08-02T00:00:00Z"),
             "{e}"
         );
+    }
+
+    /// A bucket is one UTC day or part of one: `starting_at` at local midnight (an offset)
+    /// runs past its UTC day, as does a week's bucket; each is refused naming `ending_at`.
+    /// A day or an hour written with an offset of zero is accepted.
+    #[test]
+    fn a_bucket_not_at_utc_midnight_is_refused() {
+        let with = |from: &str, to: &str| {
+            PAGE.replace("2025-08-02T00:00:00Z", to)
+                .replace("2025-08-01T00:00:00Z", from)
+        };
+        for (from, to) in [
+            ("2025-08-01T00:00:00-08:00", "2025-08-02T00:00:00-08:00"),
+            ("2025-08-01T00:00:00Z", "2025-08-08T00:00:00Z"),
+        ] {
+            let e = read(&with(from, to)).unwrap_err().to_string();
+            assert!(
+                e.starts_with("page 1, data[0].ending_at: ") && e.contains("UTC day"),
+                "{e}"
+            );
+            assert!(e.contains("starting_at"), "{e}");
+        }
+        let e = read(&with("2025-08-01T00:00:00Z", "tomorrow"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("data[0].ending_at"), "{e}");
+        let day = chrono::NaiveDate::from_ymd_opt(2025, 8, 1).unwrap();
+        for (from, to) in [
+            ("2025-08-01T00:00:00+00:00", "2025-08-02T00:00:00+00:00"),
+            ("2025-08-01T05:00:00Z", "2025-08-01T06:00:00Z"),
+            // 23:00 to midnight UTC, written in another zone.
+            ("2025-08-02T01:00:00+02:00", "2025-08-02T02:00:00+02:00"),
+        ] {
+            let lines = read(&with(from, to)).unwrap();
+            assert!(lines.iter().all(|l| l.day == day), "{from}: {lines:?}");
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@ pub mod openai_usage;
 
 use std::collections::HashMap;
 
-use chrono::NaiveDate;
+use chrono::{DateTime, Duration, NaiveDate, NaiveTime, Utc};
 use serde::Deserialize;
 
 /// One figure of a provider's bill.
@@ -79,11 +79,24 @@ pub struct Part {
     pub named: Named,
 }
 
-/// A download's figures, and its parts (`Part`).
+/// A download's figures, its parts (`Part`), and the days it covers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Figures<T> {
     pub lines: Vec<T>,
     pub parts: Vec<Part>,
+    /// Its first and last UTC day: of every bucket (a JSON page's, empty ones included: a
+    /// day the provider billed nothing is a day the export covers) or CSV row; `None` when
+    /// it has none. What is compared (`run::reconcile_file`), not the figures' days: an
+    /// empty first or last day would drop Sluice's spend on it from the comparison.
+    pub days: Option<(NaiveDate, NaiveDate)>,
+}
+
+/// `days` widened to hold `day`.
+pub(crate) fn covering(
+    days: Option<(NaiveDate, NaiveDate)>,
+    day: NaiveDate,
+) -> Option<(NaiveDate, NaiveDate)> {
+    Some(days.map_or((day, day), |(first, last)| (first.min(day), last.max(day))))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -110,25 +123,75 @@ pub(crate) trait Bucket {
     /// Its end, written as the starts are (the next bucket's start), when the export gives
     /// it: how a page's successor is known (`successors`).
     fn end(&self) -> Option<String>;
+    /// The fields its start and its end are in, as errors name them.
+    const START: &'static str;
+    const END: &'static str;
+    /// A start or end as the export writes it (`start`, `end`) as a UTC instant; `None`
+    /// when it is not a time.
+    fn instant(written: &str) -> Option<DateTime<Utc>>;
     /// What one figure of it reads into: a `Line` of a cost export, a `TokenLine` of a
     /// usage export (`openai_usage`).
     type Item: Clone + PartialEq + Figure;
-    /// Its figures; `at` is its path in the file, for errors.
-    fn lines(self, at: &str) -> Result<Vec<Self::Item>, ExportError>;
+    /// Its figures, each of `day` (its start's UTC day, `day_of`); `at` is its path in the
+    /// file, for errors.
+    fn lines(self, at: &str, day: NaiveDate) -> Result<Vec<Self::Item>, ExportError>;
 }
 
-/// An OpenAI bucket's figures, the Costs and the Usage API's alike: its UTC day from
-/// `start_time` (Unix seconds), each of `results` read by `line` as a figure of that day,
-/// named `{at}.results[j]` in errors.
+/// The UTC day of a bucket starting at `start` and ending at `end` (as the export writes
+/// them; `at` is its path in the file). The bucket must lie within that day, as a CSV row
+/// must (`ends_in_its_day`): a bucket of several days (a week's), or a day's starting off
+/// UTC midnight (a query from local midnight, an Anthropic `starting_at` with an offset),
+/// would land whole on its start's day, where Sluice's spend is only that day's. An
+/// hour's is part of its day; a bucket without an end is its start's day.
+fn day_of<B: Bucket>(at: &str, start: &str, end: Option<&str>) -> Result<NaiveDate, ExportError> {
+    let (start_field, end_field) = (format!("{at}.{}", B::START), format!("{at}.{}", B::END));
+    let from = B::instant(start)
+        .ok_or_else(|| ExportError::at(&start_field, format!("`{start}` is not a time")))?;
+    if let Some(end) = end {
+        let to = B::instant(end)
+            .ok_or_else(|| ExportError::at(&end_field, format!("`{end}` is not a time")))?;
+        if !ends_in_its_day(from, to) {
+            return Err(ExportError::at(
+                &end_field,
+                format!(
+                    "`{end}`: a bucket must lie within its start's UTC day ({}; {} is {}), else its figures land whole on that day — query with a UTC-midnight {} and a 1-day (or 1-hour) bucket width",
+                    from.date_naive(),
+                    B::START,
+                    from.to_rfc3339(),
+                    B::START,
+                ),
+            ));
+        }
+    }
+    Ok(from.date_naive())
+}
+
+/// Whether a slice of the bill from `start` to `end` lies within `start`'s UTC day: it
+/// does not end before it starts nor after the next UTC midnight. The calendar's last day
+/// has no next midnight: every later instant is in it (the run refuses that day, naming
+/// it: `run::Download::log_span`).
+pub(crate) fn ends_in_its_day(start: DateTime<Utc>, end: DateTime<Utc>) -> bool {
+    let midnight = start
+        .date_naive()
+        .checked_add_signed(Duration::days(1))
+        .map(|d| d.and_time(NaiveTime::MIN).and_utc());
+    end >= start && midnight.is_none_or(|m| end <= m)
+}
+
+/// An OpenAI bucket's start or end (Unix seconds, as `Bucket::start` writes it) as an
+/// instant: the Costs and the Usage API's alike.
+pub(crate) fn openai_instant(written: &str) -> Option<DateTime<Utc>> {
+    DateTime::from_timestamp(written.parse().ok()?, 0)
+}
+
+/// An OpenAI bucket's figures, the Costs and the Usage API's alike: each of `results` read
+/// by `line` as a figure of `day`, named `{at}.results[j]` in errors.
 pub(crate) fn openai_bucket_lines<R, L>(
     at: &str,
-    start_time: i64,
+    day: NaiveDate,
     results: Vec<R>,
     line: impl Fn(&str, NaiveDate, R) -> Result<L, ExportError>,
 ) -> Result<Vec<L>, ExportError> {
-    let day = chrono::DateTime::from_timestamp(start_time, 0)
-        .ok_or_else(|| ExportError::at(&format!("{at}.start_time"), "not a time"))?
-        .date_naive();
     results
         .into_iter()
         .enumerate()
@@ -163,8 +226,9 @@ where
 /// A download whose last page (`latest`)
 /// says `has_more: true` is incomplete: comparing it would report the missing days' spend as
 /// clean, so it is refused. A bucket given twice — a page saved twice — counts once when its
-/// figures are the same and is refused when they differ (which one is the bill?).
-/// Each page with figures is a `Part`.
+/// figures are the same and is refused when they differ (which one is the bill?). Each
+/// bucket must lie within its start's UTC day (`day_of`). Each page with figures is a
+/// `Part`; every bucket's day is a day the download covers (`Figures::days`).
 pub(crate) fn walk_files<'a, B>(files: &[File<'a>]) -> Result<Figures<B::Item>, ExportError>
 where
     B: Bucket + Deserialize<'a>,
@@ -196,12 +260,15 @@ where
     let mut seen: HashMap<String, Vec<B::Item>> = HashMap::new();
     let mut lines = Vec::new();
     let mut parts = Vec::new();
+    let mut days = None;
     for (place, page) in pages {
         let mut named: Option<Named> = None;
         for (i, bucket) in page.data.into_iter().enumerate() {
             let at = format!("{place}, data[{i}]");
             let start = bucket.start();
-            let figures = bucket.lines(&at)?;
+            let day = day_of::<B>(&at, &start, bucket.end().as_deref())?;
+            days = covering(days, day);
+            let figures = bucket.lines(&at, day)?;
             for f in &figures {
                 named = Some(named.unwrap_or_default().or(f.named()));
             }
@@ -225,7 +292,7 @@ where
         }
     }
     continuity?;
-    Ok(Figures { lines, parts })
+    Ok(Figures { lines, parts, days })
 }
 
 /// The index of the download's last page: the one holding the latest bucket (pages may

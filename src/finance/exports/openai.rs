@@ -52,10 +52,17 @@ impl exports::Bucket for Bucket<'_> {
         self.end_time.map(|t| t.to_string())
     }
 
+    const START: &'static str = "start_time";
+    const END: &'static str = "end_time";
+
+    fn instant(written: &str) -> Option<chrono::DateTime<chrono::Utc>> {
+        exports::openai_instant(written)
+    }
+
     type Item = Line;
 
-    fn lines(self, at: &str) -> Result<Vec<Line>, ExportError> {
-        exports::openai_bucket_lines(at, self.start_time, self.results, line)
+    fn lines(self, at: &str, day: chrono::NaiveDate) -> Result<Vec<Line>, ExportError> {
+        exports::openai_bucket_lines(at, day, self.results, line)
     }
 }
 
@@ -209,6 +216,80 @@ mod tests {
                 ("b.json: page 1", exports::Named::of(None, Some("proj_abc"))),
             ]
         );
+    }
+
+    /// A bucket is one UTC day or part of one, as a CSV row is: a week's bucket, or a day
+    /// starting off UTC midnight (a query from local midnight), would land whole on its
+    /// start's day. Refused naming the bucket and `end_time`; an hour's is part of its day.
+    #[test]
+    fn a_bucket_longer_than_its_utc_day_is_refused() {
+        let start = 1730419200_i64;
+        let with = |from: i64, to: i64| {
+            PAGE.replace("1730505600", &to.to_string())
+                .replace("1730419200", &from.to_string())
+        };
+        for (from, to) in [
+            (start, start + 7 * 86_400),
+            (start + 8 * 3_600, start + 32 * 3_600),
+        ] {
+            let e = read(&with(from, to)).unwrap_err().to_string();
+            assert!(
+                e.starts_with("page 1, data[0].end_time: ") && e.contains("UTC day"),
+                "{e}"
+            );
+            assert!(e.contains("UTC-midnight start_time"), "{e}");
+        }
+        // Ending before it starts: not a slice of its day either.
+        let e = read(&with(start, start - 1)).unwrap_err().to_string();
+        assert!(e.contains("data[0].end_time"), "{e}");
+        // A day, an hour, and the last hour of a day: accepted, on their start's day.
+        for (from, to) in [
+            (start, start + 86_400),
+            (start + 3_600, start + 7_200),
+            (start + 23 * 3_600, start + 86_400),
+        ] {
+            let lines = read(&with(from, to)).unwrap();
+            assert!(
+                lines
+                    .iter()
+                    .all(|l| l.day == chrono::NaiveDate::from_ymd_opt(2024, 11, 1).unwrap()),
+                "{lines:?}"
+            );
+        }
+    }
+
+    /// The days a download covers are its buckets' — empty ones included (days without
+    /// spend) — not its figures': Sluice's spend on an empty first or last day is compared.
+    #[test]
+    fn the_days_covered_are_the_buckets_empty_ones_included() {
+        let day = |n: i64| (1730419200 + 86_400 * n).to_string();
+        let empty = |n: i64| {
+            format!(
+                r#"{{"data":[{{"start_time":{},"end_time":{},"results":[]}}],"has_more":false}}"#,
+                day(n),
+                day(n + 1)
+            )
+        };
+        let first = PAGE
+            .replace("1730505600", &day(2))
+            .replace("1730419200", &day(1))
+            .replace("\"has_more\":false", "\"has_more\":true");
+        let read = read_files(&[
+            ("a.json", &empty(0).replace("false", "true")),
+            ("b.json", &first),
+            ("c.json", &empty(2)),
+        ])
+        .unwrap();
+        let d = |n: u32| chrono::NaiveDate::from_ymd_opt(2024, 11, n).unwrap();
+        assert!(read.lines.iter().all(|l| l.day == d(2)));
+        assert_eq!(read.days, Some((d(1), d(3))));
+        // Empty buckets only: their days, no figure; no bucket at all: no day.
+        assert_eq!(
+            read_files(&[("", &empty(0))]).unwrap().days,
+            Some((d(1), d(1)))
+        );
+        let none = read_files(&[("", r#"{"data":[],"has_more":false}"#)]).unwrap();
+        assert_eq!(none.days, None);
     }
 
     #[test]

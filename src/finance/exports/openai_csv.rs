@@ -7,9 +7,9 @@
 
 use std::collections::HashMap;
 
-use chrono::{DateTime, Duration, NaiveDate, Utc};
+use chrono::{DateTime, NaiveDate, Utc};
 
-use super::{in_file, ExportError, Figures, Line, Named, Part};
+use super::{covering, in_file, ExportError, Figures, Line, Named, Part};
 use crate::finance::decimal;
 
 /// Whether `text` looks like this export rather than the JSON of the Costs API.
@@ -79,6 +79,8 @@ pub fn read_files(files: &[super::File]) -> Result<Figures<Line>, ExportError> {
     let mut counted: Vec<Vec<(RowId, i64)>> = Vec::new();
     let mut seen: HashMap<RowId, String> = HashMap::new();
     let (mut lines, mut parts) = (Vec::new(), Vec::new());
+    // The rows' days: a header-only file (days without spend) names no day it covers.
+    let mut days = None;
     for (name, rows) in read {
         if rows.is_empty() {
             continue; // a header only: a range without spend
@@ -100,6 +102,7 @@ pub fn read_files(files: &[super::File]) -> Result<Figures<Line>, ExportError> {
                 )));
             }
             named = named.or(row.line.named);
+            days = covering(days, row.line.day);
             seen.insert(row.id, place);
             lines.push(row.line);
         }
@@ -115,7 +118,7 @@ pub fn read_files(files: &[super::File]) -> Result<Figures<Line>, ExportError> {
             "not a cost export: the file has no rows",
         )));
     }
-    Ok(Figures { lines, parts })
+    Ok(Figures { lines, parts, days })
 }
 
 /// One file's rows; errors name the row (its header is row 1). A row repeating another's
@@ -224,11 +227,7 @@ fn read_one(text: &str) -> Result<Vec<Row>, ExportError> {
 /// A shorter row (an hour) is part of its day.
 fn within_its_day(start: DateTime<Utc>, text: &str) -> Result<DateTime<Utc>, String> {
     let end = instant_of(text).ok_or("not a time")?;
-    let midnight = start
-        .date_naive()
-        .checked_add_signed(Duration::days(1))
-        .map(|d| d.and_time(chrono::NaiveTime::MIN).and_utc());
-    if end < start || midnight.is_none_or(|m| end > m) {
+    if !super::ends_in_its_day(start, end) {
         return Err(format!(
             "the row must lie within its start's UTC day ({}): export with a 1-day interval",
             start.date_naive()
@@ -337,6 +336,18 @@ mod tests {
         assert!(lines
             .iter()
             .all(|l| l.micros == 60_000 && l.day == lines[0].day));
+    }
+
+    /// The days a download of CSV files covers are its rows'; a header-only file (days
+    /// without spend) holds no date, so it names none.
+    #[test]
+    fn the_days_covered_are_the_rows() {
+        let day = |n| NaiveDate::from_ymd_opt(2024, 11, n).unwrap();
+        let later = CSV.replace("1730419200,1730505600", "1730592000,1730678400");
+        let header = CSV.lines().next().unwrap();
+        let read = read_files(&[("a.csv", CSV), ("h.csv", header), ("b.csv", &later)]).unwrap();
+        assert_eq!(read.days, Some((day(1), day(3))));
+        assert!(read_files(&[("h.csv", header)]).is_err());
     }
 
     #[test]

@@ -72,8 +72,15 @@ impl exports::Bucket for Bucket {
         self.end_time.map(|t| t.to_string())
     }
 
-    fn lines(self, at: &str) -> Result<Vec<TokenLine>, ExportError> {
-        exports::openai_bucket_lines(at, self.start_time, self.results, line)
+    const START: &'static str = "start_time";
+    const END: &'static str = "end_time";
+
+    fn instant(written: &str) -> Option<chrono::DateTime<chrono::Utc>> {
+        exports::openai_instant(written)
+    }
+
+    fn lines(self, at: &str, day: chrono::NaiveDate) -> Result<Vec<TokenLine>, ExportError> {
+        exports::openai_bucket_lines(at, day, self.results, line)
     }
 }
 
@@ -138,5 +145,12 @@ mod tests {
         assert!(read(&negative).unwrap_err().0.contains("output_tokens"));
         let more = page.replace(r#""has_more":false"#, r#""has_more":true"#);
         assert!(read(&more).unwrap_err().0.contains("incomplete"));
+        // A week's bucket would land whole on its first day: refused, as the Costs API's.
+        let week = page.replace("1730505600", "1731024000");
+        let e = read(&week).unwrap_err().0;
+        assert!(
+            e.contains("data[0].end_time") && e.contains("UTC day"),
+            "{e}"
+        );
     }
 }
