@@ -177,11 +177,19 @@ fn google_exhausted(body: &[u8]) -> Option<serde_json::Value> {
     (err.get("status")? == "RESOURCE_EXHAUSTED").then_some(v)
 }
 
-/// A key's cooldown after its `streak`-th consecutive rate limit: the upstream's
-/// `Retry-After` when given, else 2^(streak−1) seconds; never above `cap`.
+/// A key's cooldown after its `streak`-th consecutive rate limit: 2^(streak−1) seconds, or
+/// the upstream's `Retry-After` when given — on a first limit as it says, on a later one in
+/// a row at least the back-off: a key limited again right after the rest it asked for
+/// asked too little, and an upstream answering every 429 with `Retry-After: 0` (a relay's
+/// default, a hostile one) left the key never rested, every request's first attempt spent
+/// on it (s29 limits attack F3). Never above `cap`.
 pub fn cooldown(retry_after: Option<Duration>, streak: u32, cap: Duration) -> Duration {
-    let d = retry_after
-        .unwrap_or_else(|| Duration::from_secs(1u64 << streak.saturating_sub(1).min(16)));
+    let backoff = Duration::from_secs(1u64 << streak.saturating_sub(1).min(16));
+    let d = match retry_after {
+        Some(given) if streak <= 1 => given,
+        Some(given) => given.max(backoff),
+        None => backoff,
+    };
     d.min(cap)
 }
 
@@ -353,6 +361,21 @@ mod tests {
         assert_eq!(cooldown(None, 3, cap), Duration::from_secs(4));
         assert_eq!(cooldown(None, 30, cap), cap);
         assert_eq!(cooldown(Some(Duration::from_secs(999)), 1, cap), cap);
+        // A zero (or short) rest is taken on a first limit only.
+        assert_eq!(cooldown(Some(Duration::ZERO), 1, cap), Duration::ZERO);
+        assert_eq!(
+            cooldown(Some(Duration::ZERO), 2, cap),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            cooldown(Some(Duration::from_millis(300)), 3, cap),
+            Duration::from_secs(4)
+        );
+        assert_eq!(
+            cooldown(Some(Duration::from_secs(10)), 2, cap),
+            Duration::from_secs(10)
+        );
+        assert_eq!(cooldown(Some(Duration::ZERO), 30, cap), cap);
         for round in 1..5 {
             assert!(
                 backoff(Duration::from_millis(100), round)

@@ -121,6 +121,47 @@ async fn a_429_key_rests_for_its_retry_after_while_another_serves_at_once() {
     );
 }
 
+/// An upstream answering every 429 with a zero `retry-after-ms` (a relay's default, or a
+/// hostile one) left the key never rested: every request spent an attempt on it first. Its
+/// word is taken once; limited again at once, the key rests the streak's back-off (s29
+/// limits attack F3).
+#[tokio::test]
+async fn a_key_that_429s_with_a_zero_retry_after_is_rested_all_the_same() {
+    let clock = Arc::new(ManualClock::new(chrono::Utc::now()));
+    let app = spawn_app_full(pool_of_two_and_a_fallback, Some(clock.clone())).await;
+    let (_, token) = app.token("alice", None).await;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            status: Some(429),
+            headers: vec![
+                ("retry-after-ms".into(), "0".into()),
+                ("Retry-After".into(), "0".into()),
+            ],
+            ..Default::default()
+        }),
+    );
+    for _ in 0..10 {
+        let resp = app.chat(&token, &chat_body(10)).await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.headers()["x-sluice-upstream"], "b");
+    }
+    assert_eq!(
+        app.mock.state.stats(KEY_A).count,
+        2,
+        "its zero honoured once, then the back-off (2 s on a clock that stands still)"
+    );
+    clock.advance(chrono::Duration::milliseconds(2_000));
+    for _ in 0..3 {
+        app.chat(&token, &chat_body(10)).await;
+    }
+    assert_eq!(
+        app.mock.state.stats(KEY_A).count,
+        3,
+        "tried again after its rest, and rested 4 s"
+    );
+}
+
 #[tokio::test]
 async fn every_key_429_gives_the_client_a_429_without_a_retry_storm() {
     let app = spawn_app_with(|s, m| {
