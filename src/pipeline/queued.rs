@@ -57,6 +57,16 @@ fn comment(position: usize, eta: Duration) -> Bytes {
     ))
 }
 
+/// How a queued stream's wait ended.
+enum Waited<T> {
+    /// The client left.
+    Left,
+    /// The gateway is shutting down.
+    Draining,
+    /// The queue's answer: a slot, or a refusal.
+    Came(T),
+}
+
 async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSink) {
     let Waiting {
         prepared,
@@ -68,26 +78,33 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
         queue_span,
     } = w;
     let probe = ticket.probe();
-    let granted = ticket.granted(deadline);
-    tokio::pin!(granted);
+    // Boxed, so the ticket can go before the departure's writes (below).
+    let mut granted = Box::pin(ticket.granted(deadline));
     let mut tick = tokio::time::interval(COMMENT_EVERY);
-    let slot = loop {
+    let waited = loop {
         tokio::select! {
             biased;
-            _ = sink.closed() => return end(&state, books, ApiError::ClientGone, NOTHING).await,
-            _ = sink.drain.started() => {
-                return shut_down(&state, &prepared, books, &sink, NOTHING).await;
-            }
-            r = &mut granted => break r,
+            _ = sink.closed() => break Waited::Left,
+            _ = sink.drain.started() => break Waited::Draining,
+            r = &mut granted => break Waited::Came(r),
             _ = tick.tick() => {
                 let (position, eta) = probe.position();
                 if !sink.send(comment(position, eta)).await {
-                    return end(&state, books, ApiError::ClientGone, NOTHING).await;
+                    break Waited::Left;
                 }
             }
         }
     };
+    // A waiter that left gives its place up at once — and a slot granted meanwhile goes to
+    // the next — not once its settlement and log row are written: with a slow store,
+    // departed clients filled the queue (s29 limits attack F4).
+    drop(granted);
     drop(queue_span);
+    let slot = match waited {
+        Waited::Left => return end(&state, books, ApiError::ClientGone, NOTHING).await,
+        Waited::Draining => return shut_down(&state, &prepared, books, &sink, NOTHING).await,
+        Waited::Came(slot) => slot,
+    };
     let slot = match slot {
         Ok(s) => recheck::still_admitted(&state, &credential, deadline)
             .await

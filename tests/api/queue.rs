@@ -342,6 +342,40 @@ async fn a_queued_stream_hears_its_position_and_leaves_at_once_when_the_client_d
     assert_eq!(app.chat(&token, &tagged("next")).await.status(), 200);
 }
 
+/// A queued stream whose client leaves gives its place up before its settlement and log
+/// row are written: it kept the place (and any slot granted meanwhile) while a slow store
+/// took them, so departed clients filled the queue (s29 limits attack F4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_stream_whose_client_left_gives_its_place_up_before_it_settles() {
+    let app = Arc::new(spawn_app_with(queue_of(1, [0, 0, 0, 0], 10, 60)).await);
+    let (id, token) = app.token("eve", Some("1")).await;
+    let held = app.state.queue.admit(1, 0).await.expect("the free slot");
+    let mut body = tagged("impatient");
+    body["stream"] = json!(true);
+    let resp = app.chat(&token, &body).await;
+    let mut chunks = resp.bytes_stream();
+    futures_util::StreamExt::next(&mut chunks)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(app.state.queue.waiting_for(id).len(), 1);
+    // The store is held: the departure's settlement waits on it.
+    let store = crate::helpers::hold_the_store(&app.settings.database.url).await;
+    drop(chunks);
+    let bound = Instant::now() + Duration::from_secs(2);
+    while !app.state.queue.waiting_for(id).is_empty() {
+        assert!(
+            Instant::now() < bound,
+            "still queued while its settlement waits on the store"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    store.release().await;
+    app.wait_for_log_rows(1).await;
+    app.assert_invariant().await;
+    drop(held);
+}
+
 /// Waits until the token has nothing in the queue. The bound only turns a waiter that never
 /// leaves into a failure: the caller holds the slot, so it cannot have been served.
 async fn left_the_queue(app: &TestApp, token_id: i64) {
