@@ -91,12 +91,14 @@ impl Pool {
                 .find(|u| u.id == id)
                 .map_or((0, 0), |u| (u.max_concurrent, u.max_queue))
         };
-        // A kept deployment whose limits changed (a reloaded file) gets a new gate: the
-        // requests admitted from now on wait on the new limits, those in flight finish
-        // holding their slot of the old one.
+        // A kept deployment whose limits changed (a reloaded file) has its gate resized in
+        // place, counting the slots in flight (`Gate::resize`); one switched on or off gets
+        // a new gate (nothing in flight held a slot of none).
         for (gate, d) in pool.gates.iter_mut().zip(&catalog.deployments) {
             let (concurrent, queue) = limits(&d.id);
-            if !gate.has_limits(concurrent, queue) {
+            if gate.can_resize_to(concurrent) {
+                gate.resize(concurrent, queue);
+            } else {
                 *gate = Arc::new(Gate::new(concurrent, queue));
             }
         }
@@ -320,19 +322,30 @@ mod tests {
     }
 
     /// A reload that changes a kept upstream's `max_concurrent` / `max_queue` takes effect
-    /// (the gate was carried over as it was, the new limits ignored); one that changes
-    /// neither keeps the gate, and the slots in flight with it.
-    #[test]
-    fn a_reload_that_changes_the_limits_changes_the_gate() {
+    /// (the gate was carried over as it was, the new limits ignored) on the same gate, the
+    /// slots in flight counted: a new gate beside the old one let both limits in at once
+    /// (s29 limits attack F2). Switching the gate off and on makes a new one.
+    #[tokio::test]
+    async fn a_reload_that_changes_the_limits_resizes_the_gate_in_place() {
+        let soon = || std::time::Instant::now() + Duration::from_millis(20);
         let before = one_upstream(1, 0);
         let catalog = Catalog::from_settings(&before);
         let pool = Pool::carried(None, &catalog, &before);
-        assert!(pool.gates[0].has_limits(1, 0));
-        let same = Pool::carried(Some(&pool), &catalog, &before);
-        assert!(Arc::ptr_eq(&same.gates[0], &pool.gates[0]));
-        let after = one_upstream(4, 2);
+        let held = pool.gates[0].enter(soon()).await.unwrap().expect("a slot");
+        assert!(pool.gates[0].enter(soon()).await.is_err());
+        let after = one_upstream(2, 2);
         let changed = Pool::carried(Some(&pool), &Catalog::from_settings(&after), &after);
-        assert!(changed.gates[0].has_limits(4, 2));
+        assert!(Arc::ptr_eq(&changed.gates[0], &pool.gates[0]));
+        let second = changed.gates[0].enter(soon()).await.unwrap();
+        assert!(second.is_some(), "raised to 2");
+        assert!(
+            changed.gates[0].enter(soon()).await.is_err(),
+            "two in flight: the one held before the reload counts"
+        );
+        drop((held, second));
+        let off = one_upstream(0, 0);
+        let ungated = Pool::carried(Some(&changed), &Catalog::from_settings(&off), &off);
+        assert!(ungated.gates[0].enter(soon()).await.unwrap().is_none());
     }
 
     #[test]

@@ -21,7 +21,6 @@ use std::time::Instant;
 
 use actix_web::http::header::HeaderMap;
 use bytes::Bytes;
-use tokio::sync::OwnedSemaphorePermit;
 
 use super::recheck::RECHECK_AFTER;
 use super::request::Prepared;
@@ -32,6 +31,7 @@ use crate::ratelimit::Booking;
 use crate::state::AppState;
 use crate::upstream::breaker::Permit;
 use crate::upstream::catalog::{Deployment, Model, Route};
+use crate::upstream::gate::Slot;
 use crate::upstream::pool::InFlight;
 use attempt::{try_candidate, Step};
 use candidates::{off, ready};
@@ -59,7 +59,7 @@ pub struct Success {
     pub response: Option<reqwest::Response>,
     pub ttfb_ms: i64,
     pub in_flight: InFlight,
-    pub slot: Option<OwnedSemaphorePermit>,
+    pub slot: Option<Slot>,
     /// This key's own token window, to correct to the usage when the answer is settled.
     pub key_booking: Option<Booking>,
     /// The client fields left out of the upstream's request (`x-sluice-dropped`); a boxed
