@@ -293,10 +293,17 @@ async fn the_request_deadline_bounds_the_queue_wait() {
     app.assert_invariant().await;
 }
 
-/// The test holds the only slot itself for as long as it likes: the stream can leave the
-/// queue only because its client left, never because the slot came free.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_queued_stream_hears_its_position_and_leaves_at_once_when_the_client_does() {
+/// An app whose only slot the test holds for as long as it likes, and a stream of `eve`'s
+/// (a $1 token) waiting behind it, answered at once: the stream can leave the queue only
+/// because its client left, never because the slot came free. The token's id and text, the
+/// held slot, the stream's body and its first chunk.
+async fn a_stream_behind_the_held_slot() -> (
+    Arc<TestApp>,
+    (i64, String),
+    sluice::queue::Slot,
+    impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>>,
+    bytes::Bytes,
+) {
     let app = Arc::new(spawn_app_with(queue_of(1, [0, 0, 0, 0], 10, 60)).await);
     let (id, token) = app.token("eve", Some("1")).await;
     let held = app.state.queue.admit(1, 0).await.expect("the free slot");
@@ -304,11 +311,17 @@ async fn a_queued_stream_hears_its_position_and_leaves_at_once_when_the_client_d
     body["stream"] = json!(true);
     let resp = app.chat(&token, &body).await;
     assert_eq!(resp.status(), 200, "a waiting stream is answered at once");
-    let mut chunks = resp.bytes_stream();
+    let mut chunks = Box::pin(resp.bytes_stream());
     let first = futures_util::StreamExt::next(&mut chunks)
         .await
         .unwrap()
         .unwrap();
+    (app, (id, token), held, chunks, first)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_stream_hears_its_position_and_leaves_at_once_when_the_client_does() {
+    let (app, (id, token), held, chunks, first) = a_stream_behind_the_held_slot().await;
     assert!(String::from_utf8_lossy(&first).starts_with(": queued position=1 eta="));
     let v: Value = app
         .http
@@ -347,17 +360,7 @@ async fn a_queued_stream_hears_its_position_and_leaves_at_once_when_the_client_d
 /// took them, so departed clients filled the queue (s29 limits attack F4).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_stream_whose_client_left_gives_its_place_up_before_it_settles() {
-    let app = Arc::new(spawn_app_with(queue_of(1, [0, 0, 0, 0], 10, 60)).await);
-    let (id, token) = app.token("eve", Some("1")).await;
-    let held = app.state.queue.admit(1, 0).await.expect("the free slot");
-    let mut body = tagged("impatient");
-    body["stream"] = json!(true);
-    let resp = app.chat(&token, &body).await;
-    let mut chunks = resp.bytes_stream();
-    futures_util::StreamExt::next(&mut chunks)
-        .await
-        .unwrap()
-        .unwrap();
+    let (app, (id, _), held, chunks, _) = a_stream_behind_the_held_slot().await;
     assert_eq!(app.state.queue.waiting_for(id).len(), 1);
     // The store is held: the departure's settlement waits on it.
     let store = crate::helpers::hold_the_store(&app.settings.database.url).await;
