@@ -24,8 +24,17 @@ const HEARTBEAT: Duration = Duration::from_secs(5);
 const ORPHANS_KEPT: chrono::Duration = chrono::Duration::days(7);
 /// Cache invalidations from other replicas are picked up within this.
 const CACHE_POLL: Duration = Duration::from_secs(1);
+/// Cache polls between two evictions of expired entries (a minute).
+const EVICT_ROUNDS: u64 = 60 / CACHE_POLL.as_secs();
 /// Cache polls between two rebuilds of its indexes (`cache::REBUILD_EVERY`).
 const REBUILD_ROUNDS: u64 = crate::cache::REBUILD_EVERY.as_secs() / CACHE_POLL.as_secs();
+
+/// What the cache poll's `round`-th tick (from 0) does besides its refresh: whether it
+/// evicts, and whether it rebuilds the indexes — each at the last tick of its period.
+fn cache_chores(round: u64) -> (bool, bool) {
+    let last_of = |period: u64| round % period == period - 1;
+    (last_of(EVICT_ROUNDS), last_of(REBUILD_ROUNDS))
+}
 
 /// How often the scheduled backup checks whether one is due (the first check at start).
 const BACKUP_POLL: Duration = Duration::from_secs(60);
@@ -132,12 +141,13 @@ pub fn spawn(state: Arc<AppState>, me: Me) {
             if let Err(e) = c.cache.refresh(now).await {
                 tracing::warn!(error = %e, "cache refresh failed");
             }
-            if round % 60 == 59 {
+            let (evict, rebuild) = cache_chores(round);
+            if evict {
                 if let Err(e) = c.cache.evict(now).await {
                     tracing::warn!(error = %e, "cache eviction failed");
                 }
             }
-            if round % REBUILD_ROUNDS == REBUILD_ROUNDS - 1 {
+            if rebuild {
                 if let Err(e) = c.cache.rebuild(now).await {
                     tracing::warn!(error = %e, "cache rebuild failed");
                 }
@@ -406,5 +416,28 @@ async fn share_cooldowns(state: Arc<AppState>) {
             }
             Err(e) => tracing::debug!(error = %e, "sharing key cooldowns failed"),
         }
+    }
+}
+
+#[cfg(test)]
+mod cache_schedule_tests {
+    use super::*;
+
+    /// Over the first 20 minutes of polls: an eviction at the end of each minute, a rebuild
+    /// at the end of each `REBUILD_EVERY` (10 minutes) — the backstop that forgets other
+    /// replicas' deletions and reads rows a refresh passed over.
+    #[test]
+    fn the_cache_evicts_every_minute_and_rebuilds_every_ten() {
+        let at = |round: u64| (round + 1) * CACHE_POLL.as_secs();
+        let rounds = 0..20 * 60 / CACHE_POLL.as_secs();
+        let evictions: Vec<u64> = rounds
+            .clone()
+            .filter(|r| cache_chores(*r).0)
+            .map(at)
+            .collect();
+        assert_eq!(evictions, (1..=20).map(|m| m * 60).collect::<Vec<_>>());
+        let rebuilds: Vec<u64> = rounds.filter(|r| cache_chores(*r).1).map(at).collect();
+        assert_eq!(rebuilds, [600, 1200]);
+        assert_eq!(crate::cache::REBUILD_EVERY.as_secs(), 600);
     }
 }
