@@ -357,18 +357,19 @@ pub async fn update_login(
     if let Some(h) = &new_hash {
         sessions::set_password_hash(&mut tx, id, h).await?;
     }
-    if new_hash.is_some()
-        || edit.disabled
-        || role.as_str() != before.role
-        || team_id != before.team_id
-    {
+    let changed = role.as_str() != before.role || team_id != before.team_id;
+    if new_hash.is_some() || edit.disabled || changed {
         // A changed or disabled login signs in again with what it now is.
         sessions::delete_sessions_of(&mut tx, id, None).await?;
     }
-    // A reset password ends what the old one opened: the login's API keys too.
-    let keys_revoked = match new_hash {
-        Some(_) => sessions::revoke_api_keys_of(&mut tx, id, now).await?,
-        None => 0,
+    // A reset password ends what the old one opened: the login's API keys too. So does a
+    // new role or team: a key acts as its login does now, and a lead's key (perhaps
+    // leaked) became an admin's, or another team's, never confirmed in a session (s29
+    // admin attack F1).
+    let keys_revoked = if new_hash.is_some() || changed {
+        sessions::revoke_api_keys_of(&mut tx, id, now).await?
+    } else {
+        0
     };
     let after = directory::login(&mut tx, id)
         .await?
@@ -379,6 +380,8 @@ pub async fn update_login(
     let mut after_snap: serde_json::Value = serde_json::from_str(&snap(&after)).unwrap_or_default();
     if new_hash.is_some() {
         after_snap["password_reset"] = json!(true);
+    }
+    if new_hash.is_some() || changed {
         after_snap["api_keys_revoked"] = json!(keys_revoked);
     }
     actor

@@ -173,6 +173,49 @@ async fn a_password_reset_by_an_admin_revokes_the_targets_api_keys() {
     assert_eq!(after["api_keys_revoked"], 1, "{after}");
 }
 
+/// A login's keys act as the login does now: promoting a lead made every key it had minted
+/// (perhaps leaked) an admin key, and moving it moved its keys to the new team, none of
+/// them ever confirmed in a session — a role or team change ends them as a password reset
+/// does (s29 admin attack F1).
+#[tokio::test]
+async fn a_role_or_team_change_ends_the_logins_api_keys() {
+    let app = spawn_app().await;
+    make_login(&app, "root", "admin", None).await;
+    let lead_id = make_login(&app, "lead", "lead", Some("core")).await;
+    let root = login(&app, "root").await;
+    let (status, other) = root
+        .post("/admin/api/v1/teams", &json!({"name": "other"}))
+        .await;
+    assert_eq!(status, 201, "{other}");
+    for (change, revoked) in [
+        (json!({"role": "admin"}), 1),
+        (json!({"role": "lead", "team_id": other["id"]}), 1),
+        (json!({"disabled": false}), 0),
+    ] {
+        let lead = login(&app, "lead").await;
+        let key = key_of(&lead, "script").await;
+        assert_eq!(me_with_key(&app, &key).await, 200);
+        let (status, v) = root
+            .patch(&format!("/admin/api/v1/logins/{lead_id}"), &change)
+            .await;
+        assert_eq!(status, 200, "{change}: {v}");
+        let sql =
+            "SELECT after FROM audit_log WHERE action = 'admin.update' ORDER BY id DESC LIMIT 1";
+        let after: serde_json::Value =
+            serde_json::from_str(&sql_text(app.db(), sql).await).unwrap();
+        if revoked > 0 {
+            assert_eq!(me_with_key(&app, &key).await, 401, "{change}");
+            assert_eq!(after["api_keys_revoked"], revoked, "{change}: {after}");
+        } else {
+            assert_eq!(
+                me_with_key(&app, &key).await,
+                200,
+                "{change}: nothing changed"
+            );
+        }
+    }
+}
+
 /// An API key acts for its owner but cannot mint more keys: a leaked key cannot make
 /// itself permanent. Only a signed-in browser session creates keys.
 #[tokio::test]
