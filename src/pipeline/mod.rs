@@ -645,7 +645,7 @@ async fn rate_limit(
         let requests = if moved { 0 } else { n(auth.user_rpm) };
         specs.push(WindowSpec::user(user, requests, n(auth.user_tpm)));
     }
-    let estimated = p.input_tokens + p.cap.map_or(0, |(_, c)| c).saturating_mul(p.n);
+    let estimated = window_input(state, p).saturating_add(p.output_cap());
     let (d, booking) = state
         .windows
         .admit(specs, request_id, estimated.max(0) as u64)
@@ -659,6 +659,41 @@ async fn rate_limit(
         });
     }
     Ok(booking)
+}
+
+/// The input a request's token and user windows are booked at: what the provider reading
+/// the most of it may read, over every route of its model and fallbacks that serves the
+/// endpoint — its documents at their pages, its images as that provider bills them, on
+/// Gemini its digits once more (`Prepared::estimated_input_on`, the input an answer without
+/// usage is charged). Not the counted input alone: a PDF's bytes are left to its pages and
+/// an image is counted at a flat figure, so twenty 50-page PDFs at once were booked ~150
+/// tokens each and all passed a 10 000-token window (s29 limits attack F1). Not the
+/// reservation's bound either (`Prepared::reserved_input_on`, with a document the model's
+/// whole input): one question about a file would fill a token's window for a minute.
+/// The routes are read from the catalog, not `attempts::candidates`, which turns the pool's
+/// rotation for each call.
+fn window_input(state: &AppState, p: &Prepared) -> i64 {
+    let live = state.live.snapshot();
+    let models = std::iter::once(&p.model).chain(
+        p.model
+            .fallbacks
+            .iter()
+            .filter_map(|f| live.catalog.model(f)),
+    );
+    let mut most = p.input_tokens;
+    for m in models {
+        for r in &m.routes {
+            let Some(d) = live.catalog.deployments.get(r.deployment) else {
+                continue;
+            };
+            if providers::path(p.endpoint, d.provider).is_none() {
+                continue;
+            }
+            let reader = p.reader(r, d.provider);
+            most = most.max(p.estimated_input_on(r.image_rule, m.max_input_tokens, reader));
+        }
+    }
+    most
 }
 
 /// The soft limit: past its alert threshold, a token with a `downgrade_model` is served by

@@ -162,12 +162,30 @@ impl LocalWindows {
     }
 
     pub fn correct(&self, specs: &[WindowSpec], second: i64, delta: i64) {
+        self.correct_at(specs, second, delta, self.now_ms());
+    }
+
+    /// `correct` at `now`, by `correct.lua`'s rules: the admission bucket still in the
+    /// window takes the delta (never below 0); once it is gone (a stream longer than the
+    /// window), a positive delta — tokens used beyond the estimate it already counted — is
+    /// booked in the current second, and a negative one is dropped.
+    fn correct_at(&self, specs: &[WindowSpec], second: i64, delta: i64, now: u64) {
+        let cutoff_sec = (now.saturating_sub(self.window_ms) / 1000) as i64;
+        let current = (now / 1000) as i64;
         let mut guard = self.state.lock();
         for spec in specs.iter().filter(|s| s.tokens > 0) {
-            if let Some(w) = guard.0.get_mut(&spec.key) {
-                if let Some((_, n)) = w.tokens.iter_mut().find(|(s, _)| *s == second) {
-                    // Never below 0, like `correct.lua`.
-                    *n = (*n + delta).max(0);
+            let bucket = (second >= cutoff_sec)
+                .then(|| guard.0.get_mut(&spec.key))
+                .flatten()
+                .and_then(|w| w.tokens.iter_mut().find(|(s, _)| *s == second));
+            if let Some((_, n)) = bucket {
+                *n = (*n + delta).max(0);
+            } else if delta > 0 {
+                let w = guard.0.entry(spec.key.clone()).or_default();
+                // The current second is the newest: the buckets stay oldest first.
+                match w.tokens.back_mut() {
+                    Some((s, n)) if *s == current => *n += delta,
+                    _ => w.tokens.push_back((current, delta)),
                 }
             }
         }
@@ -217,6 +235,33 @@ mod tests {
             w.check(&spec(0, 100), 30).refused.is_none(),
             "80 corrected to 20 leaves room for 30"
         );
+    }
+
+    /// A stream longer than the window is corrected after its admission second has left:
+    /// the tokens it used beyond its estimate are booked in the current second, for a whole
+    /// window. Before, the correction found no bucket and was dropped (s29 limits attack
+    /// F1). A negative correction for a gone bucket is still dropped.
+    #[test]
+    fn a_positive_correction_after_the_window_moved_on_is_booked_now() {
+        let w = LocalWindows::new(Duration::from_secs(2));
+        let booked = w.check_at(&spec(0, 100), 30, T0);
+        assert!(booked.refused.is_none());
+        // 4 s later the admission second has left the window (it left at T0 + 3 s); the
+        // stream used 150, 120 beyond its estimate.
+        let later = T0 + 4000;
+        w.correct_at(&spec(0, 100), booked.second, 120, later);
+        let d = w.check_at(&spec(0, 100), 1, later + 10);
+        assert_eq!(d.refused, Some(Refused::Tokens), "{}", d.tokens_used);
+        assert_eq!(
+            d.tokens_used, 120,
+            "the delta alone: the estimate counted already"
+        );
+        // Counted for a whole window from its second, then gone.
+        let gone = later + 3000;
+        assert_eq!(w.check_at(&spec(0, 100), 1, gone).tokens_used, 1);
+        // Negative, for a bucket gone: nothing changes, nothing below 0.
+        w.correct_at(&spec(0, 100), booked.second, -500, gone + 5000);
+        assert_eq!(w.check_at(&spec(0, 100), 1, gone + 5000).tokens_used, 1);
     }
 
     /// A minute's window on a hand-stepped clock: `T0` is a whole second.

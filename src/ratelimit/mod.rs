@@ -254,7 +254,7 @@ impl Windows {
         }
         match (store, &self.redis) {
             (Store::Redis, Some(r)) if !self.degraded() => {
-                if let Err(e) = r.correct(specs, second, delta).await {
+                if let Err(e) = r.correct(specs, (second, delta), self.window).await {
                     self.fall_back(&e);
                 }
             }

@@ -259,11 +259,13 @@ impl RedisWindows {
         self.offset_ms.store(ms, Ordering::Relaxed);
     }
 
+    /// Corrects a booking of `second` by `delta` (`correct.lua`): in its bucket while that
+    /// is in the `window`, else a positive delta in the current second.
     pub async fn correct(
         &self,
         specs: &[WindowSpec],
-        second: i64,
-        delta: i64,
+        (second, delta): (i64, i64),
+        window: Duration,
     ) -> Result<(), WindowError> {
         let keys = Self::correct_keys(specs);
         if keys.is_empty() {
@@ -274,7 +276,7 @@ impl RedisWindows {
         for k in keys {
             inv.key(k);
         }
-        inv.arg(second).arg(delta);
+        inv.arg(second).arg(delta).arg(window.as_millis() as u64);
         self.run(self.timeout, |mut c| async move {
             inv.invoke_async::<i64>(&mut c).await
         })

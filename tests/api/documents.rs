@@ -103,7 +103,7 @@ async fn sonnet_app(key: &str, max_input_tokens: u32, price: PriceKeys) -> TestA
 }
 
 /// A chat message asking about a 3-page PDF sent inline.
-fn chat_pdf_message(pages: usize) -> Value {
+pub fn chat_pdf_message(pages: usize) -> Value {
     let data = format!("data:application/pdf;base64,{}", b64(&pdf(pages)));
     json!({"role": "user", "content": [
         {"type": "text", "text": "Summarise the maintenance schedule."},

@@ -59,7 +59,7 @@ async fn redis_token_windows_are_booked_and_corrected() {
     let refused = w.check(&specs, "r2", 30, window).await.unwrap();
     assert_eq!(refused.refused, Some(Refused::Tokens));
     // Corrected from the estimate (80) to the actual usage (20) in both windows.
-    w.correct(&specs, d.second, -60).await.unwrap();
+    w.correct(&specs, (d.second, -60), window).await.unwrap();
     for k in &keys {
         assert_eq!(hash_sum(&redis, k).await, 20, "{k}");
     }
@@ -68,7 +68,9 @@ async fn redis_token_windows_are_booked_and_corrected() {
     assert_eq!(d2.tokens_used, 50);
     // A correction for a second whose bucket is gone changes nothing (it must not write
     // a negative bucket that would let more in).
-    w.correct(&specs, d.second - 30, -50).await.unwrap();
+    w.correct(&specs, (d.second - 30, -50), window)
+        .await
+        .unwrap();
     for k in &keys {
         assert_eq!(hash_sum(&redis, k).await, 50, "{k}");
         let ttl: i64 = redis
@@ -79,6 +81,63 @@ async fn redis_token_windows_are_booked_and_corrected() {
             .parse()
             .unwrap();
         assert!(ttl > 0, "{k} keeps its TTL");
+    }
+}
+
+/// A stream longer than the window is corrected after its admission second has left (its
+/// key expired, or its field still there but out of the window): the tokens used beyond the
+/// estimate are booked in the current second, with the window's TTL. Before, the
+/// correction was dropped, or landed in the stale field the next check deletes, and a long
+/// stream's tokens were never counted (s29 limits attack F1). A negative correction for a
+/// gone bucket still changes nothing.
+#[tokio::test]
+async fn a_positive_correction_after_the_window_moved_on_is_booked_now() {
+    let redis = RedisServer::start().await;
+    let w = RedisWindows::new(&redis.url(), TIMEOUT).unwrap();
+    let window = Duration::from_secs(2);
+    let specs = token_and_user(0, 100);
+    let booked = w.check(&specs, "r1", 30, window).await.unwrap();
+    assert!(booked.refused.is_none());
+    let keys = RedisWindows::correct_keys(&specs);
+    // One key expired (the window's TTL passed), the other still holding the stale field.
+    redis.cli(&["DEL", &keys[0]]).await.unwrap();
+    redis.cli(&["PERSIST", &keys[1]]).await.unwrap();
+    // Its bucket left at (s + 1) s + window: in second s + 4 it is gone.
+    for s in booked.second..=booked.second + 3 {
+        next_second(&redis, s).await;
+    }
+    w.correct(&specs, (booked.second, 120), window)
+        .await
+        .unwrap();
+    for k in &keys {
+        let ttl: i64 = redis
+            .cli(&["PTTL", k])
+            .await
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(ttl > 2000 && ttl <= 3000, "{k}: the window's TTL, {ttl}");
+    }
+    let d = w.check(&specs, "r2", 1, window).await.unwrap();
+    assert_eq!(d.refused, Some(Refused::Tokens));
+    assert_eq!(
+        d.tokens_used, 120,
+        "the delta alone: the estimate counted already"
+    );
+    for k in &keys {
+        assert_eq!(
+            hash_sum(&redis, k).await,
+            120,
+            "{k}: the stale field is gone"
+        );
+    }
+    // Negative, for a bucket gone: nothing changes.
+    w.correct(&specs, (booked.second, -500), window)
+        .await
+        .unwrap();
+    for k in &keys {
+        assert_eq!(hash_sum(&redis, k).await, 120, "{k}");
     }
 }
 
@@ -169,7 +228,9 @@ async fn a_correction_never_leaves_a_redis_bucket_below_zero() {
         }
     }
     let second = same_second.expect("two bookings within one Redis second");
-    w.correct(&specs, second, 1_000 - 80_000).await.unwrap();
+    w.correct(&specs, (second, 1_000 - 80_000), window)
+        .await
+        .unwrap();
     for k in RedisWindows::correct_keys(&specs) {
         let bucket: i64 = redis
             .cli(&["HGET", &k, &second.to_string()])
@@ -331,12 +392,16 @@ async fn the_window_scripts_run_on_a_redis_cluster_node() {
         .await
         .expect("no CROSSSLOT");
     assert!(d.refused.is_none());
-    w.correct(&specs, d.second, -60)
+    w.correct(&specs, (d.second, -60), window)
         .await
         .expect("correction: no CROSSSLOT");
+    // A positive correction for a bucket gone books in the current second: still one slot.
+    w.correct(&specs, (d.second - 120, 25), window)
+        .await
+        .expect("a correction booked now: no CROSSSLOT");
     let key = [WindowSpec::upstream("openai-a", 10, 1000)];
     let d = w.check(&key, "r1:0", 100, window).await.unwrap();
-    w.correct(&key, d.second, -100).await.unwrap();
+    w.correct(&key, (d.second, -100), window).await.unwrap();
     let ids = ["a".to_string(), "b".to_string()];
     let cool = w
         .sync_cooldowns(&[("a".into(), now_ms() + 5000, 5000)], &ids)

@@ -368,6 +368,109 @@ async fn key_window_refusal(redis: bool) {
     );
 }
 
+/// Several requests at once, each asking about a 20-page PDF: the provider reads some
+/// 40 000 tokens for each. A token window of 5 000 admits the first into its empty window
+/// and refuses the rest for tokens. Before, each was booked at its counted input (a PDF's
+/// bytes are left to its pages, counted apart) plus its cap — about 130 tokens — so all five
+/// were admitted, and a window let through forty times its limit every minute (s29 limits
+/// attack F1).
+async fn concurrent_documents(redis: bool) {
+    let s = setup(redis, |s| s.upstreams[0].tpm_limit = 0).await;
+    let app = &s.app;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            delay_ms: 500,
+            prompt_tokens: Some(40_000),
+            completion_tokens: Some(10),
+            ..Default::default()
+        }),
+    );
+    let (_, token) = app
+        .issue(sluice::cli::IssueArgs {
+            tpm: Some(5_000),
+            ..issue_args("pia")
+        })
+        .await;
+    let body = json!({"model": "gpt-4o-mini", "max_tokens": 100,
+        "messages": [crate::documents::chat_pdf_message(20)]});
+    let sent: Vec<_> = (0..5)
+        .map(|_| {
+            let (app, token, body) = (app.clone(), token.clone(), body.clone());
+            tokio::spawn(async move {
+                let resp = app.chat(&token, &body).await;
+                let status = resp.status().as_u16();
+                (status, resp.json::<Value>().await.unwrap_or_default())
+            })
+        })
+        .collect();
+    let mut served = 0;
+    for s in sent {
+        let (status, v) = s.await.unwrap();
+        match status {
+            200 => served += 1,
+            429 => assert_eq!(v["error"]["type"], "tokens", "{v}"),
+            other => panic!("{other}: {v}"),
+        }
+    }
+    assert!(
+        served <= 1,
+        "{served} of 5 served past a 5 000-token window"
+    );
+    assert_eq!(app.mock.state.stats(KEY_A).count, served);
+}
+
+/// A stream that outlasts the window (2 s here) is corrected up to its usage after its
+/// admission second has left the window: the tokens it used are booked in the second the
+/// correction lands, so the next request is refused for them. Before, the correction found
+/// no bucket and was dropped: a long stream's tokens were never counted (s29 limits attack
+/// F1).
+async fn long_stream(redis: bool) {
+    let s = setup(redis, |s| {
+        s.ratelimit.window_seconds = 2;
+        s.upstreams[0].tpm_limit = 0;
+    })
+    .await;
+    let app = &s.app;
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            chunk_delay_ms: 800,
+            prompt_tokens: Some(6_000),
+            completion_tokens: Some(10),
+            ..Default::default()
+        }),
+    );
+    let (_, token) = app
+        .issue(sluice::cli::IssueArgs {
+            tpm: Some(5_000),
+            ..issue_args("lou")
+        })
+        .await;
+    let mut body = chat_body(10);
+    body["stream"] = json!(true);
+    let started = std::time::Instant::now();
+    let resp = app.chat(&token, &body).await;
+    assert_eq!(resp.status(), 200);
+    let (data, _) = sse_data(resp).await;
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    assert!(
+        started.elapsed() > Duration::from_secs(3),
+        "the stream outlasted its window and the second after: {:?}",
+        started.elapsed()
+    );
+    settled().await;
+    app.mock.state.sticky(KEY_A, None);
+    let resp = app.chat(&token, &chat_body(10)).await;
+    let status = resp.status();
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(
+        status, 429,
+        "the stream's 6 010 tokens were not counted: {v}"
+    );
+    assert_eq!(v["error"]["type"], "tokens");
+}
+
 macro_rules! on_both_stores {
     ($($name:ident),* $(,)?) => {
         $(
@@ -393,5 +496,7 @@ on_both_stores!(
     cache_hit,
     successes,
     stream_cut,
-    key_window_refusal
+    key_window_refusal,
+    concurrent_documents,
+    long_stream
 );

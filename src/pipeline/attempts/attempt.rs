@@ -219,7 +219,11 @@ pub(super) async fn try_candidate(
     let mut key_booking = None;
     if rpm > 0 || tpm > 0 {
         let spec = vec![WindowSpec::upstream(&dep.id, rpm, tpm)];
-        let estimated = (p.input_tokens + p.cap.map_or(0, |(_, c)| c) * p.n).max(0) as u64;
+        // At the input this candidate's provider may read (documents at their pages, images
+        // by its rule), as the token's window is (`pipeline::window_input`).
+        let reader = p.reader(&c.route, dep.provider);
+        let input = p.estimated_input_on(c.route.image_rule, c.model.max_input_tokens, reader);
+        let estimated = input.saturating_add(p.output_cap()).max(0) as u64;
         let (decision, booking) = state
             .windows
             .admit(spec, &format!("{request_id}:{}", run.attempts), estimated)
