@@ -113,7 +113,16 @@ pub async fn list(
     Ok(rows)
 }
 
-fn check_limits(state: &AppState, actor: &Actor, l: &Limits) -> Result<(), AdminError> {
+/// Checks limits a token is given; `had` is the priority it had before (an edit), `None`
+/// for a new token. CRITICAL is refused to all but an admin when it is granted, not when a
+/// token an admin made CRITICAL keeps it: a lead lowering such a token's rpm or budget was
+/// refused, while a rotation kept it CRITICAL (s29 admin attack F3).
+fn check_limits(
+    state: &AppState,
+    actor: &Actor,
+    l: &Limits,
+    had: Option<i64>,
+) -> Result<(), AdminError> {
     for (f, v) in [("rpm", l.rpm), ("tpm", l.tpm)] {
         if v.is_some_and(|v| v < 1) {
             return Err(AdminError::invalid(format!("{f} must be at least 1")));
@@ -122,7 +131,8 @@ fn check_limits(state: &AppState, actor: &Actor, l: &Limits) -> Result<(), Admin
     if !(1..=4).contains(&l.max_priority) {
         return Err(AdminError::invalid("max_priority: 1 (CRITICAL) to 4 (LOW)"));
     }
-    if l.max_priority < 2 && actor.role != Role::Admin {
+    let granted = had.is_none_or(|had| l.max_priority < had);
+    if l.max_priority < 2 && granted && actor.role != Role::Admin {
         return Err(AdminError::Forbidden(
             "Only an admin can grant CRITICAL priority.".into(),
         ));
@@ -209,7 +219,7 @@ pub async fn issue(state: &AppState, actor: &Actor, i: Issue) -> Result<Issued, 
         .await?
         .ok_or(AdminError::NotFound)?;
     actor.see_team(user.team_id)?;
-    check_limits(state, actor, &limits)?;
+    check_limits(state, actor, &limits, None)?;
     check_within_team(actor, &team_row(&mut tx, user.team_id).await?, limit, true)?;
     let row = NewTokenRow {
         user_id,
@@ -398,7 +408,7 @@ pub async fn edit(
         downgrade_model: e.downgrade_model.unwrap_or(before.downgrade_model.clone()),
         expires_at: expires,
     };
-    check_limits(state, actor, &limits)?;
+    check_limits(state, actor, &limits, Some(before.max_priority))?;
     token_admin::set_limits(&mut tx, id, &limits).await?;
     let mut after = json!({"limits": limits});
     if let Some(t) = &e.tags {

@@ -1622,3 +1622,39 @@ async fn a_cli_command_that_makes_a_team_or_user_on_the_way_audits_it() {
         assert_eq!(rows, 1, "{action} {target}");
     }
 }
+
+/// The CRITICAL rule is about granting it: a lead lowers the limits of a token an admin
+/// made CRITICAL in their team (it answered 403 "Only an admin can grant CRITICAL" to an
+/// rpm change, while a rotation kept it CRITICAL), and still cannot make one CRITICAL
+/// (s29 admin attack F3).
+#[tokio::test]
+async fn a_lead_can_lower_the_limits_of_an_admin_granted_critical_token() {
+    let w = world().await;
+    let lead = login(&w.app, "lena").await;
+    let (s, critical) = w
+        .admin
+        .post(
+            "/admin/api/v1/tokens",
+            &json!({"user_id": w.red_member, "budget_usd": "1", "max_priority": 1}),
+        )
+        .await;
+    assert_eq!(s, 201, "{critical}");
+    let path = format!("/admin/api/v1/tokens/{}", critical["id"]);
+    let (s, v) = lead.patch(&path, &json!({"rpm": 5})).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        (v["rpm"].as_i64(), v["max_priority"].as_i64()),
+        (Some(5), Some(1)),
+        "{v}"
+    );
+    let (s, v) = lead
+        .patch(&path, &json!({"max_priority": 1, "tpm": 1000}))
+        .await;
+    assert_eq!(s, 200, "kept as it was, no grant: {v}");
+    let (s, v) = lead.patch(&path, &json!({"max_priority": 3})).await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = lead.patch(&path, &json!({"max_priority": 1})).await;
+    assert_eq!(s, 403, "granted again by a lead: {v}");
+    let other = format!("/admin/api/v1/tokens/{}", w.red_token);
+    assert_eq!(lead.patch(&other, &json!({"max_priority": 1})).await.0, 403);
+}
