@@ -174,16 +174,27 @@ pub mod de {
         }))
     }
 
-    /// A list from an array, one value, or comma-separated text; empty is absent.
+    /// A list from an array, one value, or comma-separated text; empty text (a form's
+    /// field left blank) is absent. An array with nothing in it is refused: "none of them"
+    /// read as absent gave a token every model (s29 admin attack F4).
     pub fn opt_list<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
-        let items: Vec<String> = match Value::deserialize(d)? {
+        let (items, array): (Vec<String>, bool) = match Value::deserialize(d)? {
             Value::Null => return Ok(None),
-            Value::Array(a) => a.into_iter().filter_map(text).collect(),
-            other => text(other)
-                .map(|s| s.split(',').map(|p| p.trim().to_string()).collect())
-                .unwrap_or_default(),
+            Value::Array(a) => (a.into_iter().filter_map(text).collect(), true),
+            other => (
+                text(other)
+                    .map(|s| s.split(',').map(|p| p.trim().to_string()).collect())
+                    .unwrap_or_default(),
+                false,
+            ),
         };
         let items: Vec<String> = items.into_iter().filter(|s| !s.is_empty()).collect();
+        if array && items.is_empty() {
+            return Err(serde::de::Error::custom(
+                // The one list field (`models`); serde's message would not name it.
+                "models: an empty list names no model — leave it out (or null) for every model",
+            ));
+        }
         Ok((!items.is_empty()).then_some(items))
     }
 }

@@ -1658,3 +1658,36 @@ async fn a_lead_can_lower_the_limits_of_an_admin_granted_critical_token() {
     let other = format!("/admin/api/v1/tokens/{}", w.red_token);
     assert_eq!(lead.patch(&other, &json!({"max_priority": 1})).await.0, 403);
 }
+
+/// `"models": []` named no model and was read as absent: a token for every model, with a
+/// 201 (and on an edit, the old list kept). Refused, naming the field (s29 admin attack F4).
+#[tokio::test]
+async fn an_empty_model_list_is_refused_not_read_as_every_model() {
+    let w = world().await;
+    for models in [json!([]), json!([""])] {
+        let (s, v) = w
+            .admin
+            .post(
+                "/admin/api/v1/tokens",
+                &json!({"user_id": w.red_member, "budget_usd": "1", "models": models}),
+            )
+            .await;
+        assert_eq!(s, 400, "{models}: {v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains("models"),
+            "{v}"
+        );
+        let path = format!("/admin/api/v1/tokens/{}", w.red_token);
+        let (s, v) = w.admin.patch(&path, &json!({"models": models})).await;
+        assert_eq!(s, 400, "{models}: {v}");
+    }
+    let (s, v) = w
+        .admin
+        .post(
+            "/admin/api/v1/tokens",
+            &json!({"user_id": w.red_member, "budget_usd": "1", "models": null}),
+        )
+        .await;
+    assert_eq!(s, 201, "null is every model: {v}");
+    assert!(v["models"].is_null(), "{v}");
+}
