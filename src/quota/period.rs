@@ -78,22 +78,60 @@ impl Reset {
     }
 
     /// The period a level is in at `now`, given the period it has stored, and whether it
-    /// must roll over into it. The stored period stays when it is `now`'s — or the next one:
-    /// another process whose clock is a little ahead already rolled the level over, and a
-    /// clock a little behind must not roll it back. Anything else gives way to `now`'s
-    /// period: an older one (the boundary passed), one of another rule (the reset was
-    /// changed), or one further ahead (a clock that was wrong by more than a period must
-    /// not pin the budget in the future). A rollover into a period the level was in before
-    /// starts it at the limit less that period's ledger sum (`store::ledger`), so coming
-    /// back to a period never resets it a second time.
+    /// must roll over into it. Periods move forward only: the stored period stays when it
+    /// is `now`'s or a later one of the same rule — another process whose clock is ahead
+    /// already rolled the level over, and a clock behind must not roll it back. It gives
+    /// way to `now`'s period when it is older (the boundary passed), of another rule (the
+    /// reset was changed), or unreadable. A period far ahead (a clock that was wrong by more
+    /// than a period) so holds the level until time reaches it: the budget is spent once
+    /// over that stretch, never restored. Rolling such a period back to the host's own let
+    /// two hosts' clocks a period apart flip the level between their periods, each flip
+    /// restoring that period's budget — a daily budget spent three times in a real day (s29
+    /// money attack F1). A rollover into a period the level was in before starts it at the
+    /// limit less that period's ledger sum (`store::ledger`), so coming back to a period
+    /// never resets it a second time.
     pub fn place(self, stored: &str, now: DateTime<Utc>) -> (String, bool) {
         let key = self.period_key(now);
-        let next = self.period_end(now).map(|end| self.period_key(end));
-        if stored == key || next.as_deref() == Some(stored) {
+        let later = self
+            .start_of(stored)
+            .zip(self.period_start(now))
+            .is_some_and(|(stored, now)| stored > now);
+        if stored == key || later {
             (stored.to_string(), false)
         } else {
             (key, true)
         }
+    }
+
+    /// When the period `key` of this rule starts; `None` for a key of another rule, one not
+    /// written as this rule writes its keys, and `Never`'s.
+    fn start_of(self, key: &str) -> Option<DateTime<Utc>> {
+        let day = match self {
+            Reset::Daily => NaiveDate::parse_from_str(key, "%Y-%m-%d").ok()?,
+            Reset::Monthly => NaiveDate::parse_from_str(&format!("{key}-01"), "%Y-%m-%d").ok()?,
+            Reset::Weekly => {
+                let (year, week) = key.split_once("-W")?;
+                NaiveDate::from_isoywd_opt(
+                    year.parse().ok()?,
+                    week.parse().ok()?,
+                    chrono::Weekday::Mon,
+                )?
+            }
+            Reset::Never => return None,
+        };
+        let start = Utc.from_utc_datetime(&day.and_hms_opt(0, 0, 0)?);
+        // Only the key this rule writes for that period (`2026-1-5` is no daily key).
+        (self.period_key(start) == key).then_some(start)
+    }
+
+    /// Whole seconds (rounded up) until the period `key` of this rule ends, for the
+    /// `Retry-After` of a budget refused in it: a level another host rolled into the next
+    /// period refills when that one ends, not when `now`'s does (s29 money attack F2). A key
+    /// not of this rule counts to the end of `now`'s period.
+    pub fn seconds_to_end_of(self, key: &str, now: DateTime<Utc>) -> Option<u64> {
+        let end = self.period_end(self.start_of(key).unwrap_or(now))?;
+        let ms = (end - now).num_milliseconds().max(0) as u64;
+        Some(ms.div_ceil(1000).max(1))
     }
 
     /// Whole seconds (rounded up) until the next reset, for `Retry-After`.
@@ -154,12 +192,23 @@ mod tests {
             key("2027-W01", false)
         );
         assert_eq!(place(Reset::Monthly, "2027-01", eve), key("2027-01", false));
-        // A period further ahead came from a wrong clock: it gives way.
+        // A period further ahead (a clock wrong by more than a period) is kept too: rolled
+        // back, it gave the level a second budget (s29 money attack F1).
         assert_eq!(
             place(Reset::Daily, "2027-12-15", eve),
+            key("2027-12-15", false)
+        );
+        assert_eq!(place(Reset::Monthly, "2027-03", eve), key("2027-03", false));
+        assert_eq!(
+            place(Reset::Weekly, "2027-W10", eve),
+            key("2027-W10", false)
+        );
+        // Not a key this rule writes: the host's period.
+        assert_eq!(
+            place(Reset::Daily, "2027-1-5", eve),
             key("2026-12-31", true)
         );
-        assert_eq!(place(Reset::Monthly, "2027-03", eve), key("2026-12", true));
+        assert_eq!(place(Reset::Weekly, "2027-W99", eve), key("2026-W53", true));
         // A changed rule takes the new rule's period.
         assert_eq!(
             place(Reset::Monthly, "2026-12-31", eve),
@@ -169,5 +218,25 @@ mod tests {
         assert_eq!(place(Reset::Never, "2026-12-31", eve), key("never", true));
         assert_eq!(place(Reset::Never, "never", eve), key("never", false));
         assert_eq!(place(Reset::Daily, "", eve), key("2026-12-31", true));
+    }
+
+    #[test]
+    fn a_refusal_waits_for_the_end_of_the_period_it_was_refused_in() {
+        let eve = at("2026-12-31T18:00:00Z");
+        // The level another host rolled into the next day refills at that day's end.
+        assert_eq!(
+            Reset::Daily.seconds_to_end_of("2027-01-01", eve),
+            Some(30 * 3600)
+        );
+        assert_eq!(
+            Reset::Daily.seconds_to_end_of("2026-12-31", eve),
+            Some(6 * 3600)
+        );
+        assert_eq!(
+            Reset::Monthly.seconds_to_end_of("2027-01", eve),
+            Some((31 * 24 + 6) * 3600)
+        );
+        assert_eq!(Reset::Daily.seconds_to_end_of("never", eve), Some(6 * 3600));
+        assert_eq!(Reset::Never.seconds_to_end_of("never", eve), None);
     }
 }

@@ -499,6 +499,78 @@ on_both_stores!(
     a_rollover_under_load
 );
 
+/// Two hosts, one's clock 30 hours ahead: a period another host stored that is newer than
+/// this host's is kept, never rolled back. `Reset::place` rolled a period more than one
+/// ahead back to the host's own, so the hosts flipped the level between their periods and
+/// each flip restored that period's budget: a daily budget spent two and three times in one
+/// real day (s29 money attack F1).
+async fn a_period_ahead_is_never_rolled_back(store: Store) {
+    let owner = store
+        .owner(&[limit(10 * R, "daily"), unlimited(), unlimited()])
+        .await;
+    let other = store.another().await;
+    let ahead = clock_at("2026-12-05T16:00:00.000Z");
+    let right = clock_at("2026-12-04T10:00:00.000Z");
+    let mut admitted = 0;
+    let mut n = 0;
+    for round in 0..2 {
+        for _ in 0..15 {
+            for (host, clock) in [(&store, &ahead), (&other, &right)] {
+                n += 1;
+                let (id, clock): (String, Arc<dyn Clock>) = (format!("s{n}"), clock.clone());
+                match host
+                    .reserve(&owner, &id, R, "p", clock.clone())
+                    .await
+                    .unwrap()
+                {
+                    Ok(_) => {
+                        host.settle(&id, R, clock).await.unwrap().unwrap();
+                        admitted += 1;
+                    }
+                    Err(Refusal::Insufficient(Level::Token, wait)) if round == 1 => {
+                        // Refilled when the period it was refused in ends: 12-06's end,
+                        // on either host's clock (s29 money attack F2).
+                        let end = at("2026-12-07T00:00:00Z");
+                        let left = (end - clock.now()).num_seconds() as u64;
+                        assert_eq!(wait, Some(left), "{}", store.name());
+                    }
+                    Err(Refusal::Insufficient(Level::Token, _)) => {}
+                    Err(other) => panic!("{other:?}"),
+                }
+            }
+        }
+        if round == 0 {
+            // The host ahead passes its midnight: one new day, once.
+            for c in [&ahead, &right] {
+                c.advance(Duration::hours(8));
+            }
+        }
+    }
+    assert_eq!(
+        admitted,
+        20,
+        "{}: a budget for each day the stored period passed",
+        store.name()
+    );
+    let days = store
+        .int(&format!(
+            "SELECT COUNT(DISTINCT period) FROM ledger WHERE token_id = {} AND kind = 'reserve'",
+            owner.token_id
+        ))
+        .await;
+    assert_eq!(
+        days,
+        2,
+        "{}: 12-05 and 12-06, never 12-04 again",
+        store.name()
+    );
+    store.assert_settled().await;
+}
+on_both_stores!(
+    a_period_another_host_stored_ahead_is_never_rolled_back,
+    a_period_ahead_is_never_rolled_back
+);
+
 /// Settlement is exact on both sides of the reservation: below it the rest is refunded to
 /// every level; above it the token is charged the reservation and the rest is `absorbed`.
 async fn settle_exact(store: Store) {

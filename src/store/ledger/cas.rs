@@ -195,10 +195,12 @@ pub fn reserve_tx(
         .into_iter()
         .find(|l| !levels[l.idx()].covers(r.amount))
     {
+        // Refilled when the period it was refused in ends (another host may have rolled
+        // the level into the next one).
         let reset = levels[level.idx()].reset;
         return Ok(Err(Refusal::Insufficient(
             level,
-            reset.seconds_to_reset(now),
+            reset.seconds_to_end_of(&periods[level.idx()], now),
         )));
     }
     let mut remaining = None;

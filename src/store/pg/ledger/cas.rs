@@ -247,10 +247,12 @@ pub async fn reserve_tx(
         .into_iter()
         .find(|l| !levels[idx(*l)].covers(r.amount))
     {
+        // Refilled when the period it was refused in ends (another host may have rolled
+        // the level into the next one).
         let reset = levels[idx(level)].reset;
         return Ok(Err(Refusal::Insufficient(
             level,
-            reset.seconds_to_reset(now),
+            reset.seconds_to_end_of(&periods[idx(level)], now),
         )));
     }
     let row = sqlx::query(RESERVE)
