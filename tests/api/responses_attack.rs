@@ -519,3 +519,70 @@ async fn a_stream_event_the_gateway_cannot_read_ends_a_responses_stream_unstored
     assert_eq!(app.scalar("SELECT COUNT(*) FROM stored_responses").await, 0);
     app.assert_invariant().await;
 }
+
+/// Every item of a streamed answer has its own id, the same in its events, in the final
+/// response and in the stored copy (s29 responses attack F4: every message item was
+/// `msg_<ids>`, so text after a call gave two items of one id, which OpenAI refuses on a
+/// continuation: "Duplicate item found").
+#[tokio::test]
+async fn each_streamed_item_has_its_own_id_in_its_events_and_the_stored_response() {
+    let app = spawn_app_with_gemini().await;
+    let (_, token) = app.token("ola", Some("10")).await;
+    let part = |p: Value| {
+        sluice::mock::SseEvent::Data(
+            json!({"candidates": [{"content": {"role": "model", "parts": [p]}}]}),
+        )
+    };
+    app.mock.state.script(
+        KEY_G,
+        [Script {
+            events: Some(vec![
+                part(json!({"text": "Let me check."})),
+                part(json!({"functionCall": {"name": "lookup_vehicle", "args": {"vin": "1"}}})),
+                part(json!({"text": "Checked."})),
+                sluice::mock::SseEvent::Data(json!({"candidates": [{"content": {"role": "model",
+                    "parts": [{"text": " It is a Golf."}]}, "finishReason": "STOP"}],
+                    "usageMetadata": {"promptTokenCount": 12, "candidatesTokenCount": 24, "totalTokenCount": 36}})),
+            ]),
+            ..Script::default()
+        }],
+    );
+    let tools = json!([{"type": "function", "name": "lookup_vehicle",
+        "parameters": {"type": "object", "properties": {"vin": {"type": "string"}}}}]);
+    let body = json!({"model": "gem", "input": ASK, "tools": tools, "stream": true});
+    let resp = app.post("/v1/responses", &token, &body).await;
+    assert_eq!(resp.status(), 200);
+    let ev = crate::responses_streams::events(resp).await;
+    let (name, done) = ev.last().unwrap();
+    assert_eq!(name, "response.completed", "{ev:?}");
+    let done = &done["response"];
+    let ids: Vec<&str> = done["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["id"].as_str().unwrap())
+        .collect();
+    let kinds: Vec<&Value> = done["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| &i["type"])
+        .collect();
+    assert_eq!(kinds, ["message", "function_call", "message"], "{done}");
+    let mut distinct = ids.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), ids.len(), "{ids:?}");
+    // Each event names its item by the id the final response gives it at that index.
+    for (kind, data) in &ev {
+        let index = data["output_index"].as_u64();
+        let named = data["item_id"].as_str().or(data["item"]["id"].as_str());
+        if let (Some(index), Some(named)) = (index, named) {
+            assert_eq!(named, ids[index as usize], "{kind}: {data}");
+        }
+    }
+    let (status, stored) = crate::responses::get(&app, done["id"].as_str().unwrap(), &token).await;
+    assert_eq!(status, 200);
+    assert_eq!(&stored, done);
+    app.assert_invariant().await;
+}
