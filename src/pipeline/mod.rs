@@ -367,7 +367,7 @@ async fn run(
         );
         return Err(ApiError::InvalidRequest {
             message,
-            param: Some("model"),
+            param: Some("model".into()),
         }
         .into());
     }

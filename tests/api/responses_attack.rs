@@ -586,3 +586,47 @@ async fn each_streamed_item_has_its_own_id_in_its_events_and_the_stored_response
     assert_eq!(&stored, done);
     app.assert_invariant().await;
 }
+
+/// A field a translated route cannot serve is refused naming it in `error.param`, as the
+/// Responses API names an unknown parameter (s29 responses attack F5: `param` was null);
+/// `stream_options` and `prompt_cache_retention`, which the native route takes, are a
+/// stream's option no translated stream has a use for and a caching hint: dropped and
+/// announced, as `prompt_cache_key` is, never refused.
+#[tokio::test]
+async fn an_unknown_field_on_a_translated_route_is_refused_with_its_param() {
+    let app = spawn_app_with_claude().await;
+    let (token_id, token) = app.token("ola", Some("10")).await;
+    for field in ["frobnicate", "x-odd key"] {
+        let mut body = json!({"model": "claude", "input": ASK});
+        body[field] = json!(1);
+        let (status, err) = create(&app, &token, &body).await;
+        assert_eq!(status, 400, "{err}");
+        assert_eq!(err["error"]["param"], field, "{err}");
+        assert_eq!(err["error"]["type"], "invalid_request_error");
+        assert!(
+            err["error"]["message"].as_str().unwrap().contains(field),
+            "{err}"
+        );
+    }
+    assert_eq!(app.mock.state.stats(KEY_B).count, 0);
+    assert_eq!(charged(&app, token_id).await, 0);
+    for stream in [false, true] {
+        let body = json!({"model": "claude", "input": ASK, "stream": stream,
+            "stream_options": {"include_obfuscation": false}, "prompt_cache_retention": "24h"});
+        let resp = app.post("/v1/responses", &token, &body).await;
+        assert_eq!(resp.status(), 200, "stream: {stream}");
+        let dropped = resp.headers()["x-sluice-dropped"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        // A request that does not stream has its `stream_options` left out before any
+        // route (`pipeline::request`), as on chat: nothing of the client's to announce.
+        assert_eq!(dropped.contains("stream_options"), stream, "{dropped}");
+        assert!(dropped.contains("prompt_cache_retention"), "{dropped}");
+        let _ = resp.text().await;
+        let sent = crate::responses::last_sent(&app, KEY_B);
+        assert!(sent.get("stream_options").is_none(), "{sent}");
+        assert!(sent.get("prompt_cache_retention").is_none(), "{sent}");
+    }
+    app.assert_invariant().await;
+}
