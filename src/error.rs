@@ -6,6 +6,8 @@
 //!   once, in `pipeline.rs`, and an `ApiError` becomes JSON once, in `render`, in the wire
 //!   format of the route the client called (OpenAI or Anthropic).
 
+use std::borrow::Cow;
+
 use actix_web::http::{header, StatusCode};
 use actix_web::HttpResponse;
 use serde_json::{json, Value};
@@ -22,7 +24,9 @@ pub enum ApiError {
     #[error("{message}")]
     InvalidRequest {
         message: String,
-        param: Option<&'static str>,
+        /// The field named: the client's own key when it is one the gateway does not know
+        /// (a translated Responses request's, `TranslateError`).
+        param: Option<Cow<'static, str>>,
     },
     #[error("Invalid API key. Check the Sluice token you are sending (Authorization: Bearer sk-sl-… or x-api-key).")]
     InvalidApiKey,
@@ -105,7 +109,7 @@ impl ApiError {
     pub fn invalid(param: &'static str, message: impl Into<String>) -> Self {
         ApiError::InvalidRequest {
             message: message.into(),
-            param: Some(param),
+            param: Some(param.into()),
         }
     }
 
@@ -267,8 +271,8 @@ impl ApiError {
                 "message": message,
                 "type": self.openai_type(),
                 "param": match self {
-                    ApiError::InvalidRequest { param, .. }
-                    | ApiError::ResponseNotFound { param, .. } => *param,
+                    ApiError::InvalidRequest { param, .. } => param.as_deref(),
+                    ApiError::ResponseNotFound { param, .. } => *param,
                     _ => None,
                 },
                 "code": self.code(),

@@ -213,9 +213,9 @@ mod tests {
         (r, Value::Object(m))
     }
 
-    fn param(r: Result<Kinds, ApiError>) -> Option<&'static str> {
+    fn param(r: Result<Kinds, ApiError>) -> Option<String> {
         match r {
-            Err(ApiError::InvalidRequest { param, .. }) => param,
+            Err(ApiError::InvalidRequest { param, .. }) => param.map(String::from),
             other => panic!("not refused: {other:?}"),
         }
     }
@@ -292,12 +292,12 @@ mod tests {
             Endpoint::Messages,
             json!({"tools": [{"type": "web_search_20250305", "max_uses": 0}]}),
         );
-        assert_eq!(param(k), Some("tools"));
+        assert_eq!(param(k).as_deref(), Some("tools"));
         let (k, _) = read_json(
             Endpoint::Chat,
             json!({"messages": [], "web_search_options": {}}),
         );
-        assert_eq!(param(k), Some("web_search_options"));
+        assert_eq!(param(k).as_deref(), Some("web_search_options"));
     }
 
     #[test]
@@ -310,7 +310,7 @@ mod tests {
             json!({"type": "web_fetch_20250910", "name": "web_fetch", "max_content_tokens": i64::MAX}),
         ] {
             let (k, _) = read_json(Endpoint::Messages, json!({"tools": [tool]}));
-            assert_eq!(param(k), Some("tools"), "{tool}");
+            assert_eq!(param(k).as_deref(), Some("tools"), "{tool}");
         }
         let (k, _) = read_json(
             Endpoint::Messages,
@@ -340,7 +340,7 @@ mod tests {
             Endpoint::Messages,
             json!({"tools": [{"type": "web_fetch_20250910", "max_content_tokens": "lots"}]}),
         );
-        assert_eq!(param(k), Some("tools"));
+        assert_eq!(param(k).as_deref(), Some("tools"));
     }
 
     #[test]
@@ -354,13 +354,13 @@ mod tests {
                 Endpoint::Messages,
                 json!({"tools": [{"type": tool, "name": "t"}]}),
             );
-            assert_eq!(param(k), Some("tools"), "{tool}");
+            assert_eq!(param(k).as_deref(), Some("tools"), "{tool}");
         }
         let (k, _) = read_json(
             Endpoint::Messages,
             json!({"mcp_servers": [{"type": "url", "url": "https://x", "name": "x"}]}),
         );
-        assert_eq!(param(k), Some("mcp_servers"));
+        assert_eq!(param(k).as_deref(), Some("mcp_servers"));
         let (k, _) = read_json(
             Endpoint::Messages,
             json!({"mcp_servers": [], "tools": [{"type": "bash_20250124", "name": "bash"},
@@ -381,7 +381,7 @@ mod tests {
             if ok {
                 assert!(k.is_ok(), "{tier}");
             } else {
-                assert_eq!(param(k), Some("service_tier"), "{tier}");
+                assert_eq!(param(k).as_deref(), Some("service_tier"), "{tier}");
             }
         }
     }
@@ -402,7 +402,7 @@ mod tests {
                 if ok {
                     assert!(k.is_ok(), "{field} {value}");
                 } else {
-                    assert_eq!(param(k), Some(field), "{field} {value}");
+                    assert_eq!(param(k).as_deref(), Some(field), "{field} {value}");
                 }
             }
         }

@@ -200,7 +200,9 @@ mod tests {
             ("x-sluice-request-deadline-ms", b"\xc3\xa9"),
         ] {
             match client_headers(&headers(&[(name, value)]), 2) {
-                Err(ApiError::InvalidRequest { param, .. }) => assert_eq!(param, Some(name)),
+                Err(ApiError::InvalidRequest { param, .. }) => {
+                    assert_eq!(param.as_deref(), Some(name))
+                }
                 other => panic!("{name}: {value:?}: {other:?}"),
             }
         }
@@ -260,7 +262,9 @@ mod tests {
                 unreachable!()
             };
             match body_numbers(endpoint, &body) {
-                Err(ApiError::InvalidRequest { param, .. }) => assert_eq!(param, Some(field)),
+                Err(ApiError::InvalidRequest { param, .. }) => {
+                    assert_eq!(param.as_deref(), Some(field))
+                }
                 other => panic!("{field}: {other:?}"),
             }
         }

@@ -367,7 +367,7 @@ async fn run(
         );
         return Err(ApiError::InvalidRequest {
             message,
-            param: Some("model"),
+            param: Some("model".into()),
         }
         .into());
     }
@@ -860,7 +860,7 @@ async fn finish(
     let (reported, read_as, body, to_keep) = match &p.responses {
         Some(ctx) => {
             let (usage, read_as, body, response) =
-                responses::answer(p, ctx, s.dep.provider, &answer);
+                responses::answer(p, ctx, s.dep.provider, (&answer, s.read.as_deref()));
             (usage, read_as, body, Some((ctx, response)))
         }
         None => (

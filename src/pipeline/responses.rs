@@ -21,7 +21,7 @@ use crate::state::AppState;
 use crate::store::responses::{self as stored, StoredResponse};
 use crate::store::StoreError;
 use crate::upstream::providers;
-use crate::upstream::providers::canonical::Reported;
+use crate::upstream::providers::canonical::{Answer, Reported};
 use crate::upstream::providers::formats::responses::{self as formats, Stamp};
 use crate::upstream::providers::Format;
 
@@ -504,27 +504,28 @@ fn validate_item<'a>(i: usize, item: &'a Value, calls: &mut Vec<&'a str>) -> Res
 /// `None`), the format it was read in (`providers::answer_text` of it counts a side not
 /// reported, `pipeline::finish`) and the response object, stamped with the gateway's id,
 /// for `keep` to store once the answer's cost is what a departure is charged.
+///
+/// `read` is the answer of an upstream that does not speak the Responses API as the
+/// attempt read it (`attempts::relayable`: one it cannot read was no success, and never
+/// reaches here); `None`, a native answer, whose shape the attempt checked.
 pub fn answer(
     p: &Prepared,
     ctx: &Ctx,
     upstream: Provider,
-    answer: &Value,
+    (answer, read): (&Value, Option<&Answer>),
 ) -> (Reported, Format, bytes::Bytes, Value) {
-    let read_as = if formats::native(upstream) {
-        Format::Responses
-    } else {
-        providers::format_of(upstream)
-    };
-    let (usage, mut response) = if formats::native(upstream) {
-        (providers::answer_usage(read_as, answer), answer.clone())
-    } else {
-        // Through the internal form: the upstream's answer read by its format's adapter,
-        // written as a response object. One it cannot read is an empty response (its
-        // usage, else nothing, is what is charged), as the upstream gave no answer.
-        let usage = providers::answer_usage(upstream, answer);
-        let a = providers::read_answer(upstream, answer).unwrap_or_default();
-        let ids = ctx.stamp.id.trim_start_matches("resp_");
-        (usage, formats::adapter::write_answer(&a, &p.body, ids))
+    let (read_as, usage, mut response) = match read {
+        None => {
+            let usage = providers::answer_usage(Format::Responses, answer);
+            (Format::Responses, usage, answer.clone())
+        }
+        // Through the internal form: written as a response object.
+        Some(a) => {
+            let usage = providers::answer_usage(upstream, answer);
+            let ids = ctx.stamp.id.trim_start_matches("resp_");
+            let response = formats::adapter::write_answer(a, &p.body, ids);
+            (providers::format_of(upstream), usage, response)
+        }
     };
     ctx.stamp.apply(&mut response);
     let body = bytes::Bytes::from(response.to_string());

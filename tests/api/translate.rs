@@ -116,7 +116,12 @@ fn what_the_other_side_cannot_express_is_refused_naming_the_field() {
                 false,
             )
             .expect_err(&case.display().to_string());
-            assert_eq!(err.param, v["param"].as_str(), "{}", case.display());
+            assert_eq!(
+                err.param.as_deref(),
+                v["param"].as_str(),
+                "{}",
+                case.display()
+            );
         }
     }
     let same = providers::build_request(

@@ -23,7 +23,7 @@ use crate::ratelimit::WindowSpec;
 use crate::state::AppState;
 use crate::upstream::catalog::Deployment;
 use crate::upstream::client::UpstreamHeaders;
-use crate::upstream::providers::{self, translate::stream::Corrupt};
+use crate::upstream::providers::{self, translate::stream::Corrupt, Format};
 use crate::upstream::retry::{self, Tier};
 use crate::upstream::UpstreamError;
 
@@ -73,6 +73,7 @@ async fn attempt(
         dep: dep.clone(),
         body,
         answer,
+        read: None,
         response,
         ttfb_ms,
         in_flight,
@@ -94,22 +95,33 @@ async fn attempt(
     Ok(success(Some(body), Some(answer), None))
 }
 
-/// A served chat answer the gateway cannot relay (`providers::relayable`) is an attempt
-/// failure like a body that is not JSON: the next route is tried, and all failing is a
-/// 502 `upstream_error` that costs nothing (DESIGN "Bounds against a lying upstream").
-/// One well-formed but holding a part the gateway does not model is `Unsupported`: alike,
-/// but no failure of its key (`try_candidate`).
-fn relayable(p: &Prepared, s: Success) -> Result<Success, UpstreamError> {
+/// A served chat or Responses answer the gateway cannot relay (`providers::relayable`) is
+/// an attempt failure like a body that is not JSON: the next route is tried, and all
+/// failing is a 502 `upstream_error` that costs nothing (DESIGN "Bounds against a lying
+/// upstream"; s29 responses attack F1: a Responses answer was not judged, and one the
+/// gateway could not read was a charged and stored empty response). One well-formed but
+/// holding a part the gateway does not model is `Unsupported`: alike, but no failure of
+/// its key (`try_candidate`). A translated Responses answer is kept as read, for
+/// `responses::answer` to write.
+fn relayable(p: &Prepared, mut s: Success) -> Result<Success, UpstreamError> {
     let Some(answer) = s.answer.as_ref() else {
         return Ok(s);
     };
-    let chat = matches!(p.endpoint, Endpoint::Chat | Endpoint::Messages);
-    let upstream = providers::format_of(s.dep.provider);
-    if !chat {
-        return Ok(s);
-    }
-    match providers::relayable(upstream, p.endpoint.format(), answer) {
-        Ok(()) => Ok(s),
+    let provider = s.dep.provider;
+    let (upstream, client) = match p.endpoint {
+        Endpoint::Chat | Endpoint::Messages => {
+            (providers::format_of(provider), p.endpoint.format().into())
+        }
+        Endpoint::Responses => (providers::responses_format(provider), Format::Responses),
+        Endpoint::Completions | Endpoint::Embeddings => return Ok(s),
+    };
+    match providers::relayable(upstream, client, answer) {
+        Ok(read) => {
+            if p.endpoint == Endpoint::Responses {
+                s.read = read.map(Box::new);
+            }
+            Ok(s)
+        }
         Err(Corrupt::Unsupported) => Err(UpstreamError::Unsupported),
         Err(_) => Err(UpstreamError::Garbage(
             "answer is not one the gateway can read",

@@ -33,6 +33,7 @@ use crate::upstream::breaker::Permit;
 use crate::upstream::catalog::{Deployment, Model, Route};
 use crate::upstream::gate::Slot;
 use crate::upstream::pool::InFlight;
+use crate::upstream::providers::canonical::Answer;
 use attempt::{try_candidate, Step};
 use candidates::{off, ready};
 use departure::departure_on;
@@ -56,6 +57,10 @@ pub struct Success {
     pub body: Option<Bytes>,
     /// The parsed non-streamed answer.
     pub answer: Option<serde_json::Value>,
+    /// A Responses client's non-streamed answer from an upstream that does not speak the
+    /// Responses API, as `relayable` read it: written as a response object
+    /// (`responses::answer`). `None` for a native one, passed through. Boxed, as `dropped`.
+    pub read: Option<Box<Answer>>,
     pub response: Option<reqwest::Response>,
     pub ttfb_ms: i64,
     pub in_flight: InFlight,

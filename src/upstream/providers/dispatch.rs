@@ -405,17 +405,17 @@ fn write_answer(client: Format, a: &Answer) -> Value {
     }
 }
 
-/// Whether a non-streamed 2xx body is an answer the gateway can relay to a chat `client`:
-/// it has its upstream format's shape, and the upstream's adapter reads it when it is to
-/// be translated. One that is not is garbage, as a body that is not JSON is — never a
+/// Whether a non-streamed 2xx body is an answer the gateway can relay to a `client` (of
+/// the chat endpoints, or of the Responses API): it has its upstream format's shape, and
+/// the upstream's adapter reads it when it is to be translated. One that is not is garbage, as a body that is not JSON is — never a
 /// 200 carrying an error (`convert_answer`) or a body no SDK reads as an answer; why is
 /// the error (`Corrupt::Unsupported`: well-formed, holding a part the adapter does not
-/// model).
+/// model). A translated answer comes back as read, `None` one passed through.
 pub fn relayable(
     upstream: impl Into<Format>,
     client: impl Into<Format>,
     v: &Value,
-) -> Result<(), Corrupt> {
+) -> Result<Option<Answer>, Corrupt> {
     let (upstream, client) = (upstream.into(), client.into());
     let shaped = match upstream {
         Format::OpenAiChat => v.get("choices").is_some_and(Value::is_array),
@@ -423,17 +423,22 @@ pub fn relayable(
             v.get("type").and_then(Value::as_str) == Some("message")
                 && v.get("content").is_some_and(Value::is_array)
         }
-        // Read whole by their adapters below; Responses answers are judged by their own
-        // endpoint (`pipeline::responses`).
-        Format::Gemini | Format::Bedrock | Format::Responses => true,
+        // A native Responses answer is passed through (stamped): a response object with
+        // its output items, or nothing a Responses client reads as an answer.
+        Format::Responses => {
+            v.get("object").and_then(Value::as_str) == Some("response")
+                && v.get("output").is_some_and(Value::is_array)
+        }
+        // Read whole by their adapters below.
+        Format::Gemini | Format::Bedrock => true,
     };
     if !shaped {
         return Err(Corrupt::Shape);
     }
-    if upstream != client {
-        read_answer(upstream, v)?;
+    if upstream == client {
+        return Ok(None);
     }
-    Ok(())
+    read_answer(upstream, v).map(Some)
 }
 
 /// A non-streamed answer in the client's format: the upstream's bytes untouched when the

@@ -116,6 +116,16 @@ pub fn credential(u: &UpstreamSettings) -> Credential {
     }
 }
 
+/// The format a Responses API client's upstream speaks: the Responses API itself for a
+/// provider that speaks it (`formats::responses::native`), else the provider's own.
+pub fn responses_format(upstream: Provider) -> Format {
+    if formats::responses::native(upstream) {
+        Format::Responses
+    } else {
+        format_of(upstream)
+    }
+}
+
 /// The body to send for a Responses API request: the native body to a provider that
 /// speaks the Responses API (`formats::responses::native`), else the request through the
 /// internal form in the upstream's format — without `stream_options` for a server that
@@ -127,15 +137,10 @@ pub fn build_responses_request(
     cap: Option<(&'static str, i64)>,
     (stream, include_usage): (bool, bool),
 ) -> Result<Built, TranslateError> {
-    let to = if formats::responses::native(upstream) {
-        Format::Responses
-    } else {
-        format_of(upstream)
-    };
     build_request_with(
         Format::Responses,
         Destination {
-            format: to,
+            format: responses_format(upstream),
             standard_tier: tier::pinned(upstream),
         },
         body,

@@ -33,7 +33,7 @@ pub const TOOL_ERROR_MARK: &str = "[tool_result is_error=true]\n";
 
 pub fn refuse(param: &'static str, message: impl Into<String>) -> TranslateError {
     TranslateError {
-        param: Some(param),
+        param: Some(param.into()),
         message: message.into(),
     }
 }

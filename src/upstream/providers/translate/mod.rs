@@ -5,11 +5,15 @@
 
 pub mod stream;
 
+use std::borrow::Cow;
+
 /// A request the other side cannot express; refused with a 400 naming the field (`param`;
-/// `None` for a field neither format knows, as OpenAI answers an unrecognized argument).
+/// on chat `None` for a field neither format knows, as OpenAI's chat completions answer an
+/// unrecognized argument; the Responses API names it, so its adapter does too, with the
+/// client's own key — hence a `Cow`).
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{message}")]
 pub struct TranslateError {
-    pub param: Option<&'static str>,
+    pub param: Option<Cow<'static, str>>,
     pub message: String,
 }

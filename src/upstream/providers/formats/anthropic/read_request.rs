@@ -265,7 +265,7 @@ fn message(m: &Value, out: &mut Vec<Message>) -> Result<(), TranslateError> {
         .find(|k| !matches!(k.as_str(), "role" | "content"))
     {
         return Err(TranslateError {
-            param: Some("messages"),
+            param: Some("messages".into()),
             message: format!("messages.{k}: Extra inputs are not permitted"),
         });
     }

@@ -27,7 +27,7 @@ use crate::upstream::providers::translate::TranslateError;
 
 fn refuse(param: &'static str, message: impl Into<String>) -> TranslateError {
     TranslateError {
-        param: Some(param),
+        param: Some(param.into()),
         message: message.into(),
     }
 }

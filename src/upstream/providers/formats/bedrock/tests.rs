@@ -148,7 +148,7 @@ fn what_converse_cannot_express_is_refused_naming_the_clients_field() {
         cache: None,
     });
     let e = refused(&r, CLAUDE);
-    assert_eq!(e.param, Some("image_url"));
+    assert_eq!(e.param.as_deref(), Some("image_url"));
     assert!(e.message.contains("base64"), "{}", e.message);
 
     let mut r = simple();
@@ -158,16 +158,22 @@ fn what_converse_cannot_express_is_refused_naming_the_clients_field() {
         strict: None,
         description: None,
     });
-    assert_eq!(refused(&r, CLAUDE).param, Some("response_format"));
+    assert_eq!(
+        refused(&r, CLAUDE).param.as_deref(),
+        Some("response_format")
+    );
     // Named as the client wrote it (Responses: `text.format`).
     r.names = vec![("text.format", "response_format")];
     let e = refused(&r, CLAUDE);
-    assert_eq!(e.param, Some("text.format"));
+    assert_eq!(e.param.as_deref(), Some("text.format"));
     assert!(e.message.contains("`text.format`"), "{}", e.message);
 
     let mut r = simple();
     r.parallel_tool_calls = Some(false);
-    assert_eq!(refused(&r, CLAUDE).param, Some("parallel_tool_calls"));
+    assert_eq!(
+        refused(&r, CLAUDE).param.as_deref(),
+        Some("parallel_tool_calls")
+    );
 
     let mut r = simple();
     r.reasoning = Some(Reasoning {
@@ -176,7 +182,10 @@ fn what_converse_cannot_express_is_refused_naming_the_clients_field() {
         summary: None,
     });
     r.names = vec![("reasoning_effort", "reasoning")];
-    assert_eq!(refused(&r, CLAUDE).param, Some("reasoning_effort"));
+    assert_eq!(
+        refused(&r, CLAUDE).param.as_deref(),
+        Some("reasoning_effort")
+    );
 
     let mut r = simple();
     r.reasoning = Some(Reasoning {
@@ -184,7 +193,10 @@ fn what_converse_cannot_express_is_refused_naming_the_clients_field() {
         budget_tokens: Some(1024),
         summary: None,
     });
-    assert_eq!(refused(&r, "amazon.nova-pro-v1:0").param, Some("reasoning"));
+    assert_eq!(
+        refused(&r, "amazon.nova-pro-v1:0").param.as_deref(),
+        Some("reasoning")
+    );
 
     let mut r = simple();
     r.tools = vec![Tool {
@@ -195,7 +207,7 @@ fn what_converse_cannot_express_is_refused_naming_the_clients_field() {
         cache: None,
     }];
     r.tool_choice = Some(ToolChoice::None);
-    assert_eq!(refused(&r, CLAUDE).param, Some("tool_choice"));
+    assert_eq!(refused(&r, CLAUDE).param.as_deref(), Some("tool_choice"));
 }
 
 #[test]

@@ -87,7 +87,7 @@ pub(super) fn refuse(r: &Request, field: &'static str, why: &str) -> TranslateEr
         .find(|(_, ours)| *ours == field)
         .map_or(field, |(theirs, _)| *theirs);
     TranslateError {
-        param: Some(param),
+        param: Some(param.into()),
         message: format!(
             "`{param}` cannot be sent to a Gemini model ({why}), and Sluice does not drop it."
         ),
@@ -235,7 +235,7 @@ fn message_parts<'a>(
             } => {
                 let Some(&(name, ordinal)) = names.get(call_id.as_str()) else {
                     return Err(TranslateError {
-                        param: Some("tool_call_id"),
+                        param: Some("tool_call_id".into()),
                         message: format!(
                             "The tool result for call `{call_id}` answers no function call of this conversation."
                         ),

@@ -154,7 +154,7 @@ fn a_tool_result_for_an_unknown_call_id_is_refused_naming_the_id() {
         plain: false,
     });
     let e = write_request(&r, "m", None, false).unwrap_err();
-    assert_eq!(e.param, Some("tool_call_id"));
+    assert_eq!(e.param.as_deref(), Some("tool_call_id"));
     assert!(e.message.contains("call_zz"), "{}", e.message);
 }
 
@@ -304,7 +304,7 @@ fn what_gemini_cannot_express_is_refused_naming_the_clients_field() {
     ];
     for (r, field) in cases {
         let e = write_request(&r, "m", None, false).unwrap_err();
-        assert_eq!(e.param, Some(field), "{}", e.message);
+        assert_eq!(e.param.as_deref(), Some(field), "{}", e.message);
         assert!(e.message.contains(field), "{}", e.message);
     }
     // The client's own name for a field, where it differs from the internal one.
@@ -314,7 +314,10 @@ fn what_gemini_cannot_express_is_refused_naming_the_clients_field() {
         ..base()
     };
     assert_eq!(
-        write_request(&r, "m", None, false).unwrap_err().param,
+        write_request(&r, "m", None, false)
+            .unwrap_err()
+            .param
+            .as_deref(),
         Some("disable_parallel_tool_use")
     );
 }

@@ -22,6 +22,7 @@ const ITEM_BYTES: usize = 2_048;
 enum Open {
     Message {
         index: usize,
+        id: String,
         text: String,
     },
     Call {
@@ -146,8 +147,7 @@ impl EventWriter {
 
     fn close_message(&mut self, out: &mut Vec<Bytes>) {
         match self.message.take() {
-            Some(Open::Message { index, text }) => {
-                let id = format!("msg_{}", self.item_ids);
+            Some(Open::Message { index, id, text }) => {
                 self.emit("response.output_text.done", json!({"item_id": id, "output_index": index, "content_index": 0, "text": text, "logprobs": []}), out);
                 let part = json!({"type": "output_text", "text": text, "annotations": []});
                 self.emit(
@@ -235,15 +235,18 @@ impl EventWriter {
     }
 
     /// Opens a message item unless one is open (closing open calls or reasoning first).
-    fn open_message(&mut self, out: &mut Vec<Bytes>) -> usize {
-        if let Some(Open::Message { index, .. }) = &self.message {
-            return *index;
+    fn open_message(&mut self, out: &mut Vec<Bytes>) {
+        if matches!(self.message, Some(Open::Message { .. })) {
+            return;
         }
         self.close_message(out);
         self.close_calls(out);
         self.held = self.held.saturating_add(ITEM_BYTES);
         let index = self.next_index();
-        let id = format!("msg_{}", self.item_ids);
+        // Its output index in the id: text after a call or a reasoning item opens another
+        // message item, which needs an id of its own (s29 responses attack F4: all were
+        // `msg_<ids>`, and OpenAI refuses a continuation holding two items of one id).
+        let id = format!("msg_{}_{}", self.item_ids, index);
         self.emit("response.output_item.added", json!({"output_index": index,
             "item": {"type": "message", "id": id, "status": "in_progress", "role": "assistant", "content": []}}), out);
         self.emit(
@@ -254,9 +257,9 @@ impl EventWriter {
         );
         self.message = Some(Open::Message {
             index,
+            id,
             text: String::new(),
         });
-        index
     }
 
     /// Opens a reasoning item unless one is open.
@@ -296,13 +299,18 @@ impl EventWriter {
             }
             Event::TextDelta { text, .. } if !text.is_empty() => {
                 self.start(out);
-                let index = self.open_message(out);
-                if let Some(Open::Message { text: t, .. }) = &mut self.message {
+                self.open_message(out);
+                let mut ev = None;
+                if let Some(Open::Message { index, id, text: t }) = &mut self.message {
                     t.push_str(text);
                     self.held = self.held.saturating_add(text.len());
+                    ev = Some(
+                        json!({"item_id": id, "output_index": index, "content_index": 0, "delta": text, "logprobs": []}),
+                    );
                 }
-                let id = format!("msg_{}", self.item_ids);
-                self.emit("response.output_text.delta", json!({"item_id": id, "output_index": index, "content_index": 0, "delta": text, "logprobs": []}), out);
+                if let Some(ev) = ev {
+                    self.emit("response.output_text.delta", ev, out);
+                }
             }
             Event::ReasoningStart { .. } => {
                 self.start(out);

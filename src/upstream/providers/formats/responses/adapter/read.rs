@@ -1,6 +1,8 @@
 //! A Responses request read into the internal form: which fields are read, refused or
 //! dropped, its tools, and what the upstream's format cannot take (`check_upstream`).
 
+use std::borrow::Cow;
+
 use serde_json::{Map, Value};
 
 use super::items::read_item;
@@ -21,11 +23,20 @@ const NOT_TRANSLATED: &[&str] = &[
     "safety_identifier",
 ];
 
-/// Request fields that are the client's own bookkeeping or a caching hint: not sent to a
-/// translated upstream, and named in `Request::dropped`. `metadata` belongs to the
-/// response object the gateway serves and stores (echoed there), so it is not sent either
-/// and loses nothing.
-const NOT_SENT: &[&str] = &["client_metadata", "prompt_cache_key"];
+/// Request fields that are the client's own bookkeeping, a caching hint or a stream option
+/// of OpenAI's own: not sent to a translated upstream, and named in `Request::dropped`.
+/// `metadata` belongs to the response object the gateway serves and stores (echoed
+/// there), so it is not sent either and loses nothing. `prompt_cache_retention` is
+/// `prompt_cache_key`'s kin; `stream_options` holds only `include_obfuscation`, the
+/// padding OpenAI adds to its own stream's deltas, which a translated stream never has
+/// whatever it says — neither changes the answer or its price (s29 responses attack F5:
+/// both were refused, where the native route takes them).
+const NOT_SENT: &[&str] = &[
+    "client_metadata",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "stream_options",
+];
 
 /// Fields read into the internal form (or, `truncation`, the gateway's own: it never
 /// truncates).
@@ -48,9 +59,11 @@ const READ: &[&str] = &[
     "text",
 ];
 
+/// The refusal of a field the internal form cannot take, naming it as the Responses API
+/// names a parameter it refuses (the client's own key: an unknown one too).
 fn served(field: &str) -> TranslateError {
     TranslateError {
-        param: None,
+        param: Some(Cow::Owned(field.to_string())),
         message: format!(
             "`{field}` cannot be served by this model's upstream (it does not speak the Responses API)."
         ),
@@ -79,9 +92,7 @@ pub fn read_request(body: &Map<String, Value>) -> Result<Request, TranslateError
                 _ => true,
             };
             if set {
-                let mut e = served(k);
-                e.param = NOT_TRANSLATED.iter().copied().find(|n| n == k);
-                return Err(e);
+                return Err(served(k));
             }
             continue;
         }
