@@ -321,23 +321,47 @@ pub async fn sweep_own(
     now: DateTime<Utc>,
 ) -> Result<(), crate::store::StoreError> {
     let renew_before = crate::clock::db_time(now + RESERVATION_LEASE / 2);
-    let mut renew = Vec::new();
+    let (mut renew, mut unheld) = (Vec::new(), Vec::new());
     for (id, deadline) in ledger::own_reservations(db, quota.process_id()).await? {
         if quota.is_live(&id) {
             if deadline < renew_before {
                 renew.push(id);
             }
-        } else if quota.release_unheld(&id).await? {
-            tracing::warn!(request_id = %id, "released a reservation no live request held");
+        } else {
+            unheld.push(id);
         }
     }
+    // The live leases first, and each step tried whatever another's fate: a failed release
+    // stopped the pass before the renewals, the heartbeat went on, and five minutes later
+    // live requests' reservations were charged in full as orphans (s29 money attack F3).
+    // The first error is reported at the end.
+    let mut first = None;
     if !renew.is_empty() {
-        ledger::renew_leases(db, &renew, now + RESERVATION_LEASE).await?;
+        if let Err(e) = ledger::renew_leases(db, &renew, now + RESERVATION_LEASE).await {
+            first.get_or_insert(e);
+        }
     }
-    quota
+    for id in unheld {
+        match quota.release_unheld(&id).await {
+            Ok(true) => {
+                tracing::warn!(request_id = %id, "released a reservation no live request held")
+            }
+            Ok(false) => {}
+            // The rest wait for the next pass: a store refusing one refuses them all, each
+            // after the writer's own wait.
+            Err(e) => {
+                first.get_or_insert(e);
+                break;
+            }
+        }
+    }
+    if let Err(e) = quota
         .settle_unsure(crate::quota::reservation::UNSURE_PER_PASS)
-        .await?;
-    Ok(())
+        .await
+    {
+        first.get_or_insert(e);
+    }
+    first.map_or(Ok(()), Err)
 }
 
 /// Publishes this replica's key cooldowns to Redis and adopts the other replicas', so a

@@ -311,6 +311,55 @@ async fn the_sweep_releases_what_nobody_holds_and_renews_what_someone_does(engin
 }
 on_both_engines!(the_sweep_releases_what_nobody_holds_and_renews_what_someone_does);
 
+/// A release the store refuses does not stop the sweep renewing live leases: it stopped at
+/// the first failed release and renewed nothing, while the heartbeat went on, so about
+/// five minutes later the live requests' reservations were taken as orphans and charged
+/// in full mid-request (s29 money attack F3; on PostgreSQL a release goes through the
+/// writer's connection, renewals through the pool).
+async fn a_failing_release_does_not_stop_lease_renewals(engine: Engine) {
+    let (_dir, db, clock, quota, owner) = quota_rig(engine, 10_000).await;
+    let held = quota.reserve("held", &owner, 1_000).await.unwrap();
+    let stray = ledger::ReserveRequest {
+        request_id: "stray",
+        owner: &owner,
+        amount: 2_000,
+        process: quota.process_id(),
+        lease: chrono::Duration::minutes(10),
+    };
+    ledger::reserve(&db, &stray, clock.now())
+        .await
+        .unwrap()
+        .unwrap();
+    let deadline = || {
+        sql_text(
+            &db,
+            "SELECT deadline FROM reservations WHERE request_id = 'held'",
+        )
+    };
+    let before = deadline().await;
+    refuse_settlements(&db, true).await;
+    clock.advance(chrono::Duration::minutes(6));
+    assert!(
+        housekeeping::sweep_own(&quota, &db, clock.now())
+            .await
+            .is_err(),
+        "the failed release is reported"
+    );
+    assert!(
+        deadline().await > before,
+        "the held lease was renewed all the same"
+    );
+    refuse_settlements(&db, false).await;
+    housekeeping::sweep_own(&quota, &db, clock.now())
+        .await
+        .unwrap();
+    assert_eq!(token_row(&db, owner.token_id).await, (1_000, 1_000, 1));
+    held.settle(1_000).await;
+    settlements_landed(&quota).await;
+    assert_invariant_on(&db).await;
+}
+on_both_engines!(a_failing_release_does_not_stop_lease_renewals);
+
 /// Attack finding: a client whose own deadline (`x-sluice-request-deadline-ms`) cuts an
 /// attempt off after the upstream had it pays its input, as when it disconnects — a short
 /// deadline is not a way to have the provider read a prompt for free.
