@@ -153,8 +153,10 @@ fn token_json(t: &crate::store::token_admin::TokenRow) -> serde_json::Value {
 }
 
 async fn tokens_list(actor: Actor, state: web::Data<AppState>, q: web::Query<UserFilter>) -> Res {
-    let rows = token_ops::list(&state, &actor, q.user).await?;
-    ok(json!({"tokens": rows.iter().map(token_json).collect::<Vec<_>>()}))
+    let listed = token_ops::list(&state, &actor, q.user).await?;
+    ok(
+        json!({"tokens": listed.rows.iter().map(token_json).collect::<Vec<_>>(), "more": listed.more}),
+    )
 }
 
 fn issued(i: Issued) -> Res {

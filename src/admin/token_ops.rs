@@ -105,12 +105,8 @@ pub async fn list(
     state: &AppState,
     actor: &Actor,
     user: Option<i64>,
-) -> Result<Vec<TokenRow>, AdminError> {
-    let mut rows = token_admin::list(&state.db, actor.scope()).await?;
-    if let Some(u) = user {
-        rows.retain(|t| t.user_id == u);
-    }
-    Ok(rows)
+) -> Result<token_admin::Listed, AdminError> {
+    Ok(token_admin::list(&state.db, actor.scope(), user, state.clock.now()).await?)
 }
 
 /// Checks limits a token is given; `had` is the priority it had before (an edit), `None`

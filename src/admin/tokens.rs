@@ -28,6 +28,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 struct TokensPage {
     c: Chrome,
     tokens: Vec<TokenRow>,
+    /// The list was cut at `token_admin::LIST_MAX`.
+    more: bool,
     members: Vec<MemberRow>,
     models: Vec<String>,
     now: String,
@@ -40,6 +42,8 @@ struct TokensPage {
 struct TokensTable {
     c: Chrome,
     tokens: Vec<TokenRow>,
+    /// The list was cut at `token_admin::LIST_MAX`.
+    more: bool,
     models: Vec<String>,
     now: String,
     oob: bool,
@@ -61,9 +65,11 @@ pub struct TokensQuery {
 }
 
 async fn table(state: &AppState, actor: &Actor, oob: bool) -> Result<TokensTable, AdminError> {
+    let listed = token_ops::list(state, actor, None).await?;
     Ok(TokensTable {
         c: Chrome::new(actor, "tokens"),
-        tokens: token_ops::list(state, actor, None).await?,
+        tokens: listed.rows,
+        more: listed.more,
         models: state.catalog().names.clone(),
         now: crate::clock::db_time(state.clock.now()),
         oob,
@@ -76,9 +82,11 @@ pub async fn page(
     q: web::Query<TokensQuery>,
 ) -> Result<HttpResponse, AdminError> {
     let members = directory::members(&state.db, actor.scope()).await?;
+    let listed = token_ops::list(&state, &actor, q.user).await?;
     view::html(&TokensPage {
         c: Chrome::new(&actor, "tokens"),
-        tokens: token_ops::list(&state, &actor, q.user).await?,
+        tokens: listed.rows,
+        more: listed.more,
         members: members.into_iter().filter(|m| !m.disabled).collect(),
         models: state.catalog().names.clone(),
         now: crate::clock::db_time(state.clock.now()),

@@ -56,19 +56,55 @@ const SELECT: &str = "SELECT t.id, t.prefix, t.name, t.user_id, u.username AS us
                   AND l.kind IN ('reserve', 'settle', 'adjust')), 0) - t.reserved_micros AS spent_micros
      FROM tokens t JOIN users u ON u.id = t.user_id JOIN teams tm ON tm.id = u.team_id";
 
-/// Tokens in scope, live ones first, newest first.
-pub async fn list(db: &super::Db, scope: Option<i64>) -> Result<Vec<TokenRow>> {
+/// The most tokens a list holds (`Listed::more` says when there were more).
+pub const LIST_MAX: usize = 1000;
+
+/// A list of tokens, and whether it was cut at `LIST_MAX`.
+#[derive(Debug)]
+pub struct Listed {
+    pub rows: Vec<TokenRow>,
+    pub more: bool,
+}
+
+impl Listed {
+    fn of(mut rows: Vec<TokenRow>) -> Listed {
+        let more = rows.len() > LIST_MAX;
+        rows.truncate(LIST_MAX);
+        Listed { rows, more }
+    }
+}
+
+/// Tokens in scope (of `user` alone when given), live ones first — not revoked, rotated or
+/// expired at `now` — then newest first; at most `LIST_MAX`. The user filter is the
+/// query's: filtered after the cut, a user's live token among the dead ones past it was in
+/// no list (s29 admin attack F2).
+pub async fn list(
+    db: &super::Db,
+    scope: Option<i64>,
+    user: Option<i64>,
+    now: DateTime<Utc>,
+) -> Result<Listed> {
     let sqlite = match &db.backend {
         super::Backend::Sqlite(s) => s,
-        super::Backend::Postgres(pg) => return super::pg::token_admin::list(&pg.pool, scope).await,
+        super::Backend::Postgres(pg) => {
+            return super::pg::token_admin::list(&pg.pool, scope, user, now)
+                .await
+                .map(Listed::of)
+        }
     };
     let pool = &sqlite.read;
-    Ok(sqlx::query_as(&format!(
-        "{SELECT} WHERE (?1 IS NULL OR u.team_id = ?1) ORDER BY t.revoked_at IS NOT NULL, t.id DESC LIMIT 1000"
+    let rows = sqlx::query_as(&format!(
+        "{SELECT} WHERE (?1 IS NULL OR u.team_id = ?1) AND (?2 IS NULL OR t.user_id = ?2)
+         ORDER BY (t.revoked_at IS NOT NULL OR t.successor_id IS NOT NULL OR COALESCE(t.expires_at <= ?3, 0)), t.id DESC
+         LIMIT {}",
+        LIST_MAX + 1
     ))
     .bind(scope)
+    .bind(user)
+    .bind(db_time(now))
     .fetch_all(pool)
-    .await?)
+    .await?;
+    Ok(Listed::of(rows))
 }
 
 pub async fn get(tx: &mut super::Tx, id: i64) -> Result<Option<TokenRow>> {

@@ -1691,3 +1691,47 @@ async fn an_empty_model_list_is_refused_not_read_as_every_model() {
     assert_eq!(s, 201, "null is every model: {v}");
     assert!(v["models"].is_null(), "{v}");
 }
+
+/// The token list stopped at 1 000 rows without a word, rotated and expired ones among
+/// them, and `?user=` filtered after the cut: on a busy install a user's live token was in
+/// no list — `?user=X` answered none while it spent (s29 admin attack F2). The filter is
+/// the query's, live tokens come first, and a cut list says so.
+#[tokio::test]
+async fn a_users_tokens_are_listed_whatever_the_number_of_other_tokens() {
+    let w = world().await;
+    let (rotated, _) = w.app.issue(crate::helpers::issue_args("busy")).await;
+    let (s, _) = w
+        .admin
+        .post(
+            &format!("/admin/api/v1/tokens/{rotated}/rotate"),
+            &json!({"overlap_seconds": 0}),
+        )
+        .await;
+    assert_eq!(s, 201);
+    for _ in 0..1_000 {
+        w.app.issue(crate::helpers::issue_args("busy")).await;
+    }
+    let (s, v) = w
+        .admin
+        .get_json(&format!("/admin/api/v1/tokens?user={}", w.red_member))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let ids: Vec<i64> = v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ids, [w.red_token], "{v}");
+    assert_eq!(v["more"], false);
+    let (_, all) = w.admin.get_json("/admin/api/v1/tokens").await;
+    let listed = all["tokens"].as_array().unwrap();
+    assert_eq!(listed.len(), 1_000);
+    assert_eq!(all["more"], true, "a cut list says so");
+    assert!(
+        !listed.iter().any(|t| t["id"] == rotated),
+        "a rotated token comes after every live one"
+    );
+    let page = w.admin.get("/admin/tokens").await.text().await.unwrap();
+    assert!(page.contains("newest 1000"), "the page says it is cut");
+}

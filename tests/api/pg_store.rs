@@ -255,7 +255,10 @@ async fn the_directory_tokens_and_logins_read_the_same_on_both_stores() {
         same("teams", read_both!(b, directory::teams(scope)));
         same("members", read_both!(b, directory::members(scope)));
         same("logins", read_both!(b, directory::logins(scope)));
-        same("token_admin::list", read_both!(b, token_admin::list(scope)));
+        same(
+            "token_admin::list",
+            read_both!(b, token_admin::list(scope, None, chrono::Utc::now())),
+        );
     }
     let teams = same("teams", read_both!(b, directory::teams(None)));
     let names: Vec<&str> = teams.iter().map(|t| t.name.as_str()).collect();
@@ -339,7 +342,7 @@ async fn the_directory_tokens_and_logins_read_the_same_on_both_stores() {
     );
     same(
         "token_admin::list after edits",
-        read_both!(b, token_admin::list(None)),
+        read_both!(b, token_admin::list(None, None, chrono::Utc::now())),
     );
     same(
         "members after edits",

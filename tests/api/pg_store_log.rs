@@ -117,7 +117,7 @@ async fn a_request_log_batch_is_one_statement_idempotent_and_reads_as_on_sqlite(
     // `last_used_at`, one per token and batch, alike.
     same(
         "tokens after the log",
-        read_both!(b, token_admin::list(None)),
+        read_both!(b, token_admin::list(None, None, chrono::Utc::now())),
     );
     b.lite.close().await;
 }

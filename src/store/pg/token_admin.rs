@@ -18,11 +18,22 @@ const SELECT: &str = "SELECT t.id, t.prefix, t.name, t.user_id, u.username AS us
      FROM tokens t JOIN users u ON u.id = t.user_id JOIN teams tm ON tm.id = u.team_id";
 
 /// Tokens in scope, live ones first, newest first.
-pub async fn list(pool: &PgPool, scope: Option<i64>) -> Result<Vec<TokenRow>> {
+/// `store::token_admin::list`'s rows, one past its `LIST_MAX` when there are more.
+pub async fn list(
+    pool: &PgPool,
+    scope: Option<i64>,
+    user: Option<i64>,
+    now: DateTime<Utc>,
+) -> Result<Vec<TokenRow>> {
     Ok(sqlx::query_as(&format!(
-        "{SELECT} WHERE ($1::BIGINT IS NULL OR u.team_id = $1) ORDER BY t.revoked_at IS NOT NULL, t.id DESC LIMIT 1000"
+        "{SELECT} WHERE ($1::BIGINT IS NULL OR u.team_id = $1) AND ($2::BIGINT IS NULL OR t.user_id = $2)
+         ORDER BY (t.revoked_at IS NOT NULL OR t.successor_id IS NOT NULL OR COALESCE(t.expires_at <= $3, FALSE)), t.id DESC
+         LIMIT {}",
+        crate::store::token_admin::LIST_MAX + 1
     ))
     .bind(scope)
+    .bind(user)
+    .bind(db_time(now))
     .fetch_all(pool)
     .await?)
 }
