@@ -239,7 +239,8 @@ fn an_answer_becomes_a_response_object() {
     assert_eq!(r["incomplete_details"]["reason"], "max_output_tokens");
     assert_eq!(r["output"][0]["content"][0]["text"], "hello");
     assert_eq!(r["output"][1]["call_id"], "call_1");
-    assert_eq!(r["output"][1]["id"], "fc_gw_0");
+    assert_eq!(r["output"][0]["id"], "msg_gw_0");
+    assert_eq!(r["output"][1]["id"], "fc_gw_1");
     assert_eq!(r["usage"]["total_tokens"], 12);
     assert_eq!(r["usage"]["output_tokens_details"]["reasoning_tokens"], 2);
 }
@@ -675,6 +676,50 @@ fn a_thought_then_a_signed_call_streams_two_items_and_the_signature_reaches_the_
         kinds(&streamed),
         ["reasoning", "reasoning", "function_call"]
     );
+}
+
+/// A Gemini text then a signed call, as a whole answer: the items keep the parts' order,
+/// so the signature goes back on the call (s29 responses attack F3: the reasoning item came
+/// first, and the signature went out on its own before the text).
+#[test]
+fn a_whole_gemini_answer_keeps_its_parts_in_order_for_the_continuation() {
+    let chunk = gemini_chunk(json!([
+        {"text": "Let me check."},
+        {"functionCall": {"name": "weather", "args": {"city": "Paris"}}, "thoughtSignature": "S"}
+    ]));
+    let answer = crate::upstream::providers::formats::gemini::read_answer(&chunk).unwrap();
+    let whole = write_answer(&answer, &map(json!({"input": "x"})), "gw");
+    let parts = gemini_continuation(&whole);
+    assert_eq!(call_part(&parts)["thoughtSignature"], "S", "{parts:?}");
+    let streamed = streamed(Format::Gemini, &[("", chunk)]);
+    let kinds = |r: &Value| {
+        item_order(r)
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(kinds(&whole), kinds(&streamed), "{whole}\n{streamed}");
+    assert_eq!(kinds(&whole), ["message", "reasoning", "function_call"]);
+    // Text on both sides of a call: two message items, each with an id of its own.
+    let answer = Answer {
+        content: vec![
+            text("a"),
+            Part::ToolCall {
+                id: "c1".into(),
+                name: "f".into(),
+                arguments: "{}".into(),
+            },
+            text("b"),
+        ],
+        ..answer
+    };
+    let whole = write_answer(&answer, &map(json!({"input": "x"})), "gw");
+    let order = item_order(&whole);
+    assert_eq!(
+        order.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+        ["message", "function_call", "message"]
+    );
+    assert_ne!(order[0].1, order[2].1);
 }
 
 /// A streamed Anthropic `redacted_thinking` block is a reasoning item whose
