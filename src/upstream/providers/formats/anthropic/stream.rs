@@ -88,7 +88,19 @@ impl EventReader {
                         name: block.name.clone().unwrap_or_default(),
                     }),
                     "text" => out.push(Event::TextStart { index }),
-                    "thinking" | "redacted_thinking" => out.push(Event::ReasoningStart { index }),
+                    "thinking" => out.push(Event::ReasoningStart { index }),
+                    // Its data is all of it, carried as the block's signature is (as
+                    // `read_answer` carries it): dropped, the block could not be sent back
+                    // (s29 responses attack F2).
+                    "redacted_thinking" => {
+                        out.push(Event::ReasoningStart { index });
+                        if let Some(data) = &block.data {
+                            out.push(Event::ReasoningSignature {
+                                index,
+                                signature: data.clone(),
+                            });
+                        }
+                    }
                     _ => {}
                 }
             }

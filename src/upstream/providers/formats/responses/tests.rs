@@ -239,7 +239,8 @@ fn an_answer_becomes_a_response_object() {
     assert_eq!(r["incomplete_details"]["reason"], "max_output_tokens");
     assert_eq!(r["output"][0]["content"][0]["text"], "hello");
     assert_eq!(r["output"][1]["call_id"], "call_1");
-    assert_eq!(r["output"][1]["id"], "fc_gw_0");
+    assert_eq!(r["output"][0]["id"], "msg_gw_0");
+    assert_eq!(r["output"][1]["id"], "fc_gw_1");
     assert_eq!(r["usage"]["total_tokens"], 12);
     assert_eq!(r["usage"]["output_tokens_details"]["reasoning_tokens"], 2);
 }
@@ -588,4 +589,197 @@ fn tool_calls_a_responses_writer_keeps_count_against_the_hold_limit() {
         }
     }
     panic!("1 000 calls of 1 KB names kept past a 100 KB hold limit");
+}
+
+/// An upstream's stream, read by its format's reader and written by the Responses writer:
+/// the completed response.
+fn streamed(from: Format, events: &[(&str, Value)]) -> Value {
+    let w = EventWriter::new(map(json!({"input": "x"})), stamp());
+    let mut c = StreamConverter::new(from, Format::OpenAiChat, false, 9)
+        .responses(ResponsesOut::Translated(Box::new(w)));
+    let mut out = Vec::new();
+    for (name, e) in events {
+        c.event(name, &e.to_string(), &mut out);
+    }
+    // The end of the upstream's body (Gemini says no `Done` of its own).
+    c.end(&mut out);
+    c.completed_response().expect("the stream completes")
+}
+
+/// The `(type, id)` of each output item.
+fn item_order(r: &Value) -> Vec<(String, String)> {
+    r["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            (
+                i["type"].as_str().unwrap().into(),
+                i["id"].as_str().unwrap().into(),
+            )
+        })
+        .collect()
+}
+
+/// The Gemini request that continues `output` with the call's result: the model turn's
+/// parts.
+fn gemini_continuation(output: &Value) -> Vec<Value> {
+    let mut input = vec![json!({"role": "user", "content": "Weather?"})];
+    input.extend(output["output"].as_array().unwrap().iter().cloned());
+    input.push(json!({"type": "function_call_output", "call_id": output["output"].as_array().unwrap().iter().find(|i| i["type"] == "function_call").unwrap()["call_id"], "output": "sunny"}));
+    let body = map(json!({"model": "m", "input": input}));
+    let (sent, _) = built(Provider::Gemini, &body);
+    let model = sent["contents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["role"] == "model")
+        .unwrap_or_else(|| panic!("no model turn: {sent}"));
+    model["parts"].as_array().unwrap().clone()
+}
+
+/// The Gemini answer's candidate around `parts`, as a stream's one chunk and a whole answer.
+fn gemini_chunk(parts: Value) -> Value {
+    json!({"responseId": "r", "modelVersion": "gemini-3", "candidates": [{"content": {"role": "model", "parts": parts}, "finishReason": "STOP"}],
+        "usageMetadata": {"promptTokenCount": 3, "candidatesTokenCount": 4}})
+}
+
+fn call_part(parts: &[Value]) -> &Value {
+    parts
+        .iter()
+        .find(|p| p.get("functionCall").is_some())
+        .unwrap_or_else(|| panic!("no call: {parts:?}"))
+}
+
+/// A Gemini thought then a signed call: streamed, the signature is a reasoning item of its
+/// own before the call, and on continuation it goes back on the call (s29 responses attack
+/// F2: it was put on the thought's item, and Gemini 3 refuses a call without its signature).
+#[test]
+fn a_thought_then_a_signed_call_streams_two_items_and_the_signature_reaches_the_call() {
+    let chunk = gemini_chunk(json!([
+        {"thought": true, "text": "Thinking about weather."},
+        {"functionCall": {"name": "weather", "args": {"city": "Paris"}}, "thoughtSignature": "S"}
+    ]));
+    let streamed = streamed(Format::Gemini, &[("", chunk.clone())]);
+    let parts = gemini_continuation(&streamed);
+    assert_eq!(call_part(&parts)["thoughtSignature"], "S", "{parts:?}");
+    let answer = crate::upstream::providers::formats::gemini::read_answer(&chunk).unwrap();
+    let whole = write_answer(&answer, &map(json!({"input": "x"})), "gw");
+    let kinds = |r: &Value| {
+        item_order(r)
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(kinds(&streamed), kinds(&whole), "{streamed}\n{whole}");
+    assert_eq!(
+        kinds(&streamed),
+        ["reasoning", "reasoning", "function_call"]
+    );
+}
+
+/// A Gemini text then a signed call, as a whole answer: the items keep the parts' order,
+/// so the signature goes back on the call (s29 responses attack F3: the reasoning item came
+/// first, and the signature went out on its own before the text).
+#[test]
+fn a_whole_gemini_answer_keeps_its_parts_in_order_for_the_continuation() {
+    let chunk = gemini_chunk(json!([
+        {"text": "Let me check."},
+        {"functionCall": {"name": "weather", "args": {"city": "Paris"}}, "thoughtSignature": "S"}
+    ]));
+    let answer = crate::upstream::providers::formats::gemini::read_answer(&chunk).unwrap();
+    let whole = write_answer(&answer, &map(json!({"input": "x"})), "gw");
+    let parts = gemini_continuation(&whole);
+    assert_eq!(call_part(&parts)["thoughtSignature"], "S", "{parts:?}");
+    let streamed = streamed(Format::Gemini, &[("", chunk)]);
+    let kinds = |r: &Value| {
+        item_order(r)
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(kinds(&whole), kinds(&streamed), "{whole}\n{streamed}");
+    assert_eq!(kinds(&whole), ["message", "reasoning", "function_call"]);
+    // Text on both sides of a call: two message items, each with an id of its own.
+    let answer = Answer {
+        content: vec![
+            text("a"),
+            Part::ToolCall {
+                id: "c1".into(),
+                name: "f".into(),
+                arguments: "{}".into(),
+            },
+            text("b"),
+        ],
+        ..answer
+    };
+    let whole = write_answer(&answer, &map(json!({"input": "x"})), "gw");
+    let order = item_order(&whole);
+    assert_eq!(
+        order.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+        ["message", "function_call", "message"]
+    );
+    assert_ne!(order[0].1, order[2].1);
+}
+
+/// A streamed Anthropic `redacted_thinking` block is a reasoning item whose
+/// `encrypted_content` is the redacted data, as the whole answer's is (s29 responses
+/// attack F2: the data was dropped, and the item could not be sent back).
+#[test]
+fn a_streamed_redacted_thinking_block_keeps_its_data() {
+    let events = [
+        (
+            "message_start",
+            json!({"type": "message_start", "message": {"id": "m", "model": "claude", "usage": {"input_tokens": 3}}}),
+        ),
+        (
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}}),
+        ),
+        (
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "Hmm."}}),
+        ),
+        (
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "sig"}}),
+        ),
+        (
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 0}),
+        ),
+        (
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 1, "content_block": {"type": "redacted_thinking", "data": "D"}}),
+        ),
+        (
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 1}),
+        ),
+        (
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 2, "content_block": {"type": "text", "text": ""}}),
+        ),
+        (
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 2, "delta": {"type": "text_delta", "text": "Hi."}}),
+        ),
+        (
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 2}),
+        ),
+        (
+            "message_delta",
+            json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 5}}),
+        ),
+        ("message_stop", json!({"type": "message_stop"})),
+    ];
+    let r = streamed(Format::Anthropic, &events);
+    let out = r["output"].as_array().unwrap();
+    assert_eq!(out.len(), 3, "{r}");
+    assert_eq!(out[0]["encrypted_content"], "sig");
+    assert_eq!(out[0]["content"][0]["text"], "Hmm.");
+    assert_eq!(out[1]["type"], "reasoning");
+    assert_eq!(out[1]["encrypted_content"], "D", "{r}");
+    assert_eq!(out[2]["type"], "message");
 }

@@ -525,6 +525,9 @@ pub struct Block {
     pub id: Option<String>,
     #[serde(default)]
     pub name: Option<String>,
+    /// A `redacted_thinking` block's data.
+    #[serde(default)]
+    pub data: Option<String>,
     /// A tool result's content, unread: only a web search's error result is looked into
     /// (`Block::content_type`).
     #[serde(default)]

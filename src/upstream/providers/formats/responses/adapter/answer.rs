@@ -69,53 +69,48 @@ pub(super) fn reasoning_item(id: String, text: &str, signature: Option<&str>) ->
 }
 
 /// An answer as a response object for the request `body` (its echo fields); item ids
-/// are made of `item_ids` (the gateway's response id without `resp_`). The caller stamps
-/// the gateway's id (`Stamp::apply`).
+/// are made of `item_ids` (the gateway's response id without `resp_`) and the item's
+/// output index, as the stream's are. The caller stamps the gateway's id (`Stamp::apply`).
+///
+/// The items keep the parts' order, as the stream does: a reasoning part or a call closes
+/// the message, and text after it is a message of its own (s29 responses attack F3: all
+/// reasoning came first and all text as one message, so a Gemini call's signature went
+/// back before the text, not on the call).
 pub fn write_answer(a: &Answer, body: &Map<String, Value>, item_ids: &str) -> Value {
     let mut output = Vec::new();
-    let mut text = String::new();
-    let mut refusal = String::new();
-    let mut calls = Vec::new();
-    for (n, p) in a.content.iter().enumerate() {
+    let mut message = Message::default();
+    for p in &a.content {
         match p {
-            Part::Text { text: t, .. } => text.push_str(t),
-            Part::Refusal { text: t } => refusal.push_str(t),
+            Part::Text { text: t, .. } => message.text.push_str(t),
+            Part::Refusal { text: t } => message.refusal.push_str(t),
             Part::Reasoning {
                 text,
                 signature,
                 redacted,
-            } => output.push(reasoning_item(
-                format!("rs_{item_ids}_{n}"),
-                text,
-                signature.as_deref().or(redacted.as_deref()),
-            )),
+            } => {
+                message.close(&mut output, item_ids);
+                let id = format!("rs_{item_ids}_{}", output.len());
+                output.push(reasoning_item(
+                    id,
+                    text,
+                    signature.as_deref().or(redacted.as_deref()),
+                ));
+            }
             Part::ToolCall {
                 id,
                 name,
                 arguments,
-            } => calls.push((id, name, arguments)),
+            } => {
+                message.close(&mut output, item_ids);
+                output.push(
+                    json!({"type": "function_call", "id": format!("fc_{item_ids}_{}", output.len()),
+                    "call_id": id, "name": name, "arguments": arguments, "status": "completed"}),
+                );
+            }
             _ => {}
         }
     }
-    let mut parts = Vec::new();
-    if !text.is_empty() {
-        parts.push(json!({"type": "output_text", "text": text, "annotations": []}));
-    }
-    if !refusal.is_empty() {
-        parts.push(json!({"type": "refusal", "refusal": refusal}));
-    }
-    if !parts.is_empty() {
-        output.push(
-            json!({"type": "message", "id": format!("msg_{item_ids}"), "status": "completed",
-            "role": "assistant", "content": parts}),
-        );
-    }
-    for (i, (id, name, arguments)) in calls.into_iter().enumerate() {
-        output.push(
-            json!({"type": "function_call", "id": format!("fc_{item_ids}_{i}"),
-            "call_id": id, "name": name, "arguments": arguments, "status": "completed"}),
-        );
-    }
+    message.close(&mut output, item_ids);
     let usage = a.usage.as_ref().map_or(Value::Null, usage_json);
     response_object(
         body,
@@ -125,6 +120,33 @@ pub fn write_answer(a: &Answer, body: &Map<String, Value>, item_ids: &str) -> Va
         Some(&a.finish),
         usage,
     )
+}
+
+/// The text and refusal of the message item being gathered.
+#[derive(Default)]
+struct Message {
+    text: String,
+    refusal: String,
+}
+
+impl Message {
+    /// Appends the message item, if it has anything, and starts the next one empty.
+    fn close(&mut self, output: &mut Vec<Value>, item_ids: &str) {
+        let Message { text, refusal } = std::mem::take(self);
+        let mut parts = Vec::new();
+        if !text.is_empty() {
+            parts.push(json!({"type": "output_text", "text": text, "annotations": []}));
+        }
+        if !refusal.is_empty() {
+            parts.push(json!({"type": "refusal", "refusal": refusal}));
+        }
+        if !parts.is_empty() {
+            output.push(
+                json!({"type": "message", "id": format!("msg_{item_ids}_{}", output.len()),
+                "status": "completed", "role": "assistant", "content": parts}),
+            );
+        }
+    }
 }
 
 /// An error in OpenAI's shape (what the Responses API answers).

@@ -34,6 +34,8 @@ enum Open {
     },
     Reasoning {
         index: usize,
+        /// The internal form's block it holds: another block is another item.
+        block: usize,
         id: String,
         text: String,
         signature: Option<String>,
@@ -168,6 +170,7 @@ impl EventWriter {
                 id,
                 text,
                 signature,
+                ..
             }) => {
                 self.emit(
                     "response.reasoning_text.done",
@@ -262,10 +265,17 @@ impl EventWriter {
         });
     }
 
-    /// Opens a reasoning item unless one is open.
-    fn open_reasoning(&mut self, out: &mut Vec<Bytes>) {
-        if matches!(self.message, Some(Open::Reasoning { .. })) {
-            return;
+    /// Opens a reasoning item for the block `block` unless one is open: of that block, or,
+    /// when `any`, of any block (a delta or signature with no start of its own goes on the
+    /// open item). A start of another block closes the open item: one item per block, so
+    /// a signature-only block keeps its place before the call it signs (s29 responses
+    /// attack F2: a Gemini thought and the call's signature made one item, and the call
+    /// went back without its signature).
+    fn open_reasoning(&mut self, block: usize, any: bool, out: &mut Vec<Bytes>) {
+        if let Some(Open::Reasoning { block: b, .. }) = &self.message {
+            if any || *b == block {
+                return;
+            }
         }
         self.close_message(out);
         self.close_calls(out);
@@ -280,6 +290,7 @@ impl EventWriter {
         );
         self.message = Some(Open::Reasoning {
             index,
+            block,
             id,
             text: String::new(),
             signature: None,
@@ -312,13 +323,13 @@ impl EventWriter {
                     self.emit("response.output_text.delta", ev, out);
                 }
             }
-            Event::ReasoningStart { .. } => {
+            Event::ReasoningStart { index: k } => {
                 self.start(out);
-                self.open_reasoning(out);
+                self.open_reasoning(*k, false, out);
             }
-            Event::ReasoningDelta { text, .. } if !text.is_empty() => {
+            Event::ReasoningDelta { index: k, text } if !text.is_empty() => {
                 self.start(out);
-                self.open_reasoning(out);
+                self.open_reasoning(*k, true, out);
                 let mut ev = None;
                 if let Some(Open::Reasoning {
                     index, id, text: t, ..
@@ -334,9 +345,12 @@ impl EventWriter {
                     self.emit("response.reasoning_text.delta", ev, out);
                 }
             }
-            Event::ReasoningSignature { signature, .. } => {
+            Event::ReasoningSignature {
+                index: k,
+                signature,
+            } => {
                 self.start(out);
-                self.open_reasoning(out);
+                self.open_reasoning(*k, true, out);
                 if let Some(Open::Reasoning { signature: s, .. }) = &mut self.message {
                     *s = Some(signature.clone());
                     self.held = self.held.saturating_add(signature.len());
@@ -396,6 +410,11 @@ impl EventWriter {
                     },
                     out,
                 );
+            }
+            // A reasoning block's end ends its item: what follows is another's.
+            Event::BlockStop { index: k } if matches!(self.message, Some(Open::Reasoning { block, .. }) if block == *k) =>
+            {
+                self.close_message(out);
             }
             Event::Usage(r) => r.apply(self.usage.get_or_insert_with(Usage::default)),
             Event::Finish(f) => self.finish = Some(f.clone()),
