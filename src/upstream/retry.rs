@@ -177,18 +177,21 @@ fn google_exhausted(body: &[u8]) -> Option<serde_json::Value> {
     (err.get("status")? == "RESOURCE_EXHAUSTED").then_some(v)
 }
 
-/// A key's cooldown after its `streak`-th consecutive rate limit: 2^(streak−1) seconds, or
-/// the upstream's `Retry-After` when given — on a first limit as it says, on a later one in
-/// a row at least the back-off: a key limited again right after the rest it asked for
-/// asked too little, and an upstream answering every 429 with `Retry-After: 0` (a relay's
-/// default, a hostile one) left the key never rested, every request's first attempt spent
-/// on it (s29 limits attack F3). Never above `cap`.
+/// The shortest rest of a key the upstream limited: an upstream answering every 429 with
+/// `Retry-After: 0` (a relay's default, a hostile one) left the key never rested, every
+/// request's first attempt spent on it (s29 limits attack F3). A second is the least the
+/// gateway tells its own clients to wait (`Retry-After` is whole seconds).
+const MIN_REST: Duration = Duration::from_secs(1);
+
+/// A key's cooldown after its `streak`-th consecutive rate limit: the upstream's
+/// `Retry-After` when given, at least `MIN_REST`; else 2^(streak−1) seconds; never above
+/// `cap`. A given `Retry-After` does not grow with the streak: the streak counts every
+/// request a burst sent at once, and twenty simultaneous 429s saying "2 s" rested the key
+/// the cap (the s29 stop attack's finding on a first mend).
 pub fn cooldown(retry_after: Option<Duration>, streak: u32, cap: Duration) -> Duration {
-    let backoff = Duration::from_secs(1u64 << streak.saturating_sub(1).min(16));
     let d = match retry_after {
-        Some(given) if streak <= 1 => given,
-        Some(given) => given.max(backoff),
-        None => backoff,
+        Some(given) => given.max(MIN_REST),
+        None => Duration::from_secs(1u64 << streak.saturating_sub(1).min(16)),
     };
     d.min(cap)
 }
@@ -361,21 +364,23 @@ mod tests {
         assert_eq!(cooldown(None, 3, cap), Duration::from_secs(4));
         assert_eq!(cooldown(None, 30, cap), cap);
         assert_eq!(cooldown(Some(Duration::from_secs(999)), 1, cap), cap);
-        // A zero (or short) rest is taken on a first limit only.
-        assert_eq!(cooldown(Some(Duration::ZERO), 1, cap), Duration::ZERO);
+        // A zero (or short) rest is a second; a given one does not grow with the streak.
         assert_eq!(
-            cooldown(Some(Duration::ZERO), 2, cap),
-            Duration::from_secs(2)
+            cooldown(Some(Duration::ZERO), 1, cap),
+            Duration::from_secs(1)
         );
         assert_eq!(
             cooldown(Some(Duration::from_millis(300)), 3, cap),
-            Duration::from_secs(4)
+            Duration::from_secs(1)
         );
         assert_eq!(
-            cooldown(Some(Duration::from_secs(10)), 2, cap),
-            Duration::from_secs(10)
+            cooldown(Some(Duration::from_secs(2)), 20, cap),
+            Duration::from_secs(2)
         );
-        assert_eq!(cooldown(Some(Duration::ZERO), 30, cap), cap);
+        assert_eq!(
+            cooldown(Some(Duration::from_millis(1_500)), 2, cap),
+            Duration::from_millis(1_500)
+        );
         for round in 1..5 {
             assert!(
                 backoff(Duration::from_millis(100), round)
