@@ -5,9 +5,14 @@
 -- key stored again kept its old answer in their memory, a new key was missing there,
 -- until their next rebuild (s28 stop attack F2). PostgreSQL's identity never went back.
 --
--- The rowids are kept: a replica of the previous version, still running during a rolling
--- upgrade, follows the same numbers. Its `INSERT OR REPLACE` by key works unchanged.
-CREATE TABLE cache_entries_new (
+-- The table starts again empty rather than copied: it is a cache, and copying it (up to
+-- `max_entries` whole answers, a gigabyte) in the migration's one write transaction held
+-- the write lock from a previous version still running on the file during a rolling
+-- upgrade past its busy timeout. The epoch bump makes every replica, of either version,
+-- drop what it holds in memory and rebuild from the (empty) table at its next poll, so
+-- none follows the new ids from a high-water mark of the old ones.
+DROP TABLE cache_entries;
+CREATE TABLE cache_entries (
     id            INTEGER PRIMARY KEY AUTOINCREMENT,
     key           BLOB    NOT NULL UNIQUE,
     scope         TEXT    NOT NULL,
@@ -23,12 +28,6 @@ CREATE TABLE cache_entries_new (
     expires_at    TEXT    NOT NULL,
     hits          INTEGER NOT NULL DEFAULT 0
 );
-INSERT INTO cache_entries_new (id, key, scope, model, format, context_hash, vector, answer,
-    input_tokens, output_tokens, tags, created_at, expires_at, hits)
-SELECT rowid, key, scope, model, format, context_hash, vector, answer,
-    input_tokens, output_tokens, tags, created_at, expires_at, hits
-FROM cache_entries;
-DROP TABLE cache_entries;
-ALTER TABLE cache_entries_new RENAME TO cache_entries;
 CREATE INDEX cache_entries_expiry ON cache_entries(expires_at);
 CREATE INDEX cache_entries_context ON cache_entries(context_hash);
+UPDATE meta SET value = value + 1 WHERE key = 'cache_epoch';
