@@ -247,12 +247,16 @@ async fn a_settlement_that_fails_is_retried_until_it_lands(engine: Engine) {
 }
 on_both_engines!(a_settlement_that_fails_is_retried_until_it_lands);
 
-/// Item 2's sweep: a reservation of this process that no live request holds is released
-/// (nothing charged); one a live request holds keeps it, and its lease is renewed.
-async fn the_sweep_releases_what_nobody_holds_and_renews_what_someone_does(engine: Engine) {
-    let (_dir, db, clock, quota, owner) = quota_rig(engine, 10_000).await;
+/// A reservation `held` (1 000) a live request holds and one `stray` (2 000) of this process
+/// no request holds (its holder vanished), on a $0.01 token.
+async fn held_and_stray(
+    engine: Engine,
+) -> (
+    (tempfile::TempDir, Db, Arc<ManualClock>, Arc<Quota>, Owner),
+    sluice::quota::reservation::Held,
+) {
+    let (dir, db, clock, quota, owner) = quota_rig(engine, 10_000).await;
     let held = quota.reserve("held", &owner, 1_000).await.unwrap();
-    // A row of this process that no request holds (its holder vanished).
     let stray = ledger::ReserveRequest {
         request_id: "stray",
         owner: &owner,
@@ -265,12 +269,23 @@ async fn the_sweep_releases_what_nobody_holds_and_renews_what_someone_does(engin
         .unwrap()
         .unwrap();
     assert_eq!(token_row(&db, owner.token_id).await, (3_000, 3_000, 2));
-    let deadline = || {
-        sql_text(
-            &db,
-            "SELECT deadline FROM reservations WHERE request_id = 'held'",
-        )
-    };
+    ((dir, db, clock, quota, owner), held)
+}
+
+/// The lease deadline of the reservation `held`.
+async fn held_deadline(db: &Db) -> String {
+    sql_text(
+        db,
+        "SELECT deadline FROM reservations WHERE request_id = 'held'",
+    )
+    .await
+}
+
+/// Item 2's sweep: a reservation of this process that no live request holds is released
+/// (nothing charged); one a live request holds keeps it, and its lease is renewed.
+async fn the_sweep_releases_what_nobody_holds_and_renews_what_someone_does(engine: Engine) {
+    let ((_dir, db, clock, quota, owner), held) = held_and_stray(engine).await;
+    let deadline = || held_deadline(&db);
     let before = deadline().await;
     // Six minutes on: the held lease has less than half its length left.
     clock.advance(chrono::Duration::minutes(6));
@@ -317,25 +332,8 @@ on_both_engines!(the_sweep_releases_what_nobody_holds_and_renews_what_someone_do
 /// in full mid-request (s29 money attack F3; on PostgreSQL a release goes through the
 /// writer's connection, renewals through the pool).
 async fn a_failing_release_does_not_stop_lease_renewals(engine: Engine) {
-    let (_dir, db, clock, quota, owner) = quota_rig(engine, 10_000).await;
-    let held = quota.reserve("held", &owner, 1_000).await.unwrap();
-    let stray = ledger::ReserveRequest {
-        request_id: "stray",
-        owner: &owner,
-        amount: 2_000,
-        process: quota.process_id(),
-        lease: chrono::Duration::minutes(10),
-    };
-    ledger::reserve(&db, &stray, clock.now())
-        .await
-        .unwrap()
-        .unwrap();
-    let deadline = || {
-        sql_text(
-            &db,
-            "SELECT deadline FROM reservations WHERE request_id = 'held'",
-        )
-    };
+    let ((_dir, db, clock, quota, owner), held) = held_and_stray(engine).await;
+    let deadline = || held_deadline(&db);
     let before = deadline().await;
     refuse_settlements(&db, true).await;
     clock.advance(chrono::Duration::minutes(6));
