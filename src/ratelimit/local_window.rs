@@ -165,21 +165,25 @@ impl LocalWindows {
         self.correct_at(specs, second, delta, self.now_ms());
     }
 
-    /// `correct` at `now`, by `correct.lua`'s rules: the admission bucket still in the
-    /// window takes the delta (never below 0); once it is gone (a stream longer than the
-    /// window), a positive delta — tokens used beyond the estimate it already counted — is
-    /// booked in the current second, and a negative one is dropped.
+    /// `correct` at `now`, by `correct.lua`'s rules: a positive delta — tokens used beyond
+    /// the estimate — is booked in the current second, counted for a whole window from when
+    /// it is known (in the admission bucket it counted only for what was left of that one's:
+    /// a second, for a stream ending just inside the window; s29 final attack F2); a
+    /// negative one is taken from the admission bucket while it is in the window (never
+    /// below 0), and dropped once it is gone.
     fn correct_at(&self, specs: &[WindowSpec], second: i64, delta: i64, now: u64) {
         let cutoff_sec = (now.saturating_sub(self.window_ms) / 1000) as i64;
         let current = (now / 1000) as i64;
         let mut guard = self.state.lock();
         for spec in specs.iter().filter(|s| s.tokens > 0) {
-            let bucket = (second >= cutoff_sec)
-                .then(|| guard.0.get_mut(&spec.key))
-                .flatten()
-                .and_then(|w| w.tokens.iter_mut().find(|(s, _)| *s == second));
-            if let Some((_, n)) = bucket {
-                *n = (*n + delta).max(0);
+            if delta < 0 {
+                let bucket = (second >= cutoff_sec)
+                    .then(|| guard.0.get_mut(&spec.key))
+                    .flatten()
+                    .and_then(|w| w.tokens.iter_mut().find(|(s, _)| *s == second));
+                if let Some((_, n)) = bucket {
+                    *n = (*n + delta).max(0);
+                }
             } else if delta > 0 {
                 let w = guard.0.entry(spec.key.clone()).or_default();
                 // The current second is the newest: the buckets stay oldest first.
@@ -262,6 +266,28 @@ mod tests {
         // Negative, for a bucket gone: nothing changes, nothing below 0.
         w.correct_at(&spec(0, 100), booked.second, -500, gone + 5000);
         assert_eq!(w.check_at(&spec(0, 100), 1, gone + 5000).tokens_used, 1);
+    }
+
+    /// Tokens used beyond the estimate are counted for a whole window from when they are
+    /// known, whatever is left of the admission bucket's: booked into that bucket just
+    /// before it left, they counted for a second, and a stream ending just inside the window
+    /// kept most of its output out of it (s29 final attack F2).
+    #[test]
+    fn a_positive_correction_counts_for_a_whole_window_from_its_second() {
+        let w = LocalWindows::new(Duration::from_secs(2));
+        let booked = w.check_at(&spec(0, 1000), 30, T0);
+        // 2.5 s on, the admission bucket is still in the window (it leaves at T0 + 3 s).
+        let now = T0 + 2500;
+        w.correct_at(&spec(0, 1000), booked.second, 120, now);
+        assert_eq!(
+            w.check_at(&spec(0, 1000), 1, T0 + 3500).tokens_used,
+            120 + 1
+        );
+        // A negative correction still takes from the admission bucket.
+        let w = LocalWindows::new(Duration::from_secs(2));
+        let booked = w.check_at(&spec(0, 1000), 300, T0);
+        w.correct_at(&spec(0, 1000), booked.second, -200, T0 + 500);
+        assert_eq!(w.check_at(&spec(0, 1000), 0, T0 + 600).tokens_used, 100);
     }
 
     /// A minute's window on a hand-stepped clock: `T0` is a whole second.
