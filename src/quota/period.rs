@@ -4,6 +4,11 @@
 
 use chrono::{DateTime, Datelike, Duration, NaiveDate, TimeZone, Utc};
 
+/// How far ahead of this host's clock another host's may be and still be right about the
+/// budget period (`Reset::place`): NTP keeps hosts within milliseconds; a host further ahead
+/// than this is taken for one whose clock is wrong.
+pub const MAX_CLOCK_SKEW: Duration = Duration::days(2);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reset {
     Daily,
@@ -78,28 +83,41 @@ impl Reset {
     }
 
     /// The period a level is in at `now`, given the period it has stored, and whether it
-    /// must roll over into it. Periods move forward only: the stored period stays when it
-    /// is `now`'s or a later one of the same rule — another process whose clock is ahead
-    /// already rolled the level over, and a clock behind must not roll it back. It gives
-    /// way to `now`'s period when it is older (the boundary passed), of another rule (the
-    /// reset was changed), or unreadable. A period far ahead (a clock that was wrong by more
-    /// than a period) so holds the level until time reaches it: the budget is spent once
-    /// over that stretch, never restored. Rolling such a period back to the host's own let
-    /// two hosts' clocks a period apart flip the level between their periods, each flip
-    /// restoring that period's budget — a daily budget spent three times in a real day (s29
-    /// money attack F1). A rollover into a period the level was in before starts it at the
-    /// limit less that period's ledger sum (`store::ledger`), so coming back to a period
-    /// never resets it a second time.
+    /// must roll over into it. Periods move forward only, within the clock skew a host may
+    /// have: the stored period stays when it is `now`'s, or a later one of the same rule
+    /// that starts no more than `MAX_CLOCK_SKEW` after `now` — another process whose clock
+    /// is ahead already rolled the level over, and a clock behind must not roll it back.
+    /// Rolling such a period back to the host's own let two hosts' clocks a period apart flip
+    /// the level between their periods, each flip restoring that period's budget — a daily
+    /// budget spent three times in a real day (s29 money attack F1). It gives way to `now`'s
+    /// period when it is older (the boundary passed), of another rule (the reset was
+    /// changed), unreadable, or further ahead than any host's clock can be right about (a
+    /// host that ran with its clock years ahead must not pin the level to that future
+    /// period, one budget until then: s29 final attack F1). A rollover into a period starts
+    /// it at the limit less that period's ledger sum, and a rollover back from one ahead
+    /// less that one's too (`counted_with`, `store::ledger`): coming back to a period never
+    /// resets it a second time, and leaving a period a wrong clock put the level in never
+    /// refills it.
     pub fn place(self, stored: &str, now: DateTime<Utc>) -> (String, bool) {
         let key = self.period_key(now);
-        let later = self
-            .start_of(stored)
-            .zip(self.period_start(now))
-            .is_some_and(|(stored, now)| stored > now);
-        if stored == key || later {
+        let ahead = self.start_of(stored).is_some_and(|start| {
+            self.period_start(now).is_some_and(|own| start > own) && start <= now + MAX_CLOCK_SKEW
+        });
+        if stored == key || ahead {
             (stored.to_string(), false)
         } else {
             (key, true)
+        }
+    }
+
+    /// The period whose ledger sum a rollover from `stored` into `key` subtracts from the
+    /// limit besides `key`'s: `stored` when it is a later period of this rule (a rollback
+    /// from a period a wrong clock put the level in, whose spend stays spent), else `key`
+    /// itself (nothing more).
+    pub fn counted_with<'a>(self, stored: &'a str, key: &'a str) -> &'a str {
+        match self.start_of(stored).zip(self.start_of(key)) {
+            Some((from, to)) if from > to => stored,
+            _ => key,
         }
     }
 
@@ -170,7 +188,7 @@ mod tests {
     }
 
     #[test]
-    fn periods_move_forward_within_a_period_of_skew() {
+    fn periods_move_forward_within_a_hosts_clock_skew() {
         let place = |r: Reset, stored: &str, now: &str| r.place(stored, at(now));
         let eve = "2026-12-31T23:59:59.500Z";
         let key = |k: &str, roll: bool| (k.to_string(), roll);
@@ -188,21 +206,33 @@ mod tests {
             key("2027-01-01", false)
         );
         assert_eq!(
-            place(Reset::Weekly, "2027-W01", "2026-12-31T10:00:00Z"),
+            place(Reset::Weekly, "2027-W01", "2027-01-03T10:00:00Z"),
             key("2027-W01", false)
         );
+        // No clock within the skew of a Thursday's is in the next ISO week yet.
+        assert_eq!(
+            place(Reset::Weekly, "2027-W01", "2026-12-31T10:00:00Z"),
+            key("2026-W53", true)
+        );
         assert_eq!(place(Reset::Monthly, "2027-01", eve), key("2027-01", false));
-        // A period further ahead (a clock wrong by more than a period) is kept too: rolled
-        // back, it gave the level a second budget (s29 money attack F1).
+        // A period further ahead, within a host's clock skew, is kept too: rolled back, it
+        // gave the level a second budget (s29 money attack F1).
         assert_eq!(
-            place(Reset::Daily, "2027-12-15", eve),
-            key("2027-12-15", false)
+            place(Reset::Daily, "2027-01-02", eve),
+            key("2027-01-02", false)
         );
-        assert_eq!(place(Reset::Monthly, "2027-03", eve), key("2027-03", false));
+        // One starting more than the skew ahead is a wrong clock's: the host's own period,
+        // not one budget until that one (s29 final attack F1).
         assert_eq!(
-            place(Reset::Weekly, "2027-W10", eve),
-            key("2027-W10", false)
+            place(Reset::Daily, "2027-01-03", eve),
+            key("2026-12-31", true)
         );
+        assert_eq!(
+            place(Reset::Daily, "2036-01-01", "2026-12-31T18:00:00Z"),
+            key("2026-12-31", true)
+        );
+        assert_eq!(place(Reset::Monthly, "2027-03", eve), key("2026-12", true));
+        assert_eq!(place(Reset::Weekly, "2027-W10", eve), key("2026-W53", true));
         // Not a key this rule writes: the host's period.
         assert_eq!(
             place(Reset::Daily, "2027-1-5", eve),
@@ -218,6 +248,27 @@ mod tests {
         assert_eq!(place(Reset::Never, "2026-12-31", eve), key("never", true));
         assert_eq!(place(Reset::Never, "never", eve), key("never", false));
         assert_eq!(place(Reset::Daily, "", eve), key("2026-12-31", true));
+    }
+
+    #[test]
+    fn a_rollback_from_a_period_ahead_counts_that_periods_spend_too() {
+        assert_eq!(
+            Reset::Daily.counted_with("2036-01-01", "2026-12-31"),
+            "2036-01-01"
+        );
+        // Forward, or from another rule's or an unreadable key: the new period's sum only.
+        assert_eq!(
+            Reset::Daily.counted_with("2026-12-30", "2026-12-31"),
+            "2026-12-31"
+        );
+        assert_eq!(
+            Reset::Daily.counted_with("2036-01", "2026-12-31"),
+            "2026-12-31"
+        );
+        assert_eq!(
+            Reset::Weekly.counted_with("2036-W01", "2026-W53"),
+            "2036-W01"
+        );
     }
 
     #[test]

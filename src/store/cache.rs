@@ -287,8 +287,11 @@ pub(super) fn tightest(
             let limit = limit?;
             // The first column names the level: token, user, team — the order of `resets`.
             let reset = *owner.resets.get(usize::try_from(level).ok()?)?;
-            let rolls_over = reset.place(&period, now).1;
-            Some(if rolls_over {
+            let (key, rolls) = reset.place(&period, now);
+            // Rolled forward, the new period starts full; rolled back from one a wrong clock
+            // put it in, what is left there bounds it.
+            let refills = rolls && reset.counted_with(&period, &key) == key;
+            Some(if refills {
                 limit
             } else {
                 remaining.unwrap_or(limit)

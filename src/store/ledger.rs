@@ -68,6 +68,7 @@ impl Level {
 /// The statements of one level, built once from the level's table and ledger columns.
 struct LevelSql {
     rollover: String,
+    carry_back: String,
     period: String,
     refund: String,
     reserve: String,
@@ -89,8 +90,14 @@ static SQL: LazyLock<[LevelSql; 3]> = LazyLock::new(|| {
             LevelSql {
                 rollover: format!(
                     "UPDATE {table} SET period = ?1, remaining_micros = limit_micros - COALESCE((SELECT SUM(amount_micros) FROM ledger
-                        WHERE {id_col} = ?2 AND {period_col} = ?1 AND kind IN ('reserve', 'settle', 'adjust')), 0)
+                        WHERE {id_col} = ?2 AND {period_col} IN (?1, ?4) AND kind IN ('reserve', 'settle', 'adjust')), 0)
                      WHERE id = ?2 AND period = ?3 RETURNING remaining_micros"
+                ),
+                carry_back: format!(
+                    "INSERT INTO ledger ({id_col}, period, user_period, team_period, kind, amount_micros, reason, created_at)
+                     SELECT ?1, ?2, ?2, ?2, 'adjust', SUM(amount_micros), ?4, ?5 FROM ledger
+                     WHERE {id_col} = ?1 AND {period_col} = ?3 AND kind IN ('reserve', 'settle', 'adjust')
+                     HAVING SUM(amount_micros) <> 0"
                 ),
                 period: format!("SELECT period FROM {table} WHERE id = ?1"),
                 reserve: format!(
@@ -243,25 +250,57 @@ async fn current_period(
         .bind(&key)
         .bind(id)
         .bind(&stored)
+        .bind(reset.counted_with(&stored, &key))
         .fetch_optional(tx.sqlite()?)
         .await?;
     if rolled.is_some() {
+        let back = reset.counted_with(&stored, &key) != key;
+        if back {
+            sqlx::query(&sql.carry_back)
+                .bind(id)
+                .bind(&key)
+                .bind(&stored)
+                .bind(carry_back_reason(&stored))
+                .bind(db_time(now))
+                .execute(tx.sqlite()?)
+                .await?;
+        }
         let target = format!("{}:{id}", level.as_str());
-        audit::append(tx, &period_reset_entry(&target, &key), now).await?;
+        audit::append(tx, &rollover_entry(&target, &stored, &key, back), now).await?;
     }
     Ok(key)
 }
 
-/// The audit row of a period rollover of `target` (`token:7`) into `period`.
-fn period_reset_entry<'a>(target: &'a str, period: &'a str) -> AuditEntry<'a> {
+/// The audit row of a period rollover of `target` (`token:7`) from `stored` into `period`:
+/// a reset, or — `back` from a period a wrong clock put the level in — a rollback, which
+/// restores nothing (its spend is carried: `carry_back_reason`), so a period still has one
+/// reset at most.
+pub(super) fn rollover_entry<'a>(
+    target: &'a str,
+    stored: &'a str,
+    period: &'a str,
+    back: bool,
+) -> AuditEntry<'a> {
     AuditEntry {
         actor: "system",
         address: "",
-        action: "budget.period_reset",
+        action: if back {
+            "budget.period_rollback"
+        } else {
+            "budget.period_reset"
+        },
         target,
-        before: None,
+        before: back.then_some(stored),
         after: Some(period),
     }
+}
+
+/// The reason on the ledger row that carries the spend of the period `from` a wrong clock
+/// put a level in into the host's own period, when the level is rolled back from it
+/// (`Reset::place`): the rollback's `limit − remaining == Σ ledger` holds in the new
+/// period, and nothing spent there is restored.
+pub(super) fn carry_back_reason(from: &str) -> String {
+    format!("the spend of period {from}, carried back: a clock ahead had rolled the level into it")
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -529,6 +568,8 @@ pub fn refuse_rotated(token_id: i64, successor: Option<i64>) -> Result<()> {
 /// (`limit − remaining`, its open reservations included) — `None` for a budget that never
 /// resets (the rotation moved what was left as the new limit), an unlimited one, one whose
 /// period is over (the successor's starts full, as the old one's would), or nothing spent.
+/// A period a wrong clock put it in far ahead is over too, but its spend is carried into
+/// `now`'s period, as the old token's rollback would count it (`Reset::counted_with`).
 pub fn carried(
     limit: Option<i64>,
     remaining: Option<i64>,
@@ -539,7 +580,9 @@ pub fn carried(
     let reset = Reset::parse(reset).filter(|r| *r != Reset::Never)?;
     let used = limit? - remaining?;
     let (kept, rolled) = reset.place(period, now);
-    (!rolled && used != 0).then_some((kept, used))
+    // Back from a period a wrong clock put it in, that period's spend stays spent.
+    let back = reset.counted_with(period, &kept) != kept;
+    ((!rolled || back) && used != 0).then_some((kept, used))
 }
 
 /// Carries a rotated token's spend in its current period to its successor (just inserted
@@ -721,7 +764,8 @@ pub async fn balance(db: &super::Db, token_id: i64, now: DateTime<Utc>) -> Resul
     let reset = Reset::parse(row.get::<&str, _>("reset")).unwrap_or(Reset::Never);
     // The period the CAS would charge at `now` (`Reset::place`: a period another host whose
     // clock is a little ahead already rolled into stays).
-    let (current, stale) = reset.place(row.get::<&str, _>("period"), now);
+    let stored: &str = row.get("period");
+    let (current, stale) = reset.place(stored, now);
     let reserved: i64 = row.get("reserved_micros");
     let stored_remaining: Option<i64> = row.get("remaining_micros");
     // A limited token in its current period: `limit − remaining` is its ledger sum (the
@@ -731,16 +775,18 @@ pub async fn balance(db: &super::Db, token_id: i64, now: DateTime<Utc>) -> Resul
         (Some(l), Some(r)) if !stale => l - r,
         _ => {
             sqlx::query_scalar(
-                "SELECT COALESCE(SUM(amount_micros), 0) FROM ledger WHERE token_id = ? AND period = ? AND kind IN ('reserve', 'settle', 'adjust')",
+                "SELECT COALESCE(SUM(amount_micros), 0) FROM ledger WHERE token_id = ? AND period IN (?, ?) AND kind IN ('reserve', 'settle', 'adjust')",
             )
             .bind(token_id)
             .bind(&current)
+            .bind(reset.counted_with(stored, &current))
             .fetch_one(pool)
             .await?
         }
     };
     // A period that has not been rolled over yet is, to its holder, already what the
-    // rollover would make it: the limit less that period's ledger sum.
+    // rollover would make it: the limit less that period's ledger sum (and, back from a
+    // period a wrong clock put it in, that one's).
     let remaining = if stale {
         limit.map(|l| l - spent)
     } else {
@@ -824,6 +870,12 @@ mod tests {
         assert_eq!(
             carried(Some(100), Some(90), "daily", "2026-12-05"),
             Some(("2026-12-05".into(), 10))
+        );
+        // A period a wrong clock put it in far ahead: its spend into the host's own period,
+        // as a rollback counts it (s29 final attack F1).
+        assert_eq!(
+            carried(Some(100), Some(90), "daily", "2036-12-04"),
+            Some(("2026-12-04".into(), 10))
         );
         // A credit this period (remaining above the limit) is carried too.
         assert_eq!(

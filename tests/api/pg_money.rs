@@ -571,6 +571,93 @@ on_both_stores!(
     a_period_ahead_is_never_rolled_back
 );
 
+/// A host whose clock ran ten years ahead for a moment charged a daily token budget and a
+/// monthly user budget in its future periods. The hosts with the right clock roll each
+/// level back to their own period, at the limit less both periods' spend: neither one
+/// budget until 2036 with a Retry-After of years, nor a refill (s29 final attack F1).
+async fn a_period_far_ahead_rolls_back(store: Store) {
+    let owner = store
+        .owner(&[
+            limit(10 * R, "daily"),
+            limit(100 * R, "monthly"),
+            unlimited(),
+        ])
+        .await;
+    let wrong = store.another().await;
+    let ahead = clock_at("2036-12-04T10:00:00Z");
+    let right = clock_at("2026-12-04T10:00:00Z");
+    let mut n = 0;
+    let mut charge = async |host: &Store, clock: &Arc<ManualClock>, times: usize| {
+        let (mut admitted, mut waits) = (0, Vec::new());
+        for _ in 0..times {
+            n += 1;
+            let (id, clock): (String, Arc<dyn Clock>) = (format!("f{n}"), clock.clone());
+            match host
+                .reserve(&owner, &id, R, "p", clock.clone())
+                .await
+                .unwrap()
+            {
+                Ok(_) => {
+                    host.settle(&id, R, clock).await.unwrap().unwrap();
+                    admitted += 1;
+                }
+                Err(Refusal::Insufficient(Level::Token, wait)) => waits.push(wait),
+                Err(other) => panic!("{other:?}"),
+            }
+        }
+        (admitted, waits)
+    };
+    assert_eq!(charge(&wrong, &ahead, 4).await.0, 4);
+    let (admitted, waits) = charge(&store, &right, 10).await;
+    assert_eq!(
+        admitted,
+        6,
+        "{}: today's budget less what the wrong clock spent",
+        store.name()
+    );
+    // Refilled at the end of the host's own day, 14 hours on.
+    assert_eq!(waits, vec![Some(14 * 3600); 4], "{}", store.name());
+    let row =
+        |col: &str, table: &str, id: i64| format!("SELECT {col} FROM {table} WHERE id = {id}");
+    assert_eq!(
+        store.text(&row("period", "tokens", owner.token_id)).await,
+        "2026-12-04"
+    );
+    assert_eq!(
+        store.text(&row("period", "users", owner.user_id)).await,
+        "2026-12"
+    );
+    assert_eq!(
+        store
+            .int(&row("remaining_micros", "users", owner.user_id))
+            .await,
+        90 * R,
+        "{}: the month's budget less both months' spend",
+        store.name()
+    );
+    // A rollback, not a second reset of the day.
+    assert_eq!(
+        store
+            .int(&format!(
+                "SELECT COUNT(*) FROM audit_log WHERE action = 'budget.period_rollback' AND target = 'token:{}' AND before = '2036-12-04' AND after = '2026-12-04'",
+                owner.token_id
+            ))
+            .await,
+        1,
+        "{}",
+        store.name()
+    );
+    store.assert_settled().await;
+    // The next day refills as any day does.
+    right.advance(Duration::hours(14));
+    assert_eq!(charge(&store, &right, 10).await, (10, Vec::new()));
+    store.assert_settled().await;
+}
+on_both_stores!(
+    a_period_a_wrong_clock_put_far_ahead_is_rolled_back_without_a_refill,
+    a_period_far_ahead_rolls_back
+);
+
 /// Settlement is exact on both sides of the reservation: below it the rest is refunded to
 /// every level; above it the token is charged the reservation and the rest is `absorbed`.
 async fn settle_exact(store: Store) {

@@ -9,8 +9,8 @@ use std::sync::{Arc, LazyLock};
 use chrono::{DateTime, Utc};
 
 use super::{
-    period_reset_entry, tighter, Level, OwnedReserve, Owner, Refusal, Reservation, ReserveRequest,
-    Settled, INSERT_LEDGER, LEVELS, SQL,
+    carry_back_reason, rollover_entry, tighter, Level, OwnedReserve, Owner, Refusal, Reservation,
+    ReserveRequest, Settled, INSERT_LEDGER, LEVELS, SQL,
 };
 use crate::clock::{db_time, Clock};
 use crate::quota::period::Reset;
@@ -48,13 +48,14 @@ fn ledger_row_tx(
     Ok(())
 }
 
-/// Rolls a level from its stored period over to `period` (conditional on the stored one,
-/// which the caller read under the same write lock), with its audit row; returns the
-/// level's remaining balance in the new period (`None` without a limit).
+/// Rolls a level from its stored period over to `period` of rule `reset` (conditional on the
+/// stored one, which the caller read under the same write lock), with its audit row; returns
+/// the level's remaining balance in the new period (`None` without a limit).
 fn rollover_tx(
     tx: &mut Conn<'_>,
     level: Level,
     id: i64,
+    reset: Reset,
     stored: &str,
     period: &str,
     now: DateTime<Utc>,
@@ -62,7 +63,12 @@ fn rollover_tx(
     let rolled = tx
         .query_row(
             SQL[level.idx()].rollover.as_str(),
-            &[period.into(), id.into(), stored.into()],
+            &[
+                period.into(),
+                id.into(),
+                stored.into(),
+                reset.counted_with(stored, period).into(),
+            ],
             |r| r.int(0),
         )?
         .ok_or_else(|| {
@@ -71,8 +77,22 @@ fn rollover_tx(
                 level.as_str()
             ))
         })?;
+    let back = reset.counted_with(stored, period) != period;
+    if back {
+        let (reason, at) = (carry_back_reason(stored), db_time(now));
+        tx.execute(
+            SQL[level.idx()].carry_back.as_str(),
+            &[
+                id.into(),
+                period.into(),
+                stored.into(),
+                reason.as_str().into(),
+                at.as_str().into(),
+            ],
+        )?;
+    }
     let target = format!("{}:{id}", level.as_str());
-    audit::append_tx(tx, &period_reset_entry(&target, period), now)?;
+    audit::append_tx(tx, &rollover_entry(&target, stored, period, back), now)?;
     Ok(rolled)
 }
 
@@ -187,7 +207,7 @@ pub fn reserve_tx(
         let (period, rolls) = state.reset.place(&state.stored, now);
         if rolls {
             let id = r.owner.id(level);
-            state.remaining = rollover_tx(tx, level, id, &state.stored, &period, now)?;
+            state.remaining = rollover_tx(tx, level, id, state.reset, &state.stored, &period, now)?;
         }
         periods[level.idx()] = period;
     }

@@ -41,7 +41,9 @@ use super::{transact, PgDb};
 use crate::clock::db_time;
 use crate::quota::period::Reset;
 use crate::store::audit::{AuditEntry, AuditKeys};
-use crate::store::ledger::{Balance, Level, Orphans, Owner, LEVELS};
+use crate::store::ledger::{
+    carry_back_reason, rollover_entry, Balance, Level, Orphans, Owner, LEVELS,
+};
 use crate::store::{Result, StoreError};
 
 /// The database's time, as the stored text (`clock::db_time`'s format), at the start of the
@@ -105,19 +107,21 @@ fn rollover_sql(level: Level) -> String {
     let (table, id_col, period_col) = TABLES[idx(level)];
     format!(
         "UPDATE {table} SET period = $1, remaining_micros = limit_micros - COALESCE((SELECT SUM(amount_micros) FROM ledger
-            WHERE {id_col} = $2 AND {period_col} = $1 AND kind IN ('reserve', 'settle', 'adjust')), 0)
+            WHERE {id_col} = $2 AND {period_col} IN ($1, $4) AND kind IN ('reserve', 'settle', 'adjust')), 0)
          WHERE id = $2 AND period = $3 RETURNING remaining_micros"
     )
 }
 
-/// Rolls a level from `stored` over to `period` (conditionally on the stored period, which
-/// the caller read under the row lock), with its audit row; returns the level's remaining
-/// balance in the new period (`None` without a limit).
+/// Rolls a level from `stored` over to `period` of rule `reset` (conditionally on the stored
+/// period, which the caller read under the row lock), with its audit row; returns the level's
+/// remaining balance in the new period (`None` without a limit).
+#[allow(clippy::too_many_arguments)]
 async fn rollover(
     conn: &mut PgConnection,
     keys: &AuditKeys,
     level: Level,
     id: i64,
+    reset: Reset,
     stored: &str,
     period: &str,
     now: DateTime<Utc>,
@@ -126,6 +130,7 @@ async fn rollover(
         .bind(period)
         .bind(id)
         .bind(stored)
+        .bind(reset.counted_with(stored, period))
         .fetch_optional(&mut *conn)
         .await?;
     let rolled = rolled.ok_or_else(|| {
@@ -134,22 +139,27 @@ async fn rollover(
             level.as_str()
         ))
     })?;
-    let target = format!("{}:{id}", level.as_str());
-    super::audit::append(conn, keys, &period_reset_entry(&target, period), now).await?;
-    Ok(rolled)
-}
-
-/// The audit row of a period rollover of `target` (`token:7`) into `period` (the same as
-/// SQLite's).
-fn period_reset_entry<'a>(target: &'a str, period: &'a str) -> AuditEntry<'a> {
-    AuditEntry {
-        actor: "system",
-        address: "",
-        action: "budget.period_reset",
-        target,
-        before: None,
-        after: Some(period),
+    let back = reset.counted_with(stored, period) != period;
+    if back {
+        let (_, id_col, period_col) = TABLES[idx(level)];
+        sqlx::query(&format!(
+            "INSERT INTO ledger ({id_col}, period, user_period, team_period, kind, amount_micros, reason, created_at)
+             SELECT $1, $2, $2, $2, 'adjust', SUM(amount_micros)::BIGINT, $4, $5 FROM ledger
+             WHERE {id_col} = $1 AND {period_col} = $3 AND kind IN ('reserve', 'settle', 'adjust')
+             HAVING SUM(amount_micros) <> 0"
+        ))
+        .bind(id)
+        .bind(period)
+        .bind(stored)
+        .bind(carry_back_reason(stored))
+        .bind(db_time(now))
+        .execute(&mut *conn)
+        .await?;
     }
+    let target = format!("{}:{id}", level.as_str());
+    let entry = rollover_entry(&target, stored, period, back);
+    super::audit::append(conn, keys, &entry, now).await?;
+    Ok(rolled)
 }
 
 /// The period a level is in at `now` (rolled over here when its stored one is older).
@@ -170,7 +180,7 @@ async fn current_period(
         .ok_or_else(|| StoreError::NotFound(format!("{} {id}", level.as_str())))?;
     let (key, rolls) = reset.place(&stored, now);
     if rolls {
-        rollover(conn, keys, level, id, &stored, &key, now).await?;
+        rollover(conn, keys, level, id, reset, &stored, &key, now).await?;
     }
     Ok(key)
 }
@@ -493,7 +503,8 @@ pub async fn balance(db: &PgDb, token_id: i64, now: DateTime<Utc>) -> Result<Bal
     let reset = Reset::parse(row.try_get::<&str, _>("reset")?).unwrap_or(Reset::Never);
     // The period the CAS would charge at `now` (`Reset::place`: a period another host whose
     // clock is a little ahead already rolled into stays).
-    let (current, stale) = reset.place(row.try_get::<&str, _>("period")?, now);
+    let stored: &str = row.try_get("period")?;
+    let (current, stale) = reset.place(stored, now);
     let reserved: i64 = row.try_get("reserved_micros")?;
     let stored_remaining: Option<i64> = row.try_get("remaining_micros")?;
     // A limited token in its current period: `limit − remaining` is its ledger sum (the
@@ -503,16 +514,17 @@ pub async fn balance(db: &PgDb, token_id: i64, now: DateTime<Utc>) -> Result<Bal
         (Some(l), Some(r)) if !stale => l - r,
         _ => {
             sqlx::query_scalar(
-                "SELECT COALESCE(SUM(amount_micros), 0)::BIGINT FROM ledger WHERE token_id = $1 AND period = $2 AND kind IN ('reserve', 'settle', 'adjust')",
+                "SELECT COALESCE(SUM(amount_micros), 0)::BIGINT FROM ledger WHERE token_id = $1 AND period IN ($2, $3) AND kind IN ('reserve', 'settle', 'adjust')",
             )
             .bind(token_id)
             .bind(&current)
+            .bind(reset.counted_with(stored, &current))
             .fetch_one(&db.pool)
             .await?
         }
     };
     // Not rolled over yet: what the rollover would make it (the limit less that period's
-    // ledger sum).
+    // ledger sum, and back from a period ahead, that one's).
     let remaining = if stale {
         limit.map(|l| l - spent)
     } else {

@@ -239,7 +239,17 @@ pub async fn reserve_tx(
         let (period, rolls) = state.reset.place(&state.stored, now);
         if rolls && state.exists {
             let id = id_of(r.owner, level);
-            state.remaining = rollover(conn, keys, level, id, &state.stored, &period, now).await?;
+            state.remaining = rollover(
+                conn,
+                keys,
+                level,
+                id,
+                state.reset,
+                &state.stored,
+                &period,
+                now,
+            )
+            .await?;
         }
         periods[idx(level)] = period;
     }
