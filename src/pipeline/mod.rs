@@ -866,7 +866,12 @@ async fn finish(
         None => (
             providers::answer_usage(upstream, &answer),
             upstream,
-            providers::convert_answer(upstream, p.endpoint.format(), raw, &answer),
+            providers::convert_answer(
+                upstream,
+                p.endpoint.format(),
+                raw,
+                (&answer, s.read.as_deref()),
+            ),
             None,
         ),
     };
@@ -911,10 +916,14 @@ async fn finish(
         // Stored in the client's format, off the request path. A translated answer is
         // stored only if its upstream ended it whole: the client format's reason is written
         // from the upstream's, and calls a paused or cut answer complete (late attack L5).
-        // Read again only here, for a cacheable translated answer.
+        // Judged on `relayable`'s read of it (`Success::read`).
+        let whole = || match s.read.as_deref() {
+            Some(read) => read.ended_whole(),
+            None => providers::read_answer(upstream, &answer).is_ok_and(|a| a.ended_whole()),
+        };
         let stored = if upstream == p.endpoint.format().into() {
             Some(answer)
-        } else if providers::read_answer(upstream, &answer).is_ok_and(|a| a.ended_whole()) {
+        } else if whole() {
             serde_json::from_slice(&body).ok()
         } else {
             None

@@ -175,8 +175,12 @@ fn hints_the_other_side_has_no_place_for_are_dropped_and_named() {
 fn answers_translate_both_ways_with_usage() {
     for (case, v) in cases("anthropic/answers") {
         let raw = bytes::Bytes::from(v["input"].to_string());
-        let out =
-            providers::convert_answer(WireFormat::Anthropic, WireFormat::OpenAi, raw, &v["input"]);
+        let out = providers::convert_answer(
+            WireFormat::Anthropic,
+            WireFormat::OpenAi,
+            raw,
+            (&v["input"], None),
+        );
         let got: Value = serde_json::from_slice(&out).unwrap();
         let usage = providers::answer_usage(WireFormat::Anthropic, &v["input"])
             .usage()
@@ -188,8 +192,12 @@ fn answers_translate_both_ways_with_usage() {
     }
     for (case, v) in cases("openai/answers") {
         let raw = bytes::Bytes::from(v["input"].to_string());
-        let out =
-            providers::convert_answer(WireFormat::OpenAi, WireFormat::Anthropic, raw, &v["input"]);
+        let out = providers::convert_answer(
+            WireFormat::OpenAi,
+            WireFormat::Anthropic,
+            raw,
+            (&v["input"], None),
+        );
         let got: Value = serde_json::from_slice(&out).unwrap();
         let usage = providers::answer_usage(WireFormat::OpenAi, &v["input"])
             .usage()

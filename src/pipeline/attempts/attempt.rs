@@ -101,8 +101,8 @@ async fn attempt(
 /// upstream"; s29 responses attack F1: a Responses answer was not judged, and one the
 /// gateway could not read was a charged and stored empty response). One well-formed but
 /// holding a part the gateway does not model is `Unsupported`: alike, but no failure of
-/// its key (`try_candidate`). A translated Responses answer is kept as read, for
-/// `responses::answer` to write.
+/// its key (`try_candidate`). A translated answer is kept as read (`Success::read`), for
+/// `convert_answer` or `responses::answer` to write: read once per request.
 fn relayable(p: &Prepared, mut s: Success) -> Result<Success, UpstreamError> {
     let Some(answer) = s.answer.as_ref() else {
         return Ok(s);
@@ -117,9 +117,7 @@ fn relayable(p: &Prepared, mut s: Success) -> Result<Success, UpstreamError> {
     };
     match providers::relayable(upstream, client, answer) {
         Ok(read) => {
-            if p.endpoint == Endpoint::Responses {
-                s.read = read.map(Box::new);
-            }
+            s.read = read.map(Box::new);
             Ok(s)
         }
         Err(Corrupt::Unsupported) => Err(UpstreamError::Unsupported),

@@ -57,9 +57,10 @@ pub struct Success {
     pub body: Option<Bytes>,
     /// The parsed non-streamed answer.
     pub answer: Option<serde_json::Value>,
-    /// A Responses client's non-streamed answer from an upstream that does not speak the
-    /// Responses API, as `relayable` read it: written as a response object
-    /// (`responses::answer`). `None` for a native one, passed through. Boxed, as `dropped`.
+    /// A non-streamed answer from an upstream that does not speak the client's format, as
+    /// `relayable` read it into the internal form: written in the client's format from it
+    /// (`convert_answer`, `responses::answer`), and its end judged from it for the cache.
+    /// `None` for one passed through. Boxed, as `dropped`.
     pub read: Option<Box<Answer>>,
     pub response: Option<reqwest::Response>,
     pub ttfb_ms: i64,

@@ -442,19 +442,24 @@ pub fn relayable(
 }
 
 /// A non-streamed answer in the client's format: the upstream's bytes untouched when the
-/// formats match, through the internal form otherwise. An answer the upstream's adapter
-/// cannot read becomes an error in the client's format.
+/// formats match, through the internal form otherwise — `read` when `relayable` already
+/// read it so (one parse of the answer per request), else read here. An answer the
+/// upstream's adapter cannot read becomes an error in the client's format.
 pub fn convert_answer(
     upstream: impl Into<Format>,
     client: impl Into<Format>,
     raw: Bytes,
-    v: &Value,
+    (v, read): (&Value, Option<&Answer>),
 ) -> Bytes {
     let (upstream, client) = (upstream.into(), client.into());
     if upstream == client {
         return raw;
     }
-    let out = match read_answer(upstream, v) {
+    let read = match read {
+        Some(a) => Ok(std::borrow::Cow::Borrowed(a)),
+        None => read_answer(upstream, v).map(std::borrow::Cow::Owned),
+    };
+    let out = match read {
         Ok(a) => write_answer(client, &a),
         Err(c) => write_error(
             client,

@@ -40,7 +40,7 @@ fn bedrock(reason: &str) -> Value {
 
 /// The reason a client of `client`'s format is told for `v` from `upstream`.
 fn told(upstream: Format, client: WireFormat, v: &Value) -> Value {
-    let out = convert_answer(upstream, client, Bytes::from(v.to_string()), v);
+    let out = convert_answer(upstream, client, Bytes::from(v.to_string()), (v, None));
     let out: Value = serde_json::from_slice(&out).unwrap();
     match client {
         WireFormat::OpenAi => out["choices"][0]["finish_reason"].clone(),
