@@ -253,6 +253,7 @@ async fn sign_in(
             .unwrap_or_default();
         return Err(refuse(tx, (&actor, address, &target), &why, page, now).await?);
     };
+    let mut keys_revoked = 0;
     let (id, before) = match &existing {
         Some(a) if a.disabled => {
             let page = "Your Sluice login is disabled. Ask an administrator.".to_string();
@@ -263,10 +264,13 @@ async fn sign_in(
         Some(a) => {
             if a.role != grant.role || a.team_id != team_id {
                 store::set_grant(&mut tx, a.id, &grant.role, team_id).await?;
-                // A changed grant ends the sessions opened under the old one, as an admin's
-                // edit of a login's role or team does (`user_ops`); this sign-in's own
-                // session is made below.
+                // A changed grant ends the sessions opened under the old one, and the API
+                // keys made under it, as an admin's edit of a login's role or team does
+                // (`user_ops`): a lead's key (perhaps leaked) became an admin's, or another
+                // team's, never confirmed in a session (s30 identity attack F1). This
+                // sign-in's own session is made below.
                 sessions::delete_sessions_of(&mut tx, a.id, None).await?;
+                keys_revoked = sessions::revoke_api_keys_of(&mut tx, a.id, now).await?;
             }
             let before = json!({"role": a.role, "team_id": a.team_id}).to_string();
             (a.id, Some(before))
@@ -283,7 +287,11 @@ async fn sign_in(
             (store::create_sso_admin(&mut tx, &new, now).await?, None)
         }
     };
-    let after = json!({"role": grant.role, "team_id": team_id}).to_string();
+    let mut after = json!({"role": grant.role, "team_id": team_id});
+    if keys_revoked > 0 {
+        after["api_keys_revoked"] = keys_revoked.into();
+    }
+    let after = after.to_string();
     let sid = session::new_secret();
     let secure = session::secure(&state.settings.server.public_url);
     if let Some(old) = req.cookie(session::cookie_name(secure)) {

@@ -288,6 +288,12 @@ impl Sso {
             ($client:expr) => {
                 $client
                     .id_token_verifier()
+                    // RS256 under the discovered keys only, whatever the provider lists: the
+                    // crate takes the discovery document's algorithms, and an HMAC one
+                    // (Keycloak lists HS256–512) is checked with the client secret, which
+                    // would make that secret a key to mint ID tokens with (s30 identity
+                    // attack F5).
+                    .set_allowed_algs([CoreJwsSigningAlgorithm::RsaSsaPkcs1V15Sha256])
                     // `exp` is compared with this time: a token is taken up to `skew` past
                     // its expiry.
                     .set_time_fn(move || now - skew)

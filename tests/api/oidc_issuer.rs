@@ -51,7 +51,8 @@ impl Issuer {
             "end_session_endpoint": format!("{url}/logout"),
             "response_types_supported": ["code"],
             "subject_types_supported": ["public"],
-            "id_token_signing_alg_values_supported": ["RS256"],
+            // HMAC listed too, as Keycloak lists it by default.
+            "id_token_signing_alg_values_supported": ["RS256", "HS256"],
         });
         let (n2, t2) = (next.clone(), token_requests.clone());
         tokio::spawn(async move {
@@ -135,6 +136,18 @@ pub fn sign_as(claims: &Value, kid: &str) -> String {
     let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256);
     header.kid = Some(kid.into());
     jsonwebtoken::encode(&header, claims, &key).unwrap()
+}
+
+/// Signed HS256 with `secret` (a client secret, as a provider offering HMAC ID tokens keys
+/// them).
+pub fn sign_hs256(claims: &Value, secret: &str) -> String {
+    let key = jsonwebtoken::EncodingKey::from_secret(secret.as_bytes());
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        claims,
+        &key,
+    )
+    .unwrap()
 }
 
 async fn read_request(sock: &mut tokio::net::TcpStream) -> Option<(String, String)> {

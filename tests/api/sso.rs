@@ -12,7 +12,7 @@ use crate::admin_helpers::{
     set_cookies, Session, PASSWORD,
 };
 use crate::helpers::{spawn_app_with, sql_text, TestApp};
-use crate::oidc_issuer::{sign, sign_as, Issuer};
+use crate::oidc_issuer::{sign, sign_as, sign_hs256, Issuer};
 
 const CLIENT: &str = "sluice-test";
 
@@ -288,6 +288,19 @@ async fn a_tampered_token_a_wrong_nonce_a_wrong_issuer_and_an_expired_token_are_
     .await;
     refused(r, 401, "future").await;
 
+    // HS256 under the client secret, an algorithm the provider lists: whoever holds the
+    // secret could mint any identity (s30 identity attack F5).
+    let b = begin(&app).await;
+    let mut claims = issuer.claims(CLIENT, "u-1", &b.nonce);
+    admins(&mut claims);
+    issuer.answer_with(sign_hs256(&claims, "client-secret-for-tests"));
+    refused(
+        callback(&app, Some(&b.cookie), &b.state).await,
+        401,
+        "refused",
+    )
+    .await;
+
     // Unsigned (`alg: none`).
     let b = begin(&app).await;
     let mut claims = issuer.claims(CLIENT, "u-1", &b.nonce);
@@ -313,7 +326,7 @@ async fn a_tampered_token_a_wrong_nonce_a_wrong_issuer_and_an_expired_token_are_
     assert!(
         app.scalar("SELECT COUNT(*) FROM audit_log WHERE action = 'login.sso_refused'")
             .await
-            >= 7
+            >= 8
     );
 
     // Within the skew, an expired token still passes (the provider's clock may lag ours).
@@ -465,6 +478,9 @@ async fn the_role_is_derived_again_at_every_sign_in_and_no_matching_group_is_ref
     let (_, me_) = me(&app, &lead_session).await;
     assert_eq!(me_["role"], "lead");
     assert!(me_["team_id"].is_i64());
+    // An API key made while lead (perhaps leaked later).
+    let lead_key = key_of(&browser(&app, &lead_session), "lead-ci").await;
+    assert_eq!(me_with_key(&app, &lead_key).await, 200);
 
     // Moved to the admin group at the provider: admin at the next sign-in, same login.
     let r = sign_in_with(&app, &issuer, "u-3", |c| {
@@ -480,6 +496,18 @@ async fn the_role_is_derived_again_at_every_sign_in_and_no_matching_group_is_ref
         me(&app, &lead_session).await.0,
         401,
         "the lead's session ended"
+    );
+    // So does the lead's key: it would act as an admin, never confirmed in a session under
+    // that role, as an admin's edit of the login revokes it (s30 identity attack F1).
+    assert_eq!(
+        me_with_key(&app, &lead_key).await,
+        401,
+        "the lead's API key ended"
+    );
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM audit_log WHERE action = 'login.sso' AND after LIKE '%\"api_keys_revoked\":1%'")
+            .await,
+        1
     );
     assert_eq!(
         app.scalar("SELECT COUNT(*) FROM admins WHERE oidc_subject = 'u-3'")
