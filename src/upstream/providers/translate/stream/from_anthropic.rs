@@ -101,8 +101,16 @@ impl StreamConverter {
         {
             return Ok(());
         }
-        let kind = if e.kind.is_empty() { "ping" } else { &e.kind };
-        out.push(frame(Some(if name.is_empty() { kind } else { name }), data));
+        // Named by the data's `type`, the name the accounting above went by: a server that
+        // sends only `data:` lines has them named `message` by the SSE reader, which every
+        // Anthropic SDK drops (s30 streams attack F1), and a name that differs from the
+        // type would have the client read another event than the one charged.
+        let kind = match (e.kind.is_empty(), name.is_empty() || name == "message") {
+            (false, _) => &e.kind,
+            (true, false) => name,
+            (true, true) => "ping",
+        };
+        out.push(frame(Some(kind), data));
         Ok(())
     }
 }

@@ -543,3 +543,37 @@ fn a_part_not_modelled_ends_the_stream_but_is_told_apart() {
         assert_eq!(c.fault(), None, "{then}");
     }
 }
+
+/// An Anthropic-compatible server that sends only `data:` lines: the SSE reader names each
+/// event `message`, and passed on so, every Anthropic SDK dropped every event — an empty
+/// stream to the client, charged in full (s30 streams attack F1). Each frame is named by
+/// its data's `type`, the name the gateway's own accounting went by, whatever the upstream
+/// named it.
+#[test]
+fn an_anthropic_upstream_without_event_lines_is_named_by_its_types() {
+    let mut c = StreamConverter::new(Format::Anthropic, WireFormat::Anthropic, true, 10);
+    let mut out = Vec::new();
+    for (i, (_, data)) in stream(Format::Anthropic, Report::Zeros).iter().enumerate() {
+        // Data-only lines, and one event misnamed by a lying upstream.
+        let name = if i == 2 { "ping" } else { "message" };
+        c.event(name, data, &mut out);
+    }
+    let names: Vec<String> = out
+        .iter()
+        .map(|f| {
+            let f = String::from_utf8_lossy(f);
+            f.lines().next().unwrap_or_default().to_string()
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "event: message_start",
+            "event: content_block_start",
+            "event: content_block_delta",
+            "event: content_block_stop",
+            "event: message_delta",
+            "event: message_stop"
+        ]
+    );
+}
