@@ -29,8 +29,7 @@ pub async fn count_tokens(
     if let Err(resp) = super::authenticated(&state, &req, f).await {
         return resp;
     }
-    let body = match pipeline::read_body(payload, &req, state.settings.server.max_body_bytes).await
-    {
+    let body = match pipeline::read_body(payload, &req, &state.settings.server).await {
         Ok(b) => b,
         Err(e) => return e.render(f),
     };

@@ -248,6 +248,9 @@ impl Settings {
         if self.server.max_body_bytes < 1024 {
             return invalid("server.max_body_bytes must be at least 1024".into());
         }
+        if !(1..=3600).contains(&self.server.body_timeout_seconds) {
+            return invalid("server.body_timeout_seconds must be between 1 and 3600".into());
+        }
         if let Some(oidc) = &self.oidc {
             oidc.validate()?;
         }

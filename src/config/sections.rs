@@ -9,6 +9,10 @@ use super::Secret;
 pub struct ServerSettings {
     pub listen: String,
     pub max_body_bytes: usize,
+    /// How long a request's whole body may take to arrive, from its head: the body is read
+    /// before any window or queue counts the request, so an unbounded read let a token
+    /// holder keep connections and their buffers for ever.
+    pub body_timeout_seconds: u64,
     pub public_url: String,
     /// Worker threads for the HTTP server; 0 = one per core.
     pub workers: usize,
@@ -45,6 +49,7 @@ impl Default for ServerSettings {
         Self {
             listen: "127.0.0.1:8080".into(),
             max_body_bytes: 2_000_000,
+            body_timeout_seconds: 60,
             public_url: "http://127.0.0.1:8080".into(),
             workers: 0,
             shutdown_timeout_seconds: 30,

@@ -232,13 +232,22 @@ impl From<QuotaError> for ApiError {
     }
 }
 
-/// Reads a request body up to `limit` bytes; every failure (too large, cut, a bad
-/// `content-encoding`) becomes an `ApiError` the route renders in its format.
+/// The most of a declared `Content-Length` reserved before its bytes arrive: a typical
+/// body in one allocation, while a client declaring the limit and sending nothing holds no
+/// more than this.
+const BODY_PREALLOC: usize = 64 * 1024;
+
+/// Reads a request body up to `server.max_body_bytes`, the whole of it within
+/// `server.body_timeout_seconds`; every failure (too large, cut, too slow, a bad
+/// `content-encoding`) becomes an `ApiError` the route renders in its format. The body
+/// comes before any window or queue counts the request: unbounded, a token holder could
+/// hold connections and their buffers for ever (s30 streams attack F2).
 pub(crate) async fn read_body(
     payload: web::Payload,
     req: &HttpRequest,
-    limit: usize,
+    server: &crate::config::ServerSettings,
 ) -> Result<web::Bytes, ApiError> {
+    let limit = server.max_body_bytes;
     let declared = req
         .headers()
         .get("content-length")
@@ -247,19 +256,32 @@ pub(crate) async fn read_body(
     if declared.is_some_and(|l| l > limit) {
         return Err(ApiError::RequestTooLarge(limit));
     }
-    let mut body = web::BytesMut::with_capacity(declared.unwrap_or(1024).min(limit));
+    let mut body = web::BytesMut::with_capacity(declared.unwrap_or(1024).min(BODY_PREALLOC));
     let mut payload = payload;
-    while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|_| ApiError::InvalidRequest {
-            message: "The request body could not be read.".into(),
-            param: None,
-        })?;
-        if body.len() + chunk.len() > limit {
-            return Err(ApiError::RequestTooLarge(limit));
+    let within = std::time::Duration::from_secs(server.body_timeout_seconds);
+    let read = async {
+        while let Some(chunk) = payload.next().await {
+            let chunk = chunk.map_err(|_| ApiError::InvalidRequest {
+                message: "The request body could not be read.".into(),
+                param: None,
+            })?;
+            if body.len() + chunk.len() > limit {
+                return Err(ApiError::RequestTooLarge(limit));
+            }
+            body.extend_from_slice(&chunk);
         }
-        body.extend_from_slice(&chunk);
+        Ok(())
+    };
+    match tokio::time::timeout(within, read).await {
+        Ok(read) => read.map(|()| body.freeze()),
+        Err(_) => Err(ApiError::InvalidRequest {
+            message: format!(
+                "The request body did not arrive in time (the gateway waits {} s for the whole body).",
+                within.as_secs()
+            ),
+            param: None,
+        }),
     }
-    Ok(body.freeze())
 }
 
 /// Who the request's row is logged for: the owner `auth` acts as, and the token presented.
@@ -288,7 +310,7 @@ async fn run(
     log_owner(log, &auth);
 
     // 2. Validate.
-    let mut raw = read_body(payload, req, state.settings.server.max_body_bytes).await?;
+    let mut raw = read_body(payload, req, &state.settings.server).await?;
     // Everything from here on acts for the credential as it is once the body is in.
     let (mut auth, mut checked) =
         recheck::after_body(state, req.headers(), (auth, authenticated)).await?;

@@ -390,3 +390,78 @@ async fn body_numbers_out_of_range_are_named() {
     assert_eq!(app.mock.state.total_count(), 0);
     assert_eq!(app.scalar("SELECT COUNT(*) FROM ledger").await, 0);
 }
+
+/// A body that stops short, or trickles, is refused once the body's time is up: before,
+/// the read had no bound, ahead of every window and queue, so any token holder could hold
+/// a connection and its declared body's buffer for ever (s30 streams attack F2). Both on
+/// the chat route and on Anthropic's `count_tokens`, each in its own format.
+#[tokio::test]
+async fn a_body_that_stops_short_or_trickles_is_refused_within_the_body_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let app = spawn_app_with(|s, _| s.server.body_timeout_seconds = 1).await;
+    let (_, token) = app.token("trickle", None).await;
+    for (path, says) in [
+        ("/v1/chat/completions", "\"invalid_request_error\""),
+        ("/v1/messages/count_tokens", "\"type\":\"error\""),
+    ] {
+        for trickle in [false, true] {
+            let stream = tokio::net::TcpStream::connect(app.address.trim_start_matches("http://"))
+                .await
+                .unwrap();
+            let (mut rd, mut wr) = stream.into_split();
+            let head = format!(
+                "POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\nx-api-key: {token}\r\ncontent-type: application/json\r\ncontent-length: 1000000\r\n\r\n{{\"model\": "
+            );
+            wr.write_all(head.as_bytes()).await.unwrap();
+            let started = std::time::Instant::now();
+            let writer = tokio::spawn(async move {
+                if trickle {
+                    loop {
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        if wr.write_all(b" ").await.is_err() {
+                            break;
+                        }
+                    }
+                }
+                // Held open (not closed): a client that stopped sending.
+                tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+                drop(wr);
+            });
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            let read = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+                loop {
+                    match rd.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            got.extend_from_slice(&buf[..n]);
+                            if got.windows(4).any(|w| w == b"\r\n\r\n")
+                                && String::from_utf8_lossy(&got).contains("}")
+                            {
+                                break;
+                            }
+                        }
+                    }
+                }
+            })
+            .await;
+            writer.abort();
+            assert!(
+                read.is_ok(),
+                "{path} (trickle {trickle}): no answer within 5 s"
+            );
+            let text = String::from_utf8_lossy(&got);
+            assert!(text.starts_with("HTTP/1.1 400"), "{path}: {text}");
+            assert!(
+                text.contains(says) && text.contains("in time"),
+                "{path}: {text}"
+            );
+            let took = started.elapsed();
+            assert!(
+                took >= std::time::Duration::from_millis(900)
+                    && took < std::time::Duration::from_secs(3),
+                "{path} (trickle {trickle}): {took:?}"
+            );
+        }
+    }
+}
