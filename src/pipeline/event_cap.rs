@@ -13,6 +13,12 @@
 //! timeout. A byte that cannot be UTF-8 fails the body at once (`BodyError::NotUtf8`: a
 //! corrupt event); a character cut between chunks is carried over (at most 3 bytes).
 //!
+//! And it hands the parser `\n` line endings only: a `\r\n` or a lone `\r` becomes `\n`.
+//! The parser, at a buffer ending in `\r`, waits for the next byte (a `\n` may follow), and
+//! at the body's end drops the event it was building: from an upstream ending its lines
+//! with `\r` alone, every event reached the client one event late, and the last one never
+//! (s30 streams attack, low note).
+//!
 //! And it hands the parser whole lines only: the bytes after a chunk's last line ending are
 //! held until the next line ending comes (within the cap, as they count toward it). The
 //! parser re-parses an unfinished line from its start at every chunk it gets, so a long
@@ -53,6 +59,9 @@ pub struct EventCap<S> {
     line: usize,
     /// The previous byte was `\r` (a `\n` right after it ends no second line).
     after_cr: bool,
+    /// The last chunk handed on ended in a `\r` (written as `\n`): a `\n` starting the
+    /// next one is that line ending's second byte, dropped.
+    cr_at_end: bool,
     /// The start of a character the last chunk cut off (at most 3 bytes).
     carry: Vec<u8>,
     /// Bytes after the last line ending handed on, held until the line ends.
@@ -71,6 +80,7 @@ impl<S> EventCap<S> {
             event: 0,
             line: 0,
             after_cr: false,
+            cr_at_end: false,
             carry: Vec::new(),
             line_bytes: BytesMut::new(),
             lines: Bytes::new(),
@@ -109,6 +119,30 @@ impl<S> EventCap<S> {
                 true
             }
         }
+    }
+
+    /// The chunk with its line endings written `\n` (unchanged, not copied, when it has no
+    /// `\r` and does not finish a `\r\n` the last one began).
+    fn newlines(&mut self, chunk: Bytes) -> Bytes {
+        let Some(&last) = chunk.last() else {
+            return chunk;
+        };
+        let finishes = self.cr_at_end && chunk[0] == b'\n';
+        self.cr_at_end = last == b'\r';
+        if !finishes && !chunk.contains(&b'\r') {
+            return chunk;
+        }
+        let mut out = BytesMut::with_capacity(chunk.len());
+        let mut after_cr = finishes;
+        for &b in chunk.iter().skip(usize::from(finishes)) {
+            match b {
+                b'\n' if after_cr => {}
+                b'\r' => out.extend_from_slice(b"\n"),
+                _ => out.extend_from_slice(&[b]),
+            }
+            after_cr = b == b'\r';
+        }
+        out.freeze()
     }
 
     /// Counts one chunk; false when the event it is part of passed the cap.
@@ -174,6 +208,7 @@ where
                 self.ended = true;
                 return Poll::Ready(Some(Err(BodyError::TooLarge(self.limit))));
             }
+            let chunk = self.newlines(chunk);
             let Some(last) = chunk.iter().rposition(|&b| is_eol(b)) else {
                 // No line ends in it: held (the cap bounds it) until one does.
                 self.line_bytes.extend_from_slice(&chunk);
@@ -291,7 +326,8 @@ mod tests {
         assert!(!utf8_whatever_the_cuts(b"\xed\xa0\x80"));
     }
 
-    /// The parser gets whole lines only, the bytes unchanged, the last piece at the end.
+    /// The parser gets whole lines only, the bytes unchanged but for the line endings, the
+    /// last piece at the end.
     #[tokio::test]
     async fn pieces_are_handed_on_as_whole_lines() {
         use futures_util::StreamExt;
@@ -312,7 +348,36 @@ mod tests {
                 assert!(c.len() <= PIECE, "{} bytes at {size}", c.len());
             }
             assert_eq!(&last[..], b"data: tail", "at {size}");
-            assert_eq!(out.concat(), body.as_bytes(), "at {size}");
+            let lf = body.replace("\r\n", "\n").replace('\r', "\n");
+            assert_eq!(out.concat(), lf.as_bytes(), "at {size}");
+        }
+    }
+
+    /// An upstream ending its lines with `\r` alone: each event is dispatched at its blank
+    /// line, with no byte after it, and a `\r\n` split between chunks is one line ending.
+    #[tokio::test]
+    async fn a_cr_only_stream_dispatches_each_event_at_its_blank_line() {
+        use eventsource_stream::Eventsource;
+        use futures_util::StreamExt;
+        let body = "event: a\rdata: 1\r\revent: b\r\ndata: 2\r\r";
+        for size in [1, 2, 3, 64] {
+            let pieces: Vec<Result<Bytes, reqwest::Error>> = body
+                .as_bytes()
+                .chunks(size)
+                .map(|c| Ok(Bytes::copy_from_slice(c)))
+                .collect();
+            // The body stays open after its last byte, as an upstream's may.
+            let open = futures_util::stream::iter(pieces).chain(futures_util::stream::pending());
+            let events = EventCap::new(open, 1 << 20)
+                .eventsource()
+                .map(|e| e.map(|e| (e.event, e.data)).unwrap())
+                .take(2)
+                .collect::<Vec<_>>();
+            let events = tokio::time::timeout(std::time::Duration::from_secs(1), events)
+                .await
+                .unwrap_or_else(|_| panic!("an event held back at {size}"));
+            let want = [("a", "1"), ("b", "2")].map(|(e, d)| (e.to_string(), d.to_string()));
+            assert_eq!(events, want, "at {size}");
         }
     }
 
