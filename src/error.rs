@@ -255,6 +255,7 @@ impl ApiError {
         matches!(
             self,
             ApiError::ServiceDegraded { .. }
+                | ApiError::LedgerUnavailable { .. }
                 | ApiError::UpstreamBusy { .. }
                 | ApiError::QueueFull { .. }
                 | ApiError::QueueTimeout { .. }
@@ -332,5 +333,10 @@ mod tests {
         assert_eq!(d.status(), 503);
         assert_eq!(d.headers().get("retry-after").unwrap(), "7");
         assert_eq!(d.headers().get("x-should-retry").unwrap(), "true");
+        // The ledger out of reach charged nothing and says when to come back: retried too
+        // (it said `false` beside its `Retry-After`; s30 streams attack, low note).
+        let l = ApiError::LedgerUnavailable { retry_after: 1 }.render(WireFormat::OpenAi);
+        assert_eq!(l.status(), 503);
+        assert_eq!(l.headers().get("x-should-retry").unwrap(), "true");
     }
 }

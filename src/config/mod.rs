@@ -341,6 +341,12 @@ impl Settings {
         if self.ratelimit.expected_replicas == 0 {
             return invalid("ratelimit.expected_replicas must be at least 1".into());
         }
+        if self.upstream.first_byte_timeout_ms == 0 || self.upstream.stream_idle_timeout_ms == 0 {
+            return invalid(
+                "upstream.first_byte_timeout_ms and upstream.stream_idle_timeout_ms must be positive"
+                    .into(),
+            );
+        }
         if self.ratelimit.window_seconds == 0 || self.ratelimit.redis_timeout_ms == 0 {
             return invalid(
                 "ratelimit.window_seconds and ratelimit.redis_timeout_ms must be positive".into(),
@@ -623,6 +629,31 @@ output_usd_per_mtok = 0.6
             let text = format!("[finance]\n{knob} = {value}\n");
             let s = load_from(Some(&text), &env(&[])).unwrap();
             assert_eq!(s.validate().is_ok(), ok, "{knob} = {value}");
+        }
+    }
+
+    /// Timeouts of 0 are refused at load: a stream idle timeout of 0 cut every stream at its
+    /// first event and failed every non-streamed body (s30 streams attack, low note); a
+    /// body timeout is 1 s to an hour.
+    #[test]
+    fn a_zero_timeout_is_refused() {
+        for (section, knob, value, ok) in [
+            ("upstream", "stream_idle_timeout_ms", 0, false),
+            ("upstream", "stream_idle_timeout_ms", 1, true),
+            ("upstream", "first_byte_timeout_ms", 0, false),
+            ("server", "body_timeout_seconds", 0, false),
+            ("server", "body_timeout_seconds", 3600, true),
+            ("server", "body_timeout_seconds", 3601, false),
+        ] {
+            let text = format!("[{section}]\n{knob} = {value}\n");
+            let s = load_from(Some(&text), &env(&[])).unwrap();
+            match s.validate() {
+                Ok(()) => assert!(ok, "{knob} = {value} accepted"),
+                Err(e) => {
+                    assert!(!ok, "{knob} = {value} refused: {e}");
+                    assert!(e.to_string().contains(knob), "{e}");
+                }
+            }
         }
     }
 
