@@ -389,3 +389,48 @@ async fn a_chain_written_on_sqlite_verifies_on_postgres_after_a_row_for_row_copy
     );
     b.lite.close().await;
 }
+
+/// A database (or role) whose default isolation is REPEATABLE READ, as a managed
+/// PostgreSQL's template may set: an append's snapshot was fixed by its transaction's first
+/// statement, before it waited for the chain lock, so the second of two appends at once
+/// linked to the row before the first one's — a chain forked for good, `verify` naming a
+/// tampering that never was (s30 multi-host attack F1). The gateway's sessions pin READ
+/// COMMITTED whatever the server's default.
+#[tokio::test]
+async fn appends_link_under_a_repeatable_read_default() {
+    let (url, admin) = fresh_pg().await;
+    let name: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&admin)
+        .await
+        .unwrap();
+    sqlx::query(&format!(
+        "ALTER DATABASE \"{name}\" SET default_transaction_isolation = 'repeatable read'"
+    ))
+    .execute(&admin)
+    .await
+    .unwrap();
+    let key = sluice::secrets::MasterKey::from_hex(crate::pg_admin::MASTER_HEX).unwrap();
+    let db = sluice::store::Db::open_postgres(&url, &key).await.unwrap();
+    let pg = db.postgres().expect("a PostgreSQL Db");
+    let (pool, keys) = (pg.pool.clone(), pg.audit.clone());
+    let mut first = pool.begin().await.unwrap();
+    pg_audit::append(&mut first, &keys, &entry("first"), at(10, 0))
+        .await
+        .unwrap();
+    let (p2, k2) = (pool.clone(), keys.clone());
+    let second = tokio::spawn(async move {
+        let mut tx = p2.begin().await.unwrap();
+        // Something read first, as an admin edit does: the snapshot of a REPEATABLE READ
+        // transaction is fixed here, before the chain lock is waited for.
+        sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+        pg_audit::append(&mut tx, &k2, &entry("second"), at(10, 1))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    first.commit().await.unwrap();
+    second.await.unwrap();
+    let st = pg_audit::verify(&pool, &keys).await.unwrap();
+    assert_eq!((st.rows, st.broken), (2, None), "one chain");
+}

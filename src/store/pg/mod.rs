@@ -57,9 +57,17 @@ pub struct PgDb {
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
 impl PgDb {
-    /// Connects to `url` (`postgres://…`) and applies the migrations.
+    /// Connects to `url` (`postgres://…`) and applies the migrations. Every session the
+    /// gateway opens (the pool's, and the writer's and the liveness lock's, which take the
+    /// pool's options) runs READ COMMITTED whatever the server's or the role's default: an
+    /// audit append reads the chain's tip after it waits for the chain lock, and a
+    /// REPEATABLE READ snapshot fixed before that wait forked the chain (s30 multi-host
+    /// attack F1); the money path's "why READ COMMITTED is enough" (`ledger`) rests on it
+    /// too.
     pub async fn connect(url: &str, audit: Arc<AuditKeys>) -> Result<PgDb> {
-        let opts = PgConnectOptions::from_str(url)?;
+        let opts = PgConnectOptions::from_str(url)?
+            // The startup `options` split at spaces unless escaped (sqlx passes it as is).
+            .options([("default_transaction_isolation", r"read\ committed")]);
         let pool = PgPoolOptions::new()
             .max_connections(16)
             .min_connections(1)
