@@ -263,7 +263,8 @@ pub(super) async fn try_candidate(
         state.pool().budgets[d].first_attempt();
     }
     run.attempts += 1;
-    // From here a request dropped mid-call leaves its permit unanswered, not abandoned.
+    // From here a request dropped mid-call leaves its permit unanswered, not abandoned, and
+    // a probe's maximum wait runs: not while it waited at the gate, sending nothing.
     permit.sent();
     let mut span = trace.attempt(&dep.id, url);
     let headers = (p.anthropic_beta.as_ref(), span.traceparent());
