@@ -69,8 +69,9 @@ pub struct Script {
     /// A streamed answer sent as exactly these bytes, each piece its own write, for what no
     /// well-formed SSE carries: a line that never ends, an event that never closes, events
     /// without end. The last piece is sent `raw_repeat` more times (as fast as the reader
-    /// takes them); then the answer ends, or with `raw_hold` the connection is held open
-    /// for an hour.
+    /// takes them, or `chunk_delay_ms` apart as every piece is: a body trickled); then the
+    /// answer ends, or with `raw_hold` the connection is held open for an hour. Sent for a
+    /// non-streamed request too, and with a non-2xx `status` as the error's body.
     pub raw_stream: Option<Vec<String>>,
     /// As `raw_stream`, for bytes that are not UTF-8 (a byte no character starts with, a
     /// sequence cut short): sent after the `raw_stream` pieces, the last of all repeated.
@@ -199,6 +200,10 @@ pub(crate) async fn answer(
     for (k, v) in &s.headers {
         resp.insert_header((k.as_str(), v.as_str()));
     }
+    let raw = s.raw_stream.is_some() || s.raw_bytes.is_some();
+    if raw && !(200..300).contains(&status) {
+        return raw_sse(resp, s, guard);
+    }
     if let Some(raw) = &s.raw_body {
         return resp.content_type("application/json").body(raw.clone());
     }
@@ -253,12 +258,8 @@ pub(crate) async fn answer(
             return HttpResponse::NotFound().json(err);
         }
     }
-    if s.raw_stream.is_some() || s.raw_bytes.is_some() {
-        let pieces = (s.raw_stream.unwrap_or_default().into_iter())
-            .map(Bytes::from)
-            .chain(s.raw_bytes.unwrap_or_default().into_iter().map(Bytes::from))
-            .collect();
-        return raw_sse(resp, pieces, (s.raw_repeat, s.raw_hold), guard);
+    if raw {
+        return raw_sse(resp, s, guard);
     }
     let p = plan(cfg, body, &s);
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
@@ -643,23 +644,27 @@ pub(super) fn sse(
         .streaming(body)
 }
 
-/// `Script::raw_stream`: the pieces verbatim, the last one `repeat` more times, then the
-/// end (or an hour's hold).
+/// `Script::raw_stream` and `raw_bytes`: the pieces verbatim, `chunk_delay_ms` apart, the
+/// last one `raw_repeat` more times, then the end (or an hour's hold).
 fn raw_sse(
     mut resp: actix_web::HttpResponseBuilder,
-    pieces: Vec<Bytes>,
-    (repeat, hold): (u64, bool),
+    s: Script,
     guard: InFlightGuard,
 ) -> HttpResponse {
+    let pieces: Vec<Bytes> = (s.raw_stream.unwrap_or_default().into_iter())
+        .map(Bytes::from)
+        .chain(s.raw_bytes.unwrap_or_default().into_iter().map(Bytes::from))
+        .collect();
+    let (repeat, hold) = (s.raw_repeat, s.raw_hold);
+    let delay = Duration::from_millis(s.chunk_delay_ms);
     let body = async_stream::stream! {
         let _guard = guard;
-        for p in &pieces {
-            yield Ok::<Bytes, std::io::Error>(p.clone());
-        }
-        if let Some(last) = pieces.last() {
-            for _ in 0..repeat {
-                yield Ok(last.clone());
+        let repeated = pieces.last().into_iter().flat_map(|last| std::iter::repeat_n(last, usize::try_from(repeat).unwrap_or(usize::MAX)));
+        for (i, p) in pieces.iter().chain(repeated).enumerate() {
+            if i > 0 && !delay.is_zero() {
+                tokio::time::sleep(delay).await;
             }
+            yield Ok::<Bytes, std::io::Error>(p.clone());
         }
         if hold {
             tokio::time::sleep(Duration::from_secs(3600)).await;

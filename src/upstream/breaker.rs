@@ -3,7 +3,8 @@
 //! rate of `failure_rate` or more. OPEN for `open_seconds`, answering without an upstream
 //! call. Then HALF_OPEN: up to `half_open_probes` probes at a time; `close_after_successes`
 //! successes close it, a failure re-opens it, and a probe that outlives
-//! `half_open_max_wait_seconds` counts as a failure, so a hung probe cannot wedge it.
+//! `half_open_max_wait_seconds` from its send counts as a failure, so a hung probe cannot
+//! wedge it (one still waiting at its key's concurrency gate is not sent, and not hung).
 //! Only server-side failures count: 429s and client errors are not failures. A call is
 //! held as a `Permit`: a probe whose request is dropped mid-call (the client left) frees
 //! its slot when the permit drops, instead of holding it for the maximum wait. Such a probe,
@@ -93,23 +94,36 @@ struct Inner {
 struct Probe {
     /// When it was admitted: its own slot is found by it (`release`).
     started: Instant,
+    /// When it went out to the upstream (`Permit::sent`): its maximum wait runs from then.
+    /// Admitted, a probe may still wait at its key's concurrency gate, up to its request's
+    /// deadline; nothing is sent meanwhile, so nothing can hang (s30 upstream attack F3: a
+    /// probe queued behind a busy local server's calls was taken for hung and re-opened the
+    /// breaker, period after period, with no call made). Its request's end frees its slot
+    /// (`Permit`'s drop abandons a probe never sent).
+    sent: Option<Instant>,
     /// Once it is a stream (`Permit::streaming`): when it last made progress, and how long
     /// it may go without before it counts as hung.
     stream: Option<(Instant, Duration)>,
 }
 
 impl Probe {
-    fn new(started: Instant) -> Self {
+    fn new(started: Instant, sent: Option<Instant>) -> Self {
         Self {
             started,
+            sent,
             stream: None,
         }
     }
 
-    /// When it hung, if it did by `now`: `max_wait` after its start, or a stream's own bound
-    /// after its last progress (a healthy stream runs for minutes past the maximum wait).
+    /// When it hung, if it did by `now`: `max_wait` after it was sent, or a stream's own
+    /// bound after its last progress (a healthy stream runs for minutes past the maximum
+    /// wait). One not sent yet has not hung.
     fn hung(&self, now: Instant, max_wait: Duration) -> Option<Instant> {
-        let (since, limit) = self.stream.unwrap_or((self.started, max_wait));
+        let (since, limit) = match (self.stream, self.sent) {
+            (Some(stream), _) => stream,
+            (None, Some(sent)) => (sent, max_wait),
+            (None, None) => return None,
+        };
         // `since + limit` is before `now`: it cannot overflow.
         (now.duration_since(since) > limit).then(|| since + limit)
     }
@@ -145,12 +159,15 @@ impl Breaker {
         self.inner.lock().state
     }
 
-    /// Whether a call may go out now, and as what.
+    /// Whether a call may go out now, and as what: a probe admitted here is taken as sent
+    /// at once (a caller with a gate to pass first takes a `permit`).
     pub fn admit(&self) -> Admission {
-        self.admit_locked(&mut self.inner.lock())
+        self.admit_locked(&mut self.inner.lock(), true)
     }
 
-    fn admit_locked(&self, s: &mut Inner) -> Admission {
+    /// `sent`: a probe admitted goes out at once; else its hung clock starts at
+    /// `Permit::sent`.
+    fn admit_locked(&self, s: &mut Inner, sent: bool) -> Admission {
         let now = Instant::now();
         let max_wait = Duration::from_secs(self.cfg.half_open_max_wait_seconds);
         if s.state == State::HalfOpen {
@@ -163,8 +180,10 @@ impl Breaker {
                 // reading a long answer slowly kept the key half-open — every other request
                 // refused — for as long as it read (s27 diff attack F1). Another probe may
                 // go out, no more often than once a maximum wait per slot.
-                s.probes
-                    .retain(|p| p.stream.is_none() || now.duration_since(p.started) <= max_wait);
+                s.probes.retain(|p| {
+                    p.stream.is_none()
+                        || now.duration_since(p.sent.unwrap_or(p.started)) <= max_wait
+                });
             }
         }
         match s.state {
@@ -177,7 +196,7 @@ impl Breaker {
                     s.probes.clear();
                 }
                 if s.probes.len() < self.cfg.half_open_probes.max(1) as usize {
-                    s.probes.push(Probe::new(now));
+                    s.probes.push(Probe::new(now, sent.then_some(now)));
                     Admission::Probe
                 } else {
                     Admission::Reject(Duration::from_secs(1))
@@ -286,7 +305,7 @@ impl Breaker {
     /// outlives the request's handler, reported when the stream ends (`Permit::streaming`).
     pub fn permit(self: &Arc<Self>) -> Result<Permit, Duration> {
         let mut s = self.inner.lock();
-        let probe = match self.admit_locked(&mut s) {
+        let probe = match self.admit_locked(&mut s, false) {
             Admission::Reject(after) => return Err(after),
             Admission::Probe => true,
             Admission::Call => false,
@@ -349,9 +368,11 @@ pub struct Permit {
 
 impl Permit {
     /// The call is going out to the upstream: from here on, ending without a verdict counts
-    /// toward re-opening a half-open breaker.
+    /// toward re-opening a half-open breaker, and a probe's maximum wait runs.
     pub fn sent(&mut self) {
-        self.sent = Some(Instant::now());
+        let now = Instant::now();
+        self.sent = Some(now);
+        self.with_slot(|p| p.sent = Some(now));
     }
 
     /// A stream's 200: the call is answered, its verdict waits for the stream's end (a
@@ -542,6 +563,31 @@ mod tests {
             b.failure(false);
         }
         b
+    }
+
+    /// s30 upstream attack F3: a probe's maximum wait runs from its send, not its admission
+    /// — one waiting at its key's concurrency gate meanwhile sent nothing that could hang.
+    #[test]
+    fn a_probe_not_sent_yet_is_not_hung() {
+        let b = half_open_after_failures();
+        let mut probe = b.permit().expect("a probe");
+        std::thread::sleep(Duration::from_millis(1100));
+        assert!(b.permit().is_err(), "its slot is held, not taken for hung");
+        assert_eq!(b.state(), State::HalfOpen);
+        probe.sent();
+        assert!(b.permit().is_err(), "sent: its maximum wait starts now");
+        std::thread::sleep(Duration::from_millis(1100));
+        let next = b
+            .permit()
+            .expect("hung once sent: re-opened, and a fresh probe (open 0)");
+        probe.success();
+        assert_eq!(
+            b.state(),
+            State::HalfOpen,
+            "the hung probe's period is over"
+        );
+        next.success();
+        assert_eq!(b.state(), State::Closed);
     }
 
     #[test]

@@ -961,3 +961,96 @@ async fn a_responses_answer_kept_past_the_cap_ends_the_stream() {
     app.assert_invariant().await;
     key_call_closed(&app, KEY_B).await;
 }
+
+/// A whole non-streamed chat answer, as raw text.
+fn chat_answer() -> String {
+    json!({"id": "chatcmpl-late", "object": "chat.completion", "created": 1, "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Late."},
+            "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14}})
+    .to_string()
+}
+
+/// Headers at once, then a space every 200 ms for 10 s (JSON takes leading whitespace:
+/// OpenRouter's keep-alive while a model works), then `last`.
+fn trickled(status: u16, last: String) -> Script {
+    let mut pieces = vec![" ".to_string(); 50];
+    pieces.push(last);
+    Script {
+        status: Some(status),
+        raw_stream: Some(pieces),
+        chunk_delay_ms: 200,
+        ..Default::default()
+    }
+}
+
+/// s30 upstream attack F1: the request's deadline bounded an attempt only up to its
+/// headers; a body trickled after them held the request (its gate slot, queue slot,
+/// reservation) for as long as bytes came — 10 s here, 1 500 ms asked. Now the deadline
+/// ends the body's read: a 502 at the deadline, charged the input as any attempt the
+/// deadline cut after the upstream had it, nothing left reserved, the upstream closed.
+#[tokio::test]
+async fn a_non_streamed_body_trickled_after_its_headers_ends_at_the_deadline() {
+    let app = spawn_app().await;
+    let (_, token) = app.token("trickle", Some("1")).await;
+    app.mock.state.script(KEY_A, [trickled(200, chat_answer())]);
+    let started = std::time::Instant::now();
+    let resp = tokio::time::timeout(
+        BOUND,
+        app.chat_with_deadline(&token, &chat_body(100), 1_500),
+    )
+    .await
+    .expect("answered within the bound");
+    let took = started.elapsed();
+    assert_eq!(resp.status(), 502, "{}", resp.text().await.unwrap());
+    assert!(
+        took < Duration::from_millis(2_000),
+        "answered at the deadline (1 500 ms), not when the body ended: {took:?}"
+    );
+    app.wait_for_log_rows(1).await;
+    let (code, cost): (Option<String>, i64) =
+        sql_row(app.db(), "SELECT error_code, cost_micros FROM requests").await;
+    assert_eq!(code.as_deref(), Some("upstream_error"));
+    assert!(
+        cost > 0,
+        "cut by the deadline after the upstream had it: its input"
+    );
+    app.assert_invariant().await;
+    upstream_call_closed(&app).await;
+}
+
+/// The same for an error body: key A's 429 trickles its body. It is read for a short
+/// fixed while (it only classifies the answer), and the next key — here the fallback
+/// model's, key B — serves well within the request's deadline.
+#[tokio::test]
+async fn a_429_whose_body_trickles_moves_to_the_next_key_in_time() {
+    let app = spawn_app_with(|s, m| {
+        s.upstreams.push(upstream("b", KEY_B, m));
+        s.models[0].fallbacks = vec!["backup".into()];
+        s.models.push(model("backup", &["b"]));
+    })
+    .await;
+    let (_, token) = app.token("trickle", Some("1")).await;
+    let error = json!({"error": {"message": "Rate limit reached", "type": "rate_limit_error",
+        "param": null, "code": "rate_limit_exceeded"}});
+    app.mock
+        .state
+        .script(KEY_A, [trickled(429, error.to_string())]);
+    let started = std::time::Instant::now();
+    let resp = tokio::time::timeout(
+        BOUND,
+        app.chat_with_deadline(&token, &chat_body(100), 6_000),
+    )
+    .await
+    .expect("answered within the bound");
+    let took = started.elapsed();
+    assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+    assert_eq!(resp.headers().get("x-sluice-upstream").unwrap(), "b");
+    assert!(
+        took < Duration::from_millis(4_000),
+        "the next key served within the deadline, not after the error body: {took:?}"
+    );
+    app.wait_settled().await;
+    app.assert_invariant().await;
+    key_call_closed(&app, KEY_A).await;
+}

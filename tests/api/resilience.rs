@@ -422,6 +422,77 @@ async fn a_hung_probe_cannot_wedge_the_breaker() {
     hung.abort();
 }
 
+/// s30 upstream attack F3: a half-open probe waiting at its key's full concurrency gate has
+/// not gone out, so it cannot be hung: past the maximum wait the breaker stays half-open —
+/// it re-opened, with no call sent and no verdict, and a busy local server was kept out of
+/// service open period after open period — and once the slot frees, the probe goes out and
+/// its success closes the breaker (before, its opening was stale and it closed nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_waiting_at_a_full_gate_is_not_a_hung_probe() {
+    let app = Arc::new(
+        spawn_app_with(|s, _| {
+            s.upstreams[0].max_concurrent = 1;
+            s.upstreams[0].max_queue = 4;
+            s.breaker.open_seconds = 1;
+            s.breaker.half_open_max_wait_seconds = 1;
+            s.breaker.close_after_successes = 1;
+        })
+        .await,
+    );
+    let (_, token) = app.token("hal", None).await;
+    let chat = |app: &Arc<TestApp>| {
+        let (app, token) = (app.clone(), token.clone());
+        tokio::spawn(async move { app.chat(&token, &chat_body(10)).await.status() })
+    };
+    // A call admitted while the breaker was closed holds the gate's one slot for 5 s.
+    app.mock.state.script(
+        KEY_A,
+        [Script {
+            delay_ms: 5_000,
+            ..Default::default()
+        }],
+    );
+    let holder = chat(&app);
+    poll_until("the holder reaches the upstream", || {
+        app.mock.state.stats(KEY_A).in_flight == 1
+    })
+    .await;
+    let breaker = app.state.pool().breakers[0].clone();
+    for _ in 0..3 {
+        breaker.failure(false);
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // The next request is the probe; it waits at the full gate.
+    let probe = chat(&app);
+    poll_until("the probe is admitted", || {
+        breaker.state() == State::HalfOpen
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    assert_eq!(
+        app.chat(&token, &chat_body(10)).await.status(),
+        503,
+        "one probe at a time"
+    );
+    assert_eq!(
+        breaker.state(),
+        State::HalfOpen,
+        "a probe that was never sent is not hung"
+    );
+    assert_eq!(
+        app.mock.state.stats(KEY_A).count,
+        1,
+        "only the holder went out"
+    );
+    assert_eq!(holder.await.unwrap(), 200);
+    assert_eq!(probe.await.unwrap(), 200);
+    assert_eq!(
+        breaker.state(),
+        State::Closed,
+        "the probe's success closed it"
+    );
+}
+
 /// The other side of the test below: a client that sends a tiny deadline (or leaves at
 /// once) again and again while a breaker is half-open must not keep a healthy key shut for
 /// everyone. Its probes end unanswered before a healthy answer could come, which says

@@ -85,9 +85,22 @@ async fn attempt(
     if stream {
         return Ok(success(None, None, Some(resp)));
     }
+    // The whole answer by the first-byte bound from its send, or the request's deadline if
+    // that comes first (s30 upstream attack F1: a body trickled after early headers was
+    // read with no bound but a chunk's idle time). A provider that sends its headers with
+    // the answer is bound so already; one that sends them at once (OpenRouter, keeping the
+    // connection alive with spaces) gets no longer. Past the deadline the request's own
+    // time ran out (`Deadline`, as for headers); past the first-byte bound the key was too
+    // slow (`Timeout`, a breaker failure), so a key hanging behind its headers can open.
+    let first_byte = Duration::from_millis(state.upstream.timeouts.first_byte_timeout_ms);
+    let by = sent + first_byte;
+    let bound = match deadline <= by {
+        true => (deadline, UpstreamError::Deadline),
+        false => (by, UpstreamError::Timeout),
+    };
     let body = state
         .upstream
-        .read_body(resp, state.settings.upstream.max_response_bytes)
+        .read_body_by(resp, state.settings.upstream.max_response_bytes, bound)
         .await?;
     let Ok(answer) = serde_json::from_slice::<serde_json::Value>(&body) else {
         return Err(UpstreamError::Garbage("answer is not JSON"));
@@ -250,7 +263,8 @@ pub(super) async fn try_candidate(
         state.pool().budgets[d].first_attempt();
     }
     run.attempts += 1;
-    // From here a request dropped mid-call leaves its permit unanswered, not abandoned.
+    // From here a request dropped mid-call leaves its permit unanswered, not abandoned, and
+    // a probe's maximum wait runs: not while it waited at the gate, sending nothing.
     permit.sent();
     let mut span = trace.attempt(&dep.id, url);
     let headers = (p.anthropic_beta.as_ref(), span.traceparent());

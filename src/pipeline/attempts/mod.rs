@@ -4,8 +4,9 @@
 //! (for retries), its own upstream window (`rpm_limit` / `tpm_limit`) and its concurrency
 //! gate. Every attempt goes through `call`; nothing else retries.
 //!
-//! Time: the request's deadline bounds everything — each attempt waits for its headers at
-//! most until the deadline, and a backoff round that would end past it is not started. A
+//! Time: the request's deadline bounds everything — each attempt waits for its headers,
+//! and a non-streamed one for its whole body, at most until the deadline (an error body for
+//! less: `UpstreamClient::post`), and a backoff round that would end past it is not started. A
 //! key cooling down is never attempted inside its cooldown, in any round: a later round
 //! waits for the cooldown to end and then a jittered backoff (or gives up if that ends past
 //! the deadline).

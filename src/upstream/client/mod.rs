@@ -10,7 +10,7 @@ mod resend;
 mod shortage;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use reqwest::header::HeaderValue;
@@ -79,8 +79,25 @@ impl UpstreamClient {
         })
     }
 
-    /// Reads a whole body, refusing one over `limit` bytes or one that stalls.
-    pub async fn read_body(
+    /// Reads a whole body as `read_body` does, ending by `until` at the latest: past it, the
+    /// read is given up as `late`. The headers' bound ends at the headers; a body trickled
+    /// after them (a keep-alive space at a time while a model works, or a hostile server) is
+    /// no stall and would hold the request for as long as bytes came (s30 upstream attack F1).
+    pub async fn read_body_by(
+        &self,
+        resp: reqwest::Response,
+        limit: usize,
+        (until, late): (Instant, UpstreamError),
+    ) -> Result<Bytes, UpstreamError> {
+        match tokio::time::timeout_at(until.into(), self.read_body(resp, limit)).await {
+            Ok(read) => read,
+            Err(_) => Err(late),
+        }
+    }
+
+    /// Reads a whole body, refusing one over `limit` bytes or one that stalls (no chunk for
+    /// the stream idle timeout); only within a bound on the whole (`read_body_by`).
+    async fn read_body(
         &self,
         mut resp: reqwest::Response,
         limit: usize,

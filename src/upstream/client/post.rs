@@ -18,6 +18,10 @@ use crate::upstream::providers::bedrock;
 use crate::upstream::providers::formats::gemini as gemini_format;
 use crate::upstream::UpstreamError;
 
+/// How long an error answer's body is read for at most (`post`): a whole one comes in
+/// milliseconds.
+const ERROR_BODY_BOUND: Duration = Duration::from_secs(2);
+
 impl UpstreamClient {
     /// Sends one attempt to `url` (the route's, `Deployment::url`) and waits for the
     /// response headers: the first-byte timeout, or less when the request's `deadline`
@@ -157,8 +161,15 @@ impl UpstreamClient {
         }
         let retry_after = retry_after(resp.headers());
         let error_type = resp.headers().get("x-amzn-errortype").cloned();
-        // Error bodies are small; 64 KiB is plenty to classify them.
-        let body = self.read_body(resp, 64 * 1024).await.unwrap_or_default();
+        // Error bodies are small; 64 KiB is plenty to classify them. Read for a short while
+        // at most, and never past the deadline: it only refines what the status says, so one
+        // trickled is classified by its status alone — a 429 moves to the next key at once
+        // (s30 upstream attack F1: a trickled body held the run for as long as it came).
+        let until = deadline.min(Instant::now() + ERROR_BODY_BOUND);
+        let body = self
+            .read_body_by(resp, 64 * 1024, (until, UpstreamError::Timeout))
+            .await
+            .unwrap_or_default();
         let (body, retry_after) = match dep.provider {
             // Google sends the wait in the body (`RetryInfo.retryDelay`), not in a header.
             Provider::Gemini => {
