@@ -25,13 +25,13 @@ fn stream_body() -> Value {
 }
 
 /// A streamed Messages request to claude.
-fn claude_stream_body() -> Value {
+pub(crate) fn claude_stream_body() -> Value {
     json!({"model": "claude", "max_tokens": 20, "stream": true,
         "messages": [{"role": "user", "content": "hi"}]})
 }
 
 /// An Anthropic stream that starts, then ends on the upstream's error event of `kind`.
-fn anthropic_error(kind: &str) -> Script {
+pub(crate) fn anthropic_error(kind: &str) -> Script {
     Script {
         events: Some(
             serde_json::from_value(json!([
