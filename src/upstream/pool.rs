@@ -9,6 +9,10 @@
 //! for a deployment id within the process (`catalog::Catalog::rebuild`). When the catalog
 //! is rebuilt, the next pool takes over every entry of the last one (`Pool::carried`): the
 //! entries are shared, so cooldowns, breakers and the requests in flight carry across.
+//!
+//! Every instant here (a rest's end, an attempt's send) is in `Clock::monotonic_ms`: a rest
+//! is this process's own wait, which a step of the wall clock must not lengthen. Wall time
+//! is only for what leaves the process: the admin's view, the value shared through Redis.
 
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -229,8 +233,15 @@ impl Pool {
     /// Reads the upstream's own rate-limit headers (OpenAI `x-ratelimit-*`, Anthropic
     /// `anthropic-ratelimit-*`): a key with no requests or tokens left rests until the reset,
     /// but no longer than a 429 may rest it (`cap`, `retry.max_cooldown_seconds`): a lying
-    /// upstream's `100000h` rested a key for years on every replica.
-    pub fn observe_headers(&self, d: usize, h: &HeaderMap, now_ms: i64, cap: Duration) {
+    /// upstream's `100000h` rested a key for years on every replica. `now_ms` is the
+    /// monotonic time the rests are counted from; `wall_ms` reads Anthropic's reset instant.
+    pub fn observe_headers(
+        &self,
+        d: usize,
+        h: &HeaderMap,
+        (now_ms, wall_ms): (i64, i64),
+        cap: Duration,
+    ) {
         let get = |k: &str| h.get(k).and_then(|v| v.to_str().ok());
         for (remaining, reset) in [
             (
@@ -263,7 +274,7 @@ impl Pool {
                 if let Some(at) =
                     get(reset).and_then(|r| chrono::DateTime::parse_from_rfc3339(r.trim()).ok())
                 {
-                    let ms = u64::try_from(at.timestamp_millis().saturating_sub(now_ms));
+                    let ms = u64::try_from(at.timestamp_millis().saturating_sub(wall_ms));
                     self.cool_down(d, now_ms, Duration::from_millis(ms.unwrap_or(0)).min(cap));
                 }
             }
@@ -388,13 +399,13 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("x-ratelimit-remaining-requests", "0".parse().unwrap());
         h.insert("x-ratelimit-reset-requests", "1.5s".parse().unwrap());
-        pool.observe_headers(0, &h, 1_000, Duration::from_secs(120));
+        pool.observe_headers(0, &h, (1_000, 1_000), Duration::from_secs(120));
         assert_eq!(pool.cooling_ms(0, 1_000), 1_500);
         // Azure: the remaining counts only, no reset: a second's rest.
         let mut azure = HeaderMap::new();
         azure.insert("x-ratelimit-remaining-tokens", "0".parse().unwrap());
         azure.insert("x-ratelimit-remaining-requests", "12".parse().unwrap());
-        pool.observe_headers(0, &azure, 10_000, Duration::from_secs(120));
+        pool.observe_headers(0, &azure, (10_000, 10_000), Duration::from_secs(120));
         assert_eq!(pool.cooling_ms(0, 10_000), 1_000);
     }
 
@@ -430,7 +441,7 @@ mod tests {
             let mut h = HeaderMap::new();
             h.insert(remaining, "0".parse().unwrap());
             h.insert(reset, value.parse().unwrap());
-            pool.observe_headers(0, &h, 1_000, cap);
+            pool.observe_headers(0, &h, (1_000, 1_000), cap);
             assert_eq!(pool.cooling_ms(0, 1_000), 120_000, "{reset}: {value}");
         }
         let pool = Pool::new(&one_upstream(0, 0));

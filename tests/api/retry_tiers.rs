@@ -420,3 +420,44 @@ async fn simultaneous_overloaded_streams_rest_the_key_as_one() {
         "the key rested for one overload, not eight (Retry-After {after:?})"
     );
 }
+
+/// A wall clock the test steps back.
+struct SteppedBack(std::sync::atomic::AtomicI64);
+
+impl sluice::clock::Clock for SteppedBack {
+    fn now(&self) -> chrono::DateTime<chrono::Utc> {
+        let back = self.0.load(std::sync::atomic::Ordering::SeqCst);
+        chrono::Utc::now() - chrono::Duration::milliseconds(back)
+    }
+}
+
+/// A key's rest is this process's own wait, on a clock that never steps: the host's clock
+/// stepped back an hour while the key rests its `Retry-After: 1` rests it that second, and
+/// tells clients so. On the wall clock it rested an hour more and answered
+/// `Retry-After: 3601` (s30 upstream attack, lesser finding).
+#[tokio::test]
+async fn a_clock_step_back_does_not_lengthen_a_rest() {
+    let clock = std::sync::Arc::new(SteppedBack(std::sync::atomic::AtomicI64::new(0)));
+    let app = spawn_app_full(|_, _| {}, Some(clock.clone())).await;
+    let (_, token) = app.token("rio", None).await;
+    app.mock.state.script(
+        KEY_A,
+        [Script {
+            status: Some(429),
+            headers: vec![("Retry-After".into(), "1".into())],
+            ..Default::default()
+        }],
+    );
+    let resp = app.chat(&token, &chat_body(10)).await;
+    assert_eq!(resp.status(), 429, "the only key is rate limited");
+    clock
+        .0
+        .store(3_600_000, std::sync::atomic::Ordering::SeqCst);
+    let resp = app.chat(&token, &chat_body(10)).await;
+    assert_ne!(resp.status(), 200, "the key still rests");
+    assert_eq!(retry_after(resp.headers()), 1, "the rest's time left");
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let resp = app.chat(&token, &chat_body(10)).await;
+    assert_eq!(resp.status(), 200, "the rest ended on time");
+    assert_eq!(app.mock.state.stats(KEY_A).count, 2);
+}

@@ -62,7 +62,10 @@ async fn attempt(
     state.pool().observe_headers(
         d,
         resp.headers(),
-        state.clock.now().timestamp_millis(),
+        (
+            state.clock.monotonic_ms(),
+            state.clock.now().timestamp_millis(),
+        ),
         Duration::from_secs(state.settings.retry.max_cooldown_seconds),
     );
     let ttfb_ms = started.elapsed().as_millis() as i64;
@@ -253,7 +256,7 @@ pub(super) async fn try_candidate(
     run.attempts += 1;
     // From here a request dropped mid-call leaves its permit unanswered, not abandoned.
     permit.sent();
-    let sent_ms = state.clock.now().timestamp_millis();
+    let sent_ms = state.clock.monotonic_ms();
     let mut span = trace.attempt(&dep.id, url);
     let headers = (p.anthropic_beta.as_ref(), span.traceparent());
     let mut reached = false;

@@ -147,9 +147,7 @@ pub fn dropped_by_any(
 /// one only tells when it may serve again).
 pub(super) fn ready(state: &AppState, c: &Candidate, run: &mut Run) -> bool {
     let d = c.route.deployment;
-    let cooling = state
-        .pool()
-        .cooling_ms(d, state.clock.now().timestamp_millis());
+    let cooling = state.pool().cooling_ms(d, state.clock.monotonic_ms());
     if cooling > 0 {
         run.wait(Duration::from_millis(cooling));
     }

@@ -35,7 +35,7 @@ pub(super) fn judge(
                 metrics::upstream_429(&dep.id);
             }
             let cap = Duration::from_secs(state.settings.retry.max_cooldown_seconds);
-            let now = state.clock.now().timestamp_millis();
+            let now = state.clock.monotonic_ms();
             let cool = state.pool().rate_limited(d, (sent_ms, now), |streak| {
                 retry::cooldown(retry_after, streak, cap)
             });
