@@ -2,11 +2,22 @@
 //! manual clock instead of sleeping.
 
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::OnceLock;
+use std::time::Instant;
 
 use chrono::{DateTime, Datelike, TimeZone, Utc};
 
 pub trait Clock: Send + Sync + 'static {
     fn now(&self) -> DateTime<Utc>;
+
+    /// Milliseconds on a clock that never steps, from an origin of this process's own: for
+    /// the waits the process measures for itself (a key's rest). On the wall clock a host
+    /// stepped back an hour rested every resting key an hour more, and told clients to
+    /// wait that hour (s30 upstream attack, lesser finding).
+    fn monotonic_ms(&self) -> i64 {
+        static ORIGIN: OnceLock<Instant> = OnceLock::new();
+        i64::try_from(ORIGIN.get_or_init(Instant::now).elapsed().as_millis()).unwrap_or(i64::MAX)
+    }
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -36,6 +47,11 @@ impl Clock for ManualClock {
         Utc.timestamp_millis_opt(self.0.load(Ordering::SeqCst))
             .single()
             .unwrap_or_default()
+    }
+
+    /// The manual time itself: a test steps a key's rest as it steps the clock.
+    fn monotonic_ms(&self) -> i64 {
+        self.0.load(Ordering::SeqCst)
     }
 }
 

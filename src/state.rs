@@ -75,7 +75,7 @@ impl AppState {
         let live = self.live.snapshot();
         let depth = self.queue.depth();
         metrics::render(&metrics::Scrape {
-            now_ms: self.clock.now().timestamp_millis(),
+            now_ms: self.clock.monotonic_ms(),
             live: &live,
             queue_depth: &depth,
             ratelimit_degraded: self.windows.degraded(),

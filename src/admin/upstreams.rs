@@ -37,7 +37,12 @@ pub struct UpstreamView {
 /// exists. Finance reads everything and changes nothing: the writes check `require_admin`.
 pub fn list(state: &AppState, actor: &Actor) -> Result<Vec<UpstreamView>, AdminError> {
     actor.require_global_reader()?;
-    let now_ms = state.clock.now().timestamp_millis();
+    // A rest is kept on the monotonic clock (`upstream::pool`): shown at the wall time it
+    // ends, its time left from now.
+    let (now_ms, wall_ms) = (
+        state.clock.monotonic_ms(),
+        state.clock.now().timestamp_millis(),
+    );
     let live = state.live.snapshot();
     let (catalog, pool) = (&live.catalog, &live.pool);
     Ok(catalog
@@ -51,7 +56,7 @@ pub fn list(state: &AppState, actor: &Actor) -> Result<Vec<UpstreamView>, AdminE
             } else {
                 Some(Disabled::Admin)
             };
-            let until = pool.cooling_until_ms(i);
+            let left = i64::try_from(pool.cooling_ms(i, now_ms)).unwrap_or(i64::MAX);
             UpstreamView {
                 id: d.id.clone(),
                 source: if d.managed { "admin" } else { "config" },
@@ -60,9 +65,9 @@ pub fn list(state: &AppState, actor: &Actor) -> Result<Vec<UpstreamView>, AdminE
                 key: d.api_key.masked(),
                 enabled: reason.is_none(),
                 disabled_reason: reason.map(|r| r.as_str().to_string()),
-                cooling_until: (until > now_ms)
+                cooling_until: (left > 0)
                     .then(|| {
-                        Utc.timestamp_millis_opt(until)
+                        Utc.timestamp_millis_opt(wall_ms.saturating_add(left))
                             .single()
                             .map(crate::clock::db_time)
                     })

@@ -169,10 +169,14 @@ impl TokenAuth {
 
     /// Whether this token may use a model (asked by `name`, canonically `canonical`).
     pub fn allows(&self, name: &str, canonical: &str) -> bool {
-        self.models
-            .as_ref()
-            .is_none_or(|m| m.iter().any(|x| x == name || x == canonical))
+        listed(self.models.as_deref(), name, canonical)
     }
+}
+
+/// Whether a token's `models` list (`None`: every model) holds a model, by the name it was
+/// asked by or its canonical name.
+pub fn listed(models: Option<&[String]>, name: &str, canonical: &str) -> bool {
+    models.is_none_or(|m| m.iter().any(|x| x == name || x == canonical))
 }
 
 /// The credential a request presents: `Authorization: Bearer …` or `x-api-key: …`.

@@ -398,12 +398,18 @@ async fn share_cooldowns(state: Arc<AppState>) {
                 *p = (id.clone(), 0);
             }
         }
-        let now = state.clock.now().timestamp_millis();
+        // The pool's rests are on this process's monotonic clock; what Redis holds beside
+        // their time left is the wall instant they end (the others read only the time left).
+        let (now, wall) = (
+            state.clock.monotonic_ms(),
+            state.clock.now().timestamp_millis(),
+        );
         let mut publish = Vec::new();
         for (d, id) in ids.iter().enumerate() {
             let until = live.pool.cooling_until_ms(d);
             if until > now && until > published[d].1 {
-                publish.push((id.clone(), until, (until - now) as u64));
+                let left = until - now;
+                publish.push((id.clone(), wall.saturating_add(left), left as u64));
                 published[d].1 = until;
             }
         }
@@ -415,7 +421,7 @@ async fn share_cooldowns(state: Arc<AppState>) {
                 // A key rotated during the exchange: what Redis holds under its old name is
                 // not the new key's to take (the pool's members outlive the snapshot).
                 let current = state.live.snapshot();
-                let now = state.clock.now().timestamp_millis();
+                let now = state.clock.monotonic_ms();
                 for (d, left) in left.into_iter().enumerate() {
                     let same_key = current
                         .catalog

@@ -185,6 +185,7 @@ pub fn alert(kind: &'static str) {
 /// What the scrape-time gauges are computed from, handed in by the caller (this module
 /// stays below `state`, which reaches it through the alerts and the request log).
 pub struct Scrape<'a> {
+    /// The moment, as the pool counts its rests (`Clock::monotonic_ms`).
     pub now_ms: i64,
     pub live: &'a Snapshot,
     pub queue_depth: &'a [usize],

@@ -684,9 +684,9 @@ async fn rate_limit(
 }
 
 /// The input a request's token and user windows are booked at: what the provider reading
-/// the most of it may read, over every route of its model and fallbacks that serves the
-/// endpoint — its documents at their pages, its images as that provider bills them, on
-/// Gemini its digits once more (`Prepared::estimated_input_on`, the input an answer without
+/// the most of it may read, over every route of its model and of the fallbacks the token
+/// may use that serves the endpoint — its documents at their pages, its images as that
+/// provider bills them, on Gemini its digits once more (`Prepared::estimated_input_on`, the input an answer without
 /// usage is charged). Not the counted input alone: a PDF's bytes are left to its pages and
 /// an image is counted at a flat figure, so twenty 50-page PDFs at once were booked ~150
 /// tokens each and all passed a 10 000-token window (s29 limits attack F1). Not the
@@ -696,12 +696,7 @@ async fn rate_limit(
 /// rotation for each call.
 fn window_input(state: &AppState, p: &Prepared) -> i64 {
     let live = state.live.snapshot();
-    let models = std::iter::once(&p.model).chain(
-        p.model
-            .fallbacks
-            .iter()
-            .filter_map(|f| live.catalog.model(f)),
-    );
+    let models = std::iter::once(&p.model).chain(p.fallbacks(&live.catalog));
     let mut most = p.input_tokens;
     for m in models {
         for r in &m.routes {

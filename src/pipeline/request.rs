@@ -88,9 +88,24 @@ pub struct Prepared {
     /// When the request started: it is priced at the prices in force then, for its
     /// reservation and its settlement alike, whichever route serves it.
     pub started_at: DateTime<Utc>,
+    /// The token's `models` list (`TokenAuth::models`; `None`: every model), which bounds
+    /// the fallbacks too (`fallbacks`).
+    pub allowed: Option<Vec<String>>,
 }
 
 impl Prepared {
+    /// The model's fallbacks in `catalog` that the token may use, in order. A token's
+    /// `models` list is the one control of where its requests go: a fallback outside it
+    /// was sent the token's prompts when the model failed, and priced into every
+    /// reservation, refusing a budget the model itself fits (s30 upstream attack F6).
+    pub fn fallbacks<'a>(&'a self, catalog: &'a Catalog) -> impl Iterator<Item = &'a Arc<Model>> {
+        self.model.fallbacks.iter().filter_map(move |f| {
+            catalog
+                .model(f)
+                .filter(|m| crate::auth::listed(self.allowed.as_deref(), f, &m.name))
+        })
+    }
+
     /// How many choices a streamed answer has: the client's `n` for each prompt, each
     /// whole only at its own finish. Not `n`'s multiplier `best_of`: those completions are
     /// generated, never sent.
@@ -467,6 +482,7 @@ pub fn prepare(
         images,
         documents: Documents::default(),
         started_at,
+        allowed: auth.models.clone(),
     })
 }
 

@@ -174,9 +174,9 @@ struct Pump {
     /// A server-tool turn (its calls, the searches it may make, its output cap): without
     /// its usage it is charged as far as it may have run (`left_turn`, `cut_turn`).
     turn: (Turn, i64, i64),
-    /// The serving key (its position and deployment) and its breaker permit, reported once
-    /// when the stream ends (`judge`).
-    key: (usize, Arc<Deployment>),
+    /// The serving key (its position and deployment, and when the attempt went out) and its
+    /// breaker permit, reported once when the stream ends (`judge`).
+    key: (usize, Arc<Deployment>, i64),
     permit: Option<Permit>,
 }
 
@@ -460,7 +460,7 @@ pub(super) fn serve(
             p.kinds.web_search_calls,
             p.output_cap(),
         ),
-        key: (s.route.deployment, s.dep.clone()),
+        key: (s.route.deployment, s.dep.clone(), s.sent_ms),
         permit: s.permit,
     };
     // Guarded from here: a task dropped before its first poll settles by the rule too.
@@ -779,7 +779,12 @@ impl Pump {
     /// (`attempts::stream_ended`).
     fn judge(&mut self, end: StreamEnd) {
         if let Some(permit) = self.permit.take() {
-            stream_ended(&self.state, (self.key.0, &self.key.1), permit, end);
+            stream_ended(
+                &self.state,
+                (self.key.0, &self.key.1, self.key.2),
+                permit,
+                end,
+            );
         }
     }
 

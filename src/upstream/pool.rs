@@ -9,6 +9,10 @@
 //! for a deployment id within the process (`catalog::Catalog::rebuild`). When the catalog
 //! is rebuilt, the next pool takes over every entry of the last one (`Pool::carried`): the
 //! entries are shared, so cooldowns, breakers and the requests in flight carry across.
+//!
+//! Every instant here (a rest's end, an attempt's send) is in `Clock::monotonic_ms`: a rest
+//! is this process's own wait, which a step of the wall clock must not lengthen. Wall time
+//! is only for what leaves the process: the admin's view, the value shared through Redis.
 
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -145,9 +149,42 @@ impl Pool {
         self.turn.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Counts a rate limit on a deployment; returns its current streak.
-    pub fn rate_limited(&self, d: usize) -> u32 {
-        self.members[d].streak.fetch_add(1, Ordering::Relaxed) + 1
+    /// Rests a deployment after a rate limit answered to an attempt sent at `sent_ms`, for
+    /// `rest(streak)` from `now_ms`; returns that rest. The limit counts into the streak only
+    /// when its attempt was sent after the key's last rest ended: the answers of one burst
+    /// — every request it had out at once, each answered in turn, a stream's error event
+    /// seconds later — rest the key as one, by the streak at the burst. Counted each, eight
+    /// simultaneous 529s without a `Retry-After` rested it 2^7 s, the cap, for an overload
+    /// of a second (s30 upstream attack F2). The rest that counts moves `cooling_until_ms`
+    /// past every attempt of its burst in one step, so no two answers of it both count.
+    pub fn rate_limited(
+        &self,
+        d: usize,
+        (sent_ms, now_ms): (i64, i64),
+        rest: impl Fn(u32) -> Duration,
+    ) -> Duration {
+        let m = &self.members[d];
+        let until_of = |cool: Duration| {
+            now_ms.saturating_add(i64::try_from(cool.as_millis()).unwrap_or(i64::MAX))
+        };
+        loop {
+            let until = m.cooling_until_ms.load(Ordering::Relaxed);
+            if sent_ms < until {
+                let cool = rest(m.streak.load(Ordering::Relaxed));
+                self.cool_until(d, until_of(cool));
+                return cool;
+            }
+            let streak = m.streak.load(Ordering::Relaxed).saturating_add(1);
+            let cool = rest(streak);
+            let next = until_of(cool).max(until);
+            if m.cooling_until_ms
+                .compare_exchange(until, next, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+            {
+                m.streak.store(streak, Ordering::Relaxed);
+                return cool;
+            }
+        }
     }
 
     /// Rests a deployment until `until_ms` (never shortens a longer cooldown).
@@ -196,8 +233,15 @@ impl Pool {
     /// Reads the upstream's own rate-limit headers (OpenAI `x-ratelimit-*`, Anthropic
     /// `anthropic-ratelimit-*`): a key with no requests or tokens left rests until the reset,
     /// but no longer than a 429 may rest it (`cap`, `retry.max_cooldown_seconds`): a lying
-    /// upstream's `100000h` rested a key for years on every replica.
-    pub fn observe_headers(&self, d: usize, h: &HeaderMap, now_ms: i64, cap: Duration) {
+    /// upstream's `100000h` rested a key for years on every replica. `now_ms` is the
+    /// monotonic time the rests are counted from; `wall_ms` reads Anthropic's reset instant.
+    pub fn observe_headers(
+        &self,
+        d: usize,
+        h: &HeaderMap,
+        (now_ms, wall_ms): (i64, i64),
+        cap: Duration,
+    ) {
         let get = |k: &str| h.get(k).and_then(|v| v.to_str().ok());
         for (remaining, reset) in [
             (
@@ -230,7 +274,7 @@ impl Pool {
                 if let Some(at) =
                     get(reset).and_then(|r| chrono::DateTime::parse_from_rfc3339(r.trim()).ok())
                 {
-                    let ms = u64::try_from(at.timestamp_millis().saturating_sub(now_ms));
+                    let ms = u64::try_from(at.timestamp_millis().saturating_sub(wall_ms));
                     self.cool_down(d, now_ms, Duration::from_millis(ms.unwrap_or(0)).min(cap));
                 }
             }
@@ -355,13 +399,13 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("x-ratelimit-remaining-requests", "0".parse().unwrap());
         h.insert("x-ratelimit-reset-requests", "1.5s".parse().unwrap());
-        pool.observe_headers(0, &h, 1_000, Duration::from_secs(120));
+        pool.observe_headers(0, &h, (1_000, 1_000), Duration::from_secs(120));
         assert_eq!(pool.cooling_ms(0, 1_000), 1_500);
         // Azure: the remaining counts only, no reset: a second's rest.
         let mut azure = HeaderMap::new();
         azure.insert("x-ratelimit-remaining-tokens", "0".parse().unwrap());
         azure.insert("x-ratelimit-remaining-requests", "12".parse().unwrap());
-        pool.observe_headers(0, &azure, 10_000, Duration::from_secs(120));
+        pool.observe_headers(0, &azure, (10_000, 10_000), Duration::from_secs(120));
         assert_eq!(pool.cooling_ms(0, 10_000), 1_000);
     }
 
@@ -397,11 +441,37 @@ mod tests {
             let mut h = HeaderMap::new();
             h.insert(remaining, "0".parse().unwrap());
             h.insert(reset, value.parse().unwrap());
-            pool.observe_headers(0, &h, 1_000, cap);
+            pool.observe_headers(0, &h, (1_000, 1_000), cap);
             assert_eq!(pool.cooling_ms(0, 1_000), 120_000, "{reset}: {value}");
         }
         let pool = Pool::new(&one_upstream(0, 0));
         pool.cool_down(0, i64::MAX - 5, Duration::from_secs(1));
         assert_eq!(pool.cooling_until_ms(0), i64::MAX);
+    }
+
+    /// The rate limits of attempts sent before the key's last rest ended count as one: a
+    /// burst's answers, however spread in time, rest the key by the streak at the burst;
+    /// an attempt sent after the rest grows the streak (s30 upstream attack F2).
+    #[test]
+    fn a_bursts_rate_limits_count_once_into_the_streak() {
+        let pool = Pool::new(&one_upstream(0, 0));
+        let rest = |streak: u32| Duration::from_secs(1 << streak.saturating_sub(1));
+        // Eight attempts sent at 0, answered 0 ms to 2.1 s later.
+        for i in 0..8 {
+            let now = 1_000 + 300 * i;
+            assert_eq!(
+                pool.rate_limited(0, (1_000, now), rest),
+                rest(1),
+                "answer {i}"
+            );
+        }
+        assert_eq!(pool.cooling_until_ms(0), 1_000 + 2_100 + 1_000);
+        // Sent after that rest: the streak grows, once for its burst.
+        for now in [5_000, 5_001] {
+            assert_eq!(pool.rate_limited(0, (4_200, now), rest), rest(2));
+        }
+        assert_eq!(pool.cooling_until_ms(0), 5_001 + 2_000);
+        pool.succeeded(0);
+        assert_eq!(pool.rate_limited(0, (8_000, 8_000), rest), rest(1));
     }
 }

@@ -32,6 +32,7 @@ mod departures;
 mod digest;
 mod documents;
 mod event_shape;
+mod fallback_scope;
 mod files;
 mod forecast;
 mod forecast_periods;

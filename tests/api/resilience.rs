@@ -950,10 +950,7 @@ async fn cooldowns_are_shared_between_replicas_through_redis() {
     assert_eq!(a.chat(&token, &chat_body(10)).await.status(), 200);
     // Replicas exchange cooldowns every 250 ms: wait until B has heard of A's.
     poll_until("the other replica rests key a", || {
-        b_state
-            .pool()
-            .cooling_ms(0, chrono::Utc::now().timestamp_millis())
-            > 0
+        b_state.pool().cooling_ms(0, b_state.clock.monotonic_ms()) > 0
     })
     .await;
     let resp = a
@@ -1009,7 +1006,9 @@ async fn a_shared_cooldown_lasts_its_retry_after_whatever_the_replicas_clocks() 
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
-    let real_now = || chrono::Utc::now().timestamp_millis();
+    // Rests are on the monotonic clock, one for both replicas of this process: the wall
+    // clocks' offset does not reach them.
+    let real_now = || a.state.clock.monotonic_ms();
     poll_until("A rests key a", || {
         a.state.pool().cooling_ms(0, real_now()) > 0
     })
@@ -1024,7 +1023,7 @@ async fn a_shared_cooldown_lasts_its_retry_after_whatever_the_replicas_clocks() 
     a.mock.state.script(KEY_A, [rate_limited("10")]);
     assert_eq!(a.chat(&token, &chat_body(10)).await.status(), 200);
     poll_until("B rests key a", || {
-        let b_now = real_now() + 45_000;
+        let b_now = b_state.clock.monotonic_ms();
         (5_000..=10_000).contains(&b_state.pool().cooling_ms(0, b_now))
     })
     .await;
@@ -1142,7 +1141,7 @@ async fn a_shared_cooldown_past_the_cap_rests_the_key_once_at_the_cap() {
         .cli(&["SET", &key, &far, "PX", "3600000"])
         .await
         .unwrap();
-    let now = || chrono::Utc::now().timestamp_millis();
+    let now = || app.state.clock.monotonic_ms();
     poll_until("the key rests", || {
         app.state.pool().cooling_ms(0, now()) > 0
     })

@@ -25,13 +25,13 @@ fn stream_body() -> Value {
 }
 
 /// A streamed Messages request to claude.
-fn claude_stream_body() -> Value {
+pub(crate) fn claude_stream_body() -> Value {
     json!({"model": "claude", "max_tokens": 20, "stream": true,
         "messages": [{"role": "user", "content": "hi"}]})
 }
 
 /// An Anthropic stream that starts, then ends on the upstream's error event of `kind`.
-fn anthropic_error(kind: &str) -> Script {
+pub(crate) fn anthropic_error(kind: &str) -> Script {
     Script {
         events: Some(
             serde_json::from_value(json!([
@@ -297,7 +297,7 @@ async fn an_error_event_not_the_upstreams_own_fault_gives_no_verdict() {
         let pool = app.state.pool();
         assert_eq!(pool.breakers[d].state(), State::HalfOpen, "{kind}");
         assert!(!pool.is_disabled(d), "{kind}: not disabled");
-        let now = app.state.clock.now().timestamp_millis();
+        let now = app.state.clock.monotonic_ms();
         assert_eq!(pool.cooling_ms(d, now), 0, "{kind}: not rested");
     }
     app.mock.state.sticky(KEY_A, None);
@@ -326,7 +326,7 @@ async fn fault_error_events_rest_the_key_as_their_status_would() {
             let text = resp.text().await.unwrap();
             assert!(text.contains(kind), "{text}");
             calls += 1;
-            let now = app.state.clock.now().timestamp_millis();
+            let now = app.state.clock.monotonic_ms();
             assert!(
                 app.state.pool().cooling_ms(c, now) > 0,
                 "{kind}: the key rests"
@@ -478,7 +478,7 @@ async fn a_gemini_stream_failing_mid_way_with_unavailable_opens_its_key() {
         app.rest_no_more("g");
         let text = failed_stream(&app, &token, "gem").await;
         assert!(text.contains("The model is overloaded."), "{text}");
-        let now = app.state.clock.now().timestamp_millis();
+        let now = app.state.clock.monotonic_ms();
         assert!(app.state.pool().cooling_ms(g, now) > 0, "stream {n}: rests");
     }
     assert_eq!(app.state.pool().breakers[g].state(), State::Open);
@@ -517,7 +517,7 @@ async fn a_bedrock_throttling_exception_mid_stream_rests_its_key() {
     );
     let text = failed_stream(&app, &token, "bed").await;
     assert!(text.contains("Too many requests"), "{text}");
-    let now = app.state.clock.now().timestamp_millis();
+    let now = app.state.clock.monotonic_ms();
     assert!(app.state.pool().cooling_ms(br, now) > 0, "the key rests");
     assert_eq!(app.state.pool().breakers[br].state(), State::Closed);
     let resp = tokio::time::timeout(BOUND, app.chat(&token, &stream_to("bed")))
@@ -561,7 +561,7 @@ async fn a_stream_the_gateway_cannot_read_is_no_failure_of_its_key() {
             State::Closed,
             "stream {n}"
         );
-        let now = app.state.clock.now().timestamp_millis();
+        let now = app.state.clock.monotonic_ms();
         assert_eq!(app.state.pool().cooling_ms(g, now), 0, "stream {n}");
     }
     app.mock.state.sticky(GEMINI_KEY, None);

@@ -319,3 +319,145 @@ async fn a_probe_whose_client_leaves_frees_the_half_open_slot_at_once() {
     }
     assert!(served, "the abandoned probe's slot was freed");
 }
+
+/// Raises the breaker's thresholds out of reach: these tests watch the key's rest alone.
+fn no_breaker(s: &mut Settings) {
+    s.breaker.failure_threshold = 1_000;
+    s.breaker.min_calls = 1_000;
+}
+
+/// Eight 529s without `Retry-After`, answered to eight requests a burst had out at once,
+/// rest the one key as one rate limit: a second (2^0 s), not 2^7 s capped at 120 s (s30
+/// upstream attack F2: the streak counted every answer of the burst). The burst's requests
+/// have deadlines too short to wait out even that second; a request 2.5 s later is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simultaneous_overloads_without_retry_after_rest_the_key_as_one() {
+    let app = std::sync::Arc::new(spawn_app_with(|s, _| no_breaker(s)).await);
+    let (_, token) = app.token("pia", None).await;
+    // Held half a second, so that every request's attempt is out before the first answer.
+    let overloaded = Script {
+        status: Some(529),
+        delay_ms: 500,
+        ..Default::default()
+    };
+    app.mock
+        .state
+        .script(KEY_A, (0..8).map(|_| overloaded.clone()));
+    let burst: Vec<_> = (0..8)
+        .map(|_| {
+            let (app, token) = (app.clone(), token.clone());
+            tokio::spawn(async move { with_deadline(&app, &token, 1_200).await.status() })
+        })
+        .collect();
+    for r in burst {
+        assert_ne!(r.await.unwrap(), 200, "the burst is not served");
+    }
+    assert_eq!(app.mock.state.stats(KEY_A).count, 8, "one attempt each");
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let resp = app.chat(&token, &chat_body(10)).await;
+    let after = resp
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap_or_default().to_string());
+    assert_eq!(
+        resp.status(),
+        200,
+        "the key rested for one overload, not eight (Retry-After {after:?})"
+    );
+}
+
+/// The streamed twin: eight streams on one Anthropic key, each ended by an
+/// `overloaded_error` event, spread over two seconds (longer than one rest), rest the key as
+/// one overload: each stream was sent before the first rest began. A request 1.5 s after
+/// the last is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simultaneous_overloaded_streams_rest_the_key_as_one() {
+    use crate::resilience_streams::{anthropic_error, claude_stream_body};
+    let app = std::sync::Arc::new(
+        spawn_app_with(|s, m| {
+            add_claude(s, m);
+            no_breaker(s);
+        })
+        .await,
+    );
+    let (_, token) = app.token("quin", None).await;
+    // Each stream's headers are held, so all eight are out before the first error event;
+    // the events then come 300 ms apart.
+    app.mock.state.script(
+        KEY_B,
+        (0..8u64).map(|i| Script {
+            delay_ms: 400,
+            chunk_delay_ms: 300 * i,
+            ..anthropic_error("overloaded_error")
+        }),
+    );
+    let burst: Vec<_> = (0..8)
+        .map(|_| {
+            let (app, token) = (app.clone(), token.clone());
+            tokio::spawn(async move {
+                let resp = tokio::time::timeout(BOUND, app.messages(&token, &claude_stream_body()))
+                    .await
+                    .expect("answered");
+                assert_eq!(resp.status(), 200, "every stream went out");
+                resp.text().await.unwrap_or_default()
+            })
+        })
+        .collect();
+    for r in burst {
+        let text = r.await.unwrap();
+        assert!(text.contains("overloaded_error"), "{text}");
+    }
+    assert_eq!(app.mock.state.stats(KEY_B).count, 8);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let resp = app.messages(&token, &claude_stream_body()).await;
+    let after = resp
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap_or_default().to_string());
+    assert_eq!(
+        resp.status(),
+        200,
+        "the key rested for one overload, not eight (Retry-After {after:?})"
+    );
+}
+
+/// A wall clock the test steps back.
+struct SteppedBack(std::sync::atomic::AtomicI64);
+
+impl sluice::clock::Clock for SteppedBack {
+    fn now(&self) -> chrono::DateTime<chrono::Utc> {
+        let back = self.0.load(std::sync::atomic::Ordering::SeqCst);
+        chrono::Utc::now() - chrono::Duration::milliseconds(back)
+    }
+}
+
+/// A key's rest is this process's own wait, on a clock that never steps: the host's clock
+/// stepped back an hour while the key rests its `Retry-After: 1` rests it that second, and
+/// tells clients so. On the wall clock it rested an hour more and answered
+/// `Retry-After: 3601` (s30 upstream attack, lesser finding).
+#[tokio::test]
+async fn a_clock_step_back_does_not_lengthen_a_rest() {
+    let clock = std::sync::Arc::new(SteppedBack(std::sync::atomic::AtomicI64::new(0)));
+    let app = spawn_app_full(|_, _| {}, Some(clock.clone())).await;
+    let (_, token) = app.token("rio", None).await;
+    app.mock.state.script(
+        KEY_A,
+        [Script {
+            status: Some(429),
+            headers: vec![("Retry-After".into(), "1".into())],
+            ..Default::default()
+        }],
+    );
+    let resp = app.chat(&token, &chat_body(10)).await;
+    assert_eq!(resp.status(), 429, "the only key is rate limited");
+    clock
+        .0
+        .store(3_600_000, std::sync::atomic::Ordering::SeqCst);
+    let resp = app.chat(&token, &chat_body(10)).await;
+    assert_ne!(resp.status(), 200, "the key still rests");
+    assert_eq!(retry_after(resp.headers()), 1, "the rest's time left");
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let resp = app.chat(&token, &chat_body(10)).await;
+    assert_eq!(resp.status(), 200, "the rest ended on time");
+    assert_eq!(app.mock.state.stats(KEY_A).count, 2);
+}

@@ -48,7 +48,7 @@ async fn attempt(
     url: Option<&reqwest::Url>,
     body: Vec<u8>,
     (stream, headers, reached): (bool, UpstreamHeaders<'_>, impl FnMut(bool)),
-    (started, deadline): (Instant, Instant),
+    (started, deadline, sent_ms): (Instant, Instant, i64),
 ) -> Result<Success, UpstreamError> {
     let d = c.route.deployment;
     let in_flight = state.pool().enter(d);
@@ -62,7 +62,10 @@ async fn attempt(
     state.pool().observe_headers(
         d,
         resp.headers(),
-        state.clock.now().timestamp_millis(),
+        (
+            state.clock.monotonic_ms(),
+            state.clock.now().timestamp_millis(),
+        ),
         Duration::from_secs(state.settings.retry.max_cooldown_seconds),
     );
     let ttfb_ms = started.elapsed().as_millis() as i64;
@@ -76,6 +79,7 @@ async fn attempt(
         read: None,
         response,
         ttfb_ms,
+        sent_ms,
         in_flight,
         slot: None,
         key_booking: None,
@@ -266,6 +270,7 @@ pub(super) async fn try_candidate(
     // From here a request dropped mid-call leaves its permit unanswered, not abandoned, and
     // a probe's maximum wait runs: not while it waited at the gate, sending nothing.
     permit.sent();
+    let sent_ms = state.clock.monotonic_ms();
     let mut span = trace.attempt(&dep.id, url);
     let headers = (p.anthropic_beta.as_ref(), span.traceparent());
     let mut reached = false;
@@ -289,7 +294,7 @@ pub(super) async fn try_candidate(
         Some(url),
         body,
         (p.stream, headers, on_wire),
-        (started, deadline),
+        (started, deadline, sent_ms),
     )
     .await
     .and_then(|s| relayable(p, s))
@@ -361,7 +366,7 @@ pub(super) async fn try_candidate(
         UpstreamError::Status { retry_after, .. } => *retry_after,
         _ => None,
     };
-    if let Some(cool) = judge(state, (d, dep), tier, retry_after, permit) {
+    if let Some(cool) = judge(state, (d, dep), tier, (retry_after, sent_ms), permit) {
         run.wait(cool);
     }
     if tier == Tier::Overloaded {

@@ -22,7 +22,8 @@ pub struct Candidate {
 }
 
 /// The routes that may serve a request, in the order they are tried, each with its price
-/// at the request's start. A route without one there is left out, never served at zero
+/// at the request's start: its model's, then those of each fallback the token may use
+/// (`Prepared::fallbacks`). The reservation is the worst case over these. A route without one there is left out, never served at zero
 /// (none is: a catalog is built only when every route has a price from then on,
 /// `Settings::check_priced`).
 pub fn candidates(state: &AppState, p: &Prepared) -> Vec<Candidate> {
@@ -65,10 +66,8 @@ pub fn candidates(state: &AppState, p: &Prepared) -> Vec<Candidate> {
         out.extend(keyed.into_iter().map(|(_, _, c)| c));
     };
     push_model(&p.model);
-    for f in &p.model.fallbacks {
-        if let Some(m) = live.catalog.model(f) {
-            push_model(m);
-        }
+    for m in p.fallbacks(&live.catalog) {
+        push_model(m);
     }
     out
 }
@@ -148,9 +147,7 @@ pub fn dropped_by_any(
 /// one only tells when it may serve again).
 pub(super) fn ready(state: &AppState, c: &Candidate, run: &mut Run) -> bool {
     let d = c.route.deployment;
-    let cooling = state
-        .pool()
-        .cooling_ms(d, state.clock.now().timestamp_millis());
+    let cooling = state.pool().cooling_ms(d, state.clock.monotonic_ms());
     if cooling > 0 {
         run.wait(Duration::from_millis(cooling));
     }

@@ -65,6 +65,10 @@ pub struct Success {
     pub read: Option<Box<Answer>>,
     pub response: Option<reqwest::Response>,
     pub ttfb_ms: i64,
+    /// When the attempt went out (`Clock::monotonic_ms`): a stream's rate
+    /// limit counts into its key's streak only when sent after the key's last rest ended
+    /// (`Pool::rate_limited`).
+    pub sent_ms: i64,
     pub in_flight: InFlight,
     pub slot: Option<Slot>,
     /// This key's own token window, to correct to the usage when the answer is settled.

@@ -116,7 +116,7 @@ pub(super) fn next_round(
     if run.overloaded.is_empty() || run.attempts >= cfg.max_attempts {
         return None;
     }
-    let now_ms = state.clock.now().timestamp_millis();
+    let now_ms = state.clock.monotonic_ms();
     let rested = run
         .overloaded
         .iter()

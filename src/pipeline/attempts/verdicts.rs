@@ -20,12 +20,13 @@ use crate::upstream::UpstreamError;
 
 /// What a failure of `tier` on key `d` (`dep`) does to the key, as the retry table says: its
 /// rest (returned: the run waits it out before trying the key again), its breaker, its
-/// disabling. `retry_after`: the upstream's own, if it sent one.
+/// disabling. `retry_after`: the upstream's own, if it sent one; `sent_ms`: when the
+/// attempt went out (`Pool::rate_limited`).
 pub(super) fn judge(
     state: &AppState,
     (d, dep): (usize, &Deployment),
     tier: Tier,
-    retry_after: Option<Duration>,
+    (retry_after, sent_ms): (Option<Duration>, i64),
     permit: Permit,
 ) -> Option<Duration> {
     match tier {
@@ -33,11 +34,11 @@ pub(super) fn judge(
             if tier == Tier::RateLimited {
                 metrics::upstream_429(&dep.id);
             }
-            let pool = state.pool();
-            let streak = pool.rate_limited(d);
             let cap = Duration::from_secs(state.settings.retry.max_cooldown_seconds);
-            let cool = retry::cooldown(retry_after, streak, cap);
-            pool.cool_down(d, state.clock.now().timestamp_millis(), cool);
+            let now = state.clock.monotonic_ms();
+            let cool = state.pool().rate_limited(d, (sent_ms, now), |streak| {
+                retry::cooldown(retry_after, streak, cap)
+            });
             if tier == Tier::Overloaded {
                 breaker_failure(state, d, permit);
             } else {
@@ -89,10 +90,11 @@ pub enum StreamEnd {
 /// answer is its success, a failure after the 200 is judged as that tier's failure before
 /// it would be — a 529's rest, a breaker failure — but tries no other key (the client has
 /// the stream's first events). A key replaced while the stream ran (a rotation) is not
-/// judged by its predecessor's stream (as `try_candidate`).
+/// judged by its predecessor's stream (as `try_candidate`). `sent_ms`: when the stream's
+/// attempt went out (`Success::sent_ms`).
 pub fn stream_ended(
     state: &AppState,
-    (d, dep): (usize, &Deployment),
+    (d, dep, sent_ms): (usize, &Deployment, i64),
     permit: Permit,
     end: StreamEnd,
 ) {
@@ -105,7 +107,7 @@ pub fn stream_ended(
         StreamEnd::Failed(_) if !still_in_use(state, dep) => permit.abandon(),
         StreamEnd::Failed(tier) => {
             tracing::warn!(upstream = %dep.id, tier = ?tier, "upstream stream failed after its 200");
-            judge(state, (d, dep), tier, None, permit);
+            judge(state, (d, dep), tier, (None, sent_ms), permit);
         }
     }
 }
