@@ -124,13 +124,20 @@ async fn admit(req: &mut ServiceRequest) -> Result<Actor, AdminError> {
         return Err(AdminError::Forbidden("Cross-site request refused.".into()));
     }
     let address = crate::client_addr::client_ip(req.request());
-    if let Some(auth) = req.headers().get(header::AUTHORIZATION) {
-        let text = auth.to_str().unwrap_or("");
-        let key = text.strip_prefix("Bearer ").unwrap_or("").trim();
+    // A bearer is the only credential when there is one; any other `Authorization` (a
+    // fronting proxy's basic auth, sent by the browser on every request) leaves the session
+    // cookie in charge — it answered 401 on every page, and the sign-in looped.
+    let bearer = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    if let Some(key) = bearer {
         let hash = token::parse_admin(key).ok_or(AdminError::Unauthorized)?;
         let row = sessions::admin_by_api_key(&state.db, &hash)
             .await?
-            .filter(|a| !a.disabled)
+            .filter(|a| !a.disabled && super::login::may_be_in(&state, a))
             .ok_or(AdminError::Unauthorized)?;
         let via = Via::ApiKey {
             key_hash: hash,
@@ -148,6 +155,7 @@ async fn admit(req: &mut ServiceRequest) -> Result<Actor, AdminError> {
     let now = state.clock.now();
     let row = session::load(&state.db, &id, now)
         .await?
+        .filter(|a| super::login::may_be_in(&state, a))
         .ok_or(AdminError::Unauthorized)?;
     if unsafe_method {
         let supplied = match req.headers().get(csrf::HEADER) {

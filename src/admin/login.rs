@@ -67,6 +67,13 @@ fn password_login(state: &AppState) -> bool {
     state.sso.as_ref().is_none_or(|s| s.settings.password_login)
 }
 
+/// Whether a login may be in at all, by any credential: with password sign-in switched
+/// off, a local login that is not break-glass has no way in — its sessions and API keys,
+/// made while passwords were on, cannot be ended at the provider (s30 identity attack F4).
+pub(super) fn may_be_in(state: &AppState, a: &sessions::AdminRow) -> bool {
+    a.oidc_subject.is_some() || a.break_glass || password_login(state)
+}
+
 pub const PASSWORD_OFF: &str = "Password sign-in is switched off: sign in with single sign-on. \
      (Only a break-glass login may use a password.)";
 

@@ -828,3 +828,79 @@ async fn a_token_signed_by_a_key_rotated_in_since_discovery_is_checked_against_t
     )
     .await;
 }
+
+/// A session and an API key of local login `id`, made in the store (as they were made
+/// before passwords were switched off): the session's id and the key's text.
+async fn local_credentials(app: &TestApp, id: i64) -> (String, String) {
+    use sluice::auth::{session, token};
+    let now = chrono::Utc::now();
+    let sid = session::new_secret();
+    let key = token::generate_admin_key();
+    let mut tx = app.db().begin().await.unwrap();
+    sluice::store::sessions::create_session(&mut tx, &session::id_hash(&sid), id, "127.0.0.1", now)
+        .await
+        .unwrap();
+    sluice::store::sessions::create_api_key(&mut tx, id, &key.hash, &key.display_prefix, "ci", now)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    (sid, key.text)
+}
+
+/// With password sign-in switched off, a local login that is not break-glass has no way
+/// in: its API keys and sessions, made while passwords were on, are refused, for they
+/// cannot be ended at the provider (s30 identity attack F4: they went on for ever, and a
+/// session could mint more keys). A break-glass login's still work.
+#[tokio::test]
+async fn with_password_sign_in_switched_off_local_logins_keys_and_sessions_end() {
+    let issuer = Issuer::start().await;
+    let app = gateway(&issuer, false).await;
+    let ops = make_login(&app, "ops", "admin", None).await;
+    let (sid, key) = local_credentials(&app, ops).await;
+    assert_eq!(me(&app, &sid).await.0, 401, "the local login's session");
+    assert_eq!(me_with_key(&app, &key).await, 401, "the local login's key");
+    let who = ("glass", "admin", None);
+    sluice::cli::admin_create_with(app.db(), who, PASSWORD.into(), true, chrono::Utc::now())
+        .await
+        .unwrap();
+    let glass = sluice::store::sessions::admin_by_name(app.db(), "glass")
+        .await
+        .unwrap()
+        .unwrap();
+    let (sid, key) = local_credentials(&app, glass.id).await;
+    assert_eq!(me(&app, &sid).await.0, 200, "break-glass's session");
+    assert_eq!(me_with_key(&app, &key).await, 200, "break-glass's key");
+    // With passwords on, a local login's credentials work as ever.
+    let app = gateway(&issuer, true).await;
+    let ops = make_login(&app, "ops", "admin", None).await;
+    let (sid, key) = local_credentials(&app, ops).await;
+    assert_eq!(me(&app, &sid).await.0, 200);
+    assert_eq!(me_with_key(&app, &key).await, 200);
+}
+
+/// A proxy's basic auth in front of the admin UI (`Authorization: Basic …` on every
+/// request) is not an API key: the session cookie is read (it answered 401 on every page,
+/// and the sign-in looped; s30 identity attack, minor note).
+#[tokio::test]
+async fn an_authorization_header_that_is_not_a_bearer_key_leaves_the_session_in_charge() {
+    let issuer = Issuer::start().await;
+    let app = gateway(&issuer, true).await;
+    let ops = make_login(&app, "ops", "admin", None).await;
+    let (sid, _) = local_credentials(&app, ops).await;
+    let r = client()
+        .get(format!("{}/admin/api/v1/me", app.address))
+        .header("authorization", "Basic b3BzOnNlY3JldA==")
+        .header("cookie", format!("sluice_session={sid}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // A bearer that is not a valid key is still refused outright.
+    let r = client()
+        .get(format!("{}/admin/api/v1/me", app.address))
+        .header("authorization", "Bearer sk-sl-admin-nonsense")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+}
