@@ -269,7 +269,7 @@ async fn sign_in(
     }
     sessions::create_session(&mut tx, &session::id_hash(&id), admin.id, &address, now).await?;
     // Sessions nobody can use any more are swept here, so the table stays small.
-    sessions::prune_sessions(&mut tx, now - session::IDLE, now - session::ABSOLUTE).await?;
+    sessions::prune_sessions(&mut tx, now, (session::IDLE, session::ABSOLUTE)).await?;
     let action = if admin.break_glass && !password_login(state) {
         "login.break_glass"
     } else {

@@ -299,7 +299,7 @@ async fn sign_in(
         sessions::delete_session(&mut tx, &session::id_hash(old.value())).await?;
     }
     sessions::create_session(&mut tx, &session::id_hash(&sid), id, address, now).await?;
-    sessions::prune_sessions(&mut tx, now - session::IDLE, now - session::ABSOLUTE).await?;
+    sessions::prune_sessions(&mut tx, now, (session::IDLE, session::ABSOLUTE)).await?;
     let entry = crate::store::audit::AuditEntry {
         actor: &actor,
         address,

@@ -15,6 +15,9 @@ pub const IDLE: Duration = Duration::minutes(30);
 pub const ABSOLUTE: Duration = Duration::hours(12);
 /// `last_seen_at` is written at most this often, so browsing is not a stream of writes.
 const TOUCH_EVERY: Duration = Duration::seconds(60);
+/// How far a session's stamp may be ahead of the clock that judges it (the same clock that
+/// wrote it) before the session is taken as stamped by a clock since stepped back.
+const AHEAD: Duration = Duration::seconds(60);
 
 /// Cookie names: the `__Host-` prefix (Secure, Path=/, no Domain) behind https.
 pub fn cookie_name(secure: bool) -> &'static str {
@@ -78,7 +81,16 @@ pub async fn load(db: &Db, id: &str, now: DateTime<Utc>) -> Result<Option<AdminR
     let (Ok(created), Ok(seen)) = (parse(&s.created_at), parse(&s.last_seen_at)) else {
         return Ok(None);
     };
-    if s.admin.disabled || now - seen > IDLE || now - created > ABSOLUTE {
+    // Judged by the clock that stamped it: the database's on PostgreSQL (`SessionRow::now`).
+    let now = match s.now.as_deref().map(parse) {
+        Some(Ok(store)) => store,
+        Some(Err(_)) => return Ok(None),
+        None => now,
+    };
+    // A stamp ahead of that clock: it stepped back since (a host's, on SQLite), and the
+    // session would outlive both its bounds by the step — ended (s30 identity attack F2).
+    let ahead = seen - now > AHEAD || created - now > AHEAD;
+    if s.admin.disabled || ahead || now - seen > IDLE || now - created > ABSOLUTE {
         let mut tx = db.begin().await?;
         sessions::delete_session(&mut tx, &hash).await?;
         tx.commit().await?;

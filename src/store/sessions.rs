@@ -119,7 +119,7 @@ pub async fn create_session(
     now: DateTime<Utc>,
 ) -> Result<()> {
     if let Some((conn, _)) = tx.pg() {
-        return super::pg::sessions::create_session(conn, id_hash, admin_id, address, now).await;
+        return super::pg::sessions::create_session(conn, id_hash, admin_id, address).await;
     }
     sqlx::query(
         "INSERT INTO admin_sessions (id_hash, admin_id, address, created_at, last_seen_at) VALUES (?, ?, ?, ?, ?)",
@@ -139,26 +139,31 @@ pub struct SessionRow {
     pub admin: AdminRow,
     pub created_at: String,
     pub last_seen_at: String,
+    /// The store's time when read, the clock sessions are judged by: the database's on
+    /// PostgreSQL (hosts' clocks may disagree), none on SQLite (the one host's).
+    pub now: Option<String>,
 }
 
 pub async fn find_session(db: &super::Db, id_hash: &str) -> Result<Option<SessionRow>> {
-    let row: Option<(i64, String, String)> =
-        match &db.backend {
-            super::Backend::Sqlite(sqlite) => sqlx::query_as(
-                "SELECT admin_id, created_at, last_seen_at FROM admin_sessions WHERE id_hash = ?",
-            )
-            .bind(id_hash)
-            .fetch_optional(&sqlite.read)
-            .await?,
-            super::Backend::Postgres(pg) => super::pg::sessions::session(&pg.pool, id_hash).await?,
-        };
-    let Some((admin_id, created_at, last_seen_at)) = row else {
+    let row: Option<(i64, String, String, Option<String>)> = match &db.backend {
+        super::Backend::Sqlite(sqlite) => sqlx::query_as(
+            "SELECT admin_id, created_at, last_seen_at, NULL FROM admin_sessions WHERE id_hash = ?",
+        )
+        .bind(id_hash)
+        .fetch_optional(&sqlite.read)
+        .await?,
+        super::Backend::Postgres(pg) => super::pg::sessions::session(&pg.pool, id_hash)
+            .await?
+            .map(|(a, c, s, now)| (a, c, s, Some(now))),
+    };
+    let Some((admin_id, created_at, last_seen_at, now)) = row else {
         return Ok(None);
     };
     Ok(admin_by_id(db, admin_id).await?.map(|admin| SessionRow {
         admin,
         created_at,
         last_seen_at,
+        now,
     }))
 }
 
@@ -166,7 +171,7 @@ pub async fn touch_session(db: &super::Db, id_hash: &str, now: DateTime<Utc>) ->
     let sqlite = match &db.backend {
         super::Backend::Sqlite(s) => s,
         super::Backend::Postgres(pg) => {
-            return super::pg::sessions::touch_session(&pg.pool, id_hash, now).await
+            return super::pg::sessions::touch_session(&pg.pool, id_hash).await
         }
     };
     let pool = &sqlite.write;
@@ -249,17 +254,19 @@ pub async fn delete_sessions_of(
 }
 
 /// Drops sessions that can no longer be used (idle or too old).
+/// Drops sessions idle for `idle` or opened `absolute` ago, at `now` (on PostgreSQL by the
+/// database's clock, as sessions are judged there).
 pub async fn prune_sessions(
     tx: &mut super::Tx,
-    idle_before: DateTime<Utc>,
-    created_before: DateTime<Utc>,
+    now: DateTime<Utc>,
+    (idle, absolute): (chrono::Duration, chrono::Duration),
 ) -> Result<()> {
     if let Some((conn, _)) = tx.pg() {
-        return super::pg::sessions::prune_sessions(conn, idle_before, created_before).await;
+        return super::pg::sessions::prune_sessions(conn, idle, absolute).await;
     }
     sqlx::query("DELETE FROM admin_sessions WHERE last_seen_at < ? OR created_at < ?")
-        .bind(db_time(idle_before))
-        .bind(db_time(created_before))
+        .bind(db_time(now - idle))
+        .bind(db_time(now - absolute))
         .execute(tx.sqlite()?)
         .await?;
     Ok(())

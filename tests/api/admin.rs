@@ -197,6 +197,28 @@ async fn sessions_end_when_idle_and_after_the_absolute_limit() {
     );
 }
 
+/// A session stamped while the clock that judges it ran a day ahead — the host's, stepped
+/// back since (on PostgreSQL the database's): it ends, where it outlived both its bounds by
+/// the step (s30 identity attack F2).
+#[tokio::test]
+async fn a_session_stamped_ahead_of_the_clock_does_not_outlive_its_bounds() {
+    let app = spawn_app().await;
+    make_login(&app, "root", "admin", None).await;
+    let s = login(&app, "root").await;
+    assert_eq!(s.get_json("/admin/api/v1/me").await.0, 200);
+    let ahead = sluice::clock::db_time(Utc::now() + Duration::days(1));
+    sql_exec(
+        app.db(),
+        &format!("UPDATE admin_sessions SET created_at = '{ahead}', last_seen_at = '{ahead}'"),
+    )
+    .await;
+    assert_eq!(
+        s.get_json("/admin/api/v1/me").await.0,
+        401,
+        "a session stamped a day ahead"
+    );
+}
+
 #[tokio::test]
 async fn wrong_passwords_are_throttled_even_for_the_right_one() {
     let app = spawn_app().await;

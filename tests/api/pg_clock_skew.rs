@@ -350,3 +350,81 @@ async fn an_expired_token_is_refused_by_a_host_whose_clock_lags() {
     drop(b);
     crate::helpers::assert_invariant_on(&db).await;
 }
+
+/// Admin sessions on PostgreSQL are stamped, judged and pruned by the database's clock:
+/// a host whose clock runs an hour ahead neither takes another host's fresh session for
+/// idle nor, at a sign-in's prune, deletes it; one an hour behind does not keep an idle
+/// session past its bound (s30 identity attack F2: by each host's own clock, the host ahead
+/// logged every admin out, fleet-wide).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_are_judged_by_the_databases_clock() {
+    use sluice::auth::session;
+    use sluice::store::sessions;
+    let a = Store::postgres().await;
+    let b = a.another().await;
+    let who = ("root", "admin", None);
+    let id =
+        sluice::cli::admin_create_with(&a.db, who, "a long passphrase".into(), false, Utc::now())
+            .await
+            .unwrap();
+    let open = || async {
+        let sid = session::new_secret();
+        let mut tx = a.db.begin().await.unwrap();
+        sessions::create_session(&mut tx, &session::id_hash(&sid), id, "10.0.0.1", Utc::now())
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        sid
+    };
+    let sid = open().await;
+    let ahead = Utc::now() + Duration::hours(1);
+    assert!(
+        session::load(&b.db, &sid, ahead).await.unwrap().is_some(),
+        "not idle"
+    );
+    let mut tx = b.db.begin().await.unwrap();
+    sessions::prune_sessions(&mut tx, ahead, (session::IDLE, session::ABSOLUTE))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert!(
+        session::load(&a.db, &sid, Utc::now())
+            .await
+            .unwrap()
+            .is_some(),
+        "not pruned by the host ahead"
+    );
+    // Idle for 31 minutes by the database's clock: ended, on a host an hour behind too.
+    let idle = db_time(Utc::now() - Duration::minutes(31));
+    sqlx::query("UPDATE admin_sessions SET last_seen_at = $1")
+        .bind(&idle)
+        .execute(&a.pg().pool)
+        .await
+        .unwrap();
+    let behind = Utc::now() - Duration::hours(1);
+    assert!(
+        session::load(&b.db, &sid, behind).await.unwrap().is_none(),
+        "idle"
+    );
+    // And pruned at a sign-in by a host an hour behind.
+    let sid = open().await;
+    let old = db_time(Utc::now() - Duration::hours(13));
+    sqlx::query("UPDATE admin_sessions SET created_at = $1")
+        .bind(&old)
+        .execute(&a.pg().pool)
+        .await
+        .unwrap();
+    let mut tx = b.db.begin().await.unwrap();
+    sessions::prune_sessions(&mut tx, behind, (session::IDLE, session::ABSOLUTE))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(
+        sessions::find_session(&a.db, &session::id_hash(&sid))
+            .await
+            .unwrap()
+            .map(|s| s.admin.id),
+        None,
+        "past 12 hours by the database's clock"
+    );
+}

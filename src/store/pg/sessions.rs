@@ -76,46 +76,64 @@ pub async fn set_password_hash(conn: &mut PgConnection, id: i64, hash: &str) -> 
     Ok(())
 }
 
+/// The database's time as stored text (`clock::db_time`'s format), `$ago` seconds back, at
+/// the statement. Sessions are stamped, judged and pruned by it here: hosts' clocks may
+/// disagree by any amount, and judged by each host's own, a host an hour ahead took every
+/// other host's session for idle — and its sign-ins' prune deleted them all — while one
+/// behind kept idle sessions for longer (s30 identity attack F2).
+fn db_time_ago(ago: &str) -> String {
+    format!(
+        "to_char((statement_timestamp() - make_interval(secs => {ago})) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"
+    )
+}
+
+/// Opens a session, stamped by the database's clock (`db_time_ago`).
 pub async fn create_session(
     conn: &mut PgConnection,
     id_hash: &str,
     admin_id: i64,
     address: &str,
-    now: DateTime<Utc>,
 ) -> Result<()> {
     text::check(&[("session", Some(id_hash)), ("address", Some(address))])?;
-    sqlx::query(
-        "INSERT INTO admin_sessions (id_hash, admin_id, address, created_at, last_seen_at) VALUES ($1, $2, $3, $4, $4)",
-    )
+    let now = db_time_ago("0");
+    sqlx::query(&format!(
+        "INSERT INTO admin_sessions (id_hash, admin_id, address, created_at, last_seen_at) VALUES ($1, $2, $3, {now}, {now})",
+    ))
     .bind(id_hash)
     .bind(admin_id)
     .bind(address)
-    .bind(db_time(now))
     .execute(conn)
     .await?;
     Ok(())
 }
 
-/// The (admin id, created at, last seen at) of a session (`store::sessions::find_session`
-/// reads its admin).
-pub async fn session(pool: &PgPool, id_hash: &str) -> Result<Option<(i64, String, String)>> {
+/// The (admin id, created at, last seen at, the database's time now) of a session
+/// (`store::sessions::find_session` reads its admin).
+pub async fn session(
+    pool: &PgPool,
+    id_hash: &str,
+) -> Result<Option<(i64, String, String, String)>> {
     if !text::storable(id_hash) {
         return Ok(None);
     }
-    Ok(sqlx::query_as(
-        "SELECT admin_id, created_at, last_seen_at FROM admin_sessions WHERE id_hash = $1",
-    )
+    Ok(sqlx::query_as(&format!(
+        "SELECT admin_id, created_at, last_seen_at, {} FROM admin_sessions WHERE id_hash = $1",
+        db_time_ago("0")
+    ))
     .bind(id_hash)
     .fetch_optional(pool)
     .await?)
 }
 
-pub async fn touch_session(pool: &PgPool, id_hash: &str, now: DateTime<Utc>) -> Result<()> {
-    sqlx::query("UPDATE admin_sessions SET last_seen_at = $1 WHERE id_hash = $2")
-        .bind(db_time(now))
-        .bind(id_hash)
-        .execute(pool)
-        .await?;
+/// Marks a session used, by the database's clock.
+pub async fn touch_session(pool: &PgPool, id_hash: &str) -> Result<()> {
+    sqlx::query(&format!(
+        "UPDATE admin_sessions SET last_seen_at = {} WHERE id_hash = $1",
+        db_time_ago("0")
+    ))
+    .bind(id_hash)
+    .execute(pool)
+    .await?;
     Ok(())
 }
 
@@ -177,17 +195,21 @@ pub async fn delete_sessions_of(
     )
 }
 
-/// Drops sessions that can no longer be used (idle or too old).
+/// Drops sessions that can no longer be used (idle or too old), by the database's clock.
 pub async fn prune_sessions(
     conn: &mut PgConnection,
-    idle_before: DateTime<Utc>,
-    created_before: DateTime<Utc>,
+    idle: chrono::Duration,
+    absolute: chrono::Duration,
 ) -> Result<()> {
-    sqlx::query("DELETE FROM admin_sessions WHERE last_seen_at < $1 OR created_at < $2")
-        .bind(db_time(idle_before))
-        .bind(db_time(created_before))
-        .execute(conn)
-        .await?;
+    sqlx::query(&format!(
+        "DELETE FROM admin_sessions WHERE last_seen_at < {} OR created_at < {}",
+        db_time_ago("$1"),
+        db_time_ago("$2")
+    ))
+    .bind(idle.num_milliseconds() as f64 / 1000.0)
+    .bind(absolute.num_milliseconds() as f64 / 1000.0)
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
