@@ -20,7 +20,7 @@ use super::actor::{peer, sso_audit_name};
 use super::error::AdminError;
 use super::login::{self, LoginPage};
 use crate::auth::oidc::{self, Identity, Sso, SsoError};
-use crate::auth::{csrf, session};
+use crate::auth::{csrf, session, throttle};
 use crate::state::AppState;
 use crate::store::oidc::{self as store, NewSsoAdmin};
 use crate::store::{sessions, tenants};
@@ -73,6 +73,27 @@ async fn callback(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse 
     // the audit log is never trimmed, and is no one's to fill — and the page shows only a
     // plain OAuth error code, never the caller's text.
     let vouched = q.error.is_none();
+    // An address whose sign-ins keep being refused waits: nothing is asked of the provider,
+    // written or audited meanwhile (`throttle::sso_held`).
+    match throttle::sso_held(&state.db, &address, now).await {
+        Ok(None) => {}
+        Ok(Some(retry_after)) => {
+            tracing::warn!(address, "single sign-on throttled");
+            let mut resp = refused(
+                &state,
+                &req,
+                AdminError::Throttled { retry_after }.to_string(),
+                429,
+            );
+            resp.headers_mut().insert(
+                actix_web::http::header::RETRY_AFTER,
+                actix_web::http::header::HeaderValue::from(retry_after),
+            );
+            let _ = resp.add_cookie(&removal(secure));
+            return resp;
+        }
+        Err(e) => return AdminError::from(e).page(),
+    }
     let result = match (&q.error, &q.code, &q.state) {
         (Some(e), _, _) => {
             let plain = !e.is_empty()
@@ -119,17 +140,7 @@ async fn callback(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse 
             // expired) is logged.
             let vouched = vouched && matches!(e, SsoError::Token(_));
             if vouched {
-                if let Err(e) = audit(
-                    &state,
-                    "oidc",
-                    &address,
-                    "login.sso_refused",
-                    "",
-                    &detail,
-                    now,
-                )
-                .await
-                {
+                if let Err(e) = audit_token_refused(&state, &address, &detail, now).await {
                     return e.page();
                 }
             }
@@ -174,6 +185,7 @@ async fn refuse(
         now,
     )
     .await?;
+    throttle::sso_refused(&mut tx, address, now).await?;
     tx.commit().await?;
     Ok(Refusal::Page(page, 403))
 }
@@ -383,17 +395,26 @@ fn removal(secure: bool) -> Cookie<'static> {
     c
 }
 
-async fn audit(
+/// Audits a provider's token that failed its checks, and counts it against the address
+/// (`throttle::sso_refused`).
+async fn audit_token_refused(
     state: &AppState,
-    actor: &str,
     address: &str,
-    action: &str,
-    target: &str,
-    after: &str,
+    detail: &str,
     now: DateTime<Utc>,
 ) -> Result<(), AdminError> {
     let mut tx = state.db.begin().await?;
-    append(&mut tx, actor, address, action, target, after, now).await?;
+    append(
+        &mut tx,
+        "oidc",
+        address,
+        "login.sso_refused",
+        "",
+        detail,
+        now,
+    )
+    .await?;
+    throttle::sso_refused(&mut tx, address, now).await?;
     tx.commit().await?;
     Ok(())
 }

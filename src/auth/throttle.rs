@@ -90,6 +90,39 @@ pub async fn admit(
     Ok(Admission::Admitted(Attempt { rows }))
 }
 
+/// Single sign-on refusals per peer address within `WINDOW` (identities the provider
+/// vouches for that Sluice refuses, tokens failing their checks).
+pub const SSO_REFUSALS: usize = 20;
+
+/// Whether single sign-on callbacks from `address` are held back: `Some(retry_after)` once
+/// its refusals reached `SSO_REFUSALS` within the window. Decided on the read pool, before
+/// the provider is asked anything: an outsider with an account at a provider anyone may
+/// join (a Google "External" client, GitLab.com) could otherwise script sign-ins, each
+/// refused one a permanent audit row and a take of the write lock the money path shares
+/// (s30 identity attack F3). Successful sign-ins count nothing.
+pub async fn sso_held(
+    db: &Db,
+    address: &str,
+    now: DateTime<Utc>,
+) -> Result<Option<u64>, StoreError> {
+    let keys = [(sso_key(address), SSO_REFUSALS)];
+    let mut snapshot = db.begin_read().await?;
+    Ok(match over_limit(&mut snapshot, &keys, now).await? {
+        Some(Admission::Refused { retry_after }) => Some(retry_after),
+        _ => None,
+    })
+}
+
+/// Counts one single sign-on refusal from `address`, in the transaction that audits it.
+pub async fn sso_refused(tx: &mut Tx, address: &str, now: DateTime<Utc>) -> Result<(), StoreError> {
+    sessions::record_attempt(tx, &sso_key(address), now).await?;
+    Ok(())
+}
+
+fn sso_key(address: &str) -> String {
+    format!("sso:{}", network(address))
+}
+
 /// The key a name's attempts are counted under: its MAC, never the typed text — the
 /// name field sometimes gets a password or a token pasted into it.
 fn name_key(keys: &AuditKeys, username: &str) -> String {

@@ -904,3 +904,46 @@ async fn an_authorization_header_that_is_not_a_bearer_key_leaves_the_session_in_
         .unwrap();
     assert_eq!(r.status(), 401);
 }
+
+/// Sign-ins the provider vouches for but Sluice refuses are counted per address: past
+/// `SSO_REFUSALS` within the window the callback answers 429 with `Retry-After`, before the
+/// provider is asked anything and with nothing written (s30 identity attack F3: each was a
+/// permanent audit row and a take of the write lock, without bound, for anyone with an
+/// account at a provider anyone may join).
+#[tokio::test]
+async fn refused_sign_ins_from_one_address_are_throttled() {
+    use sluice::auth::throttle::SSO_REFUSALS;
+    let issuer = Issuer::start().await;
+    let app = gateway(&issuer, true).await;
+    for i in 0..SSO_REFUSALS {
+        let r = sign_in_with(&app, &issuer, &format!("outsider-{i}"), |c| {
+            c["groups"] = json!(["staff"])
+        })
+        .await;
+        refused(r, 403, "none of your groups").await;
+    }
+    let rows = "SELECT COUNT(*) FROM audit_log WHERE action = 'login.sso_refused'";
+    assert_eq!(app.scalar(rows).await, SSO_REFUSALS as i64);
+    let before = issuer.token_requests.lock().unwrap().len();
+    let r = sign_in_with(&app, &issuer, "outsider-x", |c| {
+        c["groups"] = json!(["staff"])
+    })
+    .await;
+    assert_eq!(r.status(), 429);
+    let wait: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=15 * 60).contains(&wait), "{wait}");
+    assert_eq!(
+        issuer.token_requests.lock().unwrap().len(),
+        before,
+        "the provider was not asked"
+    );
+    assert_eq!(
+        app.scalar(rows).await,
+        SSO_REFUSALS as i64,
+        "nothing audited"
+    );
+}
