@@ -343,7 +343,10 @@ async fn sign_in(
 async fn free_username(tx: &mut crate::store::Tx, who: &Identity) -> Result<String, Refusal> {
     // `who.name` is readable already (`auth::oidc::readable`).
     let name = who.name.clone();
-    if !crate::store::directory::username_taken(tx, &name).await? {
+    // A name the audit log gives actors that are not logins (`cli`, `system`) is taken.
+    if !super::user_ops::reserved(&name)
+        && !crate::store::directory::username_taken(tx, &name).await?
+    {
         return Ok(name);
     }
     // Someone may have taken the tagged name too (knowing the subject): a longer tag then.

@@ -102,11 +102,16 @@ async fn team_of(tx: &mut crate::store::Tx, actor: &Actor, id: i64) -> Result<Te
     directory::team(tx, id).await?.ok_or(AdminError::NotFound)
 }
 
+/// Names the audit log gives actors that are not logins: no login may be called so.
+pub(super) fn reserved(name: &str) -> bool {
+    matches!(name, "cli" | "system")
+}
+
 pub async fn create(state: &AppState, actor: &Actor, u: NewUser) -> Result<Created, AdminError> {
     actor.require_write()?;
     let username = u.username.unwrap_or_default();
     view::check_name("username", &username)?;
-    if matches!(username.as_str(), "cli" | "system") {
+    if reserved(&username) {
         return Err(AdminError::invalid(
             "username: `cli` and `system` are reserved",
         ));

@@ -739,6 +739,18 @@ async fn the_providers_name_claims_are_cleaned_and_an_unverified_email_names_no_
     assert_eq!(r.status(), 200);
     let (_, me_) = me(&app, &session_of(&r).unwrap()).await;
     assert_eq!(me_["username"], "mallory", "{me_}");
+    // A name the audit log gives actors that are not logins is taken: tagged.
+    let r = sign_in_with(&app, &issuer, "u-24", |c| {
+        c["groups"] = json!(["llm-admins"]);
+        c.as_object_mut().unwrap().remove("email");
+        c["preferred_username"] = json!("system");
+    })
+    .await;
+    let (_, me_) = me(&app, &session_of(&r).unwrap()).await;
+    assert!(
+        me_["username"].as_str().unwrap().starts_with("system~"),
+        "{me_}"
+    );
     let r = sign_in_with(&app, &issuer, "u-21", |c| {
         c["groups"] = json!(["llm-admins"]);
         c.as_object_mut().unwrap().remove("email");
