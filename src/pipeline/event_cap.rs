@@ -30,6 +30,8 @@
 //! per frame.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
@@ -70,6 +72,9 @@ pub struct EventCap<S> {
     lines: Bytes,
     /// The body failed or ended: nothing more is read.
     ended: bool,
+    /// Chunks of the body received so far: what the pump's idle clock hears of an upstream
+    /// that sends only comment lines (keep-alives the parser drops, `heard`).
+    heard: Arc<AtomicU64>,
 }
 
 impl<S> EventCap<S> {
@@ -85,7 +90,14 @@ impl<S> EventCap<S> {
             line_bytes: BytesMut::new(),
             lines: Bytes::new(),
             ended: false,
+            heard: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// A count of the chunks received, which goes up as they come (also those the parser
+    /// turns into no event: comment lines, an event's first lines).
+    pub fn heard(&self) -> Arc<AtomicU64> {
+        self.heard.clone()
     }
 
     /// Checks that the body up to this chunk is UTF-8; false at a byte that cannot be
@@ -189,7 +201,10 @@ where
                 return Poll::Ready(None);
             }
             let chunk = match Pin::new(&mut self.inner).poll_next(cx) {
-                Poll::Ready(Some(Ok(chunk))) => chunk,
+                Poll::Ready(Some(Ok(chunk))) => {
+                    self.heard.fetch_add(1, Ordering::Relaxed);
+                    chunk
+                }
                 Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.into()))),
                 Poll::Ready(None) => {
                     self.ended = true;

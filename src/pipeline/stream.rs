@@ -121,13 +121,24 @@ type Events = std::pin::Pin<
     Box<dyn futures_util::Stream<Item = Result<(String, String), &'static str>> + Send>,
 >;
 
-fn events(framing: Framing, upstream: reqwest::Response, most: usize) -> Events {
+/// The upstream's events, and for SSE the count of body chunks heard (`EventCap::heard`).
+fn events(
+    framing: Framing,
+    upstream: reqwest::Response,
+    most: usize,
+) -> (Events, Option<Arc<AtomicU64>>) {
     match framing {
-        Framing::AwsEventStream => Box::pin(providers::bedrock::eventstream::events(
-            upstream.bytes_stream(),
-            most,
-        )),
-        Framing::Sse => Box::pin(EventCap::new(upstream.bytes_stream(), most).eventsource().map(
+        Framing::AwsEventStream => (
+            Box::pin(providers::bedrock::eventstream::events(
+                upstream.bytes_stream(),
+                most,
+            )),
+            None,
+        ),
+        Framing::Sse => {
+            let cap = EventCap::new(upstream.bytes_stream(), most);
+            let heard = cap.heard();
+            (Box::pin(cap.eventsource().map(
             |e| match e {
                 Ok(ev) => Ok((ev.event, ev.data)),
                 Err(EventStreamError::Transport(BodyError::TooLarge(_))) => Err(
@@ -137,8 +148,8 @@ fn events(framing: Framing, upstream: reqwest::Response, most: usize) -> Events 
                     "The upstream sent an event that is not UTF-8 text; the stream was ended by the gateway.",
                 ),
                 Err(_) => Err(BROKE),
-            },
-        )),
+            })), Some(heard))
+        }
     }
 }
 
@@ -511,7 +522,7 @@ impl Pump {
     ) -> (bool, Option<&'static str>, bool) {
         let idle = stall_limit(&self.state);
         let most = self.state.settings.upstream.max_response_bytes;
-        let mut events = events(self.framing, upstream, most);
+        let (mut events, heard) = events(self.framing, upstream, most);
         // The client left before the answer was whole: a departure.
         let mut client_gone = false;
         // The client left after the finish (its answer whole), at this instant: the pump
@@ -558,6 +569,7 @@ impl Pump {
                 .min()
                 .filter(|cap| *cap <= stall);
             let wait = capped.unwrap_or(stall);
+            let heard_before = heard.as_ref().map(|h| h.load(Ordering::Relaxed));
             if wait.is_zero() {
                 if capped.is_some() {
                     self.converter.close(&mut frames);
@@ -616,6 +628,18 @@ impl Pump {
                 Err(_) if capped.is_some() => {
                     self.converter.close(&mut frames);
                     break;
+                }
+                // Before the finish, a wait that heard bytes but no event (comment lines: an
+                // upstream saying it is still working, as OpenRouter's `: OPENROUTER
+                // PROCESSING`) is waited again: a live upstream is not cut as stalled and
+                // counted against its key (s30 streams attack F4). Pings do as much; after
+                // the finish neither holds the stream open (`quiet`).
+                Err(_)
+                    if quiet.is_none()
+                        && heard.as_ref().map(|h| h.load(Ordering::Relaxed)) != heard_before =>
+                {
+                    self.progress();
+                    continue;
                 }
                 Err(_) => {
                     failure = self.end(

@@ -1054,3 +1054,70 @@ async fn a_429_whose_body_trickles_moves_to_the_next_key_in_time() {
     app.assert_invariant().await;
     key_call_closed(&app, KEY_A).await;
 }
+
+/// An upstream that says it is still working with SSE comment lines (OpenRouter's `:
+/// OPENROUTER PROCESSING`) for three idle timeouts before its first event: the stream is
+/// held open and served whole, not cut as stalled and counted against the key (s30 streams
+/// attack F4: the parser drops comments, and the idle clock heard nothing). Comments after
+/// the finish still hold nothing open.
+#[tokio::test]
+async fn comment_keepalives_before_the_first_event_hold_the_stream_open() {
+    let app = spawn_app_with(|s, _| s.upstream.stream_idle_timeout_ms = 500).await;
+    let (_, token) = app.token("keepalive", Some("1")).await;
+    let finish = format!(
+        "data: {}\n\n",
+        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    );
+    let mut pieces = vec![": OPENROUTER PROCESSING\n\n".to_string(); 8];
+    pieces.extend([role_chunk(), finish, "data: [DONE]\n\n".into()]);
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            raw_stream: Some(pieces),
+            chunk_delay_ms: 200,
+            ..Default::default()
+        }),
+    );
+    let (data, took) = streamed_within_45_s(&app, &token, "the stream ended").await;
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
+    assert!(took >= Duration::from_millis(1_600), "{took:?}");
+    assert!(
+        !data.iter().any(|d| d.contains("upstream_error")),
+        "{data:?}"
+    );
+    app.wait_for_log_rows(1).await;
+    let (code,): (Option<String>,) = sql_row(app.db(), "SELECT error_code FROM requests").await;
+    // Whole (no usage was scripted: the estimate), not cut.
+    assert_eq!(code.as_deref(), Some("usage_estimated"));
+    assert_eq!(
+        app.state.pool().breakers[0].state(),
+        sluice::upstream::breaker::State::Closed
+    );
+    app.assert_invariant().await;
+
+    // After the finish and its usage, comments are as pings: the stream completes at the
+    // idle timeout.
+    let usage = format!(
+        "data: {}\n\n",
+        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}})
+    );
+    let finish = format!(
+        "data: {}\n\n",
+        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    );
+    app.mock.state.sticky(
+        KEY_A,
+        Some(Script {
+            raw_stream: Some(vec![role_chunk(), finish, usage, ": still here\n\n".into()]),
+            raw_repeat: 1_000,
+            chunk_delay_ms: 100,
+            ..Default::default()
+        }),
+    );
+    let (data, took) = streamed_within_45_s(&app, &token, "the stream ended").await;
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}
