@@ -16,6 +16,8 @@ use sluice::upstream::pool::Disabled;
 
 use crate::azure::{azure, entra};
 use crate::helpers::*;
+use crate::on_both_engines;
+use crate::pg_gateway_app::{spawn_app_on, Engine};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gemini");
 const EMAIL: &str = "sluice-test@sluice-test.iam.gserviceaccount.com";
@@ -79,43 +81,62 @@ async fn app(
 ) -> (TestApp, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let sa_path = dir.path().join("sa.json");
-    let app = spawn_app_with(move |s, m| {
-        let u = match issuer {
-            Issuer::Entra => {
-                let mut u = azure("tok", m, "2024-10-21");
-                u.api_key = Secret::default();
-                u.entra = Some(entra(m, CLIENT, ENTRA_SECRET));
-                u
-            }
-            Issuer::Vertex => {
-                let text = std::fs::read_to_string(format!("{FIXTURES}/test-service-account.json"))
-                    .unwrap();
-                let mut sa: Value = serde_json::from_str(&text).unwrap();
-                sa["token_uri"] = json!(format!("{}/token", m.base_url()));
-                std::fs::write(&sa_path, sa.to_string()).unwrap();
-                Issuer::Vertex.set_lifetime(m, 3600);
-                let mut u = upstream("tok", "unused", m);
-                u.provider = Provider::Gemini;
-                u.base_url = m.base_url();
-                u.api_key = Secret::default();
-                u.vertex = Some(VertexSettings {
-                    project: "sluice-test".into(),
-                    location: "us-central1".into(),
-                    credentials_file: sa_path,
-                });
-                u
-            }
-        };
-        s.upstreams = vec![u];
-        let mut gpt = model("gpt-4o-mini", &["tok"]);
-        if matches!(issuer, Issuer::Entra) {
-            gpt.routes[0].deployment = Some("prod-gpt4o-mini".into());
-        }
-        s.models = vec![gpt];
-        tweak(s, m);
-    })
-    .await;
+    let app = spawn_app_with(move |s, m| configure(issuer, &sa_path, s, m, tweak)).await;
     (app, dir)
+}
+
+/// `app` with its database on `engine`.
+async fn app_on(
+    engine: Engine,
+    issuer: Issuer,
+    tweak: impl FnOnce(&mut Settings, &MockServer),
+) -> (TestApp, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let sa_path = dir.path().join("sa.json");
+    let app = spawn_app_on(engine, move |s, m| configure(issuer, &sa_path, s, m, tweak)).await;
+    (app, dir)
+}
+
+fn configure(
+    issuer: Issuer,
+    sa_path: &std::path::Path,
+    s: &mut Settings,
+    m: &MockServer,
+    tweak: impl FnOnce(&mut Settings, &MockServer),
+) {
+    let u = match issuer {
+        Issuer::Entra => {
+            let mut u = azure("tok", m, "2024-10-21");
+            u.api_key = Secret::default();
+            u.entra = Some(entra(m, CLIENT, ENTRA_SECRET));
+            u
+        }
+        Issuer::Vertex => {
+            let text =
+                std::fs::read_to_string(format!("{FIXTURES}/test-service-account.json")).unwrap();
+            let mut sa: Value = serde_json::from_str(&text).unwrap();
+            sa["token_uri"] = json!(format!("{}/token", m.base_url()));
+            std::fs::write(sa_path, sa.to_string()).unwrap();
+            Issuer::Vertex.set_lifetime(m, 3600);
+            let mut u = upstream("tok", "unused", m);
+            u.provider = Provider::Gemini;
+            u.base_url = m.base_url();
+            u.api_key = Secret::default();
+            u.vertex = Some(VertexSettings {
+                project: "sluice-test".into(),
+                location: "us-central1".into(),
+                credentials_file: sa_path.to_path_buf(),
+            });
+            u
+        }
+    };
+    s.upstreams = vec![u];
+    let mut gpt = model("gpt-4o-mini", &["tok"]);
+    if matches!(issuer, Issuer::Entra) {
+        gpt.routes[0].deployment = Some("prod-gpt4o-mini".into());
+    }
+    s.models = vec![gpt];
+    tweak(s, m);
 }
 
 fn exchanges(app: &TestApp, issuer: Issuer) -> u64 {
@@ -476,3 +497,32 @@ async fn a_token_whose_life_ended_on_the_way_is_unusable() {
         app.assert_invariant().await;
     }
 }
+
+/// Google refuses an assertion stamped outside the minutes it tolerates (this host's clock
+/// off) with `400 invalid_grant` naming the JWT's time: the gateway's own fault, not a
+/// refused key — the request fails as a server error, the key is not disabled (so no
+/// `key_disabled` alert: one goes out only with the disabling), and once the assertion is
+/// taken the next request is served.
+async fn a_vertex_assertion_refused_for_its_time_does_not_disable_the_key(engine: Engine) {
+    let issuer = Issuer::Vertex;
+    let (app, _dir) = app_on(engine, issuer, |_, _| {}).await;
+    app.mock.state.script(
+        issuer.token_key(),
+        [Script {
+            status: Some(400),
+            body: Some(json!({"error": "invalid_grant",
+                "error_description": "Invalid JWT: Token must be a short-lived token (60 minutes) and in a reasonable timeframe. Check your iat and exp values in the JWT claim."})),
+            ..Script::default()
+        }],
+    );
+    let (_, token) = app.token("dev", Some("5.00")).await;
+    let resp = app.chat(&token, &chat_body(8)).await;
+    assert_upstream_error(resp, issuer).await;
+    assert_eq!(app.state.pool().disabled(0), None);
+    let resp = app.chat(&token, &chat_body(8)).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(exchanges(&app, issuer), 2);
+    assert_eq!(upstream_calls(&app, issuer), 1);
+    app.assert_invariant().await;
+}
+on_both_engines!(a_vertex_assertion_refused_for_its_time_does_not_disable_the_key);

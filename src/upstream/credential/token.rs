@@ -15,6 +15,11 @@
 //!   deleted key) or the local credential cannot make a request (an unreadable key file):
 //!   a 401 for the deployment — the `AuthFailed` tier: the key is disabled, an alert goes
 //!   out, the next key serves;
+//! - but an assertion signed with this host's clock (`Exchange::stamped`: Vertex's JWT)
+//!   refused for its time (`invalid_grant` naming `iat`/`exp` or the timeframe) is the
+//!   host's fault, not the key's: a connection error as below, logged as an error that
+//!   the clock may be wrong — a clock that steps must not disable every key until an
+//!   admin re-enables them;
 //! - the endpoint cannot be reached, times out (`EXCHANGE_BOUND`), fails (429, 5xx) or
 //!   answers something unusable (not JSON, no `access_token`, a token that is no header
 //!   value, an `expires_in` under a second or not a number, an answer over 64 KiB): a
@@ -73,6 +78,12 @@ pub trait Exchange: Send + Sync + std::fmt::Debug + 'static {
         http: &reqwest::Client,
         now: DateTime<Utc>,
     ) -> Result<reqwest::RequestBuilder, String>;
+
+    /// Whether the request carries an assertion stamped with this host's clock (`iat`,
+    /// `exp`): a refusal that names its time then says the clock is off, not the key.
+    fn stamped(&self) -> bool {
+        false
+    }
 }
 
 #[derive(Clone)]
@@ -256,6 +267,17 @@ impl Inner {
             .await
             .ok_or_else(|| self.unavailable("the token endpoint's answer is too large or cut"))?;
         if matches!(status, 400 | 401 | 403) {
+            if self.exchange.stamped() && refused_for_its_time(&body) {
+                tracing::error!(
+                    issuer = self.exchange.issuer(),
+                    host_time = %asked,
+                    "the token endpoint refused the assertion for its time: this host's clock \
+                     may be wrong (check NTP); the key is kept, the deployment counts a failure"
+                );
+                return Err(self.unavailable(
+                    "the token endpoint refused the assertion for its time (this host's clock may be wrong)",
+                ));
+            }
             let code = oauth_code(&body).unwrap_or_else(|| format!("HTTP {status}"));
             return Err(self.refused(&format!(
                 "the token endpoint refused the credentials ({code})"
@@ -311,6 +333,29 @@ fn oauth_code(body: &[u8]) -> Option<String> {
         && code.len() <= 64
         && code.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
     plain.then(|| code.to_string())
+}
+
+/// Whether a refusal is OAuth's `invalid_grant` for the assertion's time: its description
+/// names the JWT's `iat`, `exp` or `nbf`, its timeframe or the clock (Google: "Invalid JWT:
+/// Token must be a short-lived token (60 minutes) and in a reasonable timeframe. Check your
+/// iat and exp values…"). A wrong or deleted key is refused in other words ("Invalid JWT
+/// Signature", "account not found") and stays a refused key. Only the words are read;
+/// none is passed on.
+fn refused_for_its_time(body: &[u8]) -> bool {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return false;
+    };
+    if v.get("error").and_then(|e| e.as_str()) != Some("invalid_grant") {
+        return false;
+    }
+    let description = v
+        .get("error_description")
+        .and_then(|d| d.as_str())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    description
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .any(|w| matches!(w, "iat" | "exp" | "nbf" | "timeframe" | "clock"))
 }
 
 /// The token and its lifetime in seconds from a 200 answer. `expires_in` is a JSON number
@@ -396,6 +441,27 @@ mod tests {
             r#"[]"#,
         ] {
             assert!(read(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_refusal_naming_the_assertions_time_is_told_apart() {
+        assert!(refused_for_its_time(
+            br#"{"error":"invalid_grant","error_description":"Invalid JWT: Token must be a short-lived token (60 minutes) and in a reasonable timeframe. Check your iat and exp values in the JWT claim."}"#
+        ));
+        for refused in [
+            &br#"{"error":"invalid_grant","error_description":"Invalid JWT Signature."}"#[..],
+            br#"{"error":"invalid_grant","error_description":"Invalid grant: account not found"}"#,
+            br#"{"error":"invalid_grant","error_description":"associated key expired"}"#,
+            br#"{"error":"invalid_client","error_description":"bad iat"}"#,
+            br#"{"error":"invalid_grant"}"#,
+            b"timeframe",
+        ] {
+            assert!(
+                !refused_for_its_time(refused),
+                "{}",
+                String::from_utf8_lossy(refused)
+            );
         }
     }
 
