@@ -152,6 +152,10 @@ pub fn effective(
         let mut tagged = credentials(u);
         tagged.extend_from_slice(&sealing.to_le_bytes());
         which.shared_tags.insert(u.id.clone(), sealer.tag(&tagged));
+        tagged.extend_from_slice(&hook_inputs(u));
+        which
+            .credential_ids
+            .insert(u.id.clone(), sealer.digest(&tagged));
     }
     Ok((s, which))
 }
@@ -184,6 +188,26 @@ fn credentials(u: &UpstreamSettings) -> Vec<u8> {
     for f in fields {
         out.extend_from_slice(&(f.len() as u64).to_le_bytes());
         out.extend_from_slice(f);
+    }
+    out
+}
+
+/// What else a credential hook is made of (`providers::credential`), each length-prefixed:
+/// the provider and its auth mode (which kind of credential), Entra's authority and scope
+/// (where and for what the token is asked). With `credentials` and the sealing, equal
+/// bytes make the same hook, so a rebuild keeps the one in use (`Catalog::rebuild`).
+fn hook_inputs(u: &UpstreamSettings) -> Vec<u8> {
+    let entra = u.entra.as_ref();
+    let fields = [
+        format!("{:?}", u.provider),
+        format!("{:?}", u.quirks.auth),
+        entra.map_or(String::new(), |e| e.authority.clone()),
+        entra.map_or(String::new(), |e| e.scope.clone()),
+    ];
+    let mut out = Vec::new();
+    for f in fields {
+        out.extend_from_slice(&(f.len() as u64).to_le_bytes());
+        out.extend_from_slice(f.as_bytes());
     }
     out
 }
@@ -611,6 +635,58 @@ output_usd_per_mtok = 2.0
         account["private_key_id"] = "rotated".into();
         std::fs::write(&path, account.to_string()).unwrap();
         assert_ne!(tag(), old);
+    }
+
+    /// A rebuild keeps a deployment's credential hook (its token source and cached token)
+    /// while everything the hook is made of is unchanged — another model's change does
+    /// not touch it — and makes a new one when any of it changes: the client secret, the
+    /// authority, the scope.
+    #[test]
+    fn a_rebuild_keeps_the_credential_hook_of_an_unchanged_credential() {
+        let sealer = Sealer::new(&MasterKey::from_hex(&"ab".repeat(32)).unwrap());
+        let mut base: Settings = toml::from_str(
+            r#"
+[[upstreams]]
+id = "az"
+provider = "azure_openai"
+base_url = "https://res.openai.azure.com"
+api_version = "2024-10-21"
+entra = { tenant_id = "t", client_id = "c", client_secret = "s-1" }
+[[models]]
+name = "m"
+routes = [{ upstream = "az", model = "gpt-4o-mini" }]
+input_usd_per_mtok = 1.0
+output_usd_per_mtok = 2.0
+"#,
+        )
+        .unwrap();
+        base.server.listen = "127.0.0.1:0".into();
+        let build = |s: &Settings, previous: Option<&Catalog>| {
+            let (s, which) = effective(s, (&[], &[], &[]), &sealer, chrono::Utc::now()).unwrap();
+            Catalog::rebuild(&s, &which, previous)
+        };
+        let hook = |c: &Catalog| match c.deployments[0].credential() {
+            crate::upstream::credential::Credential::Hook(h) => h.clone(),
+            other => panic!("not a hook: {other:?}"),
+        };
+        let first = build(&base, None);
+        let mut priced = base.clone();
+        priced.models[0].price.input_usd_per_mtok = Some(3.0.into());
+        let kept = build(&priced, Some(&first));
+        assert!(Arc::ptr_eq(&hook(&first), &hook(&kept)));
+        let entra = |f: fn(&mut crate::config::EntraSettings)| {
+            let mut s = base.clone();
+            f(s.upstreams[0].entra.as_mut().unwrap());
+            s
+        };
+        for changed in [
+            entra(|e| e.client_secret = Secret(secrecy::SecretString::from("s-2"))),
+            entra(|e| e.authority = "https://login.example".into()),
+            entra(|e| e.scope = "api://other/.default".into()),
+        ] {
+            let next = build(&changed, Some(&first));
+            assert!(!Arc::ptr_eq(&hook(&first), &hook(&next)));
+        }
     }
 
     #[test]
