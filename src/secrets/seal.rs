@@ -60,15 +60,22 @@ impl Sealer {
     /// A 32-bit tag of `data` (an upstream key) that every replica with the master key
     /// computes alike and no one without it can compute: HMAC-SHA256 under its own subkey,
     /// so a tag in Redis confirms no guess of a weak key (`Deployment::shared_name`).
-    #[allow(clippy::expect_used)]
     pub fn tag(&self, data: &[u8]) -> u32 {
+        let out = self.digest(data);
+        u32::from_be_bytes([out[0], out[1], out[2], out[3]])
+    }
+
+    /// The whole HMAC-SHA256 of `data` under the tags' subkey: an identity of secrets that
+    /// can be compared (two catalogs' credentials, `Deployment::credential_id`) and printed
+    /// without telling anything of them.
+    #[allow(clippy::expect_used)]
+    pub fn digest(&self, data: &[u8]) -> [u8; 32] {
         use hmac::Mac;
         // cannot fail: HMAC takes a key of any length.
         let mut mac = <hmac::Hmac<sha2::Sha256> as Mac>::new_from_slice(&self.tags)
             .expect("HMAC takes any key length");
         mac.update(data);
-        let out = mac.finalize().into_bytes();
-        u32::from_be_bytes([out[0], out[1], out[2], out[3]])
+        mac.finalize().into_bytes().into()
     }
 
     /// `clear` sealed for `purpose` under a fresh random nonce.

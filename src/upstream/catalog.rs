@@ -39,6 +39,10 @@ pub struct Deployment {
     /// A keyed tag of the key and its sealing (`Sealer::tag`; 0 in a catalog built
     /// without the database's sealer): the name replicas share its state under.
     shared_tag: u32,
+    /// The keyed digest of everything its credential is made of (`live::effective`; `None`
+    /// in a catalog built without the database's sealer): a rebuild that finds it unchanged
+    /// keeps the credential hook in use, and with it the cached token.
+    credential_id: Option<[u8; 32]>,
     pub provider: Provider,
     /// Without a trailing slash; paths are appended as the provider's SDK would.
     pub base_url: String,
@@ -68,11 +72,14 @@ struct Target {
 }
 
 impl Deployment {
+    /// `kept`: the previous catalog's credential hook for the same credential, else one is
+    /// made from `u`.
     fn new(
         u: &UpstreamSettings,
         managed: bool,
         usable: bool,
-        (sealing, shared_tag): (u64, u32),
+        (sealing, shared_tag, credential_id): (u64, u32, Option<[u8; 32]>),
+        kept: Option<Credential>,
     ) -> Deployment {
         Deployment {
             id: u.id.clone(),
@@ -80,6 +87,7 @@ impl Deployment {
             usable,
             sealing,
             shared_tag,
+            credential_id,
             provider: u.provider,
             base_url: u.effective_base_url().trim_end_matches('/').to_string(),
             api_key: u.api_key.clone(),
@@ -89,14 +97,14 @@ impl Deployment {
             include_usage: u.quirks.include_usage,
             billed_fields: BilledFields::of(&u.quirks.billed_fields),
             targets: Vec::new(),
-            credential: providers::credential(u),
+            credential: kept.unwrap_or_else(|| providers::credential(u)),
         }
     }
 
     /// A deployment of `u` alone, outside a catalog (the client's own tests).
     #[cfg(test)]
     pub(crate) fn alone(u: &UpstreamSettings) -> Deployment {
-        Deployment::new(u, false, true, (0, 0))
+        Deployment::new(u, false, true, (0, 0, None), None)
     }
 
     /// This deployment with its credential made by `hook` (the client's own tests).
@@ -265,6 +273,12 @@ impl Catalog {
             .unwrap_or_default();
         let mut index: HashMap<&str, usize> = HashMap::new();
         for u in &s.upstreams {
+            let at = slots.iter().position(|x| x.id() == u.id);
+            let credential_id = managed.credential_ids.get(&u.id).copied();
+            // A token source (Entra, Vertex) of the same credential is kept, its cached
+            // token with it: a rebuild for an unrelated change (a price, another model, a
+            // SIGHUP) sends no deployment back to its token endpoint.
+            let kept = at.and_then(|i| slots[i].hook_for(credential_id));
             let d = Deployment::new(
                 u,
                 managed.ids.contains(&u.id),
@@ -272,16 +286,17 @@ impl Catalog {
                 (
                     managed.sealings.get(&u.id).copied().unwrap_or(0),
                     managed.shared_tags.get(&u.id).copied().unwrap_or(0),
+                    credential_id,
                 ),
+                kept,
             );
-            let at = slots.iter().position(|x| x.id() == u.id);
             let i = match at {
                 Some(i) => {
-                    slots[i] = Slot::New(d);
+                    slots[i] = Slot::New(Box::new(d));
                     i
                 }
                 None => {
-                    slots.push(Slot::New(d));
+                    slots.push(Slot::New(Box::new(d)));
                     slots.len() - 1
                 }
             };
@@ -391,6 +406,8 @@ pub struct Managed {
     pub sealings: HashMap<String, u64>,
     /// Every upstream's `Deployment::shared_tag`.
     pub shared_tags: HashMap<String, u32>,
+    /// Every upstream's `Deployment::credential_id`.
+    pub credential_ids: HashMap<String, [u8; 32]>,
     /// The prices admins appended (`model_prices`), by model.
     pub prices: AdminPrices,
 }
@@ -399,7 +416,7 @@ pub struct Managed {
 /// unless the new settings name it again) or one built now.
 enum Slot {
     Old(Arc<Deployment>),
-    New(Deployment),
+    New(Box<Deployment>),
 }
 
 impl Slot {
@@ -407,6 +424,21 @@ impl Slot {
         match self {
             Slot::Old(d) => &d.id,
             Slot::New(d) => &d.id,
+        }
+    }
+
+    /// The credential hook of the previous catalog's deployment here, if it was made of
+    /// the same credential (`credential_id`, known on both sides).
+    fn hook_for(&self, credential_id: Option<[u8; 32]>) -> Option<Credential> {
+        match self {
+            Slot::Old(d)
+                if credential_id.is_some()
+                    && d.credential_id == credential_id
+                    && matches!(d.credential, Credential::Hook(_)) =>
+            {
+                Some(d.credential.clone())
+            }
+            _ => None,
         }
     }
 
@@ -420,7 +452,7 @@ impl Slot {
     fn into_arc(self) -> Arc<Deployment> {
         match self {
             Slot::Old(d) => d,
-            Slot::New(d) => Arc::new(d),
+            Slot::New(d) => Arc::from(d),
         }
     }
 }

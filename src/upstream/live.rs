@@ -152,6 +152,10 @@ pub fn effective(
         let mut tagged = credentials(u);
         tagged.extend_from_slice(&sealing.to_le_bytes());
         which.shared_tags.insert(u.id.clone(), sealer.tag(&tagged));
+        tagged.extend_from_slice(&hook_inputs(u));
+        which
+            .credential_ids
+            .insert(u.id.clone(), sealer.digest(&tagged));
     }
     Ok((s, which))
 }
@@ -159,25 +163,46 @@ pub fn effective(
 /// Every field an upstream's calls are authorized with, each length-prefixed: a SIGHUP that
 /// changes a Bedrock secret, an Entra client secret or a Vertex service account (with the
 /// same `api_key`) is a new key too — what the pool learned of the old one is forgotten and
-/// its cooldowns are not shared to the new one.
+/// its cooldowns are not shared to the new one. A Vertex account counts by its file's path
+/// and contents: a key file replaced in place, then a SIGHUP, is a new key as well.
 fn credentials(u: &UpstreamSettings) -> Vec<u8> {
     fn secret(s: Option<&Secret>) -> &str {
         s.map_or("", |s| s.expose())
     }
     let entra = u.entra.as_ref();
-    let vertex = u
-        .vertex
-        .as_ref()
-        .map(|v| v.credentials_file.to_string_lossy());
+    let vertex = u.vertex.as_ref();
+    let account = vertex.map(|v| account_digest(&v.credentials_file));
+    let path = vertex.map(|v| v.credentials_file.to_string_lossy());
+    let fields: [&[u8]; 9] = [
+        u.api_key.expose().as_bytes(),
+        u.access_key_id.as_deref().unwrap_or("").as_bytes(),
+        secret(u.secret_access_key.as_ref()).as_bytes(),
+        secret(u.session_token.as_ref()).as_bytes(),
+        entra.map_or("", |e| e.tenant_id.as_str()).as_bytes(),
+        entra.map_or("", |e| e.client_id.as_str()).as_bytes(),
+        secret(entra.map(|e| &e.client_secret)).as_bytes(),
+        path.as_deref().unwrap_or("").as_bytes(),
+        account.as_deref().unwrap_or(&[]),
+    ];
+    let mut out = Vec::new();
+    for f in fields {
+        out.extend_from_slice(&(f.len() as u64).to_le_bytes());
+        out.extend_from_slice(f);
+    }
+    out
+}
+
+/// What else a credential hook is made of (`providers::credential`), each length-prefixed:
+/// the provider and its auth mode (which kind of credential), Entra's authority and scope
+/// (where and for what the token is asked). With `credentials` and the sealing, equal
+/// bytes make the same hook, so a rebuild keeps the one in use (`Catalog::rebuild`).
+fn hook_inputs(u: &UpstreamSettings) -> Vec<u8> {
+    let entra = u.entra.as_ref();
     let fields = [
-        u.api_key.expose(),
-        u.access_key_id.as_deref().unwrap_or(""),
-        secret(u.secret_access_key.as_ref()),
-        secret(u.session_token.as_ref()),
-        entra.map_or("", |e| e.tenant_id.as_str()),
-        entra.map_or("", |e| e.client_id.as_str()),
-        secret(entra.map(|e| &e.client_secret)),
-        vertex.as_deref().unwrap_or(""),
+        format!("{:?}", u.provider),
+        format!("{:?}", u.quirks.auth),
+        entra.map_or(String::new(), |e| e.authority.clone()),
+        entra.map_or(String::new(), |e| e.scope.clone()),
     ];
     let mut out = Vec::new();
     for f in fields {
@@ -185,6 +210,16 @@ fn credentials(u: &UpstreamSettings) -> Vec<u8> {
         out.extend_from_slice(f.as_bytes());
     }
     out
+}
+
+/// The SHA-256 of a service-account file's bytes (it holds a private key: only its digest
+/// goes into the keyed tag); empty when it does not read — the deployment then fails as a
+/// refused key, and the file readable again is a new key.
+fn account_digest(path: &std::path::Path) -> Vec<u8> {
+    use sha2::Digest;
+    std::fs::read(path)
+        .map(|bytes| sha2::Sha256::digest(bytes).to_vec())
+        .unwrap_or_default()
 }
 
 /// `file` without the models the admin changed (and without them as anyone's fallback):
@@ -563,6 +598,95 @@ output_usd_per_mtok = 2.0
             }
         }
         assert_eq!(tag(&rotated), tag(&rotated.clone()), "a tag is stable");
+    }
+
+    /// A Vertex service-account file replaced in place (same path, new contents), then a
+    /// reload: a new tag, so the pool forgets what it learned of the old account (a key
+    /// disabled as refused serves again).
+    #[test]
+    fn a_service_account_file_replaced_in_place_is_a_new_key() {
+        let sealer = Sealer::new(&MasterKey::from_hex(&"ab".repeat(32)).unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sa.json");
+        let mut s = file();
+        let u = &mut s.upstreams[0];
+        u.provider = crate::config::Provider::Gemini;
+        u.api_key = Secret::default();
+        u.vertex = Some(crate::config::VertexSettings {
+            project: "p".into(),
+            location: "us-central1".into(),
+            credentials_file: path.clone(),
+        });
+        let tag = || {
+            effective(&s, (&[], &[], &[]), &sealer, chrono::Utc::now())
+                .unwrap()
+                .1
+                .shared_tags["a"]
+        };
+        let fixture = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/gemini/test-service-account.json"
+        );
+        let mut account: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
+        std::fs::write(&path, account.to_string()).unwrap();
+        let old = tag();
+        assert_eq!(tag(), old, "a tag is stable");
+        account["private_key_id"] = "rotated".into();
+        std::fs::write(&path, account.to_string()).unwrap();
+        assert_ne!(tag(), old);
+    }
+
+    /// A rebuild keeps a deployment's credential hook (its token source and cached token)
+    /// while everything the hook is made of is unchanged — another model's change does
+    /// not touch it — and makes a new one when any of it changes: the client secret, the
+    /// authority, the scope.
+    #[test]
+    fn a_rebuild_keeps_the_credential_hook_of_an_unchanged_credential() {
+        let sealer = Sealer::new(&MasterKey::from_hex(&"ab".repeat(32)).unwrap());
+        let mut base: Settings = toml::from_str(
+            r#"
+[[upstreams]]
+id = "az"
+provider = "azure_openai"
+base_url = "https://res.openai.azure.com"
+api_version = "2024-10-21"
+entra = { tenant_id = "t", client_id = "c", client_secret = "s-1" }
+[[models]]
+name = "m"
+routes = [{ upstream = "az", model = "gpt-4o-mini" }]
+input_usd_per_mtok = 1.0
+output_usd_per_mtok = 2.0
+"#,
+        )
+        .unwrap();
+        base.server.listen = "127.0.0.1:0".into();
+        let build = |s: &Settings, previous: Option<&Catalog>| {
+            let (s, which) = effective(s, (&[], &[], &[]), &sealer, chrono::Utc::now()).unwrap();
+            Catalog::rebuild(&s, &which, previous)
+        };
+        let hook = |c: &Catalog| match c.deployments[0].credential() {
+            crate::upstream::credential::Credential::Hook(h) => h.clone(),
+            other => panic!("not a hook: {other:?}"),
+        };
+        let first = build(&base, None);
+        let mut priced = base.clone();
+        priced.models[0].price.input_usd_per_mtok = Some(3.0.into());
+        let kept = build(&priced, Some(&first));
+        assert!(Arc::ptr_eq(&hook(&first), &hook(&kept)));
+        let entra = |f: fn(&mut crate::config::EntraSettings)| {
+            let mut s = base.clone();
+            f(s.upstreams[0].entra.as_mut().unwrap());
+            s
+        };
+        for changed in [
+            entra(|e| e.client_secret = Secret(secrecy::SecretString::from("s-2"))),
+            entra(|e| e.authority = "https://login.example".into()),
+            entra(|e| e.scope = "api://other/.default".into()),
+        ] {
+            let next = build(&changed, Some(&first));
+            assert!(!Arc::ptr_eq(&hook(&first), &hook(&next)));
+        }
     }
 
     #[test]

@@ -14,8 +14,11 @@ use sluice::config::{Provider, Secret, Settings, VertexSettings};
 use sluice::mock::{MockServer, Script};
 use sluice::upstream::pool::Disabled;
 
+use crate::admin_helpers::{login, make_login};
 use crate::azure::{azure, entra};
 use crate::helpers::*;
+use crate::on_both_engines;
+use crate::pg_gateway_app::{spawn_app_on, Engine};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gemini");
 const EMAIL: &str = "sluice-test@sluice-test.iam.gserviceaccount.com";
@@ -79,43 +82,62 @@ async fn app(
 ) -> (TestApp, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let sa_path = dir.path().join("sa.json");
-    let app = spawn_app_with(move |s, m| {
-        let u = match issuer {
-            Issuer::Entra => {
-                let mut u = azure("tok", m, "2024-10-21");
-                u.api_key = Secret::default();
-                u.entra = Some(entra(m, CLIENT, ENTRA_SECRET));
-                u
-            }
-            Issuer::Vertex => {
-                let text = std::fs::read_to_string(format!("{FIXTURES}/test-service-account.json"))
-                    .unwrap();
-                let mut sa: Value = serde_json::from_str(&text).unwrap();
-                sa["token_uri"] = json!(format!("{}/token", m.base_url()));
-                std::fs::write(&sa_path, sa.to_string()).unwrap();
-                Issuer::Vertex.set_lifetime(m, 3600);
-                let mut u = upstream("tok", "unused", m);
-                u.provider = Provider::Gemini;
-                u.base_url = m.base_url();
-                u.api_key = Secret::default();
-                u.vertex = Some(VertexSettings {
-                    project: "sluice-test".into(),
-                    location: "us-central1".into(),
-                    credentials_file: sa_path,
-                });
-                u
-            }
-        };
-        s.upstreams = vec![u];
-        let mut gpt = model("gpt-4o-mini", &["tok"]);
-        if matches!(issuer, Issuer::Entra) {
-            gpt.routes[0].deployment = Some("prod-gpt4o-mini".into());
-        }
-        s.models = vec![gpt];
-        tweak(s, m);
-    })
-    .await;
+    let app = spawn_app_with(move |s, m| configure(issuer, &sa_path, s, m, tweak)).await;
     (app, dir)
+}
+
+/// `app` with its database on `engine`.
+async fn app_on(
+    engine: Engine,
+    issuer: Issuer,
+    tweak: impl FnOnce(&mut Settings, &MockServer),
+) -> (TestApp, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let sa_path = dir.path().join("sa.json");
+    let app = spawn_app_on(engine, move |s, m| configure(issuer, &sa_path, s, m, tweak)).await;
+    (app, dir)
+}
+
+fn configure(
+    issuer: Issuer,
+    sa_path: &std::path::Path,
+    s: &mut Settings,
+    m: &MockServer,
+    tweak: impl FnOnce(&mut Settings, &MockServer),
+) {
+    let u = match issuer {
+        Issuer::Entra => {
+            let mut u = azure("tok", m, "2024-10-21");
+            u.api_key = Secret::default();
+            u.entra = Some(entra(m, CLIENT, ENTRA_SECRET));
+            u
+        }
+        Issuer::Vertex => {
+            let text =
+                std::fs::read_to_string(format!("{FIXTURES}/test-service-account.json")).unwrap();
+            let mut sa: Value = serde_json::from_str(&text).unwrap();
+            sa["token_uri"] = json!(format!("{}/token", m.base_url()));
+            std::fs::write(sa_path, sa.to_string()).unwrap();
+            Issuer::Vertex.set_lifetime(m, 3600);
+            let mut u = upstream("tok", "unused", m);
+            u.provider = Provider::Gemini;
+            u.base_url = m.base_url();
+            u.api_key = Secret::default();
+            u.vertex = Some(VertexSettings {
+                project: "sluice-test".into(),
+                location: "us-central1".into(),
+                credentials_file: sa_path.to_path_buf(),
+            });
+            u
+        }
+    };
+    s.upstreams = vec![u];
+    let mut gpt = model("gpt-4o-mini", &["tok"]);
+    if matches!(issuer, Issuer::Entra) {
+        gpt.routes[0].deployment = Some("prod-gpt4o-mini".into());
+    }
+    s.models = vec![gpt];
+    tweak(s, m);
 }
 
 fn exchanges(app: &TestApp, issuer: Issuer) -> u64 {
@@ -239,34 +261,46 @@ async fn a_failing_token_endpoint_opens_the_breaker_and_the_fallback_serves() {
     }
 }
 
-/// A token endpoint that does not answer: the request ends at its first-byte bound as a
-/// server error, the key stays enabled, and the next request exchanges anew.
+/// A token endpoint that does not answer: each request ends at its first-byte bound as a
+/// server error and the key stays enabled. The exchange runs on to its own bound
+/// (`EXCHANGE_BOUND`, 30 s) whoever waits for it: a request meanwhile waits on it, not on
+/// an exchange of its own (the endpoint is asked once); after it the next request exchanges
+/// anew and is served. Both issuers at once, so the bound is waited out once.
 #[tokio::test]
 async fn a_hanging_token_endpoint_ends_at_the_first_byte_bound() {
-    for issuer in BOTH {
-        let (app, _dir) = app(issuer, |s, _| {
-            s.breaker.failure_threshold = 100;
-            s.upstream.first_byte_timeout_ms = 1_500;
-        })
-        .await;
-        app.mock.state.script(
-            issuer.token_key(),
-            [Script {
-                delay_ms: 120_000,
-                ..Script::default()
-            }],
-        );
-        let (_, token) = app.token("dev", Some("1.00")).await;
+    futures_util::future::join_all(BOTH.map(a_hanging_token_endpoint)).await;
+}
+
+async fn a_hanging_token_endpoint(issuer: Issuer) {
+    let (app, _dir) = app(issuer, |s, _| {
+        s.breaker.failure_threshold = 100;
+        s.upstream.first_byte_timeout_ms = 1_500;
+    })
+    .await;
+    app.mock.state.script(
+        issuer.token_key(),
+        [Script {
+            delay_ms: 120_000,
+            ..Script::default()
+        }],
+    );
+    let (_, token) = app.token("dev", Some("1.00")).await;
+    let started = std::time::Instant::now();
+    for _ in 0..2 {
         let resp = tokio::time::timeout(Duration::from_secs(60), app.chat(&token, &chat_body(8)))
             .await
             .expect("the request was held past its first-byte bound");
         let status = resp.status().as_u16();
         assert!(matches!(status, 502 | 504), "{issuer:?}: {status}");
         assert_eq!(app.state.pool().disabled(0), None);
-        let resp = app.chat(&token, &chat_body(8)).await;
-        assert_eq!(resp.status(), 200, "{issuer:?}");
-        assert_eq!(exchanges(&app, issuer), 2, "{issuer:?}");
+        assert_eq!(exchanges(&app, issuer), 1, "{issuer:?}");
     }
+    // Past the exchange's own bound: time passing, not a condition awaited.
+    let bound = sluice::upstream::credential::token::EXCHANGE_BOUND + Duration::from_secs(1);
+    tokio::time::sleep(bound.saturating_sub(started.elapsed())).await;
+    let resp = app.chat(&token, &chat_body(8)).await;
+    assert_eq!(resp.status(), 200, "{issuer:?}");
+    assert_eq!(exchanges(&app, issuer), 2, "{issuer:?}");
 }
 
 /// The token endpoint refusing the credentials is a refused key: disabled, an auth
@@ -476,3 +510,97 @@ async fn a_token_whose_life_ended_on_the_way_is_unusable() {
         app.assert_invariant().await;
     }
 }
+
+/// A rebuild of the catalog (an admin changing a model that has nothing to do with this
+/// deployment) keeps the deployment's cached token: the next request is sent with it, no
+/// new exchange — a price edit does not send every deployment to its token endpoint.
+async fn a_catalog_rebuild_keeps_the_cached_token(engine: Engine) {
+    for issuer in BOTH {
+        let (app, _dir) = app_on(engine, issuer, |_, _| {}).await;
+        let (_, token) = app.token("dev", Some("5.00")).await;
+        assert_eq!(app.chat(&token, &chat_body(8)).await.status(), 200);
+        assert_eq!(exchanges(&app, issuer), 1, "{issuer:?}");
+        make_login(&app, "root", "admin", None).await;
+        let admin = login(&app, "root").await;
+        let other = json!({"routes": [{"upstream": "tok", "model": "gpt-4o"}],
+                           "input_usd_per_mtok": 1.0, "output_usd_per_mtok": 2.0});
+        let (status, body) = admin
+            .send(
+                reqwest::Method::PUT,
+                "/admin/api/v1/models/unrelated",
+                &other,
+            )
+            .await;
+        assert_eq!(status, 200, "{issuer:?}: {body}");
+        assert!(
+            app.state.catalog().model("unrelated").is_some(),
+            "{issuer:?}"
+        );
+        assert_eq!(app.chat(&token, &chat_body(8)).await.status(), 200);
+        assert_eq!(
+            exchanges(&app, issuer),
+            1,
+            "{issuer:?}: the cached token was kept"
+        );
+        assert_eq!(upstream_calls(&app, issuer), 2, "{issuer:?}");
+    }
+}
+on_both_engines!(a_catalog_rebuild_keeps_the_cached_token);
+
+/// An exchange started by a request that gives up (its own deadline of 200 ms, the token
+/// endpoint taking 800) runs on to its end: the next request is served by that exchange's
+/// token, and the endpoint was asked once.
+async fn an_exchange_outlives_the_request_that_started_it(engine: Engine) {
+    for issuer in BOTH {
+        let (app, _dir) = app_on(engine, issuer, |s, _| s.breaker.failure_threshold = 100).await;
+        app.mock.state.script(
+            issuer.token_key(),
+            [Script {
+                delay_ms: 800,
+                ..Script::default()
+            }],
+        );
+        let (_, token) = app.token("dev", Some("5.00")).await;
+        let resp = app.chat_with_deadline(&token, &chat_body(8), 200).await;
+        assert!(!resp.status().is_success(), "{issuer:?}: {}", resp.status());
+        let resp = app.chat(&token, &chat_body(8)).await;
+        assert_eq!(resp.status(), 200, "{issuer:?}");
+        assert_eq!(
+            exchanges(&app, issuer),
+            1,
+            "{issuer:?}: one exchange for both"
+        );
+        assert_eq!(app.state.pool().disabled(0), None, "{issuer:?}");
+        app.assert_invariant().await;
+    }
+}
+on_both_engines!(an_exchange_outlives_the_request_that_started_it);
+
+/// Google refuses an assertion stamped outside the minutes it tolerates (this host's clock
+/// off) with `400 invalid_grant` naming the JWT's time: the gateway's own fault, not a
+/// refused key — the request fails as a server error, the key is not disabled (so no
+/// `key_disabled` alert: one goes out only with the disabling), and once the assertion is
+/// taken the next request is served.
+async fn a_vertex_assertion_refused_for_its_time_does_not_disable_the_key(engine: Engine) {
+    let issuer = Issuer::Vertex;
+    let (app, _dir) = app_on(engine, issuer, |_, _| {}).await;
+    app.mock.state.script(
+        issuer.token_key(),
+        [Script {
+            status: Some(400),
+            body: Some(json!({"error": "invalid_grant",
+                "error_description": "Invalid JWT: Token must be a short-lived token (60 minutes) and in a reasonable timeframe. Check your iat and exp values in the JWT claim."})),
+            ..Script::default()
+        }],
+    );
+    let (_, token) = app.token("dev", Some("5.00")).await;
+    let resp = app.chat(&token, &chat_body(8)).await;
+    assert_upstream_error(resp, issuer).await;
+    assert_eq!(app.state.pool().disabled(0), None);
+    let resp = app.chat(&token, &chat_body(8)).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(exchanges(&app, issuer), 2);
+    assert_eq!(upstream_calls(&app, issuer), 1);
+    app.assert_invariant().await;
+}
+on_both_engines!(a_vertex_assertion_refused_for_its_time_does_not_disable_the_key);

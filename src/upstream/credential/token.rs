@@ -7,14 +7,22 @@
 //! so none expires in flight, and replaced from L less a fifth (at most five minutes) on:
 //! in that window the request that notices starts the exchange in the background and every
 //! request goes on with the current token. Only requests with no usable token wait, on
-//! the one exchange in flight. Times are the gateway's `Clock` (a host that was suspended
-//! sees its tokens expired, not hours younger).
+//! the one exchange in flight. That exchange runs in a task of its own, bounded by
+//! `EXCHANGE_BOUND` alone: each waiter bounds only its own wait (its first-byte bound, its
+//! deadline), so a request that leaves or runs out of time does not cancel the exchange
+//! the others wait for, and the next request finds its token. Times are the gateway's
+//! `Clock` (a host that was suspended sees its tokens expired, not hours younger).
 //!
 //! Failure rules, the same for every issuer:
 //! - the token endpoint refuses the credentials (400/401/403: a wrong secret, a revoked or
 //!   deleted key) or the local credential cannot make a request (an unreadable key file):
 //!   a 401 for the deployment — the `AuthFailed` tier: the key is disabled, an alert goes
 //!   out, the next key serves;
+//! - but an assertion signed with this host's clock (`Exchange::stamped`: Vertex's JWT)
+//!   refused for its time (`invalid_grant` naming `iat`/`exp` or the timeframe) is the
+//!   host's fault, not the key's: a connection error as below, logged as an error that
+//!   the clock may be wrong — a clock that steps must not disable every key until an
+//!   admin re-enables them;
 //! - the endpoint cannot be reached, times out (`EXCHANGE_BOUND`), fails (429, 5xx) or
 //!   answers something unusable (not JSON, no `access_token`, a token that is no header
 //!   value, an `expires_in` under a second or not a number, an answer over 64 KiB): a
@@ -32,7 +40,6 @@
 //! a `HeaderValue` marked sensitive, and the endpoint's own words (which can name the
 //! tenant or the account) are reduced to its OAuth error code.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,6 +49,7 @@ use std::pin::Pin;
 use bytes::{Bytes, BytesMut};
 use chrono::{DateTime, Utc};
 use reqwest::header::{HeaderValue, AUTHORIZATION};
+use tokio::sync::watch;
 
 use super::Authorize;
 use crate::clock::Clock;
@@ -73,6 +81,12 @@ pub trait Exchange: Send + Sync + std::fmt::Debug + 'static {
         http: &reqwest::Client,
         now: DateTime<Utc>,
     ) -> Result<reqwest::RequestBuilder, String>;
+
+    /// Whether the request carries an assertion stamped with this host's clock (`iat`,
+    /// `exp`): a refusal that names its time then says the clock is off, not the key.
+    fn stamped(&self) -> bool {
+        false
+    }
 }
 
 #[derive(Clone)]
@@ -85,21 +99,17 @@ struct Token {
     use_until: DateTime<Utc>,
 }
 
-/// The last exchange: its number, and its failure if it failed (shared by its waiters).
-#[derive(Default)]
-struct LastExchange {
-    seq: u64,
-    failure: Option<UpstreamError>,
-}
+/// What an exchange in flight ends with, told to every request waiting for it: `None` until
+/// it ends.
+type Outcome = Option<Result<Token, UpstreamError>>;
 
 struct Inner {
     exchange: Box<dyn Exchange>,
     clock: Arc<dyn Clock>,
     current: parking_lot::RwLock<Option<Token>>,
-    /// Held by the one exchange in flight.
-    last: Arc<tokio::sync::Mutex<LastExchange>>,
-    /// `LastExchange::seq`, readable without the lock.
-    exchanges: AtomicU64,
+    /// The exchange in flight, if any: where its outcome is told. Set and cleared under
+    /// this lock, so that at most one runs.
+    flight: parking_lot::Mutex<Option<watch::Receiver<Outcome>>>,
 }
 
 /// A cached bearer token from one issuer (see the module doc for the rules).
@@ -123,8 +133,7 @@ impl TokenSource {
                 exchange,
                 clock,
                 current: parking_lot::RwLock::new(None),
-                last: Arc::new(tokio::sync::Mutex::new(LastExchange::default())),
-                exchanges: AtomicU64::new(0),
+                flight: parking_lot::Mutex::new(None),
             }),
         }
     }
@@ -140,18 +149,30 @@ impl TokenSource {
             }
             return Ok(t.header);
         }
-        let seen = inner.exchanges.load(Ordering::Acquire);
-        let mut last = inner.last.lock().await;
-        // An exchange finished while this request waited: its token, or its failure.
-        if let Some(h) = inner.usable() {
-            return Ok(h);
-        }
-        if last.seq != seen {
-            if let Some(e) = &last.failure {
-                return Err(e.clone());
+        let mut outcome = {
+            let mut flight = inner.flight.lock();
+            // An exchange ended since the look above: its token.
+            if let Some(h) = inner.usable() {
+                return Ok(h);
             }
+            match flight.as_ref() {
+                Some(rx) => rx.clone(),
+                None => self.start(http, &mut flight),
+            }
+        };
+        // Only this wait is this request's: the caller bounds it by its first-byte bound and
+        // deadline, and a request that leaves leaves the exchange running for the others.
+        let told = outcome
+            .wait_for(Option::is_some)
+            .await
+            .ok()
+            .and_then(|o| o.clone());
+        match told {
+            Some(Ok(t)) => Ok(t.header),
+            Some(Err(e)) => Err(e),
+            // The task ended without telling: its runtime stopped under it.
+            None => Err(inner.unavailable("the token exchange was stopped")),
         }
-        inner.run(http, &mut last).await.map(|t| t.header)
     }
 
     /// The upstream answered 401 to a request sent with `sent`: if that is the cached
@@ -165,26 +186,45 @@ impl TokenSource {
 
     /// Starts one exchange unless one is in flight; nobody waits for it.
     fn refresh_in_background(&self, http: &reqwest::Client) {
-        let Ok(mut last) = self.inner.last.clone().try_lock_owned() else {
-            return;
-        };
+        let mut flight = self.inner.flight.lock();
+        let now = self.inner.clock.now();
+        // Replaced meanwhile by an exchange that ended since the caller looked.
+        let due = self
+            .inner
+            .current
+            .read()
+            .as_ref()
+            .is_none_or(|t| now >= t.refresh_at);
+        if flight.is_none() && due {
+            self.start(http, &mut flight);
+        }
+    }
+
+    /// One exchange in a task of its own, `flight` (its lock held) set to it until it ends:
+    /// it runs to its end (`EXCHANGE_BOUND`) whoever waits for it, so a request that gives
+    /// up does not waste it and the next one does not start over.
+    fn start(
+        &self,
+        http: &reqwest::Client,
+        flight: &mut Option<watch::Receiver<Outcome>>,
+    ) -> watch::Receiver<Outcome> {
+        let (tx, rx) = watch::channel(None);
+        *flight = Some(rx.clone());
         let (inner, http) = (self.inner.clone(), http.clone());
         tokio::spawn(async move {
-            let now = inner.clock.now();
-            // Replaced meanwhile by a request that found no usable token.
-            if inner
-                .current
-                .read()
-                .as_ref()
-                .is_some_and(|t| now < t.refresh_at)
-            {
-                return;
+            let result = inner.run(&http).await;
+            if let Err(e) = &result {
+                if inner.usable().is_some() {
+                    tracing::warn!(issuer = inner.exchange.issuer(), error = %e,
+                        "token refresh failed; the current token is still used while valid");
+                }
             }
-            if let Err(e) = inner.run(&http, &mut last).await {
-                tracing::warn!(issuer = inner.exchange.issuer(), error = %e,
-                    "token refresh failed; the current token is still used while valid");
-            }
+            // Cleared before the outcome is told: from here a request that finds no usable
+            // token (this exchange failed) asks again, while every waiter gets this outcome.
+            *inner.flight.lock() = None;
+            tx.send_replace(Some(result));
         });
+        rx
     }
 }
 
@@ -221,19 +261,12 @@ impl Inner {
             .map(|t| t.header.clone())
     }
 
-    /// One exchange, under the lock: its outcome is recorded for the waiters.
-    async fn run(
-        &self,
-        http: &reqwest::Client,
-        last: &mut LastExchange,
-    ) -> Result<Token, UpstreamError> {
+    /// One exchange, bounded: its token, if it made one, is the current one.
+    async fn run(&self, http: &reqwest::Client) -> Result<Token, UpstreamError> {
         let result = match tokio::time::timeout(EXCHANGE_BOUND, self.fetch(http)).await {
             Ok(r) => r,
             Err(_) => Err(self.unavailable("the token endpoint did not answer in time")),
         };
-        last.seq += 1;
-        self.exchanges.store(last.seq, Ordering::Release);
-        last.failure = result.as_ref().err().cloned();
         if let Ok(t) = &result {
             *self.current.write() = Some(t.clone());
         }
@@ -256,6 +289,17 @@ impl Inner {
             .await
             .ok_or_else(|| self.unavailable("the token endpoint's answer is too large or cut"))?;
         if matches!(status, 400 | 401 | 403) {
+            if self.exchange.stamped() && refused_for_its_time(&body) {
+                tracing::error!(
+                    issuer = self.exchange.issuer(),
+                    host_time = %asked,
+                    "the token endpoint refused the assertion for its time: this host's clock \
+                     may be wrong (check NTP); the key is kept, the deployment counts a failure"
+                );
+                return Err(self.unavailable(
+                    "the token endpoint refused the assertion for its time (this host's clock may be wrong)",
+                ));
+            }
             let code = oauth_code(&body).unwrap_or_else(|| format!("HTTP {status}"));
             return Err(self.refused(&format!(
                 "the token endpoint refused the credentials ({code})"
@@ -311,6 +355,29 @@ fn oauth_code(body: &[u8]) -> Option<String> {
         && code.len() <= 64
         && code.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
     plain.then(|| code.to_string())
+}
+
+/// Whether a refusal is OAuth's `invalid_grant` for the assertion's time: its description
+/// names the JWT's `iat`, `exp` or `nbf`, its timeframe or the clock (Google: "Invalid JWT:
+/// Token must be a short-lived token (60 minutes) and in a reasonable timeframe. Check your
+/// iat and exp values…"). A wrong or deleted key is refused in other words ("Invalid JWT
+/// Signature", "account not found") and stays a refused key. Only the words are read;
+/// none is passed on.
+fn refused_for_its_time(body: &[u8]) -> bool {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return false;
+    };
+    if v.get("error").and_then(|e| e.as_str()) != Some("invalid_grant") {
+        return false;
+    }
+    let description = v
+        .get("error_description")
+        .and_then(|d| d.as_str())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    description
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .any(|w| matches!(w, "iat" | "exp" | "nbf" | "timeframe" | "clock"))
 }
 
 /// The token and its lifetime in seconds from a 200 answer. `expires_in` is a JSON number
@@ -396,6 +463,27 @@ mod tests {
             r#"[]"#,
         ] {
             assert!(read(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_refusal_naming_the_assertions_time_is_told_apart() {
+        assert!(refused_for_its_time(
+            br#"{"error":"invalid_grant","error_description":"Invalid JWT: Token must be a short-lived token (60 minutes) and in a reasonable timeframe. Check your iat and exp values in the JWT claim."}"#
+        ));
+        for refused in [
+            &br#"{"error":"invalid_grant","error_description":"Invalid JWT Signature."}"#[..],
+            br#"{"error":"invalid_grant","error_description":"Invalid grant: account not found"}"#,
+            br#"{"error":"invalid_grant","error_description":"associated key expired"}"#,
+            br#"{"error":"invalid_client","error_description":"bad iat"}"#,
+            br#"{"error":"invalid_grant"}"#,
+            b"timeframe",
+        ] {
+            assert!(
+                !refused_for_its_time(refused),
+                "{}",
+                String::from_utf8_lossy(refused)
+            );
         }
     }
 

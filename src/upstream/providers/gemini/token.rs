@@ -65,6 +65,11 @@ impl Exchange for Vertex {
         "Vertex AI"
     }
 
+    /// The assertion's `iat` and `exp` are this host's clock.
+    fn stamped(&self) -> bool {
+        true
+    }
+
     fn request(
         &self,
         http: &reqwest::Client,
