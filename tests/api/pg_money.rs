@@ -72,6 +72,22 @@ impl Store {
         self.db.engine()
     }
 
+    /// One request of `R` reserved as `id` at `clock` and settled at its full amount, or
+    /// the refusal.
+    pub async fn charge_one(
+        &self,
+        owner: &Owner,
+        id: &str,
+        clock: &Arc<ManualClock>,
+    ) -> std::result::Result<(), Refusal> {
+        let clock: Arc<dyn Clock> = clock.clone();
+        self.reserve(owner, id, R, "p", clock.clone())
+            .await
+            .unwrap()?;
+        self.settle(id, R, clock).await.unwrap().unwrap();
+        Ok(())
+    }
+
     /// The PostgreSQL database, for the checks that are PostgreSQL's own.
     pub fn pg(&self) -> &PgDb {
         self.db.postgres().expect("a PostgreSQL store")
@@ -517,16 +533,8 @@ async fn a_period_ahead_is_never_rolled_back(store: Store) {
         for _ in 0..15 {
             for (host, clock) in [(&store, &ahead), (&other, &right)] {
                 n += 1;
-                let (id, clock): (String, Arc<dyn Clock>) = (format!("s{n}"), clock.clone());
-                match host
-                    .reserve(&owner, &id, R, "p", clock.clone())
-                    .await
-                    .unwrap()
-                {
-                    Ok(_) => {
-                        host.settle(&id, R, clock).await.unwrap().unwrap();
-                        admitted += 1;
-                    }
+                match host.charge_one(&owner, &format!("s{n}"), clock).await {
+                    Ok(()) => admitted += 1,
                     Err(Refusal::Insufficient(Level::Token, wait)) if round == 1 => {
                         // Refilled when the period it was refused in ends: 12-06's end,
                         // on either host's clock (s29 money attack F2).
@@ -591,16 +599,8 @@ async fn a_period_far_ahead_rolls_back(store: Store) {
         let (mut admitted, mut waits) = (0, Vec::new());
         for _ in 0..times {
             n += 1;
-            let (id, clock): (String, Arc<dyn Clock>) = (format!("f{n}"), clock.clone());
-            match host
-                .reserve(&owner, &id, R, "p", clock.clone())
-                .await
-                .unwrap()
-            {
-                Ok(_) => {
-                    host.settle(&id, R, clock).await.unwrap().unwrap();
-                    admitted += 1;
-                }
+            match host.charge_one(&owner, &format!("f{n}"), clock).await {
+                Ok(()) => admitted += 1,
                 Err(Refusal::Insufficient(Level::Token, wait)) => waits.push(wait),
                 Err(other) => panic!("{other:?}"),
             }

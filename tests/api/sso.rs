@@ -566,19 +566,24 @@ async fn the_role_is_derived_again_at_every_sign_in_and_no_matching_group_is_ref
     assert_eq!(r.status(), 401);
 }
 
+/// Break-glass login `glass` (password `PASSWORD`), made by the CLI.
+async fn break_glass(app: &TestApp) -> sluice::store::sessions::AdminRow {
+    let who = ("glass", "admin", None);
+    sluice::cli::admin_create_with(app.db(), who, PASSWORD.into(), true, chrono::Utc::now())
+        .await
+        .unwrap();
+    sluice::store::sessions::admin_by_name(app.db(), "glass")
+        .await
+        .unwrap()
+        .unwrap()
+}
+
 #[tokio::test]
 async fn with_password_sign_in_switched_off_only_a_break_glass_login_may_use_a_password() {
     let issuer = Issuer::start().await;
     let app = gateway(&issuer, false).await;
     let id = make_login(&app, "ops", "admin", None).await;
-    let who = ("glass", "admin", None);
-    sluice::cli::admin_create_with(app.db(), who, PASSWORD.into(), true, chrono::Utc::now())
-        .await
-        .unwrap();
-    let glass = sluice::store::sessions::admin_by_name(app.db(), "glass")
-        .await
-        .unwrap()
-        .unwrap();
+    let glass = break_glass(&app).await;
     assert!(id > 0);
 
     // The sign-in page offers single sign-on only.
@@ -871,14 +876,7 @@ async fn with_password_sign_in_switched_off_local_logins_keys_and_sessions_end()
     let (sid, key) = local_credentials(&app, ops).await;
     assert_eq!(me(&app, &sid).await.0, 401, "the local login's session");
     assert_eq!(me_with_key(&app, &key).await, 401, "the local login's key");
-    let who = ("glass", "admin", None);
-    sluice::cli::admin_create_with(app.db(), who, PASSWORD.into(), true, chrono::Utc::now())
-        .await
-        .unwrap();
-    let glass = sluice::store::sessions::admin_by_name(app.db(), "glass")
-        .await
-        .unwrap()
-        .unwrap();
+    let glass = break_glass(&app).await;
     let (sid, key) = local_credentials(&app, glass.id).await;
     assert_eq!(me(&app, &sid).await.0, 200, "break-glass's session");
     assert_eq!(me_with_key(&app, &key).await, 200, "break-glass's key");
