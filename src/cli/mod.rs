@@ -588,6 +588,7 @@ pub async fn export_audit_head(db: &Db, dir: &Path, now: DateTime<Utc>) {
         Ok(Exported::Refused(why)) => {
             eprintln!("warning: {why}; audit.head left as it is (see `sluice audit verify`)")
         }
+        Ok(Exported::Started(_, why)) => eprintln!("warning: {why}"),
         Ok(_) => {}
         Err(e) => eprintln!("warning: the audit head was not written: {e}"),
     }

@@ -152,6 +152,10 @@ pub enum Exported {
     Written(Head),
     /// The file was left as it is; the reason.
     Refused(String),
+    /// A new head was started over a chain other heads were started over (PostgreSQL): it
+    /// trusts the rows before it as they are, which no earlier head of this host checked;
+    /// the head and what to tell the operator.
+    Started(Head, String),
 }
 
 /// Takes the advisory lock of the head in `dir` (one writer at a time, across processes);
@@ -228,13 +232,20 @@ pub async fn export(db: &Db, dir: &Path, now: DateTime<Utc>) -> Result<Exported,
     // transaction commits, and the connection is free only once it has.
     let mut conn = db.begin_read_after_writes().await?;
     let (rows, last_id, last_hash) = audit::tip(&mut conn).await?;
+    let id = head_id(dir);
+    // Other heads' start rows, when this one starts afresh (see the end).
+    let mut others = 0;
     let refusal = match &found {
         Found::Valid(h) if h.same_tip(rows, last_id, &last_hash) => return Ok(Exported::Unchanged),
         Found::Valid(h) => (!audit::holds(&mut conn, h.rows, h.last_id, &h.last_hash).await?)
             .then(|| format!("audit.head (row count {}, last row {}) is not a prefix of the database (row count {rows}, last row {last_id}): rows were removed or replaced", h.rows, h.last_id)),
-        Found::Missing => audit::head_started(&mut conn, &head_id(dir))
-            .await?
-            .map(|(id, at)| missing_after_start(id, &at)),
+        Found::Missing => match audit::head_started(&mut conn, &id).await? {
+            Some((row, at)) => Some(missing_after_start(row, &at)),
+            None => {
+                others = audit::others_started(&mut conn, &id).await?;
+                None
+            }
+        },
         Found::Forged => Some("audit.head is not signed with this gateway's key".to_string()),
         Found::Unreadable(e) => Some(format!("audit.head is unreadable: {e}")),
     };
@@ -248,7 +259,18 @@ pub async fn export(db: &Db, dir: &Path, now: DateTime<Utc>) -> Result<Exported,
     if found == Found::Missing {
         tracing::info!(target: "sluice::audit", dir = %dir.display(), rows, "starting the audit head: no head was ever started over this audit log");
         mark_start(db, dir, SYSTEM, "the first head", now).await?;
-        return Ok(Exported::Written(write_head(db, dir, now).await?));
+        let head = write_head(db, dir, now).await?;
+        if others == 0 {
+            return Ok(Exported::Written(head));
+        }
+        // A host new to the chain, or one that lost its head together with its name (a
+        // container re-created under a new host name with an empty folder): the head cannot
+        // tell them apart, and the second may follow a deletion of the newest rows, which
+        // no head then shows (s30 multi-host attack F2). The operator is told of every such
+        // trust point.
+        let why = format!("a new audit head ({id}) was started over the {rows} rows of the audit log, which {others} other head(s) were started over before: it trusts those rows as they are. Expected when a host is added or its host name or backup folder changed; otherwise this host lost its head and rows may have been removed before it: run `sluice audit verify` on every host");
+        tracing::warn!(target: "sluice::audit", dir = %dir.display(), rows, others, "{why}");
+        return Ok(Exported::Started(head, why));
     }
     let head = Head::sign(keys, rows, last_id, last_hash, db_time(now));
     log(&head, keys, true);
@@ -350,7 +372,9 @@ fn set_aside(dir: &Path, label: &str, now: DateTime<Utc>) -> std::io::Result<Opt
 /// disk, lost permissions) falls behind the log as silently as a refused one.
 async fn export_or_alert(db: &Db, dir: &Path, now: DateTime<Utc>, alerts: &Alerter) {
     match export(db, dir, now).await {
-        Ok(Exported::Refused(why)) => alerts.raise("audit_head", &dir.display().to_string(), &why),
+        Ok(Exported::Refused(why) | Exported::Started(_, why)) => {
+            alerts.raise("audit_head", &dir.display().to_string(), &why)
+        }
         Ok(_) => {}
         Err(e) => {
             tracing::error!(target: "sluice::audit", error = %e, "exporting the audit head failed");

@@ -1529,3 +1529,47 @@ fn spend_months_follow_when(condition: &str) -> String {
              FOR EACH ROW WHEN ({condition}) EXECUTE PROCEDURE spend_months_follow()"
     )
 }
+
+/// A head started afresh over a chain other heads were started over is an `audit_head`
+/// alert: it trusts every row before it as it is. On PostgreSQL each host keeps a head of
+/// its own, named after its host name and folder, and a new one used to start in silence
+/// — so a host that lost its head together with its name (a container re-created under a
+/// new host name with an empty folder, after someone deleted the newest rows) looked like
+/// a new host, and no head ever showed the deletion (s30 multi-host attack F2). On SQLite,
+/// one host's chain, the start row of the first head already refuses a missing one.
+#[tokio::test]
+async fn a_new_head_over_a_chain_other_heads_were_started_over_raises_the_alert() {
+    let (app, admin) = alerting_app().await;
+    let (s, _) = admin
+        .post("/admin/api/v1/teams", &json!({"name": "before"}))
+        .await;
+    assert_eq!(s, 201);
+    // This host's gateway under another folder: a head of another name with an empty
+    // folder, as a re-created container's.
+    let other = tempfile::tempdir().unwrap();
+    sluice::ops::audit_head::start(
+        app.db().clone(),
+        other.path().to_path_buf(),
+        app.state.clock.clone(),
+        app.state.alerts.clone(),
+    )
+    .await;
+    audit_head_alert(&app, "after a new head started over the chain").await;
+    let messages: Vec<String> = app
+        .mock
+        .state
+        .stats("webhook")
+        .last_bodies
+        .iter()
+        .filter(|b| b["kind"] == "audit_head")
+        .map(|b| b.to_string())
+        .collect();
+    let expected = match app.db().postgres() {
+        Some(_) => "other head(s) were started over before",
+        None => "audit.head is missing, but row",
+    };
+    assert!(
+        messages.iter().any(|m| m.contains(expected)),
+        "{messages:?}"
+    );
+}
