@@ -173,13 +173,19 @@ fn missing_after_start(id: i64, at: &str) -> String {
     format!("audit.head is missing, but row {id} of the audit log says a head was started at {at}: it was deleted (perhaps with the newest rows) or the backup folder moved or changed; once you know why, `sluice audit rearm --reason …` starts a new one")
 }
 
-/// Which head a folder holds: this host's name and the folder's path. On PostgreSQL every
-/// host keeps its own head in its own folder, and an `audit.head_started` row names the
-/// head it started (`audit::head_started`).
-pub fn head_id(dir: &Path) -> String {
-    let host = std::fs::read_to_string("/etc/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "localhost".into());
+/// Which head a folder holds: this host's head name (`[backup] head_name`, or else its host
+/// name) and the folder's path. On PostgreSQL every host keeps its own head in its own
+/// folder, and an `audit.head_started` row names the head it started
+/// (`audit::head_started`). Both parts must survive a re-creation of the host: under a new
+/// name or in a new folder the host starts a new head, as a new host does.
+pub fn head_id(name: &str, dir: &Path) -> String {
+    let host = if name.is_empty() {
+        std::fs::read_to_string("/etc/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|_| "localhost".into())
+    } else {
+        name.to_string()
+    };
     let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
     format!("{host}:{}", dir.display())
 }
@@ -188,13 +194,14 @@ pub fn head_id(dir: &Path) -> String {
 async fn mark_start(
     db: &Db,
     dir: &Path,
+    name: &str,
     actor: &str,
     why: &str,
     now: DateTime<Utc>,
 ) -> Result<(), HeadError> {
     let mut tx = db.begin().await?;
     let (rows, last_id, _) = audit::tip(&mut tx).await?;
-    let after = serde_json::json!({"rows_before": rows, "last_id_before": last_id, "why": why, "head": head_id(dir)})
+    let after = serde_json::json!({"rows_before": rows, "last_id_before": last_id, "why": why, "head": head_id(name, dir)})
         .to_string();
     let entry = AuditEntry {
         actor,
@@ -223,7 +230,12 @@ async fn write_head(db: &Db, dir: &Path, now: DateTime<Utc>) -> Result<Head, Hea
 /// Writes the head of the chain as the database holds it now into `dir/audit.head`, if it
 /// extends the head already there (see the module doc), and logs it. A missing head is
 /// started (after its `audit.head_started` row) only when none was ever started.
-pub async fn export(db: &Db, dir: &Path, now: DateTime<Utc>) -> Result<Exported, HeadError> {
+pub async fn export(
+    db: &Db,
+    dir: &Path,
+    name: &str,
+    now: DateTime<Utc>,
+) -> Result<Exported, HeadError> {
     let io = |e| HeadError::Io(dir.to_path_buf(), e);
     let _lock = lock(dir).await?;
     let keys = &db.audit;
@@ -232,7 +244,7 @@ pub async fn export(db: &Db, dir: &Path, now: DateTime<Utc>) -> Result<Exported,
     // transaction commits, and the connection is free only once it has.
     let mut conn = db.begin_read_after_writes().await?;
     let (rows, last_id, last_hash) = audit::tip(&mut conn).await?;
-    let id = head_id(dir);
+    let id = head_id(name, dir);
     // Other heads' start rows, when this one starts afresh (see the end).
     let mut others = 0;
     let refusal = match &found {
@@ -258,7 +270,7 @@ pub async fn export(db: &Db, dir: &Path, now: DateTime<Utc>) -> Result<Exported,
     }
     if found == Found::Missing {
         tracing::info!(target: "sluice::audit", dir = %dir.display(), rows, "starting the audit head: no head was ever started over this audit log");
-        mark_start(db, dir, SYSTEM, "the first head", now).await?;
+        mark_start(db, dir, name, SYSTEM, "the first head", now).await?;
         let head = write_head(db, dir, now).await?;
         if others == 0 {
             return Ok(Exported::Written(head));
@@ -293,6 +305,7 @@ pub struct Rearmed {
 pub async fn rearm(
     db: &Db,
     dir: &Path,
+    name: &str,
     now: DateTime<Utc>,
     actor: &str,
     why: &str,
@@ -305,7 +318,7 @@ pub async fn rearm(
         return Err(HeadError::OtherKey);
     }
     let kept = set_aside(dir, aside, now).map_err(|e| HeadError::Io(dir.to_path_buf(), e))?;
-    mark_start(db, dir, actor, why, now).await?;
+    mark_start(db, dir, name, actor, why, now).await?;
     let head = write_head(db, dir, now).await?;
     tracing::warn!(target: "sluice::audit", dir = %dir.display(), actor, why, kept = ?kept, "audit head re-armed");
     Ok(Rearmed { kept, head })
@@ -316,15 +329,21 @@ pub async fn rearm(
 /// before it was signed again, so the head is rewritten over the chain as it is now. A
 /// log no head was ever started over gets its `audit.head_started` row first, as at a
 /// gateway's first start (a head missing later is then an alarm).
-pub async fn resign(db: &Db, dir: &Path, now: DateTime<Utc>) -> Result<Head, HeadError> {
+pub async fn resign(
+    db: &Db,
+    dir: &Path,
+    name: &str,
+    now: DateTime<Utc>,
+) -> Result<Head, HeadError> {
     let _lock = lock(dir).await?;
     let mut conn = db.begin_read_after_writes().await?;
-    let started = audit::head_started(&mut conn, &head_id(dir)).await?;
+    let started = audit::head_started(&mut conn, &head_id(name, dir)).await?;
     drop(conn);
     if started.is_none() {
         mark_start(
             db,
             dir,
+            name,
             SYSTEM,
             "the first head, at `sluice secrets rotate`",
             now,
@@ -370,8 +389,8 @@ fn set_aside(dir: &Path, label: &str, now: DateTime<Utc>) -> std::io::Result<Opt
 /// One export, its refusal or failure raised as an alert (`audit_head`) as well as logged:
 /// a head that can no longer be written (a folder put where its lock or file goes, a full
 /// disk, lost permissions) falls behind the log as silently as a refused one.
-async fn export_or_alert(db: &Db, dir: &Path, now: DateTime<Utc>, alerts: &Alerter) {
-    match export(db, dir, now).await {
+async fn export_or_alert(db: &Db, dir: &Path, name: &str, now: DateTime<Utc>, alerts: &Alerter) {
+    match export(db, dir, name, now).await {
         Ok(Exported::Refused(why) | Exported::Started(_, why)) => {
             alerts.raise("audit_head", &dir.display().to_string(), &why)
         }
@@ -390,12 +409,18 @@ async fn export_or_alert(db: &Db, dir: &Path, now: DateTime<Utc>, alerts: &Alert
 /// The gateway's exporter: once at start, awaited (a first head's `audit.head_started` row
 /// is in the chain before the gateway answers anyone; a missing or mismatched head is
 /// raised before it serves), then from a task of its own after every signed row.
-pub async fn start(db: Db, dir: PathBuf, clock: Arc<dyn Clock>, alerts: Arc<Alerter>) {
-    export_or_alert(&db, &dir, clock.now(), &alerts).await;
+pub async fn start(
+    db: Db,
+    dir: PathBuf,
+    name: String,
+    clock: Arc<dyn Clock>,
+    alerts: Arc<Alerter>,
+) {
+    export_or_alert(&db, &dir, &name, clock.now(), &alerts).await;
     tokio::spawn(async move {
         loop {
             db.audit.wait_appended().await;
-            export_or_alert(&db, &dir, clock.now(), &alerts).await;
+            export_or_alert(&db, &dir, &name, clock.now(), &alerts).await;
         }
     });
 }
@@ -473,11 +498,11 @@ impl Report {
 }
 
 /// Checks rows, chain, head, and the triggers on the log.
-pub async fn verify(db: &Db, dir: &Path) -> Result<Report, HeadError> {
+pub async fn verify(db: &Db, dir: &Path, name: &str) -> Result<Report, HeadError> {
     let chain = audit::verify(db, &db.audit).await?;
     let mut conn = db.begin_read().await?;
     let tip = audit::tip(&mut conn).await?;
-    let started = audit::head_started(&mut conn, &head_id(dir)).await?;
+    let started = audit::head_started(&mut conn, &head_id(name, dir)).await?;
     Ok(Report {
         chain,
         head: read(dir, &db.audit),
