@@ -183,6 +183,7 @@ impl Application {
         audit_head::start(
             state.db.clone(),
             state.settings.backup.dir.clone().into(),
+            state.settings.backup.head_name.clone(),
             state.clock.clone(),
             state.alerts.clone(),
         )

@@ -118,10 +118,12 @@ pub async fn page(
 pub async fn verify(actor: Actor, state: web::Data<AppState>) -> Result<HttpResponse, AdminError> {
     actor.require_global_reader()?;
     let dir = std::path::Path::new(&state.settings.backup.dir);
-    let report = audit_head::verify(&state.db, dir).await.map_err(|e| {
-        tracing::error!(error = %e, "audit verify failed");
-        AdminError::Internal
-    })?;
+    let report = audit_head::verify(&state.db, dir, &state.settings.backup.head_name)
+        .await
+        .map_err(|e| {
+            tracing::error!(error = %e, "audit verify failed");
+            AdminError::Internal
+        })?;
     let mut html = String::new();
     match &report.chain.broken {
         None => html.push_str(&format!(

@@ -11,7 +11,7 @@ use crate::store::Db;
 /// `audit verify`: the verdict, or an error naming the first bad row or the head mismatch.
 pub async fn verify(db: Db, settings: &Settings) -> anyhow::Result<()> {
     let dir = PathBuf::from(&settings.backup.dir);
-    let verdict = super::audit_verify(&db, &dir).await;
+    let verdict = super::audit_verify(&db, &dir, &settings.backup.head_name).await;
     db.close().await;
     println!("{}", verdict?);
     Ok(())
@@ -25,7 +25,15 @@ pub async fn rearm(
     now: DateTime<Utc>,
 ) -> anyhow::Result<()> {
     let dir = PathBuf::from(&settings.backup.dir);
-    let rearmed = super::audit_rearm(&db, &dir, reason, "before-rearm", now).await;
+    let rearmed = super::audit_rearm(
+        &db,
+        &dir,
+        &settings.backup.head_name,
+        reason,
+        "before-rearm",
+        now,
+    )
+    .await;
     db.close().await;
     println!("{}", rearmed?);
     Ok(())

@@ -36,7 +36,15 @@ pub async fn restore(settings: &Settings, file: &Path, now: DateTime<Utc>) -> an
     let dir = PathBuf::from(&settings.backup.dir);
     let db = Db::connect(settings).await?;
     let why = format!("restore of {}", file.display());
-    let rearmed = super::audit_rearm(&db, &dir, &why, "before-restore", now).await;
+    let rearmed = super::audit_rearm(
+        &db,
+        &dir,
+        &settings.backup.head_name,
+        &why,
+        "before-restore",
+        now,
+    )
+    .await;
     db.close().await;
     println!("{}", rearmed?);
     Ok(())

@@ -151,7 +151,13 @@ pub async fn run(args: Cli) -> anyhow::Result<()> {
         | Command::Reconcile { .. }
         | Command::Restore { .. } => {}
     }
-    super::export_audit_head(&db, Path::new(&settings.backup.dir), now).await;
+    super::export_audit_head(
+        &db,
+        Path::new(&settings.backup.dir),
+        &settings.backup.head_name,
+        now,
+    )
+    .await;
     db.close().await;
     Ok(())
 }

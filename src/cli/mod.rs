@@ -540,9 +540,10 @@ pub async fn admin_reset_password(
 }
 
 /// `sluice audit verify`: every row's MAC, the chain's links, and the signed head in `dir`
-/// (the backup folder). `Ok` with a summary when all agree, else every problem found.
-pub async fn audit_verify(db: &Db, dir: &Path) -> Result<String, CliError> {
-    let report = audit_head::verify(db, dir).await?;
+/// (the backup folder), the head `name` names (`[backup] head_name`). `Ok` with a summary
+/// when all agree, else every problem found.
+pub async fn audit_verify(db: &Db, dir: &Path, name: &str) -> Result<String, CliError> {
+    let report = audit_head::verify(db, dir, name).await?;
     let problems = report.problems();
     if !problems.is_empty() {
         return Err(CliError::Tampered(problems));
@@ -559,6 +560,7 @@ pub async fn audit_verify(db: &Db, dir: &Path) -> Result<String, CliError> {
 pub async fn audit_rearm(
     db: &Db,
     dir: &Path,
+    name: &str,
     reason: &str,
     aside: &str,
     now: DateTime<Utc>,
@@ -569,7 +571,7 @@ pub async fn audit_rearm(
             "--reason must say why, in 1 to 500 characters".into(),
         ));
     }
-    let done = audit_head::rearm(db, dir, now, ACTOR, reason, aside).await?;
+    let done = audit_head::rearm(db, dir, name, now, ACTOR, reason, aside).await?;
     let kept = match &done.kept {
         Some(p) => format!("; the head before it is kept as {}", p.display()),
         None => String::new(),
@@ -581,13 +583,14 @@ pub async fn audit_rearm(
     ))
 }
 
-/// After a command: the audit head in `dir` follows the rows it wrote (a warning, never a
-/// failure of the command, when it cannot).
-pub async fn export_audit_head(db: &Db, dir: &Path, now: DateTime<Utc>) {
-    match audit_head::export(db, dir, now).await {
+/// After a command: the audit head in `dir` (named `name`) follows the rows it wrote (a
+/// warning, never a failure of the command, when it cannot).
+pub async fn export_audit_head(db: &Db, dir: &Path, name: &str, now: DateTime<Utc>) {
+    match audit_head::export(db, dir, name, now).await {
         Ok(Exported::Refused(why)) => {
             eprintln!("warning: {why}; audit.head left as it is (see `sluice audit verify`)")
         }
+        Ok(Exported::Started(_, why)) => eprintln!("warning: {why}"),
         Ok(_) => {}
         Err(e) => eprintln!("warning: the audit head was not written: {e}"),
     }

@@ -40,7 +40,7 @@ pub async fn run(
             return Err(e.into());
         }
     };
-    super::export_audit_head(&db, dir, now).await;
+    super::export_audit_head(&db, dir, &settings.backup.head_name, now).await;
     db.close().await;
     print!("{}", super::reconcile_report(&r, json));
     if r.run.flagged == 0 {

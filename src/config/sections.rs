@@ -849,6 +849,10 @@ pub struct BackupSettings {
     pub interval_hours: u64,
     pub keep: u32,
     pub dir: String,
+    /// The name this host's audit head goes by with `dir` (`ops::audit_head::head_id`);
+    /// empty: the host name. It must survive a re-creation of the host (a container's
+    /// host name may not).
+    pub head_name: String,
 }
 
 impl Default for BackupSettings {
@@ -857,6 +861,7 @@ impl Default for BackupSettings {
             interval_hours: 24,
             keep: 7,
             dir: "backup".into(),
+            head_name: String::new(),
         }
     }
 }

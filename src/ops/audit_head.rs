@@ -152,6 +152,10 @@ pub enum Exported {
     Written(Head),
     /// The file was left as it is; the reason.
     Refused(String),
+    /// A new head was started over a chain other heads were started over (PostgreSQL): it
+    /// trusts the rows before it as they are, which no earlier head of this host checked;
+    /// the head and what to tell the operator.
+    Started(Head, String),
 }
 
 /// Takes the advisory lock of the head in `dir` (one writer at a time, across processes);
@@ -169,13 +173,19 @@ fn missing_after_start(id: i64, at: &str) -> String {
     format!("audit.head is missing, but row {id} of the audit log says a head was started at {at}: it was deleted (perhaps with the newest rows) or the backup folder moved or changed; once you know why, `sluice audit rearm --reason …` starts a new one")
 }
 
-/// Which head a folder holds: this host's name and the folder's path. On PostgreSQL every
-/// host keeps its own head in its own folder, and an `audit.head_started` row names the
-/// head it started (`audit::head_started`).
-pub fn head_id(dir: &Path) -> String {
-    let host = std::fs::read_to_string("/etc/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "localhost".into());
+/// Which head a folder holds: this host's head name (`[backup] head_name`, or else its host
+/// name) and the folder's path. On PostgreSQL every host keeps its own head in its own
+/// folder, and an `audit.head_started` row names the head it started
+/// (`audit::head_started`). Both parts must survive a re-creation of the host: under a new
+/// name or in a new folder the host starts a new head, as a new host does.
+pub fn head_id(name: &str, dir: &Path) -> String {
+    let host = if name.is_empty() {
+        std::fs::read_to_string("/etc/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|_| "localhost".into())
+    } else {
+        name.to_string()
+    };
     let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
     format!("{host}:{}", dir.display())
 }
@@ -184,13 +194,14 @@ pub fn head_id(dir: &Path) -> String {
 async fn mark_start(
     db: &Db,
     dir: &Path,
+    name: &str,
     actor: &str,
     why: &str,
     now: DateTime<Utc>,
 ) -> Result<(), HeadError> {
     let mut tx = db.begin().await?;
     let (rows, last_id, _) = audit::tip(&mut tx).await?;
-    let after = serde_json::json!({"rows_before": rows, "last_id_before": last_id, "why": why, "head": head_id(dir)})
+    let after = serde_json::json!({"rows_before": rows, "last_id_before": last_id, "why": why, "head": head_id(name, dir)})
         .to_string();
     let entry = AuditEntry {
         actor,
@@ -219,7 +230,12 @@ async fn write_head(db: &Db, dir: &Path, now: DateTime<Utc>) -> Result<Head, Hea
 /// Writes the head of the chain as the database holds it now into `dir/audit.head`, if it
 /// extends the head already there (see the module doc), and logs it. A missing head is
 /// started (after its `audit.head_started` row) only when none was ever started.
-pub async fn export(db: &Db, dir: &Path, now: DateTime<Utc>) -> Result<Exported, HeadError> {
+pub async fn export(
+    db: &Db,
+    dir: &Path,
+    name: &str,
+    now: DateTime<Utc>,
+) -> Result<Exported, HeadError> {
     let io = |e| HeadError::Io(dir.to_path_buf(), e);
     let _lock = lock(dir).await?;
     let keys = &db.audit;
@@ -228,13 +244,20 @@ pub async fn export(db: &Db, dir: &Path, now: DateTime<Utc>) -> Result<Exported,
     // transaction commits, and the connection is free only once it has.
     let mut conn = db.begin_read_after_writes().await?;
     let (rows, last_id, last_hash) = audit::tip(&mut conn).await?;
+    let id = head_id(name, dir);
+    // Other heads' start rows, when this one starts afresh (see the end).
+    let mut others = 0;
     let refusal = match &found {
         Found::Valid(h) if h.same_tip(rows, last_id, &last_hash) => return Ok(Exported::Unchanged),
         Found::Valid(h) => (!audit::holds(&mut conn, h.rows, h.last_id, &h.last_hash).await?)
             .then(|| format!("audit.head (row count {}, last row {}) is not a prefix of the database (row count {rows}, last row {last_id}): rows were removed or replaced", h.rows, h.last_id)),
-        Found::Missing => audit::head_started(&mut conn, &head_id(dir))
-            .await?
-            .map(|(id, at)| missing_after_start(id, &at)),
+        Found::Missing => match audit::head_started(&mut conn, &id).await? {
+            Some((row, at)) => Some(missing_after_start(row, &at)),
+            None => {
+                others = audit::others_started(&mut conn, &id).await?;
+                None
+            }
+        },
         Found::Forged => Some("audit.head is not signed with this gateway's key".to_string()),
         Found::Unreadable(e) => Some(format!("audit.head is unreadable: {e}")),
     };
@@ -247,8 +270,19 @@ pub async fn export(db: &Db, dir: &Path, now: DateTime<Utc>) -> Result<Exported,
     }
     if found == Found::Missing {
         tracing::info!(target: "sluice::audit", dir = %dir.display(), rows, "starting the audit head: no head was ever started over this audit log");
-        mark_start(db, dir, SYSTEM, "the first head", now).await?;
-        return Ok(Exported::Written(write_head(db, dir, now).await?));
+        mark_start(db, dir, name, SYSTEM, "the first head", now).await?;
+        let head = write_head(db, dir, now).await?;
+        if others == 0 {
+            return Ok(Exported::Written(head));
+        }
+        // A host new to the chain, or one that lost its head together with its name (a
+        // container re-created under a new host name with an empty folder): the head cannot
+        // tell them apart, and the second may follow a deletion of the newest rows, which
+        // no head then shows (s30 multi-host attack F2). The operator is told of every such
+        // trust point.
+        let why = format!("a new audit head ({id}) was started over the {rows} rows of the audit log, which {others} other head(s) were started over before: it trusts those rows as they are. Expected when a host is added or its host name or backup folder changed; otherwise this host lost its head and rows may have been removed before it: run `sluice audit verify` on every host");
+        tracing::warn!(target: "sluice::audit", dir = %dir.display(), rows, others, "{why}");
+        return Ok(Exported::Started(head, why));
     }
     let head = Head::sign(keys, rows, last_id, last_hash, db_time(now));
     log(&head, keys, true);
@@ -271,6 +305,7 @@ pub struct Rearmed {
 pub async fn rearm(
     db: &Db,
     dir: &Path,
+    name: &str,
     now: DateTime<Utc>,
     actor: &str,
     why: &str,
@@ -283,7 +318,7 @@ pub async fn rearm(
         return Err(HeadError::OtherKey);
     }
     let kept = set_aside(dir, aside, now).map_err(|e| HeadError::Io(dir.to_path_buf(), e))?;
-    mark_start(db, dir, actor, why, now).await?;
+    mark_start(db, dir, name, actor, why, now).await?;
     let head = write_head(db, dir, now).await?;
     tracing::warn!(target: "sluice::audit", dir = %dir.display(), actor, why, kept = ?kept, "audit head re-armed");
     Ok(Rearmed { kept, head })
@@ -294,15 +329,21 @@ pub async fn rearm(
 /// before it was signed again, so the head is rewritten over the chain as it is now. A
 /// log no head was ever started over gets its `audit.head_started` row first, as at a
 /// gateway's first start (a head missing later is then an alarm).
-pub async fn resign(db: &Db, dir: &Path, now: DateTime<Utc>) -> Result<Head, HeadError> {
+pub async fn resign(
+    db: &Db,
+    dir: &Path,
+    name: &str,
+    now: DateTime<Utc>,
+) -> Result<Head, HeadError> {
     let _lock = lock(dir).await?;
     let mut conn = db.begin_read_after_writes().await?;
-    let started = audit::head_started(&mut conn, &head_id(dir)).await?;
+    let started = audit::head_started(&mut conn, &head_id(name, dir)).await?;
     drop(conn);
     if started.is_none() {
         mark_start(
             db,
             dir,
+            name,
             SYSTEM,
             "the first head, at `sluice secrets rotate`",
             now,
@@ -348,9 +389,11 @@ fn set_aside(dir: &Path, label: &str, now: DateTime<Utc>) -> std::io::Result<Opt
 /// One export, its refusal or failure raised as an alert (`audit_head`) as well as logged:
 /// a head that can no longer be written (a folder put where its lock or file goes, a full
 /// disk, lost permissions) falls behind the log as silently as a refused one.
-async fn export_or_alert(db: &Db, dir: &Path, now: DateTime<Utc>, alerts: &Alerter) {
-    match export(db, dir, now).await {
-        Ok(Exported::Refused(why)) => alerts.raise("audit_head", &dir.display().to_string(), &why),
+async fn export_or_alert(db: &Db, dir: &Path, name: &str, now: DateTime<Utc>, alerts: &Alerter) {
+    match export(db, dir, name, now).await {
+        Ok(Exported::Refused(why) | Exported::Started(_, why)) => {
+            alerts.raise("audit_head", &dir.display().to_string(), &why)
+        }
         Ok(_) => {}
         Err(e) => {
             tracing::error!(target: "sluice::audit", error = %e, "exporting the audit head failed");
@@ -366,12 +409,18 @@ async fn export_or_alert(db: &Db, dir: &Path, now: DateTime<Utc>, alerts: &Alert
 /// The gateway's exporter: once at start, awaited (a first head's `audit.head_started` row
 /// is in the chain before the gateway answers anyone; a missing or mismatched head is
 /// raised before it serves), then from a task of its own after every signed row.
-pub async fn start(db: Db, dir: PathBuf, clock: Arc<dyn Clock>, alerts: Arc<Alerter>) {
-    export_or_alert(&db, &dir, clock.now(), &alerts).await;
+pub async fn start(
+    db: Db,
+    dir: PathBuf,
+    name: String,
+    clock: Arc<dyn Clock>,
+    alerts: Arc<Alerter>,
+) {
+    export_or_alert(&db, &dir, &name, clock.now(), &alerts).await;
     tokio::spawn(async move {
         loop {
             db.audit.wait_appended().await;
-            export_or_alert(&db, &dir, clock.now(), &alerts).await;
+            export_or_alert(&db, &dir, &name, clock.now(), &alerts).await;
         }
     });
 }
@@ -449,11 +498,11 @@ impl Report {
 }
 
 /// Checks rows, chain, head, and the triggers on the log.
-pub async fn verify(db: &Db, dir: &Path) -> Result<Report, HeadError> {
+pub async fn verify(db: &Db, dir: &Path, name: &str) -> Result<Report, HeadError> {
     let chain = audit::verify(db, &db.audit).await?;
     let mut conn = db.begin_read().await?;
     let tip = audit::tip(&mut conn).await?;
-    let started = audit::head_started(&mut conn, &head_id(dir)).await?;
+    let started = audit::head_started(&mut conn, &head_id(name, dir)).await?;
     Ok(Report {
         chain,
         head: read(dir, &db.audit),

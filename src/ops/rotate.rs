@@ -71,13 +71,14 @@ pub async fn rotate(
     let current = current_key(settings)?;
     let dir = Path::new(&settings.backup.dir);
     let db = Db::connect(settings).await?;
-    let done = rotate_db(&db, dir, &current, new, now).await;
+    let name = &settings.backup.head_name;
+    let done = rotate_db(&db, dir, name, &current, new, now).await;
     db.close().await;
     let done = done?;
     let db = Db::connect_with_key(settings, new)
         .await
         .map_err(|e| RotateError::After(e.to_string()))?;
-    let after = after(&db, dir, now).await;
+    let after = after(&db, dir, name, now).await;
     db.close().await;
     after?;
     Ok(done)
@@ -86,6 +87,7 @@ pub async fn rotate(
 async fn rotate_db(
     db: &Db,
     dir: &Path,
+    name: &str,
     current: &MasterKey,
     new: &MasterKey,
     now: DateTime<Utc>,
@@ -93,7 +95,7 @@ async fn rotate_db(
     if current.same_as(new) {
         return Err(SecretError::SameKey.into());
     }
-    let report = audit_head::verify(db, dir).await?;
+    let report = audit_head::verify(db, dir, name).await?;
     // A log no head was ever started over (a database no gateway served) has none yet.
     let unstarted = report.head == Found::Missing && report.started.is_none();
     let problems: Vec<String> = report
@@ -108,11 +110,11 @@ async fn rotate_db(
 }
 
 /// The head signed again under the new key, and the whole log verified under it.
-async fn after(db: &Db, dir: &Path, now: DateTime<Utc>) -> Result<(), RotateError> {
-    audit_head::resign(db, dir, now)
+async fn after(db: &Db, dir: &Path, name: &str, now: DateTime<Utc>) -> Result<(), RotateError> {
+    audit_head::resign(db, dir, name, now)
         .await
         .map_err(|e| RotateError::After(format!("{e}; with the new key, `sluice audit rearm --reason \"secrets rotate\"` signs the head again")))?;
-    let problems = audit_head::verify(db, dir).await?.problems();
+    let problems = audit_head::verify(db, dir, name).await?.problems();
     if !problems.is_empty() {
         return Err(RotateError::After(problems.join("\n")));
     }

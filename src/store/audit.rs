@@ -658,6 +658,17 @@ pub async fn head_started(tx: &mut super::Tx, head: &str) -> Result<Option<(i64,
     .await?)
 }
 
+/// How many `HEAD_STARTED` rows name a head other than `head` (or none: a SQLite install's,
+/// copied by `migrate-store`): on PostgreSQL, each a trust point a new head would not
+/// extend (`ops::audit_head::export`). On SQLite every such row is this host's, and
+/// `head_started` finds it: 0.
+pub async fn others_started(tx: &mut super::Tx, head: &str) -> Result<i64> {
+    match tx.pg() {
+        Some((conn, _)) => super::pg::audit::others_started(conn, head).await,
+        None => Ok(0),
+    }
+}
+
 /// Whether a `HEAD_STARTED` row whose `after` is `after` names the head `head`.
 pub(crate) fn started_here(after: Option<&str>, head: &str) -> bool {
     after

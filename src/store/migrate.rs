@@ -462,6 +462,11 @@ pub async fn sqlite_to_postgres(from: &Db, to: &Db) -> Result<Copied> {
     };
     let lite = &lite.read;
     let mut tx = pg.pool.begin().await?;
+    // Between its statements the copy reads and sums the SQLite side, a long while for a
+    // large table: not the idle transaction of a frozen host (`pg::IDLE_IN_TRANSACTION_TIMEOUT`).
+    sqlx::query("SET LOCAL idle_in_transaction_session_timeout = 0")
+        .execute(&mut *tx)
+        .await?;
     // No other writer meanwhile: the gateways' admin writes take this lock too.
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(super::pg::ADMIN_WRITE_LOCK)

@@ -516,6 +516,7 @@ async fn after_a_truncation_the_next_action_does_not_paper_over_it() {
     let exported = sluice::ops::audit_head::export(
         rig.app.db(),
         Path::new(&rig.app.settings.backup.dir),
+        "",
         chrono::Utc::now(),
     )
     .await
@@ -833,7 +834,7 @@ async fn redteam_deleting_the_head_with_the_newest_rows_is_not_covered_up() {
         .await;
     assert_eq!(s, 201);
     let dir = Path::new(&rig.app.settings.backup.dir);
-    let done = sluice::ops::audit_head::export(&rig.app.state.db, dir, chrono::Utc::now())
+    let done = sluice::ops::audit_head::export(&rig.app.state.db, dir, "", chrono::Utc::now())
         .await
         .unwrap();
     assert!(
@@ -1001,7 +1002,7 @@ async fn removing_the_record_of_the_head_is_named() {
         truncate_quietly(&rig).await;
         std::fs::remove_file(rig.head_path()).unwrap();
         let dir = Path::new(&rig.app.settings.backup.dir);
-        sluice::ops::audit_head::export(&rig.app.state.db, dir, chrono::Utc::now())
+        sluice::ops::audit_head::export(&rig.app.state.db, dir, "", chrono::Utc::now())
             .await
             .unwrap();
         let named = match how {
@@ -1528,4 +1529,77 @@ fn spend_months_follow_when(condition: &str) -> String {
          CREATE TRIGGER spend_months_follow AFTER INSERT OR UPDATE OR DELETE ON spend_days \
              FOR EACH ROW WHEN ({condition}) EXECUTE PROCEDURE spend_months_follow()"
     )
+}
+
+/// A head started afresh over a chain other heads were started over is an `audit_head`
+/// alert: it trusts every row before it as it is. On PostgreSQL each host keeps a head of
+/// its own, named after its host name and folder, and a new one used to start in silence
+/// — so a host that lost its head together with its name (a container re-created under a
+/// new host name with an empty folder, after someone deleted the newest rows) looked like
+/// a new host, and no head ever showed the deletion (s30 multi-host attack F2). On SQLite,
+/// one host's chain, the start row of the first head already refuses a missing one.
+#[tokio::test]
+async fn a_new_head_over_a_chain_other_heads_were_started_over_raises_the_alert() {
+    let (app, admin) = alerting_app().await;
+    let (s, _) = admin
+        .post("/admin/api/v1/teams", &json!({"name": "before"}))
+        .await;
+    assert_eq!(s, 201);
+    // This host's gateway under another folder: a head of another name with an empty
+    // folder, as a re-created container's.
+    let other = tempfile::tempdir().unwrap();
+    sluice::ops::audit_head::start(
+        app.db().clone(),
+        other.path().to_path_buf(),
+        String::new(),
+        app.state.clock.clone(),
+        app.state.alerts.clone(),
+    )
+    .await;
+    audit_head_alert(&app, "after a new head started over the chain").await;
+    let messages: Vec<String> = app
+        .mock
+        .state
+        .stats("webhook")
+        .last_bodies
+        .iter()
+        .filter(|b| b["kind"] == "audit_head")
+        .map(|b| b.to_string())
+        .collect();
+    let expected = match app.db().postgres() {
+        Some(_) => "other head(s) were started over before",
+        None => "audit.head is missing, but row",
+    };
+    assert!(
+        messages.iter().any(|m| m.contains(expected)),
+        "{messages:?}"
+    );
+}
+
+/// `[backup] head_name` names this host's head in place of its host name, which a
+/// re-created container does not keep (s30 multi-host attack F2): the head started under
+/// the configured name, and once its folder comes back empty under that name the head is
+/// missed — the alarm — rather than started afresh as a new host's.
+#[tokio::test]
+async fn a_head_named_in_the_config_is_missed_when_its_folder_comes_back_empty() {
+    let app = spawn_app_with(|s, _| s.backup.head_name = "gateway-a".into()).await;
+    let dir = Path::new(&app.settings.backup.dir);
+    assert_eq!(
+        app.scalar(
+            r#"SELECT COUNT(*) FROM audit_log WHERE action = 'audit.head_started' AND after LIKE '%"head":"gateway-a:%'"#
+        )
+        .await,
+        1,
+        "the head was not started under its configured name"
+    );
+    // The container re-created: a new host name, the folder empty, the head's name kept.
+    std::fs::remove_file(dir.join("audit.head")).unwrap();
+    let exported = sluice::ops::audit_head::export(app.db(), dir, "gateway-a", chrono::Utc::now())
+        .await
+        .unwrap();
+    assert!(
+        matches!(&exported, sluice::ops::audit_head::Exported::Refused(why) if why.contains("audit.head is missing")),
+        "{exported:?}"
+    );
+    assert!(!dir.join("audit.head").exists());
 }

@@ -424,3 +424,86 @@ async fn the_key_files_folder_is_synced_after_the_key_is_published() {
         data.display()
     );
 }
+
+/// The lines of the block `key:` at `indent` spaces in a compose file (its own indented
+/// lines, comments left out).
+fn compose_block<'a>(lines: &[&'a str], indent: usize, key: &str) -> Vec<&'a str> {
+    let head = format!("{}{key}:", " ".repeat(indent));
+    let Some(start) = lines.iter().position(|l| l.trim_end() == head) else {
+        panic!("no `{key}:` at indent {indent}");
+    };
+    lines[start + 1..]
+        .iter()
+        .filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+        .take_while(|l| l.len() - l.trim_start().len() > indent)
+        .copied()
+        .collect()
+}
+
+/// docker-compose.cluster.yml: each gateway keeps its audit head across a re-creation of
+/// its container — a fixed host name (the head is named after it and its folder) and a
+/// named volume of its own at `SLUICE_BACKUP_DIR`. Without them every `docker compose up`
+/// after a rebuild or a config change started a fresh head over whatever the database held
+/// then, rows deleted meanwhile included, with the old head and its evidence gone (s30
+/// multi-host attack F2).
+#[test]
+fn the_cluster_compose_keeps_each_gateways_audit_head() {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docker-compose.cluster.yml"
+    ))
+    .unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    // The folder as the compose file sets it, or else as the image does.
+    let image =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Dockerfile")).unwrap();
+    let dir = lines
+        .iter()
+        .find_map(|l| l.trim().strip_prefix("SLUICE_BACKUP_DIR:"))
+        .or_else(|| {
+            image
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("SLUICE_BACKUP_DIR="))
+        })
+        .expect("SLUICE_BACKUP_DIR set for the gateways")
+        .trim();
+    let declared: Vec<&str> = compose_block(&lines, 0, "volumes")
+        .iter()
+        .map(|l| l.trim().trim_end_matches(':'))
+        .collect();
+    let services = compose_block(&lines, 0, "services");
+    let mut seen = Vec::new();
+    for gateway in ["sluice-a", "sluice-b"] {
+        let block = compose_block(&services, 2, gateway);
+        assert!(
+            block.iter().any(|l| l.trim() == "<<: *sluice"),
+            "{gateway} is a gateway"
+        );
+        assert!(
+            block
+                .iter()
+                .any(|l| l.trim() == format!("hostname: {gateway}")),
+            "{gateway} has no fixed host name"
+        );
+        let volumes = compose_block(&block, 4, "volumes");
+        let mounts: Vec<&str> = volumes
+            .iter()
+            .filter_map(|l| l.trim().strip_prefix("- "))
+            .collect();
+        // `volumes` replaces the anchor's list: the config must be mounted again.
+        assert!(
+            mounts.contains(&"./sluice.toml:/etc/sluice/sluice.toml:ro"),
+            "{gateway} lost its config: {mounts:?}"
+        );
+        let backup = mounts
+            .iter()
+            .find_map(|m| m.strip_suffix(&format!(":{dir}")))
+            .unwrap_or_else(|| panic!("{gateway} mounts nothing at {dir}: {mounts:?}"));
+        assert!(
+            declared.contains(&backup),
+            "{gateway}'s {backup} is not a named volume: {declared:?}"
+        );
+        assert!(!seen.contains(&backup), "{backup} is shared");
+        seen.push(backup);
+    }
+}

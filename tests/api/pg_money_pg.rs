@@ -639,3 +639,127 @@ async fn rollovers_and_admin_actions_appending_at_once_keep_one_chain() {
     assert!(chain.rows >= 200 + 8 * 9, "{} rows", chain.rows);
     store.assert_settled().await;
 }
+
+/// The audit chain's advisory lock (`pg::audit::CHAIN_LOCK`).
+const CHAIN_LOCK: i64 = 0x736c_7569_6365_0a01;
+
+/// How long a gateway session waits for a lock (`pg::LOCK_TIMEOUT`).
+const LOCK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A gateway session frozen between an audit append and its commit (a host paused or cut
+/// off while it holds the chain's lock): reservations of the same team that roll a period
+/// over fail alone within the lock timeout, the others answer, and no backend is left
+/// queued on a lock holding its batch's budget rows (s30 multi-host attack F3). Before,
+/// the rollover waited for the lock without end: every batch with one failed whole at
+/// the writer's 10 s timeout, and its backend stayed queued on the lock with the team's
+/// row locked. The server ends the frozen session (`idle_in_transaction_session_timeout`),
+/// and the rollovers go through again without anyone touching it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_frozen_holding_the_chain_lock_stalls_nothing_past_the_lock_timeout() {
+    let store = Arc::new(Store::postgres().await);
+    let db = store.pg();
+    // Eight tokens of one user and team: the even ones reset daily, the odd ones never.
+    let first = pg_owner(
+        db,
+        &[
+            budget_daily(1_000 * R),
+            budget(Some(1_000_000 * R)),
+            budget(Some(1_000_000 * R)),
+        ],
+    )
+    .await;
+    let mut owners = vec![first.clone()];
+    for i in 1..8 {
+        let token = if i % 2 == 0 {
+            budget_daily(1_000 * R)
+        } else {
+            budget(Some(1_000 * R))
+        };
+        let o = pg_owner(db, &[token, budget(None), budget(None)]).await;
+        owners.push(Owner {
+            user_id: first.user_id,
+            team_id: first.team_id,
+            ..o
+        });
+    }
+    let clock = Arc::new(ManualClock::new(at("2026-12-01T12:00:00Z")));
+    for (i, owner) in owners.iter().enumerate() {
+        let id = format!("warm{i}");
+        store
+            .reserve(owner, &id, R, "p", clock.clone())
+            .await
+            .unwrap()
+            .unwrap();
+        store.settle(&id, R, clock.clone()).await.unwrap().unwrap();
+    }
+    // A day later the daily tokens roll over (an audit row each); the others do not.
+    clock.advance(chrono::Duration::days(1));
+    let mut frozen = db.pool.acquire().await.unwrap().detach();
+    sqlx::query("BEGIN").execute(&mut frozen).await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(CHAIN_LOCK)
+        .execute(&mut frozen)
+        .await
+        .unwrap();
+    let froze = Instant::now();
+    let mut tasks = Vec::new();
+    for (i, owner) in owners.iter().enumerate() {
+        let (store, owner, clock) = (store.clone(), owner.clone(), clock.clone());
+        tasks.push(tokio::spawn(async move {
+            let started = Instant::now();
+            let id = format!("day2-{i}");
+            let out = store.reserve(&owner, &id, R, "p", clock).await;
+            (i % 2 == 0, id, started.elapsed(), out)
+        }));
+    }
+    // A caller may wait for the batch before its own, which waited for the lock too; the
+    // others of its batch do not wait again. Before: the writer's 10 s timeout.
+    let bound = 2 * LOCK_TIMEOUT + Duration::from_secs(3);
+    let mut held = Vec::new();
+    for t in tasks {
+        let (rolls, id, took, out) = t.await.unwrap();
+        eprintln!("{id} (rollover: {rolls}) after {took:?}: {out:?}");
+        assert!(took < bound, "{id} answered after {took:?}");
+        match out {
+            Ok(Ok(_)) if !rolls => held.push(id),
+            Err(e) if rolls && e.is_unavailable() => {}
+            other => panic!("{id} (rollover: {rolls}): {other:?}"),
+        }
+    }
+    assert_eq!(held.len(), 4);
+    let waiting: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(waiting, 0, "backends left queued on a lock");
+    // Nobody touches the frozen session: the server ends it, and the rollovers go through.
+    let until = froze + Duration::from_secs(45);
+    let mut i = 0;
+    loop {
+        let id = format!("after{i}");
+        match store.reserve(&owners[0], &id, R, "p", clock.clone()).await {
+            Ok(Ok(_)) => {
+                held.push(id);
+                break;
+            }
+            Err(e) if e.is_unavailable() && Instant::now() < until => {
+                tokio::time::sleep(Duration::from_millis(500)).await
+            }
+            other => panic!("the rollover never went through: {other:?}"),
+        }
+        i += 1;
+    }
+    eprintln!("the frozen session was ended after {:?}", froze.elapsed());
+    assert!(
+        sqlx::query("SELECT 1").execute(&mut frozen).await.is_err(),
+        "the frozen session is still open"
+    );
+    for id in held {
+        store.settle(&id, R, clock.clone()).await.unwrap().unwrap();
+    }
+    store.assert_settled().await;
+    let chain = pg::audit::verify(&db.pool, &db.audit).await.unwrap();
+    assert_eq!(chain.broken, None);
+}

@@ -484,6 +484,20 @@ pub async fn head_started(conn: &mut PgConnection, head: &str) -> Result<Option<
         .map(|(id, at, _)| (id, at)))
 }
 
+/// How many `HEAD_STARTED` rows name a head other than `head`, or none (as
+/// `store::audit::others_started`).
+pub async fn others_started(conn: &mut PgConnection, head: &str) -> Result<i64> {
+    let rows: Vec<Option<String>> =
+        sqlx::query_scalar("SELECT after FROM audit_log WHERE action = $1")
+            .bind(HEAD_STARTED)
+            .fetch_all(conn)
+            .await?;
+    Ok(rows
+        .iter()
+        .filter(|after| !crate::store::audit::started_here(after.as_deref(), head))
+        .count() as i64)
+}
+
 /// Whether the database still holds an earlier head's newest row, with as many rows up to
 /// it (as `store::audit::holds`).
 pub async fn holds(

@@ -56,6 +56,30 @@ pub struct PgDb {
 /// should say so quickly when the database is unreachable.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// How long a gateway session waits for any one lock (a row, an advisory lock) before the
+/// statement fails with 55P03 `lock_not_available` (`is_transient`: a 503 on the money
+/// path), well below the writer's `BATCH_TIMEOUT`. A lock wait is then ended by the server,
+/// which releases everything the waiting transaction holds: a batch dropped by the client
+/// alone left its backend queued on the lock, holding its budget rows, until the lock came
+/// (s30 multi-host attack F3). `Db::begin` waits longer for the admin lock
+/// (`ADMIN_LOCK_TIMEOUT`); migrations wait as long as they must (`PgDb::connect`).
+pub const LOCK_TIMEOUT: &str = "2s";
+
+/// How long a gateway session may sit idle inside a transaction before the server ends it
+/// (25P03, `is_broken`), with its locks: a host paused (SIGSTOP, a frozen VM) between an
+/// audit append and its commit keeps its TCP session alive, and held the chain's lock and
+/// its batch's budget rows for as long as the pause. No transaction of the gateway or the
+/// CLI waits on anything but the database between its statements (the long ones,
+/// `migrate-store` and `secrets rotate`, turn it off for their own transaction).
+pub const IDLE_IN_TRANSACTION_TIMEOUT: &str = "30s";
+
+/// Server-side TCP keepalives on every gateway session, in seconds (idle, interval, count):
+/// PostgreSQL ends the session of a host that vanished (power loss, a partition) after
+/// about idle + interval × count = 30 s, and frees its locks (the liveness lock among
+/// them, `processes`); a paused host's kernel still answers them. (No effect over a Unix
+/// socket, where a vanished host cannot be.)
+pub const KEEPALIVES: (u32, u32, u32) = (10, 5, 4);
+
 impl PgDb {
     /// Connects to `url` (`postgres://…`) and applies the migrations. Every session the
     /// gateway opens (the pool's, and the writer's and the liveness lock's, which take the
@@ -63,18 +87,43 @@ impl PgDb {
     /// audit append reads the chain's tip after it waits for the chain lock, and a
     /// REPEATABLE READ snapshot fixed before that wait forked the chain (s30 multi-host
     /// attack F1); the money path's "why READ COMMITTED is enough" (`ledger`) rests on it
-    /// too.
+    /// too. Each also carries `LOCK_TIMEOUT`, `IDLE_IN_TRANSACTION_TIMEOUT` and
+    /// `KEEPALIVES`, so no host frozen or cut off holds a lock others wait for longer than
+    /// about 30 s, and nobody waits on it longer than `LOCK_TIMEOUT`.
     pub async fn connect(url: &str, audit: Arc<AuditKeys>) -> Result<PgDb> {
-        let opts = PgConnectOptions::from_str(url)?
+        let (idle, interval, count) = KEEPALIVES;
+        let base = PgConnectOptions::from_str(url)?
             // The startup `options` split at spaces unless escaped (sqlx passes it as is).
-            .options([("default_transaction_isolation", r"read\ committed")]);
+            .options([
+                (
+                    "default_transaction_isolation",
+                    r"read\ committed".to_string(),
+                ),
+                ("tcp_keepalives_idle", idle.to_string()),
+                ("tcp_keepalives_interval", interval.to_string()),
+                ("tcp_keepalives_count", count.to_string()),
+            ]);
+        // Migrations run on a session of their own without the lock timeout: a host
+        // starting while another migrates waits for sqlx's migration lock, and a schema
+        // change waits for the transactions in flight, as long as they take.
+        let mut migrating = PgConnection::connect_with(&base).await?;
+        sqlx::migrate!("./migrations/postgres")
+            .run(&mut migrating)
+            .await?;
+        migrating.close().await?;
+        let opts = base.options([
+            ("lock_timeout", LOCK_TIMEOUT),
+            (
+                "idle_in_transaction_session_timeout",
+                IDLE_IN_TRANSACTION_TIMEOUT,
+            ),
+        ]);
         let pool = PgPoolOptions::new()
             .max_connections(16)
             .min_connections(1)
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect_with(opts)
             .await?;
-        sqlx::migrate!("./migrations/postgres").run(&pool).await?;
         Ok(PgDb { pool, audit })
     }
 
@@ -91,6 +140,8 @@ pub const ADMIN_WRITE_LOCK: i64 = 0x5_11CE_AD01;
 /// and a second run, in another order of arrival, succeeds.
 const SERIALIZATION_FAILURE: &str = "40001";
 const DEADLOCK_DETECTED: &str = "40P01";
+/// A lock wait past `lock_timeout`.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
 
 /// Whether `e` is a serialization failure or a deadlock (see `transact`).
 pub fn is_retryable(e: &StoreError) -> bool {
@@ -133,6 +184,11 @@ pub fn is_transient(code: &str) -> bool {
         || code.starts_with("57P0")
         || code.starts_with("40")
         || matches!(code, "57014" | "25P03" | "55P03" | "58000" | "58030")
+}
+
+/// Whether `e` is a lock wait that ran past `LOCK_TIMEOUT` (55P03 `lock_not_available`).
+pub fn is_lock_timeout(e: &StoreError) -> bool {
+    matches!(e, StoreError::Sql(sqlx::Error::Database(db)) if db.code().is_some_and(|c| c == LOCK_NOT_AVAILABLE))
 }
 
 /// Whether `e` says the connection itself is unusable (the server went away, a network

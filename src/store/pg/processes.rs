@@ -15,7 +15,7 @@
 //! process killed (`kill -9`, a crash) loses its sockets, PostgreSQL ends its session and
 //! frees the lock at once, and it is gone as soon as its heartbeat is stale, as before. A
 //! host that vanished (power loss, a partition) is noticed by the server-side TCP
-//! keepalives set on the lock's session (about 30 s), then it is gone likewise. A process
+//! keepalives every gateway session carries (`pg::KEEPALIVES`, about 30 s), then it is gone likewise. A process
 //! that holds no lock (the previous version, during a rolling upgrade; a lock session lost
 //! and not yet taken again) is judged by its heartbeat alone, as before the lock.
 //!
@@ -181,12 +181,6 @@ pub async fn prune(db: &PgDb, _me: &Me, _now: DateTime<Utc>) -> Result<()> {
 /// int4 keys).
 pub const LIVENESS_NS: i32 = 0x0511_CE17;
 
-/// Server-side TCP keepalives on the lock's session, in seconds (idle, interval, count):
-/// PostgreSQL ends the session of a host that vanished (power loss, a partition) after
-/// about idle + interval × count = 30 s, and frees its lock; a paused host's kernel still
-/// answers them. (No effect over a Unix socket, where a vanished host cannot be.)
-const KEEPALIVES: (u32, u32, u32) = (10, 5, 4);
-
 /// How often the lock's session is checked; a lost one is connected again and the lock
 /// taken again, waiting at most `RETAKE_MAX` between tries.
 const LOCK_CHECK: Duration = Duration::from_secs(2);
@@ -268,8 +262,8 @@ async fn keep(
     }
 }
 
-/// Opens the lock's connection, sets its keepalives and tries the lock once: the
-/// connection and whether the lock is held.
+/// Opens the lock's connection and tries the lock once: the connection and whether the
+/// lock is held.
 async fn take(opts: &sqlx::postgres::PgConnectOptions, id: &str) -> Result<(PgConnection, bool)> {
     let mut conn = tokio::time::timeout(LOCK_CHECK_TIMEOUT, PgConnection::connect_with(opts))
         .await
@@ -279,16 +273,7 @@ async fn take(opts: &sqlx::postgres::PgConnectOptions, id: &str) -> Result<(PgCo
                 "connecting for the liveness lock timed out",
             ))
         })??;
-    let (idle, interval, count) = KEEPALIVES;
-    sqlx::query(
-        "SELECT set_config('tcp_keepalives_idle', $1, false), set_config('tcp_keepalives_interval', $2, false),
-                set_config('tcp_keepalives_count', $3, false)",
-    )
-    .bind(idle.to_string())
-    .bind(interval.to_string())
-    .bind(count.to_string())
-    .execute(&mut conn)
-    .await?;
+    // Its keepalives (`pg::KEEPALIVES`) come with the pool's options.
     // An operator's `idle_session_timeout` must not end the session of a paused host
     // (PostgreSQL 14 on; an older server does not know the setting, nor ends idle sessions).
     if let Err(e) = sqlx::query("SET idle_session_timeout = 0")

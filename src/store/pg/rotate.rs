@@ -14,6 +14,12 @@ pub(in crate::store) async fn relink(
     old: &AuditKeys,
     new: &AuditKeys,
 ) -> Result<std::result::Result<Resigned, Broken>> {
+    // The whole chain is verified and signed again here, between two statements: a long
+    // while for a long chain, not the idle transaction of a frozen host
+    // (`pg::IDLE_IN_TRANSACTION_TIMEOUT`).
+    sqlx::query("SET LOCAL idle_in_transaction_session_timeout = 0")
+        .execute(&mut *conn)
+        .await?;
     // Taken first: no append can slip in between the read and the rewrite.
     sqlx::query("LOCK TABLE audit_log IN ACCESS EXCLUSIVE MODE")
         .execute(&mut *conn)

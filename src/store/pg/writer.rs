@@ -30,6 +30,15 @@
 //!   back and runs the whole batch again after a jittered pause, up to `pg::MAX_ATTEMPTS`
 //!   times; the callers never see it.
 //! - A job whose caller has gone before it runs can be skipped (`run_for_caller`).
+//! - No lock is waited for past `pg::LOCK_TIMEOUT` (every session's `lock_timeout`): the
+//!   server ends the wait (55P03) and with it everything the transaction held. A job whose
+//!   lock wait ran out fails alone, as any failing job — in practice a period rollover
+//!   waiting for the audit chain's lock, which a host paused or cut off between its append
+//!   and its commit may hold (until the server ends that session,
+//!   `pg::IDLE_IN_TRANSACTION_TIMEOUT`). The batch's next runs then wait for no lock past
+//!   its row locks (`NO_WAIT`): its other rollovers would each wait the timeout again, for
+//!   the same lock, holding every caller of the batch meanwhile. Locks `LOCK_ROWS` waits
+//!   for past the timeout fail the batch.
 //!
 //! Locks: the batch first locks every budget row its jobs will touch — tokens, then users,
 //! then teams, each in id order — in one statement (`LOCK_ROWS`). Every batch of every host
@@ -50,7 +59,7 @@ use sqlx::Connection;
 use tokio::sync::{mpsc, oneshot};
 
 use super::ledger::group::{self, Answer, Part};
-use super::{backoff, is_broken, is_retryable, Body, PgDb, MAX_ATTEMPTS};
+use super::{backoff, is_broken, is_lock_timeout, is_retryable, Body, PgDb, MAX_ATTEMPTS};
 use crate::store::audit::AuditKeys;
 use crate::store::{Result, StoreError};
 
@@ -381,8 +390,13 @@ async fn serve(
 }
 
 /// How long one run of a batch may take before it fails (fail closed). Generous: a batch
-/// may wait for another host's batch or an admin edit holding its rows.
+/// may wait for another host's batch or an admin edit holding its rows (each lock at most
+/// `pg::LOCK_TIMEOUT`).
 const BATCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How a run after a job's lock wait ran out takes the locks past its row locks: at once or
+/// not at all (`lock_timeout` cannot be 0, which means no timeout).
+const NO_WAIT: &str = "SET LOCAL lock_timeout = '1ms'";
 
 /// How long the writer waits for a connection before the batch fails (fail closed).
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
@@ -436,6 +450,8 @@ async fn batch(
 ) -> Result<()> {
     let mut attempt = 1;
     let mut grouped = true;
+    // Set once a job's lock wait ran out (see the module doc).
+    let mut no_wait = false;
     loop {
         for job in jobs.iter_mut() {
             job.reset();
@@ -452,18 +468,21 @@ async fn batch(
         };
         // A server that stops answering (a network partition, a frozen host) must not hold
         // every caller forever: past `BATCH_TIMEOUT` the batch fails and its connection is
-        // dropped (which ends the transaction on the server once it notices).
+        // dropped (which ends the transaction on the server once it notices; a wait for a
+        // lock it does not notice, which `lock_timeout` ends).
         // Set as COMMIT is sent: a batch cut from then on may have committed.
         let mut committing = false;
-        let run =
-            match tokio::time::timeout(BATCH_TIMEOUT, once(conn, jobs, grouped, &mut committing))
-                .await
-            {
-                Ok(run) => run,
-                Err(_) => Err(Stop::Broken(StoreError::Batch(format!(
-                    "no answer from the database within {BATCH_TIMEOUT:?}"
-                )))),
-            };
+        let run = match tokio::time::timeout(
+            BATCH_TIMEOUT,
+            once(conn, jobs, grouped, no_wait, &mut committing),
+        )
+        .await
+        {
+            Ok(run) => run,
+            Err(_) => Err(Stop::Broken(StoreError::Batch(format!(
+                "no answer from the database within {BATCH_TIMEOUT:?}"
+            )))),
+        };
         match run {
             Ok(()) => return Ok(()),
             Err(Stop::Ungroup(e)) => {
@@ -471,6 +490,7 @@ async fn batch(
                 grouped = false;
             }
             Err(Stop::Job(i)) => {
+                no_wait |= jobs[i].error().is_some_and(is_lock_timeout);
                 tracing::warn!(error = ?jobs[i].error().map(ToString::to_string), "a write job failed; its batch runs again without it");
             }
             Err(Stop::Retry(e)) if attempt < MAX_ATTEMPTS => {
@@ -493,11 +513,12 @@ async fn batch(
 }
 
 /// One run: BEGIN, the locks, the grouped statements (`grouped`), every job still in and
-/// not decided by them, COMMIT.
+/// not decided by them, COMMIT; past the row locks no lock is waited for (`no_wait`).
 async fn once(
     conn: &mut PgConnection,
     jobs: &mut [Box<dyn Job>],
     grouped: bool,
+    no_wait: bool,
     committing: &mut bool,
 ) -> std::result::Result<(), Stop> {
     let mut tx = conn.begin().await.map_err(|e| stop(e.into()))?;
@@ -507,6 +528,12 @@ async fn once(
     }
     let ran = async {
         lock_rows(&mut tx, &locks).await.map_err(stop)?;
+        if no_wait {
+            sqlx::query(NO_WAIT)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| stop(e.into()))?;
+        }
         if grouped {
             let parts: Vec<Option<Part>> = jobs.iter_mut().map(|j| j.part()).collect();
             if parts.iter().any(Option::is_some) {
