@@ -10,13 +10,26 @@ use crate::upstream::providers::canonical::Fault;
 use crate::upstream::providers::formats::responses::stream as responses;
 use crate::upstream::providers::Format;
 
-/// One SSE event: `event` if named, and `data` as one `data:` line per line of it. The
-/// parser joins an event's `data:` lines with `\n`, so data an upstream sent over several
-/// lines (a pretty-printed chunk: legal JSON) is framed back so, and the client's parser
-/// reads the same data; one line holding the newline would end the data at it.
+/// Whether `name` may stand as an SSE event's name: letters, digits, `_`, `.` and `-`, at
+/// most 64 bytes. A name taken from an upstream's decoded data (its `type`) may hold a line
+/// ending, and written out it would end the `event:` line and inject events of the
+/// upstream's choosing — text never charged, a usage after the finish (s30 diff attack F1).
+pub fn plain_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// One SSE event: `event` if named (a name that is not `plain_name` is left out: the event
+/// reads as `message`), and `data` as one `data:` line per line of it. The parser joins an
+/// event's `data:` lines with `\n`, so data an upstream sent over several lines (a
+/// pretty-printed chunk: legal JSON) is framed back so, and the client's parser reads the
+/// same data; one line holding the newline would end the data at it.
 pub fn frame(event: Option<&str>, data: &str) -> Bytes {
     let mut b = BytesMut::with_capacity(data.len() + 32);
-    if let Some(e) = event {
+    if let Some(e) = event.filter(|e| plain_name(e)) {
         b.put_slice(b"event: ");
         b.put_slice(e.as_bytes());
         b.put_slice(b"\n");

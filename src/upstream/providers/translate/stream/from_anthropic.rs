@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 
-use super::framing::frame;
+use super::framing::{frame, plain_name};
 use super::shape::{self, Body, Corrupt};
 use super::StreamConverter;
 use crate::upstream::providers::formats::anthropic;
@@ -105,10 +105,10 @@ impl StreamConverter {
         // sends only `data:` lines has them named `message` by the SSE reader, which every
         // Anthropic SDK drops (s30 streams attack F1), and a name that differs from the
         // type would have the client read another event than the one charged.
-        let kind = match (e.kind.is_empty(), name.is_empty() || name == "message") {
-            (false, _) => &e.kind,
-            (true, false) => name,
-            (true, true) => "ping",
+        let kind = match (plain_name(&e.kind), name.is_empty() || name == "message") {
+            (true, _) => &e.kind,
+            (false, false) => name,
+            (false, true) => "ping",
         };
         out.push(frame(Some(kind), data));
         Ok(())

@@ -577,3 +577,29 @@ fn an_anthropic_upstream_without_event_lines_is_named_by_its_types() {
         ]
     );
 }
+
+/// A lying upstream's `type` holding a line ending would end the `event:` line and inject
+/// events of its choosing (text never charged): such a name is never written (s30 diff
+/// attack F1), on the Anthropic pass-through as on every frame.
+#[test]
+fn an_anthropic_type_holding_a_line_ending_names_no_event() {
+    let injected = "{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"UNCOUNTED\"}}";
+    for end in ["\n\n", "\r\r", "\r\n\r\n"] {
+        let mut c = StreamConverter::new(Format::Anthropic, WireFormat::Anthropic, true, 10);
+        let mut out = Vec::new();
+        let start = &stream(Format::Anthropic, Report::Zeros)[0].1;
+        c.event("message_start", start, &mut out);
+        let kind =
+            format!("ping{end}event: content_block_delta{end}data: {injected}{end}event: ping");
+        let data = json!({ "type": kind }).to_string();
+        c.event("message", &data, &mut out);
+        let text = String::from_utf8_lossy(&out.concat()).into_owned();
+        let events: Vec<&str> = text
+            .split(['\n', '\r'])
+            .filter(|l| l.starts_with("event:"))
+            .collect();
+        assert_eq!(events, ["event: message_start", "event: ping"], "{text:?}");
+    }
+    assert!(super::super::framing::plain_name("content_block_delta"));
+    assert!(!super::super::framing::plain_name("a\nb"));
+}
