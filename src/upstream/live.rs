@@ -194,15 +194,24 @@ fn credentials(u: &UpstreamSettings) -> Vec<u8> {
 
 /// What else a credential hook is made of (`providers::credential`), each length-prefixed:
 /// the provider and its auth mode (which kind of credential), Entra's authority and scope
-/// (where and for what the token is asked). With `credentials` and the sealing, equal
-/// bytes make the same hook, so a rebuild keeps the one in use (`Catalog::rebuild`).
+/// (where and for what the token is asked), the region a SigV4 signer signs for, the
+/// address and reach a hook's requests take, Vertex's project and location. With
+/// `credentials` and the sealing, equal bytes make the same hook, so a rebuild keeps the
+/// one in use (`Catalog::rebuild`); a Bedrock signer kept across a region change signed
+/// for the old region, and AWS's 403 disabled the key (s30 diff attack F2).
 fn hook_inputs(u: &UpstreamSettings) -> Vec<u8> {
     let entra = u.entra.as_ref();
+    let vertex = u.vertex.as_ref();
     let fields = [
         format!("{:?}", u.provider),
         format!("{:?}", u.quirks.auth),
         entra.map_or(String::new(), |e| e.authority.clone()),
         entra.map_or(String::new(), |e| e.scope.clone()),
+        u.region.clone().unwrap_or_default(),
+        u.base_url.clone(),
+        u.allow_private_network.to_string(),
+        vertex.map_or(String::new(), |v| v.project.clone()),
+        vertex.map_or(String::new(), |v| v.location.clone()),
     ];
     let mut out = Vec::new();
     for f in fields {
@@ -687,6 +696,32 @@ output_usd_per_mtok = 2.0
             let next = build(&changed, Some(&first));
             assert!(!Arc::ptr_eq(&hook(&first), &hook(&next)));
         }
+        // A Bedrock signer signs for its region: moved, it is a new hook (s30 diff attack F2).
+        let mut bedrock: Settings = toml::from_str(
+            r#"
+[[upstreams]]
+id = "br"
+provider = "bedrock"
+region = "us-east-1"
+access_key_id = "AKIDEXAMPLE"
+secret_access_key = "secret"
+[[models]]
+name = "m"
+routes = [{ upstream = "br", model = "anthropic.claude-3-haiku-20240307-v1:0" }]
+input_usd_per_mtok = 1.0
+output_usd_per_mtok = 2.0
+"#,
+        )
+        .unwrap();
+        bedrock.server.listen = "127.0.0.1:0".into();
+        let first = build(&bedrock, None);
+        assert!(Arc::ptr_eq(
+            &hook(&first),
+            &hook(&build(&bedrock, Some(&first)))
+        ));
+        bedrock.upstreams[0].region = Some("eu-west-1".into());
+        let moved = build(&bedrock, Some(&first));
+        assert!(!Arc::ptr_eq(&hook(&first), &hook(&moved)));
     }
 
     #[test]
