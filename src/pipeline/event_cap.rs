@@ -350,7 +350,8 @@ mod tests {
         // `\r\n\n`: a CRLF line ending, then an LF blank line, split anywhere (an `\n`
         // after the one that finished a split CRLF was dropped, merging two events: s30
         // diff attack F6).
-        let body = "data: {\"a\": \"é😀\"}\r\n\r\nevent: x\rdata: yy\r\r: c\n\ndata: 1\r\n\ndata: tail";
+        let body =
+            "data: {\"a\": \"é😀\"}\r\n\r\nevent: x\rdata: yy\r\r: c\n\ndata: 1\r\n\ndata: tail";
         for size in [1, 2, 3, 5, 7, 64] {
             let pieces: Vec<Result<Bytes, reqwest::Error>> = body
                 .as_bytes()

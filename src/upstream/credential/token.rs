@@ -155,7 +155,7 @@ impl TokenSource {
             if let Some(h) = inner.usable() {
                 return Ok(h);
             }
-            match flight.as_ref() {
+            match flight.as_ref().filter(|rx| alive(rx)) {
                 Some(rx) => rx.clone(),
                 None => self.start(http, &mut flight),
             }
@@ -195,7 +195,7 @@ impl TokenSource {
             .read()
             .as_ref()
             .is_none_or(|t| now >= t.refresh_at);
-        if flight.is_none() && due {
+        if flight.as_ref().is_none_or(|rx| !alive(rx)) && due {
             self.start(http, &mut flight);
         }
     }
@@ -226,6 +226,14 @@ impl TokenSource {
         });
         rx
     }
+}
+
+/// Whether the exchange `rx` tells of may still tell: its task ended without telling when
+/// its runtime stopped under it (a worker's, at the shutdown) or it panicked, and a marker
+/// left so would have every later request wait on it and fail, the hook kept across
+/// rebuilds, until a restart (s30 diff attack F5).
+fn alive(rx: &watch::Receiver<Outcome>) -> bool {
+    rx.has_changed().is_ok()
 }
 
 /// The bearer token added at send time; a refused one dropped for `post`'s one retry.
@@ -464,6 +472,72 @@ mod tests {
         ] {
             assert!(read(bad).is_err(), "{bad}");
         }
+    }
+
+    /// Answers its first connection never, then a token to each.
+    #[derive(Debug)]
+    struct Slow(std::net::SocketAddr);
+
+    impl Exchange for Slow {
+        fn issuer(&self) -> &'static str {
+            "test"
+        }
+        fn request(
+            &self,
+            http: &reqwest::Client,
+            _: DateTime<Utc>,
+        ) -> Result<reqwest::RequestBuilder, String> {
+            Ok(http.post(format!("http://{}/token", self.0)))
+        }
+    }
+
+    /// An exchange whose task was dropped (its runtime stopped under it) leaves no marker
+    /// that every later request waits on and fails by: the next starts another.
+    #[test]
+    fn an_exchange_whose_task_is_dropped_does_not_wedge_the_source() {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for (i, conn) in listener.incoming().enumerate() {
+                let Ok(mut conn) = conn else { return };
+                if i == 0 {
+                    held.push(conn);
+                    continue;
+                }
+                let mut buf = [0u8; 4096];
+                let _ = conn.read(&mut buf);
+                let body = r#"{"access_token":"fresh","expires_in":3600}"#;
+                let _ = write!(
+                    conn,
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        let source = TokenSource::new(Box::new(Slow(addr)), Arc::new(crate::clock::SystemClock));
+        let http = reqwest::Client::new();
+        let first = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let waited = first.block_on(async {
+            tokio::time::timeout(Duration::from_millis(300), source.bearer(&http)).await
+        });
+        assert!(waited.is_err(), "the first exchange hangs");
+        drop(first);
+        let second = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let header = second
+            .block_on(async {
+                tokio::time::timeout(Duration::from_secs(5), source.bearer(&http)).await
+            })
+            .expect("answered in time")
+            .expect("a token from a new exchange");
+        assert_eq!(header.to_str().unwrap(), "Bearer fresh");
     }
 
     #[test]
