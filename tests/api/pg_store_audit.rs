@@ -413,6 +413,21 @@ async fn appends_link_under_a_repeatable_read_default() {
     let db = sluice::store::Db::open_postgres(&url, &key).await.unwrap();
     let pg = db.postgres().expect("a PostgreSQL Db");
     let (pool, keys) = (pg.pool.clone(), pg.audit.clone());
+    // Set on the session, not in the startup packet: a session-mode pooler (PgBouncer)
+    // refuses startup parameters it does not track (s30 diff attack F4).
+    assert_eq!(pool.connect_options().get_options(), None);
+    for (setting, value) in [
+        ("transaction_isolation", "read committed"),
+        ("lock_timeout", "2s"),
+        ("idle_in_transaction_session_timeout", "30s"),
+        ("tcp_keepalives_idle", "10"),
+    ] {
+        let shown: String = sqlx::query_scalar(&format!("SHOW {setting}"))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(shown, value, "{setting}");
+    }
     let mut first = pool.begin().await.unwrap();
     pg_audit::append(&mut first, &keys, &entry("first"), at(10, 0))
         .await

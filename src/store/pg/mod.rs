@@ -80,48 +80,63 @@ pub const IDLE_IN_TRANSACTION_TIMEOUT: &str = "30s";
 /// socket, where a vanished host cannot be.)
 pub const KEEPALIVES: (u32, u32, u32) = (10, 5, 4);
 
+/// Sets a gateway session up, right after it connects: READ COMMITTED whatever the
+/// server's or the role's default (an audit append reads the chain's tip after it waits for
+/// the chain lock, and a REPEATABLE READ snapshot fixed before that wait forked the chain:
+/// s30 multi-host attack F1; the money path's "why READ COMMITTED is enough", `ledger`,
+/// rests on it too) and `KEEPALIVES`; with `bounded`, `LOCK_TIMEOUT` and
+/// `IDLE_IN_TRANSACTION_TIMEOUT` too, so no host frozen or cut off holds a lock others wait
+/// for longer than about 30 s, and nobody waits on it longer than `LOCK_TIMEOUT`. `SET`s,
+/// not startup `options`: a session-mode pooler (PgBouncer) refuses startup parameters it
+/// does not track, so the gateway could not connect through one (s30 diff attack F4).
+pub async fn session_settings(conn: &mut PgConnection, bounded: bool) -> sqlx::Result<()> {
+    // A text without arguments goes as one simple query: the statements in one round trip.
+    sqlx::Executor::execute(conn, SETTINGS[usize::from(bounded)].as_str()).await?;
+    Ok(())
+}
+
+/// `session_settings`' statements: without, then with the bounds.
+static SETTINGS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
+    let (idle, interval, count) = KEEPALIVES;
+    let base = format!(
+        "SET default_transaction_isolation = 'read committed'; \
+         SET tcp_keepalives_idle = {idle}; SET tcp_keepalives_interval = {interval}; \
+         SET tcp_keepalives_count = {count};"
+    );
+    let bounded = format!(
+        "{base} SET lock_timeout = '{LOCK_TIMEOUT}'; \
+         SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION_TIMEOUT}';"
+    );
+    [base, bounded]
+});
+
+/// Opens one gateway session with `opts`, set up (`session_settings`, bounded).
+pub async fn open_session(opts: &PgConnectOptions) -> sqlx::Result<PgConnection> {
+    let mut conn = PgConnection::connect_with(opts).await?;
+    session_settings(&mut conn, true).await?;
+    Ok(conn)
+}
+
 impl PgDb {
     /// Connects to `url` (`postgres://…`) and applies the migrations. Every session the
-    /// gateway opens (the pool's, and the writer's and the liveness lock's, which take the
-    /// pool's options) runs READ COMMITTED whatever the server's or the role's default: an
-    /// audit append reads the chain's tip after it waits for the chain lock, and a
-    /// REPEATABLE READ snapshot fixed before that wait forked the chain (s30 multi-host
-    /// attack F1); the money path's "why READ COMMITTED is enough" (`ledger`) rests on it
-    /// too. Each also carries `LOCK_TIMEOUT`, `IDLE_IN_TRANSACTION_TIMEOUT` and
-    /// `KEEPALIVES`, so no host frozen or cut off holds a lock others wait for longer than
-    /// about 30 s, and nobody waits on it longer than `LOCK_TIMEOUT`.
+    /// gateway opens is set up by `session_settings`: the pool's as it connects, the
+    /// writer's and the liveness lock's through `open_session`.
     pub async fn connect(url: &str, audit: Arc<AuditKeys>) -> Result<PgDb> {
-        let (idle, interval, count) = KEEPALIVES;
-        let base = PgConnectOptions::from_str(url)?
-            // The startup `options` split at spaces unless escaped (sqlx passes it as is).
-            .options([
-                (
-                    "default_transaction_isolation",
-                    r"read\ committed".to_string(),
-                ),
-                ("tcp_keepalives_idle", idle.to_string()),
-                ("tcp_keepalives_interval", interval.to_string()),
-                ("tcp_keepalives_count", count.to_string()),
-            ]);
+        let opts = PgConnectOptions::from_str(url)?;
         // Migrations run on a session of their own without the lock timeout: a host
         // starting while another migrates waits for sqlx's migration lock, and a schema
         // change waits for the transactions in flight, as long as they take.
-        let mut migrating = PgConnection::connect_with(&base).await?;
+        let mut migrating = PgConnection::connect_with(&opts).await?;
+        session_settings(&mut migrating, false).await?;
         sqlx::migrate!("./migrations/postgres")
             .run(&mut migrating)
             .await?;
         migrating.close().await?;
-        let opts = base.options([
-            ("lock_timeout", LOCK_TIMEOUT),
-            (
-                "idle_in_transaction_session_timeout",
-                IDLE_IN_TRANSACTION_TIMEOUT,
-            ),
-        ]);
         let pool = PgPoolOptions::new()
             .max_connections(16)
             .min_connections(1)
             .acquire_timeout(ACQUIRE_TIMEOUT)
+            .after_connect(|conn, _| Box::pin(session_settings(conn, true)))
             .connect_with(opts)
             .await?;
         Ok(PgDb { pool, audit })

@@ -265,7 +265,7 @@ async fn keep(
 /// Opens the lock's connection and tries the lock once: the connection and whether the
 /// lock is held.
 async fn take(opts: &sqlx::postgres::PgConnectOptions, id: &str) -> Result<(PgConnection, bool)> {
-    let mut conn = tokio::time::timeout(LOCK_CHECK_TIMEOUT, PgConnection::connect_with(opts))
+    let mut conn = tokio::time::timeout(LOCK_CHECK_TIMEOUT, super::open_session(opts))
         .await
         .map_err(|_| {
             sqlx::Error::Io(std::io::Error::new(
@@ -273,7 +273,7 @@ async fn take(opts: &sqlx::postgres::PgConnectOptions, id: &str) -> Result<(PgCo
                 "connecting for the liveness lock timed out",
             ))
         })??;
-    // Its keepalives (`pg::KEEPALIVES`) come with the pool's options.
+    // Its keepalives (`pg::KEEPALIVES`) come with the session's settings.
     // An operator's `idle_session_timeout` must not end the session of a paused host
     // (PostgreSQL 14 on; an older server does not know the setting, nor ends idle sessions).
     if let Err(e) = sqlx::query("SET idle_session_timeout = 0")

@@ -406,7 +406,7 @@ async fn connection<'a>(
     slot: &'a mut Option<PgConnection>,
 ) -> Result<&'a mut PgConnection> {
     if slot.is_none() {
-        let c = tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(opts))
+        let c = tokio::time::timeout(CONNECT_TIMEOUT, super::open_session(opts))
             .await
             .map_err(|_| StoreError::Sql(sqlx::Error::PoolTimedOut))??;
         *slot = Some(c);
