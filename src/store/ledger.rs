@@ -90,14 +90,25 @@ static SQL: LazyLock<[LevelSql; 3]> = LazyLock::new(|| {
             LevelSql {
                 rollover: format!(
                     "UPDATE {table} SET period = ?1, remaining_micros = limit_micros - COALESCE((SELECT SUM(amount_micros) FROM ledger
-                        WHERE {id_col} = ?2 AND {period_col} IN (?1, ?4) AND kind IN ('reserve', 'settle', 'adjust')), 0)
+                        WHERE {id_col} = ?2 AND {period_col} = ?1 AND kind IN ('reserve', 'settle', 'adjust')), 0)
                      WHERE id = ?2 AND period = ?3 RETURNING remaining_micros"
                 ),
+                // Into `?2`, before a rollback's `rollover`: what period `?3` spent that no
+                // carry with reason `?4` brought yet (counted once however often the level
+                // flips), at most what `?2` has room for under the limit (a level is never
+                // overdrawn, no period spends past its limit); a credit in full.
                 carry_back: format!(
                     "INSERT INTO ledger ({id_col}, period, user_period, team_period, kind, amount_micros, reason, created_at)
-                     SELECT ?1, ?2, ?2, ?2, 'adjust', SUM(amount_micros), ?4, ?5 FROM ledger
-                     WHERE {id_col} = ?1 AND {period_col} = ?3 AND kind IN ('reserve', 'settle', 'adjust')
-                     HAVING SUM(amount_micros) <> 0"
+                     SELECT ?1, ?2, ?2, ?2, 'adjust', MIN(s.total - COALESCE(c.done, 0), MAX(l.limit_micros - COALESCE(k.total, 0), 0)), ?4, ?5
+                     FROM (SELECT SUM(amount_micros) AS total FROM ledger
+                            WHERE {id_col} = ?1 AND {period_col} = ?3 AND kind IN ('reserve', 'settle', 'adjust')) s,
+                          (SELECT SUM(amount_micros) AS done FROM ledger
+                            WHERE {id_col} = ?1 AND {period_col} = ?2 AND kind = 'adjust' AND reason = ?4) c,
+                          (SELECT SUM(amount_micros) AS total FROM ledger
+                            WHERE {id_col} = ?1 AND {period_col} = ?2 AND kind IN ('reserve', 'settle', 'adjust')) k,
+                          (SELECT limit_micros FROM {table} WHERE id = ?1) l
+                     WHERE s.total IS NOT NULL AND l.limit_micros IS NOT NULL
+                       AND MIN(s.total - COALESCE(c.done, 0), MAX(l.limit_micros - COALESCE(k.total, 0), 0)) <> 0"
                 ),
                 period: format!("SELECT period FROM {table} WHERE id = ?1"),
                 reserve: format!(
@@ -246,28 +257,33 @@ async fn current_period(
     if !rolls {
         return Ok(stored);
     }
+    let carried = carried_from(reset, &stored, &key);
+    if let Some(reason) = &carried {
+        sqlx::query(&sql.carry_back)
+            .bind(id)
+            .bind(&key)
+            .bind(&stored)
+            .bind(reason)
+            .bind(db_time(now))
+            .execute(tx.sqlite()?)
+            .await?;
+    }
     let rolled: Option<Option<i64>> = sqlx::query_scalar(&sql.rollover)
         .bind(&key)
         .bind(id)
         .bind(&stored)
-        .bind(reset.counted_with(&stored, &key))
         .fetch_optional(tx.sqlite()?)
         .await?;
-    if rolled.is_some() {
-        let back = reset.counted_with(&stored, &key) != key;
-        if back {
-            sqlx::query(&sql.carry_back)
-                .bind(id)
-                .bind(&key)
-                .bind(&stored)
-                .bind(carry_back_reason(&stored))
-                .bind(db_time(now))
-                .execute(tx.sqlite()?)
-                .await?;
-        }
-        let target = format!("{}:{id}", level.as_str());
-        audit::append(tx, &rollover_entry(&target, &stored, &key, back), now).await?;
+    if rolled.is_none() {
+        // Read under the same write lock: never so, but a carry must not stand alone.
+        return Err(StoreError::Conflict(format!(
+            "the {} level's period changed under the write lock",
+            level.as_str()
+        )));
     }
+    let target = format!("{}:{id}", level.as_str());
+    let entry = rollover_entry(&target, &stored, &key, carried.is_some());
+    audit::append(tx, &entry, now).await?;
     Ok(key)
 }
 
@@ -293,6 +309,12 @@ pub(super) fn rollover_entry<'a>(
         before: back.then_some(stored),
         after: Some(period),
     }
+}
+
+/// The reason of the carries a rollback from `stored` into `key` counts once (none when it
+/// is no rollback): what the period ahead spent is counted there, not its carries again.
+pub(super) fn carried_from(reset: Reset, stored: &str, key: &str) -> Option<String> {
+    (reset.counted_with(stored, key) != key).then(|| carry_back_reason(stored))
 }
 
 /// The reason on the ledger row that carries the spend of the period `from` a wrong clock
@@ -775,8 +797,10 @@ pub async fn balance(db: &super::Db, token_id: i64, now: DateTime<Utc>) -> Resul
         (Some(l), Some(r)) if !stale => l - r,
         _ => {
             sqlx::query_scalar(
-                "SELECT COALESCE(SUM(amount_micros), 0) FROM ledger WHERE token_id = ? AND period IN (?, ?) AND kind IN ('reserve', 'settle', 'adjust')",
+                "SELECT COALESCE(SUM(CASE WHEN kind = 'adjust' AND reason = ? THEN 0 ELSE amount_micros END), 0)
+                 FROM ledger WHERE token_id = ? AND period IN (?, ?) AND kind IN ('reserve', 'settle', 'adjust')",
             )
+            .bind(carried_from(reset, stored, &current))
             .bind(token_id)
             .bind(&current)
             .bind(reset.counted_with(stored, &current))

@@ -1098,3 +1098,91 @@ on_both_stores!(
     a_reservation_on_a_rotated_token_is_refused_and_writes_nothing,
     rotated_token_refused
 );
+
+/// The host with the wrong clock keeps charging while the right one does: the level flips
+/// between the two periods, and each rollback carries into the host's period only what the
+/// period ahead spent since the last carry. Carried whole each time, the same spend was
+/// counted again at every flip — 13 R of ledger for 7 R spent after four flips, the right
+/// host refused for the rest of its day (s30 diff attack F3).
+async fn interleaved_rollbacks(store: Store) {
+    let owner = store
+        .owner(&[limit(10 * R, "daily"), unlimited(), unlimited()])
+        .await;
+    let wrong = store.another().await;
+    let ahead = clock_at("2036-12-04T10:00:00Z");
+    let right = clock_at("2026-12-04T10:00:00Z");
+    for i in 0..4 {
+        let w = wrong.charge_one(&owner, &format!("w{i}"), &ahead).await;
+        assert!(w.is_ok(), "{}: {w:?}", store.name());
+        let r = store.charge_one(&owner, &format!("r{i}"), &right).await;
+        assert!(r.is_ok(), "{}: flip {i}: {r:?}", store.name());
+    }
+    // 8 R really spent (4 in each period): the host's day has 2 R left.
+    let remaining = store
+        .int(&format!(
+            "SELECT remaining_micros FROM tokens WHERE id = {}",
+            owner.token_id
+        ))
+        .await;
+    assert_eq!(remaining, 2 * R, "{}", store.name());
+    store.assert_settled().await;
+}
+on_both_stores!(
+    interleaved_rollbacks_from_a_period_ahead_count_its_spend_once,
+    interleaved_rollbacks
+);
+
+/// The host's period had spent 5 R of 10 when the wrong clock's period spent 8: the
+/// rollback carries only what the host's period has room for, so the level is never
+/// overdrawn and no period spends past its limit (the money model's invariants; s30 diff
+/// attack F3's mend).
+async fn rollback_within_the_limit(store: Store) {
+    let owner = store
+        .owner(&[limit(10 * R, "daily"), unlimited(), unlimited()])
+        .await;
+    let wrong = store.another().await;
+    let ahead = clock_at("2036-12-04T10:00:00Z");
+    let right = clock_at("2026-12-04T10:00:00Z");
+    for i in 0..5 {
+        assert!(store
+            .charge_one(&owner, &format!("r{i}"), &right)
+            .await
+            .is_ok());
+    }
+    for i in 0..8 {
+        assert!(wrong
+            .charge_one(&owner, &format!("w{i}"), &ahead)
+            .await
+            .is_ok());
+    }
+    let refused = store.charge_one(&owner, "r-last", &right).await;
+    assert!(
+        matches!(refused, Err(Refusal::Insufficient(Level::Token, _))),
+        "{}: {refused:?}",
+        store.name()
+    );
+    let remaining = store
+        .int(&format!(
+            "SELECT remaining_micros FROM tokens WHERE id = {}",
+            owner.token_id
+        ))
+        .await;
+    assert_eq!(remaining, 0, "{}: never overdrawn", store.name());
+    let spent = store
+        .int(&format!(
+            "SELECT CAST(SUM(amount_micros) AS BIGINT) FROM ledger WHERE token_id = {} AND period = '2026-12-04' AND kind IN ('reserve', 'settle', 'adjust')",
+            owner.token_id
+        ))
+        .await;
+    assert_eq!(
+        spent,
+        10 * R,
+        "{}: the day's limit, not past it",
+        store.name()
+    );
+    store.assert_settled().await;
+}
+on_both_stores!(
+    a_rollback_never_overdraws_the_hosts_period,
+    rollback_within_the_limit
+);

@@ -9,7 +9,7 @@ use std::sync::{Arc, LazyLock};
 use chrono::{DateTime, Utc};
 
 use super::{
-    carry_back_reason, rollover_entry, tighter, Level, OwnedReserve, Owner, Refusal, Reservation,
+    carried_from, rollover_entry, tighter, Level, OwnedReserve, Owner, Refusal, Reservation,
     ReserveRequest, Settled, INSERT_LEDGER, LEVELS, SQL,
 };
 use crate::clock::{db_time, Clock};
@@ -60,26 +60,10 @@ fn rollover_tx(
     period: &str,
     now: DateTime<Utc>,
 ) -> Result<Option<i64>> {
-    let rolled = tx
-        .query_row(
-            SQL[level.idx()].rollover.as_str(),
-            &[
-                period.into(),
-                id.into(),
-                stored.into(),
-                reset.counted_with(stored, period).into(),
-            ],
-            |r| r.int(0),
-        )?
-        .ok_or_else(|| {
-            StoreError::Conflict(format!(
-                "the {} level's period changed under the write lock",
-                level.as_str()
-            ))
-        })?;
-    let back = reset.counted_with(stored, period) != period;
-    if back {
-        let (reason, at) = (carry_back_reason(stored), db_time(now));
+    // A rollback carries the period ahead's spend in first, so the rollover counts it.
+    let carried = carried_from(reset, stored, period);
+    if let Some(reason) = &carried {
+        let at = db_time(now);
         tx.execute(
             SQL[level.idx()].carry_back.as_str(),
             &[
@@ -91,6 +75,19 @@ fn rollover_tx(
             ],
         )?;
     }
+    let back = carried.is_some();
+    let rolled = tx
+        .query_row(
+            SQL[level.idx()].rollover.as_str(),
+            &[period.into(), id.into(), stored.into()],
+            |r| r.int(0),
+        )?
+        .ok_or_else(|| {
+            StoreError::Conflict(format!(
+                "the {} level's period changed under the write lock",
+                level.as_str()
+            ))
+        })?;
     let target = format!("{}:{id}", level.as_str());
     audit::append_tx(tx, &rollover_entry(&target, stored, period, back), now)?;
     Ok(rolled)

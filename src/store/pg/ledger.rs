@@ -41,9 +41,7 @@ use super::{transact, PgDb};
 use crate::clock::db_time;
 use crate::quota::period::Reset;
 use crate::store::audit::{AuditEntry, AuditKeys};
-use crate::store::ledger::{
-    carry_back_reason, rollover_entry, Balance, Level, Orphans, Owner, LEVELS,
-};
+use crate::store::ledger::{carried_from, rollover_entry, Balance, Level, Orphans, Owner, LEVELS};
 use crate::store::{Result, StoreError};
 
 /// The database's time, as the stored text (`clock::db_time`'s format), at the start of the
@@ -107,8 +105,29 @@ fn rollover_sql(level: Level) -> String {
     let (table, id_col, period_col) = TABLES[idx(level)];
     format!(
         "UPDATE {table} SET period = $1, remaining_micros = limit_micros - COALESCE((SELECT SUM(amount_micros) FROM ledger
-            WHERE {id_col} = $2 AND {period_col} IN ($1, $4) AND kind IN ('reserve', 'settle', 'adjust')), 0)
+            WHERE {id_col} = $2 AND {period_col} = $1 AND kind IN ('reserve', 'settle', 'adjust')), 0)
          WHERE id = $2 AND period = $3 RETURNING remaining_micros"
+    )
+}
+
+/// Into `$2`, before a rollback's rollover: what period `$3` spent that no carry with reason
+/// `$4` brought yet, at most what `$2` has room for under the limit; a credit in full (as
+/// SQLite's `carry_back`).
+fn carry_back_sql(level: Level) -> String {
+    let (table, id_col, period_col) = TABLES[idx(level)];
+    format!(
+        "INSERT INTO ledger ({id_col}, period, user_period, team_period, kind, amount_micros, reason, created_at)
+         SELECT $1, $2, $2, $2, 'adjust', x.amount, $4, $5
+         FROM (SELECT LEAST(s.total - COALESCE(c.done, 0), GREATEST(l.limit_micros - COALESCE(k.total, 0), 0))::BIGINT AS amount
+               FROM (SELECT SUM(amount_micros) AS total FROM ledger
+                      WHERE {id_col} = $1 AND {period_col} = $3 AND kind IN ('reserve', 'settle', 'adjust')) s,
+                    (SELECT SUM(amount_micros) AS done FROM ledger
+                      WHERE {id_col} = $1 AND {period_col} = $2 AND kind = 'adjust' AND reason = $4) c,
+                    (SELECT SUM(amount_micros) AS total FROM ledger
+                      WHERE {id_col} = $1 AND {period_col} = $2 AND kind IN ('reserve', 'settle', 'adjust')) k,
+                    (SELECT limit_micros FROM {table} WHERE id = $1) l
+               WHERE s.total IS NOT NULL AND l.limit_micros IS NOT NULL) x
+         WHERE x.amount <> 0"
     )
 }
 
@@ -126,11 +145,23 @@ async fn rollover(
     period: &str,
     now: DateTime<Utc>,
 ) -> Result<Option<i64>> {
+    // A rollback carries the period ahead's spend in first, so the rollover counts it.
+    let carried = carried_from(reset, stored, period);
+    if let Some(reason) = &carried {
+        sqlx::query(&carry_back_sql(level))
+            .bind(id)
+            .bind(period)
+            .bind(stored)
+            .bind(reason)
+            .bind(db_time(now))
+            .execute(&mut *conn)
+            .await?;
+    }
+    let back = carried.is_some();
     let rolled: Option<Option<i64>> = sqlx::query_scalar(&rollover_sql(level))
         .bind(period)
         .bind(id)
         .bind(stored)
-        .bind(reset.counted_with(stored, period))
         .fetch_optional(&mut *conn)
         .await?;
     let rolled = rolled.ok_or_else(|| {
@@ -139,23 +170,6 @@ async fn rollover(
             level.as_str()
         ))
     })?;
-    let back = reset.counted_with(stored, period) != period;
-    if back {
-        let (_, id_col, period_col) = TABLES[idx(level)];
-        sqlx::query(&format!(
-            "INSERT INTO ledger ({id_col}, period, user_period, team_period, kind, amount_micros, reason, created_at)
-             SELECT $1, $2, $2, $2, 'adjust', SUM(amount_micros)::BIGINT, $4, $5 FROM ledger
-             WHERE {id_col} = $1 AND {period_col} = $3 AND kind IN ('reserve', 'settle', 'adjust')
-             HAVING SUM(amount_micros) <> 0"
-        ))
-        .bind(id)
-        .bind(period)
-        .bind(stored)
-        .bind(carry_back_reason(stored))
-        .bind(db_time(now))
-        .execute(&mut *conn)
-        .await?;
-    }
     let target = format!("{}:{id}", level.as_str());
     let entry = rollover_entry(&target, stored, period, back);
     super::audit::append(conn, keys, &entry, now).await?;
@@ -514,11 +528,13 @@ pub async fn balance(db: &PgDb, token_id: i64, now: DateTime<Utc>) -> Result<Bal
         (Some(l), Some(r)) if !stale => l - r,
         _ => {
             sqlx::query_scalar(
-                "SELECT COALESCE(SUM(amount_micros), 0)::BIGINT FROM ledger WHERE token_id = $1 AND period IN ($2, $3) AND kind IN ('reserve', 'settle', 'adjust')",
+                "SELECT COALESCE(SUM(CASE WHEN kind = 'adjust' AND reason = $4 THEN 0 ELSE amount_micros END), 0)::BIGINT
+                 FROM ledger WHERE token_id = $1 AND period IN ($2, $3) AND kind IN ('reserve', 'settle', 'adjust')",
             )
             .bind(token_id)
             .bind(&current)
             .bind(reset.counted_with(stored, &current))
+            .bind(carried_from(reset, stored, &current))
             .fetch_one(&db.pool)
             .await?
         }
